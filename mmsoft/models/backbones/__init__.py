@@ -1,0 +1,3 @@
+from .soft import SOFT
+
+__all__ = ['SOFT']

@@ -1,0 +1,13 @@
+from .blocks import (ConvPatchEmbed, DropPath, FFN, SoftmaxAttention,
+                     SoftmaxBlock, SOFTBlock)
+from .gaussian_kernel import gaussian_kernel
+from .pinv import newton_inverse, nr_init_alpha, pinv_convergence
+from .soft_attention import (SAMPLING_MODES, BottleneckSampler, SOFTAttention,
+                             landmark_grid, soft_attention)
+
+__all__ = [
+    'ConvPatchEmbed', 'DropPath', 'FFN', 'SoftmaxAttention', 'SoftmaxBlock',
+    'SOFTBlock', 'gaussian_kernel', 'newton_inverse', 'nr_init_alpha',
+    'pinv_convergence', 'SAMPLING_MODES', 'BottleneckSampler',
+    'SOFTAttention', 'landmark_grid', 'soft_attention'
+]

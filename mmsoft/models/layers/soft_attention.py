@@ -1,0 +1,217 @@
+"""Softmax-free attention (SOFT), NeurIPS 2021 Alg. 1 + IJCV 2024 Eq. (25).
+
+Notation of the papers (tokens Q in R^{n x d}, Q = K shared):
+
+* ``f_s``  bottleneck sampling, Q~ = f_s(Q) in R^{m x d}      (Sec. 3.2)
+* ``P``    = exp(Q (-) Q~)  in R^{n x m}, Gaussian kernel     (Eq. 5)
+* ``A``    = exp(Q~ (-) Q~) in R^{m x m}
+* ``A^+``  Moore-Penrose inverse by Newton-Raphson            (Alg. 2)
+* ``D``    = diag(A 1_m), the symmetric normalisation         (Eq. 25)
+
+    S^  = P A^+ P^T                      (NeurIPS, ``attn_norm=False``)
+    S^  = P D^-1/2 A^+ D^-1/2 P^T        (IJCV,    ``attn_norm=True``)
+    out = S^ V = P (A^+_n (P^T V))
+
+The n x n matrix S^ is never formed; products are associated right to left
+(cost n m d instead of n m^2). A, A^+, D, P and their products run in float32
+under fp16/bf16 autocast (see :func:`gaussian_kernel`, :func:`newton_inverse`).
+"""
+import math
+from typing import Optional, Tuple
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from .gaussian_kernel import gaussian_kernel
+from .pinv import INIT_MODES, newton_inverse
+
+__all__ = ['BottleneckSampler', 'SOFTAttention', 'soft_attention',
+           'SAMPLING_MODES', 'landmark_grid']
+
+SAMPLING_MODES = ('conv', 'avgpool', 'random', 'biased')
+
+
+def landmark_grid(hw: Tuple[int, int], ratio: int) -> Tuple[int, int]:
+    """Bottleneck grid for an H x W token map and sampling ratio r.
+
+    Rule: ``max(1, H // r) x max(1, W // r)``. As in the official strided
+    convolution, the last ``H mod r`` rows / ``W mod r`` columns are not pooled
+    into a landmark (they still attend to all landmarks through P); a side
+    shorter than r is zero-padded to r, giving one landmark along it.
+    """
+    H, W = hw
+    return max(1, H // ratio), max(1, W // ratio)
+
+
+def soft_attention(q: torch.Tensor,
+                   landmarks: torch.Tensor,
+                   v: torch.Tensor,
+                   attn_norm: bool = True,
+                   nr_iters: int = 20,
+                   nr_init: Optional[str] = None) -> torch.Tensor:
+    """out = P A_n^+ P^T V for q (B, h, n, d), landmarks (B, h, m, d).
+
+    ``q`` and ``landmarks`` must already carry the 1/d^(1/4) scale so that
+    exp(-||q - k||^2 / 2) equals the paper's exp(-||q - k||^2 / (2 sqrt d)).
+    Returns a tensor of v's dtype.
+    """
+    if nr_init is None:
+        nr_init = 'soft_norm' if attn_norm else 'soft'
+    P = gaussian_kernel(q, landmarks)  # (B, h, n, m)
+    A = gaussian_kernel(landmarks, landmarks)  # (B, h, m, m)
+    A_inv = newton_inverse(A, nr_iters, nr_init)
+    with torch.autocast(device_type=v.device.type, enabled=False):
+        if attn_norm:
+            d = A.sum(-1).rsqrt()  # D^-1/2 (entries of A are in (0, 1])
+            A_inv = d.unsqueeze(-1) * A_inv * d.unsqueeze(-2)
+        PtV = torch.matmul(P.transpose(-1, -2), v.to(P.dtype))  # (B,h,m,d)
+        out = torch.matmul(P, torch.matmul(A_inv, PtV))
+    return out.to(v.dtype)
+
+
+class BottleneckSampler(nn.Module):
+    """f_s: the m bottleneck tokens Q~ from the n tokens Q (Table 4b / 8).
+
+    Args:
+        head_dims: channels per head (the sampler is shared by all heads).
+        ratio: r, the spatial sampling stride (sp = r x r); m = n / r^2 for
+            sizes divisible by r, otherwise :func:`landmark_grid`.
+        mode: ``'conv'`` r x r conv with stride r, no bias, then LayerNorm and
+            GELU (the official default); ``'avgpool'`` r x r average pooling;
+            ``'random'`` m tokens drawn uniformly at random in training
+            (evenly spaced tokens in eval mode, for reproducible inference);
+            ``'biased'`` the first m tokens.
+    """
+
+    def __init__(self, head_dims: int, ratio: int, mode: str = 'conv'):
+        super().__init__()
+        if mode not in SAMPLING_MODES:
+            raise ValueError(f'unknown sampling {mode!r}; choose one of '
+                             f'{SAMPLING_MODES}')
+        if ratio < 1:
+            raise ValueError(f'sampling ratio must be >= 1, got {ratio}')
+        self.mode = mode
+        self.ratio = ratio
+        if mode == 'conv':
+            self.conv = nn.Conv2d(head_dims, head_dims, ratio, ratio,
+                                  bias=False)
+            self.norm = nn.LayerNorm(head_dims)
+
+    def num_landmarks(self, hw: Tuple[int, int]) -> int:
+        gh, gw = landmark_grid(hw, self.ratio)
+        return gh * gw
+
+    def _grid(self, q: torch.Tensor, hw: Tuple[int, int]) -> torch.Tensor:
+        B, h, n, d = q.shape
+        H, W = hw
+        x = q.reshape(B * h, H, W, d).permute(0, 3, 1, 2)
+        r = self.ratio
+        if H < r or W < r:
+            x = F.pad(x, (0, max(0, r - W), 0, max(0, r - H)))
+        return x
+
+    def forward(self, q: torch.Tensor, hw: Tuple[int, int]) -> torch.Tensor:
+        B, h, n, d = q.shape
+        if n != hw[0] * hw[1]:
+            raise ValueError(f'{n} tokens do not form a {hw[0]}x{hw[1]} map')
+        r = self.ratio
+        if self.mode == 'conv':
+            x = self.conv(self._grid(q, hw)).flatten(2).transpose(1, 2)
+            return F.gelu(self.norm(x)).reshape(B, h, -1, d)
+        if self.mode == 'avgpool':
+            x = F.avg_pool2d(self._grid(q, hw), r, r)
+            return x.flatten(2).transpose(1, 2).reshape(B, h, -1, d)
+        m = min(self.num_landmarks(hw), n)
+        if self.mode == 'biased':
+            return q[:, :, :m]
+        if self.training:
+            idx = torch.randperm(n, device=q.device)[:m].sort().values
+        else:
+            idx = torch.linspace(0, n - 1, m, device=q.device).round().long()
+        return q.index_select(2, idx)
+
+    def extra_repr(self) -> str:
+        return f'mode={self.mode}, ratio={self.ratio}'
+
+
+class SOFTAttention(nn.Module):
+    """Multi-head softmax-free attention with the official block details.
+
+    Q = K (one projection ``q``), values ``v``, output projection ``proj``.
+    A per-head depthwise k x k convolution of V over the token map is added to
+    the attention output (one filter per head, shared by the head's
+    channels), as in the official model.
+
+    Args:
+        embed_dims: token channels.
+        num_heads: heads; must divide ``embed_dims``.
+        sampling_ratio: r of :class:`BottleneckSampler`.
+        sampling: f_s, one of ``SAMPLING_MODES``.
+        dw_kernel_size: k of the depthwise conv on V (0 disables it).
+        attn_norm: IJCV symmetric normalisation D^-1/2 A^+ D^-1/2 (Eq. 25).
+        nr_iters: Newton-Raphson iterations.
+        nr_init: ``'soft_norm'`` / ``'soft'`` alpha initialisation; defaults
+            to the one each official variant was trained with.
+        qkv_bias: biases of the q / v projections.
+    """
+
+    def __init__(self,
+                 embed_dims: int,
+                 num_heads: int,
+                 sampling_ratio: int,
+                 sampling: str = 'conv',
+                 dw_kernel_size: int = 3,
+                 attn_norm: bool = True,
+                 nr_iters: int = 20,
+                 nr_init: Optional[str] = None,
+                 qkv_bias: bool = True):
+        super().__init__()
+        if embed_dims % num_heads != 0:
+            raise ValueError(f'num_heads ({num_heads}) must divide '
+                             f'embed_dims ({embed_dims})')
+        if nr_init is not None and nr_init not in INIT_MODES:
+            raise ValueError(f'unknown nr_init {nr_init!r}; choose one of '
+                             f'{INIT_MODES}')
+        self.embed_dims = embed_dims
+        self.num_heads = num_heads
+        self.head_dims = embed_dims // num_heads
+        self.attn_norm = attn_norm
+        self.nr_iters = nr_iters
+        self.nr_init = nr_init or ('soft_norm' if attn_norm else 'soft')
+        self.q = nn.Linear(embed_dims, embed_dims, bias=qkv_bias)
+        self.v = nn.Linear(embed_dims, embed_dims, bias=qkv_bias)
+        self.sampler = BottleneckSampler(self.head_dims, sampling_ratio,
+                                         sampling)
+        self.dw_conv = nn.Conv2d(
+            num_heads, num_heads, dw_kernel_size,
+            padding=dw_kernel_size // 2, groups=num_heads,
+            bias=False) if dw_kernel_size else None
+        self.proj = nn.Linear(embed_dims, embed_dims)
+
+    def _split(self, x: torch.Tensor) -> torch.Tensor:
+        B, N, _ = x.shape
+        return x.view(B, N, self.num_heads, self.head_dims).transpose(1, 2)
+
+    def _dw_conv_v(self, v: torch.Tensor, hw: Tuple[int, int]):
+        B, h, N, d = v.shape
+        x = v.permute(0, 3, 1, 2).reshape(B * d, h, *hw)
+        x = self.dw_conv(x).reshape(B, d, h, N)
+        return x.permute(0, 2, 3, 1)
+
+    def forward(self, x: torch.Tensor, hw: Tuple[int, int]) -> torch.Tensor:
+        """x: (B, N, C) tokens of an H x W map -> (B, N, C)."""
+        B, N, C = x.shape
+        q = self._split(self.q(x)) * self.head_dims**-0.25
+        v = self._split(self.v(x))
+        landmarks = self.sampler(q, hw)
+        out = soft_attention(q, landmarks, v, self.attn_norm, self.nr_iters,
+                             self.nr_init)
+        if self.dw_conv is not None:
+            out = out + self._dw_conv_v(v, hw)
+        out = out.transpose(1, 2).reshape(B, N, C)
+        return self.proj(out)
+
+    def extra_repr(self) -> str:
+        return (f'heads={self.num_heads}, attn_norm={self.attn_norm}, '
+                f'nr_iters={self.nr_iters}, nr_init={self.nr_init}')

@@ -1,0 +1,157 @@
+#!/usr/bin/env bash
+# One idempotent script: fresh machine -> project-local virtualenv with the
+# verified OpenMMLab stack and mmsoft installed in editable mode.
+#
+#   bash tools/setup_env.sh            # create/refresh .venv
+#   MMSOFT_VENV=/path/to/venv bash tools/setup_env.sh
+#
+# A second run finishes in seconds: every step first checks whether its result
+# is already there. The slow step is building mmcv 2.1.0 with its C++ ops from
+# the PyPI sdist (20-30 min on 2 cores); the built wheel is kept in
+# ${MMSOFT_CACHE:-~/.cache/mmsoft}/wheels so that a new venv reuses it.
+set -euo pipefail
+
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+VENV="${MMSOFT_VENV:-$ROOT/.venv}"
+CACHE="${MMSOFT_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/mmsoft}"
+WHEELS="$CACHE/wheels"
+export PIP_CONSTRAINT="$ROOT/requirements/constraints.txt"
+export PIP_DISABLE_PIP_VERSION_CHECK=1
+MMCV_VERSION=2.1.0
+
+START=$(date +%s)
+STEP="start"
+log() { printf '[setup_env %4ss] %s\n' "$(( $(date +%s) - START ))" "$*"; }
+fail() {
+    local rc=$?
+    printf '\n[setup_env] FAILED at step: %s (exit code %s)\n' "$STEP" "$rc" >&2
+    case "$STEP" in
+        python) echo "  fix: install Python 3.10-3.12 (python3.11 preferred) or set MMSOFT_PYTHON=/path/to/python" >&2 ;;
+        venv) echo "  fix: install the venv module (apt-get install python3-venv) or remove a broken $VENV" >&2 ;;
+        torch) echo "  fix: check network access to PyPI; torch==2.14.1/torchvision==0.29.1 need ~4 GB of disk" >&2 ;;
+        mmcv-download) echo "  fix: check network access to PyPI (mmcv==$MMCV_VERSION sdist)" >&2 ;;
+        mmcv-*) echo "  fix: see $CACHE/mmcv-build.log; a C++20 compiler (g++ >= 10) and python headers are needed" >&2 ;;
+        *) echo "  fix: read the pip output above; rerunning the script resumes where it stopped" >&2 ;;
+    esac
+    exit "$rc"
+}
+trap fail ERR
+
+# ---------------------------------------------------------------- python
+STEP="python"
+PY_BASE="${MMSOFT_PYTHON:-}"
+if [[ -z "$PY_BASE" ]]; then
+    for cand in python3.11 python3.10 python3.12 python3; do
+        if command -v "$cand" >/dev/null 2>&1 && "$cand" -c 'import sys; assert (3, 10) <= sys.version_info[:2] <= (3, 12)' 2>/dev/null; then
+            PY_BASE="$(command -v "$cand")"; break
+        fi
+    done
+fi
+[[ -n "$PY_BASE" ]] || { echo "no Python 3.10-3.12 found" >&2; false; }
+
+# ---------------------------------------------------------------- venv
+STEP="venv"
+if [[ ! -x "$VENV/bin/python" ]]; then
+    log "creating virtualenv $VENV with $PY_BASE"
+    "$PY_BASE" -m venv "$VENV"
+fi
+PY="$VENV/bin/python"
+PIP=("$PY" -m pip install --progress-bar off)
+
+have() {  # have "pkg==ver" ... : true if all installed at exactly these versions
+    "$PY" - "$@" <<'EOF'
+import sys
+from importlib.metadata import version, PackageNotFoundError
+for spec in sys.argv[1:]:
+    name, _, want = spec.partition('==')
+    try:
+        got = version(name)
+    except PackageNotFoundError:
+        sys.exit(1)
+    if want and got.split('+')[0] != want:
+        sys.exit(1)
+EOF
+}
+
+STEP="build-tools"
+if ! "$PY" -c 'import setuptools, wheel, numpy, ninja; import pkg_resources; assert numpy.__version__ < "2"' 2>/dev/null; then
+    log "installing build tools (setuptools<81, wheel, ninja, numpy<2)"
+    "${PIP[@]}" -q --upgrade pip
+    "${PIP[@]}" -q 'setuptools>=77.0.3,<81' wheel ninja 'numpy<2' packaging
+fi
+
+# ---------------------------------------------------------------- torch
+STEP="torch"
+if ! have torch==2.14.1 torchvision==0.29.1; then
+    log "installing torch 2.14.1 + torchvision 0.29.1 (large download, a few minutes)"
+    "${PIP[@]}" torch==2.14.1 torchvision==0.29.1
+fi
+
+STEP="mmengine"
+if ! have mmengine==0.10.7; then
+    log "installing mmengine 0.10.7"
+    "${PIP[@]}" -q mmengine==0.10.7
+fi
+
+# ---------------------------------------------------------------- mmcv
+if ! have mmcv==$MMCV_VERSION || ! "$PY" -c 'import mmcv.ops' 2>/dev/null; then
+    mkdir -p "$WHEELS"
+    WHL="$(ls "$WHEELS"/mmcv-$MMCV_VERSION-*.whl 2>/dev/null | head -n1 || true)"
+    if [[ -z "$WHL" ]]; then
+        STEP="mmcv-download"
+        BUILD="$CACHE/build"
+        rm -rf "$BUILD"; mkdir -p "$BUILD"
+        log "downloading the mmcv $MMCV_VERSION sdist"
+        "$PY" -m pip download -q --no-deps --no-build-isolation --no-binary :all: -d "$BUILD" mmcv==$MMCV_VERSION
+        tar -xzf "$BUILD"/mmcv-$MMCV_VERSION.tar.gz -C "$BUILD"
+        SRC="$BUILD/mmcv-$MMCV_VERSION"
+        STEP="mmcv-patch"
+        # torch >= 2.10 headers need C++20
+        sed -i 's/-std=c++17/-std=c++20/g' "$SRC/setup.py"
+        grep -q -- '-std=c++20' "$SRC/setup.py"
+        STEP="mmcv-build"
+        NSRC=$(find "$SRC/mmcv/ops/csrc" -name '*.cpp' | grep -v -e '/cuda/' -e '/mlu/' -e '/npu/' -e '/mps/' -e '/musa/' -e '/parrots/' -e '/onnxruntime/' -e '/tensorrt/' | wc -l)
+        log "building mmcv $MMCV_VERSION with C++ ops (CPU): ~$NSRC sources, 20-30 min on 2 cores"
+        log "  full compiler output: $CACHE/mmcv-build.log"
+        (
+            cd "$SRC"
+            MMCV_WITH_OPS=1 FORCE_CUDA=0 MAX_JOBS="${MAX_JOBS:-$(nproc)}" \
+                "$PY" -m pip wheel -v --no-deps --no-build-isolation -w "$BUILD/dist" . \
+                >"$CACHE/mmcv-build.log" 2>&1
+        ) &
+        BPID=$!
+        while kill -0 "$BPID" 2>/dev/null; do
+            sleep 30
+            NOBJ=$(find "$SRC/build" -name '*.o' 2>/dev/null | wc -l)
+            log "  mmcv build: $NOBJ/$NSRC objects compiled"
+        done
+        wait "$BPID"
+        WHL_BUILT="$(ls "$BUILD"/dist/mmcv-$MMCV_VERSION-*.whl | head -n1)"
+        cp "$WHL_BUILT" "$WHEELS/.tmp.whl" && mv "$WHEELS/.tmp.whl" "$WHEELS/$(basename "$WHL_BUILT")"
+        WHL="$WHEELS/$(basename "$WHL_BUILT")"
+        rm -rf "$BUILD"
+    else
+        log "reusing the cached mmcv wheel $WHL"
+    fi
+    STEP="mmcv-install"
+    "${PIP[@]}" -q "$WHL"
+    "$PY" -c 'import mmcv.ops'
+fi
+
+# ---------------------------------------------------------------- downstream
+STEP="openmmlab"
+if ! have mmdet==3.3.0 mmsegmentation==1.2.2 mmpretrain==1.2.0 ftfy regex pycocotools pytest; then
+    log "installing mmdet 3.3.0, mmsegmentation 1.2.2, mmpretrain 1.2.0 and test tools"
+    "${PIP[@]}" -q mmdet==3.3.0 mmsegmentation==1.2.2 mmpretrain==1.2.0 \
+        ftfy regex pycocotools -r "$ROOT/requirements/tests.txt"
+fi
+
+STEP="mmsoft"
+if ! "$PY" -c 'import mmsoft, sys, os; sys.exit(0 if os.path.dirname(os.path.dirname(mmsoft.__file__)) == sys.argv[1] else 1)' "$ROOT" 2>/dev/null; then
+    log "installing mmsoft (editable)"
+    "${PIP[@]}" -q --no-build-isolation --no-deps -e "$ROOT"
+fi
+
+STEP="check"
+"$PY" -c 'import mmsoft, mmdet, mmseg, mmpretrain, mmcv.ops; print("stack ok: torch", __import__("torch").__version__, "| mmcv", mmcv.__version__ if (mmcv:=__import__("mmcv")) else "", "| mmdet", mmdet.__version__, "| mmseg", mmseg.__version__, "| mmpretrain", mmpretrain.__version__)'
+log "done: activate with 'source $VENV/bin/activate'"
