@@ -1,0 +1,229 @@
+"""The SOFT backbone: presets, shapes, options, errors, init."""
+import copy
+
+import pytest
+import torch
+
+from mmsoft.models.backbones import SOFT
+from mmsoft.models.layers import SoftmaxBlock, SOFTBlock
+
+TINY = dict(embed_dims=[16, 32, 32, 64], num_heads=[1, 1, 2, 2],
+            depths=[1, 1, 1, 1])
+
+# paper Table 3 (IJCV Table 8 for Tiny with conv sampling): classifier params
+PAPER_PARAMS = {'tiny': 13.07e6, 'small': 24e6, 'medium': 45e6,
+                'large': 64e6, 'huge': 87e6}
+
+
+def n_params(model):
+    return sum(p.numel() for p in model.parameters())
+
+
+@pytest.mark.parametrize('arch', sorted(PAPER_PARAMS))
+def test_param_counts_match_paper(arch):
+    model = SOFT(arch)
+    head = 512 * 1000 + 1000  # the 1000-class linear head on the cls token
+    total = n_params(model) + head
+    assert abs(total - PAPER_PARAMS[arch]) / PAPER_PARAMS[arch] < 0.05
+
+
+def test_official_small_depths_expressible():
+    model = SOFT('small-official')
+    assert model.depths == [1, 3, 20, 4]
+    assert abs(n_params(model) + 513000 - 38.9e6) / 38.9e6 < 0.01
+    custom = SOFT(dict(embed_dims=[64, 128, 320, 512],
+                       num_heads=[2, 4, 10, 16], depths=[1, 3, 20, 4]))
+    assert n_params(custom) == n_params(model)
+
+
+@pytest.mark.parametrize('arch', sorted(PAPER_PARAMS))
+def test_preset_structure_shapes(arch):
+    """Every preset's widths / heads with depth 1 per stage (for speed)."""
+    a = copy.deepcopy(SOFT.arch_zoo[arch])
+    a['depths'] = [1, 1, 1, 1]
+    model = SOFT(a).eval()
+    with torch.no_grad():
+        outs = model(torch.randn(1, 3, 96, 128))
+    dims = SOFT.arch_zoo[arch]['embed_dims']
+    assert [tuple(o.shape) for o in outs] == [
+        (1, dims[0], 24, 32), (1, dims[1], 12, 16), (1, dims[2], 6, 8),
+        (1, dims[3], 3, 4)]
+    assert model.out_channels == dims
+
+
+def test_official_block_details():
+    model = SOFT('tiny')
+    blk = model.stages[0][0]
+    assert isinstance(blk, SOFTBlock)
+    assert isinstance(model.stages[3][0], SoftmaxBlock)
+    assert blk.ffn.fc1.out_features == 4 * 64  # e = 4 (Table 2 text)
+    assert blk.ffn.approximate == 'tanh'
+    assert [s[0].attn.dw_conv.kernel_size[0] for s in model.stages[:3]] == \
+        [9, 5, 3]
+    assert [s[0].attn.sampler.ratio for s in model.stages[:3]] == [8, 4, 2]
+    assert [tuple(p.shape) for p in model.pos_embeds] == [
+        (1, 3136, 64), (1, 784, 128), (1, 196, 320), (1, 50, 512)]
+    assert model.norm.eps == 1e-6
+    # m = 49 bottleneck tokens at 224 x 224 in every SOFT stage
+    for i, hw in enumerate([(56, 56), (28, 28), (14, 14)]):
+        assert model.stages[i][0].attn.sampler.num_landmarks(hw) == 49
+
+
+@pytest.mark.parametrize('size', [(333, 500), (800, 1333), (37, 45)])
+def test_non_divisible_input_sizes(size):
+    arch = dict(TINY, num_heads=[1, 1, 1, 1])
+    model = SOFT(arch).eval()
+    H, W = size
+    with torch.no_grad():
+        outs = model(torch.randn(1, 3, H, W))
+    for i, o in enumerate(outs):
+        h, w = H, W
+        for _ in range(i + 2):
+            h, w = (h + 1) // 2, (w + 1) // 2
+        assert tuple(o.shape[2:]) == (h, w)
+        assert torch.isfinite(o).all()
+
+
+def test_cls_token_output():
+    model = SOFT(TINY, out_type='cls_token', out_indices=(3, )).eval()
+    (cls, ) = model(torch.randn(2, 3, 64, 64))
+    assert cls.shape == (2, 64)
+    model2 = SOFT(TINY, out_type='featmap').eval()
+    model2.load_state_dict(model.state_dict())
+    with torch.no_grad():
+        x = torch.randn(1, 3, 64, 64)
+        assert model(x)[0].shape == (1, 64)
+        assert model2(x)[-1].shape == (1, 64, 2, 2)
+
+
+def test_out_indices_subset_and_negative():
+    model = SOFT(TINY, out_indices=(1, -1)).eval()
+    outs = model(torch.randn(1, 3, 64, 64))
+    assert [o.shape[1] for o in outs] == [32, 64]
+    assert model.out_channels == [32, 64]
+
+
+def test_batch_independence():
+    for attn_norm in (True, False):
+        torch.manual_seed(0)
+        model = SOFT(TINY, attn_norm=attn_norm).eval()
+        x = torch.randn(4, 3, 64, 64)
+        x[1:] *= 30  # very different samples in the same batch
+        with torch.no_grad():
+            batched = model(x)
+            single = model(x[:1])
+        for b, s in zip(batched, single):
+            torch.testing.assert_close(b[:1], s, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize('dtype', [torch.float16, torch.bfloat16])
+def test_autocast_finite(dtype):
+    model = SOFT(TINY)
+    x = torch.randn(2, 3, 64, 64) * 50
+    with torch.autocast('cpu', dtype=dtype):
+        outs = model(x)
+    assert all(torch.isfinite(o.float()).all() for o in outs)
+    sum(o.float().mean() for o in outs).backward()
+    assert all(torch.isfinite(p.grad).all() for p in model.parameters()
+               if p.grad is not None)
+
+
+def test_gradients_reach_every_parameter():
+    model = SOFT(TINY)
+    outs = model(torch.randn(2, 3, 64, 64))
+    sum(o.mean() for o in outs).backward()
+    missing = [n for n, p in model.named_parameters() if p.grad is None]
+    assert missing == []
+
+
+def test_with_cp_same_gradients():
+    torch.manual_seed(0)
+    a = SOFT(TINY)
+    b = SOFT(TINY, with_cp=True)
+    b.load_state_dict(a.state_dict())
+    x = torch.randn(2, 3, 64, 64)
+    for m in (a, b):
+        sum(o.sum() for o in m(x)).backward()
+    for (n, p), (_, q) in zip(a.named_parameters(), b.named_parameters()):
+        torch.testing.assert_close(p.grad, q.grad, rtol=1e-4, atol=1e-5,
+                                   msg=n)
+
+
+def test_frozen_stages():
+    model = SOFT(TINY, frozen_stages=2)
+    model.train()
+    frozen = [n for n, p in model.named_parameters() if not p.requires_grad]
+    assert any(n.startswith('patch_embeds.0') for n in frozen)
+    assert any(n.startswith('stages.1') for n in frozen)
+    assert 'pos_embeds.1' in frozen
+    assert not any(n.startswith('stages.2') for n in frozen)
+    assert not model.patch_embeds[1].training
+    assert model.patch_embeds[2].training
+    stem_only = SOFT(TINY, frozen_stages=0)
+    names = [n for n, p in stem_only.named_parameters()
+             if not p.requires_grad]
+    assert names and all(n.startswith(('patch_embeds.0', 'pos_embeds.0'))
+                         for n in names)
+
+
+def test_norm_eval():
+    model = SOFT(TINY, norm_eval=True).train()
+    bns = [m for m in model.modules()
+           if isinstance(m, torch.nn.BatchNorm2d)]
+    assert bns and not any(m.training for m in bns)
+    assert model.stages[0][0].training
+
+
+def test_drop_path_rate_schedule():
+    model = SOFT(dict(TINY, depths=[1, 1, 1, 2]), drop_path_rate=0.3)
+    assert model.stages[0][0].drop.__class__.__name__ == 'Identity'
+    assert model.stages[3][1].drop_path.drop_prob == pytest.approx(0.3)
+    dp = SOFT(TINY, drop_path_rate=0.3, residual_drop='drop_path')
+    assert type(dp.stages[1][0].drop).__name__ == 'DropPath'
+
+
+def test_pretrained_init_cfg_with_prefix(tmp_path):
+    src = SOFT(TINY)
+    src.init_weights()
+    ckpt = {'state_dict': {f'backbone.{k}': v
+                           for k, v in src.state_dict().items()}}
+    ckpt['state_dict']['head.fc.weight'] = torch.zeros(3, 64)
+    path = tmp_path / 'cls.pth'
+    torch.save(ckpt, path)
+    dst = SOFT(TINY, init_cfg=dict(type='Pretrained', checkpoint=str(path),
+                                   prefix='backbone.'))
+    dst.init_weights()
+    for k, v in src.state_dict().items():
+        torch.testing.assert_close(dst.state_dict()[k], v, msg=k)
+
+
+def test_default_init_is_truncated_normal():
+    model = SOFT(TINY)
+    model.init_weights()
+    # std 0.02 as the official timm init (truncation bounds are +-2 absolute)
+    w = torch.cat([m.weight.flatten() for m in model.modules()
+                   if isinstance(m, torch.nn.Linear)])
+    assert 0.018 < w.std() < 0.022
+    assert model.stages[0][0].attn.q.bias.abs().max() == 0
+    assert 0.018 < model.pos_embeds[0].std() < 0.022
+
+
+@pytest.mark.parametrize('kwargs, match', [
+    (dict(arch='gigantic'), "valid presets: .*'tiny'"),
+    (dict(arch=dict(embed_dims=[8] * 4, num_heads=[1] * 4)), "'depths'"),
+    (dict(arch=dict(TINY, depth=[1] * 4)), "unknown keys \\['depth'\\]"),
+    (dict(arch=dict(TINY, depths=[1, 1, 1])), "arch\\['depths'\\]"),
+    (dict(arch=dict(TINY, num_heads=[3, 1, 1, 1])), 'num_heads\\[0\\]=3'),
+    (dict(arch=TINY, out_indices=(4, )), 'out_indices entry 4'),
+    (dict(arch=TINY, out_type='tokens'), 'out_type'),
+    (dict(arch=TINY, sampling='nearest'), 'sampling'),
+    (dict(arch=TINY, frozen_stages=7), 'frozen_stages'),
+])
+def test_clear_errors(kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        SOFT(**kwargs)
+
+
+def test_wrong_input_rank():
+    with pytest.raises(ValueError, match='B, C, H, W'):
+        SOFT(TINY)(torch.randn(3, 64, 64))

@@ -1,0 +1,218 @@
+"""Tests of :mod:`mmsoft.compat` (torch >= 2.6 + mmengine 0.10.7 fixes).
+
+Each fix has a test that fails without it: the baseline failure is shown in a
+fresh interpreter that never imports mmsoft, and in this process with the
+allow-list removed; with ``import mmsoft`` the same files load.
+"""
+import json
+import os
+import pickle
+import subprocess
+import sys
+import textwrap
+import uuid
+import warnings
+
+import numpy as np
+import pytest
+import torch
+import torch.nn as nn
+from mmengine.logging import HistoryBuffer, MessageHub
+from mmengine.utils import digit_version
+
+import mmsoft
+from mmsoft import compat
+
+FIX = 'torch_load_mmengine_safe_globals'
+# torch 2.6 made weights_only=True the default of torch.load
+WEIGHTS_ONLY_DEFAULT = digit_version(torch.__version__) >= digit_version('2.6')
+needs_weights_only = pytest.mark.skipif(
+    not WEIGHTS_ONLY_DEFAULT, reason='torch.load is not weights-only here')
+
+
+def _mmengine_checkpoint(path):
+    """A checkpoint laid out like ``Runner.save_checkpoint`` writes it."""
+    model = nn.Linear(4, 3)
+    hub = MessageHub.get_instance(f'mmsoft_test_compat_{uuid.uuid4().hex}')
+    for i in range(3):
+        hub.update_scalar('train/loss', 1.0 / (i + 1))
+        hub.update_scalar('train/lr', 0.1)
+    hub.update_scalar('val/acc', 0.5)
+    hub.update_info('iter', 3)
+    hub.update_info('best_score', np.float64(0.75))  # a numpy scalar
+    ckpt = dict(
+        meta=dict(epoch=0, iter=3, cfg='', seed=0,
+                  mmengine_version='0.10.7'),
+        state_dict=model.state_dict(),
+        message_hub=hub.state_dict(),
+        optimizer=torch.optim.SGD(model.parameters(), lr=0.1).state_dict(),
+        param_schedulers=[],
+        extra=dict(arrays=[np.array([0, 1, 2]).astype(dt) for dt in
+                           ('int32', 'int64', 'float32', 'float64', 'bool')]),
+    )
+    torch.save(ckpt, path)
+    return ckpt, model
+
+
+@pytest.fixture
+def without_fix():
+    """Temporarily remove the allow-list that ``import mmsoft`` added."""
+    saved = torch.serialization.get_safe_globals()
+    torch.serialization.clear_safe_globals()
+    try:
+        yield
+    finally:
+        torch.serialization.add_safe_globals(saved)
+
+
+def test_apply_is_idempotent_and_named():
+    assert FIX in compat.applied()
+    before = set(map(str, torch.serialization.get_safe_globals()))
+    assert compat.apply() == compat.apply() == compat.applied()
+    assert set(map(str, torch.serialization.get_safe_globals())) == before
+    for entry in compat.MMENGINE_SAFE_GLOBALS:
+        assert entry in torch.serialization.get_safe_globals()
+
+
+@needs_weights_only
+def test_torch_load_fails_without_mmsoft(tmp_path):
+    """A fresh interpreter (no mmsoft) reproduces the reported failure."""
+    path = tmp_path / 'iter_3.pth'
+    _mmengine_checkpoint(path)
+    code = textwrap.dedent(f"""
+        import json, pickle, sys, torch
+        from mmengine.runner.checkpoint import CheckpointLoader
+        out = {{'mmsoft_imported': 'mmsoft' in sys.modules}}
+        for name, fn in [
+            ('torch.load', lambda: torch.load({str(path)!r})),
+            ('CheckpointLoader', lambda: CheckpointLoader.load_checkpoint(
+                {str(path)!r}, map_location='cpu')),
+        ]:
+            try:
+                fn()
+                out[name] = 'ok'
+            except pickle.UnpicklingError as e:
+                out[name] = str(e)
+        print(json.dumps(out))
+    """)
+    env = dict(os.environ, PYTHONWARNINGS='ignore')
+    res = subprocess.run([sys.executable, '-c', code], capture_output=True,
+                         text=True, timeout=120, env=env)
+    assert res.returncode == 0, res.stderr
+    out = json.loads(res.stdout.strip().splitlines()[-1])
+    assert out.pop('mmsoft_imported') is False
+    for name, msg in out.items():
+        assert 'Unsupported global' in msg and \
+            'mmengine.logging.history_buffer.HistoryBuffer' in msg, (name, msg)
+
+
+@needs_weights_only
+def test_torch_load_fails_with_fix_reverted(tmp_path, without_fix):
+    path = tmp_path / 'iter_3.pth'
+    _mmengine_checkpoint(path)
+    with pytest.raises(pickle.UnpicklingError, match='HistoryBuffer'):
+        torch.load(path)
+
+
+def test_mmengine_checkpoint_loads_weights_only(tmp_path):
+    path = tmp_path / 'iter_3.pth'
+    ckpt, _ = _mmengine_checkpoint(path)
+    loaded = torch.load(path)  # weights_only=True is torch's default
+    loaded_wo = torch.load(path, weights_only=True)
+    for got in (loaded, loaded_wo):
+        assert got['meta'] == ckpt['meta']
+        for k, v in ckpt['state_dict'].items():
+            torch.testing.assert_close(got['state_dict'][k], v)
+        for a, b in zip(got['extra']['arrays'], ckpt['extra']['arrays']):
+            assert a.dtype == b.dtype and np.array_equal(a, b)
+        best = got['message_hub']['runtime_info']['best_score']
+        assert type(best) is np.float64 and best == 0.75
+        buf = got['message_hub']['log_scalars']['train/loss']
+        assert isinstance(buf, HistoryBuffer)
+        np.testing.assert_allclose(buf.data[0], [1.0, 0.5, 1.0 / 3])
+        # statistics methods came back through the restricted getattr
+        assert buf.statistics('mean') == pytest.approx((1 + .5 + 1 / 3) / 3)
+        assert buf.current() == pytest.approx(1 / 3)
+        hub = MessageHub.get_instance(f'mmsoft_loaded_{uuid.uuid4().hex}')
+        hub.load_state_dict(got['message_hub'])
+        assert hub.get_scalar('val/acc').current() == 0.5
+
+
+def test_mmengine_loaders(tmp_path):
+    """mmengine's own entry points: CheckpointLoader and load_checkpoint."""
+    from mmengine.runner import load_checkpoint
+    from mmengine.runner.checkpoint import CheckpointLoader
+
+    path = tmp_path / 'iter_3.pth'
+    ckpt, model = _mmengine_checkpoint(path)
+    got = CheckpointLoader.load_checkpoint(str(path), map_location='cpu')
+    assert got['meta']['iter'] == 3
+    fresh = nn.Linear(4, 3)
+    load_checkpoint(fresh, str(path), map_location='cpu')
+    torch.testing.assert_close(fresh.state_dict(), model.state_dict())
+    # a plain state dict (e.g. official SOFT weights) loads with or without
+    plain = tmp_path / 'plain.pth'
+    torch.save(model.state_dict(), plain)
+    fresh = nn.Linear(4, 3)
+    load_checkpoint(fresh, str(plain), map_location='cpu')
+    torch.testing.assert_close(fresh.state_dict(), model.state_dict())
+
+
+class _Gadget:
+    """Pickles to ``getattr(owner, name)``."""
+
+    def __init__(self, owner, name):
+        self.owner, self.name = owner, name
+
+    def __reduce__(self):
+        return getattr, (self.owner, self.name)
+
+
+@needs_weights_only
+@pytest.mark.parametrize('owner,name', [
+    (HistoryBuffer, '_set_default_statistics'),  # private
+    (HistoryBuffer, '__init__'),
+    (HistoryBuffer, '_statistics_methods'),  # not a function
+    (np.ndarray, 'tofile'),  # not an allow-listed owner
+    (torch.Tensor, 'new_empty'),
+])
+def test_getattr_is_restricted(tmp_path, owner, name):
+    path = tmp_path / 'gadget.pth'
+    torch.save({'x': _Gadget(owner, name)}, path)
+    with pytest.raises(pickle.UnpicklingError):
+        torch.load(path)
+    # the allowed form still works
+    torch.save({'x': _Gadget(HistoryBuffer, 'mean')}, path)
+    assert torch.load(path)['x'] is HistoryBuffer.mean
+
+
+@needs_weights_only
+def test_weights_only_still_refuses_other_globals(tmp_path):
+    """The fix is an allow-list, not ``weights_only=False``."""
+    path = tmp_path / 'evil.pth'
+    torch.save({'x': os.getcwd}, path)  # any other global
+    with pytest.raises(pickle.UnpicklingError, match='getcwd'):
+        torch.load(path)
+    torch.save({'x': np.array([1, 2], dtype=object)}, path)  # object array
+    with pytest.raises(pickle.UnpicklingError):
+        torch.load(path)
+
+
+def test_check_optional_deps_present():
+    """tools/setup_env.sh installs the packages mmseg needs undeclared."""
+    assert compat.check_optional_deps() == [], 'pip install ftfy regex'
+
+
+def test_check_optional_deps_reports_missing(monkeypatch):
+    import importlib.util
+    monkeypatch.setattr(importlib.util, 'find_spec',
+                        lambda name, *a: None if name == 'ftfy' else 'spec')
+    with warnings.catch_warnings(record=True) as rec:
+        warnings.simplefilter('always')
+        assert compat.check_optional_deps() == ['ftfy']
+    assert any('pip install ftfy' in str(w.message) for w in rec)
+    assert compat.check_optional_deps(warn=False) == ['ftfy']
+
+
+def test_mmsoft_import_applies_compat():
+    assert mmsoft.compat is compat and FIX in compat.applied()

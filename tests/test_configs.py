@@ -1,0 +1,384 @@
+"""Every config under ``configs/`` (not ``_base_``): recipe checks, one
+training step and one prediction with its own codebase, on CPU.
+
+The SOFT backbone of each config is replaced by a tiny arch (the full archs
+are not the point, see ``TINY_ARCH``) and the neck / heads' in_channels by
+its channels; :func:`test_real_channels_agree` and
+:func:`test_real_backbone_feeds_neck` keep the real configs' channels
+honest.
+"""
+import copy
+import glob
+import os.path as osp
+
+import pytest
+import torch
+from mmengine.config import Config
+from mmengine.registry import DefaultScope
+
+from mmsoft import launch
+from mmsoft.models import SOFT
+
+ROOT = osp.dirname(osp.dirname(osp.abspath(__file__)))
+CONFIG_DIR = osp.join(ROOT, 'configs')
+ARCHS = ('tiny', 'small', 'medium', 'large', 'huge')
+DET_ARCHS = ('tiny', 'small', 'medium', 'large')
+
+CLS = [f'soft_{n}{a}_in1k' for a in ARCHS for n in ('', 'norm_')]
+DET_1X = [f'{d}_soft_{a}_1x' for d in ('retinanet', 'mask_rcnn')
+          for a in DET_ARCHS]
+DET_3X = [f'{d}_soft_small_3x_ms' for d in ('mask_rcnn', 'cascade_mask_rcnn',
+                                           'atss', 'gfl', 'sparse_rcnn')]
+SEG = [f'upernet_soft_{a}_512x512_160k_ade20k' for a in ('small', 'medium')]
+EXPECTED = CLS + DET_1X + DET_3X + SEG
+CONFIGS = sorted(
+    osp.splitext(osp.basename(p))[0]
+    for p in glob.glob(osp.join(CONFIG_DIR, '*.py')))
+
+TINY_ARCH = dict(embed_dims=[16, 32, 32, 64], num_heads=[1, 1, 1, 2],
+                 depths=[1, 1, 1, 1])
+SIZE = 64
+
+_CFG_CACHE = {}
+
+
+def load(name):
+    if name not in _CFG_CACHE:
+        _CFG_CACHE[name] = Config.fromfile(
+            osp.join(CONFIG_DIR, name + '.py'))
+    return copy.deepcopy(_CFG_CACHE[name])
+
+
+def scope_of(name):
+    if name in CLS:
+        return 'mmpretrain'
+    if name in SEG:
+        return 'mmseg'
+    return 'mmdet'
+
+
+def arch_dims(cfg):
+    return SOFT.arch_zoo[cfg.model.backbone.arch]['embed_dims']
+
+
+# ----------------------------------------------------------------- static
+def test_expected_configs_exist():
+    assert sorted(EXPECTED) == CONFIGS
+
+
+@pytest.mark.parametrize('name', CONFIGS)
+def test_common_settings(name):
+    cfg = load(name)
+    assert cfg.default_scope == scope_of(name)
+    assert launch.codebase_of(cfg) == scope_of(name)
+    assert cfg.custom_imports == dict(
+        imports=['mmsoft'], allow_failed_imports=False)
+    bb = cfg.model.backbone
+    assert bb.type == 'SOFT'
+    assert bb.arch in ARCHS
+    # ImageNet weights: one override, random init by default
+    assert bb.init_cfg == dict(
+        type='Pretrained', checkpoint=None, prefix='backbone.')
+    over = load(name)
+    over.merge_from_dict(
+        {'model.backbone.init_cfg.checkpoint': 'weights/w.pth'})
+    assert over.model.backbone.init_cfg == dict(
+        type='Pretrained', checkpoint='weights/w.pth', prefix='backbone.')
+    if name in CLS:
+        assert bb.attn_norm == name.startswith('soft_norm_')
+        assert bb.out_type == 'cls_token' and tuple(bb.out_indices) == (3, )
+    else:
+        assert bb.attn_norm is True
+        assert bb.out_type == 'featmap'
+        assert tuple(bb.out_indices) == (0, 1, 2, 3)
+    assert bb.arch in name
+
+
+@pytest.mark.parametrize('name', CONFIGS)
+def test_real_channels_agree(name):
+    cfg = load(name)
+    dims = list(arch_dims(cfg))
+    m = cfg.model
+    if name in CLS:
+        assert m.head.in_channels == dims[3]
+        assert m.head.num_classes == 1000
+    elif name in SEG:
+        assert list(m.decode_head.in_channels) == dims
+        assert m.auxiliary_head.in_channels == dims[m.auxiliary_head.in_index]
+        assert m.decode_head.num_classes == 150
+        assert m.auxiliary_head.num_classes == 150
+    else:
+        assert list(m.neck.in_channels) == dims
+
+
+def test_real_backbone_feeds_neck():
+    """The real SOFT-Medium backbone + FPN of a config run end to end."""
+    from mmdet.registry import MODELS
+    cfg = load('retinanet_soft_medium_1x')
+    launch.import_codebase(cfg)
+    with DefaultScope.overwrite_default_scope('mmdet'):
+        backbone = MODELS.build(cfg.model.backbone)
+        neck = MODELS.build(cfg.model.neck)
+    assert backbone.out_channels == list(cfg.model.neck.in_channels)
+    backbone.eval()
+    with torch.no_grad():
+        feats = backbone(torch.randn(1, 3, SIZE, SIZE))
+        assert [f.shape[1] for f in feats] == backbone.out_channels
+        outs = neck(feats)
+    assert len(outs) == cfg.model.neck.num_outs
+
+
+@pytest.mark.parametrize('name', CLS)
+def test_cls_recipe(name):
+    cfg = load(name)
+    opt = cfg.optim_wrapper.optimizer
+    assert opt.type == 'AdamW' and opt.lr == 1e-3
+    assert opt.weight_decay == 0.05
+    # 8 GPUs x 128 = 1024 (the lr refers to it)
+    assert cfg.train_dataloader.batch_size * 8 == 1024
+    assert cfg.auto_scale_lr.base_batch_size == 1024
+    assert cfg.train_cfg.max_epochs == 300
+    warmup, cosine = cfg.param_scheduler
+    assert warmup.type == 'LinearLR' and warmup.end == 10
+    assert cosine.type == 'CosineAnnealingLR' and cosine.begin == 10
+    assert cosine.end == 300
+    augments = {a.type: a.alpha for a in cfg.model.train_cfg.augments}
+    assert augments == {'Mixup': 0.8, 'CutMix': 1.0}
+    assert cfg.model.head.loss.type == 'LabelSmoothLoss'
+    assert cfg.model.head.loss.label_smooth_val == 0.1
+    train = {t.type: t for t in cfg.train_dataloader.dataset.pipeline}
+    assert train['RandomFlip'].prob == 0.5
+    assert train['RandomResizedCrop'].scale == 224
+    test = {t.type: t for t in cfg.test_dataloader.dataset.pipeline}
+    assert test['ResizeEdge'].scale == 256
+    assert test['ResizeEdge'].edge == 'short'
+    assert test['CenterCrop'].crop_size == 224
+
+
+@pytest.mark.parametrize('name', DET_1X + DET_3X)
+def test_det_recipe(name):
+    cfg = load(name)
+    opt = cfg.optim_wrapper.optimizer
+    assert cfg.optim_wrapper.type == 'OptimWrapper'
+    assert opt.type == 'AdamW' and opt.lr == 1e-4
+    assert opt.weight_decay == 0.01
+    assert cfg.train_dataloader.batch_size == 2  # x 8 GPUs = 16
+    assert cfg.auto_scale_lr.base_batch_size == 16
+    steps = [s for s in cfg.param_scheduler if s.type == 'MultiStepLR']
+    resize = [
+        t for t in cfg.train_dataloader.dataset.pipeline
+        if 'Resize' in t.type
+    ]
+    assert len(resize) == 1
+    if name in DET_1X:
+        assert cfg.train_cfg.max_epochs == 12
+        assert steps[0].milestones == [8, 11]
+        assert resize[0].type == 'Resize'
+        assert tuple(resize[0].scale) == (1333, 800)
+    else:
+        assert cfg.train_cfg.max_epochs == 36
+        assert steps[0].milestones == [27, 33]
+        assert resize[0].type == 'RandomChoiceResize'
+        shorts = [min(s) for s in resize[0].scales]
+        longs = {max(s) for s in resize[0].scales}
+        assert shorts == list(range(480, 801, 32)) and longs == {1333}
+    with_mask = 'mask_rcnn' in name
+    load_ann = [
+        t for t in cfg.train_dataloader.dataset.pipeline
+        if t.type == 'LoadAnnotations'
+    ][0]
+    assert load_ann.get('with_mask', False) == with_mask
+
+
+@pytest.mark.parametrize('name', SEG)
+def test_seg_recipe(name):
+    cfg = load(name)
+    opt = cfg.optim_wrapper.optimizer
+    assert opt.type == 'AdamW' and opt.lr == 6e-4
+    assert cfg.train_cfg.type == 'IterBasedTrainLoop'
+    assert cfg.train_cfg.max_iters == 160000
+    assert cfg.param_scheduler[-1].end == 160000
+    assert cfg.train_dataloader.batch_size == 2  # x 8 GPUs = 16
+    assert tuple(cfg.crop_size) == (512, 512)
+    assert tuple(cfg.model.data_preprocessor.size) == (512, 512)
+    crop = [
+        t for t in cfg.train_dataloader.dataset.pipeline
+        if t.type == 'RandomCrop'
+    ][0]
+    assert tuple(crop.crop_size) == (512, 512)
+    assert cfg.train_dataloader.dataset.type == 'ADE20KDataset'
+    # single-scale whole-image test, no TTA
+    test_types = [t.type for t in cfg.test_dataloader.dataset.pipeline]
+    assert 'TestTimeAug' not in test_types
+    assert cfg.model.test_cfg.mode == 'whole'
+    assert cfg.test_evaluator.type == 'IoUMetric'
+    assert 'mIoU' in cfg.test_evaluator.iou_metrics
+
+
+# ------------------------------------------------------------- build + run
+def tiny_model_cfg(cfg, scope):
+    """cfg.model with a tiny SOFT and matching neck / head channels."""
+    m = copy.deepcopy(cfg.model)
+    if 'data_preprocessor' not in m and cfg.get('data_preprocessor'):
+        m.data_preprocessor = copy.deepcopy(cfg.data_preprocessor)
+    m.backbone.arch = copy.deepcopy(TINY_ARCH)
+    dims = TINY_ARCH['embed_dims']
+    if scope == 'mmpretrain':
+        m.head.in_channels = dims[3]
+    elif scope == 'mmdet':
+        m.neck.in_channels = list(dims)
+        rcnn = m.get('test_cfg', {}).get('rcnn', None)
+        if rcnn is not None and 'score_thr' in rcnn:
+            rcnn.score_thr = 0.0  # random weights: keep some detections
+    else:
+        m.decode_head.in_channels = list(dims)
+        m.decode_head.channels = 32
+        m.auxiliary_head.in_channels = dims[m.auxiliary_head.in_index]
+        m.auxiliary_head.channels = 16
+        m.data_preprocessor.size = (SIZE, SIZE)
+    launch.drop_empty_pretrained(m)
+    return m
+
+
+def make_batch(scope, name, batch_size=2):
+    g = torch.Generator().manual_seed(0)
+    inputs = [
+        torch.randint(0, 256, (3, SIZE, SIZE), generator=g,
+                      dtype=torch.uint8) for _ in range(batch_size)
+    ]
+    if scope == 'mmpretrain':
+        from mmpretrain.structures import DataSample
+        samples = [DataSample().set_gt_label(i) for i in range(batch_size)]
+        return dict(inputs=inputs, data_samples=samples)
+    if scope == 'mmdet':
+        from mmdet.testing import demo_mm_inputs
+        return demo_mm_inputs(
+            batch_size=batch_size,
+            image_shapes=[(3, SIZE, SIZE)] * batch_size,
+            num_items=[3] * batch_size,
+            num_classes=80,
+            with_mask='mask_rcnn' in name)
+    from mmengine.structures import PixelData
+    from mmseg.structures import SegDataSample
+    samples = []
+    for _ in range(batch_size):
+        s = SegDataSample()
+        s.gt_sem_seg = PixelData(data=torch.randint(
+            0, 150, (1, SIZE, SIZE), generator=g, dtype=torch.long))
+        s.set_metainfo(
+            dict(img_shape=(SIZE, SIZE), ori_shape=(SIZE, SIZE),
+                 pad_shape=(SIZE, SIZE), scale_factor=(1.0, 1.0),
+                 flip=False, flip_direction=None))
+        samples.append(s)
+    return dict(inputs=inputs, data_samples=samples)
+
+
+def _registry(scope):
+    import importlib
+    return importlib.import_module(f'{scope}.registry').MODELS
+
+
+@pytest.mark.parametrize('name', CONFIGS)
+def test_train_step_and_predict(name):
+    from mmengine.model import revert_sync_batchnorm
+    from mmengine.optim import build_optim_wrapper
+
+    cfg = load(name)
+    scope = launch.import_codebase(cfg)
+    with DefaultScope.overwrite_default_scope(scope):
+        model = _registry(scope).build(tiny_model_cfg(cfg, scope))
+        model = revert_sync_batchnorm(model)
+        model.init_weights()
+        optim_wrapper = build_optim_wrapper(model, cfg.optim_wrapper)
+
+        # ---- one training step
+        torch.manual_seed(0)
+        model.train()
+        data = model.data_preprocessor(make_batch(scope, name), True)
+        losses = model(**data, mode='loss')
+        loss, _ = model.parse_losses(losses)
+        assert torch.isfinite(loss), losses
+        optim_wrapper.backward(loss)
+        grads = {
+            n: p.grad
+            for n, p in model.backbone.named_parameters() if p.requires_grad
+        }
+        assert all(g is not None for g in grads.values()), \
+            [n for n, g in grads.items() if g is None]
+        assert all(torch.isfinite(g).all() for g in grads.values())
+        stem = model.backbone.patch_embeds[0].proj[0].conv.weight.grad
+        assert stem.abs().sum() > 0  # gradients reach the first conv
+        optim_wrapper.step()
+        optim_wrapper.zero_grad()
+
+        # ---- one prediction
+        model.eval()
+        with torch.no_grad():
+            preds = model.test_step(make_batch(scope, name, batch_size=1))
+    assert len(preds) == 1
+    pred = preds[0]
+    if scope == 'mmpretrain':
+        assert pred.pred_score.shape == (1000, )
+        assert torch.isfinite(pred.pred_score).all()
+    elif scope == 'mmdet':
+        inst = pred.pred_instances
+        assert inst.bboxes.shape[1] == 4
+        assert torch.isfinite(inst.scores).all()
+        if 'mask_rcnn' in name:
+            assert len(inst) > 0
+            assert inst.masks.shape == (len(inst), SIZE, SIZE)
+    else:
+        assert pred.pred_sem_seg.data.shape == (1, SIZE, SIZE)
+        assert pred.seg_logits.data.shape == (150, SIZE, SIZE)
+
+
+@pytest.mark.parametrize(
+    'name', ['soft_norm_tiny_in1k', 'retinanet_soft_tiny_1x',
+             'upernet_soft_small_512x512_160k_ade20k'])
+def test_pretrained_override_loads_weights(name, tmp_path):
+    """``--cfg-options model.backbone.init_cfg.checkpoint=PATH`` loads the
+    ``backbone.*`` tensors of an mmpretrain-format checkpoint."""
+    cfg = load(name)
+    scope = launch.import_codebase(cfg)
+    src = SOFT(arch=copy.deepcopy(TINY_ARCH))
+    src.init_weights()
+    ckpt = tmp_path / 'soft_tiny.pth'
+    torch.save(
+        dict(state_dict={f'backbone.{k}': v
+                         for k, v in src.state_dict().items()},
+             meta=dict()), str(ckpt))
+    cfg.merge_from_dict({'model.backbone.init_cfg.checkpoint': str(ckpt)})
+    model_cfg = tiny_model_cfg(cfg, scope)
+    assert model_cfg.backbone.init_cfg.checkpoint == str(ckpt)
+    with DefaultScope.overwrite_default_scope(scope):
+        model = _registry(scope).build(model_cfg)
+        model.init_weights()
+    got = model.backbone.state_dict()
+    for k, v in src.state_dict().items():
+        assert torch.equal(got[k], v), k
+
+
+def test_drop_empty_pretrained():
+    m = dict(backbone=dict(init_cfg=dict(type='Pretrained', checkpoint=None,
+                                         prefix='backbone.')),
+             head=dict(init_cfg=[dict(type='Normal', std=0.01),
+                                 dict(type='Pretrained', checkpoint=None)]),
+             neck=dict(init_cfg=dict(type='Pretrained', checkpoint='x.pth')))
+    removed = launch.drop_empty_pretrained(m)
+    assert removed == ['model.backbone.init_cfg', 'model.head.init_cfg']
+    assert m['backbone']['init_cfg'] is None
+    assert m['head']['init_cfg'] == [dict(type='Normal', std=0.01)]
+    assert m['neck']['init_cfg']['checkpoint'] == 'x.pth'
+
+
+@pytest.mark.xfail(
+    reason='needs the SOFT.init_weights patch reported with issue #4: '
+    "init_cfg=dict(type='Pretrained', checkpoint=None) should mean random "
+    'initialisation (the tools drop such entries meanwhile)',
+    strict=False)
+def test_backbone_skips_pretrained_without_checkpoint():
+    model = SOFT(arch=copy.deepcopy(TINY_ARCH),
+                 init_cfg=dict(type='Pretrained', checkpoint=None,
+                               prefix='backbone.'))
+    model.init_weights()
+    assert model.cls_token.abs().sum() > 0  # trunc_normal_ init ran

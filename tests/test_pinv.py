@@ -1,0 +1,111 @@
+"""Newton-Raphson Moore-Penrose inverse (Alg. 2, Eq. 10/16) and its init."""
+import pytest
+import torch
+
+from mmsoft.models.layers.gaussian_kernel import gaussian_kernel
+from mmsoft.models.layers.pinv import (newton_inverse, nr_init_alpha,
+                                       pinv_convergence)
+
+
+def kernel_matrix(*batch, m=49, d=32, scale=1.0, seed=0, dtype=torch.float32):
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(*batch, m, d, generator=g, dtype=torch.float64) * scale
+    x = x / d**0.25
+    return gaussian_kernel(x, x).to(dtype)
+
+
+def test_matches_torch_pinv():
+    A = kernel_matrix(2, 3)
+    Y = newton_inverse(A, 20, 'soft_norm')
+    ref = torch.linalg.pinv(A.double())
+    rel = (Y.double() - ref).norm() / ref.norm()
+    assert rel < 1e-4
+
+
+def test_float64_close_to_pinv():
+    A = kernel_matrix(4, dtype=torch.float64)
+    Y = newton_inverse(A, 30, 'soft_norm')
+    assert Y.dtype == torch.float64
+    torch.testing.assert_close(Y, torch.linalg.pinv(A), rtol=1e-8, atol=1e-8)
+
+
+def test_soft_init_inverts_shifted_matrix():
+    """The NeurIPS variant iterates on A + 0.01 I (official soft_* weights)."""
+    A = kernel_matrix(3, dtype=torch.float64)
+    Y = newton_inverse(A, 40, 'soft')
+    shifted = A + 0.01 * torch.eye(A.shape[-1], dtype=A.dtype)
+    torch.testing.assert_close(Y, torch.linalg.inv(shifted), rtol=1e-6,
+                               atol=1e-6)
+
+
+def test_convergence_metric_decreases():
+    """||A A_k A - A||_2 / ||A||_2 decreases towards 0 (Prop. 2, Fig. 4)."""
+    A = kernel_matrix(2, 2)
+    curve = torch.stack(pinv_convergence(A, 20))  # (21, 2, 2)
+    diffs = curve[1:] - curve[:-1]
+    assert (diffs <= 1e-12).all()
+    assert curve[0].min() > 0.5
+    assert curve[-1].max() < 1e-6
+
+
+def test_norm_alpha_follows_official_halving_rule():
+    """alpha = 2 * 0.5^n / ||A||_1^2 with n the first passing the test."""
+    A = kernel_matrix(5, dtype=torch.float64, scale=0.3)  # dense, large norm
+    alpha = nr_init_alpha(A, 'soft_norm')
+    eye = torch.eye(A.shape[-1], dtype=A.dtype)
+    for b in range(A.shape[0]):
+        a = 2 / A[b].sum(-1).max()**2
+        n = 0
+        while (eye - a * A[b] @ A[b]).abs().sum(-2).max() > 1.01 and n < 10:
+            a, n = a * 0.5, n + 1
+        torch.testing.assert_close(alpha[b], a)
+
+
+def test_soft_alpha():
+    A = kernel_matrix(3, dtype=torch.float64)
+    expect = 0.9 * 2 / A.sum(-1).amax(-1)**2
+    torch.testing.assert_close(nr_init_alpha(A, 'soft'), expect)
+
+
+def test_alpha_is_chosen_per_matrix():
+    """A matrix's inverse must not depend on the other matrices of a batch."""
+    small = kernel_matrix(1, m=16, seed=1)
+    big = kernel_matrix(1, m=16, scale=0.05, seed=2)  # near all-ones: large norm
+    alone = newton_inverse(small, 20)
+    together = newton_inverse(torch.cat([small, big]), 20)[:1]
+    torch.testing.assert_close(alone, together, rtol=0, atol=0)
+
+
+@pytest.mark.parametrize('init', ['soft_norm', 'soft'])
+def test_gradcheck_eq16(init):
+    """The closed-form backward (Eq. 16) is the gradient of the inverse."""
+    A = kernel_matrix(2, m=6, d=4, dtype=torch.float64, seed=3)
+    A.requires_grad_(True)
+    assert torch.autograd.gradcheck(lambda a: newton_inverse(a, 60, init),
+                                    (A, ), eps=1e-6, atol=1e-5)
+
+
+def test_no_autograd_graph_through_iterations():
+    A = kernel_matrix(1, 2).requires_grad_(True)
+    Y = newton_inverse(A, 20)
+    assert Y.grad_fn is not None
+    assert type(Y.grad_fn).__name__.startswith('NewtonInverse')
+    # the graph has a single node above A (no per-iteration nodes)
+    assert all(fn is None or fn[0] is None or 'AccumulateGrad' in
+               type(fn[0]).__name__ for fn in Y.grad_fn.next_functions)
+
+
+@pytest.mark.parametrize('dtype', [torch.float16, torch.bfloat16])
+def test_runs_in_fp32_under_autocast(dtype):
+    A = kernel_matrix(2, 2)
+    with torch.autocast('cpu', dtype=dtype):
+        Y = newton_inverse(A.to(dtype), 20)
+    assert Y.dtype == torch.float32
+    assert torch.isfinite(Y).all()
+
+
+def test_bad_input_errors():
+    with pytest.raises(ValueError, match='m, m'):
+        newton_inverse(torch.ones(3, 4))
+    with pytest.raises(ValueError, match='soft_norm'):
+        newton_inverse(torch.eye(3), init='svd')

@@ -1,0 +1,148 @@
+"""SOFT attention (Alg. 1, Eq. 25): kernel, sampling, normalisation."""
+import math
+
+import pytest
+import torch
+
+from mmsoft.models.layers import (BottleneckSampler, SOFTAttention,
+                                  gaussian_kernel, landmark_grid,
+                                  newton_inverse, soft_attention)
+
+
+def test_gaussian_kernel_matches_definition():
+    x = torch.randn(2, 3, 50, 8, dtype=torch.float64)
+    y = torch.randn(2, 3, 7, 8, dtype=torch.float64)
+    ref = torch.exp(-torch.cdist(x, y)**2 / 2)
+    torch.testing.assert_close(gaussian_kernel(x, y), ref)
+
+
+def test_gaussian_kernel_gradcheck():
+    x = torch.randn(2, 9, 4, dtype=torch.float64, requires_grad=True)
+    y = torch.randn(2, 5, 4, dtype=torch.float64, requires_grad=True)
+    assert torch.autograd.gradcheck(gaussian_kernel, (x, y))
+    # the same tensor on both sides (A = exp(Q~ (-) Q~))
+    assert torch.autograd.gradcheck(lambda a: gaussian_kernel(a, a), (y, ))
+
+
+def test_gaussian_kernel_large_inputs_are_finite_and_bounded():
+    x = torch.randn(1, 64, 16) * 1e4
+    K = gaussian_kernel(x, x[:, :8])
+    assert torch.isfinite(K).all() and (K >= 0).all() and (K <= 1).all()
+
+
+def dense_soft(q, lm, v, attn_norm, init):
+    """Reference: build the n x n matrix S^ = P A_n^+ P^T explicitly."""
+    P = torch.exp(-torch.cdist(q, lm)**2 / 2)
+    A = torch.exp(-torch.cdist(lm, lm)**2 / 2)
+    if init == 'soft':
+        A_inv = torch.linalg.inv(A + 0.01 * torch.eye(A.shape[-1],
+                                                      dtype=A.dtype))
+    else:
+        A_inv = torch.linalg.pinv(A)
+    if attn_norm:
+        d = A.sum(-1).rsqrt()
+        A_inv = d[..., :, None] * A_inv * d[..., None, :]
+    S = P @ A_inv @ P.transpose(-1, -2)
+    return S @ v
+
+
+@pytest.mark.parametrize('attn_norm', [True, False])
+def test_soft_attention_equals_dense_formula(attn_norm):
+    g = torch.Generator().manual_seed(0)
+    q = torch.randn(2, 2, 64, 8, generator=g, dtype=torch.float64) / 8**.25
+    lm = q[:, :, ::8]  # 8 landmarks
+    v = torch.randn(2, 2, 64, 8, generator=g, dtype=torch.float64)
+    init = 'soft_norm' if attn_norm else 'soft'
+    out = soft_attention(q, lm, v, attn_norm, nr_iters=40, nr_init=init)
+    torch.testing.assert_close(out, dense_soft(q, lm, v, attn_norm, init),
+                               rtol=1e-6, atol=1e-6)
+
+
+def test_normalisation_lowers_spectral_norm():
+    """Prop. 6: ||D^-1/2 A^+ D^-1/2||_2 <= ||D^-1||_2 ||A^+||_2 < ||A^+||_2."""
+    for m in (16, 49, 100):
+        x = torch.randn(8, m, 32, dtype=torch.float64) * 0.3 / 32**0.25
+        A = gaussian_kernel(x, x)
+        A_inv = newton_inverse(A, 30)
+        d = A.sum(-1).rsqrt()
+        normed = d[..., :, None] * A_inv * d[..., None, :]
+        s_plain = torch.linalg.matrix_norm(A_inv, ord=2)
+        s_norm = torch.linalg.matrix_norm(normed, ord=2)
+        bound = s_plain / A.sum(-1).amin(-1)
+        assert (s_norm <= bound * (1 + 1e-9)).all()
+        assert (s_norm < s_plain).all()
+
+
+@pytest.mark.parametrize('mode', ['conv', 'avgpool', 'random', 'biased'])
+@pytest.mark.parametrize('hw', [(16, 16), (13, 22), (3, 5)])
+def test_sampler_counts(mode, hw):
+    r = 4
+    s = BottleneckSampler(8, r, mode).eval()
+    q = torch.randn(2, 3, hw[0] * hw[1], 8)
+    lm = s(q, hw)
+    gh, gw = landmark_grid(hw, r)
+    assert lm.shape == (2, 3, gh * gw, 8)
+    assert gh == max(1, hw[0] // r) and gw == max(1, hw[1] // r)
+
+
+def test_avgpool_sampler_is_window_mean():
+    s = BottleneckSampler(4, 2, 'avgpool')
+    q = torch.randn(1, 1, 16, 4)
+    lm = s(q, (4, 4))
+    grid = q.reshape(4, 4, 4)
+    torch.testing.assert_close(lm[0, 0, 0], grid[:2, :2].mean((0, 1)))
+
+
+def test_biased_sampler_takes_first_tokens():
+    s = BottleneckSampler(4, 2, 'biased')
+    q = torch.randn(1, 2, 16, 4)
+    torch.testing.assert_close(s(q, (4, 4)), q[:, :, :4])
+
+
+def test_random_sampler_random_in_train_fixed_in_eval():
+    s = BottleneckSampler(4, 2, 'random')
+    q = torch.arange(64.).reshape(1, 1, 64, 1).expand(1, 1, 64, 4)
+    torch.manual_seed(0)
+    draws = {tuple(s(q, (8, 8))[0, 0, :, 0].tolist()) for _ in range(5)}
+    assert len(draws) > 1
+    s.eval()
+    assert s(q, (8, 8)).equal(s(q, (8, 8)))
+
+
+def test_conv_sampler_official_layout():
+    s = BottleneckSampler(32, 8, 'conv')
+    assert tuple(s.conv.weight.shape) == (32, 32, 8, 8)
+    assert s.conv.bias is None
+    assert isinstance(s.norm, torch.nn.LayerNorm)
+
+
+def test_sampler_errors():
+    with pytest.raises(ValueError, match='conv'):
+        BottleneckSampler(8, 2, 'nearest')
+    with pytest.raises(ValueError, match='tokens'):
+        BottleneckSampler(8, 2)(torch.randn(1, 1, 10, 8), (3, 3))
+
+
+def test_attention_module_shapes_and_dw_conv():
+    attn = SOFTAttention(64, 2, 4, dw_kernel_size=5)
+    assert tuple(attn.dw_conv.weight.shape) == (2, 1, 5, 5)
+    x = torch.randn(2, 12 * 20, 64)
+    assert attn(x, (12, 20)).shape == x.shape
+
+
+def test_attention_heads_must_divide():
+    with pytest.raises(ValueError, match='divide'):
+        SOFTAttention(64, 3, 4)
+
+
+@pytest.mark.parametrize('dtype', [torch.float16, torch.bfloat16])
+def test_attention_autocast_finite(dtype):
+    attn = SOFTAttention(64, 2, 4)
+    x = torch.randn(2, 256, 64) * 100
+    with torch.autocast('cpu', dtype=dtype):
+        out = attn(x, (16, 16))
+    assert out.dtype == dtype
+    assert torch.isfinite(out.float()).all()
+    out.float().sum().backward()
+    assert all(torch.isfinite(p.grad).all() for p in attn.parameters()
+               if p.grad is not None)

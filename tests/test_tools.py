@@ -1,0 +1,393 @@
+"""tools/train.py, tools/test.py and the launch scripts, on CPU.
+
+* ``tools/dist_train.sh`` with 2 CPU processes (gloo) trains a tiny UperNet
+  on a generated ADE20K-layout folder, saves a checkpoint, resumes from it,
+  and ``tools/dist_test.sh`` evaluates it (per-class table + mIoU);
+* ``--launcher slurm`` + ``--amp`` without CUDA (bfloat16 autocast);
+* a RetinaNet config through ``tools/train.py`` / ``tools/test.py`` on a
+  generated COCO-format folder;
+* config errors surface as MMEngine's messages;
+* the slurm scripts compose the expected ``srun`` command.
+"""
+import json
+import os
+import os.path as osp
+import re
+import runpy
+import socket
+import subprocess
+import sys
+import traceback
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+
+ROOT = osp.dirname(osp.dirname(osp.abspath(__file__)))
+TOOLS = osp.join(ROOT, 'tools')
+TINY = ("dict(_delete_=True, embed_dims=[16, 32, 32, 64], "
+        "num_heads=[1, 1, 1, 2], depths=[1, 1, 1, 1])")
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(('127.0.0.1', 0))
+        return s.getsockname()[1]
+
+
+def tool(name):
+    """The module namespace of tools/<name>.py (its main() is callable)."""
+    return runpy.run_path(osp.join(TOOLS, name + '.py'), run_name='tools')
+
+
+def run(cmd, timeout=600, **env):
+    full_env = dict(os.environ, PYTHON=sys.executable, OMP_NUM_THREADS='1',
+                    PYTHONWARNINGS='ignore', **env)
+    proc = subprocess.run(cmd, cwd=ROOT, env=full_env, capture_output=True,
+                          text=True, timeout=timeout)
+    return proc
+
+
+def check(proc):
+    assert proc.returncode == 0, (
+        f'exit code {proc.returncode}\n--- stdout\n{proc.stdout[-6000:]}'
+        f'\n--- stderr\n{proc.stderr[-6000:]}')
+    return proc.stdout + proc.stderr
+
+
+# ------------------------------------------------------------ data
+def make_ade(root, n_train=4, n_val=2, h=64, w=96):
+    """ADE20K layout: images/{training,validation}/*.jpg and
+    annotations/{training,validation}/*.png (0 = ignore, 1..150)."""
+    rng = np.random.RandomState(0)
+    for split, n in (('training', n_train), ('validation', n_val)):
+        os.makedirs(osp.join(root, 'images', split))
+        os.makedirs(osp.join(root, 'annotations', split))
+        for i in range(n):
+            name = f'ADE_{split[:5]}_{i:08d}'
+            img = rng.randint(0, 256, (h, w, 3), dtype=np.uint8)
+            Image.fromarray(img).save(
+                osp.join(root, 'images', split, name + '.jpg'))
+            seg = np.zeros((h, w), dtype=np.uint8)
+            for k, cls in enumerate((1, 2, 3, 13)):  # wall, building, ...
+                seg[:, k * w // 4:(k + 1) * w // 4] = cls
+            seg[:4] = 0
+            Image.fromarray(seg).save(
+                osp.join(root, 'annotations', split, name + '.png'))
+    return root
+
+
+def make_coco(root, n=2, h=64, w=96):
+    """COCO layout: train2017/, val2017/ and annotations/instances_*.json."""
+    rng = np.random.RandomState(0)
+    os.makedirs(osp.join(root, 'annotations'))
+    for split in ('train2017', 'val2017'):
+        os.makedirs(osp.join(root, split))
+        images, anns = [], []
+        for i in range(n):
+            fname = f'{i:012d}.jpg'
+            Image.fromarray(rng.randint(0, 256, (h, w, 3), dtype=np.uint8)) \
+                .save(osp.join(root, split, fname))
+            images.append(dict(id=i + 1, file_name=fname, height=h, width=w))
+            for j, (x, y, bw, bh) in enumerate(((4, 4, 30, 20),
+                                                (40, 20, 40, 36))):
+                anns.append(dict(
+                    id=len(anns) + 1, image_id=i + 1, category_id=1 + j,
+                    bbox=[x, y, bw, bh], area=bw * bh, iscrowd=0,
+                    segmentation=[[x, y, x + bw, y, x + bw, y + bh, x,
+                                   y + bh]]))
+        cats = [dict(id=k, name=name) for k, name in
+                enumerate(('person', 'bicycle', 'car'), 1)]
+        with open(osp.join(root, 'annotations', f'instances_{split}.json'),
+                  'w') as f:
+            json.dump(dict(images=images, annotations=anns, categories=cats),
+                      f)
+    return root
+
+
+def seg_config(tmp_path, data_root):
+    """The real UperNet SOFT-Small config with a tiny SOFT, 64 x 64 crops
+    and a generated ADE20K-layout data_root."""
+    path = tmp_path / 'upernet_tiny_ade.py'
+    path.write_text(f"""
+_base_ = {osp.join(ROOT, 'configs',
+                   'upernet_soft_small_512x512_160k_ade20k.py')!r}
+data_root = {str(data_root)!r}
+crop_size = (64, 64)
+model = dict(
+    data_preprocessor=dict(size=crop_size),
+    backbone=dict(arch={TINY}),
+    decode_head=dict(in_channels=[16, 32, 32, 64], channels=32),
+    auxiliary_head=dict(in_channels=32, channels=16))
+train_pipeline = [
+    dict(type='LoadImageFromFile'),
+    dict(type='LoadAnnotations', reduce_zero_label=True),
+    dict(type='RandomResize', scale=(128, 64), ratio_range=(0.5, 2.0),
+         keep_ratio=True),
+    dict(type='RandomCrop', crop_size=crop_size, cat_max_ratio=0.75),
+    dict(type='RandomFlip', prob=0.5),
+    dict(type='PackSegInputs')
+]
+test_pipeline = [
+    dict(type='LoadImageFromFile'),
+    dict(type='Resize', scale=(128, 64), keep_ratio=True),
+    dict(type='LoadAnnotations', reduce_zero_label=True),
+    dict(type='PackSegInputs')
+]
+train_dataloader = dict(
+    batch_size=2, num_workers=0, persistent_workers=False,
+    dataset=dict(data_root=data_root, pipeline=train_pipeline))
+val_dataloader = dict(
+    batch_size=1, num_workers=0, persistent_workers=False,
+    dataset=dict(data_root=data_root, pipeline=test_pipeline))
+test_dataloader = val_dataloader
+train_cfg = dict(max_iters=2, val_interval=1000)
+param_scheduler = [dict(type='ConstantLR', factor=1.0, by_epoch=False)]
+default_hooks = dict(
+    logger=dict(interval=1), checkpoint=dict(interval=2))
+""")
+    return str(path)
+
+
+def det_config(tmp_path, data_root):
+    """The real RetinaNet SOFT-Tiny config with a tiny SOFT, small images
+    and a generated COCO-format data_root."""
+    path = tmp_path / 'retinanet_tiny_coco.py'
+    path.write_text(f"""
+_base_ = {osp.join(ROOT, 'configs', 'retinanet_soft_tiny_1x.py')!r}
+data_root = {str(data_root) + '/'!r}
+model = dict(
+    backbone=dict(arch={TINY}),
+    neck=dict(in_channels=[16, 32, 32, 64]))
+train_pipeline = [
+    dict(type='LoadImageFromFile'),
+    dict(type='LoadAnnotations', with_bbox=True),
+    dict(type='Resize', scale=(128, 64), keep_ratio=True),
+    dict(type='RandomFlip', prob=0.5),
+    dict(type='PackDetInputs')
+]
+test_pipeline = [
+    dict(type='LoadImageFromFile'),
+    dict(type='Resize', scale=(128, 64), keep_ratio=True),
+    dict(type='LoadAnnotations', with_bbox=True),
+    dict(type='PackDetInputs',
+         meta_keys=('img_id', 'img_path', 'ori_shape', 'img_shape',
+                    'scale_factor'))
+]
+train_dataloader = dict(
+    batch_size=2, num_workers=0, persistent_workers=False,
+    dataset=dict(data_root=data_root, pipeline=train_pipeline))
+val_dataloader = dict(
+    batch_size=1, num_workers=0, persistent_workers=False,
+    dataset=dict(data_root=data_root, pipeline=test_pipeline))
+test_dataloader = val_dataloader
+val_evaluator = dict(ann_file=data_root + 'annotations/instances_val2017.json')
+test_evaluator = val_evaluator
+train_cfg = dict(max_epochs=1, val_interval=1000)
+default_hooks = dict(logger=dict(interval=1))
+""")
+    return str(path)
+
+
+# ------------------------------------------------------------ scripts
+@pytest.mark.parametrize('script', ['dist_train.sh', 'dist_test.sh',
+                                    'slurm_train.sh', 'slurm_test.sh'])
+def test_script_syntax_and_usage(script):
+    path = osp.join(TOOLS, script)
+    assert os.access(path, os.X_OK)
+    assert subprocess.run(['bash', '-n', path]).returncode == 0
+    proc = subprocess.run(['bash', path], capture_output=True, text=True)
+    assert proc.returncode == 2 and 'usage' in proc.stderr
+
+
+def test_first_command_config_exists():
+    # `tools/dist_train.sh configs/retinanet_soft_small_1x.py 8`
+    assert osp.isfile(osp.join(ROOT, 'configs', 'retinanet_soft_small_1x.py'))
+
+
+@pytest.mark.parametrize('script,extra', [
+    ('slurm_train.sh', ['/tmp/wd']),
+    ('slurm_test.sh', ['ckpt.pth']),
+])
+def test_slurm_scripts_compose_srun(tmp_path, script, extra):
+    bindir = tmp_path / 'bin'
+    bindir.mkdir()
+    out = tmp_path / 'srun_args'
+    (bindir / 'srun').write_text(f'#!/bin/sh\necho "$@" > {out}\n')
+    (bindir / 'srun').chmod(0o755)
+    proc = subprocess.run(
+        ['bash', osp.join(TOOLS, script), 'part', 'job',
+         'configs/retinanet_soft_small_1x.py', *extra, '--cfg-options',
+         'a=1'],
+        env=dict(os.environ, PATH=f'{bindir}:{os.environ["PATH"]}', GPUS='16',
+                 PYTHON='python'),
+        capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr
+    args = out.read_text()
+    assert '-p part' in args and '--job-name=job' in args
+    assert '--ntasks=16' in args and '--ntasks-per-node=8' in args
+    tool_py = 'train.py' if 'train' in script else 'test.py'
+    assert f'tools/{tool_py} configs/retinanet_soft_small_1x.py' in args
+    if 'train' in script:
+        assert '--work-dir=/tmp/wd' in args
+    else:
+        assert 'ckpt.pth' in args
+    assert args.strip().endswith('--launcher=slurm --cfg-options a=1')
+
+
+# ------------------------------------------------------------ arguments
+def test_resume_and_work_dir_arguments():
+    train = tool('train')
+    cfg_path = osp.join(ROOT, 'configs', 'retinanet_soft_tiny_1x.py')
+    cfg = train['build_cfg'](train['parse_args']([cfg_path]))
+    assert cfg.work_dir == osp.join('./work_dirs', 'retinanet_soft_tiny_1x')
+    assert not cfg.resume
+    cfg = train['build_cfg'](train['parse_args'](
+        [cfg_path, '--resume', '--work-dir', 'w']))
+    assert cfg.resume is True and cfg.load_from is None
+    assert cfg.work_dir == 'w'
+    cfg = train['build_cfg'](train['parse_args'](
+        [cfg_path, '--resume', 'x.pth', '--auto-scale-lr', '--cfg-options',
+         'model.backbone.init_cfg.checkpoint=weights/soft_norm_tiny.pth']))
+    assert cfg.resume is True and cfg.load_from == 'x.pth'
+    assert cfg.auto_scale_lr.enable is True
+    assert cfg.model.backbone.init_cfg.checkpoint == \
+        'weights/soft_norm_tiny.pth'
+    test = tool('test')
+    cfg = test['build_cfg'](test['parse_args']([cfg_path, 'c.pth']))
+    assert cfg.load_from == 'c.pth'
+
+
+def test_cpu_distributed_settings():
+    """What mmsoft.launch changes for a CPU distributed run (a 1-process
+    gloo group stands in for torchrun)."""
+    import torch.distributed as dist
+    from mmengine.config import Config
+
+    from mmsoft import launch
+    if torch.cuda.is_available():
+        pytest.skip('the CPU fall-back only applies without CUDA')
+    cfg = Config.fromfile(osp.join(
+        ROOT, 'configs', 'upernet_soft_small_512x512_160k_ade20k.py'))
+    assert cfg.env_cfg.dist_cfg.backend == 'nccl'
+    assert cfg.model.decode_head.norm_cfg.type == 'SyncBN'
+    assert launch.setup_cpu_distributed(cfg, 'none') is False
+    dist.init_process_group('gloo', init_method=f'tcp://127.0.0.1:'
+                            f'{free_port()}', rank=0, world_size=1)
+    try:
+        assert launch.setup_cpu_distributed(cfg, 'pytorch') is True
+    finally:
+        dist.destroy_process_group()
+    assert cfg.env_cfg.dist_cfg.backend == 'gloo'
+    assert cfg.model_wrapper_cfg.type == 'MMDistributedDataParallel'
+    assert cfg.model_wrapper_cfg.device_ids is None
+    assert cfg.model.decode_head.norm_cfg.type == 'BN'
+    assert cfg.model.auxiliary_head.norm_cfg.type == 'BN'
+
+
+# ------------------------------------------------------------ errors
+def _assert_not_from_mmsoft(exc_info):
+    frames = traceback.extract_tb(exc_info.tb)
+    inside = [f.filename for f in frames
+              if osp.join(ROOT, 'mmsoft') in osp.abspath(f.filename)]
+    assert not inside, inside
+
+
+def test_missing_config_file_message():
+    proc = run([sys.executable, osp.join(TOOLS, 'train.py'),
+                'configs/no_such_config.py'])
+    assert proc.returncode != 0
+    assert 'FileNotFoundError' in proc.stderr
+    assert 'configs/no_such_config.py" does not exist' in proc.stderr
+    last = [ln for ln in proc.stderr.splitlines()
+            if ln.strip().startswith('File "')][-1]
+    assert '/mmsoft/' not in last, last
+
+
+def test_missing_base_file_message(tmp_path):
+    cfg = tmp_path / 'bad_base.py'
+    cfg.write_text("_base_ = './_base_/no_such_base.py'\n")
+    with pytest.raises(FileNotFoundError, match='does not exist') as exc:
+        tool('train')['main']([str(cfg), '--work-dir', str(tmp_path)])
+    _assert_not_from_mmsoft(exc)
+
+
+def test_type_typo_message(tmp_path):
+    cfg = tmp_path / 'typo.py'
+    cfg.write_text(f"""
+_base_ = {osp.join(ROOT, 'configs', 'retinanet_soft_tiny_1x.py')!r}
+model = dict(backbone=dict(type='SOFTT'))
+""")
+    with pytest.raises(KeyError, match='SOFTT is not in the mmdet::model '
+                       'registry') as exc:
+        tool('train')['main']([str(cfg), '--work-dir', str(tmp_path)])
+    _assert_not_from_mmsoft(exc)
+
+
+# ------------------------------------------------------------ runs
+def test_dist_train_resume_and_dist_test(tmp_path):
+    """2 CPU processes: train 2 iterations, resume to 4, evaluate."""
+    data = make_ade(str(tmp_path / 'ade' / 'ADEChallengeData2016'))
+    cfg = seg_config(tmp_path, data)
+    work = str(tmp_path / 'work')
+
+    out = check(run(['bash', 'tools/dist_train.sh', cfg, '2', '--work-dir',
+                     work], PORT=str(free_port())))
+    assert "backend 'nccl' -> 'gloo'" in out
+    assert osp.isfile(osp.join(work, 'iter_2.pth'))
+    assert 'Iter(train) [2/2]' in out
+    assert re.search(r'world_size: 2', out) or 'distributed: True' in out
+
+    out = check(run(['bash', 'tools/dist_train.sh', cfg, '2', '--work-dir',
+                     work, '--resume', '--cfg-options',
+                     'train_cfg.max_iters=4'], PORT=str(free_port())))
+    assert 'resumed' in out.lower()
+    assert 'Iter(train) [3/4]' in out and 'Iter(train) [1/4]' not in out
+    ckpt = osp.join(work, 'iter_4.pth')
+    assert osp.isfile(ckpt)
+
+    out = check(run(['bash', 'tools/dist_test.sh', cfg, ckpt, '2',
+                     '--work-dir', str(tmp_path / 'test')],
+                    PORT=str(free_port())))
+    assert 'per class results' in out
+    assert re.search(r'\|\s+wall\s+\|', out)
+    assert re.search(r'mIoU: \d', out)
+
+
+def test_slurm_launcher_and_amp_on_cpu(tmp_path):
+    """``--launcher slurm`` (one task) and ``--amp`` without CUDA."""
+    if torch.cuda.is_available():
+        pytest.skip('checks the CPU fall-back')
+    data = make_ade(str(tmp_path / 'ade' / 'ADEChallengeData2016'),
+                    n_train=2, n_val=1)
+    cfg = seg_config(tmp_path, data)
+    work = str(tmp_path / 'work')
+    out = check(run([sys.executable, osp.join(TOOLS, 'train.py'), cfg,
+                     '--launcher', 'slurm', '--amp', '--work-dir', work,
+                     '--cfg-options', 'train_cfg.max_iters=1',
+                     'default_hooks.checkpoint.interval=1'],
+                    SLURM_PROCID='0', SLURM_NTASKS='1', SLURM_LOCALID='0',
+                    SLURM_NODELIST='localhost', MASTER_ADDR='127.0.0.1',
+                    MASTER_PORT=str(free_port())))
+    assert "backend 'nccl' -> 'gloo'" in out
+    assert 'bfloat16' in out
+    assert 'CPUAmpOptimWrapper' in out
+    assert osp.isfile(osp.join(work, 'iter_1.pth'))
+
+
+def test_det_train_and_test_tools(tmp_path):
+    """RetinaNet config: tools/train.py then tools/test.py (COCO metric)."""
+    data = make_coco(str(tmp_path / 'coco'))
+    cfg = det_config(tmp_path, data)
+    work = str(tmp_path / 'work')
+    tool('train')['main']([cfg, '--work-dir', work])
+    ckpt = osp.join(work, 'epoch_1.pth')
+    assert osp.isfile(ckpt)
+    pkl = str(tmp_path / 'preds.pkl')
+    tool('test')['main']([cfg, ckpt, '--work-dir', work, '--out', pkl])
+    assert osp.isfile(pkl)
+    scalars = [
+        f for f in os.listdir(work) if osp.isdir(osp.join(work, f))
+    ]
+    assert scalars  # the timestamped log dirs of both runs

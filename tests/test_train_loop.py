@@ -1,0 +1,237 @@
+"""A real mmengine ``Runner`` loop with torch 2.14 + mmengine 0.10.7 (CPU).
+
+Train a tiny SOFT classifier for a few iterations, save checkpoints, resume
+from them (``resume=True`` and ``load_from`` + ``resume``), then val / test,
+also from a test-only ``Runner(load_from=...)``. Before :mod:`mmsoft.compat`
+every resume / ``load_from`` raised ``UnpicklingError: Weights only load
+failed ... Unsupported global: mmengine.logging.history_buffer.HistoryBuffer``.
+
+Two model flavours: an mmpretrain ``ImageClassifier`` with the SOFT backbone
+(skipped if mmpretrain is missing) and a plain mmengine ``BaseModel`` around
+the same backbone (mmengine only).
+"""
+import numpy as np
+import pytest
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+from mmengine.evaluator import BaseMetric
+from mmengine.hooks import Hook
+from mmengine.model import BaseModel
+from mmengine.registry import MODELS
+from mmengine.runner import Runner
+from torch.utils.data import Dataset
+
+import mmsoft  # noqa: F401  (registers mmsoft.SOFT, applies mmsoft.compat)
+
+ARCH = dict(embed_dims=[16, 32, 32, 64], num_heads=[1, 1, 1, 2],
+            depths=[1, 1, 1, 1])
+BACKBONE = dict(type='mmsoft.SOFT', arch=ARCH, out_type='cls_token',
+                out_indices=(3, ))
+NUM_CLASSES, SIZE, N = 3, 64, 8
+MAX_ITERS = 6
+MILESTONE = 5  # the lr drops x0.1 from iteration index 5 on
+
+
+class RandomImages(Dataset):
+    """n random 64 x 64 images, deterministic, labels i % 3."""
+
+    metainfo = dict(classes=('a', 'b', 'c'))
+
+    def __init__(self, flavour, n=N):
+        self.flavour, self.n = flavour, n
+
+    def __len__(self):
+        return self.n
+
+    def __getitem__(self, i):
+        g = torch.Generator().manual_seed(i)
+        img = torch.randint(0, 256, (3, SIZE, SIZE), generator=g,
+                            dtype=torch.uint8)
+        label = i % NUM_CLASSES
+        if self.flavour == 'mmpretrain':
+            from mmpretrain.structures import DataSample
+            return dict(inputs=img,
+                        data_samples=DataSample().set_gt_label(label))
+        return dict(inputs=img, data_samples=label)
+
+
+class TinySOFTClassifier(BaseModel):
+    """mmengine-only classifier: SOFT backbone + linear head."""
+
+    def __init__(self):
+        super().__init__()
+        self.backbone = MODELS.build(BACKBONE)
+        self.head = nn.Linear(ARCH['embed_dims'][-1], NUM_CLASSES)
+
+    def forward(self, inputs, data_samples=None, mode='tensor'):
+        x = torch.stack(inputs).float() / 255.
+        logits = self.head(self.backbone(x)[-1])
+        if mode == 'loss':
+            return dict(loss=F.cross_entropy(logits, torch.tensor(
+                data_samples)))
+        if mode == 'predict':
+            return [dict(pred=int(p), gt=int(t))
+                    for p, t in zip(logits.argmax(1), data_samples)]
+        return logits
+
+
+class SimpleAccuracy(BaseMetric):
+    default_prefix = 'simple'
+
+    def process(self, data_batch, data_samples):
+        self.results.extend(s['pred'] == s['gt'] for s in data_samples)
+
+    def compute_metrics(self, results):
+        return dict(accuracy=np.float64(np.mean(results)))  # a numpy scalar
+
+
+class Recorder(Hook):
+    """Records the state a loop starts from and the iterations it runs."""
+
+    def __init__(self):
+        self.start_iter = None
+        self.start_state = None
+        self.iters, self.lrs = [], []
+
+    def before_train(self, runner):
+        self.start_iter = runner.iter
+        self.start_state = {
+            k: v.detach().clone()
+            for k, v in runner.model.state_dict().items()
+        }
+
+    def before_train_iter(self, runner, batch_idx, data_batch=None):
+        self.iters.append(runner.iter)
+        self.lrs.append(runner.optim_wrapper.get_lr()['lr'][0])
+
+
+class Interrupted(Exception):
+    pass
+
+
+class Crash(Hook):
+    """Interrupts training after ``stop_after`` iterations (after the
+    CheckpointHook saved), like a killed job; the same config then resumes."""
+
+    priority = 'LOWEST'
+
+    def __init__(self, stop_after):
+        self.stop_after = stop_after
+
+    def after_train_iter(self, runner, batch_idx, data_batch=None,
+                         outputs=None):
+        if runner.iter + 1 == self.stop_after:
+            raise Interrupted(self.stop_after)
+
+
+def _runner(flavour, work_dir, name, stop_after=None, train=True, **kwargs):
+    data = dict(dataset=RandomImages(flavour),
+                sampler=dict(type='DefaultSampler', shuffle=True),
+                batch_size=2, num_workers=0)
+    eval_data = dict(dataset=RandomImages(flavour, n=4),
+                     sampler=dict(type='DefaultSampler', shuffle=False),
+                     batch_size=4, num_workers=0)
+    if flavour == 'mmpretrain':
+        model = dict(
+            type='ImageClassifier', backbone=BACKBONE, neck=None,
+            head=dict(type='LinearClsHead', num_classes=NUM_CLASSES,
+                      in_channels=ARCH['embed_dims'][-1]),
+            data_preprocessor=dict(mean=[127.5] * 3, std=[127.5] * 3))
+        evaluator, key = dict(type='Accuracy', topk=(1, )), 'accuracy/top1'
+        scope = 'mmpretrain'
+    else:
+        torch.manual_seed(0)  # built before Runner seeds: seed it here
+        model, scope = TinySOFTClassifier(), None
+        evaluator, key = SimpleAccuracy(), 'simple/accuracy'
+        evaluator = [evaluator]
+    recorder = Recorder()
+    train_kw = dict(
+        train_dataloader=data,
+        optim_wrapper=dict(optimizer=dict(type='SGD', lr=0.1, momentum=0.9)),
+        param_scheduler=dict(type='MultiStepLR', milestones=[MILESTONE],
+                             by_epoch=False),
+        train_cfg=dict(by_epoch=False, max_iters=MAX_ITERS, val_interval=3),
+    ) if train else {}
+    runner = Runner(
+        model=model, work_dir=str(work_dir), experiment_name=name,
+        default_scope=scope,
+        val_dataloader=eval_data, val_evaluator=evaluator, val_cfg=dict(),
+        test_dataloader=eval_data, test_evaluator=evaluator, test_cfg=dict(),
+        default_hooks=dict(
+            checkpoint=dict(type='CheckpointHook', interval=2, by_epoch=False,
+                            save_best=key, rule='greater'),
+            logger=dict(type='LoggerHook', interval=1)),
+        custom_hooks=[recorder] + ([Crash(stop_after)] if stop_after else []),
+        log_processor=dict(by_epoch=False),
+        randomness=dict(seed=0), **train_kw, **kwargs)
+    return runner, recorder, key
+
+
+def _state(runner):
+    return {k: v.detach().clone() for k, v in runner.model.state_dict().items()}
+
+
+def _assert_same(a, b):
+    assert a.keys() == b.keys()
+    for k in a:
+        torch.testing.assert_close(a[k], b[k], rtol=0, atol=0, msg=k)
+
+
+@pytest.mark.parametrize('flavour', ['mmpretrain', 'mmengine'])
+def test_train_checkpoint_resume_test(flavour, tmp_path):
+    if flavour == 'mmpretrain':
+        pytest.importorskip('mmpretrain')
+    work_dir = tmp_path / 'work_dir'
+
+    # 1. train, interrupted after 4 of 6 iterations; checkpoints at 2 and 4
+    runner, rec, key = _runner(flavour, work_dir, 'first', stop_after=4)
+    with pytest.raises(Interrupted):
+        runner.train()
+    assert rec.iters == [0, 1, 2, 3]
+    ckpt_path = work_dir / 'iter_4.pth'
+    assert ckpt_path.is_file() and (work_dir / 'iter_2.pth').is_file()
+    assert (work_dir / 'last_checkpoint').read_text().strip() == str(
+        ckpt_path)
+    ckpt = torch.load(ckpt_path, map_location='cpu')  # weights_only default
+    assert ckpt['meta']['iter'] == 4
+    _assert_same(ckpt['state_dict'], _state(runner))
+
+    # 2. the same config with resume=True picks iter_4.pth and finishes
+    runner2, rec2, _ = _runner(flavour, work_dir, 'resumed', resume=True)
+    runner2.train()
+    assert rec2.start_iter == 4  # the iteration counter continued
+    _assert_same(rec2.start_state, ckpt['state_dict'])  # from the checkpoint
+    assert rec2.iters == [4, 5] and runner2.iter == MAX_ITERS
+    # the param scheduler resumed too: the lr drop at MILESTONE happened
+    assert rec2.lrs == pytest.approx([0.1, 0.01])
+    assert (work_dir / f'iter_{MAX_ITERS}.pth').is_file()
+    assert runner2.message_hub.get_info('best_score') is not None
+
+    # an uninterrupted run ends with the same weights as 4 + resumed 2
+    ref, rec_ref, _ = _runner(flavour, tmp_path / 'ref', 'reference')
+    ref.train()
+    assert rec_ref.lrs == pytest.approx([0.1] * 5 + [0.01])
+    final = _state(runner2)
+    for k, v in _state(ref).items():
+        torch.testing.assert_close(final[k], v, msg=k)
+
+    assert key in runner2.val()
+    assert key in runner2.test()
+
+    # 3. load_from + resume=True: resume from an explicit, older checkpoint
+    runner3, rec3, _ = _runner(flavour, work_dir, 'from_iter_2', stop_after=3,
+                               resume=True,
+                               load_from=str(work_dir / 'iter_2.pth'))
+    with pytest.raises(Interrupted):
+        runner3.train()
+    assert rec3.start_iter == 2 and rec3.iters == [2]
+    _assert_same(rec3.start_state,
+                 torch.load(work_dir / 'iter_2.pth')['state_dict'])
+
+    # 4. a test-only runner loading a full training checkpoint (tools/test.py)
+    last = work_dir / f'iter_{MAX_ITERS}.pth'
+    runner4, _, _ = _runner(flavour, work_dir, 'test_only', train=False,
+                            load_from=str(last))
+    assert key in runner4.test()
+    _assert_same(_state(runner4), torch.load(last)['state_dict'])

@@ -1,0 +1,265 @@
+"""Time and peak memory of SOFT attention vs softmax attention (Fig. 1b).
+
+One attention layer with d = 384, 12 heads, a bottleneck of m = 49 tokens,
+and n = 784 * p tokens (a 28 x 28p token map), p = 1..8, as in Fig. 1b of the
+NeurIPS paper. Both layers have the same projections (q / v or q / k / v and
+the output projection); SOFT uses the Gaussian kernel + Newton-Raphson
+pseudo-inverse of :func:`mmsoft.models.layers.soft_attention` with its
+bottleneck taken by 2-D average pooling to 7 x 7 (so m stays 49 for any n),
+``softmax`` uses ``torch.nn.functional.scaled_dot_product_attention`` (a
+fused, memory-efficient kernel on recent PyTorch, so its memory is linear in n
+too) and ``softmax_naive`` materialises the n x n attention matrix as the
+Transformer baseline of the paper does (quadratic memory).
+
+Each (method, n, mode) runs in a fresh subprocess so that peak memory is
+measurable on CPU (growth of the process's peak RSS over its state right
+before the measured call); on CUDA ``torch.cuda.max_memory_allocated`` is
+used. Times are the median of ``--repeats`` runs after one warm-up.
+
+    python tools/analysis/benchmark_attention.py            # CPU (+CUDA)
+    python tools/analysis/benchmark_attention.py --max-p 4 --batch 1 \
+        --out work_dirs/bench_attention
+
+Writes ``results.csv``, ``results.md`` and ``memory_time_vs_tokens.png``.
+"""
+import argparse
+import csv
+import json
+import os
+import os.path as osp
+import subprocess
+import sys
+import time
+
+METHODS = ('soft', 'soft_norm', 'softmax', 'softmax_naive')
+MODES = ('forward', 'forward_backward')
+
+
+def build_layer(method, dims=384, heads=12, m_side=7):
+    import torch
+    import torch.nn as nn
+    import torch.nn.functional as F
+
+    from mmsoft.models.layers import soft_attention
+
+    class Layer(nn.Module):
+
+        def __init__(self):
+            super().__init__()
+            self.h, self.hd = heads, dims // heads
+            self.q = nn.Linear(dims, dims)
+            self.v = nn.Linear(dims, dims)
+            if method.startswith('softmax'):
+                self.k = nn.Linear(dims, dims)
+            self.proj = nn.Linear(dims, dims)
+
+        def split(self, x):
+            B, N, _ = x.shape
+            return x.view(B, N, self.h, self.hd).transpose(1, 2)
+
+        def forward(self, x, hw):
+            B, N, C = x.shape
+            q, v = self.split(self.q(x)), self.split(self.v(x))
+            if method == 'softmax':
+                out = F.scaled_dot_product_attention(q, self.split(self.k(x)),
+                                                     v)
+            elif method == 'softmax_naive':  # the n x n matrix, materialised
+                k = self.split(self.k(x))
+                attn = (q @ k.transpose(-1, -2)) * self.hd**-0.5
+                out = attn.softmax(-1) @ v
+            else:
+                q = q * self.hd**-0.25
+                grid = q.reshape(B * self.h, *hw, self.hd).permute(0, 3, 1, 2)
+                lm = F.adaptive_avg_pool2d(grid, m_side).flatten(2)
+                lm = lm.transpose(1, 2).reshape(B, self.h, -1, self.hd)
+                out = soft_attention(q, lm, v, attn_norm=method == 'soft_norm')
+            return self.proj(out.transpose(1, 2).reshape(B, N, C))
+
+    return Layer()
+
+
+def measure(method, p, mode, device, batch, repeats):
+    """Run in a subprocess: returns dict(time_ms, peak_mb)."""
+    import resource
+
+    import torch
+    torch.manual_seed(0)
+    layer = build_layer(method).to(device)
+    hw = (28, 28 * p)
+    x = torch.randn(batch, hw[0] * hw[1], 384, device=device,
+                    requires_grad=mode == 'forward_backward')
+
+    def step():
+        if mode == 'forward':
+            with torch.no_grad():
+                layer(x, hw)
+        else:
+            layer(x, hw).sum().backward()
+            layer.zero_grad(set_to_none=True)
+            x.grad = None
+
+    def sync():
+        if device == 'cuda':
+            torch.cuda.synchronize()
+
+    # warm-up on a small input so that the measured peak is the layer's own
+    small = torch.randn(1, 784, 384, device=device)
+    with torch.no_grad():
+        layer(small, (28, 28))
+    sync()
+    if device == 'cuda':
+        torch.cuda.reset_peak_memory_stats()
+        base = torch.cuda.memory_allocated()
+    else:
+        base = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss  # KiB
+    step()
+    sync()
+    if device == 'cuda':
+        peak_mb = (torch.cuda.max_memory_allocated() - base) / 2**20
+    else:
+        peak_mb = (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss -
+                   base) / 1024
+    times = []
+    for _ in range(repeats):
+        sync()
+        t0 = time.perf_counter()
+        step()
+        sync()
+        times.append((time.perf_counter() - t0) * 1e3)
+    times.sort()
+    return dict(time_ms=times[len(times) // 2], peak_mb=max(peak_mb, 0.0))
+
+
+def run_child(args):
+    res = measure(args.method, args.p, args.mode, args.device, args.batch,
+                  args.repeats)
+    print('RESULT ' + json.dumps(res))
+
+
+def plot(rows, path):
+    import matplotlib
+    matplotlib.use('Agg')
+    import matplotlib.pyplot as plt
+    devices = sorted({r['device'] for r in rows})
+    fig, axes = plt.subplots(len(devices), 2, figsize=(11, 4 * len(devices)),
+                             squeeze=False)
+    for di, dev in enumerate(devices):
+        for ci, (key, label) in enumerate([('peak_mb', 'peak memory (MiB)'),
+                                           ('time_ms', 'time (ms)')]):
+            ax = axes[di][ci]
+            for method in METHODS:
+                for mode, ls in zip(MODES, ('-', '--')):
+                    pts = [(r['n'], r[key]) for r in rows
+                           if r['device'] == dev and r['method'] == method
+                           and r['mode'] == mode]
+                    if pts:
+                        ax.plot(*zip(*pts), ls, marker='o',
+                                label=f'{method} {mode}')
+            ax.set_xlabel('tokens n')
+            ax.set_ylabel(label)
+            ax.set_title(f'{dev}: {label}')
+            ax.grid(alpha=.3)
+            ax.legend(fontsize=7)
+    fig.tight_layout()
+    tmp = path + '.tmp.png'
+    fig.savefig(tmp, dpi=110)
+    os.replace(tmp, path)
+
+
+def atomic_write(path, text):
+    tmp = path + '.tmp'
+    with open(tmp, 'w') as f:
+        f.write(text)
+    os.replace(tmp, path)
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.split('\n')[0])
+    parser.add_argument('--max-p', type=int, default=8,
+                        help='n = 784 * p for p = 1..max-p')
+    parser.add_argument('--batch', type=int, default=1)
+    parser.add_argument('--repeats', type=int, default=3)
+    parser.add_argument('--devices', nargs='+', default=None,
+                        help='default: cpu, plus cuda when available')
+    parser.add_argument('--methods', nargs='+', default=list(METHODS),
+                        choices=METHODS)
+    parser.add_argument('--out', default='work_dirs/benchmark_attention')
+    parser.add_argument('--threads', type=int, default=None)
+    # child mode
+    parser.add_argument('--child', action='store_true', help=argparse.SUPPRESS)
+    parser.add_argument('--method', help=argparse.SUPPRESS)
+    parser.add_argument('--p', type=int, help=argparse.SUPPRESS)
+    parser.add_argument('--mode', help=argparse.SUPPRESS)
+    parser.add_argument('--device', help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.threads:
+        import torch
+        torch.set_num_threads(args.threads)
+    if args.child:
+        return run_child(args)
+
+    devices = args.devices
+    if devices is None:
+        import torch
+        devices = ['cpu'] + (['cuda'] if torch.cuda.is_available() else [])
+    os.makedirs(args.out, exist_ok=True)
+    jobs = [(dev, p, method, mode) for dev in devices
+            for p in range(1, args.max_p + 1) for method in args.methods
+            for mode in MODES]
+    rows = []
+    t_start = time.time()
+    for i, (dev, p, method, mode) in enumerate(jobs, 1):
+        cmd = [sys.executable, __file__, '--child', '--method', method,
+               '--p', str(p), '--mode', mode, '--device', dev,
+               '--batch', str(args.batch), '--repeats', str(args.repeats)]
+        if args.threads:
+            cmd += ['--threads', str(args.threads)]
+        env = dict(os.environ)
+        root = osp.dirname(osp.dirname(osp.dirname(osp.abspath(__file__))))
+        env['PYTHONPATH'] = os.pathsep.join(
+            [root] + ([env['PYTHONPATH']] if env.get('PYTHONPATH') else []))
+        proc = subprocess.run(cmd, capture_output=True, text=True, env=env)
+        line = [ln for ln in proc.stdout.splitlines()
+                if ln.startswith('RESULT ')]
+        if proc.returncode != 0 or not line:
+            err = (proc.stderr.strip().splitlines() or ['?'])[-1]
+            print(f'[{i}/{len(jobs)}] {dev} n={784 * p} {method} {mode}: '
+                  f'FAILED ({err})', flush=True)
+            continue
+        res = json.loads(line[0][7:])
+        rows.append(dict(device=dev, n=784 * p, method=method, mode=mode,
+                         **res))
+        print(f'[{i}/{len(jobs)}] {dev} n={784 * p:5d} {method:9s} '
+              f'{mode:16s} {res["time_ms"]:9.1f} ms {res["peak_mb"]:8.1f} '
+              f'MiB  ({time.time() - t_start:.0f}s)', flush=True)
+
+    csv_path = osp.join(args.out, 'results.csv')
+    with open(csv_path + '.tmp', 'w', newline='') as f:
+        w = csv.DictWriter(f, ['device', 'n', 'method', 'mode', 'time_ms',
+                               'peak_mb'])
+        w.writeheader()
+        w.writerows(rows)
+    os.replace(csv_path + '.tmp', csv_path)
+    lines = ['| device | n | method | fwd ms | fwd MiB | fwd+bwd ms | '
+             'fwd+bwd MiB |', '|---|---|---|---|---|---|---|']
+    for dev in devices:
+        for p in range(1, args.max_p + 1):
+            for method in args.methods:
+                get = {r['mode']: r for r in rows if r['device'] == dev
+                       and r['n'] == 784 * p and r['method'] == method}
+                f, b = get.get('forward'), get.get('forward_backward')
+                fmt = lambda r, k: f'{r[k]:.1f}' if r else 'n/a'  # noqa
+                lines.append(f'| {dev} | {784 * p} | {method} | '
+                             f'{fmt(f, "time_ms")} | {fmt(f, "peak_mb")} | '
+                             f'{fmt(b, "time_ms")} | {fmt(b, "peak_mb")} |')
+    md = '\n'.join(lines) + '\n'
+    atomic_write(osp.join(args.out, 'results.md'), md)
+    print('\n' + md)
+    if rows:
+        png = osp.join(args.out, 'memory_time_vs_tokens.png')
+        plot(rows, png)
+        print(f'wrote {csv_path}, results.md and {png}')
+
+
+if __name__ == '__main__':
+    main()
