@@ -1,0 +1,21 @@
+# The two commands of the README. Each sets up the environment first
+# (tools/setup_env.sh: a few seconds when everything is already installed).
+VENV ?= .venv
+PY := $(VENV)/bin/python
+PYTEST_ARGS ?=
+
+.PHONY: env test demo clean-env
+
+env:
+	bash tools/setup_env.sh
+
+# the test suite (what CI runs)
+test: env
+	$(PY) -m pytest tests -q -p no:cacheprovider $(PYTEST_ARGS)
+
+# the main job
+demo: env
+	$(PY) tools/demo.py
+
+clean-env:
+	rm -rf $(VENV)
