@@ -112,6 +112,19 @@ def test_torch_load_fails_with_fix_reverted(tmp_path, without_fix):
     _mmengine_checkpoint(path)
     with pytest.raises(pickle.UnpicklingError, match='HistoryBuffer'):
         torch.load(path)
+    # what such a checkpoint needs beyond torch's defaults
+    unsafe = set(torch.serialization.get_unsafe_globals_in_checkpoint(path))
+    assert {'mmengine.logging.history_buffer.HistoryBuffer',
+            'builtins.getattr',  # HistoryBuffer.statistics_methods
+            'numpy.ndarray', 'numpy.dtype'} <= unsafe
+    assert any(g.endswith('multiarray._reconstruct') for g in unsafe)
+    assert any(g.endswith('multiarray.scalar') for g in unsafe)
+
+
+def test_allow_list_covers_mmengine_checkpoint(tmp_path):
+    path = tmp_path / 'iter_3.pth'
+    _mmengine_checkpoint(path)
+    assert torch.serialization.get_unsafe_globals_in_checkpoint(path) == []
 
 
 def test_mmengine_checkpoint_loads_weights_only(tmp_path):

@@ -109,3 +109,44 @@ def test_bad_input_errors():
         newton_inverse(torch.ones(3, 4))
     with pytest.raises(ValueError, match='soft_norm'):
         newton_inverse(torch.eye(3), init='svd')
+
+
+@pytest.mark.parametrize('init', ['soft_norm', 'soft'])
+@pytest.mark.parametrize('m', [49, 200])
+def test_spectral_equals_iterative(init, m):
+    """Same T iterations evaluated on eigenvalues (float64 and float32)."""
+    A64 = kernel_matrix(3, m=m, dtype=torch.float64, seed=4)
+    it = newton_inverse(A64, 20, init, method='iterative')
+    sp = newton_inverse(A64, 20, init, method='spectral')
+    assert ((sp - it).norm() / it.norm()) < 1e-9
+    A32 = A64.float()
+    sp32 = newton_inverse(A32, 20, init, method='spectral')
+    it32 = newton_inverse(A32, 20, init, method='iterative')
+    assert ((sp32.double() - it).norm() / it.norm()) < 1e-4
+    assert ((it32.double() - it).norm() / it.norm()) < 1e-4
+
+
+def test_spectral_gradcheck_and_batch_independence():
+    # eigh reads one triangle: check along symmetric directions, which is
+    # where the Gram matrix A lives
+    A = kernel_matrix(2, m=6, d=4, dtype=torch.float64, seed=5)
+    A.requires_grad_(True)
+    assert torch.autograd.gradcheck(
+        lambda a: newton_inverse((a + a.transpose(-1, -2)) / 2, 60,
+                                 method='spectral'), (A, ),
+        eps=1e-6, atol=1e-5)
+    B = kernel_matrix(3, m=150)
+    alone = newton_inverse(B[:1], 20, method='spectral')
+    together = newton_inverse(B, 20, method='spectral')[:1]
+    torch.testing.assert_close(alone, together, rtol=1e-5, atol=1e-6)
+
+
+def test_auto_method_choice():
+    from mmsoft.models.layers.pinv import SPECTRAL_MIN_M, resolve_method
+    small = torch.eye(8)
+    big = torch.eye(SPECTRAL_MIN_M)
+    assert resolve_method('auto', small) == 'iterative'
+    assert resolve_method('auto', big) == 'spectral'
+    assert resolve_method('iterative', big) == 'iterative'
+    with pytest.raises(ValueError, match='spectral'):
+        resolve_method('svd', big)

@@ -96,10 +96,7 @@ class Recorder(Hook):
 
     def before_train(self, runner):
         self.start_iter = runner.iter
-        self.start_state = {
-            k: v.detach().clone()
-            for k, v in runner.model.state_dict().items()
-        }
+        self.start_state = _state(runner)
 
     def before_train_iter(self, runner, batch_idx, data_batch=None):
         self.iters.append(runner.iter)
@@ -169,7 +166,8 @@ def _runner(flavour, work_dir, name, stop_after=None, train=True, **kwargs):
 
 
 def _state(runner):
-    return {k: v.detach().clone() for k, v in runner.model.state_dict().items()}
+    return {k: v.detach().clone()
+            for k, v in runner.model.state_dict().items()}
 
 
 def _assert_same(a, b):

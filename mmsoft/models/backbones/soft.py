@@ -47,6 +47,9 @@ class SOFT(BaseModule):
         nr_iters: Newton-Raphson iterations for A^+.
         nr_init: alpha initialisation ('soft_norm' or 'soft'); None picks the
             one the official variant was trained with.
+        nr_method: evaluation of the NR iterations: 'auto' (spectral for
+            large bottlenecks on the CPU), 'iterative' or 'spectral'; all
+            compute the same function.
         out_indices: stages (0-3) whose outputs are returned.
         out_type: ``'featmap'`` - (B, C, H/s, W/s) maps, for mmdet / mmseg;
             ``'cls_token'`` - stage 4 returns the normalised (B, C) cls token,
@@ -96,6 +99,7 @@ class SOFT(BaseModule):
                  sampling: str = 'conv',
                  nr_iters: int = 20,
                  nr_init: Optional[str] = None,
+                 nr_method: str = 'auto',
                  out_indices: Union[int, Sequence[int]] = (0, 1, 2, 3),
                  out_type: str = 'featmap',
                  pretrain_img_size: int = 224,
@@ -156,6 +160,7 @@ class SOFT(BaseModule):
                         attn_norm=attn_norm,
                         nr_iters=nr_iters,
                         nr_init=nr_init,
+                        nr_method=nr_method,
                         qkv_bias=qkv_bias) for j in range(depth)
                 ]
             else:

@@ -19,15 +19,30 @@ together with the two initialisations used by the official checkpoints:
 The iterations run without autograd; the backward pass uses the closed form
 of Eq. (16), grad_A = -Y^T (grad_Y) Y^T with Y the computed inverse.
 Everything runs in float32 (or float64 if given), autocast disabled.
+
+Two ways to evaluate the same T iterations (``method``):
+
+* ``'iterative'``: 2T batched m x m products (Alg. 2 as written);
+* ``'spectral'``: A is symmetric, and every iterate is a polynomial in A, so
+  with one eigendecomposition A = U diag(l) U^T the iteration becomes the
+  scalar recurrence v_{k+1} = 2 v_k - v_k^2 l on the eigenvalues, and
+  A_T = U diag(v_T) U^T. Same function (up to rounding), much less work for
+  large m (detection / segmentation resolutions).
+* ``'auto'`` (default): spectral when m >= ``SPECTRAL_MIN_M`` on the CPU,
+  iterative otherwise (on GPUs the batched products are fast and eigh is
+  not).
 """
 from typing import Tuple
 
 import torch
 
 __all__ = ['newton_inverse', 'nr_init_alpha', 'pinv_convergence',
-           'NewtonInverse', 'INIT_MODES']
+           'NewtonInverse', 'INIT_MODES', 'NR_METHODS', 'SPECTRAL_MIN_M']
 
 INIT_MODES = ('soft_norm', 'soft')
+NR_METHODS = ('auto', 'iterative', 'spectral')
+#: smallest m for which ``method='auto'`` uses the spectral form on the CPU
+SPECTRAL_MIN_M = 128
 
 _NORM_BETA = 0.5
 _NORM_MAX_HALVINGS = 10
@@ -87,13 +102,37 @@ def _newton_iterate(A: torch.Tensor, V: torch.Tensor,
     return V.reshape(shape)
 
 
-def _newton_forward(A: torch.Tensor, iters: int, init: str) -> torch.Tensor:
+def _newton_spectral(A: torch.Tensor, alpha: torch.Tensor,
+                     iters: int) -> torch.Tensor:
+    """The same iterations on the eigenvalues of the symmetric A."""
+    lam, U = torch.linalg.eigh(A)
+    v = alpha[..., None] * lam
+    for _ in range(iters):
+        v = 2 * v - v * v * lam
+    return (U * v.unsqueeze(-2)) @ U.transpose(-1, -2)
+
+
+def resolve_method(method: str, A: torch.Tensor) -> str:
+    if method not in NR_METHODS:
+        raise ValueError(f'unknown pseudo-inverse method {method!r}; choose '
+                         f'one of {NR_METHODS}')
+    if method != 'auto':
+        return method
+    if A.device.type == 'cpu' and A.shape[-1] >= SPECTRAL_MIN_M:
+        return 'spectral'
+    return 'iterative'
+
+
+def _newton_forward(A: torch.Tensor, iters: int, init: str,
+                    method: str = 'iterative') -> torch.Tensor:
     if init == 'soft':
         m = A.shape[-1]
         alpha = nr_init_alpha(A, 'soft')
         A = A + _SOFT_SHIFT * torch.eye(m, device=A.device, dtype=A.dtype)
     else:
         alpha = nr_init_alpha(A, init)
+    if method == 'spectral':
+        return _newton_spectral(A, alpha, iters)
     V = alpha[..., None, None] * A
     return _newton_iterate(A, V, iters)
 
@@ -102,9 +141,10 @@ class NewtonInverse(torch.autograd.Function):
     """Y = NR-pseudo-inverse(A) with the Eq. (16) closed-form backward."""
 
     @staticmethod
-    def forward(ctx, A: torch.Tensor, iters: int, init: str) -> torch.Tensor:
+    def forward(ctx, A: torch.Tensor, iters: int, init: str,
+                method: str = 'iterative') -> torch.Tensor:
         with torch.no_grad():
-            Y = _newton_forward(A, iters, init)
+            Y = _newton_forward(A, iters, init, method)
         ctx.save_for_backward(Y)
         return Y
 
@@ -113,11 +153,12 @@ class NewtonInverse(torch.autograd.Function):
         (Y, ) = ctx.saved_tensors
         Yt = Y.transpose(-1, -2)
         grad_A = -(Yt @ grad_Y @ Yt)
-        return grad_A, None, None
+        return grad_A, None, None, None
 
 
 def newton_inverse(A: torch.Tensor, iters: int = 20,
-                   init: str = 'soft_norm') -> torch.Tensor:
+                   init: str = 'soft_norm',
+                   method: str = 'auto') -> torch.Tensor:
     """Moore-Penrose inverse of a batch of symmetric non-negative matrices.
 
     Args:
@@ -125,6 +166,8 @@ def newton_inverse(A: torch.Tensor, iters: int = 20,
         iters: Newton-Raphson iterations (the papers use 20).
         init: ``'soft_norm'`` (IJCV alpha search) or ``'soft'`` (NeurIPS,
             A + 0.01 I, 0.9 alpha).
+        method: ``'auto'``, ``'iterative'`` or ``'spectral'`` (see module
+            docstring); all compute the same T iterations.
 
     Returns:
         (..., m, m) tensor in float32 (float64 if A is float64), independent
@@ -138,9 +181,10 @@ def newton_inverse(A: torch.Tensor, iters: int = 20,
                          f'choose one of {INIT_MODES}')
     if iters < 0:
         raise ValueError(f'iters must be >= 0, got {iters}')
+    method = resolve_method(method, A)
     dtype = torch.float64 if A.dtype == torch.float64 else torch.float32
     with torch.autocast(device_type=A.device.type, enabled=False):
-        return NewtonInverse.apply(A.to(dtype), int(iters), init)
+        return NewtonInverse.apply(A.to(dtype), int(iters), init, method)
 
 
 @torch.no_grad()

@@ -24,7 +24,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from .gaussian_kernel import gaussian_kernel
-from .pinv import INIT_MODES, newton_inverse
+from .pinv import INIT_MODES, NR_METHODS, newton_inverse
 
 __all__ = ['BottleneckSampler', 'SOFTAttention', 'soft_attention',
            'SAMPLING_MODES', 'landmark_grid']
@@ -49,7 +49,8 @@ def soft_attention(q: torch.Tensor,
                    v: torch.Tensor,
                    attn_norm: bool = True,
                    nr_iters: int = 20,
-                   nr_init: Optional[str] = None) -> torch.Tensor:
+                   nr_init: Optional[str] = None,
+                   nr_method: str = 'auto') -> torch.Tensor:
     """out = P A_n^+ P^T V for q (B, h, n, d), landmarks (B, h, m, d).
 
     ``q`` and ``landmarks`` must already carry the 1/d^(1/4) scale so that
@@ -60,7 +61,7 @@ def soft_attention(q: torch.Tensor,
         nr_init = 'soft_norm' if attn_norm else 'soft'
     P = gaussian_kernel(q, landmarks)  # (B, h, n, m)
     A = gaussian_kernel(landmarks, landmarks)  # (B, h, m, m)
-    A_inv = newton_inverse(A, nr_iters, nr_init)
+    A_inv = newton_inverse(A, nr_iters, nr_init, nr_method)
     with torch.autocast(device_type=v.device.type, enabled=False):
         if attn_norm:
             d = A.sum(-1).rsqrt()  # D^-1/2 (entries of A are in (0, 1])
@@ -153,6 +154,9 @@ class SOFTAttention(nn.Module):
         nr_iters: Newton-Raphson iterations.
         nr_init: ``'soft_norm'`` / ``'soft'`` alpha initialisation; defaults
             to the one each official variant was trained with.
+        nr_method: how the NR iterations are evaluated: ``'auto'``,
+            ``'iterative'`` or ``'spectral'`` (same function, see
+            :mod:`mmsoft.models.layers.pinv`).
         qkv_bias: biases of the q / v projections.
     """
 
@@ -165,7 +169,8 @@ class SOFTAttention(nn.Module):
                  attn_norm: bool = True,
                  nr_iters: int = 20,
                  nr_init: Optional[str] = None,
-                 qkv_bias: bool = True):
+                 qkv_bias: bool = True,
+                 nr_method: str = 'auto'):
         super().__init__()
         if embed_dims % num_heads != 0:
             raise ValueError(f'num_heads ({num_heads}) must divide '
@@ -179,6 +184,10 @@ class SOFTAttention(nn.Module):
         self.attn_norm = attn_norm
         self.nr_iters = nr_iters
         self.nr_init = nr_init or ('soft_norm' if attn_norm else 'soft')
+        if nr_method not in NR_METHODS:
+            raise ValueError(f'unknown nr_method {nr_method!r}; choose one '
+                             f'of {NR_METHODS}')
+        self.nr_method = nr_method
         self.q = nn.Linear(embed_dims, embed_dims, bias=qkv_bias)
         self.v = nn.Linear(embed_dims, embed_dims, bias=qkv_bias)
         self.sampler = BottleneckSampler(self.head_dims, sampling_ratio,
@@ -206,7 +215,7 @@ class SOFTAttention(nn.Module):
         v = self._split(self.v(x))
         landmarks = self.sampler(q, hw)
         out = soft_attention(q, landmarks, v, self.attn_norm, self.nr_iters,
-                             self.nr_init)
+                             self.nr_init, self.nr_method)
         if self.dw_conv is not None:
             out = out + self._dw_conv_v(v, hw)
         out = out.transpose(1, 2).reshape(B, N, C)

@@ -1,0 +1,249 @@
+"""Launcher compatibility used by ``tools/train.py`` and ``tools/test.py``.
+
+One set of tools serves mmpretrain, mmdet and mmseg configs. This module
+
+* picks the codebase from the config's ``default_scope`` and registers its
+  modules (:func:`import_codebase`);
+* drops ``init_cfg=dict(type='Pretrained', checkpoint=None)`` entries, so a
+  config whose ImageNet checkpoint was not given trains from random
+  initialisation instead of failing inside ``load_checkpoint(None)``
+  (:func:`drop_empty_pretrained`);
+* makes ``--launcher pytorch`` / ``slurm`` work on machines without CUDA
+  (:func:`setup_cpu_distributed`). MMEngine 0.10.7 assumes a GPU per process
+  there: ``init_dist`` calls ``torch.cuda.set_device(local_rank)`` ("Found no
+  NVIDIA driver") and the default DDP wrapper passes
+  ``device_ids=[local_rank]`` (DDP rejects ``device_ids`` for CPU modules).
+  Without CUDA we therefore
+
+  1. use the ``gloo`` backend (``env_cfg.dist_cfg.backend``),
+  2. initialise the process group ourselves with MMEngine's ``init_dist``
+     while ``torch.cuda.set_device`` is a no-op (only for that call), so
+     the Runner finds an initialised group and does not call it again,
+  3. set ``model_wrapper_cfg.device_ids=None`` (a CPU DDP),
+  4. replace ``SyncBN`` by ``BN`` in ``cfg.model`` (``SyncBatchNorm`` has no
+     CPU implementation; each process keeps its own statistics);
+
+  nothing of this happens when CUDA is available;
+* implements ``--amp`` (:func:`enable_amp`): ``AmpOptimWrapper`` with a
+  dynamic loss scale on CUDA, as in mmdet; on CPU, where MMEngine's
+  ``AmpOptimWrapper`` refuses to start and fp16 autocast does not exist,
+  :class:`CPUAmpOptimWrapper` (bfloat16 autocast, no loss scaling).
+"""
+import contextlib
+import importlib
+import logging
+from typing import List
+
+import torch
+from mmengine.logging import print_log
+from mmengine.optim import OptimWrapper
+from mmengine.registry import OPTIM_WRAPPERS
+
+__all__ = [
+    'CODEBASES', 'codebase_of', 'import_codebase', 'drop_empty_pretrained',
+    'setup_cpu_distributed', 'enable_amp', 'CPUAmpOptimWrapper',
+    'prepare_cfg'
+]
+
+#: default_scope -> python package of the codebase
+CODEBASES = {'mmpretrain': 'mmpretrain', 'mmdet': 'mmdet', 'mmseg': 'mmseg'}
+
+
+def codebase_of(cfg) -> str:
+    """The codebase of a config, from its ``default_scope``."""
+    scope = cfg.get('default_scope', None)
+    if scope not in CODEBASES:
+        raise ValueError(
+            f'cannot tell which codebase runs this config: default_scope is '
+            f'{scope!r}, expected one of {sorted(CODEBASES)} (configs inherit '
+            f"it from e.g. 'mmdet::_base_/default_runtime.py')")
+    return scope
+
+
+def import_codebase(cfg) -> str:
+    """Import the config's codebase and register all of its modules."""
+    scope = codebase_of(cfg)
+    utils = importlib.import_module(f'{CODEBASES[scope]}.utils')
+    utils.register_all_modules(init_default_scope=False)
+    return scope
+
+
+def drop_empty_pretrained(cfg_node, path: str = 'model') -> List[str]:
+    """Remove ``Pretrained`` init configs whose ``checkpoint`` is None.
+
+    mmsoft's configs ship ``init_cfg=dict(type='Pretrained', checkpoint=None,
+    prefix='backbone.')`` so that ``--cfg-options
+    model.backbone.init_cfg.checkpoint=PATH`` is the only thing needed to
+    load ImageNet weights; with ``checkpoint=None`` MMEngine's
+    ``PretrainedInit`` would call ``load_checkpoint(None)`` and fail. Works
+    in place on a config dict (e.g. ``cfg.model``); returns the dotted paths
+    of the removed entries.
+    """
+    removed = []
+
+    def is_empty(c):
+        return isinstance(c, dict) and c.get('type') == 'Pretrained' and \
+            c.get('checkpoint', None) is None
+
+    def walk(node, where):
+        if isinstance(node, dict):
+            for key in list(node.keys()):
+                val = node[key]
+                sub = f'{where}.{key}'
+                if key == 'init_cfg':
+                    if is_empty(val):
+                        node[key] = None
+                        removed.append(sub)
+                        continue
+                    if isinstance(val, list) and any(map(is_empty, val)):
+                        kept = [c for c in val if not is_empty(c)]
+                        node[key] = kept or None
+                        removed.append(sub)
+                        continue
+                walk(val, sub)
+        elif isinstance(node, (list, tuple)):
+            for i, val in enumerate(node):
+                walk(val, f'{where}[{i}]')
+
+    walk(cfg_node, path)
+    return removed
+
+
+def _revert_sync_bn(node) -> int:
+    count = 0
+    if isinstance(node, dict):
+        for key, val in node.items():
+            if key == 'type' and val in ('SyncBN', 'MMSyncBN'):
+                node[key] = 'BN'
+                count += 1
+            else:
+                count += _revert_sync_bn(val)
+    elif isinstance(node, (list, tuple)):
+        for val in node:
+            count += _revert_sync_bn(val)
+    return count
+
+
+@contextlib.contextmanager
+def _cuda_set_device_disabled():
+    """``torch.cuda.set_device`` is a no-op inside this context."""
+    original = torch.cuda.set_device
+    torch.cuda.set_device = lambda device: None
+    try:
+        yield
+    finally:
+        torch.cuda.set_device = original
+
+
+def setup_cpu_distributed(cfg, launcher: str) -> bool:
+    """Prepare ``cfg`` (in place) and the process group for a distributed
+    run without CUDA. Returns True when the CPU fall-back was applied.
+
+    Does nothing for ``launcher='none'`` or when CUDA is available.
+    """
+    if launcher == 'none' or torch.cuda.is_available():
+        return False
+    from mmengine.dist import init_dist, is_distributed
+    from mmengine.registry import MODEL_WRAPPERS
+    from mmengine.utils.dl_utils import set_multi_processing
+
+    env_cfg = cfg.setdefault('env_cfg', dict())
+    dist_cfg = env_cfg.setdefault('dist_cfg', dict())
+    if dist_cfg.get('backend', 'nccl') != 'gloo':
+        print_log(
+            f"CUDA is not available: distributed backend "
+            f"{dist_cfg.get('backend', 'nccl')!r} -> 'gloo'",
+            logger='current')
+        dist_cfg['backend'] = 'gloo'
+
+    wrapper = cfg.get('model_wrapper_cfg', None)
+    if wrapper is None:
+        wrapper = dict(
+            type='MMDistributedDataParallel',
+            broadcast_buffers=False,
+            find_unused_parameters=cfg.get('find_unused_parameters', False))
+    wrapper_type = MODEL_WRAPPERS.get(
+        wrapper.get('type', 'MMDistributedDataParallel'))
+    if isinstance(wrapper_type, type) and issubclass(
+            wrapper_type, torch.nn.parallel.DistributedDataParallel):
+        wrapper['device_ids'] = None  # CPU module: DDP needs device_ids=None
+    cfg.model_wrapper_cfg = wrapper
+
+    n_sync = _revert_sync_bn(cfg.get('model', None))
+    if cfg.get('sync_bn', None) is not None:
+        cfg.sync_bn = None
+        n_sync += 1
+    if n_sync:
+        print_log(
+            f'CUDA is not available: {n_sync} SyncBN setting(s) of the config '
+            'replaced by BN (SyncBatchNorm has no CPU implementation)',
+            logger='current', level=logging.WARNING)
+
+    if not is_distributed():
+        mp_cfg = env_cfg.get('mp_cfg', dict())
+        set_multi_processing(**mp_cfg, distributed=True)
+        with _cuda_set_device_disabled():
+            init_dist(launcher, **dist_cfg)
+    return True
+
+
+@OPTIM_WRAPPERS.register_module()
+class CPUAmpOptimWrapper(OptimWrapper):
+    """``--amp`` on CPU: the forward pass runs under bfloat16 autocast.
+
+    bfloat16 has the exponent range of float32, so no loss scaling is done.
+    SOFT's kernel, pseudo-inverse and attention products stay float32 (they
+    disable autocast themselves). Ops without a bfloat16 CPU kernel (some
+    mmcv ops) may raise; train without ``--amp`` then.
+    """
+
+    def __init__(self, dtype: str = 'bfloat16', **kwargs):
+        super().__init__(**kwargs)
+        if dtype not in ('bfloat16', torch.bfloat16):
+            raise ValueError(
+                f'CPU autocast supports only bfloat16, got {dtype!r}')
+        self.cast_dtype = torch.bfloat16
+
+    @contextlib.contextmanager
+    def optim_context(self, model):
+        with super().optim_context(model), torch.autocast(
+                device_type='cpu', dtype=self.cast_dtype):
+            yield
+
+
+def enable_amp(cfg) -> str:
+    """What ``--amp`` does; returns the optim wrapper type that was set."""
+    optim_wrapper = cfg.optim_wrapper.get('type', 'OptimWrapper')
+    if optim_wrapper in ('AmpOptimWrapper', 'CPUAmpOptimWrapper'):
+        print_log('AMP training is already enabled in your config.',
+                  logger='current', level=logging.WARNING)
+        return optim_wrapper
+    if optim_wrapper != 'OptimWrapper':
+        raise ValueError('`--amp` is only supported when the optimizer '
+                         'wrapper type is `OptimWrapper`, but got '
+                         f'{optim_wrapper}.')
+    if torch.cuda.is_available():
+        cfg.optim_wrapper.type = 'AmpOptimWrapper'
+        cfg.optim_wrapper.loss_scale = 'dynamic'
+    else:
+        print_log(
+            '--amp without CUDA: training under bfloat16 CPU autocast '
+            '(CPUAmpOptimWrapper, no loss scaling); fp16 AMP needs a GPU.',
+            logger='current', level=logging.WARNING)
+        cfg.optim_wrapper.type = 'CPUAmpOptimWrapper'
+    return cfg.optim_wrapper.type
+
+
+def prepare_cfg(cfg, launcher: str = 'none') -> str:
+    """Everything the tools do to a config before building the Runner:
+    import the codebase, drop empty ``Pretrained`` inits and apply the CPU
+    distributed fall-back. Returns the codebase (default scope)."""
+    scope = import_codebase(cfg)
+    removed = drop_empty_pretrained(cfg.get('model', None))
+    for where in removed:
+        print_log(
+            f'{where}: Pretrained without a checkpoint, random '
+            f'initialisation (load weights with --cfg-options '
+            f'{where}.checkpoint=PATH)', logger='current')
+    setup_cpu_distributed(cfg, launcher)
+    return scope

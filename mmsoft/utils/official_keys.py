@@ -1,0 +1,656 @@
+"""Key mapping between the official SOFT checkpoints and mmsoft.
+
+The official repository (fudan-zvg/SOFT, ``models/softmax_free_*.py``) trains
+timm models whose state dicts use names such as ``patch_embed1.proj.0.weight``
+or ``block2.1.att.mha.W_q.weight``. mmsoft's :class:`~mmsoft.models.SOFT`
+backbone names the same tensors ``patch_embeds.0.proj.0.conv.weight`` and
+``stages.1.1.attn.q.weight``; inside an mmpretrain ``ImageClassifier`` they get
+the prefix ``backbone.`` and the official ``head`` becomes ``head.fc``.
+
+This module holds everything both converter scripts
+(``tools/model_converters/soft2mmsoft.py`` and ``mmsoft2soft.py``) share:
+
+* :func:`official_to_mmsoft_key` / :func:`mmsoft_to_official_key` - the
+  one-to-one renaming of single keys (no tensor is reshaped);
+* :func:`infer_official_arch` - the architecture read off tensor shapes;
+* :func:`official_shapes` - the complete official key -> shape table of an
+  architecture (used to report unknown / missing keys and shape mismatches);
+* :func:`convert_official_to_mmpretrain` and
+  :func:`convert_mmpretrain_to_official` - whole-checkpoint conversion with
+  validation; problems raise :class:`ConversionError` naming the keys;
+* :func:`extract_state_dict`, :func:`save_checkpoint_atomic` - checkpoint
+  layouts and atomic writing.
+
+Whether a checkpoint is a ``soft_*`` (NeurIPS) or a ``soft_norm_*`` (IJCV)
+model is NOT visible in its weights: both have exactly the same tensors.
+Neither is the number of heads of stage 4 (standard softmax attention over
+one fused ``kv`` projection); it is assumed to keep the head width of stage 3
+(32 in every official model) unless given explicitly.
+"""
+import os
+import re
+import tempfile
+from collections import OrderedDict
+from typing import Dict, List, Mapping, Optional, Sequence, Tuple
+
+import torch
+
+__all__ = [
+    'ConversionError', 'official_to_mmsoft_key', 'mmsoft_to_official_key',
+    'infer_official_arch', 'official_shapes', 'match_arch_preset',
+    'arch_for_mmsoft', 'convert_official_to_mmpretrain',
+    'convert_mmpretrain_to_official', 'extract_state_dict',
+    'strip_module_prefix', 'save_checkpoint_atomic', 'describe_arch',
+    'official_model_name', 'load_checkpoint_file', 'OFFICIAL_MODELS',
+    'OFFICIAL_STEM_CHANNELS'
+]
+
+#: hidden channels of the official three-conv stem
+OFFICIAL_STEM_CHANNELS = 32
+#: mmsoft's defaults for the optional arch entries (SOFT.arch_defaults)
+_DEFAULTS = dict(
+    sampling_ratios=[8, 4, 2, 1],
+    mlp_ratios=[4, 4, 4, 4],
+    dw_kernel_sizes=[9, 5, 3])
+#: the official timm model functions (``soft_*``; ``soft_norm_*`` has the
+#: same shapes): embed_dims, num_heads, depths
+OFFICIAL_MODELS = {
+    'tiny': ([64, 128, 320, 512], [2, 4, 10, 16], [1, 2, 3, 2]),
+    'small': ([64, 128, 320, 512], [2, 4, 10, 16], [1, 3, 20, 4]),
+    'medium': ([64, 128, 288, 512], [2, 4, 9, 16], [1, 3, 29, 5]),
+    'large': ([64, 128, 320, 512], [2, 4, 10, 16], [1, 3, 40, 5]),
+    'huge': ([64, 128, 352, 512], [2, 4, 11, 16], [1, 5, 49, 5]),
+}
+_BN_KEYS = ('weight', 'bias', 'running_mean', 'running_var',
+            'num_batches_tracked')
+
+# (official suffix, mmsoft suffix) inside one block, stages 1-3
+_SOFT_BLOCK_RULES = (
+    ('att.mha.W_q.', 'attn.q.'),
+    ('att.mha.W_v.', 'attn.v.'),
+    ('att.mha.attn.Qlandmark_op.', 'attn.sampler.conv.'),
+    ('att.mha.attn.Qnorm_act.0.', 'attn.sampler.norm.'),
+    ('att.mha.attn.conv.', 'attn.dw_conv.'),
+    ('att.mha.ff.', 'attn.proj.'),
+    ('att.norm1.', 'norm1.'),
+    ('att.norm2.', 'norm2.'),
+    ('att.ff1.', 'ffn.fc1.'),
+    ('att.ff2.', 'ffn.fc2.'),
+)
+# stage 4 (softmax attention, pre-norm ViT block)
+_SOFTMAX_BLOCK_RULES = (
+    ('norm1.', 'norm1.'),
+    ('norm2.', 'norm2.'),
+    ('attn.q.', 'attn.q.'),
+    ('attn.kv.', 'attn.kv.'),
+    ('attn.proj.', 'attn.proj.'),
+    ('mlp.fc1.', 'ffn.fc1.'),
+    ('mlp.fc2.', 'ffn.fc2.'),
+)
+
+_RE_POS = re.compile(r'^pos_embed([1-4])$')
+_RE_PATCH = re.compile(r'^patch_embed([1-4])\.proj\.(\d+)\.(\w+)$')
+_RE_BLOCK = re.compile(r'^block([1-4])\.(\d+)\.(.+)$')
+_RE_HEAD = re.compile(r'^head\.(weight|bias)$')
+_RE_NORM = re.compile(r'^norm\.(weight|bias)$')
+
+_RE_M_POS = re.compile(r'^pos_embeds\.([0-3])$')
+_RE_M_PATCH = re.compile(
+    r'^patch_embeds\.([0-3])\.proj\.(\d+)\.(conv|bn)\.(\w+)$')
+_RE_M_BLOCK = re.compile(r'^stages\.([0-3])\.(\d+)\.(.+)$')
+
+
+class ConversionError(ValueError):
+    """A checkpoint does not match the expected layout.
+
+    ``problems`` lists one human-readable line per offending key.
+    """
+
+    def __init__(self, message: str, problems: Sequence[str] = ()):
+        self.problems = list(problems)
+        if self.problems:
+            message = message + '\n  ' + '\n  '.join(self.problems)
+        super().__init__(message)
+
+
+# --------------------------------------------------------------- key renaming
+def official_to_mmsoft_key(key: str) -> Optional[str]:
+    """Backbone key of mmsoft's SOFT for one official key.
+
+    ``head.weight`` / ``head.bias`` map to the classifier keys
+    ``head.fc.weight`` / ``head.fc.bias``. Returns None for keys that have no
+    mmsoft counterpart (callers report them as unknown).
+    """
+    if key == 'cls_token':
+        return key
+    m = _RE_NORM.match(key)
+    if m:
+        return key
+    m = _RE_HEAD.match(key)
+    if m:
+        return f'head.fc.{m.group(1)}'
+    m = _RE_POS.match(key)
+    if m:
+        return f'pos_embeds.{int(m.group(1)) - 1}'
+    m = _RE_PATCH.match(key)
+    if m:
+        stage, idx, name = int(m.group(1)) - 1, int(m.group(2)), m.group(3)
+        layer, pos = divmod(idx, 3)  # Conv, BN, ReLU per layer
+        if stage > 0 and layer > 0:
+            return None
+        if stage == 0 and layer > 2:
+            return None
+        if pos == 0 and name in ('weight', 'bias'):
+            return f'patch_embeds.{stage}.proj.{layer}.conv.{name}'
+        if pos == 1 and name in _BN_KEYS:
+            return f'patch_embeds.{stage}.proj.{layer}.bn.{name}'
+        return None
+    m = _RE_BLOCK.match(key)
+    if m:
+        stage, blk, rest = int(m.group(1)) - 1, int(m.group(2)), m.group(3)
+        rules = _SOFT_BLOCK_RULES if stage < 3 else _SOFTMAX_BLOCK_RULES
+        for off, mine in rules:
+            if rest.startswith(off):
+                tail = rest[len(off):]
+                if tail not in ('weight', 'bias'):
+                    return None
+                return f'stages.{stage}.{blk}.{mine}{tail}'
+        return None
+    return None
+
+
+def mmsoft_to_official_key(key: str) -> Optional[str]:
+    """Inverse of :func:`official_to_mmsoft_key` (backbone keys without the
+    ``backbone.`` prefix, plus ``head.fc.*``). None if there is no match."""
+    if key == 'cls_token' or _RE_NORM.match(key):
+        return key
+    if key in ('head.fc.weight', 'head.fc.bias'):
+        return 'head.' + key.rsplit('.', 1)[1]
+    m = _RE_M_POS.match(key)
+    if m:
+        return f'pos_embed{int(m.group(1)) + 1}'
+    m = _RE_M_PATCH.match(key)
+    if m:
+        stage, layer = int(m.group(1)), int(m.group(2))
+        kind, name = m.group(3), m.group(4)
+        if layer > (2 if stage == 0 else 0):
+            return None
+        if kind == 'conv' and name not in ('weight', 'bias'):
+            return None
+        if kind == 'bn' and name not in _BN_KEYS:
+            return None
+        idx = 3 * layer + (0 if kind == 'conv' else 1)
+        return f'patch_embed{stage + 1}.proj.{idx}.{name}'
+    m = _RE_M_BLOCK.match(key)
+    if m:
+        stage, blk, rest = int(m.group(1)), int(m.group(2)), m.group(3)
+        rules = _SOFT_BLOCK_RULES if stage < 3 else _SOFTMAX_BLOCK_RULES
+        for off, mine in rules:
+            if rest.startswith(mine):
+                tail = rest[len(mine):]
+                if tail not in ('weight', 'bias'):
+                    return None
+                return f'block{stage + 1}.{blk}.{off}{tail}'
+        return None
+    return None
+
+
+# ----------------------------------------------------------- architecture
+def _shape(sd: Mapping[str, torch.Tensor], key: str) -> Tuple[int, ...]:
+    if key not in sd:
+        raise ConversionError(
+            f'cannot infer the architecture: key {key!r} is missing')
+    return tuple(sd[key].shape)
+
+
+def _ratio(hidden: int, dims: int):
+    r = hidden / dims
+    return int(r) if float(r).is_integer() else r
+
+
+def infer_official_arch(sd: Mapping[str, torch.Tensor],
+                        stage4_heads: Optional[int] = None) -> Dict:
+    """Architecture of an official-layout state dict, from tensor shapes.
+
+    Returns a dict with ``embed_dims``, ``num_heads``, ``depths``,
+    ``sampling_ratios``, ``mlp_ratios``, ``dw_kernel_sizes`` (mmsoft's arch
+    dict entries), ``in_channels``, ``num_classes`` (0 without a head),
+    ``pretrain_img_size`` and ``stage4_heads_given`` (stage 4's heads are
+    not in the weights: False means they were assumed from stage 3's head
+    width).
+
+    Read from: ``pos_embed{i}`` (widths, image size), block indices (depths),
+    ``att.mha.attn.conv.weight`` (heads, depthwise kernel),
+    ``att.mha.attn.Qlandmark_op.weight`` (head width, sampling ratio),
+    ``att.ff1`` / ``mlp.fc1`` (MLP ratios), ``patch_embed1.proj.0`` (input
+    channels), ``head`` (classes).
+    """
+    embed_dims, depths = [], []
+    for i in range(4):
+        shp = _shape(sd, f'pos_embed{i + 1}')
+        if len(shp) != 3:
+            raise ConversionError(
+                f'cannot infer the architecture: pos_embed{i + 1} should be '
+                f'(1, N, C), found {shp}')
+        embed_dims.append(shp[-1])
+        idx = set()
+        for k in sd:
+            m = _RE_BLOCK.match(k)
+            if m and int(m.group(1)) == i + 1:
+                idx.add(int(m.group(2)))
+        if not idx:
+            raise ConversionError(
+                f'cannot infer the architecture: no block{i + 1}.* keys')
+        depths.append(max(idx) + 1)
+
+    num_heads, sampling_ratios, dw_kernel_sizes, mlp_ratios = [], [], [], []
+    head_dims = None
+    for i in range(3):
+        pre = f'block{i + 1}.0.att.'
+        lm = _shape(sd, pre + 'mha.attn.Qlandmark_op.weight')
+        dw = _shape(sd, pre + 'mha.attn.conv.weight')
+        if len(lm) != 4 or len(dw) != 4:
+            raise ConversionError(
+                f'cannot infer the architecture: {pre}mha.attn.'
+                f'Qlandmark_op.weight should be (d, d, r, r) and '
+                f'{pre}mha.attn.conv.weight (heads, 1, k, k); found {lm} and '
+                f'{dw} (linear landmark ops, sr_ratio 1, are not supported)')
+        head_dims = lm[0]
+        heads = dw[0]
+        if heads * head_dims != embed_dims[i]:
+            raise ConversionError(
+                f'inconsistent stage {i + 1}: {heads} heads (from '
+                f'{pre}mha.attn.conv.weight {dw}) x head width {head_dims} '
+                f'(from {pre}mha.attn.Qlandmark_op.weight {lm}) != '
+                f'embed dim {embed_dims[i]} (from pos_embed{i + 1})')
+        num_heads.append(heads)
+        sampling_ratios.append(lm[-1])
+        dw_kernel_sizes.append(dw[-1])
+        mlp_ratios.append(
+            _ratio(_shape(sd, pre + 'ff1.weight')[0], embed_dims[i]))
+    stage4_given = stage4_heads is not None
+    if stage4_heads is None:
+        if embed_dims[3] % head_dims:
+            raise ConversionError(
+                f'cannot guess the heads of stage 4: embed dim '
+                f'{embed_dims[3]} is not a multiple of the head width '
+                f'{head_dims} of stage 3; give them explicitly')
+        stage4_heads = embed_dims[3] // head_dims
+    elif embed_dims[3] % stage4_heads:
+        raise ConversionError(f'stage-4 heads {stage4_heads} do not divide '
+                              f'its embed dim {embed_dims[3]}')
+    num_heads.append(stage4_heads)
+    sampling_ratios.append(1)
+    mlp_ratios.append(
+        _ratio(_shape(sd, 'block4.0.mlp.fc1.weight')[0], embed_dims[3]))
+
+    in_channels = _shape(sd, 'patch_embed1.proj.0.weight')[1]
+    num_classes = _shape(sd, 'head.weight')[0] if 'head.weight' in sd else 0
+    # position-embedding grids g, g/2, g/4, g/8 (+ cls token in stage 4)
+    n1 = _shape(sd, 'pos_embed1')[1]
+    g = int(round(n1**0.5))
+    if g * g != n1:
+        raise ConversionError(f'pos_embed1 has {n1} tokens, not a square '
+                              f'grid')
+    return dict(
+        embed_dims=embed_dims,
+        num_heads=num_heads,
+        depths=depths,
+        sampling_ratios=sampling_ratios,
+        mlp_ratios=mlp_ratios,
+        dw_kernel_sizes=dw_kernel_sizes,
+        in_channels=in_channels,
+        num_classes=num_classes,
+        pretrain_img_size=4 * g,
+        stage4_heads_given=stage4_given)
+
+
+def official_shapes(arch: Mapping,
+                    in_channels: int = 3,
+                    num_classes: int = 1000,
+                    pretrain_img_size: int = 224,
+                    ) -> 'OrderedDict[str, Tuple[int, ...]]':
+    """Every key of an official model of ``arch`` with its shape.
+
+    ``arch`` is an mmsoft arch dict (``embed_dims``, ``num_heads``,
+    ``depths`` and optionally ``sampling_ratios``, ``mlp_ratios``,
+    ``dw_kernel_sizes``). ``num_classes=0``: no ``head.*`` keys.
+    """
+    a = dict(_DEFAULTS)
+    a.update({k: v for k, v in arch.items() if k in (
+        'embed_dims', 'num_heads', 'depths', *_DEFAULTS)})
+    C, H, D = a['embed_dims'], a['num_heads'], a['depths']
+    out = OrderedDict()
+    for i in range(4):
+        g = pretrain_img_size // (4 * 2**i)
+        out[f'pos_embed{i + 1}'] = (1, g * g + (1 if i == 3 else 0), C[i])
+    out['cls_token'] = (1, 1, C[3])
+
+    def bn(pre, c):
+        for n in _BN_KEYS:
+            out[pre + n] = () if n == 'num_batches_tracked' else (c, )
+
+    stem = [(in_channels, OFFICIAL_STEM_CHANNELS),
+            (OFFICIAL_STEM_CHANNELS, OFFICIAL_STEM_CHANNELS),
+            (OFFICIAL_STEM_CHANNELS, C[0])]
+    for j, (ci, co) in enumerate(stem):
+        out[f'patch_embed1.proj.{3 * j}.weight'] = (co, ci, 3, 3)
+        out[f'patch_embed1.proj.{3 * j}.bias'] = (co, )
+        bn(f'patch_embed1.proj.{3 * j + 1}.', co)
+    for i in range(1, 4):
+        out[f'patch_embed{i + 1}.proj.0.weight'] = (C[i], C[i - 1], 3, 3)
+        out[f'patch_embed{i + 1}.proj.0.bias'] = (C[i], )
+        bn(f'patch_embed{i + 1}.proj.1.', C[i])
+
+    def linear(pre, cin, cout, bias=True):
+        out[pre + 'weight'] = (cout, cin)
+        if bias:
+            out[pre + 'bias'] = (cout, )
+
+    def ln(pre, c):
+        out[pre + 'weight'] = (c, )
+        out[pre + 'bias'] = (c, )
+
+    for i in range(3):
+        c, h = C[i], H[i]
+        d = c // h
+        r, k = a['sampling_ratios'][i], a['dw_kernel_sizes'][i]
+        hid = int(c * a['mlp_ratios'][i])
+        for j in range(D[i]):
+            p = f'block{i + 1}.{j}.att.'
+            linear(p + 'mha.W_q.', c, c)
+            linear(p + 'mha.W_v.', c, c)
+            out[p + 'mha.attn.Qlandmark_op.weight'] = (d, d, r, r)
+            ln(p + 'mha.attn.Qnorm_act.0.', d)
+            out[p + 'mha.attn.conv.weight'] = (h, 1, k, k)
+            linear(p + 'mha.ff.', c, c)
+            ln(p + 'norm1.', c)
+            linear(p + 'ff1.', c, hid)
+            linear(p + 'ff2.', hid, c)
+            ln(p + 'norm2.', c)
+    c = C[3]
+    hid = int(c * a['mlp_ratios'][3])
+    for j in range(D[3]):
+        p = f'block4.{j}.'
+        ln(p + 'norm1.', c)
+        linear(p + 'attn.q.', c, c)
+        linear(p + 'attn.kv.', c, 2 * c)
+        linear(p + 'attn.proj.', c, c)
+        ln(p + 'norm2.', c)
+        linear(p + 'mlp.fc1.', c, hid)
+        linear(p + 'mlp.fc2.', hid, c)
+    ln('norm.', c)
+    if num_classes:
+        linear('head.', c, num_classes)
+    return out
+
+
+def arch_for_mmsoft(arch: Mapping) -> Dict:
+    """The minimal mmsoft arch dict: ``embed_dims``, ``num_heads``,
+    ``depths`` plus the optional entries that differ from mmsoft's
+    defaults."""
+    out = {k: list(arch[k]) for k in ('embed_dims', 'num_heads', 'depths')}
+    for k, v in _DEFAULTS.items():
+        if k in arch and list(arch[k]) != v:
+            out[k] = list(arch[k])
+    return out
+
+
+def match_arch_preset(arch: Mapping) -> Optional[str]:
+    """Name of the mmsoft ``SOFT.arch_zoo`` preset equal to ``arch``, or
+    None."""
+    from mmsoft.models.backbones.soft import SOFT
+    want = arch_for_mmsoft(arch)
+    for name, preset in SOFT.arch_zoo.items():
+        full = dict(_DEFAULTS)
+        full.update(preset)
+        if arch_for_mmsoft(full) == want:
+            return name
+    return None
+
+
+def describe_arch(arch: Mapping) -> str:
+    """``arch='tiny'`` or ``arch=dict(...)`` for a config file."""
+    name = match_arch_preset(arch)
+    if name is not None:
+        return f"arch='{name}'"
+    items = ', '.join(f'{k}={v}' for k, v in arch_for_mmsoft(arch).items())
+    return f'arch=dict({items})'
+
+
+def official_model_name(arch: Mapping,
+                        attn_norm: Optional[bool] = None) -> Optional[str]:
+    """``soft_tiny`` / ``soft_norm_tiny`` ... for an arch with the official
+    defaults, else None. ``attn_norm=None`` gives ``soft[_norm]_tiny``."""
+    if arch_for_mmsoft(arch) != {k: list(arch[k]) for k in (
+            'embed_dims', 'num_heads', 'depths')}:
+        return None
+    want = (list(arch['embed_dims']), list(arch['num_heads']),
+            list(arch['depths']))
+    for size, spec in OFFICIAL_MODELS.items():
+        if tuple(spec) == want:
+            infix = {None: '[_norm]', True: '_norm', False: ''}[attn_norm]
+            return f'soft{infix}_{size}'
+    return None
+
+
+# --------------------------------------------------------- checkpoint files
+def load_checkpoint_file(path: str, trust: bool = False):
+    """``torch.load`` on the CPU.
+
+    By default only tensors and plain containers are unpickled
+    (``weights_only=True``; ``argparse.Namespace``, which timm stores as
+    ``args``, is allowed too). ``trust=True`` unpickles anything - only for
+    files from a trusted source (e.g. mmengine checkpoints with a
+    ``message_hub``).
+    """
+    if not os.path.isfile(path):
+        raise ConversionError(f'checkpoint {path!r} does not exist')
+    if trust:
+        return torch.load(path, map_location='cpu', weights_only=False)
+    import argparse
+    try:
+        with torch.serialization.safe_globals([argparse.Namespace]):
+            return torch.load(path, map_location='cpu', weights_only=True)
+    except Exception as e:  # pickle.UnpicklingError and friends
+        raise ConversionError(
+            f'{path!r} holds objects other than tensors and plain '
+            f'containers, so it was not unpickled ({type(e).__name__}: '
+            f'{str(e).splitlines()[0] if str(e) else ""}). If you trust '
+            f'the file, run again with --trust-checkpoint.') from None
+
+
+def strip_module_prefix(sd: Mapping[str, torch.Tensor]) -> 'OrderedDict':
+    """Remove (repeated) DataParallel / DDP ``module.`` prefixes."""
+    out = OrderedDict()
+    for k, v in sd.items():
+        while k.startswith('module.'):
+            k = k[len('module.'):]
+        if k in out:
+            raise ConversionError(f'key {k!r} occurs twice after stripping '
+                                  f'"module." prefixes')
+        out[k] = v
+    return out
+
+
+def _is_state_dict(obj) -> bool:
+    return isinstance(obj, Mapping) and len(obj) > 0 and all(
+        isinstance(k, str) and isinstance(v, torch.Tensor)
+        for k, v in obj.items())
+
+
+def extract_state_dict(ckpt, prefer_ema: bool = True
+                       ) -> Tuple['OrderedDict', str]:
+    """The model weights of a loaded checkpoint in any timm layout.
+
+    Looks for ``state_dict_ema`` (first when ``prefer_ema``), ``state_dict``,
+    ``model``, ``model_ema``, or takes ``ckpt`` itself as a bare state dict.
+    ``module.`` prefixes are stripped. Returns ``(state_dict, source)`` where
+    source names the entry used (``'<bare>'`` for a bare state dict).
+    """
+    if not isinstance(ckpt, Mapping):
+        raise ConversionError(f'checkpoint is a {type(ckpt).__name__}, not '
+                              f'a dict')
+    order = ['state_dict', 'model', 'state_dict_ema', 'model_ema']
+    if prefer_ema:
+        order = ['state_dict_ema', 'model_ema', 'state_dict', 'model']
+    for name in order:
+        if name in ckpt and _is_state_dict(ckpt[name]):
+            return strip_module_prefix(ckpt[name]), name
+    if _is_state_dict(ckpt):
+        return strip_module_prefix(ckpt), '<bare>'
+    raise ConversionError(
+        f'no state dict found in the checkpoint: expected one of '
+        f'{order} holding tensors, or a bare state dict; top-level keys are '
+        f'{sorted(map(str, ckpt))[:20]}')
+
+
+def save_checkpoint_atomic(obj, path: str) -> None:
+    """``torch.save`` to a temporary file next to ``path``, then
+    ``os.replace``: ``path`` is either the complete new file or untouched."""
+    path = os.path.abspath(path)
+    d = os.path.dirname(path)
+    if not os.path.isdir(d):
+        raise ConversionError(f'output directory {d!r} does not exist')
+    fd, tmp = tempfile.mkstemp(prefix='.' + os.path.basename(path) + '.',
+                               suffix='.tmp', dir=d)
+    try:
+        with os.fdopen(fd, 'wb') as f:
+            torch.save(obj, f)
+            f.flush()
+            os.fsync(f.fileno())
+        # mkstemp creates 0600 files; give the result the usual permissions
+        umask = os.umask(0)
+        os.umask(umask)
+        os.chmod(tmp, 0o666 & ~umask)
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise
+
+
+# -------------------------------------------------------------- conversion
+def _check(sd: Mapping[str, torch.Tensor],
+           expected: Mapping[str, Tuple[int, ...]], what: str,
+           rename=lambda k: k) -> None:
+    """Unknown keys, missing keys and shape mismatches, all at once."""
+    problems: List[str] = []
+    for k in sd:
+        if k not in expected:
+            problems.append(f'unknown key {rename(k)!r} '
+                            f'(shape {tuple(sd[k].shape)})')
+    for k, shp in expected.items():
+        if k not in sd:
+            problems.append(f'missing key {rename(k)!r} (expected shape '
+                            f'{shp})')
+        elif tuple(sd[k].shape) != tuple(shp):
+            problems.append(f'shape mismatch for {rename(k)!r}: expected '
+                            f'{tuple(shp)}, found {tuple(sd[k].shape)}')
+    if problems:
+        raise ConversionError(
+            f'the {what} does not match the inferred architecture '
+            f'({len(problems)} problem(s)):', problems)
+
+
+def _fill_bn_counters(sd: 'OrderedDict',
+                      expected: Mapping[str, Tuple[int, ...]]) -> List[str]:
+    """Some exporters drop BatchNorm's ``num_batches_tracked`` buffers; they
+    carry no weights, so missing ones are filled with 0 (listed in the
+    return value)."""
+    filled = []
+    for k in expected:
+        if k.endswith('num_batches_tracked') and k not in sd:
+            sd[k] = torch.tensor(0, dtype=torch.long)
+            filled.append(k)
+    return filled
+
+
+def convert_official_to_mmpretrain(sd: Mapping[str, torch.Tensor],
+                                   stage4_heads: Optional[int] = None,
+                                   prefix: str = 'backbone.'
+                                   ) -> Tuple['OrderedDict', Dict, List[str]]:
+    """Official state dict -> mmpretrain ``ImageClassifier`` state dict.
+
+    Returns ``(state_dict, arch, notes)``: backbone keys get ``prefix``, the
+    official ``head.*`` becomes ``head.fc.*``; ``arch`` is
+    :func:`infer_official_arch`'s result. Raises :class:`ConversionError` on
+    unknown keys, missing keys or shape mismatches (all listed).
+    """
+    sd = strip_module_prefix(sd)
+    notes: List[str] = []
+    arch = infer_official_arch(sd, stage4_heads)
+    expected = official_shapes(arch, arch['in_channels'],
+                               arch['num_classes'], arch['pretrain_img_size'])
+    filled = _fill_bn_counters(sd, expected)
+    if filled:
+        notes.append(f'{len(filled)} BatchNorm num_batches_tracked buffers '
+                     f'were missing and set to 0')
+    _check(sd, expected, 'official checkpoint')
+    out = OrderedDict()
+    for k in expected:  # official order, which is also mmsoft's order
+        new = official_to_mmsoft_key(k)
+        if new is None:  # pragma: no cover - official_shapes is exhaustive
+            raise ConversionError(f'no mmsoft name for {k!r}')
+        if not new.startswith('head.'):
+            new = prefix + new
+        out[new] = sd[k]
+    return out, arch, notes
+
+
+def convert_mmpretrain_to_official(sd: Mapping[str, torch.Tensor],
+                                   stage4_heads: Optional[int] = None,
+                                   prefix: str = 'backbone.'
+                                   ) -> Tuple['OrderedDict', Dict, List[str]]:
+    """mmpretrain classifier (or bare mmsoft backbone) state dict -> official
+    layout. Inverse of :func:`convert_official_to_mmpretrain`.
+
+    Keys starting with ``prefix`` are backbone keys; ``head.fc.*`` is the
+    classifier. If no key has the prefix the dict is taken as a bare backbone
+    state dict. Other keys (e.g. a neck) are reported as unknown.
+    """
+    sd = strip_module_prefix(sd)
+    has_prefix = any(k.startswith(prefix) for k in sd)
+    official = OrderedDict()
+    origin = {}
+    problems = []
+    for k, v in sd.items():
+        if has_prefix and k.startswith(prefix):
+            name = mmsoft_to_official_key(k[len(prefix):])
+            if name is not None and name.startswith('head.'):
+                name = None
+        elif k.startswith('head.fc.') or not has_prefix:
+            name = mmsoft_to_official_key(k)
+        else:
+            name = None
+        if name is None:
+            problems.append(f'unknown key {k!r} (shape {tuple(v.shape)})')
+            continue
+        official[name] = v
+        origin[name] = k
+    if problems:
+        raise ConversionError(
+            'the mmsoft checkpoint has keys with no official counterpart:',
+            problems)
+    arch = infer_official_arch(official, stage4_heads)
+    expected = official_shapes(arch, arch['in_channels'],
+                               arch['num_classes'], arch['pretrain_img_size'])
+    notes: List[str] = []
+    filled = _fill_bn_counters(official, expected)
+    if filled:
+        notes.append(f'{len(filled)} BatchNorm num_batches_tracked buffers '
+                     f'were missing and set to 0')
+
+    def rename(k):
+        if k in origin:
+            return origin[k]
+        new = official_to_mmsoft_key(k)
+        if new is None:
+            return k
+        return new if new.startswith('head.') or not has_prefix \
+            else prefix + new
+
+    _check(official, expected, 'mmsoft checkpoint', rename)
+    return OrderedDict((k, official[k]) for k in expected), arch, notes

@@ -1,0 +1,413 @@
+"""Official <-> mmsoft checkpoint conversion (tools/model_converters/*).
+
+The official-layout state dicts are synthesised here from the official key
+naming of fudan-zvg/SOFT (models/softmax_free_*.py), written out
+independently of :mod:`mmsoft.utils.official_keys` so that the converter's
+own shape table is checked against it. Reference numbers measured on the
+official ``soft_tiny``: 187 state-dict entries, 13,069,056 parameters (with
+the 1000-class head).
+"""
+import importlib.util
+import os
+import os.path as osp
+from collections import OrderedDict
+
+import pytest
+import torch
+
+from mmsoft.models.backbones.soft import SOFT
+from mmsoft.utils import official_keys as ok
+from mmsoft.utils.official_keys import ConversionError
+
+ROOT = osp.abspath(osp.join(osp.dirname(__file__), '..'))
+
+TINY = dict(embed_dims=[64, 128, 320, 512], num_heads=[2, 4, 10, 16],
+            depths=[1, 2, 3, 2])
+
+
+def official_state_dict(embed_dims, num_heads, depths, num_classes=1000,
+                        in_chans=3, ratios=(8, 4, 2), convs=(9, 5, 3),
+                        seed=0):
+    """Random tensors under the official names (timm soft_* model)."""
+    g = torch.Generator().manual_seed(seed)
+    sd = OrderedDict()
+
+    def t(*shape):
+        return torch.randn(*shape, generator=g)
+
+    C = embed_dims
+    for i, n in enumerate((3136, 784, 196, 50)):
+        sd[f'pos_embed{i + 1}'] = t(1, n, C[i])
+    sd['cls_token'] = t(1, 1, C[3])
+
+    def conv_bn(pre, conv_idx, cin, cout):
+        sd[f'{pre}.{conv_idx}.weight'] = t(cout, cin, 3, 3)
+        sd[f'{pre}.{conv_idx}.bias'] = t(cout)
+        b = f'{pre}.{conv_idx + 1}.'
+        sd[b + 'weight'] = t(cout)
+        sd[b + 'bias'] = t(cout)
+        sd[b + 'running_mean'] = t(cout)
+        sd[b + 'running_var'] = t(cout).abs() + 0.5
+        sd[b + 'num_batches_tracked'] = torch.tensor(77)
+
+    # nn.Sequential(Conv, BN, ReLU, Conv, BN, ReLU, Conv, BN, ReLU)
+    conv_bn('patch_embed1.proj', 0, in_chans, 32)
+    conv_bn('patch_embed1.proj', 3, 32, 32)
+    conv_bn('patch_embed1.proj', 6, 32, C[0])
+    for i in range(1, 4):
+        conv_bn(f'patch_embed{i + 1}.proj', 0, C[i - 1], C[i])
+    for s in range(3):
+        c, h = C[s], num_heads[s]
+        d = c // h
+        for j in range(depths[s]):
+            p = f'block{s + 1}.{j}.att.'
+
+            def lin(name, o, i_=None):  # Linear (i_ given) or LayerNorm
+                sd[p + name + '.weight'] = t(o) if i_ is None else t(o, i_)
+                sd[p + name + '.bias'] = t(o)
+
+            # registration order of SoftmaxFreeTransformer / -Attention
+            lin('mha.W_q', c, c)
+            lin('mha.W_v', c, c)
+            sd[p + 'mha.attn.Qlandmark_op.weight'] = t(d, d, ratios[s],
+                                                       ratios[s])
+            sd[p + 'mha.attn.Qnorm_act.0.weight'] = t(d)
+            sd[p + 'mha.attn.Qnorm_act.0.bias'] = t(d)
+            sd[p + 'mha.attn.conv.weight'] = t(h, 1, convs[s], convs[s])
+            lin('mha.ff', c, c)
+            lin('norm1', c)
+            lin('ff1', 4 * c, c)
+            lin('ff2', c, 4 * c)
+            lin('norm2', c)
+    c = C[3]
+    for j in range(depths[3]):
+        p = f'block4.{j}.'
+        # Block: norm1, attn (q, kv, proj), norm2, mlp (fc1, fc2)
+        for name, (o, i_) in (('norm1', (c, None)), ('attn.q', (c, c)),
+                              ('attn.kv', (2 * c, c)), ('attn.proj', (c, c)),
+                              ('norm2', (c, None)), ('mlp.fc1', (4 * c, c)),
+                              ('mlp.fc2', (c, 4 * c))):
+            sd[p + name + '.weight'] = t(o) if i_ is None else t(o, i_)
+            sd[p + name + '.bias'] = t(o)
+    sd['norm.weight'] = t(c)
+    sd['norm.bias'] = t(c)
+    if num_classes:
+        sd['head.weight'] = t(num_classes, c)
+        sd['head.bias'] = t(num_classes)
+    return sd
+
+
+def n_params(sd):
+    return sum(v.numel() for k, v in sd.items()
+               if not k.endswith(('running_mean', 'running_var',
+                                  'num_batches_tracked')))
+
+
+def load_script(name):
+    path = osp.join(ROOT, 'tools', 'model_converters', name + '.py')
+    spec = importlib.util.spec_from_file_location(name, path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+@pytest.fixture(scope='module')
+def tiny_sd():
+    return official_state_dict(**TINY)
+
+
+def backbone_part(sd):
+    return {k[len('backbone.'):]: v for k, v in sd.items()
+            if k.startswith('backbone.')}
+
+
+# ------------------------------------------------------------ the mapping
+def test_synthetic_matches_official_reference(tiny_sd):
+    assert len(tiny_sd) == 187
+    assert n_params(tiny_sd) == 13_069_056
+    # the converter's shape table agrees with the official naming
+    table = ok.official_shapes(TINY)
+    assert list(table) == list(tiny_sd)
+    assert all(tuple(tiny_sd[k].shape) == s for k, s in table.items())
+
+
+def test_key_mapping_is_a_bijection(tiny_sd):
+    mm = [ok.official_to_mmsoft_key(k) for k in tiny_sd]
+    assert None not in mm and len(set(mm)) == len(mm)
+    assert [ok.mmsoft_to_official_key(k) for k in mm] == list(tiny_sd)
+    # the backbone keys are exactly mmsoft's SOFT state dict keys
+    want = set(SOFT(arch='tiny').state_dict())
+    assert {k for k in mm if not k.startswith('head.')} == want
+    for bad in ('head.fc.weight.x', 'block1.0.att.mha.W_k.weight',
+                'patch_embed2.proj.3.weight', 'patch_embed1.proj.2.weight',
+                'block4.0.attn.sr.weight', 'pos_embed5', 'foo'):
+        assert ok.official_to_mmsoft_key(bad) is None, bad
+    for bad in ('stages.0.0.attn.sampler.conv.bias',
+                'patch_embeds.1.proj.1.conv.weight', 'neck.fc.weight'):
+        assert ok.mmsoft_to_official_key(bad) is None, bad
+
+
+@pytest.mark.parametrize('depths,preset', [([1, 2, 3, 2], 'tiny'),
+                                           ([1, 3, 20, 4], 'small-official'),
+                                           ([1, 1, 2, 1], None)])
+def test_infer_arch_and_preset(depths, preset):
+    sd = official_state_dict(TINY['embed_dims'], TINY['num_heads'], depths)
+    arch = ok.infer_official_arch(sd)
+    assert arch['depths'] == depths
+    assert arch['embed_dims'] == TINY['embed_dims']
+    assert arch['num_heads'] == TINY['num_heads']
+    assert arch['sampling_ratios'] == [8, 4, 2, 1]
+    assert arch['dw_kernel_sizes'] == [9, 5, 3]
+    assert arch['mlp_ratios'] == [4, 4, 4, 4]
+    assert (arch['in_channels'], arch['num_classes'],
+            arch['pretrain_img_size']) == (3, 1000, 224)
+    assert not arch['stage4_heads_given']
+    assert ok.match_arch_preset(arch) == preset
+    if preset is None:
+        assert ok.describe_arch(arch) == (
+            'arch=dict(embed_dims=[64, 128, 320, 512], '
+            'num_heads=[2, 4, 10, 16], depths=[1, 1, 2, 1])')
+    else:
+        assert ok.describe_arch(arch) == f"arch='{preset}'"
+
+
+def test_infer_medium_and_non_default_entries():
+    sd = official_state_dict([64, 128, 288, 512], [2, 4, 9, 16],
+                             [1, 1, 1, 1], ratios=(4, 4, 2),
+                             convs=(7, 5, 3), num_classes=10)
+    arch = ok.infer_official_arch(sd)
+    assert arch['num_heads'] == [2, 4, 9, 16]
+    assert ok.arch_for_mmsoft(arch) == dict(
+        embed_dims=[64, 128, 288, 512], num_heads=[2, 4, 9, 16],
+        depths=[1, 1, 1, 1], sampling_ratios=[4, 4, 2, 1],
+        dw_kernel_sizes=[7, 5, 3])
+    out, _, _ = ok.convert_official_to_mmpretrain(sd)
+    model = SOFT(arch=ok.arch_for_mmsoft(arch))
+    model.load_state_dict(backbone_part(out), strict=True)
+    assert out['head.fc.weight'].shape == (10, 512)
+    assert ok.infer_official_arch(sd, stage4_heads=8)['num_heads'][3] == 8
+
+
+# ------------------------------------------------------------ conversion
+@pytest.mark.parametrize('attn_norm', [False, True])
+def test_convert_loads_strictly_and_runs(tiny_sd, attn_norm):
+    out, arch, notes = ok.convert_official_to_mmpretrain(tiny_sd)
+    assert notes == []
+    assert set(out) == {'backbone.' + k for k in SOFT(arch='tiny')
+                        .state_dict()} | {'head.fc.weight', 'head.fc.bias'}
+    model = SOFT(arch='tiny', attn_norm=attn_norm, out_type='cls_token',
+                 out_indices=(3, ))
+    model.load_state_dict(backbone_part(out), strict=True)
+    # values moved, not copied wrongly
+    assert torch.equal(model.stages[1][1].attn.q.weight,
+                       tiny_sd['block2.1.att.mha.W_q.weight'])
+    assert torch.equal(model.patch_embeds[0].proj[2].bn.running_var,
+                       tiny_sd['patch_embed1.proj.7.running_var'])
+    assert torch.equal(model.stages[3][1].ffn.fc2.bias,
+                       tiny_sd['block4.1.mlp.fc2.bias'])
+    assert torch.equal(out['head.fc.weight'], tiny_sd['head.weight'])
+
+
+def test_round_trip(tiny_sd):
+    mm, _, _ = ok.convert_official_to_mmpretrain(tiny_sd)
+    back, arch, _ = ok.convert_mmpretrain_to_official(mm)
+    assert list(back) == list(tiny_sd)
+    assert all(torch.equal(back[k], tiny_sd[k]) for k in tiny_sd)
+    assert ok.official_model_name(arch, True) == 'soft_norm_tiny'
+    assert ok.official_model_name(arch, False) == 'soft_tiny'
+    # a bare backbone state dict (no prefix, no head) converts too
+    bare = backbone_part(mm)
+    back2, arch2, _ = ok.convert_mmpretrain_to_official(bare)
+    assert arch2['num_classes'] == 0 and 'head.weight' not in back2
+    assert len(back2) == len(tiny_sd) - 2
+
+
+def test_missing_bn_counters_are_filled(tiny_sd):
+    sd = {k: v for k, v in tiny_sd.items()
+          if not k.endswith('num_batches_tracked')}
+    out, _, notes = ok.convert_official_to_mmpretrain(sd)
+    assert len(notes) == 1 and '6 BatchNorm' in notes[0]
+    SOFT(arch='tiny').load_state_dict(backbone_part(out), strict=True)
+
+
+# ------------------------------------------------------------ error paths
+def test_unknown_missing_and_mismatched_keys_are_named(tiny_sd):
+    sd = OrderedDict(tiny_sd)
+    sd['block4.0.attn.sr.weight'] = torch.zeros(512, 512, 1, 1)
+    del sd['block2.1.att.ff2.bias']
+    sd['block3.2.att.mha.W_v.weight'] = torch.zeros(320, 321)
+    with pytest.raises(ConversionError) as e:
+        ok.convert_official_to_mmpretrain(sd)
+    msg = str(e.value)
+    assert "unknown key 'block4.0.attn.sr.weight' (shape (512, 512, 1, 1))" \
+        in msg
+    assert "missing key 'block2.1.att.ff2.bias' (expected shape (128,))" \
+        in msg
+    assert ("shape mismatch for 'block3.2.att.mha.W_v.weight': expected "
+            "(320, 320), found (320, 321)") in msg
+    assert len(e.value.problems) == 3
+
+
+def test_inconsistent_or_unreadable_arch(tiny_sd):
+    sd = OrderedDict(tiny_sd)
+    sd['block2.0.att.mha.attn.conv.weight'] = torch.zeros(3, 1, 5, 5)
+    with pytest.raises(ConversionError, match='inconsistent stage 2: 3 heads'):
+        ok.infer_official_arch(sd)
+    sd = OrderedDict(tiny_sd)
+    del sd['pos_embed3']
+    with pytest.raises(ConversionError, match="'pos_embed3' is missing"):
+        ok.infer_official_arch(sd)
+    with pytest.raises(ConversionError, match='do not divide'):
+        ok.infer_official_arch(tiny_sd, stage4_heads=7)
+
+
+def test_mmsoft_side_errors(tiny_sd):
+    mm, _, _ = ok.convert_official_to_mmpretrain(tiny_sd)
+    bad = OrderedDict(mm)
+    bad['neck.proj.weight'] = torch.zeros(2, 2)
+    with pytest.raises(ConversionError, match="unknown key 'neck.proj.weight'"):
+        ok.convert_mmpretrain_to_official(bad)
+    bad = OrderedDict(mm)
+    bad['backbone.stages.0.0.ffn.fc1.weight'] = torch.zeros(255, 64)
+    with pytest.raises(ConversionError) as e:
+        ok.convert_mmpretrain_to_official(bad)
+    assert ("shape mismatch for 'backbone.stages.0.0.ffn.fc1.weight': "
+            "expected (256, 64), found (255, 64)") in str(e.value)
+    bad = OrderedDict(mm)
+    del bad['backbone.stages.2.1.attn.sampler.norm.bias']
+    with pytest.raises(ConversionError,
+                       match="missing key 'backbone.stages.2.1.attn.sampler"
+                       r".norm.bias' \(expected shape \(32,\)\)"):
+        ok.convert_mmpretrain_to_official(bad)
+
+
+# ------------------------------------------------------------ checkpoint files
+def test_extract_state_dict_layouts(tiny_sd):
+    ema = OrderedDict((k, v + 1) for k, v in tiny_sd.items())
+    sd, src = ok.extract_state_dict({'state_dict': tiny_sd,
+                                     'state_dict_ema': ema, 'epoch': 3})
+    assert src == 'state_dict_ema' and sd['cls_token'].equal(ema['cls_token'])
+    sd, src = ok.extract_state_dict({'state_dict': tiny_sd,
+                                     'state_dict_ema': ema},
+                                    prefer_ema=False)
+    assert src == 'state_dict' and sd['cls_token'].equal(tiny_sd['cls_token'])
+    sd, src = ok.extract_state_dict(
+        {'model': {'module.' + k: v for k, v in tiny_sd.items()}})
+    assert src == 'model' and list(sd) == list(tiny_sd)
+    sd, src = ok.extract_state_dict(tiny_sd)
+    assert src == '<bare>'
+    with pytest.raises(ConversionError, match='no state dict found'):
+        ok.extract_state_dict({'epoch': 1, 'optimizer': {}})
+
+
+def test_cli_round_trip(tmp_path, tiny_sd, capsys):
+    import argparse
+    ema = OrderedDict((k, v * 2) for k, v in tiny_sd.items())
+    src = tmp_path / 'official.pth.tar'
+    torch.save({'state_dict': {'module.' + k: v for k, v in tiny_sd.items()},
+                'state_dict_ema': ema, 'epoch': 299,
+                'args': argparse.Namespace(model='soft_norm_tiny')}, src)
+    dst = tmp_path / 'mmsoft.pth'
+    s2m = load_script('soft2mmsoft')
+    assert s2m.main([str(src), str(dst), '--norm']) == 0
+    log = capsys.readouterr().out
+    assert "reading 'state_dict_ema'" in log
+    assert "arch='tiny'" in log and 'soft_norm_tiny' in log
+    assert 'not visible in the weights' in log
+    ckpt = torch.load(dst, weights_only=True)
+    assert set(ckpt) == {'state_dict', 'meta'}
+    assert ckpt['meta']['attn_norm'] is True
+    assert ckpt['meta']['arch'] == 'tiny'
+    assert ckpt['meta']['source_entry'] == 'state_dict_ema'
+    model = SOFT(arch='tiny', attn_norm=True)
+    model.load_state_dict(backbone_part(ckpt['state_dict']), strict=True)
+    assert torch.equal(model.cls_token, ema['cls_token'])
+
+    # --no-ema takes the raw weights
+    dst_raw = tmp_path / 'raw.pth'
+    assert s2m.main([str(src), str(dst_raw), '--no-ema']) == 0
+    raw = torch.load(dst_raw, weights_only=True)
+    assert raw['meta']['attn_norm'] is False
+    assert torch.equal(raw['state_dict']['backbone.cls_token'],
+                       tiny_sd['cls_token'])
+
+    back = tmp_path / 'back.pth'
+    assert load_script('mmsoft2soft').main([str(dst), str(back)]) == 0
+    assert 'soft_norm_tiny' in capsys.readouterr().out
+    official = torch.load(back, weights_only=True)
+    assert list(official['state_dict']) == list(tiny_sd)
+    assert all(torch.equal(official['state_dict_ema'][k], ema[k])
+               for k in ema)
+
+
+def test_cli_errors_write_nothing(tmp_path, tiny_sd, capsys):
+    s2m = load_script('soft2mmsoft')
+    bad = OrderedDict(tiny_sd)
+    bad['block1.0.att.mha.W_q.weight'] = torch.zeros(64, 63)
+    src = tmp_path / 'bad.pth'
+    torch.save(bad, src)
+    dst = tmp_path / 'out.pth'
+    assert s2m.main([str(src), str(dst)]) == 1
+    err = capsys.readouterr().err
+    assert ("shape mismatch for 'block1.0.att.mha.W_q.weight': expected "
+            "(64, 64), found (64, 63)") in err
+    assert os.listdir(tmp_path) == ['bad.pth']
+    # --ema without EMA weights
+    good = tmp_path / 'good.pth'
+    torch.save({'state_dict': tiny_sd}, good)
+    assert s2m.main([str(good), str(dst), '--ema']) == 1
+    assert 'no state_dict_ema' in capsys.readouterr().err
+    # untrusted pickled objects are refused with a hint
+    weird = tmp_path / 'weird.pth'
+    torch.save({'state_dict': tiny_sd, 'obj': Opaque()}, weird)
+    assert s2m.main([str(weird), str(dst)]) == 1
+    assert '--trust-checkpoint' in capsys.readouterr().err
+    assert not dst.exists()
+    assert s2m.main([str(tmp_path / 'nope.pth'), str(dst)]) == 1
+    assert 'does not exist' in capsys.readouterr().err
+    assert sorted(os.listdir(tmp_path)) == ['bad.pth', 'good.pth',
+                                            'weird.pth']
+
+
+class Opaque:
+    pass
+
+
+def test_atomic_write(tmp_path, monkeypatch):
+    dst = tmp_path / 'ckpt.pth'
+    ok.save_checkpoint_atomic({'a': torch.ones(2)}, str(dst))
+    assert torch.load(dst)['a'].equal(torch.ones(2))
+    before = dst.read_bytes()
+
+    def failing_save(obj, f, *args, **kwargs):
+        f.write(b'partial')
+        raise RuntimeError('disk full')
+
+    monkeypatch.setattr(torch, 'save', failing_save)
+    with pytest.raises(RuntimeError, match='disk full'):
+        ok.save_checkpoint_atomic({'a': torch.zeros(2)}, str(dst))
+    assert dst.read_bytes() == before  # old file untouched
+    assert os.listdir(tmp_path) == ['ckpt.pth']  # no temporary left
+    with pytest.raises(RuntimeError, match='disk full'):
+        ok.save_checkpoint_atomic({'a': 1}, str(tmp_path / 'new.pth'))
+    assert os.listdir(tmp_path) == ['ckpt.pth']
+    with pytest.raises(ConversionError, match='does not exist'):
+        ok.save_checkpoint_atomic({}, str(tmp_path / 'no' / 'x.pth'))
+
+
+def test_mmpretrain_classifier_loads(tiny_sd):
+    """The converted file loads into the ImageClassifier of the configs."""
+    pytest.importorskip('mmpretrain')
+    from mmpretrain.registry import MODELS
+
+    import mmsoft  # noqa: F401  (registers SOFT)
+    out, _, _ = ok.convert_official_to_mmpretrain(tiny_sd)
+    clf = MODELS.build(dict(
+        type='ImageClassifier',
+        backbone=dict(type='SOFT', arch='tiny', attn_norm=False,
+                      out_indices=(3, ), out_type='cls_token'),
+        head=dict(type='LinearClsHead', num_classes=1000, in_channels=512)))
+    missing, unexpected = clf.load_state_dict(out, strict=False)
+    assert unexpected == []
+    # the data preprocessor's buffers are not part of checkpoints
+    assert all(k.startswith('data_preprocessor.') for k in missing)
