@@ -227,3 +227,17 @@ def test_clear_errors(kwargs, match):
 def test_wrong_input_rank():
     with pytest.raises(ValueError, match='B, C, H, W'):
         SOFT(TINY)(torch.randn(3, 64, 64))
+
+
+def test_max_landmarks_backbone():
+    arch = dict(TINY, num_heads=[1, 1, 1, 1])
+    torch.manual_seed(0)
+    plain = SOFT(arch).eval()
+    capped = SOFT(arch, max_landmarks=16).eval()
+    capped.load_state_dict(plain.state_dict())
+    x = torch.randn(1, 3, 128, 128)  # m = 16 in every SOFT stage: no change
+    with torch.no_grad():
+        for a, b in zip(plain(x), capped(x)):
+            torch.testing.assert_close(a, b)
+    for i, hw in enumerate([(100, 150), (50, 75), (25, 38)]):
+        assert capped.stages[i][0].attn.sampler.num_landmarks(hw) <= 16

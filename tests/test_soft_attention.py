@@ -146,3 +146,28 @@ def test_attention_autocast_finite(dtype):
     out.float().sum().backward()
     assert all(torch.isfinite(p.grad).all() for p in attn.parameters()
                if p.grad is not None)
+
+
+@pytest.mark.parametrize('hw, cap', [((200, 304), 49), ((13, 400), 49),
+                                     ((64, 64), 49), ((40, 40), 7)])
+def test_max_landmarks_caps_m(hw, cap):
+    for mode in ('conv', 'avgpool', 'random', 'biased'):
+        s = BottleneckSampler(8, 4, mode, max_landmarks=cap).eval()
+        q = torch.randn(1, 1, hw[0] * hw[1], 8)
+        m = s(q, hw).shape[2]
+        assert m <= cap
+        assert m == s.num_landmarks(hw)
+        gh, gw = landmark_grid(hw, 4)
+        if gh * gw <= cap:
+            assert m == gh * gw  # the cap does not bind
+        else:
+            assert m >= cap // 4  # shrunk, not collapsed
+
+
+def test_max_landmarks_inactive_below_cap_is_identical():
+    torch.manual_seed(0)
+    a = SOFTAttention(32, 1, 4)
+    b = SOFTAttention(32, 1, 4, max_landmarks=49)
+    b.load_state_dict(a.state_dict())
+    x = torch.randn(2, 28 * 28, 32)
+    torch.testing.assert_close(a(x, (28, 28)), b(x, (28, 28)))

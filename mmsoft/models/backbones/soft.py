@@ -50,6 +50,13 @@ class SOFT(BaseModule):
         nr_method: evaluation of the NR iterations: 'auto' (spectral for
             large bottlenecks on the CPU), 'iterative' or 'spectral'; all
             compute the same function.
+        max_landmarks: opt-in cap on the bottleneck size m of every SOFT
+            stage (e.g. 49 = the 224 x 224 value): the strided bottleneck
+            grid is adaptively pooled down to at most this many tokens, so
+            cost stays linear in the number of tokens at any resolution.
+            It changes the function at sizes where the cap binds (larger
+            than the 224 x 224 pretraining size for 49), so use it for
+            training from scratch, not with official weights.
         out_indices: stages (0-3) whose outputs are returned.
         out_type: ``'featmap'`` - (B, C, H/s, W/s) maps, for mmdet / mmseg;
             ``'cls_token'`` - stage 4 returns the normalised (B, C) cls token,
@@ -100,6 +107,7 @@ class SOFT(BaseModule):
                  nr_iters: int = 20,
                  nr_init: Optional[str] = None,
                  nr_method: str = 'auto',
+                 max_landmarks: Optional[int] = None,
                  out_indices: Union[int, Sequence[int]] = (0, 1, 2, 3),
                  out_type: str = 'featmap',
                  pretrain_img_size: int = 224,
@@ -161,6 +169,7 @@ class SOFT(BaseModule):
                         nr_iters=nr_iters,
                         nr_init=nr_init,
                         nr_method=nr_method,
+                        max_landmarks=max_landmarks,
                         qkv_bias=qkv_bias) for j in range(depth)
                 ]
             else:

@@ -106,11 +106,13 @@ class SOFTBlock(nn.Module):
                  nr_iters: int = 20,
                  nr_init: Optional[str] = None,
                  qkv_bias: bool = True,
-                 nr_method: str = 'auto'):
+                 nr_method: str = 'auto',
+                 max_landmarks: Optional[int] = None):
         super().__init__()
         self.attn = SOFTAttention(embed_dims, num_heads, sampling_ratio,
                                   sampling, dw_kernel_size, attn_norm,
-                                  nr_iters, nr_init, qkv_bias, nr_method)
+                                  nr_iters, nr_init, qkv_bias, nr_method,
+                                  max_landmarks)
         self.norm1 = nn.LayerNorm(embed_dims)
         self.ffn = FFN(embed_dims, int(embed_dims * mlp_ratio), 'tanh')
         self.norm2 = nn.LayerNorm(embed_dims)

@@ -32,16 +32,30 @@ __all__ = ['BottleneckSampler', 'SOFTAttention', 'soft_attention',
 SAMPLING_MODES = ('conv', 'avgpool', 'random', 'biased')
 
 
-def landmark_grid(hw: Tuple[int, int], ratio: int) -> Tuple[int, int]:
+def landmark_grid(hw: Tuple[int, int], ratio: int,
+                  max_landmarks: Optional[int] = None) -> Tuple[int, int]:
     """Bottleneck grid for an H x W token map and sampling ratio r.
 
     Rule: ``max(1, H // r) x max(1, W // r)``. As in the official strided
     convolution, the last ``H mod r`` rows / ``W mod r`` columns are not pooled
     into a landmark (they still attend to all landmarks through P); a side
     shorter than r is zero-padded to r, giving one landmark along it.
+
+    With ``max_landmarks`` the grid is shrunk, keeping its aspect ratio, to
+    at most that many cells: ``floor(gh * s) x floor(gw * s)`` (each >= 1)
+    with ``s = sqrt(max_landmarks / (gh * gw))``.
     """
     H, W = hw
-    return max(1, H // ratio), max(1, W // ratio)
+    gh, gw = max(1, H // ratio), max(1, W // ratio)
+    if max_landmarks is not None and gh * gw > max_landmarks:
+        s = math.sqrt(max_landmarks / (gh * gw))
+        gh, gw = max(1, int(gh * s)), max(1, int(gw * s))
+        while gh * gw > max_landmarks:  # only when one side is clamped to 1
+            if gh >= gw:
+                gh -= 1
+            else:
+                gw -= 1
+    return gh, gw
 
 
 def soft_attention(q: torch.Tensor,
@@ -83,25 +97,45 @@ class BottleneckSampler(nn.Module):
             ``'random'`` m tokens drawn uniformly at random in training
             (evenly spaced tokens in eval mode, for reproducible inference);
             ``'biased'`` the first m tokens.
+        max_landmarks: opt-in cap on m for any resolution. The strided
+            grid is adaptively average-pooled down to at most this many
+            tokens (conv: after the conv, before LayerNorm / GELU), so the
+            cost is linear in n at every input size. This changes the
+            function at sizes where the cap binds, so it is for training
+            from scratch, not for official weights (trained uncapped).
     """
 
-    def __init__(self, head_dims: int, ratio: int, mode: str = 'conv'):
+    def __init__(self, head_dims: int, ratio: int, mode: str = 'conv',
+                 max_landmarks: Optional[int] = None):
         super().__init__()
         if mode not in SAMPLING_MODES:
             raise ValueError(f'unknown sampling {mode!r}; choose one of '
                              f'{SAMPLING_MODES}')
         if ratio < 1:
             raise ValueError(f'sampling ratio must be >= 1, got {ratio}')
+        if max_landmarks is not None and max_landmarks < 1:
+            raise ValueError(f'max_landmarks must be >= 1 or None, got '
+                             f'{max_landmarks}')
         self.mode = mode
         self.ratio = ratio
+        self.max_landmarks = max_landmarks
         if mode == 'conv':
             self.conv = nn.Conv2d(head_dims, head_dims, ratio, ratio,
                                   bias=False)
             self.norm = nn.LayerNorm(head_dims)
 
     def num_landmarks(self, hw: Tuple[int, int]) -> int:
-        gh, gw = landmark_grid(hw, self.ratio)
+        gh, gw = landmark_grid(hw, self.ratio, self.max_landmarks)
         return gh * gw
+
+    def _cap(self, x: torch.Tensor) -> torch.Tensor:
+        """Adaptive pooling of a (N, d, gh, gw) grid to the capped grid."""
+        if self.max_landmarks is None or \
+                x.shape[2] * x.shape[3] <= self.max_landmarks:
+            return x
+        gh, gw = landmark_grid((x.shape[2], x.shape[3]), 1,
+                               self.max_landmarks)
+        return F.adaptive_avg_pool2d(x, (gh, gw))
 
     def _grid(self, q: torch.Tensor, hw: Tuple[int, int]) -> torch.Tensor:
         B, h, n, d = q.shape
@@ -118,10 +152,11 @@ class BottleneckSampler(nn.Module):
             raise ValueError(f'{n} tokens do not form a {hw[0]}x{hw[1]} map')
         r = self.ratio
         if self.mode == 'conv':
-            x = self.conv(self._grid(q, hw)).flatten(2).transpose(1, 2)
+            x = self._cap(self.conv(self._grid(q, hw)))
+            x = x.flatten(2).transpose(1, 2)
             return F.gelu(self.norm(x)).reshape(B, h, -1, d)
         if self.mode == 'avgpool':
-            x = F.avg_pool2d(self._grid(q, hw), r, r)
+            x = self._cap(F.avg_pool2d(self._grid(q, hw), r, r))
             return x.flatten(2).transpose(1, 2).reshape(B, h, -1, d)
         m = min(self.num_landmarks(hw), n)
         if self.mode == 'biased':
@@ -133,7 +168,9 @@ class BottleneckSampler(nn.Module):
         return q.index_select(2, idx)
 
     def extra_repr(self) -> str:
-        return f'mode={self.mode}, ratio={self.ratio}'
+        cap = f', max_landmarks={self.max_landmarks}' \
+            if self.max_landmarks else ''
+        return f'mode={self.mode}, ratio={self.ratio}{cap}'
 
 
 class SOFTAttention(nn.Module):
@@ -158,6 +195,8 @@ class SOFTAttention(nn.Module):
             ``'iterative'`` or ``'spectral'`` (same function, see
             :mod:`mmsoft.models.layers.pinv`).
         qkv_bias: biases of the q / v projections.
+        max_landmarks: opt-in cap on the bottleneck size (see
+            :class:`BottleneckSampler`).
     """
 
     def __init__(self,
@@ -170,7 +209,8 @@ class SOFTAttention(nn.Module):
                  nr_iters: int = 20,
                  nr_init: Optional[str] = None,
                  qkv_bias: bool = True,
-                 nr_method: str = 'auto'):
+                 nr_method: str = 'auto',
+                 max_landmarks: Optional[int] = None):
         super().__init__()
         if embed_dims % num_heads != 0:
             raise ValueError(f'num_heads ({num_heads}) must divide '
@@ -191,7 +231,7 @@ class SOFTAttention(nn.Module):
         self.q = nn.Linear(embed_dims, embed_dims, bias=qkv_bias)
         self.v = nn.Linear(embed_dims, embed_dims, bias=qkv_bias)
         self.sampler = BottleneckSampler(self.head_dims, sampling_ratio,
-                                         sampling)
+                                         sampling, max_landmarks)
         self.dw_conv = nn.Conv2d(
             num_heads, num_heads, dw_kernel_size,
             padding=dw_kernel_size // 2, groups=num_heads,
