@@ -24,12 +24,16 @@ Writes ``results.csv``, ``results.md`` and ``memory_time_vs_tokens.png``.
 """
 import argparse
 import csv
+import io
 import json
 import os
 import os.path as osp
-import subprocess
 import sys
 import time
+
+ROOT = osp.dirname(osp.dirname(osp.dirname(osp.abspath(__file__))))
+if ROOT not in sys.path:
+    sys.path.insert(0, ROOT)
 
 METHODS = ('soft', 'soft_norm', 'softmax', 'softmax_naive')
 MODES = ('forward', 'forward_backward')
@@ -79,10 +83,10 @@ def build_layer(method, dims=384, heads=12, m_side=7):
 
 
 def measure(method, p, mode, device, batch, repeats):
-    """Run in a subprocess: returns dict(time_ms, peak_mb)."""
-    import resource
-
+    """Run in a subprocess: returns dict(time_ms, min_ms, peak_mb)."""
     import torch
+
+    from mmsoft.utils.profiling import measure_step
     torch.manual_seed(0)
     layer = build_layer(method).to(device)
     hw = (28, 28 * p)
@@ -98,42 +102,18 @@ def measure(method, p, mode, device, batch, repeats):
             layer.zero_grad(set_to_none=True)
             x.grad = None
 
-    def sync():
-        if device == 'cuda':
-            torch.cuda.synchronize()
+    def warmup():  # a small input, so the measured peak is the layer's own
+        with torch.no_grad():
+            layer(torch.randn(1, 784, 384, device=device), (28, 28))
 
-    # warm-up on a small input so that the measured peak is the layer's own
-    small = torch.randn(1, 784, 384, device=device)
-    with torch.no_grad():
-        layer(small, (28, 28))
-    sync()
-    if device == 'cuda':
-        torch.cuda.reset_peak_memory_stats()
-        base = torch.cuda.memory_allocated()
-    else:
-        base = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss  # KiB
-    step()
-    sync()
-    if device == 'cuda':
-        peak_mb = (torch.cuda.max_memory_allocated() - base) / 2**20
-    else:
-        peak_mb = (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss -
-                   base) / 1024
-    times = []
-    for _ in range(repeats):
-        sync()
-        t0 = time.perf_counter()
-        step()
-        sync()
-        times.append((time.perf_counter() - t0) * 1e3)
-    times.sort()
-    return dict(time_ms=times[len(times) // 2], peak_mb=max(peak_mb, 0.0))
+    return measure_step(step, device, repeats, warmup)
 
 
 def run_child(args):
+    from mmsoft.utils.profiling import RESULT_PREFIX
     res = measure(args.method, args.p, args.mode, args.device, args.batch,
                   args.repeats)
-    print('RESULT ' + json.dumps(res))
+    print(RESULT_PREFIX + json.dumps(res))
 
 
 def plot(rows, path):
@@ -166,13 +146,6 @@ def plot(rows, path):
     os.replace(tmp, path)
 
 
-def atomic_write(path, text):
-    tmp = path + '.tmp'
-    with open(tmp, 'w') as f:
-        f.write(text)
-    os.replace(tmp, path)
-
-
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split('\n')[0])
     parser.add_argument('--max-p', type=int, default=8,
@@ -197,6 +170,7 @@ def main():
         torch.set_num_threads(args.threads)
     if args.child:
         return run_child(args)
+    from mmsoft.utils.profiling import atomic_write, run_isolated
 
     devices = args.devices
     if devices is None:
@@ -209,24 +183,17 @@ def main():
     rows = []
     t_start = time.time()
     for i, (dev, p, method, mode) in enumerate(jobs, 1):
-        cmd = [sys.executable, __file__, '--child', '--method', method,
+        cmd = [osp.abspath(__file__), '--child', '--method', method,
                '--p', str(p), '--mode', mode, '--device', dev,
                '--batch', str(args.batch), '--repeats', str(args.repeats)]
         if args.threads:
             cmd += ['--threads', str(args.threads)]
-        env = dict(os.environ)
-        root = osp.dirname(osp.dirname(osp.dirname(osp.abspath(__file__))))
-        env['PYTHONPATH'] = os.pathsep.join(
-            [root] + ([env['PYTHONPATH']] if env.get('PYTHONPATH') else []))
-        proc = subprocess.run(cmd, capture_output=True, text=True, env=env)
-        line = [ln for ln in proc.stdout.splitlines()
-                if ln.startswith('RESULT ')]
-        if proc.returncode != 0 or not line:
-            err = (proc.stderr.strip().splitlines() or ['?'])[-1]
+        try:
+            res = run_isolated(cmd)
+        except RuntimeError as e:
             print(f'[{i}/{len(jobs)}] {dev} n={784 * p} {method} {mode}: '
-                  f'FAILED ({err})', flush=True)
+                  f'FAILED ({e})', flush=True)
             continue
-        res = json.loads(line[0][7:])
         rows.append(dict(device=dev, n=784 * p, method=method, mode=mode,
                          **res))
         print(f'[{i}/{len(jobs)}] {dev} n={784 * p:5d} {method:9s} '
@@ -234,12 +201,12 @@ def main():
               f'MiB  ({time.time() - t_start:.0f}s)', flush=True)
 
     csv_path = osp.join(args.out, 'results.csv')
-    with open(csv_path + '.tmp', 'w', newline='') as f:
-        w = csv.DictWriter(f, ['device', 'n', 'method', 'mode', 'time_ms',
-                               'peak_mb'])
-        w.writeheader()
-        w.writerows(rows)
-    os.replace(csv_path + '.tmp', csv_path)
+    buf = io.StringIO()
+    w = csv.DictWriter(buf, ['device', 'n', 'method', 'mode', 'time_ms',
+                             'min_ms', 'peak_mb'])
+    w.writeheader()
+    w.writerows(rows)
+    atomic_write(csv_path, buf.getvalue())
     lines = ['| device | n | method | fwd ms | fwd MiB | fwd+bwd ms | '
              'fwd+bwd MiB |', '|---|---|---|---|---|---|---|']
     for dev in devices:

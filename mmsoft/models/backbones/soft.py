@@ -7,12 +7,10 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 import torch.utils.checkpoint as cp
-from mmengine.logging import print_log
 from mmengine.model import BaseModule
 from mmengine.model.weight_init import trunc_normal_
 from torch.nn.modules.batchnorm import _BatchNorm
 
-from mmsoft.registry import MODELS
 from ..layers.blocks import ConvPatchEmbed, SoftmaxBlock, SOFTBlock
 from ..layers.soft_attention import SAMPLING_MODES
 

@@ -1,0 +1,232 @@
+"""Backbone speed and memory: SOFT vs PVTv2 vs Swin, classification and
+detection resolutions (the Table 1 columns; issue "fast at detection").
+
+For every model x input size x mode (``forward`` in eval mode without
+autograd, ``forward_backward``: a training step's forward + backward of the
+sum of all outputs), in a fresh subprocess each, it prints and records the
+median / min time over ``--repeats`` runs, images per second and the peak
+memory of the step. Then it prints each model's time relative to a baseline
+(``--baseline``, default ``pvtv2_b1`` for tiny models and ``pvtv2_b2`` for
+small ones, as they have the same parameter counts).
+
+    python tools/analysis/benchmark.py
+    python tools/analysis/benchmark.py --models soft_tiny_norm pvtv2_b1 \
+        --sizes 224x224x8 --modes forward
+    python tools/analysis/benchmark.py --config configs/soft_tiny_in1k.py
+
+Models: soft_{tiny,small,...}[_norm][_iterative|_spectral] (SOFT backbone,
+all four outputs; ``_iterative``/``_spectral`` force the pseudo-inverse
+method), pvtv2_b0..b2 (mmdet PyramidVisionTransformerV2), swin_t (mmdet
+SwinTransformer), or ``--config`` files (their ``model.backbone``).
+Sizes: ``HxWxB``. Writes results.csv / results.md / benchmark.png.
+"""
+import argparse
+import csv
+import io
+import json
+import os.path as osp
+import sys
+import time
+
+ROOT = osp.dirname(osp.dirname(osp.dirname(osp.abspath(__file__))))
+if ROOT not in sys.path:
+    sys.path.insert(0, ROOT)
+
+DEFAULT_MODELS = ['soft_tiny', 'soft_tiny_norm', 'soft_small',
+                  'soft_small_norm', 'pvtv2_b1', 'pvtv2_b2', 'swin_t']
+DEFAULT_SIZES = ['224x224x8', '800x1216x1']
+MODES = ('forward', 'forward_backward')
+PVT = {'pvtv2_b0': (32, [2, 2, 2, 2]), 'pvtv2_b1': (64, [2, 2, 2, 2]),
+       'pvtv2_b2': (64, [3, 4, 6, 3])}
+
+
+def build_backbone(name: str):
+    """A backbone module from a model name or a config path."""
+    if name.endswith('.py'):
+        from mmengine.config import Config
+        from mmengine.registry import DefaultScope, init_default_scope
+        cfg = Config.fromfile(name)
+        scope = cfg.get('default_scope', 'mmdet')
+        init_default_scope(scope)
+        import importlib
+        reg = importlib.import_module(f'{scope}.registry').MODELS
+        import mmsoft  # noqa: F401
+        with DefaultScope.overwrite_default_scope(scope):
+            return reg.build(cfg.model.backbone)
+    if name.startswith('soft_'):
+        from mmsoft.models.backbones import SOFT
+        parts = name[5:].split('_')
+        method = 'auto'
+        if parts[-1] in ('iterative', 'spectral'):
+            method = parts.pop()
+        attn_norm = parts[-1] == 'norm'
+        if attn_norm:
+            parts.pop()
+        return SOFT('-'.join(parts), attn_norm=attn_norm, nr_method=method)
+    if name in PVT:
+        from mmdet.models.backbones import PyramidVisionTransformerV2
+        dims, layers = PVT[name]
+        return PyramidVisionTransformerV2(embed_dims=dims, num_layers=layers)
+    if name == 'swin_t':
+        from mmdet.models.backbones import SwinTransformer
+        return SwinTransformer(embed_dims=96, depths=[2, 2, 6, 2],
+                               num_heads=[3, 6, 12, 24], window_size=7)
+    raise ValueError(f'unknown model {name!r}; use soft_<arch>[_norm], '
+                     f'{", ".join(PVT)}, swin_t or a config path')
+
+
+def child(args):
+    import torch
+    from mmsoft.utils.profiling import RESULT_PREFIX, measure_step
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    torch.manual_seed(0)
+    model = build_backbone(args.model).to(args.device)
+    H, W, B = (int(v) for v in args.size.split('x'))
+    x = torch.randn(B, 3, H, W, device=args.device)
+    if args.mode == 'forward':
+        model.eval()
+
+        def step():
+            with torch.no_grad():
+                model(x)
+    else:
+        model.train()
+
+        def step():
+            outs = model(x)
+            sum(o.float().sum() for o in outs).backward()
+            model.zero_grad(set_to_none=True)
+
+    def warmup():
+        with torch.no_grad():
+            model.eval()
+            model(torch.randn(1, 3, 64, 64, device=args.device))
+            model.train(args.mode != 'forward')
+
+    res = measure_step(step, args.device, args.repeats, warmup)
+    res['img_per_s'] = B * 1e3 / res['time_ms']
+    res['params_m'] = sum(p.numel() for p in model.parameters()) / 1e6
+    print(RESULT_PREFIX + json.dumps(res))
+
+
+def baseline_for(model, names, explicit):
+    if explicit:
+        return explicit
+    if 'tiny' in model and 'pvtv2_b1' in names:
+        return 'pvtv2_b1'
+    if 'small' in model and 'pvtv2_b2' in names:
+        return 'pvtv2_b2'
+    return None
+
+
+def plot(rows, sizes, path):
+    import matplotlib
+    matplotlib.use('Agg')
+    import matplotlib.pyplot as plt
+    fig, axes = plt.subplots(1, len(sizes), figsize=(6 * len(sizes), 4),
+                             squeeze=False)
+    for ax, size in zip(axes[0], sizes):
+        models = [r['model'] for r in rows
+                  if r['size'] == size and r['mode'] == MODES[0]]
+        for k, mode in enumerate(MODES):
+            vals = {r['model']: r['time_ms'] for r in rows
+                    if r['size'] == size and r['mode'] == mode}
+            xs = [i + k * 0.4 for i in range(len(models))]
+            ax.bar(xs, [vals.get(m, 0) for m in models], 0.4, label=mode)
+        ax.set_xticks([i + 0.2 for i in range(len(models))])
+        ax.set_xticklabels(models, rotation=30, ha='right', fontsize=8)
+        ax.set_ylabel('ms per step')
+        ax.set_title(f'input {size} (H x W x batch)')
+        ax.legend()
+    fig.tight_layout()
+    tmp = path + '.tmp.png'
+    fig.savefig(tmp, dpi=110)
+    import os
+    os.replace(tmp, path)
+
+
+def main():
+    p = argparse.ArgumentParser(
+        description=__doc__.split('\n')[0],
+        formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument('--models', nargs='+', default=None)
+    p.add_argument('--config', nargs='+', default=[],
+                   help='config files whose model.backbone to benchmark')
+    p.add_argument('--sizes', nargs='+', default=DEFAULT_SIZES)
+    p.add_argument('--modes', nargs='+', default=list(MODES), choices=MODES)
+    p.add_argument('--repeats', type=int, default=3)
+    p.add_argument('--device', default=None)
+    p.add_argument('--threads', type=int, default=None)
+    p.add_argument('--baseline', default=None)
+    p.add_argument('--out', default='work_dirs/benchmark')
+    p.add_argument('--child', action='store_true', help=argparse.SUPPRESS)
+    p.add_argument('--model', help=argparse.SUPPRESS)
+    p.add_argument('--size', help=argparse.SUPPRESS)
+    p.add_argument('--mode', help=argparse.SUPPRESS)
+    args = p.parse_args()
+    if args.device is None:
+        import torch
+        args.device = 'cuda' if torch.cuda.is_available() else 'cpu'
+    if args.child:
+        return child(args)
+    from mmsoft.utils.profiling import atomic_write, run_isolated
+    for s in args.sizes:
+        if len(s.split('x')) != 3 or not all(v.isdigit()
+                                             for v in s.split('x')):
+            p.error(f'size {s!r} is not HxWxB, e.g. 224x224x8')
+    models = (args.models if args.models is not None else
+              ([] if args.config else DEFAULT_MODELS)) + args.config
+    jobs = [(m, s, mode) for s in args.sizes for m in models
+            for mode in args.modes]
+    rows, t0 = [], time.time()
+    print(f'benchmarking {len(jobs)} runs on {args.device} '
+          f'(each in a fresh process)', flush=True)
+    for i, (model, size, mode) in enumerate(jobs, 1):
+        argv = [osp.abspath(__file__), '--child', '--model', model,
+                '--size', size, '--mode', mode, '--device', args.device,
+                '--repeats', str(args.repeats)]
+        if args.threads:
+            argv += ['--threads', str(args.threads)]
+        try:
+            res = run_isolated(argv)
+        except RuntimeError as e:
+            print(f'[{i}/{len(jobs)}] {model} {size} {mode}: FAILED ({e})',
+                  flush=True)
+            continue
+        rows.append(dict(model=model, size=size, mode=mode, **res))
+        print(f'[{i}/{len(jobs)}] {model:20s} {size:12s} {mode:16s} '
+              f'{res["time_ms"]:9.1f} ms (min {res["min_ms"]:.1f}) '
+              f'{res["img_per_s"]:7.2f} img/s {res["peak_mb"]:8.1f} MiB '
+              f'({time.time() - t0:.0f}s)', flush=True)
+
+    get = {(r['model'], r['size'], r['mode']): r for r in rows}
+    md = ['| model | params | input | mode | ms | img/s | peak MiB | '
+          'x baseline |', '|---|---|---|---|---|---|---|---|']
+    for (model, size, mode) in jobs:
+        r = get.get((model, size, mode))
+        if r is None:
+            continue
+        base = baseline_for(model, models, args.baseline)
+        rb = get.get((base, size, mode)) if base else None
+        ratio = (f'{r["time_ms"] / rb["time_ms"]:.2f}x {base}'
+                 if rb and base != model else '')
+        md.append(f'| {model} | {r["params_m"]:.1f}M | {size} | {mode} | '
+                  f'{r["time_ms"]:.1f} | {r["img_per_s"]:.2f} | '
+                  f'{r["peak_mb"]:.0f} | {ratio} |')
+    table = '\n'.join(md) + '\n'
+    print('\n' + table)
+    buf = io.StringIO()
+    if rows:
+        w = csv.DictWriter(buf, list(rows[0].keys()))
+        w.writeheader()
+        w.writerows(rows)
+    atomic_write(osp.join(args.out, 'results.csv'), buf.getvalue())
+    atomic_write(osp.join(args.out, 'results.md'), table)
+    if rows:
+        plot(rows, args.sizes, osp.join(args.out, 'benchmark.png'))
+    print(f'wrote {args.out}/results.csv, results.md, benchmark.png')
+
+
+if __name__ == '__main__':
+    main()
