@@ -55,6 +55,10 @@ class SOFT(BaseModule):
             It changes the function at sizes where the cap binds (larger
             than the 224 x 224 pretraining size for 49), so use it for
             training from scratch, not with official weights.
+        attn_type: the token mixer of stages 1-3: 'soft' (default; with
+            ``attn_norm``), 'soft_norm' (forces the normalization) or another
+            attention of the zoo (:mod:`mmsoft.models.layers.attention_zoo`),
+            with the rest of the architecture unchanged (Table 1).
         out_indices: stages (0-3) whose outputs are returned.
         out_type: ``'featmap'`` - (B, C, H/s, W/s) maps, for mmdet / mmseg;
             ``'cls_token'`` - stage 4 returns the normalised (B, C) cls token,
@@ -106,6 +110,7 @@ class SOFT(BaseModule):
                  nr_init: Optional[str] = None,
                  nr_method: str = 'auto',
                  max_landmarks: Optional[int] = None,
+                 attn_type: str = 'soft',
                  out_indices: Union[int, Sequence[int]] = (0, 1, 2, 3),
                  out_type: str = 'featmap',
                  pretrain_img_size: int = 224,
@@ -168,6 +173,7 @@ class SOFT(BaseModule):
                         nr_init=nr_init,
                         nr_method=nr_method,
                         max_landmarks=max_landmarks,
+                        attn_type=attn_type,
                         qkv_bias=qkv_bias) for j in range(depth)
                 ]
             else:

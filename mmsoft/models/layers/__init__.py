@@ -1,5 +1,6 @@
 from .blocks import (ConvPatchEmbed, DropPath, FFN, SoftmaxAttention,
                      SoftmaxBlock, SOFTBlock)
+from .attention_zoo import ATTENTIONS, build_attention, register_attention
 from .gaussian_kernel import gaussian_kernel
 from .pinv import newton_inverse, nr_init_alpha, pinv_convergence
 from .soft_attention import (SAMPLING_MODES, BottleneckSampler, SOFTAttention,
@@ -9,5 +10,6 @@ __all__ = [
     'ConvPatchEmbed', 'DropPath', 'FFN', 'SoftmaxAttention', 'SoftmaxBlock',
     'SOFTBlock', 'gaussian_kernel', 'newton_inverse', 'nr_init_alpha',
     'pinv_convergence', 'SAMPLING_MODES', 'BottleneckSampler',
-    'SOFTAttention', 'landmark_grid', 'soft_attention'
+    'SOFTAttention', 'landmark_grid', 'soft_attention', 'ATTENTIONS',
+    'build_attention', 'register_attention'
 ]

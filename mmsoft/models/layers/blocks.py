@@ -14,7 +14,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from .soft_attention import SOFTAttention
+from .attention_zoo import build_attention
 
 __all__ = ['ConvBNReLU', 'ConvPatchEmbed', 'FFN', 'SOFTBlock',
            'SoftmaxAttention', 'SoftmaxBlock', 'DropPath']
@@ -88,6 +88,9 @@ class FFN(nn.Module):
 class SOFTBlock(nn.Module):
     """Post-norm SOFT layer: x = LN(x + drop(SOFT(x))); x = LN(x + drop(FFN(x))).
 
+    ``attn_type`` swaps the token mixer for another entry of
+    :data:`mmsoft.models.layers.attention_zoo.ATTENTIONS` (default SOFT).
+
     ``residual_drop='dropout'`` reproduces the official training recipe, in
     which the per-layer stochastic-depth rate is used as an element-wise
     dropout on the residual branch; ``'drop_path'`` uses true stochastic depth.
@@ -107,12 +110,15 @@ class SOFTBlock(nn.Module):
                  nr_init: Optional[str] = None,
                  qkv_bias: bool = True,
                  nr_method: str = 'auto',
-                 max_landmarks: Optional[int] = None):
+                 max_landmarks: Optional[int] = None,
+                 attn_type: str = 'soft'):
         super().__init__()
-        self.attn = SOFTAttention(embed_dims, num_heads, sampling_ratio,
-                                  sampling, dw_kernel_size, attn_norm,
-                                  nr_iters, nr_init, qkv_bias, nr_method,
-                                  max_landmarks)
+        self.attn = build_attention(
+            attn_type, embed_dims, num_heads, sampling_ratio,
+            sampling=sampling, dw_kernel_size=dw_kernel_size,
+            attn_norm=attn_norm, nr_iters=nr_iters, nr_init=nr_init,
+            qkv_bias=qkv_bias, nr_method=nr_method,
+            max_landmarks=max_landmarks)
         self.norm1 = nn.LayerNorm(embed_dims)
         self.ffn = FFN(embed_dims, int(embed_dims * mlp_ratio), 'tanh')
         self.norm2 = nn.LayerNorm(embed_dims)
