@@ -241,3 +241,10 @@ def test_max_landmarks_backbone():
             torch.testing.assert_close(a, b)
     for i, hw in enumerate([(100, 150), (50, 75), (25, 38)]):
         assert capped.stages[i][0].attn.sampler.num_landmarks(hw) <= 16
+
+
+def test_pretrained_without_checkpoint_is_random_init():
+    model = SOFT(TINY, init_cfg=dict(type='Pretrained', checkpoint=None,
+                                     prefix='backbone.'))
+    model.init_weights()
+    assert 0.018 < model.pos_embeds[0].std() < 0.022

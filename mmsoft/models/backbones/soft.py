@@ -7,6 +7,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 import torch.utils.checkpoint as cp
+from mmengine.logging import print_log
 from mmengine.model import BaseModule
 from mmengine.model.weight_init import trunc_normal_
 from torch.nn.modules.batchnorm import _BatchNorm
@@ -256,11 +257,20 @@ class SOFT(BaseModule):
 
     # ------------------------------------------------------------ init
     def init_weights(self):
+        """Pretrained weights if ``init_cfg`` names a checkpoint, otherwise
+        the official initialisation (truncated normal 0.02 for linear layers
+        and embeddings). ``init_cfg=dict(type='Pretrained', checkpoint=None)``
+        is accepted and means "no weights yet" (configs set it so that
+        ``--cfg-options model.backbone.init_cfg.checkpoint=...`` works)."""
         pretrained = isinstance(self.init_cfg, dict) and \
             self.init_cfg.get('type') == 'Pretrained'
-        if pretrained:
+        if pretrained and self.init_cfg.get('checkpoint') is not None:
             super().init_weights()
             return
+        if pretrained:
+            print_log('SOFT: init_cfg has no checkpoint; using random '
+                      'initialisation', logger='current')
+            self.init_cfg = None
         for m in self.modules():
             if isinstance(m, nn.Linear):
                 trunc_normal_(m.weight, std=.02)
