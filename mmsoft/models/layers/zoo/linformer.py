@@ -1,0 +1,107 @@
+"""Linformer-style attention with spatially reduced keys / values.
+
+As in Table 1 of the NeurIPS paper, the reduction is the spatial-reduction
+module of PVT (a special case of Linformer's low-rank projection of keys
+and values along the token axis) with the reduction ratio set to SOFT's
+sampling ratio r::
+
+    X_r = LN(Conv_{r x r, stride r}(X))          (m = n / r^2 tokens)
+    out = softmax(Q (X_r W_k)^T / sqrt(d)) (X_r W_v)
+
+``sr_mode='avgpool'`` replaces the convolution (and its LayerNorm) by r x r
+average pooling; then the reduced values are exactly the pooled values
+(``v(avgpool(X)) = avgpool(v(X))``) and the mixer is an n x n linear map of
+V: ``softmax(Q K_r^T / sqrt d) Pool``.
+
+The depthwise convolution of SOFT's block is applied to the full-resolution
+values ``X W_v`` (same ``v`` projection), so the architecture matches SOFT.
+The grid of reduced tokens follows SOFT's rule (:func:`landmark_grid`); a
+fixed grid (``landmark_hw``) or a cap (``max_landmarks``) can be set, as for
+SOFT's bottleneck.
+"""
+from typing import Optional, Tuple
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from .common import (Index, ZooAttention, query_index, reduce_map,
+                     spread_to_tokens)
+
+__all__ = ['LinformerAttention']
+
+SR_MODES = ('conv', 'avgpool')
+
+
+class LinformerAttention(ZooAttention):
+    """Softmax attention over m spatially reduced keys / values.
+
+    Args:
+        sr_mode: ``'conv'`` (PVT spatial reduction, default) or
+            ``'avgpool'`` (parameter-free).
+        max_landmarks: cap on m (adaptive pooling of the reduced grid).
+        landmark_hw: a fixed reduced grid (gh, gw) at every input size.
+    """
+
+    def __init__(self, embed_dims: int, num_heads: int, sampling_ratio: int,
+                 dw_kernel_size: int = 3, qkv_bias: bool = True,
+                 sr_mode: str = 'conv',
+                 max_landmarks: Optional[int] = None,
+                 landmark_hw: Optional[Tuple[int, int]] = None):
+        super().__init__(embed_dims, num_heads, sampling_ratio,
+                         dw_kernel_size, qkv_bias)
+        if sr_mode not in SR_MODES:
+            raise ValueError(f'unknown sr_mode {sr_mode!r}; choose one of '
+                             f'{SR_MODES}')
+        self.sr_mode = sr_mode
+        self.max_landmarks = max_landmarks
+        self.landmark_hw = landmark_hw
+        self.q = nn.Linear(embed_dims, embed_dims, bias=qkv_bias)
+        self.k = nn.Linear(embed_dims, embed_dims, bias=qkv_bias)
+        self.v = nn.Linear(embed_dims, embed_dims, bias=qkv_bias)
+        r = sampling_ratio
+        if sr_mode == 'conv' and r > 1:
+            self.sr = nn.Conv2d(embed_dims, embed_dims, r, r)
+            self.norm = nn.LayerNorm(embed_dims)
+        else:
+            self.sr = self.norm = None
+
+    def _reduce(self, x: torch.Tensor, hw: Tuple[int, int]) -> torch.Tensor:
+        """(B, n, C) -> (B, m, C) reduced tokens."""
+        B, N, C = x.shape
+        xm = x.transpose(1, 2).reshape(B, C, *hw)
+        xr = reduce_map(xm, self.sampling_ratio, self.max_landmarks,
+                        self.landmark_hw, conv=self.sr)
+        xr = xr.flatten(2).transpose(1, 2)
+        return self.norm(xr) if self.norm is not None else xr
+
+    def _mix(self, x: torch.Tensor, hw: Tuple[int, int]):
+        xr = self._reduce(x, hw)
+        q = self._split(self.q(x))
+        k, vr = self._split(self.k(xr)), self._split(self.v(xr))
+        out = F.scaled_dot_product_attention(q, k, vr)
+        v = self._split(self.v(x)) if self.dw_conv is not None else None
+        return out, v
+
+    @torch.no_grad()
+    def reduced_attention_row(self, x: torch.Tensor, hw: Tuple[int, int],
+                              index: Index) -> torch.Tensor:
+        """(B, h, m) softmax weights of query ``index`` over the m keys."""
+        self._check(x, hw)
+        i = query_index(index, hw)
+        q = self._split(self.q(x[:, i:i + 1]))
+        k = self._split(self.k(self._reduce(x, hw)))
+        return ((q @ k.transpose(-1, -2)).squeeze(-2) * self.scale).softmax(
+            -1)
+
+    @torch.no_grad()
+    def attention_row(self, x: torch.Tensor, hw: Tuple[int, int],
+                      index: Index) -> torch.Tensor:
+        """The reduced row spread over the r x r cells of its keys (exact
+        mixing weights of V for ``sr_mode='avgpool'``)."""
+        w = self.reduced_attention_row(x, hw, index)
+        return spread_to_tokens(w, hw, self.sampling_ratio,
+                                self.max_landmarks, self.landmark_hw)
+
+    def extra_repr(self) -> str:
+        return super().extra_repr() + f', sr_mode={self.sr_mode}'

@@ -1,0 +1,119 @@
+"""Nystromformer attention with 2D average-pooled landmarks.
+
+Xiong et al., "Nystromformer" (AAAI 2021), adapted to images as in Table 1
+of the SOFT paper: the 1D segment means of the landmarks become r x r
+average pooling of the query / key maps, with r = SOFT's sampling ratio::
+
+    Q~ = avgpool_r(Q),  K~ = avgpool_r(K)                 (m landmarks)
+    F = softmax(Q K~^T / sqrt d),  A = softmax(Q~ K~^T / sqrt d),
+    B = softmax(Q~ K^T / sqrt d)
+    out = F A^+ (B V)
+
+with A^+ by the iterative method of Razavi et al. used by Nystromformer
+(``pinv_iters`` = 6 by default), or exactly (``pinv='exact'``,
+:func:`torch.linalg.pinv`). With m = n (r = 1) and an exact inverse the
+approximation is exact: F A^+ B = S S^+ S = S.
+"""
+from typing import Optional, Tuple
+
+import torch
+import torch.nn as nn
+
+from .common import Index, ZooAttention, query_index, reduce_map
+
+__all__ = ['NystromformerAttention', 'iterative_pinv']
+
+PINV_MODES = ('iterative', 'exact')
+
+
+def iterative_pinv(A: torch.Tensor, iters: int = 6) -> torch.Tensor:
+    """Nystromformer's cubic-convergence iteration for A^+ (float32+).
+
+    Z_0 = A^T / (||A||_1 ||A||_inf),
+    Z_{k+1} = Z_k (13 I - A Z_k (15 I - A Z_k (7 I - A Z_k))) / 4.
+    The scale is taken per matrix (the reference code takes the maximum over
+    the batch).
+    """
+    dtype = torch.float64 if A.dtype == torch.float64 else torch.float32
+    A = A.to(dtype)
+    eye = torch.eye(A.shape[-1], dtype=dtype, device=A.device)
+    col = A.abs().sum(-2).amax(-1)
+    row = A.abs().sum(-1).amax(-1)
+    Z = A.transpose(-1, -2) / (col * row)[..., None, None]
+    for _ in range(iters):
+        AZ = A @ Z
+        Z = 0.25 * Z @ (13 * eye - AZ @ (15 * eye - AZ @ (7 * eye - AZ)))
+    return Z
+
+
+class NystromformerAttention(ZooAttention):
+    """Softmax Nystrom attention with SOFT's block details.
+
+    Args:
+        pinv: ``'iterative'`` (Nystromformer) or ``'exact'``.
+        pinv_iters: iterations of :func:`iterative_pinv`.
+        max_landmarks: cap on m (adaptive pooling of the landmark grid).
+        landmark_hw: a fixed landmark grid (gh, gw) at every input size.
+    """
+
+    def __init__(self, embed_dims: int, num_heads: int, sampling_ratio: int,
+                 dw_kernel_size: int = 3, qkv_bias: bool = True,
+                 pinv: str = 'iterative', pinv_iters: int = 6,
+                 max_landmarks: Optional[int] = None,
+                 landmark_hw: Optional[Tuple[int, int]] = None):
+        super().__init__(embed_dims, num_heads, sampling_ratio,
+                         dw_kernel_size, qkv_bias)
+        if pinv not in PINV_MODES:
+            raise ValueError(f'unknown pinv {pinv!r}; choose one of '
+                             f'{PINV_MODES}')
+        self.pinv = pinv
+        self.pinv_iters = pinv_iters
+        self.max_landmarks = max_landmarks
+        self.landmark_hw = landmark_hw
+        self.q = nn.Linear(embed_dims, embed_dims, bias=qkv_bias)
+        self.k = nn.Linear(embed_dims, embed_dims, bias=qkv_bias)
+        self.v = nn.Linear(embed_dims, embed_dims, bias=qkv_bias)
+
+    def _landmarks(self, t: torch.Tensor, hw: Tuple[int, int]):
+        tm = reduce_map(self._to_map(t, hw), self.sampling_ratio,
+                        self.max_landmarks, self.landmark_hw)
+        return self._from_map(tm, t.shape[0])
+
+    def _kernels(self, x: torch.Tensor, hw: Tuple[int, int]):
+        """F (B,h,n,m), A^+ (B,h,m,m) in float32, B-side pieces."""
+        q = self._split(self.q(x))
+        k = self._split(self.k(x))
+        ql, kl = self._landmarks(q, hw), self._landmarks(k, hw)
+        s = self.scale
+        F_ = (q @ kl.transpose(-1, -2) * s).softmax(-1)
+        A = (ql @ kl.transpose(-1, -2) * s).softmax(-1)
+        B_ = (ql @ k.transpose(-1, -2) * s).softmax(-1)
+        with torch.autocast(device_type=x.device.type, enabled=False):
+            if self.pinv == 'exact':
+                dtype = torch.float64 if A.dtype == torch.float64 \
+                    else torch.float32
+                A_inv = torch.linalg.pinv(A.to(dtype))
+            else:
+                A_inv = iterative_pinv(A, self.pinv_iters)
+        return F_, A_inv, B_
+
+    def _mix(self, x: torch.Tensor, hw: Tuple[int, int]):
+        F_, A_inv, B_ = self._kernels(x, hw)
+        v = self._split(self.v(x))
+        with torch.autocast(device_type=x.device.type, enabled=False):
+            dt = A_inv.dtype
+            out = F_.to(dt) @ (A_inv @ (B_.to(dt) @ v.to(dt)))
+        return out.to(v.dtype), v
+
+    @torch.no_grad()
+    def attention_row(self, x: torch.Tensor, hw: Tuple[int, int],
+                      index: Index) -> torch.Tensor:
+        self._check(x, hw)
+        i = query_index(index, hw)
+        F_, A_inv, B_ = self._kernels(x, hw)
+        dt = A_inv.dtype
+        return ((F_[:, :, i:i + 1].to(dt) @ A_inv) @ B_.to(dt)).squeeze(-2)
+
+    def extra_repr(self) -> str:
+        return super().extra_repr() + (f', pinv={self.pinv}, '
+                                       f'pinv_iters={self.pinv_iters}')

@@ -1,0 +1,48 @@
+"""Full softmax attention (the "Transformer" row of Table 1).
+
+    out = softmax(Q K^T / sqrt(d)) V
+
+computed by :func:`torch.nn.functional.scaled_dot_product_attention`, so
+the backend (math, flash, memory-efficient) is torch's choice; wrap calls in
+``torch.nn.attention.sdpa_kernel(SDPBackend.MATH)`` to materialise the
+n x n matrix as the paper's Transformer did (``memory_vs_length.py`` has a
+``softmax:math`` entry for that).
+"""
+from typing import Tuple
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from .common import Index, ZooAttention, query_index
+
+__all__ = ['SoftmaxZooAttention']
+
+
+class SoftmaxZooAttention(ZooAttention):
+    """Multi-head softmax attention with SOFT's block details.
+
+    ``sampling_ratio`` is accepted for the common constructor and unused.
+    """
+
+    def __init__(self, embed_dims: int, num_heads: int, sampling_ratio: int,
+                 dw_kernel_size: int = 3, qkv_bias: bool = True):
+        super().__init__(embed_dims, num_heads, sampling_ratio,
+                         dw_kernel_size, qkv_bias)
+        self.q = nn.Linear(embed_dims, embed_dims, bias=qkv_bias)
+        self.k = nn.Linear(embed_dims, embed_dims, bias=qkv_bias)
+        self.v = nn.Linear(embed_dims, embed_dims, bias=qkv_bias)
+
+    def _mix(self, x: torch.Tensor, hw: Tuple[int, int]):
+        q, k, v = (self._split(f(x)) for f in (self.q, self.k, self.v))
+        return F.scaled_dot_product_attention(q, k, v), v
+
+    @torch.no_grad()
+    def attention_row(self, x: torch.Tensor, hw: Tuple[int, int],
+                      index: Index) -> torch.Tensor:
+        self._check(x, hw)
+        i = query_index(index, hw)
+        q = self._split(self.q(x[:, i:i + 1]))
+        k = self._split(self.k(x))
+        logits = (q @ k.transpose(-1, -2)).squeeze(-2) * self.scale
+        return logits.softmax(-1)
