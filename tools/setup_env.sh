@@ -58,6 +58,42 @@ fi
 PY="$VENV/bin/python"
 PIP=("$PY" -m pip install --progress-bar off)
 
+# ---------------------------------------------------------------- fast path
+# Metadata only (no torch import): every pinned package at its version,
+# mmcv's compiled ops present, mmsoft installed in editable mode from ROOT.
+up_to_date() {
+    "$PY" - "$ROOT" <<'PYEOF'
+import json, os, sys
+from importlib.metadata import distribution, PackageNotFoundError
+root = sys.argv[1]
+pins = {'torch': '2.14.1', 'torchvision': '0.29.1', 'mmengine': '0.10.7',
+        'mmcv': '2.1.0', 'mmdet': '3.3.0', 'mmsegmentation': '1.2.2',
+        'mmpretrain': '1.2.0'}
+try:
+    for name, want in pins.items():
+        if distribution(name).version.split('+')[0] != want:
+            sys.exit(1)
+    for name in ('ftfy', 'regex', 'pycocotools', 'pytest', 'ninja',
+                 'matplotlib', 'scipy'):
+        distribution(name)
+    if not distribution('numpy').version.startswith('1.'):
+        sys.exit(1)
+    files = distribution('mmcv').files or []
+    if not any(str(f).startswith('mmcv/_ext') for f in files):
+        sys.exit(1)
+    url = json.loads(distribution('mmsoft').read_text('direct_url.json'))
+    path = url['url'].replace('file://', '')
+    if os.path.realpath(path) != os.path.realpath(root):
+        sys.exit(1)
+except (PackageNotFoundError, TypeError, KeyError, ValueError):
+    sys.exit(1)
+PYEOF
+}
+if [[ "${1:-}" != "--force-check" ]] && up_to_date; then
+    log "environment up to date ($VENV); nothing to do"
+    exit 0
+fi
+
 have() {  # have "pkg==ver" ... : true if all installed at exactly these versions
     "$PY" - "$@" <<'EOF'
 import sys
@@ -147,11 +183,13 @@ if ! have mmdet==3.3.0 mmsegmentation==1.2.2 mmpretrain==1.2.0 ftfy regex pycoco
 fi
 
 STEP="mmsoft"
-if ! "$PY" -c 'import mmsoft, sys, os; sys.exit(0 if os.path.dirname(os.path.dirname(mmsoft.__file__)) == sys.argv[1] else 1)' "$ROOT" 2>/dev/null; then
+# run from / so that the checkout itself is not on sys.path
+if ! (cd / && "$PY" -c 'import mmsoft, sys, os; sys.exit(0 if os.path.realpath(os.path.dirname(os.path.dirname(mmsoft.__file__))) == os.path.realpath(sys.argv[1]) else 1)' "$ROOT" 2>/dev/null); then
     log "installing mmsoft (editable)"
     "${PIP[@]}" -q --no-build-isolation --no-deps -e "$ROOT"
 fi
 
 STEP="check"
+cd /
 "$PY" -c 'import mmsoft, mmdet, mmseg, mmpretrain, mmcv.ops; print("stack ok: torch", __import__("torch").__version__, "| mmcv", mmcv.__version__ if (mmcv:=__import__("mmcv")) else "", "| mmdet", mmdet.__version__, "| mmseg", mmseg.__version__, "| mmpretrain", mmpretrain.__version__)'
 log "done: activate with 'source $VENV/bin/activate'"

@@ -1,39 +1,24 @@
-"""mmsoft models, registered in mmsoft's and the downstream registries."""
-import importlib
+"""mmsoft models and their registration.
+
+Each model is registered twice:
+
+* in mmsoft's own registry (scope ``'mmsoft'``, a child of MMEngine's root
+  MODELS), so ``type='mmsoft.SOFT'`` resolves from any codebase's scope;
+* in MMEngine's root MODELS registry, which the MODELS registries of
+  mmpretrain, mmdet and mmseg fall back to through their parent chain, so a
+  plain ``type='SOFT'`` works under any of their default scopes.
+
+Neither needs the downstream codebases to be imported, which keeps
+``import mmsoft`` light.
+"""
+from mmengine.registry import MODELS as ROOT_MODELS
 
 from mmsoft.registry import MODELS
 from .backbones import SOFT
 
-__all__ = ['SOFT', 'register_downstream', 'DOWNSTREAM_REGISTRIES']
+__all__ = ['SOFT']
 
-_MODELS = (SOFT, )
-
-#: module path of each OpenMMLab codebase's MODELS registry
-DOWNSTREAM_REGISTRIES = {
-    'mmpretrain': 'mmpretrain.registry',
-    'mmdet': 'mmdet.registry',
-    'mmseg': 'mmseg.registry',
-}
-
-
-def register_downstream(codebases=None):
-    """Register mmsoft's models in each installed codebase's MODELS.
-
-    Returns the names of the codebases the models were registered in;
-    codebases that are not installed are skipped.
-    """
-    done = []
-    for name in (codebases or DOWNSTREAM_REGISTRIES):
-        try:
-            reg = importlib.import_module(DOWNSTREAM_REGISTRIES[name]).MODELS
-        except ImportError:
-            continue
-        for cls in _MODELS:
-            if reg.get(cls.__name__) is not cls:
-                reg.register_module(module=cls, force=True)
-        done.append(name)
-    return done
-
-
-for _cls in _MODELS:
+for _cls in (SOFT, ):
     MODELS.register_module(module=_cls)
+    if ROOT_MODELS.get(_cls.__name__) is not _cls:
+        ROOT_MODELS.register_module(module=_cls)
