@@ -142,7 +142,7 @@ def test_key_mapping_is_a_bijection(tiny_sd):
                 'patch_embed2.proj.3.weight', 'patch_embed1.proj.2.weight',
                 'block4.0.attn.sr.weight', 'pos_embed5', 'foo'):
         assert ok.official_to_mmsoft_key(bad) is None, bad
-    for bad in ('stages.0.0.attn.sampler.conv.bias',
+    for bad in ('stages.0.0.attn.k.weight',
                 'patch_embeds.1.proj.1.conv.weight', 'neck.fc.weight'):
         assert ok.mmsoft_to_official_key(bad) is None, bad
 
@@ -206,6 +206,10 @@ def test_convert_loads_strictly_and_runs(tiny_sd, attn_norm):
     assert torch.equal(model.stages[3][1].ffn.fc2.bias,
                        tiny_sd['block4.1.mlp.fc2.bias'])
     assert torch.equal(out['head.fc.weight'], tiny_sd['head.weight'])
+    model.eval()
+    with torch.no_grad():
+        (cls, ) = model(torch.randn(1, 3, 64, 64))
+    assert cls.shape == (1, 512) and torch.isfinite(cls).all()
 
 
 def test_round_trip(tiny_sd):
@@ -265,14 +269,17 @@ def test_mmsoft_side_errors(tiny_sd):
     mm, _, _ = ok.convert_official_to_mmpretrain(tiny_sd)
     bad = OrderedDict(mm)
     bad['neck.proj.weight'] = torch.zeros(2, 2)
-    with pytest.raises(ConversionError, match="unknown key 'neck.proj.weight'"):
+    with pytest.raises(ConversionError,
+                       match="unknown key 'neck.proj.weight'"):
         ok.convert_mmpretrain_to_official(bad)
     bad = OrderedDict(mm)
-    bad['backbone.stages.0.0.ffn.fc1.weight'] = torch.zeros(255, 64)
+    # stage 3 has 3 blocks: the odd block 0 is reported, not taken as truth
+    bad['backbone.stages.2.0.ffn.fc1.weight'] = torch.zeros(1279, 320)
     with pytest.raises(ConversionError) as e:
         ok.convert_mmpretrain_to_official(bad)
-    assert ("shape mismatch for 'backbone.stages.0.0.ffn.fc1.weight': "
-            "expected (256, 64), found (255, 64)") in str(e.value)
+    assert ("shape mismatch for 'backbone.stages.2.0.ffn.fc1.weight': "
+            "expected (1280, 320), found (1279, 320)") in str(e.value)
+    assert len(e.value.problems) == 1
     bad = OrderedDict(mm)
     del bad['backbone.stages.2.1.attn.sampler.norm.bias']
     with pytest.raises(ConversionError,

@@ -30,7 +30,7 @@ one fused ``kv`` projection); it is assumed to keep the head width of stage 3
 import os
 import re
 import tempfile
-from collections import OrderedDict
+from collections import Counter, OrderedDict
 from typing import Dict, List, Mapping, Optional, Sequence, Tuple
 
 import torch
@@ -208,6 +208,27 @@ def _ratio(hidden: int, dims: int):
     return int(r) if float(r).is_integer() else r
 
 
+def _typical_block(sd: Mapping[str, torch.Tensor], stage: int,
+                   depth: int) -> str:
+    """Key prefix of the block whose shape-defining tensors are the most
+    common in the stage (block 0 on ties), so that one corrupted block is
+    reported as the odd one out rather than redefining the stage."""
+    names = ('mha.attn.Qlandmark_op.weight', 'mha.attn.conv.weight',
+             'ff1.weight')
+    sig = []
+    for j in range(depth):
+        pre = f'block{stage + 1}.{j}.att.'
+        sig.append(tuple(
+            tuple(sd[pre + n].shape) if pre + n in sd else None
+            for n in names))
+    counts = Counter(s for s in sig if None not in s)
+    if not counts:
+        return f'block{stage + 1}.0.att.'
+    best = max(counts.values())
+    j = next(j for j, s in enumerate(sig) if counts.get(s) == best)
+    return f'block{stage + 1}.{j}.att.'
+
+
 def infer_official_arch(sd: Mapping[str, torch.Tensor],
                         stage4_heads: Optional[int] = None) -> Dict:
     """Architecture of an official-layout state dict, from tensor shapes.
@@ -246,7 +267,7 @@ def infer_official_arch(sd: Mapping[str, torch.Tensor],
     num_heads, sampling_ratios, dw_kernel_sizes, mlp_ratios = [], [], [], []
     head_dims = None
     for i in range(3):
-        pre = f'block{i + 1}.0.att.'
+        pre = _typical_block(sd, i, depths[i])
         lm = _shape(sd, pre + 'mha.attn.Qlandmark_op.weight')
         dw = _shape(sd, pre + 'mha.attn.conv.weight')
         if len(lm) != 4 or len(dw) != 4:
@@ -281,8 +302,11 @@ def infer_official_arch(sd: Mapping[str, torch.Tensor],
                               f'its embed dim {embed_dims[3]}')
     num_heads.append(stage4_heads)
     sampling_ratios.append(1)
-    mlp_ratios.append(
-        _ratio(_shape(sd, 'block4.0.mlp.fc1.weight')[0], embed_dims[3]))
+    hidden = Counter(sd[k].shape[0] for k in (
+        f'block4.{j}.mlp.fc1.weight' for j in range(depths[3])) if k in sd)
+    if not hidden:
+        _shape(sd, 'block4.0.mlp.fc1.weight')  # raises: missing
+    mlp_ratios.append(_ratio(hidden.most_common(1)[0][0], embed_dims[3]))
 
     in_channels = _shape(sd, 'patch_embed1.proj.0.weight')[1]
     num_classes = _shape(sd, 'head.weight')[0] if 'head.weight' in sd else 0

@@ -1,0 +1,79 @@
+#!/usr/bin/env python
+"""Convert an mmsoft / mmpretrain SOFT checkpoint back to the official layout.
+
+    python tools/model_converters/mmsoft2soft.py SRC DST [--stage4-heads N]
+        [--trust-checkpoint]
+
+SRC: an mmpretrain ``ImageClassifier`` checkpoint (``backbone.*`` of mmsoft's
+SOFT and optionally ``head.fc.*``), e.g. written by ``soft2mmsoft.py`` or by
+training with mmpretrain, or a bare SOFT backbone state dict. Checkpoints
+saved during mmengine training also hold optimizer and message-hub objects;
+they need ``--trust-checkpoint`` to be unpickled.
+
+DST: ``{'state_dict': ..., 'state_dict_ema': ...}`` (the same tensors under
+both names, stored once) with the official key names, loadable by the
+official ``main.py --eval_checkpoint DST`` (which reads ``state_dict_ema``)
+and by timm's ``load_checkpoint``. Written atomically.
+"""
+import argparse
+import os.path as osp
+import sys
+
+sys.path.insert(0, osp.abspath(osp.join(osp.dirname(__file__), '..', '..')))
+
+from mmsoft.utils.official_keys import (  # noqa: E402
+    ConversionError, convert_mmpretrain_to_official, describe_arch,
+    extract_state_dict, load_checkpoint_file, official_model_name,
+    save_checkpoint_atomic)
+
+
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(
+        description='Convert an mmsoft (mmpretrain) SOFT checkpoint to the '
+        'official fudan-zvg/SOFT layout.')
+    p.add_argument('src', help='mmsoft / mmpretrain checkpoint')
+    p.add_argument('dst', help='output official checkpoint (.pth)')
+    p.add_argument('--stage4-heads', type=int, default=None,
+                   help='heads of stage 4 (only used for the printed '
+                   'architecture; default: stage 3\'s head width)')
+    p.add_argument('--trust-checkpoint', action='store_true',
+                   help='unpickle arbitrary objects in SRC (only for files '
+                   'you trust)')
+    return p.parse_args(argv)
+
+
+def convert(args, log=print):
+    ckpt = load_checkpoint_file(args.src, trust=args.trust_checkpoint)
+    sd, source = extract_state_dict(ckpt, prefer_ema=False)
+    log(f'reading {source!r} of {args.src} ({len(sd)} tensors)')
+    out, arch, notes = convert_mmpretrain_to_official(sd, args.stage4_heads)
+    for n in notes:
+        log(f'note: {n}')
+    meta = ckpt.get('meta') if isinstance(ckpt, dict) else None
+    attn_norm = meta.get('attn_norm') if isinstance(meta, dict) else None
+    name = official_model_name(arch, attn_norm)
+    log(f'architecture: {describe_arch(arch)}'
+        + (f'  (official {name})' if name else ''))
+    if attn_norm is None:
+        log('note: attention normalisation is not stored in the weights: '
+            'use soft_norm_* for attn_norm=True models, soft_* otherwise')
+    if not arch['num_classes']:
+        log('note: no head.fc.* keys; the official model needs '
+            'num_classes=0 (or load with strict=False)')
+    save_checkpoint_atomic(dict(state_dict=out, state_dict_ema=out), args.dst)
+    log(f'wrote {len(out)} tensors to {args.dst}')
+    return out
+
+
+def main(argv=None):
+    args = parse_args(argv)
+    try:
+        convert(args)
+    except ConversionError as e:
+        print(f'error: {e}', file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == '__main__':
+    sys.exit(main())

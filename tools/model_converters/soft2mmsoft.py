@@ -1,0 +1,132 @@
+#!/usr/bin/env python
+"""Convert an official SOFT checkpoint (fudan-zvg/SOFT, timm) to mmsoft.
+
+    python tools/model_converters/soft2mmsoft.py SRC DST [--ema|--no-ema]
+        [--norm] [--stage4-heads N] [--trust-checkpoint]
+
+SRC may be any timm layout: ``{'state_dict': ...}``, ``{'state_dict_ema':
+...}`` (used when present unless ``--no-ema``), ``{'model': ...}`` or a bare
+state dict; ``module.`` prefixes are stripped. The architecture (widths,
+depths, heads, sampling ratios, kernel sizes, MLP ratios) is read from tensor
+shapes and printed as an mmsoft arch preset or arch dict.
+
+DST is an mmpretrain ``ImageClassifier`` checkpoint ``{'state_dict': ...,
+'meta': ...}`` with keys ``backbone.*`` (mmsoft's SOFT) and ``head.fc.*``
+(``LinearClsHead``), loadable e.g. with
+``--cfg-options model.backbone.init_cfg.checkpoint=DST`` or ``load_from``.
+It is written atomically: on any error nothing is written.
+
+``soft_*`` and ``soft_norm_*`` checkpoints have identical tensors, so the
+attention normalisation cannot be read from the weights: pass ``--norm`` for
+``soft_norm_*`` checkpoints (SOFT(attn_norm=True)); without it the checkpoint
+is taken to be a ``soft_*`` one (attn_norm=False).
+"""
+import argparse
+import os.path as osp
+import sys
+
+sys.path.insert(0, osp.abspath(osp.join(osp.dirname(__file__), '..', '..')))
+
+from mmsoft.utils.official_keys import (  # noqa: E402
+    ConversionError, arch_for_mmsoft, convert_official_to_mmpretrain,
+    describe_arch, extract_state_dict, load_checkpoint_file,
+    match_arch_preset, official_model_name, save_checkpoint_atomic)
+
+
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(
+        description='Convert an official SOFT (timm) checkpoint to an '
+        'mmpretrain/mmsoft checkpoint.')
+    p.add_argument('src', help='official checkpoint (.pth / .pth.tar)')
+    p.add_argument('dst', help='output mmsoft checkpoint (.pth)')
+    ema = p.add_mutually_exclusive_group()
+    ema.add_argument('--ema', dest='ema', action='store_true', default=None,
+                     help='require the EMA weights (state_dict_ema)')
+    ema.add_argument('--no-ema', dest='ema', action='store_false',
+                     help='use the raw weights even if EMA weights exist')
+    p.add_argument('--norm', action='store_true',
+                   help='the checkpoint is a soft_norm_* model '
+                   '(attn_norm=True); not visible in the weights')
+    p.add_argument('--stage4-heads', type=int, default=None,
+                   help='heads of the softmax stage 4 (not visible in the '
+                   'weights; default: keep stage 3\'s head width, 16 for '
+                   'every official model)')
+    p.add_argument('--trust-checkpoint', action='store_true',
+                   help='unpickle arbitrary objects in SRC (only for files '
+                   'you trust)')
+    return p.parse_args(argv)
+
+
+def convert(args, log=print):
+    ckpt = load_checkpoint_file(args.src, trust=args.trust_checkpoint)
+    if args.ema is False:
+        sd, source = extract_state_dict(ckpt, prefer_ema=False)
+        if source in ('state_dict_ema', 'model_ema'):
+            raise ConversionError(
+                f'--no-ema given but {args.src!r} only holds EMA weights '
+                f'({source!r})')
+    else:
+        sd, source = extract_state_dict(ckpt, prefer_ema=True)
+        if args.ema and source not in ('state_dict_ema', 'model_ema'):
+            raise ConversionError(
+                f'--ema given but {args.src!r} has no state_dict_ema / '
+                f'model_ema entry (found {source!r})')
+    log(f'reading {source!r} of {args.src} ({len(sd)} tensors)')
+    out, arch, notes = convert_official_to_mmpretrain(sd, args.stage4_heads)
+    for n in notes:
+        log(f'note: {n}')
+
+    preset = match_arch_preset(arch)
+    mm_arch = preset if preset is not None else arch_for_mmsoft(arch)
+    name = official_model_name(arch, args.norm)
+    log(f'architecture: {describe_arch(arch)}'
+        + (f'  (official {name})' if name else ''))
+    if not arch['stage4_heads_given']:
+        log(f'note: stage-4 heads are not visible in the weights; assumed '
+            f'{arch["num_heads"][3]} (stage 3\'s head width '
+            f'{arch["embed_dims"][2] // arch["num_heads"][2]}); override '
+            f'with --stage4-heads')
+    why = '--norm given' if args.norm else 'no --norm: a soft_* checkpoint'
+    log(f'note: attention normalisation is not visible in the weights; '
+        f'attn_norm={args.norm} ({why})')
+    backbone = dict(type='SOFT', arch=mm_arch, attn_norm=args.norm,
+                    out_indices=(3, ), out_type='cls_token')
+    if arch['in_channels'] != 3:
+        backbone['in_channels'] = arch['in_channels']
+    if arch['pretrain_img_size'] != 224:
+        backbone['pretrain_img_size'] = arch['pretrain_img_size']
+    model_cfg = dict(backbone=backbone)
+    if arch['num_classes']:
+        model_cfg['head'] = dict(
+            type='LinearClsHead', num_classes=arch['num_classes'],
+            in_channels=arch['embed_dims'][3])
+    else:
+        log('note: no classification head in the checkpoint; writing '
+            'backbone.* keys only')
+    log(f'model config: {model_cfg}')
+    meta = dict(
+        converted_from=osp.abspath(args.src),
+        source_entry=source,
+        converter='tools/model_converters/soft2mmsoft.py',
+        official_model=name,
+        attn_norm=args.norm,
+        arch=mm_arch,
+        num_classes=arch['num_classes'],
+        model_cfg=model_cfg)
+    save_checkpoint_atomic(dict(state_dict=out, meta=meta), args.dst)
+    log(f'wrote {len(out)} tensors to {args.dst}')
+    return out, meta
+
+
+def main(argv=None):
+    args = parse_args(argv)
+    try:
+        convert(args)
+    except ConversionError as e:
+        print(f'error: {e}', file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == '__main__':
+    sys.exit(main())
