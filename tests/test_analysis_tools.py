@@ -1,0 +1,233 @@
+"""tools/analysis: FLOPs, memory vs length, NR convergence, spectral norm
+and attention heatmaps, each run on tiny settings into tmp_path."""
+import csv
+import importlib.util
+import json
+import os.path as osp
+import sys
+
+import numpy as np
+import pytest
+import torch
+
+ROOT = osp.dirname(osp.dirname(osp.abspath(__file__)))
+TOOLS = osp.join(ROOT, 'tools', 'analysis')
+TINY = dict(embed_dims=[16, 32, 32, 64], num_heads=[1, 2, 2, 2],
+            depths=[1, 1, 1, 1])
+
+
+def tool(name):
+    if TOOLS not in sys.path:
+        sys.path.insert(0, TOOLS)
+    spec = importlib.util.spec_from_file_location(
+        f'_analysis_{name}', osp.join(TOOLS, name + '.py'))
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def read_csv(path):
+    with open(path) as f:
+        return list(csv.DictReader(f))
+
+
+def outputs_written(out, stem, table='md'):
+    for ext in ('png', 'csv', table):
+        path = osp.join(out, f'{stem}.{ext}')
+        assert osp.getsize(path) > 0, path
+    with open(osp.join(out, f'{stem}.png'), 'rb') as f:
+        assert f.read(8) == b'\x89PNG\r\n\x1a\n'
+
+
+# ------------------------------------------------------------ get_flops
+def test_get_flops_counts_attention_products_and_nr(tmp_path):
+    gf = tool('get_flops')
+    rows = gf.main(['--models', 'soft_tiny', 'softmax_tiny', '--shape',
+                    '64', '--backbone-only', '--out', str(tmp_path)])
+    outputs_written(tmp_path, 'flops')
+    by = {r['model']: r for r in read_csv(tmp_path / 'flops.csv')}
+    assert set(by) == {'soft_tiny', 'softmax_tiny'}
+    for r in rows:
+        assert r['flops_g'] == pytest.approx(
+            r['layers_g'] + r['attention_g'] + r['nr_g'])
+        assert r['attention_g'] > 0
+    assert float(by['soft_tiny']['nr_g']) > 0
+    assert float(by['softmax_tiny']['nr_g']) == 0
+    # full attention: n^2 d products per head, SimA n d^2 (n > d here)
+    x = torch.randn(1, 3, 128, 128)
+    att = {t: gf.count(gf.build_named(f'{t}_tiny', head=False, arch=TINY),
+                       x)['attention'] for t in ('softmax', 'sima')}
+    assert att['softmax'] > 2 * att['sima']
+
+
+def test_get_flops_nr_term_is_the_newton_iterations():
+    gf = tool('get_flops')
+    model = gf.build_named('soft_tiny', head=False,
+                           arch=dict(TINY, depths=[1, 1, 1, 1]))
+    x = torch.randn(2, 3, 64, 96)
+    res = gf.count(model, x)
+    for a in gf._soft_attentions(model):
+        a.nr_iters = 0
+    res0 = gf.count(model, x)
+    assert res0['nr'] == 0
+    assert res['total'] - res0['total'] == res['nr'] > 0
+    # T iterations x 2 products of m x m per head and image: stage grids at
+    # 64 x 96 are 16x24 / 8x12 / 4x6 with r = 8 / 4 / 2 -> m = 6, 6, 6
+    heads = sum(TINY['num_heads'][:3])
+    assert res['nr'] == 2 * heads * 20 * 2 * 6**3
+
+
+def test_get_flops_tiny_preset_matches_the_paper():
+    gf = tool('get_flops')
+    res = gf.count(gf.build_named('soft_tiny'), torch.randn(1, 3, 224, 224))
+    assert res['params'] / 1e6 == pytest.approx(13.07, abs=0.005)  # Table 8
+    assert (res['total'] - res['nr']) / 1e9 == pytest.approx(1.9, abs=0.05)
+
+
+def test_get_flops_bottleneck_settings_give_m_landmarks():
+    gf = tool('get_flops')
+    from mmsoft.models.backbones import SOFT
+    for m in (36, 81):
+        kw = gf.bottleneck_overrides(m)
+        model = SOFT(kw['arch'], max_landmarks=kw['max_landmarks'],
+                     out_indices=(2, )).eval()
+        seen = []
+        for mod in model.modules():
+            if hasattr(mod, 'sampler'):
+                mod.sampler.register_forward_hook(
+                    lambda mo, a, out: seen.append(out.shape[2]))
+        with torch.no_grad():
+            model(torch.randn(1, 3, 224, 224))
+        assert seen and set(seen) == {m}
+
+
+def test_get_flops_any_config(tmp_path):
+    pytest.importorskip('mmpretrain')
+    gf = tool('get_flops')
+    cfg = osp.join(ROOT, 'configs', 'soft_tiny_in1k.py')
+    rows = gf.main(['--config', cfg, '--attn-type', 'performer', '--shape',
+                    '64', '--out', str(tmp_path)])
+    assert rows[0]['counted'] == 'model (tensor mode)'
+    assert rows[0]['nr_g'] == 0 and rows[0]['params_m'] > 12
+
+
+# ------------------------------------------------------------ memory
+def test_memory_vs_length_fixed_m_and_outputs(tmp_path):
+    mv = tool('memory_vs_length')
+    # every reduced attention keeps m = 49 at every n (Fig. 1b setting)
+    for attn in ('soft', 'linformer', 'nystromformer'):
+        model = mv.build_stack(attn, 1, 24, 2, 49, 4).eval()
+        at = model.blocks[0].attn
+        for p in (1, 3):
+            x = torch.randn(1, 784 * p, 24)
+            hw = (28, 28 * p)
+            if attn == 'soft':
+                q = at._split(at.q(x)) * at.head_dims**-0.25
+                m = at.sampler(q, hw).shape[2]
+            elif attn == 'linformer':
+                m = at.reduced_attention_row(x, hw, 0).shape[-1]
+            else:
+                m = at._kernels(x, hw)[0].shape[-1]
+            assert m == 49
+            with torch.no_grad():
+                assert model(x, hw).shape == x.shape
+    # one real (subprocess) measurement; softmax:math skipped by budget
+    rows = mv.main(['--attns', 'sima', 'softmax:math', '--p', '1',
+                    '--layers', '1', '--dims', '24', '--heads', '2',
+                    '--max-mem-gb', '1e-6', '--out', str(tmp_path)])
+    outputs_written(tmp_path, 'memory')
+    by = {r['attn']: r for r in read_csv(tmp_path / 'memory.csv')}
+    assert by['sima']['status'] == 'ok' and float(by['sima']['time_ms']) > 0
+    assert by['softmax:math']['status'].startswith('skipped')
+    assert len(rows) == 2
+
+
+# ------------------------------------------------------------ NR
+def test_nr_convergence_on_an_image_folder(tmp_path):
+    import cv2
+    nc = tool('nr_convergence')
+    img_dir = tmp_path / 'imgs' / 'sub'
+    img_dir.mkdir(parents=True)
+    rng = np.random.default_rng(0)
+    for i in range(3):
+        cv2.imwrite(str(img_dir / f'{i}.png'),
+                    rng.integers(0, 255, (40, 50, 3), dtype=np.uint8))
+    out = tmp_path / 'out'
+    rows = nc.main(['--arch', json.dumps(TINY), '--images',
+                    f'mine={tmp_path / "imgs"}', '--num-images', '2',
+                    '--size', '64', '--iters', '6', '--batch-size', '2',
+                    '--out', str(out)])
+    outputs_written(out, 'nr_convergence')
+    assert {r['dataset'] for r in rows} == {'mine'}
+    assert {r['stage'] for r in rows} == {1, 2, 3}
+    for st in (1, 2, 3):
+        rs = sorted((r for r in rows if r['stage'] == st),
+                    key=lambda r: r['k'])
+        assert len(rs) == 7
+        # 2 images x heads x layers matrices per stage
+        assert rs[0]['matrices'] == 2 * TINY['num_heads'][st - 1]
+        assert all(np.isfinite([r['mean'], r['max']]).all() for r in rs)
+        assert rs[-1]['mean'] < rs[0]['mean'] <= 1 + 1e-6
+
+
+def test_nr_convergence_loads_checkpoints(tmp_path):
+    nc = tool('nr_convergence')
+    from mmsoft.models.backbones import SOFT
+    torch.manual_seed(3)
+    src = SOFT(TINY)
+    src.init_weights()
+    path = str(tmp_path / 'w.pth')
+    torch.save({'state_dict': {f'backbone.{k}': v
+                               for k, v in src.state_dict().items()}}, path)
+    model = nc.build_model('soft_tiny', checkpoint=path, arch=TINY)
+    for k, v in src.state_dict().items():
+        torch.testing.assert_close(model.state_dict()[k], v)
+
+
+# ------------------------------------------------------------ spectral
+def test_spectral_norm_field_normalisation_lowers_the_norm(tmp_path):
+    sn = tool('spectral_norm')
+    rows = sn.main(['--lengths', '4', '16', '36', '--samples', '2',
+                    '--out', str(tmp_path)])
+    outputs_written(tmp_path, 'spectral_norm')
+    assert len(read_csv(tmp_path / 'spectral_norm.csv')) == 6
+    for m in (4, 16, 36):
+        rs = [r for r in rows if r['m'] == m]
+        # Prop. 6: D^-1/2 A^+ D^-1/2 has the smaller norm
+        assert all(r['norm_pinv'] < r['pinv'] for r in rs)
+        # well-conditioned small A: NR = exact pinv (normalised variant)
+        for r in rs:
+            assert r['norm_pinv'] == pytest.approx(r['exact_norm_pinv'],
+                                                   rel=1e-3)
+    # landmarks of the field get more similar as the grid gets finer
+    g = torch.Generator().manual_seed(0)
+    L = sn.field_landmarks(6, 8, 4.0, 2.0, 64, g)
+    assert L.shape == (36, 8)
+    assert ((L[:, None] - L[None]).square().sum(-1) / 2).mean() < 8
+
+
+def test_spectral_norm_from_model_landmarks(tmp_path):
+    sn = tool('spectral_norm')
+    rows = sn.main(['--source', 'model', '--model', 'soft_tiny_norm',
+                    '--lengths', '4', '--samples', '1', '--out',
+                    str(tmp_path)])
+    # one synthetic image -> one sample per head of stage 3 (10 heads)
+    assert len(rows) == 10 and all(r['m'] == 4 for r in rows)
+    outputs_written(tmp_path, 'spectral_norm')
+
+
+# ------------------------------------------------------------ heatmaps
+def test_visualize_attention_rows(tmp_path):
+    va = tool('visualize_attention')
+    rows = va.main(['--models', 'softmax_tiny', 'linformer_tiny',
+                    'soft_tiny_norm', '--size', '64', '--stage', '0',
+                    '--query', '0.25', '0.75', '--out', str(tmp_path)])
+    outputs_written(tmp_path, 'attention')
+    csv_rows = read_csv(tmp_path / 'attention.csv')
+    assert len(csv_rows) == len(rows) == 2 + 2 + 2  # 2 heads in stage 1
+    for r in rows:
+        assert (r['query_y'], r['query_x']) == (4, 12)  # of a 16 x 16 map
+        if r['model'] in ('softmax_tiny', 'linformer_tiny'):
+            assert r['sum'] == pytest.approx(1, abs=1e-5) and r['min'] >= 0
+    raw = np.load(tmp_path / 'attention_rows.npz')
+    assert raw['soft_tiny_norm'].shape == (2, 16, 16)

@@ -1,0 +1,459 @@
+"""Parameters and FLOPs of SOFT models, zoo variants and configs.
+
+FLOPs are counted with ``torch.utils.flop_counter.FlopCounterMode`` (aten
+mm / addmm / bmm / baddbmm / convolution, also inside custom autograd
+Functions such as the Gaussian kernel and the Newton-Raphson inverse), so
+every matrix product of the attentions is included - the "corrected FLOPs"
+of the NeurIPS paper's Table 3 footnote. Reported as multiply-adds (one
+multiply-add = one "FLOP", the papers' convention: ResNet-50 = 4.1G),
+split into
+
+* ``layers``: nn.Linear and nn.Conv2d modules (what per-layer counters
+  that skip functional matmuls report);
+* ``attention``: every other product (attention matrices, P (A^+ (P^T V)),
+  the stage-4 softmax attention, ...), computed with the math SDPA backend
+  so that fused kernels are counted too;
+* ``nr``: the Newton-Raphson iterations of A^+ (T iterations x 2 products
+  of m x m matrices per head), counted with the iterative method (the
+  eigendecomposition of ``nr_method='spectral'`` has no FLOP formula).
+
+Element-wise operations (exp, softmax, norms, activations) are not counted,
+as in the papers.
+
+    python tools/analysis/get_flops.py                      # Table 3 presets
+    python tools/analysis/get_flops.py --tables zoo         # Table 1
+    python tools/analysis/get_flops.py --tables bottleneck sampling
+    python tools/analysis/get_flops.py --models soft_tiny_norm sima_small \\
+        --shape 800 1216 --backbone-only
+    python tools/analysis/get_flops.py --config configs/soft_tiny_in1k.py
+    python tools/analysis/get_flops.py --config \\
+        configs/retinanet_soft_tiny_1x.py --shape 800 1216
+
+Configs: the whole model runs in ``mode='tensor'`` (two-stage detectors with
+metainfo-only data samples, so their RoI-head FLOPs depend on the number of
+proposals, as with mmdet's own counter).
+
+Model names: ``<attn>_<arch>[_norm]``: attn one of soft, soft_norm,
+softmax, linformer, performer, nystromformer, sima; arch one of the SOFT
+presets. ``soft_<arch>`` is the NeurIPS model (no normalisation),
+``soft_<arch>_norm`` = ``soft_norm_<arch>`` the IJCV one. Named models are
+image classifiers (backbone + 1000-way linear head, as the papers count
+them) unless ``--backbone-only``. Writes ``flops.csv``, ``flops.md`` and
+``flops.png`` to ``--out``.
+"""
+import argparse
+import csv
+import io
+import os
+import os.path as osp
+import sys
+import time
+
+ROOT = osp.dirname(osp.dirname(osp.dirname(osp.abspath(__file__))))
+if ROOT not in sys.path:
+    sys.path.insert(0, ROOT)
+
+import torch  # noqa: E402
+import torch.nn as nn  # noqa: E402
+
+ARCHS = ('tiny', 'small', 'medium', 'large', 'huge', 'small-official')
+PRESETS = ('tiny', 'small', 'medium', 'large', 'huge')
+# NeurIPS Table 3 (SOFT, no normalisation): params (M), FLOPs (G)
+PAPER_PRESETS = {'tiny': (13, 1.9), 'small': (24, 3.3), 'medium': (45, 7.2),
+                 'large': (64, 11.0), 'huge': (87, 16.3)}
+# NeurIPS Table 1 (Tiny architecture)
+PAPER_ZOO = {'softmax': (13, 3.9), 'linformer': (13, 1.9),
+             'performer': (13, 2.2), 'nystromformer': (13, 2.0),
+             'soft': (13, 1.9)}
+# Table 4a / IJCV Table 7: bottleneck length -> FLOPs (G)
+PAPER_BOTTLENECK = {36: 1.9, 49: 1.9, 64: 2.0, 81: 2.1}
+# Table 4b / IJCV Table 8: sampling -> (params M, FLOPs G)
+PAPER_SAMPLING = {'conv': (13.07, 2.0), 'random': (12.96, 1.9),
+                  'biased': (12.96, 1.9), 'avgpool': (12.96, 1.9)}
+TABLES = ('presets', 'zoo', 'bottleneck', 'sampling')
+STAGE_SIDES_224 = (56, 28, 14)
+
+
+# ------------------------------------------------------------------ models
+def parse_model_name(name: str):
+    """``<attn>_<arch>[_norm]`` -> (attn_type, arch, attn_norm)."""
+    from mmsoft.models.layers.attention_zoo import ATTENTION_TYPES
+    for t in sorted(ATTENTION_TYPES, key=len, reverse=True):
+        if not name.startswith(t + '_'):
+            continue
+        rest = name[len(t) + 1:]
+        norm = rest.endswith('_norm')
+        if norm:
+            rest = rest[:-5]
+        if rest not in ARCHS:
+            break
+        if t == 'soft_norm':
+            return 'soft', rest, True
+        if norm and t != 'soft':
+            raise ValueError(f'{name!r}: _norm only applies to soft')
+        return t, rest, norm
+    raise ValueError(f'unknown model {name!r}; use <attn>_<arch>[_norm] with '
+                     f'attn in {ATTENTION_TYPES} and arch in {ARCHS}')
+
+
+class Classifier(nn.Module):
+    """SOFT backbone (cls token) + linear head, as the papers count it."""
+
+    def __init__(self, backbone, num_classes=1000):
+        super().__init__()
+        self.backbone = backbone
+        self.head = nn.Linear(backbone.embed_dims[-1], num_classes)
+
+    def forward(self, x):
+        return self.head(self.backbone(x)[-1])
+
+
+def build_named(name: str, head: bool = True, **overrides) -> nn.Module:
+    """A SOFT model from a name (see module docstring)."""
+    from mmsoft.models.backbones import SOFT
+    attn_type, arch, norm = parse_model_name(name)
+    kw = dict(arch=arch, attn_type=attn_type, attn_norm=norm)
+    if head:
+        kw.update(out_type='cls_token', out_indices=(3, ))
+    kw.update(overrides)
+    backbone = SOFT(**kw)
+    return Classifier(backbone) if head else backbone
+
+
+def rebuild_attentions(model: nn.Module, attn_type: str, **kwargs):
+    """Replace every SOFTBlock's token mixer by ``attn_type`` built with
+    extra keyword arguments (e.g. Linformer's ``sr_mode``)."""
+    from mmsoft.models.layers import SOFTBlock
+    from mmsoft.models.layers.attention_zoo import ATTENTIONS
+    for blk in model.modules():
+        if isinstance(blk, SOFTBlock):
+            old = blk.attn
+            k = old.dw_conv.kernel_size[0] if old.dw_conv is not None else 0
+            ratio = getattr(old, 'sampling_ratio', None) or old.sampler.ratio
+            blk.attn = ATTENTIONS[attn_type](
+                old.embed_dims, old.num_heads, ratio,
+                dw_kernel_size=k, qkv_bias=old.q.bias is not None, **kwargs)
+    return model
+
+
+def build_config(path: str, attn_type=None):
+    """(model, call) for a config file; ``call(model, x)`` runs it."""
+    from mmengine.config import Config
+    from mmengine.registry import init_default_scope
+    import importlib
+    import mmsoft  # noqa: F401  (registers SOFT)
+    cfg = Config.fromfile(path)
+    if attn_type is not None:
+        cfg.model.backbone.attn_type = attn_type
+    scope = cfg.get('default_scope', 'mmpretrain')
+    init_default_scope(scope)
+    registry = importlib.import_module(f'{scope}.registry').MODELS
+    bb = cfg.model.get('backbone', {})
+    if isinstance(bb.get('init_cfg'), dict):
+        bb.init_cfg = None  # no checkpoint needed to count
+    model = registry.build(cfg.model)
+    return model, scope
+
+
+def config_call(model, scope, x):
+    """How to run a built OpenMMLab model on images x without annotations:
+    ``mode='tensor'``; with metainfo-only data samples if the model needs
+    them (two-stage detectors); else backbone (+ neck). Tried once outside
+    the counter; returns ``call(model, x) -> description``."""
+    H, W = x.shape[-2:]
+    meta = dict(img_shape=(H, W), ori_shape=(H, W), pad_shape=(H, W),
+                batch_input_shape=(H, W), scale_factor=(1.0, 1.0))
+
+    def samples(n):
+        if scope == 'mmdet':
+            from mmdet.structures import DetDataSample
+            return [DetDataSample(metainfo=meta) for _ in range(n)]
+        if scope == 'mmseg':
+            from mmseg.structures import SegDataSample
+            return [SegDataSample(metainfo=meta) for _ in range(n)]
+        raise TypeError('no data samples for scope ' + scope)
+
+    def tensor(m, inp):
+        m(inp, mode='tensor')
+        return 'model (tensor mode)'
+
+    def tensor_meta(m, inp):
+        m(inp, samples(len(inp)), mode='tensor')
+        return 'model (tensor mode, metainfo samples)'
+
+    def feat(m, inp):
+        m.extract_feat(inp)
+        return 'extract_feat (backbone + neck)'
+
+    model.eval()
+    for call in (tensor, tensor_meta):
+        try:
+            with torch.no_grad():
+                call(model, x)
+            return call
+        except Exception:  # noqa: BLE001 - try the next way
+            continue
+    return feat
+
+
+# ------------------------------------------------------------------ counting
+def _soft_attentions(model):
+    from mmsoft.models.layers import SOFTAttention
+    return [m for m in model.modules() if isinstance(m, SOFTAttention)]
+
+
+@torch.no_grad()
+def count(model: nn.Module, x: torch.Tensor, call=None) -> dict:
+    """Params and FLOPs (multiply-adds) of ``call(model, x)``.
+
+    Returns a dict with ``params`` and ``total``, ``layers``,
+    ``attention``, ``nr`` (all in multiply-adds) and ``ran``.
+    """
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+    from torch.utils.flop_counter import FlopCounterMode
+    model.eval()
+    softs = _soft_attentions(model)
+    saved = [(m.nr_method) for m in softs]
+    nr_macs = [0]
+
+    def hook(mod, args, out):  # sampler output: (B, h, m, d) landmarks
+        B, h, m, _ = out.shape
+        nr_macs[0] += B * h * mod._nr_iters * 2 * m**3
+
+    handles = []
+    for m in softs:
+        m.nr_method = 'iterative'
+        m.sampler._nr_iters = m.nr_iters
+        handles.append(m.sampler.register_forward_hook(hook))
+    call = call or (lambda mod, inp: mod(inp))
+    try:
+        with sdpa_kernel(SDPBackend.MATH), \
+                FlopCounterMode(display=False) as fc:
+            ran = call(model, x)
+    finally:
+        for h in handles:
+            h.remove()
+        for m, meth in zip(softs, saved):
+            m.nr_method = meth
+            del m.sampler._nr_iters
+    counts = fc.get_flop_counts()
+    root = type(model).__name__
+    total = fc.get_total_flops() // 2
+    layers = 0
+    for name, mod in model.named_modules():
+        if isinstance(mod, (nn.Linear, nn.Conv1d, nn.Conv2d, nn.Conv3d,
+                            nn.ConvTranspose2d)):
+            key = f'{root}.{name}' if name else root
+            layers += sum(counts.get(key, {}).values()) // 2
+    nr = nr_macs[0]
+    return dict(params=sum(p.numel() for p in model.parameters()),
+                total=total, layers=layers, nr=nr,
+                attention=total - layers - nr,
+                ran=ran if isinstance(ran, str) else 'model')
+
+
+# ------------------------------------------------------------------ tables
+def bottleneck_overrides(m: int):
+    """SOFT-Tiny settings with an m-token bottleneck in every stage at 224:
+    ratios r_i = side_i // sqrt(m) (grid >= sqrt(m)), capped to m."""
+    g = int(round(m**0.5))
+    if g * g != m:
+        raise ValueError(f'bottleneck length {m} is not a square')
+    ratios = [max(1, s // g) for s in STAGE_SIDES_224] + [1]
+    arch = dict(embed_dims=[64, 128, 320, 512], num_heads=[2, 4, 10, 16],
+                depths=[1, 2, 3, 2], sampling_ratios=ratios)
+    return dict(arch=arch, max_landmarks=m)
+
+
+def jobs_for(args):
+    """(table, label, builder, paper_params, paper_flops) tuples."""
+    jobs = []
+    head = not args.backbone_only
+    for t in args.tables:
+        if t == 'presets':
+            for a in PRESETS:
+                pp, pf = PAPER_PRESETS[a]
+                jobs.append((t, f'soft_{a}', lambda a=a: build_named(
+                    f'soft_{a}', head), pp, pf))
+        elif t == 'zoo':
+            for z in ('soft', 'soft_norm', 'softmax', 'linformer',
+                      'performer', 'nystromformer', 'sima'):
+                pp, pf = PAPER_ZOO.get(z, (None, None))
+                jobs.append((t, f'{z}_tiny', lambda z=z: build_named(
+                    f'{z}_tiny', head), pp, pf))
+                if z == 'linformer':  # parameter-free spatial reduction
+                    jobs.append((t, 'linformer_tiny (avgpool SR)',
+                                 lambda: rebuild_attentions(build_named(
+                                     'linformer_tiny', head), 'linformer',
+                                     sr_mode='avgpool'), None, None))
+        elif t == 'bottleneck':
+            for m in args.bottlenecks:
+                jobs.append((t, f'soft_tiny m={m}', lambda m=m: build_named(
+                    'soft_tiny', head, **bottleneck_overrides(m)), None,
+                    PAPER_BOTTLENECK.get(m)))
+        elif t == 'sampling':
+            for s in ('conv', 'avgpool', 'random', 'biased'):
+                pp, pf = PAPER_SAMPLING[s]
+                jobs.append((t, f'soft_tiny {s}', lambda s=s: build_named(
+                    'soft_tiny', head, sampling=s), pp, pf))
+    for name in args.models:
+        jobs.append(('models', name, lambda n=name: build_named(n, head),
+                     None, None))
+    for path in args.config:
+        jobs.append(('config', osp.relpath(path), lambda p=path: build_config(
+            p, args.attn_type), None, None))
+    return jobs
+
+
+FIELDS = ['table', 'model', 'input', 'params_m', 'flops_g', 'layers_g',
+          'attention_g', 'nr_g', 'flops_wo_nr_g', 'paper_params_m',
+          'paper_flops_g', 'counted']
+
+
+def _fmt(v, nd=2):
+    return '' if v is None or v == '' else (f'{v:.{nd}f}'
+                                            if isinstance(v, float) else
+                                            str(v))
+
+
+def to_markdown(rows) -> str:
+    out = io.StringIO()
+    heads = ['table', 'model', 'input', 'Params (M)', 'FLOPs (G)',
+             'layers', 'attention', 'NR iters', 'FLOPs w/o NR',
+             'paper Params', 'paper FLOPs']
+    out.write('| ' + ' | '.join(heads) + ' |\n')
+    out.write('|' + '---|' * len(heads) + '\n')
+    for r in rows:
+        vals = [r['table'], r['model'], r['input'], _fmt(r['params_m']),
+                _fmt(r['flops_g']), _fmt(r['layers_g']),
+                _fmt(r['attention_g']), _fmt(r['nr_g']),
+                _fmt(r['flops_wo_nr_g']), _fmt(r['paper_params_m']),
+                _fmt(r['paper_flops_g'], 1)]
+        out.write('| ' + ' | '.join(vals) + ' |\n')
+    out.write('\nFLOPs in G multiply-adds; layers = Linear + Conv modules, '
+              'attention = all other matrix products, NR = Newton-Raphson '
+              'iterations of A^+.\n')
+    return out.getvalue()
+
+
+def plot(rows, path):
+    import matplotlib
+    matplotlib.use('Agg')
+    import matplotlib.pyplot as plt
+    fig, ax = plt.subplots(figsize=(max(6, 0.75 * len(rows) + 2), 4.5))
+    xs = range(len(rows))
+    bottom = [0.0] * len(rows)
+    for key, label in (('layers_g', 'Linear + Conv'),
+                       ('attention_g', 'attention products'),
+                       ('nr_g', 'Newton-Raphson')):
+        vals = [r[key] for r in rows]
+        ax.bar(xs, vals, 0.6, bottom=bottom, label=label)
+        bottom = [b + v for b, v in zip(bottom, vals)]
+    px = [i for i, r in enumerate(rows) if r['paper_flops_g'] not in
+          (None, '')]
+    if px:
+        ax.scatter(px, [rows[i]['paper_flops_g'] for i in px], marker='_',
+                   s=600, c='k', linewidths=2, zorder=3, label='paper')
+    ax.set_xticks(list(xs))
+    ax.set_xticklabels([f"{r['model']}\n{r['input']}" for r in rows],
+                       rotation=35, ha='right', fontsize=7)
+    ax.set_ylabel('GFLOPs (multiply-adds)')
+    ax.set_title('Params / FLOPs: FLOPs by component (bars) vs the papers '
+                 '(black)')
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    save_figure(fig, path)
+    plt.close(fig)
+
+
+def save_figure(fig, path):
+    """fig.savefig through a temporary file and os.replace."""
+    d = osp.dirname(path)
+    if d:
+        os.makedirs(d, exist_ok=True)
+    tmp = f'{path}.tmp{os.getpid()}.png'
+    fig.savefig(tmp, dpi=110)
+    os.replace(tmp, path)
+
+
+def write_csv(path, rows, fields):
+    from mmsoft.utils.profiling import atomic_write
+    buf = io.StringIO()
+    w = csv.DictWriter(buf, fieldnames=fields, extrasaction='ignore')
+    w.writeheader()
+    for r in rows:
+        w.writerow(r)
+    atomic_write(path, buf.getvalue())
+
+
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(
+        description=__doc__.split('\n')[0],
+        formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
+    p.add_argument('--tables', nargs='*', default=None, choices=TABLES,
+                   help='paper tables to reproduce (default: presets, unless '
+                   '--models / --config are given)')
+    p.add_argument('--models', nargs='+', default=[],
+                   help='model names <attn>_<arch>[_norm]')
+    p.add_argument('--config', nargs='+', default=[],
+                   help='config files (the whole model is counted)')
+    p.add_argument('--attn-type', default=None,
+                   help='override model.backbone.attn_type of --config')
+    p.add_argument('--shape', nargs='+', type=int, default=[224],
+                   help='input H [W] (default 224)')
+    p.add_argument('--bottlenecks', nargs='+', type=int,
+                   default=[36, 49, 64, 81])
+    p.add_argument('--backbone-only', action='store_true',
+                   help='named models without the classification head')
+    p.add_argument('--out', default='work_dirs/get_flops')
+    args = p.parse_args(argv)
+    if args.tables is None:
+        args.tables = [] if (args.models or args.config) else ['presets']
+    if len(args.shape) == 1:
+        args.shape = args.shape * 2
+    if len(args.shape) != 2:
+        p.error('--shape takes H or H W')
+    return args
+
+
+def main(argv=None):
+    args = parse_args(argv)
+    torch.manual_seed(0)
+    H, W = args.shape
+    jobs = jobs_for(args)
+    print(f'counting {len(jobs)} models at {H}x{W} (FLOPs = multiply-adds)',
+          flush=True)
+    rows, t0 = [], time.time()
+    for i, (table, label, builder, pp, pf) in enumerate(jobs, 1):
+        built = builder()
+        x = torch.randn(1, 3, H, W)
+        if isinstance(built, tuple):  # config: (model, scope)
+            model, scope = built
+            res = count(model, x, config_call(model, scope, x))
+        else:
+            model = built
+            res = count(model, x)
+        g = 1e9
+        row = dict(table=table, model=label, input=f'{H}x{W}',
+                   params_m=res['params'] / 1e6, flops_g=res['total'] / g,
+                   layers_g=res['layers'] / g,
+                   attention_g=res['attention'] / g, nr_g=res['nr'] / g,
+                   flops_wo_nr_g=(res['total'] - res['nr']) / g,
+                   paper_params_m=pp, paper_flops_g=pf, counted=res['ran'])
+        rows.append(row)
+        paper = f'  (paper {pp}M / {pf}G)' if pf is not None else ''
+        print(f'[{i}/{len(jobs)}] {label:24s} {row["params_m"]:7.2f}M '
+              f'{row["flops_g"]:7.2f}G (w/o NR {row["flops_wo_nr_g"]:.2f}G)'
+              f'{paper}  {time.time() - t0:.0f}s', flush=True)
+        del model, built
+    from mmsoft.utils.profiling import atomic_write
+    write_csv(osp.join(args.out, 'flops.csv'), rows, FIELDS)
+    atomic_write(osp.join(args.out, 'flops.md'), to_markdown(rows))
+    plot(rows, osp.join(args.out, 'flops.png'))
+    print(to_markdown(rows))
+    print(f'wrote {args.out}/flops.csv, flops.md, flops.png')
+    return rows
+
+
+if __name__ == '__main__':
+    main()

@@ -1,0 +1,319 @@
+"""Newton-Raphson convergence on real images (NeurIPS / IJCV Fig. 4).
+
+For every image, every SOFT layer and head of stages 1-3, the bottleneck
+matrix A = exp(Q~ (-) Q~) the model builds is taken (a forward hook on the
+bottleneck sampler), and the convergence metric of the papers
+
+    ||A A_k A - A||_2 / ||A||_2,     k = 0 .. T
+
+(:func:`mmsoft.models.layers.pinv.pinv_convergence`, with the model's own
+alpha initialisation) is recorded. The plot shows, per stage, the mean over
+images x layers x heads (line) and the min-max band, one panel per image
+set (Fig. 4 of the IJCV paper: ImageNet, COCO, ADE20K).
+
+    python tools/analysis/nr_convergence.py --model soft_tiny_norm \\
+        --checkpoint weights/soft_tiny_norm.pth --images data/imagenet/val
+    python tools/analysis/nr_convergence.py --images coco=data/coco/val2017 \\
+        ade=data/ade/images/validation --num-images 100
+    python tools/analysis/nr_convergence.py   # demo data / synthetic scenes
+
+Images: any folders (searched recursively for jpg / png / bmp), optionally
+named ``name=DIR``; by default the demo data sets under ``data/demo`` (see
+``tools/misc/make_demo_data.py``) if present, else synthetic scenes drawn in
+memory. Without ``--checkpoint`` the model is randomly initialised (the
+metric then describes an untrained model; a warning is printed).
+Checkpoints in mmsoft format (convert official ones with
+``tools/model_converters/soft2mmsoft.py``); ``backbone.`` prefixes are
+stripped. Writes ``nr_convergence.csv``, ``.md`` and ``.png`` to ``--out``.
+"""
+import argparse
+import io
+import os
+import os.path as osp
+import sys
+import time
+from collections import defaultdict
+
+ROOT = osp.dirname(osp.dirname(osp.dirname(osp.abspath(__file__))))
+if ROOT not in sys.path:
+    sys.path.insert(0, ROOT)
+HERE = osp.dirname(osp.abspath(__file__))
+if HERE not in sys.path:
+    sys.path.insert(0, HERE)
+
+import numpy as np  # noqa: E402
+import torch  # noqa: E402
+
+IMG_EXTS = ('.jpg', '.jpeg', '.png', '.bmp', '.webp')
+MEAN = np.array([123.675, 116.28, 103.53], np.float32)
+STD = np.array([58.395, 57.12, 57.375], np.float32)
+DEMO_SETS = (('imagenet', 'imagenet/val'), ('coco', 'coco/val'),
+             ('ade', 'ade/images/validation'))
+
+
+# ------------------------------------------------------------------ images
+def list_images(folder: str):
+    out = []
+    for root, _, files in os.walk(folder):
+        out += [osp.join(root, f) for f in files
+                if f.lower().endswith(IMG_EXTS)]
+    return sorted(out)
+
+
+def image_sets(specs, num_images: int, demo_root=None):
+    """[(name, [items])]; an item is a path or an RGB uint8 array."""
+    sets = []
+    for spec in specs or []:
+        name, _, path = spec.rpartition('=')
+        name = name or osp.basename(osp.normpath(path))
+        files = list_images(path)
+        if not files:
+            raise FileNotFoundError(f'no images under {path}')
+        sets.append((name, files[:num_images]))
+    if sets:
+        return sets
+    demo_root = demo_root or osp.join(ROOT, 'data', 'demo')
+    for name, sub in DEMO_SETS:
+        files = list_images(osp.join(demo_root, sub))
+        if files:
+            sets.append((f'demo-{name}', files[:num_images]))
+    if sets:
+        return sets
+    from mmsoft.demo.synthetic import render_scene
+    imgs = [render_scene(np.random.default_rng([7, i]), 224)[0][..., ::-1]
+            for i in range(num_images)]
+    return [('synthetic', imgs)]
+
+
+def load_rgb(item) -> np.ndarray:
+    if isinstance(item, np.ndarray):
+        return np.ascontiguousarray(item)
+    import cv2
+    img = cv2.imread(item, cv2.IMREAD_COLOR)
+    if img is None:
+        raise IOError(f'cannot read image {item}')
+    return img[..., ::-1].copy()
+
+
+def to_tensor(rgb: np.ndarray, size) -> torch.Tensor:
+    """Resize to size (H, W), ImageNet-normalise -> (3, H, W) float."""
+    import cv2
+    H, W = size
+    img = cv2.resize(rgb, (W, H), interpolation=cv2.INTER_LINEAR)
+    img = (img.astype(np.float32) - MEAN) / STD
+    return torch.from_numpy(img.transpose(2, 0, 1).copy())
+
+
+def batches(items, size, batch_size):
+    for i in range(0, len(items), batch_size):
+        chunk = items[i:i + batch_size]
+        yield i, torch.stack([to_tensor(load_rgb(it), size)
+                              for it in chunk])
+
+
+# ------------------------------------------------------------------ models
+def build_model(name=None, config=None, checkpoint=None, **overrides):
+    """A SOFT backbone from a model name or a config's model.backbone,
+    with weights from ``checkpoint`` (mmsoft format) if given."""
+    if config:
+        from mmengine.config import Config
+        import mmsoft  # noqa: F401
+        from mmsoft.models.backbones import SOFT
+        bb = dict(Config.fromfile(config).model.backbone)
+        bb.pop('type', None)
+        bb.pop('init_cfg', None)
+        bb.update(overrides)
+        model = SOFT(**bb)
+    else:
+        from get_flops import build_named
+        model = build_named(name, head=False, **overrides)
+    if checkpoint:
+        from mmengine.runner import load_checkpoint
+        load_checkpoint(model, checkpoint, map_location='cpu', strict=False,
+                        revise_keys=[(r'^module\.', ''),
+                                     (r'^backbone\.', '')])
+    else:
+        print('warning: no --checkpoint, the model is randomly initialised',
+              flush=True)
+        quiet_init(model)
+    return model.eval()
+
+
+def quiet_init(model):
+    """model.init_weights() without MMEngine's per-parameter log."""
+    import logging
+    from mmengine.logging import MMLogger
+    logger = MMLogger.get_current_instance()
+    level = logger.level
+    logger.setLevel(logging.WARNING)
+    try:
+        model.init_weights()
+    finally:
+        logger.setLevel(level)
+
+
+def soft_attention_modules(model):
+    """[(stage, layer, SOFTAttention)] in order."""
+    from mmsoft.models.layers import SOFTAttention
+    out = []
+    for name, mod in model.named_modules():
+        if isinstance(mod, SOFTAttention):
+            parts = name.split('.')
+            i = parts.index('stages')
+            out.append((int(parts[i + 1]), int(parts[i + 2]), mod))
+    return out
+
+
+# ------------------------------------------------------------------ metric
+@torch.no_grad()
+def collect(model, images, size, iters, batch_size, label=''):
+    """{stage: tensor (num_matrices, iters + 1)} of convergence metrics."""
+    from mmsoft.models.layers import gaussian_kernel, pinv_convergence
+    mods = soft_attention_modules(model)
+    if not mods:
+        raise ValueError('the model has no SOFT attention (attn_type must be '
+                         'soft / soft_norm)')
+    per_stage = defaultdict(list)
+    handles = []
+    for stage, _, attn in mods:
+
+        def hook(mod, args, out, stage=stage, attn=attn):
+            lm = out.double()
+            A = gaussian_kernel(lm, lm)
+            res = torch.stack(pinv_convergence(A, iters, attn.nr_init), -1)
+            per_stage[stage].append(res.reshape(-1, iters + 1).float())
+
+        handles.append(attn.sampler.register_forward_hook(hook))
+    t0 = time.time()
+    try:
+        for i, x in batches(images, size, batch_size):
+            model(x)
+            done = min(i + batch_size, len(images))
+            print(f'  {label} {done}/{len(images)} images '
+                  f'({time.time() - t0:.0f}s)', flush=True)
+    finally:
+        for h in handles:
+            h.remove()
+    return {s: torch.cat(v) for s, v in sorted(per_stage.items())}
+
+
+# ------------------------------------------------------------------ output
+def summarise(results, iters):
+    rows = []
+    for ds, stages in results.items():
+        for s, M in stages.items():
+            for k in range(iters + 1):
+                col = M[:, k]
+                rows.append(dict(dataset=ds, stage=s + 1, k=k,
+                                 mean=col.mean().item(),
+                                 min=col.min().item(), max=col.max().item(),
+                                 matrices=M.shape[0]))
+    return rows
+
+
+def to_markdown(rows, iters):
+    ks = sorted({0, 1, 5, 10, 15, 20, iters} & set(range(iters + 1)))
+    out = io.StringIO()
+    out.write('| data | stage | ' + ' | '.join(f'k={k}' for k in ks) +
+              ' | max at k=' + str(iters) + ' |\n')
+    out.write('|---|---|' + '---|' * (len(ks) + 1) + '\n')
+    keyed = {(r['dataset'], r['stage'], r['k']): r for r in rows}
+    for ds, st in sorted({(r['dataset'], r['stage']) for r in rows}):
+        cells = [f"{keyed[(ds, st, k)]['mean']:.2e}" for k in ks]
+        out.write(f'| {ds} | {st} | ' + ' | '.join(cells) +
+                  f" | {keyed[(ds, st, iters)]['max']:.2e} |\n")
+    out.write('\nmean of ||A A_k A - A||_2 / ||A||_2 over images x layers '
+              'x heads.\n')
+    return out.getvalue()
+
+
+def plot(rows, path, title):
+    import matplotlib
+    matplotlib.use('Agg')
+    import matplotlib.pyplot as plt
+    from get_flops import save_figure
+    sets = sorted({r['dataset'] for r in rows})
+    fig, axes = plt.subplots(1, len(sets), figsize=(5 * len(sets), 4),
+                             squeeze=False)
+    for ax, ds in zip(axes[0], sets):
+        for st in sorted({r['stage'] for r in rows if r['dataset'] == ds}):
+            rs = sorted((r for r in rows
+                         if r['dataset'] == ds and r['stage'] == st),
+                        key=lambda r: r['k'])
+            k = [r['k'] for r in rs]
+            floor = 1e-17
+            ax.plot(k, [max(r['mean'], floor) for r in rs],
+                    label=f'stage {st}')
+            ax.fill_between(k, [max(r['min'], floor) for r in rs],
+                            [max(r['max'], floor) for r in rs], alpha=0.25)
+        ax.set_yscale('log')
+        ax.set_xlabel('Newton-Raphson iteration k')
+        ax.set_ylabel('||A A_k A - A||_2 / ||A||_2')
+        ax.set_title(f'{ds}')
+        ax.grid(alpha=0.3)
+        ax.legend()
+    fig.suptitle(title, fontsize=9)
+    fig.tight_layout()
+    save_figure(fig, path)
+    plt.close(fig)
+
+
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(
+        description=__doc__.split('\n')[0],
+        formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
+    p.add_argument('--model', default='soft_tiny_norm',
+                   help='soft_<arch>[_norm] (default soft_tiny_norm)')
+    p.add_argument('--config', default=None,
+                   help='take model.backbone of this config instead')
+    p.add_argument('--checkpoint', default=None)
+    p.add_argument('--images', nargs='+', default=None,
+                   help='image folders, optionally name=DIR')
+    p.add_argument('--num-images', type=int, default=100)
+    p.add_argument('--size', nargs='+', type=int, default=[224],
+                   help='input H [W]')
+    p.add_argument('--iters', type=int, default=20)
+    p.add_argument('--batch-size', type=int, default=8)
+    p.add_argument('--arch', default=None,
+                   help=argparse.SUPPRESS)  # dict arch for tests (json)
+    p.add_argument('--out', default='work_dirs/nr_convergence')
+    args = p.parse_args(argv)
+    if len(args.size) == 1:
+        args.size = args.size * 2
+    return args
+
+
+def main(argv=None):
+    args = parse_args(argv)
+    from mmsoft.utils.profiling import atomic_write
+    from get_flops import write_csv
+    torch.manual_seed(0)
+    overrides = dict(out_indices=(2, ))  # stages 1-3 hold SOFT attention
+    if args.arch:
+        import json
+        overrides['arch'] = json.loads(args.arch)
+    model = build_model(args.model, args.config, args.checkpoint,
+                        **overrides)
+    sets = image_sets(args.images, args.num_images)
+    print(f'{sum(len(v) for _, v in sets)} images in {len(sets)} set(s), '
+          f'{args.size[0]}x{args.size[1]}, T={args.iters}', flush=True)
+    results = {}
+    for name, items in sets:
+        results[name] = collect(model, items, tuple(args.size), args.iters,
+                                args.batch_size, name)
+    rows = summarise(results, args.iters)
+    write_csv(osp.join(args.out, 'nr_convergence.csv'), rows,
+              ['dataset', 'stage', 'k', 'mean', 'min', 'max', 'matrices'])
+    md = to_markdown(rows, args.iters)
+    atomic_write(osp.join(args.out, 'nr_convergence.md'), md)
+    label = args.config or args.model
+    ck = osp.basename(args.checkpoint) if args.checkpoint else 'random init'
+    plot(rows, osp.join(args.out, 'nr_convergence.png'),
+         f'{label} ({ck}), {args.size[0]}x{args.size[1]}')
+    print(md)
+    print(f'wrote {args.out}/nr_convergence.csv, .md, .png')
+    return rows
+
+
+if __name__ == '__main__':
+    main()
