@@ -27,6 +27,7 @@ from .gaussian_kernel import gaussian_kernel
 from .pinv import INIT_MODES, NR_METHODS, newton_inverse
 
 __all__ = ['BottleneckSampler', 'SOFTAttention', 'soft_attention',
+           'bottleneck_inverse',
            'SAMPLING_MODES', 'landmark_grid']
 
 SAMPLING_MODES = ('conv', 'avgpool', 'random', 'biased')
@@ -58,6 +59,27 @@ def landmark_grid(hw: Tuple[int, int], ratio: int,
     return gh, gw
 
 
+def bottleneck_inverse(A: torch.Tensor,
+                       attn_norm: bool = True,
+                       nr_iters: int = 20,
+                       nr_init: Optional[str] = None,
+                       nr_method: str = 'auto') -> torch.Tensor:
+    """A^+ (Alg. 2), or D^-1/2 A^+ D^-1/2 with ``attn_norm`` (Eq. 25).
+
+    D = diag(A 1_m); ``nr_init`` defaults to the initialisation of the
+    official variant (``'soft_norm'`` with the normalisation, else
+    ``'soft'``). float32 (float64 for float64 A), autocast disabled.
+    """
+    if nr_init is None:
+        nr_init = 'soft_norm' if attn_norm else 'soft'
+    A_inv = newton_inverse(A, nr_iters, nr_init, nr_method)
+    if not attn_norm:
+        return A_inv
+    with torch.autocast(device_type=A.device.type, enabled=False):
+        d = A.to(A_inv.dtype).sum(-1).rsqrt()  # entries of A are in (0, 1]
+        return d.unsqueeze(-1) * A_inv * d.unsqueeze(-2)
+
+
 def soft_attention(q: torch.Tensor,
                    landmarks: torch.Tensor,
                    v: torch.Tensor,
@@ -71,15 +93,10 @@ def soft_attention(q: torch.Tensor,
     exp(-||q - k||^2 / 2) equals the paper's exp(-||q - k||^2 / (2 sqrt d)).
     Returns a tensor of v's dtype.
     """
-    if nr_init is None:
-        nr_init = 'soft_norm' if attn_norm else 'soft'
     P = gaussian_kernel(q, landmarks)  # (B, h, n, m)
     A = gaussian_kernel(landmarks, landmarks)  # (B, h, m, m)
-    A_inv = newton_inverse(A, nr_iters, nr_init, nr_method)
+    A_inv = bottleneck_inverse(A, attn_norm, nr_iters, nr_init, nr_method)
     with torch.autocast(device_type=v.device.type, enabled=False):
-        if attn_norm:
-            d = A.sum(-1).rsqrt()  # D^-1/2 (entries of A are in (0, 1])
-            A_inv = d.unsqueeze(-1) * A_inv * d.unsqueeze(-2)
         PtV = torch.matmul(P.transpose(-1, -2), v.to(P.dtype))  # (B,h,m,d)
         out = torch.matmul(P, torch.matmul(A_inv, PtV))
     return out.to(v.dtype)

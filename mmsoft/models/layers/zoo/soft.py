@@ -14,8 +14,7 @@ from typing import Tuple
 import torch
 
 from ..gaussian_kernel import gaussian_kernel
-from ..pinv import newton_inverse
-from ..soft_attention import SOFTAttention
+from ..soft_attention import SOFTAttention, bottleneck_inverse
 from .common import Index, query_index
 
 __all__ = ['soft_landmarks', 'soft_bottleneck', 'soft_attention_row',
@@ -32,11 +31,8 @@ def soft_landmarks(attn: SOFTAttention, x: torch.Tensor,
 def soft_bottleneck(attn: SOFTAttention, landmarks: torch.Tensor):
     """A (B, h, m, m) and the (normalised) pseudo-inverse A_n^+ used."""
     A = gaussian_kernel(landmarks, landmarks)
-    A_inv = newton_inverse(A, attn.nr_iters, attn.nr_init, attn.nr_method)
-    if attn.attn_norm:
-        d = A.sum(-1).rsqrt()
-        A_inv = d.unsqueeze(-1) * A_inv * d.unsqueeze(-2)
-    return A, A_inv
+    return A, bottleneck_inverse(A, attn.attn_norm, attn.nr_iters,
+                                 attn.nr_init, attn.nr_method)
 
 
 @torch.no_grad()
