@@ -4,10 +4,6 @@ One set of tools serves mmpretrain, mmdet and mmseg configs. This module
 
 * picks the codebase from the config's ``default_scope`` and registers its
   modules (:func:`import_codebase`);
-* drops ``init_cfg=dict(type='Pretrained', checkpoint=None)`` entries, so a
-  config whose ImageNet checkpoint was not given trains from random
-  initialisation instead of failing inside ``load_checkpoint(None)``
-  (:func:`drop_empty_pretrained`);
 * makes ``--launcher pytorch`` / ``slurm`` work on machines without CUDA
   (:func:`setup_cpu_distributed`). MMEngine 0.10.7 assumes a GPU per process
   there: ``init_dist`` calls ``torch.cuda.set_device(local_rank)`` ("Found no
@@ -27,12 +23,13 @@ One set of tools serves mmpretrain, mmdet and mmseg configs. This module
 * implements ``--amp`` (:func:`enable_amp`): ``AmpOptimWrapper`` with a
   dynamic loss scale on CUDA, as in mmdet; on CPU, where MMEngine's
   ``AmpOptimWrapper`` refuses to start and fp16 autocast does not exist,
-  :class:`CPUAmpOptimWrapper` (bfloat16 autocast, no loss scaling).
+  :class:`CPUAmpOptimWrapper` (bfloat16 autocast, no loss scaling); models
+  with mmcv's RoIAlign (no bfloat16 CPU kernel) get a clear error instead.
 """
 import contextlib
 import importlib
 import logging
-from typing import List
+import os
 
 import torch
 from mmengine.logging import print_log
@@ -40,8 +37,8 @@ from mmengine.optim import OptimWrapper
 from mmengine.registry import OPTIM_WRAPPERS
 
 __all__ = [
-    'CODEBASES', 'codebase_of', 'import_codebase', 'drop_empty_pretrained',
-    'setup_cpu_distributed', 'enable_amp', 'CPUAmpOptimWrapper',
+    'CODEBASES', 'codebase_of', 'import_codebase', 'setup_cpu_distributed',
+    'enable_amp', 'CPUAmpOptimWrapper',
     'prepare_cfg'
 ]
 
@@ -68,47 +65,6 @@ def import_codebase(cfg) -> str:
     return scope
 
 
-def drop_empty_pretrained(cfg_node, path: str = 'model') -> List[str]:
-    """Remove ``Pretrained`` init configs whose ``checkpoint`` is None.
-
-    mmsoft's configs ship ``init_cfg=dict(type='Pretrained', checkpoint=None,
-    prefix='backbone.')`` so that ``--cfg-options
-    model.backbone.init_cfg.checkpoint=PATH`` is the only thing needed to
-    load ImageNet weights; with ``checkpoint=None`` MMEngine's
-    ``PretrainedInit`` would call ``load_checkpoint(None)`` and fail. Works
-    in place on a config dict (e.g. ``cfg.model``); returns the dotted paths
-    of the removed entries.
-    """
-    removed = []
-
-    def is_empty(c):
-        return isinstance(c, dict) and c.get('type') == 'Pretrained' and \
-            c.get('checkpoint', None) is None
-
-    def walk(node, where):
-        if isinstance(node, dict):
-            for key in list(node.keys()):
-                val = node[key]
-                sub = f'{where}.{key}'
-                if key == 'init_cfg':
-                    if is_empty(val):
-                        node[key] = None
-                        removed.append(sub)
-                        continue
-                    if isinstance(val, list) and any(map(is_empty, val)):
-                        kept = [c for c in val if not is_empty(c)]
-                        node[key] = kept or None
-                        removed.append(sub)
-                        continue
-                walk(val, sub)
-        elif isinstance(node, (list, tuple)):
-            for i, val in enumerate(node):
-                walk(val, f'{where}[{i}]')
-
-    walk(cfg_node, path)
-    return removed
-
-
 def _revert_sync_bn(node) -> int:
     count = 0
     if isinstance(node, dict):
@@ -122,6 +78,13 @@ def _revert_sync_bn(node) -> int:
         for val in node:
             count += _revert_sync_bn(val)
     return count
+
+
+def _log_rank0(msg, **kwargs):
+    """print_log on rank 0 (before the process group exists)."""
+    rank = os.environ.get('RANK', os.environ.get('SLURM_PROCID', '0'))
+    if rank == '0':
+        print_log(msg, logger='current', **kwargs)
 
 
 @contextlib.contextmanager
@@ -150,10 +113,9 @@ def setup_cpu_distributed(cfg, launcher: str) -> bool:
     env_cfg = cfg.setdefault('env_cfg', dict())
     dist_cfg = env_cfg.setdefault('dist_cfg', dict())
     if dist_cfg.get('backend', 'nccl') != 'gloo':
-        print_log(
+        _log_rank0(
             f"CUDA is not available: distributed backend "
-            f"{dist_cfg.get('backend', 'nccl')!r} -> 'gloo'",
-            logger='current')
+            f"{dist_cfg.get('backend', 'nccl')!r} -> 'gloo'")
         dist_cfg['backend'] = 'gloo'
 
     wrapper = cfg.get('model_wrapper_cfg', None)
@@ -174,10 +136,10 @@ def setup_cpu_distributed(cfg, launcher: str) -> bool:
         cfg.sync_bn = None
         n_sync += 1
     if n_sync:
-        print_log(
+        _log_rank0(
             f'CUDA is not available: {n_sync} SyncBN setting(s) of the config '
             'replaced by BN (SyncBatchNorm has no CPU implementation)',
-            logger='current', level=logging.WARNING)
+            level=logging.WARNING)
 
     if not is_distributed():
         mp_cfg = env_cfg.get('mp_cfg', dict())
@@ -211,6 +173,25 @@ class CPUAmpOptimWrapper(OptimWrapper):
             yield
 
 
+#: mmcv ops whose CPU kernels reject bfloat16 inputs (RoI-based detectors:
+#: Mask / Cascade Mask / Sparse R-CNN)
+_NO_BF16_CPU_OPS = {'RoIAlign'}
+
+
+def _types_in(node) -> set:
+    found = set()
+    if isinstance(node, dict):
+        for key, val in node.items():
+            if key == 'type' and isinstance(val, str):
+                found.add(val)
+            else:
+                found |= _types_in(val)
+    elif isinstance(node, (list, tuple)):
+        for val in node:
+            found |= _types_in(val)
+    return found
+
+
 def enable_amp(cfg) -> str:
     """What ``--amp`` does; returns the optim wrapper type that was set."""
     optim_wrapper = cfg.optim_wrapper.get('type', 'OptimWrapper')
@@ -226,24 +207,25 @@ def enable_amp(cfg) -> str:
         cfg.optim_wrapper.type = 'AmpOptimWrapper'
         cfg.optim_wrapper.loss_scale = 'dynamic'
     else:
-        print_log(
+        cpu_only = _types_in(cfg.get('model', None)) & _NO_BF16_CPU_OPS
+        if cpu_only:
+            raise ValueError(
+                f'--amp without CUDA trains under bfloat16 autocast, but '
+                f'this model uses {sorted(cpu_only)}, whose mmcv CPU kernel '
+                f'has no bfloat16 version; train it without --amp (or on a '
+                f'GPU).')
+        _log_rank0(
             '--amp without CUDA: training under bfloat16 CPU autocast '
             '(CPUAmpOptimWrapper, no loss scaling); fp16 AMP needs a GPU.',
-            logger='current', level=logging.WARNING)
+            level=logging.WARNING)
         cfg.optim_wrapper.type = 'CPUAmpOptimWrapper'
     return cfg.optim_wrapper.type
 
 
 def prepare_cfg(cfg, launcher: str = 'none') -> str:
     """Everything the tools do to a config before building the Runner:
-    import the codebase, drop empty ``Pretrained`` inits and apply the CPU
-    distributed fall-back. Returns the codebase (default scope)."""
+    import the codebase and apply the CPU distributed fall-back. Returns the
+    codebase (default scope)."""
     scope = import_codebase(cfg)
-    removed = drop_empty_pretrained(cfg.get('model', None))
-    for where in removed:
-        print_log(
-            f'{where}: Pretrained without a checkpoint, random '
-            f'initialisation (load weights with --cfg-options '
-            f'{where}.checkpoint=PATH)', logger='current')
     setup_cpu_distributed(cfg, launcher)
     return scope

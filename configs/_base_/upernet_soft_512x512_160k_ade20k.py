@@ -1,0 +1,70 @@
+# UperNet with a SOFT backbone on ADE20K (150 classes), 512 x 512 crops,
+# 160k iterations, batch 16 (8 GPUs x 2 images). IJCV 2024 Sec. 4.3 /
+# Table 6: AdamW with lr 6e-4, no multi-scale training, no test-time
+# augmentation (single-scale whole-image inference, short side 512).
+# mIoU from mmseg's IoUMetric (per-class table + aAcc / mIoU / mAcc).
+# Composed from mmseg's shipped UperNet / ADE20K / 160k configs; children
+# set the arch and the heads' in_channels (SOFT.arch_zoo[arch]).
+#
+# ImageNet weights of the soft_norm_* backbone (mmpretrain format):
+#   --cfg-options model.backbone.init_cfg.checkpoint=weights/soft_norm_small.pth
+# Without it (checkpoint=None) the backbone is randomly initialised.
+_base_ = [
+    'mmseg::_base_/models/upernet_r50.py',
+    'mmseg::_base_/datasets/ade20k.py',
+    'mmseg::_base_/default_runtime.py',
+    'mmseg::_base_/schedules/schedule_160k.py',
+]
+
+custom_imports = dict(imports=['mmsoft'], allow_failed_imports=False)
+
+crop_size = (512, 512)
+data_preprocessor = dict(size=crop_size)
+model = dict(
+    data_preprocessor=data_preprocessor,
+    pretrained=None,
+    backbone=dict(
+        _delete_=True,
+        type='SOFT',
+        arch='small',
+        attn_norm=True,
+        out_indices=(0, 1, 2, 3),
+        out_type='featmap',
+        drop_path_rate=0.1,
+        # BatchNorm of the conv patch embeddings keeps its ImageNet
+        # statistics (2 images per GPU are too few to update them)
+        norm_eval=True,
+        init_cfg=dict(type='Pretrained', checkpoint=None,
+                      prefix='backbone.')),
+    decode_head=dict(in_channels=[64, 128, 320, 512], num_classes=150),
+    auxiliary_head=dict(in_channels=320, num_classes=150))
+
+train_dataloader = dict(batch_size=2)  # x 8 GPUs = 16
+val_dataloader = dict(batch_size=1)
+test_dataloader = val_dataloader
+
+optim_wrapper = dict(
+    _delete_=True,
+    type='OptimWrapper',
+    optimizer=dict(
+        type='AdamW', lr=6e-4, betas=(0.9, 0.999), weight_decay=0.01),
+    paramwise_cfg=dict(
+        norm_decay_mult=0.0,
+        custom_keys={
+            '.pos_embeds': dict(decay_mult=0.0),
+            '.cls_token': dict(decay_mult=0.0),
+        }))
+
+param_scheduler = [
+    dict(
+        type='LinearLR', start_factor=1e-6, by_epoch=False, begin=0,
+        end=1500),
+    dict(
+        type='PolyLR',
+        eta_min=0.0,
+        power=1.0,
+        begin=1500,
+        end=160000,
+        by_epoch=False,
+    )
+]

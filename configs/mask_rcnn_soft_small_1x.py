@@ -1,0 +1,8 @@
+# Mask R-CNN, SOFT-Small (attention-normalised), FPN, COCO 2017, 1x.
+#   tools/dist_train.sh configs/mask_rcnn_soft_small_1x.py 8 \
+#       --cfg-options model.backbone.init_cfg.checkpoint=weights/soft_norm_small.pth
+_base_ = './_base_/mask_rcnn_soft_fpn_1x_coco.py'
+
+model = dict(
+    backbone=dict(arch='small'),
+    neck=dict(in_channels=[64, 128, 320, 512]))  # SOFT.arch_zoo['small']

@@ -1,0 +1,39 @@
+# Mask R-CNN, SOFT-Small (attention-normalised), FPN, COCO 2017, 3x schedule
+# (36 epochs, lr x0.1 at epochs 27 and 33) with multi-scale training: the
+# shorter side is drawn from 480..800 (step 32, longer side <= 1333).
+# IJCV 2024 Sec. 4.2; AdamW lr 1e-4, weight decay 0.01, 8 GPUs x 2 images.
+#   tools/dist_train.sh configs/mask_rcnn_soft_small_3x_ms.py 8 \
+#       --cfg-options model.backbone.init_cfg.checkpoint=weights/soft_norm_small.pth
+_base_ = './_base_/mask_rcnn_soft_fpn_1x_coco.py'
+
+model = dict(
+    backbone=dict(arch='small'),
+    neck=dict(in_channels=[64, 128, 320, 512]))  # SOFT.arch_zoo['small']
+
+train_pipeline = [
+    dict(type='LoadImageFromFile', backend_args={{_base_.backend_args}}),
+    dict(type='LoadAnnotations', with_bbox=True, with_mask=True),
+    dict(
+        type='RandomChoiceResize',
+        scales=[(1333, 480), (1333, 512), (1333, 544), (1333, 576),
+                (1333, 608), (1333, 640), (1333, 672), (1333, 704),
+                (1333, 736), (1333, 768), (1333, 800)],
+        keep_ratio=True),
+    dict(type='RandomFlip', prob=0.5),
+    dict(type='PackDetInputs')
+]
+train_dataloader = dict(dataset=dict(pipeline=train_pipeline))
+
+max_epochs = 36
+train_cfg = dict(type='EpochBasedTrainLoop', max_epochs=max_epochs)
+param_scheduler = [
+    dict(
+        type='LinearLR', start_factor=0.001, by_epoch=False, begin=0, end=500),
+    dict(
+        type='MultiStepLR',
+        begin=0,
+        end=max_epochs,
+        by_epoch=True,
+        milestones=[27, 33],
+        gamma=0.1)
+]

@@ -1,0 +1,6 @@
+# NeurIPS 2021 SOFT-Huge (no attention normalisation) on ImageNet-1k
+# (recipe: configs/_base_/soft_in1k.py). ImageNet weights:
+#   --cfg-options model.backbone.init_cfg.checkpoint=weights/soft_huge.pth
+_base_ = './_base_/soft_in1k.py'
+
+model = dict(backbone=dict(arch='huge', attn_norm=False))

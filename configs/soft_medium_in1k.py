@@ -1,0 +1,6 @@
+# NeurIPS 2021 SOFT-Medium (no attention normalisation) on ImageNet-1k
+# (recipe: configs/_base_/soft_in1k.py). ImageNet weights:
+#   --cfg-options model.backbone.init_cfg.checkpoint=weights/soft_medium.pth
+_base_ = './_base_/soft_in1k.py'
+
+model = dict(backbone=dict(arch='medium', attn_norm=False))

@@ -1,0 +1,197 @@
+# Copyright (c) mmsoft contributors. Adapted from the OpenMMLab test tools.
+"""Test (evaluate) a SOFT model with mmpretrain, mmdet or mmseg.
+
+The codebase is picked from the config's ``default_scope``::
+
+    python tools/test.py configs/retinanet_soft_small_1x.py ckpt.pth
+    tools/dist_test.sh configs/upernet_soft_small_512x512_160k_ade20k.py \
+        ckpt.pth 8 --cfg-options test_dataloader.dataset.data_root=data/ade
+
+The metrics of the config's ``test_evaluator`` are printed (mmseg: the
+per-class IoU/Acc table and mIoU; mmdet: the COCO summary; mmpretrain:
+top-k accuracy).
+
+``--out``: mmdet and mmpretrain dump the predictions to a pickle file;
+mmseg saves the predicted label maps as PNGs to that directory (as each
+codebase's own tools/test.py does).
+"""
+import argparse
+import copy
+import os
+import os.path as osp
+import sys
+
+ROOT = osp.dirname(osp.dirname(osp.abspath(__file__)))
+if ROOT not in sys.path:
+    sys.path.insert(0, ROOT)  # noqa: E402  (run from a checkout)
+
+from mmengine.config import Config, ConfigDict, DictAction  # noqa: E402
+from mmengine.registry import RUNNERS  # noqa: E402
+from mmengine.runner import Runner  # noqa: E402
+
+from mmsoft import launch  # noqa: E402
+
+
+def parse_args(argv=None):
+    parser = argparse.ArgumentParser(
+        description='Test (and eval) a SOFT model (mmpretrain / mmdet / '
+        'mmseg config)')
+    parser.add_argument('config', help='test config file path')
+    parser.add_argument('checkpoint', help='checkpoint file')
+    parser.add_argument(
+        '--work-dir',
+        help='the directory to save the file containing evaluation metrics')
+    parser.add_argument(
+        '--out',
+        type=str,
+        help='mmdet / mmpretrain: dump predictions to a pickle file; mmseg: '
+        'directory to save the predicted segmentation maps')
+    parser.add_argument(
+        '--show', action='store_true', help='show prediction results')
+    parser.add_argument(
+        '--show-dir',
+        help='directory where painted images will be saved. '
+        'If specified, it will be automatically saved '
+        'to the work_dir/timestamp/show_dir')
+    parser.add_argument(
+        '--wait-time', type=float, default=2, help='the interval of show (s)')
+    parser.add_argument(
+        '--cfg-options',
+        nargs='+',
+        action=DictAction,
+        help='override some settings in the used config, the key-value pair '
+        'in xxx=yyy format will be merged into config file. If the value to '
+        'be overwritten is a list, it should be like key="[a,b]" or key=a,b '
+        'It also allows nested list/tuple values, e.g. key="[(a,b),(c,d)]" '
+        'Note that the quotation marks are necessary and that no white space '
+        'is allowed.')
+    parser.add_argument(
+        '--launcher',
+        choices=['none', 'pytorch', 'slurm', 'mpi'],
+        default='none',
+        help='job launcher')
+    parser.add_argument(
+        '--tta', action='store_true', help='test time augmentation')
+    # When using PyTorch version >= 2.0.0, the `torch.distributed.launch`
+    # will pass the `--local-rank` parameter to `tools/test.py` instead
+    # of `--local_rank`.
+    parser.add_argument('--local_rank', '--local-rank', type=int, default=0)
+    args = parser.parse_args(argv)
+    if 'LOCAL_RANK' not in os.environ:
+        os.environ['LOCAL_RANK'] = str(args.local_rank)
+    return args
+
+
+def trigger_visualization_hook(cfg, args, scope):
+    default_hooks = cfg.get('default_hooks', ConfigDict())
+    if 'visualization' not in default_hooks:
+        raise RuntimeError(
+            'VisualizationHook must be included in default_hooks. '
+            'refer to usage "visualization=dict(type=\'VisualizationHook\')"')
+    hook = default_hooks['visualization']
+    if scope == 'mmpretrain':
+        hook['enable'] = True
+        hook['show'] = args.show
+        hook['wait_time'] = args.wait_time
+        if args.show_dir:
+            hook['out_dir'] = args.show_dir
+    else:
+        hook['draw'] = True
+        if args.show:
+            hook['show'] = True
+            hook['wait_time'] = args.wait_time
+        if args.show_dir:
+            if scope == 'mmdet':
+                hook['test_out_dir'] = args.show_dir
+            else:  # mmseg
+                cfg.visualizer['save_dir'] = args.show_dir
+    return cfg
+
+
+def enable_tta(cfg, scope):
+    """``--tta``: wrap the model in the codebase's TTA model and test with
+    ``tta_pipeline``; like each codebase's own tools, mmpretrain and mmdet
+    configs without them get a flip TTA (mmseg configs ship both)."""
+    if 'tta_model' not in cfg:
+        if scope == 'mmpretrain':
+            cfg.tta_model = dict(type='mmpretrain.AverageClsScoreTTA')
+        elif scope == 'mmdet':
+            cfg.tta_model = dict(
+                type='DetTTAModel',
+                tta_cfg=dict(nms=dict(type='nms', iou_threshold=0.5),
+                             max_per_img=100))
+    if 'tta_pipeline' not in cfg and scope in ('mmpretrain', 'mmdet'):
+        test_data_cfg = cfg.test_dataloader.dataset
+        while 'dataset' in test_data_cfg:
+            test_data_cfg = test_data_cfg['dataset']
+        cfg.tta_pipeline = copy.deepcopy(test_data_cfg.pipeline)
+        pack = cfg.tta_pipeline[-1]
+        if scope == 'mmdet':
+            pack = dict(
+                type='PackDetInputs',
+                meta_keys=('img_id', 'img_path', 'ori_shape', 'img_shape',
+                           'scale_factor', 'flip', 'flip_direction'))
+        cfg.tta_pipeline[-1] = dict(
+            type='TestTimeAug',
+            transforms=[[
+                dict(type='RandomFlip', prob=1.),
+                dict(type='RandomFlip', prob=0.)
+            ], [pack]])
+    if 'tta_model' not in cfg or 'tta_pipeline' not in cfg:
+        raise RuntimeError('--tta needs `tta_model` and `tta_pipeline` in '
+                           'the config')
+    cfg.model = ConfigDict(**cfg.tta_model, module=cfg.model)
+    cfg.test_dataloader.dataset.pipeline = cfg.tta_pipeline
+
+
+def build_cfg(args):
+    cfg = Config.fromfile(args.config)
+    cfg.launcher = args.launcher
+    if args.cfg_options is not None:
+        cfg.merge_from_dict(args.cfg_options)
+
+    # work_dir is determined in this priority: CLI > segment in file > name
+    if args.work_dir is not None:
+        cfg.work_dir = args.work_dir
+    elif cfg.get('work_dir', None) is None:
+        cfg.work_dir = osp.join('./work_dirs',
+                                osp.splitext(osp.basename(args.config))[0])
+    cfg.load_from = args.checkpoint
+    return cfg
+
+
+def main(argv=None):
+    args = parse_args(argv)
+    cfg = build_cfg(args)
+    scope = launch.prepare_cfg(cfg, args.launcher)
+
+    if args.show or args.show_dir:
+        cfg = trigger_visualization_hook(cfg, args, scope)
+    if args.tta:
+        enable_tta(cfg, scope)
+    if args.out is not None and scope == 'mmseg':
+        cfg.test_evaluator['output_dir'] = args.out
+        cfg.test_evaluator['keep_results'] = True
+
+    if 'runner_type' not in cfg:
+        runner = Runner.from_cfg(cfg)
+    else:
+        runner = RUNNERS.build(cfg)
+
+    if args.out is not None and scope != 'mmseg':
+        if not args.out.endswith(('.pkl', '.pickle')):
+            raise ValueError('The dump file must be a pkl file.')
+        if scope == 'mmdet':
+            from mmdet.evaluation import DumpDetResults
+            runner.test_evaluator.metrics.append(
+                DumpDetResults(out_file_path=args.out))
+        else:
+            from mmengine.evaluator import DumpResults
+            runner.test_evaluator.metrics.append(
+                DumpResults(out_file_path=args.out))
+
+    runner.test()
+
+
+if __name__ == '__main__':
+    main()

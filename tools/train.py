@@ -1,0 +1,132 @@
+# Copyright (c) mmsoft contributors. Adapted from the OpenMMLab train tools.
+"""Train a SOFT model with mmpretrain, mmdet or mmseg.
+
+The codebase is picked from the config's ``default_scope``::
+
+    python tools/train.py configs/retinanet_soft_small_1x.py
+    tools/dist_train.sh configs/retinanet_soft_small_1x.py 8
+    python tools/train.py configs/upernet_soft_small_512x512_160k_ade20k.py \
+        --cfg-options \
+        model.backbone.init_cfg.checkpoint=weights/soft_norm_small.pth
+
+``--resume`` without a path resumes from the latest checkpoint of the work
+dir, ``--resume PATH`` from PATH. Without CUDA, ``--launcher pytorch``
+(``tools/dist_train.sh``) runs one CPU process per "GPU" with the gloo
+backend (see :mod:`mmsoft.launch`), and ``--amp`` trains under bfloat16
+autocast.
+"""
+import argparse
+import os
+import os.path as osp
+import sys
+
+ROOT = osp.dirname(osp.dirname(osp.abspath(__file__)))
+if ROOT not in sys.path:
+    sys.path.insert(0, ROOT)  # noqa: E402  (run from a checkout)
+
+from mmengine.config import Config, DictAction  # noqa: E402
+from mmengine.registry import RUNNERS  # noqa: E402
+from mmengine.runner import Runner  # noqa: E402
+
+from mmsoft import launch  # noqa: E402
+
+
+def parse_args(argv=None):
+    parser = argparse.ArgumentParser(
+        description='Train a SOFT model (mmpretrain / mmdet / mmseg config)')
+    parser.add_argument('config', help='train config file path')
+    parser.add_argument('--work-dir', help='the dir to save logs and models')
+    parser.add_argument(
+        '--amp',
+        action='store_true',
+        default=False,
+        help='enable automatic-mixed-precision training (bfloat16 autocast '
+        'on CPU)')
+    parser.add_argument(
+        '--auto-scale-lr',
+        action='store_true',
+        help='enable automatically scaling LR with the total batch size')
+    parser.add_argument(
+        '--resume',
+        nargs='?',
+        type=str,
+        const='auto',
+        help='If specify checkpoint path, resume from it, while if not '
+        'specify, try to auto resume from the latest checkpoint '
+        'in the work directory.')
+    parser.add_argument(
+        '--cfg-options',
+        nargs='+',
+        action=DictAction,
+        help='override some settings in the used config, the key-value pair '
+        'in xxx=yyy format will be merged into config file. If the value to '
+        'be overwritten is a list, it should be like key="[a,b]" or key=a,b '
+        'It also allows nested list/tuple values, e.g. key="[(a,b),(c,d)]" '
+        'Note that the quotation marks are necessary and that no white space '
+        'is allowed.')
+    parser.add_argument(
+        '--launcher',
+        choices=['none', 'pytorch', 'slurm', 'mpi'],
+        default='none',
+        help='job launcher')
+    # When using PyTorch version >= 2.0.0, the `torch.distributed.launch`
+    # will pass the `--local-rank` parameter to `tools/train.py` instead
+    # of `--local_rank`.
+    parser.add_argument('--local_rank', '--local-rank', type=int, default=0)
+    args = parser.parse_args(argv)
+    if 'LOCAL_RANK' not in os.environ:
+        os.environ['LOCAL_RANK'] = str(args.local_rank)
+    return args
+
+
+def build_cfg(args):
+    cfg = Config.fromfile(args.config)
+    cfg.launcher = args.launcher
+    if args.cfg_options is not None:
+        cfg.merge_from_dict(args.cfg_options)
+
+    # work_dir is determined in this priority: CLI > segment in file > name
+    if args.work_dir is not None:
+        cfg.work_dir = args.work_dir
+    elif cfg.get('work_dir', None) is None:
+        cfg.work_dir = osp.join('./work_dirs',
+                                osp.splitext(osp.basename(args.config))[0])
+
+    if args.amp:
+        launch.enable_amp(cfg)
+
+    if args.auto_scale_lr:
+        if 'auto_scale_lr' in cfg and \
+                'enable' in cfg.auto_scale_lr and \
+                'base_batch_size' in cfg.auto_scale_lr:
+            cfg.auto_scale_lr.enable = True
+        else:
+            raise RuntimeError('Can not find "auto_scale_lr" or '
+                               '"auto_scale_lr.enable" or '
+                               '"auto_scale_lr.base_batch_size" in your'
+                               ' configuration file.')
+
+    # resume is determined in this priority: resume from > auto_resume
+    if args.resume == 'auto':
+        cfg.resume = True
+        cfg.load_from = None
+    elif args.resume is not None:
+        cfg.resume = True
+        cfg.load_from = args.resume
+    return cfg
+
+
+def main(argv=None):
+    args = parse_args(argv)
+    cfg = build_cfg(args)
+    launch.prepare_cfg(cfg, args.launcher)  # codebase, init, CPU dist
+
+    if 'runner_type' not in cfg:
+        runner = Runner.from_cfg(cfg)
+    else:
+        runner = RUNNERS.build(cfg)
+    runner.train()
+
+
+if __name__ == '__main__':
+    main()
