@@ -207,6 +207,12 @@ def test_seg_recipe(name):
     ][0]
     assert tuple(crop.crop_size) == (512, 512)
     assert cfg.train_dataloader.dataset.type == 'ADE20KDataset'
+    # no multi-scale training (IJCV Sec. 4.3): a fixed-scale resize
+    train_types = [t.type for t in cfg.train_dataloader.dataset.pipeline]
+    assert 'RandomResize' not in train_types
+    resize = [t for t in cfg.train_dataloader.dataset.pipeline
+              if t.type == 'Resize'][0]
+    assert tuple(resize.scale) == (2048, 512) and 'ratio_range' not in resize
     # single-scale whole-image test, no TTA
     test_types = [t.type for t in cfg.test_dataloader.dataset.pipeline]
     assert 'TestTimeAug' not in test_types

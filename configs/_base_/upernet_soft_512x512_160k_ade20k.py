@@ -39,7 +39,21 @@ model = dict(
     decode_head=dict(in_channels=[64, 128, 320, 512], num_classes=150),
     auxiliary_head=dict(in_channels=320, num_classes=150))
 
-train_dataloader = dict(batch_size=2)  # x 8 GPUs = 16
+# "Multi-scale training and test time augmentation are not used" (IJCV
+# Sec. 4.3): a fixed short side of 512 instead of mmseg's 0.5-2.0 random
+# rescaling, then the usual 512 x 512 crop, flip and photometric jitter.
+train_pipeline = [
+    dict(type='LoadImageFromFile'),
+    dict(type='LoadAnnotations', reduce_zero_label=True),
+    dict(type='Resize', scale=(2048, 512), keep_ratio=True),
+    dict(type='RandomCrop', crop_size=crop_size, cat_max_ratio=0.75),
+    dict(type='RandomFlip', prob=0.5),
+    dict(type='PhotoMetricDistortion'),
+    dict(type='PackSegInputs')
+]
+train_dataloader = dict(
+    batch_size=2,  # x 8 GPUs = 16
+    dataset=dict(pipeline=train_pipeline))
 val_dataloader = dict(batch_size=1)
 test_dataloader = val_dataloader
 
