@@ -42,8 +42,9 @@ def outputs_written(out, stem, table='md'):
 # ------------------------------------------------------------ get_flops
 def test_get_flops_counts_attention_products_and_nr(tmp_path):
     gf = tool('get_flops')
-    rows = gf.main(['--models', 'soft_tiny', 'softmax_tiny', '--shape',
-                    '64', '--backbone-only', '--out', str(tmp_path)])
+    rows = gf.main(['--models', 'soft_tiny', 'softmax_tiny', '--arch',
+                    json.dumps(TINY), '--shape', '64', '--backbone-only',
+                    '--out', str(tmp_path)])
     outputs_written(tmp_path, 'flops')
     by = {r['model']: r for r in read_csv(tmp_path / 'flops.csv')}
     assert set(by) == {'soft_tiny', 'softmax_tiny'}
@@ -89,7 +90,8 @@ def test_get_flops_bottleneck_settings_give_m_landmarks():
     from mmsoft.models.backbones import SOFT
     for m in (36, 81):
         kw = gf.bottleneck_overrides(m)
-        model = SOFT(kw['arch'], max_landmarks=kw['max_landmarks'],
+        arch = dict(kw['arch'], **TINY)  # small channels, same ratios
+        model = SOFT(arch, max_landmarks=kw['max_landmarks'],
                      out_indices=(2, )).eval()
         seen = []
         for mod in model.modules():
@@ -168,6 +170,19 @@ def test_nr_convergence_on_an_image_folder(tmp_path):
         assert rs[0]['matrices'] == 2 * TINY['num_heads'][st - 1]
         assert all(np.isfinite([r['mean'], r['max']]).all() for r in rs)
         assert rs[-1]['mean'] < rs[0]['mean'] <= 1 + 1e-6
+
+
+@pytest.mark.parametrize('init', ['soft', 'soft_norm'])
+def test_nr_convergence_metric_is_pinv_convergence(init):
+    from mmsoft.models.layers import gaussian_kernel
+    from mmsoft.models.layers.pinv import pinv_convergence
+    nc = tool('nr_convergence')
+    g = torch.Generator().manual_seed(0)
+    lm = torch.randn(3, 2, 12, 4, generator=g, dtype=torch.float64) * 0.5
+    A = gaussian_kernel(lm, lm)
+    ref = torch.stack(pinv_convergence(A, 8, init), -1)
+    torch.testing.assert_close(nc.convergence(A, 8, init), ref, rtol=1e-8,
+                               atol=1e-12)
 
 
 def test_nr_convergence_loads_checkpoints(tmp_path):

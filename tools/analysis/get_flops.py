@@ -44,6 +44,7 @@ them) unless ``--backbone-only``. Writes ``flops.csv``, ``flops.md`` and
 import argparse
 import csv
 import io
+import json
 import os
 import os.path as osp
 import sys
@@ -296,9 +297,10 @@ def jobs_for(args):
                 pp, pf = PAPER_SAMPLING[s]
                 jobs.append((t, f'soft_tiny {s}', lambda s=s: build_named(
                     'soft_tiny', head, sampling=s), pp, pf))
+    extra = dict(arch=json.loads(args.arch)) if args.arch else {}
     for name in args.models:
-        jobs.append(('models', name, lambda n=name: build_named(n, head),
-                     None, None))
+        jobs.append(('models', name, lambda n=name: build_named(
+            n, head, **extra), None, None))
     for path in args.config:
         jobs.append(('config', osp.relpath(path), lambda p=path: build_config(
             p, args.attn_type), None, None))
@@ -403,6 +405,10 @@ def parse_args(argv=None):
                    help='input H [W] (default 224)')
     p.add_argument('--bottlenecks', nargs='+', type=int,
                    default=[36, 49, 64, 81])
+    p.add_argument('--arch', default=None,
+                   help='JSON arch dict replacing the preset of --models, '
+                   'e.g. \'{"embed_dims": [32, 64, 160, 256], "num_heads": '
+                   '[1, 2, 5, 8], "depths": [1, 1, 1, 1]}\'')
     p.add_argument('--backbone-only', action='store_true',
                    help='named models without the classification head')
     p.add_argument('--out', default='work_dirs/get_flops')

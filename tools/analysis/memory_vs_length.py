@@ -122,12 +122,11 @@ def child(args):
                         args.landmarks, args.ratio).to(dev)
     hw = (BASE_SIDE, BASE_SIDE * args.p_value)
     x = torch.randn(1, hw[0] * hw[1], args.dims, device=dev)
-    ctx = contextlib.nullcontext
-    if args.attn == 'softmax:math':
-        from torch.nn.attention import SDPBackend, sdpa_kernel
-
-        def ctx():
+    def ctx():  # softmax:math materialises the n x n matrix
+        if args.attn == 'softmax:math':
+            from torch.nn.attention import SDPBackend, sdpa_kernel
             return sdpa_kernel(SDPBackend.MATH)
+        return contextlib.nullcontext()
 
     def run(inp, shape, train):
         with ctx():

@@ -26,7 +26,7 @@ ORDERS = ('auto', 'quadratic', 'linear')
 
 
 def l1_normalize_tokens(t: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
-    """Divide each channel of t (..., n, d) by its l1 norm over the n tokens."""
+    """Divide each channel of t (..., n, d) by its l1 norm over tokens."""
     return t / (t.abs().sum(-2, keepdim=True) + eps)
 
 
