@@ -150,3 +150,21 @@ def test_auto_method_choice():
     assert resolve_method('iterative', big) == 'iterative'
     with pytest.raises(ValueError, match='spectral'):
         resolve_method('svd', big)
+
+
+def test_soft_norm_global_matches_official_batch_rule():
+    """Opt-in official rule: one alpha for the stack, all must pass."""
+    A = torch.cat([kernel_matrix(1, m=16, dtype=torch.float64, seed=1),
+                   kernel_matrix(1, m=16, scale=0.05, dtype=torch.float64,
+                                 seed=2)])
+    alpha = nr_init_alpha(A, 'soft_norm_global')
+    assert alpha[0] == alpha[1]
+    eye = torch.eye(16, dtype=A.dtype)
+    a = 2 / A.sum(-1).max()**2
+    n = 0
+    while max((eye - a * M @ M).abs().sum(-2).max() for M in A) > 1.01 \
+            and n < 10:
+        a, n = a * 0.5, n + 1
+    torch.testing.assert_close(alpha[0], a)
+    # differs from the per-matrix default, which does not couple samples
+    assert not torch.equal(nr_init_alpha(A, 'soft_norm'), alpha)

@@ -171,3 +171,13 @@ def test_max_landmarks_inactive_below_cap_is_identical():
     b.load_state_dict(a.state_dict())
     x = torch.randn(2, 28 * 28, 32)
     torch.testing.assert_close(a(x, (28, 28)), b(x, (28, 28)))
+
+
+def test_dw_conv_equals_official_grouped_layout():
+    """Per-head filter on V, as the official (B*d, h, H, W) grouped conv."""
+    attn = SOFTAttention(64, 4, 4, dw_kernel_size=5)
+    B, (H, W) = 2, (6, 10)
+    v = torch.randn(B, 4, H * W, 16)
+    ref = attn.dw_conv(v.permute(0, 3, 1, 2).reshape(B * 16, 4, H, W))
+    ref = ref.reshape(B, 16, 4, H * W).permute(0, 2, 3, 1)
+    torch.testing.assert_close(attn._dw_conv_v(v, (H, W)), ref)

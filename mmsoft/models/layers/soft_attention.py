@@ -259,23 +259,40 @@ class SOFTAttention(nn.Module):
         B, N, _ = x.shape
         return x.view(B, N, self.num_heads, self.head_dims).transpose(1, 2)
 
+    def _dw_conv_tokens(self, v: torch.Tensor,
+                        hw: Tuple[int, int]) -> torch.Tensor:
+        """Per-head k x k conv of the (B, N, C) value tokens -> (B, N, C).
+
+        One channels-last depthwise conv over the C channels, head g's
+        filter repeated for its d channels: the same function as the
+        official (B*d, h, H, W) grouped conv, without its two permuted
+        copies, and several times faster on the CPU (forward and backward).
+        """
+        B, N, C = v.shape
+        x = v.transpose(1, 2).reshape(B, C, *hw)  # a channels-last view
+        w = self.dw_conv.weight.repeat_interleave(self.head_dims, 0)
+        x = F.conv2d(x, w, None, 1, self.dw_conv.padding, 1, C)
+        return x.flatten(2).transpose(1, 2)
+
     def _dw_conv_v(self, v: torch.Tensor, hw: Tuple[int, int]):
+        """The same conv for split heads: (B, h, N, d) -> (B, h, N, d)."""
         B, h, N, d = v.shape
-        x = v.permute(0, 3, 1, 2).reshape(B * d, h, *hw)
-        x = self.dw_conv(x).reshape(B, d, h, N)
-        return x.permute(0, 2, 3, 1)
+        out = self._dw_conv_tokens(v.transpose(1, 2).reshape(B, N, h * d),
+                                   hw)
+        return out.view(B, N, h, d).transpose(1, 2)
 
     def forward(self, x: torch.Tensor, hw: Tuple[int, int]) -> torch.Tensor:
         """x: (B, N, C) tokens of an H x W map -> (B, N, C)."""
         B, N, C = x.shape
         q = self._split(self.q(x)) * self.head_dims**-0.25
-        v = self._split(self.v(x))
+        v_tokens = self.v(x)
+        v = self._split(v_tokens)
         landmarks = self.sampler(q, hw)
         out = soft_attention(q, landmarks, v, self.attn_norm, self.nr_iters,
                              self.nr_init, self.nr_method)
-        if self.dw_conv is not None:
-            out = out + self._dw_conv_v(v, hw)
         out = out.transpose(1, 2).reshape(B, N, C)
+        if self.dw_conv is not None:
+            out = out + self._dw_conv_tokens(v_tokens, hw)
         return self.proj(out)
 
     def extra_repr(self) -> str:
