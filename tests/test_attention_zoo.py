@@ -81,6 +81,13 @@ def test_every_entry_keeps_the_per_head_dw_conv_on_v(attn_type):
     soft = SOFTAttention(C, HEADS, 2, dw_kernel_size=5)
     assert attn.dw_conv.weight.shape == soft.dw_conv.weight.shape
     assert build(attn_type, dw_kernel_size=0).dw_conv is None
+    # the same function as SOFT's branch for the same filters
+    soft = soft.double()
+    with torch.no_grad():
+        soft.dw_conv.weight.copy_(attn.dw_conv.weight)
+        v = torch.randn(2, HEADS, N, D, dtype=torch.float64)
+        torch.testing.assert_close(attn._dw_conv_v(v, HW),
+                                   soft._dw_conv_v(v, HW))
 
 
 @pytest.mark.parametrize('attn_type', ATTENTION_TYPES)

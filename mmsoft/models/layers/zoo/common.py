@@ -9,8 +9,9 @@ disables it) and the output projection ``proj``.
 Subclasses implement
 
 * ``_mix(x, hw) -> (out, v)``: the token mixing of tokens x (B, n, C) of an
-  H x W map; ``out`` (B, h, n, d) and the full-resolution values ``v``
-  (B, h, n, d) that the depthwise convolution takes;
+  H x W map; ``out`` (B, h, n, d) and the full-resolution value tokens
+  ``v`` = x W_v (B, n, C) that the depthwise convolution takes (None
+  when it is disabled and the mixer does not need them);
 * ``attention_row(x, hw, index) -> (B, h, n)``: the weights with which query
   token ``index`` mixes the n tokens (for :mod:`tools.analysis
   .visualize_attention`), without forming the n x n matrix.
@@ -159,11 +160,25 @@ class ZooAttention(nn.Module):
         return t.flatten(2).transpose(1, 2).reshape(B, self.num_heads, -1,
                                                     d)
 
+    def _dw_conv_tokens(self, v: torch.Tensor,
+                        hw: Tuple[int, int]) -> torch.Tensor:
+        """Per-head k x k conv of (B, N, C) value tokens -> (B, N, C).
+
+        As :meth:`SOFTAttention._dw_conv_tokens`: one channels-last
+        depthwise conv, head g's filter repeated for its d channels.
+        """
+        B, N, C = v.shape
+        x = v.transpose(1, 2).reshape(B, C, *hw)
+        w = self.dw_conv.weight.repeat_interleave(self.head_dims, 0)
+        x = F.conv2d(x, w, None, 1, self.dw_conv.padding, 1, C)
+        return x.flatten(2).transpose(1, 2)
+
     def _dw_conv_v(self, v: torch.Tensor, hw: Tuple[int, int]):
+        """The same conv for split heads: (B, h, N, d) -> (B, h, N, d)."""
         B, h, N, d = v.shape
-        x = v.permute(0, 3, 1, 2).reshape(B * d, h, *hw)
-        x = self.dw_conv(x).reshape(B, d, h, N)
-        return x.permute(0, 2, 3, 1)
+        out = self._dw_conv_tokens(v.transpose(1, 2).reshape(B, N, h * d),
+                                   hw)
+        return out.view(B, N, h, d).transpose(1, 2)
 
     @staticmethod
     def _check(x: torch.Tensor, hw: Tuple[int, int]):
@@ -179,10 +194,11 @@ class ZooAttention(nn.Module):
         """x: (B, N, C) tokens of an H x W map -> (B, N, C)."""
         self._check(x, hw)
         B, N, C = x.shape
-        out, v = self._mix(x, hw)
+        out, v_tokens = self._mix(x, hw)
+        out = out.transpose(1, 2).reshape(B, N, C)
         if self.dw_conv is not None:
-            out = out + self._dw_conv_v(v, hw)
-        return self.proj(out.transpose(1, 2).reshape(B, N, C))
+            out = out + self._dw_conv_tokens(v_tokens, hw)
+        return self.proj(out)
 
     def attention_row(self, x: torch.Tensor, hw: Tuple[int, int],
                       index: Index) -> torch.Tensor:

@@ -80,8 +80,7 @@ class LinformerAttention(ZooAttention):
         q = self._split(self.q(x))
         k, vr = self._split(self.k(xr)), self._split(self.v(xr))
         out = F.scaled_dot_product_attention(q, k, vr)
-        v = self._split(self.v(x)) if self.dw_conv is not None else None
-        return out, v
+        return out, (self.v(x) if self.dw_conv is not None else None)
 
     @torch.no_grad()
     def reduced_attention_row(self, x: torch.Tensor, hw: Tuple[int, int],

@@ -99,11 +99,12 @@ class NystromformerAttention(ZooAttention):
 
     def _mix(self, x: torch.Tensor, hw: Tuple[int, int]):
         F_, A_inv, B_ = self._kernels(x, hw)
-        v = self._split(self.v(x))
+        vt = self.v(x)
+        v = self._split(vt)
         with torch.autocast(device_type=x.device.type, enabled=False):
             dt = A_inv.dtype
             out = F_.to(dt) @ (A_inv @ (B_.to(dt) @ v.to(dt)))
-        return out.to(v.dtype), v
+        return out.to(v.dtype), vt
 
     @torch.no_grad()
     def attention_row(self, x: torch.Tensor, hw: Tuple[int, int],

@@ -113,11 +113,12 @@ class PerformerAttention(ZooAttention):
                 self.redraw()
             self._calls += 1
         pq, pk = self._phi(x)
-        v = self._split(self.v(x))
+        vt = self.v(x)
+        v = self._split(vt)
         kv = pk.transpose(-1, -2) @ v.to(pk.dtype)  # (B, h, M, d)
         denom = pq @ pk.sum(-2).unsqueeze(-1)  # (B, h, n, 1)
         out = (pq @ kv) / (denom + self.eps)
-        return out.to(v.dtype), v
+        return out.to(v.dtype), vt
 
     @torch.no_grad()
     def attention_row(self, x: torch.Tensor, hw: Tuple[int, int],

@@ -67,14 +67,15 @@ class SimAAttention(ZooAttention):
 
     def _mix(self, x: torch.Tensor, hw: Tuple[int, int]):
         q, k = self._qk(x)
-        v = self._split(self.v(x))
+        vt = self.v(x)
+        v = self._split(vt)
         order = sima_order(q.shape[-2], q.shape[-1], self.order)
         self.last_order = order
         if order == 'linear':
             out = q @ (k.transpose(-1, -2) @ v)
         else:
             out = (q @ k.transpose(-1, -2)) @ v
-        return out, v
+        return out, vt
 
     @torch.no_grad()
     def attention_row(self, x: torch.Tensor, hw: Tuple[int, int],

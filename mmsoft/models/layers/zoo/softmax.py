@@ -34,8 +34,10 @@ class SoftmaxZooAttention(ZooAttention):
         self.v = nn.Linear(embed_dims, embed_dims, bias=qkv_bias)
 
     def _mix(self, x: torch.Tensor, hw: Tuple[int, int]):
-        q, k, v = (self._split(f(x)) for f in (self.q, self.k, self.v))
-        return F.scaled_dot_product_attention(q, k, v), v
+        vt = self.v(x)
+        q, k, v = self._split(self.q(x)), self._split(self.k(x)), \
+            self._split(vt)
+        return F.scaled_dot_product_attention(q, k, v), vt
 
     @torch.no_grad()
     def attention_row(self, x: torch.Tensor, hw: Tuple[int, int],
