@@ -16,7 +16,8 @@ small ones, as they have the same parameter counts).
 
 Models: soft_{tiny,small,...}[_norm][_iterative|_spectral] (SOFT backbone,
 all four outputs; ``_iterative``/``_spectral`` force the pseudo-inverse
-method), pvtv2_b0..b2 (mmdet PyramidVisionTransformerV2), swin_t (mmdet
+method), {softmax,linformer,performer,nystromformer,sima}_<arch> (the
+attention zoo in the SOFT architecture, Table 1), pvtv2_b0..b2 (mmdet PyramidVisionTransformerV2), swin_t (mmdet
 SwinTransformer), or ``--config`` files (their ``model.backbone``).
 Sizes: ``HxWxB``. Writes results.csv / results.md / benchmark.png.
 """
@@ -53,6 +54,11 @@ def build_backbone(name: str):
         import mmsoft  # noqa: F401
         with DefaultScope.overwrite_default_scope(scope):
             return reg.build(cfg.model.backbone)
+    if name.split('_')[0] in ('softmax', 'linformer', 'performer',
+                              'nystromformer', 'sima'):
+        from mmsoft.models.backbones import SOFT
+        attn, arch = name.split('_', 1)
+        return SOFT(arch, attn_type=attn)
     if name.startswith('soft_'):
         from mmsoft.models.backbones import SOFT
         parts = name[5:].split('_')
