@@ -1,0 +1,151 @@
+"""The demo configs (``configs/demo``) and the main job (``tools/demo.py``).
+
+* each config composes from the codebase's shipped configs, keeps the
+  codebase's dataset / head / metric types, and its SOFT backbone keeps
+  several bottleneck tokens per stage at the demo resolution;
+* each config trains a handful of iterations with mmengine's Runner on tiny
+  generated data, is evaluated with the codebase's metric and draws its
+  prediction PNG (``mmsoft.demo.tasks.run_task``);
+* ``tools/demo.py --smoke`` runs end to end (data, training, results table,
+  results.json, PNG) for one task;
+* the results table.
+
+The targets of the full demo (minutes of training) are measured by
+``tools/demo.py`` itself, not here.
+"""
+import json
+import os.path as osp
+import runpy
+
+import cv2
+import pytest
+
+pytest.importorskip('mmdet')
+pytest.importorskip('mmseg')
+pytest.importorskip('mmpretrain')
+
+import mmsoft  # noqa: E402,F401
+from mmsoft.demo import synthetic as S  # noqa: E402
+from mmsoft.demo import tasks as T  # noqa: E402
+from mmsoft.models.layers.soft_attention import landmark_grid  # noqa: E402
+
+ROOT = osp.dirname(osp.dirname(osp.abspath(__file__)))
+TINY_DATA = {t: dict(num_train=4, num_val=2) for t in ('det', 'seg', 'cls')}
+TINY_DATA['cls'] = dict(num_train=5, num_val=5)
+
+EXPECTED = {
+    'det': dict(model='RetinaNet', dataset='CocoDataset',
+                metric='CocoMetric', size=160),
+    'seg': dict(model='EncoderDecoder', dataset='ADE20KDataset',
+                metric='IoUMetric', size=160),
+    'cls': dict(model='ImageClassifier', dataset='ImageNet',
+                metric='Accuracy', size=64),
+}
+
+
+@pytest.fixture(scope='module')
+def tiny_data(tmp_path_factory):
+    root = str(tmp_path_factory.mktemp('demo_tiny'))
+    return S.make_demo_data(root, overrides=TINY_DATA, workers=1, log=None)
+
+
+def _type(x):
+    return x['type'].split('.')[-1]
+
+
+@pytest.mark.parametrize('task', sorted(T.TASKS))
+def test_config_contents(task):
+    cfg = T.load_demo_config(task)
+    exp = EXPECTED[task]
+    assert _type(cfg.model) == exp['model']
+    assert cfg.model.backbone.type in ('SOFT', 'mmsoft.SOFT')
+    assert 'mmsoft' in cfg.custom_imports['imports']
+    for key in ('train_dataloader', 'val_dataloader', 'test_dataloader'):
+        assert _type(cfg[key].dataset) == exp['dataset']
+    assert _type(cfg.test_evaluator) == exp['metric']
+    # every SOFT stage keeps >= 4 bottleneck tokens at the demo size
+    arch = cfg.model.backbone.arch
+    hw = exp['size'] // 4
+    for i, r in enumerate(arch['sampling_ratios'][:3]):
+        gh, gw = landmark_grid((hw, hw), r)
+        assert gh * gw >= 4, (task, i, hw, r)
+        hw = (hw + 1) // 2
+    # the model builds and its heads match the backbone's channels
+    if task == 'det':
+        from mmdet.registry import MODELS
+        from mmdet.utils import register_all_modules
+    elif task == 'seg':
+        from mmseg.registry import MODELS
+        from mmseg.utils import register_all_modules
+    else:
+        from mmpretrain.registry import MODELS
+        from mmpretrain.utils import register_all_modules
+    register_all_modules()
+    model = MODELS.build(cfg.model)
+    n_params = sum(p.numel() for p in model.parameters())
+    assert n_params < 5e6, n_params  # small enough to train on a CPU
+
+
+@pytest.mark.parametrize('task', sorted(T.TASKS))
+def test_short_training_run(task, tiny_data, tmp_path):
+    cfg = T.load_demo_config(task)
+    T.shrink_for_smoke(cfg, iters=3, batch_size=2)
+    data = tiny_data[T.TASKS[task]['data_task']]['path']
+    r = T.run_task(task, data, str(tmp_path / task),
+                   cfg=cfg, n_draw=2)
+    spec = T.TASKS[task]
+    assert spec['metric'] in r['metrics']
+    assert 0.0 <= r['value'] <= 1.0
+    assert r['train_s'] > 0 and r['test_s'] > 0
+    img = cv2.imread(r['png'])
+    assert img is not None and img.shape[0] > 100 and img.shape[1] > 100
+    logs = list((tmp_path / task).glob('*/*.log'))
+    assert logs and 'Iter(train) [3/3]' in logs[0].read_text()
+
+
+def test_set_data_root(tmp_path):
+    cfg = T.load_demo_config('det')
+    T.set_data_root(cfg, str(tmp_path / 'x'))
+    root = str(tmp_path / 'x') + '/'
+    assert cfg.train_dataloader.dataset.data_root == root
+    assert cfg.test_dataloader.dataset.data_root == root
+    assert cfg.val_evaluator.ann_file == \
+        root + 'annotations/instances_val.json'
+
+
+def test_format_table():
+    text = T.format_table([
+        dict(task='detection', metric='bbox mAP@0.5', value=0.61,
+             target=0.5, seconds=200.0),
+        dict(task='detection', metric='bbox mAP', value=0.3, target=None),
+        dict(task='classification', metric='top-1', value=0.85,
+             target=0.9, seconds=150.0),
+        dict(task='segmentation', metric='mIoU', value=None, target=0.6),
+    ])
+    lines = text.splitlines()
+    assert lines[0].startswith('| task') and len(lines) == 6
+    assert 'PASS' in lines[2] and '0.610' in lines[2] and '>= 0.5' in lines[2]
+    assert 'PASS' not in lines[3] and 'FAIL' not in lines[3]
+    assert 'FAIL' in lines[4]
+    assert 'ERROR' in lines[5]
+
+
+def test_demo_smoke(tmp_path, capsys):
+    """tools/demo.py end to end (one task; 3 iterations on tiny data)."""
+    demo = runpy.run_path(osp.join(ROOT, 'tools', 'demo.py'),
+                          run_name='demo')
+    rc = demo['main'](['--smoke', '--tasks', 'cls', '--no-setup',
+                       '--threads', '1', '--data', str(tmp_path / 'data'),
+                       '--work-dir', str(tmp_path / 'wd')])
+    out = capsys.readouterr().out
+    assert rc == 0, out
+    assert '| classification | top-1' in out
+    assert 'predictions:' in out and 'cls_predictions.png' in out
+    wd = tmp_path / 'wd-smoke'
+    with open(wd / 'results.json') as f:
+        res = json.load(f)
+    assert res['smoke'] and res['tasks'] == ['cls']
+    assert 'accuracy/top1' in res['results']['cls']['metrics']
+    assert osp.isfile(res['results']['cls']['png'])
+    assert (wd / 'results.md').read_text().startswith('| task')
+    assert (tmp_path / 'data-smoke' / 'imagenet' / S.MANIFEST).is_file()

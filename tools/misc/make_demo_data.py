@@ -1,0 +1,76 @@
+"""Generate the synthetic demo data sets (COCO / ADE20K / ImageNet layouts).
+
+    python tools/misc/make_demo_data.py                 # -> data/demo
+    python tools/misc/make_demo_data.py --out /tmp/demo --seed 1 --force
+    python tools/misc/make_demo_data.py --tasks det --num-train 50 --num-val 10
+
+Writes ``<out>/coco`` (mmdet CocoDataset), ``<out>/ade`` (mmseg
+ADE20KDataset) and ``<out>/imagenet`` (mmpretrain CustomDataset / ImageNet);
+see :mod:`mmsoft.demo.synthetic` for the formats. Deterministic for a given
+seed; data sets whose manifest already matches are skipped (``--force``
+regenerates). Needs only numpy and OpenCV: the generator module is loaded
+from its file, without importing torch or the OpenMMLab packages.
+"""
+import argparse
+import importlib.util
+import os.path as osp
+import sys
+import time
+
+ROOT = osp.dirname(osp.dirname(osp.dirname(osp.abspath(__file__))))
+
+
+def load_generator():
+    """mmsoft/demo/synthetic.py as a module (without importing mmsoft)."""
+    path = osp.join(ROOT, 'mmsoft', 'demo', 'synthetic.py')
+    name = '_mmsoft_demo_synthetic'
+    if name in sys.modules:
+        return sys.modules[name]
+    spec = importlib.util.spec_from_file_location(name, path)
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules[name] = mod  # worker processes pickle its functions by name
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.split('\n')[0])
+    p.add_argument('--out', default=osp.join(ROOT, 'data', 'demo'),
+                   help='output root (default: data/demo)')
+    p.add_argument('--seed', type=int, default=0)
+    p.add_argument('--tasks', nargs='+', default=['det', 'seg', 'cls'],
+                   choices=['det', 'seg', 'cls'])
+    p.add_argument('--num-train', type=int, default=None,
+                   help='training images per data set (default: per task)')
+    p.add_argument('--num-val', type=int, default=None,
+                   help='validation images per data set')
+    p.add_argument('--workers', type=int, default=None,
+                   help='rendering processes (default: CPU count, <= 4)')
+    p.add_argument('--force', action='store_true',
+                   help='regenerate even if the data is up to date')
+    return p.parse_args(argv)
+
+
+def main(argv=None):
+    args = parse_args(argv)
+    gen = load_generator()
+    overrides = {}
+    for task in args.tasks:
+        o = {}
+        if args.num_train is not None:
+            o['num_train'] = args.num_train
+        if args.num_val is not None:
+            o['num_val'] = args.num_val
+        overrides[task] = o
+    t0 = time.perf_counter()
+    gen.make_demo_data(args.out, seed=args.seed, tasks=args.tasks,
+                       force=args.force, overrides=overrides,
+                       workers=args.workers,
+                       log=lambda msg: print(f'[data] {msg}', flush=True))
+    print(f'[data] done in {time.perf_counter() - t0:.1f} s -> {args.out}',
+          flush=True)
+    return 0
+
+
+if __name__ == '__main__':
+    sys.exit(main())
