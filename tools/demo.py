@@ -61,9 +61,9 @@ def parse_args(argv=None):
                    help='logs, checkpoints, prediction PNGs, results')
     p.add_argument('--seed', type=int, default=0, help='data and training')
     p.add_argument('--threads', type=int, default=0,
-                   help='torch CPU threads; 0 (default): the idle cores '
-                   '(cores minus the whole part of the 1-minute load '
-                   'average, at least 1)')
+                   help='torch CPU threads; 0 (default): the cores other '
+                   'processes leave idle (from the 1-minute load average), '
+                   'chosen again before each task')
     p.add_argument('--smoke', action='store_true',
                    help='a plumbing check: tiny data sets (in '
                    '<data>-smoke), 3 training iterations per task')
@@ -117,14 +117,17 @@ def load1():
         return 0.0
 
 
-def pick_threads(requested):
+def pick_threads(requested, own=0):
+    """torch threads: ``requested``, or the cores that other processes
+    leave idle. A core counts as busy once the load average says a whole
+    core is taken: OpenMP threads fighting another process for a core are
+    several times slower than one thread. ``own``: the threads this process
+    kept busy over the last minute (part of the load average)."""
     ncpu = os.cpu_count() or 1
     if requested > 0:
         return requested
-    # a core counts as busy once the load average says a whole core is
-    # taken: a few OpenMP threads fighting another process for a core are
-    # several times slower than one thread
-    return max(1, min(ncpu, ncpu - int(load1())))
+    others = max(0.0, load1() - own)
+    return max(1, min(ncpu, ncpu - int(others)))
 
 
 # ---------------------------------------------------------------- logging
@@ -204,6 +207,12 @@ def main(argv=None):
         cfg = T.load_demo_config(task)
         if args.smoke:
             T.shrink_for_smoke(cfg)
+        if k > 1:
+            new = pick_threads(args.threads, own=threads)
+            if new != threads:
+                threads = new
+                torch.set_num_threads(threads)
+                log(f'load average {load1():.1f}: now {threads} thread(s)')
         log()
         log(f'({k}/{len(args.tasks)}) {spec["name"]}: {spec["model"]} on '
             f'{data_path} [{spec["config"]}]')
@@ -222,6 +231,7 @@ def main(argv=None):
             continue
         r['seconds'] = time.perf_counter() - t0
         r['cpu_seconds'] = time.process_time() - c0
+        r['threads'] = threads
         results[task] = r
         target = 'no target' if spec['target'] is None else \
             f'target {spec["target"]}'
@@ -243,11 +253,13 @@ def main(argv=None):
     # 5. report ---------------------------------------------------------
     total = time.perf_counter() - t_start
     table = T.format_table(rows)
+    task_threads = ' '.join(f'{t}={results[t].get("threads", "-")}'
+                            for t in args.tasks)
     missed = sum(1 for row in rows if row['target'] is not None and
                  row['value'] is not None and row['value'] < row['target'])
     os.makedirs(work_dir, exist_ok=True)
     summary = dict(
-        tasks=args.tasks, smoke=args.smoke, seed=args.seed, threads=threads,
+        tasks=args.tasks, smoke=args.smoke, seed=args.seed,
         cpu_count=ncpu, load_average_end=load1(),
         data_seconds=data_s, total_seconds=total,
         cpu_seconds=time.process_time() - c_start, results=results,
@@ -261,8 +273,9 @@ def main(argv=None):
         'synthetic validation sets'
     print(f'mmsoft demo results ({kind})')
     print(table)
-    print(f'total {total / 60:.1f} min (data {data_s:.0f} s), {threads} '
-          f'thread(s), load average now {load1():.1f}')
+    print(f'total {total / 60:.1f} min (data {data_s:.0f} s), torch '
+          f'threads per task: {task_threads}, load average now '
+          f'{load1():.1f}')
     for png in pngs:
         print(f'predictions: {png}')
     print(f'results: {osp.join(work_dir, "results.json")}')
