@@ -229,3 +229,10 @@ def prepare_cfg(cfg, launcher: str = 'none') -> str:
     scope = import_codebase(cfg)
     setup_cpu_distributed(cfg, launcher)
     return scope
+
+
+def shutdown_dist():
+    """Destroy the default process group if one was initialised."""
+    import torch.distributed as dist
+    if dist.is_available() and dist.is_initialized():
+        dist.destroy_process_group()

@@ -190,7 +190,13 @@ def main(argv=None):
             runner.test_evaluator.metrics.append(
                 DumpResults(out_file_path=args.out))
 
-    runner.test()
+    try:
+        runner.test()
+    finally:
+        # tear the process group down before interpreter exit: left to
+        # atexit, gloo can abort ("terminate called without an active
+        # exception") after a finished run
+        launch.shutdown_dist()
 
 
 if __name__ == '__main__':

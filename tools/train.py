@@ -125,7 +125,13 @@ def main(argv=None):
         runner = Runner.from_cfg(cfg)
     else:
         runner = RUNNERS.build(cfg)
-    runner.train()
+    try:
+        runner.train()
+    finally:
+        # tear the process group down before interpreter exit: left to
+        # atexit, gloo can abort ("terminate called without an active
+        # exception") after a finished run
+        launch.shutdown_dist()
 
 
 if __name__ == '__main__':
