@@ -168,3 +168,91 @@ def test_soft_norm_global_matches_official_batch_rule():
     torch.testing.assert_close(alpha[0], a)
     # differs from the per-matrix default, which does not couple samples
     assert not torch.equal(nr_init_alpha(A, 'soft_norm'), alpha)
+
+
+def _alpha_by_explicit_residual(A, init):
+    """The official rule with the m x m residual I - alpha A A formed."""
+    norm1 = A.sum(-1).amax(-1)
+    if init == 'soft_norm_global':
+        norm1 = norm1.amax().expand_as(norm1)
+    alphas = (2 / norm1.square())[..., None] * 0.5**torch.arange(
+        11, dtype=A.dtype)
+    eye = torch.eye(A.shape[-1], dtype=A.dtype)
+    AA = A @ A
+    res = torch.stack([(eye - alphas[..., k, None, None] * AA).abs().sum(
+        -2).amax(-1) for k in range(11)], -1)
+    if init == 'soft_norm_global':
+        res = res.reshape(-1, 11).amax(0).expand_as(res)
+    passed = res <= 1.01
+    passed[..., -1] = True
+    return alphas.gather(-1, passed.byte().argmax(-1, keepdim=True))[..., 0]
+
+
+@pytest.mark.parametrize('init', ['soft_norm', 'soft_norm_global'])
+def test_alpha_residual_test_without_forming_AA(init):
+    """The O(m^2) residual (A >= 0, symmetric) picks the official alpha."""
+    A = torch.cat([kernel_matrix(3, m=m, scale=s, seed=k,
+                                 dtype=torch.float64)[:, :40, :40]
+                   for k, (m, s) in enumerate([(40, 0.1), (60, 0.5),
+                                               (49, 1.0), (80, 2.0)])])
+    alpha = nr_init_alpha(A, init)
+    ref = _alpha_by_explicit_residual(A, init)
+    torch.testing.assert_close(alpha, ref, rtol=0, atol=0)
+    halvings = torch.log2(2 / A.sum(-1).amax(-1).square() / alpha).round()
+    if init == 'soft_norm':  # the test set exercises several halvings
+        assert len(halvings.unique()) >= 3, halvings
+
+
+@pytest.mark.parametrize('method', ['iterative', 'spectral'])
+@pytest.mark.parametrize('init', ['soft_norm', 'soft'])
+def test_apply_equals_inverse_times_w(method, init):
+    """newton_inverse_apply(A, W) == newton_inverse(A) @ W, values and
+    gradients (float64 tight, float32 within 1e-5 relative)."""
+    from mmsoft.models.layers.pinv import newton_inverse_apply
+    for dtype, tol in ((torch.float64, 1e-12), (torch.float32, 1e-5)):
+        A = kernel_matrix(2, 3, m=150, seed=7, dtype=dtype)
+        W = torch.randn(2, 3, 150, 16, dtype=dtype)
+        G = torch.randn(2, 3, 150, 16, dtype=dtype)
+        outs = []
+        for fn in (lambda a, w: newton_inverse(a, 20, init, method) @ w,
+                   lambda a, w: newton_inverse_apply(a, w, 20, init,
+                                                     method)):
+            a = A.clone().requires_grad_()
+            w = W.clone().requires_grad_()
+            z = fn(a, w)
+            outs.append((z, *torch.autograd.grad((z * G).sum(), (a, w))))
+        for ref, got in zip(*outs):
+            assert got.dtype == dtype
+            rel = (got - ref).abs().max() / ref.abs().max()
+            assert rel < tol, (dtype, rel)
+
+
+@pytest.mark.parametrize('method', ['iterative', 'spectral'])
+def test_apply_gradcheck_and_batch_independence(method):
+    from mmsoft.models.layers.pinv import newton_inverse_apply
+    A = kernel_matrix(2, m=6, d=4, dtype=torch.float64, seed=8)
+    W = torch.randn(2, 6, 3, dtype=torch.float64)
+    A.requires_grad_(True)
+    W.requires_grad_(True)
+    # 60 iterations: converged, where Eq. (16) is the exact derivative
+    assert torch.autograd.gradcheck(
+        lambda a, w: newton_inverse_apply((a + a.mT) / 2, w, 60,
+                                          method=method), (A, W),
+        eps=1e-6, atol=1e-5)
+    B = kernel_matrix(3, m=150, seed=9)
+    V = torch.randn(3, 150, 8)
+    B[1:] = B[1:] ** 0.1  # very different co-samples
+    alone = newton_inverse_apply(B[:1], V[:1], 20, method=method)
+    together = newton_inverse_apply(B, V, 20, method=method)[:1]
+    torch.testing.assert_close(alone, together, rtol=1e-5, atol=1e-6)
+
+
+def test_apply_fp32_under_autocast_and_errors():
+    from mmsoft.models.layers.pinv import newton_inverse_apply
+    A = kernel_matrix(2, m=130)
+    W = torch.randn(2, 130, 8)
+    with torch.autocast('cpu', dtype=torch.bfloat16):
+        Z = newton_inverse_apply(A.bfloat16(), W.bfloat16(), 20)
+    assert Z.dtype == torch.float32 and torch.isfinite(Z).all()
+    with pytest.raises(ValueError, match=r'W of shape \(2, 129, 8\)'):
+        newton_inverse_apply(A, torch.randn(2, 129, 8))

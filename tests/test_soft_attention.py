@@ -181,3 +181,21 @@ def test_dw_conv_equals_official_grouped_layout():
     ref = attn.dw_conv(v.permute(0, 3, 1, 2).reshape(B * 16, 4, H, W))
     ref = ref.reshape(B, 16, 4, H * W).permute(0, 2, 3, 1)
     torch.testing.assert_close(attn._dw_conv_v(v, (H, W)), ref)
+
+
+@pytest.mark.parametrize('attn_norm', [True, False])
+@pytest.mark.parametrize('method', ['iterative', 'spectral'])
+def test_bottleneck_apply_equals_inverse_product(attn_norm, method):
+    """A_n^+ W without forming A_n^+ (Eq. 25 normalisation applied to W)."""
+    from mmsoft.models.layers.soft_attention import (bottleneck_apply,
+                                                     bottleneck_inverse)
+    g = torch.Generator().manual_seed(3)
+    lm = torch.randn(2, 2, 140, 16, generator=g, dtype=torch.float64) / 2
+    A = gaussian_kernel(lm, lm).requires_grad_()
+    W = torch.randn(2, 2, 140, 16, generator=g, dtype=torch.float64)
+    ref = bottleneck_inverse(A, attn_norm, 20, None, method) @ W
+    got = bottleneck_apply(A, W, attn_norm, 20, None, method)
+    torch.testing.assert_close(got, ref, rtol=1e-10, atol=1e-12)
+    gr = torch.autograd.grad(ref.square().sum(), A)[0]
+    gg = torch.autograd.grad(got.square().sum(), A)[0]
+    torch.testing.assert_close(gg, gr, rtol=1e-9, atol=1e-12)

@@ -42,8 +42,8 @@ from typing import Tuple
 
 import torch
 
-__all__ = ['newton_inverse', 'nr_init_alpha', 'pinv_convergence',
-           'NewtonInverse', 'INIT_MODES', 'NR_METHODS', 'SPECTRAL_MIN_M']
+__all__ = ['newton_inverse', 'newton_inverse_apply', 'nr_init_alpha',
+           'pinv_convergence', 'NewtonInverse', 'NewtonInverseApply', 'INIT_MODES', 'NR_METHODS', 'SPECTRAL_MIN_M']
 
 INIT_MODES = ('soft_norm', 'soft', 'soft_norm_global')
 NR_METHODS = ('auto', 'iterative', 'spectral')
@@ -55,11 +55,6 @@ _NORM_MAX_HALVINGS = 10
 _NORM_TOL = 1.01
 _SOFT_SHIFT = 0.01
 _SOFT_SCALE = 0.9
-
-
-def _abs_rowsum_max(A: torch.Tensor) -> torch.Tensor:
-    """||A||_inf per matrix (= ||A||_1 for symmetric A). Shape (..., )."""
-    return A.abs().sum(-1).amax(-1)
 
 
 def nr_init_alpha(A: torch.Tensor, init: str = 'soft_norm') -> torch.Tensor:
@@ -82,18 +77,19 @@ def nr_init_alpha(A: torch.Tensor, init: str = 'soft_norm') -> torch.Tensor:
     alpha0 = 2.0 / norm1.clamp_min(torch.finfo(A.dtype).tiny).square()
     if init == 'soft':
         return _SOFT_SCALE * alpha0
-    m = A.shape[-1]
-    AA = A @ A
     n = torch.arange(_NORM_MAX_HALVINGS + 1, device=A.device, dtype=A.dtype)
-    scales = _NORM_BETA**n  # (K,)
-    alphas = alpha0[..., None] * scales  # (..., K)
-    eye = torch.eye(m, device=A.device, dtype=A.dtype)
+    alphas = alpha0[..., None] * _NORM_BETA**n  # (..., K)
     # ||I - alpha_k A A||_1 (max column abs sum, as the official test) for
-    # every candidate k; one m x m temporary at a time, no host sync.
-    res = torch.stack([
-        (eye - alphas[..., k, None, None] * AA).abs().sum(-2).amax(-1)
-        for k in range(_NORM_MAX_HALVINGS + 1)
-    ], -1)  # (..., K)
+    # every candidate k, in O(m^2) per matrix instead of forming A A:
+    # A is symmetric and non-negative, so A A is non-negative and column j
+    # of I - alpha A A has abs sum |1 - alpha (AA)_jj| + alpha sum_{i!=j}
+    # (AA)_ij, with (AA)_jj = sum_i A_ij^2 and sum_i (AA)_ij = (A (A 1))_j.
+    colsum = torch.matmul(A, A.sum(-1, keepdim=True)).squeeze(-1)  # (..., m)
+    diag = A.square().sum(-2)  # (..., m)
+    off = (colsum - diag).clamp_min(0)
+    a = alphas[..., :, None]  # (..., K, 1)
+    res = ((1 - a * diag[..., None, :]).abs() +
+           a * off[..., None, :]).amax(-1)  # (..., K)
     if init == 'soft_norm_global':
         res = res.reshape(-1, res.shape[-1]).amax(0).expand_as(res)
     passed = res <= _NORM_TOL
@@ -115,13 +111,25 @@ def _newton_iterate(A: torch.Tensor, V: torch.Tensor,
     return V.reshape(shape)
 
 
-def _newton_spectral(A: torch.Tensor, alpha: torch.Tensor,
-                     iters: int) -> torch.Tensor:
-    """The same iterations on the eigenvalues of the symmetric A."""
+def _spectral_factors(A: torch.Tensor, alpha: torch.Tensor,
+                      iters: int) -> Tuple[torch.Tensor, torch.Tensor]:
+    """The NR iterations on the eigenvalues of the symmetric A.
+
+    Returns (U, v) with A_T = U diag(v) U^T: A = U diag(l) U^T, and every
+    iterate is the same polynomial of A, so A_0 = alpha A becomes
+    v_0 = alpha l and Eq. (10) becomes v_{k+1} = 2 v_k - v_k^2 l.
+    """
     lam, U = torch.linalg.eigh(A)
     v = alpha[..., None] * lam
     for _ in range(iters):
         v = 2 * v - v * v * lam
+    return U, v
+
+
+def _newton_spectral(A: torch.Tensor, alpha: torch.Tensor,
+                     iters: int) -> torch.Tensor:
+    """A_T = U diag(v_T) U^T (see :func:`_spectral_factors`)."""
+    U, v = _spectral_factors(A, alpha, iters)
     return (U * v.unsqueeze(-2)) @ U.transpose(-1, -2)
 
 
@@ -136,14 +144,18 @@ def resolve_method(method: str, A: torch.Tensor) -> str:
     return 'iterative'
 
 
-def _newton_forward(A: torch.Tensor, iters: int, init: str,
-                    method: str = 'iterative') -> torch.Tensor:
+def _init(A: torch.Tensor, init: str) -> Tuple[torch.Tensor, torch.Tensor]:
+    """(matrix the iterations run on, per-matrix alpha)."""
+    alpha = nr_init_alpha(A, init)
     if init == 'soft':
         m = A.shape[-1]
-        alpha = nr_init_alpha(A, 'soft')
         A = A + _SOFT_SHIFT * torch.eye(m, device=A.device, dtype=A.dtype)
-    else:
-        alpha = nr_init_alpha(A, init)
+    return A, alpha
+
+
+def _newton_forward(A: torch.Tensor, iters: int, init: str,
+                    method: str = 'iterative') -> torch.Tensor:
+    A, alpha = _init(A, init)
     if method == 'spectral':
         return _newton_spectral(A, alpha, iters)
     V = alpha[..., None, None] * A
@@ -169,6 +181,54 @@ class NewtonInverse(torch.autograd.Function):
         return grad_A, None, None, None
 
 
+class NewtonInverseApply(torch.autograd.Function):
+    """Z = A_T W, A_T the T-th NR iterate (A_T -> A^+), Eq. (16) backward.
+
+    Never forms A_T with ``'spectral'``: Z = U (v * (U^T W)), O(m^2 d)
+    after the eigendecomposition. The backward is Eq. (16) applied to
+    Y = A_T with grad_Y = grad_Z W^T, associated so that no m x m product
+    is needed either: grad_A = -(Y^T grad_Z) Z^T, grad_W = Y^T grad_Z.
+    """
+
+    @staticmethod
+    def forward(ctx, A: torch.Tensor, W: torch.Tensor, iters: int,
+                init: str, method: str = 'iterative') -> torch.Tensor:
+        with torch.no_grad():
+            if method == 'spectral':
+                U, v = _spectral_factors(*_init(A, init), iters)
+                Z = U @ (v.unsqueeze(-1) * (U.transpose(-1, -2) @ W))
+                ctx.save_for_backward(U, v, Z)
+            else:
+                Y = _newton_forward(A, iters, init, method)
+                Z = Y @ W
+                ctx.save_for_backward(Y, Z)
+        ctx.method = method
+        return Z
+
+    @staticmethod
+    def backward(ctx, grad_Z: torch.Tensor):
+        if ctx.method == 'spectral':
+            U, v, Z = ctx.saved_tensors  # Y = U diag(v) U^T is symmetric
+            G = U @ (v.unsqueeze(-1) * (U.transpose(-1, -2) @ grad_Z))
+        else:
+            Y, Z = ctx.saved_tensors
+            G = Y.transpose(-1, -2) @ grad_Z
+        grad_A = -(G @ Z.transpose(-1, -2)) if ctx.needs_input_grad[0] \
+            else None
+        return grad_A, G, None, None, None
+
+
+def _check(A: torch.Tensor, iters: int, init: str) -> None:
+    if A.dim() < 2 or A.shape[-1] != A.shape[-2]:
+        raise ValueError(f'newton_inverse expects (..., m, m) matrices, '
+                         f'got shape {tuple(A.shape)}')
+    if init not in INIT_MODES:
+        raise ValueError(f'unknown Newton-Raphson init {init!r}; '
+                         f'choose one of {INIT_MODES}')
+    if iters < 0:
+        raise ValueError(f'iters must be >= 0, got {iters}')
+
+
 def newton_inverse(A: torch.Tensor, iters: int = 20,
                    init: str = 'soft_norm',
                    method: str = 'auto') -> torch.Tensor:
@@ -186,18 +246,42 @@ def newton_inverse(A: torch.Tensor, iters: int = 20,
         (..., m, m) tensor in float32 (float64 if A is float64), independent
         of autocast.
     """
-    if A.dim() < 2 or A.shape[-1] != A.shape[-2]:
-        raise ValueError(f'newton_inverse expects (..., m, m) matrices, '
-                         f'got shape {tuple(A.shape)}')
-    if init not in INIT_MODES:
-        raise ValueError(f'unknown Newton-Raphson init {init!r}; '
-                         f'choose one of {INIT_MODES}')
-    if iters < 0:
-        raise ValueError(f'iters must be >= 0, got {iters}')
+    _check(A, iters, init)
     method = resolve_method(method, A)
     dtype = torch.float64 if A.dtype == torch.float64 else torch.float32
     with torch.autocast(device_type=A.device.type, enabled=False):
         return NewtonInverse.apply(A.to(dtype), int(iters), init, method)
+
+
+def newton_inverse_apply(A: torch.Tensor, W: torch.Tensor, iters: int = 20,
+                         init: str = 'soft_norm',
+                         method: str = 'auto') -> torch.Tensor:
+    """A^+ W with A^+ from :func:`newton_inverse`, without forming A^+.
+
+    The same function as ``newton_inverse(A, iters, init, method) @ W``
+    (up to rounding) at a fraction of the cost for large m: with the
+    spectral method the m x m inverse is never built, and the backward
+    needs only (m x m) x (m x d) products.
+
+    Args:
+        A: (..., m, m) symmetric non-negative matrices.
+        W: (..., m, d) right-hand sides (broadcast batch dims not supported:
+            A and W share theirs).
+
+    Returns:
+        (..., m, d) in float32 (float64 if A is float64), autocast disabled.
+    """
+    _check(A, iters, init)
+    if W.shape[:-1] != A.shape[:-1]:
+        raise ValueError(f'newton_inverse_apply: W of shape '
+                         f'{tuple(W.shape)} does not match A of shape '
+                         f'{tuple(A.shape)}; expected (..., m, d) with the '
+                         f'batch dims and m of A')
+    method = resolve_method(method, A)
+    dtype = torch.float64 if A.dtype == torch.float64 else torch.float32
+    with torch.autocast(device_type=A.device.type, enabled=False):
+        return NewtonInverseApply.apply(A.to(dtype), W.to(dtype), int(iters),
+                                        init, method)
 
 
 @torch.no_grad()

@@ -24,10 +24,11 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from .gaussian_kernel import gaussian_kernel
-from .pinv import INIT_MODES, NR_METHODS, newton_inverse
+from .pinv import (INIT_MODES, NR_METHODS, newton_inverse,
+                   newton_inverse_apply)
 
 __all__ = ['BottleneckSampler', 'SOFTAttention', 'soft_attention',
-           'bottleneck_inverse',
+           'bottleneck_inverse', 'bottleneck_apply',
            'SAMPLING_MODES', 'landmark_grid']
 
 SAMPLING_MODES = ('conv', 'avgpool', 'random', 'biased')
@@ -80,6 +81,30 @@ def bottleneck_inverse(A: torch.Tensor,
         return d.unsqueeze(-1) * A_inv * d.unsqueeze(-2)
 
 
+def bottleneck_apply(A: torch.Tensor,
+                     W: torch.Tensor,
+                     attn_norm: bool = True,
+                     nr_iters: int = 20,
+                     nr_init: Optional[str] = None,
+                     nr_method: str = 'auto') -> torch.Tensor:
+    """A^+ W, or D^-1/2 A^+ D^-1/2 W with ``attn_norm`` (Eq. 25).
+
+    The same function as ``bottleneck_inverse(A, ...) @ W`` without the
+    m x m inverse (see :func:`newton_inverse_apply`): D^-1/2 is applied to
+    the m x d operands instead. float32 (float64 for float64 A), autocast
+    disabled.
+    """
+    if nr_init is None:
+        nr_init = 'soft_norm' if attn_norm else 'soft'
+    if not attn_norm:
+        return newton_inverse_apply(A, W, nr_iters, nr_init, nr_method)
+    with torch.autocast(device_type=A.device.type, enabled=False):
+        dtype = torch.float64 if A.dtype == torch.float64 else torch.float32
+        d = A.to(dtype).sum(-1, keepdim=True).rsqrt()  # entries in (0, 1]
+        return d * newton_inverse_apply(A, d * W.to(dtype), nr_iters,
+                                        nr_init, nr_method)
+
+
 def soft_attention(q: torch.Tensor,
                    landmarks: torch.Tensor,
                    v: torch.Tensor,
@@ -91,14 +116,16 @@ def soft_attention(q: torch.Tensor,
 
     ``q`` and ``landmarks`` must already carry the 1/d^(1/4) scale so that
     exp(-||q - k||^2 / 2) equals the paper's exp(-||q - k||^2 / (2 sqrt d)).
+    Associated as P (A_n^+ (P^T V)): n m d + m^2 d work besides the inverse,
+    and with the spectral method A_n^+ is never formed.
     Returns a tensor of v's dtype.
     """
     P = gaussian_kernel(q, landmarks)  # (B, h, n, m)
     A = gaussian_kernel(landmarks, landmarks)  # (B, h, m, m)
-    A_inv = bottleneck_inverse(A, attn_norm, nr_iters, nr_init, nr_method)
     with torch.autocast(device_type=v.device.type, enabled=False):
         PtV = torch.matmul(P.transpose(-1, -2), v.to(P.dtype))  # (B,h,m,d)
-        out = torch.matmul(P, torch.matmul(A_inv, PtV))
+        Z = bottleneck_apply(A, PtV, attn_norm, nr_iters, nr_init, nr_method)
+        out = torch.matmul(P, Z)
     return out.to(v.dtype)
 
 
