@@ -256,3 +256,22 @@ def test_apply_fp32_under_autocast_and_errors():
     assert Z.dtype == torch.float32 and torch.isfinite(Z).all()
     with pytest.raises(ValueError, match=r'W of shape \(2, 129, 8\)'):
         newton_inverse_apply(A, torch.randn(2, 129, 8))
+
+
+def test_sample_shared_alpha():
+    """'soft_norm_sample': the official rule within a sample (one alpha for
+    its heads), independent of the other samples of the batch."""
+    A = torch.cat([kernel_matrix(1, 4, m=40, scale=s, seed=k,
+                                 dtype=torch.float64)
+                   for k, s in enumerate([0.1, 0.5, 2.0])])  # (3, 4, m, m)
+    a = nr_init_alpha(A, 'soft_norm_sample')
+    assert (a == a[:, :1]).all()  # shared by the heads of a sample
+    for b in range(3):
+        torch.testing.assert_close(
+            a[b], nr_init_alpha(A[b:b + 1], 'soft_norm_global')[0],
+            rtol=0, atol=0)
+        torch.testing.assert_close(
+            a[b:b + 1], nr_init_alpha(A[b:b + 1], 'soft_norm_sample'),
+            rtol=0, atol=0)
+    # it differs from the per-matrix choice (the heads' alphas differ)
+    assert not torch.equal(a, nr_init_alpha(A, 'soft_norm'))

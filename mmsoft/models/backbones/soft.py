@@ -45,7 +45,9 @@ class SOFT(BaseModule):
             'random' or 'biased' (Table 4b / 8).
         nr_iters: Newton-Raphson iterations for A^+.
         nr_init: alpha initialisation ('soft_norm' or 'soft'); None picks the
-            one the official variant was trained with. 'soft_norm_global'
+            one the official variant was trained with. 'soft_norm_sample'
+            shares one alpha between the heads of a sample (the official rule
+            at batch size 1, batch-independent); 'soft_norm_global'
             reproduces the official normalized code bit for bit (one alpha
             per batch, so outputs then depend on the batch).
         nr_method: evaluation of the NR iterations: 'auto' (spectral for

@@ -15,6 +15,11 @@ together with the two initialisations used by the official checkpoints:
   result never depends on the rest of the batch.
 * ``'soft'`` (NeurIPS): the iteration runs on A + 0.01 I with
   alpha = 0.9 * 2 / ||A||_1^2 (||A||_1 of A before the shift).
+* ``'soft_norm_sample'``: the official rule applied to each sample: one
+  alpha shared by the heads (all leading dims but the first) of a sample.
+  Batch-independent, and equal to the official code at batch size 1, where
+  the two differ from the per-matrix choice when the iterations have not
+  converged (large bottlenecks, e.g. m ~ 950 at 800 x 1216).
 * ``'soft_norm_global'`` (opt-in, for bit-level comparison with the official
   code only): the official normalized kernel's rule, one alpha for the whole
   (batch, heads) stack from the largest ||A||_1, halved until *every* matrix
@@ -45,7 +50,7 @@ import torch
 __all__ = ['newton_inverse', 'newton_inverse_apply', 'nr_init_alpha',
            'pinv_convergence', 'NewtonInverse', 'NewtonInverseApply', 'INIT_MODES', 'NR_METHODS', 'SPECTRAL_MIN_M']
 
-INIT_MODES = ('soft_norm', 'soft', 'soft_norm_global')
+INIT_MODES = ('soft_norm', 'soft', 'soft_norm_sample', 'soft_norm_global')
 NR_METHODS = ('auto', 'iterative', 'spectral')
 #: smallest m for which ``method='auto'`` uses the spectral form on the CPU
 SPECTRAL_MIN_M = 128
@@ -55,6 +60,23 @@ _NORM_MAX_HALVINGS = 10
 _NORM_TOL = 1.01
 _SOFT_SHIFT = 0.01
 _SOFT_SCALE = 0.9
+
+
+def _shared_max(t: torch.Tensor, init: str, trailing: int = 0):
+    """Max of per-matrix values over the matrices that share one alpha.
+
+    ``t`` has the batch dims of A first, then ``trailing`` own dims.
+    """
+    if init not in ('soft_norm_global', 'soft_norm_sample'):
+        return t
+    lead = t.dim() - trailing
+    if lead == 0:
+        return t
+    tail = t.shape[lead:]
+    if init == 'soft_norm_global':
+        return t.reshape(-1, *tail).amax(0).expand_as(t)
+    shared = t.reshape(t.shape[0], -1, *tail).amax(1)  # per sample
+    return shared.view(t.shape[0], *([1] * (lead - 1)), *tail).expand_as(t)
 
 
 def nr_init_alpha(A: torch.Tensor, init: str = 'soft_norm') -> torch.Tensor:
@@ -69,11 +91,11 @@ def nr_init_alpha(A: torch.Tensor, init: str = 'soft_norm') -> torch.Tensor:
         raise ValueError(f'unknown Newton-Raphson init {init!r}; '
                          f'choose one of {INIT_MODES}')
     norm1 = A.sum(-1).amax(-1)  # A is non-negative: row sums = abs row sums
-    if init == 'soft_norm_global':
-        # the official SoftmaxFreeNormAttentionKernel.newton_inv: one alpha
-        # for the whole (batch, heads) stack - max ||A||_1, and the residual
-        # test must pass for every matrix
-        norm1 = norm1.amax().expand_as(norm1)
+    # the official SoftmaxFreeNormAttentionKernel.newton_inv uses one alpha
+    # for a stack of matrices: max ||A||_1, and the residual test must pass
+    # for every matrix; 'soft_norm_global' stacks the whole batch,
+    # 'soft_norm_sample' the heads of each sample
+    norm1 = _shared_max(norm1, init)
     alpha0 = 2.0 / norm1.clamp_min(torch.finfo(A.dtype).tiny).square()
     if init == 'soft':
         return _SOFT_SCALE * alpha0
@@ -90,8 +112,7 @@ def nr_init_alpha(A: torch.Tensor, init: str = 'soft_norm') -> torch.Tensor:
     a = alphas[..., :, None]  # (..., K, 1)
     res = ((1 - a * diag[..., None, :]).abs() +
            a * off[..., None, :]).amax(-1)  # (..., K)
-    if init == 'soft_norm_global':
-        res = res.reshape(-1, res.shape[-1]).amax(0).expand_as(res)
+    res = _shared_max(res, init, trailing=1)
     passed = res <= _NORM_TOL
     passed[..., -1] = True  # after 10 halvings the search stops regardless
     first = passed.to(torch.uint8).argmax(-1)  # first True
