@@ -48,12 +48,16 @@ from typing import Tuple
 import torch
 
 __all__ = ['newton_inverse', 'newton_inverse_apply', 'nr_init_alpha',
-           'pinv_convergence', 'NewtonInverse', 'NewtonInverseApply', 'INIT_MODES', 'NR_METHODS', 'SPECTRAL_MIN_M']
+           'pinv_convergence', 'NewtonInverse', 'NewtonInverseApply',
+           'INIT_MODES', 'NR_METHODS', 'SPECTRAL_MIN_M']
 
 INIT_MODES = ('soft_norm', 'soft', 'soft_norm_sample', 'soft_norm_global')
 NR_METHODS = ('auto', 'iterative', 'spectral')
-#: smallest m for which ``method='auto'`` uses the spectral form on the CPU
-SPECTRAL_MIN_M = 128
+#: smallest m for which ``method='auto'`` uses the spectral form on the CPU.
+#: Measured crossover of ``newton_inverse_apply`` (16 matrices, d = 32,
+#: 2-core CPU): spectral / iterative time 0.93 (1 thread) and 1.56
+#: (2 threads) at m = 49, 0.52 / 0.93 at m = 81, 0.25 / 0.37 at m = 128.
+SPECTRAL_MIN_M = 80
 
 _NORM_BETA = 0.5
 _NORM_MAX_HALVINGS = 10
