@@ -14,9 +14,9 @@ small ones, as they have the same parameter counts).
         --sizes 224x224x8 --modes forward
     python tools/analysis/benchmark.py --config configs/soft_tiny_in1k.py
 
-Models: soft_{tiny,small,...}[_norm][_iterative|_spectral] (SOFT backbone,
-all four outputs; ``_iterative``/``_spectral`` force the pseudo-inverse
-method), {softmax,linformer,performer,nystromformer,sima}_<arch> (the
+Models: soft_{tiny,small,...}[_norm][_iterative|_spectral][_ml<N>] (SOFT
+backbone, all four outputs; ``_iterative``/``_spectral`` force the
+pseudo-inverse method, ``_ml<N>`` sets ``max_landmarks=N``), {softmax,linformer,performer,nystromformer,sima}_<arch> (the
 attention zoo in the SOFT architecture, Table 1), pvtv2_b0..b2 (mmdet PyramidVisionTransformerV2), swin_t (mmdet
 SwinTransformer), or ``--config`` files (their ``model.backbone``).
 Sizes: ``HxWxB``. Writes results.csv / results.md / benchmark.png.
@@ -62,13 +62,17 @@ def build_backbone(name: str):
     if name.startswith('soft_'):
         from mmsoft.models.backbones import SOFT
         parts = name[5:].split('_')
+        max_landmarks = None
+        if parts[-1].startswith('ml') and parts[-1][2:].isdigit():
+            max_landmarks = int(parts.pop()[2:])
         method = 'auto'
         if parts[-1] in ('iterative', 'spectral'):
             method = parts.pop()
         attn_norm = parts[-1] == 'norm'
         if attn_norm:
             parts.pop()
-        return SOFT('-'.join(parts), attn_norm=attn_norm, nr_method=method)
+        return SOFT('-'.join(parts), attn_norm=attn_norm, nr_method=method,
+                    max_landmarks=max_landmarks)
     if name in PVT:
         from mmdet.models.backbones import PyramidVisionTransformerV2
         dims, layers = PVT[name]

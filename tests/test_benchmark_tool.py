@@ -1,0 +1,53 @@
+"""tools/analysis/benchmark.py: model names, and one tiny run end to end
+(fresh subprocess per measurement, CSV / markdown with the ratios)."""
+import csv
+import importlib.util
+import os.path as osp
+import subprocess
+import sys
+
+import pytest
+
+ROOT = osp.dirname(osp.dirname(osp.abspath(__file__)))
+SCRIPT = osp.join(ROOT, 'tools', 'analysis', 'benchmark.py')
+
+
+def load():
+    spec = importlib.util.spec_from_file_location('_benchmark', SCRIPT)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_model_names():
+    from mmsoft.models.layers import SOFTAttention
+    bench = load()
+    m = bench.build_backbone('soft_tiny_norm_spectral_ml16')
+    attns = [a for a in m.modules() if isinstance(a, SOFTAttention)]
+    assert attns and all(a.attn_norm and a.nr_method == 'spectral' and
+                         a.sampler.max_landmarks == 16 for a in attns)
+    m = bench.build_backbone('soft_small')
+    attns = [a for a in m.modules() if isinstance(a, SOFTAttention)]
+    assert not any(a.attn_norm for a in attns) and len(attns) == 11
+    assert bench.baseline_for('soft_small_norm', ['pvtv2_b2'], None) == \
+        'pvtv2_b2'
+    with pytest.raises(ValueError, match='unknown model'):
+        bench.build_backbone('resnet50')
+
+
+def test_tiny_run_writes_ratios(tmp_path):
+    out = tmp_path / 'bench'
+    proc = subprocess.run(
+        [sys.executable, SCRIPT, '--models', 'soft_tiny_norm_ml16',
+         'pvtv2_b1', '--sizes', '64x64x1', '--modes', 'forward',
+         'forward_backward', '--repeats', '1', '--threads', '1', '--out',
+         str(out)], capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    rows = list(csv.DictReader(open(out / 'results.csv')))
+    assert {(r['model'], r['mode']) for r in rows} == {
+        (m, mode) for m in ('soft_tiny_norm_ml16', 'pvtv2_b1')
+        for mode in ('forward', 'forward_backward')}
+    assert all(float(r['time_ms']) > 0 for r in rows)
+    md = (out / 'results.md').read_text()
+    assert 'x pvtv2_b1' in md
+    assert (out / 'benchmark.png').stat().st_size > 0
