@@ -248,3 +248,36 @@ def test_pretrained_without_checkpoint_is_random_init():
                                      prefix='backbone.'))
     model.init_weights()
     assert 0.018 < model.pos_embeds[0].std() < 0.022
+
+
+@pytest.mark.parametrize('attn_norm', [True, False])
+def test_fast_path_equals_reference_nr_end_to_end(attn_norm):
+    """At m = 100 (>= SPECTRAL_MIN_M) 'auto' runs the spectral apply path;
+    outputs and gradients equal the plain iterative NR (issue #8: 1e-4
+    relative in float32, much tighter in float64)."""
+    from mmsoft.models.layers import SOFTAttention
+    from mmsoft.models.layers.pinv import SPECTRAL_MIN_M
+    torch.manual_seed(0)
+    fast = SOFT(TINY, attn_norm=attn_norm)
+    ref = SOFT(TINY, attn_norm=attn_norm, nr_method='iterative')
+    ref.load_state_dict(fast.state_dict())
+    x = torch.randn(1, 3, 320, 320)  # 10 x 10 landmarks in stages 1-3
+    assert fast.stages[0][0].attn.sampler.num_landmarks((80, 80)) == 100
+    assert 100 >= SPECTRAL_MIN_M
+    assert all(a.nr_method == 'auto' for a in fast.modules()
+               if isinstance(a, SOFTAttention))
+    for dtype, tol in ((torch.float32, 1e-4), (torch.float64, 1e-9)):
+        outs, grads = [], []
+        for model in (fast, ref):
+            model.to(dtype).train()
+            model.zero_grad()
+            out = model(x.to(dtype))
+            sum((o * torch.linspace(-1, 1, o.numel(), dtype=dtype).view_as(
+                o)).sum() for o in out).backward()
+            outs.append(out)
+            grads.append(torch.cat([p.grad.flatten()
+                                    for p in model.parameters()]))
+        for a, b in zip(*outs):
+            assert ((a - b).abs().max() / b.abs().max()) < tol
+        assert ((grads[0] - grads[1]).abs().max() /
+                grads[1].abs().max()) < tol
