@@ -51,3 +51,23 @@ def test_tiny_run_writes_ratios(tmp_path):
     md = (out / 'results.md').read_text()
     assert 'x pvtv2_b1' in md
     assert (out / 'benchmark.png').stat().st_size > 0
+
+
+def test_nr_method_crossover_tool(capsys):
+    spec = importlib.util.spec_from_file_location(
+        '_nr_crossover',
+        osp.join(ROOT, 'tools', 'analysis', 'nr_method_crossover.py'))
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    # the rule: smallest m from which spectral wins at every larger m
+    assert mod.crossover([(49, 1, 2), (81, 2, 1), (128, 5, 1)]) == 81
+    assert mod.crossover([(49, 2, 1), (81, 1, 2), (128, 5, 1)]) == 128
+    assert mod.crossover([(49, 1, 2), (81, 1, 2)]) is None
+    rows, best = mod.main(['--ms', '12', '24', '--batch', '2',
+                           '--head-dims', '8', '--repeats', '1',
+                           '--backward', '--threads', '1'])
+    assert [r[0] for r in rows] == [12, 24]
+    assert all(r[1] > 0 and r[2] > 0 for r in rows)
+    out = capsys.readouterr().out
+    assert '| 24 |' in out and ('spectral wins from m' in out or
+                                'not faster' in out)
