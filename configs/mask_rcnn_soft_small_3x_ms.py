@@ -15,9 +15,7 @@ train_pipeline = [
     dict(type='LoadAnnotations', with_bbox=True, with_mask=True),
     dict(
         type='RandomChoiceResize',
-        scales=[(1333, 480), (1333, 512), (1333, 544), (1333, 576),
-                (1333, 608), (1333, 640), (1333, 672), (1333, 704),
-                (1333, 736), (1333, 768), (1333, 800)],
+        scales={{_base_.ms_train_scales}},
         keep_ratio=True),
     dict(type='RandomFlip', prob=0.5),
     dict(type='PackDetInputs')
@@ -26,14 +24,4 @@ train_dataloader = dict(dataset=dict(pipeline=train_pipeline))
 
 max_epochs = 36
 train_cfg = dict(type='EpochBasedTrainLoop', max_epochs=max_epochs)
-param_scheduler = [
-    dict(
-        type='LinearLR', start_factor=0.001, by_epoch=False, begin=0, end=500),
-    dict(
-        type='MultiStepLR',
-        begin=0,
-        end=max_epochs,
-        by_epoch=True,
-        milestones=[27, 33],
-        gamma=0.1)
-]
+param_scheduler = {{_base_.schedule_3x}}

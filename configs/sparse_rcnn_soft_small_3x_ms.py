@@ -7,24 +7,12 @@
 #   tools/dist_train.sh configs/sparse_rcnn_soft_small_3x_ms.py 8 \
 #       --cfg-options model.backbone.init_cfg.checkpoint=weights/soft_norm_small.pth
 # Without the checkpoint (None) the backbone is randomly initialised.
-_base_ = 'mmdet::sparse_rcnn/sparse-rcnn_r50_fpn_ms-480-800-3x_coco.py'
+_base_ = ['mmdet::sparse_rcnn/sparse-rcnn_r50_fpn_ms-480-800-3x_coco.py', './_base_/soft_dense.py']
 
 custom_imports = dict(imports=['mmsoft'], allow_failed_imports=False)
 
 model = dict(
-    backbone=dict(
-        _delete_=True,
-        type='SOFT',
-        arch='small',
-        attn_norm=True,
-        out_indices=(0, 1, 2, 3),
-        out_type='featmap',
-        drop_path_rate=0.1,
-        # BatchNorm of the conv patch embeddings keeps its ImageNet
-        # statistics (2 images per GPU are too few to update them)
-        norm_eval=True,
-        init_cfg=dict(type='Pretrained', checkpoint=None,
-                      prefix='backbone.')),
+    backbone={{_base_.soft_backbone}},
     neck=dict(in_channels=[64, 128, 320, 512]))  # SOFT.arch_zoo['small']
 
 # mmdet's config already trains 36 epochs (milestones 27, 33) on shorter

@@ -7,38 +7,16 @@
 # ImageNet weights of the soft_norm_* backbone (mmpretrain format):
 #   --cfg-options model.backbone.init_cfg.checkpoint=weights/soft_norm_small.pth
 # Without it (checkpoint=None) the backbone is randomly initialised.
-_base_ = 'mmdet::retinanet/retinanet_r50_fpn_1x_coco.py'
+_base_ = ['mmdet::retinanet/retinanet_r50_fpn_1x_coco.py', './soft_dense.py']
 
 custom_imports = dict(imports=['mmsoft'], allow_failed_imports=False)
 
 model = dict(
-    backbone=dict(
-        _delete_=True,
-        type='SOFT',
-        arch='small',
-        attn_norm=True,
-        out_indices=(0, 1, 2, 3),
-        out_type='featmap',
-        drop_path_rate=0.1,
-        # BatchNorm of the conv patch embeddings keeps its ImageNet
-        # statistics (2 images per GPU are too few to update them)
-        norm_eval=True,
-        init_cfg=dict(type='Pretrained', checkpoint=None,
-                      prefix='backbone.')),
+    backbone={{_base_.soft_backbone}},
     neck=dict(in_channels=[64, 128, 320, 512]))
 
 train_dataloader = dict(batch_size=2)  # x 8 GPUs = 16
 
-optim_wrapper = dict(
-    _delete_=True,
-    type='OptimWrapper',
-    optimizer=dict(
-        type='AdamW', lr=1e-4, betas=(0.9, 0.999), weight_decay=0.01),
-    paramwise_cfg=dict(
-        norm_decay_mult=0.0,
-        custom_keys={
-            '.pos_embeds': dict(decay_mult=0.0),
-            '.cls_token': dict(decay_mult=0.0),
-        }))
+optim_wrapper = {{_base_.soft_optim_wrapper}}
 
 auto_scale_lr = dict(enable=False, base_batch_size=16)

@@ -14,6 +14,7 @@ _base_ = [
     'mmseg::_base_/datasets/ade20k.py',
     'mmseg::_base_/default_runtime.py',
     'mmseg::_base_/schedules/schedule_160k.py',
+    './soft_dense.py',
 ]
 
 custom_imports = dict(imports=['mmsoft'], allow_failed_imports=False)
@@ -23,19 +24,7 @@ data_preprocessor = dict(size=crop_size)
 model = dict(
     data_preprocessor=data_preprocessor,
     pretrained=None,
-    backbone=dict(
-        _delete_=True,
-        type='SOFT',
-        arch='small',
-        attn_norm=True,
-        out_indices=(0, 1, 2, 3),
-        out_type='featmap',
-        drop_path_rate=0.1,
-        # BatchNorm of the conv patch embeddings keeps its ImageNet
-        # statistics (2 images per GPU are too few to update them)
-        norm_eval=True,
-        init_cfg=dict(type='Pretrained', checkpoint=None,
-                      prefix='backbone.')),
+    backbone={{_base_.soft_backbone}},
     decode_head=dict(in_channels=[64, 128, 320, 512], num_classes=150),
     auxiliary_head=dict(in_channels=320, num_classes=150))
 

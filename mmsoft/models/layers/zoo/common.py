@@ -24,7 +24,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from ..soft_attention import landmark_grid
+from ..soft_attention import SOFTAttention, landmark_grid
 
 __all__ = ['ZooAttention', 'reduce_map', 'spread_to_tokens', 'query_index',
            'reduced_grid']
@@ -160,25 +160,10 @@ class ZooAttention(nn.Module):
         return t.flatten(2).transpose(1, 2).reshape(B, self.num_heads, -1,
                                                     d)
 
-    def _dw_conv_tokens(self, v: torch.Tensor,
-                        hw: Tuple[int, int]) -> torch.Tensor:
-        """Per-head k x k conv of (B, N, C) value tokens -> (B, N, C).
-
-        As :meth:`SOFTAttention._dw_conv_tokens`: one channels-last
-        depthwise conv, head g's filter repeated for its d channels.
-        """
-        B, N, C = v.shape
-        x = v.transpose(1, 2).reshape(B, C, *hw)
-        w = self.dw_conv.weight.repeat_interleave(self.head_dims, 0)
-        x = F.conv2d(x, w, None, 1, self.dw_conv.padding, 1, C)
-        return x.flatten(2).transpose(1, 2)
-
-    def _dw_conv_v(self, v: torch.Tensor, hw: Tuple[int, int]):
-        """The same conv for split heads: (B, h, N, d) -> (B, h, N, d)."""
-        B, h, N, d = v.shape
-        out = self._dw_conv_tokens(v.transpose(1, 2).reshape(B, N, h * d),
-                                   hw)
-        return out.view(B, N, h, d).transpose(1, 2)
+    # the per-head depthwise conv on V, shared with SOFT attention (one
+    # channels-last conv, head g's filter repeated for its d channels)
+    _dw_conv_tokens = SOFTAttention._dw_conv_tokens
+    _dw_conv_v = SOFTAttention._dw_conv_v
 
     @staticmethod
     def _check(x: torch.Tensor, hw: Tuple[int, int]):

@@ -1,0 +1,50 @@
+# Pieces shared by the SOFT detection / segmentation configs. They are
+# variables, pulled in with {{_base_.<name>}}, not top-level keys: the
+# children also inherit an mmdet / mmseg config that defines `model`,
+# `optim_wrapper` and `param_scheduler`, and mmengine refuses two bases that
+# define the same key.
+
+# SOFT-*-Norm backbone with four feature maps; children set `arch` (the
+# neck's in_channels = SOFT.arch_zoo[arch]['embed_dims']).
+soft_backbone = dict(
+    _delete_=True,
+    type='SOFT',
+    arch='small',
+    attn_norm=True,
+    out_indices=(0, 1, 2, 3),
+    out_type='featmap',
+    drop_path_rate=0.1,
+    # BatchNorm of the conv patch embeddings keeps its ImageNet
+    # statistics (2 images per GPU are too few to update them)
+    norm_eval=True,
+    init_cfg=dict(type='Pretrained', checkpoint=None, prefix='backbone.'))
+
+# IJCV 2024 Sec. 4.2: AdamW lr 1e-4, weight decay 0.01; no decay on norms,
+# position embeddings and the cls token.
+soft_optim_wrapper = dict(
+    _delete_=True,
+    type='OptimWrapper',
+    optimizer=dict(
+        type='AdamW', lr=1e-4, betas=(0.9, 0.999), weight_decay=0.01),
+    paramwise_cfg=dict(
+        norm_decay_mult=0.0,
+        custom_keys={
+            '.pos_embeds': dict(decay_mult=0.0),
+            '.cls_token': dict(decay_mult=0.0),
+        }))
+
+# 3x multi-scale training: shorter side 480..800 (step 32), longer <= 1333
+ms_train_scales = [(1333, s) for s in range(480, 801, 32)]
+
+# 3x schedule: 36 epochs, lr x0.1 at epochs 27 and 33, 500-iter warm-up
+schedule_3x = [
+    dict(
+        type='LinearLR', start_factor=0.001, by_epoch=False, begin=0, end=500),
+    dict(
+        type='MultiStepLR',
+        begin=0,
+        end=36,
+        by_epoch=True,
+        milestones=[27, 33],
+        gamma=0.1)
+]
