@@ -13,6 +13,21 @@ The callers pass tokens already scaled by d^(-1/4), so this module computes
 * backward: with G' = grad * K (elementwise),
   ``grad_x = G' y - rowsum(G') * x`` and ``grad_y = G'^T x - colsum(G') * y``.
 
+Numerical stability for large-norm tokens: expanding the squared distance,
+``||x||^2 + ||y||^2 - 2 x.y`` cancels catastrophically when the norms are
+large compared with the distance (in float32 the diagonal of A = K(Q~, Q~)
+is 0.94 at token norm 1e3 and 3e-4 at 1e4; D = diag(A 1) then vanishes and
+the normalisation returns NaN). The kernel depends only on x - y, so both
+token sets are first translated by the same reference vector
+``c = mean_j y_j`` (the mean landmark of each matrix, i.e. per sample and
+head: batch-independent). This leaves K mathematically unchanged and removes
+the common offset of the tokens from the cancellation; the error is then
+relative to the spread of the tokens around their landmarks. For the
+self-kernel ``K(y, y)`` (the m x m matrix A) the diagonal is exactly 1
+(``exp(0)``) and is set so, whatever the spread. The backward uses the
+translated tensors (``y - x = y' - x'``, and c carries no gradient since K
+does not depend on it).
+
 Computation is always float32 (float64 if the inputs are), with autocast
 disabled, so the exponent never overflows or loses precision in half
 precision. Clamping the exponent at 0 keeps K in [0, 1] even with rounding.
@@ -25,17 +40,28 @@ __all__ = ['gaussian_kernel', 'GaussianKernel']
 class GaussianKernel(torch.autograd.Function):
 
     @staticmethod
-    def forward(ctx, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    def forward(ctx, x: torch.Tensor, y: torch.Tensor,
+                self_kernel: bool = False) -> torch.Tensor:
+        # translate both sets by the mean landmark c (K depends on x - y
+        # only): the expansion below then cancels relative to the tokens'
+        # spread, not to their norm
+        ctx.shapes = (x.shape, y.shape)
+        c = y.mean(-2, keepdim=True)
+        y = y - c
+        x = y if self_kernel else x - c
         K = torch.matmul(x, y.transpose(-1, -2))
         K.sub_(x.square().sum(-1, keepdim=True), alpha=0.5)
         K.sub_(y.square().sum(-1).unsqueeze(-2), alpha=0.5)
         K.clamp_(max=0.0).exp_()
+        if self_kernel:  # exp(-||y_i - y_i||^2 / 2) = 1 exactly
+            K.diagonal(dim1=-2, dim2=-1).fill_(1.0)
         ctx.save_for_backward(x, y, K)
         return K
 
     @staticmethod
     def backward(ctx, grad: torch.Tensor):
         x, y, K = ctx.saved_tensors
+        x_shape, y_shape = ctx.shapes
         GK = grad * K
         grad_x = grad_y = None
         if ctx.needs_input_grad[0]:
@@ -44,23 +70,27 @@ class GaussianKernel(torch.autograd.Function):
             grad_y = (torch.matmul(GK.transpose(-1, -2), x) -
                       GK.sum(-2).unsqueeze(-1) * y)
             # y may have been broadcast along batch dims
-            if grad_y.shape != y.shape:
-                grad_y = grad_y.sum_to_size(y.shape)
-        if grad_x is not None and grad_x.shape != x.shape:
-            grad_x = grad_x.sum_to_size(x.shape)
-        return grad_x, grad_y
+            if grad_y.shape != y_shape:
+                grad_y = grad_y.sum_to_size(y_shape)
+        if grad_x is not None and grad_x.shape != x_shape:
+            grad_x = grad_x.sum_to_size(x_shape)
+        return grad_x, grad_y, None
 
 
 def gaussian_kernel(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
     """K_ij = exp(-||x_i - y_j||^2 / 2) for x (..., n, d), y (..., m, d).
 
     Returns (..., n, m) in float32 (float64 for float64 inputs) regardless of
-    autocast.
+    autocast. Passing the same tensor twice (``gaussian_kernel(y, y)``)
+    computes the self-kernel, whose diagonal is exactly 1.
     """
     if x.shape[-1] != y.shape[-1]:
         raise ValueError(f'gaussian_kernel: feature sizes differ '
                          f'({x.shape[-1]} vs {y.shape[-1]})')
     dtype = torch.float64 if torch.float64 in (x.dtype, y.dtype) \
         else torch.float32
+    self_kernel = x is y
     with torch.autocast(device_type=x.device.type, enabled=False):
-        return GaussianKernel.apply(x.to(dtype), y.to(dtype))
+        y = y.to(dtype)
+        return GaussianKernel.apply(y if self_kernel else x.to(dtype), y,
+                                    self_kernel)

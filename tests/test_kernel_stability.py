@@ -1,0 +1,113 @@
+"""Issue 13: the Gaussian kernel keeps its unit diagonal for large-norm
+tokens (no ||x||^2 + ||y||^2 - 2 x.y cancellation), in fp32 and under
+bf16 / fp16 autocast, and SOFT attention stays finite and accurate."""
+import pytest
+import torch
+
+from mmsoft.models.layers import gaussian_kernel, soft_attention
+
+NORMS = [1e2, 1e3, 3e3, 1e4]
+
+
+def _tokens(norm, *shape, offset=True, seed=0):
+    """Tokens of norm ~``norm``: a common offset + unit spread (offset=True)
+    or random directions (offset=False)."""
+    g = torch.Generator().manual_seed(seed)
+    d = shape[-1]
+    if offset:
+        c = torch.randn(d, generator=g, dtype=torch.float64)
+        return c / c.norm() * norm + torch.randn(*shape, generator=g,
+                                                  dtype=torch.float64)
+    x = torch.randn(*shape, generator=g, dtype=torch.float64)
+    return x / x.norm(dim=-1, keepdim=True) * norm
+
+
+def _ref(x, y):
+    x, y = x.double(), y.double()
+    return torch.exp(-((x[..., :, None, :] - y[..., None, :, :])**2).sum(-1)
+                     / 2)
+
+
+@pytest.mark.parametrize('offset', [True, False])
+@pytest.mark.parametrize('norm', NORMS)
+def test_self_kernel_diagonal_is_one_fp32(norm, offset):
+    y = _tokens(norm, 2, 3, 16, 8, offset=offset).float()
+    A = gaussian_kernel(y, y)
+    assert A.dtype == torch.float32
+    torch.testing.assert_close(A.diagonal(dim1=-2, dim2=-1),
+                               torch.ones(2, 3, 16))
+    assert torch.isfinite(A).all()
+    # off-diagonal entries: the float64 kernel of the same fp32 tokens
+    torch.testing.assert_close(A.double(), _ref(y, y), atol=2e-5, rtol=0)
+
+
+@pytest.mark.parametrize('norm', NORMS)
+def test_cross_kernel_large_offset_fp32(norm):
+    """P = K(q, landmarks) with tokens sharing a large offset: the
+    self-similarity of a token that is also a landmark is 1."""
+    q = _tokens(norm, 2, 2, 64, 8).float()
+    lm = q[:, :, ::8]
+    P = gaussian_kernel(q, lm)
+    torch.testing.assert_close(P[:, :, ::8].diagonal(dim1=-2, dim2=-1),
+                               torch.ones(2, 2, 8), atol=1e-5, rtol=0)
+    torch.testing.assert_close(P.double(), _ref(q, lm), atol=2e-5, rtol=0)
+
+
+@pytest.mark.parametrize('attn_norm', [True, False])
+@pytest.mark.parametrize('norm', NORMS)
+def test_soft_attention_large_norm_fp32(norm, attn_norm):
+    q = _tokens(norm, 2, 2, 64, 8).float()
+    lm = q[:, :, ::8] + 0.1
+    v = torch.randn(2, 2, 64, 8)
+    out = soft_attention(q, lm, v, attn_norm, nr_iters=20)
+    assert torch.isfinite(out).all()
+    ref = soft_attention(q.double(), lm.double(), v.double(), attn_norm,
+                         nr_iters=20)
+    torch.testing.assert_close(out.double(), ref, atol=1e-3, rtol=1e-3)
+
+
+@pytest.mark.parametrize('dtype', [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize('norm', NORMS)
+def test_kernel_and_attention_under_autocast(norm, dtype):
+    """Half-precision inputs under CPU autocast: the kernel is computed in
+    fp32 from the (rounded) inputs; diagonal 1, outputs finite."""
+    q = _tokens(norm, 1, 2, 64, 8).to(dtype)
+    lm = q[:, :, ::8]
+    v = torch.randn(1, 2, 64, 8).to(dtype)
+    with torch.autocast('cpu', dtype=dtype):
+        A = gaussian_kernel(lm, lm)
+        P = gaussian_kernel(q, lm)
+        out = soft_attention(q, lm, v, True)
+    assert A.dtype == P.dtype == torch.float32
+    torch.testing.assert_close(A.diagonal(dim1=-2, dim2=-1),
+                               torch.ones(1, 2, 8))
+    torch.testing.assert_close(P.double(), _ref(q, lm), atol=2e-5, rtol=0)
+    assert out.dtype == dtype and torch.isfinite(out).all()
+
+
+def test_gradcheck_with_offset_and_broadcast():
+    """The analytic backward of the translated kernel (float64)."""
+    g = torch.Generator().manual_seed(1)
+    off = 50 * torch.randn(4, generator=g, dtype=torch.float64)
+    x = (off + torch.randn(2, 9, 4, generator=g, dtype=torch.float64)
+         ).requires_grad_()
+    y = (off + torch.randn(2, 5, 4, generator=g, dtype=torch.float64)
+         ).requires_grad_()
+    y1 = (off + torch.randn(5, 4, generator=g, dtype=torch.float64)
+          ).requires_grad_()
+    scale = 0.3  # keep the kernel values away from 0
+    f = lambda a, b: gaussian_kernel(scale * a, scale * b)  # noqa: E731
+    assert torch.autograd.gradcheck(f, (x, y))
+    assert torch.autograd.gradcheck(f, (x, y1))  # y broadcast over batch
+    assert torch.autograd.gradcheck(lambda a: gaussian_kernel(a, a), (y, ))
+
+
+def test_kernel_is_batch_independent():
+    """The reference vector is per sample and head: a sample's kernel does
+    not depend on the other samples of its batch."""
+    q = _tokens(1e3, 3, 2, 32, 8).float()
+    lm = q[:, :, ::4]
+    full = gaussian_kernel(q, lm)
+    for b in range(3):
+        assert torch.equal(full[b:b + 1], gaussian_kernel(q[b:b + 1],
+                                                          lm[b:b + 1]))
