@@ -113,7 +113,9 @@ def build_named(name: str, head: bool = True, **overrides) -> nn.Module:
     """A SOFT model from a name (see module docstring)."""
     from mmsoft.models.backbones import SOFT
     attn_type, arch, norm = parse_model_name(name)
-    kw = dict(arch=arch, attn_type=attn_type, attn_norm=norm)
+    kw = dict(arch=arch, attn_type=attn_type)
+    if attn_type == 'soft':  # the other attentions take no attn_norm
+        kw['attn_norm'] = norm
     if head:
         kw.update(out_type='cls_token', out_indices=(3, ))
     kw.update(overrides)

@@ -1,5 +1,6 @@
 """The SOFT backbone family (NeurIPS 2021 Table 2, IJCV 2024 Table 2)."""
 import copy
+import inspect
 import math
 from typing import Dict, List, Optional, Sequence, Tuple, Union
 
@@ -12,6 +13,7 @@ from mmengine.model import BaseModule
 from mmengine.model.weight_init import trunc_normal_
 from torch.nn.modules.batchnorm import _BatchNorm
 
+from ..layers import checks
 from ..layers.blocks import ConvPatchEmbed, SoftmaxBlock, SOFTBlock
 from ..layers.soft_attention import SAMPLING_MODES
 
@@ -129,6 +131,8 @@ class SOFT(BaseModule):
                  with_cp: bool = False,
                  init_cfg: Optional[Union[Dict, List[Dict]]] = None):
         super().__init__(init_cfg=init_cfg)
+        self._check_args({k: v for k, v in locals().items()
+                          if k not in ('self', '__class__')})
         self.arch_settings = self._parse_arch(arch)
         if sampling not in SAMPLING_MODES:
             raise ValueError(f'unknown sampling {sampling!r}; choose one of '
@@ -200,6 +204,25 @@ class SOFT(BaseModule):
 
     # ------------------------------------------------------------ config
     @classmethod
+    def _check_args(cls, args: Dict) -> None:
+        """Validate the constructor arguments (one error naming the option).
+        ``arch`` is checked by :meth:`_parse_arch`, ``out_indices`` by
+        :meth:`_parse_out_indices`."""
+        checks.check_int('SOFT: in_channels', args['in_channels'])
+        checks.check_int('SOFT: nr_iters', args['nr_iters'])
+        checks.check_int('SOFT: max_landmarks', args['max_landmarks'],
+                         allow_none=True)
+        checks.check_int('SOFT: pretrain_img_size', args['pretrain_img_size'],
+                         minimum=32)
+        for key in ('drop_rate', 'attn_drop_rate', 'drop_path_rate'):
+            checks.check_rate(f'SOFT: {key}', args[key])
+        defaults = {
+            k: p.default
+            for k, p in inspect.signature(cls.__init__).parameters.items()
+        }
+        checks.check_ignored_attn_options(args['attn_type'], args, defaults)
+
+    @classmethod
     def _parse_arch(cls, arch) -> Dict:
         if isinstance(arch, str):
             key = arch.lower()
@@ -240,6 +263,10 @@ class SOFT(BaseModule):
         if any(d < 1 for d in settings['depths']):
             raise ValueError(f'SOFT arch: every depth must be >= 1, got '
                              f'{settings["depths"]}')
+        for i, k in enumerate(settings['dw_kernel_sizes']):
+            checks.check_kernel_size(f'SOFT arch: dw_kernel_sizes[{i}]', k)
+        for i, r in enumerate(settings['sampling_ratios']):
+            checks.check_int(f'SOFT arch: sampling_ratios[{i}]', r)
         return settings
 
     def _parse_out_indices(self, out_indices) -> Tuple[int, ...]:
@@ -252,6 +279,9 @@ class SOFT(BaseModule):
                 raise ValueError(f'out_indices entry {idx} is out of range; '
                                  f'SOFT has stages 0..{self.num_stages - 1}')
             out.append(j)
+        if not out:
+            raise ValueError('out_indices is empty; SOFT needs at least one '
+                             'output stage (0-3)')
         return tuple(sorted(set(out)))
 
     @property
@@ -341,11 +371,33 @@ class SOFT(BaseModule):
             return cp.checkpoint(blk, x, hw, use_reentrant=False)
         return blk(x, hw)
 
+    def _empty_outputs(self, x: torch.Tensor) -> Tuple[torch.Tensor, ...]:
+        """Outputs of an empty batch (B = 0): every conv of the patch
+        embeddings has kernel 3, stride 2 (the stem's middle conv stride 1)
+        and padding 1, so each stage has ceil(H_prev / 2) rows."""
+        H, W = x.shape[2:]
+        outs = []
+        for i in range(self.num_stages):
+            for _ in range(2 if i == 0 else 1):
+                H, W = (H + 1) // 2, (W + 1) // 2
+            if i in self.out_indices:
+                shape = (0, self.embed_dims[i]) if (
+                    i == 3 and self.out_type == 'cls_token') else (
+                        0, self.embed_dims[i], H, W)
+                outs.append(x.new_zeros(shape))
+        return tuple(outs)
+
     def forward(self, x: torch.Tensor) -> Tuple[torch.Tensor, ...]:
+        if not isinstance(x, torch.Tensor):
+            raise TypeError(f'SOFT expects a (B, C, H, W) tensor, got a '
+                            f'{type(x).__name__}; stack the images first '
+                            f'(torch.stack)')
         if x.dim() != 4:
             raise ValueError(f'SOFT expects (B, C, H, W) images, got shape '
                              f'{tuple(x.shape)}')
         B = x.shape[0]
+        if B == 0:
+            return self._empty_outputs(x)
         outs = []
         for i in range(self.num_stages):
             x, hw = self.patch_embeds[i](x)

@@ -23,6 +23,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from .checks import check_int, check_kernel_size
 from .gaussian_kernel import gaussian_kernel
 from .pinv import (INIT_MODES, NR_METHODS, newton_inverse,
                    newton_inverse_apply)
@@ -157,9 +158,7 @@ class BottleneckSampler(nn.Module):
                              f'{SAMPLING_MODES}')
         if ratio < 1:
             raise ValueError(f'sampling ratio must be >= 1, got {ratio}')
-        if max_landmarks is not None and max_landmarks < 1:
-            raise ValueError(f'max_landmarks must be >= 1 or None, got '
-                             f'{max_landmarks}')
+        check_int('max_landmarks', max_landmarks, allow_none=True)
         self.mode = mode
         self.ratio = ratio
         self.max_landmarks = max_landmarks
@@ -259,6 +258,8 @@ class SOFTAttention(nn.Module):
         if embed_dims % num_heads != 0:
             raise ValueError(f'num_heads ({num_heads}) must divide '
                              f'embed_dims ({embed_dims})')
+        check_int('nr_iters', nr_iters)
+        check_kernel_size('dw_kernel_size', dw_kernel_size)
         if nr_init is not None and nr_init not in INIT_MODES:
             raise ValueError(f'unknown nr_init {nr_init!r}; choose one of '
                              f'{INIT_MODES}')

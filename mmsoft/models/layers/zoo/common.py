@@ -24,6 +24,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from ..checks import check_kernel_size
 from ..soft_attention import SOFTAttention, landmark_grid
 
 __all__ = ['ZooAttention', 'reduce_map', 'spread_to_tokens', 'query_index',
@@ -133,6 +134,7 @@ class ZooAttention(nn.Module):
         if sampling_ratio < 1:
             raise ValueError(f'sampling ratio must be >= 1, got '
                              f'{sampling_ratio}')
+        check_kernel_size('dw_kernel_size', dw_kernel_size)
         self.embed_dims = embed_dims
         self.num_heads = num_heads
         self.head_dims = embed_dims // num_heads
