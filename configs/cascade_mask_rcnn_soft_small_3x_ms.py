@@ -35,3 +35,6 @@ param_scheduler = {{_base_.schedule_3x}}
 optim_wrapper = {{_base_.soft_optim_wrapper}}
 
 auto_scale_lr = dict(enable=False, base_batch_size=16)
+
+# stop at the first non-finite loss, before it is saved (mmsoft.engine)
+custom_hooks = [dict(type='NonFiniteLossHook')]

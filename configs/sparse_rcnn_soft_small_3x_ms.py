@@ -34,3 +34,6 @@ optim_wrapper = dict(
     clip_grad=dict(max_norm=1, norm_type=2))
 
 auto_scale_lr = dict(enable=False, base_batch_size=16)
+
+# stop at the first non-finite loss, before it is saved (mmsoft.engine)
+custom_hooks = [dict(type='NonFiniteLossHook')]

@@ -29,6 +29,7 @@ from mmengine.registry import RUNNERS  # noqa: E402
 from mmengine.runner import Runner  # noqa: E402
 
 from mmsoft import launch  # noqa: E402
+from mmsoft.engine import add_nonfinite_hook  # noqa: E402
 
 
 def parse_args(argv=None):
@@ -105,6 +106,10 @@ def build_cfg(args):
                                '"auto_scale_lr.enable" or '
                                '"auto_scale_lr.base_batch_size" in your'
                                ' configuration file.')
+
+    # stop at the first non-finite loss (mmsoft.engine.NonFiniteLossHook)
+    # unless the config configures that hook itself
+    add_nonfinite_hook(cfg)
 
     # resume is determined in this priority: resume from > auto_resume
     if args.resume == 'auto':

@@ -20,3 +20,6 @@ train_dataloader = dict(batch_size=2)  # x 8 GPUs = 16
 optim_wrapper = {{_base_.soft_optim_wrapper}}
 
 auto_scale_lr = dict(enable=False, base_batch_size=16)
+
+# stop at the first non-finite loss, before it is saved (mmsoft.engine)
+custom_hooks = [dict(type='NonFiniteLossHook')]

@@ -93,4 +93,8 @@ auto_scale_lr = dict(base_batch_size=1024)
 
 default_hooks = dict(checkpoint=dict(type='CheckpointHook', interval=1,
                                      max_keep_ckpts=3))
-custom_hooks = [dict(type='EMAHook', momentum=4e-5, priority='ABOVE_NORMAL')]
+custom_hooks = [
+    dict(type='EMAHook', momentum=4e-5, priority='ABOVE_NORMAL'),
+    # stop at the first non-finite loss, before it is saved (mmsoft.engine)
+    dict(type='NonFiniteLossHook'),
+]

@@ -71,3 +71,6 @@ param_scheduler = [
         by_epoch=False,
     )
 ]
+
+# stop at the first non-finite loss, before it is saved (mmsoft.engine)
+custom_hooks = [dict(type='NonFiniteLossHook')]

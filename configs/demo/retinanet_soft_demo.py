@@ -106,3 +106,6 @@ default_hooks = dict(
     checkpoint=dict(type='CheckpointHook', interval=max_epochs,
                     max_keep_ckpts=1))
 log_processor = dict(window_size=10)
+
+# stop at the first non-finite loss, before it is saved (mmsoft.engine)
+custom_hooks = [dict(type='NonFiniteLossHook')]

@@ -95,3 +95,6 @@ default_hooks = dict(
     checkpoint=dict(type='CheckpointHook', by_epoch=False,
                     interval=max_iters, max_keep_ckpts=1))
 log_processor = dict(by_epoch=False, window_size=10)
+
+# stop at the first non-finite loss, before it is saved (mmsoft.engine)
+custom_hooks = [dict(type='NonFiniteLossHook')]

@@ -1,0 +1,173 @@
+"""Issue 13: training stops at the first non-finite loss, names the
+epoch / iteration, exits non-zero and never saves NaN weights over the last
+good checkpoint (a real mmengine Runner, lr exploding to 1e6)."""
+import glob
+import os.path as osp
+import subprocess
+import sys
+
+import pytest
+import torch
+import torch.nn as nn
+from mmengine.model import BaseModel
+from mmengine.runner import Runner
+
+import mmsoft  # noqa: F401  (registers the hook)
+from mmsoft.engine import (NonFiniteLossError, NonFiniteLossHook,
+                           add_nonfinite_hook)
+
+ROOT = osp.dirname(osp.dirname(osp.abspath(__file__)))
+
+
+class ToyModel(BaseModel):
+    """Linear regression; ``nan_at``: batch indices (x[0, 0] values) whose
+    loss is NaN (a bad sample)."""
+
+    def __init__(self, nan_at=()):
+        super().__init__()
+        self.fc = nn.Linear(4, 1)
+        self.nan_at = set(nan_at)
+
+    def forward(self, inputs, targets, mode='loss'):
+        inputs = torch.stack(inputs) if isinstance(inputs, list) else inputs
+        targets = torch.stack(targets) if isinstance(targets, list) \
+            else targets
+        loss = ((self.fc(inputs).squeeze(-1) - targets)**2).mean()
+        if int(inputs[0, 0].round()) in self.nan_at:
+            loss = loss * float('nan')
+        return dict(loss=loss)
+
+
+class ToyData(torch.utils.data.Dataset):
+
+    def __init__(self, n=8):
+        g = torch.Generator().manual_seed(0)
+        self.x = torch.randn(n, 4, generator=g)
+        self.x[:, 0] = torch.arange(n, dtype=torch.float)  # batch id
+        self.y = self.x @ torch.tensor([0.01, 1., -1., 2.])
+
+    def __len__(self):
+        return len(self.x)
+
+    def __getitem__(self, i):
+        return dict(inputs=self.x[i], targets=self.y[i])
+
+
+_RUNS = 0
+
+
+def make_runner(work_dir, gamma=1e8, max_epochs=3, hooks=True, nan_at=(),
+                max_skipped_steps=0):
+    custom_hooks = [dict(type='NonFiniteLossHook',
+                         max_skipped_steps=max_skipped_steps)] if hooks \
+        else []
+    global _RUNS
+    _RUNS += 1
+    return Runner(
+        model=ToyModel(nan_at),
+        experiment_name=f'nonfinite_{_RUNS}',
+        work_dir=str(work_dir),
+        train_dataloader=dict(
+            dataset=ToyData(), batch_size=1, num_workers=0,
+            sampler=dict(type='DefaultSampler', shuffle=False),
+            collate_fn=dict(type='default_collate')),
+        optim_wrapper=dict(optimizer=dict(type='SGD', lr=0.01)),
+        # epoch 1 at lr 0.01, then lr 1e6: the loss explodes to inf / nan
+        param_scheduler=dict(type='MultiStepLR', by_epoch=True,
+                             milestones=[1], gamma=gamma),
+        train_cfg=dict(by_epoch=True, max_epochs=max_epochs),
+        default_hooks=dict(checkpoint=dict(type='CheckpointHook', interval=1,
+                                           max_keep_ckpts=1)),
+        custom_hooks=custom_hooks,
+        default_scope='mmengine',
+        randomness=dict(seed=0),
+        log_level='WARNING')
+
+
+def _finite_ckpt(path):
+    sd = torch.load(path, map_location='cpu', weights_only=False)
+    return all(torch.isfinite(v).all() for v in sd['state_dict'].values())
+
+
+def test_without_the_hook_the_fault_happens(tmp_path):
+    """The fault being guarded against: a NaN run finishes and replaces the
+    good checkpoint by a NaN one."""
+    runner = make_runner(tmp_path, hooks=False)
+    runner.train()
+    ckpts = sorted(glob.glob(str(tmp_path / 'epoch_*.pth')))
+    assert [osp.basename(c) for c in ckpts] == ['epoch_3.pth']
+    assert not _finite_ckpt(ckpts[0])
+
+
+def test_stops_at_first_nonfinite_loss_keeping_the_good_checkpoint(
+        tmp_path, caplog):
+    runner = make_runner(tmp_path)
+    with pytest.raises(NonFiniteLossError) as exc:
+        runner.train()
+    msg = str(exc.value)
+    assert 'non-finite training loss' in msg
+    assert 'epoch 2, iteration' in msg and '/24' in msg
+    # the good checkpoint of epoch 1 is still there, untouched and finite
+    ckpts = sorted(glob.glob(str(tmp_path / 'epoch_*.pth')))
+    assert [osp.basename(c) for c in ckpts] == ['epoch_1.pth']
+    assert _finite_ckpt(ckpts[0])
+    # the step with the non-finite loss was not applied
+    assert all(torch.isfinite(p).all() for p in runner.model.parameters())
+    # stopped at the first non-finite loss, inside epoch 2
+    it = int(msg.split('iteration ')[1].split('/')[0])
+    assert 9 <= it <= 16
+
+
+def test_skipped_steps(tmp_path):
+    # one bad sample (batch 3) per epoch is skipped; training completes
+    runner = make_runner(tmp_path, gamma=1., max_epochs=2, nan_at=(3, ),
+                         max_skipped_steps=1)
+    runner.train()
+    hook = [h for h in runner.hooks if isinstance(h, NonFiniteLossHook)][0]
+    assert hook.total_skipped == 2
+    assert _finite_ckpt(tmp_path / 'epoch_2.pth')
+    # two bad samples in a row with max_skipped_steps=1: stop at the second
+    runner = make_runner(tmp_path / 'b', gamma=1., nan_at=(3, 4),
+                         max_skipped_steps=1)
+    with pytest.raises(NonFiniteLossError, match='epoch 1, iteration 5/24'):
+        runner.train()
+    assert not glob.glob(str(tmp_path / 'b' / 'epoch_*.pth'))
+
+
+def test_priority_before_checkpoint_hook(tmp_path):
+    runner = make_runner(tmp_path)
+    names = [type(h).__name__ for h in runner.hooks]
+    assert names.index('NonFiniteLossHook') < names.index('CheckpointHook')
+    with pytest.raises(ValueError, match='max_skipped_steps'):
+        NonFiniteLossHook(max_skipped_steps=-1)
+
+
+def test_add_nonfinite_hook():
+    from mmengine.config import Config
+    cfg = Config(dict(custom_hooks=[dict(type='EMAHook')]))
+    assert add_nonfinite_hook(cfg)
+    assert [h['type'] for h in cfg.custom_hooks] == ['EMAHook',
+                                                     'NonFiniteLossHook']
+    cfg = Config(dict(custom_hooks=[
+        dict(type='mmsoft.NonFiniteLossHook', max_skipped_steps=3)]))
+    assert not add_nonfinite_hook(cfg)  # the config's own settings stay
+    cfg = Config(dict())
+    assert add_nonfinite_hook(cfg) and len(cfg.custom_hooks) == 1
+
+
+SCRIPT = '''
+import sys
+sys.path.insert(0, {tests!r})
+from test_nonfinite_hook import make_runner
+make_runner({work_dir!r}).train()
+'''
+
+
+def test_process_exits_nonzero(tmp_path):
+    code = SCRIPT.format(tests=osp.join(ROOT, 'tests'),
+                         work_dir=str(tmp_path))
+    proc = subprocess.run([sys.executable, '-c', code], capture_output=True,
+                          text=True, cwd=str(tmp_path), timeout=300)
+    assert proc.returncode != 0
+    assert 'NonFiniteLossError' in proc.stderr
+    assert 'epoch 2, iteration' in proc.stderr
