@@ -30,6 +30,7 @@ from mmengine.registry import RUNNERS  # noqa: E402
 from mmengine.runner import Runner  # noqa: E402
 
 from mmsoft import launch  # noqa: E402
+from mmsoft.utils.strict_load import CheckpointMismatchError  # noqa: E402
 
 
 def parse_args(argv=None):
@@ -72,6 +73,12 @@ def parse_args(argv=None):
         help='job launcher')
     parser.add_argument(
         '--tta', action='store_true', help='test time augmentation')
+    parser.add_argument(
+        '--partial-load',
+        action='store_true',
+        help='allow a checkpoint that matches the model only in part (e.g. '
+        'another head): load the matching tensors and warn. Without it a '
+        'mismatch (missing / unexpected / mis-shaped keys) is an error')
     # When using PyTorch version >= 2.0.0, the `torch.distributed.launch`
     # will pass the `--local-rank` parameter to `tools/test.py` instead
     # of `--local_rank`.
@@ -157,6 +164,11 @@ def build_cfg(args):
         cfg.work_dir = osp.join('./work_dirs',
                                 osp.splitext(osp.basename(args.config))[0])
     cfg.load_from = args.checkpoint
+    # the Runner loads load_from with strict=False (a WARNING only): check
+    # the checkpoint against the model first (mmsoft.engine.StrictLoadHook)
+    cfg.custom_hooks = list(cfg.get('custom_hooks', None) or []) + [
+        dict(type='StrictLoadHook', allow_partial=args.partial_load,
+             opt_in='pass --partial-load')]
     return cfg
 
 
@@ -192,6 +204,8 @@ def main(argv=None):
 
     try:
         runner.test()
+    except CheckpointMismatchError as e:  # wrong weights: no metric
+        sys.exit(f'error: {e}')
     finally:
         # tear the process group down before interpreter exit: left to
         # atexit, gloo can abort ("terminate called without an active

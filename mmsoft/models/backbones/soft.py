@@ -295,11 +295,30 @@ class SOFT(BaseModule):
         the official initialisation (truncated normal 0.02 for linear layers
         and embeddings). ``init_cfg=dict(type='Pretrained', checkpoint=None)``
         is accepted and means "no weights yet" (configs set it so that
-        ``--cfg-options model.backbone.init_cfg.checkpoint=...`` works)."""
+        ``--cfg-options model.backbone.init_cfg.checkpoint=...`` works).
+
+        Pretrained loading is strict: a checkpoint whose tensors (under
+        ``prefix``) do not match the backbone - missing, unexpected or
+        mis-shaped keys, an unconverted official checkpoint - raises
+        :class:`mmsoft.utils.strict_load.CheckpointMismatchError`.
+        ``init_cfg=dict(type='Pretrained', ..., strict=False)`` allows
+        intended partial loads (the rest keeps the official initialisation).
+        """
         pretrained = isinstance(self.init_cfg, dict) and \
             self.init_cfg.get('type') == 'Pretrained'
         if pretrained and self.init_cfg.get('checkpoint') is not None:
-            super().init_weights()
+            from mmsoft.utils.strict_load import load_pretrained
+            cfg = dict(self.init_cfg)
+            if cfg.get('strict', True) is False:
+                self.init_cfg = None
+                self.init_weights()  # official init for what is not loaded
+                self.init_cfg = cfg
+            load_pretrained(
+                self, cfg['checkpoint'], prefix=cfg.get('prefix'),
+                map_location=cfg.get('map_location', 'cpu'),
+                strict=cfg.get('strict', True),
+                opt_in="set model.backbone.init_cfg.strict=False")
+            self._is_init = True
             return
         if pretrained:
             print_log('SOFT: init_cfg has no checkpoint; using random '

@@ -1,0 +1,117 @@
+"""Issue 13: wrong weights are an error, not a WARNING.
+
+``init_cfg=dict(type='Pretrained', ...)`` on the SOFT backbone and
+``tools/test.py`` refuse checkpoints that do not match the model, naming
+the missing / unexpected / mis-shaped keys (and the converter command for
+an unconverted official SOFT checkpoint); partial loads are an explicit
+opt-in."""
+import os.path as osp
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from mmsoft.models.backbones import SOFT
+from mmsoft.utils.official_keys import convert_mmpretrain_to_official
+from mmsoft.utils.strict_load import (CheckpointMismatchError,
+                                      compare_state_dicts)
+
+ROOT = osp.dirname(osp.dirname(osp.abspath(__file__)))
+ARCH = dict(embed_dims=[8, 16, 16, 32], num_heads=[1, 2, 2, 2],
+            depths=[1, 1, 1, 1])
+ARCH2 = dict(embed_dims=[8, 16, 24, 32], num_heads=[1, 2, 2, 2],
+             depths=[1, 1, 2, 1])
+
+
+def _classifier_ckpt(path, arch=ARCH, classes=3, seed=0):
+    torch.manual_seed(seed)
+    src = SOFT(arch, out_type='cls_token')
+    src.init_weights()
+    sd = {f'backbone.{k}': v for k, v in src.state_dict().items()}
+    sd['head.fc.weight'] = torch.randn(classes, arch['embed_dims'][3])
+    sd['head.fc.bias'] = torch.randn(classes)
+    torch.save({'state_dict': sd, 'meta': {}}, path)
+    return src
+
+
+def _pretrained(path, **kw):
+    return SOFT(ARCH, init_cfg=dict(type='Pretrained', checkpoint=str(path),
+                                    **kw))
+
+
+def test_full_classifier_checkpoint_with_prefix_loads_silently(tmp_path):
+    """The normal case: the head keys are expected extras."""
+    src = _classifier_ckpt(tmp_path / 'cls.pth', classes=1000)
+    dst = _pretrained(tmp_path / 'cls.pth', prefix='backbone.')
+    dst.init_weights()
+    for k, v in src.state_dict().items():
+        assert torch.equal(dst.state_dict()[k], v), k
+
+
+def test_other_arch_is_an_error_naming_keys(tmp_path):
+    _classifier_ckpt(tmp_path / 'other.pth', arch=ARCH2)
+    dst = _pretrained(tmp_path / 'other.pth', prefix='backbone.')
+    with pytest.raises(CheckpointMismatchError) as exc:
+        dst.init_weights()
+    msg = str(exc.value)
+    assert 'other.pth' in msg
+    assert 'tensors are not in the model (unexpected): stages.2.1.' in msg
+    assert 'have another shape' in msg and \
+        '(checkpoint [24, 16, 3, 3] vs model [16, 16, 3, 3])' in msg
+    assert 'model.backbone.init_cfg.strict=False' in msg
+
+
+def test_other_model_loads_nothing_and_is_an_error(tmp_path):
+    """A detector checkpoint: no key under backbone. matches."""
+    torch.save({'state_dict': {'neck.conv.weight': torch.zeros(4, 4),
+                               'bbox_head.cls.weight': torch.zeros(9, 4)}},
+               tmp_path / 'det.pth')
+    with pytest.raises(CheckpointMismatchError, match="no tensor under the "
+                       "prefix 'backbone.'.*neck.conv.weight"):
+        _pretrained(tmp_path / 'det.pth', prefix='backbone.').init_weights()
+    # without a prefix: 0 of 2 tensors would load, even with strict=False
+    with pytest.raises(CheckpointMismatchError,
+                       match='0 of its 2 tensors would load'):
+        _pretrained(tmp_path / 'det.pth', strict=False).init_weights()
+
+
+def test_unconverted_official_checkpoint_names_the_converter(tmp_path):
+    src = SOFT(ARCH, out_type='cls_token')
+    sd = {f'backbone.{k}': v for k, v in src.state_dict().items()}
+    sd['head.fc.weight'] = torch.zeros(3, 32)
+    sd['head.fc.bias'] = torch.zeros(3)
+    official = convert_mmpretrain_to_official(sd)
+    official = official[0] if isinstance(official, tuple) else official
+    path = tmp_path / 'soft_tiny_official.pth'
+    torch.save({'model': official}, path)
+    for kw in (dict(prefix='backbone.'), dict(), dict(strict=False)):
+        with pytest.raises(CheckpointMismatchError) as exc:
+            _pretrained(path, **kw).init_weights()
+        msg = str(exc.value)
+        assert 'official SOFT checkpoint' in msg
+        assert 'tools/model_converters/soft2mmsoft.py' in msg
+        assert str(path) in msg
+
+
+def test_partial_load_is_an_explicit_opt_in(tmp_path):
+    src = _classifier_ckpt(tmp_path / 'other.pth', arch=ARCH2)
+    dst = _pretrained(tmp_path / 'other.pth', prefix='backbone.',
+                      strict=False)
+    dst.init_weights()
+    got = dst.state_dict()
+    # matching tensors loaded, mis-shaped ones kept their initialisation
+    k = 'stages.0.0.attn.q.weight'
+    assert torch.equal(got[k], src.state_dict()[k])
+    k = 'pos_embeds.2'
+    assert got[k].shape != src.state_dict()[k].shape
+    assert got[k].abs().sum() > 0  # official trunc-normal init ran
+
+
+def test_compare_counts():
+    r = compare_state_dicts(
+        {'a': torch.zeros(2), 'b': torch.zeros(3), 'bn.num_batches_tracked':
+         torch.tensor(0)},
+        {'a': torch.zeros(2), 'b': torch.zeros(4), 'c': torch.zeros(1)})
+    assert r.missing == () and r.unexpected == ('c', )
+    assert r.mismatched == (('b', (4, ), (3, )), ) and r.matched == 1
