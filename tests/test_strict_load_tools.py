@@ -1,0 +1,120 @@
+"""Issue 13: ``tools/test.py`` refuses a checkpoint that does not match the
+config's model (no metric, non-zero exit) unless ``--partial-load``."""
+import os.path as osp
+import runpy
+
+import pytest
+import torch
+
+pytest.importorskip('mmpretrain')
+
+from mmsoft.demo import synthetic as S  # noqa: E402
+from mmsoft.utils.official_keys import \
+    convert_mmpretrain_to_official  # noqa: E402
+
+ROOT = osp.dirname(osp.dirname(osp.abspath(__file__)))
+
+
+@pytest.fixture(scope='module')
+def setup(tmp_path_factory):
+    """A tiny 5-class demo classifier config, its data and checkpoints."""
+    tmp = tmp_path_factory.mktemp('strict_tools')
+    S.make_demo_data(str(tmp / 'data'), tasks=('cls', ), workers=1,
+                     overrides={'cls': dict(num_train=2, num_val=4)},
+                     log=None)
+    root = str(tmp / 'data' / 'imagenet') + '/'
+    cfg = tmp / 'cls.py'
+    cfg.write_text(f"""
+_base_ = {osp.join(ROOT, 'configs', 'demo', 'soft_cls_demo.py')!r}
+data_root = {root!r}
+train_dataloader = dict(dataset=dict(data_root=data_root))
+val_dataloader = dict(batch_size=4, dataset=dict(data_root=data_root))
+test_dataloader = dict(batch_size=4, dataset=dict(data_root=data_root))
+""")
+    from mmengine.config import Config
+    from mmpretrain.registry import MODELS
+    from mmpretrain.utils import register_all_modules
+    register_all_modules()
+    model = MODELS.build(Config.fromfile(str(cfg)).model)
+    model.init_weights()
+    sd = model.state_dict()
+    ckpts = {}
+
+    def save(name, state_dict, wrap='state_dict'):
+        path = str(tmp / f'{name}.pth')
+        torch.save({wrap: state_dict, 'meta': {}}, path)
+        ckpts[name] = path
+
+    save('good', sd)
+    head1000 = dict(sd)
+    head1000['head.fc.weight'] = torch.zeros(1000, 192)
+    head1000['head.fc.bias'] = torch.zeros(1000)
+    save('head1000', head1000)
+    # another model: a detector's keys (0 tensors load)
+    save('retinanet', {'backbone.layer1.0.conv1.weight': torch.zeros(
+        64, 64, 1, 1), 'neck.fpn_convs.0.conv.weight': torch.zeros(
+            256, 256, 3, 3), 'bbox_head.retina_cls.weight': torch.zeros(
+                9, 256, 3, 3)})
+    # another arch: one more block in stage 3
+    other = {k: v for k, v in sd.items() if '.stages.2.1.' not in k}
+    save('other_arch', other)
+    # an unconverted official checkpoint (fudan-zvg/SOFT layout)
+    official = convert_mmpretrain_to_official(sd)
+    official = official[0] if isinstance(official, tuple) else official
+    save('official', official, wrap='model')
+    return str(cfg), ckpts, tmp
+
+
+def _test(setup, name, *extra):
+    cfg, ckpts, tmp = setup
+    main = runpy.run_path(osp.join(ROOT, 'tools', 'test.py'),
+                          run_name='tools')['main']
+    return main([cfg, ckpts[name], '--work-dir', str(tmp / 'work'),
+                 *extra])
+
+
+def _error(setup, name, *extra):
+    """The error of tools/test.py: ``sys.exit('error: ...')``, i.e. the
+    message on stderr and exit status 1, before any metric."""
+    with pytest.raises(SystemExit) as exc:
+        _test(setup, name, *extra)
+    assert isinstance(exc.value.code, str)  # exit status 1
+    assert exc.value.code.startswith('error: checkpoint ')
+    return exc.value.code
+
+
+def test_matching_checkpoint_is_tested(setup):
+    metrics = _test(setup, 'good')
+    assert metrics is None or 'accuracy/top1' in metrics
+
+
+def test_1000_class_head_on_5_class_config(setup):
+    msg = _error(setup, 'head1000')
+    assert 'does not match the model (ImageClassifier)' in msg
+    assert 'head.fc.weight (checkpoint [1000, 192] vs model [5, 192])' in msg
+    assert '2 tensors have another shape' in msg
+    assert '--partial-load' in msg
+
+
+def test_other_model_loads_nothing(setup):
+    msg = _error(setup, 'retinanet')
+    assert '0 of its 3 tensors would load' in msg
+    assert 'bbox_head.retina_cls.weight' in msg
+    assert 'missing from the checkpoint' in msg
+    # loading nothing is an error even with the opt-in
+    assert '0 of its 3' in _error(setup, 'retinanet', '--partial-load')
+
+
+def test_other_arch(setup):
+    msg = _error(setup, 'other_arch')
+    assert 'missing from the checkpoint: backbone.stages.2.1.' in msg
+
+
+def test_unconverted_official_checkpoint(setup):
+    msg = _error(setup, 'official')
+    assert 'official SOFT checkpoint' in msg
+    assert 'python tools/model_converters/soft2mmsoft.py' in msg
+
+
+def test_partial_load_opt_in(setup):
+    _test(setup, 'head1000', '--partial-load')  # loads the backbone, tests
