@@ -24,9 +24,9 @@ head: batch-independent). This leaves K mathematically unchanged and removes
 the common offset of the tokens from the cancellation; the error is then
 relative to the spread of the tokens around their landmarks. For the
 self-kernel ``K(y, y)`` (the m x m matrix A) the diagonal is exactly 1
-(``exp(0)``) and is set so, whatever the spread. The backward uses the
-translated tensors (``y - x = y' - x'``, and c carries no gradient since K
-does not depend on it).
+(``exp(0)``) and is set so, whatever the spread. The backward recomputes
+the translated tensors (``y - x = y' - x'``; c carries no gradient since K
+does not depend on it) instead of saving them, so memory is unchanged.
 
 Computation is always float32 (float64 if the inputs are), with autocast
 disabled, so the exponent never overflows or loses precision in half
@@ -45,35 +45,38 @@ class GaussianKernel(torch.autograd.Function):
         # translate both sets by the mean landmark c (K depends on x - y
         # only): the expansion below then cancels relative to the tokens'
         # spread, not to their norm
-        ctx.shapes = (x.shape, y.shape)
         c = y.mean(-2, keepdim=True)
-        y = y - c
-        x = y if self_kernel else x - c
-        K = torch.matmul(x, y.transpose(-1, -2))
-        K.sub_(x.square().sum(-1, keepdim=True), alpha=0.5)
-        K.sub_(y.square().sum(-1).unsqueeze(-2), alpha=0.5)
+        yc = y - c
+        xc = yc if self_kernel else x - c
+        K = torch.matmul(xc, yc.transpose(-1, -2))
+        K.sub_(xc.square().sum(-1, keepdim=True), alpha=0.5)
+        K.sub_(yc.square().sum(-1).unsqueeze(-2), alpha=0.5)
         K.clamp_(max=0.0).exp_()
         if self_kernel:  # exp(-||y_i - y_i||^2 / 2) = 1 exactly
             K.diagonal(dim1=-2, dim2=-1).fill_(1.0)
-        ctx.save_for_backward(x, y, K)
+        # the inputs (kept alive by autograd anyway) and c are saved, not
+        # the translated copies: backward recomputes them
+        ctx.self_kernel = self_kernel
+        ctx.save_for_backward(y if self_kernel else x, y, c, K)
         return K
 
     @staticmethod
     def backward(ctx, grad: torch.Tensor):
-        x, y, K = ctx.saved_tensors
-        x_shape, y_shape = ctx.shapes
+        x, y, c, K = ctx.saved_tensors
+        yc = y - c
+        xc = yc if ctx.self_kernel else x - c
         GK = grad * K
         grad_x = grad_y = None
         if ctx.needs_input_grad[0]:
-            grad_x = torch.matmul(GK, y) - GK.sum(-1, keepdim=True) * x
+            grad_x = torch.matmul(GK, yc) - GK.sum(-1, keepdim=True) * xc
+            if grad_x.shape != x.shape:
+                grad_x = grad_x.sum_to_size(x.shape)
         if ctx.needs_input_grad[1]:
-            grad_y = (torch.matmul(GK.transpose(-1, -2), x) -
-                      GK.sum(-2).unsqueeze(-1) * y)
+            grad_y = (torch.matmul(GK.transpose(-1, -2), xc) -
+                      GK.sum(-2).unsqueeze(-1) * yc)
             # y may have been broadcast along batch dims
-            if grad_y.shape != y_shape:
-                grad_y = grad_y.sum_to_size(y_shape)
-        if grad_x is not None and grad_x.shape != x_shape:
-            grad_x = grad_x.sum_to_size(x_shape)
+            if grad_y.shape != y.shape:
+                grad_y = grad_y.sum_to_size(y.shape)
         return grad_x, grad_y, None
 
 
