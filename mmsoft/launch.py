@@ -232,7 +232,36 @@ def prepare_cfg(cfg, launcher: str = 'none') -> str:
 
 
 def shutdown_dist():
-    """Destroy the default process group if one was initialised."""
+    """Tear the process groups down before the interpreter exits.
+
+    Left to interpreter finalization, gloo's C++ worker threads can still
+    hold work objects whose tensors have Python references; releasing them
+    then needs the GIL, which a finalizing interpreter refuses by ending the
+    thread, and the C++ runtime aborts the process ("terminate called
+    without an active exception", SIGABRT, exit code != 0) after a finished
+    run. So, at the end of ``tools/train.py`` / ``tools/test.py``:
+
+    1. on success, a barrier: no rank closes its connections while another
+       is still in the last collective (e.g. the metrics broadcast that
+       ends a distributed test); skipped when an exception is propagating
+       (a peer may be gone; a barrier could then wait for the timeout);
+    2. ``destroy_process_group()``: shuts every backend down (its threads
+       finish their work now, with the interpreter fully alive) and
+       unregisters the groups;
+    3. a garbage collection, so that objects that still reference a group
+       (DDP wrappers, work handles) are freed before finalization.
+    """
+    import gc
+    import sys
+
     import torch.distributed as dist
-    if dist.is_available() and dist.is_initialized():
-        dist.destroy_process_group()
+    if not (dist.is_available() and dist.is_initialized()):
+        return
+    if sys.exc_info()[0] is None:
+        try:
+            dist.barrier()
+        except Exception as e:  # pragma: no cover (a peer already left)
+            _log_rank0(f'shutdown_dist: barrier failed ({e}); tearing the '
+                       'process group down anyway', level=logging.WARNING)
+    dist.destroy_process_group()
+    gc.collect()
