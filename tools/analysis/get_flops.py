@@ -148,6 +148,14 @@ def build_config(path: str, attn_type=None):
     cfg = Config.fromfile(path)
     if attn_type is not None:
         cfg.model.backbone.attn_type = attn_type
+        from mmsoft.models.layers.attention_zoo import (ATTENTIONS,
+                                                        _SOFT_ONLY, _accepted)
+        cls = ATTENTIONS.get(attn_type)
+        if attn_type not in ('soft', 'soft_norm') and cls is not None:
+            # the config's SOFT-only settings do not apply to attn_type
+            for key in _SOFT_ONLY:
+                if not _accepted(cls, key):
+                    cfg.model.backbone.pop(key, None)
     scope = cfg.get('default_scope', 'mmpretrain')
     init_default_scope(scope)
     registry = importlib.import_module(f'{scope}.registry').MODELS
