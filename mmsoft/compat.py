@@ -159,6 +159,9 @@ def _make_loaded_history_buffer():
         def __setstate__(self, state):
             state = dict(state)
             methods = state.pop('statistics_methods', {})
+            # the built-in min / max / current / mean, as every
+            # HistoryBuffer() does (setdefault: never replaces an entry)
+            self._set_default_statistics()
             registered = HistoryBuffer._statistics_methods
             odd = sorted(str(k) for k, v in dict(methods).items()
                          if registered.get(k) is not v)

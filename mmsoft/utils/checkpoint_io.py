@@ -12,10 +12,11 @@ checkpoints), the converters in ``tools/model_converters`` and, through
   removed on any exception and on SIGTERM / SIGINT; its name
   (``.<name>.<pid>.<random>.mmsoft-tmp``) lets :func:`remove_stale_temps`
   delete what a SIGKILL left behind.
-* :func:`add_checksum` / :func:`verify_checksum` - a SHA-256 over the saved
-  state (every tensor, array and plain value of the covered entries, in key
-  order; ``meta`` and mmengine's ``message_hub`` are not covered), stored
-  under ``checkpoint['meta']['mmsoft_checksum']``.
+* :func:`add_checksum` / :func:`verify_checksum` - a SHA-256 of each saved
+  entry (``state_dict``, ``optimizer``, ...: every tensor, array and plain
+  value with its key path, in key order; ``meta`` and mmengine's
+  ``message_hub`` are not covered), stored under
+  ``checkpoint['meta']['mmsoft_checksum']``.
 * :func:`describe_damage` - why a file cannot be a complete checkpoint
   (empty, truncated, CRC error in a record), or None.
 * :func:`find_newest_complete` - the newest ``epoch_N.pth`` / ``iter_N.pth``
@@ -96,36 +97,34 @@ def _update(h, path: str, value) -> None:
         h.update(f'{path}:{type(value).__qualname__}:'.encode())
 
 
-def state_checksum(checkpoint: Mapping,
-                   keys: Optional[Iterable[str]] = None) -> str:
-    """SHA-256 (hex) over ``checkpoint[k]`` for ``k`` in ``keys`` (default:
-    every entry but ``meta`` and ``message_hub``), in key order."""
-    if keys is None:
-        keys = [k for k in checkpoint if k not in UNCOVERED]
+def state_checksum(value) -> str:
+    """SHA-256 (hex) of one checkpoint entry: its tensors, arrays and plain
+    values with their key paths, in key order."""
     h = hashlib.sha256()
-    for k in keys:
-        _update(h, repr(k), checkpoint[k])
+    _update(h, '', value)
     return h.hexdigest()
 
 
 def add_checksum(checkpoint: dict) -> dict:
-    """Store the checksum of ``checkpoint`` in its ``meta`` (in place)."""
-    keys = [k for k in checkpoint if k not in UNCOVERED]
-    meta = checkpoint.setdefault('meta', {})
-    if meta is None:
-        meta = checkpoint['meta'] = {}
-    meta[CHECKSUM_KEY] = dict(
-        algorithm='sha256', keys=keys,
-        digest=state_checksum(checkpoint, keys))
+    """Store a checksum of each entry of ``checkpoint`` (but ``meta`` and
+    ``message_hub``) in ``checkpoint['meta']['mmsoft_checksum']`` (in
+    place). Per-entry digests keep a subset of the entries (e.g. mmengine's
+    ``published_keys``) verifiable."""
+    if checkpoint.get('meta') is None:
+        checkpoint['meta'] = {}
+    checkpoint['meta'][CHECKSUM_KEY] = dict(
+        algorithm='sha256',
+        digests={k: state_checksum(v) for k, v in checkpoint.items()
+                 if k not in UNCOVERED})
     return checkpoint
 
 
 def verify_checksum(checkpoint, filename: str = '<checkpoint>') -> bool:
-    """Check the checksum stored by :func:`add_checksum`.
+    """Check the checksums stored by :func:`add_checksum`.
 
-    Returns True when it matches, False when there is none (files not
-    written by mmsoft); raises :class:`CheckpointError` naming the file on a
-    mismatch.
+    Returns True when they match, False when there are none (files not
+    written by mmsoft); raises :class:`CheckpointError` naming the file and
+    the entries on a mismatch. Entries absent from the file are skipped.
     """
     if not isinstance(checkpoint, Mapping):
         return False
@@ -133,23 +132,18 @@ def verify_checksum(checkpoint, filename: str = '<checkpoint>') -> bool:
     if not isinstance(meta, Mapping) or CHECKSUM_KEY not in meta:
         return False
     info = meta[CHECKSUM_KEY]
-    keys = list(info.get('keys', ()))
-    missing = [k for k in keys if k not in checkpoint]
-    if missing:
+    if not isinstance(info, Mapping) or info.get('algorithm') != 'sha256' \
+            or not isinstance(info.get('digests'), Mapping):
         raise CheckpointError(
-            f'checkpoint {filename} is corrupt: entries {missing} covered by '
-            f'its checksum are missing')
-    if info.get('algorithm') != 'sha256':
-        raise CheckpointError(
-            f'checkpoint {filename}: unknown checksum algorithm '
-            f'{info.get("algorithm")!r}')
-    digest = state_checksum(checkpoint, keys)
-    if digest != info.get('digest'):
+            f'checkpoint {filename}: unreadable checksum record {info!r}')
+    bad = [k for k, d in info['digests'].items()
+           if k in checkpoint and state_checksum(checkpoint[k]) != d]
+    if bad:
         raise CheckpointError(
             f'checkpoint {filename} is corrupt: the SHA-256 of its saved '
-            f'state ({", ".join(keys)}) is {digest[:16]}..., the file '
-            f'records {str(info.get("digest"))[:16]}...; do not use it '
-            f'(resume from an earlier checkpoint or convert / copy it again)')
+            f'{", ".join(map(str, bad))} does not match the one recorded at '
+            f'save time; do not use it (resume from an earlier checkpoint, '
+            f'or convert / copy it again)')
     return True
 
 
