@@ -362,3 +362,94 @@ def test_kill_during_checkpoint_write_keeps_previous(tmp_path):
     names = sorted(os.listdir(work))
     assert not [n for n in names if n.endswith(cio.TMP_SUFFIX)]  # cleaned
     assert [n for n in names if n.endswith('.pth')] == ['iter_10.pth']
+
+
+# ------------------------------------------------ configs and tools/train.py
+@pytest.mark.parametrize('name', [
+    'soft_tiny_in1k.py', 'retinanet_soft_tiny_1x.py',
+    'mask_rcnn_soft_tiny_1x.py', 'atss_soft_small_3x_ms.py',
+    'cascade_mask_rcnn_soft_small_3x_ms.py', 'gfl_soft_small_3x_ms.py',
+    'sparse_rcnn_soft_small_3x_ms.py',
+    'upernet_soft_small_512x512_160k_ade20k.py', 'demo/soft_cls_demo.py',
+    'demo/retinanet_soft_demo.py', 'demo/upernet_soft_demo.py'
+])
+def test_configs_use_safe_checkpoint_hook(name):
+    from mmengine.config import Config
+    cfg = Config.fromfile(osp.join(ROOT, 'configs', name))
+    assert cfg.default_hooks.checkpoint.type == 'SafeCheckpointHook'
+
+
+def test_train_tool_swaps_plain_checkpoint_hook(tmp_path):
+    import runpy
+    cfg_file = tmp_path / 'plain.py'
+    cfg_file.write_text(
+        "_base_ = 'mmpretrain::_base_/default_runtime.py'\n"
+        "default_hooks = dict(checkpoint=dict(type='CheckpointHook', "
+        "interval=2, max_keep_ckpts=1))\n")
+    train = runpy.run_path(osp.join(ROOT, 'tools', 'train.py'),
+                           run_name='tools')
+    cfg = train['build_cfg'](train['parse_args']([str(cfg_file), '--resume']))
+    hook_cfg = cfg.default_hooks.checkpoint
+    assert {k: v for k, v in hook_cfg.items() if k != '_scope_'} == dict(
+        type='SafeCheckpointHook', interval=2, max_keep_ckpts=1)
+    assert cfg.resume is True and cfg.load_from is None
+    pytest.importorskip('mmpretrain')
+    from mmengine.registry import HOOKS
+    hook = HOOKS.build(dict(hook_cfg))  # found from mmpretrain's scope
+    assert type(hook) is SafeCheckpointHook and hook.max_keep_ckpts == 1
+    # other hook types are left alone
+    cfg.default_hooks.checkpoint.type = 'MyHook'
+    assert use_safe_checkpoint_hook(cfg) is False
+
+
+# --------------------------------------------------- atomic save, temps
+def test_save_atomic_cleans_up(tmp_path, monkeypatch):
+    dst = tmp_path / 'ckpt.pth'
+    cio.save_atomic({'a': torch.ones(2)}, str(dst))
+    before = dst.read_bytes()
+
+    for exc in (OSError, KeyboardInterrupt):
+        def writer(obj, f, exc=exc):
+            f.write(b'partial')
+            raise exc('boom')
+        with pytest.raises(exc):
+            cio.save_atomic({'a': torch.zeros(2)}, str(dst), writer=writer)
+        assert dst.read_bytes() == before
+        assert os.listdir(tmp_path) == ['ckpt.pth']
+
+
+def test_sigterm_during_save_removes_temp(tmp_path):
+    """SIGTERM while writing: the temporary file is removed, the old file
+    stays, the process exits 143."""
+    dst = tmp_path / 'ckpt.pth'
+    cio.save_atomic({'a': torch.ones(2)}, str(dst))
+    before = dst.read_bytes()
+    code = textwrap.dedent(f"""
+        import os, signal, torch
+        from mmsoft.utils import checkpoint_io as cio
+        def writer(obj, f):
+            f.write(b'partial')
+            f.flush()
+            os.kill(os.getpid(), signal.SIGTERM)
+            torch.save(obj, f)
+        cio.save_atomic({{'a': torch.zeros(2)}}, {str(dst)!r}, writer=writer)
+    """)
+    env = dict(os.environ, PYTHONPATH=ROOT, OMP_NUM_THREADS='1')
+    res = subprocess.run([sys.executable, '-c', code], env=env,
+                         capture_output=True, text=True, timeout=120)
+    assert res.returncode == 128 + signal.SIGTERM, res.stderr
+    assert dst.read_bytes() == before
+    assert os.listdir(tmp_path) == ['ckpt.pth']
+
+
+def test_stale_temps_of_dead_writers_are_removed(tmp_path):
+    dead = subprocess.run([sys.executable, '-c', 'import os; '
+                           'print(os.getpid())'], capture_output=True,
+                          text=True).stdout.strip()
+    stale = tmp_path / f'.epoch_3.pth.{dead}.0123abcd{cio.TMP_SUFFIX}'
+    mine = tmp_path / f'.epoch_3.pth.{os.getpid()}.0123abcd{cio.TMP_SUFFIX}'
+    other = tmp_path / '.epoch_3.pth.tmp'  # not ours: never touched
+    for p in (stale, mine, other):
+        p.write_bytes(b'x')
+    assert cio.remove_stale_temps(str(tmp_path)) == [str(stale)]
+    assert sorted(os.listdir(tmp_path)) == sorted([mine.name, other.name])

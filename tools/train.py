@@ -9,11 +9,13 @@ The codebase is picked from the config's ``default_scope``::
         --cfg-options \
         model.backbone.init_cfg.checkpoint=weights/soft_norm_small.pth
 
-``--resume`` without a path resumes from the latest checkpoint of the work
-dir, ``--resume PATH`` from PATH. Without CUDA, ``--launcher pytorch``
-(``tools/dist_train.sh``) runs one CPU process per "GPU" with the gloo
-backend (see :mod:`mmsoft.launch`), and ``--amp`` trains under bfloat16
-autocast.
+``--resume`` without a path resumes from the newest complete checkpoint of
+the work dir (damaged newer ones are skipped with a warning), ``--resume
+PATH`` from PATH; a config's plain ``CheckpointHook`` becomes mmsoft's
+``SafeCheckpointHook`` (atomic writes, checksum, RNG states). Without
+CUDA, ``--launcher pytorch`` (``tools/dist_train.sh``) runs one CPU process
+per "GPU" with the gloo backend (see :mod:`mmsoft.launch`), and ``--amp``
+trains under bfloat16 autocast.
 """
 import argparse
 import os
@@ -29,6 +31,7 @@ from mmengine.registry import RUNNERS  # noqa: E402
 from mmengine.runner import Runner  # noqa: E402
 
 from mmsoft import launch  # noqa: E402
+from mmsoft.engine import use_safe_checkpoint_hook  # noqa: E402
 
 
 def parse_args(argv=None):
@@ -105,6 +108,10 @@ def build_cfg(args):
                                '"auto_scale_lr.enable" or '
                                '"auto_scale_lr.base_batch_size" in your'
                                ' configuration file.')
+
+    # atomic, checksummed checkpoints with RNG states (mmsoft's hook also
+    # makes --resume take the newest complete checkpoint)
+    use_safe_checkpoint_hook(cfg)
 
     # resume is determined in this priority: resume from > auto_resume
     if args.resume == 'auto':
