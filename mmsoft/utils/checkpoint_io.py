@@ -43,7 +43,8 @@ __all__ = [
     'CheckpointError', 'save_atomic', 'add_checksum', 'verify_checksum',
     'state_checksum', 'describe_damage', 'load_verified',
     'find_newest_complete', 'remove_stale_temps', 'checkpoint_candidates',
-    'install_loader', 'TMP_SUFFIX', 'CHECKSUM_KEY'
+    'install_loader', 'refused_globals', 'check_complete', 'temp_path_for',
+    'write_text_atomic', 'TMP_SUFFIX', 'CHECKSUM_KEY'
 ]
 
 #: suffix of the temporary files written by :func:`save_atomic`
@@ -179,7 +180,8 @@ def describe_damage(path: str) -> Optional[str]:
     return None
 
 
-def _refused_globals(path: str) -> List[str]:
+def refused_globals(path: str) -> List[str]:
+    """Globals in ``path`` that the weights-only unpickler refuses."""
     try:
         return list(torch.serialization.get_unsafe_globals_in_checkpoint(
             path))
@@ -203,7 +205,7 @@ def load_verified(path: str, map_location='cpu', weights_only=None,
                 f'checkpoint {path} {damage}; it was not loaded (use an '
                 f'earlier or a fresh copy)') from None
         if isinstance(e, pickle.UnpicklingError):
-            refused = _refused_globals(path)
+            refused = refused_globals(path)
             if refused:
                 raise pickle.UnpicklingError(
                     f'{path}: weights-only loading refused the pickled '

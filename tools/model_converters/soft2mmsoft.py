@@ -30,7 +30,8 @@ sys.path.insert(0, osp.abspath(osp.join(osp.dirname(__file__), '..', '..')))
 from mmsoft.utils.official_keys import (  # noqa: E402
     ConversionError, arch_for_mmsoft, convert_official_to_mmpretrain,
     describe_arch, extract_state_dict, load_checkpoint_file,
-    match_arch_preset, official_model_name, save_checkpoint_atomic)
+    match_arch_preset, official_model_name, save_checkpoint_atomic,
+    check_output_path, positive_int)
 
 
 def parse_args(argv=None):
@@ -47,7 +48,7 @@ def parse_args(argv=None):
     p.add_argument('--norm', action='store_true',
                    help='the checkpoint is a soft_norm_* model '
                    '(attn_norm=True); not visible in the weights')
-    p.add_argument('--stage4-heads', type=int, default=None,
+    p.add_argument('--stage4-heads', type=positive_int, default=None,
                    help='heads of the softmax stage 4 (not visible in the '
                    'weights; default: keep stage 3\'s head width, 16 for '
                    'every official model)')
@@ -58,6 +59,7 @@ def parse_args(argv=None):
 
 
 def convert(args, log=print):
+    check_output_path(args.src, args.dst)
     ckpt = load_checkpoint_file(args.src, trust=args.trust_checkpoint)
     if args.ema is False:
         sd, source = extract_state_dict(ckpt, prefer_ema=False)
