@@ -314,3 +314,27 @@ def test_bytes_is_restricted(tmp_path):
     torch.save({'x': Alloc()}, path)
     with pytest.raises(pickle.UnpicklingError, match='only bytes'):
         torch.load(path)
+
+
+@needs_weights_only
+def test_fresh_process_loads_runner_checkpoint_quietly(tmp_path):
+    """In a process that never built a HistoryBuffer (the class's method
+    table is still empty) a regular checkpoint loads without warnings and
+    its buffers work."""
+    path = tmp_path / 'iter_3.pth'
+    _mmengine_checkpoint(path)
+    code = textwrap.dedent(f"""
+        import warnings
+        warnings.simplefilter('error')
+        import torch
+        import mmsoft
+        ckpt = torch.load({str(path)!r})
+        buf = ckpt['message_hub']['log_scalars']['train/loss']
+        print(buf.statistics('mean'))
+    """)
+    env = dict(os.environ, PYTHONWARNINGS='ignore::DeprecationWarning')
+    res = subprocess.run([sys.executable, '-c', code], capture_output=True,
+                         text=True, timeout=120, env=env)
+    assert res.returncode == 0, res.stderr[-2000:]
+    assert float(res.stdout.split()[-1]) == pytest.approx((1 + .5 + 1 / 3)
+                                                          / 3)
