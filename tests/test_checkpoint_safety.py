@@ -153,7 +153,8 @@ def _runner(work_dir, name, by_epoch=False, stop_after=None, seed=0,
 
 
 def _weights(runner):
-    return {k: v.detach().clone() for k, v in runner.model.state_dict().items()}
+    return {k: v.detach().clone()
+            for k, v in runner.model.state_dict().items()}
 
 
 def _bitwise_equal(a, b):

@@ -481,7 +481,7 @@ def test_refused_global_is_named(tmp_path, tiny_sd, capsys):
 
 
 def test_output_replacing_input_is_refused(tmp_path, tiny_sd, capsys,
-                                          monkeypatch):
+                                           monkeypatch):
     src, dst = _convert(tmp_path, tiny_sd)
     before = src.read_bytes()
     (tmp_path / 'link.pth').symlink_to(src)
@@ -581,7 +581,8 @@ def test_sigterm_during_conversion_leaves_nothing(tmp_path, tiny_sd):
             os.kill(os.getpid(), signal.SIGTERM)
             save(obj, f, *a, **k)
         torch.save = slow_save
-        sys.argv = ['soft2mmsoft.py', {str(src)!r}, {str(tmp_path / 'o.pth')!r}]
+        sys.argv = ['soft2mmsoft.py', {str(src)!r},
+                    {str(tmp_path / 'o.pth')!r}]
         import runpy
         runpy.run_path({osp.join(ROOT, 'tools', 'model_converters',
                                  'soft2mmsoft.py')!r}, run_name='__main__')

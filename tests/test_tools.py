@@ -377,6 +377,10 @@ def test_dist_train_resume_and_dist_test(tmp_path):
     assert "backend 'nccl' -> 'gloo'" in out
     assert osp.isfile(osp.join(work, 'iter_2.pth'))
     assert 'Iter(train) [2/2]' in out
+    # tools/train.py made the hook mmsoft's: both ranks' RNG states saved
+    import mmsoft  # noqa: F401  (allow-lists mmengine checkpoints)
+    rng = torch.load(osp.join(work, 'iter_2.pth'))['meta']['mmsoft_rng']
+    assert rng['world_size'] == 2 and len(rng['states']) == 2
     assert 'Distributed training: True' in out and 'GPU number: 2' in out
 
     out = check(run(['bash', 'tools/dist_train.sh', cfg, '2', '--work-dir',

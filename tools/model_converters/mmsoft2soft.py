@@ -13,7 +13,8 @@ they need ``--trust-checkpoint`` to be unpickled.
 DST: ``{'state_dict': ..., 'state_dict_ema': ...}`` (the same tensors under
 both names, stored once) with the official key names, loadable by the
 official ``main.py --eval_checkpoint DST`` (which reads ``state_dict_ema``)
-and by timm's ``load_checkpoint``. Written atomically.
+and by timm's ``load_checkpoint``, plus ``meta`` with mmsoft's SHA-256 of
+the tensors. Written atomically; DST must not be SRC.
 """
 import argparse
 import os.path as osp

@@ -14,7 +14,10 @@ DST is an mmpretrain ``ImageClassifier`` checkpoint ``{'state_dict': ...,
 'meta': ...}`` with keys ``backbone.*`` (mmsoft's SOFT) and ``head.fc.*``
 (``LinearClsHead``), loadable e.g. with
 ``--cfg-options model.backbone.init_cfg.checkpoint=DST`` or ``load_from``.
-It is written atomically: on any error nothing is written.
+It is written atomically (on any error, SIGINT or SIGTERM nothing is
+written) with a SHA-256 of the tensors in ``meta``, verified whenever mmsoft
+or mmengine (after ``import mmsoft``) load it; DST must not be SRC. A damaged
+SRC (empty, truncated, CRC error) is reported as such.
 
 ``soft_*`` and ``soft_norm_*`` checkpoints have identical tensors, so the
 attention normalisation cannot be read from the weights: pass ``--norm`` for
