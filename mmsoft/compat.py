@@ -63,6 +63,12 @@ A never-updated ``HistoryBuffer`` (or any empty numpy array) pickles its
 empty data buffer as ``bytes()``; ``builtins.bytes`` is allow-listed as
 :func:`_checkpoint_bytes`, which only builds the empty ``bytes`` object.
 
+Limitation: a statistics method registered with
+``HistoryBuffer.register_statistics`` as a module-level function is pickled
+as that function's global; such checkpoints still need
+``torch.serialization.add_safe_globals([that_function])``, and the method is
+only used if the loading process registered the same function itself.
+
 Fix ``mmengine_verified_local_loader``
 --------------------------------------
 mmengine's loader of local checkpoint files is replaced by
@@ -70,11 +76,6 @@ mmengine's loader of local checkpoint files is replaced by
 truncated, CRC-failing) file raises a ``CheckpointError`` saying so, and the
 SHA-256 that mmsoft stores in its checkpoints is verified on every load
 (resume, ``load_from``, ``tools/test.py``, ``init_cfg`` ``Pretrained``).
-
-Limitation: a statistics method registered with
-``HistoryBuffer.register_statistics`` as a module-level function is pickled
-as that function's global; such checkpoints still need
-``torch.serialization.add_safe_globals([that_function])``.
 
 Undeclared dependencies of mmseg
 --------------------------------
