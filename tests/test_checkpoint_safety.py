@@ -516,3 +516,29 @@ def test_soft_classifier_random_flip_resume_is_bit_exact(tmp_path):
     resumed = _soft_runner(tmp_path / 'work', resume=True)
     resumed.train()
     assert _bitwise_equal(_weights(resumed), _weights(ref))
+
+
+# ------------------------------------------------------------ RNG states
+def _draws():
+    out = [random.random(), float(np.random.rand()), float(torch.rand(1))]
+    if torch.cuda.is_available():
+        out.append(float(torch.rand(1, device='cuda')))
+    return out
+
+
+def test_rng_state_round_trip_is_weights_only_loadable(tmp_path):
+    from mmsoft.utils.rng_state import get_rng_state, set_rng_state
+    if torch.cuda.is_available():
+        torch.rand(1, device='cuda')  # initialise CUDA: its state is saved
+    state = get_rng_state()
+    first = _draws()
+    torch.save(state, tmp_path / 'rng.pth')
+    saved = torch.serialization.get_safe_globals()
+    torch.serialization.clear_safe_globals()  # no allow-list needed
+    try:
+        loaded = torch.load(tmp_path / 'rng.pth', weights_only=True)
+    finally:
+        torch.serialization.add_safe_globals(saved)
+    set_rng_state(loaded)
+    assert _draws() == first
+    assert ('cuda' in state) == torch.cuda.is_available()

@@ -30,6 +30,13 @@ This hook (same arguments as ``CheckpointHook``, plus ``save_rng``):
 
 Only local directories get the atomic treatment; other storage backends fall
 back to mmengine's behaviour.
+
+Data-loader workers need no saved state: mmengine's ``worker_init_fn``
+seeds them from (seed, rank, worker id) whenever they start, and an
+iteration-based loop replays its batches through them on resume. Bit-exact
+resume therefore holds with ``num_workers=0`` (the demo configs) or
+non-persistent workers; ``persistent_workers=True`` keeps worker RNG streams
+across epochs, which a resumed run restarts.
 """
 import contextlib
 import logging
