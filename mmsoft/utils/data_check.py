@@ -278,7 +278,8 @@ def main(argv=None):
 
     from mmengine.config import Config, DictAction
     parser = argparse.ArgumentParser(
-        description='check that the data a config needs exists')
+        description='check that the data a config needs exists',
+        add_help=False)  # the tools' own --help goes through
     parser.add_argument('mode', choices=sorted(_MODES))
     parser.add_argument('config')
     parser.add_argument('--cfg-options', nargs='+', action=DictAction)
