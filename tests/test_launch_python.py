@@ -54,7 +54,8 @@ def repo(tmp_path):
     venv_bin.mkdir(parents=True)
     log = tmp_path / 'venv_calls'
     (venv_bin / 'python').write_text(
-        f'#!/bin/sh\necho "$@" >> {log}\nexec {sys.executable} "$@"\n')
+        f'#!/bin/sh\necho "$@" >> {log}\n[ -n "$VENV_DRY" ] && exit 0\n'
+        f'exec {sys.executable} "$@"\n')
     (venv_bin / 'python').chmod(0o755)
     bindir = tmp_path / 'bin'
     bindir.mkdir()
@@ -106,13 +107,14 @@ def test_dist_train_uses_project_venv(repo):
 def test_explicit_python_wins(repo, tmp_path):
     log = tmp_path / 'explicit_calls'
     explicit = tmp_path / 'my_python'
-    explicit.write_text(f'#!/bin/sh\necho "$@" >> {log}\n'
-                        f'exec {sys.executable} "$@"\n')
+    explicit.write_text(f'#!/bin/sh\necho "$@" >> {log}\n')  # dry
     explicit.chmod(0o755)
     proc = _dist_train(repo, '--help', PYTHON=str(explicit))
     assert proc.returncode == 0, proc.stderr
     assert f'python: {explicit}' in proc.stderr
-    assert len(log.read_text().splitlines()) == 2
+    calls = log.read_text().splitlines()  # the data check, then torchrun
+    assert calls[0].startswith('- train ') and len(calls) == 2
+    assert calls[1].startswith('-m torch.distributed.run')
     assert not repo['log'].exists()  # the venv was not used
 
 
@@ -139,11 +141,15 @@ def test_dist_test_and_slurm_scripts_use_venv(repo, tmp_path):
     proc = subprocess.run(
         ['bash', str(repo['clone'] / 'tools' / 'dist_test.sh'), repo['cfg'],
          'ckpt.pth', '1', '--help'],
-        cwd=str(repo['tmp']), env=_env(repo, PORT=_port()),
+        cwd=str(repo['tmp']), env=_env(repo, PORT=_port(), VENV_DRY='1'),
         capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr
     assert f'dist_test.sh: python: {venv_py}' in proc.stderr
-    assert 'usage: test.py' in proc.stdout
+    calls = repo['log'].read_text().splitlines()
+    assert calls[0] == f'- test {repo["cfg"]} --help'
+    assert calls[1].startswith('-m torch.distributed.run')
+    assert calls[1].endswith(f'tools/test.py {repo["cfg"]} ckpt.pth '
+                             '--launcher pytorch --help')
     # slurm: the srun command line names the venv's python
     out = tmp_path / 'srun_args'
     srun = tmp_path / 'bin' / 'srun'

@@ -31,8 +31,8 @@ mmsoft_check_data() {
 import os
 import sys
 try:
-    import mmengine  # noqa: F401
     import torch  # noqa: F401
+    import mmengine  # noqa: F401
 except ImportError as e:
     sys.exit(f'{sys.executable} cannot run the tools ({e}): run `make demo`'
              ' (creates .venv), activate your environment, or set '
