@@ -249,17 +249,33 @@ def _assert_one_message(proc, purpose):
     assert 'COCO 2017 layout' in proc.stderr
 
 
-@pytest.mark.parametrize('tool', ['train', 'test'])
-def test_tools_exit_with_one_message(tool, tmp_path):
+def test_train_tool_exits_with_one_message(tmp_path):
     cfg = _missing_cfg(tmp_path)
-    cmd = [sys.executable, osp.join(ROOT, 'tools', f'{tool}.py'), cfg]
-    if tool == 'test':
-        cmd.append(str(tmp_path / 'ckpt.pth'))
-    proc = subprocess.run(cmd + ['--work-dir', str(tmp_path / 'w')],
-                          cwd=str(tmp_path), env=_env(), capture_output=True,
-                          text=True, timeout=300)
-    _assert_one_message(proc, 'training' if tool == 'train' else 'testing')
+    proc = subprocess.run(
+        [sys.executable, osp.join(ROOT, 'tools', 'train.py'), cfg,
+         '--work-dir', str(tmp_path / 'w')], cwd=str(tmp_path), env=_env(),
+        capture_output=True, text=True, timeout=300)
+    _assert_one_message(proc, 'training')
     assert not osp.exists(tmp_path / 'w')  # stopped before the Runner
+
+
+def test_test_tool_exits_with_one_message(tmp_path, monkeypatch, capsys):
+    import runpy
+    cfg = _missing_cfg(tmp_path)
+    monkeypatch.chdir(tmp_path)
+    main = runpy.run_path(osp.join(ROOT, 'tools', 'test.py'),
+                          run_name='tools')['main']
+    with pytest.raises(SystemExit) as exc:
+        main([cfg, str(tmp_path / 'ckpt.pth'), '--work-dir',
+              str(tmp_path / 'w')])
+    assert exc.value.code == 1
+    err = capsys.readouterr().err
+    assert err.startswith('mmsoft: data for testing not found: '
+                          'data/no_coco/ ')
+    assert 'test_dataloader.dataset.data_root=/path/to/no_coco/ ' in err
+    assert 'test_evaluator.ann_file=/path/to/no_coco/annotations/' \
+        'instances_val2017.json' in err
+    assert not osp.exists(tmp_path / 'w')
 
 
 def test_dist_train_two_ranks_one_message(tmp_path):
@@ -271,14 +287,11 @@ def test_dist_train_two_ranks_one_message(tmp_path):
         capture_output=True, text=True, timeout=300)
     _assert_one_message(proc, 'training')
     assert 'ChildFailedError' not in proc.stderr  # no worker started
-    # --cfg-options reach the check: pointing at the real data passes it
-    # (the dist_test.sh check with an existing data set is in
-    # test_existing_data_passes)
 
 
-def test_existing_data_passes(tmp_path, monkeypatch):
-    """The demo configs on generated demo data pass the check (module, CLI
-    with --cfg-options, and dist_test.sh's check before the workers)."""
+def test_existing_data_passes(tmp_path, monkeypatch, capsys):
+    """The demo configs on generated demo data pass the check (module and
+    command line with --cfg-options)."""
     pytest.importorskip('mmdet')
     pytest.importorskip('mmseg')
     pytest.importorskip('mmpretrain')
@@ -302,30 +315,18 @@ def test_existing_data_passes(tmp_path, monkeypatch):
     over = [f'train_dataloader.dataset.data_root={root}',
             f'val_dataloader.dataset.data_root={root}',
             f'val_evaluator.ann_file={root}annotations/instances_val.json']
-    cli = [sys.executable, '-m', 'mmsoft.utils.data_check', 'train', det]
-    run = dict(cwd=str(tmp_path), env=_env(), capture_output=True,
-               text=True, timeout=300)
-    proc = subprocess.run(cli + ['--work-dir', 'x', '--cfg-options'] + over,
-                          **run)
-    assert proc.returncode == 0, proc.stderr
-    proc = subprocess.run(cli + ['--cfg-options'] + over[:1], **run)
-    assert proc.returncode == 1
-    assert proc.stderr.startswith('mmsoft: data for validation not found')
-    proc = subprocess.run(cli[:-1] + ['no_such_config.py'], **run)
-    assert proc.returncode == 1
-    assert proc.stderr.strip() == \
-        'mmsoft: config file not found: no_such_config.py'
-    # dist_test.sh: the check passes, then torchrun starts the workers
-    # (here they fail on the missing checkpoint: the check did not stop
-    # the run)
     proc = subprocess.run(
-        ['bash', osp.join(ROOT, 'tools', 'dist_test.sh'), det,
-         str(tmp_path / 'none.pth'), '1', '--cfg-options',
-         'test_dataloader.dataset.data_root=' + root,
-         f'test_evaluator.ann_file={root}annotations/instances_val.json'],
-        **dict(run, env=_env(PORT=str(_free_port()))))
-    assert 'mmsoft: data for' not in proc.stderr
-    assert 'none.pth' in proc.stdout + proc.stderr
+        [sys.executable, '-m', 'mmsoft.utils.data_check', 'train', det,
+         '--work-dir', 'x', '--resume', '--cfg-options'] + over,
+        cwd=str(tmp_path), env=_env(), capture_output=True, text=True,
+        timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    assert dc.main(['train', det, '--cfg-options'] + over[:1]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith('mmsoft: data for validation not found')
+    assert dc.main(['test', 'no_such_config.py', '--help']) == 1
+    assert capsys.readouterr().err.strip() == \
+        'mmsoft: config file not found: no_such_config.py'
 
 
 def test_message_command_quoting():
