@@ -169,6 +169,16 @@ class Predictor:
         self.scope = codebase_of(cfg)
         self.task = TASKS[self.scope]
         self.score_thr = score_thr
+        with self._scope():
+            self._build(cfg, checkpoint, device)
+
+    def _scope(self):
+        # the codebase's registries, whatever default scope an earlier
+        # inferencer in this process left behind
+        from mmengine.registry import DefaultScope
+        return DefaultScope.overwrite_default_scope(self.scope)
+
+    def _build(self, cfg, checkpoint, device):
         if self.scope == 'mmdet':
             from mmdet.apis import DetInferencer
             self.inferencer = DetInferencer(
@@ -190,6 +200,10 @@ class Predictor:
     def __call__(self, img, tmp):
         """Predict one image; the visualisation goes to ``tmp/vis``.
         Returns the prediction dict (json-able)."""
+        with self._scope():
+            return self._predict(img, tmp)
+
+    def _predict(self, img, tmp):
         vis_dir = osp.join(tmp, 'vis')
         if self.scope == 'mmdet':
             res = self.inferencer(img, out_dir=tmp, no_save_pred=True,

@@ -37,8 +37,10 @@ ARCH = (f"dict(embed_dims={DIMS}, num_heads=[1, 1, 2, 2], "
 
 TINY = {
     'det': ('retinanet_soft_demo.py', f"""
+# random weights score ~0.01 (focal-loss prior): keep every box
 model = dict(backbone=dict(arch={ARCH}),
-             neck=dict(in_channels={DIMS[1:]}))
+             neck=dict(in_channels={DIMS[1:]}),
+             test_cfg=dict(score_thr=0.0, max_per_img=20))
 """),
     'seg': ('upernet_soft_demo.py', f"""
 model = dict(backbone=dict(arch={ARCH}),
@@ -116,7 +118,7 @@ def _check_outputs(task, out_dir, img, name, classes):
     if task == 'det':
         assert vis.shape[:2] == (h, w)
         n = len(pred['scores'])
-        assert n > 0  # random weights: many low-score boxes
+        assert 0 < n <= 20  # score_thr 0: every box up to max_per_img
         assert len(pred['bboxes']) == len(pred['labels']) == n
         assert all(len(b) == 4 for b in pred['bboxes'])
         assert pred['label_names'] == [classes[i] for i in pred['labels']]
@@ -237,7 +239,12 @@ def test_readme_python_api(task, models, images, tmp_path, monkeypatch):
                             'torch.rand(1, 3, 64, 64)')
     monkeypatch.chdir(tmp_path)
     ns = {}
-    exec(compile(code, f'README-{task}', 'exec'), ns)
+    # as in a fresh interpreter: no other codebase's default scope current
+    # (mmpretrain's inferencer builds its pipeline in the current scope);
+    # the scope state of this process is restored afterwards
+    from mmengine.registry import DefaultScope
+    with DefaultScope.overwrite_default_scope(SCOPE[task]):
+        exec(compile(code, f'README-{task}', 'exec'), ns)
     if task == 'det':
         assert ns['result'].pred_instances.bboxes.shape[1] == 4
         assert ns['model'].dataset_meta['classes'] == tuple(classes) or \
