@@ -359,7 +359,10 @@ def test_missing_base_file_message(tmp_path):
     _assert_not_from_mmsoft(exc)
 
 
-def test_type_typo_message(tmp_path):
+def test_type_typo_message(tmp_path, monkeypatch):
+    # no COCO here: skip the data check (tests/test_data_check.py), which
+    # would stop the run before the model is built
+    monkeypatch.setenv('MMSOFT_SKIP_DATA_CHECK', '1')
     cfg = tmp_path / 'typo.py'
     cfg.write_text(f"""
 _base_ = {osp.join(ROOT, 'configs', 'retinanet_soft_tiny_1x.py')!r}
