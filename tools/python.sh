@@ -30,6 +30,9 @@ mmsoft_check_data() {
     PYTHONPATH="$ROOT${PYTHONPATH:+:$PYTHONPATH}" "$PYTHON" - "$@" <<'PY'
 import os
 import sys
+import warnings
+# mmengine 0.10's import of pkg_resources: not the user's business here
+warnings.filterwarnings('ignore', message='pkg_resources is deprecated')
 try:
     import torch  # noqa: F401
     import mmengine  # noqa: F401
