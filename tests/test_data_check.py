@@ -11,6 +11,7 @@
   exit non-zero with one short message (once, before any worker starts);
 * configs whose data exists (the generated demo data) pass.
 """
+import copy
 import os
 import os.path as osp
 import re
@@ -335,3 +336,80 @@ def test_message_command_quoting():
     msg = dc.missing_data_message(cfg, 'test')
     over = msg.split('--cfg-options ', 1)[1].splitlines()[0]
     assert shlex.split(over) == over.split()
+
+
+# ------------------------------------------------------------ README
+LAYOUTS = {
+    'coco': ['annotations/instances_train2017.json',
+             'annotations/instances_val2017.json', 'train2017/', 'val2017/'],
+    'ADEChallengeData2016': ['images/training/', 'images/validation/',
+                             'annotations/training/',
+                             'annotations/validation/'],
+    'imagenet': ['train/', 'val/'],
+}
+
+
+def _readme_rows():
+    with open(osp.join(ROOT, 'README.md')) as f:
+        text = f.read()
+    section = text.split('\n## Data preparation\n', 1)[1].split('\n## ')[0]
+    rows = []
+    for line in section.splitlines():
+        if not line.startswith('| `'):
+            continue
+        cells = [c.strip() for c in line.strip().strip('|').split('|')]
+        patterns = re.findall(r'`([^`]+)`', cells[0])
+        train, test = (re.findall(r'`([^`]+)`', c)[0].split()
+                       for c in cells[1:3])
+        rows.append((patterns, train, test))
+    return rows
+
+
+def test_readme_data_overrides(tmp_path, monkeypatch):
+    """The README's layouts and --cfg-options, for every config family of
+    configs/ (each config is matched by a row): on the layout the README
+    draws, its overrides make both the training and the testing check pass
+    (and without them, they fail)."""
+    import fnmatch
+    pytest.importorskip('mmdet')
+    pytest.importorskip('mmseg')
+    pytest.importorskip('mmpretrain')
+    for name, items in LAYOUTS.items():
+        for item in items:
+            path = tmp_path / name / item
+            if item.endswith('/'):
+                path.mkdir(parents=True, exist_ok=True)
+            else:
+                path.parent.mkdir(parents=True, exist_ok=True)
+                path.write_text('')
+    rows = _readme_rows()
+    assert len(rows) == 3
+    configs = sorted(f for f in os.listdir(CONFIGS) if f.endswith('.py'))
+    monkeypatch.chdir(tmp_path)  # no data/ here
+    covered = set()
+    for patterns, train, test in rows:
+        matched = [c for c in configs if any(
+            fnmatch.fnmatch(c, p if p.endswith('.py') else p + '.py')
+            for p in patterns)]
+        assert matched, patterns
+        covered.update(matched)
+        # one config per family (the sizes share their family's data)
+        families = {}
+        for name in matched:
+            families.setdefault(re.sub(r'_(tiny|small|medium|large|huge)',
+                                       '', name), name)
+        for name in families.values():
+            resolved = Config.fromfile(osp.join(CONFIGS, name))
+            for mode, options in (('train', train), ('test', test)):
+                cfg = copy.deepcopy(resolved)
+                assert dc.missing_data_message(cfg, mode) is not None
+                opts = dict(o.replace('/data/', f'{tmp_path}/').split('=', 1)
+                            for o in options)
+                for key in opts:  # the keys exist in the resolved config
+                    node = cfg
+                    for part in key.split('.'):
+                        node = node[part]
+                cfg.merge_from_dict(opts)
+                assert dc.missing_data_message(cfg, mode) is None, \
+                    (name, mode, dc.missing_data_message(cfg, mode))
+    assert covered == set(configs)
