@@ -44,8 +44,11 @@ if ROOT not in sys.path:
     sys.path.insert(0, ROOT)  # noqa: E402  (run from a checkout)
 
 IMG_EXTENSIONS = ('.jpg', '.jpeg', '.png', '.bmp', '.tif', '.tiff', '.webp')
-TASKS = {'mmdet': 'detection', 'mmseg': 'segmentation',
-         'mmpretrain': 'classification'}
+TASKS = {
+    'mmdet': 'detection',
+    'mmseg': 'segmentation',
+    'mmpretrain': 'classification'
+}
 PROG = 'image_demo.py'
 
 
@@ -64,15 +67,22 @@ def parse_args(argv=None):
     parser.add_argument('input', help='an image file or a folder of images')
     parser.add_argument('config', help='the config file')
     parser.add_argument('checkpoint', help='the checkpoint file')
-    parser.add_argument('--out-dir', default='outputs',
-                        help='output folder (default: outputs): vis/ and '
-                        'preds/')
-    parser.add_argument('--device', default=None,
-                        help="e.g. 'cpu', 'cuda:0' (default: cuda:0 when "
-                        'available, else cpu)')
-    parser.add_argument('--score-thr', type=float, default=0.3,
-                        help='detection: draw boxes with at least this '
-                        'score (default 0.3)')
+    parser.add_argument(
+        '--out-dir',
+        default='outputs',
+        help='output folder (default: outputs): vis/ and '
+        'preds/')
+    parser.add_argument(
+        '--device',
+        default=None,
+        help="e.g. 'cpu', 'cuda:0' (default: cuda:0 when "
+        'available, else cpu)')
+    parser.add_argument(
+        '--score-thr',
+        type=float,
+        default=0.3,
+        help='detection: draw boxes with at least this '
+        'score (default 0.3)')
     return parser.parse_args(argv)
 
 
@@ -100,8 +110,8 @@ def check_inputs(args):
     images = list_images(args.input)
     if not osp.isfile(args.config):
         raise DemoError(f'config file not found: {args.config}')
-    if not (osp.isfile(args.checkpoint)
-            or args.checkpoint.startswith(('http://', 'https://'))):
+    remote = args.checkpoint.startswith(('http://', 'https://'))
+    if not (remote or osp.isfile(args.checkpoint)):
         raise DemoError(f'checkpoint file not found: {args.checkpoint}')
     import cv2
     for img, _ in images:
@@ -129,8 +139,8 @@ def _atomic(path, write):
     """``write(tmp)`` then rename to ``path`` (same directory)."""
     os.makedirs(osp.dirname(path) or '.', exist_ok=True)
     base, ext = osp.splitext(osp.basename(path))
-    fd, tmp = tempfile.mkstemp(prefix=f'.{base}.', suffix=f'.tmp{ext}',
-                               dir=osp.dirname(path) or '.')
+    fd, tmp = tempfile.mkstemp(
+        prefix=f'.{base}.', suffix=f'.tmp{ext}', dir=osp.dirname(path) or '.')
     os.close(fd)
     try:
         write(tmp)
@@ -141,16 +151,20 @@ def _atomic(path, write):
 
 
 def write_json(path, obj):
+
     def write(tmp):
         with open(tmp, 'w') as f:
             json.dump(_jsonable(obj), f)
+
     _atomic(path, write)
 
 
 def _move_vis(tmp_vis_dir, out_dir, name):
     """The one visualisation file the inferencer wrote -> vis/<name>.ext."""
-    files = [f for f in os.listdir(tmp_vis_dir)
-             if osp.isfile(osp.join(tmp_vis_dir, f))]
+    files = [
+        f for f in os.listdir(tmp_vis_dir)
+        if osp.isfile(osp.join(tmp_vis_dir, f))
+    ]
     if len(files) != 1:
         raise RuntimeError(f'expected one visualisation in {tmp_vis_dir}, '
                            f'found {files}')
@@ -206,8 +220,11 @@ class Predictor:
     def _predict(self, img, tmp):
         vis_dir = osp.join(tmp, 'vis')
         if self.scope == 'mmdet':
-            res = self.inferencer(img, out_dir=tmp, no_save_pred=True,
-                                  pred_score_thr=self.score_thr)
+            res = self.inferencer(
+                img,
+                out_dir=tmp,
+                no_save_pred=True,
+                pred_score_thr=self.score_thr)
             pred = dict(res['predictions'][0])
             classes = self.classes()
             if classes is not None:
@@ -215,14 +232,16 @@ class Predictor:
             return pred
         if self.scope == 'mmseg':
             import numpy as np
-            res = self.inferencer(img, out_dir=tmp, img_out_dir='vis',
-                                  pred_out_dir='pred')
+            res = self.inferencer(
+                img, out_dir=tmp, img_out_dir='vis', pred_out_dir='pred')
             sem = np.asarray(res['predictions'])
             labels, counts = np.unique(sem, return_counts=True)
             classes = self.classes()
-            pred = dict(height=int(sem.shape[0]), width=int(sem.shape[1]),
-                        labels=labels.tolist(),
-                        pixel_fractions=(counts / sem.size).tolist())
+            pred = dict(
+                height=int(sem.shape[0]),
+                width=int(sem.shape[1]),
+                labels=labels.tolist(),
+                pixel_fractions=(counts / sem.size).tolist())
             if classes is not None:
                 pred['label_names'] = [classes[i] for i in labels]
             pred['_sem_seg'] = sem
@@ -240,6 +259,7 @@ def _save_label_map(path, sem):
     def write(tmp):
         if not cv2.imwrite(tmp, sem.astype(dtype)):
             raise OSError(f'cannot write {path}')
+
     _atomic(path, write)
 
 
@@ -266,9 +286,12 @@ def run(args):
             shutil.rmtree(tmp, ignore_errors=True)
             pred = predictor(img, tmp)
             vis = _move_vis(osp.join(tmp, 'vis'), out_dir, name)
-            record = dict(img_path=osp.abspath(img), task=predictor.task,
-                          config=args.config, checkpoint=args.checkpoint,
-                          vis=osp.relpath(vis, out_dir))
+            record = dict(
+                img_path=osp.abspath(img),
+                task=predictor.task,
+                config=args.config,
+                checkpoint=args.checkpoint,
+                vis=osp.relpath(vis, out_dir))
             sem = pred.pop('_sem_seg', None)
             if sem is not None:
                 png = osp.join(out_dir, 'preds', name + '.png')

@@ -43,8 +43,12 @@ FAMILIES = [
 
 
 def _env(**extra):
-    env = dict(os.environ, OMP_NUM_THREADS='1', PYTHONWARNINGS='ignore',
-               PYTHON=sys.executable, **extra)
+    env = dict(
+        os.environ,
+        OMP_NUM_THREADS='1',
+        PYTHONWARNINGS='ignore',
+        PYTHON=sys.executable,
+        **extra)
     env['PYTHONPATH'] = ROOT + os.pathsep + env.get('PYTHONPATH', '')
     env.pop('MMSOFT_SKIP_DATA_CHECK', None)
     return env
@@ -75,16 +79,20 @@ def _make_layout(line, base):
 @pytest.mark.parametrize('mode', ['train', 'test'])
 def test_shipped_configs_message_and_remedies(name, dataset, mode, tmp_path,
                                               monkeypatch):
-    pytest.importorskip({'ImageNet': 'mmpretrain', 'COCO 2017': 'mmdet'}
-                        .get(dataset, 'mmseg'))
+    pytest.importorskip({
+        'ImageNet': 'mmpretrain',
+        'COCO 2017': 'mmdet'
+    }.get(dataset, 'mmseg'))
     monkeypatch.chdir(tmp_path)  # no data/ here
     cfg = Config.fromfile(osp.join(CONFIGS, name))
     msg = dc.missing_data_message(cfg, mode)
     assert msg is not None
     lines = msg.splitlines()
     assert len(lines) <= 6, msg
-    root = {'ImageNet': 'data/imagenet', 'COCO 2017': 'data/coco/',
-            }.get(dataset, 'data/ade/ADEChallengeData2016')
+    root = {
+        'ImageNet': 'data/imagenet',
+        'COCO 2017': 'data/coco/',
+    }.get(dataset, 'data/ade/ADEChallengeData2016')
     purpose = 'training' if mode == 'train' else 'testing'
     assert lines[0].startswith(f'mmsoft: data for {purpose} not found: '
                                f'{root} ')
@@ -94,8 +102,8 @@ def test_shipped_configs_message_and_remedies(name, dataset, mode, tmp_path,
     if dataset == 'COCO 2017':
         val = 'annotations/instances_val2017.json, val2017/'
         assert layout.endswith(
-            '{annotations/instances_train2017.json, train2017/, ' + val + '}'
-            if mode == 'train' else '{' + val + '}'), layout
+            '{annotations/instances_train2017.json, train2017/, ' + val +
+            '}' if mode == 'train' else '{' + val + '}'), layout
     elif dataset == 'ImageNet':
         assert ('{train/, val/}' if mode == 'train' else '{val/}') in layout
     else:
@@ -106,10 +114,10 @@ def test_shipped_configs_message_and_remedies(name, dataset, mode, tmp_path,
 
     # remedy 1: the --cfg-options of the message, on a generated layout
     over = next(ln for ln in lines if '--cfg-options' in ln)
-    options = dict(kv.split('=', 1) for kv in
-                   over.split('--cfg-options ', 1)[1].split())
-    loaders = (['train_dataloader', 'val_dataloader'] if mode == 'train'
-               else ['test_dataloader'])
+    options = dict(
+        kv.split('=', 1) for kv in over.split('--cfg-options ', 1)[1].split())
+    loaders = (['train_dataloader', 'val_dataloader']
+               if mode == 'train' else ['test_dataloader'])
     assert {k for k in options if k.endswith('.data_root')} == \
         {f'{k}.dataset.data_root' for k in loaders}
     if dataset == 'COCO 2017':  # CocoMetric reads the annotations itself
@@ -127,30 +135,39 @@ def test_shipped_configs_message_and_remedies(name, dataset, mode, tmp_path,
 
     # remedy 2: the symlink command of the message, unchanged config
     link = next(ln for ln in lines if 'ln -s' in ln)
-    cmd = link.split('link your copy there: ', 1)[1].replace(
-        '/path/to', new_base)
+    cmd = link.split('link your copy there: ',
+                     1)[1].replace('/path/to', new_base)
     subprocess.run(cmd, shell=True, check=True, cwd=str(tmp_path))
     assert osp.islink(root.rstrip('/'))
     assert dc.missing_data_message(cfg, mode) is None
 
 
 def _coco_ds(root, ann='annotations/a.json', img='imgs/'):
-    return dict(type='mmdet.CocoDataset', data_root=root, ann_file=ann,
-                data_prefix=dict(img=img))
+    return dict(
+        type='mmdet.CocoDataset',
+        data_root=root,
+        ann_file=ann,
+        data_prefix=dict(img=img))
 
 
 def test_wrappers_evaluators_and_order(tmp_path):
     root = str(tmp_path / 'coco') + '/'
     cfg = ConfigDict(
-        train_dataloader=dict(dataset=dict(
-            type='RepeatDataset', times=2, dataset=dict(
-                type='ConcatDataset', datasets=[
-                    _coco_ds(root), _coco_ds(root, 'annotations/b.json',
-                                             'more/')]))),
+        train_dataloader=dict(
+            dataset=dict(
+                type='RepeatDataset',
+                times=2,
+                dataset=dict(
+                    type='ConcatDataset',
+                    datasets=[
+                        _coco_ds(root),
+                        _coco_ds(root, 'annotations/b.json', 'more/')
+                    ]))),
         val_dataloader=dict(dataset=_coco_ds(root)),
         val_cfg=dict(type='ValLoop'),
-        val_evaluator=[dict(type='CocoMetric',
-                            ann_file=root + 'annotations/a.json')])
+        val_evaluator=[
+            dict(type='CocoMetric', ann_file=root + 'annotations/a.json')
+        ])
     keys = [k for _, k, _, _ in dc.required_paths(cfg, 'train')]
     inner = 'train_dataloader.dataset.dataset.datasets'
     assert keys == [
@@ -158,8 +175,8 @@ def test_wrappers_evaluators_and_order(tmp_path):
         f'{inner}.0.data_prefix.img', f'{inner}.1.data_root',
         f'{inner}.1.ann_file', f'{inner}.1.data_prefix.img',
         'val_dataloader.dataset.data_root', 'val_dataloader.dataset.ann_file',
-        'val_dataloader.dataset.data_prefix.img',
-        'val_evaluator.0.ann_file']
+        'val_dataloader.dataset.data_prefix.img', 'val_evaluator.0.ann_file'
+    ]
     msg = dc.missing_data_message(cfg, 'train')
     assert f'[{inner}.0.data_root]' in msg.splitlines()[0]
     assert f'{inner}.1.data_root=/path/to/coco/ ' in msg
@@ -186,18 +203,28 @@ def test_wrappers_evaluators_and_order(tmp_path):
 
 
 def test_remote_and_imagenet_split(tmp_path):
-    remote = ConfigDict(test_dataloader=dict(dataset=dict(
-        type='CocoDataset', data_root='s3://bucket/coco/',
-        ann_file='annotations/x.json', data_prefix=dict(img='val2017/'))),
-        test_evaluator=dict(type='CocoMetric',
-                            ann_file='s3://bucket/coco/annotations/x.json'))
+    remote = ConfigDict(
+        test_dataloader=dict(
+            dataset=dict(
+                type='CocoDataset',
+                data_root='s3://bucket/coco/',
+                ann_file='annotations/x.json',
+                data_prefix=dict(img='val2017/'))),
+        test_evaluator=dict(
+            type='CocoMetric', ann_file='s3://bucket/coco/annotations/x.json'))
     assert dc.required_paths(remote, 'test') == []
-    petrel = ConfigDict(test_dataloader=dict(dataset=dict(
-        type='CocoDataset', data_root='data/coco/', ann_file='a.json',
-        backend_args=dict(backend='petrel'))))
+    petrel = ConfigDict(
+        test_dataloader=dict(
+            dataset=dict(
+                type='CocoDataset',
+                data_root='data/coco/',
+                ann_file='a.json',
+                backend_args=dict(backend='petrel'))))
     assert dc.missing_data_message(petrel, 'test') is None
-    imagenet = ConfigDict(test_dataloader=dict(dataset=dict(
-        type='ImageNet', data_root=str(tmp_path), split='val')))
+    imagenet = ConfigDict(
+        test_dataloader=dict(
+            dataset=dict(
+                type='ImageNet', data_root=str(tmp_path), split='val')))
     paths = [p for p, _, _, _ in dc.required_paths(imagenet, 'test')]
     assert paths == [str(tmp_path), osp.join(str(tmp_path), 'val')]
     with pytest.raises(ValueError, match='mode'):
@@ -205,8 +232,9 @@ def test_remote_and_imagenet_split(tmp_path):
 
 
 def test_rank_and_skip(tmp_path, monkeypatch, capsys):
-    cfg = ConfigDict(test_dataloader=dict(dataset=dict(
-        type='CocoDataset', data_root=str(tmp_path / 'no'))))
+    cfg = ConfigDict(
+        test_dataloader=dict(
+            dataset=dict(type='CocoDataset', data_root=str(tmp_path / 'no'))))
     monkeypatch.setenv('RANK', '1')
     with pytest.raises(SystemExit) as exc:
         dc.exit_if_missing(cfg, 'test', 'pytorch')
@@ -252,10 +280,16 @@ def _assert_one_message(proc, purpose):
 
 def test_train_tool_exits_with_one_message(tmp_path):
     cfg = _missing_cfg(tmp_path)
-    proc = subprocess.run(
-        [sys.executable, osp.join(ROOT, 'tools', 'train.py'), cfg,
-         '--work-dir', str(tmp_path / 'w')], cwd=str(tmp_path), env=_env(),
-        capture_output=True, text=True, timeout=300)
+    proc = subprocess.run([
+        sys.executable,
+        osp.join(ROOT, 'tools', 'train.py'), cfg, '--work-dir',
+        str(tmp_path / 'w')
+    ],
+                          cwd=str(tmp_path),
+                          env=_env(),
+                          capture_output=True,
+                          text=True,
+                          timeout=300)
     _assert_one_message(proc, 'training')
     assert not osp.exists(tmp_path / 'w')  # stopped before the Runner
 
@@ -264,11 +298,14 @@ def test_test_tool_exits_with_one_message(tmp_path, monkeypatch, capsys):
     import runpy
     cfg = _missing_cfg(tmp_path)
     monkeypatch.chdir(tmp_path)
-    main = runpy.run_path(osp.join(ROOT, 'tools', 'test.py'),
-                          run_name='tools')['main']
+    main = runpy.run_path(
+        osp.join(ROOT, 'tools', 'test.py'), run_name='tools')['main']
     with pytest.raises(SystemExit) as exc:
-        main([cfg, str(tmp_path / 'ckpt.pth'), '--work-dir',
-              str(tmp_path / 'w')])
+        main([
+            cfg,
+            str(tmp_path / 'ckpt.pth'), '--work-dir',
+            str(tmp_path / 'w')
+        ])
     assert exc.value.code == 1
     err = capsys.readouterr().err
     assert err.startswith('mmsoft: data for testing not found: '
@@ -281,11 +318,16 @@ def test_test_tool_exits_with_one_message(tmp_path, monkeypatch, capsys):
 
 def test_dist_train_two_ranks_one_message(tmp_path):
     cfg = _missing_cfg(tmp_path)
-    proc = subprocess.run(
-        ['bash', osp.join(ROOT, 'tools', 'dist_train.sh'), cfg, '2',
-         '--work-dir', str(tmp_path / 'w')],
-        cwd=str(tmp_path), env=_env(PORT=str(_free_port())),
-        capture_output=True, text=True, timeout=300)
+    proc = subprocess.run([
+        'bash',
+        osp.join(ROOT, 'tools', 'dist_train.sh'), cfg, '2', '--work-dir',
+        str(tmp_path / 'w')
+    ],
+                          cwd=str(tmp_path),
+                          env=_env(PORT=str(_free_port())),
+                          capture_output=True,
+                          text=True,
+                          timeout=300)
     _assert_one_message(proc, 'training')
     assert 'ChildFailedError' not in proc.stderr  # no worker started
 
@@ -300,8 +342,8 @@ def test_existing_data_passes(tmp_path, monkeypatch, capsys):
     from mmsoft.demo import tasks as T
     tiny = {t: dict(num_train=2, num_val=2) for t in ('det', 'seg', 'cls')}
     tiny['cls'] = dict(num_train=5, num_val=5)
-    report = S.make_demo_data(str(tmp_path / 'demo'), overrides=tiny,
-                              workers=1, log=None)
+    report = S.make_demo_data(
+        str(tmp_path / 'demo'), overrides=tiny, workers=1, log=None)
     roots = {task: r['path'] for task, r in report.items()}
     monkeypatch.chdir(tmp_path)
     for task in ('det', 'seg', 'cls'):
@@ -313,13 +355,20 @@ def test_existing_data_passes(tmp_path, monkeypatch, capsys):
     # the command line, with the overrides a user would type
     det = T.config_path('det')
     root = roots['det'].rstrip('/') + '/'
-    over = [f'train_dataloader.dataset.data_root={root}',
-            f'val_dataloader.dataset.data_root={root}',
-            f'val_evaluator.ann_file={root}annotations/instances_val.json']
+    over = [
+        f'train_dataloader.dataset.data_root={root}',
+        f'val_dataloader.dataset.data_root={root}',
+        f'val_evaluator.ann_file={root}annotations/instances_val.json'
+    ]
     proc = subprocess.run(
-        [sys.executable, '-m', 'mmsoft.utils.data_check', 'train', det,
-         '--work-dir', 'x', '--resume', '--cfg-options'] + over,
-        cwd=str(tmp_path), env=_env(), capture_output=True, text=True,
+        [
+            sys.executable, '-m', 'mmsoft.utils.data_check', 'train', det,
+            '--work-dir', 'x', '--resume', '--cfg-options'
+        ] + over,
+        cwd=str(tmp_path),
+        env=_env(),
+        capture_output=True,
+        text=True,
         timeout=300)
     assert proc.returncode == 0, proc.stderr
     assert dc.main(['train', det, '--cfg-options'] + over[:1]) == 1
@@ -340,11 +389,14 @@ def test_message_command_quoting():
 
 # ------------------------------------------------------------ README
 LAYOUTS = {
-    'coco': ['annotations/instances_train2017.json',
-             'annotations/instances_val2017.json', 'train2017/', 'val2017/'],
-    'ADEChallengeData2016': ['images/training/', 'images/validation/',
-                             'annotations/training/',
-                             'annotations/validation/'],
+    'coco': [
+        'annotations/instances_train2017.json',
+        'annotations/instances_val2017.json', 'train2017/', 'val2017/'
+    ],
+    'ADEChallengeData2016': [
+        'images/training/', 'images/validation/', 'annotations/training/',
+        'annotations/validation/'
+    ],
     'imagenet': ['train/', 'val/'],
 }
 
@@ -359,8 +411,8 @@ def _readme_rows():
             continue
         cells = [c.strip() for c in line.strip().strip('|').split('|')]
         patterns = re.findall(r'`([^`]+)`', cells[0])
-        train, test = (re.findall(r'`([^`]+)`', c)[0].split()
-                       for c in cells[1:3])
+        train, test = (
+            re.findall(r'`([^`]+)`', c)[0].split() for c in cells[1:3])
         rows.append((patterns, train, test))
     return rows
 
@@ -388,23 +440,26 @@ def test_readme_data_overrides(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)  # no data/ here
     covered = set()
     for patterns, train, test in rows:
-        matched = [c for c in configs if any(
-            fnmatch.fnmatch(c, p if p.endswith('.py') else p + '.py')
-            for p in patterns)]
+        matched = [
+            c for c in configs if any(
+                fnmatch.fnmatch(c, p if p.endswith('.py') else p + '.py')
+                for p in patterns)
+        ]
         assert matched, patterns
         covered.update(matched)
         # one config per family (the sizes share their family's data)
         families = {}
         for name in matched:
-            families.setdefault(re.sub(r'_(tiny|small|medium|large|huge)',
-                                       '', name), name)
+            families.setdefault(
+                re.sub(r'_(tiny|small|medium|large|huge)', '', name), name)
         for name in families.values():
             resolved = Config.fromfile(osp.join(CONFIGS, name))
             for mode, options in (('train', train), ('test', test)):
                 cfg = copy.deepcopy(resolved)
                 assert dc.missing_data_message(cfg, mode) is not None
-                opts = dict(o.replace('/data/', f'{tmp_path}/').split('=', 1)
-                            for o in options)
+                opts = dict(
+                    o.replace('/data/', f'{tmp_path}/').split('=', 1)
+                    for o in options)
                 for key in opts:  # the keys exist in the resolved config
                     node = cfg
                     for part in key.split('.'):

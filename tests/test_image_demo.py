@@ -88,8 +88,10 @@ def models(tmp_path_factory):
         meta = dict(cfg.test_dataloader.dataset.metainfo)
         classes = list(meta['classes'])
         ckpt = tmp / f'tiny_{task}.pth'
-        torch.save(dict(meta=dict(dataset_meta=meta, epoch=1, iter=1),
-                        state_dict=model.state_dict()), str(ckpt))
+        torch.save(
+            dict(
+                meta=dict(dataset_meta=meta, epoch=1, iter=1),
+                state_dict=model.state_dict()), str(ckpt))
         out[task] = (str(cfg_path), str(ckpt), classes)
     return out
 
@@ -110,8 +112,11 @@ def _check_outputs(task, out_dir, img, name, classes):
     with open(osp.join(out_dir, 'preds', name + '.json')) as f:
         pred = json.load(f)
     assert pred['img_path'] == osp.abspath(img)
-    assert pred['task'] == {'det': 'detection', 'seg': 'segmentation',
-                            'cls': 'classification'}[task]
+    assert pred['task'] == {
+        'det': 'detection',
+        'seg': 'segmentation',
+        'cls': 'classification'
+    }[task]
     vis = cv2.imread(osp.join(out_dir, pred['vis']))
     assert vis is not None and vis.ndim == 3
     assert pred['vis'].startswith('vis' + os.sep + name + '.')
@@ -125,8 +130,8 @@ def _check_outputs(task, out_dir, img, name, classes):
         assert all(0 <= s <= 1 for s in pred['scores'])
     elif task == 'seg':
         assert vis.shape[:2] == (h, w)
-        label_map = cv2.imread(osp.join(out_dir, pred['sem_seg']),
-                               cv2.IMREAD_UNCHANGED)
+        label_map = cv2.imread(
+            osp.join(out_dir, pred['sem_seg']), cv2.IMREAD_UNCHANGED)
         assert label_map.shape == (h, w)
         assert sorted(np.unique(label_map).tolist()) == pred['labels']
         assert pred['label_names'] == [classes[i] for i in pred['labels']]
@@ -141,32 +146,36 @@ def _check_outputs(task, out_dir, img, name, classes):
 
 
 def _no_temp_files(out_dir):
-    left = [osp.join(d, f) for d, dirs, files in os.walk(out_dir)
-            for f in files + dirs if f.startswith('.') or 'tmp' in f]
+    left = [
+        osp.join(d, f) for d, dirs, files in os.walk(out_dir)
+        for f in files + dirs if f.startswith('.') or 'tmp' in f
+    ]
     assert not left, left
 
 
 @pytest.mark.parametrize('task', ['det', 'seg', 'cls'])
-def test_image_demo_image_and_folder(task, models, images, tmp_path,
-                                     capsys):
+def test_image_demo_image_and_folder(task, models, images, tmp_path, capsys):
     cfg, ckpt, classes = models[task]
     main = runpy.run_path(DEMO, run_name='image_demo')['main']
     out = str(tmp_path / 'out')
-    assert main([images['single'], cfg, ckpt, '--out-dir', out,
-                 '--device', 'cpu', '--score-thr', '0.01']) == 0
+    assert main([
+        images['single'], cfg, ckpt, '--out-dir', out, '--device', 'cpu',
+        '--score-thr', '0.01'
+    ]) == 0
     _check_outputs(task, out, images['single'], 'one', classes)
     assert 'one.jpg -> ' in capsys.readouterr().out
     # a folder (recursive; other files skipped)
     out2 = str(tmp_path / 'out2')
-    assert main([images['folder'], cfg, ckpt, '--out-dir', out2,
-                 '--device', 'cpu']) == 0
+    assert main(
+        [images['folder'], cfg, ckpt, '--out-dir', out2, '--device',
+         'cpu']) == 0
     _check_outputs(task, out2, osp.join(images['folder'], 'a.jpg'), 'a',
                    classes)
-    _check_outputs(task, out2,
-                   osp.join(images['folder'], 'sub', 'b.png'),
+    _check_outputs(task, out2, osp.join(images['folder'], 'sub', 'b.png'),
                    osp.join('sub', 'b'), classes)
-    n_json = sum(f.endswith('.json') for _, _, fs in
-                 os.walk(osp.join(out2, 'preds')) for f in fs)
+    n_json = sum(
+        f.endswith('.json') for _, _, fs in os.walk(osp.join(out2, 'preds'))
+        for f in fs)
     assert n_json == 2
     _no_temp_files(out)
     _no_temp_files(out2)
@@ -177,10 +186,15 @@ def test_image_demo_command_line(models, images, tmp_path):
     cfg, ckpt, classes = models['det']
     out = str(tmp_path / 'cli_out')
     env = dict(os.environ, OMP_NUM_THREADS='1', PYTHONWARNINGS='ignore')
-    proc = subprocess.run([sys.executable, DEMO, images['single'], cfg, ckpt,
-                           '--out-dir', out, '--device', 'cpu'],
-                          cwd=str(tmp_path), env=env, capture_output=True,
-                          text=True, timeout=300)
+    proc = subprocess.run([
+        sys.executable, DEMO, images['single'], cfg, ckpt, '--out-dir', out,
+        '--device', 'cpu'
+    ],
+                          cwd=str(tmp_path),
+                          env=env,
+                          capture_output=True,
+                          text=True,
+                          timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
     _check_outputs('det', out, images['single'], 'one', classes)
 
@@ -193,19 +207,22 @@ def test_image_demo_errors(models, images, tmp_path):
     empty.mkdir()
     (empty / 'readme.txt').write_text('x')
     cases = [
-        ([str(tmp_path / 'nope.jpg'), cfg, ckpt],
-         f'input not found: {tmp_path / "nope.jpg"}'),
-        ([images['single'], str(tmp_path / 'nope.py'), ckpt],
-         f'config file not found: {tmp_path / "nope.py"}'),
-        ([images['single'], cfg, str(tmp_path / 'nope.pth')],
+        ([str(tmp_path / 'nope.jpg'), cfg,
+          ckpt], f'input not found: {tmp_path / "nope.jpg"}'),
+        ([images['single'], str(tmp_path / 'nope.py'),
+          ckpt], f'config file not found: {tmp_path / "nope.py"}'),
+        ([images['single'], cfg,
+          str(tmp_path / 'nope.pth')],
          f'checkpoint file not found: {tmp_path / "nope.pth"}'),
         ([str(bad), cfg, ckpt], f'cannot read image: {bad}'),
-        ([str(empty), cfg, ckpt], f'no images (.jpg, .jpeg'),
+        ([str(empty), cfg, ckpt], 'no images (.jpg, .jpeg'),
     ]
     for args, msg in cases:
         proc = subprocess.run(
             [sys.executable, DEMO, *args, '--out-dir',
-             str(tmp_path / 'o')], capture_output=True, text=True,
+             str(tmp_path / 'o')],
+            capture_output=True,
+            text=True,
             timeout=120)
         assert proc.returncode == 2, proc.stderr
         err = proc.stderr.strip().splitlines()
@@ -225,14 +242,17 @@ def _readme_snippets():
 def test_readme_python_api(task, models, images, tmp_path, monkeypatch):
     snippets = _readme_snippets()
     assert len(snippets) == 3
-    code = next(s for s in snippets if {
-        'det': 'init_detector', 'seg': 'init_model',
-        'cls': 'ImageClassificationInferencer'}[task] in s)
+    code = next(
+        s for s in snippets if {
+            'det': 'init_detector',
+            'seg': 'init_model',
+            'cls': 'ImageClassificationInferencer'
+        }[task] in s)
     cfg, ckpt, classes = models[task]
     for var, value in (('config', cfg), ('checkpoint', ckpt),
                        ('img', images['single'])):
-        code, n = re.subn(rf'^{var} = .*$', f'{var} = {value!r}', code,
-                          flags=re.M)
+        code, n = re.subn(
+            rf'^{var} = .*$', f'{var} = {value!r}', code, flags=re.M)
         assert n == 1, (var, code)
     if task == 'cls':  # the snippet's 224 x 224 input; the tiny model: 64
         code = code.replace('torch.rand(1, 3, 224, 224)',

@@ -27,10 +27,10 @@ def _python_without_torch(tmp_path):
     """A real interpreter that cannot import torch (the venv's base
     Python or a system one), else a stand-in that fails as it would."""
     for cand in (getattr(sys, '_base_executable', None),
-                 shutil.which('python3', path='/usr/bin:/bin'),
-                 '/usr/local/bin/python3'):
+                 shutil.which('python3',
+                              path='/usr/bin:/bin'), '/usr/local/bin/python3'):
         if cand and osp.isfile(cand) and subprocess.run(
-                [cand, '-c', 'import torch'], capture_output=True,
+            [cand, '-c', 'import torch'], capture_output=True,
                 timeout=120).returncode != 0:
             return cand
     fake = tmp_path / 'fake_python'
@@ -61,18 +61,26 @@ def repo(tmp_path):
     bindir.mkdir()
     os.symlink(_python_without_torch(tmp_path), bindir / 'python')
     (tmp_path / 'empty.py').write_text('x = 1\n')  # a config without data
-    return dict(clone=clone, log=log, bindir=str(bindir), tmp=tmp_path,
-                cfg=str(tmp_path / 'empty.py'))
+    return dict(
+        clone=clone,
+        log=log,
+        bindir=str(bindir),
+        tmp=tmp_path,
+        cfg=str(tmp_path / 'empty.py'))
 
 
 def _env(repo, **extra):
     """A login shell's environment: no venv active, no PYTHON."""
-    env = {k: v for k, v in os.environ.items()
-           if k not in ('PYTHON', 'VIRTUAL_ENV', 'CONDA_DEFAULT_ENV',
-                        'CONDA_PREFIX', 'PYTHONPATH', 'MMSOFT_VENV',
-                        'PYTHONHOME')}
-    env.update(PATH=f'{repo["bindir"]}:/usr/bin:/bin', OMP_NUM_THREADS='1',
-               PYTHONWARNINGS='ignore')
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if k not in ('PYTHON', 'VIRTUAL_ENV', 'CONDA_DEFAULT_ENV',
+                     'CONDA_PREFIX', 'PYTHONPATH', 'MMSOFT_VENV', 'PYTHONHOME')
+    }
+    env.update(
+        PATH=f'{repo["bindir"]}:/usr/bin:/bin',
+        OMP_NUM_THREADS='1',
+        PYTHONWARNINGS='ignore')
     env.update(extra)
     return env
 
@@ -84,11 +92,15 @@ def _port():
 
 
 def _dist_train(repo, *args, **env):
-    return subprocess.run(
-        ['bash', str(repo['clone'] / 'tools' / 'dist_train.sh'), repo['cfg'],
-         '1', *args],
-        cwd=str(repo['tmp']), env=_env(repo, PORT=_port(), **env),
-        capture_output=True, text=True, timeout=300)
+    return subprocess.run([
+        'bash',
+        str(repo['clone'] / 'tools' / 'dist_train.sh'), repo['cfg'], '1', *args
+    ],
+                          cwd=str(repo['tmp']),
+                          env=_env(repo, PORT=_port(), **env),
+                          capture_output=True,
+                          text=True,
+                          timeout=300)
 
 
 def test_dist_train_uses_project_venv(repo):
@@ -138,11 +150,16 @@ def test_active_venv_is_respected_and_bad_python_explained(repo):
 
 def test_dist_test_and_slurm_scripts_use_venv(repo, tmp_path):
     venv_py = str(repo['clone'] / '.venv' / 'bin' / 'python')
-    proc = subprocess.run(
-        ['bash', str(repo['clone'] / 'tools' / 'dist_test.sh'), repo['cfg'],
-         'ckpt.pth', '1', '--help'],
-        cwd=str(repo['tmp']), env=_env(repo, PORT=_port(), VENV_DRY='1'),
-        capture_output=True, text=True, timeout=300)
+    proc = subprocess.run([
+        'bash',
+        str(repo['clone'] / 'tools' / 'dist_test.sh'), repo['cfg'], 'ckpt.pth',
+        '1', '--help'
+    ],
+                          cwd=str(repo['tmp']),
+                          env=_env(repo, PORT=_port(), VENV_DRY='1'),
+                          capture_output=True,
+                          text=True,
+                          timeout=300)
     assert proc.returncode == 0, proc.stderr
     assert f'dist_test.sh: python: {venv_py}' in proc.stderr
     calls = repo['log'].read_text().splitlines()
@@ -156,15 +173,24 @@ def test_dist_test_and_slurm_scripts_use_venv(repo, tmp_path):
     srun.write_text(f'#!/bin/sh\necho "$@" > {out}\n')
     srun.chmod(0o755)
     for script, extra in (('slurm_train.sh', 'wd'), ('slurm_test.sh', 'c')):
-        proc = subprocess.run(
-            ['bash', str(repo['clone'] / 'tools' / script), 'p', 'j',
-             repo['cfg'], extra], cwd=str(repo['tmp']), env=_env(repo),
-            capture_output=True, text=True, timeout=60)
+        proc = subprocess.run([
+            'bash',
+            str(repo['clone'] / 'tools' / script), 'p', 'j', repo['cfg'], extra
+        ],
+                              cwd=str(repo['tmp']),
+                              env=_env(repo),
+                              capture_output=True,
+                              text=True,
+                              timeout=60)
         assert proc.returncode == 0, proc.stderr
         assert f'{venv_py} -u ' in out.read_text()
-        proc = subprocess.run(
-            ['bash', str(repo['clone'] / 'tools' / script), 'p', 'j',
-             repo['cfg'], extra], cwd=str(repo['tmp']),
-            env=_env(repo, PYTHON='/opt/py/bin/python3'),
-            capture_output=True, text=True, timeout=60)
+        proc = subprocess.run([
+            'bash',
+            str(repo['clone'] / 'tools' / script), 'p', 'j', repo['cfg'], extra
+        ],
+                              cwd=str(repo['tmp']),
+                              env=_env(repo, PYTHON='/opt/py/bin/python3'),
+                              capture_output=True,
+                              text=True,
+                              timeout=60)
         assert '/opt/py/bin/python3 -u ' in out.read_text()

@@ -30,14 +30,13 @@ import os
 import os.path as osp
 import sys
 
-__all__ = ['required_paths', 'missing_data_message', 'exit_if_missing',
-           'main']
+__all__ = ['required_paths', 'missing_data_message', 'exit_if_missing', 'main']
 
 #: dataset type -> (name, placeholder directory, layout note)
 KNOWN_LAYOUTS = {
     'CocoDataset': ('COCO 2017', 'coco', ''),
-    'ADE20KDataset': ('ADE20K (ADEChallengeData2016)',
-                      'ADEChallengeData2016', ''),
+    'ADE20KDataset':
+    ('ADE20K (ADEChallengeData2016)', 'ADEChallengeData2016', ''),
     'ImageNet': ('ImageNet', 'imagenet',
                  'train/ and val/ hold one folder per class, or list the '
                  'images in meta/{train,val}.txt'),
@@ -111,8 +110,7 @@ def _dataset_needs(key, ds):
     if hasattr(prefix, 'items'):
         for name, sub in prefix.items():
             if isinstance(sub, str) and sub and '://' not in sub:
-                needs.append((_join(root, sub),
-                              f'{key}.data_prefix.{name}'))
+                needs.append((_join(root, sub), f'{key}.data_prefix.{name}'))
     return needs
 
 
@@ -138,9 +136,8 @@ def _loaders(cfg, mode):
     for loader, evaluator, purpose in _MODES[mode]:
         if not _get(cfg, loader):
             continue
-        if loader == 'val_dataloader' and mode == 'train' and (
-                _get(cfg, 'val_cfg') is None
-                or _get(cfg, 'val_evaluator') is None):
+        if loader == 'val_dataloader' and mode == 'train' and (_get(
+                cfg, 'val_cfg') is None or _get(cfg, 'val_evaluator') is None):
             continue  # the Runner builds no validation loop
         out.append((loader, evaluator, purpose))
     return out
@@ -163,11 +160,10 @@ def required_paths(cfg, mode):
 
 def _rel(path, root):
     rel = osp.relpath(path, root) if root else path
-    return rel + ('/' if osp.isdir(path) or not osp.splitext(path)[1]
-                  else '')
+    return rel + ('/' if osp.isdir(path) or not osp.splitext(path)[1] else '')
 
 
-def _layout(needs, leaves):
+def _layout(needs):
     """'<data_root>/{a, b/}' for each data_root the config reads."""
     groups = {}
     for path, key, _, ds in needs:
@@ -197,19 +193,23 @@ def missing_data_message(cfg, mode):
     path, key, purpose, _ = missing[0]
     where = '' if osp.isabs(path) else \
         f' (relative to the current directory {os.getcwd()})'
-    lines = [f'mmsoft: data for {purpose} not found: {path}{where} '
-             f'[{key}]']
+    lines = [
+        f'mmsoft: data for {purpose} not found: {path}{where} '
+        f'[{key}]'
+    ]
 
     # the datasets whose data_root the user should set
     leaves = []
     for loader, _, _ in _loaders(cfg, mode):
-        leaves += _leaf_datasets(_get(cfg[loader], 'dataset'),
-                                 loader + '.dataset')
-    known = [KNOWN_LAYOUTS[_type_name(ds)] for _, ds in leaves
-             if _type_name(ds) in KNOWN_LAYOUTS]
+        leaves += _leaf_datasets(
+            _get(cfg[loader], 'dataset'), loader + '.dataset')
+    known = [
+        KNOWN_LAYOUTS[_type_name(ds)] for _, ds in leaves
+        if _type_name(ds) in KNOWN_LAYOUTS
+    ]
     name, placeholder, note = known[0] if known else \
         ('this config\'s', 'your_data', '')
-    layout = _layout(needs, leaves)
+    layout = _layout(needs)
     if layout:
         lines.append(f'  expected {name} layout: {layout}' +
                      (f' ({note})' if note else ''))
@@ -248,8 +248,11 @@ def missing_data_message(cfg, mode):
 
 
 def _rank(launcher):
-    env = {'pytorch': 'RANK', 'slurm': 'SLURM_PROCID',
-           'mpi': 'OMPI_COMM_WORLD_RANK'}.get(launcher)
+    env = {
+        'pytorch': 'RANK',
+        'slurm': 'SLURM_PROCID',
+        'mpi': 'OMPI_COMM_WORLD_RANK'
+    }.get(launcher)
     try:
         return int(os.environ.get(env, 0)) if env else 0
     except ValueError:
@@ -285,8 +288,7 @@ def main(argv=None):
     parser.add_argument('--cfg-options', nargs='+', action=DictAction)
     args, _ = parser.parse_known_args(argv)
     if not osp.isfile(args.config):
-        print(f'mmsoft: config file not found: {args.config}',
-              file=sys.stderr)
+        print(f'mmsoft: config file not found: {args.config}', file=sys.stderr)
         return 1
     cfg = Config.fromfile(args.config)
     if args.cfg_options:
