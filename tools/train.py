@@ -32,6 +32,7 @@ from mmengine.runner import Runner  # noqa: E402
 
 from mmsoft import launch  # noqa: E402
 from mmsoft.engine import use_safe_checkpoint_hook  # noqa: E402
+from mmsoft.utils import data_check  # noqa: E402
 
 
 def parse_args(argv=None):
@@ -126,6 +127,7 @@ def build_cfg(args):
 def main(argv=None):
     args = parse_args(argv)
     cfg = build_cfg(args)
+    data_check.exit_if_missing(cfg, 'train', args.launcher)  # data on disk?
     launch.prepare_cfg(cfg, args.launcher)  # codebase, init, CPU dist
 
     if 'runner_type' not in cfg:
