@@ -3,7 +3,9 @@
 Importing mmsoft (e.g. via ``custom_imports=dict(imports=['mmsoft'])``)
 applies the torch/mmengine compatibility fixes of :mod:`mmsoft.compat` and
 registers the SOFT models so that ``type='SOFT'`` and ``type='mmsoft.SOFT'``
-work in mmpretrain, mmdet and mmseg configs (see :mod:`mmsoft.models`).
+work in mmpretrain, mmdet and mmseg configs (see :mod:`mmsoft.models`), and
+``SafeCheckpointHook`` (atomic, checksummed, resumable checkpoints; see
+:mod:`mmsoft.engine.hooks.checkpoint_hook`).
 """
 from .version import __version__
 from . import compat  # noqa: E402  (must run before anything loads weights)
@@ -11,7 +13,7 @@ from . import compat  # noqa: E402  (must run before anything loads weights)
 compat.apply()
 
 from .models import SOFT  # noqa: E402
-from . import engine  # noqa: E402,F401  (registers mmsoft's hooks)
 from .registry import MODELS  # noqa: E402
+from .engine import SafeCheckpointHook  # noqa: E402  (registers the hooks)
 
-__all__ = ['__version__', 'SOFT', 'MODELS']
+__all__ = ['__version__', 'SOFT', 'MODELS', 'SafeCheckpointHook']

@@ -49,10 +49,33 @@ Fix: allow-list exactly what such checkpoints contain with
   ``UnpicklingError`` for anything else. If the user allow-listed the real
   ``getattr`` themselves, it defers to it.
 
+Loading never changes class-level state: ``HistoryBuffer.__setstate__``
+copies the pickled ``statistics_methods`` into the *class* attribute
+``HistoryBuffer._statistics_methods``, so a crafted checkpoint could replace
+e.g. ``'mean'`` by ``HistoryBuffer.max`` for the whole process. The name
+``mmengine.logging.history_buffer.HistoryBuffer`` is therefore allow-listed
+as :class:`_LoadedHistoryBuffer`, whose ``__setstate__`` restores only the
+instance state (a pickled method table that differs from the process's
+registered methods is ignored with a warning) and then turns the object into
+a plain ``HistoryBuffer``.
+
+A never-updated ``HistoryBuffer`` (or any empty numpy array) pickles its
+empty data buffer as ``bytes()``; ``builtins.bytes`` is allow-listed as
+:func:`_checkpoint_bytes`, which only builds the empty ``bytes`` object.
+
 Limitation: a statistics method registered with
 ``HistoryBuffer.register_statistics`` as a module-level function is pickled
 as that function's global; such checkpoints still need
-``torch.serialization.add_safe_globals([that_function])``.
+``torch.serialization.add_safe_globals([that_function])``, and the method is
+only used if the loading process registered the same function itself.
+
+Fix ``mmengine_verified_local_loader``
+--------------------------------------
+mmengine's loader of local checkpoint files is replaced by
+:func:`mmsoft.utils.checkpoint_io.load_from_local`: a damaged (empty,
+truncated, CRC-failing) file raises a ``CheckpointError`` saying so, and the
+SHA-256 that mmsoft stores in its checkpoints is verified on every load
+(resume, ``load_from``, ``tools/test.py``, ``init_cfg`` ``Pretrained``).
 
 Undeclared dependencies of mmseg
 --------------------------------
@@ -78,7 +101,8 @@ OPTIONAL_DEPS = {
 #: names of the fixes applied so far (in order)
 _APPLIED = []
 
-#: classes whose public functions :func:`_checkpoint_getattr` may return
+#: (alias, class) pairs: :func:`_checkpoint_getattr` may return the public
+#: functions of ``class`` when asked for those of ``alias`` or ``class``
 _GETATTR_OWNERS = ()
 
 #: filled by :func:`_mmengine_safe_globals` when the fix is applied
@@ -92,10 +116,14 @@ def _checkpoint_getattr(obj, name):
     mmengine's ``HistoryBuffer``) and ``name`` is a public plain function
     defined on that class; e.g. ``getattr(HistoryBuffer, 'mean')``.
     """
-    if any(obj is owner for owner in _GETATTR_OWNERS) and isinstance(
-            name, str) and not name.startswith('_') and isinstance(
-                vars(obj).get(name), types.FunctionType):
-        return getattr(obj, name)
+    # the unpickler hands us the class a GLOBAL resolved to: for
+    # HistoryBuffer that is _LoadedHistoryBuffer, an alias of it here
+    owner = next((real for alias, real in _GETATTR_OWNERS
+                  if obj is alias or obj is real), None)
+    if owner is not None and isinstance(name, str) and \
+            not name.startswith('_') and isinstance(
+                vars(owner).get(name), types.FunctionType):
+        return getattr(owner, name)
     import torch
     if getattr in torch.serialization.get_safe_globals():
         # the user explicitly trusts the real getattr
@@ -103,7 +131,53 @@ def _checkpoint_getattr(obj, name):
     raise pickle.UnpicklingError(
         f'mmsoft.compat: refusing getattr({obj!r}, {name!r}) while loading a '
         'checkpoint with weights_only=True; only public methods of '
-        f'{[c.__qualname__ for c in _GETATTR_OWNERS]} are allowed.')
+        f'{[real.__qualname__ for _, real in _GETATTR_OWNERS]} are '
+        'allowed.')
+
+
+def _checkpoint_bytes(*args):
+    """``bytes`` as seen by torch's weights-only unpickler: pickle protocol
+    2 stores an empty ``bytes`` (e.g. the data of an empty numpy array) as
+    ``bytes()``; only that is built (``bytes(n)`` would allocate n bytes)."""
+    if not args:
+        return b''
+    import torch
+    if bytes in torch.serialization.get_safe_globals():
+        return bytes(*args)  # the user explicitly trusts the real bytes
+    raise pickle.UnpicklingError(
+        f'mmsoft.compat: refusing bytes{args!r} while loading a checkpoint '
+        'with weights_only=True; only bytes() is allowed.')
+
+
+def _make_loaded_history_buffer():
+    from mmengine.logging.history_buffer import HistoryBuffer
+
+    class _LoadedHistoryBuffer(HistoryBuffer):
+        """What a pickled ``HistoryBuffer`` is rebuilt as; becomes a plain
+        ``HistoryBuffer`` in ``__setstate__`` without touching the class's
+        ``_statistics_methods`` (see the module doc)."""
+
+        def __setstate__(self, state):
+            state = dict(state)
+            methods = state.pop('statistics_methods', {})
+            # the built-in min / max / current / mean, as every
+            # HistoryBuffer() does (setdefault: never replaces an entry)
+            self._set_default_statistics()
+            registered = HistoryBuffer._statistics_methods
+            odd = sorted(str(k) for k, v in dict(methods).items()
+                         if registered.get(k) is not v)
+            if odd:
+                warnings.warn(
+                    'mmsoft.compat: ignoring the statistics methods '
+                    f'{odd} pickled with a HistoryBuffer: they differ from '
+                    'the ones registered in this process (loading a '
+                    'checkpoint does not change HistoryBuffer)',
+                    stacklevel=2)
+            self.__dict__.update(state)
+            self.__class__ = HistoryBuffer
+
+    _LoadedHistoryBuffer.__qualname__ = 'HistoryBuffer(loading)'
+    return _LoadedHistoryBuffer
 
 
 def _numpy_safe_globals():
@@ -133,9 +207,12 @@ def _mmengine_safe_globals():
     global _GETATTR_OWNERS
     from mmengine.logging.history_buffer import HistoryBuffer
 
-    _GETATTR_OWNERS = (HistoryBuffer, )
-    return [HistoryBuffer, (_checkpoint_getattr, 'builtins.getattr')
-            ] + _numpy_safe_globals()
+    loaded = _make_loaded_history_buffer()
+    _GETATTR_OWNERS = ((loaded, HistoryBuffer), )
+    return [(loaded,
+             'mmengine.logging.history_buffer.HistoryBuffer'),
+            (_checkpoint_getattr, 'builtins.getattr'),
+            (_checkpoint_bytes, 'builtins.bytes')] + _numpy_safe_globals()
 
 
 def _fix_torch_load_mmengine_safe_globals():
@@ -150,15 +227,25 @@ def _fix_torch_load_mmengine_safe_globals():
     if digit_version(torch.__version__) < digit_version('2.6.0'):
         return False
     from torch.serialization import add_safe_globals
+    if MMENGINE_SAFE_GLOBALS:  # applied before: add the same objects again
+        add_safe_globals(MMENGINE_SAFE_GLOBALS)
+        return True
     safe = _mmengine_safe_globals()
     add_safe_globals(safe)  # a set union: repeating it changes nothing
     MMENGINE_SAFE_GLOBALS[:] = safe
     return True
 
 
+def _fix_mmengine_verified_local_loader():
+    """Damage and checksum checks on mmengine's local loads (module doc)."""
+    from mmsoft.utils.checkpoint_io import install_loader
+    return install_loader()
+
+
 _FIXES = (
     ('torch_load_mmengine_safe_globals',
      _fix_torch_load_mmengine_safe_globals),
+    ('mmengine_verified_local_loader', _fix_mmengine_verified_local_loader),
 )
 
 

@@ -229,3 +229,112 @@ def test_check_optional_deps_reports_missing(monkeypatch):
 
 def test_mmsoft_import_applies_compat():
     assert mmsoft.compat is compat and FIX in compat.applied()
+
+
+# ---------------------------------------------- loading mutates nothing
+def _crafted_history_buffer(methods):
+    """A HistoryBuffer that pickles a chosen statistics-method table (what a
+    crafted checkpoint can hold: ``getattr(HistoryBuffer, 'max')`` under
+    'mean')."""
+    hb = HistoryBuffer([5.0], [1])
+    state = dict(hb.__dict__)
+    hb.__getstate__ = lambda: dict(state, statistics_methods=methods)
+    return hb
+
+
+@needs_weights_only
+def test_loading_does_not_mutate_history_buffer_class(tmp_path):
+    """Before: loading this file made every HistoryBuffer's 'mean' return
+    the max (``HistoryBuffer([1, 2, 3]).statistics('mean') == 3``) for the
+    rest of the process."""
+    table = dict(HistoryBuffer._statistics_methods)
+    path = tmp_path / 'crafted.pth'
+    torch.save({'x': _crafted_history_buffer({'mean': HistoryBuffer.max})},
+               path)
+    try:
+        with pytest.warns(UserWarning, match=r"ignoring the statistics "
+                          r"methods \['mean'\]"):
+            got = torch.load(path)['x']
+        assert HistoryBuffer._statistics_methods == table
+        assert HistoryBuffer([1, 2, 3], [1, 1, 1]).statistics('mean') == 2
+        # the loaded object is a plain, working HistoryBuffer
+        assert type(got) is HistoryBuffer
+        assert got.statistics('mean') == 5.0 and got.current() == 5.0
+    finally:  # never leave a broken table behind for other tests
+        HistoryBuffer._statistics_methods.clear()
+        HistoryBuffer._statistics_methods.update(table)
+
+
+@needs_weights_only
+def test_regular_history_buffer_loads_without_warning(tmp_path):
+    path = tmp_path / 'hb.pth'
+    torch.save({'x': HistoryBuffer([1.0, 3.0], [1, 1])}, path)
+    with warnings.catch_warnings():
+        warnings.simplefilter('error')
+        got = torch.load(path)['x']
+    assert type(got) is HistoryBuffer and got.statistics('mean') == 2.0
+    # and it pickles again under mmengine's own name (no mmsoft class)
+    path2 = tmp_path / 'again.pth'
+    torch.save({'x': got}, path2)
+    import zipfile
+    with zipfile.ZipFile(path2) as z:
+        pkl = z.read(next(n for n in z.namelist() if n.endswith('data.pkl')))
+    assert b'mmengine.logging.history_buffer\nHistoryBuffer' in pkl
+    assert b'mmsoft' not in pkl
+
+
+@needs_weights_only
+@pytest.mark.parametrize('make', [
+    lambda: np.array([]),
+    lambda: np.zeros((0, 3), dtype=np.float32),
+    lambda: HistoryBuffer(),  # never updated: empty arrays inside
+])
+def test_empty_arrays_load(tmp_path, make):
+    """Before: ``Unsupported global: GLOBAL builtins.bytes`` (an empty
+    array's data is pickled as ``bytes()``), so a checkpoint with a
+    never-updated HistoryBuffer could not resume."""
+    path = tmp_path / 'empty.pth'
+    obj = make()
+    torch.save({'x': obj}, path)
+    got = torch.load(path)['x']
+    assert type(got) is type(obj)
+    if isinstance(obj, np.ndarray):
+        assert got.shape == obj.shape and got.dtype == obj.dtype
+    else:
+        assert len(got.data[0]) == 0
+
+
+@needs_weights_only
+def test_bytes_is_restricted(tmp_path):
+    class Alloc:
+        def __reduce__(self):
+            return bytes, (10, )
+
+    path = tmp_path / 'alloc.pth'
+    torch.save({'x': Alloc()}, path)
+    with pytest.raises(pickle.UnpicklingError, match='only bytes'):
+        torch.load(path)
+
+
+@needs_weights_only
+def test_fresh_process_loads_runner_checkpoint_quietly(tmp_path):
+    """In a process that never built a HistoryBuffer (the class's method
+    table is still empty) a regular checkpoint loads without warnings and
+    its buffers work."""
+    path = tmp_path / 'iter_3.pth'
+    _mmengine_checkpoint(path)
+    code = textwrap.dedent(f"""
+        import warnings
+        warnings.simplefilter('error')
+        import torch
+        import mmsoft
+        ckpt = torch.load({str(path)!r})
+        buf = ckpt['message_hub']['log_scalars']['train/loss']
+        print(buf.statistics('mean'))
+    """)
+    env = dict(os.environ, PYTHONWARNINGS='ignore::DeprecationWarning')
+    res = subprocess.run([sys.executable, '-c', code], capture_output=True,
+                         text=True, timeout=120, env=env)
+    assert res.returncode == 0, res.stderr[-2000:]
+    assert float(res.stdout.split()[-1]) == pytest.approx((1 + .5 + 1 / 3)
+                                                          / 3)

@@ -16,6 +16,7 @@ import pytest
 import torch
 
 from mmsoft.models.backbones.soft import SOFT
+from mmsoft.utils import checkpoint_io as cio
 from mmsoft.utils import official_keys as ok
 from mmsoft.utils.official_keys import ConversionError
 
@@ -418,3 +419,203 @@ def test_mmpretrain_classifier_loads(tiny_sd):
     assert unexpected == []
     # the data preprocessor's buffers are not part of checkpoints
     assert all(k.startswith('data_preprocessor.') for k in missing)
+
+
+# --------------------------------------------- damaged input, bad output
+def _convert(tmp_path, tiny_sd, name='mmsoft.pth'):
+    src = tmp_path / 'official.pth'
+    if not src.exists():
+        torch.save({'state_dict': tiny_sd}, src)
+    dst = tmp_path / name
+    assert load_script('soft2mmsoft').main([str(src), str(dst)]) == 0
+    return src, dst
+
+
+def _flip_record(path, n=8):
+    """Flip bytes in the middle of the largest tensor record."""
+    import zipfile
+    with zipfile.ZipFile(path) as z:
+        info = max((i for i in z.infolist() if '/data/' in i.filename),
+                   key=lambda i: i.file_size)
+    raw = bytearray(open(path, 'rb').read())
+    off = info.header_offset
+    name_len = int.from_bytes(raw[off + 26:off + 28], 'little')
+    extra_len = int.from_bytes(raw[off + 28:off + 30], 'little')
+    start = off + 30 + name_len + extra_len + info.file_size // 2
+    for i in range(n):
+        raw[start + i] ^= 0xFF
+    open(path, 'wb').write(bytes(raw))
+
+
+@pytest.mark.parametrize('damage', ['empty', 'truncated', 'flipped'])
+def test_damaged_input_is_reported_as_damaged(tmp_path, tiny_sd, capsys,
+                                              damage):
+    """Before: empty / truncated files were "objects other than tensors"
+    with the advice to use --trust-checkpoint; flipped bytes converted
+    silently."""
+    src = tmp_path / 'official.pth'
+    torch.save({'state_dict': tiny_sd}, src)
+    if damage == 'empty':
+        src.write_bytes(b'')
+    elif damage == 'truncated':
+        src.write_bytes(src.read_bytes()[:src.stat().st_size * 2 // 3])
+    else:
+        _flip_record(src)
+    dst = tmp_path / 'out.pth'
+    for script in ('soft2mmsoft', 'mmsoft2soft'):
+        assert load_script(script).main([str(src), str(dst)]) == 1
+        err = capsys.readouterr().err
+        assert 'damaged' in err and str(src) in err, err
+        assert 'trust' not in err
+        assert len(err.strip().splitlines()) == 1
+    assert sorted(os.listdir(tmp_path)) == ['official.pth']
+
+
+def test_refused_global_is_named(tmp_path, tiny_sd, capsys):
+    src = tmp_path / 'weird.pth'
+    torch.save({'state_dict': tiny_sd, 'obj': Opaque()}, src)
+    assert load_script('soft2mmsoft').main([str(src), str(tmp_path / 'o')]) \
+        == 1
+    err = capsys.readouterr().err
+    assert f'{__name__}.Opaque' in err and '--trust-checkpoint' in err
+
+
+def test_output_replacing_input_is_refused(tmp_path, tiny_sd, capsys,
+                                           monkeypatch):
+    src, dst = _convert(tmp_path, tiny_sd)
+    before = src.read_bytes()
+    (tmp_path / 'link.pth').symlink_to(src)
+    monkeypatch.chdir(tmp_path)
+    for out in (str(src), str(tmp_path / 'link.pth'), 'official.pth',
+                './sub/../official.pth'):
+        assert load_script('soft2mmsoft').main([str(src), out]) == 1
+        assert 'is the input file' in capsys.readouterr().err
+    # mmsoft2soft too (its input is the converted file)
+    assert load_script('mmsoft2soft').main([str(dst), str(dst)]) == 1
+    assert 'is the input file' in capsys.readouterr().err
+    assert src.read_bytes() == before
+
+
+def _one_line_error(capsys):
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and 'Traceback' not in err, err
+    return err
+
+
+def test_output_errors_are_one_line(tmp_path, tiny_sd, capsys, monkeypatch):
+    src = tmp_path / 'official.pth'
+    torch.save({'state_dict': tiny_sd}, src)
+    s2m = load_script('soft2mmsoft')
+    # a directory as DST
+    assert s2m.main([str(src), str(tmp_path)]) == 1
+    assert 'is a directory' in _one_line_error(capsys)
+    # an unwritable directory (as root, chmod does not stop writes: the
+    # refusal is injected where the temporary file is created)
+    import builtins
+    real_open = builtins.open
+
+    def no_write(file, mode='r', *a, **k):
+        if str(file).endswith(cio.TMP_SUFFIX):
+            raise PermissionError(13, 'Permission denied', str(file))
+        return real_open(file, mode, *a, **k)
+
+    monkeypatch.setattr(builtins, 'open', no_write)
+    assert s2m.main([str(src), str(tmp_path / 'out.pth')]) == 1
+    assert 'Permission denied' in _one_line_error(capsys)
+    monkeypatch.undo()
+
+    # a full disk: the write fails with ENOSPC half-way
+    def full(obj, f, *a, **k):
+        f.write(b'x' * 1000)
+        raise OSError(28, 'No space left on device')
+
+    monkeypatch.setattr(torch, 'save', full)
+    assert s2m.main([str(src), str(tmp_path / 'out.pth')]) == 1
+    err = _one_line_error(capsys)
+    assert 'No space left on device' in err and 'nothing was written' in err
+    assert sorted(os.listdir(tmp_path)) == ['official.pth']
+
+
+@pytest.mark.parametrize('value', ['0', '-16', '2.5', 'x'])
+def test_stage4_heads_validated(tmp_path, tiny_sd, capsys, value):
+    """Before: 0 raised ZeroDivisionError, -16 was written into the
+    checkpoint."""
+    src = tmp_path / 'official.pth'
+    torch.save({'state_dict': tiny_sd}, src)
+    for script in ('soft2mmsoft', 'mmsoft2soft'):
+        with pytest.raises(SystemExit) as e:
+            load_script(script).main([str(src), str(tmp_path / 'o.pth'),
+                                      '--stage4-heads', value])
+        assert e.value.code == 2
+        assert 'expected a positive integer' in capsys.readouterr().err
+    with pytest.raises(ConversionError, match='positive integer'):
+        ok.infer_official_arch(tiny_sd, stage4_heads=0)
+
+
+def test_stale_temporaries_are_removed(tmp_path, tiny_sd):
+    """A SIGKILLed conversion leaves its temporary; the next run into the
+    same output removes it (its writer process is gone)."""
+    import subprocess
+    import sys
+    dead = subprocess.run([sys.executable, '-c', 'import os; '
+                           'print(os.getpid())'], capture_output=True,
+                          text=True).stdout.strip()
+    stale = tmp_path / f'.mmsoft.pth.{dead}.deadbeef{cio.TMP_SUFFIX}'
+    stale.write_bytes(b'partial')
+    _convert(tmp_path, tiny_sd)
+    assert sorted(os.listdir(tmp_path)) == ['mmsoft.pth', 'official.pth']
+
+
+def test_sigterm_during_conversion_leaves_nothing(tmp_path, tiny_sd):
+    import signal
+    import subprocess
+    import sys
+    import textwrap
+    src = tmp_path / 'official.pth'
+    torch.save({'state_dict': tiny_sd}, src)
+    code = textwrap.dedent(f"""
+        import os, signal, sys, torch
+        save = torch.save
+        def slow_save(obj, f, *a, **k):  # SIGTERM arrives mid-write
+            f.write(b'partial')
+            os.kill(os.getpid(), signal.SIGTERM)
+            save(obj, f, *a, **k)
+        torch.save = slow_save
+        sys.argv = ['soft2mmsoft.py', {str(src)!r},
+                    {str(tmp_path / 'o.pth')!r}]
+        import runpy
+        runpy.run_path({osp.join(ROOT, 'tools', 'model_converters',
+                                 'soft2mmsoft.py')!r}, run_name='__main__')
+    """)
+    res = subprocess.run([sys.executable, '-c', code], capture_output=True,
+                         text=True, timeout=300,
+                         env=dict(os.environ, OMP_NUM_THREADS='1'))
+    assert res.returncode == 128 + signal.SIGTERM, res.stderr[-2000:]
+    assert sorted(os.listdir(tmp_path)) == ['official.pth']
+
+
+def test_converted_file_carries_checksum(tmp_path, tiny_sd):
+    """Flipped bytes in a converted file: loading it (init_cfg Pretrained,
+    load_checkpoint, the converters) fails naming the file."""
+    _, dst = _convert(tmp_path, tiny_sd)
+    ckpt = torch.load(dst)
+    assert cio.verify_checksum(ckpt, str(dst)) is True
+    assert set(ckpt['meta']['mmsoft_checksum']['digests']) == {'state_dict'}
+    back = tmp_path / 'back.pth'
+    assert load_script('mmsoft2soft').main([str(dst), str(back)]) == 0
+    assert cio.verify_checksum(torch.load(back), str(back)) is True
+
+    # corrupt one value of a stored tensor, keeping the zip consistent
+    import mmsoft  # noqa: F401  (installs the verifying loader)
+    bad = tmp_path / 'bad.pth'
+    ckpt['state_dict']['backbone.cls_token'][0, 0, 0] += 1
+    torch.save(ckpt, bad)  # the zip is fine, the checksum is not
+    backbone = SOFT(arch='tiny', init_cfg=dict(
+        type='Pretrained', checkpoint=str(bad), prefix='backbone.'))
+    with pytest.raises(cio.CheckpointError, match=str(bad)):
+        backbone.init_weights()
+    from mmengine.runner import load_checkpoint
+    with pytest.raises(cio.CheckpointError, match='SHA-256'):
+        load_checkpoint(SOFT(arch='tiny'), str(bad))
+    with pytest.raises(ConversionError, match='corrupt'):
+        ok.load_checkpoint_file(str(bad))

@@ -7,7 +7,9 @@
 # GPUS processes are started on this node (NNODES/NODE_RANK/MASTER_ADDR/PORT
 # for several nodes). Without CUDA each process runs on CPU with the gloo
 # backend (see mmsoft/launch.py), e.g. `tools/dist_train.sh CONFIG 2`.
-# PYTHON selects the interpreter (default: python, else python3).
+# PYTHON selects the interpreter (default: the project venv .venv when no
+# environment is active, else python; see tools/python.sh). The data the
+# config needs is checked once before the workers start.
 set -e
 if [[ $# -lt 2 ]]; then
     echo "usage: $0 CONFIG GPUS [train.py args]" >&2
@@ -19,9 +21,10 @@ NNODES=${NNODES:-1}
 NODE_RANK=${NODE_RANK:-0}
 PORT=${PORT:-29500}
 MASTER_ADDR=${MASTER_ADDR:-"127.0.0.1"}
-PYTHON=${PYTHON:-python}
-command -v "$PYTHON" >/dev/null 2>&1 || PYTHON=python3
 ROOT="$(cd "$(dirname "$0")/.." && pwd)"
+source "$ROOT/tools/python.sh"  # PYTHON: $PYTHON, else .venv, else python
+echo "$(basename "$0"): python: $PYTHON" >&2
+mmsoft_check_data train "$CONFIG" "${@:3}"  # data there? (once, not per rank)
 
 PYTHONPATH="$ROOT":$PYTHONPATH \
 "$PYTHON" -m torch.distributed.run \

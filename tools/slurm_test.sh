@@ -3,7 +3,8 @@
 #
 #   [GPUS=8] [GPUS_PER_NODE=8] [CPUS_PER_TASK=5] [SRUN_ARGS=...] \
 #   tools/slurm_test.sh PARTITION JOB_NAME CONFIG CHECKPOINT [test.py args]
-set -x
+# PYTHON selects the interpreter (default: the project venv .venv when no
+# environment is active, else python; see tools/python.sh).
 if [[ $# -lt 4 ]]; then
     echo "usage: $0 PARTITION JOB_NAME CONFIG CHECKPOINT [test.py args]" >&2
     exit 2
@@ -16,9 +17,10 @@ GPUS=${GPUS:-8}
 GPUS_PER_NODE=${GPUS_PER_NODE:-8}
 CPUS_PER_TASK=${CPUS_PER_TASK:-5}
 SRUN_ARGS=${SRUN_ARGS:-""}
-PYTHON=${PYTHON:-python}
 ROOT="$(cd "$(dirname "$0")/.." && pwd)"
+source "$ROOT/tools/python.sh"  # PYTHON: $PYTHON, else .venv, else python
 
+set -x
 PYTHONPATH="$ROOT":$PYTHONPATH \
 srun -p ${PARTITION} \
     --job-name=${JOB_NAME} \

@@ -30,6 +30,7 @@ from mmengine.registry import RUNNERS  # noqa: E402
 from mmengine.runner import Runner  # noqa: E402
 
 from mmsoft import launch  # noqa: E402
+from mmsoft.utils import data_check  # noqa: E402
 from mmsoft.utils.strict_load import CheckpointMismatchError  # noqa: E402
 
 
@@ -175,6 +176,7 @@ def build_cfg(args):
 def main(argv=None):
     args = parse_args(argv)
     cfg = build_cfg(args)
+    data_check.exit_if_missing(cfg, 'test', args.launcher)  # data on disk?
     scope = launch.prepare_cfg(cfg, args.launcher)
 
     if args.show or args.show_dir:

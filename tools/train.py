@@ -9,11 +9,13 @@ The codebase is picked from the config's ``default_scope``::
         --cfg-options \
         model.backbone.init_cfg.checkpoint=weights/soft_norm_small.pth
 
-``--resume`` without a path resumes from the latest checkpoint of the work
-dir, ``--resume PATH`` from PATH. Without CUDA, ``--launcher pytorch``
-(``tools/dist_train.sh``) runs one CPU process per "GPU" with the gloo
-backend (see :mod:`mmsoft.launch`), and ``--amp`` trains under bfloat16
-autocast.
+``--resume`` without a path resumes from the newest complete checkpoint of
+the work dir (damaged newer ones are skipped with a warning), ``--resume
+PATH`` from PATH; a config's plain ``CheckpointHook`` becomes mmsoft's
+``SafeCheckpointHook`` (atomic writes, checksum, RNG states). Without
+CUDA, ``--launcher pytorch`` (``tools/dist_train.sh``) runs one CPU process
+per "GPU" with the gloo backend (see :mod:`mmsoft.launch`), and ``--amp``
+trains under bfloat16 autocast.
 """
 import argparse
 import os
@@ -30,6 +32,8 @@ from mmengine.runner import Runner  # noqa: E402
 
 from mmsoft import launch  # noqa: E402
 from mmsoft.engine import add_nonfinite_hook  # noqa: E402
+from mmsoft.engine import use_safe_checkpoint_hook  # noqa: E402
+from mmsoft.utils import data_check  # noqa: E402
 
 
 def parse_args(argv=None):
@@ -107,6 +111,9 @@ def build_cfg(args):
                                '"auto_scale_lr.base_batch_size" in your'
                                ' configuration file.')
 
+    # atomic, checksummed checkpoints with RNG states (mmsoft's hook also
+    # makes --resume take the newest complete checkpoint)
+    use_safe_checkpoint_hook(cfg)
     # stop at the first non-finite loss (mmsoft.engine.NonFiniteLossHook)
     # unless the config configures that hook itself
     add_nonfinite_hook(cfg)
@@ -124,6 +131,7 @@ def build_cfg(args):
 def main(argv=None):
     args = parse_args(argv)
     cfg = build_cfg(args)
+    data_check.exit_if_missing(cfg, 'train', args.launcher)  # data on disk?
     launch.prepare_cfg(cfg, args.launcher)  # codebase, init, CPU dist
 
     if 'runner_type' not in cfg:

@@ -11,6 +11,10 @@ _base_ = ['mmdet::mask_rcnn/mask-rcnn_r50_fpn_1x_coco.py', './soft_dense.py']
 
 custom_imports = dict(imports=['mmsoft'], allow_failed_imports=False)
 
+# atomic, checksummed checkpoints with RNG states; --resume takes the newest
+# complete one (mmsoft.engine.SafeCheckpointHook)
+default_hooks = dict(checkpoint=dict(type='SafeCheckpointHook'))
+
 model = dict(
     backbone={{_base_.soft_backbone}},
     neck=dict(in_channels=[64, 128, 320, 512]))

@@ -91,7 +91,7 @@ param_scheduler = [
 train_cfg = dict(by_epoch=True, max_epochs=300, val_interval=1)
 auto_scale_lr = dict(base_batch_size=1024)
 
-default_hooks = dict(checkpoint=dict(type='CheckpointHook', interval=1,
+default_hooks = dict(checkpoint=dict(type='SafeCheckpointHook', interval=1,
                                      max_keep_ckpts=3))
 custom_hooks = [
     dict(type='EMAHook', momentum=4e-5, priority='ABOVE_NORMAL'),

@@ -19,6 +19,10 @@ _base_ = [
 
 custom_imports = dict(imports=['mmsoft'], allow_failed_imports=False)
 
+# atomic, checksummed checkpoints with RNG states; --resume takes the newest
+# complete one (mmsoft.engine.SafeCheckpointHook)
+default_hooks = dict(checkpoint=dict(type='SafeCheckpointHook'))
+
 crop_size = (512, 512)
 data_preprocessor = dict(size=crop_size)
 model = dict(

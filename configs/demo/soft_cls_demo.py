@@ -89,7 +89,7 @@ param_scheduler = [
 ]
 default_hooks = dict(
     logger=dict(type='LoggerHook', interval=10),
-    checkpoint=dict(type='CheckpointHook', interval=max_epochs,
+    checkpoint=dict(type='SafeCheckpointHook', interval=max_epochs,
                     max_keep_ckpts=1))
 log_processor = dict(window_size=10)
 

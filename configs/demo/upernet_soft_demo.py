@@ -92,7 +92,7 @@ param_scheduler = [
 ]
 default_hooks = dict(
     logger=dict(type='LoggerHook', interval=10, log_metric_by_epoch=False),
-    checkpoint=dict(type='CheckpointHook', by_epoch=False,
+    checkpoint=dict(type='SafeCheckpointHook', by_epoch=False,
                     interval=max_iters, max_keep_ckpts=1))
 log_processor = dict(by_epoch=False, window_size=10)
 

@@ -29,7 +29,6 @@ one fused ``kv`` projection); it is assumed to keep the head width of stage 3
 """
 import os
 import re
-import tempfile
 from collections import Counter, OrderedDict
 from typing import Dict, List, Mapping, Optional, Sequence, Tuple
 
@@ -41,7 +40,8 @@ __all__ = [
     'arch_for_mmsoft', 'convert_official_to_mmpretrain',
     'convert_mmpretrain_to_official', 'extract_state_dict',
     'strip_module_prefix', 'save_checkpoint_atomic', 'describe_arch',
-    'official_model_name', 'load_checkpoint_file', 'OFFICIAL_MODELS',
+    'official_model_name', 'load_checkpoint_file', 'check_output_path',
+    'positive_int', 'OFFICIAL_MODELS',
     'OFFICIAL_STEM_CHANNELS'
 ]
 
@@ -290,6 +290,10 @@ def infer_official_arch(sd: Mapping[str, torch.Tensor],
         mlp_ratios.append(
             _ratio(_shape(sd, pre + 'ff1.weight')[0], embed_dims[i]))
     stage4_given = stage4_heads is not None
+    if stage4_given and (isinstance(stage4_heads, bool) or not isinstance(
+            stage4_heads, int) or stage4_heads < 1):
+        raise ConversionError(f'stage-4 heads must be a positive integer, '
+                              f'got {stage4_heads!r}')
     if stage4_heads is None:
         if embed_dims[3] % head_dims:
             raise ConversionError(
@@ -459,6 +463,19 @@ def official_model_name(arch: Mapping,
 
 
 # --------------------------------------------------------- checkpoint files
+def positive_int(text: str) -> int:
+    """argparse type of counts such as ``--stage4-heads``."""
+    import argparse
+    try:
+        value = int(text)
+    except (TypeError, ValueError):
+        value = None
+    if value is None or value < 1:
+        raise argparse.ArgumentTypeError(
+            f'expected a positive integer, got {text!r}')
+    return value
+
+
 def load_checkpoint_file(path: str, trust: bool = False):
     """``torch.load`` on the CPU.
 
@@ -467,21 +484,73 @@ def load_checkpoint_file(path: str, trust: bool = False):
     ``args``, is allowed too). ``trust=True`` unpickles anything - only for
     files from a trusted source (e.g. mmengine checkpoints with a
     ``message_hub``).
+
+    Errors (:class:`ConversionError`, one line each): a missing file, a
+    directory, a damaged file (empty, truncated, CRC error: reported as
+    damaged, never with the advice to unpickle it), pickled objects refused
+    by the weights-only unpickler (the refused globals are named), and a
+    checkpoint whose mmsoft checksum does not match.
     """
+    from .checkpoint_io import (CheckpointError, describe_damage,
+                                refused_globals, verify_checksum)
+    if os.path.isdir(path):
+        raise ConversionError(f'checkpoint {path!r} is a directory, not a '
+                              f'file')
     if not os.path.isfile(path):
         raise ConversionError(f'checkpoint {path!r} does not exist')
-    if trust:
-        return torch.load(path, map_location='cpu', weights_only=False)
+    damage = describe_damage(path)
+    if damage is not None:
+        raise ConversionError(
+            f'checkpoint {path!r} {damage}: the file is damaged and cannot '
+            f'be converted; download or copy it again')
     import argparse
     try:
-        with torch.serialization.safe_globals([argparse.Namespace]):
-            return torch.load(path, map_location='cpu', weights_only=True)
+        if trust:
+            ckpt = torch.load(path, map_location='cpu', weights_only=False)
+        else:
+            with torch.serialization.safe_globals([argparse.Namespace]):
+                ckpt = torch.load(path, map_location='cpu',
+                                  weights_only=True)
     except Exception as e:  # pickle.UnpicklingError and friends
+        first = str(e).splitlines()[0] if str(e) else ''
+        if trust:
+            raise ConversionError(
+                f'cannot load {path!r} ({type(e).__name__}: {first})'
+            ) from None
+        refused = [g for g in refused_globals(path)
+                   if g != 'argparse.Namespace']
+        if refused:
+            raise ConversionError(
+                f'{path!r} holds pickled objects other than tensors and '
+                f'plain containers, refused by the weights-only unpickler: '
+                f'{", ".join(refused)}. If you trust the file, run again '
+                f'with --trust-checkpoint.') from None
         raise ConversionError(
-            f'{path!r} holds objects other than tensors and plain '
-            f'containers, so it was not unpickled ({type(e).__name__}: '
-            f'{str(e).splitlines()[0] if str(e) else ""}). If you trust '
-            f'the file, run again with --trust-checkpoint.') from None
+            f'cannot load {path!r} ({type(e).__name__}: {first})') from None
+    try:
+        verify_checksum(ckpt, path)
+    except CheckpointError as e:
+        raise ConversionError(str(e)) from None
+    return ckpt
+
+
+def check_output_path(src: str, dst: str) -> None:
+    """Refuse an output that would replace the input (the same file, also
+    through a symlink or another relative path) or that is a directory."""
+    if os.path.isdir(dst):
+        raise ConversionError(
+            f'output {dst!r} is a directory; give a file name, e.g. '
+            f'{os.path.join(dst, os.path.basename(src))!r}')
+    same = os.path.realpath(src) == os.path.realpath(dst)
+    if not same and os.path.exists(dst) and os.path.exists(src):
+        try:
+            same = os.path.samefile(src, dst)
+        except OSError:
+            pass
+    if same:
+        raise ConversionError(
+            f'output {dst!r} is the input file {src!r}: refusing to replace '
+            f'it; choose another output path')
 
 
 def strip_module_prefix(sd: Mapping[str, torch.Tensor]) -> 'OrderedDict':
@@ -530,30 +599,32 @@ def extract_state_dict(ckpt, prefer_ema: bool = True
 
 
 def save_checkpoint_atomic(obj, path: str) -> None:
-    """``torch.save`` to a temporary file next to ``path``, then
-    ``os.replace``: ``path`` is either the complete new file or untouched."""
+    """``torch.save`` to a temporary file next to ``path``, ``fsync``, then
+    ``os.replace``: ``path`` is either the complete new file or untouched,
+    and no temporary file is left behind (also on SIGINT / SIGTERM;
+    temporaries of a SIGKILLed earlier run are removed first). A dict
+    ``obj`` gets an mmsoft checksum of its entries in ``obj['meta']``
+    (verified when mmsoft / mmengine load the file). OS errors (unwritable
+    directory, full disk, ...) raise a one-line :class:`ConversionError`.
+    """
+    from .checkpoint_io import add_checksum, remove_stale_temps, save_atomic
     path = os.path.abspath(path)
     d = os.path.dirname(path)
+    if os.path.isdir(path):
+        raise ConversionError(f'output {path!r} is a directory')
     if not os.path.isdir(d):
         raise ConversionError(f'output directory {d!r} does not exist')
-    fd, tmp = tempfile.mkstemp(prefix='.' + os.path.basename(path) + '.',
-                               suffix='.tmp', dir=d)
+    remove_stale_temps(d, name=os.path.basename(path))
+    if isinstance(obj, dict):
+        add_checksum(obj)
     try:
-        with os.fdopen(fd, 'wb') as f:
-            torch.save(obj, f)
-            f.flush()
-            os.fsync(f.fileno())
-        # mkstemp creates 0600 files; give the result the usual permissions
-        umask = os.umask(0)
-        os.umask(umask)
-        os.chmod(tmp, 0o666 & ~umask)
-        os.replace(tmp, path)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
-        raise
+        save_atomic(obj, path)
+    except OSError as e:
+        reason = e.strerror or str(e)
+        raise ConversionError(
+            f'cannot write {path!r}: {reason}'
+            + (f' (errno {e.errno})' if e.errno else '')
+            + '; nothing was written') from None
 
 
 # -------------------------------------------------------------- conversion

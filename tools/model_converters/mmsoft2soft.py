@@ -13,7 +13,8 @@ they need ``--trust-checkpoint`` to be unpickled.
 DST: ``{'state_dict': ..., 'state_dict_ema': ...}`` (the same tensors under
 both names, stored once) with the official key names, loadable by the
 official ``main.py --eval_checkpoint DST`` (which reads ``state_dict_ema``)
-and by timm's ``load_checkpoint``. Written atomically.
+and by timm's ``load_checkpoint``, plus ``meta`` with mmsoft's SHA-256 of
+the tensors. Written atomically; DST must not be SRC.
 """
 import argparse
 import os.path as osp
@@ -24,7 +25,7 @@ sys.path.insert(0, osp.abspath(osp.join(osp.dirname(__file__), '..', '..')))
 from mmsoft.utils.official_keys import (  # noqa: E402
     ConversionError, convert_mmpretrain_to_official, describe_arch,
     extract_state_dict, load_checkpoint_file, official_model_name,
-    save_checkpoint_atomic)
+    save_checkpoint_atomic, check_output_path, positive_int)
 
 
 def parse_args(argv=None):
@@ -33,7 +34,7 @@ def parse_args(argv=None):
         'official fudan-zvg/SOFT layout.')
     p.add_argument('src', help='mmsoft / mmpretrain checkpoint')
     p.add_argument('dst', help='output official checkpoint (.pth)')
-    p.add_argument('--stage4-heads', type=int, default=None,
+    p.add_argument('--stage4-heads', type=positive_int, default=None,
                    help='heads of stage 4 (only used for the printed '
                    'architecture; default: stage 3\'s head width)')
     p.add_argument('--trust-checkpoint', action='store_true',
@@ -43,6 +44,7 @@ def parse_args(argv=None):
 
 
 def convert(args, log=print):
+    check_output_path(args.src, args.dst)
     ckpt = load_checkpoint_file(args.src, trust=args.trust_checkpoint)
     sd, source = extract_state_dict(ckpt, prefer_ema=False)
     log(f'reading {source!r} of {args.src} ({len(sd)} tensors)')

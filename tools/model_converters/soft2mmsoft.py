@@ -14,7 +14,10 @@ DST is an mmpretrain ``ImageClassifier`` checkpoint ``{'state_dict': ...,
 'meta': ...}`` with keys ``backbone.*`` (mmsoft's SOFT) and ``head.fc.*``
 (``LinearClsHead``), loadable e.g. with
 ``--cfg-options model.backbone.init_cfg.checkpoint=DST`` or ``load_from``.
-It is written atomically: on any error nothing is written.
+It is written atomically (on any error, SIGINT or SIGTERM nothing is
+written) with a SHA-256 of the tensors in ``meta``, verified whenever mmsoft
+or mmengine (after ``import mmsoft``) load it; DST must not be SRC. A damaged
+SRC (empty, truncated, CRC error) is reported as such.
 
 ``soft_*`` and ``soft_norm_*`` checkpoints have identical tensors, so the
 attention normalisation cannot be read from the weights: pass ``--norm`` for
@@ -30,7 +33,8 @@ sys.path.insert(0, osp.abspath(osp.join(osp.dirname(__file__), '..', '..')))
 from mmsoft.utils.official_keys import (  # noqa: E402
     ConversionError, arch_for_mmsoft, convert_official_to_mmpretrain,
     describe_arch, extract_state_dict, load_checkpoint_file,
-    match_arch_preset, official_model_name, save_checkpoint_atomic)
+    match_arch_preset, official_model_name, save_checkpoint_atomic,
+    check_output_path, positive_int)
 
 
 def parse_args(argv=None):
@@ -47,7 +51,7 @@ def parse_args(argv=None):
     p.add_argument('--norm', action='store_true',
                    help='the checkpoint is a soft_norm_* model '
                    '(attn_norm=True); not visible in the weights')
-    p.add_argument('--stage4-heads', type=int, default=None,
+    p.add_argument('--stage4-heads', type=positive_int, default=None,
                    help='heads of the softmax stage 4 (not visible in the '
                    'weights; default: keep stage 3\'s head width, 16 for '
                    'every official model)')
@@ -58,6 +62,7 @@ def parse_args(argv=None):
 
 
 def convert(args, log=print):
+    check_output_path(args.src, args.dst)
     ckpt = load_checkpoint_file(args.src, trust=args.trust_checkpoint)
     if args.ema is False:
         sd, source = extract_state_dict(ckpt, prefer_ema=False)

@@ -1,6 +1,10 @@
+"""Hooks of mmsoft (registered in MMEngine's root HOOKS registry)."""
+from .checkpoint_hook import SafeCheckpointHook, use_safe_checkpoint_hook
 from .nonfinite_hook import (NonFiniteLossError, NonFiniteLossHook,
                              add_nonfinite_hook)
 from .strict_load_hook import StrictLoadHook
 
-__all__ = ['NonFiniteLossHook', 'NonFiniteLossError', 'add_nonfinite_hook',
-           'StrictLoadHook']
+__all__ = [
+    'SafeCheckpointHook', 'use_safe_checkpoint_hook', 'NonFiniteLossHook',
+    'NonFiniteLossError', 'add_nonfinite_hook', 'StrictLoadHook'
+]

@@ -1,0 +1,324 @@
+# Copyright (c) mmsoft contributors.
+"""Run a SOFT detector, segmentor or classifier on an image or a folder.
+
+The codebase is read from the config's ``default_scope`` and the images go
+through its own inferencer - mmdet ``DetInferencer``, mmseg
+``MMSegInferencer`` or mmpretrain ``ImageClassificationInferencer`` - which
+also draws the visualisations::
+
+    python demo/image_demo.py INPUT CONFIG CHECKPOINT [--out-dir D]
+        [--device cpu] [--score-thr 0.3]
+
+    # after `make demo` (the demo's trained checkpoints):
+    python demo/image_demo.py data/demo/coco/val \\
+        configs/demo/retinanet_soft_demo.py work_dirs/demo/det/epoch_8.pth \\
+        --out-dir outputs/det
+
+INPUT is an image file or a folder (searched recursively for .jpg, .jpeg,
+.png, .bmp, .tif, .tiff, .webp). For every image ``<name>`` the script
+writes, each file atomically (temporary file + rename):
+
+* ``D/vis/<name>.<ext>`` - the codebase's visualisation (boxes / masks,
+  coloured label map, or the predicted class);
+* ``D/preds/<name>.json`` - the predictions: ``bboxes`` (x1, y1, x2, y2),
+  ``scores``, ``labels``, ``label_names`` (and ``masks`` as RLE) for
+  detection; ``labels``, ``label_names``, ``pixel_fractions`` and
+  ``sem_seg`` (the label-map PNG ``D/preds/<name>.png``) for segmentation;
+  ``pred_label``, ``pred_score``, ``pred_class``, ``pred_scores`` for
+  classification;
+
+``<name>`` is the image's path relative to a folder INPUT, without its
+extension. ``--score-thr`` is the detection score threshold for drawing
+(the json keeps every detection, as mmdet's inferencer does).
+"""
+import argparse
+import json
+import os
+import os.path as osp
+import shutil
+import sys
+import tempfile
+
+ROOT = osp.dirname(osp.dirname(osp.abspath(__file__)))
+if ROOT not in sys.path:
+    sys.path.insert(0, ROOT)  # noqa: E402  (run from a checkout)
+
+IMG_EXTENSIONS = ('.jpg', '.jpeg', '.png', '.bmp', '.tif', '.tiff', '.webp')
+TASKS = {
+    'mmdet': 'detection',
+    'mmseg': 'segmentation',
+    'mmpretrain': 'classification'
+}
+PROG = 'image_demo.py'
+
+
+class DemoError(Exception):
+    """A user error: printed as one line, exit code 2."""
+
+
+def parse_args(argv=None):
+    parser = argparse.ArgumentParser(
+        prog=PROG,
+        description='Run a SOFT detection / segmentation / classification '
+        'config + checkpoint on an image or a folder (through mmdet '
+        'DetInferencer, mmseg MMSegInferencer or mmpretrain '
+        'ImageClassificationInferencer) and write visualisations and '
+        'predictions (json)')
+    parser.add_argument('input', help='an image file or a folder of images')
+    parser.add_argument('config', help='the config file')
+    parser.add_argument('checkpoint', help='the checkpoint file')
+    parser.add_argument(
+        '--out-dir',
+        default='outputs',
+        help='output folder (default: outputs): vis/ and '
+        'preds/')
+    parser.add_argument(
+        '--device',
+        default=None,
+        help="e.g. 'cpu', 'cuda:0' (default: cuda:0 when "
+        'available, else cpu)')
+    parser.add_argument(
+        '--score-thr',
+        type=float,
+        default=0.3,
+        help='detection: draw boxes with at least this '
+        'score (default 0.3)')
+    return parser.parse_args(argv)
+
+
+def list_images(path):
+    """[(image path, output name)] of an image file or a folder."""
+    if osp.isfile(path):
+        return [(path, osp.splitext(osp.basename(path))[0])]
+    if not osp.isdir(path):
+        raise DemoError(f'input not found: {path}')
+    out = []
+    for dirpath, dirnames, filenames in os.walk(path):
+        dirnames.sort()
+        for fname in sorted(filenames):
+            if fname.lower().endswith(IMG_EXTENSIONS):
+                full = osp.join(dirpath, fname)
+                out.append((full, osp.splitext(osp.relpath(full, path))[0]))
+    if not out:
+        raise DemoError(f'no images ({", ".join(IMG_EXTENSIONS)}) in folder '
+                        f'{path}')
+    return out
+
+
+def check_inputs(args):
+    """One clear line for each kind of bad input, before loading a model."""
+    images = list_images(args.input)
+    if not osp.isfile(args.config):
+        raise DemoError(f'config file not found: {args.config}')
+    remote = args.checkpoint.startswith(('http://', 'https://'))
+    if not (remote or osp.isfile(args.checkpoint)):
+        raise DemoError(f'checkpoint file not found: {args.checkpoint}')
+    import cv2
+    for img, _ in images:
+        if cv2.imread(img) is None:
+            raise DemoError(f'cannot read image: {img}')
+    return images
+
+
+def _jsonable(x):
+    import numpy as np
+    if isinstance(x, dict):
+        return {k: _jsonable(v) for k, v in x.items()}
+    if isinstance(x, (list, tuple)):
+        return [_jsonable(v) for v in x]
+    if isinstance(x, np.ndarray):
+        return x.tolist()
+    if isinstance(x, np.generic):
+        return x.item()
+    if isinstance(x, bytes):
+        return x.decode()
+    return x
+
+
+def _atomic(path, write):
+    """``write(tmp)`` then rename to ``path`` (same directory)."""
+    os.makedirs(osp.dirname(path) or '.', exist_ok=True)
+    base, ext = osp.splitext(osp.basename(path))
+    fd, tmp = tempfile.mkstemp(
+        prefix=f'.{base}.', suffix=f'.tmp{ext}', dir=osp.dirname(path) or '.')
+    os.close(fd)
+    try:
+        write(tmp)
+        os.replace(tmp, path)
+    finally:
+        if osp.exists(tmp):
+            os.remove(tmp)
+
+
+def write_json(path, obj):
+
+    def write(tmp):
+        with open(tmp, 'w') as f:
+            json.dump(_jsonable(obj), f)
+
+    _atomic(path, write)
+
+
+def _move_vis(tmp_vis_dir, out_dir, name):
+    """The one visualisation file the inferencer wrote -> vis/<name>.ext."""
+    files = [
+        f for f in os.listdir(tmp_vis_dir)
+        if osp.isfile(osp.join(tmp_vis_dir, f))
+    ]
+    if len(files) != 1:
+        raise RuntimeError(f'expected one visualisation in {tmp_vis_dir}, '
+                           f'found {files}')
+    ext = osp.splitext(files[0])[1]
+    dst = osp.join(out_dir, 'vis', name + ext)
+    os.makedirs(osp.dirname(dst), exist_ok=True)
+    os.replace(osp.join(tmp_vis_dir, files[0]), dst)  # same file system
+    return dst
+
+
+class Predictor:
+    """The codebase's inferencer for one config + checkpoint."""
+
+    def __init__(self, cfg, checkpoint, device, score_thr):
+        from mmsoft.launch import codebase_of
+        self.scope = codebase_of(cfg)
+        self.task = TASKS[self.scope]
+        self.score_thr = score_thr
+        with self._scope():
+            self._build(cfg, checkpoint, device)
+
+    def _scope(self):
+        # the codebase's registries, whatever default scope an earlier
+        # inferencer in this process left behind
+        from mmengine.registry import DefaultScope
+        return DefaultScope.overwrite_default_scope(self.scope)
+
+    def _build(self, cfg, checkpoint, device):
+        if self.scope == 'mmdet':
+            from mmdet.apis import DetInferencer
+            self.inferencer = DetInferencer(
+                model=cfg, weights=checkpoint, device=device, scope='mmdet')
+        elif self.scope == 'mmseg':
+            from mmseg.apis import MMSegInferencer
+            self.inferencer = MMSegInferencer(
+                model=cfg, weights=checkpoint, device=device, scope='mmseg')
+        else:
+            from mmpretrain.apis import ImageClassificationInferencer
+            self.inferencer = ImageClassificationInferencer(
+                model=cfg, pretrained=checkpoint, device=device)
+
+    def classes(self):
+        meta = getattr(self.inferencer.model, 'dataset_meta', None) or \
+            getattr(self.inferencer.model, '_dataset_meta', None) or {}
+        return meta.get('classes')
+
+    def __call__(self, img, tmp):
+        """Predict one image; the visualisation goes to ``tmp/vis``.
+        Returns the prediction dict (json-able)."""
+        with self._scope():
+            return self._predict(img, tmp)
+
+    def _predict(self, img, tmp):
+        vis_dir = osp.join(tmp, 'vis')
+        if self.scope == 'mmdet':
+            res = self.inferencer(
+                img,
+                out_dir=tmp,
+                no_save_pred=True,
+                pred_score_thr=self.score_thr)
+            pred = dict(res['predictions'][0])
+            classes = self.classes()
+            if classes is not None:
+                pred['label_names'] = [classes[i] for i in pred['labels']]
+            return pred
+        if self.scope == 'mmseg':
+            import numpy as np
+            res = self.inferencer(
+                img, out_dir=tmp, img_out_dir='vis', pred_out_dir='pred')
+            sem = np.asarray(res['predictions'])
+            labels, counts = np.unique(sem, return_counts=True)
+            classes = self.classes()
+            pred = dict(
+                height=int(sem.shape[0]),
+                width=int(sem.shape[1]),
+                labels=labels.tolist(),
+                pixel_fractions=(counts / sem.size).tolist())
+            if classes is not None:
+                pred['label_names'] = [classes[i] for i in labels]
+            pred['_sem_seg'] = sem
+            return pred
+        os.makedirs(tmp, exist_ok=True)
+        res = self.inferencer(img, show_dir=vis_dir)[0]
+        return dict(res)
+
+
+def _save_label_map(path, sem):
+    import cv2
+    import numpy as np
+    dtype = np.uint8 if sem.max(initial=0) < 256 else np.uint16
+
+    def write(tmp):
+        if not cv2.imwrite(tmp, sem.astype(dtype)):
+            raise OSError(f'cannot write {path}')
+
+    _atomic(path, write)
+
+
+def run(args):
+    images = check_inputs(args)
+    from mmengine.config import Config
+
+    import mmsoft  # noqa: F401  (registers SOFT)
+    cfg = Config.fromfile(args.config)
+    try:
+        predictor = Predictor(cfg, args.checkpoint, args.device,
+                              args.score_thr)
+    except ValueError as e:  # e.g. no codebase for this default_scope
+        if 'default_scope' in str(e):
+            raise DemoError(str(e)) from e
+        raise
+    out_dir = args.out_dir
+    os.makedirs(out_dir, exist_ok=True)
+    tmp_root = tempfile.mkdtemp(prefix='.image_demo.', dir=out_dir)
+    written = []
+    try:
+        for img, name in images:
+            tmp = osp.join(tmp_root, 'work')
+            shutil.rmtree(tmp, ignore_errors=True)
+            pred = predictor(img, tmp)
+            vis = _move_vis(osp.join(tmp, 'vis'), out_dir, name)
+            record = dict(
+                img_path=osp.abspath(img),
+                task=predictor.task,
+                config=args.config,
+                checkpoint=args.checkpoint,
+                vis=osp.relpath(vis, out_dir))
+            sem = pred.pop('_sem_seg', None)
+            if sem is not None:
+                png = osp.join(out_dir, 'preds', name + '.png')
+                _save_label_map(png, sem)
+                record['sem_seg'] = osp.relpath(png, out_dir)
+            record.update(pred)
+            js = osp.join(out_dir, 'preds', name + '.json')
+            write_json(js, record)
+            written.append((img, vis, js))
+            print(f'{img} -> {vis}, {js}', flush=True)
+    finally:
+        shutil.rmtree(tmp_root, ignore_errors=True)
+    print(f'{predictor.task}: {len(written)} image(s); visualisations in '
+          f'{osp.join(out_dir, "vis")}, predictions in '
+          f'{osp.join(out_dir, "preds")}')
+    return written
+
+
+def main(argv=None):
+    args = parse_args(argv)
+    try:
+        run(args)
+    except DemoError as e:
+        print(f'{PROG}: error: {e}', file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == '__main__':
+    sys.exit(main())

@@ -1,0 +1,346 @@
+"""``SafeCheckpointHook``: mmengine's ``CheckpointHook`` whose checkpoints
+survive a kill, carry a checksum and resume bit-exactly.
+
+mmengine 0.10.7's ``CheckpointHook`` (with ``max_keep_ckpts``) deletes the
+oldest kept checkpoint *before* writing the new one, writes the new one in
+place, and ``Runner(resume=True)`` trusts ``work_dir/last_checkpoint``: a
+``kill -9`` during the write of ``epoch_2.pth`` with ``max_keep_ckpts=1``
+left a truncated ``epoch_2.pth``, no ``epoch_1.pth`` and a failing
+``--resume``. The RNG states were not saved, so a resumed run with random
+augmentation differed from an uninterrupted one.
+
+This hook (same arguments as ``CheckpointHook``, plus ``save_rng``):
+
+* writes every checkpoint (periodic and best) to a temporary file in the
+  same directory, ``fsync`` s it and renames it into place
+  (:mod:`mmsoft.utils.checkpoint_io`); outdated checkpoints are removed, and
+  ``last_checkpoint`` (itself replaced atomically) updated, only after the
+  new file is complete; temporaries left by a killed run are removed by the
+  next one;
+* stores a SHA-256 of the saved state under ``meta['mmsoft_checksum']``,
+  verified whenever mmengine loads the file after ``import mmsoft``;
+* stores each rank's RNG states (python ``random``, numpy, torch CPU and
+  CUDA) and the train sampler's seed under ``meta['mmsoft_rng']``, and
+  restores them on resume, after mmengine has replayed the dataloader of an
+  iteration-based loop; validation runs leave the training RNG streams
+  untouched, so kill + resume equals an uninterrupted run;
+* with ``resume=True`` (``tools/train.py --resume``), resumes from the
+  newest *complete* checkpoint of the work dir, skipping damaged newer ones
+  with a warning.
+
+Only local directories get the atomic treatment; other storage backends fall
+back to mmengine's behaviour.
+
+Data-loader workers need no saved state: mmengine's ``worker_init_fn``
+seeds them from (seed, rank, worker id) whenever they start, and an
+iteration-based loop replays its batches through them on resume. Bit-exact
+resume therefore holds with ``num_workers=0`` (the demo configs) or
+non-persistent workers; ``persistent_workers=True`` keeps worker RNG streams
+across epochs, which a resumed run restarts.
+"""
+import contextlib
+import logging
+import os
+import os.path as osp
+
+from mmengine.dist import (broadcast_object_list, get_rank, get_world_size,
+                           is_distributed, is_main_process)
+from mmengine.hooks import CheckpointHook
+from mmengine.registry import HOOKS
+
+from mmsoft.utils.checkpoint_io import (CheckpointError, add_checksum,
+                                        finalize_temp, find_newest_complete,
+                                        remove_stale_temps, temp_path_for,
+                                        write_text_atomic, _signals_raise)
+from mmsoft.utils.rng_state import get_rng_state, set_rng_state
+
+__all__ = ['SafeCheckpointHook', 'use_safe_checkpoint_hook']
+
+#: checkpoint hook types that :func:`use_safe_checkpoint_hook` replaces
+PLAIN_TYPES = ('CheckpointHook', 'mmengine.CheckpointHook')
+
+
+def _train_sampler(runner):
+    from mmengine.runner import BaseLoop
+    loop = getattr(runner, '_train_loop', None)
+    if not isinstance(loop, BaseLoop):  # not built: not training
+        return None
+    loader = loop.dataloader
+    for sampler in (getattr(loader, 'sampler', None),
+                    getattr(getattr(loader, 'batch_sampler', None), 'sampler',
+                            None)):
+        if sampler is not None and hasattr(sampler, 'seed'):
+            return sampler
+    return None
+
+
+class _DeferredRemoval:
+    """A file backend whose ``remove`` / ``rmtree`` are queued."""
+
+    def __init__(self, backend, queue):
+        self._backend, self._queue = backend, queue
+
+    def remove(self, path):
+        self._queue.append(('remove', path))
+
+    def rmtree(self, path):
+        self._queue.append(('rmtree', path))
+
+    def __getattr__(self, name):
+        return getattr(self._backend, name)
+
+
+class _RestoreAfter:
+    """Iterator proxy: after ``n`` ``next()`` calls (mmengine's replay of
+    the batches a resumed iteration-based loop has already trained on) run
+    ``callback`` and put the wrapped iterator back on ``loop``."""
+
+    def __init__(self, loop, n, callback):
+        self.loop, self.inner = loop, loop.dataloader_iterator
+        self.n, self.callback = n, callback
+
+    def __iter__(self):
+        return self
+
+    def __next__(self):
+        data = next(self.inner)
+        self.n -= 1
+        if self.n <= 0:
+            self.loop.dataloader_iterator = self.inner
+            self.callback()
+        return data
+
+
+@HOOKS.register_module()
+class SafeCheckpointHook(CheckpointHook):
+    """``CheckpointHook`` with atomic writes, checksums, RNG states and
+    resume from the newest complete checkpoint (see the module doc).
+
+    Args:
+        save_rng (bool): save the RNG states of every rank and restore them
+            on resume. Defaults to True.
+        **kwargs: the arguments of mmengine's ``CheckpointHook``.
+    """
+
+    def __init__(self, *args, save_rng: bool = True, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.save_rng = save_rng
+        self._atomic_depth = 0
+        self._pending_rng = None  # gathered states for the current save
+        self._val_rng = None  # states at the start of a validation run
+        self._loaded_meta = None  # meta of the checkpoint last loaded
+        self._warned_backend = False
+
+    # ------------------------------------------------------------- resume
+    def _checkpoint_dir(self, runner):
+        if self.out_dir is None or self.out_dir == runner.work_dir:
+            return runner.work_dir
+        return osp.join(self.out_dir, osp.basename(
+            runner.work_dir.rstrip(osp.sep)))
+
+    def before_run(self, runner) -> None:
+        """``resume=True`` without a path: pick the newest complete
+        checkpoint (mmengine would take ``last_checkpoint`` on trust)."""
+        if not getattr(runner, '_resume', False) or \
+                getattr(runner, '_load_from', None) is not None:
+            return
+        result = [None, None]
+        if is_main_process():
+            path, skipped = find_newest_complete(
+                runner.work_dir, self._checkpoint_dir(runner))
+            result = [path, [p for p, _ in skipped]]
+        if is_distributed():
+            broadcast_object_list(result)
+        path, skipped = result
+        if path is not None:
+            runner.logger.info(f'mmsoft: resuming from the newest complete '
+                               f'checkpoint {path}')
+            runner._load_from = path
+        elif skipped:
+            raise CheckpointError(
+                f'resume: no complete checkpoint in {runner.work_dir}; '
+                f'damaged: {skipped}. Remove them to train from scratch.')
+        else:
+            runner.logger.info('mmsoft: no checkpoint to resume from in '
+                               f'{runner.work_dir}; training from scratch')
+            runner._resume = False  # a stale last_checkpoint is not trusted
+
+    def after_load_checkpoint(self, runner, checkpoint) -> None:
+        meta = checkpoint.get('meta') if isinstance(checkpoint, dict) else {}
+        self._loaded_meta = meta if isinstance(meta, dict) else {}
+
+    def before_train(self, runner) -> None:
+        super().before_train(runner)
+        if is_main_process() and self._is_local():
+            for p in remove_stale_temps(self.out_dir):
+                runner.logger.warning(
+                    f'mmsoft: removed {p}, a partial checkpoint left by a '
+                    f'killed run')
+        if getattr(runner, '_resume', False) and self._loaded_meta:
+            self._restore_sampler_seed(runner)
+            self._schedule_rng_restore(runner)
+        self._loaded_meta = None
+
+    def _restore_sampler_seed(self, runner):
+        seed = self._loaded_meta.get('mmsoft_sampler_seed')
+        sampler = _train_sampler(runner)
+        if seed is None or sampler is None or sampler.seed == seed:
+            return
+        runner.logger.info(f'mmsoft: train sampler seed {sampler.seed} -> '
+                           f'{seed} (from the checkpoint)')
+        sampler.seed = seed
+        if hasattr(sampler, '_indices_of_rank'):  # InfiniteSampler
+            sampler.indices = sampler._indices_of_rank()
+        loop = runner.train_loop
+        if hasattr(loop, 'dataloader_iterator'):  # iterator built already
+            loop.dataloader_iterator = type(loop.dataloader_iterator)(
+                loop.dataloader)
+
+    def _schedule_rng_restore(self, runner):
+        info = self._loaded_meta.get('mmsoft_rng')
+        if not self.save_rng or not info:
+            return
+        states, world = info.get('states', []), get_world_size()
+        if info.get('world_size') != world or len(states) != world:
+            runner.logger.warning(
+                f'mmsoft: the checkpoint holds RNG states of '
+                f'{info.get("world_size")} process(es), this run has '
+                f'{world}: RNG states not restored')
+            return
+        state = states[get_rank()]
+
+        def restore():
+            set_rng_state(state)
+            runner.logger.info('mmsoft: RNG states restored from the '
+                               'checkpoint')
+
+        loop = runner.train_loop
+        if getattr(loop, 'iter', 0) > 0 and hasattr(loop,
+                                                    'dataloader_iterator'):
+            # IterBasedTrainLoop replays `iter` batches after before_train:
+            # restore once that replay is over
+            loop.dataloader_iterator = _RestoreAfter(loop, loop.iter, restore)
+        else:
+            restore()
+
+    # ------------------------------------------- validation is RNG-neutral
+    def before_val(self, runner) -> None:
+        if self.save_rng:
+            self._val_rng = get_rng_state()
+
+    def after_val(self, runner) -> None:
+        if self._val_rng is not None:
+            set_rng_state(self._val_rng)
+        self._val_rng = None
+
+    # --------------------------------------------------------------- save
+    def _is_local(self):
+        from mmengine.fileio import LocalBackend
+        backend = getattr(self, 'file_backend', None)
+        if isinstance(backend, _DeferredRemoval):
+            backend = backend._backend
+        return isinstance(backend, LocalBackend)
+
+    def _gather_rng(self):
+        """Every rank's RNG states (a collective call on all ranks)."""
+        state = self._val_rng if self._val_rng is not None \
+            else get_rng_state()
+        if not is_distributed():
+            return [state]
+        from mmengine.dist import all_gather_object
+        return all_gather_object(state)
+
+    def before_save_checkpoint(self, runner, checkpoint) -> None:
+        meta = checkpoint.setdefault('meta', {})
+        if self.save_rng:
+            states = self._pending_rng
+            if states is None:  # a save outside _save_checkpoint_with_step
+                states = [self._val_rng if self._val_rng is not None
+                          else get_rng_state()]
+            meta['mmsoft_rng'] = dict(world_size=len(states), states=states)
+        sampler = _train_sampler(runner)
+        if sampler is not None:
+            meta['mmsoft_sampler_seed'] = sampler.seed
+        add_checksum(checkpoint)
+
+    def _save_checkpoint_with_step(self, runner, step, meta):
+        self._pending_rng = self._gather_rng() if self.save_rng else None
+        try:
+            with self._atomic(runner):
+                super()._save_checkpoint_with_step(runner, step, meta)
+                if is_main_process() and self._is_local():
+                    write_text_atomic(osp.join(runner.work_dir,
+                                               'last_checkpoint'),
+                                      self.last_ckpt)
+        finally:
+            self._pending_rng = None
+
+    def _save_best_checkpoint(self, runner, metrics) -> None:
+        with self._atomic(runner):
+            super()._save_best_checkpoint(runner, metrics)
+
+    @contextlib.contextmanager
+    def _atomic(self, runner):
+        """Inside: ``runner.save_checkpoint`` writes atomically and removals
+        of old checkpoints wait until the block has finished."""
+        if self._atomic_depth or not self._is_local():
+            if not self._atomic_depth and not self._warned_backend:
+                self._warned_backend = True
+                runner.logger.warning(
+                    'mmsoft: checkpoints go to a non-local storage backend; '
+                    'they are written by mmengine (not atomically)')
+            yield
+            return
+        backend, removals, written = self.file_backend, [], set()
+        cls_save = type(runner).save_checkpoint
+
+        def save_checkpoint(out_dir, filename, *args, **kwargs):
+            if not is_main_process():  # Runner.save_checkpoint: master only
+                return cls_save(runner, out_dir, filename, *args, **kwargs)
+            final = osp.abspath(backend.join_path(out_dir, filename))
+            os.makedirs(osp.dirname(final), exist_ok=True)
+            tmp = temp_path_for(final)
+            with _signals_raise():
+                try:
+                    cls_save(runner, osp.dirname(tmp), osp.basename(tmp),
+                             *args, **kwargs)
+                    finalize_temp(tmp, final)
+                except BaseException:
+                    with contextlib.suppress(OSError):
+                        os.unlink(tmp)
+                    raise
+            written.add(final)
+
+        self._atomic_depth += 1
+        self.file_backend = _DeferredRemoval(backend, removals)
+        runner.save_checkpoint = save_checkpoint
+        try:
+            yield
+        finally:
+            self._atomic_depth -= 1
+            self.file_backend = backend
+            runner.__dict__.pop('save_checkpoint', None)
+        # the new files are complete: now drop the outdated ones
+        for kind, path in removals:
+            if osp.abspath(path) in written:
+                continue
+            try:
+                if kind == 'remove' and backend.isfile(path):
+                    backend.remove(path)
+                elif kind == 'rmtree' and backend.isdir(path):
+                    backend.rmtree(path)
+            except OSError as e:
+                runner.logger.warning(f'mmsoft: could not remove {path}: {e}')
+
+
+def use_safe_checkpoint_hook(cfg) -> bool:
+    """Make a config's plain ``CheckpointHook`` a :class:`SafeCheckpointHook`
+    (in place; what ``tools/train.py`` does). Returns True if changed."""
+    hooks = cfg.get('default_hooks', None)
+    hook = hooks.get('checkpoint', None) if hooks is not None else None
+    if hook is None or not hasattr(hook, 'get') or \
+            hook.get('type') not in PLAIN_TYPES + (CheckpointHook, ):
+        return False
+    hook['type'] = 'SafeCheckpointHook'
+    logging.getLogger(__name__).debug('CheckpointHook -> SafeCheckpointHook')
+    return True

@@ -1,0 +1,453 @@
+"""Checkpoint files that survive a kill and cannot be silently corrupt.
+
+Used by mmsoft's :class:`~mmsoft.engine.hooks.SafeCheckpointHook` (training
+checkpoints), the converters in ``tools/model_converters`` and, through
+:func:`install_loader`, by every local checkpoint that mmengine loads after
+``import mmsoft`` (``Runner(resume=...)``, ``load_from``, ``tools/test.py``,
+``init_cfg=dict(type='Pretrained', ...)``):
+
+* :func:`save_atomic` - ``torch.save`` to a temporary file in the target
+  directory, ``fsync``, ``os.replace``, ``fsync`` of the directory: the
+  target is either the complete new file or untouched. The temporary file is
+  removed on any exception and on SIGTERM / SIGINT; its name
+  (``.<name>.<pid>.<random>.mmsoft-tmp``) lets :func:`remove_stale_temps`
+  delete what a SIGKILL left behind.
+* :func:`add_checksum` / :func:`verify_checksum` - a SHA-256 of each saved
+  entry (``state_dict``, ``optimizer``, ...: every tensor, array and plain
+  value with its key path, in key order; ``meta`` and mmengine's
+  ``message_hub`` are not covered), stored under
+  ``checkpoint['meta']['mmsoft_checksum']``.
+* :func:`describe_damage` - why a file cannot be a complete checkpoint
+  (empty, truncated, CRC error in a record), or None.
+* :func:`find_newest_complete` - the newest ``epoch_N.pth`` / ``iter_N.pth``
+  of a work dir that loads and passes its checksum; damaged newer ones are
+  skipped with a warning.
+"""
+import hashlib
+import logging
+import os
+import os.path as osp
+import pickle
+import re
+import signal
+import threading
+import zipfile
+from collections.abc import Mapping
+from contextlib import contextmanager
+from typing import Iterable, List, Optional, Tuple
+
+import numpy as np
+import torch
+
+__all__ = [
+    'CheckpointError', 'save_atomic', 'add_checksum', 'verify_checksum',
+    'state_checksum', 'describe_damage', 'load_verified',
+    'find_newest_complete', 'remove_stale_temps', 'checkpoint_candidates',
+    'install_loader', 'refused_globals', 'check_complete', 'temp_path_for',
+    'write_text_atomic', 'TMP_SUFFIX', 'CHECKSUM_KEY'
+]
+
+#: suffix of the temporary files written by :func:`save_atomic`
+TMP_SUFFIX = '.mmsoft-tmp'
+#: where the checksum lives: ``checkpoint['meta'][CHECKSUM_KEY]``
+CHECKSUM_KEY = 'mmsoft_checksum'
+#: top-level entries that the checksum does not cover
+UNCOVERED = ('meta', 'message_hub')
+
+_TMP_RE = re.compile(r'^\.(?P<name>.+)\.(?P<pid>\d+)\.[0-9a-f]{8}' +
+                     re.escape(TMP_SUFFIX) + '$')
+_CKPT_RE = re.compile(r'^(?:epoch|iter)_(\d+)\.pth$')
+
+
+class CheckpointError(RuntimeError):
+    """A checkpoint file is damaged or fails its checksum."""
+
+
+def _log(msg, level=logging.INFO):
+    from mmengine.logging import print_log
+    print_log(msg, logger='current', level=level)
+
+
+# ------------------------------------------------------------------ checksum
+def _update(h, path: str, value) -> None:
+    """Feed one leaf (tensor, array, plain value or container) to ``h``."""
+    if isinstance(value, torch.Tensor):
+        t = value.detach()
+        if t.layout != torch.strided:
+            t = t.to_dense()
+        t = t.cpu().contiguous().reshape(-1)
+        h.update(f'{path}:tensor:{t.dtype}:{tuple(value.shape)}:'.encode())
+        if t.numel():
+            h.update(t.view(torch.uint8).numpy().data)
+    elif isinstance(value, np.ndarray) and value.dtype != object:
+        a = np.ascontiguousarray(value)
+        h.update(f'{path}:ndarray:{a.dtype.str}:{a.shape}:'.encode())
+        h.update(a.view(np.uint8).data if a.size else b'')
+    elif isinstance(value, Mapping):
+        h.update(f'{path}:dict:{len(value)}:'.encode())
+        for k, v in value.items():
+            _update(h, f'{path}/{k!r}', v)
+    elif isinstance(value, (list, tuple)):
+        h.update(f'{path}:{type(value).__name__}:{len(value)}:'.encode())
+        for i, v in enumerate(value):
+            _update(h, f'{path}/{i}', v)
+    elif value is None or isinstance(
+            value, (bool, int, float, complex, str, bytes, np.generic)):
+        h.update(f'{path}:{type(value).__name__}:{value!r}:'.encode())
+    else:  # other objects: only their type (their repr may hold addresses)
+        h.update(f'{path}:{type(value).__qualname__}:'.encode())
+
+
+def state_checksum(value) -> str:
+    """SHA-256 (hex) of one checkpoint entry: its tensors, arrays and plain
+    values with their key paths, in key order."""
+    h = hashlib.sha256()
+    _update(h, '', value)
+    return h.hexdigest()
+
+
+def add_checksum(checkpoint: dict) -> dict:
+    """Store a checksum of each entry of ``checkpoint`` (but ``meta`` and
+    ``message_hub``) in ``checkpoint['meta']['mmsoft_checksum']`` (in
+    place). Per-entry digests keep a subset of the entries (e.g. mmengine's
+    ``published_keys``) verifiable."""
+    if checkpoint.get('meta') is None:
+        checkpoint['meta'] = {}
+    checkpoint['meta'][CHECKSUM_KEY] = dict(
+        algorithm='sha256',
+        digests={k: state_checksum(v) for k, v in checkpoint.items()
+                 if k not in UNCOVERED})
+    return checkpoint
+
+
+def verify_checksum(checkpoint, filename: str = '<checkpoint>') -> bool:
+    """Check the checksums stored by :func:`add_checksum`.
+
+    Returns True when they match, False when there are none (files not
+    written by mmsoft); raises :class:`CheckpointError` naming the file and
+    the entries on a mismatch. Entries absent from the file are skipped.
+    """
+    if not isinstance(checkpoint, Mapping):
+        return False
+    meta = checkpoint.get('meta')
+    if not isinstance(meta, Mapping) or CHECKSUM_KEY not in meta:
+        return False
+    info = meta[CHECKSUM_KEY]
+    if not isinstance(info, Mapping) or info.get('algorithm') != 'sha256' \
+            or not isinstance(info.get('digests'), Mapping):
+        raise CheckpointError(
+            f'checkpoint {filename}: unreadable checksum record {info!r}')
+    bad = [k for k, d in info['digests'].items()
+           if k in checkpoint and state_checksum(checkpoint[k]) != d]
+    if bad:
+        raise CheckpointError(
+            f'checkpoint {filename} is corrupt: the SHA-256 of its saved '
+            f'{", ".join(map(str, bad))} does not match the one recorded at '
+            f'save time; do not use it (resume from an earlier checkpoint, '
+            f'or convert / copy it again)')
+    return True
+
+
+# ----------------------------------------------------------------- damage
+def describe_damage(path: str) -> Optional[str]:
+    """Why ``path`` cannot be a complete torch checkpoint, or None.
+
+    Detects an empty file, a truncated zip archive (no central directory)
+    and records whose CRC-32 does not match (flipped bytes anywhere in a
+    record). Reads the whole file.
+    """
+    try:
+        size = os.path.getsize(path)
+    except OSError as e:
+        return f'cannot be read ({e.strerror})'
+    if size == 0:
+        return 'is empty (0 bytes)'
+    with open(path, 'rb') as f:
+        head = f.read(4)
+    if head[:2] != b'PK':  # not torch's zip format: legacy pickle or junk
+        if head[:1] == b'\x80':  # a pickle (legacy torch.save format)
+            return None
+        return f'is not a torch checkpoint (starts with {head!r})'
+    try:
+        with zipfile.ZipFile(path) as z:
+            bad = z.testzip()
+    except (zipfile.BadZipFile, OSError, EOFError, ValueError) as e:
+        return f'is truncated or corrupt ({size} bytes; {e})'
+    except Exception as e:  # noqa: BLE001 - zlib errors and friends
+        return f'is corrupt ({type(e).__name__}: {e})'
+    if bad is not None:
+        return f'is corrupt (CRC error in record {bad!r})'
+    return None
+
+
+def refused_globals(path: str) -> List[str]:
+    """Globals in ``path`` that the weights-only unpickler refuses."""
+    try:
+        return list(torch.serialization.get_unsafe_globals_in_checkpoint(
+            path))
+    except Exception:  # noqa: BLE001 - e.g. a legacy (non-zip) file
+        return []
+
+
+def load_verified(path: str, map_location='cpu', weights_only=None,
+                  verify: bool = True, **kwargs):
+    """``torch.load`` with clear errors: a damaged file raises
+    :class:`CheckpointError` saying so (never suggesting to unpickle it with
+    ``weights_only=False``), and the stored checksum (if any) is verified."""
+    if weights_only is not None:
+        kwargs['weights_only'] = weights_only
+    try:
+        ckpt = torch.load(path, map_location=map_location, **kwargs)
+    except Exception as e:
+        damage = describe_damage(path)
+        if damage is not None:
+            raise CheckpointError(
+                f'checkpoint {path} {damage}; it was not loaded (use an '
+                f'earlier or a fresh copy)') from None
+        if isinstance(e, pickle.UnpicklingError):
+            refused = refused_globals(path)
+            if refused:
+                raise pickle.UnpicklingError(
+                    f'{path}: weights-only loading refused the pickled '
+                    f'global(s) {refused}. {e}') from None
+        raise
+    if verify:
+        verify_checksum(ckpt, path)
+    return ckpt
+
+
+def load_from_local(filename, map_location):
+    """mmengine's local checkpoint loader, plus the damage / checksum
+    checks of :func:`load_verified` (registered by :func:`install_loader`).
+    """
+    filename = osp.expanduser(filename)
+    if not osp.isfile(filename):
+        raise FileNotFoundError(f'{filename} can not be found.')
+    return load_verified(filename, map_location=map_location)
+
+
+def install_loader() -> bool:
+    """Register :func:`load_from_local` as mmengine's loader of local paths
+    (``CheckpointLoader``'s empty prefix); idempotent."""
+    from mmengine.runner.checkpoint import CheckpointLoader
+    if CheckpointLoader._schemes.get('') is load_from_local:
+        return True
+    CheckpointLoader.register_scheme(prefixes='', loader=load_from_local,
+                                     force=True)
+    return True
+
+
+# ------------------------------------------------------------- atomic save
+@contextmanager
+def _signals_raise():
+    """SIGTERM raises SystemExit inside (SIGINT already raises
+    KeyboardInterrupt), so that ``finally`` clauses run; main thread only."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def handler(signum, frame):
+        raise SystemExit(128 + signum)
+
+    try:
+        old = signal.signal(signal.SIGTERM, handler)
+    except (ValueError, OSError):  # pragma: no cover - unusual embeddings
+        yield
+        return
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, old)
+
+
+def temp_path_for(path: str) -> str:
+    """A fresh temporary name next to ``path`` (see :data:`TMP_SUFFIX`)."""
+    d, name = osp.split(osp.abspath(path))
+    return osp.join(d, f'.{name}.{os.getpid()}.{os.urandom(4).hex()}'
+                    f'{TMP_SUFFIX}')
+
+
+def fsync_dir(d: str) -> None:
+    try:
+        fd = os.open(d, os.O_RDONLY)
+    except OSError:  # pragma: no cover - e.g. Windows
+        return
+    try:
+        os.fsync(fd)
+    except OSError:  # pragma: no cover
+        pass
+    finally:
+        os.close(fd)
+
+
+def _chmod_default(path: str) -> None:
+    umask = os.umask(0)
+    os.umask(umask)
+    os.chmod(path, 0o666 & ~umask)
+
+
+def finalize_temp(tmp: str, path: str) -> None:
+    """fsync ``tmp``, then atomically rename it to ``path``."""
+    with open(tmp, 'rb+') as f:
+        os.fsync(f.fileno())
+    _chmod_default(tmp)
+    os.replace(tmp, path)
+    fsync_dir(osp.dirname(osp.abspath(path)))
+
+
+def save_atomic(obj, path: str, writer=None) -> None:
+    """Write ``obj`` to ``path`` atomically (see the module doc).
+
+    ``writer(obj, file)`` defaults to ``torch.save``. On any error - an
+    unwritable directory, a full disk, SIGINT / SIGTERM - the temporary file
+    is removed, ``path`` is untouched and the exception propagates.
+    """
+    path = osp.abspath(path)
+    tmp = temp_path_for(path)
+    writer = writer or torch.save
+    with _signals_raise():
+        try:
+            with open(tmp, 'xb') as f:
+                writer(obj, f)
+                f.flush()
+                os.fsync(f.fileno())
+            _chmod_default(tmp)
+            os.replace(tmp, path)
+        except BaseException:
+            try:
+                os.unlink(tmp)
+            except OSError:
+                pass
+            raise
+    fsync_dir(osp.dirname(path))
+
+
+def write_text_atomic(path: str, text: str) -> None:
+    """Atomically replace a small text file (e.g. ``last_checkpoint``)."""
+    def writer(obj, f):
+        f.write(obj.encode())
+    save_atomic(text, path, writer=writer)
+
+
+def _pid_alive(pid: int) -> bool:
+    if pid == os.getpid():
+        return True
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except (PermissionError, OSError):
+        return True
+    return True
+
+
+def remove_stale_temps(directory: str, name: Optional[str] = None
+                       ) -> List[str]:
+    """Delete temporary files of :func:`save_atomic` in ``directory`` whose
+    writer process no longer runs (left by a SIGKILL); returns their paths.
+    With ``name``, only the temporaries of that target file."""
+    removed = []
+    try:
+        entries = os.listdir(directory)
+    except OSError:
+        return removed
+    for entry in entries:
+        m = _TMP_RE.match(entry)
+        if not m or (name is not None and m.group('name') != name):
+            continue
+        if _pid_alive(int(m.group('pid'))):
+            continue
+        p = osp.join(directory, entry)
+        try:
+            os.unlink(p)
+            removed.append(p)
+        except OSError:
+            pass
+    return removed
+
+
+# ----------------------------------------------------- newest complete one
+def checkpoint_candidates(dirs: Iterable[str],
+                          extra: Iterable[str] = ()) -> List[str]:
+    """``epoch_N.pth`` / ``iter_N.pth`` files of ``dirs`` plus ``extra``
+    paths, newest first (by N, then by modification time)."""
+    found = {}
+    for d in dirs:
+        try:
+            entries = os.listdir(d)
+        except OSError:
+            continue
+        for entry in entries:
+            m = _CKPT_RE.match(entry)
+            if m:
+                p = osp.abspath(osp.join(d, entry))
+                found[p] = int(m.group(1))
+    for p in extra:
+        if p and osp.isfile(p):
+            p = osp.abspath(p)
+            m = _CKPT_RE.match(osp.basename(p))
+            found.setdefault(p, int(m.group(1)) if m else -1)
+
+    def key(p):
+        try:
+            mtime = os.path.getmtime(p)
+        except OSError:
+            mtime = 0.
+        return (found[p], mtime)
+
+    return sorted(found, key=key, reverse=True)
+
+
+def check_complete(path: str) -> Optional[str]:
+    """None if ``path`` loads and passes its checksum, else the reason."""
+    damage = describe_damage(path)
+    if damage is not None:
+        return damage
+    try:
+        ckpt = torch.load(path, map_location='cpu', weights_only=True)
+        verify_checksum(ckpt, path)
+    except CheckpointError as e:
+        return str(e)
+    except Exception as e:  # noqa: BLE001
+        return f'cannot be loaded ({type(e).__name__}: ' \
+               f'{str(e).splitlines()[0] if str(e) else ""})'
+    if not isinstance(ckpt, Mapping) or 'meta' not in ckpt:
+        return 'is not a training checkpoint (no meta)'
+    return None
+
+
+def find_newest_complete(work_dir: str, out_dir: Optional[str] = None
+                         ) -> Tuple[Optional[str], List[Tuple[str, str]]]:
+    """The newest complete training checkpoint of a run.
+
+    Looks at the file named by ``<work_dir>/last_checkpoint`` and at every
+    ``epoch_N.pth`` / ``iter_N.pth`` in ``work_dir``, ``out_dir`` and the
+    directory of that file. Returns ``(path or None, skipped)`` where
+    ``skipped`` lists ``(path, reason)`` of newer, damaged checkpoints; each
+    is also logged as a warning.
+    """
+    dirs = [work_dir] + ([out_dir] if out_dir else [])
+    last = None
+    pointer = osp.join(work_dir, 'last_checkpoint')
+    if osp.isfile(pointer):
+        try:
+            with open(pointer) as f:
+                last = f.read().strip() or None
+        except OSError:
+            last = None
+    if last:
+        dirs.append(osp.dirname(osp.abspath(last)))
+    skipped = []
+    for p in checkpoint_candidates(dict.fromkeys(dirs), [last] if last
+                                   else []):
+        reason = check_complete(p)
+        if reason is None:
+            return p, skipped
+        skipped.append((p, reason))
+        _log(f'mmsoft: skipping checkpoint {p}: it {reason}'
+             if not reason.startswith('checkpoint ') else
+             f'mmsoft: skipping {reason}', logging.WARNING)
+    if last and not osp.isfile(last):
+        _log(f'mmsoft: last_checkpoint names {last}, which does not exist',
+             logging.WARNING)
+    return None, skipped

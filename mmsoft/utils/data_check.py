@@ -1,0 +1,304 @@
+"""Check that the data a config needs is on disk, before a run starts.
+
+``tools/train.py`` (train + val data) and ``tools/test.py`` (test data) call
+:func:`exit_if_missing` before the Runner is built, and
+``tools/dist_train.sh`` / ``tools/dist_test.sh`` run the same check once
+(``python -m mmsoft.utils.data_check {train,test} CONFIG [args]``) before
+starting the worker processes. A missing data set then gives one short
+message on stderr - the missing path, the layout the config expects and how
+to point the config elsewhere - and exit code 1, instead of a
+``FileNotFoundError`` buried in the logs of every rank.
+
+For every dataset of the relevant dataloaders (wrappers such as
+``RepeatDataset`` / ``ClassBalancedDataset`` (``dataset``) and
+``ConcatDataset`` (``datasets``) are looked through) the check needs, as
+the datasets themselves resolve them (``BaseDataset``: relative
+``ann_file`` / ``data_prefix`` entries are joined to ``data_root``):
+
+* ``data_root`` (a directory), when set;
+* ``ann_file`` (mmdet COCO json, mmpretrain file list, ...), when set;
+* every ``data_prefix`` entry (image / label directories); mmpretrain's
+  ``ImageNet`` with ``split='train'`` reads ``<data_root>/train``;
+* the ``ann_file`` of the matching evaluator (mmdet's ``CocoMetric`` reads
+  the val annotations itself).
+
+Remote storage (a ``backend_args`` backend other than ``local``, or a path
+with a ``scheme://``) is not checked. Only the standard library is imported
+here (the command line entry also imports mmengine's ``Config``).
+"""
+import os
+import os.path as osp
+import sys
+
+__all__ = ['required_paths', 'missing_data_message', 'exit_if_missing', 'main']
+
+#: dataset type -> (name, placeholder directory, layout note)
+KNOWN_LAYOUTS = {
+    'CocoDataset': ('COCO 2017', 'coco', ''),
+    'ADE20KDataset':
+    ('ADE20K (ADEChallengeData2016)', 'ADEChallengeData2016', ''),
+    'ImageNet': ('ImageNet', 'imagenet',
+                 'train/ and val/ hold one folder per class, or list the '
+                 'images in meta/{train,val}.txt'),
+}
+
+_MODES = {
+    # mode -> [(dataloader key, evaluator key, what it is for)]
+    'train': [('train_dataloader', None, 'training'),
+              ('val_dataloader', 'val_evaluator', 'validation')],
+    'val': [('val_dataloader', 'val_evaluator', 'validation')],
+    'test': [('test_dataloader', 'test_evaluator', 'testing')],
+}
+
+
+def _get(node, key, default=None):
+    try:
+        return node.get(key, default)
+    except AttributeError:
+        return default
+
+
+def _is_remote(path, backend_args):
+    if '://' in str(path):
+        return True
+    backend = _get(backend_args, 'backend')
+    return backend not in (None, 'local')
+
+
+def _type_name(ds):
+    return str(_get(ds, 'type', '')).split('.')[-1]
+
+
+def _leaf_datasets(ds, key):
+    """(key, dataset cfg) of the datasets that read files, looking through
+    dataset wrappers."""
+    if not hasattr(ds, 'get'):
+        return []
+    if _get(ds, 'dataset') is not None:  # RepeatDataset, ClassBalanced, ...
+        return _leaf_datasets(ds['dataset'], key + '.dataset')
+    if isinstance(_get(ds, 'datasets'), (list, tuple)):  # ConcatDataset
+        out = []
+        for i, sub in enumerate(ds['datasets']):
+            out += _leaf_datasets(sub, f'{key}.datasets.{i}')
+        return out
+    return [(key, ds)]
+
+
+def _join(root, path):
+    if not root or osp.isabs(path):
+        return path
+    return osp.join(root, path)
+
+
+def _dataset_needs(key, ds):
+    """[(path, config key)] a dataset needs; the data_root comes first."""
+    if _is_remote(_get(ds, 'data_root', ''), _get(ds, 'backend_args')):
+        return []
+    root = _get(ds, 'data_root') or ''
+    needs = []
+    if root:
+        needs.append((root, key + '.data_root'))
+    ann = _get(ds, 'ann_file') or ''
+    if isinstance(ann, str) and ann:
+        needs.append((_join(root, ann), key + '.ann_file'))
+    prefix = _get(ds, 'data_prefix')
+    if not prefix and _get(ds, 'split') and \
+            _type_name(ds).startswith('ImageNet'):
+        prefix = ds['split']  # mmpretrain ImageNet: data_prefix = split
+    if isinstance(prefix, str):
+        prefix = {'img_path': prefix} if prefix else {}
+    if hasattr(prefix, 'items'):
+        for name, sub in prefix.items():
+            if isinstance(sub, str) and sub and '://' not in sub:
+                needs.append((_join(root, sub), f'{key}.data_prefix.{name}'))
+    return needs
+
+
+def _evaluator_needs(cfg, key):
+    ev = _get(cfg, key)
+    items = [(key, ev)] if hasattr(ev, 'get') else \
+        [(f'{key}.{i}', e) for i, e in enumerate(ev or [])
+         if hasattr(e, 'get')]
+    needs = []
+    for k, e in items:
+        ann = _get(e, 'ann_file')
+        if isinstance(ann, str) and ann and \
+                not _is_remote(ann, _get(e, 'backend_args')):
+            needs.append((ann, k + '.ann_file'))
+    return needs
+
+
+def _loaders(cfg, mode):
+    if mode not in _MODES:
+        raise ValueError(f'mode must be one of {sorted(_MODES)}, got '
+                         f'{mode!r}')
+    out = []
+    for loader, evaluator, purpose in _MODES[mode]:
+        if not _get(cfg, loader):
+            continue
+        if loader == 'val_dataloader' and mode == 'train' and (_get(
+                cfg, 'val_cfg') is None or _get(cfg, 'val_evaluator') is None):
+            continue  # the Runner builds no validation loop
+        out.append((loader, evaluator, purpose))
+    return out
+
+
+def required_paths(cfg, mode):
+    """The paths ``mode`` ('train' = train + val, 'val' or 'test') of a
+    config reads, as ``[(path, config key, purpose, dataset cfg)]``;
+    ``dataset cfg`` is None for an evaluator's ``ann_file``."""
+    out = []
+    for loader, evaluator, purpose in _loaders(cfg, mode):
+        ds_cfg = _get(cfg[loader], 'dataset')
+        for key, ds in _leaf_datasets(ds_cfg, loader + '.dataset'):
+            out += [(p, k, purpose, ds) for p, k in _dataset_needs(key, ds)]
+        if evaluator:
+            out += [(p, k, purpose, None)
+                    for p, k in _evaluator_needs(cfg, evaluator)]
+    return out
+
+
+def _rel(path, root):
+    rel = osp.relpath(path, root) if root else path
+    return rel + ('/' if osp.isdir(path) or not osp.splitext(path)[1] else '')
+
+
+def _layout(needs):
+    """'<data_root>/{a, b/}' for each data_root the config reads."""
+    groups = {}
+    for path, key, _, ds in needs:
+        if ds is None or key.endswith('.data_root'):
+            continue
+        root = _get(ds, 'data_root') or ''
+        rel = _rel(path, root.rstrip('/'))
+        items = groups.setdefault(root.rstrip('/'), [])
+        if rel not in items:
+            items.append(rel)
+    parts = []
+    for root, items in groups.items():
+        if root:
+            parts.append(f'{root}/{{{", ".join(items)}}}')
+        else:
+            parts += items
+    return '; '.join(parts)
+
+
+def missing_data_message(cfg, mode):
+    """None when every path ``mode`` needs exists, else a short message:
+    the first missing path, the expected layout and the overrides."""
+    needs = required_paths(cfg, mode)
+    missing = [n for n in needs if not osp.exists(n[0])]
+    if not missing:
+        return None
+    path, key, purpose, _ = missing[0]
+    where = '' if osp.isabs(path) else \
+        f' (relative to the current directory {os.getcwd()})'
+    lines = [
+        f'mmsoft: data for {purpose} not found: {path}{where} '
+        f'[{key}]'
+    ]
+
+    # the datasets whose data_root the user should set
+    leaves = []
+    for loader, _, _ in _loaders(cfg, mode):
+        leaves += _leaf_datasets(
+            _get(cfg[loader], 'dataset'), loader + '.dataset')
+    known = [
+        KNOWN_LAYOUTS[_type_name(ds)] for _, ds in leaves
+        if _type_name(ds) in KNOWN_LAYOUTS
+    ]
+    name, placeholder, note = known[0] if known else \
+        ('this config\'s', 'your_data', '')
+    layout = _layout(needs)
+    if layout:
+        lines.append(f'  expected {name} layout: {layout}' +
+                     (f' ({note})' if note else ''))
+
+    overrides, links = [], []
+    roots = []
+    for key, ds in leaves:
+        root = _get(ds, 'data_root') or ''
+        if not root or _is_remote(root, _get(ds, 'backend_args')):
+            continue
+        new = f'/path/to/{osp.basename(root.rstrip("/")) or placeholder}' \
+            + ('/' if root.endswith('/') else '')
+        overrides.append(f'{key}.data_root={new}')
+        if root not in roots:
+            roots.append(root)
+            target = root.rstrip('/')
+            parent = osp.dirname(target)
+            links.append((f'mkdir -p {parent} && ' if parent else '') +
+                         f'ln -s /path/to/{osp.basename(target)} {target}')
+    for loader, evaluator, _ in _loaders(cfg, mode):
+        for ann, key in (_evaluator_needs(cfg, evaluator)
+                         if evaluator else []):
+            for root in roots:
+                if ann.startswith(root):
+                    base = osp.basename(root.rstrip('/'))
+                    rest = ann[len(root):].lstrip('/')
+                    overrides.append(f'{key}=/path/to/{base}/{rest}')
+                    break
+    if links:
+        lines.append('  link your copy there: ' + ' ; '.join(links))
+    if overrides:
+        lines.append('  or point the config at it: --cfg-options ' +
+                     ' '.join(dict.fromkeys(overrides)))
+    lines.append('  (see "Data preparation" in README.md)')
+    return '\n'.join(lines)
+
+
+def _rank(launcher):
+    env = {
+        'pytorch': 'RANK',
+        'slurm': 'SLURM_PROCID',
+        'mpi': 'OMPI_COMM_WORLD_RANK'
+    }.get(launcher)
+    try:
+        return int(os.environ.get(env, 0)) if env else 0
+    except ValueError:
+        return 0
+
+
+def exit_if_missing(cfg, mode, launcher='none'):
+    """Exit with code 1 and :func:`missing_data_message` when data is
+    missing. In a distributed run every rank exits, only rank 0 prints.
+    ``MMSOFT_SKIP_DATA_CHECK=1`` skips the check."""
+    if os.environ.get('MMSOFT_SKIP_DATA_CHECK', '0') not in ('', '0'):
+        return
+    msg = missing_data_message(cfg, mode)
+    if msg is None:
+        return
+    if _rank(launcher) == 0:
+        print(msg, file=sys.stderr, flush=True)
+    raise SystemExit(1)
+
+
+def main(argv=None):
+    """``python -m mmsoft.utils.data_check {train,val,test} CONFIG
+    [--cfg-options k=v ...] [other tool arguments, ignored]``: exit code 0
+    when the data is there, else the message and 1."""
+    import argparse
+
+    from mmengine.config import Config, DictAction
+    parser = argparse.ArgumentParser(
+        description='check that the data a config needs exists',
+        add_help=False)  # the tools' own --help goes through
+    parser.add_argument('mode', choices=sorted(_MODES))
+    parser.add_argument('config')
+    parser.add_argument('--cfg-options', nargs='+', action=DictAction)
+    args, _ = parser.parse_known_args(argv)
+    if not osp.isfile(args.config):
+        print(f'mmsoft: config file not found: {args.config}', file=sys.stderr)
+        return 1
+    cfg = Config.fromfile(args.config)
+    if args.cfg_options:
+        cfg.merge_from_dict(args.cfg_options)
+    msg = missing_data_message(cfg, args.mode)
+    if msg is None:
+        return 0
+    print(msg, file=sys.stderr, flush=True)
+    return 1
+
+
+if __name__ == '__main__':
+    sys.exit(main())

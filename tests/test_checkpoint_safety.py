@@ -1,0 +1,556 @@
+"""Checkpoints that survive a kill, resume bit-exactly and cannot be
+silently corrupt (``SafeCheckpointHook``, :mod:`mmsoft.utils.checkpoint_io`).
+
+Faults reproduced here (mmengine 0.10.7's plain ``CheckpointHook``):
+
+* ``kill -9`` while ``iter_4.pth`` is written with ``max_keep_ckpts=1``:
+  ``iter_2.pth`` was already deleted, ``iter_4.pth`` is truncated and
+  ``resume=True`` fails; now ``iter_2.pth`` survives and is resumed from;
+* a truncated / corrupt newest checkpoint: ``resume=True`` failed on it; now
+  it is skipped with a warning;
+* resume with random augmentation (numpy / python ``random`` flips, torch
+  dropout) differed from an uninterrupted run (RNG states not saved); now
+  the weights are bitwise equal, also with ``randomness.seed=None``;
+* flipped bytes inside a tensor record loaded silently; now every mmengine
+  load (``load_from``, resume, ``load_checkpoint``) raises an error naming
+  the file.
+"""
+import os
+import os.path as osp
+import random
+import signal
+import subprocess
+import sys
+import textwrap
+import uuid
+import zipfile
+
+import numpy as np
+import pytest
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+from mmengine.hooks import Hook
+from mmengine.model import BaseModel
+from mmengine.runner import Runner
+from torch.utils.data import Dataset
+
+import mmsoft  # noqa: F401  (registers SafeCheckpointHook, the loader)
+from mmsoft.engine import SafeCheckpointHook, use_safe_checkpoint_hook
+from mmsoft.utils import checkpoint_io as cio
+
+ROOT = osp.abspath(osp.join(osp.dirname(__file__), '..'))
+N, SIZE = 20, 6  # 20 samples of 6 x 6: 10 iterations of 2 per epoch
+
+
+@pytest.fixture(autouse=True)
+def one_thread():
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
+
+
+class FlipDataset(Dataset):
+    """Fixed images, randomly flipped with numpy (like RandomFlip) and
+    python ``random`` (like mmcv's random choices)."""
+
+    def __len__(self):
+        return N
+
+    def __getitem__(self, i):
+        img = np.arange(SIZE * SIZE, dtype=np.float32).reshape(SIZE, SIZE)
+        img = (img * (i + 1)) % 7
+        if np.random.rand() < 0.5:
+            img = img[:, ::-1]
+        if random.random() < 0.5:
+            img = img[::-1]
+        return dict(inputs=torch.from_numpy(img.copy()), data_samples=i % 2)
+
+
+class DropoutNet(BaseModel):
+    """A linear classifier with dropout (torch RNG)."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(SIZE * SIZE, 2)
+        self.drop = nn.Dropout(0.5)
+
+    def forward(self, inputs, data_samples=None, mode='tensor'):
+        x = torch.stack(inputs).flatten(1)
+        logits = self.fc(self.drop(x))
+        if mode == 'loss':
+            return dict(loss=F.cross_entropy(logits,
+                                             torch.tensor(data_samples)))
+        if mode == 'predict':
+            return [dict(pred=int(p)) for p in logits.argmax(1)]
+        return logits
+
+
+class Interrupted(Exception):
+    pass
+
+
+class Crash(Hook):
+    """Interrupts training after ``stop_after`` iterations, after the
+    checkpoint of that iteration was saved (like a killed job)."""
+
+    priority = 'LOWEST'
+
+    def __init__(self, stop_after):
+        self.stop_after = stop_after
+
+    def after_train_iter(self, runner, batch_idx, data_batch=None,
+                         outputs=None):
+        if runner.iter + 1 == self.stop_after:
+            raise Interrupted(self.stop_after)
+
+
+class StartIter(Hook):
+    iter = None
+
+    def before_train(self, runner):
+        self.iter = runner.iter
+
+
+def _runner(work_dir, name, by_epoch=False, stop_after=None, seed=0,
+            hook='SafeCheckpointHook', max_keep_ckpts=-1, **kwargs):
+    torch.manual_seed(0)  # the model is built before the Runner seeds
+    model = DropoutNet()
+    loader = dict(dataset=FlipDataset(),
+                  sampler=dict(type='DefaultSampler', shuffle=True),
+                  batch_size=2, num_workers=0)
+    if by_epoch:  # 3 epochs of 10 iterations, a checkpoint per epoch
+        train_cfg = dict(by_epoch=True, max_epochs=3, val_interval=1)
+        ckpt = dict(type=hook, interval=1, max_keep_ckpts=max_keep_ckpts)
+    else:  # 10 iterations, checkpoints every 2, validation every 3
+        train_cfg = dict(by_epoch=False, max_iters=10, val_interval=3)
+        ckpt = dict(type=hook, interval=2, by_epoch=False,
+                    max_keep_ckpts=max_keep_ckpts)
+    from mmengine.evaluator import BaseMetric
+
+    class Count(BaseMetric):
+        def process(self, data_batch, data_samples):
+            self.results.extend(s['pred'] for s in data_samples)
+
+        def compute_metrics(self, results):
+            return dict(n=len(results))
+
+    return Runner(
+        model=model, work_dir=str(work_dir),
+        experiment_name=f'{name}_{uuid.uuid4().hex[:8]}',
+        train_dataloader=loader,
+        val_dataloader=dict(loader, sampler=dict(type='DefaultSampler',
+                                                 shuffle=False)),
+        val_evaluator=[Count()], val_cfg=dict(),
+        optim_wrapper=dict(optimizer=dict(type='SGD', lr=0.1, momentum=0.9)),
+        train_cfg=train_cfg,
+        default_hooks=dict(checkpoint=ckpt,
+                           logger=dict(type='LoggerHook', interval=1)),
+        custom_hooks=[Crash(stop_after)] if stop_after else None,
+        log_processor=dict(by_epoch=by_epoch),
+        randomness=dict(seed=seed), **kwargs)
+
+
+def _weights(runner):
+    return {k: v.detach().clone()
+            for k, v in runner.model.state_dict().items()}
+
+
+def _bitwise_equal(a, b):
+    return a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+
+
+def _interrupted_then_resumed(tmp_path, by_epoch, seed, hook, stop_after):
+    work = tmp_path / 'work'
+    with pytest.raises(Interrupted):
+        _runner(work, 'first', by_epoch, stop_after, seed, hook).train()
+    resumed = _runner(work, 'resumed', by_epoch, None, seed, hook,
+                      resume=True)
+    resumed.train()
+    return work, _weights(resumed)
+
+
+# ------------------------------------------------- bit-exact resume (RNG)
+@pytest.mark.parametrize('by_epoch,stop_after', [(False, 6), (True, 20)])
+def test_resume_equals_uninterrupted_run(tmp_path, by_epoch, stop_after):
+    ref = _runner(tmp_path / 'ref', 'ref', by_epoch)
+    ref.train()
+    work, resumed = _interrupted_then_resumed(tmp_path, by_epoch, 0,
+                                              'SafeCheckpointHook',
+                                              stop_after)
+    assert _bitwise_equal(resumed, _weights(ref))
+    ckpt = torch.load(work / ('epoch_2.pth' if by_epoch else 'iter_6.pth'))
+    rng = ckpt['meta']['mmsoft_rng']
+    assert rng['world_size'] == 1 and set(rng['states'][0]) >= {
+        'python', 'numpy', 'torch'}
+
+
+def test_plain_hook_resume_differs(tmp_path):
+    """The fault: without saved RNG states the resumed run differs."""
+    ref = _runner(tmp_path / 'ref', 'ref', hook='CheckpointHook')
+    ref.train()
+    _, resumed = _interrupted_then_resumed(tmp_path, False, 0,
+                                           'CheckpointHook', 6)
+    assert not _bitwise_equal(resumed, _weights(ref))
+
+
+def test_resume_with_random_seed(tmp_path):
+    """``randomness.seed=None``: the resumed Runner draws another seed and
+    builds its sampler from it; the checkpoint's sampler seed is restored."""
+    work, resumed = _interrupted_then_resumed(tmp_path, False, None,
+                                              'SafeCheckpointHook', 6)
+    seed = torch.load(work / 'iter_6.pth')['meta']['seed']
+    ref = _runner(tmp_path / 'ref', 'ref', seed=seed)
+    ref.train()
+    assert _bitwise_equal(resumed, _weights(ref))
+
+
+# ------------------------------------------------------------- checksum
+def _flip_tensor_bytes(path, n=4, size=SIZE * SIZE * 2 * 4):
+    """Flip ``n`` bytes in the middle of the tensor records of ``size``
+    bytes (``fc.weight`` and its momentum) and fix nothing else: the zip's
+    CRC no longer matches, which torch.load does not check."""
+    with zipfile.ZipFile(path) as z:
+        records = [i for i in z.infolist() if '/data/' in i.filename]
+    raw = bytearray(open(path, 'rb').read())
+    for info in records:
+        if info.file_size != size:
+            continue
+        off = info.header_offset
+        name_len = int.from_bytes(raw[off + 26:off + 28], 'little')
+        extra_len = int.from_bytes(raw[off + 28:off + 30], 'little')
+        start = off + 30 + name_len + extra_len + info.file_size // 2
+        for i in range(n):
+            raw[start + i] ^= 0xFF
+    open(path, 'wb').write(bytes(raw))
+
+
+def test_flipped_bytes_are_detected(tmp_path):
+    work = tmp_path / 'work'
+    _runner(work, 'train').train()
+    path = work / 'iter_10.pth'
+    good = torch.load(path)
+    assert cio.verify_checksum(good, str(path)) is True
+    _flip_tensor_bytes(path)
+    # the fault: torch.load (what mmengine calls) loads the damage silently
+    bad = torch.load(path)
+    assert not _bitwise_equal(bad['state_dict'], good['state_dict'])
+    # now: every mmengine entry point refuses the file, naming it
+    from mmengine.runner import load_checkpoint
+    from mmengine.runner.checkpoint import CheckpointLoader
+    for load in (lambda: CheckpointLoader.load_checkpoint(str(path)),
+                 lambda: load_checkpoint(DropoutNet(), str(path)),
+                 lambda: _runner(tmp_path / 'w2', 'test', load_from=str(
+                     path)).load_or_resume()):
+        with pytest.raises(cio.CheckpointError, match=str(path)):
+            load()
+    # the zip's CRC-32 sees it too (used to tell damaged files apart)
+    assert 'CRC error' in cio.describe_damage(str(path))
+    # flipping a value in memory is caught by the checksum alone
+    good['state_dict']['fc.weight'][0, 0] += 1
+    with pytest.raises(cio.CheckpointError, match='SHA-256'):
+        cio.verify_checksum(good, 'x.pth')
+
+
+def test_checksum_covers_state_and_tolerates_subsets():
+    ckpt = dict(meta=dict(epoch=1), state_dict={'w': torch.ones(3)},
+                optimizer=dict(state={0: {'m': torch.zeros(3)}},
+                               param_groups=[dict(lr=0.1, params=[0])]))
+    cio.add_checksum(ckpt)
+    assert set(ckpt['meta']['mmsoft_checksum']['digests']) == {
+        'state_dict', 'optimizer'}
+    assert cio.verify_checksum(ckpt) is True
+    published = dict(meta=ckpt['meta'], state_dict=ckpt['state_dict'])
+    assert cio.verify_checksum(published) is True  # published_keys subset
+    ckpt['optimizer']['param_groups'][0]['lr'] = 0.2
+    with pytest.raises(cio.CheckpointError, match='optimizer'):
+        cio.verify_checksum(ckpt)
+    assert cio.verify_checksum({'w': torch.ones(1)}) is False  # not ours
+
+
+# --------------------------------------- newest complete checkpoint wins
+@pytest.mark.parametrize('damage', ['truncate', 'empty', 'flip'])
+def test_resume_skips_damaged_newest(tmp_path, damage):
+    work = tmp_path / 'work'
+    with pytest.raises(Interrupted):
+        _runner(work, 'first', stop_after=6).train()
+    newest = work / 'iter_6.pth'
+    if damage == 'truncate':
+        newest.write_bytes(newest.read_bytes()[:newest.stat().st_size // 2])
+    elif damage == 'empty':
+        newest.write_bytes(b'')
+    else:
+        _flip_tensor_bytes(newest)
+    path, skipped = cio.find_newest_complete(str(work))
+    assert path == str(work / 'iter_4.pth')
+    assert [p for p, _ in skipped] == [str(newest)]
+    runner = _runner(work, f'resumed_{damage}', resume=True)
+    start = StartIter()
+    runner.register_hook(start)
+    runner.train()
+    assert start.iter == 4 and runner.iter == 10
+    log = open(osp.join(runner.log_dir, f'{runner.timestamp}.log')).read()
+    assert f'skipping checkpoint {newest}' in log
+
+
+def test_resume_without_any_complete_checkpoint(tmp_path):
+    work = tmp_path / 'work'
+    work.mkdir()
+    (work / 'iter_2.pth').write_bytes(b'PK\x03\x04 truncated')
+    (work / 'last_checkpoint').write_text(str(work / 'iter_2.pth'))
+    with pytest.raises(cio.CheckpointError, match='no complete checkpoint'):
+        _runner(work, 'resumed', resume=True).train()
+    # a last_checkpoint naming a missing file: train from scratch
+    os.remove(work / 'iter_2.pth')
+    runner = _runner(work, 'scratch', resume=True)
+    runner.train()
+    assert runner.iter == 10
+
+
+# ------------------------------------------------------- kill -9 mid-write
+KILL_CHILD = textwrap.dedent("""
+    import os, signal, sys
+    sys.path.insert(0, {tests!r})
+    from mmengine.fileio.backends.local_backend import LocalBackend
+    import test_checkpoint_safety as t
+
+    put = LocalBackend.put
+
+    def dying_put(self, obj, filepath):
+        # the checkpoint of iteration 4: write half of it, then SIGKILL
+        if 'iter_4.pth' in os.path.basename(str(filepath)):
+            with open(filepath, 'wb') as f:
+                f.write(obj[:len(obj) // 2])
+                f.flush()
+                os.fsync(f.fileno())
+            os.kill(os.getpid(), signal.SIGKILL)
+        return put(self, obj, filepath)
+
+    LocalBackend.put = dying_put
+    t._runner({work!r}, 'killed', hook={hook!r}, max_keep_ckpts=1).train()
+""")
+
+
+def _train_and_kill(work, hook):
+    code = KILL_CHILD.format(tests=osp.join(ROOT, 'tests'), work=str(work),
+                             hook=hook)
+    env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get(
+        'PYTHONPATH', ''), OMP_NUM_THREADS='1', PYTHONWARNINGS='ignore')
+    res = subprocess.run([sys.executable, '-c', code], env=env, cwd=ROOT,
+                         capture_output=True, text=True, timeout=300)
+    assert res.returncode == -signal.SIGKILL, res.stderr[-3000:]
+
+
+def test_kill_during_checkpoint_write_keeps_previous(tmp_path):
+    """A real SIGKILL while iter_4.pth is written (max_keep_ckpts=1, as in
+    the demo configs). Before: iter_2.pth was already deleted, iter_4.pth
+    was left truncated and resume failed."""
+    work = tmp_path / 'work'
+    _train_and_kill(work, 'SafeCheckpointHook')
+    names = sorted(os.listdir(work))
+    temps = [n for n in names if n.endswith(cio.TMP_SUFFIX)]
+    assert 'iter_2.pth' in names and 'iter_4.pth' not in names
+    assert len(temps) == 1 and temps[0].startswith('.iter_4.pth.')
+    assert cio.check_complete(str(work / 'iter_2.pth')) is None
+    assert (work / 'last_checkpoint').read_text() == str(work / 'iter_2.pth')
+
+    runner = _runner(work, 'resumed', max_keep_ckpts=1, resume=True)
+    start = StartIter()
+    runner.register_hook(start)
+    runner.train()
+    assert start.iter == 2 and runner.iter == 10
+    names = sorted(os.listdir(work))
+    assert not [n for n in names if n.endswith(cio.TMP_SUFFIX)]  # cleaned
+    assert [n for n in names if n.endswith('.pth')] == ['iter_10.pth']
+
+
+# ------------------------------------------------ configs and tools/train.py
+def test_every_config_sets_safe_checkpoint_hook():
+    """Each config that inherits a codebase's runtime (``mmdet::`` ...)
+    itself sets the hook, so every config in configs/ gets it."""
+    import glob
+    import re
+    files = glob.glob(osp.join(ROOT, 'configs', '**', '*.py'),
+                      recursive=True)
+    roots = [f for f in files
+             if re.search(r"_base_\s*=.*'(mmdet|mmseg|mmpretrain)::",
+                          open(f).read(), re.S)]
+    assert len(roots) >= 10
+    for f in roots:
+        assert "type='SafeCheckpointHook'" in open(f).read(), f
+
+
+@pytest.mark.parametrize('name', [
+    'soft_tiny_in1k.py', 'retinanet_soft_tiny_1x.py',
+    'sparse_rcnn_soft_small_3x_ms.py',
+    'upernet_soft_small_512x512_160k_ade20k.py', 'demo/soft_cls_demo.py'
+])
+def test_configs_use_safe_checkpoint_hook(name):
+    from mmengine.config import Config
+    cfg = Config.fromfile(osp.join(ROOT, 'configs', name))
+    assert cfg.default_hooks.checkpoint.type == 'SafeCheckpointHook'
+
+
+def test_train_tool_swaps_plain_checkpoint_hook(tmp_path):
+    import runpy
+    cfg_file = tmp_path / 'plain.py'
+    cfg_file.write_text(
+        "_base_ = 'mmpretrain::_base_/default_runtime.py'\n"
+        "default_hooks = dict(checkpoint=dict(type='CheckpointHook', "
+        "interval=2, max_keep_ckpts=1))\n")
+    train = runpy.run_path(osp.join(ROOT, 'tools', 'train.py'),
+                           run_name='tools')
+    cfg = train['build_cfg'](train['parse_args']([str(cfg_file), '--resume']))
+    hook_cfg = cfg.default_hooks.checkpoint
+    assert {k: v for k, v in hook_cfg.items() if k != '_scope_'} == dict(
+        type='SafeCheckpointHook', interval=2, max_keep_ckpts=1)
+    assert cfg.resume is True and cfg.load_from is None
+    pytest.importorskip('mmpretrain')
+    from mmengine.registry import HOOKS
+    hook = HOOKS.build(dict(hook_cfg))  # found from mmpretrain's scope
+    assert type(hook) is SafeCheckpointHook and hook.max_keep_ckpts == 1
+    # other hook types are left alone
+    cfg.default_hooks.checkpoint.type = 'MyHook'
+    assert use_safe_checkpoint_hook(cfg) is False
+
+
+# --------------------------------------------------- atomic save, temps
+def test_save_atomic_cleans_up(tmp_path, monkeypatch):
+    dst = tmp_path / 'ckpt.pth'
+    cio.save_atomic({'a': torch.ones(2)}, str(dst))
+    before = dst.read_bytes()
+
+    for exc in (OSError, KeyboardInterrupt):
+        def writer(obj, f, exc=exc):
+            f.write(b'partial')
+            raise exc('boom')
+        with pytest.raises(exc):
+            cio.save_atomic({'a': torch.zeros(2)}, str(dst), writer=writer)
+        assert dst.read_bytes() == before
+        assert os.listdir(tmp_path) == ['ckpt.pth']
+
+
+def test_sigterm_during_save_removes_temp(tmp_path):
+    """SIGTERM while writing: the temporary file is removed, the old file
+    stays, the process exits 143."""
+    dst = tmp_path / 'ckpt.pth'
+    cio.save_atomic({'a': torch.ones(2)}, str(dst))
+    before = dst.read_bytes()
+    code = textwrap.dedent(f"""
+        import os, signal, torch
+        from mmsoft.utils import checkpoint_io as cio
+        def writer(obj, f):
+            f.write(b'partial')
+            f.flush()
+            os.kill(os.getpid(), signal.SIGTERM)
+            torch.save(obj, f)
+        cio.save_atomic({{'a': torch.zeros(2)}}, {str(dst)!r}, writer=writer)
+    """)
+    env = dict(os.environ, PYTHONPATH=ROOT, OMP_NUM_THREADS='1')
+    res = subprocess.run([sys.executable, '-c', code], env=env,
+                         capture_output=True, text=True, timeout=120)
+    assert res.returncode == 128 + signal.SIGTERM, res.stderr
+    assert dst.read_bytes() == before
+    assert os.listdir(tmp_path) == ['ckpt.pth']
+
+
+def test_stale_temps_of_dead_writers_are_removed(tmp_path):
+    dead = subprocess.run([sys.executable, '-c', 'import os; '
+                           'print(os.getpid())'], capture_output=True,
+                          text=True).stdout.strip()
+    stale = tmp_path / f'.epoch_3.pth.{dead}.0123abcd{cio.TMP_SUFFIX}'
+    mine = tmp_path / f'.epoch_3.pth.{os.getpid()}.0123abcd{cio.TMP_SUFFIX}'
+    other = tmp_path / '.epoch_3.pth.tmp'  # not ours: never touched
+    for p in (stale, mine, other):
+        p.write_bytes(b'x')
+    assert cio.remove_stale_temps(str(tmp_path)) == [str(stale)]
+    assert sorted(os.listdir(tmp_path)) == sorted([mine.name, other.name])
+
+
+# ------------------------- a SOFT classifier with mmcv's RandomFlip (real)
+class FlipPipelineImages(Dataset):
+    """Random 32 x 32 images through mmcv's RandomFlip + mmpretrain's
+    PackInputs (numpy RNG), as in the demo configs."""
+
+    metainfo = dict(classes=('a', 'b'))
+
+    def __init__(self):
+        from mmcv.transforms import Compose
+        self.pipeline = Compose([
+            dict(type='mmpretrain.RandomFlip', prob=[0.3, 0.3],
+                 direction=['horizontal', 'vertical']),
+            dict(type='mmpretrain.PackInputs')])
+
+    def __len__(self):
+        return 12
+
+    def __getitem__(self, i):
+        g = np.random.default_rng(i)  # fixed content, random flips
+        img = g.integers(0, 256, (32, 32, 3), dtype=np.uint8)
+        return self.pipeline(dict(img=img, gt_label=i % 2))
+
+
+def _soft_runner(work_dir, stop_after=None, **kwargs):
+    model = dict(
+        type='ImageClassifier',
+        backbone=dict(type='mmsoft.SOFT', out_type='cls_token',
+                      out_indices=(3, ), drop_path_rate=0.3,
+                      pretrain_img_size=32,
+                      arch=dict(embed_dims=[8, 16, 16, 32],
+                                num_heads=[1, 1, 1, 2], depths=[1, 1, 1, 1],
+                                sampling_ratios=[2, 2, 1, 1])),
+        neck=None,
+        head=dict(type='LinearClsHead', num_classes=2, in_channels=32),
+        data_preprocessor=dict(mean=[127.5] * 3, std=[127.5] * 3))
+    return Runner(
+        model=model, work_dir=str(work_dir), default_scope='mmpretrain',
+        experiment_name=f'soft_{uuid.uuid4().hex[:8]}',
+        train_dataloader=dict(dataset=FlipPipelineImages(), batch_size=2,
+                              num_workers=0, sampler=dict(
+                                  type='DefaultSampler', shuffle=True)),
+        optim_wrapper=dict(optimizer=dict(type='AdamW', lr=1e-3)),
+        train_cfg=dict(by_epoch=False, max_iters=6),
+        default_hooks=dict(checkpoint=dict(
+            type='SafeCheckpointHook', interval=2, by_epoch=False,
+            max_keep_ckpts=1)),
+        custom_hooks=[Crash(stop_after)] if stop_after else None,
+        randomness=dict(seed=1), **kwargs)
+
+
+def test_soft_classifier_random_flip_resume_is_bit_exact(tmp_path):
+    pytest.importorskip('mmpretrain')
+    import mmpretrain.datasets  # noqa: F401  (registers the transforms)
+    ref = _soft_runner(tmp_path / 'ref')
+    ref.train()
+    with pytest.raises(Interrupted):
+        _soft_runner(tmp_path / 'work', stop_after=4).train()
+    resumed = _soft_runner(tmp_path / 'work', resume=True)
+    resumed.train()
+    assert _bitwise_equal(_weights(resumed), _weights(ref))
+
+
+# ------------------------------------------------------------ RNG states
+def _draws():
+    out = [random.random(), float(np.random.rand()), float(torch.rand(1))]
+    if torch.cuda.is_available():
+        out.append(float(torch.rand(1, device='cuda')))
+    return out
+
+
+def test_rng_state_round_trip_is_weights_only_loadable(tmp_path):
+    from mmsoft.utils.rng_state import get_rng_state, set_rng_state
+    if torch.cuda.is_available():
+        torch.rand(1, device='cuda')  # initialise CUDA: its state is saved
+    state = get_rng_state()
+    first = _draws()
+    torch.save(state, tmp_path / 'rng.pth')
+    saved = torch.serialization.get_safe_globals()
+    torch.serialization.clear_safe_globals()  # no allow-list needed
+    try:
+        loaded = torch.load(tmp_path / 'rng.pth', weights_only=True)
+    finally:
+        torch.serialization.add_safe_globals(saved)
+    set_rng_state(loaded)
+    assert _draws() == first
+    assert ('cuda' in state) == torch.cuda.is_available()

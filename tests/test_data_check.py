@@ -1,0 +1,470 @@
+"""The data check of tools/train.py, tools/test.py and tools/dist_*.sh
+(``mmsoft/utils/data_check.py``).
+
+* every shipped config family, resolved as the tools resolve it, names its
+  missing data root, the expected layout and the ``--cfg-options`` keys;
+  following either remedy of the message (the symlink or the overrides)
+  on a generated layout makes the check pass;
+* dataset wrappers (``RepeatDataset``, ``ConcatDataset``) are looked
+  through; remote storage is not checked;
+* ``tools/train.py`` / ``tools/test.py`` and ``tools/dist_train.sh CONFIG 2``
+  exit non-zero with one short message (once, before any worker starts);
+* configs whose data exists (the generated demo data) pass.
+"""
+import copy
+import os
+import os.path as osp
+import re
+import shlex
+import socket
+import subprocess
+import sys
+
+import pytest
+from mmengine.config import Config, ConfigDict
+
+from mmsoft.utils import data_check as dc
+
+ROOT = osp.dirname(osp.dirname(osp.abspath(__file__)))
+CONFIGS = osp.join(ROOT, 'configs')
+
+# one config per family: (config, dataset name in the message)
+FAMILIES = [
+    ('soft_tiny_in1k.py', 'ImageNet'),
+    ('retinanet_soft_tiny_1x.py', 'COCO 2017'),
+    ('mask_rcnn_soft_tiny_1x.py', 'COCO 2017'),
+    ('cascade_mask_rcnn_soft_small_3x_ms.py', 'COCO 2017'),
+    ('atss_soft_small_3x_ms.py', 'COCO 2017'),
+    ('gfl_soft_small_3x_ms.py', 'COCO 2017'),
+    ('sparse_rcnn_soft_small_3x_ms.py', 'COCO 2017'),
+    ('upernet_soft_small_512x512_160k_ade20k.py',
+     'ADE20K (ADEChallengeData2016)'),
+]
+
+
+def _env(**extra):
+    env = dict(
+        os.environ,
+        OMP_NUM_THREADS='1',
+        PYTHONWARNINGS='ignore',
+        PYTHON=sys.executable,
+        **extra)
+    env['PYTHONPATH'] = ROOT + os.pathsep + env.get('PYTHONPATH', '')
+    env.pop('MMSOFT_SKIP_DATA_CHECK', None)
+    return env
+
+
+def _free_port():
+    with socket.socket() as s:
+        s.bind(('127.0.0.1', 0))
+        return s.getsockname()[1]
+
+
+def _make_layout(line, base):
+    """Create the files / folders of an 'expected ... layout: R/{a, b/}'
+    line under ``base`` (R is replaced by ``base``)."""
+    m = re.search(r'layout: (\S+?)/\{([^}]*)\}', line)
+    assert m, line
+    for item in m.group(2).split(', '):
+        path = osp.join(base, item)
+        if item.endswith('/'):
+            os.makedirs(path, exist_ok=True)
+        else:
+            os.makedirs(osp.dirname(path), exist_ok=True)
+            open(path, 'w').close()
+    return m.group(1)
+
+
+@pytest.mark.parametrize('name,dataset', FAMILIES)
+@pytest.mark.parametrize('mode', ['train', 'test'])
+def test_shipped_configs_message_and_remedies(name, dataset, mode, tmp_path,
+                                              monkeypatch):
+    pytest.importorskip({
+        'ImageNet': 'mmpretrain',
+        'COCO 2017': 'mmdet'
+    }.get(dataset, 'mmseg'))
+    monkeypatch.chdir(tmp_path)  # no data/ here
+    cfg = Config.fromfile(osp.join(CONFIGS, name))
+    msg = dc.missing_data_message(cfg, mode)
+    assert msg is not None
+    lines = msg.splitlines()
+    assert len(lines) <= 6, msg
+    root = {
+        'ImageNet': 'data/imagenet',
+        'COCO 2017': 'data/coco/',
+    }.get(dataset, 'data/ade/ADEChallengeData2016')
+    purpose = 'training' if mode == 'train' else 'testing'
+    assert lines[0].startswith(f'mmsoft: data for {purpose} not found: '
+                               f'{root} ')
+    assert f'[{mode}_dataloader.dataset.data_root]' in lines[0]
+    layout = next(ln for ln in lines if 'layout:' in ln)
+    assert f'expected {dataset} layout: {root.rstrip("/")}/{{' in layout
+    if dataset == 'COCO 2017':
+        val = 'annotations/instances_val2017.json, val2017/'
+        assert layout.endswith(
+            '{annotations/instances_train2017.json, train2017/, ' + val +
+            '}' if mode == 'train' else '{' + val + '}'), layout
+    elif dataset == 'ImageNet':
+        assert ('{train/, val/}' if mode == 'train' else '{val/}') in layout
+    else:
+        split = ('images/training/, annotations/training/, '
+                 if mode == 'train' else '')
+        assert layout.endswith('{' + split + 'images/validation/, '
+                               'annotations/validation/}'), layout
+
+    # remedy 1: the --cfg-options of the message, on a generated layout
+    over = next(ln for ln in lines if '--cfg-options' in ln)
+    options = dict(
+        kv.split('=', 1) for kv in over.split('--cfg-options ', 1)[1].split())
+    loaders = (['train_dataloader', 'val_dataloader']
+               if mode == 'train' else ['test_dataloader'])
+    assert {k for k in options if k.endswith('.data_root')} == \
+        {f'{k}.dataset.data_root' for k in loaders}
+    if dataset == 'COCO 2017':  # CocoMetric reads the annotations itself
+        ev = 'val_evaluator' if mode == 'train' else 'test_evaluator'
+        assert options[f'{ev}.ann_file'].endswith(
+            '/annotations/instances_val2017.json')
+    new_base = str(tmp_path / 'elsewhere')
+    options = {k: v.replace('/path/to', new_base) for k, v in options.items()}
+    name_dir = osp.basename(root.rstrip('/'))
+    cfg2 = Config.fromfile(osp.join(CONFIGS, name))
+    cfg2.merge_from_dict(options)
+    assert dc.missing_data_message(cfg2, mode) is not None  # not made yet
+    _make_layout(layout, osp.join(new_base, name_dir))
+    assert dc.missing_data_message(cfg2, mode) is None
+
+    # remedy 2: the symlink command of the message, unchanged config
+    link = next(ln for ln in lines if 'ln -s' in ln)
+    cmd = link.split('link your copy there: ',
+                     1)[1].replace('/path/to', new_base)
+    subprocess.run(cmd, shell=True, check=True, cwd=str(tmp_path))
+    assert osp.islink(root.rstrip('/'))
+    assert dc.missing_data_message(cfg, mode) is None
+
+
+def _coco_ds(root, ann='annotations/a.json', img='imgs/'):
+    return dict(
+        type='mmdet.CocoDataset',
+        data_root=root,
+        ann_file=ann,
+        data_prefix=dict(img=img))
+
+
+def test_wrappers_evaluators_and_order(tmp_path):
+    root = str(tmp_path / 'coco') + '/'
+    cfg = ConfigDict(
+        train_dataloader=dict(
+            dataset=dict(
+                type='RepeatDataset',
+                times=2,
+                dataset=dict(
+                    type='ConcatDataset',
+                    datasets=[
+                        _coco_ds(root),
+                        _coco_ds(root, 'annotations/b.json', 'more/')
+                    ]))),
+        val_dataloader=dict(dataset=_coco_ds(root)),
+        val_cfg=dict(type='ValLoop'),
+        val_evaluator=[
+            dict(type='CocoMetric', ann_file=root + 'annotations/a.json')
+        ])
+    keys = [k for _, k, _, _ in dc.required_paths(cfg, 'train')]
+    inner = 'train_dataloader.dataset.dataset.datasets'
+    assert keys == [
+        f'{inner}.0.data_root', f'{inner}.0.ann_file',
+        f'{inner}.0.data_prefix.img', f'{inner}.1.data_root',
+        f'{inner}.1.ann_file', f'{inner}.1.data_prefix.img',
+        'val_dataloader.dataset.data_root', 'val_dataloader.dataset.ann_file',
+        'val_dataloader.dataset.data_prefix.img', 'val_evaluator.0.ann_file'
+    ]
+    msg = dc.missing_data_message(cfg, 'train')
+    assert f'[{inner}.0.data_root]' in msg.splitlines()[0]
+    assert f'{inner}.1.data_root=/path/to/coco/ ' in msg
+    assert 'val_evaluator.0.ann_file=/path/to/coco/annotations/a.json' in msg
+    # the first missing path is named: data_root, then its contents
+    os.makedirs(root + 'annotations')
+    open(root + 'annotations/a.json', 'w').close()
+    msg = dc.missing_data_message(cfg, 'train')
+    assert msg.splitlines()[0].startswith(
+        f'mmsoft: data for training not found: {root}imgs/ ')
+    for sub in ('imgs', 'more'):
+        os.makedirs(root + sub)
+    msg = dc.missing_data_message(cfg, 'train')
+    assert 'annotations/b.json' in msg.splitlines()[0]
+    open(root + 'annotations/b.json', 'w').close()
+    assert dc.missing_data_message(cfg, 'train') is None
+    # without a validation loop, the val data is not needed
+    cfg.val_dataloader.dataset.data_root = str(tmp_path / 'nothing')
+    assert dc.missing_data_message(cfg, 'train') is not None
+    cfg.val_cfg = None
+    assert dc.missing_data_message(cfg, 'train') is None
+    # test mode reads only the test dataloader (absent here)
+    assert dc.missing_data_message(cfg, 'test') is None
+
+
+def test_remote_and_imagenet_split(tmp_path):
+    remote = ConfigDict(
+        test_dataloader=dict(
+            dataset=dict(
+                type='CocoDataset',
+                data_root='s3://bucket/coco/',
+                ann_file='annotations/x.json',
+                data_prefix=dict(img='val2017/'))),
+        test_evaluator=dict(
+            type='CocoMetric', ann_file='s3://bucket/coco/annotations/x.json'))
+    assert dc.required_paths(remote, 'test') == []
+    petrel = ConfigDict(
+        test_dataloader=dict(
+            dataset=dict(
+                type='CocoDataset',
+                data_root='data/coco/',
+                ann_file='a.json',
+                backend_args=dict(backend='petrel'))))
+    assert dc.missing_data_message(petrel, 'test') is None
+    imagenet = ConfigDict(
+        test_dataloader=dict(
+            dataset=dict(
+                type='ImageNet', data_root=str(tmp_path), split='val')))
+    paths = [p for p, _, _, _ in dc.required_paths(imagenet, 'test')]
+    assert paths == [str(tmp_path), osp.join(str(tmp_path), 'val')]
+    with pytest.raises(ValueError, match='mode'):
+        dc.required_paths(imagenet, 'eval')
+
+
+def test_rank_and_skip(tmp_path, monkeypatch, capsys):
+    cfg = ConfigDict(
+        test_dataloader=dict(
+            dataset=dict(type='CocoDataset', data_root=str(tmp_path / 'no'))))
+    monkeypatch.setenv('RANK', '1')
+    with pytest.raises(SystemExit) as exc:
+        dc.exit_if_missing(cfg, 'test', 'pytorch')
+    assert exc.value.code == 1
+    assert capsys.readouterr().err == ''  # only rank 0 prints
+    monkeypatch.setenv('RANK', '0')
+    with pytest.raises(SystemExit):
+        dc.exit_if_missing(cfg, 'test', 'pytorch')
+    assert 'not found' in capsys.readouterr().err
+    monkeypatch.setenv('MMSOFT_SKIP_DATA_CHECK', '1')
+    dc.exit_if_missing(cfg, 'test', 'pytorch')
+
+
+# ------------------------------------------------------------ the tools
+def _missing_cfg(tmp_path):
+    """A tiny RetinaNet whose data_root does not exist."""
+    pytest.importorskip('mmdet')
+    path = tmp_path / 'retinanet_nodata.py'
+    path.write_text(
+        f"_base_ = {osp.join(CONFIGS, 'retinanet_soft_tiny_1x.py')!r}\n"
+        "data_root = 'data/no_coco/'\n"
+        "train_dataloader = dict(dataset=dict(data_root=data_root))\n"
+        "val_dataloader = dict(dataset=dict(data_root=data_root))\n"
+        "test_dataloader = val_dataloader\n"
+        "val_evaluator = dict(ann_file=data_root + "
+        "'annotations/instances_val2017.json')\n"
+        "test_evaluator = val_evaluator\n")
+    return str(path)
+
+
+def _assert_one_message(proc, purpose):
+    err = proc.stderr.strip().splitlines()
+    assert proc.returncode != 0, proc.stdout + proc.stderr
+    assert 'Traceback' not in proc.stderr, proc.stderr
+    first = [ln for ln in err if ln.startswith('mmsoft: data for')]
+    assert len(first) == 1, proc.stderr  # once, not per rank
+    assert first[0].startswith(f'mmsoft: data for {purpose} not found: '
+                               'data/no_coco/ ')
+    assert len(err) < 10, proc.stderr
+    assert '--cfg-options' in proc.stderr
+    assert 'COCO 2017 layout' in proc.stderr
+
+
+def test_train_tool_exits_with_one_message(tmp_path):
+    cfg = _missing_cfg(tmp_path)
+    proc = subprocess.run([
+        sys.executable,
+        osp.join(ROOT, 'tools', 'train.py'), cfg, '--work-dir',
+        str(tmp_path / 'w')
+    ],
+                          cwd=str(tmp_path),
+                          env=_env(),
+                          capture_output=True,
+                          text=True,
+                          timeout=300)
+    _assert_one_message(proc, 'training')
+    assert not osp.exists(tmp_path / 'w')  # stopped before the Runner
+
+
+def test_test_tool_exits_with_one_message(tmp_path, monkeypatch, capsys):
+    import runpy
+    cfg = _missing_cfg(tmp_path)
+    monkeypatch.chdir(tmp_path)
+    main = runpy.run_path(
+        osp.join(ROOT, 'tools', 'test.py'), run_name='tools')['main']
+    with pytest.raises(SystemExit) as exc:
+        main([
+            cfg,
+            str(tmp_path / 'ckpt.pth'), '--work-dir',
+            str(tmp_path / 'w')
+        ])
+    assert exc.value.code == 1
+    err = capsys.readouterr().err
+    assert err.startswith('mmsoft: data for testing not found: '
+                          'data/no_coco/ ')
+    assert 'test_dataloader.dataset.data_root=/path/to/no_coco/ ' in err
+    assert 'test_evaluator.ann_file=/path/to/no_coco/annotations/' \
+        'instances_val2017.json' in err
+    assert not osp.exists(tmp_path / 'w')
+
+
+def test_dist_train_two_ranks_one_message(tmp_path):
+    cfg = _missing_cfg(tmp_path)
+    proc = subprocess.run([
+        'bash',
+        osp.join(ROOT, 'tools', 'dist_train.sh'), cfg, '2', '--work-dir',
+        str(tmp_path / 'w')
+    ],
+                          cwd=str(tmp_path),
+                          env=_env(PORT=str(_free_port())),
+                          capture_output=True,
+                          text=True,
+                          timeout=300)
+    _assert_one_message(proc, 'training')
+    assert 'ChildFailedError' not in proc.stderr  # no worker started
+
+
+def test_existing_data_passes(tmp_path, monkeypatch, capsys):
+    """The demo configs on generated demo data pass the check (module and
+    command line with --cfg-options)."""
+    pytest.importorskip('mmdet')
+    pytest.importorskip('mmseg')
+    pytest.importorskip('mmpretrain')
+    from mmsoft.demo import synthetic as S
+    from mmsoft.demo import tasks as T
+    tiny = {t: dict(num_train=2, num_val=2) for t in ('det', 'seg', 'cls')}
+    tiny['cls'] = dict(num_train=5, num_val=5)
+    report = S.make_demo_data(
+        str(tmp_path / 'demo'), overrides=tiny, workers=1, log=None)
+    roots = {task: r['path'] for task, r in report.items()}
+    monkeypatch.chdir(tmp_path)
+    for task in ('det', 'seg', 'cls'):
+        cfg = T.load_demo_config(task)
+        assert dc.missing_data_message(cfg, 'train') is not None  # data/demo
+        T.set_data_root(cfg, roots[task])
+        for mode in ('train', 'test'):
+            assert dc.missing_data_message(cfg, mode) is None, (task, mode)
+    # the command line, with the overrides a user would type
+    det = T.config_path('det')
+    root = roots['det'].rstrip('/') + '/'
+    over = [
+        f'train_dataloader.dataset.data_root={root}',
+        f'val_dataloader.dataset.data_root={root}',
+        f'val_evaluator.ann_file={root}annotations/instances_val.json'
+    ]
+    proc = subprocess.run(
+        [
+            sys.executable, '-m', 'mmsoft.utils.data_check', 'train', det,
+            '--work-dir', 'x', '--resume', '--cfg-options'
+        ] + over,
+        cwd=str(tmp_path),
+        env=_env(),
+        capture_output=True,
+        text=True,
+        timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    assert dc.main(['train', det, '--cfg-options'] + over[:1]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith('mmsoft: data for validation not found')
+    assert dc.main(['test', 'no_such_config.py', '--help']) == 1
+    assert capsys.readouterr().err.strip() == \
+        'mmsoft: config file not found: no_such_config.py'
+
+
+def test_message_command_quoting():
+    # the overrides are shell words: no spaces or quotes inside
+    cfg = ConfigDict(test_dataloader=dict(dataset=_coco_ds('data/x/')))
+    msg = dc.missing_data_message(cfg, 'test')
+    over = msg.split('--cfg-options ', 1)[1].splitlines()[0]
+    assert shlex.split(over) == over.split()
+
+
+# ------------------------------------------------------------ README
+LAYOUTS = {
+    'coco': [
+        'annotations/instances_train2017.json',
+        'annotations/instances_val2017.json', 'train2017/', 'val2017/'
+    ],
+    'ADEChallengeData2016': [
+        'images/training/', 'images/validation/', 'annotations/training/',
+        'annotations/validation/'
+    ],
+    'imagenet': ['train/', 'val/'],
+}
+
+
+def _readme_rows():
+    with open(osp.join(ROOT, 'README.md')) as f:
+        text = f.read()
+    section = text.split('\n## Data preparation\n', 1)[1].split('\n## ')[0]
+    rows = []
+    for line in section.splitlines():
+        if not line.startswith('| `'):
+            continue
+        cells = [c.strip() for c in line.strip().strip('|').split('|')]
+        patterns = re.findall(r'`([^`]+)`', cells[0])
+        train, test = (
+            re.findall(r'`([^`]+)`', c)[0].split() for c in cells[1:3])
+        rows.append((patterns, train, test))
+    return rows
+
+
+def test_readme_data_overrides(tmp_path, monkeypatch):
+    """The README's layouts and --cfg-options, for every config family of
+    configs/ (each config is matched by a row): on the layout the README
+    draws, its overrides make both the training and the testing check pass
+    (and without them, they fail)."""
+    import fnmatch
+    pytest.importorskip('mmdet')
+    pytest.importorskip('mmseg')
+    pytest.importorskip('mmpretrain')
+    for name, items in LAYOUTS.items():
+        for item in items:
+            path = tmp_path / name / item
+            if item.endswith('/'):
+                path.mkdir(parents=True, exist_ok=True)
+            else:
+                path.parent.mkdir(parents=True, exist_ok=True)
+                path.write_text('')
+    rows = _readme_rows()
+    assert len(rows) == 3
+    configs = sorted(f for f in os.listdir(CONFIGS) if f.endswith('.py'))
+    monkeypatch.chdir(tmp_path)  # no data/ here
+    covered = set()
+    for patterns, train, test in rows:
+        matched = [
+            c for c in configs if any(
+                fnmatch.fnmatch(c, p if p.endswith('.py') else p + '.py')
+                for p in patterns)
+        ]
+        assert matched, patterns
+        covered.update(matched)
+        # one config per family (the sizes share their family's data)
+        families = {}
+        for name in matched:
+            families.setdefault(
+                re.sub(r'_(tiny|small|medium|large|huge)', '', name), name)
+        for name in families.values():
+            resolved = Config.fromfile(osp.join(CONFIGS, name))
+            for mode, options in (('train', train), ('test', test)):
+                cfg = copy.deepcopy(resolved)
+                assert dc.missing_data_message(cfg, mode) is not None
+                opts = dict(
+                    o.replace('/data/', f'{tmp_path}/').split('=', 1)
+                    for o in options)
+                for key in opts:  # the keys exist in the resolved config
+                    node = cfg
+                    for part in key.split('.'):
+                        node = node[part]
+                cfg.merge_from_dict(opts)
+                assert dc.missing_data_message(cfg, mode) is None, \
+                    (name, mode, dc.missing_data_message(cfg, mode))
+    assert covered == set(configs)

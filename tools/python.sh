@@ -1,0 +1,48 @@
+# Sourced by tools/dist_train.sh, dist_test.sh, slurm_train.sh and
+# slurm_test.sh once they have set ROOT (the repository root).
+#
+# Sets PYTHON, the interpreter that runs the tools:
+#   1. $PYTHON when given (PYTHON=/path/to/python tools/dist_train.sh ...);
+#   2. else, when no virtualenv and no conda environment other than `base`
+#      is active, the project venv ${MMSOFT_VENV:-$ROOT/.venv} made by
+#      `make demo` / tools/setup_env.sh, if it exists;
+#   3. else `python` (`python3` when there is no `python`).
+if [[ -z "${PYTHON:-}" ]]; then
+    _mmsoft_venv="${MMSOFT_VENV:-$ROOT/.venv}"
+    if [[ -z "${VIRTUAL_ENV:-}" && ( -z "${CONDA_DEFAULT_ENV:-}" ||
+          "${CONDA_DEFAULT_ENV:-}" == base ) &&
+          -x "$_mmsoft_venv/bin/python" ]]; then
+        PYTHON="$_mmsoft_venv/bin/python"
+    elif command -v python >/dev/null 2>&1; then
+        PYTHON=python
+    else
+        PYTHON=python3
+    fi
+    unset _mmsoft_venv
+fi
+
+# mmsoft_check_data MODE CONFIG [tool args]: before any worker starts, check
+# once that $PYTHON can run the tools and that the data the config needs
+# (MODE train: train + val, test: test) is on disk; else print one short
+# message and return 1 (mmsoft/utils/data_check.py).
+# MMSOFT_SKIP_DATA_CHECK=1 skips the data check.
+mmsoft_check_data() {
+    PYTHONPATH="$ROOT${PYTHONPATH:+:$PYTHONPATH}" "$PYTHON" - "$@" <<'PY'
+import os
+import sys
+import warnings
+# mmengine 0.10's import of pkg_resources: not the user's business here
+warnings.filterwarnings('ignore', message='pkg_resources is deprecated')
+try:
+    import torch  # noqa: F401
+    import mmengine  # noqa: F401
+except ImportError as e:
+    sys.exit(f'{sys.executable} cannot run the tools ({e}): run `make demo`'
+             ' (creates .venv), activate your environment, or set '
+             'PYTHON=/path/to/python')
+if os.environ.get('MMSOFT_SKIP_DATA_CHECK', '0') not in ('', '0'):
+    sys.exit(0)
+from mmsoft.utils.data_check import main
+sys.exit(main(sys.argv[1:]))
+PY
+}
