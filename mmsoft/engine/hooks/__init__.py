@@ -1,0 +1,3 @@
+from .nr_residual_hook import NRResidualHook
+
+__all__ = ['NRResidualHook']
