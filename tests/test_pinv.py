@@ -486,3 +486,23 @@ def test_stats_report_convergence(method):
     assert ((0 <= few['unconverged']) & (few['unconverged'] <= 1)).all()
     converged = nr_residual(kernel_matrix(2, m=12, dtype=torch.float64), 40)
     assert (converged['unconverged'] == 0).all()
+
+
+def test_close_pairs_match_the_mask():
+    """The binary-search pairs are exactly |l_i - l_j| <= r max(|l_i|,
+    |l_j|) over a batch of sorted spectra with clusters, zeros and signs."""
+    from mmsoft.models.layers.pinv import _DD_RTOL, _close_pairs
+    g = torch.Generator().manual_seed(0)
+    lam = torch.cat([torch.randn(2, 3, 20, generator=g,
+                                 dtype=torch.float64) * 1e-6,
+                     torch.rand(2, 3, 20, generator=g,
+                                dtype=torch.float64).exp(),
+                     torch.full((2, 3, 3), 0.5, dtype=torch.float64),
+                     torch.zeros(2, 3, 2, dtype=torch.float64)], -1)
+    lam = lam.sort(-1).values
+    li, lj = lam.unsqueeze(-1), lam.unsqueeze(-2)
+    mask = (li - lj).abs() <= _DD_RTOL * torch.maximum(li.abs(), lj.abs())
+    got = torch.zeros_like(mask)
+    got[_close_pairs(lam)] = True
+    assert torch.equal(got, mask)
+    assert mask.sum() > mask[0, 0].diagonal().numel() * 6 + 6 * 8

@@ -239,22 +239,45 @@ def _pair_divided_differences(a: torch.Tensor, b: torch.Tensor,
     return D
 
 
+def _close_pairs(lam: torch.Tensor) -> Tuple[torch.Tensor, ...]:
+    """Indices (batch..., i, j) of the eigenvalue pairs with
+    |l_i - l_j| <= _DD_RTOL max(|l_i|, |l_j|) (the diagonal included).
+
+    ``eigh`` returns l sorted ascending, so the close partners of l_i form
+    one run [lo_i, hi_i) found by binary search: no m x m mask. Pairs of
+    opposite signs are never close; l_i = 0 is close to exact zeros only.
+    """
+    m = lam.shape[-1]
+    flat = lam.reshape(-1, m).contiguous()
+    keep = 1.0 - _DD_RTOL
+    pos = flat >= 0
+    lower = torch.where(pos, flat * keep, flat / keep)
+    upper = torch.where(pos, flat / keep, flat * keep)
+    lo = torch.searchsorted(flat, lower.contiguous(), side='left')
+    hi = torch.searchsorted(flat, upper.contiguous(), side='right')
+    counts = (hi - lo).flatten()  # >= 1: l_i itself
+    rows = torch.arange(counts.numel(), device=lam.device)
+    row = torch.repeat_interleave(rows, counts)  # flat (batch, i) index
+    start = torch.cumsum(counts, 0) - counts
+    j = torch.arange(row.numel(), device=lam.device) - start[row] + \
+        lo.flatten()[row]
+    b, i = row // m, row % m
+    batch = torch.unravel_index(b, lam.shape[:-1]) if lam.dim() > 1 else ()
+    return tuple(batch) + (i, j)
+
+
 def _divided_differences(lam: torch.Tensor, v: torch.Tensor,
                          alpha: torch.Tensor, iters: int) -> torch.Tensor:
     """F_ij = (f(l_i) - f(l_j)) / (l_i - l_j), f'(l_i) where l_i = l_j.
 
     The Daleckii-Krein kernel of f = v_T (see the module docstring):
     the quotient for well-separated eigenvalues, the differentiated
-    recurrence (:func:`_pair_divided_differences`) for the close pairs.
+    recurrence (:func:`_pair_divided_differences`) for the close pairs
+    (:func:`_close_pairs`), which overwrite the quotient there.
     """
-    li, lj = lam.unsqueeze(-1), lam.unsqueeze(-2)
-    delta = li - lj
     F = v.unsqueeze(-1) - v.unsqueeze(-2)
-    scale = torch.maximum(li.abs(), lj.abs()).mul_(_DD_RTOL)
-    close = delta.abs() <= scale
-    del scale
-    F.div_(delta.masked_fill_(close, 1.0))
-    idx = close.nonzero(as_tuple=True)  # includes the diagonal
+    F.div_(lam.unsqueeze(-1) - lam.unsqueeze(-2))  # inf / nan where close
+    idx = _close_pairs(lam)
     batch = idx[:-2]
     F[idx] = _pair_divided_differences(lam[batch + (idx[-2], )],
                                        lam[batch + (idx[-1], )],
