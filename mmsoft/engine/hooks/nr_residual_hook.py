@@ -105,7 +105,7 @@ class NRResidualHook(Hook):
                 print_log(
                     f'NRResidualHook: in {stage} the Newton-Raphson '
                     f'iterations have not converged on {frac:.0%} of the '
-                    f'bottleneck spectrum '
+                    f'bottleneck matrix\'s numerical rank '
                     f'(residual {vals["residual"]:.2e}); the forward differs '
                     f'from A^+ there and Eq. 16 is not its gradient. '
                     f"Consider nr_backward='exact', more nr_iters or "
