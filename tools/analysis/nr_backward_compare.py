@@ -15,9 +15,9 @@ shaded objects) at each ``--sizes`` entry, prints
 * forward and backward times of both (median of ``--repeats``, measured
   alternately in one process) and the ratio exact / Eq. 16;
 * with ``--parity``: max |out - ref| / max |ref| of the default rule
-  (``'soft_norm_per_sample'``) and of ``'soft_norm_per_matrix'``, float32,
-  against a float64 reference of the official rule per sample (the official
-  alpha loop with the explicit residual I - alpha A A; the 20 iterations
+  (``'soft_norm_per_sample'``, float32 and float64) and of
+  ``'soft_norm_per_matrix'`` (float32) against a float64 reference of the
+  official rule per sample (the official alpha loop with the explicit residual I - alpha A A; the 20 iterations
   evaluated on the float64 eigenvalues, which equals the explicit
   iterations to ~1e-9, see tests/test_pinv.py).
 
@@ -159,8 +159,13 @@ def parity(args, x):
     with torch.no_grad():
         outs = {}
         for rule in ('soft_norm_per_sample', 'soft_norm_per_matrix'):
-            outs[rule] = build(args.arch, args.seed, nr_init=rule,
-                               nr_method=args.nr_method)(x)
+            outs[f'{rule} (float32)'] = build(args.arch, args.seed,
+                                              nr_init=rule,
+                                              nr_method=args.nr_method)(x)
+        # float64: separates the rule from float32 rounding
+        outs['soft_norm_per_sample (float64)'] = build(
+            args.arch, args.seed, nr_method=args.nr_method).double()(
+                x.double())
         ref_model = build(args.arch, args.seed).double()
         orig = sa.bottleneck_apply
         sa.bottleneck_apply = reference_apply
