@@ -17,8 +17,8 @@ shaded objects) at each ``--sizes`` entry, prints
 * with ``--parity``: max |out - ref| / max |ref| of the default rule
   (``'soft_norm_per_sample'``, float32 and float64) and of
   ``'soft_norm_per_matrix'`` (float32) against a float64 reference of the
-  official rule per sample (the official alpha loop with the explicit residual I - alpha A A; the 20 iterations
-  evaluated on the float64 eigenvalues, which equals the explicit
+  official rule per sample (the official alpha loop with the explicit
+  residual I - alpha A A; the 20 iterations evaluated on the float64 eigenvalues, which equals the explicit
   iterations to ~1e-9, see tests/test_pinv.py).
 
 * with ``--train-demo``: trains the demo detection task
