@@ -18,8 +18,9 @@ shaded objects) at each ``--sizes`` entry, prints
   (``'soft_norm_per_sample'``, float32 and float64) and of
   ``'soft_norm_per_matrix'`` (float32) against a float64 reference of the
   official rule per sample (the official alpha loop with the explicit
-  residual I - alpha A A; the 20 iterations evaluated on the float64 eigenvalues, which equals the explicit
-  iterations to ~1e-9, see tests/test_pinv.py).
+  residual I - alpha A A; the 20 iterations evaluated on the float64
+  eigenvalues, which equals the explicit iterations to ~1e-9, see
+  tests/test_pinv.py).
 
 * with ``--train-demo``: trains the demo detection task
   (``configs/demo/retinanet_soft_demo.py``, RetinaNet + a small SOFT on the
