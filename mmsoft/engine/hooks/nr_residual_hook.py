@@ -24,8 +24,8 @@ when a stage's ``unconverged`` exceeds ``warn_unconverged``::
 
     custom_hooks = [dict(type='NRResidualHook', interval=50)]
 
-or, without a config edit, ``tools/train.py CFG --cfg-options
-custom_hooks="[dict(type='NRResidualHook')]"``. The backbone option
+in a config (or one that inherits yours with ``_base_``). The backbone
+option
 ``nr_diagnostics=True`` and :meth:`mmsoft.models.backbones.SOFT.nr_stats`
 give the same numbers outside a Runner.
 """
