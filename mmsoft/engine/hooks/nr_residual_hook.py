@@ -25,9 +25,9 @@ when a stage's ``unconverged`` exceeds ``warn_unconverged``::
     custom_hooks = [dict(type='NRResidualHook', interval=50)]
 
 in a config (or one that inherits yours with ``_base_``). The backbone
-option
-``nr_diagnostics=True`` and :meth:`mmsoft.models.backbones.SOFT.nr_stats`
-give the same numbers outside a Runner.
+option ``nr_diagnostics=True`` and
+:meth:`mmsoft.models.backbones.SOFT.nr_stats` give the same numbers
+outside a Runner.
 """
 from typing import Dict, List, Optional
 
