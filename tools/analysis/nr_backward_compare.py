@@ -12,7 +12,8 @@ shaded objects) at each ``--sizes`` entry, prints
   vs the exact gradient of the 20 iterations (``'exact'``), for a fixed
   random upstream gradient on the four output maps, and the same per
   stage;
-* forward and backward times of both (median of ``--repeats``, measured
+* forward and backward times of both (CPU seconds of the process, robust
+  to other jobs on a shared machine; median of ``--repeats``, measured
   alternately in one process) and the ratio exact / Eq. 16;
 * with ``--parity``: max |out - ref| / max |ref| of the default rule
   (``'soft_norm_per_sample'``, float32 and float64) and of
@@ -54,6 +55,9 @@ def parse_args(argv=None):
     p.add_argument('--threads', type=int, default=None)
     p.add_argument('--seed', type=int, default=0)
     p.add_argument('--nr-method', default='auto')
+    p.add_argument('--no-grad-compare', action='store_true',
+                   help='skip the gradient / timing part (e.g. with '
+                   '--parity only)')
     p.add_argument('--parity', action='store_true',
                    help='also compare the forward with a float64 reference '
                    'of the official per-sample rule')
@@ -109,18 +113,22 @@ def param_groups(model):
 
 
 def run_grad(model, x, upstream):
-    """(forward s, backward s, {group: flat grad}) of one training step."""
+    """(forward s, backward s, {group: flat grad}) of one training step.
+
+    Times are CPU seconds of this process (``time.process_time``): on a
+    shared machine they do not count the time other jobs hold the cores
+    (wall-clock times are printed too)."""
     import torch
     model.zero_grad(set_to_none=True)
-    t0 = time.perf_counter()
+    w0, t0 = time.perf_counter(), time.process_time()
     outs = model(x)
-    t1 = time.perf_counter()
+    w1, t1 = time.perf_counter(), time.process_time()
     loss = sum((o * u).sum() for o, u in zip(outs, upstream))
     loss.backward()
-    t2 = time.perf_counter()
+    w2, t2 = time.perf_counter(), time.process_time()
     grads = {k: torch.cat([p.grad.flatten() for p in ps])
              for k, ps in param_groups(model).items()}
-    return t1 - t0, t2 - t1, grads
+    return t1 - t0, t2 - t1, grads, (w1 - w0, w2 - w1)
 
 
 def official_alpha(A):
@@ -181,6 +189,49 @@ def parity(args, x):
     return rows
 
 
+def grad_compare(args, x):
+    """Convergence, gradient error and backward cost at one size."""
+    import torch
+    models = {b: build(args.arch, args.seed, nr_backward=b,
+                       nr_method=args.nr_method, nr_diagnostics=True)
+              for b in ('eq16', 'exact')}
+    g = torch.Generator().manual_seed(args.seed + 1)
+    with torch.no_grad():
+        shapes = [o.shape for o in models['eq16'](x)]
+    upstream = [torch.randn(s, generator=g) for s in shapes]
+    for stage, v in models['eq16'].nr_stats().items():
+        print(f'{stage}: NR residual {v["residual"]:.2e}, unconverged '
+              f'{v["unconverged"]:.1%} of the rank', flush=True)
+    times = {b: ([], []) for b in models}
+    grads = {}
+    for r in range(args.repeats):
+        for b in (('eq16', 'exact') if r % 2 == 0
+                  else ('exact', 'eq16')):
+            tf, tb, gr, wall = run_grad(models[b], x, upstream)
+            times[b][0].append(tf)
+            times[b][1].append(tb)
+            grads[b] = gr
+            print(f'  run {r}: {b:5s} forward {tf:.2f} s, backward '
+                  f'{tb:.2f} s CPU (wall {wall[0]:.2f} / {wall[1]:.2f} '
+                  f's)', flush=True)
+    print('gradient, Eq. 16 vs exact (relative error, cosine):')
+    flat = {b: torch.cat(list(grads[b].values())) for b in grads}
+    for key in list(grads['exact']) + ['backbone']:
+        ge = flat['exact'] if key == 'backbone' else grads['exact'][key]
+        g16 = flat['eq16'] if key == 'backbone' else grads['eq16'][key]
+        rel = ((g16 - ge).norm() / ge.norm()).item()
+        cos = torch.nn.functional.cosine_similarity(
+            g16.double(), ge.double(), 0).item()
+        print(f'  {key:9s} rel. error {rel:.3e}  cosine {cos:.6f}')
+    med = {b: (statistics.median(t[0]), statistics.median(t[1]))
+           for b, t in times.items()}
+    print(f'backward (CPU s): eq16 {med["eq16"][1]:.2f} s, exact '
+          f'{med["exact"][1]:.2f} s, ratio '
+          f'{med["exact"][1] / med["eq16"][1]:.2f}x (forward eq16 '
+          f'{med["eq16"][0]:.2f} s, exact {med["exact"][0]:.2f} s)',
+          flush=True)
+
+
 def main(argv=None):
     args = parse_args(argv)
     import torch
@@ -192,44 +243,9 @@ def main(argv=None):
     for size in args.sizes:
         h, w = (int(s) for s in size.lower().split('x'))
         x = natural_image(h, w, args.seed)
-        models = {b: build(args.arch, args.seed, nr_backward=b,
-                           nr_method=args.nr_method, nr_diagnostics=True)
-                  for b in ('eq16', 'exact')}
-        g = torch.Generator().manual_seed(args.seed + 1)
-        with torch.no_grad():
-            shapes = [o.shape for o in models['eq16'](x)]
-        upstream = [torch.randn(s, generator=g) for s in shapes]
         print(f'\n== {h} x {w}', flush=True)
-        for stage, v in models['eq16'].nr_stats().items():
-            print(f'{stage}: NR residual {v["residual"]:.2e}, unconverged '
-                  f'{v["unconverged"]:.1%} of the rank', flush=True)
-        times = {b: ([], []) for b in models}
-        grads = {}
-        for r in range(args.repeats):
-            for b in (('eq16', 'exact') if r % 2 == 0
-                      else ('exact', 'eq16')):
-                tf, tb, gr = run_grad(models[b], x, upstream)
-                times[b][0].append(tf)
-                times[b][1].append(tb)
-                grads[b] = gr
-                print(f'  run {r}: {b:5s} forward {tf:.2f} s, backward '
-                      f'{tb:.2f} s', flush=True)
-        print('gradient, Eq. 16 vs exact (relative error, cosine):')
-        flat = {b: torch.cat(list(grads[b].values())) for b in grads}
-        for key in list(grads['exact']) + ['backbone']:
-            ge = flat['exact'] if key == 'backbone' else grads['exact'][key]
-            g16 = flat['eq16'] if key == 'backbone' else grads['eq16'][key]
-            rel = ((g16 - ge).norm() / ge.norm()).item()
-            cos = torch.nn.functional.cosine_similarity(
-                g16.double(), ge.double(), 0).item()
-            print(f'  {key:9s} rel. error {rel:.3e}  cosine {cos:.6f}')
-        med = {b: (statistics.median(t[0]), statistics.median(t[1]))
-               for b, t in times.items()}
-        print(f'backward: eq16 {med["eq16"][1]:.2f} s, exact '
-              f'{med["exact"][1]:.2f} s, ratio '
-              f'{med["exact"][1] / med["eq16"][1]:.2f}x (forward eq16 '
-              f'{med["eq16"][0]:.2f} s, exact {med["exact"][0]:.2f} s)',
-              flush=True)
+        if not args.no_grad_compare:
+            grad_compare(args, x)
         if args.parity:
             for rule, err in parity(args, x):
                 print(f'parity vs float64 official per-sample rule: {rule} '
