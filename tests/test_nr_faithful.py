@@ -163,3 +163,25 @@ def test_nr_stats_and_hook():
     assert few > 10 * stats['stage1']['residual']
     hook.after_run(runner)
     assert model.nr_stats() == {}
+
+
+def test_nr_backward_compare_tool(capsys):
+    """tools/analysis/nr_backward_compare.py prints the figures (tiny
+    preset, small image): gradient error, cost ratio, parity."""
+    import importlib.util
+    import os.path as osp
+    path = osp.join(osp.dirname(osp.dirname(osp.abspath(__file__))),
+                    'tools', 'analysis', 'nr_backward_compare.py')
+    spec = importlib.util.spec_from_file_location('nr_backward_compare',
+                                                  path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    x = mod.natural_image(40, 56)
+    assert x.shape == (1, 3, 40, 56) and x.std() > 0.3
+    mod.main(['--arch', 'tiny', '--sizes', '64x96', '--repeats', '1',
+              '--parity'])
+    out = capsys.readouterr().out
+    assert 'backbone  rel. error' in out and 'ratio' in out
+    assert 'soft_norm_per_sample (float64)' in out
+    f64 = float(out.split('soft_norm_per_sample (float64) ')[1].split()[0])
+    assert f64 < 1e-10
