@@ -1,4 +1,3 @@
 """Training-engine parts of mmsoft (hooks)."""
-from .hooks import SafeCheckpointHook, use_safe_checkpoint_hook
-
-__all__ = ['SafeCheckpointHook', 'use_safe_checkpoint_hook']
+from .hooks import *  # noqa: F401,F403
+from .hooks import __all__  # noqa: F401
