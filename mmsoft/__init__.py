@@ -13,8 +13,7 @@ from . import compat  # noqa: E402  (must run before anything loads weights)
 compat.apply()
 
 from .models import SOFT  # noqa: E402
-from . import engine  # noqa: E402,F401  (registers mmsoft's hooks)
 from .registry import MODELS  # noqa: E402
-from .engine import SafeCheckpointHook  # noqa: E402  (registers the hook)
+from .engine import SafeCheckpointHook  # noqa: E402,F401  (registers the hooks)
 
 __all__ = ['__version__', 'SOFT', 'MODELS', 'SafeCheckpointHook']
