@@ -14,6 +14,6 @@ compat.apply()
 
 from .models import SOFT  # noqa: E402
 from .registry import MODELS  # noqa: E402
-from .engine import SafeCheckpointHook  # noqa: E402  (registers the hooks)
+from .engine import SafeCheckpointHook  # noqa: E402,F401  (registers the hooks)
 
 __all__ = ['__version__', 'SOFT', 'MODELS', 'SafeCheckpointHook']

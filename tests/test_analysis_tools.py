@@ -172,7 +172,7 @@ def test_nr_convergence_on_an_image_folder(tmp_path):
         assert rs[-1]['mean'] < rs[0]['mean'] <= 1 + 1e-6
 
 
-@pytest.mark.parametrize('init', ['soft', 'soft_norm'])
+@pytest.mark.parametrize('init', ['soft', 'soft_norm_per_sample'])
 def test_nr_convergence_metric_is_pinv_convergence(init):
     from mmsoft.models.layers import gaussian_kernel
     from mmsoft.models.layers.pinv import pinv_convergence

@@ -332,7 +332,8 @@ def test_soft_row_is_row_of_p_ainv_pt(attn_norm):
     lm = F.avg_pool2d(q.reshape(2 * HEADS, *HW, D).permute(0, 3, 1, 2), 2)
     lm = lm.flatten(2).transpose(1, 2).reshape(2, HEADS, -1, D)
     P, A = gaussian_kernel(q, lm), gaussian_kernel(lm, lm)
-    A_inv = newton_inverse(A, 20, 'soft_norm' if attn_norm else 'soft')
+    A_inv = newton_inverse(A, 20, 'soft_norm_per_sample' if attn_norm
+                           else 'soft')
     if attn_norm:
         d = A.sum(-1).rsqrt()
         A_inv = d[..., :, None] * A_inv * d[..., None, :]

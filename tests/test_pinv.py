@@ -1,4 +1,6 @@
 """Newton-Raphson Moore-Penrose inverse (Alg. 2, Eq. 10/16) and its init."""
+import warnings
+
 import pytest
 import torch
 
@@ -16,7 +18,7 @@ def kernel_matrix(*batch, m=49, d=32, scale=1.0, seed=0, dtype=torch.float32):
 
 def test_matches_torch_pinv():
     A = kernel_matrix(2, 3)
-    Y = newton_inverse(A, 20, 'soft_norm')
+    Y = newton_inverse(A, 20, 'soft_norm_per_matrix')
     ref = torch.linalg.pinv(A.double())
     rel = (Y.double() - ref).norm() / ref.norm()
     assert rel < 1e-4
@@ -24,7 +26,7 @@ def test_matches_torch_pinv():
 
 def test_float64_close_to_pinv():
     A = kernel_matrix(4, dtype=torch.float64)
-    Y = newton_inverse(A, 30, 'soft_norm')
+    Y = newton_inverse(A, 30, 'soft_norm_per_matrix')
     assert Y.dtype == torch.float64
     torch.testing.assert_close(Y, torch.linalg.pinv(A), rtol=1e-8, atol=1e-8)
 
@@ -51,7 +53,7 @@ def test_convergence_metric_decreases():
 def test_norm_alpha_follows_official_halving_rule():
     """alpha = 2 * 0.5^n / ||A||_1^2 with n the first passing the test."""
     A = kernel_matrix(5, dtype=torch.float64, scale=0.3)  # dense, large norm
-    alpha = nr_init_alpha(A, 'soft_norm')
+    alpha = nr_init_alpha(A, 'soft_norm_per_matrix')
     eye = torch.eye(A.shape[-1], dtype=A.dtype)
     for b in range(A.shape[0]):
         a = 2 / A[b].sum(-1).max()**2
@@ -76,7 +78,7 @@ def test_alpha_is_chosen_per_matrix():
     torch.testing.assert_close(alone, together, rtol=0, atol=0)
 
 
-@pytest.mark.parametrize('init', ['soft_norm', 'soft'])
+@pytest.mark.parametrize('init', ['soft_norm_per_matrix', 'soft'])
 def test_gradcheck_eq16(init):
     """The closed-form backward (Eq. 16) is the gradient of the inverse."""
     A = kernel_matrix(2, m=6, d=4, dtype=torch.float64, seed=3)
@@ -107,11 +109,11 @@ def test_runs_in_fp32_under_autocast(dtype):
 def test_bad_input_errors():
     with pytest.raises(ValueError, match='m, m'):
         newton_inverse(torch.ones(3, 4))
-    with pytest.raises(ValueError, match='soft_norm'):
+    with pytest.raises(ValueError, match='soft_norm_per_matrix'):
         newton_inverse(torch.eye(3), init='svd')
 
 
-@pytest.mark.parametrize('init', ['soft_norm', 'soft'])
+@pytest.mark.parametrize('init', ['soft_norm_per_matrix', 'soft'])
 @pytest.mark.parametrize('m', [49, 200])
 def test_spectral_equals_iterative(init, m):
     """Same T iterations evaluated on eigenvalues (float64 and float32)."""
@@ -152,12 +154,12 @@ def test_auto_method_choice():
         resolve_method('svd', big)
 
 
-def test_soft_norm_global_matches_official_batch_rule():
+def test_per_batch_matches_official_batch_rule():
     """Opt-in official rule: one alpha for the stack, all must pass."""
     A = torch.cat([kernel_matrix(1, m=16, dtype=torch.float64, seed=1),
                    kernel_matrix(1, m=16, scale=0.05, dtype=torch.float64,
                                  seed=2)])
-    alpha = nr_init_alpha(A, 'soft_norm_global')
+    alpha = nr_init_alpha(A, 'soft_norm_per_batch')
     assert alpha[0] == alpha[1]
     eye = torch.eye(16, dtype=A.dtype)
     a = 2 / A.sum(-1).max()**2
@@ -167,13 +169,13 @@ def test_soft_norm_global_matches_official_batch_rule():
         a, n = a * 0.5, n + 1
     torch.testing.assert_close(alpha[0], a)
     # differs from the per-matrix default, which does not couple samples
-    assert not torch.equal(nr_init_alpha(A, 'soft_norm'), alpha)
+    assert not torch.equal(nr_init_alpha(A, 'soft_norm_per_matrix'), alpha)
 
 
 def _alpha_by_explicit_residual(A, init):
     """The official rule with the m x m residual I - alpha A A formed."""
     norm1 = A.sum(-1).amax(-1)
-    if init == 'soft_norm_global':
+    if init == 'soft_norm_per_batch':
         norm1 = norm1.amax().expand_as(norm1)
     alphas = (2 / norm1.square())[..., None] * 0.5**torch.arange(
         11, dtype=A.dtype)
@@ -181,14 +183,15 @@ def _alpha_by_explicit_residual(A, init):
     AA = A @ A
     res = torch.stack([(eye - alphas[..., k, None, None] * AA).abs().sum(
         -2).amax(-1) for k in range(11)], -1)
-    if init == 'soft_norm_global':
+    if init == 'soft_norm_per_batch':
         res = res.reshape(-1, 11).amax(0).expand_as(res)
     passed = res <= 1.01
     passed[..., -1] = True
     return alphas.gather(-1, passed.byte().argmax(-1, keepdim=True))[..., 0]
 
 
-@pytest.mark.parametrize('init', ['soft_norm', 'soft_norm_global'])
+@pytest.mark.parametrize('init',
+                         ['soft_norm_per_matrix', 'soft_norm_per_batch'])
 def test_alpha_residual_test_without_forming_AA(init):
     """The O(m^2) residual (A >= 0, symmetric) picks the official alpha."""
     A = torch.cat([kernel_matrix(3, m=m, scale=s, seed=k,
@@ -199,12 +202,12 @@ def test_alpha_residual_test_without_forming_AA(init):
     ref = _alpha_by_explicit_residual(A, init)
     torch.testing.assert_close(alpha, ref, rtol=0, atol=0)
     halvings = torch.log2(2 / A.sum(-1).amax(-1).square() / alpha).round()
-    if init == 'soft_norm':  # the test set exercises several halvings
+    if init == 'soft_norm_per_matrix':  # the set exercises several halvings
         assert len(halvings.unique()) >= 3, halvings
 
 
 @pytest.mark.parametrize('method', ['iterative', 'spectral'])
-@pytest.mark.parametrize('init', ['soft_norm', 'soft'])
+@pytest.mark.parametrize('init', ['soft_norm_per_matrix', 'soft'])
 def test_apply_equals_inverse_times_w(method, init):
     """newton_inverse_apply(A, W) == newton_inverse(A) @ W, values and
     gradients (float64 tight, float32 within 1e-5 relative)."""
@@ -258,20 +261,248 @@ def test_apply_fp32_under_autocast_and_errors():
         newton_inverse_apply(A, torch.randn(2, 129, 8))
 
 
-def test_sample_shared_alpha():
-    """'soft_norm_sample': the official rule within a sample (one alpha for
+def test_per_sample_shared_alpha():
+    """'soft_norm_per_sample': the official rule within a sample (one alpha for
     its heads), independent of the other samples of the batch."""
     A = torch.cat([kernel_matrix(1, 4, m=40, scale=s, seed=k,
                                  dtype=torch.float64)
                    for k, s in enumerate([0.1, 0.5, 2.0])])  # (3, 4, m, m)
-    a = nr_init_alpha(A, 'soft_norm_sample')
+    a = nr_init_alpha(A, 'soft_norm_per_sample')
     assert (a == a[:, :1]).all()  # shared by the heads of a sample
     for b in range(3):
         torch.testing.assert_close(
-            a[b], nr_init_alpha(A[b:b + 1], 'soft_norm_global')[0],
+            a[b], nr_init_alpha(A[b:b + 1], 'soft_norm_per_batch')[0],
             rtol=0, atol=0)
         torch.testing.assert_close(
-            a[b:b + 1], nr_init_alpha(A[b:b + 1], 'soft_norm_sample'),
+            a[b:b + 1], nr_init_alpha(A[b:b + 1], 'soft_norm_per_sample'),
             rtol=0, atol=0)
     # it differs from the per-matrix choice (the heads' alphas differ)
-    assert not torch.equal(a, nr_init_alpha(A, 'soft_norm'))
+    assert not torch.equal(a, nr_init_alpha(A, 'soft_norm_per_matrix'))
+
+
+# ------------------------------------------------- names of the alpha rules
+def test_old_init_names_are_aliases():
+    from mmsoft.models.layers.pinv import INIT_ALIASES, canonical_init
+    A = torch.cat([kernel_matrix(1, 4, m=30, scale=s, seed=k,
+                                 dtype=torch.float64)
+                   for k, s in enumerate([0.1, 2.0])])
+    for old, new in INIT_ALIASES.items():
+        if old == 'soft_norm':  # kept for saved configs, but it warns
+            with pytest.warns(FutureWarning, match='soft_norm_per_matrix'):
+                assert canonical_init(old) == new
+        else:
+            assert canonical_init(old) == new
+        with warnings.catch_warnings():
+            warnings.simplefilter('ignore', FutureWarning)
+            torch.testing.assert_close(nr_init_alpha(A, old),
+                                       nr_init_alpha(A, new), rtol=0, atol=0)
+    with pytest.raises(ValueError, match='soft_norm_per_sample'):
+        canonical_init('per_sample')
+
+
+def test_default_init_is_official_rule_per_sample():
+    from mmsoft.models.layers.pinv import default_init
+    from mmsoft.models.layers.soft_attention import SOFTAttention
+    assert default_init(True) == 'soft_norm_per_sample'
+    assert default_init(False) == 'soft'
+    assert SOFTAttention(16, 2, 2).nr_init == 'soft_norm_per_sample'
+    assert SOFTAttention(16, 2, 2, attn_norm=False).nr_init == 'soft'
+    A = kernel_matrix(2, 4, m=30, dtype=torch.float64)
+    torch.testing.assert_close(newton_inverse(A, 20),
+                               newton_inverse(A, 20, 'soft_norm_per_sample'),
+                               rtol=0, atol=0)
+
+
+# ------------------------------------------------------ exact NR gradient
+def smooth_kernel(*batch, m=60, d=8, seed=0, dtype=torch.float64):
+    """Landmarks varying smoothly along a curve (as conv-sampled features
+    do): many small eigenvalues on which 20 iterations do not converge."""
+    g = torch.Generator().manual_seed(seed)
+    t = torch.linspace(0, 1, m, dtype=torch.float64)[:, None]
+    freq = torch.rand(*batch, 1, d, generator=g, dtype=torch.float64) * 4
+    x = torch.sin(6 * t * freq + torch.randn(*batch, 1, d, generator=g,
+                                             dtype=torch.float64))
+    x = x + 0.05 * torch.randn(*batch, m, d, generator=g, dtype=x.dtype)
+    return gaussian_kernel(x, x).to(dtype)
+
+
+def matrix_with_spectrum(lam, seed=0):
+    """Q diag(lam) Q^T with a random orthogonal Q (float64, symmetric)."""
+    g = torch.Generator().manual_seed(seed)
+    Q, _ = torch.linalg.qr(torch.randn(len(lam), len(lam), generator=g,
+                                       dtype=torch.float64))
+    A = (Q * lam) @ Q.T
+    return (A + A.T) / 2
+
+
+def autograd_through_iterations(A, W, G, iters, init, attn_norm=False):
+    """Reference: grad_A (and grad_W) by autograd through the explicit
+    iterations of Eq. (10), alpha held fixed."""
+    from mmsoft.models.layers.pinv import _SOFT_SHIFT
+    a = A.clone().requires_grad_()
+    w = W.clone().requires_grad_()
+    alpha = nr_init_alpha(a.detach(), init)
+    Aw = a + _SOFT_SHIFT * torch.eye(a.shape[-1], dtype=a.dtype) \
+        if init == 'soft' else a
+    V = alpha[..., None, None] * Aw
+    for _ in range(iters):
+        V = 2 * V - V @ Aw @ V
+    if attn_norm:
+        d = a.sum(-1, keepdim=True).rsqrt()
+        Z = d * (V @ (d * w))
+    else:
+        Z = V @ w
+    return torch.autograd.grad((Z * G).sum(), (a, w))
+
+
+@pytest.mark.parametrize('init', ['soft_norm_per_sample', 'soft'])
+@pytest.mark.parametrize('method', ['spectral', 'iterative'])
+def test_exact_backward_equals_autograd_through_iterations(init, method):
+    """Not converged (smooth landmarks, m = 60): Eq. (16) is off, 'exact'
+    is the gradient of the 20 iterations (alpha fixed), also through
+    the normalisation D^-1/2 of the apply path."""
+    from mmsoft.models.layers.pinv import newton_inverse_apply
+    from mmsoft.models.layers.soft_attention import bottleneck_apply
+    A = smooth_kernel(2, 3)
+    W = torch.randn(2, 3, 60, 5, dtype=torch.float64)
+    G = torch.randn(2, 3, 60, 5, dtype=torch.float64)
+    for attn_norm in (False, True):
+        ref = autograd_through_iterations(A, W, G, 20, init, attn_norm)
+        got = {}
+        for bwd in ('exact', 'eq16'):
+            a = A.clone().requires_grad_()
+            w = W.clone().requires_grad_()
+            if attn_norm:
+                z = bottleneck_apply(a, w, True, 20, init, method, bwd)
+            else:
+                z = newton_inverse_apply(a, w, 20, init, method, bwd)
+            got[bwd] = torch.autograd.grad((z * G).sum(), (a, w))
+        for r, e in zip(ref, got['exact']):
+            assert ((e - r).norm() / r.norm()) < 1e-9
+        torch.testing.assert_close(got['eq16'][1], ref[1])  # grad_W exact
+        if init != 'soft':  # A + 0.01 I is well conditioned: converged
+            assert ((got['eq16'][0] - ref[0]).norm() / ref[0].norm()) > 1e-3
+        # the full-inverse path
+        a = A.clone().requires_grad_()
+        y = newton_inverse(a, 20, init, method, 'exact')
+        g = torch.autograd.grad(((y @ W) * G).sum(), a)[0]
+        if not attn_norm:
+            assert ((g - ref[0]).norm() / ref[0].norm()) < 1e-9
+
+
+def _fixed_alpha(monkeypatch, value):
+    import mmsoft.models.layers.pinv as pinv
+    monkeypatch.setattr(pinv, 'nr_init_alpha',
+                        lambda A, init='': torch.full(
+                            A.shape[:-2], value, dtype=A.dtype))
+
+
+@pytest.mark.parametrize('spectrum', ['distinct', 'repeated', 'near_equal'])
+def test_exact_backward_gradcheck(monkeypatch, spectrum):
+    """gradcheck (finite differences of the forward itself, alpha fixed as
+    the forward treats it) with distinct, repeated and near-equal
+    eigenvalues, unconverged ones included (10 iterations)."""
+    from mmsoft.models.layers.pinv import newton_inverse_apply
+    lam = {'distinct': [3.0, 1.5, 0.7, 0.2, 0.03, 0.004],
+           'repeated': [2.0, 2.0, 0.5, 0.05, 0.05, 0.05],
+           'near_equal': [2.0, 2.0 + 1e-9, 0.5, 0.05, 0.05 * (1 + 1e-7),
+                          0.05 * (1 - 1e-8)]}[spectrum]
+    A = matrix_with_spectrum(torch.tensor(lam, dtype=torch.float64))
+    W = torch.randn(6, 3, dtype=torch.float64)
+    _fixed_alpha(monkeypatch, 0.2)
+    sym = lambda a: (a + a.mT) / 2  # noqa: E731  (eigh reads one triangle)
+    for method in ('spectral', 'iterative'):
+        assert torch.autograd.gradcheck(
+            lambda a, w: newton_inverse_apply(sym(a), w, 10, 'soft',
+                                              method, 'exact'),
+            (A.clone().requires_grad_(), W.clone().requires_grad_()),
+            eps=1e-6, atol=1e-6)
+        assert torch.autograd.gradcheck(
+            lambda a: newton_inverse(sym(a), 10, 'soft_norm_per_sample',
+                                     method, 'exact'),
+            (A.clone().requires_grad_(), ), eps=1e-6, atol=1e-6)
+
+
+def test_divided_differences_close_eigenvalues():
+    """The Daleckii-Krein kernel for (near-)equal eigenvalues: the
+    recurrence form agrees with the quotient where that is accurate, and
+    with the derivative f'(l) at l_i = l_j (float64 autograd)."""
+    from mmsoft.models.layers.pinv import (_divided_differences,
+                                           _scalar_iterate)
+    lam = torch.tensor([1e-3, 1e-3 * (1 + 1e-12), 0.3, 0.3, 0.31, 1.7],
+                       dtype=torch.float64)
+    alpha = torch.tensor(0.3, dtype=torch.float64)
+    v = _scalar_iterate(lam, alpha, 20)
+    F = _divided_differences(lam, v, alpha, 20)
+    lg = lam.clone().requires_grad_()
+    fprime = torch.autograd.grad(_scalar_iterate(lg, alpha, 20).sum(),
+                                 lg)[0]
+    torch.testing.assert_close(F.diagonal(), fprime, rtol=1e-12, atol=0)
+    torch.testing.assert_close(F[0, 1], fprime[0], rtol=1e-9, atol=0)
+    torch.testing.assert_close(F[2, 3], fprime[2], rtol=1e-12, atol=0)
+    quotient = (v[2] - v[4]) / (lam[2] - lam[4])  # well separated pair
+    torch.testing.assert_close(F[2, 4], quotient, rtol=1e-12, atol=0)
+    torch.testing.assert_close(F, F.T, rtol=1e-12, atol=0)
+
+
+def test_exact_backward_float32_close_to_float64():
+    from mmsoft.models.layers.pinv import newton_inverse_apply
+    A = smooth_kernel(2, 2, m=120)
+    W = torch.randn(2, 2, 120, 4, dtype=torch.float64)
+    G = torch.randn(2, 2, 120, 4, dtype=torch.float64)
+    grads = []
+    for dt in (torch.float64, torch.float32):
+        a = A.to(dt).requires_grad_()
+        z = newton_inverse_apply(a, W.to(dt), 20, method='spectral',
+                                 backward='exact')
+        grads.append(torch.autograd.grad((z * G.to(dt)).sum(), a)[0])
+    rel = (grads[1].double() - grads[0]).norm() / grads[0].norm()
+    assert rel < 1e-3, rel
+
+
+def test_backward_bad_name():
+    with pytest.raises(ValueError, match="'eq16', 'exact'"):
+        newton_inverse(torch.eye(4), backward='autograd')
+
+
+# ------------------------------------------------------- convergence stats
+@pytest.mark.parametrize('method', ['spectral', 'iterative'])
+def test_stats_report_convergence(method):
+    """'residual' is the paper's ||A A_T A - A||_2 / ||A||_2 (as
+    pinv_convergence) and 'unconverged' grows when the iterations are cut
+    short, for both methods."""
+    from mmsoft.models.layers.pinv import newton_inverse_apply, nr_residual
+    A = smooth_kernel(2, m=60)
+    W = torch.randn(2, 60, 3, dtype=torch.float64)
+    stats = {}
+    newton_inverse_apply(A, W, 20, method=method, stats=stats)
+    ref = pinv_convergence(A, 20)[-1]
+    torch.testing.assert_close(stats['residual'], ref, rtol=1e-6, atol=1e-15)
+    for k, v in nr_residual(A, 20).items():
+        torch.testing.assert_close(stats[k], v)
+    few = nr_residual(A, 3)
+    assert (few['residual'] > stats['residual']).all()
+    assert (few['unconverged'] > stats['unconverged']).all()
+    assert ((0 <= few['unconverged']) & (few['unconverged'] <= 1)).all()
+    converged = nr_residual(kernel_matrix(2, m=12, dtype=torch.float64), 40)
+    assert (converged['unconverged'] == 0).all()
+
+
+def test_close_pairs_match_the_mask():
+    """The binary-search pairs are exactly |l_i - l_j| <= r max(|l_i|,
+    |l_j|) over a batch of sorted spectra with clusters, zeros and signs."""
+    from mmsoft.models.layers.pinv import _DD_RTOL, _close_pairs
+    g = torch.Generator().manual_seed(0)
+    lam = torch.cat([torch.randn(2, 3, 20, generator=g,
+                                 dtype=torch.float64) * 1e-6,
+                     torch.rand(2, 3, 20, generator=g,
+                                dtype=torch.float64).exp(),
+                     torch.full((2, 3, 3), 0.5, dtype=torch.float64),
+                     torch.zeros(2, 3, 2, dtype=torch.float64)], -1)
+    lam = lam.sort(-1).values
+    li, lj = lam.unsqueeze(-1), lam.unsqueeze(-2)
+    mask = (li - lj).abs() <= _DD_RTOL * torch.maximum(li.abs(), lj.abs())
+    got = torch.zeros_like(mask)
+    got[_close_pairs(lam)] = True
+    assert torch.equal(got, mask)
+    assert mask.sum() > mask[0, 0].diagonal().numel() * 6 + 6 * 8

@@ -52,7 +52,7 @@ def test_soft_attention_equals_dense_formula(attn_norm):
     q = torch.randn(2, 2, 64, 8, generator=g, dtype=torch.float64) / 8**.25
     lm = q[:, :, ::8]  # 8 landmarks
     v = torch.randn(2, 2, 64, 8, generator=g, dtype=torch.float64)
-    init = 'soft_norm' if attn_norm else 'soft'
+    init = 'soft_norm_per_sample' if attn_norm else 'soft'
     out = soft_attention(q, lm, v, attn_norm, nr_iters=40, nr_init=init)
     torch.testing.assert_close(out, dense_soft(q, lm, v, attn_norm, init),
                                rtol=1e-6, atol=1e-6)

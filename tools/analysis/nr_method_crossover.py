@@ -61,8 +61,8 @@ def time_method(A, W, method, iters, backward, repeats):
         if backward:
             a = A.clone().requires_grad_()
             w = W.clone().requires_grad_()
-            newton_inverse_apply(a, w, iters, 'soft_norm', method).sum() \
-                .backward()
+            newton_inverse_apply(a, w, iters, 'soft_norm_per_sample',
+                                 method).sum().backward()
         else:
             with torch.no_grad():
                 newton_inverse_apply(A, W, iters, 'soft_norm', method)

@@ -7,9 +7,9 @@ For bottleneck lengths m, it compares
 
 where A = exp(Q~ (-) Q~) is the m x m bottleneck matrix and A^+ the
 Newton-Raphson pseudo-inverse each model uses (``nr_init`` 'soft' and
-'soft_norm' respectively, ``--iters`` iterations; solid lines) and with
-the exact pseudo-inverse (:func:`torch.linalg.pinv`; dotted lines). 20 NR
-iterations only invert the eigenvalues of A above about
+'soft_norm_per_sample' respectively, ``--iters`` iterations; solid lines)
+and with the exact pseudo-inverse (:func:`torch.linalg.pinv`; dotted
+lines). 20 NR iterations only invert the eigenvalues of A above about
 sqrt(2^-20 / alpha), so the NR norms stay bounded where the exact ones
 explode. The CSV also has the
 largest eigenvalue of A (Fig. 5a).
@@ -108,7 +108,7 @@ def norms(L: torch.Tensor, iters: int) -> dict:
     A = gaussian_kernel(L, L)
     d = A.sum(-1).rsqrt()
     plain = newton_inverse(A, iters, 'soft')
-    normed = newton_inverse(A, iters, 'soft_norm')
+    normed = newton_inverse(A, iters, 'soft_norm_per_sample')
     normed = d[:, None] * normed * d[None, :]
     exact = torch.linalg.pinv(A, hermitian=True)
 
@@ -139,7 +139,8 @@ def to_markdown(rows, lengths) -> str:
                   f"{mean['exact_norm_pinv']:.3g} | "
                   f"{mean['lambda_max']:.3g} |\n")
     out.write('\nmeans over samples; A^+ by Newton-Raphson as in the models '
-              "(init 'soft' without, 'soft_norm' with normalisation).\n")
+              "(init 'soft' without, 'soft_norm_per_sample' with "
+              "normalisation).\n")
     return out.getvalue()
 
 

@@ -94,6 +94,11 @@ def convert(args, log=print):
     why = '--norm given' if args.norm else 'no --norm: a soft_* checkpoint'
     log(f'note: attention normalisation is not visible in the weights; '
         f'attn_norm={args.norm} ({why})')
+    if args.norm:
+        log("note: the backbone's default nr_init for attn_norm=True is the "
+            "official alpha rule per sample ('soft_norm_per_sample', = the "
+            "official model at batch size 1); nr_init='soft_norm_per_batch' "
+            "reproduces the official batched code bit for bit")
     backbone = dict(type='SOFT', arch=mm_arch, attn_norm=args.norm,
                     out_indices=(3, ), out_type='cls_token')
     if arch['in_channels'] != 3:

@@ -46,15 +46,25 @@ class SOFT(BaseModule):
         sampling: bottleneck sampling f_s: 'conv' (default), 'avgpool',
             'random' or 'biased' (Table 4b / 8).
         nr_iters: Newton-Raphson iterations for A^+.
-        nr_init: alpha initialisation ('soft_norm' or 'soft'); None picks the
-            one the official variant was trained with. 'soft_norm_sample'
-            shares one alpha between the heads of a sample (the official rule
-            at batch size 1, batch-independent); 'soft_norm_global'
-            reproduces the official normalized code bit for bit (one alpha
-            per batch, so outputs then depend on the batch).
+        nr_init: alpha rule of the Newton-Raphson iterations. None (default)
+            picks the official rule of the variant: with ``attn_norm``
+            'soft_norm_per_sample' (the official search, one alpha shared by
+            the heads of a sample: the official model at batch size 1, and
+            batch-independent), else 'soft'. 'soft_norm_per_matrix' searches
+            alpha for each matrix alone (the default before; old name
+            'soft_norm'); 'soft_norm_per_batch' is the official code's rule
+            for a whole batch (old name 'soft_norm_global'; outputs then
+            depend on the batch, for bit-level comparisons only).
         nr_method: evaluation of the NR iterations: 'auto' (spectral for
             large bottlenecks on the CPU), 'iterative' or 'spectral'; all
             compute the same function.
+        nr_backward: backward of the pseudo-inverse: 'eq16' (default, the
+            papers' closed form, the gradient of the exact pseudo-inverse)
+            or 'exact' (the gradient of the T iterations as computed, alpha
+            held fixed; differs from Eq. 16 where they have not converged,
+            e.g. at detection resolution).
+        nr_diagnostics: record the NR convergence of every forward (see
+            :meth:`nr_stats` and :class:`mmsoft.engine.NRResidualHook`).
         max_landmarks: opt-in cap on the bottleneck size m of every SOFT
             stage (e.g. 49 = the 224 x 224 value): the strided bottleneck
             grid is adaptively pooled down to at most this many tokens, so
@@ -118,6 +128,8 @@ class SOFT(BaseModule):
                  nr_method: str = 'auto',
                  max_landmarks: Optional[int] = None,
                  attn_type: str = 'soft',
+                 nr_backward: str = 'eq16',
+                 nr_diagnostics: bool = False,
                  out_indices: Union[int, Sequence[int]] = (0, 1, 2, 3),
                  out_type: str = 'featmap',
                  pretrain_img_size: int = 224,
@@ -183,7 +195,9 @@ class SOFT(BaseModule):
                         nr_method=nr_method,
                         max_landmarks=max_landmarks,
                         attn_type=attn_type,
-                        qkv_bias=qkv_bias) for j in range(depth)
+                        qkv_bias=qkv_bias,
+                        nr_backward=nr_backward,
+                        nr_diagnostics=nr_diagnostics) for j in range(depth)
                 ]
             else:
                 blocks = [
@@ -365,6 +379,38 @@ class SOFT(BaseModule):
                 if isinstance(m, _BatchNorm):
                     m.eval()
         return self
+
+    # ------------------------------------------------------- diagnostics
+    def set_nr_diagnostics(self, enabled: bool = True) -> None:
+        """Switch the NR convergence recording of every SOFT attention."""
+        for m in self.modules():
+            if hasattr(m, 'last_nr_stats'):
+                m.nr_diagnostics = enabled
+                if not enabled:
+                    m.last_nr_stats = None
+
+    @torch.no_grad()
+    def nr_stats(self) -> Dict[str, Dict[str, float]]:
+        """NR convergence of the last forward, per SOFT stage.
+
+        ``{'stage1': {'residual': ..., 'unconverged': ...}, ...}``: the
+        largest ||A A_T A - A||_2 / ||A||_2 (paper Fig. 4) and the largest
+        fraction of A's numerical rank with |1 - l v_T(l)| > 0.5 over the
+        matrices (samples, heads, blocks) of the stage. Empty unless
+        ``nr_diagnostics`` is on (see :meth:`set_nr_diagnostics`).
+        """
+        out: Dict[str, Dict[str, float]] = {}
+        for i, stage in enumerate(self.stages):
+            per_key: Dict[str, List[torch.Tensor]] = {}
+            for m in stage.modules():
+                stats = getattr(m, 'last_nr_stats', None)
+                for k, v in (stats or {}).items():
+                    per_key.setdefault(k, []).append(v.amax())
+            if per_key:
+                out[f'stage{i + 1}'] = {
+                    k: float(torch.stack(v).amax())
+                    for k, v in per_key.items()}
+        return out
 
     # ------------------------------------------------------------ forward
     def _pos_embed(self, i: int, hw: Tuple[int, int]) -> torch.Tensor:

@@ -70,7 +70,7 @@ ATTENTION_TYPES: Tuple[str, ...] = ('soft', 'soft_norm', 'softmax',
                                     'nystromformer', 'sima')
 
 _SOFT_ONLY = ('sampling', 'attn_norm', 'nr_iters', 'nr_init', 'nr_method',
-              'max_landmarks')
+              'max_landmarks', 'nr_backward', 'nr_diagnostics')
 
 
 def _accepted(cls, key: str) -> bool:

@@ -111,14 +111,18 @@ class SOFTBlock(nn.Module):
                  qkv_bias: bool = True,
                  nr_method: str = 'auto',
                  max_landmarks: Optional[int] = None,
-                 attn_type: str = 'soft'):
+                 attn_type: str = 'soft',
+                 nr_backward: str = 'eq16',
+                 nr_diagnostics: bool = False):
         super().__init__()
+        nr_opts = dict(nr_backward=nr_backward,
+                       nr_diagnostics=nr_diagnostics)
         self.attn = build_attention(
             attn_type, embed_dims, num_heads, sampling_ratio,
             sampling=sampling, dw_kernel_size=dw_kernel_size,
             attn_norm=attn_norm, nr_iters=nr_iters, nr_init=nr_init,
             qkv_bias=qkv_bias, nr_method=nr_method,
-            max_landmarks=max_landmarks)
+            max_landmarks=max_landmarks, **nr_opts)
         self.norm1 = nn.LayerNorm(embed_dims)
         self.ffn = FFN(embed_dims, int(embed_dims * mlp_ratio), 'tanh')
         self.norm2 = nn.LayerNorm(embed_dims)

@@ -5,30 +5,48 @@ paper::
 
     A_0 = alpha * A,        A_{k+1} = 2 A_k - A_k A A_k
 
-together with the two initialisations used by the official checkpoints:
+together with the initialisations used by the official checkpoints. The
+normalized (IJCV) models search alpha by the official rule; the three
+``'soft_norm_per_*'`` modes differ only in which matrices share one alpha:
 
-* ``'soft_norm'`` (IJCV, Sec. 3.2): alpha = 2 beta^n / ||A||_1^2 with beta=0.5
-  and n the smallest integer in [0, 10] for which ||I - alpha A A||_1 <= 1.01
-  (n = 10 if none passes). The official loop halves alpha until the test
-  passes; here all 11 candidates are scored at once (no Python loop, no host
-  synchronisation) and the choice is made **per matrix**, so that one sample's
-  result never depends on the rest of the batch.
+* ``'soft_norm_per_sample'`` (the default with ``attn_norm=True``; old name
+  ``'soft_norm_sample'``): the heads of one sample (all leading dims but the
+  first) share alpha = 2 beta^n / max ||A||_1^2, beta = 0.5, n the smallest
+  integer in [0, 10] for which ||I - alpha A A||_1 <= 1.01 holds for every
+  head (n = 10 if none passes). This is the official code's rule applied to
+  each sample alone: batch-independent, and identical to the official model
+  at batch size 1 (the usual detection / segmentation setting).
+* ``'soft_norm_per_matrix'`` (old name ``'soft_norm'``, the default before):
+  the same search for each matrix on its own. Batch-independent too, but a
+  different function from the official one wherever the 20 iterations have
+  not converged (large bottlenecks, e.g. m ~ 950 at 800 x 1216).
+* ``'soft_norm_per_batch'`` (old name ``'soft_norm_global'``; opt-in, for
+  bit-level comparison with the official code only): one alpha for the whole
+  (batch, heads) stack, as the official normalized kernel does. A sample's
+  result then depends on the other samples of its batch.
 * ``'soft'`` (NeurIPS): the iteration runs on A + 0.01 I with
-  alpha = 0.9 * 2 / ||A||_1^2 (||A||_1 of A before the shift).
-* ``'soft_norm_sample'``: the official rule applied to each sample: one
-  alpha shared by the heads (all leading dims but the first) of a sample.
-  Batch-independent, and equal to the official code at batch size 1, where
-  the two differ from the per-matrix choice when the iterations have not
-  converged (large bottlenecks, e.g. m ~ 950 at 800 x 1216).
-* ``'soft_norm_global'`` (opt-in, for bit-level comparison with the official
-  code only): the official normalized kernel's rule, one alpha for the whole
-  (batch, heads) stack from the largest ||A||_1, halved until *every* matrix
-  passes. Its result depends on the other samples of the batch, which is why
-  it is not the default; with it the official ``soft_norm_*`` logits are
-  reproduced to ~1e-6 (per-matrix alpha: ~1e-4).
+  alpha = 0.9 * 2 / ||A||_1^2 (||A||_1 of A before the shift), per matrix.
 
-The iterations run without autograd; the backward pass uses the closed form
-of Eq. (16), grad_A = -Y^T (grad_Y) Y^T with Y the computed inverse.
+All candidates alpha_n are scored at once (no Python loop, no host
+synchronisation).
+
+The iterations run without autograd. Two backward passes (``backward``):
+
+* ``'eq16'`` (default, as the papers): the closed form of Eq. (16),
+  grad_A = -Y^T (grad_Y) Y^T with Y the computed inverse. It is the gradient
+  of the true pseudo-inverse, i.e. of the forward only once the T iterations
+  have converged on every eigenvalue of A that matters.
+* ``'exact'``: the gradient of the function the T iterations compute, with
+  alpha held fixed (the forward computes it without autograd). With the
+  spectral method A_T = U diag(f(l)) U^T, f(l) = v_T(l) the scalar
+  recurrence below, and by the Daleckii-Krein theorem
+  dA_T = U (F o (U^T dA U)) U^T with F_ij = (f(l_i) - f(l_j)) / (l_i - l_j)
+  (f'(l_i) for l_i = l_j). F is formed directly for well-separated
+  eigenvalues and by differentiating the recurrence itself (divided
+  differences obey a Leibniz rule, so no cancellation) for close or equal
+  ones. Costs two m x m x m products more than Eq. (16). With the iterative
+  method the backward runs through the iterations (autograd).
+
 Everything runs in float32 (or float64 if given), autocast disabled.
 
 Two ways to evaluate the same T iterations (``method``):
@@ -43,16 +61,25 @@ Two ways to evaluate the same T iterations (``method``):
   iterative otherwise (on GPUs the batched products are fast and eigh is
   not).
 """
-from typing import Tuple
+import warnings
+from typing import Dict, Optional, Tuple
 
 import torch
 
 __all__ = ['newton_inverse', 'newton_inverse_apply', 'nr_init_alpha',
            'pinv_convergence', 'NewtonInverse', 'NewtonInverseApply',
-           'INIT_MODES', 'NR_METHODS', 'SPECTRAL_MIN_M']
+           'INIT_MODES', 'INIT_ALIASES', 'NR_METHODS', 'NR_BACKWARDS',
+           'SPECTRAL_MIN_M', 'canonical_init', 'default_init',
+           'nr_residual']
 
-INIT_MODES = ('soft_norm', 'soft', 'soft_norm_sample', 'soft_norm_global')
+INIT_MODES = ('soft_norm_per_sample', 'soft_norm_per_matrix',
+              'soft_norm_per_batch', 'soft')
+#: old names, still accepted (configs and saved configs may use them)
+INIT_ALIASES = {'soft_norm_sample': 'soft_norm_per_sample',
+                'soft_norm_global': 'soft_norm_per_batch',
+                'soft_norm': 'soft_norm_per_matrix'}
 NR_METHODS = ('auto', 'iterative', 'spectral')
+NR_BACKWARDS = ('eq16', 'exact')
 #: smallest m for which ``method='auto'`` uses the spectral form on the CPU.
 #: Measured crossover of ``newton_inverse_apply`` (16 matrices, d = 32,
 #: 2-core CPU): spectral / iterative time 0.93 (1 thread) and 1.56
@@ -64,6 +91,39 @@ _NORM_MAX_HALVINGS = 10
 _NORM_TOL = 1.01
 _SOFT_SHIFT = 0.01
 _SOFT_SCALE = 0.9
+#: eigenvalue pairs with |l_i - l_j| <= _DD_RTOL max(|l_i|, |l_j|) get their
+#: divided difference from the differentiated recurrence (no cancellation);
+#: the direct quotient loses about T eps / _DD_RTOL relative elsewhere.
+_DD_RTOL = 0.05
+
+
+def default_init(attn_norm: bool) -> str:
+    """The alpha rule of each official variant: the official normalized rule
+    per sample with ``attn_norm`` (IJCV), else ``'soft'`` (NeurIPS)."""
+    return 'soft_norm_per_sample' if attn_norm else 'soft'
+
+
+def canonical_init(init: str) -> str:
+    """``init`` with an old name (:data:`INIT_ALIASES`) replaced by the new.
+
+    ``'soft_norm'`` keeps its old meaning (alpha per matrix) so that saved
+    configs reproduce; it warns, because the default is now per sample.
+    """
+    if init in INIT_MODES:
+        return init
+    if init in INIT_ALIASES:
+        new = INIT_ALIASES[init]
+        if init == 'soft_norm':
+            warnings.warn(
+                "nr_init='soft_norm' is the old name of "
+                "'soft_norm_per_matrix' (alpha per matrix); the default "
+                "with attn_norm=True is now 'soft_norm_per_sample' (the "
+                "official rule per sample). Set nr_init to one of the new "
+                "names to silence this warning.", FutureWarning,
+                stacklevel=3)
+        return new
+    raise ValueError(f'unknown Newton-Raphson init {init!r}; choose one of '
+                     f'{INIT_MODES} (old names: {sorted(INIT_ALIASES)})')
 
 
 def _shared_max(t: torch.Tensor, init: str, trailing: int = 0):
@@ -71,34 +131,33 @@ def _shared_max(t: torch.Tensor, init: str, trailing: int = 0):
 
     ``t`` has the batch dims of A first, then ``trailing`` own dims.
     """
-    if init not in ('soft_norm_global', 'soft_norm_sample'):
+    if init not in ('soft_norm_per_batch', 'soft_norm_per_sample'):
         return t
     lead = t.dim() - trailing
     if lead == 0:
         return t
     tail = t.shape[lead:]
-    if init == 'soft_norm_global':
+    if init == 'soft_norm_per_batch':
         return t.reshape(-1, *tail).amax(0).expand_as(t)
     shared = t.reshape(t.shape[0], -1, *tail).amax(1)  # per sample
     return shared.view(t.shape[0], *([1] * (lead - 1)), *tail).expand_as(t)
 
 
-def nr_init_alpha(A: torch.Tensor, init: str = 'soft_norm') -> torch.Tensor:
+def nr_init_alpha(A: torch.Tensor,
+                  init: str = 'soft_norm_per_sample') -> torch.Tensor:
     """Per-matrix alpha of A_0 = alpha A. Returns shape ``A.shape[:-2]``.
 
-    For ``'soft_norm'`` the residual test of the official code,
-    ``max_j sum_i |I - alpha A A|_ij <= 1.01``, is evaluated for all
+    For the ``'soft_norm_per_*'`` rules the residual test of the official
+    code, ``max_j sum_i |I - alpha A A|_ij <= 1.01``, is evaluated for all
     candidates alpha_n = 2 * 0.5^n / ||A||_1^2, n = 0..10, in one batched
-    expression; the first passing n is used (10 when none passes).
+    expression; the first passing n is used (10 when none passes). ||A||_1
+    and the test are shared by the matrices of a sample / the batch
+    (``'soft_norm_per_sample'`` / ``'soft_norm_per_batch'``): the official
+    kernel uses the max ||A||_1 of its stack and halves until every matrix
+    passes.
     """
-    if init not in INIT_MODES:
-        raise ValueError(f'unknown Newton-Raphson init {init!r}; '
-                         f'choose one of {INIT_MODES}')
+    init = canonical_init(init)
     norm1 = A.sum(-1).amax(-1)  # A is non-negative: row sums = abs row sums
-    # the official SoftmaxFreeNormAttentionKernel.newton_inv uses one alpha
-    # for a stack of matrices: max ||A||_1, and the residual test must pass
-    # for every matrix; 'soft_norm_global' stacks the whole batch,
-    # 'soft_norm_sample' the heads of each sample
     norm1 = _shared_max(norm1, init)
     alpha0 = 2.0 / norm1.clamp_min(torch.finfo(A.dtype).tiny).square()
     if init == 'soft':
@@ -136,25 +195,100 @@ def _newton_iterate(A: torch.Tensor, V: torch.Tensor,
     return V.reshape(shape)
 
 
-def _spectral_factors(A: torch.Tensor, alpha: torch.Tensor,
-                      iters: int) -> Tuple[torch.Tensor, torch.Tensor]:
+def _scalar_iterate(lam: torch.Tensor, alpha: torch.Tensor,
+                    iters: int) -> torch.Tensor:
+    """f(l) = v_T: v_0 = alpha l, v_{k+1} = 2 v_k - v_k^2 l (Eq. 10 on the
+    eigenvalues l; ``alpha`` of shape ``lam.shape[:-1]``)."""
+    v = alpha[..., None] * lam
+    for _ in range(iters):
+        v = 2 * v - v * v * lam
+    return v
+
+
+def _spectral_factors(
+        A: torch.Tensor, alpha: torch.Tensor,
+        iters: int) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """The NR iterations on the eigenvalues of the symmetric A.
 
-    Returns (U, v) with A_T = U diag(v) U^T: A = U diag(l) U^T, and every
+    Returns (U, v, l) with A = U diag(l) U^T and A_T = U diag(v) U^T: every
     iterate is the same polynomial of A, so A_0 = alpha A becomes
     v_0 = alpha l and Eq. (10) becomes v_{k+1} = 2 v_k - v_k^2 l.
     """
     lam, U = torch.linalg.eigh(A)
-    v = alpha[..., None] * lam
+    return U, _scalar_iterate(lam, alpha, iters), lam
+
+
+def _pair_divided_differences(a: torch.Tensor, b: torch.Tensor,
+                              alpha: torch.Tensor,
+                              iters: int) -> torch.Tensor:
+    """[a, b] f for f = v_T, elementwise, without cancellation.
+
+    Divided differences obey the Leibniz rule
+    [a, b](g h) = mean(g) [a, b] h + [a, b] g mean(h) (mean of the values at
+    a and b), so D_k = [a, b] v_k follows the recurrence
+    D_0 = alpha,
+    D_{k+1} = D_k (2 - (v_a + v_b)(a + b) / 2) - (v_a^2 + v_b^2) / 2,
+    which for a = b is f'(a) (the derivative of the scalar recurrence).
+    """
+    va, vb = alpha * a, alpha * b
+    D = alpha.clone()
     for _ in range(iters):
-        v = 2 * v - v * v * lam
-    return U, v
+        D = D * (2 - 0.5 * (va + vb) * (a + b)) - 0.5 * (va * va + vb * vb)
+        va = 2 * va - va * va * a
+        vb = 2 * vb - vb * vb * b
+    return D
+
+
+def _close_pairs(lam: torch.Tensor) -> Tuple[torch.Tensor, ...]:
+    """Indices (batch..., i, j) of the eigenvalue pairs with
+    |l_i - l_j| <= _DD_RTOL max(|l_i|, |l_j|) (the diagonal included).
+
+    ``eigh`` returns l sorted ascending, so the close partners of l_i form
+    one run [lo_i, hi_i) found by binary search: no m x m mask. Pairs of
+    opposite signs are never close; l_i = 0 is close to exact zeros only.
+    """
+    m = lam.shape[-1]
+    flat = lam.reshape(-1, m).contiguous()
+    keep = 1.0 - _DD_RTOL
+    pos = flat >= 0
+    lower = torch.where(pos, flat * keep, flat / keep)
+    upper = torch.where(pos, flat / keep, flat * keep)
+    lo = torch.searchsorted(flat, lower.contiguous(), side='left')
+    hi = torch.searchsorted(flat, upper.contiguous(), side='right')
+    counts = (hi - lo).flatten()  # >= 1: l_i itself
+    rows = torch.arange(counts.numel(), device=lam.device)
+    row = torch.repeat_interleave(rows, counts)  # flat (batch, i) index
+    start = torch.cumsum(counts, 0) - counts
+    j = torch.arange(row.numel(), device=lam.device) - start[row] + \
+        lo.flatten()[row]
+    b, i = row // m, row % m
+    batch = torch.unravel_index(b, lam.shape[:-1]) if lam.dim() > 1 else ()
+    return tuple(batch) + (i, j)
+
+
+def _divided_differences(lam: torch.Tensor, v: torch.Tensor,
+                         alpha: torch.Tensor, iters: int) -> torch.Tensor:
+    """F_ij = (f(l_i) - f(l_j)) / (l_i - l_j), f'(l_i) where l_i = l_j.
+
+    The Daleckii-Krein kernel of f = v_T (see the module docstring):
+    the quotient for well-separated eigenvalues, the differentiated
+    recurrence (:func:`_pair_divided_differences`) for the close pairs
+    (:func:`_close_pairs`), which overwrite the quotient there.
+    """
+    F = v.unsqueeze(-1) - v.unsqueeze(-2)
+    F.div_(lam.unsqueeze(-1) - lam.unsqueeze(-2))  # inf / nan where close
+    idx = _close_pairs(lam)
+    batch = idx[:-2]
+    F[idx] = _pair_divided_differences(lam[batch + (idx[-2], )],
+                                       lam[batch + (idx[-1], )],
+                                       alpha[batch], iters)
+    return F
 
 
 def _newton_spectral(A: torch.Tensor, alpha: torch.Tensor,
                      iters: int) -> torch.Tensor:
     """A_T = U diag(v_T) U^T (see :func:`_spectral_factors`)."""
-    U, v = _spectral_factors(A, alpha, iters)
+    U, v, _ = _spectral_factors(A, alpha, iters)
     return (U * v.unsqueeze(-2)) @ U.transpose(-1, -2)
 
 
@@ -170,8 +304,10 @@ def resolve_method(method: str, A: torch.Tensor) -> str:
 
 
 def _init(A: torch.Tensor, init: str) -> Tuple[torch.Tensor, torch.Tensor]:
-    """(matrix the iterations run on, per-matrix alpha)."""
-    alpha = nr_init_alpha(A, init)
+    """(matrix the iterations run on, per-matrix alpha), alpha without
+    autograd (it is held fixed by both backward passes)."""
+    with torch.no_grad():
+        alpha = nr_init_alpha(A, init)
     if init == 'soft':
         m = A.shape[-1]
         A = A + _SOFT_SHIFT * torch.eye(m, device=A.device, dtype=A.dtype)
@@ -187,23 +323,83 @@ def _newton_forward(A: torch.Tensor, iters: int, init: str,
     return _newton_iterate(A, V, iters)
 
 
+def _record_residual(stats: Optional[Dict], lam: torch.Tensor,
+                     v: torch.Tensor) -> None:
+    """Fill ``stats`` with the NR convergence of the last forward.
+
+    From the eigenvalues l of the matrix iterated on and v = f(l):
+
+    * ``'residual'``: ||A A_T A - A||_2 / ||A||_2 = max |l (l v - 1)| /
+      max |l| per matrix (the paper's metric, Fig. 4);
+    * ``'unconverged'``: the fraction of the numerical rank of A (the
+      eigenvalues above m eps max |l|, as ``torch.linalg.matrix_rank``) on
+      which the iterations are far from the pseudo-inverse,
+      |1 - l v| > 0.5 (A_T scales those directions by v instead of 1 / l),
+      per matrix.
+    """
+    if stats is None:
+        return
+    lam, v = lam.detach(), v.detach()
+    absl = lam.abs()
+    lmax = absl.amax(-1, keepdim=True)
+    stats['residual'] = (lam * (lam * v - 1)).abs().amax(-1) / \
+        lmax.squeeze(-1).clamp_min(torch.finfo(lam.dtype).tiny)
+    rank = absl > lmax * (lam.shape[-1] * torch.finfo(lam.dtype).eps)
+    far = ((1 - lam * v).abs() > 0.5) & rank
+    stats['unconverged'] = far.sum(-1).to(lam.dtype) / \
+        rank.sum(-1).clamp_min(1).to(lam.dtype)
+
+
+def _iterative_stats(stats: Optional[Dict], A: torch.Tensor, init: str,
+                     iters: int) -> None:
+    """The same statistics for the iterative method (one ``eigvalsh``)."""
+    if stats is None:
+        return
+    with torch.no_grad():
+        Aw, alpha = _init(A, init)
+        lam = torch.linalg.eigvalsh(Aw)
+        _record_residual(stats, lam, _scalar_iterate(lam, alpha, iters))
+
+
 class NewtonInverse(torch.autograd.Function):
-    """Y = NR-pseudo-inverse(A) with the Eq. (16) closed-form backward."""
+    """Y = NR-pseudo-inverse(A) with a closed-form backward: Eq. (16), or
+    with ``backward='exact'`` (spectral method only) the Daleckii-Krein
+    derivative of the T-iteration function, alpha held fixed."""
 
     @staticmethod
     def forward(ctx, A: torch.Tensor, iters: int, init: str,
-                method: str = 'iterative') -> torch.Tensor:
+                method: str = 'iterative', backward: str = 'eq16',
+                stats: Optional[Dict] = None) -> torch.Tensor:
+        ctx.exact = backward == 'exact'
+        ctx.iters = iters
         with torch.no_grad():
-            Y = _newton_forward(A, iters, init, method)
+            if method == 'spectral':
+                Aw, alpha = _init(A, init)
+                U, v, lam = _spectral_factors(Aw, alpha, iters)
+                Y = (U * v.unsqueeze(-2)) @ U.transpose(-1, -2)
+                _record_residual(stats, lam, v)
+                if ctx.exact:
+                    ctx.save_for_backward(U, v, lam, alpha)
+                    return Y
+            else:
+                assert not ctx.exact, 'exact iterative backward uses autograd'
+                Y = _newton_forward(A, iters, init, method)
+                _iterative_stats(stats, A, init, iters)
         ctx.save_for_backward(Y)
         return Y
 
     @staticmethod
     def backward(ctx, grad_Y: torch.Tensor):
+        if ctx.exact:
+            U, v, lam, alpha = ctx.saved_tensors
+            F = _divided_differences(lam, v, alpha, ctx.iters)
+            Ut = U.transpose(-1, -2)
+            grad_A = U @ (F * (Ut @ grad_Y @ U)) @ Ut
+            return grad_A, None, None, None, None, None
         (Y, ) = ctx.saved_tensors
         Yt = Y.transpose(-1, -2)
         grad_A = -(Yt @ grad_Y @ Yt)
-        return grad_A, None, None, None
+        return grad_A, None, None, None, None, None
 
 
 class NewtonInverseApply(torch.autograd.Function):
@@ -213,90 +409,140 @@ class NewtonInverseApply(torch.autograd.Function):
     after the eigendecomposition. The backward is Eq. (16) applied to
     Y = A_T with grad_Y = grad_Z W^T, associated so that no m x m product
     is needed either: grad_A = -(Y^T grad_Z) Z^T, grad_W = Y^T grad_Z.
+    With ``backward='exact'`` (spectral only) grad_A is the Daleckii-Krein
+    derivative U (F o ((U^T grad_Z) (U^T W)^T)) U^T (two m x m x m products).
     """
 
     @staticmethod
     def forward(ctx, A: torch.Tensor, W: torch.Tensor, iters: int,
-                init: str, method: str = 'iterative') -> torch.Tensor:
+                init: str, method: str = 'iterative',
+                backward: str = 'eq16',
+                stats: Optional[Dict] = None) -> torch.Tensor:
+        ctx.exact = backward == 'exact'
+        ctx.iters = iters
         with torch.no_grad():
             if method == 'spectral':
-                U, v = _spectral_factors(*_init(A, init), iters)
-                Z = U @ (v.unsqueeze(-1) * (U.transpose(-1, -2) @ W))
-                ctx.save_for_backward(U, v, Z)
+                Aw, alpha = _init(A, init)
+                U, v, lam = _spectral_factors(Aw, alpha, iters)
+                UtW = U.transpose(-1, -2) @ W
+                Z = U @ (v.unsqueeze(-1) * UtW)
+                _record_residual(stats, lam, v)
+                if ctx.exact:
+                    ctx.save_for_backward(U, v, lam, alpha, UtW)
+                else:
+                    ctx.save_for_backward(U, v, Z)
             else:
+                assert not ctx.exact, 'exact iterative backward uses autograd'
                 Y = _newton_forward(A, iters, init, method)
                 Z = Y @ W
                 ctx.save_for_backward(Y, Z)
+                _iterative_stats(stats, A, init, iters)
         ctx.method = method
         return Z
 
     @staticmethod
     def backward(ctx, grad_Z: torch.Tensor):
+        grad_A = None
+        if ctx.exact:
+            U, v, lam, alpha, UtW = ctx.saved_tensors
+            Ut = U.transpose(-1, -2)
+            UtG = Ut @ grad_Z
+            G = U @ (v.unsqueeze(-1) * UtG)
+            if ctx.needs_input_grad[0]:
+                F = _divided_differences(lam, v, alpha, ctx.iters)
+                M = F.mul_(UtG @ UtW.transpose(-1, -2))
+                grad_A = (U @ M) @ Ut
+            return grad_A, G, None, None, None, None, None
         if ctx.method == 'spectral':
             U, v, Z = ctx.saved_tensors  # Y = U diag(v) U^T is symmetric
             G = U @ (v.unsqueeze(-1) * (U.transpose(-1, -2) @ grad_Z))
         else:
             Y, Z = ctx.saved_tensors
             G = Y.transpose(-1, -2) @ grad_Z
-        grad_A = -(G @ Z.transpose(-1, -2)) if ctx.needs_input_grad[0] \
-            else None
-        return grad_A, G, None, None, None
+        if ctx.needs_input_grad[0]:
+            grad_A = -(G @ Z.transpose(-1, -2))
+        return grad_A, G, None, None, None, None, None
 
 
-def _check(A: torch.Tensor, iters: int, init: str) -> None:
+def _check(A: torch.Tensor, iters: int, init: str, backward: str) -> str:
+    """Validate the arguments; returns the canonical ``init``."""
     if A.dim() < 2 or A.shape[-1] != A.shape[-2]:
         raise ValueError(f'newton_inverse expects (..., m, m) matrices, '
                          f'got shape {tuple(A.shape)}')
-    if init not in INIT_MODES:
-        raise ValueError(f'unknown Newton-Raphson init {init!r}; '
-                         f'choose one of {INIT_MODES}')
+    init = canonical_init(init)
     if iters < 0:
         raise ValueError(f'iters must be >= 0, got {iters}')
+    if backward not in NR_BACKWARDS:
+        raise ValueError(f'unknown Newton-Raphson backward {backward!r}; '
+                         f'choose one of {NR_BACKWARDS}')
+    return init
+
+
+def _iterative_exact(A: torch.Tensor, iters: int, init: str,
+                     stats: Optional[Dict]) -> torch.Tensor:
+    """A_T with autograd through the T iterations (alpha held fixed)."""
+    _iterative_stats(stats, A, init, iters)
+    Aw, alpha = _init(A, init)
+    V = alpha[..., None, None] * Aw
+    return _newton_iterate(Aw, V, iters)
 
 
 def newton_inverse(A: torch.Tensor, iters: int = 20,
-                   init: str = 'soft_norm',
-                   method: str = 'auto') -> torch.Tensor:
+                   init: str = 'soft_norm_per_sample',
+                   method: str = 'auto',
+                   backward: str = 'eq16',
+                   stats: Optional[Dict] = None) -> torch.Tensor:
     """Moore-Penrose inverse of a batch of symmetric non-negative matrices.
 
     Args:
         A: (..., m, m) bottleneck matrices (Gaussian-kernel Gram matrices).
         iters: Newton-Raphson iterations (the papers use 20).
-        init: ``'soft_norm'`` (IJCV alpha search) or ``'soft'`` (NeurIPS,
-            A + 0.01 I, 0.9 alpha).
+        init: alpha rule, one of :data:`INIT_MODES` (or an old name of
+            :data:`INIT_ALIASES`); see the module docstring.
         method: ``'auto'``, ``'iterative'`` or ``'spectral'`` (see module
             docstring); all compute the same T iterations.
+        backward: ``'eq16'`` (the papers' closed form) or ``'exact'`` (the
+            gradient of the T iterations, alpha held fixed).
+        stats: optional dict, filled with the convergence of this call
+            (``'residual'``, ``'unconverged'``, per matrix; see
+            :func:`nr_residual`).
 
     Returns:
         (..., m, m) tensor in float32 (float64 if A is float64), independent
         of autocast.
     """
-    _check(A, iters, init)
+    init = _check(A, iters, init, backward)
     method = resolve_method(method, A)
     dtype = torch.float64 if A.dtype == torch.float64 else torch.float32
     with torch.autocast(device_type=A.device.type, enabled=False):
-        return NewtonInverse.apply(A.to(dtype), int(iters), init, method)
+        if backward == 'exact' and method == 'iterative':
+            return _iterative_exact(A.to(dtype), int(iters), init, stats)
+        return NewtonInverse.apply(A.to(dtype), int(iters), init, method,
+                                   backward, stats)
 
 
 def newton_inverse_apply(A: torch.Tensor, W: torch.Tensor, iters: int = 20,
-                         init: str = 'soft_norm',
-                         method: str = 'auto') -> torch.Tensor:
+                         init: str = 'soft_norm_per_sample',
+                         method: str = 'auto',
+                         backward: str = 'eq16',
+                         stats: Optional[Dict] = None) -> torch.Tensor:
     """A^+ W with A^+ from :func:`newton_inverse`, without forming A^+.
 
     The same function as ``newton_inverse(A, iters, init, method) @ W``
     (up to rounding) at a fraction of the cost for large m: with the
-    spectral method the m x m inverse is never built, and the backward
-    needs only (m x m) x (m x d) products.
+    spectral method the m x m inverse is never built, and the Eq. (16)
+    backward needs only (m x m) x (m x d) products.
 
     Args:
         A: (..., m, m) symmetric non-negative matrices.
         W: (..., m, d) right-hand sides (broadcast batch dims not supported:
             A and W share theirs).
+        iters, init, method, backward, stats: as :func:`newton_inverse`.
 
     Returns:
         (..., m, d) in float32 (float64 if A is float64), autocast disabled.
     """
-    _check(A, iters, init)
+    init = _check(A, iters, init, backward)
     if W.shape[:-1] != A.shape[:-1]:
         raise ValueError(f'newton_inverse_apply: W of shape '
                          f'{tuple(W.shape)} does not match A of shape '
@@ -305,26 +551,42 @@ def newton_inverse_apply(A: torch.Tensor, W: torch.Tensor, iters: int = 20,
     method = resolve_method(method, A)
     dtype = torch.float64 if A.dtype == torch.float64 else torch.float32
     with torch.autocast(device_type=A.device.type, enabled=False):
+        if backward == 'exact' and method == 'iterative':
+            return _iterative_exact(A.to(dtype), int(iters), init,
+                                    stats) @ W.to(dtype)
         return NewtonInverseApply.apply(A.to(dtype), W.to(dtype), int(iters),
-                                        init, method)
+                                        init, method, backward, stats)
+
+
+@torch.no_grad()
+def nr_residual(A: torch.Tensor, iters: int = 20,
+                init: str = 'soft_norm_per_sample') -> Dict[str, torch.Tensor]:
+    """Convergence of the T iterations on A, from its eigenvalues.
+
+    Returns ``{'residual': ||A A_T A - A||_2 / ||A||_2,
+    'unconverged': fraction of the numerical rank with |1 - l v_T(l)| >
+    0.5}``,
+    each of shape ``A.shape[:-2]`` (what ``stats`` of
+    :func:`newton_inverse` receives).
+    """
+    init = _check(A, iters, init, 'eq16')
+    stats: Dict[str, torch.Tensor] = {}
+    _iterative_stats(stats, A, init, iters)
+    return stats
 
 
 @torch.no_grad()
 def pinv_convergence(A: torch.Tensor, iters: int = 20,
-                     init: str = 'soft_norm') -> Tuple[torch.Tensor, ...]:
+                     init: str = 'soft_norm_per_sample'
+                     ) -> Tuple[torch.Tensor, ...]:
     """The paper's convergence metric ||A A_k A - A||_2 / ||A||_2 per step.
 
     Returns a tuple of ``iters + 1`` tensors of shape ``A.shape[:-2]``
     (k = 0..iters), as plotted in Fig. 4.
     """
+    init = canonical_init(init)
     A = A.double()
-    Aw = A
-    if init == 'soft':
-        alpha = nr_init_alpha(A, 'soft')
-        Aw = A + _SOFT_SHIFT * torch.eye(A.shape[-1], dtype=A.dtype,
-                                         device=A.device)
-    else:
-        alpha = nr_init_alpha(A, init)
+    Aw, alpha = _init(A, init)
     V = alpha[..., None, None] * Aw
 
     def norm2(M):  # symmetric: the spectral norm is the largest |eigenvalue|

@@ -25,8 +25,8 @@ import torch.nn.functional as F
 
 from .checks import check_int, check_kernel_size
 from .gaussian_kernel import gaussian_kernel
-from .pinv import (INIT_MODES, NR_METHODS, newton_inverse,
-                   newton_inverse_apply)
+from .pinv import (NR_BACKWARDS, NR_METHODS, canonical_init, default_init,
+                   newton_inverse, newton_inverse_apply)
 
 __all__ = ['BottleneckSampler', 'SOFTAttention', 'soft_attention',
            'bottleneck_inverse', 'bottleneck_apply',
@@ -65,16 +65,18 @@ def bottleneck_inverse(A: torch.Tensor,
                        attn_norm: bool = True,
                        nr_iters: int = 20,
                        nr_init: Optional[str] = None,
-                       nr_method: str = 'auto') -> torch.Tensor:
+                       nr_method: str = 'auto',
+                       nr_backward: str = 'eq16') -> torch.Tensor:
     """A^+ (Alg. 2), or D^-1/2 A^+ D^-1/2 with ``attn_norm`` (Eq. 25).
 
     D = diag(A 1_m); ``nr_init`` defaults to the initialisation of the
-    official variant (``'soft_norm'`` with the normalisation, else
-    ``'soft'``). float32 (float64 for float64 A), autocast disabled.
+    official variant (the official rule per sample,
+    ``'soft_norm_per_sample'``, with the normalisation, else ``'soft'``).
+    float32 (float64 for float64 A), autocast disabled.
     """
     if nr_init is None:
-        nr_init = 'soft_norm' if attn_norm else 'soft'
-    A_inv = newton_inverse(A, nr_iters, nr_init, nr_method)
+        nr_init = default_init(attn_norm)
+    A_inv = newton_inverse(A, nr_iters, nr_init, nr_method, nr_backward)
     if not attn_norm:
         return A_inv
     with torch.autocast(device_type=A.device.type, enabled=False):
@@ -87,23 +89,29 @@ def bottleneck_apply(A: torch.Tensor,
                      attn_norm: bool = True,
                      nr_iters: int = 20,
                      nr_init: Optional[str] = None,
-                     nr_method: str = 'auto') -> torch.Tensor:
+                     nr_method: str = 'auto',
+                     nr_backward: str = 'eq16',
+                     nr_stats: Optional[dict] = None) -> torch.Tensor:
     """A^+ W, or D^-1/2 A^+ D^-1/2 W with ``attn_norm`` (Eq. 25).
 
     The same function as ``bottleneck_inverse(A, ...) @ W`` without the
     m x m inverse (see :func:`newton_inverse_apply`): D^-1/2 is applied to
-    the m x d operands instead. float32 (float64 for float64 A), autocast
-    disabled.
+    the m x d operands instead, and its gradient (D depends on A) flows by
+    autograd, with either ``nr_backward``. float32 (float64 for float64 A),
+    autocast disabled. ``nr_stats``: optional dict for the convergence of
+    the iterations (see :func:`newton_inverse`).
     """
     if nr_init is None:
-        nr_init = 'soft_norm' if attn_norm else 'soft'
+        nr_init = default_init(attn_norm)
     if not attn_norm:
-        return newton_inverse_apply(A, W, nr_iters, nr_init, nr_method)
+        return newton_inverse_apply(A, W, nr_iters, nr_init, nr_method,
+                                    nr_backward, nr_stats)
     with torch.autocast(device_type=A.device.type, enabled=False):
         dtype = torch.float64 if A.dtype == torch.float64 else torch.float32
         d = A.to(dtype).sum(-1, keepdim=True).rsqrt()  # entries in (0, 1]
         return d * newton_inverse_apply(A, d * W.to(dtype), nr_iters,
-                                        nr_init, nr_method)
+                                        nr_init, nr_method, nr_backward,
+                                        nr_stats)
 
 
 def soft_attention(q: torch.Tensor,
@@ -112,7 +120,9 @@ def soft_attention(q: torch.Tensor,
                    attn_norm: bool = True,
                    nr_iters: int = 20,
                    nr_init: Optional[str] = None,
-                   nr_method: str = 'auto') -> torch.Tensor:
+                   nr_method: str = 'auto',
+                   nr_backward: str = 'eq16',
+                   nr_stats: Optional[dict] = None) -> torch.Tensor:
     """out = P A_n^+ P^T V for q (B, h, n, d), landmarks (B, h, m, d).
 
     ``q`` and ``landmarks`` must already carry the 1/d^(1/4) scale so that
@@ -125,7 +135,8 @@ def soft_attention(q: torch.Tensor,
     A = gaussian_kernel(landmarks, landmarks)  # (B, h, m, m)
     with torch.autocast(device_type=v.device.type, enabled=False):
         PtV = torch.matmul(P.transpose(-1, -2), v.to(P.dtype))  # (B,h,m,d)
-        Z = bottleneck_apply(A, PtV, attn_norm, nr_iters, nr_init, nr_method)
+        Z = bottleneck_apply(A, PtV, attn_norm, nr_iters, nr_init, nr_method,
+                             nr_backward, nr_stats)
         out = torch.matmul(P, Z)
     return out.to(v.dtype)
 
@@ -232,11 +243,18 @@ class SOFTAttention(nn.Module):
         dw_kernel_size: k of the depthwise conv on V (0 disables it).
         attn_norm: IJCV symmetric normalisation D^-1/2 A^+ D^-1/2 (Eq. 25).
         nr_iters: Newton-Raphson iterations.
-        nr_init: ``'soft_norm'`` / ``'soft'`` alpha initialisation; defaults
-            to the one each official variant was trained with.
+        nr_init: alpha rule of the NR iterations (``INIT_MODES``:
+            ``'soft_norm_per_sample'``, ``'soft_norm_per_matrix'``,
+            ``'soft_norm_per_batch'``, ``'soft'``); None: the official rule
+            of the variant (per sample with ``attn_norm``, else ``'soft'``).
         nr_method: how the NR iterations are evaluated: ``'auto'``,
             ``'iterative'`` or ``'spectral'`` (same function, see
             :mod:`mmsoft.models.layers.pinv`).
+        nr_backward: ``'eq16'`` (the papers' closed form) or ``'exact'``
+            (the gradient of the T iterations as computed, alpha fixed).
+        nr_diagnostics: record the NR convergence of every forward in
+            ``last_nr_stats`` (``'residual'``, ``'unconverged'``, per
+            matrix; see :func:`mmsoft.models.layers.pinv.nr_residual`).
         qkv_bias: biases of the q / v projections.
         max_landmarks: opt-in cap on the bottleneck size (see
             :class:`BottleneckSampler`).
@@ -253,22 +271,28 @@ class SOFTAttention(nn.Module):
                  nr_init: Optional[str] = None,
                  qkv_bias: bool = True,
                  nr_method: str = 'auto',
-                 max_landmarks: Optional[int] = None):
+                 max_landmarks: Optional[int] = None,
+                 nr_backward: str = 'eq16',
+                 nr_diagnostics: bool = False):
         super().__init__()
         if embed_dims % num_heads != 0:
             raise ValueError(f'num_heads ({num_heads}) must divide '
                              f'embed_dims ({embed_dims})')
         check_int('nr_iters', nr_iters)
         check_kernel_size('dw_kernel_size', dw_kernel_size)
-        if nr_init is not None and nr_init not in INIT_MODES:
-            raise ValueError(f'unknown nr_init {nr_init!r}; choose one of '
-                             f'{INIT_MODES}')
         self.embed_dims = embed_dims
         self.num_heads = num_heads
         self.head_dims = embed_dims // num_heads
         self.attn_norm = attn_norm
         self.nr_iters = nr_iters
-        self.nr_init = nr_init or ('soft_norm' if attn_norm else 'soft')
+        self.nr_init = default_init(attn_norm) if nr_init is None \
+            else canonical_init(nr_init)
+        if nr_backward not in NR_BACKWARDS:
+            raise ValueError(f'unknown nr_backward {nr_backward!r}; choose '
+                             f'one of {NR_BACKWARDS}')
+        self.nr_backward = nr_backward
+        self.nr_diagnostics = nr_diagnostics
+        self.last_nr_stats: Optional[dict] = None
         if nr_method not in NR_METHODS:
             raise ValueError(f'unknown nr_method {nr_method!r}; choose one '
                              f'of {NR_METHODS}')
@@ -316,8 +340,11 @@ class SOFTAttention(nn.Module):
         v_tokens = self.v(x)
         v = self._split(v_tokens)
         landmarks = self.sampler(q, hw)
+        stats = {} if self.nr_diagnostics else None
         out = soft_attention(q, landmarks, v, self.attn_norm, self.nr_iters,
-                             self.nr_init, self.nr_method)
+                             self.nr_init, self.nr_method, self.nr_backward,
+                             stats)
+        self.last_nr_stats = stats
         out = out.transpose(1, 2).reshape(B, N, C)
         if self.dw_conv is not None:
             out = out + self._dw_conv_tokens(v_tokens, hw)
@@ -325,4 +352,5 @@ class SOFTAttention(nn.Module):
 
     def extra_repr(self) -> str:
         return (f'heads={self.num_heads}, attn_norm={self.attn_norm}, '
-                f'nr_iters={self.nr_iters}, nr_init={self.nr_init}')
+                f'nr_iters={self.nr_iters}, nr_init={self.nr_init}, '
+                f'nr_backward={self.nr_backward}')
