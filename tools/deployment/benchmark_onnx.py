@@ -7,7 +7,7 @@
 A SPEC is ``CONFIG:HxW`` (default: SOFT-Tiny and SOFT-Tiny-Norm classifiers
 at 224x224, UperNet SOFT-Small at 512x512, RetinaNet SOFT-Tiny at
 800x1216). Each model is built with random weights, exported (fixed shape,
-batch 1) unless ``--onnx-dir`` already holds it, and timed side by side in
+batch 1) to ``--onnx-dir`` (default: a temp dir), and timed side by side in
 one process: PyTorch eval forward (``nr_method`` as configured: ``auto``
 uses the spectral pseudo-inverse on the CPU for m >= 80), PyTorch with
 ``nr_method='iterative'`` (what the ONNX graph computes) and onnxruntime
@@ -79,17 +79,16 @@ def bench_one(spec, args, onnx_dir):
     from mmsoft import deploy
     config, _, size = spec.rpartition(':')
     H, W = (int(s) for s in size.lower().split('x'))
+    torch.manual_seed(0)  # random weights, the same in torch and the file
     model, scope, cfg = deploy.build_model(config, None)
     shape = deploy.check_shape(scope, cfg, (H, W))
     wrapper = deploy.ExportWrapper(model, scope, shape)
     name = osp.splitext(osp.basename(config))[0]
     path = osp.join(onnx_dir, f'{name}_{H}x{W}.onnx')
-    if not osp.exists(path):
-        print(f'exporting {name} at {H}x{W} ...', flush=True)
-        with warnings.catch_warnings():
-            warnings.simplefilter('ignore')
-            deploy.export_onnx(wrapper, path)
-    # the file holds random weights from the export: load them
+    print(f'exporting {name} at {H}x{W} ...', flush=True)
+    with warnings.catch_warnings():
+        warnings.simplefilter('ignore')
+        deploy.export_onnx(wrapper, path)
     sess = deploy.OnnxModel(path, threads=args.threads)
     x = torch.randn(1, 3, H, W, generator=torch.Generator().manual_seed(0))
     xn = x.numpy()
