@@ -267,7 +267,7 @@ def export_onnx(wrapper: ExportWrapper, out: str, opset: int = DEFAULT_OPSET,
     fd, tmp = tempfile.mkstemp(suffix='.onnx.tmp', dir=out_dir)
     os.close(fd)
     t0 = time.perf_counter()
-    swapped = [] if dynamo else _swap_adaptive_pools(wrapper)
+    swapped = _swap_adaptive_pools(wrapper)
     try:
         with torch.no_grad():
             kwargs = dict(input_names=['input'],
