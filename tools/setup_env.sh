@@ -74,7 +74,7 @@ try:
         if distribution(name).version.split('+')[0] != want:
             sys.exit(1)
     for name in ('ftfy', 'regex', 'pycocotools', 'pytest', 'ninja',
-                 'matplotlib', 'scipy'):
+                 'matplotlib', 'scipy', 'onnx', 'onnxruntime', 'onnxscript'):
         distribution(name)
     if not distribution('numpy').version.startswith('1.'):
         sys.exit(1)
@@ -180,6 +180,12 @@ if ! have mmdet==3.3.0 mmsegmentation==1.2.2 mmpretrain==1.2.0 ftfy regex pycoco
     log "installing mmdet 3.3.0, mmsegmentation 1.2.2, mmpretrain 1.2.0 and test tools"
     "${PIP[@]}" -q mmdet==3.3.0 mmsegmentation==1.2.2 mmpretrain==1.2.0 \
         ftfy regex pycocotools -r "$ROOT/requirements/tests.txt"
+fi
+
+STEP="deploy"
+if ! have onnx onnxruntime onnxscript; then
+    log "installing onnx, onnxruntime, onnxscript (tools/deployment)"
+    "${PIP[@]}" -q -r "$ROOT/requirements/deploy.txt"
 fi
 
 STEP="mmsoft"

@@ -34,6 +34,8 @@ precision. Clamping the exponent at 0 keeps K in [0, 1] even with rounding.
 """
 import torch
 
+from . import export_ops
+
 __all__ = ['gaussian_kernel', 'GaussianKernel']
 
 
@@ -94,6 +96,9 @@ def gaussian_kernel(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         else torch.float32
     self_kernel = x is y
     with torch.autocast(device_type=x.device.type, enabled=False):
+        if export_ops.is_exporting():  # ONNX: plain out-of-place ops
+            return export_ops.gaussian_kernel(x.to(dtype), y.to(dtype),
+                                              self_kernel)
         y = y.to(dtype)
         return GaussianKernel.apply(y if self_kernel else x.to(dtype), y,
                                     self_kernel)

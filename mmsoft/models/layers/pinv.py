@@ -66,6 +66,8 @@ from typing import Dict, Optional, Tuple
 
 import torch
 
+from . import export_ops
+
 __all__ = ['newton_inverse', 'newton_inverse_apply', 'nr_init_alpha',
            'pinv_convergence', 'NewtonInverse', 'NewtonInverseApply',
            'INIT_MODES', 'INIT_ALIASES', 'NR_METHODS', 'NR_BACKWARDS',
@@ -512,6 +514,8 @@ def newton_inverse(A: torch.Tensor, iters: int = 20,
         of autocast.
     """
     init = _check(A, iters, init, backward)
+    if export_ops.is_exporting():  # ONNX: plain ops, iterative, no eigh
+        return export_ops.newton_inverse(A, int(iters), init, method)
     method = resolve_method(method, A)
     dtype = torch.float64 if A.dtype == torch.float64 else torch.float32
     with torch.autocast(device_type=A.device.type, enabled=False):
@@ -548,6 +552,8 @@ def newton_inverse_apply(A: torch.Tensor, W: torch.Tensor, iters: int = 20,
                          f'{tuple(W.shape)} does not match A of shape '
                          f'{tuple(A.shape)}; expected (..., m, d) with the '
                          f'batch dims and m of A')
+    if export_ops.is_exporting():  # ONNX: plain ops, iterative, no eigh
+        return export_ops.newton_inverse_apply(A, W, int(iters), init, method)
     method = resolve_method(method, A)
     dtype = torch.float64 if A.dtype == torch.float64 else torch.float32
     with torch.autocast(device_type=A.device.type, enabled=False):

@@ -1,0 +1,350 @@
+"""ONNX export of SOFT models built from mmpretrain / mmdet / mmseg configs.
+
+Used by ``tools/deployment/pytorch2onnx.py`` and
+``tools/deployment/benchmark_onnx.py``. What is exported (one fixed input
+shape ``(1, 3, H, W)`` per file; the input is the *preprocessed* image, i.e.
+after the config's ``data_preprocessor``: mean/std normalisation, BGR->RGB,
+padding):
+
+* mmpretrain ``ImageClassifier``: ``cls_score`` (logits, before softmax);
+* mmdet single-stage detectors (RetinaNet, ATSS, GFL, ...): the head's raw
+  outputs per FPN level (``cls_score_i``, ``bbox_pred_i`` [, ...]), i.e.
+  ``model._forward``; anchors, decoding and NMS stay in Python
+  (``bbox_head.predict_by_feat``);
+* mmdet two-stage detectors (Mask R-CNN, Cascade Mask R-CNN): the FPN
+  features (``feat_i``) and the RPN head's raw outputs (``rpn_cls_score_i``,
+  ``rpn_bbox_pred_i``); proposals and the RoI heads (RoIAlign, NMS) stay in
+  Python;
+* mmseg ``EncoderDecoder``: ``seg_logits`` at the input resolution
+  (``encode_decode``).
+
+During export SOFT's custom autograd Functions run as plain ops and the
+Newton-Raphson pseudo-inverse as unrolled matrix products
+(:mod:`mmsoft.models.layers.export_ops`), never through
+``torch.linalg.eigh``. Everything that cannot be exported raises
+:class:`ExportError` with one line naming the problem and the fix.
+"""
+import importlib
+import os
+import os.path as osp
+import tempfile
+import time
+from typing import Dict, List, Optional, Sequence, Tuple
+
+import torch
+import torch.nn as nn
+
+from .models.layers.export_ops import ExportError
+
+__all__ = ['ExportError', 'build_model', 'load_weights', 'check_exportable',
+           'ExportWrapper', 'export_onnx', 'OnnxModel', 'relative_error',
+           'verify', 'DEFAULT_OPSET']
+
+DEFAULT_OPSET = 17
+_PACKAGES = {'mmpretrain': 'mmpretrain', 'mmdet': 'mmdet', 'mmseg': 'mmseg'}
+
+
+# ---------------------------------------------------------------- building
+def build_model(config, checkpoint: Optional[str],
+                cfg_options: Optional[dict] = None):
+    """(model in eval mode on the CPU, codebase scope, cfg).
+
+    ``config``: a path or an mmengine ``Config``. ``checkpoint``: a
+    checkpoint path, or None / ``'none'`` for random weights (export tests).
+    """
+    from mmengine.config import Config
+    from mmengine.registry import init_default_scope
+
+    from . import launch
+    if not isinstance(config, Config):
+        if not osp.isfile(config):
+            raise ExportError(f'config {config!r} does not exist; pass a '
+                              f'config file, e.g. configs/soft_tiny_in1k.py')
+        config = Config.fromfile(config)
+    cfg = config
+    if cfg_options:
+        cfg.merge_from_dict(cfg_options)
+    scope = launch.import_codebase(cfg)
+    launch._revert_sync_bn(cfg.model)  # SyncBN: CPU export, eval mode
+    init_default_scope(scope)
+    registry = importlib.import_module(f'{_PACKAGES[scope]}.registry')
+    model = registry.MODELS.build(cfg.model)
+    if checkpoint is None or str(checkpoint).lower() == 'none':
+        model.init_weights()
+    else:
+        load_weights(model, checkpoint)
+    return model.eval(), scope, cfg
+
+
+def load_weights(model: nn.Module, checkpoint: str) -> None:
+    """Load ``checkpoint`` into ``model``; every key and shape must match."""
+    from mmengine.runner.checkpoint import _load_checkpoint
+    if not osp.isfile(checkpoint):
+        raise ExportError(f'checkpoint {checkpoint!r} does not exist; pass '
+                          f'a .pth file (or "none" for random weights)')
+    ckpt = _load_checkpoint(checkpoint, map_location='cpu')
+    state = ckpt.get('state_dict', ckpt) if isinstance(ckpt, dict) else ckpt
+    if not isinstance(state, dict):
+        raise ExportError(f'checkpoint {checkpoint!r} holds no state_dict; '
+                          f'pass a checkpoint written by tools/train.py')
+    state = {k[7:] if k.startswith('module.') else k: v
+             for k, v in state.items()}
+    own = model.state_dict()
+    missing = [k for k in own if k not in state]
+    unexpected = [k for k in state if k not in own]
+    shapes = [f'{k} {tuple(state[k].shape)} vs {tuple(v.shape)}'
+              for k, v in own.items()
+              if k in state and hasattr(state[k], 'shape')
+              and tuple(state[k].shape) != tuple(v.shape)]
+    if missing or unexpected or shapes:
+        parts = []
+        if missing:
+            parts.append(f'{len(missing)} missing keys (e.g. {missing[0]})')
+        if unexpected:
+            parts.append(f'{len(unexpected)} unexpected keys (e.g. '
+                         f'{unexpected[0]})')
+        if shapes:
+            parts.append(f'{len(shapes)} shape mismatches (e.g. '
+                         f'{shapes[0]}, checkpoint vs model)')
+        raise ExportError(
+            f'checkpoint {checkpoint!r} does not match the config: '
+            f'{"; ".join(parts)}; pass the config it was trained with (a '
+            f'backbone-only checkpoint initialises training, it is not a '
+            f'full model)')
+    model.load_state_dict(state, strict=True)
+
+
+def check_exportable(model: nn.Module, dynamo: bool = False) -> None:
+    """Raise :class:`ExportError` for model parts with no export path."""
+    from .models.layers.soft_attention import SOFTAttention
+    for name, mod in model.named_modules():
+        if isinstance(mod, SOFTAttention):
+            if mod.nr_method == 'spectral':
+                raise ExportError(
+                    f"{name}: nr_method='spectral' cannot be exported "
+                    f"(torch.linalg.eigh has no ONNX operator); export with "
+                    f"--cfg-options model.backbone.nr_method=auto (the same "
+                    f"function, evaluated iteratively)")
+            if mod.sampler.max_landmarks is not None and not dynamo:
+                raise ExportError(
+                    f'{name}: max_landmarks={mod.sampler.max_landmarks} '
+                    f'(adaptive pooling of the landmark grid) has no '
+                    f'TorchScript ONNX export; pass --dynamo (torch.export '
+                    f'exporter, needs onnxscript)')
+
+
+# ---------------------------------------------------------------- wrappers
+class ExportWrapper(nn.Module):
+    """Image tensor -> tuple of the tensors that are exported (see module
+    docstring); ``output_names`` names them."""
+
+    def __init__(self, model: nn.Module, scope: str,
+                 shape: Tuple[int, int]):
+        super().__init__()
+        self.model = model
+        self.scope = scope
+        self.shape = tuple(int(s) for s in shape)
+        self.kind = self._kind(model, scope)
+        # eval mode, also for this wrapper: torch.onnx.export restores the
+        # top module's mode recursively after the export
+        self.eval()
+        self.output_names = self._names()
+
+    @staticmethod
+    def _kind(model, scope) -> str:
+        name = type(model).__name__
+        if scope == 'mmpretrain':
+            if not hasattr(model, 'extract_feat') or \
+                    getattr(model, 'head', None) is None:
+                raise ExportError(f'{name}: only mmpretrain classifiers '
+                                  f'with a head can be exported')
+            return 'cls'
+        if scope == 'mmseg':
+            if not hasattr(model, 'encode_decode'):
+                raise ExportError(f'{name}: only mmseg EncoderDecoder '
+                                  f'segmentors can be exported')
+            return 'seg'
+        rpn = getattr(model, 'rpn_head', None)
+        if rpn is not None and type(rpn).__name__ != 'EmbeddingRPNHead' \
+                and hasattr(model, 'extract_feat'):
+            return 'two_stage'
+        if getattr(model, 'bbox_head', None) is not None and \
+                hasattr(model, 'extract_feat') and \
+                not hasattr(model, 'roi_head'):
+            return 'single_stage'
+        raise ExportError(f'{name}: no ONNX export path for this mmdet '
+                          f'model; single-stage detectors (RetinaNet, ATSS, '
+                          f'GFL) and RPN-based two-stage detectors are '
+                          f'supported')
+
+    def _raw(self, x):
+        m = self.model
+        if self.kind == 'cls':
+            return [m.head(m.extract_feat(x))]
+        if self.kind == 'seg':
+            H, W = self.shape
+            metas = [dict(img_shape=(H, W), ori_shape=(H, W),
+                          pad_shape=(H, W))] * x.shape[0]
+            return [m.encode_decode(x, metas)]
+        feats = m.extract_feat(x)
+        if self.kind == 'two_stage':
+            return [list(feats)] + list(m.rpn_head(feats))
+        return list(m.bbox_head(feats))
+
+    def _names(self) -> List[str]:
+        if self.kind == 'cls':
+            return ['cls_score']
+        if self.kind == 'seg':
+            return ['seg_logits']
+        with torch.no_grad():
+            raw = self._raw(torch.zeros(1, 3, *self.shape))
+        if self.kind == 'two_stage':
+            prefixes = ['feat', 'rpn_cls_score', 'rpn_bbox_pred']
+        else:
+            prefixes = ['cls_score', 'bbox_pred', 'centerness', 'out3']
+        return [f'{prefixes[i]}_{j}' for i, group in enumerate(raw)
+                for j in range(len(group))]
+
+    def forward(self, x: torch.Tensor) -> Tuple[torch.Tensor, ...]:
+        raw = self._raw(x)
+        if self.kind in ('cls', 'seg'):
+            return tuple(raw)
+        return tuple(t for group in raw for t in group)
+
+
+# ---------------------------------------------------------------- export
+class MatmulAdaptiveAvgPool2d(nn.Module):
+    """``nn.AdaptiveAvgPool2d`` as two averaging matrices, for export.
+
+    The TorchScript exporter has no ``adaptive_avg_pool2d`` whose output
+    size does not divide the input size (UperNet's pyramid pooling: scales
+    3 and 6 of a 16 x 16 map at 512 x 512). For a fixed input size the
+    pooling is linear: out = P_h x P_w^T with P_h[i, h] = 1 / |bin i| for h
+    in bin i = [floor(i H / o), ceil((i + 1) H / o)) (PyTorch's bins).
+    """
+
+    def __init__(self, output_size):
+        super().__init__()
+        size = output_size if isinstance(output_size, (tuple, list)) \
+            else (output_size, output_size)
+        self.output_size = tuple(size)
+
+    @staticmethod
+    def _bins(n: int, o: int, like: torch.Tensor) -> torch.Tensor:
+        P = torch.zeros(o, n, dtype=like.dtype)
+        for i in range(o):
+            a, b = (i * n) // o, -(-((i + 1) * n) // o)
+            P[i, a:b] = 1.0 / (b - a)
+        return P
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        H, W = int(x.shape[-2]), int(x.shape[-1])
+        oh = self.output_size[0] or H
+        ow = self.output_size[1] or W
+        Ph = self._bins(H, oh, x)
+        Pw = self._bins(W, ow, x)
+        return torch.matmul(torch.matmul(Ph, x), Pw.t())
+
+
+def _swap_adaptive_pools(model: nn.Module) -> List[Tuple]:
+    swapped = []
+    for parent in model.modules():
+        for name, child in parent.named_children():
+            if isinstance(child, nn.AdaptiveAvgPool2d):
+                setattr(parent, name,
+                        MatmulAdaptiveAvgPool2d(child.output_size))
+                swapped.append((parent, name, child))
+    return swapped
+
+
+def export_onnx(wrapper: ExportWrapper, out: str, opset: int = DEFAULT_OPSET,
+                dynamo: bool = False, batch: int = 1) -> float:
+    """Write the ONNX file atomically (temp file + os.replace); returns the
+    export time in seconds."""
+    x = torch.zeros(batch, 3, *wrapper.shape)
+    out_dir = osp.dirname(osp.abspath(out))
+    os.makedirs(out_dir, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(suffix='.onnx.tmp', dir=out_dir)
+    os.close(fd)
+    t0 = time.perf_counter()
+    swapped = _swap_adaptive_pools(wrapper)
+    try:
+        with torch.no_grad():
+            kwargs = dict(input_names=['input'],
+                          output_names=wrapper.output_names,
+                          opset_version=opset, dynamo=dynamo)
+            if dynamo:
+                kwargs['external_data'] = False
+            torch.onnx.export(wrapper, (x, ), tmp, **kwargs)
+        os.replace(tmp, out)
+        wrapper.eval()
+    finally:
+        for parent, name, child in swapped:
+            setattr(parent, name, child)
+        if osp.exists(tmp):
+            os.remove(tmp)
+    return time.perf_counter() - t0
+
+
+class OnnxModel:
+    """onnxruntime (CPU) session of an exported file, shape-checked."""
+
+    def __init__(self, path: str, threads: Optional[int] = None):
+        import onnxruntime as ort
+        opts = ort.SessionOptions()
+        if threads:
+            opts.intra_op_num_threads = threads
+            opts.inter_op_num_threads = 1
+        self.session = ort.InferenceSession(
+            path, opts, providers=['CPUExecutionProvider'])
+        inp = self.session.get_inputs()[0]
+        self.input_name = inp.name
+        self.input_shape = tuple(inp.shape)
+        self.output_names = [o.name for o in self.session.get_outputs()]
+
+    def __call__(self, x) -> List:
+        x = x.numpy() if isinstance(x, torch.Tensor) else x
+        if tuple(x.shape) != self.input_shape:
+            want = 'x'.join(map(str, self.input_shape))
+            raise ExportError(
+                f'the ONNX model was exported for {want} inputs (fixed '
+                f'shape), got {"x".join(map(str, x.shape))}; export again '
+                f'with --shape {x.shape[2]} {x.shape[3]}')
+        return self.session.run(None, {self.input_name: x})
+
+
+def relative_error(out, ref) -> float:
+    """max |out - ref| / max |ref| (the README's parity measure)."""
+    out = torch.as_tensor(out).double()
+    ref = torch.as_tensor(ref).double()
+    return float((out - ref).abs().max() / ref.abs().max().clamp_min(1e-30))
+
+
+def verify(wrapper: ExportWrapper, onnx_path: str, seed: int = 0,
+           batch: int = 1) -> Dict[str, float]:
+    """Relative error of every onnxruntime output against PyTorch's
+    normal forward on a seeded random input."""
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(batch, 3, *wrapper.shape, generator=g)
+    with torch.no_grad():
+        ref = wrapper(x)
+    out = OnnxModel(onnx_path)(x)
+    return {name: relative_error(o, r)
+            for name, o, r in zip(wrapper.output_names, out, ref)}
+
+
+def check_shape(scope: str, cfg, shape: Sequence[int]) -> Tuple[int, int]:
+    """Validate ``--shape H W`` for the codebase."""
+    if len(shape) != 2 or min(shape) < 1:
+        raise ExportError(f'--shape takes two positive sizes H W, got '
+                          f'{list(shape)}')
+    H, W = (int(s) for s in shape)
+    div = cfg.model.get('data_preprocessor', {}).get('pad_size_divisor', 1) \
+        if scope == 'mmdet' else 1
+    if div and (H % div or W % div):
+        ph, pw = -(-H // div) * div, -(-W // div) * div
+        raise ExportError(
+            f'--shape {H} {W}: mmdet pads inputs to a multiple of {div} '
+            f'(data_preprocessor.pad_size_divisor); export the padded size '
+            f'--shape {ph} {pw}')
+    return H, W

@@ -1,0 +1,221 @@
+"""ONNX export (tools/deployment/pytorch2onnx.py, mmsoft.deploy).
+
+* the plain-op export path (``export_ops``: Gaussian kernel, unrolled
+  Newton-Raphson, alpha selection in the graph) computes the same function
+  as the normal forward, which on the CPU uses the spectral path (eigh) for
+  m >= 80, and never calls eigh;
+* export + onnxruntime parity (1e-4 relative) for a classifier, a
+  single-stage detector, a two-stage detector (features + RPN) and a
+  segmentor, tiny architectures at small sizes;
+* one clear error line for what cannot be exported.
+"""
+import importlib.util
+import os.path as osp
+
+import pytest
+import torch
+
+pytest.importorskip('onnx')
+pytest.importorskip('onnxruntime')
+pytest.importorskip('mmdet')
+pytest.importorskip('mmseg')
+pytest.importorskip('mmpretrain')
+
+import mmsoft  # noqa: E402,F401
+from mmsoft import deploy  # noqa: E402
+from mmsoft.models.backbones.soft import SOFT  # noqa: E402
+from mmsoft.models.layers import export_ops, pinv  # noqa: E402
+from mmsoft.models.layers.gaussian_kernel import gaussian_kernel  # noqa
+from mmsoft.models.layers.pinv import newton_inverse_apply  # noqa: E402
+
+ROOT = osp.dirname(osp.dirname(osp.abspath(__file__)))
+DEMO = osp.join(ROOT, 'configs', 'demo')
+TINY = dict(embed_dims=[16, 32, 64, 64], num_heads=[1, 2, 2, 2],
+            depths=[1, 1, 1, 1], sampling_ratios=[4, 2, 2, 1])
+
+
+def _tool():
+    path = osp.join(ROOT, 'tools', 'deployment', 'pytorch2onnx.py')
+    spec = importlib.util.spec_from_file_location('pytorch2onnx', path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+@pytest.fixture
+def exporting(monkeypatch):
+    """Run the export dispatch without exporting; eigh must not be hit."""
+    monkeypatch.setattr(export_ops, 'is_exporting', lambda: True)
+
+    def no_eigh(*a, **k):
+        raise AssertionError('torch.linalg.eigh called on the export path')
+
+    monkeypatch.setattr(pinv.torch.linalg, 'eigh', no_eigh)
+
+
+def _spd_gram(b, h, m, d=8, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(b, h, m, d, generator=g) * 0.5
+    return gaussian_kernel(x, x), torch.randn(b, h, m, 5, generator=g)
+
+
+@pytest.mark.parametrize('init', ['soft_norm', 'soft', 'soft_norm_sample'])
+def test_export_ops_equal_functions(init):
+    A, W = _spd_gram(2, 3, 96)  # m >= 80: 'auto' is spectral on the CPU
+    ref = newton_inverse_apply(A, W, 20, init, 'auto')
+    out = export_ops.newton_inverse_apply(A, W, 20, init, 'auto')
+    assert (out - ref).abs().max() / ref.abs().max() < 1e-4
+    it = newton_inverse_apply(A, W, 20, init, 'iterative')
+    torch.testing.assert_close(out, it, rtol=1e-5, atol=1e-6)
+    g = torch.Generator().manual_seed(1)
+    x, y = torch.randn(2, 40, 8, generator=g), torch.randn(2, 9, 8,
+                                                           generator=g)
+    torch.testing.assert_close(export_ops.gaussian_kernel(x, y),
+                               gaussian_kernel(x, y))
+
+
+def test_export_path_equals_normal_forward(monkeypatch):
+    """The whole backbone on the export path (iterative, plain ops) == the
+    normal forward (spectral at m = 96 >= 80 on the CPU)."""
+    torch.manual_seed(0)
+    model = SOFT(TINY, attn_norm=True, pretrain_img_size=64).eval()
+    model.init_weights()
+    x = torch.randn(2, 3, 96, 128)  # stage 1: 24 x 32 tokens, m = 6 x 8
+    with torch.no_grad():
+        ref = model(x)
+        monkeypatch.setattr(export_ops, 'is_exporting', lambda: True)
+        monkeypatch.setattr(
+            pinv.torch.linalg, 'eigh',
+            lambda *a, **k: pytest.fail('eigh on the export path'))
+        out = model(x)
+    for o, r in zip(out, ref):
+        assert (o - r).abs().max() / r.abs().max() < 1e-4
+
+
+def test_export_path_refuses_spectral(exporting):
+    A, W = _spd_gram(1, 1, 16)
+    with pytest.raises(export_ops.ExportError, match="nr_method='auto'"):
+        newton_inverse_apply(A, W, 5, 'soft_norm', 'spectral')
+
+
+CASES = [
+    # config, shape, cfg options, expected outputs
+    ('soft_cls_demo.py', (64, 64), {}, ['cls_score']),
+    ('retinanet_soft_demo.py', (160, 160), {},
+     ['cls_score_0', 'bbox_pred_3']),
+    ('upernet_soft_demo.py', (96, 96), {}, ['seg_logits']),
+]
+
+
+@pytest.mark.parametrize('config,shape,options,names', CASES,
+                         ids=[c[0].split('_')[0] for c in CASES])
+def test_export_parity(tmp_path, capsys, config, shape, options, names):
+    """Export with random weights saved as a checkpoint, run onnxruntime,
+    compare with PyTorch (the tool's --verify), 1e-4 relative."""
+    cfg_path = osp.join(DEMO, config)
+    model, _, _ = deploy.build_model(cfg_path, None)
+    ckpt = str(tmp_path / 'model.pth')
+    torch.save({'state_dict': model.state_dict()}, ckpt)
+    out = str(tmp_path / 'model.onnx')
+    rc = _tool().main([cfg_path, ckpt, '--shape', *map(str, shape),
+                       '--out', out, '--verify'])
+    text = capsys.readouterr().out
+    assert rc == 0, text
+    assert 'PASS' in text
+    errs = [float(line.rsplit('=', 1)[1]) for line in text.splitlines()
+            if 'max|onnx - torch|' in line]
+    assert errs and max(errs) < 1e-4
+    import onnx
+    graph = onnx.load(out).graph
+    got = [o.name for o in graph.output]
+    for name in names:
+        assert name in got
+    ops = {n.op_type for n in graph.node}
+    assert 'MatMul' in ops and not any('Eig' in op for op in ops)
+
+
+def test_export_two_stage(tmp_path):
+    """Mask R-CNN (tiny SOFT): FPN features + RPN outputs."""
+    from mmengine.config import Config
+    cfg = Config.fromfile(osp.join(ROOT, 'configs',
+                                   'mask_rcnn_soft_tiny_1x.py'))
+    cfg.model.backbone.arch = TINY
+    cfg.model.neck.in_channels = TINY['embed_dims']
+    model, scope, cfg = deploy.build_model(cfg, None)
+    wrapper = deploy.ExportWrapper(model, scope, (128, 128))
+    assert wrapper.output_names[0] == 'feat_0'
+    assert 'rpn_cls_score_0' in wrapper.output_names
+    out = str(tmp_path / 'mrcnn.onnx')
+    deploy.export_onnx(wrapper, out)
+    errs = deploy.verify(wrapper, out)
+    assert len(errs) == len(wrapper.output_names)
+    assert max(errs.values()) < 1e-4, errs
+
+
+def _error_line(capsys, argv):
+    rc = _tool().main(argv)
+    err = capsys.readouterr().err.strip().splitlines()
+    assert rc == 2
+    assert len(err) == 1 and err[0].startswith('error: ')
+    return err[0]
+
+
+def test_error_spectral(tmp_path, capsys):
+    line = _error_line(capsys, [
+        osp.join(DEMO, 'soft_cls_demo.py'), 'none', '--shape', '64', '64',
+        '--out', str(tmp_path / 'x.onnx'),
+        '--cfg-options', 'model.backbone.nr_method=spectral'])
+    assert "nr_method='spectral'" in line and 'nr_method=auto' in line
+    assert not (tmp_path / 'x.onnx').exists()
+
+
+def test_error_checkpoint_mismatch(tmp_path, capsys):
+    model, _, _ = deploy.build_model(osp.join(DEMO, 'soft_cls_demo.py'),
+                                     None)
+    ckpt = str(tmp_path / 'cls.pth')
+    torch.save({'state_dict': model.state_dict()}, ckpt)
+    line = _error_line(capsys, [
+        osp.join(DEMO, 'retinanet_soft_demo.py'), ckpt, '--shape', '160',
+        '160', '--out', str(tmp_path / 'x.onnx')])
+    assert 'does not match the config' in line and 'missing keys' in line
+    line = _error_line(capsys, [
+        osp.join(DEMO, 'soft_cls_demo.py'), str(tmp_path / 'nope.pth'),
+        '--shape', '64', '64'])
+    assert 'does not exist' in line
+
+
+def test_error_shapes(tmp_path, capsys):
+    line = _error_line(capsys, [
+        osp.join(DEMO, 'retinanet_soft_demo.py'), 'none', '--shape', '150',
+        '160', '--out', str(tmp_path / 'x.onnx')])
+    assert '--shape 160 160' in line
+    line = _error_line(capsys, [
+        osp.join(DEMO, 'soft_cls_demo.py'), 'none', '--shape', '64', '64',
+        '--dynamic'])
+    assert 'dynamic input shapes are not supported' in line
+
+
+def test_error_max_landmarks(tmp_path, capsys):
+    line = _error_line(capsys, [
+        osp.join(DEMO, 'soft_cls_demo.py'), 'none', '--shape', '64', '64',
+        '--out', str(tmp_path / 'x.onnx'),
+        '--cfg-options', 'model.backbone.max_landmarks=7'])
+    assert 'max_landmarks' in line and '--dynamo' in line
+
+
+def test_onnx_model_wrong_shape(tmp_path):
+    model, scope, _ = deploy.build_model(osp.join(DEMO, 'soft_cls_demo.py'),
+                                         None)
+    wrapper = deploy.ExportWrapper(model, scope, (64, 64))
+    out = str(tmp_path / 'cls.onnx')
+    deploy.export_onnx(wrapper, out)
+    with pytest.raises(deploy.ExportError, match='--shape 96 64'):
+        deploy.OnnxModel(out)(torch.zeros(1, 3, 96, 64))
+
+
+def test_matmul_adaptive_pool_equals_torch():
+    x = torch.randn(2, 3, 16, 11)
+    for size in [(1, 1), (3, 3), (6, 6), (5, 2)]:
+        ref = torch.nn.AdaptiveAvgPool2d(size)(x)
+        out = deploy.MatmulAdaptiveAvgPool2d(size)(x)
+        torch.testing.assert_close(out, ref)
