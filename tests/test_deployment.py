@@ -72,6 +72,15 @@ def test_export_ops_equal_functions(init):
                                                            generator=g)
     torch.testing.assert_close(export_ops.gaussian_kernel(x, y),
                                gaussian_kernel(x, y))
+    # large-norm tokens (a shared offset): stable like the autograd kernel,
+    # unit diagonal for the self-kernel
+    off = 1e4 * torch.randn(8, generator=g)
+    x, y = x + off, y + off
+    torch.testing.assert_close(export_ops.gaussian_kernel(x, y),
+                               gaussian_kernel(x, y))
+    A = export_ops.gaussian_kernel(y, y, self_kernel=True)
+    torch.testing.assert_close(A, gaussian_kernel(y, y))
+    assert torch.equal(A.diagonal(dim1=-2, dim2=-1), torch.ones(2, 9))
 
 
 def test_export_path_equals_normal_forward(monkeypatch):

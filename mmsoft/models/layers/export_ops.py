@@ -58,10 +58,9 @@ def gaussian_kernel(x: torch.Tensor, y: torch.Tensor,
     K = K - 0.5 * x.square().sum(-1, keepdim=True) \
         - 0.5 * y.square().sum(-1).unsqueeze(-2)
     K = K.clamp(max=0.0).exp()
-    if self_kernel:  # exp(0) = 1 on the diagonal, exactly
-        m = y.shape[-2]
-        eye = torch.eye(m, dtype=torch.bool, device=K.device)
-        K = torch.where(eye, torch.ones_like(K), K)
+    if self_kernel:  # exp(0) = 1 on the diagonal, exactly (K <= 1)
+        K = torch.maximum(
+            K, torch.eye(y.shape[-2], dtype=K.dtype, device=K.device))
     return K
 
 
