@@ -7,8 +7,10 @@ work in mmpretrain, mmdet and mmseg configs (see :mod:`mmsoft.models`).
 """
 from .version import __version__
 from . import compat  # noqa: E402  (must run before anything loads weights)
+from . import deps  # noqa: E402
 
 compat.apply()
+deps.check_versions()  # warns for installed packages outside tested ranges
 
 from .models import SOFT  # noqa: E402
 from .registry import MODELS  # noqa: E402
