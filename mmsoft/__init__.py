@@ -14,5 +14,6 @@ deps.check_versions()  # warns for installed packages outside tested ranges
 
 from .models import SOFT  # noqa: E402
 from .registry import MODELS  # noqa: E402
+from .utils.paths import configs_root, get_config_path  # noqa: E402
 
-__all__ = ['__version__', 'SOFT', 'MODELS']
+__all__ = ['__version__', 'SOFT', 'MODELS', 'configs_root', 'get_config_path']
