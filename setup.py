@@ -12,7 +12,6 @@ import os
 import os.path as osp
 import shutil
 import sys
-
 from setuptools import find_packages, setup
 from setuptools.command.build_py import build_py
 
@@ -116,8 +115,8 @@ setup(
     version=read_version(),
     description='SOFT: softmax-free linear transformers as an OpenMMLab '
     'plugin (mmpretrain, mmdet, mmseg)',
-    long_description=open(osp.join(HERE, 'README.md')).read()
-    if osp.exists(osp.join(HERE, 'README.md')) else '',
+    long_description=open(osp.join(HERE, 'README.md')).read() if osp.exists(
+        osp.join(HERE, 'README.md')) else '',
     long_description_content_type='text/markdown',
     keywords='computer vision, vision transformer, linear attention, '
     'OpenMMLab',

@@ -5,9 +5,9 @@ applies the torch/mmengine compatibility fixes of :mod:`mmsoft.compat` and
 registers the SOFT models so that ``type='SOFT'`` and ``type='mmsoft.SOFT'``
 work in mmpretrain, mmdet and mmseg configs (see :mod:`mmsoft.models`).
 """
-from .version import __version__
 from . import compat  # noqa: E402  (must run before anything loads weights)
 from . import deps  # noqa: E402
+from .version import __version__
 
 compat.apply()
 deps.check_versions()  # warns for installed packages outside tested ranges

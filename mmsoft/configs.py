@@ -34,8 +34,10 @@ from typing import List, Optional
 
 from .utils.paths import configs_root, get_config_path, list_configs
 
-__all__ = ['get_config', 'get_config_path', 'list_configs', 'base_files',
-           'copy_config']
+__all__ = [
+    'get_config', 'get_config_path', 'list_configs', 'base_files',
+    'copy_config'
+]
 
 
 def get_config(name: str):
@@ -121,17 +123,21 @@ def main(argv: Optional[List[str]] = None) -> int:
         '(to inherit them from your own config).')
     sub = p.add_subparsers(dest='cmd', required=True)
     ls = sub.add_parser('list', help='list the shipped configs')
-    ls.add_argument('--base', action='store_true',
-                    help='include the _base_ fragments')
+    ls.add_argument(
+        '--base', action='store_true', help='include the _base_ fragments')
     pp = sub.add_parser('path', help='print the absolute path of a config')
     pp.add_argument('name')
     cp = sub.add_parser(
         'copy', help='copy a config and its local _base_ files into DEST')
     cp.add_argument('name')
-    cp.add_argument('--dest', default='mmsoft_configs',
-                    help='target folder (default: ./mmsoft_configs)')
-    cp.add_argument('--force', action='store_true',
-                    help='overwrite differing files in DEST')
+    cp.add_argument(
+        '--dest',
+        default='mmsoft_configs',
+        help='target folder (default: ./mmsoft_configs)')
+    cp.add_argument(
+        '--force',
+        action='store_true',
+        help='overwrite differing files in DEST')
     args = p.parse_args(argv)
     try:
         if args.cmd == 'list':
@@ -143,8 +149,10 @@ def main(argv: Optional[List[str]] = None) -> int:
             for f in written:
                 print(f)
             rel = osp.relpath(written[0]).replace(os.sep, '/')
-            print(f"inherit it with: _base_ = ['./{rel}']  "
-                  '(path relative to your config file)', file=sys.stderr)
+            print(
+                f"inherit it with: _base_ = ['./{rel}']  "
+                '(path relative to your config file)',
+                file=sys.stderr)
     except (FileNotFoundError, FileExistsError) as e:
         print(f'error: {e}', file=sys.stderr)
         return 1

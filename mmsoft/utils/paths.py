@@ -49,9 +49,8 @@ def checkout_root() -> Optional[str]:
 
 def _find(name: str) -> str:
     root = checkout_root()
-    candidates = ([osp.join(root, name)] if root else []) + [
-        osp.join(_PKG_DIR, '.mim', name)
-    ]
+    candidates = ([osp.join(root, name)]
+                  if root else []) + [osp.join(_PKG_DIR, '.mim', name)]
     for cand in candidates:
         if osp.isdir(cand):
             return cand
@@ -79,13 +78,14 @@ def list_configs(include_base: bool = False) -> List[str]:
     root = configs_root()
     names = []
     for dirpath, dirnames, filenames in os.walk(root, followlinks=True):
-        dirnames[:] = sorted(d for d in dirnames if d != '__pycache__' and (
-            include_base or d != '_base_'))
+        dirnames[:] = sorted(
+            d for d in dirnames
+            if d != '__pycache__' and (include_base or d != '_base_'))
         for fn in filenames:
             if fn.endswith('.py'):
                 names.append(
-                    osp.relpath(osp.join(dirpath, fn), root).replace(
-                        os.sep, '/'))
+                    osp.relpath(osp.join(dirpath, fn),
+                                root).replace(os.sep, '/'))
     return sorted(names)
 
 
@@ -114,6 +114,6 @@ def get_config_path(name: str) -> str:
     if len(by_base) == 1:
         return osp.join(root, *by_base[0].split('/'))
     close = difflib.get_close_matches(rel, known, n=3, cutoff=0.5)
-    hint = (f'; did you mean {", ".join(close)}?' if close else
-            '; list them with: python -m mmsoft.configs list')
+    hint = (f'; did you mean {", ".join(close)}?'
+            if close else '; list them with: python -m mmsoft.configs list')
     raise FileNotFoundError(f'mmsoft has no config {name!r} in {root}{hint}')
