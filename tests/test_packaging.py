@@ -102,8 +102,9 @@ def test_demo_config_path_uses_shipped_configs():
     assert osp.samefile(
         T.config_path('det'),
         osp.join(ROOT, 'configs', 'demo', 'retinanet_soft_demo.py'))
-    assert T.config_path('det', root='/x') == osp.join(
-        '/x', 'configs', 'demo', 'retinanet_soft_demo.py')
+    assert T.config_path(
+        'det', root='/x') == osp.join('/x', 'configs', 'demo',
+                                      'retinanet_soft_demo.py')
 
 
 # ---------------------------------------------------------------- versions
@@ -127,7 +128,8 @@ def test_tested_ranges_equal_requirements():
 def test_core_requirements_are_light():
     with open(osp.join(ROOT, 'requirements', 'runtime.txt')) as f:
         names = {
-            re.split(r'[<>=!~; ]', ln.split('#')[0].strip())[0]
+            re.split(r'[<>=!~; ]',
+                     ln.split('#')[0].strip())[0]
             for ln in f if ln.split('#')[0].strip()
         }
     assert names == {'torch', 'mmengine', 'mmcv'}
@@ -137,8 +139,10 @@ def test_check_versions_warns_outside_range_only():
     ok = {d: v for d, v in deps.VERIFIED.items()}
     assert deps.check_versions(ok, warn=False) == []
     # absent optional codebases are fine
-    assert deps.check_versions({'torch': '2.14.1', 'mmdet': None},
-                               warn=False) == []
+    assert deps.check_versions({
+        'torch': '2.14.1',
+        'mmdet': None
+    }, warn=False) == []
     bad = dict(ok, mmdet='3.4.0', mmcv='1.7.2')
     with pytest.warns(UserWarning) as rec:
         msgs = deps.check_versions(bad)
@@ -158,8 +162,8 @@ def test_import_mmsoft_is_light_and_warns(tmp_path):
     fake = tmp_path / 'fake'
     info = fake / 'mmdet-9.9.0.dist-info'
     info.mkdir(parents=True)
-    (info / 'METADATA').write_text(
-        'Metadata-Version: 2.1\nName: mmdet\nVersion: 9.9.0\n')
+    (info / 'METADATA'
+     ).write_text('Metadata-Version: 2.1\nName: mmdet\nVersion: 9.9.0\n')
     code = ('import json, sys, warnings\n'
             'warnings.simplefilter("always")\n'
             'with warnings.catch_warnings(record=True) as w:\n'
@@ -169,9 +173,12 @@ def test_import_mmsoft_is_light_and_warns(tmp_path):
             'print(json.dumps(dict(heavy=heavy, file=mmsoft.__file__,\n'
             '    warnings=[str(x.message) for x in w])))\n')
     proc = subprocess.run(
-        [sys.executable, '-c', code], cwd=str(tmp_path),
+        [sys.executable, '-c', code],
+        cwd=str(tmp_path),
         env=_child_env(PYTHONPATH=os.pathsep.join([ROOT, str(fake)])),
-        capture_output=True, text=True, timeout=300)
+        capture_output=True,
+        text=True,
+        timeout=300)
     assert proc.returncode == 0, proc.stderr[-2000:]
     out = json.loads(proc.stdout.strip().splitlines()[-1])
     assert out['file'] == osp.join(ROOT, 'mmsoft', '__init__.py')
@@ -252,8 +259,7 @@ def test_copy_config_and_inherit_from_another_directory(tmp_path):
     with pytest.raises(FileExistsError, match='--force'):
         C.copy_config('soft_tiny_in1k', str(proj / 'mmsoft_configs'))
     C.copy_config('soft_tiny_in1k', str(proj / 'mmsoft_configs'), force=True)
-    assert not [p for p in os.listdir(proj / 'mmsoft_configs')
-                if '.tmp' in p]
+    assert not [p for p in os.listdir(proj / 'mmsoft_configs') if '.tmp' in p]
 
 
 def test_configs_cli(tmp_path, capsys):
@@ -266,8 +272,9 @@ def test_configs_cli(tmp_path, capsys):
     assert C.main(['path', 'nope']) == 1
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith('error: mmsoft has no config')
-    assert C.main(['copy', 'retinanet_soft_tiny_1x', '--dest',
-                   str(tmp_path / 'c')]) == 0
+    assert C.main(
+        ['copy', 'retinanet_soft_tiny_1x', '--dest',
+         str(tmp_path / 'c')]) == 0
     assert sorted(os.listdir(tmp_path / 'c' / '_base_')) == [
         'retinanet_soft_fpn_1x_coco.py', 'soft_dense.py'
     ]

@@ -81,25 +81,33 @@ def _fail_unless(ok, msg):
 
 
 def _run(cmd, cwd, env=None, timeout=600):
-    proc = subprocess.run([str(c) for c in cmd], cwd=str(cwd), env=env,
-                          capture_output=True, text=True, timeout=timeout)
+    proc = subprocess.run([str(c) for c in cmd],
+                          cwd=str(cwd),
+                          env=env,
+                          capture_output=True,
+                          text=True,
+                          timeout=timeout)
     if proc.returncode != 0:
-        pytest.fail(f'command failed ({proc.returncode}): {cmd}\n'
-                    f'--- stdout\n{proc.stdout[-4000:]}\n'
-                    f'--- stderr\n{proc.stderr[-6000:]}', pytrace=False)
+        pytest.fail(
+            f'command failed ({proc.returncode}): {cmd}\n'
+            f'--- stdout\n{proc.stdout[-4000:]}\n'
+            f'--- stderr\n{proc.stderr[-6000:]}',
+            pytrace=False)
     return proc
 
 
 def _ignore(src, names):
-    return {n for n in names
-            if n in ('__pycache__', '.mim') or n.endswith(('.pyc', '.png',
-                                                           '.jpg'))}
+    return {
+        n
+        for n in names
+        if n in ('__pycache__', '.mim') or n.endswith(('.pyc', '.png', '.jpg'))
+    }
 
 
 @pytest.fixture(scope='module')
 def env(tmp_path_factory):
-    for mod, why in (('setuptools', 'to build the wheel'),
-                     ('wheel', 'to build the wheel'),
+    for mod, why in (('setuptools',
+                      'to build the wheel'), ('wheel', 'to build the wheel'),
                      ('mmdet', 'for the mmdet-only run'),
                      ('mmpretrain', "for the user's classifier"),
                      ('mim', 'openmim, for mim train / test / search')):
@@ -117,30 +125,43 @@ def env(tmp_path_factory):
             shutil.copyfile(s, src / name)
     clean = dict(os.environ)
     clean.pop('PYTHONPATH', None)
-    _run([sys.executable, '-m', 'pip', 'wheel', '.', '--no-deps',
-          '--no-build-isolation', '-q', '-w', tmp / 'dist'], cwd=src,
+    _run([
+        sys.executable, '-m', 'pip', 'wheel', '.', '--no-deps',
+        '--no-build-isolation', '-q', '-w', tmp / 'dist'
+    ],
+         cwd=src,
          env=clean)
     wheels = glob.glob(str(tmp / 'dist' / 'mmsoft-*.whl'))
     _fail_unless(len(wheels) == 1, f'expected one wheel, got {wheels}')
     venv = tmp / 'venv'
-    _run([sys.executable, '-m', 'venv', '--system-site-packages',
-          '--without-pip', venv], cwd=tmp, env=clean)
+    _run([
+        sys.executable, '-m', 'venv', '--system-site-packages',
+        '--without-pip', venv
+    ],
+         cwd=tmp,
+         env=clean)
     vpy = venv / 'bin' / 'python'
-    site = _run([vpy, '-c', 'import sysconfig; '
-                 'print(sysconfig.get_paths()["purelib"])'],
-                cwd=tmp, env=clean).stdout.strip()
+    site = _run([
+        vpy, '-c', 'import sysconfig; '
+        'print(sysconfig.get_paths()["purelib"])'
+    ],
+                cwd=tmp,
+                env=clean).stdout.strip()
     # reuse this interpreter's packages (torch, mm*, pip); a plain path
     # line: the .pth files there (the editable mmsoft) are not run
     paths = dict.fromkeys(sysconfig.get_paths()[k]
                           for k in ('purelib', 'platlib'))
     with open(osp.join(site, '_reuse_project_venv.pth'), 'w') as f:
         f.write('\n'.join(paths) + '\n')
-    _run([vpy, '-m', 'pip', 'install', '-q', '--no-deps', '--no-index',
-          wheels[0]], cwd=tmp, env=clean)
+    _run([
+        vpy, '-m', 'pip', 'install', '-q', '--no-deps', '--no-index', wheels[0]
+    ],
+         cwd=tmp,
+         env=clean)
     work = tmp / 'project'
     work.mkdir()
-    return dict(tmp=tmp, vpy=vpy, site=site, wheel=wheels[0], work=work,
-                env=clean)
+    return dict(
+        tmp=tmp, vpy=vpy, site=site, wheel=wheels[0], work=work, env=clean)
 
 
 def test_wheel_contents(env):
@@ -162,11 +183,13 @@ def test_wheel_contents(env):
     # checkout-only tools stay out
     assert 'mmsoft/.mim/tools/setup_env.sh' not in names
     assert not [n for n in names if n.endswith('.png')]
-    core = sorted(r.split('<')[0].split('>')[0] for r in requires
-                  if 'extra ==' not in r)
+    core = sorted(
+        r.split('<')[0].split('>')[0] for r in requires if 'extra ==' not in r)
     assert core == ['mmcv', 'mmengine', 'torch']
-    extras = {r.split('extra == ')[1].strip('"\'') for r in requires
-              if 'extra ==' in r}
+    extras = {
+        r.split('extra == ')[1].strip('"\'')
+        for r in requires if 'extra ==' in r
+    }
     assert {'det', 'seg', 'cls', 'all', 'tests', 'lint'} <= extras
 
 
@@ -193,8 +216,11 @@ def test_installed_mmsoft_is_the_wheel(env):
 def _make_data(env, task, num_train, num_val):
     tool = osp.join(env['site'], 'mmsoft', '.mim', 'tools', 'misc',
                     'make_demo_data.py')
-    _run([env['vpy'], tool, '--tasks', task, '--num-train', num_train,
-          '--num-val', num_val, '--workers', 1], cwd=env['work'],
+    _run([
+        env['vpy'], tool, '--tasks', task, '--num-train', num_train,
+        '--num-val', num_val, '--workers', 1
+    ],
+         cwd=env['work'],
          env=env['env'])
     # the installed tool writes under the working directory
     assert osp.isdir(osp.join(env['work'], 'data', 'demo'))
@@ -204,12 +230,19 @@ def test_user_config_with_custom_imports_trains(env):
     """(a) the user's own config, mmpretrain's train tool."""
     work = env['work']
     _make_data(env, 'cls', 5, 5)
-    _run([env['vpy'], '-m', 'mmsoft.configs', 'copy', 'demo/soft_cls_demo.py',
-          '--dest', 'mmsoft_configs'], cwd=work, env=env['env'])
+    _run([
+        env['vpy'], '-m', 'mmsoft.configs', 'copy', 'demo/soft_cls_demo.py',
+        '--dest', 'mmsoft_configs'
+    ],
+         cwd=work,
+         env=env['env'])
     (work / 'my_soft_cls.py').write_text(USER_CONFIG)
-    proc = _run([env['vpy'], '-m', 'mim', 'train', 'mmpretrain',
-                 'my_soft_cls.py', '--work-dir', 'work_dirs/my_soft_cls'],
-                cwd=work, env=env['env'])
+    proc = _run([
+        env['vpy'], '-m', 'mim', 'train', 'mmpretrain', 'my_soft_cls.py',
+        '--work-dir', 'work_dirs/my_soft_cls'
+    ],
+                cwd=work,
+                env=env['env'])
     log = proc.stdout + proc.stderr
     assert 'Epoch(train) [1][1/1]' in log, log[-3000:]
     assert 'accuracy/top1' in log
@@ -231,35 +264,45 @@ def test_shipped_config_through_mim_with_mmdet_only(env):
     (block / 'sitecustomize.py').write_text(BLOCKER)
     only_det = dict(env['env'], PYTHONPATH=str(block))
     proc = subprocess.run([str(env['vpy']), '-c', 'import mmseg'],
-                          cwd=str(work), env=only_det, capture_output=True,
+                          cwd=str(work),
+                          env=only_det,
+                          capture_output=True,
                           text=True)
     assert proc.returncode != 0 and 'blocked by the test' in proc.stderr
-    opts = ['--cfg-options', 'train_cfg.max_epochs=1',
-            'train_cfg.val_interval=1', 'train_dataloader.batch_size=2',
-            'val_dataloader.batch_size=2', 'test_dataloader.batch_size=2',
-            'default_hooks.checkpoint.interval=1']
+    opts = [
+        '--cfg-options', 'train_cfg.max_epochs=1', 'train_cfg.val_interval=1',
+        'train_dataloader.batch_size=2', 'val_dataloader.batch_size=2',
+        'test_dataloader.batch_size=2', 'default_hooks.checkpoint.interval=1'
+    ]
     wd = 'work_dirs/retinanet_soft_demo'
-    proc = _run([env['vpy'], '-m', 'mim', 'train', 'mmsoft',
-                 'retinanet_soft_demo.py', '--work-dir', wd, *opts],
-                cwd=work, env=only_det)
+    proc = _run([
+        env['vpy'], '-m', 'mim', 'train', 'mmsoft', 'retinanet_soft_demo.py',
+        '--work-dir', wd, *opts
+    ],
+                cwd=work,
+                env=only_det)
     log = proc.stdout + proc.stderr
     assert 'Epoch(train) [1][1/1]' in log, log[-3000:]
     assert 'coco/bbox_mAP' in log
     ckpt = work / wd / 'epoch_1.pth'
     assert ckpt.is_file()
-    proc = _run([env['vpy'], '-m', 'mim', 'test', 'mmsoft',
-                 'retinanet_soft_demo.py', '--checkpoint', ckpt,
-                 '--work-dir', wd + '_test',
-                 '--cfg-options', 'test_dataloader.batch_size=2'],
-                cwd=work, env=only_det)
+    proc = _run([
+        env['vpy'], '-m', 'mim', 'test', 'mmsoft', 'retinanet_soft_demo.py',
+        '--checkpoint', ckpt, '--work-dir', wd + '_test', '--cfg-options',
+        'test_dataloader.batch_size=2'
+    ],
+                cwd=work,
+                env=only_det)
     log = proc.stdout + proc.stderr
     assert 'Epoch(test) [1/1]' in log, log[-3000:]
     assert 'coco/bbox_mAP' in log
 
 
 def test_mim_search_lists_the_models(env):
-    proc = _run([env['vpy'], '-m', 'mim', 'search', 'mmsoft',
-                 '--field', 'config'], cwd=env['work'], env=env['env'])
+    proc = _run(
+        [env['vpy'], '-m', 'mim', 'search', 'mmsoft', '--field', 'config'],
+        cwd=env['work'],
+        env=env['env'])
     out = proc.stdout
     for name in ('soft_tiny_in1k', 'retinanet_soft_small_1x',
                  'mask_rcnn_soft_large_1x', 'sparse_rcnn_soft_small_3x_ms',
