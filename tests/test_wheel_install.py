@@ -272,7 +272,8 @@ def test_shipped_config_through_mim_with_mmdet_only(env):
     opts = [
         '--cfg-options', 'train_cfg.max_epochs=1', 'train_cfg.val_interval=1',
         'train_dataloader.batch_size=2', 'val_dataloader.batch_size=2',
-        'test_dataloader.batch_size=2', 'default_hooks.checkpoint.interval=1'
+        'test_dataloader.batch_size=2', 'default_hooks.checkpoint.interval=1',
+        'model.test_cfg.score_thr=0.0'  # an untrained detector scores low
     ]
     wd = 'work_dirs/retinanet_soft_demo'
     proc = _run([
@@ -289,7 +290,7 @@ def test_shipped_config_through_mim_with_mmdet_only(env):
     proc = _run([
         env['vpy'], '-m', 'mim', 'test', 'mmsoft', 'retinanet_soft_demo.py',
         '--checkpoint', ckpt, '--work-dir', wd + '_test', '--cfg-options',
-        'test_dataloader.batch_size=2'
+        'test_dataloader.batch_size=2', 'model.test_cfg.score_thr=0.0'
     ],
                 cwd=work,
                 env=only_det)
