@@ -1,8 +1,12 @@
 """Build on mmsoft's shipped configs from your own project directory.
 
-mmengine 0.10.x refuses ``_base_ = 'mmsoft::...'`` (its ``::`` syntax only
-accepts the packages of its built-in list, needs a ``/`` in the path, and
-would give every inherited dict ``_scope_='mmsoft'``). So mmsoft offers::
+mmengine 0.10.x refuses ``_base_ = 'mmsoft::...'``: its ``::`` syntax only
+accepts the packages of a built-in list (registering mmsoft there at
+``import mmsoft`` would come too late for tools that parse the config
+before ``custom_imports``), its path pattern needs a ``/`` (mmsoft's configs
+are flat: ``mmsoft::retinanet_soft_small_1x.py`` is rejected), and it gives
+the dicts defined in mmsoft's files ``_scope_='mmsoft'`` (e.g. the
+optimizer wrapper). So mmsoft offers::
 
     python -m mmsoft.configs list                 # the shipped configs
     python -m mmsoft.configs path retinanet_soft_small_1x
