@@ -270,9 +270,13 @@ def test_shipped_config_through_mim_with_mmdet_only(env):
                           text=True)
     assert proc.returncode != 0 and 'blocked by the test' in proc.stderr
     opts = [
-        '--cfg-options', 'train_cfg.max_epochs=1', 'train_cfg.val_interval=1',
-        'train_dataloader.batch_size=2', 'val_dataloader.batch_size=2',
-        'test_dataloader.batch_size=2', 'default_hooks.checkpoint.interval=1',
+        '--cfg-options',
+        'train_cfg.max_epochs=1',
+        'train_cfg.val_interval=1',
+        'train_dataloader.batch_size=2',
+        'val_dataloader.batch_size=2',
+        'test_dataloader.batch_size=2',
+        'default_hooks.checkpoint.interval=1',
         'model.test_cfg.score_thr=0.0'  # an untrained detector scores low
     ]
     wd = 'work_dirs/retinanet_soft_demo'
