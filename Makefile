@@ -4,7 +4,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 PYTEST_ARGS ?=
 
-.PHONY: env test demo clean-env
+.PHONY: env test demo lint clean-env
 
 env:
 	bash tools/setup_env.sh
@@ -16,6 +16,10 @@ test: env
 # the main job
 demo: env
 	$(PY) tools/demo.py
+
+# flake8 + isort + yapf check (setup.cfg); FIX=1 make lint rewrites
+lint: env
+	bash tools/lint.sh
 
 clean-env:
 	rm -rf $(VENV)

@@ -76,6 +76,14 @@ try:
     for name in ('ftfy', 'regex', 'pycocotools', 'pytest', 'ninja',
                  'matplotlib', 'scipy', 'onnx', 'onnxruntime', 'onnxscript'):
         distribution(name)
+    # test / lint tools (requirements/tests.txt, requirements/lint.txt)
+    for name, want in (('openmim', '0.3.9'), ('flake8', '7.1.1'),
+                       ('isort', '5.13.2'), ('yapf', '0.43.0')):
+        if distribution(name).version != want:
+            sys.exit(1)
+    # the editable install links configs/ and tools/ into mmsoft/.mim
+    if not os.path.isdir(os.path.join(root, 'mmsoft', '.mim', 'configs')):
+        sys.exit(1)
     if not distribution('numpy').version.startswith('1.'):
         sys.exit(1)
     files = distribution('mmcv').files or []
@@ -188,9 +196,17 @@ if ! have onnx onnxruntime onnxscript; then
     "${PIP[@]}" -q -r "$ROOT/requirements/deploy.txt"
 fi
 
+STEP="test-tools"
+if ! have openmim==0.3.9 flake8==7.1.1 isort==5.13.2 yapf==0.43.0; then
+    log "installing test and lint tools (openmim, flake8, isort, yapf)"
+    "${PIP[@]}" -q -r "$ROOT/requirements/tests.txt" -r "$ROOT/requirements/lint.txt"
+fi
+
 STEP="mmsoft"
 # run from / so that the checkout itself is not on sys.path
-if ! (cd / && "$PY" -c 'import mmsoft, sys, os; sys.exit(0 if os.path.realpath(os.path.dirname(os.path.dirname(mmsoft.__file__))) == os.path.realpath(sys.argv[1]) else 1)' "$ROOT" 2>/dev/null); then
+# (again when mmsoft/.mim, the links to configs/ and tools/, is missing)
+if ! (cd / && "$PY" -c 'import mmsoft, sys, os; sys.exit(0 if os.path.realpath(os.path.dirname(os.path.dirname(mmsoft.__file__))) == os.path.realpath(sys.argv[1]) else 1)' "$ROOT" 2>/dev/null) \
+        || [[ ! -d "$ROOT/mmsoft/.mim/configs" ]]; then
     log "installing mmsoft (editable)"
     "${PIP[@]}" -q --no-build-isolation --no-deps -e "$ROOT"
 fi

@@ -22,7 +22,10 @@ import os.path as osp
 import sys
 
 ROOT = osp.dirname(osp.dirname(osp.abspath(__file__)))
-if ROOT not in sys.path:
+# a checkout's mmsoft first; an installed copy (mmsoft/.mim/tools) imports
+# the installed mmsoft
+if (osp.isfile(osp.join(ROOT, 'mmsoft', '__init__.py'))
+        and ROOT not in sys.path):
     sys.path.insert(0, ROOT)  # noqa: E402  (run from a checkout)
 
 from mmengine.config import Config, ConfigDict, DictAction  # noqa: E402

@@ -16,6 +16,7 @@ import cv2
 import numpy as np
 from mmengine.hooks import Hook
 
+from ..utils import paths
 from .synthetic import CLS_CLASSES, DET_CLASSES, SEG_CLASSES
 
 __all__ = ['TASKS', 'REPO_ROOT', 'config_path',
@@ -23,7 +24,8 @@ __all__ = ['TASKS', 'REPO_ROOT', 'config_path',
            'run_task', 'PredictionCollector', 'draw_predictions',
            'format_table', 'atomic_write_bytes', 'atomic_write_json']
 
-REPO_ROOT = osp.dirname(osp.dirname(osp.dirname(osp.abspath(__file__))))
+#: the checkout's root, or None when mmsoft is installed (site-packages)
+REPO_ROOT = paths.checkout_root()
 
 #: task -> what the demo trains and how it is judged. ``data``: the folder
 #: under the data root, made by :func:`make_demo_data` task ``data_task``;
@@ -56,11 +58,15 @@ TASKS = {
 }
 
 
-def config_path(task, root=REPO_ROOT):
-    return osp.join(root, TASKS[task]['config'])
+def config_path(task, root=None):
+    """The task's config file: under ``root`` if given, else the shipped
+    one (the checkout's ``configs/`` or the installed ``mmsoft/.mim``)."""
+    if root is not None:
+        return osp.join(root, TASKS[task]['config'])
+    return paths.get_config_path(TASKS[task]['config'])
 
 
-def load_demo_config(task, root=REPO_ROOT):
+def load_demo_config(task, root=None):
     """The task's config (``mmengine.Config``)."""
     from mmengine.config import Config
     return Config.fromfile(config_path(task, root))

@@ -15,10 +15,14 @@ from typing import Callable, Dict, List, Optional
 
 import torch
 
+from .paths import import_root
+
 __all__ = ['measure_step', 'run_isolated', 'atomic_write', 'RESULT_PREFIX']
 
 RESULT_PREFIX = 'RESULT '
-_ROOT = osp.dirname(osp.dirname(osp.dirname(osp.abspath(__file__))))
+# the folder holding this mmsoft package (a checkout or site-packages), so
+# that the child imports the same mmsoft
+_ROOT = import_root()
 
 
 def _sync(device: str):

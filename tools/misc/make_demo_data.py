@@ -23,6 +23,13 @@ ROOT = osp.dirname(osp.dirname(osp.dirname(osp.abspath(__file__))))
 def load_generator():
     """mmsoft/demo/synthetic.py as a module (without importing mmsoft)."""
     path = osp.join(ROOT, 'mmsoft', 'demo', 'synthetic.py')
+    if not osp.isfile(path):  # an installed copy (mmsoft/.mim/tools/misc)
+        spec = importlib.util.find_spec('mmsoft')  # finds, does not import
+        if spec is None or not spec.submodule_search_locations:
+            sys.exit('make_demo_data: mmsoft is not installed '
+                     '(pip install mmsoft, or run from a checkout)')
+        path = osp.join(list(spec.submodule_search_locations)[0], 'demo',
+                        'synthetic.py')
     name = '_mmsoft_demo_synthetic'
     if name in sys.modules:
         return sys.modules[name]
@@ -35,7 +42,10 @@ def load_generator():
 
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split('\n')[0])
-    p.add_argument('--out', default=osp.join(ROOT, 'data', 'demo'),
+    in_checkout = osp.isfile(osp.join(ROOT, 'mmsoft', '__init__.py'))
+    p.add_argument('--out',
+                   default=osp.join(ROOT if in_checkout else '.', 'data',
+                                    'demo'),
                    help='output root (default: data/demo)')
     p.add_argument('--seed', type=int, default=0)
     p.add_argument('--tasks', nargs='+', default=['det', 'seg', 'cls'],

@@ -1,0 +1,167 @@
+"""Build on mmsoft's shipped configs from your own project directory.
+
+mmengine 0.10.x refuses ``_base_ = 'mmsoft::...'``: its ``::`` syntax only
+accepts the packages of a built-in list (registering mmsoft there at
+``import mmsoft`` would come too late for tools that parse the config
+before ``custom_imports``), its path pattern needs a ``/`` (mmsoft's configs
+are flat: ``mmsoft::retinanet_soft_small_1x.py`` is rejected), and it gives
+the dicts defined in mmsoft's files ``_scope_='mmsoft'`` (e.g. the
+optimizer wrapper). So mmsoft offers::
+
+    python -m mmsoft.configs list                 # the shipped configs
+    python -m mmsoft.configs path retinanet_soft_small_1x
+    python -m mmsoft.configs copy retinanet_soft_small_1x --dest mmsoft_configs
+
+``copy`` writes the config and every local ``_base_`` file it inherits
+(``configs/_base_/...``; ``mmdet::`` / ``mmseg::`` / ``mmpretrain::`` bases
+stay references to the installed codebases) into ``--dest``, keeping their
+relative layout, so that your config inherits it with a plain relative path
+that every tool understands (mmsoft's, mmdet's, mmseg's, mmpretrain's,
+``mim``)::
+
+    # my_project/my_retinanet.py
+    _base_ = ['./mmsoft_configs/retinanet_soft_small_1x.py']
+    model = dict(backbone=dict(arch='tiny'),
+                 neck=dict(in_channels=[64, 128, 320, 512]))
+
+In Python, :func:`get_config` loads a shipped config as an
+``mmengine.Config``.
+"""
+import argparse
+import ast
+import filecmp
+import os
+import os.path as osp
+import shutil
+import sys
+from typing import List, Optional
+
+from .utils.paths import configs_root, get_config_path, list_configs
+
+__all__ = [
+    'get_config', 'get_config_path', 'list_configs', 'base_files',
+    'copy_config'
+]
+
+
+def get_config(name: str):
+    """A shipped config (see :func:`get_config_path` for ``name``) as an
+    ``mmengine.config.Config``."""
+    from mmengine.config import Config
+    return Config.fromfile(get_config_path(name))
+
+
+def _base_list(path: str) -> List[str]:
+    """The ``_base_`` entries of a config file (no evaluation beyond
+    literals: mmsoft's configs spell them as strings or lists)."""
+    with open(path, encoding='utf-8') as f:
+        tree = ast.parse(f.read(), filename=path)
+    for node in tree.body:
+        if (isinstance(node, ast.Assign)
+                and isinstance(node.targets[0], ast.Name)
+                and node.targets[0].id == '_base_'):
+            value = ast.literal_eval(node.value)
+            return [value] if isinstance(value, str) else list(value)
+    return []
+
+
+def base_files(path: str) -> List[str]:
+    """``path`` and every local file it inherits from, recursively (absolute
+    paths, ``path`` first); ``pkg::`` bases are left out."""
+    seen, order, todo = set(), [], [osp.abspath(path)]
+    while todo:
+        cur = todo.pop(0)
+        if cur in seen:
+            continue
+        seen.add(cur)
+        order.append(cur)
+        for base in _base_list(cur):
+            if '::' in base:
+                continue
+            todo.append(osp.abspath(osp.join(osp.dirname(cur), base)))
+    return order
+
+
+def copy_config(name: str, dest: str, force: bool = False) -> List[str]:
+    """Copy a shipped config and its local bases into ``dest``.
+
+    Files keep their path relative to the configs folder
+    (``dest/retinanet_soft_small_1x.py``, ``dest/_base_/...``). Each file is
+    written through a temporary file and ``os.replace``. An existing file
+    with other contents is kept unless ``force``.
+
+    Returns:
+        The written (or already identical) files, the config first.
+
+    Raises:
+        FileNotFoundError: unknown config.
+        FileExistsError: a differing file exists and ``force`` is False.
+    """
+    root = osp.realpath(configs_root())
+    files = base_files(get_config_path(name))
+    plan = []
+    for src in files:
+        rel = osp.relpath(osp.realpath(src), root)
+        if rel.startswith('..'):
+            raise FileNotFoundError(
+                f'{src} inherits a file outside {root}: {rel}')
+        tar = osp.join(dest, rel)
+        if (osp.exists(tar) and not force
+                and not filecmp.cmp(src, tar, shallow=False)):
+            raise FileExistsError(
+                f'{tar} exists and differs from the shipped {rel}; pass '
+                '--force to overwrite it or choose another --dest')
+        plan.append((src, tar))
+    for src, tar in plan:
+        os.makedirs(osp.dirname(osp.abspath(tar)), exist_ok=True)
+        tmp = f'{tar}.tmp{os.getpid()}'
+        shutil.copyfile(src, tmp)
+        os.replace(tmp, tar)
+    return [tar for _, tar in plan]
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+    p = argparse.ArgumentParser(
+        prog='python -m mmsoft.configs',
+        description='List, locate or copy the configs shipped with mmsoft '
+        '(to inherit them from your own config).')
+    sub = p.add_subparsers(dest='cmd', required=True)
+    ls = sub.add_parser('list', help='list the shipped configs')
+    ls.add_argument(
+        '--base', action='store_true', help='include the _base_ fragments')
+    pp = sub.add_parser('path', help='print the absolute path of a config')
+    pp.add_argument('name')
+    cp = sub.add_parser(
+        'copy', help='copy a config and its local _base_ files into DEST')
+    cp.add_argument('name')
+    cp.add_argument(
+        '--dest',
+        default='mmsoft_configs',
+        help='target folder (default: ./mmsoft_configs)')
+    cp.add_argument(
+        '--force',
+        action='store_true',
+        help='overwrite differing files in DEST')
+    args = p.parse_args(argv)
+    try:
+        if args.cmd == 'list':
+            print('\n'.join(list_configs(include_base=args.base)))
+        elif args.cmd == 'path':
+            print(get_config_path(args.name))
+        else:
+            written = copy_config(args.name, args.dest, force=args.force)
+            for f in written:
+                print(f)
+            rel = osp.relpath(written[0]).replace(os.sep, '/')
+            print(
+                f"inherit it with: _base_ = ['./{rel}']  "
+                '(path relative to your config file)',
+                file=sys.stderr)
+    except (FileNotFoundError, FileExistsError) as e:
+        print(f'error: {e}', file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == '__main__':
+    sys.exit(main())

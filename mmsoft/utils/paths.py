@@ -1,0 +1,119 @@
+"""Where mmsoft's configs and tools are, in a checkout and when installed.
+
+A checkout has them next to the package (``<repo>/configs``,
+``<repo>/tools``); an install (``pip install .``, a wheel) ships them inside
+the package as OpenMMLab codebases do (``<site-packages>/mmsoft/.mim/``:
+copies in wheels, symlinks to the checkout for editable installs), which is
+where ``mim`` looks for them.
+
+This module imports nothing heavy, so tools can use it before torch loads.
+"""
+import difflib
+import os
+import os.path as osp
+from typing import List, Optional
+
+__all__ = [
+    'package_root', 'checkout_root', 'import_root', 'configs_root',
+    'tools_root', 'get_config_path', 'list_configs'
+]
+
+_PKG_DIR = osp.dirname(osp.dirname(osp.abspath(__file__)))
+
+
+def package_root() -> str:
+    """The ``mmsoft`` package directory."""
+    return _PKG_DIR
+
+
+def import_root() -> str:
+    """The directory that contains the ``mmsoft`` package (put it on
+    ``PYTHONPATH`` so that a child process imports this same mmsoft)."""
+    return osp.dirname(_PKG_DIR)
+
+
+def checkout_root() -> Optional[str]:
+    """The repository root when mmsoft runs from a checkout, else None.
+
+    A checkout is recognised by its ``setup.py``, ``configs/`` and
+    ``tools/train.py`` next to the package, so that an unrelated ``configs``
+    folder in site-packages is never taken for mmsoft's.
+    """
+    root = import_root()
+    if (osp.isfile(osp.join(root, 'setup.py'))
+            and osp.isdir(osp.join(root, 'configs'))
+            and osp.isfile(osp.join(root, 'tools', 'train.py'))):
+        return root
+    return None
+
+
+def _find(name: str) -> str:
+    root = checkout_root()
+    candidates = ([osp.join(root, name)]
+                  if root else []) + [osp.join(_PKG_DIR, '.mim', name)]
+    for cand in candidates:
+        if osp.isdir(cand):
+            return cand
+    raise FileNotFoundError(
+        f'mmsoft {name}/ not found (looked in {" and ".join(candidates)}); '
+        'reinstall mmsoft (pip install mmsoft / pip install -e <checkout>) '
+        'so that its configs and tools are shipped')
+
+
+def configs_root() -> str:
+    """The folder of mmsoft's configs: ``<checkout>/configs`` or
+    ``<package>/.mim/configs``."""
+    return _find('configs')
+
+
+def tools_root() -> str:
+    """The folder of mmsoft's tools: ``<checkout>/tools`` or
+    ``<package>/.mim/tools``."""
+    return _find('tools')
+
+
+def list_configs(include_base: bool = False) -> List[str]:
+    """Config names relative to :func:`configs_root` (``'demo/...'`` for
+    the demo configs), sorted; ``_base_`` fragments only if asked."""
+    root = configs_root()
+    names = []
+    for dirpath, dirnames, filenames in os.walk(root, followlinks=True):
+        dirnames[:] = sorted(
+            d for d in dirnames
+            if d != '__pycache__' and (include_base or d != '_base_'))
+        for fn in filenames:
+            if fn.endswith('.py'):
+                names.append(
+                    osp.relpath(osp.join(dirpath, fn),
+                                root).replace(os.sep, '/'))
+    return sorted(names)
+
+
+def get_config_path(name: str) -> str:
+    """Absolute path of a shipped config.
+
+    ``name``: a config name with or without ``.py``, relative to the configs
+    folder (``'retinanet_soft_small_1x'``, ``'demo/retinanet_soft_demo.py'``,
+    ``'_base_/soft_dense.py'``); a leading ``configs/`` is accepted. A bare
+    file name is also looked up in the sub-folders.
+
+    Raises:
+        FileNotFoundError: one line naming the config and the closest names.
+    """
+    root = configs_root()
+    rel = name.replace('\\', '/')
+    if rel.startswith('configs/'):
+        rel = rel[len('configs/'):]
+    if not rel.endswith('.py'):
+        rel += '.py'
+    path = osp.join(root, *rel.split('/'))
+    if osp.isfile(path):
+        return path
+    known = list_configs(include_base=True)
+    by_base = [k for k in known if k.rsplit('/', 1)[-1] == rel]
+    if len(by_base) == 1:
+        return osp.join(root, *by_base[0].split('/'))
+    close = difflib.get_close_matches(rel, known, n=3, cutoff=0.5)
+    hint = (f'; did you mean {", ".join(close)}?'
+            if close else '; list them with: python -m mmsoft.configs list')
+    raise FileNotFoundError(f'mmsoft has no config {name!r} in {root}{hint}')

@@ -1,0 +1,291 @@
+"""Packaging: where configs / tools are found, the tested version ranges,
+the model index, and building on a shipped config from another directory.
+
+The wheel itself (built, installed non-editable, used from outside the
+checkout) is tested in ``tests/test_wheel_install.py``.
+"""
+import importlib.util
+import json
+import os
+import os.path as osp
+import re
+import shutil
+import subprocess
+import sys
+import warnings
+
+import pytest
+import yaml
+
+import mmsoft
+from mmsoft import configs as C
+from mmsoft import deps
+from mmsoft.utils import paths
+
+ROOT = osp.dirname(osp.dirname(osp.abspath(__file__)))
+
+
+def _child_env(**extra):
+    env = dict(os.environ)
+    env.pop('PYTHONPATH', None)
+    env.update(extra)
+    return env
+
+
+# ---------------------------------------------------------------- paths
+def test_paths_in_checkout():
+    assert paths.checkout_root() == ROOT
+    assert osp.samefile(paths.configs_root(), osp.join(ROOT, 'configs'))
+    assert osp.samefile(paths.tools_root(), osp.join(ROOT, 'tools'))
+    want = osp.join(ROOT, 'configs', 'retinanet_soft_small_1x.py')
+    for name in ('retinanet_soft_small_1x', 'retinanet_soft_small_1x.py',
+                 'configs/retinanet_soft_small_1x.py'):
+        assert osp.samefile(mmsoft.get_config_path(name), want)
+    demo = osp.join(ROOT, 'configs', 'demo', 'retinanet_soft_demo.py')
+    # a bare file name is found in the sub-folders too
+    for name in ('demo/retinanet_soft_demo.py', 'retinanet_soft_demo'):
+        assert osp.samefile(paths.get_config_path(name), demo)
+    names = paths.list_configs()
+    assert 'retinanet_soft_small_1x.py' in names
+    assert 'demo/soft_cls_demo.py' in names
+    assert not any(n.startswith('_base_/') for n in names)
+    assert '_base_/soft_dense.py' in paths.list_configs(include_base=True)
+
+
+def test_unknown_config_names_the_closest():
+    with pytest.raises(FileNotFoundError) as e:
+        paths.get_config_path('retina_soft_small_1x')
+    msg = str(e.value)
+    assert "'retina_soft_small_1x'" in msg
+    assert 'retinanet_soft_small_1x.py' in msg
+    assert '\n' not in msg
+
+
+def _load_paths_at(pkg_dir):
+    """mmsoft/utils/paths.py loaded from a copy at ``pkg_dir``."""
+    os.makedirs(osp.join(pkg_dir, 'utils'), exist_ok=True)
+    dst = osp.join(pkg_dir, 'utils', 'paths.py')
+    shutil.copyfile(osp.join(ROOT, 'mmsoft', 'utils', 'paths.py'), dst)
+    spec = importlib.util.spec_from_file_location('_paths_copy', dst)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_paths_in_site_packages_layout(tmp_path):
+    """Installed: <site>/mmsoft/.mim/configs, not a stray <site>/configs."""
+    site = tmp_path / 'site-packages'
+    pkg = site / 'mmsoft'
+    # another distribution's top-level folders must not be taken for ours
+    (site / 'configs').mkdir(parents=True)
+    (site / 'tools').mkdir()
+    (site / 'configs' / 'retinanet_soft_small_1x.py').write_text('x = 0\n')
+    mod = _load_paths_at(str(pkg))
+    with pytest.raises(FileNotFoundError, match='reinstall mmsoft'):
+        mod.configs_root()
+    (pkg / '.mim' / 'configs' / 'demo').mkdir(parents=True)
+    (pkg / '.mim' / 'tools').mkdir()
+    cfg = pkg / '.mim' / 'configs' / 'retinanet_soft_small_1x.py'
+    cfg.write_text('y = 1\n')
+    (pkg / '.mim' / 'configs' / 'demo' / 'd.py').write_text('z = 2\n')
+    assert mod.checkout_root() is None
+    assert mod.configs_root() == str(pkg / '.mim' / 'configs')
+    assert mod.tools_root() == str(pkg / '.mim' / 'tools')
+    assert mod.get_config_path('retinanet_soft_small_1x') == str(cfg)
+    assert mod.list_configs() == ['demo/d.py', 'retinanet_soft_small_1x.py']
+    assert mod.import_root() == str(site)
+
+
+def test_demo_config_path_uses_shipped_configs():
+    from mmsoft.demo import tasks as T
+    assert T.REPO_ROOT == ROOT
+    assert osp.samefile(
+        T.config_path('det'),
+        osp.join(ROOT, 'configs', 'demo', 'retinanet_soft_demo.py'))
+    assert T.config_path(
+        'det', root='/x') == osp.join('/x', 'configs', 'demo',
+                                      'retinanet_soft_demo.py')
+
+
+# ---------------------------------------------------------------- versions
+def _requirement_ranges():
+    """dist -> (lo, hi) from requirements/{runtime,det,seg,cls}.txt."""
+    out = {}
+    for name in ('runtime', 'det', 'seg', 'cls'):
+        with open(osp.join(ROOT, 'requirements', f'{name}.txt')) as f:
+            for ln in f:
+                ln = ln.split('#')[0].strip()
+                m = re.fullmatch(r'([A-Za-z0-9_.-]+)>=([\d.]+),<([\d.]+)', ln)
+                if m:
+                    out[m.group(1)] = (m.group(2), m.group(3))
+    return out
+
+
+def test_tested_ranges_equal_requirements():
+    assert _requirement_ranges() == deps.TESTED
+
+
+def test_core_requirements_are_light():
+    with open(osp.join(ROOT, 'requirements', 'runtime.txt')) as f:
+        names = {
+            re.split(r'[<>=!~; ]',
+                     ln.split('#')[0].strip())[0]
+            for ln in f if ln.split('#')[0].strip()
+        }
+    assert names == {'torch', 'mmengine', 'mmcv'}
+
+
+def test_check_versions_warns_outside_range_only():
+    ok = {d: v for d, v in deps.VERIFIED.items()}
+    assert deps.check_versions(ok, warn=False) == []
+    # absent optional codebases are fine
+    assert deps.check_versions({
+        'torch': '2.14.1',
+        'mmdet': None
+    }, warn=False) == []
+    bad = dict(ok, mmdet='3.4.0', mmcv='1.7.2')
+    with pytest.warns(UserWarning) as rec:
+        msgs = deps.check_versions(bad)
+    assert len(msgs) == 2 and len(rec) == 2
+    det = next(m for m in msgs if 'mmdet 3.4.0' in m)
+    assert "pip install 'mmdet>=3.0.0,<3.4.0'" in det
+    assert 'verified: mmdet 3.3.0' in det
+    assert any('mmcv 1.7.2' in m for m in msgs)
+    # pre-releases and local versions compare on their release numbers
+    assert deps.check_versions(dict(ok, mmcv='2.1.0+cpu'), warn=False) == []
+    assert deps.check_versions(dict(ok, mmdet='3.0.0rc6'), warn=False) == []
+
+
+def test_import_mmsoft_is_light_and_warns(tmp_path):
+    """import mmsoft: no codebase import, a warning for an installed mmdet
+    outside the tested range (a fake dist-info first on sys.path)."""
+    fake = tmp_path / 'fake'
+    info = fake / 'mmdet-9.9.0.dist-info'
+    info.mkdir(parents=True)
+    (info / 'METADATA'
+     ).write_text('Metadata-Version: 2.1\nName: mmdet\nVersion: 9.9.0\n')
+    code = ('import json, sys, warnings\n'
+            'warnings.simplefilter("always")\n'
+            'with warnings.catch_warnings(record=True) as w:\n'
+            '    import mmsoft\n'
+            'heavy = [m for m in ("mmdet", "mmseg", "mmpretrain", "mmcv")\n'
+            '         if m in sys.modules]\n'
+            'print(json.dumps(dict(heavy=heavy, file=mmsoft.__file__,\n'
+            '    warnings=[str(x.message) for x in w])))\n')
+    proc = subprocess.run(
+        [sys.executable, '-c', code],
+        cwd=str(tmp_path),
+        env=_child_env(PYTHONPATH=os.pathsep.join([ROOT, str(fake)])),
+        capture_output=True,
+        text=True,
+        timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    out = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert out['file'] == osp.join(ROOT, 'mmsoft', '__init__.py')
+    assert out['heavy'] == []
+    assert [w for w in out['warnings'] if 'mmdet 9.9.0' in w], out
+
+
+# ---------------------------------------------------------------- index
+def _index():
+    with open(osp.join(ROOT, 'model-index.yml')) as f:
+        index = yaml.safe_load(f)
+    models = []
+    for rel in index['Import']:
+        with open(osp.join(ROOT, rel)) as f:
+            meta = yaml.safe_load(f)
+        colls = {c['Name'] for c in meta['Collections']}
+        for m in meta['Models']:
+            assert m['In Collection'] in colls, (rel, m['Name'])
+            models.append(m)
+    return models
+
+
+def test_model_index_lists_every_config():
+    models = _index()
+    listed = [m['Config'] for m in models]
+    assert len(listed) == len(set(listed))
+    assert len({m['Name'] for m in models}) == len(models)
+    for cfg in listed:
+        assert osp.isfile(osp.join(ROOT, cfg)), cfg
+    top = sorted(f'configs/{n}' for n in os.listdir(osp.join(ROOT, 'configs'))
+                 if n.endswith('.py'))
+    assert sorted(listed) == top
+
+
+def test_model_index_numbers_are_marked_as_papers():
+    for m in _index():
+        assert 'Weights' not in m, m['Name']
+        note = m['Metadata']['Numbers']
+        assert 'paper' in note and 'not reproduced' in note, m['Name']
+        for key in m['Metadata']:
+            if key.startswith(('Parameters', 'FLOPs')):
+                assert key.endswith(('(paper)', '(mmsoft)')), key
+        for res in m.get('Results', []):
+            for key in res['Metrics']:
+                assert key.endswith('(paper)'), (m['Name'], key)
+
+
+def test_model_index_loads_with_modelindex():
+    """The parser mim uses (model-index, an openmim dependency)."""
+    from modelindex.load_model_index import load
+    mi = load(osp.join(ROOT, 'model-index.yml'))
+    names = {m.name for m in mi.models}
+    assert len(names) == len(_index())
+    assert 'retinanet_soft_small_1x' in names
+
+
+# ---------------------------------------------------------------- configs
+def test_copy_config_and_inherit_from_another_directory(tmp_path):
+    pytest.importorskip('mmpretrain')
+    from mmengine.config import Config
+    proj = tmp_path / 'my_project'
+    proj.mkdir()
+    written = C.copy_config('soft_tiny_in1k', str(proj / 'mmsoft_configs'))
+    rels = [osp.relpath(w, proj / 'mmsoft_configs') for w in written]
+    assert rels[0] == 'soft_tiny_in1k.py'
+    assert '_base_/soft_in1k.py' in rels
+    (proj / 'my_cls.py').write_text(
+        "_base_ = ['./mmsoft_configs/soft_tiny_in1k.py']\n"
+        "model = dict(backbone=dict(drop_path_rate=0.0))\n")
+    mine = Config.fromfile(str(proj / 'my_cls.py'))
+    shipped = Config.fromfile(mmsoft.get_config_path('soft_tiny_in1k'))
+    assert mine.model.backbone.drop_path_rate == 0.0
+    mine.model.backbone.drop_path_rate = shipped.model.backbone.drop_path_rate
+    assert mine.to_dict() == shipped.to_dict()
+    # identical files are fine; a changed one is kept unless forced
+    C.copy_config('soft_tiny_in1k', str(proj / 'mmsoft_configs'))
+    (proj / 'mmsoft_configs' / 'soft_tiny_in1k.py').write_text('x = 1\n')
+    with pytest.raises(FileExistsError, match='--force'):
+        C.copy_config('soft_tiny_in1k', str(proj / 'mmsoft_configs'))
+    C.copy_config('soft_tiny_in1k', str(proj / 'mmsoft_configs'), force=True)
+    assert not [p for p in os.listdir(proj / 'mmsoft_configs') if '.tmp' in p]
+
+
+def test_configs_cli(tmp_path, capsys):
+    assert C.main(['list']) == 0
+    out = capsys.readouterr().out.split()
+    assert out == paths.list_configs()
+    assert C.main(['path', 'upernet_soft_small_512x512_160k_ade20k']) == 0
+    assert capsys.readouterr().out.strip() == paths.get_config_path(
+        'upernet_soft_small_512x512_160k_ade20k')
+    assert C.main(['path', 'nope']) == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith('error: mmsoft has no config')
+    assert C.main(
+        ['copy', 'retinanet_soft_tiny_1x', '--dest',
+         str(tmp_path / 'c')]) == 0
+    assert sorted(os.listdir(tmp_path / 'c' / '_base_')) == [
+        'retinanet_soft_fpn_1x_coco.py', 'soft_dense.py'
+    ]
+
+
+def test_base_files_follow_local_bases_only():
+    files = C.base_files(paths.get_config_path('mask_rcnn_soft_small_1x'))
+    rels = [osp.relpath(f, paths.configs_root()) for f in files]
+    assert rels[0] == 'mask_rcnn_soft_small_1x.py'
+    assert all('::' not in r for r in rels)
+    assert '_base_/soft_dense.py' in rels
+    with warnings.catch_warnings():
+        warnings.simplefilter('error')
+        assert len(rels) == len(set(rels))

@@ -1,0 +1,44 @@
+#!/usr/bin/env bash
+# Lint as OpenMMLab codebases do: flake8, isort --check-only, yapf --diff
+# (settings: setup.cfg; pinned versions: requirements/lint.txt, installed by
+# tools/setup_env.sh). Exits non-zero if any tool reports something.
+#
+#   tools/lint.sh                 # the whole tree
+#   tools/lint.sh mmsoft/deps.py  # given files / folders
+#   FIX=1 tools/lint.sh           # apply isort + yapf in place instead
+set -uo pipefail
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+cd "$ROOT"
+PY="${PYTHON:-}"
+if [[ -z "$PY" ]]; then
+    if [[ -x "${MMSOFT_VENV:-$ROOT/.venv}/bin/python" ]]; then
+        PY="${MMSOFT_VENV:-$ROOT/.venv}/bin/python"
+    else
+        PY=python3
+    fi
+fi
+if ! "$PY" -c 'import flake8, isort, yapf' 2>/dev/null; then
+    echo "lint: flake8 / isort / yapf missing for $PY; run: bash tools/setup_env.sh" \
+         "(or $PY -m pip install -r requirements/lint.txt)" >&2
+    exit 2
+fi
+if [[ $# -gt 0 ]]; then
+    TARGETS=("$@")
+else
+    TARGETS=(mmsoft tools tests configs setup.py)
+fi
+EXCL=(--exclude 'mmsoft/.mim/**')
+rc=0
+if [[ "${FIX:-0}" == "1" ]]; then
+    "$PY" -m isort "${TARGETS[@]}" || rc=1
+    "$PY" -m yapf -i -r "${EXCL[@]}" "${TARGETS[@]}" || rc=1
+    exit $rc
+fi
+echo "== flake8"
+"$PY" -m flake8 "${TARGETS[@]}" || rc=1
+echo "== isort --check-only --diff"
+"$PY" -m isort --check-only --diff "${TARGETS[@]}" || rc=1
+echo "== yapf --diff"
+"$PY" -m yapf --diff -r "${EXCL[@]}" "${TARGETS[@]}" || rc=1
+if [[ $rc -eq 0 ]]; then echo "lint: clean"; else echo "lint: FAILED" >&2; fi
+exit $rc
