@@ -8,7 +8,10 @@
 #   tools/dist_train.sh configs/cascade_mask_rcnn_soft_small_3x_ms.py 8 \
 #       --cfg-options model.backbone.init_cfg.checkpoint=weights/soft_norm_small.pth
 # Without the checkpoint (None) the backbone is randomly initialised.
-_base_ = ['mmdet::cascade_rcnn/cascade-mask-rcnn_r50_fpn_1x_coco.py', './_base_/soft_dense.py']
+_base_ = [
+    'mmdet::cascade_rcnn/cascade-mask-rcnn_r50_fpn_1x_coco.py',
+    './_base_/soft_dense.py'
+]
 
 custom_imports = dict(imports=['mmsoft'], allow_failed_imports=False)
 

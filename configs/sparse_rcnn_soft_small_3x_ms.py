@@ -7,7 +7,10 @@
 #   tools/dist_train.sh configs/sparse_rcnn_soft_small_3x_ms.py 8 \
 #       --cfg-options model.backbone.init_cfg.checkpoint=weights/soft_norm_small.pth
 # Without the checkpoint (None) the backbone is randomly initialised.
-_base_ = ['mmdet::sparse_rcnn/sparse-rcnn_r50_fpn_ms-480-800-3x_coco.py', './_base_/soft_dense.py']
+_base_ = [
+    'mmdet::sparse_rcnn/sparse-rcnn_r50_fpn_ms-480-800-3x_coco.py',
+    './_base_/soft_dense.py'
+]
 
 custom_imports = dict(imports=['mmsoft'], allow_failed_imports=False)
 

@@ -14,10 +14,13 @@ from .version import __version__
 compat.apply()
 deps.check_versions()  # warns for installed packages outside tested ranges
 
+from .engine import \
+    SafeCheckpointHook  # noqa: E402,F401  (registers the hooks)
 from .models import SOFT  # noqa: E402
 from .registry import MODELS  # noqa: E402
-from .engine import SafeCheckpointHook  # noqa: E402,F401  (registers the hooks)
 from .utils.paths import configs_root, get_config_path  # noqa: E402
 
-__all__ = ['__version__', 'SOFT', 'MODELS', 'SafeCheckpointHook',
-           'configs_root', 'get_config_path']
+__all__ = [
+    '__version__', 'SOFT', 'MODELS', 'SafeCheckpointHook', 'configs_root',
+    'get_config_path'
+]

@@ -89,8 +89,10 @@ import pickle
 import types
 import warnings
 
-__all__ = ['apply', 'applied', 'check_optional_deps', 'MMENGINE_SAFE_GLOBALS',
-           'OPTIONAL_DEPS']
+__all__ = [
+    'apply', 'applied', 'check_optional_deps', 'MMENGINE_SAFE_GLOBALS',
+    'OPTIONAL_DEPS'
+]
 
 #: packages mmseg imports without declaring them -> why they are needed
 OPTIONAL_DEPS = {
@@ -118,8 +120,10 @@ def _checkpoint_getattr(obj, name):
     """
     # the unpickler hands us the class a GLOBAL resolved to: for
     # HistoryBuffer that is _LoadedHistoryBuffer, an alias of it here
-    owner = next((real for alias, real in _GETATTR_OWNERS
-                  if obj is alias or obj is real), None)
+    owner = next(
+        (real
+         for alias, real in _GETATTR_OWNERS if obj is alias or obj is real),
+        None)
     if owner is not None and isinstance(name, str) and \
             not name.startswith('_') and isinstance(
                 vars(owner).get(name), types.FunctionType):
@@ -164,8 +168,9 @@ def _make_loaded_history_buffer():
             # HistoryBuffer() does (setdefault: never replaces an entry)
             self._set_default_statistics()
             registered = HistoryBuffer._statistics_methods
-            odd = sorted(str(k) for k, v in dict(methods).items()
-                         if registered.get(k) is not v)
+            odd = sorted(
+                str(k) for k, v in dict(methods).items()
+                if registered.get(k) is not v)
             if odd:
                 warnings.warn(
                     'mmsoft.compat: ignoring the statistics methods '
@@ -209,8 +214,7 @@ def _mmengine_safe_globals():
 
     loaded = _make_loaded_history_buffer()
     _GETATTR_OWNERS = ((loaded, HistoryBuffer), )
-    return [(loaded,
-             'mmengine.logging.history_buffer.HistoryBuffer'),
+    return [(loaded, 'mmengine.logging.history_buffer.HistoryBuffer'),
             (_checkpoint_getattr, 'builtins.getattr'),
             (_checkpoint_bytes, 'builtins.bytes')] + _numpy_safe_globals()
 
@@ -282,7 +286,8 @@ def check_optional_deps(warn=True):
     ]
     if missing and warn:
         warnings.warn(
-            'mmsoft: missing packages needed by mmsegmentation: '
-            + ', '.join(f'{m} ({OPTIONAL_DEPS[m]})' for m in missing)
-            + f'; fix: pip install {" ".join(missing)}', stacklevel=2)
+            'mmsoft: missing packages needed by mmsegmentation: ' +
+            ', '.join(f'{m} ({OPTIONAL_DEPS[m]})' for m in missing) +
+            f'; fix: pip install {" ".join(missing)}',
+            stacklevel=2)
     return missing

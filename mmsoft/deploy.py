@@ -36,16 +36,19 @@ import torch.nn as nn
 
 from .models.layers.export_ops import ExportError
 
-__all__ = ['ExportError', 'build_model', 'load_weights', 'check_exportable',
-           'ExportWrapper', 'export_onnx', 'OnnxModel', 'relative_error',
-           'verify', 'DEFAULT_OPSET']
+__all__ = [
+    'ExportError', 'build_model', 'load_weights', 'check_exportable',
+    'ExportWrapper', 'export_onnx', 'OnnxModel', 'relative_error', 'verify',
+    'DEFAULT_OPSET'
+]
 
 DEFAULT_OPSET = 17
 _PACKAGES = {'mmpretrain': 'mmpretrain', 'mmdet': 'mmdet', 'mmseg': 'mmseg'}
 
 
 # ---------------------------------------------------------------- building
-def build_model(config, checkpoint: Optional[str],
+def build_model(config,
+                checkpoint: Optional[str],
                 cfg_options: Optional[dict] = None):
     """(model in eval mode on the CPU, codebase scope, cfg).
 
@@ -87,15 +90,18 @@ def load_weights(model: nn.Module, checkpoint: str) -> None:
     if not isinstance(state, dict):
         raise ExportError(f'checkpoint {checkpoint!r} holds no state_dict; '
                           f'pass a checkpoint written by tools/train.py')
-    state = {k[7:] if k.startswith('module.') else k: v
-             for k, v in state.items()}
+    state = {
+        k[7:] if k.startswith('module.') else k: v
+        for k, v in state.items()
+    }
     own = model.state_dict()
     missing = [k for k in own if k not in state]
     unexpected = [k for k in state if k not in own]
-    shapes = [f'{k} {tuple(state[k].shape)} vs {tuple(v.shape)}'
-              for k, v in own.items()
-              if k in state and hasattr(state[k], 'shape')
-              and tuple(state[k].shape) != tuple(v.shape)]
+    shapes = [
+        f'{k} {tuple(state[k].shape)} vs {tuple(v.shape)}'
+        for k, v in own.items() if k in state and hasattr(state[k], 'shape')
+        and tuple(state[k].shape) != tuple(v.shape)
+    ]
     if missing or unexpected or shapes:
         parts = []
         if missing:
@@ -138,8 +144,7 @@ class ExportWrapper(nn.Module):
     """Image tensor -> tuple of the tensors that are exported (see module
     docstring); ``output_names`` names them."""
 
-    def __init__(self, model: nn.Module, scope: str,
-                 shape: Tuple[int, int]):
+    def __init__(self, model: nn.Module, scope: str, shape: Tuple[int, int]):
         super().__init__()
         self.model = model
         self.scope = scope
@@ -183,8 +188,9 @@ class ExportWrapper(nn.Module):
             return [m.head(m.extract_feat(x))]
         if self.kind == 'seg':
             H, W = self.shape
-            metas = [dict(img_shape=(H, W), ori_shape=(H, W),
-                          pad_shape=(H, W))] * x.shape[0]
+            metas = [
+                dict(img_shape=(H, W), ori_shape=(H, W), pad_shape=(H, W))
+            ] * x.shape[0]
             return [m.encode_decode(x, metas)]
         feats = m.extract_feat(x)
         if self.kind == 'two_stage':
@@ -202,8 +208,10 @@ class ExportWrapper(nn.Module):
             prefixes = ['feat', 'rpn_cls_score', 'rpn_bbox_pred']
         else:
             prefixes = ['cls_score', 'bbox_pred', 'centerness', 'out3']
-        return [f'{prefixes[i]}_{j}' for i, group in enumerate(raw)
-                for j in range(len(group))]
+        return [
+            f'{prefixes[i]}_{j}' for i, group in enumerate(raw)
+            for j in range(len(group))
+        ]
 
     def forward(self, x: torch.Tensor) -> Tuple[torch.Tensor, ...]:
         raw = self._raw(x)
@@ -257,8 +265,11 @@ def _swap_adaptive_pools(model: nn.Module) -> List[Tuple]:
     return swapped
 
 
-def export_onnx(wrapper: ExportWrapper, out: str, opset: int = DEFAULT_OPSET,
-                dynamo: bool = False, batch: int = 1) -> float:
+def export_onnx(wrapper: ExportWrapper,
+                out: str,
+                opset: int = DEFAULT_OPSET,
+                dynamo: bool = False,
+                batch: int = 1) -> float:
     """Write the ONNX file atomically (temp file + os.replace); returns the
     export time in seconds."""
     x = torch.zeros(batch, 3, *wrapper.shape)
@@ -270,9 +281,11 @@ def export_onnx(wrapper: ExportWrapper, out: str, opset: int = DEFAULT_OPSET,
     swapped = _swap_adaptive_pools(wrapper)
     try:
         with torch.no_grad():
-            kwargs = dict(input_names=['input'],
-                          output_names=wrapper.output_names,
-                          opset_version=opset, dynamo=dynamo)
+            kwargs = dict(
+                input_names=['input'],
+                output_names=wrapper.output_names,
+                opset_version=opset,
+                dynamo=dynamo)
             if dynamo:
                 kwargs['external_data'] = False
             torch.onnx.export(wrapper, (x, ), tmp, **kwargs)
@@ -320,7 +333,9 @@ def relative_error(out, ref) -> float:
     return float((out - ref).abs().max() / ref.abs().max().clamp_min(1e-30))
 
 
-def verify(wrapper: ExportWrapper, onnx_path: str, seed: int = 0,
+def verify(wrapper: ExportWrapper,
+           onnx_path: str,
+           seed: int = 0,
            batch: int = 1) -> Dict[str, float]:
     """Relative error of every onnxruntime output against PyTorch's
     normal forward on a seeded random input."""
@@ -329,8 +344,10 @@ def verify(wrapper: ExportWrapper, onnx_path: str, seed: int = 0,
     with torch.no_grad():
         ref = wrapper(x)
     out = OnnxModel(onnx_path)(x)
-    return {name: relative_error(o, r)
-            for name, o, r in zip(wrapper.output_names, out, ref)}
+    return {
+        name: relative_error(o, r)
+        for name, o, r in zip(wrapper.output_names, out, ref)
+    }
 
 
 def check_shape(scope: str, cfg, shape: Sequence[int]) -> Tuple[int, int]:

@@ -38,8 +38,7 @@ from mmengine.registry import OPTIM_WRAPPERS
 
 __all__ = [
     'CODEBASES', 'codebase_of', 'import_codebase', 'setup_cpu_distributed',
-    'enable_amp', 'CPUAmpOptimWrapper',
-    'prepare_cfg'
+    'enable_amp', 'CPUAmpOptimWrapper', 'prepare_cfg'
 ]
 
 #: default_scope -> python package of the codebase
@@ -113,9 +112,8 @@ def setup_cpu_distributed(cfg, launcher: str) -> bool:
     env_cfg = cfg.setdefault('env_cfg', dict())
     dist_cfg = env_cfg.setdefault('dist_cfg', dict())
     if dist_cfg.get('backend', 'nccl') != 'gloo':
-        _log_rank0(
-            f"CUDA is not available: distributed backend "
-            f"{dist_cfg.get('backend', 'nccl')!r} -> 'gloo'")
+        _log_rank0(f"CUDA is not available: distributed backend "
+                   f"{dist_cfg.get('backend', 'nccl')!r} -> 'gloo'")
         dist_cfg['backend'] = 'gloo'
 
     wrapper = cfg.get('model_wrapper_cfg', None)
@@ -196,8 +194,10 @@ def enable_amp(cfg) -> str:
     """What ``--amp`` does; returns the optim wrapper type that was set."""
     optim_wrapper = cfg.optim_wrapper.get('type', 'OptimWrapper')
     if optim_wrapper in ('AmpOptimWrapper', 'CPUAmpOptimWrapper'):
-        print_log('AMP training is already enabled in your config.',
-                  logger='current', level=logging.WARNING)
+        print_log(
+            'AMP training is already enabled in your config.',
+            logger='current',
+            level=logging.WARNING)
         return optim_wrapper
     if optim_wrapper != 'OptimWrapper':
         raise ValueError('`--amp` is only supported when the optimizer '
@@ -261,7 +261,9 @@ def shutdown_dist():
         try:
             dist.barrier()
         except Exception as e:  # pragma: no cover (a peer already left)
-            _log_rank0(f'shutdown_dist: barrier failed ({e}); tearing the '
-                       'process group down anyway', level=logging.WARNING)
+            _log_rank0(
+                f'shutdown_dist: barrier failed ({e}); tearing the '
+                'process group down anyway',
+                level=logging.WARNING)
     dist.destroy_process_group()
     gc.collect()

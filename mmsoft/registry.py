@@ -8,7 +8,10 @@ back to, so that a plain ``type='SOFT'`` works under their default scopes.
 from mmengine.registry import MODELS as MMENGINE_MODELS
 from mmengine.registry import Registry
 
-MODELS = Registry('model', parent=MMENGINE_MODELS, scope='mmsoft',
-                  locations=['mmsoft.models'])
+MODELS = Registry(
+    'model',
+    parent=MMENGINE_MODELS,
+    scope='mmsoft',
+    locations=['mmsoft.models'])
 
 __all__ = ['MODELS']

@@ -12,8 +12,8 @@ import torch
 
 ROOT = osp.dirname(osp.dirname(osp.abspath(__file__)))
 TOOLS = osp.join(ROOT, 'tools', 'analysis')
-TINY = dict(embed_dims=[16, 32, 32, 64], num_heads=[1, 2, 2, 2],
-            depths=[1, 1, 1, 1])
+TINY = dict(
+    embed_dims=[16, 32, 32, 64], num_heads=[1, 2, 2, 2], depths=[1, 1, 1, 1])
 
 
 def tool(name):
@@ -42,29 +42,35 @@ def outputs_written(out, stem, table='md'):
 # ------------------------------------------------------------ get_flops
 def test_get_flops_counts_attention_products_and_nr(tmp_path):
     gf = tool('get_flops')
-    rows = gf.main(['--models', 'soft_tiny', 'softmax_tiny', '--arch',
-                    json.dumps(TINY), '--shape', '64', '--backbone-only',
-                    '--out', str(tmp_path)])
+    rows = gf.main([
+        '--models', 'soft_tiny', 'softmax_tiny', '--arch',
+        json.dumps(TINY), '--shape', '64', '--backbone-only', '--out',
+        str(tmp_path)
+    ])
     outputs_written(tmp_path, 'flops')
     by = {r['model']: r for r in read_csv(tmp_path / 'flops.csv')}
     assert set(by) == {'soft_tiny', 'softmax_tiny'}
     for r in rows:
-        assert r['flops_g'] == pytest.approx(
-            r['layers_g'] + r['attention_g'] + r['nr_g'])
+        assert r['flops_g'] == pytest.approx(r['layers_g'] + r['attention_g'] +
+                                             r['nr_g'])
         assert r['attention_g'] > 0
     assert float(by['soft_tiny']['nr_g']) > 0
     assert float(by['softmax_tiny']['nr_g']) == 0
     # full attention: n^2 d products per head, SimA n d^2 (n > d here)
     x = torch.randn(1, 3, 128, 128)
-    att = {t: gf.count(gf.build_named(f'{t}_tiny', head=False, arch=TINY),
-                       x)['attention'] for t in ('softmax', 'sima')}
+    att = {
+        t:
+        gf.count(gf.build_named(f'{t}_tiny', head=False, arch=TINY),
+                 x)['attention']
+        for t in ('softmax', 'sima')
+    }
     assert att['softmax'] > 2 * att['sima']
 
 
 def test_get_flops_nr_term_is_the_newton_iterations():
     gf = tool('get_flops')
-    model = gf.build_named('soft_tiny', head=False,
-                           arch=dict(TINY, depths=[1, 1, 1, 1]))
+    model = gf.build_named(
+        'soft_tiny', head=False, arch=dict(TINY, depths=[1, 1, 1, 1]))
     x = torch.randn(2, 3, 64, 96)
     res = gf.count(model, x)
     for a in gf._soft_attentions(model):
@@ -91,8 +97,8 @@ def test_get_flops_bottleneck_settings_give_m_landmarks():
     for m in (36, 81):
         kw = gf.bottleneck_overrides(m)
         arch = dict(kw['arch'], **TINY)  # small channels, same ratios
-        model = SOFT(arch, max_landmarks=kw['max_landmarks'],
-                     out_indices=(2, )).eval()
+        model = SOFT(
+            arch, max_landmarks=kw['max_landmarks'], out_indices=(2, )).eval()
         seen = []
         for mod in model.modules():
             if hasattr(mod, 'sampler'):
@@ -107,8 +113,10 @@ def test_get_flops_any_config(tmp_path):
     pytest.importorskip('mmpretrain')
     gf = tool('get_flops')
     cfg = osp.join(ROOT, 'configs', 'soft_tiny_in1k.py')
-    rows = gf.main(['--config', cfg, '--attn-type', 'performer', '--shape',
-                    '64', '--out', str(tmp_path)])
+    rows = gf.main([
+        '--config', cfg, '--attn-type', 'performer', '--shape', '64', '--out',
+        str(tmp_path)
+    ])
     assert rows[0]['counted'] == 'model (tensor mode)'
     assert rows[0]['nr_g'] == 0 and rows[0]['params_m'] > 12
 
@@ -134,9 +142,11 @@ def test_memory_vs_length_fixed_m_and_outputs(tmp_path):
             with torch.no_grad():
                 assert model(x, hw).shape == x.shape
     # one real (subprocess) measurement; softmax:math skipped by budget
-    rows = mv.main(['--attns', 'sima', 'softmax:math', '--p', '1',
-                    '--layers', '1', '--dims', '24', '--heads', '2',
-                    '--max-mem-gb', '1e-6', '--out', str(tmp_path)])
+    rows = mv.main([
+        '--attns', 'sima', 'softmax:math', '--p', '1', '--layers', '1',
+        '--dims', '24', '--heads', '2', '--max-mem-gb', '1e-6', '--out',
+        str(tmp_path)
+    ])
     outputs_written(tmp_path, 'memory')
     by = {r['attn']: r for r in read_csv(tmp_path / 'memory.csv')}
     assert by['sima']['status'] == 'ok' and float(by['sima']['time_ms']) > 0
@@ -152,13 +162,17 @@ def test_nr_convergence_on_an_image_folder(tmp_path):
     img_dir.mkdir(parents=True)
     rng = np.random.default_rng(0)
     for i in range(3):
-        cv2.imwrite(str(img_dir / f'{i}.png'),
-                    rng.integers(0, 255, (40, 50, 3), dtype=np.uint8))
+        cv2.imwrite(
+            str(img_dir / f'{i}.png'),
+            rng.integers(0, 255, (40, 50, 3), dtype=np.uint8))
     out = tmp_path / 'out'
-    rows = nc.main(['--arch', json.dumps(TINY), '--images',
-                    f'mine={tmp_path / "imgs"}', '--num-images', '2',
-                    '--size', '64', '--iters', '6', '--batch-size', '2',
-                    '--out', str(out)])
+    rows = nc.main([
+        '--arch',
+        json.dumps(TINY), '--images', f'mine={tmp_path / "imgs"}',
+        '--num-images', '2', '--size', '64', '--iters', '6', '--batch-size',
+        '2', '--out',
+        str(out)
+    ])
     outputs_written(out, 'nr_convergence')
     assert {r['dataset'] for r in rows} == {'mine'}
     assert {r['stage'] for r in rows} == {1, 2, 3}
@@ -181,8 +195,8 @@ def test_nr_convergence_metric_is_pinv_convergence(init):
     lm = torch.randn(3, 2, 12, 4, generator=g, dtype=torch.float64) * 0.5
     A = gaussian_kernel(lm, lm)
     ref = torch.stack(pinv_convergence(A, 8, init), -1)
-    torch.testing.assert_close(nc.convergence(A, 8, init), ref, rtol=1e-8,
-                               atol=1e-12)
+    torch.testing.assert_close(
+        nc.convergence(A, 8, init), ref, rtol=1e-8, atol=1e-12)
 
 
 def test_nr_convergence_loads_checkpoints(tmp_path):
@@ -192,8 +206,13 @@ def test_nr_convergence_loads_checkpoints(tmp_path):
     src = SOFT(TINY)
     src.init_weights()
     path = str(tmp_path / 'w.pth')
-    torch.save({'state_dict': {f'backbone.{k}': v
-                               for k, v in src.state_dict().items()}}, path)
+    torch.save(
+        {
+            'state_dict': {
+                f'backbone.{k}': v
+                for k, v in src.state_dict().items()
+            }
+        }, path)
     model = nc.build_model('soft_tiny', checkpoint=path, arch=TINY)
     for k, v in src.state_dict().items():
         torch.testing.assert_close(model.state_dict()[k], v)
@@ -202,8 +221,10 @@ def test_nr_convergence_loads_checkpoints(tmp_path):
 # ------------------------------------------------------------ spectral
 def test_spectral_norm_field_normalisation_lowers_the_norm(tmp_path):
     sn = tool('spectral_norm')
-    rows = sn.main(['--lengths', '4', '16', '36', '--samples', '2',
-                    '--out', str(tmp_path)])
+    rows = sn.main([
+        '--lengths', '4', '16', '36', '--samples', '2', '--out',
+        str(tmp_path)
+    ])
     outputs_written(tmp_path, 'spectral_norm')
     assert len(read_csv(tmp_path / 'spectral_norm.csv')) == 6
     for m in (4, 16, 36):
@@ -212,8 +233,8 @@ def test_spectral_norm_field_normalisation_lowers_the_norm(tmp_path):
         assert all(r['norm_pinv'] < r['pinv'] for r in rs)
         # well-conditioned small A: NR = exact pinv (normalised variant)
         for r in rs:
-            assert r['norm_pinv'] == pytest.approx(r['exact_norm_pinv'],
-                                                   rel=1e-3)
+            assert r['norm_pinv'] == pytest.approx(
+                r['exact_norm_pinv'], rel=1e-3)
     # landmarks of the field get more similar as the grid gets finer
     g = torch.Generator().manual_seed(0)
     L = sn.field_landmarks(6, 8, 4.0, 2.0, 64, g)
@@ -223,9 +244,11 @@ def test_spectral_norm_field_normalisation_lowers_the_norm(tmp_path):
 
 def test_spectral_norm_from_model_landmarks(tmp_path):
     sn = tool('spectral_norm')
-    rows = sn.main(['--source', 'model', '--model', 'soft_tiny_norm',
-                    '--lengths', '4', '--samples', '1', '--out',
-                    str(tmp_path)])
+    rows = sn.main([
+        '--source', 'model', '--model', 'soft_tiny_norm', '--lengths', '4',
+        '--samples', '1', '--out',
+        str(tmp_path)
+    ])
     # one synthetic image -> one sample per head of stage 3 (10 heads)
     assert len(rows) == 10 and all(r['m'] == 4 for r in rows)
     outputs_written(tmp_path, 'spectral_norm')
@@ -234,9 +257,11 @@ def test_spectral_norm_from_model_landmarks(tmp_path):
 # ------------------------------------------------------------ heatmaps
 def test_visualize_attention_rows(tmp_path):
     va = tool('visualize_attention')
-    rows = va.main(['--models', 'softmax_tiny', 'linformer_tiny',
-                    'soft_tiny_norm', '--size', '64', '--stage', '0',
-                    '--query', '0.25', '0.75', '--out', str(tmp_path)])
+    rows = va.main([
+        '--models', 'softmax_tiny', 'linformer_tiny', 'soft_tiny_norm',
+        '--size', '64', '--stage', '0', '--query', '0.25', '0.75', '--out',
+        str(tmp_path)
+    ])
     outputs_written(tmp_path, 'attention')
     csv_rows = read_csv(tmp_path / 'attention.csv')
     assert len(csv_rows) == len(rows) == 2 + 2 + 2  # 2 heads in stage 1

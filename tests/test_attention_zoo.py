@@ -12,8 +12,7 @@ from mmsoft.models.backbones import SOFT
 from mmsoft.models.layers import SOFTAttention, landmark_grid
 from mmsoft.models.layers.attention_zoo import (ATTENTION_TYPES, ATTENTIONS,
                                                 attention_matrix,
-                                                attention_row,
-                                                build_attention)
+                                                attention_row, build_attention)
 from mmsoft.models.layers.gaussian_kernel import gaussian_kernel
 from mmsoft.models.layers.pinv import newton_inverse
 from mmsoft.models.layers.zoo import (LinformerAttention,
@@ -29,9 +28,15 @@ C, HEADS = 16, 2
 D = C // HEADS
 
 # what SOFTBlock passes to build_attention
-BLOCK_KWARGS = dict(sampling='conv', dw_kernel_size=3, attn_norm=True,
-                    nr_iters=20, nr_init=None, qkv_bias=True,
-                    nr_method='auto', max_landmarks=None)
+BLOCK_KWARGS = dict(
+    sampling='conv',
+    dw_kernel_size=3,
+    attn_norm=True,
+    nr_iters=20,
+    nr_init=None,
+    qkv_bias=True,
+    nr_method='auto',
+    max_landmarks=None)
 
 
 def tokens(B=2, n=N, c=C, seed=0):
@@ -86,8 +91,8 @@ def test_every_entry_keeps_the_per_head_dw_conv_on_v(attn_type):
     with torch.no_grad():
         soft.dw_conv.weight.copy_(attn.dw_conv.weight)
         v = torch.randn(2, HEADS, N, D, dtype=torch.float64)
-        torch.testing.assert_close(attn._dw_conv_v(v, HW),
-                                   soft._dw_conv_v(v, HW))
+        torch.testing.assert_close(
+            attn._dw_conv_v(v, HW), soft._dw_conv_v(v, HW))
 
 
 @pytest.mark.parametrize('attn_type', ATTENTION_TYPES)
@@ -121,8 +126,10 @@ def test_attention_row_is_a_row_of_the_matrix(attn_type):
 
 @pytest.mark.parametrize('attn_type', ATTENTION_TYPES)
 def test_zoo_in_the_backbone(attn_type):
-    arch = dict(embed_dims=[8, 16, 16, 32], num_heads=[1, 2, 2, 2],
-                depths=[1, 1, 1, 1])
+    arch = dict(
+        embed_dims=[8, 16, 16, 32],
+        num_heads=[1, 2, 2, 2],
+        depths=[1, 1, 1, 1])
     ref = SOFT(arch).eval()
     model = SOFT(arch, attn_type=attn_type).eval()
     x = torch.randn(1, 3, 72, 40)
@@ -140,8 +147,8 @@ def test_softmax_rows_are_a_distribution_and_match_the_formula():
     x = tokens()
     M = attention_matrix(attn, x, HW)
     assert (M > 0).all()
-    torch.testing.assert_close(M.sum(-1), torch.ones(2, HEADS, N,
-                                                     dtype=M.dtype))
+    torch.testing.assert_close(
+        M.sum(-1), torch.ones(2, HEADS, N, dtype=M.dtype))
     q, k, v = (attn._split(f(x)) for f in (attn.q, attn.k, attn.v))
     S = (q @ k.transpose(-1, -2) / math.sqrt(D)).softmax(-1)
     torch.testing.assert_close(M, S)
@@ -158,8 +165,7 @@ def test_linformer_attends_softmax_over_m_reduced_tokens(sr_mode):
     w = attn.reduced_attention_row(x, HW, 11)
     m = math.prod(landmark_grid(HW, 2))
     assert w.shape == (2, HEADS, m) and (w > 0).all()
-    torch.testing.assert_close(w.sum(-1), torch.ones(2, HEADS,
-                                                     dtype=w.dtype))
+    torch.testing.assert_close(w.sum(-1), torch.ones(2, HEADS, dtype=w.dtype))
     # spread over the token map, the row keeps total weight 1; the last row
     # (7 mod 2) and column (5 mod 2) are outside every reduced cell
     row = attention_row(attn, x, HW, 11).reshape(2, HEADS, *HW)
@@ -181,8 +187,8 @@ def test_linformer_cap_and_fixed_grid():
     lin = LinformerAttention(C, HEADS, 1, landmark_hw=(2, 3)).double()
     w = lin.reduced_attention_row(tokens(), HW, 0)
     assert w.shape[-1] == 6
-    lin = LinformerAttention(C, HEADS, 1, sr_mode='avgpool',
-                             max_landmarks=8).double()
+    lin = LinformerAttention(
+        C, HEADS, 1, sr_mode='avgpool', max_landmarks=8).double()
     assert lin.reduced_attention_row(tokens(), HW, 0).shape[-1] <= 8
 
 
@@ -207,14 +213,13 @@ def test_performer_approximates_softmax_as_features_grow():
     for M in (4, 64, 1024):
         e = []
         for seed in range(4):
-            attn = PerformerAttention(C, HEADS, 1, num_features=M,
-                                      dw_kernel_size=0).double().eval()
+            attn = PerformerAttention(
+                C, HEADS, 1, num_features=M, dw_kernel_size=0).double().eval()
             torch.manual_seed(100)  # the same projections for every M
             for lin in (attn.q, attn.k):
                 torch.nn.init.normal_(lin.weight, std=0.3)
             attn.redraw(torch.Generator().manual_seed(seed))
-            S = softmax_matrix(attn._split(attn.q(x)),
-                               attn._split(attn.k(x)))
+            S = softmax_matrix(attn._split(attn.q(x)), attn._split(attn.k(x)))
             A = attention_matrix(attn, x, (4, 6))
             e.append(((A - S).norm() / S.norm()).item())
         errs[M] = sum(e) / len(e)
@@ -227,8 +232,8 @@ def test_performer_weights_positive_normalised_and_saved():
     attn = build('performer')
     M = attention_matrix(attn, tokens(), HW)
     assert (M > 0).all()  # positive features: no negative weights
-    torch.testing.assert_close(M.sum(-1), torch.ones_like(M[..., 0]),
-                               rtol=0, atol=1e-4)  # eps in D
+    torch.testing.assert_close(
+        M.sum(-1), torch.ones_like(M[..., 0]), rtol=0, atol=1e-4)  # eps in D
     assert 'features' in attn.state_dict()
     before = attn.features.clone()
     attn.redraw()
@@ -236,8 +241,11 @@ def test_performer_weights_positive_normalised_and_saved():
     # orthogonal blocks: the first d rows are mutually orthogonal
     w = attn.features[:D]
     gram = w @ w.t()
-    torch.testing.assert_close(gram - torch.diag(torch.diagonal(gram)),
-                               torch.zeros_like(gram), atol=1e-5, rtol=0)
+    torch.testing.assert_close(
+        gram - torch.diag(torch.diagonal(gram)),
+        torch.zeros_like(gram),
+        atol=1e-5,
+        rtol=0)
 
 
 def test_performer_is_stable_for_large_logits():
@@ -268,8 +276,7 @@ def test_nystromformer_landmarks_rows_sum_to_one_and_iterative_pinv():
     assert F_.shape[-1] == math.prod(landmark_grid(HW, 2))
     # the Nystromformer iteration converges to the pseudo-inverse
     g = torch.Generator().manual_seed(0)
-    A = (torch.randn(3, 10, 10, generator=g, dtype=torch.float64)).softmax(
-        -1)
+    A = (torch.randn(3, 10, 10, generator=g, dtype=torch.float64)).softmax(-1)
     exact = torch.linalg.pinv(A)
     e2 = (iterative_pinv(A, 2) - exact).norm() / exact.norm()
     e20 = (iterative_pinv(A, 20) - exact).norm() / exact.norm()
@@ -280,8 +287,8 @@ def test_nystromformer_landmarks_rows_sum_to_one_and_iterative_pinv():
 def test_sima_normalises_each_channel_over_tokens():
     t = torch.randn(2, 3, 40, 5, dtype=torch.float64)
     tn = l1_normalize_tokens(t, eps=0)
-    torch.testing.assert_close(tn.abs().sum(-2), torch.ones(2, 3, 5,
-                                                            dtype=t.dtype))
+    torch.testing.assert_close(tn.abs().sum(-2),
+                               torch.ones(2, 3, 5, dtype=t.dtype))
 
 
 @pytest.mark.parametrize('order', ['auto', 'linear', 'quadratic'])
@@ -325,15 +332,15 @@ def test_sima_is_invariant_to_channel_scale():
 # ---------------------------------------------------------------- SOFT
 @pytest.mark.parametrize('attn_norm', [True, False])
 def test_soft_row_is_row_of_p_ainv_pt(attn_norm):
-    attn = SOFTAttention(C, HEADS, 2, attn_norm=attn_norm,
-                         sampling='avgpool').double().eval()
+    attn = SOFTAttention(
+        C, HEADS, 2, attn_norm=attn_norm, sampling='avgpool').double().eval()
     x = tokens()
     q = attn._split(attn.q(x)) * D**-0.25
     lm = F.avg_pool2d(q.reshape(2 * HEADS, *HW, D).permute(0, 3, 1, 2), 2)
     lm = lm.flatten(2).transpose(1, 2).reshape(2, HEADS, -1, D)
     P, A = gaussian_kernel(q, lm), gaussian_kernel(lm, lm)
-    A_inv = newton_inverse(A, 20, 'soft_norm_per_sample' if attn_norm
-                           else 'soft')
+    A_inv = newton_inverse(A, 20,
+                           'soft_norm_per_sample' if attn_norm else 'soft')
     if attn_norm:
         d = A.sum(-1).rsqrt()
         A_inv = d[..., :, None] * A_inv * d[..., None, :]

@@ -5,14 +5,19 @@ import pytest
 import torch
 
 from mmsoft.models.backbones import SOFT
-from mmsoft.models.layers import SoftmaxBlock, SOFTBlock
+from mmsoft.models.layers import SOFTBlock, SoftmaxBlock
 
-TINY = dict(embed_dims=[16, 32, 32, 64], num_heads=[1, 1, 2, 2],
-            depths=[1, 1, 1, 1])
+TINY = dict(
+    embed_dims=[16, 32, 32, 64], num_heads=[1, 1, 2, 2], depths=[1, 1, 1, 1])
 
 # paper Table 3 (IJCV Table 8 for Tiny with conv sampling): classifier params
-PAPER_PARAMS = {'tiny': 13.07e6, 'small': 24e6, 'medium': 45e6,
-                'large': 64e6, 'huge': 87e6}
+PAPER_PARAMS = {
+    'tiny': 13.07e6,
+    'small': 24e6,
+    'medium': 45e6,
+    'large': 64e6,
+    'huge': 87e6
+}
 
 
 def n_params(model):
@@ -31,8 +36,11 @@ def test_official_small_depths_expressible():
     model = SOFT('small-official')
     assert model.depths == [1, 3, 20, 4]
     assert abs(n_params(model) + 513000 - 38.9e6) / 38.9e6 < 0.01
-    custom = SOFT(dict(embed_dims=[64, 128, 320, 512],
-                       num_heads=[2, 4, 10, 16], depths=[1, 3, 20, 4]))
+    custom = SOFT(
+        dict(
+            embed_dims=[64, 128, 320, 512],
+            num_heads=[2, 4, 10, 16],
+            depths=[1, 3, 20, 4]))
     assert n_params(custom) == n_params(model)
 
 
@@ -45,9 +53,10 @@ def test_preset_structure_shapes(arch):
     with torch.no_grad():
         outs = model(torch.randn(1, 3, 96, 128))
     dims = SOFT.arch_zoo[arch]['embed_dims']
-    assert [tuple(o.shape) for o in outs] == [
-        (1, dims[0], 24, 32), (1, dims[1], 12, 16), (1, dims[2], 6, 8),
-        (1, dims[3], 3, 4)]
+    assert [tuple(o.shape) for o in outs] == [(1, dims[0], 24, 32),
+                                              (1, dims[1], 12, 16),
+                                              (1, dims[2], 6, 8),
+                                              (1, dims[3], 3, 4)]
     assert model.out_channels == dims
 
 
@@ -61,8 +70,10 @@ def test_official_block_details():
     assert [s[0].attn.dw_conv.kernel_size[0] for s in model.stages[:3]] == \
         [9, 5, 3]
     assert [s[0].attn.sampler.ratio for s in model.stages[:3]] == [8, 4, 2]
-    assert [tuple(p.shape) for p in model.pos_embeds] == [
-        (1, 3136, 64), (1, 784, 128), (1, 196, 320), (1, 50, 512)]
+    assert [tuple(p.shape) for p in model.pos_embeds] == [(1, 3136, 64),
+                                                          (1, 784, 128),
+                                                          (1, 196, 320),
+                                                          (1, 50, 512)]
     assert model.norm.eps == 1e-6
     # m = 49 bottleneck tokens at 224 x 224 in every SOFT stage
     for i, hw in enumerate([(56, 56), (28, 28), (14, 14)]):
@@ -124,8 +135,9 @@ def test_autocast_finite(dtype):
         outs = model(x)
     assert all(torch.isfinite(o.float()).all() for o in outs)
     sum(o.float().mean() for o in outs).backward()
-    assert all(torch.isfinite(p.grad).all() for p in model.parameters()
-               if p.grad is not None)
+    assert all(
+        torch.isfinite(p.grad).all() for p in model.parameters()
+        if p.grad is not None)
 
 
 def test_gradients_reach_every_parameter():
@@ -145,8 +157,7 @@ def test_with_cp_same_gradients():
     for m in (a, b):
         sum(o.sum() for o in m(x)).backward()
     for (n, p), (_, q) in zip(a.named_parameters(), b.named_parameters()):
-        torch.testing.assert_close(p.grad, q.grad, rtol=1e-4, atol=1e-5,
-                                   msg=n)
+        torch.testing.assert_close(p.grad, q.grad, rtol=1e-4, atol=1e-5, msg=n)
 
 
 def test_frozen_stages():
@@ -160,16 +171,14 @@ def test_frozen_stages():
     assert not model.patch_embeds[1].training
     assert model.patch_embeds[2].training
     stem_only = SOFT(TINY, frozen_stages=0)
-    names = [n for n, p in stem_only.named_parameters()
-             if not p.requires_grad]
-    assert names and all(n.startswith(('patch_embeds.0', 'pos_embeds.0'))
-                         for n in names)
+    names = [n for n, p in stem_only.named_parameters() if not p.requires_grad]
+    assert names and all(
+        n.startswith(('patch_embeds.0', 'pos_embeds.0')) for n in names)
 
 
 def test_norm_eval():
     model = SOFT(TINY, norm_eval=True).train()
-    bns = [m for m in model.modules()
-           if isinstance(m, torch.nn.BatchNorm2d)]
+    bns = [m for m in model.modules() if isinstance(m, torch.nn.BatchNorm2d)]
     assert bns and not any(m.training for m in bns)
     assert model.stages[0][0].training
 
@@ -185,13 +194,19 @@ def test_drop_path_rate_schedule():
 def test_pretrained_init_cfg_with_prefix(tmp_path):
     src = SOFT(TINY)
     src.init_weights()
-    ckpt = {'state_dict': {f'backbone.{k}': v
-                           for k, v in src.state_dict().items()}}
+    ckpt = {
+        'state_dict': {
+            f'backbone.{k}': v
+            for k, v in src.state_dict().items()
+        }
+    }
     ckpt['state_dict']['head.fc.weight'] = torch.zeros(3, 64)
     path = tmp_path / 'cls.pth'
     torch.save(ckpt, path)
-    dst = SOFT(TINY, init_cfg=dict(type='Pretrained', checkpoint=str(path),
-                                   prefix='backbone.'))
+    dst = SOFT(
+        TINY,
+        init_cfg=dict(
+            type='Pretrained', checkpoint=str(path), prefix='backbone.'))
     dst.init_weights()
     for k, v in src.state_dict().items():
         torch.testing.assert_close(dst.state_dict()[k], v, msg=k)
@@ -201,8 +216,10 @@ def test_default_init_is_truncated_normal():
     model = SOFT(TINY)
     model.init_weights()
     # std 0.02 as the official timm init (truncation bounds are +-2 absolute)
-    w = torch.cat([m.weight.flatten() for m in model.modules()
-                   if isinstance(m, torch.nn.Linear)])
+    w = torch.cat([
+        m.weight.flatten() for m in model.modules()
+        if isinstance(m, torch.nn.Linear)
+    ])
     assert 0.018 < w.std() < 0.022
     assert model.stages[0][0].attn.q.bias.abs().max() == 0
     assert 0.018 < model.pos_embeds[0].std() < 0.022
@@ -244,8 +261,9 @@ def test_max_landmarks_backbone():
 
 
 def test_pretrained_without_checkpoint_is_random_init():
-    model = SOFT(TINY, init_cfg=dict(type='Pretrained', checkpoint=None,
-                                     prefix='backbone.'))
+    model = SOFT(
+        TINY,
+        init_cfg=dict(type='Pretrained', checkpoint=None, prefix='backbone.'))
     model.init_weights()
     assert 0.018 < model.pos_embeds[0].std() < 0.022
 
@@ -272,12 +290,11 @@ def test_fast_path_equals_reference_nr_end_to_end(attn_norm):
             model.to(dtype).train()
             model.zero_grad()
             out = model(x.to(dtype))
-            sum((o * torch.linspace(-1, 1, o.numel(), dtype=dtype).view_as(
-                o)).sum() for o in out).backward()
+            sum((o * torch.linspace(-1, 1, o.numel(), dtype=dtype).view_as(o)
+                 ).sum() for o in out).backward()
             outs.append(out)
-            grads.append(torch.cat([p.grad.flatten()
-                                    for p in model.parameters()]))
+            grads.append(
+                torch.cat([p.grad.flatten() for p in model.parameters()]))
         for a, b in zip(*outs):
             assert ((a - b).abs().max() / b.abs().max()) < tol
-        assert ((grads[0] - grads[1]).abs().max() /
-                grads[1].abs().max()) < tol
+        assert ((grads[0] - grads[1]).abs().max() / grads[1].abs().max()) < tol

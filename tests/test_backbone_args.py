@@ -6,8 +6,8 @@ import torch
 from mmsoft.models.backbones import SOFT
 from mmsoft.models.layers import SOFTAttention
 
-ARCH = dict(embed_dims=[8, 16, 16, 32], num_heads=[1, 2, 2, 2],
-            depths=[1, 1, 1, 1])
+ARCH = dict(
+    embed_dims=[8, 16, 16, 32], num_heads=[1, 2, 2, 2], depths=[1, 1, 1, 1])
 
 
 @pytest.mark.parametrize('kwargs, match', [
@@ -42,12 +42,16 @@ def test_bad_arguments_are_rejected_naming_the_option(kwargs, match):
 
 
 @pytest.mark.parametrize('kwargs', [
-    dict(nr_iters=1), dict(max_landmarks=16), dict(max_landmarks=None),
-    dict(pretrain_img_size=32), dict(drop_path_rate=0.5),
+    dict(nr_iters=1),
+    dict(max_landmarks=16),
+    dict(max_landmarks=None),
+    dict(pretrain_img_size=32),
+    dict(drop_path_rate=0.5),
     dict(arch=dict(ARCH, dw_kernel_sizes=[7, 0, 1])),
     dict(attn_type='linformer', max_landmarks=16),
     dict(attn_type='nystromformer', max_landmarks=16),
-    dict(attn_type='softmax'), dict(attn_type='soft_norm', attn_norm=True),
+    dict(attn_type='softmax'),
+    dict(attn_type='soft_norm', attn_norm=True),
     dict(attn_type='soft', attn_norm=False, nr_iters=5, sampling='avgpool'),
 ])
 def test_valid_arguments_are_accepted(kwargs):
@@ -64,8 +68,9 @@ def test_layer_checks():
         SOFTAttention(16, 2, 2, dw_kernel_size=4)
 
 
-@pytest.mark.parametrize('out_type, out_indices', [
-    ('featmap', (0, 1, 2, 3)), ('cls_token', (1, 3)), ('featmap', (2, ))])
+@pytest.mark.parametrize('out_type, out_indices', [('featmap', (0, 1, 2, 3)),
+                                                   ('cls_token', (1, 3)),
+                                                   ('featmap', (2, ))])
 @pytest.mark.parametrize('hw', [(64, 64), (37, 53)])
 def test_empty_batch_returns_empty_outputs(out_type, out_indices, hw):
     model = SOFT(ARCH, out_type=out_type, out_indices=out_indices)

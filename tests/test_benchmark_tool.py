@@ -24,8 +24,8 @@ def test_model_names():
     bench = load()
     m = bench.build_backbone('soft_tiny_norm_spectral_ml16')
     attns = [a for a in m.modules() if isinstance(a, SOFTAttention)]
-    assert attns and all(a.attn_norm and a.nr_method == 'spectral' and
-                         a.sampler.max_landmarks == 16 for a in attns)
+    assert attns and all(a.attn_norm and a.nr_method == 'spectral'
+                         and a.sampler.max_landmarks == 16 for a in attns)
     m = bench.build_backbone('soft_small')
     attns = [a for a in m.modules() if isinstance(a, SOFTAttention)]
     assert not any(a.attn_norm for a in attns) and len(attns) == 11
@@ -37,16 +37,21 @@ def test_model_names():
 
 def test_tiny_run_writes_ratios(tmp_path):
     out = tmp_path / 'bench'
-    proc = subprocess.run(
-        [sys.executable, SCRIPT, '--models', 'soft_tiny_norm_ml16',
-         'pvtv2_b1', '--sizes', '64x64x1', '--modes', 'forward',
-         'forward_backward', '--repeats', '1', '--threads', '1', '--out',
-         str(out)], capture_output=True, text=True, timeout=600)
+    proc = subprocess.run([
+        sys.executable, SCRIPT, '--models', 'soft_tiny_norm_ml16', 'pvtv2_b1',
+        '--sizes', '64x64x1', '--modes', 'forward', 'forward_backward',
+        '--repeats', '1', '--threads', '1', '--out',
+        str(out)
+    ],
+                          capture_output=True,
+                          text=True,
+                          timeout=600)
     assert proc.returncode == 0, proc.stderr[-2000:]
     rows = list(csv.DictReader(open(out / 'results.csv')))
-    assert {(r['model'], r['mode']) for r in rows} == {
-        (m, mode) for m in ('soft_tiny_norm_ml16', 'pvtv2_b1')
-        for mode in ('forward', 'forward_backward')}
+    assert {(r['model'], r['mode'])
+            for r in rows} == {(m, mode)
+                               for m in ('soft_tiny_norm_ml16', 'pvtv2_b1')
+                               for mode in ('forward', 'forward_backward')}
     assert all(float(r['time_ms']) > 0 for r in rows)
     md = (out / 'results.md').read_text()
     assert 'x pvtv2_b1' in md
@@ -63,11 +68,12 @@ def test_nr_method_crossover_tool(capsys):
     assert mod.crossover([(49, 1, 2), (81, 2, 1), (128, 5, 1)]) == 81
     assert mod.crossover([(49, 2, 1), (81, 1, 2), (128, 5, 1)]) == 128
     assert mod.crossover([(49, 1, 2), (81, 1, 2)]) is None
-    rows, best = mod.main(['--ms', '12', '24', '--batch', '2',
-                           '--head-dims', '8', '--repeats', '1',
-                           '--backward', '--threads', '1'])
+    rows, best = mod.main([
+        '--ms', '12', '24', '--batch', '2', '--head-dims', '8', '--repeats',
+        '1', '--backward', '--threads', '1'
+    ])
     assert [r[0] for r in rows] == [12, 24]
     assert all(r[1] > 0 and r[2] > 0 for r in rows)
     out = capsys.readouterr().out
-    assert '| 24 |' in out and ('spectral wins from m' in out or
-                                'not faster' in out)
+    assert '| 24 |' in out and ('spectral wins from m' in out
+                                or 'not faster' in out)

@@ -80,8 +80,8 @@ class DropoutNet(BaseModel):
         x = torch.stack(inputs).flatten(1)
         logits = self.fc(self.drop(x))
         if mode == 'loss':
-            return dict(loss=F.cross_entropy(logits,
-                                             torch.tensor(data_samples)))
+            return dict(
+                loss=F.cross_entropy(logits, torch.tensor(data_samples)))
         if mode == 'predict':
             return [dict(pred=int(p)) for p in logits.argmax(1)]
         return logits
@@ -100,7 +100,10 @@ class Crash(Hook):
     def __init__(self, stop_after):
         self.stop_after = stop_after
 
-    def after_train_iter(self, runner, batch_idx, data_batch=None,
+    def after_train_iter(self,
+                         runner,
+                         batch_idx,
+                         data_batch=None,
                          outputs=None):
         if runner.iter + 1 == self.stop_after:
             raise Interrupted(self.stop_after)
@@ -113,23 +116,35 @@ class StartIter(Hook):
         self.iter = runner.iter
 
 
-def _runner(work_dir, name, by_epoch=False, stop_after=None, seed=0,
-            hook='SafeCheckpointHook', max_keep_ckpts=-1, **kwargs):
+def _runner(work_dir,
+            name,
+            by_epoch=False,
+            stop_after=None,
+            seed=0,
+            hook='SafeCheckpointHook',
+            max_keep_ckpts=-1,
+            **kwargs):
     torch.manual_seed(0)  # the model is built before the Runner seeds
     model = DropoutNet()
-    loader = dict(dataset=FlipDataset(),
-                  sampler=dict(type='DefaultSampler', shuffle=True),
-                  batch_size=2, num_workers=0)
+    loader = dict(
+        dataset=FlipDataset(),
+        sampler=dict(type='DefaultSampler', shuffle=True),
+        batch_size=2,
+        num_workers=0)
     if by_epoch:  # 3 epochs of 10 iterations, a checkpoint per epoch
         train_cfg = dict(by_epoch=True, max_epochs=3, val_interval=1)
         ckpt = dict(type=hook, interval=1, max_keep_ckpts=max_keep_ckpts)
     else:  # 10 iterations, checkpoints every 2, validation every 3
         train_cfg = dict(by_epoch=False, max_iters=10, val_interval=3)
-        ckpt = dict(type=hook, interval=2, by_epoch=False,
-                    max_keep_ckpts=max_keep_ckpts)
+        ckpt = dict(
+            type=hook,
+            interval=2,
+            by_epoch=False,
+            max_keep_ckpts=max_keep_ckpts)
     from mmengine.evaluator import BaseMetric
 
     class Count(BaseMetric):
+
         def process(self, data_batch, data_samples):
             self.results.extend(s['pred'] for s in data_samples)
 
@@ -137,24 +152,29 @@ def _runner(work_dir, name, by_epoch=False, stop_after=None, seed=0,
             return dict(n=len(results))
 
     return Runner(
-        model=model, work_dir=str(work_dir),
+        model=model,
+        work_dir=str(work_dir),
         experiment_name=f'{name}_{uuid.uuid4().hex[:8]}',
         train_dataloader=loader,
-        val_dataloader=dict(loader, sampler=dict(type='DefaultSampler',
-                                                 shuffle=False)),
-        val_evaluator=[Count()], val_cfg=dict(),
+        val_dataloader=dict(
+            loader, sampler=dict(type='DefaultSampler', shuffle=False)),
+        val_evaluator=[Count()],
+        val_cfg=dict(),
         optim_wrapper=dict(optimizer=dict(type='SGD', lr=0.1, momentum=0.9)),
         train_cfg=train_cfg,
-        default_hooks=dict(checkpoint=ckpt,
-                           logger=dict(type='LoggerHook', interval=1)),
+        default_hooks=dict(
+            checkpoint=ckpt, logger=dict(type='LoggerHook', interval=1)),
         custom_hooks=[Crash(stop_after)] if stop_after else None,
         log_processor=dict(by_epoch=by_epoch),
-        randomness=dict(seed=seed), **kwargs)
+        randomness=dict(seed=seed),
+        **kwargs)
 
 
 def _weights(runner):
-    return {k: v.detach().clone()
-            for k, v in runner.model.state_dict().items()}
+    return {
+        k: v.detach().clone()
+        for k, v in runner.model.state_dict().items()
+    }
 
 
 def _bitwise_equal(a, b):
@@ -165,8 +185,7 @@ def _interrupted_then_resumed(tmp_path, by_epoch, seed, hook, stop_after):
     work = tmp_path / 'work'
     with pytest.raises(Interrupted):
         _runner(work, 'first', by_epoch, stop_after, seed, hook).train()
-    resumed = _runner(work, 'resumed', by_epoch, None, seed, hook,
-                      resume=True)
+    resumed = _runner(work, 'resumed', by_epoch, None, seed, hook, resume=True)
     resumed.train()
     return work, _weights(resumed)
 
@@ -177,13 +196,12 @@ def test_resume_equals_uninterrupted_run(tmp_path, by_epoch, stop_after):
     ref = _runner(tmp_path / 'ref', 'ref', by_epoch)
     ref.train()
     work, resumed = _interrupted_then_resumed(tmp_path, by_epoch, 0,
-                                              'SafeCheckpointHook',
-                                              stop_after)
+                                              'SafeCheckpointHook', stop_after)
     assert _bitwise_equal(resumed, _weights(ref))
     ckpt = torch.load(work / ('epoch_2.pth' if by_epoch else 'iter_6.pth'))
     rng = ckpt['meta']['mmsoft_rng']
-    assert rng['world_size'] == 1 and set(rng['states'][0]) >= {
-        'python', 'numpy', 'torch'}
+    assert rng['world_size'] == 1 and set(
+        rng['states'][0]) >= {'python', 'numpy', 'torch'}
 
 
 def test_plain_hook_resume_differs(tmp_path):
@@ -241,8 +259,8 @@ def test_flipped_bytes_are_detected(tmp_path):
     from mmengine.runner.checkpoint import CheckpointLoader
     for load in (lambda: CheckpointLoader.load_checkpoint(str(path)),
                  lambda: load_checkpoint(DropoutNet(), str(path)),
-                 lambda: _runner(tmp_path / 'w2', 'test', load_from=str(
-                     path)).load_or_resume()):
+                 lambda: _runner(tmp_path / 'w2', 'test', load_from=str(path)
+                                 ).load_or_resume()):
         with pytest.raises(cio.CheckpointError, match=str(path)):
             load()
     # the zip's CRC-32 sees it too (used to tell damaged files apart)
@@ -254,12 +272,18 @@ def test_flipped_bytes_are_detected(tmp_path):
 
 
 def test_checksum_covers_state_and_tolerates_subsets():
-    ckpt = dict(meta=dict(epoch=1), state_dict={'w': torch.ones(3)},
-                optimizer=dict(state={0: {'m': torch.zeros(3)}},
-                               param_groups=[dict(lr=0.1, params=[0])]))
+    ckpt = dict(
+        meta=dict(epoch=1),
+        state_dict={'w': torch.ones(3)},
+        optimizer=dict(
+            state={0: {
+                'm': torch.zeros(3)
+            }},
+            param_groups=[dict(lr=0.1, params=[0])]))
     cio.add_checksum(ckpt)
     assert set(ckpt['meta']['mmsoft_checksum']['digests']) == {
-        'state_dict', 'optimizer'}
+        'state_dict', 'optimizer'
+    }
     assert cio.verify_checksum(ckpt) is True
     published = dict(meta=ckpt['meta'], state_dict=ckpt['state_dict'])
     assert cio.verify_checksum(published) is True  # published_keys subset
@@ -333,12 +357,19 @@ KILL_CHILD = textwrap.dedent("""
 
 
 def _train_and_kill(work, hook):
-    code = KILL_CHILD.format(tests=osp.join(ROOT, 'tests'), work=str(work),
-                             hook=hook)
-    env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get(
-        'PYTHONPATH', ''), OMP_NUM_THREADS='1', PYTHONWARNINGS='ignore')
-    res = subprocess.run([sys.executable, '-c', code], env=env, cwd=ROOT,
-                         capture_output=True, text=True, timeout=300)
+    code = KILL_CHILD.format(
+        tests=osp.join(ROOT, 'tests'), work=str(work), hook=hook)
+    env = dict(
+        os.environ,
+        PYTHONPATH=ROOT + os.pathsep + os.environ.get('PYTHONPATH', ''),
+        OMP_NUM_THREADS='1',
+        PYTHONWARNINGS='ignore')
+    res = subprocess.run([sys.executable, '-c', code],
+                         env=env,
+                         cwd=ROOT,
+                         capture_output=True,
+                         text=True,
+                         timeout=300)
     assert res.returncode == -signal.SIGKILL, res.stderr[-3000:]
 
 
@@ -371,11 +402,12 @@ def test_every_config_sets_safe_checkpoint_hook():
     itself sets the hook, so every config in configs/ gets it."""
     import glob
     import re
-    files = glob.glob(osp.join(ROOT, 'configs', '**', '*.py'),
-                      recursive=True)
-    roots = [f for f in files
-             if re.search(r"_base_\s*=.*'(mmdet|mmseg|mmpretrain)::",
-                          open(f).read(), re.S)]
+    files = glob.glob(osp.join(ROOT, 'configs', '**', '*.py'), recursive=True)
+    roots = [
+        f for f in files
+        if re.search(r"_base_\s*=.*'(mmdet|mmseg|mmpretrain)::",
+                     open(f).read(), re.S)
+    ]
     assert len(roots) >= 10
     for f in roots:
         assert "type='SafeCheckpointHook'" in open(f).read(), f
@@ -399,11 +431,14 @@ def test_train_tool_swaps_plain_checkpoint_hook(tmp_path):
         "_base_ = 'mmpretrain::_base_/default_runtime.py'\n"
         "default_hooks = dict(checkpoint=dict(type='CheckpointHook', "
         "interval=2, max_keep_ckpts=1))\n")
-    train = runpy.run_path(osp.join(ROOT, 'tools', 'train.py'),
-                           run_name='tools')
+    train = runpy.run_path(
+        osp.join(ROOT, 'tools', 'train.py'), run_name='tools')
     cfg = train['build_cfg'](train['parse_args']([str(cfg_file), '--resume']))
     hook_cfg = cfg.default_hooks.checkpoint
-    assert {k: v for k, v in hook_cfg.items() if k != '_scope_'} == dict(
+    assert {
+        k: v
+        for k, v in hook_cfg.items() if k != '_scope_'
+    } == dict(
         type='SafeCheckpointHook', interval=2, max_keep_ckpts=1)
     assert cfg.resume is True and cfg.load_from is None
     pytest.importorskip('mmpretrain')
@@ -422,9 +457,11 @@ def test_save_atomic_cleans_up(tmp_path, monkeypatch):
     before = dst.read_bytes()
 
     for exc in (OSError, KeyboardInterrupt):
+
         def writer(obj, f, exc=exc):
             f.write(b'partial')
             raise exc('boom')
+
         with pytest.raises(exc):
             cio.save_atomic({'a': torch.zeros(2)}, str(dst), writer=writer)
         assert dst.read_bytes() == before
@@ -448,17 +485,22 @@ def test_sigterm_during_save_removes_temp(tmp_path):
         cio.save_atomic({{'a': torch.zeros(2)}}, {str(dst)!r}, writer=writer)
     """)
     env = dict(os.environ, PYTHONPATH=ROOT, OMP_NUM_THREADS='1')
-    res = subprocess.run([sys.executable, '-c', code], env=env,
-                         capture_output=True, text=True, timeout=120)
+    res = subprocess.run([sys.executable, '-c', code],
+                         env=env,
+                         capture_output=True,
+                         text=True,
+                         timeout=120)
     assert res.returncode == 128 + signal.SIGTERM, res.stderr
     assert dst.read_bytes() == before
     assert os.listdir(tmp_path) == ['ckpt.pth']
 
 
 def test_stale_temps_of_dead_writers_are_removed(tmp_path):
-    dead = subprocess.run([sys.executable, '-c', 'import os; '
-                           'print(os.getpid())'], capture_output=True,
-                          text=True).stdout.strip()
+    dead = subprocess.run(
+        [sys.executable, '-c', 'import os; '
+         'print(os.getpid())'],
+        capture_output=True,
+        text=True).stdout.strip()
     stale = tmp_path / f'.epoch_3.pth.{dead}.0123abcd{cio.TMP_SUFFIX}'
     mine = tmp_path / f'.epoch_3.pth.{os.getpid()}.0123abcd{cio.TMP_SUFFIX}'
     other = tmp_path / '.epoch_3.pth.tmp'  # not ours: never touched
@@ -478,9 +520,12 @@ class FlipPipelineImages(Dataset):
     def __init__(self):
         from mmcv.transforms import Compose
         self.pipeline = Compose([
-            dict(type='mmpretrain.RandomFlip', prob=[0.3, 0.3],
-                 direction=['horizontal', 'vertical']),
-            dict(type='mmpretrain.PackInputs')])
+            dict(
+                type='mmpretrain.RandomFlip',
+                prob=[0.3, 0.3],
+                direction=['horizontal', 'vertical']),
+            dict(type='mmpretrain.PackInputs')
+        ])
 
     def __len__(self):
         return 12
@@ -494,28 +539,41 @@ class FlipPipelineImages(Dataset):
 def _soft_runner(work_dir, stop_after=None, **kwargs):
     model = dict(
         type='ImageClassifier',
-        backbone=dict(type='mmsoft.SOFT', out_type='cls_token',
-                      out_indices=(3, ), drop_path_rate=0.3,
-                      pretrain_img_size=32,
-                      arch=dict(embed_dims=[8, 16, 16, 32],
-                                num_heads=[1, 1, 1, 2], depths=[1, 1, 1, 1],
-                                sampling_ratios=[2, 2, 1, 1])),
+        backbone=dict(
+            type='mmsoft.SOFT',
+            out_type='cls_token',
+            out_indices=(3, ),
+            drop_path_rate=0.3,
+            pretrain_img_size=32,
+            arch=dict(
+                embed_dims=[8, 16, 16, 32],
+                num_heads=[1, 1, 1, 2],
+                depths=[1, 1, 1, 1],
+                sampling_ratios=[2, 2, 1, 1])),
         neck=None,
         head=dict(type='LinearClsHead', num_classes=2, in_channels=32),
         data_preprocessor=dict(mean=[127.5] * 3, std=[127.5] * 3))
     return Runner(
-        model=model, work_dir=str(work_dir), default_scope='mmpretrain',
+        model=model,
+        work_dir=str(work_dir),
+        default_scope='mmpretrain',
         experiment_name=f'soft_{uuid.uuid4().hex[:8]}',
-        train_dataloader=dict(dataset=FlipPipelineImages(), batch_size=2,
-                              num_workers=0, sampler=dict(
-                                  type='DefaultSampler', shuffle=True)),
+        train_dataloader=dict(
+            dataset=FlipPipelineImages(),
+            batch_size=2,
+            num_workers=0,
+            sampler=dict(type='DefaultSampler', shuffle=True)),
         optim_wrapper=dict(optimizer=dict(type='AdamW', lr=1e-3)),
         train_cfg=dict(by_epoch=False, max_iters=6),
-        default_hooks=dict(checkpoint=dict(
-            type='SafeCheckpointHook', interval=2, by_epoch=False,
-            max_keep_ckpts=1)),
+        default_hooks=dict(
+            checkpoint=dict(
+                type='SafeCheckpointHook',
+                interval=2,
+                by_epoch=False,
+                max_keep_ckpts=1)),
         custom_hooks=[Crash(stop_after)] if stop_after else None,
-        randomness=dict(seed=1), **kwargs)
+        randomness=dict(seed=1),
+        **kwargs)
 
 
 def test_soft_classifier_random_flip_resume_is_bit_exact(tmp_path):

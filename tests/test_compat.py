@@ -41,14 +41,15 @@ def _mmengine_checkpoint(path):
     hub.update_info('iter', 3)
     hub.update_info('best_score', np.float64(0.75))  # a numpy scalar
     ckpt = dict(
-        meta=dict(epoch=0, iter=3, cfg='', seed=0,
-                  mmengine_version='0.10.7'),
+        meta=dict(epoch=0, iter=3, cfg='', seed=0, mmengine_version='0.10.7'),
         state_dict=model.state_dict(),
         message_hub=hub.state_dict(),
         optimizer=torch.optim.SGD(model.parameters(), lr=0.1).state_dict(),
         param_schedulers=[],
-        extra=dict(arrays=[np.array([0, 1, 2]).astype(dt) for dt in
-                           ('int32', 'int64', 'float32', 'float64', 'bool')]),
+        extra=dict(arrays=[
+            np.array([0, 1, 2]).astype(dt)
+            for dt in ('int32', 'int64', 'float32', 'float64', 'bool')
+        ]),
     )
     torch.save(ckpt, path)
     return ckpt, model
@@ -96,8 +97,11 @@ def test_torch_load_fails_without_mmsoft(tmp_path):
         print(json.dumps(out))
     """)
     env = dict(os.environ, PYTHONWARNINGS='ignore')
-    res = subprocess.run([sys.executable, '-c', code], capture_output=True,
-                         text=True, timeout=120, env=env)
+    res = subprocess.run([sys.executable, '-c', code],
+                         capture_output=True,
+                         text=True,
+                         timeout=120,
+                         env=env)
     assert res.returncode == 0, res.stderr
     out = json.loads(res.stdout.strip().splitlines()[-1])
     assert out.pop('mmsoft_imported') is False
@@ -114,9 +118,12 @@ def test_torch_load_fails_with_fix_reverted(tmp_path, without_fix):
         torch.load(path)
     # what such a checkpoint needs beyond torch's defaults
     unsafe = set(torch.serialization.get_unsafe_globals_in_checkpoint(path))
-    assert {'mmengine.logging.history_buffer.HistoryBuffer',
-            'builtins.getattr',  # HistoryBuffer.statistics_methods
-            'numpy.ndarray', 'numpy.dtype'} <= unsafe
+    assert {
+        'mmengine.logging.history_buffer.HistoryBuffer',
+        'builtins.getattr',  # HistoryBuffer.statistics_methods
+        'numpy.ndarray',
+        'numpy.dtype'
+    } <= unsafe
     assert any(g.endswith('multiarray._reconstruct') for g in unsafe)
     assert any(g.endswith('multiarray.scalar') for g in unsafe)
 
@@ -182,13 +189,15 @@ class _Gadget:
 
 
 @needs_weights_only
-@pytest.mark.parametrize('owner,name', [
-    (HistoryBuffer, '_set_default_statistics'),  # private
-    (HistoryBuffer, '__init__'),
-    (HistoryBuffer, '_statistics_methods'),  # not a function
-    (np.ndarray, 'tofile'),  # not an allow-listed owner
-    (torch.Tensor, 'new_empty'),
-])
+@pytest.mark.parametrize(
+    'owner,name',
+    [
+        (HistoryBuffer, '_set_default_statistics'),  # private
+        (HistoryBuffer, '__init__'),
+        (HistoryBuffer, '_statistics_methods'),  # not a function
+        (np.ndarray, 'tofile'),  # not an allow-listed owner
+        (torch.Tensor, 'new_empty'),
+    ])
 def test_getattr_is_restricted(tmp_path, owner, name):
     path = tmp_path / 'gadget.pth'
     torch.save({'x': _Gadget(owner, name)}, path)
@@ -218,8 +227,8 @@ def test_check_optional_deps_present():
 
 def test_check_optional_deps_reports_missing(monkeypatch):
     import importlib.util
-    monkeypatch.setattr(importlib.util, 'find_spec',
-                        lambda name, *a: None if name == 'ftfy' else 'spec')
+    monkeypatch.setattr(importlib.util, 'find_spec', lambda name, *a: None
+                        if name == 'ftfy' else 'spec')
     with warnings.catch_warnings(record=True) as rec:
         warnings.simplefilter('always')
         assert compat.check_optional_deps() == ['ftfy']
@@ -252,8 +261,10 @@ def test_loading_does_not_mutate_history_buffer_class(tmp_path):
     torch.save({'x': _crafted_history_buffer({'mean': HistoryBuffer.max})},
                path)
     try:
-        with pytest.warns(UserWarning, match=r"ignoring the statistics "
-                          r"methods \['mean'\]"):
+        with pytest.warns(
+                UserWarning,
+                match=r"ignoring the statistics "
+                r"methods \['mean'\]"):
             got = torch.load(path)['x']
         assert HistoryBuffer._statistics_methods == table
         assert HistoryBuffer([1, 2, 3], [1, 1, 1]).statistics('mean') == 2
@@ -284,11 +295,13 @@ def test_regular_history_buffer_loads_without_warning(tmp_path):
 
 
 @needs_weights_only
-@pytest.mark.parametrize('make', [
-    lambda: np.array([]),
-    lambda: np.zeros((0, 3), dtype=np.float32),
-    lambda: HistoryBuffer(),  # never updated: empty arrays inside
-])
+@pytest.mark.parametrize(
+    'make',
+    [
+        lambda: np.array([]),
+        lambda: np.zeros((0, 3), dtype=np.float32),
+        lambda: HistoryBuffer(),  # never updated: empty arrays inside
+    ])
 def test_empty_arrays_load(tmp_path, make):
     """Before: ``Unsupported global: GLOBAL builtins.bytes`` (an empty
     array's data is pickled as ``bytes()``), so a checkpoint with a
@@ -306,7 +319,9 @@ def test_empty_arrays_load(tmp_path, make):
 
 @needs_weights_only
 def test_bytes_is_restricted(tmp_path):
+
     class Alloc:
+
         def __reduce__(self):
             return bytes, (10, )
 
@@ -333,8 +348,10 @@ def test_fresh_process_loads_runner_checkpoint_quietly(tmp_path):
         print(buf.statistics('mean'))
     """)
     env = dict(os.environ, PYTHONWARNINGS='ignore::DeprecationWarning')
-    res = subprocess.run([sys.executable, '-c', code], capture_output=True,
-                         text=True, timeout=120, env=env)
+    res = subprocess.run([sys.executable, '-c', code],
+                         capture_output=True,
+                         text=True,
+                         timeout=120,
+                         env=env)
     assert res.returncode == 0, res.stderr[-2000:]
-    assert float(res.stdout.split()[-1]) == pytest.approx((1 + .5 + 1 / 3)
-                                                          / 3)
+    assert float(res.stdout.split()[-1]) == pytest.approx((1 + .5 + 1 / 3) / 3)

@@ -25,18 +25,21 @@ ARCHS = ('tiny', 'small', 'medium', 'large', 'huge')
 DET_ARCHS = ('tiny', 'small', 'medium', 'large')
 
 CLS = [f'soft_{n}{a}_in1k' for a in ARCHS for n in ('', 'norm_')]
-DET_1X = [f'{d}_soft_{a}_1x' for d in ('retinanet', 'mask_rcnn')
-          for a in DET_ARCHS]
-DET_3X = [f'{d}_soft_small_3x_ms' for d in ('mask_rcnn', 'cascade_mask_rcnn',
-                                           'atss', 'gfl', 'sparse_rcnn')]
+DET_1X = [
+    f'{d}_soft_{a}_1x' for d in ('retinanet', 'mask_rcnn') for a in DET_ARCHS
+]
+DET_3X = [
+    f'{d}_soft_small_3x_ms'
+    for d in ('mask_rcnn', 'cascade_mask_rcnn', 'atss', 'gfl', 'sparse_rcnn')
+]
 SEG = [f'upernet_soft_{a}_512x512_160k_ade20k' for a in ('small', 'medium')]
 EXPECTED = CLS + DET_1X + DET_3X + SEG
 CONFIGS = sorted(
     osp.splitext(osp.basename(p))[0]
     for p in glob.glob(osp.join(CONFIG_DIR, '*.py')))
 
-TINY_ARCH = dict(embed_dims=[16, 32, 32, 64], num_heads=[1, 1, 1, 2],
-                 depths=[1, 1, 1, 1])
+TINY_ARCH = dict(
+    embed_dims=[16, 32, 32, 64], num_heads=[1, 1, 1, 2], depths=[1, 1, 1, 1])
 SIZE = 64
 
 _CFG_CACHE = {}
@@ -44,8 +47,7 @@ _CFG_CACHE = {}
 
 def load(name):
     if name not in _CFG_CACHE:
-        _CFG_CACHE[name] = Config.fromfile(
-            osp.join(CONFIG_DIR, name + '.py'))
+        _CFG_CACHE[name] = Config.fromfile(osp.join(CONFIG_DIR, name + '.py'))
     return copy.deepcopy(_CFG_CACHE[name])
 
 
@@ -166,8 +168,7 @@ def test_det_recipe(name):
     assert cfg.auto_scale_lr.base_batch_size == 16
     steps = [s for s in cfg.param_scheduler if s.type == 'MultiStepLR']
     resize = [
-        t for t in cfg.train_dataloader.dataset.pipeline
-        if 'Resize' in t.type
+        t for t in cfg.train_dataloader.dataset.pipeline if 'Resize' in t.type
     ]
     assert len(resize) == 1
     if name in DET_1X:
@@ -210,8 +211,9 @@ def test_seg_recipe(name):
     # no multi-scale training (IJCV Sec. 4.3): a fixed-scale resize
     train_types = [t.type for t in cfg.train_dataloader.dataset.pipeline]
     assert 'RandomResize' not in train_types
-    resize = [t for t in cfg.train_dataloader.dataset.pipeline
-              if t.type == 'Resize'][0]
+    resize = [
+        t for t in cfg.train_dataloader.dataset.pipeline if t.type == 'Resize'
+    ][0]
     assert tuple(resize.scale) == (2048, 512) and 'ratio_range' not in resize
     # single-scale whole-image test, no TTA
     test_types = [t.type for t in cfg.test_dataloader.dataset.pipeline]
@@ -293,8 +295,8 @@ def _few_proposals(m):
 def make_batch(scope, name, batch_size=2):
     g = torch.Generator().manual_seed(0)
     inputs = [
-        torch.randint(0, 256, (3, SIZE, SIZE), generator=g,
-                      dtype=torch.uint8) for _ in range(batch_size)
+        torch.randint(0, 256, (3, SIZE, SIZE), generator=g, dtype=torch.uint8)
+        for _ in range(batch_size)
     ]
     if scope == 'mmpretrain':
         from mmpretrain.structures import DataSample
@@ -313,12 +315,17 @@ def make_batch(scope, name, batch_size=2):
     samples = []
     for _ in range(batch_size):
         s = SegDataSample()
-        s.gt_sem_seg = PixelData(data=torch.randint(
-            0, 150, (1, SIZE, SIZE), generator=g, dtype=torch.long))
+        s.gt_sem_seg = PixelData(
+            data=torch.randint(
+                0, 150, (1, SIZE, SIZE), generator=g, dtype=torch.long))
         s.set_metainfo(
-            dict(img_shape=(SIZE, SIZE), ori_shape=(SIZE, SIZE),
-                 pad_shape=(SIZE, SIZE), scale_factor=(1.0, 1.0),
-                 flip=False, flip_direction=None))
+            dict(
+                img_shape=(SIZE, SIZE),
+                ori_shape=(SIZE, SIZE),
+                pad_shape=(SIZE, SIZE),
+                scale_factor=(1.0, 1.0),
+                flip=False,
+                flip_direction=None))
         samples.append(s)
     return dict(inputs=inputs, data_samples=samples)
 
@@ -382,9 +389,10 @@ def test_train_step_and_predict(name):
         assert pred.seg_logits.data.shape == (150, SIZE, SIZE)
 
 
-@pytest.mark.parametrize(
-    'name', ['soft_norm_tiny_in1k', 'retinanet_soft_tiny_1x',
-             'upernet_soft_small_512x512_160k_ade20k'])
+@pytest.mark.parametrize('name', [
+    'soft_norm_tiny_in1k', 'retinanet_soft_tiny_1x',
+    'upernet_soft_small_512x512_160k_ade20k'
+])
 def test_pretrained_override_loads_weights(name, tmp_path):
     """``--cfg-options model.backbone.init_cfg.checkpoint=PATH`` loads the
     ``backbone.*`` tensors of an mmpretrain-format checkpoint."""
@@ -394,9 +402,12 @@ def test_pretrained_override_loads_weights(name, tmp_path):
     src.init_weights()
     ckpt = tmp_path / 'soft_tiny.pth'
     torch.save(
-        dict(state_dict={f'backbone.{k}': v
-                         for k, v in src.state_dict().items()},
-             meta=dict()), str(ckpt))
+        dict(
+            state_dict={
+                f'backbone.{k}': v
+                for k, v in src.state_dict().items()
+            },
+            meta=dict()), str(ckpt))
     cfg.merge_from_dict({'model.backbone.init_cfg.checkpoint': str(ckpt)})
     model_cfg = tiny_model_cfg(cfg, scope)
     assert model_cfg.backbone.init_cfg.checkpoint == str(ckpt)
@@ -411,8 +422,8 @@ def test_pretrained_override_loads_weights(name, tmp_path):
 def test_backbone_pretrained_without_checkpoint_is_random_init():
     """The configs' ``init_cfg=dict(type='Pretrained', checkpoint=None)``
     means random initialisation (SOFT.init_weights handles it)."""
-    model = SOFT(arch=copy.deepcopy(TINY_ARCH),
-                 init_cfg=dict(type='Pretrained', checkpoint=None,
-                               prefix='backbone.'))
+    model = SOFT(
+        arch=copy.deepcopy(TINY_ARCH),
+        init_cfg=dict(type='Pretrained', checkpoint=None, prefix='backbone.'))
     model.init_weights()
     assert model.cls_token.abs().sum() > 0  # trunc_normal_ init ran

@@ -22,12 +22,19 @@ from mmsoft.utils.official_keys import ConversionError
 
 ROOT = osp.abspath(osp.join(osp.dirname(__file__), '..'))
 
-TINY = dict(embed_dims=[64, 128, 320, 512], num_heads=[2, 4, 10, 16],
-            depths=[1, 2, 3, 2])
+TINY = dict(
+    embed_dims=[64, 128, 320, 512],
+    num_heads=[2, 4, 10, 16],
+    depths=[1, 2, 3, 2])
 
 
-def official_state_dict(embed_dims, num_heads, depths, num_classes=1000,
-                        in_chans=3, ratios=(8, 4, 2), convs=(9, 5, 3),
+def official_state_dict(embed_dims,
+                        num_heads,
+                        depths,
+                        num_classes=1000,
+                        in_chans=3,
+                        ratios=(8, 4, 2),
+                        convs=(9, 5, 3),
                         seed=0):
     """Random tensors under the official names (timm soft_* model)."""
     g = torch.Generator().manual_seed(seed)
@@ -118,8 +125,10 @@ def tiny_sd():
 
 
 def backbone_part(sd):
-    return {k[len('backbone.'):]: v for k, v in sd.items()
-            if k.startswith('backbone.')}
+    return {
+        k[len('backbone.'):]: v
+        for k, v in sd.items() if k.startswith('backbone.')
+    }
 
 
 # ------------------------------------------------------------ the mapping
@@ -173,14 +182,17 @@ def test_infer_arch_and_preset(depths, preset):
 
 
 def test_infer_medium_and_non_default_entries():
-    sd = official_state_dict([64, 128, 288, 512], [2, 4, 9, 16],
-                             [1, 1, 1, 1], ratios=(4, 4, 2),
-                             convs=(7, 5, 3), num_classes=10)
+    sd = official_state_dict([64, 128, 288, 512], [2, 4, 9, 16], [1, 1, 1, 1],
+                             ratios=(4, 4, 2),
+                             convs=(7, 5, 3),
+                             num_classes=10)
     arch = ok.infer_official_arch(sd)
     assert arch['num_heads'] == [2, 4, 9, 16]
     assert ok.arch_for_mmsoft(arch) == dict(
-        embed_dims=[64, 128, 288, 512], num_heads=[2, 4, 9, 16],
-        depths=[1, 1, 1, 1], sampling_ratios=[4, 4, 2, 1],
+        embed_dims=[64, 128, 288, 512],
+        num_heads=[2, 4, 9, 16],
+        depths=[1, 1, 1, 1],
+        sampling_ratios=[4, 4, 2, 1],
         dw_kernel_sizes=[7, 5, 3])
     out, _, _ = ok.convert_official_to_mmpretrain(sd)
     model = SOFT(arch=ok.arch_for_mmsoft(arch))
@@ -194,10 +206,15 @@ def test_infer_medium_and_non_default_entries():
 def test_convert_loads_strictly_and_runs(tiny_sd, attn_norm):
     out, arch, notes = ok.convert_official_to_mmpretrain(tiny_sd)
     assert notes == []
-    assert set(out) == {'backbone.' + k for k in SOFT(arch='tiny')
-                        .state_dict()} | {'head.fc.weight', 'head.fc.bias'}
-    model = SOFT(arch='tiny', attn_norm=attn_norm, out_type='cls_token',
-                 out_indices=(3, ))
+    assert set(out) == {
+        'backbone.' + k
+        for k in SOFT(arch='tiny').state_dict()
+    } | {'head.fc.weight', 'head.fc.bias'}
+    model = SOFT(
+        arch='tiny',
+        attn_norm=attn_norm,
+        out_type='cls_token',
+        out_indices=(3, ))
     model.load_state_dict(backbone_part(out), strict=True)
     # values moved, not copied wrongly
     assert torch.equal(model.stages[1][1].attn.q.weight,
@@ -228,8 +245,10 @@ def test_round_trip(tiny_sd):
 
 
 def test_missing_bn_counters_are_filled(tiny_sd):
-    sd = {k: v for k, v in tiny_sd.items()
-          if not k.endswith('num_batches_tracked')}
+    sd = {
+        k: v
+        for k, v in tiny_sd.items() if not k.endswith('num_batches_tracked')
+    }
     out, _, notes = ok.convert_official_to_mmpretrain(sd)
     assert len(notes) == 1 and '6 BatchNorm' in notes[0]
     SOFT(arch='tiny').load_state_dict(backbone_part(out), strict=True)
@@ -270,8 +289,8 @@ def test_mmsoft_side_errors(tiny_sd):
     mm, _, _ = ok.convert_official_to_mmpretrain(tiny_sd)
     bad = OrderedDict(mm)
     bad['neck.proj.weight'] = torch.zeros(2, 2)
-    with pytest.raises(ConversionError,
-                       match="unknown key 'neck.proj.weight'"):
+    with pytest.raises(
+            ConversionError, match="unknown key 'neck.proj.weight'"):
         ok.convert_mmpretrain_to_official(bad)
     bad = OrderedDict(mm)
     # stage 3 has 3 blocks: the odd block 0 is reported, not taken as truth
@@ -283,24 +302,33 @@ def test_mmsoft_side_errors(tiny_sd):
     assert len(e.value.problems) == 1
     bad = OrderedDict(mm)
     del bad['backbone.stages.2.1.attn.sampler.norm.bias']
-    with pytest.raises(ConversionError,
-                       match="missing key 'backbone.stages.2.1.attn.sampler"
-                       r".norm.bias' \(expected shape \(32,\)\)"):
+    with pytest.raises(
+            ConversionError,
+            match="missing key 'backbone.stages.2.1.attn.sampler"
+            r".norm.bias' \(expected shape \(32,\)\)"):
         ok.convert_mmpretrain_to_official(bad)
 
 
 # ------------------------------------------------------------ checkpoint files
 def test_extract_state_dict_layouts(tiny_sd):
     ema = OrderedDict((k, v + 1) for k, v in tiny_sd.items())
-    sd, src = ok.extract_state_dict({'state_dict': tiny_sd,
-                                     'state_dict_ema': ema, 'epoch': 3})
+    sd, src = ok.extract_state_dict({
+        'state_dict': tiny_sd,
+        'state_dict_ema': ema,
+        'epoch': 3
+    })
     assert src == 'state_dict_ema' and sd['cls_token'].equal(ema['cls_token'])
-    sd, src = ok.extract_state_dict({'state_dict': tiny_sd,
-                                     'state_dict_ema': ema},
-                                    prefer_ema=False)
+    sd, src = ok.extract_state_dict(
+        {
+            'state_dict': tiny_sd,
+            'state_dict_ema': ema
+        }, prefer_ema=False)
     assert src == 'state_dict' and sd['cls_token'].equal(tiny_sd['cls_token'])
     sd, src = ok.extract_state_dict(
-        {'model': {'module.' + k: v for k, v in tiny_sd.items()}})
+        {'model': {
+            'module.' + k: v
+            for k, v in tiny_sd.items()
+        }})
     assert src == 'model' and list(sd) == list(tiny_sd)
     sd, src = ok.extract_state_dict(tiny_sd)
     assert src == '<bare>'
@@ -312,9 +340,16 @@ def test_cli_round_trip(tmp_path, tiny_sd, capsys):
     import argparse
     ema = OrderedDict((k, v * 2) for k, v in tiny_sd.items())
     src = tmp_path / 'official.pth.tar'
-    torch.save({'state_dict': {'module.' + k: v for k, v in tiny_sd.items()},
-                'state_dict_ema': ema, 'epoch': 299,
-                'args': argparse.Namespace(model='soft_norm_tiny')}, src)
+    torch.save(
+        {
+            'state_dict': {
+                'module.' + k: v
+                for k, v in tiny_sd.items()
+            },
+            'state_dict_ema': ema,
+            'epoch': 299,
+            'args': argparse.Namespace(model='soft_norm_tiny')
+        }, src)
     dst = tmp_path / 'mmsoft.pth'
     s2m = load_script('soft2mmsoft')
     assert s2m.main([str(src), str(dst), '--norm']) == 0
@@ -344,8 +379,7 @@ def test_cli_round_trip(tmp_path, tiny_sd, capsys):
     assert 'soft_norm_tiny' in capsys.readouterr().out
     official = torch.load(back, weights_only=True)
     assert list(official['state_dict']) == list(tiny_sd)
-    assert all(torch.equal(official['state_dict_ema'][k], ema[k])
-               for k in ema)
+    assert all(torch.equal(official['state_dict_ema'][k], ema[k]) for k in ema)
 
 
 def test_cli_errors_write_nothing(tmp_path, tiny_sd, capsys):
@@ -373,8 +407,7 @@ def test_cli_errors_write_nothing(tmp_path, tiny_sd, capsys):
     assert not dst.exists()
     assert s2m.main([str(tmp_path / 'nope.pth'), str(dst)]) == 1
     assert 'does not exist' in capsys.readouterr().err
-    assert sorted(os.listdir(tmp_path)) == ['bad.pth', 'good.pth',
-                                            'weird.pth']
+    assert sorted(os.listdir(tmp_path)) == ['bad.pth', 'good.pth', 'weird.pth']
 
 
 class Opaque:
@@ -410,11 +443,17 @@ def test_mmpretrain_classifier_loads(tiny_sd):
 
     import mmsoft  # noqa: F401  (registers SOFT)
     out, _, _ = ok.convert_official_to_mmpretrain(tiny_sd)
-    clf = MODELS.build(dict(
-        type='ImageClassifier',
-        backbone=dict(type='SOFT', arch='tiny', attn_norm=False,
-                      out_indices=(3, ), out_type='cls_token'),
-        head=dict(type='LinearClsHead', num_classes=1000, in_channels=512)))
+    clf = MODELS.build(
+        dict(
+            type='ImageClassifier',
+            backbone=dict(
+                type='SOFT',
+                arch='tiny',
+                attn_norm=False,
+                out_indices=(3, ),
+                out_type='cls_token'),
+            head=dict(type='LinearClsHead', num_classes=1000,
+                      in_channels=512)))
     missing, unexpected = clf.load_state_dict(out, strict=False)
     assert unexpected == []
     # the data preprocessor's buffers are not part of checkpoints
@@ -544,8 +583,9 @@ def test_stage4_heads_validated(tmp_path, tiny_sd, capsys, value):
     torch.save({'state_dict': tiny_sd}, src)
     for script in ('soft2mmsoft', 'mmsoft2soft'):
         with pytest.raises(SystemExit) as e:
-            load_script(script).main([str(src), str(tmp_path / 'o.pth'),
-                                      '--stage4-heads', value])
+            load_script(script).main(
+                [str(src),
+                 str(tmp_path / 'o.pth'), '--stage4-heads', value])
         assert e.value.code == 2
         assert 'expected a positive integer' in capsys.readouterr().err
     with pytest.raises(ConversionError, match='positive integer'):
@@ -557,9 +597,11 @@ def test_stale_temporaries_are_removed(tmp_path, tiny_sd):
     same output removes it (its writer process is gone)."""
     import subprocess
     import sys
-    dead = subprocess.run([sys.executable, '-c', 'import os; '
-                           'print(os.getpid())'], capture_output=True,
-                          text=True).stdout.strip()
+    dead = subprocess.run(
+        [sys.executable, '-c', 'import os; '
+         'print(os.getpid())'],
+        capture_output=True,
+        text=True).stdout.strip()
     stale = tmp_path / f'.mmsoft.pth.{dead}.deadbeef{cio.TMP_SUFFIX}'
     stale.write_bytes(b'partial')
     _convert(tmp_path, tiny_sd)
@@ -587,8 +629,10 @@ def test_sigterm_during_conversion_leaves_nothing(tmp_path, tiny_sd):
         runpy.run_path({osp.join(ROOT, 'tools', 'model_converters',
                                  'soft2mmsoft.py')!r}, run_name='__main__')
     """)
-    res = subprocess.run([sys.executable, '-c', code], capture_output=True,
-                         text=True, timeout=300,
+    res = subprocess.run([sys.executable, '-c', code],
+                         capture_output=True,
+                         text=True,
+                         timeout=300,
                          env=dict(os.environ, OMP_NUM_THREADS='1'))
     assert res.returncode == 128 + signal.SIGTERM, res.stderr[-2000:]
     assert sorted(os.listdir(tmp_path)) == ['official.pth']
@@ -610,8 +654,10 @@ def test_converted_file_carries_checksum(tmp_path, tiny_sd):
     bad = tmp_path / 'bad.pth'
     ckpt['state_dict']['backbone.cls_token'][0, 0, 0] += 1
     torch.save(ckpt, bad)  # the zip is fine, the checksum is not
-    backbone = SOFT(arch='tiny', init_cfg=dict(
-        type='Pretrained', checkpoint=str(bad), prefix='backbone.'))
+    backbone = SOFT(
+        arch='tiny',
+        init_cfg=dict(
+            type='Pretrained', checkpoint=str(bad), prefix='backbone.'))
     with pytest.raises(cio.CheckpointError, match=str(bad)):
         backbone.init_weights()
     from mmengine.runner import load_checkpoint

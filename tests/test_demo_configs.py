@@ -34,12 +34,24 @@ TINY_DATA = {t: dict(num_train=4, num_val=2) for t in ('det', 'seg', 'cls')}
 TINY_DATA['cls'] = dict(num_train=5, num_val=5)
 
 EXPECTED = {
-    'det': dict(model='RetinaNet', dataset='CocoDataset',
-                metric='CocoMetric', size=160),
-    'seg': dict(model='EncoderDecoder', dataset='ADE20KDataset',
-                metric='IoUMetric', size=160),
-    'cls': dict(model='ImageClassifier', dataset='ImageNet',
-                metric='Accuracy', size=64),
+    'det':
+    dict(
+        model='RetinaNet',
+        dataset='CocoDataset',
+        metric='CocoMetric',
+        size=160),
+    'seg':
+    dict(
+        model='EncoderDecoder',
+        dataset='ADE20KDataset',
+        metric='IoUMetric',
+        size=160),
+    'cls':
+    dict(
+        model='ImageClassifier',
+        dataset='ImageNet',
+        metric='Accuracy',
+        size=64),
 }
 
 
@@ -91,8 +103,7 @@ def test_short_training_run(task, tiny_data, tmp_path):
     cfg = T.load_demo_config(task)
     T.shrink_for_smoke(cfg, iters=3, batch_size=2)
     data = tiny_data[T.TASKS[task]['data_task']]['path']
-    r = T.run_task(task, data, str(tmp_path / task),
-                   cfg=cfg, n_draw=2)
+    r = T.run_task(task, data, str(tmp_path / task), cfg=cfg, n_draw=2)
     spec = T.TASKS[task]
     assert spec['metric'] in r['metrics']
     assert 0.0 <= r['value'] <= 1.0
@@ -115,11 +126,19 @@ def test_set_data_root(tmp_path):
 
 def test_format_table():
     text = T.format_table([
-        dict(task='detection', metric='bbox mAP@0.5', value=0.61,
-             target=0.5, seconds=200.0),
+        dict(
+            task='detection',
+            metric='bbox mAP@0.5',
+            value=0.61,
+            target=0.5,
+            seconds=200.0),
         dict(task='detection', metric='bbox mAP', value=0.3, target=None),
-        dict(task='classification', metric='top-1', value=0.85,
-             target=0.9, seconds=150.0),
+        dict(
+            task='classification',
+            metric='top-1',
+            value=0.85,
+            target=0.9,
+            seconds=150.0),
         dict(task='segmentation', metric='mIoU', value=None, target=0.6),
     ])
     lines = text.splitlines()
@@ -132,11 +151,12 @@ def test_format_table():
 
 def test_demo_smoke(tmp_path, capsys):
     """tools/demo.py end to end (one task; 3 iterations on tiny data)."""
-    demo = runpy.run_path(osp.join(ROOT, 'tools', 'demo.py'),
-                          run_name='demo')
-    rc = demo['main'](['--smoke', '--tasks', 'cls', '--no-setup',
-                       '--threads', '1', '--data', str(tmp_path / 'data'),
-                       '--work-dir', str(tmp_path / 'wd')])
+    demo = runpy.run_path(osp.join(ROOT, 'tools', 'demo.py'), run_name='demo')
+    rc = demo['main']([
+        '--smoke', '--tasks', 'cls', '--no-setup', '--threads', '1', '--data',
+        str(tmp_path / 'data'), '--work-dir',
+        str(tmp_path / 'wd')
+    ])
     out = capsys.readouterr().out
     assert rc == 0, out
     assert '| classification | top-1' in out

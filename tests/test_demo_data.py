@@ -45,8 +45,8 @@ def _tree_hashes(root):
 @pytest.fixture(scope='module')
 def demo_root(tmp_path_factory):
     root = str(tmp_path_factory.mktemp('demo_data'))
-    report = S.make_demo_data(root, seed=0, overrides=SMALL, workers=1,
-                              log=None)
+    report = S.make_demo_data(
+        root, seed=0, overrides=SMALL, workers=1, log=None)
     assert all(r['generated'] for r in report.values())
     return root
 
@@ -64,8 +64,8 @@ def test_deterministic_and_cached(demo_root, tmp_path):
     assert not any(r['generated'] for r in report.values())
     assert all('up to date' in m for m in msgs)
     # another seed: regenerated, different images
-    report = S.make_demo_data(other, seed=1, tasks=['det'],
-                              overrides=SMALL, log=None)
+    report = S.make_demo_data(
+        other, seed=1, tasks=['det'], overrides=SMALL, log=None)
     assert report['det']['generated']
     new = _tree_hashes(other)
     assert new['coco/train/000000.jpg'] != ref['coco/train/000000.jpg']
@@ -115,8 +115,8 @@ def test_coco_annotations(demo_root):
         assert [c['id'] for c in coco['categories']] == [1, 2, 3]
         assert len(coco['images']) == n
         for im in coco['images']:
-            assert osp.isfile(osp.join(demo_root, 'coco', split,
-                                       im['file_name']))
+            assert osp.isfile(
+                osp.join(demo_root, 'coco', split, im['file_name']))
         ids = [a['id'] for a in coco['annotations']]
         assert len(set(ids)) == len(ids) >= 2 * n
         api = COCO(path)
@@ -126,13 +126,13 @@ def test_coco_annotations(demo_root):
             assert x + w <= 160 and y + h <= 160
             assert a['iscrowd'] == 0 and a['category_id'] in (1, 2, 3)
             assert a['area'] > 0
-            assert all(len(p) >= 6 and len(p) % 2 == 0
-                       for p in a['segmentation'])
+            assert all(
+                len(p) >= 6 and len(p) % 2 == 0 for p in a['segmentation'])
             m = api.annToMask(a)
             # polygons run through pixel centres: slightly smaller masks
             assert 0.6 * a['area'] <= m.sum() <= 1.05 * a['area']
-            bx, by, bw, bh = mask_utils.toBbox(mask_utils.encode(
-                np.asfortranarray(m)))
+            bx, by, bw, bh = mask_utils.toBbox(
+                mask_utils.encode(np.asfortranarray(m)))
             assert abs(bx - x) <= 1.5 and abs(by - y) <= 1.5
             assert abs(bw - w) <= 2 and abs(bh - h) <= 2
 
@@ -148,13 +148,15 @@ def test_mmdet_coco_dataset(demo_root):
         data_prefix=dict(img='train/'),
         metainfo=dict(classes=S.DET_CLASSES),
         filter_cfg=dict(filter_empty_gt=True, min_size=4),
-        pipeline=[dict(type='LoadImageFromFile'),
-                  dict(type='LoadAnnotations', with_bbox=True,
-                       with_mask=True),
-                  dict(type='PackDetInputs')])
+        pipeline=[
+            dict(type='LoadImageFromFile'),
+            dict(type='LoadAnnotations', with_bbox=True, with_mask=True),
+            dict(type='PackDetInputs')
+        ])
     assert len(ds) == 6
-    with open(osp.join(demo_root, 'coco', 'annotations',
-                       'instances_train.json')) as f:
+    with open(
+            osp.join(demo_root, 'coco', 'annotations',
+                     'instances_train.json')) as f:
         coco = json.load(f)
     labels = set()
     for i in range(len(ds)):
@@ -181,8 +183,9 @@ def test_ade20k_label_values(demo_root):
             assert lab.dtype == np.uint8 and lab.shape == (160, 160)
             assert set(np.unique(lab).tolist()) <= allowed
             assert (lab == S.SEG_ADE_INDEX['wall']).mean() > 0.3
-            assert osp.isfile(osp.join(demo_root, 'ade', 'images', folder,
-                                       name[:-4] + '.jpg'))
+            assert osp.isfile(
+                osp.join(demo_root, 'ade', 'images', folder,
+                         name[:-4] + '.jpg'))
 
 
 def test_mmseg_ade20k_dataset(demo_root):
@@ -192,11 +195,14 @@ def test_mmseg_ade20k_dataset(demo_root):
     register_all_modules()
     ds = ADE20KDataset(
         data_root=osp.join(demo_root, 'ade'),
-        data_prefix=dict(img_path='images/validation',
-                         seg_map_path='annotations/validation'),
+        data_prefix=dict(
+            img_path='images/validation',
+            seg_map_path='annotations/validation'),
         metainfo=dict(classes=S.SEG_CLASSES),
-        pipeline=[dict(type='LoadImageFromFile'),
-                  dict(type='LoadAnnotations')])
+        pipeline=[
+            dict(type='LoadImageFromFile'),
+            dict(type='LoadAnnotations')
+        ])
     assert len(ds) == 3
     assert ds.reduce_zero_label
     assert ds.metainfo['classes'] == S.SEG_CLASSES
@@ -221,8 +227,8 @@ def test_mmpretrain_datasets(demo_root):
     from mmpretrain.datasets import CustomDataset, ImageNet
     root = osp.join(demo_root, 'imagenet')
     for split, n in (('train', 10), ('val', 5)):
-        ds = ImageNet(data_root=root, split=split,
-                      metainfo=dict(classes=S.CLS_CLASSES))
+        ds = ImageNet(
+            data_root=root, split=split, metainfo=dict(classes=S.CLS_CLASSES))
         assert len(ds) == n
         assert ds.CLASSES == S.CLS_CLASSES
         for i in range(n):
@@ -257,8 +263,11 @@ def test_tool_without_torch(tmp_path):
         'heavy = [m for m in ("torch", "mmengine", "mmdet", "mmsoft") '
         'if m in sys.modules]\n'
         'assert not heavy, heavy\n')
-    proc = subprocess.run([sys.executable, '-c', code], capture_output=True,
-                          text=True, timeout=300, cwd=str(tmp_path))
+    proc = subprocess.run([sys.executable, '-c', code],
+                          capture_output=True,
+                          text=True,
+                          timeout=300,
+                          cwd=str(tmp_path))
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert '[data] det: wrote' in proc.stdout
     assert osp.isfile(out / 'coco' / 'annotations' / 'instances_val.json')

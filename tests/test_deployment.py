@@ -30,8 +30,11 @@ from mmsoft.models.layers.pinv import newton_inverse_apply  # noqa: E402
 
 ROOT = osp.dirname(osp.dirname(osp.abspath(__file__)))
 DEMO = osp.join(ROOT, 'configs', 'demo')
-TINY = dict(embed_dims=[16, 32, 64, 64], num_heads=[1, 2, 2, 2],
-            depths=[1, 1, 1, 1], sampling_ratios=[4, 2, 2, 1])
+TINY = dict(
+    embed_dims=[16, 32, 64, 64],
+    num_heads=[1, 2, 2, 2],
+    depths=[1, 1, 1, 1],
+    sampling_ratios=[4, 2, 2, 1])
 
 
 def _tool():
@@ -68,16 +71,17 @@ def test_export_ops_equal_functions(init):
     it = newton_inverse_apply(A, W, 20, init, 'iterative')
     torch.testing.assert_close(out, it, rtol=1e-5, atol=1e-6)
     g = torch.Generator().manual_seed(1)
-    x, y = torch.randn(2, 40, 8, generator=g), torch.randn(2, 9, 8,
-                                                           generator=g)
-    torch.testing.assert_close(export_ops.gaussian_kernel(x, y),
-                               gaussian_kernel(x, y))
+    x, y = torch.randn(
+        2, 40, 8, generator=g), torch.randn(
+            2, 9, 8, generator=g)
+    torch.testing.assert_close(
+        export_ops.gaussian_kernel(x, y), gaussian_kernel(x, y))
     # large-norm tokens (a shared offset): stable like the autograd kernel,
     # unit diagonal for the self-kernel
     off = 1e4 * torch.randn(8, generator=g)
     x, y = x + off, y + off
-    torch.testing.assert_close(export_ops.gaussian_kernel(x, y),
-                               gaussian_kernel(x, y))
+    torch.testing.assert_close(
+        export_ops.gaussian_kernel(x, y), gaussian_kernel(x, y))
     A = export_ops.gaussian_kernel(y, y, self_kernel=True)
     torch.testing.assert_close(A, gaussian_kernel(y, y))
     assert torch.equal(A.diagonal(dim1=-2, dim2=-1), torch.ones(2, 9))
@@ -110,14 +114,15 @@ def test_export_path_refuses_spectral(exporting):
 CASES = [
     # config, shape, cfg options, expected outputs
     ('soft_cls_demo.py', (64, 64), {}, ['cls_score']),
-    ('retinanet_soft_demo.py', (160, 160), {},
-     ['cls_score_0', 'bbox_pred_3']),
+    ('retinanet_soft_demo.py', (160, 160), {}, ['cls_score_0', 'bbox_pred_3']),
     ('upernet_soft_demo.py', (96, 96), {}, ['seg_logits']),
 ]
 
 
-@pytest.mark.parametrize('config,shape,options,names', CASES,
-                         ids=[c[0].split('_')[0] for c in CASES])
+@pytest.mark.parametrize(
+    'config,shape,options,names',
+    CASES,
+    ids=[c[0].split('_')[0] for c in CASES])
 def test_export_parity(tmp_path, capsys, config, shape, options, names):
     """Export with random weights saved as a checkpoint, run onnxruntime,
     compare with PyTorch (the tool's --verify), 1e-4 relative."""
@@ -126,13 +131,16 @@ def test_export_parity(tmp_path, capsys, config, shape, options, names):
     ckpt = str(tmp_path / 'model.pth')
     torch.save({'state_dict': model.state_dict()}, ckpt)
     out = str(tmp_path / 'model.onnx')
-    rc = _tool().main([cfg_path, ckpt, '--shape', *map(str, shape),
-                       '--out', out, '--verify'])
+    rc = _tool().main([
+        cfg_path, ckpt, '--shape', *map(str, shape), '--out', out, '--verify'
+    ])
     text = capsys.readouterr().out
     assert rc == 0, text
     assert 'PASS' in text
-    errs = [float(line.rsplit('=', 1)[1]) for line in text.splitlines()
-            if 'max|onnx - torch|' in line]
+    errs = [
+        float(line.rsplit('=', 1)[1]) for line in text.splitlines()
+        if 'max|onnx - torch|' in line
+    ]
     assert errs and max(errs) < 1e-4
     import onnx
     graph = onnx.load(out).graph
@@ -146,8 +154,8 @@ def test_export_parity(tmp_path, capsys, config, shape, options, names):
 def test_export_two_stage(tmp_path):
     """Mask R-CNN (tiny SOFT): FPN features + RPN outputs."""
     from mmengine.config import Config
-    cfg = Config.fromfile(osp.join(ROOT, 'configs',
-                                   'mask_rcnn_soft_tiny_1x.py'))
+    cfg = Config.fromfile(
+        osp.join(ROOT, 'configs', 'mask_rcnn_soft_tiny_1x.py'))
     cfg.model.backbone.arch = TINY
     cfg.model.neck.in_channels = TINY['embed_dims']
     model, scope, cfg = deploy.build_model(cfg, None)
@@ -171,50 +179,59 @@ def _error_line(capsys, argv):
 
 def test_error_spectral(tmp_path, capsys):
     line = _error_line(capsys, [
-        osp.join(DEMO, 'soft_cls_demo.py'), 'none', '--shape', '64', '64',
-        '--out', str(tmp_path / 'x.onnx'),
-        '--cfg-options', 'model.backbone.nr_method=spectral'])
+        osp.join(DEMO,
+                 'soft_cls_demo.py'), 'none', '--shape', '64', '64', '--out',
+        str(tmp_path / 'x.onnx'), '--cfg-options',
+        'model.backbone.nr_method=spectral'
+    ])
     assert "nr_method='spectral'" in line and 'nr_method=auto' in line
     assert not (tmp_path / 'x.onnx').exists()
 
 
 def test_error_checkpoint_mismatch(tmp_path, capsys):
-    model, _, _ = deploy.build_model(osp.join(DEMO, 'soft_cls_demo.py'),
-                                     None)
+    model, _, _ = deploy.build_model(osp.join(DEMO, 'soft_cls_demo.py'), None)
     ckpt = str(tmp_path / 'cls.pth')
     torch.save({'state_dict': model.state_dict()}, ckpt)
     line = _error_line(capsys, [
         osp.join(DEMO, 'retinanet_soft_demo.py'), ckpt, '--shape', '160',
-        '160', '--out', str(tmp_path / 'x.onnx')])
+        '160', '--out',
+        str(tmp_path / 'x.onnx')
+    ])
     assert 'does not match the config' in line and 'missing keys' in line
     line = _error_line(capsys, [
-        osp.join(DEMO, 'soft_cls_demo.py'), str(tmp_path / 'nope.pth'),
-        '--shape', '64', '64'])
+        osp.join(DEMO, 'soft_cls_demo.py'),
+        str(tmp_path / 'nope.pth'), '--shape', '64', '64'
+    ])
     assert 'does not exist' in line
 
 
 def test_error_shapes(tmp_path, capsys):
     line = _error_line(capsys, [
         osp.join(DEMO, 'retinanet_soft_demo.py'), 'none', '--shape', '150',
-        '160', '--out', str(tmp_path / 'x.onnx')])
+        '160', '--out',
+        str(tmp_path / 'x.onnx')
+    ])
     assert '--shape 160 160' in line
     line = _error_line(capsys, [
         osp.join(DEMO, 'soft_cls_demo.py'), 'none', '--shape', '64', '64',
-        '--dynamic'])
+        '--dynamic'
+    ])
     assert 'dynamic input shapes are not supported' in line
 
 
 def test_error_max_landmarks(tmp_path, capsys):
     line = _error_line(capsys, [
-        osp.join(DEMO, 'soft_cls_demo.py'), 'none', '--shape', '64', '64',
-        '--out', str(tmp_path / 'x.onnx'),
-        '--cfg-options', 'model.backbone.max_landmarks=7'])
+        osp.join(DEMO,
+                 'soft_cls_demo.py'), 'none', '--shape', '64', '64', '--out',
+        str(tmp_path / 'x.onnx'), '--cfg-options',
+        'model.backbone.max_landmarks=7'
+    ])
     assert 'max_landmarks' in line and '--dynamo' in line
 
 
 def test_onnx_model_wrong_shape(tmp_path):
-    model, scope, _ = deploy.build_model(osp.join(DEMO, 'soft_cls_demo.py'),
-                                         None)
+    model, scope, _ = deploy.build_model(
+        osp.join(DEMO, 'soft_cls_demo.py'), None)
     wrapper = deploy.ExportWrapper(model, scope, (64, 64))
     out = str(tmp_path / 'cls.onnx')
     deploy.export_onnx(wrapper, out)

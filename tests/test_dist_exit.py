@@ -44,12 +44,22 @@ def free_port():
 
 
 def torchrun(args, timeout=300):
-    env = dict(os.environ, OMP_NUM_THREADS='1', PYTHONWARNINGS='ignore',
-               PYTHONPATH=ROOT)
-    cmd = [sys.executable, '-m', 'torch.distributed.run',
-           '--nproc_per_node=2', f'--master_port={free_port()}', *args]
-    return subprocess.run(cmd, capture_output=True, text=True, env=env,
-                          timeout=timeout, cwd=ROOT)
+    env = dict(
+        os.environ,
+        OMP_NUM_THREADS='1',
+        PYTHONWARNINGS='ignore',
+        PYTHONPATH=ROOT)
+    cmd = [
+        sys.executable, '-m', 'torch.distributed.run', '--nproc_per_node=2',
+        f'--master_port={free_port()}', *args
+    ]
+    return subprocess.run(
+        cmd,
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=timeout,
+        cwd=ROOT)
 
 
 def assert_clean(proc):
@@ -76,9 +86,12 @@ def test_shutdown_dist_without_group_is_a_no_op():
 def test_dist_test_sh_exits_cleanly(tmp_path):
     pytest.importorskip('mmpretrain')
     from mmsoft.demo import synthetic as S
-    S.make_demo_data(str(tmp_path / 'data'), tasks=('cls', ), workers=1,
-                     overrides={'cls': dict(num_train=2, num_val=4)},
-                     log=None)
+    S.make_demo_data(
+        str(tmp_path / 'data'),
+        tasks=('cls', ),
+        workers=1,
+        overrides={'cls': dict(num_train=2, num_val=4)},
+        log=None)
     root = str(tmp_path / 'data' / 'imagenet') + '/'
     cfg = tmp_path / 'cls.py'
     cfg.write_text(f"""
@@ -95,14 +108,23 @@ test_dataloader = dict(batch_size=1, dataset=dict(data_root=data_root))
     model.init_weights()
     ckpt = str(tmp_path / 'cls.pth')
     torch.save({'state_dict': model.state_dict(), 'meta': {}}, ckpt)
-    env = dict(os.environ, PYTHON=sys.executable, OMP_NUM_THREADS='1',
-               PYTHONWARNINGS='ignore')
+    env = dict(
+        os.environ,
+        PYTHON=sys.executable,
+        OMP_NUM_THREADS='1',
+        PYTHONWARNINGS='ignore')
     for i in range(1):
         env['PORT'] = str(free_port())
-        proc = subprocess.run(
-            ['bash', osp.join(ROOT, 'tools', 'dist_test.sh'), str(cfg), ckpt,
-             '2', '--work-dir', str(tmp_path / 'work')],
-            capture_output=True, text=True, env=env, timeout=300,
-            cwd=str(tmp_path))
+        proc = subprocess.run([
+            'bash',
+            osp.join(ROOT, 'tools', 'dist_test.sh'),
+            str(cfg), ckpt, '2', '--work-dir',
+            str(tmp_path / 'work')
+        ],
+                              capture_output=True,
+                              text=True,
+                              env=env,
+                              timeout=300,
+                              cwd=str(tmp_path))
         out = assert_clean(proc)
         assert 'accuracy/top1' in out

@@ -16,16 +16,16 @@ def _tokens(norm, *shape, offset=True, seed=0):
     d = shape[-1]
     if offset:
         c = torch.randn(d, generator=g, dtype=torch.float64)
-        return c / c.norm() * norm + torch.randn(*shape, generator=g,
-                                                  dtype=torch.float64)
+        return c / c.norm() * norm + torch.randn(
+            *shape, generator=g, dtype=torch.float64)
     x = torch.randn(*shape, generator=g, dtype=torch.float64)
     return x / x.norm(dim=-1, keepdim=True) * norm
 
 
 def _ref(x, y):
     x, y = x.double(), y.double()
-    return torch.exp(-((x[..., :, None, :] - y[..., None, :, :])**2).sum(-1)
-                     / 2)
+    return torch.exp(-((x[..., :, None, :] - y[..., None, :, :])**2).sum(-1) /
+                     2)
 
 
 @pytest.mark.parametrize('offset', [True, False])
@@ -34,8 +34,8 @@ def test_self_kernel_diagonal_is_one_fp32(norm, offset):
     y = _tokens(norm, 2, 3, 16, 8, offset=offset).float()
     A = gaussian_kernel(y, y)
     assert A.dtype == torch.float32
-    torch.testing.assert_close(A.diagonal(dim1=-2, dim2=-1),
-                               torch.ones(2, 3, 16))
+    torch.testing.assert_close(
+        A.diagonal(dim1=-2, dim2=-1), torch.ones(2, 3, 16))
     assert torch.isfinite(A).all()
     # off-diagonal entries: the float64 kernel of the same fp32 tokens
     torch.testing.assert_close(A.double(), _ref(y, y), atol=2e-5, rtol=0)
@@ -48,8 +48,11 @@ def test_cross_kernel_large_offset_fp32(norm):
     q = _tokens(norm, 2, 2, 64, 8).float()
     lm = q[:, :, ::8]
     P = gaussian_kernel(q, lm)
-    torch.testing.assert_close(P[:, :, ::8].diagonal(dim1=-2, dim2=-1),
-                               torch.ones(2, 2, 8), atol=1e-5, rtol=0)
+    torch.testing.assert_close(
+        P[:, :, ::8].diagonal(dim1=-2, dim2=-1),
+        torch.ones(2, 2, 8),
+        atol=1e-5,
+        rtol=0)
     torch.testing.assert_close(P.double(), _ref(q, lm), atol=2e-5, rtol=0)
 
 
@@ -61,8 +64,8 @@ def test_soft_attention_large_norm_fp32(norm, attn_norm):
     v = torch.randn(2, 2, 64, 8)
     out = soft_attention(q, lm, v, attn_norm, nr_iters=20)
     assert torch.isfinite(out).all()
-    ref = soft_attention(q.double(), lm.double(), v.double(), attn_norm,
-                         nr_iters=20)
+    ref = soft_attention(
+        q.double(), lm.double(), v.double(), attn_norm, nr_iters=20)
     torch.testing.assert_close(out.double(), ref, atol=1e-3, rtol=1e-3)
 
 
@@ -79,8 +82,8 @@ def test_kernel_and_attention_under_autocast(norm, dtype):
         P = gaussian_kernel(q, lm)
         out = soft_attention(q, lm, v, True)
     assert A.dtype == P.dtype == torch.float32
-    torch.testing.assert_close(A.diagonal(dim1=-2, dim2=-1),
-                               torch.ones(1, 2, 8))
+    torch.testing.assert_close(
+        A.diagonal(dim1=-2, dim2=-1), torch.ones(1, 2, 8))
     torch.testing.assert_close(P.double(), _ref(q, lm), atol=2e-5, rtol=0)
     assert out.dtype == dtype and torch.isfinite(out).all()
 
@@ -89,12 +92,13 @@ def test_gradcheck_with_offset_and_broadcast():
     """The analytic backward of the translated kernel (float64)."""
     g = torch.Generator().manual_seed(1)
     off = 50 * torch.randn(4, generator=g, dtype=torch.float64)
-    x = (off + torch.randn(2, 9, 4, generator=g, dtype=torch.float64)
-         ).requires_grad_()
-    y = (off + torch.randn(2, 5, 4, generator=g, dtype=torch.float64)
-         ).requires_grad_()
-    y1 = (off + torch.randn(5, 4, generator=g, dtype=torch.float64)
-          ).requires_grad_()
+    x = (off + torch.randn(2, 9, 4, generator=g,
+                           dtype=torch.float64)).requires_grad_()
+    y = (off + torch.randn(2, 5, 4, generator=g,
+                           dtype=torch.float64)).requires_grad_()
+    y1 = (
+        off +
+        torch.randn(5, 4, generator=g, dtype=torch.float64)).requires_grad_()
     scale = 0.3  # keep the kernel values away from 0
     f = lambda a, b: gaussian_kernel(scale * a, scale * b)  # noqa: E731
     assert torch.autograd.gradcheck(f, (x, y))
@@ -109,5 +113,5 @@ def test_kernel_is_batch_independent():
     lm = q[:, :, ::4]
     full = gaussian_kernel(q, lm)
     for b in range(3):
-        assert torch.equal(full[b:b + 1], gaussian_kernel(q[b:b + 1],
-                                                          lm[b:b + 1]))
+        assert torch.equal(full[b:b + 1],
+                           gaussian_kernel(q[b:b + 1], lm[b:b + 1]))

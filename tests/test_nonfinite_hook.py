@@ -56,7 +56,11 @@ class ToyData(torch.utils.data.Dataset):
 _RUNS = 0
 
 
-def make_runner(work_dir, gamma=1e8, max_epochs=3, hooks=True, nan_at=(),
+def make_runner(work_dir,
+                gamma=1e8,
+                max_epochs=3,
+                hooks=True,
+                nan_at=(),
                 max_skipped_steps=0):
     custom_hooks = [dict(type='NonFiniteLossHook',
                          max_skipped_steps=max_skipped_steps)] if hooks \
@@ -68,16 +72,19 @@ def make_runner(work_dir, gamma=1e8, max_epochs=3, hooks=True, nan_at=(),
         experiment_name=f'nonfinite_{_RUNS}',
         work_dir=str(work_dir),
         train_dataloader=dict(
-            dataset=ToyData(), batch_size=1, num_workers=0,
+            dataset=ToyData(),
+            batch_size=1,
+            num_workers=0,
             sampler=dict(type='DefaultSampler', shuffle=False),
             collate_fn=dict(type='default_collate')),
         optim_wrapper=dict(optimizer=dict(type='SGD', lr=0.01)),
         # epoch 1 at lr 0.01, then lr 1e6: the loss explodes to inf / nan
-        param_scheduler=dict(type='MultiStepLR', by_epoch=True,
-                             milestones=[1], gamma=gamma),
+        param_scheduler=dict(
+            type='MultiStepLR', by_epoch=True, milestones=[1], gamma=gamma),
         train_cfg=dict(by_epoch=True, max_epochs=max_epochs),
-        default_hooks=dict(checkpoint=dict(type='CheckpointHook', interval=1,
-                                           max_keep_ckpts=1)),
+        default_hooks=dict(
+            checkpoint=dict(
+                type='CheckpointHook', interval=1, max_keep_ckpts=1)),
         custom_hooks=custom_hooks,
         default_scope='mmengine',
         randomness=dict(seed=0),
@@ -120,15 +127,15 @@ def test_stops_at_first_nonfinite_loss_keeping_the_good_checkpoint(
 
 def test_skipped_steps(tmp_path):
     # one bad sample (batch 3) per epoch is skipped; training completes
-    runner = make_runner(tmp_path, gamma=1., max_epochs=2, nan_at=(3, ),
-                         max_skipped_steps=1)
+    runner = make_runner(
+        tmp_path, gamma=1., max_epochs=2, nan_at=(3, ), max_skipped_steps=1)
     runner.train()
     hook = [h for h in runner.hooks if isinstance(h, NonFiniteLossHook)][0]
     assert hook.total_skipped == 2
     assert _finite_ckpt(tmp_path / 'epoch_2.pth')
     # two bad samples in a row with max_skipped_steps=1: stop at the second
-    runner = make_runner(tmp_path / 'b', gamma=1., nan_at=(3, 4),
-                         max_skipped_steps=1)
+    runner = make_runner(
+        tmp_path / 'b', gamma=1., nan_at=(3, 4), max_skipped_steps=1)
     with pytest.raises(NonFiniteLossError, match='epoch 1, iteration 5/24'):
         runner.train()
     assert not glob.glob(str(tmp_path / 'b' / 'epoch_*.pth'))
@@ -146,10 +153,12 @@ def test_add_nonfinite_hook():
     from mmengine.config import Config
     cfg = Config(dict(custom_hooks=[dict(type='EMAHook')]))
     assert add_nonfinite_hook(cfg)
-    assert [h['type'] for h in cfg.custom_hooks] == ['EMAHook',
-                                                     'NonFiniteLossHook']
-    cfg = Config(dict(custom_hooks=[
-        dict(type='mmsoft.NonFiniteLossHook', max_skipped_steps=3)]))
+    assert [h['type']
+            for h in cfg.custom_hooks] == ['EMAHook', 'NonFiniteLossHook']
+    cfg = Config(
+        dict(custom_hooks=[
+            dict(type='mmsoft.NonFiniteLossHook', max_skipped_steps=3)
+        ]))
     assert not add_nonfinite_hook(cfg)  # the config's own settings stay
     cfg = Config(dict())
     assert add_nonfinite_hook(cfg) and len(cfg.custom_hooks) == 1
@@ -164,10 +173,12 @@ make_runner({work_dir!r}).train()
 
 
 def test_process_exits_nonzero(tmp_path):
-    code = SCRIPT.format(tests=osp.join(ROOT, 'tests'),
-                         work_dir=str(tmp_path))
-    proc = subprocess.run([sys.executable, '-c', code], capture_output=True,
-                          text=True, cwd=str(tmp_path), timeout=300)
+    code = SCRIPT.format(tests=osp.join(ROOT, 'tests'), work_dir=str(tmp_path))
+    proc = subprocess.run([sys.executable, '-c', code],
+                          capture_output=True,
+                          text=True,
+                          cwd=str(tmp_path),
+                          timeout=300)
     assert proc.returncode != 0
     assert 'NonFiniteLossError' in proc.stderr
     assert 'epoch 2, iteration' in proc.stderr

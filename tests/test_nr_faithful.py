@@ -22,8 +22,8 @@ from mmsoft.models.backbones import SOFT
 sa = importlib.import_module('mmsoft.models.layers.soft_attention')
 
 # m = 49 landmarks in the three SOFT stages at 224 x 224
-TINY = dict(embed_dims=[16, 32, 32, 32], num_heads=[1, 2, 2, 2],
-            depths=[1, 1, 1, 1])
+TINY = dict(
+    embed_dims=[16, 32, 32, 32], num_heads=[1, 2, 2, 2], depths=[1, 1, 1, 1])
 
 
 def official_alpha(A):
@@ -36,9 +36,14 @@ def official_alpha(A):
     return alpha
 
 
-def official_bottleneck_apply(A, W, attn_norm=True, nr_iters=20,
-                              nr_init=None, nr_method='auto',
-                              nr_backward='eq16', nr_stats=None):
+def official_bottleneck_apply(A,
+                              W,
+                              attn_norm=True,
+                              nr_iters=20,
+                              nr_init=None,
+                              nr_method='auto',
+                              nr_backward='eq16',
+                              nr_stats=None):
     assert attn_norm
     out = []
     for b in range(A.shape[0]):  # each sample alone: batch size 1
@@ -57,8 +62,8 @@ def images(batch=2, size=224, seed=0):
     """Smooth, image-like inputs (random low-frequency patterns)."""
     g = torch.Generator().manual_seed(seed)
     low = torch.randn(batch, 3, 7, 7, generator=g)
-    x = torch.nn.functional.interpolate(low, size=(size, size),
-                                        mode='bicubic', align_corners=False)
+    x = torch.nn.functional.interpolate(
+        low, size=(size, size), mode='bicubic', align_corners=False)
     return x + 0.1 * torch.randn(batch, 3, size, size, generator=g)
 
 
@@ -84,10 +89,8 @@ def test_default_reproduces_official_rule_per_sample(monkeypatch):
         alone = torch.cat([model(x[i:i + 1])[0] for i in range(2)])
         model32 = tiny_model()
         default32 = model32(x.float())[0]
-        per_matrix = tiny_model(nr_init='soft_norm_per_matrix').double()(
-            x)[0]
-        monkeypatch.setattr(sa, 'bottleneck_apply',
-                            official_bottleneck_apply)
+        per_matrix = tiny_model(nr_init='soft_norm_per_matrix').double()(x)[0]
+        monkeypatch.setattr(sa, 'bottleneck_apply', official_bottleneck_apply)
         official = model(x)[0]
     assert rel(default, official) < 1e-10
     assert rel(per_matrix, official) > 1e-8  # the rule matters here
@@ -101,18 +104,19 @@ def test_backbone_exact_gradient(monkeypatch, method):
     autograd through the explicit official iterations (float64)."""
     x = images(size=96).double()
     grads = {}
-    for name, bwd in (('exact', 'exact'), ('eq16', 'eq16'),
-                      ('reference', 'eq16')):
+    for name, bwd in (('exact', 'exact'), ('eq16', 'eq16'), ('reference',
+                                                             'eq16')):
         model = tiny_model(nr_method=method, nr_backward=bwd).double()
         with monkeypatch.context() as mp:
             if name == 'reference':
                 mp.setattr(sa, 'bottleneck_apply', official_bottleneck_apply)
             out = model(x)[0]
-            (out * torch.linspace(-1, 1, out.numel(), dtype=out.dtype)
-             .view_as(out)).sum().backward()
-        grads[name] = torch.cat([p.grad.flatten()
-                                 for p in model.parameters()
-                                 if p.grad is not None])
+            (out *
+             torch.linspace(-1, 1, out.numel(),
+                            dtype=out.dtype).view_as(out)).sum().backward()
+        grads[name] = torch.cat([
+            p.grad.flatten() for p in model.parameters() if p.grad is not None
+        ])
     ref = grads['reference']
     assert ((grads['exact'] - ref).norm() / ref.norm()) < 1e-9
     assert ((grads['eq16'] - ref).norm() / ref.norm()) > 1e-9
@@ -139,8 +143,8 @@ def test_nr_stats_and_hook():
     assert model.nr_stats() == {}  # off by default
     hook = NRResidualHook(interval=1, warn_unconverged=None)
     hub = MessageHub.get_instance('test_nr_residual_hook')
-    runner = types.SimpleNamespace(model=torch.nn.Sequential(model),
-                                   message_hub=hub, iter=0)
+    runner = types.SimpleNamespace(
+        model=torch.nn.Sequential(model), message_hub=hub, iter=0)
     hook.before_run(runner)
     with torch.no_grad():
         model(x)
@@ -170,16 +174,16 @@ def test_nr_backward_compare_tool(capsys):
     preset, small image): gradient error, cost ratio, parity."""
     import importlib.util
     import os.path as osp
-    path = osp.join(osp.dirname(osp.dirname(osp.abspath(__file__))),
-                    'tools', 'analysis', 'nr_backward_compare.py')
-    spec = importlib.util.spec_from_file_location('nr_backward_compare',
-                                                  path)
+    path = osp.join(
+        osp.dirname(osp.dirname(osp.abspath(__file__))), 'tools', 'analysis',
+        'nr_backward_compare.py')
+    spec = importlib.util.spec_from_file_location('nr_backward_compare', path)
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
     x = mod.natural_image(40, 56)
     assert x.shape == (1, 3, 40, 56) and x.std() > 0.3
-    mod.main(['--arch', 'tiny', '--sizes', '64x96', '--repeats', '1',
-              '--parity'])
+    mod.main(
+        ['--arch', 'tiny', '--sizes', '64x96', '--repeats', '1', '--parity'])
     out = capsys.readouterr().out
     assert 'backbone  rel. error' in out and 'ratio' in out
     assert 'soft_norm_per_sample (float64)' in out

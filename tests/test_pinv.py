@@ -36,8 +36,8 @@ def test_soft_init_inverts_shifted_matrix():
     A = kernel_matrix(3, dtype=torch.float64)
     Y = newton_inverse(A, 40, 'soft')
     shifted = A + 0.01 * torch.eye(A.shape[-1], dtype=A.dtype)
-    torch.testing.assert_close(Y, torch.linalg.inv(shifted), rtol=1e-6,
-                               atol=1e-6)
+    torch.testing.assert_close(
+        Y, torch.linalg.inv(shifted), rtol=1e-6, atol=1e-6)
 
 
 def test_convergence_metric_decreases():
@@ -72,7 +72,8 @@ def test_soft_alpha():
 def test_alpha_is_chosen_per_matrix():
     """A matrix's inverse must not depend on the other matrices of a batch."""
     small = kernel_matrix(1, m=16, seed=1)
-    big = kernel_matrix(1, m=16, scale=0.05, seed=2)  # near all-ones: large norm
+    big = kernel_matrix(
+        1, m=16, scale=0.05, seed=2)  # near all-ones: large norm
     alone = newton_inverse(small, 20)
     together = newton_inverse(torch.cat([small, big]), 20)[:1]
     torch.testing.assert_close(alone, together, rtol=0, atol=0)
@@ -83,8 +84,8 @@ def test_gradcheck_eq16(init):
     """The closed-form backward (Eq. 16) is the gradient of the inverse."""
     A = kernel_matrix(2, m=6, d=4, dtype=torch.float64, seed=3)
     A.requires_grad_(True)
-    assert torch.autograd.gradcheck(lambda a: newton_inverse(a, 60, init),
-                                    (A, ), eps=1e-6, atol=1e-5)
+    assert torch.autograd.gradcheck(
+        lambda a: newton_inverse(a, 60, init), (A, ), eps=1e-6, atol=1e-5)
 
 
 def test_no_autograd_graph_through_iterations():
@@ -93,8 +94,9 @@ def test_no_autograd_graph_through_iterations():
     assert Y.grad_fn is not None
     assert type(Y.grad_fn).__name__.startswith('NewtonInverse')
     # the graph has a single node above A (no per-iteration nodes)
-    assert all(fn is None or fn[0] is None or 'AccumulateGrad' in
-               type(fn[0]).__name__ for fn in Y.grad_fn.next_functions)
+    assert all(
+        fn is None or fn[0] is None or 'AccumulateGrad' in type(fn[0]).__name__
+        for fn in Y.grad_fn.next_functions)
 
 
 @pytest.mark.parametrize('dtype', [torch.float16, torch.bfloat16])
@@ -134,9 +136,10 @@ def test_spectral_gradcheck_and_batch_independence():
     A = kernel_matrix(2, m=6, d=4, dtype=torch.float64, seed=5)
     A.requires_grad_(True)
     assert torch.autograd.gradcheck(
-        lambda a: newton_inverse((a + a.transpose(-1, -2)) / 2, 60,
-                                 method='spectral'), (A, ),
-        eps=1e-6, atol=1e-5)
+        lambda a: newton_inverse(
+            (a + a.transpose(-1, -2)) / 2, 60, method='spectral'), (A, ),
+        eps=1e-6,
+        atol=1e-5)
     B = kernel_matrix(3, m=150)
     alone = newton_inverse(B[:1], 20, method='spectral')
     together = newton_inverse(B, 20, method='spectral')[:1]
@@ -156,9 +159,10 @@ def test_auto_method_choice():
 
 def test_per_batch_matches_official_batch_rule():
     """Opt-in official rule: one alpha for the stack, all must pass."""
-    A = torch.cat([kernel_matrix(1, m=16, dtype=torch.float64, seed=1),
-                   kernel_matrix(1, m=16, scale=0.05, dtype=torch.float64,
-                                 seed=2)])
+    A = torch.cat([
+        kernel_matrix(1, m=16, dtype=torch.float64, seed=1),
+        kernel_matrix(1, m=16, scale=0.05, dtype=torch.float64, seed=2)
+    ])
     alpha = nr_init_alpha(A, 'soft_norm_per_batch')
     assert alpha[0] == alpha[1]
     eye = torch.eye(16, dtype=A.dtype)
@@ -181,8 +185,10 @@ def _alpha_by_explicit_residual(A, init):
         11, dtype=A.dtype)
     eye = torch.eye(A.shape[-1], dtype=A.dtype)
     AA = A @ A
-    res = torch.stack([(eye - alphas[..., k, None, None] * AA).abs().sum(
-        -2).amax(-1) for k in range(11)], -1)
+    res = torch.stack([
+        (eye - alphas[..., k, None, None] * AA).abs().sum(-2).amax(-1)
+        for k in range(11)
+    ], -1)
     if init == 'soft_norm_per_batch':
         res = res.reshape(-1, 11).amax(0).expand_as(res)
     passed = res <= 1.01
@@ -194,10 +200,12 @@ def _alpha_by_explicit_residual(A, init):
                          ['soft_norm_per_matrix', 'soft_norm_per_batch'])
 def test_alpha_residual_test_without_forming_AA(init):
     """The O(m^2) residual (A >= 0, symmetric) picks the official alpha."""
-    A = torch.cat([kernel_matrix(3, m=m, scale=s, seed=k,
-                                 dtype=torch.float64)[:, :40, :40]
-                   for k, (m, s) in enumerate([(40, 0.1), (60, 0.5),
-                                               (49, 1.0), (80, 2.0)])])
+    A = torch.cat([
+        kernel_matrix(3, m=m, scale=s, seed=k,
+                      dtype=torch.float64)[:, :40, :40]
+        for k, (m, s) in enumerate([(40, 0.1), (60, 0.5), (49, 1.0), (80,
+                                                                      2.0)])
+    ])
     alpha = nr_init_alpha(A, init)
     ref = _alpha_by_explicit_residual(A, init)
     torch.testing.assert_close(alpha, ref, rtol=0, atol=0)
@@ -218,8 +226,7 @@ def test_apply_equals_inverse_times_w(method, init):
         G = torch.randn(2, 3, 150, 16, dtype=dtype)
         outs = []
         for fn in (lambda a, w: newton_inverse(a, 20, init, method) @ w,
-                   lambda a, w: newton_inverse_apply(a, w, 20, init,
-                                                     method)):
+                   lambda a, w: newton_inverse_apply(a, w, 20, init, method)):
             a = A.clone().requires_grad_()
             w = W.clone().requires_grad_()
             z = fn(a, w)
@@ -239,12 +246,13 @@ def test_apply_gradcheck_and_batch_independence(method):
     W.requires_grad_(True)
     # 60 iterations: converged, where Eq. (16) is the exact derivative
     assert torch.autograd.gradcheck(
-        lambda a, w: newton_inverse_apply((a + a.mT) / 2, w, 60,
-                                          method=method), (A, W),
-        eps=1e-6, atol=1e-5)
+        lambda a, w: newton_inverse_apply(
+            (a + a.mT) / 2, w, 60, method=method), (A, W),
+        eps=1e-6,
+        atol=1e-5)
     B = kernel_matrix(3, m=150, seed=9)
     V = torch.randn(3, 150, 8)
-    B[1:] = B[1:] ** 0.1  # very different co-samples
+    B[1:] = B[1:]**0.1  # very different co-samples
     alone = newton_inverse_apply(B[:1], V[:1], 20, method=method)
     together = newton_inverse_apply(B, V, 20, method=method)[:1]
     torch.testing.assert_close(alone, together, rtol=1e-5, atol=1e-6)
@@ -264,18 +272,23 @@ def test_apply_fp32_under_autocast_and_errors():
 def test_per_sample_shared_alpha():
     """'soft_norm_per_sample': the official rule within a sample (one alpha for
     its heads), independent of the other samples of the batch."""
-    A = torch.cat([kernel_matrix(1, 4, m=40, scale=s, seed=k,
-                                 dtype=torch.float64)
-                   for k, s in enumerate([0.1, 0.5, 2.0])])  # (3, 4, m, m)
+    A = torch.cat([
+        kernel_matrix(1, 4, m=40, scale=s, seed=k, dtype=torch.float64)
+        for k, s in enumerate([0.1, 0.5, 2.0])
+    ])  # (3, 4, m, m)
     a = nr_init_alpha(A, 'soft_norm_per_sample')
     assert (a == a[:, :1]).all()  # shared by the heads of a sample
     for b in range(3):
         torch.testing.assert_close(
-            a[b], nr_init_alpha(A[b:b + 1], 'soft_norm_per_batch')[0],
-            rtol=0, atol=0)
+            a[b],
+            nr_init_alpha(A[b:b + 1], 'soft_norm_per_batch')[0],
+            rtol=0,
+            atol=0)
         torch.testing.assert_close(
-            a[b:b + 1], nr_init_alpha(A[b:b + 1], 'soft_norm_per_sample'),
-            rtol=0, atol=0)
+            a[b:b + 1],
+            nr_init_alpha(A[b:b + 1], 'soft_norm_per_sample'),
+            rtol=0,
+            atol=0)
     # it differs from the per-matrix choice (the heads' alphas differ)
     assert not torch.equal(a, nr_init_alpha(A, 'soft_norm_per_matrix'))
 
@@ -283,9 +296,10 @@ def test_per_sample_shared_alpha():
 # ------------------------------------------------- names of the alpha rules
 def test_old_init_names_are_aliases():
     from mmsoft.models.layers.pinv import INIT_ALIASES, canonical_init
-    A = torch.cat([kernel_matrix(1, 4, m=30, scale=s, seed=k,
-                                 dtype=torch.float64)
-                   for k, s in enumerate([0.1, 2.0])])
+    A = torch.cat([
+        kernel_matrix(1, 4, m=30, scale=s, seed=k, dtype=torch.float64)
+        for k, s in enumerate([0.1, 2.0])
+    ])
     for old, new in INIT_ALIASES.items():
         if old == 'soft_norm':  # kept for saved configs, but it warns
             with pytest.warns(FutureWarning, match='soft_norm_per_matrix'):
@@ -294,8 +308,8 @@ def test_old_init_names_are_aliases():
             assert canonical_init(old) == new
         with warnings.catch_warnings():
             warnings.simplefilter('ignore', FutureWarning)
-            torch.testing.assert_close(nr_init_alpha(A, old),
-                                       nr_init_alpha(A, new), rtol=0, atol=0)
+            torch.testing.assert_close(
+                nr_init_alpha(A, old), nr_init_alpha(A, new), rtol=0, atol=0)
     with pytest.raises(ValueError, match='soft_norm_per_sample'):
         canonical_init('per_sample')
 
@@ -308,9 +322,11 @@ def test_default_init_is_official_rule_per_sample():
     assert SOFTAttention(16, 2, 2).nr_init == 'soft_norm_per_sample'
     assert SOFTAttention(16, 2, 2, attn_norm=False).nr_init == 'soft'
     A = kernel_matrix(2, 4, m=30, dtype=torch.float64)
-    torch.testing.assert_close(newton_inverse(A, 20),
-                               newton_inverse(A, 20, 'soft_norm_per_sample'),
-                               rtol=0, atol=0)
+    torch.testing.assert_close(
+        newton_inverse(A, 20),
+        newton_inverse(A, 20, 'soft_norm_per_sample'),
+        rtol=0,
+        atol=0)
 
 
 # ------------------------------------------------------ exact NR gradient
@@ -320,8 +336,8 @@ def smooth_kernel(*batch, m=60, d=8, seed=0, dtype=torch.float64):
     g = torch.Generator().manual_seed(seed)
     t = torch.linspace(0, 1, m, dtype=torch.float64)[:, None]
     freq = torch.rand(*batch, 1, d, generator=g, dtype=torch.float64) * 4
-    x = torch.sin(6 * t * freq + torch.randn(*batch, 1, d, generator=g,
-                                             dtype=torch.float64))
+    x = torch.sin(6 * t * freq +
+                  torch.randn(*batch, 1, d, generator=g, dtype=torch.float64))
     x = x + 0.05 * torch.randn(*batch, m, d, generator=g, dtype=x.dtype)
     return gaussian_kernel(x, x).to(dtype)
 
@@ -329,8 +345,8 @@ def smooth_kernel(*batch, m=60, d=8, seed=0, dtype=torch.float64):
 def matrix_with_spectrum(lam, seed=0):
     """Q diag(lam) Q^T with a random orthogonal Q (float64, symmetric)."""
     g = torch.Generator().manual_seed(seed)
-    Q, _ = torch.linalg.qr(torch.randn(len(lam), len(lam), generator=g,
-                                       dtype=torch.float64))
+    Q, _ = torch.linalg.qr(
+        torch.randn(len(lam), len(lam), generator=g, dtype=torch.float64))
     A = (Q * lam) @ Q.T
     return (A + A.T) / 2
 
@@ -392,9 +408,10 @@ def test_exact_backward_equals_autograd_through_iterations(init, method):
 
 def _fixed_alpha(monkeypatch, value):
     import mmsoft.models.layers.pinv as pinv
-    monkeypatch.setattr(pinv, 'nr_init_alpha',
-                        lambda A, init='': torch.full(
-                            A.shape[:-2], value, dtype=A.dtype))
+    monkeypatch.setattr(
+        pinv,
+        'nr_init_alpha',
+        lambda A, init='': torch.full(A.shape[:-2], value, dtype=A.dtype))
 
 
 @pytest.mark.parametrize('spectrum', ['distinct', 'repeated', 'near_equal'])
@@ -403,40 +420,43 @@ def test_exact_backward_gradcheck(monkeypatch, spectrum):
     the forward treats it) with distinct, repeated and near-equal
     eigenvalues, unconverged ones included (10 iterations)."""
     from mmsoft.models.layers.pinv import newton_inverse_apply
-    lam = {'distinct': [3.0, 1.5, 0.7, 0.2, 0.03, 0.004],
-           'repeated': [2.0, 2.0, 0.5, 0.05, 0.05, 0.05],
-           'near_equal': [2.0, 2.0 + 1e-9, 0.5, 0.05, 0.05 * (1 + 1e-7),
-                          0.05 * (1 - 1e-8)]}[spectrum]
+    lam = {
+        'distinct': [3.0, 1.5, 0.7, 0.2, 0.03, 0.004],
+        'repeated': [2.0, 2.0, 0.5, 0.05, 0.05, 0.05],
+        'near_equal':
+        [2.0, 2.0 + 1e-9, 0.5, 0.05, 0.05 * (1 + 1e-7), 0.05 * (1 - 1e-8)]
+    }[spectrum]
     A = matrix_with_spectrum(torch.tensor(lam, dtype=torch.float64))
     W = torch.randn(6, 3, dtype=torch.float64)
     _fixed_alpha(monkeypatch, 0.2)
     sym = lambda a: (a + a.mT) / 2  # noqa: E731  (eigh reads one triangle)
     for method in ('spectral', 'iterative'):
         assert torch.autograd.gradcheck(
-            lambda a, w: newton_inverse_apply(sym(a), w, 10, 'soft',
-                                              method, 'exact'),
+            lambda a, w: newton_inverse_apply(
+                sym(a), w, 10, 'soft', method, 'exact'),
             (A.clone().requires_grad_(), W.clone().requires_grad_()),
-            eps=1e-6, atol=1e-6)
+            eps=1e-6,
+            atol=1e-6)
         assert torch.autograd.gradcheck(
-            lambda a: newton_inverse(sym(a), 10, 'soft_norm_per_sample',
-                                     method, 'exact'),
-            (A.clone().requires_grad_(), ), eps=1e-6, atol=1e-6)
+            lambda a: newton_inverse(
+                sym(a), 10, 'soft_norm_per_sample', method, 'exact'),
+            (A.clone().requires_grad_(), ),
+            eps=1e-6,
+            atol=1e-6)
 
 
 def test_divided_differences_close_eigenvalues():
     """The Daleckii-Krein kernel for (near-)equal eigenvalues: the
     recurrence form agrees with the quotient where that is accurate, and
     with the derivative f'(l) at l_i = l_j (float64 autograd)."""
-    from mmsoft.models.layers.pinv import (_divided_differences,
-                                           _scalar_iterate)
+    from mmsoft.models.layers.pinv import _divided_differences, _scalar_iterate
     lam = torch.tensor([1e-3, 1e-3 * (1 + 1e-12), 0.3, 0.3, 0.31, 1.7],
                        dtype=torch.float64)
     alpha = torch.tensor(0.3, dtype=torch.float64)
     v = _scalar_iterate(lam, alpha, 20)
     F = _divided_differences(lam, v, alpha, 20)
     lg = lam.clone().requires_grad_()
-    fprime = torch.autograd.grad(_scalar_iterate(lg, alpha, 20).sum(),
-                                 lg)[0]
+    fprime = torch.autograd.grad(_scalar_iterate(lg, alpha, 20).sum(), lg)[0]
     torch.testing.assert_close(F.diagonal(), fprime, rtol=1e-12, atol=0)
     torch.testing.assert_close(F[0, 1], fprime[0], rtol=1e-9, atol=0)
     torch.testing.assert_close(F[2, 3], fprime[2], rtol=1e-12, atol=0)
@@ -453,8 +473,8 @@ def test_exact_backward_float32_close_to_float64():
     grads = []
     for dt in (torch.float64, torch.float32):
         a = A.to(dt).requires_grad_()
-        z = newton_inverse_apply(a, W.to(dt), 20, method='spectral',
-                                 backward='exact')
+        z = newton_inverse_apply(
+            a, W.to(dt), 20, method='spectral', backward='exact')
         grads.append(torch.autograd.grad((z * G.to(dt)).sum(), a)[0])
     rel = (grads[1].double() - grads[0]).norm() / grads[0].norm()
     assert rel < 1e-3, rel
@@ -493,12 +513,12 @@ def test_close_pairs_match_the_mask():
     |l_j|) over a batch of sorted spectra with clusters, zeros and signs."""
     from mmsoft.models.layers.pinv import _DD_RTOL, _close_pairs
     g = torch.Generator().manual_seed(0)
-    lam = torch.cat([torch.randn(2, 3, 20, generator=g,
-                                 dtype=torch.float64) * 1e-6,
-                     torch.rand(2, 3, 20, generator=g,
-                                dtype=torch.float64).exp(),
-                     torch.full((2, 3, 3), 0.5, dtype=torch.float64),
-                     torch.zeros(2, 3, 2, dtype=torch.float64)], -1)
+    lam = torch.cat([
+        torch.randn(2, 3, 20, generator=g, dtype=torch.float64) * 1e-6,
+        torch.rand(2, 3, 20, generator=g, dtype=torch.float64).exp(),
+        torch.full((2, 3, 3), 0.5, dtype=torch.float64),
+        torch.zeros(2, 3, 2, dtype=torch.float64)
+    ], -1)
     lam = lam.sort(-1).values
     li, lj = lam.unsqueeze(-1), lam.unsqueeze(-2)
     mask = (li - lj).abs() <= _DD_RTOL * torch.maximum(li.abs(), lj.abs())

@@ -5,8 +5,8 @@ from mmengine.registry import DefaultScope
 import mmsoft
 from mmsoft.models.backbones import SOFT
 
-TINY = dict(embed_dims=[16, 32, 32, 64], num_heads=[1, 1, 2, 2],
-            depths=[1, 1, 1, 1])
+TINY = dict(
+    embed_dims=[16, 32, 32, 64], num_heads=[1, 1, 2, 2], depths=[1, 1, 1, 1])
 
 
 def test_mmsoft_registry():
@@ -14,8 +14,9 @@ def test_mmsoft_registry():
     assert mmsoft.MODELS.scope == 'mmsoft'
 
 
-@pytest.mark.parametrize('codebase, scope', [
-    ('mmpretrain', 'mmpretrain'), ('mmdet', 'mmdet'), ('mmseg', 'mmseg')])
+@pytest.mark.parametrize('codebase, scope', [('mmpretrain', 'mmpretrain'),
+                                             ('mmdet', 'mmdet'),
+                                             ('mmseg', 'mmseg')])
 @pytest.mark.parametrize('type_name', ['SOFT', 'mmsoft.SOFT'])
 def test_build_from_codebase_registry(codebase, scope, type_name):
     registry = pytest.importorskip(f'{codebase}.registry')
@@ -27,12 +28,11 @@ def test_build_from_codebase_registry(codebase, scope, type_name):
 def test_custom_imports_in_config(tmp_path):
     """The documented route: custom_imports + a codebase's config."""
     pytest.importorskip('mmdet')
-    from mmengine.config import Config
     from mmdet.registry import MODELS
+    from mmengine.config import Config
     cfg_file = tmp_path / 'cfg.py'
-    cfg_file.write_text(
-        "custom_imports = dict(imports=['mmsoft'], "
-        "allow_failed_imports=False)\n"
-        f"backbone = dict(type='SOFT', arch={TINY!r})\n")
+    cfg_file.write_text("custom_imports = dict(imports=['mmsoft'], "
+                        "allow_failed_imports=False)\n"
+                        f"backbone = dict(type='SOFT', arch={TINY!r})\n")
     cfg = Config.fromfile(str(cfg_file))
     assert isinstance(MODELS.build(cfg.backbone), SOFT)

@@ -1,5 +1,4 @@
 """SOFT attention (Alg. 1, Eq. 25): kernel, sampling, normalisation."""
-import math
 
 import pytest
 import torch
@@ -35,8 +34,8 @@ def dense_soft(q, lm, v, attn_norm, init):
     P = torch.exp(-torch.cdist(q, lm)**2 / 2)
     A = torch.exp(-torch.cdist(lm, lm)**2 / 2)
     if init == 'soft':
-        A_inv = torch.linalg.inv(A + 0.01 * torch.eye(A.shape[-1],
-                                                      dtype=A.dtype))
+        A_inv = torch.linalg.inv(A +
+                                 0.01 * torch.eye(A.shape[-1], dtype=A.dtype))
     else:
         A_inv = torch.linalg.pinv(A)
     if attn_norm:
@@ -54,8 +53,8 @@ def test_soft_attention_equals_dense_formula(attn_norm):
     v = torch.randn(2, 2, 64, 8, generator=g, dtype=torch.float64)
     init = 'soft_norm_per_sample' if attn_norm else 'soft'
     out = soft_attention(q, lm, v, attn_norm, nr_iters=40, nr_init=init)
-    torch.testing.assert_close(out, dense_soft(q, lm, v, attn_norm, init),
-                               rtol=1e-6, atol=1e-6)
+    torch.testing.assert_close(
+        out, dense_soft(q, lm, v, attn_norm, init), rtol=1e-6, atol=1e-6)
 
 
 def test_normalisation_lowers_spectral_norm():
@@ -144,8 +143,9 @@ def test_attention_autocast_finite(dtype):
     assert out.dtype == dtype
     assert torch.isfinite(out.float()).all()
     out.float().sum().backward()
-    assert all(torch.isfinite(p.grad).all() for p in attn.parameters()
-               if p.grad is not None)
+    assert all(
+        torch.isfinite(p.grad).all() for p in attn.parameters()
+        if p.grad is not None)
 
 
 @pytest.mark.parametrize('hw, cap', [((200, 304), 49), ((13, 400), 49),

@@ -6,8 +6,6 @@ the missing / unexpected / mis-shaped keys (and the converter command for
 an unconverted official SOFT checkpoint); partial loads are an explicit
 opt-in."""
 import os.path as osp
-import subprocess
-import sys
 
 import pytest
 import torch
@@ -18,10 +16,10 @@ from mmsoft.utils.strict_load import (CheckpointMismatchError,
                                       compare_state_dicts)
 
 ROOT = osp.dirname(osp.dirname(osp.abspath(__file__)))
-ARCH = dict(embed_dims=[8, 16, 16, 32], num_heads=[1, 2, 2, 2],
-            depths=[1, 1, 1, 1])
-ARCH2 = dict(embed_dims=[8, 16, 24, 32], num_heads=[1, 2, 2, 2],
-             depths=[1, 1, 2, 1])
+ARCH = dict(
+    embed_dims=[8, 16, 16, 32], num_heads=[1, 2, 2, 2], depths=[1, 1, 1, 1])
+ARCH2 = dict(
+    embed_dims=[8, 16, 24, 32], num_heads=[1, 2, 2, 2], depths=[1, 1, 2, 1])
 
 
 def _classifier_ckpt(path, arch=ARCH, classes=3, seed=0):
@@ -36,8 +34,8 @@ def _classifier_ckpt(path, arch=ARCH, classes=3, seed=0):
 
 
 def _pretrained(path, **kw):
-    return SOFT(ARCH, init_cfg=dict(type='Pretrained', checkpoint=str(path),
-                                    **kw))
+    return SOFT(
+        ARCH, init_cfg=dict(type='Pretrained', checkpoint=str(path), **kw))
 
 
 def test_full_classifier_checkpoint_with_prefix_loads_silently(tmp_path):
@@ -64,15 +62,21 @@ def test_other_arch_is_an_error_naming_keys(tmp_path):
 
 def test_other_model_loads_nothing_and_is_an_error(tmp_path):
     """A detector checkpoint: no key under backbone. matches."""
-    torch.save({'state_dict': {'neck.conv.weight': torch.zeros(4, 4),
-                               'bbox_head.cls.weight': torch.zeros(9, 4)}},
-               tmp_path / 'det.pth')
-    with pytest.raises(CheckpointMismatchError, match="no tensor under the "
-                       "prefix 'backbone.'.*neck.conv.weight"):
+    torch.save(
+        {
+            'state_dict': {
+                'neck.conv.weight': torch.zeros(4, 4),
+                'bbox_head.cls.weight': torch.zeros(9, 4)
+            }
+        }, tmp_path / 'det.pth')
+    with pytest.raises(
+            CheckpointMismatchError,
+            match="no tensor under the "
+            "prefix 'backbone.'.*neck.conv.weight"):
         _pretrained(tmp_path / 'det.pth', prefix='backbone.').init_weights()
     # without a prefix: 0 of 2 tensors would load, even with strict=False
-    with pytest.raises(CheckpointMismatchError,
-                       match='0 of its 2 tensors would load'):
+    with pytest.raises(
+            CheckpointMismatchError, match='0 of its 2 tensors would load'):
         _pretrained(tmp_path / 'det.pth', strict=False).init_weights()
 
 
@@ -96,8 +100,7 @@ def test_unconverted_official_checkpoint_names_the_converter(tmp_path):
 
 def test_partial_load_is_an_explicit_opt_in(tmp_path):
     src = _classifier_ckpt(tmp_path / 'other.pth', arch=ARCH2)
-    dst = _pretrained(tmp_path / 'other.pth', prefix='backbone.',
-                      strict=False)
+    dst = _pretrained(tmp_path / 'other.pth', prefix='backbone.', strict=False)
     dst.init_weights()
     got = dst.state_dict()
     # matching tensors loaded, mis-shaped ones kept their initialisation
@@ -110,8 +113,14 @@ def test_partial_load_is_an_explicit_opt_in(tmp_path):
 
 def test_compare_counts():
     r = compare_state_dicts(
-        {'a': torch.zeros(2), 'b': torch.zeros(3), 'bn.num_batches_tracked':
-         torch.tensor(0)},
-        {'a': torch.zeros(2), 'b': torch.zeros(4), 'c': torch.zeros(1)})
+        {
+            'a': torch.zeros(2),
+            'b': torch.zeros(3),
+            'bn.num_batches_tracked': torch.tensor(0)
+        }, {
+            'a': torch.zeros(2),
+            'b': torch.zeros(4),
+            'c': torch.zeros(1)
+        })
     assert r.missing == () and r.unexpected == ('c', )
     assert r.mismatched == (('b', (4, ), (3, )), ) and r.matched == 1

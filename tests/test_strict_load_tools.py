@@ -19,9 +19,12 @@ ROOT = osp.dirname(osp.dirname(osp.abspath(__file__)))
 def setup(tmp_path_factory):
     """A tiny 5-class demo classifier config, its data and checkpoints."""
     tmp = tmp_path_factory.mktemp('strict_tools')
-    S.make_demo_data(str(tmp / 'data'), tasks=('cls', ), workers=1,
-                     overrides={'cls': dict(num_train=2, num_val=4)},
-                     log=None)
+    S.make_demo_data(
+        str(tmp / 'data'),
+        tasks=('cls', ),
+        workers=1,
+        overrides={'cls': dict(num_train=2, num_val=4)},
+        log=None)
     root = str(tmp / 'data' / 'imagenet') + '/'
     cfg = tmp / 'cls.py'
     cfg.write_text(f"""
@@ -51,10 +54,12 @@ test_dataloader = dict(batch_size=4, dataset=dict(data_root=data_root))
     head1000['head.fc.bias'] = torch.zeros(1000)
     save('head1000', head1000)
     # another model: a detector's keys (0 tensors load)
-    save('retinanet', {'backbone.layer1.0.conv1.weight': torch.zeros(
-        64, 64, 1, 1), 'neck.fpn_convs.0.conv.weight': torch.zeros(
-            256, 256, 3, 3), 'bbox_head.retina_cls.weight': torch.zeros(
-                9, 256, 3, 3)})
+    save(
+        'retinanet', {
+            'backbone.layer1.0.conv1.weight': torch.zeros(64, 64, 1, 1),
+            'neck.fpn_convs.0.conv.weight': torch.zeros(256, 256, 3, 3),
+            'bbox_head.retina_cls.weight': torch.zeros(9, 256, 3, 3)
+        })
     # another arch: one more block in stage 3
     other = {k: v for k, v in sd.items() if '.stages.2.1.' not in k}
     save('other_arch', other)
@@ -67,10 +72,9 @@ test_dataloader = dict(batch_size=4, dataset=dict(data_root=data_root))
 
 def _test(setup, name, *extra):
     cfg, ckpts, tmp = setup
-    main = runpy.run_path(osp.join(ROOT, 'tools', 'test.py'),
-                          run_name='tools')['main']
-    return main([cfg, ckpts[name], '--work-dir', str(tmp / 'work'),
-                 *extra])
+    main = runpy.run_path(
+        osp.join(ROOT, 'tools', 'test.py'), run_name='tools')['main']
+    return main([cfg, ckpts[name], '--work-dir', str(tmp / 'work'), *extra])
 
 
 def _error(setup, name, *extra):

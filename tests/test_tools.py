@@ -42,10 +42,19 @@ def tool(name):
 
 
 def run(cmd, timeout=600, **env):
-    full_env = dict(os.environ, PYTHON=sys.executable, OMP_NUM_THREADS='1',
-                    PYTHONWARNINGS='ignore', **env)
-    proc = subprocess.run(cmd, cwd=ROOT, env=full_env, capture_output=True,
-                          text=True, timeout=timeout)
+    full_env = dict(
+        os.environ,
+        PYTHON=sys.executable,
+        OMP_NUM_THREADS='1',
+        PYTHONWARNINGS='ignore',
+        **env)
+    proc = subprocess.run(
+        cmd,
+        cwd=ROOT,
+        env=full_env,
+        capture_output=True,
+        text=True,
+        timeout=timeout)
     return proc
 
 
@@ -90,19 +99,28 @@ def make_coco(root, n=2, h=64, w=96):
             Image.fromarray(rng.randint(0, 256, (h, w, 3), dtype=np.uint8)) \
                 .save(osp.join(root, split, fname))
             images.append(dict(id=i + 1, file_name=fname, height=h, width=w))
-            for j, (x, y, bw, bh) in enumerate(((4, 4, 30, 20),
-                                                (40, 20, 40, 36))):
-                anns.append(dict(
-                    id=len(anns) + 1, image_id=i + 1, category_id=1 + j,
-                    bbox=[x, y, bw, bh], area=bw * bh, iscrowd=0,
-                    segmentation=[[x, y, x + bw, y, x + bw, y + bh, x,
-                                   y + bh]]))
-        cats = [dict(id=k, name=name) for k, name in
-                enumerate(('person', 'bicycle', 'car'), 1)]
-        with open(osp.join(root, 'annotations', f'instances_{split}.json'),
-                  'w') as f:
-            json.dump(dict(images=images, annotations=anns, categories=cats),
-                      f)
+            for j, (x, y, bw, bh) in enumerate(
+                ((4, 4, 30, 20), (40, 20, 40, 36))):  # noqa: E125
+                anns.append(
+                    dict(
+                        id=len(anns) + 1,
+                        image_id=i + 1,
+                        category_id=1 + j,
+                        bbox=[x, y, bw, bh],
+                        area=bw * bh,
+                        iscrowd=0,
+                        segmentation=[[
+                            x, y, x + bw, y, x + bw, y + bh, x, y + bh
+                        ]]))
+        cats = [
+            dict(id=k, name=name)
+            for k, name in enumerate(('person', 'bicycle', 'car'), 1)
+        ]
+        with open(
+                osp.join(root, 'annotations', f'instances_{split}.json'),
+                'w') as f:
+            json.dump(
+                dict(images=images, annotations=anns, categories=cats), f)
     return root
 
 
@@ -191,8 +209,9 @@ default_hooks = dict(logger=dict(interval=1))
 
 
 # ------------------------------------------------------------ scripts
-@pytest.mark.parametrize('script', ['dist_train.sh', 'dist_test.sh',
-                                    'slurm_train.sh', 'slurm_test.sh'])
+@pytest.mark.parametrize(
+    'script',
+    ['dist_train.sh', 'dist_test.sh', 'slurm_train.sh', 'slurm_test.sh'])
 def test_script_syntax_and_usage(script):
     path = osp.join(TOOLS, script)
     assert os.access(path, os.X_OK)
@@ -216,13 +235,18 @@ def test_slurm_scripts_compose_srun(tmp_path, script, extra):
     out = tmp_path / 'srun_args'
     (bindir / 'srun').write_text(f'#!/bin/sh\necho "$@" > {out}\n')
     (bindir / 'srun').chmod(0o755)
-    proc = subprocess.run(
-        ['bash', osp.join(TOOLS, script), 'part', 'job',
-         'configs/retinanet_soft_small_1x.py', *extra, '--cfg-options',
-         'a=1'],
-        env=dict(os.environ, PATH=f'{bindir}:{os.environ["PATH"]}', GPUS='16',
-                 PYTHON='python'),
-        capture_output=True, text=True)
+    proc = subprocess.run([
+        'bash',
+        osp.join(TOOLS, script), 'part', 'job',
+        'configs/retinanet_soft_small_1x.py', *extra, '--cfg-options', 'a=1'
+    ],
+                          env=dict(
+                              os.environ,
+                              PATH=f'{bindir}:{os.environ["PATH"]}',
+                              GPUS='16',
+                              PYTHON='python'),
+                          capture_output=True,
+                          text=True)
     assert proc.returncode == 0, proc.stderr
     args = out.read_text()
     assert '-p part' in args and '--job-name=job' in args
@@ -243,13 +267,15 @@ def test_resume_and_work_dir_arguments():
     cfg = train['build_cfg'](train['parse_args']([cfg_path]))
     assert cfg.work_dir == osp.join('./work_dirs', 'retinanet_soft_tiny_1x')
     assert not cfg.resume
-    cfg = train['build_cfg'](train['parse_args'](
-        [cfg_path, '--resume', '--work-dir', 'w']))
+    cfg = train['build_cfg'](
+        train['parse_args']([cfg_path, '--resume', '--work-dir', 'w']))
     assert cfg.resume is True and cfg.load_from is None
     assert cfg.work_dir == 'w'
-    cfg = train['build_cfg'](train['parse_args'](
-        [cfg_path, '--resume', 'x.pth', '--auto-scale-lr', '--cfg-options',
-         'model.backbone.init_cfg.checkpoint=weights/soft_norm_tiny.pth']))
+    cfg = train['build_cfg'](
+        train['parse_args']([
+            cfg_path, '--resume', 'x.pth', '--auto-scale-lr', '--cfg-options',
+            'model.backbone.init_cfg.checkpoint=weights/soft_norm_tiny.pth'
+        ]))
     assert cfg.resume is True and cfg.load_from == 'x.pth'
     assert cfg.auto_scale_lr.enable is True
     assert cfg.model.backbone.init_cfg.checkpoint == \
@@ -267,8 +293,9 @@ def test_resume_and_work_dir_arguments():
 def test_test_tool_options(name, tta_type, tmp_path):
     test = tool('test')
     cfg_path = osp.join(ROOT, 'configs', name + '.py')
-    args = test['parse_args']([cfg_path, 'c.pth', '--tta', '--show-dir',
-                               str(tmp_path)])
+    args = test['parse_args'](
+        [cfg_path, 'c.pth', '--tta', '--show-dir',
+         str(tmp_path)])
     cfg = test['build_cfg'](args)
     scope = cfg.default_scope
     test['enable_tta'](cfg, scope)
@@ -289,13 +316,17 @@ def test_cpu_distributed_settings():
     from mmsoft import launch
     if torch.cuda.is_available():
         pytest.skip('the CPU fall-back only applies without CUDA')
-    cfg = Config.fromfile(osp.join(
-        ROOT, 'configs', 'upernet_soft_small_512x512_160k_ade20k.py'))
+    cfg = Config.fromfile(
+        osp.join(ROOT, 'configs', 'upernet_soft_small_512x512_160k_ade20k.py'))
     assert cfg.env_cfg.dist_cfg.backend == 'nccl'
     assert cfg.model.decode_head.norm_cfg.type == 'SyncBN'
     assert launch.setup_cpu_distributed(cfg, 'none') is False
-    dist.init_process_group('gloo', init_method=f'tcp://127.0.0.1:'
-                            f'{free_port()}', rank=0, world_size=1)
+    dist.init_process_group(
+        'gloo',
+        init_method=f'tcp://127.0.0.1:'
+        f'{free_port()}',
+        rank=0,
+        world_size=1)
     try:
         assert launch.setup_cpu_distributed(cfg, 'pytorch') is True
     finally:
@@ -311,10 +342,10 @@ def test_amp_settings():
     from mmengine.config import Config
 
     from mmsoft import launch
-    cfg = Config.fromfile(osp.join(ROOT, 'configs',
-                                   'retinanet_soft_tiny_1x.py'))
-    mask = Config.fromfile(osp.join(ROOT, 'configs',
-                                    'mask_rcnn_soft_tiny_1x.py'))
+    cfg = Config.fromfile(
+        osp.join(ROOT, 'configs', 'retinanet_soft_tiny_1x.py'))
+    mask = Config.fromfile(
+        osp.join(ROOT, 'configs', 'mask_rcnn_soft_tiny_1x.py'))
     if torch.cuda.is_available():
         assert launch.enable_amp(cfg) == 'AmpOptimWrapper'
         assert cfg.optim_wrapper.loss_scale == 'dynamic'
@@ -329,14 +360,17 @@ def test_amp_settings():
 def _assert_not_from_mmsoft(exc_info):
     frames = traceback.extract_tb(exc_info.tb)
     pkg = osp.join(ROOT, 'mmsoft') + os.sep
-    inside = [f.filename for f in frames
-              if osp.abspath(f.filename).startswith(pkg)]
+    inside = [
+        f.filename for f in frames if osp.abspath(f.filename).startswith(pkg)
+    ]
     assert not inside, inside
 
 
 def test_missing_config_file_message():
-    proc = run([sys.executable, osp.join(TOOLS, 'train.py'),
-                'configs/no_such_config.py'])
+    proc = run([
+        sys.executable,
+        osp.join(TOOLS, 'train.py'), 'configs/no_such_config.py'
+    ])
     assert proc.returncode != 0
     assert 'FileNotFoundError' in proc.stderr
     # mmengine's Config.fromfile: "No such file or directory: '<path>'"
@@ -344,8 +378,8 @@ def test_missing_config_file_message():
     # the error is raised by mmengine, not by mmsoft's own code: the
     # innermost frame is outside this checkout's package (compared as a
     # path prefix, so a clone in a directory named ``mmsoft`` passes)
-    frames = re.findall(r'^\s*File "([^"]+)", line \d+', proc.stderr,
-                        flags=re.M)
+    frames = re.findall(
+        r'^\s*File "([^"]+)", line \d+', proc.stderr, flags=re.M)
     assert frames, proc.stderr
     pkg = osp.join(ROOT, 'mmsoft') + os.sep
     assert not osp.abspath(frames[-1]).startswith(pkg), frames[-1]
@@ -368,8 +402,9 @@ def test_type_typo_message(tmp_path, monkeypatch):
 _base_ = {osp.join(ROOT, 'configs', 'retinanet_soft_tiny_1x.py')!r}
 model = dict(backbone=dict(type='SOFTT'))
 """)
-    with pytest.raises(KeyError, match='SOFTT is not in the mmdet::model '
-                       'registry') as exc:
+    with pytest.raises(
+            KeyError, match='SOFTT is not in the mmdet::model '
+            'registry') as exc:
         tool('train')['main']([str(cfg), '--work-dir', str(tmp_path)])
     _assert_not_from_mmsoft(exc)
 
@@ -381,8 +416,9 @@ def test_dist_train_resume_and_dist_test(tmp_path):
     cfg = seg_config(tmp_path, data)
     work = str(tmp_path / 'work')
 
-    out = check(run(['bash', 'tools/dist_train.sh', cfg, '2', '--work-dir',
-                     work], PORT=str(free_port())))
+    out = check(
+        run(['bash', 'tools/dist_train.sh', cfg, '2', '--work-dir', work],
+            PORT=str(free_port())))
     assert "backend 'nccl' -> 'gloo'" in out
     assert osp.isfile(osp.join(work, 'iter_2.pth'))
     assert 'Iter(train) [2/2]' in out
@@ -392,17 +428,23 @@ def test_dist_train_resume_and_dist_test(tmp_path):
     assert rng['world_size'] == 2 and len(rng['states']) == 2
     assert 'Distributed training: True' in out and 'GPU number: 2' in out
 
-    out = check(run(['bash', 'tools/dist_train.sh', cfg, '2', '--work-dir',
-                     work, '--resume', '--cfg-options',
-                     'train_cfg.max_iters=4'], PORT=str(free_port())))
+    out = check(
+        run([
+            'bash', 'tools/dist_train.sh', cfg, '2', '--work-dir', work,
+            '--resume', '--cfg-options', 'train_cfg.max_iters=4'
+        ],
+            PORT=str(free_port())))
     assert 'resumed' in out.lower()
     assert 'Iter(train) [3/4]' in out and 'Iter(train) [1/4]' not in out
     ckpt = osp.join(work, 'iter_4.pth')
     assert osp.isfile(ckpt)
 
-    out = check(run(['bash', 'tools/dist_test.sh', cfg, ckpt, '2',
-                     '--work-dir', str(tmp_path / 'test')],
-                    PORT=str(free_port())))
+    out = check(
+        run([
+            'bash', 'tools/dist_test.sh', cfg, ckpt, '2', '--work-dir',
+            str(tmp_path / 'test')
+        ],
+            PORT=str(free_port())))
     assert 'per class results' in out
     assert re.search(r'\|\s+wall\s+\|', out)
     assert re.search(r'mIoU: \d', out)
@@ -412,17 +454,23 @@ def test_slurm_launcher_and_amp_on_cpu(tmp_path):
     """``--launcher slurm`` (one task) and ``--amp`` without CUDA."""
     if torch.cuda.is_available():
         pytest.skip('checks the CPU fall-back')
-    data = make_ade(str(tmp_path / 'ade' / 'ADEChallengeData2016'),
-                    n_train=2, n_val=1)
+    data = make_ade(
+        str(tmp_path / 'ade' / 'ADEChallengeData2016'), n_train=2, n_val=1)
     cfg = seg_config(tmp_path, data)
     work = str(tmp_path / 'work')
-    out = check(run([sys.executable, osp.join(TOOLS, 'train.py'), cfg,
-                     '--launcher', 'slurm', '--amp', '--work-dir', work,
-                     '--cfg-options', 'train_cfg.max_iters=1',
-                     'default_hooks.checkpoint.interval=1'],
-                    SLURM_PROCID='0', SLURM_NTASKS='1', SLURM_LOCALID='0',
-                    SLURM_NODELIST='localhost', MASTER_ADDR='127.0.0.1',
-                    MASTER_PORT=str(free_port())))
+    out = check(
+        run([
+            sys.executable,
+            osp.join(TOOLS, 'train.py'), cfg, '--launcher', 'slurm', '--amp',
+            '--work-dir', work, '--cfg-options', 'train_cfg.max_iters=1',
+            'default_hooks.checkpoint.interval=1'
+        ],
+            SLURM_PROCID='0',
+            SLURM_NTASKS='1',
+            SLURM_LOCALID='0',
+            SLURM_NODELIST='localhost',
+            MASTER_ADDR='127.0.0.1',
+            MASTER_PORT=str(free_port())))
     assert "backend 'nccl' -> 'gloo'" in out
     assert 'bfloat16' in out
     assert 'CPUAmpOptimWrapper' in out
@@ -440,7 +488,5 @@ def test_det_train_and_test_tools(tmp_path):
     pkl = str(tmp_path / 'preds.pkl')
     tool('test')['main']([cfg, ckpt, '--work-dir', work, '--out', pkl])
     assert osp.isfile(pkl)
-    scalars = [
-        f for f in os.listdir(work) if osp.isdir(osp.join(work, f))
-    ]
+    scalars = [f for f in os.listdir(work) if osp.isdir(osp.join(work, f))]
     assert scalars  # the timestamped log dirs of both runs

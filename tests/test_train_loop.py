@@ -24,10 +24,10 @@ from torch.utils.data import Dataset
 
 import mmsoft  # noqa: F401  (registers mmsoft.SOFT, applies mmsoft.compat)
 
-ARCH = dict(embed_dims=[16, 32, 32, 64], num_heads=[1, 1, 1, 2],
-            depths=[1, 1, 1, 1])
-BACKBONE = dict(type='mmsoft.SOFT', arch=ARCH, out_type='cls_token',
-                out_indices=(3, ))
+ARCH = dict(
+    embed_dims=[16, 32, 32, 64], num_heads=[1, 1, 1, 2], depths=[1, 1, 1, 1])
+BACKBONE = dict(
+    type='mmsoft.SOFT', arch=ARCH, out_type='cls_token', out_indices=(3, ))
 NUM_CLASSES, SIZE, N = 3, 64, 12  # 6 iterations of 2: one epoch
 MAX_ITERS = 6
 MILESTONE = 5  # the lr drops x0.1 from iteration index 5 on
@@ -56,13 +56,13 @@ class RandomImages(Dataset):
 
     def __getitem__(self, i):
         g = torch.Generator().manual_seed(i)
-        img = torch.randint(0, 256, (3, SIZE, SIZE), generator=g,
-                            dtype=torch.uint8)
+        img = torch.randint(
+            0, 256, (3, SIZE, SIZE), generator=g, dtype=torch.uint8)
         label = i % NUM_CLASSES
         if self.flavour == 'mmpretrain':
             from mmpretrain.structures import DataSample
-            return dict(inputs=img,
-                        data_samples=DataSample().set_gt_label(label))
+            return dict(
+                inputs=img, data_samples=DataSample().set_gt_label(label))
         return dict(inputs=img, data_samples=label)
 
 
@@ -78,11 +78,13 @@ class TinySOFTClassifier(BaseModel):
         x = torch.stack(inputs).float() / 255.
         logits = self.head(self.backbone(x)[-1])
         if mode == 'loss':
-            return dict(loss=F.cross_entropy(logits, torch.tensor(
-                data_samples)))
+            return dict(
+                loss=F.cross_entropy(logits, torch.tensor(data_samples)))
         if mode == 'predict':
-            return [dict(pred=int(p), gt=int(t))
-                    for p, t in zip(logits.argmax(1), data_samples)]
+            return [
+                dict(pred=int(p), gt=int(t))
+                for p, t in zip(logits.argmax(1), data_samples)
+            ]
         return logits
 
 
@@ -126,24 +128,35 @@ class Crash(Hook):
     def __init__(self, stop_after):
         self.stop_after = stop_after
 
-    def after_train_iter(self, runner, batch_idx, data_batch=None,
+    def after_train_iter(self,
+                         runner,
+                         batch_idx,
+                         data_batch=None,
                          outputs=None):
         if runner.iter + 1 == self.stop_after:
             raise Interrupted(self.stop_after)
 
 
 def _runner(flavour, work_dir, name, stop_after=None, train=True, **kwargs):
-    data = dict(dataset=RandomImages(flavour),
-                sampler=dict(type='DefaultSampler', shuffle=True),
-                batch_size=2, num_workers=0)
-    eval_data = dict(dataset=RandomImages(flavour, n=4),
-                     sampler=dict(type='DefaultSampler', shuffle=False),
-                     batch_size=4, num_workers=0)
+    data = dict(
+        dataset=RandomImages(flavour),
+        sampler=dict(type='DefaultSampler', shuffle=True),
+        batch_size=2,
+        num_workers=0)
+    eval_data = dict(
+        dataset=RandomImages(flavour, n=4),
+        sampler=dict(type='DefaultSampler', shuffle=False),
+        batch_size=4,
+        num_workers=0)
     if flavour == 'mmpretrain':
         model = dict(
-            type='ImageClassifier', backbone=BACKBONE, neck=None,
-            head=dict(type='LinearClsHead', num_classes=NUM_CLASSES,
-                      in_channels=ARCH['embed_dims'][-1]),
+            type='ImageClassifier',
+            backbone=BACKBONE,
+            neck=None,
+            head=dict(
+                type='LinearClsHead',
+                num_classes=NUM_CLASSES,
+                in_channels=ARCH['embed_dims'][-1]),
             data_preprocessor=dict(mean=[127.5] * 3, std=[127.5] * 3))
         evaluator, key = dict(type='Accuracy', topk=(1, )), 'accuracy/top1'
         scope = 'mmpretrain'
@@ -156,28 +169,42 @@ def _runner(flavour, work_dir, name, stop_after=None, train=True, **kwargs):
     train_kw = dict(
         train_dataloader=data,
         optim_wrapper=dict(optimizer=dict(type='SGD', lr=0.1, momentum=0.9)),
-        param_scheduler=dict(type='MultiStepLR', milestones=[MILESTONE],
-                             by_epoch=False),
+        param_scheduler=dict(
+            type='MultiStepLR', milestones=[MILESTONE], by_epoch=False),
         train_cfg=dict(by_epoch=False, max_iters=MAX_ITERS, val_interval=3),
     ) if train else {}
     runner = Runner(
-        model=model, work_dir=str(work_dir), experiment_name=name,
+        model=model,
+        work_dir=str(work_dir),
+        experiment_name=name,
         default_scope=scope,
-        val_dataloader=eval_data, val_evaluator=evaluator, val_cfg=dict(),
-        test_dataloader=eval_data, test_evaluator=evaluator, test_cfg=dict(),
+        val_dataloader=eval_data,
+        val_evaluator=evaluator,
+        val_cfg=dict(),
+        test_dataloader=eval_data,
+        test_evaluator=evaluator,
+        test_cfg=dict(),
         default_hooks=dict(
-            checkpoint=dict(type='CheckpointHook', interval=2, by_epoch=False,
-                            save_best=key, rule='greater'),
+            checkpoint=dict(
+                type='CheckpointHook',
+                interval=2,
+                by_epoch=False,
+                save_best=key,
+                rule='greater'),
             logger=dict(type='LoggerHook', interval=1)),
         custom_hooks=[recorder] + ([Crash(stop_after)] if stop_after else []),
         log_processor=dict(by_epoch=False),
-        randomness=dict(seed=0), **train_kw, **kwargs)
+        randomness=dict(seed=0),
+        **train_kw,
+        **kwargs)
     return runner, recorder, key
 
 
 def _state(runner):
-    return {k: v.detach().clone()
-            for k, v in runner.model.state_dict().items()}
+    return {
+        k: v.detach().clone()
+        for k, v in runner.model.state_dict().items()
+    }
 
 
 def _assert_same(a, b):
@@ -199,8 +226,7 @@ def test_train_checkpoint_resume_test(flavour, tmp_path):
     assert rec.iters == [0, 1, 2, 3]
     ckpt_path = work_dir / 'iter_4.pth'
     assert ckpt_path.is_file() and (work_dir / 'iter_2.pth').is_file()
-    assert (work_dir / 'last_checkpoint').read_text().strip() == str(
-        ckpt_path)
+    assert (work_dir / 'last_checkpoint').read_text().strip() == str(ckpt_path)
     ckpt = torch.load(ckpt_path, map_location='cpu')  # weights_only default
     assert ckpt['meta']['iter'] == 4
     _assert_same(ckpt['state_dict'], _state(runner))
@@ -228,9 +254,13 @@ def test_train_checkpoint_resume_test(flavour, tmp_path):
     assert key in runner2.test()
 
     # 3. load_from + resume=True: resume from an explicit, older checkpoint
-    runner3, rec3, _ = _runner(flavour, work_dir, 'from_iter_2', stop_after=3,
-                               resume=True,
-                               load_from=str(work_dir / 'iter_2.pth'))
+    runner3, rec3, _ = _runner(
+        flavour,
+        work_dir,
+        'from_iter_2',
+        stop_after=3,
+        resume=True,
+        load_from=str(work_dir / 'iter_2.pth'))
     with pytest.raises(Interrupted):
         runner3.train()
     assert rec3.start_iter == 2 and rec3.iters == [2]
@@ -239,7 +269,7 @@ def test_train_checkpoint_resume_test(flavour, tmp_path):
 
     # 4. a test-only runner loading a full training checkpoint (tools/test.py)
     last = work_dir / f'iter_{MAX_ITERS}.pth'
-    runner4, _, _ = _runner(flavour, work_dir, 'test_only', train=False,
-                            load_from=str(last))
+    runner4, _, _ = _runner(
+        flavour, work_dir, 'test_only', train=False, load_from=str(last))
     assert key in runner4.test()
     _assert_same(_state(runner4), torch.load(last)['state_dict'])

@@ -52,26 +52,41 @@ def parse_args(argv=None):
     p = argparse.ArgumentParser(
         description=__doc__.split('\n')[0],
         formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument('--tasks', nargs='+', default=list(ALL_TASKS),
-                   choices=ALL_TASKS, help='default: all three')
-    p.add_argument('--data', default=osp.join(ROOT, 'data', 'demo'),
-                   help='where the synthetic data sets are (generated if '
-                   'missing or stale)')
-    p.add_argument('--work-dir', default=osp.join(ROOT, 'work_dirs', 'demo'),
-                   help='logs, checkpoints, prediction PNGs, results')
+    p.add_argument(
+        '--tasks',
+        nargs='+',
+        default=list(ALL_TASKS),
+        choices=ALL_TASKS,
+        help='default: all three')
+    p.add_argument(
+        '--data',
+        default=osp.join(ROOT, 'data', 'demo'),
+        help='where the synthetic data sets are (generated if '
+        'missing or stale)')
+    p.add_argument(
+        '--work-dir',
+        default=osp.join(ROOT, 'work_dirs', 'demo'),
+        help='logs, checkpoints, prediction PNGs, results')
     p.add_argument('--seed', type=int, default=0, help='data and training')
-    p.add_argument('--threads', type=int, default=0,
-                   help='torch CPU threads; 0 (default): the cores other '
-                   'processes leave idle (from the 1-minute load average), '
-                   'chosen again before each task')
-    p.add_argument('--smoke', action='store_true',
-                   help='a plumbing check: tiny data sets (in '
-                   '<data>-smoke), 3 training iterations per task')
-    p.add_argument('--no-setup', action='store_true',
-                   help='never run tools/setup_env.sh')
-    p.add_argument('--verbose', action='store_true',
-                   help="show mmengine's full console logs (env, config, "
-                   'parameter groups)')
+    p.add_argument(
+        '--threads',
+        type=int,
+        default=0,
+        help='torch CPU threads; 0 (default): the cores other '
+        'processes leave idle (from the 1-minute load average), '
+        'chosen again before each task')
+    p.add_argument(
+        '--smoke',
+        action='store_true',
+        help='a plumbing check: tiny data sets (in '
+        '<data>-smoke), 3 training iterations per task')
+    p.add_argument(
+        '--no-setup', action='store_true', help='never run tools/setup_env.sh')
+    p.add_argument(
+        '--verbose',
+        action='store_true',
+        help="show mmengine's full console logs (env, config, "
+        'parameter groups)')
     return p.parse_args(argv)
 
 
@@ -103,8 +118,9 @@ def ensure_environment(args, argv):
     log(f'OpenMMLab stack not found ({why}): running tools/setup_env.sh')
     subprocess.run(['bash', osp.join(ROOT, 'tools', 'setup_env.sh')],
                    check=True)
-    venv_py = osp.join(os.environ.get('MMSOFT_VENV', osp.join(ROOT, '.venv')),
-                       'bin', 'python')
+    venv_py = osp.join(
+        os.environ.get('MMSOFT_VENV', osp.join(ROOT, '.venv')), 'bin',
+        'python')
     log(f'restarting in {venv_py}')
     os.execv(venv_py, [venv_py, osp.abspath(__file__), *argv, '--no-setup'])
 
@@ -140,8 +156,7 @@ class _ConsoleFilter(logging.Filter):
         if record.levelno >= logging.WARNING:
             return 'init_weights' not in str(record.msg)
         msg = record.getMessage()
-        return msg.count('\n') < 2 and not msg.startswith(
-            'paramwise_options')
+        return msg.count('\n') < 2 and not msg.startswith('paramwise_options')
 
 
 def _quiet_runner_class():
@@ -189,11 +204,14 @@ def main(argv=None):
     overrides = {t: dict(SMOKE_DATA) for t in ALL_TASKS} if args.smoke \
         else None
     t0 = time.perf_counter()
-    gen_tasks = list(dict.fromkeys(T.TASKS[t]['data_task']
-                                   for t in args.tasks))
-    data = make_demo_data(data_dir, seed=args.seed, tasks=gen_tasks,
-                          overrides=overrides,
-                          log=lambda msg: log(f'data {msg}'))
+    gen_tasks = list(
+        dict.fromkeys(T.TASKS[t]['data_task'] for t in args.tasks))
+    data = make_demo_data(
+        data_dir,
+        seed=args.seed,
+        tasks=gen_tasks,
+        overrides=overrides,
+        log=lambda msg: log(f'data {msg}'))
     data_s = time.perf_counter() - t0
     log(f'data ready in {data_s:.1f} s: {data_dir}')
 
@@ -218,15 +236,24 @@ def main(argv=None):
             f'{data_path} [{spec["config"]}]')
         t0, c0 = time.perf_counter(), time.process_time()
         try:
-            r = T.run_task(task, data_path, osp.join(work_dir, task),
-                           cfg=cfg, seed=args.seed, runner_cls=runner_cls)
+            r = T.run_task(
+                task,
+                data_path,
+                osp.join(work_dir, task),
+                cfg=cfg,
+                seed=args.seed,
+                runner_cls=runner_cls)
         except Exception:
             errors += 1
             traceback.print_exc()
             log(f'{task}: FAILED (traceback above)')
-            rows.append(dict(task=spec['name'], metric=spec['label'],
-                             value=None, target=spec['target'],
-                             seconds=time.perf_counter() - t0))
+            rows.append(
+                dict(
+                    task=spec['name'],
+                    metric=spec['label'],
+                    value=None,
+                    target=spec['target'],
+                    seconds=time.perf_counter() - t0))
             results[task] = dict(error=traceback.format_exc())
             continue
         r['seconds'] = time.perf_counter() - t0
@@ -239,14 +266,21 @@ def main(argv=None):
         log(f'{task}: {spec["label"]} = {value} ({target}); train '
             f'{r["train_s"]:.0f} s, test {r["test_s"]:.0f} s; predictions: '
             f'{r["png"]}')
-        rows.append(dict(task=spec['name'], metric=spec['label'],
-                         value=r['value'], target=spec['target'],
-                         seconds=r['seconds']))
+        rows.append(
+            dict(
+                task=spec['name'],
+                metric=spec['label'],
+                value=r['value'],
+                target=spec['target'],
+                seconds=r['seconds']))
         for key, (label, scale) in spec['extra'].items():
             if key in r['metrics']:
-                rows.append(dict(task=spec['name'], metric=label,
-                                 value=r['metrics'][key] * scale,
-                                 target=None))
+                rows.append(
+                    dict(
+                        task=spec['name'],
+                        metric=label,
+                        value=r['metrics'][key] * scale,
+                        target=None))
         if r['png']:
             pngs.append(r['png'])
 
@@ -255,18 +289,23 @@ def main(argv=None):
     table = T.format_table(rows)
     task_threads = ' '.join(f'{t}={results[t].get("threads", "-")}'
                             for t in args.tasks)
-    missed = sum(1 for row in rows if row['target'] is not None and
-                 row['value'] is not None and row['value'] < row['target'])
+    missed = sum(1 for row in rows if row['target'] is not None
+                 and row['value'] is not None and row['value'] < row['target'])
     os.makedirs(work_dir, exist_ok=True)
     summary = dict(
-        tasks=args.tasks, smoke=args.smoke, seed=args.seed,
-        cpu_count=ncpu, load_average_end=load1(),
-        data_seconds=data_s, total_seconds=total,
-        cpu_seconds=time.process_time() - c_start, results=results,
+        tasks=args.tasks,
+        smoke=args.smoke,
+        seed=args.seed,
+        cpu_count=ncpu,
+        load_average_end=load1(),
+        data_seconds=data_s,
+        total_seconds=total,
+        cpu_seconds=time.process_time() - c_start,
+        results=results,
         table=table)
     T.atomic_write_json(osp.join(work_dir, 'results.json'), summary)
-    T.atomic_write_bytes(osp.join(work_dir, 'results.md'),
-                         (table + '\n').encode())
+    T.atomic_write_bytes(
+        osp.join(work_dir, 'results.md'), (table + '\n').encode())
     print(flush=True)
     print('=' * 72)
     kind = 'smoke run: 3 iterations, not meaningful' if args.smoke else \

@@ -129,8 +129,8 @@ def enable_tta(cfg, scope):
         elif scope == 'mmdet':
             cfg.tta_model = dict(
                 type='DetTTAModel',
-                tta_cfg=dict(nms=dict(type='nms', iou_threshold=0.5),
-                             max_per_img=100))
+                tta_cfg=dict(
+                    nms=dict(type='nms', iou_threshold=0.5), max_per_img=100))
     if 'tta_pipeline' not in cfg and scope in ('mmpretrain', 'mmdet'):
         test_data_cfg = cfg.test_dataloader.dataset
         while 'dataset' in test_data_cfg:
@@ -171,8 +171,11 @@ def build_cfg(args):
     # the Runner loads load_from with strict=False (a WARNING only): check
     # the checkpoint against the model first (mmsoft.engine.StrictLoadHook)
     cfg.custom_hooks = list(cfg.get('custom_hooks', None) or []) + [
-        dict(type='StrictLoadHook', allow_partial=args.partial_load,
-             opt_in='pass --partial-load')]
+        dict(
+            type='StrictLoadHook',
+            allow_partial=args.partial_load,
+            opt_in='pass --partial-load')
+    ]
     return cfg
 
 

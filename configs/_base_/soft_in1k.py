@@ -31,8 +31,7 @@ model = dict(
         out_indices=(3, ),
         out_type='cls_token',
         drop_path_rate=0.1,
-        init_cfg=dict(type='Pretrained', checkpoint=None,
-                      prefix='backbone.')),
+        init_cfg=dict(type='Pretrained', checkpoint=None, prefix='backbone.')),
     neck=None,
     head=dict(
         type='LinearClsHead',
@@ -40,8 +39,7 @@ model = dict(
         in_channels=512,  # stage-4 channels (SOFT.arch_zoo[arch])
         loss=dict(
             type='LabelSmoothLoss', label_smooth_val=0.1, mode='original'),
-        init_cfg=[dict(type='TruncNormal', layer='Linear', std=.02, bias=0.)
-                  ]),
+        init_cfg=[dict(type='TruncNormal', layer='Linear', std=.02, bias=0.)]),
     train_cfg=dict(augments=[
         dict(type='Mixup', alpha=0.8),
         dict(type='CutMix', alpha=1.0)
@@ -91,8 +89,8 @@ param_scheduler = [
 train_cfg = dict(by_epoch=True, max_epochs=300, val_interval=1)
 auto_scale_lr = dict(base_batch_size=1024)
 
-default_hooks = dict(checkpoint=dict(type='SafeCheckpointHook', interval=1,
-                                     max_keep_ckpts=3))
+default_hooks = dict(
+    checkpoint=dict(type='SafeCheckpointHook', interval=1, max_keep_ckpts=3))
 custom_hooks = [
     dict(type='EMAHook', momentum=4e-5, priority='ABOVE_NORMAL'),
     # stop at the first non-finite loss, before it is saved (mmsoft.engine)

@@ -10,13 +10,16 @@ custom_imports = dict(imports=['mmsoft'], allow_failed_imports=False)
 
 data_root = 'data/demo/coco/'
 classes = ('circle', 'square', 'triangle')
-metainfo = dict(classes=classes,
-                palette=[(220, 20, 60), (0, 130, 255), (0, 200, 80)])
+metainfo = dict(
+    classes=classes, palette=[(220, 20, 60), (0, 130, 255), (0, 200, 80)])
 img_size = 160
 # a narrow, shallow SOFT; the sampling ratios keep 25-100 bottleneck tokens
 # per stage at 160 x 160 (token maps 40, 20, 10, 5)
-soft_arch = dict(embed_dims=[32, 64, 128, 192], num_heads=[1, 2, 4, 6],
-                 depths=[1, 1, 2, 1], sampling_ratios=[4, 2, 2, 1])
+soft_arch = dict(
+    embed_dims=[32, 64, 128, 192],
+    num_heads=[1, 2, 4, 6],
+    depths=[1, 1, 2, 1],
+    sampling_ratios=[4, 2, 2, 1])
 fpn_channels = 64
 
 model = dict(
@@ -30,16 +33,18 @@ model = dict(
         out_type='featmap',
         pretrain_img_size=img_size,
         init_cfg=None),
-    neck=dict(in_channels=soft_arch['embed_dims'][1:], start_level=0,
-              out_channels=fpn_channels, num_outs=4),
+    neck=dict(
+        in_channels=soft_arch['embed_dims'][1:],
+        start_level=0,
+        out_channels=fpn_channels,
+        num_outs=4),
     bbox_head=dict(
         num_classes=len(classes),
         in_channels=fpn_channels,
         feat_channels=fpn_channels,
         stacked_convs=2,
         # anchors 16..200 px at strides 8..64 (objects are 20-76 px)
-        anchor_generator=dict(octave_base_scale=2,
-                              strides=[8, 16, 32, 64])),
+        anchor_generator=dict(octave_base_scale=2, strides=[8, 16, 32, 64])),
     test_cfg=dict(nms_pre=500, max_per_img=50))
 
 train_pipeline = [
@@ -47,17 +52,20 @@ train_pipeline = [
     dict(type='LoadAnnotations', with_bbox=True),
     dict(type='Resize', scale=(img_size, img_size), keep_ratio=True),
     # the shapes are symmetric under flips: 4x more distinct views
-    dict(type='RandomFlip', prob=[0.25, 0.25, 0.25],
-         direction=['horizontal', 'vertical', 'diagonal']),
+    dict(
+        type='RandomFlip',
+        prob=[0.25, 0.25, 0.25],
+        direction=['horizontal', 'vertical', 'diagonal']),
     dict(type='PackDetInputs'),
 ]
 test_pipeline = [
     dict(type='LoadImageFromFile'),
     dict(type='Resize', scale=(img_size, img_size), keep_ratio=True),
     dict(type='LoadAnnotations', with_bbox=True),
-    dict(type='PackDetInputs',
-         meta_keys=('img_id', 'img_path', 'ori_shape', 'img_shape',
-                    'scale_factor')),
+    dict(
+        type='PackDetInputs',
+        meta_keys=('img_id', 'img_path', 'ori_shape', 'img_shape',
+                   'scale_factor')),
 ]
 train_dataloader = dict(
     batch_size=8,
@@ -80,8 +88,8 @@ val_dataloader = dict(
         data_prefix=dict(img='val/'),
         pipeline=test_pipeline))
 test_dataloader = val_dataloader
-val_evaluator = dict(ann_file=data_root + 'annotations/instances_val.json',
-                     metric='bbox')
+val_evaluator = dict(
+    ann_file=data_root + 'annotations/instances_val.json', metric='bbox')
 test_evaluator = val_evaluator
 
 max_epochs = 8
@@ -90,21 +98,30 @@ optim_wrapper = dict(
     _delete_=True,
     type='OptimWrapper',
     optimizer=dict(type='AdamW', lr=1e-3, weight_decay=0.05),
-    paramwise_cfg=dict(norm_decay_mult=0.0, bias_decay_mult=0.0,
-                       custom_keys={'.pos_embeds': dict(decay_mult=0.0),
-                                    '.cls_token': dict(decay_mult=0.0)}),
+    paramwise_cfg=dict(
+        norm_decay_mult=0.0,
+        bias_decay_mult=0.0,
+        custom_keys={
+            '.pos_embeds': dict(decay_mult=0.0),
+            '.cls_token': dict(decay_mult=0.0)
+        }),
     clip_grad=dict(max_norm=10.0))
 param_scheduler = [
-    dict(type='LinearLR', start_factor=0.01, by_epoch=False, begin=0,
-         end=100),
-    dict(type='CosineAnnealingLR', by_epoch=True, begin=0, end=max_epochs,
-         T_max=max_epochs, eta_min=1e-5, convert_to_iter_based=True),
+    dict(type='LinearLR', start_factor=0.01, by_epoch=False, begin=0, end=100),
+    dict(
+        type='CosineAnnealingLR',
+        by_epoch=True,
+        begin=0,
+        end=max_epochs,
+        T_max=max_epochs,
+        eta_min=1e-5,
+        convert_to_iter_based=True),
 ]
 auto_scale_lr = dict(enable=False, base_batch_size=8)
 default_hooks = dict(
     logger=dict(type='LoggerHook', interval=10),
-    checkpoint=dict(type='SafeCheckpointHook', interval=max_epochs,
-                    max_keep_ckpts=1))
+    checkpoint=dict(
+        type='SafeCheckpointHook', interval=max_epochs, max_keep_ckpts=1))
 log_processor = dict(window_size=10)
 
 # stop at the first non-finite loss, before it is saved (mmsoft.engine)

@@ -11,8 +11,11 @@ data_root = 'data/demo/imagenet/'
 classes = ('circle', 'square', 'triangle', 'star', 'cross')
 img_size = 64
 # stage maps 16, 8, 4, 2 at 64 x 64; bottlenecks of 16, 16, 4 tokens
-soft_arch = dict(embed_dims=[32, 64, 128, 192], num_heads=[1, 2, 4, 6],
-                 depths=[1, 1, 2, 1], sampling_ratios=[4, 2, 2, 1])
+soft_arch = dict(
+    embed_dims=[32, 64, 128, 192],
+    num_heads=[1, 2, 4, 6],
+    depths=[1, 1, 2, 1],
+    sampling_ratios=[4, 2, 2, 1])
 
 model = dict(
     type='ImageClassifier',
@@ -34,14 +37,16 @@ model = dict(
         type='LinearClsHead',
         num_classes=len(classes),
         in_channels=soft_arch['embed_dims'][3],
-        loss=dict(type='LabelSmoothLoss', label_smooth_val=0.1,
-                  mode='original'),
+        loss=dict(
+            type='LabelSmoothLoss', label_smooth_val=0.1, mode='original'),
         topk=(1, )))
 
 train_pipeline = [
     dict(type='LoadImageFromFile'),
-    dict(type='RandomFlip', prob=[0.25, 0.25, 0.25],
-         direction=['horizontal', 'vertical', 'diagonal']),
+    dict(
+        type='RandomFlip',
+        prob=[0.25, 0.25, 0.25],
+        direction=['horizontal', 'vertical', 'diagonal']),
     dict(type='PackInputs'),
 ]
 test_pipeline = [
@@ -57,40 +62,56 @@ train_dataloader = dict(
     num_workers=0,
     persistent_workers=False,
     sampler=dict(type='DefaultSampler', shuffle=True),
-    dataset=dict(type=dataset_type, data_root=data_root, split='train',
-                 metainfo=metainfo, pipeline=train_pipeline))
+    dataset=dict(
+        type=dataset_type,
+        data_root=data_root,
+        split='train',
+        metainfo=metainfo,
+        pipeline=train_pipeline))
 val_dataloader = dict(
     batch_size=64,
     num_workers=0,
     persistent_workers=False,
     sampler=dict(type='DefaultSampler', shuffle=False),
-    dataset=dict(type=dataset_type, data_root=data_root, split='val',
-                 metainfo=metainfo, pipeline=test_pipeline))
+    dataset=dict(
+        type=dataset_type,
+        data_root=data_root,
+        split='val',
+        metainfo=metainfo,
+        pipeline=test_pipeline))
 val_evaluator = dict(type='Accuracy', topk=(1, ))
 test_dataloader = val_dataloader
 test_evaluator = val_evaluator
 
 max_epochs = 4
-train_cfg = dict(by_epoch=True, max_epochs=max_epochs,
-                 val_interval=max_epochs)
+train_cfg = dict(by_epoch=True, max_epochs=max_epochs, val_interval=max_epochs)
 val_cfg = dict()
 test_cfg = dict()
 optim_wrapper = dict(
     optimizer=dict(type='AdamW', lr=1e-3, weight_decay=0.05),
-    paramwise_cfg=dict(norm_decay_mult=0.0, bias_decay_mult=0.0,
-                       custom_keys={'.pos_embeds': dict(decay_mult=0.0),
-                                    '.cls_token': dict(decay_mult=0.0)}),
+    paramwise_cfg=dict(
+        norm_decay_mult=0.0,
+        bias_decay_mult=0.0,
+        custom_keys={
+            '.pos_embeds': dict(decay_mult=0.0),
+            '.cls_token': dict(decay_mult=0.0)
+        }),
     clip_grad=dict(max_norm=5.0))
 param_scheduler = [
-    dict(type='LinearLR', start_factor=0.01, by_epoch=False, begin=0,
-         end=50),
-    dict(type='CosineAnnealingLR', by_epoch=True, begin=0, end=max_epochs,
-         T_max=max_epochs, eta_min=1e-5, convert_to_iter_based=True),
+    dict(type='LinearLR', start_factor=0.01, by_epoch=False, begin=0, end=50),
+    dict(
+        type='CosineAnnealingLR',
+        by_epoch=True,
+        begin=0,
+        end=max_epochs,
+        T_max=max_epochs,
+        eta_min=1e-5,
+        convert_to_iter_based=True),
 ]
 default_hooks = dict(
     logger=dict(type='LoggerHook', interval=10),
-    checkpoint=dict(type='SafeCheckpointHook', interval=max_epochs,
-                    max_keep_ckpts=1))
+    checkpoint=dict(
+        type='SafeCheckpointHook', interval=max_epochs, max_keep_ckpts=1))
 log_processor = dict(window_size=10)
 
 # stop at the first non-finite loss, before it is saved (mmsoft.engine)

@@ -18,13 +18,16 @@ custom_imports = dict(imports=['mmsoft'], allow_failed_imports=False)
 
 data_root = 'data/demo/ade/'
 classes = ('wall', 'ball', 'box', 'tent')
-metainfo = dict(classes=classes,
-                palette=[[90, 90, 90], [220, 20, 60], [0, 130, 255],
-                         [0, 200, 80]])
+metainfo = dict(
+    classes=classes,
+    palette=[[90, 90, 90], [220, 20, 60], [0, 130, 255], [0, 200, 80]])
 img_size = 160
 crop_size = (img_size, img_size)
-soft_arch = dict(embed_dims=[32, 64, 128, 192], num_heads=[1, 2, 4, 6],
-                 depths=[1, 1, 2, 1], sampling_ratios=[4, 2, 2, 1])
+soft_arch = dict(
+    embed_dims=[32, 64, 128, 192],
+    num_heads=[1, 2, 4, 6],
+    depths=[1, 1, 2, 1],
+    sampling_ratios=[4, 2, 2, 1])
 norm_cfg = dict(type='BN', requires_grad=True)  # single process: no SyncBN
 
 model = dict(
@@ -39,10 +42,16 @@ model = dict(
         out_type='featmap',
         pretrain_img_size=img_size,
         init_cfg=None),
-    decode_head=dict(in_channels=soft_arch['embed_dims'], channels=64,
-                     num_classes=len(classes), norm_cfg=norm_cfg),
-    auxiliary_head=dict(in_channels=soft_arch['embed_dims'][2], channels=32,
-                        num_classes=len(classes), norm_cfg=norm_cfg))
+    decode_head=dict(
+        in_channels=soft_arch['embed_dims'],
+        channels=64,
+        num_classes=len(classes),
+        norm_cfg=norm_cfg),
+    auxiliary_head=dict(
+        in_channels=soft_arch['embed_dims'][2],
+        channels=32,
+        num_classes=len(classes),
+        norm_cfg=norm_cfg))
 
 train_pipeline = [
     dict(type='LoadImageFromFile'),
@@ -61,39 +70,50 @@ train_dataloader = dict(
     batch_size=8,
     num_workers=0,
     persistent_workers=False,
-    dataset=dict(data_root=data_root, metainfo=metainfo,
-                 pipeline=train_pipeline))
+    dataset=dict(
+        data_root=data_root, metainfo=metainfo, pipeline=train_pipeline))
 val_dataloader = dict(
     batch_size=8,
     num_workers=0,
     persistent_workers=False,
-    dataset=dict(data_root=data_root, metainfo=metainfo,
-                 pipeline=test_pipeline))
+    dataset=dict(
+        data_root=data_root, metainfo=metainfo, pipeline=test_pipeline))
 test_dataloader = val_dataloader
 
 # iteration-based, as mmseg's schedules (500 iterations = 8 epochs of 500)
 max_iters = 500
-train_cfg = dict(type='IterBasedTrainLoop', max_iters=max_iters,
-                 val_interval=max_iters)
+train_cfg = dict(
+    type='IterBasedTrainLoop', max_iters=max_iters, val_interval=max_iters)
 val_cfg = dict(type='ValLoop')
 test_cfg = dict(type='TestLoop')
 optim_wrapper = dict(
     type='OptimWrapper',
     optimizer=dict(type='AdamW', lr=1e-3, weight_decay=0.05),
-    paramwise_cfg=dict(norm_decay_mult=0.0, bias_decay_mult=0.0,
-                       custom_keys={'.pos_embeds': dict(decay_mult=0.0),
-                                    '.cls_token': dict(decay_mult=0.0)}),
+    paramwise_cfg=dict(
+        norm_decay_mult=0.0,
+        bias_decay_mult=0.0,
+        custom_keys={
+            '.pos_embeds': dict(decay_mult=0.0),
+            '.cls_token': dict(decay_mult=0.0)
+        }),
     clip_grad=dict(max_norm=10.0))
 param_scheduler = [
-    dict(type='LinearLR', start_factor=0.01, by_epoch=False, begin=0,
-         end=50),
-    dict(type='CosineAnnealingLR', by_epoch=False, begin=0, end=max_iters,
-         T_max=max_iters, eta_min=1e-5),
+    dict(type='LinearLR', start_factor=0.01, by_epoch=False, begin=0, end=50),
+    dict(
+        type='CosineAnnealingLR',
+        by_epoch=False,
+        begin=0,
+        end=max_iters,
+        T_max=max_iters,
+        eta_min=1e-5),
 ]
 default_hooks = dict(
     logger=dict(type='LoggerHook', interval=10, log_metric_by_epoch=False),
-    checkpoint=dict(type='SafeCheckpointHook', by_epoch=False,
-                    interval=max_iters, max_keep_ckpts=1))
+    checkpoint=dict(
+        type='SafeCheckpointHook',
+        by_epoch=False,
+        interval=max_iters,
+        max_keep_ckpts=1))
 log_processor = dict(by_epoch=False, window_size=10)
 
 # stop at the first non-finite loss, before it is saved (mmsoft.engine)

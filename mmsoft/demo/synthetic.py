@@ -102,10 +102,20 @@ MIN_FRAGMENT = 20
 
 #: default sizes: a few hundred images each, generated in seconds
 DEFAULTS = dict(
-    det=dict(num_train=500, num_val=100, size=160, objects=(2, 6),
-             radius=(10, 38), colour_cue=0.9),
-    seg=dict(num_train=500, num_val=100, size=160, objects=(2, 6),
-             radius=(10, 38), colour_cue=0.9),
+    det=dict(
+        num_train=500,
+        num_val=100,
+        size=160,
+        objects=(2, 6),
+        radius=(10, 38),
+        colour_cue=0.9),
+    seg=dict(
+        num_train=500,
+        num_val=100,
+        size=160,
+        objects=(2, 6),
+        radius=(10, 38),
+        colour_cue=0.9),
     cls=dict(num_train=4000, num_val=500, size=64, colour_cue=0.95),
 )
 
@@ -141,8 +151,7 @@ def shape_polygon(kind, cx, cy, r, angle, rng):
         w = r * rng.uniform(0.3, 0.4)
         a = np.sqrt(r * r - w * w)  # arm tips' corners on the circle r
         pts = np.array([[-w, -a], [w, -a], [w, -w], [a, -w], [a, w], [w, w],
-                        [w, a], [-w, a], [-w, w], [-a, w], [-a, -w],
-                        [-w, -w]])
+                        [w, a], [-w, a], [-w, w], [-a, w], [-a, -w], [-w, -w]])
     else:
         raise ValueError(f'unknown shape {kind!r}')
     c, s = np.cos(angle), np.sin(angle)
@@ -154,8 +163,8 @@ def _fill_mask(poly, h, w, antialias=False):
     """uint8 mask (0/255) of a polygon, rendered with 1/16 px precision."""
     canvas = np.zeros((h, w), np.uint8)
     pts = np.round(poly * 16).astype(np.int32)[None]
-    cv2.fillPoly(canvas, pts, 255, cv2.LINE_AA if antialias else cv2.LINE_8,
-                 shift=4)
+    cv2.fillPoly(
+        canvas, pts, 255, cv2.LINE_AA if antialias else cv2.LINE_8, shift=4)
     return canvas
 
 
@@ -277,8 +286,13 @@ def _class_hue(rng, kind, colour_cue):
     return CLASS_HUES[kind] if rng.random() < colour_cue else None
 
 
-def render_scene(rng, size, classes=DET_CLASSES, objects=(2, 6),
-                 radius=(10, 38), colour_cue=0.0, max_tries=30):
+def render_scene(rng,
+                 size,
+                 classes=DET_CLASSES,
+                 objects=(2, 6),
+                 radius=(10, 38),
+                 colour_cue=0.0,
+                 max_tries=30):
     """A scene with several objects of several classes.
 
     Returns:
@@ -311,8 +325,7 @@ def render_scene(rng, size, classes=DET_CLASSES, objects=(2, 6),
             continue  # no valid placement: fewer objects in this scene
         for o in objs:
             o['mask'] = o['mask'] & ~full
-        _composite(img, poly, rng,
-                   _class_hue(rng, classes[label], colour_cue))
+        _composite(img, poly, rng, _class_hue(rng, classes[label], colour_cue))
         objs.append(dict(label=label, poly=poly, full=full, mask=full.copy()))
     # occlusion can leave slivers: not annotated, "other" in label maps
     dropped = np.zeros((h, w), bool)
@@ -352,8 +365,7 @@ def render_cls_image(rng, size, label, classes=CLS_CLASSES, colour_cue=0.0):
         poly = shape_polygon(classes[other], rng.uniform(r, w - r),
                              rng.uniform(r, h - r), r,
                              rng.uniform(0, 2 * np.pi), rng)
-        _composite(img, poly, rng, _class_hue(rng, classes[other],
-                                              colour_cue))
+        _composite(img, poly, rng, _class_hue(rng, classes[other], colour_cue))
     r = rng.uniform(0.24, 0.42) * size
     jitter = 0.5 * size - r
     cx = 0.5 * size + rng.uniform(-1, 1) * min(jitter, 0.12 * size)
@@ -366,8 +378,8 @@ def render_cls_image(rng, size, label, classes=CLS_CLASSES, colour_cue=0.0):
 
 # ---------------------------------------------------------------- writers
 def _rng(seed, task, split, index):
-    return np.random.default_rng([seed, _TASK_IDS[task], _SPLIT_IDS[split],
-                                  index])
+    return np.random.default_rng(
+        [seed, _TASK_IDS[task], _SPLIT_IDS[split], index])
 
 
 def _imwrite(path, img, jpeg_quality=95):
@@ -389,8 +401,8 @@ def _write_json(path, obj):
 def _mask_polygons(mask):
     """COCO polygons [[x0, y0, x1, y1, ...], ...] of a bool mask's outer
     contours (pixel-centre coordinates, >= 3 vertices each)."""
-    contours, _ = cv2.findContours(mask.astype(np.uint8), cv2.RETR_EXTERNAL,
-                                   cv2.CHAIN_APPROX_SIMPLE)
+    contours, _ = cv2.findContours(
+        mask.astype(np.uint8), cv2.RETR_EXTERNAL, cv2.CHAIN_APPROX_SIMPLE)
     polys = []
     for c in contours:
         c = c.reshape(-1, 2)
@@ -411,17 +423,17 @@ def _map(fn, items, workers):
     except ValueError:  # no fork (Windows): stay sequential
         return [fn(x) for x in items]
     with ctx.Pool(workers) as pool:
-        return pool.map(fn, items, chunksize=max(1, len(items) //
-                                                 (8 * workers)))
+        return pool.map(
+            fn, items, chunksize=max(1,
+                                     len(items) // (8 * workers)))
 
 
 def _coco_item(args):
     """Render and write one COCO image; returns its annotations."""
     img_dir, split, i, seed, cfg = args
     rng = _rng(seed, 'det', split, i)
-    img, objs, _ = render_scene(rng, cfg['size'], DET_CLASSES,
-                                cfg['objects'], cfg['radius'],
-                                cfg['colour_cue'])
+    img, objs, _ = render_scene(rng, cfg['size'], DET_CLASSES, cfg['objects'],
+                                cfg['radius'], cfg['colour_cue'])
     _imwrite(osp.join(img_dir, f'{i:06d}.jpg'), img)
     anns = []
     for o in objs:
@@ -432,9 +444,13 @@ def _coco_item(args):
         ys, xs = np.nonzero(m)
         x0, y0 = int(xs.min()), int(ys.min())
         bw, bh = int(xs.max()) - x0 + 1, int(ys.max()) - y0 + 1
-        anns.append(dict(category_id=o['label'] + 1, segmentation=polys,
-                         area=float(m.sum()), bbox=[x0, y0, bw, bh],
-                         iscrowd=0))
+        anns.append(
+            dict(
+                category_id=o['label'] + 1,
+                segmentation=polys,
+                area=float(m.sum()),
+                bbox=[x0, y0, bw, bh],
+                iscrowd=0))
     return anns
 
 
@@ -445,32 +461,50 @@ def _coco_split(root, split, n, seed, cfg, workers):
                                   for i in range(n)], workers)
     images, anns = [], []
     for i, image_anns in enumerate(per_image):
-        images.append(dict(id=i + 1, file_name=f'{i:06d}.jpg',
-                           width=cfg['size'], height=cfg['size']))
+        images.append(
+            dict(
+                id=i + 1,
+                file_name=f'{i:06d}.jpg',
+                width=cfg['size'],
+                height=cfg['size']))
         for a in image_anns:
             anns.append(dict(id=len(anns) + 1, image_id=i + 1, **a))
     coco = dict(
-        info=dict(description='mmsoft synthetic demo data (COCO instances)',
-                  version=str(GENERATOR_VERSION), year=2024,
-                  contributor='mmsoft tools/misc/make_demo_data.py'),
+        info=dict(
+            description='mmsoft synthetic demo data (COCO instances)',
+            version=str(GENERATOR_VERSION),
+            year=2024,
+            contributor='mmsoft tools/misc/make_demo_data.py'),
         licenses=[dict(id=1, name='CC0', url='')],
-        images=images, annotations=anns,
-        categories=[dict(id=k + 1, name=c, supercategory='shape')
-                    for k, c in enumerate(DET_CLASSES)])
-    _write_json(osp.join(root, 'annotations', f'instances_{split}.json'),
-                coco)
+        images=images,
+        annotations=anns,
+        categories=[
+            dict(id=k + 1, name=c, supercategory='shape')
+            for k, c in enumerate(DET_CLASSES)
+        ])
+    _write_json(osp.join(root, 'annotations', f'instances_{split}.json'), coco)
     return dict(images=n, instances=len(anns))
 
 
-def make_coco(root, num_train, num_val, seed=0, size=160, objects=(2, 6),
-              radius=(10, 38), colour_cue=0.0, workers=1):
+def make_coco(root,
+              num_train,
+              num_val,
+              seed=0,
+              size=160,
+              objects=(2, 6),
+              radius=(10, 38),
+              colour_cue=0.0,
+              workers=1):
     """Write the COCO instances data set into ``root`` (see module doc)."""
-    cfg = dict(size=size, objects=tuple(objects), radius=tuple(radius),
-               colour_cue=colour_cue)
+    cfg = dict(
+        size=size,
+        objects=tuple(objects),
+        radius=tuple(radius),
+        colour_cue=colour_cue)
     os.makedirs(osp.join(root, 'annotations'), exist_ok=True)
-    return dict(train=_coco_split(root, 'train', num_train, seed, cfg,
-                                  workers),
-                val=_coco_split(root, 'val', num_val, seed, cfg, workers))
+    return dict(
+        train=_coco_split(root, 'train', num_train, seed, cfg, workers),
+        val=_coco_split(root, 'val', num_val, seed, cfg, workers))
 
 
 def _ade_item(args):
@@ -481,7 +515,7 @@ def _ade_item(args):
     size = cfg['size']
     rng = _rng(seed, 'seg', split, i)
     img, objs, other = render_scene(rng, size, DET_CLASSES, cfg['objects'],
-                                      cfg['radius'], cfg['colour_cue'])
+                                    cfg['radius'], cfg['colour_cue'])
     label = np.full((size, size), ade[0], np.uint8)  # wall
     label[other] = 0  # ADE20K "other" (ignored by the metric)
     for o in objs:  # masks are disjoint (visible parts)
@@ -492,11 +526,21 @@ def _ade_item(args):
     return np.bincount(label.ravel(), minlength=256)
 
 
-def make_ade(root, num_train, num_val, seed=0, size=160, objects=(2, 6),
-             radius=(10, 38), colour_cue=0.0, workers=1):
+def make_ade(root,
+             num_train,
+             num_val,
+             seed=0,
+             size=160,
+             objects=(2, 6),
+             radius=(10, 38),
+             colour_cue=0.0,
+             workers=1):
     """Write the ADE20K-layout data set into ``root`` (see module doc)."""
-    cfg = dict(size=size, objects=tuple(objects), radius=tuple(radius),
-               colour_cue=colour_cue)
+    cfg = dict(
+        size=size,
+        objects=tuple(objects),
+        radius=tuple(radius),
+        colour_cue=colour_cue)
     stats = {}
     for split, folder, n in (('train', 'training', num_train),
                              ('val', 'validation', num_val)):
@@ -504,12 +548,19 @@ def make_ade(root, num_train, num_val, seed=0, size=160, objects=(2, 6),
         ann_dir = osp.join(root, 'annotations', folder)
         os.makedirs(img_dir, exist_ok=True)
         os.makedirs(ann_dir, exist_ok=True)
-        hists = _map(_ade_item, [(img_dir, ann_dir, folder, split, i, seed,
-                                  cfg) for i in range(n)], workers)
+        hists = _map(_ade_item,
+                     [(img_dir, ann_dir, folder, split, i, seed, cfg)
+                      for i in range(n)], workers)
         counts = np.sum(hists, axis=0) if hists else np.zeros(256, np.int64)
-        stats[split] = dict(images=n, pixels={
-            'other': int(counts[0]),
-            **{c: int(counts[SEG_ADE_INDEX[c]]) for c in SEG_CLASSES}})
+        stats[split] = dict(
+            images=n,
+            pixels={
+                'other': int(counts[0]),
+                **{
+                    c: int(counts[SEG_ADE_INDEX[c]])
+                    for c in SEG_CLASSES
+                }
+            })
     return stats
 
 
@@ -525,8 +576,13 @@ def _cls_item(args):
     return f'{rel} {label}'
 
 
-def make_imagenet(root, num_train, num_val, seed=0, size=64,
-                  colour_cue=0.0, workers=1):
+def make_imagenet(root,
+                  num_train,
+                  num_val,
+                  seed=0,
+                  size=64,
+                  colour_cue=0.0,
+                  workers=1):
     """Write the ImageNet-style data set into ``root`` (see module doc).
     Classes are balanced (index i has label i % K)."""
     os.makedirs(osp.join(root, 'meta'), exist_ok=True)
@@ -537,8 +593,8 @@ def make_imagenet(root, num_train, num_val, seed=0, size=64,
         split_dir = osp.join(root, split)
         for c in CLS_CLASSES:
             os.makedirs(osp.join(split_dir, c), exist_ok=True)
-        lines = _map(_cls_item, [(split_dir, split, i, seed, size,
-                                  colour_cue) for i in range(n)], workers)
+        lines = _map(_cls_item, [(split_dir, split, i, seed, size, colour_cue)
+                                 for i in range(n)], workers)
         with open(osp.join(root, 'meta', f'{split}.txt'), 'w') as f:
             f.write('\n'.join(lines) + '\n')
         stats[split] = dict(images=n)
@@ -546,23 +602,32 @@ def make_imagenet(root, num_train, num_val, seed=0, size=64,
 
 
 # ---------------------------------------------------------------- driver
-_MAKERS = dict(det=('coco', make_coco), seg=('ade', make_ade),
-               cls=('imagenet', make_imagenet))
+_MAKERS = dict(
+    det=('coco', make_coco),
+    seg=('ade', make_ade),
+    cls=('imagenet', make_imagenet))
 MANIFEST = 'demo_data.json'
 
 
 def dataset_paths(out):
     """Folders of the three data sets under ``out``."""
-    return {task: osp.join(out, folder)
-            for task, (folder, _) in _MAKERS.items()}
+    return {
+        task: osp.join(out, folder)
+        for task, (folder, _) in _MAKERS.items()
+    }
 
 
 def _params(task, seed, cfg):
     classes = dict(det=DET_CLASSES, seg=SEG_CLASSES, cls=CLS_CLASSES)[task]
-    return dict(generator_version=GENERATOR_VERSION, task=task, seed=seed,
-                classes=list(classes),
-                **{k: list(v) if isinstance(v, tuple) else v
-                   for k, v in cfg.items()})
+    return dict(
+        generator_version=GENERATOR_VERSION,
+        task=task,
+        seed=seed,
+        classes=list(classes),
+        **{
+            k: list(v) if isinstance(v, tuple) else v
+            for k, v in cfg.items()
+        })
 
 
 def _up_to_date(folder, params):
@@ -573,8 +638,13 @@ def _up_to_date(folder, params):
         return False
 
 
-def make_demo_data(out, seed=0, tasks=('det', 'seg', 'cls'), force=False,
-                   overrides=None, workers=None, log=print):
+def make_demo_data(out,
+                   seed=0,
+                   tasks=('det', 'seg', 'cls'),
+                   force=False,
+                   overrides=None,
+                   workers=None,
+                   log=print):
     """Generate the demo data sets under ``out`` (skip up-to-date ones).
 
     Args:
@@ -606,8 +676,8 @@ def make_demo_data(out, seed=0, tasks=('det', 'seg', 'cls'), force=False,
             with open(osp.join(folder, MANIFEST)) as f:
                 stats = json.load(f).get('stats')
             log(f'{task}: {folder} is up to date, skipped')
-            report[task] = dict(path=folder, generated=False, seconds=0.0,
-                                stats=stats)
+            report[task] = dict(
+                path=folder, generated=False, seconds=0.0, stats=stats)
             continue
         t0 = time.perf_counter()
         tmp = osp.join(out, f'.{folder_name}.tmp{os.getpid()}')
@@ -615,8 +685,8 @@ def make_demo_data(out, seed=0, tasks=('det', 'seg', 'cls'), force=False,
         os.makedirs(tmp)
         try:
             stats = maker(tmp, seed=seed, workers=workers, **cfg)
-            _write_json(osp.join(tmp, MANIFEST),
-                        dict(params=params, stats=stats))
+            _write_json(
+                osp.join(tmp, MANIFEST), dict(params=params, stats=stats))
             old = None
             if osp.exists(folder):
                 old = osp.join(out, f'.{folder_name}.old{os.getpid()}')
@@ -630,6 +700,6 @@ def make_demo_data(out, seed=0, tasks=('det', 'seg', 'cls'), force=False,
         dt = time.perf_counter() - t0
         log(f'{task}: wrote {folder} in {dt:.1f} s: '
             f'{json.dumps(stats)}')
-        report[task] = dict(path=folder, generated=True, seconds=dt,
-                            stats=stats)
+        report[task] = dict(
+            path=folder, generated=True, seconds=dt, stats=stats)
     return report

@@ -19,10 +19,11 @@ from mmengine.hooks import Hook
 from ..utils import paths
 from .synthetic import CLS_CLASSES, DET_CLASSES, SEG_CLASSES
 
-__all__ = ['TASKS', 'REPO_ROOT', 'config_path',
-           'load_demo_config', 'set_data_root', 'shrink_for_smoke',
-           'run_task', 'PredictionCollector', 'draw_predictions',
-           'format_table', 'atomic_write_bytes', 'atomic_write_json']
+__all__ = [
+    'TASKS', 'REPO_ROOT', 'config_path', 'load_demo_config', 'set_data_root',
+    'shrink_for_smoke', 'run_task', 'PredictionCollector', 'draw_predictions',
+    'format_table', 'atomic_write_bytes', 'atomic_write_json'
+]
 
 #: the checkout's root, or None when mmsoft is installed (site-packages)
 REPO_ROOT = paths.checkout_root()
@@ -33,27 +34,41 @@ REPO_ROOT = paths.checkout_root()
 #: a fraction; ``target``: the value to reach (None: reported only);
 #: ``extra``: further metrics shown in the table.
 TASKS = {
-    'det': dict(
+    'det':
+    dict(
         name='detection',
         model='RetinaNet + SOFT',
         config='configs/demo/retinanet_soft_demo.py',
-        data='coco', data_task='det',
-        metric='coco/bbox_mAP_50', label='bbox mAP@0.5', scale=1.0,
+        data='coco',
+        data_task='det',
+        metric='coco/bbox_mAP_50',
+        label='bbox mAP@0.5',
+        scale=1.0,
         target=0.5,
         extra={'coco/bbox_mAP': ('bbox mAP@[.5:.95]', 1.0)}),
-    'seg': dict(
+    'seg':
+    dict(
         name='segmentation',
         model='UperNet + SOFT',
         config='configs/demo/upernet_soft_demo.py',
-        data='ade', data_task='seg',
-        metric='mIoU', label='mIoU', scale=0.01, target=0.6,
+        data='ade',
+        data_task='seg',
+        metric='mIoU',
+        label='mIoU',
+        scale=0.01,
+        target=0.6,
         extra={'aAcc': ('pixel accuracy', 0.01)}),
-    'cls': dict(
+    'cls':
+    dict(
         name='classification',
         model='SOFT + linear classifier',
         config='configs/demo/soft_cls_demo.py',
-        data='imagenet', data_task='cls',
-        metric='accuracy/top1', label='top-1', scale=0.01, target=0.9,
+        data='imagenet',
+        data_task='cls',
+        metric='accuracy/top1',
+        label='top-1',
+        scale=0.01,
+        target=0.9,
         extra={}),
 }
 
@@ -94,17 +109,21 @@ def set_data_root(cfg, data_root):
 def shrink_for_smoke(cfg, iters=3, batch_size=2):
     """A few training iterations only (tests / ``--smoke``): iteration-based
     loop, constant learning rate after a 1-iteration warm-up, no checkpoint."""
-    cfg.train_cfg = dict(type='IterBasedTrainLoop', max_iters=iters,
-                         val_interval=iters + 1)
-    cfg.param_scheduler = [dict(type='ConstantLR', factor=1.0,
-                                by_epoch=False, begin=0, end=iters)]
+    cfg.train_cfg = dict(
+        type='IterBasedTrainLoop', max_iters=iters, val_interval=iters + 1)
+    cfg.param_scheduler = [
+        dict(
+            type='ConstantLR', factor=1.0, by_epoch=False, begin=0, end=iters)
+    ]
     cfg.train_dataloader.batch_size = batch_size
     cfg.train_dataloader.sampler = dict(type='InfiniteSampler', shuffle=True)
     cfg.val_dataloader.batch_size = batch_size
     cfg.test_dataloader.batch_size = batch_size
-    cfg.default_hooks.checkpoint = dict(type='CheckpointHook',
-                                        interval=iters + 1, by_epoch=False,
-                                        save_last=False)
+    cfg.default_hooks.checkpoint = dict(
+        type='CheckpointHook',
+        interval=iters + 1,
+        by_epoch=False,
+        save_last=False)
     cfg.default_hooks.logger = dict(type='LoggerHook', interval=1)
     cfg.log_processor = dict(by_epoch=False, window_size=1)
     # an untrained detector scores low: keep its boxes for the metric
@@ -150,16 +169,15 @@ def format_table(rows):
             res = 'ERROR'
         else:
             res = 'PASS' if val >= tgt else 'FAIL'
-        lines.append((
-            r['task'], r['metric'],
-            '-' if val is None else f'{val:.3f}',
-            '' if tgt is None else f'>= {tgt:g}', res,
-            '' if r.get('seconds') is None else f'{r["seconds"]:.0f} s'))
+        lines.append(
+            (r['task'], r['metric'], '-' if val is None else f'{val:.3f}',
+             '' if tgt is None else f'>= {tgt:g}', res,
+             '' if r.get('seconds') is None else f'{r["seconds"]:.0f} s'))
     widths = [max(len(str(x)) for x in col) for col in zip(head, *lines)]
 
     def fmt(cells):
-        return '| ' + ' | '.join(str(c).ljust(w)
-                                 for c, w in zip(cells, widths)) + ' |'
+        return '| ' + ' | '.join(
+            str(c).ljust(w) for c, w in zip(cells, widths)) + ' |'
 
     sep = '|' + '|'.join('-' * (w + 2) for w in widths) + '|'
     return '\n'.join([fmt(head), sep] + [fmt(x) for x in lines])
@@ -175,7 +193,10 @@ class PredictionCollector(Hook):
         self.n = n
         self.samples = []
 
-    def after_test_iter(self, runner, batch_idx, data_batch=None,
+    def after_test_iter(self,
+                        runner,
+                        batch_idx,
+                        data_batch=None,
                         outputs=None):
         for s in outputs or []:
             if len(self.samples) < self.n:
@@ -186,8 +207,7 @@ def _put_label(img, text, org, colour, scale=0.4):
     x, y = org
     (tw, th), base = cv2.getTextSize(text, cv2.FONT_HERSHEY_SIMPLEX, scale, 1)
     y = max(y, th + 2)
-    cv2.rectangle(img, (x, y - th - 2), (x + tw + 2, y + base - 1), colour,
-                  -1)
+    cv2.rectangle(img, (x, y - th - 2), (x + tw + 2, y + base - 1), colour, -1)
     cv2.putText(img, text, (x + 1, y - 1), cv2.FONT_HERSHEY_SIMPLEX, scale,
                 (255, 255, 255), 1, cv2.LINE_AA)
 
@@ -198,14 +218,14 @@ def _bgr(rgb):
 
 def _load(path, upscale):
     img = cv2.imread(path, cv2.IMREAD_COLOR)
-    return cv2.resize(img, None, fx=upscale, fy=upscale,
-                      interpolation=cv2.INTER_NEAREST)
+    return cv2.resize(
+        img, None, fx=upscale, fy=upscale, interpolation=cv2.INTER_NEAREST)
 
 
 def _title(width, text):
     bar = np.full((22, width, 3), 255, np.uint8)
-    cv2.putText(bar, text, (4, 15), cv2.FONT_HERSHEY_SIMPLEX, 0.45,
-                (0, 0, 0), 1, cv2.LINE_AA)
+    cv2.putText(bar, text, (4, 15), cv2.FONT_HERSHEY_SIMPLEX, 0.45, (0, 0, 0),
+                1, cv2.LINE_AA)
     return bar
 
 
@@ -233,8 +253,10 @@ def _draw_det(samples, upscale, score_thr):
         if 'masks' in pred and len(pred):
             overlay = img.copy()
             for m, lab in zip(pred.masks.numpy(), pred.labels.tolist()):
-                m = cv2.resize(m.astype(np.uint8), img.shape[1::-1],
-                               interpolation=cv2.INTER_NEAREST) > 0
+                m = cv2.resize(
+                    m.astype(np.uint8),
+                    img.shape[1::-1],
+                    interpolation=cv2.INTER_NEAREST) > 0
                 overlay[m] = _bgr(DET_PALETTE[lab])
             img = cv2.addWeighted(img, 0.55, overlay, 0.45, 0)
         for box, lab, sc in zip(pred.bboxes.numpy() * upscale,
@@ -244,22 +266,22 @@ def _draw_det(samples, upscale, score_thr):
             cv2.rectangle(img, (x0, y0), (x1, y1), col, 2)
             _put_label(img, f'{DET_CLASSES[lab]} {sc:.2f}', (x0, y0), col)
         gts = s.gt_instances
-        for box, lab in zip(gts.bboxes.numpy() * upscale if hasattr(
-                gts.bboxes, 'numpy') else np.asarray(gts.bboxes) * upscale,
-                gts.labels.tolist()):
+        for box, lab in zip(
+                gts.bboxes.numpy() * upscale if hasattr(gts.bboxes, 'numpy')
+                else np.asarray(gts.bboxes) * upscale, gts.labels.tolist()):
             x0, y0, x1, y1 = [int(round(v)) for v in box]
             col = _bgr(DET_PALETTE[lab])
             cv2.rectangle(gt, (x0, y0), (x1, y1), col, 2)
             _put_label(gt, DET_CLASSES[lab], (x0, y0), col)
         tiles.append(np.vstack([gt, img]))
-    return _grid(tiles, cols=4), (f'top: ground truth, bottom: predictions '
-                                  f'(score >= {score_thr})')
+    return _grid(
+        tiles, cols=4), (f'top: ground truth, bottom: predictions '
+                         f'(score >= {score_thr})')
 
 
 def _draw_seg(samples, upscale):
     from .synthetic import SEG_PALETTE
-    palette = np.array([_bgr(c) for c in SEG_PALETTE] + [(0, 0, 0)],
-                       np.uint8)
+    palette = np.array([_bgr(c) for c in SEG_PALETTE] + [(0, 0, 0)], np.uint8)
     tiles = []
     for s in samples:
         img = _load(s.img_path, upscale)
@@ -275,8 +297,9 @@ def _draw_seg(samples, upscale):
 
         tiles.append(np.vstack([img, paint(gt), paint(pred)]))
     legend = ', '.join(f'{c}' for c in SEG_CLASSES)
-    return _grid(tiles, cols=4), (f'image / ground truth / prediction '
-                                  f'({legend}; black = ignored)')
+    return _grid(
+        tiles, cols=4), (f'image / ground truth / prediction '
+                         f'({legend}; black = ignored)')
 
 
 def _draw_cls(samples, upscale):
@@ -292,8 +315,9 @@ def _draw_cls(samples, upscale):
             _put_label(img, f'gt: {CLS_CLASSES[gt]}', (2, img.shape[0] - 4),
                        (90, 90, 90))
         tiles.append(img)
-    return _grid(tiles, cols=8), ('prediction and score (green = correct, '
-                                  'red = wrong)')
+    return _grid(
+        tiles, cols=8), ('prediction and score (green = correct, '
+                         'red = wrong)')
 
 
 def draw_predictions(task, samples, out_png, score_thr=0.4):
@@ -314,8 +338,14 @@ def draw_predictions(task, samples, out_png, score_thr=0.4):
 
 
 # ---------------------------------------------------------------- running
-def run_task(task, data_root, work_dir, cfg=None, n_draw=None, seed=0,
-             runner_cls=None, cfg_options=None):
+def run_task(task,
+             data_root,
+             work_dir,
+             cfg=None,
+             n_draw=None,
+             seed=0,
+             runner_cls=None,
+             cfg_options=None):
     """Train, evaluate and draw one demo task.
 
     Args:
@@ -356,13 +386,19 @@ def run_task(task, data_root, work_dir, cfg=None, n_draw=None, seed=0,
     t1 = time.perf_counter()
     metrics = runner.test()
     t2 = time.perf_counter()
-    metrics = {k: float(v) for k, v in metrics.items()
-               if isinstance(v, (int, float, np.floating, np.integer))}
+    metrics = {
+        k: float(v)
+        for k, v in metrics.items()
+        if isinstance(v, (int, float, np.floating, np.integer))
+    }
     value = metrics.get(spec['metric'])
     if value is None and task == 'det':
         value = 0.0  # CocoMetric returns nothing when there is no detection
     png = draw_predictions(task, collector.samples,
                            osp.join(work_dir, f'{task}_predictions.png'))
-    return dict(metrics=metrics,
-                value=None if value is None else value * spec['scale'],
-                train_s=t1 - t0, test_s=t2 - t1, png=png)
+    return dict(
+        metrics=metrics,
+        value=None if value is None else value * spec['scale'],
+        train_s=t1 - t0,
+        test_s=t2 - t1,
+        png=png)

@@ -115,8 +115,10 @@ def add_checksum(checkpoint: dict) -> dict:
         checkpoint['meta'] = {}
     checkpoint['meta'][CHECKSUM_KEY] = dict(
         algorithm='sha256',
-        digests={k: state_checksum(v) for k, v in checkpoint.items()
-                 if k not in UNCOVERED})
+        digests={
+            k: state_checksum(v)
+            for k, v in checkpoint.items() if k not in UNCOVERED
+        })
     return checkpoint
 
 
@@ -137,8 +139,10 @@ def verify_checksum(checkpoint, filename: str = '<checkpoint>') -> bool:
             or not isinstance(info.get('digests'), Mapping):
         raise CheckpointError(
             f'checkpoint {filename}: unreadable checksum record {info!r}')
-    bad = [k for k, d in info['digests'].items()
-           if k in checkpoint and state_checksum(checkpoint[k]) != d]
+    bad = [
+        k for k, d in info['digests'].items()
+        if k in checkpoint and state_checksum(checkpoint[k]) != d
+    ]
     if bad:
         raise CheckpointError(
             f'checkpoint {filename} is corrupt: the SHA-256 of its saved '
@@ -183,14 +187,16 @@ def describe_damage(path: str) -> Optional[str]:
 def refused_globals(path: str) -> List[str]:
     """Globals in ``path`` that the weights-only unpickler refuses."""
     try:
-        return list(torch.serialization.get_unsafe_globals_in_checkpoint(
-            path))
+        return list(torch.serialization.get_unsafe_globals_in_checkpoint(path))
     except Exception:  # noqa: BLE001 - e.g. a legacy (non-zip) file
         return []
 
 
-def load_verified(path: str, map_location='cpu', weights_only=None,
-                  verify: bool = True, **kwargs):
+def load_verified(path: str,
+                  map_location='cpu',
+                  weights_only=None,
+                  verify: bool = True,
+                  **kwargs):
     """``torch.load`` with clear errors: a damaged file raises
     :class:`CheckpointError` saying so (never suggesting to unpickle it with
     ``weights_only=False``), and the stored checksum (if any) is verified."""
@@ -232,8 +238,8 @@ def install_loader() -> bool:
     from mmengine.runner.checkpoint import CheckpointLoader
     if CheckpointLoader._schemes.get('') is load_from_local:
         return True
-    CheckpointLoader.register_scheme(prefixes='', loader=load_from_local,
-                                     force=True)
+    CheckpointLoader.register_scheme(
+        prefixes='', loader=load_from_local, force=True)
     return True
 
 
@@ -263,8 +269,9 @@ def _signals_raise():
 def temp_path_for(path: str) -> str:
     """A fresh temporary name next to ``path`` (see :data:`TMP_SUFFIX`)."""
     d, name = osp.split(osp.abspath(path))
-    return osp.join(d, f'.{name}.{os.getpid()}.{os.urandom(4).hex()}'
-                    f'{TMP_SUFFIX}')
+    return osp.join(
+        d, f'.{name}.{os.getpid()}.{os.urandom(4).hex()}'
+        f'{TMP_SUFFIX}')
 
 
 def fsync_dir(d: str) -> None:
@@ -324,8 +331,10 @@ def save_atomic(obj, path: str, writer=None) -> None:
 
 def write_text_atomic(path: str, text: str) -> None:
     """Atomically replace a small text file (e.g. ``last_checkpoint``)."""
+
     def writer(obj, f):
         f.write(obj.encode())
+
     save_atomic(text, path, writer=writer)
 
 
@@ -341,8 +350,8 @@ def _pid_alive(pid: int) -> bool:
     return True
 
 
-def remove_stale_temps(directory: str, name: Optional[str] = None
-                       ) -> List[str]:
+def remove_stale_temps(directory: str,
+                       name: Optional[str] = None) -> List[str]:
     """Delete temporary files of :func:`save_atomic` in ``directory`` whose
     writer process no longer runs (left by a SIGKILL); returns their paths.
     With ``name``, only the temporaries of that target file."""
@@ -416,7 +425,8 @@ def check_complete(path: str) -> Optional[str]:
     return None
 
 
-def find_newest_complete(work_dir: str, out_dir: Optional[str] = None
+def find_newest_complete(work_dir: str,
+                         out_dir: Optional[str] = None
                          ) -> Tuple[Optional[str], List[Tuple[str, str]]]:
     """The newest complete training checkpoint of a run.
 
@@ -438,15 +448,16 @@ def find_newest_complete(work_dir: str, out_dir: Optional[str] = None
     if last:
         dirs.append(osp.dirname(osp.abspath(last)))
     skipped = []
-    for p in checkpoint_candidates(dict.fromkeys(dirs), [last] if last
-                                   else []):
+    for p in checkpoint_candidates(
+            dict.fromkeys(dirs), [last] if last else []):
         reason = check_complete(p)
         if reason is None:
             return p, skipped
         skipped.append((p, reason))
-        _log(f'mmsoft: skipping checkpoint {p}: it {reason}'
-             if not reason.startswith('checkpoint ') else
-             f'mmsoft: skipping {reason}', logging.WARNING)
+        _log(
+            f'mmsoft: skipping checkpoint {p}: it {reason}'
+            if not reason.startswith('checkpoint ') else
+            f'mmsoft: skipping {reason}', logging.WARNING)
     if last and not osp.isfile(last):
         _log(f'mmsoft: last_checkpoint names {last}, which does not exist',
              logging.WARNING)

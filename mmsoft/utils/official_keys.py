@@ -41,8 +41,7 @@ __all__ = [
     'convert_mmpretrain_to_official', 'extract_state_dict',
     'strip_module_prefix', 'save_checkpoint_atomic', 'describe_arch',
     'official_model_name', 'load_checkpoint_file', 'check_output_path',
-    'positive_int', 'OFFICIAL_MODELS',
-    'OFFICIAL_STEM_CHANNELS'
+    'positive_int', 'OFFICIAL_MODELS', 'OFFICIAL_STEM_CHANNELS'
 ]
 
 #: hidden channels of the official three-conv stem
@@ -218,9 +217,10 @@ def _typical_block(sd: Mapping[str, torch.Tensor], stage: int,
     sig = []
     for j in range(depth):
         pre = f'block{stage + 1}.{j}.att.'
-        sig.append(tuple(
-            tuple(sd[pre + n].shape) if pre + n in sd else None
-            for n in names))
+        sig.append(
+            tuple(
+                tuple(sd[pre + n].shape) if pre + n in sd else None
+                for n in names))
     counts = Counter(s for s in sig if None not in s)
     if not counts:
         return f'block{stage + 1}.0.att.'
@@ -290,8 +290,9 @@ def infer_official_arch(sd: Mapping[str, torch.Tensor],
         mlp_ratios.append(
             _ratio(_shape(sd, pre + 'ff1.weight')[0], embed_dims[i]))
     stage4_given = stage4_heads is not None
-    if stage4_given and (isinstance(stage4_heads, bool) or not isinstance(
-            stage4_heads, int) or stage4_heads < 1):
+    if stage4_given and (isinstance(stage4_heads, bool)
+                         or not isinstance(stage4_heads, int)
+                         or stage4_heads < 1):
         raise ConversionError(f'stage-4 heads must be a positive integer, '
                               f'got {stage4_heads!r}')
     if stage4_heads is None:
@@ -306,8 +307,9 @@ def infer_official_arch(sd: Mapping[str, torch.Tensor],
                               f'its embed dim {embed_dims[3]}')
     num_heads.append(stage4_heads)
     sampling_ratios.append(1)
-    hidden = Counter(sd[k].shape[0] for k in (
-        f'block4.{j}.mlp.fc1.weight' for j in range(depths[3])) if k in sd)
+    hidden = Counter(sd[k].shape[0] for k in (f'block4.{j}.mlp.fc1.weight'
+                                              for j in range(depths[3]))
+                     if k in sd)
     if not hidden:
         _shape(sd, 'block4.0.mlp.fc1.weight')  # raises: missing
     mlp_ratios.append(_ratio(hidden.most_common(1)[0][0], embed_dims[3]))
@@ -333,11 +335,12 @@ def infer_official_arch(sd: Mapping[str, torch.Tensor],
         stage4_heads_given=stage4_given)
 
 
-def official_shapes(arch: Mapping,
-                    in_channels: int = 3,
-                    num_classes: int = 1000,
-                    pretrain_img_size: int = 224,
-                    ) -> 'OrderedDict[str, Tuple[int, ...]]':
+def official_shapes(
+    arch: Mapping,
+    in_channels: int = 3,
+    num_classes: int = 1000,
+    pretrain_img_size: int = 224,
+) -> 'OrderedDict[str, Tuple[int, ...]]':
     """Every key of an official model of ``arch`` with its shape.
 
     ``arch`` is an mmsoft arch dict (``embed_dims``, ``num_heads``,
@@ -345,8 +348,11 @@ def official_shapes(arch: Mapping,
     ``dw_kernel_sizes``). ``num_classes=0``: no ``head.*`` keys.
     """
     a = dict(_DEFAULTS)
-    a.update({k: v for k, v in arch.items() if k in (
-        'embed_dims', 'num_heads', 'depths', *_DEFAULTS)})
+    a.update({
+        k: v
+        for k, v in arch.items()
+        if k in ('embed_dims', 'num_heads', 'depths', *_DEFAULTS)
+    })
     C, H, D = a['embed_dims'], a['num_heads'], a['depths']
     out = OrderedDict()
     for i in range(4):
@@ -450,8 +456,10 @@ def official_model_name(arch: Mapping,
                         attn_norm: Optional[bool] = None) -> Optional[str]:
     """``soft_tiny`` / ``soft_norm_tiny`` ... for an arch with the official
     defaults, else None. ``attn_norm=None`` gives ``soft[_norm]_tiny``."""
-    if arch_for_mmsoft(arch) != {k: list(arch[k]) for k in (
-            'embed_dims', 'num_heads', 'depths')}:
+    if arch_for_mmsoft(arch) != {
+            k: list(arch[k])
+            for k in ('embed_dims', 'num_heads', 'depths')
+    }:
         return None
     want = (list(arch['embed_dims']), list(arch['num_heads']),
             list(arch['depths']))
@@ -509,16 +517,16 @@ def load_checkpoint_file(path: str, trust: bool = False):
             ckpt = torch.load(path, map_location='cpu', weights_only=False)
         else:
             with torch.serialization.safe_globals([argparse.Namespace]):
-                ckpt = torch.load(path, map_location='cpu',
-                                  weights_only=True)
+                ckpt = torch.load(path, map_location='cpu', weights_only=True)
     except Exception as e:  # pickle.UnpicklingError and friends
         first = str(e).splitlines()[0] if str(e) else ''
         if trust:
             raise ConversionError(
                 f'cannot load {path!r} ({type(e).__name__}: {first})'
             ) from None
-        refused = [g for g in refused_globals(path)
-                   if g != 'argparse.Namespace']
+        refused = [
+            g for g in refused_globals(path) if g != 'argparse.Namespace'
+        ]
         if refused:
             raise ConversionError(
                 f'{path!r} holds pickled objects other than tensors and '
@@ -572,8 +580,8 @@ def _is_state_dict(obj) -> bool:
         for k, v in obj.items())
 
 
-def extract_state_dict(ckpt, prefer_ema: bool = True
-                       ) -> Tuple['OrderedDict', str]:
+def extract_state_dict(ckpt,
+                       prefer_ema: bool = True) -> Tuple['OrderedDict', str]:
     """The model weights of a loaded checkpoint in any timm layout.
 
     Looks for ``state_dict_ema`` (first when ``prefer_ema``), ``state_dict``,
@@ -621,15 +629,15 @@ def save_checkpoint_atomic(obj, path: str) -> None:
         save_atomic(obj, path)
     except OSError as e:
         reason = e.strerror or str(e)
-        raise ConversionError(
-            f'cannot write {path!r}: {reason}'
-            + (f' (errno {e.errno})' if e.errno else '')
-            + '; nothing was written') from None
+        raise ConversionError(f'cannot write {path!r}: {reason}' +
+                              (f' (errno {e.errno})' if e.errno else '') +
+                              '; nothing was written') from None
 
 
 # -------------------------------------------------------------- conversion
 def _check(sd: Mapping[str, torch.Tensor],
-           expected: Mapping[str, Tuple[int, ...]], what: str,
+           expected: Mapping[str, Tuple[int, ...]],
+           what: str,
            rename=lambda k: k) -> None:
     """Unknown keys, missing keys and shape mismatches, all at once."""
     problems: List[str] = []
@@ -677,8 +685,8 @@ def convert_official_to_mmpretrain(sd: Mapping[str, torch.Tensor],
     sd = strip_module_prefix(sd)
     notes: List[str] = []
     arch = infer_official_arch(sd, stage4_heads)
-    expected = official_shapes(arch, arch['in_channels'],
-                               arch['num_classes'], arch['pretrain_img_size'])
+    expected = official_shapes(arch, arch['in_channels'], arch['num_classes'],
+                               arch['pretrain_img_size'])
     filled = _fill_bn_counters(sd, expected)
     if filled:
         notes.append(f'{len(filled)} BatchNorm num_batches_tracked buffers '
@@ -730,8 +738,8 @@ def convert_mmpretrain_to_official(sd: Mapping[str, torch.Tensor],
             'the mmsoft checkpoint has keys with no official counterpart:',
             problems)
     arch = infer_official_arch(official, stage4_heads)
-    expected = official_shapes(arch, arch['in_channels'],
-                               arch['num_classes'], arch['pretrain_img_size'])
+    expected = official_shapes(arch, arch['in_channels'], arch['num_classes'],
+                               arch['pretrain_img_size'])
     notes: List[str] = []
     filled = _fill_bn_counters(official, expected)
     if filled:

@@ -30,9 +30,10 @@ def _sync(device: str):
         torch.cuda.synchronize()
 
 
-def measure_step(step: Callable[[], None], device: str = 'cpu',
-                 repeats: int = 3, warmup: Optional[Callable] = None
-                 ) -> Dict[str, float]:
+def measure_step(step: Callable[[], None],
+                 device: str = 'cpu',
+                 repeats: int = 3,
+                 warmup: Optional[Callable] = None) -> Dict[str, float]:
     """Peak memory of the first ``step()`` and median/min time of the next.
 
     ``warmup`` (e.g. the step on a small input) runs first so that lazy
@@ -65,8 +66,10 @@ def measure_step(step: Callable[[], None], device: str = 'cpu',
     if not times:
         times = [first]
     times.sort()
-    return dict(time_ms=times[len(times) // 2], min_ms=times[0],
-                peak_mb=max(peak_mb, 0.0))
+    return dict(
+        time_ms=times[len(times) // 2],
+        min_ms=times[0],
+        peak_mb=max(peak_mb, 0.0))
 
 
 def run_isolated(argv: List[str]) -> Dict:
@@ -77,10 +80,11 @@ def run_isolated(argv: List[str]) -> Dict:
     env = dict(os.environ)
     env['PYTHONPATH'] = os.pathsep.join(
         [_ROOT] + ([env['PYTHONPATH']] if env.get('PYTHONPATH') else []))
-    proc = subprocess.run([sys.executable] + argv, capture_output=True,
-                          text=True, env=env)
-    lines = [ln for ln in proc.stdout.splitlines()
-             if ln.startswith(RESULT_PREFIX)]
+    proc = subprocess.run(
+        [sys.executable] + argv, capture_output=True, text=True, env=env)
+    lines = [
+        ln for ln in proc.stdout.splitlines() if ln.startswith(RESULT_PREFIX)
+    ]
     if proc.returncode != 0 or not lines:
         err = (proc.stderr.strip().splitlines() or ['no output'])[-1]
         raise RuntimeError(err)

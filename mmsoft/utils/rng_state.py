@@ -34,8 +34,9 @@ def set_rng_state(state: Dict) -> None:
     version, internal, gauss = state['python']
     random.setstate((version, tuple(internal), gauss))
     name, keys, pos, has_gauss, cached = state['numpy']
-    np.random.set_state((name, np.asarray(keys, dtype=np.int64).astype(
-        np.uint32), int(pos), int(has_gauss), float(cached)))
+    np.random.set_state(
+        (name, np.asarray(keys, dtype=np.int64).astype(np.uint32), int(pos),
+         int(has_gauss), float(cached)))
     torch.set_rng_state(state['torch'].cpu())
     cuda = state.get('cuda')
     if cuda is not None and torch.cuda.is_available() and \

@@ -27,9 +27,10 @@ from typing import Mapping, NamedTuple, Optional, Sequence, Tuple
 import torch
 from mmengine.logging import print_log
 
-__all__ = ['CheckpointMismatchError', 'LoadReport', 'compare_state_dicts',
-           'check_state_dict', 'official_soft_hint', 'unwrap_model',
-           'load_pretrained']
+__all__ = [
+    'CheckpointMismatchError', 'LoadReport', 'compare_state_dicts',
+    'check_state_dict', 'official_soft_hint', 'unwrap_model', 'load_pretrained'
+]
 
 #: keys that may be absent from a checkpoint (BatchNorm step counters;
 #: MMEngine ignores them too)
@@ -63,8 +64,8 @@ def _shape(v) -> Optional[tuple]:
 def compare_state_dicts(model_sd: Mapping, ckpt_sd: Mapping) -> LoadReport:
     """Keys and shapes of a checkpoint state dict against a model's."""
     missing = tuple(
-        k for k in model_sd if k not in ckpt_sd
-        and not k.endswith(OPTIONAL_KEYS))
+        k for k in model_sd
+        if k not in ckpt_sd and not k.endswith(OPTIONAL_KEYS))
     unexpected = tuple(k for k in ckpt_sd if k not in model_sd)
     mismatched, matched = [], 0
     for k, v in ckpt_sd.items():
@@ -76,8 +77,8 @@ def compare_state_dicts(model_sd: Mapping, ckpt_sd: Mapping) -> LoadReport:
         else:
             matched += 1
     n_model = sum(1 for k in model_sd if not k.endswith(OPTIONAL_KEYS))
-    return LoadReport(missing, unexpected, tuple(mismatched), matched,
-                      n_model, len(ckpt_sd))
+    return LoadReport(missing, unexpected, tuple(mismatched), matched, n_model,
+                      len(ckpt_sd))
 
 
 def _few(keys: Sequence[str]) -> str:
@@ -98,8 +99,10 @@ def describe(report: LoadReport) -> str:
                      f'{report.n_ckpt} tensors are not in the model '
                      f'(unexpected): {_few(report.unexpected)}')
     if report.mismatched:
-        mm = [f'{k} (checkpoint {list(a)} vs model {list(b)})'
-              for k, a, b in report.mismatched]
+        mm = [
+            f'{k} (checkpoint {list(a)} vs model {list(b)})'
+            for k, a, b in report.mismatched
+        ]
         lines.append(f'{len(mm)} tensors have another shape: {_few(mm)}')
     return '\n  '.join(lines)
 
@@ -113,8 +116,9 @@ def official_soft_hint(checkpoint, source: str = 'SRC') -> Optional[str]:
         sd, _ = extract_state_dict(checkpoint)
     except ConversionError:
         return None
-    official = [k for k in sd
-                if _OFFICIAL_RE.match(k) and official_to_mmsoft_key(k)]
+    official = [
+        k for k in sd if _OFFICIAL_RE.match(k) and official_to_mmsoft_key(k)
+    ]
     if not official or len(official) < len(sd) // 2:
         return None
     dst = osp.join('weights', osp.basename(str(source)) or 'soft.pth')
@@ -143,15 +147,17 @@ def check_state_dict(model_sd: Mapping,
     report = compare_state_dicts(model_sd, ckpt_sd)
     if report.ok:
         return report
-    hint = official_soft_hint(checkpoint if checkpoint is not None else
-                              ckpt_sd, source)
+    hint = official_soft_hint(
+        checkpoint if checkpoint is not None else ckpt_sd, source)
     head = (f'checkpoint {source} does not match {target}: '
-            f'{report.matched} of its {report.n_ckpt} tensors would load'
-            + (' (none: a checkpoint of another model?)'
-               if report.matched == 0 else '') + '.')
+            f'{report.matched} of its {report.n_ckpt} tensors would load' +
+            (' (none: a checkpoint of another model?)'
+             if report.matched == 0 else '') + '.')
     if hint is None and allow_partial and report.matched > 0:
-        print_log(f'partial load (allowed): {head}\n  {describe(report)}',
-                  logger='current', level=logging.WARNING)
+        print_log(
+            f'partial load (allowed): {head}\n  {describe(report)}',
+            logger='current',
+            level=logging.WARNING)
         return report
     msg = f'{head}\n  {describe(report)}'
     if hint:
@@ -207,18 +213,25 @@ def load_pretrained(module: torch.nn.Module,
             raise CheckpointMismatchError(
                 f'checkpoint {checkpoint} has no tensor under the prefix '
                 f'{p!r} (init_cfg.prefix); its keys look like '
-                f'{_few(list(map(str, sd)))}' + (f'\n  {hint}' if hint else
-                                                 ''))
+                f'{_few(list(map(str, sd)))}' +
+                (f'\n  {hint}' if hint else ''))
         sd = selected
     target = type(module).__name__ + (f' (checkpoint keys under {prefix!r})'
                                       if prefix else '')
-    report = check_state_dict(module.state_dict(), sd, str(checkpoint),
-                              target, allow_partial=not strict,
-                              opt_in=opt_in, checkpoint=ckpt)
+    report = check_state_dict(
+        module.state_dict(),
+        sd,
+        str(checkpoint),
+        target,
+        allow_partial=not strict,
+        opt_in=opt_in,
+        checkpoint=ckpt)
     bad = {k for k, _, _ in report.mismatched}
     module.load_state_dict(
         OrderedDict((k, v) for k, v in sd.items() if k not in bad),
         strict=False)
-    print_log(f'{type(module).__name__}: loaded {report.matched} tensors '
-              f'from {checkpoint}', logger='current')
+    print_log(
+        f'{type(module).__name__}: loaded {report.matched} tensors '
+        f'from {checkpoint}',
+        logger='current')
     return report

@@ -16,9 +16,11 @@ small ones, as they have the same parameter counts).
 
 Models: soft_{tiny,small,...}[_norm][_iterative|_spectral][_ml<N>] (SOFT
 backbone, all four outputs; ``_iterative``/``_spectral`` force the
-pseudo-inverse method, ``_ml<N>`` sets ``max_landmarks=N``), {softmax,linformer,performer,nystromformer,sima}_<arch> (the
-attention zoo in the SOFT architecture, Table 1), pvtv2_b0..b2 (mmdet PyramidVisionTransformerV2), swin_t (mmdet
-SwinTransformer), or ``--config`` files (their ``model.backbone``).
+pseudo-inverse method, ``_ml<N>`` sets ``max_landmarks=N``),
+{softmax,linformer,performer,nystromformer,sima}_<arch> (the attention zoo in
+the SOFT architecture, Table 1), pvtv2_b0..b2 (mmdet
+PyramidVisionTransformerV2), swin_t (mmdet SwinTransformer), or ``--config``
+files (their ``model.backbone``).
 Sizes: ``HxWxB``. Writes results.csv / results.md / benchmark.png.
 """
 import argparse
@@ -33,12 +35,17 @@ ROOT = osp.dirname(osp.dirname(osp.dirname(osp.abspath(__file__))))
 if ROOT not in sys.path:
     sys.path.insert(0, ROOT)
 
-DEFAULT_MODELS = ['soft_tiny', 'soft_tiny_norm', 'soft_small',
-                  'soft_small_norm', 'pvtv2_b1', 'pvtv2_b2', 'swin_t']
+DEFAULT_MODELS = [
+    'soft_tiny', 'soft_tiny_norm', 'soft_small', 'soft_small_norm', 'pvtv2_b1',
+    'pvtv2_b2', 'swin_t'
+]
 DEFAULT_SIZES = ['224x224x8', '800x1216x1']
 MODES = ('forward', 'forward_backward')
-PVT = {'pvtv2_b0': (32, [2, 2, 2, 2]), 'pvtv2_b1': (64, [2, 2, 2, 2]),
-       'pvtv2_b2': (64, [3, 4, 6, 3])}
+PVT = {
+    'pvtv2_b0': (32, [2, 2, 2, 2]),
+    'pvtv2_b1': (64, [2, 2, 2, 2]),
+    'pvtv2_b2': (64, [3, 4, 6, 3])
+}
 
 
 def build_backbone(name: str):
@@ -71,22 +78,29 @@ def build_backbone(name: str):
         attn_norm = parts[-1] == 'norm'
         if attn_norm:
             parts.pop()
-        return SOFT('-'.join(parts), attn_norm=attn_norm, nr_method=method,
-                    max_landmarks=max_landmarks)
+        return SOFT(
+            '-'.join(parts),
+            attn_norm=attn_norm,
+            nr_method=method,
+            max_landmarks=max_landmarks)
     if name in PVT:
         from mmdet.models.backbones import PyramidVisionTransformerV2
         dims, layers = PVT[name]
         return PyramidVisionTransformerV2(embed_dims=dims, num_layers=layers)
     if name == 'swin_t':
         from mmdet.models.backbones import SwinTransformer
-        return SwinTransformer(embed_dims=96, depths=[2, 2, 6, 2],
-                               num_heads=[3, 6, 12, 24], window_size=7)
+        return SwinTransformer(
+            embed_dims=96,
+            depths=[2, 2, 6, 2],
+            num_heads=[3, 6, 12, 24],
+            window_size=7)
     raise ValueError(f'unknown model {name!r}; use soft_<arch>[_norm], '
                      f'{", ".join(PVT)}, swin_t or a config path')
 
 
 def child(args):
     import torch
+
     from mmsoft.utils.profiling import RESULT_PREFIX, measure_step
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -134,14 +148,18 @@ def plot(rows, sizes, path):
     import matplotlib
     matplotlib.use('Agg')
     import matplotlib.pyplot as plt
-    fig, axes = plt.subplots(1, len(sizes), figsize=(6 * len(sizes), 4),
-                             squeeze=False)
+    fig, axes = plt.subplots(
+        1, len(sizes), figsize=(6 * len(sizes), 4), squeeze=False)
     for ax, size in zip(axes[0], sizes):
-        models = [r['model'] for r in rows
-                  if r['size'] == size and r['mode'] == MODES[0]]
+        models = [
+            r['model'] for r in rows
+            if r['size'] == size and r['mode'] == MODES[0]
+        ]
         for k, mode in enumerate(MODES):
-            vals = {r['model']: r['time_ms'] for r in rows
-                    if r['size'] == size and r['mode'] == mode}
+            vals = {
+                r['model']: r['time_ms']
+                for r in rows if r['size'] == size and r['mode'] == mode
+            }
             xs = [i + k * 0.4 for i in range(len(models))]
             ax.bar(xs, [vals.get(m, 0) for m in models], 0.4, label=mode)
         ax.set_xticks([i + 0.2 for i in range(len(models))])
@@ -161,8 +179,11 @@ def main():
         description=__doc__.split('\n')[0],
         formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument('--models', nargs='+', default=None)
-    p.add_argument('--config', nargs='+', default=[],
-                   help='config files whose model.backbone to benchmark')
+    p.add_argument(
+        '--config',
+        nargs='+',
+        default=[],
+        help='config files whose model.backbone to benchmark')
     p.add_argument('--sizes', nargs='+', default=DEFAULT_SIZES)
     p.add_argument('--modes', nargs='+', default=list(MODES), choices=MODES)
     p.add_argument('--repeats', type=int, default=3)
@@ -190,29 +211,38 @@ def main():
     jobs = [(m, s, mode) for s in args.sizes for m in models
             for mode in args.modes]
     rows, t0 = [], time.time()
-    print(f'benchmarking {len(jobs)} runs on {args.device} '
-          f'(each in a fresh process)', flush=True)
+    print(
+        f'benchmarking {len(jobs)} runs on {args.device} '
+        f'(each in a fresh process)',
+        flush=True)
     for i, (model, size, mode) in enumerate(jobs, 1):
-        argv = [osp.abspath(__file__), '--child', '--model', model,
-                '--size', size, '--mode', mode, '--device', args.device,
-                '--repeats', str(args.repeats)]
+        argv = [
+            osp.abspath(__file__), '--child', '--model', model, '--size', size,
+            '--mode', mode, '--device', args.device, '--repeats',
+            str(args.repeats)
+        ]
         if args.threads:
             argv += ['--threads', str(args.threads)]
         try:
             res = run_isolated(argv)
         except RuntimeError as e:
-            print(f'[{i}/{len(jobs)}] {model} {size} {mode}: FAILED ({e})',
-                  flush=True)
+            print(
+                f'[{i}/{len(jobs)}] {model} {size} {mode}: FAILED ({e})',
+                flush=True)
             continue
         rows.append(dict(model=model, size=size, mode=mode, **res))
-        print(f'[{i}/{len(jobs)}] {model:20s} {size:12s} {mode:16s} '
-              f'{res["time_ms"]:9.1f} ms (min {res["min_ms"]:.1f}) '
-              f'{res["img_per_s"]:7.2f} img/s {res["peak_mb"]:8.1f} MiB '
-              f'({time.time() - t0:.0f}s)', flush=True)
+        print(
+            f'[{i}/{len(jobs)}] {model:20s} {size:12s} {mode:16s} '
+            f'{res["time_ms"]:9.1f} ms (min {res["min_ms"]:.1f}) '
+            f'{res["img_per_s"]:7.2f} img/s {res["peak_mb"]:8.1f} MiB '
+            f'({time.time() - t0:.0f}s)',
+            flush=True)
 
     get = {(r['model'], r['size'], r['mode']): r for r in rows}
-    md = ['| model | params | input | mode | ms | img/s | peak MiB | '
-          'x baseline |', '|---|---|---|---|---|---|---|---|']
+    md = [
+        '| model | params | input | mode | ms | img/s | peak MiB | '
+        'x baseline |', '|---|---|---|---|---|---|---|---|'
+    ]
     for (model, size, mode) in jobs:
         r = get.get((model, size, mode))
         if r is None:

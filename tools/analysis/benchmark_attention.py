@@ -40,7 +40,6 @@ MODES = ('forward', 'forward_backward')
 
 
 def build_layer(method, dims=384, heads=12, m_side=7):
-    import torch
     import torch.nn as nn
     import torch.nn.functional as F
 
@@ -90,8 +89,12 @@ def measure(method, p, mode, device, batch, repeats):
     torch.manual_seed(0)
     layer = build_layer(method).to(device)
     hw = (28, 28 * p)
-    x = torch.randn(batch, hw[0] * hw[1], 384, device=device,
-                    requires_grad=mode == 'forward_backward')
+    x = torch.randn(
+        batch,
+        hw[0] * hw[1],
+        384,
+        device=device,
+        requires_grad=mode == 'forward_backward')
 
     def step():
         if mode == 'forward':
@@ -121,20 +124,22 @@ def plot(rows, path):
     matplotlib.use('Agg')
     import matplotlib.pyplot as plt
     devices = sorted({r['device'] for r in rows})
-    fig, axes = plt.subplots(len(devices), 2, figsize=(11, 4 * len(devices)),
-                             squeeze=False)
+    fig, axes = plt.subplots(
+        len(devices), 2, figsize=(11, 4 * len(devices)), squeeze=False)
     for di, dev in enumerate(devices):
         for ci, (key, label) in enumerate([('peak_mb', 'peak memory (MiB)'),
                                            ('time_ms', 'time (ms)')]):
             ax = axes[di][ci]
             for method in METHODS:
                 for mode, ls in zip(MODES, ('-', '--')):
-                    pts = [(r['n'], r[key]) for r in rows
-                           if r['device'] == dev and r['method'] == method
-                           and r['mode'] == mode]
+                    pts = [(r['n'], r[key]) for r in rows if r['device'] == dev
+                           and r['method'] == method and r['mode'] == mode]
                     if pts:
-                        ax.plot(*zip(*pts), ls, marker='o',
-                                label=f'{method} {mode}')
+                        ax.plot(
+                            *zip(*pts),
+                            ls,
+                            marker='o',
+                            label=f'{method} {mode}')
             ax.set_xlabel('tokens n')
             ax.set_ylabel(label)
             ax.set_title(f'{dev}: {label}')
@@ -148,14 +153,17 @@ def plot(rows, path):
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split('\n')[0])
-    parser.add_argument('--max-p', type=int, default=8,
-                        help='n = 784 * p for p = 1..max-p')
+    parser.add_argument(
+        '--max-p', type=int, default=8, help='n = 784 * p for p = 1..max-p')
     parser.add_argument('--batch', type=int, default=1)
     parser.add_argument('--repeats', type=int, default=3)
-    parser.add_argument('--devices', nargs='+', default=None,
-                        help='default: cpu, plus cuda when available')
-    parser.add_argument('--methods', nargs='+', default=list(METHODS),
-                        choices=METHODS)
+    parser.add_argument(
+        '--devices',
+        nargs='+',
+        default=None,
+        help='default: cpu, plus cuda when available')
+    parser.add_argument(
+        '--methods', nargs='+', default=list(METHODS), choices=METHODS)
     parser.add_argument('--out', default='work_dirs/benchmark_attention')
     parser.add_argument('--threads', type=int, default=None)
     # child mode
@@ -183,37 +191,49 @@ def main():
     rows = []
     t_start = time.time()
     for i, (dev, p, method, mode) in enumerate(jobs, 1):
-        cmd = [osp.abspath(__file__), '--child', '--method', method,
-               '--p', str(p), '--mode', mode, '--device', dev,
-               '--batch', str(args.batch), '--repeats', str(args.repeats)]
+        cmd = [
+            osp.abspath(__file__), '--child', '--method', method, '--p',
+            str(p), '--mode', mode, '--device', dev, '--batch',
+            str(args.batch), '--repeats',
+            str(args.repeats)
+        ]
         if args.threads:
             cmd += ['--threads', str(args.threads)]
         try:
             res = run_isolated(cmd)
         except RuntimeError as e:
-            print(f'[{i}/{len(jobs)}] {dev} n={784 * p} {method} {mode}: '
-                  f'FAILED ({e})', flush=True)
+            print(
+                f'[{i}/{len(jobs)}] {dev} n={784 * p} {method} {mode}: '
+                f'FAILED ({e})',
+                flush=True)
             continue
-        rows.append(dict(device=dev, n=784 * p, method=method, mode=mode,
-                         **res))
-        print(f'[{i}/{len(jobs)}] {dev} n={784 * p:5d} {method:9s} '
-              f'{mode:16s} {res["time_ms"]:9.1f} ms {res["peak_mb"]:8.1f} '
-              f'MiB  ({time.time() - t_start:.0f}s)', flush=True)
+        rows.append(
+            dict(device=dev, n=784 * p, method=method, mode=mode, **res))
+        print(
+            f'[{i}/{len(jobs)}] {dev} n={784 * p:5d} {method:9s} '
+            f'{mode:16s} {res["time_ms"]:9.1f} ms {res["peak_mb"]:8.1f} '
+            f'MiB  ({time.time() - t_start:.0f}s)',
+            flush=True)
 
     csv_path = osp.join(args.out, 'results.csv')
     buf = io.StringIO()
-    w = csv.DictWriter(buf, ['device', 'n', 'method', 'mode', 'time_ms',
-                             'min_ms', 'peak_mb'])
+    w = csv.DictWriter(
+        buf, ['device', 'n', 'method', 'mode', 'time_ms', 'min_ms', 'peak_mb'])
     w.writeheader()
     w.writerows(rows)
     atomic_write(csv_path, buf.getvalue())
-    lines = ['| device | n | method | fwd ms | fwd MiB | fwd+bwd ms | '
-             'fwd+bwd MiB |', '|---|---|---|---|---|---|---|']
+    lines = [
+        '| device | n | method | fwd ms | fwd MiB | fwd+bwd ms | '
+        'fwd+bwd MiB |', '|---|---|---|---|---|---|---|'
+    ]
     for dev in devices:
         for p in range(1, args.max_p + 1):
             for method in args.methods:
-                get = {r['mode']: r for r in rows if r['device'] == dev
-                       and r['n'] == 784 * p and r['method'] == method}
+                get = {
+                    r['mode']: r
+                    for r in rows if r['device'] == dev and r['n'] == 784 *
+                    p and r['method'] == method
+                }
                 f, b = get.get('forward'), get.get('forward_backward')
                 fmt = lambda r, k: f'{r[k]:.1f}' if r else 'n/a'  # noqa
                 lines.append(f'| {dev} | {784 * p} | {method} | '

@@ -60,17 +60,30 @@ import torch.nn as nn  # noqa: E402
 ARCHS = ('tiny', 'small', 'medium', 'large', 'huge', 'small-official')
 PRESETS = ('tiny', 'small', 'medium', 'large', 'huge')
 # NeurIPS Table 3 (SOFT, no normalisation): params (M), FLOPs (G)
-PAPER_PRESETS = {'tiny': (13, 1.9), 'small': (24, 3.3), 'medium': (45, 7.2),
-                 'large': (64, 11.0), 'huge': (87, 16.3)}
+PAPER_PRESETS = {
+    'tiny': (13, 1.9),
+    'small': (24, 3.3),
+    'medium': (45, 7.2),
+    'large': (64, 11.0),
+    'huge': (87, 16.3)
+}
 # NeurIPS Table 1 (Tiny architecture)
-PAPER_ZOO = {'softmax': (13, 3.9), 'linformer': (13, 1.9),
-             'performer': (13, 2.2), 'nystromformer': (13, 2.0),
-             'soft': (13, 1.9)}
+PAPER_ZOO = {
+    'softmax': (13, 3.9),
+    'linformer': (13, 1.9),
+    'performer': (13, 2.2),
+    'nystromformer': (13, 2.0),
+    'soft': (13, 1.9)
+}
 # Table 4a / IJCV Table 7: bottleneck length -> FLOPs (G)
 PAPER_BOTTLENECK = {36: 1.9, 49: 1.9, 64: 2.0, 81: 2.1}
 # Table 4b / IJCV Table 8: sampling -> (params M, FLOPs G)
-PAPER_SAMPLING = {'conv': (13.07, 2.0), 'random': (12.96, 1.9),
-                  'biased': (12.96, 1.9), 'avgpool': (12.96, 1.9)}
+PAPER_SAMPLING = {
+    'conv': (13.07, 2.0),
+    'random': (12.96, 1.9),
+    'biased': (12.96, 1.9),
+    'avgpool': (12.96, 1.9)
+}
 TABLES = ('presets', 'zoo', 'bottleneck', 'sampling')
 STAGE_SIDES_224 = (56, 28, 14)
 
@@ -134,22 +147,28 @@ def rebuild_attentions(model: nn.Module, attn_type: str, **kwargs):
             k = old.dw_conv.kernel_size[0] if old.dw_conv is not None else 0
             ratio = getattr(old, 'sampling_ratio', None) or old.sampler.ratio
             blk.attn = ATTENTIONS[attn_type](
-                old.embed_dims, old.num_heads, ratio,
-                dw_kernel_size=k, qkv_bias=old.q.bias is not None, **kwargs)
+                old.embed_dims,
+                old.num_heads,
+                ratio,
+                dw_kernel_size=k,
+                qkv_bias=old.q.bias is not None,
+                **kwargs)
     return model
 
 
 def build_config(path: str, attn_type=None):
     """(model, call) for a config file; ``call(model, x)`` runs it."""
+    import importlib
+
     from mmengine.config import Config
     from mmengine.registry import init_default_scope
-    import importlib
+
     import mmsoft  # noqa: F401  (registers SOFT)
     cfg = Config.fromfile(path)
     if attn_type is not None:
         cfg.model.backbone.attn_type = attn_type
-        from mmsoft.models.layers.attention_zoo import (ATTENTIONS,
-                                                        _SOFT_ONLY, _accepted)
+        from mmsoft.models.layers.attention_zoo import (_SOFT_ONLY, ATTENTIONS,
+                                                        _accepted)
         cls = ATTENTIONS.get(attn_type)
         if attn_type not in ('soft', 'soft_norm') and cls is not None:
             # the config's SOFT-only settings do not apply to attn_type
@@ -172,8 +191,12 @@ def config_call(model, scope, x):
     them (two-stage detectors); else backbone (+ neck). Tried once outside
     the counter; returns ``call(model, x) -> description``."""
     H, W = x.shape[-2:]
-    meta = dict(img_shape=(H, W), ori_shape=(H, W), pad_shape=(H, W),
-                batch_input_shape=(H, W), scale_factor=(1.0, 1.0))
+    meta = dict(
+        img_shape=(H, W),
+        ori_shape=(H, W),
+        pad_shape=(H, W),
+        batch_input_shape=(H, W),
+        scale_factor=(1.0, 1.0))
 
     def samples(n):
         if scope == 'mmdet':
@@ -257,10 +280,13 @@ def count(model: nn.Module, x: torch.Tensor, call=None) -> dict:
             key = f'{root}.{name}' if name else root
             layers += sum(counts.get(key, {}).values()) // 2
     nr = nr_macs[0]
-    return dict(params=sum(p.numel() for p in model.parameters()),
-                total=total, layers=layers, nr=nr,
-                attention=total - layers - nr,
-                ran=ran if isinstance(ran, str) else 'model')
+    return dict(
+        params=sum(p.numel() for p in model.parameters()),
+        total=total,
+        layers=layers,
+        nr=nr,
+        attention=total - layers - nr,
+        ran=ran if isinstance(ran, str) else 'model')
 
 
 # ------------------------------------------------------------------ tables
@@ -271,8 +297,11 @@ def bottleneck_overrides(m: int):
     if g * g != m:
         raise ValueError(f'bottleneck length {m} is not a square')
     ratios = [max(1, s // g) for s in STAGE_SIDES_224] + [1]
-    arch = dict(embed_dims=[64, 128, 320, 512], num_heads=[2, 4, 10, 16],
-                depths=[1, 2, 3, 2], sampling_ratios=ratios)
+    arch = dict(
+        embed_dims=[64, 128, 320, 512],
+        num_heads=[2, 4, 10, 16],
+        depths=[1, 2, 3, 2],
+        sampling_ratios=ratios)
     return dict(arch=arch, max_landmarks=m)
 
 
@@ -284,63 +313,77 @@ def jobs_for(args):
         if t == 'presets':
             for a in PRESETS:
                 pp, pf = PAPER_PRESETS[a]
-                jobs.append((t, f'soft_{a}', lambda a=a: build_named(
-                    f'soft_{a}', head), pp, pf))
+                jobs.append(
+                    (t, f'soft_{a}',
+                     lambda a=a: build_named(f'soft_{a}', head), pp, pf))
         elif t == 'zoo':
-            for z in ('soft', 'soft_norm', 'softmax', 'linformer',
-                      'performer', 'nystromformer', 'sima'):
+            for z in ('soft', 'soft_norm', 'softmax', 'linformer', 'performer',
+                      'nystromformer', 'sima'):
                 pp, pf = PAPER_ZOO.get(z, (None, None))
-                jobs.append((t, f'{z}_tiny', lambda z=z: build_named(
-                    f'{z}_tiny', head), pp, pf))
+                jobs.append(
+                    (t, f'{z}_tiny',
+                     lambda z=z: build_named(f'{z}_tiny', head), pp, pf))
                 if z == 'linformer':  # parameter-free spatial reduction
                     jobs.append((t, 'linformer_tiny (avgpool SR)',
-                                 lambda: rebuild_attentions(build_named(
-                                     'linformer_tiny', head), 'linformer',
+                                 lambda: rebuild_attentions(
+                                     build_named('linformer_tiny', head),
+                                     'linformer',
                                      sr_mode='avgpool'), None, None))
         elif t == 'bottleneck':
             for m in args.bottlenecks:
                 jobs.append((t, f'soft_tiny m={m}', lambda m=m: build_named(
                     'soft_tiny', head, **bottleneck_overrides(m)), None,
-                    PAPER_BOTTLENECK.get(m)))
+                             PAPER_BOTTLENECK.get(m)))
         elif t == 'sampling':
             for s in ('conv', 'avgpool', 'random', 'biased'):
                 pp, pf = PAPER_SAMPLING[s]
-                jobs.append((t, f'soft_tiny {s}', lambda s=s: build_named(
-                    'soft_tiny', head, sampling=s), pp, pf))
+                jobs.append(
+                    (t, f'soft_tiny {s}',
+                     lambda s=s: build_named('soft_tiny', head, sampling=s),
+                     pp, pf))
     extra = dict(arch=json.loads(args.arch)) if args.arch else {}
     for name in args.models:
-        jobs.append(('models', name, lambda n=name: build_named(
-            n, head, **extra), None, None))
+        jobs.append(('models', name,
+                     lambda n=name: build_named(n, head, **extra), None, None))
     for path in args.config:
-        jobs.append(('config', osp.relpath(path), lambda p=path: build_config(
-            p, args.attn_type), None, None))
+        jobs.append(
+            ('config', osp.relpath(path),
+             lambda p=path: build_config(p, args.attn_type), None, None))
     return jobs
 
 
-FIELDS = ['table', 'model', 'input', 'params_m', 'flops_g', 'layers_g',
-          'attention_g', 'nr_g', 'flops_wo_nr_g', 'paper_params_m',
-          'paper_flops_g', 'counted']
+FIELDS = [
+    'table', 'model', 'input', 'params_m', 'flops_g', 'layers_g',
+    'attention_g', 'nr_g', 'flops_wo_nr_g', 'paper_params_m', 'paper_flops_g',
+    'counted'
+]
 
 
 def _fmt(v, nd=2):
-    return '' if v is None or v == '' else (f'{v:.{nd}f}'
-                                            if isinstance(v, float) else
-                                            str(v))
+    return '' if v is None or v == '' else (
+        f'{v:.{nd}f}' if isinstance(v, float) else str(v))
 
 
 def to_markdown(rows) -> str:
     out = io.StringIO()
-    heads = ['table', 'model', 'input', 'Params (M)', 'FLOPs (G)',
-             'layers', 'attention', 'NR iters', 'FLOPs w/o NR',
-             'paper Params', 'paper FLOPs']
+    heads = [
+        'table', 'model', 'input', 'Params (M)', 'FLOPs (G)', 'layers',
+        'attention', 'NR iters', 'FLOPs w/o NR', 'paper Params', 'paper FLOPs'
+    ]
     out.write('| ' + ' | '.join(heads) + ' |\n')
     out.write('|' + '---|' * len(heads) + '\n')
     for r in rows:
-        vals = [r['table'], r['model'], r['input'], _fmt(r['params_m']),
-                _fmt(r['flops_g']), _fmt(r['layers_g']),
-                _fmt(r['attention_g']), _fmt(r['nr_g']),
-                _fmt(r['flops_wo_nr_g']), _fmt(r['paper_params_m']),
-                _fmt(r['paper_flops_g'], 1)]
+        vals = [
+            r['table'], r['model'], r['input'],
+            _fmt(r['params_m']),
+            _fmt(r['flops_g']),
+            _fmt(r['layers_g']),
+            _fmt(r['attention_g']),
+            _fmt(r['nr_g']),
+            _fmt(r['flops_wo_nr_g']),
+            _fmt(r['paper_params_m']),
+            _fmt(r['paper_flops_g'], 1)
+        ]
         out.write('| ' + ' | '.join(vals) + ' |\n')
     out.write('\nFLOPs in G multiply-adds; layers = Linear + Conv modules, '
               'attention = all other matrix products, NR = Newton-Raphson '
@@ -355,20 +398,29 @@ def plot(rows, path):
     fig, ax = plt.subplots(figsize=(max(6, 0.75 * len(rows) + 2), 4.5))
     xs = range(len(rows))
     bottom = [0.0] * len(rows)
-    for key, label in (('layers_g', 'Linear + Conv'),
-                       ('attention_g', 'attention products'),
+    for key, label in (('layers_g', 'Linear + Conv'), ('attention_g',
+                                                       'attention products'),
                        ('nr_g', 'Newton-Raphson')):
         vals = [r[key] for r in rows]
         ax.bar(xs, vals, 0.6, bottom=bottom, label=label)
         bottom = [b + v for b, v in zip(bottom, vals)]
-    px = [i for i, r in enumerate(rows) if r['paper_flops_g'] not in
-          (None, '')]
+    px = [
+        i for i, r in enumerate(rows) if r['paper_flops_g'] not in (None, '')
+    ]
     if px:
-        ax.scatter(px, [rows[i]['paper_flops_g'] for i in px], marker='_',
-                   s=600, c='k', linewidths=2, zorder=3, label='paper')
+        ax.scatter(
+            px, [rows[i]['paper_flops_g'] for i in px],
+            marker='_',
+            s=600,
+            c='k',
+            linewidths=2,
+            zorder=3,
+            label='paper')
     ax.set_xticks(list(xs))
     ax.set_xticklabels([f"{r['model']}\n{r['input']}" for r in rows],
-                       rotation=35, ha='right', fontsize=7)
+                       rotation=35,
+                       ha='right',
+                       fontsize=7)
     ax.set_ylabel('GFLOPs (multiply-adds)')
     ax.set_title('Params / FLOPs: FLOPs by component (bars) vs the papers '
                  '(black)')
@@ -401,26 +453,47 @@ def write_csv(path, rows, fields):
 def parse_args(argv=None):
     p = argparse.ArgumentParser(
         description=__doc__.split('\n')[0],
-        formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
-    p.add_argument('--tables', nargs='*', default=None, choices=TABLES,
-                   help='paper tables to reproduce (default: presets, unless '
-                   '--models / --config are given)')
-    p.add_argument('--models', nargs='+', default=[],
-                   help='model names <attn>_<arch>[_norm]')
-    p.add_argument('--config', nargs='+', default=[],
-                   help='config files (the whole model is counted)')
-    p.add_argument('--attn-type', default=None,
-                   help='override model.backbone.attn_type of --config')
-    p.add_argument('--shape', nargs='+', type=int, default=[224],
-                   help='input H [W] (default 224)')
-    p.add_argument('--bottlenecks', nargs='+', type=int,
-                   default=[36, 49, 64, 81])
-    p.add_argument('--arch', default=None,
-                   help='JSON arch dict replacing the preset of --models, '
-                   'e.g. \'{"embed_dims": [32, 64, 160, 256], "num_heads": '
-                   '[1, 2, 5, 8], "depths": [1, 1, 1, 1]}\'')
-    p.add_argument('--backbone-only', action='store_true',
-                   help='named models without the classification head')
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog=__doc__)
+    p.add_argument(
+        '--tables',
+        nargs='*',
+        default=None,
+        choices=TABLES,
+        help='paper tables to reproduce (default: presets, unless '
+        '--models / --config are given)')
+    p.add_argument(
+        '--models',
+        nargs='+',
+        default=[],
+        help='model names <attn>_<arch>[_norm]')
+    p.add_argument(
+        '--config',
+        nargs='+',
+        default=[],
+        help='config files (the whole model is counted)')
+    p.add_argument(
+        '--attn-type',
+        default=None,
+        help='override model.backbone.attn_type of --config')
+    p.add_argument(
+        '--shape',
+        nargs='+',
+        type=int,
+        default=[224],
+        help='input H [W] (default 224)')
+    p.add_argument(
+        '--bottlenecks', nargs='+', type=int, default=[36, 49, 64, 81])
+    p.add_argument(
+        '--arch',
+        default=None,
+        help='JSON arch dict replacing the preset of --models, '
+        'e.g. \'{"embed_dims": [32, 64, 160, 256], "num_heads": '
+        '[1, 2, 5, 8], "depths": [1, 1, 1, 1]}\'')
+    p.add_argument(
+        '--backbone-only',
+        action='store_true',
+        help='named models without the classification head')
     p.add_argument('--out', default='work_dirs/get_flops')
     args = p.parse_args(argv)
     if args.tables is None:
@@ -437,8 +510,9 @@ def main(argv=None):
     torch.manual_seed(0)
     H, W = args.shape
     jobs = jobs_for(args)
-    print(f'counting {len(jobs)} models at {H}x{W} (FLOPs = multiply-adds)',
-          flush=True)
+    print(
+        f'counting {len(jobs)} models at {H}x{W} (FLOPs = multiply-adds)',
+        flush=True)
     rows, t0 = [], time.time()
     for i, (table, label, builder, pp, pf) in enumerate(jobs, 1):
         built = builder()
@@ -450,17 +524,26 @@ def main(argv=None):
             model = built
             res = count(model, x)
         g = 1e9
-        row = dict(table=table, model=label, input=f'{H}x{W}',
-                   params_m=res['params'] / 1e6, flops_g=res['total'] / g,
-                   layers_g=res['layers'] / g,
-                   attention_g=res['attention'] / g, nr_g=res['nr'] / g,
-                   flops_wo_nr_g=(res['total'] - res['nr']) / g,
-                   paper_params_m=pp, paper_flops_g=pf, counted=res['ran'])
+        row = dict(
+            table=table,
+            model=label,
+            input=f'{H}x{W}',
+            params_m=res['params'] / 1e6,
+            flops_g=res['total'] / g,
+            layers_g=res['layers'] / g,
+            attention_g=res['attention'] / g,
+            nr_g=res['nr'] / g,
+            flops_wo_nr_g=(res['total'] - res['nr']) / g,
+            paper_params_m=pp,
+            paper_flops_g=pf,
+            counted=res['ran'])
         rows.append(row)
         paper = f'  (paper {pp}M / {pf}G)' if pf is not None else ''
-        print(f'[{i}/{len(jobs)}] {label:24s} {row["params_m"]:7.2f}M '
-              f'{row["flops_g"]:7.2f}G (w/o NR {row["flops_wo_nr_g"]:.2f}G)'
-              f'{paper}  {time.time() - t0:.0f}s', flush=True)
+        print(
+            f'[{i}/{len(jobs)}] {label:24s} {row["params_m"]:7.2f}M '
+            f'{row["flops_g"]:7.2f}G (w/o NR {row["flops_wo_nr_g"]:.2f}G)'
+            f'{paper}  {time.time() - t0:.0f}s',
+            flush=True)
         del model, built
     from mmsoft.utils.profiling import atomic_write
     write_csv(osp.join(args.out, 'flops.csv'), rows, FIELDS)

@@ -43,18 +43,21 @@ HERE = osp.dirname(osp.abspath(__file__))
 if HERE not in sys.path:
     sys.path.insert(0, HERE)
 
-DEFAULT_ATTNS = ['soft', 'soft_norm', 'softmax', 'softmax:math', 'linformer',
-                 'performer', 'nystromformer', 'sima']
+DEFAULT_ATTNS = [
+    'soft', 'soft_norm', 'softmax', 'softmax:math', 'linformer', 'performer',
+    'nystromformer', 'sima'
+]
 MODES = ('forward', 'forward_backward')
 BASE_SIDE = 28  # n = 784 p = 28 x 28p
 
 
 # ------------------------------------------------------------------ model
-def build_stack(attn: str, layers: int, dims: int, heads: int,
-                landmarks: int, ratio: int):
+def build_stack(attn: str, layers: int, dims: int, heads: int, landmarks: int,
+                ratio: int):
     """12 (``layers``) post-norm SOFT layers with the given attention."""
     import torch.nn as nn
     import torch.nn.functional as F
+
     from mmsoft.models.layers import SOFTBlock, landmark_grid
     from mmsoft.models.layers.attention_zoo import ATTENTIONS
 
@@ -85,13 +88,17 @@ def build_stack(attn: str, layers: int, dims: int, heads: int,
             super().__init__()
             self.blocks = nn.ModuleList()
             for _ in range(layers):
-                blk = SOFTBlock(dims, heads, ratio, attn_type=attn_type,
-                                attn_norm=attn_type != 'soft')
+                blk = SOFTBlock(
+                    dims,
+                    heads,
+                    ratio,
+                    attn_type=attn_type,
+                    attn_norm=attn_type != 'soft')
                 if attn_type in ('soft', 'soft_norm'):
                     blk.attn.sampler = FixedGridSampler(blk.attn.sampler)
                 elif attn_type in ('linformer', 'nystromformer'):
-                    blk.attn = ATTENTIONS[attn_type](dims, heads, ratio,
-                                                     landmark_hw=(g, g))
+                    blk.attn = ATTENTIONS[attn_type](
+                        dims, heads, ratio, landmark_hw=(g, g))
                 self.blocks.append(blk)
 
         def forward(self, x, hw):
@@ -112,7 +119,9 @@ def estimate_quadratic_gb(attn, n, heads, layers, mode) -> float:
 
 def child(args):
     import contextlib
+
     import torch
+
     from mmsoft.utils.profiling import RESULT_PREFIX, measure_step
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -122,6 +131,7 @@ def child(args):
                         args.landmarks, args.ratio).to(dev)
     hw = (BASE_SIDE, BASE_SIDE * args.p_value)
     x = torch.randn(1, hw[0] * hw[1], args.dims, device=dev)
+
     def ctx():  # softmax:math materialises the n x n matrix
         if args.attn == 'softmax:math':
             from torch.nn.attention import SDPBackend, sdpa_kernel
@@ -143,8 +153,11 @@ def child(args):
     # warm up (lazy initialisation, thread pools) on a tiny 8 x 8 map, so
     # that the measured growth of the peak is the step's own memory
     small = torch.randn(1, 64, args.dims, device=dev)
-    res = measure_step(lambda: run(x, hw, train), dev, args.repeats,
-                       warmup=lambda: run(small, (8, 8), train))
+    res = measure_step(
+        lambda: run(x, hw, train),
+        dev,
+        args.repeats,
+        warmup=lambda: run(small, (8, 8), train))
     print(RESULT_PREFIX + json.dumps(res))
 
 
@@ -156,14 +169,16 @@ def to_markdown(rows, modes, attns, ps) -> str:
     out = io.StringIO()
     for mode in modes:
         out.write(f'\n**{mode}**: peak memory (MiB) by n = 784 p\n\n')
-        out.write('| attention | ' + ' | '.join(
-            f'{784 * p}' for p in ps) + ' |\n')
+        out.write('| attention | ' + ' | '.join(f'{784 * p}'
+                                                for p in ps) + ' |\n')
         out.write('|---|' + '---|' * len(ps) + '\n')
         for a in attns:
             cells = []
             for p in ps:
-                r = next((r for r in rows if r['attn'] == a and
-                          r['mode'] == mode and r['p'] == p), None)
+                r = next(
+                    (r for r in rows
+                     if r['attn'] == a and r['mode'] == mode and r['p'] == p),
+                    None)
                 if r is None:
                     cells.append('')
                 elif r['status'] != 'ok':
@@ -179,20 +194,26 @@ def plot(rows, modes, attns, path, title):
     matplotlib.use('Agg')
     import matplotlib.pyplot as plt
     from get_flops import save_figure
-    fig, axes = plt.subplots(2, len(modes), figsize=(6.5 * len(modes), 8),
-                             squeeze=False)
+    fig, axes = plt.subplots(
+        2, len(modes), figsize=(6.5 * len(modes), 8), squeeze=False)
     for j, mode in enumerate(modes):
         for a in attns:
             pts = sorted((r['n'], r['peak_mb'], r['time_ms']) for r in rows
-                         if r['attn'] == a and r['mode'] == mode and
-                         r['status'] == 'ok')
+                         if r['attn'] == a and r['mode'] == mode
+                         and r['status'] == 'ok')
             if not pts:
                 continue
             style = '--' if a.startswith('softmax') else '-'
             axes[0][j].plot([p[0] for p in pts], [p[1] for p in pts],
-                            style, marker='o', ms=3, label=a)
+                            style,
+                            marker='o',
+                            ms=3,
+                            label=a)
             axes[1][j].plot([p[0] for p in pts], [p[2] for p in pts],
-                            style, marker='o', ms=3, label=a)
+                            style,
+                            marker='o',
+                            ms=3,
+                            label=a)
         axes[0][j].set_title(f'{title} - {mode}')
         axes[0][j].set_ylabel('peak memory (MiB)')
         axes[1][j].set_ylabel('time per step (ms)')
@@ -208,22 +229,39 @@ def plot(rows, modes, attns, path, title):
 def main(argv=None):
     p = argparse.ArgumentParser(
         description=__doc__.split('\n')[0],
-        formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog=__doc__)
     p.add_argument('--attns', nargs='+', default=DEFAULT_ATTNS)
-    p.add_argument('--p', nargs='+', type=int, default=list(range(1, 9)),
-                   help='n = 784 p tokens')
+    p.add_argument(
+        '--p',
+        nargs='+',
+        type=int,
+        default=list(range(1, 9)),
+        help='n = 784 p tokens')
     p.add_argument('--modes', nargs='+', default=['forward'], choices=MODES)
     p.add_argument('--layers', type=int, default=12)
     p.add_argument('--dims', type=int, default=384)
     p.add_argument('--heads', type=int, default=12)
-    p.add_argument('--landmarks', type=int, default=49,
-                   help='m of the reduced attentions (a square)')
-    p.add_argument('--ratio', type=int, default=4,
-                   help='sampling ratio before pooling to the m grid')
-    p.add_argument('--repeats', type=int, default=0,
-                   help='timed repeats after the memory-measuring step')
-    p.add_argument('--max-mem-gb', type=float, default=6.0,
-                   help='skip runs whose n x n matrices would exceed this')
+    p.add_argument(
+        '--landmarks',
+        type=int,
+        default=49,
+        help='m of the reduced attentions (a square)')
+    p.add_argument(
+        '--ratio',
+        type=int,
+        default=4,
+        help='sampling ratio before pooling to the m grid')
+    p.add_argument(
+        '--repeats',
+        type=int,
+        default=0,
+        help='timed repeats after the memory-measuring step')
+    p.add_argument(
+        '--max-mem-gb',
+        type=float,
+        default=6.0,
+        help='skip runs whose n x n matrices would exceed this')
     p.add_argument('--device', default=None)
     p.add_argument('--threads', type=int, default=None)
     p.add_argument('--out', default='work_dirs/memory_vs_length')
@@ -237,36 +275,49 @@ def main(argv=None):
         args.device = 'cuda' if torch.cuda.is_available() else 'cpu'
     if args.child:
         return child(args)
+    from get_flops import write_csv
+
     from mmsoft.models.layers.attention_zoo import ATTENTION_TYPES
     from mmsoft.utils.profiling import atomic_write, run_isolated
-    from get_flops import write_csv
     for a in args.attns:
         if a != 'softmax:math' and a not in ATTENTION_TYPES:
             p.error(f'unknown attention {a!r}; choose from '
                     f'{list(ATTENTION_TYPES) + ["softmax:math"]}')
     jobs = [(a, pv, mode) for mode in args.modes for a in args.attns
             for pv in args.p]
-    print(f'{len(jobs)} runs on {args.device}, {args.layers} layers, '
-          f'd={args.dims}, {args.heads} heads, m={args.landmarks}; each in '
-          f'a fresh process', flush=True)
+    print(
+        f'{len(jobs)} runs on {args.device}, {args.layers} layers, '
+        f'd={args.dims}, {args.heads} heads, m={args.landmarks}; each in '
+        f'a fresh process',
+        flush=True)
     rows, t0 = [], time.time()
     for i, (a, pv, mode) in enumerate(jobs, 1):
         n = 784 * pv
         m = '' if a.startswith(('softmax', 'performer', 'sima')) \
             else args.landmarks
-        row = dict(attn=a, mode=mode, p=pv, n=n, m=m, peak_mb='',
-                   time_ms='', status='ok')
+        row = dict(
+            attn=a,
+            mode=mode,
+            p=pv,
+            n=n,
+            m=m,
+            peak_mb='',
+            time_ms='',
+            status='ok')
         est = estimate_quadratic_gb(a, n, args.heads, args.layers, mode)
         if est > args.max_mem_gb:
             row['status'] = f'skipped (~{est:.0f} GiB)'
         else:
-            argv = [osp.abspath(__file__), '--child', '--attn', a,
-                    '--p-value', str(pv), '--mode', mode,
-                    '--layers', str(args.layers), '--dims', str(args.dims),
-                    '--heads', str(args.heads),
-                    '--landmarks', str(args.landmarks),
-                    '--ratio', str(args.ratio), '--device', args.device,
-                    '--repeats', str(args.repeats)]
+            argv = [
+                osp.abspath(__file__), '--child', '--attn', a, '--p-value',
+                str(pv), '--mode', mode, '--layers',
+                str(args.layers), '--dims',
+                str(args.dims), '--heads',
+                str(args.heads), '--landmarks',
+                str(args.landmarks), '--ratio',
+                str(args.ratio), '--device', args.device, '--repeats',
+                str(args.repeats)
+            ]
             if args.threads:
                 argv += ['--threads', str(args.threads)]
             try:
@@ -277,14 +328,17 @@ def main(argv=None):
         rows.append(row)
         shown = (f"{row['peak_mb']:8.1f} MiB {row['time_ms']:9.1f} ms"
                  if row['status'] == 'ok' else row['status'])
-        print(f'[{i}/{len(jobs)}] {a:14s} {mode:16s} n={n:5d} {shown}  '
-              f'({time.time() - t0:.0f}s)', flush=True)
+        print(
+            f'[{i}/{len(jobs)}] {a:14s} {mode:16s} n={n:5d} {shown}  '
+            f'({time.time() - t0:.0f}s)',
+            flush=True)
     write_csv(osp.join(args.out, 'memory.csv'), rows, FIELDS)
     md = to_markdown(rows, args.modes, args.attns, args.p)
     atomic_write(osp.join(args.out, 'memory.md'), md)
-    plot(rows, args.modes, args.attns, osp.join(args.out, 'memory.png'),
-         f'{args.layers} layers, d={args.dims}, m={args.landmarks}, '
-         f'{args.device}')
+    plot(
+        rows, args.modes, args.attns, osp.join(args.out, 'memory.png'),
+        f'{args.layers} layers, d={args.dims}, m={args.landmarks}, '
+        f'{args.device}')
     print(md)
     print(f'wrote {args.out}/memory.csv, memory.md, memory.png')
     return rows

@@ -49,25 +49,36 @@ if ROOT not in sys.path:
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split('\n\n')[0])
     p.add_argument('--arch', default='small')
-    p.add_argument('--sizes', nargs='*', default=['224x224', '800x1216'],
-                   help='HxW input sizes (none: skip the gradient part)')
+    p.add_argument(
+        '--sizes',
+        nargs='*',
+        default=['224x224', '800x1216'],
+        help='HxW input sizes (none: skip the gradient part)')
     p.add_argument('--repeats', type=int, default=2)
     p.add_argument('--threads', type=int, default=None)
     p.add_argument('--seed', type=int, default=0)
     p.add_argument('--nr-method', default='auto')
-    p.add_argument('--no-grad-compare', action='store_true',
-                   help='skip the gradient / timing part (e.g. with '
-                   '--parity only)')
-    p.add_argument('--parity', action='store_true',
-                   help='also compare the forward with a float64 reference '
-                   'of the official per-sample rule')
-    p.add_argument('--train-demo', action='store_true',
-                   help='train the demo detection task with both backward '
-                   'passes and print bbox mAP')
-    p.add_argument('--data', default=osp.join(ROOT, 'data', 'demo'),
-                   help='demo data root (generated if missing)')
-    p.add_argument('--work-dir',
-                   default=osp.join(ROOT, 'work_dirs', 'nr_backward'))
+    p.add_argument(
+        '--no-grad-compare',
+        action='store_true',
+        help='skip the gradient / timing part (e.g. with '
+        '--parity only)')
+    p.add_argument(
+        '--parity',
+        action='store_true',
+        help='also compare the forward with a float64 reference '
+        'of the official per-sample rule')
+    p.add_argument(
+        '--train-demo',
+        action='store_true',
+        help='train the demo detection task with both backward '
+        'passes and print bbox mAP')
+    p.add_argument(
+        '--data',
+        default=osp.join(ROOT, 'data', 'demo'),
+        help='demo data root (generated if missing)')
+    p.add_argument(
+        '--work-dir', default=osp.join(ROOT, 'work_dirs', 'nr_backward'))
     return p.parse_args(argv)
 
 
@@ -80,8 +91,8 @@ def natural_image(h, w, seed=0):
     side = max(h, w)
     scale = side / 160
     rng = np.random.default_rng(seed)
-    img, _, _ = render_scene(rng, side, objects=(4, 9),
-                             radius=(10 * scale, 38 * scale))
+    img, _, _ = render_scene(
+        rng, side, objects=(4, 9), radius=(10 * scale, 38 * scale))
     img = img[:h, :w, ::-1].astype(np.float32)  # BGR -> RGB, crop
     mean = np.array([123.675, 116.28, 103.53], np.float32)
     std = np.array([58.395, 57.12, 57.375], np.float32)
@@ -126,8 +137,10 @@ def run_grad(model, x, upstream):
     loss = sum((o * u).sum() for o, u in zip(outs, upstream))
     loss.backward()
     w2, t2 = time.perf_counter(), time.process_time()
-    grads = {k: torch.cat([p.grad.flatten() for p in ps])
-             for k, ps in param_groups(model).items()}
+    grads = {
+        k: torch.cat([p.grad.flatten() for p in ps])
+        for k, ps in param_groups(model).items()
+    }
     return t1 - t0, t2 - t1, grads, (w1 - w0, w2 - w1)
 
 
@@ -168,9 +181,9 @@ def parity(args, x):
     with torch.no_grad():
         outs = {}
         for rule in ('soft_norm_per_sample', 'soft_norm_per_matrix'):
-            outs[f'{rule} (float32)'] = build(args.arch, args.seed,
-                                              nr_init=rule,
-                                              nr_method=args.nr_method)(x)
+            outs[f'{rule} (float32)'] = build(
+                args.arch, args.seed, nr_init=rule, nr_method=args.nr_method)(
+                    x)
         # float64: separates the rule from float32 rounding
         outs['soft_norm_per_sample (float64)'] = build(
             args.arch, args.seed, nr_method=args.nr_method).double()(
@@ -192,44 +205,57 @@ def parity(args, x):
 def grad_compare(args, x):
     """Convergence, gradient error and backward cost at one size."""
     import torch
-    models = {b: build(args.arch, args.seed, nr_backward=b,
-                       nr_method=args.nr_method, nr_diagnostics=True)
-              for b in ('eq16', 'exact')}
+    models = {
+        b:
+        build(
+            args.arch,
+            args.seed,
+            nr_backward=b,
+            nr_method=args.nr_method,
+            nr_diagnostics=True)
+        for b in ('eq16', 'exact')
+    }
     g = torch.Generator().manual_seed(args.seed + 1)
     with torch.no_grad():
         shapes = [o.shape for o in models['eq16'](x)]
     upstream = [torch.randn(s, generator=g) for s in shapes]
     for stage, v in models['eq16'].nr_stats().items():
-        print(f'{stage}: NR residual {v["residual"]:.2e}, unconverged '
-              f'{v["unconverged"]:.1%} of the rank', flush=True)
+        print(
+            f'{stage}: NR residual {v["residual"]:.2e}, unconverged '
+            f'{v["unconverged"]:.1%} of the rank',
+            flush=True)
     times = {b: ([], []) for b in models}
     grads = {}
     for r in range(args.repeats):
-        for b in (('eq16', 'exact') if r % 2 == 0
-                  else ('exact', 'eq16')):
+        for b in (('eq16', 'exact') if r % 2 == 0 else ('exact', 'eq16')):
             tf, tb, gr, wall = run_grad(models[b], x, upstream)
             times[b][0].append(tf)
             times[b][1].append(tb)
             grads[b] = gr
-            print(f'  run {r}: {b:5s} forward {tf:.2f} s, backward '
-                  f'{tb:.2f} s CPU (wall {wall[0]:.2f} / {wall[1]:.2f} '
-                  f's)', flush=True)
+            print(
+                f'  run {r}: {b:5s} forward {tf:.2f} s, backward '
+                f'{tb:.2f} s CPU (wall {wall[0]:.2f} / {wall[1]:.2f} '
+                f's)',
+                flush=True)
     print('gradient, Eq. 16 vs exact (relative error, cosine):')
     flat = {b: torch.cat(list(grads[b].values())) for b in grads}
     for key in list(grads['exact']) + ['backbone']:
         ge = flat['exact'] if key == 'backbone' else grads['exact'][key]
         g16 = flat['eq16'] if key == 'backbone' else grads['eq16'][key]
         rel = ((g16 - ge).norm() / ge.norm()).item()
-        cos = torch.nn.functional.cosine_similarity(
-            g16.double(), ge.double(), 0).item()
+        cos = torch.nn.functional.cosine_similarity(g16.double(), ge.double(),
+                                                    0).item()
         print(f'  {key:9s} rel. error {rel:.3e}  cosine {cos:.6f}')
-    med = {b: (statistics.median(t[0]), statistics.median(t[1]))
-           for b, t in times.items()}
-    print(f'backward (CPU s): eq16 {med["eq16"][1]:.2f} s, exact '
-          f'{med["exact"][1]:.2f} s, ratio '
-          f'{med["exact"][1] / med["eq16"][1]:.2f}x (forward eq16 '
-          f'{med["eq16"][0]:.2f} s, exact {med["exact"][0]:.2f} s)',
-          flush=True)
+    med = {
+        b: (statistics.median(t[0]), statistics.median(t[1]))
+        for b, t in times.items()
+    }
+    print(
+        f'backward (CPU s): eq16 {med["eq16"][1]:.2f} s, exact '
+        f'{med["exact"][1]:.2f} s, ratio '
+        f'{med["exact"][1] / med["eq16"][1]:.2f}x (forward eq16 '
+        f'{med["eq16"][0]:.2f} s, exact {med["exact"][0]:.2f} s)',
+        flush=True)
 
 
 def main(argv=None):
@@ -237,9 +263,10 @@ def main(argv=None):
     import torch
     if args.threads:
         torch.set_num_threads(args.threads)
-    print(f'SOFT-{args.arch}-Norm, random init (seed {args.seed}), '
-          f'{torch.get_num_threads()} threads, nr_method={args.nr_method}',
-          flush=True)
+    print(
+        f'SOFT-{args.arch}-Norm, random init (seed {args.seed}), '
+        f'{torch.get_num_threads()} threads, nr_method={args.nr_method}',
+        flush=True)
     for size in args.sizes:
         h, w = (int(s) for s in size.lower().split('x'))
         x = natural_image(h, w, args.seed)
@@ -248,8 +275,10 @@ def main(argv=None):
             grad_compare(args, x)
         if args.parity:
             for rule, err in parity(args, x):
-                print(f'parity vs float64 official per-sample rule: {rule} '
-                      f'{err:.2e}', flush=True)
+                print(
+                    f'parity vs float64 official per-sample rule: {rule} '
+                    f'{err:.2e}',
+                    flush=True)
     if args.train_demo:
         train_demo(args)
 
@@ -263,16 +292,18 @@ def train_demo(args):
     rows = []
     for b in ('eq16', 'exact'):
         print(f'\n== demo detection, nr_backward={b!r}', flush=True)
-        res = run_task('det', root, osp.join(args.work_dir, b),
-                       seed=args.seed,
-                       cfg_options={'model.backbone.nr_backward': b,
-                                    'custom_hooks': [dict(
-                                        type='NRResidualHook',
-                                        interval=100)]})
+        res = run_task(
+            'det',
+            root,
+            osp.join(args.work_dir, b),
+            seed=args.seed,
+            cfg_options={
+                'model.backbone.nr_backward': b,
+                'custom_hooks': [dict(type='NRResidualHook', interval=100)]
+            })
         m = res['metrics']
         rows.append((b, m.get('coco/bbox_mAP', float('nan')),
-                     m.get('coco/bbox_mAP_50', float('nan')),
-                     res['train_s']))
+                     m.get('coco/bbox_mAP_50', float('nan')), res['train_s']))
     print('\n| nr_backward | bbox mAP | bbox mAP@0.5 | train s |')
     print('|---|---|---|---|')
     for b, ap, ap50, t in rows:

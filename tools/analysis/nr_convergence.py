@@ -57,8 +57,9 @@ DEMO_SETS = (('imagenet', 'imagenet/val'), ('coco', 'coco/val'),
 def list_images(folder: str):
     out = []
     for root, _, files in os.walk(folder):
-        out += [osp.join(root, f) for f in files
-                if f.lower().endswith(IMG_EXTS)]
+        out += [
+            osp.join(root, f) for f in files if f.lower().endswith(IMG_EXTS)
+        ]
     return sorted(out)
 
 
@@ -82,8 +83,10 @@ def image_sets(specs, num_images: int, demo_root=None):
     if sets:
         return sets
     from mmsoft.demo.synthetic import render_scene
-    imgs = [render_scene(np.random.default_rng([7, i]), 224)[0][..., ::-1]
-            for i in range(num_images)]
+    imgs = [
+        render_scene(np.random.default_rng([7, i]), 224)[0][..., ::-1]
+        for i in range(num_images)
+    ]
     return [('synthetic', imgs)]
 
 
@@ -109,8 +112,7 @@ def to_tensor(rgb: np.ndarray, size) -> torch.Tensor:
 def batches(items, size, batch_size):
     for i in range(0, len(items), batch_size):
         chunk = items[i:i + batch_size]
-        yield i, torch.stack([to_tensor(load_rgb(it), size)
-                              for it in chunk])
+        yield i, torch.stack([to_tensor(load_rgb(it), size) for it in chunk])
 
 
 # ------------------------------------------------------------------ models
@@ -119,6 +121,7 @@ def build_model(name=None, config=None, checkpoint=None, **overrides):
     with weights from ``checkpoint`` (mmsoft format) if given."""
     if config:
         from mmengine.config import Config
+
         import mmsoft  # noqa: F401
         from mmsoft.models.backbones import SOFT
         bb = dict(Config.fromfile(config).model.backbone)
@@ -131,12 +134,16 @@ def build_model(name=None, config=None, checkpoint=None, **overrides):
         model = build_named(name, head=False, **overrides)
     if checkpoint:
         from mmengine.runner import load_checkpoint
-        load_checkpoint(model, checkpoint, map_location='cpu', strict=False,
-                        revise_keys=[(r'^module\.', ''),
-                                     (r'^backbone\.', '')])
+        load_checkpoint(
+            model,
+            checkpoint,
+            map_location='cpu',
+            strict=False,
+            revise_keys=[(r'^module\.', ''), (r'^backbone\.', '')])
     else:
-        print('warning: no --checkpoint, the model is randomly initialised',
-              flush=True)
+        print(
+            'warning: no --checkpoint, the model is randomly initialised',
+            flush=True)
         quiet_init(model)
     return model.eval()
 
@@ -144,6 +151,7 @@ def build_model(name=None, config=None, checkpoint=None, **overrides):
 def quiet_init(model):
     """model.init_weights() without MMEngine's per-parameter log."""
     import logging
+
     from mmengine.logging import MMLogger
     logger = MMLogger.get_current_instance()
     level = logger.level
@@ -184,8 +192,8 @@ def convergence(A: torch.Tensor, iters: int, init: str):
     A = A.double()
     Aw = A
     if init == 'soft':
-        Aw = A + _SOFT_SHIFT * torch.eye(A.shape[-1], dtype=A.dtype,
-                                         device=A.device)
+        Aw = A + _SOFT_SHIFT * torch.eye(
+            A.shape[-1], dtype=A.dtype, device=A.device)
     V = nr_init_alpha(A, init)[..., None, None] * Aw
     normA = _sym_norm2(A)
     out = []
@@ -220,8 +228,10 @@ def collect(model, images, size, iters, batch_size, label=''):
         for i, x in batches(images, size, batch_size):
             model(x)
             done = min(i + batch_size, len(images))
-            print(f'  {label} {done}/{len(images)} images '
-                  f'({time.time() - t0:.0f}s)', flush=True)
+            print(
+                f'  {label} {done}/{len(images)} images '
+                f'({time.time() - t0:.0f}s)',
+                flush=True)
     finally:
         for h in handles:
             h.remove()
@@ -235,10 +245,15 @@ def summarise(results, iters):
         for s, M in stages.items():
             for k in range(iters + 1):
                 col = M[:, k]
-                rows.append(dict(dataset=ds, stage=s + 1, k=k,
-                                 mean=col.mean().item(),
-                                 min=col.min().item(), max=col.max().item(),
-                                 matrices=M.shape[0]))
+                rows.append(
+                    dict(
+                        dataset=ds,
+                        stage=s + 1,
+                        k=k,
+                        mean=col.mean().item(),
+                        min=col.min().item(),
+                        max=col.max().item(),
+                        matrices=M.shape[0]))
     return rows
 
 
@@ -264,19 +279,21 @@ def plot(rows, path, title):
     import matplotlib.pyplot as plt
     from get_flops import save_figure
     sets = list(dict.fromkeys(r['dataset'] for r in rows))  # given order
-    fig, axes = plt.subplots(1, len(sets), figsize=(5 * len(sets), 4),
-                             squeeze=False)
+    fig, axes = plt.subplots(
+        1, len(sets), figsize=(5 * len(sets), 4), squeeze=False)
     for ax, ds in zip(axes[0], sets):
         for st in sorted({r['stage'] for r in rows if r['dataset'] == ds}):
-            rs = sorted((r for r in rows
-                         if r['dataset'] == ds and r['stage'] == st),
-                        key=lambda r: r['k'])
+            rs = sorted(
+                (r for r in rows if r['dataset'] == ds and r['stage'] == st),
+                key=lambda r: r['k'])
             k = [r['k'] for r in rs]
             floor = 1e-17
-            ax.plot(k, [max(r['mean'], floor) for r in rs],
-                    label=f'stage {st}')
-            ax.fill_between(k, [max(r['min'], floor) for r in rs],
-                            [max(r['max'], floor) for r in rs], alpha=0.25)
+            ax.plot(
+                k, [max(r['mean'], floor) for r in rs], label=f'stage {st}')
+            ax.fill_between(
+                k, [max(r['min'], floor) for r in rs],
+                [max(r['max'], floor) for r in rs],
+                alpha=0.25)
         ax.set_yscale('log')
         ax.set_xlabel('Newton-Raphson iteration k')
         ax.set_ylabel('||A A_k A - A||_2 / ||A||_2')
@@ -292,21 +309,30 @@ def plot(rows, path, title):
 def parse_args(argv=None):
     p = argparse.ArgumentParser(
         description=__doc__.split('\n')[0],
-        formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
-    p.add_argument('--model', default='soft_tiny_norm',
-                   help='soft_<arch>[_norm] (default soft_tiny_norm)')
-    p.add_argument('--config', default=None,
-                   help='take model.backbone of this config instead')
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog=__doc__)
+    p.add_argument(
+        '--model',
+        default='soft_tiny_norm',
+        help='soft_<arch>[_norm] (default soft_tiny_norm)')
+    p.add_argument(
+        '--config',
+        default=None,
+        help='take model.backbone of this config instead')
     p.add_argument('--checkpoint', default=None)
-    p.add_argument('--images', nargs='+', default=None,
-                   help='image folders, optionally name=DIR')
+    p.add_argument(
+        '--images',
+        nargs='+',
+        default=None,
+        help='image folders, optionally name=DIR')
     p.add_argument('--num-images', type=int, default=100)
-    p.add_argument('--size', nargs='+', type=int, default=[224],
-                   help='input H [W]')
+    p.add_argument(
+        '--size', nargs='+', type=int, default=[224], help='input H [W]')
     p.add_argument('--iters', type=int, default=20)
     p.add_argument('--batch-size', type=int, default=8)
-    p.add_argument('--arch', default=None,
-                   help=argparse.SUPPRESS)  # dict arch for tests (json)
+    p.add_argument(
+        '--arch', default=None,
+        help=argparse.SUPPRESS)  # dict arch for tests (json)
     p.add_argument('--out', default='work_dirs/nr_convergence')
     args = p.parse_args(argv)
     if len(args.size) == 1:
@@ -316,25 +342,28 @@ def parse_args(argv=None):
 
 def main(argv=None):
     args = parse_args(argv)
-    from mmsoft.utils.profiling import atomic_write
     from get_flops import write_csv
+
+    from mmsoft.utils.profiling import atomic_write
     torch.manual_seed(0)
     overrides = dict(out_indices=(2, ))  # stages 1-3 hold SOFT attention
     if args.arch:
         import json
         overrides['arch'] = json.loads(args.arch)
-    model = build_model(args.model, args.config, args.checkpoint,
-                        **overrides)
+    model = build_model(args.model, args.config, args.checkpoint, **overrides)
     sets = image_sets(args.images, args.num_images)
-    print(f'{sum(len(v) for _, v in sets)} images in {len(sets)} set(s), '
-          f'{args.size[0]}x{args.size[1]}, T={args.iters}', flush=True)
+    print(
+        f'{sum(len(v) for _, v in sets)} images in {len(sets)} set(s), '
+        f'{args.size[0]}x{args.size[1]}, T={args.iters}',
+        flush=True)
     results = {}
     for name, items in sets:
         results[name] = collect(model, items, tuple(args.size), args.iters,
                                 args.batch_size, name)
     rows = summarise(results, args.iters)
-    write_csv(osp.join(args.out, 'nr_convergence.csv'), rows,
-              ['dataset', 'stage', 'k', 'mean', 'min', 'max', 'matrices'])
+    write_csv(
+        osp.join(args.out, 'nr_convergence.csv'), rows,
+        ['dataset', 'stage', 'k', 'mean', 'min', 'max', 'matrices'])
     md = to_markdown(rows, args.iters)
     atomic_write(osp.join(args.out, 'nr_convergence.md'), md)
     label = args.config or args.model

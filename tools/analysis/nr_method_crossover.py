@@ -31,18 +31,26 @@ METHODS = ('iterative', 'spectral')
 
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split('\n\n')[0])
-    p.add_argument('--ms', type=int, nargs='+',
-                   default=[49, 64, 81, 100, 128, 196, 256, 400])
-    p.add_argument('--batch', type=int, default=16,
-                   help='matrices per call (batch x heads)')
+    p.add_argument(
+        '--ms',
+        type=int,
+        nargs='+',
+        default=[49, 64, 81, 100, 128, 196, 256, 400])
+    p.add_argument(
+        '--batch',
+        type=int,
+        default=16,
+        help='matrices per call (batch x heads)')
     p.add_argument('--head-dims', type=int, default=32)
     p.add_argument('--iters', type=int, default=20)
     p.add_argument('--repeats', type=int, default=5)
     p.add_argument('--device', default='cpu')
     p.add_argument('--threads', type=int, default=None)
-    p.add_argument('--backward', action='store_true',
-                   help='time forward + backward (training) instead of '
-                   'forward only')
+    p.add_argument(
+        '--backward',
+        action='store_true',
+        help='time forward + backward (training) instead of '
+        'forward only')
     return p.parse_args(argv)
 
 
@@ -55,6 +63,7 @@ def _sync(device):
 def time_method(A, W, method, iters, backward, repeats):
     """Median seconds of one newton_inverse_apply call (+ backward)."""
     import torch
+
     from mmsoft.models.layers.pinv import newton_inverse_apply
 
     def call():
@@ -95,6 +104,7 @@ def crossover(rows):
 def main(argv=None):
     args = parse_args(argv)
     import torch
+
     from mmsoft.models.layers.gaussian_kernel import gaussian_kernel
     from mmsoft.models.layers.pinv import SPECTRAL_MIN_M
     if args.threads:
@@ -115,12 +125,17 @@ def main(argv=None):
         lm = (lm / args.head_dims**0.25).to(device)
         A = gaussian_kernel(lm, lm)
         W = torch.randn(args.batch, m, args.head_dims, generator=g).to(device)
-        t = {meth: time_method(A, W, meth, args.iters, args.backward,
-                               args.repeats) for meth in METHODS}
+        t = {
+            meth: time_method(A, W, meth, args.iters, args.backward,
+                              args.repeats)
+            for meth in METHODS
+        }
         rows.append((m, t['iterative'], t['spectral']))
-        print(f'| {m} | {t["iterative"] * 1e3:.2f} | '
-              f'{t["spectral"] * 1e3:.2f} | '
-              f'{t["iterative"] / t["spectral"]:.2f} |', flush=True)
+        print(
+            f'| {m} | {t["iterative"] * 1e3:.2f} | '
+            f'{t["spectral"] * 1e3:.2f} | '
+            f'{t["iterative"] / t["spectral"]:.2f} |',
+            flush=True)
     best = crossover(rows)
     if best is None:
         print(f'spectral is not faster at the largest m measured on '

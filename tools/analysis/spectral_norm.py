@@ -53,16 +53,15 @@ import torch  # noqa: E402
 
 # ------------------------------------------------------------------ sources
 def field_landmarks(g: int, dims: int, spread: float, bandwidth: float,
-                    features: int, generator: torch.Generator
-                    ) -> torch.Tensor:
+                    features: int, generator: torch.Generator) -> torch.Tensor:
     """(g*g, dims) samples of a smooth random field on a g x g grid."""
     u = (torch.arange(g, dtype=torch.float64) + 0.5) / g
-    grid = torch.stack(torch.meshgrid(u, u, indexing='ij'), -1).reshape(-1,
-                                                                        2)
-    omega = torch.randn(features, 2, generator=generator,
-                        dtype=torch.float64) * bandwidth * 2 * math.pi
-    phase = torch.rand(features, generator=generator,
-                       dtype=torch.float64) * 2 * math.pi
+    grid = torch.stack(torch.meshgrid(u, u, indexing='ij'), -1).reshape(-1, 2)
+    omega = torch.randn(
+        features, 2, generator=generator,
+        dtype=torch.float64) * bandwidth * 2 * math.pi
+    phase = torch.rand(
+        features, generator=generator, dtype=torch.float64) * 2 * math.pi
     R = torch.randn(dims, features, generator=generator, dtype=torch.float64)
     # each channel has unit variance: E||x - y||^2 / 2 = dims for
     # independent points; rescale to ``spread``
@@ -77,11 +76,15 @@ def model_landmarks(args, g: int):
                                 soft_attention_modules, to_tensor)
     if not hasattr(model_landmarks, 'cache'):
         model_landmarks.cache = build_model(
-            args.model, args.config, args.checkpoint,
+            args.model,
+            args.config,
+            args.checkpoint,
             out_indices=(args.stage, ))
     model = model_landmarks.cache
-    mods = [a for s, i, a in soft_attention_modules(model)
-            if s == args.stage and i == 0]
+    mods = [
+        a for s, i, a in soft_attention_modules(model)
+        if s == args.stage and i == 0
+    ]
     attn = mods[0]
     size = g * attn.sampler.ratio * 4 * 2**args.stage
     items = image_sets(args.images, args.samples)[0][1]
@@ -115,10 +118,12 @@ def norms(L: torch.Tensor, iters: int) -> dict:
     def two(M):  # all these matrices are symmetric: ||M||_2 = max |eig|
         return torch.linalg.eigvalsh(0.5 * (M + M.T)).abs().max().item()
 
-    return dict(pinv=two(plain), norm_pinv=two(normed),
-                exact_pinv=two(exact),
-                exact_norm_pinv=two(d[:, None] * exact * d[None, :]),
-                lambda_max=torch.linalg.eigvalsh(A)[-1].item())
+    return dict(
+        pinv=two(plain),
+        norm_pinv=two(normed),
+        exact_pinv=two(exact),
+        exact_norm_pinv=two(d[:, None] * exact * d[None, :]),
+        lambda_max=torch.linalg.eigvalsh(A)[-1].item())
 
 
 KEYS = ('pinv', 'norm_pinv', 'exact_pinv', 'exact_norm_pinv', 'lambda_max')
@@ -151,18 +156,17 @@ def plot(rows, lengths, path, title):
     from get_flops import save_figure
     fig, ax = plt.subplots(figsize=(6, 4.5))
     series = (('pinv', r'$\|A^+\|_2$ (no normalisation)', 'C0', '-', '+'),
-              ('norm_pinv', r'$\|D^{-1/2}A^+D^{-1/2}\|_2$', 'C1', '-',
-               '+'),
-              ('exact_pinv', 'exact pinv, no normalisation', 'C0', ':',
-               'x'),
+              ('norm_pinv', r'$\|D^{-1/2}A^+D^{-1/2}\|_2$', 'C1', '-', '+'),
+              ('exact_pinv', 'exact pinv, no normalisation', 'C0', ':', 'x'),
               ('exact_norm_pinv', 'exact pinv, normalised', 'C1', ':', 'x'))
     for key, label, c, ls, mk in series:
         xs = [r['m'] for r in rows]
-        ax.scatter(xs, [r[key] for r in rows], marker=mk, c=c, alpha=0.5,
-                   s=18)
+        ax.scatter(xs, [r[key] for r in rows], marker=mk, c=c, alpha=0.5, s=18)
         ms = [m for m in lengths if any(r['m'] == m for r in rows)]
-        means = [sum(r[key] for r in rows if r['m'] == m) /
-                 sum(1 for r in rows if r['m'] == m) for m in ms]
+        means = [
+            sum(r[key] for r in rows if r['m'] == m) /
+            sum(1 for r in rows if r['m'] == m) for m in ms
+        ]
         ax.plot(ms, means, ls, c=c, label=label)
     ax.set_xscale('log')
     ax.set_yscale('log')
@@ -179,29 +183,49 @@ def plot(rows, lengths, path, title):
 def parse_args(argv=None):
     p = argparse.ArgumentParser(
         description=__doc__.split('\n')[0],
-        formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog=__doc__)
     p.add_argument('--source', choices=['field', 'model'], default='field')
-    p.add_argument('--lengths', nargs='+', type=int,
-                   default=[16, 49, 100, 196, 400, 784, 1024],
-                   help='bottleneck lengths m (squares)')
-    p.add_argument('--samples', type=int, default=5,
-                   help='samples (fields, or images) per length')
-    p.add_argument('--iters', type=int, default=20,
-                   help='Newton-Raphson iterations')
+    p.add_argument(
+        '--lengths',
+        nargs='+',
+        type=int,
+        default=[16, 49, 100, 196, 400, 784, 1024],
+        help='bottleneck lengths m (squares)')
+    p.add_argument(
+        '--samples',
+        type=int,
+        default=5,
+        help='samples (fields, or images) per length')
+    p.add_argument(
+        '--iters', type=int, default=20, help='Newton-Raphson iterations')
     p.add_argument('--dims', type=int, default=32, help='field: channels d')
-    p.add_argument('--spread', type=float, default=4.0,
-                   help='field: mean ||x - y||^2 / 2 of independent points')
-    p.add_argument('--bandwidth', type=float, default=2.0,
-                   help='field: frequency scale (cycles per image)')
-    p.add_argument('--features', type=int, default=64,
-                   help='field: random Fourier features')
+    p.add_argument(
+        '--spread',
+        type=float,
+        default=4.0,
+        help='field: mean ||x - y||^2 / 2 of independent points')
+    p.add_argument(
+        '--bandwidth',
+        type=float,
+        default=2.0,
+        help='field: frequency scale (cycles per image)')
+    p.add_argument(
+        '--features',
+        type=int,
+        default=64,
+        help='field: random Fourier features')
     p.add_argument('--seed', type=int, default=0)
     p.add_argument('--model', default='soft_tiny_norm')
     p.add_argument('--config', default=None)
     p.add_argument('--checkpoint', default=None)
     p.add_argument('--images', nargs='+', default=None)
-    p.add_argument('--stage', type=int, default=2, choices=[0, 1, 2],
-                   help='model: stage (0-based) whose bottleneck is used')
+    p.add_argument(
+        '--stage',
+        type=int,
+        default=2,
+        choices=[0, 1, 2],
+        help='model: stage (0-based) whose bottleneck is used')
     p.add_argument('--out', default='work_dirs/spectral_norm')
     args = p.parse_args(argv)
     for m in args.lengths:
@@ -212,16 +236,19 @@ def parse_args(argv=None):
 
 def main(argv=None):
     args = parse_args(argv)
-    from mmsoft.utils.profiling import atomic_write
     from get_flops import write_csv
+
+    from mmsoft.utils.profiling import atomic_write
     gen = torch.Generator().manual_seed(args.seed)
     rows, t0 = [], time.time()
     for m in args.lengths:
         g = int(round(m**0.5))
         if args.source == 'field':
-            Ls = [field_landmarks(g, args.dims, args.spread, args.bandwidth,
-                                  args.features, gen)
-                  for _ in range(args.samples)]
+            Ls = [
+                field_landmarks(g, args.dims, args.spread, args.bandwidth,
+                                args.features, gen)
+                for _ in range(args.samples)
+            ]
             where = 'field'
         else:
             Ls, size = model_landmarks(args, g)
@@ -229,13 +256,16 @@ def main(argv=None):
         for j, L in enumerate(Ls):
             rows.append(dict(m=m, sample=j, **norms(L, args.iters)))
         rs = rows[-len(Ls):]
-        print(f'm={m:5d} ({where}, {len(Ls)} samples): '
-              f'||A^+|| {sum(r["pinv"] for r in rs) / len(rs):10.3g}   '
-              f'||D^-1/2 A^+ D^-1/2|| '
-              f'{sum(r["norm_pinv"] for r in rs) / len(rs):10.3g}   '
-              f'({time.time() - t0:.0f}s)', flush=True)
-    write_csv(osp.join(args.out, 'spectral_norm.csv'), rows,
-              ['m', 'sample'] + list(KEYS))
+        print(
+            f'm={m:5d} ({where}, {len(Ls)} samples): '
+            f'||A^+|| {sum(r["pinv"] for r in rs) / len(rs):10.3g}   '
+            f'||D^-1/2 A^+ D^-1/2|| '
+            f'{sum(r["norm_pinv"] for r in rs) / len(rs):10.3g}   '
+            f'({time.time() - t0:.0f}s)',
+            flush=True)
+    write_csv(
+        osp.join(args.out, 'spectral_norm.csv'), rows,
+        ['m', 'sample'] + list(KEYS))
     md = to_markdown(rows, args.lengths)
     atomic_write(osp.join(args.out, 'spectral_norm.md'), md)
     if args.source == 'field':

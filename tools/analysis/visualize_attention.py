@@ -41,12 +41,12 @@ if HERE not in sys.path:
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
-DEFAULT_MODELS = ['softmax_tiny', 'performer_tiny', 'nystromformer_tiny',
-                  'soft_tiny_norm']
+DEFAULT_MODELS = [
+    'softmax_tiny', 'performer_tiny', 'nystromformer_tiny', 'soft_tiny_norm'
+]
 
 
-def capture_row(model, img: torch.Tensor, stage: int, layer: int,
-                query_rel):
+def capture_row(model, img: torch.Tensor, stage: int, layer: int, query_rel):
     """(row (h, H, W) numpy, hw, (qy, qx)) for one image (1, 3, H, W)."""
     from mmsoft.models.layers.attention_zoo import attention_row
     blocks = model.stages[stage]
@@ -78,10 +78,16 @@ def head_stats(w: np.ndarray, q):
     yy, xx = np.mgrid[0:H, 0:W]
     dist = float((p * np.hypot(yy - q[0], xx - q[1])).sum())
     am = np.unravel_index(int(np.argmax(w)), w.shape)
-    return dict(sum=float(w.sum()), min=float(w.min()), max=float(w.max()),
-                at_query=float(w[q]), argmax_y=int(am[0]),
-                argmax_x=int(am[1]), entropy=ent,
-                uniform_entropy=math.log(H * W), mean_dist=dist)
+    return dict(
+        sum=float(w.sum()),
+        min=float(w.min()),
+        max=float(w.max()),
+        at_query=float(w[q]),
+        argmax_y=int(am[0]),
+        argmax_x=int(am[1]),
+        entropy=ent,
+        uniform_entropy=math.log(H * W),
+        mean_dist=dist)
 
 
 def overlay(ax, rgb, w, q, hw, title):
@@ -89,13 +95,17 @@ def overlay(ax, rgb, w, q, hw, title):
     Hi, Wi = rgb.shape[:2]
     lo, hi = float(w.min()), float(w.max())
     norm = (w - lo) / (hi - lo) if hi > lo else np.zeros_like(w)
-    heat = cv2.resize(norm.astype(np.float32), (Wi, Hi),
-                      interpolation=cv2.INTER_LINEAR)
+    heat = cv2.resize(
+        norm.astype(np.float32), (Wi, Hi), interpolation=cv2.INTER_LINEAR)
     ax.imshow(rgb)
     ax.imshow(heat, cmap='jet', alpha=0.5, vmin=0, vmax=1)
     H, W = hw
-    ax.plot((q[1] + 0.5) * Wi / W, (q[0] + 0.5) * Hi / H, '+', c='w',
-            ms=14, mew=2.5)
+    ax.plot(
+        (q[1] + 0.5) * Wi / W, (q[0] + 0.5) * Hi / H,
+        '+',
+        c='w',
+        ms=14,
+        mew=2.5)
     ax.set_title(title, fontsize=7)
     ax.axis('off')
 
@@ -103,24 +113,44 @@ def overlay(ax, rgb, w, q, hw, title):
 def parse_args(argv=None):
     p = argparse.ArgumentParser(
         description=__doc__.split('\n')[0],
-        formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
-    p.add_argument('--image', default=None,
-                   help='image file (default: a synthetic demo scene)')
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog=__doc__)
+    p.add_argument(
+        '--image',
+        default=None,
+        help='image file (default: a synthetic demo scene)')
     p.add_argument('--models', nargs='+', default=DEFAULT_MODELS)
-    p.add_argument('--checkpoints', nargs='+', default=[],
-                   help='name=path pairs (models without one are random)')
-    p.add_argument('--stage', type=int, default=1, choices=[0, 1, 2],
-                   help='stage (0-based) of the attention layer')
-    p.add_argument('--layer', type=int, default=-1,
-                   help='layer within the stage (default: last)')
-    p.add_argument('--query', nargs=2, type=float, default=[0.5, 0.5],
-                   metavar=('Y', 'X'),
-                   help='query position relative to the image, in [0, 1)')
-    p.add_argument('--heads', type=int, default=4,
-                   help='heads to show (the first ones)')
+    p.add_argument(
+        '--checkpoints',
+        nargs='+',
+        default=[],
+        help='name=path pairs (models without one are random)')
+    p.add_argument(
+        '--stage',
+        type=int,
+        default=1,
+        choices=[0, 1, 2],
+        help='stage (0-based) of the attention layer')
+    p.add_argument(
+        '--layer',
+        type=int,
+        default=-1,
+        help='layer within the stage (default: last)')
+    p.add_argument(
+        '--query',
+        nargs=2,
+        type=float,
+        default=[0.5, 0.5],
+        metavar=('Y', 'X'),
+        help='query position relative to the image, in [0, 1)')
+    p.add_argument(
+        '--heads', type=int, default=4, help='heads to show (the first ones)')
     p.add_argument('--size', nargs='+', type=int, default=[224])
-    p.add_argument('--seed', type=int, default=0,
-                   help='random init / synthetic image seed')
+    p.add_argument(
+        '--seed',
+        type=int,
+        default=0,
+        help='random init / synthetic image seed')
     p.add_argument('--out', default='work_dirs/visualize_attention')
     args = p.parse_args(argv)
     if len(args.size) == 1:
@@ -134,8 +164,9 @@ def main(argv=None):
     matplotlib.use('Agg')
     import matplotlib.pyplot as plt
     from get_flops import save_figure, write_csv
-    from mmsoft.utils.profiling import atomic_write
     from nr_convergence import build_model, load_rgb, to_tensor
+
+    from mmsoft.utils.profiling import atomic_write
     ckpts = {}
     for spec in args.checkpoints:
         name, sep, path = spec.partition('=')
@@ -155,33 +186,46 @@ def main(argv=None):
     panels = []
     for i, name in enumerate(args.models, 1):
         torch.manual_seed(args.seed)
-        model = build_model(name, checkpoint=ckpts.get(name),
-                            out_indices=(args.stage, ))
-        w, hw, q = capture_row(model, img, args.stage, args.layer,
-                               args.query)
+        model = build_model(
+            name, checkpoint=ckpts.get(name), out_indices=(args.stage, ))
+        w, hw, q = capture_row(model, img, args.stage, args.layer, args.query)
         raw[name] = w
         nh = min(args.heads, w.shape[0])
         for h in range(w.shape[0]):
             st = head_stats(w[h], q)
-            rows.append(dict(model=name, stage=args.stage + 1,
-                             layer=args.layer, head=h, query_y=q[0],
-                             query_x=q[1], map_h=hw[0], map_w=hw[1],
-                             checkpoint=ckpts.get(name, 'random init'),
-                             **st))
+            rows.append(
+                dict(
+                    model=name,
+                    stage=args.stage + 1,
+                    layer=args.layer,
+                    head=h,
+                    query_y=q[0],
+                    query_x=q[1],
+                    map_h=hw[0],
+                    map_w=hw[1],
+                    checkpoint=ckpts.get(name, 'random init'),
+                    **st))
         panels.append((name, w[:nh], hw, q))
-        print(f'[{i}/{len(args.models)}] {name}: {w.shape[0]} heads on a '
-              f'{hw[0]}x{hw[1]} map, query {q} ({time.time() - t0:.0f}s)',
-              flush=True)
+        print(
+            f'[{i}/{len(args.models)}] {name}: {w.shape[0]} heads on a '
+            f'{hw[0]}x{hw[1]} map, query {q} ({time.time() - t0:.0f}s)',
+            flush=True)
     ncol = 1 + max(p[1].shape[0] for p in panels)
-    fig, axes = plt.subplots(len(panels), ncol,
-                             figsize=(2.2 * ncol, 2.4 * len(panels)),
-                             squeeze=False)
+    fig, axes = plt.subplots(
+        len(panels),
+        ncol,
+        figsize=(2.2 * ncol, 2.4 * len(panels)),
+        squeeze=False)
     for r, (name, w, hw, q) in enumerate(panels):
         ax = axes[r][0]
         ax.imshow(rgb)
         Hi, Wi = rgb.shape[:2]
-        ax.plot((q[1] + 0.5) * Wi / hw[1], (q[0] + 0.5) * Hi / hw[0], '+',
-                c='r', ms=14, mew=2.5)
+        ax.plot(
+            (q[1] + 0.5) * Wi / hw[1], (q[0] + 0.5) * Hi / hw[0],
+            '+',
+            c='r',
+            ms=14,
+            mew=2.5)
         tag = '' if name in ckpts else ' (random init)'
         ax.set_title(f'{name}{tag}', fontsize=7)
         ax.axis('off')
@@ -191,16 +235,18 @@ def main(argv=None):
                         f'head {h}  [{w[h].min():.2g}, {w[h].max():.2g}]')
             else:
                 axes[r][h + 1].axis('off')
-    fig.suptitle(f'stage {args.stage + 1}, layer {args.layer}, query '
-                 f'(y, x) = ({args.query[0]:.2f}, {args.query[1]:.2f})',
-                 fontsize=9)
+    fig.suptitle(
+        f'stage {args.stage + 1}, layer {args.layer}, query '
+        f'(y, x) = ({args.query[0]:.2f}, {args.query[1]:.2f})',
+        fontsize=9)
     fig.tight_layout()
     save_figure(fig, osp.join(args.out, 'attention.png'))
     plt.close(fig)
-    fields = ['model', 'checkpoint', 'stage', 'layer', 'head', 'map_h',
-              'map_w', 'query_y', 'query_x', 'sum', 'min', 'max',
-              'at_query', 'argmax_y', 'argmax_x', 'entropy',
-              'uniform_entropy', 'mean_dist']
+    fields = [
+        'model', 'checkpoint', 'stage', 'layer', 'head', 'map_h', 'map_w',
+        'query_y', 'query_x', 'sum', 'min', 'max', 'at_query', 'argmax_y',
+        'argmax_x', 'entropy', 'uniform_entropy', 'mean_dist'
+    ]
     write_csv(osp.join(args.out, 'attention.csv'), rows, fields)
     md = io.StringIO()
     md.write('| model | head | sum | min | max | at query | argmax | '

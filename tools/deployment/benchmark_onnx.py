@@ -38,16 +38,26 @@ DEFAULT_SPECS = [
 
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split('\n')[0])
-    p.add_argument('specs', nargs='*', default=DEFAULT_SPECS,
-                   help='CONFIG:HxW (default: the README table)')
-    p.add_argument('--threads', type=int, default=1,
-                   help='intra-op threads for torch and onnxruntime')
+    p.add_argument(
+        'specs',
+        nargs='*',
+        default=DEFAULT_SPECS,
+        help='CONFIG:HxW (default: the README table)')
+    p.add_argument(
+        '--threads',
+        type=int,
+        default=1,
+        help='intra-op threads for torch and onnxruntime')
     p.add_argument('--repeats', type=int, default=3)
     p.add_argument('--warmup', type=int, default=1)
-    p.add_argument('--onnx-dir', default=None,
-                   help='where to keep exported files (default: a temp dir)')
-    p.add_argument('--no-iterative', action='store_true',
-                   help='skip the PyTorch nr_method=iterative column')
+    p.add_argument(
+        '--onnx-dir',
+        default=None,
+        help='where to keep exported files (default: a temp dir)')
+    p.add_argument(
+        '--no-iterative',
+        action='store_true',
+        help='skip the PyTorch nr_method=iterative column')
     p.add_argument('--out', help='also write the markdown table here')
     return p.parse_args(argv)
 
@@ -96,8 +106,7 @@ def bench_one(spec, args, onnx_dir):
     row = dict(model=name, input=f'{H}x{W}')
     with torch.no_grad():
         ref = wrapper(x)
-        row['torch_ms'] = _time(lambda: wrapper(x), args.repeats,
-                                args.warmup)
+        row['torch_ms'] = _time(lambda: wrapper(x), args.repeats, args.warmup)
         if not args.no_iterative:
             old = _set_nr_method(model, 'iterative')
             row['torch_iter_ms'] = _time(lambda: wrapper(x), args.repeats,
@@ -115,14 +124,15 @@ def to_markdown(rows, iterative=True):
     if iterative:
         head.append('torch iterative ms')
     head += ['onnxruntime ms', 'torch / ort', 'max rel. err']
-    lines = ['| ' + ' | '.join(head) + ' |',
-             '|' + '---|' * len(head)]
+    lines = ['| ' + ' | '.join(head) + ' |', '|' + '---|' * len(head)]
     for r in rows:
         cells = [r['model'], r['input'], f"{r['torch_ms']:.1f}"]
         if iterative:
             cells.append(f"{r['torch_iter_ms']:.1f}")
-        cells += [f"{r['ort_ms']:.1f}", f"{r['torch_ms'] / r['ort_ms']:.2f}x",
-                  f"{r['err']:.1e}"]
+        cells += [
+            f"{r['ort_ms']:.1f}", f"{r['torch_ms'] / r['ort_ms']:.2f}x",
+            f"{r['err']:.1e}"
+        ]
         lines.append('| ' + ' | '.join(cells) + ' |')
     return '\n'.join(lines)
 
@@ -137,9 +147,11 @@ def main(argv=None):
     for spec in args.specs:
         row = bench_one(spec, args, onnx_dir)
         rows.append(row)
-        print(f"{row['model']} {row['input']}: torch {row['torch_ms']:.1f} "
-              f"ms, onnxruntime {row['ort_ms']:.1f} ms, rel. err "
-              f"{row['err']:.1e}", flush=True)
+        print(
+            f"{row['model']} {row['input']}: torch {row['torch_ms']:.1f} "
+            f"ms, onnxruntime {row['ort_ms']:.1f} ms, rel. err "
+            f"{row['err']:.1e}",
+            flush=True)
     table = to_markdown(rows, not args.no_iterative)
     load = os.getloadavg()[0] if hasattr(os, 'getloadavg') else float('nan')
     note = (f'\n{args.threads} thread(s), batch 1, median of {args.repeats}; '

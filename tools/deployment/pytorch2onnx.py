@@ -41,31 +41,51 @@ def parse_args(argv=None):
         'to ONNX with a FIXED input shape (1, 3, H, W); dynamic shapes are '
         'not supported: export one file per input size.')
     parser.add_argument('config', help='config file')
-    parser.add_argument('checkpoint',
-                        help='checkpoint file, or "none" for random weights')
-    parser.add_argument('--shape', type=int, nargs=2, required=True,
-                        metavar=('H', 'W'),
-                        help='the fixed input height and width (after the '
-                        'data preprocessor; mmdet: padded size, e.g. 800 '
-                        '1216)')
-    parser.add_argument('--out', help='output .onnx file (default: '
-                        '<config name>_<H>x<W>.onnx in the current dir)')
-    parser.add_argument('--opset', type=int, default=17,
-                        help='ONNX opset (default 17)')
-    parser.add_argument('--batch', type=int, default=1,
-                        help='fixed batch size of the graph (default 1)')
-    parser.add_argument('--verify', action='store_true',
-                        help='compare onnxruntime (CPU) with PyTorch')
-    parser.add_argument('--tolerance', type=float, default=1e-4,
-                        help='--verify: max allowed relative error')
-    parser.add_argument('--dynamo', action='store_true',
-                        help='use the torch.export-based exporter (needs '
-                        'onnxscript; ~10x slower to export) instead of the '
-                        'TorchScript-based one')
-    parser.add_argument('--dynamic', action='store_true',
-                        help='(not supported) dynamic input shapes')
     parser.add_argument(
-        '--cfg-options', nargs='+', action=DictAction,
+        'checkpoint', help='checkpoint file, or "none" for random weights')
+    parser.add_argument(
+        '--shape',
+        type=int,
+        nargs=2,
+        required=True,
+        metavar=('H', 'W'),
+        help='the fixed input height and width (after the '
+        'data preprocessor; mmdet: padded size, e.g. 800 '
+        '1216)')
+    parser.add_argument(
+        '--out',
+        help='output .onnx file (default: '
+        '<config name>_<H>x<W>.onnx in the current dir)')
+    parser.add_argument(
+        '--opset', type=int, default=17, help='ONNX opset (default 17)')
+    parser.add_argument(
+        '--batch',
+        type=int,
+        default=1,
+        help='fixed batch size of the graph (default 1)')
+    parser.add_argument(
+        '--verify',
+        action='store_true',
+        help='compare onnxruntime (CPU) with PyTorch')
+    parser.add_argument(
+        '--tolerance',
+        type=float,
+        default=1e-4,
+        help='--verify: max allowed relative error')
+    parser.add_argument(
+        '--dynamo',
+        action='store_true',
+        help='use the torch.export-based exporter (needs '
+        'onnxscript; ~10x slower to export) instead of the '
+        'TorchScript-based one')
+    parser.add_argument(
+        '--dynamic',
+        action='store_true',
+        help='(not supported) dynamic input shapes')
+    parser.add_argument(
+        '--cfg-options',
+        nargs='+',
+        action=DictAction,
         help='override config settings, e.g. '
         'model.backbone.nr_method=iterative')
     return parser.parse_args(argv)

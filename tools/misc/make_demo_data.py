@@ -28,8 +28,8 @@ def load_generator():
         if spec is None or not spec.submodule_search_locations:
             sys.exit('make_demo_data: mmsoft is not installed '
                      '(pip install mmsoft, or run from a checkout)')
-        path = osp.join(list(spec.submodule_search_locations)[0], 'demo',
-                        'synthetic.py')
+        path = osp.join(
+            list(spec.submodule_search_locations)[0], 'demo', 'synthetic.py')
     name = '_mmsoft_demo_synthetic'
     if name in sys.modules:
         return sys.modules[name]
@@ -43,21 +43,35 @@ def load_generator():
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split('\n')[0])
     in_checkout = osp.isfile(osp.join(ROOT, 'mmsoft', '__init__.py'))
-    p.add_argument('--out',
-                   default=osp.join(ROOT if in_checkout else '.', 'data',
-                                    'demo'),
-                   help='output root (default: data/demo)')
+    p.add_argument(
+        '--out',
+        default=osp.join(ROOT if in_checkout else '.', 'data', 'demo'),
+        help='output root (default: data/demo)')
     p.add_argument('--seed', type=int, default=0)
-    p.add_argument('--tasks', nargs='+', default=['det', 'seg', 'cls'],
-                   choices=['det', 'seg', 'cls'])
-    p.add_argument('--num-train', type=int, default=None,
-                   help='training images per data set (default: per task)')
-    p.add_argument('--num-val', type=int, default=None,
-                   help='validation images per data set')
-    p.add_argument('--workers', type=int, default=None,
-                   help='rendering processes (default: CPU count, <= 4)')
-    p.add_argument('--force', action='store_true',
-                   help='regenerate even if the data is up to date')
+    p.add_argument(
+        '--tasks',
+        nargs='+',
+        default=['det', 'seg', 'cls'],
+        choices=['det', 'seg', 'cls'])
+    p.add_argument(
+        '--num-train',
+        type=int,
+        default=None,
+        help='training images per data set (default: per task)')
+    p.add_argument(
+        '--num-val',
+        type=int,
+        default=None,
+        help='validation images per data set')
+    p.add_argument(
+        '--workers',
+        type=int,
+        default=None,
+        help='rendering processes (default: CPU count, <= 4)')
+    p.add_argument(
+        '--force',
+        action='store_true',
+        help='regenerate even if the data is up to date')
     return p.parse_args(argv)
 
 
@@ -73,12 +87,17 @@ def main(argv=None):
             o['num_val'] = args.num_val
         overrides[task] = o
     t0 = time.perf_counter()
-    gen.make_demo_data(args.out, seed=args.seed, tasks=args.tasks,
-                       force=args.force, overrides=overrides,
-                       workers=args.workers,
-                       log=lambda msg: print(f'[data] {msg}', flush=True))
-    print(f'[data] done in {time.perf_counter() - t0:.1f} s -> {args.out}',
-          flush=True)
+    gen.make_demo_data(
+        args.out,
+        seed=args.seed,
+        tasks=args.tasks,
+        force=args.force,
+        overrides=overrides,
+        workers=args.workers,
+        log=lambda msg: print(f'[data] {msg}', flush=True))
+    print(
+        f'[data] done in {time.perf_counter() - t0:.1f} s -> {args.out}',
+        flush=True)
     return 0
 
 

@@ -22,10 +22,13 @@ import sys
 
 sys.path.insert(0, osp.abspath(osp.join(osp.dirname(__file__), '..', '..')))
 
-from mmsoft.utils.official_keys import (  # noqa: E402
-    ConversionError, convert_mmpretrain_to_official, describe_arch,
-    extract_state_dict, load_checkpoint_file, official_model_name,
-    save_checkpoint_atomic, check_output_path, positive_int)
+from mmsoft.utils.official_keys import ConversionError  # noqa: E402
+from mmsoft.utils.official_keys import (check_output_path,
+                                        convert_mmpretrain_to_official,
+                                        describe_arch, extract_state_dict,
+                                        load_checkpoint_file,
+                                        official_model_name, positive_int,
+                                        save_checkpoint_atomic)
 
 
 def parse_args(argv=None):
@@ -34,12 +37,17 @@ def parse_args(argv=None):
         'official fudan-zvg/SOFT layout.')
     p.add_argument('src', help='mmsoft / mmpretrain checkpoint')
     p.add_argument('dst', help='output official checkpoint (.pth)')
-    p.add_argument('--stage4-heads', type=positive_int, default=None,
-                   help='heads of stage 4 (only used for the printed '
-                   'architecture; default: stage 3\'s head width)')
-    p.add_argument('--trust-checkpoint', action='store_true',
-                   help='unpickle arbitrary objects in SRC (only for files '
-                   'you trust)')
+    p.add_argument(
+        '--stage4-heads',
+        type=positive_int,
+        default=None,
+        help='heads of stage 4 (only used for the printed '
+        'architecture; default: stage 3\'s head width)')
+    p.add_argument(
+        '--trust-checkpoint',
+        action='store_true',
+        help='unpickle arbitrary objects in SRC (only for files '
+        'you trust)')
     return p.parse_args(argv)
 
 
@@ -54,8 +62,8 @@ def convert(args, log=print):
     meta = ckpt.get('meta') if isinstance(ckpt, dict) else None
     attn_norm = meta.get('attn_norm') if isinstance(meta, dict) else None
     name = official_model_name(arch, attn_norm)
-    log(f'architecture: {describe_arch(arch)}'
-        + (f'  (official {name})' if name else ''))
+    log(f'architecture: {describe_arch(arch)}' +
+        (f'  (official {name})' if name else ''))
     if attn_norm is None:
         log('note: attention normalisation is not stored in the weights: '
             'use soft_norm_* for attn_norm=True models, soft_* otherwise')

@@ -30,11 +30,13 @@ import sys
 
 sys.path.insert(0, osp.abspath(osp.join(osp.dirname(__file__), '..', '..')))
 
-from mmsoft.utils.official_keys import (  # noqa: E402
-    ConversionError, arch_for_mmsoft, convert_official_to_mmpretrain,
-    describe_arch, extract_state_dict, load_checkpoint_file,
-    match_arch_preset, official_model_name, save_checkpoint_atomic,
-    check_output_path, positive_int)
+from mmsoft.utils.official_keys import ConversionError  # noqa: E402
+from mmsoft.utils.official_keys import (arch_for_mmsoft, check_output_path,
+                                        convert_official_to_mmpretrain,
+                                        describe_arch, extract_state_dict,
+                                        load_checkpoint_file,
+                                        match_arch_preset, official_model_name,
+                                        positive_int, save_checkpoint_atomic)
 
 
 def parse_args(argv=None):
@@ -44,20 +46,34 @@ def parse_args(argv=None):
     p.add_argument('src', help='official checkpoint (.pth / .pth.tar)')
     p.add_argument('dst', help='output mmsoft checkpoint (.pth)')
     ema = p.add_mutually_exclusive_group()
-    ema.add_argument('--ema', dest='ema', action='store_true', default=None,
-                     help='require the EMA weights (state_dict_ema)')
-    ema.add_argument('--no-ema', dest='ema', action='store_false',
-                     help='use the raw weights even if EMA weights exist')
-    p.add_argument('--norm', action='store_true',
-                   help='the checkpoint is a soft_norm_* model '
-                   '(attn_norm=True); not visible in the weights')
-    p.add_argument('--stage4-heads', type=positive_int, default=None,
-                   help='heads of the softmax stage 4 (not visible in the '
-                   'weights; default: keep stage 3\'s head width, 16 for '
-                   'every official model)')
-    p.add_argument('--trust-checkpoint', action='store_true',
-                   help='unpickle arbitrary objects in SRC (only for files '
-                   'you trust)')
+    ema.add_argument(
+        '--ema',
+        dest='ema',
+        action='store_true',
+        default=None,
+        help='require the EMA weights (state_dict_ema)')
+    ema.add_argument(
+        '--no-ema',
+        dest='ema',
+        action='store_false',
+        help='use the raw weights even if EMA weights exist')
+    p.add_argument(
+        '--norm',
+        action='store_true',
+        help='the checkpoint is a soft_norm_* model '
+        '(attn_norm=True); not visible in the weights')
+    p.add_argument(
+        '--stage4-heads',
+        type=positive_int,
+        default=None,
+        help='heads of the softmax stage 4 (not visible in the '
+        'weights; default: keep stage 3\'s head width, 16 for '
+        'every official model)')
+    p.add_argument(
+        '--trust-checkpoint',
+        action='store_true',
+        help='unpickle arbitrary objects in SRC (only for files '
+        'you trust)')
     return p.parse_args(argv)
 
 
@@ -84,8 +100,8 @@ def convert(args, log=print):
     preset = match_arch_preset(arch)
     mm_arch = preset if preset is not None else arch_for_mmsoft(arch)
     name = official_model_name(arch, args.norm)
-    log(f'architecture: {describe_arch(arch)}'
-        + (f'  (official {name})' if name else ''))
+    log(f'architecture: {describe_arch(arch)}' +
+        (f'  (official {name})' if name else ''))
     if not arch['stage4_heads_given']:
         log(f'note: stage-4 heads are not visible in the weights; assumed '
             f'{arch["num_heads"][3]} (stage 3\'s head width '
@@ -99,8 +115,12 @@ def convert(args, log=print):
             "official alpha rule per sample ('soft_norm_per_sample', = the "
             "official model at batch size 1); nr_init='soft_norm_per_batch' "
             "reproduces the official batched code bit for bit")
-    backbone = dict(type='SOFT', arch=mm_arch, attn_norm=args.norm,
-                    out_indices=(3, ), out_type='cls_token')
+    backbone = dict(
+        type='SOFT',
+        arch=mm_arch,
+        attn_norm=args.norm,
+        out_indices=(3, ),
+        out_type='cls_token')
     if arch['in_channels'] != 3:
         backbone['in_channels'] = arch['in_channels']
     if arch['pretrain_img_size'] != 224:
@@ -108,7 +128,8 @@ def convert(args, log=print):
     model_cfg = dict(backbone=backbone)
     if arch['num_classes']:
         model_cfg['head'] = dict(
-            type='LinearClsHead', num_classes=arch['num_classes'],
+            type='LinearClsHead',
+            num_classes=arch['num_classes'],
             in_channels=arch['embed_dims'][3])
     else:
         log('note: no classification head in the checkpoint; writing '

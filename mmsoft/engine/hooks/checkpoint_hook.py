@@ -48,10 +48,11 @@ from mmengine.dist import (broadcast_object_list, get_rank, get_world_size,
 from mmengine.hooks import CheckpointHook
 from mmengine.registry import HOOKS
 
-from mmsoft.utils.checkpoint_io import (CheckpointError, add_checksum,
-                                        finalize_temp, find_newest_complete,
+from mmsoft.utils.checkpoint_io import (CheckpointError, _signals_raise,
+                                        add_checksum, finalize_temp,
+                                        find_newest_complete,
                                         remove_stale_temps, temp_path_for,
-                                        write_text_atomic, _signals_raise)
+                                        write_text_atomic)
 from mmsoft.utils.rng_state import get_rng_state, set_rng_state
 
 __all__ = ['SafeCheckpointHook', 'use_safe_checkpoint_hook']
@@ -67,8 +68,9 @@ def _train_sampler(runner):
         return None
     loader = loop.dataloader
     for sampler in (getattr(loader, 'sampler', None),
-                    getattr(getattr(loader, 'batch_sampler', None), 'sampler',
-                            None)):
+                    getattr(
+                        getattr(loader, 'batch_sampler', None), 'sampler',
+                        None)):
         if sampler is not None and hasattr(sampler, 'seed'):
             return sampler
     return None
@@ -135,8 +137,8 @@ class SafeCheckpointHook(CheckpointHook):
     def _checkpoint_dir(self, runner):
         if self.out_dir is None or self.out_dir == runner.work_dir:
             return runner.work_dir
-        return osp.join(self.out_dir, osp.basename(
-            runner.work_dir.rstrip(osp.sep)))
+        return osp.join(self.out_dir,
+                        osp.basename(runner.work_dir.rstrip(osp.sep)))
 
     def before_run(self, runner) -> None:
         """``resume=True`` without a path: pick the newest complete
@@ -146,8 +148,8 @@ class SafeCheckpointHook(CheckpointHook):
             return
         result = [None, None]
         if is_main_process():
-            path, skipped = find_newest_complete(
-                runner.work_dir, self._checkpoint_dir(runner))
+            path, skipped = find_newest_complete(runner.work_dir,
+                                                 self._checkpoint_dir(runner))
             result = [path, [p for p, _ in skipped]]
         if is_distributed():
             broadcast_object_list(result)
@@ -255,8 +257,10 @@ class SafeCheckpointHook(CheckpointHook):
         if self.save_rng:
             states = self._pending_rng
             if states is None:  # a save outside _save_checkpoint_with_step
-                states = [self._val_rng if self._val_rng is not None
-                          else get_rng_state()]
+                states = [
+                    self._val_rng
+                    if self._val_rng is not None else get_rng_state()
+                ]
             meta['mmsoft_rng'] = dict(world_size=len(states), states=states)
         sampler = _train_sampler(runner)
         if sampler is not None:
@@ -269,9 +273,9 @@ class SafeCheckpointHook(CheckpointHook):
             with self._atomic(runner):
                 super()._save_checkpoint_with_step(runner, step, meta)
                 if is_main_process() and self._is_local():
-                    write_text_atomic(osp.join(runner.work_dir,
-                                               'last_checkpoint'),
-                                      self.last_ckpt)
+                    write_text_atomic(
+                        osp.join(runner.work_dir, 'last_checkpoint'),
+                        self.last_ckpt)
         finally:
             self._pending_rng = None
 

@@ -174,11 +174,16 @@ class NonFiniteLossHook(Hook):
             for w in getattr(wrappers, 'optim_wrappers', {}).values():
                 self._guard(w)
 
-    def before_train_iter(self, runner, batch_idx: int,
+    def before_train_iter(self,
+                          runner,
+                          batch_idx: int,
                           data_batch=None) -> None:
         self._step_skipped = False
 
-    def after_train_iter(self, runner, batch_idx: int, data_batch=None,
+    def after_train_iter(self,
+                         runner,
+                         batch_idx: int,
+                         data_batch=None,
                          outputs: Optional[dict] = None) -> None:
         if self._step_skipped or not isinstance(outputs, dict):
             return
@@ -193,8 +198,8 @@ def add_nonfinite_hook(cfg) -> bool:
     hooks = list(cfg.get('custom_hooks', None) or [])
     for h in hooks:
         t = h.get('type') if isinstance(h, dict) else h
-        if t is NonFiniteLossHook or (isinstance(t, str) and t.split(
-                '.')[-1] == 'NonFiniteLossHook'):
+        if t is NonFiniteLossHook or (isinstance(t, str) and t.split('.')[-1]
+                                      == 'NonFiniteLossHook'):
             return False
     hooks.append(dict(type='NonFiniteLossHook'))
     cfg.custom_hooks = hooks

@@ -43,8 +43,10 @@ def soft_backbones(model) -> List:
     """The modules of ``model`` with NR diagnostics (SOFT backbones)."""
     if is_model_wrapper(model):
         model = model.module
-    return [m for m in model.modules()
-            if hasattr(m, 'set_nr_diagnostics') and hasattr(m, 'nr_stats')]
+    return [
+        m for m in model.modules()
+        if hasattr(m, 'set_nr_diagnostics') and hasattr(m, 'nr_stats')
+    ]
 
 
 @HOOKS.register_module()
@@ -60,7 +62,8 @@ class NRResidualHook(Hook):
 
     priority = 'NORMAL'  # before LoggerHook (BELOW_NORMAL) reads the hub
 
-    def __init__(self, interval: int = 50,
+    def __init__(self,
+                 interval: int = 50,
                  warn_unconverged: Optional[float] = 0.1):
         if interval < 1:
             raise ValueError(f'NRResidualHook: interval must be >= 1, got '
@@ -73,8 +76,11 @@ class NRResidualHook(Hook):
     def before_run(self, runner) -> None:
         self._backbones = soft_backbones(runner.model)
         if not self._backbones:
-            print_log('NRResidualHook: the model has no SOFT backbone; '
-                      'nothing to log', logger='current', level=30)
+            print_log(
+                'NRResidualHook: the model has no SOFT backbone; '
+                'nothing to log',
+                logger='current',
+                level=30)
         for bb in self._backbones:
             bb.set_nr_diagnostics(True)
 
@@ -88,7 +94,10 @@ class NRResidualHook(Hook):
                     cur[k] = max(v, cur.get(k, v))
         return out
 
-    def after_train_iter(self, runner, batch_idx: int, data_batch=None,
+    def after_train_iter(self,
+                         runner,
+                         batch_idx: int,
+                         data_batch=None,
                          outputs=None) -> None:
         stats = self.collect()
         if not stats:
@@ -109,12 +118,16 @@ class NRResidualHook(Hook):
                     f'(residual {vals["residual"]:.2e}); the forward differs '
                     f'from A^+ there and Eq. 16 is not its gradient. '
                     f"Consider nr_backward='exact', more nr_iters or "
-                    f'max_landmarks.', logger='current', level=30)
+                    f'max_landmarks.',
+                    logger='current',
+                    level=30)
         if self.every_n_train_iters(runner, self.interval):
-            print_log('NR convergence (last forward): ' + ', '.join(
-                f'{stage} residual {v.get("residual", float("nan")):.2e} '
-                f'unconverged {v.get("unconverged", float("nan")):.1%}'
-                for stage, v in stats.items()), logger='current')
+            print_log(
+                'NR convergence (last forward): ' + ', '.join(
+                    f'{stage} residual {v.get("residual", float("nan")):.2e} '
+                    f'unconverged {v.get("unconverged", float("nan")):.1%}'
+                    for stage, v in stats.items()),
+                logger='current')
 
     def after_run(self, runner) -> None:
         for bb in self._backbones:

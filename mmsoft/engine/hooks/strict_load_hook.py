@@ -27,19 +27,24 @@ class StrictLoadHook(Hook):
 
     priority = 'VERY_HIGH'  # before EMAHook copies the weights
 
-    def __init__(self, allow_partial: bool = False,
+    def __init__(self,
+                 allow_partial: bool = False,
                  opt_in: str = 'set allow_partial=True on StrictLoadHook'):
         self.allow_partial = allow_partial
         self.opt_in = opt_in
 
     def after_load_checkpoint(self, runner, checkpoint: dict) -> None:
-        from mmsoft.utils.strict_load import (check_state_dict,
-                                              strip_prefix, unwrap_model)
+        from mmsoft.utils.strict_load import (check_state_dict, strip_prefix,
+                                              unwrap_model)
         sd = checkpoint.get('state_dict', checkpoint) \
             if isinstance(checkpoint, dict) else checkpoint
         model = unwrap_model(runner.model)
         source = str(getattr(runner, '_load_from', None) or 'checkpoint')
-        check_state_dict(model.state_dict(), strip_prefix(sd), source,
-                         f'the model ({type(model).__name__})',
-                         allow_partial=self.allow_partial,
-                         opt_in=self.opt_in, checkpoint=checkpoint)
+        check_state_dict(
+            model.state_dict(),
+            strip_prefix(sd),
+            source,
+            f'the model ({type(model).__name__})',
+            allow_partial=self.allow_partial,
+            opt_in=self.opt_in,
+            checkpoint=checkpoint)

@@ -14,7 +14,7 @@ from mmengine.model.weight_init import trunc_normal_
 from torch.nn.modules.batchnorm import _BatchNorm
 
 from ..layers import checks
-from ..layers.blocks import ConvPatchEmbed, SoftmaxBlock, SOFTBlock
+from ..layers.blocks import ConvPatchEmbed, SOFTBlock, SoftmaxBlock
 from ..layers.soft_attention import SAMPLING_MODES
 
 __all__ = ['SOFT']
@@ -103,13 +103,18 @@ class SOFT(BaseModule):
     """
 
     arch_zoo = {
-        'tiny': _arch([64, 128, 320, 512], [2, 4, 10, 16], [1, 2, 3, 2]),
-        'small': _arch([64, 128, 320, 512], [2, 4, 10, 16], [1, 3, 7, 4]),
-        'medium': _arch([64, 128, 288, 512], [2, 4, 9, 16], [1, 3, 29, 5]),
-        'large': _arch([64, 128, 320, 512], [2, 4, 10, 16], [1, 3, 40, 5]),
-        'huge': _arch([64, 128, 352, 512], [2, 4, 11, 16], [1, 5, 49, 5]),
-        'small-official': _arch([64, 128, 320, 512], [2, 4, 10, 16],
-                                [1, 3, 20, 4]),
+        'tiny':
+        _arch([64, 128, 320, 512], [2, 4, 10, 16], [1, 2, 3, 2]),
+        'small':
+        _arch([64, 128, 320, 512], [2, 4, 10, 16], [1, 3, 7, 4]),
+        'medium':
+        _arch([64, 128, 288, 512], [2, 4, 9, 16], [1, 3, 29, 5]),
+        'large':
+        _arch([64, 128, 320, 512], [2, 4, 10, 16], [1, 3, 40, 5]),
+        'huge':
+        _arch([64, 128, 352, 512], [2, 4, 11, 16], [1, 5, 49, 5]),
+        'small-official':
+        _arch([64, 128, 320, 512], [2, 4, 10, 16], [1, 3, 20, 4]),
     }
     arch_defaults = dict(
         sampling_ratios=[8, 4, 2, 1],
@@ -143,8 +148,10 @@ class SOFT(BaseModule):
                  with_cp: bool = False,
                  init_cfg: Optional[Union[Dict, List[Dict]]] = None):
         super().__init__(init_cfg=init_cfg)
-        self._check_args({k: v for k, v in locals().items()
-                          if k not in ('self', '__class__')})
+        self._check_args({
+            k: v
+            for k, v in locals().items() if k not in ('self', '__class__')
+        })
         self.arch_settings = self._parse_arch(arch)
         if sampling not in SAMPLING_MODES:
             raise ValueError(f'unknown sampling {sampling!r}; choose one of '
@@ -183,7 +190,9 @@ class SOFT(BaseModule):
             if i < 3:
                 blocks = [
                     SOFTBlock(
-                        dims, heads, a['sampling_ratios'][i],
+                        dims,
+                        heads,
+                        a['sampling_ratios'][i],
                         mlp_ratio=a['mlp_ratios'][i],
                         drop_rate=dpr[cur + j],
                         residual_drop=residual_drop,
@@ -202,8 +211,11 @@ class SOFT(BaseModule):
             else:
                 blocks = [
                     SoftmaxBlock(
-                        dims, heads, mlp_ratio=a['mlp_ratios'][i],
-                        qkv_bias=qkv_bias, drop_rate=drop_rate,
+                        dims,
+                        heads,
+                        mlp_ratio=a['mlp_ratios'][i],
+                        qkv_bias=qkv_bias,
+                        drop_rate=drop_rate,
                         attn_drop_rate=attn_drop_rate,
                         drop_path_rate=dpr[cur + j]) for j in range(depth)
                 ]
@@ -224,10 +236,10 @@ class SOFT(BaseModule):
         :meth:`_parse_out_indices`."""
         checks.check_int('SOFT: in_channels', args['in_channels'])
         checks.check_int('SOFT: nr_iters', args['nr_iters'])
-        checks.check_int('SOFT: max_landmarks', args['max_landmarks'],
-                         allow_none=True)
-        checks.check_int('SOFT: pretrain_img_size', args['pretrain_img_size'],
-                         minimum=32)
+        checks.check_int(
+            'SOFT: max_landmarks', args['max_landmarks'], allow_none=True)
+        checks.check_int(
+            'SOFT: pretrain_img_size', args['pretrain_img_size'], minimum=32)
         for key in ('drop_rate', 'attn_drop_rate', 'drop_path_rate'):
             checks.check_rate(f'SOFT: {key}', args[key])
         defaults = {
@@ -255,22 +267,28 @@ class SOFT(BaseModule):
                             f'{type(arch).__name__}')
         for k, v in cls.arch_defaults.items():
             settings.setdefault(k, list(v))
-        unknown = set(settings) - {'embed_dims', 'num_heads', 'depths',
-                                   *cls.arch_defaults}
+        unknown = set(settings) - {
+            'embed_dims', 'num_heads', 'depths', *cls.arch_defaults
+        }
         if unknown:
             raise ValueError(f'SOFT arch dict has unknown keys '
                              f'{sorted(unknown)}; valid keys are embed_dims, '
                              f'num_heads, depths, '
                              f'{", ".join(cls.arch_defaults)}')
-        lengths = dict(embed_dims=4, num_heads=4, depths=4,
-                       sampling_ratios=4, mlp_ratios=4, dw_kernel_sizes=3)
+        lengths = dict(
+            embed_dims=4,
+            num_heads=4,
+            depths=4,
+            sampling_ratios=4,
+            mlp_ratios=4,
+            dw_kernel_sizes=3)
         for key, n in lengths.items():
             val = settings[key]
             if not isinstance(val, (list, tuple)) or len(val) != n:
                 raise ValueError(f'SOFT arch[{key!r}] must be a list of {n} '
                                  f'values, got {val!r}')
-        for i, (c, h) in enumerate(zip(settings['embed_dims'],
-                                       settings['num_heads'])):
+        for i, (c, h) in enumerate(
+                zip(settings['embed_dims'], settings['num_heads'])):
             if h <= 0 or c % h != 0:
                 raise ValueError(f'SOFT arch: num_heads[{i}]={h} does not '
                                  f'divide embed_dims[{i}]={c}')
@@ -328,15 +346,19 @@ class SOFT(BaseModule):
                 self.init_weights()  # official init for what is not loaded
                 self.init_cfg = cfg
             load_pretrained(
-                self, cfg['checkpoint'], prefix=cfg.get('prefix'),
+                self,
+                cfg['checkpoint'],
+                prefix=cfg.get('prefix'),
                 map_location=cfg.get('map_location', 'cpu'),
                 strict=cfg.get('strict', True),
                 opt_in="set model.backbone.init_cfg.strict=False")
             self._is_init = True
             return
         if pretrained:
-            print_log('SOFT: init_cfg has no checkpoint; using random '
-                      'initialisation', logger='current')
+            print_log(
+                'SOFT: init_cfg has no checkpoint; using random '
+                'initialisation',
+                logger='current')
             self.init_cfg = None
         for m in self.modules():
             if isinstance(m, nn.Linear):
@@ -409,7 +431,8 @@ class SOFT(BaseModule):
             if per_key:
                 out[f'stage{i + 1}'] = {
                     k: float(torch.stack(v).amax())
-                    for k, v in per_key.items()}
+                    for k, v in per_key.items()
+                }
         return out
 
     # ------------------------------------------------------------ forward
@@ -424,8 +447,8 @@ class SOFT(BaseModule):
                              f'not a square grid')
         if (g, g) != tuple(hw):
             grid = pos.reshape(1, g, g, -1).permute(0, 3, 1, 2)
-            grid = F.interpolate(grid, size=hw, mode='bilinear',
-                                 align_corners=False)
+            grid = F.interpolate(
+                grid, size=hw, mode='bilinear', align_corners=False)
             pos = grid.flatten(2).transpose(1, 2)
         if cls_pos is not None:
             pos = torch.cat([cls_pos, pos], dim=1)
@@ -447,8 +470,10 @@ class SOFT(BaseModule):
                 H, W = (H + 1) // 2, (W + 1) // 2
             if i in self.out_indices:
                 shape = (0, self.embed_dims[i]) if (
-                    i == 3 and self.out_type == 'cls_token') else (
-                        0, self.embed_dims[i], H, W)
+                    i == 3
+                    and self.out_type == 'cls_token') else (0,
+                                                            self.embed_dims[i],
+                                                            H, W)
                 outs.append(x.new_zeros(shape))
         return tuple(outs)
 
@@ -477,8 +502,8 @@ class SOFT(BaseModule):
                     if self.out_type == 'cls_token':
                         outs.append(x[:, 0])
                     else:
-                        outs.append(x[:, 1:].transpose(1, 2).reshape(
-                            B, -1, *hw))
+                        outs.append(x[:, 1:].transpose(1,
+                                                       2).reshape(B, -1, *hw))
             else:
                 x = x.transpose(1, 2).reshape(B, -1, *hw)
                 if i in self.out_indices:

@@ -1,6 +1,6 @@
-from .blocks import (ConvPatchEmbed, DropPath, FFN, SoftmaxAttention,
-                     SoftmaxBlock, SOFTBlock)
 from .attention_zoo import ATTENTIONS, build_attention, register_attention
+from .blocks import (FFN, ConvPatchEmbed, DropPath, SOFTBlock,
+                     SoftmaxAttention, SoftmaxBlock)
 from .gaussian_kernel import gaussian_kernel
 from .pinv import (newton_inverse, newton_inverse_apply, nr_init_alpha,
                    pinv_convergence)
@@ -12,7 +12,7 @@ __all__ = [
     'ConvPatchEmbed', 'DropPath', 'FFN', 'SoftmaxAttention', 'SoftmaxBlock',
     'SOFTBlock', 'gaussian_kernel', 'newton_inverse', 'newton_inverse_apply',
     'nr_init_alpha', 'bottleneck_apply', 'bottleneck_inverse',
-    'pinv_convergence', 'SAMPLING_MODES', 'BottleneckSampler',
-    'SOFTAttention', 'landmark_grid', 'soft_attention', 'ATTENTIONS',
-    'build_attention', 'register_attention'
+    'pinv_convergence', 'SAMPLING_MODES', 'BottleneckSampler', 'SOFTAttention',
+    'landmark_grid', 'soft_attention', 'ATTENTIONS', 'build_attention',
+    'register_attention'
 ]

@@ -42,8 +42,10 @@ from .zoo import (LinformerAttention, NystromformerAttention,
                   soft_attention_matrix, soft_attention_row)
 from .zoo.common import Index
 
-__all__ = ['ATTENTIONS', 'ATTENTION_TYPES', 'register_attention',
-           'build_attention', 'attention_row', 'attention_matrix']
+__all__ = [
+    'ATTENTIONS', 'ATTENTION_TYPES', 'register_attention', 'build_attention',
+    'attention_row', 'attention_matrix'
+]
 
 ATTENTIONS: Dict[str, Type[nn.Module]] = {'soft': SOFTAttention}
 
@@ -65,9 +67,9 @@ register_attention('nystromformer')(NystromformerAttention)
 register_attention('sima')(SimAAttention)
 
 #: every accepted ``attn_type`` (``soft_norm`` is ``soft`` + attn_norm)
-ATTENTION_TYPES: Tuple[str, ...] = ('soft', 'soft_norm', 'softmax',
-                                    'linformer', 'performer',
-                                    'nystromformer', 'sima')
+ATTENTION_TYPES: Tuple[str,
+                       ...] = ('soft', 'soft_norm', 'softmax', 'linformer',
+                               'performer', 'nystromformer', 'sima')
 
 _SOFT_ONLY = ('sampling', 'attn_norm', 'nr_iters', 'nr_init', 'nr_method',
               'max_landmarks', 'nr_backward', 'nr_diagnostics')

@@ -16,8 +16,10 @@ import torch.nn.functional as F
 
 from .attention_zoo import build_attention
 
-__all__ = ['ConvBNReLU', 'ConvPatchEmbed', 'FFN', 'SOFTBlock',
-           'SoftmaxAttention', 'SoftmaxBlock', 'DropPath']
+__all__ = [
+    'ConvBNReLU', 'ConvPatchEmbed', 'FFN', 'SOFTBlock', 'SoftmaxAttention',
+    'SoftmaxBlock', 'DropPath'
+]
 
 
 class DropPath(nn.Module):
@@ -52,7 +54,10 @@ class ConvPatchEmbed(nn.Module):
     """Overlapping conv tokenizer. ``stem=True``: C33-BN-ReLU, stride 4 in
     total (32 hidden channels); otherwise one C31-BN-ReLU of stride 2."""
 
-    def __init__(self, in_channels: int, embed_dims: int, stem: bool,
+    def __init__(self,
+                 in_channels: int,
+                 embed_dims: int,
+                 stem: bool,
                  stem_channels: int = 32):
         super().__init__()
         if stem:
@@ -72,8 +77,11 @@ class ConvPatchEmbed(nn.Module):
 class FFN(nn.Module):
     """fc1 -> GELU -> fc2 (``approximate='tanh'`` for SOFT layers)."""
 
-    def __init__(self, embed_dims: int, hidden_dims: int,
-                 approximate: str = 'none', drop: float = 0.):
+    def __init__(self,
+                 embed_dims: int,
+                 hidden_dims: int,
+                 approximate: str = 'none',
+                 drop: float = 0.):
         super().__init__()
         self.fc1 = nn.Linear(embed_dims, hidden_dims)
         self.fc2 = nn.Linear(hidden_dims, embed_dims)
@@ -86,7 +94,8 @@ class FFN(nn.Module):
 
 
 class SOFTBlock(nn.Module):
-    """Post-norm SOFT layer: x = LN(x + drop(SOFT(x))); x = LN(x + drop(FFN(x))).
+    """Post-norm SOFT layer: x = LN(x + drop(SOFT(x))), then
+    x = LN(x + drop(FFN(x))).
 
     ``attn_type`` swaps the token mixer for another entry of
     :data:`mmsoft.models.layers.attention_zoo.ATTENTIONS` (default SOFT).
@@ -115,14 +124,21 @@ class SOFTBlock(nn.Module):
                  nr_backward: str = 'eq16',
                  nr_diagnostics: bool = False):
         super().__init__()
-        nr_opts = dict(nr_backward=nr_backward,
-                       nr_diagnostics=nr_diagnostics)
+        nr_opts = dict(nr_backward=nr_backward, nr_diagnostics=nr_diagnostics)
         self.attn = build_attention(
-            attn_type, embed_dims, num_heads, sampling_ratio,
-            sampling=sampling, dw_kernel_size=dw_kernel_size,
-            attn_norm=attn_norm, nr_iters=nr_iters, nr_init=nr_init,
-            qkv_bias=qkv_bias, nr_method=nr_method,
-            max_landmarks=max_landmarks, **nr_opts)
+            attn_type,
+            embed_dims,
+            num_heads,
+            sampling_ratio,
+            sampling=sampling,
+            dw_kernel_size=dw_kernel_size,
+            attn_norm=attn_norm,
+            nr_iters=nr_iters,
+            nr_init=nr_init,
+            qkv_bias=qkv_bias,
+            nr_method=nr_method,
+            max_landmarks=max_landmarks,
+            **nr_opts)
         self.norm1 = nn.LayerNorm(embed_dims)
         self.ffn = FFN(embed_dims, int(embed_dims * mlp_ratio), 'tanh')
         self.norm2 = nn.LayerNorm(embed_dims)
@@ -143,8 +159,11 @@ class SOFTBlock(nn.Module):
 class SoftmaxAttention(nn.Module):
     """Standard multi-head softmax attention (q, fused kv, proj)."""
 
-    def __init__(self, embed_dims: int, num_heads: int,
-                 qkv_bias: bool = True, attn_drop: float = 0.,
+    def __init__(self,
+                 embed_dims: int,
+                 num_heads: int,
+                 qkv_bias: bool = True,
+                 attn_drop: float = 0.,
                  proj_drop: float = 0.):
         super().__init__()
         if embed_dims % num_heads != 0:
@@ -171,10 +190,15 @@ class SoftmaxAttention(nn.Module):
 class SoftmaxBlock(nn.Module):
     """Pre-norm ViT block: x += DP(Attn(LN(x))); x += DP(MLP(LN(x)))."""
 
-    def __init__(self, embed_dims: int, num_heads: int,
-                 mlp_ratio: float = 4., qkv_bias: bool = True,
-                 drop_rate: float = 0., attn_drop_rate: float = 0.,
-                 drop_path_rate: float = 0., norm_eps: float = 1e-6):
+    def __init__(self,
+                 embed_dims: int,
+                 num_heads: int,
+                 mlp_ratio: float = 4.,
+                 qkv_bias: bool = True,
+                 drop_rate: float = 0.,
+                 attn_drop_rate: float = 0.,
+                 drop_path_rate: float = 0.,
+                 norm_eps: float = 1e-6):
         super().__init__()
         self.norm1 = nn.LayerNorm(embed_dims, eps=norm_eps)
         self.attn = SoftmaxAttention(embed_dims, num_heads, qkv_bias,

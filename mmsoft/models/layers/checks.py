@@ -7,15 +7,19 @@ shape error in the first forward pass, or a silently ignored option).
 import numbers
 from typing import Any, Optional
 
-__all__ = ['check_int', 'check_rate', 'check_kernel_size',
-           'check_ignored_attn_options']
+__all__ = [
+    'check_int', 'check_rate', 'check_kernel_size',
+    'check_ignored_attn_options'
+]
 
 
 def _is_int(value: Any) -> bool:
     return isinstance(value, numbers.Integral) and not isinstance(value, bool)
 
 
-def check_int(name: str, value: Any, minimum: int = 1,
+def check_int(name: str,
+              value: Any,
+              minimum: int = 1,
               allow_none: bool = False) -> Optional[int]:
     """``value`` must be an int >= ``minimum`` (or None with
     ``allow_none``); returns it as a python int."""
@@ -59,7 +63,7 @@ def check_ignored_attn_options(attn_type: str, options: dict,
     would otherwise be dropped silently). ``attn_type='soft_norm'`` always
     normalises, so ``attn_norm=False`` contradicts it.
     """
-    from .attention_zoo import ATTENTIONS, _SOFT_ONLY, _accepted
+    from .attention_zoo import _SOFT_ONLY, ATTENTIONS, _accepted
     from .soft_attention import SOFTAttention
     if attn_type == 'soft_norm':
         if options.get('attn_norm', True) is not True:

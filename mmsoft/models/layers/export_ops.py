@@ -24,8 +24,10 @@ functions are for inference graphs only.
 """
 import torch
 
-__all__ = ['is_exporting', 'ExportError', 'gaussian_kernel',
-           'newton_inverse', 'newton_inverse_apply']
+__all__ = [
+    'is_exporting', 'ExportError', 'gaussian_kernel', 'newton_inverse',
+    'newton_inverse_apply'
+]
 
 
 class ExportError(RuntimeError):
@@ -42,7 +44,8 @@ def _fp32(t: torch.Tensor) -> torch.Tensor:
     return t if t.dtype == torch.float64 else t.float()
 
 
-def gaussian_kernel(x: torch.Tensor, y: torch.Tensor,
+def gaussian_kernel(x: torch.Tensor,
+                    y: torch.Tensor,
                     self_kernel: bool = False) -> torch.Tensor:
     """exp(-||x_i - y_j||^2 / 2) for x (..., n, d), y (..., m, d) (Eq. 5).
 
@@ -72,7 +75,9 @@ def _check_method(method: str) -> None:
             "'iterative' (same function) before exporting")
 
 
-def newton_inverse(A: torch.Tensor, iters: int, init: str,
+def newton_inverse(A: torch.Tensor,
+                   iters: int,
+                   init: str,
                    method: str = 'iterative') -> torch.Tensor:
     """The T-th Newton-Raphson iterate A_T (Alg. 2), unrolled matmuls.
 
@@ -88,8 +93,10 @@ def newton_inverse(A: torch.Tensor, iters: int, init: str,
     return V
 
 
-def newton_inverse_apply(A: torch.Tensor, W: torch.Tensor, iters: int,
-                         init: str, method: str = 'iterative'
-                         ) -> torch.Tensor:
+def newton_inverse_apply(A: torch.Tensor,
+                         W: torch.Tensor,
+                         iters: int,
+                         init: str,
+                         method: str = 'iterative') -> torch.Tensor:
     """A_T W with A_T from :func:`newton_inverse`."""
     return torch.matmul(newton_inverse(A, iters, init, method), _fp32(W))

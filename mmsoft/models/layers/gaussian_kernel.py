@@ -42,7 +42,9 @@ __all__ = ['gaussian_kernel', 'GaussianKernel']
 class GaussianKernel(torch.autograd.Function):
 
     @staticmethod
-    def forward(ctx, x: torch.Tensor, y: torch.Tensor,
+    def forward(ctx,
+                x: torch.Tensor,
+                y: torch.Tensor,
                 self_kernel: bool = False) -> torch.Tensor:
         # translate both sets by the mean landmark c (K depends on x - y
         # only): the expansion below then cancels relative to the tokens'
@@ -74,8 +76,9 @@ class GaussianKernel(torch.autograd.Function):
             if grad_x.shape != x.shape:
                 grad_x = grad_x.sum_to_size(x.shape)
         if ctx.needs_input_grad[1]:
-            grad_y = (torch.matmul(GK.transpose(-1, -2), xc) -
-                      GK.sum(-2).unsqueeze(-1) * yc)
+            grad_y = (
+                torch.matmul(GK.transpose(-1, -2), xc) -
+                GK.sum(-2).unsqueeze(-1) * yc)
             # y may have been broadcast along batch dims
             if grad_y.shape != y.shape:
                 grad_y = grad_y.sum_to_size(y.shape)
@@ -97,8 +100,8 @@ def gaussian_kernel(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
     self_kernel = x is y
     with torch.autocast(device_type=x.device.type, enabled=False):
         if export_ops.is_exporting():  # ONNX: plain out-of-place ops
-            return export_ops.gaussian_kernel(x.to(dtype), y.to(dtype),
-                                              self_kernel)
+            return export_ops.gaussian_kernel(
+                x.to(dtype), y.to(dtype), self_kernel)
         y = y.to(dtype)
-        return GaussianKernel.apply(y if self_kernel else x.to(dtype), y,
-                                    self_kernel)
+        return GaussianKernel.apply(
+            y if self_kernel else x.to(dtype), y, self_kernel)

@@ -68,18 +68,21 @@ import torch
 
 from . import export_ops
 
-__all__ = ['newton_inverse', 'newton_inverse_apply', 'nr_init_alpha',
-           'pinv_convergence', 'NewtonInverse', 'NewtonInverseApply',
-           'INIT_MODES', 'INIT_ALIASES', 'NR_METHODS', 'NR_BACKWARDS',
-           'SPECTRAL_MIN_M', 'canonical_init', 'default_init',
-           'nr_residual']
+__all__ = [
+    'newton_inverse', 'newton_inverse_apply', 'nr_init_alpha',
+    'pinv_convergence', 'NewtonInverse', 'NewtonInverseApply', 'INIT_MODES',
+    'INIT_ALIASES', 'NR_METHODS', 'NR_BACKWARDS', 'SPECTRAL_MIN_M',
+    'canonical_init', 'default_init', 'nr_residual'
+]
 
 INIT_MODES = ('soft_norm_per_sample', 'soft_norm_per_matrix',
               'soft_norm_per_batch', 'soft')
 #: old names, still accepted (configs and saved configs may use them)
-INIT_ALIASES = {'soft_norm_sample': 'soft_norm_per_sample',
-                'soft_norm_global': 'soft_norm_per_batch',
-                'soft_norm': 'soft_norm_per_matrix'}
+INIT_ALIASES = {
+    'soft_norm_sample': 'soft_norm_per_sample',
+    'soft_norm_global': 'soft_norm_per_batch',
+    'soft_norm': 'soft_norm_per_matrix'
+}
 NR_METHODS = ('auto', 'iterative', 'spectral')
 NR_BACKWARDS = ('eq16', 'exact')
 #: smallest m for which ``method='auto'`` uses the spectral form on the CPU.
@@ -121,7 +124,8 @@ def canonical_init(init: str) -> str:
                 "'soft_norm_per_matrix' (alpha per matrix); the default "
                 "with attn_norm=True is now 'soft_norm_per_sample' (the "
                 "official rule per sample). Set nr_init to one of the new "
-                "names to silence this warning.", FutureWarning,
+                "names to silence this warning.",
+                FutureWarning,
                 stacklevel=3)
         return new
     raise ValueError(f'unknown Newton-Raphson init {init!r}; choose one of '
@@ -207,9 +211,8 @@ def _scalar_iterate(lam: torch.Tensor, alpha: torch.Tensor,
     return v
 
 
-def _spectral_factors(
-        A: torch.Tensor, alpha: torch.Tensor,
-        iters: int) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def _spectral_factors(A: torch.Tensor, alpha: torch.Tensor, iters: int
+                      ) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """The NR iterations on the eigenvalues of the symmetric A.
 
     Returns (U, v, l) with A = U diag(l) U^T and A_T = U diag(v) U^T: every
@@ -221,8 +224,7 @@ def _spectral_factors(
 
 
 def _pair_divided_differences(a: torch.Tensor, b: torch.Tensor,
-                              alpha: torch.Tensor,
-                              iters: int) -> torch.Tensor:
+                              alpha: torch.Tensor, iters: int) -> torch.Tensor:
     """[a, b] f for f = v_T, elementwise, without cancellation.
 
     Divided differences obey the Leibniz rule
@@ -282,8 +284,8 @@ def _divided_differences(lam: torch.Tensor, v: torch.Tensor,
     idx = _close_pairs(lam)
     batch = idx[:-2]
     F[idx] = _pair_divided_differences(lam[batch + (idx[-2], )],
-                                       lam[batch + (idx[-1], )],
-                                       alpha[batch], iters)
+                                       lam[batch + (idx[-1], )], alpha[batch],
+                                       iters)
     return F
 
 
@@ -316,7 +318,9 @@ def _init(A: torch.Tensor, init: str) -> Tuple[torch.Tensor, torch.Tensor]:
     return A, alpha
 
 
-def _newton_forward(A: torch.Tensor, iters: int, init: str,
+def _newton_forward(A: torch.Tensor,
+                    iters: int,
+                    init: str,
                     method: str = 'iterative') -> torch.Tensor:
     A, alpha = _init(A, init)
     if method == 'spectral':
@@ -369,8 +373,12 @@ class NewtonInverse(torch.autograd.Function):
     derivative of the T-iteration function, alpha held fixed."""
 
     @staticmethod
-    def forward(ctx, A: torch.Tensor, iters: int, init: str,
-                method: str = 'iterative', backward: str = 'eq16',
+    def forward(ctx,
+                A: torch.Tensor,
+                iters: int,
+                init: str,
+                method: str = 'iterative',
+                backward: str = 'eq16',
                 stats: Optional[Dict] = None) -> torch.Tensor:
         ctx.exact = backward == 'exact'
         ctx.iters = iters
@@ -416,8 +424,12 @@ class NewtonInverseApply(torch.autograd.Function):
     """
 
     @staticmethod
-    def forward(ctx, A: torch.Tensor, W: torch.Tensor, iters: int,
-                init: str, method: str = 'iterative',
+    def forward(ctx,
+                A: torch.Tensor,
+                W: torch.Tensor,
+                iters: int,
+                init: str,
+                method: str = 'iterative',
                 backward: str = 'eq16',
                 stats: Optional[Dict] = None) -> torch.Tensor:
         ctx.exact = backward == 'exact'
@@ -489,7 +501,8 @@ def _iterative_exact(A: torch.Tensor, iters: int, init: str,
     return _newton_iterate(Aw, V, iters)
 
 
-def newton_inverse(A: torch.Tensor, iters: int = 20,
+def newton_inverse(A: torch.Tensor,
+                   iters: int = 20,
                    init: str = 'soft_norm_per_sample',
                    method: str = 'auto',
                    backward: str = 'eq16',
@@ -521,11 +534,13 @@ def newton_inverse(A: torch.Tensor, iters: int = 20,
     with torch.autocast(device_type=A.device.type, enabled=False):
         if backward == 'exact' and method == 'iterative':
             return _iterative_exact(A.to(dtype), int(iters), init, stats)
-        return NewtonInverse.apply(A.to(dtype), int(iters), init, method,
-                                   backward, stats)
+        return NewtonInverse.apply(
+            A.to(dtype), int(iters), init, method, backward, stats)
 
 
-def newton_inverse_apply(A: torch.Tensor, W: torch.Tensor, iters: int = 20,
+def newton_inverse_apply(A: torch.Tensor,
+                         W: torch.Tensor,
+                         iters: int = 20,
                          init: str = 'soft_norm_per_sample',
                          method: str = 'auto',
                          backward: str = 'eq16',
@@ -560,12 +575,14 @@ def newton_inverse_apply(A: torch.Tensor, W: torch.Tensor, iters: int = 20,
         if backward == 'exact' and method == 'iterative':
             return _iterative_exact(A.to(dtype), int(iters), init,
                                     stats) @ W.to(dtype)
-        return NewtonInverseApply.apply(A.to(dtype), W.to(dtype), int(iters),
-                                        init, method, backward, stats)
+        return NewtonInverseApply.apply(
+            A.to(dtype), W.to(dtype), int(iters), init, method, backward,
+            stats)
 
 
 @torch.no_grad()
-def nr_residual(A: torch.Tensor, iters: int = 20,
+def nr_residual(A: torch.Tensor,
+                iters: int = 20,
                 init: str = 'soft_norm_per_sample') -> Dict[str, torch.Tensor]:
     """Convergence of the T iterations on A, from its eigenvalues.
 
@@ -582,7 +599,8 @@ def nr_residual(A: torch.Tensor, iters: int = 20,
 
 
 @torch.no_grad()
-def pinv_convergence(A: torch.Tensor, iters: int = 20,
+def pinv_convergence(A: torch.Tensor,
+                     iters: int = 20,
                      init: str = 'soft_norm_per_sample'
                      ) -> Tuple[torch.Tensor, ...]:
     """The paper's convergence metric ||A A_k A - A||_2 / ||A||_2 per step.

@@ -28,14 +28,16 @@ from .gaussian_kernel import gaussian_kernel
 from .pinv import (NR_BACKWARDS, NR_METHODS, canonical_init, default_init,
                    newton_inverse, newton_inverse_apply)
 
-__all__ = ['BottleneckSampler', 'SOFTAttention', 'soft_attention',
-           'bottleneck_inverse', 'bottleneck_apply',
-           'SAMPLING_MODES', 'landmark_grid']
+__all__ = [
+    'BottleneckSampler', 'SOFTAttention', 'soft_attention',
+    'bottleneck_inverse', 'bottleneck_apply', 'SAMPLING_MODES', 'landmark_grid'
+]
 
 SAMPLING_MODES = ('conv', 'avgpool', 'random', 'biased')
 
 
-def landmark_grid(hw: Tuple[int, int], ratio: int,
+def landmark_grid(hw: Tuple[int, int],
+                  ratio: int,
                   max_landmarks: Optional[int] = None) -> Tuple[int, int]:
     """Bottleneck grid for an H x W token map and sampling ratio r.
 
@@ -109,9 +111,8 @@ def bottleneck_apply(A: torch.Tensor,
     with torch.autocast(device_type=A.device.type, enabled=False):
         dtype = torch.float64 if A.dtype == torch.float64 else torch.float32
         d = A.to(dtype).sum(-1, keepdim=True).rsqrt()  # entries in (0, 1]
-        return d * newton_inverse_apply(A, d * W.to(dtype), nr_iters,
-                                        nr_init, nr_method, nr_backward,
-                                        nr_stats)
+        return d * newton_inverse_apply(A, d * W.to(dtype), nr_iters, nr_init,
+                                        nr_method, nr_backward, nr_stats)
 
 
 def soft_attention(q: torch.Tensor,
@@ -161,7 +162,10 @@ class BottleneckSampler(nn.Module):
             from scratch, not for official weights (trained uncapped).
     """
 
-    def __init__(self, head_dims: int, ratio: int, mode: str = 'conv',
+    def __init__(self,
+                 head_dims: int,
+                 ratio: int,
+                 mode: str = 'conv',
                  max_landmarks: Optional[int] = None):
         super().__init__()
         if mode not in SAMPLING_MODES:
@@ -174,8 +178,8 @@ class BottleneckSampler(nn.Module):
         self.ratio = ratio
         self.max_landmarks = max_landmarks
         if mode == 'conv':
-            self.conv = nn.Conv2d(head_dims, head_dims, ratio, ratio,
-                                  bias=False)
+            self.conv = nn.Conv2d(
+                head_dims, head_dims, ratio, ratio, bias=False)
             self.norm = nn.LayerNorm(head_dims)
 
     def num_landmarks(self, hw: Tuple[int, int]) -> int:
@@ -187,8 +191,7 @@ class BottleneckSampler(nn.Module):
         if self.max_landmarks is None or \
                 x.shape[2] * x.shape[3] <= self.max_landmarks:
             return x
-        gh, gw = landmark_grid((x.shape[2], x.shape[3]), 1,
-                               self.max_landmarks)
+        gh, gw = landmark_grid((x.shape[2], x.shape[3]), 1, self.max_landmarks)
         return F.adaptive_avg_pool2d(x, (gh, gw))
 
     def _grid(self, q: torch.Tensor, hw: Tuple[int, int]) -> torch.Tensor:
@@ -302,8 +305,11 @@ class SOFTAttention(nn.Module):
         self.sampler = BottleneckSampler(self.head_dims, sampling_ratio,
                                          sampling, max_landmarks)
         self.dw_conv = nn.Conv2d(
-            num_heads, num_heads, dw_kernel_size,
-            padding=dw_kernel_size // 2, groups=num_heads,
+            num_heads,
+            num_heads,
+            dw_kernel_size,
+            padding=dw_kernel_size // 2,
+            groups=num_heads,
             bias=False) if dw_kernel_size else None
         self.proj = nn.Linear(embed_dims, embed_dims)
 
@@ -311,8 +317,8 @@ class SOFTAttention(nn.Module):
         B, N, _ = x.shape
         return x.view(B, N, self.num_heads, self.head_dims).transpose(1, 2)
 
-    def _dw_conv_tokens(self, v: torch.Tensor,
-                        hw: Tuple[int, int]) -> torch.Tensor:
+    def _dw_conv_tokens(self, v: torch.Tensor, hw: Tuple[int,
+                                                         int]) -> torch.Tensor:
         """Per-head k x k conv of the (B, N, C) value tokens -> (B, N, C).
 
         One channels-last depthwise conv over the C channels, head g's
@@ -329,8 +335,7 @@ class SOFTAttention(nn.Module):
     def _dw_conv_v(self, v: torch.Tensor, hw: Tuple[int, int]):
         """The same conv for split heads: (B, h, N, d) -> (B, h, N, d)."""
         B, h, N, d = v.shape
-        out = self._dw_conv_tokens(v.transpose(1, 2).reshape(B, N, h * d),
-                                   hw)
+        out = self._dw_conv_tokens(v.transpose(1, 2).reshape(B, N, h * d), hw)
         return out.view(B, N, h, d).transpose(1, 2)
 
     def forward(self, x: torch.Tensor, hw: Tuple[int, int]) -> torch.Tensor:

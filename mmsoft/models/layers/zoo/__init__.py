@@ -4,8 +4,8 @@ from .linformer import LinformerAttention
 from .nystromformer import NystromformerAttention, iterative_pinv
 from .performer import PerformerAttention, orthogonal_gaussian
 from .sima import SimAAttention, l1_normalize_tokens, sima_order
-from .soft import (soft_attention_matrix, soft_attention_row,
-                   soft_bottleneck, soft_landmarks)
+from .soft import (soft_attention_matrix, soft_attention_row, soft_bottleneck,
+                   soft_landmarks)
 from .softmax import SoftmaxZooAttention
 
 __all__ = [

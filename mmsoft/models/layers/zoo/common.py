@@ -27,8 +27,10 @@ import torch.nn.functional as F
 from ..checks import check_kernel_size
 from ..soft_attention import SOFTAttention, landmark_grid
 
-__all__ = ['ZooAttention', 'reduce_map', 'spread_to_tokens', 'query_index',
-           'reduced_grid']
+__all__ = [
+    'ZooAttention', 'reduce_map', 'spread_to_tokens', 'query_index',
+    'reduced_grid'
+]
 
 Index = Union[int, Sequence[int]]
 
@@ -47,17 +49,19 @@ def query_index(index: Index, hw: Tuple[int, int]) -> int:
     return i
 
 
-def reduced_grid(hw: Tuple[int, int], ratio: int,
+def reduced_grid(hw: Tuple[int, int],
+                 ratio: int,
                  max_landmarks: Optional[int] = None,
-                 landmark_hw: Optional[Tuple[int, int]] = None
-                 ) -> Tuple[int, int]:
+                 landmark_hw: Optional[Tuple[int,
+                                             int]] = None) -> Tuple[int, int]:
     """The landmark / reduced-token grid (same rule as SOFT's sampler)."""
     if landmark_hw is not None:
         return tuple(landmark_hw)
     return landmark_grid(hw, ratio, max_landmarks)
 
 
-def reduce_map(x: torch.Tensor, ratio: int,
+def reduce_map(x: torch.Tensor,
+               ratio: int,
                max_landmarks: Optional[int] = None,
                landmark_hw: Optional[Tuple[int, int]] = None,
                conv: Optional[nn.Module] = None) -> torch.Tensor:
@@ -86,10 +90,12 @@ def reduce_map(x: torch.Tensor, ratio: int,
     return x
 
 
-def spread_to_tokens(w: torch.Tensor, hw: Tuple[int, int], ratio: int,
+def spread_to_tokens(w: torch.Tensor,
+                     hw: Tuple[int, int],
+                     ratio: int,
                      max_landmarks: Optional[int] = None,
-                     landmark_hw: Optional[Tuple[int, int]] = None
-                     ) -> torch.Tensor:
+                     landmark_hw: Optional[Tuple[int,
+                                                 int]] = None) -> torch.Tensor:
     """Spread weights over m reduced tokens back onto the n = H*W tokens.
 
     ``w`` (..., m) -> (..., n): the transpose of the average-pooling operator
@@ -98,8 +104,8 @@ def spread_to_tokens(w: torch.Tensor, hw: Tuple[int, int], ratio: int,
     """
     lead = w.shape[:-1]
     H, W = hw
-    z = torch.zeros(1, 1, H, W, dtype=w.dtype, device=w.device,
-                    requires_grad=True)
+    z = torch.zeros(
+        1, 1, H, W, dtype=w.dtype, device=w.device, requires_grad=True)
     with torch.enable_grad():
         y = reduce_map(z, ratio, max_landmarks, landmark_hw)
         m = y.shape[-2] * y.shape[-1]
@@ -107,9 +113,10 @@ def spread_to_tokens(w: torch.Tensor, hw: Tuple[int, int], ratio: int,
             raise ValueError(f'{w.shape[-1]} weights for {m} reduced tokens')
         wf = w.detach().reshape(-1, m)
         # one vector-Jacobian product per row of weights
-        outs = [torch.autograd.grad(y.flatten() @ row, z,
-                                    retain_graph=True)[0].flatten()
-                for row in wf]
+        outs = [
+            torch.autograd.grad(y.flatten() @ row, z,
+                                retain_graph=True)[0].flatten() for row in wf
+        ]
     return torch.stack(outs).reshape(*lead, H * W)
 
 
@@ -125,8 +132,12 @@ class ZooAttention(nn.Module):
         qkv_bias: biases of the q / k / v projections.
     """
 
-    def __init__(self, embed_dims: int, num_heads: int, sampling_ratio: int,
-                 dw_kernel_size: int = 3, qkv_bias: bool = True):
+    def __init__(self,
+                 embed_dims: int,
+                 num_heads: int,
+                 sampling_ratio: int,
+                 dw_kernel_size: int = 3,
+                 qkv_bias: bool = True):
         super().__init__()
         if embed_dims % num_heads != 0:
             raise ValueError(f'num_heads ({num_heads}) must divide '
@@ -141,8 +152,11 @@ class ZooAttention(nn.Module):
         self.sampling_ratio = sampling_ratio
         self.scale = self.head_dims**-0.5
         self.dw_conv = nn.Conv2d(
-            num_heads, num_heads, dw_kernel_size,
-            padding=dw_kernel_size // 2, groups=num_heads,
+            num_heads,
+            num_heads,
+            dw_kernel_size,
+            padding=dw_kernel_size // 2,
+            groups=num_heads,
             bias=False) if dw_kernel_size else None
         self.proj = nn.Linear(embed_dims, embed_dims)
 
@@ -159,8 +173,7 @@ class ZooAttention(nn.Module):
     def _from_map(self, t: torch.Tensor, B: int) -> torch.Tensor:
         """(B*h, d, gh, gw) -> (B, h, gh*gw, d)."""
         d = t.shape[1]
-        return t.flatten(2).transpose(1, 2).reshape(B, self.num_heads, -1,
-                                                    d)
+        return t.flatten(2).transpose(1, 2).reshape(B, self.num_heads, -1, d)
 
     # the per-head depthwise conv on V, shared with SOFT attention (one
     # channels-last conv, head g's filter repeated for its d channels)

@@ -43,13 +43,17 @@ class LinformerAttention(ZooAttention):
         landmark_hw: a fixed reduced grid (gh, gw) at every input size.
     """
 
-    def __init__(self, embed_dims: int, num_heads: int, sampling_ratio: int,
-                 dw_kernel_size: int = 3, qkv_bias: bool = True,
+    def __init__(self,
+                 embed_dims: int,
+                 num_heads: int,
+                 sampling_ratio: int,
+                 dw_kernel_size: int = 3,
+                 qkv_bias: bool = True,
                  sr_mode: str = 'conv',
                  max_landmarks: Optional[int] = None,
                  landmark_hw: Optional[Tuple[int, int]] = None):
-        super().__init__(embed_dims, num_heads, sampling_ratio,
-                         dw_kernel_size, qkv_bias)
+        super().__init__(embed_dims, num_heads, sampling_ratio, dw_kernel_size,
+                         qkv_bias)
         if sr_mode not in SR_MODES:
             raise ValueError(f'unknown sr_mode {sr_mode!r}; choose one of '
                              f'{SR_MODES}')
@@ -70,8 +74,12 @@ class LinformerAttention(ZooAttention):
         """(B, n, C) -> (B, m, C) reduced tokens."""
         B, N, C = x.shape
         xm = x.transpose(1, 2).reshape(B, C, *hw)
-        xr = reduce_map(xm, self.sampling_ratio, self.max_landmarks,
-                        self.landmark_hw, conv=self.sr)
+        xr = reduce_map(
+            xm,
+            self.sampling_ratio,
+            self.max_landmarks,
+            self.landmark_hw,
+            conv=self.sr)
         xr = xr.flatten(2).transpose(1, 2)
         return self.norm(xr) if self.norm is not None else xr
 
@@ -90,8 +98,7 @@ class LinformerAttention(ZooAttention):
         i = query_index(index, hw)
         q = self._split(self.q(x[:, i:i + 1]))
         k = self._split(self.k(self._reduce(x, hw)))
-        return ((q @ k.transpose(-1, -2)).squeeze(-2) * self.scale).softmax(
-            -1)
+        return ((q @ k.transpose(-1, -2)).squeeze(-2) * self.scale).softmax(-1)
 
     @torch.no_grad()
     def attention_row(self, x: torch.Tensor, hw: Tuple[int, int],
@@ -99,8 +106,8 @@ class LinformerAttention(ZooAttention):
         """The reduced row spread over the r x r cells of its keys (exact
         mixing weights of V for ``sr_mode='avgpool'``)."""
         w = self.reduced_attention_row(x, hw, index)
-        return spread_to_tokens(w, hw, self.sampling_ratio,
-                                self.max_landmarks, self.landmark_hw)
+        return spread_to_tokens(w, hw, self.sampling_ratio, self.max_landmarks,
+                                self.landmark_hw)
 
     def extra_repr(self) -> str:
         return super().extra_repr() + f', sr_mode={self.sr_mode}'

@@ -56,13 +56,18 @@ class NystromformerAttention(ZooAttention):
         landmark_hw: a fixed landmark grid (gh, gw) at every input size.
     """
 
-    def __init__(self, embed_dims: int, num_heads: int, sampling_ratio: int,
-                 dw_kernel_size: int = 3, qkv_bias: bool = True,
-                 pinv: str = 'iterative', pinv_iters: int = 6,
+    def __init__(self,
+                 embed_dims: int,
+                 num_heads: int,
+                 sampling_ratio: int,
+                 dw_kernel_size: int = 3,
+                 qkv_bias: bool = True,
+                 pinv: str = 'iterative',
+                 pinv_iters: int = 6,
                  max_landmarks: Optional[int] = None,
                  landmark_hw: Optional[Tuple[int, int]] = None):
-        super().__init__(embed_dims, num_heads, sampling_ratio,
-                         dw_kernel_size, qkv_bias)
+        super().__init__(embed_dims, num_heads, sampling_ratio, dw_kernel_size,
+                         qkv_bias)
         if pinv not in PINV_MODES:
             raise ValueError(f'unknown pinv {pinv!r}; choose one of '
                              f'{PINV_MODES}')
@@ -75,8 +80,9 @@ class NystromformerAttention(ZooAttention):
         self.v = nn.Linear(embed_dims, embed_dims, bias=qkv_bias)
 
     def _landmarks(self, t: torch.Tensor, hw: Tuple[int, int]):
-        tm = reduce_map(self._to_map(t, hw), self.sampling_ratio,
-                        self.max_landmarks, self.landmark_hw)
+        tm = reduce_map(
+            self._to_map(t, hw), self.sampling_ratio, self.max_landmarks,
+            self.landmark_hw)
         return self._from_map(tm, t.shape[0])
 
     def _kernels(self, x: torch.Tensor, hw: Tuple[int, int]):

@@ -31,7 +31,8 @@ from .common import Index, ZooAttention, query_index
 __all__ = ['PerformerAttention', 'orthogonal_gaussian']
 
 
-def orthogonal_gaussian(num_features: int, dims: int,
+def orthogonal_gaussian(num_features: int,
+                        dims: int,
                         generator: Optional[torch.Generator] = None,
                         dtype=torch.float32) -> torch.Tensor:
     """(M, d) rows: blocks of d orthogonal directions, chi(d) norms."""
@@ -42,8 +43,9 @@ def orthogonal_gaussian(num_features: int, dims: int,
         q = q * torch.sign(torch.diagonal(r)).unsqueeze(0)  # Haar
         blocks.append(q.T)
     w = torch.cat(blocks)[:num_features]
-    norms = torch.randn(num_features, dims, generator=generator,
-                        dtype=torch.float64).norm(dim=1, keepdim=True)
+    norms = torch.randn(
+        num_features, dims, generator=generator, dtype=torch.float64).norm(
+            dim=1, keepdim=True)
     return (w * norms).to(dtype)
 
 
@@ -73,12 +75,17 @@ class PerformerAttention(ZooAttention):
         eps: added to the normaliser D.
     """
 
-    def __init__(self, embed_dims: int, num_heads: int, sampling_ratio: int,
-                 dw_kernel_size: int = 3, qkv_bias: bool = True,
+    def __init__(self,
+                 embed_dims: int,
+                 num_heads: int,
+                 sampling_ratio: int,
+                 dw_kernel_size: int = 3,
+                 qkv_bias: bool = True,
                  num_features: Optional[int] = None,
-                 redraw_interval: int = 0, eps: float = 1e-6):
-        super().__init__(embed_dims, num_heads, sampling_ratio,
-                         dw_kernel_size, qkv_bias)
+                 redraw_interval: int = 0,
+                 eps: float = 1e-6):
+        super().__init__(embed_dims, num_heads, sampling_ratio, dw_kernel_size,
+                         qkv_bias)
         d = self.head_dims
         if num_features is None:
             num_features = max(16, int(round(d * math.log(max(d, 2)))))
@@ -104,8 +111,8 @@ class PerformerAttention(ZooAttention):
         s = self.head_dims**-0.25
         q = self._split(self.q(x)) * s
         k = self._split(self.k(x)) * s
-        return (favor_features(q, self.features, True),
-                favor_features(k, self.features, False))
+        return (favor_features(q, self.features,
+                               True), favor_features(k, self.features, False))
 
     def _mix(self, x: torch.Tensor, hw: Tuple[int, int]):
         if self.training and self.redraw_interval > 0:

@@ -47,11 +47,16 @@ class SimAAttention(ZooAttention):
         eps: added to the l1 norms.
     """
 
-    def __init__(self, embed_dims: int, num_heads: int, sampling_ratio: int,
-                 dw_kernel_size: int = 3, qkv_bias: bool = True,
-                 order: str = 'auto', eps: float = 1e-6):
-        super().__init__(embed_dims, num_heads, sampling_ratio,
-                         dw_kernel_size, qkv_bias)
+    def __init__(self,
+                 embed_dims: int,
+                 num_heads: int,
+                 sampling_ratio: int,
+                 dw_kernel_size: int = 3,
+                 qkv_bias: bool = True,
+                 order: str = 'auto',
+                 eps: float = 1e-6):
+        super().__init__(embed_dims, num_heads, sampling_ratio, dw_kernel_size,
+                         qkv_bias)
         sima_order(1, 1, order)  # validate
         self.order = order
         self.eps = eps

@@ -17,12 +17,13 @@ from ..gaussian_kernel import gaussian_kernel
 from ..soft_attention import SOFTAttention, bottleneck_inverse
 from .common import Index, query_index
 
-__all__ = ['soft_landmarks', 'soft_bottleneck', 'soft_attention_row',
-           'soft_attention_matrix']
+__all__ = [
+    'soft_landmarks', 'soft_bottleneck', 'soft_attention_row',
+    'soft_attention_matrix'
+]
 
 
-def soft_landmarks(attn: SOFTAttention, x: torch.Tensor,
-                   hw: Tuple[int, int]):
+def soft_landmarks(attn: SOFTAttention, x: torch.Tensor, hw: Tuple[int, int]):
     """Scaled queries q (B, h, n, d) and landmarks (B, h, m, d)."""
     q = attn._split(attn.q(x)) * attn.head_dims**-0.25
     return q, attn.sampler(q, hw)

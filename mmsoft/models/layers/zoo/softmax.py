@@ -25,10 +25,14 @@ class SoftmaxZooAttention(ZooAttention):
     ``sampling_ratio`` is accepted for the common constructor and unused.
     """
 
-    def __init__(self, embed_dims: int, num_heads: int, sampling_ratio: int,
-                 dw_kernel_size: int = 3, qkv_bias: bool = True):
-        super().__init__(embed_dims, num_heads, sampling_ratio,
-                         dw_kernel_size, qkv_bias)
+    def __init__(self,
+                 embed_dims: int,
+                 num_heads: int,
+                 sampling_ratio: int,
+                 dw_kernel_size: int = 3,
+                 qkv_bias: bool = True):
+        super().__init__(embed_dims, num_heads, sampling_ratio, dw_kernel_size,
+                         qkv_bias)
         self.q = nn.Linear(embed_dims, embed_dims, bias=qkv_bias)
         self.k = nn.Linear(embed_dims, embed_dims, bias=qkv_bias)
         self.v = nn.Linear(embed_dims, embed_dims, bias=qkv_bias)
