@@ -3,4 +3,7 @@
 #   --cfg-options model.backbone.init_cfg.checkpoint=weights/soft_large.pth
 _base_ = './_base_/soft_in1k.py'
 
-model = dict(backbone=dict(arch='large', attn_norm=False))
+model = dict(
+    backbone=dict(
+        arch='large',
+        attn_cfg=dict(type='SOFTAttention', attn_norm=False)))

@@ -3,4 +3,7 @@
 #   --cfg-options model.backbone.init_cfg.checkpoint=weights/soft_norm_medium.pth
 _base_ = './_base_/soft_in1k.py'
 
-model = dict(backbone=dict(arch='medium', attn_norm=True))
+model = dict(
+    backbone=dict(
+        arch='medium',
+        attn_cfg=dict(type='SOFTAttention', attn_norm=True)))

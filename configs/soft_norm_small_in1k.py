@@ -6,4 +6,7 @@
 #   --cfg-options model.backbone.arch=small-official
 _base_ = './_base_/soft_in1k.py'
 
-model = dict(backbone=dict(arch='small', attn_norm=True))
+model = dict(
+    backbone=dict(
+        arch='small',
+        attn_cfg=dict(type='SOFTAttention', attn_norm=True)))

@@ -129,8 +129,8 @@ def check_exportable(model: nn.Module, dynamo: bool = False) -> None:
                 raise ExportError(
                     f"{name}: nr_method='spectral' cannot be exported "
                     f"(torch.linalg.eigh has no ONNX operator); export with "
-                    f"--cfg-options model.backbone.nr_method=auto (the same "
-                    f"function, evaluated iteratively)")
+                    f"--cfg-options model.backbone.attn_cfg.nr_method=auto "
+                    f"(the same function, evaluated iteratively)")
             if mod.sampler.max_landmarks is not None and not dynamo:
                 raise ExportError(
                     f'{name}: max_landmarks={mod.sampler.max_landmarks} '

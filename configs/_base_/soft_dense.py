@@ -10,7 +10,7 @@ soft_backbone = dict(
     _delete_=True,
     type='SOFT',
     arch='small',
-    attn_norm=True,
+    attn_cfg=dict(type='SOFTAttention', attn_norm=True),
     out_indices=(0, 1, 2, 3),
     out_type='featmap',
     drop_path_rate=0.1,
@@ -29,7 +29,7 @@ soft_optim_wrapper = dict(
     paramwise_cfg=dict(
         norm_decay_mult=0.0,
         custom_keys={
-            '.pos_embeds': dict(decay_mult=0.0),
+            '.pos_embed': dict(decay_mult=0.0),
             '.cls_token': dict(decay_mult=0.0),
         }))
 

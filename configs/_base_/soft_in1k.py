@@ -27,7 +27,7 @@ model = dict(
     backbone=dict(
         type='SOFT',
         arch='tiny',
-        attn_norm=False,
+        attn_cfg=dict(type='SOFTAttention', attn_norm=False),
         out_indices=(3, ),
         out_type='cls_token',
         drop_path_rate=0.1,
@@ -62,7 +62,7 @@ optim_wrapper = dict(
         bias_decay_mult=0.0,
         flat_decay_mult=0.0,
         custom_keys={
-            '.pos_embeds': dict(decay_mult=0.0),
+            '.pos_embed': dict(decay_mult=0.0),
             '.cls_token': dict(decay_mult=0.0),
         }),
     clip_grad=dict(max_norm=1.0),

@@ -27,7 +27,7 @@ model = dict(
     backbone=dict(
         type='mmsoft.SOFT',
         arch=soft_arch,
-        attn_norm=False,
+        attn_cfg=dict(type='SOFTAttention', attn_norm=False),
         out_indices=(3, ),
         out_type='cls_token',
         pretrain_img_size=img_size,
@@ -93,7 +93,7 @@ optim_wrapper = dict(
         norm_decay_mult=0.0,
         bias_decay_mult=0.0,
         custom_keys={
-            '.pos_embeds': dict(decay_mult=0.0),
+            '.pos_embed': dict(decay_mult=0.0),
             '.cls_token': dict(decay_mult=0.0)
         }),
     clip_grad=dict(max_norm=5.0))

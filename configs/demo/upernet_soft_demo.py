@@ -37,7 +37,7 @@ model = dict(
         _delete_=True,
         type='mmsoft.SOFT',
         arch=soft_arch,
-        attn_norm=True,
+        attn_cfg=dict(type='SOFTAttention', attn_norm=True),
         out_indices=(0, 1, 2, 3),
         out_type='featmap',
         pretrain_img_size=img_size,
@@ -93,7 +93,7 @@ optim_wrapper = dict(
         norm_decay_mult=0.0,
         bias_decay_mult=0.0,
         custom_keys={
-            '.pos_embeds': dict(decay_mult=0.0),
+            '.pos_embed': dict(decay_mult=0.0),
             '.cls_token': dict(decay_mult=0.0)
         }),
     clip_grad=dict(max_norm=10.0))

@@ -1,6 +1,5 @@
-"""mmsoft models and their registration.
-
-Each model is registered twice:
+"""mmsoft models. Each model is registered (``@register_model`` at its
+class, :func:`mmsoft.registry.register_model`) twice:
 
 * in mmsoft's own registry (scope ``'mmsoft'``, a child of MMEngine's root
   MODELS), so ``type='mmsoft.SOFT'`` resolves from any codebase's scope;
@@ -11,14 +10,6 @@ Each model is registered twice:
 Neither needs the downstream codebases to be imported, which keeps
 ``import mmsoft`` light.
 """
-from mmengine.registry import MODELS as ROOT_MODELS
-
-from mmsoft.registry import MODELS
 from .backbones import SOFT
 
 __all__ = ['SOFT']
-
-for _cls in (SOFT, ):
-    MODELS.register_module(module=_cls)
-    if ROOT_MODELS.get(_cls.__name__) is not _cls:
-        ROOT_MODELS.register_module(module=_cls)

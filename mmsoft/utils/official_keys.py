@@ -3,8 +3,8 @@
 The official repository (fudan-zvg/SOFT, ``models/softmax_free_*.py``) trains
 timm models whose state dicts use names such as ``patch_embed1.proj.0.weight``
 or ``block2.1.att.mha.W_q.weight``. mmsoft's :class:`~mmsoft.models.SOFT`
-backbone names the same tensors ``patch_embeds.0.proj.0.conv.weight`` and
-``stages.1.1.attn.q.weight``; inside an mmpretrain ``ImageClassifier`` they get
+backbone names the same tensors ``stages.0.patch_embed.proj.0.conv.weight``
+and ``stages.1.blocks.1.attn.q.weight``; inside an mmpretrain ``ImageClassifier`` they get
 the prefix ``backbone.`` and the official ``head`` becomes ``head.fc``.
 
 This module holds everything both converter scripts
@@ -34,6 +34,8 @@ from typing import Dict, List, Mapping, Optional, Sequence, Tuple
 
 import torch
 
+from mmsoft.models.backbones.soft import SOFT
+
 __all__ = [
     'ConversionError', 'official_to_mmsoft_key', 'mmsoft_to_official_key',
     'infer_official_arch', 'official_shapes', 'match_arch_preset',
@@ -41,24 +43,28 @@ __all__ = [
     'convert_mmpretrain_to_official', 'extract_state_dict',
     'strip_module_prefix', 'save_checkpoint_atomic', 'describe_arch',
     'official_model_name', 'load_checkpoint_file', 'check_output_path',
-    'positive_int', 'OFFICIAL_MODELS', 'OFFICIAL_STEM_CHANNELS'
+    'positive_int', 'OFFICIAL_MODELS', 'OFFICIAL_PRESETS',
+    'OFFICIAL_STEM_CHANNELS'
 ]
 
 #: hidden channels of the official three-conv stem
 OFFICIAL_STEM_CHANNELS = 32
-#: mmsoft's defaults for the optional arch entries (SOFT.arch_defaults)
-_DEFAULTS = dict(
-    sampling_ratios=[8, 4, 2, 1],
-    mlp_ratios=[4, 4, 4, 4],
-    dw_kernel_sizes=[9, 5, 3])
+#: mmsoft's defaults for the optional arch entries
+_DEFAULTS = SOFT.arch_defaults
 #: the official timm model functions (``soft_*``; ``soft_norm_*`` has the
-#: same shapes): embed_dims, num_heads, depths
+#: same shapes) and the mmsoft preset with their architecture
+OFFICIAL_PRESETS = {
+    'tiny': 'tiny',
+    'small': 'small-official',
+    'medium': 'medium',
+    'large': 'large',
+    'huge': 'huge',
+}
+#: embed_dims, num_heads, depths of each official model function
 OFFICIAL_MODELS = {
-    'tiny': ([64, 128, 320, 512], [2, 4, 10, 16], [1, 2, 3, 2]),
-    'small': ([64, 128, 320, 512], [2, 4, 10, 16], [1, 3, 20, 4]),
-    'medium': ([64, 128, 288, 512], [2, 4, 9, 16], [1, 3, 29, 5]),
-    'large': ([64, 128, 320, 512], [2, 4, 10, 16], [1, 3, 40, 5]),
-    'huge': ([64, 128, 352, 512], [2, 4, 11, 16], [1, 5, 49, 5]),
+    name: tuple(SOFT.arch_zoo[preset][k]
+                for k in ('embed_dims', 'num_heads', 'depths'))
+    for name, preset in OFFICIAL_PRESETS.items()
 }
 _BN_KEYS = ('weight', 'bias', 'running_mean', 'running_var',
             'num_batches_tracked')
@@ -93,10 +99,11 @@ _RE_BLOCK = re.compile(r'^block([1-4])\.(\d+)\.(.+)$')
 _RE_HEAD = re.compile(r'^head\.(weight|bias)$')
 _RE_NORM = re.compile(r'^norm\.(weight|bias)$')
 
-_RE_M_POS = re.compile(r'^pos_embeds\.([0-3])$')
+_RE_M_POS = re.compile(r'^stages\.([0-3])\.pos_embed$')
 _RE_M_PATCH = re.compile(
-    r'^patch_embeds\.([0-3])\.proj\.(\d+)\.(conv|bn)\.(\w+)$')
-_RE_M_BLOCK = re.compile(r'^stages\.([0-3])\.(\d+)\.(.+)$')
+    r'^stages\.([0-3])\.patch_embed\.proj\.(\d+)\.(conv|bn)\.(\w+)$')
+_RE_M_BLOCK = re.compile(r'^stages\.([0-3])\.blocks\.(\d+)\.(.+)$')
+_RE_M_LAST = re.compile(r'^stages\.3\.(cls_token|norm\.(?:weight|bias))$')
 
 
 class ConversionError(ValueError):
@@ -120,17 +127,14 @@ def official_to_mmsoft_key(key: str) -> Optional[str]:
     ``head.fc.weight`` / ``head.fc.bias``. Returns None for keys that have no
     mmsoft counterpart (callers report them as unknown).
     """
-    if key == 'cls_token':
-        return key
-    m = _RE_NORM.match(key)
-    if m:
-        return key
+    if key == 'cls_token' or _RE_NORM.match(key):
+        return f'stages.3.{key}'
     m = _RE_HEAD.match(key)
     if m:
         return f'head.fc.{m.group(1)}'
     m = _RE_POS.match(key)
     if m:
-        return f'pos_embeds.{int(m.group(1)) - 1}'
+        return f'stages.{int(m.group(1)) - 1}.pos_embed'
     m = _RE_PATCH.match(key)
     if m:
         stage, idx, name = int(m.group(1)) - 1, int(m.group(2)), m.group(3)
@@ -140,9 +144,9 @@ def official_to_mmsoft_key(key: str) -> Optional[str]:
         if stage == 0 and layer > 2:
             return None
         if pos == 0 and name in ('weight', 'bias'):
-            return f'patch_embeds.{stage}.proj.{layer}.conv.{name}'
+            return f'stages.{stage}.patch_embed.proj.{layer}.conv.{name}'
         if pos == 1 and name in _BN_KEYS:
-            return f'patch_embeds.{stage}.proj.{layer}.bn.{name}'
+            return f'stages.{stage}.patch_embed.proj.{layer}.bn.{name}'
         return None
     m = _RE_BLOCK.match(key)
     if m:
@@ -153,7 +157,7 @@ def official_to_mmsoft_key(key: str) -> Optional[str]:
                 tail = rest[len(off):]
                 if tail not in ('weight', 'bias'):
                     return None
-                return f'stages.{stage}.{blk}.{mine}{tail}'
+                return f'stages.{stage}.blocks.{blk}.{mine}{tail}'
         return None
     return None
 
@@ -161,8 +165,9 @@ def official_to_mmsoft_key(key: str) -> Optional[str]:
 def mmsoft_to_official_key(key: str) -> Optional[str]:
     """Inverse of :func:`official_to_mmsoft_key` (backbone keys without the
     ``backbone.`` prefix, plus ``head.fc.*``). None if there is no match."""
-    if key == 'cls_token' or _RE_NORM.match(key):
-        return key
+    m = _RE_M_LAST.match(key)
+    if m:
+        return m.group(1)
     if key in ('head.fc.weight', 'head.fc.bias'):
         return 'head.' + key.rsplit('.', 1)[1]
     m = _RE_M_POS.match(key)
@@ -433,7 +438,6 @@ def arch_for_mmsoft(arch: Mapping) -> Dict:
 def match_arch_preset(arch: Mapping) -> Optional[str]:
     """Name of the mmsoft ``SOFT.arch_zoo`` preset equal to ``arch``, or
     None."""
-    from mmsoft.models.backbones.soft import SOFT
     want = arch_for_mmsoft(arch)
     for name, preset in SOFT.arch_zoo.items():
         full = dict(_DEFAULTS)
@@ -712,10 +716,13 @@ def convert_mmpretrain_to_official(sd: Mapping[str, torch.Tensor],
 
     Keys starting with ``prefix`` are backbone keys; ``head.fc.*`` is the
     classifier. If no key has the prefix the dict is taken as a bare backbone
-    state dict. Other keys (e.g. a neck) are reported as unknown.
+    state dict. Other keys (e.g. a neck) are reported as unknown. Keys of
+    mmsoft checkpoints of version 1 are read too (see
+    :meth:`SOFT.upgrade_state_dict`).
     """
     sd = strip_module_prefix(sd)
     has_prefix = any(k.startswith(prefix) for k in sd)
+    sd = SOFT.upgrade_state_dict(sd, prefix if has_prefix else '')
     official = OrderedDict()
     origin = {}
     problems = []

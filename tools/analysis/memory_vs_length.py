@@ -59,7 +59,6 @@ def build_stack(attn: str, layers: int, dims: int, heads: int, landmarks: int,
     import torch.nn.functional as F
 
     from mmsoft.models.layers import SOFTBlock, landmark_grid
-    from mmsoft.models.layers.attention_zoo import ATTENTIONS
 
     g = int(round(landmarks**0.5))
     if g * g != landmarks:
@@ -88,17 +87,15 @@ def build_stack(attn: str, layers: int, dims: int, heads: int, landmarks: int,
             super().__init__()
             self.blocks = nn.ModuleList()
             for _ in range(layers):
-                blk = SOFTBlock(
-                    dims,
-                    heads,
-                    ratio,
-                    attn_type=attn_type,
-                    attn_norm=attn_type != 'soft')
+                if attn_type in ('soft', 'soft_norm'):
+                    cfg = dict(type='soft', attn_norm=attn_type != 'soft')
+                elif attn_type in ('linformer', 'nystromformer'):
+                    cfg = dict(type=attn_type, landmark_hw=(g, g))
+                else:
+                    cfg = dict(type=attn_type)
+                blk = SOFTBlock(dims, heads, ratio, attn_cfg=cfg)
                 if attn_type in ('soft', 'soft_norm'):
                     blk.attn.sampler = FixedGridSampler(blk.attn.sampler)
-                elif attn_type in ('linformer', 'nystromformer'):
-                    blk.attn = ATTENTIONS[attn_type](
-                        dims, heads, ratio, landmark_hw=(g, g))
                 self.blocks.append(blk)
 
         def forward(self, x, hw):
@@ -277,12 +274,12 @@ def main(argv=None):
         return child(args)
     from get_flops import write_csv
 
-    from mmsoft.models.layers.attention_zoo import ATTENTION_TYPES
+    from mmsoft.models.layers import attention_types
     from mmsoft.utils.profiling import atomic_write, run_isolated
+    known = attention_types() + ['soft_norm', 'softmax:math']
     for a in args.attns:
-        if a != 'softmax:math' and a not in ATTENTION_TYPES:
-            p.error(f'unknown attention {a!r}; choose from '
-                    f'{list(ATTENTION_TYPES) + ["softmax:math"]}')
+        if a not in known:
+            p.error(f'unknown attention {a!r}; choose from {known}')
     jobs = [(a, pv, mode) for mode in args.modes for a in args.attns
             for pv in args.p]
     print(

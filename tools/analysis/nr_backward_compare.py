@@ -100,25 +100,24 @@ def natural_image(h, w, seed=0):
     return torch.from_numpy(np.ascontiguousarray(x.transpose(2, 0, 1)))[None]
 
 
-def build(arch, seed, **kwargs):
+def build(arch, seed, **attn_options):
+    """SOFT-Norm ``arch`` with seeded weights and SOFT-attention options."""
     import torch
 
     from mmsoft.models.backbones import SOFT
     torch.manual_seed(seed)
-    model = SOFT(arch, attn_norm=True, **kwargs)
+    model = SOFT(
+        arch,
+        attn_cfg=dict(type='SOFTAttention', attn_norm=True, **attn_options))
     model.init_weights()
     return model.eval()
 
 
 def param_groups(model):
-    """name -> list of parameters: stem/stage i (patch embed + blocks)."""
+    """name -> list of parameters of stage i (patch embedding + blocks)."""
     groups = {}
     for name, p in model.named_parameters():
-        parts = name.split('.')
-        if parts[0] in ('stages', 'patch_embeds', 'pos_embeds'):
-            key = f'stage{int(parts[1]) + 1}'
-        else:
-            key = 'stage4'
+        key = f'stage{int(name.split(".")[1]) + 1}'  # stages.<i>.*
         groups.setdefault(key, []).append(p)
     return groups
 

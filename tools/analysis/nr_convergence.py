@@ -168,9 +168,9 @@ def soft_attention_modules(model):
     out = []
     for name, mod in model.named_modules():
         if isinstance(mod, SOFTAttention):
-            parts = name.split('.')
+            parts = name.split('.')  # ...stages.<i>.blocks.<j>.attn
             i = parts.index('stages')
-            out.append((int(parts[i + 1]), int(parts[i + 2]), mod))
+            out.append((int(parts[i + 1]), int(parts[i + 3]), mod))
     return out
 
 
@@ -210,8 +210,8 @@ def collect(model, images, size, iters, batch_size, label=''):
     from mmsoft.models.layers import gaussian_kernel
     mods = soft_attention_modules(model)
     if not mods:
-        raise ValueError('the model has no SOFT attention (attn_type must be '
-                         'soft / soft_norm)')
+        raise ValueError("the model has no SOFT attention (attn_cfg type "
+                         "must be 'SOFTAttention')")
     per_stage = defaultdict(list)
     handles = []
     for stage, _, attn in mods:

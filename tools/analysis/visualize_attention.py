@@ -48,9 +48,7 @@ DEFAULT_MODELS = [
 
 def capture_row(model, img: torch.Tensor, stage: int, layer: int, query_rel):
     """(row (h, H, W) numpy, hw, (qy, qx)) for one image (1, 3, H, W)."""
-    from mmsoft.models.layers.attention_zoo import attention_row
-    blocks = model.stages[stage]
-    blk = blocks[layer]
+    blk = model.stages[stage].blocks[layer]
     got = {}
 
     def pre_hook(mod, args):
@@ -65,7 +63,7 @@ def capture_row(model, img: torch.Tensor, stage: int, layer: int, query_rel):
     H, W = got['hw']
     qy = min(H - 1, max(0, int(query_rel[0] * H)))
     qx = min(W - 1, max(0, int(query_rel[1] * W)))
-    row = attention_row(blk.attn, got['x'], (H, W), (qy, qx))
+    row = blk.attn.attention_row(got['x'], (H, W), (qy, qx))
     return row[0].reshape(-1, H, W).double().numpy(), (H, W), (qy, qx)
 
 

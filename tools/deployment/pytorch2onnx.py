@@ -87,7 +87,7 @@ def parse_args(argv=None):
         nargs='+',
         action=DictAction,
         help='override config settings, e.g. '
-        'model.backbone.nr_method=iterative')
+        'model.backbone.attn_cfg.nr_method=iterative')
     return parser.parse_args(argv)
 
 

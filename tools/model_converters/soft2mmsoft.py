@@ -21,8 +21,8 @@ SRC (empty, truncated, CRC error) is reported as such.
 
 ``soft_*`` and ``soft_norm_*`` checkpoints have identical tensors, so the
 attention normalisation cannot be read from the weights: pass ``--norm`` for
-``soft_norm_*`` checkpoints (SOFT(attn_norm=True)); without it the checkpoint
-is taken to be a ``soft_*`` one (attn_norm=False).
+``soft_norm_*`` checkpoints (SOFTAttention attn_norm=True); without it the
+checkpoint is taken to be a ``soft_*`` one (attn_norm=False).
 """
 import argparse
 import os.path as osp
@@ -109,7 +109,7 @@ def convert(args, log=print):
             f'with --stage4-heads')
     why = '--norm given' if args.norm else 'no --norm: a soft_* checkpoint'
     log(f'note: attention normalisation is not visible in the weights; '
-        f'attn_norm={args.norm} ({why})')
+        f'attn_cfg.attn_norm={args.norm} ({why})')
     if args.norm:
         log("note: the backbone's default nr_init for attn_norm=True is the "
             "official alpha rule per sample ('soft_norm_per_sample', = the "
@@ -118,7 +118,7 @@ def convert(args, log=print):
     backbone = dict(
         type='SOFT',
         arch=mm_arch,
-        attn_norm=args.norm,
+        attn_cfg=dict(type='SOFTAttention', attn_norm=args.norm),
         out_indices=(3, ),
         out_type='cls_token')
     if arch['in_channels'] != 3:

@@ -24,8 +24,8 @@ when a stage's ``unconverged`` exceeds ``warn_unconverged``::
 
     custom_hooks = [dict(type='NRResidualHook', interval=50)]
 
-in a config (or one that inherits yours with ``_base_``). The backbone
-option ``nr_diagnostics=True`` and
+in a config (or one that inherits yours with ``_base_``). The attention
+option ``attn_cfg=dict(type='SOFTAttention', nr_diagnostics=True)`` and
 :meth:`mmsoft.models.backbones.SOFT.nr_stats` give the same numbers
 outside a Runner.
 """
@@ -117,8 +117,8 @@ class NRResidualHook(Hook):
                     f'bottleneck matrix\'s numerical rank '
                     f'(residual {vals["residual"]:.2e}); the forward differs '
                     f'from A^+ there and Eq. 16 is not its gradient. '
-                    f"Consider nr_backward='exact', more nr_iters or "
-                    f'max_landmarks.',
+                    f"Consider model.backbone.attn_cfg.nr_backward='exact', "
+                    f'more nr_iters or max_landmarks.',
                     logger='current',
                     level=30)
         if self.every_n_train_iters(runner, self.interval):

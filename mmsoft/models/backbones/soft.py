@@ -1,8 +1,15 @@
-"""The SOFT backbone family (NeurIPS 2021 Table 2, IJCV 2024 Table 2)."""
+"""The SOFT backbone family (NeurIPS 2021 Table 2, IJCV 2024 Table 2).
+
+The backbone is a pyramid of four :class:`PyramidStage` modules:
+:class:`SOFTStage` (stages 1-3: softmax-free attention, or any attention of
+the zoo through ``attn_cfg``) and :class:`ClsTokenStage` (stage 4: softmax
+attention with a cls token). Each stage owns its patch embedding, position
+embedding and blocks.
+"""
 import copy
-import inspect
 import math
-from typing import Dict, List, Optional, Sequence, Tuple, Union
+import re
+from typing import Dict, List, Mapping, Optional, Sequence, Tuple, Union
 
 import torch
 import torch.nn as nn
@@ -13,23 +20,193 @@ from mmengine.model import BaseModule
 from mmengine.model.weight_init import trunc_normal_
 from torch.nn.modules.batchnorm import _BatchNorm
 
+from mmsoft.registry import register_model
 from ..layers import checks
 from ..layers.blocks import ConvPatchEmbed, SOFTBlock, SoftmaxBlock
-from ..layers.soft_attention import SAMPLING_MODES
 
-__all__ = ['SOFT']
+__all__ = ['SOFT', 'PyramidStage', 'SOFTStage', 'ClsTokenStage']
+
+#: the SOFT-attention options the backbone took before ``attn_cfg`` (v0.x)
+_LEGACY_ATTN_ARGS = ('attn_type', 'attn_norm', 'sampling', 'nr_iters',
+                     'nr_init', 'nr_method', 'nr_backward', 'nr_diagnostics',
+                     'max_landmarks')
 
 
 def _arch(embed_dims, num_heads, depths):
     return dict(embed_dims=embed_dims, num_heads=num_heads, depths=depths)
 
 
+class PyramidStage(nn.Module):
+    """One level of the pyramid: patch embedding, (extra tokens), position
+    embedding, blocks.
+
+    ``forward(x)`` takes the (B, C_in, H, W) map of the previous level (the
+    image for stage 1) and returns the (B, C, H', W') map of this level and
+    the extra token (B, C) when the stage has one (else None).
+
+    Args:
+        in_channels (int): channels of the input map.
+        embed_dims (int): channels C of this level.
+        pos_grid (int): side g of the g x g position-embedding grid learned
+            at the pretraining size; bilinearly interpolated to any size.
+        stem (bool): the C33-BN-ReLU stem of stride 4 (stage 1) instead of
+            one C31-BN-ReLU of stride 2. Default: False.
+        num_extra_tokens (int): tokens prepended before the position
+            embedding (1: the cls token of stage 4). Default: 0.
+        drop_rate (float): dropout after the position embedding. Default: 0.
+    """
+
+    def __init__(self,
+                 in_channels: int,
+                 embed_dims: int,
+                 pos_grid: int,
+                 stem: bool = False,
+                 num_extra_tokens: int = 0,
+                 drop_rate: float = 0.):
+        super().__init__()
+        self.embed_dims = embed_dims
+        self.num_extra_tokens = num_extra_tokens
+        self.with_cp = False
+        self.patch_embed = ConvPatchEmbed(in_channels, embed_dims, stem=stem)
+        self.pos_embed = nn.Parameter(
+            torch.zeros(1, pos_grid * pos_grid + num_extra_tokens,
+                        embed_dims))
+        self.pos_drop = nn.Dropout(drop_rate) if drop_rate > 0 \
+            else nn.Identity()
+        self.blocks = nn.ModuleList()
+
+    def pos_embedding(self, hw: Tuple[int, int]) -> torch.Tensor:
+        """(1, extra + H*W, C): the position embedding for an H x W map."""
+        e = self.num_extra_tokens
+        extra, pos = self.pos_embed[:, :e], self.pos_embed[:, e:]
+        g = int(math.isqrt(pos.shape[1]))
+        if g * g != pos.shape[1]:
+            raise ValueError(f'pos_embed has {pos.shape[1]} tokens, not a '
+                             f'square grid')
+        if (g, g) != tuple(hw):
+            grid = pos.reshape(1, g, g, -1).permute(0, 3, 1, 2)
+            grid = F.interpolate(
+                grid, size=hw, mode='bilinear', align_corners=False)
+            pos = grid.flatten(2).transpose(1, 2)
+        return torch.cat([extra, pos], dim=1) if e else pos
+
+    def _extra_tokens(self, B: int) -> Optional[torch.Tensor]:
+        return None
+
+    def _finish(self, x: torch.Tensor) -> torch.Tensor:
+        return x
+
+    def forward(self, x: torch.Tensor):
+        x, hw = self.patch_embed(x)
+        B = x.shape[0]
+        extra = self._extra_tokens(B)
+        if extra is not None:
+            x = torch.cat([extra, x], dim=1)
+        x = self.pos_drop(x + self.pos_embedding(hw))
+        for blk in self.blocks:
+            if self.with_cp and x.requires_grad:
+                x = cp.checkpoint(blk, x, hw, use_reentrant=False)
+            else:
+                x = blk(x, hw)
+        x = self._finish(x)
+        e = self.num_extra_tokens
+        fmap = x[:, e:].transpose(1, 2).reshape(B, -1, *hw)
+        return fmap, (x[:, 0] if e else None)
+
+
+class SOFTStage(PyramidStage):
+    """Stages 1-3: ``depth`` :class:`SOFTBlock` around the token mixer
+    ``attn_cfg`` (SOFT attention by default).
+
+    Args:
+        in_channels, embed_dims, pos_grid, stem, drop_rate: see
+            :class:`PyramidStage`.
+        num_heads (int): attention heads.
+        depth (int): number of blocks.
+        sampling_ratio (int): r of the bottleneck (m = HW / r^2).
+        dw_kernel_size (int): k of the per-head depthwise conv on V.
+        mlp_ratio (float): FFN expansion e.
+        attn_cfg (dict): the token mixer (see :class:`SOFT`).
+        qkv_bias (bool): biases of the attention projections.
+        drop_path_rates (list[float]): residual drop rate of each block.
+        residual_drop (str): ``'dropout'`` or ``'drop_path'`` (see
+            :class:`SOFTBlock`).
+    """
+
+    def __init__(self, in_channels: int, embed_dims: int, pos_grid: int,
+                 num_heads: int, depth: int, sampling_ratio: int,
+                 dw_kernel_size: int, mlp_ratio: float, attn_cfg: dict,
+                 qkv_bias: bool, drop_path_rates: Sequence[float],
+                 residual_drop: str, stem: bool, drop_rate: float):
+        super().__init__(
+            in_channels, embed_dims, pos_grid, stem, drop_rate=drop_rate)
+        for j in range(depth):
+            self.blocks.append(
+                SOFTBlock(
+                    embed_dims,
+                    num_heads,
+                    sampling_ratio,
+                    dw_kernel_size,
+                    attn_cfg=attn_cfg,
+                    qkv_bias=qkv_bias,
+                    mlp_ratio=mlp_ratio,
+                    drop_path_rate=drop_path_rates[j],
+                    residual_drop=residual_drop))
+
+
+class ClsTokenStage(PyramidStage):
+    """Stage 4 ("sp. 1x1, w. cls token"): a cls token, ``depth`` pre-norm
+    :class:`SoftmaxBlock` and a final LayerNorm (``norm``).
+
+    Args:
+        in_channels, embed_dims, pos_grid, drop_rate: see
+            :class:`PyramidStage`.
+        num_heads (int): attention heads.
+        depth (int): number of blocks.
+        mlp_ratio (float): MLP expansion.
+        qkv_bias (bool): biases of the q / kv projections.
+        attn_drop_rate (float): dropout on the attention weights.
+        drop_path_rates (list[float]): stochastic depth rate of each block.
+    """
+
+    def __init__(self, in_channels: int, embed_dims: int, pos_grid: int,
+                 num_heads: int, depth: int, mlp_ratio: float,
+                 qkv_bias: bool, drop_rate: float, attn_drop_rate: float,
+                 drop_path_rates: Sequence[float]):
+        super().__init__(
+            in_channels,
+            embed_dims,
+            pos_grid,
+            num_extra_tokens=1,
+            drop_rate=drop_rate)
+        for j in range(depth):
+            self.blocks.append(
+                SoftmaxBlock(
+                    embed_dims,
+                    num_heads,
+                    mlp_ratio=mlp_ratio,
+                    qkv_bias=qkv_bias,
+                    drop_rate=drop_rate,
+                    attn_drop_rate=attn_drop_rate,
+                    drop_path_rate=drop_path_rates[j]))
+        self.cls_token = nn.Parameter(torch.zeros(1, 1, embed_dims))
+        self.norm = nn.LayerNorm(embed_dims, eps=1e-6)
+
+    def _extra_tokens(self, B: int) -> torch.Tensor:
+        return self.cls_token.expand(B, -1, -1)
+
+    def _finish(self, x: torch.Tensor) -> torch.Tensor:
+        return self.norm(x)
+
+
+@register_model
 class SOFT(BaseModule):
     """SOFT: softmax-free vision transformer with a 4-stage pyramid.
 
-    Stages 1-3 stack :class:`SOFTBlock` (linear-complexity softmax-free
-    attention with a bottleneck of m = 49 tokens at 224 x 224); stage 4 is a
-    pre-norm softmax-attention stage with a cls token. Outputs are at strides
+    Stages 1-3 (:class:`SOFTStage`) stack :class:`SOFTBlock` (linear-
+    complexity softmax-free attention with a bottleneck of m = 49 tokens at
+    224 x 224); stage 4 (:class:`ClsTokenStage`) is a pre-norm
+    softmax-attention stage with a cls token. Outputs are at strides
     4 / 8 / 16 / 32.
 
     Args:
@@ -39,68 +216,77 @@ class SOFT(BaseModule):
             ``soft_small`` weights), or a dict with ``embed_dims``,
             ``num_heads``, ``depths`` (4 entries each) and optionally
             ``sampling_ratios`` (default [8, 4, 2, 1]), ``mlp_ratios``
-            (default [4, 4, 4, 4]) and ``dw_kernel_sizes`` (default [9, 5, 3]).
-        in_channels: image channels.
-        attn_norm: IJCV symmetric attention normalisation (Eq. 25). True is
-            the ``soft_norm_*`` family used for dense prediction.
-        sampling: bottleneck sampling f_s: 'conv' (default), 'avgpool',
-            'random' or 'biased' (Table 4b / 8).
-        nr_iters: Newton-Raphson iterations for A^+.
-        nr_init: alpha rule of the Newton-Raphson iterations. None (default)
-            picks the official rule of the variant: with ``attn_norm``
-            'soft_norm_per_sample' (the official search, one alpha shared by
-            the heads of a sample: the official model at batch size 1, and
-            batch-independent), else 'soft'. 'soft_norm_per_matrix' searches
-            alpha for each matrix alone (the default before; old name
-            'soft_norm'); 'soft_norm_per_batch' is the official code's rule
-            for a whole batch (old name 'soft_norm_global'; outputs then
-            depend on the batch, for bit-level comparisons only).
-        nr_method: evaluation of the NR iterations: 'auto' (spectral for
-            large bottlenecks on the CPU), 'iterative' or 'spectral'; all
-            compute the same function.
-        nr_backward: backward of the pseudo-inverse: 'eq16' (default, the
-            papers' closed form, the gradient of the exact pseudo-inverse)
-            or 'exact' (the gradient of the T iterations as computed, alpha
-            held fixed; differs from Eq. 16 where they have not converged,
-            e.g. at detection resolution).
-        nr_diagnostics: record the NR convergence of every forward (see
-            :meth:`nr_stats` and :class:`mmsoft.engine.NRResidualHook`).
-        max_landmarks: opt-in cap on the bottleneck size m of every SOFT
-            stage (e.g. 49 = the 224 x 224 value): the strided bottleneck
-            grid is adaptively pooled down to at most this many tokens, so
-            cost stays linear in the number of tokens at any resolution.
-            It changes the function at sizes where the cap binds (larger
-            than the 224 x 224 pretraining size for 49), so use it for
-            training from scratch, not with official weights.
-        attn_type: the token mixer of stages 1-3: 'soft' (default; with
-            ``attn_norm``), 'soft_norm' (forces the normalization) or another
-            attention of the zoo (:mod:`mmsoft.models.layers.attention_zoo`),
-            with the rest of the architecture unchanged (Table 1).
-        out_indices: stages (0-3) whose outputs are returned.
-        out_type: ``'featmap'`` - (B, C, H/s, W/s) maps, for mmdet / mmseg;
-            ``'cls_token'`` - stage 4 returns the normalised (B, C) cls token,
-            for mmpretrain classifiers (other stages still return maps).
-        pretrain_img_size: image size the position embeddings were learned
-            at (their grids are size/4, /8, /16, /32); they are bilinearly
-            interpolated to any input size.
-        drop_rate: dropout after position embeddings and in stage-4 MLPs.
-        drop_path_rate: stochastic depth rate, linearly increasing over all
-            blocks.
-        residual_drop: how stages 1-3 apply that rate: 'dropout' (the
-            official element-wise dropout) or 'drop_path'.
-        frozen_stages: -1 freezes nothing, 0 the stem, k >= 1 the stem and
-            stages 1..k (patch embedding, position embedding, blocks; stage 4
-            includes the cls token and final norm).
-        norm_eval: keep BatchNorm layers in eval mode while training.
-        with_cp: gradient checkpointing of every block.
-        init_cfg: mmengine init config, e.g. ``dict(type='Pretrained',
-            checkpoint='soft_tiny.pth', prefix='backbone.')``.
+            (default [4, 4, 4, 4]) and ``dw_kernel_sizes`` (default [9, 5,
+            3]). Default: 'tiny'.
+        attn_cfg (dict | list[dict]): the token mixer of stages 1-3,
+            ``dict(type=..., **options)`` from
+            :data:`mmsoft.registry.ATTENTIONS` (one dict for all three
+            stages, or a list of three). Default:
+            ``dict(type='SOFTAttention')``, the normalised SOFT attention of
+            the IJCV ``soft_norm_*`` models; ``dict(type='SOFTAttention',
+            attn_norm=False)`` is the NeurIPS ``soft_*`` family. The options
+            of SOFT attention (:class:`~mmsoft.models.layers.SOFTAttention`):
+            ``attn_norm`` (Eq. 25), ``sampling`` (f_s: 'conv', 'avgpool',
+            'random', 'biased'; Table 4b / 8), ``nr_iters`` (T = 20),
+            ``nr_init`` (the alpha rule: None = the official rule of the
+            variant, per sample with ``attn_norm``; or
+            'soft_norm_per_sample', 'soft_norm_per_matrix',
+            'soft_norm_per_batch', 'soft'), ``nr_method`` ('auto',
+            'iterative', 'spectral'; the same function), ``nr_backward``
+            ('eq16', the papers' closed form, or 'exact', the gradient of
+            the T iterations as computed), ``nr_diagnostics`` (see
+            :meth:`nr_stats`) and ``max_landmarks`` (an opt-in cap on the
+            bottleneck size m, for training from scratch at high
+            resolution; not for official weights). The zoo attentions
+            (Table 1: ``'softmax'``, ``'linformer'``, ``'performer'``,
+            ``'nystromformer'``, ``'sima'``) take their own options; see
+            :mod:`mmsoft.models.layers.attention_zoo`.
+        in_channels (int): image channels. Default: 3.
+        out_indices (int | Sequence[int]): stages (0-3) whose outputs are
+            returned. Default: (0, 1, 2, 3).
+        out_type (str): ``'featmap'`` - (B, C, H/s, W/s) maps, for mmdet /
+            mmseg; ``'cls_token'`` - stage 4 returns the normalised (B, C)
+            cls token, for mmpretrain classifiers (other stages still
+            return maps). Default: 'featmap'.
+        pretrain_img_size (int): image size the position embeddings were
+            learned at (their grids are size/4, /8, /16, /32); they are
+            bilinearly interpolated to any input size. Default: 224.
+        qkv_bias (bool): biases of the q / k / v projections of every
+            attention. Default: True.
+        drop_rate (float): dropout after the position embeddings and in
+            the stage-4 attention projections and MLPs. Default: 0.
+        attn_drop_rate (float): dropout on the stage-4 attention weights.
+            Default: 0.
+        drop_path_rate (float): residual drop rate, increasing linearly
+            from 0 over all blocks. Default: 0.
+        residual_drop (str): how stages 1-3 apply that rate: 'dropout' (the
+            official element-wise dropout) or 'drop_path' (stochastic
+            depth; stage 4 always uses drop path). Default: 'dropout'.
+        frozen_stages (int): -1 freezes nothing, 0 the stem (stage 1's
+            patch and position embeddings), k >= 1 stages 1..k (stage 4
+            includes its cls token and final norm). Default: -1.
+        norm_eval (bool): keep BatchNorm layers in eval mode while
+            training. Default: False.
+        with_cp (bool): gradient checkpointing of every block. Default:
+            False.
+        init_cfg (dict | list[dict], optional): mmengine init config, e.g.
+            ``dict(type='Pretrained', checkpoint='soft_tiny.pth',
+            prefix='backbone.')``. Default: None.
 
     Sizes that are not multiples of 32: every down-sampling conv has kernel
     3, stride 2, padding 1, so each stage has ceil(H_prev / 2) rows; the
     bottleneck grid of a stage is ``max(1, H // r) x max(1, W // r)`` (see
     :func:`mmsoft.models.layers.landmark_grid`).
+
+    Checkpoints: version 2 (``_version``) names the tensors by stage
+    (``stages.0.patch_embed.*``, ``stages.0.pos_embed``,
+    ``stages.0.blocks.1.*``, ``stages.3.cls_token``, ``stages.3.norm.*``);
+    checkpoints of version 1 (``patch_embeds.0.*``, ``pos_embeds.0``,
+    ``stages.0.1.*``, ``cls_token``, ``norm.*``) load unchanged
+    (:meth:`upgrade_state_dict`).
     """
+
+    _version = 2
 
     arch_zoo = {
         'tiny':
@@ -125,16 +311,8 @@ class SOFT(BaseModule):
 
     def __init__(self,
                  arch: Union[str, Dict] = 'tiny',
+                 attn_cfg: Union[Dict, Sequence[Dict], None] = None,
                  in_channels: int = 3,
-                 attn_norm: bool = True,
-                 sampling: str = 'conv',
-                 nr_iters: int = 20,
-                 nr_init: Optional[str] = None,
-                 nr_method: str = 'auto',
-                 max_landmarks: Optional[int] = None,
-                 attn_type: str = 'soft',
-                 nr_backward: str = 'eq16',
-                 nr_diagnostics: bool = False,
                  out_indices: Union[int, Sequence[int]] = (0, 1, 2, 3),
                  out_type: str = 'featmap',
                  pretrain_img_size: int = 224,
@@ -146,16 +324,19 @@ class SOFT(BaseModule):
                  frozen_stages: int = -1,
                  norm_eval: bool = False,
                  with_cp: bool = False,
-                 init_cfg: Optional[Union[Dict, List[Dict]]] = None):
+                 init_cfg: Optional[Union[Dict, List[Dict]]] = None,
+                 **legacy):
         super().__init__(init_cfg=init_cfg)
-        self._check_args({
-            k: v
-            for k, v in locals().items() if k not in ('self', '__class__')
-        })
+        self._check_legacy(legacy)
+        checks.check_int('SOFT: in_channels', in_channels)
+        checks.check_int(
+            'SOFT: pretrain_img_size', pretrain_img_size, minimum=32)
+        for key, rate in (('drop_rate', drop_rate),
+                          ('attn_drop_rate', attn_drop_rate),
+                          ('drop_path_rate', drop_path_rate)):
+            checks.check_rate(f'SOFT: {key}', rate)
         self.arch_settings = self._parse_arch(arch)
-        if sampling not in SAMPLING_MODES:
-            raise ValueError(f'unknown sampling {sampling!r}; choose one of '
-                             f'{SAMPLING_MODES}')
+        attn_cfgs = self._parse_attn_cfg(attn_cfg)
         if out_type not in self.OUT_TYPES:
             raise ValueError(f'unknown out_type {out_type!r}; choose one of '
                              f'{self.OUT_TYPES}')
@@ -167,86 +348,86 @@ class SOFT(BaseModule):
         self.embed_dims = a['embed_dims']
         self.num_heads = a['num_heads']
         self.depths = a['depths']
-        self.attn_norm = attn_norm
         self.out_type = out_type
         self.frozen_stages = frozen_stages
         self.norm_eval = norm_eval
-        self.with_cp = with_cp
         self.pretrain_img_size = pretrain_img_size
 
         dpr = torch.linspace(0, drop_path_rate, sum(self.depths)).tolist()
-        self.patch_embeds = nn.ModuleList()
-        self.pos_embeds = nn.ParameterList()
         self.stages = nn.ModuleList()
-        prev = in_channels
-        cur = 0
+        prev, cur = in_channels, 0
         for i in range(self.num_stages):
-            dims, heads, depth = (self.embed_dims[i], self.num_heads[i],
-                                  self.depths[i])
-            self.patch_embeds.append(ConvPatchEmbed(prev, dims, stem=i == 0))
-            grid = pretrain_img_size // (4 * 2**i)
-            n_pos = grid * grid + (1 if i == 3 else 0)
-            self.pos_embeds.append(nn.Parameter(torch.zeros(1, n_pos, dims)))
-            if i < 3:
-                blocks = [
-                    SOFTBlock(
-                        dims,
-                        heads,
-                        a['sampling_ratios'][i],
-                        mlp_ratio=a['mlp_ratios'][i],
-                        drop_rate=dpr[cur + j],
-                        residual_drop=residual_drop,
-                        sampling=sampling,
-                        dw_kernel_size=a['dw_kernel_sizes'][i],
-                        attn_norm=attn_norm,
-                        nr_iters=nr_iters,
-                        nr_init=nr_init,
-                        nr_method=nr_method,
-                        max_landmarks=max_landmarks,
-                        attn_type=attn_type,
-                        qkv_bias=qkv_bias,
-                        nr_backward=nr_backward,
-                        nr_diagnostics=nr_diagnostics) for j in range(depth)
-                ]
+            dims, depth = self.embed_dims[i], self.depths[i]
+            pos_grid = pretrain_img_size // (4 * 2**i)
+            rates = dpr[cur:cur + depth]
+            if i < self.num_stages - 1:
+                stage = SOFTStage(
+                    prev,
+                    dims,
+                    pos_grid,
+                    num_heads=self.num_heads[i],
+                    depth=depth,
+                    sampling_ratio=a['sampling_ratios'][i],
+                    dw_kernel_size=a['dw_kernel_sizes'][i],
+                    mlp_ratio=a['mlp_ratios'][i],
+                    attn_cfg=attn_cfgs[i],
+                    qkv_bias=qkv_bias,
+                    drop_path_rates=rates,
+                    residual_drop=residual_drop,
+                    stem=i == 0,
+                    drop_rate=drop_rate)
             else:
-                blocks = [
-                    SoftmaxBlock(
-                        dims,
-                        heads,
-                        mlp_ratio=a['mlp_ratios'][i],
-                        qkv_bias=qkv_bias,
-                        drop_rate=drop_rate,
-                        attn_drop_rate=attn_drop_rate,
-                        drop_path_rate=dpr[cur + j]) for j in range(depth)
-                ]
-            self.stages.append(nn.ModuleList(blocks))
+                stage = ClsTokenStage(
+                    prev,
+                    dims,
+                    pos_grid,
+                    num_heads=self.num_heads[i],
+                    depth=depth,
+                    mlp_ratio=a['mlp_ratios'][i],
+                    qkv_bias=qkv_bias,
+                    drop_rate=drop_rate,
+                    attn_drop_rate=attn_drop_rate,
+                    drop_path_rates=rates)
+            stage.with_cp = with_cp
+            self.stages.append(stage)
             cur += depth
             prev = dims
-        self.pos_drop = nn.Dropout(drop_rate) if drop_rate > 0 \
-            else nn.Identity()
-        self.cls_token = nn.Parameter(torch.zeros(1, 1, self.embed_dims[3]))
-        self.norm = nn.LayerNorm(self.embed_dims[3], eps=1e-6)
         self._freeze_stages()
 
     # ------------------------------------------------------------ config
+    @staticmethod
+    def _check_legacy(legacy: Dict) -> None:
+        """Options the backbone took before ``attn_cfg``: one error with
+        the ``attn_cfg`` to write instead."""
+        if not legacy:
+            return
+        unknown = sorted(set(legacy) - set(_LEGACY_ATTN_ARGS))
+        if unknown:
+            raise TypeError(f'SOFT got unexpected arguments {unknown}')
+        opts = {k: v for k, v in legacy.items() if k != 'attn_type'}
+        attn_type = legacy.get('attn_type', 'soft')
+        if attn_type == 'soft_norm':
+            attn_type, opts['attn_norm'] = 'soft', True
+        items = ', '.join(f'{k}={v!r}' for k, v in opts.items())
+        new = f"attn_cfg=dict(type={attn_type!r}{', ' if items else ''}" \
+            f'{items})'
+        raise TypeError(
+            f'SOFT no longer takes {sorted(legacy)}: the attention options '
+            f'moved into attn_cfg; write {new}')
+
     @classmethod
-    def _check_args(cls, args: Dict) -> None:
-        """Validate the constructor arguments (one error naming the option).
-        ``arch`` is checked by :meth:`_parse_arch`, ``out_indices`` by
-        :meth:`_parse_out_indices`."""
-        checks.check_int('SOFT: in_channels', args['in_channels'])
-        checks.check_int('SOFT: nr_iters', args['nr_iters'])
-        checks.check_int(
-            'SOFT: max_landmarks', args['max_landmarks'], allow_none=True)
-        checks.check_int(
-            'SOFT: pretrain_img_size', args['pretrain_img_size'], minimum=32)
-        for key in ('drop_rate', 'attn_drop_rate', 'drop_path_rate'):
-            checks.check_rate(f'SOFT: {key}', args[key])
-        defaults = {
-            k: p.default
-            for k, p in inspect.signature(cls.__init__).parameters.items()
-        }
-        checks.check_ignored_attn_options(args['attn_type'], args, defaults)
+    def _parse_attn_cfg(cls, attn_cfg) -> List[Dict]:
+        """One attention config per SOFT stage (1-3)."""
+        n = cls.num_stages - 1
+        if attn_cfg is None:
+            attn_cfg = dict(type='SOFTAttention')
+        if isinstance(attn_cfg, Mapping):
+            return [dict(attn_cfg) for _ in range(n)]
+        if isinstance(attn_cfg, (list, tuple)) and len(attn_cfg) == n and \
+                all(isinstance(c, Mapping) for c in attn_cfg):
+            return [dict(c) for c in attn_cfg]
+        raise TypeError(f'SOFT: attn_cfg must be a dict or a list of {n} '
+                        f'dicts (one per SOFT stage), got {attn_cfg!r}')
 
     @classmethod
     def _parse_arch(cls, arch) -> Dict:
@@ -321,6 +502,51 @@ class SOFT(BaseModule):
         """Channels of each requested output (for necks' in_channels)."""
         return [self.embed_dims[i] for i in self.out_indices]
 
+    # ------------------------------------------------------- checkpoints
+    @classmethod
+    def upgrade_state_dict(cls, state_dict: Mapping,
+                           prefix: str = '') -> 'Dict':
+        """Rename version-1 keys under ``prefix`` to version 2 (stages as
+        modules); other keys are kept as they are, in their order."""
+        p = re.escape(prefix)
+        last = cls.num_stages - 1
+        rules = (
+            (re.compile(rf'^{p}patch_embeds\.(\d+)\.'),
+             rf'{prefix}stages.\1.patch_embed.'),
+            (re.compile(rf'^{p}pos_embeds\.(\d+)$'),
+             rf'{prefix}stages.\1.pos_embed'),
+            (re.compile(rf'^{p}stages\.(\d+)\.(\d+)\.'),
+             rf'{prefix}stages.\1.blocks.\2.'),
+            (re.compile(rf'^{p}cls_token$'),
+             f'{prefix}stages.{last}.cls_token'),
+            (re.compile(rf'^{p}norm\.'), f'{prefix}stages.{last}.norm.'),
+        )
+        out = type(state_dict)() if isinstance(state_dict, dict) else {}
+        for k, v in state_dict.items():
+            for pattern, repl in rules:
+                new, n = pattern.subn(repl, k)
+                if n:
+                    k = new
+                    break
+            out[k] = v
+        meta = getattr(state_dict, '_metadata', None)
+        if meta is not None:
+            out._metadata = meta
+        return out
+
+    def _load_from_state_dict(self, state_dict, prefix, local_metadata,
+                              strict, missing_keys, unexpected_keys,
+                              error_msgs):
+        version = local_metadata.get('version', None)
+        if version is None or version < 2:
+            upgraded = self.upgrade_state_dict(state_dict, prefix)
+            if list(upgraded) != list(state_dict):
+                state_dict.clear()
+                state_dict.update(upgraded)
+        super()._load_from_state_dict(state_dict, prefix, local_metadata,
+                                      strict, missing_keys, unexpected_keys,
+                                      error_msgs)
+
     # ------------------------------------------------------------ init
     def init_weights(self):
         """Pretrained weights if ``init_cfg`` names a checkpoint, otherwise
@@ -368,28 +594,24 @@ class SOFT(BaseModule):
             elif isinstance(m, nn.LayerNorm):
                 nn.init.ones_(m.weight)
                 nn.init.zeros_(m.bias)
-        for p in self.pos_embeds:
-            trunc_normal_(p, std=.02)
-        trunc_normal_(self.cls_token, std=.02)
+        for stage in self.stages:
+            trunc_normal_(stage.pos_embed, std=.02)
+        trunc_normal_(self.stages[-1].cls_token, std=.02)
         super().init_weights()
 
     # ------------------------------------------------------------ freeze
     def _freeze_stages(self):
         if self.frozen_stages < 0:
             return
-        frozen = [self.patch_embeds[0]]
-        params = list(self.patch_embeds[0].parameters()) + \
-            [self.pos_embeds[0]]
-        for i in range(self.frozen_stages):
-            frozen += [self.patch_embeds[i], self.stages[i]]
-            params += list(self.patch_embeds[i].parameters())
-            params += [self.pos_embeds[i]]
-            params += list(self.stages[i].parameters())
-            if i == 3:
-                frozen.append(self.norm)
-                params += [self.cls_token] + list(self.norm.parameters())
+        if self.frozen_stages == 0:  # the stem alone
+            frozen = [self.stages[0].patch_embed]
+            params = [self.stages[0].pos_embed]
+        else:
+            frozen = list(self.stages[:self.frozen_stages])
+            params = []
         for m in frozen:
             m.eval()
+            params += list(m.parameters())
         for p in params:
             p.requires_grad = False
 
@@ -436,29 +658,6 @@ class SOFT(BaseModule):
         return out
 
     # ------------------------------------------------------------ forward
-    def _pos_embed(self, i: int, hw: Tuple[int, int]) -> torch.Tensor:
-        pos = self.pos_embeds[i]
-        cls_pos = None
-        if i == 3:
-            cls_pos, pos = pos[:, :1], pos[:, 1:]
-        g = int(math.isqrt(pos.shape[1]))
-        if g * g != pos.shape[1]:
-            raise ValueError(f'pos_embeds[{i}] has {pos.shape[1]} tokens, '
-                             f'not a square grid')
-        if (g, g) != tuple(hw):
-            grid = pos.reshape(1, g, g, -1).permute(0, 3, 1, 2)
-            grid = F.interpolate(
-                grid, size=hw, mode='bilinear', align_corners=False)
-            pos = grid.flatten(2).transpose(1, 2)
-        if cls_pos is not None:
-            pos = torch.cat([cls_pos, pos], dim=1)
-        return pos
-
-    def _run_block(self, blk, x, hw):
-        if self.with_cp and x.requires_grad:
-            return cp.checkpoint(blk, x, hw, use_reentrant=False)
-        return blk(x, hw)
-
     def _empty_outputs(self, x: torch.Tensor) -> Tuple[torch.Tensor, ...]:
         """Outputs of an empty batch (B = 0): every conv of the patch
         embeddings has kernel 3, stride 2 (the stem's middle conv stride 1)
@@ -469,12 +668,11 @@ class SOFT(BaseModule):
             for _ in range(2 if i == 0 else 1):
                 H, W = (H + 1) // 2, (W + 1) // 2
             if i in self.out_indices:
-                shape = (0, self.embed_dims[i]) if (
-                    i == 3
-                    and self.out_type == 'cls_token') else (0,
-                                                            self.embed_dims[i],
-                                                            H, W)
-                outs.append(x.new_zeros(shape))
+                cls = i == self.num_stages - 1 and \
+                    self.out_type == 'cls_token'
+                outs.append(
+                    x.new_zeros((0, self.embed_dims[i]) if cls else (
+                        0, self.embed_dims[i], H, W)))
         return tuple(outs)
 
     def forward(self, x: torch.Tensor) -> Tuple[torch.Tensor, ...]:
@@ -485,29 +683,12 @@ class SOFT(BaseModule):
         if x.dim() != 4:
             raise ValueError(f'SOFT expects (B, C, H, W) images, got shape '
                              f'{tuple(x.shape)}')
-        B = x.shape[0]
-        if B == 0:
+        if x.shape[0] == 0:
             return self._empty_outputs(x)
         outs = []
-        for i in range(self.num_stages):
-            x, hw = self.patch_embeds[i](x)
-            if i == 3:
-                x = torch.cat([self.cls_token.expand(B, -1, -1), x], dim=1)
-            x = self.pos_drop(x + self._pos_embed(i, hw))
-            for blk in self.stages[i]:
-                x = self._run_block(blk, x, hw)
-            if i == 3:
-                x = self.norm(x)
-                if i in self.out_indices:
-                    if self.out_type == 'cls_token':
-                        outs.append(x[:, 0])
-                    else:
-                        outs.append(x[:, 1:].transpose(1,
-                                                       2).reshape(B, -1, *hw))
-            else:
-                x = x.transpose(1, 2).reshape(B, -1, *hw)
-                if i in self.out_indices:
-                    outs.append(x)
-            if i == self.out_indices[-1]:
-                break  # later stages are not needed
+        for i in range(self.out_indices[-1] + 1):  # later stages unneeded
+            x, cls = self.stages[i](x)
+            if i in self.out_indices:
+                use_cls = cls is not None and self.out_type == 'cls_token'
+                outs.append(cls if use_cls else x)
         return tuple(outs)

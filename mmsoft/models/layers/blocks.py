@@ -1,7 +1,8 @@
 """Transformer blocks and patch embeddings of the SOFT architecture (Table 2).
 
-* :class:`SOFTBlock` - stages 1-3: post-norm residual layers around
-  :class:`SOFTAttention` and a 2-layer FFN (expansion e = 4, tanh-GELU), as
+* :class:`SOFTBlock` - stages 1-3: post-norm residual layers around a
+  token mixer built from ``attn_cfg`` (:class:`SOFTAttention` by default)
+  and a 2-layer FFN (expansion e = 4, tanh-GELU), as
   the official model (and its checkpoints) has them.
 * :class:`SoftmaxBlock` - stage 4 ("sp. 1x1, w. cls token"): a pre-norm ViT
   block with standard softmax attention over the 7x7 tokens + cls token.
@@ -75,7 +76,8 @@ class ConvPatchEmbed(nn.Module):
 
 
 class FFN(nn.Module):
-    """fc1 -> GELU -> fc2 (``approximate='tanh'`` for SOFT layers)."""
+    """fc1 -> GELU -> fc2 (``approximate='tanh'`` for SOFT layers), with
+    dropout of rate ``drop`` after each when > 0."""
 
     def __init__(self,
                  embed_dims: int,
@@ -94,59 +96,55 @@ class FFN(nn.Module):
 
 
 class SOFTBlock(nn.Module):
-    """Post-norm SOFT layer: x = LN(x + drop(SOFT(x))), then
+    """Post-norm SOFT layer: x = LN(x + drop(Attn(x))), then
     x = LN(x + drop(FFN(x))).
 
-    ``attn_type`` swaps the token mixer for another entry of
-    :data:`mmsoft.models.layers.attention_zoo.ATTENTIONS` (default SOFT).
-
-    ``residual_drop='dropout'`` reproduces the official training recipe, in
-    which the per-layer stochastic-depth rate is used as an element-wise
-    dropout on the residual branch; ``'drop_path'`` uses true stochastic depth.
+    Args:
+        embed_dims (int): token channels.
+        num_heads (int): attention heads.
+        sampling_ratio (int): r of the stage's bottleneck.
+        dw_kernel_size (int): k of the per-head depthwise conv on V.
+            Default: 3.
+        attn_cfg (dict): the token mixer, built from
+            :data:`mmsoft.registry.ATTENTIONS` with the five arguments
+            above and ``qkv_bias`` (which the stage fixes). Default:
+            ``dict(type='SOFTAttention')``.
+        qkv_bias (bool): biases of the attention's projections. Default:
+            True.
+        mlp_ratio (float): FFN hidden width / ``embed_dims``. Default: 4.
+        drop_path_rate (float): rate of the residual drop. Default: 0.
+        residual_drop (str): how that rate is applied: ``'dropout'`` (the
+            official training recipe, an element-wise dropout on the
+            residual branch) or ``'drop_path'`` (true stochastic depth).
+            Default: 'dropout'.
     """
 
     def __init__(self,
                  embed_dims: int,
                  num_heads: int,
                  sampling_ratio: int,
-                 mlp_ratio: float = 4.,
-                 drop_rate: float = 0.,
-                 residual_drop: str = 'dropout',
-                 sampling: str = 'conv',
                  dw_kernel_size: int = 3,
-                 attn_norm: bool = True,
-                 nr_iters: int = 20,
-                 nr_init: Optional[str] = None,
+                 attn_cfg: Optional[dict] = None,
                  qkv_bias: bool = True,
-                 nr_method: str = 'auto',
-                 max_landmarks: Optional[int] = None,
-                 attn_type: str = 'soft',
-                 nr_backward: str = 'eq16',
-                 nr_diagnostics: bool = False):
+                 mlp_ratio: float = 4.,
+                 drop_path_rate: float = 0.,
+                 residual_drop: str = 'dropout'):
         super().__init__()
-        nr_opts = dict(nr_backward=nr_backward, nr_diagnostics=nr_diagnostics)
         self.attn = build_attention(
-            attn_type,
-            embed_dims,
-            num_heads,
-            sampling_ratio,
-            sampling=sampling,
+            attn_cfg if attn_cfg is not None else dict(type='SOFTAttention'),
+            embed_dims=embed_dims,
+            num_heads=num_heads,
+            sampling_ratio=sampling_ratio,
             dw_kernel_size=dw_kernel_size,
-            attn_norm=attn_norm,
-            nr_iters=nr_iters,
-            nr_init=nr_init,
-            qkv_bias=qkv_bias,
-            nr_method=nr_method,
-            max_landmarks=max_landmarks,
-            **nr_opts)
+            qkv_bias=qkv_bias)
         self.norm1 = nn.LayerNorm(embed_dims)
         self.ffn = FFN(embed_dims, int(embed_dims * mlp_ratio), 'tanh')
         self.norm2 = nn.LayerNorm(embed_dims)
         if residual_drop == 'dropout':
-            self.drop = nn.Dropout(drop_rate) if drop_rate > 0 \
+            self.drop = nn.Dropout(drop_path_rate) if drop_path_rate > 0 \
                 else nn.Identity()
         elif residual_drop == 'drop_path':
-            self.drop = DropPath(drop_rate)
+            self.drop = DropPath(drop_path_rate)
         else:
             raise ValueError(f'residual_drop must be "dropout" or '
                              f'"drop_path", got {residual_drop!r}')
@@ -157,7 +155,16 @@ class SOFTBlock(nn.Module):
 
 
 class SoftmaxAttention(nn.Module):
-    """Standard multi-head softmax attention (q, fused kv, proj)."""
+    """Standard multi-head softmax attention (q, fused kv, proj) of the
+    stage-4 blocks.
+
+    Args:
+        embed_dims (int): token channels.
+        num_heads (int): heads; must divide ``embed_dims``.
+        qkv_bias (bool): biases of the q / kv projections. Default: True.
+        attn_drop (float): dropout on the attention weights. Default: 0.
+        proj_drop (float): dropout after the output projection. Default: 0.
+    """
 
     def __init__(self,
                  embed_dims: int,
@@ -188,7 +195,20 @@ class SoftmaxAttention(nn.Module):
 
 
 class SoftmaxBlock(nn.Module):
-    """Pre-norm ViT block: x += DP(Attn(LN(x))); x += DP(MLP(LN(x)))."""
+    """Pre-norm ViT block: x += DP(Attn(LN(x))); x += DP(MLP(LN(x))).
+
+    Args:
+        embed_dims (int): token channels.
+        num_heads (int): heads.
+        mlp_ratio (float): MLP hidden width / ``embed_dims``. Default: 4.
+        qkv_bias (bool): biases of the q / kv projections. Default: True.
+        drop_rate (float): dropout after the attention projection and in
+            the MLP. Default: 0.
+        attn_drop_rate (float): dropout on the attention weights.
+            Default: 0.
+        drop_path_rate (float): stochastic depth (DP) rate. Default: 0.
+        norm_eps (float): epsilon of the LayerNorms. Default: 1e-6.
+    """
 
     def __init__(self,
                  embed_dims: int,

@@ -7,10 +7,7 @@ shape error in the first forward pass, or a silently ignored option).
 import numbers
 from typing import Any, Optional
 
-__all__ = [
-    'check_int', 'check_rate', 'check_kernel_size',
-    'check_ignored_attn_options'
-]
+__all__ = ['check_int', 'check_rate', 'check_kernel_size']
 
 
 def _is_int(value: Any) -> bool:
@@ -50,40 +47,3 @@ def check_kernel_size(name: str, value: Any, allow_zero: bool = True) -> int:
     zero = ' (or 0 to disable the conv)' if allow_zero else ''
     raise ValueError(f'{name} must be an odd positive int{zero}, got '
                      f'{value!r}: an even kernel changes the token map size')
-
-
-def check_ignored_attn_options(attn_type: str, options: dict,
-                               defaults: dict) -> None:
-    """Reject options that ``attn_type`` ignores but were set anyway.
-
-    ``options``: the values given (name -> value) of the SOFT-only options
-    (:data:`mmsoft.models.layers.attention_zoo._SOFT_ONLY`); ``defaults``:
-    their defaults. An option left at its default is fine; a non-default
-    value of an option the chosen attention does not use is an error (it
-    would otherwise be dropped silently). ``attn_type='soft_norm'`` always
-    normalises, so ``attn_norm=False`` contradicts it.
-    """
-    from .attention_zoo import _SOFT_ONLY, ATTENTIONS, _accepted
-    from .soft_attention import SOFTAttention
-    if attn_type == 'soft_norm':
-        if options.get('attn_norm', True) is not True:
-            raise ValueError("attn_type='soft_norm' always uses the "
-                             'normalisation; attn_norm=False contradicts '
-                             "it (use attn_type='soft', attn_norm=False)")
-        return
-    cls = ATTENTIONS.get(attn_type)
-    if cls is None or cls is SOFTAttention:
-        return  # unknown types are reported by build_attention
-    ignored = []
-    for key in _SOFT_ONLY:
-        if key not in options or key not in defaults:
-            continue
-        if key == 'max_landmarks' and _accepted(cls, key):
-            continue
-        if options[key] != defaults[key]:
-            ignored.append(f'{key}={options[key]!r}')
-    if ignored:
-        raise ValueError(
-            f"attn_type={attn_type!r} does not use {', '.join(ignored)} "
-            f'(SOFT-attention options); remove them or leave them at their '
-            f'defaults')

@@ -72,7 +72,7 @@ __all__ = [
     'newton_inverse', 'newton_inverse_apply', 'nr_init_alpha',
     'pinv_convergence', 'NewtonInverse', 'NewtonInverseApply', 'INIT_MODES',
     'INIT_ALIASES', 'NR_METHODS', 'NR_BACKWARDS', 'SPECTRAL_MIN_M',
-    'canonical_init', 'default_init', 'nr_residual'
+    'canonical_init', 'default_init', 'resolve_init', 'nr_residual'
 ]
 
 INIT_MODES = ('soft_norm_per_sample', 'soft_norm_per_matrix',
@@ -106,6 +106,12 @@ def default_init(attn_norm: bool) -> str:
     """The alpha rule of each official variant: the official normalized rule
     per sample with ``attn_norm`` (IJCV), else ``'soft'`` (NeurIPS)."""
     return 'soft_norm_per_sample' if attn_norm else 'soft'
+
+
+def resolve_init(init: Optional[str], attn_norm: bool) -> str:
+    """The alpha rule to use: :func:`default_init` for None, else ``init``
+    under its current name (:func:`canonical_init`)."""
+    return default_init(attn_norm) if init is None else canonical_init(init)
 
 
 def canonical_init(init: str) -> str:
@@ -318,15 +324,22 @@ def _init(A: torch.Tensor, init: str) -> Tuple[torch.Tensor, torch.Tensor]:
     return A, alpha
 
 
+def _first_iterate(A: torch.Tensor,
+                   init: str) -> Tuple[torch.Tensor, torch.Tensor]:
+    """(matrix the iterations run on, A_0 = alpha * that matrix)."""
+    Aw, alpha = _init(A, init)
+    return Aw, alpha[..., None, None] * Aw
+
+
 def _newton_forward(A: torch.Tensor,
                     iters: int,
                     init: str,
                     method: str = 'iterative') -> torch.Tensor:
-    A, alpha = _init(A, init)
+    """A_T by ``method`` (autograd through it if A requires grad)."""
     if method == 'spectral':
-        return _newton_spectral(A, alpha, iters)
-    V = alpha[..., None, None] * A
-    return _newton_iterate(A, V, iters)
+        return _newton_spectral(*_init(A, init), iters)
+    Aw, V = _first_iterate(A, init)
+    return _newton_iterate(Aw, V, iters)
 
 
 def _record_residual(stats: Optional[Dict], lam: torch.Tensor,
@@ -496,9 +509,7 @@ def _iterative_exact(A: torch.Tensor, iters: int, init: str,
                      stats: Optional[Dict]) -> torch.Tensor:
     """A_T with autograd through the T iterations (alpha held fixed)."""
     _iterative_stats(stats, A, init, iters)
-    Aw, alpha = _init(A, init)
-    V = alpha[..., None, None] * Aw
-    return _newton_iterate(Aw, V, iters)
+    return _newton_forward(A, iters, init, 'iterative')
 
 
 def newton_inverse(A: torch.Tensor,
@@ -610,8 +621,7 @@ def pinv_convergence(A: torch.Tensor,
     """
     init = canonical_init(init)
     A = A.double()
-    Aw, alpha = _init(A, init)
-    V = alpha[..., None, None] * Aw
+    Aw, V = _first_iterate(A, init)
 
     def norm2(M):  # symmetric: the spectral norm is the largest |eigenvalue|
         return torch.linalg.eigvalsh(0.5 * (M + M.mT)).abs().amax(-1)

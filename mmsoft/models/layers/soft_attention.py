@@ -16,51 +16,26 @@ The n x n matrix S^ is never formed; products are associated right to left
 (cost n m d instead of n m^2). A, A^+, D, P and their products run in float32
 under fp16/bf16 autocast (see :func:`gaussian_kernel`, :func:`newton_inverse`).
 """
-import math
 from typing import Optional, Tuple
 
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from .checks import check_int, check_kernel_size
+from mmsoft.registry import ATTENTIONS
+from .attention_base import AttentionBase, Index, query_index
+from .checks import check_int
 from .gaussian_kernel import gaussian_kernel
-from .pinv import (NR_BACKWARDS, NR_METHODS, canonical_init, default_init,
-                   newton_inverse, newton_inverse_apply)
+from .grid import landmark_grid, reduce_map
+from .pinv import (NR_BACKWARDS, NR_METHODS, newton_inverse,
+                   newton_inverse_apply, resolve_init)
 
 __all__ = [
     'BottleneckSampler', 'SOFTAttention', 'soft_attention',
-    'bottleneck_inverse', 'bottleneck_apply', 'SAMPLING_MODES', 'landmark_grid'
+    'bottleneck_inverse', 'bottleneck_apply', 'SAMPLING_MODES'
 ]
 
 SAMPLING_MODES = ('conv', 'avgpool', 'random', 'biased')
-
-
-def landmark_grid(hw: Tuple[int, int],
-                  ratio: int,
-                  max_landmarks: Optional[int] = None) -> Tuple[int, int]:
-    """Bottleneck grid for an H x W token map and sampling ratio r.
-
-    Rule: ``max(1, H // r) x max(1, W // r)``. As in the official strided
-    convolution, the last ``H mod r`` rows / ``W mod r`` columns are not pooled
-    into a landmark (they still attend to all landmarks through P); a side
-    shorter than r is zero-padded to r, giving one landmark along it.
-
-    With ``max_landmarks`` the grid is shrunk, keeping its aspect ratio, to
-    at most that many cells: ``floor(gh * s) x floor(gw * s)`` (each >= 1)
-    with ``s = sqrt(max_landmarks / (gh * gw))``.
-    """
-    H, W = hw
-    gh, gw = max(1, H // ratio), max(1, W // ratio)
-    if max_landmarks is not None and gh * gw > max_landmarks:
-        s = math.sqrt(max_landmarks / (gh * gw))
-        gh, gw = max(1, int(gh * s)), max(1, int(gw * s))
-        while gh * gw > max_landmarks:  # only when one side is clamped to 1
-            if gh >= gw:
-                gh -= 1
-            else:
-                gw -= 1
-    return gh, gw
 
 
 def bottleneck_inverse(A: torch.Tensor,
@@ -76,8 +51,7 @@ def bottleneck_inverse(A: torch.Tensor,
     ``'soft_norm_per_sample'``, with the normalisation, else ``'soft'``).
     float32 (float64 for float64 A), autocast disabled.
     """
-    if nr_init is None:
-        nr_init = default_init(attn_norm)
+    nr_init = resolve_init(nr_init, attn_norm)
     A_inv = newton_inverse(A, nr_iters, nr_init, nr_method, nr_backward)
     if not attn_norm:
         return A_inv
@@ -103,8 +77,7 @@ def bottleneck_apply(A: torch.Tensor,
     autocast disabled. ``nr_stats``: optional dict for the convergence of
     the iterations (see :func:`newton_inverse`).
     """
-    if nr_init is None:
-        nr_init = default_init(attn_norm)
+    nr_init = resolve_init(nr_init, attn_norm)
     if not attn_norm:
         return newton_inverse_apply(A, W, nr_iters, nr_init, nr_method,
                                     nr_backward, nr_stats)
@@ -182,40 +155,24 @@ class BottleneckSampler(nn.Module):
                 head_dims, head_dims, ratio, ratio, bias=False)
             self.norm = nn.LayerNorm(head_dims)
 
-    def num_landmarks(self, hw: Tuple[int, int]) -> int:
-        gh, gw = landmark_grid(hw, self.ratio, self.max_landmarks)
-        return gh * gw
-
-    def _cap(self, x: torch.Tensor) -> torch.Tensor:
-        """Adaptive pooling of a (N, d, gh, gw) grid to the capped grid."""
-        if self.max_landmarks is None or \
-                x.shape[2] * x.shape[3] <= self.max_landmarks:
-            return x
-        gh, gw = landmark_grid((x.shape[2], x.shape[3]), 1, self.max_landmarks)
-        return F.adaptive_avg_pool2d(x, (gh, gw))
-
-    def _grid(self, q: torch.Tensor, hw: Tuple[int, int]) -> torch.Tensor:
-        B, h, n, d = q.shape
-        H, W = hw
-        x = q.reshape(B * h, H, W, d).permute(0, 3, 1, 2)
-        r = self.ratio
-        if H < r or W < r:
-            x = F.pad(x, (0, max(0, r - W), 0, max(0, r - H)))
-        return x
-
     def forward(self, q: torch.Tensor, hw: Tuple[int, int]) -> torch.Tensor:
+        """Landmarks (B, h, m, d) of the scaled queries q (B, h, n, d)."""
         B, h, n, d = q.shape
         if n != hw[0] * hw[1]:
             raise ValueError(f'{n} tokens do not form a {hw[0]}x{hw[1]} map')
-        r = self.ratio
-        if self.mode == 'conv':
-            x = self._cap(self.conv(self._grid(q, hw)))
+        if self.mode in ('conv', 'avgpool'):
+            x = q.reshape(B * h, *hw, d).permute(0, 3, 1, 2)
+            x = reduce_map(
+                x,
+                self.ratio,
+                self.max_landmarks,
+                conv=self.conv if self.mode == 'conv' else None)
             x = x.flatten(2).transpose(1, 2)
-            return F.gelu(self.norm(x)).reshape(B, h, -1, d)
-        if self.mode == 'avgpool':
-            x = self._cap(F.avg_pool2d(self._grid(q, hw), r, r))
-            return x.flatten(2).transpose(1, 2).reshape(B, h, -1, d)
-        m = min(self.num_landmarks(hw), n)
+            if self.mode == 'conv':
+                x = F.gelu(self.norm(x))
+            return x.reshape(B, h, -1, d)
+        gh, gw = landmark_grid(hw, self.ratio, self.max_landmarks)
+        m = min(gh * gw, n)
         if self.mode == 'biased':
             return q[:, :, :m]
         if self.training:
@@ -230,66 +187,68 @@ class BottleneckSampler(nn.Module):
         return f'mode={self.mode}, ratio={self.ratio}{cap}'
 
 
-class SOFTAttention(nn.Module):
+@ATTENTIONS.register_module(name=['SOFTAttention', 'soft'])
+class SOFTAttention(AttentionBase):
     """Multi-head softmax-free attention with the official block details.
 
-    Q = K (one projection ``q``), values ``v``, output projection ``proj``.
-    A per-head depthwise k x k convolution of V over the token map is added to
-    the attention output (one filter per head, shared by the head's
-    channels), as in the official model.
+    out = P A_n^+ P^T V (:func:`soft_attention`) with Q = K (one projection
+    ``q``), values ``v``, plus the per-head depthwise conv of V and the
+    output projection ``proj`` of :class:`AttentionBase`.
 
     Args:
-        embed_dims: token channels.
-        num_heads: heads; must divide ``embed_dims``.
-        sampling_ratio: r of :class:`BottleneckSampler`.
-        sampling: f_s, one of ``SAMPLING_MODES``.
-        dw_kernel_size: k of the depthwise conv on V (0 disables it).
-        attn_norm: IJCV symmetric normalisation D^-1/2 A^+ D^-1/2 (Eq. 25).
-        nr_iters: Newton-Raphson iterations.
-        nr_init: alpha rule of the NR iterations (``INIT_MODES``:
-            ``'soft_norm_per_sample'``, ``'soft_norm_per_matrix'``,
-            ``'soft_norm_per_batch'``, ``'soft'``); None: the official rule
-            of the variant (per sample with ``attn_norm``, else ``'soft'``).
-        nr_method: how the NR iterations are evaluated: ``'auto'``,
+        embed_dims (int): token channels.
+        num_heads (int): heads; must divide ``embed_dims``.
+        sampling_ratio (int): r of :class:`BottleneckSampler`.
+        dw_kernel_size (int): k of the depthwise conv on V (0 disables it).
+            Default: 3.
+        qkv_bias (bool): biases of the q / v projections. Default: True.
+        attn_norm (bool): the IJCV symmetric normalisation
+            D^-1/2 A^+ D^-1/2 (Eq. 25); False is the NeurIPS model.
+            Default: True.
+        sampling (str): f_s, one of ``SAMPLING_MODES``. Default: 'conv'.
+        nr_iters (int): Newton-Raphson iterations T. Default: 20.
+        nr_init (str | None): alpha rule of the NR iterations
+            (``INIT_MODES``: ``'soft_norm_per_sample'``,
+            ``'soft_norm_per_matrix'``, ``'soft_norm_per_batch'``,
+            ``'soft'``). Default: None, the official rule of the variant
+            (per sample with ``attn_norm``, else ``'soft'``).
+        nr_method (str): how the NR iterations are evaluated: ``'auto'``,
             ``'iterative'`` or ``'spectral'`` (same function, see
-            :mod:`mmsoft.models.layers.pinv`).
-        nr_backward: ``'eq16'`` (the papers' closed form) or ``'exact'``
-            (the gradient of the T iterations as computed, alpha fixed).
-        nr_diagnostics: record the NR convergence of every forward in
-            ``last_nr_stats`` (``'residual'``, ``'unconverged'``, per
+            :mod:`mmsoft.models.layers.pinv`). Default: 'auto'.
+        nr_backward (str): ``'eq16'`` (the papers' closed form) or
+            ``'exact'`` (the gradient of the T iterations as computed,
+            alpha fixed). Default: 'eq16'.
+        nr_diagnostics (bool): record the NR convergence of every forward
+            in ``last_nr_stats`` (``'residual'``, ``'unconverged'``, per
             matrix; see :func:`mmsoft.models.layers.pinv.nr_residual`).
-        qkv_bias: biases of the q / v projections.
-        max_landmarks: opt-in cap on the bottleneck size (see
-            :class:`BottleneckSampler`).
+            Default: False.
+        max_landmarks (int | None): opt-in cap on the bottleneck size (see
+            :class:`BottleneckSampler`). Default: None.
     """
 
     def __init__(self,
                  embed_dims: int,
                  num_heads: int,
                  sampling_ratio: int,
-                 sampling: str = 'conv',
                  dw_kernel_size: int = 3,
+                 qkv_bias: bool = True,
                  attn_norm: bool = True,
+                 sampling: str = 'conv',
                  nr_iters: int = 20,
                  nr_init: Optional[str] = None,
-                 qkv_bias: bool = True,
                  nr_method: str = 'auto',
-                 max_landmarks: Optional[int] = None,
                  nr_backward: str = 'eq16',
-                 nr_diagnostics: bool = False):
-        super().__init__()
-        if embed_dims % num_heads != 0:
-            raise ValueError(f'num_heads ({num_heads}) must divide '
-                             f'embed_dims ({embed_dims})')
+                 nr_diagnostics: bool = False,
+                 max_landmarks: Optional[int] = None):
+        super().__init__(embed_dims, num_heads, sampling_ratio,
+                         dw_kernel_size)
         check_int('nr_iters', nr_iters)
-        check_kernel_size('dw_kernel_size', dw_kernel_size)
-        self.embed_dims = embed_dims
-        self.num_heads = num_heads
-        self.head_dims = embed_dims // num_heads
+        if not isinstance(attn_norm, bool):
+            raise ValueError(f'attn_norm must be True or False, got '
+                             f'{attn_norm!r}')
         self.attn_norm = attn_norm
         self.nr_iters = nr_iters
-        self.nr_init = default_init(attn_norm) if nr_init is None \
-            else canonical_init(nr_init)
+        self.nr_init = resolve_init(nr_init, attn_norm)
         if nr_backward not in NR_BACKWARDS:
             raise ValueError(f'unknown nr_backward {nr_backward!r}; choose '
                              f'one of {NR_BACKWARDS}')
@@ -304,56 +263,53 @@ class SOFTAttention(nn.Module):
         self.v = nn.Linear(embed_dims, embed_dims, bias=qkv_bias)
         self.sampler = BottleneckSampler(self.head_dims, sampling_ratio,
                                          sampling, max_landmarks)
-        self.dw_conv = nn.Conv2d(
-            num_heads,
-            num_heads,
-            dw_kernel_size,
-            padding=dw_kernel_size // 2,
-            groups=num_heads,
-            bias=False) if dw_kernel_size else None
-        self.proj = nn.Linear(embed_dims, embed_dims)
+        self._build_output_layers()
 
-    def _split(self, x: torch.Tensor) -> torch.Tensor:
-        B, N, _ = x.shape
-        return x.view(B, N, self.num_heads, self.head_dims).transpose(1, 2)
+    def _queries(self, x: torch.Tensor, hw: Tuple[int, int]):
+        """Scaled queries q (B, h, n, d) and their landmarks (B, h, m, d).
 
-    def _dw_conv_tokens(self, v: torch.Tensor, hw: Tuple[int,
-                                                         int]) -> torch.Tensor:
-        """Per-head k x k conv of the (B, N, C) value tokens -> (B, N, C).
-
-        One channels-last depthwise conv over the C channels, head g's
-        filter repeated for its d channels: the same function as the
-        official (B*d, h, H, W) grouped conv, without its two permuted
-        copies, and several times faster on the CPU (forward and backward).
+        q carries the 1/d^(1/4) scale, so that exp(-||q - k||^2 / 2) is the
+        paper's exp(-||q - k||^2 / (2 sqrt d)) (Eq. 5).
         """
-        B, N, C = v.shape
-        x = v.transpose(1, 2).reshape(B, C, *hw)  # a channels-last view
-        w = self.dw_conv.weight.repeat_interleave(self.head_dims, 0)
-        x = F.conv2d(x, w, None, 1, self.dw_conv.padding, 1, C)
-        return x.flatten(2).transpose(1, 2)
-
-    def _dw_conv_v(self, v: torch.Tensor, hw: Tuple[int, int]):
-        """The same conv for split heads: (B, h, N, d) -> (B, h, N, d)."""
-        B, h, N, d = v.shape
-        out = self._dw_conv_tokens(v.transpose(1, 2).reshape(B, N, h * d), hw)
-        return out.view(B, N, h, d).transpose(1, 2)
-
-    def forward(self, x: torch.Tensor, hw: Tuple[int, int]) -> torch.Tensor:
-        """x: (B, N, C) tokens of an H x W map -> (B, N, C)."""
-        B, N, C = x.shape
         q = self._split(self.q(x)) * self.head_dims**-0.25
+        return q, self.sampler(q, hw)
+
+    def _mix(self, x: torch.Tensor, hw: Tuple[int, int]):
+        q, landmarks = self._queries(x, hw)
         v_tokens = self.v(x)
-        v = self._split(v_tokens)
-        landmarks = self.sampler(q, hw)
         stats = {} if self.nr_diagnostics else None
-        out = soft_attention(q, landmarks, v, self.attn_norm, self.nr_iters,
-                             self.nr_init, self.nr_method, self.nr_backward,
-                             stats)
+        out = soft_attention(q, landmarks, self._split(v_tokens),
+                             self.attn_norm, self.nr_iters, self.nr_init,
+                             self.nr_method, self.nr_backward, stats)
         self.last_nr_stats = stats
-        out = out.transpose(1, 2).reshape(B, N, C)
-        if self.dw_conv is not None:
-            out = out + self._dw_conv_tokens(v_tokens, hw)
-        return self.proj(out)
+        return out, v_tokens
+
+    def _bottleneck(self, landmarks: torch.Tensor) -> torch.Tensor:
+        """The (normalised) pseudo-inverse A_n^+ (B, h, m, m) in use."""
+        A = gaussian_kernel(landmarks, landmarks)
+        return bottleneck_inverse(A, self.attn_norm, self.nr_iters,
+                                  self.nr_init, self.nr_method)
+
+    @torch.no_grad()
+    def attention_row(self, x: torch.Tensor, hw: Tuple[int, int],
+                      index: Index) -> torch.Tensor:
+        """(B, h, n): row ``index`` of S^ = P A_n^+ P^T, i.e.
+        P_i A_n^+ P^T ((1 x m) (m x m) (m x n), O(n m))."""
+        self._check(x, hw)
+        i = query_index(index, hw)
+        q, landmarks = self._queries(x, hw)
+        P = gaussian_kernel(q, landmarks)  # (B, h, n, m)
+        A_inv = self._bottleneck(landmarks)
+        return ((P[:, :, i:i + 1] @ A_inv) @ P.transpose(-1, -2)).squeeze(-2)
+
+    @torch.no_grad()
+    def attention_matrix(self, x: torch.Tensor,
+                         hw: Tuple[int, int]) -> torch.Tensor:
+        """(B, h, n, n): S^ = P A_n^+ P^T itself (small inputs only)."""
+        self._check(x, hw)
+        q, landmarks = self._queries(x, hw)
+        P = gaussian_kernel(q, landmarks)
+        return P @ self._bottleneck(landmarks) @ P.transpose(-1, -2)
 
     def extra_repr(self) -> str:
         return (f'heads={self.num_heads}, attn_norm={self.attn_norm}, '

@@ -1,18 +1,17 @@
-"""One module per attention of the zoo (registered in ``attention_zoo``)."""
-from .common import ZooAttention, query_index, reduce_map, spread_to_tokens
+"""The attention zoo: the token mixers SOFT is compared with in Table 1 of
+the NeurIPS paper, one module each, registered in
+:data:`mmsoft.registry.ATTENTIONS` (a SOFT stage builds them from its
+``attn_cfg``)."""
+from .common import ZooAttention, spread_to_tokens
 from .linformer import LinformerAttention
 from .nystromformer import NystromformerAttention, iterative_pinv
 from .performer import PerformerAttention, orthogonal_gaussian
 from .sima import SimAAttention, l1_normalize_tokens, sima_order
-from .soft import (soft_attention_matrix, soft_attention_row, soft_bottleneck,
-                   soft_landmarks)
 from .softmax import SoftmaxZooAttention
 
 __all__ = [
-    'ZooAttention', 'query_index', 'reduce_map', 'spread_to_tokens',
-    'LinformerAttention', 'NystromformerAttention', 'iterative_pinv',
-    'PerformerAttention', 'orthogonal_gaussian', 'SimAAttention',
-    'l1_normalize_tokens', 'sima_order', 'soft_attention_matrix',
-    'soft_attention_row', 'soft_bottleneck', 'soft_landmarks',
-    'SoftmaxZooAttention'
+    'ZooAttention', 'spread_to_tokens', 'LinformerAttention',
+    'NystromformerAttention', 'iterative_pinv', 'PerformerAttention',
+    'orthogonal_gaussian', 'SimAAttention', 'l1_normalize_tokens',
+    'sima_order', 'SoftmaxZooAttention'
 ]

@@ -25,14 +25,17 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from .common import (Index, ZooAttention, query_index, reduce_map,
-                     spread_to_tokens)
+from mmsoft.registry import ATTENTIONS
+from ..attention_base import Index, query_index
+from ..grid import reduce_map
+from .common import ZooAttention, spread_to_tokens
 
 __all__ = ['LinformerAttention']
 
 SR_MODES = ('conv', 'avgpool')
 
 
+@ATTENTIONS.register_module(name=['LinformerAttention', 'linformer'])
 class LinformerAttention(ZooAttention):
     """Softmax attention over m spatially reduced keys / values.
 
@@ -60,9 +63,6 @@ class LinformerAttention(ZooAttention):
         self.sr_mode = sr_mode
         self.max_landmarks = max_landmarks
         self.landmark_hw = landmark_hw
-        self.q = nn.Linear(embed_dims, embed_dims, bias=qkv_bias)
-        self.k = nn.Linear(embed_dims, embed_dims, bias=qkv_bias)
-        self.v = nn.Linear(embed_dims, embed_dims, bias=qkv_bias)
         r = sampling_ratio
         if sr_mode == 'conv' and r > 1:
             self.sr = nn.Conv2d(embed_dims, embed_dims, r, r)

@@ -17,9 +17,11 @@ approximation is exact: F A^+ B = S S^+ S = S.
 from typing import Optional, Tuple
 
 import torch
-import torch.nn as nn
 
-from .common import Index, ZooAttention, query_index, reduce_map
+from mmsoft.registry import ATTENTIONS
+from ..attention_base import Index, query_index
+from ..grid import reduce_map
+from .common import ZooAttention
 
 __all__ = ['NystromformerAttention', 'iterative_pinv']
 
@@ -46,6 +48,7 @@ def iterative_pinv(A: torch.Tensor, iters: int = 6) -> torch.Tensor:
     return Z
 
 
+@ATTENTIONS.register_module(name=['NystromformerAttention', 'nystromformer'])
 class NystromformerAttention(ZooAttention):
     """Softmax Nystrom attention with SOFT's block details.
 
@@ -75,9 +78,6 @@ class NystromformerAttention(ZooAttention):
         self.pinv_iters = pinv_iters
         self.max_landmarks = max_landmarks
         self.landmark_hw = landmark_hw
-        self.q = nn.Linear(embed_dims, embed_dims, bias=qkv_bias)
-        self.k = nn.Linear(embed_dims, embed_dims, bias=qkv_bias)
-        self.v = nn.Linear(embed_dims, embed_dims, bias=qkv_bias)
 
     def _landmarks(self, t: torch.Tensor, hw: Tuple[int, int]):
         tm = reduce_map(

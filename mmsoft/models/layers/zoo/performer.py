@@ -24,9 +24,10 @@ import math
 from typing import Optional, Tuple
 
 import torch
-import torch.nn as nn
 
-from .common import Index, ZooAttention, query_index
+from mmsoft.registry import ATTENTIONS
+from ..attention_base import Index, query_index
+from .common import ZooAttention
 
 __all__ = ['PerformerAttention', 'orthogonal_gaussian']
 
@@ -64,6 +65,7 @@ def favor_features(x: torch.Tensor, w: torch.Tensor,
     return torch.exp(proj - shift.detach()) / math.sqrt(w.shape[0])
 
 
+@ATTENTIONS.register_module(name=['PerformerAttention', 'performer'])
 class PerformerAttention(ZooAttention):
     """FAVOR+ linear attention with SOFT's block details.
 
@@ -95,9 +97,6 @@ class PerformerAttention(ZooAttention):
         self.num_features = num_features
         self.redraw_interval = redraw_interval
         self.eps = eps
-        self.q = nn.Linear(embed_dims, embed_dims, bias=qkv_bias)
-        self.k = nn.Linear(embed_dims, embed_dims, bias=qkv_bias)
-        self.v = nn.Linear(embed_dims, embed_dims, bias=qkv_bias)
         self.register_buffer('features', orthogonal_gaussian(num_features, d))
         self._calls = 0
 

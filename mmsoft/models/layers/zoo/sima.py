@@ -16,9 +16,10 @@ absolute value and may be negative.
 from typing import Tuple
 
 import torch
-import torch.nn as nn
 
-from .common import Index, ZooAttention, query_index
+from mmsoft.registry import ATTENTIONS
+from ..attention_base import Index, query_index
+from .common import ZooAttention
 
 __all__ = ['SimAAttention', 'l1_normalize_tokens', 'sima_order']
 
@@ -39,6 +40,7 @@ def sima_order(n: int, d: int, order: str = 'auto') -> str:
     return 'linear' if n > d else 'quadratic'
 
 
+@ATTENTIONS.register_module(name=['SimAAttention', 'sima'])
 class SimAAttention(ZooAttention):
     """SimA with SOFT's block details.
 
@@ -60,10 +62,6 @@ class SimAAttention(ZooAttention):
         sima_order(1, 1, order)  # validate
         self.order = order
         self.eps = eps
-        self.last_order = None
-        self.q = nn.Linear(embed_dims, embed_dims, bias=qkv_bias)
-        self.k = nn.Linear(embed_dims, embed_dims, bias=qkv_bias)
-        self.v = nn.Linear(embed_dims, embed_dims, bias=qkv_bias)
 
     def _qk(self, x: torch.Tensor):
         q = l1_normalize_tokens(self._split(self.q(x)), self.eps)
@@ -75,7 +73,6 @@ class SimAAttention(ZooAttention):
         vt = self.v(x)
         v = self._split(vt)
         order = sima_order(q.shape[-2], q.shape[-1], self.order)
-        self.last_order = order
         if order == 'linear':
             out = q @ (k.transpose(-1, -2) @ v)
         else:

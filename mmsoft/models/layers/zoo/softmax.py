@@ -14,11 +14,14 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from .common import Index, ZooAttention, query_index
+from mmsoft.registry import ATTENTIONS
+from ..attention_base import Index, query_index
+from .common import ZooAttention
 
 __all__ = ['SoftmaxZooAttention']
 
 
+@ATTENTIONS.register_module(name=['SoftmaxZooAttention', 'softmax'])
 class SoftmaxZooAttention(ZooAttention):
     """Multi-head softmax attention with SOFT's block details.
 
@@ -33,9 +36,6 @@ class SoftmaxZooAttention(ZooAttention):
                  qkv_bias: bool = True):
         super().__init__(embed_dims, num_heads, sampling_ratio, dw_kernel_size,
                          qkv_bias)
-        self.q = nn.Linear(embed_dims, embed_dims, bias=qkv_bias)
-        self.k = nn.Linear(embed_dims, embed_dims, bias=qkv_bias)
-        self.v = nn.Linear(embed_dims, embed_dims, bias=qkv_bias)
 
     def _mix(self, x: torch.Tensor, hw: Tuple[int, int]):
         vt = self.v(x)

@@ -1,0 +1,148 @@
+"""The frame every token mixer of a SOFT stage shares (SOFT and the zoo).
+
+The official SOFT layer wraps its attention in three pieces that are not
+attention proper, and the comparisons of Table 1 keep them for every
+mixer, so that only the mixing changes between rows:
+
+* multi-head projections (``_split`` gives (B, h, n, d) heads);
+* a per-head depthwise k x k convolution of the value tokens over the
+  H x W map, added to the mixer's output (one filter per head, shared by
+  the head's d channels; ``dw_kernel_size=0`` disables it);
+* the output projection ``proj``.
+
+Subclasses build their projections and call :meth:`_build_output_layers`
+(in the order their parameters should be registered), and implement
+
+* ``_mix(x, hw) -> (out, v_tokens)``: the mixing of tokens x (B, n, C) of
+  an H x W map; ``out`` (B, h, n, d) and the full-resolution value tokens
+  ``v_tokens`` (B, n, C) the depthwise convolution takes (None when it is
+  disabled and the mixer does not need them);
+* ``attention_row(x, hw, index) -> (B, h, n)``: the weights with which
+  query token ``index`` mixes the n value tokens, without forming the
+  n x n matrix (``tools/analysis/visualize_attention.py``).
+"""
+from typing import Optional, Sequence, Tuple, Union
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from .checks import check_int, check_kernel_size
+
+__all__ = ['AttentionBase', 'Index', 'query_index']
+
+#: a query token: flat index or (row, col)
+Index = Union[int, Sequence[int]]
+
+
+def query_index(index: Index, hw: Tuple[int, int]) -> int:
+    """A flat token index from an int or a (row, col) pair."""
+    H, W = hw
+    if isinstance(index, (tuple, list)):
+        r, c = index
+        if not (0 <= r < H and 0 <= c < W):
+            raise IndexError(f'query {tuple(index)} outside the {H}x{W} map')
+        return int(r) * W + int(c)
+    i = int(index)
+    if not 0 <= i < H * W:
+        raise IndexError(f'query index {i} outside the {H}x{W} map')
+    return i
+
+
+class AttentionBase(nn.Module):
+    """Multi-head token mixer with SOFT's depthwise conv on V and ``proj``.
+
+    Args:
+        embed_dims (int): token channels C.
+        num_heads (int): heads h; must divide ``embed_dims``.
+        sampling_ratio (int): r of the stage's bottleneck (SOFT's sampler;
+            the reduced token set of Linformer / Nystromformer).
+        dw_kernel_size (int): k of the per-head depthwise conv on V
+            (odd, or 0 to disable it). Default: 3.
+    """
+
+    def __init__(self,
+                 embed_dims: int,
+                 num_heads: int,
+                 sampling_ratio: int,
+                 dw_kernel_size: int = 3):
+        super().__init__()
+        check_int('embed_dims', embed_dims)
+        check_int('num_heads', num_heads)
+        if embed_dims % num_heads != 0:
+            raise ValueError(f'num_heads ({num_heads}) must divide '
+                             f'embed_dims ({embed_dims})')
+        check_int('sampling_ratio', sampling_ratio)
+        check_kernel_size('dw_kernel_size', dw_kernel_size)
+        self.embed_dims = embed_dims
+        self.num_heads = num_heads
+        self.head_dims = embed_dims // num_heads
+        self.sampling_ratio = sampling_ratio
+        self.dw_kernel_size = dw_kernel_size
+
+    def _build_output_layers(self) -> None:
+        """``dw_conv`` (h filters of k x k, or None) and ``proj``."""
+        k, h = self.dw_kernel_size, self.num_heads
+        self.dw_conv: Optional[nn.Conv2d] = nn.Conv2d(
+            h, h, k, padding=k // 2, groups=h, bias=False) if k else None
+        self.proj = nn.Linear(self.embed_dims, self.embed_dims)
+
+    # ------------------------------------------------------------ helpers
+    def _split(self, x: torch.Tensor) -> torch.Tensor:
+        """(B, n, C) -> (B, h, n, d)."""
+        B, N, _ = x.shape
+        return x.view(B, N, self.num_heads, self.head_dims).transpose(1, 2)
+
+    def dw_conv_tokens(self, v: torch.Tensor,
+                       hw: Tuple[int, int]) -> torch.Tensor:
+        """Per-head k x k conv of the (B, n, C) value tokens -> (B, n, C).
+
+        One channels-last depthwise conv over the C channels, head g's
+        filter repeated for its d channels: the same function as the
+        official (B*d, h, H, W) grouped conv, without its two permuted
+        copies, and several times faster on the CPU (forward and backward).
+        """
+        B, N, C = v.shape
+        x = v.transpose(1, 2).reshape(B, C, *hw)  # a channels-last view
+        w = self.dw_conv.weight.repeat_interleave(self.head_dims, 0)
+        x = F.conv2d(x, w, None, 1, self.dw_conv.padding, 1, C)
+        return x.flatten(2).transpose(1, 2)
+
+    @staticmethod
+    def _check(x: torch.Tensor, hw: Tuple[int, int]) -> None:
+        if x.dim() != 3 or x.shape[1] != hw[0] * hw[1]:
+            raise ValueError(f'expected (B, {hw[0]}*{hw[1]}, C) tokens, got '
+                             f'shape {tuple(x.shape)}')
+
+    # ------------------------------------------------------------ api
+    def _mix(self, x: torch.Tensor, hw: Tuple[int, int]):
+        raise NotImplementedError
+
+    def forward(self, x: torch.Tensor, hw: Tuple[int, int]) -> torch.Tensor:
+        """x: (B, n, C) tokens of an H x W map -> (B, n, C)."""
+        self._check(x, hw)
+        B, N, C = x.shape
+        out, v_tokens = self._mix(x, hw)
+        out = out.transpose(1, 2).reshape(B, N, C)
+        if self.dw_conv is not None:
+            out = out + self.dw_conv_tokens(v_tokens, hw)
+        return self.proj(out)
+
+    def attention_row(self, x: torch.Tensor, hw: Tuple[int, int],
+                      index: Index) -> torch.Tensor:
+        """(B, h, n) mixing weights of query ``index`` (flat or (row, col))
+        over the n value tokens, for the (B, n, C) tokens ``x`` entering the
+        module. The depthwise conv branch and the projections are not part
+        of the row."""
+        raise NotImplementedError
+
+    @torch.no_grad()
+    def attention_matrix(self, x: torch.Tensor,
+                         hw: Tuple[int, int]) -> torch.Tensor:
+        """The (B, h, n, n) token-mixing matrix, row by row (small n)."""
+        n = hw[0] * hw[1]
+        return torch.stack([self.attention_row(x, hw, i) for i in range(n)],
+                           dim=-2)
+
+    def extra_repr(self) -> str:
+        return f'heads={self.num_heads}, ratio={self.sampling_ratio}'
