@@ -98,7 +98,9 @@ def test_get_flops_bottleneck_settings_give_m_landmarks():
         kw = gf.bottleneck_overrides(m)
         arch = dict(kw['arch'], **TINY)  # small channels, same ratios
         model = SOFT(
-            arch, max_landmarks=kw['max_landmarks'], out_indices=(2, )).eval()
+            arch,
+            attn_cfg=dict(type='soft', max_landmarks=kw['max_landmarks']),
+            out_indices=(2, )).eval()
         seen = []
         for mod in model.modules():
             if hasattr(mod, 'sampler'):

@@ -9,10 +9,10 @@ import torch
 import torch.nn.functional as F
 
 from mmsoft.models.backbones import SOFT
+from mmsoft.registry import ATTENTIONS
 from mmsoft.models.layers import SOFTAttention, landmark_grid
-from mmsoft.models.layers.attention_zoo import (ATTENTION_TYPES, ATTENTIONS,
-                                                attention_matrix,
-                                                attention_row, build_attention)
+from mmsoft.models.layers.attention_zoo import (attention_types,
+                                                build_attention)
 from mmsoft.models.layers.gaussian_kernel import gaussian_kernel
 from mmsoft.models.layers.pinv import newton_inverse
 from mmsoft.models.layers.zoo import (LinformerAttention,
@@ -27,16 +27,9 @@ N = HW[0] * HW[1]
 C, HEADS = 16, 2
 D = C // HEADS
 
-# what SOFTBlock passes to build_attention
-BLOCK_KWARGS = dict(
-    sampling='conv',
-    dw_kernel_size=3,
-    attn_norm=True,
-    nr_iters=20,
-    nr_init=None,
-    qkv_bias=True,
-    nr_method='auto',
-    max_landmarks=None)
+#: one short name per registered attention
+ATTENTION_TYPES = ('soft', 'softmax', 'linformer', 'performer',
+                   'nystromformer', 'sima')
 
 
 def tokens(B=2, n=N, c=C, seed=0):
@@ -44,10 +37,16 @@ def tokens(B=2, n=N, c=C, seed=0):
     return torch.randn(B, n, c, generator=g, dtype=torch.float64)
 
 
-def build(t, ratio=2, **kw):
+def build(t, ratio=2, dw_kernel_size=3, **options):
+    """``t`` as a SOFT stage builds it (``attn_cfg=dict(type=t, ...)``)."""
     torch.manual_seed(0)
-    return build_attention(t, C, HEADS, ratio, **dict(BLOCK_KWARGS,
-                                                      **kw)).double().eval()
+    return build_attention(
+        dict(type=t, **options),
+        embed_dims=C,
+        num_heads=HEADS,
+        sampling_ratio=ratio,
+        dw_kernel_size=dw_kernel_size,
+        qkv_bias=True).double().eval()
 
 
 def values(attn, x):
@@ -60,12 +59,44 @@ def merge(t):
 
 
 # ---------------------------------------------------------------- registry
-def test_registry_lists_the_zoo():
-    assert set(ATTENTION_TYPES) == set(ATTENTIONS) | {'soft_norm'}
-    assert {'softmax', 'linformer', 'performer', 'nystromformer',
-            'sima'} <= set(ATTENTIONS)
-    with pytest.raises(ValueError, match='unknown attn_type'):
-        build_attention('nope', C, HEADS, 2)
+def test_registry_lists_the_zoo_under_class_names_and_aliases():
+    types = attention_types()
+    for t in ATTENTION_TYPES:
+        cls = ATTENTIONS.get(t)
+        assert cls is not None and t in types
+        assert ATTENTIONS.get(cls.__name__) is cls  # registered at the class
+        assert cls.__name__ in types
+    assert set(types) == {t for t in ATTENTION_TYPES} | {
+        ATTENTIONS.get(t).__name__
+        for t in ATTENTION_TYPES
+    }
+    with pytest.raises(KeyError, match='nope'):
+        build('nope')
+
+
+def test_attn_cfg_errors_name_the_problem():
+    # an option the chosen attention does not take (no silent dropping)
+    with pytest.raises(TypeError, match='nr_iters'):
+        build('linformer', nr_iters=10)
+    with pytest.raises(TypeError, match='sr_mode'):
+        build('soft', sr_mode='conv')
+    # the stage fixes the geometry
+    with pytest.raises(ValueError, match='embed_dims'):
+        build_attention(
+            dict(type='soft', embed_dims=8),
+            embed_dims=C,
+            num_heads=HEADS,
+            sampling_ratio=2,
+            dw_kernel_size=3,
+            qkv_bias=True)
+    with pytest.raises(TypeError, match="'type'"):
+        build_attention(
+            'soft',
+            embed_dims=C,
+            num_heads=HEADS,
+            sampling_ratio=2,
+            dw_kernel_size=3,
+            qkv_bias=True)
 
 
 @pytest.mark.parametrize('attn_type', ATTENTION_TYPES)
@@ -92,7 +123,8 @@ def test_every_entry_keeps_the_per_head_dw_conv_on_v(attn_type):
         soft.dw_conv.weight.copy_(attn.dw_conv.weight)
         v = torch.randn(2, HEADS, N, D, dtype=torch.float64)
         torch.testing.assert_close(
-            attn._dw_conv_v(v, HW), soft._dw_conv_v(v, HW))
+            attn.dw_conv_tokens(merge(v), HW),
+            soft.dw_conv_tokens(merge(v), HW))
 
 
 @pytest.mark.parametrize('attn_type', ATTENTION_TYPES)
@@ -104,9 +136,9 @@ def test_forward_is_the_attention_matrix_times_v_plus_dw_conv(attn_type):
     attn = build(attn_type, **kw)
     x = tokens()
     with torch.no_grad():
-        M = attention_matrix(attn, x, HW)
+        M = attn.attention_matrix(x, HW)
         v = values(attn, x)
-        ref = attn.proj(merge(M @ v + attn._dw_conv_v(v, HW)))
+        ref = attn.proj(merge(M @ v) + attn.dw_conv_tokens(merge(v), HW))
         out = attn(x, HW)
     assert M.shape == (2, HEADS, N, N)
     torch.testing.assert_close(out, ref, rtol=1e-9, atol=1e-9)
@@ -116,12 +148,12 @@ def test_forward_is_the_attention_matrix_times_v_plus_dw_conv(attn_type):
 def test_attention_row_is_a_row_of_the_matrix(attn_type):
     attn = build(attn_type)
     x = tokens()
-    M = attention_matrix(attn, x, HW)
+    M = attn.attention_matrix(x, HW)
     for index, i in [((3, 2), 17), (0, 0), (N - 1, N - 1)]:
-        row = attention_row(attn, x, HW, index)
+        row = attn.attention_row(x, HW, index)
         torch.testing.assert_close(row, M[:, :, i], rtol=1e-9, atol=1e-12)
     with pytest.raises(IndexError):
-        attention_row(attn, x, HW, (7, 0))
+        attn.attention_row(x, HW, (7, 0))
 
 
 @pytest.mark.parametrize('attn_type', ATTENTION_TYPES)
@@ -131,7 +163,7 @@ def test_zoo_in_the_backbone(attn_type):
         num_heads=[1, 2, 2, 2],
         depths=[1, 1, 1, 1])
     ref = SOFT(arch).eval()
-    model = SOFT(arch, attn_type=attn_type).eval()
+    model = SOFT(arch, attn_cfg=dict(type=attn_type)).eval()
     x = torch.randn(1, 3, 72, 40)
     outs = model(x)
     assert [o.shape for o in outs] == [o.shape for o in ref(x)]
@@ -145,7 +177,7 @@ def test_zoo_in_the_backbone(attn_type):
 def test_softmax_rows_are_a_distribution_and_match_the_formula():
     attn = build('softmax', dw_kernel_size=0)
     x = tokens()
-    M = attention_matrix(attn, x, HW)
+    M = attn.attention_matrix(x, HW)
     assert (M > 0).all()
     torch.testing.assert_close(
         M.sum(-1), torch.ones(2, HEADS, N, dtype=M.dtype))
@@ -168,7 +200,7 @@ def test_linformer_attends_softmax_over_m_reduced_tokens(sr_mode):
     torch.testing.assert_close(w.sum(-1), torch.ones(2, HEADS, dtype=w.dtype))
     # spread over the token map, the row keeps total weight 1; the last row
     # (7 mod 2) and column (5 mod 2) are outside every reduced cell
-    row = attention_row(attn, x, HW, 11).reshape(2, HEADS, *HW)
+    row = attn.attention_row(x, HW, 11).reshape(2, HEADS, *HW)
     torch.testing.assert_close(row.sum((-2, -1)), w.sum(-1))
     assert row[..., -1, :].abs().max() == 0 and \
         row[..., :, -1].abs().max() == 0
@@ -220,7 +252,7 @@ def test_performer_approximates_softmax_as_features_grow():
                 torch.nn.init.normal_(lin.weight, std=0.3)
             attn.redraw(torch.Generator().manual_seed(seed))
             S = softmax_matrix(attn._split(attn.q(x)), attn._split(attn.k(x)))
-            A = attention_matrix(attn, x, (4, 6))
+            A = attn.attention_matrix(x, (4, 6))
             e.append(((A - S).norm() / S.norm()).item())
         errs[M] = sum(e) / len(e)
     # Monte-Carlo error ~ 1 / sqrt(M): about 0.6, 0.29, 0.10 here
@@ -230,7 +262,7 @@ def test_performer_approximates_softmax_as_features_grow():
 
 def test_performer_weights_positive_normalised_and_saved():
     attn = build('performer')
-    M = attention_matrix(attn, tokens(), HW)
+    M = attn.attention_matrix(tokens(), HW)
     assert (M > 0).all()  # positive features: no negative weights
     torch.testing.assert_close(
         M.sum(-1), torch.ones_like(M[..., 0]), rtol=0, atol=1e-4)  # eps in D
@@ -261,7 +293,7 @@ def test_nystromformer_with_all_tokens_as_landmarks_is_softmax():
     """m = n (r = 1) and an exact inverse: F A^+ B = S S^+ S = S."""
     attn = build('nystromformer', ratio=1, pinv='exact', dw_kernel_size=0)
     x = tokens()
-    M = attention_matrix(attn, x, HW)
+    M = attn.attention_matrix(x, HW)
     S = softmax_matrix(attn._split(attn.q(x)), attn._split(attn.k(x)))
     torch.testing.assert_close(M, S, rtol=1e-6, atol=1e-8)
 
@@ -269,7 +301,7 @@ def test_nystromformer_with_all_tokens_as_landmarks_is_softmax():
 def test_nystromformer_landmarks_rows_sum_to_one_and_iterative_pinv():
     attn = build('nystromformer', ratio=2, pinv='exact')
     x = tokens()
-    M = attention_matrix(attn, x, HW)
+    M = attn.attention_matrix(x, HW)
     # A invertible: F A^-1 B 1 = F A^-1 1 = F 1 = 1
     torch.testing.assert_close(M.sum(-1), torch.ones_like(M[..., 0]))
     F_, A_inv, B_ = attn._kernels(x, HW)
@@ -301,7 +333,6 @@ def test_sima_equals_its_quadratic_form_in_any_order(order):
     with torch.no_grad():
         out, _ = attn._mix(x, HW)
     torch.testing.assert_close(out, (q @ k.transpose(-1, -2)) @ v)
-    assert attn.last_order == sima_order(N, D, order)
 
 
 def test_sima_order_follows_n_vs_d_and_no_softmax():
@@ -309,9 +340,7 @@ def test_sima_order_follows_n_vs_d_and_no_softmax():
     assert sima_order(16, 32) == 'quadratic'
     attn = build('sima')
     x = tokens()
-    attn(x, HW)
-    assert attn.last_order == ('linear' if N > D else 'quadratic')
-    M = attention_matrix(attn, x, HW)
+    M = attn.attention_matrix(x, HW)
     assert (M < 0).any()  # no softmax: negative weights exist
     assert M.abs().max() <= D  # bounded by d (SimA Sec. 3)
 
@@ -345,7 +374,7 @@ def test_soft_row_is_row_of_p_ainv_pt(attn_norm):
         d = A.sum(-1).rsqrt()
         A_inv = d[..., :, None] * A_inv * d[..., None, :]
     S = P @ A_inv @ P.transpose(-1, -2)
-    row = attention_row(attn, x, HW, (2, 3))
+    row = attn.attention_row(x, HW, (2, 3))
     torch.testing.assert_close(row, S[:, :, 13], rtol=1e-7, atol=1e-9)
     assert S.transpose(-1, -2).allclose(S)  # symmetric, unlike softmax
 
@@ -353,9 +382,11 @@ def test_soft_row_is_row_of_p_ainv_pt(attn_norm):
 def test_max_landmarks_reaches_reduced_zoo_entries_through_the_block():
     from mmsoft.models.layers import SOFTBlock
     for t in ('linformer', 'nystromformer'):
-        blk = SOFTBlock(C, HEADS, 1, attn_type=t, max_landmarks=4)
+        blk = SOFTBlock(C, HEADS, 1, attn_cfg=dict(type=t, max_landmarks=4))
         assert blk.attn.max_landmarks == 4
-    blk = SOFTBlock(C, HEADS, 1, attn_type='softmax', max_landmarks=4)
+    with pytest.raises(TypeError, match='max_landmarks'):
+        SOFTBlock(C, HEADS, 1, attn_cfg=dict(type='softmax', max_landmarks=4))
+    blk = SOFTBlock(C, HEADS, 1, attn_cfg=dict(type='softmax'))
     assert isinstance(blk.attn, SoftmaxZooAttention)
     assert isinstance(build('sima'), SimAAttention)
     assert isinstance(build('nystromformer'), NystromformerAttention)

@@ -62,22 +62,25 @@ def test_preset_structure_shapes(arch):
 
 def test_official_block_details():
     model = SOFT('tiny')
-    blk = model.stages[0][0]
+    blk = model.stages[0].blocks[0]
     assert isinstance(blk, SOFTBlock)
-    assert isinstance(model.stages[3][0], SoftmaxBlock)
+    assert isinstance(model.stages[3].blocks[0], SoftmaxBlock)
     assert blk.ffn.fc1.out_features == 4 * 64  # e = 4 (Table 2 text)
     assert blk.ffn.approximate == 'tanh'
-    assert [s[0].attn.dw_conv.kernel_size[0] for s in model.stages[:3]] == \
-        [9, 5, 3]
-    assert [s[0].attn.sampler.ratio for s in model.stages[:3]] == [8, 4, 2]
-    assert [tuple(p.shape) for p in model.pos_embeds] == [(1, 3136, 64),
-                                                          (1, 784, 128),
-                                                          (1, 196, 320),
-                                                          (1, 50, 512)]
-    assert model.norm.eps == 1e-6
+    blocks = [s.blocks[0] for s in model.stages[:3]]
+    assert [b.attn.dw_conv.kernel_size[0] for b in blocks] == [9, 5, 3]
+    assert [b.attn.sampler.ratio for b in blocks] == [8, 4, 2]
+    assert [tuple(s.pos_embed.shape) for s in model.stages] == [(1, 3136, 64),
+                                                                (1, 784, 128),
+                                                                (1, 196, 320),
+                                                                (1, 50, 512)]
+    assert model.stages[3].norm.eps == 1e-6
     # m = 49 bottleneck tokens at 224 x 224 in every SOFT stage
+    with torch.no_grad():
+        model.eval()(torch.randn(1, 3, 224, 224))
     for i, hw in enumerate([(56, 56), (28, 28), (14, 14)]):
-        assert model.stages[i][0].attn.sampler.num_landmarks(hw) == 49
+        q = torch.randn(1, 1, hw[0] * hw[1], blocks[i].attn.head_dims)
+        assert blocks[i].attn.sampler(q, hw).shape[2] == 49
 
 
 @pytest.mark.parametrize('size', [(333, 500), (800, 1333), (37, 45)])
@@ -117,7 +120,9 @@ def test_out_indices_subset_and_negative():
 def test_batch_independence():
     for attn_norm in (True, False):
         torch.manual_seed(0)
-        model = SOFT(TINY, attn_norm=attn_norm).eval()
+        model = SOFT(
+            TINY, attn_cfg=dict(type='SOFTAttention',
+                                attn_norm=attn_norm)).eval()
         x = torch.randn(4, 3, 64, 64)
         x[1:] *= 30  # very different samples in the same batch
         with torch.no_grad():
@@ -164,31 +169,37 @@ def test_frozen_stages():
     model = SOFT(TINY, frozen_stages=2)
     model.train()
     frozen = [n for n, p in model.named_parameters() if not p.requires_grad]
-    assert any(n.startswith('patch_embeds.0') for n in frozen)
-    assert any(n.startswith('stages.1') for n in frozen)
-    assert 'pos_embeds.1' in frozen
+    assert any(n.startswith('stages.0.patch_embed') for n in frozen)
+    assert any(n.startswith('stages.1.blocks') for n in frozen)
+    assert 'stages.1.pos_embed' in frozen
     assert not any(n.startswith('stages.2') for n in frozen)
-    assert not model.patch_embeds[1].training
-    assert model.patch_embeds[2].training
+    assert not model.stages[1].patch_embed.training
+    assert model.stages[2].patch_embed.training
     stem_only = SOFT(TINY, frozen_stages=0)
     names = [n for n, p in stem_only.named_parameters() if not p.requires_grad]
     assert names and all(
-        n.startswith(('patch_embeds.0', 'pos_embeds.0')) for n in names)
+        n.startswith(('stages.0.patch_embed', 'stages.0.pos_embed'))
+        for n in names)
+    assert not stem_only.train().stages[0].patch_embed.training
+    assert stem_only.stages[0].blocks[0].training
+    everything = SOFT(TINY, frozen_stages=4)
+    assert not any(p.requires_grad for p in everything.parameters())
+    assert not everything.train().stages[3].norm.training
 
 
 def test_norm_eval():
     model = SOFT(TINY, norm_eval=True).train()
     bns = [m for m in model.modules() if isinstance(m, torch.nn.BatchNorm2d)]
     assert bns and not any(m.training for m in bns)
-    assert model.stages[0][0].training
+    assert model.stages[0].blocks[0].training
 
 
 def test_drop_path_rate_schedule():
     model = SOFT(dict(TINY, depths=[1, 1, 1, 2]), drop_path_rate=0.3)
-    assert model.stages[0][0].drop.__class__.__name__ == 'Identity'
-    assert model.stages[3][1].drop_path.drop_prob == pytest.approx(0.3)
+    assert model.stages[0].blocks[0].drop.__class__.__name__ == 'Identity'
+    assert model.stages[3].blocks[1].drop_path.drop_prob == pytest.approx(0.3)
     dp = SOFT(TINY, drop_path_rate=0.3, residual_drop='drop_path')
-    assert type(dp.stages[1][0].drop).__name__ == 'DropPath'
+    assert type(dp.stages[1].blocks[0].drop).__name__ == 'DropPath'
 
 
 def test_pretrained_init_cfg_with_prefix(tmp_path):
@@ -221,8 +232,8 @@ def test_default_init_is_truncated_normal():
         if isinstance(m, torch.nn.Linear)
     ])
     assert 0.018 < w.std() < 0.022
-    assert model.stages[0][0].attn.q.bias.abs().max() == 0
-    assert 0.018 < model.pos_embeds[0].std() < 0.022
+    assert model.stages[0].blocks[0].attn.q.bias.abs().max() == 0
+    assert 0.018 < model.stages[0].pos_embed.std() < 0.022
 
 
 @pytest.mark.parametrize('kwargs, match', [
@@ -233,7 +244,8 @@ def test_default_init_is_truncated_normal():
     (dict(arch=dict(TINY, num_heads=[3, 1, 1, 1])), 'num_heads\\[0\\]=3'),
     (dict(arch=TINY, out_indices=(4, )), 'out_indices entry 4'),
     (dict(arch=TINY, out_type='tokens'), 'out_type'),
-    (dict(arch=TINY, sampling='nearest'), 'sampling'),
+    (dict(arch=TINY, attn_cfg=dict(type='soft', sampling='nearest')),
+     'sampling'),
     (dict(arch=TINY, frozen_stages=7), 'frozen_stages'),
 ])
 def test_clear_errors(kwargs, match):
@@ -250,14 +262,16 @@ def test_max_landmarks_backbone():
     arch = dict(TINY, num_heads=[1, 1, 1, 1])
     torch.manual_seed(0)
     plain = SOFT(arch).eval()
-    capped = SOFT(arch, max_landmarks=16).eval()
+    capped = SOFT(arch, attn_cfg=dict(type='soft', max_landmarks=16)).eval()
     capped.load_state_dict(plain.state_dict())
     x = torch.randn(1, 3, 128, 128)  # m = 16 in every SOFT stage: no change
     with torch.no_grad():
         for a, b in zip(plain(x), capped(x)):
             torch.testing.assert_close(a, b)
     for i, hw in enumerate([(100, 150), (50, 75), (25, 38)]):
-        assert capped.stages[i][0].attn.sampler.num_landmarks(hw) <= 16
+        attn = capped.stages[i].blocks[0].attn
+        q = torch.randn(1, 1, hw[0] * hw[1], attn.head_dims)
+        assert attn.sampler(q, hw).shape[2] <= 16
 
 
 def test_pretrained_without_checkpoint_is_random_init():
@@ -265,7 +279,7 @@ def test_pretrained_without_checkpoint_is_random_init():
         TINY,
         init_cfg=dict(type='Pretrained', checkpoint=None, prefix='backbone.'))
     model.init_weights()
-    assert 0.018 < model.pos_embeds[0].std() < 0.022
+    assert 0.018 < model.stages[0].pos_embed.std() < 0.022
 
 
 @pytest.mark.parametrize('attn_norm', [True, False])
@@ -276,11 +290,12 @@ def test_fast_path_equals_reference_nr_end_to_end(attn_norm):
     from mmsoft.models.layers import SOFTAttention
     from mmsoft.models.layers.pinv import SPECTRAL_MIN_M
     torch.manual_seed(0)
-    fast = SOFT(TINY, attn_norm=attn_norm)
-    ref = SOFT(TINY, attn_norm=attn_norm, nr_method='iterative')
+    fast = SOFT(TINY, attn_cfg=dict(type='soft', attn_norm=attn_norm))
+    ref = SOFT(
+        TINY,
+        attn_cfg=dict(type='soft', attn_norm=attn_norm, nr_method='iterative'))
     ref.load_state_dict(fast.state_dict())
     x = torch.randn(1, 3, 320, 320)  # 10 x 10 landmarks in stages 1-3
-    assert fast.stages[0][0].attn.sampler.num_landmarks((80, 80)) == 100
     assert 100 >= SPECTRAL_MIN_M
     assert all(a.nr_method == 'auto' for a in fast.modules()
                if isinstance(a, SOFTAttention))

@@ -10,14 +10,19 @@ ARCH = dict(
     embed_dims=[8, 16, 16, 32], num_heads=[1, 2, 2, 2], depths=[1, 1, 1, 1])
 
 
+def soft(**options):
+    return dict(attn_cfg=dict(type='SOFTAttention', **options))
+
+
 @pytest.mark.parametrize('kwargs, match', [
-    (dict(nr_iters=0), 'nr_iters'),
-    (dict(nr_iters=2.5), 'nr_iters'),
-    (dict(nr_iters='20'), 'nr_iters'),
-    (dict(nr_iters=True), 'nr_iters'),
-    (dict(max_landmarks=2.5), 'max_landmarks'),
-    (dict(max_landmarks='49'), 'max_landmarks'),
-    (dict(max_landmarks=0), 'max_landmarks'),
+    (soft(nr_iters=0), 'nr_iters'),
+    (soft(nr_iters=2.5), 'nr_iters'),
+    (soft(nr_iters='20'), 'nr_iters'),
+    (soft(nr_iters=True), 'nr_iters'),
+    (soft(max_landmarks=2.5), 'max_landmarks'),
+    (soft(max_landmarks='49'), 'max_landmarks'),
+    (soft(max_landmarks=0), 'max_landmarks'),
+    (soft(attn_norm='yes'), 'attn_norm'),
     (dict(pretrain_img_size=16), 'pretrain_img_size'),
     (dict(pretrain_img_size=224.0), 'pretrain_img_size'),
     (dict(out_indices=()), 'out_indices'),
@@ -28,12 +33,7 @@ ARCH = dict(
     (dict(arch=dict(ARCH, dw_kernel_sizes=[4, 5, 3])), 'dw_kernel_sizes'),
     (dict(arch=dict(ARCH, dw_kernel_sizes=[9, -5, 3])), 'dw_kernel_sizes'),
     (dict(arch=dict(ARCH, dw_kernel_sizes=[9, 5, 2.5])), 'dw_kernel_sizes'),
-    (dict(attn_type='softmax', nr_iters=5), 'nr_iters=5'),
-    (dict(attn_type='performer', attn_norm=False), 'attn_norm=False'),
-    (dict(attn_type='sima', sampling='avgpool'), "sampling='avgpool'"),
-    (dict(attn_type='softmax', max_landmarks=16), 'max_landmarks=16'),
-    (dict(attn_type='linformer', nr_method='spectral'), 'nr_method'),
-    (dict(attn_type='soft_norm', attn_norm=False), 'attn_norm=False'),
+    (dict(attn_cfg=dict(type='soft', embed_dims=8)), 'embed_dims'),
 ])
 def test_bad_arguments_are_rejected_naming_the_option(kwargs, match):
     kwargs.setdefault('arch', ARCH)
@@ -41,24 +41,82 @@ def test_bad_arguments_are_rejected_naming_the_option(kwargs, match):
         SOFT(**kwargs)
 
 
+@pytest.mark.parametrize('attn_cfg, match', [
+    (dict(type='softmax', nr_iters=5), 'nr_iters'),
+    (dict(type='performer', attn_norm=False), 'attn_norm'),
+    (dict(type='sima', sampling='avgpool'), 'sampling'),
+    (dict(type='softmax', max_landmarks=16), 'max_landmarks'),
+    (dict(type='linformer', nr_method='spectral'), 'nr_method'),
+    (dict(type='SOFTAttention', sr_mode='conv'), 'sr_mode'),
+])
+def test_options_the_attention_does_not_take_are_errors(attn_cfg, match):
+    """No option is dropped silently: the attention's class names it."""
+    with pytest.raises(TypeError, match=match):
+        SOFT(ARCH, attn_cfg=attn_cfg)
+
+
+@pytest.mark.parametrize('attn_cfg, match', [
+    ('soft', 'attn_cfg'),
+    ([dict(type='soft')] * 2, 'list of 3'),
+    (dict(norm=True), "'type'"),
+    (dict(type='transformer'), 'transformer'),
+])
+def test_malformed_attn_cfg(attn_cfg, match):
+    with pytest.raises((TypeError, KeyError), match=match):
+        SOFT(ARCH, attn_cfg=attn_cfg)
+
+
+@pytest.mark.parametrize('legacy, new', [
+    (dict(attn_norm=True), "attn_cfg=dict(type='soft', attn_norm=True)"),
+    (dict(attn_type='soft_norm', nr_iters=5),
+     "attn_cfg=dict(type='soft', nr_iters=5, attn_norm=True)"),
+    (dict(attn_type='linformer'), "attn_cfg=dict(type='linformer')"),
+])
+def test_pre_attn_cfg_options_say_what_to_write(legacy, new):
+    with pytest.raises(TypeError) as e:
+        SOFT(ARCH, **legacy)
+    assert new in str(e.value)
+    with pytest.raises(TypeError, match='unexpected arguments'):
+        SOFT(ARCH, attn_nrom=True)
+
+
 @pytest.mark.parametrize('kwargs', [
-    dict(nr_iters=1),
-    dict(max_landmarks=16),
-    dict(max_landmarks=None),
+    soft(nr_iters=1),
+    soft(max_landmarks=16),
+    soft(max_landmarks=None),
     dict(pretrain_img_size=32),
     dict(drop_path_rate=0.5),
     dict(arch=dict(ARCH, dw_kernel_sizes=[7, 0, 1])),
-    dict(attn_type='linformer', max_landmarks=16),
-    dict(attn_type='nystromformer', max_landmarks=16),
-    dict(attn_type='softmax'),
-    dict(attn_type='soft_norm', attn_norm=True),
-    dict(attn_type='soft', attn_norm=False, nr_iters=5, sampling='avgpool'),
+    dict(attn_cfg=dict(type='linformer', max_landmarks=16)),
+    dict(attn_cfg=dict(type='nystromformer', max_landmarks=16)),
+    dict(attn_cfg=dict(type='softmax')),
+    dict(attn_cfg=dict(type='PerformerAttention', num_features=8)),
+    soft(attn_norm=False, nr_iters=5, sampling='avgpool'),
+    dict(attn_cfg=[
+        dict(type='soft', attn_norm=False),
+        dict(type='linformer', sr_mode='avgpool'),
+        dict(type='soft', nr_method='spectral')
+    ]),
 ])
 def test_valid_arguments_are_accepted(kwargs):
     kwargs.setdefault('arch', ARCH)
     model = SOFT(**kwargs).eval()
     outs = model(torch.randn(1, 3, 64, 64))
     assert all(torch.isfinite(o).all() for o in outs)
+
+
+def test_per_stage_attn_cfg():
+    model = SOFT(
+        ARCH,
+        attn_cfg=[
+            dict(type='soft', attn_norm=False),
+            dict(type='linformer'),
+            dict(type='soft', nr_iters=7)
+        ])
+    attns = [s.blocks[0].attn for s in model.stages[:3]]
+    assert attns[0].attn_norm is False and attns[2].attn_norm is True
+    assert type(attns[1]).__name__ == 'LinformerAttention'
+    assert attns[2].nr_iters == 7
 
 
 def test_layer_checks():

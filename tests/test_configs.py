@@ -363,7 +363,7 @@ def test_train_step_and_predict(name):
         assert all(g is not None for g in grads.values()), \
             [n for n, g in grads.items() if g is None]
         assert all(torch.isfinite(g).all() for g in grads.values())
-        stem = model.backbone.patch_embeds[0].proj[0].conv.weight.grad
+        stem = model.backbone.stages[0].patch_embed.proj[0].conv.weight.grad
         assert stem.abs().sum() > 0  # gradients reach the first conv
         optim_wrapper.step()
         optim_wrapper.zero_grad()

@@ -10,6 +10,7 @@ the 1000-class head).
 import importlib.util
 import os
 import os.path as osp
+import re
 from collections import OrderedDict
 
 import pytest
@@ -152,8 +153,9 @@ def test_key_mapping_is_a_bijection(tiny_sd):
                 'patch_embed2.proj.3.weight', 'patch_embed1.proj.2.weight',
                 'block4.0.attn.sr.weight', 'pos_embed5', 'foo'):
         assert ok.official_to_mmsoft_key(bad) is None, bad
-    for bad in ('stages.0.0.attn.k.weight',
-                'patch_embeds.1.proj.1.conv.weight', 'neck.fc.weight'):
+    for bad in ('stages.0.blocks.0.attn.k.weight',
+                'stages.1.patch_embed.proj.1.conv.weight', 'neck.fc.weight',
+                'stages.2.cls_token'):
         assert ok.mmsoft_to_official_key(bad) is None, bad
 
 
@@ -212,16 +214,16 @@ def test_convert_loads_strictly_and_runs(tiny_sd, attn_norm):
     } | {'head.fc.weight', 'head.fc.bias'}
     model = SOFT(
         arch='tiny',
-        attn_norm=attn_norm,
+        attn_cfg=dict(type='SOFTAttention', attn_norm=attn_norm),
         out_type='cls_token',
         out_indices=(3, ))
     model.load_state_dict(backbone_part(out), strict=True)
     # values moved, not copied wrongly
-    assert torch.equal(model.stages[1][1].attn.q.weight,
+    assert torch.equal(model.stages[1].blocks[1].attn.q.weight,
                        tiny_sd['block2.1.att.mha.W_q.weight'])
-    assert torch.equal(model.patch_embeds[0].proj[2].bn.running_var,
+    assert torch.equal(model.stages[0].patch_embed.proj[2].bn.running_var,
                        tiny_sd['patch_embed1.proj.7.running_var'])
-    assert torch.equal(model.stages[3][1].ffn.fc2.bias,
+    assert torch.equal(model.stages[3].blocks[1].ffn.fc2.bias,
                        tiny_sd['block4.1.mlp.fc2.bias'])
     assert torch.equal(out['head.fc.weight'], tiny_sd['head.weight'])
     model.eval()
@@ -242,6 +244,36 @@ def test_round_trip(tiny_sd):
     back2, arch2, _ = ok.convert_mmpretrain_to_official(bare)
     assert arch2['num_classes'] == 0 and 'head.weight' not in back2
     assert len(back2) == len(tiny_sd) - 2
+
+
+
+def test_version1_mmsoft_checkpoints_convert_back(tiny_sd):
+    """mmsoft checkpoints written before stages were modules (``_version``
+    1 keys: ``patch_embeds.0.*``, ``stages.0.0.*``, ``cls_token``) convert
+    to the official layout and load into the backbone unchanged."""
+    mm, _, _ = ok.convert_official_to_mmpretrain(tiny_sd)
+    v1 = OrderedDict()
+    for k, v in mm.items():
+        k = re.sub(r'^backbone\.stages\.(\d)\.patch_embed\.',
+                   r'backbone.patch_embeds.\1.', k)
+        k = re.sub(r'^backbone\.stages\.(\d)\.pos_embed$',
+                   r'backbone.pos_embeds.\1', k)
+        k = re.sub(r'^backbone\.stages\.(\d)\.blocks\.(\d+)\.',
+                   r'backbone.stages.\1.\2.', k)
+        k = re.sub(r'^backbone\.stages\.3\.(cls_token|norm\.)',
+                   r'backbone.\1', k)
+        v1[k] = v
+    assert 'backbone.stages.1.1.attn.q.weight' in v1
+    assert 'backbone.norm.weight' in v1 and 'backbone.pos_embeds.3' in v1
+    back, _, _ = ok.convert_mmpretrain_to_official(v1)
+    assert list(back) == list(tiny_sd)
+    assert all(torch.equal(back[k], tiny_sd[k]) for k in tiny_sd)
+    model = SOFT(arch='tiny')
+    model.load_state_dict(backbone_part(v1), strict=True)  # _version hook
+    ref = SOFT(arch='tiny')
+    ref.load_state_dict(backbone_part(mm), strict=True)
+    for k, v in ref.state_dict().items():
+        assert torch.equal(model.state_dict()[k], v), k
 
 
 def test_missing_bn_counters_are_filled(tiny_sd):
@@ -294,17 +326,17 @@ def test_mmsoft_side_errors(tiny_sd):
         ok.convert_mmpretrain_to_official(bad)
     bad = OrderedDict(mm)
     # stage 3 has 3 blocks: the odd block 0 is reported, not taken as truth
-    bad['backbone.stages.2.0.ffn.fc1.weight'] = torch.zeros(1279, 320)
+    bad['backbone.stages.2.blocks.0.ffn.fc1.weight'] = torch.zeros(1279, 320)
     with pytest.raises(ConversionError) as e:
         ok.convert_mmpretrain_to_official(bad)
-    assert ("shape mismatch for 'backbone.stages.2.0.ffn.fc1.weight': "
+    assert ("shape mismatch for 'backbone.stages.2.blocks.0.ffn.fc1.weight': "
             "expected (1280, 320), found (1279, 320)") in str(e.value)
     assert len(e.value.problems) == 1
     bad = OrderedDict(mm)
-    del bad['backbone.stages.2.1.attn.sampler.norm.bias']
+    del bad['backbone.stages.2.blocks.1.attn.sampler.norm.bias']
     with pytest.raises(
             ConversionError,
-            match="missing key 'backbone.stages.2.1.attn.sampler"
+            match="missing key 'backbone.stages.2.blocks.1.attn.sampler"
             r".norm.bias' \(expected shape \(32,\)\)"):
         ok.convert_mmpretrain_to_official(bad)
 
@@ -362,16 +394,16 @@ def test_cli_round_trip(tmp_path, tiny_sd, capsys):
     assert ckpt['meta']['attn_norm'] is True
     assert ckpt['meta']['arch'] == 'tiny'
     assert ckpt['meta']['source_entry'] == 'state_dict_ema'
-    model = SOFT(arch='tiny', attn_norm=True)
+    model = SOFT(arch='tiny')
     model.load_state_dict(backbone_part(ckpt['state_dict']), strict=True)
-    assert torch.equal(model.cls_token, ema['cls_token'])
+    assert torch.equal(model.stages[3].cls_token, ema['cls_token'])
 
     # --no-ema takes the raw weights
     dst_raw = tmp_path / 'raw.pth'
     assert s2m.main([str(src), str(dst_raw), '--no-ema']) == 0
     raw = torch.load(dst_raw, weights_only=True)
     assert raw['meta']['attn_norm'] is False
-    assert torch.equal(raw['state_dict']['backbone.cls_token'],
+    assert torch.equal(raw['state_dict']['backbone.stages.3.cls_token'],
                        tiny_sd['cls_token'])
 
     back = tmp_path / 'back.pth'
@@ -449,7 +481,7 @@ def test_mmpretrain_classifier_loads(tiny_sd):
             backbone=dict(
                 type='SOFT',
                 arch='tiny',
-                attn_norm=False,
+                attn_cfg=dict(type='SOFTAttention', attn_norm=False),
                 out_indices=(3, ),
                 out_type='cls_token'),
             head=dict(type='LinearClsHead', num_classes=1000,
@@ -652,7 +684,7 @@ def test_converted_file_carries_checksum(tmp_path, tiny_sd):
     # corrupt one value of a stored tensor, keeping the zip consistent
     import mmsoft  # noqa: F401  (installs the verifying loader)
     bad = tmp_path / 'bad.pth'
-    ckpt['state_dict']['backbone.cls_token'][0, 0, 0] += 1
+    ckpt['state_dict']['backbone.stages.3.cls_token'][0, 0, 0] += 1
     torch.save(ckpt, bad)  # the zip is fine, the checksum is not
     backbone = SOFT(
         arch='tiny',

@@ -91,7 +91,7 @@ def test_export_path_equals_normal_forward(monkeypatch):
     """The whole backbone on the export path (iterative, plain ops) == the
     normal forward (spectral at m = 96 >= 80 on the CPU)."""
     torch.manual_seed(0)
-    model = SOFT(TINY, attn_norm=True, pretrain_img_size=64).eval()
+    model = SOFT(TINY, pretrain_img_size=64).eval()
     model.init_weights()
     x = torch.randn(2, 3, 96, 128)  # stage 1: 24 x 32 tokens, m = 6 x 8
     with torch.no_grad():
@@ -188,9 +188,10 @@ def test_error_spectral(tmp_path, capsys):
         osp.join(DEMO,
                  'soft_cls_demo.py'), 'none', '--shape', '64', '64', '--out',
         str(tmp_path / 'x.onnx'), '--cfg-options',
-        'model.backbone.nr_method=spectral'
+        'model.backbone.attn_cfg.nr_method=spectral'
     ])
-    assert "nr_method='spectral'" in line and 'nr_method=auto' in line
+    assert "nr_method='spectral'" in line and \
+        'model.backbone.attn_cfg.nr_method=auto' in line
     assert not (tmp_path / 'x.onnx').exists()
 
 
@@ -230,7 +231,7 @@ def test_error_max_landmarks(tmp_path, capsys):
         osp.join(DEMO,
                  'soft_cls_demo.py'), 'none', '--shape', '64', '64', '--out',
         str(tmp_path / 'x.onnx'), '--cfg-options',
-        'model.backbone.max_landmarks=7'
+        'model.backbone.attn_cfg.max_landmarks=7'
     ])
     assert 'max_landmarks' in line and '--dynamo' in line
 

@@ -67,9 +67,12 @@ def images(batch=2, size=224, seed=0):
     return x + 0.1 * torch.randn(batch, 3, size, size, generator=g)
 
 
-def tiny_model(seed=0, **kwargs):
+def tiny_model(seed=0, **attn_options):
     torch.manual_seed(seed)
-    model = SOFT(TINY, attn_norm=True, out_indices=(2, ), **kwargs)
+    model = SOFT(
+        TINY,
+        attn_cfg=dict(type='SOFTAttention', attn_norm=True, **attn_options),
+        out_indices=(2, ))
     model.init_weights()
     return model.eval()
 
@@ -124,12 +127,12 @@ def test_backbone_exact_gradient(monkeypatch, method):
 
 def test_backbone_rejects_bad_nr_options():
     with pytest.raises(ValueError, match='nr_backward'):
-        SOFT(TINY, nr_backward='autograd')
+        SOFT(TINY, attn_cfg=dict(type='soft', nr_backward='autograd'))
     with pytest.raises(ValueError, match='soft_norm_per_sample'):
-        SOFT(TINY, nr_init='per_sample')
+        SOFT(TINY, attn_cfg=dict(type='soft', nr_init='per_sample'))
     # old names keep working
-    model = SOFT(TINY, nr_init='soft_norm_sample')
-    assert model.stages[0][0].attn.nr_init == 'soft_norm_per_sample'
+    model = SOFT(TINY, attn_cfg=dict(type='soft', nr_init='soft_norm_sample'))
+    assert model.stages[0].blocks[0].attn.nr_init == 'soft_norm_per_sample'
 
 
 def test_nr_stats_and_hook():

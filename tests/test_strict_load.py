@@ -54,7 +54,7 @@ def test_other_arch_is_an_error_naming_keys(tmp_path):
         dst.init_weights()
     msg = str(exc.value)
     assert 'other.pth' in msg
-    assert 'tensors are not in the model (unexpected): stages.2.1.' in msg
+    assert 'tensors are not in the model (unexpected): stages.2.blocks.1.' in msg
     assert 'have another shape' in msg and \
         '(checkpoint [24, 16, 3, 3] vs model [16, 16, 3, 3])' in msg
     assert 'model.backbone.init_cfg.strict=False' in msg
@@ -104,9 +104,9 @@ def test_partial_load_is_an_explicit_opt_in(tmp_path):
     dst.init_weights()
     got = dst.state_dict()
     # matching tensors loaded, mis-shaped ones kept their initialisation
-    k = 'stages.0.0.attn.q.weight'
+    k = 'stages.0.blocks.0.attn.q.weight'
     assert torch.equal(got[k], src.state_dict()[k])
-    k = 'pos_embeds.2'
+    k = 'stages.2.pos_embed'
     assert got[k].shape != src.state_dict()[k].shape
     assert got[k].abs().sum() > 0  # official trunc-normal init ran
 

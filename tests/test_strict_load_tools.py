@@ -61,7 +61,7 @@ test_dataloader = dict(batch_size=4, dataset=dict(data_root=data_root))
             'bbox_head.retina_cls.weight': torch.zeros(9, 256, 3, 3)
         })
     # another arch: one more block in stage 3
-    other = {k: v for k, v in sd.items() if '.stages.2.1.' not in k}
+    other = {k: v for k, v in sd.items() if '.stages.2.blocks.1.' not in k}
     save('other_arch', other)
     # an unconverted official checkpoint (fudan-zvg/SOFT layout)
     official = convert_mmpretrain_to_official(sd)
@@ -111,7 +111,7 @@ def test_other_model_loads_nothing(setup):
 
 def test_other_arch(setup):
     msg = _error(setup, 'other_arch')
-    assert 'missing from the checkpoint: backbone.stages.2.1.' in msg
+    assert 'missing from the checkpoint: backbone.stages.2.blocks.1.' in msg
 
 
 def test_unconverted_official_checkpoint(setup):
@@ -122,3 +122,48 @@ def test_unconverted_official_checkpoint(setup):
 
 def test_partial_load_opt_in(setup):
     _test(setup, 'head1000', '--partial-load')  # loads the backbone, tests
+
+
+def version1_keys(sd, prefix='backbone.'):
+    """The keys SOFT checkpoints had before stages were modules (the
+    inverse of ``SOFT.upgrade_state_dict``, written out)."""
+    import re
+    p = re.escape(prefix)
+    rules = ((rf'^{p}stages\.(\d)\.patch_embed\.', rf'{prefix}patch_embeds.\1.'),
+             (rf'^{p}stages\.(\d)\.pos_embed$', rf'{prefix}pos_embeds.\1'),
+             (rf'^{p}stages\.(\d)\.blocks\.(\d+)\.', rf'{prefix}stages.\1.\2.'),
+             (rf'^{p}stages\.3\.(cls_token|norm\.)', rf'{prefix}\1'))
+    out = {}
+    for k, v in sd.items():
+        for pattern, repl in rules:
+            k = re.sub(pattern, repl, k)
+        out[k] = v
+    return out
+
+
+def test_version1_checkpoint_is_tested(setup):
+    """A checkpoint written before stages were modules (keys
+    ``backbone.patch_embeds.0.*``, ``backbone.stages.0.0.*``,
+    ``backbone.cls_token`` ...) passes the strict check and loads."""
+    import torch
+
+    from mmsoft.models.backbones import SOFT
+    cfg, ckpts, tmp = setup
+    ckpt = torch.load(ckpts['good'], weights_only=False)
+    v1 = version1_keys(ckpt['state_dict'])
+    assert {'backbone.cls_token', 'backbone.pos_embeds.0',
+            'backbone.stages.0.0.attn.q.weight'} <= set(v1)
+    assert list(SOFT.upgrade_state_dict(v1, 'backbone.')) == list(
+        ckpt['state_dict'])
+    ckpt['state_dict'] = v1
+    torch.save(ckpt, tmp / 'v1.pth')
+    ckpts['v1'] = str(tmp / 'v1.pth')
+    metrics = _test(setup, 'v1')
+    assert metrics is None or 'accuracy/top1' in metrics
+    # a version-1 checkpoint of another arch is still refused
+    other = torch.load(ckpts['other_arch'], weights_only=False)
+    other['state_dict'] = version1_keys(other['state_dict'])
+    torch.save(other, tmp / 'v1_other.pth')
+    ckpts['v1_other'] = str(tmp / 'v1_other.pth')
+    msg = _error(setup, 'v1_other')
+    assert 'missing from the checkpoint: backbone.stages.2.blocks.1.' in msg

@@ -29,7 +29,8 @@ from mmengine.logging import print_log
 
 __all__ = [
     'CheckpointMismatchError', 'LoadReport', 'compare_state_dicts',
-    'check_state_dict', 'official_soft_hint', 'unwrap_model', 'load_pretrained'
+    'check_state_dict', 'official_soft_hint', 'unwrap_model',
+    'load_pretrained', 'upgrade_legacy_keys'
 ]
 
 #: keys that may be absent from a checkpoint (BatchNorm step counters;
@@ -181,6 +182,17 @@ def strip_prefix(sd: Mapping, pattern: str = r'^module\.') -> 'OrderedDict':
     return OrderedDict((re.sub(pattern, '', k), v) for k, v in sd.items())
 
 
+def upgrade_legacy_keys(model: torch.nn.Module, sd: Mapping) -> Mapping:
+    """``sd`` with the keys of older SOFT checkpoint layouts renamed for
+    every SOFT backbone inside ``model`` (what its ``_load_from_state_dict``
+    does while loading), so that they are compared under the new names."""
+    from mmsoft.models.backbones.soft import SOFT
+    for name, mod in model.named_modules():
+        if isinstance(mod, SOFT):
+            sd = SOFT.upgrade_state_dict(sd, f'{name}.' if name else '')
+    return sd
+
+
 def load_pretrained(module: torch.nn.Module,
                     checkpoint: str,
                     prefix: Optional[str] = None,
@@ -216,6 +228,7 @@ def load_pretrained(module: torch.nn.Module,
                 f'{_few(list(map(str, sd)))}' +
                 (f'\n  {hint}' if hint else ''))
         sd = selected
+    sd = upgrade_legacy_keys(module, sd)
     target = type(module).__name__ + (f' (checkpoint keys under {prefix!r})'
                                       if prefix else '')
     report = check_state_dict(

@@ -35,14 +35,15 @@ class StrictLoadHook(Hook):
 
     def after_load_checkpoint(self, runner, checkpoint: dict) -> None:
         from mmsoft.utils.strict_load import (check_state_dict, strip_prefix,
-                                              unwrap_model)
+                                              unwrap_model,
+                                              upgrade_legacy_keys)
         sd = checkpoint.get('state_dict', checkpoint) \
             if isinstance(checkpoint, dict) else checkpoint
         model = unwrap_model(runner.model)
         source = str(getattr(runner, '_load_from', None) or 'checkpoint')
         check_state_dict(
             model.state_dict(),
-            strip_prefix(sd),
+            upgrade_legacy_keys(model, strip_prefix(sd)),
             source,
             f'the model ({type(model).__name__})',
             allow_partial=self.allow_partial,
