@@ -135,28 +135,9 @@ def _jsonable(x):
     return x
 
 
-def _atomic(path, write):
-    """``write(tmp)`` then rename to ``path`` (same directory)."""
-    os.makedirs(osp.dirname(path) or '.', exist_ok=True)
-    base, ext = osp.splitext(osp.basename(path))
-    fd, tmp = tempfile.mkstemp(
-        prefix=f'.{base}.', suffix=f'.tmp{ext}', dir=osp.dirname(path) or '.')
-    os.close(fd)
-    try:
-        write(tmp)
-        os.replace(tmp, path)
-    finally:
-        if osp.exists(tmp):
-            os.remove(tmp)
-
-
 def write_json(path, obj):
-
-    def write(tmp):
-        with open(tmp, 'w') as f:
-            json.dump(_jsonable(obj), f)
-
-    _atomic(path, write)
+    from mmsoft.utils.atomic import atomic_write
+    atomic_write(path, json.dumps(_jsonable(obj)), makedirs=True)
 
 
 def _move_vis(tmp_vis_dir, out_dir, name):
@@ -179,7 +160,7 @@ class Predictor:
     """The codebase's inferencer for one config + checkpoint."""
 
     def __init__(self, cfg, checkpoint, device, score_thr):
-        from mmsoft.launch import codebase_of
+        from mmsoft.tools_support.launch import codebase_of
         self.scope = codebase_of(cfg)
         self.task = TASKS[self.scope]
         self.score_thr = score_thr
@@ -254,13 +235,13 @@ class Predictor:
 def _save_label_map(path, sem):
     import cv2
     import numpy as np
-    dtype = np.uint8 if sem.max(initial=0) < 256 else np.uint16
 
-    def write(tmp):
+    from mmsoft.utils.atomic import atomic_path
+    dtype = np.uint8 if sem.max(initial=0) < 256 else np.uint16
+    # cv2 takes the format from the name: keep the extension
+    with atomic_path(path, suffix=osp.splitext(path)[1], makedirs=True) as tmp:
         if not cv2.imwrite(tmp, sem.astype(dtype)):
             raise OSError(f'cannot write {path}')
-
-    _atomic(path, write)
 
 
 def run(args):

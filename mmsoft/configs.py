@@ -36,6 +36,7 @@ import shutil
 import sys
 from typing import List, Optional
 
+from .utils.atomic import atomic_path
 from .utils.paths import configs_root, get_config_path, list_configs
 
 __all__ = [
@@ -87,8 +88,8 @@ def copy_config(name: str, dest: str, force: bool = False) -> List[str]:
 
     Files keep their path relative to the configs folder
     (``dest/retinanet_soft_small_1x.py``, ``dest/_base_/...``). Each file is
-    written through a temporary file and ``os.replace``. An existing file
-    with other contents is kept unless ``force``.
+    written atomically (:func:`mmsoft.utils.atomic.atomic_path`). An
+    existing file with other contents is kept unless ``force``.
 
     Returns:
         The written (or already identical) files, the config first.
@@ -113,10 +114,8 @@ def copy_config(name: str, dest: str, force: bool = False) -> List[str]:
                 '--force to overwrite it or choose another --dest')
         plan.append((src, tar))
     for src, tar in plan:
-        os.makedirs(osp.dirname(osp.abspath(tar)), exist_ok=True)
-        tmp = f'{tar}.tmp{os.getpid()}'
-        shutil.copyfile(src, tmp)
-        os.replace(tmp, tar)
+        with atomic_path(tar, makedirs=True) as tmp:
+            shutil.copyfile(src, tmp)
     return [tar for _, tar in plan]
 
 

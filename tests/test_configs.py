@@ -16,8 +16,8 @@ import torch
 from mmengine.config import Config
 from mmengine.registry import DefaultScope
 
-from mmsoft import launch
 from mmsoft.models import SOFT
+from mmsoft.tools_support import launch
 
 ROOT = osp.dirname(osp.dirname(osp.abspath(__file__)))
 CONFIG_DIR = osp.join(ROOT, 'configs')

@@ -1,5 +1,5 @@
 """The data check of tools/train.py, tools/test.py and tools/dist_*.sh
-(``mmsoft/utils/data_check.py``).
+(``mmsoft/tools_support/data_check.py``).
 
 * every shipped config family, resolved as the tools resolve it, names its
   missing data root, the expected layout and the ``--cfg-options`` keys;
@@ -23,7 +23,7 @@ import sys
 import pytest
 from mmengine.config import Config, ConfigDict
 
-from mmsoft.utils import data_check as dc
+from mmsoft.tools_support import data_check as dc
 
 ROOT = osp.dirname(osp.dirname(osp.abspath(__file__)))
 CONFIGS = osp.join(ROOT, 'configs')
@@ -338,8 +338,8 @@ def test_existing_data_passes(tmp_path, monkeypatch, capsys):
     pytest.importorskip('mmdet')
     pytest.importorskip('mmseg')
     pytest.importorskip('mmpretrain')
-    from mmsoft.demo import synthetic as S
-    from mmsoft.demo import tasks as T
+    from mmsoft.tools_support.demo import synthetic as S
+    from mmsoft.tools_support.demo import tasks as T
     tiny = {t: dict(num_train=2, num_val=2) for t in ('det', 'seg', 'cls')}
     tiny['cls'] = dict(num_train=5, num_val=5)
     report = S.make_demo_data(
@@ -362,8 +362,8 @@ def test_existing_data_passes(tmp_path, monkeypatch, capsys):
     ]
     proc = subprocess.run(
         [
-            sys.executable, '-m', 'mmsoft.utils.data_check', 'train', det,
-            '--work-dir', 'x', '--resume', '--cfg-options'
+            sys.executable, '-m', 'mmsoft.tools_support.data_check', 'train',
+            det, '--work-dir', 'x', '--resume', '--cfg-options'
         ] + over,
         cwd=str(tmp_path),
         env=_env(),

@@ -5,7 +5,7 @@
   several bottleneck tokens per stage at the demo resolution;
 * each config trains a handful of iterations with mmengine's Runner on tiny
   generated data, is evaluated with the codebase's metric and draws its
-  prediction PNG (``mmsoft.demo.tasks.run_task``);
+  prediction PNG (``mmsoft.tools_support.demo.tasks.run_task``);
 * ``tools/demo.py --smoke`` runs end to end (data, training, results table,
   results.json, PNG) for one task;
 * the results table.
@@ -25,9 +25,9 @@ pytest.importorskip('mmseg')
 pytest.importorskip('mmpretrain')
 
 import mmsoft  # noqa: E402,F401
-from mmsoft.demo import synthetic as S  # noqa: E402
-from mmsoft.demo import tasks as T  # noqa: E402
 from mmsoft.models.layers.soft_attention import landmark_grid  # noqa: E402
+from mmsoft.tools_support.demo import synthetic as S  # noqa: E402
+from mmsoft.tools_support.demo import tasks as T  # noqa: E402
 
 ROOT = osp.dirname(osp.dirname(osp.abspath(__file__)))
 TINY_DATA = {t: dict(num_train=4, num_val=2) for t in ('det', 'seg', 'cls')}

@@ -1,4 +1,4 @@
-"""The synthetic demo data (``mmsoft.demo.synthetic``,
+"""The synthetic demo data (``mmsoft.tools_support.demo.synthetic``,
 ``tools/misc/make_demo_data.py``).
 
 * deterministic (byte-identical for a seed, whatever the worker count),
@@ -24,7 +24,7 @@ import cv2
 import numpy as np
 import pytest
 
-from mmsoft.demo import synthetic as S
+from mmsoft.tools_support.demo import synthetic as S
 
 ROOT = osp.dirname(osp.dirname(osp.abspath(__file__)))
 TOOL = osp.join(ROOT, 'tools', 'misc', 'make_demo_data.py')

@@ -1,4 +1,5 @@
-"""ONNX export (tools/deployment/pytorch2onnx.py, mmsoft.deploy).
+"""ONNX export (tools/deployment/pytorch2onnx.py,
+mmsoft.tools_support.deploy).
 
 * the plain-op export path (``export_ops``: Gaussian kernel, unrolled
   Newton-Raphson, alpha selection in the graph) computes the same function
@@ -22,11 +23,11 @@ pytest.importorskip('mmseg')
 pytest.importorskip('mmpretrain')
 
 import mmsoft  # noqa: E402,F401
-from mmsoft import deploy  # noqa: E402
 from mmsoft.models.backbones.soft import SOFT  # noqa: E402
 from mmsoft.models.layers import export_ops, pinv  # noqa: E402
 from mmsoft.models.layers.gaussian_kernel import gaussian_kernel  # noqa
 from mmsoft.models.layers.pinv import newton_inverse_apply  # noqa: E402
+from mmsoft.tools_support import deploy  # noqa: E402
 
 ROOT = osp.dirname(osp.dirname(osp.abspath(__file__)))
 DEMO = osp.join(ROOT, 'configs', 'demo')

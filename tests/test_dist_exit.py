@@ -19,7 +19,7 @@ import sys
 sys.path.insert(0, {root!r})
 import torch
 import torch.distributed as dist
-from mmsoft import launch
+from mmsoft.tools_support import launch
 dist.init_process_group('gloo')
 dist_rank = dist.get_rank()
 model = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(4, 2))
@@ -78,14 +78,14 @@ def test_teardown_repeated(tmp_path):
 
 
 def test_shutdown_dist_without_group_is_a_no_op():
-    from mmsoft import launch
+    from mmsoft.tools_support import launch
     launch.shutdown_dist()
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason='the CPU fall-back')
 def test_dist_test_sh_exits_cleanly(tmp_path):
     pytest.importorskip('mmpretrain')
-    from mmsoft.demo import synthetic as S
+    from mmsoft.tools_support.demo import synthetic as S
     S.make_demo_data(
         str(tmp_path / 'data'),
         tasks=('cls', ),

@@ -71,7 +71,7 @@ def models(tmp_path_factory):
     from mmengine.registry import DefaultScope
 
     import mmsoft  # noqa: F401
-    from mmsoft import launch
+    from mmsoft.tools_support import launch
     tmp = tmp_path_factory.mktemp('tiny_models')
     out = {}
     for task, (base, body) in TINY.items():

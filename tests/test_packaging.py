@@ -97,7 +97,7 @@ def test_paths_in_site_packages_layout(tmp_path):
 
 
 def test_demo_config_path_uses_shipped_configs():
-    from mmsoft.demo import tasks as T
+    from mmsoft.tools_support.demo import tasks as T
     assert T.REPO_ROOT == ROOT
     assert osp.samefile(
         T.config_path('det'),

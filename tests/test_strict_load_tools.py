@@ -8,7 +8,7 @@ import torch
 
 pytest.importorskip('mmpretrain')
 
-from mmsoft.demo import synthetic as S  # noqa: E402
+from mmsoft.tools_support.demo import synthetic as S  # noqa: E402
 from mmsoft.utils.official_keys import \
     convert_mmpretrain_to_official  # noqa: E402
 

@@ -31,6 +31,7 @@ Exit status: 0 when every task ran and met its target, 1 when a target was
 missed, 2 when a task failed with an error.
 """
 import argparse
+import json
 import logging
 import os
 import os.path as osp
@@ -193,8 +194,9 @@ def main(argv=None):
     threads = pick_threads(args.threads)
     torch.set_num_threads(threads)
     import mmsoft  # noqa: F401  (registers SOFT everywhere)
-    from mmsoft.demo import make_demo_data
-    from mmsoft.demo import tasks as T
+    from mmsoft.tools_support.demo import make_demo_data
+    from mmsoft.tools_support.demo import tasks as T
+    from mmsoft.utils.atomic import atomic_write
     log(f'torch {torch.__version__}, {threads} thread(s); environment OK '
         f'({time.perf_counter() - t_start:.0f} s)')
 
@@ -303,9 +305,9 @@ def main(argv=None):
         cpu_seconds=time.process_time() - c_start,
         results=results,
         table=table)
-    T.atomic_write_json(osp.join(work_dir, 'results.json'), summary)
-    T.atomic_write_bytes(
-        osp.join(work_dir, 'results.md'), (table + '\n').encode())
+    atomic_write(
+        osp.join(work_dir, 'results.json'), json.dumps(summary, indent=2))
+    atomic_write(osp.join(work_dir, 'results.md'), table + '\n')
     print(flush=True)
     print('=' * 72)
     kind = 'smoke run: 3 iterations, not meaningful' if args.smoke else \

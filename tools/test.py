@@ -32,8 +32,8 @@ from mmengine.config import Config, ConfigDict, DictAction  # noqa: E402
 from mmengine.registry import RUNNERS  # noqa: E402
 from mmengine.runner import Runner  # noqa: E402
 
-from mmsoft import launch  # noqa: E402
-from mmsoft.utils import data_check  # noqa: E402
+from mmsoft.tools_support import data_check  # noqa: E402
+from mmsoft.tools_support import launch  # noqa: E402
 from mmsoft.utils.strict_load import CheckpointMismatchError  # noqa: E402
 
 

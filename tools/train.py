@@ -14,8 +14,8 @@ the work dir (damaged newer ones are skipped with a warning), ``--resume
 PATH`` from PATH; a config's plain ``CheckpointHook`` becomes mmsoft's
 ``SafeCheckpointHook`` (atomic writes, checksum, RNG states). Without
 CUDA, ``--launcher pytorch`` (``tools/dist_train.sh``) runs one CPU process
-per "GPU" with the gloo backend (see :mod:`mmsoft.launch`), and ``--amp``
-trains under bfloat16 autocast.
+per "GPU" with the gloo backend (see :mod:`mmsoft.tools_support.launch`),
+and ``--amp`` trains under bfloat16 autocast.
 """
 import argparse
 import os
@@ -33,10 +33,10 @@ from mmengine.config import Config, DictAction  # noqa: E402
 from mmengine.registry import RUNNERS  # noqa: E402
 from mmengine.runner import Runner  # noqa: E402
 
-from mmsoft import launch  # noqa: E402
 from mmsoft.engine import add_nonfinite_hook  # noqa: E402
 from mmsoft.engine import use_safe_checkpoint_hook  # noqa: E402
-from mmsoft.utils import data_check  # noqa: E402
+from mmsoft.tools_support import data_check  # noqa: E402
+from mmsoft.tools_support import launch  # noqa: E402
 
 
 def parse_args(argv=None):

@@ -6,8 +6,9 @@ checkpoints), the converters in ``tools/model_converters`` and, through
 ``import mmsoft`` (``Runner(resume=...)``, ``load_from``, ``tools/test.py``,
 ``init_cfg=dict(type='Pretrained', ...)``):
 
-* :func:`save_atomic` - ``torch.save`` to a temporary file in the target
-  directory, ``fsync``, ``os.replace``, ``fsync`` of the directory: the
+* :func:`save_atomic` - ``torch.save`` through
+  :func:`mmsoft.utils.atomic.atomic_path` (a temporary file in the target
+  directory, ``fsync``, ``os.replace``, ``fsync`` of the directory): the
   target is either the complete new file or untouched. The temporary file is
   removed on any exception and on SIGTERM / SIGINT; its name
   (``.<name>.<pid>.<random>.mmsoft-tmp``) lets :func:`remove_stale_temps`
@@ -29,33 +30,29 @@ import os
 import os.path as osp
 import pickle
 import re
-import signal
-import threading
 import zipfile
 from collections.abc import Mapping
-from contextlib import contextmanager
 from typing import Iterable, List, Optional, Tuple
 
 import numpy as np
 import torch
 
+# the temporaries' names and their clean-up are those of every atomic write
+from .atomic import TMP_SUFFIX, atomic_path, remove_stale_temps
+
 __all__ = [
     'CheckpointError', 'save_atomic', 'add_checksum', 'verify_checksum',
     'state_checksum', 'describe_damage', 'load_verified',
     'find_newest_complete', 'remove_stale_temps', 'checkpoint_candidates',
-    'install_loader', 'refused_globals', 'check_complete', 'temp_path_for',
-    'write_text_atomic', 'TMP_SUFFIX', 'CHECKSUM_KEY'
+    'install_loader', 'refused_globals', 'check_complete', 'TMP_SUFFIX',
+    'CHECKSUM_KEY'
 ]
 
-#: suffix of the temporary files written by :func:`save_atomic`
-TMP_SUFFIX = '.mmsoft-tmp'
 #: where the checksum lives: ``checkpoint['meta'][CHECKSUM_KEY]``
 CHECKSUM_KEY = 'mmsoft_checksum'
 #: top-level entries that the checksum does not cover
 UNCOVERED = ('meta', 'message_hub')
 
-_TMP_RE = re.compile(r'^\.(?P<name>.+)\.(?P<pid>\d+)\.[0-9a-f]{8}' +
-                     re.escape(TMP_SUFFIX) + '$')
 _CKPT_RE = re.compile(r'^(?:epoch|iter)_(\d+)\.pth$')
 
 
@@ -244,135 +241,18 @@ def install_loader() -> bool:
 
 
 # ------------------------------------------------------------- atomic save
-@contextmanager
-def _signals_raise():
-    """SIGTERM raises SystemExit inside (SIGINT already raises
-    KeyboardInterrupt), so that ``finally`` clauses run; main thread only."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-
-    def handler(signum, frame):
-        raise SystemExit(128 + signum)
-
-    try:
-        old = signal.signal(signal.SIGTERM, handler)
-    except (ValueError, OSError):  # pragma: no cover - unusual embeddings
-        yield
-        return
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGTERM, old)
-
-
-def temp_path_for(path: str) -> str:
-    """A fresh temporary name next to ``path`` (see :data:`TMP_SUFFIX`)."""
-    d, name = osp.split(osp.abspath(path))
-    return osp.join(
-        d, f'.{name}.{os.getpid()}.{os.urandom(4).hex()}'
-        f'{TMP_SUFFIX}')
-
-
-def fsync_dir(d: str) -> None:
-    try:
-        fd = os.open(d, os.O_RDONLY)
-    except OSError:  # pragma: no cover - e.g. Windows
-        return
-    try:
-        os.fsync(fd)
-    except OSError:  # pragma: no cover
-        pass
-    finally:
-        os.close(fd)
-
-
-def _chmod_default(path: str) -> None:
-    umask = os.umask(0)
-    os.umask(umask)
-    os.chmod(path, 0o666 & ~umask)
-
-
-def finalize_temp(tmp: str, path: str) -> None:
-    """fsync ``tmp``, then atomically rename it to ``path``."""
-    with open(tmp, 'rb+') as f:
-        os.fsync(f.fileno())
-    _chmod_default(tmp)
-    os.replace(tmp, path)
-    fsync_dir(osp.dirname(osp.abspath(path)))
-
-
 def save_atomic(obj, path: str, writer=None) -> None:
-    """Write ``obj`` to ``path`` atomically (see the module doc).
+    """Write ``obj`` to ``path`` atomically and durably (see the module doc
+    and :func:`mmsoft.utils.atomic.atomic_path`).
 
     ``writer(obj, file)`` defaults to ``torch.save``. On any error - an
     unwritable directory, a full disk, SIGINT / SIGTERM - the temporary file
     is removed, ``path`` is untouched and the exception propagates.
     """
-    path = osp.abspath(path)
-    tmp = temp_path_for(path)
     writer = writer or torch.save
-    with _signals_raise():
-        try:
-            with open(tmp, 'xb') as f:
-                writer(obj, f)
-                f.flush()
-                os.fsync(f.fileno())
-            _chmod_default(tmp)
-            os.replace(tmp, path)
-        except BaseException:
-            try:
-                os.unlink(tmp)
-            except OSError:
-                pass
-            raise
-    fsync_dir(osp.dirname(path))
-
-
-def write_text_atomic(path: str, text: str) -> None:
-    """Atomically replace a small text file (e.g. ``last_checkpoint``)."""
-
-    def writer(obj, f):
-        f.write(obj.encode())
-
-    save_atomic(text, path, writer=writer)
-
-
-def _pid_alive(pid: int) -> bool:
-    if pid == os.getpid():
-        return True
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except (PermissionError, OSError):
-        return True
-    return True
-
-
-def remove_stale_temps(directory: str,
-                       name: Optional[str] = None) -> List[str]:
-    """Delete temporary files of :func:`save_atomic` in ``directory`` whose
-    writer process no longer runs (left by a SIGKILL); returns their paths.
-    With ``name``, only the temporaries of that target file."""
-    removed = []
-    try:
-        entries = os.listdir(directory)
-    except OSError:
-        return removed
-    for entry in entries:
-        m = _TMP_RE.match(entry)
-        if not m or (name is not None and m.group('name') != name):
-            continue
-        if _pid_alive(int(m.group('pid'))):
-            continue
-        p = osp.join(directory, entry)
-        try:
-            os.unlink(p)
-            removed.append(p)
-        except OSError:
-            pass
-    return removed
+    with atomic_path(path, durable=True) as tmp:
+        with open(tmp, 'xb') as f:
+            writer(obj, f)
 
 
 # ----------------------------------------------------- newest complete one

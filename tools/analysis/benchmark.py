@@ -16,7 +16,8 @@ small ones, as they have the same parameter counts).
 
 Models: soft_{tiny,small,...}[_norm][_iterative|_spectral][_ml<N>] (SOFT
 backbone, all four outputs; ``_iterative``/``_spectral`` force the
-pseudo-inverse method, ``_ml<N>`` sets ``max_landmarks=N``),
+pseudo-inverse method, ``_ml<N>`` sets ``max_landmarks=N``; see
+``utils.parse_model_name``),
 {softmax,linformer,performer,nystromformer,sima}_<arch> (the attention zoo in
 the SOFT architecture, Table 1), pvtv2_b0..b2 (mmdet
 PyramidVisionTransformerV2), swin_t (mmdet SwinTransformer), or ``--config``
@@ -24,16 +25,16 @@ files (their ``model.backbone``).
 Sizes: ``HxWxB``. Writes results.csv / results.md / benchmark.png.
 """
 import argparse
-import csv
-import io
-import json
 import os.path as osp
 import sys
 import time
 
-ROOT = osp.dirname(osp.dirname(osp.dirname(osp.abspath(__file__))))
-if ROOT not in sys.path:
-    sys.path.insert(0, ROOT)
+HERE = osp.dirname(osp.abspath(__file__))
+if HERE not in sys.path:
+    sys.path.insert(0, HERE)
+
+from utils import (make_parser, measure_step, print_result, pyplot,
+                   run_isolated, soft_model_kwargs, write_results)
 
 DEFAULT_MODELS = [
     'soft_tiny', 'soft_tiny_norm', 'soft_small', 'soft_small_norm', 'pvtv2_b1',
@@ -61,28 +62,6 @@ def build_backbone(name: str):
         import mmsoft  # noqa: F401
         with DefaultScope.overwrite_default_scope(scope):
             return reg.build(cfg.model.backbone)
-    if name.split('_')[0] in ('softmax', 'linformer', 'performer',
-                              'nystromformer', 'sima'):
-        from mmsoft.models.backbones import SOFT
-        attn, arch = name.split('_', 1)
-        return SOFT(arch, attn_type=attn)
-    if name.startswith('soft_'):
-        from mmsoft.models.backbones import SOFT
-        parts = name[5:].split('_')
-        max_landmarks = None
-        if parts[-1].startswith('ml') and parts[-1][2:].isdigit():
-            max_landmarks = int(parts.pop()[2:])
-        method = 'auto'
-        if parts[-1] in ('iterative', 'spectral'):
-            method = parts.pop()
-        attn_norm = parts[-1] == 'norm'
-        if attn_norm:
-            parts.pop()
-        return SOFT(
-            '-'.join(parts),
-            attn_norm=attn_norm,
-            nr_method=method,
-            max_landmarks=max_landmarks)
     if name in PVT:
         from mmdet.models.backbones import PyramidVisionTransformerV2
         dims, layers = PVT[name]
@@ -94,14 +73,17 @@ def build_backbone(name: str):
             depths=[2, 2, 6, 2],
             num_heads=[3, 6, 12, 24],
             window_size=7)
-    raise ValueError(f'unknown model {name!r}; use soft_<arch>[_norm], '
-                     f'{", ".join(PVT)}, swin_t or a config path')
+    try:
+        kwargs = soft_model_kwargs(name)
+    except ValueError as e:
+        raise ValueError(f'{e}; or one of {", ".join(PVT)}, swin_t or a '
+                         'config path') from None
+    from mmsoft.models.backbones import SOFT
+    return SOFT(**kwargs)
 
 
 def child(args):
     import torch
-
-    from mmsoft.utils.profiling import RESULT_PREFIX, measure_step
     if args.threads:
         torch.set_num_threads(args.threads)
     torch.manual_seed(0)
@@ -131,7 +113,7 @@ def child(args):
     res = measure_step(step, args.device, args.repeats, warmup)
     res['img_per_s'] = B * 1e3 / res['time_ms']
     res['params_m'] = sum(p.numel() for p in model.parameters()) / 1e6
-    print(RESULT_PREFIX + json.dumps(res))
+    print_result(res)
 
 
 def baseline_for(model, names, explicit):
@@ -144,11 +126,8 @@ def baseline_for(model, names, explicit):
     return None
 
 
-def plot(rows, sizes, path):
-    import matplotlib
-    matplotlib.use('Agg')
-    import matplotlib.pyplot as plt
-    fig, axes = plt.subplots(
+def plot(rows, sizes):
+    fig, axes = pyplot().subplots(
         1, len(sizes), figsize=(6 * len(sizes), 4), squeeze=False)
     for ax, size in zip(axes[0], sizes):
         models = [
@@ -167,17 +146,11 @@ def plot(rows, sizes, path):
         ax.set_ylabel('ms per step')
         ax.set_title(f'input {size} (H x W x batch)')
         ax.legend()
-    fig.tight_layout()
-    tmp = path + '.tmp.png'
-    fig.savefig(tmp, dpi=110)
-    import os
-    os.replace(tmp, path)
+    return fig
 
 
 def main():
-    p = argparse.ArgumentParser(
-        description=__doc__.split('\n')[0],
-        formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = make_parser(__doc__)
     p.add_argument('--models', nargs='+', default=None)
     p.add_argument(
         '--config',
@@ -201,7 +174,6 @@ def main():
         args.device = 'cuda' if torch.cuda.is_available() else 'cpu'
     if args.child:
         return child(args)
-    from mmsoft.utils.profiling import atomic_write, run_isolated
     for s in args.sizes:
         if len(s.split('x')) != 3 or not all(v.isdigit()
                                              for v in s.split('x')):
@@ -221,10 +193,8 @@ def main():
             '--mode', mode, '--device', args.device, '--repeats',
             str(args.repeats)
         ]
-        if args.threads:
-            argv += ['--threads', str(args.threads)]
         try:
-            res = run_isolated(argv)
+            res = run_isolated(argv, args.threads)
         except RuntimeError as e:
             print(
                 f'[{i}/{len(jobs)}] {model} {size} {mode}: FAILED ({e})',
@@ -255,17 +225,8 @@ def main():
                   f'{r["time_ms"]:.1f} | {r["img_per_s"]:.2f} | '
                   f'{r["peak_mb"]:.0f} | {ratio} |')
     table = '\n'.join(md) + '\n'
-    print('\n' + table)
-    buf = io.StringIO()
-    if rows:
-        w = csv.DictWriter(buf, list(rows[0].keys()))
-        w.writeheader()
-        w.writerows(rows)
-    atomic_write(osp.join(args.out, 'results.csv'), buf.getvalue())
-    atomic_write(osp.join(args.out, 'results.md'), table)
-    if rows:
-        plot(rows, args.sizes, osp.join(args.out, 'benchmark.png'))
-    print(f'wrote {args.out}/results.csv, results.md, benchmark.png')
+    write_results(args.out, 'results', rows, None, table,
+                  plot(rows, args.sizes) if rows else None, 'benchmark.png')
 
 
 if __name__ == '__main__':

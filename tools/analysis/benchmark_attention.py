@@ -23,17 +23,16 @@ used. Times are the median of ``--repeats`` runs after one warm-up.
 Writes ``results.csv``, ``results.md`` and ``memory_time_vs_tokens.png``.
 """
 import argparse
-import csv
-import io
-import json
-import os
 import os.path as osp
 import sys
 import time
 
-ROOT = osp.dirname(osp.dirname(osp.dirname(osp.abspath(__file__))))
-if ROOT not in sys.path:
-    sys.path.insert(0, ROOT)
+HERE = osp.dirname(osp.abspath(__file__))
+if HERE not in sys.path:
+    sys.path.insert(0, HERE)
+
+from utils import (make_parser, measure_step, print_result, pyplot,
+                   run_isolated, write_results)
 
 METHODS = ('soft', 'soft_norm', 'softmax', 'softmax_naive')
 MODES = ('forward', 'forward_backward')
@@ -84,8 +83,6 @@ def build_layer(method, dims=384, heads=12, m_side=7):
 def measure(method, p, mode, device, batch, repeats):
     """Run in a subprocess: returns dict(time_ms, min_ms, peak_mb)."""
     import torch
-
-    from mmsoft.utils.profiling import measure_step
     torch.manual_seed(0)
     layer = build_layer(method).to(device)
     hw = (28, 28 * p)
@@ -113,18 +110,14 @@ def measure(method, p, mode, device, batch, repeats):
 
 
 def run_child(args):
-    from mmsoft.utils.profiling import RESULT_PREFIX
-    res = measure(args.method, args.p, args.mode, args.device, args.batch,
-                  args.repeats)
-    print(RESULT_PREFIX + json.dumps(res))
+    print_result(
+        measure(args.method, args.p, args.mode, args.device, args.batch,
+                args.repeats))
 
 
-def plot(rows, path):
-    import matplotlib
-    matplotlib.use('Agg')
-    import matplotlib.pyplot as plt
+def plot(rows):
     devices = sorted({r['device'] for r in rows})
-    fig, axes = plt.subplots(
+    fig, axes = pyplot().subplots(
         len(devices), 2, figsize=(11, 4 * len(devices)), squeeze=False)
     for di, dev in enumerate(devices):
         for ci, (key, label) in enumerate([('peak_mb', 'peak memory (MiB)'),
@@ -145,14 +138,11 @@ def plot(rows, path):
             ax.set_title(f'{dev}: {label}')
             ax.grid(alpha=.3)
             ax.legend(fontsize=7)
-    fig.tight_layout()
-    tmp = path + '.tmp.png'
-    fig.savefig(tmp, dpi=110)
-    os.replace(tmp, path)
+    return fig
 
 
 def main():
-    parser = argparse.ArgumentParser(description=__doc__.split('\n')[0])
+    parser = make_parser(__doc__)
     parser.add_argument(
         '--max-p', type=int, default=8, help='n = 784 * p for p = 1..max-p')
     parser.add_argument('--batch', type=int, default=1)
@@ -178,13 +168,11 @@ def main():
         torch.set_num_threads(args.threads)
     if args.child:
         return run_child(args)
-    from mmsoft.utils.profiling import atomic_write, run_isolated
 
     devices = args.devices
     if devices is None:
         import torch
         devices = ['cpu'] + (['cuda'] if torch.cuda.is_available() else [])
-    os.makedirs(args.out, exist_ok=True)
     jobs = [(dev, p, method, mode) for dev in devices
             for p in range(1, args.max_p + 1) for method in args.methods
             for mode in MODES]
@@ -197,10 +185,8 @@ def main():
             str(args.batch), '--repeats',
             str(args.repeats)
         ]
-        if args.threads:
-            cmd += ['--threads', str(args.threads)]
         try:
-            res = run_isolated(cmd)
+            res = run_isolated(cmd, args.threads)
         except RuntimeError as e:
             print(
                 f'[{i}/{len(jobs)}] {dev} n={784 * p} {method} {mode}: '
@@ -215,13 +201,6 @@ def main():
             f'MiB  ({time.time() - t_start:.0f}s)',
             flush=True)
 
-    csv_path = osp.join(args.out, 'results.csv')
-    buf = io.StringIO()
-    w = csv.DictWriter(
-        buf, ['device', 'n', 'method', 'mode', 'time_ms', 'min_ms', 'peak_mb'])
-    w.writeheader()
-    w.writerows(rows)
-    atomic_write(csv_path, buf.getvalue())
     lines = [
         '| device | n | method | fwd ms | fwd MiB | fwd+bwd ms | '
         'fwd+bwd MiB |', '|---|---|---|---|---|---|---|'
@@ -239,13 +218,10 @@ def main():
                 lines.append(f'| {dev} | {784 * p} | {method} | '
                              f'{fmt(f, "time_ms")} | {fmt(f, "peak_mb")} | '
                              f'{fmt(b, "time_ms")} | {fmt(b, "peak_mb")} |')
-    md = '\n'.join(lines) + '\n'
-    atomic_write(osp.join(args.out, 'results.md'), md)
-    print('\n' + md)
-    if rows:
-        png = osp.join(args.out, 'memory_time_vs_tokens.png')
-        plot(rows, png)
-        print(f'wrote {csv_path}, results.md and {png}')
+    write_results(args.out, 'results', rows, [
+        'device', 'n', 'method', 'mode', 'time_ms', 'min_ms', 'peak_mb'
+    ], '\n'.join(lines) + '\n',
+                  plot(rows) if rows else None, 'memory_time_vs_tokens.png')
 
 
 if __name__ == '__main__':

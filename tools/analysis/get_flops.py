@@ -33,31 +33,28 @@ Configs: the whole model runs in ``mode='tensor'`` (two-stage detectors with
 metainfo-only data samples, so their RoI-head FLOPs depend on the number of
 proposals, as with mmdet's own counter).
 
-Model names: ``<attn>_<arch>[_norm]``: attn one of soft, soft_norm,
-softmax, linformer, performer, nystromformer, sima; arch one of the SOFT
-presets. ``soft_<arch>`` is the NeurIPS model (no normalisation),
-``soft_<arch>_norm`` = ``soft_norm_<arch>`` the IJCV one. Named models are
-image classifiers (backbone + 1000-way linear head, as the papers count
-them) unless ``--backbone-only``. Writes ``flops.csv``, ``flops.md`` and
-``flops.png`` to ``--out``.
+Model names: ``<attn>_<arch>[_norm]`` (see ``utils.parse_model_name``):
+attn one of soft, soft_norm, softmax, linformer, performer, nystromformer,
+sima; arch one of the SOFT presets. ``soft_<arch>`` is the NeurIPS model (no
+normalisation), ``soft_<arch>_norm`` = ``soft_norm_<arch>`` the IJCV one.
+Named models are image classifiers (backbone + 1000-way linear head, as the
+papers count them) unless ``--backbone-only``. Writes ``flops.csv``,
+``flops.md`` and ``flops.png`` to ``--out``.
 """
-import argparse
-import csv
 import io
 import json
-import os
 import os.path as osp
 import sys
 import time
 
-ROOT = osp.dirname(osp.dirname(osp.dirname(osp.abspath(__file__))))
-if ROOT not in sys.path:
-    sys.path.insert(0, ROOT)
+HERE = osp.dirname(osp.abspath(__file__))
+if HERE not in sys.path:
+    sys.path.insert(0, HERE)
 
-import torch  # noqa: E402
-import torch.nn as nn  # noqa: E402
+import torch
+import torch.nn as nn
+from utils import hw, make_parser, pyplot, soft_model_kwargs, write_results
 
-ARCHS = ('tiny', 'small', 'medium', 'large', 'huge', 'small-official')
 PRESETS = ('tiny', 'small', 'medium', 'large', 'huge')
 # NeurIPS Table 3 (SOFT, no normalisation): params (M), FLOPs (G)
 PAPER_PRESETS = {
@@ -89,27 +86,6 @@ STAGE_SIDES_224 = (56, 28, 14)
 
 
 # ------------------------------------------------------------------ models
-def parse_model_name(name: str):
-    """``<attn>_<arch>[_norm]`` -> (attn_type, arch, attn_norm)."""
-    from mmsoft.models.layers.attention_zoo import ATTENTION_TYPES
-    for t in sorted(ATTENTION_TYPES, key=len, reverse=True):
-        if not name.startswith(t + '_'):
-            continue
-        rest = name[len(t) + 1:]
-        norm = rest.endswith('_norm')
-        if norm:
-            rest = rest[:-5]
-        if rest not in ARCHS:
-            break
-        if t == 'soft_norm':
-            return 'soft', rest, True
-        if norm and t != 'soft':
-            raise ValueError(f'{name!r}: _norm only applies to soft')
-        return t, rest, norm
-    raise ValueError(f'unknown model {name!r}; use <attn>_<arch>[_norm] with '
-                     f'attn in {ATTENTION_TYPES} and arch in {ARCHS}')
-
-
 class Classifier(nn.Module):
     """SOFT backbone (cls token) + linear head, as the papers count it."""
 
@@ -125,10 +101,7 @@ class Classifier(nn.Module):
 def build_named(name: str, head: bool = True, **overrides) -> nn.Module:
     """A SOFT model from a name (see module docstring)."""
     from mmsoft.models.backbones import SOFT
-    attn_type, arch, norm = parse_model_name(name)
-    kw = dict(arch=arch, attn_type=attn_type)
-    if attn_type == 'soft':  # the other attentions take no attn_norm
-        kw['attn_norm'] = norm
+    kw = soft_model_kwargs(name)
     if head:
         kw.update(out_type='cls_token', out_indices=(3, ))
     kw.update(overrides)
@@ -391,11 +364,8 @@ def to_markdown(rows) -> str:
     return out.getvalue()
 
 
-def plot(rows, path):
-    import matplotlib
-    matplotlib.use('Agg')
-    import matplotlib.pyplot as plt
-    fig, ax = plt.subplots(figsize=(max(6, 0.75 * len(rows) + 2), 4.5))
+def plot(rows):
+    fig, ax = pyplot().subplots(figsize=(max(6, 0.75 * len(rows) + 2), 4.5))
     xs = range(len(rows))
     bottom = [0.0] * len(rows)
     for key, label in (('layers_g', 'Linear + Conv'), ('attention_g',
@@ -425,36 +395,11 @@ def plot(rows, path):
     ax.set_title('Params / FLOPs: FLOPs by component (bars) vs the papers '
                  '(black)')
     ax.legend(fontsize=8)
-    fig.tight_layout()
-    save_figure(fig, path)
-    plt.close(fig)
-
-
-def save_figure(fig, path):
-    """fig.savefig through a temporary file and os.replace."""
-    d = osp.dirname(path)
-    if d:
-        os.makedirs(d, exist_ok=True)
-    tmp = f'{path}.tmp{os.getpid()}.png'
-    fig.savefig(tmp, dpi=110)
-    os.replace(tmp, path)
-
-
-def write_csv(path, rows, fields):
-    from mmsoft.utils.profiling import atomic_write
-    buf = io.StringIO()
-    w = csv.DictWriter(buf, fieldnames=fields, extrasaction='ignore')
-    w.writeheader()
-    for r in rows:
-        w.writerow(r)
-    atomic_write(path, buf.getvalue())
+    return fig
 
 
 def parse_args(argv=None):
-    p = argparse.ArgumentParser(
-        description=__doc__.split('\n')[0],
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-        epilog=__doc__)
+    p = make_parser(__doc__)
     p.add_argument(
         '--tables',
         nargs='*',
@@ -498,10 +443,7 @@ def parse_args(argv=None):
     args = p.parse_args(argv)
     if args.tables is None:
         args.tables = [] if (args.models or args.config) else ['presets']
-    if len(args.shape) == 1:
-        args.shape = args.shape * 2
-    if len(args.shape) != 2:
-        p.error('--shape takes H or H W')
+    args.shape = hw(args.shape, '--shape')
     return args
 
 
@@ -545,12 +487,8 @@ def main(argv=None):
             f'{paper}  {time.time() - t0:.0f}s',
             flush=True)
         del model, built
-    from mmsoft.utils.profiling import atomic_write
-    write_csv(osp.join(args.out, 'flops.csv'), rows, FIELDS)
-    atomic_write(osp.join(args.out, 'flops.md'), to_markdown(rows))
-    plot(rows, osp.join(args.out, 'flops.png'))
-    print(to_markdown(rows))
-    print(f'wrote {args.out}/flops.csv, flops.md, flops.png')
+    write_results(args.out, 'flops', rows, FIELDS, to_markdown(rows),
+                  plot(rows))
     return rows
 
 

@@ -18,7 +18,7 @@ time).
 
 Each (entry, n, mode) runs in a fresh process; the peak memory of one step
 is the growth of peak RSS on the CPU (``torch.cuda.max_memory_allocated``
-on GPUs), see :mod:`mmsoft.utils.profiling`. Modes: ``forward`` (eval, no
+on GPUs), see ``utils.measure_step``. Modes: ``forward`` (eval, no
 autograd) and ``forward_backward`` (a training step). Runs whose estimated
 n x n memory exceeds ``--max-mem-gb`` are skipped and marked as such.
 
@@ -31,17 +31,16 @@ Writes ``memory.csv``, ``memory.md`` and ``memory.png`` to ``--out``.
 """
 import argparse
 import io
-import json
 import os.path as osp
 import sys
 import time
 
-ROOT = osp.dirname(osp.dirname(osp.dirname(osp.abspath(__file__))))
-if ROOT not in sys.path:
-    sys.path.insert(0, ROOT)
 HERE = osp.dirname(osp.abspath(__file__))
 if HERE not in sys.path:
     sys.path.insert(0, HERE)
+
+from utils import (make_parser, measure_step, print_result, pyplot,
+                   run_isolated, write_results)
 
 DEFAULT_ATTNS = [
     'soft', 'soft_norm', 'softmax', 'softmax:math', 'linformer', 'performer',
@@ -118,8 +117,6 @@ def child(args):
     import contextlib
 
     import torch
-
-    from mmsoft.utils.profiling import RESULT_PREFIX, measure_step
     if args.threads:
         torch.set_num_threads(args.threads)
     torch.manual_seed(0)
@@ -155,7 +152,7 @@ def child(args):
         dev,
         args.repeats,
         warmup=lambda: run(small, (8, 8), train))
-    print(RESULT_PREFIX + json.dumps(res))
+    print_result(res)
 
 
 # ------------------------------------------------------------------ output
@@ -186,12 +183,8 @@ def to_markdown(rows, modes, attns, ps) -> str:
     return out.getvalue()
 
 
-def plot(rows, modes, attns, path, title):
-    import matplotlib
-    matplotlib.use('Agg')
-    import matplotlib.pyplot as plt
-    from get_flops import save_figure
-    fig, axes = plt.subplots(
+def plot(rows, modes, attns, title):
+    fig, axes = pyplot().subplots(
         2, len(modes), figsize=(6.5 * len(modes), 8), squeeze=False)
     for j, mode in enumerate(modes):
         for a in attns:
@@ -218,16 +211,11 @@ def plot(rows, modes, attns, path, title):
             ax.set_xlabel('tokens n')
             ax.grid(alpha=0.3)
             ax.legend(fontsize=7)
-    fig.tight_layout()
-    save_figure(fig, path)
-    plt.close(fig)
+    return fig
 
 
 def main(argv=None):
-    p = argparse.ArgumentParser(
-        description=__doc__.split('\n')[0],
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-        epilog=__doc__)
+    p = make_parser(__doc__)
     p.add_argument('--attns', nargs='+', default=DEFAULT_ATTNS)
     p.add_argument(
         '--p',
@@ -272,10 +260,7 @@ def main(argv=None):
         args.device = 'cuda' if torch.cuda.is_available() else 'cpu'
     if args.child:
         return child(args)
-    from get_flops import write_csv
-
     from mmsoft.models.layers import attention_types
-    from mmsoft.utils.profiling import atomic_write, run_isolated
     known = attention_types() + ['soft_norm', 'softmax:math']
     for a in args.attns:
         if a not in known:
@@ -315,10 +300,8 @@ def main(argv=None):
                 str(args.ratio), '--device', args.device, '--repeats',
                 str(args.repeats)
             ]
-            if args.threads:
-                argv += ['--threads', str(args.threads)]
             try:
-                res = run_isolated(argv)
+                res = run_isolated(argv, args.threads)
                 row.update(peak_mb=res['peak_mb'], time_ms=res['time_ms'])
             except RuntimeError as e:
                 row['status'] = f'failed: {str(e)[:60]}'
@@ -329,15 +312,11 @@ def main(argv=None):
             f'[{i}/{len(jobs)}] {a:14s} {mode:16s} n={n:5d} {shown}  '
             f'({time.time() - t0:.0f}s)',
             flush=True)
-    write_csv(osp.join(args.out, 'memory.csv'), rows, FIELDS)
-    md = to_markdown(rows, args.modes, args.attns, args.p)
-    atomic_write(osp.join(args.out, 'memory.md'), md)
-    plot(
-        rows, args.modes, args.attns, osp.join(args.out, 'memory.png'),
-        f'{args.layers} layers, d={args.dims}, m={args.landmarks}, '
-        f'{args.device}')
-    print(md)
-    print(f'wrote {args.out}/memory.csv, memory.md, memory.png')
+    fig = plot(
+        rows, args.modes, args.attns, f'{args.layers} layers, d={args.dims}, '
+        f'm={args.landmarks}, {args.device}')
+    write_results(args.out, 'memory', rows, FIELDS,
+                  to_markdown(rows, args.modes, args.attns, args.p), fig)
     return rows
 
 

@@ -2,8 +2,8 @@
 
 For a SOFT backbone (default SOFT-Small-Norm, random initialisation: no
 trained weights offline) on a natural-looking synthetic image (a rendered
-scene of :mod:`mmsoft.demo.synthetic`: textured background, clutter and
-shaded objects) at each ``--sizes`` entry, prints
+scene of :mod:`mmsoft.tools_support.demo.synthetic`: textured background,
+clutter and shaded objects) at each ``--sizes`` entry, prints
 
 * the NR convergence per stage (:meth:`SOFT.nr_stats`: the paper's
   ||A A_T A - A||_2 / ||A||_2 and the unconverged fraction of A's rank);
@@ -87,7 +87,7 @@ def natural_image(h, w, seed=0):
     import numpy as np
     import torch
 
-    from mmsoft.demo.synthetic import render_scene
+    from mmsoft.tools_support.demo.synthetic import render_scene
     side = max(h, w)
     scale = side / 160
     rng = np.random.default_rng(seed)
@@ -284,8 +284,9 @@ def main(argv=None):
 
 def train_demo(args):
     """Demo detection, same seed, Eq. 16 vs exact backward."""
-    from mmsoft.demo.synthetic import dataset_paths, make_demo_data
-    from mmsoft.demo.tasks import run_task
+    from mmsoft.tools_support.demo.synthetic import (dataset_paths,
+                                                     make_demo_data)
+    from mmsoft.tools_support.demo.tasks import run_task
     make_demo_data(args.data, seed=args.seed, tasks=('det', ))
     root = dataset_paths(args.data)['det']
     rows = []

@@ -36,15 +36,14 @@ import sys
 import time
 from collections import defaultdict
 
-ROOT = osp.dirname(osp.dirname(osp.dirname(osp.abspath(__file__))))
-if ROOT not in sys.path:
-    sys.path.insert(0, ROOT)
 HERE = osp.dirname(osp.abspath(__file__))
 if HERE not in sys.path:
     sys.path.insert(0, HERE)
 
-import numpy as np  # noqa: E402
-import torch  # noqa: E402
+import numpy as np
+import torch
+from utils import (ROOT, hw, make_parser, pyplot, soft_model_kwargs,
+                   write_results)
 
 IMG_EXTS = ('.jpg', '.jpeg', '.png', '.bmp', '.webp')
 MEAN = np.array([123.675, 116.28, 103.53], np.float32)
@@ -82,7 +81,7 @@ def image_sets(specs, num_images: int, demo_root=None):
             sets.append((f'demo-{name}', files[:num_images]))
     if sets:
         return sets
-    from mmsoft.demo.synthetic import render_scene
+    from mmsoft.tools_support.demo.synthetic import render_scene
     imgs = [
         render_scene(np.random.default_rng([7, i]), 224)[0][..., ::-1]
         for i in range(num_images)
@@ -119,19 +118,15 @@ def batches(items, size, batch_size):
 def build_model(name=None, config=None, checkpoint=None, **overrides):
     """A SOFT backbone from a model name or a config's model.backbone,
     with weights from ``checkpoint`` (mmsoft format) if given."""
+    from mmsoft.models.backbones import SOFT
     if config:
         from mmengine.config import Config
-
-        import mmsoft  # noqa: F401
-        from mmsoft.models.backbones import SOFT
         bb = dict(Config.fromfile(config).model.backbone)
         bb.pop('type', None)
         bb.pop('init_cfg', None)
-        bb.update(overrides)
-        model = SOFT(**bb)
     else:
-        from get_flops import build_named
-        model = build_named(name, head=False, **overrides)
+        bb = soft_model_kwargs(name)
+    model = SOFT(**dict(bb, **overrides))
     if checkpoint:
         from mmengine.runner import load_checkpoint
         load_checkpoint(
@@ -273,13 +268,9 @@ def to_markdown(rows, iters):
     return out.getvalue()
 
 
-def plot(rows, path, title):
-    import matplotlib
-    matplotlib.use('Agg')
-    import matplotlib.pyplot as plt
-    from get_flops import save_figure
+def plot(rows, title):
     sets = list(dict.fromkeys(r['dataset'] for r in rows))  # given order
-    fig, axes = plt.subplots(
+    fig, axes = pyplot().subplots(
         1, len(sets), figsize=(5 * len(sets), 4), squeeze=False)
     for ax, ds in zip(axes[0], sets):
         for st in sorted({r['stage'] for r in rows if r['dataset'] == ds}):
@@ -301,16 +292,11 @@ def plot(rows, path, title):
         ax.grid(alpha=0.3)
         ax.legend()
     fig.suptitle(title, fontsize=9)
-    fig.tight_layout()
-    save_figure(fig, path)
-    plt.close(fig)
+    return fig
 
 
 def parse_args(argv=None):
-    p = argparse.ArgumentParser(
-        description=__doc__.split('\n')[0],
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-        epilog=__doc__)
+    p = make_parser(__doc__)
     p.add_argument(
         '--model',
         default='soft_tiny_norm',
@@ -335,16 +321,12 @@ def parse_args(argv=None):
         help=argparse.SUPPRESS)  # dict arch for tests (json)
     p.add_argument('--out', default='work_dirs/nr_convergence')
     args = p.parse_args(argv)
-    if len(args.size) == 1:
-        args.size = args.size * 2
+    args.size = hw(args.size)
     return args
 
 
 def main(argv=None):
     args = parse_args(argv)
-    from get_flops import write_csv
-
-    from mmsoft.utils.profiling import atomic_write
     torch.manual_seed(0)
     overrides = dict(out_indices=(2, ))  # stages 1-3 hold SOFT attention
     if args.arch:
@@ -361,17 +343,12 @@ def main(argv=None):
         results[name] = collect(model, items, tuple(args.size), args.iters,
                                 args.batch_size, name)
     rows = summarise(results, args.iters)
-    write_csv(
-        osp.join(args.out, 'nr_convergence.csv'), rows,
-        ['dataset', 'stage', 'k', 'mean', 'min', 'max', 'matrices'])
-    md = to_markdown(rows, args.iters)
-    atomic_write(osp.join(args.out, 'nr_convergence.md'), md)
     label = args.config or args.model
     ck = osp.basename(args.checkpoint) if args.checkpoint else 'random init'
-    plot(rows, osp.join(args.out, 'nr_convergence.png'),
-         f'{label} ({ck}), {args.size[0]}x{args.size[1]}')
-    print(md)
-    print(f'wrote {args.out}/nr_convergence.csv, .md, .png')
+    fig = plot(rows, f'{label} ({ck}), {args.size[0]}x{args.size[1]}')
+    write_results(args.out, 'nr_convergence', rows,
+                  ['dataset', 'stage', 'k', 'mean', 'min', 'max', 'matrices'],
+                  to_markdown(rows, args.iters), fig)
     return rows
 
 

@@ -34,21 +34,18 @@ Landmarks (``--source``):
 
 Writes ``spectral_norm.csv``, ``.md`` and ``.png`` to ``--out``.
 """
-import argparse
 import io
 import math
 import os.path as osp
 import sys
 import time
 
-ROOT = osp.dirname(osp.dirname(osp.dirname(osp.abspath(__file__))))
-if ROOT not in sys.path:
-    sys.path.insert(0, ROOT)
 HERE = osp.dirname(osp.abspath(__file__))
 if HERE not in sys.path:
     sys.path.insert(0, HERE)
 
-import torch  # noqa: E402
+import torch
+from utils import make_parser, pyplot, write_results
 
 
 # ------------------------------------------------------------------ sources
@@ -149,12 +146,8 @@ def to_markdown(rows, lengths) -> str:
     return out.getvalue()
 
 
-def plot(rows, lengths, path, title):
-    import matplotlib
-    matplotlib.use('Agg')
-    import matplotlib.pyplot as plt
-    from get_flops import save_figure
-    fig, ax = plt.subplots(figsize=(6, 4.5))
+def plot(rows, lengths, title):
+    fig, ax = pyplot().subplots(figsize=(6, 4.5))
     series = (('pinv', r'$\|A^+\|_2$ (no normalisation)', 'C0', '-', '+'),
               ('norm_pinv', r'$\|D^{-1/2}A^+D^{-1/2}\|_2$', 'C1', '-', '+'),
               ('exact_pinv', 'exact pinv, no normalisation', 'C0', ':', 'x'),
@@ -175,16 +168,11 @@ def plot(rows, lengths, path, title):
     ax.set_title(title, fontsize=9)
     ax.grid(alpha=0.3, which='both')
     ax.legend(fontsize=7)
-    fig.tight_layout()
-    save_figure(fig, path)
-    plt.close(fig)
+    return fig
 
 
 def parse_args(argv=None):
-    p = argparse.ArgumentParser(
-        description=__doc__.split('\n')[0],
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-        epilog=__doc__)
+    p = make_parser(__doc__)
     p.add_argument('--source', choices=['field', 'model'], default='field')
     p.add_argument(
         '--lengths',
@@ -236,9 +224,6 @@ def parse_args(argv=None):
 
 def main(argv=None):
     args = parse_args(argv)
-    from get_flops import write_csv
-
-    from mmsoft.utils.profiling import atomic_write
     gen = torch.Generator().manual_seed(args.seed)
     rows, t0 = [], time.time()
     for m in args.lengths:
@@ -263,11 +248,6 @@ def main(argv=None):
             f'{sum(r["norm_pinv"] for r in rs) / len(rs):10.3g}   '
             f'({time.time() - t0:.0f}s)',
             flush=True)
-    write_csv(
-        osp.join(args.out, 'spectral_norm.csv'), rows,
-        ['m', 'sample'] + list(KEYS))
-    md = to_markdown(rows, args.lengths)
-    atomic_write(osp.join(args.out, 'spectral_norm.md'), md)
     if args.source == 'field':
         title = (f'smooth random-field landmarks (d={args.dims}, '
                  f'spread={args.spread}, bandwidth={args.bandwidth})')
@@ -275,9 +255,10 @@ def main(argv=None):
         ck = osp.basename(args.checkpoint) if args.checkpoint else \
             'random init'
         title = f'{args.config or args.model} ({ck}), stage {args.stage + 1}'
-    plot(rows, args.lengths, osp.join(args.out, 'spectral_norm.png'), title)
-    print(md)
-    print(f'wrote {args.out}/spectral_norm.csv, .md, .png')
+    write_results(args.out, 'spectral_norm',
+                  rows, ['m', 'sample'] + list(KEYS),
+                  to_markdown(rows, args.lengths),
+                  plot(rows, args.lengths, title))
     return rows
 
 

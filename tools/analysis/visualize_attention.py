@@ -23,23 +23,19 @@ entropy of |w| / sum |w| and the |w|-weighted mean distance to the query
 (in tokens). Writes ``attention.png``, ``attention.csv``, ``attention.md``
 and the raw rows ``attention_rows.npz`` to ``--out``.
 """
-import argparse
 import io
 import math
-import os
 import os.path as osp
 import sys
 import time
 
-ROOT = osp.dirname(osp.dirname(osp.dirname(osp.abspath(__file__))))
-if ROOT not in sys.path:
-    sys.path.insert(0, ROOT)
 HERE = osp.dirname(osp.abspath(__file__))
 if HERE not in sys.path:
     sys.path.insert(0, HERE)
 
-import numpy as np  # noqa: E402
-import torch  # noqa: E402
+import numpy as np
+import torch
+from utils import hw, make_parser, pyplot, write_results
 
 DEFAULT_MODELS = [
     'softmax_tiny', 'performer_tiny', 'nystromformer_tiny', 'soft_tiny_norm'
@@ -109,10 +105,7 @@ def overlay(ax, rgb, w, q, hw, title):
 
 
 def parse_args(argv=None):
-    p = argparse.ArgumentParser(
-        description=__doc__.split('\n')[0],
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-        epilog=__doc__)
+    p = make_parser(__doc__)
     p.add_argument(
         '--image',
         default=None,
@@ -151,20 +144,15 @@ def parse_args(argv=None):
         help='random init / synthetic image seed')
     p.add_argument('--out', default='work_dirs/visualize_attention')
     args = p.parse_args(argv)
-    if len(args.size) == 1:
-        args.size = args.size * 2
+    args.size = hw(args.size)
     return args
 
 
 def main(argv=None):
     args = parse_args(argv)
-    import matplotlib
-    matplotlib.use('Agg')
-    import matplotlib.pyplot as plt
-    from get_flops import save_figure, write_csv
     from nr_convergence import build_model, load_rgb, to_tensor
 
-    from mmsoft.utils.profiling import atomic_write
+    from mmsoft.utils.atomic import atomic_path
     ckpts = {}
     for spec in args.checkpoints:
         name, sep, path = spec.partition('=')
@@ -174,7 +162,7 @@ def main(argv=None):
     if args.image:
         rgb = load_rgb(args.image)
     else:
-        from mmsoft.demo.synthetic import render_scene
+        from mmsoft.tools_support.demo.synthetic import render_scene
         rgb = render_scene(np.random.default_rng([args.seed, 3]),
                            224)[0][..., ::-1].copy()
     import cv2
@@ -209,7 +197,7 @@ def main(argv=None):
             f'{hw[0]}x{hw[1]} map, query {q} ({time.time() - t0:.0f}s)',
             flush=True)
     ncol = 1 + max(p[1].shape[0] for p in panels)
-    fig, axes = plt.subplots(
+    fig, axes = pyplot().subplots(
         len(panels),
         ncol,
         figsize=(2.2 * ncol, 2.4 * len(panels)),
@@ -237,15 +225,11 @@ def main(argv=None):
         f'stage {args.stage + 1}, layer {args.layer}, query '
         f'(y, x) = ({args.query[0]:.2f}, {args.query[1]:.2f})',
         fontsize=9)
-    fig.tight_layout()
-    save_figure(fig, osp.join(args.out, 'attention.png'))
-    plt.close(fig)
     fields = [
         'model', 'checkpoint', 'stage', 'layer', 'head', 'map_h', 'map_w',
         'query_y', 'query_x', 'sum', 'min', 'max', 'at_query', 'argmax_y',
         'argmax_x', 'entropy', 'uniform_entropy', 'mean_dist'
     ]
-    write_csv(osp.join(args.out, 'attention.csv'), rows, fields)
     md = io.StringIO()
     md.write('| model | head | sum | min | max | at query | argmax | '
              'entropy (uniform) | mean dist |\n')
@@ -255,14 +239,11 @@ def main(argv=None):
                  f"{r['min']:.3g} | {r['max']:.3g} | {r['at_query']:.3g} | "
                  f"({r['argmax_y']}, {r['argmax_x']}) | {r['entropy']:.2f} "
                  f"({r['uniform_entropy']:.2f}) | {r['mean_dist']:.2f} |\n")
-    atomic_write(osp.join(args.out, 'attention.md'), md.getvalue())
+    write_results(args.out, 'attention', rows, fields, md.getvalue(), fig)
     npz = osp.join(args.out, 'attention_rows.npz')
-    tmp = f'{npz}.tmp{os.getpid()}.npz'
-    np.savez_compressed(tmp, **raw)
-    os.replace(tmp, npz)
-    print(md.getvalue())
-    print(f'wrote {args.out}/attention.png, attention.csv, attention.md, '
-          f'attention_rows.npz')
+    with atomic_path(npz, suffix='.npz') as tmp:  # np.savez adds no .npz
+        np.savez_compressed(tmp, **raw)
+    print(f'wrote {npz}')
     return rows
 
 

@@ -86,7 +86,7 @@ def _set_nr_method(model, method):
 def bench_one(spec, args, onnx_dir):
     import torch
 
-    from mmsoft import deploy
+    from mmsoft.tools_support import deploy
     config, _, size = spec.rpartition(':')
     H, W = (int(s) for s in size.lower().split('x'))
     torch.manual_seed(0)  # random weights, the same in torch and the file
@@ -158,11 +158,8 @@ def main(argv=None):
             f'load average {load:.1f} at the end\n')
     print(table + note)
     if args.out:
-        d = osp.dirname(osp.abspath(args.out))
-        fd, tmp = tempfile.mkstemp(dir=d, suffix='.tmp')
-        with os.fdopen(fd, 'w') as f:
-            f.write(table + note)
-        os.replace(tmp, args.out)
+        from mmsoft.utils.atomic import atomic_write
+        atomic_write(args.out, table + note)
     return 0
 
 

@@ -14,7 +14,8 @@ pad_size_divisor, e.g. 800 x 1216 for an 800 x 1199 image).
 Outputs: classifier logits (``cls_score``); single-stage detector head
 outputs per FPN level (``cls_score_i``, ``bbox_pred_i``; decoding and NMS
 stay in Python); two-stage detectors the FPN features and RPN outputs;
-segmentor ``seg_logits`` at the input size. See ``mmsoft/deploy.py``.
+segmentor ``seg_logits`` at the input size. See
+``mmsoft/tools_support/deploy.py``.
 
 ``--verify`` runs the file with onnxruntime (CPU) on a seeded random input
 and prints max |onnx - torch| / max |torch| per output; it exits with
@@ -93,7 +94,7 @@ def parse_args(argv=None):
 
 def main(argv=None) -> int:
     args = parse_args(argv)
-    from mmsoft.deploy import ExportError
+    from mmsoft.tools_support.deploy import ExportError
     try:
         return run(args)
     except ExportError as e:
@@ -103,7 +104,7 @@ def main(argv=None) -> int:
 
 def run(args) -> int:
     import mmsoft  # noqa: F401  (registers SOFT, applies compat fixes)
-    from mmsoft import deploy
+    from mmsoft.tools_support import deploy
     if args.dynamic:
         raise deploy.ExportError(
             'dynamic input shapes are not supported (the landmark grids, '

@@ -6,10 +6,11 @@
 
 Writes ``<out>/coco`` (mmdet CocoDataset), ``<out>/ade`` (mmseg
 ADE20KDataset) and ``<out>/imagenet`` (mmpretrain CustomDataset / ImageNet);
-see :mod:`mmsoft.demo.synthetic` for the formats. Deterministic for a given
-seed; data sets whose manifest already matches are skipped (``--force``
-regenerates). Needs only numpy and OpenCV: the generator module is loaded
-from its file, without importing torch or the OpenMMLab packages.
+see :mod:`mmsoft.tools_support.demo.synthetic` for the formats.
+Deterministic for a given seed; data sets whose manifest already matches are
+skipped (``--force`` regenerates). Needs only numpy and OpenCV: the
+generator module is loaded from its file, without importing torch or the
+OpenMMLab packages.
 """
 import argparse
 import importlib.util
@@ -18,18 +19,21 @@ import sys
 import time
 
 ROOT = osp.dirname(osp.dirname(osp.dirname(osp.abspath(__file__))))
+#: the generator, relative to the folder that holds the mmsoft package
+SYNTHETIC = ('mmsoft', 'tools_support', 'demo', 'synthetic.py')
 
 
 def load_generator():
-    """mmsoft/demo/synthetic.py as a module (without importing mmsoft)."""
-    path = osp.join(ROOT, 'mmsoft', 'demo', 'synthetic.py')
+    """mmsoft/tools_support/demo/synthetic.py as a module (without
+    importing mmsoft)."""
+    path = osp.join(ROOT, *SYNTHETIC)
     if not osp.isfile(path):  # an installed copy (mmsoft/.mim/tools/misc)
         spec = importlib.util.find_spec('mmsoft')  # finds, does not import
         if spec is None or not spec.submodule_search_locations:
             sys.exit('make_demo_data: mmsoft is not installed '
                      '(pip install mmsoft, or run from a checkout)')
         path = osp.join(
-            list(spec.submodule_search_locations)[0], 'demo', 'synthetic.py')
+            list(spec.submodule_search_locations)[0], *SYNTHETIC[1:])
     name = '_mmsoft_demo_synthetic'
     if name in sys.modules:
         return sys.modules[name]

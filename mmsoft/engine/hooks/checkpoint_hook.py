@@ -48,11 +48,10 @@ from mmengine.dist import (broadcast_object_list, get_rank, get_world_size,
 from mmengine.hooks import CheckpointHook
 from mmengine.registry import HOOKS
 
-from mmsoft.utils.checkpoint_io import (CheckpointError, _signals_raise,
-                                        add_checksum, finalize_temp,
+from mmsoft.utils.atomic import atomic_path, atomic_write
+from mmsoft.utils.checkpoint_io import (CheckpointError, add_checksum,
                                         find_newest_complete,
-                                        remove_stale_temps, temp_path_for,
-                                        write_text_atomic)
+                                        remove_stale_temps)
 from mmsoft.utils.rng_state import get_rng_state, set_rng_state
 
 __all__ = ['SafeCheckpointHook', 'use_safe_checkpoint_hook']
@@ -273,9 +272,10 @@ class SafeCheckpointHook(CheckpointHook):
             with self._atomic(runner):
                 super()._save_checkpoint_with_step(runner, step, meta)
                 if is_main_process() and self._is_local():
-                    write_text_atomic(
+                    atomic_write(
                         osp.join(runner.work_dir, 'last_checkpoint'),
-                        self.last_ckpt)
+                        self.last_ckpt,
+                        durable=True)
         finally:
             self._pending_rng = None
 
@@ -303,16 +303,9 @@ class SafeCheckpointHook(CheckpointHook):
                 return cls_save(runner, out_dir, filename, *args, **kwargs)
             final = osp.abspath(backend.join_path(out_dir, filename))
             os.makedirs(osp.dirname(final), exist_ok=True)
-            tmp = temp_path_for(final)
-            with _signals_raise():
-                try:
-                    cls_save(runner, osp.dirname(tmp), osp.basename(tmp),
-                             *args, **kwargs)
-                    finalize_temp(tmp, final)
-                except BaseException:
-                    with contextlib.suppress(OSError):
-                        os.unlink(tmp)
-                    raise
+            with atomic_path(final, durable=True) as tmp:
+                cls_save(runner, osp.dirname(tmp), osp.basename(tmp), *args,
+                         **kwargs)
             written.add(final)
 
         self._atomic_depth += 1

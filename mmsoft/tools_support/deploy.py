@@ -25,16 +25,15 @@ Newton-Raphson pseudo-inverse as unrolled matrix products
 :class:`ExportError` with one line naming the problem and the fix.
 """
 import importlib
-import os
 import os.path as osp
-import tempfile
 import time
 from typing import Dict, List, Optional, Sequence, Tuple
 
 import torch
 import torch.nn as nn
 
-from .models.layers.export_ops import ExportError
+from mmsoft.models.layers.export_ops import ExportError
+from mmsoft.utils.atomic import atomic_path
 
 __all__ = [
     'ExportError', 'build_model', 'load_weights', 'check_exportable',
@@ -58,7 +57,7 @@ def build_model(config,
     from mmengine.config import Config
     from mmengine.registry import init_default_scope
 
-    from . import launch
+    from mmsoft.tools_support import launch
     if not isinstance(config, Config):
         if not osp.isfile(config):
             raise ExportError(f'config {config!r} does not exist; pass a '
@@ -122,7 +121,7 @@ def load_weights(model: nn.Module, checkpoint: str) -> None:
 
 def check_exportable(model: nn.Module, dynamo: bool = False) -> None:
     """Raise :class:`ExportError` for model parts with no export path."""
-    from .models.layers.soft_attention import SOFTAttention
+    from mmsoft.models.layers.soft_attention import SOFTAttention
     for name, mod in model.named_modules():
         if isinstance(mod, SOFTAttention):
             if mod.nr_method == 'spectral':
@@ -270,32 +269,25 @@ def export_onnx(wrapper: ExportWrapper,
                 opset: int = DEFAULT_OPSET,
                 dynamo: bool = False,
                 batch: int = 1) -> float:
-    """Write the ONNX file atomically (temp file + os.replace); returns the
-    export time in seconds."""
+    """Write the ONNX file atomically (:func:`mmsoft.utils.atomic
+    .atomic_path`); returns the export time in seconds."""
     x = torch.zeros(batch, 3, *wrapper.shape)
-    out_dir = osp.dirname(osp.abspath(out))
-    os.makedirs(out_dir, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(suffix='.onnx.tmp', dir=out_dir)
-    os.close(fd)
     t0 = time.perf_counter()
     swapped = _swap_adaptive_pools(wrapper)
     try:
-        with torch.no_grad():
-            kwargs = dict(
-                input_names=['input'],
-                output_names=wrapper.output_names,
-                opset_version=opset,
-                dynamo=dynamo)
-            if dynamo:
-                kwargs['external_data'] = False
+        kwargs = dict(
+            input_names=['input'],
+            output_names=wrapper.output_names,
+            opset_version=opset,
+            dynamo=dynamo)
+        if dynamo:
+            kwargs['external_data'] = False
+        with atomic_path(out, makedirs=True) as tmp, torch.no_grad():
             torch.onnx.export(wrapper, (x, ), tmp, **kwargs)
-        os.replace(tmp, out)
         wrapper.eval()
     finally:
         for parent, name, child in swapped:
             setattr(parent, name, child)
-        if osp.exists(tmp):
-            os.remove(tmp)
     return time.perf_counter() - t0
 
 

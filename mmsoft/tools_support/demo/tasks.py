@@ -7,7 +7,6 @@ validation split), reads the codebase's own metric and draws the first
 validation predictions into a PNG.
 """
 import copy
-import json
 import os
 import os.path as osp
 import time
@@ -16,13 +15,14 @@ import cv2
 import numpy as np
 from mmengine.hooks import Hook
 
-from ..utils import paths
+from mmsoft.utils import paths
+from mmsoft.utils.atomic import atomic_write
 from .synthetic import CLS_CLASSES, DET_CLASSES, SEG_CLASSES
 
 __all__ = [
     'TASKS', 'REPO_ROOT', 'config_path', 'load_demo_config', 'set_data_root',
     'shrink_for_smoke', 'run_task', 'PredictionCollector', 'draw_predictions',
-    'format_table', 'atomic_write_bytes', 'atomic_write_json'
+    'format_table'
 ]
 
 #: the checkout's root, or None when mmsoft is installed (site-packages)
@@ -137,22 +137,11 @@ def shrink_for_smoke(cfg, iters=3, batch_size=2):
 
 
 # ---------------------------------------------------------------- results
-def atomic_write_bytes(path, data):
-    tmp = f'{path}.tmp{os.getpid()}'
-    with open(tmp, 'wb') as f:
-        f.write(data)
-    os.replace(tmp, path)
-
-
-def atomic_write_json(path, obj):
-    atomic_write_bytes(path, json.dumps(obj, indent=2).encode())
-
-
 def _atomic_png(path, img):
     ok, buf = cv2.imencode('.png', img)
     if not ok:
         raise IOError(f'could not encode {path}')
-    atomic_write_bytes(path, buf.tobytes())
+    atomic_write(path, buf.tobytes())
 
 
 def format_table(rows):

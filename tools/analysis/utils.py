@@ -1,0 +1,268 @@
+"""What the scripts in ``tools/analysis`` share.
+
+* model names: :func:`parse_model_name` reads ``soft_tiny_norm``,
+  ``softmax_small``, ``soft_small_spectral_ml196`` ...;
+  :func:`soft_model_kwargs` turns a name into the keyword arguments of
+  :class:`mmsoft.models.backbones.SOFT`;
+* measuring: :func:`measure_step` (time and peak memory of one step) and
+  :func:`run_isolated` (one measurement in a fresh process, whose result it
+  reads from a :func:`print_result` line);
+* the command line: :func:`make_parser`, :func:`hw`;
+* outputs: :func:`pyplot`, :func:`save_figure`, :func:`write_csv`,
+  :func:`write_text` and :func:`write_results` (``<stem>.csv``, ``.md`` and
+  ``.png`` of a run), all written atomically
+  (:mod:`mmsoft.utils.atomic`).
+
+The scripts import it as ``utils`` with their own folder on ``sys.path``
+(``python tools/analysis/x.py`` puts it there), from a checkout and from
+the installed copy (``mmsoft/.mim/tools/analysis``) alike. Importing it
+puts the checkout that holds it on ``sys.path`` (so that ``import mmsoft``
+finds this checkout's package without an install); it imports neither torch
+nor mmsoft itself.
+"""
+import argparse
+import csv
+import io
+import json
+import os
+import os.path as osp
+import re
+import subprocess
+import sys
+import time
+from collections import namedtuple
+from typing import Callable, Dict, List, Optional, Sequence
+
+#: the repository root when this file is in a checkout's tools/analysis
+#: (an installed copy lies in mmsoft/.mim/tools/analysis: no mmsoft there)
+ROOT = osp.dirname(osp.dirname(osp.dirname(osp.abspath(__file__))))
+if (osp.isfile(osp.join(ROOT, 'mmsoft', '__init__.py'))
+        and ROOT not in sys.path):
+    sys.path.insert(0, ROOT)
+
+# ------------------------------------------------------------- model names
+#: the SOFT presets a name can use (``small-official`` also as
+#: ``small_official``)
+ARCHS = ('tiny', 'small', 'medium', 'large', 'huge', 'small-official')
+NR_METHODS = ('iterative', 'spectral')
+
+ModelName = namedtuple('ModelName', 'attn arch norm nr_method max_landmarks')
+
+
+def parse_model_name(name: str) -> ModelName:
+    """``<attn>_<arch>[_norm][_iterative|_spectral][_ml<N>]``.
+
+    ``attn`` is an attention type of the zoo (``soft``, ``soft_norm``,
+    ``softmax``, ``linformer``, ``performer``, ``nystromformer``,
+    ``sima``), ``arch`` a SOFT preset (:data:`ARCHS`). ``soft_<arch>`` is
+    the NeurIPS model (no normalisation), ``soft_<arch>_norm`` =
+    ``soft_norm_<arch>`` the IJCV one. The SOFT attention also takes
+    ``_iterative`` / ``_spectral`` (the pseudo-inverse method, default
+    ``auto``) and ``_ml<N>`` (``max_landmarks=N``).
+    """
+    from mmsoft.models.layers.attention_zoo import ATTENTION_TYPES
+    usage = (f'use <attn>_<arch>[_norm][_iterative|_spectral][_ml<N>] with '
+             f'attn in {ATTENTION_TYPES} and arch in {ARCHS}')
+    for attn in sorted(ATTENTION_TYPES, key=len, reverse=True):
+        if not name.startswith(attn + '_'):
+            continue
+        parts = name[len(attn) + 1:].split('_')
+        max_landmarks = nr_method = None
+        if len(parts) > 1 and re.fullmatch(r'ml\d+', parts[-1]):
+            max_landmarks = int(parts.pop()[2:])
+        if len(parts) > 1 and parts[-1] in NR_METHODS:
+            nr_method = parts.pop()
+        norm = len(parts) > 1 and parts[-1] == 'norm'
+        if norm:
+            parts.pop()
+        arch = '-'.join(parts)
+        if arch not in ARCHS:
+            break
+        if attn == 'soft_norm':
+            attn, norm = 'soft', True
+        if attn != 'soft' and (norm or nr_method or max_landmarks):
+            raise ValueError(f'model {name!r}: _norm, _{"/_".join(NR_METHODS)}'
+                             ' and _ml<N> only apply to soft')
+        return ModelName(attn, arch, norm, nr_method, max_landmarks)
+    raise ValueError(f'unknown model {name!r}; {usage}')
+
+
+def soft_model_kwargs(name: str) -> dict:
+    """The keyword arguments of ``SOFT(**kwargs)`` for a model name (see
+    :func:`parse_model_name`)."""
+    m = parse_model_name(name)
+    kwargs = dict(arch=m.arch, attn_type=m.attn)
+    if m.attn == 'soft':  # the other attentions take no attn_norm
+        kwargs['attn_norm'] = m.norm
+    if m.nr_method:
+        kwargs['nr_method'] = m.nr_method
+    if m.max_landmarks:
+        kwargs['max_landmarks'] = m.max_landmarks
+    return kwargs
+
+
+# --------------------------------------------------------------- measuring
+RESULT_PREFIX = 'RESULT '
+
+
+def _sync(device: str):
+    if device.startswith('cuda'):
+        import torch
+        torch.cuda.synchronize()
+
+
+def measure_step(step: Callable[[], None],
+                 device: str = 'cpu',
+                 repeats: int = 3,
+                 warmup: Optional[Callable] = None) -> Dict[str, float]:
+    """Peak memory of the first ``step()`` and median/min time of the next.
+
+    ``warmup`` (e.g. the step on a small input) runs first so that lazy
+    initialisation is not counted as the step's memory. Peak memory on the
+    CPU is the growth of the process's peak RSS during the call, so each
+    measurement should run in a fresh process (:func:`run_isolated`); on
+    CUDA it is ``torch.cuda.max_memory_allocated``.
+    """
+    import resource
+
+    import torch
+    if warmup is not None:
+        warmup()
+    _sync(device)
+    if device.startswith('cuda'):
+        torch.cuda.reset_peak_memory_stats()
+        base = torch.cuda.memory_allocated()
+    else:
+        base = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    t0 = time.perf_counter()
+    step()
+    _sync(device)
+    first = (time.perf_counter() - t0) * 1e3
+    if device.startswith('cuda'):
+        peak_mb = (torch.cuda.max_memory_allocated() - base) / 2**20
+    else:
+        peak_mb = (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss -
+                   base) / 1024
+    times: List[float] = []
+    for _ in range(repeats):
+        _sync(device)
+        t0 = time.perf_counter()
+        step()
+        _sync(device)
+        times.append((time.perf_counter() - t0) * 1e3)
+    if not times:
+        times = [first]
+    times.sort()
+    return dict(
+        time_ms=times[len(times) // 2],
+        min_ms=times[0],
+        peak_mb=max(peak_mb, 0.0))
+
+
+def print_result(res: dict):
+    """The child's side of :func:`run_isolated`: its one result line."""
+    print(RESULT_PREFIX + json.dumps(res), flush=True)
+
+
+def run_isolated(argv: List[str], threads: Optional[int] = None) -> Dict:
+    """Run ``python argv...`` (plus ``--threads N`` if given) in a fresh
+    process that imports the same mmsoft; return its :func:`print_result`
+    dict.
+
+    Raises RuntimeError with the child's last error line on failure.
+    """
+    from mmsoft.utils.paths import import_root
+    if threads:
+        argv = list(argv) + ['--threads', str(threads)]
+    env = dict(os.environ)
+    env['PYTHONPATH'] = os.pathsep.join([import_root()] + (
+        [env['PYTHONPATH']] if env.get('PYTHONPATH') else []))
+    proc = subprocess.run(
+        [sys.executable] + [str(a) for a in argv],
+        capture_output=True,
+        text=True,
+        env=env)
+    lines = [
+        ln for ln in proc.stdout.splitlines() if ln.startswith(RESULT_PREFIX)
+    ]
+    if proc.returncode != 0 or not lines:
+        err = (proc.stderr.strip().splitlines() or ['no output'])[-1]
+        raise RuntimeError(err)
+    return json.loads(lines[-1][len(RESULT_PREFIX):])
+
+
+# ------------------------------------------------------------ command line
+def make_parser(doc: str) -> argparse.ArgumentParser:
+    """A parser whose description is the first line of the script's
+    docstring and whose ``--help`` ends with all of it."""
+    return argparse.ArgumentParser(
+        description=doc.split('\n')[0],
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog=doc)
+
+
+def hw(values: Sequence[int], option: str = '--size') -> List[int]:
+    """``H`` or ``H W`` from the command line -> ``[H, W]``."""
+    if len(values) == 1:
+        return [values[0]] * 2
+    if len(values) != 2:
+        raise SystemExit(f'{option} takes H or H W, got {list(values)}')
+    return list(values)
+
+
+# ----------------------------------------------------------------- outputs
+def pyplot():
+    """``matplotlib.pyplot`` on the non-interactive Agg backend."""
+    import matplotlib
+    matplotlib.use('Agg')
+    import matplotlib.pyplot as plt
+    return plt
+
+
+def save_figure(fig, path: str, dpi: int = 110):
+    """Lay out, write (atomically, any format matplotlib takes from the
+    extension) and close a figure."""
+    from mmsoft.utils.atomic import atomic_path
+    fig.tight_layout()
+    with atomic_path(path, suffix=osp.splitext(path)[1], makedirs=True) as t:
+        fig.savefig(t, dpi=dpi)
+    pyplot().close(fig)
+
+
+def write_text(path: str, text: str):
+    from mmsoft.utils.atomic import atomic_write
+    atomic_write(path, text, makedirs=True)
+
+
+def write_csv(path: str, rows: List[dict], fields: Optional[List] = None):
+    """Rows as CSV with the columns ``fields`` (default: the keys of the
+    first row; extra keys are left out)."""
+    buf = io.StringIO()
+    if fields is None and rows:
+        fields = list(rows[0])
+    if fields:
+        w = csv.DictWriter(buf, fieldnames=fields, extrasaction='ignore')
+        w.writeheader()
+        w.writerows(rows)
+    write_text(path, buf.getvalue())
+
+
+def write_results(out: str,
+                  stem: str,
+                  rows: List[dict],
+                  fields: Optional[List],
+                  md: str,
+                  fig=None,
+                  figure_name: Optional[str] = None) -> List[str]:
+    """``<out>/<stem>.csv`` (the rows), ``.md`` (``md``) and the figure
+    ``fig``, if any, as ``figure_name`` (default ``<stem>.png``); prints the
+    table and what was written; returns the paths."""
+    paths = [osp.join(out, f'{stem}.csv'), osp.join(out, f'{stem}.md')]
+    write_csv(paths[0], rows, fields)
+    write_text(paths[1], md)
+    if fig is not None:
+        paths.append(osp.join(out, figure_name or f'{stem}.png'))
+        save_figure(fig, paths[2])
+    print(md)
+    print('wrote ' + ', '.join(paths), flush=True)
+    return paths
