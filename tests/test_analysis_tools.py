@@ -99,7 +99,7 @@ def test_get_flops_bottleneck_settings_give_m_landmarks():
         arch = dict(kw['arch'], **TINY)  # small channels, same ratios
         model = SOFT(
             arch,
-            attn_cfg=dict(type='soft', max_landmarks=kw['max_landmarks']),
+            attn_cfg=dict(type='soft', **kw['attn']),
             out_indices=(2, )).eval()
         seen = []
         for mod in model.modules():

@@ -46,6 +46,7 @@ import json
 import os.path as osp
 import sys
 import time
+from typing import Optional
 
 HERE = osp.dirname(osp.abspath(__file__))
 if HERE not in sys.path:
@@ -53,7 +54,8 @@ if HERE not in sys.path:
 
 import torch
 import torch.nn as nn
-from utils import hw, make_parser, pyplot, soft_model_kwargs, write_results
+from utils import (attn_cfg_of, hw, make_parser, pyplot, soft_model_kwargs,
+                   write_results)
 
 PRESETS = ('tiny', 'small', 'medium', 'large', 'huge')
 # NeurIPS Table 3 (SOFT, no normalisation): params (M), FLOPs (G)
@@ -98,10 +100,15 @@ class Classifier(nn.Module):
         return self.head(self.backbone(x)[-1])
 
 
-def build_named(name: str, head: bool = True, **overrides) -> nn.Module:
-    """A SOFT model from a name (see module docstring)."""
+def build_named(name: str,
+                head: bool = True,
+                attn: Optional[dict] = None,
+                **overrides) -> nn.Module:
+    """A SOFT model from a name (see module docstring); ``attn``: options
+    added to its ``attn_cfg`` (e.g. Linformer's ``sr_mode``)."""
     from mmsoft.models.backbones import SOFT
     kw = soft_model_kwargs(name)
+    kw['attn_cfg'].update(attn or {})
     if head:
         kw.update(out_type='cls_token', out_indices=(3, ))
     kw.update(overrides)
@@ -109,28 +116,12 @@ def build_named(name: str, head: bool = True, **overrides) -> nn.Module:
     return Classifier(backbone) if head else backbone
 
 
-def rebuild_attentions(model: nn.Module, attn_type: str, **kwargs):
-    """Replace every SOFTBlock's token mixer by ``attn_type`` built with
-    extra keyword arguments (e.g. Linformer's ``sr_mode``)."""
-    from mmsoft.models.layers import SOFTBlock
-    from mmsoft.models.layers.attention_zoo import ATTENTIONS
-    for blk in model.modules():
-        if isinstance(blk, SOFTBlock):
-            old = blk.attn
-            k = old.dw_conv.kernel_size[0] if old.dw_conv is not None else 0
-            ratio = getattr(old, 'sampling_ratio', None) or old.sampler.ratio
-            blk.attn = ATTENTIONS[attn_type](
-                old.embed_dims,
-                old.num_heads,
-                ratio,
-                dw_kernel_size=k,
-                qkv_bias=old.q.bias is not None,
-                **kwargs)
-    return model
-
-
 def build_config(path: str, attn_type=None):
-    """(model, call) for a config file; ``call(model, x)`` runs it."""
+    """(model, call) for a config file; ``call(model, x)`` runs it.
+
+    ``attn_type`` (a name of ``ATTENTION_NAMES``) replaces the backbone's
+    ``attn_cfg`` (the config's SOFT-attention options do not apply to
+    another attention)."""
     import importlib
 
     from mmengine.config import Config
@@ -139,15 +130,7 @@ def build_config(path: str, attn_type=None):
     import mmsoft  # noqa: F401  (registers SOFT)
     cfg = Config.fromfile(path)
     if attn_type is not None:
-        cfg.model.backbone.attn_type = attn_type
-        from mmsoft.models.layers.attention_zoo import (_SOFT_ONLY, ATTENTIONS,
-                                                        _accepted)
-        cls = ATTENTIONS.get(attn_type)
-        if attn_type not in ('soft', 'soft_norm') and cls is not None:
-            # the config's SOFT-only settings do not apply to attn_type
-            for key in _SOFT_ONLY:
-                if not _accepted(cls, key):
-                    cfg.model.backbone.pop(key, None)
+        cfg.model.backbone.attn_cfg = attn_cfg_of(attn_type)
     scope = cfg.get('default_scope', 'mmpretrain')
     init_default_scope(scope)
     registry = importlib.import_module(f'{scope}.registry').MODELS
@@ -275,7 +258,7 @@ def bottleneck_overrides(m: int):
         num_heads=[2, 4, 10, 16],
         depths=[1, 2, 3, 2],
         sampling_ratios=ratios)
-    return dict(arch=arch, max_landmarks=m)
+    return dict(arch=arch, attn=dict(max_landmarks=m))
 
 
 def jobs_for(args):
@@ -298,10 +281,11 @@ def jobs_for(args):
                      lambda z=z: build_named(f'{z}_tiny', head), pp, pf))
                 if z == 'linformer':  # parameter-free spatial reduction
                     jobs.append((t, 'linformer_tiny (avgpool SR)',
-                                 lambda: rebuild_attentions(
-                                     build_named('linformer_tiny', head),
-                                     'linformer',
-                                     sr_mode='avgpool'), None, None))
+                                 lambda: build_named(
+                                     'linformer_tiny',
+                                     head,
+                                     attn=dict(sr_mode='avgpool')), None,
+                                 None))
         elif t == 'bottleneck':
             for m in args.bottlenecks:
                 jobs.append((t, f'soft_tiny m={m}', lambda m=m: build_named(
@@ -312,7 +296,8 @@ def jobs_for(args):
                 pp, pf = PAPER_SAMPLING[s]
                 jobs.append(
                     (t, f'soft_tiny {s}',
-                     lambda s=s: build_named('soft_tiny', head, sampling=s),
+                     lambda s=s: build_named(
+                         'soft_tiny', head, attn=dict(sampling=s)),
                      pp, pf))
     extra = dict(arch=json.loads(args.arch)) if args.arch else {}
     for name in args.models:
@@ -420,7 +405,8 @@ def parse_args(argv=None):
     p.add_argument(
         '--attn-type',
         default=None,
-        help='override model.backbone.attn_type of --config')
+        help='replace model.backbone.attn_cfg of --config by this '
+        'attention (soft, soft_norm, softmax, linformer, ...)')
     p.add_argument(
         '--shape',
         nargs='+',

@@ -45,6 +45,11 @@ if (osp.isfile(osp.join(ROOT, 'mmsoft', '__init__.py'))
 #: ``small_official``)
 ARCHS = ('tiny', 'small', 'medium', 'large', 'huge', 'small-official')
 NR_METHODS = ('iterative', 'spectral')
+#: the attentions a name can use: the short registry names
+#: (:data:`mmsoft.registry.ATTENTIONS`) and ``soft_norm`` = SOFT with the
+#: IJCV normalisation
+ATTENTION_NAMES = ('soft', 'soft_norm', 'softmax', 'linformer', 'performer',
+                   'nystromformer', 'sima')
 
 ModelName = namedtuple('ModelName', 'attn arch norm nr_method max_landmarks')
 
@@ -60,10 +65,9 @@ def parse_model_name(name: str) -> ModelName:
     ``_iterative`` / ``_spectral`` (the pseudo-inverse method, default
     ``auto``) and ``_ml<N>`` (``max_landmarks=N``).
     """
-    from mmsoft.models.layers.attention_zoo import ATTENTION_TYPES
     usage = (f'use <attn>_<arch>[_norm][_iterative|_spectral][_ml<N>] with '
-             f'attn in {ATTENTION_TYPES} and arch in {ARCHS}')
-    for attn in sorted(ATTENTION_TYPES, key=len, reverse=True):
+             f'attn in {ATTENTION_NAMES} and arch in {ARCHS}')
+    for attn in sorted(ATTENTION_NAMES, key=len, reverse=True):
         if not name.startswith(attn + '_'):
             continue
         parts = name[len(attn) + 1:].split('_')
@@ -87,18 +91,28 @@ def parse_model_name(name: str) -> ModelName:
     raise ValueError(f'unknown model {name!r}; {usage}')
 
 
+def attn_cfg_of(attn: str, norm: bool = False) -> dict:
+    """The backbone's ``attn_cfg`` for a name of :data:`ATTENTION_NAMES`
+    (``soft`` is the NeurIPS model unless ``norm``; ``soft_norm`` the IJCV
+    one)."""
+    if attn not in ATTENTION_NAMES:
+        raise ValueError(f'unknown attention {attn!r}; choose one of '
+                         f'{ATTENTION_NAMES}')
+    if attn in ('soft', 'soft_norm'):
+        return dict(type='soft', attn_norm=norm or attn == 'soft_norm')
+    return dict(type=attn)
+
+
 def soft_model_kwargs(name: str) -> dict:
     """The keyword arguments of ``SOFT(**kwargs)`` for a model name (see
-    :func:`parse_model_name`)."""
+    :func:`parse_model_name`): ``arch`` and ``attn_cfg``."""
     m = parse_model_name(name)
-    kwargs = dict(arch=m.arch, attn_type=m.attn)
-    if m.attn == 'soft':  # the other attentions take no attn_norm
-        kwargs['attn_norm'] = m.norm
+    attn_cfg = attn_cfg_of(m.attn, m.norm)
     if m.nr_method:
-        kwargs['nr_method'] = m.nr_method
+        attn_cfg['nr_method'] = m.nr_method
     if m.max_landmarks:
-        kwargs['max_landmarks'] = m.max_landmarks
-    return kwargs
+        attn_cfg['max_landmarks'] = m.max_landmarks
+    return dict(arch=m.arch, attn_cfg=attn_cfg)
 
 
 # --------------------------------------------------------------- measuring
