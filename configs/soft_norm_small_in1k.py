@@ -8,5 +8,4 @@ _base_ = './_base_/soft_in1k.py'
 
 model = dict(
     backbone=dict(
-        arch='small',
-        attn_cfg=dict(type='SOFTAttention', attn_norm=True)))
+        arch='small', attn_cfg=dict(type='SOFTAttention', attn_norm=True)))

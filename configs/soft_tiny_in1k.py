@@ -5,5 +5,4 @@ _base_ = './_base_/soft_in1k.py'
 
 model = dict(
     backbone=dict(
-        arch='tiny',
-        attn_cfg=dict(type='SOFTAttention', attn_norm=False)))
+        arch='tiny', attn_cfg=dict(type='SOFTAttention', attn_norm=False)))

@@ -24,7 +24,6 @@ ATTENTIONS = Registry(
     'attention', scope='mmsoft', locations=['mmsoft.models.layers'])
 
 
-
 def register_model(cls):
     """Class decorator: register a model in mmsoft's MODELS (``type=
     'mmsoft.X'``) and in MMEngine's root MODELS (plain ``type='X'`` from

@@ -98,8 +98,7 @@ def test_get_flops_bottleneck_settings_give_m_landmarks():
         kw = gf.bottleneck_overrides(m)
         arch = dict(kw['arch'], **TINY)  # small channels, same ratios
         model = SOFT(
-            arch,
-            attn_cfg=dict(type='soft', **kw['attn']),
+            arch, attn_cfg=dict(type='soft', **kw['attn']),
             out_indices=(2, )).eval()
         seen = []
         for mod in model.modules():

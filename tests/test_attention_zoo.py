@@ -9,10 +9,8 @@ import torch
 import torch.nn.functional as F
 
 from mmsoft.models.backbones import SOFT
-from mmsoft.registry import ATTENTIONS
 from mmsoft.models.layers import SOFTAttention, landmark_grid
-from mmsoft.models.layers.attention_zoo import (attention_types,
-                                                build_attention)
+from mmsoft.models.layers.attention_zoo import attention_types, build_attention
 from mmsoft.models.layers.gaussian_kernel import gaussian_kernel
 from mmsoft.models.layers.pinv import newton_inverse
 from mmsoft.models.layers.zoo import (LinformerAttention,
@@ -21,6 +19,7 @@ from mmsoft.models.layers.zoo import (LinformerAttention,
                                       SoftmaxZooAttention, iterative_pinv,
                                       l1_normalize_tokens, sima_order,
                                       spread_to_tokens)
+from mmsoft.registry import ATTENTIONS
 
 HW = (7, 5)  # not a multiple of the ratio on purpose
 N = HW[0] * HW[1]
@@ -66,10 +65,11 @@ def test_registry_lists_the_zoo_under_class_names_and_aliases():
         assert cls is not None and t in types
         assert ATTENTIONS.get(cls.__name__) is cls  # registered at the class
         assert cls.__name__ in types
-    assert set(types) == {t for t in ATTENTION_TYPES} | {
-        ATTENTIONS.get(t).__name__
-        for t in ATTENTION_TYPES
-    }
+    assert set(types) == {t
+                          for t in ATTENTION_TYPES} | {
+                              ATTENTIONS.get(t).__name__
+                              for t in ATTENTION_TYPES
+                          }
     with pytest.raises(KeyError, match='nope'):
         build('nope')
 

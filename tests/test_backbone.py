@@ -244,8 +244,8 @@ def test_default_init_is_truncated_normal():
     (dict(arch=dict(TINY, num_heads=[3, 1, 1, 1])), 'num_heads\\[0\\]=3'),
     (dict(arch=TINY, out_indices=(4, )), 'out_indices entry 4'),
     (dict(arch=TINY, out_type='tokens'), 'out_type'),
-    (dict(arch=TINY, attn_cfg=dict(type='soft', sampling='nearest')),
-     'sampling'),
+    (dict(arch=TINY, attn_cfg=dict(type='soft',
+                                   sampling='nearest')), 'sampling'),
     (dict(arch=TINY, frozen_stages=7), 'frozen_stages'),
 ])
 def test_clear_errors(kwargs, match):

@@ -246,7 +246,6 @@ def test_round_trip(tiny_sd):
     assert len(back2) == len(tiny_sd) - 2
 
 
-
 def test_version1_mmsoft_checkpoints_convert_back(tiny_sd):
     """mmsoft checkpoints written before stages were modules (``_version``
     1 keys: ``patch_embeds.0.*``, ``stages.0.0.*``, ``cls_token``) convert
@@ -260,8 +259,8 @@ def test_version1_mmsoft_checkpoints_convert_back(tiny_sd):
                    r'backbone.pos_embeds.\1', k)
         k = re.sub(r'^backbone\.stages\.(\d)\.blocks\.(\d+)\.',
                    r'backbone.stages.\1.\2.', k)
-        k = re.sub(r'^backbone\.stages\.3\.(cls_token|norm\.)',
-                   r'backbone.\1', k)
+        k = re.sub(r'^backbone\.stages\.3\.(cls_token|norm\.)', r'backbone.\1',
+                   k)
         v1[k] = v
     assert 'backbone.stages.1.1.attn.q.weight' in v1
     assert 'backbone.norm.weight' in v1 and 'backbone.pos_embeds.3' in v1

@@ -129,9 +129,11 @@ def version1_keys(sd, prefix='backbone.'):
     inverse of ``SOFT.upgrade_state_dict``, written out)."""
     import re
     p = re.escape(prefix)
-    rules = ((rf'^{p}stages\.(\d)\.patch_embed\.', rf'{prefix}patch_embeds.\1.'),
-             (rf'^{p}stages\.(\d)\.pos_embed$', rf'{prefix}pos_embeds.\1'),
-             (rf'^{p}stages\.(\d)\.blocks\.(\d+)\.', rf'{prefix}stages.\1.\2.'),
+    rules = ((rf'^{p}stages\.(\d)\.patch_embed\.',
+              rf'{prefix}patch_embeds.\1.'), (rf'^{p}stages\.(\d)\.pos_embed$',
+                                              rf'{prefix}pos_embeds.\1'),
+             (rf'^{p}stages\.(\d)\.blocks\.(\d+)\.',
+              rf'{prefix}stages.\1.\2.'),
              (rf'^{p}stages\.3\.(cls_token|norm\.)', rf'{prefix}\1'))
     out = {}
     for k, v in sd.items():
@@ -151,8 +153,10 @@ def test_version1_checkpoint_is_tested(setup):
     cfg, ckpts, tmp = setup
     ckpt = torch.load(ckpts['good'], weights_only=False)
     v1 = version1_keys(ckpt['state_dict'])
-    assert {'backbone.cls_token', 'backbone.pos_embeds.0',
-            'backbone.stages.0.0.attn.q.weight'} <= set(v1)
+    assert {
+        'backbone.cls_token', 'backbone.pos_embeds.0',
+        'backbone.stages.0.0.attn.q.weight'
+    } <= set(v1)
     assert list(SOFT.upgrade_state_dict(v1, 'backbone.')) == list(
         ckpt['state_dict'])
     ckpt['state_dict'] = v1

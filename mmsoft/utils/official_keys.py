@@ -62,8 +62,9 @@ OFFICIAL_PRESETS = {
 }
 #: embed_dims, num_heads, depths of each official model function
 OFFICIAL_MODELS = {
-    name: tuple(SOFT.arch_zoo[preset][k]
-                for k in ('embed_dims', 'num_heads', 'depths'))
+    name:
+    tuple(SOFT.arch_zoo[preset][k]
+          for k in ('embed_dims', 'num_heads', 'depths'))
     for name, preset in OFFICIAL_PRESETS.items()
 }
 _BN_KEYS = ('weight', 'bias', 'running_mean', 'running_var',

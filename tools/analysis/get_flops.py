@@ -280,12 +280,11 @@ def jobs_for(args):
                     (t, f'{z}_tiny',
                      lambda z=z: build_named(f'{z}_tiny', head), pp, pf))
                 if z == 'linformer':  # parameter-free spatial reduction
-                    jobs.append((t, 'linformer_tiny (avgpool SR)',
-                                 lambda: build_named(
-                                     'linformer_tiny',
-                                     head,
-                                     attn=dict(sr_mode='avgpool')), None,
-                                 None))
+                    jobs.append(
+                        (t, 'linformer_tiny (avgpool SR)', lambda: build_named(
+                            'linformer_tiny',
+                            head,
+                            attn=dict(sr_mode='avgpool')), None, None))
         elif t == 'bottleneck':
             for m in args.bottlenecks:
                 jobs.append((t, f'soft_tiny m={m}', lambda m=m: build_named(
@@ -294,11 +293,8 @@ def jobs_for(args):
         elif t == 'sampling':
             for s in ('conv', 'avgpool', 'random', 'biased'):
                 pp, pf = PAPER_SAMPLING[s]
-                jobs.append(
-                    (t, f'soft_tiny {s}',
-                     lambda s=s: build_named(
-                         'soft_tiny', head, attn=dict(sampling=s)),
-                     pp, pf))
+                jobs.append((t, f'soft_tiny {s}', lambda s=s: build_named(
+                    'soft_tiny', head, attn=dict(sampling=s)), pp, pf))
     extra = dict(arch=json.loads(args.arch)) if args.arch else {}
     for name in args.models:
         jobs.append(('models', name,

@@ -69,8 +69,7 @@ class PyramidStage(nn.Module):
         self.with_cp = False
         self.patch_embed = ConvPatchEmbed(in_channels, embed_dims, stem=stem)
         self.pos_embed = nn.Parameter(
-            torch.zeros(1, pos_grid * pos_grid + num_extra_tokens,
-                        embed_dims))
+            torch.zeros(1, pos_grid * pos_grid + num_extra_tokens, embed_dims))
         self.pos_drop = nn.Dropout(drop_rate) if drop_rate > 0 \
             else nn.Identity()
         self.blocks = nn.ModuleList()
@@ -170,8 +169,8 @@ class ClsTokenStage(PyramidStage):
     """
 
     def __init__(self, in_channels: int, embed_dims: int, pos_grid: int,
-                 num_heads: int, depth: int, mlp_ratio: float,
-                 qkv_bias: bool, drop_rate: float, attn_drop_rate: float,
+                 num_heads: int, depth: int, mlp_ratio: float, qkv_bias: bool,
+                 drop_rate: float, attn_drop_rate: float,
                  drop_path_rates: Sequence[float]):
         super().__init__(
             in_channels,
@@ -331,8 +330,8 @@ class SOFT(BaseModule):
         checks.check_int('SOFT: in_channels', in_channels)
         checks.check_int(
             'SOFT: pretrain_img_size', pretrain_img_size, minimum=32)
-        for key, rate in (('drop_rate', drop_rate),
-                          ('attn_drop_rate', attn_drop_rate),
+        for key, rate in (('drop_rate', drop_rate), ('attn_drop_rate',
+                                                     attn_drop_rate),
                           ('drop_path_rate', drop_path_rate)):
             checks.check_rate(f'SOFT: {key}', rate)
         self.arch_settings = self._parse_arch(arch)
@@ -504,7 +503,8 @@ class SOFT(BaseModule):
 
     # ------------------------------------------------------- checkpoints
     @classmethod
-    def upgrade_state_dict(cls, state_dict: Mapping,
+    def upgrade_state_dict(cls,
+                           state_dict: Mapping,
                            prefix: str = '') -> 'Dict':
         """Rename version-1 keys under ``prefix`` to version 2 (stages as
         modules); other keys are kept as they are, in their order."""
@@ -534,9 +534,8 @@ class SOFT(BaseModule):
             out._metadata = meta
         return out
 
-    def _load_from_state_dict(self, state_dict, prefix, local_metadata,
-                              strict, missing_keys, unexpected_keys,
-                              error_msgs):
+    def _load_from_state_dict(self, state_dict, prefix, local_metadata, strict,
+                              missing_keys, unexpected_keys, error_msgs):
         version = local_metadata.get('version', None)
         if version is None or version < 2:
             upgraded = self.upgrade_state_dict(state_dict, prefix)

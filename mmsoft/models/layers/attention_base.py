@@ -93,8 +93,8 @@ class AttentionBase(nn.Module):
         B, N, _ = x.shape
         return x.view(B, N, self.num_heads, self.head_dims).transpose(1, 2)
 
-    def dw_conv_tokens(self, v: torch.Tensor,
-                       hw: Tuple[int, int]) -> torch.Tensor:
+    def dw_conv_tokens(self, v: torch.Tensor, hw: Tuple[int,
+                                                        int]) -> torch.Tensor:
         """Per-head k x k conv of the (B, n, C) value tokens -> (B, n, C).
 
         One channels-last depthwise conv over the C channels, head g's

@@ -119,15 +119,17 @@ class BottleneckSampler(nn.Module):
     """f_s: the m bottleneck tokens Q~ from the n tokens Q (Table 4b / 8).
 
     Args:
-        head_dims: channels per head (the sampler is shared by all heads).
-        ratio: r, the spatial sampling stride (sp = r x r); m = n / r^2 for
-            sizes divisible by r, otherwise :func:`landmark_grid`.
-        mode: ``'conv'`` r x r conv with stride r, no bias, then LayerNorm and
-            GELU (the official default); ``'avgpool'`` r x r average pooling;
-            ``'random'`` m tokens drawn uniformly at random in training
-            (evenly spaced tokens in eval mode, for reproducible inference);
-            ``'biased'`` the first m tokens.
-        max_landmarks: opt-in cap on m for any resolution. The strided
+        head_dims (int): channels per head (the sampler is shared by all
+            heads).
+        ratio (int): r, the spatial sampling stride (sp = r x r); m = n / r^2
+            for sizes divisible by r, otherwise :func:`landmark_grid`.
+        mode (str): ``'conv'`` r x r conv with stride r, no bias, then
+            LayerNorm and GELU (the official default); ``'avgpool'`` r x r
+            average pooling; ``'random'`` m tokens drawn uniformly at random
+            in training (evenly spaced tokens in eval mode, for reproducible
+            inference); ``'biased'`` the first m tokens. Default: 'conv'.
+        max_landmarks (int | None): opt-in cap on m for any resolution
+            (default None: no cap). The strided
             grid is adaptively average-pooled down to at most this many
             tokens (conv: after the conv, before LayerNorm / GELU), so the
             cost is linear in n at every input size. This changes the
@@ -240,8 +242,7 @@ class SOFTAttention(AttentionBase):
                  nr_backward: str = 'eq16',
                  nr_diagnostics: bool = False,
                  max_landmarks: Optional[int] = None):
-        super().__init__(embed_dims, num_heads, sampling_ratio,
-                         dw_kernel_size)
+        super().__init__(embed_dims, num_heads, sampling_ratio, dw_kernel_size)
         check_int('nr_iters', nr_iters)
         if not isinstance(attn_norm, bool):
             raise ValueError(f'attn_norm must be True or False, got '

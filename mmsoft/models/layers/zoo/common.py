@@ -67,8 +67,7 @@ class ZooAttention(AttentionBase):
                  sampling_ratio: int,
                  dw_kernel_size: int = 3,
                  qkv_bias: bool = True):
-        super().__init__(embed_dims, num_heads, sampling_ratio,
-                         dw_kernel_size)
+        super().__init__(embed_dims, num_heads, sampling_ratio, dw_kernel_size)
         self.scale = self.head_dims**-0.5
         self._build_output_layers()
         self.q = nn.Linear(embed_dims, embed_dims, bias=qkv_bias)

@@ -40,10 +40,14 @@ class LinformerAttention(ZooAttention):
     """Softmax attention over m spatially reduced keys / values.
 
     Args:
-        sr_mode: ``'conv'`` (PVT spatial reduction, default) or
-            ``'avgpool'`` (parameter-free).
-        max_landmarks: cap on m (adaptive pooling of the reduced grid).
-        landmark_hw: a fixed reduced grid (gh, gw) at every input size.
+        embed_dims, num_heads, sampling_ratio, dw_kernel_size, qkv_bias:
+            see :class:`ZooAttention` (set by the SOFT stage).
+        sr_mode (str): ``'conv'`` (PVT spatial reduction) or
+            ``'avgpool'`` (parameter-free). Default: 'conv'.
+        max_landmarks (int | None): cap on m (adaptive pooling of the
+            reduced grid). Default: None.
+        landmark_hw (tuple[int, int] | None): a fixed reduced grid (gh, gw)
+            at every input size. Default: None.
     """
 
     def __init__(self,

@@ -53,10 +53,15 @@ class NystromformerAttention(ZooAttention):
     """Softmax Nystrom attention with SOFT's block details.
 
     Args:
-        pinv: ``'iterative'`` (Nystromformer) or ``'exact'``.
-        pinv_iters: iterations of :func:`iterative_pinv`.
-        max_landmarks: cap on m (adaptive pooling of the landmark grid).
-        landmark_hw: a fixed landmark grid (gh, gw) at every input size.
+        embed_dims, num_heads, sampling_ratio, dw_kernel_size, qkv_bias:
+            see :class:`ZooAttention` (set by the SOFT stage).
+        pinv (str): ``'iterative'`` (Nystromformer) or ``'exact'``.
+            Default: 'iterative'.
+        pinv_iters (int): iterations of :func:`iterative_pinv`. Default: 6.
+        max_landmarks (int | None): cap on m (adaptive pooling of the
+            landmark grid). Default: None.
+        landmark_hw (tuple[int, int] | None): a fixed landmark grid
+            (gh, gw) at every input size. Default: None.
     """
 
     def __init__(self,

@@ -70,11 +70,14 @@ class PerformerAttention(ZooAttention):
     """FAVOR+ linear attention with SOFT's block details.
 
     Args:
-        num_features: M random features per head; default
-            ``max(16, round(d ln d))`` as in the Performer reference code.
-        redraw_interval: draw new features every that many training
-            forwards (0: keep them fixed).
-        eps: added to the normaliser D.
+        embed_dims, num_heads, sampling_ratio, dw_kernel_size, qkv_bias:
+            see :class:`ZooAttention` (set by the SOFT stage).
+        num_features (int | None): M random features per head. Default:
+            None, ``max(16, round(d ln d))`` as in the Performer reference
+            code.
+        redraw_interval (int): draw new features every that many training
+            forwards (0: keep them fixed). Default: 0.
+        eps (float): added to the normaliser D. Default: 1e-6.
     """
 
     def __init__(self,

@@ -45,8 +45,11 @@ class SimAAttention(ZooAttention):
     """SimA with SOFT's block details.
 
     Args:
-        order: ``'auto'`` (from n vs d), ``'quadratic'`` or ``'linear'``.
-        eps: added to the l1 norms.
+        embed_dims, num_heads, sampling_ratio, dw_kernel_size, qkv_bias:
+            see :class:`ZooAttention` (set by the SOFT stage).
+        order (str): ``'auto'`` (from n vs d), ``'quadratic'`` or
+            ``'linear'``. Default: 'auto'.
+        eps (float): added to the l1 norms. Default: 1e-6.
     """
 
     def __init__(self,

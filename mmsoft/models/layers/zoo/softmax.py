@@ -25,7 +25,7 @@ __all__ = ['SoftmaxZooAttention']
 class SoftmaxZooAttention(ZooAttention):
     """Multi-head softmax attention with SOFT's block details.
 
-    ``sampling_ratio`` is accepted for the common constructor and unused.
+    Args: those of :class:`ZooAttention` (``sampling_ratio`` is unused).
     """
 
     def __init__(self,
