@@ -54,7 +54,8 @@ def test_other_arch_is_an_error_naming_keys(tmp_path):
         dst.init_weights()
     msg = str(exc.value)
     assert 'other.pth' in msg
-    assert 'tensors are not in the model (unexpected): stages.2.blocks.1.' in msg
+    assert ('tensors are not in the model (unexpected): stages.2.blocks.1.'
+            in msg)
     assert 'have another shape' in msg and \
         '(checkpoint [24, 16, 3, 3] vs model [16, 16, 3, 3])' in msg
     assert 'model.backbone.init_cfg.strict=False' in msg

@@ -4,8 +4,9 @@ The official repository (fudan-zvg/SOFT, ``models/softmax_free_*.py``) trains
 timm models whose state dicts use names such as ``patch_embed1.proj.0.weight``
 or ``block2.1.att.mha.W_q.weight``. mmsoft's :class:`~mmsoft.models.SOFT`
 backbone names the same tensors ``stages.0.patch_embed.proj.0.conv.weight``
-and ``stages.1.blocks.1.attn.q.weight``; inside an mmpretrain ``ImageClassifier`` they get
-the prefix ``backbone.`` and the official ``head`` becomes ``head.fc``.
+and ``stages.1.blocks.1.attn.q.weight``; inside an mmpretrain
+``ImageClassifier`` they get the prefix ``backbone.`` and the official
+``head`` becomes ``head.fc``.
 
 This module holds everything both converter scripts
 (``tools/model_converters/soft2mmsoft.py`` and ``mmsoft2soft.py``) share:

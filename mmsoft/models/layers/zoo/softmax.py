@@ -11,7 +11,6 @@ n x n matrix as the paper's Transformer did (``memory_vs_length.py`` has a
 from typing import Tuple
 
 import torch
-import torch.nn as nn
 import torch.nn.functional as F
 
 from mmsoft.registry import ATTENTIONS
