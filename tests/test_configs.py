@@ -427,3 +427,43 @@ def test_backbone_pretrained_without_checkpoint_is_random_init():
         init_cfg=dict(type='Pretrained', checkpoint=None, prefix='backbone.'))
     model.init_weights()
     assert model.cls_token.abs().sum() > 0  # trunc_normal_ init ran
+
+
+@pytest.mark.parametrize(
+    'name', CONFIGS + [
+        'demo/retinanet_soft_demo', 'demo/upernet_soft_demo',
+        'demo/soft_cls_demo'
+    ])
+def test_no_decay_keys_reach_the_backbone_parameters(name):
+    """Every ``paramwise_cfg.custom_keys`` entry names real parameters of
+    the SOFT backbone (a renamed parameter would silently get weight
+    decay), and the position embeddings / cls token get none."""
+    from mmengine.optim import DefaultOptimWrapperConstructor
+    cfg = load(name)
+    keys = cfg.optim_wrapper.get('paramwise_cfg', {}).get('custom_keys', {})
+    assert keys, f'{name}: no custom_keys'
+    bb = dict(cfg.model.backbone, arch=TINY_ARCH, init_cfg=None)
+    bb.pop('type')
+    bb.pop('_delete_', None)
+    model = torch.nn.Module()
+    model.backbone = SOFT(**bb)
+    names = [f'backbone.{n}' for n, _ in model.backbone.named_parameters()]
+    for key in keys:
+        assert any(key in n for n in names), f'{name}: {key!r} matches none'
+    ow = dict(cfg.optim_wrapper)
+    ow['optimizer'] = dict(ow['optimizer'], type='AdamW')
+    ow.pop('type', None)
+    ow.pop('clip_grad', None)
+    wrapper = DefaultOptimWrapperConstructor(
+        dict(type='OptimWrapper', optimizer=ow['optimizer']),
+        ow.get('paramwise_cfg'))(
+            model)
+    decay = {}
+    for group in wrapper.optimizer.param_groups:
+        for p in group['params']:
+            decay[id(p)] = group['weight_decay']
+    for stage in model.backbone.stages:
+        assert decay[id(stage.pos_embed)] == 0
+    assert decay[id(model.backbone.stages[3].cls_token)] == 0
+    q = model.backbone.stages[0].blocks[0].attn.q.weight
+    assert decay[id(q)] > 0
