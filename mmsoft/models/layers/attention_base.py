@@ -17,9 +17,9 @@ Subclasses build their projections and call :meth:`_build_output_layers`
   an H x W map; ``out`` (B, h, n, d) and the full-resolution value tokens
   ``v_tokens`` (B, n, C) the depthwise convolution takes (None when it is
   disabled and the mixer does not need them);
-* ``attention_row(x, hw, index) -> (B, h, n)``: the weights with which
-  query token ``index`` mixes the n value tokens, without forming the
-  n x n matrix (``tools/analysis/visualize_attention.py``).
+* ``_row(x, hw, i) -> (B, h, n)``: the weights with which query token
+  ``i`` mixes the n value tokens, without forming the n x n matrix
+  (:meth:`attention_row`, for ``tools/analysis/visualize_attention.py``).
 """
 from typing import Optional, Sequence, Tuple, Union
 
@@ -128,12 +128,19 @@ class AttentionBase(nn.Module):
             out = out + self.dw_conv_tokens(v_tokens, hw)
         return self.proj(out)
 
+    @torch.no_grad()
     def attention_row(self, x: torch.Tensor, hw: Tuple[int, int],
                       index: Index) -> torch.Tensor:
         """(B, h, n) mixing weights of query ``index`` (flat or (row, col))
         over the n value tokens, for the (B, n, C) tokens ``x`` entering the
         module. The depthwise conv branch and the projections are not part
         of the row."""
+        self._check(x, hw)
+        return self._row(x, hw, query_index(index, hw))
+
+    def _row(self, x: torch.Tensor, hw: Tuple[int, int],
+             i: int) -> torch.Tensor:
+        """:meth:`attention_row` for the flat query index ``i``."""
         raise NotImplementedError
 
     @torch.no_grad()

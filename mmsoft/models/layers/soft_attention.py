@@ -23,7 +23,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from mmsoft.registry import ATTENTIONS
-from .attention_base import AttentionBase, Index, query_index
+from .attention_base import AttentionBase
 from .checks import check_int
 from .gaussian_kernel import gaussian_kernel
 from .grid import landmark_grid, reduce_map
@@ -291,13 +291,10 @@ class SOFTAttention(AttentionBase):
         return bottleneck_inverse(A, self.attn_norm, self.nr_iters,
                                   self.nr_init, self.nr_method)
 
-    @torch.no_grad()
-    def attention_row(self, x: torch.Tensor, hw: Tuple[int, int],
-                      index: Index) -> torch.Tensor:
+    def _row(self, x: torch.Tensor, hw: Tuple[int, int],
+             i: int) -> torch.Tensor:
         """(B, h, n): row ``index`` of S^ = P A_n^+ P^T, i.e.
         P_i A_n^+ P^T ((1 x m) (m x m) (m x n), O(n m))."""
-        self._check(x, hw)
-        i = query_index(index, hw)
         q, landmarks = self._queries(x, hw)
         P = gaussian_kernel(q, landmarks)  # (B, h, n, m)
         A_inv = self._bottleneck(landmarks)

@@ -104,12 +104,11 @@ class LinformerAttention(ZooAttention):
         k = self._split(self.k(self._reduce(x, hw)))
         return ((q @ k.transpose(-1, -2)).squeeze(-2) * self.scale).softmax(-1)
 
-    @torch.no_grad()
-    def attention_row(self, x: torch.Tensor, hw: Tuple[int, int],
-                      index: Index) -> torch.Tensor:
+    def _row(self, x: torch.Tensor, hw: Tuple[int, int],
+             i: int) -> torch.Tensor:
         """The reduced row spread over the r x r cells of its keys (exact
         mixing weights of V for ``sr_mode='avgpool'``)."""
-        w = self.reduced_attention_row(x, hw, index)
+        w = self.reduced_attention_row(x, hw, i)
         return spread_to_tokens(w, hw, self.sampling_ratio, self.max_landmarks,
                                 self.landmark_hw)
 

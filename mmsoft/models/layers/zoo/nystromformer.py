@@ -19,7 +19,6 @@ from typing import Optional, Tuple
 import torch
 
 from mmsoft.registry import ATTENTIONS
-from ..attention_base import Index, query_index
 from ..grid import reduce_map
 from .common import ZooAttention
 
@@ -117,11 +116,8 @@ class NystromformerAttention(ZooAttention):
             out = F_.to(dt) @ (A_inv @ (B_.to(dt) @ v.to(dt)))
         return out.to(v.dtype), vt
 
-    @torch.no_grad()
-    def attention_row(self, x: torch.Tensor, hw: Tuple[int, int],
-                      index: Index) -> torch.Tensor:
-        self._check(x, hw)
-        i = query_index(index, hw)
+    def _row(self, x: torch.Tensor, hw: Tuple[int, int],
+             i: int) -> torch.Tensor:
         F_, A_inv, B_ = self._kernels(x, hw)
         dt = A_inv.dtype
         return ((F_[:, :, i:i + 1].to(dt) @ A_inv) @ B_.to(dt)).squeeze(-2)

@@ -26,7 +26,6 @@ from typing import Optional, Tuple
 import torch
 
 from mmsoft.registry import ATTENTIONS
-from ..attention_base import Index, query_index
 from .common import ZooAttention
 
 __all__ = ['PerformerAttention', 'orthogonal_gaussian']
@@ -129,11 +128,8 @@ class PerformerAttention(ZooAttention):
         out = (pq @ kv) / (denom + self.eps)
         return out.to(v.dtype), vt
 
-    @torch.no_grad()
-    def attention_row(self, x: torch.Tensor, hw: Tuple[int, int],
-                      index: Index) -> torch.Tensor:
-        self._check(x, hw)
-        i = query_index(index, hw)
+    def _row(self, x: torch.Tensor, hw: Tuple[int, int],
+             i: int) -> torch.Tensor:
         pq, pk = self._phi(x)
         row = (pq[:, :, i:i + 1] @ pk.transpose(-1, -2)).squeeze(-2)
         return row / (row.sum(-1, keepdim=True) + self.eps)

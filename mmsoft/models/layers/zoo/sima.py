@@ -18,7 +18,6 @@ from typing import Tuple
 import torch
 
 from mmsoft.registry import ATTENTIONS
-from ..attention_base import Index, query_index
 from .common import ZooAttention
 
 __all__ = ['SimAAttention', 'l1_normalize_tokens', 'sima_order']
@@ -82,11 +81,8 @@ class SimAAttention(ZooAttention):
             out = (q @ k.transpose(-1, -2)) @ v
         return out, vt
 
-    @torch.no_grad()
-    def attention_row(self, x: torch.Tensor, hw: Tuple[int, int],
-                      index: Index) -> torch.Tensor:
-        self._check(x, hw)
-        i = query_index(index, hw)
+    def _row(self, x: torch.Tensor, hw: Tuple[int, int],
+             i: int) -> torch.Tensor:
         q, k = self._qk(x)
         return (q[:, :, i:i + 1] @ k.transpose(-1, -2)).squeeze(-2)
 

@@ -14,7 +14,6 @@ import torch
 import torch.nn.functional as F
 
 from mmsoft.registry import ATTENTIONS
-from ..attention_base import Index, query_index
 from .common import ZooAttention
 
 __all__ = ['SoftmaxZooAttention']
@@ -42,11 +41,8 @@ class SoftmaxZooAttention(ZooAttention):
             self._split(vt)
         return F.scaled_dot_product_attention(q, k, v), vt
 
-    @torch.no_grad()
-    def attention_row(self, x: torch.Tensor, hw: Tuple[int, int],
-                      index: Index) -> torch.Tensor:
-        self._check(x, hw)
-        i = query_index(index, hw)
+    def _row(self, x: torch.Tensor, hw: Tuple[int, int],
+             i: int) -> torch.Tensor:
         q = self._split(self.q(x[:, i:i + 1]))
         k = self._split(self.k(x))
         logits = (q @ k.transpose(-1, -2)).squeeze(-2) * self.scale
