@@ -26,7 +26,7 @@ import pytest
 
 from mmsoft.demo import synthetic as S
 
-ROOT = osp.dirname(osp.dirname(osp.abspath(__file__)))
+ROOT = osp.abspath(osp.join(osp.dirname(__file__), '..', '..'))
 TOOL = osp.join(ROOT, 'tools', 'misc', 'make_demo_data.py')
 SMALL = {t: dict(num_train=6, num_val=3) for t in ('det', 'seg', 'cls')}
 SMALL['cls'] = dict(num_train=10, num_val=5)

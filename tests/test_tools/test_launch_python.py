@@ -20,7 +20,7 @@ import sys
 
 import pytest
 
-ROOT = osp.dirname(osp.dirname(osp.abspath(__file__)))
+ROOT = osp.abspath(osp.join(osp.dirname(__file__), '..', '..'))
 
 
 def _python_without_torch(tmp_path):

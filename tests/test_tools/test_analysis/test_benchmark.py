@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-ROOT = osp.dirname(osp.dirname(osp.abspath(__file__)))
+ROOT = osp.abspath(osp.join(osp.dirname(__file__), '..', '..', '..'))
 SCRIPT = osp.join(ROOT, 'tools', 'analysis', 'benchmark.py')
 
 

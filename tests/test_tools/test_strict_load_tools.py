@@ -12,7 +12,7 @@ from mmsoft.demo import synthetic as S  # noqa: E402
 from mmsoft.utils.official_keys import \
     convert_mmpretrain_to_official  # noqa: E402
 
-ROOT = osp.dirname(osp.dirname(osp.abspath(__file__)))
+ROOT = osp.abspath(osp.join(osp.dirname(__file__), '..', '..'))
 
 
 @pytest.fixture(scope='module')

@@ -20,7 +20,7 @@ from mmsoft.utils import checkpoint_io as cio
 from mmsoft.utils import official_keys as ok
 from mmsoft.utils.official_keys import ConversionError
 
-ROOT = osp.abspath(osp.join(osp.dirname(__file__), '..'))
+ROOT = osp.abspath(osp.join(osp.dirname(__file__), '..', '..'))
 
 TINY = dict(
     embed_dims=[64, 128, 320, 512],

@@ -29,7 +29,7 @@ from mmsoft.demo import synthetic as S  # noqa: E402
 from mmsoft.demo import tasks as T  # noqa: E402
 from mmsoft.models.layers.soft_attention import landmark_grid  # noqa: E402
 
-ROOT = osp.dirname(osp.dirname(osp.abspath(__file__)))
+ROOT = osp.abspath(osp.join(osp.dirname(__file__), '..', '..'))
 TINY_DATA = {t: dict(num_train=4, num_val=2) for t in ('det', 'seg', 'cls')}
 TINY_DATA['cls'] = dict(num_train=5, num_val=5)
 

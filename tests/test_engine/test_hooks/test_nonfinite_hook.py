@@ -16,7 +16,7 @@ import mmsoft  # noqa: F401  (registers the hook)
 from mmsoft.engine import (NonFiniteLossError, NonFiniteLossHook,
                            add_nonfinite_hook)
 
-ROOT = osp.dirname(osp.dirname(osp.abspath(__file__)))
+ROOT = osp.abspath(osp.join(osp.dirname(__file__), '..', '..', '..'))
 
 
 class ToyModel(BaseModel):
@@ -173,7 +173,8 @@ make_runner({work_dir!r}).train()
 
 
 def test_process_exits_nonzero(tmp_path):
-    code = SCRIPT.format(tests=osp.join(ROOT, 'tests'), work_dir=str(tmp_path))
+    code = SCRIPT.format(
+        tests=osp.dirname(osp.abspath(__file__)), work_dir=str(tmp_path))
     proc = subprocess.run([sys.executable, '-c', code],
                           capture_output=True,
                           text=True,

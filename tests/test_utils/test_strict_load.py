@@ -15,7 +15,7 @@ from mmsoft.utils.official_keys import convert_mmpretrain_to_official
 from mmsoft.utils.strict_load import (CheckpointMismatchError,
                                       compare_state_dicts)
 
-ROOT = osp.dirname(osp.dirname(osp.abspath(__file__)))
+ROOT = osp.abspath(osp.join(osp.dirname(__file__), '..', '..'))
 ARCH = dict(
     embed_dims=[8, 16, 16, 32], num_heads=[1, 2, 2, 2], depths=[1, 1, 1, 1])
 ARCH2 = dict(

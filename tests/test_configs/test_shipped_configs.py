@@ -19,7 +19,7 @@ from mmengine.registry import DefaultScope
 from mmsoft import launch
 from mmsoft.models import SOFT
 
-ROOT = osp.dirname(osp.dirname(osp.abspath(__file__)))
+ROOT = osp.abspath(osp.join(osp.dirname(__file__), '..', '..'))
 CONFIG_DIR = osp.join(ROOT, 'configs')
 ARCHS = ('tiny', 'small', 'medium', 'large', 'huge')
 DET_ARCHS = ('tiny', 'small', 'medium', 'large')

@@ -39,7 +39,7 @@ import mmsoft  # noqa: F401  (registers SafeCheckpointHook, the loader)
 from mmsoft.engine import SafeCheckpointHook, use_safe_checkpoint_hook
 from mmsoft.utils import checkpoint_io as cio
 
-ROOT = osp.abspath(osp.join(osp.dirname(__file__), '..'))
+ROOT = osp.abspath(osp.join(osp.dirname(__file__), '..', '..', '..'))
 N, SIZE = 20, 6  # 20 samples of 6 x 6: 10 iterations of 2 per epoch
 
 
@@ -337,7 +337,7 @@ KILL_CHILD = textwrap.dedent("""
     import os, signal, sys
     sys.path.insert(0, {tests!r})
     from mmengine.fileio.backends.local_backend import LocalBackend
-    import test_checkpoint_safety as t
+    import test_checkpoint_hook as t
 
     put = LocalBackend.put
 
@@ -358,7 +358,7 @@ KILL_CHILD = textwrap.dedent("""
 
 def _train_and_kill(work, hook):
     code = KILL_CHILD.format(
-        tests=osp.join(ROOT, 'tests'), work=str(work), hook=hook)
+        tests=osp.dirname(osp.abspath(__file__)), work=str(work), hook=hook)
     env = dict(
         os.environ,
         PYTHONPATH=ROOT + os.pathsep + os.environ.get('PYTHONPATH', ''),

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 import torch
 
-ROOT = osp.dirname(osp.dirname(osp.abspath(__file__)))
+ROOT = osp.abspath(osp.join(osp.dirname(__file__), '..', '..', '..'))
 TOOLS = osp.join(ROOT, 'tools', 'analysis')
 TINY = dict(
     embed_dims=[16, 32, 32, 64], num_heads=[1, 2, 2, 2], depths=[1, 1, 1, 1])

@@ -24,7 +24,7 @@ import pytest
 import torch
 from PIL import Image
 
-ROOT = osp.dirname(osp.dirname(osp.abspath(__file__)))
+ROOT = osp.abspath(osp.join(osp.dirname(__file__), '..', '..'))
 TOOLS = osp.join(ROOT, 'tools')
 TINY = ("dict(_delete_=True, embed_dims=[16, 32, 32, 64], "
         "num_heads=[1, 1, 1, 2], depths=[1, 1, 1, 1])")
@@ -394,8 +394,8 @@ def test_missing_base_file_message(tmp_path):
 
 
 def test_type_typo_message(tmp_path, monkeypatch):
-    # no COCO here: skip the data check (tests/test_data_check.py), which
-    # would stop the run before the model is built
+    # no COCO here: skip the data check (tests/test_utils/
+    # test_data_check.py), which would stop the run before the model is built
     monkeypatch.setenv('MMSOFT_SKIP_DATA_CHECK', '1')
     cfg = tmp_path / 'typo.py'
     cfg.write_text(f"""

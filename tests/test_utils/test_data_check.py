@@ -25,7 +25,7 @@ from mmengine.config import Config, ConfigDict
 
 from mmsoft.utils import data_check as dc
 
-ROOT = osp.dirname(osp.dirname(osp.abspath(__file__)))
+ROOT = osp.abspath(osp.join(osp.dirname(__file__), '..', '..'))
 CONFIGS = osp.join(ROOT, 'configs')
 
 # one config per family: (config, dataset name in the message)

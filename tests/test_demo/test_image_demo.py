@@ -29,7 +29,7 @@ pytest.importorskip('mmdet')
 pytest.importorskip('mmseg')
 pytest.importorskip('mmpretrain')
 
-ROOT = osp.dirname(osp.dirname(osp.abspath(__file__)))
+ROOT = osp.abspath(osp.join(osp.dirname(__file__), '..', '..'))
 DEMO = osp.join(ROOT, 'demo', 'image_demo.py')
 DIMS = [16, 32, 64, 128]
 ARCH = (f"dict(embed_dims={DIMS}, num_heads=[1, 1, 2, 2], "

@@ -175,8 +175,8 @@ def test_nr_backward_compare_tool(capsys):
     import importlib.util
     import os.path as osp
     path = osp.join(
-        osp.dirname(osp.dirname(osp.abspath(__file__))), 'tools', 'analysis',
-        'nr_backward_compare.py')
+        osp.dirname(osp.abspath(__file__)), '..', '..', '..', 'tools',
+        'analysis', 'nr_backward_compare.py')
     spec = importlib.util.spec_from_file_location('nr_backward_compare', path)
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
