@@ -7,8 +7,6 @@ allow-list removed; with ``import mmsoft`` the same files load.
 import json
 import os
 import pickle
-import subprocess
-import sys
 import textwrap
 import uuid
 import warnings
@@ -17,6 +15,7 @@ import numpy as np
 import pytest
 import torch
 import torch.nn as nn
+from conftest import run_python
 from mmengine.logging import HistoryBuffer, MessageHub
 from mmengine.utils import digit_version
 
@@ -96,12 +95,7 @@ def test_torch_load_fails_without_mmsoft(tmp_path):
                 out[name] = str(e)
         print(json.dumps(out))
     """)
-    env = dict(os.environ, PYTHONWARNINGS='ignore')
-    res = subprocess.run([sys.executable, '-c', code],
-                         capture_output=True,
-                         text=True,
-                         timeout=120,
-                         env=env)
+    res = run_python(code, timeout=120)
     assert res.returncode == 0, res.stderr
     out = json.loads(res.stdout.strip().splitlines()[-1])
     assert out.pop('mmsoft_imported') is False
@@ -347,11 +341,7 @@ def test_fresh_process_loads_runner_checkpoint_quietly(tmp_path):
         buf = ckpt['message_hub']['log_scalars']['train/loss']
         print(buf.statistics('mean'))
     """)
-    env = dict(os.environ, PYTHONWARNINGS='ignore::DeprecationWarning')
-    res = subprocess.run([sys.executable, '-c', code],
-                         capture_output=True,
-                         text=True,
-                         timeout=120,
-                         env=env)
+    res = run_python(
+        code, timeout=120, PYTHONWARNINGS='ignore::DeprecationWarning')
     assert res.returncode == 0, res.stderr[-2000:]
     assert float(res.stdout.split()[-1]) == pytest.approx((1 + .5 + 1 / 3) / 3)

@@ -4,25 +4,21 @@ the model index, and building on a shipped config from another directory.
 The wheel itself (built, installed non-editable, used from outside the
 checkout) is tested in ``tests/test_wheel_install.py``.
 """
-import importlib.util
 import json
 import os
 import os.path as osp
 import re
 import shutil
-import subprocess
-import sys
 import warnings
 
 import pytest
 import yaml
+from conftest import ROOT, load_module, run_python
 
 import mmsoft
 from mmsoft import configs as C
 from mmsoft import deps
 from mmsoft.utils import paths
-
-ROOT = osp.dirname(osp.dirname(osp.abspath(__file__)))
 
 
 def _child_env(**extra):
@@ -66,10 +62,7 @@ def _load_paths_at(pkg_dir):
     os.makedirs(osp.join(pkg_dir, 'utils'), exist_ok=True)
     dst = osp.join(pkg_dir, 'utils', 'paths.py')
     shutil.copyfile(osp.join(ROOT, 'mmsoft', 'utils', 'paths.py'), dst)
-    spec = importlib.util.spec_from_file_location('_paths_copy', dst)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return load_module(dst, '_paths_copy')
 
 
 def test_paths_in_site_packages_layout(tmp_path):
@@ -172,12 +165,10 @@ def test_import_mmsoft_is_light_and_warns(tmp_path):
             '         if m in sys.modules]\n'
             'print(json.dumps(dict(heavy=heavy, file=mmsoft.__file__,\n'
             '    warnings=[str(x.message) for x in w])))\n')
-    proc = subprocess.run(
-        [sys.executable, '-c', code],
-        cwd=str(tmp_path),
+    proc = run_python(
+        code,
+        cwd=tmp_path,
         env=_child_env(PYTHONPATH=os.pathsep.join([ROOT, str(fake)])),
-        capture_output=True,
-        text=True,
         timeout=300)
     assert proc.returncode == 0, proc.stderr[-2000:]
     out = json.loads(proc.stdout.strip().splitlines()[-1])

@@ -1,12 +1,12 @@
 """SOFT is reachable from mmpretrain, mmdet and mmseg configs."""
 import pytest
+from conftest import tiny_arch
 from mmengine.registry import DefaultScope
 
 import mmsoft
 from mmsoft.models.backbones import SOFT
 
-TINY = dict(
-    embed_dims=[16, 32, 32, 64], num_heads=[1, 1, 2, 2], depths=[1, 1, 1, 1])
+TINY = tiny_arch(num_heads=[1, 1, 2, 2])
 
 
 def test_mmsoft_registry():

@@ -32,8 +32,8 @@ import sysconfig
 import zipfile
 
 import pytest
+from conftest import ROOT
 
-ROOT = osp.dirname(osp.dirname(osp.abspath(__file__)))
 #: what the wheel is built from (the rest of a checkout is not needed)
 SOURCES = ('setup.py', 'MANIFEST.in', 'README.md', 'model-index.yml',
            'requirements', 'mmsoft', 'configs', 'tools')

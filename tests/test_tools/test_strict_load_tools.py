@@ -1,46 +1,21 @@
 """Issue 13: ``tools/test.py`` refuses a checkpoint that does not match the
 config's model (no metric, non-zero exit) unless ``--partial-load``."""
-import os.path as osp
-import runpy
-
 import pytest
 import torch
+from conftest import cls_demo_config, random_model, tool_namespace
 
 pytest.importorskip('mmpretrain')
 
-from mmsoft.tools_support.demo import synthetic as S  # noqa: E402
 from mmsoft.utils.official_keys import \
     convert_mmpretrain_to_official  # noqa: E402
-
-ROOT = osp.dirname(osp.dirname(osp.abspath(__file__)))
 
 
 @pytest.fixture(scope='module')
 def setup(tmp_path_factory):
     """A tiny 5-class demo classifier config, its data and checkpoints."""
     tmp = tmp_path_factory.mktemp('strict_tools')
-    S.make_demo_data(
-        str(tmp / 'data'),
-        tasks=('cls', ),
-        workers=1,
-        overrides={'cls': dict(num_train=2, num_val=4)},
-        log=None)
-    root = str(tmp / 'data' / 'imagenet') + '/'
-    cfg = tmp / 'cls.py'
-    cfg.write_text(f"""
-_base_ = {osp.join(ROOT, 'configs', 'demo', 'soft_cls_demo.py')!r}
-data_root = {root!r}
-train_dataloader = dict(dataset=dict(data_root=data_root))
-val_dataloader = dict(batch_size=4, dataset=dict(data_root=data_root))
-test_dataloader = dict(batch_size=4, dataset=dict(data_root=data_root))
-""")
-    from mmengine.config import Config
-    from mmpretrain.registry import MODELS
-    from mmpretrain.utils import register_all_modules
-    register_all_modules()
-    model = MODELS.build(Config.fromfile(str(cfg)).model)
-    model.init_weights()
-    sd = model.state_dict()
+    cfg = cls_demo_config(tmp, val=4, test=4)
+    sd = random_model(cfg).state_dict()
     ckpts = {}
 
     def save(name, state_dict, wrap='state_dict'):
@@ -67,13 +42,12 @@ test_dataloader = dict(batch_size=4, dataset=dict(data_root=data_root))
     official = convert_mmpretrain_to_official(sd)
     official = official[0] if isinstance(official, tuple) else official
     save('official', official, wrap='model')
-    return str(cfg), ckpts, tmp
+    return cfg, ckpts, tmp
 
 
 def _test(setup, name, *extra):
     cfg, ckpts, tmp = setup
-    main = runpy.run_path(
-        osp.join(ROOT, 'tools', 'test.py'), run_name='tools')['main']
+    main = tool_namespace('test')['main']
     return main([cfg, ckpts[name], '--work-dir', str(tmp / 'work'), *extra])
 
 

@@ -10,11 +10,11 @@ mmsoft.tools_support.deploy).
   segmentor, tiny architectures at small sizes;
 * one clear error line for what cannot be exported.
 """
-import importlib.util
 import os.path as osp
 
 import pytest
 import torch
+from conftest import ROOT, load_module, tiny_arch
 
 pytest.importorskip('onnx')
 pytest.importorskip('onnxruntime')
@@ -29,21 +29,14 @@ from mmsoft.models.layers.gaussian_kernel import gaussian_kernel  # noqa
 from mmsoft.models.layers.pinv import newton_inverse_apply  # noqa: E402
 from mmsoft.tools_support import deploy  # noqa: E402
 
-ROOT = osp.dirname(osp.dirname(osp.abspath(__file__)))
 DEMO = osp.join(ROOT, 'configs', 'demo')
-TINY = dict(
-    embed_dims=[16, 32, 64, 64],
-    num_heads=[1, 2, 2, 2],
-    depths=[1, 1, 1, 1],
-    sampling_ratios=[4, 2, 2, 1])
+TINY = tiny_arch([16, 32, 64, 64], [1, 2, 2, 2], sampling_ratios=[4, 2, 2, 1])
 
 
 def _tool():
-    path = osp.join(ROOT, 'tools', 'deployment', 'pytorch2onnx.py')
-    spec = importlib.util.spec_from_file_location('pytorch2onnx', path)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return load_module(
+        osp.join(ROOT, 'tools', 'deployment', 'pytorch2onnx.py'),
+        'pytorch2onnx')
 
 
 @pytest.fixture
@@ -184,13 +177,18 @@ def _error_line(capsys, argv):
     return errors[0]
 
 
-def test_error_spectral(tmp_path, capsys):
-    line = _error_line(capsys, [
-        osp.join(DEMO,
-                 'soft_cls_demo.py'), 'none', '--shape', '64', '64', '--out',
-        str(tmp_path / 'x.onnx'), '--cfg-options',
-        'model.backbone.attn_cfg.nr_method=spectral'
+def _cls_option_error(capsys, tmp_path, option):
+    """The error line for the demo classifier with one --cfg-options."""
+    return _error_line(capsys, [
+        osp.join(DEMO, 'soft_cls_demo.py'), 'none', '--shape', '64', '64',
+        '--out',
+        str(tmp_path / 'x.onnx'), '--cfg-options', option
     ])
+
+
+def test_error_spectral(tmp_path, capsys):
+    line = _cls_option_error(capsys, tmp_path,
+                             'model.backbone.attn_cfg.nr_method=spectral')
     assert "nr_method='spectral'" in line and \
         'model.backbone.attn_cfg.nr_method=auto' in line
     assert not (tmp_path / 'x.onnx').exists()
@@ -228,12 +226,8 @@ def test_error_shapes(tmp_path, capsys):
 
 
 def test_error_max_landmarks(tmp_path, capsys):
-    line = _error_line(capsys, [
-        osp.join(DEMO,
-                 'soft_cls_demo.py'), 'none', '--shape', '64', '64', '--out',
-        str(tmp_path / 'x.onnx'), '--cfg-options',
-        'model.backbone.attn_cfg.max_landmarks=7'
-    ])
+    line = _cls_option_error(capsys, tmp_path,
+                             'model.backbone.attn_cfg.max_landmarks=7')
     assert 'max_landmarks' in line and '--dynamo' in line
 
 

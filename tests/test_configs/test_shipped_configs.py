@@ -13,14 +13,14 @@ import os.path as osp
 
 import pytest
 import torch
+from conftest import CONFIGS as CONFIG_DIR
+from conftest import save_classifier_checkpoint, tiny_arch
 from mmengine.config import Config
 from mmengine.registry import DefaultScope
 
 from mmsoft.models import SOFT
 from mmsoft.tools_support import launch
 
-ROOT = osp.dirname(osp.dirname(osp.abspath(__file__)))
-CONFIG_DIR = osp.join(ROOT, 'configs')
 ARCHS = ('tiny', 'small', 'medium', 'large', 'huge')
 DET_ARCHS = ('tiny', 'small', 'medium', 'large')
 
@@ -38,8 +38,7 @@ CONFIGS = sorted(
     osp.splitext(osp.basename(p))[0]
     for p in glob.glob(osp.join(CONFIG_DIR, '*.py')))
 
-TINY_ARCH = dict(
-    embed_dims=[16, 32, 32, 64], num_heads=[1, 1, 1, 2], depths=[1, 1, 1, 1])
+TINY_ARCH = tiny_arch()
 SIZE = 64
 
 _CFG_CACHE = {}
@@ -401,13 +400,7 @@ def test_pretrained_override_loads_weights(name, tmp_path):
     src = SOFT(arch=copy.deepcopy(TINY_ARCH))
     src.init_weights()
     ckpt = tmp_path / 'soft_tiny.pth'
-    torch.save(
-        dict(
-            state_dict={
-                f'backbone.{k}': v
-                for k, v in src.state_dict().items()
-            },
-            meta=dict()), str(ckpt))
+    save_classifier_checkpoint(ckpt, src, meta=dict())
     cfg.merge_from_dict({'model.backbone.init_cfg.checkpoint': str(ckpt)})
     model_cfg = tiny_model_cfg(cfg, scope)
     assert model_cfg.backbone.init_cfg.checkpoint == str(ckpt)

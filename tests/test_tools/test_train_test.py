@@ -13,8 +13,6 @@ import json
 import os
 import os.path as osp
 import re
-import runpy
-import socket
 import subprocess
 import sys
 import traceback
@@ -22,40 +20,11 @@ import traceback
 import numpy as np
 import pytest
 import torch
+from conftest import ROOT, TOOLS, free_port, run, tiny_arch
+from conftest import tool_namespace as tool
 from PIL import Image
 
-ROOT = osp.dirname(osp.dirname(osp.abspath(__file__)))
-TOOLS = osp.join(ROOT, 'tools')
-TINY = ("dict(_delete_=True, embed_dims=[16, 32, 32, 64], "
-        "num_heads=[1, 1, 1, 2], depths=[1, 1, 1, 1])")
-
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(('127.0.0.1', 0))
-        return s.getsockname()[1]
-
-
-def tool(name):
-    """The module namespace of tools/<name>.py (its main() is callable)."""
-    return runpy.run_path(osp.join(TOOLS, name + '.py'), run_name='tools')
-
-
-def run(cmd, timeout=600, **env):
-    full_env = dict(
-        os.environ,
-        PYTHON=sys.executable,
-        OMP_NUM_THREADS='1',
-        PYTHONWARNINGS='ignore',
-        **env)
-    proc = subprocess.run(
-        cmd,
-        cwd=ROOT,
-        env=full_env,
-        capture_output=True,
-        text=True,
-        timeout=timeout)
-    return proc
+TINY = repr(dict(_delete_=True, **tiny_arch()))
 
 
 def check(proc):
@@ -63,6 +32,17 @@ def check(proc):
         f'exit code {proc.returncode}\n--- stdout\n{proc.stdout[-6000:]}'
         f'\n--- stderr\n{proc.stderr[-6000:]}')
     return proc.stdout + proc.stderr
+
+
+# the data loaders of both configs: tiny batches, no worker processes
+LOADERS = """\
+train_dataloader = dict(
+    batch_size=2, num_workers=0, persistent_workers=False,
+    dataset=dict(data_root=data_root, pipeline=train_pipeline))
+val_dataloader = dict(
+    batch_size=1, num_workers=0, persistent_workers=False,
+    dataset=dict(data_root=data_root, pipeline=test_pipeline))
+test_dataloader = val_dataloader"""
 
 
 # ------------------------------------------------------------ data
@@ -153,13 +133,7 @@ test_pipeline = [
     dict(type='LoadAnnotations', reduce_zero_label=True),
     dict(type='PackSegInputs')
 ]
-train_dataloader = dict(
-    batch_size=2, num_workers=0, persistent_workers=False,
-    dataset=dict(data_root=data_root, pipeline=train_pipeline))
-val_dataloader = dict(
-    batch_size=1, num_workers=0, persistent_workers=False,
-    dataset=dict(data_root=data_root, pipeline=test_pipeline))
-test_dataloader = val_dataloader
+{LOADERS}
 train_cfg = dict(max_iters=2, val_interval=1000)
 param_scheduler = [dict(type='ConstantLR', factor=1.0, by_epoch=False)]
 default_hooks = dict(
@@ -193,13 +167,7 @@ test_pipeline = [
          meta_keys=('img_id', 'img_path', 'ori_shape', 'img_shape',
                     'scale_factor'))
 ]
-train_dataloader = dict(
-    batch_size=2, num_workers=0, persistent_workers=False,
-    dataset=dict(data_root=data_root, pipeline=train_pipeline))
-val_dataloader = dict(
-    batch_size=1, num_workers=0, persistent_workers=False,
-    dataset=dict(data_root=data_root, pipeline=test_pipeline))
-test_dataloader = val_dataloader
+{LOADERS}
 val_evaluator = dict(ann_file=data_root + 'annotations/instances_val2017.json')
 test_evaluator = val_evaluator
 train_cfg = dict(max_epochs=1, val_interval=1000)
@@ -394,8 +362,8 @@ def test_missing_base_file_message(tmp_path):
 
 
 def test_type_typo_message(tmp_path, monkeypatch):
-    # no COCO here: skip the data check (tests/test_data_check.py), which
-    # would stop the run before the model is built
+    # no COCO here: skip the data check (tests/test_utils/
+    # test_data_check.py), which would stop the run before the model is built
     monkeypatch.setenv('MMSOFT_SKIP_DATA_CHECK', '1')
     cfg = tmp_path / 'typo.py'
     cfg.write_text(f"""

@@ -17,23 +17,21 @@ import os
 import os.path as osp
 import re
 import runpy
-import subprocess
 import sys
 
 import cv2
 import numpy as np
 import pytest
 import torch
+from conftest import ROOT, random_model, run, tiny_arch
 
 pytest.importorskip('mmdet')
 pytest.importorskip('mmseg')
 pytest.importorskip('mmpretrain')
 
-ROOT = osp.dirname(osp.dirname(osp.abspath(__file__)))
 DEMO = osp.join(ROOT, 'demo', 'image_demo.py')
 DIMS = [16, 32, 64, 128]
-ARCH = (f"dict(embed_dims={DIMS}, num_heads=[1, 1, 2, 2], "
-        "depths=[1, 1, 1, 1], sampling_ratios=[4, 2, 2, 1])")
+ARCH = repr(tiny_arch(DIMS, [1, 1, 2, 2], sampling_ratios=[4, 2, 2, 1]))
 
 TINY = {
     'det': ('retinanet_soft_demo.py', f"""
@@ -68,10 +66,8 @@ def _image(path, h=72, w=96, seed=0):
 def models(tmp_path_factory):
     """{task: (config path, checkpoint path, classes)}."""
     from mmengine.config import Config
-    from mmengine.registry import DefaultScope
 
     import mmsoft  # noqa: F401
-    from mmsoft.tools_support import launch
     tmp = tmp_path_factory.mktemp('tiny_models')
     out = {}
     for task, (base, body) in TINY.items():
@@ -79,12 +75,8 @@ def models(tmp_path_factory):
         cfg_path.write_text(
             f"_base_ = {osp.join(ROOT, 'configs', 'demo', base)!r}\n" + body)
         cfg = Config.fromfile(str(cfg_path))
-        scope = launch.import_codebase(cfg)
-        registry = __import__(f'{scope}.registry', fromlist=['MODELS'])
-        with DefaultScope.overwrite_default_scope(scope):
-            torch.manual_seed(0)
-            model = registry.MODELS.build(cfg.model)
-            model.init_weights()
+        torch.manual_seed(0)
+        model = random_model(cfg)
         meta = dict(cfg.test_dataloader.dataset.metainfo)
         classes = list(meta['classes'])
         ckpt = tmp / f'tiny_{task}.pth'
@@ -185,16 +177,12 @@ def test_image_demo_command_line(models, images, tmp_path):
     """The script as a user runs it, from another directory."""
     cfg, ckpt, classes = models['det']
     out = str(tmp_path / 'cli_out')
-    env = dict(os.environ, OMP_NUM_THREADS='1', PYTHONWARNINGS='ignore')
-    proc = subprocess.run([
+    proc = run([
         sys.executable, DEMO, images['single'], cfg, ckpt, '--out-dir', out,
         '--device', 'cpu'
     ],
-                          cwd=str(tmp_path),
-                          env=env,
-                          capture_output=True,
-                          text=True,
-                          timeout=300)
+               cwd=tmp_path,
+               timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
     _check_outputs('det', out, images['single'], 'one', classes)
 
@@ -218,11 +206,9 @@ def test_image_demo_errors(models, images, tmp_path):
         ([str(empty), cfg, ckpt], 'no images (.jpg, .jpeg'),
     ]
     for args, msg in cases:
-        proc = subprocess.run(
+        proc = run(
             [sys.executable, DEMO, *args, '--out-dir',
              str(tmp_path / 'o')],
-            capture_output=True,
-            text=True,
             timeout=120)
         assert proc.returncode == 2, proc.stderr
         err = proc.stderr.strip().splitlines()

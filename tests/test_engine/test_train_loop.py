@@ -15,6 +15,7 @@ import pytest
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
+from conftest import Crash, Interrupted, model_weights, tiny_arch
 from mmengine.evaluator import BaseMetric
 from mmengine.hooks import Hook
 from mmengine.model import BaseModel
@@ -24,23 +25,14 @@ from torch.utils.data import Dataset
 
 import mmsoft  # noqa: F401  (registers mmsoft.SOFT, applies mmsoft.compat)
 
-ARCH = dict(
-    embed_dims=[16, 32, 32, 64], num_heads=[1, 1, 1, 2], depths=[1, 1, 1, 1])
+ARCH = tiny_arch()
 BACKBONE = dict(
     type='mmsoft.SOFT', arch=ARCH, out_type='cls_token', out_indices=(3, ))
 NUM_CLASSES, SIZE, N = 3, 64, 12  # 6 iterations of 2: one epoch
 MAX_ITERS = 6
 MILESTONE = 5  # the lr drops x0.1 from iteration index 5 on
 
-
-@pytest.fixture(autouse=True)
-def one_thread():
-    """Tiny ops gain nothing from intra-op threads, and on a shared 2-core
-    machine their spin-waits made this test ~20x slower (98 s vs 5 s)."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures('one_thread')
 
 
 class RandomImages(Dataset):
@@ -108,33 +100,11 @@ class Recorder(Hook):
 
     def before_train(self, runner):
         self.start_iter = runner.iter
-        self.start_state = _state(runner)
+        self.start_state = model_weights(runner)
 
     def before_train_iter(self, runner, batch_idx, data_batch=None):
         self.iters.append(runner.iter)
         self.lrs.append(runner.optim_wrapper.get_lr()['lr'][0])
-
-
-class Interrupted(Exception):
-    pass
-
-
-class Crash(Hook):
-    """Interrupts training after ``stop_after`` iterations (after the
-    CheckpointHook saved), like a killed job; the same config then resumes."""
-
-    priority = 'LOWEST'
-
-    def __init__(self, stop_after):
-        self.stop_after = stop_after
-
-    def after_train_iter(self,
-                         runner,
-                         batch_idx,
-                         data_batch=None,
-                         outputs=None):
-        if runner.iter + 1 == self.stop_after:
-            raise Interrupted(self.stop_after)
 
 
 def _runner(flavour, work_dir, name, stop_after=None, train=True, **kwargs):
@@ -200,13 +170,6 @@ def _runner(flavour, work_dir, name, stop_after=None, train=True, **kwargs):
     return runner, recorder, key
 
 
-def _state(runner):
-    return {
-        k: v.detach().clone()
-        for k, v in runner.model.state_dict().items()
-    }
-
-
 def _assert_same(a, b):
     assert a.keys() == b.keys()
     for k in a:
@@ -229,7 +192,7 @@ def test_train_checkpoint_resume_test(flavour, tmp_path):
     assert (work_dir / 'last_checkpoint').read_text().strip() == str(ckpt_path)
     ckpt = torch.load(ckpt_path, map_location='cpu')  # weights_only default
     assert ckpt['meta']['iter'] == 4
-    _assert_same(ckpt['state_dict'], _state(runner))
+    _assert_same(ckpt['state_dict'], model_weights(runner))
 
     # 2. the same config with resume=True picks iter_4.pth and finishes
     runner2, rec2, _ = _runner(flavour, work_dir, 'resumed', resume=True)
@@ -246,8 +209,8 @@ def test_train_checkpoint_resume_test(flavour, tmp_path):
     ref, rec_ref, _ = _runner(flavour, tmp_path / 'ref', 'reference')
     ref.train()
     assert rec_ref.lrs == pytest.approx([0.1] * 5 + [0.01])
-    final = _state(runner2)
-    for k, v in _state(ref).items():
+    final = model_weights(runner2)
+    for k, v in model_weights(ref).items():
         torch.testing.assert_close(final[k], v, msg=k)
 
     assert key in runner2.val()
@@ -272,4 +235,4 @@ def test_train_checkpoint_resume_test(flavour, tmp_path):
     runner4, _, _ = _runner(
         flavour, work_dir, 'test_only', train=False, load_from=str(last))
     assert key in runner4.test()
-    _assert_same(_state(runner4), torch.load(last)['state_dict'])
+    _assert_same(model_weights(runner4), torch.load(last)['state_dict'])

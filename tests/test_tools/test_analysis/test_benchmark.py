@@ -1,22 +1,17 @@
 """tools/analysis/benchmark.py: model names, and one tiny run end to end
 (fresh subprocess per measurement, CSV / markdown with the ratios)."""
 import csv
-import importlib.util
 import os.path as osp
-import subprocess
 import sys
 
 import pytest
+from conftest import ROOT, load_module, run
 
-ROOT = osp.dirname(osp.dirname(osp.abspath(__file__)))
 SCRIPT = osp.join(ROOT, 'tools', 'analysis', 'benchmark.py')
 
 
 def load():
-    spec = importlib.util.spec_from_file_location('_benchmark', SCRIPT)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return load_module(SCRIPT, '_benchmark')
 
 
 def test_model_names():
@@ -37,15 +32,12 @@ def test_model_names():
 
 def test_tiny_run_writes_ratios(tmp_path):
     out = tmp_path / 'bench'
-    proc = subprocess.run([
+    proc = run([
         sys.executable, SCRIPT, '--models', 'soft_tiny_norm_ml16', 'pvtv2_b1',
         '--sizes', '64x64x1', '--modes', 'forward', 'forward_backward',
         '--repeats', '1', '--threads', '1', '--out',
         str(out)
-    ],
-                          capture_output=True,
-                          text=True,
-                          timeout=600)
+    ])
     assert proc.returncode == 0, proc.stderr[-2000:]
     rows = list(csv.DictReader(open(out / 'results.csv')))
     assert {(r['model'], r['mode'])
@@ -59,11 +51,9 @@ def test_tiny_run_writes_ratios(tmp_path):
 
 
 def test_nr_method_crossover_tool(capsys):
-    spec = importlib.util.spec_from_file_location(
-        '_nr_crossover',
-        osp.join(ROOT, 'tools', 'analysis', 'nr_method_crossover.py'))
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
+    mod = load_module(
+        osp.join(ROOT, 'tools', 'analysis', 'nr_method_crossover.py'),
+        '_nr_crossover')
     # the rule: smallest m from which spectral wins at every larger m
     assert mod.crossover([(49, 1, 2), (81, 2, 1), (128, 5, 1)]) == 81
     assert mod.crossover([(49, 2, 1), (81, 1, 2), (128, 5, 1)]) == 128

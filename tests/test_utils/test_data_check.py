@@ -16,17 +16,14 @@ import os
 import os.path as osp
 import re
 import shlex
-import socket
 import subprocess
 import sys
 
 import pytest
+from conftest import CONFIGS, ROOT, free_port, run, tool_namespace
 from mmengine.config import Config, ConfigDict
 
 from mmsoft.tools_support import data_check as dc
-
-ROOT = osp.dirname(osp.dirname(osp.abspath(__file__)))
-CONFIGS = osp.join(ROOT, 'configs')
 
 # one config per family: (config, dataset name in the message)
 FAMILIES = [
@@ -42,22 +39,11 @@ FAMILIES = [
 ]
 
 
-def _env(**extra):
-    env = dict(
-        os.environ,
-        OMP_NUM_THREADS='1',
-        PYTHONWARNINGS='ignore',
-        PYTHON=sys.executable,
-        **extra)
-    env['PYTHONPATH'] = ROOT + os.pathsep + env.get('PYTHONPATH', '')
-    env.pop('MMSOFT_SKIP_DATA_CHECK', None)
-    return env
-
-
-def _free_port():
-    with socket.socket() as s:
-        s.bind(('127.0.0.1', 0))
-        return s.getsockname()[1]
+def _run_checked(cmd, tmp_path, **env):
+    """Run ``cmd`` in tmp_path with the data check on (the variable that
+    skips it unset)."""
+    return run(
+        cmd, cwd=tmp_path, timeout=300, MMSOFT_SKIP_DATA_CHECK=None, **env)
 
 
 def _make_layout(line, base):
@@ -202,24 +188,24 @@ def test_wrappers_evaluators_and_order(tmp_path):
     assert dc.missing_data_message(cfg, 'test') is None
 
 
+def _coco_test(**dataset):
+    """A config whose test dataloader reads a CocoDataset."""
+    return ConfigDict(
+        test_dataloader=dict(dataset=dict(type='CocoDataset', **dataset)))
+
+
 def test_remote_and_imagenet_split(tmp_path):
-    remote = ConfigDict(
-        test_dataloader=dict(
-            dataset=dict(
-                type='CocoDataset',
-                data_root='s3://bucket/coco/',
-                ann_file='annotations/x.json',
-                data_prefix=dict(img='val2017/'))),
-        test_evaluator=dict(
-            type='CocoMetric', ann_file='s3://bucket/coco/annotations/x.json'))
+    remote = _coco_test(
+        data_root='s3://bucket/coco/',
+        ann_file='annotations/x.json',
+        data_prefix=dict(img='val2017/'))
+    remote.test_evaluator = dict(
+        type='CocoMetric', ann_file='s3://bucket/coco/annotations/x.json')
     assert dc.required_paths(remote, 'test') == []
-    petrel = ConfigDict(
-        test_dataloader=dict(
-            dataset=dict(
-                type='CocoDataset',
-                data_root='data/coco/',
-                ann_file='a.json',
-                backend_args=dict(backend='petrel'))))
+    petrel = _coco_test(
+        data_root='data/coco/',
+        ann_file='a.json',
+        backend_args=dict(backend='petrel'))
     assert dc.missing_data_message(petrel, 'test') is None
     imagenet = ConfigDict(
         test_dataloader=dict(
@@ -232,9 +218,7 @@ def test_remote_and_imagenet_split(tmp_path):
 
 
 def test_rank_and_skip(tmp_path, monkeypatch, capsys):
-    cfg = ConfigDict(
-        test_dataloader=dict(
-            dataset=dict(type='CocoDataset', data_root=str(tmp_path / 'no'))))
+    cfg = _coco_test(data_root=str(tmp_path / 'no'))
     monkeypatch.setenv('RANK', '1')
     with pytest.raises(SystemExit) as exc:
         dc.exit_if_missing(cfg, 'test', 'pytorch')
@@ -280,26 +264,19 @@ def _assert_one_message(proc, purpose):
 
 def test_train_tool_exits_with_one_message(tmp_path):
     cfg = _missing_cfg(tmp_path)
-    proc = subprocess.run([
+    proc = _run_checked([
         sys.executable,
         osp.join(ROOT, 'tools', 'train.py'), cfg, '--work-dir',
         str(tmp_path / 'w')
-    ],
-                          cwd=str(tmp_path),
-                          env=_env(),
-                          capture_output=True,
-                          text=True,
-                          timeout=300)
+    ], tmp_path)
     _assert_one_message(proc, 'training')
     assert not osp.exists(tmp_path / 'w')  # stopped before the Runner
 
 
 def test_test_tool_exits_with_one_message(tmp_path, monkeypatch, capsys):
-    import runpy
     cfg = _missing_cfg(tmp_path)
     monkeypatch.chdir(tmp_path)
-    main = runpy.run_path(
-        osp.join(ROOT, 'tools', 'test.py'), run_name='tools')['main']
+    main = tool_namespace('test')['main']
     with pytest.raises(SystemExit) as exc:
         main([
             cfg,
@@ -318,16 +295,13 @@ def test_test_tool_exits_with_one_message(tmp_path, monkeypatch, capsys):
 
 def test_dist_train_two_ranks_one_message(tmp_path):
     cfg = _missing_cfg(tmp_path)
-    proc = subprocess.run([
+    proc = _run_checked([
         'bash',
         osp.join(ROOT, 'tools', 'dist_train.sh'), cfg, '2', '--work-dir',
         str(tmp_path / 'w')
     ],
-                          cwd=str(tmp_path),
-                          env=_env(PORT=str(_free_port())),
-                          capture_output=True,
-                          text=True,
-                          timeout=300)
+                        tmp_path,
+                        PORT=str(free_port()))
     _assert_one_message(proc, 'training')
     assert 'ChildFailedError' not in proc.stderr  # no worker started
 
@@ -360,16 +334,10 @@ def test_existing_data_passes(tmp_path, monkeypatch, capsys):
         f'val_dataloader.dataset.data_root={root}',
         f'val_evaluator.ann_file={root}annotations/instances_val.json'
     ]
-    proc = subprocess.run(
-        [
-            sys.executable, '-m', 'mmsoft.tools_support.data_check', 'train',
-            det, '--work-dir', 'x', '--resume', '--cfg-options'
-        ] + over,
-        cwd=str(tmp_path),
-        env=_env(),
-        capture_output=True,
-        text=True,
-        timeout=300)
+    proc = _run_checked([
+        sys.executable, '-m', 'mmsoft.tools_support.data_check', 'train', det,
+        '--work-dir', 'x', '--resume', '--cfg-options'
+    ] + over, tmp_path)
     assert proc.returncode == 0, proc.stderr
     assert dc.main(['train', det, '--cfg-options'] + over[:1]) == 1
     err = capsys.readouterr().err

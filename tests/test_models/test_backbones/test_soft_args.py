@@ -2,12 +2,12 @@
 (one error naming the option) and handles empty batches / list inputs."""
 import pytest
 import torch
+from conftest import tiny_arch
 
 from mmsoft.models.backbones import SOFT
 from mmsoft.models.layers import SOFTAttention
 
-ARCH = dict(
-    embed_dims=[8, 16, 16, 32], num_heads=[1, 2, 2, 2], depths=[1, 1, 1, 1])
+ARCH = tiny_arch([8, 16, 16, 32], [1, 2, 2, 2])
 
 
 def soft(**options):

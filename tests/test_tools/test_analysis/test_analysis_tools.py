@@ -1,7 +1,6 @@
 """tools/analysis: FLOPs, memory vs length, NR convergence, spectral norm
 and attention heatmaps, each run on tiny settings into tmp_path."""
 import csv
-import importlib.util
 import json
 import os.path as osp
 import sys
@@ -9,21 +8,16 @@ import sys
 import numpy as np
 import pytest
 import torch
+from conftest import ROOT, load_module, save_classifier_checkpoint, tiny_arch
 
-ROOT = osp.dirname(osp.dirname(osp.abspath(__file__)))
 TOOLS = osp.join(ROOT, 'tools', 'analysis')
-TINY = dict(
-    embed_dims=[16, 32, 32, 64], num_heads=[1, 2, 2, 2], depths=[1, 1, 1, 1])
+TINY = tiny_arch(num_heads=[1, 2, 2, 2])
 
 
 def tool(name):
     if TOOLS not in sys.path:
         sys.path.insert(0, TOOLS)
-    spec = importlib.util.spec_from_file_location(
-        f'_analysis_{name}', osp.join(TOOLS, name + '.py'))
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return load_module(osp.join(TOOLS, name + '.py'), f'_analysis_{name}')
 
 
 def read_csv(path):
@@ -207,13 +201,7 @@ def test_nr_convergence_loads_checkpoints(tmp_path):
     src = SOFT(TINY)
     src.init_weights()
     path = str(tmp_path / 'w.pth')
-    torch.save(
-        {
-            'state_dict': {
-                f'backbone.{k}': v
-                for k, v in src.state_dict().items()
-            }
-        }, path)
+    save_classifier_checkpoint(path, src)
     model = nc.build_model('soft_tiny', checkpoint=path, arch=TINY)
     for k, v in src.state_dict().items():
         torch.testing.assert_close(model.state_dict()[k], v)

@@ -14,13 +14,11 @@ Python running this test and records its calls, with a PATH whose
 import os
 import os.path as osp
 import shutil
-import socket
 import subprocess
 import sys
 
 import pytest
-
-ROOT = osp.dirname(osp.dirname(osp.abspath(__file__)))
+from conftest import ROOT, free_port
 
 
 def _python_without_torch(tmp_path):
@@ -85,19 +83,13 @@ def _env(repo, **extra):
     return env
 
 
-def _port():
-    with socket.socket() as s:
-        s.bind(('127.0.0.1', 0))
-        return str(s.getsockname()[1])
-
-
 def _dist_train(repo, *args, **env):
     return subprocess.run([
         'bash',
         str(repo['clone'] / 'tools' / 'dist_train.sh'), repo['cfg'], '1', *args
     ],
                           cwd=str(repo['tmp']),
-                          env=_env(repo, PORT=_port(), **env),
+                          env=_env(repo, PORT=str(free_port()), **env),
                           capture_output=True,
                           text=True,
                           timeout=300)
@@ -156,7 +148,7 @@ def test_dist_test_and_slurm_scripts_use_venv(repo, tmp_path):
         '1', '--help'
     ],
                           cwd=str(repo['tmp']),
-                          env=_env(repo, PORT=_port(), VENV_DRY='1'),
+                          env=_env(repo, PORT=str(free_port()), VENV_DRY='1'),
                           capture_output=True,
                           text=True,
                           timeout=300)

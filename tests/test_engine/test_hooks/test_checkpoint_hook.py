@@ -19,17 +19,16 @@ import os
 import os.path as osp
 import random
 import signal
-import subprocess
-import sys
 import textwrap
 import uuid
-import zipfile
 
 import numpy as np
 import pytest
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
+from conftest import (ROOT, Crash, Interrupted, dead_pid, flip_tensor_bytes,
+                      model_weights, run_python, tiny_arch, tool_namespace)
 from mmengine.hooks import Hook
 from mmengine.model import BaseModel
 from mmengine.runner import Runner
@@ -39,16 +38,11 @@ import mmsoft  # noqa: F401  (registers SafeCheckpointHook, the loader)
 from mmsoft.engine import SafeCheckpointHook, use_safe_checkpoint_hook
 from mmsoft.utils import checkpoint_io as cio
 
-ROOT = osp.abspath(osp.join(osp.dirname(__file__), '..'))
 N, SIZE = 20, 6  # 20 samples of 6 x 6: 10 iterations of 2 per epoch
+# the tensor records of fc.weight and its momentum (bytes)
+FC_RECORD = SIZE * SIZE * 2 * 4
 
-
-@pytest.fixture(autouse=True)
-def one_thread():
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures('one_thread')
 
 
 class FlipDataset(Dataset):
@@ -85,28 +79,6 @@ class DropoutNet(BaseModel):
         if mode == 'predict':
             return [dict(pred=int(p)) for p in logits.argmax(1)]
         return logits
-
-
-class Interrupted(Exception):
-    pass
-
-
-class Crash(Hook):
-    """Interrupts training after ``stop_after`` iterations, after the
-    checkpoint of that iteration was saved (like a killed job)."""
-
-    priority = 'LOWEST'
-
-    def __init__(self, stop_after):
-        self.stop_after = stop_after
-
-    def after_train_iter(self,
-                         runner,
-                         batch_idx,
-                         data_batch=None,
-                         outputs=None):
-        if runner.iter + 1 == self.stop_after:
-            raise Interrupted(self.stop_after)
 
 
 class StartIter(Hook):
@@ -170,13 +142,6 @@ def _runner(work_dir,
         **kwargs)
 
 
-def _weights(runner):
-    return {
-        k: v.detach().clone()
-        for k, v in runner.model.state_dict().items()
-    }
-
-
 def _bitwise_equal(a, b):
     return a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
 
@@ -187,7 +152,7 @@ def _interrupted_then_resumed(tmp_path, by_epoch, seed, hook, stop_after):
         _runner(work, 'first', by_epoch, stop_after, seed, hook).train()
     resumed = _runner(work, 'resumed', by_epoch, None, seed, hook, resume=True)
     resumed.train()
-    return work, _weights(resumed)
+    return work, model_weights(resumed)
 
 
 # ------------------------------------------------- bit-exact resume (RNG)
@@ -197,7 +162,7 @@ def test_resume_equals_uninterrupted_run(tmp_path, by_epoch, stop_after):
     ref.train()
     work, resumed = _interrupted_then_resumed(tmp_path, by_epoch, 0,
                                               'SafeCheckpointHook', stop_after)
-    assert _bitwise_equal(resumed, _weights(ref))
+    assert _bitwise_equal(resumed, model_weights(ref))
     ckpt = torch.load(work / ('epoch_2.pth' if by_epoch else 'iter_6.pth'))
     rng = ckpt['meta']['mmsoft_rng']
     assert rng['world_size'] == 1 and set(
@@ -210,7 +175,7 @@ def test_plain_hook_resume_differs(tmp_path):
     ref.train()
     _, resumed = _interrupted_then_resumed(tmp_path, False, 0,
                                            'CheckpointHook', 6)
-    assert not _bitwise_equal(resumed, _weights(ref))
+    assert not _bitwise_equal(resumed, model_weights(ref))
 
 
 def test_resume_with_random_seed(tmp_path):
@@ -221,36 +186,17 @@ def test_resume_with_random_seed(tmp_path):
     seed = torch.load(work / 'iter_6.pth')['meta']['seed']
     ref = _runner(tmp_path / 'ref', 'ref', seed=seed)
     ref.train()
-    assert _bitwise_equal(resumed, _weights(ref))
+    assert _bitwise_equal(resumed, model_weights(ref))
 
 
 # ------------------------------------------------------------- checksum
-def _flip_tensor_bytes(path, n=4, size=SIZE * SIZE * 2 * 4):
-    """Flip ``n`` bytes in the middle of the tensor records of ``size``
-    bytes (``fc.weight`` and its momentum) and fix nothing else: the zip's
-    CRC no longer matches, which torch.load does not check."""
-    with zipfile.ZipFile(path) as z:
-        records = [i for i in z.infolist() if '/data/' in i.filename]
-    raw = bytearray(open(path, 'rb').read())
-    for info in records:
-        if info.file_size != size:
-            continue
-        off = info.header_offset
-        name_len = int.from_bytes(raw[off + 26:off + 28], 'little')
-        extra_len = int.from_bytes(raw[off + 28:off + 30], 'little')
-        start = off + 30 + name_len + extra_len + info.file_size // 2
-        for i in range(n):
-            raw[start + i] ^= 0xFF
-    open(path, 'wb').write(bytes(raw))
-
-
 def test_flipped_bytes_are_detected(tmp_path):
     work = tmp_path / 'work'
     _runner(work, 'train').train()
     path = work / 'iter_10.pth'
     good = torch.load(path)
     assert cio.verify_checksum(good, str(path)) is True
-    _flip_tensor_bytes(path)
+    flip_tensor_bytes(path, 4, FC_RECORD)
     # the fault: torch.load (what mmengine calls) loads the damage silently
     bad = torch.load(path)
     assert not _bitwise_equal(bad['state_dict'], good['state_dict'])
@@ -305,7 +251,7 @@ def test_resume_skips_damaged_newest(tmp_path, damage):
     elif damage == 'empty':
         newest.write_bytes(b'')
     else:
-        _flip_tensor_bytes(newest)
+        flip_tensor_bytes(newest, 4, FC_RECORD)
     path, skipped = cio.find_newest_complete(str(work))
     assert path == str(work / 'iter_4.pth')
     assert [p for p, _ in skipped] == [str(newest)]
@@ -335,9 +281,9 @@ def test_resume_without_any_complete_checkpoint(tmp_path):
 # ------------------------------------------------------- kill -9 mid-write
 KILL_CHILD = textwrap.dedent("""
     import os, signal, sys
-    sys.path.insert(0, {tests!r})
+    sys.path[:0] = {paths!r}  # this file's folder, conftest's
     from mmengine.fileio.backends.local_backend import LocalBackend
-    import test_checkpoint_safety as t
+    import test_checkpoint_hook as t
 
     put = LocalBackend.put
 
@@ -358,18 +304,11 @@ KILL_CHILD = textwrap.dedent("""
 
 def _train_and_kill(work, hook):
     code = KILL_CHILD.format(
-        tests=osp.join(ROOT, 'tests'), work=str(work), hook=hook)
-    env = dict(
-        os.environ,
-        PYTHONPATH=ROOT + os.pathsep + os.environ.get('PYTHONPATH', ''),
-        OMP_NUM_THREADS='1',
-        PYTHONWARNINGS='ignore')
-    res = subprocess.run([sys.executable, '-c', code],
-                         env=env,
-                         cwd=ROOT,
-                         capture_output=True,
-                         text=True,
-                         timeout=300)
+        paths=[osp.dirname(osp.abspath(__file__)),
+               osp.join(ROOT, 'tests')],
+        work=str(work),
+        hook=hook)
+    res = run_python(code, timeout=300)
     assert res.returncode == -signal.SIGKILL, res.stderr[-3000:]
 
 
@@ -425,14 +364,12 @@ def test_configs_use_safe_checkpoint_hook(name):
 
 
 def test_train_tool_swaps_plain_checkpoint_hook(tmp_path):
-    import runpy
     cfg_file = tmp_path / 'plain.py'
     cfg_file.write_text(
         "_base_ = 'mmpretrain::_base_/default_runtime.py'\n"
         "default_hooks = dict(checkpoint=dict(type='CheckpointHook', "
         "interval=2, max_keep_ckpts=1))\n")
-    train = runpy.run_path(
-        osp.join(ROOT, 'tools', 'train.py'), run_name='tools')
+    train = tool_namespace('train')
     cfg = train['build_cfg'](train['parse_args']([str(cfg_file), '--resume']))
     hook_cfg = cfg.default_hooks.checkpoint
     assert {
@@ -484,23 +421,14 @@ def test_sigterm_during_save_removes_temp(tmp_path):
             torch.save(obj, f)
         cio.save_atomic({{'a': torch.zeros(2)}}, {str(dst)!r}, writer=writer)
     """)
-    env = dict(os.environ, PYTHONPATH=ROOT, OMP_NUM_THREADS='1')
-    res = subprocess.run([sys.executable, '-c', code],
-                         env=env,
-                         capture_output=True,
-                         text=True,
-                         timeout=120)
+    res = run_python(code, timeout=120)
     assert res.returncode == 128 + signal.SIGTERM, res.stderr
     assert dst.read_bytes() == before
     assert os.listdir(tmp_path) == ['ckpt.pth']
 
 
 def test_stale_temps_of_dead_writers_are_removed(tmp_path):
-    dead = subprocess.run(
-        [sys.executable, '-c', 'import os; '
-         'print(os.getpid())'],
-        capture_output=True,
-        text=True).stdout.strip()
+    dead = dead_pid()
     stale = tmp_path / f'.epoch_3.pth.{dead}.0123abcd{cio.TMP_SUFFIX}'
     mine = tmp_path / f'.epoch_3.pth.{os.getpid()}.0123abcd{cio.TMP_SUFFIX}'
     other = tmp_path / '.epoch_3.pth.tmp'  # not ours: never touched
@@ -545,11 +473,7 @@ def _soft_runner(work_dir, stop_after=None, **kwargs):
             out_indices=(3, ),
             drop_path_rate=0.3,
             pretrain_img_size=32,
-            arch=dict(
-                embed_dims=[8, 16, 16, 32],
-                num_heads=[1, 1, 1, 2],
-                depths=[1, 1, 1, 1],
-                sampling_ratios=[2, 2, 1, 1])),
+            arch=tiny_arch([8, 16, 16, 32], sampling_ratios=[2, 2, 1, 1])),
         neck=None,
         head=dict(type='LinearClsHead', num_classes=2, in_channels=32),
         data_preprocessor=dict(mean=[127.5] * 3, std=[127.5] * 3))
@@ -585,7 +509,7 @@ def test_soft_classifier_random_flip_resume_is_bit_exact(tmp_path):
         _soft_runner(tmp_path / 'work', stop_after=4).train()
     resumed = _soft_runner(tmp_path / 'work', resume=True)
     resumed.train()
-    assert _bitwise_equal(_weights(resumed), _weights(ref))
+    assert _bitwise_equal(model_weights(resumed), model_weights(ref))
 
 
 # ------------------------------------------------------------ RNG states

@@ -5,31 +5,28 @@
 the missing / unexpected / mis-shaped keys (and the converter command for
 an unconverted official SOFT checkpoint); partial loads are an explicit
 opt-in."""
-import os.path as osp
-
 import pytest
 import torch
+from conftest import save_classifier_checkpoint, tiny_arch
 
 from mmsoft.models.backbones import SOFT
 from mmsoft.utils.official_keys import convert_mmpretrain_to_official
 from mmsoft.utils.strict_load import (CheckpointMismatchError,
                                       compare_state_dicts)
 
-ROOT = osp.dirname(osp.dirname(osp.abspath(__file__)))
-ARCH = dict(
-    embed_dims=[8, 16, 16, 32], num_heads=[1, 2, 2, 2], depths=[1, 1, 1, 1])
-ARCH2 = dict(
-    embed_dims=[8, 16, 24, 32], num_heads=[1, 2, 2, 2], depths=[1, 1, 2, 1])
+ARCH = tiny_arch([8, 16, 16, 32], [1, 2, 2, 2])
+ARCH2 = tiny_arch([8, 16, 24, 32], [1, 2, 2, 2], [1, 1, 2, 1])
 
 
 def _classifier_ckpt(path, arch=ARCH, classes=3, seed=0):
     torch.manual_seed(seed)
     src = SOFT(arch, out_type='cls_token')
     src.init_weights()
-    sd = {f'backbone.{k}': v for k, v in src.state_dict().items()}
-    sd['head.fc.weight'] = torch.randn(classes, arch['embed_dims'][3])
-    sd['head.fc.bias'] = torch.randn(classes)
-    torch.save({'state_dict': sd, 'meta': {}}, path)
+    head = {
+        'head.fc.weight': torch.randn(classes, arch['embed_dims'][3]),
+        'head.fc.bias': torch.randn(classes)
+    }
+    save_classifier_checkpoint(path, src, head, meta={})
     return src
 
 

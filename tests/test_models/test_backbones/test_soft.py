@@ -3,12 +3,12 @@ import copy
 
 import pytest
 import torch
+from conftest import save_classifier_checkpoint, tiny_arch
 
 from mmsoft.models.backbones import SOFT
 from mmsoft.models.layers import SOFTBlock, SoftmaxBlock
 
-TINY = dict(
-    embed_dims=[16, 32, 32, 64], num_heads=[1, 1, 2, 2], depths=[1, 1, 1, 1])
+TINY = tiny_arch(num_heads=[1, 1, 2, 2])
 
 # paper Table 3 (IJCV Table 8 for Tiny with conv sampling): classifier params
 PAPER_PARAMS = {
@@ -205,15 +205,9 @@ def test_drop_path_rate_schedule():
 def test_pretrained_init_cfg_with_prefix(tmp_path):
     src = SOFT(TINY)
     src.init_weights()
-    ckpt = {
-        'state_dict': {
-            f'backbone.{k}': v
-            for k, v in src.state_dict().items()
-        }
-    }
-    ckpt['state_dict']['head.fc.weight'] = torch.zeros(3, 64)
     path = tmp_path / 'cls.pth'
-    torch.save(ckpt, path)
+    save_classifier_checkpoint(path, src,
+                               {'head.fc.weight': torch.zeros(3, 64)})
     dst = SOFT(
         TINY,
         init_cfg=dict(

@@ -11,10 +11,12 @@ held fixed, as the official code computes it from tensors it never
 differentiates through the loop test).
 """
 import importlib
+import os.path as osp
 import types
 
 import pytest
 import torch
+from conftest import ROOT, load_module, tiny_arch
 
 from mmsoft.models.backbones import SOFT
 
@@ -22,8 +24,7 @@ from mmsoft.models.backbones import SOFT
 sa = importlib.import_module('mmsoft.models.layers.soft_attention')
 
 # m = 49 landmarks in the three SOFT stages at 224 x 224
-TINY = dict(
-    embed_dims=[16, 32, 32, 32], num_heads=[1, 2, 2, 2], depths=[1, 1, 1, 1])
+TINY = tiny_arch([16, 32, 32, 32], [1, 2, 2, 2])
 
 
 def official_alpha(A):
@@ -175,14 +176,9 @@ def test_nr_stats_and_hook():
 def test_nr_backward_compare_tool(capsys):
     """tools/analysis/nr_backward_compare.py prints the figures (tiny
     preset, small image): gradient error, cost ratio, parity."""
-    import importlib.util
-    import os.path as osp
-    path = osp.join(
-        osp.dirname(osp.dirname(osp.abspath(__file__))), 'tools', 'analysis',
-        'nr_backward_compare.py')
-    spec = importlib.util.spec_from_file_location('nr_backward_compare', path)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
+    mod = load_module(
+        osp.join(ROOT, 'tools', 'analysis', 'nr_backward_compare.py'),
+        'nr_backward_compare')
     x = mod.natural_image(40, 56)
     assert x.shape == (1, 3, 40, 56) and x.std() > 0.3
     mod.main(

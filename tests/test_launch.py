@@ -1,16 +1,12 @@
 """Issue 13: 2-process CPU (gloo) runs end cleanly - exit status 0 and no
 "terminate called without an active exception" (SIGABRT at interpreter
 exit) - repeated, because the failure is intermittent."""
-import os
 import os.path as osp
-import socket
-import subprocess
 import sys
 
 import pytest
 import torch
-
-ROOT = osp.dirname(osp.dirname(osp.abspath(__file__)))
+from conftest import ROOT, cls_demo_config, free_port, random_model, run
 
 # the end of a distributed test: DDP-wrapped model, results gathered, the
 # metrics broadcast from rank 0, then mmsoft's teardown
@@ -37,29 +33,12 @@ print('rank', dist_rank, 'done')
 '''
 
 
-def free_port():
-    with socket.socket() as s:
-        s.bind(('127.0.0.1', 0))
-        return s.getsockname()[1]
-
-
 def torchrun(args, timeout=300):
-    env = dict(
-        os.environ,
-        OMP_NUM_THREADS='1',
-        PYTHONWARNINGS='ignore',
-        PYTHONPATH=ROOT)
-    cmd = [
+    return run([
         sys.executable, '-m', 'torch.distributed.run', '--nproc_per_node=2',
         f'--master_port={free_port()}', *args
-    ]
-    return subprocess.run(
-        cmd,
-        capture_output=True,
-        text=True,
-        env=env,
-        timeout=timeout,
-        cwd=ROOT)
+    ],
+               timeout=timeout)
 
 
 def assert_clean(proc):
@@ -85,46 +64,19 @@ def test_shutdown_dist_without_group_is_a_no_op():
 @pytest.mark.skipif(torch.cuda.is_available(), reason='the CPU fall-back')
 def test_dist_test_sh_exits_cleanly(tmp_path):
     pytest.importorskip('mmpretrain')
-    from mmsoft.tools_support.demo import synthetic as S
-    S.make_demo_data(
-        str(tmp_path / 'data'),
-        tasks=('cls', ),
-        workers=1,
-        overrides={'cls': dict(num_train=2, num_val=4)},
-        log=None)
-    root = str(tmp_path / 'data' / 'imagenet') + '/'
-    cfg = tmp_path / 'cls.py'
-    cfg.write_text(f"""
-_base_ = {osp.join(ROOT, 'configs', 'demo', 'soft_cls_demo.py')!r}
-data_root = {root!r}
-train_dataloader = dict(dataset=dict(data_root=data_root))
-test_dataloader = dict(batch_size=1, dataset=dict(data_root=data_root))
-""")
-    from mmengine.config import Config
-    from mmpretrain.registry import MODELS
-    from mmpretrain.utils import register_all_modules
-    register_all_modules()
-    model = MODELS.build(Config.fromfile(str(cfg)).model)
-    model.init_weights()
+    cfg = cls_demo_config(tmp_path, test=1)
+    model = random_model(cfg)
     ckpt = str(tmp_path / 'cls.pth')
     torch.save({'state_dict': model.state_dict(), 'meta': {}}, ckpt)
-    env = dict(
-        os.environ,
-        PYTHON=sys.executable,
-        OMP_NUM_THREADS='1',
-        PYTHONWARNINGS='ignore')
     for i in range(1):
-        env['PORT'] = str(free_port())
-        proc = subprocess.run([
+        proc = run([
             'bash',
-            osp.join(ROOT, 'tools', 'dist_test.sh'),
-            str(cfg), ckpt, '2', '--work-dir',
+            osp.join(ROOT, 'tools', 'dist_test.sh'), cfg, ckpt, '2',
+            '--work-dir',
             str(tmp_path / 'work')
         ],
-                              capture_output=True,
-                              text=True,
-                              env=env,
-                              timeout=300,
-                              cwd=str(tmp_path))
+                   cwd=tmp_path,
+                   timeout=300,
+                   PORT=str(free_port()))
         out = assert_clean(proc)
         assert 'accuracy/top1' in out

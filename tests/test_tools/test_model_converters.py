@@ -7,7 +7,6 @@ own shape table is checked against it. Reference numbers measured on the
 official ``soft_tiny``: 187 state-dict entries, 13,069,056 parameters (with
 the 1000-class head).
 """
-import importlib.util
 import os
 import os.path as osp
 import re
@@ -15,13 +14,13 @@ from collections import OrderedDict
 
 import pytest
 import torch
+from conftest import (CONFIGS, ROOT, dead_pid, flip_tensor_bytes, load_module,
+                      random_model, run_python)
 
 from mmsoft.models.backbones.soft import SOFT
 from mmsoft.utils import checkpoint_io as cio
 from mmsoft.utils import official_keys as ok
 from mmsoft.utils.official_keys import ConversionError
-
-ROOT = osp.abspath(osp.join(osp.dirname(__file__), '..'))
 
 TINY = dict(
     embed_dims=[64, 128, 320, 512],
@@ -113,11 +112,8 @@ def n_params(sd):
 
 
 def load_script(name):
-    path = osp.join(ROOT, 'tools', 'model_converters', name + '.py')
-    spec = importlib.util.spec_from_file_location(name, path)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return load_module(
+        osp.join(ROOT, 'tools', 'model_converters', name + '.py'), name)
 
 
 @pytest.fixture(scope='module')
@@ -470,21 +466,8 @@ def test_atomic_write(tmp_path, monkeypatch):
 def test_mmpretrain_classifier_loads(tiny_sd):
     """The converted file loads into the ImageClassifier of the configs."""
     pytest.importorskip('mmpretrain')
-    from mmpretrain.registry import MODELS
-
-    import mmsoft  # noqa: F401  (registers SOFT)
     out, _, _ = ok.convert_official_to_mmpretrain(tiny_sd)
-    clf = MODELS.build(
-        dict(
-            type='ImageClassifier',
-            backbone=dict(
-                type='SOFT',
-                arch='tiny',
-                attn_cfg=dict(type='SOFTAttention', attn_norm=False),
-                out_indices=(3, ),
-                out_type='cls_token'),
-            head=dict(type='LinearClsHead', num_classes=1000,
-                      in_channels=512)))
+    clf = random_model(osp.join(CONFIGS, 'soft_tiny_in1k.py'))
     missing, unexpected = clf.load_state_dict(out, strict=False)
     assert unexpected == []
     # the data preprocessor's buffers are not part of checkpoints
@@ -501,22 +484,6 @@ def _convert(tmp_path, tiny_sd, name='mmsoft.pth'):
     return src, dst
 
 
-def _flip_record(path, n=8):
-    """Flip bytes in the middle of the largest tensor record."""
-    import zipfile
-    with zipfile.ZipFile(path) as z:
-        info = max((i for i in z.infolist() if '/data/' in i.filename),
-                   key=lambda i: i.file_size)
-    raw = bytearray(open(path, 'rb').read())
-    off = info.header_offset
-    name_len = int.from_bytes(raw[off + 26:off + 28], 'little')
-    extra_len = int.from_bytes(raw[off + 28:off + 30], 'little')
-    start = off + 30 + name_len + extra_len + info.file_size // 2
-    for i in range(n):
-        raw[start + i] ^= 0xFF
-    open(path, 'wb').write(bytes(raw))
-
-
 @pytest.mark.parametrize('damage', ['empty', 'truncated', 'flipped'])
 def test_damaged_input_is_reported_as_damaged(tmp_path, tiny_sd, capsys,
                                               damage):
@@ -530,7 +497,7 @@ def test_damaged_input_is_reported_as_damaged(tmp_path, tiny_sd, capsys,
     elif damage == 'truncated':
         src.write_bytes(src.read_bytes()[:src.stat().st_size * 2 // 3])
     else:
-        _flip_record(src)
+        flip_tensor_bytes(src, 8)  # in the largest tensor
     dst = tmp_path / 'out.pth'
     for script in ('soft2mmsoft', 'mmsoft2soft'):
         assert load_script(script).main([str(src), str(dst)]) == 1
@@ -626,13 +593,7 @@ def test_stage4_heads_validated(tmp_path, tiny_sd, capsys, value):
 def test_stale_temporaries_are_removed(tmp_path, tiny_sd):
     """A SIGKILLed conversion leaves its temporary; the next run into the
     same output removes it (its writer process is gone)."""
-    import subprocess
-    import sys
-    dead = subprocess.run(
-        [sys.executable, '-c', 'import os; '
-         'print(os.getpid())'],
-        capture_output=True,
-        text=True).stdout.strip()
+    dead = dead_pid()
     stale = tmp_path / f'.mmsoft.pth.{dead}.deadbeef{cio.TMP_SUFFIX}'
     stale.write_bytes(b'partial')
     _convert(tmp_path, tiny_sd)
@@ -641,8 +602,6 @@ def test_stale_temporaries_are_removed(tmp_path, tiny_sd):
 
 def test_sigterm_during_conversion_leaves_nothing(tmp_path, tiny_sd):
     import signal
-    import subprocess
-    import sys
     import textwrap
     src = tmp_path / 'official.pth'
     torch.save({'state_dict': tiny_sd}, src)
@@ -660,11 +619,7 @@ def test_sigterm_during_conversion_leaves_nothing(tmp_path, tiny_sd):
         runpy.run_path({osp.join(ROOT, 'tools', 'model_converters',
                                  'soft2mmsoft.py')!r}, run_name='__main__')
     """)
-    res = subprocess.run([sys.executable, '-c', code],
-                         capture_output=True,
-                         text=True,
-                         timeout=300,
-                         env=dict(os.environ, OMP_NUM_THREADS='1'))
+    res = run_python(code, timeout=300)
     assert res.returncode == 128 + signal.SIGTERM, res.stderr[-2000:]
     assert sorted(os.listdir(tmp_path)) == ['official.pth']
 

@@ -17,16 +17,14 @@ import hashlib
 import json
 import os
 import os.path as osp
-import subprocess
-import sys
 
 import cv2
 import numpy as np
 import pytest
+from conftest import ROOT, run_python
 
 from mmsoft.tools_support.demo import synthetic as S
 
-ROOT = osp.dirname(osp.dirname(osp.abspath(__file__)))
 TOOL = osp.join(ROOT, 'tools', 'misc', 'make_demo_data.py')
 SMALL = {t: dict(num_train=6, num_val=3) for t in ('det', 'seg', 'cls')}
 SMALL['cls'] = dict(num_train=10, num_val=5)
@@ -263,11 +261,7 @@ def test_tool_without_torch(tmp_path):
         'heavy = [m for m in ("torch", "mmengine", "mmdet", "mmsoft") '
         'if m in sys.modules]\n'
         'assert not heavy, heavy\n')
-    proc = subprocess.run([sys.executable, '-c', code],
-                          capture_output=True,
-                          text=True,
-                          timeout=300,
-                          cwd=str(tmp_path))
+    proc = run_python(code, timeout=300, cwd=tmp_path)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert '[data] det: wrote' in proc.stdout
     assert osp.isfile(out / 'coco' / 'annotations' / 'instances_val.json')

@@ -15,10 +15,10 @@ The targets of the full demo (minutes of training) are measured by
 """
 import json
 import os.path as osp
-import runpy
 
 import cv2
 import pytest
+from conftest import tool_namespace
 
 pytest.importorskip('mmdet')
 pytest.importorskip('mmseg')
@@ -29,7 +29,6 @@ from mmsoft.models.layers.soft_attention import landmark_grid  # noqa: E402
 from mmsoft.tools_support.demo import synthetic as S  # noqa: E402
 from mmsoft.tools_support.demo import tasks as T  # noqa: E402
 
-ROOT = osp.dirname(osp.dirname(osp.abspath(__file__)))
 TINY_DATA = {t: dict(num_train=4, num_val=2) for t in ('det', 'seg', 'cls')}
 TINY_DATA['cls'] = dict(num_train=5, num_val=5)
 
@@ -151,7 +150,7 @@ def test_format_table():
 
 def test_demo_smoke(tmp_path, capsys):
     """tools/demo.py end to end (one task; 3 iterations on tiny data)."""
-    demo = runpy.run_path(osp.join(ROOT, 'tools', 'demo.py'), run_name='demo')
+    demo = tool_namespace('demo', run_name='demo')
     rc = demo['main']([
         '--smoke', '--tasks', 'cls', '--no-setup', '--threads', '1', '--data',
         str(tmp_path / 'data'), '--work-dir',

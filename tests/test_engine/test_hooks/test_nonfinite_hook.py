@@ -3,20 +3,17 @@ epoch / iteration, exits non-zero and never saves NaN weights over the last
 good checkpoint (a real mmengine Runner, lr exploding to 1e6)."""
 import glob
 import os.path as osp
-import subprocess
-import sys
 
 import pytest
 import torch
 import torch.nn as nn
+from conftest import ROOT, run_python
 from mmengine.model import BaseModel
 from mmengine.runner import Runner
 
 import mmsoft  # noqa: F401  (registers the hook)
 from mmsoft.engine import (NonFiniteLossError, NonFiniteLossHook,
                            add_nonfinite_hook)
-
-ROOT = osp.dirname(osp.dirname(osp.abspath(__file__)))
 
 
 class ToyModel(BaseModel):
@@ -166,19 +163,18 @@ def test_add_nonfinite_hook():
 
 SCRIPT = '''
 import sys
-sys.path.insert(0, {tests!r})
+sys.path[:0] = {paths!r}  # this file's folder, conftest's
 from test_nonfinite_hook import make_runner
 make_runner({work_dir!r}).train()
 '''
 
 
 def test_process_exits_nonzero(tmp_path):
-    code = SCRIPT.format(tests=osp.join(ROOT, 'tests'), work_dir=str(tmp_path))
-    proc = subprocess.run([sys.executable, '-c', code],
-                          capture_output=True,
-                          text=True,
-                          cwd=str(tmp_path),
-                          timeout=300)
+    code = SCRIPT.format(
+        paths=[osp.dirname(osp.abspath(__file__)),
+               osp.join(ROOT, 'tests')],
+        work_dir=str(tmp_path))
+    proc = run_python(code, cwd=tmp_path, timeout=300)
     assert proc.returncode != 0
     assert 'NonFiniteLossError' in proc.stderr
     assert 'epoch 2, iteration' in proc.stderr

@@ -1,0 +1,225 @@
+"""What several test files share: the checkout's paths, child processes
+run with this interpreter and checkout, tiny SOFT archs and checkpoints,
+tool scripts loaded as modules, and a few training-loop parts.
+
+pytest loads this file before the test files (and puts ``tests/`` on
+``sys.path``): use the fixtures by name, import the rest with
+``from conftest import ...``.
+"""
+import importlib
+import importlib.util
+import os
+import os.path as osp
+import runpy
+import socket
+import subprocess
+import sys
+import zipfile
+
+import pytest
+import torch
+from mmengine.hooks import Hook
+
+#: the checkout under test (``tests/`` is right below it)
+ROOT = osp.dirname(osp.dirname(osp.abspath(__file__)))
+CONFIGS = osp.join(ROOT, 'configs')
+TOOLS = osp.join(ROOT, 'tools')
+
+
+# ------------------------------------------------------ child processes
+def child_env(**extra):
+    """``os.environ`` for a child process that runs this checkout's mmsoft
+    with this interpreter: ``PYTHON`` (what the launch scripts run) is
+    ``sys.executable``, ``PYTHONPATH`` starts with the checkout, one OpenMP
+    thread, no warnings. ``extra`` sets variables; ``None`` removes one."""
+    env = dict(
+        os.environ,
+        PYTHON=sys.executable,
+        OMP_NUM_THREADS='1',
+        PYTHONWARNINGS='ignore')
+    env['PYTHONPATH'] = os.pathsep.join(
+        p for p in (ROOT, os.environ.get('PYTHONPATH')) if p)
+    for key, value in extra.items():
+        if value is None:
+            env.pop(key, None)
+        else:
+            env[key] = value
+    return env
+
+
+def run(cmd, cwd=ROOT, timeout=600, env=None, **extra_env):
+    """Run ``cmd`` (a list) with text output captured; in
+    ``child_env(**extra_env)`` unless ``env`` is given."""
+    return subprocess.run([str(c) for c in cmd],
+                          cwd=str(cwd),
+                          env=child_env(**extra_env) if env is None else env,
+                          capture_output=True,
+                          text=True,
+                          timeout=timeout)
+
+
+def run_python(code, **kwargs):
+    """``python -c code`` with this interpreter (see :func:`run`)."""
+    return run([sys.executable, '-c', code], **kwargs)
+
+
+def dead_pid():
+    """The id of a process that has exited (a writer that is gone)."""
+    return run_python('import os; print(os.getpid())').stdout.strip()
+
+
+def free_port():
+    """A TCP port on 127.0.0.1 that nothing listens on now."""
+    with socket.socket() as s:
+        s.bind(('127.0.0.1', 0))
+        return s.getsockname()[1]
+
+
+# ------------------------------------------------------------ scripts
+def load_module(path, name):
+    """The file at ``path`` imported as a module called ``name`` (not put
+    in ``sys.modules``): a tool's ``main()`` and helpers become callable."""
+    spec = importlib.util.spec_from_file_location(name, path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def tool_namespace(name, run_name='tools'):
+    """The namespace of ``tools/<name>.py`` run as a module (not as
+    ``__main__``): its ``main()`` is callable."""
+    return runpy.run_path(osp.join(TOOLS, name + '.py'), run_name=run_name)
+
+
+# -------------------------------------------------- models, checkpoints
+def tiny_arch(
+        embed_dims=(16, 32, 32, 64),
+        num_heads=(1, 1, 1, 2),
+        depths=(1, 1, 1, 1),
+        **extra):
+    """A tiny SOFT ``arch`` dict (lists, as a config writes them);
+    ``extra``: more arch keys (``sampling_ratios``, ...)."""
+    return dict(
+        embed_dims=list(embed_dims),
+        num_heads=list(num_heads),
+        depths=list(depths),
+        **extra)
+
+
+def save_classifier_checkpoint(path, backbone, head=None, **extra):
+    """Save ``backbone``'s weights under ``backbone.`` (and the ``head``
+    tensors under their own keys) as mmengine lays a checkpoint out:
+    ``{'state_dict': ..., **extra}``. Returns the state dict."""
+    sd = {f'backbone.{k}': v for k, v in backbone.state_dict().items()}
+    sd.update(head or {})
+    torch.save(dict(state_dict=sd, **extra), str(path))
+    return sd
+
+
+def random_model(cfg):
+    """The model of a config (a path or a ``Config``), built in its
+    codebase's registry and randomly initialised (``init_weights``)."""
+    from mmengine.config import Config
+    from mmengine.registry import DefaultScope
+
+    from mmsoft.tools_support import launch
+    if not isinstance(cfg, Config):
+        cfg = Config.fromfile(str(cfg))
+    scope = launch.import_codebase(cfg)
+    registry = importlib.import_module(f'{scope}.registry')
+    with DefaultScope.overwrite_default_scope(scope):
+        model = registry.MODELS.build(cfg.model)
+        model.init_weights()
+    return model
+
+
+def cls_demo_config(tmp, **batch_size):
+    """``configs/demo/soft_cls_demo.py`` on generated data (5 classes, 2
+    training and 4 validation images under ``tmp/data``), written to
+    ``tmp/cls.py``; ``batch_size``: per dataloader (``val=4``). Returns
+    the config's path."""
+    from mmsoft.tools_support.demo import synthetic
+    synthetic.make_demo_data(
+        str(tmp / 'data'),
+        tasks=('cls', ),
+        workers=1,
+        overrides={'cls': dict(num_train=2, num_val=4)},
+        log=None)
+    root = str(tmp / 'data' / 'imagenet') + '/'
+    lines = [
+        f"_base_ = {osp.join(CONFIGS, 'demo', 'soft_cls_demo.py')!r}",
+        f'data_root = {root!r}',
+        'train_dataloader = dict(dataset=dict(data_root=data_root))'
+    ] + [
+        f'{split}_dataloader = dict(batch_size={n}, '
+        'dataset=dict(data_root=data_root))'
+        for split, n in batch_size.items()
+    ]
+    cfg = tmp / 'cls.py'
+    cfg.write_text('\n'.join(lines) + '\n')
+    return str(cfg)
+
+
+def flip_tensor_bytes(path, n, size=None):
+    """Flip ``n`` bytes in the middle of tensor records of the
+    ``torch.save`` file at ``path`` (those of ``size`` bytes, else the
+    largest) and fix nothing else: the zip's CRC no longer matches, which
+    ``torch.load`` does not check."""
+    with zipfile.ZipFile(path) as z:
+        records = [i for i in z.infolist() if '/data/' in i.filename]
+    if size is None:
+        records = [max(records, key=lambda i: i.file_size)]
+    else:
+        records = [i for i in records if i.file_size == size]
+    raw = bytearray(open(path, 'rb').read())
+    for info in records:
+        off = info.header_offset
+        name_len = int.from_bytes(raw[off + 26:off + 28], 'little')
+        extra_len = int.from_bytes(raw[off + 28:off + 30], 'little')
+        start = off + 30 + name_len + extra_len + info.file_size // 2
+        for i in range(n):
+            raw[start + i] ^= 0xFF
+    open(path, 'wb').write(bytes(raw))
+
+
+# ------------------------------------------------------ training loops
+@pytest.fixture
+def one_thread():
+    """Tiny ops gain nothing from intra-op threads, and on a shared 2-core
+    machine their spin-waits made a Runner test ~20x slower (98 s vs 5 s).
+    Use with ``pytestmark = pytest.mark.usefixtures('one_thread')``."""
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
+
+
+class Interrupted(Exception):
+    """Raised by :class:`Crash`."""
+
+
+class Crash(Hook):
+    """Interrupts training after ``stop_after`` iterations, after the
+    checkpoint of that iteration was saved (like a killed job); the same
+    config then resumes."""
+
+    priority = 'LOWEST'
+
+    def __init__(self, stop_after):
+        self.stop_after = stop_after
+
+    def after_train_iter(self,
+                         runner,
+                         batch_idx,
+                         data_batch=None,
+                         outputs=None):
+        if runner.iter + 1 == self.stop_after:
+            raise Interrupted(self.stop_after)
+
+
+def model_weights(runner):
+    """A detached copy of the runner's model state dict."""
+    return {
+        k: v.detach().clone()
+        for k, v in runner.model.state_dict().items()
+    }
