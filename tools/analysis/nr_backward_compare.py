@@ -21,7 +21,7 @@ clutter and shaded objects) at each ``--sizes`` entry, prints
   official rule per sample (the official alpha loop with the explicit
   residual I - alpha A A; the 20 iterations evaluated on the float64
   eigenvalues, which equals the explicit iterations to ~1e-9, see
-  tests/test_pinv.py).
+  tests/test_models/test_layers/test_pinv.py).
 
 * with ``--train-demo``: trains the demo detection task
   (``configs/demo/retinanet_soft_demo.py``, RetinaNet + a small SOFT on the
