@@ -53,7 +53,8 @@ if HERE not in sys.path:
 
 import torch
 import torch.nn as nn
-from utils import hw, make_parser, pyplot, soft_model_kwargs, write_results
+from utils import (add_hw_argument, make_parser, pyplot, soft_model_kwargs,
+                   write_results)
 
 PRESETS = ('tiny', 'small', 'medium', 'large', 'huge')
 # NeurIPS Table 3 (SOFT, no normalisation): params (M), FLOPs (G)
@@ -421,12 +422,7 @@ def parse_args(argv=None):
         '--attn-type',
         default=None,
         help='override model.backbone.attn_type of --config')
-    p.add_argument(
-        '--shape',
-        nargs='+',
-        type=int,
-        default=[224],
-        help='input H [W] (default 224)')
+    add_hw_argument(p, '--shape')
     p.add_argument(
         '--bottlenecks', nargs='+', type=int, default=[36, 49, 64, 81])
     p.add_argument(
@@ -443,7 +439,6 @@ def parse_args(argv=None):
     args = p.parse_args(argv)
     if args.tables is None:
         args.tables = [] if (args.models or args.config) else ['presets']
-    args.shape = hw(args.shape, '--shape')
     return args
 
 
