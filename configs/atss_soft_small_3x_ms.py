@@ -9,35 +9,15 @@
 # Without the checkpoint (None) the backbone is randomly initialised.
 _base_ = ['mmdet::atss/atss_r50_fpn_1x_coco.py', './_base_/soft_dense.py']
 
-custom_imports = dict(imports=['mmsoft'], allow_failed_imports=False)
-
 # atomic, checksummed checkpoints with RNG states; --resume takes the newest
 # complete one (mmsoft.engine.SafeCheckpointHook)
 default_hooks = dict(checkpoint=dict(type='SafeCheckpointHook'))
 
-model = dict(
-    backbone={{_base_.soft_backbone}},
-    neck=dict(in_channels=[64, 128, 320, 512]))  # SOFT.arch_zoo['small']
+model = dict(backbone={{_base_.soft_backbone}}, neck={{_base_.soft_neck}})
 
-train_pipeline = [
-    dict(type='LoadImageFromFile', backend_args={{_base_.backend_args}}),
-    dict(type='LoadAnnotations', with_bbox=True),
-    dict(
-        type='RandomChoiceResize',
-        scales={{_base_.ms_train_scales}},
-        keep_ratio=True),
-    dict(type='RandomFlip', prob=0.5),
-    dict(type='PackDetInputs')
-]
+train_pipeline = {{_base_.ms_train_pipeline}}
 train_dataloader = dict(batch_size=2, dataset=dict(pipeline=train_pipeline))
-
-max_epochs = 36
-train_cfg = dict(type='EpochBasedTrainLoop', max_epochs=max_epochs)
+train_cfg = dict(max_epochs=36)
 param_scheduler = {{_base_.schedule_3x}}
 
 optim_wrapper = {{_base_.soft_optim_wrapper}}
-
-auto_scale_lr = dict(enable=False, base_batch_size=16)
-
-# stop at the first non-finite loss, before it is saved (mmsoft.engine)
-custom_hooks = [dict(type='NonFiniteLossHook')]

@@ -10,18 +10,7 @@ model = dict(
     backbone=dict(arch='small'),
     neck=dict(in_channels=[64, 128, 320, 512]))  # SOFT.arch_zoo['small']
 
-train_pipeline = [
-    dict(type='LoadImageFromFile', backend_args={{_base_.backend_args}}),
-    dict(type='LoadAnnotations', with_bbox=True, with_mask=True),
-    dict(
-        type='RandomChoiceResize',
-        scales={{_base_.ms_train_scales}},
-        keep_ratio=True),
-    dict(type='RandomFlip', prob=0.5),
-    dict(type='PackDetInputs')
-]
+train_pipeline = {{_base_.ms_mask_train_pipeline}}
 train_dataloader = dict(dataset=dict(pipeline=train_pipeline))
-
-max_epochs = 36
-train_cfg = dict(type='EpochBasedTrainLoop', max_epochs=max_epochs)
+train_cfg = dict(max_epochs=36)
 param_scheduler = {{_base_.schedule_3x}}

@@ -12,35 +12,16 @@ _base_ = [
     './_base_/soft_dense.py'
 ]
 
-custom_imports = dict(imports=['mmsoft'], allow_failed_imports=False)
-
 # atomic, checksummed checkpoints with RNG states; --resume takes the newest
 # complete one (mmsoft.engine.SafeCheckpointHook)
 default_hooks = dict(checkpoint=dict(type='SafeCheckpointHook'))
 
-model = dict(
-    backbone={{_base_.soft_backbone}},
-    neck=dict(in_channels=[64, 128, 320, 512]))  # SOFT.arch_zoo['small']
+model = dict(backbone={{_base_.soft_backbone}}, neck={{_base_.soft_neck}})
 
 # mmdet's config already trains 36 epochs (milestones 27, 33) on shorter
 # sides 480..800; 8 GPUs x 2 images:
 train_dataloader = dict(batch_size=2)
 
+# with the gradient clipping of mmdet's Sparse R-CNN recipe
 optim_wrapper = dict(
-    _delete_=True,
-    type='OptimWrapper',
-    optimizer=dict(
-        type='AdamW', lr=1e-4, betas=(0.9, 0.999), weight_decay=0.01),
-    paramwise_cfg=dict(
-        norm_decay_mult=0.0,
-        custom_keys={
-            '.pos_embed': dict(decay_mult=0.0),
-            '.cls_token': dict(decay_mult=0.0),
-        }),
-    # gradient clipping of mmdet's Sparse R-CNN recipe
-    clip_grad=dict(max_norm=1, norm_type=2))
-
-auto_scale_lr = dict(enable=False, base_batch_size=16)
-
-# stop at the first non-finite loss, before it is saved (mmsoft.engine)
-custom_hooks = [dict(type='NonFiniteLossHook')]
+    _base_.soft_optim_wrapper, clip_grad=dict(max_norm=1, norm_type=2))

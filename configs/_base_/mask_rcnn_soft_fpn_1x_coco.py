@@ -9,21 +9,12 @@
 # Without it (checkpoint=None) the backbone is randomly initialised.
 _base_ = ['mmdet::mask_rcnn/mask-rcnn_r50_fpn_1x_coco.py', './soft_dense.py']
 
-custom_imports = dict(imports=['mmsoft'], allow_failed_imports=False)
-
 # atomic, checksummed checkpoints with RNG states; --resume takes the newest
 # complete one (mmsoft.engine.SafeCheckpointHook)
 default_hooks = dict(checkpoint=dict(type='SafeCheckpointHook'))
 
-model = dict(
-    backbone={{_base_.soft_backbone}},
-    neck=dict(in_channels=[64, 128, 320, 512]))
+model = dict(backbone={{_base_.soft_backbone}}, neck={{_base_.soft_neck}})
 
 train_dataloader = dict(batch_size=2)  # x 8 GPUs = 16
 
 optim_wrapper = {{_base_.soft_optim_wrapper}}
-
-auto_scale_lr = dict(enable=False, base_batch_size=16)
-
-# stop at the first non-finite loss, before it is saved (mmsoft.engine)
-custom_hooks = [dict(type='NonFiniteLossHook')]

@@ -1,8 +1,15 @@
-# Pieces shared by the SOFT detection / segmentation configs. They are
-# variables, pulled in with {{_base_.<name>}}, not top-level keys: the
-# children also inherit an mmdet / mmseg config that defines `model`,
-# `optim_wrapper` and `param_scheduler`, and mmengine refuses two bases that
-# define the same key.
+# Pieces shared by the SOFT detection / segmentation configs.
+#
+# `custom_imports` and `custom_hooks` are top-level keys: no mmdet / mmseg
+# config defines them. Everything else is a variable, pulled in with
+# {{_base_.<name>}}: the children also inherit an mmdet / mmseg config that
+# defines `model`, `optim_wrapper`, `train_pipeline`, ... and mmengine
+# refuses two bases that define the same key.
+
+custom_imports = dict(imports=['mmsoft'], allow_failed_imports=False)
+
+# stop at the first non-finite loss, before it is saved (mmsoft.engine)
+custom_hooks = [dict(type='NonFiniteLossHook')]
 
 # SOFT-*-Norm backbone with four feature maps; children set `arch` (the
 # neck's in_channels = SOFT.arch_zoo[arch]['embed_dims']).
@@ -18,6 +25,8 @@ soft_backbone = dict(
     # statistics (2 images per GPU are too few to update them)
     norm_eval=True,
     init_cfg=dict(type='Pretrained', checkpoint=None, prefix='backbone.'))
+# the FPN of that default arch: in_channels = SOFT.arch_zoo['small']
+soft_neck = dict(in_channels=[64, 128, 320, 512])
 
 # IJCV 2024 Sec. 4.2: AdamW lr 1e-4, weight decay 0.01; no decay on norms,
 # position embeddings and the cls token.
@@ -35,6 +44,19 @@ soft_optim_wrapper = dict(
 
 # 3x multi-scale training: shorter side 480..800 (step 32), longer <= 1333
 ms_train_scales = [(1333, s) for s in range(480, 801, 32)]
+# its COCO training pipeline (images from the local disk, as mmdet's
+# backend_args=None), with boxes; ms_mask_train_pipeline: also the masks
+ms_train_pipeline = [
+    dict(type='LoadImageFromFile', backend_args=None),
+    dict(type='LoadAnnotations', with_bbox=True),
+    dict(type='RandomChoiceResize', scales=ms_train_scales, keep_ratio=True),
+    dict(type='RandomFlip', prob=0.5),
+    dict(type='PackDetInputs')
+]
+ms_mask_train_pipeline = [
+    dict(step, with_mask=True) if step['type'] == 'LoadAnnotations' else step
+    for step in ms_train_pipeline
+]
 
 # 3x schedule: 36 epochs, lr x0.1 at epochs 27 and 33, 500-iter warm-up
 schedule_3x = [

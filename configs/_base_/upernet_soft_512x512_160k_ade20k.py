@@ -17,8 +17,6 @@ _base_ = [
     './soft_dense.py',
 ]
 
-custom_imports = dict(imports=['mmsoft'], allow_failed_imports=False)
-
 # atomic, checksummed checkpoints with RNG states; --resume takes the newest
 # complete one (mmsoft.engine.SafeCheckpointHook)
 default_hooks = dict(checkpoint=dict(type='SafeCheckpointHook'))
@@ -50,17 +48,10 @@ train_dataloader = dict(
 val_dataloader = dict(batch_size=1)
 test_dataloader = val_dataloader
 
+# the detection configs' AdamW (soft_dense.py) with lr 6e-4
 optim_wrapper = dict(
-    _delete_=True,
-    type='OptimWrapper',
-    optimizer=dict(
-        type='AdamW', lr=6e-4, betas=(0.9, 0.999), weight_decay=0.01),
-    paramwise_cfg=dict(
-        norm_decay_mult=0.0,
-        custom_keys={
-            '.pos_embed': dict(decay_mult=0.0),
-            '.cls_token': dict(decay_mult=0.0),
-        }))
+    _base_.soft_optim_wrapper,
+    optimizer=dict(_base_.soft_optim_wrapper.optimizer, lr=6e-4))
 
 param_scheduler = [
     dict(
@@ -74,6 +65,3 @@ param_scheduler = [
         by_epoch=False,
     )
 ]
-
-# stop at the first non-finite loss, before it is saved (mmsoft.engine)
-custom_hooks = [dict(type='NonFiniteLossHook')]

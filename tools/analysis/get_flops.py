@@ -54,8 +54,8 @@ if HERE not in sys.path:
 
 import torch
 import torch.nn as nn
-from utils import (attn_cfg_of, hw, make_parser, pyplot, soft_model_kwargs,
-                   write_results)
+from utils import (add_hw_argument, attn_cfg_of, make_parser, pyplot,
+                   soft_model_kwargs, write_results)
 
 PRESETS = ('tiny', 'small', 'medium', 'large', 'huge')
 # NeurIPS Table 3 (SOFT, no normalisation): params (M), FLOPs (G)
@@ -403,12 +403,7 @@ def parse_args(argv=None):
         default=None,
         help='replace model.backbone.attn_cfg of --config by this '
         'attention (soft, soft_norm, softmax, linformer, ...)')
-    p.add_argument(
-        '--shape',
-        nargs='+',
-        type=int,
-        default=[224],
-        help='input H [W] (default 224)')
+    add_hw_argument(p, '--shape')
     p.add_argument(
         '--bottlenecks', nargs='+', type=int, default=[36, 49, 64, 81])
     p.add_argument(
@@ -425,7 +420,6 @@ def parse_args(argv=None):
     args = p.parse_args(argv)
     if args.tables is None:
         args.tables = [] if (args.models or args.config) else ['presets']
-    args.shape = hw(args.shape, '--shape')
     return args
 
 

@@ -42,8 +42,8 @@ if HERE not in sys.path:
 
 import numpy as np
 import torch
-from utils import (ROOT, hw, make_parser, pyplot, soft_model_kwargs,
-                   write_results)
+from utils import (ROOT, add_hw_argument, make_parser, pyplot,
+                   soft_model_kwargs, write_results)
 
 IMG_EXTS = ('.jpg', '.jpeg', '.png', '.bmp', '.webp')
 MEAN = np.array([123.675, 116.28, 103.53], np.float32)
@@ -312,17 +312,14 @@ def parse_args(argv=None):
         default=None,
         help='image folders, optionally name=DIR')
     p.add_argument('--num-images', type=int, default=100)
-    p.add_argument(
-        '--size', nargs='+', type=int, default=[224], help='input H [W]')
+    add_hw_argument(p)
     p.add_argument('--iters', type=int, default=20)
     p.add_argument('--batch-size', type=int, default=8)
     p.add_argument(
         '--arch', default=None,
         help=argparse.SUPPRESS)  # dict arch for tests (json)
     p.add_argument('--out', default='work_dirs/nr_convergence')
-    args = p.parse_args(argv)
-    args.size = hw(args.size)
-    return args
+    return p.parse_args(argv)
 
 
 def main(argv=None):

@@ -7,7 +7,7 @@
 * measuring: :func:`measure_step` (time and peak memory of one step) and
   :func:`run_isolated` (one measurement in a fresh process, whose result it
   reads from a :func:`print_result` line);
-* the command line: :func:`make_parser`, :func:`hw`;
+* the command line: :func:`make_parser`, :func:`add_hw_argument`;
 * outputs: :func:`pyplot`, :func:`save_figure`, :func:`write_csv`,
   :func:`write_text` and :func:`write_results` (``<stem>.csv``, ``.md`` and
   ``.png`` of a run), all written atomically
@@ -31,7 +31,7 @@ import subprocess
 import sys
 import time
 from collections import namedtuple
-from typing import Callable, Dict, List, Optional, Sequence
+from typing import Callable, Dict, List, Optional
 
 #: the repository root when this file is in a checkout's tools/analysis
 #: (an installed copy lies in mmsoft/.mim/tools/analysis: no mmsoft there)
@@ -215,13 +215,27 @@ def make_parser(doc: str) -> argparse.ArgumentParser:
         epilog=doc)
 
 
-def hw(values: Sequence[int], option: str = '--size') -> List[int]:
-    """``H`` or ``H W`` from the command line -> ``[H, W]``."""
-    if len(values) == 1:
-        return [values[0]] * 2
-    if len(values) != 2:
-        raise SystemExit(f'{option} takes H or H W, got {list(values)}')
-    return list(values)
+class _HW(argparse.Action):
+    """``H`` or ``H W`` -> ``[H, W]``."""
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        if len(values) not in (1, 2):
+            parser.error(f'{option_string} takes H or H W, got {values}')
+        setattr(namespace, self.dest, [values[0], values[-1]])
+
+
+def add_hw_argument(parser: argparse.ArgumentParser,
+                    option: str = '--size',
+                    default: int = 224,
+                    what: str = 'input'):
+    """``option H [W]`` (a square for one value), parsed into ``[H, W]``."""
+    parser.add_argument(
+        option,
+        nargs='+',
+        type=int,
+        default=[default, default],
+        action=_HW,
+        help=f'{what} H [W] (default {default})')
 
 
 # ----------------------------------------------------------------- outputs

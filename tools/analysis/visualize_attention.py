@@ -35,7 +35,7 @@ if HERE not in sys.path:
 
 import numpy as np
 import torch
-from utils import hw, make_parser, pyplot, write_results
+from utils import add_hw_argument, make_parser, pyplot, write_results
 
 DEFAULT_MODELS = [
     'softmax_tiny', 'performer_tiny', 'nystromformer_tiny', 'soft_tiny_norm'
@@ -136,16 +136,14 @@ def parse_args(argv=None):
         help='query position relative to the image, in [0, 1)')
     p.add_argument(
         '--heads', type=int, default=4, help='heads to show (the first ones)')
-    p.add_argument('--size', nargs='+', type=int, default=[224])
+    add_hw_argument(p)
     p.add_argument(
         '--seed',
         type=int,
         default=0,
         help='random init / synthetic image seed')
     p.add_argument('--out', default='work_dirs/visualize_attention')
-    args = p.parse_args(argv)
-    args.size = hw(args.size)
-    return args
+    return p.parse_args(argv)
 
 
 def main(argv=None):
