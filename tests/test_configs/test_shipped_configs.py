@@ -86,10 +86,10 @@ def test_common_settings(name):
     assert over.model.backbone.init_cfg == dict(
         type='Pretrained', checkpoint='weights/w.pth', prefix='backbone.')
     if name in CLS:
-        assert bb.attn_norm == name.startswith('soft_norm_')
+        assert bb.attn_cfg.attn_norm == name.startswith('soft_norm_')
         assert bb.out_type == 'cls_token' and tuple(bb.out_indices) == (3, )
     else:
-        assert bb.attn_norm is True
+        assert bb.attn_cfg.attn_norm is True
         assert bb.out_type == 'featmap'
         assert tuple(bb.out_indices) == (0, 1, 2, 3)
     assert bb.arch in name
@@ -419,7 +419,7 @@ def test_backbone_pretrained_without_checkpoint_is_random_init():
         arch=copy.deepcopy(TINY_ARCH),
         init_cfg=dict(type='Pretrained', checkpoint=None, prefix='backbone.'))
     model.init_weights()
-    assert model.cls_token.abs().sum() > 0  # trunc_normal_ init ran
+    assert model.stages[3].cls_token.abs().sum() > 0  # trunc_normal_ init ran
 
 
 @pytest.mark.parametrize(
