@@ -81,9 +81,10 @@ try:
                        ('isort', '5.13.2'), ('yapf', '0.43.0')):
         if distribution(name).version != want:
             sys.exit(1)
-    # the editable install links configs/ and tools/ into mmsoft/.mim
-    if not os.path.isdir(os.path.join(root, 'mmsoft', '.mim', 'configs')):
-        sys.exit(1)
+    # the editable install links configs/, tools/ and demo/ into mmsoft/.mim
+    for name in ('configs', 'tools', 'demo'):
+        if not os.path.isdir(os.path.join(root, 'mmsoft', '.mim', name)):
+            sys.exit(1)
     if not distribution('numpy').version.startswith('1.'):
         sys.exit(1)
     files = distribution('mmcv').files or []
