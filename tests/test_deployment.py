@@ -10,6 +10,7 @@
 * one clear error line for what cannot be exported.
 """
 import importlib.util
+import os
 import os.path as osp
 
 import pytest
@@ -251,3 +252,31 @@ def test_matmul_adaptive_pool_equals_torch():
         ref = torch.nn.AdaptiveAvgPool2d(size)(x)
         out = deploy.MatmulAdaptiveAvgPool2d(size)(x)
         torch.testing.assert_close(out, ref)
+
+
+def test_error_is_all_the_output_with_random_weights(tmp_path):
+    """``CHECKPOINT none`` (random weights, the README's way to try the
+    export path) must not bury the one error line under mmengine's
+    parameter-initialisation log (one entry per tensor: ~700 lines for
+    SOFT-Tiny)."""
+    import subprocess
+    import sys
+    env = dict(os.environ, PYTHONWARNINGS='ignore')
+    env['PYTHONPATH'] = ROOT + os.pathsep + env.get('PYTHONPATH', '')
+    proc = subprocess.run([
+        sys.executable,
+        osp.join(ROOT, 'tools', 'deployment', 'pytorch2onnx.py'),
+        osp.join(DEMO, 'soft_cls_demo.py'), 'none', '--shape', '64', '64',
+        '--out',
+        str(tmp_path / 'x.onnx'), '--cfg-options',
+        'model.backbone.nr_method=spectral'
+    ],
+                          cwd=str(tmp_path),
+                          env=env,
+                          capture_output=True,
+                          text=True,
+                          timeout=300)
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    out = (proc.stdout + proc.stderr).strip().splitlines()
+    assert out[-1].startswith('error: ') and 'nr_method' in out[-1]
+    assert len(out) <= 3, '\n'.join(out[:20])
