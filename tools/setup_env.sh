@@ -205,9 +205,10 @@ fi
 
 STEP="mmsoft"
 # run from / so that the checkout itself is not on sys.path
-# (again when mmsoft/.mim, the links to configs/ and tools/, is missing)
+# (again when mmsoft/.mim, the links to configs/, tools/ and demo/, is missing)
 if ! (cd / && "$PY" -c 'import mmsoft, sys, os; sys.exit(0 if os.path.realpath(os.path.dirname(os.path.dirname(mmsoft.__file__))) == os.path.realpath(sys.argv[1]) else 1)' "$ROOT" 2>/dev/null) \
-        || [[ ! -d "$ROOT/mmsoft/.mim/configs" ]]; then
+        || [[ ! -d "$ROOT/mmsoft/.mim/configs" || ! -d "$ROOT/mmsoft/.mim/tools" || \
+              ! -d "$ROOT/mmsoft/.mim/demo" ]]; then
     log "installing mmsoft (editable)"
     "${PIP[@]}" -q --no-build-isolation --no-deps -e "$ROOT"
 fi
