@@ -489,8 +489,7 @@ def test_tools_message_is_all_a_newcomer_sees(tool, name, tmp_path):
     }[name.split('_')[0]])
     env = _env()
     env.pop('PYTHONWARNINGS')
-    args = [osp.join(CONFIGS, name)] + (['ckpt.pth'] if tool == 'test' else
-                                        [])
+    args = [osp.join(CONFIGS, name)] + (['ckpt.pth'] if tool == 'test' else [])
     proc = subprocess.run(
         [sys.executable,
          osp.join(ROOT, 'tools', f'{tool}.py'), *args],

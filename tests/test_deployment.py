@@ -266,8 +266,8 @@ def test_error_is_all_the_output_with_random_weights(tmp_path):
     proc = subprocess.run([
         sys.executable,
         osp.join(ROOT, 'tools', 'deployment', 'pytorch2onnx.py'),
-        osp.join(DEMO, 'soft_cls_demo.py'), 'none', '--shape', '64', '64',
-        '--out',
+        osp.join(DEMO,
+                 'soft_cls_demo.py'), 'none', '--shape', '64', '64', '--out',
         str(tmp_path / 'x.onnx'), '--cfg-options',
         'model.backbone.nr_method=spectral'
     ],

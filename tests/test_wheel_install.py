@@ -339,11 +339,11 @@ def test_installed_image_demo_runs(env):
                 cwd=work,
                 env=env['env'])
     assert 'classification: ' in proc.stdout, proc.stdout
-    preds = glob.glob(str(work / 'outputs' / 'cls' / 'preds' / '**' /
-                          '*.json'),
-                      recursive=True)
-    vis = glob.glob(str(work / 'outputs' / 'cls' / 'vis' / '**' / '*.png'),
-                    recursive=True)
+    preds = glob.glob(
+        str(work / 'outputs' / 'cls' / 'preds' / '**' / '*.json'),
+        recursive=True)
+    vis = glob.glob(
+        str(work / 'outputs' / 'cls' / 'vis' / '**' / '*.png'), recursive=True)
     assert preds and len(preds) == len(vis)
     with open(preds[0]) as f:
         pred = json.load(f)
