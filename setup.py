@@ -2,7 +2,8 @@
 
 ``pip install .`` / a wheel ship the configs, the tools and the model index
 inside the package, as mmdet / mmseg / mmpretrain do: ``mmsoft/.mim/`` holds
-copies of ``configs/``, ``tools/`` and ``model-index.yml`` (for ``mim`` and
+copies of ``configs/``, ``tools/``, ``demo/`` (``image_demo.py``, the
+inference quick-start) and ``model-index.yml`` (for ``mim`` and
 :mod:`mmsoft.utils.paths`); an editable install (``pip install -e .``) links
 them instead (``mmsoft/.mim/* -> ../../configs`` ...), so that edits show at
 once. The core installs torch, mmengine and mmcv; the codebases are extras:
@@ -18,7 +19,7 @@ from setuptools.command.build_py import build_py
 HERE = osp.dirname(osp.abspath(__file__))
 
 #: what ships in mmsoft/.mim (source, files to skip)
-MIM_FILES = ('configs', 'tools', 'model-index.yml')
+MIM_FILES = ('configs', 'tools', 'demo', 'model-index.yml')
 #: checkout-only tools (they set up or lint the checkout itself)
 MIM_SKIP_TOOLS = ('setup_env.sh', 'demo.py', 'lint.sh')
 
@@ -50,7 +51,7 @@ def _ignore(src, names):
 
 
 def copy_mim_files(dst):
-    """Copy configs/, tools/ and model-index.yml into ``dst`` (.mim)."""
+    """Copy configs/, tools/, demo/ and model-index.yml into ``dst`` (.mim)."""
     os.makedirs(dst, exist_ok=True)
     for name in MIM_FILES:
         src, tar = osp.join(HERE, name), osp.join(dst, name)

@@ -40,7 +40,10 @@ import sys
 import tempfile
 
 ROOT = osp.dirname(osp.dirname(osp.abspath(__file__)))
-if ROOT not in sys.path:
+# a checkout's mmsoft first; an installed copy (mmsoft/.mim/demo) imports
+# the installed mmsoft
+if (osp.isfile(osp.join(ROOT, 'mmsoft', '__init__.py'))
+        and ROOT not in sys.path):
     sys.path.insert(0, ROOT)  # noqa: E402  (run from a checkout)
 
 IMG_EXTENSIONS = ('.jpg', '.jpeg', '.png', '.bmp', '.tif', '.tiff', '.webp')

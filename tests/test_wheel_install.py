@@ -15,7 +15,9 @@ is imported from). Then, from a directory outside the checkout:
 (b) a shipped config trains and tests through ``python -m mim train /
     test mmsoft`` (the installed ``mmsoft/.mim/tools``) in an environment
     where mmseg and mmpretrain cannot be imported (an "mmdet only" user);
-(c) ``python -m mim search mmsoft`` lists the models.
+(c) ``python -m mim search mmsoft`` lists the models;
+(d) the inference quick-start, the shipped ``demo/image_demo.py``, runs a
+    shipped config with a checkpoint.
 
 All data are generated (the shipped ``tools/misc/make_demo_data.py``).
 A missing prerequisite fails the test with a message; nothing is skipped.
@@ -36,7 +38,7 @@ from conftest import ROOT
 
 #: what the wheel is built from (the rest of a checkout is not needed)
 SOURCES = ('setup.py', 'MANIFEST.in', 'README.md', 'model-index.yml',
-           'requirements', 'mmsoft', 'configs', 'tools')
+           'requirements', 'mmsoft', 'configs', 'tools', 'demo')
 
 BLOCKER = '''\
 # simulate an environment with only mmdet: mmseg and mmpretrain are absent
@@ -178,7 +180,7 @@ def test_wheel_contents(env):
               'configs/demo/retinanet_soft_demo.py',
               'configs/metafiles/retinanet.yml', 'model-index.yml',
               'tools/train.py', 'tools/test.py', 'tools/dist_train.sh',
-              'tools/misc/make_demo_data.py'):
+              'tools/misc/make_demo_data.py', 'demo/image_demo.py'):
         assert f'mmsoft/.mim/{f}' in names, f
     # checkout-only tools stay out
     assert 'mmsoft/.mim/tools/setup_env.sh' not in names
@@ -313,3 +315,36 @@ def test_mim_search_lists_the_models(env):
                  'mask_rcnn_soft_large_1x', 'sparse_rcnn_soft_small_3x_ms',
                  'upernet_soft_medium_512x512_160k_ade20k'):
         assert name in out, out[-3000:]
+
+
+def test_installed_image_demo_runs(env):
+    """(d) the inference quick-start from the install (mmsoft/.mim/demo, as
+    mmdet ships demo/): image_demo.py on a shipped config + checkpoint."""
+    work = env['work']
+    _make_data(env, 'cls', 5, 5)
+    mim = osp.join(env['site'], 'mmsoft', '.mim')
+    cfg = osp.join(mim, 'configs', 'demo', 'soft_cls_demo.py')
+    code = ('import sys, torch\n'
+            'from mmpretrain import get_model\n'
+            'model = get_model(sys.argv[1])\n'
+            'torch.save(dict(state_dict=model.state_dict(), meta=dict()),\n'
+            '           "cls_random.pth")\n')
+    _run([env['vpy'], '-c', code, cfg], cwd=work, env=env['env'])
+    demo = osp.join(mim, 'demo', 'image_demo.py')
+    _fail_unless(osp.isfile(demo), f'{demo} is not installed')
+    proc = _run([
+        env['vpy'], demo, 'data/demo/imagenet/val', cfg, 'cls_random.pth',
+        '--out-dir', 'outputs/cls'
+    ],
+                cwd=work,
+                env=env['env'])
+    assert 'classification: ' in proc.stdout, proc.stdout
+    preds = glob.glob(
+        str(work / 'outputs' / 'cls' / 'preds' / '**' / '*.json'),
+        recursive=True)
+    vis = glob.glob(
+        str(work / 'outputs' / 'cls' / 'vis' / '**' / '*.png'), recursive=True)
+    assert preds and len(preds) == len(vis)
+    with open(preds[0]) as f:
+        pred = json.load(f)
+    assert pred['task'] == 'classification' and 'pred_score' in pred

@@ -81,9 +81,10 @@ try:
                        ('isort', '5.13.2'), ('yapf', '0.43.0')):
         if distribution(name).version != want:
             sys.exit(1)
-    # the editable install links configs/ and tools/ into mmsoft/.mim
-    if not os.path.isdir(os.path.join(root, 'mmsoft', '.mim', 'configs')):
-        sys.exit(1)
+    # the editable install links configs/, tools/ and demo/ into mmsoft/.mim
+    for name in ('configs', 'tools', 'demo'):
+        if not os.path.isdir(os.path.join(root, 'mmsoft', '.mim', name)):
+            sys.exit(1)
     if not distribution('numpy').version.startswith('1.'):
         sys.exit(1)
     files = distribution('mmcv').files or []
@@ -204,9 +205,10 @@ fi
 
 STEP="mmsoft"
 # run from / so that the checkout itself is not on sys.path
-# (again when mmsoft/.mim, the links to configs/ and tools/, is missing)
+# (again when mmsoft/.mim, the links to configs/, tools/ and demo/, is missing)
 if ! (cd / && "$PY" -c 'import mmsoft, sys, os; sys.exit(0 if os.path.realpath(os.path.dirname(os.path.dirname(mmsoft.__file__))) == os.path.realpath(sys.argv[1]) else 1)' "$ROOT" 2>/dev/null) \
-        || [[ ! -d "$ROOT/mmsoft/.mim/configs" ]]; then
+        || [[ ! -d "$ROOT/mmsoft/.mim/configs" || ! -d "$ROOT/mmsoft/.mim/tools" || \
+              ! -d "$ROOT/mmsoft/.mim/demo" ]]; then
     log "installing mmsoft (editable)"
     "${PIP[@]}" -q --no-build-isolation --no-deps -e "$ROOT"
 fi

@@ -21,6 +21,12 @@ import argparse
 import os
 import os.path as osp
 import sys
+import warnings
+
+# mmengine 0.10 imports (and reloads) the deprecated pkg_resources at every
+# codebase import: a warning the user cannot act on, repeated up to six
+# times before the tool's own output (e.g. the data check's message)
+warnings.filterwarnings('ignore', message='pkg_resources is deprecated')
 
 ROOT = osp.dirname(osp.dirname(osp.abspath(__file__)))
 # a checkout's mmsoft first; an installed copy (mmsoft/.mim/tools) imports

@@ -224,8 +224,9 @@ def _readme_snippets():
     return re.findall(r'```python\n(.*?)```', section, flags=re.S)
 
 
-@pytest.mark.parametrize('task', ['det', 'seg', 'cls'])
-def test_readme_python_api(task, models, images, tmp_path, monkeypatch):
+def _readme_code(task, models, images):
+    """The README snippet of ``task`` with only the config / checkpoint /
+    image names replaced (and the tiny classifier's input size)."""
     snippets = _readme_snippets()
     assert len(snippets) == 3
     code = next(
@@ -243,6 +244,33 @@ def test_readme_python_api(task, models, images, tmp_path, monkeypatch):
     if task == 'cls':  # the snippet's 224 x 224 input; the tiny model: 64
         code = code.replace('torch.rand(1, 3, 224, 224)',
                             'torch.rand(1, 3, 64, 64)')
+    return code
+
+
+def test_readme_python_api_in_one_process(models, images, tmp_path,
+                                          monkeypatch):
+    """The three README snippets one after the other in one interpreter,
+    as in a notebook: mmpretrain's inferencer builds its pipeline in the
+    *current* default scope, which mmdet's / mmseg's APIs leave at theirs
+    ("ResizeEdge is not in the mmseg::transform registry") unless the
+    snippet selects mmpretrain's scope itself."""
+    from mmengine.registry import DefaultScope
+    monkeypatch.chdir(tmp_path)
+    ns = {}
+    # the scope state of this process is restored afterwards
+    with DefaultScope.overwrite_default_scope('mmdet'):
+        for task in ('det', 'seg', 'cls'):
+            exec(
+                compile(
+                    _readme_code(task, models, images), f'README-{task}',
+                    'exec'), ns)
+    assert ns['result']['pred_class'] in models['cls'][2]
+
+
+@pytest.mark.parametrize('task', ['det', 'seg', 'cls'])
+def test_readme_python_api(task, models, images, tmp_path, monkeypatch):
+    code = _readme_code(task, models, images)
+    cfg, ckpt, classes = models[task]
     monkeypatch.chdir(tmp_path)
     ns = {}
     # as in a fresh interpreter: no other codebase's default scope current

@@ -20,7 +20,7 @@ import subprocess
 import sys
 
 import pytest
-from conftest import CONFIGS, ROOT, free_port, run, tool_namespace
+from conftest import CONFIGS, ROOT, child_env, free_port, run, tool_namespace
 from mmengine.config import Config, ConfigDict
 
 from mmsoft.tools_support import data_check as dc
@@ -436,3 +436,35 @@ def test_readme_data_overrides(tmp_path, monkeypatch):
                 assert dc.missing_data_message(cfg, mode) is None, \
                     (name, mode, dc.missing_data_message(cfg, mode))
     assert covered == set(configs)
+
+
+@pytest.mark.parametrize('tool,name', [
+    ('train', 'retinanet_soft_tiny_1x.py'),
+    ('train', 'upernet_soft_small_512x512_160k_ade20k.py'),
+    ('train', 'soft_tiny_in1k.py'),
+    ('test', 'upernet_soft_small_512x512_160k_ade20k.py'),
+])
+def test_tools_message_is_all_a_newcomer_sees(tool, name, tmp_path):
+    """A shipped config run as the README shows, without the data and with
+    Python's default warning filters (no PYTHONWARNINGS): stderr is the
+    data check's message and nothing else - in particular not mmengine's
+    'pkg_resources is deprecated' warnings, repeated once per codebase
+    import, which used to double the output."""
+    pytest.importorskip({
+        'retinanet': 'mmdet',
+        'upernet': 'mmseg',
+        'soft': 'mmpretrain'
+    }[name.split('_')[0]])
+    env = child_env()
+    env.pop('PYTHONWARNINGS')
+    args = [osp.join(CONFIGS, name)] + (['ckpt.pth'] if tool == 'test' else [])
+    proc = run([sys.executable,
+                osp.join(ROOT, 'tools', f'{tool}.py'), *args],
+               cwd=tmp_path,
+               env=env,
+               timeout=300)
+    err = proc.stderr.strip().splitlines()
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    assert err and err[0].startswith('mmsoft: data for '), proc.stderr
+    assert len(err) <= 5, proc.stderr
+    assert proc.stdout == ''

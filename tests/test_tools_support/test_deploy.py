@@ -14,7 +14,7 @@ import os.path as osp
 
 import pytest
 import torch
-from conftest import ROOT, load_module, tiny_arch
+from conftest import ROOT, load_module, run, tiny_arch
 
 pytest.importorskip('onnx')
 pytest.importorskip('onnxruntime')
@@ -247,3 +247,24 @@ def test_matmul_adaptive_pool_equals_torch():
         ref = torch.nn.AdaptiveAvgPool2d(size)(x)
         out = deploy.MatmulAdaptiveAvgPool2d(size)(x)
         torch.testing.assert_close(out, ref)
+
+
+def test_error_is_all_the_output_with_random_weights(tmp_path):
+    """``CHECKPOINT none`` (random weights, the README's way to try the
+    export path) must not bury the one error line under mmengine's
+    parameter-initialisation log (one entry per tensor: ~700 lines for
+    SOFT-Tiny)."""
+    import sys
+    proc = run([
+        sys.executable,
+        osp.join(ROOT, 'tools', 'deployment', 'pytorch2onnx.py'),
+        osp.join(DEMO, 'soft_cls_demo.py'), 'none', '--shape', '64', '64',
+        '--out', tmp_path / 'x.onnx', '--cfg-options',
+        'model.backbone.attn_cfg.nr_method=spectral'
+    ],
+               cwd=tmp_path,
+               timeout=300)
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    out = (proc.stdout + proc.stderr).strip().splitlines()
+    assert out[-1].startswith('error: ') and 'nr_method' in out[-1]
+    assert len(out) <= 3, '\n'.join(out[:20])
