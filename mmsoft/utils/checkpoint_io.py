@@ -44,7 +44,7 @@ __all__ = [
     'state_checksum', 'describe_damage', 'load_verified',
     'find_newest_complete', 'remove_stale_temps', 'checkpoint_candidates',
     'install_loader', 'refused_globals', 'check_complete', 'temp_path_for',
-    'write_text_atomic', 'TMP_SUFFIX', 'CHECKSUM_KEY'
+    'write_text_atomic', 'os_error_in_chain', 'TMP_SUFFIX', 'CHECKSUM_KEY'
 ]
 
 #: suffix of the temporary files written by :func:`save_atomic`
@@ -302,12 +302,31 @@ def finalize_temp(tmp: str, path: str) -> None:
     fsync_dir(osp.dirname(osp.abspath(path)))
 
 
+def os_error_in_chain(exc: BaseException) -> Optional[OSError]:
+    """The first ``OSError`` in ``exc`` and its causes / contexts.
+
+    ``torch.save`` into a file reports a full disk as ``RuntimeError:
+    [enforce fail at inline_container.cc] . unexpected pos ...`` raised
+    while handling the file's ``OSError: [Errno 28] No space left on
+    device``; this finds the latter.
+    """
+    seen = set()
+    while exc is not None and id(exc) not in seen:
+        if isinstance(exc, OSError):
+            return exc
+        seen.add(id(exc))
+        exc = exc.__cause__ or exc.__context__
+    return None
+
+
 def save_atomic(obj, path: str, writer=None) -> None:
     """Write ``obj`` to ``path`` atomically (see the module doc).
 
     ``writer(obj, file)`` defaults to ``torch.save``. On any error - an
     unwritable directory, a full disk, SIGINT / SIGTERM - the temporary file
-    is removed, ``path`` is untouched and the exception propagates.
+    is removed, ``path`` is untouched and the exception propagates; an
+    ``OSError`` that the writer wrapped in another exception (torch.save on
+    a full disk) is raised as that ``OSError``.
     """
     path = osp.abspath(path)
     tmp = temp_path_for(path)
@@ -320,11 +339,16 @@ def save_atomic(obj, path: str, writer=None) -> None:
                 os.fsync(f.fileno())
             _chmod_default(tmp)
             os.replace(tmp, path)
-        except BaseException:
+        except BaseException as e:
             try:
                 os.unlink(tmp)
             except OSError:
                 pass
+            os_error = os_error_in_chain(e) if isinstance(e, Exception) \
+                else None
+            if os_error is not None and os_error is not e:
+                raise OSError(os_error.errno, os_error.strerror,
+                              os_error.filename) from e
             raise
     fsync_dir(osp.dirname(path))
 
