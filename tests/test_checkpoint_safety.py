@@ -280,8 +280,8 @@ def test_flipped_bytes_in_rng_states_are_detected(tmp_path):
     path = work / 'iter_10.pth'
     good = torch.load(path)
     state = good['meta']['mmsoft_rng']['states'][0]['torch']
-    assert {'meta/mmsoft_rng', 'meta/mmsoft_sampler_seed'} <= set(
-        good['meta']['mmsoft_checksum']['digests'])
+    digests = set(good['meta']['mmsoft_checksum']['digests'])
+    assert {'meta/mmsoft_rng', 'meta/mmsoft_sampler_seed'} <= digests
     _flip_tensor_bytes(path, size=state.numel() * state.element_size())
     bad = torch.load(path)  # torch.load does not check the zip's CRC
     assert not torch.equal(bad['meta']['mmsoft_rng']['states'][0]['torch'],

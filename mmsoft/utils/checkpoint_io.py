@@ -145,8 +145,10 @@ def add_checksum(checkpoint: dict) -> dict:
         checkpoint['meta'] = {}
     checkpoint['meta'][CHECKSUM_KEY] = dict(
         algorithm='sha256',
-        digests={k: state_checksum(v)
-                 for k, v in _entries(checkpoint)})
+        digests={
+            k: state_checksum(v)
+            for k, v in _entries(checkpoint)
+        })
     return checkpoint
 
 

@@ -222,13 +222,10 @@ class NonFiniteLossHook(Hook):
                 optim_wrapper.zero_grad()
                 return None
             result = original(loss, *args, **kwargs)
-            hook._check_params(
-                hook._runner,
-                [
-                    p for g in optim_wrapper.optimizer.param_groups
-                    for p in g['params']
-                ],
-                hook._fmt(loss))
+            hook._check_params(hook._runner, [
+                p for g in optim_wrapper.optimizer.param_groups
+                for p in g['params']
+            ], hook._fmt(loss))
             return result
 
         optim_wrapper.update_params = update_params
@@ -261,7 +258,6 @@ class NonFiniteLossHook(Hook):
         loss = outputs.get('loss')
         if loss is not None and _any_rank(not _is_finite(loss)):
             self._stop(runner, self._fmt(loss))
-
 
     def before_save_checkpoint(self, runner, checkpoint: dict) -> None:
         """Never save non-finite parameters (the last good checkpoint stays;
