@@ -31,7 +31,7 @@ from typing import Iterator, List, Optional, Union
 
 __all__ = [
     'atomic_path', 'atomic_write', 'temp_path_for', 'remove_stale_temps',
-    'signals_raise', 'TMP_SUFFIX'
+    'signals_raise', 'os_error_in_chain', 'TMP_SUFFIX'
 ]
 
 #: what every temporary name ends with (before an optional ``suffix``)
@@ -93,6 +93,23 @@ def _chmod_default(path: str) -> None:
     os.chmod(path, 0o666 & ~umask)
 
 
+def os_error_in_chain(exc: BaseException) -> Optional[OSError]:
+    """The first ``OSError`` in ``exc`` and its causes / contexts.
+
+    ``torch.save`` into a file reports a full disk as ``RuntimeError:
+    [enforce fail at inline_container.cc] . unexpected pos ...`` raised
+    while handling the file's ``OSError: [Errno 28] No space left on
+    device``; this finds the latter.
+    """
+    seen = set()
+    while exc is not None and id(exc) not in seen:
+        if isinstance(exc, OSError):
+            return exc
+        seen.add(id(exc))
+        exc = exc.__cause__ or exc.__context__
+    return None
+
+
 @contextlib.contextmanager
 def atomic_path(path: str,
                 suffix: str = '',
@@ -111,7 +128,9 @@ def atomic_path(path: str,
 
     On any exception - an unwritable directory, a full disk, SIGINT /
     SIGTERM - the temporary file is removed, ``path`` is untouched and the
-    exception propagates.
+    exception propagates; an ``OSError`` that the writer wrapped in another
+    exception (``torch.save`` on a full disk) is raised as that ``OSError``
+    (:func:`os_error_in_chain`).
     """
     path = osp.abspath(path)
     if makedirs:
@@ -125,9 +144,14 @@ def atomic_path(path: str,
                     os.fsync(f.fileno())
             _chmod_default(tmp)
             os.replace(tmp, path)
-        except BaseException:
+        except BaseException as e:
             with contextlib.suppress(OSError):
                 os.unlink(tmp)
+            os_error = os_error_in_chain(e) if isinstance(e, Exception) \
+                else None
+            if os_error is not None and os_error is not e:
+                raise OSError(os_error.errno, os_error.strerror,
+                              os_error.filename) from e
             raise
     if durable:
         _fsync_dir(osp.dirname(path))

@@ -15,9 +15,9 @@ checkpoints), the converters in ``tools/model_converters`` and, through
   delete what a SIGKILL left behind.
 * :func:`add_checksum` / :func:`verify_checksum` - a SHA-256 of each saved
   entry (``state_dict``, ``optimizer``, ...: every tensor, array and plain
-  value with its key path, in key order; ``meta`` and mmengine's
-  ``message_hub`` are not covered), stored under
-  ``checkpoint['meta']['mmsoft_checksum']``.
+  value with its key path, in key order; of ``meta`` only mmsoft's RNG
+  states and sampler seed, and mmengine's ``message_hub`` is not covered),
+  stored under ``checkpoint['meta']['mmsoft_checksum']``.
 * :func:`describe_damage` - why a file cannot be a complete checkpoint
   (empty, truncated, CRC error in a record), or None.
 * :func:`find_newest_complete` - the newest ``epoch_N.pth`` / ``iter_N.pth``
@@ -52,6 +52,10 @@ __all__ = [
 CHECKSUM_KEY = 'mmsoft_checksum'
 #: top-level entries that the checksum does not cover
 UNCOVERED = ('meta', 'message_hub')
+#: entries of ``meta`` that it does cover (written by mmsoft's
+#: SafeCheckpointHook: the RNG states are tensor records too), as
+#: ``'meta/<key>'`` digests
+COVERED_META = ('mmsoft_rng', 'mmsoft_sampler_seed')
 
 _CKPT_RE = re.compile(r'^(?:epoch|iter)_(\d+)\.pth$')
 
@@ -103,10 +107,36 @@ def state_checksum(value) -> str:
     return h.hexdigest()
 
 
+def _entries(checkpoint: Mapping):
+    """(digest name, value) of what the checksum covers: the top-level
+    entries but ``meta`` / ``message_hub``, and ``meta``'s
+    :data:`COVERED_META` entries as ``'meta/<key>'``."""
+    for k, v in checkpoint.items():
+        if k not in UNCOVERED:
+            yield k, v
+    meta = checkpoint.get('meta')
+    if isinstance(meta, Mapping):
+        for k in COVERED_META:
+            if k in meta:
+                yield f'meta/{k}', meta[k]
+
+
+def _lookup(checkpoint: Mapping, name: str):
+    """(present, value) of the entry a digest name refers to."""
+    if name.startswith('meta/') and name not in checkpoint:
+        meta = checkpoint.get('meta')
+        key = name[len('meta/'):]
+        if isinstance(meta, Mapping) and key in meta:
+            return True, meta[key]
+        return False, None
+    return name in checkpoint, checkpoint.get(name)
+
+
 def add_checksum(checkpoint: dict) -> dict:
     """Store a checksum of each entry of ``checkpoint`` (but ``meta`` and
-    ``message_hub``) in ``checkpoint['meta']['mmsoft_checksum']`` (in
-    place). Per-entry digests keep a subset of the entries (e.g. mmengine's
+    ``message_hub``; of ``meta`` only mmsoft's RNG states and sampler seed)
+    in ``checkpoint['meta']['mmsoft_checksum']`` (in place). Per-entry
+    digests keep a subset of the entries (e.g. mmengine's
     ``published_keys``) verifiable."""
     if checkpoint.get('meta') is None:
         checkpoint['meta'] = {}
@@ -114,7 +144,7 @@ def add_checksum(checkpoint: dict) -> dict:
         algorithm='sha256',
         digests={
             k: state_checksum(v)
-            for k, v in checkpoint.items() if k not in UNCOVERED
+            for k, v in _entries(checkpoint)
         })
     return checkpoint
 
@@ -136,10 +166,11 @@ def verify_checksum(checkpoint, filename: str = '<checkpoint>') -> bool:
             or not isinstance(info.get('digests'), Mapping):
         raise CheckpointError(
             f'checkpoint {filename}: unreadable checksum record {info!r}')
-    bad = [
-        k for k, d in info['digests'].items()
-        if k in checkpoint and state_checksum(checkpoint[k]) != d
-    ]
+    bad = []
+    for k, d in info['digests'].items():
+        present, value = _lookup(checkpoint, k)
+        if present and state_checksum(value) != d:
+            bad.append(k)
     if bad:
         raise CheckpointError(
             f'checkpoint {filename} is corrupt: the SHA-256 of its saved '
@@ -247,7 +278,9 @@ def save_atomic(obj, path: str, writer=None) -> None:
 
     ``writer(obj, file)`` defaults to ``torch.save``. On any error - an
     unwritable directory, a full disk, SIGINT / SIGTERM - the temporary file
-    is removed, ``path`` is untouched and the exception propagates.
+    is removed, ``path`` is untouched and the exception propagates; an
+    ``OSError`` that the writer wrapped in another exception (torch.save on
+    a full disk) is raised as that ``OSError``.
     """
     writer = writer or torch.save
     with atomic_path(path, durable=True) as tmp:

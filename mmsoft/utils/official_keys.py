@@ -548,13 +548,36 @@ def load_checkpoint_file(path: str, trust: bool = False):
     return ckpt
 
 
+def _not_a_regular_file(path: str) -> Optional[str]:
+    """What ``path`` is if it exists but is neither a regular file nor a
+    directory (a device such as /dev/full, a FIFO, a socket), else None."""
+    import stat
+    try:
+        mode = os.stat(path).st_mode
+    except OSError:
+        return None
+    for test, what in ((stat.S_ISCHR, 'a character device'),
+                       (stat.S_ISBLK, 'a block device'),
+                       (stat.S_ISFIFO, 'a FIFO'), (stat.S_ISSOCK, 'a socket')):
+        if test(mode):
+            return what
+    return None
+
+
 def check_output_path(src: str, dst: str) -> None:
     """Refuse an output that would replace the input (the same file, also
-    through a symlink or another relative path) or that is a directory."""
+    through a symlink or another relative path), that is a directory, or
+    that exists and is not a regular file (the atomic rename would replace
+    e.g. the device node /dev/full by a regular file when run as root)."""
     if os.path.isdir(dst):
         raise ConversionError(
             f'output {dst!r} is a directory; give a file name, e.g. '
             f'{os.path.join(dst, os.path.basename(src))!r}')
+    kind = _not_a_regular_file(dst)
+    if kind is not None:
+        raise ConversionError(
+            f'output {dst!r} is {kind}, not a regular file: refusing to '
+            f'replace it; give a file name')
     same = os.path.realpath(src) == os.path.realpath(dst)
     if not same and os.path.exists(dst) and os.path.exists(src):
         try:
@@ -626,6 +649,10 @@ def save_checkpoint_atomic(obj, path: str) -> None:
     d = os.path.dirname(path)
     if os.path.isdir(path):
         raise ConversionError(f'output {path!r} is a directory')
+    kind = _not_a_regular_file(path)
+    if kind is not None:
+        raise ConversionError(f'output {path!r} is {kind}, not a regular '
+                              f'file: refusing to replace it')
     if not os.path.isdir(d):
         raise ConversionError(f'output directory {d!r} does not exist')
     remove_stale_temps(d, name=os.path.basename(path))

@@ -573,6 +573,61 @@ def test_output_errors_are_one_line(tmp_path, tiny_sd, capsys, monkeypatch):
     assert sorted(os.listdir(tmp_path)) == ['official.pth']
 
 
+def test_real_write_failure_is_one_line(tmp_path, tiny_sd):
+    """A write failure from the kernel (a file-size limit, EFBIG, fails the
+    write exactly as a full disk, ENOSPC, does): ``torch.save`` reports it
+    as ``RuntimeError: [enforce fail at inline_container.cc] unexpected
+    pos ...`` raised while handling the OSError, which used to end in that
+    raw traceback (the injected OSError above did not show it; seen with a
+    full 1 MiB tmpfs)."""
+    import subprocess
+    import sys
+    import textwrap
+    src = tmp_path / 'official.pth'
+    torch.save({'state_dict': tiny_sd}, src)
+    dst = tmp_path / 'out.pth'
+    limit = src.stat().st_size // 2  # the output is about as large as SRC
+    code = textwrap.dedent(f"""
+        import resource, runpy, signal, sys
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # fail with EFBIG
+        resource.setrlimit(resource.RLIMIT_FSIZE, ({limit}, {limit}))
+        sys.argv = ['soft2mmsoft.py', {str(src)!r}, {str(dst)!r}]
+        runpy.run_path({osp.join(ROOT, 'tools', 'model_converters',
+                                 'soft2mmsoft.py')!r}, run_name='__main__')
+    """)
+    res = subprocess.run([sys.executable, '-c', code],
+                         capture_output=True,
+                         text=True,
+                         timeout=300,
+                         env=dict(os.environ, OMP_NUM_THREADS='1'))
+    err = res.stderr.strip()
+    assert res.returncode == 1, err[-3000:]
+    assert 'Traceback' not in err, err[-3000:]
+    assert err.splitlines()[-1] == (
+        f"error: cannot write {str(dst)!r}: File too large (errno 27); "
+        f"nothing was written")
+    assert sorted(os.listdir(tmp_path)) == ['official.pth']
+
+
+def test_output_that_is_not_a_regular_file_is_refused(tmp_path, tiny_sd,
+                                                      capsys):
+    """DST an existing FIFO / device (e.g. /dev/full to simulate a full
+    disk): the atomic rename used to replace it by a regular file (as root,
+    /dev/full itself)."""
+    src = tmp_path / 'official.pth'
+    torch.save({'state_dict': tiny_sd}, src)
+    fifo = tmp_path / 'fifo'
+    os.mkfifo(fifo)
+    for script in ('soft2mmsoft', 'mmsoft2soft'):
+        assert load_script(script).main([str(src), str(fifo)]) == 1
+        err = _one_line_error(capsys)
+        assert 'is a FIFO, not a regular file: refusing to replace it' in err
+        assert osp.exists(fifo) and not osp.isfile(fifo)
+    with pytest.raises(ConversionError, match='a FIFO'):
+        ok.save_checkpoint_atomic({'a': torch.ones(1)}, str(fifo))
+    assert sorted(os.listdir(tmp_path)) == ['fifo', 'official.pth']
+
+
 @pytest.mark.parametrize('value', ['0', '-16', '2.5', 'x'])
 def test_stage4_heads_validated(tmp_path, tiny_sd, capsys, value):
     """Before: 0 raised ZeroDivisionError, -16 was written into the

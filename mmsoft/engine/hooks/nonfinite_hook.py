@@ -13,9 +13,20 @@ saved: the exception leaves ``runner.train()`` before any
 ``after_train_iter`` / ``after_train_epoch`` hook (CheckpointHook) runs, so
 the last checkpoint on disk is the last good one.
 
+A finite loss can still come with overflowing gradients (e.g. an exploding
+learning rate: loss 5e9, gradients inf) whose optimizer step writes
+non-finite weights; the next loss is then NaN, but the CheckpointHook of
+*this* iteration would already have saved the NaN weights over the last good
+checkpoint. So the parameters are checked after every optimizer step (one
+max-abs reduction per device) and the run stops there too, before any
+checkpoint of that iteration; and no checkpoint with non-finite parameters
+is ever saved (``before_save_checkpoint``, for models whose ``train_step``
+bypasses ``update_params``).
+
 With ``max_skipped_steps=N`` (> 0) up to N consecutive non-finite steps
 are skipped instead (no backward, no optimizer step, gradients zeroed) and
-the run stops at the (N + 1)-th in a row.
+the run stops at the (N + 1)-th in a row. Non-finite parameters always stop
+the run (the step cannot be undone).
 
 In distributed runs the decision is all-reduced, so every rank skips or
 stops together (one rank stopping alone would leave the others waiting in
@@ -47,6 +58,27 @@ def _is_finite(value) -> bool:
         return math.isfinite(float(value))
     except (TypeError, ValueError):
         return True
+
+
+@torch.no_grad()
+def _nonfinite_params(params) -> list:
+    """The tensors of ``params`` holding a nan / inf (one max-abs reduction
+    per device and dtype; a finite but huge value is not flagged)."""
+    groups = {}
+    for p in params:
+        if p is not None and (p.is_floating_point() or p.is_complex()) \
+                and p.numel():
+            groups.setdefault((p.device, p.dtype), []).append(p)
+    bad = []
+    for tensors in groups.values():
+        try:
+            norms = torch._foreach_norm(tensors, ord=float('inf'))
+        except (AttributeError, RuntimeError, TypeError):  # pragma: no cover
+            norms = [t.abs().max() for t in tensors]
+        finite = torch.isfinite(torch.stack([n.float() for n in norms]))
+        if not bool(finite.all()):
+            bad += [t for t, ok in zip(tensors, finite.tolist()) if not ok]
+    return bad
 
 
 def _any_rank(flag: bool) -> bool:
@@ -121,6 +153,37 @@ class NonFiniteLossHook(Hook):
         runner.logger.error(msg)
         raise NonFiniteLossError(msg)
 
+    def _param_names(self, runner, bad) -> str:
+        from mmengine.model import is_model_wrapper
+        model = runner.model
+        if is_model_wrapper(model):
+            model = model.module
+        ids = {id(t) for t in bad}
+        names = [n for n, p in model.named_parameters() if id(p) in ids]
+        shown = ', '.join(names[:3]) + (', ...' if len(names) > 3 else '')
+        return f'{len(bad)} parameter tensor(s)' + (f' ({shown})'
+                                                    if shown else '')
+
+    def _check_params(self, runner, params, loss) -> None:
+        """Stop if the optimizer step just wrote non-finite parameters."""
+        bad = _nonfinite_params(params)
+        if not _any_rank(bool(bad)):
+            return
+        what = self._param_names(runner, bad) if bad else \
+            'parameters on another rank'
+        ckpt = ''
+        work_dir = getattr(runner, 'work_dir', None)
+        if work_dir:
+            ckpt = (f'; no checkpoint was written at this point (checkpoints '
+                    f'in {work_dir} are from before the fault)')
+        msg = (f'NonFiniteLossHook: the optimizer step at '
+               f'{self._where(runner)} made {what} nan / inf although the '
+               f'loss was finite ({loss}): the gradients or the update '
+               f'overflowed; training stopped{ckpt}. Lower the learning '
+               f'rate or enable gradient clipping (optim_wrapper.clip_grad).')
+        runner.logger.error(msg)
+        raise NonFiniteLossError(msg)
+
     def _check(self, loss) -> bool:
         """True if this step must be skipped; raises if training stops."""
         bad = _any_rank(not _is_finite(loss))
@@ -158,7 +221,12 @@ class NonFiniteLossHook(Hook):
             if hook._step_skipped:
                 optim_wrapper.zero_grad()
                 return None
-            return original(loss, *args, **kwargs)
+            result = original(loss, *args, **kwargs)
+            hook._check_params(hook._runner, [
+                p for g in optim_wrapper.optimizer.param_groups
+                for p in g['params']
+            ], hook._fmt(loss))
+            return result
 
         optim_wrapper.update_params = update_params
         optim_wrapper._nonfinite_guarded = True
@@ -190,6 +258,24 @@ class NonFiniteLossHook(Hook):
         loss = outputs.get('loss')
         if loss is not None and _any_rank(not _is_finite(loss)):
             self._stop(runner, self._fmt(loss))
+
+    def before_save_checkpoint(self, runner, checkpoint: dict) -> None:
+        """Never save non-finite parameters (the last good checkpoint stays;
+        with mmsoft's SafeCheckpointHook nothing has been removed yet)."""
+        from mmengine.model import is_model_wrapper
+        model = runner.model
+        if is_model_wrapper(model):
+            model = model.module
+        bad = _nonfinite_params(list(model.parameters()))
+        if not bad:  # parameters are the same on every rank
+            return
+        msg = (f'NonFiniteLossHook: refusing to save a checkpoint at '
+               f'{self._where(runner)}: {self._param_names(runner, bad)} '
+               f'hold nan / inf; training stopped, the checkpoints on disk '
+               f'are from before the fault. Lower the learning rate or '
+               f'enable gradient clipping (optim_wrapper.clip_grad).')
+        runner.logger.error(msg)
+        raise NonFiniteLossError(msg)
 
 
 def add_nonfinite_hook(cfg) -> bool:

@@ -217,6 +217,40 @@ def test_flipped_bytes_are_detected(tmp_path):
         cio.verify_checksum(good, 'x.pth')
 
 
+def test_flipped_bytes_in_rng_states_are_detected(tmp_path):
+    """The RNG states in ``meta`` are tensor records too: flipped bytes
+    there loaded silently through ``--resume PATH`` ("RNG states restored",
+    the resumed run no longer bit-exact); now the checksum covers them."""
+    work = tmp_path / 'work'
+    _runner(work, 'train').train()
+    path = work / 'iter_10.pth'
+    good = torch.load(path)
+    state = good['meta']['mmsoft_rng']['states'][0]['torch']
+    digests = set(good['meta']['mmsoft_checksum']['digests'])
+    assert {'meta/mmsoft_rng', 'meta/mmsoft_sampler_seed'} <= digests
+    _flip_tensor_bytes(path, size=state.numel() * state.element_size())
+    bad = torch.load(path)  # torch.load does not check the zip's CRC
+    assert not torch.equal(bad['meta']['mmsoft_rng']['states'][0]['torch'],
+                           state)
+    assert torch.equal(bad['state_dict']['fc.weight'],
+                       good['state_dict']['fc.weight'])
+    from mmengine.runner.checkpoint import CheckpointLoader
+    with pytest.raises(cio.CheckpointError, match='meta/mmsoft_rng'):
+        CheckpointLoader.load_checkpoint(str(path))
+    with pytest.raises(cio.CheckpointError, match=str(path)):
+        _runner(
+            tmp_path / 'w2', 'resumed', resume=True,
+            load_from=str(path)).train()
+    # in memory: a changed sampler seed fails too; old files without the
+    # meta digests still verify
+    good['meta']['mmsoft_sampler_seed'] += 1
+    with pytest.raises(cio.CheckpointError, match='meta/mmsoft_sampler_seed'):
+        cio.verify_checksum(good, 'x.pth')
+    for k in ('meta/mmsoft_rng', 'meta/mmsoft_sampler_seed'):
+        del good['meta']['mmsoft_checksum']['digests'][k]
+    assert cio.verify_checksum(good, 'x.pth') is True
+
+
 def test_checksum_covers_state_and_tolerates_subsets():
     ckpt = dict(
         meta=dict(epoch=1),

@@ -18,12 +18,16 @@ from mmsoft.engine import (NonFiniteLossError, NonFiniteLossHook,
 
 class ToyModel(BaseModel):
     """Linear regression; ``nan_at``: batch indices (x[0, 0] values) whose
-    loss is NaN (a bad sample)."""
+    loss is NaN (a bad sample); ``nan_grad_at``: training iterations
+    (1-based) whose loss is finite but whose gradient is NaN (an overflow
+    in the backward pass), so that the optimizer step writes NaN weights."""
 
-    def __init__(self, nan_at=()):
+    def __init__(self, nan_at=(), nan_grad_at=()):
         super().__init__()
         self.fc = nn.Linear(4, 1)
         self.nan_at = set(nan_at)
+        self.nan_grad_at = set(nan_grad_at)
+        self.train_iter = 0
 
     def forward(self, inputs, targets, mode='loss'):
         inputs = torch.stack(inputs) if isinstance(inputs, list) else inputs
@@ -32,6 +36,11 @@ class ToyModel(BaseModel):
         loss = ((self.fc(inputs).squeeze(-1) - targets)**2).mean()
         if int(inputs[0, 0].round()) in self.nan_at:
             loss = loss * float('nan')
+        self.train_iter += 1
+        if self.train_iter in self.nan_grad_at:
+            # value sqrt(0) = 0, gradient inf * 0 = nan for every weight
+            loss = loss + (self.fc.weight.sum() * 0).sqrt() + \
+                (self.fc.bias.sum() * 0).sqrt()
         return dict(loss=loss)
 
 
@@ -58,14 +67,15 @@ def make_runner(work_dir,
                 max_epochs=3,
                 hooks=True,
                 nan_at=(),
-                max_skipped_steps=0):
+                max_skipped_steps=0,
+                nan_grad_at=()):
     custom_hooks = [dict(type='NonFiniteLossHook',
                          max_skipped_steps=max_skipped_steps)] if hooks \
         else []
     global _RUNS
     _RUNS += 1
     return Runner(
-        model=ToyModel(nan_at),
+        model=ToyModel(nan_at, nan_grad_at),
         experiment_name=f'nonfinite_{_RUNS}',
         work_dir=str(work_dir),
         train_dataloader=dict(
@@ -136,6 +146,55 @@ def test_skipped_steps(tmp_path):
     with pytest.raises(NonFiniteLossError, match='epoch 1, iteration 5/24'):
         runner.train()
     assert not glob.glob(str(tmp_path / 'b' / 'epoch_*.pth'))
+
+
+@pytest.mark.parametrize('hooks', [False, True])
+def test_finite_loss_with_nan_step_never_replaces_the_good_checkpoint(
+        tmp_path, hooks):
+    """The last iteration of epoch 2 has a finite loss but NaN gradients
+    (e.g. an exploding learning rate: loss 5e9, gradients inf): its
+    optimizer step writes NaN weights, which the epoch-2 checkpoint saved
+    over the good epoch-1 one (max_keep_ckpts=1) before the next, NaN loss
+    stopped the run (seen with tools/train.py on the demo classifier at lr
+    1e4). Now the run stops at that step, naming it, and epoch_1.pth
+    stays."""
+    runner = make_runner(tmp_path, gamma=1., hooks=hooks, nan_grad_at=(16, ))
+    if not hooks:  # the fault: a NaN checkpoint replaces the good one
+        runner.train()
+        ckpts = sorted(glob.glob(str(tmp_path / 'epoch_*.pth')))
+        assert [osp.basename(c) for c in ckpts] == ['epoch_3.pth']
+        assert not _finite_ckpt(ckpts[0])
+        return
+    with pytest.raises(NonFiniteLossError) as exc:
+        runner.train()
+    msg = str(exc.value)
+    assert 'optimizer step at epoch 2, iteration 16/24' in msg
+    assert 'fc.weight' in msg and 'loss was finite' in msg
+    ckpts = sorted(glob.glob(str(tmp_path / 'epoch_*.pth')))
+    assert [osp.basename(c) for c in ckpts] == ['epoch_1.pth']
+    assert _finite_ckpt(ckpts[0])
+
+
+def test_no_checkpoint_with_nonfinite_parameters(tmp_path):
+    """Second line of defence (a train_step that bypasses update_params):
+    ``before_save_checkpoint`` refuses non-finite parameters."""
+    import types
+    hook = NonFiniteLossHook()
+    runner = make_runner(tmp_path)
+    hook.before_save_checkpoint(runner, {})  # finite: nothing happens
+    with torch.no_grad():
+        runner.model.fc.bias.fill_(float('inf'))
+    stub = types.SimpleNamespace(
+        model=runner.model,
+        logger=runner.logger,
+        train_loop=types.SimpleNamespace(max_iters=24),
+        iter=4,
+        epoch=0)
+    with pytest.raises(
+            NonFiniteLossError,
+            match=r'refusing to save a checkpoint at iteration 5/24: '
+            r'1 parameter tensor\(s\) \(fc.bias\) hold nan / inf'):
+        hook.before_save_checkpoint(stub, {})
 
 
 def test_priority_before_checkpoint_hook(tmp_path):
