@@ -340,7 +340,8 @@ class SOFT(BaseModule):
             raise ValueError(f'unknown out_type {out_type!r}; choose one of '
                              f'{self.OUT_TYPES}')
         self.out_indices = self._parse_out_indices(out_indices)
-        if not -1 <= frozen_stages <= self.num_stages:
+        checks.check_int('SOFT: frozen_stages', frozen_stages, minimum=-1)
+        if frozen_stages > self.num_stages:
             raise ValueError(f'frozen_stages must be in [-1, 4], got '
                              f'{frozen_stages}')
         a = self.arch_settings
@@ -479,6 +480,11 @@ class SOFT(BaseModule):
             checks.check_kernel_size(f'SOFT arch: dw_kernel_sizes[{i}]', k)
         for i, r in enumerate(settings['sampling_ratios']):
             checks.check_int(f'SOFT arch: sampling_ratios[{i}]', r)
+        for i, e in enumerate(settings['mlp_ratios']):
+            if isinstance(e, bool) or not isinstance(e, (int, float)) or \
+                    e <= 0:
+                raise ValueError(f'SOFT arch: mlp_ratios[{i}] must be a '
+                                 f'positive number, got {e!r}')
         return settings
 
     def _parse_out_indices(self, out_indices) -> Tuple[int, ...]:

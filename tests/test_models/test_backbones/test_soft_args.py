@@ -34,6 +34,10 @@ def soft(**options):
     (dict(arch=dict(ARCH, dw_kernel_sizes=[9, -5, 3])), 'dw_kernel_sizes'),
     (dict(arch=dict(ARCH, dw_kernel_sizes=[9, 5, 2.5])), 'dw_kernel_sizes'),
     (dict(attn_cfg=dict(type='soft', embed_dims=8)), 'embed_dims'),
+    (dict(frozen_stages=2.5), 'frozen_stages'),
+    (dict(frozen_stages=-2), 'frozen_stages'),
+    (dict(frozen_stages=5), 'frozen_stages'),
+    (dict(arch=dict(ARCH, mlp_ratios=[4, 0, 4, 4])), 'mlp_ratios\\[1\\]'),
 ])
 def test_bad_arguments_are_rejected_naming_the_option(kwargs, match):
     kwargs.setdefault('arch', ARCH)
