@@ -72,26 +72,10 @@ def build_model(config,
     registry = importlib.import_module(f'{_PACKAGES[scope]}.registry')
     model = registry.MODELS.build(cfg.model)
     if checkpoint is None or str(checkpoint).lower() == 'none':
-        _quiet_init_weights(model)
+        launch.quiet_init_weights(model)
     else:
         load_weights(model, checkpoint)
     return model.eval(), scope, cfg
-
-
-def _quiet_init_weights(model: nn.Module) -> None:
-    """``model.init_weights()`` without mmengine's INFO log of every
-    parameter's initialisation (hundreds of lines that would bury the
-    tool's output); warnings still show."""
-    import logging
-
-    from mmengine.logging import MMLogger
-    logger = MMLogger.get_current_instance()
-    level = logger.level
-    logger.setLevel(logging.WARNING)
-    try:
-        model.init_weights()
-    finally:
-        logger.setLevel(level)
 
 
 def load_weights(model: nn.Module, checkpoint: str) -> None:

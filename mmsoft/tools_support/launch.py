@@ -37,12 +37,28 @@ from mmengine.optim import OptimWrapper
 from mmengine.registry import OPTIM_WRAPPERS
 
 __all__ = [
-    'CODEBASES', 'codebase_of', 'import_codebase', 'setup_cpu_distributed',
-    'enable_amp', 'CPUAmpOptimWrapper', 'prepare_cfg'
+    'quiet_init_weights', 'CODEBASES', 'codebase_of', 'import_codebase',
+    'setup_cpu_distributed', 'enable_amp', 'CPUAmpOptimWrapper', 'prepare_cfg'
 ]
 
 #: default_scope -> python package of the codebase
 CODEBASES = {'mmpretrain': 'mmpretrain', 'mmdet': 'mmdet', 'mmseg': 'mmseg'}
+
+
+def quiet_init_weights(model) -> None:
+    """``model.init_weights()`` without mmengine's INFO log of every
+    parameter's initialisation (hundreds of lines that would bury a tool's
+    output); warnings still show."""
+    import logging
+
+    from mmengine.logging import MMLogger
+    logger = MMLogger.get_current_instance()
+    level = logger.level
+    logger.setLevel(logging.WARNING)
+    try:
+        model.init_weights()
+    finally:
+        logger.setLevel(level)
 
 
 def codebase_of(cfg) -> str:

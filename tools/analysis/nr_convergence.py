@@ -139,22 +139,9 @@ def build_model(name=None, config=None, checkpoint=None, **overrides):
         print(
             'warning: no --checkpoint, the model is randomly initialised',
             flush=True)
-        quiet_init(model)
+        from mmsoft.tools_support.launch import quiet_init_weights
+        quiet_init_weights(model)
     return model.eval()
-
-
-def quiet_init(model):
-    """model.init_weights() without MMEngine's per-parameter log."""
-    import logging
-
-    from mmengine.logging import MMLogger
-    logger = MMLogger.get_current_instance()
-    level = logger.level
-    logger.setLevel(logging.WARNING)
-    try:
-        model.init_weights()
-    finally:
-        logger.setLevel(level)
 
 
 def soft_attention_modules(model):
