@@ -189,6 +189,7 @@ def main(argv=None):
     args = parse_args(argv)
     cfg = build_cfg(args)
     data_check.exit_if_missing(cfg, 'test', args.launcher)  # data on disk?
+    launch.exit_if_legacy_backbone(cfg)  # attn options of mmsoft 0.1?
     scope = launch.prepare_cfg(cfg, args.launcher)
 
     if args.show or args.show_dir:

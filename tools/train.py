@@ -141,6 +141,7 @@ def main(argv=None):
     args = parse_args(argv)
     cfg = build_cfg(args)
     data_check.exit_if_missing(cfg, 'train', args.launcher)  # data on disk?
+    launch.exit_if_legacy_backbone(cfg)  # attn options of mmsoft 0.1?
     launch.prepare_cfg(cfg, args.launcher)  # codebase, init, CPU dist
 
     if 'runner_type' not in cfg:

@@ -30,6 +30,7 @@ import contextlib
 import importlib
 import logging
 import os
+import sys
 
 import torch
 from mmengine.logging import print_log
@@ -37,12 +38,41 @@ from mmengine.optim import OptimWrapper
 from mmengine.registry import OPTIM_WRAPPERS
 
 __all__ = [
-    'quiet_init_weights', 'CODEBASES', 'codebase_of', 'import_codebase',
-    'setup_cpu_distributed', 'enable_amp', 'CPUAmpOptimWrapper', 'prepare_cfg'
+    'quiet_init_weights', 'exit_if_legacy_backbone', 'CODEBASES',
+    'codebase_of', 'import_codebase', 'setup_cpu_distributed', 'enable_amp',
+    'CPUAmpOptimWrapper', 'prepare_cfg'
 ]
 
 #: default_scope -> python package of the codebase
 CODEBASES = {'mmpretrain': 'mmpretrain', 'mmdet': 'mmdet', 'mmseg': 'mmseg'}
+
+
+def exit_if_legacy_backbone(cfg) -> None:
+    """Stop with one line (exit 1) before the Runner is built when a SOFT
+    backbone of ``cfg.model`` sets the attention options of mmsoft 0.1 on
+    the backbone (``attn_norm=...``: now ``attn_cfg=dict(...)``), instead
+    of mmengine's environment and config dump and a traceback."""
+    from mmsoft.models.backbones.soft import _LEGACY_ATTN_ARGS, SOFT
+
+    def visit(node):
+        if isinstance(node, dict):
+            if node.get('type') in ('SOFT', 'mmsoft.SOFT', SOFT):
+                legacy = {
+                    k: v
+                    for k, v in node.items() if k in _LEGACY_ATTN_ARGS
+                }
+                try:
+                    SOFT.check_legacy_options(legacy)
+                except TypeError as e:
+                    sys.exit(f'error: {e} (model.backbone in the config or '
+                             f'its --cfg-options)')
+            for v in node.values():
+                visit(v)
+        elif isinstance(node, (list, tuple)):
+            for v in node:
+                visit(v)
+
+    visit(cfg.get('model'))
 
 
 def quiet_init_weights(model) -> None:

@@ -326,7 +326,7 @@ class SOFT(BaseModule):
                  init_cfg: Optional[Union[Dict, List[Dict]]] = None,
                  **legacy):
         super().__init__(init_cfg=init_cfg)
-        self._check_legacy(legacy)
+        self.check_legacy_options(legacy)
         checks.check_int('SOFT: in_channels', in_channels)
         checks.check_int(
             'SOFT: pretrain_img_size', pretrain_img_size, minimum=32)
@@ -396,9 +396,10 @@ class SOFT(BaseModule):
 
     # ------------------------------------------------------------ config
     @staticmethod
-    def _check_legacy(legacy: Dict) -> None:
-        """Options the backbone took before ``attn_cfg``: one error with
-        the ``attn_cfg`` to write instead."""
+    def check_legacy_options(legacy: Dict) -> None:
+        """Options the backbone took before ``attn_cfg`` (mmsoft 0.1): one
+        ``TypeError`` with the ``attn_cfg`` to write instead; other unknown
+        options: a ``TypeError`` naming them."""
         if not legacy:
             return
         unknown = sorted(set(legacy) - set(_LEGACY_ATTN_ARGS))
