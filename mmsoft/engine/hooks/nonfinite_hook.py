@@ -136,12 +136,16 @@ class NonFiniteLossHook(Hook):
             return f'epoch {runner.epoch + 1}, {it}'
         return it
 
-    def _stop(self, runner, loss) -> None:
-        ckpt = ''
+    @staticmethod
+    def _checkpoint_note(runner) -> str:
         work_dir = getattr(runner, 'work_dir', None)
-        if work_dir:
-            ckpt = (f'; no checkpoint was written at this point (checkpoints '
-                    f'in {work_dir} are from before the fault)')
+        if not work_dir:
+            return ''
+        return (f'; no checkpoint was written at this point (checkpoints '
+                f'in {work_dir} are from before the fault)')
+
+    def _stop(self, runner, loss) -> None:
+        ckpt = self._checkpoint_note(runner)
         skipped = (f' after {self.skipped} skipped step(s)'
                    if self.max_skipped_steps else '')
         msg = (f'NonFiniteLossHook: non-finite training loss ({loss}) at '
@@ -171,11 +175,7 @@ class NonFiniteLossHook(Hook):
             return
         what = self._param_names(runner, bad) if bad else \
             'parameters on another rank'
-        ckpt = ''
-        work_dir = getattr(runner, 'work_dir', None)
-        if work_dir:
-            ckpt = (f'; no checkpoint was written at this point (checkpoints '
-                    f'in {work_dir} are from before the fault)')
+        ckpt = self._checkpoint_note(runner)
         msg = (f'NonFiniteLossHook: the optimizer step at '
                f'{self._where(runner)} made {what} nan / inf although the '
                f'loss was finite ({loss}): the gradients or the update '
