@@ -52,14 +52,14 @@ def exit_if_legacy_backbone(cfg) -> None:
     backbone of ``cfg.model`` sets the attention options of mmsoft 0.1 on
     the backbone (``attn_norm=...``: now ``attn_cfg=dict(...)``), instead
     of mmengine's environment and config dump and a traceback."""
-    from mmsoft.models.backbones.soft import _LEGACY_ATTN_ARGS, SOFT
+    from mmsoft.models.backbones.soft import SOFT
 
     def visit(node):
         if isinstance(node, dict):
             if node.get('type') in ('SOFT', 'mmsoft.SOFT', SOFT):
                 legacy = {
                     k: v
-                    for k, v in node.items() if k in _LEGACY_ATTN_ARGS
+                    for k, v in node.items() if k in SOFT.LEGACY_ATTN_ARGS
                 }
                 try:
                     SOFT.check_legacy_options(legacy)

@@ -26,11 +26,6 @@ from ..layers.blocks import ConvPatchEmbed, SOFTBlock, SoftmaxBlock
 
 __all__ = ['SOFT', 'PyramidStage', 'SOFTStage', 'ClsTokenStage']
 
-#: the SOFT-attention options the backbone took before ``attn_cfg`` (v0.x)
-_LEGACY_ATTN_ARGS = ('attn_type', 'attn_norm', 'sampling', 'nr_iters',
-                     'nr_init', 'nr_method', 'nr_backward', 'nr_diagnostics',
-                     'max_landmarks')
-
 
 def _arch(embed_dims, num_heads, depths):
     return dict(embed_dims=embed_dims, num_heads=num_heads, depths=depths)
@@ -307,6 +302,11 @@ class SOFT(BaseModule):
         dw_kernel_sizes=[9, 5, 3])
     num_stages = 4
     OUT_TYPES = ('featmap', 'cls_token')
+    #: the SOFT-attention options the backbone took before ``attn_cfg``
+    #: (mmsoft 0.1); see :meth:`check_legacy_options`
+    LEGACY_ATTN_ARGS = ('attn_type', 'attn_norm', 'sampling', 'nr_iters',
+                        'nr_init', 'nr_method', 'nr_backward',
+                        'nr_diagnostics', 'max_landmarks')
 
     def __init__(self,
                  arch: Union[str, Dict] = 'tiny',
@@ -402,7 +402,7 @@ class SOFT(BaseModule):
         options: a ``TypeError`` naming them."""
         if not legacy:
             return
-        unknown = sorted(set(legacy) - set(_LEGACY_ATTN_ARGS))
+        unknown = sorted(set(legacy) - set(SOFT.LEGACY_ATTN_ARGS))
         if unknown:
             raise TypeError(f'SOFT got unexpected arguments {unknown}')
         opts = {k: v for k, v in legacy.items() if k != 'attn_type'}
