@@ -130,9 +130,12 @@ def check_exportable(model: nn.Module, dynamo: bool = False) -> None:
                     f"(torch.linalg.eigh has no ONNX operator); export with "
                     f"--cfg-options model.backbone.attn_cfg.nr_method=auto "
                     f"(the same function, evaluated iteratively)")
-            if mod.sampler.max_landmarks is not None and not dynamo:
+            pooled = [(k, getattr(mod.sampler, k))
+                      for k in ('max_landmarks', 'landmark_hw')
+                      if getattr(mod.sampler, k) is not None]
+            if pooled and not dynamo:
                 raise ExportError(
-                    f'{name}: max_landmarks={mod.sampler.max_landmarks} '
+                    f'{name}: {pooled[0][0]}={pooled[0][1]} '
                     f'(adaptive pooling of the landmark grid) has no '
                     f'TorchScript ONNX export; pass --dynamo (torch.export '
                     f'exporter, needs onnxscript)')

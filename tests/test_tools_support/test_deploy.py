@@ -229,6 +229,9 @@ def test_error_max_landmarks(tmp_path, capsys):
     line = _cls_option_error(capsys, tmp_path,
                              'model.backbone.attn_cfg.max_landmarks=7')
     assert 'max_landmarks' in line and '--dynamo' in line
+    line = _cls_option_error(capsys, tmp_path,
+                             'model.backbone.attn_cfg.landmark_hw=[2,2]')
+    assert 'landmark_hw=(2, 2)' in line and '--dynamo' in line
 
 
 def test_onnx_model_wrong_shape(tmp_path):

@@ -135,13 +135,19 @@ class BottleneckSampler(nn.Module):
             cost is linear in n at every input size. This changes the
             function at sizes where the cap binds, so it is for training
             from scratch, not for official weights (trained uncapped).
+        landmark_hw (tuple[int, int] | None): opt-in fixed grid (gh, gw):
+            m = gh * gw at every input size, the strided grid being
+            adaptively average-pooled to it (as ``max_landmarks``; e.g. the
+            fixed m = 49 of the NeurIPS Fig. 1b memory study). Exclusive
+            with ``max_landmarks``. Default: None (the strided grid).
     """
 
     def __init__(self,
                  head_dims: int,
                  ratio: int,
                  mode: str = 'conv',
-                 max_landmarks: Optional[int] = None):
+                 max_landmarks: Optional[int] = None,
+                 landmark_hw: Optional[Tuple[int, int]] = None):
         super().__init__()
         if mode not in SAMPLING_MODES:
             raise ValueError(f'unknown sampling {mode!r}; choose one of '
@@ -149,9 +155,21 @@ class BottleneckSampler(nn.Module):
         if ratio < 1:
             raise ValueError(f'sampling ratio must be >= 1, got {ratio}')
         check_int('max_landmarks', max_landmarks, allow_none=True)
+        if landmark_hw is not None:
+            if max_landmarks is not None:
+                raise ValueError('set either max_landmarks or landmark_hw '
+                                 '(a fixed grid), not both')
+            if not isinstance(landmark_hw,
+                              (tuple, list)) or len(landmark_hw) != 2:
+                raise ValueError(f'landmark_hw must be a pair (gh, gw) of '
+                                 f'ints >= 1, got {landmark_hw!r}')
+            landmark_hw = tuple(
+                check_int(f'landmark_hw[{i}]', side)
+                for i, side in enumerate(landmark_hw))
         self.mode = mode
         self.ratio = ratio
         self.max_landmarks = max_landmarks
+        self.landmark_hw = landmark_hw
         if mode == 'conv':
             self.conv = nn.Conv2d(
                 head_dims, head_dims, ratio, ratio, bias=False)
@@ -168,12 +186,14 @@ class BottleneckSampler(nn.Module):
                 x,
                 self.ratio,
                 self.max_landmarks,
+                self.landmark_hw,
                 conv=self.conv if self.mode == 'conv' else None)
             x = x.flatten(2).transpose(1, 2)
             if self.mode == 'conv':
                 x = F.gelu(self.norm(x))
             return x.reshape(B, h, -1, d)
-        gh, gw = landmark_grid(hw, self.ratio, self.max_landmarks)
+        gh, gw = self.landmark_hw or landmark_grid(hw, self.ratio,
+                                                   self.max_landmarks)
         m = min(gh * gw, n)
         if self.mode == 'biased':
             return q[:, :, :m]
@@ -186,6 +206,8 @@ class BottleneckSampler(nn.Module):
     def extra_repr(self) -> str:
         cap = f', max_landmarks={self.max_landmarks}' \
             if self.max_landmarks else ''
+        if self.landmark_hw:
+            cap = f', landmark_hw={self.landmark_hw}'
         return f'mode={self.mode}, ratio={self.ratio}{cap}'
 
 
@@ -226,6 +248,9 @@ class SOFTAttention(AttentionBase):
             Default: False.
         max_landmarks (int | None): opt-in cap on the bottleneck size (see
             :class:`BottleneckSampler`). Default: None.
+        landmark_hw (tuple[int, int] | None): opt-in fixed bottleneck grid
+            (gh, gw), m = gh * gw at every input size (see
+            :class:`BottleneckSampler`). Default: None.
     """
 
     def __init__(self,
@@ -241,7 +266,8 @@ class SOFTAttention(AttentionBase):
                  nr_method: str = 'auto',
                  nr_backward: str = 'eq16',
                  nr_diagnostics: bool = False,
-                 max_landmarks: Optional[int] = None):
+                 max_landmarks: Optional[int] = None,
+                 landmark_hw: Optional[Tuple[int, int]] = None):
         super().__init__(embed_dims, num_heads, sampling_ratio, dw_kernel_size)
         check_int('nr_iters', nr_iters)
         if not isinstance(attn_norm, bool):
@@ -263,7 +289,7 @@ class SOFTAttention(AttentionBase):
         self.q = nn.Linear(embed_dims, embed_dims, bias=qkv_bias)
         self.v = nn.Linear(embed_dims, embed_dims, bias=qkv_bias)
         self.sampler = BottleneckSampler(self.head_dims, sampling_ratio,
-                                         sampling, max_landmarks)
+                                         sampling, max_landmarks, landmark_hw)
         self._build_output_layers()
 
     def _queries(self, x: torch.Tensor, hw: Tuple[int, int]):

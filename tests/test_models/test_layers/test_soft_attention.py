@@ -175,6 +175,38 @@ def test_max_landmarks_inactive_below_cap_is_identical():
     torch.testing.assert_close(a(x, (28, 28)), b(x, (28, 28)))
 
 
+@pytest.mark.parametrize('hw', [(28, 28), (28, 84), (13, 40)])
+def test_landmark_hw_fixes_the_grid(hw):
+    """m = gh * gw at every size; avgpool: the strided grid pooled to it."""
+    import torch.nn.functional as F
+    q = torch.randn(1, 2, hw[0] * hw[1], 8)
+    for mode in ('conv', 'avgpool', 'random', 'biased'):
+        s = BottleneckSampler(8, 4, mode, landmark_hw=(7, 5)).eval()
+        assert s(q, hw).shape == (1, 2, 35, 8)
+    grid = BottleneckSampler(8, 4, 'avgpool')(q, hw)  # (1, 2, gh * gw, 8)
+    gh, gw = landmark_grid(hw, 4)
+    pooled = F.adaptive_avg_pool2d(
+        grid.reshape(2, gh, gw, 8).permute(0, 3, 1, 2), (7, 5))
+    torch.testing.assert_close(
+        BottleneckSampler(8, 4, 'avgpool', landmark_hw=[7, 5])(q, hw),
+        pooled.flatten(2).transpose(1, 2)[None])
+
+
+def test_landmark_hw_default_and_errors():
+    torch.manual_seed(0)
+    a = SOFTAttention(32, 1, 4)
+    b = SOFTAttention(32, 1, 4, landmark_hw=(7, 7))  # = the strided grid
+    b.load_state_dict(a.state_dict())
+    x = torch.randn(2, 28 * 28, 32)
+    torch.testing.assert_close(a(x, (28, 28)), b(x, (28, 28)))
+    assert a.sampler.landmark_hw is None and 'landmark_hw=(7, 7)' in repr(b)
+    with pytest.raises(ValueError, match='either max_landmarks or '):
+        SOFTAttention(32, 1, 4, max_landmarks=49, landmark_hw=(7, 7))
+    for bad in (7, (7, ), (7, 0), (7.0, 7)):
+        with pytest.raises(ValueError, match='landmark_hw'):
+            BottleneckSampler(8, 4, landmark_hw=bad)
+
+
 def test_dw_conv_equals_official_grouped_layout():
     """Per-head filter on V, as the official (B*d, h, H, W) grouped conv."""
     attn = SOFTAttention(64, 4, 4, dw_kernel_size=5)
