@@ -27,13 +27,6 @@ import warnings
 # times before the tool's own output (e.g. the data check's message)
 warnings.filterwarnings('ignore', message='pkg_resources is deprecated')
 
-ROOT = osp.dirname(osp.dirname(osp.abspath(__file__)))
-# a checkout's mmsoft first; an installed copy (mmsoft/.mim/tools) imports
-# the installed mmsoft
-if (osp.isfile(osp.join(ROOT, 'mmsoft', '__init__.py'))
-        and ROOT not in sys.path):
-    sys.path.insert(0, ROOT)  # noqa: E402  (run from a checkout)
-
 from mmengine.config import Config, ConfigDict, DictAction  # noqa: E402
 from mmengine.registry import RUNNERS  # noqa: E402
 from mmengine.runner import Runner  # noqa: E402

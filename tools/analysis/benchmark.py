@@ -26,12 +26,7 @@ Sizes: ``HxWxB``. Writes results.csv / results.md / benchmark.png.
 """
 import argparse
 import os.path as osp
-import sys
 import time
-
-HERE = osp.dirname(osp.abspath(__file__))
-if HERE not in sys.path:
-    sys.path.insert(0, HERE)
 
 from utils import (make_parser, measure_step, print_result, pyplot,
                    run_isolated, soft_model_kwargs, write_results)

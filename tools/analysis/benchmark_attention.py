@@ -24,12 +24,7 @@ Writes ``results.csv``, ``results.md`` and ``memory_time_vs_tokens.png``.
 """
 import argparse
 import os.path as osp
-import sys
 import time
-
-HERE = osp.dirname(osp.abspath(__file__))
-if HERE not in sys.path:
-    sys.path.insert(0, HERE)
 
 from utils import (make_parser, measure_step, print_result, pyplot,
                    run_isolated, write_results)

@@ -44,13 +44,8 @@ papers count them) unless ``--backbone-only``. Writes ``flops.csv``,
 import io
 import json
 import os.path as osp
-import sys
 import time
 from typing import Optional
-
-HERE = osp.dirname(osp.abspath(__file__))
-if HERE not in sys.path:
-    sys.path.insert(0, HERE)
 
 import torch
 import torch.nn as nn

@@ -6,8 +6,8 @@ size d = 384, 12 heads, bottleneck / landmark / reduced length m = 49, batch
 1, and n = 784 x p tokens (p = 1..8), laid out as a 28 x 28p token map. Each
 attention is the zoo module (same block otherwise); the attentions with a
 reduced token set (SOFT, Linformer, Nystromformer) use a fixed 7 x 7 grid
-(their r = 4 strided grid, adaptively average-pooled to 7 x 7), so m = 49
-at every n as in the paper.
+(their option ``landmark_hw``: the r = 4 strided grid, adaptively
+average-pooled to 7 x 7), so m = 49 at every n as in the paper.
 
 Entries: the zoo names (soft, soft_norm, softmax, linformer, performer,
 nystromformer, sima) and ``softmax:math``: softmax attention forced onto
@@ -32,15 +32,10 @@ Writes ``memory.csv``, ``memory.md`` and ``memory.png`` to ``--out``.
 import argparse
 import io
 import os.path as osp
-import sys
 import time
 
-HERE = osp.dirname(osp.abspath(__file__))
-if HERE not in sys.path:
-    sys.path.insert(0, HERE)
-
-from utils import (make_parser, measure_step, print_result, pyplot,
-                   run_isolated, write_results)
+from utils import (ATTENTION_NAMES, attn_cfg_of, make_parser, measure_step,
+                   print_result, pyplot, run_isolated, write_results)
 
 DEFAULT_ATTNS = [
     'soft', 'soft_norm', 'softmax', 'softmax:math', 'linformer', 'performer',
@@ -51,51 +46,32 @@ BASE_SIDE = 28  # n = 784 p = 28 x 28p
 
 
 # ------------------------------------------------------------------ model
+#: the attentions with a reduced token set (their ``landmark_hw`` option)
+REDUCED = ('soft', 'soft_norm', 'linformer', 'nystromformer')
+
+
 def build_stack(attn: str, layers: int, dims: int, heads: int, landmarks: int,
                 ratio: int):
     """12 (``layers``) post-norm SOFT layers with the given attention."""
     import torch.nn as nn
-    import torch.nn.functional as F
 
-    from mmsoft.models.layers import SOFTBlock, landmark_grid
+    from mmsoft.models.layers import SOFTBlock
 
     g = int(round(landmarks**0.5))
     if g * g != landmarks:
         raise ValueError(f'--landmarks must be a square, got {landmarks}')
     attn_type = attn.split(':')[0]
-
-    class FixedGridSampler(nn.Module):
-        """SOFT's sampler, then adaptive pooling to a g x g grid."""
-
-        def __init__(self, base):
-            super().__init__()
-            self.base = base
-
-        def forward(self, q, hw):
-            lm = self.base(q, hw)
-            gh, gw = landmark_grid(hw, self.base.ratio,
-                                   self.base.max_landmarks)
-            B, h, _, d = lm.shape
-            x = lm.reshape(B * h, gh, gw, d).permute(0, 3, 1, 2)
-            x = F.adaptive_avg_pool2d(x, (g, g))
-            return x.flatten(2).transpose(1, 2).reshape(B, h, -1, d)
+    cfg = attn_cfg_of(attn_type)
+    if attn_type in REDUCED:
+        cfg['landmark_hw'] = (g, g)
 
     class Stack(nn.Module):
 
         def __init__(self):
             super().__init__()
-            self.blocks = nn.ModuleList()
-            for _ in range(layers):
-                if attn_type in ('soft', 'soft_norm'):
-                    cfg = dict(type='soft', attn_norm=attn_type != 'soft')
-                elif attn_type in ('linformer', 'nystromformer'):
-                    cfg = dict(type=attn_type, landmark_hw=(g, g))
-                else:
-                    cfg = dict(type=attn_type)
-                blk = SOFTBlock(dims, heads, ratio, attn_cfg=cfg)
-                if attn_type in ('soft', 'soft_norm'):
-                    blk.attn.sampler = FixedGridSampler(blk.attn.sampler)
-                self.blocks.append(blk)
+            self.blocks = nn.ModuleList(
+                SOFTBlock(dims, heads, ratio, attn_cfg=cfg)
+                for _ in range(layers))
 
         def forward(self, x, hw):
             for blk in self.blocks:
@@ -260,8 +236,7 @@ def main(argv=None):
         args.device = 'cuda' if torch.cuda.is_available() else 'cpu'
     if args.child:
         return child(args)
-    from mmsoft.models.layers import attention_types
-    known = attention_types() + ['soft_norm', 'softmax:math']
+    known = list(ATTENTION_NAMES) + ['softmax:math']
     for a in args.attns:
         if a not in known:
             p.error(f'unknown attention {a!r}; choose from {known}')

@@ -30,130 +30,20 @@ stripped. Writes ``nr_convergence.csv``, ``.md`` and ``.png`` to ``--out``.
 """
 import argparse
 import io
-import os
 import os.path as osp
-import sys
 import time
 from collections import defaultdict
 
-HERE = osp.dirname(osp.abspath(__file__))
-if HERE not in sys.path:
-    sys.path.insert(0, HERE)
-
-import numpy as np
 import torch
-from utils import (ROOT, add_hw_argument, make_parser, pyplot,
-                   soft_model_kwargs, write_results)
-
-IMG_EXTS = ('.jpg', '.jpeg', '.png', '.bmp', '.webp')
-MEAN = np.array([123.675, 116.28, 103.53], np.float32)
-STD = np.array([58.395, 57.12, 57.375], np.float32)
-DEMO_SETS = (('imagenet', 'imagenet/val'), ('coco', 'coco/val'),
-             ('ade', 'ade/images/validation'))
-
-
-# ------------------------------------------------------------------ images
-def list_images(folder: str):
-    out = []
-    for root, _, files in os.walk(folder):
-        out += [
-            osp.join(root, f) for f in files if f.lower().endswith(IMG_EXTS)
-        ]
-    return sorted(out)
-
-
-def image_sets(specs, num_images: int, demo_root=None):
-    """[(name, [items])]; an item is a path or an RGB uint8 array."""
-    sets = []
-    for spec in specs or []:
-        name, _, path = spec.rpartition('=')
-        name = name or osp.basename(osp.normpath(path))
-        files = list_images(path)
-        if not files:
-            raise FileNotFoundError(f'no images under {path}')
-        sets.append((name, files[:num_images]))
-    if sets:
-        return sets
-    demo_root = demo_root or osp.join(ROOT, 'data', 'demo')
-    for name, sub in DEMO_SETS:
-        files = list_images(osp.join(demo_root, sub))
-        if files:
-            sets.append((f'demo-{name}', files[:num_images]))
-    if sets:
-        return sets
-    from mmsoft.tools_support.demo.synthetic import render_scene
-    imgs = [
-        render_scene(np.random.default_rng([7, i]), 224)[0][..., ::-1]
-        for i in range(num_images)
-    ]
-    return [('synthetic', imgs)]
-
-
-def load_rgb(item) -> np.ndarray:
-    if isinstance(item, np.ndarray):
-        return np.ascontiguousarray(item)
-    import cv2
-    img = cv2.imread(item, cv2.IMREAD_COLOR)
-    if img is None:
-        raise IOError(f'cannot read image {item}')
-    return img[..., ::-1].copy()
-
-
-def to_tensor(rgb: np.ndarray, size) -> torch.Tensor:
-    """Resize to size (H, W), ImageNet-normalise -> (3, H, W) float."""
-    import cv2
-    H, W = size
-    img = cv2.resize(rgb, (W, H), interpolation=cv2.INTER_LINEAR)
-    img = (img.astype(np.float32) - MEAN) / STD
-    return torch.from_numpy(img.transpose(2, 0, 1).copy())
+from utils import (add_hw_argument, build_model, image_sets, load_rgb,
+                   make_parser, pyplot, soft_attention_modules, to_tensor,
+                   write_results)
 
 
 def batches(items, size, batch_size):
     for i in range(0, len(items), batch_size):
         chunk = items[i:i + batch_size]
         yield i, torch.stack([to_tensor(load_rgb(it), size) for it in chunk])
-
-
-# ------------------------------------------------------------------ models
-def build_model(name=None, config=None, checkpoint=None, **overrides):
-    """A SOFT backbone from a model name or a config's model.backbone,
-    with weights from ``checkpoint`` (mmsoft format) if given."""
-    from mmsoft.models.backbones import SOFT
-    if config:
-        from mmengine.config import Config
-        bb = dict(Config.fromfile(config).model.backbone)
-        bb.pop('type', None)
-        bb.pop('init_cfg', None)
-    else:
-        bb = soft_model_kwargs(name)
-    model = SOFT(**dict(bb, **overrides))
-    if checkpoint:
-        from mmengine.runner import load_checkpoint
-        load_checkpoint(
-            model,
-            checkpoint,
-            map_location='cpu',
-            strict=False,
-            revise_keys=[(r'^module\.', ''), (r'^backbone\.', '')])
-    else:
-        print(
-            'warning: no --checkpoint, the model is randomly initialised',
-            flush=True)
-        from mmsoft.tools_support.launch import quiet_init_weights
-        quiet_init_weights(model)
-    return model.eval()
-
-
-def soft_attention_modules(model):
-    """[(stage, layer, SOFTAttention)] in order."""
-    from mmsoft.models.layers import SOFTAttention
-    out = []
-    for name, mod in model.named_modules():
-        if isinstance(mod, SOFTAttention):
-            parts = name.split('.')  # ...stages.<i>.blocks.<j>.attn
-            i = parts.index('stages')
-            out.append((int(parts[i + 1]), int(parts[i + 3]), mod))
-    return out
 
 
 # ------------------------------------------------------------------ metric

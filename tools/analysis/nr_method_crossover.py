@@ -17,14 +17,8 @@ bottleneck matrices SOFT builds), ``--batch`` of them (batch x heads),
 right-hand sides of width ``--head-dims``. Writes nothing; prints a table.
 """
 import argparse
-import os.path as osp
 import statistics
-import sys
 import time
-
-ROOT = osp.dirname(osp.dirname(osp.dirname(osp.abspath(__file__))))
-if ROOT not in sys.path:
-    sys.path.insert(0, ROOT)
 
 METHODS = ('iterative', 'spectral')
 

@@ -37,12 +37,7 @@ Writes ``spectral_norm.csv``, ``.md`` and ``.png`` to ``--out``.
 import io
 import math
 import os.path as osp
-import sys
 import time
-
-HERE = osp.dirname(osp.abspath(__file__))
-if HERE not in sys.path:
-    sys.path.insert(0, HERE)
 
 import torch
 from utils import make_parser, pyplot, write_results
@@ -69,8 +64,8 @@ def field_landmarks(g: int, dims: int, spread: float, bandwidth: float,
 def model_landmarks(args, g: int):
     """[(m, d) landmarks] from a SOFT model on images sized for a g x g
     bottleneck grid in stage ``args.stage``."""
-    from nr_convergence import (build_model, image_sets, load_rgb,
-                                soft_attention_modules, to_tensor)
+    from utils import (build_model, image_sets, load_rgb,
+                       soft_attention_modules, to_tensor)
     if not hasattr(model_landmarks, 'cache'):
         model_landmarks.cache = build_model(
             args.model,

@@ -3,7 +3,10 @@
 * model names: :func:`parse_model_name` reads ``soft_tiny_norm``,
   ``softmax_small``, ``soft_small_spectral_ml196`` ...;
   :func:`soft_model_kwargs` turns a name into the keyword arguments of
-  :class:`mmsoft.models.backbones.SOFT`;
+  :class:`mmsoft.models.backbones.SOFT` (archs: ``SOFT.arch_zoo``,
+  attentions: :func:`attn_cfg_of`), :func:`build_model` builds one (or a
+  config's backbone) with weights;
+* images: :func:`image_sets`, :func:`load_rgb`, :func:`to_tensor`;
 * measuring: :func:`measure_step` (time and peak memory of one step) and
   :func:`run_isolated` (one measurement in a fresh process, whose result it
   reads from a :func:`print_result` line);
@@ -13,12 +16,13 @@
   ``.png`` of a run), all written atomically
   (:mod:`mmsoft.utils.atomic`).
 
-The scripts import it as ``utils`` with their own folder on ``sys.path``
-(``python tools/analysis/x.py`` puts it there), from a checkout and from
-the installed copy (``mmsoft/.mim/tools/analysis``) alike. Importing it
-puts the checkout that holds it on ``sys.path`` (so that ``import mmsoft``
-finds this checkout's package without an install); it imports neither torch
-nor mmsoft itself.
+The scripts import it as ``utils``: ``python tools/analysis/x.py`` puts
+their folder first on ``sys.path``, in a checkout and in the installed
+copy (``mmsoft/.mim/tools/analysis``) alike. Like every tool they import
+the ``mmsoft`` that Python finds: an install (``pip install -e .``, as
+``make demo`` does, or ``pip install .``), or the checkout put on
+``PYTHONPATH`` (``bash tools/python.sh tools/analysis/x.py ...`` does
+that). Importing this module imports neither torch nor mmsoft.
 """
 import argparse
 import csv
@@ -31,25 +35,23 @@ import subprocess
 import sys
 import time
 from collections import namedtuple
-from typing import Callable, Dict, List, Optional
-
-#: the repository root when this file is in a checkout's tools/analysis
-#: (an installed copy lies in mmsoft/.mim/tools/analysis: no mmsoft there)
-ROOT = osp.dirname(osp.dirname(osp.dirname(osp.abspath(__file__))))
-if (osp.isfile(osp.join(ROOT, 'mmsoft', '__init__.py'))
-        and ROOT not in sys.path):
-    sys.path.insert(0, ROOT)
+from typing import Callable, Dict, List, Optional, Tuple
 
 # ------------------------------------------------------------- model names
-#: the SOFT presets a name can use (``small-official`` also as
-#: ``small_official``)
-ARCHS = ('tiny', 'small', 'medium', 'large', 'huge', 'small-official')
 NR_METHODS = ('iterative', 'spectral')
 #: the attentions a name can use: the short registry names
 #: (:data:`mmsoft.registry.ATTENTIONS`) and ``soft_norm`` = SOFT with the
 #: IJCV normalisation
 ATTENTION_NAMES = ('soft', 'soft_norm', 'softmax', 'linformer', 'performer',
                    'nystromformer', 'sima')
+
+
+def soft_archs() -> Tuple[str, ...]:
+    """The SOFT presets a name can use: the keys of ``SOFT.arch_zoo``
+    (``small-official`` also as ``small_official``)."""
+    from mmsoft.models.backbones import SOFT
+    return tuple(SOFT.arch_zoo)
+
 
 ModelName = namedtuple('ModelName', 'attn arch norm nr_method max_landmarks')
 
@@ -59,14 +61,15 @@ def parse_model_name(name: str) -> ModelName:
 
     ``attn`` is an attention type of the zoo (``soft``, ``soft_norm``,
     ``softmax``, ``linformer``, ``performer``, ``nystromformer``,
-    ``sima``), ``arch`` a SOFT preset (:data:`ARCHS`). ``soft_<arch>`` is
+    ``sima``), ``arch`` a SOFT preset (:func:`soft_archs`). ``soft_<arch>`` is
     the NeurIPS model (no normalisation), ``soft_<arch>_norm`` =
     ``soft_norm_<arch>`` the IJCV one. The SOFT attention also takes
     ``_iterative`` / ``_spectral`` (the pseudo-inverse method, default
     ``auto``) and ``_ml<N>`` (``max_landmarks=N``).
     """
+    archs = soft_archs()
     usage = (f'use <attn>_<arch>[_norm][_iterative|_spectral][_ml<N>] with '
-             f'attn in {ATTENTION_NAMES} and arch in {ARCHS}')
+             f'attn in {ATTENTION_NAMES} and arch in {archs}')
     for attn in sorted(ATTENTION_NAMES, key=len, reverse=True):
         if not name.startswith(attn + '_'):
             continue
@@ -80,7 +83,7 @@ def parse_model_name(name: str) -> ModelName:
         if norm:
             parts.pop()
         arch = '-'.join(parts)
-        if arch not in ARCHS:
+        if arch not in archs:
             break
         if attn == 'soft_norm':
             attn, norm = 'soft', True
@@ -113,6 +116,131 @@ def soft_model_kwargs(name: str) -> dict:
     if m.max_landmarks:
         attn_cfg['max_landmarks'] = m.max_landmarks
     return dict(arch=m.arch, attn_cfg=attn_cfg)
+
+
+# -------------------------------------------------------- images, models
+IMG_EXTS = ('.jpg', '.jpeg', '.png', '.bmp', '.webp')
+#: ImageNet mean / std (RGB), as the configs' data preprocessors
+MEAN = (123.675, 116.28, 103.53)
+STD = (58.395, 57.12, 57.375)
+DEMO_SETS = (('imagenet', 'imagenet/val'), ('coco', 'coco/val'),
+             ('ade', 'ade/images/validation'))
+
+
+def demo_data_root() -> str:
+    """``data/demo`` (``make demo``'s data) of the checkout, or of the
+    working directory when mmsoft is installed."""
+    from mmsoft.utils.paths import checkout_root
+    return osp.join(checkout_root() or os.getcwd(), 'data', 'demo')
+
+
+def list_images(folder: str) -> List[str]:
+    out = []
+    for root, _, files in os.walk(folder):
+        out += [
+            osp.join(root, f) for f in files if f.lower().endswith(IMG_EXTS)
+        ]
+    return sorted(out)
+
+
+def image_sets(specs, num_images: int, demo_root=None):
+    """[(name, [items])] of the folders ``specs`` (``DIR`` or
+    ``name=DIR``); without any, the demo data's validation images, else
+    rendered synthetic scenes. An item is a path or an RGB uint8 array."""
+    sets = []
+    for spec in specs or []:
+        name, _, path = spec.rpartition('=')
+        name = name or osp.basename(osp.normpath(path))
+        files = list_images(path)
+        if not files:
+            raise FileNotFoundError(f'no images under {path}')
+        sets.append((name, files[:num_images]))
+    if sets:
+        return sets
+    demo_root = demo_root or demo_data_root()
+    for name, sub in DEMO_SETS:
+        files = list_images(osp.join(demo_root, sub))
+        if files:
+            sets.append((f'demo-{name}', files[:num_images]))
+    if sets:
+        return sets
+    import numpy as np
+
+    from mmsoft.tools_support.demo.synthetic import render_scene
+    imgs = [
+        render_scene(np.random.default_rng([7, i]), 224)[0][..., ::-1]
+        for i in range(num_images)
+    ]
+    return [('synthetic', imgs)]
+
+
+def load_rgb(item):
+    """An RGB uint8 array from an image path (or the array itself)."""
+    import numpy as np
+    if isinstance(item, np.ndarray):
+        return np.ascontiguousarray(item)
+    import cv2
+    img = cv2.imread(item, cv2.IMREAD_COLOR)
+    if img is None:
+        raise IOError(f'cannot read image {item}')
+    return img[..., ::-1].copy()
+
+
+def normalize(rgb):
+    """ImageNet-normalised (3, H, W) float tensor of an RGB array."""
+    import numpy as np
+    import torch
+    img = (rgb.astype(np.float32) - np.float32(MEAN)) / np.float32(STD)
+    return torch.from_numpy(np.ascontiguousarray(img.transpose(2, 0, 1)))
+
+
+def to_tensor(rgb, size):
+    """Resize to size (H, W), ImageNet-normalise -> (3, H, W) float."""
+    import cv2
+    H, W = size
+    return normalize(cv2.resize(rgb, (W, H), interpolation=cv2.INTER_LINEAR))
+
+
+def build_model(name=None, config=None, checkpoint=None, **overrides):
+    """A SOFT backbone (eval mode) from a model name or a config's
+    ``model.backbone``, with weights from ``checkpoint`` (mmsoft format)
+    if given, else randomly initialised (with a warning)."""
+    from mmsoft.models.backbones import SOFT
+    if config:
+        from mmengine.config import Config
+        bb = dict(Config.fromfile(config).model.backbone)
+        bb.pop('type', None)
+        bb.pop('init_cfg', None)
+    else:
+        bb = soft_model_kwargs(name)
+    model = SOFT(**dict(bb, **overrides))
+    if checkpoint:
+        from mmengine.runner import load_checkpoint
+        load_checkpoint(
+            model,
+            checkpoint,
+            map_location='cpu',
+            strict=False,
+            revise_keys=[(r'^module\.', ''), (r'^backbone\.', '')])
+    else:
+        print(
+            'warning: no --checkpoint, the model is randomly initialised',
+            flush=True)
+        from mmsoft.tools_support.launch import quiet_init_weights
+        quiet_init_weights(model)
+    return model.eval()
+
+
+def soft_attention_modules(model):
+    """[(stage, layer, SOFTAttention)] in order."""
+    from mmsoft.models.layers import SOFTAttention
+    out = []
+    for name, mod in model.named_modules():
+        if isinstance(mod, SOFTAttention):
+            parts = name.split('.')  # ...stages.<i>.blocks.<j>.attn
+            i = parts.index('stages')
+            out.append((int(parts[i + 1]), int(parts[i + 3]), mod))
+    return out
 
 
 # --------------------------------------------------------------- measuring

@@ -26,12 +26,7 @@ and the raw rows ``attention_rows.npz`` to ``--out``.
 import io
 import math
 import os.path as osp
-import sys
 import time
-
-HERE = osp.dirname(osp.abspath(__file__))
-if HERE not in sys.path:
-    sys.path.insert(0, HERE)
 
 import numpy as np
 import torch
@@ -148,7 +143,7 @@ def parse_args(argv=None):
 
 def main(argv=None):
     args = parse_args(argv)
-    from nr_convergence import build_model, load_rgb, to_tensor
+    from utils import build_model, load_rgb, to_tensor
 
     from mmsoft.utils.atomic import atomic_path
     ckpts = {}

@@ -24,10 +24,6 @@ import tempfile
 import time
 import warnings
 
-ROOT = osp.dirname(osp.dirname(osp.dirname(osp.abspath(__file__))))
-if ROOT not in sys.path:
-    sys.path.insert(0, ROOT)  # noqa: E402  (run from a checkout)
-
 DEFAULT_SPECS = [
     'configs/soft_tiny_in1k.py:224x224',
     'configs/soft_norm_tiny_in1k.py:224x224',

@@ -29,11 +29,7 @@ import os.path as osp
 import sys
 import warnings
 
-ROOT = osp.dirname(osp.dirname(osp.dirname(osp.abspath(__file__))))
-if ROOT not in sys.path:
-    sys.path.insert(0, ROOT)  # noqa: E402  (run from a checkout)
-
-from mmengine.config import DictAction  # noqa: E402
+from mmengine.config import DictAction
 
 
 def parse_args(argv=None):

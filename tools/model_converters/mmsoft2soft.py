@@ -17,10 +17,8 @@ and by timm's ``load_checkpoint``, plus ``meta`` with mmsoft's SHA-256 of
 the tensors. Written atomically; DST must not be SRC.
 """
 import argparse
-import os.path as osp
 import sys
 
-sys.path.insert(0, osp.abspath(osp.join(osp.dirname(__file__), '..', '..')))
 
 from mmsoft.utils.official_keys import ConversionError  # noqa: E402
 from mmsoft.utils.official_keys import (check_output_path,

@@ -28,7 +28,6 @@ import argparse
 import os.path as osp
 import sys
 
-sys.path.insert(0, osp.abspath(osp.join(osp.dirname(__file__), '..', '..')))
 
 from mmsoft.utils.official_keys import ConversionError  # noqa: E402
 from mmsoft.utils.official_keys import (arch_for_mmsoft, check_output_path,
