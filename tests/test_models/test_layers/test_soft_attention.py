@@ -217,8 +217,7 @@ def test_nr_settings_built_once_and_frozen(monkeypatch):
     monkeypatch.setattr(pinv, 'resolve_init',
                         lambda *a: calls.append(a) or resolve(*a))
     attn = SOFTAttention(16, 2, 2, nr_iters=7, nr_method='iterative')
-    assert attn.nr == NRConfig(7, 'soft_norm_per_sample', 'iterative',
-                               'eq16')
+    assert attn.nr == NRConfig(7, 'soft_norm_per_sample', 'iterative', 'eq16')
     attn(torch.randn(2, 16, 16), (4, 4))
     attn.attention_matrix(torch.randn(1, 16, 16), (4, 4))
     assert calls == [(None, True)]
