@@ -54,8 +54,7 @@ def imported(node, name, is_package, modules):
 
 def import_graph(root=ROOT, package=PACKAGE):
     """{module: set of mmsoft modules it imports} for ``root/package``."""
-    files = sorted(
-        glob(osp.join(root, package, '**', '*.py'), recursive=True))
+    files = sorted(glob(osp.join(root, package, '**', '*.py'), recursive=True))
     modules = {module_name(f, root): f for f in files}
     graph = {}
     for name, path in modules.items():
@@ -104,8 +103,8 @@ def test_graph_reader_sees_every_kind_of_import(tmp_path):
     (pkg / 'sub').mkdir(parents=True)
     (pkg / '__init__.py').write_text('from .sub import b\n')
     (pkg / 'sub' / '__init__.py').write_text('X = 1\n')
-    (pkg / 'sub' / 'b.py').write_text(
-        'def f():\n    from .. import c\n    from . import X\n')
+    (pkg / 'sub' / 'b.py'
+     ).write_text('def f():\n    from .. import c\n    from . import X\n')
     (pkg / 'c.py').write_text('import mmsoft.sub.b as b\n')
     graph = import_graph(str(tmp_path))
     assert graph['mmsoft'] == {'mmsoft.sub.b'}
@@ -124,8 +123,8 @@ def test_no_import_cycle_in_mmsoft():
 
 
 @pytest.mark.parametrize('layer,forbidden', [
-    ('mmsoft.utils', ('mmsoft.models', 'mmsoft.engine',
-                      'mmsoft.tools_support')),
+    ('mmsoft.utils',
+     ('mmsoft.models', 'mmsoft.engine', 'mmsoft.tools_support')),
     ('mmsoft.models', ('mmsoft.engine', 'mmsoft.tools_support')),
 ])
 def test_layers_do_not_import_upwards(layer, forbidden):
@@ -133,6 +132,6 @@ def test_layers_do_not_import_upwards(layer, forbidden):
     training engine or the tools' support code."""
     graph = import_graph()
     bad = sorted(f'{src} -> {dst}' for src, dsts in graph.items()
-                 if src == layer or src.startswith(layer + '.')
-                 for dst in dsts if dst.startswith(forbidden))
+                 if src == layer or src.startswith(layer + '.') for dst in dsts
+                 if dst.startswith(forbidden))
     assert not bad, f'{layer} imports upwards: {bad}'
