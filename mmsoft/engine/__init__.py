@@ -1,3 +1,6 @@
-"""Training-engine parts of mmsoft (hooks)."""
+"""Training-engine parts of mmsoft (hooks, optim wrappers)."""
 from .hooks import *  # noqa: F401,F403
-from .hooks import __all__  # noqa: F401
+from .hooks import __all__ as _hooks
+from .optimizers import CPUAmpOptimWrapper
+
+__all__ = list(_hooks) + ['CPUAmpOptimWrapper']

@@ -23,7 +23,8 @@ One set of tools serves mmpretrain, mmdet and mmseg configs. This module
 * implements ``--amp`` (:func:`enable_amp`): ``AmpOptimWrapper`` with a
   dynamic loss scale on CUDA, as in mmdet; on CPU, where MMEngine's
   ``AmpOptimWrapper`` refuses to start and fp16 autocast does not exist,
-  :class:`CPUAmpOptimWrapper` (bfloat16 autocast, no loss scaling); models
+  :class:`mmsoft.engine.optimizers.CPUAmpOptimWrapper` (bfloat16
+  autocast, no loss scaling; registered by ``import mmsoft``); models
   with mmcv's RoIAlign (no bfloat16 CPU kernel) get a clear error instead.
 """
 import contextlib
@@ -34,13 +35,14 @@ import sys
 
 import torch
 from mmengine.logging import print_log
-from mmengine.optim import OptimWrapper
-from mmengine.registry import OPTIM_WRAPPERS
+
+from mmsoft.engine.optimizers import \
+    CPUAmpOptimWrapper  # noqa: F401  (registers what enable_amp sets)
 
 __all__ = [
     'quiet_init_weights', 'exit_if_legacy_backbone', 'CODEBASES',
     'codebase_of', 'import_codebase', 'setup_cpu_distributed', 'enable_amp',
-    'CPUAmpOptimWrapper', 'prepare_cfg'
+    'prepare_cfg'
 ]
 
 #: default_scope -> python package of the codebase
@@ -191,30 +193,6 @@ def setup_cpu_distributed(cfg, launcher: str) -> bool:
         with _cuda_set_device_disabled():
             init_dist(launcher, **dist_cfg)
     return True
-
-
-@OPTIM_WRAPPERS.register_module()
-class CPUAmpOptimWrapper(OptimWrapper):
-    """``--amp`` on CPU: the forward pass runs under bfloat16 autocast.
-
-    bfloat16 has the exponent range of float32, so no loss scaling is done.
-    SOFT's kernel, pseudo-inverse and attention products stay float32 (they
-    disable autocast themselves). Ops without a bfloat16 CPU kernel (some
-    mmcv ops) may raise; train without ``--amp`` then.
-    """
-
-    def __init__(self, dtype: str = 'bfloat16', **kwargs):
-        super().__init__(**kwargs)
-        if dtype not in ('bfloat16', torch.bfloat16):
-            raise ValueError(
-                f'CPU autocast supports only bfloat16, got {dtype!r}')
-        self.cast_dtype = torch.bfloat16
-
-    @contextlib.contextmanager
-    def optim_context(self, model):
-        with super().optim_context(model), torch.autocast(
-                device_type='cpu', dtype=self.cast_dtype):
-            yield
 
 
 #: mmcv ops whose CPU kernels reject bfloat16 inputs (RoI-based detectors:

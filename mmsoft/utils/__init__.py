@@ -1,18 +1,7 @@
-"""Utilities of mmsoft: the official-checkpoint key mapping."""
-from .official_keys import (OFFICIAL_MODELS, ConversionError, arch_for_mmsoft,
-                            convert_mmpretrain_to_official,
-                            convert_official_to_mmpretrain, describe_arch,
-                            extract_state_dict, infer_official_arch,
-                            load_checkpoint_file, match_arch_preset,
-                            mmsoft_to_official_key, official_model_name,
-                            official_shapes, official_to_mmsoft_key,
-                            save_checkpoint_atomic, strip_module_prefix)
-
-__all__ = [
-    'OFFICIAL_MODELS', 'ConversionError', 'arch_for_mmsoft',
-    'convert_mmpretrain_to_official', 'convert_official_to_mmpretrain',
-    'describe_arch', 'extract_state_dict', 'infer_official_arch',
-    'load_checkpoint_file', 'match_arch_preset', 'mmsoft_to_official_key',
-    'official_model_name', 'official_shapes', 'official_to_mmsoft_key',
-    'save_checkpoint_atomic', 'strip_module_prefix'
-]
+"""Utilities of mmsoft that know nothing of its models: paths of the
+shipped files (:mod:`.paths`), atomic writes (:mod:`.atomic`), checksummed
+checkpoints (:mod:`.checkpoint_io`, :mod:`.checkpoint_files`), strict
+state-dict comparison (:mod:`.strict_load`) and RNG states
+(:mod:`.rng_state`). Import the submodules; nothing here imports
+:mod:`mmsoft.models` (the official-checkpoint key map lives in
+:mod:`mmsoft.models.converters`)."""

@@ -15,30 +15,29 @@ An intended partial load (e.g. another head) is an explicit opt-in
 it loads the matching tensors and logs what was left out. Loading nothing
 is an error even then.
 
-Used by :class:`mmsoft.engine.hooks.StrictLoadHook` (``tools/test.py``) and
-by ``SOFT.init_weights`` (``init_cfg=dict(type='Pretrained', ...)``).
+This module compares state dicts only (it knows no model). Used by
+:class:`mmsoft.engine.hooks.StrictLoadHook` (``tools/test.py``) and by the
+``SOFTPretrained`` initializer of the backbone
+(:mod:`mmsoft.models.backbones.soft_pretrained`; what
+``init_cfg=dict(type='Pretrained', ...)`` of SOFT runs).
 """
 import logging
-import os.path as osp
 import re
 from collections import OrderedDict
-from typing import Mapping, NamedTuple, Optional, Sequence, Tuple
+from typing import Callable, Mapping, NamedTuple, Optional, Sequence, Tuple
 
 import torch
 from mmengine.logging import print_log
 
 __all__ = [
     'CheckpointMismatchError', 'LoadReport', 'compare_state_dicts',
-    'check_state_dict', 'official_soft_hint', 'unwrap_model',
-    'load_pretrained', 'upgrade_legacy_keys'
+    'check_state_dict', 'describe', 'few_keys', 'unwrap_model', 'strip_prefix'
 ]
 
 #: keys that may be absent from a checkpoint (BatchNorm step counters;
 #: MMEngine ignores them too)
 OPTIONAL_KEYS = ('num_batches_tracked', )
 _N_SHOW = 5
-_OFFICIAL_RE = re.compile(r'^(patch_embed[1-4]\.|block[1-4]\.\d+\.|'
-                          r'pos_embed[1-4]$)')
 
 
 class CheckpointMismatchError(RuntimeError):
@@ -82,7 +81,8 @@ def compare_state_dicts(model_sd: Mapping, ckpt_sd: Mapping) -> LoadReport:
                       len(ckpt_sd))
 
 
-def _few(keys: Sequence[str]) -> str:
+def few_keys(keys: Sequence[str]) -> str:
+    """The first few keys, and how many more."""
     shown = ', '.join(keys[:_N_SHOW])
     return shown + (f', ... (+{len(keys) - _N_SHOW} more)'
                     if len(keys) > _N_SHOW else '')
@@ -94,40 +94,18 @@ def describe(report: LoadReport) -> str:
     if report.missing:
         lines.append(f'{len(report.missing)} of the model\'s '
                      f'{report.n_model} tensors are missing from the '
-                     f'checkpoint: {_few(report.missing)}')
+                     f'checkpoint: {few_keys(report.missing)}')
     if report.unexpected:
         lines.append(f'{len(report.unexpected)} of the checkpoint\'s '
                      f'{report.n_ckpt} tensors are not in the model '
-                     f'(unexpected): {_few(report.unexpected)}')
+                     f'(unexpected): {few_keys(report.unexpected)}')
     if report.mismatched:
         mm = [
             f'{k} (checkpoint {list(a)} vs model {list(b)})'
             for k, a, b in report.mismatched
         ]
-        lines.append(f'{len(mm)} tensors have another shape: {_few(mm)}')
+        lines.append(f'{len(mm)} tensors have another shape: {few_keys(mm)}')
     return '\n  '.join(lines)
-
-
-def official_soft_hint(checkpoint, source: str = 'SRC') -> Optional[str]:
-    """The converter command if ``checkpoint`` (a loaded checkpoint dict)
-    has the key layout of the official SOFT code, else None."""
-    from .official_keys import (ConversionError, extract_state_dict,
-                                official_to_mmsoft_key)
-    try:
-        sd, _ = extract_state_dict(checkpoint)
-    except ConversionError:
-        return None
-    official = [
-        k for k in sd if _OFFICIAL_RE.match(k) and official_to_mmsoft_key(k)
-    ]
-    if not official or len(official) < len(sd) // 2:
-        return None
-    dst = osp.join('weights', osp.basename(str(source)) or 'soft.pth')
-    return (f'{source!s} is an official SOFT checkpoint (fudan-zvg/SOFT key '
-            f'layout, e.g. {official[0]!r}); convert it first:\n'
-            f'    python tools/model_converters/soft2mmsoft.py {source} '
-            f'{dst} [--norm for soft_norm_* weights]\n'
-            f'  and load the converted file.')
 
 
 def check_state_dict(model_sd: Mapping,
@@ -136,20 +114,22 @@ def check_state_dict(model_sd: Mapping,
                      target: str = 'the model',
                      allow_partial: bool = False,
                      opt_in: str = '',
-                     checkpoint=None) -> LoadReport:
+                     hint: Optional[Callable[[], Optional[str]]] = None
+                     ) -> LoadReport:
     """Raise :class:`CheckpointMismatchError` unless ``ckpt_sd`` matches
     ``model_sd`` (keys and shapes). With ``allow_partial`` a mismatch is
     logged as a warning instead, unless no tensor at all would load.
 
     ``opt_in`` names the switch for intended partial loads (shown in the
-    error); ``checkpoint`` (the whole loaded file) lets the error recognise
-    an unconverted official SOFT checkpoint.
+    error). ``hint``, called only on a mismatch, may return a line that
+    explains it (e.g. the converter command for an unconverted official
+    SOFT checkpoint, :func:`mmsoft.models.converters.official_soft_hint`);
+    a checkpoint with a hint is never loaded partially.
     """
     report = compare_state_dicts(model_sd, ckpt_sd)
     if report.ok:
         return report
-    hint = official_soft_hint(
-        checkpoint if checkpoint is not None else ckpt_sd, source)
+    hint = hint() if hint is not None else None
     head = (f'checkpoint {source} does not match {target}: '
             f'{report.matched} of its {report.n_ckpt} tensors would load' +
             (' (none: a checkpoint of another model?)'
@@ -180,71 +160,3 @@ def unwrap_model(model):
 
 def strip_prefix(sd: Mapping, pattern: str = r'^module\.') -> 'OrderedDict':
     return OrderedDict((re.sub(pattern, '', k), v) for k, v in sd.items())
-
-
-def upgrade_legacy_keys(model: torch.nn.Module, sd: Mapping) -> Mapping:
-    """``sd`` with the keys of older SOFT checkpoint layouts renamed for
-    every SOFT backbone inside ``model`` (what its ``_load_from_state_dict``
-    does while loading), so that they are compared under the new names."""
-    from mmsoft.models.backbones.soft import SOFT
-    for name, mod in model.named_modules():
-        if isinstance(mod, SOFT):
-            sd = SOFT.upgrade_state_dict(sd, f'{name}.' if name else '')
-    return sd
-
-
-def load_pretrained(module: torch.nn.Module,
-                    checkpoint: str,
-                    prefix: Optional[str] = None,
-                    map_location='cpu',
-                    strict: bool = True,
-                    opt_in: str = '') -> LoadReport:
-    """``init_cfg=dict(type='Pretrained', ...)`` with a strict check.
-
-    Reads ``checkpoint`` with MMEngine's loader, takes its ``state_dict``
-    (the keys under ``prefix``, e.g. ``'backbone.'`` of a whole classifier
-    checkpoint; the other keys, such as the head, are ignored), checks it
-    against ``module`` (:func:`check_state_dict`; ``strict=False`` allows
-    partial loads) and loads the matching tensors.
-    """
-    from mmengine.runner.checkpoint import _load_checkpoint
-    ckpt = _load_checkpoint(checkpoint, map_location=map_location)
-    sd = ckpt['state_dict'] if isinstance(ckpt, Mapping) and \
-        'state_dict' in ckpt else ckpt
-    if not isinstance(sd, Mapping):
-        raise CheckpointMismatchError(
-            f'checkpoint {checkpoint} holds a {type(sd).__name__}, not a '
-            f'state dict')
-    sd = strip_prefix(sd)
-    if prefix:
-        p = prefix if prefix.endswith('.') else prefix + '.'
-        selected = OrderedDict(
-            (k[len(p):], v) for k, v in sd.items() if k.startswith(p))
-        if not selected:
-            hint = official_soft_hint(ckpt, checkpoint)
-            raise CheckpointMismatchError(
-                f'checkpoint {checkpoint} has no tensor under the prefix '
-                f'{p!r} (init_cfg.prefix); its keys look like '
-                f'{_few(list(map(str, sd)))}' +
-                (f'\n  {hint}' if hint else ''))
-        sd = selected
-    sd = upgrade_legacy_keys(module, sd)
-    target = type(module).__name__ + (f' (checkpoint keys under {prefix!r})'
-                                      if prefix else '')
-    report = check_state_dict(
-        module.state_dict(),
-        sd,
-        str(checkpoint),
-        target,
-        allow_partial=not strict,
-        opt_in=opt_in,
-        checkpoint=ckpt)
-    bad = {k for k, _, _ in report.mismatched}
-    module.load_state_dict(
-        OrderedDict((k, v) for k, v in sd.items() if k not in bad),
-        strict=False)
-    print_log(
-        f'{type(module).__name__}: loaded {report.matched} tensors '
-        f'from {checkpoint}',
-        logger='current')
-    return report

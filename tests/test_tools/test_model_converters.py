@@ -2,7 +2,7 @@
 
 The official-layout state dicts are synthesised here from the official key
 naming of fudan-zvg/SOFT (models/softmax_free_*.py), written out
-independently of :mod:`mmsoft.utils.official_keys` so that the converter's
+independently of :mod:`mmsoft.models.converters` so that the converter's
 own shape table is checked against it. Reference numbers measured on the
 official ``soft_tiny``: 187 state-dict entries, 13,069,056 parameters (with
 the 1000-class head).
@@ -17,10 +17,11 @@ import torch
 from conftest import (CONFIGS, ROOT, dead_pid, flip_tensor_bytes, load_module,
                       random_model, run_python)
 
+from mmsoft.models import converters as ok
 from mmsoft.models.backbones.soft import SOFT
+from mmsoft.models.converters import ConversionError
+from mmsoft.utils import checkpoint_files as cf
 from mmsoft.utils import checkpoint_io as cio
-from mmsoft.utils import official_keys as ok
-from mmsoft.utils.official_keys import ConversionError
 
 TINY = dict(
     embed_dims=[64, 128, 320, 512],
@@ -339,28 +340,28 @@ def test_mmsoft_side_errors(tiny_sd):
 # ------------------------------------------------------------ checkpoint files
 def test_extract_state_dict_layouts(tiny_sd):
     ema = OrderedDict((k, v + 1) for k, v in tiny_sd.items())
-    sd, src = ok.extract_state_dict({
+    sd, src = cf.extract_state_dict({
         'state_dict': tiny_sd,
         'state_dict_ema': ema,
         'epoch': 3
     })
     assert src == 'state_dict_ema' and sd['cls_token'].equal(ema['cls_token'])
-    sd, src = ok.extract_state_dict(
+    sd, src = cf.extract_state_dict(
         {
             'state_dict': tiny_sd,
             'state_dict_ema': ema
         }, prefer_ema=False)
     assert src == 'state_dict' and sd['cls_token'].equal(tiny_sd['cls_token'])
-    sd, src = ok.extract_state_dict(
+    sd, src = cf.extract_state_dict(
         {'model': {
             'module.' + k: v
             for k, v in tiny_sd.items()
         }})
     assert src == 'model' and list(sd) == list(tiny_sd)
-    sd, src = ok.extract_state_dict(tiny_sd)
+    sd, src = cf.extract_state_dict(tiny_sd)
     assert src == '<bare>'
     with pytest.raises(ConversionError, match='no state dict found'):
-        ok.extract_state_dict({'epoch': 1, 'optimizer': {}})
+        cf.extract_state_dict({'epoch': 1, 'optimizer': {}})
 
 
 def test_cli_round_trip(tmp_path, tiny_sd, capsys):
@@ -443,7 +444,7 @@ class Opaque:
 
 def test_atomic_write(tmp_path, monkeypatch):
     dst = tmp_path / 'ckpt.pth'
-    ok.save_checkpoint_atomic({'a': torch.ones(2)}, str(dst))
+    cf.save_checkpoint_atomic({'a': torch.ones(2)}, str(dst))
     assert torch.load(dst)['a'].equal(torch.ones(2))
     before = dst.read_bytes()
 
@@ -453,14 +454,14 @@ def test_atomic_write(tmp_path, monkeypatch):
 
     monkeypatch.setattr(torch, 'save', failing_save)
     with pytest.raises(RuntimeError, match='disk full'):
-        ok.save_checkpoint_atomic({'a': torch.zeros(2)}, str(dst))
+        cf.save_checkpoint_atomic({'a': torch.zeros(2)}, str(dst))
     assert dst.read_bytes() == before  # old file untouched
     assert os.listdir(tmp_path) == ['ckpt.pth']  # no temporary left
     with pytest.raises(RuntimeError, match='disk full'):
-        ok.save_checkpoint_atomic({'a': 1}, str(tmp_path / 'new.pth'))
+        cf.save_checkpoint_atomic({'a': 1}, str(tmp_path / 'new.pth'))
     assert os.listdir(tmp_path) == ['ckpt.pth']
     with pytest.raises(ConversionError, match='does not exist'):
-        ok.save_checkpoint_atomic({}, str(tmp_path / 'no' / 'x.pth'))
+        cf.save_checkpoint_atomic({}, str(tmp_path / 'no' / 'x.pth'))
 
 
 def test_mmpretrain_classifier_loads(tiny_sd):
@@ -624,7 +625,7 @@ def test_output_that_is_not_a_regular_file_is_refused(tmp_path, tiny_sd,
         assert 'is a FIFO, not a regular file: refusing to replace it' in err
         assert osp.exists(fifo) and not osp.isfile(fifo)
     with pytest.raises(ConversionError, match='a FIFO'):
-        ok.save_checkpoint_atomic({'a': torch.ones(1)}, str(fifo))
+        cf.save_checkpoint_atomic({'a': torch.ones(1)}, str(fifo))
     assert sorted(os.listdir(tmp_path)) == ['fifo', 'official.pth']
 
 
@@ -705,4 +706,4 @@ def test_converted_file_carries_checksum(tmp_path, tiny_sd):
     with pytest.raises(cio.CheckpointError, match='SHA-256'):
         load_checkpoint(SOFT(arch='tiny'), str(bad))
     with pytest.raises(ConversionError, match='corrupt'):
-        ok.load_checkpoint_file(str(bad))
+        cf.load_checkpoint_file(str(bad))

@@ -6,7 +6,7 @@ from conftest import cls_demo_config, random_model, tool_namespace
 
 pytest.importorskip('mmpretrain')
 
-from mmsoft.utils.official_keys import \
+from mmsoft.models.converters import \
     convert_mmpretrain_to_official  # noqa: E402
 
 

@@ -10,7 +10,7 @@ import torch
 from conftest import save_classifier_checkpoint, tiny_arch
 
 from mmsoft.models.backbones import SOFT
-from mmsoft.utils.official_keys import convert_mmpretrain_to_official
+from mmsoft.models.converters import convert_mmpretrain_to_official
 from mmsoft.utils.strict_load import (CheckpointMismatchError,
                                       compare_state_dicts)
 
@@ -122,3 +122,57 @@ def test_compare_counts():
         })
     assert r.missing == () and r.unexpected == ('c', )
     assert r.mismatched == (('b', (4, ), (3, )), ) and r.matched == 1
+
+
+def test_pretrained_runs_the_registered_initializer_once(
+        tmp_path, monkeypatch):
+    """init_cfg Pretrained on SOFT runs the strict 'SOFTPretrained'
+    initializer (registered in mmengine's root WEIGHT_INITIALIZERS) once,
+    without calling init_weights again; the same initializer works on any
+    module by name, as strictly."""
+    from mmengine.model import BaseModule
+    from mmengine.registry import WEIGHT_INITIALIZERS
+
+    from mmsoft.models.backbones import SOFTPretrainedInit, soft_pretrained
+    assert WEIGHT_INITIALIZERS.get('SOFTPretrained') is SOFTPretrainedInit
+    src = _classifier_ckpt(tmp_path / 'cls.pth')
+    loads, inits = [], []
+    load = soft_pretrained.load_pretrained
+    monkeypatch.setattr(soft_pretrained, 'load_pretrained',
+                        lambda *a, **k: loads.append(k) or load(*a, **k))
+    init = SOFT.init_weights
+    monkeypatch.setattr(SOFT, 'init_weights',
+                        lambda self: inits.append(1) or init(self))
+    for strict in (True, False):
+        loads.clear(), inits.clear()
+        dst = _pretrained(
+            tmp_path / 'cls.pth', prefix='backbone.', strict=strict)
+        dst.init_weights()
+        assert len(inits) == 1 and len(loads) == 1
+        assert loads[0]['strict'] is strict
+        for k, v in src.state_dict().items():
+            assert torch.equal(dst.state_dict()[k], v), k
+        assert dst.is_init
+
+    class Head(BaseModule):
+
+        def __init__(self, out, **kw):
+            super().__init__(**kw)
+            self.fc = torch.nn.Linear(ARCH['embed_dims'][3], out)
+
+    torch.save(
+        {
+            'state_dict': {
+                'head.fc.weight': torch.ones(3, 32),
+                'head.fc.bias': torch.ones(3)
+            }
+        }, tmp_path / 'head.pth')
+    cfg = dict(
+        type='SOFTPretrained',
+        checkpoint=str(tmp_path / 'head.pth'),
+        prefix='head.')
+    head = Head(3, init_cfg=cfg)
+    head.init_weights()
+    assert torch.equal(head.fc.weight, torch.ones(3, 32))
+    with pytest.raises(CheckpointMismatchError, match='another shape'):
+        Head(5, init_cfg=cfg).init_weights()

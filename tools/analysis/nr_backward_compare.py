@@ -155,10 +155,11 @@ def official_alpha(A):
     return alpha
 
 
-def reference_apply(A, W, attn_norm=True, nr_iters=20, *args, **kwargs):
+def reference_apply(A, W, attn_norm=True, nr=None, *args, **kwargs):
     """float64 official rule per sample: D^-1/2 A_T D^-1/2 W."""
     import torch
     assert attn_norm
+    nr_iters = 20 if nr is None else nr.iters
     A, W = A.double(), W.double()
     out = []
     for b in range(A.shape[0]):

@@ -20,13 +20,14 @@ import argparse
 import sys
 
 
-from mmsoft.utils.official_keys import ConversionError  # noqa: E402
-from mmsoft.utils.official_keys import (check_output_path,
-                                        convert_mmpretrain_to_official,
-                                        describe_arch, extract_state_dict,
-                                        load_checkpoint_file,
-                                        official_model_name, positive_int,
-                                        save_checkpoint_atomic)
+from mmsoft.models.converters import ConversionError  # noqa: E402
+from mmsoft.models.converters import (  # noqa: E402
+    convert_mmpretrain_to_official, describe_arch, official_model_name)
+from mmsoft.tools_support.cli import positive_int  # noqa: E402
+from mmsoft.utils.checkpoint_files import check_output_path  # noqa: E402
+from mmsoft.utils.checkpoint_files import (extract_state_dict,
+                                           load_checkpoint_file,
+                                           save_checkpoint_atomic)
 
 
 def parse_args(argv=None):

@@ -29,13 +29,16 @@ import os.path as osp
 import sys
 
 
-from mmsoft.utils.official_keys import ConversionError  # noqa: E402
-from mmsoft.utils.official_keys import (arch_for_mmsoft, check_output_path,
-                                        convert_official_to_mmpretrain,
-                                        describe_arch, extract_state_dict,
-                                        load_checkpoint_file,
-                                        match_arch_preset, official_model_name,
-                                        positive_int, save_checkpoint_atomic)
+from mmsoft.models.converters import ConversionError  # noqa: E402
+from mmsoft.models.converters import arch_for_mmsoft  # noqa: E402
+from mmsoft.models.converters import (convert_official_to_mmpretrain,
+                                      describe_arch, match_arch_preset,
+                                      official_model_name)
+from mmsoft.tools_support.cli import positive_int  # noqa: E402
+from mmsoft.utils.checkpoint_files import check_output_path  # noqa: E402
+from mmsoft.utils.checkpoint_files import (extract_state_dict,
+                                           load_checkpoint_file,
+                                           save_checkpoint_atomic)
 
 
 def parse_args(argv=None):

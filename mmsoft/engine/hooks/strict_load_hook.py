@@ -34,9 +34,10 @@ class StrictLoadHook(Hook):
         self.opt_in = opt_in
 
     def after_load_checkpoint(self, runner, checkpoint: dict) -> None:
+        from mmsoft.models.backbones.soft_pretrained import upgrade_legacy_keys
+        from mmsoft.models.converters import official_soft_hint
         from mmsoft.utils.strict_load import (check_state_dict, strip_prefix,
-                                              unwrap_model,
-                                              upgrade_legacy_keys)
+                                              unwrap_model)
         sd = checkpoint.get('state_dict', checkpoint) \
             if isinstance(checkpoint, dict) else checkpoint
         model = unwrap_model(runner.model)
@@ -48,4 +49,4 @@ class StrictLoadHook(Hook):
             f'the model ({type(model).__name__})',
             allow_partial=self.allow_partial,
             opt_in=self.opt_in,
-            checkpoint=checkpoint)
+            hint=lambda: official_soft_hint(checkpoint, source))

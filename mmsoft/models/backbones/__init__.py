@@ -1,3 +1,4 @@
 from .soft import SOFT
+from .soft_pretrained import SOFTPretrainedInit  # registers 'SOFTPretrained'
 
-__all__ = ['SOFT']
+__all__ = ['SOFT', 'SOFTPretrainedInit']

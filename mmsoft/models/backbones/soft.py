@@ -17,7 +17,7 @@ import torch.nn.functional as F
 import torch.utils.checkpoint as cp
 from mmengine.logging import print_log
 from mmengine.model import BaseModule
-from mmengine.model.weight_init import trunc_normal_
+from mmengine.model.weight_init import initialize, trunc_normal_
 from torch.nn.modules.batchnorm import _BatchNorm
 
 from mmsoft.registry import register_model
@@ -561,37 +561,25 @@ class SOFT(BaseModule):
         is accepted and means "no weights yet" (configs set it so that
         ``--cfg-options model.backbone.init_cfg.checkpoint=...`` works).
 
-        Pretrained loading is strict: a checkpoint whose tensors (under
-        ``prefix``) do not match the backbone - missing, unexpected or
-        mis-shaped keys, an unconverted official checkpoint - raises
-        :class:`mmsoft.utils.strict_load.CheckpointMismatchError`.
+        Pretrained loading is strict (the ``SOFTPretrained`` initializer of
+        :mod:`mmsoft.models.backbones.soft_pretrained`): a checkpoint whose
+        tensors (under ``prefix``) do not match the backbone - missing,
+        unexpected or mis-shaped keys, an unconverted official checkpoint -
+        raises :class:`mmsoft.utils.strict_load.CheckpointMismatchError`.
         ``init_cfg=dict(type='Pretrained', ..., strict=False)`` allows
         intended partial loads (the rest keeps the official initialisation).
         """
-        pretrained = isinstance(self.init_cfg, dict) and \
-            self.init_cfg.get('type') == 'Pretrained'
-        if pretrained and self.init_cfg.get('checkpoint') is not None:
-            from mmsoft.utils.strict_load import load_pretrained
-            cfg = dict(self.init_cfg)
-            if cfg.get('strict', True) is False:
-                self.init_cfg = None
-                self.init_weights()  # official init for what is not loaded
-                self.init_cfg = cfg
-            load_pretrained(
-                self,
-                cfg['checkpoint'],
-                prefix=cfg.get('prefix'),
-                map_location=cfg.get('map_location', 'cpu'),
-                strict=cfg.get('strict', True),
-                opt_in="set model.backbone.init_cfg.strict=False")
-            self._is_init = True
-            return
-        if pretrained:
+        cfg = dict(self.init_cfg) if isinstance(self.init_cfg, dict) else {}
+        pretrained = cfg.get('type') in ('Pretrained', 'SOFTPretrained')
+        if pretrained and cfg.get('checkpoint') is None:
             print_log(
                 'SOFT: init_cfg has no checkpoint; using random '
                 'initialisation',
                 logger='current')
             self.init_cfg = None
+            pretrained = False
+        if pretrained and cfg.get('strict', True) is not False:
+            return self._load_pretrained(cfg)  # every tensor is loaded
         for m in self.modules():
             if isinstance(m, nn.Linear):
                 trunc_normal_(m.weight, std=.02)
@@ -603,7 +591,23 @@ class SOFT(BaseModule):
         for stage in self.stages:
             trunc_normal_(stage.pos_embed, std=.02)
         trunc_normal_(self.stages[-1].cls_token, std=.02)
+        if pretrained:  # partial load: the rest keeps the initialisation
+            return self._load_pretrained(cfg)
         super().init_weights()
+
+    def _load_pretrained(self, cfg: Dict) -> None:
+        """``init_cfg`` ``Pretrained`` by the registered strict initializer
+        ``SOFTPretrained`` (:mod:`.soft_pretrained`), not by mmengine's
+        ``PretrainedInit`` (``strict=False``, wrong weights only warn)."""
+        initialize(
+            self,
+            dict(
+                type='SOFTPretrained',
+                checkpoint=cfg['checkpoint'],
+                prefix=cfg.get('prefix'),
+                map_location=cfg.get('map_location', 'cpu'),
+                strict=cfg.get('strict', True)))
+        self._is_init = True
 
     # ------------------------------------------------------------ freeze
     def _freeze_stages(self):

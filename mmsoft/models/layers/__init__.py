@@ -4,8 +4,8 @@ from .blocks import (FFN, ConvPatchEmbed, DropPath, SOFTBlock,
                      SoftmaxAttention, SoftmaxBlock)
 from .gaussian_kernel import gaussian_kernel
 from .grid import landmark_grid, reduce_map
-from .pinv import (newton_inverse, newton_inverse_apply, nr_init_alpha,
-                   pinv_convergence)
+from .pinv import (NRConfig, newton_inverse, newton_inverse_apply,
+                   nr_init_alpha, pinv_convergence)
 from .soft_attention import (SAMPLING_MODES, BottleneckSampler, SOFTAttention,
                              bottleneck_apply, bottleneck_inverse,
                              soft_attention)
@@ -15,7 +15,7 @@ from .zoo import (LinformerAttention, NystromformerAttention,
 __all__ = [
     'AttentionBase', 'query_index', 'ConvPatchEmbed', 'DropPath', 'FFN',
     'SoftmaxAttention', 'SoftmaxBlock', 'SOFTBlock', 'gaussian_kernel',
-    'newton_inverse', 'newton_inverse_apply', 'nr_init_alpha',
+    'NRConfig', 'newton_inverse', 'newton_inverse_apply', 'nr_init_alpha',
     'bottleneck_apply', 'bottleneck_inverse', 'pinv_convergence',
     'SAMPLING_MODES', 'BottleneckSampler', 'SOFTAttention', 'landmark_grid',
     'reduce_map', 'soft_attention', 'attention_types', 'build_attention',

@@ -16,17 +16,18 @@ Alg. 2 / Eq. (10) unrolled as matrix products::
     A_0 = alpha A,   A_{k+1} = 2 A_k - A_k A A_k               (Eq. 10)
 
 The per-matrix (or per-sample) alpha comes from the same
-:func:`~mmsoft.models.layers.pinv.nr_init_alpha` as in PyTorch: all
-candidates are scored at once and selected with ``argmax`` / ``gather``, so
-the choice is part of the graph (no Python control flow on tensor values,
-no host synchronisation). Nothing here is differentiable-specific: these
-functions are for inference graphs only.
+:func:`~mmsoft.models.layers.pinv.nr_init_alpha` as in PyTorch (pinv
+computes it and calls :func:`newton_iterate`; this module imports nothing
+of mmsoft): all candidates are scored at once and selected with ``argmax``
+/ ``gather``, so the choice is part of the graph (no Python control flow on
+tensor values, no host synchronisation). Nothing here is
+differentiable-specific: these functions are for inference graphs only.
 """
 import torch
 
 __all__ = [
-    'is_exporting', 'ExportError', 'gaussian_kernel', 'newton_inverse',
-    'newton_inverse_apply'
+    'is_exporting', 'ExportError', 'fp32', 'gaussian_kernel', 'check_method',
+    'newton_iterate'
 ]
 
 
@@ -39,7 +40,7 @@ def is_exporting() -> bool:
     return torch.onnx.is_in_onnx_export() or torch.jit.is_tracing()
 
 
-def _fp32(t: torch.Tensor) -> torch.Tensor:
+def fp32(t: torch.Tensor) -> torch.Tensor:
     """float32 (float64 stays), as the autograd Functions compute."""
     return t if t.dtype == torch.float64 else t.float()
 
@@ -67,36 +68,23 @@ def gaussian_kernel(x: torch.Tensor,
     return K
 
 
-def _check_method(method: str) -> None:
+def check_method(method: str) -> None:
+    """An explicit ``nr_method='spectral'`` cannot be exported
+    (:class:`ExportError`); ``'auto'`` becomes the iterative form."""
     if method == 'spectral':
         raise ExportError(
             "nr_method='spectral' cannot be exported (torch.linalg.eigh has "
-            "no ONNX operator); set model.backbone.nr_method='auto' or "
-            "'iterative' (same function) before exporting")
+            "no ONNX operator); set model.backbone.attn_cfg.nr_method='auto' "
+            "or 'iterative' (same function) before exporting")
 
 
-def newton_inverse(A: torch.Tensor,
-                   iters: int,
-                   init: str,
-                   method: str = 'iterative') -> torch.Tensor:
-    """The T-th Newton-Raphson iterate A_T (Alg. 2), unrolled matmuls.
-
-    ``method='auto'`` becomes the iterative form (the spectral one needs
-    ``eigh``); an explicit ``'spectral'`` raises :class:`ExportError`.
-    """
-    from .pinv import _init  # here: pinv imports this module
-    _check_method(method)
-    A, alpha = _init(_fp32(A), init)
+def newton_iterate(A: torch.Tensor, alpha: torch.Tensor,
+                   iters: int) -> torch.Tensor:
+    """The T-th Newton-Raphson iterate A_T (Alg. 2) as unrolled matmuls,
+    from A_0 = alpha A (``A`` the matrix the iterations run on and
+    ``alpha`` per matrix, both from
+    :func:`~mmsoft.models.layers.pinv.nr_init_alpha`'s rules)."""
     V = alpha[..., None, None] * A
     for _ in range(iters):
         V = 2 * V - torch.matmul(torch.matmul(V, A), V)
     return V
-
-
-def newton_inverse_apply(A: torch.Tensor,
-                         W: torch.Tensor,
-                         iters: int,
-                         init: str,
-                         method: str = 'iterative') -> torch.Tensor:
-    """A_T W with A_T from :func:`newton_inverse`."""
-    return torch.matmul(newton_inverse(A, iters, init, method), _fp32(W))

@@ -61,18 +61,21 @@ Two ways to evaluate the same T iterations (``method``):
   iterative otherwise (on GPUs the batched products are fast and eigh is
   not).
 """
+import dataclasses
 import warnings
 from typing import Dict, Optional, Tuple
 
 import torch
 
 from . import export_ops
+from .checks import check_int
 
 __all__ = [
     'newton_inverse', 'newton_inverse_apply', 'nr_init_alpha',
-    'pinv_convergence', 'NewtonInverse', 'NewtonInverseApply', 'INIT_MODES',
-    'INIT_ALIASES', 'NR_METHODS', 'NR_BACKWARDS', 'SPECTRAL_MIN_M',
-    'canonical_init', 'default_init', 'resolve_init', 'nr_residual'
+    'pinv_convergence', 'NewtonInverse', 'NewtonInverseApply', 'NRConfig',
+    'INIT_MODES', 'INIT_ALIASES', 'NR_METHODS', 'NR_BACKWARDS',
+    'SPECTRAL_MIN_M', 'canonical_init', 'default_init', 'resolve_init',
+    'nr_residual'
 ]
 
 INIT_MODES = ('soft_norm_per_sample', 'soft_norm_per_matrix',
@@ -136,6 +139,79 @@ def canonical_init(init: str) -> str:
         return new
     raise ValueError(f'unknown Newton-Raphson init {init!r}; choose one of '
                      f'{INIT_MODES} (old names: {sorted(INIT_ALIASES)})')
+
+
+@dataclasses.dataclass(frozen=True)
+class NRConfig:
+    """The Newton-Raphson settings of one attention, validated once.
+
+    Args:
+        iters (int): T, the iterations (>= 0). Default: 20.
+        init (str): the alpha rule, one of :data:`INIT_MODES` (an old name
+            of :data:`INIT_ALIASES` is replaced by its new one). Default:
+            'soft_norm_per_sample'.
+        method (str): ``'auto'``, ``'iterative'`` or ``'spectral'`` (see
+            the module docstring). Default: 'auto'.
+        backward (str): ``'eq16'`` or ``'exact'``. Default: 'eq16'.
+
+    :meth:`from_options` builds it from the ``nr_*`` options of
+    :class:`~mmsoft.models.layers.SOFTAttention`; :meth:`inverse` and
+    :meth:`apply` evaluate A_T and A_T W with it.
+    """
+    iters: int = 20
+    init: str = 'soft_norm_per_sample'
+    method: str = 'auto'
+    backward: str = 'eq16'
+
+    def __post_init__(self):
+        if self.iters < 0:
+            raise ValueError(f'iters must be >= 0, got {self.iters}')
+        object.__setattr__(self, 'iters', int(self.iters))
+        object.__setattr__(self, 'init', canonical_init(self.init))
+        if self.method not in NR_METHODS:
+            raise ValueError(f'unknown pseudo-inverse method '
+                             f'{self.method!r}; choose one of {NR_METHODS}')
+        if self.backward not in NR_BACKWARDS:
+            raise ValueError(f'unknown Newton-Raphson backward '
+                             f'{self.backward!r}; choose one of '
+                             f'{NR_BACKWARDS}')
+
+    @classmethod
+    def from_options(cls,
+                     attn_norm: bool,
+                     nr_iters: int = 20,
+                     nr_init: Optional[str] = None,
+                     nr_method: str = 'auto',
+                     nr_backward: str = 'eq16') -> 'NRConfig':
+        """From the options of SOFT attention (errors name them):
+        ``nr_init=None`` is the official rule of the variant
+        (:func:`default_init` of ``attn_norm``)."""
+        check_int('nr_iters', nr_iters)
+        init = resolve_init(nr_init, attn_norm)
+        if nr_backward not in NR_BACKWARDS:
+            raise ValueError(f'unknown nr_backward {nr_backward!r}; choose '
+                             f'one of {NR_BACKWARDS}')
+        if nr_method not in NR_METHODS:
+            raise ValueError(f'unknown nr_method {nr_method!r}; choose one '
+                             f'of {NR_METHODS}')
+        return cls(nr_iters, init, nr_method, nr_backward)
+
+    def replace(self, **changes) -> 'NRConfig':
+        """A copy with some settings changed (validated again)."""
+        return dataclasses.replace(self, **changes)
+
+    def inverse(self,
+                A: torch.Tensor,
+                stats: Optional[Dict] = None) -> torch.Tensor:
+        """A_T for (..., m, m) matrices A (see :func:`newton_inverse`)."""
+        return _solve(_check_square(A), None, self, stats)
+
+    def apply(self,
+              A: torch.Tensor,
+              W: torch.Tensor,
+              stats: Optional[Dict] = None) -> torch.Tensor:
+        """A_T W without forming A_T (see :func:`newton_inverse_apply`)."""
+        return _solve(_check_square(A), W, self, stats)
 
 
 def _shared_max(t: torch.Tensor, init: str, trailing: int = 0):
@@ -295,13 +371,6 @@ def _divided_differences(lam: torch.Tensor, v: torch.Tensor,
     return F
 
 
-def _newton_spectral(A: torch.Tensor, alpha: torch.Tensor,
-                     iters: int) -> torch.Tensor:
-    """A_T = U diag(v_T) U^T (see :func:`_spectral_factors`)."""
-    U, v, _ = _spectral_factors(A, alpha, iters)
-    return (U * v.unsqueeze(-2)) @ U.transpose(-1, -2)
-
-
 def resolve_method(method: str, A: torch.Tensor) -> str:
     if method not in NR_METHODS:
         raise ValueError(f'unknown pseudo-inverse method {method!r}; choose '
@@ -331,13 +400,8 @@ def _first_iterate(A: torch.Tensor,
     return Aw, alpha[..., None, None] * Aw
 
 
-def _newton_forward(A: torch.Tensor,
-                    iters: int,
-                    init: str,
-                    method: str = 'iterative') -> torch.Tensor:
-    """A_T by ``method`` (autograd through it if A requires grad)."""
-    if method == 'spectral':
-        return _newton_spectral(*_init(A, init), iters)
+def _newton_forward(A: torch.Tensor, iters: int, init: str) -> torch.Tensor:
+    """A_T by the iterations (autograd through them if A requires grad)."""
     Aw, V = _first_iterate(A, init)
     return _newton_iterate(Aw, V, iters)
 
@@ -380,6 +444,36 @@ def _iterative_stats(stats: Optional[Dict], A: torch.Tensor, init: str,
         _record_residual(stats, lam, _scalar_iterate(lam, alpha, iters))
 
 
+def _forward(ctx, A: torch.Tensor, W: Optional[torch.Tensor], nr: NRConfig,
+             stats: Optional[Dict]) -> torch.Tensor:
+    """The forward of both autograd Functions, without autograd: Y = A_T
+    (``W`` None) or Z = A_T W, with ``nr.method`` resolved ('iterative' or
+    'spectral'); saves what their backward needs."""
+    ctx.exact = nr.backward == 'exact'
+    ctx.iters = nr.iters
+    ctx.method = nr.method
+    with torch.no_grad():
+        if nr.method == 'spectral':
+            Aw, alpha = _init(A, nr.init)
+            U, v, lam = _spectral_factors(Aw, alpha, nr.iters)
+            if W is None:
+                out = (U * v.unsqueeze(-2)) @ U.transpose(-1, -2)
+                saved = (U, v, lam, alpha) if ctx.exact else (out, )
+            else:
+                UtW = U.transpose(-1, -2) @ W
+                out = U @ (v.unsqueeze(-1) * UtW)
+                saved = (U, v, lam, alpha, UtW) if ctx.exact else (U, v, out)
+            _record_residual(stats, lam, v)
+        else:
+            assert not ctx.exact, 'exact iterative backward uses autograd'
+            Y = _newton_forward(A, nr.iters, nr.init)
+            out = Y if W is None else Y @ W
+            saved = (Y, ) if W is None else (Y, out)
+            _iterative_stats(stats, A, nr.init, nr.iters)
+    ctx.save_for_backward(*saved)
+    return out
+
+
 class NewtonInverse(torch.autograd.Function):
     """Y = NR-pseudo-inverse(A) with a closed-form backward: Eq. (16), or
     with ``backward='exact'`` (spectral method only) the Daleckii-Krein
@@ -388,28 +482,9 @@ class NewtonInverse(torch.autograd.Function):
     @staticmethod
     def forward(ctx,
                 A: torch.Tensor,
-                iters: int,
-                init: str,
-                method: str = 'iterative',
-                backward: str = 'eq16',
+                nr: NRConfig,
                 stats: Optional[Dict] = None) -> torch.Tensor:
-        ctx.exact = backward == 'exact'
-        ctx.iters = iters
-        with torch.no_grad():
-            if method == 'spectral':
-                Aw, alpha = _init(A, init)
-                U, v, lam = _spectral_factors(Aw, alpha, iters)
-                Y = (U * v.unsqueeze(-2)) @ U.transpose(-1, -2)
-                _record_residual(stats, lam, v)
-                if ctx.exact:
-                    ctx.save_for_backward(U, v, lam, alpha)
-                    return Y
-            else:
-                assert not ctx.exact, 'exact iterative backward uses autograd'
-                Y = _newton_forward(A, iters, init, method)
-                _iterative_stats(stats, A, init, iters)
-        ctx.save_for_backward(Y)
-        return Y
+        return _forward(ctx, A, None, nr, stats)
 
     @staticmethod
     def backward(ctx, grad_Y: torch.Tensor):
@@ -418,11 +493,11 @@ class NewtonInverse(torch.autograd.Function):
             F = _divided_differences(lam, v, alpha, ctx.iters)
             Ut = U.transpose(-1, -2)
             grad_A = U @ (F * (Ut @ grad_Y @ U)) @ Ut
-            return grad_A, None, None, None, None, None
+            return grad_A, None, None
         (Y, ) = ctx.saved_tensors
         Yt = Y.transpose(-1, -2)
         grad_A = -(Yt @ grad_Y @ Yt)
-        return grad_A, None, None, None, None, None
+        return grad_A, None, None
 
 
 class NewtonInverseApply(torch.autograd.Function):
@@ -440,32 +515,9 @@ class NewtonInverseApply(torch.autograd.Function):
     def forward(ctx,
                 A: torch.Tensor,
                 W: torch.Tensor,
-                iters: int,
-                init: str,
-                method: str = 'iterative',
-                backward: str = 'eq16',
+                nr: NRConfig,
                 stats: Optional[Dict] = None) -> torch.Tensor:
-        ctx.exact = backward == 'exact'
-        ctx.iters = iters
-        with torch.no_grad():
-            if method == 'spectral':
-                Aw, alpha = _init(A, init)
-                U, v, lam = _spectral_factors(Aw, alpha, iters)
-                UtW = U.transpose(-1, -2) @ W
-                Z = U @ (v.unsqueeze(-1) * UtW)
-                _record_residual(stats, lam, v)
-                if ctx.exact:
-                    ctx.save_for_backward(U, v, lam, alpha, UtW)
-                else:
-                    ctx.save_for_backward(U, v, Z)
-            else:
-                assert not ctx.exact, 'exact iterative backward uses autograd'
-                Y = _newton_forward(A, iters, init, method)
-                Z = Y @ W
-                ctx.save_for_backward(Y, Z)
-                _iterative_stats(stats, A, init, iters)
-        ctx.method = method
-        return Z
+        return _forward(ctx, A, W, nr, stats)
 
     @staticmethod
     def backward(ctx, grad_Z: torch.Tensor):
@@ -479,7 +531,7 @@ class NewtonInverseApply(torch.autograd.Function):
                 F = _divided_differences(lam, v, alpha, ctx.iters)
                 M = F.mul_(UtG @ UtW.transpose(-1, -2))
                 grad_A = (U @ M) @ Ut
-            return grad_A, G, None, None, None, None, None
+            return grad_A, G, None, None
         if ctx.method == 'spectral':
             U, v, Z = ctx.saved_tensors  # Y = U diag(v) U^T is symmetric
             G = U @ (v.unsqueeze(-1) * (U.transpose(-1, -2) @ grad_Z))
@@ -488,28 +540,45 @@ class NewtonInverseApply(torch.autograd.Function):
             G = Y.transpose(-1, -2) @ grad_Z
         if ctx.needs_input_grad[0]:
             grad_A = -(G @ Z.transpose(-1, -2))
-        return grad_A, G, None, None, None, None, None
+        return grad_A, G, None, None
 
 
-def _check(A: torch.Tensor, iters: int, init: str, backward: str) -> str:
-    """Validate the arguments; returns the canonical ``init``."""
+def _check_square(A: torch.Tensor) -> torch.Tensor:
     if A.dim() < 2 or A.shape[-1] != A.shape[-2]:
         raise ValueError(f'newton_inverse expects (..., m, m) matrices, '
                          f'got shape {tuple(A.shape)}')
-    init = canonical_init(init)
-    if iters < 0:
-        raise ValueError(f'iters must be >= 0, got {iters}')
-    if backward not in NR_BACKWARDS:
-        raise ValueError(f'unknown Newton-Raphson backward {backward!r}; '
-                         f'choose one of {NR_BACKWARDS}')
-    return init
+    return A
 
 
-def _iterative_exact(A: torch.Tensor, iters: int, init: str,
-                     stats: Optional[Dict]) -> torch.Tensor:
-    """A_T with autograd through the T iterations (alpha held fixed)."""
-    _iterative_stats(stats, A, init, iters)
-    return _newton_forward(A, iters, init, 'iterative')
+def _solve(A: torch.Tensor, W: Optional[torch.Tensor], nr: NRConfig,
+           stats: Optional[Dict]) -> torch.Tensor:
+    """A_T (``W`` None) or A_T W: the export path, the autograd path of
+    ``backward='exact'`` with the iterative method, or the Functions."""
+    if W is not None and W.shape[:-1] != A.shape[:-1]:
+        raise ValueError(f'newton_inverse_apply: W of shape '
+                         f'{tuple(W.shape)} does not match A of shape '
+                         f'{tuple(A.shape)}; expected (..., m, d) with the '
+                         f'batch dims and m of A')
+    if export_ops.is_exporting():  # ONNX: plain ops, iterative, no eigh
+        export_ops.check_method(nr.method)
+        Y = export_ops.newton_iterate(*_init(export_ops.fp32(A), nr.init),
+                                      nr.iters)
+        return Y if W is None else torch.matmul(Y, export_ops.fp32(W))
+    method = resolve_method(nr.method, A)
+    if method != nr.method:
+        nr = nr.replace(method=method)
+    dtype = torch.float64 if A.dtype == torch.float64 else torch.float32
+    A = A.to(dtype)
+    W = None if W is None else W.to(dtype)
+    with torch.autocast(device_type=A.device.type, enabled=False):
+        if nr.backward == 'exact' and method == 'iterative':
+            # the gradient of the T iterations: autograd through them
+            _iterative_stats(stats, A, nr.init, nr.iters)
+            Y = _newton_forward(A, nr.iters, nr.init)
+            return Y if W is None else Y @ W
+        if W is None:
+            return NewtonInverse.apply(A, nr, stats)
+        return NewtonInverseApply.apply(A, W, nr, stats)
 
 
 def newton_inverse(A: torch.Tensor,
@@ -535,18 +604,11 @@ def newton_inverse(A: torch.Tensor,
 
     Returns:
         (..., m, m) tensor in float32 (float64 if A is float64), independent
-        of autocast.
+        of autocast. The same as ``NRConfig(iters, init, method,
+        backward).inverse(A, stats)``.
     """
-    init = _check(A, iters, init, backward)
-    if export_ops.is_exporting():  # ONNX: plain ops, iterative, no eigh
-        return export_ops.newton_inverse(A, int(iters), init, method)
-    method = resolve_method(method, A)
-    dtype = torch.float64 if A.dtype == torch.float64 else torch.float32
-    with torch.autocast(device_type=A.device.type, enabled=False):
-        if backward == 'exact' and method == 'iterative':
-            return _iterative_exact(A.to(dtype), int(iters), init, stats)
-        return NewtonInverse.apply(
-            A.to(dtype), int(iters), init, method, backward, stats)
+    _check_square(A)
+    return NRConfig(iters, init, method, backward).inverse(A, stats)
 
 
 def newton_inverse_apply(A: torch.Tensor,
@@ -571,24 +633,11 @@ def newton_inverse_apply(A: torch.Tensor,
 
     Returns:
         (..., m, d) in float32 (float64 if A is float64), autocast disabled.
+        The same as ``NRConfig(iters, init, method, backward).apply(A, W,
+        stats)``.
     """
-    init = _check(A, iters, init, backward)
-    if W.shape[:-1] != A.shape[:-1]:
-        raise ValueError(f'newton_inverse_apply: W of shape '
-                         f'{tuple(W.shape)} does not match A of shape '
-                         f'{tuple(A.shape)}; expected (..., m, d) with the '
-                         f'batch dims and m of A')
-    if export_ops.is_exporting():  # ONNX: plain ops, iterative, no eigh
-        return export_ops.newton_inverse_apply(A, W, int(iters), init, method)
-    method = resolve_method(method, A)
-    dtype = torch.float64 if A.dtype == torch.float64 else torch.float32
-    with torch.autocast(device_type=A.device.type, enabled=False):
-        if backward == 'exact' and method == 'iterative':
-            return _iterative_exact(A.to(dtype), int(iters), init,
-                                    stats) @ W.to(dtype)
-        return NewtonInverseApply.apply(
-            A.to(dtype), W.to(dtype), int(iters), init, method, backward,
-            stats)
+    _check_square(A)
+    return NRConfig(iters, init, method, backward).apply(A, W, stats)
 
 
 @torch.no_grad()
@@ -603,7 +652,8 @@ def nr_residual(A: torch.Tensor,
     each of shape ``A.shape[:-2]`` (what ``stats`` of
     :func:`newton_inverse` receives).
     """
-    init = _check(A, iters, init, 'eq16')
+    init = NRConfig(iters, init).init
+    _check_square(A)
     stats: Dict[str, torch.Tensor] = {}
     _iterative_stats(stats, A, init, iters)
     return stats

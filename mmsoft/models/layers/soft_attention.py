@@ -27,8 +27,7 @@ from .attention_base import AttentionBase
 from .checks import check_int
 from .gaussian_kernel import gaussian_kernel
 from .grid import landmark_grid, reduce_map
-from .pinv import (NR_BACKWARDS, NR_METHODS, newton_inverse,
-                   newton_inverse_apply, resolve_init)
+from .pinv import NRConfig
 
 __all__ = [
     'BottleneckSampler', 'SOFTAttention', 'soft_attention',
@@ -38,21 +37,23 @@ __all__ = [
 SAMPLING_MODES = ('conv', 'avgpool', 'random', 'biased')
 
 
+def _nr(nr: Optional[NRConfig], attn_norm: bool) -> NRConfig:
+    """``nr``, or the settings of the official variant of ``attn_norm``."""
+    return NRConfig.from_options(attn_norm) if nr is None else nr
+
+
 def bottleneck_inverse(A: torch.Tensor,
                        attn_norm: bool = True,
-                       nr_iters: int = 20,
-                       nr_init: Optional[str] = None,
-                       nr_method: str = 'auto',
-                       nr_backward: str = 'eq16') -> torch.Tensor:
+                       nr: Optional[NRConfig] = None) -> torch.Tensor:
     """A^+ (Alg. 2), or D^-1/2 A^+ D^-1/2 with ``attn_norm`` (Eq. 25).
 
-    D = diag(A 1_m); ``nr_init`` defaults to the initialisation of the
-    official variant (the official rule per sample,
-    ``'soft_norm_per_sample'``, with the normalisation, else ``'soft'``).
-    float32 (float64 for float64 A), autocast disabled.
+    D = diag(A 1_m); ``nr`` (:class:`~mmsoft.models.layers.pinv.NRConfig`)
+    defaults to the settings of the official variant (the official alpha
+    rule per sample, ``'soft_norm_per_sample'``, with the normalisation,
+    else ``'soft'``; 20 iterations). float32 (float64 for float64 A),
+    autocast disabled.
     """
-    nr_init = resolve_init(nr_init, attn_norm)
-    A_inv = newton_inverse(A, nr_iters, nr_init, nr_method, nr_backward)
+    A_inv = _nr(nr, attn_norm).inverse(A)
     if not attn_norm:
         return A_inv
     with torch.autocast(device_type=A.device.type, enabled=False):
@@ -63,54 +64,47 @@ def bottleneck_inverse(A: torch.Tensor,
 def bottleneck_apply(A: torch.Tensor,
                      W: torch.Tensor,
                      attn_norm: bool = True,
-                     nr_iters: int = 20,
-                     nr_init: Optional[str] = None,
-                     nr_method: str = 'auto',
-                     nr_backward: str = 'eq16',
+                     nr: Optional[NRConfig] = None,
                      nr_stats: Optional[dict] = None) -> torch.Tensor:
     """A^+ W, or D^-1/2 A^+ D^-1/2 W with ``attn_norm`` (Eq. 25).
 
     The same function as ``bottleneck_inverse(A, ...) @ W`` without the
     m x m inverse (see :func:`newton_inverse_apply`): D^-1/2 is applied to
     the m x d operands instead, and its gradient (D depends on A) flows by
-    autograd, with either ``nr_backward``. float32 (float64 for float64 A),
-    autocast disabled. ``nr_stats``: optional dict for the convergence of
-    the iterations (see :func:`newton_inverse`).
+    autograd, with either ``nr.backward``. float32 (float64 for float64 A),
+    autocast disabled. ``nr`` as :func:`bottleneck_inverse`; ``nr_stats``:
+    optional dict for the convergence of the iterations (see
+    :func:`newton_inverse`).
     """
-    nr_init = resolve_init(nr_init, attn_norm)
+    nr = _nr(nr, attn_norm)
     if not attn_norm:
-        return newton_inverse_apply(A, W, nr_iters, nr_init, nr_method,
-                                    nr_backward, nr_stats)
+        return nr.apply(A, W, nr_stats)
     with torch.autocast(device_type=A.device.type, enabled=False):
         dtype = torch.float64 if A.dtype == torch.float64 else torch.float32
         d = A.to(dtype).sum(-1, keepdim=True).rsqrt()  # entries in (0, 1]
-        return d * newton_inverse_apply(A, d * W.to(dtype), nr_iters, nr_init,
-                                        nr_method, nr_backward, nr_stats)
+        return d * nr.apply(A, d * W.to(dtype), nr_stats)
 
 
 def soft_attention(q: torch.Tensor,
                    landmarks: torch.Tensor,
                    v: torch.Tensor,
                    attn_norm: bool = True,
-                   nr_iters: int = 20,
-                   nr_init: Optional[str] = None,
-                   nr_method: str = 'auto',
-                   nr_backward: str = 'eq16',
+                   nr: Optional[NRConfig] = None,
                    nr_stats: Optional[dict] = None) -> torch.Tensor:
     """out = P A_n^+ P^T V for q (B, h, n, d), landmarks (B, h, m, d).
 
     ``q`` and ``landmarks`` must already carry the 1/d^(1/4) scale so that
     exp(-||q - k||^2 / 2) equals the paper's exp(-||q - k||^2 / (2 sqrt d)).
     Associated as P (A_n^+ (P^T V)): n m d + m^2 d work besides the inverse,
-    and with the spectral method A_n^+ is never formed.
+    and with the spectral method A_n^+ is never formed. ``nr``: the
+    Newton-Raphson settings (:func:`bottleneck_inverse`).
     Returns a tensor of v's dtype.
     """
     P = gaussian_kernel(q, landmarks)  # (B, h, n, m)
     A = gaussian_kernel(landmarks, landmarks)  # (B, h, m, m)
     with torch.autocast(device_type=v.device.type, enabled=False):
         PtV = torch.matmul(P.transpose(-1, -2), v.to(P.dtype))  # (B,h,m,d)
-        Z = bottleneck_apply(A, PtV, attn_norm, nr_iters, nr_init, nr_method,
-                             nr_backward, nr_stats)
+        Z = bottleneck_apply(A, PtV, attn_norm, nr, nr_stats)
         out = torch.matmul(P, Z)
     return out.to(v.dtype)
 
@@ -269,23 +263,16 @@ class SOFTAttention(AttentionBase):
                  max_landmarks: Optional[int] = None,
                  landmark_hw: Optional[Tuple[int, int]] = None):
         super().__init__(embed_dims, num_heads, sampling_ratio, dw_kernel_size)
-        check_int('nr_iters', nr_iters)
         if not isinstance(attn_norm, bool):
             raise ValueError(f'attn_norm must be True or False, got '
                              f'{attn_norm!r}')
         self.attn_norm = attn_norm
-        self.nr_iters = nr_iters
-        self.nr_init = resolve_init(nr_init, attn_norm)
-        if nr_backward not in NR_BACKWARDS:
-            raise ValueError(f'unknown nr_backward {nr_backward!r}; choose '
-                             f'one of {NR_BACKWARDS}')
-        self.nr_backward = nr_backward
+        #: the Newton-Raphson settings (frozen; the ``nr_*`` properties
+        #: read and replace them)
+        self.nr = NRConfig.from_options(attn_norm, nr_iters, nr_init,
+                                        nr_method, nr_backward)
         self.nr_diagnostics = nr_diagnostics
         self.last_nr_stats: Optional[dict] = None
-        if nr_method not in NR_METHODS:
-            raise ValueError(f'unknown nr_method {nr_method!r}; choose one '
-                             f'of {NR_METHODS}')
-        self.nr_method = nr_method
         self.q = nn.Linear(embed_dims, embed_dims, bias=qkv_bias)
         self.v = nn.Linear(embed_dims, embed_dims, bias=qkv_bias)
         self.sampler = BottleneckSampler(self.head_dims, sampling_ratio,
@@ -306,16 +293,14 @@ class SOFTAttention(AttentionBase):
         v_tokens = self.v(x)
         stats = {} if self.nr_diagnostics else None
         out = soft_attention(q, landmarks, self._split(v_tokens),
-                             self.attn_norm, self.nr_iters, self.nr_init,
-                             self.nr_method, self.nr_backward, stats)
+                             self.attn_norm, self.nr, stats)
         self.last_nr_stats = stats
         return out, v_tokens
 
     def _bottleneck(self, landmarks: torch.Tensor) -> torch.Tensor:
         """The (normalised) pseudo-inverse A_n^+ (B, h, m, m) in use."""
         A = gaussian_kernel(landmarks, landmarks)
-        return bottleneck_inverse(A, self.attn_norm, self.nr_iters,
-                                  self.nr_init, self.nr_method)
+        return bottleneck_inverse(A, self.attn_norm, self.nr)
 
     def _row(self, x: torch.Tensor, hw: Tuple[int, int],
              i: int) -> torch.Tensor:
@@ -334,6 +319,19 @@ class SOFTAttention(AttentionBase):
         q, landmarks = self._queries(x, hw)
         P = gaussian_kernel(q, landmarks)
         return P @ self._bottleneck(landmarks) @ P.transpose(-1, -2)
+
+    # the nr_* options as attributes (read, or set: validated again)
+    nr_iters = property(lambda self: self.nr.iters,
+                        lambda self, v: self._set_nr(iters=v))
+    nr_init = property(lambda self: self.nr.init,
+                       lambda self, v: self._set_nr(init=v))
+    nr_method = property(lambda self: self.nr.method,
+                         lambda self, v: self._set_nr(method=v))
+    nr_backward = property(lambda self: self.nr.backward,
+                           lambda self, v: self._set_nr(backward=v))
+
+    def _set_nr(self, **changes) -> None:
+        self.nr = self.nr.replace(**changes)
 
     def extra_repr(self) -> str:
         return (f'heads={self.num_heads}, attn_norm={self.attn_norm}, '

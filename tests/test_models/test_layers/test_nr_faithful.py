@@ -37,15 +37,9 @@ def official_alpha(A):
     return alpha
 
 
-def official_bottleneck_apply(A,
-                              W,
-                              attn_norm=True,
-                              nr_iters=20,
-                              nr_init=None,
-                              nr_method='auto',
-                              nr_backward='eq16',
-                              nr_stats=None):
+def official_bottleneck_apply(A, W, attn_norm=True, nr=None, nr_stats=None):
     assert attn_norm
+    nr_iters = 20 if nr is None else nr.iters
     out = []
     for b in range(A.shape[0]):  # each sample alone: batch size 1
         P = A[b]

@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from mmsoft.models.layers.gaussian_kernel import gaussian_kernel
-from mmsoft.models.layers.pinv import (newton_inverse, nr_init_alpha,
+from mmsoft.models.layers.pinv import (NRConfig, newton_inverse, nr_init_alpha,
                                        pinv_convergence)
 
 
@@ -389,7 +389,8 @@ def test_exact_backward_equals_autograd_through_iterations(init, method):
             a = A.clone().requires_grad_()
             w = W.clone().requires_grad_()
             if attn_norm:
-                z = bottleneck_apply(a, w, True, 20, init, method, bwd)
+                z = bottleneck_apply(a, w, True,
+                                     NRConfig(20, init, method, bwd))
             else:
                 z = newton_inverse_apply(a, w, 20, init, method, bwd)
             got[bwd] = torch.autograd.grad((z * G).sum(), (a, w))

@@ -5,7 +5,7 @@ import math
 import pytest
 import torch
 
-from mmsoft.models.layers import (BottleneckSampler, SOFTAttention,
+from mmsoft.models.layers import (BottleneckSampler, NRConfig, SOFTAttention,
                                   gaussian_kernel, landmark_grid,
                                   newton_inverse, soft_attention)
 
@@ -54,7 +54,7 @@ def test_soft_attention_equals_dense_formula(attn_norm):
     lm = q[:, :, ::8]  # 8 landmarks
     v = torch.randn(2, 2, 64, 8, generator=g, dtype=torch.float64)
     init = 'soft_norm_per_sample' if attn_norm else 'soft'
-    out = soft_attention(q, lm, v, attn_norm, nr_iters=40, nr_init=init)
+    out = soft_attention(q, lm, v, attn_norm, NRConfig(40, init))
     torch.testing.assert_close(
         out, dense_soft(q, lm, v, attn_norm, init), rtol=1e-6, atol=1e-6)
 
@@ -229,9 +229,40 @@ def test_bottleneck_apply_equals_inverse_product(attn_norm, method):
     lm = torch.randn(2, 2, 140, 16, generator=g, dtype=torch.float64) / 2
     A = gaussian_kernel(lm, lm).requires_grad_()
     W = torch.randn(2, 2, 140, 16, generator=g, dtype=torch.float64)
-    ref = bottleneck_inverse(A, attn_norm, 20, None, method) @ W
-    got = bottleneck_apply(A, W, attn_norm, 20, None, method)
+    nr = NRConfig.from_options(attn_norm, nr_method=method)
+    ref = bottleneck_inverse(A, attn_norm, nr) @ W
+    got = bottleneck_apply(A, W, attn_norm, nr)
     torch.testing.assert_close(got, ref, rtol=1e-10, atol=1e-12)
     gr = torch.autograd.grad(ref.square().sum(), A)[0]
     gg = torch.autograd.grad(got.square().sum(), A)[0]
     torch.testing.assert_close(gg, gr, rtol=1e-9, atol=1e-12)
+
+
+def test_nr_settings_built_once_and_frozen(monkeypatch):
+    """The nr_* options become one frozen NRConfig at construction (the
+    default alpha rule resolved once); the forward passes it down."""
+    import dataclasses
+
+    from mmsoft.models.layers import pinv
+    calls = []
+    resolve = pinv.resolve_init
+    monkeypatch.setattr(pinv, 'resolve_init',
+                        lambda *a: calls.append(a) or resolve(*a))
+    attn = SOFTAttention(16, 2, 2, nr_iters=7, nr_method='iterative')
+    assert attn.nr == NRConfig(7, 'soft_norm_per_sample', 'iterative', 'eq16')
+    attn(torch.randn(2, 16, 16), (4, 4))
+    attn.attention_matrix(torch.randn(1, 16, 16), (4, 4))
+    assert calls == [(None, True)]
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        attn.nr.iters = 3
+    # the nr_* attributes read it, and setting one replaces it (validated)
+    attn.nr_method = 'spectral'
+    assert attn.nr_method == attn.nr.method == 'spectral'
+    assert attn.nr.iters == 7
+    with pytest.raises(ValueError, match='pseudo-inverse method'):
+        attn.nr_method = 'svd'
+    with pytest.raises(ValueError, match='nr_method'):
+        SOFTAttention(16, 2, 2, nr_method='svd')
+    with pytest.warns(FutureWarning, match='soft_norm_per_matrix'):
+        assert NRConfig(init='soft_norm').init == 'soft_norm_per_matrix'
+    assert SOFTAttention(16, 2, 2, attn_norm=False).nr.init == 'soft'
