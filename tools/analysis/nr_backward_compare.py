@@ -30,25 +30,28 @@ clutter and shaded objects) at each ``--sizes`` entry, prints
   mAP and training time of both (and the NR convergence the
   :class:`~mmsoft.engine.NRResidualHook` logged).
 
+  ``--smoke``: 3 iterations on 16 + 8 images (a plumbing check, as
+  ``tools/demo.py --smoke``).
+
     python tools/analysis/nr_backward_compare.py --threads 2
     python tools/analysis/nr_backward_compare.py --sizes 224x224 --parity
     python tools/analysis/nr_backward_compare.py --sizes --train-demo
 """
-import argparse
-import importlib
 import os.path as osp
 import statistics
-import sys
 import time
 
-ROOT = osp.dirname(osp.dirname(osp.dirname(osp.abspath(__file__))))
-if ROOT not in sys.path:
-    sys.path.insert(0, ROOT)
+from utils import (attn_cfg_of, demo_data_root, make_parser, normalize,
+                   soft_attention_modules)
+
+#: ``--smoke`` demo data (images per split), as ``tools/demo.py --smoke``
+SMOKE_DATA = dict(num_train=16, num_val=8)
 
 
 def parse_args(argv=None):
-    p = argparse.ArgumentParser(description=__doc__.split('\n\n')[0])
-    p.add_argument('--arch', default='small')
+    p = make_parser(__doc__)
+    p.add_argument(
+        '--arch', default='small', help='a SOFT preset (SOFT.arch_zoo)')
     p.add_argument(
         '--sizes',
         nargs='*',
@@ -74,18 +77,25 @@ def parse_args(argv=None):
         help='train the demo detection task with both backward '
         'passes and print bbox mAP')
     p.add_argument(
-        '--data',
-        default=osp.join(ROOT, 'data', 'demo'),
-        help='demo data root (generated if missing)')
+        '--smoke',
+        action='store_true',
+        help='with --train-demo: 3 iterations on 16 + 8 images (data in '
+        '<data>-smoke)')
     p.add_argument(
-        '--work-dir', default=osp.join(ROOT, 'work_dirs', 'nr_backward'))
-    return p.parse_args(argv)
+        '--data',
+        default=None,
+        help='demo data root, generated if missing (default: data/demo of '
+        'the checkout, else of the working directory)')
+    p.add_argument('--work-dir', default='work_dirs/nr_backward')
+    args = p.parse_args(argv)
+    if args.data is None:
+        args.data = demo_data_root()
+    return args
 
 
 def natural_image(h, w, seed=0):
     """(1, 3, h, w) normalised float image of a rendered synthetic scene."""
     import numpy as np
-    import torch
 
     from mmsoft.tools_support.demo.synthetic import render_scene
     side = max(h, w)
@@ -93,11 +103,7 @@ def natural_image(h, w, seed=0):
     rng = np.random.default_rng(seed)
     img, _, _ = render_scene(
         rng, side, objects=(4, 9), radius=(10 * scale, 38 * scale))
-    img = img[:h, :w, ::-1].astype(np.float32)  # BGR -> RGB, crop
-    mean = np.array([123.675, 116.28, 103.53], np.float32)
-    std = np.array([58.395, 57.12, 57.375], np.float32)
-    x = (img - mean) / std
-    return torch.from_numpy(np.ascontiguousarray(x.transpose(2, 0, 1)))[None]
+    return normalize(img[:h, :w, ::-1])[None]  # BGR -> RGB, crop
 
 
 def build(arch, seed, **attn_options):
@@ -105,11 +111,11 @@ def build(arch, seed, **attn_options):
     import torch
 
     from mmsoft.models.backbones import SOFT
+    from mmsoft.tools_support.launch import quiet_init_weights
     torch.manual_seed(seed)
     model = SOFT(
-        arch,
-        attn_cfg=dict(type='SOFTAttention', attn_norm=True, **attn_options))
-    model.init_weights()
+        arch, attn_cfg=dict(attn_cfg_of('soft_norm'), **attn_options))
+    quiet_init_weights(model)
     return model.eval()
 
 
@@ -155,28 +161,36 @@ def official_alpha(A):
     return alpha
 
 
-def reference_apply(A, W, attn_norm=True, nr=None, *args, **kwargs):
-    """float64 official rule per sample: D^-1/2 A_T D^-1/2 W."""
-    import torch
-    assert attn_norm
-    nr_iters = 20 if nr is None else nr.iters
-    A, W = A.double(), W.double()
-    out = []
-    for b in range(A.shape[0]):
-        P = A[b]
-        alpha = official_alpha(P)
-        lam, U = torch.linalg.eigh(P)
-        v = alpha * lam
-        for _ in range(nr_iters):
-            v = 2 * v - v * v * lam
-        d = P.sum(-1, keepdim=True).rsqrt()
-        out.append(d * (U @ (v[..., None] * (U.mT @ (d * W[b])))))
-    return torch.stack(out)
+def official_reference(iters):
+    """An NR setting (:class:`~mmsoft.models.layers.pinv.NRConfig`) whose
+    ``apply`` is the float64 official rule per sample: alpha from the
+    official loop, A_T W from the T iterations on the eigenvalues of A.
+    Given to a model's SOFT attentions as their ``nr``, it makes the model
+    the reference of :func:`parity` (``attn_norm`` applies D^-1/2 around
+    it, as for any setting)."""
+    from mmsoft.models.layers.pinv import NRConfig
+
+    class OfficialReference(NRConfig):
+
+        def apply(self, A, W, stats=None):
+            import torch
+            A, W = A.double(), W.double()
+            out = []
+            for b in range(A.shape[0]):
+                P = A[b]
+                alpha = official_alpha(P)
+                lam, U = torch.linalg.eigh(P)
+                v = alpha * lam
+                for _ in range(self.iters):
+                    v = 2 * v - v * v * lam
+                out.append(U @ (v[..., None] * (U.mT @ W[b])))
+            return torch.stack(out)
+
+    return OfficialReference(iters=iters)
 
 
 def parity(args, x):
     import torch
-    sa = importlib.import_module('mmsoft.models.layers.soft_attention')
     rows = []
     with torch.no_grad():
         outs = {}
@@ -189,12 +203,9 @@ def parity(args, x):
             args.arch, args.seed, nr_method=args.nr_method).double()(
                 x.double())
         ref_model = build(args.arch, args.seed).double()
-        orig = sa.bottleneck_apply
-        sa.bottleneck_apply = reference_apply
-        try:
-            ref = ref_model(x.double())
-        finally:
-            sa.bottleneck_apply = orig
+        for _, _, attn in soft_attention_modules(ref_model):
+            attn.nr = official_reference(attn.nr.iters)
+        ref = ref_model(x.double())
     for rule, out in outs.items():
         errs = [((o.double() - r).abs().max() / r.abs().max()).item()
                 for o, r in zip(out, ref)]
@@ -284,22 +295,30 @@ def main(argv=None):
 
 
 def train_demo(args):
-    """Demo detection, same seed, Eq. 16 vs exact backward."""
-    from mmsoft.tools_support.demo.synthetic import (dataset_paths,
-                                                     make_demo_data)
-    from mmsoft.tools_support.demo.tasks import run_task
-    make_demo_data(args.data, seed=args.seed, tasks=('det', ))
-    root = dataset_paths(args.data)['det']
+    """Demo detection, same seed, Eq. 16 vs exact backward; returns the
+    rows (nr_backward, bbox mAP, bbox mAP@0.5, train s)."""
+    from mmsoft.tools_support.demo import tasks as T
+    from mmsoft.tools_support.demo.synthetic import make_demo_data
+    data = args.data + ('-smoke' if args.smoke else '')
+    made = make_demo_data(
+        data,
+        seed=args.seed,
+        tasks=('det', ),
+        overrides=dict(det=dict(SMOKE_DATA)) if args.smoke else None)
+    cfg = T.load_demo_config('det')
+    if args.smoke:
+        T.shrink_for_smoke(cfg)
     rows = []
     for b in ('eq16', 'exact'):
         print(f'\n== demo detection, nr_backward={b!r}', flush=True)
-        res = run_task(
+        res = T.run_task(
             'det',
-            root,
+            made['det']['path'],
             osp.join(args.work_dir, b),
+            cfg=cfg,
             seed=args.seed,
             cfg_options={
-                'model.backbone.nr_backward': b,
+                'model.backbone.attn_cfg.nr_backward': b,
                 'custom_hooks': [dict(type='NRResidualHook', interval=100)]
             })
         m = res['metrics']
@@ -309,6 +328,7 @@ def train_demo(args):
     print('|---|---|---|---|')
     for b, ap, ap50, t in rows:
         print(f'| {b} | {ap:.3f} | {ap50:.3f} | {t:.0f} |')
+    return rows
 
 
 if __name__ == '__main__':
