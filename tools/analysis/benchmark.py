@@ -144,7 +144,7 @@ def plot(rows, sizes):
     return fig
 
 
-def main():
+def main(argv=None):
     p = make_parser(__doc__)
     p.add_argument('--models', nargs='+', default=None)
     p.add_argument(
@@ -163,7 +163,7 @@ def main():
     p.add_argument('--model', help=argparse.SUPPRESS)
     p.add_argument('--size', help=argparse.SUPPRESS)
     p.add_argument('--mode', help=argparse.SUPPRESS)
-    args = p.parse_args()
+    args = p.parse_args(argv)
     if args.device is None:
         import torch
         args.device = 'cuda' if torch.cuda.is_available() else 'cpu'

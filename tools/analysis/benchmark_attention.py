@@ -136,7 +136,7 @@ def plot(rows):
     return fig
 
 
-def main():
+def main(argv=None):
     parser = make_parser(__doc__)
     parser.add_argument(
         '--max-p', type=int, default=8, help='n = 784 * p for p = 1..max-p')
@@ -157,7 +157,7 @@ def main():
     parser.add_argument('--p', type=int, help=argparse.SUPPRESS)
     parser.add_argument('--mode', help=argparse.SUPPRESS)
     parser.add_argument('--device', help=argparse.SUPPRESS)
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     if args.threads:
         import torch
         torch.set_num_threads(args.threads)
@@ -217,6 +217,7 @@ def main():
         'device', 'n', 'method', 'mode', 'time_ms', 'min_ms', 'peak_mb'
     ], '\n'.join(lines) + '\n',
                   plot(rows) if rows else None, 'memory_time_vs_tokens.png')
+    return rows
 
 
 if __name__ == '__main__':

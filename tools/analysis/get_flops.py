@@ -49,10 +49,9 @@ from typing import Optional
 
 import torch
 import torch.nn as nn
-from utils import (add_hw_argument, attn_cfg_of, make_parser, pyplot,
-                   soft_model_kwargs, write_results)
+from utils import (ATTENTION_NAMES, add_hw_argument, attn_cfg_of,
+                   make_parser, pyplot, soft_model_kwargs, write_results)
 
-PRESETS = ('tiny', 'small', 'medium', 'large', 'huge')
 # NeurIPS Table 3 (SOFT, no normalisation): params (M), FLOPs (G)
 PAPER_PRESETS = {
     'tiny': (13, 1.9),
@@ -198,18 +197,21 @@ def count(model: nn.Module, x: torch.Tensor, call=None) -> dict:
     from torch.utils.flop_counter import FlopCounterMode
     model.eval()
     softs = _soft_attentions(model)
-    saved = [(m.nr_method) for m in softs]
+    saved = [m.nr_method for m in softs]
     nr_macs = [0]
 
-    def hook(mod, args, out):  # sampler output: (B, h, m, d) landmarks
-        B, h, m, _ = out.shape
-        nr_macs[0] += B * h * mod._nr_iters * 2 * m**3
+    def hook(iters):
+
+        def count_nr(mod, args, out):  # sampler output: (B, h, m, d)
+            B, h, m, _ = out.shape
+            nr_macs[0] += B * h * iters * 2 * m**3
+
+        return count_nr
 
     handles = []
     for m in softs:
         m.nr_method = 'iterative'
-        m.sampler._nr_iters = m.nr_iters
-        handles.append(m.sampler.register_forward_hook(hook))
+        handles.append(m.sampler.register_forward_hook(hook(m.nr_iters)))
     call = call or (lambda mod, inp: mod(inp))
     try:
         with sdpa_kernel(SDPBackend.MATH), \
@@ -220,7 +222,6 @@ def count(model: nn.Module, x: torch.Tensor, call=None) -> dict:
             h.remove()
         for m, meth in zip(softs, saved):
             m.nr_method = meth
-            del m.sampler._nr_iters
     counts = fc.get_flop_counts()
     root = type(model).__name__
     total = fc.get_total_flops() // 2
@@ -247,12 +248,9 @@ def bottleneck_overrides(m: int):
     g = int(round(m**0.5))
     if g * g != m:
         raise ValueError(f'bottleneck length {m} is not a square')
+    from mmsoft.models.backbones import SOFT
     ratios = [max(1, s // g) for s in STAGE_SIDES_224] + [1]
-    arch = dict(
-        embed_dims=[64, 128, 320, 512],
-        num_heads=[2, 4, 10, 16],
-        depths=[1, 2, 3, 2],
-        sampling_ratios=ratios)
+    arch = dict(SOFT.arch_zoo['tiny'], sampling_ratios=ratios)
     return dict(arch=arch, attn=dict(max_landmarks=m))
 
 
@@ -262,14 +260,12 @@ def jobs_for(args):
     head = not args.backbone_only
     for t in args.tables:
         if t == 'presets':
-            for a in PRESETS:
-                pp, pf = PAPER_PRESETS[a]
+            for a, (pp, pf) in PAPER_PRESETS.items():
                 jobs.append(
                     (t, f'soft_{a}',
                      lambda a=a: build_named(f'soft_{a}', head), pp, pf))
         elif t == 'zoo':
-            for z in ('soft', 'soft_norm', 'softmax', 'linformer', 'performer',
-                      'nystromformer', 'sima'):
+            for z in ATTENTION_NAMES:
                 pp, pf = PAPER_ZOO.get(z, (None, None))
                 jobs.append(
                     (t, f'{z}_tiny',

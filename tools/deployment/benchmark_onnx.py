@@ -4,16 +4,17 @@
     python tools/deployment/benchmark_onnx.py [SPEC ...] [--threads 1] \\
         [--repeats 3] [--warmup 1] [--onnx-dir work_dirs/onnx] [--out F.md]
 
-A SPEC is ``CONFIG:HxW`` (default: SOFT-Tiny and SOFT-Tiny-Norm classifiers
-at 224x224, UperNet SOFT-Small at 512x512, RetinaNet SOFT-Tiny at
-800x1216). Each model is built with random weights, exported (fixed shape,
-batch 1) to ``--onnx-dir`` (default: a temp dir), and timed side by side in
-one process: PyTorch eval forward (``nr_method`` as configured: ``auto``
-uses the spectral pseudo-inverse on the CPU for m >= 80), PyTorch with
-``nr_method='iterative'`` (what the ONNX graph computes) and onnxruntime
-(CPUExecutionProvider), each with ``--threads`` intra-op threads. The
-median of ``--repeats`` runs is printed as a markdown table, with the
-relative error max |onnx - torch| / max |torch| of the first output.
+A SPEC is ``CONFIG:HxW``, CONFIG a file or a shipped config (default:
+SOFT-Tiny and SOFT-Tiny-Norm classifiers at 224x224, UperNet SOFT-Small at
+512x512, RetinaNet SOFT-Tiny at 800x1216). Each model is built with random
+weights, exported (fixed shape, batch 1) to ``--onnx-dir`` (default: a temp
+dir), and timed side by side in one process: PyTorch eval forward
+(``nr_method`` as configured: ``auto`` uses the spectral pseudo-inverse on
+the CPU for m >= 80), PyTorch with ``nr_method='iterative'`` (what the ONNX
+graph computes) and onnxruntime (CPUExecutionProvider), each with
+``--threads`` intra-op threads. The median of ``--repeats`` runs is printed
+as a markdown table, with the relative error max |onnx - torch| / max
+|torch| of the first output.
 """
 import argparse
 import os
@@ -83,7 +84,10 @@ def bench_one(spec, args, onnx_dir):
     import torch
 
     from mmsoft.tools_support import deploy
+    from mmsoft.utils.paths import get_config_path
     config, _, size = spec.rpartition(':')
+    if not osp.isfile(config):  # a shipped config, e.g. 'configs/x.py'
+        config = get_config_path(config)
     H, W = (int(s) for s in size.lower().split('x'))
     torch.manual_seed(0)  # random weights, the same in torch and the file
     model, scope, cfg = deploy.build_model(config, None)
