@@ -31,6 +31,7 @@ Exit status: 0 when every task ran and met its target, 1 when a target was
 missed, 2 when a task failed with an error.
 """
 import argparse
+import importlib.util
 import json
 import logging
 import os
@@ -42,8 +43,6 @@ import traceback
 import warnings
 
 ROOT = osp.dirname(osp.dirname(osp.abspath(__file__)))
-if ROOT not in sys.path:  # mmsoft from this checkout, installed or not
-    sys.path.insert(0, ROOT)
 
 ALL_TASKS = ('det', 'seg', 'cls')
 SMOKE_DATA = dict(num_train=16, num_val=8)
@@ -126,6 +125,22 @@ def ensure_environment(args, argv):
     os.execv(venv_py, [venv_py, osp.abspath(__file__), *argv, '--no-setup'])
 
 
+def ensure_own_mmsoft(argv):
+    """Run with this checkout's mmsoft: when Python would import another
+    one (or none: not installed), run again with the checkout first on
+    ``PYTHONPATH``, as ``tools/python.sh`` and the launch scripts do."""
+    spec = importlib.util.find_spec('mmsoft')  # finds, does not import
+    found = list(spec.submodule_search_locations or []) if spec else []
+    own = osp.realpath(osp.join(ROOT, 'mmsoft'))
+    paths = [p for p in os.environ.get('PYTHONPATH', '').split(os.pathsep)
+             if p]
+    if (found and osp.realpath(found[0]) == own) or paths[:1] == [ROOT]:
+        return  # (after a restart: the checkout is first, whatever spec says)
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([ROOT] + paths))
+    os.execve(sys.executable,
+              [sys.executable, osp.abspath(__file__), *argv], env)
+
+
 def load1():
     """The 1-minute load average (0 where the OS has none)."""
     try:
@@ -188,6 +203,7 @@ def main(argv=None):
 
     # 1. environment -------------------------------------------------
     ensure_environment(args, argv)
+    ensure_own_mmsoft(argv)
     # mmengine 0.10.7 imports pkg_resources (deprecated) on every import
     warnings.filterwarnings('ignore', message='pkg_resources is deprecated')
     import torch

@@ -1,3 +1,11 @@
+# The interpreter that runs the tools, and this checkout's mmsoft for them.
+#
+# Run it to start any tool from a checkout, installed or not:
+#   bash tools/python.sh tools/analysis/benchmark.py --threads 2
+# runs the script with $PYTHON (below) and the checkout first on PYTHONPATH,
+# as the launch scripts do. (The tools import the mmsoft Python finds: with
+# `make demo` / `pip install -e .` plain `python tools/...` is the same.)
+#
 # Sourced by tools/dist_train.sh, dist_test.sh, slurm_train.sh and
 # slurm_test.sh once they have set ROOT (the repository root).
 #
@@ -7,6 +15,9 @@
 #      is active, the project venv ${MMSOFT_VENV:-$ROOT/.venv} made by
 #      `make demo` / tools/setup_env.sh, if it exists;
 #   3. else `python` (`python3` when there is no `python`).
+if [[ "${BASH_SOURCE[0]}" == "$0" ]]; then  # run, not sourced
+    ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+fi
 if [[ -z "${PYTHON:-}" ]]; then
     _mmsoft_venv="${MMSOFT_VENV:-$ROOT/.venv}"
     if [[ -z "${VIRTUAL_ENV:-}" && ( -z "${CONDA_DEFAULT_ENV:-}" ||
@@ -46,3 +57,12 @@ from mmsoft.tools_support.data_check import main
 sys.exit(main(sys.argv[1:]))
 PY
 }
+
+# run as a command: bash tools/python.sh SCRIPT [args]
+if [[ "${BASH_SOURCE[0]}" == "$0" ]]; then
+    if [[ $# -lt 1 ]]; then
+        echo "usage: bash $0 SCRIPT [args] (e.g. tools/analysis/get_flops.py)" >&2
+        exit 2
+    fi
+    PYTHONPATH="$ROOT${PYTHONPATH:+:$PYTHONPATH}" exec "$PYTHON" "$@"
+fi

@@ -68,7 +68,8 @@ def time_method(A, W, method, iters, backward, repeats):
                                  method).sum().backward()
         else:
             with torch.no_grad():
-                newton_inverse_apply(A, W, iters, 'soft_norm', method)
+                newton_inverse_apply(A, W, iters, 'soft_norm_per_sample',
+                                     method)
 
     call()  # warm-up (allocations, LAPACK / cuSOLVER handles)
     times = []
