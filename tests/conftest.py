@@ -85,6 +85,17 @@ def load_module(path, name):
     return mod
 
 
+def load_tool(relpath, name=None):
+    """``tools/<relpath>`` (e.g. ``'analysis/get_flops.py'``) loaded as by
+    :func:`load_module`, with its folder first on ``sys.path`` as when
+    Python runs the script (``tools/analysis`` imports ``utils``)."""
+    path = osp.join(TOOLS, relpath)
+    folder = osp.dirname(path)
+    if folder not in sys.path:
+        sys.path.insert(0, folder)
+    return load_module(path, name or '_tool_' + relpath[:-3].replace('/', '_'))
+
+
 def tool_namespace(name, run_name='tools'):
     """The namespace of ``tools/<name>.py`` run as a module (not as
     ``__main__``): its ``main()`` is callable."""

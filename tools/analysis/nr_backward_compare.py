@@ -37,6 +37,7 @@ clutter and shaded objects) at each ``--sizes`` entry, prints
     python tools/analysis/nr_backward_compare.py --sizes 224x224 --parity
     python tools/analysis/nr_backward_compare.py --sizes --train-demo
 """
+import argparse
 import os.path as osp
 import statistics
 import time
@@ -48,6 +49,16 @@ from utils import (attn_cfg_of, demo_data_root, make_parser, normalize,
 SMOKE_DATA = dict(num_train=16, num_val=8)
 
 
+def hw_size(text):
+    """``HxW`` -> (H, W)."""
+    try:
+        h, w = (int(s) for s in text.lower().split('x'))
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f'{text!r} is not HxW (e.g. 224x224)') from None
+    return h, w
+
+
 def parse_args(argv=None):
     p = make_parser(__doc__)
     p.add_argument(
@@ -55,7 +66,8 @@ def parse_args(argv=None):
     p.add_argument(
         '--sizes',
         nargs='*',
-        default=['224x224', '800x1216'],
+        type=hw_size,
+        default=[(224, 224), (800, 1216)],
         help='HxW input sizes (none: skip the gradient part)')
     p.add_argument('--repeats', type=int, default=2)
     p.add_argument('--threads', type=int, default=None)
@@ -278,8 +290,7 @@ def main(argv=None):
         f'SOFT-{args.arch}-Norm, random init (seed {args.seed}), '
         f'{torch.get_num_threads()} threads, nr_method={args.nr_method}',
         flush=True)
-    for size in args.sizes:
-        h, w = (int(s) for s in size.lower().split('x'))
+    for h, w in args.sizes:
         x = natural_image(h, w, args.seed)
         print(f'\n== {h} x {w}', flush=True)
         if not args.no_grad_compare:
@@ -291,7 +302,7 @@ def main(argv=None):
                     f'{err:.2e}',
                     flush=True)
     if args.train_demo:
-        train_demo(args)
+        return train_demo(args)
 
 
 def train_demo(args):

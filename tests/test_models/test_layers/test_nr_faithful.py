@@ -11,12 +11,11 @@ held fixed, as the official code computes it from tensors it never
 differentiates through the loop test).
 """
 import importlib
-import os.path as osp
 import types
 
 import pytest
 import torch
-from conftest import ROOT, load_module, tiny_arch
+from conftest import load_tool, tiny_arch
 
 from mmsoft.models.backbones import SOFT
 
@@ -198,9 +197,7 @@ def test_nr_stats_and_hook():
 def test_nr_backward_compare_tool(capsys):
     """tools/analysis/nr_backward_compare.py prints the figures (tiny
     preset, small image): gradient error, cost ratio, parity."""
-    mod = load_module(
-        osp.join(ROOT, 'tools', 'analysis', 'nr_backward_compare.py'),
-        'nr_backward_compare')
+    mod = load_tool('analysis/nr_backward_compare.py', 'nr_backward_compare')
     x = mod.natural_image(40, 56)
     assert x.shape == (1, 3, 40, 56) and x.std() > 0.3
     mod.main(

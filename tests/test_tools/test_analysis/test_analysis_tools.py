@@ -3,21 +3,17 @@ and attention heatmaps, each run on tiny settings into tmp_path."""
 import csv
 import json
 import os.path as osp
-import sys
 
 import numpy as np
 import pytest
 import torch
-from conftest import ROOT, load_module, save_classifier_checkpoint, tiny_arch
+from conftest import ROOT, load_tool, save_classifier_checkpoint, tiny_arch
 
-TOOLS = osp.join(ROOT, 'tools', 'analysis')
 TINY = tiny_arch(num_heads=[1, 2, 2, 2])
 
 
 def tool(name):
-    if TOOLS not in sys.path:
-        sys.path.insert(0, TOOLS)
-    return load_module(osp.join(TOOLS, name + '.py'), f'_analysis_{name}')
+    return load_tool(f'analysis/{name}.py', f'_analysis_{name}')
 
 
 def read_csv(path):

@@ -5,13 +5,13 @@ import os.path as osp
 import sys
 
 import pytest
-from conftest import ROOT, load_module, run
+from conftest import ROOT, load_tool, run
 
 SCRIPT = osp.join(ROOT, 'tools', 'analysis', 'benchmark.py')
 
 
 def load():
-    return load_module(SCRIPT, '_benchmark')
+    return load_tool('analysis/benchmark.py', '_benchmark')
 
 
 def test_model_names():
@@ -51,9 +51,7 @@ def test_tiny_run_writes_ratios(tmp_path):
 
 
 def test_nr_method_crossover_tool(capsys):
-    mod = load_module(
-        osp.join(ROOT, 'tools', 'analysis', 'nr_method_crossover.py'),
-        '_nr_crossover')
+    mod = load_tool('analysis/nr_method_crossover.py', '_nr_crossover')
     # the rule: smallest m from which spectral wins at every larger m
     assert mod.crossover([(49, 1, 2), (81, 2, 1), (128, 5, 1)]) == 81
     assert mod.crossover([(49, 2, 1), (81, 1, 2), (128, 5, 1)]) == 128
