@@ -90,7 +90,8 @@ def test_paths_in_site_packages_layout(tmp_path):
 
 
 def test_demo_config_path_uses_shipped_configs():
-    from mmsoft.tools_support.demo import tasks as T
+    from mmsoft.tools_support import demo_tasks
+    T = demo_tasks()
     assert T.REPO_ROOT == ROOT
     assert osp.samefile(
         T.config_path('det'),
@@ -98,6 +99,22 @@ def test_demo_config_path_uses_shipped_configs():
     assert T.config_path(
         'det', root='/x') == osp.join('/x', 'configs', 'demo',
                                       'retinanet_soft_demo.py')
+
+
+def test_demo_support_is_no_part_of_the_package():
+    """The demo data generator and tasks live in tools/demo_support (they
+    ship with the tools) and are loaded by path, once."""
+    import importlib.util
+
+    from mmsoft.tools_support import demo_synthetic, demo_tasks
+    assert importlib.util.find_spec('mmsoft.tools_support.demo') is None
+    S, T = demo_synthetic(), demo_tasks()
+    assert osp.samefile(
+        S.__file__, osp.join(ROOT, 'tools', 'demo_support', 'synthetic.py'))
+    assert demo_synthetic() is S and T.synthetic is S
+    tool = load_module(
+        osp.join(ROOT, 'tools', 'misc', 'make_demo_data.py'), '_mkdemo')
+    assert tool.load_generator() is S  # one module under one name
 
 
 # ---------------------------------------------------------------- versions

@@ -2,7 +2,7 @@
 
 For a SOFT backbone (default SOFT-Small-Norm, random initialisation: no
 trained weights offline) on a natural-looking synthetic image (a rendered
-scene of :mod:`mmsoft.tools_support.demo.synthetic`: textured background,
+scene of ``tools/demo_support/synthetic.py``: textured background,
 clutter and shaded objects) at each ``--sizes`` entry, prints
 
 * the NR convergence per stage (:meth:`SOFT.nr_stats`: the paper's
@@ -87,7 +87,8 @@ def natural_image(h, w, seed=0):
     import numpy as np
     import torch
 
-    from mmsoft.tools_support.demo.synthetic import render_scene
+    from mmsoft.tools_support import demo_synthetic
+    render_scene = demo_synthetic().render_scene
     side = max(h, w)
     scale = side / 160
     rng = np.random.default_rng(seed)
@@ -285,9 +286,9 @@ def main(argv=None):
 
 def train_demo(args):
     """Demo detection, same seed, Eq. 16 vs exact backward."""
-    from mmsoft.tools_support.demo.synthetic import (dataset_paths,
-                                                     make_demo_data)
-    from mmsoft.tools_support.demo.tasks import run_task
+    from mmsoft.tools_support import demo_synthetic, demo_tasks
+    S, run_task = demo_synthetic(), demo_tasks().run_task
+    dataset_paths, make_demo_data = S.dataset_paths, S.make_demo_data
     make_demo_data(args.data, seed=args.seed, tasks=('det', ))
     root = dataset_paths(args.data)['det']
     rows = []
