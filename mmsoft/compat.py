@@ -1,8 +1,9 @@
 """Compatibility fixes for torch >= 2.6 (verified: 2.14.1) + mmengine 0.10.7.
 
-:func:`apply` is called once by ``import mmsoft``; it is idempotent and
-returns the names of the fixes in effect. Each fix below names the failure it
-addresses.
+:func:`apply` is idempotent and returns the names of the fixes in effect.
+``import mmsoft`` does not call it: :func:`mmsoft.setup` does (once), which
+runs when a SOFT backbone or an mmsoft hook is built and in the tools (see
+:mod:`mmsoft.runtime`). Each fix below names the failure it addresses.
 
 Fix ``torch_load_mmengine_safe_globals``
 ----------------------------------------

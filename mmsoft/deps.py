@@ -1,11 +1,13 @@
 """The tested version ranges of mmsoft's dependencies; warn when outside.
 
-:func:`check_versions` runs at ``import mmsoft``. It reads installed
-versions with :mod:`importlib.metadata` only (it imports none of the
-codebases, so ``import mmsoft`` stays light) and warns (never raises) for
-each installed package outside its tested range. Packages that are not
-installed are skipped: mmdet, mmseg and mmpretrain are optional (the extras
-``mmsoft[det]``, ``mmsoft[seg]``, ``mmsoft[cls]``).
+:func:`check_versions` runs once per process in :func:`mmsoft.setup`
+(when mmsoft builds its first SOFT backbone or hook, and in the tools; see
+:mod:`mmsoft.runtime`). It reads installed versions with
+:mod:`importlib.metadata` only (it imports none of the codebases) and warns
+(never raises) for each installed package outside its tested range.
+Packages that are not installed are skipped: mmdet, mmseg and mmpretrain
+are optional (the extras ``mmsoft[det]``, ``mmsoft[seg]``,
+``mmsoft[cls]``).
 
 The ranges equal the ``requirements/*.txt`` specifiers (a test checks it).
 """

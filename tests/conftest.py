@@ -149,8 +149,8 @@ def cls_demo_config(tmp, **batch_size):
     training and 4 validation images under ``tmp/data``), written to
     ``tmp/cls.py``; ``batch_size``: per dataloader (``val=4``). Returns
     the config's path."""
-    from mmsoft.tools_support.demo import synthetic
-    synthetic.make_demo_data(
+    from mmsoft.tools_support import demo_synthetic
+    demo_synthetic().make_demo_data(
         str(tmp / 'data'),
         tasks=('cls', ),
         workers=1,

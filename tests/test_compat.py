@@ -2,7 +2,9 @@
 
 Each fix has a test that fails without it: the baseline failure is shown in a
 fresh interpreter that never imports mmsoft, and in this process with the
-allow-list removed; with ``import mmsoft`` the same files load.
+allow-list removed; once mmsoft is set up (:func:`mmsoft.setup`, which
+building a SOFT backbone or an mmsoft hook runs) the same files load.
+``import mmsoft`` alone changes nothing.
 """
 import json
 import os
@@ -21,6 +23,8 @@ from mmengine.utils import digit_version
 
 import mmsoft
 from mmsoft import compat
+
+mmsoft.setup()  # what building SOFT / an mmsoft hook / the tools do
 
 FIX = 'torch_load_mmengine_safe_globals'
 # torch 2.6 made weights_only=True the default of torch.load
@@ -230,8 +234,56 @@ def test_check_optional_deps_reports_missing(monkeypatch):
     assert compat.check_optional_deps(warn=False) == ['ftfy']
 
 
-def test_mmsoft_import_applies_compat():
+def test_mmsoft_setup_applies_compat():
     assert mmsoft.compat is compat and FIX in compat.applied()
+    assert mmsoft.setup() == compat.applied()
+
+
+@needs_weights_only
+def test_import_changes_nothing_building_soft_sets_up(tmp_path):
+    """A fresh process: ``import mmsoft`` leaves torch and mmengine alone;
+    building SOFT through mmengine's root registry (what a
+    ``custom_imports=['mmsoft']`` config does before the Runner resumes or
+    loads) applies the fixes, and the Runner checkpoint loads."""
+    path = tmp_path / 'iter_3.pth'
+    _mmengine_checkpoint(path)
+    code = textwrap.dedent(f"""
+        import json, pickle, torch
+        from mmengine.registry import MODELS
+        from mmengine.runner.checkpoint import CheckpointLoader
+        before = set(map(str, torch.serialization.get_safe_globals()))
+        loader = CheckpointLoader._schemes['']
+        import mmsoft
+        from mmsoft import compat
+        out = dict(after_import=compat.applied(),
+                   same_globals=before == set(
+                       map(str, torch.serialization.get_safe_globals())),
+                   same_loader=CheckpointLoader._schemes[''] is loader)
+        try:
+            torch.load({str(path)!r})
+            out['load_before'] = 'ok'
+        except pickle.UnpicklingError:
+            out['load_before'] = 'refused'
+        MODELS.build(dict(type='SOFT', arch=dict(
+            embed_dims=[8, 16, 16, 32], num_heads=[1, 2, 2, 2],
+            depths=[1, 1, 1, 1])))
+        out['after_build'] = compat.applied()
+        out['loader'] = CheckpointLoader._schemes[''].__module__
+        out['iter'] = CheckpointLoader.load_checkpoint(
+            {str(path)!r}, map_location='cpu')['meta']['iter']
+        print(json.dumps(out))
+    """)
+    res = run_python(code, timeout=120)
+    assert res.returncode == 0, res.stderr[-2000:]
+    out = json.loads(res.stdout.strip().splitlines()[-1])
+    assert out == dict(
+        after_import=[],
+        same_globals=True,
+        same_loader=True,
+        load_before='refused',
+        after_build=[FIX, 'mmengine_verified_local_loader'],
+        loader='mmsoft.utils.checkpoint_io',
+        iter=3)
 
 
 # ---------------------------------------------- loading mutates nothing
@@ -337,6 +389,7 @@ def test_fresh_process_loads_runner_checkpoint_quietly(tmp_path):
         warnings.simplefilter('error')
         import torch
         import mmsoft
+        mmsoft.setup()
         ckpt = torch.load({str(path)!r})
         buf = ckpt['message_hub']['log_scalars']['train/loss']
         print(buf.statistics('mean'))

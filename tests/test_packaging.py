@@ -90,7 +90,8 @@ def test_paths_in_site_packages_layout(tmp_path):
 
 
 def test_demo_config_path_uses_shipped_configs():
-    from mmsoft.tools_support.demo import tasks as T
+    from mmsoft.tools_support import demo_tasks
+    T = demo_tasks()
     assert T.REPO_ROOT == ROOT
     assert osp.samefile(
         T.config_path('det'),
@@ -98,6 +99,22 @@ def test_demo_config_path_uses_shipped_configs():
     assert T.config_path(
         'det', root='/x') == osp.join('/x', 'configs', 'demo',
                                       'retinanet_soft_demo.py')
+
+
+def test_demo_support_is_no_part_of_the_package():
+    """The demo data generator and tasks live in tools/demo_support (they
+    ship with the tools) and are loaded by path, once."""
+    import importlib.util
+
+    from mmsoft.tools_support import demo_synthetic, demo_tasks
+    assert importlib.util.find_spec('mmsoft.tools_support.demo') is None
+    S, T = demo_synthetic(), demo_tasks()
+    assert osp.samefile(
+        S.__file__, osp.join(ROOT, 'tools', 'demo_support', 'synthetic.py'))
+    assert demo_synthetic() is S and T.synthetic is S
+    tool = load_module(
+        osp.join(ROOT, 'tools', 'misc', 'make_demo_data.py'), '_mkdemo')
+    assert tool.load_generator() is S  # one module under one name
 
 
 # ---------------------------------------------------------------- versions
@@ -149,9 +166,11 @@ def test_check_versions_warns_outside_range_only():
     assert deps.check_versions(dict(ok, mmdet='3.0.0rc6'), warn=False) == []
 
 
-def test_import_mmsoft_is_light_and_warns(tmp_path):
-    """import mmsoft: no codebase import, a warning for an installed mmdet
-    outside the tested range (a fake dist-info first on sys.path)."""
+def test_import_mmsoft_is_light_and_setup_warns_once(tmp_path):
+    """import mmsoft: no codebase import and no warning; mmsoft.setup()
+    (what building SOFT or an mmsoft hook and the tools run) warns once for
+    an installed mmdet outside the tested range (a fake dist-info first on
+    sys.path)."""
     fake = tmp_path / 'fake'
     info = fake / 'mmdet-9.9.0.dist-info'
     info.mkdir(parents=True)
@@ -163,8 +182,13 @@ def test_import_mmsoft_is_light_and_warns(tmp_path):
             '    import mmsoft\n'
             'heavy = [m for m in ("mmdet", "mmseg", "mmpretrain", "mmcv")\n'
             '         if m in sys.modules]\n'
+            'with warnings.catch_warnings(record=True) as w1:\n'
+            '    mmsoft.setup()\n'
+            'with warnings.catch_warnings(record=True) as w2:\n'
+            '    mmsoft.setup()\n'
+            'msgs = lambda ws: [str(x.message) for x in ws]\n'
             'print(json.dumps(dict(heavy=heavy, file=mmsoft.__file__,\n'
-            '    warnings=[str(x.message) for x in w])))\n')
+            '    at_import=msgs(w), first=msgs(w1), second=msgs(w2))))\n')
     proc = run_python(
         code,
         cwd=tmp_path,
@@ -174,7 +198,9 @@ def test_import_mmsoft_is_light_and_warns(tmp_path):
     out = json.loads(proc.stdout.strip().splitlines()[-1])
     assert out['file'] == osp.join(ROOT, 'mmsoft', '__init__.py')
     assert out['heavy'] == []
-    assert [w for w in out['warnings'] if 'mmdet 9.9.0' in w], out
+    assert not [w for w in out['at_import'] if 'mmsoft' in w], out
+    assert [w for w in out['first'] if 'mmdet 9.9.0' in w], out
+    assert not [w for w in out['second'] if 'mmdet' in w], out
 
 
 # ---------------------------------------------------------------- index

@@ -180,7 +180,9 @@ def test_wheel_contents(env):
               'configs/demo/retinanet_soft_demo.py',
               'configs/metafiles/retinanet.yml', 'model-index.yml',
               'tools/train.py', 'tools/test.py', 'tools/dist_train.sh',
-              'tools/misc/make_demo_data.py', 'demo/image_demo.py'):
+              'tools/misc/make_demo_data.py',
+              'tools/demo_support/synthetic.py', 'tools/demo_support/tasks.py',
+              'demo/image_demo.py'):
         assert f'mmsoft/.mim/{f}' in names, f
     # checkout-only tools stay out
     assert 'mmsoft/.mim/tools/setup_env.sh' not in names

@@ -210,8 +210,9 @@ def main(argv=None):
     threads = pick_threads(args.threads)
     torch.set_num_threads(threads)
     import mmsoft  # noqa: F401  (registers SOFT everywhere)
-    from mmsoft.tools_support.demo import make_demo_data
-    from mmsoft.tools_support.demo import tasks as T
+    from mmsoft.tools_support import demo_synthetic, demo_tasks
+    make_demo_data = demo_synthetic().make_demo_data
+    T = demo_tasks()
     from mmsoft.utils.atomic import atomic_write
     log(f'torch {torch.__version__}, {threads} thread(s); environment OK '
         f'({time.perf_counter() - t_start:.0f} s)')

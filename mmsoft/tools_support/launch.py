@@ -38,6 +38,7 @@ from mmengine.logging import print_log
 
 from mmsoft.engine.optimizers import \
     CPUAmpOptimWrapper  # noqa: F401  (registers what enable_amp sets)
+from mmsoft.runtime import setup
 
 __all__ = [
     'quiet_init_weights', 'exit_if_legacy_backbone', 'CODEBASES',
@@ -105,7 +106,9 @@ def codebase_of(cfg) -> str:
 
 
 def import_codebase(cfg) -> str:
-    """Import the config's codebase and register all of its modules."""
+    """Import the config's codebase and register all of its modules (and
+    set mmsoft up: :func:`mmsoft.setup`)."""
+    setup()
     scope = codebase_of(cfg)
     utils = importlib.import_module(f'{CODEBASES[scope]}.utils')
     utils.register_all_modules(init_default_scope=False)

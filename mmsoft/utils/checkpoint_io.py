@@ -3,7 +3,8 @@
 Used by mmsoft's :class:`~mmsoft.engine.hooks.SafeCheckpointHook` (training
 checkpoints), the converters in ``tools/model_converters`` and, through
 :func:`install_loader`, by every local checkpoint that mmengine loads after
-``import mmsoft`` (``Runner(resume=...)``, ``load_from``, ``tools/test.py``,
+:func:`mmsoft.setup` (which building a SOFT backbone or an mmsoft hook runs:
+``Runner(resume=...)``, ``load_from``, ``tools/test.py``,
 ``init_cfg=dict(type='Pretrained', ...)``):
 
 * :func:`save_atomic` - ``torch.save`` through

@@ -312,8 +312,8 @@ def test_existing_data_passes(tmp_path, monkeypatch, capsys):
     pytest.importorskip('mmdet')
     pytest.importorskip('mmseg')
     pytest.importorskip('mmpretrain')
-    from mmsoft.tools_support.demo import synthetic as S
-    from mmsoft.tools_support.demo import tasks as T
+    from mmsoft.tools_support import demo_synthetic, demo_tasks
+    S, T = demo_synthetic(), demo_tasks()
     tiny = {t: dict(num_train=2, num_val=2) for t in ('det', 'seg', 'cls')}
     tiny['cls'] = dict(num_train=5, num_val=5)
     report = S.make_demo_data(

@@ -2,7 +2,7 @@
 
 For a SOFT backbone (default SOFT-Small-Norm, random initialisation: no
 trained weights offline) on a natural-looking synthetic image (a rendered
-scene of :mod:`mmsoft.tools_support.demo.synthetic`: textured background,
+scene of ``tools/demo_support/synthetic.py``: textured background,
 clutter and shaded objects) at each ``--sizes`` entry, prints
 
 * the NR convergence per stage (:meth:`SOFT.nr_stats`: the paper's
@@ -109,7 +109,8 @@ def natural_image(h, w, seed=0):
     """(1, 3, h, w) normalised float image of a rendered synthetic scene."""
     import numpy as np
 
-    from mmsoft.tools_support.demo.synthetic import render_scene
+    from mmsoft.tools_support import demo_synthetic
+    render_scene = demo_synthetic().render_scene
     side = max(h, w)
     scale = side / 160
     rng = np.random.default_rng(seed)
@@ -308,8 +309,8 @@ def main(argv=None):
 def train_demo(args):
     """Demo detection, same seed, Eq. 16 vs exact backward; returns the
     rows (nr_backward, bbox mAP, bbox mAP@0.5, train s)."""
-    from mmsoft.tools_support.demo import tasks as T
-    from mmsoft.tools_support.demo.synthetic import make_demo_data
+    from mmsoft.tools_support import demo_synthetic, demo_tasks
+    make_demo_data, T = demo_synthetic().make_demo_data, demo_tasks()
     data = args.data + ('-smoke' if args.smoke else '')
     made = make_demo_data(
         data,

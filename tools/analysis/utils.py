@@ -166,7 +166,8 @@ def image_sets(specs, num_images: int, demo_root=None):
         return sets
     import numpy as np
 
-    from mmsoft.tools_support.demo.synthetic import render_scene
+    from mmsoft.tools_support import demo_synthetic
+    render_scene = demo_synthetic().render_scene
     imgs = [
         render_scene(np.random.default_rng([7, i]), 224)[0][..., ::-1]
         for i in range(num_images)

@@ -155,7 +155,8 @@ def main(argv=None):
     if args.image:
         rgb = load_rgb(args.image)
     else:
-        from mmsoft.tools_support.demo.synthetic import render_scene
+        from mmsoft.tools_support import demo_synthetic
+        render_scene = demo_synthetic().render_scene
         rgb = render_scene(np.random.default_rng([args.seed, 3]),
                            224)[0][..., ::-1].copy()
     import cv2

@@ -6,7 +6,7 @@
 
 Writes ``<out>/coco`` (mmdet CocoDataset), ``<out>/ade`` (mmseg
 ADE20KDataset) and ``<out>/imagenet`` (mmpretrain CustomDataset / ImageNet);
-see :mod:`mmsoft.tools_support.demo.synthetic` for the formats.
+see ``tools/demo_support/synthetic.py`` for the formats.
 Deterministic for a given seed; data sets whose manifest already matches are
 skipped (``--force`` regenerates). Needs only numpy and OpenCV: the
 generator module is loaded from its file, without importing torch or the
@@ -19,25 +19,24 @@ import sys
 import time
 
 ROOT = osp.dirname(osp.dirname(osp.dirname(osp.abspath(__file__))))
-#: the generator, relative to the folder that holds the mmsoft package
-SYNTHETIC = ('mmsoft', 'tools_support', 'demo', 'synthetic.py')
+#: the generator, next to this tool's folder (a checkout's tools/ or the
+#: installed mmsoft/.mim/tools)
+SYNTHETIC = osp.join(
+    osp.dirname(osp.dirname(osp.abspath(__file__))), 'demo_support',
+    'synthetic.py')
 
 
 def load_generator():
-    """mmsoft/tools_support/demo/synthetic.py as a module (without
-    importing mmsoft)."""
-    path = osp.join(ROOT, *SYNTHETIC)
-    if not osp.isfile(path):  # an installed copy (mmsoft/.mim/tools/misc)
-        spec = importlib.util.find_spec('mmsoft')  # finds, does not import
-        if spec is None or not spec.submodule_search_locations:
-            sys.exit('make_demo_data: mmsoft is not installed '
-                     '(pip install mmsoft, or run from a checkout)')
-        path = osp.join(
-            list(spec.submodule_search_locations)[0], *SYNTHETIC[1:])
+    """tools/demo_support/synthetic.py as a module (without importing
+    mmsoft; the name is the one :func:`mmsoft.tools_support.demo_synthetic`
+    uses)."""
     name = '_mmsoft_demo_synthetic'
     if name in sys.modules:
         return sys.modules[name]
-    spec = importlib.util.spec_from_file_location(name, path)
+    if not osp.isfile(SYNTHETIC):
+        sys.exit(f'make_demo_data: {SYNTHETIC} is missing (reinstall mmsoft, '
+                 f'or run from a checkout)')
+    spec = importlib.util.spec_from_file_location(name, SYNTHETIC)
     mod = importlib.util.module_from_spec(spec)
     sys.modules[name] = mod  # worker processes pickle its functions by name
     spec.loader.exec_module(mod)

@@ -23,6 +23,7 @@ import sys
 from mmsoft.models.converters import ConversionError  # noqa: E402
 from mmsoft.models.converters import (  # noqa: E402
     convert_mmpretrain_to_official, describe_arch, official_model_name)
+from mmsoft.runtime import setup  # noqa: E402
 from mmsoft.tools_support.cli import positive_int  # noqa: E402
 from mmsoft.utils.checkpoint_files import check_output_path  # noqa: E402
 from mmsoft.utils.checkpoint_files import (extract_state_dict,
@@ -76,6 +77,7 @@ def convert(args, log=print):
 
 def main(argv=None):
     args = parse_args(argv)
+    setup()  # loads mmengine training checkpoints (mmsoft.compat)
     try:
         convert(args)
     except ConversionError as e:

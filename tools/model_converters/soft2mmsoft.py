@@ -34,6 +34,7 @@ from mmsoft.models.converters import arch_for_mmsoft  # noqa: E402
 from mmsoft.models.converters import (convert_official_to_mmpretrain,
                                       describe_arch, match_arch_preset,
                                       official_model_name)
+from mmsoft.runtime import setup  # noqa: E402
 from mmsoft.tools_support.cli import positive_int  # noqa: E402
 from mmsoft.utils.checkpoint_files import check_output_path  # noqa: E402
 from mmsoft.utils.checkpoint_files import (extract_state_dict,
@@ -153,6 +154,7 @@ def convert(args, log=print):
 
 def main(argv=None):
     args = parse_args(argv)
+    setup()  # loads mmengine training checkpoints (mmsoft.compat)
     try:
         convert(args)
     except ConversionError as e:

@@ -18,7 +18,8 @@ This hook (same arguments as ``CheckpointHook``, plus ``save_rng``):
   new file is complete; temporaries left by a killed run are removed by the
   next one;
 * stores a SHA-256 of the saved state under ``meta['mmsoft_checksum']``,
-  verified whenever mmengine loads the file after ``import mmsoft``;
+  verified whenever mmengine loads the file once mmsoft is set up (building
+  this hook does it: :func:`mmsoft.setup`);
 * stores each rank's RNG states (python ``random``, numpy, torch CPU and
   CUDA) and the train sampler's seed under ``meta['mmsoft_rng']``, and
   restores them on resume, after mmengine has replayed the dataloader of an
@@ -48,6 +49,7 @@ from mmengine.dist import (broadcast_object_list, get_rank, get_world_size,
 from mmengine.hooks import CheckpointHook
 from mmengine.registry import HOOKS
 
+from mmsoft.runtime import setup
 from mmsoft.utils.atomic import atomic_path, atomic_write
 from mmsoft.utils.checkpoint_io import (CheckpointError, add_checksum,
                                         find_newest_complete,
@@ -125,6 +127,7 @@ class SafeCheckpointHook(CheckpointHook):
 
     def __init__(self, *args, save_rng: bool = True, **kwargs):
         super().__init__(*args, **kwargs)
+        setup()  # compat fixes before the Runner resumes (mmsoft.runtime)
         self.save_rng = save_rng
         self._atomic_depth = 0
         self._pending_rng = None  # gathered states for the current save

@@ -12,6 +12,8 @@ unconverted official SOFT checkpoint). ``allow_partial=True``
 from mmengine.hooks import Hook
 from mmengine.registry import HOOKS
 
+from mmsoft.runtime import setup
+
 __all__ = ['StrictLoadHook']
 
 
@@ -30,6 +32,7 @@ class StrictLoadHook(Hook):
     def __init__(self,
                  allow_partial: bool = False,
                  opt_in: str = 'set allow_partial=True on StrictLoadHook'):
+        setup()  # compat fixes before the Runner loads (mmsoft.runtime)
         self.allow_partial = allow_partial
         self.opt_in = opt_in
 

@@ -21,6 +21,7 @@ from mmengine.model.weight_init import initialize, trunc_normal_
 from torch.nn.modules.batchnorm import _BatchNorm
 
 from mmsoft.registry import register_model
+from mmsoft.runtime import setup
 from ..layers import checks
 from ..layers.blocks import ConvPatchEmbed, SOFTBlock, SoftmaxBlock
 
@@ -326,6 +327,7 @@ class SOFT(BaseModule):
                  init_cfg: Optional[Union[Dict, List[Dict]]] = None,
                  **legacy):
         super().__init__(init_cfg=init_cfg)
+        setup()  # compat fixes + version check, once (mmsoft.runtime)
         self.check_legacy_options(legacy)
         checks.check_int('SOFT: in_channels', in_channels)
         checks.check_int(

@@ -22,6 +22,7 @@ from mmengine.logging import print_log
 from mmengine.model.weight_init import update_init_info
 from mmengine.registry import WEIGHT_INITIALIZERS
 
+from mmsoft.runtime import setup
 from mmsoft.utils.strict_load import (CheckpointMismatchError, LoadReport,
                                       check_state_dict, few_keys, strip_prefix)
 from .soft import SOFT
@@ -133,6 +134,7 @@ class SOFTPretrainedInit:
         self.opt_in = opt_in
 
     def __call__(self, module: torch.nn.Module) -> None:
+        setup()  # verified loader, allow-list (mmsoft.runtime)
         load_pretrained(
             module,
             self.checkpoint,

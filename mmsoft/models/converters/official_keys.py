@@ -97,13 +97,19 @@ def official_to_mmsoft_key(key: str) -> Optional[str]:
     if m:
         stage, blk, rest = int(m.group(1)) - 1, int(m.group(2)), m.group(3)
         rules = _SOFT_BLOCK_RULES if stage < 3 else _SOFTMAX_BLOCK_RULES
-        for off, mine in rules:
-            if rest.startswith(off):
-                tail = rest[len(off):]
-                if tail not in ('weight', 'bias'):
-                    return None
-                return f'stages.{stage}.blocks.{blk}.{mine}{tail}'
-        return None
+        new = _rename_in_block(rest, rules)
+        return f'stages.{stage}.blocks.{blk}.{new}' if new else None
+    return None
+
+
+def _rename_in_block(rest: str, rules) -> Optional[str]:
+    """``rest`` (a key inside one block) renamed by the first ``(from,
+    to)`` prefix rule that matches; None unless that leaves a weight or a
+    bias."""
+    for old, new in rules:
+        if rest.startswith(old):
+            tail = rest[len(old):]
+            return new + tail if tail in ('weight', 'bias') else None
     return None
 
 
@@ -141,13 +147,8 @@ def mmsoft_to_official_key(key: str) -> Optional[str]:
     if m:
         stage, blk, rest = int(m.group(1)), int(m.group(2)), m.group(3)
         rules = _SOFT_BLOCK_RULES if stage < 3 else _SOFTMAX_BLOCK_RULES
-        for off, mine in rules:
-            if rest.startswith(mine):
-                tail = rest[len(mine):]
-                if tail not in ('weight', 'bias'):
-                    return None
-                return f'block{stage + 1}.{blk}.{off}{tail}'
-        return None
+        old = _rename_in_block(rest, [(mine, off) for off, mine in rules])
+        return f'block{stage + 1}.{blk}.{old}' if old else None
     return None
 
 

@@ -444,47 +444,50 @@ def _iterative_stats(stats: Optional[Dict], A: torch.Tensor, init: str,
         _record_residual(stats, lam, _scalar_iterate(lam, alpha, iters))
 
 
-def _forward(ctx, A: torch.Tensor, W: Optional[torch.Tensor], nr: NRConfig,
-             stats: Optional[Dict]) -> torch.Tensor:
-    """The forward of both autograd Functions, without autograd: Y = A_T
-    (``W`` None) or Z = A_T W, with ``nr.method`` resolved ('iterative' or
-    'spectral'); saves what their backward needs."""
-    ctx.exact = nr.backward == 'exact'
-    ctx.iters = nr.iters
-    ctx.method = nr.method
-    with torch.no_grad():
-        if nr.method == 'spectral':
-            Aw, alpha = _init(A, nr.init)
-            U, v, lam = _spectral_factors(Aw, alpha, nr.iters)
-            if W is None:
-                out = (U * v.unsqueeze(-2)) @ U.transpose(-1, -2)
-                saved = (U, v, lam, alpha) if ctx.exact else (out, )
-            else:
-                UtW = U.transpose(-1, -2) @ W
-                out = U @ (v.unsqueeze(-1) * UtW)
-                saved = (U, v, lam, alpha, UtW) if ctx.exact else (U, v, out)
-            _record_residual(stats, lam, v)
-        else:
-            assert not ctx.exact, 'exact iterative backward uses autograd'
-            Y = _newton_forward(A, nr.iters, nr.init)
-            out = Y if W is None else Y @ W
-            saved = (Y, ) if W is None else (Y, out)
-            _iterative_stats(stats, A, nr.init, nr.iters)
-    ctx.save_for_backward(*saved)
-    return out
-
-
-class NewtonInverse(torch.autograd.Function):
-    """Y = NR-pseudo-inverse(A) with a closed-form backward: Eq. (16), or
-    with ``backward='exact'`` (spectral method only) the Daleckii-Krein
-    derivative of the T-iteration function, alpha held fixed."""
+class _NewtonFunction(torch.autograd.Function):
+    """The forward of :class:`NewtonInverse` (``W`` None) and
+    :class:`NewtonInverseApply`: ``apply(A, W, nr, stats)``."""
 
     @staticmethod
     def forward(ctx,
                 A: torch.Tensor,
+                W: Optional[torch.Tensor],
                 nr: NRConfig,
                 stats: Optional[Dict] = None) -> torch.Tensor:
-        return _forward(ctx, A, None, nr, stats)
+        """Without autograd: Y = A_T (``W`` None) or Z = A_T W, with
+        ``nr.method`` resolved ('iterative' or 'spectral'); saves what the
+        backward of each subclass needs."""
+        ctx.exact = nr.backward == 'exact'
+        ctx.iters = nr.iters
+        ctx.method = nr.method
+        with torch.no_grad():
+            if nr.method == 'spectral':
+                Aw, alpha = _init(A, nr.init)
+                U, v, lam = _spectral_factors(Aw, alpha, nr.iters)
+                if W is None:
+                    out = (U * v.unsqueeze(-2)) @ U.transpose(-1, -2)
+                    saved = (U, v, lam, alpha) if ctx.exact else (out, )
+                else:
+                    UtW = U.transpose(-1, -2) @ W
+                    out = U @ (v.unsqueeze(-1) * UtW)
+                    exact = (U, v, lam, alpha, UtW)
+                    saved = exact if ctx.exact else (U, v, out)
+                _record_residual(stats, lam, v)
+            else:
+                assert not ctx.exact, 'exact iterative backward uses autograd'
+                Y = _newton_forward(A, nr.iters, nr.init)
+                out = Y if W is None else Y @ W
+                saved = (Y, ) if W is None else (Y, out)
+                _iterative_stats(stats, A, nr.init, nr.iters)
+        ctx.save_for_backward(*saved)
+        return out
+
+
+class NewtonInverse(_NewtonFunction):
+    """Y = NR-pseudo-inverse(A) with a closed-form backward: Eq. (16), or
+    with ``backward='exact'`` (spectral method only) the Daleckii-Krein
+    derivative of the T-iteration function, alpha held fixed.
+    ``NewtonInverse.apply(A, None, nr, stats)``."""
 
     @staticmethod
     def backward(ctx, grad_Y: torch.Tensor):
@@ -493,14 +496,14 @@ class NewtonInverse(torch.autograd.Function):
             F = _divided_differences(lam, v, alpha, ctx.iters)
             Ut = U.transpose(-1, -2)
             grad_A = U @ (F * (Ut @ grad_Y @ U)) @ Ut
-            return grad_A, None, None
+            return grad_A, None, None, None
         (Y, ) = ctx.saved_tensors
         Yt = Y.transpose(-1, -2)
         grad_A = -(Yt @ grad_Y @ Yt)
-        return grad_A, None, None
+        return grad_A, None, None, None
 
 
-class NewtonInverseApply(torch.autograd.Function):
+class NewtonInverseApply(_NewtonFunction):
     """Z = A_T W, A_T the T-th NR iterate (A_T -> A^+), Eq. (16) backward.
 
     Never forms A_T with ``'spectral'``: Z = U (v * (U^T W)), O(m^2 d)
@@ -509,15 +512,8 @@ class NewtonInverseApply(torch.autograd.Function):
     is needed either: grad_A = -(Y^T grad_Z) Z^T, grad_W = Y^T grad_Z.
     With ``backward='exact'`` (spectral only) grad_A is the Daleckii-Krein
     derivative U (F o ((U^T grad_Z) (U^T W)^T)) U^T (two m x m x m products).
+    ``NewtonInverseApply.apply(A, W, nr, stats)``.
     """
-
-    @staticmethod
-    def forward(ctx,
-                A: torch.Tensor,
-                W: torch.Tensor,
-                nr: NRConfig,
-                stats: Optional[Dict] = None) -> torch.Tensor:
-        return _forward(ctx, A, W, nr, stats)
 
     @staticmethod
     def backward(ctx, grad_Z: torch.Tensor):
@@ -577,7 +573,7 @@ def _solve(A: torch.Tensor, W: Optional[torch.Tensor], nr: NRConfig,
             Y = _newton_forward(A, nr.iters, nr.init)
             return Y if W is None else Y @ W
         if W is None:
-            return NewtonInverse.apply(A, nr, stats)
+            return NewtonInverse.apply(A, None, nr, stats)
         return NewtonInverseApply.apply(A, W, nr, stats)
 
 

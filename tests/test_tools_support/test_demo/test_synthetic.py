@@ -1,4 +1,4 @@
-"""The synthetic demo data (``mmsoft.tools_support.demo.synthetic``,
+"""The synthetic demo data (``tools/demo_support/synthetic.py``,
 ``tools/misc/make_demo_data.py``).
 
 * deterministic (byte-identical for a seed, whatever the worker count),
@@ -23,7 +23,9 @@ import numpy as np
 import pytest
 from conftest import ROOT, run_python
 
-from mmsoft.tools_support.demo import synthetic as S
+from mmsoft.tools_support import demo_synthetic
+
+S = demo_synthetic()
 
 TOOL = osp.join(ROOT, 'tools', 'misc', 'make_demo_data.py')
 SMALL = {t: dict(num_train=6, num_val=3) for t in ('det', 'seg', 'cls')}

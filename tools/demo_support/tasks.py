@@ -1,6 +1,8 @@
 """The three demo tasks: configs, metrics, targets, training and drawing.
 
-Used by ``tools/demo.py`` (the README's main job) and by the tests. Each
+Used by ``tools/demo.py`` (the README's main job) and by the tests, which
+load it by path (:func:`mmsoft.tools_support.demo_tasks`; it is no part of
+the mmsoft package). Each
 task trains one ``configs/demo`` config with mmengine's ``Runner``
 (``Runner.from_cfg`` -> ``runner.train()`` -> ``runner.test()`` on the
 validation split), reads the codebase's own metric and draws the first
@@ -15,9 +17,15 @@ import cv2
 import numpy as np
 from mmengine.hooks import Hook
 
+from mmsoft.tools_support import demo_synthetic
 from mmsoft.utils import paths
 from mmsoft.utils.atomic import atomic_write
-from .synthetic import CLS_CLASSES, DET_CLASSES, SEG_CLASSES
+
+#: the data generator next to this file (tools/demo_support/synthetic.py)
+synthetic = demo_synthetic()
+CLS_CLASSES = synthetic.CLS_CLASSES
+DET_CLASSES = synthetic.DET_CLASSES
+SEG_CLASSES = synthetic.SEG_CLASSES
 
 __all__ = [
     'TASKS', 'REPO_ROOT', 'config_path', 'load_demo_config', 'set_data_root',
@@ -231,7 +239,7 @@ def _grid(tiles, cols, pad=4):
 
 
 def _draw_det(samples, upscale, score_thr):
-    from .synthetic import DET_PALETTE
+    DET_PALETTE = synthetic.DET_PALETTE
     tiles = []
     for s in samples:
         img = _load(s.img_path, upscale)
@@ -269,7 +277,7 @@ def _draw_det(samples, upscale, score_thr):
 
 
 def _draw_seg(samples, upscale):
-    from .synthetic import SEG_PALETTE
+    SEG_PALETTE = synthetic.SEG_PALETTE
     palette = np.array([_bgr(c) for c in SEG_PALETTE] + [(0, 0, 0)], np.uint8)
     tiles = []
     for s in samples:

@@ -50,7 +50,9 @@ the parameters, so that :func:`make_demo_data` skips data sets that are
 already up to date.
 
 This module needs only numpy and OpenCV (no torch, no OpenMMLab), so that
-``tools/misc/make_demo_data.py`` can load it on its own.
+``tools/misc/make_demo_data.py`` can load it on its own. It is no part of
+the mmsoft package: the tools load it by path
+(:func:`mmsoft.tools_support.demo_synthetic`).
 """
 import json
 import os
