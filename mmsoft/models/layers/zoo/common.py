@@ -59,6 +59,9 @@ class ZooAttention(AttentionBase):
         dw_kernel_size (int): k of the per-head depthwise conv on V (0:
             none). Default: 3.
         qkv_bias (bool): biases of the q / k / v projections. Default: True.
+
+    Subclasses take these (set by the SOFT stage) as ``*args, **kwargs``
+    and their own options as keyword arguments.
     """
 
     def __init__(self,

@@ -40,8 +40,7 @@ class LinformerAttention(ZooAttention):
     """Softmax attention over m spatially reduced keys / values.
 
     Args:
-        embed_dims, num_heads, sampling_ratio, dw_kernel_size, qkv_bias:
-            see :class:`ZooAttention` (set by the SOFT stage).
+        *args, **kwargs: the stage arguments (see :class:`ZooAttention`).
         sr_mode (str): ``'conv'`` (PVT spatial reduction) or
             ``'avgpool'`` (parameter-free). Default: 'conv'.
         max_landmarks (int | None): cap on m (adaptive pooling of the
@@ -51,26 +50,22 @@ class LinformerAttention(ZooAttention):
     """
 
     def __init__(self,
-                 embed_dims: int,
-                 num_heads: int,
-                 sampling_ratio: int,
-                 dw_kernel_size: int = 3,
-                 qkv_bias: bool = True,
+                 *args,
                  sr_mode: str = 'conv',
                  max_landmarks: Optional[int] = None,
-                 landmark_hw: Optional[Tuple[int, int]] = None):
-        super().__init__(embed_dims, num_heads, sampling_ratio, dw_kernel_size,
-                         qkv_bias)
+                 landmark_hw: Optional[Tuple[int, int]] = None,
+                 **kwargs):
+        super().__init__(*args, **kwargs)
         if sr_mode not in SR_MODES:
             raise ValueError(f'unknown sr_mode {sr_mode!r}; choose one of '
                              f'{SR_MODES}')
         self.sr_mode = sr_mode
         self.max_landmarks = max_landmarks
         self.landmark_hw = landmark_hw
-        r = sampling_ratio
+        r, C = self.sampling_ratio, self.embed_dims
         if sr_mode == 'conv' and r > 1:
-            self.sr = nn.Conv2d(embed_dims, embed_dims, r, r)
-            self.norm = nn.LayerNorm(embed_dims)
+            self.sr = nn.Conv2d(C, C, r, r)
+            self.norm = nn.LayerNorm(C)
         else:
             self.sr = self.norm = None
 

@@ -52,8 +52,7 @@ class NystromformerAttention(ZooAttention):
     """Softmax Nystrom attention with SOFT's block details.
 
     Args:
-        embed_dims, num_heads, sampling_ratio, dw_kernel_size, qkv_bias:
-            see :class:`ZooAttention` (set by the SOFT stage).
+        *args, **kwargs: the stage arguments (see :class:`ZooAttention`).
         pinv (str): ``'iterative'`` (Nystromformer) or ``'exact'``.
             Default: 'iterative'.
         pinv_iters (int): iterations of :func:`iterative_pinv`. Default: 6.
@@ -64,17 +63,13 @@ class NystromformerAttention(ZooAttention):
     """
 
     def __init__(self,
-                 embed_dims: int,
-                 num_heads: int,
-                 sampling_ratio: int,
-                 dw_kernel_size: int = 3,
-                 qkv_bias: bool = True,
+                 *args,
                  pinv: str = 'iterative',
                  pinv_iters: int = 6,
                  max_landmarks: Optional[int] = None,
-                 landmark_hw: Optional[Tuple[int, int]] = None):
-        super().__init__(embed_dims, num_heads, sampling_ratio, dw_kernel_size,
-                         qkv_bias)
+                 landmark_hw: Optional[Tuple[int, int]] = None,
+                 **kwargs):
+        super().__init__(*args, **kwargs)
         if pinv not in PINV_MODES:
             raise ValueError(f'unknown pinv {pinv!r}; choose one of '
                              f'{PINV_MODES}')

@@ -69,8 +69,7 @@ class PerformerAttention(ZooAttention):
     """FAVOR+ linear attention with SOFT's block details.
 
     Args:
-        embed_dims, num_heads, sampling_ratio, dw_kernel_size, qkv_bias:
-            see :class:`ZooAttention` (set by the SOFT stage).
+        *args, **kwargs: the stage arguments (see :class:`ZooAttention`).
         num_features (int | None): M random features per head. Default:
             None, ``max(16, round(d ln d))`` as in the Performer reference
             code.
@@ -80,16 +79,12 @@ class PerformerAttention(ZooAttention):
     """
 
     def __init__(self,
-                 embed_dims: int,
-                 num_heads: int,
-                 sampling_ratio: int,
-                 dw_kernel_size: int = 3,
-                 qkv_bias: bool = True,
+                 *args,
                  num_features: Optional[int] = None,
                  redraw_interval: int = 0,
-                 eps: float = 1e-6):
-        super().__init__(embed_dims, num_heads, sampling_ratio, dw_kernel_size,
-                         qkv_bias)
+                 eps: float = 1e-6,
+                 **kwargs):
+        super().__init__(*args, **kwargs)
         d = self.head_dims
         if num_features is None:
             num_features = max(16, int(round(d * math.log(max(d, 2)))))

@@ -44,23 +44,18 @@ class SimAAttention(ZooAttention):
     """SimA with SOFT's block details.
 
     Args:
-        embed_dims, num_heads, sampling_ratio, dw_kernel_size, qkv_bias:
-            see :class:`ZooAttention` (set by the SOFT stage).
+        *args, **kwargs: the stage arguments (see :class:`ZooAttention`).
         order (str): ``'auto'`` (from n vs d), ``'quadratic'`` or
             ``'linear'``. Default: 'auto'.
         eps (float): added to the l1 norms. Default: 1e-6.
     """
 
     def __init__(self,
-                 embed_dims: int,
-                 num_heads: int,
-                 sampling_ratio: int,
-                 dw_kernel_size: int = 3,
-                 qkv_bias: bool = True,
+                 *args,
                  order: str = 'auto',
-                 eps: float = 1e-6):
-        super().__init__(embed_dims, num_heads, sampling_ratio, dw_kernel_size,
-                         qkv_bias)
+                 eps: float = 1e-6,
+                 **kwargs):
+        super().__init__(*args, **kwargs)
         sima_order(1, 1, order)  # validate
         self.order = order
         self.eps = eps

@@ -26,15 +26,6 @@ class SoftmaxZooAttention(ZooAttention):
     Args: those of :class:`ZooAttention` (``sampling_ratio`` is unused).
     """
 
-    def __init__(self,
-                 embed_dims: int,
-                 num_heads: int,
-                 sampling_ratio: int,
-                 dw_kernel_size: int = 3,
-                 qkv_bias: bool = True):
-        super().__init__(embed_dims, num_heads, sampling_ratio, dw_kernel_size,
-                         qkv_bias)
-
     def _mix(self, x: torch.Tensor, hw: Tuple[int, int]):
         vt = self.v(x)
         q, k, v = self._split(self.q(x)), self._split(self.k(x)), \
