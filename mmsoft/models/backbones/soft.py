@@ -230,9 +230,10 @@ class SOFT(BaseModule):
             'iterative', 'spectral'; the same function), ``nr_backward``
             ('eq16', the papers' closed form, or 'exact', the gradient of
             the T iterations as computed), ``nr_diagnostics`` (see
-            :meth:`nr_stats`) and ``max_landmarks`` (an opt-in cap on the
+            :meth:`nr_stats`), ``max_landmarks`` (an opt-in cap on the
             bottleneck size m, for training from scratch at high
-            resolution; not for official weights). The zoo attentions
+            resolution; not for official weights) and ``landmark_hw`` (a
+            fixed bottleneck grid). The zoo attentions
             (Table 1: ``'softmax'``, ``'linformer'``, ``'performer'``,
             ``'nystromformer'``, ``'sima'``) take their own options; see
             :mod:`mmsoft.models.layers.attention_zoo`.
