@@ -132,8 +132,9 @@ def ensure_own_mmsoft(argv):
     spec = importlib.util.find_spec('mmsoft')  # finds, does not import
     found = list(spec.submodule_search_locations or []) if spec else []
     own = osp.realpath(osp.join(ROOT, 'mmsoft'))
-    paths = [p for p in os.environ.get('PYTHONPATH', '').split(os.pathsep)
-             if p]
+    paths = [
+        p for p in os.environ.get('PYTHONPATH', '').split(os.pathsep) if p
+    ]
     if (found and osp.realpath(found[0]) == own) or paths[:1] == [ROOT]:
         return  # (after a restart: the checkout is first, whatever spec says)
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([ROOT] + paths))

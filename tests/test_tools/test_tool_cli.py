@@ -166,13 +166,13 @@ def test_python_sh_runs_a_tool_with_this_checkout(tmp_path):
     env = child_env(PYTHONPATH=None)
     code = ("import importlib.util as u; print(u.find_spec('mmsoft')"
             '.origin)')
-    proc = subprocess.run(
-        ['bash', osp.join(TOOLS, 'python.sh'), '-c', code],
-        cwd=str(tmp_path),
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=120)
+    proc = subprocess.run(['bash',
+                           osp.join(TOOLS, 'python.sh'), '-c', code],
+                          cwd=str(tmp_path),
+                          env=env,
+                          capture_output=True,
+                          text=True,
+                          timeout=120)
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.strip() == osp.join(ROOT, 'mmsoft', '__init__.py')
     proc = subprocess.run(['bash', osp.join(TOOLS, 'python.sh')],
@@ -196,8 +196,8 @@ def test_benchmark_attention_tiny_run(tmp_path):
     with open(tmp_path / 'results.csv') as f:
         written = list(csv.DictReader(f))
     assert len(written) == 2
-    assert all(float(r['time_ms']) > 0 and float(r['peak_mb']) >= 0
-               for r in written)
+    assert all(
+        float(r['time_ms']) > 0 and float(r['peak_mb']) >= 0 for r in written)
     assert '| cpu | 784 | soft |' in (tmp_path / 'results.md').read_text()
     assert (tmp_path / 'memory_time_vs_tokens.png').read_bytes()[:4] == \
         b'\x89PNG'

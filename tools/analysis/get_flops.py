@@ -49,8 +49,8 @@ from typing import Optional
 
 import torch
 import torch.nn as nn
-from utils import (ATTENTION_NAMES, add_hw_argument, attn_cfg_of,
-                   make_parser, pyplot, soft_model_kwargs, write_results)
+from utils import (ATTENTION_NAMES, add_hw_argument, attn_cfg_of, make_parser,
+                   pyplot, soft_model_kwargs, write_results)
 
 # NeurIPS Table 3 (SOFT, no normalisation): params (M), FLOPs (G)
 PAPER_PRESETS = {

@@ -44,7 +44,6 @@ DEFAULT_ATTNS = [
 MODES = ('forward', 'forward_backward')
 BASE_SIDE = 28  # n = 784 p = 28 x 28p
 
-
 # ------------------------------------------------------------------ model
 #: the attentions with a reduced token set (their ``landmark_hw`` option)
 REDUCED = ('soft', 'soft_norm', 'linformer', 'nystromformer')

@@ -126,8 +126,7 @@ def build(arch, seed, **attn_options):
     from mmsoft.models.backbones import SOFT
     from mmsoft.tools_support.launch import quiet_init_weights
     torch.manual_seed(seed)
-    model = SOFT(
-        arch, attn_cfg=dict(attn_cfg_of('soft_norm'), **attn_options))
+    model = SOFT(arch, attn_cfg=dict(attn_cfg_of('soft_norm'), **attn_options))
     quiet_init_weights(model)
     return model.eval()
 

@@ -19,14 +19,13 @@ the tensors. Written atomically; DST must not be SRC.
 import argparse
 import sys
 
-
-from mmsoft.models.converters import ConversionError  # noqa: E402
-from mmsoft.models.converters import (  # noqa: E402
-    convert_mmpretrain_to_official, describe_arch, official_model_name)
-from mmsoft.runtime import setup  # noqa: E402
-from mmsoft.tools_support.cli import positive_int  # noqa: E402
-from mmsoft.utils.checkpoint_files import check_output_path  # noqa: E402
-from mmsoft.utils.checkpoint_files import (extract_state_dict,
+from mmsoft.models.converters import (ConversionError,
+                                      convert_mmpretrain_to_official,
+                                      describe_arch, official_model_name)
+from mmsoft.runtime import setup
+from mmsoft.tools_support.cli import positive_int
+from mmsoft.utils.checkpoint_files import (check_output_path,
+                                           extract_state_dict,
                                            load_checkpoint_file,
                                            save_checkpoint_atomic)
 

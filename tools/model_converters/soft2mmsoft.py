@@ -28,16 +28,14 @@ import argparse
 import os.path as osp
 import sys
 
-
-from mmsoft.models.converters import ConversionError  # noqa: E402
-from mmsoft.models.converters import arch_for_mmsoft  # noqa: E402
-from mmsoft.models.converters import (convert_official_to_mmpretrain,
+from mmsoft.models.converters import (ConversionError, arch_for_mmsoft,
+                                      convert_official_to_mmpretrain,
                                       describe_arch, match_arch_preset,
                                       official_model_name)
-from mmsoft.runtime import setup  # noqa: E402
-from mmsoft.tools_support.cli import positive_int  # noqa: E402
-from mmsoft.utils.checkpoint_files import check_output_path  # noqa: E402
-from mmsoft.utils.checkpoint_files import (extract_state_dict,
+from mmsoft.runtime import setup
+from mmsoft.tools_support.cli import positive_int
+from mmsoft.utils.checkpoint_files import (check_output_path,
+                                           extract_state_dict,
                                            load_checkpoint_file,
                                            save_checkpoint_atomic)
 
