@@ -21,6 +21,9 @@ soft_backbone = dict(
     out_indices=(0, 1, 2, 3),
     out_type='featmap',
     drop_path_rate=0.1,
+    # the official recipe: stages 1-3 apply that rate as an element-wise
+    # dropout of their residual branches ('drop_path': stochastic depth)
+    residual_drop='dropout',
     # BatchNorm of the conv patch embeddings keeps its ImageNet
     # statistics (2 images per GPU are too few to update them)
     norm_eval=True,

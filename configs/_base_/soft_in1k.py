@@ -31,6 +31,9 @@ model = dict(
         out_indices=(3, ),
         out_type='cls_token',
         drop_path_rate=0.1,
+        # the official recipe: stages 1-3 apply that rate as an element-wise
+        # dropout of their residual branches ('drop_path': stochastic depth)
+        residual_drop='dropout',
         init_cfg=dict(type='Pretrained', checkpoint=None, prefix='backbone.')),
     neck=None,
     head=dict(

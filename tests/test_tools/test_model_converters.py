@@ -220,7 +220,7 @@ def test_convert_loads_strictly_and_runs(tiny_sd, attn_norm):
                        tiny_sd['block2.1.att.mha.W_q.weight'])
     assert torch.equal(model.stages[0].patch_embed.proj[2].bn.running_var,
                        tiny_sd['patch_embed1.proj.7.running_var'])
-    assert torch.equal(model.stages[3].blocks[1].ffn.fc2.bias,
+    assert torch.equal(model.stages[3].blocks[1].ffn.layers[1].bias,  # fc2
                        tiny_sd['block4.1.mlp.fc2.bias'])
     assert torch.equal(out['head.fc.weight'], tiny_sd['head.weight'])
     model.eval()
@@ -243,33 +243,55 @@ def test_round_trip(tiny_sd):
     assert len(back2) == len(tiny_sd) - 2
 
 
-def test_version1_mmsoft_checkpoints_convert_back(tiny_sd):
-    """mmsoft checkpoints written before stages were modules (``_version``
-    1 keys: ``patch_embeds.0.*``, ``stages.0.0.*``, ``cls_token``) convert
-    to the official layout and load into the backbone unchanged."""
-    mm, _, _ = ok.convert_official_to_mmpretrain(tiny_sd)
-    v1 = OrderedDict()
+def _old_keys(mm, version):
+    """The keys of an mmsoft checkpoint of ``_version`` 2 (FFN ``fc1`` /
+    ``fc2`` instead of mmcv's ``layers.0.0`` / ``layers.1``) or 1 (also
+    ``patch_embeds.0.*``, ``pos_embeds.0``, ``stages.0.0.*``,
+    ``cls_token``, ``norm.*``)."""
+    old = OrderedDict()
     for k, v in mm.items():
-        k = re.sub(r'^backbone\.stages\.(\d)\.patch_embed\.',
-                   r'backbone.patch_embeds.\1.', k)
-        k = re.sub(r'^backbone\.stages\.(\d)\.pos_embed$',
-                   r'backbone.pos_embeds.\1', k)
-        k = re.sub(r'^backbone\.stages\.(\d)\.blocks\.(\d+)\.',
-                   r'backbone.stages.\1.\2.', k)
-        k = re.sub(r'^backbone\.stages\.3\.(cls_token|norm\.)', r'backbone.\1',
-                   k)
-        v1[k] = v
-    assert 'backbone.stages.1.1.attn.q.weight' in v1
-    assert 'backbone.norm.weight' in v1 and 'backbone.pos_embeds.3' in v1
-    back, _, _ = ok.convert_mmpretrain_to_official(v1)
+        k = re.sub(r'\.ffn\.layers\.0\.0\.', '.ffn.fc1.', k)
+        k = re.sub(r'\.ffn\.layers\.1\.', '.ffn.fc2.', k)
+        if version == 1:
+            k = re.sub(r'^backbone\.stages\.(\d)\.patch_embed\.',
+                       r'backbone.patch_embeds.\1.', k)
+            k = re.sub(r'^backbone\.stages\.(\d)\.pos_embed$',
+                       r'backbone.pos_embeds.\1', k)
+            k = re.sub(r'^backbone\.stages\.(\d)\.blocks\.(\d+)\.',
+                       r'backbone.stages.\1.\2.', k)
+            k = re.sub(r'^backbone\.stages\.3\.(cls_token|norm\.)',
+                       r'backbone.\1', k)
+        old[k] = v
+    return old
+
+
+@pytest.mark.parametrize('version', [1, 2])
+def test_old_mmsoft_checkpoints_convert_back(tiny_sd, version):
+    """mmsoft checkpoints written before mmcv's FFN (``_version`` 2:
+    ``ffn.fc1``) and before stages were modules (``_version`` 1:
+    ``patch_embeds.0.*``, ``stages.0.0.*``, ``cls_token``) convert to the
+    official layout and load into the backbone unchanged (with or without
+    the version in the metadata)."""
+    mm, _, _ = ok.convert_official_to_mmpretrain(tiny_sd)
+    old = _old_keys(mm, version)
+    assert 'backbone.stages.3.blocks.1.ffn.fc2.bias' in old or version == 1
+    if version == 1:
+        assert 'backbone.stages.1.1.attn.q.weight' in old
+        assert 'backbone.norm.weight' in old and 'backbone.pos_embeds.3' in old
+        assert 'backbone.stages.1.1.ffn.fc1.weight' in old
+    back, _, _ = ok.convert_mmpretrain_to_official(old)
     assert list(back) == list(tiny_sd)
     assert all(torch.equal(back[k], tiny_sd[k]) for k in tiny_sd)
-    model = SOFT(arch='tiny')
-    model.load_state_dict(backbone_part(v1), strict=True)  # _version hook
     ref = SOFT(arch='tiny')
     ref.load_state_dict(backbone_part(mm), strict=True)
-    for k, v in ref.state_dict().items():
-        assert torch.equal(model.state_dict()[k], v), k
+    for meta in (None, version):
+        sd = OrderedDict(backbone_part(old))
+        if meta is not None:
+            sd._metadata = OrderedDict({'': dict(version=meta)})
+        model = SOFT(arch='tiny')
+        model.load_state_dict(sd, strict=True)  # the _version hook
+        for k, v in ref.state_dict().items():
+            assert torch.equal(model.state_dict()[k], v), k
 
 
 def test_missing_bn_counters_are_filled(tiny_sd):
@@ -322,10 +344,12 @@ def test_mmsoft_side_errors(tiny_sd):
         ok.convert_mmpretrain_to_official(bad)
     bad = OrderedDict(mm)
     # stage 3 has 3 blocks: the odd block 0 is reported, not taken as truth
-    bad['backbone.stages.2.blocks.0.ffn.fc1.weight'] = torch.zeros(1279, 320)
+    bad['backbone.stages.2.blocks.0.ffn.layers.0.0.weight'] = torch.zeros(
+        1279, 320)
     with pytest.raises(ConversionError) as e:
         ok.convert_mmpretrain_to_official(bad)
-    assert ("shape mismatch for 'backbone.stages.2.blocks.0.ffn.fc1.weight': "
+    assert ("shape mismatch for "
+            "'backbone.stages.2.blocks.0.ffn.layers.0.0.weight': "
             "expected (1280, 320), found (1279, 320)") in str(e.value)
     assert len(e.value.problems) == 1
     bad = OrderedDict(mm)

@@ -15,6 +15,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 import torch.utils.checkpoint as cp
+from mmcv.cnn import build_norm_layer
 from mmengine.logging import print_log
 from mmengine.model import BaseModule
 from mmengine.model.weight_init import initialize, trunc_normal_
@@ -23,7 +24,8 @@ from torch.nn.modules.batchnorm import _BatchNorm
 from mmsoft.registry import register_model
 from mmsoft.runtime import setup
 from ..layers import checks
-from ..layers.blocks import ConvPatchEmbed, SOFTBlock, SoftmaxBlock
+from ..layers.blocks import (RESIDUAL_DROPS, ConvPatchEmbed, SOFTBlock,
+                             SoftmaxBlock)
 
 __all__ = ['SOFT', 'PyramidStage', 'SOFTStage', 'ClsTokenStage']
 
@@ -50,6 +52,10 @@ class PyramidStage(nn.Module):
         num_extra_tokens (int): tokens prepended before the position
             embedding (1: the cls token of stage 4). Default: 0.
         drop_rate (float): dropout after the position embedding. Default: 0.
+        patch_norm_cfg (dict, optional): norm of the patch-embedding convs
+            (``ConvModule``). Default: None (``dict(type='BN')``).
+        patch_act_cfg (dict, optional): their activation. Default: None
+            (``dict(type='ReLU')``).
     """
 
     def __init__(self,
@@ -58,12 +64,19 @@ class PyramidStage(nn.Module):
                  pos_grid: int,
                  stem: bool = False,
                  num_extra_tokens: int = 0,
-                 drop_rate: float = 0.):
+                 drop_rate: float = 0.,
+                 patch_norm_cfg: Optional[Dict] = None,
+                 patch_act_cfg: Optional[Dict] = None):
         super().__init__()
         self.embed_dims = embed_dims
         self.num_extra_tokens = num_extra_tokens
         self.with_cp = False
-        self.patch_embed = ConvPatchEmbed(in_channels, embed_dims, stem=stem)
+        self.patch_embed = ConvPatchEmbed(
+            in_channels,
+            embed_dims,
+            stem=stem,
+            norm_cfg=patch_norm_cfg,
+            act_cfg=patch_act_cfg)
         self.pos_embed = nn.Parameter(
             torch.zeros(1, pos_grid * pos_grid + num_extra_tokens, embed_dims))
         self.pos_drop = nn.Dropout(drop_rate) if drop_rate > 0 \
@@ -114,8 +127,8 @@ class SOFTStage(PyramidStage):
     ``attn_cfg`` (SOFT attention by default).
 
     Args:
-        in_channels, embed_dims, pos_grid, stem, drop_rate: see
-            :class:`PyramidStage`.
+        in_channels, embed_dims, pos_grid, stem, drop_rate, patch_norm_cfg,
+            patch_act_cfg: see :class:`PyramidStage`.
         num_heads (int): attention heads.
         depth (int): number of blocks.
         sampling_ratio (int): r of the bottleneck (m = HW / r^2).
@@ -124,17 +137,39 @@ class SOFTStage(PyramidStage):
         attn_cfg (dict): the token mixer (see :class:`SOFT`).
         qkv_bias (bool): biases of the attention projections.
         drop_path_rates (list[float]): residual drop rate of each block.
-        residual_drop (str): ``'dropout'`` or ``'drop_path'`` (see
+        residual_drop (str): ``'drop_path'`` or ``'dropout'`` (see
             :class:`SOFTBlock`).
+        norm_cfg (dict, optional): the blocks' norms (default LN).
+        act_cfg (dict, optional): the FFN activation (default tanh-GELU).
     """
 
-    def __init__(self, in_channels: int, embed_dims: int, pos_grid: int,
-                 num_heads: int, depth: int, sampling_ratio: int,
-                 dw_kernel_size: int, mlp_ratio: float, attn_cfg: dict,
-                 qkv_bias: bool, drop_path_rates: Sequence[float],
-                 residual_drop: str, stem: bool, drop_rate: float):
+    def __init__(self,
+                 in_channels: int,
+                 embed_dims: int,
+                 pos_grid: int,
+                 num_heads: int,
+                 depth: int,
+                 sampling_ratio: int,
+                 dw_kernel_size: int,
+                 mlp_ratio: float,
+                 attn_cfg: dict,
+                 qkv_bias: bool,
+                 drop_path_rates: Sequence[float],
+                 residual_drop: str = 'drop_path',
+                 stem: bool = False,
+                 drop_rate: float = 0.,
+                 norm_cfg: Optional[Dict] = None,
+                 act_cfg: Optional[Dict] = None,
+                 patch_norm_cfg: Optional[Dict] = None,
+                 patch_act_cfg: Optional[Dict] = None):
         super().__init__(
-            in_channels, embed_dims, pos_grid, stem, drop_rate=drop_rate)
+            in_channels,
+            embed_dims,
+            pos_grid,
+            stem,
+            drop_rate=drop_rate,
+            patch_norm_cfg=patch_norm_cfg,
+            patch_act_cfg=patch_act_cfg)
         for j in range(depth):
             self.blocks.append(
                 SOFTBlock(
@@ -146,7 +181,20 @@ class SOFTStage(PyramidStage):
                     qkv_bias=qkv_bias,
                     mlp_ratio=mlp_ratio,
                     drop_path_rate=drop_path_rates[j],
-                    residual_drop=residual_drop))
+                    residual_drop=residual_drop,
+                    norm_cfg=norm_cfg,
+                    act_cfg=act_cfg))
+
+    @staticmethod
+    def arch_options(arch: Dict, i: int, opts: Dict) -> Dict:
+        """The settings of stage ``i`` this stage type takes beyond the
+        common ones: from the arch (``sampling_ratios``,
+        ``dw_kernel_sizes``) and the backbone options ``opts``."""
+        return dict(
+            sampling_ratio=arch['sampling_ratios'][i],
+            dw_kernel_size=arch['dw_kernel_sizes'][i],
+            attn_cfg=opts['attn_cfgs'][i],
+            residual_drop=opts['residual_drop'])
 
 
 class ClsTokenStage(PyramidStage):
@@ -154,26 +202,45 @@ class ClsTokenStage(PyramidStage):
     :class:`SoftmaxBlock` and a final LayerNorm (``norm``).
 
     Args:
-        in_channels, embed_dims, pos_grid, drop_rate: see
-            :class:`PyramidStage`.
+        in_channels, embed_dims, pos_grid, stem, drop_rate, patch_norm_cfg,
+            patch_act_cfg: see :class:`PyramidStage`.
         num_heads (int): attention heads.
         depth (int): number of blocks.
         mlp_ratio (float): MLP expansion.
         qkv_bias (bool): biases of the q / kv projections.
         attn_drop_rate (float): dropout on the attention weights.
         drop_path_rates (list[float]): stochastic depth rate of each block.
+        norm_cfg (dict, optional): the blocks' norms and the final norm
+            (default ``dict(type='LN', eps=1e-6)``).
+        act_cfg (dict, optional): the MLP activation (default GELU).
     """
 
-    def __init__(self, in_channels: int, embed_dims: int, pos_grid: int,
-                 num_heads: int, depth: int, mlp_ratio: float, qkv_bias: bool,
-                 drop_rate: float, attn_drop_rate: float,
-                 drop_path_rates: Sequence[float]):
+    def __init__(self,
+                 in_channels: int,
+                 embed_dims: int,
+                 pos_grid: int,
+                 num_heads: int,
+                 depth: int,
+                 mlp_ratio: float,
+                 qkv_bias: bool,
+                 drop_rate: float,
+                 attn_drop_rate: float,
+                 drop_path_rates: Sequence[float],
+                 stem: bool = False,
+                 norm_cfg: Optional[Dict] = None,
+                 act_cfg: Optional[Dict] = None,
+                 patch_norm_cfg: Optional[Dict] = None,
+                 patch_act_cfg: Optional[Dict] = None):
         super().__init__(
             in_channels,
             embed_dims,
             pos_grid,
+            stem,
             num_extra_tokens=1,
-            drop_rate=drop_rate)
+            drop_rate=drop_rate,
+            patch_norm_cfg=patch_norm_cfg,
+            patch_act_cfg=patch_act_cfg)
+        norm_cfg = dict(type='LN', eps=1e-6) if norm_cfg is None else norm_cfg
         for j in range(depth):
             self.blocks.append(
                 SoftmaxBlock(
@@ -183,15 +250,26 @@ class ClsTokenStage(PyramidStage):
                     qkv_bias=qkv_bias,
                     drop_rate=drop_rate,
                     attn_drop_rate=attn_drop_rate,
-                    drop_path_rate=drop_path_rates[j]))
+                    drop_path_rate=drop_path_rates[j],
+                    norm_cfg=norm_cfg,
+                    act_cfg=act_cfg))
         self.cls_token = nn.Parameter(torch.zeros(1, 1, embed_dims))
-        self.norm = nn.LayerNorm(embed_dims, eps=1e-6)
+        self.norm = build_norm_layer(norm_cfg, embed_dims)[1]
+
+    @staticmethod
+    def arch_options(arch: Dict, i: int, opts: Dict) -> Dict:
+        """See :meth:`SOFTStage.arch_options`."""
+        return dict(attn_drop_rate=opts['attn_drop_rate'])
 
     def _extra_tokens(self, B: int) -> torch.Tensor:
         return self.cls_token.expand(B, -1, -1)
 
     def _finish(self, x: torch.Tensor) -> torch.Tensor:
         return self.norm(x)
+
+
+#: the stage types a per-stage spec (:attr:`SOFT.stage_cfgs`) can name
+STAGE_TYPES = {'SOFTStage': SOFTStage, 'ClsTokenStage': ClsTokenStage}
 
 
 @register_model
@@ -206,7 +284,8 @@ class SOFT(BaseModule):
 
     Args:
         arch (str | dict): a preset of :attr:`arch_zoo` (``'tiny'``,
-            ``'small'``, ``'medium'``, ``'large'``, ``'huge'``, and
+            ``'small'``, ``'medium'``, ``'large'``, ``'huge'``, or their
+            aliases ``'t'``, ``'s'``, ``'m'``, ``'l'``, ``'h'``, and
             ``'small-official'``, the depths [1, 3, 20, 4] of the official
             ``soft_small`` weights), or a dict with ``embed_dims``,
             ``num_heads``, ``depths`` (4 entries each) and optionally
@@ -253,11 +332,27 @@ class SOFT(BaseModule):
             the stage-4 attention projections and MLPs. Default: 0.
         attn_drop_rate (float): dropout on the stage-4 attention weights.
             Default: 0.
-        drop_path_rate (float): residual drop rate, increasing linearly
+        drop_path_rate (float): stochastic depth rate, increasing linearly
             from 0 over all blocks. Default: 0.
-        residual_drop (str): how stages 1-3 apply that rate: 'dropout' (the
-            official element-wise dropout) or 'drop_path' (stochastic
-            depth; stage 4 always uses drop path). Default: 'dropout'.
+        residual_drop (str): how stages 1-3 apply that rate: 'drop_path'
+            (stochastic depth, mmcv ``DropPath``) or 'dropout' (the
+            official training recipe: an element-wise ``nn.Dropout`` of that
+            rate on the residual branches; stage 4 always uses drop path).
+            Default: 'drop_path'.
+        norm_cfg (dict | list[dict], optional): the norms of the transformer
+            blocks, one dict for all stages or a list of four (None entries
+            keep the stage default). Default: None, the official norms:
+            ``dict(type='LN')`` in stages 1-3 and ``dict(type='LN',
+            eps=1e-6)`` in stage 4 (its blocks and final norm).
+        act_cfg (dict | list[dict], optional): the FFN activations, as
+            ``norm_cfg``. Default: None: ``dict(type='GELU',
+            approximate='tanh')`` in stages 1-3, ``dict(type='GELU')`` in
+            stage 4.
+        patch_norm_cfg (dict): norm of the patch-embedding convs
+            (``ConvModule``), e.g. ``dict(type='SyncBN')``. Default:
+            ``dict(type='BN')``.
+        patch_act_cfg (dict): their activation. Default:
+            ``dict(type='ReLU')``.
         frozen_stages (int): -1 freezes nothing, 0 the stem (stage 1's
             patch and position embeddings), k >= 1 stages 1..k (stage 4
             includes its cls token and final norm). Default: -1.
@@ -274,30 +369,47 @@ class SOFT(BaseModule):
     bottleneck grid of a stage is ``max(1, H // r) x max(1, W // r)`` (see
     :func:`mmsoft.models.layers.landmark_grid`).
 
-    Checkpoints: version 2 (``_version``) names the tensors by stage
+    Stages are built from a per-stage spec (:attr:`stage_cfgs`, one dict
+    per level, ``type`` from :attr:`stage_types` / :data:`STAGE_TYPES`):
+    the settings common to all levels plus those the stage type takes
+    (``arch_options`` of the stage class).
+
+    Checkpoints: version 3 (``_version``) names the tensors by stage
     (``stages.0.patch_embed.*``, ``stages.0.pos_embed``,
-    ``stages.0.blocks.1.*``, ``stages.3.cls_token``, ``stages.3.norm.*``);
-    checkpoints of version 1 (``patch_embeds.0.*``, ``pos_embeds.0``,
-    ``stages.0.1.*``, ``cls_token``, ``norm.*``) load unchanged
-    (:meth:`upgrade_state_dict`).
+    ``stages.0.blocks.1.*``, ``stages.3.cls_token``, ``stages.3.norm.*``),
+    with mmcv's FFN inside blocks (``ffn.layers.0.0.*`` = fc1,
+    ``ffn.layers.1.*`` = fc2). Checkpoints of version 2 (``ffn.fc1.*``,
+    ``ffn.fc2.*``) and of version 1 (``patch_embeds.0.*``,
+    ``pos_embeds.0``, ``stages.0.1.*``, ``cls_token``, ``norm.*``) load
+    unchanged (:meth:`upgrade_state_dict`).
     """
 
-    _version = 2
+    _version = 3
 
+    #: presets (Table 2) under their names and aliases, as Swin's
+    #: ``arch_zoo`` (an alias maps to the same dict; :meth:`arch_presets`
+    #: lists each preset once)
     arch_zoo = {
-        'tiny':
-        _arch([64, 128, 320, 512], [2, 4, 10, 16], [1, 2, 3, 2]),
-        'small':
-        _arch([64, 128, 320, 512], [2, 4, 10, 16], [1, 3, 7, 4]),
-        'medium':
-        _arch([64, 128, 288, 512], [2, 4, 9, 16], [1, 3, 29, 5]),
-        'large':
-        _arch([64, 128, 320, 512], [2, 4, 10, 16], [1, 3, 40, 5]),
-        'huge':
-        _arch([64, 128, 352, 512], [2, 4, 11, 16], [1, 5, 49, 5]),
+        **dict.fromkeys(['tiny', 't'],
+                        _arch([64, 128, 320, 512], [2, 4, 10, 16],
+                              [1, 2, 3, 2])),
+        **dict.fromkeys(['small', 's'],
+                        _arch([64, 128, 320, 512], [2, 4, 10, 16],
+                              [1, 3, 7, 4])),
+        **dict.fromkeys(['medium', 'm'],
+                        _arch([64, 128, 288, 512], [2, 4, 9, 16],
+                              [1, 3, 29, 5])),
+        **dict.fromkeys(['large', 'l'],
+                        _arch([64, 128, 320, 512], [2, 4, 10, 16],
+                              [1, 3, 40, 5])),
+        **dict.fromkeys(['huge', 'h'],
+                        _arch([64, 128, 352, 512], [2, 4, 11, 16],
+                              [1, 5, 49, 5])),
         'small-official':
         _arch([64, 128, 320, 512], [2, 4, 10, 16], [1, 3, 20, 4]),
     }
+    #: the stage type of each pyramid level (keys of :data:`STAGE_TYPES`)
+    stage_types = ('SOFTStage', 'SOFTStage', 'SOFTStage', 'ClsTokenStage')
     arch_defaults = dict(
         sampling_ratios=[8, 4, 2, 1],
         mlp_ratios=[4, 4, 4, 4],
@@ -321,7 +433,11 @@ class SOFT(BaseModule):
                  drop_rate: float = 0.,
                  attn_drop_rate: float = 0.,
                  drop_path_rate: float = 0.,
-                 residual_drop: str = 'dropout',
+                 residual_drop: str = 'drop_path',
+                 norm_cfg: Union[Dict, Sequence[Optional[Dict]], None] = None,
+                 act_cfg: Union[Dict, Sequence[Optional[Dict]], None] = None,
+                 patch_norm_cfg: Optional[Dict] = None,
+                 patch_act_cfg: Optional[Dict] = None,
                  frozen_stages: int = -1,
                  norm_eval: bool = False,
                  with_cp: bool = False,
@@ -356,48 +472,86 @@ class SOFT(BaseModule):
         self.norm_eval = norm_eval
         self.pretrain_img_size = pretrain_img_size
 
-        dpr = torch.linspace(0, drop_path_rate, sum(self.depths)).tolist()
+        if residual_drop not in RESIDUAL_DROPS:
+            raise ValueError(f'SOFT: residual_drop must be one of '
+                             f'{RESIDUAL_DROPS}, got {residual_drop!r}')
+        self.stage_cfgs = self._stage_cfgs(
+            in_channels,
+            pretrain_img_size,
+            drop_path_rate,
+            norm_cfgs=self._per_stage('norm_cfg', norm_cfg),
+            act_cfgs=self._per_stage('act_cfg', act_cfg),
+            common=dict(
+                qkv_bias=qkv_bias,
+                drop_rate=drop_rate,
+                patch_norm_cfg=patch_norm_cfg,
+                patch_act_cfg=patch_act_cfg),
+            opts=dict(
+                attn_cfgs=attn_cfgs,
+                residual_drop=residual_drop,
+                attn_drop_rate=attn_drop_rate))
         self.stages = nn.ModuleList()
-        prev, cur = in_channels, 0
-        for i in range(self.num_stages):
-            dims, depth = self.embed_dims[i], self.depths[i]
-            pos_grid = pretrain_img_size // (4 * 2**i)
-            rates = dpr[cur:cur + depth]
-            if i < self.num_stages - 1:
-                stage = SOFTStage(
-                    prev,
-                    dims,
-                    pos_grid,
-                    num_heads=self.num_heads[i],
-                    depth=depth,
-                    sampling_ratio=a['sampling_ratios'][i],
-                    dw_kernel_size=a['dw_kernel_sizes'][i],
-                    mlp_ratio=a['mlp_ratios'][i],
-                    attn_cfg=attn_cfgs[i],
-                    qkv_bias=qkv_bias,
-                    drop_path_rates=rates,
-                    residual_drop=residual_drop,
-                    stem=i == 0,
-                    drop_rate=drop_rate)
-            else:
-                stage = ClsTokenStage(
-                    prev,
-                    dims,
-                    pos_grid,
-                    num_heads=self.num_heads[i],
-                    depth=depth,
-                    mlp_ratio=a['mlp_ratios'][i],
-                    qkv_bias=qkv_bias,
-                    drop_rate=drop_rate,
-                    attn_drop_rate=attn_drop_rate,
-                    drop_path_rates=rates)
+        for cfg in self.stage_cfgs:
+            cfg = copy.deepcopy(cfg)
+            stage = STAGE_TYPES[cfg.pop('type')](**cfg)
             stage.with_cp = with_cp
             self.stages.append(stage)
-            cur += depth
-            prev = dims
         self._freeze_stages()
 
     # ------------------------------------------------------------ config
+    def _stage_cfgs(self, in_channels: int, pretrain_img_size: int,
+                    drop_path_rate: float, norm_cfgs: List, act_cfgs: List,
+                    common: Dict, opts: Dict) -> List[Dict]:
+        """The per-stage spec: ``type`` (:attr:`stage_types`), the
+        settings of every level (channels, position grid, heads, depth, MLP
+        ratio, drop-path rates, norms, ...) and those of the stage type
+        (``arch_options``: e.g. the sampling ratio and attention of a
+        :class:`SOFTStage`)."""
+        a = self.arch_settings
+        dpr = torch.linspace(0, drop_path_rate, sum(a['depths'])).tolist()
+        cfgs, prev, cur = [], in_channels, 0
+        for i, kind in enumerate(self.stage_types):
+            dims, depth = a['embed_dims'][i], a['depths'][i]
+            cfg = dict(
+                type=kind,
+                in_channels=prev,
+                embed_dims=dims,
+                pos_grid=pretrain_img_size // (4 * 2**i),
+                num_heads=a['num_heads'][i],
+                depth=depth,
+                mlp_ratio=a['mlp_ratios'][i],
+                drop_path_rates=dpr[cur:cur + depth],
+                stem=i == 0,
+                norm_cfg=norm_cfgs[i],
+                act_cfg=act_cfgs[i],
+                **common)
+            cfg.update(STAGE_TYPES[kind].arch_options(a, i, opts))
+            cfgs.append(cfg)
+            prev, cur = dims, cur + depth
+        return cfgs
+
+    @classmethod
+    def _per_stage(cls, name: str, value) -> List[Optional[Dict]]:
+        """One config (or None: the stage default) per level."""
+        n = cls.num_stages
+        if value is None or isinstance(value, Mapping):
+            return [copy.deepcopy(value) for _ in range(n)]
+        if isinstance(value, (list, tuple)) and len(value) == n and all(
+                v is None or isinstance(v, Mapping) for v in value):
+            return [copy.deepcopy(v) for v in value]
+        raise TypeError(f'SOFT: {name} must be a dict or a list of {n} '
+                        f'dicts / None (one per stage), got {value!r}')
+
+    @classmethod
+    def arch_presets(cls) -> Tuple[str, ...]:
+        """Each preset of :attr:`arch_zoo` once, by its full name."""
+        seen, names = set(), []
+        for name, spec in cls.arch_zoo.items():
+            if id(spec) not in seen:
+                seen.add(id(spec))
+                names.append(name)
+        return tuple(names)
+
     @staticmethod
     def check_legacy_options(legacy: Dict) -> None:
         """Options the backbone took before ``attn_cfg`` (mmsoft 0.1): one
@@ -516,8 +670,11 @@ class SOFT(BaseModule):
     def upgrade_state_dict(cls,
                            state_dict: Mapping,
                            prefix: str = '') -> 'Dict':
-        """Rename version-1 keys under ``prefix`` to version 2 (stages as
-        modules); other keys are kept as they are, in their order."""
+        """Rename version-1 and -2 keys under ``prefix`` to version 3
+        (v1 -> v2: stages as modules; v2 -> v3: mmcv's FFN, ``ffn.fc1`` ->
+        ``ffn.layers.0.0``, ``ffn.fc2`` -> ``ffn.layers.1``); other keys are
+        kept as they are, in their order. No pattern matches a version-3
+        key, so this is safe on files without version metadata."""
         p = re.escape(prefix)
         last = cls.num_stages - 1
         rules = (
@@ -531,13 +688,16 @@ class SOFT(BaseModule):
              f'{prefix}stages.{last}.cls_token'),
             (re.compile(rf'^{p}norm\.'), f'{prefix}stages.{last}.norm.'),
         )
+        ffn = re.compile(rf'^({p}stages\.\d+\.blocks\.\d+\.ffn\.)fc([12])\.')
+        ffn_layer = {'1': 'layers.0.0.', '2': 'layers.1.'}
         out = type(state_dict)() if isinstance(state_dict, dict) else {}
         for k, v in state_dict.items():
-            for pattern, repl in rules:
+            for pattern, repl in rules:  # v1 -> v2
                 new, n = pattern.subn(repl, k)
                 if n:
                     k = new
                     break
+            k = ffn.sub(lambda m: m.group(1) + ffn_layer[m.group(2)], k)
             out[k] = v
         meta = getattr(state_dict, '_metadata', None)
         if meta is not None:
@@ -547,7 +707,7 @@ class SOFT(BaseModule):
     def _load_from_state_dict(self, state_dict, prefix, local_metadata, strict,
                               missing_keys, unexpected_keys, error_msgs):
         version = local_metadata.get('version', None)
-        if version is None or version < 2:
+        if version is None or version < 3:
             upgraded = self.upgrade_state_dict(state_dict, prefix)
             if list(upgraded) != list(state_dict):
                 state_dict.clear()
@@ -593,7 +753,8 @@ class SOFT(BaseModule):
                 nn.init.zeros_(m.bias)
         for stage in self.stages:
             trunc_normal_(stage.pos_embed, std=.02)
-        trunc_normal_(self.stages[-1].cls_token, std=.02)
+            if hasattr(stage, 'cls_token'):
+                trunc_normal_(stage.cls_token, std=.02)
         if pretrained:  # partial load: the rest keeps the initialisation
             return self._load_pretrained(cfg)
         super().init_weights()
@@ -677,11 +838,11 @@ class SOFT(BaseModule):
         and padding 1, so each stage has ceil(H_prev / 2) rows."""
         H, W = x.shape[2:]
         outs = []
-        for i in range(self.num_stages):
-            for _ in range(2 if i == 0 else 1):
+        for i, cfg in enumerate(self.stage_cfgs):
+            for _ in range(2 if cfg['stem'] else 1):
                 H, W = (H + 1) // 2, (W + 1) // 2
             if i in self.out_indices:
-                cls = i == self.num_stages - 1 and \
+                cls = self.stages[i].num_extra_tokens > 0 and \
                     self.out_type == 'cls_token'
                 outs.append(
                     x.new_zeros((0, self.embed_dims[i]) if cls else (

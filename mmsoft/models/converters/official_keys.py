@@ -38,8 +38,8 @@ _SOFT_BLOCK_RULES = (
     ('att.mha.ff.', 'attn.proj.'),
     ('att.norm1.', 'norm1.'),
     ('att.norm2.', 'norm2.'),
-    ('att.ff1.', 'ffn.fc1.'),
-    ('att.ff2.', 'ffn.fc2.'),
+    ('att.ff1.', 'ffn.layers.0.0.'),  # mmcv FFN: fc1
+    ('att.ff2.', 'ffn.layers.1.'),  # fc2
 )
 # stage 4 (softmax attention, pre-norm ViT block)
 _SOFTMAX_BLOCK_RULES = (
@@ -48,8 +48,8 @@ _SOFTMAX_BLOCK_RULES = (
     ('attn.q.', 'attn.q.'),
     ('attn.kv.', 'attn.kv.'),
     ('attn.proj.', 'attn.proj.'),
-    ('mlp.fc1.', 'ffn.fc1.'),
-    ('mlp.fc2.', 'ffn.fc2.'),
+    ('mlp.fc1.', 'ffn.layers.0.0.'),
+    ('mlp.fc2.', 'ffn.layers.1.'),
 )
 
 _RE_POS = re.compile(r'^pos_embed([1-4])$')

@@ -1,7 +1,7 @@
 from .attention_base import AttentionBase, query_index
 from .attention_zoo import attention_types, build_attention
-from .blocks import (FFN, ConvPatchEmbed, DropPath, SOFTBlock,
-                     SoftmaxAttention, SoftmaxBlock)
+from .blocks import (RESIDUAL_DROPS, ConvPatchEmbed, SOFTBlock,
+                     SoftmaxAttention, SoftmaxBlock, residual_drop_cfg)
 from .gaussian_kernel import gaussian_kernel
 from .grid import landmark_grid, reduce_map
 from .pinv import (NRConfig, newton_inverse, newton_inverse_apply,
@@ -13,7 +13,8 @@ from .zoo import (LinformerAttention, NystromformerAttention,
                   PerformerAttention, SimAAttention, SoftmaxZooAttention)
 
 __all__ = [
-    'AttentionBase', 'query_index', 'ConvPatchEmbed', 'DropPath', 'FFN',
+    'AttentionBase', 'query_index', 'ConvPatchEmbed', 'RESIDUAL_DROPS',
+    'residual_drop_cfg',
     'SoftmaxAttention', 'SoftmaxBlock', 'SOFTBlock', 'gaussian_kernel',
     'NRConfig', 'newton_inverse', 'newton_inverse_apply', 'nr_init_alpha',
     'bottleneck_apply', 'bottleneck_inverse', 'pinv_convergence',

@@ -1,4 +1,6 @@
-"""Transformer blocks and patch embeddings of the SOFT architecture (Table 2).
+"""Transformer blocks and patch embeddings of the SOFT architecture (Table 2),
+built from mmcv's bricks (``FFN``, ``ConvModule``, ``build_norm_layer``,
+``build_dropout``) as OpenMMLab backbones are.
 
 * :class:`SOFTBlock` - stages 1-3: post-norm residual layers around a
   token mixer built from ``attn_cfg`` (:class:`SOFTAttention` by default)
@@ -8,66 +10,90 @@
   block with standard softmax attention over the 7x7 tokens + cls token.
 * :class:`ConvPatchEmbed` - the C33-BN-ReLU stem (strides 2, 1, 2) and the
   C31-BN-ReLU down-sampling between stages.
+
+Residual drop (``drop_path_rate``): stochastic depth (mmcv ``DropPath``,
+the whole residual branch of a sample) unless ``residual_drop='dropout'``
+(the official training recipe: an element-wise ``nn.Dropout`` of that rate
+on the residual branch).
 """
-from typing import Optional, Tuple
+import warnings
+from typing import Dict, Optional, Tuple
 
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
+from mmcv.cnn import ConvModule, build_norm_layer
+from mmcv.cnn.bricks.drop import build_dropout
+from mmcv.cnn.bricks.transformer import FFN
 
 from .attention_zoo import build_attention
 
 __all__ = [
-    'ConvBNReLU', 'ConvPatchEmbed', 'FFN', 'SOFTBlock', 'SoftmaxAttention',
-    'SoftmaxBlock', 'DropPath'
+    'ConvPatchEmbed', 'SOFTBlock', 'SoftmaxAttention', 'SoftmaxBlock',
+    'RESIDUAL_DROPS', 'residual_drop_cfg'
 ]
 
-
-class DropPath(nn.Module):
-    """Stochastic depth per sample (drops the whole residual branch)."""
-
-    def __init__(self, drop_prob: float = 0.):
-        super().__init__()
-        self.drop_prob = float(drop_prob)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if self.drop_prob == 0. or not self.training:
-            return x
-        keep = 1 - self.drop_prob
-        mask = x.new_empty((x.shape[0], ) + (1, ) * (x.dim() - 1))
-        return x * mask.bernoulli_(keep).div_(keep)
-
-    def extra_repr(self) -> str:
-        return f'drop_prob={self.drop_prob}'
+#: how ``drop_path_rate`` is applied to a residual branch
+RESIDUAL_DROPS = ('drop_path', 'dropout')
 
 
-class ConvBNReLU(nn.Sequential):
-    """3x3 Conv -> BatchNorm -> ReLU."""
-
-    def __init__(self, in_channels: int, out_channels: int, stride: int):
-        super().__init__()
-        self.conv = nn.Conv2d(in_channels, out_channels, 3, stride, 1)
-        self.bn = nn.BatchNorm2d(out_channels)
-        self.act = nn.ReLU(inplace=True)
+def residual_drop_cfg(rate: float,
+                      residual_drop: str = 'drop_path') -> Optional[Dict]:
+    """The ``build_dropout`` config of a residual branch: ``DropPath``
+    (stochastic depth) or ``Dropout`` (element-wise) of ``rate``; None
+    (identity) for rate 0."""
+    if residual_drop not in RESIDUAL_DROPS:
+        raise ValueError(f'residual_drop must be one of {RESIDUAL_DROPS}, '
+                         f'got {residual_drop!r}')
+    if not rate:
+        return None
+    kind = 'DropPath' if residual_drop == 'drop_path' else 'Dropout'
+    return dict(type=kind, drop_prob=float(rate))
 
 
 class ConvPatchEmbed(nn.Module):
-    """Overlapping conv tokenizer. ``stem=True``: C33-BN-ReLU, stride 4 in
-    total (32 hidden channels); otherwise one C31-BN-ReLU of stride 2."""
+    """Overlapping conv tokenizer of ``ConvModule`` layers (3x3 conv with
+    bias -> ``norm_cfg`` -> ``act_cfg``). ``stem=True``: C33-BN-ReLU, stride
+    4 in total (strides 2, 1, 2; 32 hidden channels); otherwise one
+    C31-BN-ReLU of stride 2.
+
+    The convs keep PyTorch's default initialisation (that of the official
+    model), not ``ConvModule``'s Kaiming init.
+    """
 
     def __init__(self,
                  in_channels: int,
                  embed_dims: int,
                  stem: bool,
-                 stem_channels: int = 32):
+                 stem_channels: int = 32,
+                 norm_cfg: Optional[Dict] = None,
+                 act_cfg: Optional[Dict] = None):
         super().__init__()
+        norm_cfg = dict(type='BN') if norm_cfg is None else norm_cfg
+        act_cfg = dict(type='ReLU') if act_cfg is None else act_cfg
         if stem:
-            self.proj = nn.Sequential(
-                ConvBNReLU(in_channels, stem_channels, 2),
-                ConvBNReLU(stem_channels, stem_channels, 1),
-                ConvBNReLU(stem_channels, embed_dims, 2))
+            plan = [(in_channels, stem_channels, 2),
+                    (stem_channels, stem_channels, 1),
+                    (stem_channels, embed_dims, 2)]
         else:
-            self.proj = nn.Sequential(ConvBNReLU(in_channels, embed_dims, 2))
+            plan = [(in_channels, embed_dims, 2)]
+        layers = []
+        for cin, cout, stride in plan:
+            with warnings.catch_warnings():  # the official convs have a bias
+                warnings.filterwarnings(
+                    'ignore', 'Unnecessary conv bias', UserWarning)
+                layer = ConvModule(
+                    cin,
+                    cout,
+                    3,
+                    stride,
+                    1,
+                    bias=True,
+                    norm_cfg=norm_cfg,
+                    act_cfg=act_cfg)
+            layer.conv.reset_parameters()
+            layers.append(layer)
+        self.proj = nn.Sequential(*layers)
 
     def forward(self, x: torch.Tensor):
         x = self.proj(x)
@@ -75,24 +101,22 @@ class ConvPatchEmbed(nn.Module):
         return x.flatten(2).transpose(1, 2), hw
 
 
-class FFN(nn.Module):
-    """fc1 -> GELU -> fc2 (``approximate='tanh'`` for SOFT layers), with
-    dropout of rate ``drop`` after each when > 0."""
+def _ffn(embed_dims: int, mlp_ratio: float, act_cfg: Dict, drop: float,
+         residual: Optional[Dict]) -> FFN:
+    """mmcv ``FFN``: fc1 -> act -> dropout(drop) -> fc2 -> dropout(drop),
+    plus the identity through the residual drop ``residual``."""
+    return FFN(
+        embed_dims=embed_dims,
+        feedforward_channels=int(embed_dims * mlp_ratio),
+        num_fcs=2,
+        act_cfg=act_cfg,
+        ffn_drop=drop,
+        dropout_layer=residual,
+        add_identity=True)
 
-    def __init__(self,
-                 embed_dims: int,
-                 hidden_dims: int,
-                 approximate: str = 'none',
-                 drop: float = 0.):
-        super().__init__()
-        self.fc1 = nn.Linear(embed_dims, hidden_dims)
-        self.fc2 = nn.Linear(hidden_dims, embed_dims)
-        self.approximate = approximate
-        self.drop = nn.Dropout(drop) if drop > 0 else nn.Identity()
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x = F.gelu(self.fc1(x), approximate=self.approximate)
-        return self.drop(self.fc2(self.drop(x)))
+def _drop(cfg: Optional[Dict]) -> nn.Module:
+    return build_dropout(cfg) if cfg else nn.Identity()
 
 
 class SOFTBlock(nn.Module):
@@ -113,10 +137,13 @@ class SOFTBlock(nn.Module):
             True.
         mlp_ratio (float): FFN hidden width / ``embed_dims``. Default: 4.
         drop_path_rate (float): rate of the residual drop. Default: 0.
-        residual_drop (str): how that rate is applied: ``'dropout'`` (the
-            official training recipe, an element-wise dropout on the
-            residual branch) or ``'drop_path'`` (true stochastic depth).
-            Default: 'dropout'.
+        residual_drop (str): how that rate is applied: ``'drop_path'``
+            (stochastic depth) or ``'dropout'`` (the official training
+            recipe, an element-wise dropout on the residual branch).
+            Default: 'drop_path'.
+        norm_cfg (dict): the two norms. Default: ``dict(type='LN')``.
+        act_cfg (dict): the FFN activation. Default:
+            ``dict(type='GELU', approximate='tanh')`` (the official layer).
     """
 
     def __init__(self,
@@ -128,8 +155,14 @@ class SOFTBlock(nn.Module):
                  qkv_bias: bool = True,
                  mlp_ratio: float = 4.,
                  drop_path_rate: float = 0.,
-                 residual_drop: str = 'dropout'):
+                 residual_drop: str = 'drop_path',
+                 norm_cfg: Optional[Dict] = None,
+                 act_cfg: Optional[Dict] = None):
         super().__init__()
+        norm_cfg = dict(type='LN') if norm_cfg is None else norm_cfg
+        act_cfg = dict(type='GELU', approximate='tanh') \
+            if act_cfg is None else act_cfg
+        residual = residual_drop_cfg(drop_path_rate, residual_drop)
         self.attn = build_attention(
             attn_cfg if attn_cfg is not None else dict(type='SOFTAttention'),
             embed_dims=embed_dims,
@@ -137,21 +170,14 @@ class SOFTBlock(nn.Module):
             sampling_ratio=sampling_ratio,
             dw_kernel_size=dw_kernel_size,
             qkv_bias=qkv_bias)
-        self.norm1 = nn.LayerNorm(embed_dims)
-        self.ffn = FFN(embed_dims, int(embed_dims * mlp_ratio), 'tanh')
-        self.norm2 = nn.LayerNorm(embed_dims)
-        if residual_drop == 'dropout':
-            self.drop = nn.Dropout(drop_path_rate) if drop_path_rate > 0 \
-                else nn.Identity()
-        elif residual_drop == 'drop_path':
-            self.drop = DropPath(drop_path_rate)
-        else:
-            raise ValueError(f'residual_drop must be "dropout" or '
-                             f'"drop_path", got {residual_drop!r}')
+        self.norm1 = build_norm_layer(norm_cfg, embed_dims)[1]
+        self.drop = _drop(residual)
+        self.ffn = _ffn(embed_dims, mlp_ratio, act_cfg, 0., residual)
+        self.norm2 = build_norm_layer(norm_cfg, embed_dims)[1]
 
     def forward(self, x: torch.Tensor, hw: Tuple[int, int]) -> torch.Tensor:
         x = self.norm1(x + self.drop(self.attn(x, hw)))
-        return self.norm2(x + self.drop(self.ffn(x)))
+        return self.norm2(self.ffn(x))  # x + drop(FFN(x))
 
 
 class SoftmaxAttention(nn.Module):
@@ -207,7 +233,9 @@ class SoftmaxBlock(nn.Module):
         attn_drop_rate (float): dropout on the attention weights.
             Default: 0.
         drop_path_rate (float): stochastic depth (DP) rate. Default: 0.
-        norm_eps (float): epsilon of the LayerNorms. Default: 1e-6.
+        norm_cfg (dict): the two norms. Default: ``dict(type='LN',
+            eps=1e-6)`` (the official stage 4).
+        act_cfg (dict): the MLP activation. Default: ``dict(type='GELU')``.
     """
 
     def __init__(self,
@@ -218,16 +246,19 @@ class SoftmaxBlock(nn.Module):
                  drop_rate: float = 0.,
                  attn_drop_rate: float = 0.,
                  drop_path_rate: float = 0.,
-                 norm_eps: float = 1e-6):
+                 norm_cfg: Optional[Dict] = None,
+                 act_cfg: Optional[Dict] = None):
         super().__init__()
-        self.norm1 = nn.LayerNorm(embed_dims, eps=norm_eps)
+        norm_cfg = dict(type='LN', eps=1e-6) if norm_cfg is None else norm_cfg
+        act_cfg = dict(type='GELU') if act_cfg is None else act_cfg
+        residual = residual_drop_cfg(drop_path_rate, 'drop_path')
+        self.norm1 = build_norm_layer(norm_cfg, embed_dims)[1]
         self.attn = SoftmaxAttention(embed_dims, num_heads, qkv_bias,
                                      attn_drop_rate, drop_rate)
-        self.drop_path = DropPath(drop_path_rate)
-        self.norm2 = nn.LayerNorm(embed_dims, eps=norm_eps)
-        self.ffn = FFN(embed_dims, int(embed_dims * mlp_ratio), 'none',
-                       drop_rate)
+        self.drop_path = _drop(residual)
+        self.norm2 = build_norm_layer(norm_cfg, embed_dims)[1]
+        self.ffn = _ffn(embed_dims, mlp_ratio, act_cfg, drop_rate, residual)
 
     def forward(self, x: torch.Tensor, hw=None) -> torch.Tensor:
         x = x + self.drop_path(self.attn(self.norm1(x)))
-        return x + self.drop_path(self.ffn(self.norm2(x)))
+        return self.ffn(self.norm2(x), identity=x)  # x + DP(MLP(LN(x)))

@@ -65,8 +65,13 @@ def test_official_block_details():
     blk = model.stages[0].blocks[0]
     assert isinstance(blk, SOFTBlock)
     assert isinstance(model.stages[3].blocks[0], SoftmaxBlock)
-    assert blk.ffn.fc1.out_features == 4 * 64  # e = 4 (Table 2 text)
-    assert blk.ffn.approximate == 'tanh'
+    fc1, act = blk.ffn.layers[0][0], blk.ffn.layers[0][1]  # mmcv FFN
+    assert fc1.out_features == 4 * 64  # e = 4 (Table 2 text)
+    assert isinstance(act, torch.nn.GELU) and act.approximate == 'tanh'
+    assert blk.norm1.eps == blk.norm2.eps == 1e-5
+    last = model.stages[3]
+    assert last.blocks[0].ffn.layers[0][1].approximate == 'none'
+    assert last.blocks[0].norm1.eps == last.norm.eps == 1e-6
     blocks = [s.blocks[0] for s in model.stages[:3]]
     assert [b.attn.dw_conv.kernel_size[0] for b in blocks] == [9, 5, 3]
     assert [b.attn.sampler.ratio for b in blocks] == [8, 4, 2]
@@ -198,8 +203,43 @@ def test_drop_path_rate_schedule():
     model = SOFT(dict(TINY, depths=[1, 1, 1, 2]), drop_path_rate=0.3)
     assert model.stages[0].blocks[0].drop.__class__.__name__ == 'Identity'
     assert model.stages[3].blocks[1].drop_path.drop_prob == pytest.approx(0.3)
-    dp = SOFT(TINY, drop_path_rate=0.3, residual_drop='drop_path')
-    assert type(dp.stages[1].blocks[0].drop).__name__ == 'DropPath'
+    rates = [b.drop.drop_prob for s in model.stages[1:3] for b in s.blocks]
+    assert rates == pytest.approx([0.075, 0.15])  # linspace(0, .3, 5)
+
+
+def _residual_drops(model):
+    """The residual drops of the SOFT blocks: attention and FFN branch."""
+    return [(b.drop, b.ffn.dropout_layer) for s in model.stages[:3]
+            for b in s.blocks if not isinstance(b.drop, torch.nn.Identity)]
+
+
+@pytest.mark.parametrize('residual_drop', [None, 'drop_path', 'dropout'])
+def test_drop_path_rate_means_stochastic_depth(residual_drop):
+    """drop_path_rate drops whole residual branches of a sample
+    (stochastic depth) by default; residual_drop='dropout' is the official
+    element-wise dropout of that rate."""
+    kw = {} if residual_drop is None else dict(residual_drop=residual_drop)
+    model = SOFT(dict(TINY, depths=[1, 1, 2, 1]), drop_path_rate=0.5, **kw)
+    model.train()
+    drops = _residual_drops(model)
+    assert len(drops) == 3
+    torch.manual_seed(0)
+    x = torch.ones(64, 49, 16)
+    for attn_drop, ffn_drop in drops:
+        for drop in (attn_drop, ffn_drop):
+            y = drop(x)
+            keep = 1 - drop.drop_prob if hasattr(drop, 'drop_prob') else \
+                1 - drop.p
+            vals = y.unique().tolist()
+            assert len(vals) == 2 and vals[0] == 0
+            assert vals[1] == pytest.approx(1 / keep)
+            per_sample = y.flatten(1).std(1)
+            if residual_drop == 'dropout':  # element-wise
+                assert (per_sample > 0).all()
+            else:  # the whole branch of a sample
+                assert (per_sample == 0).all()
+    with pytest.raises(ValueError, match='residual_drop must be one of'):
+        SOFT(TINY, residual_drop='dropblock')
 
 
 def test_pretrained_init_cfg_with_prefix(tmp_path):

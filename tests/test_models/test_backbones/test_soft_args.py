@@ -1,5 +1,8 @@
 """Issue 13: the SOFT backbone validates its arguments at construction
 (one error naming the option) and handles empty batches / list inputs."""
+import re
+from collections import OrderedDict
+
 import pytest
 import torch
 from conftest import tiny_arch
@@ -150,3 +153,93 @@ def test_list_input_is_a_clear_type_error():
     model = SOFT(ARCH)
     with pytest.raises(TypeError, match='stack'):
         model([torch.zeros(3, 32, 32)])
+
+
+# ------------------------------------------------- per-stage spec, bricks
+def test_stages_built_from_per_stage_spec():
+    """Each level is built from its spec in ``stage_cfgs``: the stage type
+    and its settings (SOFT stages: sampling ratio, kernel, attention;
+    the cls-token stage: attention dropout)."""
+    model = SOFT(
+        ARCH,
+        attn_cfg=[dict(type='soft'),
+                  dict(type='linformer'),
+                  dict(type='soft')],
+        attn_drop_rate=0.1)
+    cfgs = model.stage_cfgs
+    assert [c['type'] for c in cfgs] == list(SOFT.stage_types)
+    assert [type(s).__name__ for s in model.stages] == list(SOFT.stage_types)
+    assert [c['sampling_ratio'] for c in cfgs[:3]] == [8, 4, 2]
+    assert [c['dw_kernel_size'] for c in cfgs[:3]] == [9, 5, 3]
+    assert cfgs[1]['attn_cfg'] == dict(type='linformer')
+    assert 'attn_cfg' not in cfgs[3] and cfgs[3]['attn_drop_rate'] == 0.1
+    assert [c['in_channels'] for c in cfgs] == [3] + ARCH['embed_dims'][:3]
+    assert [c['stem'] for c in cfgs] == [True, False, False, False]
+    assert type(model.stages[1].blocks[0].attn).__name__ == \
+        'LinformerAttention'
+
+
+def test_arch_aliases():
+    """Presets are keyed dicts with aliases, as Swin's ``arch_zoo``."""
+    for short, full in (('t', 'tiny'), ('s', 'small'), ('m', 'medium'),
+                        ('l', 'large'), ('h', 'huge')):
+        assert SOFT.arch_zoo[short] is SOFT.arch_zoo[full]
+    assert SOFT.arch_presets() == ('tiny', 'small', 'medium', 'large',
+                                   'huge', 'small-official')
+    a, b = SOFT('s'), SOFT('small')
+    assert a.arch_settings == b.arch_settings
+    assert a.state_dict().keys() == b.state_dict().keys()
+
+
+def test_norm_and_act_cfgs():
+    """norm_cfg / act_cfg (one dict or one per stage) reach every block,
+    patch_norm_cfg / patch_act_cfg the conv patch embeddings."""
+    model = SOFT(
+        ARCH,
+        norm_cfg=dict(type='LN', eps=1e-3),
+        act_cfg=[dict(type='ReLU'), None, None,
+                 dict(type='GELU', approximate='tanh')],
+        patch_norm_cfg=dict(type='GN', num_groups=8),
+        patch_act_cfg=dict(type='GELU'))
+    lns = [
+        m for n, m in model.named_modules()
+        if isinstance(m, torch.nn.LayerNorm) and '.sampler.' not in n
+    ]
+    assert len(lns) == 2 * sum(ARCH['depths']) + 1  # + stage 4's final norm
+    assert {m.eps for m in lns} == {1e-3}
+    acts = [b.ffn.layers[0][1] for s in model.stages for b in s.blocks]
+    assert isinstance(acts[0], torch.nn.ReLU)
+    assert all(a.approximate == 'tanh' for a in acts[1:])
+    pe = model.stages[0].patch_embed.proj
+    assert all(isinstance(layer.gn, torch.nn.GroupNorm) for layer in pe)
+    assert all(isinstance(layer.activate, torch.nn.GELU) for layer in pe)
+    outs = model(torch.randn(1, 3, 64, 64))
+    assert all(torch.isfinite(o).all() for o in outs)
+    # the official stage defaults stay when nothing is given
+    default = SOFT(ARCH)
+    assert default.stages[0].blocks[0].norm1.eps == 1e-5
+    assert default.stages[3].norm.eps == 1e-6
+    with pytest.raises(TypeError, match='norm_cfg must be a dict or a list'):
+        SOFT(ARCH, norm_cfg=[dict(type='LN')] * 3)
+
+
+def test_version2_checkpoint_loads_through_init_cfg(tmp_path):
+    """A classifier checkpoint of mmsoft 0.2 (``_version`` 2: FFN keys
+    ``ffn.fc1`` / ``ffn.fc2``) loads strictly through ``init_cfg`` and
+    gives the same weights."""
+    src = SOFT(ARCH)
+    src.init_weights()
+    sd = OrderedDict()
+    for k, v in src.state_dict().items():
+        k = re.sub(r'\.ffn\.layers\.0\.0\.', '.ffn.fc1.', k)
+        sd['backbone.' + re.sub(r'\.ffn\.layers\.1\.', '.ffn.fc2.', k)] = v
+    assert any('.ffn.fc1.' in k for k in sd)
+    path = tmp_path / 'v2.pth'
+    torch.save({'state_dict': sd, 'meta': {}}, path)
+    model = SOFT(
+        ARCH,
+        init_cfg=dict(
+            type='Pretrained', checkpoint=str(path), prefix='backbone.'))
+    model.init_weights()
+    for k, v in src.state_dict().items():
+        assert torch.equal(model.state_dict()[k], v), k
