@@ -79,7 +79,11 @@ class ConvPatchEmbed(nn.Module):
             plan = [(in_channels, embed_dims, 2)]
         layers = []
         for cin, cout, stride in plan:
-            with warnings.catch_warnings():  # the official convs have a bias
+            # ConvModule's Kaiming init runs on a forked RNG, so that
+            # reset_parameters draws PyTorch's default init from the same
+            # stream as a plain nn.Conv2d: seeded models are unchanged.
+            # The official convs have a bias (hence the warning filter).
+            with warnings.catch_warnings(), torch.random.fork_rng(devices=[]):
                 warnings.filterwarnings(
                     'ignore', 'Unnecessary conv bias', UserWarning)
                 layer = ConvModule(
