@@ -60,12 +60,9 @@ def convergence(A: torch.Tensor, iters: int, init: str):
     (float64, the model's alpha initialisation and iteration), with the
     2-norms of the symmetric residuals A A_k A - A taken from eigenvalues.
     Returns a tensor (..., iters + 1)."""
-    from mmsoft.models.layers.pinv import _SOFT_SHIFT, nr_init_alpha
+    from mmsoft.models.layers.pinv import nr_init_alpha, nr_iteration_matrix
     A = A.double()
-    Aw = A
-    if init == 'soft':
-        Aw = A + _SOFT_SHIFT * torch.eye(
-            A.shape[-1], dtype=A.dtype, device=A.device)
+    Aw = nr_iteration_matrix(A, init)
     V = nr_init_alpha(A, init)[..., None, None] * Aw
     normA = _sym_norm2(A)
     out = []

@@ -75,7 +75,7 @@ __all__ = [
     'pinv_convergence', 'NewtonInverse', 'NewtonInverseApply', 'NRConfig',
     'INIT_MODES', 'INIT_ALIASES', 'NR_METHODS', 'NR_BACKWARDS',
     'SPECTRAL_MIN_M', 'canonical_init', 'default_init', 'resolve_init',
-    'nr_residual'
+    'nr_residual', 'nr_iteration_matrix'
 ]
 
 INIT_MODES = ('soft_norm_per_sample', 'soft_norm_per_matrix',
@@ -382,15 +382,21 @@ def resolve_method(method: str, A: torch.Tensor) -> str:
     return 'iterative'
 
 
+def nr_iteration_matrix(A: torch.Tensor, init: str) -> torch.Tensor:
+    """The matrix the Newton iterations run on: A itself, or A + 0.01 I for
+    the non-normalised ``'soft'`` rule (the official ``soft_*`` models)."""
+    if init == 'soft':
+        m = A.shape[-1]
+        A = A + _SOFT_SHIFT * torch.eye(m, device=A.device, dtype=A.dtype)
+    return A
+
+
 def _init(A: torch.Tensor, init: str) -> Tuple[torch.Tensor, torch.Tensor]:
     """(matrix the iterations run on, per-matrix alpha), alpha without
     autograd (it is held fixed by both backward passes)."""
     with torch.no_grad():
         alpha = nr_init_alpha(A, init)
-    if init == 'soft':
-        m = A.shape[-1]
-        A = A + _SOFT_SHIFT * torch.eye(m, device=A.device, dtype=A.dtype)
-    return A, alpha
+    return nr_iteration_matrix(A, init), alpha
 
 
 def _first_iterate(A: torch.Tensor,
