@@ -220,8 +220,9 @@ def test_convert_loads_strictly_and_runs(tiny_sd, attn_norm):
                        tiny_sd['block2.1.att.mha.W_q.weight'])
     assert torch.equal(model.stages[0].patch_embed.proj[2].bn.running_var,
                        tiny_sd['patch_embed1.proj.7.running_var'])
-    assert torch.equal(model.stages[3].blocks[1].ffn.layers[1].bias,  # fc2
-                       tiny_sd['block4.1.mlp.fc2.bias'])
+    assert torch.equal(
+        model.stages[3].blocks[1].ffn.layers[1].bias,  # fc2
+        tiny_sd['block4.1.mlp.fc2.bias'])
     assert torch.equal(out['head.fc.weight'], tiny_sd['head.weight'])
     model.eval()
     with torch.no_grad():

@@ -14,12 +14,11 @@ from .zoo import (LinformerAttention, NystromformerAttention,
 
 __all__ = [
     'AttentionBase', 'query_index', 'ConvPatchEmbed', 'RESIDUAL_DROPS',
-    'residual_drop_cfg',
-    'SoftmaxAttention', 'SoftmaxBlock', 'SOFTBlock', 'gaussian_kernel',
-    'NRConfig', 'newton_inverse', 'newton_inverse_apply', 'nr_init_alpha',
-    'bottleneck_apply', 'bottleneck_inverse', 'pinv_convergence',
-    'SAMPLING_MODES', 'BottleneckSampler', 'SOFTAttention', 'landmark_grid',
-    'reduce_map', 'soft_attention', 'attention_types', 'build_attention',
-    'LinformerAttention', 'NystromformerAttention', 'PerformerAttention',
-    'SimAAttention', 'SoftmaxZooAttention'
+    'residual_drop_cfg', 'SoftmaxAttention', 'SoftmaxBlock', 'SOFTBlock',
+    'gaussian_kernel', 'NRConfig', 'newton_inverse', 'newton_inverse_apply',
+    'nr_init_alpha', 'bottleneck_apply', 'bottleneck_inverse',
+    'pinv_convergence', 'SAMPLING_MODES', 'BottleneckSampler', 'SOFTAttention',
+    'landmark_grid', 'reduce_map', 'soft_attention', 'attention_types',
+    'build_attention', 'LinformerAttention', 'NystromformerAttention',
+    'PerformerAttention', 'SimAAttention', 'SoftmaxZooAttention'
 ]

@@ -84,8 +84,8 @@ class ConvPatchEmbed(nn.Module):
             # stream as a plain nn.Conv2d: seeded models are unchanged.
             # The official convs have a bias (hence the warning filter).
             with warnings.catch_warnings(), torch.random.fork_rng(devices=[]):
-                warnings.filterwarnings(
-                    'ignore', 'Unnecessary conv bias', UserWarning)
+                warnings.filterwarnings('ignore', 'Unnecessary conv bias',
+                                        UserWarning)
                 layer = ConvModule(
                     cin,
                     cout,

@@ -162,9 +162,11 @@ def test_stages_built_from_per_stage_spec():
     the cls-token stage: attention dropout)."""
     model = SOFT(
         ARCH,
-        attn_cfg=[dict(type='soft'),
-                  dict(type='linformer'),
-                  dict(type='soft')],
+        attn_cfg=[
+            dict(type='soft'),
+            dict(type='linformer'),
+            dict(type='soft')
+        ],
         attn_drop_rate=0.1)
     cfgs = model.stage_cfgs
     assert [c['type'] for c in cfgs] == list(SOFT.stage_types)
@@ -184,8 +186,8 @@ def test_arch_aliases():
     for short, full in (('t', 'tiny'), ('s', 'small'), ('m', 'medium'),
                         ('l', 'large'), ('h', 'huge')):
         assert SOFT.arch_zoo[short] is SOFT.arch_zoo[full]
-    assert SOFT.arch_presets() == ('tiny', 'small', 'medium', 'large',
-                                   'huge', 'small-official')
+    assert SOFT.arch_presets() == ('tiny', 'small', 'medium', 'large', 'huge',
+                                   'small-official')
     a, b = SOFT('s'), SOFT('small')
     assert a.arch_settings == b.arch_settings
     assert a.state_dict().keys() == b.state_dict().keys()
@@ -197,8 +199,10 @@ def test_norm_and_act_cfgs():
     model = SOFT(
         ARCH,
         norm_cfg=dict(type='LN', eps=1e-3),
-        act_cfg=[dict(type='ReLU'), None, None,
-                 dict(type='GELU', approximate='tanh')],
+        act_cfg=[
+            dict(type='ReLU'), None, None,
+            dict(type='GELU', approximate='tanh')
+        ],
         patch_norm_cfg=dict(type='GN', num_groups=8),
         patch_act_cfg=dict(type='GELU'))
     lns = [
