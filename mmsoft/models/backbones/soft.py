@@ -15,7 +15,6 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 import torch.utils.checkpoint as cp
-from mmcv.cnn import build_norm_layer
 from mmengine.logging import print_log
 from mmengine.model import BaseModule
 from mmengine.model.weight_init import initialize, trunc_normal_
@@ -25,7 +24,7 @@ from mmsoft.registry import register_model
 from mmsoft.runtime import setup
 from ..layers import checks
 from ..layers.blocks import (RESIDUAL_DROPS, ConvPatchEmbed, SOFTBlock,
-                             SoftmaxBlock)
+                             SoftmaxBlock, build_norm)
 
 __all__ = ['SOFT', 'PyramidStage', 'SOFTStage', 'ClsTokenStage']
 
@@ -254,7 +253,7 @@ class ClsTokenStage(PyramidStage):
                     norm_cfg=norm_cfg,
                     act_cfg=act_cfg))
         self.cls_token = nn.Parameter(torch.zeros(1, 1, embed_dims))
-        self.norm = build_norm_layer(norm_cfg, embed_dims)[1]
+        self.norm = build_norm(norm_cfg, embed_dims)
 
     @staticmethod
     def arch_options(arch: Dict, i: int, opts: Dict) -> Dict:

@@ -16,25 +16,49 @@ the whole residual branch of a sample) unless ``residual_drop='dropout'``
 (the official training recipe: an element-wise ``nn.Dropout`` of that rate
 on the residual branch).
 """
+import functools
+import types
 import warnings
 from typing import Dict, Optional, Tuple
 
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
-from mmcv.cnn import ConvModule, build_norm_layer
-from mmcv.cnn.bricks.drop import build_dropout
-from mmcv.cnn.bricks.transformer import FFN
 
 from .attention_zoo import build_attention
 
 __all__ = [
-    'ConvPatchEmbed', 'SOFTBlock', 'SoftmaxAttention', 'SoftmaxBlock',
-    'RESIDUAL_DROPS', 'residual_drop_cfg'
+    'ConvPatchEmbed', 'SOFTBlock', 'build_norm', 'mmcv_bricks',
+    'SoftmaxAttention', 'SoftmaxBlock', 'RESIDUAL_DROPS', 'residual_drop_cfg'
 ]
 
 #: how ``drop_path_rate`` is applied to a residual branch
 RESIDUAL_DROPS = ('drop_path', 'dropout')
+
+
+@functools.lru_cache(maxsize=None)
+def mmcv_bricks() -> types.SimpleNamespace:
+    """mmcv's ``ConvModule``, ``FFN``, ``build_norm_layer`` and
+    ``build_dropout``, imported when the first block is built: ``import
+    mmsoft`` stays free of mmcv, whose transformer module raises an
+    ``ImportWarning`` (about ``MultiScaleDeformableAttention``) when
+    imported; that warning is not mmsoft's users' to fix, so it is
+    silenced here."""
+    with warnings.catch_warnings():
+        warnings.simplefilter('ignore', ImportWarning)
+        from mmcv.cnn import ConvModule, build_norm_layer
+        from mmcv.cnn.bricks.drop import build_dropout
+        from mmcv.cnn.bricks.transformer import FFN
+    return types.SimpleNamespace(
+        ConvModule=ConvModule,
+        FFN=FFN,
+        build_norm_layer=build_norm_layer,
+        build_dropout=build_dropout)
+
+
+def build_norm(cfg: Dict, num_features: int) -> nn.Module:
+    """The norm layer of ``cfg`` (mmcv ``build_norm_layer``)."""
+    return mmcv_bricks().build_norm_layer(cfg, num_features)[1]
 
 
 def residual_drop_cfg(rate: float,
@@ -86,7 +110,7 @@ class ConvPatchEmbed(nn.Module):
             with warnings.catch_warnings(), torch.random.fork_rng(devices=[]):
                 warnings.filterwarnings('ignore', 'Unnecessary conv bias',
                                         UserWarning)
-                layer = ConvModule(
+                layer = mmcv_bricks().ConvModule(
                     cin,
                     cout,
                     3,
@@ -106,10 +130,10 @@ class ConvPatchEmbed(nn.Module):
 
 
 def _ffn(embed_dims: int, mlp_ratio: float, act_cfg: Dict, drop: float,
-         residual: Optional[Dict]) -> FFN:
+         residual: Optional[Dict]) -> nn.Module:
     """mmcv ``FFN``: fc1 -> act -> dropout(drop) -> fc2 -> dropout(drop),
     plus the identity through the residual drop ``residual``."""
-    return FFN(
+    return mmcv_bricks().FFN(
         embed_dims=embed_dims,
         feedforward_channels=int(embed_dims * mlp_ratio),
         num_fcs=2,
@@ -120,7 +144,7 @@ def _ffn(embed_dims: int, mlp_ratio: float, act_cfg: Dict, drop: float,
 
 
 def _drop(cfg: Optional[Dict]) -> nn.Module:
-    return build_dropout(cfg) if cfg else nn.Identity()
+    return mmcv_bricks().build_dropout(cfg) if cfg else nn.Identity()
 
 
 class SOFTBlock(nn.Module):
@@ -174,10 +198,10 @@ class SOFTBlock(nn.Module):
             sampling_ratio=sampling_ratio,
             dw_kernel_size=dw_kernel_size,
             qkv_bias=qkv_bias)
-        self.norm1 = build_norm_layer(norm_cfg, embed_dims)[1]
+        self.norm1 = build_norm(norm_cfg, embed_dims)
         self.drop = _drop(residual)
         self.ffn = _ffn(embed_dims, mlp_ratio, act_cfg, 0., residual)
-        self.norm2 = build_norm_layer(norm_cfg, embed_dims)[1]
+        self.norm2 = build_norm(norm_cfg, embed_dims)
 
     def forward(self, x: torch.Tensor, hw: Tuple[int, int]) -> torch.Tensor:
         x = self.norm1(x + self.drop(self.attn(x, hw)))
@@ -256,11 +280,11 @@ class SoftmaxBlock(nn.Module):
         norm_cfg = dict(type='LN', eps=1e-6) if norm_cfg is None else norm_cfg
         act_cfg = dict(type='GELU') if act_cfg is None else act_cfg
         residual = residual_drop_cfg(drop_path_rate, 'drop_path')
-        self.norm1 = build_norm_layer(norm_cfg, embed_dims)[1]
+        self.norm1 = build_norm(norm_cfg, embed_dims)
         self.attn = SoftmaxAttention(embed_dims, num_heads, qkv_bias,
                                      attn_drop_rate, drop_rate)
         self.drop_path = _drop(residual)
-        self.norm2 = build_norm_layer(norm_cfg, embed_dims)[1]
+        self.norm2 = build_norm(norm_cfg, embed_dims)
         self.ffn = _ffn(embed_dims, mlp_ratio, act_cfg, drop_rate, residual)
 
     def forward(self, x: torch.Tensor, hw=None) -> torch.Tensor:
