@@ -147,8 +147,7 @@ def resize_pos(grid_pos: Tensor, H: int, W: int) -> Tensor:
     n, C = grid_pos.shape[1:]
     g = int(n**0.5)
     img = grid_pos.reshape(1, g, g, C).permute(0, 3, 1, 2)
-    img = F.interpolate(
-        img, size=(H, W), mode='bilinear', align_corners=False)
+    img = F.interpolate(img, size=(H, W), mode='bilinear', align_corners=False)
     return img.flatten(2).transpose(1, 2)
 
 
@@ -196,9 +195,9 @@ def soft_block(sd: StateDict, pre: str, x: Tensor, H: int, W: int,
     """``{pre}`` = ``block{s}.{j}``: the post-norm SoftmaxFreeTransformer
     (held as ``.att``)."""
     p = pre + '.att'
-    x = _layer_norm(sd, p + '.norm1',
-                    x + soft_attention(sd, p + '.mha', x, H, W, attn_norm,
-                                       iters), 1e-5)
+    x = _layer_norm(
+        sd, p + '.norm1',
+        x + soft_attention(sd, p + '.mha', x, H, W, attn_norm, iters), 1e-5)
     hidden = gelu_tanh(_linear(sd, p + '.ff1', x))
     return _layer_norm(sd, p + '.norm2', x + _linear(sd, p + '.ff2', hidden),
                        1e-5)
@@ -218,8 +217,8 @@ def softmax_block(sd: StateDict, pre: str, x: Tensor, heads: int) -> Tensor:
     att = (weights @ v).transpose(1, 2).reshape(B, N, C)
     x = x + _linear(sd, pre + '.attn.proj', att)
     y = _layer_norm(sd, pre + '.norm2', x, 1e-6)
-    y = _linear(sd, pre + '.mlp.fc2', gelu_erf(_linear(sd, pre + '.mlp.fc1',
-                                                       y)))
+    y = _linear(sd, pre + '.mlp.fc2',
+                gelu_erf(_linear(sd, pre + '.mlp.fc1', y)))
     return x + y
 
 
@@ -248,8 +247,8 @@ def forward(sd: StateDict,
     for s in (1, 2, 3):
         x = patch_embed(sd, s, x)
         H, W = x.shape[-2:]
-        x = x.flatten(2).transpose(1, 2) + resize_pos(sd[f'pos_embed{s}'],
-                                                      H, W)
+        x = x.flatten(2).transpose(1, 2) + resize_pos(sd[f'pos_embed{s}'], H,
+                                                      W)
         for j in range(depth(sd, s)):
             x = soft_block(sd, f'block{s}.{j}', x, H, W, attn_norm, iters)
         x = x.reshape(B, H, W, -1).permute(0, 3, 1, 2)

@@ -14,9 +14,13 @@ cls token, MLP), the final norm, the head, and every converter mapping
 (a consistent swap of same-shape tensors, e.g. ``norm1`` / ``norm2``, fails
 here although it round-trips).
 
-Tolerances: float64 on both sides agrees to rounding (<= 1e-10); the
-float32 model is compared with the float64 reference at 1e-5 relative (the
-issue's bar; measured ~6e-7).
+Tolerances: float64 on both sides agrees to rounding (<= 1e-10, measured
+~2e-15); the float32 model is compared with the float64 reference at 1e-5
+relative (the issue's bar; measured ~6e-7). The float64 check is the one
+that matters for the Newton-Raphson constants: at this size the iterations
+have nearly converged, and e.g. the scale 0.9 -> 1.0 of the ``soft`` rule
+moves the logits by only ~1e-6, below the float32 rounding of the model
+(``test_nr_official_soft.py`` checks that rule directly, unconverged).
 """
 import pytest
 import torch
@@ -86,8 +90,7 @@ def rel(a, b):
     return ((a - b).abs().max() / b.abs().max()).item()
 
 
-@pytest.mark.parametrize('attn_norm', [False, True],
-                         ids=['soft', 'soft_norm'])
+@pytest.mark.parametrize('attn_norm', [False, True], ids=['soft', 'soft_norm'])
 def test_logits_match_official_reference(official, attn_norm):
     """Converted weights in mmsoft == the official model's logits.
 
@@ -103,10 +106,10 @@ def test_logits_match_official_reference(official, attn_norm):
             ref.forward(sd, x[i:i + 1], NUM_HEADS[3], attn_norm)
             for i in range(x.shape[0])
         ])
-        logits = classifier(arch, converted, attn_norm,
-                            torch.float64)(x, mode='tensor')
-        logits32 = classifier(arch, converted, attn_norm,
-                              torch.float32)(x.float(), mode='tensor')
+        logits = classifier(arch, converted, attn_norm, torch.float64)(
+            x, mode='tensor')
+        logits32 = classifier(arch, converted, attn_norm, torch.float32)(
+            x.float(), mode='tensor')
         batch_rule = ref.forward(sd, x, NUM_HEADS[3], attn_norm)
     assert logits.shape == (2, NUM_CLASSES)
     assert expected.abs().max() > 0.1  # logits of order one, not ~0

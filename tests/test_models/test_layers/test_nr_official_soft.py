@@ -45,8 +45,8 @@ def gram(batch, heads, m, d=8, spread=0.4, seed=0):
     clustered landmarks: nearly singular, so the shift, the scale and the
     20 iterations all matter."""
     g = torch.Generator().manual_seed(seed)
-    x = spread * torch.randn(batch, heads, m, d, generator=g,
-                             dtype=torch.float64)
+    x = spread * torch.randn(
+        batch, heads, m, d, generator=g, dtype=torch.float64)
     sq = torch.cdist(x, x).square()
     return torch.exp(-sq / 2)
 
@@ -89,9 +89,16 @@ def test_bottleneck_apply_default_is_official_soft():
         assert rel(bottleneck_apply(A, W, attn_norm=False), expected) < 1e-9
 
 
-def official_soft_bottleneck_apply(A, W, attn_norm=True, nr=None,
+CALLS = []
+
+
+def official_soft_bottleneck_apply(A,
+                                   W,
+                                   attn_norm=True,
+                                   nr=None,
                                    nr_stats=None):
     assert not attn_norm and nr.init == 'soft' and nr.iters == 20
+    CALLS.append(A.shape)
     return official_soft_inverse(A) @ W
 
 
@@ -113,9 +120,12 @@ def test_backbone_soft_variant_is_official(monkeypatch):
     x = torch.nn.functional.interpolate(
         low, size=(320, 320), mode='bicubic', align_corners=False)
     assert 100 >= SPECTRAL_MIN_M
+    CALLS.clear()
     with torch.no_grad():
         mine = model(x)[0]
         monkeypatch.setattr(sa, 'bottleneck_apply',
                             official_soft_bottleneck_apply)
         official = model(x)[0]
+    # the official inverse replaced mmsoft's in the three SOFT stages
+    assert [shape[-1] for shape in CALLS] == [100, 100, 100]
     assert rel(mine, official) < 1e-9
