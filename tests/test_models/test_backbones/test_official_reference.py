@@ -17,11 +17,12 @@ here although it round-trips).
 
 Tolerances: float64 on both sides agrees to rounding (<= 1e-10, measured
 ~2e-15); the float32 model is compared with the float64 reference at 1e-5
-relative (the issue's bar; measured 3e-7 to 3e-6). The float64 check is the one
-that matters for the Newton-Raphson constants: at this size the iterations
-have nearly converged, and e.g. the scale 0.9 -> 1.0 of the ``soft`` rule
-moves the logits by only ~1e-6, below the float32 rounding of the model
-(``test_nr_official_soft.py`` checks that rule directly, unconverged).
+relative (the issue's bar; measured 3e-7 to 3e-6). The float64 check is
+the one that matters for the Newton-Raphson constants: with 12 landmarks
+the iterations have nearly converged, and e.g. the scale 0.9 -> 1.0 of the
+``soft`` rule moves the logits by only ~1e-6 there, below the float32
+rounding of the model (``test_nr_official_soft.py`` checks that rule
+directly, unconverged).
 """
 import pytest
 import torch
