@@ -1,0 +1,145 @@
+"""The whole model against an independent re-derivation of the official
+SOFT classifier (issue 20).
+
+Random weights in the OFFICIAL key layout (``tests/reference``) go through
+mmsoft's public converter (:func:`convert_official_to_mmpretrain`, what
+``tools/model_converters/soft2mmsoft.py`` runs), load strictly into an
+mmpretrain ``ImageClassifier`` with the SOFT backbone and a linear head,
+and the logits are compared with :func:`official_soft_ref.forward` on the
+original official state dict. This checks the stem / patch embeddings, the
+position embeddings (resized: pretraining size 64, inputs 96 x 128 and
+288 x 320, i.e. 12 and 90 landmarks: both evaluation methods), the
+conv landmark sampler, the Gaussian kernel, both Newton-Raphson rules, the
+depthwise conv on V, the post-norm SOFT blocks, stage 4 (softmax attention,
+cls token, MLP), the final norm, the head, and every converter mapping
+(a consistent swap of same-shape tensors, e.g. ``norm1`` / ``norm2``, fails
+here although it round-trips).
+
+Tolerances: float64 on both sides agrees to rounding (<= 1e-10, measured
+~2e-15); the float32 model is compared with the float64 reference at 1e-5
+relative (the issue's bar; measured 3e-7 to 3e-6). The float64 check is
+the one that matters for the Newton-Raphson constants: with 12 landmarks
+the iterations have nearly converged, and e.g. the scale 0.9 -> 1.0 of the
+``soft`` rule moves the logits by only ~1e-6 there, below the float32
+rounding of the model (``test_nr_official_soft.py`` checks that rule
+directly, unconverged).
+"""
+import pytest
+import torch
+from reference import official_soft_ref as ref
+
+from mmsoft.models.converters import (arch_for_mmsoft,
+                                      convert_official_to_mmpretrain)
+from mmsoft.models.layers.pinv import SPECTRAL_MIN_M
+
+pytestmark = pytest.mark.usefixtures('one_thread')
+
+# head width 8 in every stage; two blocks in stages 2 and 4
+EMBED_DIMS, NUM_HEADS, DEPTHS = [16, 32, 48, 64], [2, 4, 6, 8], [1, 2, 1, 2]
+NUM_CLASSES, PRETRAIN = 10, 64
+# (batch, (H, W)): the pos grids 16/8/4/2 are resized; stages 1-3 have
+# (H / 32) (W / 32) landmarks (sampling ratios 8, 4, 2 at strides 4, 8, 16),
+# 12 / 90: below / above SPECTRAL_MIN_M (nr_method='auto' iterates / goes
+# spectral on the CPU)
+SIZES = {'m12': (2, (96, 128)), 'm90': (1, (288, 320))}
+
+
+@pytest.fixture(scope='module')
+def official():
+    """(official state dict, converted ImageClassifier state dict, arch)."""
+    sd = ref.random_official_state_dict(
+        EMBED_DIMS,
+        NUM_HEADS,
+        DEPTHS,
+        num_classes=NUM_CLASSES,
+        pretrain_img_size=PRETRAIN)
+    converted, arch, notes = convert_official_to_mmpretrain(sd)
+    assert notes == []
+    assert arch['num_heads'] == NUM_HEADS  # stage 4 from the head width 8
+    return sd, converted, arch
+
+
+def images(batch, size, seed=1, dtype=torch.float64):
+    """Smooth, image-like inputs (low-frequency patterns plus noise)."""
+    g = torch.Generator().manual_seed(seed)
+    low = torch.randn(batch, 3, 6, 8, generator=g, dtype=dtype)
+    x = torch.nn.functional.interpolate(
+        low, size=size, mode='bicubic', align_corners=False)
+    return x + 0.1 * torch.randn(batch, 3, *size, generator=g, dtype=dtype)
+
+
+def classifier(arch, state_dict, attn_norm, dtype, **attn_options):
+    """The converted weights, loaded strictly into an ImageClassifier
+    (``attn_options``: more SOFT-attention options)."""
+    pytest.importorskip('mmpretrain')
+    from mmpretrain.registry import MODELS
+    model = MODELS.build(
+        dict(
+            type='ImageClassifier',
+            backbone=dict(
+                type='mmsoft.SOFT',
+                arch=arch_for_mmsoft(arch),
+                attn_cfg=dict(
+                    type='SOFTAttention', attn_norm=attn_norm, **attn_options),
+                out_indices=(3, ),
+                out_type='cls_token',
+                pretrain_img_size=arch['pretrain_img_size']),
+            neck=None,
+            head=dict(
+                type='LinearClsHead',
+                num_classes=arch['num_classes'],
+                in_channels=arch['embed_dims'][-1])))
+    model.to(dtype)
+    result = model.load_state_dict(state_dict, strict=True)
+    assert not result.missing_keys and not result.unexpected_keys
+    return model.eval()
+
+
+def rel(a, b):
+    return ((a - b).abs().max() / b.abs().max()).item()
+
+
+@pytest.mark.parametrize('size', sorted(SIZES))
+@pytest.mark.parametrize('attn_norm', [False, True], ids=['soft', 'soft_norm'])
+def test_logits_match_official_reference(official, attn_norm, size):
+    """Converted weights in mmsoft == the official model's logits.
+
+    ``soft_norm``: the official code shares one alpha over its whole batch;
+    mmsoft's default rule is per sample, i.e. the official model at batch
+    size 1, so the reference runs image by image (the batch-wide rule is a
+    different function on these inputs; mmsoft's opt-in
+    ``nr_init='soft_norm_per_batch'`` reproduces it).
+    """
+    sd, converted, arch = official
+    batch, hw = SIZES[size]
+    m = (hw[0] // 32) * (hw[1] // 32)
+    assert (m >= SPECTRAL_MIN_M) == (size == 'm90')
+    x = images(batch, hw)
+    with torch.no_grad():
+        expected = torch.cat([
+            ref.forward(sd, x[i:i + 1], NUM_HEADS[3], attn_norm)
+            for i in range(x.shape[0])
+        ])
+        logits = classifier(arch, converted, attn_norm, torch.float64)(
+            x, mode='tensor')
+        logits32 = classifier(arch, converted, attn_norm, torch.float32)(
+            x.float(), mode='tensor')
+        batch_rule = ref.forward(sd, x, NUM_HEADS[3], attn_norm)
+    assert logits.shape == (batch, NUM_CLASSES)
+    assert expected.abs().max() > 0.1  # logits of order one, not ~0
+    assert rel(logits, expected) <= 1e-10
+    assert rel(logits32.double(), expected) <= 1e-5
+    if not attn_norm:  # alpha per matrix: the batch does not matter
+        assert rel(batch_rule, expected) <= 1e-12
+        return
+    if batch > 1:  # the official alpha per batch != per sample
+        assert rel(batch_rule, expected) > 1e-6
+    # mmsoft's opt-in rule for it is the official batch rule
+    per_batch = classifier(
+        arch,
+        converted,
+        attn_norm,
+        torch.float64,
+        nr_init='soft_norm_per_batch')
+    with torch.no_grad():
+        assert rel(per_batch(x, mode='tensor'), batch_rule) <= 1e-10
