@@ -87,9 +87,19 @@ def _error(setup, name, *extra):
 
 
 def test_matching_checkpoint_is_tested(setup):
-    metrics = _test(setup, 'good')
+    tmp = setup[2]
+    out = str(tmp / 'good_preds.pkl')
+    metrics = _test(setup, 'good', '--out', out)
     assert set(metrics) == {'accuracy/top1'}, metrics
-    assert metrics['accuracy/top1'] == pytest.approx(expected_top1(setup[2]))
+    assert metrics['accuracy/top1'] == pytest.approx(expected_top1(tmp))
+    # every image scored by the checkpoint's constant head: softmax(bias)
+    import pickle
+    with open(out, 'rb') as f:
+        preds = pickle.load(f)
+    assert [int(p['gt_label']) for p in preds] == val_labels(tmp)
+    bias = torch.load(setup[1]['good'])['state_dict']['head.fc.bias']
+    for p in preds:
+        torch.testing.assert_close(p['pred_score'], bias.softmax(0))
 
 
 def test_1000_class_head_on_5_class_config(setup):
