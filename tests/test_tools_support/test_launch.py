@@ -111,7 +111,8 @@ def test_dist_test_sh_exits_cleanly(tmp_path):
         'bash',
         osp.join(ROOT, 'tools', 'dist_test.sh'), cfg, ckpt, '2',
         '--work-dir',
-        str(tmp_path / 'work')
+        str(tmp_path / 'work'), '--out',
+        str(tmp_path / 'preds.pkl')
     ],
                cwd=tmp_path,
                timeout=300,
@@ -120,3 +121,10 @@ def test_dist_test_sh_exits_cleanly(tmp_path):
     top1 = 100 * labels.count(labels[0]) / len(labels)
     # all 4 images once (the 2 ranks' results gathered), printed by rank 0
     assert out.count(f'accuracy/top1: {top1:.4f}') == 1, out[-3000:]
+    # ... scored by the checkpoint's head: softmax(bias) for each of them
+    import pickle
+    with open(tmp_path / 'preds.pkl', 'rb') as f:
+        preds = pickle.load(f)
+    assert [int(p['gt_label']) for p in preds] == labels
+    for p in preds:
+        torch.testing.assert_close(p['pred_score'], sd['head.fc.bias'].softmax(0))
