@@ -210,9 +210,7 @@ def test_without_logging_errors():
         log.warning('noise %s', 1)  # logging's report goes to sys.stderr
     print('error: the one line', file=stream)
     assert '--- Logging error ---' in stream.getvalue()
-    assert without_logging_errors(stream.getvalue()) == [
-        'error: the one line'
-    ]
+    assert without_logging_errors(stream.getvalue()) == ['error: the one line']
 
 
 def _cls_option_error(capsys, tmp_path, option):

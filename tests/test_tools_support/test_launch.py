@@ -63,8 +63,8 @@ def test_shutdown_dist_without_group_is_a_no_op(monkeypatch):
     from mmsoft.tools_support import launch
     assert not dist.is_initialized()
     for name in ('barrier', 'destroy_process_group'):  # nothing to tear down
-        monkeypatch.setattr(dist, name,
-                            lambda *a, _n=name, **k: pytest.fail(_n))
+        monkeypatch.setattr(
+            dist, name, lambda *a, _n=name, **k: pytest.fail(_n))
     assert launch.shutdown_dist() is None
     assert not dist.is_initialized()
 
@@ -109,8 +109,7 @@ def test_dist_test_sh_exits_cleanly(tmp_path):
     # one run (the teardown itself is repeated in test_teardown_repeated)
     proc = run([
         'bash',
-        osp.join(ROOT, 'tools', 'dist_test.sh'), cfg, ckpt, '2',
-        '--work-dir',
+        osp.join(ROOT, 'tools', 'dist_test.sh'), cfg, ckpt, '2', '--work-dir',
         str(tmp_path / 'work'), '--out',
         str(tmp_path / 'preds.pkl')
     ],
@@ -127,4 +126,5 @@ def test_dist_test_sh_exits_cleanly(tmp_path):
         preds = pickle.load(f)
     assert [int(p['gt_label']) for p in preds] == labels
     for p in preds:
-        torch.testing.assert_close(p['pred_score'], sd['head.fc.bias'].softmax(0))
+        torch.testing.assert_close(p['pred_score'],
+                                   sd['head.fc.bias'].softmax(0))
