@@ -179,6 +179,10 @@ def build_cfg(args):
 
 
 def main(argv=None):
+    """Test the model; returns the metrics of ``test_evaluator`` (a dict,
+    e.g. ``{'accuracy/top1': ...}``; every rank gets them). Exits with
+    status 1 (and the message) on missing data or a checkpoint that does not
+    match the model."""
     args = parse_args(argv)
     cfg = build_cfg(args)
     data_check.exit_if_missing(cfg, 'test', args.launcher)  # data on disk?
@@ -211,7 +215,7 @@ def main(argv=None):
                 DumpResults(out_file_path=args.out))
 
     try:
-        runner.test()
+        metrics = runner.test()
     except CheckpointMismatchError as e:  # wrong weights: no metric
         sys.exit(f'error: {e}')
     finally:
@@ -219,6 +223,7 @@ def main(argv=None):
         # atexit, gloo can abort ("terminate called without an active
         # exception") after a finished run
         launch.shutdown_dist()
+    return metrics
 
 
 if __name__ == '__main__':

@@ -99,7 +99,22 @@ def images(tmp_path_factory):
     return dict(single=single, folder=str(folder))
 
 
-def _check_outputs(task, out_dir, img, name, classes):
+_DET_REF = {}
+
+
+def _det_reference(cfg_ckpt, img):
+    """``pred_instances`` of ``mmdet.apis.inference_detector`` (the model
+    of the config + checkpoint ``cfg_ckpt``) on ``img``."""
+    from mmdet.apis import inference_detector, init_detector
+    from mmengine.registry import DefaultScope
+    with DefaultScope.overwrite_default_scope('mmdet'):
+        if cfg_ckpt not in _DET_REF:
+            _DET_REF[cfg_ckpt] = init_detector(*cfg_ckpt, device='cpu')
+        res = inference_detector(_DET_REF[cfg_ckpt], img)
+    return res.pred_instances.numpy()
+
+
+def _check_outputs(task, out_dir, img, name, classes, cfg_ckpt=None):
     h, w = cv2.imread(img).shape[:2]
     with open(osp.join(out_dir, 'preds', name + '.json')) as f:
         pred = json.load(f)
@@ -119,7 +134,14 @@ def _check_outputs(task, out_dir, img, name, classes):
         assert len(pred['bboxes']) == len(pred['labels']) == n
         assert all(len(b) == 4 for b in pred['bboxes'])
         assert pred['label_names'] == [classes[i] for i in pred['labels']]
-        assert all(0 <= s <= 1 for s in pred['scores'])
+        # the model's boxes (mmdet.apis.inference_detector, not the demo's
+        # DetInferencer) on the same image, same order, best first
+        ref = _det_reference(cfg_ckpt, img)
+        assert pred['scores'] == sorted(pred['scores'], reverse=True)
+        assert pred['labels'] == ref.labels.tolist()
+        np.testing.assert_allclose(pred['scores'], ref.scores, rtol=1e-4)
+        np.testing.assert_allclose(
+            pred['bboxes'], ref.bboxes, rtol=1e-4, atol=1e-3)
     elif task == 'seg':
         assert vis.shape[:2] == (h, w)
         label_map = cv2.imread(
@@ -154,7 +176,7 @@ def test_image_demo_image_and_folder(task, models, images, tmp_path, capsys):
         images['single'], cfg, ckpt, '--out-dir', out, '--device', 'cpu',
         '--score-thr', '0.01'
     ]) == 0
-    _check_outputs(task, out, images['single'], 'one', classes)
+    _check_outputs(task, out, images['single'], 'one', classes, (cfg, ckpt))
     assert 'one.jpg -> ' in capsys.readouterr().out
     # a folder (recursive; other files skipped)
     out2 = str(tmp_path / 'out2')
@@ -162,9 +184,9 @@ def test_image_demo_image_and_folder(task, models, images, tmp_path, capsys):
         [images['folder'], cfg, ckpt, '--out-dir', out2, '--device',
          'cpu']) == 0
     _check_outputs(task, out2, osp.join(images['folder'], 'a.jpg'), 'a',
-                   classes)
+                   classes, (cfg, ckpt))
     _check_outputs(task, out2, osp.join(images['folder'], 'sub', 'b.png'),
-                   osp.join('sub', 'b'), classes)
+                   osp.join('sub', 'b'), classes, (cfg, ckpt))
     n_json = sum(
         f.endswith('.json') for _, _, fs in os.walk(osp.join(out2, 'preds'))
         for f in fs)
@@ -184,7 +206,7 @@ def test_image_demo_command_line(models, images, tmp_path):
                cwd=tmp_path,
                timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    _check_outputs('det', out, images['single'], 'one', classes)
+    _check_outputs('det', out, images['single'], 'one', classes, (cfg, ckpt))
 
 
 def test_image_demo_errors(models, images, tmp_path):

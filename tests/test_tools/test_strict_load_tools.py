@@ -1,5 +1,13 @@
 """Issue 13: ``tools/test.py`` refuses a checkpoint that does not match the
-config's model (no metric, non-zero exit) unless ``--partial-load``."""
+config's model (no metric, non-zero exit) unless ``--partial-load``.
+
+The checkpoints that are tested carry a constant head (zero weights, a
+one-hot bias): the model predicts one class for every image, so the
+expected top-1 accuracy follows from the data set's labels alone and shows
+that the checkpoint's weights (not a random initialisation) were tested."""
+import glob
+import os.path as osp
+
 import pytest
 import torch
 from conftest import cls_demo_config, random_model, tool_namespace
@@ -16,6 +24,11 @@ def setup(tmp_path_factory):
     tmp = tmp_path_factory.mktemp('strict_tools')
     cfg = cls_demo_config(tmp, val=4, test=4)
     sd = random_model(cfg).state_dict()
+    # a constant classifier: always the class of the first val image
+    labels = val_labels(tmp)
+    sd['head.fc.weight'] = torch.zeros_like(sd['head.fc.weight'])
+    sd['head.fc.bias'] = torch.nn.functional.one_hot(
+        torch.tensor(labels[0]), 5).float() * 10
     ckpts = {}
 
     def save(name, state_dict, wrap='state_dict'):
@@ -45,10 +58,22 @@ def setup(tmp_path_factory):
     return cfg, ckpts, tmp
 
 
-def _test(setup, name, *extra):
+def val_labels(tmp):
+    """The labels of the demo val split (``meta/val.txt``: file label)."""
+    with open(tmp / 'data' / 'imagenet' / 'meta' / 'val.txt') as f:
+        return [int(line.split()[1]) for line in f if line.strip()]
+
+
+def expected_top1(tmp):
+    """Top-1 (%) of the constant classifier of :func:`setup`."""
+    labels = val_labels(tmp)
+    return 100.0 * labels.count(labels[0]) / len(labels)
+
+
+def _test(setup, name, *extra, work='work'):
     cfg, ckpts, tmp = setup
     main = tool_namespace('test')['main']
-    return main([cfg, ckpts[name], '--work-dir', str(tmp / 'work'), *extra])
+    return main([cfg, ckpts[name], '--work-dir', str(tmp / work), *extra])
 
 
 def _error(setup, name, *extra):
@@ -62,8 +87,19 @@ def _error(setup, name, *extra):
 
 
 def test_matching_checkpoint_is_tested(setup):
-    metrics = _test(setup, 'good')
-    assert metrics is None or 'accuracy/top1' in metrics
+    tmp = setup[2]
+    out = str(tmp / 'good_preds.pkl')
+    metrics = _test(setup, 'good', '--out', out)
+    assert set(metrics) == {'accuracy/top1'}, metrics
+    assert metrics['accuracy/top1'] == pytest.approx(expected_top1(tmp))
+    # every image scored by the checkpoint's constant head: softmax(bias)
+    import pickle
+    with open(out, 'rb') as f:
+        preds = pickle.load(f)
+    assert [int(p['gt_label']) for p in preds] == val_labels(tmp)
+    bias = torch.load(setup[1]['good'])['state_dict']['head.fc.bias']
+    for p in preds:
+        torch.testing.assert_close(p['pred_score'], bias.softmax(0))
 
 
 def test_1000_class_head_on_5_class_config(setup):
@@ -95,7 +131,17 @@ def test_unconverted_official_checkpoint(setup):
 
 
 def test_partial_load_opt_in(setup):
-    _test(setup, 'head1000', '--partial-load')  # loads the backbone, tests
+    """Loads the backbone, logs the two skipped head tensors, tests."""
+    metrics = _test(setup, 'head1000', '--partial-load', work='partial')
+    assert set(metrics) == {'accuracy/top1'}, metrics
+    top1 = metrics['accuracy/top1']
+    assert top1 in [100.0 * k / 4 for k in range(5)]  # 4 val images
+    logs = glob.glob(osp.join(setup[2], 'partial', '*', '*.log'))
+    assert len(logs) == 1, logs
+    with open(logs[0]) as f:
+        log = f.read()
+    assert 'partial load (allowed)' in log
+    assert 'head.fc.weight (checkpoint [1000, 192] vs model [5, 192])' in log
 
 
 def version1_keys(sd, prefix='backbone.'):
@@ -137,7 +183,7 @@ def test_version1_checkpoint_is_tested(setup):
     torch.save(ckpt, tmp / 'v1.pth')
     ckpts['v1'] = str(tmp / 'v1.pth')
     metrics = _test(setup, 'v1')
-    assert metrics is None or 'accuracy/top1' in metrics
+    assert metrics == {'accuracy/top1': pytest.approx(expected_top1(tmp))}
     # a version-1 checkpoint of another arch is still refused
     other = torch.load(ckpts['other_arch'], weights_only=False)
     other['state_dict'] = version1_keys(other['state_dict'])

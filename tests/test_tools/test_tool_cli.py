@@ -183,46 +183,116 @@ def test_python_sh_runs_a_tool_with_this_checkout(tmp_path):
 
 
 # ----------------------------------------------- invocations of this file
-def test_benchmark_attention_tiny_run(tmp_path):
+def _md_rows(text):
+    """The cells of the rows of the markdown table in ``text`` (header
+    first, the ``|---|`` line left out)."""
+    return [[c.strip() for c in ln.strip().strip('|').split('|')]
+            for ln in text.splitlines()
+            if ln.startswith('|') and not ln.startswith('|---')]
+
+
+@pytest.fixture
+def replaced(monkeypatch):
+    """The paths ``mmsoft.utils.atomic`` renames a finished temp file to
+    (an atomic write), in order."""
+    from mmsoft.utils import atomic
+    done, replace = [], atomic.os.replace
+
+    def spy(src, dst, *a, **k):
+        replace(src, dst, *a, **k)
+        done.append(osp.abspath(str(dst)))
+
+    monkeypatch.setattr(atomic.os, 'replace', spy)
+    return done
+
+
+def test_benchmark_attention_tiny_run(tmp_path, capsys, replaced):
+    """n = 784, SOFT: one CSV row per (method, mode), one markdown row per
+    method whose cells are the CSV's values; every file written
+    atomically. (One method: each configuration is a child process.)"""
     tool = load_tool('analysis/benchmark_attention.py')
     rows = tool.main([
         '--max-p', '1', '--methods', 'soft', '--repeats', '1', '--devices',
         'cpu', '--threads', '1', '--out',
         str(tmp_path)
     ])
-    assert {(r['method'], r['mode'], r['n'])
-            for r in rows} == {('soft', m, 784)
-                               for m in ('forward', 'forward_backward')}
+    configs = [('soft', 'forward'), ('soft', 'forward_backward')]
+    assert [(r['method'], r['mode']) for r in rows] == configs
     with open(tmp_path / 'results.csv') as f:
-        written = list(csv.DictReader(f))
-    assert len(written) == 2
-    assert all(
-        float(r['time_ms']) > 0 and float(r['peak_mb']) >= 0 for r in written)
-    assert '| cpu | 784 | soft |' in (tmp_path / 'results.md').read_text()
-    assert (tmp_path / 'memory_time_vs_tokens.png').read_bytes()[:4] == \
-        b'\x89PNG'
+        reader = csv.DictReader(f)
+        written = list(reader)
+    assert reader.fieldnames == [
+        'device', 'n', 'method', 'mode', 'time_ms', 'min_ms', 'peak_mb'
+    ]
+    assert [(r['device'], r['n'], r['method'], r['mode']) for r in written
+            ] == [('cpu', '784', m, mode) for m, mode in configs]
+    for r, ret in zip(written, rows):
+        t, t_min, mb = (float(r[k]) for k in ('time_ms', 'min_ms', 'peak_mb'))
+        assert 0 < t_min <= t and mb >= 0, r  # median of runs >= fastest
+        assert (t, t_min, mb) == (ret['time_ms'], ret['min_ms'],
+                                  ret['peak_mb'])
+    md = (tmp_path / 'results.md').read_text()
+    table = _md_rows(md)
+    assert table[0] == [
+        'device', 'n', 'method', 'fwd ms', 'fwd MiB', 'fwd+bwd ms',
+        'fwd+bwd MiB'
+    ]
+    by = {(r['method'], r['mode']): r for r in written}
+    assert [row[:3] for row in table[1:]] == [['cpu', '784', 'soft']]
+    for row in table[1:]:
+        f, b = by[(row[2], 'forward')], by[(row[2], 'forward_backward')]
+        assert row[3:] == [
+            f"{float(r[k]):.1f}" for r in (f, b)
+            for k in ('time_ms', 'peak_mb')
+        ]
+    assert md in capsys.readouterr().out  # printed as written
+    png = tmp_path / 'memory_time_vs_tokens.png'
+    assert png.read_bytes()[:4] == b'\x89PNG'
+    assert sorted(replaced) == sorted(
+        str(tmp_path / n) for n in ('results.csv', 'results.md', png.name))
+    assert sorted(os.listdir(tmp_path)) == sorted(
+        ['results.csv', 'results.md', png.name])  # no temp file left
 
 
-def test_benchmark_onnx_tiny_run(tmp_path, capsys):
+def test_benchmark_onnx_tiny_run(tmp_path, capsys, replaced):
+    """Two specs (a shipped config by name, two sizes): one row each, the
+    columns of the README table, positive times, the speed-up column equal
+    to the ratio of the times, the file atomically written and equal to the
+    printed table."""
     pytest.importorskip('onnxruntime')
     tool = load_tool('deployment/benchmark_onnx.py')
     md = tmp_path / 'table.md'
-    # a shipped config by name (not a path from the working directory)
+    specs = ['demo/soft_cls_demo.py:64x64', 'demo/soft_cls_demo.py:64x96']
     assert tool.main([
-        'demo/soft_cls_demo.py:64x64', '--repeats', '1', '--warmup', '0',
-        '--onnx-dir',
+        *specs, '--repeats', '1', '--warmup', '0', '--onnx-dir',
         str(tmp_path), '--out',
         str(md)
     ]) == 0
-    assert osp.getsize(tmp_path / 'soft_cls_demo_64x64.onnx') > 0
-    row = [
-        ln for ln in md.read_text().splitlines()
-        if ln.startswith('| soft_cls_demo | 64x64 |')
+    for hw in ('64x64', '64x96'):
+        assert osp.getsize(tmp_path / f'soft_cls_demo_{hw}.onnx') > 0
+    text = md.read_text()
+    assert replaced == [
+        str(tmp_path / f'soft_cls_demo_{hw}.onnx') for hw in ('64x64', '64x96')
+    ] + [str(md)]
+    assert text in capsys.readouterr().out
+    table = _md_rows(text)
+    assert table[0] == [
+        'model', 'input', 'torch ms', 'torch iterative ms', 'onnxruntime ms',
+        'torch / ort', 'max rel. err'
     ]
-    assert len(row) == 1
-    cells = [c.strip() for c in row[0].strip('|').split('|')]
-    assert float(cells[-1]) < 1e-4  # max rel. err of onnxruntime vs torch
-    assert all(float(c) > 0 for c in cells[2:5])  # the three times (ms)
+    assert [r[:2] for r in table[1:]] == [['soft_cls_demo', '64x64'],
+                                          ['soft_cls_demo', '64x96']]
+    for cells in table[1:]:
+        assert len(cells) == 7
+        torch_ms, iter_ms, ort_ms = (float(c) for c in cells[2:5])
+        assert min(torch_ms, iter_ms, ort_ms) > 0, cells
+        assert cells[5].endswith('x')
+        ratio = float(cells[5][:-1])
+        # the ratio of the unrounded times, the cells rounded to 0.1 ms
+        lo = (torch_ms - .05) / (ort_ms + .05)
+        hi = (torch_ms + .05) / max(ort_ms - .05, 1e-9)
+        assert lo - .005 <= ratio <= hi + .005, cells
+        assert float(cells[6]) < 1e-4  # max rel. err, onnxruntime vs torch
 
 
 def test_nr_backward_compare_train_demo(tmp_path, capsys):
@@ -236,9 +306,11 @@ def test_nr_backward_compare_train_demo(tmp_path, capsys):
         str(work)
     ])
     assert [r[0] for r in rows] == ['eq16', 'exact']
-    assert all(0 <= r[1] <= 1 and r[3] > 0 for r in rows)
+    # COCO: the mean over IoU 0.5:0.95 is at most the AP at IoU 0.5
+    assert all(r[1] <= r[2] and r[3] > 0 for r in rows), rows
     out = capsys.readouterr().out
-    assert '| eq16 |' in out and '| exact |' in out
+    for b, ap, ap50, t in rows:  # the printed table is the returned rows
+        assert f'| {b} | {ap:.3f} | {ap50:.3f} | {t:.0f} |' in out
     assert osp.isdir(tmp_path / 'demo-smoke' / 'coco')
     for b in ('eq16', 'exact'):
         dumped = glob.glob(str(work / b / '*.py'))

@@ -151,7 +151,8 @@ _base_ = {osp.join(ROOT, 'configs', 'retinanet_soft_tiny_1x.py')!r}
 data_root = {str(data_root) + '/'!r}
 model = dict(
     backbone=dict(arch={TINY}),
-    neck=dict(in_channels=[16, 32, 32, 64]))
+    neck=dict(in_channels=[16, 32, 32, 64]),
+    bbox_head=dict(num_classes=3))  # the generated categories (COCO 1-3)
 train_pipeline = [
     dict(type='LoadImageFromFile'),
     dict(type='LoadAnnotations', with_bbox=True),
@@ -496,11 +497,65 @@ def test_det_train_and_test_tools(tmp_path):
     data = make_coco(str(tmp_path / 'coco'))
     cfg = det_config(tmp_path, data)
     work = str(tmp_path / 'work')
-    tool('train')['main']([cfg, '--work-dir', work])
+    tool('train')['main'](
+        [cfg, '--work-dir', work, '--cfg-options', 'randomness.seed=0'])
     ckpt = osp.join(work, 'epoch_1.pth')
     assert osp.isfile(ckpt)
     pkl = str(tmp_path / 'preds.pkl')
-    tool('test')['main']([cfg, ckpt, '--work-dir', work, '--out', pkl])
-    assert osp.isfile(pkl)
+    # score_thr 0: every box up to max_per_img, so that the mAPs of the
+    # barely trained model are not all 0 (an empty result)
+    metrics = tool('test')['main']([
+        cfg, ckpt, '--work-dir', work, '--out', pkl, '--cfg-options',
+        'model.test_cfg.score_thr=0.0'
+    ])
+    keys = [f'coco/bbox_mAP{s}' for s in ('', '_50', '_75', '_s', '_m', '_l')]
+    assert set(keys) <= set(metrics), sorted(metrics)
+    # the metrics are COCOeval's on the dumped predictions (pycocotools,
+    # called here directly): the first 6 of its summary, rounded to 3
+    # decimals by mmdet's CocoMetric
+    stats = coco_eval_stats(
+        pkl, osp.join(data, 'annotations', 'instances_val2017.json'))
+    for key, ref in zip(keys, stats):
+        assert metrics[key] == pytest.approx(round(ref, 3), abs=1e-9), \
+            (key, metrics[key], ref)
+    # 100 boxes an image: some match (the comparison is not all zeros)
+    assert max(metrics[k] for k in keys) > 0, metrics
+    assert metrics['coco/bbox_mAP_l'] == -1  # no large (> 96^2) box
     scalars = [f for f in os.listdir(work) if osp.isdir(osp.join(work, f))]
-    assert scalars  # the timestamped log dirs of both runs
+    assert len(scalars) == 2  # the timestamped log dirs of both runs
+
+
+def coco_eval_stats(pkl, ann_file):
+    """COCOeval (pycocotools) of mmdet's dumped predictions (``--out``):
+    the first 6 numbers of the summary (mAP, @50, @75, small, medium,
+    large)."""
+    import contextlib
+    import io
+    import pickle
+
+    from pycocotools.coco import COCO
+    from pycocotools.cocoeval import COCOeval
+    with open(pkl, 'rb') as f:
+        preds = pickle.load(f)
+    with contextlib.redirect_stdout(io.StringIO()):
+        gt = COCO(ann_file)
+        cat_ids = sorted(gt.getCatIds())
+        dets = []
+        for p in preds:
+            inst = p['pred_instances']
+            for box, score, label in zip(inst['bboxes'].tolist(),
+                                         inst['scores'].tolist(),
+                                         inst['labels'].tolist()):
+                x1, y1, x2, y2 = box
+                dets.append(
+                    dict(
+                        image_id=p['img_id'],
+                        category_id=cat_ids[label],
+                        bbox=[x1, y1, x2 - x1, y2 - y1],
+                        score=score))
+        assert dets, 'no detections dumped'
+        ev = COCOeval(gt, gt.loadRes(dets), 'bbox')
+        ev.evaluate()
+        ev.accumulate()
+        ev.summarize()
+    return ev.stats[:6].tolist()

@@ -228,8 +228,14 @@ def test_rank_and_skip(tmp_path, monkeypatch, capsys):
     with pytest.raises(SystemExit):
         dc.exit_if_missing(cfg, 'test', 'pytorch')
     assert 'not found' in capsys.readouterr().err
+    # the skip switch: no exit, nothing printed; '0' still checks
     monkeypatch.setenv('MMSOFT_SKIP_DATA_CHECK', '1')
-    dc.exit_if_missing(cfg, 'test', 'pytorch')
+    assert dc.exit_if_missing(cfg, 'test', 'pytorch') is None
+    assert capsys.readouterr() == ('', '')
+    monkeypatch.setenv('MMSOFT_SKIP_DATA_CHECK', '0')
+    with pytest.raises(SystemExit):
+        dc.exit_if_missing(cfg, 'test', 'pytorch')
+    assert 'not found' in capsys.readouterr().err
 
 
 # ------------------------------------------------------------ the tools

@@ -175,8 +175,11 @@ def test_nr_stats_and_hook():
         model(x)
     stats = model.nr_stats()
     assert sorted(stats) == ['stage1', 'stage2', 'stage3']
+    # 20 iterations (the default) converge on every stage of the tiny
+    # model: residual ~4e-3 on stage 1, ~1e-7 on stages 2 and 3
     for vals in stats.values():
-        assert 0 <= vals['residual'] < 1 and 0 <= vals['unconverged'] <= 1
+        assert vals['residual'] < 0.05 and vals['unconverged'] == 0, stats
+    assert stats['stage2']['residual'] < 1e-4, stats
     hook.after_train_iter(runner, 0)
     for s in '123':
         assert hub.get_scalar(f'train/nr_residual_s{s}').current() == \

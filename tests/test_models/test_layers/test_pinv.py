@@ -504,7 +504,6 @@ def test_stats_report_convergence(method):
     few = nr_residual(A, 3)
     assert (few['residual'] > stats['residual']).all()
     assert (few['unconverged'] > stats['unconverged']).all()
-    assert ((0 <= few['unconverged']) & (few['unconverged'] <= 1)).all()
     converged = nr_residual(kernel_matrix(2, m=12, dtype=torch.float64), 40)
     assert (converged['unconverged'] == 0).all()
 
