@@ -334,6 +334,24 @@ def test_creates_tensors_only_on_the_input_device(attn, train):
                if p.grad is not None)
 
 
+@pytest.mark.parametrize('attn', META_VARIANTS.values(), ids=META_VARIANTS)
+def test_attention_rows_created_on_the_input_device(attn):
+    """``attention_row`` (the visualisation path, e.g. Linformer spreading
+    its reduced row back onto the tokens) on ``meta`` too."""
+    from mmsoft.models.layers import build_attention
+    torch.manual_seed(0)
+    module = build_attention(
+        dict(dict(type='SOFTAttention'), **attn),
+        embed_dims=16,
+        num_heads=2,
+        sampling_ratio=2).to('meta').eval()
+    x = torch.empty(2, 64, 16, device='meta')
+    with OpRecorder(lambda t: t.device.type != 'meta') as rec:
+        row = module.attention_row(x, (8, 8), 5)
+    assert not rec.found, rec.found[:10]
+    assert row.device.type == 'meta' and row.shape == (2, 2, 64)
+
+
 @pytest.mark.parametrize('attn', ATTN_VARIANTS.values(), ids=ATTN_VARIANTS)
 def test_creates_tensors_only_on_the_input_device_cuda(device, attn):
     """The same check for real on a GPU (skipped on the CPU: a CPU tensor
