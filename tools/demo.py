@@ -232,8 +232,8 @@ def main(argv=None):
 
     # 2. data --------------------------------------------------------
     data_dir = args.data + ('-smoke' if args.smoke else '')
-    work_dir = args.work_dir + ('-smoke' if args.smoke else '') + (
-        '-amp' if args.amp else '')
+    suffix = ('-smoke' if args.smoke else '') + ('-amp' if args.amp else '')
+    work_dir = args.work_dir + suffix
     overrides = {t: dict(SMOKE_DATA) for t in ALL_TASKS} if args.smoke \
         else None
     t0 = time.perf_counter()

@@ -190,6 +190,6 @@ def test_demo_smoke_amp(tmp_path, capsys):
         res = json.load(f)
     assert res['amp'] is True
     assert res['results']['cls']['optim_wrapper'] == (
-        'AmpOptimWrapper' if torch.cuda.is_available() else
-        'CPUAmpOptimWrapper')
+        'AmpOptimWrapper'
+        if torch.cuda.is_available() else 'CPUAmpOptimWrapper')
     assert 'accuracy/top1' in res['results']['cls']['metrics']

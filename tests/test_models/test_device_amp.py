@@ -89,8 +89,8 @@ def forward_backward(model, loss_fn, device, dtype=None):
     ``dtype`` (None: float32); grads: {parameter name: grad}."""
     model.zero_grad(set_to_none=True)
     torch.manual_seed(0)  # the same dropout masks in both runs
-    with torch.autocast(device, dtype=dtype or torch.float32,
-                        enabled=dtype is not None):
+    with torch.autocast(
+            device, dtype=dtype or torch.float32, enabled=dtype is not None):
         outs, loss = loss_fn(model)
     # float16 AMP scales the loss (as GradScaler / AmpOptimWrapper do):
     # small gradients would otherwise flush to zero in half precision
@@ -131,8 +131,10 @@ def test_backbone_autocast_close_to_fp32(device, dtype, attn_norm):
     g = torch.Generator().manual_seed(1)
     x = torch.randn(2, 3, SIZE, SIZE, generator=g).to(device)
     # a fixed random readout: every output element gets a gradient
-    w = [torch.randn(2, c, SIZE // s, SIZE // s, generator=g).to(device)
-         for c, s in zip(model.out_channels, (4, 8, 16, 32))]
+    w = [
+        torch.randn(2, c, SIZE // s, SIZE // s, generator=g).to(device)
+        for c, s in zip(model.out_channels, (4, 8, 16, 32))
+    ]
 
     def loss_fn(m):
         outs = m(x)
@@ -167,25 +169,28 @@ def seg_batch(model):
     inputs, samples = [], []
     for _ in range(2):
         inputs.append(
-            torch.randint(0, 256, (3, SIZE, SIZE), generator=g,
-                          dtype=torch.uint8))
+            torch.randint(
+                0, 256, (3, SIZE, SIZE), generator=g, dtype=torch.uint8))
         s = SegDataSample()
-        s.gt_sem_seg = PixelData(data=torch.randint(
-            0, 4, (1, SIZE, SIZE), generator=g, dtype=torch.long))
+        s.gt_sem_seg = PixelData(
+            data=torch.randint(
+                0, 4, (1, SIZE, SIZE), generator=g, dtype=torch.long))
         s.set_metainfo(
-            dict(img_shape=(SIZE, SIZE), ori_shape=(SIZE, SIZE),
-                 pad_shape=(SIZE, SIZE)))
+            dict(
+                img_shape=(SIZE, SIZE),
+                ori_shape=(SIZE, SIZE),
+                pad_shape=(SIZE, SIZE)))
         samples.append(s)
     return model.data_preprocessor(
         dict(inputs=inputs, data_samples=samples), True)
 
 
 @pytest.mark.parametrize('dtype', HALF, ids=dtype_id)
-@pytest.mark.parametrize('name, batch', [('retinanet_soft_demo', det_batch),
-                                         ('upernet_soft_demo', seg_batch)],
-                         ids=['retinanet', 'upernet'])
-def test_detector_segmentor_autocast_close_to_fp32(device, dtype, name,
-                                                   batch):
+@pytest.mark.parametrize(
+    'name, batch', [('retinanet_soft_demo', det_batch),
+                    ('upernet_soft_demo', seg_batch)],
+    ids=['retinanet', 'upernet'])
+def test_detector_segmentor_autocast_close_to_fp32(device, dtype, name, batch):
     """The loss (and each loss term) and all gradients of a RetinaNet /
     UperNet with SOFT under autocast."""
     model = demo_model(name, device)
@@ -233,7 +238,7 @@ def spy(monkeypatch):
 @pytest.mark.parametrize('dtype', HALF, ids=dtype_id)
 @pytest.mark.parametrize('nr_method', ['iterative', 'spectral'])
 def test_kernel_and_pinv_run_in_fp32_under_autocast(device, spy, dtype,
-                                                   nr_method):
+                                                    nr_method):
     model = backbone(nr_method=nr_method).to(device)
     x = torch.randn(2, 3, SIZE, SIZE, device=device)
     with torch.autocast(device, dtype=dtype):
@@ -271,6 +276,14 @@ def test_pinv_alone_runs_in_fp32_under_autocast(device, spy, dtype, method):
 
 
 # -------------------------------------- created tensors follow the input
+def off_meta(t):
+    return t.device.type != 'meta'
+
+
+def not_float64(t):
+    return t.is_floating_point() and t.dtype != torch.float64
+
+
 class OpRecorder(TorchDispatchMode):
     """Records every op with a tensor result that fails ``bad(tensor)``."""
 
@@ -298,9 +311,10 @@ ATTN_VARIANTS = {
     'exact_bw': dict(nr_method='spectral', nr_backward='exact'),
     'exact_bw_iter': dict(nr_method='iterative', nr_backward='exact'),
     # the attention zoo in the same backbone
-    **{z: dict(type=z)
-       for z in ('softmax', 'linformer', 'performer', 'nystromformer',
-                 'sima')},
+    **{
+        z: dict(type=z)
+        for z in ('softmax', 'linformer', 'performer', 'nystromformer', 'sima')
+    },
 }
 
 #: the exact spectral backward sizes a tensor by the data (the number of
@@ -325,8 +339,7 @@ def test_creates_tensors_only_on_the_input_device(attn, train):
     """On ``meta``, a tensor created without ``device=`` lands elsewhere."""
     model = backbone(**attn).to('meta')
     x = torch.empty(2, 3, SIZE, SIZE, device='meta')
-    outs, found = run_recorded(model, x, lambda t: t.device.type != 'meta',
-                               train)
+    outs, found = run_recorded(model, x, off_meta, train)
     assert not found, found[:10]
     assert all(o.device.type == 'meta' for o in outs)
     assert x.grad is not None and x.grad.device.type == 'meta'
@@ -346,7 +359,7 @@ def test_attention_rows_created_on_the_input_device(attn):
         num_heads=2,
         sampling_ratio=2).to('meta').eval()
     x = torch.empty(2, 64, 16, device='meta')
-    with OpRecorder(lambda t: t.device.type != 'meta') as rec:
+    with OpRecorder(off_meta) as rec:
         row = module.attention_row(x, (8, 8), 5)
     assert not rec.found, rec.found[:10]
     assert row.device.type == 'meta' and row.shape == (2, 2, 64)
@@ -360,8 +373,9 @@ def test_creates_tensors_only_on_the_input_device_cuda(device, attn):
         pytest.skip('the meta-device test covers the CPU')
     model = backbone(**attn).to(device)
     x = torch.randn(2, 3, SIZE, SIZE, device=device)
-    _, found = run_recorded(model, x, lambda t: t.device.type != device
-                            and t.dim() > 0, True)
+    _, found = run_recorded(model, x,
+                            lambda t: t.device.type != device and t.dim() > 0,
+                            True)
     assert not found, found[:10]
 
 
@@ -371,9 +385,7 @@ def test_float64_model_computes_in_float64(device, attn):
     (no float32 default dtype slips in, e.g. from ``torch.arange``)."""
     model = backbone(**attn).to(device, torch.float64)
     x = torch.randn(2, 3, SIZE, SIZE, device=device, dtype=torch.float64)
-    outs, found = run_recorded(
-        model, x, lambda t: t.is_floating_point() and t.dtype !=
-        torch.float64, True)
+    outs, found = run_recorded(model, x, not_float64, True)
     assert not found, found[:10]
     assert all(o.dtype == torch.float64 for o in outs)
     assert all(p.grad.dtype == torch.float64 for p in model.parameters()
@@ -384,12 +396,11 @@ def test_recorder_catches_a_foreign_tensor():
     """The recorder itself: a CPU ``zeros`` among meta tensors, a float32
     ``arange`` among float64 ones."""
     x = torch.empty(3, device='meta')
-    with OpRecorder(lambda t: t.device.type != 'meta') as rec:
+    with OpRecorder(off_meta) as rec:
         x + torch.zeros(()) + x
     assert any('zeros' in f for f in rec.found)
     y = torch.ones(3, dtype=torch.float64)
-    with OpRecorder(lambda t: t.is_floating_point() and t.dtype !=
-                    torch.float64) as rec:
+    with OpRecorder(not_float64) as rec:
         y * 0.5**torch.arange(3)
     assert any('pow' in f for f in rec.found)
 

@@ -224,8 +224,7 @@ def test_benchmark_amp_smoke_table(tmp_path, capsys):
     assert float(written['speedup']) == pytest.approx(row['speedup'])
     md = (tmp_path / 'results_amp.md').read_text()
     assert '| input HxWxB | fp32 ms | bf16 ms |' in md
-    assert (f'| 64x64x2 | {row["fp32_ms"]:.1f} | {row["bf16_ms"]:.1f} |'
-            in md)
+    assert (f'| 64x64x2 | {row["fp32_ms"]:.1f} | {row["bf16_ms"]:.1f} |' in md)
     assert f'{row["speedup"]:.2f}x |' in md
     assert md in capsys.readouterr().out
     with pytest.raises(SystemExit):

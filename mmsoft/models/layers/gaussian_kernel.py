@@ -34,8 +34,8 @@ precision. Clamping the exponent at 0 keeps K in [0, 1] even with rounding.
 """
 import torch
 
-from .amp import autocast_off
 from . import export_ops
+from .amp import autocast_off
 
 __all__ = ['gaussian_kernel', 'GaussianKernel']
 

@@ -67,8 +67,8 @@ from typing import Dict, Optional, Tuple
 
 import torch
 
-from .amp import autocast_off
 from . import export_ops
+from .amp import autocast_off
 from .checks import check_int
 
 __all__ = [
