@@ -234,3 +234,27 @@ def model_weights(runner):
         k: v.detach().clone()
         for k, v in runner.model.state_dict().items()
     }
+
+
+# ------------------------------------------------------------- devices
+def device_types():
+    """The devices of the :func:`device` fixture: ``cpu``, plus ``cuda``
+    where CUDA is available; ``MMSOFT_TEST_DEVICE=cuda`` (or ``cpu``)
+    selects that one only (a GPU check runs the device tests on cuda)."""
+    want = os.environ.get('MMSOFT_TEST_DEVICE', '')
+    if want not in ('', 'cpu', 'cuda'):
+        raise ValueError(f'MMSOFT_TEST_DEVICE={want!r}: use cpu or cuda '
+                         f'(or leave it unset for cpu and, if available, '
+                         f'cuda)')
+    if want:
+        return [want]
+    return ['cpu'] + (['cuda'] if torch.cuda.is_available() else [])
+
+
+@pytest.fixture(params=device_types())
+def device(request):
+    """A device type the test runs on (see :func:`device_types`)."""
+    if request.param == 'cuda' and not torch.cuda.is_available():
+        pytest.fail('MMSOFT_TEST_DEVICE=cuda, but torch.cuda.is_available() '
+                    'is False: run on a CUDA machine or unset it')
+    return request.param

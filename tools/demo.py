@@ -26,6 +26,12 @@ mmengine logs are in ``work_dirs/demo/<task>/<timestamp>/``.
     python tools/demo.py --tasks cls        # one task
     python tools/demo.py --smoke            # plumbing check: 3 iterations
     python tools/demo.py --verbose          # mmengine's full console logs
+    python tools/demo.py --amp              # mixed precision, as train.py
+
+``--amp`` trains as ``tools/train.py --amp`` does: bfloat16 autocast on the
+CPU (``CPUAmpOptimWrapper``), float16 ``AmpOptimWrapper`` on CUDA; results
+go to ``<work-dir>-amp`` so that they sit beside the float32 ones. SOFT's
+kernel and pseudo-inverse stay float32 either way.
 
 Exit status: 0 when every task ran and met its target, 1 when a target was
 missed, 2 when a task failed with an error.
@@ -80,6 +86,11 @@ def parse_args(argv=None):
         action='store_true',
         help='a plumbing check: tiny data sets (in '
         '<data>-smoke), 3 training iterations per task')
+    p.add_argument(
+        '--amp',
+        action='store_true',
+        help='mixed precision as tools/train.py --amp (bfloat16 autocast '
+        'on the CPU); work dir <work-dir>-amp')
     p.add_argument(
         '--no-setup', action='store_true', help='never run tools/setup_env.sh')
     p.add_argument(
@@ -214,13 +225,15 @@ def main(argv=None):
     from mmsoft.tools_support import demo_synthetic, demo_tasks
     make_demo_data = demo_synthetic().make_demo_data
     T = demo_tasks()
+    from mmsoft.tools_support.launch import enable_amp
     from mmsoft.utils.atomic import atomic_write
     log(f'torch {torch.__version__}, {threads} thread(s); environment OK '
         f'({time.perf_counter() - t_start:.0f} s)')
 
     # 2. data --------------------------------------------------------
     data_dir = args.data + ('-smoke' if args.smoke else '')
-    work_dir = args.work_dir + ('-smoke' if args.smoke else '')
+    suffix = ('-smoke' if args.smoke else '') + ('-amp' if args.amp else '')
+    work_dir = args.work_dir + suffix
     overrides = {t: dict(SMOKE_DATA) for t in ALL_TASKS} if args.smoke \
         else None
     t0 = time.perf_counter()
@@ -245,6 +258,8 @@ def main(argv=None):
         cfg = T.load_demo_config(task)
         if args.smoke:
             T.shrink_for_smoke(cfg)
+        if args.amp:
+            enable_amp(cfg)
         if k > 1:
             new = pick_threads(args.threads, own=threads)
             if new != threads:
@@ -279,6 +294,7 @@ def main(argv=None):
         r['seconds'] = time.perf_counter() - t0
         r['cpu_seconds'] = time.process_time() - c0
         r['threads'] = threads
+        r['optim_wrapper'] = cfg.optim_wrapper.get('type', 'OptimWrapper')
         results[task] = r
         target = 'no target' if spec['target'] is None else \
             f'target {spec["target"]}'
@@ -315,6 +331,7 @@ def main(argv=None):
     summary = dict(
         tasks=args.tasks,
         smoke=args.smoke,
+        amp=args.amp,
         seed=args.seed,
         cpu_count=ncpu,
         load_average_end=load1(),
@@ -330,6 +347,8 @@ def main(argv=None):
     print('=' * 72)
     kind = 'smoke run: 3 iterations, not meaningful' if args.smoke else \
         'synthetic validation sets'
+    if args.amp:
+        kind += ', mixed precision (--amp)'
     print(f'mmsoft demo results ({kind})')
     print(table)
     print(f'total {total / 60:.1f} min (data {data_s:.0f} s), torch '

@@ -170,3 +170,27 @@ def test_demo_smoke(tmp_path, capsys):
     assert osp.isfile(res['results']['cls']['png'])
     assert (wd / 'results.md').read_text().startswith('| task')
     assert (tmp_path / 'data-smoke' / 'imagenet' / S.MANIFEST).is_file()
+
+
+def test_demo_smoke_amp(tmp_path, capsys):
+    """``--amp``: the tasks train with the AMP optim wrapper that
+    ``tools/train.py --amp`` sets (bfloat16 autocast on the CPU), results in
+    ``<work-dir>-amp`` beside the float32 ones."""
+    import torch
+    demo = tool_namespace('demo', run_name='demo')
+    rc = demo['main']([
+        '--smoke', '--amp', '--tasks', 'cls', '--no-setup', '--threads', '1',
+        '--data',
+        str(tmp_path / 'data'), '--work-dir',
+        str(tmp_path / 'wd')
+    ])
+    out = capsys.readouterr().out
+    assert rc == 0, out
+    assert 'mixed precision (--amp)' in out
+    with open(tmp_path / 'wd-smoke-amp' / 'results.json') as f:
+        res = json.load(f)
+    assert res['amp'] is True
+    assert res['results']['cls']['optim_wrapper'] == (
+        'AmpOptimWrapper'
+        if torch.cuda.is_available() else 'CPUAmpOptimWrapper')
+    assert 'accuracy/top1' in res['results']['cls']['metrics']

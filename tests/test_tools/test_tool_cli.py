@@ -34,6 +34,8 @@ INVOCATIONS = {
     'test_configs/test_demo_configs.py::test_demo_smoke',
     'analysis/benchmark.py':
     'test_tools/test_analysis/test_benchmark.py::test_tiny_run_writes_ratios',
+    'analysis/benchmark_amp.py':
+    'test_tools/test_tool_cli.py::test_benchmark_amp_smoke_table',
     'analysis/benchmark_attention.py':
     'test_tools/test_tool_cli.py::test_benchmark_attention_tiny_run',
     'analysis/get_flops.py':
@@ -252,6 +254,33 @@ def test_benchmark_attention_tiny_run(tmp_path, capsys, replaced):
         str(tmp_path / n) for n in ('results.csv', 'results.md', png.name))
     assert sorted(os.listdir(tmp_path)) == sorted(
         ['results.csv', 'results.md', png.name])  # no temp file left
+
+
+def test_benchmark_amp_smoke_table(tmp_path, capsys):
+    import torch
+    tool = load_tool('analysis/benchmark_amp.py')
+    threads = torch.get_num_threads()
+    try:
+        rows = tool.main(['--smoke', '--threads', '1', '--out', str(tmp_path)])
+    finally:
+        torch.set_num_threads(threads)
+    (row, ) = rows
+    assert row['size'] == '64x64x2' and row['model'] == 'soft_tiny_norm'
+    assert row['fp32_ms'] > 0 and row['bf16_ms'] > 0
+    assert row['speedup'] == pytest.approx(row['fp32_ms'] / row['bf16_ms'])
+    # the same weights and input: the bf16 loss is the float32 one, rounded
+    assert row['bf16_loss'] == pytest.approx(row['fp32_loss'], rel=5e-2)
+    with open(tmp_path / 'results_amp.csv') as f:
+        (written, ) = list(csv.DictReader(f))
+    assert float(written['speedup']) == pytest.approx(row['speedup'])
+    md = (tmp_path / 'results_amp.md').read_text()
+    assert '| input HxWxB | fp32 ms | bf16 ms |' in md
+    assert (f'| 64x64x2 | {row["fp32_ms"]:.1f} | {row["bf16_ms"]:.1f} |' in md)
+    assert f'{row["speedup"]:.2f}x |' in md
+    assert md in capsys.readouterr().out
+    with pytest.raises(SystemExit):
+        tool.main(['--sizes', '224x224', '--out', str(tmp_path)])
+    assert 'is not HxWxB' in capsys.readouterr().err
 
 
 def test_benchmark_onnx_tiny_run(tmp_path, capsys, replaced):

@@ -35,6 +35,7 @@ precision. Clamping the exponent at 0 keeps K in [0, 1] even with rounding.
 import torch
 
 from . import export_ops
+from .amp import autocast_off
 
 __all__ = ['gaussian_kernel', 'GaussianKernel']
 
@@ -98,7 +99,7 @@ def gaussian_kernel(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
     dtype = torch.float64 if torch.float64 in (x.dtype, y.dtype) \
         else torch.float32
     self_kernel = x is y
-    with torch.autocast(device_type=x.device.type, enabled=False):
+    with autocast_off(x.device.type):
         if export_ops.is_exporting():  # ONNX: plain out-of-place ops
             return export_ops.gaussian_kernel(
                 x.to(dtype), y.to(dtype), self_kernel)

@@ -68,6 +68,7 @@ from typing import Dict, Optional, Tuple
 import torch
 
 from . import export_ops
+from .amp import autocast_off
 from .checks import check_int
 
 __all__ = [
@@ -572,7 +573,7 @@ def _solve(A: torch.Tensor, W: Optional[torch.Tensor], nr: NRConfig,
     dtype = torch.float64 if A.dtype == torch.float64 else torch.float32
     A = A.to(dtype)
     W = None if W is None else W.to(dtype)
-    with torch.autocast(device_type=A.device.type, enabled=False):
+    with autocast_off(A.device.type):
         if nr.backward == 'exact' and method == 'iterative':
             # the gradient of the T iterations: autograd through them
             _iterative_stats(stats, A, nr.init, nr.iters)

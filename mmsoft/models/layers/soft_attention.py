@@ -23,6 +23,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from mmsoft.registry import ATTENTIONS
+from .amp import autocast_off
 from .attention_base import AttentionBase
 from .checks import check_int
 from .gaussian_kernel import gaussian_kernel
@@ -56,7 +57,7 @@ def bottleneck_inverse(A: torch.Tensor,
     A_inv = _nr(nr, attn_norm).inverse(A)
     if not attn_norm:
         return A_inv
-    with torch.autocast(device_type=A.device.type, enabled=False):
+    with autocast_off(A.device.type):
         d = A.to(A_inv.dtype).sum(-1).rsqrt()  # entries of A are in (0, 1]
         return d.unsqueeze(-1) * A_inv * d.unsqueeze(-2)
 
@@ -79,7 +80,7 @@ def bottleneck_apply(A: torch.Tensor,
     nr = _nr(nr, attn_norm)
     if not attn_norm:
         return nr.apply(A, W, nr_stats)
-    with torch.autocast(device_type=A.device.type, enabled=False):
+    with autocast_off(A.device.type):
         dtype = torch.float64 if A.dtype == torch.float64 else torch.float32
         d = A.to(dtype).sum(-1, keepdim=True).rsqrt()  # entries in (0, 1]
         return d * nr.apply(A, d * W.to(dtype), nr_stats)
@@ -102,7 +103,7 @@ def soft_attention(q: torch.Tensor,
     """
     P = gaussian_kernel(q, landmarks)  # (B, h, n, m)
     A = gaussian_kernel(landmarks, landmarks)  # (B, h, m, m)
-    with torch.autocast(device_type=v.device.type, enabled=False):
+    with autocast_off(v.device.type):
         PtV = torch.matmul(P.transpose(-1, -2), v.to(P.dtype))  # (B,h,m,d)
         Z = bottleneck_apply(A, PtV, attn_norm, nr, nr_stats)
         out = torch.matmul(P, Z)

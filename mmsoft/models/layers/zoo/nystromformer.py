@@ -19,6 +19,7 @@ from typing import Optional, Tuple
 import torch
 
 from mmsoft.registry import ATTENTIONS
+from ..amp import autocast_off
 from ..grid import reduce_map
 from .common import ZooAttention
 
@@ -93,7 +94,7 @@ class NystromformerAttention(ZooAttention):
         F_ = (q @ kl.transpose(-1, -2) * s).softmax(-1)
         A = (ql @ kl.transpose(-1, -2) * s).softmax(-1)
         B_ = (ql @ k.transpose(-1, -2) * s).softmax(-1)
-        with torch.autocast(device_type=x.device.type, enabled=False):
+        with autocast_off(x.device.type):
             if self.pinv == 'exact':
                 dtype = torch.float64 if A.dtype == torch.float64 \
                     else torch.float32
@@ -106,7 +107,7 @@ class NystromformerAttention(ZooAttention):
         F_, A_inv, B_ = self._kernels(x, hw)
         vt = self.v(x)
         v = self._split(vt)
-        with torch.autocast(device_type=x.device.type, enabled=False):
+        with autocast_off(x.device.type):
             dt = A_inv.dtype
             out = F_.to(dt) @ (A_inv @ (B_.to(dt) @ v.to(dt)))
         return out.to(v.dtype), vt

@@ -1,0 +1,417 @@
+"""Device- and precision-agnostic SOFT, proved without a GPU.
+
+* Mixed precision: forward + backward of the SOFT backbone, of a RetinaNet
+  and of an UperNet with SOFT (the demo configs' models, at 64 x 64) under
+  ``torch.autocast(device, dtype=bfloat16 / float16)`` are finite and close
+  to float32: relative L2 error ``||amp - fp32|| / ||fp32||`` of every
+  output (loss term) <= ``OUT_RTOL[dtype]`` and of all gradients together
+  <= ``GRAD_RTOL[dtype]``. Why these limits: autocast rounds the inputs of
+  every matmul / conv to the half type, unit roundoff 2^-9 = 2e-3 for
+  bfloat16 (8 significand bits) and 2^-12 = 2.4e-4 for float16 (11 bits);
+  the SOFT kernel and pseudo-inverse stay float32. Over the few layers the
+  outputs drift by ~10 roundoffs (measured: bfloat16 <= 1.7e-2, float16
+  <= 2.4e-3 -> limits 5e-2 and 1e-2). Gradients run back through every
+  layer; the weight gradient of a conv sums products of rounded values over
+  all positions with cancellation (the patch-embedding convs), and the
+  gradient of the values V passes A^+ (whose large entries cancel in
+  P A^+ P^T), so they drift more (measured: bfloat16 0.05-0.14, float16
+  0.007-0.10 -> limits 0.3 and 0.2; a wrong or missing gradient is off by
+  ~1). The
+  comparison runs in eval mode: with BatchNorm batch statistics the
+  weight gradient of a conv followed by BN is the small remainder of a
+  projection, and its relative error at random init (0.3-0.8 measured)
+  says nothing about SOFT; train mode is checked for finite values.
+  float16 scales the loss by ``LOSS_SCALE`` as AMP does (gradients below
+  6e-8 would flush to zero).
+* Every tensor the model creates follows the input's device and dtype:
+  a forward + backward on the ``meta`` device records every op (a
+  ``TorchDispatchMode``) whose result is on another device (e.g. a
+  ``torch.zeros(n)`` without ``device=``, which lands on the CPU); with a
+  float64 model and input, every floating result of every op is float64.
+* The Gaussian kernel and the Newton-Raphson iterations run in float32
+  with autocast disabled inside an autocast region (bf16 and fp16): spies
+  on their autograd Functions record the dtypes they see and produce.
+
+The ``device`` fixture (``tests/conftest.py``) runs the device-parametrized
+tests on ``cpu`` and, where available, ``cuda`` (``MMSOFT_TEST_DEVICE=cuda``:
+cuda only).
+"""
+import importlib
+import os.path as osp
+
+import pytest
+import torch
+from conftest import CONFIGS, random_model, tiny_arch
+from mmengine.config import Config
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_leaves
+
+from mmsoft.models import SOFT
+from mmsoft.models.layers import NRConfig, SOFTAttention
+
+pytestmark = pytest.mark.usefixtures('one_thread')
+
+HALF = (torch.bfloat16, torch.float16)
+#: relative L2 error limits vs float32 (see the module docstring)
+OUT_RTOL = {torch.bfloat16: 5e-2, torch.float16: 1e-2}
+GRAD_RTOL = {torch.bfloat16: 0.3, torch.float16: 0.2}
+SIZE = 64
+LOSS_SCALE = 2.0**12
+
+# the modules (``mmsoft.models.layers`` re-exports functions of the same
+# names, so ``import ... as`` would give the functions)
+KERNEL = importlib.import_module('mmsoft.models.layers.gaussian_kernel')
+PINV = importlib.import_module('mmsoft.models.layers.pinv')
+
+
+def dtype_id(dtype):
+    return str(dtype).replace('torch.', '')
+
+
+def backbone(**attn):
+    """A tiny SOFT; ``attn``: its ``attn_cfg`` (default type SOFT)."""
+    torch.manual_seed(0)
+    model = SOFT(
+        arch=tiny_arch(sampling_ratios=[4, 2, 2, 1]),
+        attn_cfg=dict(dict(type='SOFTAttention'), **attn))
+    model.init_weights()
+    return model
+
+
+# ------------------------------------------------------- mixed precision
+def rel_err(a, b):
+    a, b = a.detach().double(), b.detach().double()
+    return float((a - b).norm() / b.norm().clamp_min(1e-30))
+
+
+def forward_backward(model, loss_fn, device, dtype=None):
+    """(outputs, grads) of one forward + backward, under autocast with
+    ``dtype`` (None: float32); grads: {parameter name: grad}."""
+    model.zero_grad(set_to_none=True)
+    torch.manual_seed(0)  # the same dropout masks in both runs
+    with torch.autocast(
+            device, dtype=dtype or torch.float32, enabled=dtype is not None):
+        outs, loss = loss_fn(model)
+    # float16 AMP scales the loss (as GradScaler / AmpOptimWrapper do):
+    # small gradients would otherwise flush to zero in half precision
+    scale = LOSS_SCALE if dtype == torch.float16 else 1.0
+    (loss * scale).backward()
+    grads = {
+        n: p.grad.detach() / scale
+        for n, p in model.named_parameters() if p.grad is not None
+    }
+    return [o.detach() for o in outs], grads
+
+
+def assert_close_to_fp32(model, loss_fn, device, dtype):
+    """Finite in train mode; close to float32 in eval mode."""
+    model.train()
+    outs, grads = forward_backward(model, loss_fn, device, dtype)
+    assert all(torch.isfinite(o).all() for o in outs)
+    assert grads and all(torch.isfinite(g).all() for g in grads.values())
+    model.eval()
+    ref_outs, ref_grads = forward_backward(model, loss_fn, device)
+    outs, grads = forward_backward(model, loss_fn, device, dtype)
+    assert len(outs) == len(ref_outs) and outs
+    for i, (o, r) in enumerate(zip(outs, ref_outs)):
+        assert torch.isfinite(o).all(), f'output {i} not finite'
+        assert rel_err(o, r) <= OUT_RTOL[dtype], (i, rel_err(o, r))
+    assert grads.keys() == ref_grads.keys() and grads
+    bad = [n for n, g in grads.items() if not torch.isfinite(g).all()]
+    assert not bad, f'non-finite gradients: {bad[:5]}'
+    flat = torch.cat([grads[n].flatten().double() for n in ref_grads])
+    ref = torch.cat([g.flatten().double() for g in ref_grads.values()])
+    assert rel_err(flat, ref) <= GRAD_RTOL[dtype], rel_err(flat, ref)
+
+
+@pytest.mark.parametrize('dtype', HALF, ids=dtype_id)
+@pytest.mark.parametrize('attn_norm', [True, False])
+def test_backbone_autocast_close_to_fp32(device, dtype, attn_norm):
+    model = backbone(attn_norm=attn_norm).to(device)
+    g = torch.Generator().manual_seed(1)
+    x = torch.randn(2, 3, SIZE, SIZE, generator=g).to(device)
+    # a fixed random readout: every output element gets a gradient
+    w = [
+        torch.randn(2, c, SIZE // s, SIZE // s, generator=g).to(device)
+        for c, s in zip(model.out_channels, (4, 8, 16, 32))
+    ]
+
+    def loss_fn(m):
+        outs = m(x)
+        return outs, sum((o.float() * wi).mean() for o, wi in zip(outs, w))
+
+    assert_close_to_fp32(model, loss_fn, device, dtype)
+
+
+def demo_model(name, device):
+    cfg = Config.fromfile(osp.join(CONFIGS, 'demo', name + '.py'))
+    if 'size' in cfg.model.data_preprocessor:
+        cfg.model.data_preprocessor.size = (SIZE, SIZE)
+    torch.manual_seed(0)
+    return random_model(cfg).to(device).train()
+
+
+def det_batch(model):
+    from mmdet.testing import demo_mm_inputs
+    torch.manual_seed(0)
+    data = demo_mm_inputs(
+        batch_size=2,
+        image_shapes=[(3, SIZE, SIZE)] * 2,
+        num_items=[3, 3],
+        num_classes=3)
+    return model.data_preprocessor(data, True)
+
+
+def seg_batch(model):
+    from mmengine.structures import PixelData
+    from mmseg.structures import SegDataSample
+    g = torch.Generator().manual_seed(0)
+    inputs, samples = [], []
+    for _ in range(2):
+        inputs.append(
+            torch.randint(
+                0, 256, (3, SIZE, SIZE), generator=g, dtype=torch.uint8))
+        s = SegDataSample()
+        s.gt_sem_seg = PixelData(
+            data=torch.randint(
+                0, 4, (1, SIZE, SIZE), generator=g, dtype=torch.long))
+        s.set_metainfo(
+            dict(
+                img_shape=(SIZE, SIZE),
+                ori_shape=(SIZE, SIZE),
+                pad_shape=(SIZE, SIZE)))
+        samples.append(s)
+    return model.data_preprocessor(
+        dict(inputs=inputs, data_samples=samples), True)
+
+
+@pytest.mark.parametrize('dtype', HALF, ids=dtype_id)
+@pytest.mark.parametrize(
+    'name, batch', [('retinanet_soft_demo', det_batch),
+                    ('upernet_soft_demo', seg_batch)],
+    ids=['retinanet', 'upernet'])
+def test_detector_segmentor_autocast_close_to_fp32(device, dtype, name, batch):
+    """The loss (and each loss term) and all gradients of a RetinaNet /
+    UperNet with SOFT under autocast."""
+    model = demo_model(name, device)
+    data = batch(model)
+
+    def loss_fn(m):
+        losses = m(**data, mode='loss')
+        loss, log_vars = m.parse_losses(losses)
+        terms = [
+            v for k, v in sorted(log_vars.items())
+            if 'loss' in k and k != 'loss'
+        ]
+        return [loss.detach().float().reshape(1)] + [
+            torch.as_tensor(float(t.detach())).reshape(1) for t in terms
+        ], loss
+
+    assert_close_to_fp32(model, loss_fn, device, dtype)
+
+
+# ------------------------------------- kernel and pseudo-inverse in fp32
+@pytest.fixture
+def spy(monkeypatch):
+    """[(what, input dtypes, output dtype, autocast on inside)] of every
+    call of the Gaussian kernel's and the NR iterations' Functions."""
+    calls = []
+
+    def wrap(cls, what):
+        forward = cls.forward
+
+        def spied(ctx, *args):
+            out = forward(ctx, *args)
+            tensors = [a for a in args if isinstance(a, torch.Tensor)]
+            dev = tensors[0].device.type
+            calls.append((what, [t.dtype for t in tensors], out.dtype,
+                          torch.is_autocast_enabled(dev)))
+            return out
+
+        monkeypatch.setattr(cls, 'forward', staticmethod(spied))
+
+    wrap(KERNEL.GaussianKernel, 'kernel')
+    wrap(PINV._NewtonFunction, 'pinv')
+    return calls
+
+
+@pytest.mark.parametrize('dtype', HALF, ids=dtype_id)
+@pytest.mark.parametrize('nr_method', ['iterative', 'spectral'])
+def test_kernel_and_pinv_run_in_fp32_under_autocast(device, spy, dtype,
+                                                    nr_method):
+    model = backbone(nr_method=nr_method).to(device)
+    x = torch.randn(2, 3, SIZE, SIZE, device=device)
+    with torch.autocast(device, dtype=dtype):
+        assert torch.is_autocast_enabled(device)
+        outs = model(x)
+        sum(o.float().mean() for o in outs).backward()
+    n_attn = sum(isinstance(m, SOFTAttention) for m in model.modules())
+    kinds = [w for w, *_ in spy]
+    # per SOFT attention (stages 1-3) the kernels P (n x m), A (m x m) and
+    # one inverse
+    assert kinds.count('pinv') == n_attn == 3
+    assert kinds.count('kernel') == 2 * n_attn
+    for what, ins, out, autocast_on in spy:
+        assert not autocast_on, f'{what} ran with autocast enabled'
+        assert ins and all(d == torch.float32 for d in ins), (what, ins)
+        assert out == torch.float32, (what, out)
+
+
+@pytest.mark.parametrize('dtype', HALF, ids=dtype_id)
+@pytest.mark.parametrize('method', ['iterative', 'spectral'])
+def test_pinv_alone_runs_in_fp32_under_autocast(device, spy, dtype, method):
+    """The pseudo-inverse leaves autocast by itself (not only inside the
+    attention, which disables it around it): half inputs, float32 result."""
+    lm = torch.randn(2, 3, 12, 8, device=device) / 8**.25
+    A = torch.exp(-torch.cdist(lm, lm)**2 / 2).to(dtype)
+    W = torch.randn(2, 3, 12, 8, device=device, dtype=dtype)
+    nr = NRConfig(method=method)
+    with torch.autocast(device, dtype=dtype):
+        Y, Z = nr.inverse(A), nr.apply(A, W)
+    assert Y.dtype == Z.dtype == torch.float32
+    assert torch.isfinite(Y).all() and torch.isfinite(Z).all()
+    assert [(w, out, on) for w, _, out, on in spy] == \
+        [('pinv', torch.float32, False)] * 2
+    torch.testing.assert_close(Z, Y @ W.float(), rtol=1e-4, atol=1e-4)
+
+
+# -------------------------------------- created tensors follow the input
+def off_meta(t):
+    return t.device.type != 'meta'
+
+
+def not_float64(t):
+    return t.is_floating_point() and t.dtype != torch.float64
+
+
+class OpRecorder(TorchDispatchMode):
+    """Records every op with a tensor result that fails ``bad(tensor)``."""
+
+    def __init__(self, bad):
+        super().__init__()
+        self.bad = bad
+        self.found = []
+        self.ops = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        self.ops += 1
+        for t in tree_leaves(out):
+            if isinstance(t, torch.Tensor) and self.bad(t):
+                self.found.append(f'{func} -> {t.device} {t.dtype}')
+        return out
+
+
+ATTN_VARIANTS = {
+    'norm': dict(),
+    'neurips': dict(attn_norm=False),
+    'spectral': dict(nr_method='spectral'),
+    'random': dict(sampling='random'),
+    'avgpool_ml': dict(sampling='avgpool', max_landmarks=4),
+    'exact_bw': dict(nr_method='spectral', nr_backward='exact'),
+    'exact_bw_iter': dict(nr_method='iterative', nr_backward='exact'),
+    # the attention zoo in the same backbone
+    **{
+        z: dict(type=z)
+        for z in ('softmax', 'linformer', 'performer', 'nystromformer', 'sima')
+    },
+}
+
+#: the exact spectral backward sizes a tensor by the data (the number of
+#: close eigenvalue pairs), which the meta device cannot know; it runs in
+#: the float64 and cuda checks
+META_VARIANTS = {k: v for k, v in ATTN_VARIANTS.items() if k != 'exact_bw'}
+
+
+def run_recorded(model, x, bad, train):
+    model.train(train)
+    x.requires_grad_(True)
+    with OpRecorder(bad) as rec:
+        outs = model(x)
+        sum(o.sum() for o in outs).backward()
+    assert rec.ops > 100  # the recorder saw the model
+    return outs, rec.found
+
+
+@pytest.mark.parametrize('train', [True, False], ids=['train', 'eval'])
+@pytest.mark.parametrize('attn', META_VARIANTS.values(), ids=META_VARIANTS)
+def test_creates_tensors_only_on_the_input_device(attn, train):
+    """On ``meta``, a tensor created without ``device=`` lands elsewhere."""
+    model = backbone(**attn).to('meta')
+    x = torch.empty(2, 3, SIZE, SIZE, device='meta')
+    outs, found = run_recorded(model, x, off_meta, train)
+    assert not found, found[:10]
+    assert all(o.device.type == 'meta' for o in outs)
+    assert x.grad is not None and x.grad.device.type == 'meta'
+    assert all(p.grad.device.type == 'meta' for p in model.parameters()
+               if p.grad is not None)
+
+
+@pytest.mark.parametrize('attn', META_VARIANTS.values(), ids=META_VARIANTS)
+def test_attention_rows_created_on_the_input_device(attn):
+    """``attention_row`` (the visualisation path, e.g. Linformer spreading
+    its reduced row back onto the tokens) on ``meta`` too."""
+    from mmsoft.models.layers import build_attention
+    torch.manual_seed(0)
+    module = build_attention(
+        dict(dict(type='SOFTAttention'), **attn),
+        embed_dims=16,
+        num_heads=2,
+        sampling_ratio=2).to('meta').eval()
+    x = torch.empty(2, 64, 16, device='meta')
+    with OpRecorder(off_meta) as rec:
+        row = module.attention_row(x, (8, 8), 5)
+    assert not rec.found, rec.found[:10]
+    assert row.device.type == 'meta' and row.shape == (2, 2, 64)
+
+
+@pytest.mark.parametrize('attn', ATTN_VARIANTS.values(), ids=ATTN_VARIANTS)
+def test_creates_tensors_only_on_the_input_device_cuda(device, attn):
+    """The same check for real on a GPU (skipped on the CPU: a CPU tensor
+    cannot be told from one created without ``device=``)."""
+    if device == 'cpu':
+        pytest.skip('the meta-device test covers the CPU')
+    model = backbone(**attn).to(device)
+    x = torch.randn(2, 3, SIZE, SIZE, device=device)
+    _, found = run_recorded(model, x,
+                            lambda t: t.device.type != device and t.dim() > 0,
+                            True)
+    assert not found, found[:10]
+
+
+@pytest.mark.parametrize('attn', ATTN_VARIANTS.values(), ids=ATTN_VARIANTS)
+def test_float64_model_computes_in_float64(device, attn):
+    """Every floating tensor of a float64 forward + backward is float64
+    (no float32 default dtype slips in, e.g. from ``torch.arange``)."""
+    model = backbone(**attn).to(device, torch.float64)
+    x = torch.randn(2, 3, SIZE, SIZE, device=device, dtype=torch.float64)
+    outs, found = run_recorded(model, x, not_float64, True)
+    assert not found, found[:10]
+    assert all(o.dtype == torch.float64 for o in outs)
+    assert all(p.grad.dtype == torch.float64 for p in model.parameters()
+               if p.grad is not None)
+
+
+def test_recorder_catches_a_foreign_tensor():
+    """The recorder itself: a CPU ``zeros`` among meta tensors, a float32
+    ``arange`` among float64 ones."""
+    x = torch.empty(3, device='meta')
+    with OpRecorder(off_meta) as rec:
+        x + torch.zeros(()) + x
+    assert any('zeros' in f for f in rec.found)
+    y = torch.ones(3, dtype=torch.float64)
+    with OpRecorder(not_float64) as rec:
+        y * 0.5**torch.arange(3)
+    assert any('pow' in f for f in rec.found)
+
+
+def test_device_fixture_params(monkeypatch):
+    import conftest
+    monkeypatch.delenv('MMSOFT_TEST_DEVICE', raising=False)
+    assert conftest.device_types() == ['cpu'] + (
+        ['cuda'] if torch.cuda.is_available() else [])
+    monkeypatch.setenv('MMSOFT_TEST_DEVICE', 'cuda')
+    assert conftest.device_types() == ['cuda']
+    monkeypatch.setenv('MMSOFT_TEST_DEVICE', 'tpu')
+    with pytest.raises(ValueError, match='use cpu or cuda'):
+        conftest.device_types()
