@@ -22,6 +22,7 @@ def backbone():
     torch.manual_seed(0)
     model = SOFT(arch=tiny_arch()).eval()
     dynamo.reset()
+    dynamo.utils.counters.clear()
     yield model
     dynamo.reset()
 
@@ -43,20 +44,16 @@ def rel_err(got, ref):
 
 
 def test_inductor_matches_eager_in_one_graph(backbone):
+    import torch._inductor.config as inductor_config
     from torch._inductor.compile_fx import compile_fx
-    explained = dynamo.explain(backbone)(torch.randn(2, 3, 64, 64))
-    assert explained.graph_break_count == 0, [
-        r.reason.splitlines()[0] for r in explained.break_reasons
-    ]
-    assert explained.graph_count == 1
-    dynamo.reset()
     calls = []
     compiled = torch.compile(
         backbone, backend=counting_backend(calls, compile_fx))
     x = torch.randn(2, 3, 64, 64)
-    with torch.no_grad():
+    # no worker pool (slow to start on a small machine)
+    with torch.no_grad(), inductor_config.patch(compile_threads=1):
         got, ref = compiled(x), backbone(x)
-    assert len(calls) == 1
+    assert len(calls) == 1, 'a graph break: see torch._dynamo.explain'
     assert len(got) == len(ref) == 4
     assert [g.shape for g in got] == [r.shape for r in ref]
     assert rel_err(got, ref) < 1e-5
