@@ -204,6 +204,12 @@ def train_step(path, name, precision, device, size):
     cfg = Config.fromfile(path)
     scope = launch.import_codebase(cfg)
     registry = importlib.import_module(f'{scope}.registry').MODELS
+    # as the Runner does: the top-level data_preprocessor of the config
+    cfg.model.setdefault('data_preprocessor', cfg.get('data_preprocessor'))
+    pre = cfg.model.data_preprocessor
+    if scope == 'mmpretrain' and pre is not None and \
+            'num_classes' not in pre:  # the mixup/cutmix one-hot labels
+        pre.num_classes = cfg.model.head.num_classes
     torch.manual_seed(0)
     with DefaultScope.overwrite_default_scope(scope):
         model = revert_sync_batchnorm(registry.build(cfg.model))
