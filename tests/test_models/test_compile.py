@@ -101,6 +101,8 @@ def test_train_tool_compile_switch(tmp_path, capsys):
         'test_dataloader = val_dataloader\n'
         'train_cfg = dict(max_epochs=1, val_interval=1)\n'
         'param_scheduler = []\n'
+        "optim_wrapper = dict(optimizer=dict(_delete_=True, type='SGD', "
+        'lr=0.01, weight_decay=1e-4))\n'
         'default_hooks = dict(logger=dict(interval=1), '
         'checkpoint=dict(interval=1))\n')
     work = tmp_path / 'work'

@@ -242,7 +242,7 @@ def train_step(path, name, precision, device, size):
         raise RuntimeError(f'non-finite loss or gradients (loss {loss:.4g})')
     if not grads:
         raise RuntimeError('no gradients')
-    return float(loss), ms
+    return float(loss.detach()), ms
 
 
 def run_training_steps(report, configs, precisions, device, size):
