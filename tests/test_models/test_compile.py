@@ -1,8 +1,9 @@
 """``torch.compile`` of the SOFT backbone on CPU.
 
-* Dynamo traces the whole backbone as one graph (no graph break: the
-  custom autograd Functions of the Gaussian kernel and the NR inverse are
-  traced), and inductor's code matches eager within 1e-5 (relative);
+* Dynamo traces the whole backbone as one graph, in inference and with
+  autograd (no graph break: the custom autograd Functions of the Gaussian
+  kernel and the NR inverse are traced), and inductor's code matches eager
+  within 1e-5 (relative);
 * with the batch dim marked dynamic, batch sizes 2 and 3 share one graph;
   batch 1 gets one more (PyTorch's conv2d shape rule guards ``batch <= 1``,
   the 0/1 specialisation of the framework, not mmsoft code), and running
@@ -57,6 +58,25 @@ def test_inductor_matches_eager_in_one_graph(backbone):
     assert len(got) == len(ref) == 4
     assert [g.shape for g in got] == [r.shape for r in ref]
     assert rel_err(got, ref) < 1e-5
+
+
+def test_training_forward_is_one_graph(backbone):
+    """With autograd on (training), the custom Functions are traced too
+    (Dynamo breaks the graph at a Function given one tensor twice), and
+    the gradients match eager."""
+    calls = []
+    backbone.train()
+    compiled = torch.compile(backbone, backend=counting_backend(calls))
+    x = torch.randn(2, 3, 64, 64)
+    sum(o.mean() for o in compiled(x)).backward()
+    assert len(calls) == 1, f'{len(calls)} graphs: a graph break'
+    got = {n: p.grad.clone() for n, p in backbone.named_parameters()}
+    backbone.zero_grad()
+    sum(o.mean() for o in backbone(x)).backward()
+    for n, p in backbone.named_parameters():
+        err = (got[n] - p.grad).abs().max() / p.grad.abs().max().clamp_min(
+            1e-12)
+        assert err < 1e-5, n
 
 
 def test_no_recompile_across_batch_sizes(backbone):
