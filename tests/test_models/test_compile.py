@@ -40,8 +40,8 @@ def counting_backend(calls, inner=None):
 
 
 def rel_err(got, ref):
-    return max(((g - r).abs().max() / r.abs().max()).item()
-               for g, r in zip(got, ref))
+    return max(
+        ((g - r).abs().max() / r.abs().max()).item() for g, r in zip(got, ref))
 
 
 def test_inductor_matches_eager_in_one_graph(backbone):
@@ -74,8 +74,8 @@ def test_training_forward_is_one_graph(backbone):
     backbone.zero_grad()
     sum(o.mean() for o in backbone(x)).backward()
     for n, p in backbone.named_parameters():
-        err = (got[n] - p.grad).abs().max() / p.grad.abs().max().clamp_min(
-            1e-12)
+        err = (got[n] -
+               p.grad).abs().max() / p.grad.abs().max().clamp_min(1e-12)
         assert err < 1e-5, n
 
 

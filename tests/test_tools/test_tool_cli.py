@@ -272,8 +272,8 @@ def test_benchmark_compile_smoke(tmp_path, capsys):
     with open(tmp_path / 'benchmark_compile.csv') as f:
         written = list(csv.DictReader(f))
     assert [w['mode'] for w in written] == ['forward', 'train']
-    assert (tmp_path / 'benchmark_compile.md').read_text().count(
-        '| 64x64 | 2 |') == 2
+    assert (tmp_path /
+            'benchmark_compile.md').read_text().count('| 64x64 | 2 |') == 2
 
 
 def test_gpu_check_smoke(tmp_path, capsys):
@@ -293,8 +293,10 @@ def test_gpu_check_smoke(tmp_path, capsys):
     assert 'FAIL' not in md and '**all checks passed**' in md
     with open(tmp_path / 'gpu_check.csv') as f:
         rows = list(csv.DictReader(f))
-    nr = [r for r in rows if r['section'] == 'NR methods'
-          and r['metric'] == 'max rel diff']
+    nr = [
+        r for r in rows
+        if r['section'] == 'NR methods' and r['metric'] == 'max rel diff'
+    ]
     assert nr and all(float(r['value']) < 1e-3 for r in nr)
     ratio = [r for r in rows if r['metric'] == 'SOFT / softmax']
     assert len(ratio) == 1 and float(ratio[0]['value']) > 0

@@ -138,8 +138,7 @@ def run_one(args, h, w, batch, mode, device):
     torch._dynamo.reset()
     model = copy.deepcopy(base)
     compiled = torch.compile(model, backend=args.backend)
-    first, comp_ms = timed(
-        make_step(compiled, x, mode), args.repeats, device)
+    first, comp_ms = timed(make_step(compiled, x, mode), args.repeats, device)
     torch._dynamo.reset()
     return dict(
         size=f'{h}x{w}',

@@ -84,8 +84,9 @@ def parse_args(argv=None):
 def configs_dir():
     from mmsoft.utils.paths import import_root
     root = import_root()
-    for d in (osp.join(root, 'configs'), osp.join(root, 'mmsoft', '.mim',
-                                                  'configs')):
+    for d in (osp.join(root,
+                       'configs'), osp.join(root, 'mmsoft', '.mim',
+                                            'configs')):
         if osp.isdir(d):
             return d
     raise SystemExit('gpu_check: no configs/ folder found; run it from a '
@@ -112,8 +113,8 @@ def device_test_files(root):
     pat = re.compile(r'def test_\w+\([^)]*\bdevice\b')
     files = []
     for path in sorted(
-            glob.glob(osp.join(root, 'tests', '**', 'test_*.py'),
-                      recursive=True)):
+            glob.glob(
+                osp.join(root, 'tests', '**', 'test_*.py'), recursive=True)):
         with open(path) as f:
             if pat.search(f.read()):
                 files.append(path)
@@ -125,8 +126,13 @@ def run_device_tests(report):
     root = import_root()
     files = device_test_files(root)
     if not files:
-        report.add('device tests', 'pytest', 'files', 0, ok=False,
-                   note='no test takes the device fixture')
+        report.add(
+            'device tests',
+            'pytest',
+            'files',
+            0,
+            ok=False,
+            note='no test takes the device fixture')
         return
     env = dict(os.environ, MMSOFT_TEST_DEVICE='cuda')
     env['PYTHONPATH'] = os.pathsep.join(
@@ -259,8 +265,12 @@ def run_training_steps(report, configs, precisions, device, size):
                     ok=False,
                     note=f'{type(e).__name__}: {e}'.splitlines()[0][:200])
                 continue
-            report.add('training steps', f'{name} {precision}', 'loss',
-                       f'{loss:.4f}', note=f'{ms:.0f} ms')
+            report.add(
+                'training steps',
+                f'{name} {precision}',
+                'loss',
+                f'{loss:.4f}',
+                note=f'{ms:.0f} ms')
 
 
 # ------------------------------------------------------- 3. NR methods
@@ -308,7 +318,8 @@ def run_benchmark(models, sizes, repeats, device, out, modes=None):
 
     import benchmark
     argv = ['--models'] + models + ['--sizes'] + sizes + [
-        '--repeats', str(repeats), '--device', device, '--out', out
+        '--repeats',
+        str(repeats), '--device', device, '--out', out
     ]
     if modes:
         argv += ['--modes'] + modes
@@ -326,8 +337,7 @@ def run_backbones(report, models, sizes, repeats, device, out, modes=None):
     for r in rows:
         item = f'{r["model"]} {r["size"]} {MODE_NAMES[r["mode"]]}'
         report.add('backbones', item, 'img/s', f'{float(r["img_per_s"]):.2f}')
-        report.add('backbones', item, 'peak MiB',
-                   f'{float(r["peak_mb"]):.0f}')
+        report.add('backbones', item, 'peak MiB', f'{float(r["peak_mb"]):.0f}')
     for m in models:
         for s in sizes:
             for mode in modes or MODE_NAMES:
@@ -341,18 +351,20 @@ def run_backbones(report, models, sizes, repeats, device, out, modes=None):
 
 
 def run_softmax(report, sizes, repeats, device, out, modes=None):
-    rows = run_benchmark(['soft_tiny', 'softmax_tiny'], sizes, repeats,
-                         device, out, modes)
-    ips = {(r['model'], r['size'], r['mode']): float(r['img_per_s'])
-           for r in rows}
+    rows = run_benchmark(['soft_tiny', 'softmax_tiny'], sizes, repeats, device,
+                         out, modes)
+    ips = {
+        (r['model'], r['size'], r['mode']): float(r['img_per_s'])
+        for r in rows
+    }
     for s in sizes:
         for mode in modes or MODE_NAMES:
             soft = ips.get(('soft_tiny', s, mode))
             softmax = ips.get(('softmax_tiny', s, mode))
             item = f'{s} {MODE_NAMES[mode]}'
             if soft is None or softmax is None:
-                report.add('SOFT vs softmax', item, 'ratio', 'failed',
-                           ok=False)
+                report.add(
+                    'SOFT vs softmax', item, 'ratio', 'failed', ok=False)
                 continue
             report.add('SOFT vs softmax', item, 'SOFT img/s', f'{soft:.2f}')
             report.add('SOFT vs softmax', item, 'softmax img/s',
@@ -395,8 +407,10 @@ class Report:
                 lines += [f'not run: {self.skipped[section]}', '']
             if not rows:
                 continue
-            lines += ['| item | metric | value | ok | note |', '|---|---|---|'
-                      '---|---|']
+            lines += [
+                '| item | metric | value | ok | note |', '|---|---|---|'
+                '---|---|'
+            ]
             for r in rows:
                 ok = 'yes' if r['ok'] else 'FAIL'
                 lines.append(f'| {r["item"]} | {r["metric"]} | {r["value"]} '
@@ -414,8 +428,13 @@ def guarded(report, section, fn, *args, **kwargs):
         fn(report, *args, **kwargs)
     except Exception as e:  # noqa: the report says what failed
         traceback.print_exc()
-        report.add(section, 'section', 'error', 'error', ok=False,
-                   note=f'{type(e).__name__}: {e}'.splitlines()[0][:200])
+        report.add(
+            section,
+            'section',
+            'error',
+            'error',
+            ok=False,
+            note=f'{type(e).__name__}: {e}'.splitlines()[0][:200])
 
 
 def main(argv=None):
@@ -450,8 +469,8 @@ def main(argv=None):
                     'them on the CPU)')
         guarded(report, 'training steps', run_training_steps, configs,
                 ('fp32', 'bf16'), device, 64)
-        guarded(report, 'NR methods', run_nr_methods, device,
-                [(2, 49, 32)], repeats)
+        guarded(report, 'NR methods', run_nr_methods, device, [(2, 49, 32)],
+                repeats)
         if args.smoke:
             report.skip('backbones', 'skipped by --smoke')
         else:
