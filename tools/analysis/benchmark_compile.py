@@ -164,17 +164,21 @@ def main(argv=None):
         torch.set_num_threads(args.threads)
     device = args.device or ('cuda' if torch.cuda.is_available() else 'cpu')
     rows = []
+    arch = 'smoke (tiny arch)' if args.smoke else args.arch
+    title = (f'# torch.compile vs eager: {arch}, {device}, backend '
+             f'{args.backend}, torch {torch.__version__}\n\n')
     for h, w, batch in args.sizes:
         for mode in args.modes:
             rows.append(run_one(args, h, w, batch, mode, device))
             print(markdown(rows[-1:]).splitlines()[-1], flush=True)
-    arch = 'smoke (tiny arch)' if args.smoke else args.arch
-    md = (f'# torch.compile vs eager: {arch}, {device}, backend '
-          f'{args.backend}, torch {torch.__version__}\n\n' + markdown(rows))
-    print(md)
-    utils.write_csv(
-        osp.join(args.out_dir, 'benchmark_compile.csv'), rows, list(FIELDS))
-    utils.write_text(osp.join(args.out_dir, 'benchmark_compile.md'), md)
+            # after every row (atomically): a run cut short keeps its rows
+            utils.write_csv(
+                osp.join(args.out_dir, 'benchmark_compile.csv'), rows,
+                list(FIELDS))
+            utils.write_text(
+                osp.join(args.out_dir, 'benchmark_compile.md'),
+                title + markdown(rows))
+    print(title + markdown(rows))
     print(f'wrote {args.out_dir}/benchmark_compile.{{csv,md}}')
     return rows
 
