@@ -4,7 +4,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 PYTEST_ARGS ?=
 
-.PHONY: env test demo lint clean-env
+.PHONY: env test demo lint gpu-check clean-env
 
 env:
 	bash tools/setup_env.sh
@@ -20,6 +20,11 @@ demo: env
 # flake8 + isort + yapf check (setup.cfg); FIX=1 make lint rewrites
 lint: env
 	bash tools/lint.sh
+
+# the CUDA checks (tests on cuda, fp32/fp16/bf16 steps of every config,
+# NR methods, backbone speed/memory); CPU subset without CUDA
+gpu-check: env
+	$(PY) tools/analysis/gpu_check.py $(GPU_CHECK_ARGS)
 
 clean-env:
 	rm -rf $(VENV)

@@ -38,9 +38,13 @@ INVOCATIONS = {
     'test_tools/test_tool_cli.py::test_benchmark_amp_smoke_table',
     'analysis/benchmark_attention.py':
     'test_tools/test_tool_cli.py::test_benchmark_attention_tiny_run',
+    'analysis/benchmark_compile.py':
+    'test_tools/test_tool_cli.py::test_benchmark_compile_smoke',
     'analysis/get_flops.py':
     'test_tools/test_analysis/test_analysis_tools.py::'
     'test_get_flops_counts_attention_products_and_nr',
+    'analysis/gpu_check.py':
+    'test_tools/test_tool_cli.py::test_gpu_check_smoke',
     'analysis/memory_vs_length.py':
     'test_tools/test_analysis/test_analysis_tools.py::'
     'test_memory_vs_length_fixed_m_and_outputs',
@@ -347,3 +351,53 @@ def test_nr_backward_compare_train_demo(tmp_path, capsys):
         with open(dumped[0]) as f:
             text = f.read()
         assert f"nr_backward='{b}'" in text
+
+
+def test_benchmark_compile_smoke(tmp_path, capsys):
+    """--smoke: the tiny arch at 64x64, forward and train step, eager vs
+    compiled (the aot_eager backend: Dynamo + AOT autograd without
+    inductor's code generation, seconds on a small CPU)."""
+    tool = load_tool('analysis/benchmark_compile.py')
+    rows = tool.main(
+        ['--smoke', '--backend', 'aot_eager', '--out-dir',
+         str(tmp_path)])
+    assert [(r['size'], r['batch'], r['mode'])
+            for r in rows] == [('64x64', 2, 'forward'), ('64x64', 2, 'train')]
+    assert all(r['eager_ms'] > 0 and r['compiled_ms'] > 0 for r in rows)
+    assert all(r['speedup'] == round(r['eager_ms'] / r['compiled_ms'], 3)
+               for r in rows)
+    out = capsys.readouterr().out
+    assert ('| size | batch | mode | eager ms | compiled ms | speed-up | '
+            'compile s |') in out
+    assert '| 64x64 | 2 | train |' in out
+    with open(tmp_path / 'benchmark_compile.csv') as f:
+        written = list(csv.DictReader(f))
+    assert [w['mode'] for w in written] == ['forward', 'train']
+    assert (tmp_path /
+            'benchmark_compile.md').read_text().count('| 64x64 | 2 |') == 2
+
+
+def test_gpu_check_smoke(tmp_path, capsys):
+    """--smoke: the CPU subset (one config's fp32 and bf16 steps, the NR
+    methods, SOFT vs softmax at 64x64); the CUDA part is reported as not
+    run, exit code 0."""
+    tool = load_tool('analysis/gpu_check.py')
+    assert tool.main(['--smoke', '--out-dir', str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    assert 'CUDA part NOT run: ' in out
+    md = (tmp_path / 'gpu_check.md').read_text()
+    for section in tool.SECTIONS:
+        assert f'## {section}\n' in md, section
+    assert '| soft_norm_tiny_in1k fp32 | loss |' in md
+    assert '| soft_norm_tiny_in1k bf16 | loss |' in md
+    assert '| 64x64x1 inference | SOFT / softmax |' in md
+    assert 'FAIL' not in md and '**all checks passed**' in md
+    with open(tmp_path / 'gpu_check.csv') as f:
+        rows = list(csv.DictReader(f))
+    nr = [
+        r for r in rows
+        if r['section'] == 'NR methods' and r['metric'] == 'max rel diff'
+    ]
+    assert nr and all(float(r['value']) < 1e-3 for r in nr)
+    ratio = [r for r in rows if r['metric'] == 'SOFT / softmax']
+    assert len(ratio) == 1 and float(ratio[0]['value']) > 0

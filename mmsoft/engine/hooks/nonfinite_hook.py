@@ -228,7 +228,12 @@ class NonFiniteLossHook(Hook):
             ], hook._fmt(loss))
             return result
 
-        optim_wrapper.update_params = update_params
+        # with the config's ``compile`` switch (MMEngine compiles
+        # ``train_step``) the checks (``.item()``) and the optimizer step
+        # run eagerly: Dynamo cannot trace this wrapper's optimizer step
+        # (an internal error on ``param_groups``); the model's forward and
+        # backward stay compiled
+        optim_wrapper.update_params = _dynamo_disable(update_params)
         optim_wrapper._nonfinite_guarded = True
 
     # ------------------------------------------------------------ hooks
@@ -276,6 +281,13 @@ class NonFiniteLossHook(Hook):
                f'enable gradient clipping (optim_wrapper.clip_grad).')
         runner.logger.error(msg)
         raise NonFiniteLossError(msg)
+
+
+def _dynamo_disable(fn):
+    """``fn`` run eagerly inside ``torch.compile`` d code (unchanged
+    outside it)."""
+    disable = getattr(getattr(torch, '_dynamo', None), 'disable', None)
+    return fn if disable is None else functools.wraps(fn)(disable(fn))
 
 
 def add_nonfinite_hook(cfg) -> bool:

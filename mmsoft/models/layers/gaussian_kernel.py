@@ -104,5 +104,8 @@ def gaussian_kernel(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
             return export_ops.gaussian_kernel(
                 x.to(dtype), y.to(dtype), self_kernel)
         y = y.to(dtype)
+        # the self-kernel passes a view of y as x: the same values and the
+        # same gradient (both inputs' gradients reach y), and torch.compile
+        # traces it (Dynamo refuses one tensor given twice to a Function)
         return GaussianKernel.apply(
-            y if self_kernel else x.to(dtype), y, self_kernel)
+            y.view_as(y) if self_kernel else x.to(dtype), y, self_kernel)

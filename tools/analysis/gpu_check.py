@@ -1,0 +1,509 @@
+"""The CUDA checks of a fresh clone, in one command (``make gpu-check``).
+
+On a CUDA machine (after ``make env``) it runs, and reports on:
+
+1. ``device tests``: pytest of the device-parametrised tests (the test
+   files whose tests take the ``device`` fixture) with
+   ``MMSOFT_TEST_DEVICE=cuda``;
+2. ``training steps``: one fp32, one fp16-AMP and one bf16-AMP training
+   step of every shipped config (``configs/*.py``; the model built from the
+   config with mmengine ``Config`` + its codebase's registry, random
+   weights, a tiny batch): finite loss and gradients, time;
+3. ``NR methods``: the iterative and spectral Newton-Raphson paths
+   (``attn_cfg.nr_method``) on the same bottleneck matrices: relative
+   difference of A_T W and time of each;
+4. ``backbones``: SOFT-Tiny/Small(-Norm) vs PVTv2-b1/b2 and Swin-T img/s and
+   peak memory, inference and training step, at 224 batch 64 and 800x1216
+   batch 2 (``benchmark.py``);
+5. ``SOFT vs softmax``: SOFT-Tiny vs the softmax attention in the same
+   architecture, train / inference img/s and their ratio (the paper's
+   Table 1).
+
+Writes ``<out-dir>/gpu_check.md`` (the report) and ``gpu_check.csv`` (one
+row per measurement) atomically; exits 1 if a check failed.
+
+Without CUDA it runs a CPU subset at tiny sizes (fp32 and bf16-autocast
+steps of the classification configs, the NR agreement, SOFT-Tiny vs
+softmax at 64x64), prints ``CUDA part NOT run: no CUDA device`` and exits 0
+when that subset passes. ``--smoke`` (the test): one config, tiny sizes,
+one repeat.
+
+    make gpu-check
+    python tools/analysis/gpu_check.py --out-dir work_dirs/gpu_check
+    python tools/analysis/gpu_check.py --smoke
+"""
+import glob
+import math
+import os
+import os.path as osp
+import re
+import subprocess
+import sys
+import time
+import traceback
+
+import utils
+
+NOT_RUN = 'CUDA part NOT run: '
+SECTIONS = ('device tests', 'training steps', 'NR methods', 'backbones',
+            'SOFT vs softmax')
+BACKBONES = [
+    'soft_tiny', 'soft_tiny_norm', 'soft_small', 'soft_small_norm', 'pvtv2_b1',
+    'pvtv2_b2', 'swin_t'
+]
+CUDA_SIZES = ['224x224x64', '800x1216x2']
+CPU_SIZES = ['64x64x1']
+#: where the shipped configs are: a checkout's configs/ or the installed
+#: mmsoft/.mim/configs
+DEFAULT_SMOKE_CONFIG = 'soft_norm_tiny_in1k'
+
+
+def parse_args(argv=None):
+    p = utils.make_parser(__doc__)
+    p.add_argument('--out-dir', default='work_dirs/gpu_check')
+    p.add_argument(
+        '--configs',
+        nargs='+',
+        default=None,
+        help='config names (stems of configs/*.py; default: all)')
+    p.add_argument('--repeats', type=int, default=3)
+    p.add_argument(
+        '--cpu',
+        action='store_true',
+        help='run the CPU subset even where CUDA is available')
+    p.add_argument(
+        '--smoke',
+        action='store_true',
+        help=f'CPU subset, {DEFAULT_SMOKE_CONFIG} only, one repeat')
+    args = p.parse_args(argv)
+    if args.repeats < 1:
+        p.error('--repeats must be >= 1')
+    return args
+
+
+def configs_dir():
+    from mmsoft.utils.paths import import_root
+    root = import_root()
+    for d in (osp.join(root,
+                       'configs'), osp.join(root, 'mmsoft', '.mim',
+                                            'configs')):
+        if osp.isdir(d):
+            return d
+    raise SystemExit('gpu_check: no configs/ folder found; run it from a '
+                     'checkout (or an install with mmsoft/.mim)')
+
+
+def shipped_configs(names=None):
+    folder = configs_dir()
+    found = {
+        osp.splitext(osp.basename(p))[0]: p
+        for p in sorted(glob.glob(osp.join(folder, '*.py')))
+    }
+    if names is None:
+        return found
+    missing = [n for n in names if n not in found]
+    if missing:
+        raise SystemExit(f'--configs: unknown {missing}; choose from '
+                         f'{sorted(found)}')
+    return {n: found[n] for n in names}
+
+
+# ----------------------------------------------------- 1. device tests
+def device_test_files(root):
+    pat = re.compile(r'def test_\w+\([^)]*\bdevice\b')
+    files = []
+    for path in sorted(
+            glob.glob(
+                osp.join(root, 'tests', '**', 'test_*.py'), recursive=True)):
+        with open(path) as f:
+            if pat.search(f.read()):
+                files.append(path)
+    return files
+
+
+def run_device_tests(report):
+    from mmsoft.utils.paths import import_root
+    root = import_root()
+    files = device_test_files(root)
+    if not files:
+        report.add(
+            'device tests',
+            'pytest',
+            'files',
+            0,
+            ok=False,
+            note='no test takes the device fixture')
+        return
+    env = dict(os.environ, MMSOFT_TEST_DEVICE='cuda')
+    env['PYTHONPATH'] = os.pathsep.join(
+        p for p in (root, env.get('PYTHONPATH')) if p)
+    t0 = time.time()
+    proc = subprocess.run(
+        [sys.executable, '-m', 'pytest', '-q', '-p', 'no:cacheprovider'] +
+        files,
+        cwd=root,
+        env=env,
+        capture_output=True,
+        text=True)
+    tail = (proc.stdout.strip().splitlines() or [''])[-1]
+    report.add(
+        'device tests',
+        'pytest',
+        'summary',
+        tail,
+        ok=proc.returncode == 0,
+        note=f'{len(files)} files, {time.time() - t0:.0f} s')
+
+
+# --------------------------------------------------- 2. training steps
+def make_batch(scope, name, size, batch_size=2):
+    """A tiny batch of ``scope``'s data samples (random pixels and
+    labels) for the config ``name``."""
+    import torch
+    g = torch.Generator().manual_seed(0)
+    inputs = [
+        torch.randint(0, 256, (3, size, size), generator=g, dtype=torch.uint8)
+        for _ in range(batch_size)
+    ]
+    if scope == 'mmpretrain':
+        from mmpretrain.structures import DataSample
+        samples = [DataSample().set_gt_label(i) for i in range(batch_size)]
+        return dict(inputs=inputs, data_samples=samples)
+    if scope == 'mmdet':
+        from mmdet.testing import demo_mm_inputs
+        return demo_mm_inputs(
+            batch_size=batch_size,
+            image_shapes=[(3, size, size)] * batch_size,
+            num_items=[3] * batch_size,
+            num_classes=80,
+            with_mask='mask' in name)
+    from mmengine.structures import PixelData
+    from mmseg.structures import SegDataSample
+    samples = []
+    for _ in range(batch_size):
+        s = SegDataSample()
+        s.gt_sem_seg = PixelData(
+            data=torch.randint(
+                0, 150, (1, size, size), generator=g, dtype=torch.long))
+        s.set_metainfo(
+            dict(
+                img_shape=(size, size),
+                ori_shape=(size, size),
+                pad_shape=(size, size),
+                scale_factor=(1.0, 1.0),
+                flip=False,
+                flip_direction=None))
+        samples.append(s)
+    return dict(inputs=inputs, data_samples=samples)
+
+
+def train_step(path, name, precision, device, size):
+    """One training step of the config's model; returns (loss, ms)."""
+    import importlib
+
+    import torch
+    from mmengine.config import Config
+    from mmengine.model import revert_sync_batchnorm
+    from mmengine.registry import DefaultScope
+
+    from mmsoft.tools_support import launch
+    cfg = Config.fromfile(path)
+    scope = launch.import_codebase(cfg)
+    registry = importlib.import_module(f'{scope}.registry').MODELS
+    # as the Runner does: the top-level data_preprocessor of the config
+    cfg.model.setdefault('data_preprocessor', cfg.get('data_preprocessor'))
+    pre = cfg.model.data_preprocessor
+    if scope == 'mmpretrain' and pre is not None and \
+            'num_classes' not in pre:  # the mixup/cutmix one-hot labels
+        pre.num_classes = cfg.model.head.num_classes
+    torch.manual_seed(0)
+    with DefaultScope.overwrite_default_scope(scope):
+        model = revert_sync_batchnorm(registry.build(cfg.model))
+        model.init_weights()
+        model.to(device).train()
+        params = [p for p in model.parameters() if p.requires_grad]
+        opt = torch.optim.SGD(params, lr=1e-4, momentum=0.9)
+        dtype = dict(fp16=torch.float16, bf16=torch.bfloat16).get(precision)
+        scaler = torch.amp.GradScaler(
+            device, enabled=precision == 'fp16' and device == 'cuda')
+        data = model.data_preprocessor(make_batch(scope, name, size), True)
+        utils._sync(device)
+        t0 = time.perf_counter()
+        with torch.autocast(
+                device_type=device,
+                dtype=dtype or torch.float32,
+                enabled=dtype is not None):
+            losses = model(**data, mode='loss')
+        loss, _ = model.parse_losses(losses)
+        scaler.scale(loss).backward()
+        scaler.unscale_(opt)
+        grads = [p.grad for p in params if p.grad is not None]
+        finite = bool(torch.isfinite(loss)) and all(
+            bool(torch.isfinite(g).all()) for g in grads)
+        scaler.step(opt)
+        scaler.update()
+        utils._sync(device)
+        ms = (time.perf_counter() - t0) * 1e3
+    if not finite:
+        raise RuntimeError(f'non-finite loss or gradients (loss {loss:.4g})')
+    if not grads:
+        raise RuntimeError('no gradients')
+    return float(loss.detach()), ms
+
+
+def run_training_steps(report, configs, precisions, device, size):
+    for name, path in configs.items():
+        for precision in precisions:
+            try:
+                loss, ms = train_step(path, name, precision, device, size)
+            except Exception as e:  # noqa: the report says what failed
+                report.add(
+                    'training steps',
+                    f'{name} {precision}',
+                    'loss',
+                    'error',
+                    ok=False,
+                    note=f'{type(e).__name__}: {e}'.splitlines()[0][:200])
+                continue
+            report.add(
+                'training steps',
+                f'{name} {precision}',
+                'loss',
+                f'{loss:.4f}',
+                note=f'{ms:.0f} ms')
+
+
+# ------------------------------------------------------- 3. NR methods
+def run_nr_methods(report, device, shapes, repeats):
+    import torch
+
+    from mmsoft.models.layers.gaussian_kernel import gaussian_kernel
+    from mmsoft.models.layers.pinv import NRConfig
+    for batch, m, d in shapes:
+        g = torch.Generator().manual_seed(0)
+        landmarks = torch.randn(batch, m, d, generator=g).to(device)
+        landmarks = landmarks * d**-0.25
+        A = gaussian_kernel(landmarks, landmarks)
+        W = torch.randn(batch, m, d, generator=g).to(device)
+        out, times = {}, {}
+        for method in ('iterative', 'spectral'):
+            nr = NRConfig(method=method)
+            nr.apply(A, W)  # warm-up
+            ts = []
+            for _ in range(repeats):
+                utils._sync(device)
+                t0 = time.perf_counter()
+                out[method] = nr.apply(A, W)
+                utils._sync(device)
+                ts.append((time.perf_counter() - t0) * 1e3)
+            times[method] = sorted(ts)[len(ts) // 2]
+        ref = out['iterative']
+        rel = float((out['spectral'] - ref).abs().max() / ref.abs().max())
+        item = f'B={batch} m={m} d={d}'
+        report.add(
+            'NR methods',
+            item,
+            'max rel diff',
+            f'{rel:.2e}',
+            ok=math.isfinite(rel) and rel < 1e-3)
+        for method in ('iterative', 'spectral'):
+            report.add('NR methods', item, f'{method} ms',
+                       f'{times[method]:.3f}')
+
+
+# ------------------------------------------- 4./5. backbones, softmax
+def run_benchmark(models, sizes, repeats, device, out, modes=None):
+    """benchmark.py's rows for ``models`` x ``sizes`` x modes."""
+    import csv
+
+    import benchmark
+    argv = ['--models'] + models + ['--sizes'] + sizes + [
+        '--repeats',
+        str(repeats), '--device', device, '--out', out
+    ]
+    if modes:
+        argv += ['--modes'] + modes
+    benchmark.main(argv)
+    with open(osp.join(out, 'results.csv')) as f:
+        return list(csv.DictReader(f))
+
+
+MODE_NAMES = dict(forward='inference', forward_backward='train')
+
+
+def run_backbones(report, models, sizes, repeats, device, out, modes=None):
+    rows = run_benchmark(models, sizes, repeats, device, out, modes)
+    got = {(r['model'], r['size'], r['mode']) for r in rows}
+    for r in rows:
+        item = f'{r["model"]} {r["size"]} {MODE_NAMES[r["mode"]]}'
+        report.add('backbones', item, 'img/s', f'{float(r["img_per_s"]):.2f}')
+        report.add('backbones', item, 'peak MiB', f'{float(r["peak_mb"]):.0f}')
+    for m in models:
+        for s in sizes:
+            for mode in modes or MODE_NAMES:
+                if (m, s, mode) not in got:
+                    report.add(
+                        'backbones',
+                        f'{m} {s} {MODE_NAMES[mode]}',
+                        'img/s',
+                        'failed',
+                        ok=False)
+
+
+def run_softmax(report, sizes, repeats, device, out, modes=None):
+    rows = run_benchmark(['soft_tiny', 'softmax_tiny'], sizes, repeats, device,
+                         out, modes)
+    ips = {
+        (r['model'], r['size'], r['mode']): float(r['img_per_s'])
+        for r in rows
+    }
+    for s in sizes:
+        for mode in modes or MODE_NAMES:
+            soft = ips.get(('soft_tiny', s, mode))
+            softmax = ips.get(('softmax_tiny', s, mode))
+            item = f'{s} {MODE_NAMES[mode]}'
+            if soft is None or softmax is None:
+                report.add(
+                    'SOFT vs softmax', item, 'ratio', 'failed', ok=False)
+                continue
+            report.add('SOFT vs softmax', item, 'SOFT img/s', f'{soft:.2f}')
+            report.add('SOFT vs softmax', item, 'softmax img/s',
+                       f'{softmax:.2f}')
+            report.add('SOFT vs softmax', item, 'SOFT / softmax',
+                       f'{soft / softmax:.2f}')
+
+
+# ------------------------------------------------------------ report
+class Report:
+    """Rows (section, item, metric, value, ok, note) and their markdown."""
+
+    def __init__(self):
+        self.rows = []
+        self.skipped = {}
+
+    def add(self, section, item, metric, value, ok=True, note=''):
+        self.rows.append(
+            dict(
+                section=section,
+                item=item,
+                metric=metric,
+                value=value,
+                ok=ok,
+                note=note))
+
+    def skip(self, section, why):
+        self.skipped[section] = why
+
+    @property
+    def failed(self):
+        return [r for r in self.rows if not r['ok']]
+
+    def markdown(self, title):
+        lines = [f'# {title}', '']
+        for section in SECTIONS:
+            lines += [f'## {section}', '']
+            rows = [r for r in self.rows if r['section'] == section]
+            if section in self.skipped:
+                lines += [f'not run: {self.skipped[section]}', '']
+            if not rows:
+                continue
+            lines += [
+                '| item | metric | value | ok | note |', '|---|---|---|'
+                '---|---|'
+            ]
+            for r in rows:
+                ok = 'yes' if r['ok'] else 'FAIL'
+                lines.append(f'| {r["item"]} | {r["metric"]} | {r["value"]} '
+                             f'| {ok} | {r["note"]} |')
+            lines.append('')
+        status = ('all checks passed' if not self.failed else
+                  f'{len(self.failed)} check(s) FAILED')
+        lines.append(f'**{status}**')
+        return '\n'.join(lines) + '\n'
+
+
+def guarded(report, section, fn, *args, **kwargs):
+    """Run one section; an exception becomes a failed row."""
+    try:
+        fn(report, *args, **kwargs)
+    except Exception as e:  # noqa: the report says what failed
+        traceback.print_exc()
+        report.add(
+            section,
+            'section',
+            'error',
+            'error',
+            ok=False,
+            note=f'{type(e).__name__}: {e}'.splitlines()[0][:200])
+
+
+def main(argv=None):
+    args = parse_args(argv)
+    import torch
+    cuda = torch.cuda.is_available() and not (args.cpu or args.smoke)
+    repeats = 1 if args.smoke else args.repeats
+    names = args.configs
+    if names is None and args.smoke:
+        names = [DEFAULT_SMOKE_CONFIG]
+    configs = shipped_configs(names)
+    if not cuda and names is None:
+        configs = {n: p for n, p in configs.items() if n.endswith('_in1k')}
+    bench_dir = osp.join(args.out_dir, 'benchmark')
+    report = Report()
+    t0 = time.time()
+    if cuda:
+        device = 'cuda'
+        guarded(report, 'device tests', run_device_tests)
+        guarded(report, 'training steps', run_training_steps, configs,
+                ('fp32', 'fp16', 'bf16'), device, 128)
+        guarded(report, 'NR methods', run_nr_methods, device,
+                [(64 * 2, 49, 64), (2, 196, 64), (2, 1024, 64)], repeats)
+        guarded(report, 'backbones', run_backbones, BACKBONES, CUDA_SIZES,
+                repeats, device, osp.join(bench_dir, 'backbones'))
+        guarded(report, 'SOFT vs softmax', run_softmax, CUDA_SIZES[:1],
+                repeats, device, osp.join(bench_dir, 'softmax'))
+        title = f'mmsoft GPU check: {torch.cuda.get_device_name()}'
+    else:
+        device = 'cpu'
+        report.skip('device tests', 'no CUDA device (the CPU suite runs '
+                    'them on the CPU)')
+        guarded(report, 'training steps', run_training_steps, configs,
+                ('fp32', 'bf16'), device, 64)
+        guarded(report, 'NR methods', run_nr_methods, device, [(2, 49, 32)],
+                repeats)
+        if args.smoke:
+            report.skip('backbones', 'skipped by --smoke')
+        else:
+            guarded(report, 'backbones', run_backbones,
+                    ['soft_tiny', 'pvtv2_b1'], CPU_SIZES, repeats, device,
+                    osp.join(bench_dir, 'backbones'))
+        guarded(
+            report,
+            'SOFT vs softmax',
+            run_softmax,
+            CPU_SIZES,
+            repeats,
+            device,
+            osp.join(bench_dir, 'softmax'),
+            modes=['forward'] if args.smoke else None)
+        title = 'mmsoft GPU check: CPU subset (no CUDA device)'
+    md = report.markdown(title)
+    md += f'\ntorch {torch.__version__}, {time.time() - t0:.0f} s\n'
+    not_run = ''
+    if not cuda:
+        not_run = NOT_RUN + ('no CUDA device' if not torch.cuda.is_available()
+                             else '--cpu or --smoke given')
+        md += f'\n{not_run}\n'
+    utils.write_text(osp.join(args.out_dir, 'gpu_check.md'), md)
+    utils.write_csv(
+        osp.join(args.out_dir, 'gpu_check.csv'), report.rows,
+        ['section', 'item', 'metric', 'value', 'ok', 'note'])
+    print(md)
+    print(f'wrote {args.out_dir}/gpu_check.{{md,csv}}')
+    if not_run:
+        print(not_run)
+    return 1 if report.failed else 0
+
+
+if __name__ == '__main__':
+    sys.exit(main())
