@@ -224,8 +224,12 @@ def train_step(path, name, precision, device, size):
         params = [p for p in model.parameters() if p.requires_grad]
         opt = torch.optim.SGD(params, lr=1e-4, momentum=0.9)
         dtype = dict(fp16=torch.float16, bf16=torch.bfloat16).get(precision)
+        # one step: no chance to back off from an overflowing default
+        # scale (2^16 would make the first fp16 step non-finite)
         scaler = torch.amp.GradScaler(
-            device, enabled=precision == 'fp16' and device == 'cuda')
+            device,
+            init_scale=2.**10,
+            enabled=precision == 'fp16' and device == 'cuda')
         data = model.data_preprocessor(make_batch(scope, name, size), True)
         utils._sync(device)
         t0 = time.perf_counter()
