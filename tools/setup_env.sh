@@ -9,6 +9,13 @@
 # is already there. The slow step is building mmcv 2.1.0 with its C++ ops from
 # the PyPI sdist (20-30 min on 2 cores); the built wheel is kept in
 # ${MMSOFT_CACHE:-~/.cache/mmsoft}/wheels so that a new venv reuses it.
+#
+# On a machine with an NVIDIA GPU (nvidia-smi present and torch sees CUDA)
+# mmcv's ops are built with their CUDA kernels (FORCE_CUDA=1, for the GPU
+# present unless TORCH_CUDA_ARCH_LIST is set; nvcc of torch's CUDA major
+# version needed): RoIAlign, NMS etc. of the two-stage detectors run on the
+# GPU. The CUDA wheel is cached in wheels/cuda. MMSOFT_MMCV_CUDA=0 / 1
+# forces the CPU-only / CUDA build.
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -98,7 +105,26 @@ except (PackageNotFoundError, TypeError, KeyError, ValueError):
     sys.exit(1)
 PYEOF
 }
-if [[ "${1:-}" != "--force-check" ]] && up_to_date; then
+# Build mmcv's CUDA kernels? Only where a GPU driver is present (cheap
+# test first, so that a CPU machine never imports torch here).
+want_cuda_ops() {
+    case "${MMSOFT_MMCV_CUDA:-auto}" in
+        0) return 1 ;;
+        1) return 0 ;;
+    esac
+    command -v nvidia-smi >/dev/null 2>&1 || return 1
+    "$PY" -c 'import sys, torch; sys.exit(0 if torch.cuda.is_available() else 1)' 2>/dev/null
+}
+# mmcv's compiled ops include the CUDA kernels ('not available': CPU only)
+mmcv_has_cuda_ops() {
+    "$PY" -c 'import sys; from mmcv.ops import get_compiling_cuda_version as v; sys.exit(0 if v() != "not available" else 1)' 2>/dev/null
+}
+cuda_ops_ok() {  # true unless CUDA ops are wanted and missing
+    command -v nvidia-smi >/dev/null 2>&1 || [[ "${MMSOFT_MMCV_CUDA:-auto}" == 1 ]] || return 0
+    [[ "${MMSOFT_MMCV_CUDA:-auto}" == 0 ]] && return 0
+    ! want_cuda_ops || mmcv_has_cuda_ops
+}
+if [[ "${1:-}" != "--force-check" ]] && up_to_date && cuda_ops_ok; then
     log "environment up to date ($VENV); nothing to do"
     exit 0
 fi
@@ -139,9 +165,16 @@ if ! have mmengine==0.10.7; then
 fi
 
 # ---------------------------------------------------------------- mmcv
-if ! have mmcv==$MMCV_VERSION || ! "$PY" -c 'import mmcv.ops' 2>/dev/null; then
-    mkdir -p "$WHEELS"
-    WHL="$(ls "$WHEELS"/mmcv-$MMCV_VERSION-*.whl 2>/dev/null | head -n1 || true)"
+MMCV_CUDA=0
+MMCV_WHEELS="$WHEELS"
+if want_cuda_ops; then
+    MMCV_CUDA=1
+    MMCV_WHEELS="$WHEELS/cuda"
+fi
+if ! have mmcv==$MMCV_VERSION || ! "$PY" -c 'import mmcv.ops' 2>/dev/null \
+        || { [[ $MMCV_CUDA == 1 ]] && ! mmcv_has_cuda_ops; }; then
+    mkdir -p "$MMCV_WHEELS"
+    WHL="$(ls "$MMCV_WHEELS"/mmcv-$MMCV_VERSION-*.whl 2>/dev/null | head -n1 || true)"
     if [[ -z "$WHL" ]]; then
         STEP="mmcv-download"
         BUILD="$CACHE/build"
@@ -156,11 +189,22 @@ if ! have mmcv==$MMCV_VERSION || ! "$PY" -c 'import mmcv.ops' 2>/dev/null; then
         grep -q -- '-std=c++20' "$SRC/setup.py"
         STEP="mmcv-build"
         NSRC=$(find "$SRC/mmcv/ops/csrc" -name '*.cpp' | grep -v -e '/cuda/' -e '/mlu/' -e '/npu/' -e '/mps/' -e '/musa/' -e '/parrots/' -e '/onnxruntime/' -e '/tensorrt/' | wc -l)
-        log "building mmcv $MMCV_VERSION with C++ ops (CPU): ~$NSRC sources, 20-30 min on 2 cores"
+        if [[ $MMCV_CUDA == 1 ]]; then
+            STEP="mmcv-cuda"
+            command -v nvcc >/dev/null 2>&1 || [[ -x "${CUDA_HOME:-/usr/local/cuda}/bin/nvcc" ]] || {
+                echo "a GPU is present but no nvcc: install the CUDA toolkit of torch's CUDA version, or MMSOFT_MMCV_CUDA=0 for CPU-only ops" >&2; false; }
+            ARCHS="${TORCH_CUDA_ARCH_LIST:-$("$PY" -c 'import torch; print(";".join(sorted({"%d.%d" % torch.cuda.get_device_capability(i) for i in range(torch.cuda.device_count())})))')}"
+            export TORCH_CUDA_ARCH_LIST="$ARCHS"
+            NSRC=$(( NSRC + $(find "$SRC/mmcv/ops/csrc" -path '*/cuda/*' -name '*.cu' | wc -l) ))
+            log "building mmcv $MMCV_VERSION with C++ and CUDA ops (arch $ARCHS): ~$NSRC sources"
+        else
+            log "building mmcv $MMCV_VERSION with C++ ops (CPU): ~$NSRC sources, 20-30 min on 2 cores"
+        fi
+        STEP="mmcv-build"
         log "  full compiler output: $CACHE/mmcv-build.log"
         (
             cd "$SRC"
-            MMCV_WITH_OPS=1 FORCE_CUDA=0 MAX_JOBS="${MAX_JOBS:-$(nproc)}" \
+            MMCV_WITH_OPS=1 FORCE_CUDA=$MMCV_CUDA MAX_JOBS="${MAX_JOBS:-$(nproc)}" \
                 "$PY" -m pip wheel -v --no-deps --no-build-isolation -w "$BUILD/dist" . \
                 >"$CACHE/mmcv-build.log" 2>&1
         ) &
@@ -172,15 +216,20 @@ if ! have mmcv==$MMCV_VERSION || ! "$PY" -c 'import mmcv.ops' 2>/dev/null; then
         done
         wait "$BPID"
         WHL_BUILT="$(ls "$BUILD"/dist/mmcv-$MMCV_VERSION-*.whl | head -n1)"
-        cp "$WHL_BUILT" "$WHEELS/.tmp.whl" && mv "$WHEELS/.tmp.whl" "$WHEELS/$(basename "$WHL_BUILT")"
-        WHL="$WHEELS/$(basename "$WHL_BUILT")"
+        cp "$WHL_BUILT" "$MMCV_WHEELS/.tmp.whl" && mv "$MMCV_WHEELS/.tmp.whl" "$MMCV_WHEELS/$(basename "$WHL_BUILT")"
+        WHL="$MMCV_WHEELS/$(basename "$WHL_BUILT")"
         rm -rf "$BUILD"
     else
         log "reusing the cached mmcv wheel $WHL"
     fi
     STEP="mmcv-install"
-    "${PIP[@]}" -q "$WHL"
+    if have mmcv==$MMCV_VERSION; then  # the same version, other ops
+        "${PIP[@]}" -q --force-reinstall --no-deps "$WHL"
+    else
+        "${PIP[@]}" -q "$WHL"
+    fi
     "$PY" -c 'import mmcv.ops'
+    [[ $MMCV_CUDA == 0 ]] || mmcv_has_cuda_ops
 fi
 
 # ---------------------------------------------------------------- downstream
