@@ -4,7 +4,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 PYTEST_ARGS ?=
 
-.PHONY: env test demo lint gpu-check clean-env
+.PHONY: env test demo lint gpu-check mutations clean-env
 
 env:
 	bash tools/setup_env.sh
@@ -25,6 +25,11 @@ lint: env
 # NR methods, backbone speed/memory); CPU subset without CUDA
 gpu-check: env
 	$(PY) tools/analysis/gpu_check.py $(GPU_CHECK_ARGS)
+
+# the mutation check: each deliberately broken implementation of
+# tests/mutation/mutations.py must make its tests fail (~10 min)
+mutations: env
+	$(PY) tests/mutation/run_mutations.py --python $(PY) $(MUTATIONS)
 
 clean-env:
 	rm -rf $(VENV)

@@ -18,11 +18,26 @@ def test_mmsoft_registry():
                                              ('mmdet', 'mmdet'),
                                              ('mmseg', 'mmseg')])
 @pytest.mark.parametrize('type_name', ['SOFT', 'mmsoft.SOFT'])
-def test_build_from_codebase_registry(codebase, scope, type_name):
+def test_build_from_codebase_registry(codebase, scope, type_name, monkeypatch):
+    """Built under the codebase's default scope, the attentions too
+    (mmsoft's ATTENTIONS registry), without mmengine's "Failed to search
+    registry with scope ..." warning (the attentions build in mmsoft's
+    scope)."""
+    import mmengine.logging as mm_logging
+    logged = []
+    real_print_log = mm_logging.print_log
+
+    def print_log(msg, *args, **kwargs):
+        logged.append(str(msg))
+        return real_print_log(msg, *args, **kwargs)
+
+    monkeypatch.setattr(mm_logging, 'print_log', print_log)
     registry = pytest.importorskip(f'{codebase}.registry')
     with DefaultScope.overwrite_default_scope(scope):
         model = registry.MODELS.build(dict(type=type_name, arch=TINY))
     assert isinstance(model, SOFT)
+    assert type(model.stages[0].blocks[0].attn).__name__ == 'SOFTAttention'
+    assert not [m for m in logged if 'Failed to search registry' in m]
 
 
 def test_custom_imports_in_config(tmp_path):

@@ -328,9 +328,34 @@ def test_benchmark_onnx_tiny_run(tmp_path, capsys, replaced):
         assert float(cells[6]) < 1e-4  # max rel. err, onnxruntime vs torch
 
 
-def test_nr_backward_compare_train_demo(tmp_path, capsys):
+def test_nr_backward_compare_train_demo(tmp_path, capsys, monkeypatch):
     """--train-demo trains the demo detector with both backward passes
-    (the option reaches the backbone's attn_cfg); --smoke keeps it small."""
+    (the option reaches the backbone's attn_cfg); --smoke keeps it small.
+
+    The smoke run is too short for a non-zero mAP, so the real training
+    and COCO evaluation run and are checked (both mAP keys from mmdet's
+    evaluator), then their metrics are replaced by distinct known values
+    on the way back: the table must carry each value in its column and
+    row (a swapped or misread column shows)."""
+    from mmsoft.tools_support import demo_tasks
+    tasks = demo_tasks()
+    real_run_task, calls = tasks.run_task, []
+
+    def run_task(*args, **kwargs):
+        res = real_run_task(*args, **kwargs)
+        m = res['metrics']
+        assert 0 <= m['coco/bbox_mAP'] <= m['coco/bbox_mAP_50'] <= 1, m
+        k = len(calls)
+        calls.append(
+            dict(
+                res,
+                metrics={
+                    'coco/bbox_mAP': 0.125 + k / 8,
+                    'coco/bbox_mAP_50': 0.5 + k / 8
+                }))
+        return calls[-1]
+
+    monkeypatch.setattr(tasks, 'run_task', run_task)
     tool = load_tool('analysis/nr_backward_compare.py')
     work = tmp_path / 'work'
     rows = tool.main([
@@ -339,8 +364,10 @@ def test_nr_backward_compare_train_demo(tmp_path, capsys):
         str(work)
     ])
     assert [r[0] for r in rows] == ['eq16', 'exact']
-    # COCO: the mean over IoU 0.5:0.95 is at most the AP at IoU 0.5
-    assert all(r[1] <= r[2] and r[3] > 0 for r in rows), rows
+    assert rows == [(b, c['metrics']['coco/bbox_mAP'],
+                     c['metrics']['coco/bbox_mAP_50'], c['train_s'])
+                    for b, c in zip(('eq16', 'exact'), calls)]
+    assert all(r[3] > 0 for r in rows), rows
     out = capsys.readouterr().out
     for b, ap, ap50, t in rows:  # the printed table is the returned rows
         assert f'| {b} | {ap:.3f} | {ap50:.3f} | {t:.0f} |' in out

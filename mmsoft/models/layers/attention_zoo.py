@@ -59,7 +59,10 @@ def build_attention(cfg: dict, **stage_args) -> nn.Module:
         raise ValueError(
             f'attn_cfg sets {fixed}, which the SOFT stage fixes (from arch '
             f'and qkv_bias); remove them from attn_cfg')
-    return ATTENTIONS.build(dict(cfg), default_args=stage_args)
+    # in mmsoft's scope: the ATTENTIONS registry has no mmdet / mmseg /
+    # mmpretrain child, and mmengine warns when the default scope is theirs
+    return ATTENTIONS.build(
+        dict(cfg, _scope_='mmsoft'), default_args=stage_args)
 
 
 def attention_types() -> List[str]:

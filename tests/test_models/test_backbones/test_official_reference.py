@@ -72,23 +72,26 @@ def classifier(arch, state_dict, attn_norm, dtype, **attn_options):
     """The converted weights, loaded strictly into an ImageClassifier
     (``attn_options``: more SOFT-attention options)."""
     pytest.importorskip('mmpretrain')
+    from mmengine.registry import DefaultScope
     from mmpretrain.registry import MODELS
-    model = MODELS.build(
-        dict(
-            type='ImageClassifier',
-            backbone=dict(
-                type='mmsoft.SOFT',
-                arch=arch_for_mmsoft(arch),
-                attn_cfg=dict(
-                    type='SOFTAttention', attn_norm=attn_norm, **attn_options),
-                out_indices=(3, ),
-                out_type='cls_token',
-                pretrain_img_size=arch['pretrain_img_size']),
-            neck=None,
-            head=dict(
-                type='LinearClsHead',
-                num_classes=arch['num_classes'],
-                in_channels=arch['embed_dims'][-1])))
+    cfg = dict(
+        type='ImageClassifier',
+        backbone=dict(
+            type='mmsoft.SOFT',
+            arch=arch_for_mmsoft(arch),
+            attn_cfg=dict(
+                type='SOFTAttention', attn_norm=attn_norm, **attn_options),
+            out_indices=(3, ),
+            out_type='cls_token',
+            pretrain_img_size=arch['pretrain_img_size']),
+        neck=None,
+        head=dict(
+            type='LinearClsHead',
+            num_classes=arch['num_classes'],
+            in_channels=arch['embed_dims'][-1]))
+    # in mmpretrain's scope, whatever ran before (mmdet's tools leave theirs)
+    with DefaultScope.overwrite_default_scope('mmpretrain'):
+        model = MODELS.build(cfg)
     model.to(dtype)
     result = model.load_state_dict(state_dict, strict=True)
     assert not result.missing_keys and not result.unexpected_keys

@@ -1,0 +1,336 @@
+"""Deliberately broken implementations that the test suite must catch.
+
+Issue 20 ("tests that can fail"): each fixed test is shown to fail on a
+deliberately broken implementation (swap, drop or perturb what it guards);
+issue 22: the device / precision / compile tests fail on a device-unsafe
+change. Each :class:`Mutation` is one realistic bug, a text replacement in
+one file, and the tests that must fail on it.
+``tests/mutation/run_mutations.py`` applies them one at a time to a copy of
+the checkout and runs those tests (not collected by pytest: no ``test_``
+prefix).
+
+Fields: ``name`` (short id), ``what`` (what is broken), ``path`` (relative
+to the repository root), ``old`` (text that occurs exactly once in that
+file), ``new`` (its replacement), ``tests`` (pytest selectors, relative to
+the repository root, that must fail).
+"""
+import dataclasses
+from typing import Tuple
+
+__all__ = ['Mutation', 'MUTATIONS', 'by_name']
+
+REF = ('tests/test_models/test_backbones/test_official_reference.py::'
+       'test_logits_match_official_reference')
+#: the whole-model parity with the official model, soft_norm_* at 96 x 128
+REF_NORM = REF + '[soft_norm-m12]'
+STRICT = 'tests/test_tools/test_strict_load_tools.py::'
+NR_SOFT = ('tests/test_models/test_layers/test_nr_official_soft.py::'
+           'test_soft_rule_matches_official')
+AMP = 'tests/test_models/test_device_amp.py::'
+CLI = 'tests/test_tools/test_tool_cli.py::'
+
+
+@dataclasses.dataclass(frozen=True)
+class Mutation:
+    name: str
+    what: str
+    path: str
+    old: str
+    new: str
+    tests: Tuple[str, ...]
+
+
+M = Mutation
+
+MUTATIONS = (
+    # ------------------------------------------------------ tools/test.py
+    M(name='test_main_returns_none',
+      what='tools/test.py main() returns None instead of the metrics',
+      path='tools/test.py',
+      old='        launch.shutdown_dist()\n    return metrics\n',
+      new='        launch.shutdown_dist()\n',
+      tests=(STRICT + 'test_matching_checkpoint_is_tested', )),
+    M(name='partial_load_not_passed',
+      what=('--partial-load is not passed to StrictLoadHook (a partial '
+            'checkpoint is refused)'),
+      path='tools/test.py',
+      old='allow_partial=args.partial_load,',
+      new='allow_partial=False,',
+      tests=(STRICT + 'test_partial_load_opt_in', )),
+    M(name='partial_load_log_debug',
+      what=('an allowed partial load logs the skipped tensors at DEBUG (not '
+            'in the log file)'),
+      path='mmsoft/utils/strict_load.py',
+      old=(
+          "            logger='current',\n            level=logging.WARNING)\n"
+          '        return report'),
+      new=("            logger='current',\n            level=logging.DEBUG)\n"
+           '        return report'),
+      tests=(STRICT + 'test_partial_load_opt_in', )),
+    M(name='det_dump_replaces_metrics',
+      what=('mmdet --out: the dump metric replaces the COCO metric instead of '
+            'being added (no bbox mAP)'),
+      path='tools/test.py',
+      old=('            runner.test_evaluator.metrics.append(\n'
+           '                DumpDetResults(out_file_path=args.out))'),
+      new=('            runner.test_evaluator.metrics = [\n'
+           '                DumpDetResults(out_file_path=args.out)]'),
+      tests=('tests/test_tools/test_train_test.py::'
+             'test_det_train_and_test_tools', )),
+    # --------------------------------------------------- Newton-Raphson
+    M(name='nr_soft_shift',
+      what="the 'soft' NR rule iterates on A + 0.1 I instead of A + 0.01 I",
+      path='mmsoft/models/layers/pinv.py',
+      old='_SOFT_SHIFT = 0.01\n',
+      new='_SOFT_SHIFT = 0.1\n',
+      tests=(NR_SOFT + '[iterative-12]', )),
+    M(name='nr_soft_scale',
+      what=("the 'soft' NR rule starts from alpha = 2 / ||A||_1^2 (scale 1.0, "
+            'not 0.9)'),
+      path='mmsoft/models/layers/pinv.py',
+      old='_SOFT_SCALE = 0.9\n',
+      new='_SOFT_SCALE = 1.0\n',
+      tests=(NR_SOFT + '[iterative-12]', )),
+    M(name='attn_norm_no_d',
+      what='attn_norm: the D^-1/2 A^+ D^-1/2 normalisation is dropped',
+      path='mmsoft/models/layers/soft_attention.py',
+      old='        return d * nr.apply(A, d * W.to(dtype), nr_stats)',
+      new='        return nr.apply(A, W.to(dtype), nr_stats)',
+      tests=(REF_NORM, )),
+    M(name='nr_stats_residual_absolute',
+      what=("NR stats: 'residual' is not divided by ||A||_2 (absolute, not "
+            'relative)'),
+      path='mmsoft/models/layers/pinv.py',
+      old=(
+          "    stats['residual'] = (lam * (lam * v - 1)).abs().amax(-1) / \\\n"
+          '        lmax.squeeze(-1).clamp_min(torch.finfo(lam.dtype).tiny)\n'),
+      new="    stats['residual'] = (lam * (lam * v - 1)).abs().amax(-1)\n",
+      tests=('tests/test_models/test_layers/test_pinv.py::'
+             'test_stats_report_convergence[spectral]', )),
+    # ------------------------------------------------ the model, layers
+    M(name='sampler_tanh_gelu',
+      what=('conv landmark sampler: tanh-approximate GELU after the LayerNorm '
+            '(the official sampler uses the exact GELU)'),
+      path='mmsoft/models/layers/soft_attention.py',
+      old='                x = F.gelu(self.norm(x))',
+      new="                x = F.gelu(self.norm(x), approximate='tanh')",
+      tests=(REF_NORM, )),
+    M(name='sampler_stride_1',
+      what='conv landmark sampler: the r x r conv without stride r (stride 1)',
+      path='mmsoft/models/layers/soft_attention.py',
+      old='                head_dims, head_dims, ratio, ratio, bias=False)',
+      new='                head_dims, head_dims, ratio, bias=False)',
+      tests=(REF_NORM, )),
+    M(name='kernel_bandwidth',
+      what=('Gaussian kernel: queries scaled by d^-1/2 instead of d^-1/4 '
+            '(bandwidth d, not 2 sqrt d)'),
+      path='mmsoft/models/layers/soft_attention.py',
+      old='        q = self._split(self.q(x)) * self.head_dims**-0.25',
+      new='        q = self._split(self.q(x)) * self.head_dims**-0.5',
+      tests=(REF_NORM, )),
+    M(name='dw_conv_dropped',
+      what='the per-head depthwise conv on V is not added to the output',
+      path='mmsoft/models/layers/attention_base.py',
+      old=('        if self.dw_conv is not None:\n'
+           '            out = out + self.dw_conv_tokens(v_tokens, hw)\n'),
+      new='',
+      tests=(REF_NORM, )),
+    M(name='dw_conv_head_order',
+      what=('depthwise conv on V: head filters tiled over the channels '
+            '(repeat) instead of one per head (repeat_interleave)'),
+      path='mmsoft/models/layers/attention_base.py',
+      old='w = self.dw_conv.weight.repeat_interleave(self.head_dims, 0)',
+      new='w = self.dw_conv.weight.repeat(self.head_dims, 1, 1, 1)',
+      tests=(REF_NORM, )),
+    M(name='ffn_exact_gelu',
+      what='SOFT-block FFN: exact GELU instead of the official tanh GELU',
+      path='mmsoft/models/layers/blocks.py',
+      old="        act_cfg = dict(type='GELU', approximate='tanh') \\\n",
+      new="        act_cfg = dict(type='GELU') \\\n",
+      tests=(REF_NORM, )),
+    M(name='stage4_double_scale',
+      what=('stage-4 softmax attention: q scaled by d^-1/2 on top of the '
+            'scaled_dot_product_attention scale'),
+      path='mmsoft/models/layers/blocks.py',
+      old='        q = self.q(x).view(B, N, h, C // h).transpose(1, 2)\n',
+      new=('        q = self.q(x).view(B, N, h, C // h).transpose(1, 2) * '
+           '(C // h)**-0.5\n'),
+      tests=(REF_NORM, )),
+    M(name='stem_strides',
+      what=('patch-embedding stem: strides 1, 2, 2 instead of 2, 1, 2 (same '
+            'output size)'),
+      path='mmsoft/models/layers/blocks.py',
+      old=('            plan = [(in_channels, stem_channels, 2),\n'
+           '                    (stem_channels, stem_channels, 1),\n'),
+      new=('            plan = [(in_channels, stem_channels, 1),\n'
+           '                    (stem_channels, stem_channels, 2),\n'),
+      tests=(REF_NORM, )),
+    M(name='pos_embed_align_corners',
+      what='position embeddings resized with align_corners=True',
+      path='mmsoft/models/backbones/soft.py',
+      old="grid, size=hw, mode='bilinear', align_corners=False)",
+      new="grid, size=hw, mode='bilinear', align_corners=True)",
+      tests=(REF_NORM, )),
+    M(name='final_norm_skipped',
+      what='stage 4: the final LayerNorm is not applied',
+      path='mmsoft/models/backbones/soft.py',
+      old=('    def _finish(self, x: torch.Tensor) -> torch.Tensor:\n'
+           '        return self.norm(x)\n'),
+      new=('    def _finish(self, x: torch.Tensor) -> torch.Tensor:\n'
+           '        return x\n'),
+      tests=(REF_NORM, )),
+    # ------------------------------------------------------- converter
+    M(name='convert_swap_norms',
+      what=('converter: official norm1 / norm2 of the SOFT blocks swapped '
+            '(both directions: still round-trips)'),
+      path='mmsoft/models/converters/official_keys.py',
+      old="    ('att.norm1.', 'norm1.'),\n    ('att.norm2.', 'norm2.'),\n",
+      new="    ('att.norm1.', 'norm2.'),\n    ('att.norm2.', 'norm1.'),\n",
+      tests=(REF_NORM, )),
+    M(name='convert_swap_qv',
+      what=('converter: official W_q / W_v swapped (both directions: still '
+            'round-trips)'),
+      path='mmsoft/models/converters/official_keys.py',
+      old=("    ('att.mha.W_q.', 'attn.q.'),\n"
+           "    ('att.mha.W_v.', 'attn.v.'),\n"),
+      new=("    ('att.mha.W_q.', 'attn.v.'),\n"
+           "    ('att.mha.W_v.', 'attn.q.'),\n"),
+      tests=(REF_NORM, )),
+    # ------------------------------------------------ device / AMP / compile
+    M(name='device_arange_cpu',
+      what='NR alpha search: torch.arange without device= (lands on the CPU)',
+      path='mmsoft/models/layers/pinv.py',
+      old=('n = torch.arange(_NORM_MAX_HALVINGS + 1, device=A.device, '
+           'dtype=A.dtype)'),
+      new='n = torch.arange(_NORM_MAX_HALVINGS + 1, dtype=A.dtype)',
+      tests=(AMP + 'test_creates_tensors_only_on_the_input_device'
+             '[norm-train]', )),
+    M(name='dtype_arange_float32',
+      what=('NR alpha search: torch.arange without dtype= (float32 in a '
+            'float64 model)'),
+      path='mmsoft/models/layers/pinv.py',
+      old=('n = torch.arange(_NORM_MAX_HALVINGS + 1, device=A.device, '
+           'dtype=A.dtype)'),
+      new='n = torch.arange(_NORM_MAX_HALVINGS + 1, device=A.device)',
+      tests=(AMP + 'test_float64_model_computes_in_float64[cpu-norm]', )),
+    M(name='kernel_autocast_cuda_only',
+      what=("Gaussian kernel: autocast disabled for 'cuda' only (CPU autocast "
+            'stays on inside the kernel)'),
+      path='mmsoft/models/layers/gaussian_kernel.py',
+      old='    with autocast_off(x.device.type):\n',
+      new="    with torch.autocast(device_type='cuda', enabled=False):\n",
+      tests=(AMP + 'test_kernel_and_pinv_run_in_fp32_under_autocast'
+             '[cpu-iterative-bfloat16]', )),
+    M(name='nr_autocast_cuda_only',
+      what=("NR pseudo-inverse: autocast disabled for 'cuda' only (the "
+            'iterations run under CPU autocast)'),
+      path='mmsoft/models/layers/pinv.py',
+      old='    with autocast_off(A.device.type):\n',
+      new="    with torch.autocast(device_type='cuda', enabled=False):\n",
+      tests=(AMP + 'test_pinv_alone_runs_in_fp32_under_autocast'
+             '[cpu-iterative-bfloat16]', )),
+    M(name='nr_no_fp32_upcast',
+      what='NR pseudo-inverse: half-precision A / W are not cast to float32',
+      path='mmsoft/models/layers/pinv.py',
+      old='    A = A.to(dtype)\n    W = None if W is None else W.to(dtype)\n',
+      new='',
+      tests=(AMP + 'test_pinv_alone_runs_in_fp32_under_autocast'
+             '[cpu-iterative-bfloat16]', )),
+    M(name='compile_graph_break',
+      what=('soft_attention validates its queries with a data-dependent '
+            'Python branch (a graph break)'),
+      path='mmsoft/models/layers/soft_attention.py',
+      old=('    P = gaussian_kernel(q, landmarks)  # (B, h, n, m)\n'
+           '    A = gaussian_kernel(landmarks, landmarks)'),
+      new=('    if not torch.isfinite(q).all():\n'
+           "        raise ValueError('soft_attention: non-finite queries')\n"
+           '    P = gaussian_kernel(q, landmarks)  # (B, h, n, m)\n'
+           '    A = gaussian_kernel(landmarks, landmarks)'),
+      tests=('tests/test_models/test_compile.py::'
+             'test_training_forward_is_one_graph', )),
+    # ------------------------------------------ launch, data, deployment
+    M(name='shutdown_dist_guard_inverted',
+      what='shutdown_dist returns early when a process group exists (a no-op)',
+      path='mmsoft/tools_support/launch.py',
+      old=('    if not (dist.is_available() and dist.is_initialized()):\n'
+           '        return\n    if sys.exc_info()[0] is None:'),
+      new=('    if dist.is_available() and dist.is_initialized():\n'
+           '        return\n    if sys.exc_info()[0] is None:'),
+      tests=('tests/test_tools_support/test_launch.py::'
+             'test_shutdown_dist_destroys_a_group', )),
+    M(name='dist_test_not_distributed',
+      what=("tools/dist_test.sh starts test.py with --launcher none (every "
+            'process tests everything)'),
+      path='tools/dist_test.sh',
+      old='--launcher pytorch "${@:4}"',
+      new='--launcher none "${@:4}"',
+      tests=('tests/test_tools_support/test_launch.py::'
+             'test_dist_test_sh_exits_cleanly', )),
+    M(name='data_check_skip_any_value',
+      what='MMSOFT_SKIP_DATA_CHECK=0 skips the data check too',
+      path='mmsoft/tools_support/data_check.py',
+      old=("    if os.environ.get('MMSOFT_SKIP_DATA_CHECK', '0') not in ('', "
+           "'0'):\n"),
+      new="    if os.environ.get('MMSOFT_SKIP_DATA_CHECK'):\n",
+      tests=('tests/test_tools_support/test_data_check.py::'
+             'test_rank_and_skip', )),
+    M(name='deploy_init_log',
+      what=('pytorch2onnx with random weights: init_weights logs every tensor '
+            '(the error line is buried)'),
+      path='mmsoft/tools_support/deploy.py',
+      old='        launch.quiet_init_weights(model)\n',
+      new='        model.init_weights()\n',
+      tests=('tests/test_tools_support/test_deploy.py::'
+             'test_error_is_all_the_output_with_random_weights', )),
+    # ------------------------------------------------- tables and rows
+    M(name='benchmark_attention_fwd_cells',
+      what=('benchmark_attention table: the fwd+bwd columns show the forward '
+            'row'),
+      path='tools/analysis/benchmark_attention.py',
+      old='''f'{fmt(b, "time_ms")} | {fmt(b, "peak_mb")} |')''',
+      new='''f'{fmt(f, "time_ms")} | {fmt(f, "peak_mb")} |')''',
+      tests=(CLI + 'test_benchmark_attention_tiny_run', )),
+    M(name='benchmark_onnx_ratio_inverted',
+      what="benchmark_onnx table: 'torch / ort' column is ort / torch",
+      path='tools/deployment/benchmark_onnx.py',
+      old='''f"{r['torch_ms'] / r['ort_ms']:.2f}x"''',
+      new='''f"{r['ort_ms'] / r['torch_ms']:.2f}x"''',
+      tests=(CLI + 'test_benchmark_onnx_tiny_run', )),
+    M(name='nr_backward_compare_key',
+      what=("nr_backward_compare: the mAP@0.5 column reads a misspelt metric "
+            "key (NaN)"),
+      path='tools/analysis/nr_backward_compare.py',
+      old="m.get('coco/bbox_mAP_50', float('nan'))",
+      new="m.get('coco/bbox_mAP50', float('nan'))",
+      tests=(CLI + 'test_nr_backward_compare_train_demo', )),
+    M(name='nr_backward_compare_swap',
+      what=('nr_backward_compare: the mAP and mAP@0.5 columns swapped'),
+      path='tools/analysis/nr_backward_compare.py',
+      old=("        rows.append((b, m.get('coco/bbox_mAP', float('nan')),\n"
+           "                     m.get('coco/bbox_mAP_50', float('nan')),"),
+      new=("        rows.append((b, m.get('coco/bbox_mAP_50', float('nan')),\n"
+           "                     m.get('coco/bbox_mAP', float('nan')),"),
+      tests=(CLI + 'test_nr_backward_compare_train_demo', )),
+    M(name='attention_scope_default',
+      what=('the attentions build in the default scope of the codebase '
+            "(mmengine's 'Failed to search registry' warning)"),
+      path='mmsoft/models/layers/attention_zoo.py',
+      old="dict(cfg, _scope_='mmsoft')",
+      new='dict(cfg)',
+      tests=('tests/test_registry.py::test_build_from_codebase_registry', )),
+    M(name='demo_value_unscaled',
+      what=("demo: the reported value is the evaluator's metric without its "
+            'scale (a percentage, not a fraction)'),
+      path='tools/demo_support/tasks.py',
+      old="        value=None if value is None else value * spec['scale'],\n",
+      new='        value=value,\n',
+      tests=('tests/test_configs/test_demo_configs.py::'
+             'test_short_training_run[seg]', )),
+)
+
+
+def by_name():
+    """{name: mutation}; names are unique."""
+    out = {m.name: m for m in MUTATIONS}
+    assert len(out) == len(MUTATIONS), 'duplicate mutation names'
+    return out
