@@ -41,8 +41,12 @@ import subprocess
 import sys
 import time
 import traceback
+import warnings
 
 import utils
+
+# mmengine imports pkg_resources once per codebase (one warning each)
+warnings.filterwarnings('ignore', message='pkg_resources is deprecated')
 
 NOT_RUN = 'CUDA part NOT run: '
 SECTIONS = ('device tests', 'training steps', 'NR methods', 'backbones',
@@ -219,7 +223,7 @@ def train_step(path, name, precision, device, size):
     torch.manual_seed(0)
     with DefaultScope.overwrite_default_scope(scope):
         model = revert_sync_batchnorm(registry.build(cfg.model))
-        model.init_weights()
+        launch.quiet_init_weights(model)  # no per-parameter INFO log
         model.to(device).train()
         params = [p for p in model.parameters() if p.requires_grad]
         opt = torch.optim.SGD(params, lr=1e-4, momentum=0.9)
