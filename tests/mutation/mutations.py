@@ -318,6 +318,14 @@ MUTATIONS = (
       old="dict(cfg, _scope_='mmsoft')",
       new='dict(cfg)',
       tests=('tests/test_registry.py::test_build_from_codebase_registry', )),
+    M(name='scalar_recurrence_inlined',
+      what=('the spectral scalar NR recurrence as plain pointwise ops '
+            '(inductor inlines 20 steps: compile time ~3^20)'),
+      path='mmsoft/models/layers/pinv.py',
+      old='_scalar_iterate = _register_scalar_iterate()',
+      new='_scalar_iterate = _scalar_iterate_impl',
+      tests=('tests/test_models/test_compile.py::'
+             'test_spectral_recurrence_is_one_opaque_op', )),
     M(name='demo_value_unscaled',
       what=("demo: the reported value is the evaluator's metric without its "
             'scale (a percentage, not a fraction)'),
