@@ -120,8 +120,6 @@ mmcv_has_cuda_ops() {
     "$PY" -c 'import sys; from mmcv.ops import get_compiling_cuda_version as v; sys.exit(0 if v() != "not available" else 1)' 2>/dev/null
 }
 cuda_ops_ok() {  # true unless CUDA ops are wanted and missing
-    command -v nvidia-smi >/dev/null 2>&1 || [[ "${MMSOFT_MMCV_CUDA:-auto}" == 1 ]] || return 0
-    [[ "${MMSOFT_MMCV_CUDA:-auto}" == 0 ]] && return 0
     ! want_cuda_ops || mmcv_has_cuda_ops
 }
 if [[ "${1:-}" != "--force-check" ]] && up_to_date && cuda_ops_ok; then

@@ -53,7 +53,7 @@ HERE = osp.dirname(osp.abspath(__file__))
 ROOT = osp.dirname(osp.dirname(HERE))
 sys.path.insert(0, HERE)
 
-from mutations import MUTATIONS  # noqa: E402
+from mutations import MUTATIONS, by_name  # noqa: E402
 
 #: pytest's exit statuses: tests ran and some failed / all passed
 FAILED, PASSED = 1, 0
@@ -96,7 +96,7 @@ def parse_args(argv=None):
 def select(names):
     if not names:
         return list(MUTATIONS)
-    known = {m.name: m for m in MUTATIONS}
+    known = by_name()
     unknown = [n for n in names if n not in known]
     if unknown:
         sys.exit(f'unknown mutation(s): {", ".join(unknown)} (see --list)')
@@ -287,22 +287,10 @@ def markdown(rows, total, baseline_secs):
     return '\n'.join(lines) + '\n'
 
 
-def atomic_write(path, text):
-    folder = osp.dirname(osp.abspath(path))
-    os.makedirs(folder, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=folder, prefix='.tmp_')
-    try:
-        with os.fdopen(fd, 'w') as f:
-            f.write(text)
-        os.replace(tmp, path)
-    except BaseException:
-        os.unlink(tmp)
-        raise
-
-
 def write_report(out, rows, total, baseline_secs):
+    from mmsoft.utils.atomic import atomic_write
     table = markdown(rows, total, baseline_secs)
-    atomic_write(out, table)
+    atomic_write(out, table, makedirs=True)
     buf = io.StringIO()
     fields = [
         'name', 'what', 'path', 'tests', 'caught_by', 'result', 'seconds',
@@ -312,7 +300,7 @@ def write_report(out, rows, total, baseline_secs):
     writer.writeheader()
     for r in rows:
         writer.writerow({k: r[k] for k in fields})
-    atomic_write(osp.splitext(out)[0] + '.csv', buf.getvalue())
+    atomic_write(osp.splitext(out)[0] + '.csv', buf.getvalue(), makedirs=True)
     return table
 
 

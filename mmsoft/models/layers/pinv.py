@@ -306,7 +306,7 @@ def _register_scalar_iterate():
     (still one graph; it is O(m) work next to the O(m^3) ``eigh``), with
     results identical to eager.
     """
-    custom_op = getattr(getattr(torch, 'library', None), 'custom_op', None)
+    custom_op = getattr(torch.library, 'custom_op', None)
     if custom_op is None:  # torch < 2.4: plain function
         return _scalar_iterate_impl
 
