@@ -28,6 +28,7 @@ NR_SOFT = ('tests/test_models/test_layers/test_nr_official_soft.py::'
            'test_soft_rule_matches_official')
 AMP = 'tests/test_models/test_device_amp.py::'
 CLI = 'tests/test_tools/test_tool_cli.py::'
+SAFE_CONV = 'tests/test_models/test_layers/test_safe_conv.py::'
 
 
 @dataclasses.dataclass(frozen=True)
@@ -326,6 +327,30 @@ MUTATIONS = (
       new='_scalar_iterate = _scalar_iterate_impl',
       tests=('tests/test_models/test_compile.py::'
              'test_spectral_recurrence_is_one_opaque_op', )),
+    M(name='half_conv_probe_trusts',
+      what=('CPU half conv guard: the probe trusts every kernel (the AMX '
+            'bf16 conv bug computes a wrong sampler under --amp)'),
+      path='mmsoft/models/layers/safe_conv.py',
+      old='    return bool(err <= PROBE_RTOL[dtype]), err\n',
+      new='    return True, err\n',
+      tests=(SAFE_CONV +
+             'test_broken_half_kernel_is_detected_and_bypassed', )),
+    M(name='half_conv_fallback_autocast',
+      what=("CPU half conv guard: the float32 fallback leaves autocast on "
+            "for 'cuda' only (it runs in the broken half kernel again)"),
+      path='mmsoft/models/layers/safe_conv.py',
+      old="    with autocast_off('cpu'):\n        out = _raw_conv2d(",
+      new="    with autocast_off('cuda'):\n        out = _raw_conv2d(",
+      tests=(SAFE_CONV +
+             'test_broken_half_kernel_is_detected_and_bypassed', )),
+    M(name='amp_wrapper_unguarded',
+      what=('--amp on the CPU does not put the neck / head convs under the '
+            'half conv guard'),
+      path='mmsoft/engine/optimizers/cpu_amp_optim_wrapper.py',
+      old='            guard_convs(model)\n',
+      new='            pass\n',
+      tests=(SAFE_CONV +
+             'test_cpu_amp_wrapper_guards_every_conv_of_the_model', )),
     M(name='demo_value_unscaled',
       what=("demo: the reported value is the evaluator's metric without its "
             'scale (a percentage, not a fraction)'),

@@ -5,6 +5,8 @@ import torch
 from mmengine.optim import OptimWrapper
 from mmengine.registry import OPTIM_WRAPPERS
 
+from mmsoft.models.layers.safe_conv import guard_convs
+
 __all__ = ['CPUAmpOptimWrapper']
 
 
@@ -14,7 +16,12 @@ class CPUAmpOptimWrapper(OptimWrapper):
 
     bfloat16 has the exponent range of float32, so no loss scaling is done.
     SOFT's kernel, pseudo-inverse and attention products stay float32 (they
-    disable autocast themselves). Ops without a bfloat16 CPU kernel (some
+    disable autocast themselves). Before the first step every convolution
+    of the model (the neck's and heads' too) is put under mmsoft's check
+    of the CPU's bfloat16 convolution kernel
+    (:func:`mmsoft.models.layers.safe_conv.guard_convs`): a configuration
+    that this CPU computes wrongly in bfloat16 (oneDNN on CPUs with AMX)
+    runs in float32. Ops without a bfloat16 CPU kernel (some
     mmcv ops) may raise; train without ``--amp`` then.
     """
 
@@ -24,9 +31,13 @@ class CPUAmpOptimWrapper(OptimWrapper):
             raise ValueError(
                 f'CPU autocast supports only bfloat16, got {dtype!r}')
         self.cast_dtype = torch.bfloat16
+        self._guarded = set()
 
     @contextlib.contextmanager
     def optim_context(self, model):
+        if id(model) not in self._guarded:
+            guard_convs(model)
+            self._guarded.add(id(model))
         with super().optim_context(model), torch.autocast(
                 device_type='cpu', dtype=self.cast_dtype):
             yield

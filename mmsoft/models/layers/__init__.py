@@ -6,6 +6,7 @@ from .gaussian_kernel import gaussian_kernel
 from .grid import landmark_grid, reduce_map
 from .pinv import (NRConfig, newton_inverse, newton_inverse_apply,
                    nr_init_alpha, pinv_convergence)
+from .safe_conv import SafeConv2d
 from .soft_attention import (SAMPLING_MODES, BottleneckSampler, SOFTAttention,
                              bottleneck_apply, bottleneck_inverse,
                              soft_attention)
@@ -20,5 +21,5 @@ __all__ = [
     'pinv_convergence', 'SAMPLING_MODES', 'BottleneckSampler', 'SOFTAttention',
     'landmark_grid', 'reduce_map', 'soft_attention', 'attention_types',
     'build_attention', 'LinformerAttention', 'NystromformerAttention',
-    'PerformerAttention', 'SimAAttention', 'SoftmaxZooAttention'
+    'PerformerAttention', 'SimAAttention', 'SoftmaxZooAttention', 'SafeConv2d'
 ]

@@ -25,9 +25,9 @@ from typing import Optional, Sequence, Tuple, Union
 
 import torch
 import torch.nn as nn
-import torch.nn.functional as F
 
 from .checks import check_int, check_kernel_size
+from .safe_conv import conv2d
 
 __all__ = ['AttentionBase', 'Index', 'query_index']
 
@@ -105,7 +105,7 @@ class AttentionBase(nn.Module):
         B, N, C = v.shape
         x = v.transpose(1, 2).reshape(B, C, *hw)  # a channels-last view
         w = self.dw_conv.weight.repeat_interleave(self.head_dims, 0)
-        x = F.conv2d(x, w, None, 1, self.dw_conv.padding, 1, C)
+        x = conv2d(x, w, None, 1, self.dw_conv.padding, 1, C)
         return x.flatten(2).transpose(1, 2)
 
     @staticmethod

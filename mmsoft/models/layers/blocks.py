@@ -26,6 +26,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from .attention_zoo import build_attention
+from .safe_conv import SafeConv2d
 
 __all__ = [
     'ConvPatchEmbed', 'SOFTBlock', 'build_norm', 'mmcv_bricks',
@@ -117,6 +118,7 @@ class ConvPatchEmbed(nn.Module):
                     stride,
                     1,
                     bias=True,
+                    conv_cfg=dict(type=SafeConv2d),
                     norm_cfg=norm_cfg,
                     act_cfg=act_cfg)
             layer.conv.reset_parameters()

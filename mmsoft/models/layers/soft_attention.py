@@ -29,6 +29,7 @@ from .checks import check_int
 from .gaussian_kernel import gaussian_kernel
 from .grid import landmark_grid, reduce_map
 from .pinv import NRConfig
+from .safe_conv import SafeConv2d
 
 __all__ = [
     'BottleneckSampler', 'SOFTAttention', 'soft_attention',
@@ -166,7 +167,7 @@ class BottleneckSampler(nn.Module):
         self.max_landmarks = max_landmarks
         self.landmark_hw = landmark_hw
         if mode == 'conv':
-            self.conv = nn.Conv2d(
+            self.conv = SafeConv2d(
                 head_dims, head_dims, ratio, ratio, bias=False)
             self.norm = nn.LayerNorm(head_dims)
 

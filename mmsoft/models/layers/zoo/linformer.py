@@ -28,6 +28,7 @@ import torch.nn.functional as F
 from mmsoft.registry import ATTENTIONS
 from ..attention_base import Index, query_index
 from ..grid import reduce_map
+from ..safe_conv import SafeConv2d
 from .common import ZooAttention, spread_to_tokens
 
 __all__ = ['LinformerAttention']
@@ -64,7 +65,7 @@ class LinformerAttention(ZooAttention):
         self.landmark_hw = landmark_hw
         r, C = self.sampling_ratio, self.embed_dims
         if sr_mode == 'conv' and r > 1:
-            self.sr = nn.Conv2d(C, C, r, r)
+            self.sr = SafeConv2d(C, C, r, r)
             self.norm = nn.LayerNorm(C)
         else:
             self.sr = self.norm = None

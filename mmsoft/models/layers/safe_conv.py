@@ -1,0 +1,209 @@
+"""Convolutions that stay correct where a CPU's half-precision kernel is not.
+
+On CPUs with AMX (``amx_bf16`` in ``/proc/cpuinfo``: Intel Sapphire Rapids
+and later), torch 2.14.1's oneDNN bfloat16 convolution returns wrong values
+for narrow convolutions: ``nn.Conv2d(C, C, k, stride=k)``, SOFT's landmark
+sampler f_s (Table 4b), has a relative error of 1.1-1.4 against float32 for
+(C, k) = (8, 8), (16, 4), (16, 8), (24, 4), (24, 8). Under bf16 autocast
+(``--amp`` on the CPU) such a model computes a different function, silently.
+Which shapes a kernel gets wrong depends on the CPU, the oneDNN version and
+the shape, so no list of shapes can be trusted.
+
+:func:`conv2d` therefore checks instead of trusting: it is ``F.conv2d``,
+except that on the CPU in half precision (half inputs, or CPU autocast to a
+half type) the first call of each configuration (dtype, input channels and
+size, weight shape, stride, padding, dilation, groups) runs a probe: the
+half kernel and the float32 kernel on the same half-rounded random inputs.
+A correct half kernel accumulates in float32 and rounds its output once
+(relative L2 error ~ 2^-9 = 2e-3 for bfloat16, 2^-12 for float16); a
+relative error above :data:`PROBE_RTOL` marks the kernel broken for that
+configuration, which from then on runs in float32 (autocast off) and is cast
+back to the half type: the correct result, a little slower. Each broken
+configuration is reported once (a warning naming it). Healthy CPUs keep the
+half kernel (bitwise ``F.conv2d``). Other devices, float32 / float64 and
+export are untouched. Under ``torch.compile`` no probe runs (it would break
+the graph): a configuration already probed keeps its verdict, an unprobed
+one runs in float32.
+
+:class:`SafeConv2d` is ``nn.Conv2d`` with this forward (same parameters and
+state-dict keys); every convolution of the SOFT backbone uses it.
+:func:`guard_convs` puts the other convolutions of a whole model (a
+detector's neck and heads, a segmentor's decode head) under the same check:
+``--amp`` on the CPU (:class:`~mmsoft.engine.optimizers.CPUAmpOptimWrapper`)
+does it before its first step.
+"""
+import collections
+import threading
+import warnings
+from typing import Optional, Tuple
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from .amp import autocast_off
+
+__all__ = [
+    'SafeConv2d', 'conv2d', 'guard_convs', 'half_conv_ok', 'half_dtype',
+    'PROBE_RTOL', 'HalfConvWarning'
+]
+
+#: a half kernel whose relative L2 error against float32 (same rounded
+#: inputs) exceeds this is wrong: correct kernels measure ~2e-3 (bfloat16)
+#: and ~2e-4 (float16); the broken AMX kernel 1.1 .. 1.4
+PROBE_RTOL = {torch.bfloat16: 1e-2, torch.float16: 5e-3}
+
+#: the most configurations whose verdict is remembered (least recently
+#: used ones are probed again)
+CACHE_SIZE = 1024
+
+_HALF = (torch.bfloat16, torch.float16)
+_verdicts: 'collections.OrderedDict[tuple, bool]' = collections.OrderedDict()
+_lock = threading.Lock()
+
+
+class HalfConvWarning(UserWarning):
+    """A half-precision convolution kernel of this CPU computes wrong
+    values; mmsoft runs that convolution in float32."""
+
+
+def _autocast_cpu() -> Optional[torch.dtype]:
+    """The CPU autocast dtype if CPU autocast is on, else None."""
+    try:
+        enabled = torch.is_autocast_enabled('cpu')
+        dtype = torch.get_autocast_dtype('cpu')
+    except (TypeError, AttributeError):  # torch < 2.4
+        enabled = torch.is_autocast_cpu_enabled()
+        dtype = torch.get_autocast_cpu_dtype()
+    return dtype if enabled else None
+
+
+def _compiling() -> bool:
+    compiler = getattr(torch, 'compiler', None)
+    if compiler is not None and hasattr(compiler, 'is_compiling'):
+        return compiler.is_compiling()
+    return torch._dynamo.is_compiling()  # torch < 2.3
+
+
+def half_dtype(x: torch.Tensor, weight: torch.Tensor) -> Optional[torch.dtype]:
+    """The half type a CPU convolution of ``x`` and ``weight`` computes
+    in (half inputs, or CPU autocast to a half type), else None."""
+    if x.device.type != 'cpu':
+        return None
+    if x.dtype in _HALF:
+        return x.dtype
+    if x.dtype == torch.float32 and weight.dtype in (torch.float32, ) + _HALF:
+        dtype = _autocast_cpu()
+        if dtype in _HALF:
+            return dtype
+    return None
+
+
+def _pair(v):
+    return tuple(v) if isinstance(v, (tuple, list)) else (v, v)
+
+
+def _key(dtype, in_shape, w_shape, stride, padding, dilation, groups):
+    return (dtype, tuple(in_shape), tuple(w_shape), _pair(stride),
+            padding if isinstance(padding, str) else _pair(padding),
+            _pair(dilation), int(groups))
+
+
+def _probe(key: tuple) -> Tuple[bool, float]:
+    """(ok, relative error) of the half kernel of ``key`` on random
+    inputs, against float32 on the same rounded inputs."""
+    dtype, in_shape, w_shape, stride, padding, dilation, groups = key
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn((1, ) + in_shape, generator=g).to(dtype)
+    fan_in = w_shape[1] * w_shape[2] * w_shape[3]
+    w = (torch.randn(w_shape, generator=g) * fan_in**-0.5).to(dtype)
+    with torch.no_grad(), autocast_off('cpu'):
+        half = _raw_conv2d(x, w, None, stride, padding, dilation, groups)
+        ref = _raw_conv2d(x.float(), w.float(), None, stride, padding,
+                          dilation, groups)
+    err = ((half.float() - ref).norm() / ref.norm().clamp_min(1e-30)).item()
+    return bool(err <= PROBE_RTOL[dtype]), err
+
+
+def half_conv_ok(dtype: torch.dtype, in_shape: Tuple[int, int, int],
+                 w_shape: Tuple[int, int, int, int], stride, padding, dilation,
+                 groups: int) -> bool:
+    """Whether this CPU's ``dtype`` convolution of one (C, H, W) input is
+    correct (probed once, then remembered; see the module docstring)."""
+    key = _key(dtype, in_shape, w_shape, stride, padding, dilation, groups)
+    with _lock:
+        if key in _verdicts:
+            _verdicts.move_to_end(key)
+            return _verdicts[key]
+    ok, err = _probe(key)
+    if not ok:
+        warnings.warn(
+            f'mmsoft: this CPU\'s {str(dtype)[6:]} convolution is wrong for '
+            f'weight {tuple(w_shape)}, stride {key[3]}, groups {groups} on '
+            f'a {tuple(in_shape)} input (relative error {err:.3g} against '
+            f'float32, a known oneDNN bug on CPUs with AMX); mmsoft runs '
+            f'this convolution in float32 (correct, slower)',
+            HalfConvWarning,
+            stacklevel=3)
+    with _lock:
+        _verdicts[key] = ok
+        while len(_verdicts) > CACHE_SIZE:
+            _verdicts.popitem(last=False)
+    return ok
+
+
+#: the convolution that is checked (a module attribute, so that a test can
+#: stand in a broken kernel)
+_raw_conv2d = F.conv2d
+
+
+def conv2d(x: torch.Tensor,
+           weight: torch.Tensor,
+           bias: Optional[torch.Tensor] = None,
+           stride=1,
+           padding=0,
+           dilation=1,
+           groups: int = 1) -> torch.Tensor:
+    """``F.conv2d``, in float32 where this CPU's half kernel is wrong for
+    the configuration (see the module docstring)."""
+    dtype = half_dtype(x, weight)
+    if dtype is None:
+        return _raw_conv2d(x, weight, bias, stride, padding, dilation, groups)
+    key_args = (dtype, tuple(x.shape[1:]), tuple(weight.shape), stride,
+                padding, dilation, groups)
+    if _compiling():
+        ok = _verdicts.get(_key(*key_args), False)
+    else:
+        ok = half_conv_ok(*key_args)
+    if ok:
+        return _raw_conv2d(x, weight, bias, stride, padding, dilation, groups)
+    with autocast_off('cpu'):
+        out = _raw_conv2d(x.float(), weight.float(),
+                          None if bias is None else bias.float(), stride,
+                          padding, dilation, groups)
+    return out.to(dtype)
+
+
+class SafeConv2d(nn.Conv2d):
+    """``nn.Conv2d`` whose CPU half-precision forward is checked
+    (:func:`conv2d`); the same parameters, state-dict keys and results
+    wherever the half kernel is correct."""
+
+    def _conv_forward(self, input: torch.Tensor, weight: torch.Tensor,
+                      bias: Optional[torch.Tensor]) -> torch.Tensor:
+        if self.padding_mode != 'zeros':
+            return super()._conv_forward(input, weight, bias)
+        return conv2d(input, weight, bias, self.stride, self.padding,
+                      self.dilation, self.groups)
+
+
+def guard_convs(model: nn.Module) -> int:
+    """Make every plain ``nn.Conv2d`` of ``model`` a :class:`SafeConv2d`
+    in place (the same module object, parameters and state dict; only its
+    forward gains the check). Returns how many were converted."""
+    count = 0
+    for module in model.modules():
+        if type(module) is nn.Conv2d:
+            module.__class__ = SafeConv2d
+            count += 1
+    return count

@@ -1,0 +1,261 @@
+"""The CPU half-precision convolution guard (``mmsoft.models.layers.
+safe_conv``).
+
+On CPUs with AMX, torch 2.14.1's bfloat16 convolution is wrong for narrow
+convs such as SOFT's landmark sampler ``Conv2d(C, C, k, stride=k)``
+(relative error 1.1-1.4 for C <= 24). Two kinds of test:
+
+* On the machine that runs the suite: every convolution configuration of
+  the SOFT backbone (the samplers of several widths and ratios, the
+  depthwise convs of the heads, the stem and down-sampling convs), run
+  through the module that owns it under CPU autocast, is within half
+  rounding of float32 on the same rounded inputs. With plain ``nn.Conv2d``
+  (the old code) this fails on an AMX CPU and passes elsewhere; with the
+  guard it passes on both.
+* With a stand-in kernel (``safe_conv._raw_conv2d``) that is wrong in half
+  precision, as the AMX kernel is: the guard detects it, warns once per
+  configuration and computes the right result in float32; with a correct
+  stand-in it keeps the half kernel bit for bit. This proves the guard on
+  any CPU.
+"""
+import importlib
+import warnings
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from mmsoft.models.layers import BottleneckSampler, ConvPatchEmbed, SafeConv2d
+from mmsoft.models.layers.amp import autocast_off
+
+SAFE = importlib.import_module('mmsoft.models.layers.safe_conv')
+
+HALF = (torch.bfloat16, torch.float16)
+#: relative L2 error of a module's output under autocast against float32 on
+#: the same half-rounded inputs and weights: one rounding of the conv output
+#: (2^-9 / 2^-12) plus that of the ops after it (LayerNorm + GELU)
+RTOL = {torch.bfloat16: 2e-2, torch.float16: 4e-3}
+
+
+def rel_err(a, b):
+    return ((a.float() - b.float()).norm() / b.float().norm()).item()
+
+
+@pytest.fixture(autouse=True)
+def fresh_verdicts():
+    """Each test probes from scratch and leaves the cache as it was."""
+    saved = SAFE._verdicts.copy()
+    SAFE._verdicts.clear()
+    yield
+    SAFE._verdicts.clear()
+    SAFE._verdicts.update(saved)
+
+
+def round_params(module, dtype):
+    """Round every parameter to ``dtype`` (kept in float32), so that the
+    float32 reference sees the values autocast gives the half kernel."""
+    with torch.no_grad():
+        for p in module.parameters():
+            p.copy_(p.to(dtype).float())
+
+
+def autocast_vs_fp32(module, x, dtype, *args):
+    """(autocast output, float32 output) of ``module`` on half-rounded
+    ``x`` and parameters."""
+    torch.manual_seed(0)
+    round_params(module, dtype)
+    x = x.to(dtype).float()
+    with torch.no_grad():
+        with torch.autocast('cpu', dtype=dtype):
+            out = module(x, *args)
+        ref = module(x, *args)
+    if isinstance(out, tuple):
+        out, ref = out[0], ref[0]
+    return out, ref
+
+
+# ------------------------------------------------ on this machine's kernel
+@pytest.mark.parametrize('dtype', HALF, ids=['bf16', 'fp16'])
+@pytest.mark.parametrize('channels,ratio', [(8, 8), (16, 4), (16, 8), (24, 4),
+                                            (24, 8), (32, 4), (32, 2), (64, 2),
+                                            (40, 4), (8, 2), (64, 1)])
+def test_sampler_under_autocast_is_fp32_within_rounding(
+        channels, ratio, dtype):
+    sampler = BottleneckSampler(channels, ratio).eval()
+    side = 4 * ratio
+    g = torch.Generator().manual_seed(channels * 10 + ratio)
+    q = torch.randn(2, 3, side * side, channels, generator=g)
+    out, ref = autocast_vs_fp32(sampler, q, dtype, (side, side))
+    assert out.dtype == dtype or out.dtype == torch.float32
+    assert rel_err(out, ref) < RTOL[dtype]
+
+
+@pytest.mark.parametrize('dtype', HALF, ids=['bf16', 'fp16'])
+@pytest.mark.parametrize('stem,cin,cout,side', [(True, 3, 16, 32),
+                                                (True, 3, 64, 32),
+                                                (False, 16, 24, 16),
+                                                (False, 64, 128, 8)])
+def test_patch_embed_under_autocast_is_fp32_within_rounding(
+        stem, cin, cout, side, dtype):
+    embed = ConvPatchEmbed(cin, cout, stem).eval()
+    g = torch.Generator().manual_seed(cin + cout)
+    x = torch.randn(2, cin, side, side, generator=g)
+    out, ref = autocast_vs_fp32(embed, x, dtype)
+    assert rel_err(out, ref) < RTOL[dtype]
+
+
+@pytest.mark.parametrize('dtype', HALF, ids=['bf16', 'fp16'])
+@pytest.mark.parametrize('heads,channels,k', [(1, 8, 3), (2, 16, 3),
+                                              (5, 40, 5), (8, 64, 3)])
+def test_depthwise_conv_under_autocast_is_fp32_within_rounding(
+        heads, channels, k, dtype):
+    from mmsoft.models.layers import SOFTAttention
+    attn = SOFTAttention(
+        channels, heads, sampling_ratio=2, dw_kernel_size=k).eval()
+    g = torch.Generator().manual_seed(heads * 100 + k)
+    v = torch.randn(2, 64, channels, generator=g)
+    round_params(attn, dtype)
+    v = v.to(dtype).float()
+    with torch.no_grad():
+        with torch.autocast('cpu', dtype=dtype):
+            out = attn.dw_conv_tokens(v, (8, 8))
+        ref = attn.dw_conv_tokens(v, (8, 8))
+    assert rel_err(out, ref) < RTOL[dtype]
+
+
+# ------------------------------------------------ with stand-in kernels
+def _half(x):
+    """The half type a conv of ``x`` computes in (input or autocast)."""
+    return x.dtype if x.dtype in HALF else SAFE._autocast_cpu()
+
+
+def broken_half_kernel(x, w, b, *args):
+    """F.conv2d, but wrong in half precision (as the AMX bf16 kernel)."""
+    out = F.conv2d(x, w, b, *args)
+    if _half(x) in HALF:
+        out = out.flip(-1) * 0.5 + 1.0
+    return out
+
+
+def rounding_half_kernel(x, w, b, *args):
+    """A correct half kernel: float32 accumulation, one output rounding."""
+    dtype = _half(x)
+    if dtype not in HALF:
+        return F.conv2d(x, w, b, *args)
+    with autocast_off('cpu'):
+        out = F.conv2d(
+            x.to(dtype).float(),
+            w.to(dtype).float(), None if b is None else b.to(dtype).float(),
+            *args)
+    return out.to(dtype)
+
+
+@pytest.mark.parametrize('dtype', HALF, ids=['bf16', 'fp16'])
+def test_broken_half_kernel_is_detected_and_bypassed(monkeypatch, dtype):
+    monkeypatch.setattr(SAFE, '_raw_conv2d', broken_half_kernel)
+    torch.manual_seed(0)
+    conv = SafeConv2d(8, 8, 8, 8, bias=False)
+    round_params(conv, dtype)
+    x = torch.randn(2, 8, 32, 32).to(dtype).float()
+    ref = F.conv2d(x, conv.weight, None, 8)
+    with torch.autocast('cpu', dtype=dtype):
+        with pytest.warns(
+                SAFE.HalfConvWarning, match='runs this convolution '
+                'in float32'):
+            out = conv(x)
+        # the verdict is remembered: no second probe, no second warning
+        with warnings.catch_warnings():
+            warnings.simplefilter('error')
+            out2 = conv(x)
+    assert out.dtype == dtype  # what autocast promises the next layer
+    assert rel_err(out, ref) < RTOL[dtype]
+    assert torch.equal(out, out2)
+    assert list(SAFE._verdicts.values()) == [False]
+    # without the guard the stand-in kernel is wrong: the test is not vacuous
+    with torch.autocast('cpu', dtype=dtype):
+        bad = broken_half_kernel(x.to(dtype), conv.weight.to(dtype), None, 8)
+    assert rel_err(bad, ref) > 0.5
+
+
+@pytest.mark.parametrize('dtype', HALF, ids=['bf16', 'fp16'])
+def test_bf16_model_input_is_guarded_too(monkeypatch, dtype):
+    """A model cast to the half type (no autocast) goes through the same
+    check."""
+    monkeypatch.setattr(SAFE, '_raw_conv2d', broken_half_kernel)
+    torch.manual_seed(0)
+    conv = SafeConv2d(16, 16, 4, 4, bias=True)
+    x = torch.randn(1, 16, 16, 16)
+    ref = conv(x)  # float32: no probe
+    assert not SAFE._verdicts
+    with pytest.warns(SAFE.HalfConvWarning):
+        out = conv.to(dtype)(x.to(dtype))
+    assert out.dtype == dtype
+    assert rel_err(out, ref) < 3 * RTOL[dtype]
+
+
+@pytest.mark.parametrize('dtype', HALF, ids=['bf16', 'fp16'])
+def test_correct_half_kernel_is_kept_bit_for_bit(monkeypatch, dtype):
+    monkeypatch.setattr(SAFE, '_raw_conv2d', rounding_half_kernel)
+    torch.manual_seed(0)
+    conv = SafeConv2d(16, 16, 4, 4, bias=True)
+    x = torch.randn(2, 16, 16, 16)
+    with torch.autocast('cpu', dtype=dtype):
+        with warnings.catch_warnings():
+            warnings.simplefilter('error')
+            out = conv(x)
+    expect = rounding_half_kernel(
+        x.to(dtype), conv.weight.to(dtype), conv.bias.to(dtype), (4, 4),
+        (0, 0), (1, 1), 1)
+    assert torch.equal(out, expect)
+    assert list(SAFE._verdicts.values()) == [True]
+
+
+def test_float32_and_other_devices_are_not_probed(monkeypatch):
+    calls = []
+    monkeypatch.setattr(SAFE, '_probe',
+                        lambda key: calls.append(key) or (True, 0.0))
+    conv = SafeConv2d(4, 4, 2, 2)
+    x = torch.randn(1, 4, 8, 8)
+    conv(x)
+    conv.double()(x.double())
+    meta = SafeConv2d(4, 4, 2, 2).to('meta').to(torch.bfloat16)
+    meta(torch.empty(1, 4, 8, 8, device='meta', dtype=torch.bfloat16))
+    assert calls == []
+    with torch.autocast('cpu', dtype=torch.bfloat16):
+        conv.float()(x)
+    assert len(calls) == 1
+
+
+def test_same_state_dict_as_conv2d():
+    torch.manual_seed(0)
+    plain = torch.nn.Conv2d(8, 8, 4, 4)
+    safe = SafeConv2d(8, 8, 4, 4)
+    safe.load_state_dict(plain.state_dict())
+    x = torch.randn(1, 8, 16, 16)
+    assert set(safe.state_dict()) == set(plain.state_dict())
+    assert torch.equal(safe(x), plain(x))
+
+
+def test_cpu_amp_wrapper_guards_every_conv_of_the_model(monkeypatch):
+    """``--amp`` on the CPU: the neck's / heads' plain convs are checked
+    too (here a broken kernel: the step computes the float32 result)."""
+    from mmsoft.engine.optimizers import CPUAmpOptimWrapper
+    monkeypatch.setattr(SAFE, '_raw_conv2d', broken_half_kernel)
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(
+        torch.nn.Conv2d(8, 8, 3, padding=1), torch.nn.ReLU(),
+        torch.nn.Conv2d(8, 4, 1))
+    round_params(model, torch.bfloat16)
+    x = torch.randn(2, 8, 16, 16).bfloat16().float()
+    ref = model(x)
+    state = {k: v.clone() for k, v in model.state_dict().items()}
+    wrapper = CPUAmpOptimWrapper(
+        optimizer=torch.optim.SGD(model.parameters(), lr=0.1))
+    with pytest.warns(SAFE.HalfConvWarning):
+        with wrapper.optim_context(model):
+            out = model(x)
+    assert [type(m) for m in model
+            if isinstance(m, torch.nn.Conv2d)] == [SafeConv2d, SafeConv2d]
+    assert all(torch.equal(state[k], v) for k, v in model.state_dict().items())
+    assert out.dtype == torch.bfloat16
+    assert rel_err(out, ref) < RTOL[torch.bfloat16]
