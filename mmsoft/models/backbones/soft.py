@@ -817,7 +817,7 @@ class SOFT(BaseModule):
 
         ``{'stage1': {'residual': ..., 'unconverged': ...}, ...}``: the
         largest ||A A_T A - A||_2 / ||A||_2 (paper Fig. 4) and the largest
-        fraction of A's numerical rank with |1 - l v_T(l)| > 0.5 over the
+        fraction of A's numerical rank with ``|1 - l v_T(l)| > 0.5`` over the
         matrices (samples, heads, blocks) of the stage. Empty unless
         ``nr_diagnostics`` is on (see :meth:`set_nr_diagnostics`).
         """

@@ -40,7 +40,7 @@ class LinformerAttention(ZooAttention):
     """Softmax attention over m spatially reduced keys / values.
 
     Args:
-        *args, **kwargs: the stage arguments (see :class:`ZooAttention`).
+        ``*args, **kwargs``: the stage arguments (see :class:`ZooAttention`).
         sr_mode (str): ``'conv'`` (PVT spatial reduction) or
             ``'avgpool'`` (parameter-free). Default: 'conv'.
         max_landmarks (int | None): cap on m (adaptive pooling of the

@@ -53,7 +53,7 @@ class NystromformerAttention(ZooAttention):
     """Softmax Nystrom attention with SOFT's block details.
 
     Args:
-        *args, **kwargs: the stage arguments (see :class:`ZooAttention`).
+        ``*args, **kwargs``: the stage arguments (see :class:`ZooAttention`).
         pinv (str): ``'iterative'`` (Nystromformer) or ``'exact'``.
             Default: 'iterative'.
         pinv_iters (int): iterations of :func:`iterative_pinv`. Default: 6.

@@ -69,7 +69,7 @@ class PerformerAttention(ZooAttention):
     """FAVOR+ linear attention with SOFT's block details.
 
     Args:
-        *args, **kwargs: the stage arguments (see :class:`ZooAttention`).
+        ``*args, **kwargs``: the stage arguments (see :class:`ZooAttention`).
         num_features (int | None): M random features per head. Default:
             None, ``max(16, round(d ln d))`` as in the Performer reference
             code.

@@ -44,7 +44,7 @@ class SimAAttention(ZooAttention):
     """SimA with SOFT's block details.
 
     Args:
-        *args, **kwargs: the stage arguments (see :class:`ZooAttention`).
+        ``*args, **kwargs``: the stage arguments (see :class:`ZooAttention`).
         order (str): ``'auto'`` (from n vs d), ``'quadratic'`` or
             ``'linear'``. Default: 'auto'.
         eps (float): added to the l1 norms. Default: 1e-6.
