@@ -123,7 +123,7 @@ def zoo_summary():
             label = size.group(1) if size else name
             if name.endswith('_3x_ms'):
                 label += ' 3x'
-            vals = ' / '.join(str(v) for v in _metrics(m).values())
+            vals = ' / '.join(str(v) for v in _metrics(m).values()) or '-'
             results.append(f'{label} {vals}')
         metric = ' / '.join(_metrics(models[0]))
         rows.append([coll, task, metric, ', '.join(results)])

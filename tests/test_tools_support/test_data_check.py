@@ -361,7 +361,8 @@ def test_message_command_quoting():
     assert shlex.split(over) == over.split()
 
 
-# ------------------------------------------------------------ README
+# ------------------------------------------------------------ docs page
+DATA_PAGE = osp.join(ROOT, 'docs', 'en', 'user_guides', 'data_preparation.md')
 LAYOUTS = {
     'coco': [
         'annotations/instances_train2017.json',
@@ -376,9 +377,9 @@ LAYOUTS = {
 
 
 def _readme_rows():
-    with open(osp.join(ROOT, 'README.md')) as f:
-        text = f.read()
-    section = text.split('\n## Data preparation\n', 1)[1].split('\n## ')[0]
+    # the documentation page of the data layouts (docs/en)
+    with open(DATA_PAGE) as f:
+        section = f.read()
     rows = []
     for line in section.splitlines():
         if not line.startswith('| `'):
