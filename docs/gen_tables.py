@@ -87,15 +87,31 @@ def _g(value):
     return f'{value / 1e9:.1f}G' if value else ''
 
 
+def _source(meta):
+    """The paper table a model's numbers come from (its ``Numbers``
+    note, e.g. ``(IJCV 2024 Table 4; FLOPs not reported)``)."""
+    m = re.search(r'\(((NeurIPS|IJCV) \d+ Table \d+)', meta.get('Numbers', ''))
+    return m.group(1) if m else ''
+
+
+def _with_tasks(models):
+    """``(model, tasks)``; a model without results (a config whose paper
+    gives no number) takes its collection's tasks."""
+    coll = {}
+    for m in models:
+        coll.setdefault(m['In Collection'], []).extend(_tasks(m))
+    return [(m, _tasks(m) or coll[m['In Collection']]) for m in models]
+
+
 def zoo_table(task):
-    models = [m for m in load_models() if task in _tasks(m)]
+    models = [m for m, tasks in _with_tasks(load_models()) if task in tasks]
     keys = []
     for m in models:
         for k in _metrics(m):
             if k not in keys:
                 keys.append(k)
     head = ['model', 'config', 'params (mmsoft)', 'params (paper)',
-            'FLOPs (paper)'] + keys
+            'FLOPs (paper)'] + keys + ['source']
     rows = []
     for m in models:
         meta, met = m['Metadata'], _metrics(m)
@@ -104,7 +120,7 @@ def zoo_table(task):
             _m(meta.get('Parameters (mmsoft)')),
             _m(meta.get('Parameters (paper)')),
             _g(meta.get('FLOPs (paper)'))
-        ] + [met.get(k, '') for k in keys])
+        ] + [met.get(k, '') for k in keys] + [_source(meta)])
     return md_table(head, rows)
 
 
