@@ -125,9 +125,11 @@ class SOFTStage(PyramidStage):
     """Stages 1-3: ``depth`` :class:`SOFTBlock` around the token mixer
     ``attn_cfg`` (SOFT attention by default).
 
+    ``in_channels``, ``embed_dims``, ``pos_grid``, ``stem``, ``drop_rate``,
+    ``patch_norm_cfg`` and ``patch_act_cfg`` are those of
+    :class:`PyramidStage`.
+
     Args:
-        in_channels, embed_dims, pos_grid, stem, drop_rate, patch_norm_cfg,
-            patch_act_cfg: see :class:`PyramidStage`.
         num_heads (int): attention heads.
         depth (int): number of blocks.
         sampling_ratio (int): r of the bottleneck (m = HW / r^2).
@@ -200,9 +202,11 @@ class ClsTokenStage(PyramidStage):
     """Stage 4 ("sp. 1x1, w. cls token"): a cls token, ``depth`` pre-norm
     :class:`SoftmaxBlock` and a final LayerNorm (``norm``).
 
+    ``in_channels``, ``embed_dims``, ``pos_grid``, ``stem``, ``drop_rate``,
+    ``patch_norm_cfg`` and ``patch_act_cfg`` are those of
+    :class:`PyramidStage`.
+
     Args:
-        in_channels, embed_dims, pos_grid, stem, drop_rate, patch_norm_cfg,
-            patch_act_cfg: see :class:`PyramidStage`.
         num_heads (int): attention heads.
         depth (int): number of blocks.
         mlp_ratio (float): MLP expansion.
