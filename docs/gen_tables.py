@@ -110,8 +110,9 @@ def zoo_table(task):
         for k in _metrics(m):
             if k not in keys:
                 keys.append(k)
-    head = ['model', 'config', 'params (mmsoft)', 'params (paper)',
-            'FLOPs (paper)'] + keys + ['source']
+    head = [
+        'model', 'config', 'params (mmsoft)', 'params (paper)', 'FLOPs (paper)'
+    ] + keys + ['source']
     rows = []
     for m in models:
         meta, met = m['Metadata'], _metrics(m)
@@ -155,8 +156,8 @@ def bench_attention():
     """``tools/analysis/benchmark_attention.py``'s table from its CSV."""
     rows = read_csv('benchmark_attention.csv')
     get = {(r['device'], r['n'], r['method'], r['mode']): r for r in rows}
-    keys = list(dict.fromkeys((r['device'], r['n'], r['method'])
-                              for r in rows))
+    keys = list(
+        dict.fromkeys((r['device'], r['n'], r['method']) for r in rows))
     out = []
     for dev, n, method in keys:
         f = get.get((dev, n, method, 'forward'))
@@ -254,9 +255,9 @@ def tested_versions():
                 node.target, ast.Name):
             if node.target.id in ('TESTED', 'VERIFIED'):
                 values[node.target.id] = ast.literal_eval(node.value)
-    rows = [[f'`{dist}`', f'>= {lo}, < {hi}',
-             values['VERIFIED'].get(dist, '')]
-            for dist, (lo, hi) in values['TESTED'].items()]
+    rows = [[
+        f'`{dist}`', f'>= {lo}, < {hi}', values['VERIFIED'].get(dist, '')
+    ] for dist, (lo, hi) in values['TESTED'].items()]
     return md_table(
         ['package', 'tested range (a warning outside it)', 'verified (CI)'],
         rows)

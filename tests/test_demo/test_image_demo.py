@@ -241,7 +241,8 @@ def test_image_demo_errors(models, images, tmp_path):
 
 def _readme_snippets():
     # the documentation page of the inference APIs (docs/en)
-    with open(osp.join(ROOT, 'docs', 'en', 'user_guides', 'inference.md')) as f:
+    with open(osp.join(ROOT, 'docs', 'en', 'user_guides',
+                       'inference.md')) as f:
         section = f.read()
     return re.findall(r'```python\n(.*?)```', section, flags=re.S)
 

@@ -22,9 +22,8 @@ import pytest
 from conftest import ROOT, load_module, load_tool
 
 DOCS = osp.join(ROOT, 'docs', 'en')
-PAGES = sorted(glob.glob(osp.join(DOCS, '**', '*.md'), recursive=True)) + [
-    osp.join(ROOT, 'README.md')
-]
+PAGES = sorted(glob.glob(osp.join(DOCS, '**', '*.md'),
+                         recursive=True)) + [osp.join(ROOT, 'README.md')]
 #: Python blocks marked ``<!-- snippet: skip (...) -->`` (the inference
 #: APIs need trained models: tests/test_demo/test_image_demo.py runs those
 #: three blocks with tiny ones)
@@ -36,8 +35,8 @@ FENCE = re.compile(
 SCRIPTS = {
     'tools/dist_train.sh': ('train.py', 2, lambda p: [p[0]]),
     'tools/dist_test.sh': ('test.py', 3, lambda p: p[:2]),
-    'tools/slurm_train.sh': ('train.py', 4,
-                             lambda p: [p[2], '--work-dir', p[3]]),
+    'tools/slurm_train.sh':
+    ('train.py', 4, lambda p: [p[2], '--work-dir', p[3]]),
     'tools/slurm_test.sh': ('test.py', 4, lambda p: p[2:4]),
 }
 MODULES = ('mmsoft.configs', 'mmsoft.tools_support.data_check')
@@ -72,9 +71,9 @@ def test_python_blocks_found_and_skips_counted():
     assert len(skipped) == EXPECTED_SKIPS, skipped
 
 
-@pytest.mark.parametrize(
-    'where,code',
-    [(w, c) for w, c, reason in PY_BLOCKS if reason is None])
+@pytest.mark.parametrize('where,code',
+                         [(w, c)
+                          for w, c, reason in PY_BLOCKS if reason is None])
 def test_python_block_runs(where, code, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     exec(compile(code, where, 'exec'), {'__name__': '__snippet__'})
@@ -178,8 +177,8 @@ def test_shell_invocation(where, kind, target, argv):
         assert osp.isfile(osp.join(ROOT, target)), f'{where}: no {target}'
         if target.startswith('demo/'):
             mod = load_module(
-                osp.join(ROOT, target), '_snippet_' + target[:-3].replace(
-                    '/', '_'))
+                osp.join(ROOT, target),
+                '_snippet_' + target[:-3].replace('/', '_'))
         else:
             mod = load_tool(target[len('tools/'):])
         parse_with_tool_argparse(mod, argv)
