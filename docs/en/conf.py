@@ -37,7 +37,9 @@ myst_heading_anchors = 3  # [text](page.md#a-heading) links
 # autodoc: the public API as documented in the docstrings
 autodoc_default_options = {'members': True, 'show-inheritance': True}
 autodoc_member_order = 'bysource'
-autodoc_typehints = 'description'
+# the docstrings give the types (napoleon); no second 'Return type'
+autodoc_typehints = 'none'
+add_module_names = False
 autodoc_class_signature = 'separated'
 napoleon_google_docstring = True
 napoleon_numpy_docstring = False
