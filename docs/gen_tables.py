@@ -277,6 +277,17 @@ SOURCES = {
 }
 
 
+#: the file each table is generated from (named under the table)
+ORIGIN = {
+    'bench_attention': 'docs/en/benchmarks/benchmark_attention.csv',
+    'bench_backbones': 'docs/en/benchmarks/benchmark_backbones.csv',
+    'bench_amp': 'docs/en/benchmarks/benchmark_amp.csv',
+    'bench_compile': 'docs/en/benchmarks/benchmark_compile.csv',
+    'onnx_latency': 'docs/en/benchmarks/benchmark_onnx.csv',
+    'tested_versions': 'mmsoft/deps.py',
+}
+
+
 def render(text):
     """``text`` with every generated block rendered from its source."""
 
@@ -285,7 +296,9 @@ def render(text):
         if name not in SOURCES:
             raise KeyError(f'unknown generated table {name!r} '
                            f'(known: {", ".join(SOURCES)})')
-        return m.group(1) + SOURCES[name]() + m.group(4)
+        origin = ORIGIN.get(name, 'model-index.yml')
+        note = f'\n*Generated from `{origin}`.*\n'
+        return m.group(1) + SOURCES[name]() + note + m.group(4)
 
     return BLOCK.sub(sub, text)
 

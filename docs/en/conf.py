@@ -31,7 +31,9 @@ source_suffix = {'.md': 'markdown', '.rst': 'restructuredtext'}
 root_doc = 'index'
 exclude_patterns = ['_build']
 
-myst_enable_extensions = ['colon_fence', 'dollarmath', 'deflist']
+# formulas are written in Unicode (readable offline and on GitHub; no
+# MathJax download)
+myst_enable_extensions = ['colon_fence', 'deflist']
 myst_heading_anchors = 3  # [text](page.md#a-heading) links
 
 # autodoc: the public API as documented in the docstrings
