@@ -30,8 +30,6 @@ import os.path as osp
 import re
 import sys
 
-import yaml
-
 ROOT = osp.dirname(osp.dirname(osp.abspath(__file__)))
 DOCS = osp.join(ROOT, 'docs', 'en')
 BENCH = osp.join(DOCS, 'benchmarks')
@@ -58,6 +56,7 @@ def read_csv(name):
 # ------------------------------------------------------------ model index
 def load_models():
     """The models of the model index, in its order."""
+    import yaml  # here: ``--docs-env`` runs before any dependency is there
     with open(osp.join(ROOT, 'model-index.yml')) as f:
         index = yaml.safe_load(f)
     models = []
@@ -275,7 +274,6 @@ SOURCES = {
     'onnx_latency': onnx_latency,
     'tested_versions': tested_versions,
 }
-
 
 #: the file each table is generated from (named under the table)
 ORIGIN = {

@@ -361,6 +361,17 @@ def test_message_command_quoting():
     assert shlex.split(over) == over.split()
 
 
+def test_message_points_at_the_docs_page():
+    """The message's last line names the page with the layouts, and that
+    page exists in this checkout (it moved out of README.md)."""
+    cfg = ConfigDict(test_dataloader=dict(dataset=_coco_ds('data/x/')))
+    last = dc.missing_data_message(cfg, 'test').splitlines()[-1]
+    page = re.search(r'see (\S+\.md)', last).group(1)
+    assert osp.isfile(osp.join(ROOT, page)), last
+    with open(osp.join(ROOT, page)) as f:
+        assert f.read().startswith('# Data preparation')
+
+
 # ------------------------------------------------------------ docs page
 DATA_PAGE = osp.join(ROOT, 'docs', 'en', 'user_guides', 'data_preparation.md')
 LAYOUTS = {
