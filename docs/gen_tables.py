@@ -109,18 +109,24 @@ def zoo_table(task):
         for k in _metrics(m):
             if k not in keys:
                 keys.append(k)
-    head = [
-        'model', 'config', 'params (mmsoft)', 'params (paper)', 'FLOPs (paper)'
-    ] + keys + ['source']
+    # the metrics first: the table is read for them; the config of a
+    # model is configs/<model>.py
+    head = ['model'] + keys + [
+        'params (paper)', 'params (mmsoft)', 'FLOPs (paper)', 'source'
+    ]
     rows = []
     for m in models:
         meta, met = m['Metadata'], _metrics(m)
-        rows.append([
-            f'`{m["Name"]}`', f'`{m["Config"]}`',
-            _m(meta.get('Parameters (mmsoft)')),
+        if m['Config'] != f'configs/{m["Name"]}.py':
+            raise ValueError(f'model index: {m["Name"]} has the config '
+                             f'{m["Config"]}; the model zoo page assumes '
+                             f'configs/{m["Name"]}.py (rename one)')
+        rows.append([f'`{m["Name"]}`'] + [met.get(k, '-') for k in keys] + [
             _m(meta.get('Parameters (paper)')),
-            _g(meta.get('FLOPs (paper)'))
-        ] + [met.get(k, '') for k in keys] + [_source(meta)])
+            _m(meta.get('Parameters (mmsoft)')),
+            _g(meta.get('FLOPs (paper)')),
+            _source(meta)
+        ])
     return md_table(head, rows)
 
 
