@@ -82,6 +82,11 @@ def _m(value):
     return f'{value / 1e6:.2f}M' if value else ''
 
 
+def _paper_m(value):
+    """The paper's rounded count as the paper gives it (13M, not 13.00M)."""
+    return f'{value / 1e6:g}M' if value else ''
+
+
 def _g(value):
     return f'{value / 1e9:.1f}G' if value else ''
 
@@ -122,7 +127,7 @@ def zoo_table(task):
                              f'{m["Config"]}; the model zoo page assumes '
                              f'configs/{m["Name"]}.py (rename one)')
         rows.append([f'`{m["Name"]}`'] + [met.get(k, '-') for k in keys] + [
-            _m(meta.get('Parameters (paper)')),
+            _paper_m(meta.get('Parameters (paper)')),
             _m(meta.get('Parameters (mmsoft)')),
             _g(meta.get('FLOPs (paper)')),
             _source(meta)
