@@ -255,6 +255,64 @@ def onnx_latency():
     ], out)
 
 
+def official_comparison():
+    """mmsoft vs the official code (a one-off measurement, kept as text)."""
+    return md_table(
+        ['SOFT-*-Norm, 800 × 1216', 'official', 'mmsoft', 'speed-up'],
+        [[r['case'], r['official'], r['mmsoft'], r['speedup']]
+         for r in read_csv('official_comparison.csv')])
+
+
+def why_table():
+    """README's "Why SOFT": a few rows picked from the benchmark CSVs."""
+    att = {
+        (r['n'], r['method'], r['mode']): r
+        for r in read_csv('benchmark_attention.csv')
+    }
+    bb = {
+        (r['model'], r['size'], r['mode']): r
+        for r in read_csv('benchmark_backbones.csv')
+    }
+    off = {r['case']: r for r in read_csv('official_comparison.csv')}
+
+    def layer(method):
+        r = att[('3136', method, 'forward_backward')]
+        return f'{float(r["time_ms"]):.0f} ms, {float(r["peak_mb"]):.0f} MiB'
+
+    def ms(model, size, mode):
+        return float(bb[(model, size, mode)]['time_ms'])
+
+    rows = [[
+        'one attention layer, n = 3136 tokens, forward + backward',
+        layer('soft'), f'softmax: {layer("softmax")} (fused SDPA); '
+        f'{layer("softmax_naive")} (n × n)'
+    ]]
+    for soft, peer, size, mode, label in (
+        ('soft_small', 'pvtv2_b2', '224x224x8', 'forward',
+         'SOFT-Small vs PVTv2-b2 backbone, 224 × 224 × 8, forward'),
+        ('soft_tiny', 'pvtv2_b1', '224x224x8', 'forward_backward',
+         'SOFT-Tiny vs PVTv2-b1 backbone, 224 × 224 × 8, training step'),
+        ('soft_small_norm', 'pvtv2_b2', '800x1216x1', 'forward',
+         'SOFT-Small-Norm vs PVTv2-b2 backbone, 800 × 1216, forward'),
+        ('soft_small_norm', 'pvtv2_b2', '800x1216x1', 'forward_backward',
+         'SOFT-Small-Norm vs PVTv2-b2 backbone, 800 × 1216, training '
+         'step')):
+        a, b = ms(soft, size, mode), ms(peer, size, mode)
+        rows.append([label, f'{a:.0f} ms ({a / b:.2f}x)', f'{b:.0f} ms'])
+    for case, label in (('Small, forward',
+                         'SOFT-Small-Norm, 800 × 1216, forward, vs the '
+                         'official code'),
+                        ('Tiny, forward + backward',
+                         'SOFT-Tiny-Norm, 800 × 1216, training '
+                         'step, vs the official code')):
+        r = off[case]
+        rows.append([
+            label, r['mmsoft'], f'{r["official"]} '
+            f'({r["speedup"]} slower)'
+        ])
+    return md_table(['measurement', 'SOFT (mmsoft)', 'peer'], rows)
+
+
 def tested_versions():
     """``mmsoft/deps.py``: the tested range and the verified version."""
     with open(osp.join(ROOT, 'mmsoft', 'deps.py')) as f:
@@ -284,16 +342,20 @@ SOURCES = {
     'bench_compile': bench_compile,
     'onnx_latency': onnx_latency,
     'tested_versions': tested_versions,
+    'official_comparison': official_comparison,
+    'why': why_table,
 }
 
 #: the file each table is generated from (named under the table)
 ORIGIN = {
-    'bench_attention': 'docs/en/benchmarks/benchmark_attention.csv',
-    'bench_backbones': 'docs/en/benchmarks/benchmark_backbones.csv',
-    'bench_amp': 'docs/en/benchmarks/benchmark_amp.csv',
-    'bench_compile': 'docs/en/benchmarks/benchmark_compile.csv',
-    'onnx_latency': 'docs/en/benchmarks/benchmark_onnx.csv',
-    'tested_versions': 'mmsoft/deps.py',
+    'bench_attention': '`docs/en/benchmarks/benchmark_attention.csv`',
+    'bench_backbones': '`docs/en/benchmarks/benchmark_backbones.csv`',
+    'bench_amp': '`docs/en/benchmarks/benchmark_amp.csv`',
+    'bench_compile': '`docs/en/benchmarks/benchmark_compile.csv`',
+    'onnx_latency': '`docs/en/benchmarks/benchmark_onnx.csv`',
+    'tested_versions': '`mmsoft/deps.py`',
+    'official_comparison': '`docs/en/benchmarks/official_comparison.csv`',
+    'why': 'the CSV files of `docs/en/benchmarks/`',
 }
 
 
@@ -305,8 +367,8 @@ def render(text):
         if name not in SOURCES:
             raise KeyError(f'unknown generated table {name!r} '
                            f'(known: {", ".join(SOURCES)})')
-        origin = ORIGIN.get(name, 'model-index.yml')
-        note = f'\n*Generated from `{origin}`.*\n'
+        origin = ORIGIN.get(name, '`model-index.yml`')
+        note = f'\n*Generated from {origin}.*\n'
         return m.group(1) + SOURCES[name]() + note + m.group(4)
 
     return BLOCK.sub(sub, text)
