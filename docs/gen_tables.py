@@ -154,6 +154,9 @@ def zoo_summary():
             results.append(f'{label} {vals}')
         metric = ' / '.join(_metrics(models[0]))
         rows.append([coll, task, metric, ', '.join(results)])
+    order = ('Image Classification', 'Object Detection',
+             'Semantic Segmentation')
+    rows.sort(key=lambda r: order.index(r[1].split(', ')[0]))
     return md_table(['collection', 'task', 'metric', 'paper results'], rows)
 
 
