@@ -5,13 +5,11 @@ cross-references: a reference that does not resolve fails the build. Names
 of other packages (torch, mmengine, ...) are not documented here and are
 listed in ``nitpick_ignore_regex``.
 """
-import os
 import os.path as osp
 import sys
 
 ROOT = osp.abspath(osp.join(osp.dirname(__file__), '..', '..'))
 sys.path.insert(0, ROOT)  # document this checkout, not an installed mmsoft
-os.environ.setdefault('MMSOFT_SKIP_DATA_CHECK', '1')
 
 from mmsoft.version import __version__  # noqa: E402
 
