@@ -27,7 +27,9 @@ extensions = [
 ]
 source_suffix = {'.md': 'markdown', '.rst': 'restructuredtext'}
 root_doc = 'index'
-exclude_patterns = ['_build']
+# compat/ holds what `make compat` writes (a markdown and a CSV table);
+# advanced_guides/support_matrix.md shows the CSV, whatever the markdown's form
+exclude_patterns = ['_build', 'compat']
 
 # formulas are written in Unicode (readable offline and on GitHub; no
 # MathJax download)
