@@ -4,7 +4,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 PYTEST_ARGS ?=
 
-.PHONY: env test demo lint gpu-check mutations clean-env
+.PHONY: env test demo lint gpu-check mutations docs docs-env clean-env
 
 env:
 	bash tools/setup_env.sh
@@ -30,6 +30,18 @@ gpu-check: env
 # tests/mutation/mutations.py must make its tests fail (~10 min)
 mutations: env
 	$(PY) tests/mutation/run_mutations.py --python $(PY) $(MUTATIONS)
+
+# the documentation site (docs/en, Sphinx + MyST) -> docs/_build/html,
+# warnings are errors; installs requirements/docs.txt when missing
+docs: docs-env
+	$(PY) docs/gen_tables.py
+	$(PY) -m sphinx -b html -W --keep-going -n -q docs/en docs/_build/html
+	@echo "docs: file://$(CURDIR)/docs/_build/html/index.html"
+
+docs-env: env
+	@$(PY) docs/gen_tables.py --docs-env 2>/dev/null || \
+	    PIP_CONSTRAINT=requirements/constraints.txt $(PY) -m pip install -q \
+	    -r requirements/docs.txt
 
 clean-env:
 	rm -rf $(VENV)

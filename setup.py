@@ -108,6 +108,7 @@ extras = {
 extras['all'] = sorted({r for v in extras.values() for r in v})
 extras['tests'] = read_requirements('tests.txt')
 extras['lint'] = read_requirements('lint.txt')
+extras['docs'] = read_requirements('docs.txt')
 if read_requirements('deploy.txt'):
     extras['deploy'] = read_requirements('deploy.txt')
 

@@ -243,7 +243,7 @@ def missing_data_message(cfg, mode):
     if overrides:
         lines.append('  or point the config at it: --cfg-options ' +
                      ' '.join(dict.fromkeys(overrides)))
-    lines.append('  (see "Data preparation" in README.md)')
+    lines.append('  (see docs/en/user_guides/data_preparation.md)')
     return '\n'.join(lines)
 
 

@@ -240,9 +240,10 @@ def test_image_demo_errors(models, images, tmp_path):
 
 
 def _readme_snippets():
-    with open(osp.join(ROOT, 'README.md')) as f:
-        text = f.read()
-    section = text.split('\n## Inference\n', 1)[1].split('\n## ', 1)[0]
+    # the documentation page of the inference APIs (docs/en)
+    with open(osp.join(ROOT, 'docs', 'en', 'user_guides',
+                       'inference.md')) as f:
+        section = f.read()
     return re.findall(r'```python\n(.*?)```', section, flags=re.S)
 
 

@@ -361,7 +361,19 @@ def test_message_command_quoting():
     assert shlex.split(over) == over.split()
 
 
-# ------------------------------------------------------------ README
+def test_message_points_at_the_docs_page():
+    """The message's last line names the page with the layouts, and that
+    page exists in this checkout (it moved out of README.md)."""
+    cfg = ConfigDict(test_dataloader=dict(dataset=_coco_ds('data/x/')))
+    last = dc.missing_data_message(cfg, 'test').splitlines()[-1]
+    page = re.search(r'see (\S+\.md)', last).group(1)
+    assert osp.isfile(osp.join(ROOT, page)), last
+    with open(osp.join(ROOT, page)) as f:
+        assert f.read().startswith('# Data preparation')
+
+
+# ------------------------------------------------------------ docs page
+DATA_PAGE = osp.join(ROOT, 'docs', 'en', 'user_guides', 'data_preparation.md')
 LAYOUTS = {
     'coco': [
         'annotations/instances_train2017.json',
@@ -376,9 +388,9 @@ LAYOUTS = {
 
 
 def _readme_rows():
-    with open(osp.join(ROOT, 'README.md')) as f:
-        text = f.read()
-    section = text.split('\n## Data preparation\n', 1)[1].split('\n## ')[0]
+    # the documentation page of the data layouts (docs/en)
+    with open(DATA_PAGE) as f:
+        section = f.read()
     rows = []
     for line in section.splitlines():
         if not line.startswith('| `'):

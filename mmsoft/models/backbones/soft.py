@@ -125,9 +125,11 @@ class SOFTStage(PyramidStage):
     """Stages 1-3: ``depth`` :class:`SOFTBlock` around the token mixer
     ``attn_cfg`` (SOFT attention by default).
 
+    ``in_channels``, ``embed_dims``, ``pos_grid``, ``stem``, ``drop_rate``,
+    ``patch_norm_cfg`` and ``patch_act_cfg`` are those of
+    :class:`PyramidStage`.
+
     Args:
-        in_channels, embed_dims, pos_grid, stem, drop_rate, patch_norm_cfg,
-            patch_act_cfg: see :class:`PyramidStage`.
         num_heads (int): attention heads.
         depth (int): number of blocks.
         sampling_ratio (int): r of the bottleneck (m = HW / r^2).
@@ -200,9 +202,11 @@ class ClsTokenStage(PyramidStage):
     """Stage 4 ("sp. 1x1, w. cls token"): a cls token, ``depth`` pre-norm
     :class:`SoftmaxBlock` and a final LayerNorm (``norm``).
 
+    ``in_channels``, ``embed_dims``, ``pos_grid``, ``stem``, ``drop_rate``,
+    ``patch_norm_cfg`` and ``patch_act_cfg`` are those of
+    :class:`PyramidStage`.
+
     Args:
-        in_channels, embed_dims, pos_grid, stem, drop_rate, patch_norm_cfg,
-            patch_act_cfg: see :class:`PyramidStage`.
         num_heads (int): attention heads.
         depth (int): number of blocks.
         mlp_ratio (float): MLP expansion.
@@ -817,7 +821,7 @@ class SOFT(BaseModule):
 
         ``{'stage1': {'residual': ..., 'unconverged': ...}, ...}``: the
         largest ||A A_T A - A||_2 / ||A||_2 (paper Fig. 4) and the largest
-        fraction of A's numerical rank with |1 - l v_T(l)| > 0.5 over the
+        fraction of A's numerical rank with ``|1 - l v_T(l)| > 0.5`` over the
         matrices (samples, heads, blocks) of the stage. Empty unless
         ``nr_diagnostics`` is on (see :meth:`set_nr_diagnostics`).
         """

@@ -40,8 +40,10 @@ SR_MODES = ('conv', 'avgpool')
 class LinformerAttention(ZooAttention):
     """Softmax attention over m spatially reduced keys / values.
 
+    The stage arguments (``*args, **kwargs``) are those of
+    :class:`ZooAttention`.
+
     Args:
-        *args, **kwargs: the stage arguments (see :class:`ZooAttention`).
         sr_mode (str): ``'conv'`` (PVT spatial reduction) or
             ``'avgpool'`` (parameter-free). Default: 'conv'.
         max_landmarks (int | None): cap on m (adaptive pooling of the

@@ -52,8 +52,10 @@ def iterative_pinv(A: torch.Tensor, iters: int = 6) -> torch.Tensor:
 class NystromformerAttention(ZooAttention):
     """Softmax Nystrom attention with SOFT's block details.
 
+    The stage arguments (``*args, **kwargs``) are those of
+    :class:`ZooAttention`.
+
     Args:
-        *args, **kwargs: the stage arguments (see :class:`ZooAttention`).
         pinv (str): ``'iterative'`` (Nystromformer) or ``'exact'``.
             Default: 'iterative'.
         pinv_iters (int): iterations of :func:`iterative_pinv`. Default: 6.

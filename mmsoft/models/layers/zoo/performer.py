@@ -68,8 +68,10 @@ def favor_features(x: torch.Tensor, w: torch.Tensor,
 class PerformerAttention(ZooAttention):
     """FAVOR+ linear attention with SOFT's block details.
 
+    The stage arguments (``*args, **kwargs``) are those of
+    :class:`ZooAttention`.
+
     Args:
-        *args, **kwargs: the stage arguments (see :class:`ZooAttention`).
         num_features (int | None): M random features per head. Default:
             None, ``max(16, round(d ln d))`` as in the Performer reference
             code.

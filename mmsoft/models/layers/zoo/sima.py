@@ -43,8 +43,10 @@ def sima_order(n: int, d: int, order: str = 'auto') -> str:
 class SimAAttention(ZooAttention):
     """SimA with SOFT's block details.
 
+    The stage arguments (``*args, **kwargs``) are those of
+    :class:`ZooAttention`.
+
     Args:
-        *args, **kwargs: the stage arguments (see :class:`ZooAttention`).
         order (str): ``'auto'`` (from n vs d), ``'quadratic'`` or
             ``'linear'``. Default: 'auto'.
         eps (float): added to the l1 norms. Default: 1e-6.

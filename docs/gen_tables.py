@@ -1,0 +1,439 @@
+"""Generate the documentation's tables from their one source each.
+
+A page marks a generated table with two HTML comments (invisible on
+GitHub and in the built site)::
+
+    <!-- generated: NAME -->
+    ...the table, written by this script...
+    <!-- end generated -->
+
+and :data:`SOURCES` renders ``NAME`` from its source:
+
+* ``zoo_<task>`` / ``zoo_summary``: the model index (``model-index.yml``
+  and the ``configs/metafiles/*.yml`` it imports: what ``mim search``
+  shows);
+* ``bench_*`` / ``onnx_latency``: the CSV files in ``docs/en/benchmarks/``,
+  with the columns the benchmark tools write (``tools/analysis/*.py
+  --out``, ``tools/deployment/benchmark_onnx.py``);
+* ``tested_versions``: ``TESTED`` / ``VERIFIED`` of ``mmsoft/deps.py``.
+
+``python docs/gen_tables.py`` rewrites the pages (``make docs`` does),
+``--check`` only reports the pages that differ (exit 1; the test
+``tests/test_docs/test_generated_tables.py`` does the same), and
+``--docs-env`` exits 0 when the pinned ``requirements/docs.txt`` are
+installed (the Makefile's check before installing them).
+"""
+import argparse
+import ast
+import csv
+import os.path as osp
+import re
+import sys
+
+ROOT = osp.dirname(osp.dirname(osp.abspath(__file__)))
+DOCS = osp.join(ROOT, 'docs', 'en')
+BENCH = osp.join(DOCS, 'benchmarks')
+#: the pages that hold generated tables (relative to ROOT)
+PAGES = ('README.md', 'docs/en/model_zoo.md', 'docs/en/benchmarks.md',
+         'docs/en/user_guides/deployment.md',
+         'docs/en/advanced_guides/compatibility.md')
+BLOCK = re.compile(
+    r'(<!-- generated: (?P<name>[^>]+?) -->\n)(?P<body>.*?)'
+    r'(<!-- end generated -->)', re.S)
+
+
+def md_table(head, rows):
+    lines = ['| ' + ' | '.join(head) + ' |', '|' + '---|' * len(head)]
+    lines += ['| ' + ' | '.join(str(c) for c in r) + ' |' for r in rows]
+    return '\n'.join(lines) + '\n'
+
+
+def read_csv(name):
+    with open(osp.join(BENCH, name), newline='') as f:
+        return list(csv.DictReader(f))
+
+
+# ------------------------------------------------------------ model index
+def load_models():
+    """The models of the model index, in its order."""
+    import yaml  # here: ``--docs-env`` runs before any dependency is there
+    with open(osp.join(ROOT, 'model-index.yml')) as f:
+        index = yaml.safe_load(f)
+    models = []
+    for rel in index['Import']:
+        with open(osp.join(ROOT, rel)) as f:
+            models += yaml.safe_load(f)['Models']
+    return models
+
+
+def _metrics(model):
+    out = {}
+    for res in model.get('Results', []):
+        for k, v in res['Metrics'].items():
+            out[k] = v
+    return out
+
+
+def _tasks(model):
+    return [r['Task'] for r in model.get('Results', [])]
+
+
+def _m(value):
+    return f'{value / 1e6:.2f}M' if value else ''
+
+
+def _paper_m(value):
+    """The paper's rounded count as the paper gives it (13M, not 13.00M)."""
+    return f'{value / 1e6:g}M' if value else ''
+
+
+def _g(value):
+    return f'{value / 1e9:.1f}G' if value else ''
+
+
+def _source(meta):
+    """The paper table a model's numbers come from (its ``Numbers``
+    note, e.g. ``(IJCV 2024 Table 4; FLOPs not reported)``)."""
+    m = re.search(r'\(((NeurIPS|IJCV) \d+ Table \d+)', meta.get('Numbers', ''))
+    return m.group(1) if m else ''
+
+
+def _with_tasks(models):
+    """``(model, tasks)``; a model without results (a config whose paper
+    gives no number) takes its collection's tasks."""
+    coll = {}
+    for m in models:
+        coll.setdefault(m['In Collection'], []).extend(_tasks(m))
+    return [(m, _tasks(m) or coll[m['In Collection']]) for m in models]
+
+
+def zoo_table(task):
+    models = [m for m, tasks in _with_tasks(load_models()) if task in tasks]
+    keys = []
+    for m in models:
+        for k in _metrics(m):
+            if k not in keys:
+                keys.append(k)
+    # the metrics first: the table is read for them; the config of a
+    # model is configs/<model>.py
+    head = ['model'] + keys + [
+        'params (paper)', 'params (mmsoft)', 'FLOPs (paper)', 'source'
+    ]
+    rows = []
+    for m in models:
+        meta, met = m['Metadata'], _metrics(m)
+        if m['Config'] != f'configs/{m["Name"]}.py':
+            raise ValueError(f'model index: {m["Name"]} has the config '
+                             f'{m["Config"]}; the model zoo page assumes '
+                             f'configs/{m["Name"]}.py (rename one)')
+        rows.append([f'`{m["Name"]}`'] + [met.get(k, '-') for k in keys] + [
+            _paper_m(meta.get('Parameters (paper)')),
+            _m(meta.get('Parameters (mmsoft)')),
+            _g(meta.get('FLOPs (paper)')),
+            _source(meta)
+        ])
+    return md_table(head, rows)
+
+
+def zoo_summary():
+    """One row per collection: its configs' sizes and paper results."""
+    groups = {}
+    for m in load_models():
+        groups.setdefault(m['In Collection'], []).append(m)
+    rows = []
+    for coll, models in groups.items():
+        task = ', '.join(dict.fromkeys(t for m in models for t in _tasks(m)))
+        results = []
+        for m in models:
+            name = m['Name']
+            size = re.search(r'_(tiny|small|medium|large|huge)', name)
+            label = size.group(1) if size else name
+            if name.endswith('_3x_ms'):
+                label += ' 3x'
+            vals = ' / '.join(str(v) for v in _metrics(m).values()) or '-'
+            results.append(f'{label} {vals}')
+        metric = ' / '.join(_metrics(models[0]))
+        rows.append([coll, task, metric, ', '.join(results)])
+    order = ('Image Classification', 'Object Detection',
+             'Semantic Segmentation')
+    rows.sort(key=lambda r: order.index(r[1].split(', ')[0]))
+    return md_table(['collection', 'task', 'metric', 'paper results'], rows)
+
+
+# ------------------------------------------------------------ benchmarks
+def _f1(v):
+    return f'{float(v):.1f}' if v not in ('', None) else 'n/a'
+
+
+def bench_attention():
+    """``tools/analysis/benchmark_attention.py``'s table from its CSV."""
+    rows = read_csv('benchmark_attention.csv')
+    get = {(r['device'], r['n'], r['method'], r['mode']): r for r in rows}
+    keys = list(
+        dict.fromkeys((r['device'], r['n'], r['method']) for r in rows))
+    out = []
+    for dev, n, method in keys:
+        f = get.get((dev, n, method, 'forward'))
+        b = get.get((dev, n, method, 'forward_backward'))
+        out.append([
+            dev, n, method,
+            _f1(f and f['time_ms']),
+            _f1(f and f['peak_mb']),
+            _f1(b and b['time_ms']),
+            _f1(b and b['peak_mb'])
+        ])
+    return md_table([
+        'device', 'n', 'method', 'fwd ms', 'fwd MiB', 'fwd+bwd ms',
+        'fwd+bwd MiB'
+    ], out)
+
+
+def _baseline(model):
+    """PVTv2 of the same size (``benchmark.py``'s default baselines)."""
+    if model.startswith('soft_tiny'):
+        return 'pvtv2_b1'
+    if model.startswith('soft_small'):
+        return 'pvtv2_b2'
+    return None
+
+
+def bench_backbones():
+    """``tools/analysis/benchmark.py``'s table from its CSV."""
+    rows = read_csv('benchmark_backbones.csv')
+    get = {(r['model'], r['size'], r['mode']): r for r in rows}
+    out = []
+    for r in rows:
+        base = _baseline(r['model'])
+        rb = get.get((base, r['size'], r['mode']))
+        ratio = (f'{float(r["time_ms"]) / float(rb["time_ms"]):.2f}x {base}'
+                 if rb else '')
+        out.append([
+            r['model'], f'{float(r["params_m"]):.1f}M', r['size'], r['mode'],
+            f'{float(r["time_ms"]):.1f}', f'{float(r["img_per_s"]):.2f}',
+            f'{float(r["peak_mb"]):.0f}', ratio
+        ])
+    return md_table([
+        'model', 'params', 'input', 'mode', 'ms', 'img/s', 'peak MiB',
+        'x baseline'
+    ], out)
+
+
+def bench_amp():
+    """``tools/analysis/benchmark_amp.py``'s table from its CSV."""
+    out = [[
+        r['size'], f'{float(r["fp32_ms"]):.1f}', f'{float(r["bf16_ms"]):.1f}',
+        f'{float(r["fp32_img_s"]):.2f}', f'{float(r["bf16_img_s"]):.2f}',
+        f'{float(r["speedup"]):.2f}x'
+    ] for r in read_csv('benchmark_amp.csv')]
+    return md_table([
+        'input HxWxB', 'fp32 ms', 'bf16 ms', 'fp32 img/s', 'bf16 img/s',
+        'bf16 speed-up'
+    ], out)
+
+
+def bench_compile():
+    """``tools/analysis/benchmark_compile.py``'s table from its CSV (the
+    tool writes the formatted values)."""
+    fields = ('size', 'batch', 'mode', 'eager_ms', 'compiled_ms', 'speedup',
+              'compile_s')
+    return md_table([
+        'size', 'batch', 'mode', 'eager ms', 'compiled ms', 'speed-up',
+        'compile s'
+    ], [[r[f] for f in fields] for r in read_csv('benchmark_compile.csv')])
+
+
+def onnx_latency():
+    """``tools/deployment/benchmark_onnx.py``'s table from its CSV."""
+    out = []
+    for r in read_csv('benchmark_onnx.csv'):
+        t, ort = float(r['torch_ms']), float(r['ort_ms'])
+        out.append([
+            r['model'], r['input'], f'{t:.1f}',
+            f'{float(r["torch_iter_ms"]):.1f}', f'{ort:.1f}',
+            f'{t / ort:.2f}x', f'{float(r["err"]):.1e}'
+        ])
+    return md_table([
+        'model', 'input', 'torch ms', 'torch iterative ms', 'onnxruntime ms',
+        'torch / ort', 'max rel. err'
+    ], out)
+
+
+def official_comparison():
+    """mmsoft vs the official code (a one-off measurement, kept as text)."""
+    return md_table(
+        ['SOFT-*-Norm, 800 × 1216', 'official', 'mmsoft', 'speed-up'],
+        [[r['case'], r['official'], r['mmsoft'], r['speedup']]
+         for r in read_csv('official_comparison.csv')])
+
+
+def why_table():
+    """README's "Why SOFT": a few rows picked from the benchmark CSVs."""
+    att = {
+        (r['n'], r['method'], r['mode']): r
+        for r in read_csv('benchmark_attention.csv')
+    }
+    bb = {
+        (r['model'], r['size'], r['mode']): r
+        for r in read_csv('benchmark_backbones.csv')
+    }
+    off = {r['case']: r for r in read_csv('official_comparison.csv')}
+
+    def layer(method):
+        r = att[('3136', method, 'forward_backward')]
+        return f'{float(r["time_ms"]):.0f} ms, {float(r["peak_mb"]):.0f} MiB'
+
+    def ms(model, size, mode):
+        return float(bb[(model, size, mode)]['time_ms'])
+
+    rows = [[
+        'one attention layer, n = 3136 tokens, forward + backward',
+        layer('soft'), f'softmax: {layer("softmax")} (fused SDPA); '
+        f'{layer("softmax_naive")} (n × n)'
+    ]]
+    for soft, peer, size, mode, label in (
+        ('soft_small', 'pvtv2_b2', '224x224x8', 'forward',
+         'SOFT-Small vs PVTv2-b2 backbone, 224 × 224 × 8, forward'),
+        ('soft_tiny', 'pvtv2_b1', '224x224x8', 'forward_backward',
+         'SOFT-Tiny vs PVTv2-b1 backbone, 224 × 224 × 8, training step'),
+        ('soft_small_norm', 'pvtv2_b2', '800x1216x1', 'forward',
+         'SOFT-Small-Norm vs PVTv2-b2 backbone, 800 × 1216, forward'),
+        ('soft_small_norm', 'pvtv2_b2', '800x1216x1', 'forward_backward',
+         'SOFT-Small-Norm vs PVTv2-b2 backbone, 800 × 1216, training '
+         'step')):
+        a, b = ms(soft, size, mode), ms(peer, size, mode)
+        rows.append([label, f'{a:.0f} ms ({a / b:.2f}x)', f'{b:.0f} ms'])
+    for case, label in (('Small, forward',
+                         'SOFT-Small-Norm, 800 × 1216, forward, vs the '
+                         'official code'),
+                        ('Tiny, forward + backward',
+                         'SOFT-Tiny-Norm, 800 × 1216, training '
+                         'step, vs the official code')):
+        r = off[case]
+        rows.append([
+            label, r['mmsoft'], f'{r["official"]} '
+            f'({r["speedup"]} slower)'
+        ])
+    return md_table(['measurement', 'SOFT (mmsoft)', 'peer'], rows)
+
+
+def tested_versions():
+    """``mmsoft/deps.py``: the tested range and the verified version."""
+    with open(osp.join(ROOT, 'mmsoft', 'deps.py')) as f:
+        tree = ast.parse(f.read())
+    values = {}
+    for node in tree.body:
+        if isinstance(node, ast.AnnAssign) and isinstance(
+                node.target, ast.Name):
+            if node.target.id in ('TESTED', 'VERIFIED'):
+                values[node.target.id] = ast.literal_eval(node.value)
+    rows = [[
+        f'`{dist}`', f'>= {lo}, < {hi}', values['VERIFIED'].get(dist, '')
+    ] for dist, (lo, hi) in values['TESTED'].items()]
+    return md_table(
+        ['package', 'tested range (a warning outside it)', 'verified (CI)'],
+        rows)
+
+
+SOURCES = {
+    'zoo_Image Classification': lambda: zoo_table('Image Classification'),
+    'zoo_Object Detection': lambda: zoo_table('Object Detection'),
+    'zoo_Semantic Segmentation': lambda: zoo_table('Semantic Segmentation'),
+    'zoo_summary': zoo_summary,
+    'bench_attention': bench_attention,
+    'bench_backbones': bench_backbones,
+    'bench_amp': bench_amp,
+    'bench_compile': bench_compile,
+    'onnx_latency': onnx_latency,
+    'tested_versions': tested_versions,
+    'official_comparison': official_comparison,
+    'why': why_table,
+}
+
+#: the file each table is generated from (named under the table)
+ORIGIN = {
+    'bench_attention': '`docs/en/benchmarks/benchmark_attention.csv`',
+    'bench_backbones': '`docs/en/benchmarks/benchmark_backbones.csv`',
+    'bench_amp': '`docs/en/benchmarks/benchmark_amp.csv`',
+    'bench_compile': '`docs/en/benchmarks/benchmark_compile.csv`',
+    'onnx_latency': '`docs/en/benchmarks/benchmark_onnx.csv`',
+    'tested_versions': '`mmsoft/deps.py`',
+    'official_comparison': '`docs/en/benchmarks/official_comparison.csv`',
+    'why': 'the CSV files of `docs/en/benchmarks/`',
+}
+
+
+def render(text):
+    """``text`` with every generated block rendered from its source."""
+
+    def sub(m):
+        name = m.group('name')
+        if name not in SOURCES:
+            raise KeyError(f'unknown generated table {name!r} '
+                           f'(known: {", ".join(SOURCES)})')
+        origin = ORIGIN.get(name, '`model-index.yml`')
+        note = f'\n*Generated from {origin}.*\n'
+        return m.group(1) + SOURCES[name]() + note + m.group(4)
+
+    return BLOCK.sub(sub, text)
+
+
+def blocks(text):
+    """``{name: body}`` of the generated blocks of ``text``."""
+    return {m.group('name'): m.group('body') for m in BLOCK.finditer(text)}
+
+
+def stale_pages():
+    """The pages whose generated tables differ from their sources."""
+    stale = []
+    for rel in PAGES:
+        with open(osp.join(ROOT, rel)) as f:
+            text = f.read()
+        if render(text) != text:
+            stale.append(rel)
+    return stale
+
+
+def docs_env_ok():
+    """Whether the pinned docs requirements are installed."""
+    from importlib.metadata import PackageNotFoundError, version
+    with open(osp.join(ROOT, 'requirements', 'docs.txt')) as f:
+        pins = [ln.split('#')[0].strip() for ln in f]
+    try:
+        return all(
+            version(p.split('==')[0]) == p.split('==')[1] for p in pins
+            if '==' in p)
+    except PackageNotFoundError:
+        return False
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.split('\n\n')[0])
+    p.add_argument(
+        '--check',
+        action='store_true',
+        help='only list the pages that differ from their sources (exit 1)')
+    p.add_argument(
+        '--docs-env',
+        action='store_true',
+        help='exit 0 when requirements/docs.txt is installed, else 1')
+    args = p.parse_args(argv)
+    if args.docs_env:
+        return 0 if docs_env_ok() else 1
+    stale = stale_pages()
+    if args.check:
+        for rel in stale:
+            print(f'{rel}: generated tables differ from their sources; '
+                  'run python docs/gen_tables.py')
+        return 1 if stale else 0
+    for rel in stale:
+        path = osp.join(ROOT, rel)
+        with open(path) as f:
+            text = render(f.read())
+        with open(path, 'w') as f:
+            f.write(text)
+        print(f'updated {rel}')
+    return 0
+
+
+if __name__ == '__main__':
+    sys.exit(main())
