@@ -186,8 +186,8 @@ def conv2d(x: torch.Tensor,
 
 class SafeConv2d(nn.Conv2d):
     """``nn.Conv2d`` whose CPU half-precision forward is checked
-    (:func:`conv2d`); the same parameters, state-dict keys and results
-    wherever the half kernel is correct."""
+    (:func:`~mmsoft.models.layers.safe_conv.conv2d`); the same parameters,
+    state-dict keys and results wherever the half kernel is correct."""
 
     def _conv_forward(self, input: torch.Tensor, weight: torch.Tensor,
                       bias: Optional[torch.Tensor]) -> torch.Tensor:
