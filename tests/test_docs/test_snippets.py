@@ -76,7 +76,20 @@ def test_python_blocks_found_and_skips_counted():
                           for w, c, reason in PY_BLOCKS if reason is None])
 def test_python_block_runs(where, code, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
-    exec(compile(code, where, 'exec'), {'__name__': '__snippet__'})
+    # a snippet may register a module (the 30-line attention of the
+    # architecture guide): the registries are restored afterwards, so the
+    # tests after it see mmsoft's own (order-independent suite)
+    from mmsoft import registry
+    saved = {
+        reg: dict(reg._module_dict)
+        for reg in (registry.MODELS, registry.ATTENTIONS)
+    }
+    try:
+        exec(compile(code, where, 'exec'), {'__name__': '__snippet__'})
+    finally:
+        for reg, modules in saved.items():
+            reg._module_dict.clear()
+            reg._module_dict.update(modules)
 
 
 # ------------------------------------------------------------ shell
