@@ -66,7 +66,8 @@ def known_norms() -> Tuple[str, ...]:
              nn.LocalResponseNorm)
     return tuple(
         sorted(name for name, cls in MODELS.module_dict.items()
-               if isinstance(cls, type) and issubclass(cls, bases)))
+               if isinstance(cls, type) and (issubclass(cls, bases) or (
+                   issubclass(cls, nn.Module) and 'Norm' in cls.__name__))))
 
 
 def check_norm_cfg(name: str, cfg: Optional[Dict]) -> None:

@@ -255,10 +255,10 @@ def test_unknown_norm_names_it_and_the_known_norms(key):
     registry" for norm_cfg=dict(type='BogusNorm')."""
     with pytest.raises(KeyError) as e:
         SOFT(ARCH, **{key: dict(type='BogusNorm')})
-    msg = str(e.value)
+    msg = e.value.args[0]
     assert f"SOFT: {key} has type 'BogusNorm', which is not a registered " \
         'norm layer; known norms: ' in msg
-    known = msg.split('known norms: ')[1].rstrip("'").split(', ')
+    known = msg.split('known norms: ')[1].split(', ')
     assert {'BN', 'GN', 'LN', 'SyncBN'} <= set(known), known
     assert 'None' not in msg
 
