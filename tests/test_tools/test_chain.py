@@ -106,8 +106,8 @@ default_hooks = dict(logger=dict(interval=1),
 """),
 }
 DATA = {
-    'det': dict(num_train=4, num_val=2, size=64),
-    'seg': dict(num_train=4, num_val=2, size=64),
+    'det': dict(num_train=4, num_val=2, size=64, radius=(6, 16)),
+    'seg': dict(num_train=4, num_val=2, size=64, radius=(6, 16)),
     'cls': dict(num_train=10, num_val=5),
 }
 SCOPE = {'det': 'mmdet', 'seg': 'mmseg', 'cls': 'mmpretrain'}

@@ -487,7 +487,8 @@ def demo_det(tmp_path):
     report = S.make_demo_data(
         str(tmp_path / 'demo'),
         tasks=('det', ),
-        overrides={'det': dict(num_train=3, num_val=2, size=64)},
+        overrides={'det': dict(num_train=3, num_val=2, size=64,
+                                   radius=(6, 16))},
         workers=1,
         log=None)
     cfg = T.load_demo_config('det')
