@@ -206,8 +206,7 @@ def _move_vis(tmp_vis_dir, out_dir, name):
 class Predictor:
     """The codebase's inferencer for one config + checkpoint."""
 
-    def __init__(self, cfg, checkpoint, device, score_thr,
-                 partial_load=False):
+    def __init__(self, cfg, checkpoint, device, score_thr, partial_load=False):
         from mmsoft.tools_support.launch import codebase_of
         self.scope = codebase_of(cfg)
         self.task = TASKS[self.scope]
@@ -344,9 +343,10 @@ def run(args):
             problem = image_problem(img)
             if problem:  # report it, go on with the rest of the folder
                 failed.append((img, problem))
-                print(f'{PROG}: skipped {img}: {problem}',
-                      file=sys.stderr,
-                      flush=True)
+                print(
+                    f'{PROG}: skipped {img}: {problem}',
+                    file=sys.stderr,
+                    flush=True)
                 continue
             tmp = osp.join(tmp_root, 'work')
             shutil.rmtree(tmp, ignore_errors=True)

@@ -15,6 +15,7 @@ check of :mod:`mmsoft.deps` are applied by :func:`setup`, which building a
 SOFT backbone or an mmsoft hook and the tools call (once; see
 :mod:`mmsoft.runtime`).
 """
+from . import compat as _compat
 from .engine import \
     SafeCheckpointHook  # noqa: F401  (registers the hooks, optim wrappers)
 from .models import SOFT
@@ -26,8 +27,6 @@ from .version import __version__
 # what Runner checkpoints pickle (HistoryBuffer, numpy arrays), allow-listed
 # for torch.load(weights_only=True): mmengine's inferencers load the
 # checkpoint before they build a model (mmsoft.compat.register_safe_globals)
-from . import compat as _compat  # noqa: E402,I001
-
 _compat.register_safe_globals()
 
 __all__ = [

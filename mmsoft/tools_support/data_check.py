@@ -25,7 +25,7 @@ the datasets themselves resolve them (``BaseDataset``: relative
 Then the files themselves (:func:`damaged_data_message`): every
 annotation json must parse (a truncated or invalid one is named with the
 line, column and character position of the error), and a sample of the
-images the annotations list (COCO ``file_name``\ s, mmpretrain file lists;
+images the annotations list (COCO ``file_name`` entries, mmpretrain lists;
 for datasets without a list, the image folders) must exist, not be empty
 (0 bytes) or truncated, and the first few must decode; each problem is
 named with the file and the config key.
@@ -390,8 +390,8 @@ def _folder_files(directory):
         elif e.is_dir():
             try:
                 out += [
-                    s.path for s in sorted(os.scandir(e.path),
-                                           key=lambda s: s.name)
+                    s.path
+                    for s in sorted(os.scandir(e.path), key=lambda s: s.name)
                     if s.is_file() and s.name.lower().endswith(exts)
                 ]
             except OSError:

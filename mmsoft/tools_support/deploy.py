@@ -93,10 +93,11 @@ def load_weights(model: nn.Module,
     and weights converted for the other attention normalisation are
     refused (``meta['attn_norm']``). ``partial_load`` (``--partial-load``)
     loads the matching tensors and prints what was skipped."""
+    from mmengine.runner.checkpoint import _load_checkpoint
+
     from mmsoft.models.backbones.soft_pretrained import (
         check_attn_norm, check_checkpoint_for_model)
     from mmsoft.utils.strict_load import CheckpointMismatchError
-    from mmengine.runner.checkpoint import _load_checkpoint
     if not osp.isfile(checkpoint):
         raise ExportError(f'checkpoint {checkpoint!r} does not exist; pass '
                           f'a .pth file (or "none" for random weights)')
@@ -116,9 +117,10 @@ def load_weights(model: nn.Module,
                 model, ckpt, checkpoint, allow_partial=True)
             bad = {k for k, _, _ in report.mismatched}
             model.load_state_dict(
-                {k: v
-                 for k, v in state.items() if k not in bad},
-                strict=False)
+                {
+                    k: v
+                    for k, v in state.items() if k not in bad
+                }, strict=False)
             return
     except CheckpointMismatchError as e:
         raise ExportError(' '.join(str(e).split())) from None
@@ -179,8 +181,7 @@ def opset_range(dynamo: bool = False) -> Tuple[int, int]:
     try:
         from torch.onnx import _constants
         hi = max(
-            getattr(_constants, 'ONNX_TORCHSCRIPT_EXPORTER_MAX_OPSET', hi),
-            hi)
+            getattr(_constants, 'ONNX_TORCHSCRIPT_EXPORTER_MAX_OPSET', hi), hi)
         if dynamo:
             hi = max(getattr(_constants, 'ONNX_MAX_OPSET', hi), hi)
     except ImportError:  # pragma: no cover - other torch versions

@@ -42,9 +42,8 @@ from mmsoft.runtime import setup
 
 __all__ = [
     'quiet_init_weights', 'exit_if_legacy_backbone', 'exit_if_not_resumable',
-    'lock_work_dir', 'CODEBASES',
-    'codebase_of', 'import_codebase', 'setup_cpu_distributed', 'enable_amp',
-    'prepare_cfg'
+    'lock_work_dir', 'CODEBASES', 'codebase_of', 'import_codebase',
+    'setup_cpu_distributed', 'enable_amp', 'prepare_cfg'
 ]
 
 #: default_scope -> python package of the codebase

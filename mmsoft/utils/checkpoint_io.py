@@ -42,8 +42,8 @@ import torch
 from .atomic import TMP_SUFFIX, atomic_path, remove_stale_temps
 
 __all__ = [
-    'CheckpointError', 'CheckpointWriteError', 'save_atomic', 'add_checksum', 'verify_checksum',
-    'state_checksum', 'describe_damage', 'load_verified',
+    'CheckpointError', 'CheckpointWriteError', 'save_atomic', 'add_checksum',
+    'verify_checksum', 'state_checksum', 'describe_damage', 'load_verified',
     'find_newest_complete', 'remove_stale_temps', 'checkpoint_candidates',
     'install_loader', 'refused_globals', 'check_complete', 'TMP_SUFFIX',
     'CHECKSUM_KEY'

@@ -326,9 +326,8 @@ def test_same_name_other_extension_both_kept(models, tmp_path, capsys):
     main = runpy.run_path(DEMO, run_name='image_demo')['main']
     out = str(tmp_path / 'out')
     assert main([str(folder), cfg, ckpt, '--out-dir', out]) == 0
-    assert sorted(os.listdir(osp.join(out, 'preds'))) == [
-        'x.jpg.json', 'x.png.json', 'y.json'
-    ]
+    assert sorted(os.listdir(osp.join(
+        out, 'preds'))) == ['x.jpg.json', 'x.png.json', 'y.json']
     assert len(os.listdir(osp.join(out, 'vis'))) == 3
     for name in ('x.jpg', 'x.png'):
         _check_outputs('cls', out, str(folder / name), name, classes)

@@ -30,7 +30,7 @@ import time
 
 import pytest
 import torch
-from conftest import ROOT, TOOLS, free_port, load_tool, run, run_python
+from conftest import ROOT, free_port, load_tool, run, run_python
 from conftest import tool_namespace as tool
 
 pytest.importorskip('mmdet')
@@ -210,7 +210,8 @@ from mmdet.apis import DetInferencer, inference_detector, init_detector
 res = DetInferencer(model=CFG, weights=CKPT, device='cpu')(IMG)
 out['n'] = len(res['predictions'][0]['scores'])
 model = init_detector(CFG, CKPT, device='cpu')
-out['boxes'] = tuple(inference_detector(model, IMG).pred_instances.bboxes.shape)
+res = inference_detector(model, IMG)
+out['boxes'] = tuple(res.pred_instances.bboxes.shape)
 """,
     'seg':
     """
@@ -237,8 +238,8 @@ def test_inferencer_api_and_image_demo(trained, task, tmp_path):
     mmengine.logging.history_buffer.HistoryBuffer". Then
     demo/image_demo.py on the validation folder, in the same process."""
     t = trained(task)
-    imgs = sorted(glob.glob(osp.join(t.val_images, '**', '*.*'),
-                            recursive=True))
+    imgs = sorted(
+        glob.glob(osp.join(t.val_images, '**', '*.*'), recursive=True))
     imgs = [i for i in imgs if i.endswith(('.jpg', '.png', '.JPEG'))]
     out_dir = str(tmp_path / 'demo')
     code = textwrap.dedent(f"""
@@ -256,11 +257,13 @@ def test_inferencer_api_and_image_demo(trained, task, tmp_path):
     """)
     res = run_python(code, timeout=600)
     assert res.returncode == 0, res.stderr[-4000:]
-    line = [ln for ln in res.stdout.splitlines() if ln.startswith('API ')]
-    out = json.loads(line[0][4:])
+    import re
+    found = re.search(r'API (\{.*?\})\n', res.stdout)
+    assert found, res.stdout[-3000:]
+    out = json.loads(found.group(1))
     assert out['mmsoft_before'] is False and out['n'] > 0, out
-    preds = glob.glob(osp.join(out_dir, 'preds', '**', '*.json'),
-                      recursive=True)
+    preds = glob.glob(
+        osp.join(out_dir, 'preds', '**', '*.json'), recursive=True)
     assert len(preds) == len(imgs), (preds, imgs)
     with open(preds[0]) as f:
         assert json.load(f)['checkpoint'] == t.ckpt
@@ -378,8 +381,9 @@ def test_dist_train_kill_resume_dist_test(trained, tmp_path):
         proc.wait()
     lock = osp.join(work, '.mmsoft-train.lock')
     assert osp.exists(lock)  # left behind by the killed rank 0
-    done = sorted(int(osp.basename(p)[5:-4])
-                  for p in glob.glob(osp.join(work, 'iter_*.pth')))
+    done = sorted(
+        int(osp.basename(p)[5:-4])
+        for p in glob.glob(osp.join(work, 'iter_*.pth')))
     assert done and done[-1] < 40
     res = run([
         'bash', 'tools/dist_train.sh', t.cfg, '2', '--work-dir', work,
@@ -406,8 +410,7 @@ def test_dist_train_kill_resume_dist_test(trained, tmp_path):
 
 
 # ----------------------------------------------- strict loads in train
-def test_load_from_other_arch_fails_partial_opt_in(trained, tmp_path,
-                                                   capsys):
+def test_load_from_other_arch_fails_partial_opt_in(trained, tmp_path, capsys):
     """Item 2: load_from = a checkpoint of another model used to train
     from random weights after 109 INFO lines (exit 0)."""
     det, cls = trained('det'), trained('cls')
@@ -424,10 +427,13 @@ def test_load_from_other_arch_fails_partial_opt_in(trained, tmp_path,
     # a classifier without its head: partial with --partial-load
     sd = torch.load(cls.ckpt, map_location='cpu')['state_dict']
     headless = str(tmp_path / 'headless.pth')
-    torch.save({'state_dict': {
-        k: v
-        for k, v in sd.items() if not k.startswith('head.')
-    }}, headless)
+    torch.save(
+        {
+            'state_dict': {
+                k: v
+                for k, v in sd.items() if not k.startswith('head.')
+            }
+        }, headless)
     with pytest.raises(SystemExit) as e:
         tool('train')['main']([
             cls.cfg, '--work-dir', work, '--cfg-options',
@@ -441,8 +447,7 @@ def test_load_from_other_arch_fails_partial_opt_in(trained, tmp_path,
     assert 'partial load (allowed)' in log and 'head.fc.weight' in log
 
 
-def test_resume_from_weights_only_file_is_refused_first(
-        trained, tmp_path):
+def test_resume_from_weights_only_file_is_refused_first(trained, tmp_path):
     """Item 2: ``--resume <a non-training checkpoint>`` half-loaded it and
     failed with KeyError: 'epoch'; now one line before anything is
     built (the work dir is not even created)."""
@@ -452,8 +457,8 @@ def test_resume_from_weights_only_file_is_refused_first(
     torch.save({'state_dict': sd, 'meta': {'attn_norm': False}}, weights)
     work = str(tmp_path / 'w')
     with pytest.raises(SystemExit) as e:
-        tool('train')['main']([cls.cfg, '--work-dir', work, '--resume',
-                               weights])
+        tool('train')['main'](
+            [cls.cfg, '--work-dir', work, '--resume', weights])
     msg = str(e.value.code)
     assert msg == (
         f'error: --resume {weights}: not a training checkpoint (it has no '
@@ -490,8 +495,7 @@ def test_second_run_in_work_dir_is_refused(trained, tmp_path):
         assert msg.startswith(
             f'error: work dir {work} is in use by another training run (pid '
             f'{holder.pid} on host {socket.gethostname()}, started '), msg
-        assert 'pass another --work-dir' in msg and len(
-            msg.splitlines()) == 1
+        assert 'pass another --work-dir' in msg and len(msg.splitlines()) == 1
         assert sorted(os.listdir(work)) == before
     finally:
         holder.kill()

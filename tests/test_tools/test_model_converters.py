@@ -734,8 +734,7 @@ def test_converted_file_carries_checksum(tmp_path, tiny_sd):
         cf.load_checkpoint_file(str(bad))
 
 
-def test_unreadable_source_is_one_line(tmp_path, tiny_sd, capsys,
-                                       monkeypatch):
+def test_unreadable_source_is_one_line(tmp_path, tiny_sd, capsys, monkeypatch):
     """Issue 27, item 8: an unreadable SRC (permissions) gave a raw
     PermissionError traceback. As root chmod does not stop reads: the
     refusal is injected where the file is opened."""

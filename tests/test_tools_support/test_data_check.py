@@ -487,25 +487,34 @@ def demo_det(tmp_path):
     report = S.make_demo_data(
         str(tmp_path / 'demo'),
         tasks=('det', ),
-        overrides={'det': dict(num_train=3, num_val=2, size=64,
-                                   radius=(6, 16))},
+        overrides={
+            'det': dict(num_train=3, num_val=2, size=64, radius=(6, 16))
+        },
         workers=1,
         log=None)
     cfg = T.load_demo_config('det')
     T.set_data_root(cfg, report['det']['path'])
-    assert dc.damaged_data_message(cfg, 'train') is None
-    return cfg, report['det']['path']
+    path = str(tmp_path / 'det.py')
+    cfg.dump(path)
+    assert dc.main(['train', path]) == 0
+    return path, report['det']['path']
 
 
-def test_truncated_annotation_json_is_named_with_position(demo_det):
+def _check_message(cfg, capsys):
+    """The lines the data check's command line prints (exit code 1)."""
+    capsys.readouterr()
+    assert dc.main(['train', cfg]) == 1
+    return capsys.readouterr().err.rstrip().splitlines()
+
+
+def test_truncated_annotation_json_is_named_with_position(demo_det, capsys):
     """Issue 27, item 7: a truncated annotation json gave ``JSONDecodeError
     ... column 25513`` from pycocotools, without the file."""
     cfg, root = demo_det
     ann = osp.join(root, 'annotations', 'instances_train.json')
     data = open(ann, 'rb').read()
     open(ann, 'wb').write(data[:len(data) // 2])
-    msg = dc.damaged_data_message(cfg, 'train')
-    lines = msg.splitlines()
+    lines = _check_message(cfg, capsys)
     assert lines[0].startswith('mmsoft: damaged data (fix or remove')
     assert lines[1].startswith(
         f'  {ann} [train_dataloader.dataset.ann_file]: truncated: ')
@@ -522,17 +531,13 @@ def test_empty_training_image_is_named(demo_det, monkeypatch, capsys,
     cfg, root = demo_det
     img = sorted(glob.glob(osp.join(root, 'train', '*.jpg')))[1]
     open(img, 'wb').close()
-    msg = dc.damaged_data_message(cfg, 'train')
-    assert msg.splitlines()[1] == (
+    assert _check_message(cfg, capsys)[1] == (
         f'  {img} (for training, train_dataloader.dataset.ann_file): the '
         f'file is empty (0 bytes)')
-    cfg_path = tmp_path / 'det.py'
-    cfg.dump(str(cfg_path))
     monkeypatch.delenv('MMSOFT_SKIP_DATA_CHECK', raising=False)
     with pytest.raises(SystemExit) as e:
         tool_namespace('train')['main'](
-            [str(cfg_path), '--work-dir',
-             str(tmp_path / 'w')])
+            [cfg, '--work-dir', str(tmp_path / 'w')])
     assert e.value.code == 1
     assert f'{img} (for training' in capsys.readouterr().err
     assert not osp.exists(tmp_path / 'w')
@@ -541,7 +546,7 @@ def test_empty_training_image_is_named(demo_det, monkeypatch, capsys,
     jpg = sorted(glob.glob(osp.join(root, 'train', '*.jpg')))[0]
     data = open(jpg, 'rb').read()
     open(jpg, 'wb').write(data[:len(data) // 2])
-    lines = dc.damaged_data_message(cfg, 'train').splitlines()
+    lines = _check_message(cfg, capsys)
     assert lines[1].startswith(f'  {jpg} (for training, ') and \
         lines[1].endswith('truncated JPEG ' f'({len(data) // 2} bytes, no '
                           'end-of-image marker)')

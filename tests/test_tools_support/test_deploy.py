@@ -329,8 +329,9 @@ def test_out_directory_and_opset_refused_up_front(tmp_path, capsys,
     assert lo == deploy.MIN_OPSET and hi >= deploy.DEFAULT_OPSET
     for opset in (5, hi + 1):
         line = _error_line(
-            capsys, [cfg, 'none', '--shape', '64', '64', '--opset',
-                     str(opset)])
+            capsys,
+            [cfg, 'none', '--shape', '64', '64', '--opset',
+             str(opset)])
         assert line == (f'error: --opset {opset} is not supported: SOFT '
                         f'exports with opsets {lo} to {hi}; the default is '
                         f'17')

@@ -119,8 +119,7 @@ def run(args) -> int:
     if args.out is not None:
         deploy.check_out(args.out, args.config, args.shape)
     model, scope, cfg = deploy.build_model(args.config, args.checkpoint,
-                                           args.cfg_options,
-                                           args.partial_load)
+                                           args.cfg_options, args.partial_load)
     shape = deploy.check_shape(scope, cfg, args.shape)
     deploy.check_exportable(model, dynamo=args.dynamo)
     wrapper = deploy.ExportWrapper(model, scope, shape)

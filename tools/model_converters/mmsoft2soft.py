@@ -23,8 +23,7 @@ from mmsoft.models.converters import (ConversionError,
                                       convert_mmpretrain_to_official,
                                       describe_arch, official_model_name)
 from mmsoft.runtime import setup
-from mmsoft.tools_support.cli import positive_int
-from mmsoft.tools_support.cli import check_readable
+from mmsoft.tools_support.cli import check_readable, positive_int
 from mmsoft.utils.checkpoint_files import (check_output_path,
                                            extract_state_dict,
                                            load_checkpoint_file,

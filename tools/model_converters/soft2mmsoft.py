@@ -33,8 +33,7 @@ from mmsoft.models.converters import (ConversionError, arch_for_mmsoft,
                                       describe_arch, match_arch_preset,
                                       official_model_name)
 from mmsoft.runtime import setup
-from mmsoft.tools_support.cli import positive_int
-from mmsoft.tools_support.cli import check_readable
+from mmsoft.tools_support.cli import check_readable, positive_int
 from mmsoft.utils.checkpoint_files import (check_output_path,
                                            extract_state_dict,
                                            load_checkpoint_file,

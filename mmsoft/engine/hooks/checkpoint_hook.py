@@ -51,9 +51,8 @@ from mmengine.registry import HOOKS
 
 from mmsoft.runtime import setup
 from mmsoft.utils.atomic import atomic_path, atomic_write
-from mmsoft.utils.checkpoint_io import (CheckpointError,
-                                        CheckpointWriteError, add_checksum,
-                                        find_newest_complete,
+from mmsoft.utils.checkpoint_io import (CheckpointError, CheckpointWriteError,
+                                        add_checksum, find_newest_complete,
                                         remove_stale_temps)
 from mmsoft.utils.rng_state import get_rng_state, set_rng_state
 
@@ -312,8 +311,9 @@ class SafeCheckpointHook(CheckpointHook):
                     cls_save(runner, osp.dirname(tmp), osp.basename(tmp),
                              *args, **kwargs)
             except OSError as e:
-                raise CheckpointWriteError(
-                    e.errno, _write_failure(runner, final, e)) from e
+                raise CheckpointWriteError(e.errno,
+                                           _write_failure(runner, final,
+                                                          e)) from e
             written.add(final)
 
         self._atomic_depth += 1

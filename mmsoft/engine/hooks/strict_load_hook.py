@@ -48,8 +48,7 @@ class StrictLoadHook(Hook):
         if getattr(runner, '_resume', False):
             problem = not_resumable(checkpoint)
             if problem:
-                raise CheckpointMismatchError(
-                    resume_refusal(source, problem))
+                raise CheckpointMismatchError(resume_refusal(source, problem))
         cfg = getattr(runner, 'cfg', None)
         check_checkpoint_for_model(
             runner.model,

@@ -481,8 +481,9 @@ class SOFT(BaseModule):
                              f'{RESIDUAL_DROPS}, got {residual_drop!r}')
         norm_cfgs = self._per_stage('norm_cfg', norm_cfg)
         for i, ncfg in enumerate(norm_cfgs):
-            check_norm_cfg('norm_cfg' if isinstance(norm_cfg, Mapping) else
-                           f'norm_cfg[{i}]', ncfg)
+            check_norm_cfg(
+                'norm_cfg'
+                if isinstance(norm_cfg, Mapping) else f'norm_cfg[{i}]', ncfg)
         check_norm_cfg('patch_norm_cfg', patch_norm_cfg)
         self.stage_cfgs = self._stage_cfgs(
             in_channels,

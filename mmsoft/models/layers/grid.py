@@ -56,8 +56,8 @@ def fixed_grid(landmark_hw: Tuple[int, int],
     64 x 64 input: m = 576 > n = 256, 9x slower, and m > n defeats the
     linear complexity altogether), so it is clamped instead.
     """
-    return (min(int(landmark_hw[0]), int(grid[0])),
-            min(int(landmark_hw[1]), int(grid[1])))
+    return (min(int(landmark_hw[0]),
+                int(grid[0])), min(int(landmark_hw[1]), int(grid[1])))
 
 
 def reduce_map(x: torch.Tensor,
