@@ -534,6 +534,10 @@ def test_empty_training_image_is_named(demo_det, monkeypatch, capsys,
     assert _check_message(cfg, capsys)[1] == (
         f'  {img} (for training, train_dataloader.dataset.ann_file): the '
         f'file is empty (0 bytes)')
+    # every listed file is checked for that, not only the deep sample
+    monkeypatch.setattr(dc, 'SAMPLE_FILES', 1)
+    assert f'{img} (for training' in _check_message(cfg, capsys)[1]
+    monkeypatch.undo()
     monkeypatch.delenv('MMSOFT_SKIP_DATA_CHECK', raising=False)
     with pytest.raises(SystemExit) as e:
         tool_namespace('train')['main'](
