@@ -351,9 +351,24 @@ def _wait_for(path, proc, timeout):
     return False
 
 
+def _process_tree(pid):
+    """``pid`` and all its descendants (from /proc), parents first."""
+    out, todo = [], [pid]
+    while todo:
+        p = todo.pop()
+        out.append(p)
+        for task in glob.glob(f'/proc/{p}/task/*/children'):
+            try:
+                with open(task) as f:
+                    todo += [int(c) for c in f.read().split()]
+            except OSError:
+                pass
+    return out
+
+
 def test_dist_train_kill_resume_dist_test(trained, tmp_path):
-    """2 CPU processes: the run is SIGKILLed (the whole process group)
-    after its first checkpoint; ``--resume`` takes over the dead run's
+    """2 CPU processes: the run (launcher and workers) is SIGKILLed after
+    its first checkpoint; ``--resume`` takes over the dead run's
     work-dir lock, continues from that checkpoint to the end, and
     ``tools/dist_test.sh`` evaluates the result."""
     t = trained('seg')
@@ -377,7 +392,13 @@ def test_dist_train_kill_resume_dist_test(trained, tmp_path):
             'no checkpoint written'
         time.sleep(0.5)
     finally:
-        os.killpg(proc.pid, signal.SIGKILL)
+        # the launcher and its workers (torchrun starts each worker in a
+        # session of its own: a killpg would leave them running)
+        for pid in _process_tree(proc.pid):
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
         proc.wait()
     lock = osp.join(work, '.mmsoft-train.lock')
     assert osp.exists(lock)  # left behind by the killed rank 0
