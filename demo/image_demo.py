@@ -28,8 +28,16 @@ writes, each file atomically (temporary file + rename):
   classification;
 
 ``<name>`` is the image's path relative to a folder INPUT, without its
-extension. ``--score-thr`` is the detection score threshold for drawing
-(the json keeps every detection, as mmdet's inferencer does).
+extension (with it where two images would share a name: ``x.jpg`` and
+``x.png`` give ``preds/x.jpg.json`` and ``preds/x.png.json``).
+``--score-thr`` is the detection score threshold for drawing (the json
+keeps every detection, as mmdet's inferencer does).
+
+The checkpoint must match the config's model (keys, shapes, and the
+attention normalisation a converted checkpoint records); ``--partial-load``
+allows a partial match and prints what was skipped. In a folder, an image
+that cannot be read (empty, truncated, not decodable) is reported and
+skipped, the others are processed, and the exit code is 1 at the end.
 """
 import argparse
 import json
@@ -81,6 +89,12 @@ def parse_args(argv=None):
         help="e.g. 'cpu', 'cuda:0' (default: cuda:0 when "
         'available, else cpu)')
     parser.add_argument(
+        '--partial-load',
+        action='store_true',
+        help='allow a checkpoint that matches the model only in part: '
+        'predict with the matching tensors and print what was skipped '
+        '(without it a mismatch is an error)')
+    parser.add_argument(
         '--score-thr',
         type=float,
         default=0.3,
@@ -89,37 +103,67 @@ def parse_args(argv=None):
     return parser.parse_args(argv)
 
 
+def unique_names(rels):
+    """Output names of image paths relative to the input folder: the path
+    without its extension, or with it (``x.jpg``, ``x.png``) where two
+    images would otherwise share a name (compared case-insensitively, for
+    case-insensitive file systems); a number is appended if even that
+    collides."""
+    stems = [osp.splitext(r)[0] for r in rels]
+    count = {}
+    for stem in stems:
+        count[stem.lower()] = count.get(stem.lower(), 0) + 1
+    names, taken = [], set()
+    for rel, stem in zip(rels, stems):
+        name = stem if count[stem.lower()] == 1 else rel
+        base, i = name, 2
+        while name.lower() in taken:
+            name, i = f'{base}_{i}', i + 1
+        taken.add(name.lower())
+        names.append(name)
+    return names
+
+
 def list_images(path):
     """[(image path, output name)] of an image file or a folder."""
     if osp.isfile(path):
         return [(path, osp.splitext(osp.basename(path))[0])]
     if not osp.isdir(path):
         raise DemoError(f'input not found: {path}')
-    out = []
+    found = []
     for dirpath, dirnames, filenames in os.walk(path):
         dirnames.sort()
         for fname in sorted(filenames):
             if fname.lower().endswith(IMG_EXTENSIONS):
-                full = osp.join(dirpath, fname)
-                out.append((full, osp.splitext(osp.relpath(full, path))[0]))
-    if not out:
+                found.append(osp.join(dirpath, fname))
+    if not found:
         raise DemoError(f'no images ({", ".join(IMG_EXTENSIONS)}) in folder '
                         f'{path}')
-    return out
+    names = unique_names([osp.relpath(f, path) for f in found])
+    return list(zip(found, names))
+
+
+def image_problem(img):
+    """Why ``img`` cannot be used (empty, truncated, not decodable), or
+    None (:func:`mmsoft.tools_support.data_check.image_damage`)."""
+    from mmsoft.tools_support.data_check import image_damage
+    return image_damage(img, decode=True)
 
 
 def check_inputs(args):
-    """One clear line for each kind of bad input, before loading a model."""
+    """One clear line for each kind of bad input, before loading a model.
+    A single INPUT image that cannot be read is an error; in a folder, such
+    images are reported and skipped (:func:`run`)."""
     images = list_images(args.input)
     if not osp.isfile(args.config):
         raise DemoError(f'config file not found: {args.config}')
     remote = args.checkpoint.startswith(('http://', 'https://'))
     if not (remote or osp.isfile(args.checkpoint)):
         raise DemoError(f'checkpoint file not found: {args.checkpoint}')
-    import cv2
-    for img, _ in images:
-        if cv2.imread(img) is None:
-            raise DemoError(f'cannot read image: {img}')
+    if osp.isfile(args.input):
+        problem = image_problem(args.input)
+        if problem:
+            raise DemoError(f'cannot read image: {args.input} ({problem})')
     return images
 
 
@@ -162,13 +206,42 @@ def _move_vis(tmp_vis_dir, out_dir, name):
 class Predictor:
     """The codebase's inferencer for one config + checkpoint."""
 
-    def __init__(self, cfg, checkpoint, device, score_thr):
+    def __init__(self, cfg, checkpoint, device, score_thr, partial_load=False):
         from mmsoft.tools_support.launch import codebase_of
         self.scope = codebase_of(cfg)
         self.task = TASKS[self.scope]
         self.score_thr = score_thr
         with self._scope():
             self._build(cfg, checkpoint, device)
+        self._check_weights(cfg, checkpoint, partial_load)
+
+    def _check_weights(self, cfg, checkpoint, partial_load):
+        """The inferencers load with ``strict=False`` (a WARNING): check
+        the checkpoint against the model they built (keys, shapes, the
+        converter's attention normalisation) and refuse a mismatch."""
+        if checkpoint.startswith(('http://', 'https://')):
+            return
+        import torch
+
+        from mmsoft.models.backbones.soft_pretrained import \
+            check_checkpoint_for_model
+        from mmsoft.utils.strict_load import CheckpointMismatchError
+        try:  # the structure only: the tensors stay on disk
+            ckpt = torch.load(
+                checkpoint, map_location='cpu', weights_only=True, mmap=True)
+        except Exception:  # noqa: BLE001 - legacy format: read it whole
+            from mmengine.runner.checkpoint import _load_checkpoint
+            ckpt = _load_checkpoint(checkpoint, map_location='cpu')
+        try:
+            check_checkpoint_for_model(
+                self.inferencer.model,
+                ckpt,
+                checkpoint,
+                allow_partial=partial_load,
+                opt_in='pass --partial-load',
+                config=getattr(cfg, 'filename', None))
+        except CheckpointMismatchError as e:
+            raise DemoError(str(e)) from None
 
     def _scope(self):
         # the codebase's registries, whatever default scope an earlier
@@ -252,10 +325,11 @@ def run(args):
     from mmengine.config import Config
 
     import mmsoft  # noqa: F401  (registers SOFT)
+    mmsoft.setup()  # the verified checkpoint loader (mmsoft.runtime)
     cfg = Config.fromfile(args.config)
     try:
         predictor = Predictor(cfg, args.checkpoint, args.device,
-                              args.score_thr)
+                              args.score_thr, args.partial_load)
     except ValueError as e:  # e.g. no codebase for this default_scope
         if 'default_scope' in str(e):
             raise DemoError(str(e)) from e
@@ -263,9 +337,17 @@ def run(args):
     out_dir = args.out_dir
     os.makedirs(out_dir, exist_ok=True)
     tmp_root = tempfile.mkdtemp(prefix='.image_demo.', dir=out_dir)
-    written = []
+    written, failed = [], []
     try:
         for img, name in images:
+            problem = image_problem(img)
+            if problem:  # report it, go on with the rest of the folder
+                failed.append((img, problem))
+                print(
+                    f'{PROG}: skipped {img}: {problem}',
+                    file=sys.stderr,
+                    flush=True)
+                continue
             tmp = osp.join(tmp_root, 'work')
             shutil.rmtree(tmp, ignore_errors=True)
             pred = predictor(img, tmp)
@@ -291,7 +373,15 @@ def run(args):
     print(f'{predictor.task}: {len(written)} image(s); visualisations in '
           f'{osp.join(out_dir, "vis")}, predictions in '
           f'{osp.join(out_dir, "preds")}')
+    if failed:
+        raise SkippedImages(
+            f'{len(failed)} of {len(images)} image(s) could not be read and '
+            f'were skipped: ' + ', '.join(img for img, _ in failed))
     return written
+
+
+class SkippedImages(Exception):
+    """Some images of a folder were skipped: exit code 1 at the end."""
 
 
 def main(argv=None):
@@ -301,6 +391,9 @@ def main(argv=None):
     except DemoError as e:
         print(f'{PROG}: error: {e}', file=sys.stderr)
         return 2
+    except SkippedImages as e:
+        print(f'{PROG}: error: {e}', file=sys.stderr)
+        return 1
     return 0
 
 

@@ -5,6 +5,14 @@
 runs when a SOFT backbone or an mmsoft hook is built and in the tools (see
 :mod:`mmsoft.runtime`). Each fix below names the failure it addresses.
 
+One part of the first fix, the allow-list of
+:func:`register_safe_globals`, is registered by ``import mmsoft`` itself:
+mmengine's inferencers unpickle the checkpoint before anything builds a
+SOFT model, so a detection / segmentation checkpoint written by
+``tools/train.py`` could not be loaded by ``DetInferencer`` /
+``MMSegInferencer`` (``demo/image_demo.py``) otherwise. It is the only
+change ``import mmsoft`` makes to torch (none to mmengine).
+
 Fix ``torch_load_mmengine_safe_globals``
 ----------------------------------------
 Failure: since torch 2.6, ``torch.load`` defaults to ``weights_only=True``.
@@ -91,8 +99,8 @@ import types
 import warnings
 
 __all__ = [
-    'apply', 'applied', 'check_optional_deps', 'MMENGINE_SAFE_GLOBALS',
-    'OPTIONAL_DEPS'
+    'apply', 'applied', 'check_optional_deps', 'register_safe_globals',
+    'MMENGINE_SAFE_GLOBALS', 'OPTIONAL_DEPS'
 ]
 
 #: packages mmseg imports without declaring them -> why they are needed
@@ -218,6 +226,25 @@ def _mmengine_safe_globals():
     return [(loaded, 'mmengine.logging.history_buffer.HistoryBuffer'),
             (_checkpoint_getattr, 'builtins.getattr'),
             (_checkpoint_bytes, 'builtins.bytes')] + _numpy_safe_globals()
+
+
+def register_safe_globals():
+    """Add the allow-list of what mmengine training checkpoints pickle
+    (module doc) to torch's weights-only unpickler; idempotent.
+
+    ``import mmsoft`` calls this (and only this): mmengine's inferencers
+    (``DetInferencer``, ``MMSegInferencer``: ``BaseInferencer._init_model``)
+    and any ``torch.load`` of a Runner checkpoint unpickle the file *before*
+    a model is built, and the config's ``custom_imports=['mmsoft']`` is the
+    only mmsoft code that has run by then. torch's allow-list is
+    process-global by design (``torch.serialization.add_safe_globals``; the
+    loaders of mmengine pass no per-call list), and the alternative,
+    ``weights_only=False``, would let a checkpoint run arbitrary code. The
+    entries only widen what ``torch.load`` accepts, to objects that cannot
+    run code or change state (see the module doc). Returns False (nothing
+    registered) with torch < 2.6.
+    """
+    return _fix_torch_load_mmengine_safe_globals()
 
 
 def _fix_torch_load_mmengine_safe_globals():

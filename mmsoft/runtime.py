@@ -1,7 +1,10 @@
 """What mmsoft changes in the process, done explicitly and once.
 
 ``import mmsoft`` registers mmsoft's models, attentions, hooks and optim
-wrappers and changes nothing else. :func:`setup` applies the fixes of
+wrappers and the allow-list of what mmengine training checkpoints pickle
+(:func:`mmsoft.compat.register_safe_globals`: mmengine's inferencers load a
+checkpoint before building any model), and changes nothing else.
+:func:`setup` applies the fixes of
 :mod:`mmsoft.compat` (``torch.load`` of mmengine training checkpoints with
 ``weights_only=True``; damage and checksum checks on mmengine's local
 checkpoint loads) and warns once for installed packages outside the tested

@@ -2,9 +2,9 @@
 
 Each fix has a test that fails without it: the baseline failure is shown in a
 fresh interpreter that never imports mmsoft, and in this process with the
-allow-list removed; once mmsoft is set up (:func:`mmsoft.setup`, which
-building a SOFT backbone or an mmsoft hook runs) the same files load.
-``import mmsoft`` alone changes nothing.
+allow-list removed; once mmsoft is imported (the allow-list) or set up
+(:func:`mmsoft.setup`, which building a SOFT backbone or an mmsoft hook
+runs: the verified loader) the same files load.
 """
 import json
 import os
@@ -240,11 +240,13 @@ def test_mmsoft_setup_applies_compat():
 
 
 @needs_weights_only
-def test_import_changes_nothing_building_soft_sets_up(tmp_path):
-    """A fresh process: ``import mmsoft`` leaves torch and mmengine alone;
+def test_import_adds_allow_list_building_soft_sets_up(tmp_path):
+    """A fresh process: ``import mmsoft`` adds only the checkpoint
+    allow-list to torch (mmengine's inferencers load a checkpoint before
+    any model is built: issue 27) and leaves mmengine's loader alone;
     building SOFT through mmengine's root registry (what a
     ``custom_imports=['mmsoft']`` config does before the Runner resumes or
-    loads) applies the fixes, and the Runner checkpoint loads."""
+    loads) applies the other fixes."""
     path = tmp_path / 'iter_3.pth'
     _mmengine_checkpoint(path)
     code = textwrap.dedent(f"""
@@ -264,6 +266,9 @@ def test_import_changes_nothing_building_soft_sets_up(tmp_path):
             out['load_before'] = 'ok'
         except pickle.UnpicklingError:
             out['load_before'] = 'refused'
+        out['only_allow_list'] = set(
+            map(str, torch.serialization.get_safe_globals())) - before == \
+            set(map(str, compat.MMENGINE_SAFE_GLOBALS))
         MODELS.build(dict(type='SOFT', arch=dict(
             embed_dims=[8, 16, 16, 32], num_heads=[1, 2, 2, 2],
             depths=[1, 1, 1, 1])))
@@ -278,9 +283,10 @@ def test_import_changes_nothing_building_soft_sets_up(tmp_path):
     out = json.loads(res.stdout.strip().splitlines()[-1])
     assert out == dict(
         after_import=[],
-        same_globals=True,
+        same_globals=False,
+        only_allow_list=True,
         same_loader=True,
-        load_before='refused',
+        load_before='ok',
         after_build=[FIX, 'mmengine_verified_local_loader'],
         loader='mmsoft.utils.checkpoint_io',
         iter=3)

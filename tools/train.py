@@ -16,10 +16,17 @@ PATH`` from PATH; a config's plain ``CheckpointHook`` becomes mmsoft's
 CUDA, ``--launcher pytorch`` (``tools/dist_train.sh``) runs one CPU process
 per "GPU" with the gloo backend (see :mod:`mmsoft.tools_support.launch`),
 and ``--amp`` trains under bfloat16 autocast.
+
+``load_from`` is loaded strictly (another architecture is an error naming
+the keys; ``--partial-load`` loads the matching tensors and prints what was
+skipped), ``--resume PATH`` must be a training checkpoint (checked before
+anything is built), and one run at a time holds the work dir
+(:mod:`mmsoft.utils.work_dir_lock`).
 """
 import argparse
 import os
 import os.path as osp
+import sys
 import warnings
 
 # mmengine 0.10 imports (and reloads) the deprecated pkg_resources at every
@@ -35,6 +42,8 @@ from mmsoft.engine import add_nonfinite_hook  # noqa: E402
 from mmsoft.engine import use_safe_checkpoint_hook  # noqa: E402
 from mmsoft.tools_support import data_check  # noqa: E402
 from mmsoft.tools_support import launch  # noqa: E402
+from mmsoft.utils.checkpoint_io import CheckpointWriteError  # noqa: E402
+from mmsoft.utils.strict_load import CheckpointMismatchError  # noqa: E402
 
 
 def parse_args(argv=None):
@@ -60,6 +69,13 @@ def parse_args(argv=None):
         help='If specify checkpoint path, resume from it, while if not '
         'specify, try to auto resume from the latest checkpoint '
         'in the work directory.')
+    parser.add_argument(
+        '--partial-load',
+        action='store_true',
+        help='allow a load_from checkpoint that matches the model only in '
+        'part (e.g. another head): load the matching tensors and print what '
+        'was skipped. Without it a mismatch (missing / unexpected / '
+        'mis-shaped keys) is an error')
     parser.add_argument(
         '--cfg-options',
         nargs='+',
@@ -126,6 +142,15 @@ def build_cfg(args):
     elif args.resume is not None:
         cfg.resume = True
         cfg.load_from = args.resume
+    # the Runner loads load_from / resume with strict=False (a WARNING
+    # only): check the checkpoint against the model first
+    # (mmsoft.engine.StrictLoadHook; --resume: a training checkpoint)
+    cfg.custom_hooks = list(cfg.get('custom_hooks', None) or []) + [
+        dict(
+            type='StrictLoadHook',
+            allow_partial=args.partial_load,
+            opt_in='pass --partial-load')
+    ]
     return cfg
 
 
@@ -134,19 +159,28 @@ def main(argv=None):
     cfg = build_cfg(args)
     data_check.exit_if_missing(cfg, 'train', args.launcher)  # data on disk?
     launch.exit_if_legacy_backbone(cfg)  # attn options of mmsoft 0.1?
-    launch.prepare_cfg(cfg, args.launcher)  # codebase, init, CPU dist
-
-    if 'runner_type' not in cfg:
-        runner = Runner.from_cfg(cfg)
-    else:
-        runner = RUNNERS.build(cfg)
+    launch.exit_if_not_resumable(cfg)  # --resume PATH: a training ckpt?
+    # one run per work dir (rank 0 holds the lock until the run ends)
+    lock = launch.lock_work_dir(cfg, args.launcher)
     try:
-        runner.train()
+        launch.prepare_cfg(cfg, args.launcher)  # codebase, init, CPU dist
+
+        if 'runner_type' not in cfg:
+            runner = Runner.from_cfg(cfg)
+        else:
+            runner = RUNNERS.build(cfg)
+        try:
+            runner.train()
+        except (CheckpointMismatchError, CheckpointWriteError) as e:
+            sys.exit(f'error: {e}')  # wrong weights, full disk: one message
+        finally:
+            # tear the process group down before interpreter exit: left to
+            # atexit, gloo can abort ("terminate called without an active
+            # exception") after a finished run
+            launch.shutdown_dist()
     finally:
-        # tear the process group down before interpreter exit: left to
-        # atexit, gloo can abort ("terminate called without an active
-        # exception") after a finished run
-        launch.shutdown_dist()
+        if lock is not None:
+            lock.release()
 
 
 if __name__ == '__main__':

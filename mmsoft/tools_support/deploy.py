@@ -38,17 +38,25 @@ from mmsoft.utils.atomic import atomic_path
 __all__ = [
     'ExportError', 'build_model', 'load_weights', 'check_exportable',
     'ExportWrapper', 'export_onnx', 'OnnxModel', 'relative_error', 'verify',
-    'DEFAULT_OPSET'
+    'check_opset', 'check_out', 'opset_range', 'DEFAULT_OPSET', 'MIN_OPSET'
 ]
 
 DEFAULT_OPSET = 17
+#: the oldest opsets that export SOFT: 14 for the TorchScript exporter
+#: (stage 4's softmax attention, ``aten::scaled_dot_product_attention``,
+#: has no symbolic below 14; measured with torch 2.14 on the three demo
+#: configs: tests/test_tools_support/test_deploy.py), 18 for torch.export
+#: (--dynamo; its onnxscript functions start there)
+MIN_OPSET = 14
+MIN_OPSET_DYNAMO = 18
 _PACKAGES = {'mmpretrain': 'mmpretrain', 'mmdet': 'mmdet', 'mmseg': 'mmseg'}
 
 
 # ---------------------------------------------------------------- building
 def build_model(config,
                 checkpoint: Optional[str],
-                cfg_options: Optional[dict] = None):
+                cfg_options: Optional[dict] = None,
+                partial_load: bool = False):
     """(model in eval mode on the CPU, codebase scope, cfg).
 
     ``config``: a path or an mmengine ``Config``. ``checkpoint``: a
@@ -74,13 +82,22 @@ def build_model(config,
     if checkpoint is None or str(checkpoint).lower() == 'none':
         launch.quiet_init_weights(model)
     else:
-        load_weights(model, checkpoint)
+        load_weights(model, checkpoint, partial_load)
     return model.eval(), scope, cfg
 
 
-def load_weights(model: nn.Module, checkpoint: str) -> None:
-    """Load ``checkpoint`` into ``model``; every key and shape must match."""
+def load_weights(model: nn.Module,
+                 checkpoint: str,
+                 partial_load: bool = False) -> None:
+    """Load ``checkpoint`` into ``model``; every key and shape must match,
+    and weights converted for the other attention normalisation are
+    refused (``meta['attn_norm']``). ``partial_load`` (``--partial-load``)
+    loads the matching tensors and prints what was skipped."""
     from mmengine.runner.checkpoint import _load_checkpoint
+
+    from mmsoft.models.backbones.soft_pretrained import (
+        check_attn_norm, check_checkpoint_for_model)
+    from mmsoft.utils.strict_load import CheckpointMismatchError
     if not osp.isfile(checkpoint):
         raise ExportError(f'checkpoint {checkpoint!r} does not exist; pass '
                           f'a .pth file (or "none" for random weights)')
@@ -93,6 +110,20 @@ def load_weights(model: nn.Module, checkpoint: str) -> None:
         k[7:] if k.startswith('module.') else k: v
         for k, v in state.items()
     }
+    try:
+        check_attn_norm(model, ckpt, checkpoint)
+        if partial_load:
+            report = check_checkpoint_for_model(
+                model, ckpt, checkpoint, allow_partial=True)
+            bad = {k for k, _, _ in report.mismatched}
+            model.load_state_dict(
+                {
+                    k: v
+                    for k, v in state.items() if k not in bad
+                }, strict=False)
+            return
+    except CheckpointMismatchError as e:
+        raise ExportError(' '.join(str(e).split())) from None
     own = model.state_dict()
     missing = [k for k in own if k not in state]
     unexpected = [k for k in state if k not in own]
@@ -139,6 +170,46 @@ def check_exportable(model: nn.Module, dynamo: bool = False) -> None:
                     f'(adaptive pooling of the landmark grid) has no '
                     f'TorchScript ONNX export; pass --dynamo (torch.export '
                     f'exporter, needs onnxscript)')
+
+
+def opset_range(dynamo: bool = False) -> Tuple[int, int]:
+    """The ONNX opsets the export supports: from :data:`MIN_OPSET` (the
+    oldest whose operators cover SOFT's graph: LayerNorm, GELU, the
+    unrolled Newton-Raphson products) to the newest the installed torch
+    exporter writes."""
+    hi = DEFAULT_OPSET
+    try:
+        from torch.onnx import _constants
+        hi = max(
+            getattr(_constants, 'ONNX_TORCHSCRIPT_EXPORTER_MAX_OPSET', hi), hi)
+        if dynamo:
+            hi = max(getattr(_constants, 'ONNX_MAX_OPSET', hi), hi)
+    except ImportError:  # pragma: no cover - other torch versions
+        pass
+    return (MIN_OPSET_DYNAMO if dynamo else MIN_OPSET), hi
+
+
+def check_opset(opset: int, dynamo: bool = False) -> None:
+    """``--opset`` outside :func:`opset_range`: one line, before any
+    model is built (instead of a deep ``SymbolicValueError``)."""
+    lo, hi = opset_range(dynamo)
+    if not lo <= opset <= hi:
+        raise ExportError(
+            f'--opset {opset} is not supported: SOFT exports with opsets '
+            f'{lo} to {hi}' + (' (--dynamo)' if dynamo else '') +
+            f'; the default is {DEFAULT_OPSET}')
+
+
+def check_out(out: str, config: str, shape: Sequence[int]) -> None:
+    """``--out`` must name a file: a directory is refused before the
+    export (which would otherwise fail at the end, naming its temporary
+    file)."""
+    if osp.isdir(out):
+        name = osp.splitext(osp.basename(config))[0] + \
+            f'_{shape[0]}x{shape[1]}.onnx'
+        raise ExportError(
+            f'--out {out} is a directory; give a file name, e.g. --out '
+            f'{osp.join(out, name)}')
 
 
 # ---------------------------------------------------------------- wrappers

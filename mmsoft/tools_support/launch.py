@@ -41,9 +41,9 @@ from mmsoft.engine.optimizers import \
 from mmsoft.runtime import setup
 
 __all__ = [
-    'quiet_init_weights', 'exit_if_legacy_backbone', 'CODEBASES',
-    'codebase_of', 'import_codebase', 'setup_cpu_distributed', 'enable_amp',
-    'prepare_cfg'
+    'quiet_init_weights', 'exit_if_legacy_backbone', 'exit_if_not_resumable',
+    'lock_work_dir', 'CODEBASES', 'codebase_of', 'import_codebase',
+    'setup_cpu_distributed', 'enable_amp', 'prepare_cfg'
 ]
 
 #: default_scope -> python package of the codebase
@@ -76,6 +76,48 @@ def exit_if_legacy_backbone(cfg) -> None:
                 visit(v)
 
     visit(cfg.get('model'))
+
+
+def exit_if_not_resumable(cfg) -> None:
+    """``--resume PATH`` with a file that is not a training checkpoint (a
+    converted or published weights file): stop with one line (exit 1)
+    before anything is built, instead of mmengine half-loading it and then
+    failing with ``KeyError: 'epoch'``. Reads only the file's structure
+    (``torch.load(mmap=True)``); a file that cannot be read that way is
+    left to the Runner's loader (which names damage)."""
+    path = cfg.get('load_from', None)
+    if not cfg.get('resume', False) or not path:
+        return
+    from mmsoft.engine.hooks.strict_load_hook import (not_resumable,
+                                                      resume_refusal)
+    if '://' in str(path):
+        return  # remote: checked by StrictLoadHook when loaded
+    if not os.path.isfile(path):
+        sys.exit(f'error: --resume {path}: no such file (omit the path to '
+                 f'resume from the newest checkpoint of the work dir)')
+    try:
+        ckpt = torch.load(
+            path, map_location='cpu', weights_only=True, mmap=True)
+    except Exception:  # noqa: BLE001 - legacy format, damage: the Runner
+        return
+    problem = not_resumable(ckpt)
+    if problem:
+        sys.exit(f'error: {resume_refusal(path, problem)}')
+
+
+def lock_work_dir(cfg, launcher: str = 'none'):
+    """Take the work dir's lock on rank 0
+    (:class:`mmsoft.utils.work_dir_lock.WorkDirLock`); another live run
+    there stops this one with one line (exit 1). Returns the lock (None on
+    the other ranks)."""
+    from mmsoft.tools_support.data_check import _rank
+    from mmsoft.utils.work_dir_lock import WorkDirLock, WorkDirLockedError
+    if _rank(launcher) != 0:
+        return None
+    try:
+        return WorkDirLock(cfg.work_dir).acquire()
+    except WorkDirLockedError as e:
+        sys.exit(f'error: {e}')
 
 
 def quiet_init_weights(model) -> None:

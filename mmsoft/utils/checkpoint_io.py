@@ -42,8 +42,8 @@ import torch
 from .atomic import TMP_SUFFIX, atomic_path, remove_stale_temps
 
 __all__ = [
-    'CheckpointError', 'save_atomic', 'add_checksum', 'verify_checksum',
-    'state_checksum', 'describe_damage', 'load_verified',
+    'CheckpointError', 'CheckpointWriteError', 'save_atomic', 'add_checksum',
+    'verify_checksum', 'state_checksum', 'describe_damage', 'load_verified',
     'find_newest_complete', 'remove_stale_temps', 'checkpoint_candidates',
     'install_loader', 'refused_globals', 'check_complete', 'TMP_SUFFIX',
     'CHECKSUM_KEY'
@@ -63,6 +63,14 @@ _CKPT_RE = re.compile(r'^(?:epoch|iter)_(\d+)\.pth$')
 
 class CheckpointError(RuntimeError):
     """A checkpoint file is damaged or fails its checksum."""
+
+
+class CheckpointWriteError(OSError):
+    """A checkpoint could not be written (full disk, ...): the message
+    names the file and what was kept (``SafeCheckpointHook``)."""
+
+    def __str__(self):
+        return self.strerror or super().__str__()
 
 
 def _log(msg, level=logging.INFO):

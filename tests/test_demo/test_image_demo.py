@@ -314,3 +314,66 @@ def test_readme_python_api(task, models, images, tmp_path, monkeypatch):
         assert ns['result']['pred_class'] in classes
         feats = ns['feats']
         assert feats[-1].shape == (1, DIMS[3])
+
+
+def test_same_name_other_extension_both_kept(models, tmp_path, capsys):
+    """Issue 27, item 5: x.jpg and x.png reported "2 image(s)" and wrote
+    one result (the other was overwritten)."""
+    cfg, ckpt, classes = models['cls']
+    folder = tmp_path / 'in'
+    _image(str(folder / 'x.jpg'), seed=1)
+    _image(str(folder / 'x.png'), seed=2)
+    _image(str(folder / 'y.jpg'), seed=3)
+    main = runpy.run_path(DEMO, run_name='image_demo')['main']
+    out = str(tmp_path / 'out')
+    assert main([str(folder), cfg, ckpt, '--out-dir', out]) == 0
+    assert sorted(os.listdir(osp.join(
+        out, 'preds'))) == ['x.jpg.json', 'x.png.json', 'y.json']
+    assert len(os.listdir(osp.join(out, 'vis'))) == 3
+    for name in ('x.jpg', 'x.png'):
+        _check_outputs('cls', out, str(folder / name), name, classes)
+    assert 'classification: 3 image(s)' in capsys.readouterr().out
+
+
+def test_unreadable_images_in_folder_are_skipped(models, tmp_path, capsys):
+    """Issue 27, item 7: one truncated JPEG in a folder aborted the rest;
+    now each bad image is reported, the others are processed, and the
+    exit code is 1 at the end."""
+    cfg, ckpt, classes = models['cls']
+    folder = tmp_path / 'in'
+    good = _image(str(folder / 'a.jpg'), seed=1)
+    _image(str(folder / 'c.jpg'), seed=2)
+    whole = open(good, 'rb').read()
+    (folder / 'b.jpg').write_bytes(whole[:len(whole) // 2])  # truncated
+    (folder / 'd.png').write_bytes(b'')  # empty
+    main = runpy.run_path(DEMO, run_name='image_demo')['main']
+    out = str(tmp_path / 'out')
+    assert main([str(folder), cfg, ckpt, '--out-dir', out]) == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    b, d = str(folder / 'b.jpg'), str(folder / 'd.png')
+    assert err[0].startswith(f'image_demo.py: skipped {b}: truncated JPEG')
+    assert err[1] == f'image_demo.py: skipped {d}: the file is empty ' \
+        '(0 bytes)'
+    assert err[2] == ('image_demo.py: error: 2 of 4 image(s) could not be '
+                      f'read and were skipped: {b}, {d}')
+    assert sorted(os.listdir(osp.join(out, 'preds'))) == ['a.json', 'c.json']
+
+
+def test_checkpoint_of_another_model_is_refused(models, images, tmp_path):
+    """Strict inference: a classifier checkpoint under the detector config
+    used to give random-weight boxes after mmengine's WARNING."""
+    cfg, _, _ = models['det']
+    _, cls_ckpt, _ = models['cls']
+    proc = run([
+        sys.executable, DEMO, images['single'], cfg, cls_ckpt, '--out-dir',
+        str(tmp_path / 'o')
+    ],
+               timeout=300)
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    err = proc.stderr.strip().splitlines()
+    first = [i for i, ln in enumerate(err) if 'image_demo.py: error' in ln]
+    assert first, proc.stderr[-2000:]
+    assert err[first[0]].startswith(
+        f'image_demo.py: error: checkpoint {cls_ckpt} does not match the '
+        'model (RetinaNet): '), err
+    assert not osp.exists(tmp_path / 'o' / 'preds')

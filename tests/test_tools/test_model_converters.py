@@ -732,3 +732,27 @@ def test_converted_file_carries_checksum(tmp_path, tiny_sd):
         load_checkpoint(SOFT(arch='tiny'), str(bad))
     with pytest.raises(ConversionError, match='corrupt'):
         cf.load_checkpoint_file(str(bad))
+
+
+def test_unreadable_source_is_one_line(tmp_path, tiny_sd, capsys, monkeypatch):
+    """Issue 27, item 8: an unreadable SRC (permissions) gave a raw
+    PermissionError traceback. As root chmod does not stop reads: the
+    refusal is injected where the file is opened."""
+    import builtins
+    src = tmp_path / 'official.pth'
+    torch.save({'state_dict': tiny_sd}, src)
+    real_open = builtins.open
+
+    def no_read(file, mode='r', *a, **k):
+        if str(file) == str(src):
+            raise PermissionError(13, 'Permission denied', str(file))
+        return real_open(file, mode, *a, **k)
+
+    monkeypatch.setattr(builtins, 'open', no_read)
+    for script in ('soft2mmsoft', 'mmsoft2soft'):
+        assert load_script(script).main([str(src),
+                                         str(tmp_path / 'o.pth')]) == 1
+        assert _one_line_error(capsys) == (
+            f"error: cannot read {str(src)!r}: Permission denied (errno 13); "
+            f"check its permissions (ls -l) or copy it somewhere readable")
+    assert sorted(os.listdir(tmp_path)) == ['official.pth']

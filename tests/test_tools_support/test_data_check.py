@@ -12,6 +12,7 @@
 * configs whose data exists (the generated demo data) pass.
 """
 import copy
+import glob
 import os
 import os.path as osp
 import re
@@ -486,3 +487,85 @@ def test_tools_message_is_all_a_newcomer_sees(tool, name, tmp_path):
     assert err and err[0].startswith('mmsoft: data for '), proc.stderr
     assert len(err) <= 5, proc.stderr
     assert proc.stdout == ''
+
+
+# ------------------------------------------- the files the data lists
+@pytest.fixture
+def demo_det(tmp_path):
+    """The demo detection config on 3 generated training images."""
+    pytest.importorskip('mmdet')
+    from mmsoft.tools_support import demo_synthetic, demo_tasks
+    S, T = demo_synthetic(), demo_tasks()
+    report = S.make_demo_data(
+        str(tmp_path / 'demo'),
+        tasks=('det', ),
+        overrides={
+            'det': dict(num_train=3, num_val=2, size=64, radius=(6, 16))
+        },
+        workers=1,
+        log=None)
+    cfg = T.load_demo_config('det')
+    T.set_data_root(cfg, report['det']['path'])
+    path = str(tmp_path / 'det.py')
+    cfg.dump(path)
+    assert dc.main(['train', path]) == 0
+    return path, report['det']['path']
+
+
+def _check_message(cfg, capsys):
+    """The lines the data check's command line prints (exit code 1)."""
+    capsys.readouterr()
+    assert dc.main(['train', cfg]) == 1
+    return capsys.readouterr().err.rstrip().splitlines()
+
+
+def test_truncated_annotation_json_is_named_with_position(demo_det, capsys):
+    """Issue 27, item 7: a truncated annotation json gave ``JSONDecodeError
+    ... column 25513`` from pycocotools, without the file."""
+    cfg, root = demo_det
+    ann = osp.join(root, 'annotations', 'instances_train.json')
+    data = open(ann, 'rb').read()
+    open(ann, 'wb').write(data[:len(data) // 2])
+    lines = _check_message(cfg, capsys)
+    assert lines[0].startswith('mmsoft: damaged data (fix or remove')
+    assert lines[1].startswith(
+        f'  {ann} [train_dataloader.dataset.ann_file]: truncated: ')
+    assert re.search(r'at line 1 column \d+ \(character \d+ of \d+\)$',
+                     lines[1]), lines[1]
+    assert f'of {len(data) // 2})' in lines[1]
+
+
+def test_empty_training_image_is_named(demo_det, monkeypatch, capsys,
+                                       tmp_path):
+    """Issue 27, item 7: a 0-byte training image gave ``cv2.error ...
+    !buf.empty()`` without the file; the data check of tools/train.py
+    names it (the files the annotations list, not only the folders)."""
+    cfg, root = demo_det
+    img = sorted(glob.glob(osp.join(root, 'train', '*.jpg')))[1]
+    open(img, 'wb').close()
+    assert _check_message(cfg, capsys)[1] == (
+        f'  {img} (for training, train_dataloader.dataset.ann_file): the '
+        f'file is empty (0 bytes)')
+    # every listed file is checked for that, not only the deep sample
+    monkeypatch.setattr(dc, 'SAMPLE_FILES', 1)
+    assert f'{img} (for training' in _check_message(cfg, capsys)[1]
+    monkeypatch.undo()
+    monkeypatch.delenv('MMSOFT_SKIP_DATA_CHECK', raising=False)
+    with pytest.raises(SystemExit) as e:
+        tool_namespace('train')['main'](
+            [cfg, '--work-dir', str(tmp_path / 'w')])
+    assert e.value.code == 1
+    assert f'{img} (for training' in capsys.readouterr().err
+    assert not osp.exists(tmp_path / 'w')
+    # a listed image that is missing, and a truncated one
+    os.remove(img)
+    jpg = sorted(glob.glob(osp.join(root, 'train', '*.jpg')))[0]
+    data = open(jpg, 'rb').read()
+    open(jpg, 'wb').write(data[:len(data) // 2])
+    lines = _check_message(cfg, capsys)
+    assert lines[1].startswith(f'  {jpg} (for training, ') and \
+        lines[1].endswith('truncated JPEG ' f'({len(data) // 2} bytes, no '
+                          'end-of-image marker)')
+    assert lines[2] == (f'  {img} (for training, '
+                        'train_dataloader.dataset.ann_file): listed in the '
+                        'annotations, but missing')

@@ -10,6 +10,7 @@ mmsoft.tools_support.deploy).
   segmentor, tiny architectures at small sizes;
 * one clear error line for what cannot be exported.
 """
+import os
 import os.path as osp
 
 import pytest
@@ -307,3 +308,43 @@ def test_error_is_all_the_output_with_random_weights(tmp_path):
     out = (proc.stdout + proc.stderr).strip().splitlines()
     assert out[-1].startswith('error: ') and 'nr_method' in out[-1]
     assert len(out) <= 3, '\n'.join(out[:20])
+
+
+def test_out_directory_and_opset_refused_up_front(tmp_path, capsys,
+                                                  monkeypatch):
+    """Issue 27, item 8: ``--out <a directory>`` failed only after the
+    export, naming the temporary file; ``--opset 5`` with a deep
+    ``SymbolicValueError``. Both are refused before any model is built."""
+    built = []
+    monkeypatch.setattr(deploy, 'build_model',
+                        lambda *a, **k: built.append(a) or 1 / 0)
+    cfg = osp.join(DEMO, 'soft_cls_demo.py')
+    line = _error_line(
+        capsys, [cfg, 'none', '--shape', '64', '64', '--out',
+                 str(tmp_path)])
+    assert line == (f'error: --out {tmp_path} is a directory; give a file '
+                    f'name, e.g. --out '
+                    f'{osp.join(str(tmp_path), "soft_cls_demo_64x64.onnx")}')
+    lo, hi = deploy.opset_range()
+    assert lo == deploy.MIN_OPSET and hi >= deploy.DEFAULT_OPSET
+    for opset in (5, hi + 1):
+        line = _error_line(
+            capsys,
+            [cfg, 'none', '--shape', '64', '64', '--opset',
+             str(opset)])
+        assert line == (f'error: --opset {opset} is not supported: SOFT '
+                        f'exports with opsets {lo} to {hi}; the default is '
+                        f'17')
+    assert not built and os.listdir(tmp_path) == []
+
+
+def test_min_opset_exports(tmp_path):
+    """The oldest opset the check accepts does export (and one below does
+    not: the bound is measured, not guessed)."""
+    model, scope, _ = deploy.build_model(
+        osp.join(DEMO, 'soft_cls_demo.py'), None)
+    wrapper = deploy.ExportWrapper(model, scope, (64, 64))
+    deploy.export_onnx(wrapper, str(tmp_path / 'a.onnx'), deploy.MIN_OPSET)
+    with pytest.raises(Exception):
+        deploy.export_onnx(wrapper, str(tmp_path / 'b.onnx'),
+                           deploy.MIN_OPSET - 1)

@@ -56,6 +56,12 @@ def parse_args(argv=None):
     parser.add_argument(
         '--opset', type=int, default=17, help='ONNX opset (default 17)')
     parser.add_argument(
+        '--partial-load',
+        action='store_true',
+        help='allow a checkpoint that matches the model only in part: '
+        'export with the matching tensors and print what was skipped '
+        '(without it a mismatch is an error)')
+    parser.add_argument(
         '--batch',
         type=int,
         default=1,
@@ -109,8 +115,11 @@ def run(args) -> int:
             '--shape H W')
     if args.batch < 1:
         raise deploy.ExportError(f'--batch must be >= 1, got {args.batch}')
+    deploy.check_opset(args.opset, args.dynamo)
+    if args.out is not None:
+        deploy.check_out(args.out, args.config, args.shape)
     model, scope, cfg = deploy.build_model(args.config, args.checkpoint,
-                                           args.cfg_options)
+                                           args.cfg_options, args.partial_load)
     shape = deploy.check_shape(scope, cfg, args.shape)
     deploy.check_exportable(model, dynamo=args.dynamo)
     wrapper = deploy.ExportWrapper(model, scope, shape)

@@ -33,7 +33,7 @@ from mmsoft.models.converters import (ConversionError, arch_for_mmsoft,
                                       describe_arch, match_arch_preset,
                                       official_model_name)
 from mmsoft.runtime import setup
-from mmsoft.tools_support.cli import positive_int
+from mmsoft.tools_support.cli import check_readable, positive_int
 from mmsoft.utils.checkpoint_files import (check_output_path,
                                            extract_state_dict,
                                            load_checkpoint_file,
@@ -80,6 +80,7 @@ def parse_args(argv=None):
 
 def convert(args, log=print):
     check_output_path(args.src, args.dst)
+    check_readable(args.src)
     ckpt = load_checkpoint_file(args.src, trust=args.trust_checkpoint)
     if args.ema is False:
         sd, source = extract_state_dict(ckpt, prefer_ema=False)

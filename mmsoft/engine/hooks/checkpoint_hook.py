@@ -51,8 +51,8 @@ from mmengine.registry import HOOKS
 
 from mmsoft.runtime import setup
 from mmsoft.utils.atomic import atomic_path, atomic_write
-from mmsoft.utils.checkpoint_io import (CheckpointError, add_checksum,
-                                        find_newest_complete,
+from mmsoft.utils.checkpoint_io import (CheckpointError, CheckpointWriteError,
+                                        add_checksum, find_newest_complete,
                                         remove_stale_temps)
 from mmsoft.utils.rng_state import get_rng_state, set_rng_state
 
@@ -306,9 +306,14 @@ class SafeCheckpointHook(CheckpointHook):
                 return cls_save(runner, out_dir, filename, *args, **kwargs)
             final = osp.abspath(backend.join_path(out_dir, filename))
             os.makedirs(osp.dirname(final), exist_ok=True)
-            with atomic_path(final, durable=True) as tmp:
-                cls_save(runner, osp.dirname(tmp), osp.basename(tmp), *args,
-                         **kwargs)
+            try:
+                with atomic_path(final, durable=True) as tmp:
+                    cls_save(runner, osp.dirname(tmp), osp.basename(tmp),
+                             *args, **kwargs)
+            except OSError as e:
+                raise CheckpointWriteError(e.errno,
+                                           _write_failure(runner, final,
+                                                          e)) from e
             written.add(final)
 
         self._atomic_depth += 1
@@ -331,6 +336,24 @@ class SafeCheckpointHook(CheckpointHook):
                     backend.rmtree(path)
             except OSError as e:
                 runner.logger.warning(f'mmsoft: could not remove {path}: {e}')
+
+
+def _write_failure(runner, path: str, error: OSError) -> str:
+    """The one-line report of a checkpoint that could not be written."""
+    reason = error.strerror or str(error)
+    code = f' (errno {error.errno})' if error.errno else ''
+    prev = None
+    try:
+        with open(osp.join(runner.work_dir, 'last_checkpoint')) as f:
+            prev = f.read().strip() or None
+    except OSError:
+        pass
+    kept = (f'the previous checkpoint {prev} was kept (last_checkpoint '
+            f'still names it)' if prev else 'no earlier checkpoint of this '
+            'run exists')
+    return (f'cannot write checkpoint {path}: {reason}{code}; nothing was '
+            f'written, {kept}. Free space in {osp.dirname(path)} and '
+            f'continue with tools/train.py ... --resume')
 
 
 def use_safe_checkpoint_hook(cfg) -> bool:

@@ -1,4 +1,5 @@
-"""Refuse checkpoints that do not match the model (``tools/test.py``).
+"""Refuse checkpoints that do not match the model (``tools/test.py``,
+``tools/train.py``: ``load_from`` and ``--resume``).
 
 MMEngine's Runner loads ``load_from`` with ``strict=False``: a wrong
 checkpoint only logs a WARNING and the test still prints a metric and exits
@@ -7,14 +8,18 @@ Runner calls with the loaded file *before* copying it into the model, and
 raises :class:`mmsoft.utils.strict_load.CheckpointMismatchError` naming the
 missing / unexpected / mis-shaped keys (and the converter command for an
 unconverted official SOFT checkpoint). ``allow_partial=True``
-(``tools/test.py --partial-load``) logs the mismatch instead.
+(``--partial-load`` of both tools) logs the mismatch instead. Weights
+converted for the other attention normalisation (``meta['attn_norm']`` of
+``soft2mmsoft.py``) are refused too, and with ``resume`` a checkpoint that
+is not a training checkpoint.
 """
 from mmengine.hooks import Hook
 from mmengine.registry import HOOKS
 
 from mmsoft.runtime import setup
+from mmsoft.utils.strict_load import CheckpointMismatchError
 
-__all__ = ['StrictLoadHook']
+__all__ = ['StrictLoadHook', 'not_resumable', 'resume_refusal']
 
 
 @HOOKS.register_module()
@@ -37,19 +42,48 @@ class StrictLoadHook(Hook):
         self.opt_in = opt_in
 
     def after_load_checkpoint(self, runner, checkpoint: dict) -> None:
-        from mmsoft.models.backbones.soft_pretrained import upgrade_legacy_keys
-        from mmsoft.models.converters import official_soft_hint
-        from mmsoft.utils.strict_load import (check_state_dict, strip_prefix,
-                                              unwrap_model)
-        sd = checkpoint.get('state_dict', checkpoint) \
-            if isinstance(checkpoint, dict) else checkpoint
-        model = unwrap_model(runner.model)
+        from mmsoft.models.backbones.soft_pretrained import \
+            check_checkpoint_for_model
         source = str(getattr(runner, '_load_from', None) or 'checkpoint')
-        check_state_dict(
-            model.state_dict(),
-            upgrade_legacy_keys(model, strip_prefix(sd)),
+        if getattr(runner, '_resume', False):
+            problem = not_resumable(checkpoint)
+            if problem:
+                raise CheckpointMismatchError(resume_refusal(source, problem))
+        cfg = getattr(runner, 'cfg', None)
+        check_checkpoint_for_model(
+            runner.model,
+            checkpoint,
             source,
-            f'the model ({type(model).__name__})',
             allow_partial=self.allow_partial,
             opt_in=self.opt_in,
-            hint=lambda: official_soft_hint(checkpoint, source))
+            config=getattr(cfg, 'filename', None))
+
+
+#: what mmengine's ``Runner.resume`` reads besides the weights
+RESUME_KEYS = ('meta', 'message_hub')
+
+
+def not_resumable(checkpoint) -> str:
+    """Why ``checkpoint`` (a loaded dict) cannot be resumed from, or ''.
+
+    ``Runner.resume`` reads ``meta['epoch']``, ``meta['iter']`` and the
+    ``message_hub`` (then the optimizer and schedulers): a weights-only file
+    (a converted or published checkpoint) used to be half-loaded and then
+    fail with ``KeyError: 'epoch'``."""
+    if not isinstance(checkpoint, dict):
+        return f'it holds a {type(checkpoint).__name__}, not a dict'
+    meta = checkpoint.get('meta')
+    absent = [k for k in RESUME_KEYS if k not in checkpoint]
+    if isinstance(meta, dict):
+        absent += [f'meta.{k}' for k in ('epoch', 'iter') if k not in meta]
+    if absent:
+        return f'it has no {", ".join(absent)}'
+    return ''
+
+
+def resume_refusal(source: str, problem: str) -> str:
+    """The one-line refusal of ``--resume`` with a weights-only file."""
+    return (f'--resume {source}: not a training checkpoint ({problem}); '
+            f'--resume continues a run from an epoch_N.pth / iter_N.pth '
+            f'written by tools/train.py. To start training from these '
+            f'weights, pass --cfg-options load_from={source} instead')

@@ -24,7 +24,7 @@ from mmsoft.registry import register_model
 from mmsoft.runtime import setup
 from ..layers import checks
 from ..layers.blocks import (RESIDUAL_DROPS, ConvPatchEmbed, SOFTBlock,
-                             SoftmaxBlock, build_norm)
+                             SoftmaxBlock, build_norm, check_norm_cfg)
 
 __all__ = ['SOFT', 'PyramidStage', 'SOFTStage', 'ClsTokenStage']
 
@@ -483,11 +483,17 @@ class SOFT(BaseModule):
         if residual_drop not in RESIDUAL_DROPS:
             raise ValueError(f'SOFT: residual_drop must be one of '
                              f'{RESIDUAL_DROPS}, got {residual_drop!r}')
+        norm_cfgs = self._per_stage('norm_cfg', norm_cfg)
+        for i, ncfg in enumerate(norm_cfgs):
+            check_norm_cfg(
+                'norm_cfg'
+                if isinstance(norm_cfg, Mapping) else f'norm_cfg[{i}]', ncfg)
+        check_norm_cfg('patch_norm_cfg', patch_norm_cfg)
         self.stage_cfgs = self._stage_cfgs(
             in_channels,
             pretrain_img_size,
             drop_path_rate,
-            norm_cfgs=self._per_stage('norm_cfg', norm_cfg),
+            norm_cfgs=norm_cfgs,
             act_cfgs=self._per_stage('act_cfg', act_cfg),
             common=dict(
                 qkv_bias=qkv_bias,
@@ -857,6 +863,20 @@ class SOFT(BaseModule):
                         0, self.embed_dims[i], H, W)))
         return tuple(outs)
 
+    def _one_value_per_channel(self, i: int, x: torch.Tensor) -> str:
+        """What BatchNorm's "Expected more than 1 value per channel" means
+        here, and how to fix it."""
+        B, _, H, W = x.shape
+        stride = 4 if i == 0 else 2
+        h, w = -(-H // stride), -(-W // stride)
+        return (f'SOFT stage {i + 1}: in training mode its patch-embedding '
+                f'BatchNorm sees one value per channel (batch size {B}, a '
+                f'{h} x {w} map from the stage\'s {H} x {W} input), where '
+                f'batch statistics are undefined. Train with a batch size '
+                f'>= 2 or larger images, or set norm_eval=True (BatchNorm '
+                f'uses its running statistics) or patch_norm_cfg='
+                f"dict(type='GN', num_groups=1) on the backbone")
+
     def forward(self, x: torch.Tensor) -> Tuple[torch.Tensor, ...]:
         if not isinstance(x, torch.Tensor):
             raise TypeError(f'SOFT expects a (B, C, H, W) tensor, got a '
@@ -869,7 +889,12 @@ class SOFT(BaseModule):
             return self._empty_outputs(x)
         outs = []
         for i in range(self.out_indices[-1] + 1):  # later stages unneeded
-            x, cls = self.stages[i](x)
+            try:
+                x, cls = self.stages[i](x)
+            except ValueError as e:
+                if 'Expected more than 1 value per channel' not in str(e):
+                    raise
+                raise ValueError(self._one_value_per_channel(i, x)) from None
             if i in self.out_indices:
                 use_cls = cls is not None and self.out_type == 'cls_token'
                 outs.append(cls if use_cls else x)

@@ -27,7 +27,10 @@ from mmsoft.utils.strict_load import (CheckpointMismatchError, LoadReport,
                                       check_state_dict, few_keys, strip_prefix)
 from .soft import SOFT
 
-__all__ = ['SOFTPretrainedInit', 'load_pretrained', 'upgrade_legacy_keys']
+__all__ = [
+    'SOFTPretrainedInit', 'load_pretrained', 'upgrade_legacy_keys',
+    'check_attn_norm', 'check_checkpoint_for_model'
+]
 
 #: how a partial load of the backbone's init_cfg is allowed (in the error)
 BACKBONE_OPT_IN = 'set model.backbone.init_cfg.strict=False'
@@ -46,6 +49,83 @@ def upgrade_legacy_keys(model: torch.nn.Module, sd: Mapping) -> Mapping:
         if isinstance(mod, SOFT):
             sd = SOFT.upgrade_state_dict(sd, f'{name}.' if name else '')
     return sd
+
+
+def _attn_norms(model: torch.nn.Module) -> set:
+    """The ``attn_norm`` values of the SOFT attentions inside ``model``."""
+    from mmsoft.models.layers.soft_attention import SOFTAttention
+    return {
+        m.attn_norm
+        for m in model.modules() if isinstance(m, SOFTAttention)
+    }
+
+
+def check_attn_norm(model: torch.nn.Module,
+                    checkpoint,
+                    source: str,
+                    config: Optional[str] = None) -> None:
+    """Refuse weights converted for the other attention normalisation.
+
+    ``soft_*`` and ``soft_norm_*`` weights have the same tensors, so the
+    shape check cannot tell them apart; ``soft2mmsoft.py`` records the
+    choice (``--norm``) as ``meta['attn_norm']`` (and the official model's
+    name as ``meta['official_model']``). When the checkpoint has that record
+    and ``model``'s SOFT attentions use the other setting, raise
+    :class:`CheckpointMismatchError` naming both and the fixes.
+    """
+    meta = checkpoint.get('meta') if isinstance(checkpoint, Mapping) else None
+    want = meta.get('attn_norm') if isinstance(meta, Mapping) else None
+    if not isinstance(want, bool):
+        return
+    have = _attn_norms(model)
+    if not have or have == {want}:
+        return
+    name = meta.get('official_model') or \
+        ('soft_norm_*' if want else 'soft_*')
+    kind = 'soft_norm_* (attn_norm=True)' if not want else \
+        'soft_* (attn_norm=False)'
+    cfg = f' of {config}' if config else ''
+    raise CheckpointMismatchError(
+        f'checkpoint {source} holds {name} weights (converted with '
+        f'attn_norm={want}{", --norm" if want else ", no --norm"}), but the '
+        f'model{cfg} is a {kind} model: its SOFT attention has '
+        f'attn_norm={not want}. Use a {"soft_norm_*" if want else "soft_*"} '
+        f'config or --cfg-options model.backbone.attn_cfg.attn_norm={want}; '
+        f'if the weights are {"soft_*" if want else "soft_norm_*"} ones, '
+        f'convert them again {"without" if want else "with"} --norm.')
+
+
+def check_checkpoint_for_model(model: torch.nn.Module,
+                               checkpoint,
+                               source: str,
+                               allow_partial: bool = False,
+                               opt_in: str = '',
+                               config: Optional[str] = None) -> LoadReport:
+    """Check a loaded checkpoint (dict) against a whole model before it is
+    loaded: keys and shapes (:func:`check_state_dict`, legacy SOFT keys
+    upgraded, ``module.`` prefixes stripped, the converter command for an
+    unconverted official checkpoint) and the attention normalisation
+    recorded by the converter (:func:`check_attn_norm`). Used by
+    ``StrictLoadHook`` (``tools/train.py`` ``load_from`` / ``--resume``,
+    ``tools/test.py``), ``demo/image_demo.py`` and the ONNX export."""
+    from mmsoft.utils.strict_load import unwrap_model
+    model = unwrap_model(model)
+    sd = checkpoint.get('state_dict', checkpoint) \
+        if isinstance(checkpoint, Mapping) else checkpoint
+    if not isinstance(sd, Mapping):
+        raise CheckpointMismatchError(
+            f'checkpoint {source} holds a {type(sd).__name__}, not a state '
+            f'dict')
+    report = check_state_dict(
+        model.state_dict(),
+        upgrade_legacy_keys(model, strip_prefix(sd)),
+        source,
+        f'the model ({type(model).__name__})',
+        allow_partial=allow_partial,
+        opt_in=opt_in,
+        hint=lambda: _official_hint(checkpoint, source))
+    check_attn_norm(model, checkpoint, source, config)
+    return report
 
 
 def load_pretrained(module: torch.nn.Module,
@@ -94,6 +174,7 @@ def load_pretrained(module: torch.nn.Module,
         allow_partial=not strict,
         opt_in=opt_in,
         hint=lambda: _official_hint(ckpt, str(checkpoint)))
+    check_attn_norm(module, ckpt, str(checkpoint))
     bad = {k for k, _, _ in report.mismatched}
     module.load_state_dict(
         OrderedDict((k, v) for k, v in sd.items() if k not in bad),

@@ -57,6 +57,42 @@ def mmcv_bricks() -> types.SimpleNamespace:
         build_dropout=build_dropout)
 
 
+def known_norms() -> Tuple[str, ...]:
+    """The names of the norm layers in MMEngine's root ``MODELS`` registry
+    (mmcv's ``BN``, ``GN``, ``LN``, ``IN``, ``SyncBN`` ... and any norm
+    registered there by the user), sorted."""
+    mmcv_bricks()  # registers mmcv's norms
+    from mmengine.registry import MODELS
+    bases = (nn.modules.batchnorm._NormBase, nn.GroupNorm, nn.LayerNorm,
+             nn.LocalResponseNorm)
+    return tuple(
+        sorted(name for name, cls in MODELS.module_dict.items()
+               if isinstance(cls, type) and (issubclass(cls, bases) or (
+                   issubclass(cls, nn.Module) and 'Norm' in cls.__name__))))
+
+
+def check_norm_cfg(name: str, cfg: Optional[Dict]) -> None:
+    """Refuse a norm config whose ``type`` is not a registered layer, with
+    a message naming it and the known norms (mmcv's ``build_norm_layer``
+    says "Cannot find None in registry")."""
+    if cfg is None:
+        return
+    if not hasattr(cfg, 'get') or 'type' not in cfg:
+        raise TypeError(f'SOFT: {name} must be a dict with a "type" (e.g. '
+                        f"dict(type='LN')), got {cfg!r}")
+    typ = cfg['type']
+    if not isinstance(typ, str):
+        return  # a class: mmcv checks it when building
+    mmcv_bricks()
+    from mmengine.registry import MODELS
+    with MODELS.switch_scope_and_registry(None) as registry:
+        found = registry.get(typ)
+    if found is None:
+        raise KeyError(f'SOFT: {name} has type {typ!r}, which is not a '
+                       f'registered norm layer; known norms: '
+                       f'{", ".join(known_norms())}')
+
+
 def build_norm(cfg: Dict, num_features: int) -> nn.Module:
     """The norm layer of ``cfg`` (mmcv ``build_norm_layer``)."""
     return mmcv_bricks().build_norm_layer(cfg, num_features)[1]

@@ -13,7 +13,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-__all__ = ['landmark_grid', 'reduce_map']
+__all__ = ['landmark_grid', 'reduce_map', 'fixed_grid']
 
 
 def landmark_grid(hw: Tuple[int, int],
@@ -43,6 +43,23 @@ def landmark_grid(hw: Tuple[int, int],
     return gh, gw
 
 
+def fixed_grid(landmark_hw: Tuple[int, int],
+               grid: Tuple[int, int]) -> Tuple[int, int]:
+    """The grid a fixed ``landmark_hw`` gives on a strided grid ``grid``:
+    each side clamped to the strided grid's.
+
+    SOFT's bottleneck is a down-sampling of the token map (Sec. 3.2: m =
+    n / r^2 landmarks); ``landmark_hw`` (and ``max_landmarks``) may only
+    reduce it further. A larger grid would be interpolated from the same
+    strided cells - no information the strided grid does not hold - while
+    its cost grows as m^2 n + m^3 (24 x 24 landmarks on the 16 x 16 map of a
+    64 x 64 input: m = 576 > n = 256, 9x slower, and m > n defeats the
+    linear complexity altogether), so it is clamped instead.
+    """
+    return (min(int(landmark_hw[0]),
+                int(grid[0])), min(int(landmark_hw[1]), int(grid[1])))
+
+
 def reduce_map(x: torch.Tensor,
                ratio: int,
                max_landmarks: Optional[int] = None,
@@ -55,7 +72,9 @@ def reduce_map(x: torch.Tensor,
     (an r x r stride-r convolution, as SOFT's ``'conv'`` sampler and PVT's
     spatial reduction) replaces the r x r average pooling. The grid is then
     adaptively average-pooled down to ``landmark_hw``, or to at most
-    ``max_landmarks`` cells, if given.
+    ``max_landmarks`` cells, if given. It is never up-sampled: a side of
+    ``landmark_hw`` larger than the strided grid's is clamped to it
+    (:func:`fixed_grid`), so m <= n / r^2 <= n.
     """
     H, W = x.shape[-2:]
     r = ratio
@@ -66,7 +85,7 @@ def reduce_map(x: torch.Tensor,
     elif r > 1:
         x = F.avg_pool2d(x, r, r)
     if landmark_hw is not None:
-        target = tuple(landmark_hw)
+        target = fixed_grid(landmark_hw, tuple(x.shape[-2:]))
     else:
         target = landmark_grid(x.shape[-2:], 1, max_landmarks)
     if tuple(x.shape[-2:]) != target:

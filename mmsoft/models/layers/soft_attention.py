@@ -27,7 +27,7 @@ from .amp import autocast_off
 from .attention_base import AttentionBase
 from .checks import check_int
 from .gaussian_kernel import gaussian_kernel
-from .grid import landmark_grid, reduce_map
+from .grid import fixed_grid, landmark_grid, reduce_map
 from .pinv import NRConfig
 from .safe_conv import SafeConv2d
 
@@ -132,10 +132,14 @@ class BottleneckSampler(nn.Module):
             function at sizes where the cap binds, so it is for training
             from scratch, not for official weights (trained uncapped).
         landmark_hw (tuple[int, int] | None): opt-in fixed grid (gh, gw):
-            m = gh * gw at every input size, the strided grid being
-            adaptively average-pooled to it (as ``max_landmarks``; e.g. the
-            fixed m = 49 of the NeurIPS Fig. 1b memory study). Exclusive
-            with ``max_landmarks``. Default: None (the strided grid).
+            m = gh * gw at every input size whose strided grid is at least
+            that large, the strided grid being adaptively average-pooled to
+            it (as ``max_landmarks``; e.g. the fixed m = 49 of the NeurIPS
+            Fig. 1b memory study). The grid is never up-sampled: a side
+            larger than the strided grid's (a small input) is clamped to it,
+            so that m <= n / r^2 (:func:`~mmsoft.models.layers.grid
+            .fixed_grid`). Exclusive with ``max_landmarks``. Default: None
+            (the strided grid).
     """
 
     def __init__(self,
@@ -188,8 +192,9 @@ class BottleneckSampler(nn.Module):
             if self.mode == 'conv':
                 x = F.gelu(self.norm(x))
             return x.reshape(B, h, -1, d)
-        gh, gw = self.landmark_hw or landmark_grid(hw, self.ratio,
-                                                   self.max_landmarks)
+        grid = landmark_grid(hw, self.ratio, self.max_landmarks)
+        gh, gw = fixed_grid(self.landmark_hw, grid) \
+            if self.landmark_hw else grid
         m = min(gh * gw, n)
         if self.mode == 'biased':
             return q[:, :, :m]

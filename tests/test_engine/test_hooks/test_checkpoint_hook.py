@@ -570,3 +570,35 @@ def test_rng_state_round_trip_is_weights_only_loadable(tmp_path):
     set_rng_state(loaded)
     assert _draws() == first
     assert ('cuda' in state) == torch.cuda.is_available()
+
+
+def test_full_disk_names_the_file_and_what_was_kept(tmp_path, monkeypatch):
+    """Issue 27, item 8: a full disk (ENOSPC) while writing iter_4.pth said
+    only "[Errno 28] No space left on device"; now the file, that nothing
+    was written and that the previous checkpoint was kept."""
+    from mmsoft.utils.checkpoint_io import CheckpointWriteError
+    runner = _runner(tmp_path, 'enospc')
+    real_save = torch.save
+    calls = []
+
+    def save(obj, f, *args, **kwargs):
+        calls.append(1)
+        if len(calls) == 2:  # the second checkpoint: the disk is full
+            f.write(b'x' * 100)
+            raise OSError(28, 'No space left on device')
+        return real_save(obj, f, *args, **kwargs)
+
+    monkeypatch.setattr(torch, 'save', save)
+    with pytest.raises(CheckpointWriteError) as e:
+        runner.train()
+    work = str(tmp_path)
+    assert str(e.value) == (
+        f'cannot write checkpoint {osp.join(work, "iter_4.pth")}: No space '
+        f'left on device (errno 28); nothing was written, the previous '
+        f'checkpoint {osp.join(work, "iter_2.pth")} was kept '
+        f'(last_checkpoint still names it). Free space in {work} and '
+        f'continue with tools/train.py ... --resume')
+    assert e.value.errno == 28
+    assert sorted(f for f in os.listdir(work) if f.endswith('.pth')) == \
+        ['iter_2.pth']
+    assert not [f for f in os.listdir(work) if 'mmsoft-tmp' in f]

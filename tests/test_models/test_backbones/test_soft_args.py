@@ -247,3 +247,33 @@ def test_version2_checkpoint_loads_through_init_cfg(tmp_path):
     model.init_weights()
     for k, v in src.state_dict().items():
         assert torch.equal(model.state_dict()[k], v), k
+
+
+@pytest.mark.parametrize('key', ['norm_cfg', 'patch_norm_cfg'])
+def test_unknown_norm_names_it_and_the_known_norms(key):
+    """Issue 27: mmcv's build_norm_layer said "Cannot find None in
+    registry" for norm_cfg=dict(type='BogusNorm')."""
+    with pytest.raises(KeyError) as e:
+        SOFT(ARCH, **{key: dict(type='BogusNorm')})
+    msg = e.value.args[0]
+    assert f"SOFT: {key} has type 'BogusNorm', which is not a registered " \
+        'norm layer; known norms: ' in msg
+    known = msg.split('known norms: ')[1].split(', ')
+    assert {'BN', 'GN', 'LN', 'SyncBN'} <= set(known), known
+    assert 'None' not in msg
+
+
+def test_batch_one_batchnorm_message():
+    """Issue 27: batch size 1 in training mode at 32 x 32 (a 1 x 1 map at
+    stage 4) raised BatchNorm's "Expected more than 1 value per channel"
+    from deep inside; now the stage, the cause and the fixes."""
+    model = SOFT(ARCH, pretrain_img_size=32).train()
+    with pytest.raises(ValueError) as e:
+        model(torch.randn(1, 3, 32, 32))
+    msg = str(e.value)
+    assert msg.startswith('SOFT stage 4: in training mode its '
+                          'patch-embedding BatchNorm sees one value per '
+                          'channel (batch size 1, a 1 x 1 map'), msg
+    assert 'batch size >= 2' in msg and 'norm_eval=True' in msg
+    model(torch.randn(2, 3, 32, 32))  # batch 2 trains
+    model.eval()(torch.randn(1, 3, 32, 32))  # eval: running statistics

@@ -175,21 +175,44 @@ def test_max_landmarks_inactive_below_cap_is_identical():
     torch.testing.assert_close(a(x, (28, 28)), b(x, (28, 28)))
 
 
-@pytest.mark.parametrize('hw', [(28, 28), (28, 84), (13, 40)])
-def test_landmark_hw_fixes_the_grid(hw):
-    """m = gh * gw at every size; avgpool: the strided grid pooled to it."""
+@pytest.mark.parametrize('hw,want', [((28, 28), (7, 5)), ((28, 84), (7, 5)),
+                                     ((13, 40), (3, 5)), ((6, 6), (1, 1))])
+def test_landmark_hw_fixes_the_grid(hw, want):
+    """m = gh * gw wherever the strided grid is at least that large;
+    avgpool: the strided grid pooled to it. A smaller strided grid is never
+    up-sampled (13 x 40 at r = 4: 3 x 10 -> 3 x 5; 6 x 6: 1 x 1), so
+    m <= n / r^2 (issue 27: 24 x 24 landmarks on a 16 x 16 map used to give
+    m = 576 > n = 256)."""
     import torch.nn.functional as F
     q = torch.randn(1, 2, hw[0] * hw[1], 8)
+    m = want[0] * want[1]
     for mode in ('conv', 'avgpool', 'random', 'biased'):
         s = BottleneckSampler(8, 4, mode, landmark_hw=(7, 5)).eval()
-        assert s(q, hw).shape == (1, 2, 35, 8)
+        assert s(q, hw).shape == (1, 2, m, 8)
     grid = BottleneckSampler(8, 4, 'avgpool')(q, hw)  # (1, 2, gh * gw, 8)
     gh, gw = landmark_grid(hw, 4)
     pooled = F.adaptive_avg_pool2d(
-        grid.reshape(2, gh, gw, 8).permute(0, 3, 1, 2), (7, 5))
+        grid.reshape(2, gh, gw, 8).permute(0, 3, 1, 2), want)
     torch.testing.assert_close(
         BottleneckSampler(8, 4, 'avgpool', landmark_hw=[7, 5])(q, hw),
         pooled.flatten(2).transpose(1, 2)[None])
+
+
+def test_landmark_grid_larger_than_token_map_is_clamped():
+    """Issue 27: 24 x 24 landmarks on the 16 x 16 token map of a 64 x 64
+    input (r = 1) were up-sampled to m = 576 > n = 256; the grid is now the
+    token map itself (m = n), and with r = 4 the strided 4 x 4 grid."""
+    q = torch.randn(1, 1, 16 * 16, 8)
+    for r, m in ((1, 256), (4, 16)):
+        for mode in ('conv', 'avgpool', 'random', 'biased'):
+            s = BottleneckSampler(8, r, mode, landmark_hw=(24, 24)).eval()
+            assert s(q, (16, 16)).shape[2] == m, (r, mode)
+    attn = SOFTAttention(32, 1, 4, landmark_hw=(24, 24)).eval()
+    ref = SOFTAttention(32, 1, 4).eval()
+    ref.load_state_dict(attn.state_dict())
+    x = torch.randn(1, 256, 32)
+    # clamped to the strided grid: exactly plain SOFT at this size
+    torch.testing.assert_close(attn(x, (16, 16)), ref(x, (16, 16)))
 
 
 def test_landmark_hw_default_and_errors():

@@ -1,0 +1,526 @@
+"""The user's chain on real artifacts (issue 27): what one tool writes, the
+next one reads.
+
+For each task (mmdet RetinaNet, mmseg UperNet, mmpretrain classifier: the
+demo configs of ``configs/demo`` on small synthetic data of
+``tools/demo_support/synthetic.py``) a module-scoped fixture trains a few
+iterations with ``tools/train.py``; each test then feeds *that* checkpoint
+(with mmengine's message hub, optimizer, RNG states) to the next tool:
+
+* ``tools/test.py`` (the task's metric);
+* the codebase's inferencer API in a fresh interpreter (``DetInferencer``,
+  ``init_detector``, ``MMSegInferencer``, ``ImageClassificationInferencer``
+  after ``custom_imports=['mmsoft']`` only: they load the checkpoint before
+  any SOFT model is built) and ``demo/image_demo.py``;
+* ``tools/deployment/pytorch2onnx.py --verify``;
+* the converters both ways (classification; a detector / segmentor
+  checkpoint is refused with one line);
+* ``tools/dist_train.sh`` -> ``kill -9`` -> ``--resume`` ->
+  ``tools/dist_test.sh`` on the CPU (2 processes, gloo).
+"""
+import glob
+import json
+import os
+import os.path as osp
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+
+import pytest
+import torch
+from conftest import ROOT, free_port, load_tool, run, run_python
+from conftest import tool_namespace as tool
+
+pytest.importorskip('mmdet')
+pytest.importorskip('mmseg')
+pytest.importorskip('mmpretrain')
+
+pytestmark = pytest.mark.usefixtures('one_thread')
+
+DEMO_CFGS = osp.join(ROOT, 'configs', 'demo')
+DEMO = osp.join(ROOT, 'demo', 'image_demo.py')
+
+#: the demo configs at 64 x 64 on a few images, a few iterations
+SMALL = {
+    'det': ('retinanet_soft_demo.py', 'coco', """
+img_size = 64
+data_root = {root!r} + '/'
+train_pipeline = [
+    dict(type='LoadImageFromFile'),
+    dict(type='LoadAnnotations', with_bbox=True),
+    dict(type='Resize', scale=(img_size, img_size), keep_ratio=True),
+    dict(type='PackDetInputs'),
+]
+test_pipeline = [
+    dict(type='LoadImageFromFile'),
+    dict(type='Resize', scale=(img_size, img_size), keep_ratio=True),
+    dict(type='LoadAnnotations', with_bbox=True),
+    dict(type='PackDetInputs', meta_keys=('img_id', 'img_path', 'ori_shape',
+                                          'img_shape', 'scale_factor')),
+]
+train_dataloader = dict(batch_size=2, dataset=dict(
+    data_root=data_root, pipeline=train_pipeline))
+val_dataloader = dict(batch_size=2, dataset=dict(
+    data_root=data_root, pipeline=test_pipeline))
+test_dataloader = val_dataloader
+val_evaluator = dict(ann_file=data_root + 'annotations/instances_val.json')
+test_evaluator = val_evaluator
+model = dict(backbone=dict(pretrain_img_size=img_size),
+             test_cfg=dict(score_thr=0.0, max_per_img=20))
+train_cfg = dict(max_epochs=1, val_interval=1000)
+param_scheduler = [dict(type='ConstantLR', factor=1.0, by_epoch=False)]
+default_hooks = dict(logger=dict(interval=1),
+                     checkpoint=dict(interval=1, max_keep_ckpts=1))
+"""),
+    'seg': ('upernet_soft_demo.py', 'ade', """
+img_size = 64
+crop_size = (img_size, img_size)
+data_root = {root!r}
+model = dict(data_preprocessor=dict(size=crop_size),
+             backbone=dict(pretrain_img_size=img_size))
+train_pipeline = [
+    dict(type='LoadImageFromFile'),
+    dict(type='LoadAnnotations'),
+    dict(type='PackSegInputs'),
+]
+train_dataloader = dict(batch_size=2, dataset=dict(
+    data_root=data_root, pipeline=train_pipeline))
+val_dataloader = dict(batch_size=2, dataset=dict(data_root=data_root))
+test_dataloader = val_dataloader
+train_cfg = dict(max_iters=2, val_interval=1000)
+param_scheduler = [dict(type='ConstantLR', factor=1.0, by_epoch=False)]
+default_hooks = dict(logger=dict(interval=1),
+                     checkpoint=dict(interval=2, max_keep_ckpts=1))
+"""),
+    'cls': ('soft_cls_demo.py', 'imagenet', """
+data_root = {root!r} + '/'
+train_dataloader = dict(batch_size=5, dataset=dict(data_root=data_root))
+val_dataloader = dict(batch_size=5, dataset=dict(data_root=data_root))
+test_dataloader = val_dataloader
+train_cfg = dict(max_epochs=1, val_interval=1000)
+param_scheduler = [dict(type='ConstantLR', factor=1.0, by_epoch=False)]
+default_hooks = dict(logger=dict(interval=1),
+                     checkpoint=dict(interval=1, max_keep_ckpts=1))
+"""),
+}
+DATA = {
+    'det': dict(num_train=4, num_val=2, size=64, radius=(6, 16)),
+    'seg': dict(num_train=4, num_val=2, size=64, radius=(6, 16)),
+    'cls': dict(num_train=10, num_val=5),
+}
+SCOPE = {'det': 'mmdet', 'seg': 'mmseg', 'cls': 'mmpretrain'}
+
+
+def small_config(tmp, task):
+    """The demo config of ``task`` on freshly generated data in ``tmp``."""
+    from mmsoft.tools_support import demo_synthetic
+    base, folder, body = SMALL[task]
+    demo_synthetic().make_demo_data(
+        str(tmp / 'data'),
+        tasks=(task, ),
+        workers=1,
+        overrides={task: DATA[task]},
+        log=None)
+    root = str(tmp / 'data' / folder)
+    path = tmp / f'{task}.py'
+    path.write_text(f'_base_ = {osp.join(DEMO_CFGS, base)!r}\n' +
+                    body.format(root=root))
+    return str(path), root
+
+
+def train(cfg, work, *extra):
+    """``tools/train.py`` (in this process); the checkpoint it wrote."""
+    tool('train')['main'](
+        [cfg, '--work-dir', work, '--cfg-options', 'randomness.seed=0'] +
+        list(extra))
+    with open(osp.join(work, 'last_checkpoint')) as f:
+        return f.read().strip()
+
+
+class Trained:
+    """One task's config, data and the checkpoint tools/train.py wrote."""
+
+    def __init__(self, tmp, task):
+        self.task, self.tmp = task, tmp
+        self.cfg, self.root = small_config(tmp, task)
+        self.work = str(tmp / 'work')
+        self.ckpt = train(self.cfg, self.work)
+
+    @property
+    def val_images(self):
+        sub = {
+            'det': 'val',
+            'seg': 'images/validation',
+            'cls': 'val'
+        }[self.task]
+        return osp.join(self.root, sub)
+
+
+_TRAINED = {}
+
+
+@pytest.fixture(scope='module')
+def trained(tmp_path_factory):
+    """``trained(task)``: the task's :class:`Trained`, trained once per
+    module."""
+
+    def get(task):
+        if task not in _TRAINED:
+            _TRAINED[task] = Trained(
+                tmp_path_factory.mktemp(f'chain_{task}'), task)
+        return _TRAINED[task]
+
+    yield get
+    _TRAINED.clear()
+
+
+# ------------------------------------------------------------ the chain
+def test_train_writes_a_full_training_checkpoint(trained):
+    """What the next tools get: mmengine's message hub (HistoryBuffer,
+    numpy), the optimizer, mmsoft's checksum and RNG states."""
+    t = trained('det')
+    ckpt = torch.load(t.ckpt, map_location='cpu')
+    assert {'meta', 'state_dict', 'message_hub', 'optimizer'} <= set(ckpt)
+    assert 'mmsoft_checksum' in ckpt['meta'] and 'mmsoft_rng' in ckpt['meta']
+    # the lock of the finished run is gone
+    assert not osp.exists(osp.join(t.work, '.mmsoft-train.lock'))
+
+
+@pytest.mark.parametrize('task,keys', [
+    ('det', ['coco/bbox_mAP', 'coco/bbox_mAP_50']),
+    ('seg', ['mIoU', 'aAcc']),
+    ('cls', ['accuracy/top1']),
+])
+def test_test_tool_on_trained_checkpoint(trained, task, keys, tmp_path):
+    t = trained(task)
+    metrics = tool('test')['main'](
+        [t.cfg, t.ckpt, '--work-dir',
+         str(tmp_path / 'test')])
+    assert set(keys) <= set(metrics), sorted(metrics)
+
+
+#: the codebase's Python API, in a fresh interpreter, with nothing of
+#: mmsoft imported but what the config's custom_imports imports
+API = {
+    'det':
+    """
+from mmdet.apis import DetInferencer, inference_detector, init_detector
+res = DetInferencer(model=CFG, weights=CKPT, device='cpu')(IMG)
+out['n'] = len(res['predictions'][0]['scores'])
+model = init_detector(CFG, CKPT, device='cpu')
+res = inference_detector(model, IMG)
+out['boxes'] = tuple(res.pred_instances.bboxes.shape)
+""",
+    'seg':
+    """
+from mmseg.apis import MMSegInferencer, inference_model, init_model
+res = MMSegInferencer(model=CFG, weights=CKPT, device='cpu')(IMG)
+out['n'] = int(res['predictions'].size)
+model = init_model(CFG, CKPT, device='cpu')
+out['boxes'] = tuple(inference_model(model, IMG).pred_sem_seg.data.shape)
+""",
+    'cls':
+    """
+from mmpretrain import ImageClassificationInferencer
+res = ImageClassificationInferencer(CFG, pretrained=CKPT, device='cpu')(IMG)
+out['n'] = len(res[0]['pred_scores'])
+""",
+}
+
+
+@pytest.mark.parametrize('task', ['det', 'seg', 'cls'])
+def test_inferencer_api_and_image_demo(trained, task, tmp_path):
+    """Issue 27, item 1: mmengine's inferencers load the checkpoint before
+    anything builds a SOFT model; a checkpoint of tools/train.py (message
+    hub: HistoryBuffer) used to fail with "Unsupported global: GLOBAL
+    mmengine.logging.history_buffer.HistoryBuffer". Then
+    demo/image_demo.py on the validation folder, in the same process."""
+    t = trained(task)
+    imgs = sorted(
+        glob.glob(osp.join(t.val_images, '**', '*.*'), recursive=True))
+    imgs = [i for i in imgs if i.endswith(('.jpg', '.png', '.JPEG'))]
+    out_dir = str(tmp_path / 'demo')
+    code = textwrap.dedent(f"""
+        import json, runpy, sys
+        CFG, CKPT, IMG = {t.cfg!r}, {t.ckpt!r}, {imgs[0]!r}
+        out = {{'mmsoft_before': 'mmsoft' in sys.modules}}
+    """) + textwrap.dedent(API[task]) + textwrap.dedent(f"""
+        print('API ' + json.dumps(out), flush=True)
+        sys.argv = ['image_demo.py', {t.val_images!r}, CFG, CKPT,
+                    '--out-dir', {out_dir!r}, '--device', 'cpu']
+        try:
+            runpy.run_path({DEMO!r}, run_name='__main__')
+        except SystemExit as e:
+            assert not e.code, e.code
+    """)
+    res = run_python(code, timeout=600)
+    assert res.returncode == 0, res.stderr[-4000:]
+    import re
+    found = re.search(r'API (\{.*?\})\n', res.stdout)
+    assert found, res.stdout[-3000:]
+    out = json.loads(found.group(1))
+    assert out['mmsoft_before'] is False and out['n'] > 0, out
+    preds = glob.glob(
+        osp.join(out_dir, 'preds', '**', '*.json'), recursive=True)
+    assert len(preds) == len(imgs), (preds, imgs)
+    with open(preds[0]) as f:
+        assert json.load(f)['checkpoint'] == t.ckpt
+
+
+@pytest.mark.parametrize('task,shape', [('det', (64, 64)), ('seg', (64, 64)),
+                                        ('cls', (64, 64))])
+def test_onnx_export_verify(trained, task, shape, tmp_path, capsys):
+    pytest.importorskip('onnx')
+    pytest.importorskip('onnxruntime')
+    t = trained(task)
+    out = str(tmp_path / f'{task}.onnx')
+    rc = load_tool('deployment/pytorch2onnx.py').main([
+        t.cfg, t.ckpt, '--shape',
+        str(shape[0]),
+        str(shape[1]), '--out', out, '--verify'
+    ])
+    text = capsys.readouterr().out
+    assert rc == 0, text
+    assert 'verify: max relative error' in text and 'PASS' in text
+    assert osp.isfile(out)
+
+
+def _convert(script, *args):
+    return load_tool(f'model_converters/{script}.py').main(list(args))
+
+
+def test_converters_both_ways_classifier(trained, tmp_path, capsys):
+    """Trained classifier -> official layout -> mmsoft: the same tensors,
+    and tools/test.py gives the same metric on the round-tripped file. The
+    converter records attn_norm: a --norm conversion of these soft_*
+    weights is refused under the soft_* config, naming both (item 4)."""
+    t = trained('cls')
+    official = str(tmp_path / 'official.pth')
+    back = str(tmp_path / 'back.pth')
+    assert _convert('mmsoft2soft', t.ckpt, official) == 0
+    assert _convert('soft2mmsoft', official, back) == 0
+    capsys.readouterr()
+    trained_sd = torch.load(t.ckpt, map_location='cpu')['state_dict']
+    back_ckpt = torch.load(back, map_location='cpu')
+    assert back_ckpt['meta']['attn_norm'] is False
+    sd = back_ckpt['state_dict']
+    assert set(sd) == set(trained_sd)
+    assert all(torch.equal(sd[k], trained_sd[k]) for k in sd)
+    test = tool('test')['main']
+    m1 = test([t.cfg, t.ckpt, '--work-dir', str(tmp_path / 'w1')])
+    m2 = test([t.cfg, back, '--work-dir', str(tmp_path / 'w2')])
+    assert m1 == m2
+
+    norm = str(tmp_path / 'norm.pth')
+    assert _convert('soft2mmsoft', official, norm, '--norm') == 0
+    with pytest.raises(SystemExit) as e:
+        test([t.cfg, norm, '--work-dir', str(tmp_path / 'w3')])
+    msg = str(e.value.code)
+    assert msg.startswith(f'error: checkpoint {norm} holds soft_norm_* '
+                          f'weights (converted with attn_norm=True'), msg
+    assert f'but the model of {t.cfg} is a soft_* (attn_norm=False) ' \
+        'model' in msg, msg
+    assert 'model.backbone.attn_cfg.attn_norm=True' in msg
+    assert len(msg.splitlines()) == 1
+
+
+@pytest.mark.parametrize('task', ['det', 'seg'])
+def test_converter_refuses_dense_checkpoint(trained, task, tmp_path, capsys):
+    """A detector / segmentor checkpoint is not a classifier: one line
+    naming the keys, nothing written."""
+    t = trained(task)
+    out = str(tmp_path / 'official.pth')
+    assert _convert('mmsoft2soft', t.ckpt, out) == 1
+    err = capsys.readouterr().err
+    assert err.startswith('error: the mmsoft checkpoint has keys with no '
+                          'official counterpart'), err
+    assert 'Traceback' not in err and not osp.exists(out)
+
+
+# --------------------------------------- dist_train -> kill -> resume
+def _wait_for(path, proc, timeout):
+    t0 = time.time()
+    while time.time() - t0 < timeout:
+        if osp.exists(path):
+            return True
+        if proc.poll() is not None:
+            return False
+        time.sleep(0.5)
+    return False
+
+
+def _process_tree(pid):
+    """``pid`` and all its descendants (from /proc), parents first."""
+    out, todo = [], [pid]
+    while todo:
+        p = todo.pop()
+        out.append(p)
+        for task in glob.glob(f'/proc/{p}/task/*/children'):
+            try:
+                with open(task) as f:
+                    todo += [int(c) for c in f.read().split()]
+            except OSError:
+                pass
+    return out
+
+
+def test_dist_train_kill_resume_dist_test(trained, tmp_path):
+    """2 CPU processes: the run (launcher and workers) is SIGKILLed after
+    its first checkpoint; ``--resume`` takes over the dead run's
+    work-dir lock, continues from that checkpoint to the end, and
+    ``tools/dist_test.sh`` evaluates the result."""
+    t = trained('seg')
+    work = str(tmp_path / 'work')
+    from conftest import child_env
+    env = child_env(PORT=str(free_port()))
+    cmd = [
+        'bash', 'tools/dist_train.sh', t.cfg, '2', '--work-dir', work,
+        '--cfg-options', 'train_cfg.max_iters=40',
+        'default_hooks.checkpoint.interval=2'
+    ]
+    proc = subprocess.Popen(
+        cmd,
+        cwd=ROOT,
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True)
+    try:
+        assert _wait_for(osp.join(work, 'iter_2.pth'), proc, 400), \
+            'no checkpoint written'
+        time.sleep(0.5)
+    finally:
+        # the launcher and its workers (torchrun starts each worker in a
+        # session of its own: a killpg would leave them running)
+        for pid in _process_tree(proc.pid):
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        proc.wait()
+    lock = osp.join(work, '.mmsoft-train.lock')
+    assert osp.exists(lock)  # left behind by the killed rank 0
+    done = sorted(
+        int(osp.basename(p)[5:-4])
+        for p in glob.glob(osp.join(work, 'iter_*.pth')))
+    assert done and done[-1] < 40
+    res = run([
+        'bash', 'tools/dist_train.sh', t.cfg, '2', '--work-dir', work,
+        '--resume', '--cfg-options', 'train_cfg.max_iters=' +
+        str(done[-1] + 2), 'default_hooks.checkpoint.interval=2'
+    ],
+              PORT=str(free_port()))
+    out = res.stdout + res.stderr
+    assert res.returncode == 0, out[-4000:]
+    assert 'taking over the work dir lock of a run that is gone' in out
+    import re
+    assert re.search(rf'Iter\(train\) \[\s*{done[-1] + 1}/{done[-1] + 2}\]',
+                     out), out[-3000:]
+    assert 'Iter(train) [1/' not in out
+    ckpt = osp.join(work, f'iter_{done[-1] + 2}.pth')
+    assert osp.isfile(ckpt) and not osp.exists(lock)
+    res = run([
+        'bash', 'tools/dist_test.sh', t.cfg, ckpt, '2', '--work-dir',
+        str(tmp_path / 'test')
+    ],
+              PORT=str(free_port()))
+    assert res.returncode == 0, (res.stdout + res.stderr)[-4000:]
+    assert 'mIoU' in res.stdout + res.stderr
+
+
+# ----------------------------------------------- strict loads in train
+def test_load_from_other_arch_fails_partial_opt_in(trained, tmp_path, capsys):
+    """Item 2: load_from = a checkpoint of another model used to train
+    from random weights after 109 INFO lines (exit 0)."""
+    det, cls = trained('det'), trained('cls')
+    work = str(tmp_path / 'w')
+    with pytest.raises(SystemExit) as e:
+        tool('train')['main']([
+            cls.cfg, '--work-dir', work, '--cfg-options',
+            f'load_from={det.ckpt}'
+        ])
+    msg = str(e.value.code)
+    assert msg.startswith(f'error: checkpoint {det.ckpt} does not match the '
+                          f'model (ImageClassifier)'), msg
+    assert not glob.glob(osp.join(work, 'epoch_*.pth'))
+    # a classifier without its head: partial with --partial-load
+    sd = torch.load(cls.ckpt, map_location='cpu')['state_dict']
+    headless = str(tmp_path / 'headless.pth')
+    torch.save(
+        {
+            'state_dict': {
+                k: v
+                for k, v in sd.items() if not k.startswith('head.')
+            }
+        }, headless)
+    with pytest.raises(SystemExit) as e:
+        tool('train')['main']([
+            cls.cfg, '--work-dir', work, '--cfg-options',
+            f'load_from={headless}'
+        ])
+    assert 'pass --partial-load' in str(e.value.code)
+    part = str(tmp_path / 'part')
+    train(cls.cfg, part, f'load_from={headless}', '--partial-load')
+    logs = glob.glob(osp.join(part, '*', '*.log'))
+    log = ''.join(open(p).read() for p in logs)
+    assert 'partial load (allowed)' in log and 'head.fc.weight' in log
+
+
+def test_resume_from_weights_only_file_is_refused_first(trained, tmp_path):
+    """Item 2: ``--resume <a non-training checkpoint>`` half-loaded it and
+    failed with KeyError: 'epoch'; now one line before anything is
+    built (the work dir is not even created)."""
+    cls = trained('cls')
+    weights = str(tmp_path / 'weights.pth')
+    sd = torch.load(cls.ckpt, map_location='cpu')['state_dict']
+    torch.save({'state_dict': sd, 'meta': {'attn_norm': False}}, weights)
+    work = str(tmp_path / 'w')
+    with pytest.raises(SystemExit) as e:
+        tool('train')['main'](
+            [cls.cfg, '--work-dir', work, '--resume', weights])
+    msg = str(e.value.code)
+    assert msg == (
+        f'error: --resume {weights}: not a training checkpoint (it has no '
+        f'message_hub, meta.epoch, meta.iter); --resume continues a run from '
+        f'an epoch_N.pth / iter_N.pth written by tools/train.py. To start '
+        f'training from these weights, pass --cfg-options '
+        f'load_from={weights} instead')
+    assert not osp.exists(work)
+
+
+def test_second_run_in_work_dir_is_refused(trained, tmp_path):
+    """Item 3: a second run in a work dir that a live run holds stops with
+    one line naming the holder (pid, host) and the fix; nothing of the
+    first run is touched."""
+    import socket
+    cls = trained('cls')
+    work = str(tmp_path / 'w')
+    holder = subprocess.Popen([
+        sys.executable, '-c',
+        'import sys, time; from mmsoft.utils.work_dir_lock import '
+        f'WorkDirLock; WorkDirLock({work!r}).acquire(); print("held", '
+        'flush=True); time.sleep(120)'
+    ],
+                              cwd=ROOT,
+                              env=__import__('conftest').child_env(),
+                              stdout=subprocess.PIPE,
+                              text=True)
+    try:
+        assert holder.stdout.readline().strip() == 'held'
+        before = sorted(os.listdir(work))
+        with pytest.raises(SystemExit) as e:
+            tool('train')['main']([cls.cfg, '--work-dir', work])
+        msg = str(e.value.code)
+        assert msg.startswith(
+            f'error: work dir {work} is in use by another training run (pid '
+            f'{holder.pid} on host {socket.gethostname()}, started '), msg
+        assert 'pass another --work-dir' in msg and len(msg.splitlines()) == 1
+        assert sorted(os.listdir(work)) == before
+    finally:
+        holder.kill()
+        holder.wait()
+    # the holder is gone (killed): its lock no longer blocks
+    ckpt = train(cls.cfg, work)
+    assert osp.isfile(ckpt)
