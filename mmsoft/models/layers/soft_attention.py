@@ -137,9 +137,9 @@ class BottleneckSampler(nn.Module):
             it (as ``max_landmarks``; e.g. the fixed m = 49 of the NeurIPS
             Fig. 1b memory study). The grid is never up-sampled: a side
             larger than the strided grid's (a small input) is clamped to it,
-            so that m <= n / r^2 (:func:`~mmsoft.models.layers.grid
-            .fixed_grid`). Exclusive with ``max_landmarks``. Default: None
-            (the strided grid).
+            so that m <= n / r^2 (``mmsoft.models.layers.grid.fixed_grid``).
+            Exclusive with ``max_landmarks``. Default: None (the strided
+            grid).
     """
 
     def __init__(self,
@@ -250,8 +250,8 @@ class SOFTAttention(AttentionBase):
         max_landmarks (int | None): opt-in cap on the bottleneck size (see
             :class:`BottleneckSampler`). Default: None.
         landmark_hw (tuple[int, int] | None): opt-in fixed bottleneck grid
-            (gh, gw), m = gh * gw at every input size (see
-            :class:`BottleneckSampler`). Default: None.
+            (gh, gw), m = gh * gw where the strided grid is that large, never
+            up-sampled (see :class:`BottleneckSampler`). Default: None.
     """
 
     def __init__(self,

@@ -49,7 +49,8 @@ class LinformerAttention(ZooAttention):
         max_landmarks (int | None): cap on m (adaptive pooling of the
             reduced grid). Default: None.
         landmark_hw (tuple[int, int] | None): a fixed reduced grid (gh, gw)
-            at every input size. Default: None.
+            wherever the strided grid is that large (a larger side is
+            clamped to the strided grid's). Default: None.
     """
 
     def __init__(self,

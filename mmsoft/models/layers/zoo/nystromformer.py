@@ -62,7 +62,8 @@ class NystromformerAttention(ZooAttention):
         max_landmarks (int | None): cap on m (adaptive pooling of the
             landmark grid). Default: None.
         landmark_hw (tuple[int, int] | None): a fixed landmark grid
-            (gh, gw) at every input size. Default: None.
+            (gh, gw) wherever the strided grid is that large (a larger side
+            is clamped to the strided grid's). Default: None.
     """
 
     def __init__(self,
