@@ -160,7 +160,9 @@ def ema_values(cfg):
     if not hooks:
         return dict(ema_momentum=None)
     assert len(hooks) == 1, hooks
-    hook = HOOKS.build(copy.deepcopy(hooks[0]))
+    hook_cfg = copy.deepcopy(hooks[0])
+    hook_cfg.pop('priority', None)  # Runner.register_hook takes it
+    hook = HOOKS.build(hook_cfg)
     src = torch.nn.Linear(1, 1, bias=False)
     torch.nn.init.zeros_(src.weight)
     ema = MODELS.build(hook.ema_cfg, default_args=dict(model=src))
@@ -237,9 +239,15 @@ def pipeline_values(pipeline, card_pipeline, scope):
     out = []
     for i, t in enumerate(built):
         keys = card_pipeline[i][1] if i < len(card_pipeline) else {}
-        out.append((type(t).__name__,
-                    {k: _norm(_attr(t, k))
-                     for k in keys}))
+        vals = {k: _norm(_attr(t, k)) for k in keys}
+        # a keep-ratio resize to (a, b) is one to (b, a): long, short
+        for k in ('scale', 'scales'):
+            if k in vals and isinstance(vals[k], list) and \
+                    _attr(t, 'keep_ratio'):
+                pairs = vals[k] if k == 'scales' else [vals[k]]
+                pairs = [sorted(p, reverse=True) for p in pairs]
+                vals[k] = pairs if k == 'scales' else pairs[0]
+        out.append((type(t).__name__, vals))
     return out
 
 
