@@ -90,8 +90,9 @@ _NORM_BN_EVAL = ('the papers give no value; the official recipe trains '
 
 CLS_IN1K = dict(
     optimizer=V('AdamW', f'{NEURIPS}; {MAIN} --opt adamw'),
-    lr=V(1e-3, f'{YAML} lr: 1e-3 (main.py scales it by batch/1024: 1e-3 at '
-         'the total batch of 1024)'),
+    lr=V(
+        1e-3, f'{YAML} lr: 1e-3 (main.py scales it by batch/1024: 1e-3 at '
+        'the total batch of 1024)'),
     betas=V((0.9, 0.999), f'{MAIN} --opt-betas None -> AdamW default'),
     eps=V(1e-8, f'{MAIN} --opt-eps 1e-8'),
     weight_decay=V(0.05, f'{NEURIPS}; {MAIN} --weight-decay 0.05'),
@@ -106,12 +107,12 @@ CLS_IN1K = dict(
         'by the detection / segmentation configs, whose recipe exempts '
         'them too'),
     clip_grad=V(1.0, f'{YAML} clip_grad: 1.0 (timm: clip_grad_norm_, L2)'),
-    batch_size=V(1024, f'{NEURIPS} ("a batch size of 1024"); {YAML} '
-                 'batch_size: 128 x 8 GPUs'),
+    batch_size=V(
+        1024, f'{NEURIPS} ("a batch size of 1024"); {YAML} '
+        'batch_size: 128 x 8 GPUs'),
     batch_per_gpu=V(128, f'{YAML} batch_size: 128'),
     max_epochs=V(
-        300,
-        f'{NEURIPS} (300 epochs); {YAML} epochs: 300; timm 0.3.2 '
+        300, f'{NEURIPS} (300 epochs); {YAML} epochs: 300; timm 0.3.2 '
         'create_scheduler adds --cooldown-epochs 10 at min_lr (310)',
         ours=300,
         why='the 10 cool-down epochs at the minimum lr of timm 0.3.2 are '
@@ -125,8 +126,7 @@ CLS_IN1K = dict(
     # (mmpretrain's convention), timm's CosineLRScheduler over 0..300
     # with the warm-up replacing its first 10 epochs
     mid_cosine_epoch=V(
-        150,
-        'timm 0.3.2 CosineLRScheduler(t_initial=300): lr = min_lr + '
+        150, 'timm 0.3.2 CosineLRScheduler(t_initial=300): lr = min_lr + '
         '(lr - min_lr) / 2 at epoch 150',
         ours=155,
         why='mmpretrain\'s CosineAnnealingLR after the warm-up (begin=10, '
@@ -144,8 +144,9 @@ CLS_IN1K = dict(
         'dropout', 'fudan-zvg/SOFT master: models/softmax_free_transformer'
         '.py (stages 1-3 apply drop_path as an element-wise Dropout of '
         'their residual branches); stage 4 uses timm DropPath'),
-    label_smoothing=V(0.1, f'{NEURIPS} (label smoothing); {MAIN} '
-                      '--smoothing 0.1'),
+    label_smoothing=V(
+        0.1, f'{NEURIPS} (label smoothing); {MAIN} '
+        '--smoothing 0.1'),
     mixup=V(0.8, f'{NEURIPS} (mixup); {MAIN} --mixup 0.8'),
     cutmix=V(1.0, f'{NEURIPS} (cutmix); {MAIN} --cutmix 1.0'),
     train_pipeline=V(
@@ -192,24 +193,21 @@ CLS_IN1K = dict(
         why='the same steps in mmpretrain\'s order (random erasing on the '
         'uint8 image before packing instead of timm\'s on the normalised '
         'tensor; mmpretrain\'s imagenet_bs64_swin_224.py)'),
-    test_pipeline=V(
-        [
-            ('LoadImageFromFile', {}),
-            ('ResizeEdge', dict(scale=256, edge='short',
-                                interpolation='bicubic')),
-            ('CenterCrop', dict(crop_size=(224, 224))),
-            ('PackInputs', {}),
-        ], 'NeurIPS 2021 / IJCV 2024 Table 3 caption ("224x224 pixels '
-        'center cropped from resized images with 256x256"); timm '
-        'crop_pct 0.875, bicubic'),
+    test_pipeline=V([
+        ('LoadImageFromFile', {}),
+        ('ResizeEdge', dict(scale=256, edge='short', interpolation='bicubic')),
+        ('CenterCrop', dict(crop_size=(224, 224))),
+        ('PackInputs', {}),
+    ], 'NeurIPS 2021 / IJCV 2024 Table 3 caption ("224x224 pixels '
+                    'center cropped from resized images with 256x256"); timm '
+                    'crop_pct 0.875, bicubic'),
     metric=V(('Accuracy', dict(topk=(1, 5))),
              f'{NEURIPS} Metrics ("top-1 accuracy on a single crop")'),
 )
 
 # ---------------------------------------------------------------- COCO
 _DET_DECAY = V(
-    frozenset(),
-    f'{IJCV_DET} (AdamW, weight decay 0.01, no exemption named); '
+    frozenset(), f'{IJCV_DET} (AdamW, weight decay 0.01, no exemption named); '
     f'{MMDET_PVT} (no paramwise_cfg: every parameter decays)',
     ours=frozenset({'norm', 'pos_embed', 'cls_token'}),
     why='the norms, position embeddings and cls token never decayed in the '
@@ -234,14 +232,14 @@ _DET_COMMON = dict(
     norm_eval=V(
         True, f'{MMDET_R50} (norm_eval=True: the BatchNorms of the '
         'backbone the SOFT configs replace keep their ImageNet statistics)'),
-    frozen=V(
-        frozenset(), f'{MMDET_PVT} (PyramidVisionTransformer: no frozen '
-        'stages)'),
+    frozen=V(frozenset(), f'{MMDET_PVT} (PyramidVisionTransformer: no frozen '
+             'stages)'),
     drop_path_rate=V(
         0.1, 'mmdet PyramidVisionTransformer default drop_path_rate=0.1 '
         f'({MMDET_PVT})'),
-    residual_drop=V('dropout', 'as the ImageNet pretraining (official '
-                    'models/softmax_free_transformer.py)'),
+    residual_drop=V(
+        'dropout', 'as the ImageNet pretraining (official '
+        'models/softmax_free_transformer.py)'),
     test_pipeline=V([
         ('LoadImageFromFile', {}),
         ('Resize', dict(scale=(1333, 800), keep_ratio=True)),
@@ -271,8 +269,8 @@ _MS_SOURCE = (f'{IJCV_DET} ("the shorter sides of images are randomly '
 
 
 def _with_mask(pipeline):
-    return [(t, dict(p, with_mask=True)) if t == 'LoadAnnotations' else
-            (t, p) for t, p in pipeline]
+    return [(t, dict(p, with_mask=True)) if t == 'LoadAnnotations' else (t, p)
+            for t, p in pipeline]
 
 
 def _det(schedule, with_mask, extra=None):
@@ -296,8 +294,8 @@ def _det(schedule, with_mask, extra=None):
             train_pipeline=V(
                 _with_mask(train) if with_mask else train, _MS_SOURCE))
     card['metric'] = V(
-        ('CocoMetric', dict(metric=['bbox', 'segm'] if with_mask else
-                            ['bbox'])),
+        ('CocoMetric',
+         dict(metric=['bbox', 'segm'] if with_mask else ['bbox'])),
         f'{IJCV_DET} Table 4 / 5 (box AP; mask AP for Mask R-CNN)')
     card.update(extra or {})
     return card
@@ -348,8 +346,7 @@ SEG_160K = dict(
             ('LoadImageFromFile', {}),
             ('LoadAnnotations', dict(reduce_zero_label=True)),
             ('RandomResize',
-             dict(scale=(2048, 512), ratio_range=(0.5, 2.0),
-                  keep_ratio=True)),
+             dict(scale=(2048, 512), ratio_range=(0.5, 2.0), keep_ratio=True)),
             ('RandomCrop', dict(crop_size=(512, 512), cat_max_ratio=0.75)),
             ('RandomFlip', dict(prob=0.5)),
             ('PhotoMetricDistortion', {}),

@@ -132,8 +132,8 @@ def schedule_values(cfg, card, family):
     out['final_lr'] = lrs[-1]
     if 'milestones' in card:
         drops = [
-            i for i in range(reach + 1, total) if lrs[i] < lrs[i - 1] *
-            (1 - 1e-6)
+            i for i in range(reach + 1, total)
+            if lrs[i] < lrs[i - 1] * (1 - 1e-6)
         ]
         assert all(i % E == 0 for i in drops), drops  # at epoch boundaries
         out['milestones'] = [i // E for i in drops]
@@ -183,8 +183,8 @@ def drop_values(backbone):
             rate = getattr(m, 'p', getattr(m, 'drop_prob', 0.0))
             rates.append(rate)
             if i < 3 and rate > 0:
-                kinds.add('dropout' if isinstance(m, torch.nn.Dropout) else
-                          'drop_path')
+                kinds.add('dropout' if isinstance(m, torch.nn.Dropout
+                                                  ) else 'drop_path')
     assert len(kinds) == 1, kinds
     return max(rates), kinds.pop()
 
@@ -194,11 +194,15 @@ def norm_values(model):
     other norm layer of the model must train."""
     from torch.nn.modules.batchnorm import _BatchNorm
     model.train()
-    bn = [m.training for m in model.backbone.modules()
-          if isinstance(m, _BatchNorm)]
+    bn = [
+        m.training for m in model.backbone.modules()
+        if isinstance(m, _BatchNorm)
+    ]
     assert bn and len(set(bn)) == 1, 'mixed BatchNorm modes in the backbone'
-    bb_bn = {id(m) for m in model.backbone.modules()
-             if isinstance(m, _BatchNorm)}
+    bb_bn = {
+        id(m)
+        for m in model.backbone.modules() if isinstance(m, _BatchNorm)
+    }
     others = [
         n for n, m in model.named_modules()
         if isinstance(m, (_BatchNorm, torch.nn.LayerNorm, torch.nn.GroupNorm))
@@ -347,8 +351,8 @@ def compare(name):
                 _close(_norm(p), g) for (_, p), (_, g) in zip(want, got[key]))
         else:
             ok = _close(want, got[key])
-        n += sum(1 + len(p) for _, p in want) if key.endswith(
-            '_pipeline') else 1
+        n += sum(1 + len(p)
+                 for _, p in want) if key.endswith('_pipeline') else 1
         if not ok:
             bad.append((key, want, got[key]))
     return bad, n

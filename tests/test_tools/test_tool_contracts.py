@@ -72,8 +72,7 @@ def _tta_views(name, tmp_path):
     return img, out, cfg
 
 
-@pytest.mark.parametrize('name',
-                         ['soft_tiny_in1k', 'retinanet_soft_tiny_1x'])
+@pytest.mark.parametrize('name', ['soft_tiny_in1k', 'retinanet_soft_tiny_1x'])
 def test_tta_flip_views(name, tmp_path):
     """mmpretrain / mmdet configs without a TTA of their own: two views,
     the test image flipped horizontally, then as it is (enable_tta)."""
@@ -243,11 +242,12 @@ _NAME = re.compile(r'\b((?:[a-z0-9]+_)*soft(?:_[a-z0-9]+)*_(?:in1k|1x|3x_ms|'
 
 def _doc_names():
     texts = {}
-    for path in [osp.join(ROOT, 'README.md'),
-                 osp.join(CONFIGS, 'README.md'),
-                 osp.join(DEMO, 'README.md'),
-                 osp.join(ROOT, 'model-index.yml')] + sorted(
-                     glob.glob(osp.join(CONFIGS, 'metafiles', '*.yml'))):
+    for path in [
+            osp.join(ROOT, 'README.md'),
+            osp.join(CONFIGS, 'README.md'),
+            osp.join(DEMO, 'README.md'),
+            osp.join(ROOT, 'model-index.yml')
+    ] + sorted(glob.glob(osp.join(CONFIGS, 'metafiles', '*.yml'))):
         if osp.isfile(path):
             with open(path, encoding='utf-8') as f:
                 texts[osp.relpath(path, ROOT)] = f.read()

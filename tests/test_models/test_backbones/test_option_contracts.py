@@ -63,8 +63,8 @@ def test_eval_is_bitwise_repeatable_with_dropouts(opts, out_type):
     plain = SOFT(
         ARCH,
         out_type=out_type,
-        attn_cfg=opts.get('attn_cfg', None) and dict(
-            opts['attn_cfg'], sampling='conv'))
+        attn_cfg=opts.get('attn_cfg', None)
+        and dict(opts['attn_cfg'], sampling='conv'))
     if 'attn_cfg' not in opts:
         plain.load_state_dict(model.state_dict())
         plain.eval()
@@ -87,8 +87,7 @@ def documented_frozen(model, k):
         }
     return {
         n
-        for n in names
-        if any(n.startswith(f'stages.{i}.') for i in range(k))
+        for n in names if any(n.startswith(f'stages.{i}.') for i in range(k))
     }
 
 
@@ -111,10 +110,7 @@ def test_frozen_stages_freezes_the_documented_parameters(k):
         elif none_frozen:
             assert m.training, name
     # the frozen BatchNorms keep their statistics through training steps
-    bns = {
-        n: m
-        for n, m in model.named_modules() if isinstance(m, _BatchNorm)
-    }
+    bns = {n: m for n, m in model.named_modules() if isinstance(m, _BatchNorm)}
     before = {n: m.running_mean.clone() for n, m in bns.items()}
     with torch.no_grad():
         model(_x())
@@ -165,7 +161,8 @@ def test_norm_eval(norm_eval):
 def _nr_model():
     torch.manual_seed(0)
     arch = tiny_arch(
-        embed_dims=(16, 32, 32, 64), num_heads=(2, 2, 2, 2),
+        embed_dims=(16, 32, 32, 64),
+        num_heads=(2, 2, 2, 2),
         depths=(2, 2, 1, 1))
     model = SOFT(arch, attn_cfg=dict(type='SOFTAttention', nr_iters=3))
     model.init_weights()
@@ -215,10 +212,10 @@ def test_nr_stats_reduce_over_every_matrix():
             m.last_nr_stats = dict(residual=res, unconverged=unc)
     stats = model.nr_stats()
     for i in range(3):
-        assert stats[f'stage{i + 1}']['residual'] == pytest.approx(
-            0.1 * (i + 1))
-        assert stats[f'stage{i + 1}']['unconverged'] == pytest.approx(
-            0.25 * (i + 1))
+        assert stats[f'stage{i + 1}']['residual'] == pytest.approx(0.1 *
+                                                                   (i + 1))
+        assert stats[f'stage{i + 1}']['unconverged'] == pytest.approx(0.25 *
+                                                                      (i + 1))
 
     # the hook: per stage, the largest over the backbones
     from mmengine.logging import MessageHub
