@@ -164,9 +164,9 @@ def test_inference_non_square(name):
     orientations)."""
     cfg = _cfg(name)
     scope = launch.import_codebase(cfg)
-    if scope == 'mmdet':
-        cfg.model.test_cfg.update(score_thr=0.0) if 'rcnn' not in cfg.model.\
-            test_cfg else cfg.model.test_cfg.rcnn.update(score_thr=0.0)
+    if scope == 'mmdet':  # random weights: keep every box
+        tc = cfg.model.test_cfg
+        (tc.rcnn if 'rcnn' in tc else tc).update(score_thr=0.0)
     model = random_model(cfg).eval()
     for h, w in ((H, W), (W, H)):
         with DefaultScope.overwrite_default_scope(scope):
