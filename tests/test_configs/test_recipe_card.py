@@ -124,9 +124,11 @@ def schedule_values(cfg, card, family):
     lrs = lr_curve(cfg, base, E, total)
     reach = next(i for i, lr in enumerate(lrs) if lr >= base * (1 - 1e-6))
     unit = card['warmup'].expected['unit']
+    # a warm-up over iterations [0, L) reaches the base lr on its last
+    # iteration, L - 1 (mmengine's LinearLR ends at end_factor there)
     out['warmup'] = dict(
         unit=unit,
-        length=reach / E if unit == 'epoch' else reach,
+        length=(reach + 1) / E if unit == 'epoch' else reach + 1,
         start_lr=lrs[0])
     assert max(lrs) <= base * (1 + 1e-6)  # never above the base lr
     out['final_lr'] = lrs[-1]
@@ -246,8 +248,9 @@ def pipeline_values(pipeline, card_pipeline, scope):
         vals = {k: _norm(_attr(t, k)) for k in keys}
         # a keep-ratio resize to (a, b) is one to (b, a): long, short
         for k in ('scale', 'scales'):
-            if k in vals and isinstance(vals[k], list) and \
-                    _attr(t, 'keep_ratio'):
+            keep = getattr(t, 'keep_ratio', None) or getattr(
+                t, 'resize_cfg', {}).get('keep_ratio')
+            if k in vals and isinstance(vals[k], list) and keep:
                 pairs = vals[k] if k == 'scales' else [vals[k]]
                 pairs = [sorted(p, reverse=True) for p in pairs]
                 vals[k] = pairs if k == 'scales' else pairs[0]
