@@ -72,7 +72,7 @@ def _tta_views(name, tmp_path):
     return img, out, cfg
 
 
-@pytest.mark.parametrize('name', ['soft_tiny_in1k', 'retinanet_soft_tiny_1x'])
+@pytest.mark.parametrize('name', ['soft_tiny_in1k', 'mask_rcnn_soft_tiny_1x'])
 def test_tta_flip_views(name, tmp_path):
     """mmpretrain / mmdet configs without a TTA of their own: two views,
     the test image flipped horizontally, then as it is (enable_tta)."""
@@ -82,7 +82,7 @@ def test_tta_flip_views(name, tmp_path):
     a, b = (t.numpy() for t in inputs)
     assert a.shape == b.shape
     np.testing.assert_array_equal(a, b[:, :, ::-1])  # a horizontal flip
-    if name.startswith('retinanet'):
+    if name.startswith('mask_rcnn'):
         assert [s.flip for s in samples] == [True, False]
         assert samples[0].flip_direction == 'horizontal'
         assert samples[0].scale_factor == samples[1].scale_factor
@@ -91,6 +91,21 @@ def test_tta_flip_views(name, tmp_path):
         assert cfg.model.type == 'mmpretrain.AverageClsScoreTTA'
         # the flip is the only difference from the plain test pipeline
         assert a.shape[1:] == (224, 224)
+
+
+def test_tta_retinanet_views(tmp_path):
+    """RetinaNet: mmdet's own RetinaNet TTA (inherited): shorter sides
+    800, 400, 1200 (longer <= 1333, 666, 2000) x (flipped, not flipped) =
+    6 views, merged by DetTTAModel."""
+    img, out, cfg = _tta_views('retinanet_soft_tiny_1x', tmp_path)
+    inputs, samples = out['inputs'], out['data_samples']
+    assert len(inputs) == 6
+    assert [bool(s.flip) for s in samples] == [True, False] * 3
+    sizes = [tuple(t.shape[1:]) for t in inputs]
+    assert [min(s) for s in sizes[0::2]] == [800, 400, 1200]
+    for a, b in zip(inputs[0::2], inputs[1::2]):
+        np.testing.assert_array_equal(a.numpy(), b.numpy()[:, :, ::-1])
+    assert cfg.model.type == 'DetTTAModel'
 
 
 def test_tta_seg_views(tmp_path):
@@ -261,7 +276,7 @@ def _doc_names():
 def test_every_config_name_in_the_docs_builds():
     from mmsoft.configs import get_config_path, list_configs
     names = _doc_names()
-    shipped = set(list_configs())
+    shipped = {osp.splitext(n)[0] for n in list_configs()}
     assert len(names) >= 10, names  # the docs do name configs
     for name, where in sorted(names.items()):
         if name.endswith('_demo'):
