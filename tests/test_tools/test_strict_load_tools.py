@@ -11,7 +11,7 @@ import time
 
 import pytest
 import torch
-from conftest import cls_demo_config, random_model, tool_namespace
+from conftest import (CONFIGS, cls_demo_config, random_model, tool_namespace)
 
 pytest.importorskip('mmpretrain')
 
@@ -189,7 +189,9 @@ def test_name_run_is_unique_per_process():
     from mmsoft.tools_support import launch
     names = []
     for extra in ({}, {}, dict(experiment_name='mine')):
-        cfg = Config(dict(extra), filename='/x/retinanet_soft_small_1x.py')
+        cfg = Config(
+            dict(extra),
+            filename=osp.join(CONFIGS, 'retinanet_soft_small_1x.py'))
         names.append(launch.name_run(cfg))
         assert cfg.experiment_name == names[-1]
     assert len(set(names)) == 3, names
