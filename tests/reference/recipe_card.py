@@ -58,7 +58,8 @@ MMDET_PVT = 'mmdet configs/pvt/retinanet_pvt-t_fpn_1x_coco.py'
 MMDET_1X = 'mmdet configs/_base_/schedules/schedule_1x.py'
 MMDET_DATA = 'mmdet configs/_base_/datasets/coco_detection.py'
 MMDET_R50 = 'mmdet configs/_base_/models/retinanet_r50_fpn.py'
-MMDET_SPARSE = 'mmdet configs/sparse_rcnn/sparse-rcnn_r50_fpn_ms-480-800-3x_coco.py'
+MMDET_SPARSE = ('mmdet configs/sparse_rcnn/'
+                'sparse-rcnn_r50_fpn_ms-480-800-3x_coco.py')
 MMSEG_SWIN = ('mmseg configs/swin/swin-tiny-patch4-window7-in1k-pre_'
               'upernet_8xb2-160k_ade20k-512x512.py')
 MMSEG_DATA = 'mmseg configs/_base_/datasets/ade20k.py'

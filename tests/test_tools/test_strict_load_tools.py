@@ -11,7 +11,7 @@ import time
 
 import pytest
 import torch
-from conftest import (CONFIGS, cls_demo_config, random_model, tool_namespace)
+from conftest import CONFIGS, cls_demo_config, random_model, tool_namespace
 
 pytest.importorskip('mmpretrain')
 
