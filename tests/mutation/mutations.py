@@ -369,12 +369,12 @@ MUTATIONS = (
       old="    residual_drop='dropout',\n",
       new="    residual_drop='drop_path',\n",
       tests=(CARD + '[gfl_soft_small_3x_ms]', )),
-    M(name='in1k_warmup_in_iterations',
-      what=('ImageNet: the 10-epoch warm-up counted in iterations (10 '
-            'iterations)'),
+    M(name='in1k_warmup_per_epoch',
+      what=('ImageNet: the warm-up steps once per epoch (10 plateaus, the '
+            'first epoch at lr 1e-6) instead of every iteration'),
       path='configs/_base_/soft_in1k.py',
-      old='        start_factor=1e-3,\n        by_epoch=True,\n',
-      new='        start_factor=1e-3,\n        by_epoch=False,\n',
+      old='        end=10,\n        convert_to_iter_based=True),\n',
+      new='        end=10),\n',
       tests=(CARD + '[soft_tiny_in1k]', )),
     M(name='in1k_ema_timm_convention',
       what=("ImageNet: the EMA momentum in timm's convention (0.99996: "

@@ -122,7 +122,9 @@ def schedule_values(cfg, card, family):
         out['max_epochs'] = cfg.train_cfg.max_epochs
         total = out['max_epochs'] * E
     lrs = lr_curve(cfg, base, E, total)
-    reach = next(i for i, lr in enumerate(lrs) if lr >= base * (1 - 1e-6))
+    # the first iteration at the base lr (never: the whole run warms up)
+    reach = next((i for i, lr in enumerate(lrs) if lr >= base * (1 - 1e-6)),
+                 total)
     unit = card['warmup'].expected['unit']
     # a warm-up over iterations [0, L) reaches the base lr on its last
     # iteration, L - 1 (mmengine's LinearLR ends at end_factor there)
@@ -144,7 +146,9 @@ def schedule_values(cfg, card, family):
         out['gamma'] = ratios.pop()
     if 'mid_cosine_epoch' in card:
         mid = (base + card['final_lr'].expected) / 2
-        i = next(i for i in range(reach, total) if lrs[i] <= mid * (1 + 1e-9))
+        i = next(
+            (i for i in range(reach, total) if lrs[i] <= mid * (1 + 1e-9)),
+            total)
         out['mid_cosine_epoch'] = i / E
     if 'poly_power' in card:
         begin = reach
