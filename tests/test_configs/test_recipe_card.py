@@ -142,8 +142,8 @@ def schedule_values(cfg, card, family):
         assert all(i % E == 0 for i in drops), drops  # at epoch boundaries
         out['milestones'] = [i // E for i in drops]
         ratios = {round(lrs[i] / lrs[i - 1], 9) for i in drops}
-        assert len(ratios) == 1, ratios
-        out['gamma'] = ratios.pop()
+        assert len(ratios) <= 1, ratios  # one decay factor
+        out['gamma'] = ratios.pop() if ratios else None
     if 'mid_cosine_epoch' in card:
         mid = (base + card['final_lr'].expected) / 2
         i = next(
