@@ -121,7 +121,26 @@ def trigger_visualization_hook(cfg, args, scope):
 def enable_tta(cfg, scope):
     """``--tta``: wrap the model in the codebase's TTA model and test with
     ``tta_pipeline``; like each codebase's own tools, mmpretrain and mmdet
-    configs without them get a flip TTA (mmseg configs ship both)."""
+    configs without them get a flip TTA (mmseg configs ship both).
+
+    The views of each test image:
+
+    * mmpretrain / mmdet configs without ``tta_pipeline`` (mmsoft's
+      classification configs and every detector but RetinaNet): 2, the
+      test pipeline's image flipped horizontally, then as it is;
+      mmpretrain averages the two score vectors (``AverageClsScoreTTA``),
+      mmdet unflips the boxes (the packed ``flip`` / ``flip_direction``)
+      and merges them with NMS 0.5, at most 100 per image
+      (``DetTTAModel``);
+    * a config's own ``tta_pipeline`` / ``tta_model`` otherwise: mmdet's
+      RetinaNet one (inherited by mmsoft's RetinaNet configs): shorter
+      sides 800, 400, 1200 (longer <= 1333, 666, 2000) x (flipped, not
+      flipped) = 6 views, merged by ``DetTTAModel``; mmseg's
+      ADE20K one (inherited by mmsoft's UperNet configs): 6 scales (0.5,
+      0.75, ..., 1.75 of the test scale) x (not flipped, flipped) = 12
+      views, logits averaged (``SegTTAModel``). The papers report
+      single-scale results without TTA (IJCV 2024 Sec. 4.3).
+    """
     if 'tta_model' not in cfg:
         if scope == 'mmpretrain':
             cfg.tta_model = dict(type='mmpretrain.AverageClsScoreTTA')

@@ -29,8 +29,10 @@ One set of tools serves mmpretrain, mmdet and mmseg configs. This module
 """
 import contextlib
 import importlib
+import itertools
 import logging
 import os
+import os.path as osp
 import sys
 
 import torch
@@ -43,7 +45,7 @@ from mmsoft.runtime import setup
 __all__ = [
     'quiet_init_weights', 'exit_if_legacy_backbone', 'exit_if_not_resumable',
     'lock_work_dir', 'CODEBASES', 'codebase_of', 'import_codebase',
-    'setup_cpu_distributed', 'enable_amp', 'prepare_cfg'
+    'setup_cpu_distributed', 'enable_amp', 'name_run', 'prepare_cfg'
 ]
 
 #: default_scope -> python package of the codebase
@@ -291,12 +293,39 @@ def enable_amp(cfg) -> str:
     return cfg.optim_wrapper.type
 
 
+#: runs named by :func:`name_run` in this process (1, 2, ...)
+_RUNS = itertools.count(1)
+
+
+def name_run(cfg) -> str:
+    """Give the Runner that will be built from ``cfg`` a name no earlier
+    run of this process has (``cfg.experiment_name``); returns it.
+
+    mmengine names a run ``<experiment_name or config>_<YYYYmmdd_HHMMSS>``
+    and fetches its ``MMLogger``, ``MessageHub``, ``Visualizer`` and
+    ``DefaultScope`` by that name (``get_instance``): two runs started in
+    one process within the same second (a notebook, a sweep, a test) shared
+    them, and the second run logged into the first run's log file and work
+    dir. The first run of a process keeps mmengine's name (``<config>``, or
+    the config's own ``experiment_name``); the n-th gets ``_<n>`` appended
+    (``retinanet_soft_small_1x_2_20240101_120000``). The counter is per
+    process, so every rank of a distributed job names its run alike.
+    """
+    n = next(_RUNS)
+    base = cfg.get('experiment_name', None) or osp.splitext(
+        osp.basename(cfg.filename or 'run'))[0]
+    cfg.experiment_name = base if n == 1 else f'{base}_{n}'
+    return cfg.experiment_name
+
+
 def prepare_cfg(cfg, launcher: str = 'none') -> str:
     """Everything the tools do to a config before building the Runner:
-    import the codebase and apply the CPU distributed fall-back. Returns the
+    import the codebase, apply the CPU distributed fall-back and give the
+    run a name of its own in this process (:func:`name_run`). Returns the
     codebase (default scope)."""
     scope = import_codebase(cfg)
     setup_cpu_distributed(cfg, launcher)
+    name_run(cfg)
     return scope
 
 

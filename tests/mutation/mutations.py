@@ -29,6 +29,11 @@ NR_SOFT = ('tests/test_models/test_layers/test_nr_official_soft.py::'
 AMP = 'tests/test_models/test_device_amp.py::'
 CLI = 'tests/test_tools/test_tool_cli.py::'
 SAFE_CONV = 'tests/test_models/test_layers/test_safe_conv.py::'
+#: issue 30: the effective recipe of a config against the recipe card
+CARD = ('tests/test_configs/test_recipe_card.py::'
+        'test_config_matches_recipe_card')
+OPTS = 'tests/test_models/test_backbones/test_option_contracts.py::'
+TOOLC = 'tests/test_tools/test_tool_contracts.py::'
 
 
 @dataclasses.dataclass(frozen=True)
@@ -359,6 +364,136 @@ MUTATIONS = (
       new='        value=value,\n',
       tests=('tests/test_configs/test_demo_configs.py::'
              'test_short_training_run[seg]', )),
+
+    # ------------------------------------------- issue 30: recipes
+    M(name='dense_norm_eval_off',
+      what=('detection / segmentation: the patch-embedding BatchNorms '
+            'update their statistics on 2 images per GPU (norm_eval off)'),
+      path='configs/_base_/soft_dense.py',
+      old='    norm_eval=True,\n',
+      new='    norm_eval=False,\n',
+      tests=(CARD + '[retinanet_soft_tiny_1x]', )),
+    M(name='dense_norms_decay',
+      what=('detection / segmentation: the norms get weight decay (the '
+            'norm exemption dropped)'),
+      path='configs/_base_/soft_dense.py',
+      old='        norm_decay_mult=0.0,\n',
+      new='',
+      tests=(CARD + '[mask_rcnn_soft_small_1x]', )),
+    M(name='dense_3x_warmup_in_epochs',
+      what=('3x schedule: the 500-iteration warm-up written by epoch (500 '
+            'epochs: the whole training warms up)'),
+      path='configs/_base_/soft_dense.py',
+      old="start_factor=0.001, by_epoch=False, begin=0, end=500",
+      new="start_factor=0.001, by_epoch=True, begin=0, end=500",
+      tests=(CARD + '[atss_soft_small_3x_ms]', )),
+    M(name='dense_residual_drop_path',
+      what=('detection / segmentation: stages 1-3 use stochastic depth '
+            'instead of the official element-wise residual dropout'),
+      path='configs/_base_/soft_dense.py',
+      old="    residual_drop='dropout',\n",
+      new="    residual_drop='drop_path',\n",
+      tests=(CARD + '[gfl_soft_small_3x_ms]', )),
+    M(name='in1k_warmup_per_epoch',
+      what=('ImageNet: the warm-up steps once per epoch (10 plateaus, the '
+            'first epoch at lr 1e-6) instead of every iteration'),
+      path='configs/_base_/soft_in1k.py',
+      old='        end=10,\n        convert_to_iter_based=True),\n',
+      new='        end=10),\n',
+      tests=(CARD + '[soft_tiny_in1k]', )),
+    M(name='in1k_ema_timm_convention',
+      what=("ImageNet: the EMA momentum in timm's convention (0.99996: "
+            "mmengine then keeps 0.004 % of the average per step)"),
+      path='configs/_base_/soft_in1k.py',
+      old="dict(type='EMAHook', momentum=4e-5,",
+      new="dict(type='EMAHook', momentum=0.99996,",
+      tests=(CARD + '[soft_norm_small_in1k]', )),
+    M(name='in1k_no_clip_grad',
+      what='ImageNet: the gradient clipping at 1.0 dropped',
+      path='configs/_base_/soft_in1k.py',
+      old='    clip_grad=dict(max_norm=1.0),\n',
+      new='    clip_grad=None,\n',
+      tests=(CARD + '[soft_small_in1k]', )),
+    M(name='seg_poly_power_09',
+      what=("ADE20K: mmseg's ResNet poly power 0.9 instead of the Swin / "
+            'SOFT recipe\'s 1.0'),
+      path='configs/_base_/upernet_soft_512x512_160k_ade20k.py',
+      old='        power=1.0,\n',
+      new='        power=0.9,\n',
+      tests=(CARD + '[upernet_soft_small_512x512_160k_ade20k]', )),
+    # ------------------------------------------- issue 30: options
+    M(name='attn_dropout_in_eval',
+      what='stage-4 attention dropout also in eval mode',
+      path='mmsoft/models/layers/blocks.py',
+      old='dropout_p=self.attn_drop if self.training else 0.)',
+      new='dropout_p=self.attn_drop)',
+      tests=(OPTS + 'test_eval_is_bitwise_repeatable_with_dropouts', )),
+    M(name='frozen_stem_keeps_pos_embed',
+      what=('frozen_stages=0 leaves the stem\'s position embedding '
+            'trainable'),
+      path='mmsoft/models/backbones/soft.py',
+      old='            params = [self.stages[0].pos_embed]\n',
+      new='            params = []\n',
+      tests=(OPTS + 'test_frozen_stages_freezes_the_documented_parameters', )),
+    M(name='norm_eval_all_norms',
+      what='norm_eval also puts the LayerNorms (and their modules) in eval',
+      path='mmsoft/models/backbones/soft.py',
+      old='                if isinstance(m, _BatchNorm):\n',
+      new='                if isinstance(m, (_BatchNorm, nn.LayerNorm)):\n',
+      tests=(OPTS + 'test_norm_eval', )),
+    # --------------------------------------- issue 30: diagnostics
+    M(name='nr_stats_first_head',
+      what='nr_stats reports the first head of each matrix stack only',
+      path='mmsoft/models/backbones/soft.py',
+      old='per_key.setdefault(k, []).append(v.amax())',
+      new='per_key.setdefault(k, []).append(v[..., 0].amax())',
+      tests=(OPTS + 'test_nr_stats_reduce_over_every_matrix', )),
+    M(name='nr_stats_mean',
+      what='nr_stats averages the matrices instead of their maximum',
+      path='mmsoft/models/backbones/soft.py',
+      old='per_key.setdefault(k, []).append(v.amax())',
+      new='per_key.setdefault(k, []).append(v.mean())',
+      tests=(OPTS + 'test_nr_stats_per_matrix_and_their_maximum', )),
+    M(name='nr_hook_last_backbone_wins',
+      what='NRResidualHook keeps the last backbone\'s value, not the largest',
+      path='mmsoft/engine/hooks/nr_residual_hook.py',
+      old='                    cur[k] = max(v, cur.get(k, v))',
+      new='                    cur[k] = v',
+      tests=(OPTS + 'test_nr_stats_reduce_over_every_matrix', )),
+    # --------------------------------------------- issue 30: tools
+    M(name='tta_vertical_flip',
+      what='--tta flips the images vertically',
+      path='tools/test.py',
+      old="                dict(type='RandomFlip', prob=1.),",
+      new="                dict(type='RandomFlip', prob=1., "
+      "direction='vertical'),",
+      tests=(TOOLC + 'test_tta_flip_views', )),
+    M(name='tta_det_no_flip_meta',
+      what=('--tta on detectors packs no flip meta (DetTTAModel cannot '
+            'unflip the boxes)'),
+      path='tools/test.py',
+      old="'scale_factor', 'flip', 'flip_direction'))",
+      new="'scale_factor'))",
+      tests=(TOOLC + 'test_tta_flip_views[mask_rcnn_soft_tiny_1x]', )),
+    M(name='export_seg_shape_swapped',
+      what='segmentation export resizes the logits to W x H',
+      path='mmsoft/tools_support/deploy.py',
+      old='dict(img_shape=(H, W), ori_shape=(H, W), pad_shape=(H, W))',
+      new='dict(img_shape=(W, H), ori_shape=(W, H), pad_shape=(W, H))',
+      tests=(TOOLC + 'test_export_non_square[demo/upernet_soft_demo]', )),
+    M(name='export_input_transposed',
+      what='the ONNX graph is traced on a W x H input',
+      path='mmsoft/tools_support/deploy.py',
+      old='    x = torch.zeros(batch, 3, *wrapper.shape)\n',
+      new='    x = torch.zeros(batch, 3, *wrapper.shape[::-1])\n',
+      tests=(TOOLC + 'test_export_non_square[demo/soft_cls_demo]', )),
+    M(name='run_name_by_second',
+      what=("tools name their runs as mmengine does (by the second): two "
+            "runs within one second share a logger"),
+      path='mmsoft/tools_support/launch.py',
+      old="    cfg.experiment_name = base if n == 1 else f'{base}_{n}'\n",
+      new='    cfg.experiment_name = base\n',
+      tests=(STRICT + 'test_runs_within_one_second_log_apart', )),
 )
 
 

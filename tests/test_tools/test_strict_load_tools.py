@@ -7,10 +7,11 @@ expected top-1 accuracy follows from the data set's labels alone and shows
 that the checkpoint's weights (not a random initialisation) were tested."""
 import glob
 import os.path as osp
+import time
 
 import pytest
 import torch
-from conftest import cls_demo_config, random_model, tool_namespace
+from conftest import CONFIGS, cls_demo_config, random_model, tool_namespace
 
 pytest.importorskip('mmpretrain')
 
@@ -142,6 +143,60 @@ def test_partial_load_opt_in(setup):
         log = f.read()
     assert 'partial load (allowed)' in log
     assert 'head.fc.weight (checkpoint [1000, 192] vs model [5, 192])' in log
+
+
+class FrozenClock:
+    """The ``time`` module with a clock that stands still (``time()``)."""
+
+    def __init__(self, t):
+        self._t = t
+
+    def __getattr__(self, name):
+        return getattr(time, name)
+
+    def time(self):
+        return self._t
+
+
+def _read_logs(tmp, work):
+    logs = glob.glob(osp.join(tmp, work, '*', '*.log'))
+    assert len(logs) == 1, (work, logs)
+    with open(logs[0]) as f:
+        return f.read()
+
+
+def test_runs_within_one_second_log_apart(setup, monkeypatch):
+    """Issue 30: mmengine names a run (and its MMLogger, MessageHub,
+    Visualizer) ``<config>_<YYYYmmdd_HHMMSS>``; two tool runs of one process
+    within the same second shared the logger, and the second run logged
+    into the first run's work dir. With the Runner's clock frozen, two
+    tools/test.py runs each log into their own work dir
+    (mmsoft.tools_support.launch.name_run)."""
+    import mmengine.runner.runner as runner_module
+    monkeypatch.setattr(runner_module, 'time', FrozenClock(time.time()))
+    _test(setup, 'good', work='second_a')
+    _test(setup, 'head1000', '--partial-load', work='second_b')
+    tmp = setup[2]
+    log_a, log_b = _read_logs(tmp, 'second_a'), _read_logs(tmp, 'second_b')
+    assert 'partial load (allowed)' in log_b
+    assert 'partial load (allowed)' not in log_a
+    assert 'second_b' not in log_a
+
+
+def test_name_run_is_unique_per_process():
+    from mmengine.config import Config
+
+    from mmsoft.tools_support import launch
+    names = []
+    for extra in ({}, {}, dict(experiment_name='mine')):
+        cfg = Config(
+            dict(extra),
+            filename=osp.join(CONFIGS, 'retinanet_soft_small_1x.py'))
+        names.append(launch.name_run(cfg))
+        assert cfg.experiment_name == names[-1]
+    assert len(set(names)) == 3, names
+    assert all(n.startswith('retinanet_soft_small_1x') for n in names[:2])
+    assert names[2].startswith('mine')
 
 
 def version1_keys(sd, prefix='backbone.'):

@@ -374,6 +374,9 @@ def run_task(task,
     if cfg_options:
         cfg.merge_from_dict(cfg_options)
     os.makedirs(work_dir, exist_ok=True)
+    # a logger / message hub of its own, even within the same second
+    from mmsoft.tools_support.launch import name_run
+    name_run(cfg)
     runner = runner_cls.from_cfg(cfg)
     n = n_draw if n_draw is not None else (24 if task == 'cls' else 8)
     collector = PredictionCollector(n)

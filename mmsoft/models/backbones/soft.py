@@ -342,6 +342,9 @@ class SOFT(BaseModule):
             official training recipe: an element-wise ``nn.Dropout`` of that
             rate on the residual branches; stage 4 always uses drop path).
             Default: 'drop_path'.
+            Every dropout and drop path (``drop_rate``, ``attn_drop_rate``,
+            ``drop_path_rate``) acts in training mode only: in eval mode
+            the outputs are deterministic (bitwise repeatable).
         norm_cfg (dict | list[dict], optional): the norms of the transformer
             blocks, one dict for all stages or a list of four (None entries
             keep the stage default). Default: None, the official norms:
@@ -356,11 +359,18 @@ class SOFT(BaseModule):
             ``dict(type='BN')``.
         patch_act_cfg (dict): their activation. Default:
             ``dict(type='ReLU')``.
-        frozen_stages (int): -1 freezes nothing, 0 the stem (stage 1's
-            patch and position embeddings), k >= 1 stages 1..k (stage 4
-            includes its cls token and final norm). Default: -1.
-        norm_eval (bool): keep BatchNorm layers in eval mode while
-            training. Default: False.
+        frozen_stages (int): the parameters that stop training
+            (``requires_grad=False``), their modules kept in eval mode
+            (BatchNorm statistics, dropouts) by :meth:`train`: -1 none; 0
+            the stem, ``stages.0.patch_embed.*`` and ``stages.0.pos_embed``
+            (stage 1's blocks train); k >= 1 every parameter of stages
+            1..k, ``stages.0.*`` .. ``stages.{k-1}.*`` (patch embedding,
+            position embedding, blocks; stage 4 also ``cls_token`` and the
+            final ``norm``). Default: -1.
+        norm_eval (bool): keep every BatchNorm layer of the backbone (those
+            of the patch embeddings) in eval mode while training: their
+            running statistics do not change; LayerNorms are unaffected.
+            Default: False.
         with_cp (bool): gradient checkpointing of every block. Default:
             False.
         init_cfg (dict | list[dict], optional): mmengine init config, e.g.

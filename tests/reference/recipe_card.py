@@ -1,0 +1,420 @@
+"""The SOFT training / testing recipes, written from the papers and the
+official repository, as data (issue 30).
+
+Every value is a :class:`V`: what the source says (``value``), where it
+says it (``source``) and, where mmsoft's configs deliberately do something
+else, what they do (``ours``) and why (``why``).
+``tests/test_configs/test_recipe_card.py`` builds every config of
+``configs/`` through the real mmengine / codebase machinery (optimizer
+constructor, parameter schedulers, EMA, model, transforms, metrics) and
+compares the effective values with :attr:`V.expected`.
+
+Written from, not copied from our configs:
+
+* NeurIPS 2021 (``/work/shared/papers/soft-neurips2021.md``) Sec. 4.1
+  "Implementation details" and IJCV 2024 (``soft-ijcv2024.md``) Sec. 4.1
+  (ImageNet), Sec. 4.2 (COCO), Sec. 4.3 (ADE20K), Table 3 caption (test
+  crop);
+* the official repository github fudan-zvg/SOFT, branch master:
+  ``main.py`` (its argparse defaults, timm 0.3.2's ``create_optimizer`` /
+  ``create_scheduler`` / ``ModelEma``), ``config/SOFT_*.yaml``,
+  ``models/softmax_free_vision_transformer.py`` (``no_weight_decay``:
+  ``{'cls_token'}`` only). The repository has no detection / segmentation
+  code (branches master and normalization); for those the papers say
+  "Following the practices of MMDetection" (IJCV Sec. 4.2), so the
+  recipes are those of mmdet's / mmseg's shipped configs for the
+  comparable transformer backbones (PVT for detection, whose numbers IJCV
+  Table 4 compares with; Swin-UperNet 160k for segmentation).
+
+Units: a warm-up ``length`` is in the unit the source uses (``unit``:
+``'epoch'`` for ImageNet, ``'iter'`` for COCO / ADE20K). EMA: mmengine's
+convention, ``averaged = (1 - momentum) * averaged + momentum * source``
+per iteration, i.e. ``momentum = 1 - decay`` of timm's ``ModelEma``
+(``ema = decay * ema + (1 - decay) * model``); its averaging horizon is
+``1 / momentum`` iterations.
+
+Parameter categories of the weight-decay exemptions (``decay_exempt``):
+``'norm'`` (weights and biases of LayerNorm / BatchNorm), ``'bias'`` (the
+biases of convs and linears), ``'pos_embed'``, ``'cls_token'``; every
+other parameter decays with the base weight decay.
+"""
+from typing import Any, NamedTuple
+
+__all__ = ['V', 'FAMILIES', 'family_of']
+
+_SAME = object()
+
+NEURIPS = 'NeurIPS 2021 Sec. 4.1 (Implementation details)'
+IJCV_CLS = 'IJCV 2024 Sec. 4.1 (Implementation details)'
+IJCV_DET = 'IJCV 2024 Sec. 4.2 (Implementation details)'
+IJCV_SEG = 'IJCV 2024 Sec. 4.3 (Implementation details)'
+MAIN = 'fudan-zvg/SOFT master: main.py'
+YAML = 'fudan-zvg/SOFT master: config/SOFT_*.yaml'
+TIMM_OPT = ('fudan-zvg/SOFT master: main.py -> timm 0.3.2 create_optimizer '
+            '(filter_bias_and_bn: 1-D parameters and .bias skip decay) + '
+            'models/softmax_free_vision_transformer.py no_weight_decay() = '
+            "{'cls_token'}")
+MMDET_PVT = 'mmdet configs/pvt/retinanet_pvt-t_fpn_1x_coco.py'
+MMDET_1X = 'mmdet configs/_base_/schedules/schedule_1x.py'
+MMDET_DATA = 'mmdet configs/_base_/datasets/coco_detection.py'
+MMDET_R50 = 'mmdet configs/_base_/models/retinanet_r50_fpn.py'
+MMDET_SPARSE = ('mmdet configs/sparse_rcnn/'
+                'sparse-rcnn_r50_fpn_ms-480-800-3x_coco.py')
+MMSEG_SWIN = ('mmseg configs/swin/swin-tiny-patch4-window7-in1k-pre_'
+              'upernet_8xb2-160k_ade20k-512x512.py')
+MMSEG_DATA = 'mmseg configs/_base_/datasets/ade20k.py'
+MMSEG_R50 = 'mmseg configs/_base_/models/upernet_r50.py'
+
+
+class V(NamedTuple):
+    """One recipe value, its source and, where mmsoft deliberately differs,
+    mmsoft's value and the reason."""
+    value: Any
+    source: str
+    ours: Any = _SAME
+    why: str = ''
+
+    @property
+    def expected(self):
+        """The value the configs must have: ``ours`` where given, else the
+        source's."""
+        return self.value if self.ours is _SAME else self.ours
+
+    @property
+    def deviates(self) -> bool:
+        return self.ours is not _SAME
+
+
+# ------------------------------------------------------------- ImageNet
+_NORM_BN_EVAL = ('the papers give no value; the official recipe trains '
+                 'the patch-embedding BatchNorms (model.train())')
+
+CLS_IN1K = dict(
+    optimizer=V('AdamW', f'{NEURIPS}; {MAIN} --opt adamw'),
+    lr=V(
+        1e-3, f'{YAML} lr: 1e-3 (main.py scales it by batch/1024: 1e-3 at '
+        'the total batch of 1024)'),
+    betas=V((0.9, 0.999), f'{MAIN} --opt-betas None -> AdamW default'),
+    eps=V(1e-8, f'{MAIN} --opt-eps 1e-8'),
+    weight_decay=V(0.05, f'{NEURIPS}; {MAIN} --weight-decay 0.05'),
+    decay_exempt=V(
+        frozenset({'norm', 'bias', 'cls_token'}),
+        TIMM_OPT,
+        ours=frozenset({'norm', 'bias', 'cls_token', 'pos_embed'}),
+        why='the official model leaves its 4 position embeddings out of '
+        'no_weight_decay() (they decay with 0.05); mmsoft exempts them as '
+        'PVT / DeiT (which SOFT builds on) and mmpretrain\'s Swin / ViT '
+        'recipes do: they are interpolated to every input size and shared '
+        'by the detection / segmentation configs, whose recipe exempts '
+        'them too'),
+    clip_grad=V(1.0, f'{YAML} clip_grad: 1.0 (timm: clip_grad_norm_, L2)'),
+    batch_size=V(
+        1024, f'{NEURIPS} ("a batch size of 1024"); {YAML} '
+        'batch_size: 128 x 8 GPUs'),
+    batch_per_gpu=V(128, f'{YAML} batch_size: 128'),
+    max_epochs=V(
+        300, f'{NEURIPS} (300 epochs); {YAML} epochs: 300; timm 0.3.2 '
+        'create_scheduler adds --cooldown-epochs 10 at min_lr (310)',
+        ours=300,
+        why='the 10 cool-down epochs at the minimum lr of timm 0.3.2 are '
+        'left out (the papers report 300 epochs)'),
+    warmup=V(
+        dict(unit='epoch', length=10, start_lr=1e-6),
+        f'{NEURIPS} ("10 epochs of linear warm-up"); {YAML} '
+        'warmup_epochs: 10; main.py --warmup-lr 1e-6'),
+    final_lr=V(5e-5, f'{YAML} min_lr: 5e-5 (cosine annealing: {NEURIPS})'),
+    # lr in the middle of the cosine: ours anneals over epochs 10..300
+    # (mmpretrain's convention), timm's CosineLRScheduler over 0..300
+    # with the warm-up replacing its first 10 epochs
+    mid_cosine_epoch=V(
+        150, 'timm 0.3.2 CosineLRScheduler(t_initial=300): lr = min_lr + '
+        '(lr - min_lr) / 2 at epoch 150',
+        ours=155,
+        why='mmpretrain\'s CosineAnnealingLR after the warm-up (begin=10, '
+        'T_max=290) reaches the midpoint at epoch 155; the two curves '
+        'differ by < 3 % of the base lr over the whole schedule'),
+    ema_momentum=V(
+        4e-5, f'{MAIN} --model-ema (True) --model-ema-decay 0.99996 '
+        '(timm ModelEma, updated after every iteration): momentum = '
+        '1 - 0.99996'),
+    ema_horizon_iters=V(25000, 'from ema_momentum: 1 / 4e-5 iterations'),
+    norm_eval=V(False, _NORM_BN_EVAL),
+    frozen=V(frozenset(), f'{MAIN} (every parameter trains)'),
+    drop_path_rate=V(0.1, f'{MAIN} --drop-path 0.1'),
+    residual_drop=V(
+        'dropout', 'fudan-zvg/SOFT master: models/softmax_free_transformer'
+        '.py (stages 1-3 apply drop_path as an element-wise Dropout of '
+        'their residual branches); stage 4 uses timm DropPath'),
+    label_smoothing=V(
+        0.1, f'{NEURIPS} (label smoothing); {MAIN} '
+        '--smoothing 0.1'),
+    mixup=V(0.8, f'{NEURIPS} (mixup); {MAIN} --mixup 0.8'),
+    cutmix=V(1.0, f'{NEURIPS} (cutmix); {MAIN} --cutmix 1.0'),
+    train_pipeline=V(
+        [
+            ('LoadImageFromFile', {}),
+            # timm: scale (0.08, 1), ratio (3/4, 4/3)
+            ('RandomResizedCrop',
+             dict(
+                 scale=(224, 224),
+                 crop_ratio_range=(0.08, 1.0),
+                 aspect_ratio_range=(3. / 4., 4. / 3.))),
+            ('RandomFlip', dict(prob=0.5, direction='horizontal')),
+            # rand-m9-mstd0.5-inc1: 2 ops, magnitude 9 (of 10), std 0.5
+            ('RandAugment',
+             dict(
+                 num_policies=2,
+                 magnitude_level=9,
+                 magnitude_std=0.5,
+                 total_level=10)),
+            ('PackInputs', {}),
+            # timm --reprob 0.25 --remode pixel
+            ('RandomErasing', dict(erase_prob=0.25, mode='rand')),
+        ],
+        f'{NEURIPS} (random flipping); {MAIN} --img-size 224 --scale '
+        '0.08 1 --ratio 3/4 4/3 --hflip 0.5 --aa rand-m9-mstd0.5-inc1 '
+        '--reprob 0.25 --remode pixel',
+        ours=[
+            ('LoadImageFromFile', {}),
+            ('RandomResizedCrop',
+             dict(
+                 scale=(224, 224),
+                 crop_ratio_range=(0.08, 1.0),
+                 aspect_ratio_range=(3. / 4., 4. / 3.))),
+            ('RandomFlip', dict(prob=0.5, direction='horizontal')),
+            ('RandAugment',
+             dict(
+                 num_policies=2,
+                 magnitude_level=9,
+                 magnitude_std=0.5,
+                 total_level=10)),
+            ('RandomErasing', dict(erase_prob=0.25, mode='rand')),
+            ('PackInputs', {}),
+        ],
+        why='the same steps in mmpretrain\'s order (random erasing on the '
+        'uint8 image before packing instead of timm\'s on the normalised '
+        'tensor; mmpretrain\'s imagenet_bs64_swin_224.py)'),
+    test_pipeline=V([
+        ('LoadImageFromFile', {}),
+        ('ResizeEdge', dict(scale=256, edge='short', interpolation='bicubic')),
+        ('CenterCrop', dict(crop_size=(224, 224))),
+        ('PackInputs', {}),
+    ], 'NeurIPS 2021 / IJCV 2024 Table 3 caption ("224x224 pixels '
+                    'center cropped from resized images with 256x256"); timm '
+                    'crop_pct 0.875, bicubic'),
+    metric=V(('Accuracy', dict(topk=(1, 5))),
+             f'{NEURIPS} Metrics ("top-1 accuracy on a single crop")'),
+)
+
+# ---------------------------------------------------------------- COCO
+_DET_DECAY = V(
+    frozenset(), f'{IJCV_DET} (AdamW, weight decay 0.01, no exemption named); '
+    f'{MMDET_PVT} (no paramwise_cfg: every parameter decays)',
+    ours=frozenset({'norm', 'pos_embed', 'cls_token'}),
+    why='the norms, position embeddings and cls token never decayed in the '
+    'ImageNet pretraining (timm\'s 1-D rule, see the ImageNet card) and '
+    'fine-tuning should not pull them to 0; the biases decay as in mmdet')
+
+_DET_COMMON = dict(
+    optimizer=V('AdamW', IJCV_DET),
+    lr=V(1e-4, f'{IJCV_DET} ("base learning rate of 1x10^-4")'),
+    betas=V((0.9, 0.999), f'{MMDET_PVT} (AdamW defaults)'),
+    weight_decay=V(0.01, f'{IJCV_DET} ("weight decay of 0.01")'),
+    decay_exempt=_DET_DECAY,
+    clip_grad=V(None, f'{MMDET_PVT} (no clip_grad)'),
+    batch_size=V(16, f'{IJCV_DET} ("batch size 16 on 8 V100 GPUs")'),
+    batch_per_gpu=V(2, f'{IJCV_DET} (16 on 8 GPUs)'),
+    warmup=V(
+        dict(unit='iter', length=500, start_lr=1e-7),
+        f'{MMDET_1X} (LinearLR start_factor 0.001, by_epoch=False, 500 '
+        'iterations)'),
+    gamma=V(0.1, MMDET_1X),
+    ema_momentum=V(None, f'{IJCV_DET} / {MMDET_PVT} (no EMA)'),
+    norm_eval=V(
+        True, f'{MMDET_R50} (norm_eval=True: the BatchNorms of the '
+        'backbone the SOFT configs replace keep their ImageNet statistics)'),
+    frozen=V(frozenset(), f'{MMDET_PVT} (PyramidVisionTransformer: no frozen '
+             'stages)'),
+    drop_path_rate=V(
+        0.1, 'mmdet PyramidVisionTransformer default drop_path_rate=0.1 '
+        f'({MMDET_PVT})'),
+    residual_drop=V(
+        'dropout', 'as the ImageNet pretraining (official '
+        'models/softmax_free_transformer.py)'),
+    test_pipeline=V([
+        ('LoadImageFromFile', {}),
+        ('Resize', dict(scale=(1333, 800), keep_ratio=True)),
+        ('LoadAnnotations', dict(with_bbox=True)),
+        ('PackDetInputs', {}),
+    ], f'{IJCV_DET} (shorter side 800, longer <= 1333); {MMDET_DATA}'),
+)
+
+_DET_1X_TRAIN = [
+    ('LoadImageFromFile', {}),
+    ('LoadAnnotations', dict(with_bbox=True)),
+    ('Resize', dict(scale=(1333, 800), keep_ratio=True)),
+    ('RandomFlip', dict(prob=0.5)),
+    ('PackDetInputs', {}),
+]
+_MS_SCALES = [(1333, s) for s in range(480, 801, 32)]
+_DET_3X_TRAIN = [
+    ('LoadImageFromFile', {}),
+    ('LoadAnnotations', dict(with_bbox=True)),
+    ('RandomChoiceResize', dict(scales=_MS_SCALES, keep_ratio=True)),
+    ('RandomFlip', dict(prob=0.5)),
+    ('PackDetInputs', {}),
+]
+_MS_SOURCE = (f'{IJCV_DET} ("the shorter sides of images are randomly '
+              f'resized between 480 to 800"); {MMDET_SPARSE} (480..800, '
+              'step 32, longer side 1333)')
+
+
+def _with_mask(pipeline):
+    return [(t, dict(p, with_mask=True)) if t == 'LoadAnnotations' else (t, p)
+            for t, p in pipeline]
+
+
+def _det(schedule, with_mask, extra=None):
+    card = dict(_DET_COMMON)
+    if schedule == '1x':
+        train = _DET_1X_TRAIN
+        card.update(
+            max_epochs=V(12, f'{IJCV_DET} ("1x"); {MMDET_1X}'),
+            milestones=V([8, 11], MMDET_1X),
+            final_lr=V(1e-6, f'{MMDET_1X} (x0.1 at epochs 8 and 11)'),
+            train_pipeline=V(
+                _with_mask(train) if with_mask else train,
+                f'{IJCV_DET} (shorter side 800, longer <= 1333); '
+                f'{MMDET_DATA}'))
+    else:
+        train = _DET_3X_TRAIN
+        card.update(
+            max_epochs=V(36, f'{IJCV_DET} ("3x"); {MMDET_SPARSE}'),
+            milestones=V([27, 33], MMDET_SPARSE),
+            final_lr=V(1e-6, f'{MMDET_SPARSE} (x0.1 at epochs 27 and 33)'),
+            train_pipeline=V(
+                _with_mask(train) if with_mask else train, _MS_SOURCE))
+    card['metric'] = V(
+        ('CocoMetric',
+         dict(metric=['bbox', 'segm'] if with_mask else ['bbox'])),
+        f'{IJCV_DET} Table 4 / 5 (box AP; mask AP for Mask R-CNN)')
+    card.update(extra or {})
+    return card
+
+
+# --------------------------------------------------------------- ADE20K
+SEG_160K = dict(
+    optimizer=V('AdamW', IJCV_SEG),
+    lr=V(6e-4, f'{IJCV_SEG} ("AdamW optimizer with 6x10^-4 learning '
+         'rate")'),
+    betas=V((0.9, 0.999), MMSEG_SWIN),
+    weight_decay=V(0.01, f'{MMSEG_SWIN} (the paper gives none)'),
+    decay_exempt=V(
+        frozenset({'norm', 'pos_embed'}),
+        f'{MMSEG_SWIN} (custom_keys: absolute_pos_embed, '
+        'relative_position_bias_table, norm -> decay_mult 0)',
+        ours=frozenset({'norm', 'pos_embed', 'cls_token'}),
+        why='SOFT\'s stage-4 cls token (unused by UperNet, but a parameter '
+        'of the backbone) is exempt as in the ImageNet recipe'),
+    clip_grad=V(None, f'{MMSEG_SWIN} (no clip_grad)'),
+    batch_size=V(16, f'{MMSEG_SWIN} (8 GPUs x 2 images, "8xb2")'),
+    batch_per_gpu=V(2, MMSEG_SWIN),
+    max_iters=V(160000, f'{IJCV_SEG} ("160k iterations")'),
+    warmup=V(
+        dict(unit='iter', length=1500, start_lr=6e-4 * 1e-6),
+        f'{MMSEG_SWIN} (LinearLR start_factor 1e-6, 1500 iterations)'),
+    final_lr=V(0.0, f'{MMSEG_SWIN} (PolyLR power 1.0, eta_min 0)'),
+    poly_power=V(1.0, MMSEG_SWIN),
+    ema_momentum=V(None, f'{IJCV_SEG} / {MMSEG_SWIN} (no EMA)'),
+    norm_eval=V(
+        False,
+        f'{MMSEG_R50} (norm_eval=False with SyncBN)',
+        ours=True,
+        why='SOFT\'s only BatchNorms are those of the patch-embedding convs; '
+        'with 2 images per GPU and no SyncBN their statistics would be '
+        'noise, so they keep the ImageNet ones (as the detection configs)'),
+    frozen=V(frozenset(), f'{MMSEG_SWIN} (no frozen stages)'),
+    drop_path_rate=V(
+        0.3,
+        f'{MMSEG_SWIN} (Swin-T drop_path_rate 0.3; the paper gives none)',
+        ours=0.1,
+        why='one backbone setting for every dense config (soft_dense.py): '
+        'the 0.1 of the ImageNet pretraining and of mmdet\'s PVT; Swin-T\'s '
+        '0.3 belongs to a deeper, window-attention backbone'),
+    residual_drop=V('dropout', 'as the ImageNet pretraining'),
+    train_pipeline=V(
+        [
+            ('LoadImageFromFile', {}),
+            ('LoadAnnotations', dict(reduce_zero_label=True)),
+            ('RandomResize',
+             dict(scale=(2048, 512), ratio_range=(0.5, 2.0), keep_ratio=True)),
+            ('RandomCrop', dict(crop_size=(512, 512), cat_max_ratio=0.75)),
+            ('RandomFlip', dict(prob=0.5)),
+            ('PhotoMetricDistortion', {}),
+            ('PackSegInputs', {}),
+        ],
+        MMSEG_DATA,
+        ours=[
+            ('LoadImageFromFile', {}),
+            ('LoadAnnotations', dict(reduce_zero_label=True)),
+            ('Resize', dict(scale=(2048, 512), keep_ratio=True)),
+            ('RandomCrop', dict(crop_size=(512, 512), cat_max_ratio=0.75)),
+            ('RandomFlip', dict(prob=0.5)),
+            ('PhotoMetricDistortion', {}),
+            ('PackSegInputs', {}),
+        ],
+        why=f'{IJCV_SEG}: "Multi-scale training and test time augmentation '
+        'are not used": mmseg\'s 0.5-2.0 random rescaling becomes a fixed '
+        'short side of 512'),
+    test_pipeline=V([
+        ('LoadImageFromFile', {}),
+        ('Resize', dict(scale=(2048, 512), keep_ratio=True)),
+        ('LoadAnnotations', dict(reduce_zero_label=True)),
+        ('PackSegInputs', {}),
+    ], f'{MMSEG_DATA}; {IJCV_SEG} (no test-time augmentation)'),
+    test_mode=V('whole', f'{MMSEG_R50} (test_cfg mode whole); {IJCV_SEG}'),
+    metric=V(('IoUMetric', dict(iou_metrics=['mIoU'])),
+             f'{IJCV_SEG} Table 6 (mIoU)'),
+)
+
+#: configuration family -> its card
+FAMILIES = {
+    'cls_in1k':
+    CLS_IN1K,
+    'det_1x':
+    _det('1x', with_mask=False),
+    'det_mask_1x':
+    _det('1x', with_mask=True),
+    'det_3x_ms':
+    _det('3x', with_mask=False),
+    'det_mask_3x_ms':
+    _det('3x', with_mask=True),
+    # mmdet's Sparse R-CNN recipe clips gradients (max_norm 1, L2)
+    'det_sparse_3x_ms':
+    _det(
+        '3x',
+        with_mask=False,
+        extra=dict(
+            clip_grad=V(
+                1.0, 'mmdet configs/sparse_rcnn/sparse-rcnn_r50_fpn_1x_coco'
+                '.py (clip_grad max_norm 1, norm_type 2)'))),
+    'seg_160k':
+    SEG_160K,
+}
+
+
+def family_of(config_name: str) -> str:
+    """The card of a config of ``configs/`` (by its file name)."""
+    if config_name.startswith('soft_') and config_name.endswith('_in1k'):
+        return 'cls_in1k'
+    if config_name.startswith('upernet_') and '160k_ade20k' in config_name:
+        return 'seg_160k'
+    mask = 'mask_rcnn' in config_name
+    if config_name.endswith('_1x'):
+        return 'det_mask_1x' if mask else 'det_1x'
+    if config_name.endswith('_3x_ms'):
+        if config_name.startswith('sparse_rcnn'):
+            return 'det_sparse_3x_ms'
+        return 'det_mask_3x_ms' if mask else 'det_3x_ms'
+    raise KeyError(f'{config_name}: no recipe card for this config; add its '
+                   f'family to tests/reference/recipe_card.py')

@@ -1,0 +1,288 @@
+"""The tools' options against what they promise (issue 30).
+
+* ``tools/test.py --tta`` builds exactly the documented views;
+* inference and ONNX export on inputs that are not square (H != W), for
+  every task, with output shapes checked against the input;
+* every config name the README / configs README / demo README show
+  builds from a config.
+"""
+import copy
+import os.path as osp
+import re
+
+import numpy as np
+import pytest
+import torch
+from conftest import CONFIGS, ROOT, random_model, tiny_arch, tool_namespace
+from mmengine.config import Config
+from mmengine.registry import DefaultScope
+
+pytest.importorskip('mmdet')
+pytest.importorskip('mmseg')
+pytest.importorskip('mmpretrain')
+
+from mmsoft.tools_support import launch  # noqa: E402
+
+pytestmark = pytest.mark.usefixtures('one_thread')
+
+DEMO = osp.join(CONFIGS, 'demo')
+TINY = tiny_arch([16, 32, 64, 64], [1, 2, 2, 2], sampling_ratios=[4, 2, 2, 1])
+H, W = 64, 96  # not square; both multiples of 32 (mmdet's padding)
+
+
+# ------------------------------------------------------------------ --tta
+def _image_files(tmp_path, h=40, w=56):
+    import mmcv
+    g = np.random.default_rng(0)
+    img = g.integers(0, 256, (h, w, 3), dtype=np.uint8)
+    seg = g.integers(0, 150, (h, w), dtype=np.uint8)
+    mmcv.imwrite(img, str(tmp_path / 'img.png'))
+    mmcv.imwrite(seg, str(tmp_path / 'seg.png'))
+    return img
+
+
+def _tta_views(name, tmp_path):
+    """The views ``tools/test.py --tta`` makes of one image: the config's
+    TTA pipeline after ``enable_tta``, built with the codebase's
+    TRANSFORMS and run."""
+    import importlib
+    cfg = Config.fromfile(osp.join(CONFIGS, name + '.py'))
+    scope = launch.import_codebase(cfg)
+    enable_tta = tool_namespace('test')['enable_tta']
+    enable_tta(cfg, scope)
+    assert cfg.model.module.type == Config.fromfile(
+        osp.join(CONFIGS, name + '.py')).model.type
+    img = _image_files(tmp_path)
+    results = dict(
+        img_path=str(tmp_path / 'img.png'),
+        seg_map_path=str(tmp_path / 'seg.png'),
+        reduce_zero_label=True,
+        seg_fields=[],
+        instances=[],
+        img_id=0,
+        gt_label=0)
+    transforms = importlib.import_module(f'{scope}.registry').TRANSFORMS
+    from mmengine.dataset import Compose
+    with DefaultScope.overwrite_default_scope(scope):
+        pipeline = Compose(
+            [transforms.build(copy.deepcopy(t)) for t in cfg.tta_pipeline])
+        out = pipeline(results)
+    assert cfg.test_dataloader.dataset.pipeline == cfg.tta_pipeline
+    return img, out, cfg
+
+
+@pytest.mark.parametrize('name', ['soft_tiny_in1k', 'mask_rcnn_soft_tiny_1x'])
+def test_tta_flip_views(name, tmp_path):
+    """mmpretrain / mmdet configs without a TTA of their own: two views,
+    the test image flipped horizontally, then as it is (enable_tta)."""
+    img, out, cfg = _tta_views(name, tmp_path)
+    inputs, samples = out['inputs'], out['data_samples']
+    assert len(inputs) == len(samples) == 2
+    a, b = (t.numpy() for t in inputs)
+    assert a.shape == b.shape
+    np.testing.assert_array_equal(a, b[:, :, ::-1])  # a horizontal flip
+    if name.startswith('mask_rcnn'):
+        assert [s.flip for s in samples] == [True, False]
+        assert samples[0].flip_direction == 'horizontal'
+        assert samples[0].scale_factor == samples[1].scale_factor
+        assert cfg.model.type == 'DetTTAModel'
+    else:
+        assert cfg.model.type == 'mmpretrain.AverageClsScoreTTA'
+        # the flip is the only difference from the plain test pipeline
+        assert a.shape[1:] == (224, 224)
+
+
+def test_tta_retinanet_views(tmp_path):
+    """RetinaNet: mmdet's own RetinaNet TTA (inherited): shorter sides
+    800, 400, 1200 (longer <= 1333, 666, 2000) x (flipped, not flipped) =
+    6 views, merged by DetTTAModel."""
+    img, out, cfg = _tta_views('retinanet_soft_tiny_1x', tmp_path)
+    inputs, samples = out['inputs'], out['data_samples']
+    assert len(inputs) == 6
+    assert [bool(s.flip) for s in samples] == [True, False] * 3
+    sizes = [tuple(t.shape[1:]) for t in inputs]
+    assert [min(s) for s in sizes[0::2]] == [800, 400, 1200]
+    for a, b in zip(inputs[0::2], inputs[1::2]):
+        np.testing.assert_array_equal(a.numpy(), b.numpy()[:, :, ::-1])
+    assert cfg.model.type == 'DetTTAModel'
+
+
+def test_tta_seg_views(tmp_path):
+    """mmseg: the config's own TTA (mmseg's ADE20K): 6 scales (0.5 ..
+    1.75 of the test scale) x (no flip, flip) = 12 views."""
+    img, out, cfg = _tta_views('upernet_soft_small_512x512_160k_ade20k',
+                               tmp_path)
+    inputs, samples = out['inputs'], out['data_samples']
+    assert len(inputs) == 12
+    flips = [bool(s.flip) for s in samples]
+    assert flips == [False, True] * 6
+    sizes = [tuple(t.shape[1:]) for t in inputs]
+    assert sizes[0::2] == sizes[1::2]
+    shorts = [min(s) for s in sizes[0::2]]
+    assert shorts == sorted(shorts) and len(set(shorts)) == 6
+    for a, b in zip(inputs[0::2], inputs[1::2]):
+        np.testing.assert_array_equal(a.numpy(), b.numpy()[:, :, ::-1])
+    assert cfg.model.type == 'SegTTAModel'
+
+
+# ------------------------------------------------------ H != W inference
+def _cfg(name):
+    if name.startswith('demo/'):
+        return Config.fromfile(osp.join(CONFIGS, name + '.py'))
+    cfg = Config.fromfile(osp.join(CONFIGS, name + '.py'))
+    cfg.model.backbone.arch = copy.deepcopy(TINY)
+    cfg.model.neck.in_channels = TINY['embed_dims']
+    return cfg
+
+
+def _fmap_hw(h, w, stride):
+    """SOFT / FPN map size at ``stride``: each stride-2 conv (kernel 3,
+    padding 1) takes ceil(n / 2)."""
+    for _ in range(int(np.log2(stride))):
+        h, w = -(-h // 2), -(-w // 2)
+    return h, w
+
+
+def _predict(model, scope, h, w):
+    g = torch.Generator().manual_seed(0)
+    img = torch.randint(0, 256, (3, h, w), generator=g, dtype=torch.uint8)
+    if scope == 'mmpretrain':
+        from mmpretrain.structures import DataSample
+        data = dict(inputs=[img], data_samples=[DataSample()])
+    elif scope == 'mmdet':
+        from mmdet.structures import DetDataSample
+        s = DetDataSample()
+        s.set_metainfo(
+            dict(
+                img_shape=(h, w),
+                ori_shape=(h, w),
+                scale_factor=(1.0, 1.0),
+                batch_input_shape=(h, w)))
+        data = dict(inputs=[img], data_samples=[s])
+    else:
+        from mmseg.structures import SegDataSample
+        s = SegDataSample()
+        s.set_metainfo(
+            dict(img_shape=(h, w), ori_shape=(h, w), pad_shape=(h, w)))
+        data = dict(inputs=[img], data_samples=[s])
+    with torch.no_grad():
+        return model.test_step(data)[0]
+
+
+@pytest.mark.parametrize('name', [
+    'demo/soft_cls_demo', 'demo/retinanet_soft_demo', 'mask_rcnn_soft_tiny_1x',
+    'demo/upernet_soft_demo'
+])
+def test_inference_non_square(name):
+    """Predictions of an H x W image are in its frame (H != W, both
+    orientations)."""
+    cfg = _cfg(name)
+    scope = launch.import_codebase(cfg)
+    if scope == 'mmdet':  # random weights: keep every box
+        tc = cfg.model.test_cfg
+        (tc.rcnn if 'rcnn' in tc else tc).update(score_thr=0.0)
+    model = random_model(cfg).eval()
+    for h, w in ((H, W), (W, H)):
+        with DefaultScope.overwrite_default_scope(scope):
+            pred = _predict(model, scope, h, w)
+        if scope == 'mmpretrain':
+            assert pred.pred_score.shape == (cfg.model.head.num_classes, )
+        elif scope == 'mmseg':
+            assert pred.pred_sem_seg.data.shape == (1, h, w)
+            assert pred.seg_logits.data.shape[1:] == (h, w)
+        else:
+            boxes = pred.pred_instances.bboxes
+            assert len(boxes) > 0
+            assert (boxes[:, 0::2] <= w + 1e-3).all()
+            assert (boxes[:, 1::2] <= h + 1e-3).all()
+            assert (boxes >= -1e-3).all()
+            if 'masks' in pred.pred_instances:
+                assert pred.pred_instances.masks.shape[1:] == (h, w)
+
+
+# --------------------------------------------------------- H != W export
+def _expected_shapes(kind, wrapper, h, w):
+    m = wrapper.model
+    if kind == 'cls':
+        return {'cls_score': (1, m.head.num_classes)}
+    if kind == 'seg':
+        return {'seg_logits': (1, m.decode_head.num_classes, h, w)}
+    # FPN output i: the backbone map of neck input start_level + i (stride
+    # 4 * 2**stage), the extra levels each a stride-2 step further
+    first = 4 * 2**m.backbone.out_indices[m.neck.start_level]
+    prefix = 'feat' if kind == 'two_stage' else 'cls_score'
+    return {
+        f'{prefix}_{i}': _fmap_hw(h, w, first * 2**i)
+        for i in range(m.neck.num_outs)
+    }
+
+
+@pytest.mark.parametrize('name', [
+    'demo/soft_cls_demo', 'demo/retinanet_soft_demo', 'mask_rcnn_soft_tiny_1x',
+    'demo/upernet_soft_demo'
+])
+def test_export_non_square(name, tmp_path):
+    """The exported graph of an H x W input (H != W) has the outputs of
+    that input (maps H/s x W/s, seg logits H x W) and matches PyTorch."""
+    pytest.importorskip('onnxruntime')
+    from mmsoft.tools_support import deploy
+    cfg = _cfg(name)
+    model, scope, cfg = deploy.build_model(cfg, None)
+    for h, w in ((H, W), (W, H)):
+        wrapper = deploy.ExportWrapper(model, scope, (h, w))
+        expected = _expected_shapes(wrapper.kind, wrapper, h, w)
+        with torch.no_grad():
+            outs = dict(
+                zip(wrapper.output_names, wrapper(torch.zeros(1, 3, h, w))))
+        for key, shape in expected.items():
+            got = tuple(outs[key].shape)
+            if len(shape) == 2 and wrapper.kind not in ('cls', ):
+                got = got[2:]
+            assert got == shape, (key, got, shape)
+        if (h, w) == (H, W):
+            out = str(tmp_path / 'm.onnx')
+            deploy.export_onnx(wrapper, out)
+            errs = deploy.verify(wrapper, out)
+            assert max(errs.values()) < 1e-4, errs
+            onnx_out = deploy.OnnxModel(out)(torch.zeros(1, 3, h, w))
+            for name_, o in zip(wrapper.output_names, onnx_out):
+                assert tuple(o.shape) == tuple(outs[name_].shape), name_
+
+
+# ------------------------------------------------------- names in the docs
+_NAME = re.compile(r'\b((?:[a-z0-9]+_)*soft(?:_[a-z0-9]+)*_(?:in1k|1x|3x_ms|'
+                   r'ade20k|demo))\b(?!\.yml)')
+
+
+def _doc_names():
+    texts = {}
+    for path in (osp.join(ROOT, 'README.md'), osp.join(CONFIGS, 'README.md'),
+                 osp.join(DEMO, 'README.md')):
+        if osp.isfile(path):
+            with open(path, encoding='utf-8') as f:
+                texts[osp.relpath(path, ROOT)] = f.read()
+    names = {}
+    for rel, text in texts.items():
+        for name in _NAME.findall(text):
+            names.setdefault(name, rel)
+    return names
+
+
+def test_every_config_name_in_the_docs_builds():
+    """Each name is a config: a shipped one (``mmsoft.configs`` finds it
+    and every local base it inherits; tests/test_configs builds and runs
+    each of them) or a demo config, built here."""
+    from mmsoft.configs import base_files, get_config_path, list_configs
+    names = _doc_names()
+    shipped = {osp.splitext(n)[0] for n in list_configs()}
+    assert len(names) >= 10, names  # the docs do name configs
+    for name, where in sorted(names.items()):
+        if name.endswith('_demo'):
+            path = osp.join(DEMO, name + '.py')
+            assert osp.isfile(path), f'{where} names {name}: {path} missing'
+            cfg = Config.fromfile(path)
+            assert cfg.model.backbone.type in ('SOFT', 'mmsoft.SOFT'), name
+        else:
+            assert name in shipped, f'{where} names {name}: no such config'
+            assert all(
+                osp.isfile(f) for f in base_files(get_config_path(name))), name
