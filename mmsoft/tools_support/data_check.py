@@ -265,7 +265,9 @@ SAMPLE_FILES = 200
 SAMPLE_DECODE = 8
 #: how many listed files are only checked to exist and not be empty (one
 #: ``stat`` each: COCO train2017's 118k files take well under a second on
-#: a local disk)
+#: a local disk). An annotation file too big to parse here (COCO
+#: train2017's 448 MB json, parsed by the dataset anyway) is replaced by the
+#: image files of its image folder (every one checked to be not empty)
 SAMPLE_STAT = 200000
 #: annotation json files up to this size are parsed (syntax errors named
 #: with their position); larger ones are checked for truncation only
@@ -344,8 +346,8 @@ def _listed_files(ds, ann_path):
     """The image files a dataset's annotation file lists (a sample), as
     full paths: COCO json ``images[].file_name`` under the image prefix,
     mmpretrain text lists ``<file> <label>`` under the split folder.
-    Returns [] when the format is not known or the list is too big to
-    read."""
+    Returns [] when the format is not known; for a list too big to read
+    (:data:`MAX_PARSE_BYTES`), the image files in the image folder."""
     import json
     root = _get(ds, 'data_root') or ''
     prefix = _get(ds, 'data_prefix')
@@ -361,7 +363,7 @@ def _listed_files(ds, ann_path):
     img_dir = _join(root, img_dir) if img_dir else root
     try:
         if osp.getsize(ann_path) > MAX_PARSE_BYTES:
-            return []
+            return _image_files(img_dir, SAMPLE_STAT)
         if ann_path.endswith('.json'):
             with open(ann_path, 'rb') as f:
                 data = json.loads(f.read().decode('utf-8'))
@@ -379,10 +381,24 @@ def _listed_files(ds, ann_path):
     return [_join(img_dir, n) for n in _sample(names, SAMPLE_STAT)]
 
 
+IMAGE_EXTS = ('.jpg', '.jpeg', '.png', '.bmp', '.tif', '.tiff', '.webp')
+
+
+def _image_files(directory, limit):
+    """Up to ``limit`` image files directly in ``directory`` (sorted)."""
+    try:
+        names = sorted(
+            e.name for e in os.scandir(directory)
+            if e.name.lower().endswith(IMAGE_EXTS))
+    except OSError:
+        return []
+    return [osp.join(directory, n) for n in _sample(names, limit)]
+
+
 def _folder_files(directory):
     """A sample of the files in an image folder (first level and one level
     of sub-folders, as the class folders of ImageNet)."""
-    exts = ('.jpg', '.jpeg', '.png', '.bmp', '.tif', '.tiff', '.webp')
+    exts = IMAGE_EXTS
     out = []
     try:
         entries = sorted(os.scandir(directory), key=lambda e: e.name)

@@ -569,3 +569,17 @@ def test_empty_training_image_is_named(demo_det, monkeypatch, capsys,
     assert lines[2] == (f'  {img} (for training, '
                         'train_dataloader.dataset.ann_file): listed in the '
                         'annotations, but missing')
+
+
+def test_empty_image_named_when_annotations_too_big_to_parse(
+        demo_det, monkeypatch, capsys):
+    """COCO train2017's 448 MB annotation json is not parsed by the check
+    (the dataset parses it): the image folder's files are checked instead,
+    so a 0-byte image there is still named before training starts."""
+    cfg, root = demo_det
+    img = sorted(glob.glob(osp.join(root, 'train', '*.jpg')))[2]
+    open(img, 'wb').close()
+    monkeypatch.setattr(dc, 'MAX_PARSE_BYTES', 16)
+    assert _check_message(cfg, capsys)[1] == (
+        f'  {img} (for training, train_dataloader.dataset.ann_file): the '
+        f'file is empty (0 bytes)')
