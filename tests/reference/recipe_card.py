@@ -12,9 +12,9 @@ compares the effective values with :attr:`V.expected`.
 Written from, not copied from our configs:
 
 * NeurIPS 2021 (``shared/papers/soft-neurips2021.md``, beside the
-  checkout) Sec. 4.1 "Implementation details" and IJCV 2024 (``soft-ijcv2024.md``) Sec. 4.1
-  (ImageNet), Sec. 4.2 (COCO), Sec. 4.3 (ADE20K), Table 3 caption (test
-  crop);
+  checkout) Sec. 4.1 "Implementation details" and IJCV 2024
+  (``soft-ijcv2024.md``) Sec. 4.1 (ImageNet), Sec. 4.2 (COCO), Sec. 4.3
+  (ADE20K), Table 3 caption (test crop);
 * the official repository github fudan-zvg/SOFT, branch master:
   ``main.py`` (its argparse defaults, timm 0.3.2's ``create_optimizer`` /
   ``create_scheduler`` / ``ModelEma``), ``config/SOFT_*.yaml``,
