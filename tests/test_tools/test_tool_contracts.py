@@ -7,6 +7,7 @@
   builds from a config.
 """
 import copy
+import glob
 import os.path as osp
 import re
 
@@ -256,8 +257,13 @@ _NAME = re.compile(r'\b((?:[a-z0-9]+_)*soft(?:_[a-z0-9]+)*_(?:in1k|1x|3x_ms|'
 
 def _doc_names():
     texts = {}
-    for path in (osp.join(ROOT, 'README.md'), osp.join(CONFIGS, 'README.md'),
-                 osp.join(DEMO, 'README.md')):
+    pages = sorted(
+        glob.glob(osp.join(ROOT, 'docs', 'en', '**', '*.md'), recursive=True))
+    for path in [
+            osp.join(ROOT, 'README.md'),
+            osp.join(CONFIGS, 'README.md'),
+            osp.join(DEMO, 'README.md')
+    ] + pages:
         if osp.isfile(path):
             with open(path, encoding='utf-8') as f:
                 texts[osp.relpath(path, ROOT)] = f.read()
@@ -275,7 +281,7 @@ def test_every_config_name_in_the_docs_builds():
     from mmsoft.configs import base_files, get_config_path, list_configs
     names = _doc_names()
     shipped = {osp.splitext(n)[0] for n in list_configs()}
-    assert len(names) >= 10, names  # the docs do name configs
+    assert len(names) >= 20, names  # the docs do name configs
     for name, where in sorted(names.items()):
         if name.endswith('_demo'):
             path = osp.join(DEMO, name + '.py')
