@@ -4,7 +4,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 PYTEST_ARGS ?=
 
-.PHONY: env test demo lint gpu-check mutations clean-env
+.PHONY: env test demo lint gpu-check mutations clean-env compat
 
 env:
 	bash tools/setup_env.sh
@@ -33,3 +33,8 @@ mutations: env
 
 clean-env:
 	rm -rf $(VENV)
+
+# the support matrix: the suite on each stack of tools/compat/stacks.py,
+# each in its own cached venv (noxfile.py); writes docs/en/compat/matrix.md
+compat:
+	bash tools/compat/run.sh $(COMPAT_ARGS)
