@@ -36,8 +36,7 @@ import nox
 
 ROOT = osp.dirname(osp.abspath(__file__))
 CACHE = os.environ.get('MMSOFT_CACHE') or osp.join(
-    os.environ.get('XDG_CACHE_HOME') or osp.expanduser('~/.cache'),
-    'mmsoft')
+    os.environ.get('XDG_CACHE_HOME') or osp.expanduser('~/.cache'), 'mmsoft')
 COMPAT = osp.join(CACHE, 'compat')
 RESULTS = osp.join(COMPAT, 'results')
 LOGS = osp.join(COMPAT, 'logs')
@@ -54,12 +53,12 @@ nox.options.error_on_missing_interpreters = True
 def _tree_key(stack):
     """Hash of the checkout's files (tracked and untracked, not ignored)
     and the stack: a stored result is reused while it is unchanged."""
-    files = subprocess.run(
-        ['git', 'ls-files', '-z', '--cached', '--others',
-         '--exclude-standard'],
-        cwd=ROOT,
-        capture_output=True,
-        check=True).stdout.split(b'\0')
+    files = subprocess.run([
+        'git', 'ls-files', '-z', '--cached', '--others', '--exclude-standard'
+    ],
+                           cwd=ROOT,
+                           capture_output=True,
+                           check=True).stdout.split(b'\0')
     h = hashlib.sha256(json.dumps(stack, sort_keys=True).encode())
     for name in sorted(f for f in files if f):
         path = osp.join(ROOT, name.decode())
@@ -118,12 +117,19 @@ def _setup(session, name, stack):
     cons = osp.join(session.virtualenv.location, 'constraints.txt')
     with open(cons, 'w') as f:
         f.write('\n'.join(pins + COMMON_PINS) + '\n')
-    pip = ['python', '-m', 'pip', 'install', '--progress-bar', 'off', '-c',
-           cons]
-    session.run(*pip, f'torch=={stack["torch"]}',
-                f'torchvision=={stack["torchvision"]}',
-                'setuptools>=77.0.3,<81', 'wheel', 'ninja', 'packaging',
-                f'numpy=={stack["numpy"]}', env=env)
+    pip = [
+        'python', '-m', 'pip', 'install', '--progress-bar', 'off', '-c', cons
+    ]
+    session.run(
+        *pip,
+        f'torch=={stack["torch"]}',
+        f'torchvision=={stack["torchvision"]}',
+        'setuptools>=77.0.3,<81',
+        'wheel',
+        'ninja',
+        'packaging',
+        f'numpy=={stack["numpy"]}',
+        env=env)
     whl = session.run(
         'bash',
         osp.join(ROOT, 'tools', 'compat', 'build_mmcv.sh'),
@@ -131,8 +137,13 @@ def _setup(session, name, stack):
         stack['mmcv'],
         silent=True,
         external=True).strip().splitlines()[-1]
-    session.run(*pip, '--no-build-isolation', whl, '-e',
-                f'{ROOT}[all,tests,deploy]', env=env)
+    session.run(
+        *pip,
+        '--no-build-isolation',
+        whl,
+        '-e',
+        f'{ROOT}[all,tests,deploy]',
+        env=env)
 
 
 def _mmsoft_version():
@@ -189,20 +200,22 @@ def _suite(session, name, stack):
         'mmseg.__version__, mmpretrain.__version__)',
         silent=True).split()
     start = time.time()
-    args = ['python', '-m', 'pytest', 'tests', '-q', '-rs',
-            '-p', 'no:cacheprovider', f'--junitxml={junit}']
+    args = [
+        'python', '-m', 'pytest', 'tests', '-q', '-rs', '-p',
+        'no:cacheprovider', f'--junitxml={junit}'
+    ]
     args += session.posargs
     rc = 0
     with open(log, 'w') as out:
-        rc = subprocess.call([osp.join(session.bin, a) if a == 'python'
-                              else a for a in args],
-                             cwd=ROOT,
-                             stdout=out,
-                             stderr=subprocess.STDOUT,
-                             env=dict(os.environ,
-                                      OMP_NUM_THREADS='1',
-                                      PATH=session.bin + os.pathsep +
-                                      os.environ['PATH']))
+        rc = subprocess.call(
+            [osp.join(session.bin, a) if a == 'python' else a for a in args],
+            cwd=ROOT,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            env=dict(
+                os.environ,
+                OMP_NUM_THREADS='1',
+                PATH=session.bin + os.pathsep + os.environ['PATH']))
     elapsed = time.time() - start
     if not osp.exists(junit):
         session.error(f'{name}: pytest wrote no report (exit {rc}); '
@@ -248,5 +261,5 @@ def _make_session(name, stack):
 
 
 for _name, _stack in STACKS.items():
-    globals()['session_' + _name.replace('.', '_')] = _make_session(
-        _name, _stack)
+    globals()['session_' +
+              _name.replace('.', '_')] = _make_session(_name, _stack)

@@ -83,8 +83,8 @@ def load_checkpoint_file(path: str, trust: bool = False):
         refused = [
             g for g in refused_globals(path) if g != 'argparse.Namespace'
         ]
-        raise ConversionError(
-            refusal_message(path, refused, converter=True)) from None
+        raise ConversionError(refusal_message(path, refused,
+                                              converter=True)) from None
     try:
         verify_checksum(ckpt, path)
     except CheckpointError as e:

@@ -46,8 +46,7 @@ __all__ = [
     'state_checksum', 'describe_damage', 'load_verified',
     'find_newest_complete', 'remove_stale_temps', 'checkpoint_candidates',
     'install_loader', 'refused_globals', 'check_complete', 'TMP_SUFFIX',
-    'CHECKSUM_KEY', 'CheckpointRefused', 'refusal_message',
-    'is_legacy_pickle'
+    'CHECKSUM_KEY', 'CheckpointRefused', 'refusal_message', 'is_legacy_pickle'
 ]
 
 #: where the checksum lives: ``checkpoint['meta'][CHECKSUM_KEY]``
@@ -232,7 +231,8 @@ def is_legacy_pickle(path: str) -> bool:
         return False
 
 
-def refusal_message(path: str, refused: List[str],
+def refusal_message(path: str,
+                    refused: List[str],
                     converter: bool = False) -> str:
     """One line for a checkpoint that weights-only loading refused: the
     file, what it holds and the safe fix (the converter; the explicit
@@ -275,8 +275,7 @@ def load_verified(path: str,
     try:
         if weights_only is False:
             ckpt = torch.load(
-                path, map_location=map_location, weights_only=False,
-                **kwargs)
+                path, map_location=map_location, weights_only=False, **kwargs)
         else:
             ckpt = safe_torch_load(path, map_location=map_location)
     except Exception as e:

@@ -44,8 +44,8 @@ import torch
 from conftest import CONFIGS, random_model, tiny_arch
 from mmengine.config import Config
 from torch.utils._python_dispatch import TorchDispatchMode
-from torch.utils._pytree import tree_leaves
 
+from mmsoft.compat import is_autocast_enabled, tree_leaves
 from mmsoft.models import SOFT
 from mmsoft.models.layers import NRConfig, SOFTAttention
 
@@ -225,7 +225,7 @@ def spy(monkeypatch):
             tensors = [a for a in args if isinstance(a, torch.Tensor)]
             dev = tensors[0].device.type
             calls.append((what, [t.dtype for t in tensors], out.dtype,
-                          torch.is_autocast_enabled(dev)))
+                          is_autocast_enabled(dev)))
             return out
 
         monkeypatch.setattr(cls, 'forward', staticmethod(spied))
@@ -242,7 +242,7 @@ def test_kernel_and_pinv_run_in_fp32_under_autocast(device, spy, dtype,
     model = backbone(nr_method=nr_method).to(device)
     x = torch.randn(2, 3, SIZE, SIZE, device=device)
     with torch.autocast(device, dtype=dtype):
-        assert torch.is_autocast_enabled(device)
+        assert is_autocast_enabled(device)
         outs = model(x)
         sum(o.float().mean() for o in outs).backward()
     n_attn = sum(isinstance(m, SOFTAttention) for m in model.modules())

@@ -52,7 +52,8 @@ def rows(results):
         path = osp.join(results, f'{name}.json')
         if not osp.exists(path):
             out.append(
-                dict({k: stack.get(k, '') for k in COLUMNS},
+                dict({k: stack.get(k, '')
+                      for k in COLUMNS},
                      stack=name,
                      passed='not run',
                      skipped='',
@@ -62,20 +63,21 @@ def rows(results):
             continue
         with open(path) as f:
             r = json.load(f)
-        out.append(dict({k: r.get(k, '') for k in COLUMNS},
-                        time=_minutes(r['seconds'])))
+        out.append(
+            dict({k: r.get(k, '')
+                  for k in COLUMNS},
+                 time=_minutes(r['seconds'])))
     return out
 
 
 def render(table):
     md = io.StringIO()
-    md.write(
-        '# Support matrix\n\n'
-        'The test suite (`pytest tests -rs`, CPU) on each stack mmsoft '
-        'claims, as run by `make compat` (noxfile.py; each stack in its '
-        'own virtualenv under `~/.cache/mmsoft/compat/venvs`, mmcv built '
-        'with its C++ ops). Written by `tools/compat/matrix.py`; do not '
-        'edit by hand.\n\n')
+    md.write('# Support matrix\n\n'
+             'The test suite (`pytest tests -rs`, CPU) on each stack mmsoft '
+             'claims, as run by `make compat` (noxfile.py; each stack in its '
+             'own virtualenv under `~/.cache/mmsoft/compat/venvs`, mmcv built '
+             'with its C++ ops). Written by `tools/compat/matrix.py`; do not '
+             'edit by hand.\n\n')
     md.write('| ' + ' | '.join(COLUMNS) + ' |\n')
     md.write('|' + '---|' * len(COLUMNS) + '\n')
     for r in table:
@@ -91,8 +93,7 @@ def render(table):
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument('--results', default=default_results())
-    p.add_argument(
-        '--out-dir', default=osp.join(ROOT, 'docs', 'en', 'compat'))
+    p.add_argument('--out-dir', default=osp.join(ROOT, 'docs', 'en', 'compat'))
     args = p.parse_args(argv)
     table = rows(args.results)
     md, csv_text = render(table)
@@ -106,8 +107,9 @@ def main(argv=None):
         if r['passed'] == 'not run' or r['failed'] not in (0, '0')
     ]
     if bad:
-        print(f'make compat: failures or no result on {", ".join(bad)}',
-              file=sys.stderr)
+        print(
+            f'make compat: failures or no result on {", ".join(bad)}',
+            file=sys.stderr)
         return 1
     return 0
 

@@ -13,7 +13,8 @@ STACKS = {
     # the oldest: what most OpenMMLab users run (mmcv 2.1.0 is the last
     # mmcv with prebuilt wheels; mmdet 3.2.0 / mmseg 1.2.0 / mmpretrain
     # 1.1.0 are the first releases that accept mmcv 2.1.0)
-    'torch2.1': dict(
+    'torch2.1':
+    dict(
         python='3.11',
         torch='2.1.2',
         torchvision='0.16.2',
@@ -24,7 +25,8 @@ STACKS = {
         mmseg='1.2.0',
         mmpretrain='1.1.0'),
     # the middle
-    'torch2.4': dict(
+    'torch2.4':
+    dict(
         python='3.11',
         torch='2.4.1',
         torchvision='0.19.1',
@@ -35,7 +37,8 @@ STACKS = {
         mmseg='1.2.2',
         mmpretrain='1.2.0'),
     # the verified stack (tools/setup_env.sh, CI)
-    'torch2.14': dict(
+    'torch2.14':
+    dict(
         python='3.11',
         torch='2.14.1',
         torchvision='0.29.1',
