@@ -238,14 +238,11 @@ def refusal_message(path: str,
     file, what it holds and the safe fix (the converter; the explicit
     trust flag only for a file the user trusts) - never torch's advice to
     load it with ``weights_only=False``."""
+    what = 'pickled objects other than tensors and plain containers'
     if refused:
-        what = ('pickled objects other than tensors and plain containers '
-                f'({", ".join(refused)})')
-    elif is_legacy_pickle(path):
-        what = ('a plain / legacy pickle (not torch\'s zip format) with '
-                'objects other than tensors and plain containers')
-    else:
-        what = 'pickled objects other than tensors and plain containers'
+        what += f' ({", ".join(refused)})'
+    if is_legacy_pickle(path):
+        what = f"a plain / legacy pickle (not torch's zip format) with {what}"
     fix = ('if you trust the file, run again with --trust-checkpoint'
            if converter else
            'convert it with tools/model_converters/soft2mmsoft.py SRC DST '
