@@ -51,8 +51,9 @@ nox.options.error_on_missing_interpreters = True
 
 
 def _tree_key(stack):
-    """Hash of the checkout's files (tracked and untracked, not ignored)
-    and the stack: a stored result is reused while it is unchanged."""
+    """Hash of the checkout's files (tracked and untracked, not ignored;
+    not docs/ and the top-level *.md) and the stack: a stored result is
+    reused while it is unchanged."""
     files = subprocess.run([
         'git', 'ls-files', '-z', '--cached', '--others', '--exclude-standard'
     ],
@@ -61,6 +62,9 @@ def _tree_key(stack):
                            check=True).stdout.split(b'\0')
     h = hashlib.sha256(json.dumps(stack, sort_keys=True).encode())
     for name in sorted(f for f in files if f):
+        top_md = b'/' not in name and name.endswith(b'.md')
+        if name.startswith(b'docs/') or top_md:
+            continue  # the table itself and the docs do not change results
         path = osp.join(ROOT, name.decode())
         if not osp.isfile(path):
             continue
