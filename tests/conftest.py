@@ -265,8 +265,9 @@ def pytest_configure(config):
 
 def _is_cpu_float16(item):
     params = getattr(getattr(item, 'callspec', None), 'params', {})
-    half = any(v is torch.float16 or v in ('float16', 'fp16')
-               for v in params.values())
+    half = any(
+        v is torch.float16 or v in ('float16', 'fp16')
+        for v in params.values())
     cpu = params.get('device', 'cpu') == 'cpu'
     return half and cpu
 

@@ -146,8 +146,8 @@ def test_crafted_checkpoint_is_refused(tmp_path, kind, entry, capsys):
     if entry not in ('safe_torch_load', 'resume_search'):
         # one line naming the file and the safe fix
         line = [ln for ln in msg.splitlines() if path in ln]
-        assert line and 'refused' in line[0] and (
-            '--trust-checkpoint' in line[0]), msg
+        assert line and 'refused' in line[0] and ('--trust-checkpoint'
+                                                  in line[0]), msg
 
 
 def test_message_is_one_line_with_the_safe_fix(tmp_path):
@@ -223,9 +223,10 @@ def test_tools_refuse_crafted_checkpoint(cls_setup, tmp_path, script):
     else:
         img = sorted((data / 'data').rglob('*.jpg'))[0]
         args = [str(img), cfg, path, '--out-dir', str(tmp_path / 'out')]
-    proc = run([sys.executable, osp.join(ROOT, script)] + args,
-               cwd=tmp_path,
-               timeout=300)
+    proc = run(
+        [sys.executable, osp.join(ROOT, script)] + args,
+        cwd=tmp_path,
+        timeout=300)
     assert proc.returncode != 0
     assert not marker.exists(), f'{script} ran code from {path}'
     out = proc.stdout + proc.stderr

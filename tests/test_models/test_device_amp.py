@@ -36,6 +36,7 @@ The ``device`` fixture (``tests/conftest.py``) runs the device-parametrized
 tests on ``cpu`` and, where available, ``cuda`` (``MMSOFT_TEST_DEVICE=cuda``:
 cuda only).
 """
+import contextlib
 import importlib
 import os.path as osp
 
@@ -89,8 +90,11 @@ def forward_backward(model, loss_fn, device, dtype=None):
     ``dtype`` (None: float32); grads: {parameter name: grad}."""
     model.zero_grad(set_to_none=True)
     torch.manual_seed(0)  # the same dropout masks in both runs
-    with torch.autocast(
-            device, dtype=dtype or torch.float32, enabled=dtype is not None):
+    # float32: no autocast context (torch 2.1's CPU autocast refuses a
+    # float32 dtype even with enabled=False)
+    ctx = contextlib.nullcontext() if dtype is None else torch.autocast(
+        device, dtype=dtype)
+    with ctx:
         outs, loss = loss_fn(model)
     # float16 AMP scales the loss (as GradScaler / AmpOptimWrapper do):
     # small gradients would otherwise flush to zero in half precision
