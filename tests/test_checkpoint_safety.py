@@ -121,7 +121,34 @@ def _converter(name):
     return convert
 
 
+def _http_pretrained(path):
+    """``init_cfg`` ``Pretrained`` with a URL: mmengine's http loader,
+    served from 127.0.0.1."""
+    import functools
+    import http.server
+    import threading
+
+    from mmengine.runner.checkpoint import CheckpointLoader
+    handler = functools.partial(
+        http.server.SimpleHTTPRequestHandler, directory=osp.dirname(path))
+    handler.log_message = lambda *a, **k: None
+    server = http.server.ThreadingHTTPServer(('127.0.0.1', 0), handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        url = (f'http://127.0.0.1:{server.server_address[1]}/'
+               f'{osp.basename(path)}')
+        CheckpointLoader.load_checkpoint(
+            url,
+            map_location='cpu',
+            model_dir=osp.join(osp.dirname(path), 'hub'))
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
 ENTRY_POINTS = {
+    'http_Pretrained': _http_pretrained,
     'mmengine.load_checkpoint': _mmengine_load_checkpoint,
     'mmengine._load_checkpoint': _mmengine_private_loader,
     'CheckpointLoader': _checkpoint_loader,
@@ -143,7 +170,7 @@ def test_crafted_checkpoint_is_refused(tmp_path, kind, entry, capsys):
     assert not marker.exists(), f'{entry} ran code from {path}'
     msg = str(info.value) + capsys.readouterr().err
     assert 'weights_only=False' not in msg, msg
-    if entry not in ('safe_torch_load', 'resume_search'):
+    if entry not in ('safe_torch_load', 'resume_search', 'http_Pretrained'):
         # one line naming the file and the safe fix
         line = [ln for ln in msg.splitlines() if path in ln]
         assert line and 'refused' in line[0] and ('--trust-checkpoint'

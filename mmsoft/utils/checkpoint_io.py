@@ -301,14 +301,39 @@ def load_from_local(filename, map_location):
     return load_verified(filename, map_location=map_location)
 
 
+def load_from_http(filename,
+                   map_location=None,
+                   model_dir=None,
+                   progress=False):
+    """mmengine's loader of ``http(s)://`` checkpoints (``init_cfg``
+    ``Pretrained`` with a URL), loading the downloaded file with
+    :func:`load_verified`: mmengine's own loader calls ``torch.load`` with
+    torch's default, which unpickles anything before torch 2.6. The file
+    is cached in ``<torch hub dir>/checkpoints`` as mmengine does."""
+    from urllib.parse import urlparse
+
+    from torch.hub import download_url_to_file, get_dir
+    model_dir = model_dir or osp.join(get_dir(), 'checkpoints')
+    os.makedirs(model_dir, exist_ok=True)
+    cached = osp.join(model_dir, osp.basename(urlparse(filename).path))
+    if not osp.isfile(cached):
+        download_url_to_file(filename, cached, None, progress=progress)
+    return load_verified(cached, map_location=map_location)
+
+
 def install_loader() -> bool:
     """Register :func:`load_from_local` as mmengine's loader of local paths
-    (``CheckpointLoader``'s empty prefix); idempotent."""
+    (``CheckpointLoader``'s empty prefix) and :func:`load_from_http` for
+    ``http(s)://``; idempotent."""
     from mmengine.runner.checkpoint import CheckpointLoader
-    if CheckpointLoader._schemes.get('') is load_from_local:
-        return True
-    CheckpointLoader.register_scheme(
-        prefixes='', loader=load_from_local, force=True)
+    if CheckpointLoader._schemes.get('') is not load_from_local:
+        CheckpointLoader.register_scheme(
+            prefixes='', loader=load_from_local, force=True)
+    if CheckpointLoader._schemes.get('https://') is not load_from_http:
+        CheckpointLoader.register_scheme(
+            prefixes=('http://', 'https://'),
+            loader=load_from_http,
+            force=True)
     return True
 
 
