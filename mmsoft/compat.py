@@ -97,7 +97,8 @@ __all__ = [
     'apply', 'applied', 'check_optional_deps', 'MMENGINE_SAFE_GLOBALS',
     'OPTIONAL_DEPS', 'safe_torch_load', 'unsafe_globals', 'RefusedGlobal',
     'RestrictedUnpickler', 'native_allow_list', 'torch_version',
-    'unravel_index', 'is_autocast_enabled', 'tree_leaves'
+    'unravel_index', 'is_autocast_enabled', 'tree_leaves', 'sdpa_math',
+    'onnx_export_takes_dynamo'
 ]
 
 #: packages mmseg imports without declaring them -> why they are needed
@@ -146,6 +147,29 @@ def is_autocast_enabled(device_type):
         if device_type == 'cpu':
             return torch.is_autocast_cpu_enabled()
         return torch.is_autocast_enabled()
+
+
+def onnx_export_takes_dynamo():
+    """True when ``torch.onnx.export`` has the ``dynamo`` argument (the
+    torch.export-based exporter; torch >= 2.5)."""
+    import inspect
+
+    import torch
+    return 'dynamo' in inspect.signature(torch.onnx.export).parameters
+
+
+def sdpa_math():
+    """A context in which ``F.scaled_dot_product_attention`` runs its math
+    kernel (it materialises the n x n matrix): ``torch.nn.attention
+    .sdpa_kernel(SDPBackend.MATH)`` (torch >= 2.3), before: the
+    ``torch.backends.cuda.sdp_kernel`` flags (the CPU had no other kernel)."""
+    import torch
+    try:
+        from torch.nn.attention import SDPBackend, sdpa_kernel
+    except ImportError:
+        return torch.backends.cuda.sdp_kernel(
+            enable_flash=False, enable_math=True, enable_mem_efficient=False)
+    return sdpa_kernel(SDPBackend.MATH)
 
 
 def tree_leaves(tree):

@@ -14,7 +14,7 @@ oldest to the newest stack of the support matrix (``make compat``,
 tools/compat/stacks.py; the upper bound is the next minor release): tests
 check both. mmcv 2.1.0 is the only mmcv tested (the last one with prebuilt
 wheels; mmdet 3.2 / mmseg 1.2 / mmpretrain 1.1 are the first releases
-that accept it).
+that accept it; the mmseg 1.2.0 wheel misses a data file mmseg needs).
 """
 import re
 import warnings
@@ -30,7 +30,7 @@ TESTED: Dict[str, Tuple[str, str]] = {
     'mmengine': ('0.10.0', '0.11.0'),
     'mmcv': ('2.1.0', '2.2.0'),
     'mmdet': ('3.2.0', '3.4.0'),
-    'mmsegmentation': ('1.2.0', '1.3.0'),
+    'mmsegmentation': ('1.2.1', '1.3.0'),
     'mmpretrain': ('1.1.0', '1.3.0'),
 }
 

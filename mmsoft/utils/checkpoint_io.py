@@ -216,7 +216,7 @@ def describe_damage(path: str) -> Optional[str]:
 def refused_globals(path: str) -> List[str]:
     """Globals in ``path`` that mmsoft's weights-only loading refuses
     (:func:`mmsoft.compat.unsafe_globals`)."""
-    from mmsoft.compat import unsafe_globals
+    from mmsoft.utils.safe_load import unsafe_globals
     return unsafe_globals(path)
 
 
@@ -268,7 +268,7 @@ def load_verified(path: str,
     a refused one :class:`CheckpointRefused` naming the file and the safe
     fix (never suggesting ``weights_only=False``), and the stored checksum
     (if any) is verified."""
-    from mmsoft.compat import safe_torch_load
+    from mmsoft.utils.safe_load import safe_torch_load
     try:
         if weights_only is False:
             ckpt = torch.load(
@@ -391,7 +391,7 @@ def check_complete(path: str) -> Optional[str]:
     damage = describe_damage(path)
     if damage is not None:
         return damage
-    from mmsoft.compat import safe_torch_load
+    from mmsoft.utils.safe_load import safe_torch_load
     try:
         ckpt = safe_torch_load(path, map_location='cpu')
         verify_checksum(ckpt, path)

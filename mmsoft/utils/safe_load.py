@@ -195,26 +195,45 @@ class RefusedGlobal(pickle.UnpicklingError):
             'plain containers and allow-listed objects are unpickled')
 
 
+#: what torch 2.14's weights-only unpickler allows beyond torch 2.1's
+#: (mmengine checkpoints hold e.g. a ``collections.Counter``)
+_NEWER_TORCH_ALLOWED = ('builtins.set', 'builtins.complex',
+                        'collections.Counter', 'torch.device',
+                        'torch._utils._rebuild_tensor_v3',
+                        'torch._utils._rebuild_parameter_with_state',
+                        'torch._utils._rebuild_qtensor',
+                        'torch._utils._rebuild_device_tensor_from_numpy',
+                        'torch._utils._rebuild_device_tensor_from_cpu_tensor',
+                        'torch._utils._rebuild_nested_tensor',
+                        'torch._utils._rebuild_wrapper_subclass')
+
+
 def _torch_allowed_globals():
     """What torch's weights-only unpickler allows (tensors, storages,
-    dtypes, ``OrderedDict``, ``torch.Size`` ...): ``'module.name'`` ->
-    object."""
-    try:
-        from torch._weights_only_unpickler import _get_allowed_globals
-        return dict(_get_allowed_globals())
-    except ImportError:  # pragma: no cover - torch without the module
-        import collections
+    dtypes, ``OrderedDict``, ``torch.Size`` ...), at least what torch
+    2.14's allows: ``'module.name'`` -> object."""
+    import builtins
+    import collections
 
-        import torch
-        import torch._utils as tu
-        out = {
-            'collections.OrderedDict': collections.OrderedDict,
-            'torch.Size': torch.Size
-        }
-        for name in dir(tu):
-            if name.startswith('_rebuild_'):
-                out[f'torch._utils.{name}'] = getattr(tu, name)
-        return out
+    import torch
+    from torch._weights_only_unpickler import _get_allowed_globals
+    out = dict(_get_allowed_globals())
+    modules = {
+        'builtins': builtins,
+        'collections': collections,
+        'torch': torch,
+        'torch._utils': torch._utils
+    }
+    for full in _NEWER_TORCH_ALLOWED:
+        mod, _, name = full.rpartition('.')
+        obj = getattr(modules[mod], name, None)
+        if obj is not None:
+            out.setdefault(full, obj)
+    for name in dir(torch):  # every dtype and quantisation scheme
+        obj = getattr(torch, name, None)
+        if isinstance(obj, (torch.dtype, torch.qscheme)):
+            out.setdefault(f'torch.{name}', obj)
+    return out
 
 
 def _checkpoint_codecs_encode(obj, encoding='utf-8', errors='strict'):

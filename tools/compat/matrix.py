@@ -19,8 +19,17 @@ import sys
 
 HERE = osp.dirname(osp.abspath(__file__))
 ROOT = osp.dirname(osp.dirname(HERE))
-sys.path.insert(0, HERE)
-from stacks import STACKS  # noqa: E402
+
+
+def _load(path, name):
+    """The module at ``path`` (mmsoft is not imported: no torch)."""
+    spec = importlib.util.spec_from_file_location(name, path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+STACKS = _load(osp.join(HERE, 'stacks.py'), '_mmsoft_compat_stacks').STACKS
 
 COLUMNS = ('stack', 'python', 'torch', 'mmengine', 'mmcv', 'mmdet', 'mmseg',
            'mmpretrain', 'passed', 'skipped', 'failed', 'time', 'date')
@@ -28,11 +37,8 @@ COLUMNS = ('stack', 'python', 'torch', 'mmengine', 'mmcv', 'mmdet', 'mmseg',
 
 def _atomic():
     """mmsoft/utils/atomic.py without importing mmsoft (and torch)."""
-    path = osp.join(ROOT, 'mmsoft', 'utils', 'atomic.py')
-    spec = importlib.util.spec_from_file_location('_mmsoft_atomic', path)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return _load(
+        osp.join(ROOT, 'mmsoft', 'utils', 'atomic.py'), '_mmsoft_atomic')
 
 
 def default_results():

@@ -11,8 +11,10 @@ after the highest); the test keeps them equal.
 #: verified stack, set up by tools/setup_env.sh itself.
 STACKS = {
     # the oldest: what most OpenMMLab users run (mmcv 2.1.0 is the last
-    # mmcv with prebuilt wheels; mmdet 3.2.0 / mmseg 1.2.0 / mmpretrain
-    # 1.1.0 are the first releases that accept mmcv 2.1.0)
+    # mmcv with prebuilt wheels; mmdet 3.2.0 / mmseg 1.2 / mmpretrain
+    # 1.1.0 are the first releases that accept mmcv 2.1.0; the mmseg 1.2.0
+    # wheel lacks mmseg/utils/bpe_simple_vocab_16e6.txt.gz, which
+    # mmseg.models needs: 1.2.1 is the first that works)
     'torch2.1':
     dict(
         python='3.11',
@@ -22,7 +24,7 @@ STACKS = {
         mmengine='0.10.0',
         mmcv='2.1.0',
         mmdet='3.2.0',
-        mmseg='1.2.0',
+        mmseg='1.2.1',
         mmpretrain='1.1.0'),
     # the middle
     'torch2.4':
