@@ -213,10 +213,13 @@ def test_training_checkpoints_still_load(tmp_path):
     assert cio.find_newest_complete(str(tmp_path))[0] == path
 
 
-@pytest.mark.parametrize('gadget', ['getattr', 'bytes', 'codecs'])
+@pytest.mark.parametrize(
+    'gadget', ['getattr', 'bytes'] +
+    ([] if mmsoft.compat.native_allow_list() else ['codecs']))
 def test_restricted_helpers_refuse_other_uses(tmp_path, gadget):
-    """The allow-listed stand-ins for getattr / bytes / _codecs.encode
-    build only what mmengine checkpoints need."""
+    """The allow-listed stand-ins for getattr / bytes (and, with the
+    restricted unpickler of torch < 2.6, _codecs.encode, which torch >= 2.6
+    allows itself) build only what mmengine checkpoints need."""
     import codecs
 
     class Gadget:
@@ -260,3 +263,15 @@ def test_tools_refuse_crafted_checkpoint(cls_setup, tmp_path, script):
     assert 'weights_only=False' not in out, out[-3000:]
     assert any(path in ln and 'refused' in ln
                for ln in out.splitlines()), out[-3000:]
+
+
+def test_loading_keeps_the_process_allow_list(tmp_path):
+    """mmsoft's loaders leave the process-wide allow-list (torch >= 2.6:
+    :mod:`mmsoft.compat`'s fix) as it was."""
+    get = getattr(torch.serialization, 'get_safe_globals', lambda: [])
+    before = list(map(str, get()))
+    path = str(tmp_path / 'plain.pth')
+    torch.save({'state_dict': _state()}, path)
+    cio.load_verified(path)
+    mmsoft.compat.safe_torch_load(path, extra=[pickle.PickleError])
+    assert list(map(str, get())) == before

@@ -329,6 +329,10 @@ def safe_torch_load(f, map_location=None, extra=()):
         safe = list(extra)
         if importlib.util.find_spec('mmengine') is not None:
             safe = mmengine_safe_globals() + safe
+        # only what is not allow-listed yet: leaving the context removes
+        # its entries (also those the process had allow-listed before)
+        have = torch.serialization.get_safe_globals()
+        safe = [e for e in safe if e not in have]
         with torch.serialization.safe_globals(safe):
             return torch.load(f, map_location=map_location, weights_only=True)
     return torch.load(
