@@ -18,7 +18,8 @@ Each session:
 3. runs ``pytest tests -rs`` (the skip reasons are printed) and stores the
    counts in ``compat/results/<stack>.json``. A result is reused while
    neither the checkout's files nor the stack changed
-   (``MMSOFT_COMPAT_RERUN=1`` runs the suite again).
+   (``MMSOFT_COMPAT_RERUN=1`` runs the suite again;
+   ``MMSOFT_COMPAT_SETUP_ONLY=1`` only sets the stacks up).
 
 The claimed ranges (``mmsoft.deps.TESTED``, ``requirements/*.txt``) are the
 hull of :data:`STACKS`; ``tests/test_compat_matrix.py`` keeps them equal.
@@ -256,6 +257,9 @@ def _make_session(name, stack):
     @nox.session(name=name, python=stack['python'])
     def _run(session):
         _setup(session, name, stack)
+        if os.environ.get('MMSOFT_COMPAT_SETUP_ONLY'):
+            session.log(f'{name}: set up (MMSOFT_COMPAT_SETUP_ONLY)')
+            return
         _suite(session, name, stack)
 
     _run.__doc__ = (f'torch {stack["torch"]}, mmcv {stack["mmcv"]}, '

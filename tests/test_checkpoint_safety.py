@@ -241,7 +241,10 @@ def test_restricted_helpers_refuse_other_uses(tmp_path, gadget):
 def cls_setup(tmp_path_factory):
     """A tiny classification demo config on generated data."""
     tmp = tmp_path_factory.mktemp('cls')
-    return cls_demo_config(tmp, val=2), tmp
+    cfg = cls_demo_config(tmp, val=2)
+    with open(cfg, 'a') as f:
+        f.write('test_dataloader = val_dataloader\n')
+    return cfg, tmp
 
 
 @pytest.mark.parametrize('script', ['tools/test.py', 'demo/image_demo.py'])
@@ -251,7 +254,8 @@ def test_tools_refuse_crafted_checkpoint(cls_setup, tmp_path, script):
     if script == 'tools/test.py':
         args = [cfg, path, '--work-dir', str(tmp_path / 'work')]
     else:
-        img = sorted((data / 'data').rglob('*.jpg'))[0]
+        img = sorted(p for p in (data / 'data').rglob('*')
+                     if p.suffix.lower() in ('.jpg', '.jpeg', '.png'))[0]
         args = [str(img), cfg, path, '--out-dir', str(tmp_path / 'out')]
     proc = run(
         [sys.executable, osp.join(ROOT, script)] + args,
