@@ -53,10 +53,10 @@ def load_checkpoint_file(path: str, trust: bool = False):
     by the weights-only unpickler (the refused globals are named), and a
     checkpoint whose mmsoft checksum does not match.
     """
-    from mmsoft.utils.safe_load import safe_torch_load
     from mmsoft.utils.checkpoint_io import (CheckpointError, describe_damage,
                                             refusal_message, refused_globals,
                                             verify_checksum)
+    from mmsoft.utils.safe_load import safe_torch_load
     if os.path.isdir(path):
         raise ConversionError(f'checkpoint {path!r} is a directory, not a '
                               f'file')
