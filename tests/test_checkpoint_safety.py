@@ -254,8 +254,9 @@ def test_tools_refuse_crafted_checkpoint(cls_setup, tmp_path, script):
     if script == 'tools/test.py':
         args = [cfg, path, '--work-dir', str(tmp_path / 'work')]
     else:
-        img = sorted(p for p in (data / 'data').rglob('*')
-                     if p.suffix.lower() in ('.jpg', '.jpeg', '.png'))[0]
+        img = sorted(
+            p for p in (data / 'data').rglob('*')
+            if p.suffix.lower() in ('.jpg', '.jpeg', '.png'))[0]
         args = [str(img), cfg, path, '--out-dir', str(tmp_path / 'out')]
     proc = run(
         [sys.executable, osp.join(ROOT, script)] + args,
