@@ -307,3 +307,19 @@ def test_error_is_all_the_output_with_random_weights(tmp_path):
     out = (proc.stdout + proc.stderr).strip().splitlines()
     assert out[-1].startswith('error: ') and 'nr_method' in out[-1]
     assert len(out) <= 3, '\n'.join(out[:20])
+
+
+def test_dynamo_export_refused_without_the_exporter(tmp_path, monkeypatch):
+    """torch < 2.5: ``torch.onnx.export`` has no ``dynamo`` argument;
+    ``--dynamo`` stops with one line and writes nothing (simulated on a
+    newer torch)."""
+    model, scope, _ = deploy.build_model(
+        osp.join(DEMO, 'soft_cls_demo.py'), None)
+    wrapper = deploy.ExportWrapper(model, scope, (64, 64))
+    out = tmp_path / 'cls.onnx'
+    monkeypatch.setattr(deploy, 'onnx_export_takes_dynamo', lambda: False)
+    with pytest.raises(deploy.ExportError) as info:
+        deploy.export_onnx(wrapper, str(out), dynamo=True)
+    msg = str(info.value)
+    assert '\n' not in msg and '--dynamo needs torch >= 2.5' in msg
+    assert list(tmp_path.iterdir()) == []
