@@ -7,6 +7,7 @@ those stacks, the verified stack one of them, and the committed table must
 show every stack run with no failure.
 """
 import csv
+import os
 import os.path as osp
 import sys
 
@@ -35,6 +36,10 @@ def test_verified_stack_is_in_the_matrix():
     } == deps.VERIFIED
 
 
+@pytest.mark.skipif(
+    bool(os.environ.get('MMSOFT_COMPAT_STACK')),
+    reason='make compat is making this table now (this test reads the '
+    'committed one)')
 def test_committed_table_shows_every_stack_passing():
     with open(TABLE) as f:
         rows = {r['stack']: r for r in csv.DictReader(f)}
