@@ -219,6 +219,7 @@ def _suite(session, name, stack):
             stderr=subprocess.STDOUT,
             env=dict(
                 os.environ,
+                MMSOFT_COMPAT_STACK=name,
                 OMP_NUM_THREADS='1',
                 PATH=session.bin + os.pathsep + os.environ['PATH']))
     elapsed = time.time() - start
