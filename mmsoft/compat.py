@@ -98,7 +98,7 @@ __all__ = [
     'OPTIONAL_DEPS', 'safe_torch_load', 'unsafe_globals', 'RefusedGlobal',
     'RestrictedUnpickler', 'native_allow_list', 'torch_version',
     'unravel_index', 'is_autocast_enabled', 'tree_leaves', 'sdpa_math',
-    'onnx_export_takes_dynamo'
+    'onnx_export_takes_dynamo', 'grad_scaler'
 ]
 
 #: packages mmseg imports without declaring them -> why they are needed
@@ -170,6 +170,15 @@ def sdpa_math():
         return torch.backends.cuda.sdp_kernel(
             enable_flash=False, enable_math=True, enable_mem_efficient=False)
     return sdpa_kernel(SDPBackend.MATH)
+
+
+def grad_scaler(device_type, **kwargs):
+    """``torch.amp.GradScaler(device_type, ...)`` (torch >= 2.3); before:
+    ``torch.cuda.amp.GradScaler`` (CUDA's, the only one)."""
+    import torch
+    if hasattr(torch.amp, 'GradScaler'):
+        return torch.amp.GradScaler(device_type, **kwargs)
+    return torch.cuda.amp.GradScaler(**kwargs)
 
 
 def tree_leaves(tree):

@@ -27,7 +27,7 @@ __all__ = ['TESTED', 'VERIFIED', 'check_versions', 'installed_version']
 #: support matrix (tools/compat/stacks.py)
 TESTED: Dict[str, Tuple[str, str]] = {
     'torch': ('2.1.2', '2.15.0'),
-    'mmengine': ('0.10.0', '0.11.0'),
+    'mmengine': ('0.10.4', '0.11.0'),
     'mmcv': ('2.1.0', '2.2.0'),
     'mmdet': ('3.2.0', '3.4.0'),
     'mmsegmentation': ('1.2.1', '1.3.0'),

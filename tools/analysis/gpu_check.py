@@ -210,6 +210,8 @@ def train_step(path, name, precision, device, size):
     from mmengine.model import revert_sync_batchnorm
     from mmengine.registry import DefaultScope
 
+    from mmsoft.compat import grad_scaler
+
     from mmsoft.tools_support import launch
     cfg = Config.fromfile(path)
     scope = launch.import_codebase(cfg)
@@ -230,7 +232,7 @@ def train_step(path, name, precision, device, size):
         dtype = dict(fp16=torch.float16, bf16=torch.bfloat16).get(precision)
         # one step: no chance to back off from an overflowing default
         # scale (2^16 would make the first fp16 step non-finite)
-        scaler = torch.amp.GradScaler(
+        scaler = grad_scaler(
             device,
             init_scale=2.**10,
             enabled=precision == 'fp16' and device == 'cuda')

@@ -14,14 +14,15 @@ STACKS = {
     # mmcv with prebuilt wheels; mmdet 3.2.0 / mmseg 1.2 / mmpretrain
     # 1.1.0 are the first releases that accept mmcv 2.1.0; the mmseg 1.2.0
     # wheel lacks mmseg/utils/bpe_simple_vocab_16e6.txt.gz, which
-    # mmseg.models needs: 1.2.1 is the first that works)
+    # mmseg.models needs: 1.2.1 is the first that works; mmengine 0.10.0
+    # does not resume bit-exactly on torch 2.1, 0.10.4 does)
     'torch2.1':
     dict(
         python='3.11',
         torch='2.1.2',
         torchvision='0.16.2',
         numpy='1.26.4',
-        mmengine='0.10.0',
+        mmengine='0.10.4',
         mmcv='2.1.0',
         mmdet='3.2.0',
         mmseg='1.2.1',
