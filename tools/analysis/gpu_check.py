@@ -211,7 +211,6 @@ def train_step(path, name, precision, device, size):
     from mmengine.registry import DefaultScope
 
     from mmsoft.compat import grad_scaler
-
     from mmsoft.tools_support import launch
     cfg = Config.fromfile(path)
     scope = launch.import_codebase(cfg)
