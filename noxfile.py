@@ -196,6 +196,8 @@ def _suite(session, name, stack):
             return
     junit = osp.join(LOGS, f'{name}.xml')
     log = osp.join(LOGS, f'{name}.log')
+    if osp.exists(junit):  # never count an earlier run's report
+        os.remove(junit)
     versions = session.run(
         'python',
         '-c',
@@ -223,7 +225,7 @@ def _suite(session, name, stack):
                 OMP_NUM_THREADS='1',
                 PATH=session.bin + os.pathsep + os.environ['PATH']))
     elapsed = time.time() - start
-    if not osp.exists(junit):
+    if rc < 0 or not osp.exists(junit):  # killed, or no report
         session.error(f'{name}: pytest wrote no report (exit {rc}); '
                       f'see {log}')
     passed, skipped, failed = _count(junit)
