@@ -32,6 +32,7 @@ one repeat.
     python tools/analysis/gpu_check.py --out-dir work_dirs/gpu_check
     python tools/analysis/gpu_check.py --smoke
 """
+import contextlib
 import glob
 import math
 import os
@@ -238,10 +239,10 @@ def train_step(path, name, precision, device, size):
         data = model.data_preprocessor(make_batch(scope, name, size), True)
         utils._sync(device)
         t0 = time.perf_counter()
-        with torch.autocast(
-                device_type=device,
-                dtype=dtype or torch.float32,
-                enabled=dtype is not None):
+        # fp32: no autocast context (torch 2.1's CPU autocast refuses a
+        # float32 dtype even with enabled=False)
+        with (contextlib.nullcontext() if dtype is None else
+              torch.autocast(device_type=device, dtype=dtype)):
             losses = model(**data, mode='loss')
         loss, _ = model.parse_losses(losses)
         scaler.scale(loss).backward()
