@@ -241,8 +241,8 @@ def train_step(path, name, precision, device, size):
         t0 = time.perf_counter()
         # fp32: no autocast context (torch 2.1's CPU autocast refuses a
         # float32 dtype even with enabled=False)
-        with (contextlib.nullcontext() if dtype is None else
-              torch.autocast(device_type=device, dtype=dtype)):
+        with (contextlib.nullcontext() if dtype is None else torch.autocast(
+                device_type=device, dtype=dtype)):
             losses = model(**data, mode='loss')
         loss, _ = model.parse_losses(losses)
         scaler.scale(loss).backward()
