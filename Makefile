@@ -4,7 +4,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 PYTEST_ARGS ?=
 
-.PHONY: env test demo lint gpu-check mutations docs docs-env clean-env
+.PHONY: env test demo lint gpu-check mutations docs docs-env clean-env compat
 
 env:
 	bash tools/setup_env.sh
@@ -45,3 +45,8 @@ docs-env: env
 
 clean-env:
 	rm -rf $(VENV)
+
+# the support matrix: the suite on each stack of tools/compat/stacks.py,
+# each in its own cached venv (noxfile.py); writes docs/en/compat/matrix.md
+compat:
+	bash tools/compat/run.sh $(COMPAT_ARGS)

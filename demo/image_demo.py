@@ -324,8 +324,11 @@ def run(args):
     images = check_inputs(args)
     from mmengine.config import Config
 
-    import mmsoft  # noqa: F401  (registers SOFT)
-    mmsoft.setup()  # the verified checkpoint loader (mmsoft.runtime)
+    import mmsoft  # registers SOFT
+
+    # before the inferencer loads the checkpoint: mmsoft's safe loader
+    # (no code runs from a checkpoint, on every torch; mmsoft.compat)
+    mmsoft.setup()
     cfg = Config.fromfile(args.config)
     try:
         predictor = Predictor(cfg, args.checkpoint, args.device,

@@ -94,13 +94,20 @@ them. Nothing here hides that; :func:`check_optional_deps` reports them with
 the fix (``pip install ftfy regex``).
 """
 import importlib.util
-import pickle
-import types
 import warnings
+
+from mmsoft.utils.safe_load import (RefusedGlobal, RestrictedUnpickler,
+                                    mmengine_safe_globals, native_allow_list,
+                                    safe_torch_load, torch_version,
+                                    unsafe_globals)
 
 __all__ = [
     'apply', 'applied', 'check_optional_deps', 'register_safe_globals',
-    'MMENGINE_SAFE_GLOBALS', 'OPTIONAL_DEPS'
+    'MMENGINE_SAFE_GLOBALS', 'OPTIONAL_DEPS', 'safe_torch_load',
+    'unsafe_globals', 'RefusedGlobal', 'RestrictedUnpickler',
+    'native_allow_list', 'torch_version', 'unravel_index',
+    'is_autocast_enabled', 'tree_leaves', 'sdpa_math',
+    'onnx_export_takes_dynamo', 'grad_scaler'
 ]
 
 #: packages mmseg imports without declaring them -> why they are needed
@@ -112,120 +119,8 @@ OPTIONAL_DEPS = {
 #: names of the fixes applied so far (in order)
 _APPLIED = []
 
-#: (alias, class) pairs: :func:`_checkpoint_getattr` may return the public
-#: functions of ``class`` when asked for those of ``alias`` or ``class``
-_GETATTR_OWNERS = ()
-
-#: filled by :func:`_mmengine_safe_globals` when the fix is applied
+#: filled by :func:`_fix_torch_load_mmengine_safe_globals` when applied
 MMENGINE_SAFE_GLOBALS = []
-
-
-def _checkpoint_getattr(obj, name):
-    """``getattr`` as seen by torch's weights-only unpickler.
-
-    Returns ``obj.<name>`` only when ``obj`` is an allow-listed class (e.g.
-    mmengine's ``HistoryBuffer``) and ``name`` is a public plain function
-    defined on that class; e.g. ``getattr(HistoryBuffer, 'mean')``.
-    """
-    # the unpickler hands us the class a GLOBAL resolved to: for
-    # HistoryBuffer that is _LoadedHistoryBuffer, an alias of it here
-    owner = next(
-        (real
-         for alias, real in _GETATTR_OWNERS if obj is alias or obj is real),
-        None)
-    if owner is not None and isinstance(name, str) and \
-            not name.startswith('_') and isinstance(
-                vars(owner).get(name), types.FunctionType):
-        return getattr(owner, name)
-    import torch
-    if getattr in torch.serialization.get_safe_globals():
-        # the user explicitly trusts the real getattr
-        return getattr(obj, name)
-    raise pickle.UnpicklingError(
-        f'mmsoft.compat: refusing getattr({obj!r}, {name!r}) while loading a '
-        'checkpoint with weights_only=True; only public methods of '
-        f'{[real.__qualname__ for _, real in _GETATTR_OWNERS]} are '
-        'allowed.')
-
-
-def _checkpoint_bytes(*args):
-    """``bytes`` as seen by torch's weights-only unpickler: pickle protocol
-    2 stores an empty ``bytes`` (e.g. the data of an empty numpy array) as
-    ``bytes()``; only that is built (``bytes(n)`` would allocate n bytes)."""
-    if not args:
-        return b''
-    import torch
-    if bytes in torch.serialization.get_safe_globals():
-        return bytes(*args)  # the user explicitly trusts the real bytes
-    raise pickle.UnpicklingError(
-        f'mmsoft.compat: refusing bytes{args!r} while loading a checkpoint '
-        'with weights_only=True; only bytes() is allowed.')
-
-
-def _make_loaded_history_buffer():
-    from mmengine.logging.history_buffer import HistoryBuffer
-
-    class _LoadedHistoryBuffer(HistoryBuffer):
-        """What a pickled ``HistoryBuffer`` is rebuilt as; becomes a plain
-        ``HistoryBuffer`` in ``__setstate__`` without touching the class's
-        ``_statistics_methods`` (see the module doc)."""
-
-        def __setstate__(self, state):
-            state = dict(state)
-            methods = state.pop('statistics_methods', {})
-            # the built-in min / max / current / mean, as every
-            # HistoryBuffer() does (setdefault: never replaces an entry)
-            self._set_default_statistics()
-            registered = HistoryBuffer._statistics_methods
-            odd = sorted(
-                str(k) for k, v in dict(methods).items()
-                if registered.get(k) is not v)
-            if odd:
-                warnings.warn(
-                    'mmsoft.compat: ignoring the statistics methods '
-                    f'{odd} pickled with a HistoryBuffer: they differ from '
-                    'the ones registered in this process (loading a '
-                    'checkpoint does not change HistoryBuffer)',
-                    stacklevel=2)
-            self.__dict__.update(state)
-            self.__class__ = HistoryBuffer
-
-    _LoadedHistoryBuffer.__qualname__ = 'HistoryBuffer(loading)'
-    return _LoadedHistoryBuffer
-
-
-def _numpy_safe_globals():
-    """numpy globals that numeric arrays / scalars / dtypes pickle to."""
-    import numpy as np
-
-    out = [np.ndarray, np.dtype]
-    try:  # numpy 2 (numpy.core is a deprecated alias there); 1.26 has it too
-        from numpy._core import multiarray
-        multiarray._reconstruct, multiarray.scalar
-    except (ImportError, AttributeError):  # numpy < 1.26
-        from numpy.core import multiarray
-    for fn in (multiarray._reconstruct, multiarray.scalar):
-        for mod in ('numpy.core.multiarray', 'numpy._core.multiarray'):
-            out.append((fn, f'{mod}.{fn.__name__}'))
-    # with numpy >= 1.25 a dtype unpickles as an instance of its dtype class
-    # (numpy.dtypes.Float64DType ...), which the unpickler must BUILD.
-    codes = '?' + 'bhilqBHILQ' + 'efdg' + 'FDG'
-    for code in codes:
-        cls = type(np.dtype(code))
-        if cls is not np.dtype and cls not in out:
-            out.append(cls)
-    return out
-
-
-def _mmengine_safe_globals():
-    global _GETATTR_OWNERS
-    from mmengine.logging.history_buffer import HistoryBuffer
-
-    loaded = _make_loaded_history_buffer()
-    _GETATTR_OWNERS = ((loaded, HistoryBuffer), )
-    return [(loaded, 'mmengine.logging.history_buffer.HistoryBuffer'),
-            (_checkpoint_getattr, 'builtins.getattr'),
-            (_checkpoint_bytes, 'builtins.bytes')] + _numpy_safe_globals()
 
 
 def register_safe_globals():
@@ -242,7 +137,8 @@ def register_safe_globals():
     ``weights_only=False``, would let a checkpoint run arbitrary code. The
     entries only widen what ``torch.load`` accepts, to objects that cannot
     run code or change state (see the module doc). Returns False (nothing
-    registered) with torch < 2.6.
+    registered) with torch < 2.6 (mmsoft's own loaders use
+    :class:`mmsoft.utils.safe_load.RestrictedUnpickler` there).
     """
     return _fix_torch_load_mmengine_safe_globals()
 
@@ -252,20 +148,87 @@ def _fix_torch_load_mmengine_safe_globals():
 
     Returns False (nothing to fix) with torch < 2.6, whose ``torch.load``
     defaults to ``weights_only=False`` (and whose ``add_safe_globals``, where
-    it exists, does not take the ``(obj, name)`` entries used here).
+    it exists, does not take the ``(obj, name)`` entries used here;
+    mmsoft's loaders use :class:`mmsoft.utils.safe_load.RestrictedUnpickler`
+    there).
     """
-    import torch
-    from mmengine.utils import digit_version
-    if digit_version(torch.__version__) < digit_version('2.6.0'):
+    if not native_allow_list():
         return False
     from torch.serialization import add_safe_globals
     if MMENGINE_SAFE_GLOBALS:  # applied before: add the same objects again
         add_safe_globals(MMENGINE_SAFE_GLOBALS)
         return True
-    safe = _mmengine_safe_globals()
+    safe = mmengine_safe_globals()
     add_safe_globals(safe)  # a set union: repeating it changes nothing
     MMENGINE_SAFE_GLOBALS[:] = safe
     return True
+
+
+# ------------------------------------------------------- torch shims
+def is_autocast_enabled(device_type):
+    """``torch.is_autocast_enabled(device_type)`` (torch >= 2.4) on every
+    torch (before: ``is_autocast_enabled()`` is CUDA's, the CPU has
+    ``is_autocast_cpu_enabled()``)."""
+    import torch
+    try:
+        return torch.is_autocast_enabled(device_type)
+    except TypeError:  # torch < 2.4: no device argument
+        if device_type == 'cpu':
+            return torch.is_autocast_cpu_enabled()
+        return torch.is_autocast_enabled()
+
+
+def onnx_export_takes_dynamo():
+    """True when ``torch.onnx.export`` has the ``dynamo`` argument (the
+    torch.export-based exporter; torch >= 2.5)."""
+    import inspect
+
+    import torch
+    return 'dynamo' in inspect.signature(torch.onnx.export).parameters
+
+
+def sdpa_math():
+    """A context in which ``F.scaled_dot_product_attention`` runs its math
+    kernel (it materialises the n x n matrix): ``torch.nn.attention
+    .sdpa_kernel(SDPBackend.MATH)`` (torch >= 2.3), before: the
+    ``torch.backends.cuda.sdp_kernel`` flags (the CPU had no other kernel)."""
+    import torch
+    try:
+        from torch.nn.attention import SDPBackend, sdpa_kernel
+    except ImportError:
+        return torch.backends.cuda.sdp_kernel(
+            enable_flash=False, enable_math=True, enable_mem_efficient=False)
+    return sdpa_kernel(SDPBackend.MATH)
+
+
+def grad_scaler(device_type, **kwargs):
+    """``torch.amp.GradScaler(device_type, ...)`` (torch >= 2.3); before:
+    ``torch.cuda.amp.GradScaler`` (CUDA's, the only one)."""
+    import torch
+    if hasattr(torch.amp, 'GradScaler'):
+        return torch.amp.GradScaler(device_type, **kwargs)
+    return torch.cuda.amp.GradScaler(**kwargs)
+
+
+def tree_leaves(tree):
+    """``torch.utils._pytree.tree_leaves`` (torch >= 2.2) on every torch."""
+    from torch.utils import _pytree
+    if hasattr(_pytree, 'tree_leaves'):
+        return _pytree.tree_leaves(tree)
+    return _pytree.tree_flatten(tree)[0]
+
+
+def unravel_index(indices, shape):
+    """``torch.unravel_index`` (torch >= 2.2) on every torch: the tuple of
+    coordinate tensors of the flat ``indices`` into ``shape``."""
+    import torch
+    if hasattr(torch, 'unravel_index'):
+        return tuple(torch.unravel_index(indices, tuple(shape)))
+    out = []
+    for size in reversed(tuple(shape)):
+        out.append(torch.remainder(indices, size))
+        indices = torch.div(indices, size, rounding_mode='floor')
+    return tuple(reversed(out))
 
 
 def _fix_mmengine_verified_local_loader():

@@ -9,7 +9,12 @@ Packages that are not installed are skipped: mmdet, mmseg and mmpretrain
 are optional (the extras ``mmsoft[det]``, ``mmsoft[seg]``,
 ``mmsoft[cls]``).
 
-The ranges equal the ``requirements/*.txt`` specifiers (a test checks it).
+The ranges equal the ``requirements/*.txt`` specifiers and go from the
+oldest to the newest stack of the support matrix (``make compat``,
+tools/compat/stacks.py; the upper bound is the next minor release): tests
+check both. mmcv 2.1.0 is the only mmcv tested (the last one with prebuilt
+wheels; mmdet 3.2 / mmseg 1.2 / mmpretrain 1.1 are the first releases
+that accept it; the mmseg 1.2.0 wheel misses a data file mmseg needs).
 """
 import re
 import warnings
@@ -18,14 +23,15 @@ from typing import Dict, List, Optional, Tuple
 
 __all__ = ['TESTED', 'VERIFIED', 'check_versions', 'installed_version']
 
-#: distribution -> (lowest tested, first untested) version
+#: distribution -> (lowest tested, first untested) version: the hull of the
+#: support matrix (tools/compat/stacks.py)
 TESTED: Dict[str, Tuple[str, str]] = {
-    'torch': ('2.0.0', '3.0.0'),
-    'mmengine': ('0.10.0', '1.0.0'),
-    'mmcv': ('2.0.0', '2.2.0'),
-    'mmdet': ('3.0.0', '3.4.0'),
-    'mmsegmentation': ('1.0.0', '1.3.0'),
-    'mmpretrain': ('1.0.0', '1.3.0'),
+    'torch': ('2.1.2', '2.15.0'),
+    'mmengine': ('0.10.4', '0.11.0'),
+    'mmcv': ('2.1.0', '2.2.0'),
+    'mmdet': ('3.2.0', '3.4.0'),
+    'mmsegmentation': ('1.2.1', '1.3.0'),
+    'mmpretrain': ('1.1.0', '1.3.0'),
 }
 
 #: the stack tools/setup_env.sh installs and CI runs

@@ -236,6 +236,57 @@ def model_weights(runner):
     }
 
 
+# ------------------------------------------------------- torch versions
+def _version(text):
+    """(major, minor) of a version string."""
+    from mmsoft.compat import torch_version
+    return torch_version(text)
+
+
+#: what a test may need of a newer torch, per kind of test: added to the
+#: collected tests by :func:`pytest_collection_modifyitems` (float16 CPU
+#: autocast and CPU half-precision kernels: torch 2.1 has neither)
+CPU_FLOAT16 = ('2.4', 'float16 autocast and float16 kernels on the CPU')
+
+
+def needs_torch(version, reason):
+    """The one marker of tests that need a newer torch: on an older one
+    they are skipped and ``pytest -rs`` prints ``needs torch >= <version>:
+    <reason> (this is torch <x>)``. ``make compat`` runs the suite on the
+    oldest stack of the support matrix, where these skips show."""
+    return pytest.mark.needs_torch(version, reason)
+
+
+def pytest_configure(config):
+    config.addinivalue_line(
+        'markers', 'needs_torch(version, reason): skipped on an older '
+        'torch, with the reason printed (see conftest.needs_torch)')
+
+
+def _is_cpu_float16(item):
+    params = getattr(getattr(item, 'callspec', None), 'params', {})
+    half = any(
+        v is torch.float16 or v in ('float16', 'fp16')
+        for v in params.values())
+    cpu = params.get('device', 'cpu') == 'cpu'
+    return half and cpu
+
+
+def pytest_collection_modifyitems(config, items):
+    have = _version(torch.__version__)
+    for item in items:
+        if _is_cpu_float16(item):
+            item.add_marker(needs_torch(*CPU_FLOAT16))
+        for mark in item.iter_markers('needs_torch'):
+            version, reason = mark.args
+            if have < _version(version):
+                item.add_marker(
+                    pytest.mark.skip(
+                        reason=f'needs torch >= {version}: {reason} (this '
+                        f'is torch {torch.__version__})'))
+                break
+
+
 # ------------------------------------------------------------- devices
 def device_types():
     """The devices of the :func:`device` fixture: ``cpu``, plus ``cuda``

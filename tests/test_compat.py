@@ -17,9 +17,8 @@ import numpy as np
 import pytest
 import torch
 import torch.nn as nn
-from conftest import run_python
+from conftest import needs_torch, run_python
 from mmengine.logging import HistoryBuffer, MessageHub
-from mmengine.utils import digit_version
 
 import mmsoft
 from mmsoft import compat
@@ -27,10 +26,11 @@ from mmsoft import compat
 mmsoft.setup()  # what building SOFT / an mmsoft hook / the tools do
 
 FIX = 'torch_load_mmengine_safe_globals'
-# torch 2.6 made weights_only=True the default of torch.load
-WEIGHTS_ONLY_DEFAULT = digit_version(torch.__version__) >= digit_version('2.6')
-needs_weights_only = pytest.mark.skipif(
-    not WEIGHTS_ONLY_DEFAULT, reason='torch.load is not weights-only here')
+# torch 2.6 made weights_only=True the default of torch.load, and only its
+# allow-list takes (obj, name) entries: the fix applies there (mmsoft's own
+# loaders are safe on every torch: tests/test_checkpoint_safety.py)
+needs_weights_only = needs_torch(
+    '2.6', 'torch.load weights-only by default, allow-list with names')
 
 
 def _mmengine_checkpoint(path):
@@ -69,6 +69,7 @@ def without_fix():
         torch.serialization.add_safe_globals(saved)
 
 
+@needs_weights_only
 def test_apply_is_idempotent_and_named():
     assert FIX in compat.applied()
     before = set(map(str, torch.serialization.get_safe_globals()))
@@ -126,12 +127,14 @@ def test_torch_load_fails_with_fix_reverted(tmp_path, without_fix):
     assert any(g.endswith('multiarray.scalar') for g in unsafe)
 
 
+@needs_weights_only
 def test_allow_list_covers_mmengine_checkpoint(tmp_path):
     path = tmp_path / 'iter_3.pth'
     _mmengine_checkpoint(path)
     assert torch.serialization.get_unsafe_globals_in_checkpoint(path) == []
 
 
+@needs_weights_only
 def test_mmengine_checkpoint_loads_weights_only(tmp_path):
     path = tmp_path / 'iter_3.pth'
     ckpt, _ = _mmengine_checkpoint(path)
@@ -235,7 +238,10 @@ def test_check_optional_deps_reports_missing(monkeypatch):
 
 
 def test_mmsoft_setup_applies_compat():
-    assert mmsoft.compat is compat and FIX in compat.applied()
+    # the allow-list fix is for torch's own weights-only torch.load (>= 2.6)
+    assert mmsoft.compat is compat
+    assert (FIX in compat.applied()) == compat.native_allow_list()
+    assert 'mmengine_verified_local_loader' in compat.applied()
     assert mmsoft.setup() == compat.applied()
 
 

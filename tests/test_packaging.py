@@ -158,12 +158,12 @@ def test_check_versions_warns_outside_range_only():
         msgs = deps.check_versions(bad)
     assert len(msgs) == 2 and len(rec) == 2
     det = next(m for m in msgs if 'mmdet 3.4.0' in m)
-    assert "pip install 'mmdet>=3.0.0,<3.4.0'" in det
+    assert "pip install 'mmdet>=3.2.0,<3.4.0'" in det
     assert 'verified: mmdet 3.3.0' in det
     assert any('mmcv 1.7.2' in m for m in msgs)
     # pre-releases and local versions compare on their release numbers
     assert deps.check_versions(dict(ok, mmcv='2.1.0+cpu'), warn=False) == []
-    assert deps.check_versions(dict(ok, mmdet='3.0.0rc6'), warn=False) == []
+    assert deps.check_versions(dict(ok, mmdet='3.2.0rc6'), warn=False) == []
 
 
 def test_import_mmsoft_is_light_and_setup_warns_once(tmp_path):

@@ -32,6 +32,7 @@ from typing import Dict, List, Optional, Sequence, Tuple
 import torch
 import torch.nn as nn
 
+from mmsoft.compat import onnx_export_takes_dynamo
 from mmsoft.models.layers.export_ops import ExportError
 from mmsoft.utils.atomic import atomic_path
 
@@ -352,8 +353,14 @@ def export_onnx(wrapper: ExportWrapper,
         kwargs = dict(
             input_names=['input'],
             output_names=wrapper.output_names,
-            opset_version=opset,
-            dynamo=dynamo)
+            opset_version=opset)
+        if onnx_export_takes_dynamo():  # torch >= 2.5
+            kwargs['dynamo'] = dynamo
+        elif dynamo:
+            raise ExportError(
+                f'--dynamo needs torch >= 2.5 (torch.onnx.export has no '
+                f'dynamo argument in torch {torch.__version__}); export '
+                f'without --dynamo or upgrade torch')
         if dynamo:
             kwargs['external_data'] = False
         with atomic_path(out, makedirs=True) as tmp, torch.no_grad():

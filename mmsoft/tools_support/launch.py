@@ -34,6 +34,7 @@ import logging
 import os
 import os.path as osp
 import sys
+from typing import Optional
 
 import torch
 from mmengine.logging import print_log
@@ -45,7 +46,8 @@ from mmsoft.runtime import setup
 __all__ = [
     'quiet_init_weights', 'exit_if_legacy_backbone', 'exit_if_not_resumable',
     'lock_work_dir', 'CODEBASES', 'codebase_of', 'import_codebase',
-    'setup_cpu_distributed', 'enable_amp', 'name_run', 'prepare_cfg'
+    'setup_cpu_distributed', 'enable_amp', 'name_run', 'compile_refusal',
+    'COMPILE_MIN_TORCH', 'prepare_cfg'
 ]
 
 #: default_scope -> python package of the codebase
@@ -318,11 +320,39 @@ def name_run(cfg) -> str:
     return cfg.experiment_name
 
 
+#: the oldest torch whose ``torch.compile`` of mmengine's ``train_step``
+#: the support matrix ran (``compile`` in a config; torch 2.1 crashes in
+#: ``stack_batch``). One graph for the backbone: torch 2.14 (verified).
+COMPILE_MIN_TORCH = '2.4'
+
+
+def compile_refusal(cfg, torch_version: Optional[str] = None) -> Optional[str]:
+    """One line when ``cfg`` asks mmengine to ``compile`` and the torch
+    (``torch_version``, default: the installed one) is older than
+    :data:`COMPILE_MIN_TORCH`; else None."""
+    from mmsoft.compat import torch_version as version_of
+    comp = cfg.get('compile', False)
+    if not comp:
+        return None
+    if torch_version is None:
+        torch_version = torch.__version__
+    if version_of(torch_version) >= version_of(COMPILE_MIN_TORCH):
+        return None
+    return (f'error: compile={comp!r} needs torch >= {COMPILE_MIN_TORCH}: '
+            f"with torch {torch_version} mmengine's compiled train_step "
+            f'crashes (a torch bug); remove compile from the config (or its '
+            f'--cfg-options) or upgrade torch')
+
+
 def prepare_cfg(cfg, launcher: str = 'none') -> str:
     """Everything the tools do to a config before building the Runner:
-    import the codebase, apply the CPU distributed fall-back and give the
-    run a name of its own in this process (:func:`name_run`). Returns the
-    codebase (default scope)."""
+    refuse ``compile`` on a torch where it crashes
+    (:func:`compile_refusal`), import the codebase, apply the CPU
+    distributed fall-back and give the run a name of its own in this
+    process (:func:`name_run`). Returns the codebase (default scope)."""
+    refusal = compile_refusal(cfg)
+    if refusal is not None:
+        sys.exit(refusal)
     scope = import_codebase(cfg)
     setup_cpu_distributed(cfg, launcher)
     name_run(cfg)

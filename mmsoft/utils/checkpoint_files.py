@@ -13,6 +13,7 @@ files, independent of any model:
 Problems raise :class:`ConversionError` (one line each).
 """
 import os
+import pickle
 from collections import OrderedDict
 from typing import Mapping, Optional, Sequence, Tuple
 
@@ -53,7 +54,9 @@ def load_checkpoint_file(path: str, trust: bool = False):
     checkpoint whose mmsoft checksum does not match.
     """
     from mmsoft.utils.checkpoint_io import (CheckpointError, describe_damage,
-                                            refused_globals, verify_checksum)
+                                            refusal_message, refused_globals,
+                                            verify_checksum)
+    from mmsoft.utils.safe_load import safe_torch_load
     if os.path.isdir(path):
         raise ConversionError(f'checkpoint {path!r} is a directory, not a '
                               f'file')
@@ -69,25 +72,19 @@ def load_checkpoint_file(path: str, trust: bool = False):
         if trust:
             ckpt = torch.load(path, map_location='cpu', weights_only=False)
         else:
-            with torch.serialization.safe_globals([argparse.Namespace]):
-                ckpt = torch.load(path, map_location='cpu', weights_only=True)
+            ckpt = safe_torch_load(
+                path, map_location='cpu', extra=[argparse.Namespace])
     except Exception as e:  # pickle.UnpicklingError and friends
         first = str(e).splitlines()[0] if str(e) else ''
-        if trust:
+        if trust or not isinstance(e, pickle.UnpicklingError):
             raise ConversionError(
                 f'cannot load {path!r} ({type(e).__name__}: {first})'
             ) from None
         refused = [
             g for g in refused_globals(path) if g != 'argparse.Namespace'
         ]
-        if refused:
-            raise ConversionError(
-                f'{path!r} holds pickled objects other than tensors and '
-                f'plain containers, refused by the weights-only unpickler: '
-                f'{", ".join(refused)}. If you trust the file, run again '
-                f'with --trust-checkpoint.') from None
-        raise ConversionError(
-            f'cannot load {path!r} ({type(e).__name__}: {first})') from None
+        raise ConversionError(refusal_message(path, refused,
+                                              converter=True)) from None
     try:
         verify_checksum(ckpt, path)
     except CheckpointError as e:

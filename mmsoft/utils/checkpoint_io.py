@@ -46,7 +46,7 @@ __all__ = [
     'verify_checksum', 'state_checksum', 'describe_damage', 'load_verified',
     'find_newest_complete', 'remove_stale_temps', 'checkpoint_candidates',
     'install_loader', 'refused_globals', 'check_complete', 'TMP_SUFFIX',
-    'CHECKSUM_KEY'
+    'CHECKSUM_KEY', 'CheckpointRefused', 'refusal_message', 'is_legacy_pickle'
 ]
 
 #: where the checksum lives: ``checkpoint['meta'][CHECKSUM_KEY]``
@@ -222,11 +222,46 @@ def describe_damage(path: str) -> Optional[str]:
 
 
 def refused_globals(path: str) -> List[str]:
-    """Globals in ``path`` that the weights-only unpickler refuses."""
+    """Globals in ``path`` that mmsoft's weights-only loading refuses
+    (:func:`mmsoft.compat.unsafe_globals`)."""
+    from mmsoft.utils.safe_load import unsafe_globals
+    return unsafe_globals(path)
+
+
+def is_legacy_pickle(path: str) -> bool:
+    """True for a file that is a pickle, not torch's zip format (a legacy
+    ``torch.save(..., _use_new_zipfile_serialization=False)`` file or a
+    plain ``pickle.dump``)."""
     try:
-        return list(torch.serialization.get_unsafe_globals_in_checkpoint(path))
-    except Exception:  # noqa: BLE001 - e.g. a legacy (non-zip) file
-        return []
+        with open(path, 'rb') as f:
+            return f.read(1) == b'\x80'
+    except OSError:
+        return False
+
+
+def refusal_message(path: str,
+                    refused: List[str],
+                    converter: bool = False) -> str:
+    """One line for a checkpoint that weights-only loading refused: the
+    file, what it holds and the safe fix (the converter; the explicit
+    trust flag only for a file the user trusts) - never torch's advice to
+    load it with ``weights_only=False``."""
+    what = 'pickled objects other than tensors and plain containers'
+    if refused:
+        what += f' ({", ".join(refused)})'
+    if is_legacy_pickle(path):
+        what = f"a plain / legacy pickle (not torch's zip format) with {what}"
+    fix = ('if you trust the file, run again with --trust-checkpoint'
+           if converter else
+           'convert it with tools/model_converters/soft2mmsoft.py SRC DST '
+           '(add --trust-checkpoint there only if you trust the file)')
+    return (f'checkpoint {path} was refused: it holds {what}, which could '
+            f'run code when unpickled; {fix}')
+
+
+class CheckpointRefused(pickle.UnpicklingError):
+    """mmsoft's weights-only loading refused a checkpoint (one line:
+    :func:`refusal_message`)."""
 
 
 def load_verified(path: str,
@@ -234,25 +269,30 @@ def load_verified(path: str,
                   weights_only=None,
                   verify: bool = True,
                   **kwargs):
-    """``torch.load`` with clear errors: a damaged file raises
-    :class:`CheckpointError` saying so (never suggesting to unpickle it with
-    ``weights_only=False``), and the stored checksum (if any) is verified."""
-    if weights_only is not None:
-        kwargs['weights_only'] = weights_only
+    """``torch.load`` that never runs code from the file, on every torch
+    (:func:`mmsoft.compat.safe_torch_load`; ``weights_only=False``
+    unpickles anything, for files the caller explicitly trusts), with
+    clear errors: a damaged file raises :class:`CheckpointError` saying so,
+    a refused one :class:`CheckpointRefused` naming the file and the safe
+    fix (never suggesting ``weights_only=False``), and the stored checksum
+    (if any) is verified."""
+    from mmsoft.utils.safe_load import safe_torch_load
     try:
-        ckpt = torch.load(path, map_location=map_location, **kwargs)
+        if weights_only is False:
+            ckpt = torch.load(
+                path, map_location=map_location, weights_only=False, **kwargs)
+        else:
+            ckpt = safe_torch_load(path, map_location=map_location)
     except Exception as e:
         damage = describe_damage(path)
         if damage is not None:
             raise CheckpointError(
                 f'checkpoint {path} {damage}; it was not loaded (use an '
                 f'earlier or a fresh copy)') from None
-        if isinstance(e, pickle.UnpicklingError):
-            refused = refused_globals(path)
-            if refused:
-                raise pickle.UnpicklingError(
-                    f'{path}: weights-only loading refused the pickled '
-                    f'global(s) {refused}. {e}') from None
+        if isinstance(e, pickle.UnpicklingError) and weights_only is not \
+                False:
+            raise CheckpointRefused(
+                refusal_message(path, refused_globals(path))) from None
         raise
     if verify:
         verify_checksum(ckpt, path)
@@ -269,14 +309,39 @@ def load_from_local(filename, map_location):
     return load_verified(filename, map_location=map_location)
 
 
+def load_from_http(filename,
+                   map_location=None,
+                   model_dir=None,
+                   progress=False):
+    """mmengine's loader of ``http(s)://`` checkpoints (``init_cfg``
+    ``Pretrained`` with a URL), loading the downloaded file with
+    :func:`load_verified`: mmengine's own loader calls ``torch.load`` with
+    torch's default, which unpickles anything before torch 2.6. The file
+    is cached in ``<torch hub dir>/checkpoints`` as mmengine does."""
+    from urllib.parse import urlparse
+
+    from torch.hub import download_url_to_file, get_dir
+    model_dir = model_dir or osp.join(get_dir(), 'checkpoints')
+    os.makedirs(model_dir, exist_ok=True)
+    cached = osp.join(model_dir, osp.basename(urlparse(filename).path))
+    if not osp.isfile(cached):
+        download_url_to_file(filename, cached, None, progress=progress)
+    return load_verified(cached, map_location=map_location)
+
+
 def install_loader() -> bool:
     """Register :func:`load_from_local` as mmengine's loader of local paths
-    (``CheckpointLoader``'s empty prefix); idempotent."""
+    (``CheckpointLoader``'s empty prefix) and :func:`load_from_http` for
+    ``http(s)://``; idempotent."""
     from mmengine.runner.checkpoint import CheckpointLoader
-    if CheckpointLoader._schemes.get('') is load_from_local:
-        return True
-    CheckpointLoader.register_scheme(
-        prefixes='', loader=load_from_local, force=True)
+    if CheckpointLoader._schemes.get('') is not load_from_local:
+        CheckpointLoader.register_scheme(
+            prefixes='', loader=load_from_local, force=True)
+    if CheckpointLoader._schemes.get('https://') is not load_from_http:
+        CheckpointLoader.register_scheme(
+            prefixes=('http://', 'https://'),
+            loader=load_from_http,
+            force=True)
     return True
 
 
@@ -334,8 +399,9 @@ def check_complete(path: str) -> Optional[str]:
     damage = describe_damage(path)
     if damage is not None:
         return damage
+    from mmsoft.utils.safe_load import safe_torch_load
     try:
-        ckpt = torch.load(path, map_location='cpu', weights_only=True)
+        ckpt = safe_torch_load(path, map_location='cpu')
         verify_checksum(ckpt, path)
     except CheckpointError as e:
         return str(e)

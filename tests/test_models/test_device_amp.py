@@ -36,6 +36,7 @@ The ``device`` fixture (``tests/conftest.py``) runs the device-parametrized
 tests on ``cpu`` and, where available, ``cuda`` (``MMSOFT_TEST_DEVICE=cuda``:
 cuda only).
 """
+import contextlib
 import importlib
 import os.path as osp
 
@@ -44,8 +45,8 @@ import torch
 from conftest import CONFIGS, random_model, tiny_arch
 from mmengine.config import Config
 from torch.utils._python_dispatch import TorchDispatchMode
-from torch.utils._pytree import tree_leaves
 
+from mmsoft.compat import is_autocast_enabled, tree_leaves
 from mmsoft.models import SOFT
 from mmsoft.models.layers import NRConfig, SOFTAttention
 
@@ -89,8 +90,11 @@ def forward_backward(model, loss_fn, device, dtype=None):
     ``dtype`` (None: float32); grads: {parameter name: grad}."""
     model.zero_grad(set_to_none=True)
     torch.manual_seed(0)  # the same dropout masks in both runs
-    with torch.autocast(
-            device, dtype=dtype or torch.float32, enabled=dtype is not None):
+    # float32: no autocast context (torch 2.1's CPU autocast refuses a
+    # float32 dtype even with enabled=False)
+    ctx = contextlib.nullcontext() if dtype is None else torch.autocast(
+        device, dtype=dtype)
+    with ctx:
         outs, loss = loss_fn(model)
     # float16 AMP scales the loss (as GradScaler / AmpOptimWrapper do):
     # small gradients would otherwise flush to zero in half precision
@@ -225,7 +229,7 @@ def spy(monkeypatch):
             tensors = [a for a in args if isinstance(a, torch.Tensor)]
             dev = tensors[0].device.type
             calls.append((what, [t.dtype for t in tensors], out.dtype,
-                          torch.is_autocast_enabled(dev)))
+                          is_autocast_enabled(dev)))
             return out
 
         monkeypatch.setattr(cls, 'forward', staticmethod(spied))
@@ -242,7 +246,7 @@ def test_kernel_and_pinv_run_in_fp32_under_autocast(device, spy, dtype,
     model = backbone(nr_method=nr_method).to(device)
     x = torch.randn(2, 3, SIZE, SIZE, device=device)
     with torch.autocast(device, dtype=dtype):
-        assert torch.is_autocast_enabled(device)
+        assert is_autocast_enabled(device)
         outs = model(x)
         sum(o.float().mean() for o in outs).backward()
     n_attn = sum(isinstance(m, SOFTAttention) for m in model.modules())

@@ -72,9 +72,11 @@ INVOCATIONS = {
     'test_tools/test_model_converters.py::test_cli_round_trip',
     'model_converters/mmsoft2soft.py':
     'test_tools/test_model_converters.py::test_cli_round_trip',
+    'compat/matrix.py':
+    'test_compat_matrix.py::test_table_writer',
 }
 #: helpers of the scripts, not tools (files, or folders ending in /)
-HELPERS = ('analysis/utils.py', 'demo_support/')
+HELPERS = ('analysis/utils.py', 'demo_support/', 'compat/stacks.py')
 
 # run each path given as if `python PATH --help`; print {path: [rc, text]}
 HELP_CHILD = '''

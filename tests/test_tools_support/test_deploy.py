@@ -348,3 +348,19 @@ def test_min_opset_exports(tmp_path):
     with pytest.raises(Exception):
         deploy.export_onnx(wrapper, str(tmp_path / 'b.onnx'),
                            deploy.MIN_OPSET - 1)
+
+
+def test_dynamo_export_refused_without_the_exporter(tmp_path, monkeypatch):
+    """torch < 2.5: ``torch.onnx.export`` has no ``dynamo`` argument;
+    ``--dynamo`` stops with one line and writes nothing (simulated on a
+    newer torch)."""
+    model, scope, _ = deploy.build_model(
+        osp.join(DEMO, 'soft_cls_demo.py'), None)
+    wrapper = deploy.ExportWrapper(model, scope, (64, 64))
+    out = tmp_path / 'cls.onnx'
+    monkeypatch.setattr(deploy, 'onnx_export_takes_dynamo', lambda: False)
+    with pytest.raises(deploy.ExportError) as info:
+        deploy.export_onnx(wrapper, str(out), dynamo=True)
+    msg = str(info.value)
+    assert '\n' not in msg and '--dynamo needs torch >= 2.5' in msg
+    assert list(tmp_path.iterdir()) == []

@@ -193,8 +193,9 @@ def count(model: nn.Module, x: torch.Tensor, call=None) -> dict:
     Returns a dict with ``params`` and ``total``, ``layers``,
     ``attention``, ``nr`` (all in multiply-adds) and ``ran``.
     """
-    from torch.nn.attention import SDPBackend, sdpa_kernel
     from torch.utils.flop_counter import FlopCounterMode
+
+    from mmsoft.compat import sdpa_math
     model.eval()
     softs = _soft_attentions(model)
     saved = [m.nr_method for m in softs]
@@ -214,7 +215,7 @@ def count(model: nn.Module, x: torch.Tensor, call=None) -> dict:
         handles.append(m.sampler.register_forward_hook(hook(m.nr_iters)))
     call = call or (lambda mod, inp: mod(inp))
     try:
-        with sdpa_kernel(SDPBackend.MATH), \
+        with sdpa_math(), \
                 FlopCounterMode(display=False) as fc:
             ran = call(model, x)
     finally:

@@ -32,6 +32,7 @@ one repeat.
     python tools/analysis/gpu_check.py --out-dir work_dirs/gpu_check
     python tools/analysis/gpu_check.py --smoke
 """
+import contextlib
 import glob
 import math
 import os
@@ -210,6 +211,7 @@ def train_step(path, name, precision, device, size):
     from mmengine.model import revert_sync_batchnorm
     from mmengine.registry import DefaultScope
 
+    from mmsoft.compat import grad_scaler
     from mmsoft.tools_support import launch
     cfg = Config.fromfile(path)
     scope = launch.import_codebase(cfg)
@@ -230,17 +232,17 @@ def train_step(path, name, precision, device, size):
         dtype = dict(fp16=torch.float16, bf16=torch.bfloat16).get(precision)
         # one step: no chance to back off from an overflowing default
         # scale (2^16 would make the first fp16 step non-finite)
-        scaler = torch.amp.GradScaler(
+        scaler = grad_scaler(
             device,
             init_scale=2.**10,
             enabled=precision == 'fp16' and device == 'cuda')
         data = model.data_preprocessor(make_batch(scope, name, size), True)
         utils._sync(device)
         t0 = time.perf_counter()
-        with torch.autocast(
-                device_type=device,
-                dtype=dtype or torch.float32,
-                enabled=dtype is not None):
+        # fp32: no autocast context (torch 2.1's CPU autocast refuses a
+        # float32 dtype even with enabled=False)
+        with (contextlib.nullcontext() if dtype is None else torch.autocast(
+                device_type=device, dtype=dtype)):
             losses = model(**data, mode='loss')
         loss, _ = model.parse_losses(losses)
         scaler.scale(loss).backward()

@@ -103,8 +103,8 @@ def child(args):
 
     def ctx():  # softmax:math materialises the n x n matrix
         if args.attn == 'softmax:math':
-            from torch.nn.attention import SDPBackend, sdpa_kernel
-            return sdpa_kernel(SDPBackend.MATH)
+            from mmsoft.compat import sdpa_math
+            return sdpa_math()
         return contextlib.nullcontext()
 
     def run(inp, shape, train):

@@ -67,6 +67,7 @@ from typing import Dict, Optional, Tuple
 
 import torch
 
+from mmsoft.compat import unravel_index
 from . import export_ops
 from .amp import autocast_off
 from .checks import check_int
@@ -381,7 +382,7 @@ def _close_pairs(lam: torch.Tensor) -> Tuple[torch.Tensor, ...]:
     j = torch.arange(row.numel(), device=lam.device) - start[row] + \
         lo.flatten()[row]
     b, i = row // m, row % m
-    batch = torch.unravel_index(b, lam.shape[:-1]) if lam.dim() > 1 else ()
+    batch = unravel_index(b, lam.shape[:-1]) if lam.dim() > 1 else ()
     return tuple(batch) + (i, j)
 
 

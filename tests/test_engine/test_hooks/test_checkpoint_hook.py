@@ -561,12 +561,16 @@ def test_rng_state_round_trip_is_weights_only_loadable(tmp_path):
     state = get_rng_state()
     first = _draws()
     torch.save(state, tmp_path / 'rng.pth')
-    saved = torch.serialization.get_safe_globals()
-    torch.serialization.clear_safe_globals()  # no allow-list needed
+    # no allow-list needed (torch < 2.4 has no process-wide one)
+    get = getattr(torch.serialization, 'get_safe_globals', lambda: [])
+    saved = get()
+    if saved:
+        torch.serialization.clear_safe_globals()
     try:
         loaded = torch.load(tmp_path / 'rng.pth', weights_only=True)
     finally:
-        torch.serialization.add_safe_globals(saved)
+        if saved:
+            torch.serialization.add_safe_globals(saved)
     set_rng_state(loaded)
     assert _draws() == first
     assert ('cuda' in state) == torch.cuda.is_available()

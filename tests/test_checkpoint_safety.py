@@ -1,0 +1,282 @@
+"""No mmsoft loading path runs code from a checkpoint, on every torch.
+
+Before torch 2.6 ``torch.load`` unpickles anything by default, and torch
+< 2.5 has no allow-list API; mmsoft loads every checkpoint through
+:func:`mmsoft.utils.safe_load.safe_torch_load` (torch's weights-only
+unpickler with mmsoft's allow-list on torch >= 2.6, a restricted unpickler
+before). A crafted checkpoint whose unpickling would create a marker file
+(``builtins.open(marker, 'w')``; the test first shows that plain
+``torch.load(weights_only=False)`` does create it) goes through every entry
+point: mmengine's loaders as ``Runner(resume / load_from)`` and the
+inferencers call them, the resume search, ``init_cfg`` ``Pretrained``, the
+ONNX export's loader, both converters, ``tools/test.py`` and
+``demo/image_demo.py``. Each refuses it with one line that names the file
+and the safe fix (never torch's "weights_only=False" advice), and the
+marker is never created. ``make compat`` runs this on each stack of the
+support matrix.
+"""
+import os.path as osp
+import pickle
+import sys
+
+import numpy as np
+import pytest
+import torch
+import torch.nn as nn
+from conftest import ROOT, cls_demo_config, load_module, run
+
+import mmsoft
+from mmsoft.utils import checkpoint_io as cio
+
+mmsoft.setup()  # what building SOFT / an mmsoft hook / the tools do
+
+
+class Payload:
+    """Unpickling it opens (creates) ``marker``: code run from a file."""
+
+    def __init__(self, marker):
+        self.marker = str(marker)
+
+    def __reduce__(self):
+        return open, (self.marker, 'w')
+
+
+def _state():
+    return {'backbone.w': torch.ones(2), 'head.b': torch.zeros(1)}
+
+
+def _crafted(tmp_path, kind):
+    """(checkpoint path, marker path) of one kind of crafted file."""
+    marker = tmp_path / f'MARKER_{kind}'
+    path = tmp_path / f'crafted_{kind}.pth'
+    obj = dict(state_dict=_state(), meta=dict(x=Payload(marker)))
+    if kind == 'zip':
+        torch.save(obj, path)
+    elif kind == 'legacy':
+        torch.save(obj, path, _use_new_zipfile_serialization=False)
+    else:  # a plain pickle, as pickle.dump writes it
+        with open(path, 'wb') as f:
+            pickle.dump(obj, f)
+    return str(path), marker
+
+
+KINDS = ('zip', 'legacy', 'raw')
+
+
+@pytest.mark.parametrize('kind', KINDS)
+def test_payload_runs_when_unpickled_unsafely(tmp_path, kind):
+    """The crafted files are real: an unrestricted load creates the
+    marker (so the refusals below are what keeps it away)."""
+    path, marker = _crafted(tmp_path, kind)
+    if kind == 'raw':
+        with open(path, 'rb') as f:
+            pickle.load(f)
+    else:
+        torch.load(path, weights_only=False)
+    assert marker.exists()
+
+
+def _mmengine_load_checkpoint(path):
+    from mmengine.runner import load_checkpoint
+    load_checkpoint(nn.Linear(2, 1), path, map_location='cpu')
+
+
+def _mmengine_private_loader(path):
+    # what Runner.resume / Runner.load_checkpoint / the inferencers call
+    from mmengine.runner.checkpoint import _load_checkpoint
+    _load_checkpoint(path, map_location='cpu')
+
+
+def _checkpoint_loader(path):
+    from mmengine.runner.checkpoint import CheckpointLoader
+    CheckpointLoader.load_checkpoint(path, map_location='cpu')
+
+
+def _resume_search(path):
+    # Runner(resume=True): the newest complete checkpoint of the work dir
+    found, skipped = cio.find_newest_complete(osp.dirname(path))
+    assert found is None and skipped, (found, skipped)
+    raise pickle.UnpicklingError(skipped[0][1])
+
+
+def _init_cfg_pretrained(path):
+    from mmsoft.models.backbones.soft_pretrained import load_pretrained
+    load_pretrained(nn.Linear(2, 1), path, prefix='backbone.')
+
+
+def _onnx_export_loader(path):
+    from mmsoft.tools_support.deploy import load_weights
+    load_weights(nn.Linear(2, 1), path)
+
+
+def _converter(name):
+
+    def convert(path):
+        tool = load_module(
+            osp.join(ROOT, 'tools', 'model_converters', name + '.py'), name)
+        rc = tool.main([path, path + '.out.pth'])
+        assert rc == 1 and not osp.exists(path + '.out.pth')
+        raise pickle.UnpicklingError('refused by ' + name)
+
+    return convert
+
+
+def _http_pretrained(path):
+    """``init_cfg`` ``Pretrained`` with a URL: mmengine's http loader,
+    served from 127.0.0.1."""
+    import functools
+    import http.server
+    import threading
+
+    from mmengine.runner.checkpoint import CheckpointLoader
+    handler = functools.partial(
+        http.server.SimpleHTTPRequestHandler, directory=osp.dirname(path))
+    handler.log_message = lambda *a, **k: None
+    server = http.server.ThreadingHTTPServer(('127.0.0.1', 0), handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        url = (f'http://127.0.0.1:{server.server_address[1]}/'
+               f'{osp.basename(path)}')
+        CheckpointLoader.load_checkpoint(
+            url,
+            map_location='cpu',
+            model_dir=osp.join(osp.dirname(path), 'hub'))
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+ENTRY_POINTS = {
+    'http_Pretrained': _http_pretrained,
+    'mmengine.load_checkpoint': _mmengine_load_checkpoint,
+    'mmengine._load_checkpoint': _mmengine_private_loader,
+    'CheckpointLoader': _checkpoint_loader,
+    'resume_search': _resume_search,
+    'init_cfg_Pretrained': _init_cfg_pretrained,
+    'onnx_export_loader': _onnx_export_loader,
+    'soft2mmsoft': _converter('soft2mmsoft'),
+    'mmsoft2soft': _converter('mmsoft2soft'),
+    'safe_torch_load': lambda p: mmsoft.compat.safe_torch_load(p),
+}
+
+
+@pytest.mark.parametrize('kind', KINDS)
+@pytest.mark.parametrize('entry', list(ENTRY_POINTS))
+def test_crafted_checkpoint_is_refused(tmp_path, kind, entry, capsys):
+    path, marker = _crafted(tmp_path, kind)
+    with pytest.raises(Exception) as info:
+        ENTRY_POINTS[entry](path)
+    assert not marker.exists(), f'{entry} ran code from {path}'
+    msg = str(info.value) + capsys.readouterr().err
+    assert 'weights_only=False' not in msg, msg
+    if entry not in ('safe_torch_load', 'resume_search', 'http_Pretrained'):
+        # one line naming the file and the safe fix
+        line = [ln for ln in msg.splitlines() if path in ln]
+        assert line and 'refused' in line[0] and ('--trust-checkpoint'
+                                                  in line[0]), msg
+
+
+def test_message_is_one_line_with_the_safe_fix(tmp_path):
+    path, _ = _crafted(tmp_path, 'raw')
+    with pytest.raises(cio.CheckpointRefused) as info:
+        cio.load_verified(path)
+    msg = str(info.value)
+    assert '\n' not in msg and path in msg
+    assert 'plain / legacy pickle' in msg
+    assert 'soft2mmsoft.py' in msg and '--trust-checkpoint' in msg
+    path, _ = _crafted(tmp_path, 'zip')
+    with pytest.raises(cio.CheckpointRefused, match=r'\(io\.open\)'):
+        cio.load_verified(path)
+
+
+def test_training_checkpoints_still_load(tmp_path):
+    """The allow-list keeps what mmengine's Runner writes loadable: the
+    message hub's HistoryBuffers, numpy arrays and scalars."""
+    from mmengine.logging import HistoryBuffer, MessageHub
+    hub = MessageHub.get_instance('mmsoft_test_checkpoint_safety')
+    for v in (1.0, 0.5):
+        hub.update_scalar('train/loss', v)
+    hub.update_info('best_score', np.float64(0.75))
+    path = str(tmp_path / 'iter_2.pth')
+    torch.save(
+        dict(
+            meta=dict(iter=2),
+            state_dict=_state(),
+            message_hub=hub.state_dict(),
+            arrays=[np.arange(3), np.zeros(0)]), path)
+    got = cio.load_verified(path)
+    buf = got['message_hub']['log_scalars']['train/loss']
+    assert type(buf) is HistoryBuffer and buf.mean() == pytest.approx(0.75)
+    assert got['message_hub']['runtime_info']['best_score'] == 0.75
+    np.testing.assert_array_equal(got['arrays'][0], [0, 1, 2])
+    assert cio.find_newest_complete(str(tmp_path))[0] == path
+
+
+@pytest.mark.parametrize(
+    'gadget', ['getattr', 'bytes'] +
+    ([] if mmsoft.compat.native_allow_list() else ['codecs']))
+def test_restricted_helpers_refuse_other_uses(tmp_path, gadget):
+    """The allow-listed stand-ins for getattr / bytes (and, with the
+    restricted unpickler of torch < 2.6, _codecs.encode, which torch >= 2.6
+    allows itself) build only what mmengine checkpoints need."""
+    import codecs
+
+    class Gadget:
+
+        def __reduce__(self):
+            if gadget == 'getattr':
+                return getattr, (np.ndarray, 'tofile')
+            if gadget == 'bytes':
+                return bytes, (10**6, )
+            return codecs.encode, (b'x', 'base64')
+
+    path = str(tmp_path / 'gadget.pth')
+    torch.save({'x': Gadget()}, path)
+    with pytest.raises(pickle.UnpicklingError):
+        mmsoft.compat.safe_torch_load(path)
+
+
+@pytest.fixture(scope='module')
+def cls_setup(tmp_path_factory):
+    """A tiny classification demo config on generated data."""
+    tmp = tmp_path_factory.mktemp('cls')
+    cfg = cls_demo_config(tmp, val=2)
+    with open(cfg, 'a') as f:
+        f.write('test_dataloader = val_dataloader\n')
+    return cfg, tmp
+
+
+@pytest.mark.parametrize('script', ['tools/test.py', 'demo/image_demo.py'])
+def test_tools_refuse_crafted_checkpoint(cls_setup, tmp_path, script):
+    cfg, data = cls_setup
+    path, marker = _crafted(tmp_path, 'zip')
+    if script == 'tools/test.py':
+        args = [cfg, path, '--work-dir', str(tmp_path / 'work')]
+    else:
+        img = sorted(
+            p for p in (data / 'data').rglob('*')
+            if p.suffix.lower() in ('.jpg', '.jpeg', '.png'))[0]
+        args = [str(img), cfg, path, '--out-dir', str(tmp_path / 'out')]
+    proc = run(
+        [sys.executable, osp.join(ROOT, script)] + args,
+        cwd=tmp_path,
+        timeout=300)
+    assert proc.returncode != 0
+    assert not marker.exists(), f'{script} ran code from {path}'
+    out = proc.stdout + proc.stderr
+    assert 'weights_only=False' not in out, out[-3000:]
+    assert any(path in ln and 'refused' in ln
+               for ln in out.splitlines()), out[-3000:]
+
+
+def test_loading_keeps_the_process_allow_list(tmp_path):
+    """mmsoft's loaders leave the process-wide allow-list (torch >= 2.6:
+    :mod:`mmsoft.compat`'s fix) as it was."""
+    get = getattr(torch.serialization, 'get_safe_globals', lambda: [])
+    before = list(map(str, get()))
+    path = str(tmp_path / 'plain.pth')
+    torch.save({'state_dict': _state()}, path)
+    cio.load_verified(path)
+    mmsoft.compat.safe_torch_load(path, extra=[pickle.PickleError])
+    assert list(map(str, get())) == before

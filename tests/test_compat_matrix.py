@@ -1,0 +1,90 @@
+"""The claimed version ranges equal the support matrix that is run.
+
+``make compat`` runs the suite on each stack of tools/compat/stacks.py and
+writes docs/en/compat/matrix.md / matrix.csv; ``mmsoft.deps.TESTED`` (and
+so ``requirements/*.txt``, tests/test_packaging.py) must be the hull of
+those stacks, the verified stack one of them, and the committed table must
+show every stack run with no failure.
+"""
+import csv
+import os
+import os.path as osp
+import sys
+
+import pytest
+from conftest import ROOT
+
+from mmsoft import deps
+
+sys.path.insert(0, osp.join(ROOT, 'tools', 'compat'))
+import matrix  # noqa: E402
+import stacks  # noqa: E402
+
+TABLE = osp.join(ROOT, 'docs', 'en', 'compat', 'matrix.csv')
+
+
+def test_claims_equal_the_matrix():
+    assert stacks.claimed_ranges() == deps.TESTED
+
+
+def test_verified_stack_is_in_the_matrix():
+    verified = [s for s in stacks.STACKS.values() if s.get('setup_env')]
+    assert len(verified) == 1
+    assert {
+        dist: verified[0][key]
+        for key, dist in stacks.DISTS.items()
+    } == deps.VERIFIED
+
+
+@pytest.mark.skipif(
+    bool(os.environ.get('MMSOFT_COMPAT_STACK')),
+    reason='make compat is making this table now (this test reads the '
+    'committed one)')
+def test_committed_table_shows_every_stack_passing():
+    with open(TABLE) as f:
+        rows = {r['stack']: r for r in csv.DictReader(f)}
+    assert set(rows) == set(stacks.STACKS), 'run make compat'
+    for name, stack in stacks.STACKS.items():
+        row = rows[name]
+        assert row['passed'].isdigit() and int(row['passed']) > 0, row
+        assert row['failed'] == '0', row
+        for key in stacks.DISTS:
+            assert row[key].split('+')[0] == stack[key], (name, key, row)
+
+
+def test_table_writer(tmp_path):
+    """Rows come from the results; a stack without one is 'not run' and
+    the tool exits 1; the files are written whole."""
+    import json
+    res = tmp_path / 'results'
+    res.mkdir()
+    name = next(iter(stacks.STACKS))
+    stack = stacks.STACKS[name]
+    json.dump(
+        dict({k: stack[k]
+              for k in stacks.DISTS},
+             stack=name,
+             python='3.11.2',
+             passed=10,
+             skipped=2,
+             failed=0,
+             seconds=90,
+             date='2026-01-01'), open(res / f'{name}.json', 'w'))
+    out = tmp_path / 'out'
+    rc = matrix.main(['--results', str(res), '--out-dir', str(out)])
+    assert rc == (0 if len(stacks.STACKS) == 1 else 1)
+    with open(out / 'matrix.csv') as f:
+        rows = list(csv.DictReader(f))
+    assert [r['stack'] for r in rows] == list(stacks.STACKS)
+    assert rows[0]['passed'] == '10' and rows[0]['time'] == '1.5 min'
+    assert all(r['passed'] == 'not run' for r in rows[1:])
+    md = (out / 'matrix.md').read_text()
+    assert f'| {name} | 3.11.2 |' in md
+    assert sorted(p.name for p in out.iterdir()) == ['matrix.csv', 'matrix.md']
+
+
+@pytest.mark.parametrize('stack', list(stacks.STACKS))
+def test_stack_pins_are_complete(stack):
+    s = stacks.STACKS[stack]
+    for key in ('python', 'torch', 'torchvision', 'numpy', *stacks.DISTS):
+        assert s.get(key), (stack, key)
