@@ -67,22 +67,28 @@ class HalfConvWarning(UserWarning):
     values; mmsoft runs that convolution in float32."""
 
 
+#: torch >= 2.4 asks autocast by device type; before, the CPU had its own
+#: functions (decided here, not by catching a TypeError: under Dynamo that
+#: TypeError is an internal compiler error on torch 2.1)
+_DEVICE_AUTOCAST_API = hasattr(torch, 'get_autocast_dtype')
+_is_compiling = getattr(
+    getattr(torch, 'compiler', None), 'is_compiling',
+    None) or torch._dynamo.is_compiling  # torch < 2.3
+
+
 def _autocast_cpu() -> Optional[torch.dtype]:
     """The CPU autocast dtype if CPU autocast is on, else None."""
-    try:
+    if _DEVICE_AUTOCAST_API:
         enabled = torch.is_autocast_enabled('cpu')
         dtype = torch.get_autocast_dtype('cpu')
-    except (TypeError, AttributeError):  # torch < 2.4
+    else:
         enabled = torch.is_autocast_cpu_enabled()
         dtype = torch.get_autocast_cpu_dtype()
     return dtype if enabled else None
 
 
 def _compiling() -> bool:
-    compiler = getattr(torch, 'compiler', None)
-    if compiler is not None and hasattr(compiler, 'is_compiling'):
-        return compiler.is_compiling()
-    return torch._dynamo.is_compiling()  # torch < 2.3
+    return _is_compiling()
 
 
 def half_dtype(x: torch.Tensor, weight: torch.Tensor) -> Optional[torch.dtype]:
