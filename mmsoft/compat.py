@@ -168,14 +168,15 @@ def _fix_torch_load_mmengine_safe_globals():
 def is_autocast_enabled(device_type):
     """``torch.is_autocast_enabled(device_type)`` (torch >= 2.4) on every
     torch (before: ``is_autocast_enabled()`` is CUDA's, the CPU has
-    ``is_autocast_cpu_enabled()``)."""
+    ``is_autocast_cpu_enabled()``). Chosen by the torch version, not by
+    catching a ``TypeError`` (under Dynamo on torch 2.1 that is an internal
+    compiler error)."""
     import torch
-    try:
+    if hasattr(torch, 'get_autocast_dtype'):  # torch >= 2.4
         return torch.is_autocast_enabled(device_type)
-    except TypeError:  # torch < 2.4: no device argument
-        if device_type == 'cpu':
-            return torch.is_autocast_cpu_enabled()
-        return torch.is_autocast_enabled()
+    if device_type == 'cpu':
+        return torch.is_autocast_cpu_enabled()
+    return torch.is_autocast_enabled()
 
 
 def onnx_export_takes_dynamo():
