@@ -34,6 +34,8 @@ import warnings
 # times before the tool's own output (e.g. the data check's message)
 warnings.filterwarnings('ignore', message='pkg_resources is deprecated')
 
+# first: mmsoft quiets the stacks' import noise (mmsoft._quiet)
+import mmsoft  # noqa: E402,F401  # isort: skip
 from mmengine.config import Config, DictAction  # noqa: E402
 from mmengine.registry import RUNNERS  # noqa: E402
 from mmengine.runner import Runner  # noqa: E402
