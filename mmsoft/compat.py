@@ -106,7 +106,7 @@ __all__ = [
     'MMENGINE_SAFE_GLOBALS', 'OPTIONAL_DEPS', 'safe_torch_load',
     'unsafe_globals', 'RefusedGlobal', 'RestrictedUnpickler',
     'native_allow_list', 'torch_version', 'unravel_index',
-    'is_autocast_enabled', 'tree_leaves', 'sdpa_math',
+    'is_autocast_enabled', 'autocast_dtype', 'tree_leaves', 'sdpa_math',
     'onnx_export_takes_dynamo', 'grad_scaler'
 ]
 
@@ -165,18 +165,32 @@ def _fix_torch_load_mmengine_safe_globals():
 
 
 # ------------------------------------------------------- torch shims
-def is_autocast_enabled(device_type):
-    """``torch.is_autocast_enabled(device_type)`` (torch >= 2.4) on every
-    torch (before: ``is_autocast_enabled()`` is CUDA's, the CPU has
-    ``is_autocast_cpu_enabled()``). Chosen by the torch version, not by
-    catching a ``TypeError`` (under Dynamo on torch 2.1 that is an internal
-    compiler error)."""
+def autocast_dtype(device_type):
+    """The autocast dtype of ``device_type`` ('cpu', 'cuda') if autocast is
+    on there, else None, on every torch: torch >= 2.4 asks by device type
+    (``torch.is_autocast_enabled(device)``, ``torch.get_autocast_dtype``);
+    before, the CPU has its own functions and the plain ones are CUDA's.
+    Chosen by the torch version, not by catching a ``TypeError`` (under
+    Dynamo on torch 2.1 that is an internal compiler error). The one home
+    of this question (the safe conv and the AMP code ask it here)."""
     import torch
     if hasattr(torch, 'get_autocast_dtype'):  # torch >= 2.4
-        return torch.is_autocast_enabled(device_type)
+        if not torch.is_autocast_enabled(device_type):
+            return None
+        return torch.get_autocast_dtype(device_type)
     if device_type == 'cpu':
-        return torch.is_autocast_cpu_enabled()
-    return torch.is_autocast_enabled()
+        if not torch.is_autocast_cpu_enabled():
+            return None
+        return torch.get_autocast_cpu_dtype()
+    if not torch.is_autocast_enabled():
+        return None
+    return torch.get_autocast_gpu_dtype()
+
+
+def is_autocast_enabled(device_type):
+    """``torch.is_autocast_enabled(device_type)`` (torch >= 2.4) on every
+    torch (see :func:`autocast_dtype`)."""
+    return autocast_dtype(device_type) is not None
 
 
 def onnx_export_takes_dynamo():

@@ -41,6 +41,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from mmsoft.compat import autocast_dtype
 from .amp import autocast_off
 
 __all__ = [
@@ -67,24 +68,9 @@ class HalfConvWarning(UserWarning):
     values; mmsoft runs that convolution in float32."""
 
 
-#: torch >= 2.4 asks autocast by device type; before, the CPU had its own
-#: functions (decided here, not by catching a TypeError: under Dynamo that
-#: TypeError is an internal compiler error on torch 2.1)
-_DEVICE_AUTOCAST_API = hasattr(torch, 'get_autocast_dtype')
 _is_compiling = getattr(
     getattr(torch, 'compiler', None), 'is_compiling',
     None) or torch._dynamo.is_compiling  # torch < 2.3
-
-
-def _autocast_cpu() -> Optional[torch.dtype]:
-    """The CPU autocast dtype if CPU autocast is on, else None."""
-    if _DEVICE_AUTOCAST_API:
-        enabled = torch.is_autocast_enabled('cpu')
-        dtype = torch.get_autocast_dtype('cpu')
-    else:
-        enabled = torch.is_autocast_cpu_enabled()
-        dtype = torch.get_autocast_cpu_dtype()
-    return dtype if enabled else None
 
 
 def _compiling() -> bool:
@@ -99,7 +85,7 @@ def half_dtype(x: torch.Tensor, weight: torch.Tensor) -> Optional[torch.dtype]:
     if x.dtype in _HALF:
         return x.dtype
     if x.dtype == torch.float32 and weight.dtype in (torch.float32, ) + _HALF:
-        dtype = _autocast_cpu()
+        dtype = autocast_dtype('cpu')
         if dtype in _HALF:
             return dtype
     return None

@@ -25,6 +25,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from mmsoft.compat import autocast_dtype
 from mmsoft.models.layers import BottleneckSampler, ConvPatchEmbed, SafeConv2d
 from mmsoft.models.layers.amp import autocast_off
 
@@ -126,7 +127,7 @@ def test_depthwise_conv_under_autocast_is_fp32_within_rounding(
 # ------------------------------------------------ with stand-in kernels
 def _half(x):
     """The half type a conv of ``x`` computes in (input or autocast)."""
-    return x.dtype if x.dtype in HALF else SAFE._autocast_cpu()
+    return x.dtype if x.dtype in HALF else autocast_dtype('cpu')
 
 
 def broken_half_kernel(x, w, b, *args):
