@@ -20,7 +20,7 @@ from typing import Dict, Mapping, Optional, Tuple
 import torch
 
 from mmsoft.utils.checkpoint_files import ConversionError
-from ..backbones.soft import SOFT
+from ..arch_zoo import ARCH_DEFAULTS, ARCH_ZOO
 from .official_keys import BN_KEYS, official_block
 
 __all__ = [
@@ -32,7 +32,7 @@ __all__ = [
 #: hidden channels of the official three-conv stem
 OFFICIAL_STEM_CHANNELS = 32
 #: mmsoft's defaults for the optional arch entries
-_DEFAULTS = SOFT.arch_defaults
+_DEFAULTS = ARCH_DEFAULTS
 #: the official timm model functions (``soft_*``; ``soft_norm_*`` has the
 #: same shapes) and the mmsoft preset with their architecture
 OFFICIAL_PRESETS = {
@@ -45,7 +45,7 @@ OFFICIAL_PRESETS = {
 #: embed_dims, num_heads, depths of each official model function
 OFFICIAL_MODELS = {
     name:
-    tuple(SOFT.arch_zoo[preset][k]
+    tuple(ARCH_ZOO[preset][k]
           for k in ('embed_dims', 'num_heads', 'depths'))
     for name, preset in OFFICIAL_PRESETS.items()
 }
@@ -290,7 +290,7 @@ def match_arch_preset(arch: Mapping) -> Optional[str]:
     """Name of the mmsoft ``SOFT.arch_zoo`` preset equal to ``arch``, or
     None."""
     want = arch_for_mmsoft(arch)
-    for name, preset in SOFT.arch_zoo.items():
+    for name, preset in ARCH_ZOO.items():
         full = dict(_DEFAULTS)
         full.update(preset)
         if arch_for_mmsoft(full) == want:
