@@ -60,6 +60,7 @@ from mmsoft.utils.strict_load import (CheckpointMismatchError, LoadReport,
 from .converters import (convert_official_to_mmpretrain, describe_arch,
                          find_official_state_dict, official_model_name,
                          official_soft_hint)
+from .layers.soft_attention import SOFTAttention
 
 __all__ = [
     'read_checkpoint', 'Weights', 'to_mmsoft', 'upgrade_legacy_keys',
@@ -169,7 +170,6 @@ def upgrade_legacy_keys(model: torch.nn.Module, sd: Mapping) -> Mapping:
 
 def _attn_norms(model: torch.nn.Module) -> set:
     """The ``attn_norm`` values of the SOFT attentions inside ``model``."""
-    from mmsoft.models.layers.soft_attention import SOFTAttention
     return {
         m.attn_norm
         for m in model.modules() if isinstance(m, SOFTAttention)

@@ -260,15 +260,17 @@ def official_shapes(
             ln(p + 'norm2.', c)
     c = C[3]
     hid = int(c * a['mlp_ratios'][3])
+    # timm's pre-norm Block: (name, in, out); in None: a LayerNorm
+    softmax_block = (('norm1.', None, c), ('attn.q.', c, c),
+                     ('attn.kv.', c, 2 * c), ('attn.proj.', c, c),
+                     ('norm2.', None, c), ('mlp.fc1.', c, hid), ('mlp.fc2.',
+                                                                  hid, c))
     for j in range(D[3]):
-        p = f'block4.{j}.'
-        ln(p + 'norm1.', c)
-        linear(p + 'attn.q.', c, c)
-        linear(p + 'attn.kv.', c, 2 * c)
-        linear(p + 'attn.proj.', c, c)
-        ln(p + 'norm2.', c)
-        linear(p + 'mlp.fc1.', c, hid)
-        linear(p + 'mlp.fc2.', hid, c)
+        for name, cin, cout in softmax_block:
+            if cin is None:
+                ln(f'block4.{j}.{name}', cout)
+            else:
+                linear(f'block4.{j}.{name}', cin, cout)
     ln('norm.', c)
     if num_classes:
         linear('head.', c, num_classes)
