@@ -110,8 +110,10 @@ def _soft_init_weights(path):
     # init_cfg Pretrained on the backbone: mmsoft.models.loading end to end
     from mmsoft.models import SOFT
     SOFT(
-        dict(embed_dims=[8, 8, 8, 8], num_heads=[1, 1, 1, 1],
-             depths=[1, 1, 1, 1]),
+        dict(
+            embed_dims=[8, 8, 8, 8],
+            num_heads=[1, 1, 1, 1],
+            depths=[1, 1, 1, 1]),
         init_cfg=dict(type='Pretrained', checkpoint=path)).init_weights()
 
 

@@ -20,14 +20,15 @@ strict (or explicitly partial) load -> a one-line report.
    same code as ``tools/model_converters/soft2mmsoft.py``).
 4. **Load** (:func:`load_pretrained`): the tensors (under ``prefix``; for a
    whole-model file without ``prefix``, those under ``backbone.``) are
-   compared with the module (:func:`mmsoft.utils.strict_load.check_state_dict`):
-   missing, unexpected or mis-shaped tensors raise
+   compared with the module
+   (:func:`mmsoft.utils.strict_load.check_state_dict`): missing,
+   unexpected or mis-shaped tensors raise
    :class:`~mmsoft.utils.strict_load.CheckpointMismatchError` naming them;
    ``strict=False`` loads the matching ones. Weights converted for the other
    attention normalisation are refused (:func:`check_attn_norm`).
 5. **Report**: one line in MMEngine's current logger, e.g.
    ``mmsoft: loaded soft_norm_tiny.pth: authors' soft_norm_tiny layout
-   ('model'), converted, keys under 'backbone.', 187 tensors, strict``.
+   ('model'), converted, keys under 'backbone.', 185 tensors, strict``.
 
 ``init_cfg=dict(type='Pretrained', checkpoint=...)`` on the SOFT backbone
 runs :class:`SOFTPretrainedInit` (``'SOFTPretrained'`` in MMEngine's root
@@ -44,8 +45,8 @@ export); an authors' file there gets the converter command, since the
 Runner would load its unconverted keys.
 """
 from collections import OrderedDict
-from typing import (Callable, Dict, List, Mapping, NamedTuple, Optional,
-                    Tuple, Union)
+from typing import (Callable, Dict, List, Mapping, NamedTuple, Optional, Tuple,
+                    Union)
 
 import torch
 from mmengine.logging import print_log
@@ -55,8 +56,8 @@ from mmengine.registry import WEIGHT_INITIALIZERS
 from mmsoft.runtime import setup
 from mmsoft.utils.checkpoint_files import ConversionError, extract_state_dict
 from mmsoft.utils.strict_load import (CheckpointMismatchError, LoadReport,
-                                      check_state_dict, few_keys,
-                                      strip_prefix, unwrap_model)
+                                      check_state_dict, few_keys, strip_prefix,
+                                      unwrap_model)
 from .converters import (convert_official_to_mmpretrain, describe_arch,
                          find_official_state_dict, official_model_name,
                          official_soft_hint)
@@ -342,8 +343,7 @@ def load_pretrained(module: torch.nn.Module,
         OrderedDict((k, v) for k, v in upgraded.items() if k not in bad),
         strict=False)
     print_log(
-        describe_load(source, weights, used, report, strict),
-        logger='current')
+        describe_load(source, weights, used, report, strict), logger='current')
     return report
 
 
@@ -391,9 +391,9 @@ class SOFTPretrainedInit:
         return f'{self.__class__.__name__}: load from {self.checkpoint}'
 
 
-def pretrained_init_cfg(
-        init_cfg: Union[Dict, List[Dict], None],
-        owner: str = 'SOFT') -> Tuple[Union[Dict, List[Dict], None], bool]:
+def pretrained_init_cfg(init_cfg: Union[Dict, List[Dict], None],
+                        owner: str = 'SOFT'
+                        ) -> Tuple[Union[Dict, List[Dict], None], bool]:
     """``init_cfg`` of a SOFT backbone with its ``Pretrained`` entries run
     by :class:`SOFTPretrainedInit` (last, after the other entries, as
     MMEngine orders ``Pretrained``), and whether a strict load replaces
@@ -451,8 +451,8 @@ def official_weights(ckpt,
     return sd, entry
 
 
-def converter_parser(description: str, src: str, dst: str,
-                     stage4_heads: str, heads_type: Callable):
+def converter_parser(description: str, src: str, dst: str, stage4_heads: str,
+                     heads_type: Callable):
     """The arguments both converter tools take: ``src``, ``dst``,
     ``--stage4-heads`` (parsed by ``heads_type``), ``--trust-checkpoint``
     (their help texts given)."""

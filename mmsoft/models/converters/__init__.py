@@ -25,9 +25,8 @@ from .official_arch import (OFFICIAL_MODELS, OFFICIAL_PRESETS,
                             describe_arch, infer_official_arch,
                             match_arch_preset, official_model_name,
                             official_shapes)
-from .official_keys import (find_official_state_dict,
-                            mmsoft_to_official_key, official_soft_hint,
-                            official_to_mmsoft_key)
+from .official_keys import (find_official_state_dict, mmsoft_to_official_key,
+                            official_soft_hint, official_to_mmsoft_key)
 
 __all__ = [
     'ConversionError', 'convert_mmpretrain_to_official',

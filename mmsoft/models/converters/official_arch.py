@@ -44,9 +44,8 @@ OFFICIAL_PRESETS = {
 }
 #: embed_dims, num_heads, depths of each official model function
 OFFICIAL_MODELS = {
-    name:
-    tuple(ARCH_ZOO[preset][k]
-          for k in ('embed_dims', 'num_heads', 'depths'))
+    name: tuple(ARCH_ZOO[preset][k]
+                for k in ('embed_dims', 'num_heads', 'depths'))
     for name, preset in OFFICIAL_PRESETS.items()
 }
 
@@ -261,10 +260,15 @@ def official_shapes(
     c = C[3]
     hid = int(c * a['mlp_ratios'][3])
     # timm's pre-norm Block: (name, in, out); in None: a LayerNorm
-    softmax_block = (('norm1.', None, c), ('attn.q.', c, c),
-                     ('attn.kv.', c, 2 * c), ('attn.proj.', c, c),
-                     ('norm2.', None, c), ('mlp.fc1.', c, hid), ('mlp.fc2.',
-                                                                  hid, c))
+    softmax_block = [
+        ('norm1.', None, c),
+        ('attn.q.', c, c),
+        ('attn.kv.', c, 2 * c),
+        ('attn.proj.', c, c),
+        ('norm2.', None, c),
+        ('mlp.fc1.', c, hid),
+        ('mlp.fc2.', hid, c),
+    ]
     for j in range(D[3]):
         for name, cin, cout in softmax_block:
             if cin is None:

@@ -12,11 +12,11 @@ must hold exactly what ``soft2mmsoft.py``'s conversion gives.
 import pytest
 import torch
 from conftest import CONFIGS
+from reference import official_soft_ref as ref
 
 from mmsoft.models import loading
 from mmsoft.models.converters import convert_official_to_mmpretrain
 from mmsoft.utils.strict_load import CheckpointMismatchError
-from reference import official_soft_ref as ref
 
 #: the SOFT of the demo configs (configs/demo/*.py)
 DEMO = dict(embed_dims=[32, 64, 128, 192], num_heads=[1, 2, 4, 6])
@@ -102,12 +102,11 @@ def test_authors_checkpoint_through_init_cfg(tmp_path, task, reports):
         f'{prefix}, {n} tensors, strict'
     ]
     # the backbone computes with them (no leftover random tensor)
-    assert all(torch.isfinite(v).all() for v in got.values()
-               if v.is_floating_point())
+    assert all(
+        torch.isfinite(v).all() for v in got.values() if v.is_floating_point())
 
 
-def test_bare_authors_state_dict_and_report_names_the_model(
-        tmp_path, reports):
+def test_bare_authors_state_dict_and_report_names_the_model(tmp_path, reports):
     """A bare authors' state dict; an official model size is named by the
     backbone's attention normalisation (soft_* / soft_norm_*)."""
     from mmsoft.models import SOFT
@@ -119,10 +118,11 @@ def test_bare_authors_state_dict_and_report_names_the_model(
     torch.save(sd, str(path))
     for norm, name in ((True, 'soft_norm_tiny'), (False, 'soft_tiny')):
         reports.clear()
-        SOFT('tiny',
-             attn_cfg=dict(type='SOFTAttention', attn_norm=norm),
-             init_cfg=dict(type='Pretrained',
-                           checkpoint=str(path))).init_weights()
+        SOFT(
+            'tiny',
+            attn_cfg=dict(type='SOFTAttention', attn_norm=norm),
+            init_cfg=dict(type='Pretrained',
+                          checkpoint=str(path))).init_weights()
         assert reports == [
             f"mmsoft: loaded {path}: authors' {name} layout, converted, "
             f"keys under 'backbone.', 185 tensors, strict"
@@ -142,8 +142,7 @@ def test_wrong_arch_authors_checkpoint_is_an_error(tmp_path):
     assert 'depths=[1, 1, 3, 1]' in msg
 
 
-def test_backbone_keys_of_a_whole_model_file_without_prefix(tmp_path,
-                                                             reports):
+def test_backbone_keys_of_a_whole_model_file_without_prefix(tmp_path, reports):
     """A whole classifier checkpoint (mmsoft layout) without ``prefix``:
     its ``backbone.`` keys are the backbone's."""
     from mmsoft.models import SOFT
