@@ -64,10 +64,21 @@ from .converters import (convert_official_to_mmpretrain, describe_arch,
 from .layers.soft_attention import SOFTAttention
 
 __all__ = [
-    'read_checkpoint', 'Weights', 'to_mmsoft', 'upgrade_legacy_keys',
-    'load_pretrained', 'check_attn_norm', 'check_checkpoint_for_model',
-    'SOFTPretrainedInit', 'pretrained_init_cfg', 'official_weights',
-    'converter_parser', 'run_converter'
+    # the steps
+    'read_checkpoint',
+    'Weights',
+    'to_mmsoft',
+    'upgrade_legacy_keys',
+    'load_pretrained',
+    'check_attn_norm',
+    'check_checkpoint_for_model',
+    # init_cfg
+    'SOFTPretrainedInit',
+    'pretrained_init_cfg',
+    # the converter tools
+    'official_weights',
+    'converter_parser',
+    'run_converter',
 ]
 
 #: how a partial load of the backbone's init_cfg is allowed (in the error)
