@@ -172,3 +172,30 @@ def test_init_weights_sets_no_private_state():
 
     from mmsoft.models import SOFT
     assert '_is_init' not in inspect.getsource(SOFT)
+
+
+def test_partial_authors_load_and_second_init_weights(tmp_path, reports):
+    """``strict=False`` loads an authors' file of another pretraining size
+    but the position embeddings (they keep the official initialisation);
+    a second ``init_weights`` changes nothing (mmengine warns)."""
+    from mmsoft.models import SOFT
+    path = tmp_path / 'authors_64.pth'
+    want = authors_file(path, 64)
+    model = SOFT(
+        dict(DEMO, depths=[1, 1, 2, 1], sampling_ratios=[4, 2, 2, 1]),
+        pretrain_img_size=96,
+        init_cfg=dict(type='Pretrained', checkpoint=str(path), strict=False))
+    model.init_weights()
+    got = model.state_dict()
+    for k, v in want.items():
+        if k.endswith('pos_embed'):
+            assert got[k].shape != v.shape and got[k].abs().sum() > 0, k
+        else:
+            assert torch.equal(got[k], v), k
+    assert reports[0].endswith(f', {len(want) - 4} tensors, strict=False, '
+                               f'partial')
+    before = {k: v.clone() for k, v in got.items()}
+    model.init_weights()
+    assert len(reports) == 1
+    for k, v in model.state_dict().items():
+        assert torch.equal(v, before[k]), k
