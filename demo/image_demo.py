@@ -221,17 +221,10 @@ class Predictor:
         converter's attention normalisation) and refuse a mismatch."""
         if checkpoint.startswith(('http://', 'https://')):
             return
-        import torch
-
-        from mmsoft.models.backbones.soft_pretrained import \
-            check_checkpoint_for_model
+        from mmsoft.models.loading import (check_checkpoint_for_model,
+                                           read_checkpoint)
         from mmsoft.utils.strict_load import CheckpointMismatchError
-        try:  # the structure only: the tensors stay on disk
-            ckpt = torch.load(
-                checkpoint, map_location='cpu', weights_only=True, mmap=True)
-        except Exception:  # noqa: BLE001 - legacy format: read it whole
-            from mmengine.runner.checkpoint import _load_checkpoint
-            ckpt = _load_checkpoint(checkpoint, map_location='cpu')
+        ckpt = read_checkpoint(checkpoint, mmap=True)  # tensors stay on disk
         try:
             check_checkpoint_for_model(
                 self.inferencer.model,

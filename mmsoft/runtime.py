@@ -15,10 +15,10 @@ before anything mmsoft builds can load a checkpoint:
   any registry: the configs that load mmsoft through
   ``custom_imports=dict(imports=['mmsoft'])``; the Runner builds the model
   and its hooks before ``resume`` / ``load_from``);
-* when ``SafeCheckpointHook`` or ``StrictLoadHook`` is built, and by the
-  ``SOFTPretrained`` initializer (``init_cfg`` ``Pretrained`` of SOFT);
-* in mmsoft's tools (:func:`mmsoft.tools_support.launch.import_codebase`,
-  the model converters);
+* when ``SafeCheckpointHook`` or ``StrictLoadHook`` is built, and before
+  :mod:`mmsoft.models.loading` reads a file (``init_cfg`` ``Pretrained``
+  of SOFT, the converters);
+* in mmsoft's tools (:func:`mmsoft.tools_support.launch.import_codebase`);
 * when called: ``mmsoft.setup()``, e.g. in a script that ``torch.load``\\ s
   a Runner checkpoint without building a SOFT model.
 """

@@ -8,7 +8,9 @@ before). A crafted checkpoint whose unpickling would create a marker file
 (``builtins.open(marker, 'w')``; the test first shows that plain
 ``torch.load(weights_only=False)`` does create it) goes through every entry
 point: mmengine's loaders as ``Runner(resume / load_from)`` and the
-inferencers call them, the resume search, ``init_cfg`` ``Pretrained``, the
+inferencers call them, the resume search, ``init_cfg`` ``Pretrained`` (the
+loader of :mod:`mmsoft.models.loading` and the backbone's
+``init_weights``), the
 ONNX export's loader, both converters, ``tools/test.py`` and
 ``demo/image_demo.py``. Each refuses it with one line that names the file
 and the safe fix (never torch's "weights_only=False" advice), and the
@@ -100,8 +102,19 @@ def _resume_search(path):
 
 
 def _init_cfg_pretrained(path):
-    from mmsoft.models.backbones.soft_pretrained import load_pretrained
+    from mmsoft.models.loading import load_pretrained
     load_pretrained(nn.Linear(2, 1), path, prefix='backbone.')
+
+
+def _soft_init_weights(path):
+    # init_cfg Pretrained on the backbone: mmsoft.models.loading end to end
+    from mmsoft.models import SOFT
+    SOFT(
+        dict(
+            embed_dims=[8, 8, 8, 8],
+            num_heads=[1, 1, 1, 1],
+            depths=[1, 1, 1, 1]),
+        init_cfg=dict(type='Pretrained', checkpoint=path)).init_weights()
 
 
 def _onnx_export_loader(path):
@@ -154,6 +167,7 @@ ENTRY_POINTS = {
     'CheckpointLoader': _checkpoint_loader,
     'resume_search': _resume_search,
     'init_cfg_Pretrained': _init_cfg_pretrained,
+    'SOFT.init_weights': _soft_init_weights,
     'onnx_export_loader': _onnx_export_loader,
     'soft2mmsoft': _converter('soft2mmsoft'),
     'mmsoft2soft': _converter('mmsoft2soft'),

@@ -96,8 +96,8 @@ def load_weights(model: nn.Module,
     loads the matching tensors and prints what was skipped."""
     from mmengine.runner.checkpoint import _load_checkpoint
 
-    from mmsoft.models.backbones.soft_pretrained import (
-        check_attn_norm, check_checkpoint_for_model)
+    from mmsoft.models.loading import (check_attn_norm,
+                                       check_checkpoint_for_model)
     from mmsoft.utils.strict_load import CheckpointMismatchError
     if not osp.isfile(checkpoint):
         raise ExportError(f'checkpoint {checkpoint!r} does not exist; pass '

@@ -10,7 +10,9 @@ files, independent of any model:
 * :func:`check_output_path`, :func:`save_checkpoint_atomic` - refuse to
   replace the input, write atomically with a checksum.
 
-Problems raise :class:`ConversionError` (one line each).
+Problems raise :class:`ConversionError` (one line each). Loading weights
+into models (layout detection, conversion, strict load) is
+:mod:`mmsoft.models.loading`, which uses :func:`extract_state_dict`.
 """
 import os
 import pickle

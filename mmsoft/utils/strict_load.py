@@ -15,11 +15,10 @@ An intended partial load (e.g. another head) is an explicit opt-in
 it loads the matching tensors and logs what was left out. Loading nothing
 is an error even then.
 
-This module compares state dicts only (it knows no model). Used by
-:class:`mmsoft.engine.hooks.StrictLoadHook` (``tools/test.py``) and by the
-``SOFTPretrained`` initializer of the backbone
-(:mod:`mmsoft.models.backbones.soft_pretrained`; what
-``init_cfg=dict(type='Pretrained', ...)`` of SOFT runs).
+This module compares state dicts only (it knows no model or file
+layout). The loads themselves are :mod:`mmsoft.models.loading` (what
+``init_cfg=dict(type='Pretrained', ...)`` of SOFT runs, and the check of
+:class:`mmsoft.engine.hooks.StrictLoadHook`, ``tools/test.py``).
 """
 import logging
 import re

@@ -1,9 +1,10 @@
 """Official <-> mmsoft checkpoint conversion (tools/model_converters/*).
 
-The official-layout state dicts are synthesised here from the official key
-naming of fudan-zvg/SOFT (models/softmax_free_*.py), written out
-independently of :mod:`mmsoft.models.converters` so that the converter's
-own shape table is checked against it. Reference numbers measured on the
+The official-layout state dicts come from the re-derivation of the official
+model in ``tests/reference`` (the official key naming of fudan-zvg/SOFT,
+models/softmax_free_*.py), written independently of
+:mod:`mmsoft.models.converters` so that the converter's own shape table is
+checked against it. Reference numbers measured on the
 official ``soft_tiny``: 187 state-dict entries, 13,069,056 parameters (with
 the 1000-class head).
 """
@@ -16,6 +17,7 @@ import pytest
 import torch
 from conftest import (CONFIGS, ROOT, dead_pid, flip_tensor_bytes, load_module,
                       random_model, run_python)
+from reference import official_soft_ref as ref
 
 from mmsoft.models import converters as ok
 from mmsoft.models.backbones.soft import SOFT
@@ -33,76 +35,26 @@ def official_state_dict(embed_dims,
                         num_heads,
                         depths,
                         num_classes=1000,
-                        in_chans=3,
                         ratios=(8, 4, 2),
-                        convs=(9, 5, 3),
-                        seed=0):
-    """Random tensors under the official names (timm soft_* model)."""
-    g = torch.Generator().manual_seed(seed)
-    sd = OrderedDict()
-
-    def t(*shape):
-        return torch.randn(*shape, generator=g)
-
-    C = embed_dims
-    for i, n in enumerate((3136, 784, 196, 50)):
-        sd[f'pos_embed{i + 1}'] = t(1, n, C[i])
-    sd['cls_token'] = t(1, 1, C[3])
-
-    def conv_bn(pre, conv_idx, cin, cout):
-        sd[f'{pre}.{conv_idx}.weight'] = t(cout, cin, 3, 3)
-        sd[f'{pre}.{conv_idx}.bias'] = t(cout)
-        b = f'{pre}.{conv_idx + 1}.'
-        sd[b + 'weight'] = t(cout)
-        sd[b + 'bias'] = t(cout)
-        sd[b + 'running_mean'] = t(cout)
-        sd[b + 'running_var'] = t(cout).abs() + 0.5
-        sd[b + 'num_batches_tracked'] = torch.tensor(77)
-
-    # nn.Sequential(Conv, BN, ReLU, Conv, BN, ReLU, Conv, BN, ReLU)
-    conv_bn('patch_embed1.proj', 0, in_chans, 32)
-    conv_bn('patch_embed1.proj', 3, 32, 32)
-    conv_bn('patch_embed1.proj', 6, 32, C[0])
-    for i in range(1, 4):
-        conv_bn(f'patch_embed{i + 1}.proj', 0, C[i - 1], C[i])
-    for s in range(3):
-        c, h = C[s], num_heads[s]
-        d = c // h
-        for j in range(depths[s]):
-            p = f'block{s + 1}.{j}.att.'
-
-            def lin(name, o, i_=None):  # Linear (i_ given) or LayerNorm
-                sd[p + name + '.weight'] = t(o) if i_ is None else t(o, i_)
-                sd[p + name + '.bias'] = t(o)
-
-            # registration order of SoftmaxFreeTransformer / -Attention
-            lin('mha.W_q', c, c)
-            lin('mha.W_v', c, c)
-            sd[p + 'mha.attn.Qlandmark_op.weight'] = t(d, d, ratios[s],
-                                                       ratios[s])
-            sd[p + 'mha.attn.Qnorm_act.0.weight'] = t(d)
-            sd[p + 'mha.attn.Qnorm_act.0.bias'] = t(d)
-            sd[p + 'mha.attn.conv.weight'] = t(h, 1, convs[s], convs[s])
-            lin('mha.ff', c, c)
-            lin('norm1', c)
-            lin('ff1', 4 * c, c)
-            lin('ff2', c, 4 * c)
-            lin('norm2', c)
-    c = C[3]
-    for j in range(depths[3]):
-        p = f'block4.{j}.'
-        # Block: norm1, attn (q, kv, proj), norm2, mlp (fc1, fc2)
-        for name, (o, i_) in (('norm1', (c, None)), ('attn.q', (c, c)),
-                              ('attn.kv', (2 * c, c)), ('attn.proj', (c, c)),
-                              ('norm2', (c, None)), ('mlp.fc1', (4 * c, c)),
-                              ('mlp.fc2', (c, 4 * c))):
-            sd[p + name + '.weight'] = t(o) if i_ is None else t(o, i_)
-            sd[p + name + '.bias'] = t(o)
-    sd['norm.weight'] = t(c)
-    sd['norm.bias'] = t(c)
-    if num_classes:
-        sd['head.weight'] = t(num_classes, c)
-        sd['head.bias'] = t(num_classes)
+                        convs=(9, 5, 3)):
+    """Random tensors under the official names (timm soft_* model, 224 x
+    224) in the official registration order (the cls token right after
+    the position embeddings), from the independent re-derivation of the
+    official model (``tests/reference``)."""
+    sd = ref.random_official_state_dict(
+        embed_dims,
+        num_heads,
+        depths,
+        num_classes=num_classes,
+        pretrain_img_size=224,
+        ratios=ratios,
+        convs=convs,
+        dtype=torch.float32)
+    sd.move_to_end('cls_token', last=False)
+    for i in (4, 3, 2, 1):
+        sd.move_to_end(f'pos_embed{i}', last=False)
+    if not num_classes:
+        del sd['head.weight'], sd['head.bias']
     return sd
 
 

@@ -16,13 +16,11 @@ official ``main.py --eval_checkpoint DST`` (which reads ``state_dict_ema``)
 and by timm's ``load_checkpoint``, plus ``meta`` with mmsoft's SHA-256 of
 the tensors. Written atomically; DST must not be SRC.
 """
-import argparse
 import sys
 
-from mmsoft.models.converters import (ConversionError,
-                                      convert_mmpretrain_to_official,
+from mmsoft.models.converters import (convert_mmpretrain_to_official,
                                       describe_arch, official_model_name)
-from mmsoft.runtime import setup
+from mmsoft.models.loading import converter_parser, run_converter
 from mmsoft.tools_support.cli import check_readable, positive_int
 from mmsoft.utils.checkpoint_files import (check_output_path,
                                            extract_state_dict,
@@ -31,23 +29,14 @@ from mmsoft.utils.checkpoint_files import (check_output_path,
 
 
 def parse_args(argv=None):
-    p = argparse.ArgumentParser(
-        description='Convert an mmsoft (mmpretrain) SOFT checkpoint to the '
-        'official fudan-zvg/SOFT layout.')
-    p.add_argument('src', help='mmsoft / mmpretrain checkpoint')
-    p.add_argument('dst', help='output official checkpoint (.pth)')
-    p.add_argument(
-        '--stage4-heads',
-        type=positive_int,
-        default=None,
-        help='heads of stage 4 (only used for the printed '
-        'architecture; default: stage 3\'s head width)')
-    p.add_argument(
-        '--trust-checkpoint',
-        action='store_true',
-        help='unpickle arbitrary objects in SRC (only for files '
-        'you trust)')
-    return p.parse_args(argv)
+    return converter_parser(
+        'Convert an mmsoft (mmpretrain) SOFT checkpoint to the official '
+        'fudan-zvg/SOFT layout.',
+        src='mmsoft / mmpretrain checkpoint',
+        dst='output official checkpoint (.pth)',
+        stage4_heads='heads of stage 4 (only used for the printed '
+        'architecture; default: stage 3\'s head width)',
+        heads_type=positive_int).parse_args(argv)
 
 
 def convert(args, log=print):
@@ -76,14 +65,7 @@ def convert(args, log=print):
 
 
 def main(argv=None):
-    args = parse_args(argv)
-    setup()  # loads mmengine training checkpoints (mmsoft.compat)
-    try:
-        convert(args)
-    except ConversionError as e:
-        print(f'error: {e}', file=sys.stderr)
-        return 1
-    return 0
+    return run_converter(convert, parse_args(argv))
 
 
 if __name__ == '__main__':

@@ -24,28 +24,31 @@ attention normalisation cannot be read from the weights: pass ``--norm`` for
 ``soft_norm_*`` checkpoints (SOFTAttention attn_norm=True); without it the
 checkpoint is taken to be a ``soft_*`` one (attn_norm=False).
 """
-import argparse
 import os.path as osp
 import sys
 
-from mmsoft.models.converters import (ConversionError, arch_for_mmsoft,
+from mmsoft.models.converters import (arch_for_mmsoft,
                                       convert_official_to_mmpretrain,
                                       describe_arch, match_arch_preset,
                                       official_model_name)
-from mmsoft.runtime import setup
+from mmsoft.models.loading import (converter_parser, official_weights,
+                                   run_converter)
 from mmsoft.tools_support.cli import check_readable, positive_int
 from mmsoft.utils.checkpoint_files import (check_output_path,
-                                           extract_state_dict,
                                            load_checkpoint_file,
                                            save_checkpoint_atomic)
 
 
 def parse_args(argv=None):
-    p = argparse.ArgumentParser(
-        description='Convert an official SOFT (timm) checkpoint to an '
-        'mmpretrain/mmsoft checkpoint.')
-    p.add_argument('src', help='official checkpoint (.pth / .pth.tar)')
-    p.add_argument('dst', help='output mmsoft checkpoint (.pth)')
+    p = converter_parser(
+        'Convert an official SOFT (timm) checkpoint to an mmpretrain/mmsoft '
+        'checkpoint.',
+        src='official checkpoint (.pth / .pth.tar)',
+        dst='output mmsoft checkpoint (.pth)',
+        stage4_heads='heads of the softmax stage 4 (not visible in the '
+        'weights; default: keep stage 3\'s head width, 16 for every '
+        'official model)',
+        heads_type=positive_int)
     ema = p.add_mutually_exclusive_group()
     ema.add_argument(
         '--ema',
@@ -63,18 +66,6 @@ def parse_args(argv=None):
         action='store_true',
         help='the checkpoint is a soft_norm_* model '
         '(attn_norm=True); not visible in the weights')
-    p.add_argument(
-        '--stage4-heads',
-        type=positive_int,
-        default=None,
-        help='heads of the softmax stage 4 (not visible in the '
-        'weights; default: keep stage 3\'s head width, 16 for '
-        'every official model)')
-    p.add_argument(
-        '--trust-checkpoint',
-        action='store_true',
-        help='unpickle arbitrary objects in SRC (only for files '
-        'you trust)')
     return p.parse_args(argv)
 
 
@@ -82,18 +73,7 @@ def convert(args, log=print):
     check_output_path(args.src, args.dst)
     check_readable(args.src)
     ckpt = load_checkpoint_file(args.src, trust=args.trust_checkpoint)
-    if args.ema is False:
-        sd, source = extract_state_dict(ckpt, prefer_ema=False)
-        if source in ('state_dict_ema', 'model_ema'):
-            raise ConversionError(
-                f'--no-ema given but {args.src!r} only holds EMA weights '
-                f'({source!r})')
-    else:
-        sd, source = extract_state_dict(ckpt, prefer_ema=True)
-        if args.ema and source not in ('state_dict_ema', 'model_ema'):
-            raise ConversionError(
-                f'--ema given but {args.src!r} has no state_dict_ema / '
-                f'model_ema entry (found {source!r})')
+    sd, source = official_weights(ckpt, args.src, args.ema)
     log(f'reading {source!r} of {args.src} ({len(sd)} tensors)')
     out, arch, notes = convert_official_to_mmpretrain(sd, args.stage4_heads)
     for n in notes:
@@ -152,14 +132,7 @@ def convert(args, log=print):
 
 
 def main(argv=None):
-    args = parse_args(argv)
-    setup()  # loads mmengine training checkpoints (mmsoft.compat)
-    try:
-        convert(args)
-    except ConversionError as e:
-        print(f'error: {e}', file=sys.stderr)
-        return 1
-    return 0
+    return run_converter(convert, parse_args(argv))
 
 
 if __name__ == '__main__':

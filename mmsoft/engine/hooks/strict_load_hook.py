@@ -42,8 +42,7 @@ class StrictLoadHook(Hook):
         self.opt_in = opt_in
 
     def after_load_checkpoint(self, runner, checkpoint: dict) -> None:
-        from mmsoft.models.backbones.soft_pretrained import \
-            check_checkpoint_for_model
+        from mmsoft.models.loading import check_checkpoint_for_model
         source = str(getattr(runner, '_load_from', None) or 'checkpoint')
         if getattr(runner, '_resume', False):
             problem = not_resumable(checkpoint)

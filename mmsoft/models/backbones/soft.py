@@ -8,29 +8,26 @@ embedding and blocks.
 """
 import copy
 import math
-import re
 from typing import Dict, List, Mapping, Optional, Sequence, Tuple, Union
 
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
 import torch.utils.checkpoint as cp
-from mmengine.logging import print_log
 from mmengine.model import BaseModule
-from mmengine.model.weight_init import initialize, trunc_normal_
+from mmengine.model.weight_init import trunc_normal_
 from torch.nn.modules.batchnorm import _BatchNorm
 
 from mmsoft.registry import register_model
 from mmsoft.runtime import setup
+from ..arch_zoo import ARCH_DEFAULTS, ARCH_ZOO, NUM_STAGES
+from ..converters import upgrade_legacy_state_dict
 from ..layers import checks
 from ..layers.blocks import (RESIDUAL_DROPS, ConvPatchEmbed, SOFTBlock,
                              SoftmaxBlock, build_norm, check_norm_cfg)
+from ..loading import pretrained_init_cfg
 
 __all__ = ['SOFT', 'PyramidStage', 'SOFTStage', 'ClsTokenStage']
-
-
-def _arch(embed_dims, num_heads, depths):
-    return dict(embed_dims=embed_dims, num_heads=num_heads, depths=depths)
 
 
 class PyramidStage(nn.Module):
@@ -401,38 +398,12 @@ class SOFT(BaseModule):
 
     #: presets (Table 2) under their names and aliases, as Swin's
     #: ``arch_zoo`` (an alias maps to the same dict; :meth:`arch_presets`
-    #: lists each preset once)
-    arch_zoo = {
-        **dict.fromkeys(['tiny', 't'],
-                        _arch([64, 128, 320, 512], [2, 4, 10, 16], [
-                                  1, 2, 3, 2
-                              ])),
-        **dict.fromkeys(['small', 's'],
-                        _arch([64, 128, 320, 512], [2, 4, 10, 16], [
-                                  1, 3, 7, 4
-                              ])),
-        **dict.fromkeys(['medium', 'm'],
-                        _arch([64, 128, 288, 512], [2, 4, 9, 16], [
-                                  1, 3, 29, 5
-                              ])),
-        **dict.fromkeys(['large', 'l'],
-                        _arch([64, 128, 320, 512], [2, 4, 10, 16], [
-                                  1, 3, 40, 5
-                              ])),
-        **dict.fromkeys(['huge', 'h'],
-                        _arch([64, 128, 352, 512], [2, 4, 11, 16], [
-                                  1, 5, 49, 5
-                              ])),
-        'small-official':
-        _arch([64, 128, 320, 512], [2, 4, 10, 16], [1, 3, 20, 4]),
-    }
+    #: lists each preset once); the data is :mod:`mmsoft.models.arch_zoo`
+    arch_zoo = ARCH_ZOO
     #: the stage type of each pyramid level (keys of :data:`STAGE_TYPES`)
     stage_types = ('SOFTStage', 'SOFTStage', 'SOFTStage', 'ClsTokenStage')
-    arch_defaults = dict(
-        sampling_ratios=[8, 4, 2, 1],
-        mlp_ratios=[4, 4, 4, 4],
-        dw_kernel_sizes=[9, 5, 3])
-    num_stages = 4
+    arch_defaults = ARCH_DEFAULTS
+    num_stages = NUM_STAGES
     OUT_TYPES = ('featmap', 'cls_token')
     #: the SOFT-attention options the backbone took before ``attn_cfg``
     #: (mmsoft 0.1); see :meth:`check_legacy_options`
@@ -695,38 +666,9 @@ class SOFT(BaseModule):
                            state_dict: Mapping,
                            prefix: str = '') -> 'Dict':
         """Rename version-1 and -2 keys under ``prefix`` to version 3
-        (v1 -> v2: stages as modules; v2 -> v3: mmcv's FFN, ``ffn.fc1`` ->
-        ``ffn.layers.0.0``, ``ffn.fc2`` -> ``ffn.layers.1``); other keys are
-        kept as they are, in their order. No pattern matches a version-3
-        key, so this is safe on files without version metadata."""
-        p = re.escape(prefix)
-        last = cls.num_stages - 1
-        rules = (
-            (re.compile(rf'^{p}patch_embeds\.(\d+)\.'),
-             rf'{prefix}stages.\1.patch_embed.'),
-            (re.compile(rf'^{p}pos_embeds\.(\d+)$'),
-             rf'{prefix}stages.\1.pos_embed'),
-            (re.compile(rf'^{p}stages\.(\d+)\.(\d+)\.'),
-             rf'{prefix}stages.\1.blocks.\2.'),
-            (re.compile(rf'^{p}cls_token$'),
-             f'{prefix}stages.{last}.cls_token'),
-            (re.compile(rf'^{p}norm\.'), f'{prefix}stages.{last}.norm.'),
-        )
-        ffn = re.compile(rf'^({p}stages\.\d+\.blocks\.\d+\.ffn\.)fc([12])\.')
-        ffn_layer = {'1': 'layers.0.0.', '2': 'layers.1.'}
-        out = type(state_dict)() if isinstance(state_dict, dict) else {}
-        for k, v in state_dict.items():
-            for pattern, repl in rules:  # v1 -> v2
-                new, n = pattern.subn(repl, k)
-                if n:
-                    k = new
-                    break
-            k = ffn.sub(lambda m: m.group(1) + ffn_layer[m.group(2)], k)
-            out[k] = v
-        meta = getattr(state_dict, '_metadata', None)
-        if meta is not None:
-            out._metadata = meta
-        return out
+        (:func:`mmsoft.models.converters.upgrade_legacy_state_dict`); other
+        keys are kept as they are, in their order."""
+        return upgrade_legacy_state_dict(state_dict, prefix, cls.num_stages)
 
     def _load_from_state_dict(self, state_dict, prefix, local_metadata, strict,
                               missing_keys, unexpected_keys, error_msgs):
@@ -748,54 +690,32 @@ class SOFT(BaseModule):
         is accepted and means "no weights yet" (configs set it so that
         ``--cfg-options model.backbone.init_cfg.checkpoint=...`` works).
 
-        Pretrained loading is strict (the ``SOFTPretrained`` initializer of
-        :mod:`mmsoft.models.backbones.soft_pretrained`): a checkpoint whose
-        tensors (under ``prefix``) do not match the backbone - missing,
-        unexpected or mis-shaped keys, an unconverted official checkpoint -
-        raises :class:`mmsoft.utils.strict_load.CheckpointMismatchError`.
-        ``init_cfg=dict(type='Pretrained', ..., strict=False)`` allows
-        intended partial loads (the rest keeps the official initialisation).
+        ``Pretrained`` loads any layout (mmsoft, a whole classifier /
+        detector / segmentor, the authors' ``soft_*`` / ``soft_norm_*``
+        files) strictly, through :mod:`mmsoft.models.loading`
+        (:func:`~mmsoft.models.loading.pretrained_init_cfg`): tensors that
+        do not match the backbone raise
+        :class:`mmsoft.utils.strict_load.CheckpointMismatchError`;
+        ``strict=False`` allows intended partial loads (the rest keeps the
+        official initialisation).
         """
-        cfg = dict(self.init_cfg) if isinstance(self.init_cfg, dict) else {}
-        pretrained = cfg.get('type') in ('Pretrained', 'SOFTPretrained')
-        if pretrained and cfg.get('checkpoint') is None:
-            print_log(
-                'SOFT: init_cfg has no checkpoint; using random '
-                'initialisation',
-                logger='current')
-            self.init_cfg = None
-            pretrained = False
-        if pretrained and cfg.get('strict', True) is not False:
-            return self._load_pretrained(cfg)  # every tensor is loaded
-        for m in self.modules():
-            if isinstance(m, nn.Linear):
-                trunc_normal_(m.weight, std=.02)
-                if m.bias is not None:
+        if self.is_init:  # mmengine warns and does nothing
+            return super().init_weights()
+        self.init_cfg, loads_all = pretrained_init_cfg(self.init_cfg)
+        if not loads_all:  # else every tensor is loaded
+            for m in self.modules():
+                if isinstance(m, nn.Linear):
+                    trunc_normal_(m.weight, std=.02)
+                    if m.bias is not None:
+                        nn.init.zeros_(m.bias)
+                elif isinstance(m, nn.LayerNorm):
+                    nn.init.ones_(m.weight)
                     nn.init.zeros_(m.bias)
-            elif isinstance(m, nn.LayerNorm):
-                nn.init.ones_(m.weight)
-                nn.init.zeros_(m.bias)
-        for stage in self.stages:
-            trunc_normal_(stage.pos_embed, std=.02)
-            if hasattr(stage, 'cls_token'):
-                trunc_normal_(stage.cls_token, std=.02)
-        if pretrained:  # partial load: the rest keeps the initialisation
-            return self._load_pretrained(cfg)
-        super().init_weights()
-
-    def _load_pretrained(self, cfg: Dict) -> None:
-        """``init_cfg`` ``Pretrained`` by the registered strict initializer
-        ``SOFTPretrained`` (:mod:`.soft_pretrained`), not by mmengine's
-        ``PretrainedInit`` (``strict=False``, wrong weights only warn)."""
-        initialize(
-            self,
-            dict(
-                type='SOFTPretrained',
-                checkpoint=cfg['checkpoint'],
-                prefix=cfg.get('prefix'),
-                map_location=cfg.get('map_location', 'cpu'),
-                strict=cfg.get('strict', True)))
-        self._is_init = True
+            for stage in self.stages:
+                trunc_normal_(stage.pos_embed, std=.02)
+                if hasattr(stage, 'cls_token'):
+                    trunc_normal_(stage.cls_token, std=.02)
+        super().init_weights()  # init_cfg, the pretrained load last
 
     # ------------------------------------------------------------ freeze
     def _freeze_stages(self):

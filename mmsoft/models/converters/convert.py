@@ -13,7 +13,7 @@ from typing import Dict, List, Mapping, Optional, Tuple
 import torch
 
 from mmsoft.utils.checkpoint_files import ConversionError, strip_module_prefix
-from ..backbones.soft import SOFT
+from .legacy_keys import upgrade_legacy_state_dict
 from .official_arch import infer_official_arch, official_shapes
 from .official_keys import mmsoft_to_official_key, official_to_mmsoft_key
 
@@ -99,11 +99,11 @@ def convert_mmpretrain_to_official(sd: Mapping[str, torch.Tensor],
     classifier. If no key has the prefix the dict is taken as a bare backbone
     state dict. Other keys (e.g. a neck) are reported as unknown. Keys of
     mmsoft checkpoints of version 1 are read too (see
-    :meth:`SOFT.upgrade_state_dict`).
+    :func:`.legacy_keys.upgrade_legacy_state_dict`).
     """
     sd = strip_module_prefix(sd)
     has_prefix = any(k.startswith(prefix) for k in sd)
-    sd = SOFT.upgrade_state_dict(sd, prefix if has_prefix else '')
+    sd = upgrade_legacy_state_dict(sd, prefix if has_prefix else '')
     official = OrderedDict()
     origin = {}
     problems = []

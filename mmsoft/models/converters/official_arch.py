@@ -20,7 +20,7 @@ from typing import Dict, Mapping, Optional, Tuple
 import torch
 
 from mmsoft.utils.checkpoint_files import ConversionError
-from ..backbones.soft import SOFT
+from ..arch_zoo import ARCH_DEFAULTS, ARCH_ZOO
 from .official_keys import BN_KEYS, official_block
 
 __all__ = [
@@ -32,7 +32,7 @@ __all__ = [
 #: hidden channels of the official three-conv stem
 OFFICIAL_STEM_CHANNELS = 32
 #: mmsoft's defaults for the optional arch entries
-_DEFAULTS = SOFT.arch_defaults
+_DEFAULTS = ARCH_DEFAULTS
 #: the official timm model functions (``soft_*``; ``soft_norm_*`` has the
 #: same shapes) and the mmsoft preset with their architecture
 OFFICIAL_PRESETS = {
@@ -44,9 +44,8 @@ OFFICIAL_PRESETS = {
 }
 #: embed_dims, num_heads, depths of each official model function
 OFFICIAL_MODELS = {
-    name:
-    tuple(SOFT.arch_zoo[preset][k]
-          for k in ('embed_dims', 'num_heads', 'depths'))
+    name: tuple(ARCH_ZOO[preset][k]
+                for k in ('embed_dims', 'num_heads', 'depths'))
     for name, preset in OFFICIAL_PRESETS.items()
 }
 
@@ -260,15 +259,22 @@ def official_shapes(
             ln(p + 'norm2.', c)
     c = C[3]
     hid = int(c * a['mlp_ratios'][3])
+    # timm's pre-norm Block: (name, in, out); in None: a LayerNorm
+    softmax_block = [
+        ('norm1.', None, c),
+        ('attn.q.', c, c),
+        ('attn.kv.', c, 2 * c),
+        ('attn.proj.', c, c),
+        ('norm2.', None, c),
+        ('mlp.fc1.', c, hid),
+        ('mlp.fc2.', hid, c),
+    ]
     for j in range(D[3]):
-        p = f'block4.{j}.'
-        ln(p + 'norm1.', c)
-        linear(p + 'attn.q.', c, c)
-        linear(p + 'attn.kv.', c, 2 * c)
-        linear(p + 'attn.proj.', c, c)
-        ln(p + 'norm2.', c)
-        linear(p + 'mlp.fc1.', c, hid)
-        linear(p + 'mlp.fc2.', hid, c)
+        for name, cin, cout in softmax_block:
+            if cin is None:
+                ln(f'block4.{j}.{name}', cout)
+            else:
+                linear(f'block4.{j}.{name}', cin, cout)
     ln('norm.', c)
     if num_classes:
         linear('head.', c, num_classes)
@@ -290,7 +296,7 @@ def match_arch_preset(arch: Mapping) -> Optional[str]:
     """Name of the mmsoft ``SOFT.arch_zoo`` preset equal to ``arch``, or
     None."""
     want = arch_for_mmsoft(arch)
-    for name, preset in SOFT.arch_zoo.items():
+    for name, preset in ARCH_ZOO.items():
         full = dict(_DEFAULTS)
         full.update(preset)
         if arch_for_mmsoft(full) == want:

@@ -21,7 +21,7 @@ from mmsoft.utils.checkpoint_files import ConversionError, extract_state_dict
 
 __all__ = [
     'official_to_mmsoft_key', 'mmsoft_to_official_key', 'official_block',
-    'official_soft_hint', 'BN_KEYS'
+    'official_soft_hint', 'find_official_state_dict', 'BN_KEYS'
 ]
 
 #: the tensors of one BatchNorm
@@ -156,11 +156,13 @@ _OFFICIAL_RE = re.compile(r'^(patch_embed[1-4]\.|block[1-4]\.\d+\.|'
                           r'pos_embed[1-4]$)')
 
 
-def official_soft_hint(checkpoint, source: str = 'SRC') -> Optional[str]:
-    """The converter command if ``checkpoint`` (a loaded checkpoint dict)
-    has the key layout of the official SOFT code, else None."""
+def find_official_state_dict(checkpoint) -> Optional[Tuple[dict, str]]:
+    """``(state_dict, entry)`` if ``checkpoint`` (a loaded checkpoint dict)
+    has the key layout of the official SOFT code (most keys are official
+    backbone keys; :func:`extract_state_dict` picks the entry, EMA first as
+    the converter does), else None."""
     try:
-        sd, _ = extract_state_dict(checkpoint)
+        sd, entry = extract_state_dict(checkpoint)
     except ConversionError:
         return None
     official = [
@@ -168,9 +170,23 @@ def official_soft_hint(checkpoint, source: str = 'SRC') -> Optional[str]:
     ]
     if not official or len(official) < len(sd) // 2:
         return None
+    return sd, entry
+
+
+def official_soft_hint(checkpoint, source: str = 'SRC') -> Optional[str]:
+    """The converter command if ``checkpoint`` (a loaded checkpoint dict)
+    has the key layout of the official SOFT code, else None (for loads of
+    a whole model; the backbone's ``init_cfg`` reads such files directly,
+    :mod:`mmsoft.models.loading`)."""
+    found = find_official_state_dict(checkpoint)
+    if found is None:
+        return None
+    first = next(k for k in found[0] if _OFFICIAL_RE.match(k))
     dst = osp.join('weights', osp.basename(str(source)) or 'soft.pth')
     return (f'{source!s} is an official SOFT checkpoint (fudan-zvg/SOFT key '
-            f'layout, e.g. {official[0]!r}); convert it first:\n'
+            f'layout, e.g. {first!r}); convert it first:\n'
             f'    python tools/model_converters/soft2mmsoft.py {source} '
             f'{dst} [--norm for soft_norm_* weights]\n'
-            f'  and load the converted file.')
+            f'  and load the converted file (the SOFT backbone alone reads '
+            f"it directly: init_cfg=dict(type='Pretrained', "
+            f'checkpoint={source!s})).')

@@ -1,0 +1,201 @@
+"""Issue 29: the authors' checkpoints load directly through
+``init_cfg=dict(type='Pretrained', checkpoint=...)`` on the SOFT backbone
+of a classifier, a detector and a segmentor (:mod:`mmsoft.models.loading`:
+file -> layout -> conversion -> strict load -> one-line report), as
+mmdet's Swin / PVT take their authors' files.
+
+The authors' files are written here as the official repository saves them
+(``{'model': state_dict}`` or a bare state dict) from the independent
+re-derivation of the official model (``tests/reference``); the backbone
+must hold exactly what ``soft2mmsoft.py``'s conversion gives.
+"""
+import pytest
+import torch
+from conftest import CONFIGS
+from reference import official_soft_ref as ref
+
+from mmsoft.models import loading
+from mmsoft.models.converters import convert_official_to_mmpretrain
+from mmsoft.utils.strict_load import CheckpointMismatchError
+
+#: the SOFT of the demo configs (configs/demo/*.py)
+DEMO = dict(embed_dims=[32, 64, 128, 192], num_heads=[1, 2, 4, 6])
+RATIOS = (4, 2, 2)
+#: codebase, demo config, pretrain_img_size of its backbone
+TASKS = {
+    'mmpretrain': ('soft_cls_demo.py', 64),
+    'mmdet': ('retinanet_soft_demo.py', 160),
+    'mmseg': ('upernet_soft_demo.py', 160),
+}
+
+
+def authors_file(path, img_size, depths=(1, 1, 2, 1), wrap='model'):
+    """An authors'-layout checkpoint of the demo SOFT; returns the
+    backbone state dict the converter makes of it."""
+    sd = ref.random_official_state_dict(
+        DEMO['embed_dims'],
+        DEMO['num_heads'],
+        list(depths),
+        num_classes=5,
+        pretrain_img_size=img_size,
+        ratios=RATIOS,
+        dtype=torch.float32)
+    torch.save({wrap: sd} if wrap else sd, str(path))
+    converted, _, _ = convert_official_to_mmpretrain(sd)
+    return {
+        k[len('backbone.'):]: v
+        for k, v in converted.items() if k.startswith('backbone.')
+    }
+
+
+def build(task, checkpoint, **init):
+    """The demo model of ``task`` with ``init_cfg`` Pretrained on its
+    backbone, built in its codebase's scope (not yet initialised)."""
+    import importlib
+    import os.path as osp
+
+    from mmengine.config import Config
+    from mmengine.registry import DefaultScope
+
+    from mmsoft.tools_support import launch
+    pytest.importorskip(task)
+    cfg = Config.fromfile(osp.join(CONFIGS, 'demo', TASKS[task][0]))
+    cfg.model.backbone.init_cfg = dict(
+        type='Pretrained', checkpoint=str(checkpoint), **init)
+    scope = launch.import_codebase(cfg)
+    registry = importlib.import_module(f'{scope}.registry')
+    with DefaultScope.overwrite_default_scope(scope):
+        return registry.MODELS.build(cfg.model)
+
+
+@pytest.fixture
+def reports(monkeypatch):
+    """The report lines :mod:`mmsoft.models.loading` logs."""
+    lines = []
+    log = loading.print_log
+
+    def record(msg, *a, **k):
+        if str(msg).startswith('mmsoft: loaded '):
+            lines.append(str(msg))
+        return log(msg, *a, **k)
+
+    monkeypatch.setattr(loading, 'print_log', record)
+    return lines
+
+
+@pytest.mark.parametrize('task', list(TASKS))
+def test_authors_checkpoint_through_init_cfg(tmp_path, task, reports):
+    path = tmp_path / 'soft_demo_authors.pth'
+    want = authors_file(path, TASKS[task][1])
+    model = build(task, path, prefix='backbone.' if task == 'mmdet' else None)
+    model.init_weights()
+    got = model.backbone.state_dict()
+    assert set(got) == set(want)
+    for k, v in want.items():
+        assert torch.equal(got[k], v), k
+    n = len(want)
+    prefix = ", keys under 'backbone.'"
+    assert reports == [
+        f"mmsoft: loaded {path}: authors' SOFT arch=dict(embed_dims=[32, 64, "
+        f'128, 192], num_heads=[1, 2, 4, 6], depths=[1, 1, 2, 1], '
+        f"sampling_ratios=[4, 2, 2, 1]) layout ('model'), converted"
+        f'{prefix}, {n} tensors, strict'
+    ]
+    # the backbone computes with them (no leftover random tensor)
+    assert all(
+        torch.isfinite(v).all() for v in got.values() if v.is_floating_point())
+
+
+def test_bare_authors_state_dict_and_report_names_the_model(tmp_path, reports):
+    """A bare authors' state dict; an official model size is named by the
+    backbone's attention normalisation (soft_* / soft_norm_*)."""
+    from mmsoft.models import SOFT
+    path = tmp_path / 'soft_tiny.pth'
+    sd = ref.random_official_state_dict([64, 128, 320, 512], [2, 4, 10, 16],
+                                        [1, 2, 3, 2],
+                                        pretrain_img_size=224,
+                                        dtype=torch.float32)
+    torch.save(sd, str(path))
+    for norm, name in ((True, 'soft_norm_tiny'), (False, 'soft_tiny')):
+        reports.clear()
+        SOFT(
+            'tiny',
+            attn_cfg=dict(type='SOFTAttention', attn_norm=norm),
+            init_cfg=dict(type='Pretrained',
+                          checkpoint=str(path))).init_weights()
+        assert reports == [
+            f"mmsoft: loaded {path}: authors' {name} layout, converted, "
+            f"keys under 'backbone.', 185 tensors, strict"
+        ]
+
+
+def test_wrong_arch_authors_checkpoint_is_an_error(tmp_path):
+    path = tmp_path / 'deeper.pth'
+    authors_file(path, 64, depths=(1, 1, 3, 1))
+    model = build('mmpretrain', path)
+    with pytest.raises(CheckpointMismatchError) as exc:
+        model.init_weights()
+    msg = str(exc.value)
+    assert str(path) in msg
+    assert 'not in the model (unexpected): stages.2.blocks.2.' in msg
+    assert "the authors' weights of arch=dict(" in msg
+    assert 'depths=[1, 1, 3, 1]' in msg
+
+
+def test_backbone_keys_of_a_whole_model_file_without_prefix(tmp_path, reports):
+    """A whole classifier checkpoint (mmsoft layout) without ``prefix``:
+    its ``backbone.`` keys are the backbone's."""
+    from mmsoft.models import SOFT
+    src = SOFT(dict(DEMO, depths=[1, 1, 2, 1]), pretrain_img_size=64)
+    src.init_weights()
+    sd = {f'backbone.{k}': v for k, v in src.state_dict().items()}
+    sd['head.fc.weight'] = torch.zeros(5, 192)
+    path = tmp_path / 'cls.pth'
+    torch.save({'state_dict': sd, 'meta': {}}, str(path))
+    dst = SOFT(
+        dict(DEMO, depths=[1, 1, 2, 1]),
+        pretrain_img_size=64,
+        init_cfg=dict(type='Pretrained', checkpoint=str(path)))
+    dst.init_weights()
+    for k, v in src.state_dict().items():
+        assert torch.equal(dst.state_dict()[k], v), k
+    assert reports == [
+        f"mmsoft: loaded {path}: mmsoft layout ('state_dict'), keys under "
+        f"'backbone.', {len(src.state_dict())} tensors, strict"
+    ]
+
+
+def test_init_weights_sets_no_private_state():
+    """SOFT.init_weights goes through mmengine's BaseModule.init_weights
+    (the strict loader is a registered initializer), not ``_is_init``."""
+    import inspect
+
+    from mmsoft.models import SOFT
+    assert '_is_init' not in inspect.getsource(SOFT)
+
+
+def test_partial_authors_load_and_second_init_weights(tmp_path, reports):
+    """``strict=False`` loads an authors' file of another pretraining size
+    but the position embeddings (they keep the official initialisation);
+    a second ``init_weights`` changes nothing (mmengine warns)."""
+    from mmsoft.models import SOFT
+    path = tmp_path / 'authors_64.pth'
+    want = authors_file(path, 64)
+    model = SOFT(
+        dict(DEMO, depths=[1, 1, 2, 1], sampling_ratios=[4, 2, 2, 1]),
+        pretrain_img_size=96,
+        init_cfg=dict(type='Pretrained', checkpoint=str(path), strict=False))
+    model.init_weights()
+    got = model.state_dict()
+    for k, v in want.items():
+        if k.endswith('pos_embed'):
+            assert got[k].shape != v.shape and got[k].abs().sum() > 0, k
+        else:
+            assert torch.equal(got[k], v), k
+    assert reports[0].endswith(f', {len(want) - 4} tensors, strict=False, '
+                               f'partial')
+    before = {k: v.clone() for k, v in got.items()}
+    model.init_weights()
+    assert len(reports) == 1
+    for k, v in model.state_dict().items():
+        assert torch.equal(v, before[k]), k
