@@ -526,10 +526,9 @@ class SOFT(NRDiagnosticsMixin, BaseModule):
             cfg = dict(type=kind, **{k: cfg[k] for k in takes if k in cfg})
             cfg.update(per_stage['user'][i])
             if len(cfg['drop_path_rates']) != depth:
-                raise ValueError(f'SOFT: stage_cfgs: stage {i + 1} has '
-                                 f'{depth} blocks, so drop_path_rates needs '
-                                 f'{depth} values, got '
-                                 f'{cfg["drop_path_rates"]!r}')
+                raise ValueError(f'SOFT: stage_cfgs: drop_path_rates of '
+                                 f'stage {i + 1} needs one value per block '
+                                 f'({depth}), got {cfg["drop_path_rates"]!r}')
             cfgs.append(cfg)
             prev, cur = cfg['embed_dims'], cur + depth
         return cfgs
