@@ -267,28 +267,18 @@ class SOFT(NRDiagnosticsMixin, BaseModule):
             each. Default: 'tiny'.
         attn_cfg (dict | list[dict | None]): the token mixer of stages 1-3,
             ``dict(type=..., **options)`` from
-            :data:`mmsoft.registry.ATTENTIONS` (one dict for those stages,
-            or a list of four, the 4th None: stage 4 is softmax attention).
+            :data:`mmsoft.registry.ATTENTIONS`: one dict for those stages or
+            a list of four, the 4th None (stage 4 is softmax attention).
             Default: ``dict(type='SOFTAttention')``, the normalised SOFT
-            attention of the IJCV ``soft_norm_*`` models; ``dict(type=
-            'SOFTAttention', attn_norm=False)`` is the NeurIPS ``soft_*``
-            family. The options of SOFT attention
-            (:class:`~mmsoft.models.layers.SOFTAttention`): ``attn_norm``
-            (Eq. 25), ``sampling`` (f_s: 'conv', 'avgpool', 'random',
-            'biased'; Table 4b / 8), ``nr_iters`` (T = 20), ``nr_init``
-            (the alpha rule: None = the official rule of the variant, per
-            sample with ``attn_norm``; or 'soft_norm_per_sample',
-            'soft_norm_per_matrix', 'soft_norm_per_batch', 'soft'),
-            ``nr_method`` ('auto', 'iterative', 'spectral'; the same
-            function), ``nr_backward`` ('eq16', the papers' closed form, or
-            'exact', the gradient of the T iterations as computed),
-            ``nr_diagnostics`` (see :meth:`nr_stats`), ``max_landmarks``
-            (an opt-in cap on the bottleneck size m, for training from
-            scratch at high resolution; not for official weights) and
-            ``landmark_hw`` (a fixed bottleneck grid). The zoo attentions
-            (Table 1: ``'softmax'``, ``'linformer'``, ``'performer'``,
-            ``'nystromformer'``, ``'sima'``) take their own options; see
-            :mod:`mmsoft.models.layers.attention_zoo`.
+            attention of the IJCV ``soft_norm_*`` models; ``attn_norm=False``
+            gives the NeurIPS ``soft_*`` family. The options of SOFT
+            attention (``attn_norm``, ``sampling``, ``nr_iters``,
+            ``nr_init``, ``nr_method``, ``nr_backward``, ``nr_diagnostics``
+            (see :meth:`nr_stats`), ``max_landmarks``, ``landmark_hw``) are
+            those of :class:`~mmsoft.models.layers.SOFTAttention`; the zoo
+            attentions (Table 1: ``'softmax'``, ``'linformer'``,
+            ``'performer'``, ``'nystromformer'``, ``'sima'``) take their own
+            (:mod:`mmsoft.models.layers.attention_zoo`).
         in_channels (int): image channels. Default: 3.
         out_indices (int | Sequence[int]): stages (0-3) whose outputs are
             returned. Default: (0, 1, 2, 3).
