@@ -24,8 +24,7 @@ from torch.nn.modules.batchnorm import _BatchNorm
 
 from mmsoft.registry import register_model
 from mmsoft.runtime import setup
-from ..layers.blocks import (ConvPatchEmbed, SOFTBlock, SoftmaxBlock,
-                             build_norm, check_norm_cfg)
+from ..layers.blocks import ConvPatchEmbed, SOFTBlock, SoftmaxBlock, build_norm
 from . import soft_inputs, soft_options
 from .nr_diagnostics import NRDiagnosticsMixin
 
@@ -437,7 +436,7 @@ class SOFT(NRDiagnosticsMixin, BaseModule):
         setup()  # compat fixes + version check, once (mmsoft.runtime)
         self.check_legacy_options(legacy)
         opts = soft_options
-        opts.check_options(
+        rates = opts.check_options(
             self.num_stages,
             in_channels,
             pretrain_img_size,
@@ -451,12 +450,6 @@ class SOFT(NRDiagnosticsMixin, BaseModule):
         self.arch_settings = opts.parse_arch(arch, self.arch_zoo,
                                              self.arch_defaults, kinds)
         self.out_indices = opts.parse_out_indices(out_indices, self.num_stages)
-        norm_cfgs = opts.per_stage('norm_cfg', norm_cfg, self.num_stages)
-        for i, ncfg in enumerate(norm_cfgs):
-            check_norm_cfg(
-                'norm_cfg'
-                if isinstance(norm_cfg, Mapping) else f'norm_cfg[{i}]', ncfg)
-        check_norm_cfg('patch_norm_cfg', patch_norm_cfg)
         self.embed_dims = self.arch_settings['embed_dims']
         self.num_heads = self.arch_settings['num_heads']
         self.depths = self.arch_settings['depths']
@@ -466,19 +459,21 @@ class SOFT(NRDiagnosticsMixin, BaseModule):
         self.pretrain_img_size = pretrain_img_size
 
         per_stage = dict(
-            norm_cfg=norm_cfgs,
+            norm_cfg=opts.parse_norm_cfgs(norm_cfg, patch_norm_cfg,
+                                          self.num_stages),
             act_cfg=opts.per_stage('act_cfg', act_cfg, self.num_stages),
             attn_cfg=opts.parse_attn_cfg(attn_cfg, kinds),
             user=opts.parse_stage_cfgs(stage_cfgs, kinds))
         common = dict(
             qkv_bias=qkv_bias,
-            drop_rate=drop_rate,
-            attn_drop_rate=attn_drop_rate,
             residual_drop=residual_drop,
             patch_norm_cfg=patch_norm_cfg,
-            patch_act_cfg=patch_act_cfg)
-        self.stage_cfgs = self._stage_cfgs(in_channels, drop_path_rate,
-                                           per_stage, common)
+            patch_act_cfg=patch_act_cfg,
+            drop_rate=rates['drop_rate'],
+            attn_drop_rate=rates['attn_drop_rate'])
+        self.stage_cfgs = self._stage_cfgs(in_channels,
+                                           rates['drop_path_rate'], per_stage,
+                                           common)
         self.stages = nn.ModuleList()
         for cfg in self.stage_cfgs:
             cfg = copy.deepcopy(cfg)

@@ -16,12 +16,12 @@ import inspect
 from typing import Dict, List, Mapping, Optional, Sequence, Tuple
 
 from ..layers import checks
-from ..layers.blocks import RESIDUAL_DROPS
+from ..layers.blocks import RESIDUAL_DROPS, check_norm_cfg
 
 __all__ = [
     'LEGACY_ATTN_ARGS', 'OUT_TYPES', 'check_legacy_options', 'check_options',
-    'parse_arch', 'parse_out_indices', 'per_stage', 'parse_attn_cfg',
-    'parse_stage_cfgs', 'stage_args'
+    'parse_arch', 'parse_out_indices', 'per_stage', 'parse_norm_cfgs',
+    'parse_attn_cfg', 'parse_stage_cfgs', 'stage_args'
 ]
 
 #: the SOFT-attention options the backbone took before ``attn_cfg``
@@ -68,8 +68,7 @@ def check_options(num_stages: int, in_channels, pretrain_img_size, out_type,
     """The scalar options; ``rates``: the dropout / drop-path rates."""
     checks.check_int('SOFT: in_channels', in_channels)
     checks.check_int('SOFT: pretrain_img_size', pretrain_img_size, minimum=32)
-    for key, rate in rates.items():
-        checks.check_rate(f'SOFT: {key}', rate)
+    rates = {k: checks.check_rate(f'SOFT: {k}', r) for k, r in rates.items()}
     if out_type not in OUT_TYPES:
         raise ValueError(f'unknown out_type {out_type!r}; choose one of '
                          f'{OUT_TYPES}')
@@ -80,6 +79,7 @@ def check_options(num_stages: int, in_channels, pretrain_img_size, out_type,
     if residual_drop not in RESIDUAL_DROPS:
         raise ValueError(f'SOFT: residual_drop must be one of '
                          f'{RESIDUAL_DROPS}, got {residual_drop!r}')
+    return rates
 
 
 def stage_args(stage_cls: type) -> Tuple[str, ...]:
@@ -209,6 +209,18 @@ def per_stage(name: str, value, n: int) -> List[Optional[Dict]]:
         return [copy.deepcopy(v) for v in value]
     raise TypeError(f'SOFT: {name} must be a dict or a list of {n} '
                     f'dicts / None (one per stage), got {value!r}')
+
+
+def parse_norm_cfgs(norm_cfg, patch_norm_cfg, n: int) -> List[Optional[Dict]]:
+    """The blocks' norm of each stage (:func:`per_stage`); every norm type,
+    ``patch_norm_cfg``'s too, must be a registered norm layer."""
+    norm_cfgs = per_stage('norm_cfg', norm_cfg, n)
+    for i, cfg in enumerate(norm_cfgs):
+        check_norm_cfg(
+            'norm_cfg' if isinstance(norm_cfg, Mapping) else f'norm_cfg[{i}]',
+            cfg)
+    check_norm_cfg('patch_norm_cfg', patch_norm_cfg)
+    return norm_cfgs
 
 
 def parse_attn_cfg(attn_cfg, stages: Sequence[type]) -> List[Optional[Dict]]:
