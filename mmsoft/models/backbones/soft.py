@@ -25,7 +25,8 @@ from torch.nn.modules.batchnorm import _BatchNorm
 from mmsoft.registry import register_model
 from mmsoft.runtime import setup
 from ..layers.blocks import ConvPatchEmbed, SOFTBlock, SoftmaxBlock, build_norm
-from . import soft_inputs, soft_options
+from . import soft_inputs
+from . import soft_options as opts
 from .nr_diagnostics import NRDiagnosticsMixin
 
 __all__ = ['SOFT', 'PyramidStage', 'SOFTStage', 'ClsTokenStage']
@@ -404,11 +405,11 @@ class SOFT(NRDiagnosticsMixin, BaseModule):
         mlp_ratios=[4, 4, 4, 4],
         dw_kernel_sizes=[9, 5, 3, None])
     num_stages = 4
-    OUT_TYPES = soft_options.OUT_TYPES
+    OUT_TYPES = opts.OUT_TYPES
     #: the SOFT-attention options the backbone took before ``attn_cfg``
     #: (mmsoft 0.1); see :meth:`check_legacy_options`
-    LEGACY_ATTN_ARGS = soft_options.LEGACY_ATTN_ARGS
-    check_legacy_options = staticmethod(soft_options.check_legacy_options)
+    LEGACY_ATTN_ARGS = opts.LEGACY_ATTN_ARGS
+    check_legacy_options = staticmethod(opts.check_legacy_options)
 
     def __init__(self,
                  arch: Union[str, Dict] = 'tiny',
@@ -435,7 +436,6 @@ class SOFT(NRDiagnosticsMixin, BaseModule):
         super().__init__(init_cfg=init_cfg)
         setup()  # compat fixes + version check, once (mmsoft.runtime)
         self.check_legacy_options(legacy)
-        opts = soft_options
         rates = opts.check_options(
             self.num_stages,
             in_channels,
@@ -507,7 +507,7 @@ class SOFT(NRDiagnosticsMixin, BaseModule):
                 act_cfg=per_stage['act_cfg'][i],
                 attn_cfg=per_stage['attn_cfg'][i],
                 **common)
-            takes = soft_options.stage_args(STAGE_TYPES[kind])
+            takes = opts.stage_args(STAGE_TYPES[kind])
             cfg = dict(type=kind, **{k: cfg[k] for k in takes if k in cfg})
             cfg.update(per_stage['user'][i])
             if len(cfg['drop_path_rates']) != depth:
