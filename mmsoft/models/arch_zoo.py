@@ -39,4 +39,4 @@ ARCH_ZOO = {
 ARCH_DEFAULTS = dict(
     sampling_ratios=[8, 4, 2, 1],
     mlp_ratios=[4, 4, 4, 4],
-    dw_kernel_sizes=[9, 5, 3])
+    dw_kernel_sizes=[9, 5, 3, None])

@@ -118,7 +118,7 @@ def test_infer_arch_and_preset(depths, preset):
     assert arch['embed_dims'] == TINY['embed_dims']
     assert arch['num_heads'] == TINY['num_heads']
     assert arch['sampling_ratios'] == [8, 4, 2, 1]
-    assert arch['dw_kernel_sizes'] == [9, 5, 3]
+    assert arch['dw_kernel_sizes'] == [9, 5, 3, None]
     assert arch['mlp_ratios'] == [4, 4, 4, 4]
     assert (arch['in_channels'], arch['num_classes'],
             arch['pretrain_img_size']) == (3, 1000, 224)
@@ -144,7 +144,7 @@ def test_infer_medium_and_non_default_entries():
         num_heads=[2, 4, 9, 16],
         depths=[1, 1, 1, 1],
         sampling_ratios=[4, 4, 2, 1],
-        dw_kernel_sizes=[7, 5, 3])
+        dw_kernel_sizes=[7, 5, 3, None])
     out, _, _ = ok.convert_official_to_mmpretrain(sd)
     model = SOFT(arch=ok.arch_for_mmsoft(arch))
     model.load_state_dict(backbone_part(out), strict=True)

@@ -4,7 +4,9 @@ The backbone is a pyramid of four :class:`PyramidStage` modules:
 :class:`SOFTStage` (stages 1-3: softmax-free attention, or any attention of
 the zoo through ``attn_cfg``) and :class:`ClsTokenStage` (stage 4: softmax
 attention with a cls token). Each stage owns its patch embedding, position
-embedding and blocks.
+embedding and blocks. The checks of the backbone's options live in
+:mod:`.soft_options`, its handling of unusual inputs in :mod:`.soft_inputs`
+and its NR diagnostics in :mod:`.nr_diagnostics`.
 """
 import copy
 import math
@@ -22,10 +24,11 @@ from mmsoft.registry import register_model
 from mmsoft.runtime import setup
 from ..arch_zoo import ARCH_DEFAULTS, ARCH_ZOO, NUM_STAGES
 from ..converters import upgrade_legacy_state_dict
-from ..layers import checks
-from ..layers.blocks import (RESIDUAL_DROPS, ConvPatchEmbed, SOFTBlock,
-                             SoftmaxBlock, build_norm, check_norm_cfg)
+from ..layers.blocks import ConvPatchEmbed, SOFTBlock, SoftmaxBlock, build_norm
 from ..loading import pretrained_init_cfg
+from . import soft_inputs
+from . import soft_options as opts
+from .nr_diagnostics import NRDiagnosticsMixin
 
 __all__ = ['SOFT', 'PyramidStage', 'SOFTStage', 'ClsTokenStage']
 
@@ -122,11 +125,8 @@ class SOFTStage(PyramidStage):
     """Stages 1-3: ``depth`` :class:`SOFTBlock` around the token mixer
     ``attn_cfg`` (SOFT attention by default).
 
-    ``in_channels``, ``embed_dims``, ``pos_grid``, ``stem``, ``drop_rate``,
-    ``patch_norm_cfg`` and ``patch_act_cfg`` are those of
-    :class:`PyramidStage`.
-
     Args:
+        embed_dims (int): channels C of this level.
         num_heads (int): attention heads.
         depth (int): number of blocks.
         sampling_ratio (int): r of the bottleneck (m = HW / r^2).
@@ -139,12 +139,12 @@ class SOFTStage(PyramidStage):
             :class:`SOFTBlock`).
         norm_cfg (dict, optional): the blocks' norms (default LN).
         act_cfg (dict, optional): the FFN activation (default tanh-GELU).
+        **kwargs: ``in_channels``, ``pos_grid``, ``stem``, ``drop_rate``,
+            ``patch_norm_cfg``, ``patch_act_cfg`` of :class:`PyramidStage`.
     """
 
     def __init__(self,
-                 in_channels: int,
                  embed_dims: int,
-                 pos_grid: int,
                  num_heads: int,
                  depth: int,
                  sampling_ratio: int,
@@ -154,112 +154,77 @@ class SOFTStage(PyramidStage):
                  qkv_bias: bool,
                  drop_path_rates: Sequence[float],
                  residual_drop: str = 'drop_path',
-                 stem: bool = False,
-                 drop_rate: float = 0.,
                  norm_cfg: Optional[Dict] = None,
                  act_cfg: Optional[Dict] = None,
-                 patch_norm_cfg: Optional[Dict] = None,
-                 patch_act_cfg: Optional[Dict] = None):
-        super().__init__(
-            in_channels,
-            embed_dims,
-            pos_grid,
-            stem,
-            drop_rate=drop_rate,
-            patch_norm_cfg=patch_norm_cfg,
-            patch_act_cfg=patch_act_cfg)
-        for j in range(depth):
-            self.blocks.append(
-                SOFTBlock(
-                    embed_dims,
-                    num_heads,
-                    sampling_ratio,
-                    dw_kernel_size,
-                    attn_cfg=attn_cfg,
-                    qkv_bias=qkv_bias,
-                    mlp_ratio=mlp_ratio,
-                    drop_path_rate=drop_path_rates[j],
-                    residual_drop=residual_drop,
-                    norm_cfg=norm_cfg,
-                    act_cfg=act_cfg))
-
-    @staticmethod
-    def arch_options(arch: Dict, i: int, opts: Dict) -> Dict:
-        """The settings of stage ``i`` this stage type takes beyond the
-        common ones: from the arch (``sampling_ratios``,
-        ``dw_kernel_sizes``) and the backbone options ``opts``."""
-        return dict(
-            sampling_ratio=arch['sampling_ratios'][i],
-            dw_kernel_size=arch['dw_kernel_sizes'][i],
-            attn_cfg=opts['attn_cfgs'][i],
-            residual_drop=opts['residual_drop'])
+                 **kwargs):
+        super().__init__(embed_dims=embed_dims, **kwargs)
+        self.blocks.extend(
+            SOFTBlock(
+                embed_dims,
+                num_heads,
+                sampling_ratio,
+                dw_kernel_size,
+                attn_cfg=attn_cfg,
+                qkv_bias=qkv_bias,
+                mlp_ratio=mlp_ratio,
+                drop_path_rate=drop_path_rates[j],
+                residual_drop=residual_drop,
+                norm_cfg=norm_cfg,
+                act_cfg=act_cfg) for j in range(depth))
 
 
 class ClsTokenStage(PyramidStage):
     """Stage 4 ("sp. 1x1, w. cls token"): a cls token, ``depth`` pre-norm
     :class:`SoftmaxBlock` and a final LayerNorm (``norm``).
 
-    ``in_channels``, ``embed_dims``, ``pos_grid``, ``stem``, ``drop_rate``,
-    ``patch_norm_cfg`` and ``patch_act_cfg`` are those of
-    :class:`PyramidStage`.
-
     Args:
+        embed_dims (int): channels C of this level.
         num_heads (int): attention heads.
         depth (int): number of blocks.
         mlp_ratio (float): MLP expansion.
         qkv_bias (bool): biases of the q / kv projections.
         attn_drop_rate (float): dropout on the attention weights.
         drop_path_rates (list[float]): stochastic depth rate of each block.
+        drop_rate (float): dropout after the position embedding and in the
+            attention projections and MLPs. Default: 0.
         norm_cfg (dict, optional): the blocks' norms and the final norm
             (default ``dict(type='LN', eps=1e-6)``).
         act_cfg (dict, optional): the MLP activation (default GELU).
+        **kwargs: ``in_channels``, ``pos_grid``, ``stem``,
+            ``patch_norm_cfg``, ``patch_act_cfg`` of :class:`PyramidStage`.
     """
 
     def __init__(self,
-                 in_channels: int,
                  embed_dims: int,
-                 pos_grid: int,
                  num_heads: int,
                  depth: int,
                  mlp_ratio: float,
                  qkv_bias: bool,
-                 drop_rate: float,
                  attn_drop_rate: float,
                  drop_path_rates: Sequence[float],
-                 stem: bool = False,
+                 drop_rate: float = 0.,
                  norm_cfg: Optional[Dict] = None,
                  act_cfg: Optional[Dict] = None,
-                 patch_norm_cfg: Optional[Dict] = None,
-                 patch_act_cfg: Optional[Dict] = None):
+                 **kwargs):
         super().__init__(
-            in_channels,
-            embed_dims,
-            pos_grid,
-            stem,
+            embed_dims=embed_dims,
             num_extra_tokens=1,
             drop_rate=drop_rate,
-            patch_norm_cfg=patch_norm_cfg,
-            patch_act_cfg=patch_act_cfg)
+            **kwargs)
         norm_cfg = dict(type='LN', eps=1e-6) if norm_cfg is None else norm_cfg
-        for j in range(depth):
-            self.blocks.append(
-                SoftmaxBlock(
-                    embed_dims,
-                    num_heads,
-                    mlp_ratio=mlp_ratio,
-                    qkv_bias=qkv_bias,
-                    drop_rate=drop_rate,
-                    attn_drop_rate=attn_drop_rate,
-                    drop_path_rate=drop_path_rates[j],
-                    norm_cfg=norm_cfg,
-                    act_cfg=act_cfg))
+        self.blocks.extend(
+            SoftmaxBlock(
+                embed_dims,
+                num_heads,
+                mlp_ratio=mlp_ratio,
+                qkv_bias=qkv_bias,
+                drop_rate=drop_rate,
+                attn_drop_rate=attn_drop_rate,
+                drop_path_rate=drop_path_rates[j],
+                norm_cfg=norm_cfg,
+                act_cfg=act_cfg) for j in range(depth))
         self.cls_token = nn.Parameter(torch.zeros(1, 1, embed_dims))
         self.norm = build_norm(norm_cfg, embed_dims)
-
-    @staticmethod
-    def arch_options(arch: Dict, i: int, opts: Dict) -> Dict:
-        """See :meth:`SOFTStage.arch_options`."""
-        return dict(attn_drop_rate=opts['attn_drop_rate'])
 
     def _extra_tokens(self, B: int) -> torch.Tensor:
         return self.cls_token.expand(B, -1, -1)
@@ -273,7 +238,7 @@ STAGE_TYPES = {'SOFTStage': SOFTStage, 'ClsTokenStage': ClsTokenStage}
 
 
 @register_model
-class SOFT(BaseModule):
+class SOFT(NRDiagnosticsMixin, BaseModule):
     """SOFT: softmax-free vision transformer with a 4-stage pyramid.
 
     Stages 1-3 (:class:`SOFTStage`) stack :class:`SOFTBlock` (linear-
@@ -282,40 +247,35 @@ class SOFT(BaseModule):
     softmax-attention stage with a cls token. Outputs are at strides
     4 / 8 / 16 / 32.
 
+    Every per-stage setting takes one entry per stage (4). Settings only
+    the SOFT stages take (``dw_kernel_sizes``, a list ``attn_cfg``) have
+    None as the entry of stage 4; the 3-entry lists of mmsoft 0.2 are an
+    error that gives the 4-entry list to write.
+
     Args:
         arch (str | dict): a preset of :attr:`arch_zoo` (``'tiny'``,
             ``'small'``, ``'medium'``, ``'large'``, ``'huge'``, or their
             aliases ``'t'``, ``'s'``, ``'m'``, ``'l'``, ``'h'``, and
             ``'small-official'``, the depths [1, 3, 20, 4] of the official
             ``soft_small`` weights), or a dict with ``embed_dims``,
-            ``num_heads``, ``depths`` (4 entries each) and optionally
-            ``sampling_ratios`` (default [8, 4, 2, 1]), ``mlp_ratios``
-            (default [4, 4, 4, 4]) and ``dw_kernel_sizes`` (default [9, 5,
-            3]). Default: 'tiny'.
-        attn_cfg (dict | list[dict]): the token mixer of stages 1-3,
+            ``num_heads``, ``depths`` and optionally ``sampling_ratios``
+            (default [8, 4, 2, 1]), ``mlp_ratios`` (default [4, 4, 4, 4])
+            and ``dw_kernel_sizes`` (default [9, 5, 3, None]), 4 entries
+            each. Default: 'tiny'.
+        attn_cfg (dict | list[dict | None]): the token mixer of stages 1-3,
             ``dict(type=..., **options)`` from
-            :data:`mmsoft.registry.ATTENTIONS` (one dict for all three
-            stages, or a list of three). Default:
-            ``dict(type='SOFTAttention')``, the normalised SOFT attention of
-            the IJCV ``soft_norm_*`` models; ``dict(type='SOFTAttention',
-            attn_norm=False)`` is the NeurIPS ``soft_*`` family. The options
-            of SOFT attention (:class:`~mmsoft.models.layers.SOFTAttention`):
-            ``attn_norm`` (Eq. 25), ``sampling`` (f_s: 'conv', 'avgpool',
-            'random', 'biased'; Table 4b / 8), ``nr_iters`` (T = 20),
-            ``nr_init`` (the alpha rule: None = the official rule of the
-            variant, per sample with ``attn_norm``; or
-            'soft_norm_per_sample', 'soft_norm_per_matrix',
-            'soft_norm_per_batch', 'soft'), ``nr_method`` ('auto',
-            'iterative', 'spectral'; the same function), ``nr_backward``
-            ('eq16', the papers' closed form, or 'exact', the gradient of
-            the T iterations as computed), ``nr_diagnostics`` (see
-            :meth:`nr_stats`), ``max_landmarks`` (an opt-in cap on the
-            bottleneck size m, for training from scratch at high
-            resolution; not for official weights) and ``landmark_hw`` (a
-            fixed bottleneck grid). The zoo attentions
-            (Table 1: ``'softmax'``, ``'linformer'``, ``'performer'``,
-            ``'nystromformer'``, ``'sima'``) take their own options; see
-            :mod:`mmsoft.models.layers.attention_zoo`.
+            :data:`mmsoft.registry.ATTENTIONS`: one dict for those stages or
+            a list of four, the 4th None (stage 4 is softmax attention).
+            Default: ``dict(type='SOFTAttention')``, the normalised SOFT
+            attention of the IJCV ``soft_norm_*`` models; ``attn_norm=False``
+            gives the NeurIPS ``soft_*`` family. The options of SOFT
+            attention (``attn_norm``, ``sampling``, ``nr_iters``,
+            ``nr_init``, ``nr_method``, ``nr_backward``, ``nr_diagnostics``
+            (see :meth:`nr_stats`), ``max_landmarks``, ``landmark_hw``) are
+            those of :class:`~mmsoft.models.layers.SOFTAttention`; the zoo
+            attentions (Table 1: ``'softmax'``, ``'linformer'``,
+            ``'performer'``, ``'nystromformer'``, ``'sima'``) take their own
+            (:mod:`mmsoft.models.layers.attention_zoo`).
         in_channels (int): image channels. Default: 3.
         out_indices (int | Sequence[int]): stages (0-3) whose outputs are
             returned. Default: (0, 1, 2, 3).
@@ -370,19 +330,31 @@ class SOFT(BaseModule):
             Default: False.
         with_cp (bool): gradient checkpointing of every block. Default:
             False.
+        stage_cfgs (dict | Sequence[dict]): Extra config dict for each
+            stage, merged into (and overriding) the config the backbone
+            computes for it (:attr:`stage_cfgs`): one dict for every stage
+            (each stage takes the keys its type has, e.g.
+            ``dw_kernel_size`` only the :class:`SOFTStage`) or a list of
+            four, one per stage (every key an argument of that stage's
+            type). ``embed_dims``, ``num_heads`` and ``depth`` come from
+            ``arch``. Default: an empty dict.
         init_cfg (dict | list[dict], optional): mmengine init config, e.g.
             ``dict(type='Pretrained', checkpoint='soft_tiny.pth',
             prefix='backbone.')``. Default: None.
+
+    Examples:
+        >>> import torch
+        >>> from mmsoft.models import SOFT
+        >>> # stage 3: 7 x 7 depthwise convs, dropout on its residuals
+        >>> model = SOFT('tiny', stage_cfgs=[
+        ...     {}, {}, dict(dw_kernel_size=7, residual_drop='dropout'), {}])
+        >>> [o.shape[1] for o in model(torch.rand(1, 3, 224, 224))]
+        [64, 128, 320, 512]
 
     Sizes that are not multiples of 32: every down-sampling conv has kernel
     3, stride 2, padding 1, so each stage has ceil(H_prev / 2) rows; the
     bottleneck grid of a stage is ``max(1, H // r) x max(1, W // r)`` (see
     :func:`mmsoft.models.layers.landmark_grid`).
-
-    Stages are built from a per-stage spec (:attr:`stage_cfgs`, one dict
-    per level, ``type`` from :attr:`stage_types` / :data:`STAGE_TYPES`):
-    the settings common to all levels plus those the stage type takes
-    (``arch_options`` of the stage class).
 
     Checkpoints: version 3 (``_version``) names the tensors by stage
     (``stages.0.patch_embed.*``, ``stages.0.pos_embed``,
@@ -404,16 +376,15 @@ class SOFT(BaseModule):
     stage_types = ('SOFTStage', 'SOFTStage', 'SOFTStage', 'ClsTokenStage')
     arch_defaults = ARCH_DEFAULTS
     num_stages = NUM_STAGES
-    OUT_TYPES = ('featmap', 'cls_token')
+    OUT_TYPES = opts.OUT_TYPES
     #: the SOFT-attention options the backbone took before ``attn_cfg``
     #: (mmsoft 0.1); see :meth:`check_legacy_options`
-    LEGACY_ATTN_ARGS = ('attn_type', 'attn_norm', 'sampling', 'nr_iters',
-                        'nr_init', 'nr_method', 'nr_backward',
-                        'nr_diagnostics', 'max_landmarks')
+    LEGACY_ATTN_ARGS = opts.LEGACY_ATTN_ARGS
+    check_legacy_options = staticmethod(opts.check_legacy_options)
 
     def __init__(self,
                  arch: Union[str, Dict] = 'tiny',
-                 attn_cfg: Union[Dict, Sequence[Dict], None] = None,
+                 attn_cfg: Union[Dict, Sequence[Optional[Dict]], None] = None,
                  in_channels: int = 3,
                  out_indices: Union[int, Sequence[int]] = (0, 1, 2, 3),
                  out_type: str = 'featmap',
@@ -430,61 +401,50 @@ class SOFT(BaseModule):
                  frozen_stages: int = -1,
                  norm_eval: bool = False,
                  with_cp: bool = False,
+                 stage_cfgs: Union[Dict, Sequence[Dict]] = dict(),
                  init_cfg: Optional[Union[Dict, List[Dict]]] = None,
                  **legacy):
         super().__init__(init_cfg=init_cfg)
         setup()  # compat fixes + version check, once (mmsoft.runtime)
         self.check_legacy_options(legacy)
-        checks.check_int('SOFT: in_channels', in_channels)
-        checks.check_int(
-            'SOFT: pretrain_img_size', pretrain_img_size, minimum=32)
-        for key, rate in (('drop_rate', drop_rate), ('attn_drop_rate',
-                                                     attn_drop_rate),
-                          ('drop_path_rate', drop_path_rate)):
-            checks.check_rate(f'SOFT: {key}', rate)
-        self.arch_settings = self._parse_arch(arch)
-        attn_cfgs = self._parse_attn_cfg(attn_cfg)
-        if out_type not in self.OUT_TYPES:
-            raise ValueError(f'unknown out_type {out_type!r}; choose one of '
-                             f'{self.OUT_TYPES}')
-        self.out_indices = self._parse_out_indices(out_indices)
-        checks.check_int('SOFT: frozen_stages', frozen_stages, minimum=-1)
-        if frozen_stages > self.num_stages:
-            raise ValueError(f'frozen_stages must be in [-1, 4], got '
-                             f'{frozen_stages}')
-        a = self.arch_settings
-        self.embed_dims = a['embed_dims']
-        self.num_heads = a['num_heads']
-        self.depths = a['depths']
+        rates = opts.check_options(
+            self.num_stages,
+            in_channels,
+            pretrain_img_size,
+            out_type,
+            frozen_stages,
+            residual_drop,
+            drop_rate=drop_rate,
+            attn_drop_rate=attn_drop_rate,
+            drop_path_rate=drop_path_rate)
+        kinds = [STAGE_TYPES[k] for k in self.stage_types]
+        self.arch_settings = opts.parse_arch(arch, self.arch_zoo,
+                                             self.arch_defaults, kinds)
+        self.out_indices = opts.parse_out_indices(out_indices, self.num_stages)
+        self.embed_dims = self.arch_settings['embed_dims']
+        self.num_heads = self.arch_settings['num_heads']
+        self.depths = self.arch_settings['depths']
         self.out_type = out_type
         self.frozen_stages = frozen_stages
         self.norm_eval = norm_eval
         self.pretrain_img_size = pretrain_img_size
 
-        if residual_drop not in RESIDUAL_DROPS:
-            raise ValueError(f'SOFT: residual_drop must be one of '
-                             f'{RESIDUAL_DROPS}, got {residual_drop!r}')
-        norm_cfgs = self._per_stage('norm_cfg', norm_cfg)
-        for i, ncfg in enumerate(norm_cfgs):
-            check_norm_cfg(
-                'norm_cfg'
-                if isinstance(norm_cfg, Mapping) else f'norm_cfg[{i}]', ncfg)
-        check_norm_cfg('patch_norm_cfg', patch_norm_cfg)
-        self.stage_cfgs = self._stage_cfgs(
-            in_channels,
-            pretrain_img_size,
-            drop_path_rate,
-            norm_cfgs=norm_cfgs,
-            act_cfgs=self._per_stage('act_cfg', act_cfg),
-            common=dict(
-                qkv_bias=qkv_bias,
-                drop_rate=drop_rate,
-                patch_norm_cfg=patch_norm_cfg,
-                patch_act_cfg=patch_act_cfg),
-            opts=dict(
-                attn_cfgs=attn_cfgs,
-                residual_drop=residual_drop,
-                attn_drop_rate=attn_drop_rate))
+        per_stage = dict(
+            norm_cfg=opts.parse_norm_cfgs(norm_cfg, patch_norm_cfg,
+                                          self.num_stages),
+            act_cfg=opts.per_stage('act_cfg', act_cfg, self.num_stages),
+            attn_cfg=opts.parse_attn_cfg(attn_cfg, kinds),
+            user=opts.parse_stage_cfgs(stage_cfgs, kinds))
+        common = dict(
+            qkv_bias=qkv_bias,
+            residual_drop=residual_drop,
+            patch_norm_cfg=patch_norm_cfg,
+            patch_act_cfg=patch_act_cfg,
+            drop_rate=rates['drop_rate'],
+            attn_drop_rate=rates['attn_drop_rate'])
+        self.stage_cfgs = self._stage_cfgs(in_channels,
+                                           rates['drop_path_rate'], per_stage,
+                                           common)
         self.stages = nn.ModuleList()
         for cfg in self.stage_cfgs:
             cfg = copy.deepcopy(cfg)
@@ -493,49 +453,41 @@ class SOFT(BaseModule):
             self.stages.append(stage)
         self._freeze_stages()
 
-    # ------------------------------------------------------------ config
-    def _stage_cfgs(self, in_channels: int, pretrain_img_size: int,
-                    drop_path_rate: float, norm_cfgs: List, act_cfgs: List,
-                    common: Dict, opts: Dict) -> List[Dict]:
-        """The per-stage spec: ``type`` (:attr:`stage_types`), the
-        settings of every level (channels, position grid, heads, depth, MLP
-        ratio, drop-path rates, norms, ...) and those of the stage type
-        (``arch_options``: e.g. the sampling ratio and attention of a
-        :class:`SOFTStage`)."""
+    def _stage_cfgs(self, in_channels: int, drop_path_rate: float,
+                    per_stage: Dict[str, List], common: Dict) -> List[Dict]:
+        """The config of each stage: its ``type`` (:attr:`stage_types`),
+        the settings of ``arch`` and of the backbone that this type takes,
+        then the user's ``stage_cfgs`` entry (``per_stage['user']``)."""
         a = self.arch_settings
         dpr = torch.linspace(0, drop_path_rate, sum(a['depths'])).tolist()
         cfgs, prev, cur = [], in_channels, 0
         for i, kind in enumerate(self.stage_types):
-            dims, depth = a['embed_dims'][i], a['depths'][i]
+            depth = a['depths'][i]
             cfg = dict(
-                type=kind,
                 in_channels=prev,
-                embed_dims=dims,
-                pos_grid=pretrain_img_size // (4 * 2**i),
+                embed_dims=a['embed_dims'][i],
+                pos_grid=self.pretrain_img_size // (4 * 2**i),
                 num_heads=a['num_heads'][i],
                 depth=depth,
+                sampling_ratio=a['sampling_ratios'][i],
+                dw_kernel_size=a['dw_kernel_sizes'][i],
                 mlp_ratio=a['mlp_ratios'][i],
                 drop_path_rates=dpr[cur:cur + depth],
                 stem=i == 0,
-                norm_cfg=norm_cfgs[i],
-                act_cfg=act_cfgs[i],
+                norm_cfg=per_stage['norm_cfg'][i],
+                act_cfg=per_stage['act_cfg'][i],
+                attn_cfg=per_stage['attn_cfg'][i],
                 **common)
-            cfg.update(STAGE_TYPES[kind].arch_options(a, i, opts))
+            takes = opts.stage_args(STAGE_TYPES[kind])
+            cfg = dict(type=kind, **{k: cfg[k] for k in takes if k in cfg})
+            cfg.update(per_stage['user'][i])
+            if len(cfg['drop_path_rates']) != depth:
+                raise ValueError(f'SOFT: stage_cfgs: drop_path_rates of '
+                                 f'stage {i + 1} needs one value per block '
+                                 f'({depth}), got {cfg["drop_path_rates"]!r}')
             cfgs.append(cfg)
-            prev, cur = dims, cur + depth
+            prev, cur = cfg['embed_dims'], cur + depth
         return cfgs
-
-    @classmethod
-    def _per_stage(cls, name: str, value) -> List[Optional[Dict]]:
-        """One config (or None: the stage default) per level."""
-        n = cls.num_stages
-        if value is None or isinstance(value, Mapping):
-            return [copy.deepcopy(value) for _ in range(n)]
-        if isinstance(value, (list, tuple)) and len(value) == n and all(
-                v is None or isinstance(v, Mapping) for v in value):
-            return [copy.deepcopy(v) for v in value]
-        raise TypeError(f'SOFT: {name} must be a dict or a list of {n} '
-                        f'dicts / None (one per stage), got {value!r}')
 
     @classmethod
     def arch_presets(cls) -> Tuple[str, ...]:
@@ -546,114 +498,6 @@ class SOFT(BaseModule):
                 seen.add(id(spec))
                 names.append(name)
         return tuple(names)
-
-    @staticmethod
-    def check_legacy_options(legacy: Dict) -> None:
-        """Options the backbone took before ``attn_cfg`` (mmsoft 0.1): one
-        ``TypeError`` with the ``attn_cfg`` to write instead; other unknown
-        options: a ``TypeError`` naming them."""
-        if not legacy:
-            return
-        unknown = sorted(set(legacy) - set(SOFT.LEGACY_ATTN_ARGS))
-        if unknown:
-            raise TypeError(f'SOFT got unexpected arguments {unknown}')
-        opts = {k: v for k, v in legacy.items() if k != 'attn_type'}
-        attn_type = legacy.get('attn_type', 'soft')
-        if attn_type == 'soft_norm':
-            attn_type, opts['attn_norm'] = 'soft', True
-        items = ', '.join(f'{k}={v!r}' for k, v in opts.items())
-        new = f"attn_cfg=dict(type={attn_type!r}{', ' if items else ''}" \
-            f'{items})'
-        raise TypeError(
-            f'SOFT no longer takes {sorted(legacy)}: the attention options '
-            f'moved into attn_cfg; write {new}')
-
-    @classmethod
-    def _parse_attn_cfg(cls, attn_cfg) -> List[Dict]:
-        """One attention config per SOFT stage (1-3)."""
-        n = cls.num_stages - 1
-        if attn_cfg is None:
-            attn_cfg = dict(type='SOFTAttention')
-        if isinstance(attn_cfg, Mapping):
-            return [dict(attn_cfg) for _ in range(n)]
-        if isinstance(attn_cfg, (list, tuple)) and len(attn_cfg) == n and \
-                all(isinstance(c, Mapping) for c in attn_cfg):
-            return [dict(c) for c in attn_cfg]
-        raise TypeError(f'SOFT: attn_cfg must be a dict or a list of {n} '
-                        f'dicts (one per SOFT stage), got {attn_cfg!r}')
-
-    @classmethod
-    def _parse_arch(cls, arch) -> Dict:
-        if isinstance(arch, str):
-            key = arch.lower()
-            if key not in cls.arch_zoo:
-                raise ValueError(f'unknown SOFT arch {arch!r}; valid presets: '
-                                 f'{sorted(cls.arch_zoo)} (or pass a dict)')
-            settings = copy.deepcopy(cls.arch_zoo[key])
-        elif isinstance(arch, dict):
-            settings = dict(copy.deepcopy(arch))
-            for key in ('embed_dims', 'num_heads', 'depths'):
-                if key not in settings:
-                    raise ValueError(f'SOFT arch dict is missing {key!r}; it '
-                                     f'needs embed_dims, num_heads, depths')
-        else:
-            raise TypeError(f'SOFT arch must be a str or dict, got '
-                            f'{type(arch).__name__}')
-        for k, v in cls.arch_defaults.items():
-            settings.setdefault(k, list(v))
-        unknown = set(settings) - {
-            'embed_dims', 'num_heads', 'depths', *cls.arch_defaults
-        }
-        if unknown:
-            raise ValueError(f'SOFT arch dict has unknown keys '
-                             f'{sorted(unknown)}; valid keys are embed_dims, '
-                             f'num_heads, depths, '
-                             f'{", ".join(cls.arch_defaults)}')
-        lengths = dict(
-            embed_dims=4,
-            num_heads=4,
-            depths=4,
-            sampling_ratios=4,
-            mlp_ratios=4,
-            dw_kernel_sizes=3)
-        for key, n in lengths.items():
-            val = settings[key]
-            if not isinstance(val, (list, tuple)) or len(val) != n:
-                raise ValueError(f'SOFT arch[{key!r}] must be a list of {n} '
-                                 f'values, got {val!r}')
-        for i, (c, h) in enumerate(
-                zip(settings['embed_dims'], settings['num_heads'])):
-            if h <= 0 or c % h != 0:
-                raise ValueError(f'SOFT arch: num_heads[{i}]={h} does not '
-                                 f'divide embed_dims[{i}]={c}')
-        if any(d < 1 for d in settings['depths']):
-            raise ValueError(f'SOFT arch: every depth must be >= 1, got '
-                             f'{settings["depths"]}')
-        for i, k in enumerate(settings['dw_kernel_sizes']):
-            checks.check_kernel_size(f'SOFT arch: dw_kernel_sizes[{i}]', k)
-        for i, r in enumerate(settings['sampling_ratios']):
-            checks.check_int(f'SOFT arch: sampling_ratios[{i}]', r)
-        for i, e in enumerate(settings['mlp_ratios']):
-            if isinstance(e, bool) or not isinstance(e, (int, float)) or \
-                    e <= 0:
-                raise ValueError(f'SOFT arch: mlp_ratios[{i}] must be a '
-                                 f'positive number, got {e!r}')
-        return settings
-
-    def _parse_out_indices(self, out_indices) -> Tuple[int, ...]:
-        if isinstance(out_indices, int):
-            out_indices = [out_indices]
-        out = []
-        for idx in out_indices:
-            j = idx + self.num_stages if idx < 0 else idx
-            if not 0 <= j < self.num_stages:
-                raise ValueError(f'out_indices entry {idx} is out of range; '
-                                 f'SOFT has stages 0..{self.num_stages - 1}')
-            out.append(j)
-        if not out:
-            raise ValueError('out_indices is empty; SOFT needs at least one '
-                             'output stage (0-3)')
-        return tuple(sorted(set(out)))
 
     @property
     def out_channels(self) -> List[int]:
@@ -742,81 +586,11 @@ class SOFT(BaseModule):
                     m.eval()
         return self
 
-    # ------------------------------------------------------- diagnostics
-    def set_nr_diagnostics(self, enabled: bool = True) -> None:
-        """Switch the NR convergence recording of every SOFT attention."""
-        for m in self.modules():
-            if hasattr(m, 'last_nr_stats'):
-                m.nr_diagnostics = enabled
-                if not enabled:
-                    m.last_nr_stats = None
-
-    @torch.no_grad()
-    def nr_stats(self) -> Dict[str, Dict[str, float]]:
-        """NR convergence of the last forward, per SOFT stage.
-
-        ``{'stage1': {'residual': ..., 'unconverged': ...}, ...}``: the
-        largest ||A A_T A - A||_2 / ||A||_2 (paper Fig. 4) and the largest
-        fraction of A's numerical rank with ``|1 - l v_T(l)| > 0.5`` over the
-        matrices (samples, heads, blocks) of the stage. Empty unless
-        ``nr_diagnostics`` is on (see :meth:`set_nr_diagnostics`).
-        """
-        out: Dict[str, Dict[str, float]] = {}
-        for i, stage in enumerate(self.stages):
-            per_key: Dict[str, List[torch.Tensor]] = {}
-            for m in stage.modules():
-                stats = getattr(m, 'last_nr_stats', None)
-                for k, v in (stats or {}).items():
-                    per_key.setdefault(k, []).append(v.amax())
-            if per_key:
-                out[f'stage{i + 1}'] = {
-                    k: float(torch.stack(v).amax())
-                    for k, v in per_key.items()
-                }
-        return out
-
     # ------------------------------------------------------------ forward
-    def _empty_outputs(self, x: torch.Tensor) -> Tuple[torch.Tensor, ...]:
-        """Outputs of an empty batch (B = 0): every conv of the patch
-        embeddings has kernel 3, stride 2 (the stem's middle conv stride 1)
-        and padding 1, so each stage has ceil(H_prev / 2) rows."""
-        H, W = x.shape[2:]
-        outs = []
-        for i, cfg in enumerate(self.stage_cfgs):
-            for _ in range(2 if cfg['stem'] else 1):
-                H, W = (H + 1) // 2, (W + 1) // 2
-            if i in self.out_indices:
-                cls = self.stages[i].num_extra_tokens > 0 and \
-                    self.out_type == 'cls_token'
-                outs.append(
-                    x.new_zeros((0, self.embed_dims[i]) if cls else (
-                        0, self.embed_dims[i], H, W)))
-        return tuple(outs)
-
-    def _one_value_per_channel(self, i: int, x: torch.Tensor) -> str:
-        """What BatchNorm's "Expected more than 1 value per channel" means
-        here, and how to fix it."""
-        B, _, H, W = x.shape
-        stride = 4 if i == 0 else 2
-        h, w = -(-H // stride), -(-W // stride)
-        return (f'SOFT stage {i + 1}: in training mode its patch-embedding '
-                f'BatchNorm sees one value per channel (batch size {B}, a '
-                f'{h} x {w} map from the stage\'s {H} x {W} input), where '
-                f'batch statistics are undefined. Train with a batch size '
-                f'>= 2 or larger images, or set norm_eval=True (BatchNorm '
-                f'uses its running statistics) or patch_norm_cfg='
-                f"dict(type='GN', num_groups=1) on the backbone")
-
     def forward(self, x: torch.Tensor) -> Tuple[torch.Tensor, ...]:
-        if not isinstance(x, torch.Tensor):
-            raise TypeError(f'SOFT expects a (B, C, H, W) tensor, got a '
-                            f'{type(x).__name__}; stack the images first '
-                            f'(torch.stack)')
-        if x.dim() != 4:
-            raise ValueError(f'SOFT expects (B, C, H, W) images, got shape '
-                             f'{tuple(x.shape)}')
+        soft_inputs.check_images(x)
         if x.shape[0] == 0:
-            return self._empty_outputs(x)
+            return soft_inputs.empty_outputs(self, x)
         outs = []
         for i in range(self.out_indices[-1] + 1):  # later stages unneeded
             try:
@@ -824,7 +598,8 @@ class SOFT(BaseModule):
             except ValueError as e:
                 if 'Expected more than 1 value per channel' not in str(e):
                     raise
-                raise ValueError(self._one_value_per_channel(i, x)) from None
+                raise ValueError(soft_inputs.one_value_per_channel(
+                    i, x)) from None
             if i in self.out_indices:
                 use_cls = cls is not None and self.out_type == 'cls_token'
                 outs.append(cls if use_cls else x)

@@ -162,6 +162,7 @@ def infer_official_arch(sd: Mapping[str, torch.Tensor],
                               f'its embed dim {embed_dims[3]}')
     num_heads.append(stage4_heads)
     sampling_ratios.append(1)
+    dw_kernel_sizes.append(None)  # stage 4 has no depthwise conv
     hidden = Counter(sd[k].shape[0] for k in (f'block4.{j}.mlp.fc1.weight'
                                               for j in range(depths[3]))
                      if k in sd)

@@ -3,7 +3,7 @@ import copy
 
 import pytest
 import torch
-from conftest import save_classifier_checkpoint, tiny_arch
+from conftest import tiny_arch
 
 from mmsoft.models.backbones import SOFT
 from mmsoft.models.layers import SOFTBlock, SoftmaxBlock
@@ -240,21 +240,6 @@ def test_drop_path_rate_means_stochastic_depth(residual_drop):
                 assert (per_sample == 0).all()
     with pytest.raises(ValueError, match='residual_drop must be one of'):
         SOFT(TINY, residual_drop='dropblock')
-
-
-def test_pretrained_init_cfg_with_prefix(tmp_path):
-    src = SOFT(TINY)
-    src.init_weights()
-    path = tmp_path / 'cls.pth'
-    save_classifier_checkpoint(path, src,
-                               {'head.fc.weight': torch.zeros(3, 64)})
-    dst = SOFT(
-        TINY,
-        init_cfg=dict(
-            type='Pretrained', checkpoint=str(path), prefix='backbone.'))
-    dst.init_weights()
-    for k, v in src.state_dict().items():
-        torch.testing.assert_close(dst.state_dict()[k], v, msg=k)
 
 
 def test_default_init_is_truncated_normal():

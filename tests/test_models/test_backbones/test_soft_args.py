@@ -33,9 +33,12 @@ def soft(**options):
     (dict(drop_path_rate=1.0), 'drop_path_rate'),
     (dict(drop_path_rate=-0.1), 'drop_path_rate'),
     (dict(drop_rate=1.5), 'drop_rate'),
-    (dict(arch=dict(ARCH, dw_kernel_sizes=[4, 5, 3])), 'dw_kernel_sizes'),
-    (dict(arch=dict(ARCH, dw_kernel_sizes=[9, -5, 3])), 'dw_kernel_sizes'),
-    (dict(arch=dict(ARCH, dw_kernel_sizes=[9, 5, 2.5])), 'dw_kernel_sizes'),
+    (dict(arch=dict(ARCH, dw_kernel_sizes=[4, 5, 3, None])),
+     'dw_kernel_sizes'),
+    (dict(arch=dict(ARCH, dw_kernel_sizes=[9, -5, 3, None])),
+     'dw_kernel_sizes'),
+    (dict(arch=dict(ARCH, dw_kernel_sizes=[9, 5, 2.5, None])),
+     'dw_kernel_sizes'),
     (dict(attn_cfg=dict(type='soft', embed_dims=8)), 'embed_dims'),
     (dict(frozen_stages=2.5), 'frozen_stages'),
     (dict(frozen_stages=-2), 'frozen_stages'),
@@ -64,7 +67,10 @@ def test_options_the_attention_does_not_take_are_errors(attn_cfg, match):
 
 @pytest.mark.parametrize('attn_cfg, match', [
     ('soft', 'attn_cfg'),
-    ([dict(type='soft')] * 2, 'list of 3'),
+    ([dict(type='soft')] * 2, 'list of 4'),
+    ([dict(type='soft')] * 4, 'attn_cfg\\[3\\] must be None'),
+    ([dict(type='soft'), None,
+      dict(type='soft'), None], 'attn_cfg\\[1\\] is None'),
     (dict(norm=True), "'type'"),
     (dict(type='transformer'), 'transformer'),
 ])
@@ -93,7 +99,7 @@ def test_pre_attn_cfg_options_say_what_to_write(legacy, new):
     soft(max_landmarks=None),
     dict(pretrain_img_size=32),
     dict(drop_path_rate=0.5),
-    dict(arch=dict(ARCH, dw_kernel_sizes=[7, 0, 1])),
+    dict(arch=dict(ARCH, dw_kernel_sizes=[7, 0, 1, None])),
     dict(attn_cfg=dict(type='linformer', max_landmarks=16)),
     dict(attn_cfg=dict(type='nystromformer', max_landmarks=16)),
     dict(attn_cfg=dict(type='softmax')),
@@ -102,7 +108,7 @@ def test_pre_attn_cfg_options_say_what_to_write(legacy, new):
     dict(attn_cfg=[
         dict(type='soft', attn_norm=False),
         dict(type='linformer', sr_mode='avgpool'),
-        dict(type='soft', nr_method='spectral')
+        dict(type='soft', nr_method='spectral'), None
     ]),
 ])
 def test_valid_arguments_are_accepted(kwargs):
@@ -118,7 +124,7 @@ def test_per_stage_attn_cfg():
         attn_cfg=[
             dict(type='soft', attn_norm=False),
             dict(type='linformer'),
-            dict(type='soft', nr_iters=7)
+            dict(type='soft', nr_iters=7), None
         ])
     attns = [s.blocks[0].attn for s in model.stages[:3]]
     assert attns[0].attn_norm is False and attns[2].attn_norm is True
@@ -165,7 +171,7 @@ def test_stages_built_from_per_stage_spec():
         attn_cfg=[
             dict(type='soft'),
             dict(type='linformer'),
-            dict(type='soft')
+            dict(type='soft'), None
         ],
         attn_drop_rate=0.1)
     cfgs = model.stage_cfgs
@@ -179,6 +185,78 @@ def test_stages_built_from_per_stage_spec():
     assert [c['stem'] for c in cfgs] == [True, False, False, False]
     assert type(model.stages[1].blocks[0].attn).__name__ == \
         'LinformerAttention'
+
+
+# ------------------------------- one entry per stage; stage_cfgs (#29)
+@pytest.mark.parametrize('kwargs, error, match', [
+    (dict(arch=dict(ARCH, dw_kernel_sizes=[9, 5, 3])), ValueError,
+     re.escape("arch['dw_kernel_sizes'] has 3 entries; give 4, one per "
+               'stage, with None for stage 4 (a ClsTokenStage, which takes '
+               'no dw_kernel_size): dw_kernel_sizes=[9, 5, 3, None]')),
+    (dict(attn_cfg=[dict(type='soft')] * 3), TypeError,
+     re.escape('attn_cfg has 3 entries; give 4, one per stage, with None '
+               'for stage 4 (a ClsTokenStage, which takes no attn_cfg): '
+               'attn_cfg=[<your 3 dicts>, None]')),
+    (dict(arch=dict(ARCH, dw_kernel_sizes=[9, 5, 3, 3])), ValueError,
+     re.escape("arch['dw_kernel_sizes'][3] must be None: stage 4 is a "
+               'ClsTokenStage')),
+    (dict(arch=dict(ARCH, sampling_ratios=[8, 4, 2])), ValueError,
+     re.escape("arch['sampling_ratios'] must be a list of 4 values")),
+])
+def test_per_stage_settings_take_one_entry_per_stage(kwargs, error, match):
+    """Every per-stage setting has 4 entries; the 3-entry lists of SOFT-only
+    settings (mmsoft 0.2) say what to write instead."""
+    kwargs.setdefault('arch', ARCH)
+    with pytest.raises(error, match=match):
+        SOFT(**kwargs)
+
+
+def test_stage_cfgs_override_the_computed_stage_config():
+    """``stage_cfgs`` (as Swin's): one dict per stage, merged over the
+    config the backbone computes; or one dict for every stage, each stage
+    taking the keys its type has."""
+    plain = SOFT(ARCH, drop_path_rate=0.1)
+    model = SOFT(
+        ARCH,
+        drop_path_rate=0.1,
+        stage_cfgs=[{}, {},
+                    dict(dw_kernel_size=7, residual_drop='dropout'),
+                    dict(attn_drop_rate=0.2)])
+    cfgs = model.stage_cfgs
+    assert [c.get('dw_kernel_size') for c in cfgs] == [9, 5, 7, None]
+    assert model.stages[2].blocks[0].attn.dw_conv.kernel_size == (7, 7)
+    assert isinstance(model.stages[2].blocks[0].drop, torch.nn.Dropout)
+    assert not isinstance(model.stages[1].blocks[0].drop, torch.nn.Dropout)
+    assert cfgs[3]['attn_drop_rate'] == 0.2
+    assert plain.stage_cfgs[3]['attn_drop_rate'] == 0
+    for i in (0, 1, 3):  # the other stages are unchanged
+        assert cfgs[i] == plain.stage_cfgs[i] or i == 3
+    every = SOFT(ARCH, stage_cfgs=dict(sampling_ratio=1, qkv_bias=False))
+    assert [c.get('sampling_ratio') for c in every.stage_cfgs] == \
+        [1, 1, 1, None]
+    assert not any(c['qkv_bias'] for c in every.stage_cfgs)
+    assert every.stages[3].blocks[0].attn.q.bias is None
+    assert SOFT(ARCH, stage_cfgs=[{}] * 4).state_dict().keys() == \
+        plain.state_dict().keys()
+
+
+UNKNOWN_KEY = ("stage_cfgs[3] has unknown keys ['dw_kernel_size']; a "
+               'ClsTokenStage takes act_cfg, attn_drop_rate')
+FROM_ARCH = "stage_cfgs sets 'depth', which comes from arch['depths']"
+
+
+@pytest.mark.parametrize('stage_cfgs, match', [
+    ([{}] * 3, 'or a list of 4 dicts (one per stage)'),
+    ('dropout', 'must be a dict (for every stage)'),
+    ([{}, {}, {}, dict(dw_kernel_size=3)], UNKNOWN_KEY),
+    (dict(window_size=7), "stage_cfgs has unknown keys ['window_size']"),
+    (dict(depth=3), FROM_ARCH + '; set it there'),
+    ([{}, dict(drop_path_rates=[0.1, 0.2]), {}, {}
+      ], 'drop_path_rates of stage 2 needs one value per block (1)'),
+])
+def test_bad_stage_cfgs_name_the_key_and_the_fix(stage_cfgs, match):
+    with pytest.raises(ValueError, match=re.escape(match)):
+        SOFT(ARCH, stage_cfgs=stage_cfgs)
 
 
 def test_arch_aliases():
@@ -227,18 +305,23 @@ def test_norm_and_act_cfgs():
         SOFT(ARCH, norm_cfg=[dict(type='LN')] * 3)
 
 
-def test_version2_checkpoint_loads_through_init_cfg(tmp_path):
-    """A classifier checkpoint of mmsoft 0.2 (``_version`` 2: FFN keys
-    ``ffn.fc1`` / ``ffn.fc2``) loads strictly through ``init_cfg`` and
-    gives the same weights."""
+@pytest.mark.parametrize('version', [3, 2])
+def test_classifier_checkpoint_loads_through_init_cfg(tmp_path, version):
+    """A classifier checkpoint (the backbone under ``backbone.``, a head)
+    loads strictly through ``init_cfg`` with ``prefix``, also one of mmsoft
+    0.2 (``_version`` 2: FFN keys ``ffn.fc1`` / ``ffn.fc2``), and gives
+    the same weights."""
     src = SOFT(ARCH)
     src.init_weights()
     sd = OrderedDict()
     for k, v in src.state_dict().items():
-        k = re.sub(r'\.ffn\.layers\.0\.0\.', '.ffn.fc1.', k)
-        sd['backbone.' + re.sub(r'\.ffn\.layers\.1\.', '.ffn.fc2.', k)] = v
-    assert any('.ffn.fc1.' in k for k in sd)
-    path = tmp_path / 'v2.pth'
+        if version == 2:
+            k = re.sub(r'\.ffn\.layers\.0\.0\.', '.ffn.fc1.', k)
+            k = re.sub(r'\.ffn\.layers\.1\.', '.ffn.fc2.', k)
+        sd['backbone.' + k] = v
+    sd['head.fc.weight'] = torch.zeros(3, ARCH['embed_dims'][-1])
+    assert any('.ffn.fc1.' in k for k in sd) == (version == 2)
+    path = tmp_path / f'v{version}.pth'
     torch.save({'state_dict': sd, 'meta': {}}, path)
     model = SOFT(
         ARCH,
