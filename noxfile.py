@@ -205,7 +205,12 @@ def _suite(session, name, stack):
         'print(platform.python_version(), torch.__version__, '
         'mmengine.__version__, mmcv.__version__, mmdet.__version__, '
         'mmseg.__version__, mmpretrain.__version__)',
-        silent=True).split()
+        silent=True)
+    # the last line: nox's captured output has stderr too (torch 2.4 printed
+    # a deprecation warning on import that became the table's columns)
+    versions = versions.strip().splitlines()[-1].split()
+    if len(versions) != 7 or not all(v[0].isdigit() for v in versions):
+        session.error(f'{name}: cannot read the stack versions: {versions}')
     start = time.time()
     args = [
         'python', '-m', 'pytest', 'tests', '-q', '-rs', '-p',
