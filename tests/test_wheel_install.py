@@ -181,8 +181,8 @@ def test_wheel_contents(env):
               'configs/metafiles/retinanet.yml', 'model-index.yml',
               'tools/train.py', 'tools/test.py', 'tools/dist_train.sh',
               'tools/misc/make_demo_data.py',
-              'tools/demo_support/synthetic.py', 'tools/demo_support/tasks.py',
-              'demo/image_demo.py'):
+              'mmsoft/tools_support/demo_synthetic.py',
+              'mmsoft/tools_support/demo_tasks.py', 'demo/image_demo.py'):
         assert f'mmsoft/.mim/{f}' in names, f
     # checkout-only tools stay out
     assert 'mmsoft/.mim/tools/setup_env.sh' not in names

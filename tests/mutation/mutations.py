@@ -359,7 +359,7 @@ MUTATIONS = (
     M(name='demo_value_unscaled',
       what=("demo: the reported value is the evaluator's metric without its "
             'scale (a percentage, not a fraction)'),
-      path='tools/demo_support/tasks.py',
+      path='mmsoft/tools_support/demo_tasks.py',
       old="        value=None if value is None else value * spec['scale'],\n",
       new='        value=value,\n',
       tests=('tests/test_configs/test_demo_configs.py::'

@@ -320,7 +320,7 @@ def test_existing_data_passes(tmp_path, monkeypatch, capsys):
     pytest.importorskip('mmseg')
     pytest.importorskip('mmpretrain')
     from mmsoft.tools_support import demo_synthetic, demo_tasks
-    S, T = demo_synthetic(), demo_tasks()
+    S, T = demo_synthetic, demo_tasks
     tiny = {t: dict(num_train=2, num_val=2) for t in ('det', 'seg', 'cls')}
     tiny['cls'] = dict(num_train=5, num_val=5)
     report = S.make_demo_data(
@@ -495,7 +495,7 @@ def demo_det(tmp_path):
     """The demo detection config on 3 generated training images."""
     pytest.importorskip('mmdet')
     from mmsoft.tools_support import demo_synthetic, demo_tasks
-    S, T = demo_synthetic(), demo_tasks()
+    S, T = demo_synthetic, demo_tasks
     report = S.make_demo_data(
         str(tmp_path / 'demo'),
         tasks=('det', ),

@@ -17,7 +17,7 @@ small ones, as they have the same parameter counts).
 Models: soft_{tiny,small,...}[_norm][_iterative|_spectral][_ml<N>] (SOFT
 backbone, all four outputs; ``_iterative``/``_spectral`` force the
 pseudo-inverse method, ``_ml<N>`` sets ``max_landmarks=N``; see
-``utils.parse_model_name``),
+:func:`mmsoft.tools_support.analysis.parse_model_name`),
 {softmax,linformer,performer,nystromformer,sima}_<arch> (the attention zoo in
 the SOFT architecture, Table 1), pvtv2_b0..b2 (mmdet
 PyramidVisionTransformerV2), swin_t (mmdet SwinTransformer), or ``--config``
@@ -28,8 +28,9 @@ import argparse
 import os.path as osp
 import time
 
-from utils import (make_parser, measure_step, print_result, pyplot,
-                   run_isolated, soft_model_kwargs, write_results)
+from mmsoft.tools_support.analysis import (make_parser, measure_step,
+                                           print_result, pyplot, run_isolated,
+                                           soft_model_kwargs, write_results)
 
 DEFAULT_MODELS = [
     'soft_tiny', 'soft_tiny_norm', 'soft_small', 'soft_small_norm', 'pvtv2_b1',

@@ -26,7 +26,8 @@ import copy
 import os
 import time
 
-from utils import make_parser, soft_model_kwargs, write_results
+from mmsoft.tools_support.analysis import (make_parser, soft_model_kwargs,
+                                           write_results)
 
 DEFAULT_SIZES = ['224x224x8', '800x1216x1']
 SMOKE = dict(model='soft_tiny_norm', sizes=['64x64x2'], repeats=2, warmup=1)

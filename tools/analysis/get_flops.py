@@ -33,9 +33,10 @@ Configs: the whole model runs in ``mode='tensor'`` (two-stage detectors with
 metainfo-only data samples, so their RoI-head FLOPs depend on the number of
 proposals, as with mmdet's own counter).
 
-Model names: ``<attn>_<arch>[_norm]`` (see ``utils.parse_model_name``):
-attn one of soft, soft_norm, softmax, linformer, performer, nystromformer,
-sima; arch one of the SOFT presets. ``soft_<arch>`` is the NeurIPS model (no
+Model names: ``<attn>_<arch>[_norm]`` (see
+:func:`mmsoft.tools_support.analysis.parse_model_name`): attn one of
+soft, soft_norm, softmax, linformer, performer, nystromformer, sima;
+arch one of the SOFT presets. ``soft_<arch>`` is the NeurIPS model (no
 normalisation), ``soft_<arch>_norm`` = ``soft_norm_<arch>`` the IJCV one.
 Named models are image classifiers (backbone + 1000-way linear head, as the
 papers count them) unless ``--backbone-only``. Writes ``flops.csv``,
@@ -49,8 +50,10 @@ from typing import Optional
 
 import torch
 import torch.nn as nn
-from utils import (ATTENTION_NAMES, add_hw_argument, attn_cfg_of, make_parser,
-                   pyplot, soft_model_kwargs, write_results)
+
+from mmsoft.tools_support.analysis import (ATTENTION_NAMES, add_hw_argument,
+                                           attn_cfg_of, make_parser, pyplot,
+                                           soft_model_kwargs, write_results)
 
 # NeurIPS Table 3 (SOFT, no normalisation): params (M), FLOPs (G)
 PAPER_PRESETS = {

@@ -18,7 +18,7 @@ time).
 
 Each (entry, n, mode) runs in a fresh process; the peak memory of one step
 is the growth of peak RSS on the CPU (``torch.cuda.max_memory_allocated``
-on GPUs), see ``utils.measure_step``. Modes: ``forward`` (eval, no
+on GPUs), see ``analysis.measure_step``. Modes: ``forward`` (eval, no
 autograd) and ``forward_backward`` (a training step). Runs whose estimated
 n x n memory exceeds ``--max-mem-gb`` are skipped and marked as such.
 
@@ -34,8 +34,10 @@ import io
 import os.path as osp
 import time
 
-from utils import (ATTENTION_NAMES, attn_cfg_of, make_parser, measure_step,
-                   print_result, pyplot, run_isolated, write_results)
+from mmsoft.tools_support.analysis import (ATTENTION_NAMES, attn_cfg_of,
+                                           make_parser, measure_step,
+                                           print_result, pyplot, run_isolated,
+                                           write_results)
 
 DEFAULT_ATTNS = [
     'soft', 'soft_norm', 'softmax', 'softmax:math', 'linformer', 'performer',

@@ -2,7 +2,7 @@
 
 For a SOFT backbone (default SOFT-Small-Norm, random initialisation: no
 trained weights offline) on a natural-looking synthetic image (a rendered
-scene of ``tools/demo_support/synthetic.py``: textured background,
+scene of :mod:`mmsoft.tools_support.demo_synthetic`: textured background,
 clutter and shaded objects) at each ``--sizes`` entry, prints
 
 * the NR convergence per stage (:meth:`SOFT.nr_stats`: the paper's
@@ -42,8 +42,9 @@ import os.path as osp
 import statistics
 import time
 
-from utils import (attn_cfg_of, demo_data_root, make_parser, normalize,
-                   soft_attention_modules)
+from mmsoft.tools_support.analysis import (attn_cfg_of, demo_data_root,
+                                           make_parser, normalize,
+                                           soft_attention_modules)
 
 #: ``--smoke`` demo data (images per split), as ``tools/demo.py --smoke``
 SMOKE_DATA = dict(num_train=16, num_val=8)
@@ -110,7 +111,7 @@ def natural_image(h, w, seed=0):
     import numpy as np
 
     from mmsoft.tools_support import demo_synthetic
-    render_scene = demo_synthetic().render_scene
+    render_scene = demo_synthetic.render_scene
     side = max(h, w)
     scale = side / 160
     rng = np.random.default_rng(seed)
@@ -309,7 +310,7 @@ def train_demo(args):
     """Demo detection, same seed, Eq. 16 vs exact backward; returns the
     rows (nr_backward, bbox mAP, bbox mAP@0.5, train s)."""
     from mmsoft.tools_support import demo_synthetic, demo_tasks
-    make_demo_data, T = demo_synthetic().make_demo_data, demo_tasks()
+    make_demo_data, T = demo_synthetic.make_demo_data, demo_tasks
     data = args.data + ('-smoke' if args.smoke else '')
     made = make_demo_data(
         data,

@@ -35,9 +35,11 @@ import time
 from collections import defaultdict
 
 import torch
-from utils import (add_hw_argument, build_model, image_sets, load_rgb,
-                   make_parser, pyplot, soft_attention_modules, to_tensor,
-                   write_results)
+
+from mmsoft.tools_support.analysis import (add_hw_argument, build_model,
+                                           image_sets, load_rgb, make_parser,
+                                           pyplot, soft_attention_modules,
+                                           to_tensor, write_results)
 
 
 def batches(items, size, batch_size):

@@ -40,7 +40,8 @@ import os.path as osp
 import time
 
 import torch
-from utils import make_parser, pyplot, write_results
+
+from mmsoft.tools_support.analysis import make_parser, pyplot, write_results
 
 
 # ------------------------------------------------------------------ sources
@@ -64,8 +65,10 @@ def field_landmarks(g: int, dims: int, spread: float, bandwidth: float,
 def model_landmarks(args, g: int):
     """[(m, d) landmarks] from a SOFT model on images sized for a g x g
     bottleneck grid in stage ``args.stage``."""
-    from utils import (build_model, image_sets, load_rgb,
-                       soft_attention_modules, to_tensor)
+    from mmsoft.tools_support.analysis import (build_model, image_sets,
+                                               load_rgb,
+                                               soft_attention_modules,
+                                               to_tensor)
     if not hasattr(model_landmarks, 'cache'):
         model_landmarks.cache = build_model(
             args.model,

@@ -1,8 +1,6 @@
 """The three demo tasks: configs, metrics, targets, training and drawing.
 
-Used by ``tools/demo.py`` (the README's main job) and by the tests, which
-load it by path (:func:`mmsoft.tools_support.demo_tasks`; it is no part of
-the mmsoft package). Each
+Used by ``tools/demo.py`` (the README's main job) and by the tests. Each
 task trains one ``configs/demo`` config with mmengine's ``Runner``
 (``Runner.from_cfg`` -> ``runner.train()`` -> ``runner.test()`` on the
 validation split), reads the codebase's own metric and draws the first
@@ -17,12 +15,10 @@ import cv2
 import numpy as np
 from mmengine.hooks import Hook
 
-from mmsoft.tools_support import demo_synthetic
+from mmsoft.tools_support import demo_synthetic as synthetic
 from mmsoft.utils import paths
 from mmsoft.utils.atomic import atomic_write
 
-#: the data generator next to this file (tools/demo_support/synthetic.py)
-synthetic = demo_synthetic()
 CLS_CLASSES = synthetic.CLS_CLASSES
 DET_CLASSES = synthetic.DET_CLASSES
 SEG_CLASSES = synthetic.SEG_CLASSES

@@ -49,10 +49,8 @@ target folder in one ``os.replace``; a ``demo_data.json`` manifest records
 the parameters, so that :func:`make_demo_data` skips data sets that are
 already up to date.
 
-This module needs only numpy and OpenCV (no torch, no OpenMMLab), so that
-``tools/misc/make_demo_data.py`` can load it on its own. It is no part of
-the mmsoft package: the tools load it by path
-(:func:`mmsoft.tools_support.demo_synthetic`).
+The module itself needs only numpy and OpenCV (no torch, no OpenMMLab);
+``tools/misc/make_demo_data.py`` is its command line.
 """
 import json
 import os

@@ -16,13 +16,12 @@
   ``.png`` of a run), all written atomically
   (:mod:`mmsoft.utils.atomic`).
 
-The scripts import it as ``utils``: ``python tools/analysis/x.py`` puts
-their folder first on ``sys.path``, in a checkout and in the installed
-copy (``mmsoft/.mim/tools/analysis``) alike. Like every tool they import
-the ``mmsoft`` that Python finds: an install (``pip install -e .``, as
-``make demo`` does, or ``pip install .``), or the checkout put on
-``PYTHONPATH`` (``bash tools/python.sh tools/analysis/x.py ...`` does
-that). Importing this module imports neither torch nor mmsoft.
+The scripts import it as ``mmsoft.tools_support.analysis``. Like every
+tool they import the ``mmsoft`` that Python finds: an install
+(``pip install -e .``, as ``make demo`` does, or ``pip install .``), or the
+checkout put on ``PYTHONPATH`` (``bash tools/python.sh
+tools/analysis/x.py ...`` does that). The module imports torch only in the
+functions that need it.
 """
 import argparse
 import csv
@@ -167,7 +166,7 @@ def image_sets(specs, num_images: int, demo_root=None):
     import numpy as np
 
     from mmsoft.tools_support import demo_synthetic
-    render_scene = demo_synthetic().render_scene
+    render_scene = demo_synthetic.render_scene
     imgs = [
         render_scene(np.random.default_rng([7, i]), 224)[0][..., ::-1]
         for i in range(num_images)
@@ -248,7 +247,9 @@ def soft_attention_modules(model):
 RESULT_PREFIX = 'RESULT '
 
 
-def _sync(device: str):
+def sync_device(device: str):
+    """Wait for the queued kernels of ``device`` (CUDA; a no-op on the
+    CPU), so that a timer read next counts them."""
     if device.startswith('cuda'):
         import torch
         torch.cuda.synchronize()
@@ -271,7 +272,7 @@ def measure_step(step: Callable[[], None],
     import torch
     if warmup is not None:
         warmup()
-    _sync(device)
+    sync_device(device)
     if device.startswith('cuda'):
         torch.cuda.reset_peak_memory_stats()
         base = torch.cuda.memory_allocated()
@@ -279,7 +280,7 @@ def measure_step(step: Callable[[], None],
         base = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     t0 = time.perf_counter()
     step()
-    _sync(device)
+    sync_device(device)
     first = (time.perf_counter() - t0) * 1e3
     if device.startswith('cuda'):
         peak_mb = (torch.cuda.max_memory_allocated() - base) / 2**20
@@ -288,10 +289,10 @@ def measure_step(step: Callable[[], None],
                    base) / 1024
     times: List[float] = []
     for _ in range(repeats):
-        _sync(device)
+        sync_device(device)
         t0 = time.perf_counter()
         step()
-        _sync(device)
+        sync_device(device)
         times.append((time.perf_counter() - t0) * 1e3)
     if not times:
         times = [first]
