@@ -243,6 +243,48 @@ def soft_attention_modules(model):
     return out
 
 
+def random_batch(scope: str, name: str, size: int, batch_size: int = 2):
+    """A tiny batch of ``scope``'s data samples (random pixels and labels,
+    seeded; masks for a config ``name`` with 'mask' in it) of
+    ``size`` x ``size`` images: the input of a model's data preprocessor."""
+    import torch
+    g = torch.Generator().manual_seed(0)
+    inputs = [
+        torch.randint(0, 256, (3, size, size), generator=g, dtype=torch.uint8)
+        for _ in range(batch_size)
+    ]
+    if scope == 'mmpretrain':
+        from mmpretrain.structures import DataSample
+        samples = [DataSample().set_gt_label(i) for i in range(batch_size)]
+        return dict(inputs=inputs, data_samples=samples)
+    if scope == 'mmdet':
+        from mmdet.testing import demo_mm_inputs
+        return demo_mm_inputs(
+            batch_size=batch_size,
+            image_shapes=[(3, size, size)] * batch_size,
+            num_items=[3] * batch_size,
+            num_classes=80,
+            with_mask='mask' in name)
+    from mmengine.structures import PixelData
+    from mmseg.structures import SegDataSample
+    samples = []
+    for _ in range(batch_size):
+        s = SegDataSample()
+        s.gt_sem_seg = PixelData(
+            data=torch.randint(
+                0, 150, (1, size, size), generator=g, dtype=torch.long))
+        s.set_metainfo(
+            dict(
+                img_shape=(size, size),
+                ori_shape=(size, size),
+                pad_shape=(size, size),
+                scale_factor=(1.0, 1.0),
+                flip=False,
+                flip_direction=None))
+        samples.append(s)
+    return dict(inputs=inputs, data_samples=samples)
+
+
 # --------------------------------------------------------------- measuring
 RESULT_PREFIX = 'RESULT '
 

@@ -65,8 +65,8 @@ __all__ = [
     'GENERATOR_VERSION', 'DET_CLASSES', 'SEG_CLASSES', 'CLS_CLASSES',
     'SEG_ADE_INDEX', 'CLASS_HUES', 'DET_PALETTE', 'SEG_PALETTE', 'DEFAULTS',
     'MIN_VISIBLE', 'MIN_FRAGMENT', 'MANIFEST', 'shape_polygon', 'render_scene',
-    'render_cls_image', 'make_coco', 'make_ade', 'make_imagenet',
-    'make_demo_data', 'dataset_paths'
+    'render_cls_image', 'scene_options', 'make_coco', 'make_ade',
+    'make_imagenet', 'make_demo_data', 'dataset_paths'
 ]
 
 #: bump when the rendering changes (invalidates generated data on disk)
@@ -486,21 +486,21 @@ def _coco_split(root, split, n, seed, cfg, workers):
     return dict(images=n, instances=len(anns))
 
 
-def make_coco(root,
-              num_train,
-              num_val,
-              seed=0,
-              size=160,
-              objects=(2, 6),
-              radius=(10, 38),
-              colour_cue=0.0,
-              workers=1):
-    """Write the COCO instances data set into ``root`` (see module doc)."""
-    cfg = dict(
+def scene_options(size=160, objects=(2, 6), radius=(10, 38), colour_cue=0.0):
+    """The scene options of :func:`make_coco` and :func:`make_ade`: image
+    ``size``, the range of ``objects`` per image and of their ``radius``,
+    ``colour_cue`` (see :func:`render_scene`)."""
+    return dict(
         size=size,
         objects=tuple(objects),
         radius=tuple(radius),
         colour_cue=colour_cue)
+
+
+def make_coco(root, num_train, num_val, seed=0, workers=1, **scene):
+    """Write the COCO instances data set into ``root`` (see module doc);
+    ``scene``: :func:`scene_options`."""
+    cfg = scene_options(**scene)
     os.makedirs(osp.join(root, 'annotations'), exist_ok=True)
     return dict(
         train=_coco_split(root, 'train', num_train, seed, cfg, workers),
@@ -526,21 +526,10 @@ def _ade_item(args):
     return np.bincount(label.ravel(), minlength=256)
 
 
-def make_ade(root,
-             num_train,
-             num_val,
-             seed=0,
-             size=160,
-             objects=(2, 6),
-             radius=(10, 38),
-             colour_cue=0.0,
-             workers=1):
-    """Write the ADE20K-layout data set into ``root`` (see module doc)."""
-    cfg = dict(
-        size=size,
-        objects=tuple(objects),
-        radius=tuple(radius),
-        colour_cue=colour_cue)
+def make_ade(root, num_train, num_val, seed=0, workers=1, **scene):
+    """Write the ADE20K-layout data set into ``root`` (see module doc);
+    ``scene``: :func:`scene_options`."""
+    cfg = scene_options(**scene)
     stats = {}
     for split, folder, n in (('train', 'training', num_train),
                              ('val', 'validation', num_val)):

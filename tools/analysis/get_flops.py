@@ -199,9 +199,12 @@ def count(model: nn.Module, x: torch.Tensor, call=None) -> dict:
     from torch.utils.flop_counter import FlopCounterMode
 
     from mmsoft.compat import sdpa_math
-    model.eval()
+    from mmsoft.models.layers import with_nr
+
+    # counted on a copy whose SOFT attentions iterate (the same function;
+    # the eigendecomposition of 'spectral' has no FLOP formula)
+    model = with_nr(model.eval(), method='iterative')
     softs = _soft_attentions(model)
-    saved = [m.nr_method for m in softs]
     nr_macs = [0]
 
     def hook(iters):
@@ -214,7 +217,6 @@ def count(model: nn.Module, x: torch.Tensor, call=None) -> dict:
 
     handles = []
     for m in softs:
-        m.nr_method = 'iterative'
         handles.append(m.sampler.register_forward_hook(hook(m.nr_iters)))
     call = call or (lambda mod, inp: mod(inp))
     try:
@@ -224,8 +226,6 @@ def count(model: nn.Module, x: torch.Tensor, call=None) -> dict:
     finally:
         for h in handles:
             h.remove()
-        for m, meth in zip(softs, saved):
-            m.nr_method = meth
     counts = fc.get_flop_counts()
     root = type(model).__name__
     total = fc.get_total_flops() // 2

@@ -161,47 +161,6 @@ def run_device_tests(report):
 
 
 # --------------------------------------------------- 2. training steps
-def make_batch(scope, name, size, batch_size=2):
-    """A tiny batch of ``scope``'s data samples (random pixels and
-    labels) for the config ``name``."""
-    import torch
-    g = torch.Generator().manual_seed(0)
-    inputs = [
-        torch.randint(0, 256, (3, size, size), generator=g, dtype=torch.uint8)
-        for _ in range(batch_size)
-    ]
-    if scope == 'mmpretrain':
-        from mmpretrain.structures import DataSample
-        samples = [DataSample().set_gt_label(i) for i in range(batch_size)]
-        return dict(inputs=inputs, data_samples=samples)
-    if scope == 'mmdet':
-        from mmdet.testing import demo_mm_inputs
-        return demo_mm_inputs(
-            batch_size=batch_size,
-            image_shapes=[(3, size, size)] * batch_size,
-            num_items=[3] * batch_size,
-            num_classes=80,
-            with_mask='mask' in name)
-    from mmengine.structures import PixelData
-    from mmseg.structures import SegDataSample
-    samples = []
-    for _ in range(batch_size):
-        s = SegDataSample()
-        s.gt_sem_seg = PixelData(
-            data=torch.randint(
-                0, 150, (1, size, size), generator=g, dtype=torch.long))
-        s.set_metainfo(
-            dict(
-                img_shape=(size, size),
-                ori_shape=(size, size),
-                pad_shape=(size, size),
-                scale_factor=(1.0, 1.0),
-                flip=False,
-                flip_direction=None))
-        samples.append(s)
-    return dict(inputs=inputs, data_samples=samples)
-
-
 def train_step(path, name, precision, device, size):
     """One training step of the config's model; returns (loss, ms)."""
     import importlib
@@ -236,7 +195,8 @@ def train_step(path, name, precision, device, size):
             device,
             init_scale=2.**10,
             enabled=precision == 'fp16' and device == 'cuda')
-        data = model.data_preprocessor(make_batch(scope, name, size), True)
+        data = model.data_preprocessor(
+            analysis.random_batch(scope, name, size), True)
         analysis.sync_device(device)
         t0 = time.perf_counter()
         # fp32: no autocast context (torch 2.1's CPU autocast refuses a

@@ -43,8 +43,7 @@ import statistics
 import time
 
 from mmsoft.tools_support.analysis import (attn_cfg_of, demo_data_root,
-                                           make_parser, normalize,
-                                           soft_attention_modules)
+                                           make_parser, normalize)
 
 #: ``--smoke`` demo data (images per split), as ``tools/demo.py --smoke``
 SMOKE_DATA = dict(num_train=16, num_val=8)
@@ -178,8 +177,8 @@ def official_reference(iters):
     """An NR setting (:class:`~mmsoft.models.layers.pinv.NRConfig`) whose
     ``apply`` is the float64 official rule per sample: alpha from the
     official loop, A_T W from the T iterations on the eigenvalues of A.
-    Given to a model's SOFT attentions as their ``nr``, it makes the model
-    the reference of :func:`parity` (``attn_norm`` applies D^-1/2 around
+    Built into a model's SOFT attentions (``nr=``), it makes the model the
+    reference of :func:`parity` (``attn_norm`` applies D^-1/2 around
     it, as for any setting)."""
     from mmsoft.models.layers.pinv import NRConfig
 
@@ -215,10 +214,8 @@ def parity(args, x):
         outs['soft_norm_per_sample (float64)'] = build(
             args.arch, args.seed, nr_method=args.nr_method).double()(
                 x.double())
-        ref_model = build(args.arch, args.seed).double()
-        for _, _, attn in soft_attention_modules(ref_model):
-            attn.nr = official_reference(attn.nr.iters)
-        ref = ref_model(x.double())
+        ref_model = build(args.arch, args.seed, nr=official_reference(20))
+        ref = ref_model.double()(x.double())
     for rule, out in outs.items():
         errs = [((o.double() - r).abs().max() / r.abs().max()).item()
                 for o, r in zip(out, ref)]
