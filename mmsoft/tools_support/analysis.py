@@ -10,7 +10,8 @@
 * measuring: :func:`measure_step` (time and peak memory of one step) and
   :func:`run_isolated` (one measurement in a fresh process, whose result it
   reads from a :func:`print_result` line);
-* the command line: :func:`make_parser`, :func:`add_hw_argument`;
+* the command line: :func:`make_parser`, :func:`add_hw_argument`,
+  :func:`add_timing_arguments`, :func:`add_model_arguments`;
 * outputs: :func:`pyplot`, :func:`save_figure`, :func:`write_csv`,
   :func:`write_text` and :func:`write_results` (``<stem>.csv``, ``.md`` and
   ``.png`` of a run), all written atomically
@@ -408,6 +409,56 @@ def add_hw_argument(parser: argparse.ArgumentParser,
         default=[default, default],
         action=_HW,
         help=f'{what} H [W] (default {default})')
+
+
+def add_timing_arguments(parser: argparse.ArgumentParser,
+                         repeats: int = 3,
+                         warmup: Optional[int] = None,
+                         device: Optional[str] = None,
+                         threads: Optional[int] = None,
+                         with_device: bool = True,
+                         helps: Optional[Dict[str, str]] = None):
+    """The options of the measuring scripts: ``--repeats``, ``--warmup``
+    (if ``warmup`` is given), ``--device`` (``with_device``; None: CUDA if
+    there is one) and ``--threads`` (torch's intra-op threads), with these
+    defaults; ``helps`` replaces the help of an option by name."""
+    helps = dict(
+        dict(
+            repeats='timed repeats',
+            warmup='untimed steps first',
+            device='default: cuda if any' if device is None else None,
+            threads='intra-op threads (default: torch\'s)'), **(helps or {}))
+    parser.add_argument(
+        '--repeats', type=int, default=repeats, help=helps['repeats'])
+    if warmup is not None:
+        parser.add_argument(
+            '--warmup', type=int, default=warmup, help=helps['warmup'])
+    if with_device:
+        parser.add_argument('--device', default=device, help=helps['device'])
+    parser.add_argument(
+        '--threads', type=int, default=threads, help=helps['threads'])
+
+
+def add_model_arguments(parser: argparse.ArgumentParser,
+                        model: str = 'soft_tiny_norm',
+                        helps: Optional[Dict[str, str]] = None):
+    """``--model`` (a name, see :func:`parse_model_name`), ``--config``
+    (take ``model.backbone`` of a config instead), ``--checkpoint`` and
+    ``--images`` (folders, optionally ``name=DIR``; see
+    :func:`image_sets`), the inputs of :func:`build_model` and
+    :func:`image_sets`; ``helps`` replaces the help of an option by
+    name."""
+    helps = dict(
+        dict(
+            model=f'a model name (default {model})',
+            config='take model.backbone of this config instead',
+            checkpoint='weights to load',
+            images='image folders, optionally name=DIR'), **(helps or {}))
+    parser.add_argument('--model', default=model, help=helps['model'])
+    parser.add_argument('--config', default=None, help=helps['config'])
+    parser.add_argument('--checkpoint', default=None, help=helps['checkpoint'])
+    parser.add_argument(
+        '--images', nargs='+', default=None, help=helps['images'])
 
 
 # ----------------------------------------------------------------- outputs

@@ -28,9 +28,10 @@ import argparse
 import os.path as osp
 import time
 
-from mmsoft.tools_support.analysis import (make_parser, measure_step,
-                                           print_result, pyplot, run_isolated,
-                                           soft_model_kwargs, write_results)
+from mmsoft.tools_support.analysis import (add_timing_arguments, make_parser,
+                                           measure_step, print_result, pyplot,
+                                           run_isolated, soft_model_kwargs,
+                                           write_results)
 
 DEFAULT_MODELS = [
     'soft_tiny', 'soft_tiny_norm', 'soft_small', 'soft_small_norm', 'pvtv2_b1',
@@ -155,9 +156,7 @@ def main(argv=None):
         help='config files whose model.backbone to benchmark')
     p.add_argument('--sizes', nargs='+', default=DEFAULT_SIZES)
     p.add_argument('--modes', nargs='+', default=list(MODES), choices=MODES)
-    p.add_argument('--repeats', type=int, default=3)
-    p.add_argument('--device', default=None)
-    p.add_argument('--threads', type=int, default=None)
+    add_timing_arguments(p, repeats=3)
     p.add_argument('--baseline', default=None)
     p.add_argument('--out', default='work_dirs/benchmark')
     p.add_argument('--child', action='store_true', help=argparse.SUPPRESS)

@@ -64,10 +64,8 @@ def parse_args(argv=None):
         '--modes',
         default='forward,train',
         help='forward and/or train (default both)')
-    p.add_argument('--repeats', type=int, default=3)
     p.add_argument('--backend', default='inductor')
-    p.add_argument('--device', default=None, help='default: cuda if any')
-    p.add_argument('--threads', type=int, default=None)
+    analysis.add_timing_arguments(p, repeats=3)
     p.add_argument(
         '--smoke',
         action='store_true',

@@ -56,21 +56,13 @@ from mmsoft.tools_support.analysis import (ATTENTION_NAMES, add_hw_argument,
                                            soft_model_kwargs, write_results)
 
 # NeurIPS Table 3 (SOFT, no normalisation): params (M), FLOPs (G)
-PAPER_PRESETS = {
-    'tiny': (13, 1.9),
-    'small': (24, 3.3),
-    'medium': (45, 7.2),
-    'large': (64, 11.0),
-    'huge': (87, 16.3)
-}
+PAPER_PRESETS = dict(
+    zip(('tiny', 'small', 'medium', 'large', 'huge'),
+        ((13, 1.9), (24, 3.3), (45, 7.2), (64, 11.0), (87, 16.3))))
 # NeurIPS Table 1 (Tiny architecture)
-PAPER_ZOO = {
-    'softmax': (13, 3.9),
-    'linformer': (13, 1.9),
-    'performer': (13, 2.2),
-    'nystromformer': (13, 2.0),
-    'soft': (13, 1.9)
-}
+PAPER_ZOO = dict(
+    zip(('softmax', 'linformer', 'performer', 'nystromformer', 'soft'),
+        ((13, 3.9), (13, 1.9), (13, 2.2), (13, 2.0), (13, 1.9))))
 # Table 4a / IJCV Table 7: bottleneck length -> FLOPs (G)
 PAPER_BOTTLENECK = {36: 1.9, 49: 1.9, 64: 2.0, 81: 2.1}
 # Table 4b / IJCV Table 8: sampling -> (params M, FLOPs G)

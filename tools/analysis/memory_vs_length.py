@@ -34,7 +34,8 @@ import io
 import os.path as osp
 import time
 
-from mmsoft.tools_support.analysis import (ATTENTION_NAMES, attn_cfg_of,
+from mmsoft.tools_support.analysis import (ATTENTION_NAMES,
+                                           add_timing_arguments, attn_cfg_of,
                                            make_parser, measure_step,
                                            print_result, pyplot, run_isolated,
                                            write_results)
@@ -215,17 +216,14 @@ def main(argv=None):
         default=4,
         help='sampling ratio before pooling to the m grid')
     p.add_argument(
-        '--repeats',
-        type=int,
-        default=0,
-        help='timed repeats after the memory-measuring step')
-    p.add_argument(
         '--max-mem-gb',
         type=float,
         default=6.0,
         help='skip runs whose n x n matrices would exceed this')
-    p.add_argument('--device', default=None)
-    p.add_argument('--threads', type=int, default=None)
+    add_timing_arguments(
+        p,
+        repeats=0,
+        helps=dict(repeats='timed repeats after the memory-measuring step'))
     p.add_argument('--out', default='work_dirs/memory_vs_length')
     p.add_argument('--child', action='store_true', help=argparse.SUPPRESS)
     p.add_argument('--attn', help=argparse.SUPPRESS)

@@ -42,8 +42,9 @@ import os.path as osp
 import statistics
 import time
 
-from mmsoft.tools_support.analysis import (attn_cfg_of, demo_data_root,
-                                           make_parser, normalize)
+from mmsoft.tools_support.analysis import (add_timing_arguments, attn_cfg_of,
+                                           demo_data_root, make_parser,
+                                           normalize)
 
 #: ``--smoke`` demo data (images per split), as ``tools/demo.py --smoke``
 SMOKE_DATA = dict(num_train=16, num_val=8)
@@ -69,8 +70,7 @@ def parse_args(argv=None):
         type=hw_size,
         default=[(224, 224), (800, 1216)],
         help='HxW input sizes (none: skip the gradient part)')
-    p.add_argument('--repeats', type=int, default=2)
-    p.add_argument('--threads', type=int, default=None)
+    add_timing_arguments(p, repeats=2, with_device=False)
     p.add_argument('--seed', type=int, default=0)
     p.add_argument('--nr-method', default='auto')
     p.add_argument(

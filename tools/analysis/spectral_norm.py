@@ -41,7 +41,8 @@ import time
 
 import torch
 
-from mmsoft.tools_support.analysis import make_parser, pyplot, write_results
+from mmsoft.tools_support.analysis import (add_model_arguments, make_parser,
+                                           pyplot, write_results)
 
 
 # ------------------------------------------------------------------ sources
@@ -202,10 +203,7 @@ def parse_args(argv=None):
         default=64,
         help='field: random Fourier features')
     p.add_argument('--seed', type=int, default=0)
-    p.add_argument('--model', default='soft_tiny_norm')
-    p.add_argument('--config', default=None)
-    p.add_argument('--checkpoint', default=None)
-    p.add_argument('--images', nargs='+', default=None)
+    add_model_arguments(p, 'soft_tiny_norm')
     p.add_argument(
         '--stage',
         type=int,

@@ -25,6 +25,8 @@ import tempfile
 import time
 import warnings
 
+from mmsoft.tools_support.analysis import add_timing_arguments
+
 DEFAULT_SPECS = [
     'configs/soft_tiny_in1k.py:224x224',
     'configs/soft_norm_tiny_in1k.py:224x224',
@@ -40,13 +42,13 @@ def parse_args(argv=None):
         nargs='*',
         default=DEFAULT_SPECS,
         help='CONFIG:HxW (default: the README table)')
-    p.add_argument(
-        '--threads',
-        type=int,
-        default=1,
-        help='intra-op threads for torch and onnxruntime')
-    p.add_argument('--repeats', type=int, default=3)
-    p.add_argument('--warmup', type=int, default=1)
+    add_timing_arguments(
+        p,
+        repeats=3,
+        warmup=1,
+        threads=1,
+        with_device=False,
+        helps=dict(threads='intra-op threads for torch and onnxruntime'))
     p.add_argument(
         '--onnx-dir',
         default=None,
