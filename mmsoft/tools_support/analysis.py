@@ -439,6 +439,13 @@ def add_timing_arguments(parser: argparse.ArgumentParser,
         '--threads', type=int, default=threads, help=helps['threads'])
 
 
+def add_stage_argument(parser: argparse.ArgumentParser, default: int,
+                       help: str):
+    """``--stage``: a SOFT-attention stage, 0-based (0, 1 or 2)."""
+    parser.add_argument(
+        '--stage', type=int, default=default, choices=[0, 1, 2], help=help)
+
+
 def add_model_arguments(parser: argparse.ArgumentParser,
                         model: str = 'soft_tiny_norm',
                         helps: Optional[Dict[str, str]] = None):

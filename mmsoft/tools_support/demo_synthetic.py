@@ -100,22 +100,18 @@ MIN_VISIBLE = 0.6
 #: solid 3 x 3 block, are not annotated (ADE20K "other" in label maps)
 MIN_FRAGMENT = 20
 
-#: default sizes: a few hundred images each, generated in seconds
+#: default sizes: a few hundred images each, generated in seconds (the
+#: detection and segmentation sets: the same scenes)
+_SCENE_SETS = dict(
+    num_train=500,
+    num_val=100,
+    size=160,
+    objects=(2, 6),
+    radius=(10, 38),
+    colour_cue=0.9)
 DEFAULTS = dict(
-    det=dict(
-        num_train=500,
-        num_val=100,
-        size=160,
-        objects=(2, 6),
-        radius=(10, 38),
-        colour_cue=0.9),
-    seg=dict(
-        num_train=500,
-        num_val=100,
-        size=160,
-        objects=(2, 6),
-        radius=(10, 38),
-        colour_cue=0.9),
+    det=dict(_SCENE_SETS),
+    seg=dict(_SCENE_SETS),
     cls=dict(num_train=4000, num_val=500, size=64, colour_cue=0.95),
 )
 

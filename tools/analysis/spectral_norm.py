@@ -41,7 +41,8 @@ import time
 
 import torch
 
-from mmsoft.tools_support.analysis import (add_model_arguments, make_parser,
+from mmsoft.tools_support.analysis import (add_model_arguments,
+                                           add_stage_argument, make_parser,
                                            pyplot, write_results)
 
 
@@ -204,12 +205,7 @@ def parse_args(argv=None):
         help='field: random Fourier features')
     p.add_argument('--seed', type=int, default=0)
     add_model_arguments(p, 'soft_tiny_norm')
-    p.add_argument(
-        '--stage',
-        type=int,
-        default=2,
-        choices=[0, 1, 2],
-        help='model: stage (0-based) whose bottleneck is used')
+    add_stage_argument(p, 2, 'model: stage (0-based) whose bottleneck is used')
     p.add_argument('--out', default='work_dirs/spectral_norm')
     args = p.parse_args(argv)
     for m in args.lengths:

@@ -31,8 +31,8 @@ import time
 import numpy as np
 import torch
 
-from mmsoft.tools_support.analysis import (add_hw_argument, make_parser,
-                                           pyplot, write_results)
+from mmsoft.tools_support.analysis import (add_hw_argument, add_stage_argument,
+                                           make_parser, pyplot, write_results)
 
 DEFAULT_MODELS = [
     'softmax_tiny', 'performer_tiny', 'nystromformer_tiny', 'soft_tiny_norm'
@@ -113,12 +113,7 @@ def parse_args(argv=None):
         nargs='+',
         default=[],
         help='name=path pairs (models without one are random)')
-    p.add_argument(
-        '--stage',
-        type=int,
-        default=1,
-        choices=[0, 1, 2],
-        help='stage (0-based) of the attention layer')
+    add_stage_argument(p, 1, 'stage (0-based) of the attention layer')
     p.add_argument(
         '--layer',
         type=int,

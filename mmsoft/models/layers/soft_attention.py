@@ -297,6 +297,8 @@ class SOFTAttention(AttentionBase):
                  nr_diagnostics: bool = False,
                  max_landmarks: Optional[int] = None,
                  landmark_hw: Optional[Tuple[int, int]] = None):
+        init_args = dict(locals())  # the arguments (what with_nr rebuilds)
+        del init_args['self'], init_args['__class__']
         super().__init__(embed_dims, num_heads, sampling_ratio, dw_kernel_size)
         if not isinstance(attn_norm, bool):
             raise ValueError(f'attn_norm must be True or False, got '
@@ -305,18 +307,7 @@ class SOFTAttention(AttentionBase):
         # the Newton-Raphson settings, read as ``nr`` (fixed: see _FixedNR)
         self._nr = NRConfig.of(nr, attn_norm)
         #: the constructor's arguments (what :func:`with_nr` rebuilds from)
-        self.init_args = dict(
-            embed_dims=embed_dims,
-            num_heads=num_heads,
-            sampling_ratio=sampling_ratio,
-            dw_kernel_size=dw_kernel_size,
-            qkv_bias=qkv_bias,
-            attn_norm=attn_norm,
-            sampling=sampling,
-            nr=self._nr,
-            nr_diagnostics=nr_diagnostics,
-            max_landmarks=max_landmarks,
-            landmark_hw=landmark_hw)
+        self.init_args = dict(init_args, nr=self._nr)
         self.nr_diagnostics = nr_diagnostics
         self.last_nr_stats: Optional[dict] = None
         self.q = nn.Linear(embed_dims, embed_dims, bias=qkv_bias)
