@@ -26,9 +26,8 @@ pytest.importorskip('mmpretrain')
 
 import mmsoft  # noqa: E402,F401
 from mmsoft.models.layers.soft_attention import landmark_grid  # noqa: E402
-from mmsoft.tools_support import demo_synthetic, demo_tasks  # noqa: E402
-
-S, T = demo_synthetic, demo_tasks
+from mmsoft.tools_support import demo_synthetic as S  # noqa: E402
+from mmsoft.tools_support import demo_tasks as T  # noqa: E402
 
 TINY_DATA = {t: dict(num_train=4, num_val=2) for t in ('det', 'seg', 'cls')}
 TINY_DATA['cls'] = dict(num_train=5, num_val=5)
