@@ -244,10 +244,15 @@ def soft_attention_modules(model):
     return out
 
 
-def random_batch(scope: str, name: str, size: int, batch_size: int = 2):
+def random_batch(scope: str,
+                 name: str,
+                 size: int,
+                 batch_size: int = 2,
+                 seg_classes: int = 150):
     """A tiny batch of ``scope``'s data samples (random pixels and labels,
-    seeded; masks for a config ``name`` with 'mask' in it) of
-    ``size`` x ``size`` images: the input of a model's data preprocessor."""
+    seeded; masks for a config ``name`` with 'mask' in it; segmentation
+    labels below ``seg_classes``) of ``size`` x ``size`` images: the input
+    of a model's data preprocessor."""
     import torch
     g = torch.Generator().manual_seed(0)
     inputs = [
@@ -273,7 +278,8 @@ def random_batch(scope: str, name: str, size: int, batch_size: int = 2):
         s = SegDataSample()
         s.gt_sem_seg = PixelData(
             data=torch.randint(
-                0, 150, (1, size, size), generator=g, dtype=torch.long))
+                0, seg_classes, (1, size,
+                                 size), generator=g, dtype=torch.long))
         s.set_metainfo(
             dict(
                 img_shape=(size, size),
