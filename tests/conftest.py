@@ -150,7 +150,7 @@ def cls_demo_config(tmp, **batch_size):
     ``tmp/cls.py``; ``batch_size``: per dataloader (``val=4``). Returns
     the config's path."""
     from mmsoft.tools_support import demo_synthetic
-    demo_synthetic().make_demo_data(
+    demo_synthetic.make_demo_data(
         str(tmp / 'data'),
         tasks=('cls', ),
         workers=1,

@@ -91,7 +91,7 @@ def test_paths_in_site_packages_layout(tmp_path):
 
 def test_demo_config_path_uses_shipped_configs():
     from mmsoft.tools_support import demo_tasks
-    T = demo_tasks()
+    T = demo_tasks
     assert T.REPO_ROOT == ROOT
     assert osp.samefile(
         T.config_path('det'),
@@ -101,20 +101,28 @@ def test_demo_config_path_uses_shipped_configs():
                                       'retinanet_soft_demo.py')
 
 
-def test_demo_support_is_no_part_of_the_package():
-    """The demo data generator and tasks live in tools/demo_support (they
-    ship with the tools) and are loaded by path, once."""
-    import importlib.util
-
+def test_package_loads_no_files_from_tools():
+    """The demo data generator and tasks are modules of the package
+    (mmsoft.tools_support.demo_*), imported as such by the tools and the
+    tests; nothing in mmsoft loads a Python file by path (tools/ is no
+    import root)."""
     from mmsoft.tools_support import demo_synthetic, demo_tasks
-    assert importlib.util.find_spec('mmsoft.tools_support.demo') is None
-    S, T = demo_synthetic(), demo_tasks()
+    assert demo_tasks.synthetic is demo_synthetic
     assert osp.samefile(
-        S.__file__, osp.join(ROOT, 'tools', 'demo_support', 'synthetic.py'))
-    assert demo_synthetic() is S and T.synthetic is S
+        demo_synthetic.__file__,
+        osp.join(ROOT, 'mmsoft', 'tools_support', 'demo_synthetic.py'))
+    assert not osp.exists(osp.join(ROOT, 'tools', 'demo_support'))
+    assert not osp.exists(osp.join(ROOT, 'tools', 'analysis', 'utils.py'))
+    loaders = ('spec_from_file_location', 'run_path(', 'SourceFileLoader')
+    for d, _, files in os.walk(osp.join(ROOT, 'mmsoft')):
+        for f in files:
+            if f.endswith('.py') and '.mim' not in d:
+                with open(osp.join(d, f)) as fh:
+                    text = fh.read()
+                assert not [x for x in loaders if x in text], (d, f)
     tool = load_module(
         osp.join(ROOT, 'tools', 'misc', 'make_demo_data.py'), '_mkdemo')
-    assert tool.load_generator() is S  # one module under one name
+    assert tool.demo_synthetic is demo_synthetic
 
 
 # ---------------------------------------------------------------- versions

@@ -321,8 +321,8 @@ MUTATIONS = (
       what=('the attentions build in the default scope of the codebase '
             "(mmengine's 'Failed to search registry' warning)"),
       path='mmsoft/models/layers/attention_zoo.py',
-      old="dict(cfg, _scope_='mmsoft')",
-      new='dict(cfg)',
+      old="dict(fold_nr_keys(cfg), _scope_='mmsoft')",
+      new='dict(fold_nr_keys(cfg))',
       tests=('tests/test_registry.py::test_build_from_codebase_registry', )),
     M(name='scalar_recurrence_inlined',
       what=('the spectral scalar NR recurrence as plain pointwise ops '
@@ -359,7 +359,7 @@ MUTATIONS = (
     M(name='demo_value_unscaled',
       what=("demo: the reported value is the evaluator's metric without its "
             'scale (a percentage, not a fraction)'),
-      path='tools/demo_support/tasks.py',
+      path='mmsoft/tools_support/demo_tasks.py',
       old="        value=None if value is None else value * spec['scale'],\n",
       new='        value=value,\n',
       tests=('tests/test_configs/test_demo_configs.py::'

@@ -5,7 +5,7 @@
   several bottleneck tokens per stage at the demo resolution;
 * each config trains a handful of iterations with mmengine's Runner on tiny
   generated data, is evaluated with the codebase's metric and draws its
-  prediction PNG (``tools/demo_support/tasks.py``: ``run_task``);
+  prediction PNG (``mmsoft/tools_support/demo_tasks.py``: ``run_task``);
 * ``tools/demo.py --smoke`` runs end to end (data, training, results table,
   results.json, PNG) for one task;
 * the results table.
@@ -26,9 +26,8 @@ pytest.importorskip('mmpretrain')
 
 import mmsoft  # noqa: E402,F401
 from mmsoft.models.layers.soft_attention import landmark_grid  # noqa: E402
-from mmsoft.tools_support import demo_synthetic, demo_tasks  # noqa: E402
-
-S, T = demo_synthetic(), demo_tasks()
+from mmsoft.tools_support import demo_synthetic as S  # noqa: E402
+from mmsoft.tools_support import demo_tasks as T  # noqa: E402
 
 TINY_DATA = {t: dict(num_train=4, num_val=2) for t in ('det', 'seg', 'cls')}
 TINY_DATA['cls'] = dict(num_train=5, num_val=5)

@@ -20,6 +20,7 @@ from mmengine.registry import DefaultScope
 
 from mmsoft.models import SOFT
 from mmsoft.tools_support import launch
+from mmsoft.tools_support.analysis import random_batch
 
 ARCHS = ('tiny', 'small', 'medium', 'large', 'huge')
 DET_ARCHS = ('tiny', 'small', 'medium', 'large')
@@ -291,44 +292,6 @@ def _few_proposals(m):
         m.rpn_head.num_proposals = 10
 
 
-def make_batch(scope, name, batch_size=2):
-    g = torch.Generator().manual_seed(0)
-    inputs = [
-        torch.randint(0, 256, (3, SIZE, SIZE), generator=g, dtype=torch.uint8)
-        for _ in range(batch_size)
-    ]
-    if scope == 'mmpretrain':
-        from mmpretrain.structures import DataSample
-        samples = [DataSample().set_gt_label(i) for i in range(batch_size)]
-        return dict(inputs=inputs, data_samples=samples)
-    if scope == 'mmdet':
-        from mmdet.testing import demo_mm_inputs
-        return demo_mm_inputs(
-            batch_size=batch_size,
-            image_shapes=[(3, SIZE, SIZE)] * batch_size,
-            num_items=[3] * batch_size,
-            num_classes=80,
-            with_mask='mask_rcnn' in name)
-    from mmengine.structures import PixelData
-    from mmseg.structures import SegDataSample
-    samples = []
-    for _ in range(batch_size):
-        s = SegDataSample()
-        s.gt_sem_seg = PixelData(
-            data=torch.randint(
-                0, 150, (1, SIZE, SIZE), generator=g, dtype=torch.long))
-        s.set_metainfo(
-            dict(
-                img_shape=(SIZE, SIZE),
-                ori_shape=(SIZE, SIZE),
-                pad_shape=(SIZE, SIZE),
-                scale_factor=(1.0, 1.0),
-                flip=False,
-                flip_direction=None))
-        samples.append(s)
-    return dict(inputs=inputs, data_samples=samples)
-
-
 def _registry(scope):
     import importlib
     return importlib.import_module(f'{scope}.registry').MODELS
@@ -350,7 +313,7 @@ def test_train_step_and_predict(name):
         # ---- one training step
         torch.manual_seed(0)
         model.train()
-        data = model.data_preprocessor(make_batch(scope, name), True)
+        data = model.data_preprocessor(random_batch(scope, name, SIZE), True)
         losses = model(**data, mode='loss')
         loss, _ = model.parse_losses(losses)
         assert torch.isfinite(loss), losses
@@ -370,7 +333,8 @@ def test_train_step_and_predict(name):
         # ---- one prediction
         model.eval()
         with torch.no_grad():
-            preds = model.test_step(make_batch(scope, name, batch_size=1))
+            preds = model.test_step(
+                random_batch(scope, name, SIZE, batch_size=1))
     assert len(preds) == 1
     pred = preds[0]
     if scope == 'mmpretrain':

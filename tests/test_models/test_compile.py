@@ -144,9 +144,9 @@ def test_train_tool_compile_switch(tmp_path, capsys):
     compiled step: Dynamo traced graphs."""
     import os.path as osp
 
-    from conftest import CONFIGS, TOOLS, load_module, tool_namespace
-    synthetic = load_module(
-        osp.join(TOOLS, 'demo_support', 'synthetic.py'), '_g22y_synthetic')
+    from conftest import CONFIGS, tool_namespace
+
+    from mmsoft.tools_support import demo_synthetic as synthetic
     data = tmp_path / 'imagenet'
     synthetic.make_imagenet(str(data), num_train=4, num_val=2, size=32)
     cfg = tmp_path / 'cfg.py'

@@ -167,26 +167,9 @@ def det_batch(model):
 
 
 def seg_batch(model):
-    from mmengine.structures import PixelData
-    from mmseg.structures import SegDataSample
-    g = torch.Generator().manual_seed(0)
-    inputs, samples = [], []
-    for _ in range(2):
-        inputs.append(
-            torch.randint(
-                0, 256, (3, SIZE, SIZE), generator=g, dtype=torch.uint8))
-        s = SegDataSample()
-        s.gt_sem_seg = PixelData(
-            data=torch.randint(
-                0, 4, (1, SIZE, SIZE), generator=g, dtype=torch.long))
-        s.set_metainfo(
-            dict(
-                img_shape=(SIZE, SIZE),
-                ori_shape=(SIZE, SIZE),
-                pad_shape=(SIZE, SIZE)))
-        samples.append(s)
+    from mmsoft.tools_support.analysis import random_batch
     return model.data_preprocessor(
-        dict(inputs=inputs, data_samples=samples), True)
+        random_batch('mmseg', 'upernet', SIZE, seg_classes=4), True)
 
 
 @pytest.mark.parametrize('dtype', HALF, ids=dtype_id)

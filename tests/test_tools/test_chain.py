@@ -3,8 +3,8 @@ next one reads.
 
 For each task (mmdet RetinaNet, mmseg UperNet, mmpretrain classifier: the
 demo configs of ``configs/demo`` on small synthetic data of
-``tools/demo_support/synthetic.py``) a module-scoped fixture trains a few
-iterations with ``tools/train.py``; each test then feeds *that* checkpoint
+:mod:`mmsoft.tools_support.demo_synthetic`) a module-scoped fixture trains a
+few iterations with ``tools/train.py``; each test then feeds *that* checkpoint
 (with mmengine's message hub, optimizer, RNG states) to the next tool:
 
 * ``tools/test.py`` (the task's metric);
@@ -118,7 +118,7 @@ def small_config(tmp, task):
     """The demo config of ``task`` on freshly generated data in ``tmp``."""
     from mmsoft.tools_support import demo_synthetic
     base, folder, body = SMALL[task]
-    demo_synthetic().make_demo_data(
+    demo_synthetic.make_demo_data(
         str(tmp / 'data'),
         tasks=(task, ),
         workers=1,

@@ -67,7 +67,7 @@ INVOCATIONS = {
     'deployment/benchmark_onnx.py':
     'test_tools/test_tool_cli.py::test_benchmark_onnx_tiny_run',
     'misc/make_demo_data.py':
-    'test_tools_support/test_demo/test_synthetic.py::test_tool_without_torch',
+    'test_tools_support/test_demo/test_synthetic.py::test_tool_cli',
     'model_converters/soft2mmsoft.py':
     'test_tools/test_model_converters.py::test_cli_round_trip',
     'model_converters/mmsoft2soft.py':
@@ -76,7 +76,7 @@ INVOCATIONS = {
     'test_compat_matrix.py::test_table_writer',
 }
 #: helpers of the scripts, not tools (files, or folders ending in /)
-HELPERS = ('analysis/utils.py', 'demo_support/', 'compat/stacks.py')
+HELPERS = ('compat/stacks.py', )
 
 # run each path given as if `python PATH --help`; print {path: [rc, text]}
 HELP_CHILD = '''
@@ -95,7 +95,6 @@ for path in paths:
     except BaseException as e:  # noqa
         rc = repr(e)
     res[path] = [rc, out.getvalue()]
-    sys.modules.pop('utils', None)
 print('HELP ' + json.dumps(res))
 '''
 
@@ -340,7 +339,7 @@ def test_nr_backward_compare_train_demo(tmp_path, capsys, monkeypatch):
     on the way back: the table must carry each value in its column and
     row (a swapped or misread column shows)."""
     from mmsoft.tools_support import demo_tasks
-    tasks = demo_tasks()
+    tasks = demo_tasks
     real_run_task, calls = tasks.run_task, []
 
     def run_task(*args, **kwargs):

@@ -319,8 +319,8 @@ def test_existing_data_passes(tmp_path, monkeypatch, capsys):
     pytest.importorskip('mmdet')
     pytest.importorskip('mmseg')
     pytest.importorskip('mmpretrain')
-    from mmsoft.tools_support import demo_synthetic, demo_tasks
-    S, T = demo_synthetic(), demo_tasks()
+    from mmsoft.tools_support import demo_synthetic as S
+    from mmsoft.tools_support import demo_tasks as T
     tiny = {t: dict(num_train=2, num_val=2) for t in ('det', 'seg', 'cls')}
     tiny['cls'] = dict(num_train=5, num_val=5)
     report = S.make_demo_data(
@@ -494,8 +494,8 @@ def test_tools_message_is_all_a_newcomer_sees(tool, name, tmp_path):
 def demo_det(tmp_path):
     """The demo detection config on 3 generated training images."""
     pytest.importorskip('mmdet')
-    from mmsoft.tools_support import demo_synthetic, demo_tasks
-    S, T = demo_synthetic(), demo_tasks()
+    from mmsoft.tools_support import demo_synthetic as S
+    from mmsoft.tools_support import demo_tasks as T
     report = S.make_demo_data(
         str(tmp_path / 'demo'),
         tasks=('det', ),

@@ -17,7 +17,7 @@ small ones, as they have the same parameter counts).
 Models: soft_{tiny,small,...}[_norm][_iterative|_spectral][_ml<N>] (SOFT
 backbone, all four outputs; ``_iterative``/``_spectral`` force the
 pseudo-inverse method, ``_ml<N>`` sets ``max_landmarks=N``; see
-``utils.parse_model_name``),
+:func:`mmsoft.tools_support.analysis.parse_model_name`),
 {softmax,linformer,performer,nystromformer,sima}_<arch> (the attention zoo in
 the SOFT architecture, Table 1), pvtv2_b0..b2 (mmdet
 PyramidVisionTransformerV2), swin_t (mmdet SwinTransformer), or ``--config``
@@ -28,8 +28,10 @@ import argparse
 import os.path as osp
 import time
 
-from utils import (make_parser, measure_step, print_result, pyplot,
-                   run_isolated, soft_model_kwargs, write_results)
+from mmsoft.tools_support.analysis import (add_timing_arguments, make_parser,
+                                           measure_step, print_result, pyplot,
+                                           run_isolated, soft_model_kwargs,
+                                           write_results)
 
 DEFAULT_MODELS = [
     'soft_tiny', 'soft_tiny_norm', 'soft_small', 'soft_small_norm', 'pvtv2_b1',
@@ -154,9 +156,7 @@ def main(argv=None):
         help='config files whose model.backbone to benchmark')
     p.add_argument('--sizes', nargs='+', default=DEFAULT_SIZES)
     p.add_argument('--modes', nargs='+', default=list(MODES), choices=MODES)
-    p.add_argument('--repeats', type=int, default=3)
-    p.add_argument('--device', default=None)
-    p.add_argument('--threads', type=int, default=None)
+    add_timing_arguments(p, repeats=3)
     p.add_argument('--baseline', default=None)
     p.add_argument('--out', default='work_dirs/benchmark')
     p.add_argument('--child', action='store_true', help=argparse.SUPPRESS)

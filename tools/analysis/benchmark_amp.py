@@ -26,7 +26,8 @@ import copy
 import os
 import time
 
-from utils import make_parser, soft_model_kwargs, write_results
+from mmsoft.tools_support.analysis import (add_timing_arguments, make_parser,
+                                           soft_model_kwargs, write_results)
 
 DEFAULT_SIZES = ['224x224x8', '800x1216x1']
 SMOKE = dict(model='soft_tiny_norm', sizes=['64x64x2'], repeats=2, warmup=1)
@@ -136,15 +137,13 @@ def main(argv=None):
     p = make_parser(__doc__)
     p.add_argument('--model', default='soft_small_norm')
     p.add_argument('--sizes', nargs='+', default=DEFAULT_SIZES)
-    p.add_argument(
-        '--repeats',
-        type=int,
-        default=5,
-        help='interleaved timed steps per kind (default 5)')
-    p.add_argument(
-        '--warmup', type=int, default=1, help='untimed steps per kind')
-    p.add_argument('--device', default=None, help='default: cuda if any')
-    p.add_argument('--threads', type=int, default=None)
+    add_timing_arguments(
+        p,
+        repeats=5,
+        warmup=1,
+        helps=dict(
+            repeats='interleaved timed steps per kind (default 5)',
+            warmup='untimed steps per kind'))
     p.add_argument('--out', default='work_dirs/benchmark_amp')
     p.add_argument(
         '--smoke',

@@ -26,8 +26,9 @@ import argparse
 import os.path as osp
 import time
 
-from utils import (make_parser, measure_step, print_result, pyplot,
-                   run_isolated, write_results)
+from mmsoft.tools_support.analysis import (make_parser, measure_step,
+                                           print_result, pyplot, run_isolated,
+                                           write_results)
 
 METHODS = ('soft', 'soft_norm', 'softmax', 'softmax_naive')
 MODES = ('forward', 'forward_backward')

@@ -24,7 +24,7 @@ import os.path as osp
 import sys
 import time
 
-import utils
+from mmsoft.tools_support import analysis
 
 FIELDS = ('size', 'batch', 'mode', 'eager_ms', 'compiled_ms', 'speedup',
           'compile_s')
@@ -51,7 +51,7 @@ def parse_sizes(text):
 
 
 def parse_args(argv=None):
-    p = utils.make_parser(__doc__)
+    p = analysis.make_parser(__doc__)
     p.add_argument(
         '--arch',
         default='soft_small_norm',
@@ -64,10 +64,8 @@ def parse_args(argv=None):
         '--modes',
         default='forward,train',
         help='forward and/or train (default both)')
-    p.add_argument('--repeats', type=int, default=3)
     p.add_argument('--backend', default='inductor')
-    p.add_argument('--device', default=None, help='default: cuda if any')
-    p.add_argument('--threads', type=int, default=None)
+    analysis.add_timing_arguments(p, repeats=3)
     p.add_argument(
         '--smoke',
         action='store_true',
@@ -90,7 +88,7 @@ def build(args):
     from mmsoft.models.backbones import SOFT
     if args.smoke:
         return SOFT(arch=dict(SMOKE_ARCH))
-    return SOFT(**utils.soft_model_kwargs(args.arch))
+    return SOFT(**analysis.soft_model_kwargs(args.arch))
 
 
 def make_step(model, x, mode):
@@ -121,9 +119,9 @@ def timed(step, repeats, device):
     """(first call s, median of ``repeats`` later calls in ms)."""
     t0 = time.perf_counter()
     step()
-    utils._sync(device)
+    analysis.sync_device(device)
     first = time.perf_counter() - t0
-    res = utils.measure_step(step, device=device, repeats=repeats)
+    res = analysis.measure_step(step, device=device, repeats=repeats)
     return first, res['time_ms']
 
 
@@ -174,10 +172,10 @@ def main(argv=None):
             rows.append(run_one(args, h, w, batch, mode, device))
             print(markdown(rows[-1:]).splitlines()[-1], flush=True)
             # after every row (atomically): a run cut short keeps its rows
-            utils.write_csv(
+            analysis.write_csv(
                 osp.join(args.out_dir, 'benchmark_compile.csv'), rows,
                 list(FIELDS))
-            utils.write_text(
+            analysis.write_text(
                 osp.join(args.out_dir, 'benchmark_compile.md'),
                 title + markdown(rows))
     print(title + markdown(rows))

@@ -33,9 +33,10 @@ Configs: the whole model runs in ``mode='tensor'`` (two-stage detectors with
 metainfo-only data samples, so their RoI-head FLOPs depend on the number of
 proposals, as with mmdet's own counter).
 
-Model names: ``<attn>_<arch>[_norm]`` (see ``utils.parse_model_name``):
-attn one of soft, soft_norm, softmax, linformer, performer, nystromformer,
-sima; arch one of the SOFT presets. ``soft_<arch>`` is the NeurIPS model (no
+Model names: ``<attn>_<arch>[_norm]`` (see
+:func:`mmsoft.tools_support.analysis.parse_model_name`): attn one of
+soft, soft_norm, softmax, linformer, performer, nystromformer, sima;
+arch one of the SOFT presets. ``soft_<arch>`` is the NeurIPS model (no
 normalisation), ``soft_<arch>_norm`` = ``soft_norm_<arch>`` the IJCV one.
 Named models are image classifiers (backbone + 1000-way linear head, as the
 papers count them) unless ``--backbone-only``. Writes ``flops.csv``,
@@ -49,25 +50,19 @@ from typing import Optional
 
 import torch
 import torch.nn as nn
-from utils import (ATTENTION_NAMES, add_hw_argument, attn_cfg_of, make_parser,
-                   pyplot, soft_model_kwargs, write_results)
+
+from mmsoft.tools_support.analysis import (ATTENTION_NAMES, add_hw_argument,
+                                           attn_cfg_of, make_parser, pyplot,
+                                           soft_model_kwargs, write_results)
 
 # NeurIPS Table 3 (SOFT, no normalisation): params (M), FLOPs (G)
-PAPER_PRESETS = {
-    'tiny': (13, 1.9),
-    'small': (24, 3.3),
-    'medium': (45, 7.2),
-    'large': (64, 11.0),
-    'huge': (87, 16.3)
-}
+PAPER_PRESETS = dict(
+    zip(('tiny', 'small', 'medium', 'large', 'huge'),
+        ((13, 1.9), (24, 3.3), (45, 7.2), (64, 11.0), (87, 16.3))))
 # NeurIPS Table 1 (Tiny architecture)
-PAPER_ZOO = {
-    'softmax': (13, 3.9),
-    'linformer': (13, 1.9),
-    'performer': (13, 2.2),
-    'nystromformer': (13, 2.0),
-    'soft': (13, 1.9)
-}
+PAPER_ZOO = dict(
+    zip(('softmax', 'linformer', 'performer', 'nystromformer', 'soft'),
+        ((13, 3.9), (13, 1.9), (13, 2.2), (13, 2.0), (13, 1.9))))
 # Table 4a / IJCV Table 7: bottleneck length -> FLOPs (G)
 PAPER_BOTTLENECK = {36: 1.9, 49: 1.9, 64: 2.0, 81: 2.1}
 # Table 4b / IJCV Table 8: sampling -> (params M, FLOPs G)
@@ -196,9 +191,12 @@ def count(model: nn.Module, x: torch.Tensor, call=None) -> dict:
     from torch.utils.flop_counter import FlopCounterMode
 
     from mmsoft.compat import sdpa_math
-    model.eval()
+    from mmsoft.models.layers import with_nr
+
+    # counted on a copy whose SOFT attentions iterate (the same function;
+    # the eigendecomposition of 'spectral' has no FLOP formula)
+    model = with_nr(model.eval(), method='iterative')
     softs = _soft_attentions(model)
-    saved = [m.nr_method for m in softs]
     nr_macs = [0]
 
     def hook(iters):
@@ -211,7 +209,6 @@ def count(model: nn.Module, x: torch.Tensor, call=None) -> dict:
 
     handles = []
     for m in softs:
-        m.nr_method = 'iterative'
         handles.append(m.sampler.register_forward_hook(hook(m.nr_iters)))
     call = call or (lambda mod, inp: mod(inp))
     try:
@@ -221,8 +218,6 @@ def count(model: nn.Module, x: torch.Tensor, call=None) -> dict:
     finally:
         for h in handles:
             h.remove()
-        for m, meth in zip(softs, saved):
-            m.nr_method = meth
     counts = fc.get_flop_counts()
     root = type(model).__name__
     total = fc.get_total_flops() // 2

@@ -44,7 +44,7 @@ import time
 import traceback
 import warnings
 
-import utils
+from mmsoft.tools_support import analysis
 
 # mmengine imports pkg_resources once per codebase (one warning each)
 warnings.filterwarnings('ignore', message='pkg_resources is deprecated')
@@ -64,7 +64,7 @@ DEFAULT_SMOKE_CONFIG = 'soft_norm_tiny_in1k'
 
 
 def parse_args(argv=None):
-    p = utils.make_parser(__doc__)
+    p = analysis.make_parser(__doc__)
     p.add_argument('--out-dir', default='work_dirs/gpu_check')
     p.add_argument(
         '--configs',
@@ -161,47 +161,6 @@ def run_device_tests(report):
 
 
 # --------------------------------------------------- 2. training steps
-def make_batch(scope, name, size, batch_size=2):
-    """A tiny batch of ``scope``'s data samples (random pixels and
-    labels) for the config ``name``."""
-    import torch
-    g = torch.Generator().manual_seed(0)
-    inputs = [
-        torch.randint(0, 256, (3, size, size), generator=g, dtype=torch.uint8)
-        for _ in range(batch_size)
-    ]
-    if scope == 'mmpretrain':
-        from mmpretrain.structures import DataSample
-        samples = [DataSample().set_gt_label(i) for i in range(batch_size)]
-        return dict(inputs=inputs, data_samples=samples)
-    if scope == 'mmdet':
-        from mmdet.testing import demo_mm_inputs
-        return demo_mm_inputs(
-            batch_size=batch_size,
-            image_shapes=[(3, size, size)] * batch_size,
-            num_items=[3] * batch_size,
-            num_classes=80,
-            with_mask='mask' in name)
-    from mmengine.structures import PixelData
-    from mmseg.structures import SegDataSample
-    samples = []
-    for _ in range(batch_size):
-        s = SegDataSample()
-        s.gt_sem_seg = PixelData(
-            data=torch.randint(
-                0, 150, (1, size, size), generator=g, dtype=torch.long))
-        s.set_metainfo(
-            dict(
-                img_shape=(size, size),
-                ori_shape=(size, size),
-                pad_shape=(size, size),
-                scale_factor=(1.0, 1.0),
-                flip=False,
-                flip_direction=None))
-        samples.append(s)
-    return dict(inputs=inputs, data_samples=samples)
-
-
 def train_step(path, name, precision, device, size):
     """One training step of the config's model; returns (loss, ms)."""
     import importlib
@@ -236,8 +195,9 @@ def train_step(path, name, precision, device, size):
             device,
             init_scale=2.**10,
             enabled=precision == 'fp16' and device == 'cuda')
-        data = model.data_preprocessor(make_batch(scope, name, size), True)
-        utils._sync(device)
+        data = model.data_preprocessor(
+            analysis.random_batch(scope, name, size), True)
+        analysis.sync_device(device)
         t0 = time.perf_counter()
         # fp32: no autocast context (torch 2.1's CPU autocast refuses a
         # float32 dtype even with enabled=False)
@@ -252,7 +212,7 @@ def train_step(path, name, precision, device, size):
             bool(torch.isfinite(g).all()) for g in grads)
         scaler.step(opt)
         scaler.update()
-        utils._sync(device)
+        analysis.sync_device(device)
         ms = (time.perf_counter() - t0) * 1e3
     if not finite:
         raise RuntimeError(f'non-finite loss or gradients (loss {loss:.4g})')
@@ -301,10 +261,10 @@ def run_nr_methods(report, device, shapes, repeats):
             nr.apply(A, W)  # warm-up
             ts = []
             for _ in range(repeats):
-                utils._sync(device)
+                analysis.sync_device(device)
                 t0 = time.perf_counter()
                 out[method] = nr.apply(A, W)
-                utils._sync(device)
+                analysis.sync_device(device)
                 ts.append((time.perf_counter() - t0) * 1e3)
             times[method] = sorted(ts)[len(ts) // 2]
         ref = out['iterative']
@@ -504,8 +464,8 @@ def main(argv=None):
         not_run = NOT_RUN + ('no CUDA device' if not torch.cuda.is_available()
                              else '--cpu or --smoke given')
         md += f'\n{not_run}\n'
-    utils.write_text(osp.join(args.out_dir, 'gpu_check.md'), md)
-    utils.write_csv(
+    analysis.write_text(osp.join(args.out_dir, 'gpu_check.md'), md)
+    analysis.write_csv(
         osp.join(args.out_dir, 'gpu_check.csv'), report.rows,
         ['section', 'item', 'metric', 'value', 'ok', 'note'])
     print(md)

@@ -18,7 +18,7 @@ time).
 
 Each (entry, n, mode) runs in a fresh process; the peak memory of one step
 is the growth of peak RSS on the CPU (``torch.cuda.max_memory_allocated``
-on GPUs), see ``utils.measure_step``. Modes: ``forward`` (eval, no
+on GPUs), see ``analysis.measure_step``. Modes: ``forward`` (eval, no
 autograd) and ``forward_backward`` (a training step). Runs whose estimated
 n x n memory exceeds ``--max-mem-gb`` are skipped and marked as such.
 
@@ -34,8 +34,11 @@ import io
 import os.path as osp
 import time
 
-from utils import (ATTENTION_NAMES, attn_cfg_of, make_parser, measure_step,
-                   print_result, pyplot, run_isolated, write_results)
+from mmsoft.tools_support.analysis import (ATTENTION_NAMES,
+                                           add_timing_arguments, attn_cfg_of,
+                                           make_parser, measure_step,
+                                           print_result, pyplot, run_isolated,
+                                           write_results)
 
 DEFAULT_ATTNS = [
     'soft', 'soft_norm', 'softmax', 'softmax:math', 'linformer', 'performer',
@@ -213,17 +216,14 @@ def main(argv=None):
         default=4,
         help='sampling ratio before pooling to the m grid')
     p.add_argument(
-        '--repeats',
-        type=int,
-        default=0,
-        help='timed repeats after the memory-measuring step')
-    p.add_argument(
         '--max-mem-gb',
         type=float,
         default=6.0,
         help='skip runs whose n x n matrices would exceed this')
-    p.add_argument('--device', default=None)
-    p.add_argument('--threads', type=int, default=None)
+    add_timing_arguments(
+        p,
+        repeats=0,
+        helps=dict(repeats='timed repeats after the memory-measuring step'))
     p.add_argument('--out', default='work_dirs/memory_vs_length')
     p.add_argument('--child', action='store_true', help=argparse.SUPPRESS)
     p.add_argument('--attn', help=argparse.SUPPRESS)

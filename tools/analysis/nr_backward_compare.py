@@ -2,7 +2,7 @@
 
 For a SOFT backbone (default SOFT-Small-Norm, random initialisation: no
 trained weights offline) on a natural-looking synthetic image (a rendered
-scene of ``tools/demo_support/synthetic.py``: textured background,
+scene of :mod:`mmsoft.tools_support.demo_synthetic`: textured background,
 clutter and shaded objects) at each ``--sizes`` entry, prints
 
 * the NR convergence per stage (:meth:`SOFT.nr_stats`: the paper's
@@ -42,8 +42,9 @@ import os.path as osp
 import statistics
 import time
 
-from utils import (attn_cfg_of, demo_data_root, make_parser, normalize,
-                   soft_attention_modules)
+from mmsoft.tools_support.analysis import (add_timing_arguments, attn_cfg_of,
+                                           demo_data_root, make_parser,
+                                           normalize)
 
 #: ``--smoke`` demo data (images per split), as ``tools/demo.py --smoke``
 SMOKE_DATA = dict(num_train=16, num_val=8)
@@ -69,8 +70,7 @@ def parse_args(argv=None):
         type=hw_size,
         default=[(224, 224), (800, 1216)],
         help='HxW input sizes (none: skip the gradient part)')
-    p.add_argument('--repeats', type=int, default=2)
-    p.add_argument('--threads', type=int, default=None)
+    add_timing_arguments(p, repeats=2, with_device=False)
     p.add_argument('--seed', type=int, default=0)
     p.add_argument('--nr-method', default='auto')
     p.add_argument(
@@ -110,7 +110,7 @@ def natural_image(h, w, seed=0):
     import numpy as np
 
     from mmsoft.tools_support import demo_synthetic
-    render_scene = demo_synthetic().render_scene
+    render_scene = demo_synthetic.render_scene
     side = max(h, w)
     scale = side / 160
     rng = np.random.default_rng(seed)
@@ -177,8 +177,8 @@ def official_reference(iters):
     """An NR setting (:class:`~mmsoft.models.layers.pinv.NRConfig`) whose
     ``apply`` is the float64 official rule per sample: alpha from the
     official loop, A_T W from the T iterations on the eigenvalues of A.
-    Given to a model's SOFT attentions as their ``nr``, it makes the model
-    the reference of :func:`parity` (``attn_norm`` applies D^-1/2 around
+    Built into a model's SOFT attentions (``nr=``), it makes the model the
+    reference of :func:`parity` (``attn_norm`` applies D^-1/2 around
     it, as for any setting)."""
     from mmsoft.models.layers.pinv import NRConfig
 
@@ -214,10 +214,8 @@ def parity(args, x):
         outs['soft_norm_per_sample (float64)'] = build(
             args.arch, args.seed, nr_method=args.nr_method).double()(
                 x.double())
-        ref_model = build(args.arch, args.seed).double()
-        for _, _, attn in soft_attention_modules(ref_model):
-            attn.nr = official_reference(attn.nr.iters)
-        ref = ref_model(x.double())
+        ref_model = build(args.arch, args.seed, nr=official_reference(20))
+        ref = ref_model.double()(x.double())
     for rule, out in outs.items():
         errs = [((o.double() - r).abs().max() / r.abs().max()).item()
                 for o, r in zip(out, ref)]
@@ -309,7 +307,7 @@ def train_demo(args):
     """Demo detection, same seed, Eq. 16 vs exact backward; returns the
     rows (nr_backward, bbox mAP, bbox mAP@0.5, train s)."""
     from mmsoft.tools_support import demo_synthetic, demo_tasks
-    make_demo_data, T = demo_synthetic().make_demo_data, demo_tasks()
+    make_demo_data, T = demo_synthetic.make_demo_data, demo_tasks
     data = args.data + ('-smoke' if args.smoke else '')
     made = make_demo_data(
         data,

@@ -35,9 +35,12 @@ import time
 from collections import defaultdict
 
 import torch
-from utils import (add_hw_argument, build_model, image_sets, load_rgb,
-                   make_parser, pyplot, soft_attention_modules, to_tensor,
-                   write_results)
+
+from mmsoft.tools_support.analysis import (add_hw_argument,
+                                           add_model_arguments, build_model,
+                                           image_sets, load_rgb, make_parser,
+                                           pyplot, soft_attention_modules,
+                                           to_tensor, write_results)
 
 
 def batches(items, size, batch_size):
@@ -171,20 +174,10 @@ def plot(rows, title):
 
 def parse_args(argv=None):
     p = make_parser(__doc__)
-    p.add_argument(
-        '--model',
-        default='soft_tiny_norm',
-        help='soft_<arch>[_norm] (default soft_tiny_norm)')
-    p.add_argument(
-        '--config',
-        default=None,
-        help='take model.backbone of this config instead')
-    p.add_argument('--checkpoint', default=None)
-    p.add_argument(
-        '--images',
-        nargs='+',
-        default=None,
-        help='image folders, optionally name=DIR')
+    add_model_arguments(
+        p,
+        'soft_tiny_norm',
+        helps=dict(model='soft_<arch>[_norm] (default soft_tiny_norm)'))
     p.add_argument('--num-images', type=int, default=100)
     add_hw_argument(p)
     p.add_argument('--iters', type=int, default=20)

@@ -20,6 +20,8 @@ import argparse
 import statistics
 import time
 
+from mmsoft.tools_support.analysis import add_timing_arguments
+
 METHODS = ('iterative', 'spectral')
 
 
@@ -37,9 +39,7 @@ def parse_args(argv=None):
         help='matrices per call (batch x heads)')
     p.add_argument('--head-dims', type=int, default=32)
     p.add_argument('--iters', type=int, default=20)
-    p.add_argument('--repeats', type=int, default=5)
-    p.add_argument('--device', default='cpu')
-    p.add_argument('--threads', type=int, default=None)
+    add_timing_arguments(p, repeats=5, device='cpu')
     p.add_argument(
         '--backward',
         action='store_true',

@@ -40,7 +40,10 @@ import os.path as osp
 import time
 
 import torch
-from utils import make_parser, pyplot, write_results
+
+from mmsoft.tools_support.analysis import (add_model_arguments,
+                                           add_stage_argument, make_parser,
+                                           pyplot, write_results)
 
 
 # ------------------------------------------------------------------ sources
@@ -64,8 +67,10 @@ def field_landmarks(g: int, dims: int, spread: float, bandwidth: float,
 def model_landmarks(args, g: int):
     """[(m, d) landmarks] from a SOFT model on images sized for a g x g
     bottleneck grid in stage ``args.stage``."""
-    from utils import (build_model, image_sets, load_rgb,
-                       soft_attention_modules, to_tensor)
+    from mmsoft.tools_support.analysis import (build_model, image_sets,
+                                               load_rgb,
+                                               soft_attention_modules,
+                                               to_tensor)
     if not hasattr(model_landmarks, 'cache'):
         model_landmarks.cache = build_model(
             args.model,
@@ -199,16 +204,8 @@ def parse_args(argv=None):
         default=64,
         help='field: random Fourier features')
     p.add_argument('--seed', type=int, default=0)
-    p.add_argument('--model', default='soft_tiny_norm')
-    p.add_argument('--config', default=None)
-    p.add_argument('--checkpoint', default=None)
-    p.add_argument('--images', nargs='+', default=None)
-    p.add_argument(
-        '--stage',
-        type=int,
-        default=2,
-        choices=[0, 1, 2],
-        help='model: stage (0-based) whose bottleneck is used')
+    add_model_arguments(p, 'soft_tiny_norm')
+    add_stage_argument(p, 2, 'model: stage (0-based) whose bottleneck is used')
     p.add_argument('--out', default='work_dirs/spectral_norm')
     args = p.parse_args(argv)
     for m in args.lengths:

@@ -30,7 +30,9 @@ import time
 
 import numpy as np
 import torch
-from utils import add_hw_argument, make_parser, pyplot, write_results
+
+from mmsoft.tools_support.analysis import (add_hw_argument, add_stage_argument,
+                                           make_parser, pyplot, write_results)
 
 DEFAULT_MODELS = [
     'softmax_tiny', 'performer_tiny', 'nystromformer_tiny', 'soft_tiny_norm'
@@ -111,12 +113,7 @@ def parse_args(argv=None):
         nargs='+',
         default=[],
         help='name=path pairs (models without one are random)')
-    p.add_argument(
-        '--stage',
-        type=int,
-        default=1,
-        choices=[0, 1, 2],
-        help='stage (0-based) of the attention layer')
+    add_stage_argument(p, 1, 'stage (0-based) of the attention layer')
     p.add_argument(
         '--layer',
         type=int,
@@ -143,8 +140,7 @@ def parse_args(argv=None):
 
 def main(argv=None):
     args = parse_args(argv)
-    from utils import build_model, load_rgb, to_tensor
-
+    from mmsoft.tools_support.analysis import build_model, load_rgb, to_tensor
     from mmsoft.utils.atomic import atomic_path
     ckpts = {}
     for spec in args.checkpoints:
@@ -156,7 +152,7 @@ def main(argv=None):
         rgb = load_rgb(args.image)
     else:
         from mmsoft.tools_support import demo_synthetic
-        render_scene = demo_synthetic().render_scene
+        render_scene = demo_synthetic.render_scene
         rgb = render_scene(np.random.default_rng([args.seed, 3]),
                            224)[0][..., ::-1].copy()
     import cv2

@@ -25,6 +25,8 @@ import tempfile
 import time
 import warnings
 
+from mmsoft.tools_support.analysis import add_timing_arguments
+
 DEFAULT_SPECS = [
     'configs/soft_tiny_in1k.py:224x224',
     'configs/soft_norm_tiny_in1k.py:224x224',
@@ -40,13 +42,13 @@ def parse_args(argv=None):
         nargs='*',
         default=DEFAULT_SPECS,
         help='CONFIG:HxW (default: the README table)')
-    p.add_argument(
-        '--threads',
-        type=int,
-        default=1,
-        help='intra-op threads for torch and onnxruntime')
-    p.add_argument('--repeats', type=int, default=3)
-    p.add_argument('--warmup', type=int, default=1)
+    add_timing_arguments(
+        p,
+        repeats=3,
+        warmup=1,
+        threads=1,
+        with_device=False,
+        helps=dict(threads='intra-op threads for torch and onnxruntime'))
     p.add_argument(
         '--onnx-dir',
         default=None,
@@ -70,19 +72,10 @@ def _time(fn, repeats, warmup):
     return 1000 * statistics.median(ts)
 
 
-def _set_nr_method(model, method):
-    from mmsoft.models.layers.soft_attention import SOFTAttention
-    old = {}
-    for mod in model.modules():
-        if isinstance(mod, SOFTAttention):
-            old[mod] = mod.nr_method
-            mod.nr_method = method
-    return old
-
-
 def bench_one(spec, args, onnx_dir):
     import torch
 
+    from mmsoft.models.layers import with_nr
     from mmsoft.tools_support import deploy
     from mmsoft.utils.paths import get_config_path
     config, _, size = spec.rpartition(':')
@@ -107,12 +100,10 @@ def bench_one(spec, args, onnx_dir):
     with torch.no_grad():
         ref = wrapper(x)
         row['torch_ms'] = _time(lambda: wrapper(x), args.repeats, args.warmup)
-        if not args.no_iterative:
-            old = _set_nr_method(model, 'iterative')
-            row['torch_iter_ms'] = _time(lambda: wrapper(x), args.repeats,
+        if not args.no_iterative:  # the same weights, built iterative
+            iterative = with_nr(wrapper, method='iterative')
+            row['torch_iter_ms'] = _time(lambda: iterative(x), args.repeats,
                                          args.warmup)
-            for mod, m in old.items():
-                mod.nr_method = m
     out = sess(xn)
     row['err'] = max(deploy.relative_error(o, r) for o, r in zip(out, ref))
     row['ort_ms'] = _time(lambda: sess(xn), args.repeats, args.warmup)

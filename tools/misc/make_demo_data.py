@@ -6,41 +6,18 @@
 
 Writes ``<out>/coco`` (mmdet CocoDataset), ``<out>/ade`` (mmseg
 ADE20KDataset) and ``<out>/imagenet`` (mmpretrain CustomDataset / ImageNet);
-see ``tools/demo_support/synthetic.py`` for the formats.
+see :mod:`mmsoft.tools_support.demo_synthetic` for the formats.
 Deterministic for a given seed; data sets whose manifest already matches are
-skipped (``--force`` regenerates). Needs only numpy and OpenCV: the
-generator module is loaded from its file, without importing torch or the
-OpenMMLab packages.
+skipped (``--force`` regenerates).
 """
 import argparse
-import importlib.util
 import os.path as osp
 import sys
 import time
 
+from mmsoft.tools_support import demo_synthetic
+
 ROOT = osp.dirname(osp.dirname(osp.dirname(osp.abspath(__file__))))
-#: the generator, next to this tool's folder (a checkout's tools/ or the
-#: installed mmsoft/.mim/tools)
-SYNTHETIC = osp.join(
-    osp.dirname(osp.dirname(osp.abspath(__file__))), 'demo_support',
-    'synthetic.py')
-
-
-def load_generator():
-    """tools/demo_support/synthetic.py as a module (without importing
-    mmsoft; the name is the one :func:`mmsoft.tools_support.demo_synthetic`
-    uses)."""
-    name = '_mmsoft_demo_synthetic'
-    if name in sys.modules:
-        return sys.modules[name]
-    if not osp.isfile(SYNTHETIC):
-        sys.exit(f'make_demo_data: {SYNTHETIC} is missing (reinstall mmsoft, '
-                 f'or run from a checkout)')
-    spec = importlib.util.spec_from_file_location(name, SYNTHETIC)
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules[name] = mod  # worker processes pickle its functions by name
-    spec.loader.exec_module(mod)
-    return mod
 
 
 def parse_args(argv=None):
@@ -80,7 +57,6 @@ def parse_args(argv=None):
 
 def main(argv=None):
     args = parse_args(argv)
-    gen = load_generator()
     overrides = {}
     for task in args.tasks:
         o = {}
@@ -90,7 +66,7 @@ def main(argv=None):
             o['num_val'] = args.num_val
         overrides[task] = o
     t0 = time.perf_counter()
-    gen.make_demo_data(
+    demo_synthetic.make_demo_data(
         args.out,
         seed=args.seed,
         tasks=args.tasks,

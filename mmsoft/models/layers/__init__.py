@@ -9,7 +9,7 @@ from .pinv import (NRConfig, newton_inverse, newton_inverse_apply,
 from .safe_conv import SafeConv2d
 from .soft_attention import (SAMPLING_MODES, BottleneckSampler, SOFTAttention,
                              bottleneck_apply, bottleneck_inverse,
-                             soft_attention)
+                             soft_attention, with_nr)
 from .zoo import (LinformerAttention, NystromformerAttention,
                   PerformerAttention, SimAAttention, SoftmaxZooAttention)
 
@@ -21,5 +21,6 @@ __all__ = [
     'pinv_convergence', 'SAMPLING_MODES', 'BottleneckSampler', 'SOFTAttention',
     'landmark_grid', 'reduce_map', 'soft_attention', 'attention_types',
     'build_attention', 'LinformerAttention', 'NystromformerAttention',
-    'PerformerAttention', 'SimAAttention', 'SoftmaxZooAttention', 'SafeConv2d'
+    'PerformerAttention', 'SimAAttention', 'SoftmaxZooAttention', 'SafeConv2d',
+    'with_nr'
 ]

@@ -33,18 +33,29 @@ type (class name / alias)       token mixer
 
 Options that the chosen type does not take are errors (the class's
 constructor names the option).
+
+The Newton-Raphson settings of SOFT attention are one argument,
+``nr=NRConfig(...)`` (or a dict of its fields); in an ``attn_cfg`` they are
+written as the keys ``nr_iters``, ``nr_init``, ``nr_method`` and
+``nr_backward``, which :func:`build_attention` (and only it) folds into
+``nr``. The settings are fixed at construction (see
+:class:`~mmsoft.models.layers.pinv.NRConfig`).
 """
+import inspect
 from typing import List
 
 import torch.nn as nn
 
 from mmsoft.registry import ATTENTIONS
+from .pinv import NR_FIELDS
 
-__all__ = ['build_attention', 'attention_types', 'STAGE_ARGS']
+__all__ = ['build_attention', 'attention_types', 'STAGE_ARGS', 'NR_KEYS']
 
 #: the arguments a SOFT stage passes to every attention (not attn_cfg keys)
 STAGE_ARGS = ('embed_dims', 'num_heads', 'sampling_ratio', 'dw_kernel_size',
               'qkv_bias')
+#: the attn_cfg keys of the NR settings of SOFT attention -> NRConfig field
+NR_KEYS = {f'nr_{field}': field for field in NR_FIELDS}
 
 
 def build_attention(cfg: dict, **stage_args) -> nn.Module:
@@ -62,7 +73,33 @@ def build_attention(cfg: dict, **stage_args) -> nn.Module:
     # in mmsoft's scope: the ATTENTIONS registry has no mmdet / mmseg /
     # mmpretrain child, and mmengine warns when the default scope is theirs
     return ATTENTIONS.build(
-        dict(cfg, _scope_='mmsoft'), default_args=stage_args)
+        dict(fold_nr_keys(cfg), _scope_='mmsoft'), default_args=stage_args)
+
+
+def fold_nr_keys(cfg: dict) -> dict:
+    """``cfg`` with its keys :data:`NR_KEYS` (``nr_iters``, ``nr_init``,
+    ``nr_method``, ``nr_backward``) folded into the ``nr`` argument of an
+    attention that takes one (SOFT attention): the one place where the
+    config spelling becomes :class:`~mmsoft.models.layers.pinv.NRConfig`'s
+    (which checks the values). Other attentions keep the keys and reject
+    them by name."""
+    flat = {k: cfg[k] for k in NR_KEYS if k in cfg}
+    if not flat or not _takes_nr(cfg['type']):
+        return cfg
+    if cfg.get('nr') is not None:
+        raise ValueError(
+            f'attn_cfg sets both nr and {sorted(flat)}; give the Newton-'
+            f'Raphson settings once (the nr_* keys, or nr=dict(...))')
+    out = {k: v for k, v in cfg.items() if k not in flat}
+    out['nr'] = {NR_KEYS[k]: v for k, v in flat.items()}
+    return out
+
+
+def _takes_nr(type_) -> bool:
+    """Whether the attention ``type_`` (a class or a registered name) has an
+    ``nr`` argument (False for an unknown name: the build names it)."""
+    cls = type_ if isinstance(type_, type) else ATTENTIONS.get(type_)
+    return cls is not None and 'nr' in inspect.signature(cls).parameters
 
 
 def attention_types() -> List[str]:

@@ -63,7 +63,7 @@ Two ways to evaluate the same T iterations (``method``):
 """
 import dataclasses
 import warnings
-from typing import Dict, Optional, Tuple
+from typing import Dict, Mapping, Optional, Tuple, Union
 
 import torch
 
@@ -75,9 +75,9 @@ from .checks import check_int
 __all__ = [
     'newton_inverse', 'newton_inverse_apply', 'nr_init_alpha',
     'pinv_convergence', 'NewtonInverse', 'NewtonInverseApply', 'NRConfig',
-    'INIT_MODES', 'INIT_ALIASES', 'NR_METHODS', 'NR_BACKWARDS',
-    'SPECTRAL_MIN_M', 'canonical_init', 'default_init', 'resolve_init',
-    'nr_residual', 'nr_iteration_matrix'
+    'INIT_MODES', 'INIT_ALIASES', 'NR_METHODS', 'NR_BACKWARDS', 'NR_FIELDS',
+    'SPECTRAL_MIN_M', 'canonical_init', 'default_init', 'nr_residual',
+    'nr_iteration_matrix'
 ]
 
 INIT_MODES = ('soft_norm_per_sample', 'soft_norm_per_matrix',
@@ -90,6 +90,8 @@ INIT_ALIASES = {
 }
 NR_METHODS = ('auto', 'iterative', 'spectral')
 NR_BACKWARDS = ('eq16', 'exact')
+#: the fields of :class:`NRConfig` (the ``attn_cfg`` keys ``nr_<field>``)
+NR_FIELDS = ('iters', 'init', 'method', 'backward')
 #: smallest m for which ``method='auto'`` uses the spectral form on the CPU.
 #: Measured crossover of ``newton_inverse_apply`` (16 matrices, d = 32,
 #: 2-core CPU): spectral / iterative time 0.93 (1 thread) and 1.56
@@ -113,12 +115,6 @@ def default_init(attn_norm: bool) -> str:
     return 'soft_norm_per_sample' if attn_norm else 'soft'
 
 
-def resolve_init(init: Optional[str], attn_norm: bool) -> str:
-    """The alpha rule to use: :func:`default_init` for None, else ``init``
-    under its current name (:func:`canonical_init`)."""
-    return default_init(attn_norm) if init is None else canonical_init(init)
-
-
 def canonical_init(init: str) -> str:
     """``init`` with an old name (:data:`INIT_ALIASES`) replaced by the new.
 
@@ -139,8 +135,9 @@ def canonical_init(init: str) -> str:
                 FutureWarning,
                 stacklevel=3)
         return new
-    raise ValueError(f'unknown Newton-Raphson init {init!r}; choose one of '
-                     f'{INIT_MODES} (old names: {sorted(INIT_ALIASES)})')
+    raise ValueError(
+        f'unknown Newton-Raphson init (nr_init) {init!r}; choose one of '
+        f'{INIT_MODES} (old names: {sorted(INIT_ALIASES)})')
 
 
 @dataclasses.dataclass(frozen=True)
@@ -148,7 +145,7 @@ class NRConfig:
     """The Newton-Raphson settings of one attention, validated once.
 
     Args:
-        iters (int): T, the iterations (>= 0). Default: 20.
+        iters (int): T, the iterations (>= 1). Default: 20.
         init (str): the alpha rule, one of :data:`INIT_MODES` (an old name
             of :data:`INIT_ALIASES` is replaced by its new one). Default:
             'soft_norm_per_sample'.
@@ -156,7 +153,12 @@ class NRConfig:
             the module docstring). Default: 'auto'.
         backward (str): ``'eq16'`` or ``'exact'``. Default: 'eq16'.
 
-    :meth:`from_options` builds it from the ``nr_*`` options of
+    Frozen: a SOFT attention's settings are chosen by building it with them
+    (``SOFTAttention(..., nr=...)``, or the ``attn_cfg`` keys ``nr_iters``,
+    ``nr_init``, ``nr_method``, ``nr_backward``, see
+    :func:`~mmsoft.models.layers.attention_zoo.build_attention`). Every
+    spelling ends here: :meth:`__post_init__` is the one check of the
+    settings. :meth:`of` reads the ``nr`` argument of
     :class:`~mmsoft.models.layers.SOFTAttention`; :meth:`inverse` and
     :meth:`apply` evaluate A_T and A_T W with it.
     """
@@ -166,37 +168,39 @@ class NRConfig:
     backward: str = 'eq16'
 
     def __post_init__(self):
-        if self.iters < 0:
-            raise ValueError(f'iters must be >= 0, got {self.iters}')
-        object.__setattr__(self, 'iters', int(self.iters))
+        # errors name the attn_cfg key too (nr_<field>), the usual spelling
+        iters = check_int('Newton-Raphson iters (nr_iters)', self.iters)
+        object.__setattr__(self, 'iters', iters)
         object.__setattr__(self, 'init', canonical_init(self.init))
         if self.method not in NR_METHODS:
-            raise ValueError(f'unknown pseudo-inverse method '
+            raise ValueError(f'unknown pseudo-inverse method (nr_method) '
                              f'{self.method!r}; choose one of {NR_METHODS}')
         if self.backward not in NR_BACKWARDS:
-            raise ValueError(f'unknown Newton-Raphson backward '
+            raise ValueError(f'unknown Newton-Raphson backward (nr_backward) '
                              f'{self.backward!r}; choose one of '
                              f'{NR_BACKWARDS}')
 
     @classmethod
-    def from_options(cls,
-                     attn_norm: bool,
-                     nr_iters: int = 20,
-                     nr_init: Optional[str] = None,
-                     nr_method: str = 'auto',
-                     nr_backward: str = 'eq16') -> 'NRConfig':
-        """From the options of SOFT attention (errors name them):
-        ``nr_init=None`` is the official rule of the variant
-        (:func:`default_init` of ``attn_norm``)."""
-        check_int('nr_iters', nr_iters)
-        init = resolve_init(nr_init, attn_norm)
-        if nr_backward not in NR_BACKWARDS:
-            raise ValueError(f'unknown nr_backward {nr_backward!r}; choose '
-                             f'one of {NR_BACKWARDS}')
-        if nr_method not in NR_METHODS:
-            raise ValueError(f'unknown nr_method {nr_method!r}; choose one '
-                             f'of {NR_METHODS}')
-        return cls(nr_iters, init, nr_method, nr_backward)
+    def of(cls, nr: Union['NRConfig', Mapping, None],
+           attn_norm: bool) -> 'NRConfig':
+        """The settings of a SOFT attention from its ``nr`` argument: an
+        NRConfig as it is; a dict of the fields (``iters``, ``init``,
+        ``method``, ``backward``) or None: the defaults for the fields it
+        leaves out, where ``init`` missing or None is the official rule of
+        the variant (:func:`default_init` of ``attn_norm``)."""
+        if isinstance(nr, NRConfig):
+            return nr
+        if nr is not None and not isinstance(nr, Mapping):
+            raise TypeError(f'nr must be an NRConfig, a dict of its fields '
+                            f'{NR_FIELDS} or None, got {nr!r}')
+        nr = dict(nr or {})
+        unknown = sorted(set(nr) - set(NR_FIELDS))
+        if unknown:
+            raise TypeError(f'nr: unknown Newton-Raphson settings {unknown}; '
+                            f'the settings are {NR_FIELDS}')
+        if nr.get('init') is None:
+            nr['init'] = default_init(attn_norm)
+        return cls(**nr)
 
     def replace(self, **changes) -> 'NRConfig':
         """A copy with some settings changed (validated again)."""

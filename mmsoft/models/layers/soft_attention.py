@@ -16,7 +16,8 @@ The n x n matrix S^ is never formed; products are associated right to left
 (cost n m d instead of n m^2). A, A^+, D, P and their products run in float32
 under fp16/bf16 autocast (see :func:`gaussian_kernel`, :func:`newton_inverse`).
 """
-from typing import Optional, Tuple
+import copy
+from typing import Mapping, Optional, Tuple, Union
 
 import torch
 import torch.nn as nn
@@ -33,7 +34,7 @@ from .safe_conv import SafeConv2d
 
 __all__ = [
     'BottleneckSampler', 'SOFTAttention', 'soft_attention',
-    'bottleneck_inverse', 'bottleneck_apply', 'SAMPLING_MODES'
+    'bottleneck_inverse', 'bottleneck_apply', 'SAMPLING_MODES', 'with_nr'
 ]
 
 SAMPLING_MODES = ('conv', 'avgpool', 'random', 'biased')
@@ -41,7 +42,7 @@ SAMPLING_MODES = ('conv', 'avgpool', 'random', 'biased')
 
 def _nr(nr: Optional[NRConfig], attn_norm: bool) -> NRConfig:
     """``nr``, or the settings of the official variant of ``attn_norm``."""
-    return NRConfig.from_options(attn_norm) if nr is None else nr
+    return NRConfig.of(nr, attn_norm)
 
 
 def bottleneck_inverse(A: torch.Tensor,
@@ -212,6 +213,31 @@ class BottleneckSampler(nn.Module):
         return f'mode={self.mode}, ratio={self.ratio}{cap}'
 
 
+class _FixedNR:
+    """A read-only attribute of :class:`SOFTAttention`: its NR settings
+    (``field`` None) or one of their fields. Assigning raises: the settings
+    are chosen by building the attention with them."""
+
+    def __init__(self, field: Optional[str] = None):
+        self.field = field
+
+    def __set_name__(self, owner, name):
+        self.name = name
+
+    def __get__(self, attn, owner=None):
+        if attn is None:
+            return self
+        return attn._nr if self.field is None else getattr(
+            attn._nr, self.field)
+
+    def __set__(self, attn, value):
+        raise AttributeError(
+            f'{type(attn).__name__}.{self.name} is fixed at construction: '
+            f'build the attention with the settings (nr=NRConfig(...), or '
+            f'the attn_cfg keys nr_*), or copy a model with other ones '
+            f'(mmsoft.models.layers.with_nr)')
+
+
 @ATTENTIONS.register_module(name=['SOFTAttention', 'soft'])
 class SOFTAttention(AttentionBase):
     """Multi-head softmax-free attention with the official block details.
@@ -231,18 +257,23 @@ class SOFTAttention(AttentionBase):
             D^-1/2 A^+ D^-1/2 (Eq. 25); False is the NeurIPS model.
             Default: True.
         sampling (str): f_s, one of ``SAMPLING_MODES``. Default: 'conv'.
-        nr_iters (int): Newton-Raphson iterations T. Default: 20.
-        nr_init (str | None): alpha rule of the NR iterations
-            (``INIT_MODES``: ``'soft_norm_per_sample'``,
+        nr (NRConfig | dict | None): the Newton-Raphson settings, fixed at
+            construction (:class:`~mmsoft.models.layers.pinv.NRConfig`, or
+            a dict of its fields): ``iters`` (T, default 20), ``init``
+            (the alpha rule, ``INIT_MODES``: ``'soft_norm_per_sample'``,
             ``'soft_norm_per_matrix'``, ``'soft_norm_per_batch'``,
-            ``'soft'``). Default: None, the official rule of the variant
-            (per sample with ``attn_norm``, else ``'soft'``).
-        nr_method (str): how the NR iterations are evaluated: ``'auto'``,
-            ``'iterative'`` or ``'spectral'`` (same function, see
-            :mod:`mmsoft.models.layers.pinv`). Default: 'auto'.
-        nr_backward (str): ``'eq16'`` (the papers' closed form) or
-            ``'exact'`` (the gradient of the T iterations as computed,
-            alpha fixed). Default: 'eq16'.
+            ``'soft'``; default: the official rule of the variant, per
+            sample with ``attn_norm``, else ``'soft'``), ``method``
+            (``'auto'``, ``'iterative'`` or ``'spectral'``: the same
+            function, see :mod:`mmsoft.models.layers.pinv`; default
+            'auto'), ``backward`` (``'eq16'``, the papers' closed form, or
+            ``'exact'``, the gradient of the T iterations as computed,
+            alpha fixed; default 'eq16'). In an ``attn_cfg`` they are
+            written ``nr_iters``, ``nr_init``, ``nr_method``,
+            ``nr_backward`` (see
+            :func:`~mmsoft.models.layers.attention_zoo.build_attention`).
+            Default: None, all defaults. :func:`with_nr` copies a model
+            with other settings.
         nr_diagnostics (bool): record the NR convergence of every forward
             in ``last_nr_stats`` (``'residual'``, ``'unconverged'``, per
             matrix; see :func:`mmsoft.models.layers.pinv.nr_residual`).
@@ -262,22 +293,21 @@ class SOFTAttention(AttentionBase):
                  qkv_bias: bool = True,
                  attn_norm: bool = True,
                  sampling: str = 'conv',
-                 nr_iters: int = 20,
-                 nr_init: Optional[str] = None,
-                 nr_method: str = 'auto',
-                 nr_backward: str = 'eq16',
+                 nr: Union[NRConfig, Mapping, None] = None,
                  nr_diagnostics: bool = False,
                  max_landmarks: Optional[int] = None,
                  landmark_hw: Optional[Tuple[int, int]] = None):
+        init_args = dict(locals())  # the arguments (what with_nr rebuilds)
+        del init_args['self'], init_args['__class__']
         super().__init__(embed_dims, num_heads, sampling_ratio, dw_kernel_size)
         if not isinstance(attn_norm, bool):
             raise ValueError(f'attn_norm must be True or False, got '
                              f'{attn_norm!r}')
         self.attn_norm = attn_norm
-        #: the Newton-Raphson settings (frozen; the ``nr_*`` properties
-        #: read and replace them)
-        self.nr = NRConfig.from_options(attn_norm, nr_iters, nr_init,
-                                        nr_method, nr_backward)
+        # the Newton-Raphson settings, read as ``nr`` (fixed: see _FixedNR)
+        self._nr = NRConfig.of(nr, attn_norm)
+        #: the constructor's arguments (what :func:`with_nr` rebuilds from)
+        self.init_args = dict(init_args, nr=self._nr)
         self.nr_diagnostics = nr_diagnostics
         self.last_nr_stats: Optional[dict] = None
         self.q = nn.Linear(embed_dims, embed_dims, bias=qkv_bias)
@@ -300,14 +330,14 @@ class SOFTAttention(AttentionBase):
         v_tokens = self.v(x)
         stats = {} if self.nr_diagnostics else None
         out = soft_attention(q, landmarks, self._split(v_tokens),
-                             self.attn_norm, self.nr, stats)
+                             self.attn_norm, self._nr, stats)
         self.last_nr_stats = stats
         return out, v_tokens
 
     def _bottleneck(self, landmarks: torch.Tensor) -> torch.Tensor:
         """The (normalised) pseudo-inverse A_n^+ (B, h, m, m) in use."""
         A = gaussian_kernel(landmarks, landmarks)
-        return bottleneck_inverse(A, self.attn_norm, self.nr)
+        return bottleneck_inverse(A, self.attn_norm, self._nr)
 
     def _row(self, x: torch.Tensor, hw: Tuple[int, int],
              i: int) -> torch.Tensor:
@@ -327,20 +357,56 @@ class SOFTAttention(AttentionBase):
         P = gaussian_kernel(q, landmarks)
         return P @ self._bottleneck(landmarks) @ P.transpose(-1, -2)
 
-    # the nr_* options as attributes (read, or set: validated again)
-    nr_iters = property(lambda self: self.nr.iters,
-                        lambda self, v: self._set_nr(iters=v))
-    nr_init = property(lambda self: self.nr.init,
-                       lambda self, v: self._set_nr(init=v))
-    nr_method = property(lambda self: self.nr.method,
-                         lambda self, v: self._set_nr(method=v))
-    nr_backward = property(lambda self: self.nr.backward,
-                           lambda self, v: self._set_nr(backward=v))
-
-    def _set_nr(self, **changes) -> None:
-        self.nr = self.nr.replace(**changes)
+    #: the Newton-Raphson settings (:class:`NRConfig`) and its fields as
+    #: ``nr_iters``, ``nr_init``, ``nr_method``, ``nr_backward``; read-only
+    nr = _FixedNR()
+    nr_iters = _FixedNR('iters')
+    nr_init = _FixedNR('init')
+    nr_method = _FixedNR('method')
+    nr_backward = _FixedNR('backward')
 
     def extra_repr(self) -> str:
         return (f'heads={self.num_heads}, attn_norm={self.attn_norm}, '
-                f'nr_iters={self.nr_iters}, nr_init={self.nr_init}, '
-                f'nr_backward={self.nr_backward}')
+                f'nr_iters={self._nr.iters}, nr_init={self._nr.init}, '
+                f'nr_backward={self._nr.backward}')
+
+
+def with_nr(model: nn.Module,
+            nr: Union[NRConfig, Mapping, None] = None,
+            **changes) -> nn.Module:
+    """A copy of ``model`` whose SOFT attentions use other NR settings.
+
+    NR settings are fixed at construction, so every :class:`SOFTAttention`
+    of ``model`` (or ``model`` itself) is built anew, from its own
+    arguments, with ``nr`` (an :class:`NRConfig` or a dict of its fields;
+    default: its current settings) and the fields ``changes`` replaced
+    (``with_nr(model, method='iterative')``); it gets the weights,
+    ``requires_grad``, dtype, device, training mode and ``nr_diagnostics``
+    of the old one. The rest of the model is a deep copy; ``model`` is
+    unchanged and the global random state is left as it was.
+    """
+    if isinstance(model, SOFTAttention):
+        return _rebuilt(model, nr, changes)
+    model = copy.deepcopy(model)
+    for name, mod in list(model.named_modules()):
+        if isinstance(mod, SOFTAttention):
+            parent, _, attr = name.rpartition('.')
+            setattr(
+                model.get_submodule(parent), attr, _rebuilt(mod, nr, changes))
+    return model
+
+
+def _rebuilt(attn: SOFTAttention, nr, changes: dict) -> SOFTAttention:
+    """``attn`` built anew with other NR settings (see :func:`with_nr`)."""
+    settings = NRConfig.of(attn.nr if nr is None else nr, attn.attn_norm)
+    if changes:
+        settings = settings.replace(**changes)
+    with torch.random.fork_rng(devices=[]):  # the new init draws nothing
+        new = type(attn)(**dict(attn.init_args, nr=settings))
+    new.nr_diagnostics = attn.nr_diagnostics
+    ref = next(attn.parameters())
+    new.to(device=ref.device, dtype=ref.dtype)
+    new.load_state_dict(attn.state_dict())
+    for old_p, new_p in zip(attn.parameters(), new.parameters()):
+        new_p.requires_grad_(old_p.requires_grad)
+    return new.train(attn.training)

@@ -134,7 +134,7 @@ def test_per_stage_attn_cfg():
 
 def test_layer_checks():
     with pytest.raises(ValueError, match='nr_iters'):
-        SOFTAttention(16, 2, 2, nr_iters=0)
+        SOFTAttention(16, 2, 2, nr=dict(iters=0))
     with pytest.raises(ValueError, match='dw_kernel_size'):
         SOFTAttention(16, 2, 2, dw_kernel_size=4)
 

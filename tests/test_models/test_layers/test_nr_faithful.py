@@ -18,6 +18,7 @@ import torch
 from conftest import load_tool, tiny_arch
 
 from mmsoft.models.backbones import SOFT
+from mmsoft.models.layers import with_nr
 
 # the module (the package re-exports a function of the same name)
 sa = importlib.import_module('mmsoft.models.layers.soft_attention')
@@ -185,17 +186,20 @@ def test_nr_stats_and_hook():
     for s in '123':
         assert hub.get_scalar(f'train/nr_residual_s{s}').current() == \
             stats[f'stage{s}']['residual']
-    # fewer iterations: further from converged, and the hook shows it
-    for m in model.modules():
-        if hasattr(m, 'nr_iters'):
-            m.nr_iters = 2
+    hook.after_run(runner)
+    assert model.nr_stats() == {}
+    # fewer iterations (the model built with them): further from
+    # converged, and the hook shows it
+    few_model = with_nr(model, iters=2)
+    runner.model = torch.nn.Sequential(few_model)
+    hook.before_run(runner)
     with torch.no_grad():
-        model(x)
+        few_model(x)
     hook.after_train_iter(runner, 1)
     few = hub.get_scalar('train/nr_residual_s1').current()
     assert few > 10 * stats['stage1']['residual']
     hook.after_run(runner)
-    assert model.nr_stats() == {}
+    assert few_model.nr_stats() == {}
 
 
 def test_nr_backward_compare_tool(capsys):

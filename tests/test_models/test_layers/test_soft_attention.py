@@ -6,8 +6,9 @@ import pytest
 import torch
 
 from mmsoft.models.layers import (BottleneckSampler, NRConfig, SOFTAttention,
-                                  gaussian_kernel, landmark_grid,
-                                  newton_inverse, soft_attention)
+                                  build_attention, gaussian_kernel,
+                                  landmark_grid, newton_inverse,
+                                  soft_attention, with_nr)
 
 
 def test_gaussian_kernel_matches_definition():
@@ -252,7 +253,7 @@ def test_bottleneck_apply_equals_inverse_product(attn_norm, method):
     lm = torch.randn(2, 2, 140, 16, generator=g, dtype=torch.float64) / 2
     A = gaussian_kernel(lm, lm).requires_grad_()
     W = torch.randn(2, 2, 140, 16, generator=g, dtype=torch.float64)
-    nr = NRConfig.from_options(attn_norm, nr_method=method)
+    nr = NRConfig.of(dict(method=method), attn_norm)
     ref = bottleneck_inverse(A, attn_norm, nr) @ W
     got = bottleneck_apply(A, W, attn_norm, nr)
     torch.testing.assert_close(got, ref, rtol=1e-10, atol=1e-12)
@@ -262,30 +263,91 @@ def test_bottleneck_apply_equals_inverse_product(attn_norm, method):
 
 
 def test_nr_settings_built_once_and_frozen(monkeypatch):
-    """The nr_* options become one frozen NRConfig at construction (the
-    default alpha rule resolved once); the forward passes it down."""
+    """The NR settings become one frozen NRConfig at construction, checked
+    once (NRConfig.__post_init__), whatever the spelling; the forward
+    passes it down; nothing changes them on a built attention."""
     import dataclasses
 
     from mmsoft.models.layers import pinv
-    calls = []
-    resolve = pinv.resolve_init
-    monkeypatch.setattr(pinv, 'resolve_init',
-                        lambda *a: calls.append(a) or resolve(*a))
-    attn = SOFTAttention(16, 2, 2, nr_iters=7, nr_method='iterative')
+    checks = []
+    post_init = pinv.NRConfig.__post_init__
+    monkeypatch.setattr(pinv.NRConfig, '__post_init__',
+                        lambda self: checks.append(1) or post_init(self))
+    attn = SOFTAttention(16, 2, 2, nr=dict(iters=7, method='iterative'))
     assert attn.nr == NRConfig(7, 'soft_norm_per_sample', 'iterative', 'eq16')
+    checks.clear()
     attn(torch.randn(2, 16, 16), (4, 4))
     attn.attention_matrix(torch.randn(1, 16, 16), (4, 4))
-    assert calls == [(None, True)]
+    assert checks == []  # iterative: the forward reuses the settings
+    # the same settings from an NRConfig and from the attn_cfg keys
+    assert SOFTAttention(16, 2, 2, nr=attn.nr).nr is attn.nr
+    cfg = dict(type='SOFTAttention', nr_iters=7, nr_method='iterative')
+    built = build_attention(
+        cfg,
+        embed_dims=16,
+        num_heads=2,
+        sampling_ratio=2,
+        dw_kernel_size=3,
+        qkv_bias=True)
+    assert built.nr == attn.nr
+    with pytest.raises(ValueError, match='nr_iters'):
+        build_attention(
+            dict(cfg, nr=dict(iters=7)),
+            embed_dims=16,
+            num_heads=2,
+            sampling_ratio=2,
+            dw_kernel_size=3,
+            qkv_bias=True)
+    # frozen: the settings, their fields and the attention's views of them
     with pytest.raises(dataclasses.FrozenInstanceError):
         attn.nr.iters = 3
-    # the nr_* attributes read it, and setting one replaces it (validated)
-    attn.nr_method = 'spectral'
-    assert attn.nr_method == attn.nr.method == 'spectral'
-    assert attn.nr.iters == 7
-    with pytest.raises(ValueError, match='pseudo-inverse method'):
-        attn.nr_method = 'svd'
+    for name, value in (('nr', NRConfig()), ('nr_method', 'spectral'),
+                        ('nr_iters', 3), ('nr_init', 'soft'), ('nr_backward',
+                                                               'exact')):
+        with pytest.raises(AttributeError, match='fixed at construction'):
+            setattr(attn, name, value)
+    assert attn.nr_method == attn.nr.method == 'iterative'
+    assert attn.nr.iters == attn.nr_iters == 7
+    # invalid settings: one clear error, from NRConfig, in every spelling
+    with pytest.raises(ValueError, match=r'pseudo-inverse method \(nr_method'):
+        SOFTAttention(16, 2, 2, nr=dict(method='svd'))
     with pytest.raises(ValueError, match='nr_method'):
-        SOFTAttention(16, 2, 2, nr_method='svd')
+        NRConfig(method='svd')
+    with pytest.raises(ValueError, match='nr_backward'):
+        attn.nr.replace(backward='autograd')
+    with pytest.raises(ValueError, match='nr_iters'):
+        NRConfig(iters=0)
+    with pytest.raises(TypeError, match='unknown Newton-Raphson settings'):
+        SOFTAttention(16, 2, 2, nr=dict(iter=3))
+    with pytest.raises(TypeError, match='nr_iters'):
+        SOFTAttention(16, 2, 2, nr_iters=3)  # the flat keys: attn_cfg only
     with pytest.warns(FutureWarning, match='soft_norm_per_matrix'):
         assert NRConfig(init='soft_norm').init == 'soft_norm_per_matrix'
     assert SOFTAttention(16, 2, 2, attn_norm=False).nr.init == 'soft'
+    assert SOFTAttention(
+        16, 2, 2, attn_norm=False, nr=dict(iters=5)).nr == NRConfig(5, 'soft')
+
+
+def test_with_nr_builds_a_copy_with_other_settings():
+    """with_nr: a new model whose SOFT attentions were built with other
+    settings, with the same weights, mode and requires_grad; the model
+    given and the global random state are unchanged."""
+    model = torch.nn.Sequential(
+        SOFTAttention(16, 2, 2, nr=dict(method='iterative')),
+        torch.nn.Identity()).double().eval()
+    model[0].q.weight.requires_grad_(False)
+    state = torch.random.get_rng_state()
+    copy = with_nr(model, method='spectral', iters=30)
+    assert torch.equal(torch.random.get_rng_state(), state)
+    assert model[0].nr.method == 'iterative' and model[0].nr.iters == 20
+    assert copy[0].nr == NRConfig(30, 'soft_norm_per_sample', 'spectral')
+    assert copy[0] is not model[0] and not copy.training
+    assert copy[0].q.weight.dtype == torch.float64
+    assert not copy[0].q.weight.requires_grad
+    for k, v in model.state_dict().items():
+        assert torch.equal(copy.state_dict()[k], v), k
+    x = torch.randn(2, 16, 16, dtype=torch.float64)
+    same = with_nr(model[0], method='spectral', iters=20)
+    torch.testing.assert_close(same(x, (4, 4)), model[0](x, (4, 4)))
+    reference = with_nr(model, nr=NRConfig(5, 'soft'))
+    assert reference[0].nr == NRConfig(5, 'soft')

@@ -68,11 +68,10 @@ def test_get_flops_nr_term_is_the_newton_iterations():
         'soft_tiny', head=False, arch=dict(TINY, depths=[1, 1, 1, 1]))
     x = torch.randn(2, 3, 64, 96)
     res = gf.count(model, x)
-    for a in gf._soft_attentions(model):
-        a.nr_iters = 0
-    res0 = gf.count(model, x)
-    assert res0['nr'] == 0
-    assert res['total'] - res0['total'] == res['nr'] > 0
+    from mmsoft.models.layers import with_nr
+    res1 = gf.count(with_nr(model, iters=1), x)  # the model with T = 1
+    assert res['nr'] == 20 * res1['nr'] > 0
+    assert res['total'] - res1['total'] == res['nr'] - res1['nr']
     # T iterations x 2 products of m x m per head and image: stage grids at
     # 64 x 96 are 16x24 / 8x12 / 4x6 with r = 8 / 4 / 2 -> m = 6, 6, 6
     heads = sum(TINY['num_heads'][:3])

@@ -49,10 +49,8 @@ target folder in one ``os.replace``; a ``demo_data.json`` manifest records
 the parameters, so that :func:`make_demo_data` skips data sets that are
 already up to date.
 
-This module needs only numpy and OpenCV (no torch, no OpenMMLab), so that
-``tools/misc/make_demo_data.py`` can load it on its own. It is no part of
-the mmsoft package: the tools load it by path
-(:func:`mmsoft.tools_support.demo_synthetic`).
+The module itself needs only numpy and OpenCV (no torch, no OpenMMLab);
+``tools/misc/make_demo_data.py`` is its command line.
 """
 import json
 import os
@@ -67,8 +65,8 @@ __all__ = [
     'GENERATOR_VERSION', 'DET_CLASSES', 'SEG_CLASSES', 'CLS_CLASSES',
     'SEG_ADE_INDEX', 'CLASS_HUES', 'DET_PALETTE', 'SEG_PALETTE', 'DEFAULTS',
     'MIN_VISIBLE', 'MIN_FRAGMENT', 'MANIFEST', 'shape_polygon', 'render_scene',
-    'render_cls_image', 'make_coco', 'make_ade', 'make_imagenet',
-    'make_demo_data', 'dataset_paths'
+    'render_cls_image', 'scene_options', 'make_coco', 'make_ade',
+    'make_imagenet', 'make_demo_data', 'dataset_paths'
 ]
 
 #: bump when the rendering changes (invalidates generated data on disk)
@@ -102,22 +100,18 @@ MIN_VISIBLE = 0.6
 #: solid 3 x 3 block, are not annotated (ADE20K "other" in label maps)
 MIN_FRAGMENT = 20
 
-#: default sizes: a few hundred images each, generated in seconds
+#: default sizes: a few hundred images each, generated in seconds (the
+#: detection and segmentation sets: the same scenes)
+_SCENE_SETS = dict(
+    num_train=500,
+    num_val=100,
+    size=160,
+    objects=(2, 6),
+    radius=(10, 38),
+    colour_cue=0.9)
 DEFAULTS = dict(
-    det=dict(
-        num_train=500,
-        num_val=100,
-        size=160,
-        objects=(2, 6),
-        radius=(10, 38),
-        colour_cue=0.9),
-    seg=dict(
-        num_train=500,
-        num_val=100,
-        size=160,
-        objects=(2, 6),
-        radius=(10, 38),
-        colour_cue=0.9),
+    det=dict(_SCENE_SETS),
+    seg=dict(_SCENE_SETS),
     cls=dict(num_train=4000, num_val=500, size=64, colour_cue=0.95),
 )
 
@@ -488,21 +482,21 @@ def _coco_split(root, split, n, seed, cfg, workers):
     return dict(images=n, instances=len(anns))
 
 
-def make_coco(root,
-              num_train,
-              num_val,
-              seed=0,
-              size=160,
-              objects=(2, 6),
-              radius=(10, 38),
-              colour_cue=0.0,
-              workers=1):
-    """Write the COCO instances data set into ``root`` (see module doc)."""
-    cfg = dict(
+def scene_options(size=160, objects=(2, 6), radius=(10, 38), colour_cue=0.0):
+    """The scene options of :func:`make_coco` and :func:`make_ade`: image
+    ``size``, the range of ``objects`` per image and of their ``radius``,
+    ``colour_cue`` (see :func:`render_scene`)."""
+    return dict(
         size=size,
         objects=tuple(objects),
         radius=tuple(radius),
         colour_cue=colour_cue)
+
+
+def make_coco(root, num_train, num_val, seed=0, workers=1, **scene):
+    """Write the COCO instances data set into ``root`` (see module doc);
+    ``scene``: :func:`scene_options`."""
+    cfg = scene_options(**scene)
     os.makedirs(osp.join(root, 'annotations'), exist_ok=True)
     return dict(
         train=_coco_split(root, 'train', num_train, seed, cfg, workers),
@@ -528,21 +522,10 @@ def _ade_item(args):
     return np.bincount(label.ravel(), minlength=256)
 
 
-def make_ade(root,
-             num_train,
-             num_val,
-             seed=0,
-             size=160,
-             objects=(2, 6),
-             radius=(10, 38),
-             colour_cue=0.0,
-             workers=1):
-    """Write the ADE20K-layout data set into ``root`` (see module doc)."""
-    cfg = dict(
-        size=size,
-        objects=tuple(objects),
-        radius=tuple(radius),
-        colour_cue=colour_cue)
+def make_ade(root, num_train, num_val, seed=0, workers=1, **scene):
+    """Write the ADE20K-layout data set into ``root`` (see module doc);
+    ``scene``: :func:`scene_options`."""
+    cfg = scene_options(**scene)
     stats = {}
     for split, folder, n in (('train', 'training', num_train),
                              ('val', 'validation', num_val)):

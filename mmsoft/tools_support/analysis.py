@@ -10,19 +10,19 @@
 * measuring: :func:`measure_step` (time and peak memory of one step) and
   :func:`run_isolated` (one measurement in a fresh process, whose result it
   reads from a :func:`print_result` line);
-* the command line: :func:`make_parser`, :func:`add_hw_argument`;
+* the command line: :func:`make_parser`, :func:`add_hw_argument`,
+  :func:`add_timing_arguments`, :func:`add_model_arguments`;
 * outputs: :func:`pyplot`, :func:`save_figure`, :func:`write_csv`,
   :func:`write_text` and :func:`write_results` (``<stem>.csv``, ``.md`` and
   ``.png`` of a run), all written atomically
   (:mod:`mmsoft.utils.atomic`).
 
-The scripts import it as ``utils``: ``python tools/analysis/x.py`` puts
-their folder first on ``sys.path``, in a checkout and in the installed
-copy (``mmsoft/.mim/tools/analysis``) alike. Like every tool they import
-the ``mmsoft`` that Python finds: an install (``pip install -e .``, as
-``make demo`` does, or ``pip install .``), or the checkout put on
-``PYTHONPATH`` (``bash tools/python.sh tools/analysis/x.py ...`` does
-that). Importing this module imports neither torch nor mmsoft.
+The scripts import it as ``mmsoft.tools_support.analysis``. Like every
+tool they import the ``mmsoft`` that Python finds: an install
+(``pip install -e .``, as ``make demo`` does, or ``pip install .``), or the
+checkout put on ``PYTHONPATH`` (``bash tools/python.sh
+tools/analysis/x.py ...`` does that). The module imports torch only in the
+functions that need it.
 """
 import argparse
 import csv
@@ -167,7 +167,7 @@ def image_sets(specs, num_images: int, demo_root=None):
     import numpy as np
 
     from mmsoft.tools_support import demo_synthetic
-    render_scene = demo_synthetic().render_scene
+    render_scene = demo_synthetic.render_scene
     imgs = [
         render_scene(np.random.default_rng([7, i]), 224)[0][..., ::-1]
         for i in range(num_images)
@@ -244,11 +244,61 @@ def soft_attention_modules(model):
     return out
 
 
+def random_batch(scope: str,
+                 name: str,
+                 size: int,
+                 batch_size: int = 2,
+                 seg_classes: int = 150):
+    """A tiny batch of ``scope``'s data samples (random pixels and labels,
+    seeded; masks for a config ``name`` with 'mask' in it; segmentation
+    labels below ``seg_classes``) of ``size`` x ``size`` images: the input
+    of a model's data preprocessor."""
+    import torch
+    g = torch.Generator().manual_seed(0)
+    inputs = [
+        torch.randint(0, 256, (3, size, size), generator=g, dtype=torch.uint8)
+        for _ in range(batch_size)
+    ]
+    if scope == 'mmpretrain':
+        from mmpretrain.structures import DataSample
+        samples = [DataSample().set_gt_label(i) for i in range(batch_size)]
+        return dict(inputs=inputs, data_samples=samples)
+    if scope == 'mmdet':
+        from mmdet.testing import demo_mm_inputs
+        return demo_mm_inputs(
+            batch_size=batch_size,
+            image_shapes=[(3, size, size)] * batch_size,
+            num_items=[3] * batch_size,
+            num_classes=80,
+            with_mask='mask' in name)
+    from mmengine.structures import PixelData
+    from mmseg.structures import SegDataSample
+    samples = []
+    for _ in range(batch_size):
+        s = SegDataSample()
+        s.gt_sem_seg = PixelData(
+            data=torch.randint(
+                0, seg_classes, (1, size,
+                                 size), generator=g, dtype=torch.long))
+        s.set_metainfo(
+            dict(
+                img_shape=(size, size),
+                ori_shape=(size, size),
+                pad_shape=(size, size),
+                scale_factor=(1.0, 1.0),
+                flip=False,
+                flip_direction=None))
+        samples.append(s)
+    return dict(inputs=inputs, data_samples=samples)
+
+
 # --------------------------------------------------------------- measuring
 RESULT_PREFIX = 'RESULT '
 
 
-def _sync(device: str):
+def sync_device(device: str):
+    """Wait for the queued kernels of ``device`` (CUDA; a no-op on the
+    CPU), so that a timer read next counts them."""
     if device.startswith('cuda'):
         import torch
         torch.cuda.synchronize()
@@ -271,7 +321,7 @@ def measure_step(step: Callable[[], None],
     import torch
     if warmup is not None:
         warmup()
-    _sync(device)
+    sync_device(device)
     if device.startswith('cuda'):
         torch.cuda.reset_peak_memory_stats()
         base = torch.cuda.memory_allocated()
@@ -279,7 +329,7 @@ def measure_step(step: Callable[[], None],
         base = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     t0 = time.perf_counter()
     step()
-    _sync(device)
+    sync_device(device)
     first = (time.perf_counter() - t0) * 1e3
     if device.startswith('cuda'):
         peak_mb = (torch.cuda.max_memory_allocated() - base) / 2**20
@@ -288,10 +338,10 @@ def measure_step(step: Callable[[], None],
                    base) / 1024
     times: List[float] = []
     for _ in range(repeats):
-        _sync(device)
+        sync_device(device)
         t0 = time.perf_counter()
         step()
-        _sync(device)
+        sync_device(device)
         times.append((time.perf_counter() - t0) * 1e3)
     if not times:
         times = [first]
@@ -365,6 +415,63 @@ def add_hw_argument(parser: argparse.ArgumentParser,
         default=[default, default],
         action=_HW,
         help=f'{what} H [W] (default {default})')
+
+
+def add_timing_arguments(parser: argparse.ArgumentParser,
+                         repeats: int = 3,
+                         warmup: Optional[int] = None,
+                         device: Optional[str] = None,
+                         threads: Optional[int] = None,
+                         with_device: bool = True,
+                         helps: Optional[Dict[str, str]] = None):
+    """The options of the measuring scripts: ``--repeats``, ``--warmup``
+    (if ``warmup`` is given), ``--device`` (``with_device``; None: CUDA if
+    there is one) and ``--threads`` (torch's intra-op threads), with these
+    defaults; ``helps`` replaces the help of an option by name."""
+    helps = dict(
+        dict(
+            repeats='timed repeats',
+            warmup='untimed steps first',
+            device='default: cuda if any' if device is None else None,
+            threads='intra-op threads (default: torch\'s)'), **(helps or {}))
+    parser.add_argument(
+        '--repeats', type=int, default=repeats, help=helps['repeats'])
+    if warmup is not None:
+        parser.add_argument(
+            '--warmup', type=int, default=warmup, help=helps['warmup'])
+    if with_device:
+        parser.add_argument('--device', default=device, help=helps['device'])
+    parser.add_argument(
+        '--threads', type=int, default=threads, help=helps['threads'])
+
+
+def add_stage_argument(parser: argparse.ArgumentParser, default: int,
+                       help: str):
+    """``--stage``: a SOFT-attention stage, 0-based (0, 1 or 2)."""
+    parser.add_argument(
+        '--stage', type=int, default=default, choices=[0, 1, 2], help=help)
+
+
+def add_model_arguments(parser: argparse.ArgumentParser,
+                        model: str = 'soft_tiny_norm',
+                        helps: Optional[Dict[str, str]] = None):
+    """``--model`` (a name, see :func:`parse_model_name`), ``--config``
+    (take ``model.backbone`` of a config instead), ``--checkpoint`` and
+    ``--images`` (folders, optionally ``name=DIR``; see
+    :func:`image_sets`), the inputs of :func:`build_model` and
+    :func:`image_sets`; ``helps`` replaces the help of an option by
+    name."""
+    helps = dict(
+        dict(
+            model=f'a model name (default {model})',
+            config='take model.backbone of this config instead',
+            checkpoint='weights to load',
+            images='image folders, optionally name=DIR'), **(helps or {}))
+    parser.add_argument('--model', default=model, help=helps['model'])
+    parser.add_argument('--config', default=None, help=helps['config'])
+    parser.add_argument('--checkpoint', default=None, help=helps['checkpoint'])
+    parser.add_argument(
+        '--images', nargs='+', default=None, help=helps['images'])
 
 
 # ----------------------------------------------------------------- outputs

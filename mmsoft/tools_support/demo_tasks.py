@@ -1,8 +1,6 @@
 """The three demo tasks: configs, metrics, targets, training and drawing.
 
-Used by ``tools/demo.py`` (the README's main job) and by the tests, which
-load it by path (:func:`mmsoft.tools_support.demo_tasks`; it is no part of
-the mmsoft package). Each
+Used by ``tools/demo.py`` (the README's main job) and by the tests. Each
 task trains one ``configs/demo`` config with mmengine's ``Runner``
 (``Runner.from_cfg`` -> ``runner.train()`` -> ``runner.test()`` on the
 validation split), reads the codebase's own metric and draws the first
@@ -17,12 +15,10 @@ import cv2
 import numpy as np
 from mmengine.hooks import Hook
 
-from mmsoft.tools_support import demo_synthetic
+from mmsoft.tools_support import demo_synthetic as synthetic
 from mmsoft.utils import paths
 from mmsoft.utils.atomic import atomic_write
 
-#: the data generator next to this file (tools/demo_support/synthetic.py)
-synthetic = demo_synthetic()
 CLS_CLASSES = synthetic.CLS_CLASSES
 DET_CLASSES = synthetic.DET_CLASSES
 SEG_CLASSES = synthetic.SEG_CLASSES
@@ -36,48 +32,31 @@ __all__ = [
 #: the checkout's root, or None when mmsoft is installed (site-packages)
 REPO_ROOT = paths.checkout_root()
 
-#: task -> what the demo trains and how it is judged. ``data``: the folder
+#: task -> what the demo trains and how it is judged (one row per task, keys
+#: ``_TASK_KEYS``). ``data``: the folder
 #: under the data root, made by :func:`make_demo_data` task ``data_task``;
 #: ``metric``: the key of the codebase's metric dict; ``scale`` turns it into
 #: a fraction; ``target``: the value to reach (None: reported only);
 #: ``extra``: further metrics shown in the table.
+_TASK_KEYS = ('name', 'model', 'config', 'data', 'data_task', 'metric',
+              'label', 'scale', 'target', 'extra')
 TASKS = {
-    'det':
-    dict(
-        name='detection',
-        model='RetinaNet + SOFT',
-        config='configs/demo/retinanet_soft_demo.py',
-        data='coco',
-        data_task='det',
-        metric='coco/bbox_mAP_50',
-        label='bbox mAP@0.5',
-        scale=1.0,
-        target=0.5,
-        extra={'coco/bbox_mAP': ('bbox mAP@[.5:.95]', 1.0)}),
-    'seg':
-    dict(
-        name='segmentation',
-        model='UperNet + SOFT',
-        config='configs/demo/upernet_soft_demo.py',
-        data='ade',
-        data_task='seg',
-        metric='mIoU',
-        label='mIoU',
-        scale=0.01,
-        target=0.6,
-        extra={'aAcc': ('pixel accuracy', 0.01)}),
-    'cls':
-    dict(
-        name='classification',
-        model='SOFT + linear classifier',
-        config='configs/demo/soft_cls_demo.py',
-        data='imagenet',
-        data_task='cls',
-        metric='accuracy/top1',
-        label='top-1',
-        scale=0.01,
-        target=0.9,
-        extra={}),
+    row[0]: dict(zip(_TASK_KEYS, row[1:]))
+    for row in (
+        ('det', 'detection', 'RetinaNet + SOFT',
+         'configs/demo/retinanet_soft_demo.py', 'coco', 'det',
+         'coco/bbox_mAP_50', 'bbox mAP@0.5', 1.0, 0.5, {
+             'coco/bbox_mAP': ('bbox mAP@[.5:.95]', 1.0)
+         }),
+        ('seg', 'segmentation', 'UperNet + SOFT',
+         'configs/demo/upernet_soft_demo.py', 'ade', 'seg', 'mIoU', 'mIoU',
+         0.01, 0.6, {
+             'aAcc': ('pixel accuracy', 0.01)
+         }),
+        ('cls', 'classification', 'SOFT + linear classifier',
+         'configs/demo/soft_cls_demo.py', 'imagenet', 'cls', 'accuracy/top1',
+         'top-1', 0.01, 0.9, {}),
+    )
 }
 
 
