@@ -76,7 +76,7 @@ def build_model(config,
     if cfg_options:
         cfg.merge_from_dict(cfg_options)
     scope = launch.import_codebase(cfg)
-    launch._revert_sync_bn(cfg.model)  # SyncBN: CPU export, eval mode
+    launch.revert_sync_bn(cfg.model)  # SyncBN: CPU export, eval mode
     init_default_scope(scope)
     registry = importlib.import_module(f'{_PACKAGES[scope]}.registry')
     model = registry.MODELS.build(cfg.model)

@@ -47,7 +47,7 @@ __all__ = [
     'quiet_init_weights', 'exit_if_legacy_backbone', 'exit_if_not_resumable',
     'lock_work_dir', 'CODEBASES', 'codebase_of', 'import_codebase',
     'setup_cpu_distributed', 'enable_amp', 'name_run', 'compile_refusal',
-    'COMPILE_MIN_TORCH', 'prepare_cfg'
+    'COMPILE_MIN_TORCH', 'prepare_cfg', 'revert_sync_bn'
 ]
 
 #: default_scope -> python package of the codebase
@@ -161,7 +161,10 @@ def import_codebase(cfg) -> str:
     return scope
 
 
-def _revert_sync_bn(node) -> int:
+def revert_sync_bn(node) -> int:
+    """Turn every ``SyncBN`` / ``MMSyncBN`` of a config node into ``BN``,
+    in place (CPU runs and exports have no process group); returns how
+    many were changed."""
     count = 0
     if isinstance(node, dict):
         for key, val in node.items():
@@ -169,10 +172,10 @@ def _revert_sync_bn(node) -> int:
                 node[key] = 'BN'
                 count += 1
             else:
-                count += _revert_sync_bn(val)
+                count += revert_sync_bn(val)
     elif isinstance(node, (list, tuple)):
         for val in node:
-            count += _revert_sync_bn(val)
+            count += revert_sync_bn(val)
     return count
 
 
@@ -226,7 +229,7 @@ def setup_cpu_distributed(cfg, launcher: str) -> bool:
         wrapper['device_ids'] = None  # CPU module: DDP needs device_ids=None
     cfg.model_wrapper_cfg = wrapper
 
-    n_sync = _revert_sync_bn(cfg.get('model', None))
+    n_sync = revert_sync_bn(cfg.get('model', None))
     if cfg.get('sync_bn', None) is not None:
         cfg.sync_bn = None
         n_sync += 1
