@@ -40,7 +40,7 @@ import sys
 
 __all__ = [
     'required_paths', 'missing_data_message', 'damaged_data_message',
-    'image_damage', 'json_problem', 'exit_if_missing', 'main'
+    'image_damage', 'json_problem', 'exit_if_missing', 'launcher_rank', 'main'
 ]
 
 #: dataset type -> (name, placeholder directory, layout note)
@@ -478,7 +478,10 @@ def damaged_data_message(cfg, mode):
             'MMSOFT_SKIP_DATA_CHECK=1):\n  ' + '\n  '.join(problems))
 
 
-def _rank(launcher):
+def launcher_rank(launcher: str) -> int:
+    """This process's rank as the launcher (``pytorch``, ``slurm``,
+    ``mpi``) set it in the environment, before any process group exists
+    (0 for ``none`` or an unreadable value)."""
     env = {
         'pytorch': 'RANK',
         'slurm': 'SLURM_PROCID',
@@ -499,7 +502,7 @@ def exit_if_missing(cfg, mode, launcher='none'):
     msg = missing_data_message(cfg, mode) or damaged_data_message(cfg, mode)
     if msg is None:
         return
-    if _rank(launcher) == 0:
+    if launcher_rank(launcher) == 0:
         print(msg, file=sys.stderr, flush=True)
     raise SystemExit(1)
 

@@ -114,9 +114,9 @@ def lock_work_dir(cfg, launcher: str = 'none'):
     (:class:`mmsoft.utils.work_dir_lock.WorkDirLock`); another live run
     there stops this one with one line (exit 1). Returns the lock (None on
     the other ranks)."""
-    from mmsoft.tools_support.data_check import _rank
+    from mmsoft.tools_support.data_check import launcher_rank
     from mmsoft.utils.work_dir_lock import WorkDirLock, WorkDirLockedError
-    if _rank(launcher) != 0:
+    if launcher_rank(launcher) != 0:
         return None
     try:
         return WorkDirLock(cfg.work_dir).acquire()
