@@ -26,7 +26,7 @@ warnings.filterwarnings('ignore', message='pkg_resources is deprecated')
 
 # first: mmsoft quiets the stacks' import noise (mmsoft._quiet)
 import mmsoft  # noqa: E402,F401  # isort: skip
-from mmengine.config import ConfigDict  # noqa: E402
+from mmengine.config import Config, ConfigDict  # noqa: E402
 from mmengine.registry import RUNNERS  # noqa: E402
 from mmengine.runner import Runner  # noqa: E402
 
@@ -141,7 +141,7 @@ def enable_tta(cfg, scope):
 
 
 def build_cfg(args):
-    cfg = cli.runner_config(args)
+    cfg = cli.apply_runner_args(Config.fromfile(args.config), args)
     cfg.load_from = args.checkpoint
     cli.add_strict_load_hook(cfg, args.partial_load)
     return cfg

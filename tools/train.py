@@ -33,6 +33,7 @@ warnings.filterwarnings('ignore', message='pkg_resources is deprecated')
 
 # first: mmsoft quiets the stacks' import noise (mmsoft._quiet)
 import mmsoft  # noqa: E402,F401  # isort: skip
+from mmengine.config import Config  # noqa: E402
 from mmengine.registry import RUNNERS  # noqa: E402
 from mmengine.runner import Runner  # noqa: E402
 
@@ -71,7 +72,7 @@ def parse_args(argv=None):
 
 
 def build_cfg(args):
-    cfg = cli.runner_config(args)
+    cfg = cli.apply_runner_args(Config.fromfile(args.config), args)
 
     if args.amp:
         launch.enable_amp(cfg)

@@ -5,7 +5,7 @@
 # type and is only narrowed (64 channels, 2 stacked convs).
 # Evaluated with mmdet's CocoMetric (pycocotools): bbox mAP.
 _base_ = [
-    'mmdet::retinanet/retinanet_r50_fpn_1x_coco.py', '../_base_/soft_demo.py'
+    'mmdet::retinanet/retinanet_r50_fpn_1x_coco.py', '../_base_/demo_common.py'
 ]
 
 data_root = 'data/demo/coco/'
@@ -20,7 +20,7 @@ model = dict(
     backbone=dict(
         _delete_=True,
         type='mmsoft.SOFT',
-        # soft_arch (_base_/soft_demo.py): the sampling ratios keep 25-100
+        # soft_arch (_base_/demo_common.py): the sampling ratios keep 25-100
         # bottleneck tokens per stage at 160 x 160 (token maps 40, 20, 10, 5)
         arch=_base_.soft_arch,
         attn_cfg=dict(type='SOFTAttention', attn_norm=True),

@@ -3,7 +3,7 @@
 # synthetic ImageNet-layout data set of tools/misc/make_demo_data.py
 # (64 x 64 images, 5 classes by dominant shape), trained from scratch on the
 # CPU in a few minutes. Evaluated with mmpretrain's Accuracy (top-1).
-_base_ = ['mmpretrain::_base_/default_runtime.py', '../_base_/soft_demo.py']
+_base_ = ['mmpretrain::_base_/default_runtime.py', '../_base_/demo_common.py']
 
 data_root = 'data/demo/imagenet/'
 classes = ('circle', 'square', 'triangle', 'star', 'cross')
@@ -18,7 +18,7 @@ model = dict(
         to_rgb=True),
     backbone=dict(
         type='mmsoft.SOFT',
-        # soft_arch (_base_/soft_demo.py): token maps 16, 8, 4, 2 at 64 x 64;
+        # soft_arch (_base_/demo_common.py): token maps 16, 8, 4, 2 at 64 x 64;
         # bottlenecks of 16, 16, 4 tokens
         arch=_base_.soft_arch,
         attn_cfg=dict(type='SOFTAttention', attn_norm=False),

@@ -12,7 +12,7 @@ _base_ = [
     'mmseg::_base_/models/upernet_r50.py',
     'mmseg::_base_/datasets/ade20k.py',
     'mmseg::_base_/default_runtime.py',
-    '../_base_/soft_demo.py',
+    '../_base_/demo_common.py',
 ]
 
 data_root = 'data/demo/ade/'

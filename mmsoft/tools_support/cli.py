@@ -7,7 +7,7 @@ from typing import Dict
 
 __all__ = [
     'positive_int', 'check_readable', 'runner_parser', 'parse_runner_args',
-    'runner_config', 'add_strict_load_hook'
+    'apply_runner_args', 'add_strict_load_hook'
 ]
 
 
@@ -95,12 +95,11 @@ def parse_runner_args(parser: argparse.ArgumentParser,
     return args
 
 
-def runner_config(args: argparse.Namespace):
-    """The config of a :func:`runner_parser`'s arguments: ``args.config``
-    with ``--launcher``, ``--cfg-options`` and the work dir (``--work-dir``,
-    else the config's ``work_dir``, else ``./work_dirs/<config name>``)."""
-    from mmengine.config import Config
-    cfg = Config.fromfile(args.config)
+def apply_runner_args(cfg, args: argparse.Namespace):
+    """``cfg`` (the config file ``args.config``, loaded by the tool) with
+    the arguments of a :func:`runner_parser`: ``--launcher``,
+    ``--cfg-options`` and the work dir (``--work-dir``, else the config's
+    ``work_dir``, else ``./work_dirs/<config name>``). Returns ``cfg``."""
     cfg.launcher = args.launcher
     if args.cfg_options is not None:
         cfg.merge_from_dict(args.cfg_options)
