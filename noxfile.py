@@ -28,6 +28,7 @@ import hashlib
 import json
 import os
 import os.path as osp
+import runpy
 import subprocess
 import sys
 import time
@@ -152,10 +153,10 @@ def _setup(session, name, stack):
 
 
 def _mmsoft_version():
-    ns = {}
-    with open(osp.join(ROOT, 'mmsoft', 'version.py')) as f:
-        exec(f.read(), ns)
-    return ns['__version__']
+    """``mmsoft.__version__`` of this checkout (mmsoft is not importable in
+    nox's own environment)."""
+    return runpy.run_path(osp.join(ROOT, 'mmsoft',
+                                   'version.py'))['__version__']
 
 
 def _mmcv_ops(session):

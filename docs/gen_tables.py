@@ -55,14 +55,22 @@ def read_csv(name):
 
 # ------------------------------------------------------------ model index
 def load_models():
-    """The models of the model index, in its order."""
+    """The models of the model index, in its order; each is in a collection
+    of its metafile (else ``ValueError``)."""
     import yaml  # here: ``--docs-env`` runs before any dependency is there
     with open(osp.join(ROOT, 'model-index.yml')) as f:
         index = yaml.safe_load(f)
     models = []
     for rel in index['Import']:
         with open(osp.join(ROOT, rel)) as f:
-            models += yaml.safe_load(f)['Models']
+            meta = yaml.safe_load(f)
+        collections = {c['Name'] for c in meta['Collections']}
+        for m in meta['Models']:
+            if m['In Collection'] not in collections:
+                raise ValueError(
+                    f'{rel}: model {m["Name"]} is in collection '
+                    f'{m["In Collection"]!r}, which {rel} does not define')
+            models.append(m)
     return models
 
 

@@ -6,6 +6,7 @@ pytest loads this file before the test files (and puts ``tests/`` on
 ``sys.path``): use the fixtures by name, import the rest with
 ``from conftest import ...``.
 """
+import contextlib
 import importlib
 import importlib.util
 import os
@@ -66,6 +67,29 @@ def run_python(code, **kwargs):
 def dead_pid():
     """The id of a process that has exited (a writer that is gone)."""
     return run_python('import os; print(os.getpid())').stdout.strip()
+
+
+@contextlib.contextmanager
+def work_dir_holder(work, seconds=120):
+    """A child process that holds the :class:`WorkDirLock` of ``work``
+    (taken before the block starts) until the block ends: a live training
+    run in ``work``. Yields its ``Popen``."""
+    holder = subprocess.Popen([
+        sys.executable, '-c',
+        'import time; from mmsoft.utils.work_dir_lock import WorkDirLock; '
+        f'WorkDirLock({work!r}).acquire(); print("held", flush=True); '
+        f'time.sleep({seconds})'
+    ],
+                              cwd=ROOT,
+                              env=child_env(),
+                              stdout=subprocess.PIPE,
+                              text=True)
+    try:
+        assert holder.stdout.readline().strip() == 'held'
+        yield holder
+    finally:
+        holder.kill()
+        holder.wait()
 
 
 def free_port():
@@ -142,6 +166,25 @@ def random_model(cfg):
         model = registry.MODELS.build(cfg.model)
         model.init_weights()
     return model
+
+
+def demo_support():
+    """``(synthetic, tasks)``: the demo's data generator and tasks
+    (:mod:`mmsoft.tools_support`); skips the test (or module) where mmdet,
+    mmseg or mmpretrain is missing."""
+    for codebase in ('mmdet', 'mmseg', 'mmpretrain'):
+        pytest.importorskip(codebase)
+    from mmsoft.tools_support import demo_synthetic, demo_tasks
+    return demo_synthetic, demo_tasks
+
+
+def tiny_demo_data(num_train):
+    """``make_demo_data`` overrides for tiny demo data sets: ``num_train``
+    training and 2 validation images for detection and segmentation, 5 and
+    5 (one image per class) for classification."""
+    tiny = {t: dict(num_train=num_train, num_val=2) for t in ('det', 'seg')}
+    tiny['cls'] = dict(num_train=5, num_val=5)
+    return tiny
 
 
 def cls_demo_config(tmp, **batch_size):

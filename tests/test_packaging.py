@@ -12,7 +12,6 @@ import shutil
 import warnings
 
 import pytest
-import yaml
 from conftest import ROOT, load_module, run_python
 
 import mmsoft
@@ -213,17 +212,11 @@ def test_import_mmsoft_is_light_and_setup_warns_once(tmp_path):
 
 # ---------------------------------------------------------------- index
 def _index():
-    with open(osp.join(ROOT, 'model-index.yml')) as f:
-        index = yaml.safe_load(f)
-    models = []
-    for rel in index['Import']:
-        with open(osp.join(ROOT, rel)) as f:
-            meta = yaml.safe_load(f)
-        colls = {c['Name'] for c in meta['Collections']}
-        for m in meta['Models']:
-            assert m['In Collection'] in colls, (rel, m['Name'])
-            models.append(m)
-    return models
+    """The models of the model index (each in a collection of its
+    metafile), read as docs/gen_tables.py reads them."""
+    gen = load_module(
+        osp.join(ROOT, 'docs', 'gen_tables.py'), '_docs_gen_index')
+    return gen.load_models()
 
 
 def test_model_index_lists_every_config():

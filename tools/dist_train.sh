@@ -10,29 +10,5 @@
 # PYTHON selects the interpreter (default: the project venv .venv when no
 # environment is active, else python; see tools/python.sh). The data the
 # config needs is checked once before the workers start.
-set -e
-if [[ $# -lt 2 ]]; then
-    echo "usage: $0 CONFIG GPUS [train.py args]" >&2
-    exit 2
-fi
-CONFIG=$1
-GPUS=$2
-NNODES=${NNODES:-1}
-NODE_RANK=${NODE_RANK:-0}
-PORT=${PORT:-29500}
-MASTER_ADDR=${MASTER_ADDR:-"127.0.0.1"}
-ROOT="$(cd "$(dirname "$0")/.." && pwd)"
-source "$ROOT/tools/python.sh"  # PYTHON: $PYTHON, else .venv, else python
-echo "$(basename "$0"): python: $PYTHON" >&2
-mmsoft_check_data train "$CONFIG" "${@:3}"  # data there? (once, not per rank)
-
-PYTHONPATH="$ROOT":$PYTHONPATH \
-"$PYTHON" -m torch.distributed.run \
-    --nnodes=$NNODES \
-    --node_rank=$NODE_RANK \
-    --master_addr=$MASTER_ADDR \
-    --nproc_per_node=$GPUS \
-    --master_port=$PORT \
-    "$ROOT/tools/train.py" \
-    "$CONFIG" \
-    --launcher pytorch "${@:3}"
+source "$(dirname "$0")/launch.sh"  # mmsoft_dist_launch
+mmsoft_dist_launch train CONFIG "$@"

@@ -6,8 +6,9 @@
 # as the launch scripts do. (The tools import the mmsoft Python finds: with
 # `make demo` / `pip install -e .` plain `python tools/...` is the same.)
 #
-# Sourced by tools/dist_train.sh, dist_test.sh, slurm_train.sh and
-# slurm_test.sh once they have set ROOT (the repository root).
+# Sourced by tools/launch.sh (the body of tools/dist_train.sh, dist_test.sh,
+# slurm_train.sh and slurm_test.sh) once it has set ROOT (the repository
+# root).
 #
 # Sets PYTHON, the interpreter that runs the tools:
 #   1. $PYTHON when given (PYTHON=/path/to/python tools/dist_train.sh ...);

@@ -15,10 +15,7 @@ top-k accuracy).
 mmseg saves the predicted label maps as PNGs to that directory (as each
 codebase's own tools/test.py does).
 """
-import argparse
 import copy
-import os
-import os.path as osp
 import sys
 import warnings
 
@@ -29,69 +26,37 @@ warnings.filterwarnings('ignore', message='pkg_resources is deprecated')
 
 # first: mmsoft quiets the stacks' import noise (mmsoft._quiet)
 import mmsoft  # noqa: E402,F401  # isort: skip
-from mmengine.config import Config, ConfigDict, DictAction  # noqa: E402
+from mmengine.config import Config, ConfigDict  # noqa: E402
 from mmengine.registry import RUNNERS  # noqa: E402
 from mmengine.runner import Runner  # noqa: E402
 
-from mmsoft.tools_support import data_check  # noqa: E402
-from mmsoft.tools_support import launch  # noqa: E402
+from mmsoft.tools_support import cli, data_check, launch  # noqa: E402
 from mmsoft.utils.strict_load import CheckpointMismatchError  # noqa: E402
 
 
 def parse_args(argv=None):
-    parser = argparse.ArgumentParser(
-        description='Test (and eval) a SOFT model (mmpretrain / mmdet / '
-        'mmseg config)')
-    parser.add_argument('config', help='test config file path')
-    parser.add_argument('checkpoint', help='checkpoint file')
-    parser.add_argument(
-        '--work-dir',
-        help='the directory to save the file containing evaluation metrics')
+    parser = cli.runner_parser(
+        'Test (and eval) a SOFT model (mmpretrain / mmdet / mmseg config)',
+        dict(config='test config file path', checkpoint='checkpoint file'),
+        work_dir_help='the directory to save the file containing evaluation '
+        'metrics',
+        checkpoint='a checkpoint')
     parser.add_argument(
         '--out',
-        type=str,
         help='mmdet / mmpretrain: dump predictions to a pickle file; mmseg: '
         'directory to save the predicted segmentation maps')
     parser.add_argument(
         '--show', action='store_true', help='show prediction results')
+    parser.add_argument(
+        '--wait-time', type=float, default=2, help='the interval of show (s)')
     parser.add_argument(
         '--show-dir',
         help='directory where painted images will be saved. '
         'If specified, it will be automatically saved '
         'to the work_dir/timestamp/show_dir')
     parser.add_argument(
-        '--wait-time', type=float, default=2, help='the interval of show (s)')
-    parser.add_argument(
-        '--cfg-options',
-        nargs='+',
-        action=DictAction,
-        help='override some settings in the used config, the key-value pair '
-        'in xxx=yyy format will be merged into config file. If the value to '
-        'be overwritten is a list, it should be like key="[a,b]" or key=a,b '
-        'It also allows nested list/tuple values, e.g. key="[(a,b),(c,d)]" '
-        'Note that the quotation marks are necessary and that no white space '
-        'is allowed.')
-    parser.add_argument(
-        '--launcher',
-        choices=['none', 'pytorch', 'slurm', 'mpi'],
-        default='none',
-        help='job launcher')
-    parser.add_argument(
         '--tta', action='store_true', help='test time augmentation')
-    parser.add_argument(
-        '--partial-load',
-        action='store_true',
-        help='allow a checkpoint that matches the model only in part (e.g. '
-        'another head): load the matching tensors and warn. Without it a '
-        'mismatch (missing / unexpected / mis-shaped keys) is an error')
-    # When using PyTorch version >= 2.0.0, the `torch.distributed.launch`
-    # will pass the `--local-rank` parameter to `tools/test.py` instead
-    # of `--local_rank`.
-    parser.add_argument('--local_rank', '--local-rank', type=int, default=0)
-    args = parser.parse_args(argv)
-    if 'LOCAL_RANK' not in os.environ:
-        os.environ['LOCAL_RANK'] = str(args.local_rank)
-    return args
+    return cli.parse_runner_args(parser, argv)
 
 
 def trigger_visualization_hook(cfg, args, scope):
@@ -176,26 +141,9 @@ def enable_tta(cfg, scope):
 
 
 def build_cfg(args):
-    cfg = Config.fromfile(args.config)
-    cfg.launcher = args.launcher
-    if args.cfg_options is not None:
-        cfg.merge_from_dict(args.cfg_options)
-
-    # work_dir is determined in this priority: CLI > segment in file > name
-    if args.work_dir is not None:
-        cfg.work_dir = args.work_dir
-    elif cfg.get('work_dir', None) is None:
-        cfg.work_dir = osp.join('./work_dirs',
-                                osp.splitext(osp.basename(args.config))[0])
+    cfg = cli.apply_runner_args(Config.fromfile(args.config), args)
     cfg.load_from = args.checkpoint
-    # the Runner loads load_from with strict=False (a WARNING only): check
-    # the checkpoint against the model first (mmsoft.engine.StrictLoadHook)
-    cfg.custom_hooks = list(cfg.get('custom_hooks', None) or []) + [
-        dict(
-            type='StrictLoadHook',
-            allow_partial=args.partial_load,
-            opt_in='pass --partial-load')
-    ]
+    cli.add_strict_load_hook(cfg, args.partial_load)
     return cfg
 
 

@@ -23,9 +23,6 @@ skipped), ``--resume PATH`` must be a training checkpoint (checked before
 anything is built), and one run at a time holds the work dir
 (:mod:`mmsoft.utils.work_dir_lock`).
 """
-import argparse
-import os
-import os.path as osp
 import sys
 import warnings
 
@@ -36,23 +33,23 @@ warnings.filterwarnings('ignore', message='pkg_resources is deprecated')
 
 # first: mmsoft quiets the stacks' import noise (mmsoft._quiet)
 import mmsoft  # noqa: E402,F401  # isort: skip
-from mmengine.config import Config, DictAction  # noqa: E402
+from mmengine.config import Config  # noqa: E402
 from mmengine.registry import RUNNERS  # noqa: E402
 from mmengine.runner import Runner  # noqa: E402
 
 from mmsoft.engine import add_nonfinite_hook  # noqa: E402
 from mmsoft.engine import use_safe_checkpoint_hook  # noqa: E402
-from mmsoft.tools_support import data_check  # noqa: E402
-from mmsoft.tools_support import launch  # noqa: E402
+from mmsoft.tools_support import cli, data_check, launch  # noqa: E402
 from mmsoft.utils.checkpoint_io import CheckpointWriteError  # noqa: E402
 from mmsoft.utils.strict_load import CheckpointMismatchError  # noqa: E402
 
 
 def parse_args(argv=None):
-    parser = argparse.ArgumentParser(
-        description='Train a SOFT model (mmpretrain / mmdet / mmseg config)')
-    parser.add_argument('config', help='train config file path')
-    parser.add_argument('--work-dir', help='the dir to save logs and models')
+    parser = cli.runner_parser(
+        'Train a SOFT model (mmpretrain / mmdet / mmseg config)',
+        dict(config='train config file path'),
+        work_dir_help='the dir to save logs and models',
+        checkpoint='a load_from checkpoint')
     parser.add_argument(
         '--amp',
         action='store_true',
@@ -71,50 +68,11 @@ def parse_args(argv=None):
         help='If specify checkpoint path, resume from it, while if not '
         'specify, try to auto resume from the latest checkpoint '
         'in the work directory.')
-    parser.add_argument(
-        '--partial-load',
-        action='store_true',
-        help='allow a load_from checkpoint that matches the model only in '
-        'part (e.g. another head): load the matching tensors and print what '
-        'was skipped. Without it a mismatch (missing / unexpected / '
-        'mis-shaped keys) is an error')
-    parser.add_argument(
-        '--cfg-options',
-        nargs='+',
-        action=DictAction,
-        help='override some settings in the used config, the key-value pair '
-        'in xxx=yyy format will be merged into config file. If the value to '
-        'be overwritten is a list, it should be like key="[a,b]" or key=a,b '
-        'It also allows nested list/tuple values, e.g. key="[(a,b),(c,d)]" '
-        'Note that the quotation marks are necessary and that no white space '
-        'is allowed.')
-    parser.add_argument(
-        '--launcher',
-        choices=['none', 'pytorch', 'slurm', 'mpi'],
-        default='none',
-        help='job launcher')
-    # When using PyTorch version >= 2.0.0, the `torch.distributed.launch`
-    # will pass the `--local-rank` parameter to `tools/train.py` instead
-    # of `--local_rank`.
-    parser.add_argument('--local_rank', '--local-rank', type=int, default=0)
-    args = parser.parse_args(argv)
-    if 'LOCAL_RANK' not in os.environ:
-        os.environ['LOCAL_RANK'] = str(args.local_rank)
-    return args
+    return cli.parse_runner_args(parser, argv)
 
 
 def build_cfg(args):
-    cfg = Config.fromfile(args.config)
-    cfg.launcher = args.launcher
-    if args.cfg_options is not None:
-        cfg.merge_from_dict(args.cfg_options)
-
-    # work_dir is determined in this priority: CLI > segment in file > name
-    if args.work_dir is not None:
-        cfg.work_dir = args.work_dir
-    elif cfg.get('work_dir', None) is None:
-        cfg.work_dir = osp.join('./work_dirs',
-                                osp.splitext(osp.basename(args.config))[0])
+    cfg = cli.apply_runner_args(Config.fromfile(args.config), args)
 
     if args.amp:
         launch.enable_amp(cfg)
@@ -144,15 +102,8 @@ def build_cfg(args):
     elif args.resume is not None:
         cfg.resume = True
         cfg.load_from = args.resume
-    # the Runner loads load_from / resume with strict=False (a WARNING
-    # only): check the checkpoint against the model first
-    # (mmsoft.engine.StrictLoadHook; --resume: a training checkpoint)
-    cfg.custom_hooks = list(cfg.get('custom_hooks', None) or []) + [
-        dict(
-            type='StrictLoadHook',
-            allow_partial=args.partial_load,
-            opt_in='pass --partial-load')
-    ]
+    # --resume: a training checkpoint (checked by mmsoft.engine's hook)
+    cli.add_strict_load_hook(cfg, args.partial_load)
     return cfg
 
 

@@ -4,22 +4,15 @@
 # few minutes. Inherits mmdet's shipped RetinaNet config; the head keeps its
 # type and is only narrowed (64 channels, 2 stacked convs).
 # Evaluated with mmdet's CocoMetric (pycocotools): bbox mAP.
-_base_ = 'mmdet::retinanet/retinanet_r50_fpn_1x_coco.py'
-
-custom_imports = dict(imports=['mmsoft'], allow_failed_imports=False)
+_base_ = [
+    'mmdet::retinanet/retinanet_r50_fpn_1x_coco.py', '../_base_/demo_common.py'
+]
 
 data_root = 'data/demo/coco/'
 classes = ('circle', 'square', 'triangle')
 metainfo = dict(
     classes=classes, palette=[(220, 20, 60), (0, 130, 255), (0, 200, 80)])
 img_size = 160
-# a narrow, shallow SOFT; the sampling ratios keep 25-100 bottleneck tokens
-# per stage at 160 x 160 (token maps 40, 20, 10, 5)
-soft_arch = dict(
-    embed_dims=[32, 64, 128, 192],
-    num_heads=[1, 2, 4, 6],
-    depths=[1, 1, 2, 1],
-    sampling_ratios=[4, 2, 2, 1])
 fpn_channels = 64
 
 model = dict(
@@ -27,14 +20,16 @@ model = dict(
     backbone=dict(
         _delete_=True,
         type='mmsoft.SOFT',
-        arch=soft_arch,
+        # soft_arch (_base_/demo_common.py): the sampling ratios keep 25-100
+        # bottleneck tokens per stage at 160 x 160 (token maps 40, 20, 10, 5)
+        arch=_base_.soft_arch,
         attn_cfg=dict(type='SOFTAttention', attn_norm=True),
         out_indices=(1, 2, 3),
         out_type='featmap',
         pretrain_img_size=img_size,
         init_cfg=None),
     neck=dict(
-        in_channels=soft_arch['embed_dims'][1:],
+        in_channels=_base_.soft_arch.embed_dims[1:],
         start_level=0,
         out_channels=fpn_channels,
         num_outs=4),
@@ -78,12 +73,9 @@ train_dataloader = dict(
         data_prefix=dict(img='train/'),
         pipeline=train_pipeline))
 val_dataloader = dict(
-    batch_size=8,
-    num_workers=0,
-    persistent_workers=False,
+    train_dataloader,
     dataset=dict(
-        data_root=data_root,
-        metainfo=metainfo,
+        train_dataloader['dataset'],
         ann_file='annotations/instances_val.json',
         data_prefix=dict(img='val/'),
         pipeline=test_pipeline))
@@ -97,14 +89,7 @@ train_cfg = dict(max_epochs=max_epochs, val_interval=max_epochs)
 optim_wrapper = dict(
     _delete_=True,
     type='OptimWrapper',
-    optimizer=dict(type='AdamW', lr=1e-3, weight_decay=0.05),
-    paramwise_cfg=dict(
-        norm_decay_mult=0.0,
-        bias_decay_mult=0.0,
-        custom_keys={
-            '.pos_embed': dict(decay_mult=0.0),
-            '.cls_token': dict(decay_mult=0.0)
-        }),
+    **_base_.demo_optim_wrapper,
     clip_grad=dict(max_norm=10.0))
 param_scheduler = [
     dict(type='LinearLR', start_factor=0.01, by_epoch=False, begin=0, end=100),
@@ -123,6 +108,3 @@ default_hooks = dict(
     checkpoint=dict(
         type='SafeCheckpointHook', interval=max_epochs, max_keep_ckpts=1))
 log_processor = dict(window_size=10)
-
-# stop at the first non-finite loss, before it is saved (mmsoft.engine)
-custom_hooks = [dict(type='NonFiniteLossHook')]

@@ -3,19 +3,11 @@
 # synthetic ImageNet-layout data set of tools/misc/make_demo_data.py
 # (64 x 64 images, 5 classes by dominant shape), trained from scratch on the
 # CPU in a few minutes. Evaluated with mmpretrain's Accuracy (top-1).
-_base_ = 'mmpretrain::_base_/default_runtime.py'
-
-custom_imports = dict(imports=['mmsoft'], allow_failed_imports=False)
+_base_ = ['mmpretrain::_base_/default_runtime.py', '../_base_/demo_common.py']
 
 data_root = 'data/demo/imagenet/'
 classes = ('circle', 'square', 'triangle', 'star', 'cross')
 img_size = 64
-# stage maps 16, 8, 4, 2 at 64 x 64; bottlenecks of 16, 16, 4 tokens
-soft_arch = dict(
-    embed_dims=[32, 64, 128, 192],
-    num_heads=[1, 2, 4, 6],
-    depths=[1, 1, 2, 1],
-    sampling_ratios=[4, 2, 2, 1])
 
 model = dict(
     type='ImageClassifier',
@@ -26,7 +18,9 @@ model = dict(
         to_rgb=True),
     backbone=dict(
         type='mmsoft.SOFT',
-        arch=soft_arch,
+        # soft_arch (_base_/demo_common.py): token maps 16, 8, 4, 2 at 64 x 64;
+        # bottlenecks of 16, 16, 4 tokens
+        arch=_base_.soft_arch,
         attn_cfg=dict(type='SOFTAttention', attn_norm=False),
         out_indices=(3, ),
         out_type='cls_token',
@@ -36,7 +30,7 @@ model = dict(
     head=dict(
         type='LinearClsHead',
         num_classes=len(classes),
-        in_channels=soft_arch['embed_dims'][3],
+        in_channels=_base_.soft_arch.embed_dims[3],
         loss=dict(
             type='LabelSmoothLoss', label_smooth_val=0.1, mode='original'),
         topk=(1, )))
@@ -69,16 +63,11 @@ train_dataloader = dict(
         metainfo=metainfo,
         pipeline=train_pipeline))
 val_dataloader = dict(
+    train_dataloader,
     batch_size=64,
-    num_workers=0,
-    persistent_workers=False,
     sampler=dict(type='DefaultSampler', shuffle=False),
     dataset=dict(
-        type=dataset_type,
-        data_root=data_root,
-        split='val',
-        metainfo=metainfo,
-        pipeline=test_pipeline))
+        train_dataloader['dataset'], split='val', pipeline=test_pipeline))
 val_evaluator = dict(type='Accuracy', topk=(1, ))
 test_dataloader = val_dataloader
 test_evaluator = val_evaluator
@@ -87,16 +76,7 @@ max_epochs = 4
 train_cfg = dict(by_epoch=True, max_epochs=max_epochs, val_interval=max_epochs)
 val_cfg = dict()
 test_cfg = dict()
-optim_wrapper = dict(
-    optimizer=dict(type='AdamW', lr=1e-3, weight_decay=0.05),
-    paramwise_cfg=dict(
-        norm_decay_mult=0.0,
-        bias_decay_mult=0.0,
-        custom_keys={
-            '.pos_embed': dict(decay_mult=0.0),
-            '.cls_token': dict(decay_mult=0.0)
-        }),
-    clip_grad=dict(max_norm=5.0))
+optim_wrapper = dict(_base_.demo_optim_wrapper, clip_grad=dict(max_norm=5.0))
 param_scheduler = [
     dict(type='LinearLR', start_factor=0.01, by_epoch=False, begin=0, end=50),
     dict(
@@ -113,6 +93,3 @@ default_hooks = dict(
     checkpoint=dict(
         type='SafeCheckpointHook', interval=max_epochs, max_keep_ckpts=1))
 log_processor = dict(window_size=10)
-
-# stop at the first non-finite loss, before it is saved (mmsoft.engine)
-custom_hooks = [dict(type='NonFiniteLossHook')]

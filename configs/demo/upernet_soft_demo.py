@@ -12,9 +12,8 @@ _base_ = [
     'mmseg::_base_/models/upernet_r50.py',
     'mmseg::_base_/datasets/ade20k.py',
     'mmseg::_base_/default_runtime.py',
+    '../_base_/demo_common.py',
 ]
-
-custom_imports = dict(imports=['mmsoft'], allow_failed_imports=False)
 
 data_root = 'data/demo/ade/'
 classes = ('wall', 'ball', 'box', 'tent')
@@ -23,11 +22,6 @@ metainfo = dict(
     palette=[[90, 90, 90], [220, 20, 60], [0, 130, 255], [0, 200, 80]])
 img_size = 160
 crop_size = (img_size, img_size)
-soft_arch = dict(
-    embed_dims=[32, 64, 128, 192],
-    num_heads=[1, 2, 4, 6],
-    depths=[1, 1, 2, 1],
-    sampling_ratios=[4, 2, 2, 1])
 norm_cfg = dict(type='BN', requires_grad=True)  # single process: no SyncBN
 
 model = dict(
@@ -36,19 +30,19 @@ model = dict(
     backbone=dict(
         _delete_=True,
         type='mmsoft.SOFT',
-        arch=soft_arch,
+        arch=_base_.soft_arch,
         attn_cfg=dict(type='SOFTAttention', attn_norm=True),
         out_indices=(0, 1, 2, 3),
         out_type='featmap',
         pretrain_img_size=img_size,
         init_cfg=None),
     decode_head=dict(
-        in_channels=soft_arch['embed_dims'],
+        in_channels=_base_.soft_arch.embed_dims,
         channels=64,
         num_classes=len(classes),
         norm_cfg=norm_cfg),
     auxiliary_head=dict(
-        in_channels=soft_arch['embed_dims'][2],
+        in_channels=_base_.soft_arch.embed_dims[2],
         channels=32,
         num_classes=len(classes),
         norm_cfg=norm_cfg))
@@ -73,11 +67,8 @@ train_dataloader = dict(
     dataset=dict(
         data_root=data_root, metainfo=metainfo, pipeline=train_pipeline))
 val_dataloader = dict(
-    batch_size=8,
-    num_workers=0,
-    persistent_workers=False,
-    dataset=dict(
-        data_root=data_root, metainfo=metainfo, pipeline=test_pipeline))
+    train_dataloader,
+    dataset=dict(train_dataloader['dataset'], pipeline=test_pipeline))
 test_dataloader = val_dataloader
 
 # iteration-based, as mmseg's schedules (500 iterations = 8 epochs of 500)
@@ -88,14 +79,7 @@ val_cfg = dict(type='ValLoop')
 test_cfg = dict(type='TestLoop')
 optim_wrapper = dict(
     type='OptimWrapper',
-    optimizer=dict(type='AdamW', lr=1e-3, weight_decay=0.05),
-    paramwise_cfg=dict(
-        norm_decay_mult=0.0,
-        bias_decay_mult=0.0,
-        custom_keys={
-            '.pos_embed': dict(decay_mult=0.0),
-            '.cls_token': dict(decay_mult=0.0)
-        }),
+    **_base_.demo_optim_wrapper,
     clip_grad=dict(max_norm=10.0))
 param_scheduler = [
     dict(type='LinearLR', start_factor=0.01, by_epoch=False, begin=0, end=50),
@@ -115,6 +99,3 @@ default_hooks = dict(
         interval=max_iters,
         max_keep_ckpts=1))
 log_processor = dict(by_epoch=False, window_size=10)
-
-# stop at the first non-finite loss, before it is saved (mmsoft.engine)
-custom_hooks = [dict(type='NonFiniteLossHook')]

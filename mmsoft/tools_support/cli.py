@@ -1,8 +1,14 @@
-"""Command-line helpers shared by the tools (argparse types, input checks)."""
+"""Command-line helpers shared by the tools (argparse types, input checks,
+the arguments of ``tools/train.py`` and ``tools/test.py``)."""
 import argparse
+import os
 import os.path as osp
+from typing import Dict
 
-__all__ = ['positive_int', 'check_readable']
+__all__ = [
+    'positive_int', 'check_readable', 'runner_parser', 'parse_runner_args',
+    'apply_runner_args', 'add_strict_load_hook'
+]
 
 
 def positive_int(text: str) -> int:
@@ -34,3 +40,86 @@ def check_readable(path: str) -> None:
             (f' (errno {e.errno})' if e.errno else '') +
             '; check its permissions (ls -l) or copy it somewhere readable'
         ) from None
+
+
+def runner_parser(description: str, positionals: Dict[str,
+                                                      str], work_dir_help: str,
+                  checkpoint: str) -> argparse.ArgumentParser:
+    """The parser of ``tools/train.py`` and ``tools/test.py``: the
+    positional arguments (``{name: help}``, in order), ``--work-dir``,
+    ``--partial-load`` (for :func:`add_strict_load_hook`; ``checkpoint``
+    names the checkpoint it applies to) and the options both hand to
+    mmengine's runner: ``--cfg-options``, ``--launcher`` and
+    ``--local-rank``. The tool adds its own options and parses with
+    :func:`parse_runner_args`."""
+    from mmengine.config import DictAction
+    parser = argparse.ArgumentParser(description=description)
+    for name, text in positionals.items():
+        parser.add_argument(name, help=text)
+    parser.add_argument('--work-dir', help=work_dir_help)
+    parser.add_argument(
+        '--partial-load',
+        action='store_true',
+        help=f'allow {checkpoint} that matches the model only in part (e.g. '
+        'another head): load the matching tensors and print what was '
+        'skipped. Without it a mismatch (missing / unexpected / mis-shaped '
+        'keys) is an error')
+    parser.add_argument(
+        '--cfg-options',
+        nargs='+',
+        action=DictAction,
+        help='override some settings in the used config, the key-value pair '
+        'in xxx=yyy format will be merged into config file. If the value to '
+        'be overwritten is a list, it should be like key="[a,b]" or key=a,b '
+        'It also allows nested list/tuple values, e.g. key="[(a,b),(c,d)]" '
+        'Note that the quotation marks are necessary and that no white space '
+        'is allowed.')
+    parser.add_argument(
+        '--launcher',
+        choices=['none', 'pytorch', 'slurm', 'mpi'],
+        default='none',
+        help='job launcher')
+    # torch.distributed.launch passes --local-rank (torch >= 2.0; before:
+    # --local_rank), torchrun the LOCAL_RANK variable
+    parser.add_argument('--local_rank', '--local-rank', type=int, default=0)
+    return parser
+
+
+def parse_runner_args(parser: argparse.ArgumentParser,
+                      argv=None) -> argparse.Namespace:
+    """``parser.parse_args(argv)`` for a :func:`runner_parser`; sets
+    ``LOCAL_RANK`` from ``--local-rank`` where the launcher did not."""
+    args = parser.parse_args(argv)
+    if 'LOCAL_RANK' not in os.environ:
+        os.environ['LOCAL_RANK'] = str(args.local_rank)
+    return args
+
+
+def apply_runner_args(cfg, args: argparse.Namespace):
+    """``cfg`` (the config file ``args.config``, loaded by the tool) with
+    the arguments of a :func:`runner_parser`: ``--launcher``,
+    ``--cfg-options`` and the work dir (``--work-dir``, else the config's
+    ``work_dir``, else ``./work_dirs/<config name>``). Returns ``cfg``."""
+    cfg.launcher = args.launcher
+    if args.cfg_options is not None:
+        cfg.merge_from_dict(args.cfg_options)
+    if args.work_dir is not None:
+        cfg.work_dir = args.work_dir
+    elif cfg.get('work_dir', None) is None:
+        cfg.work_dir = osp.join('./work_dirs',
+                                osp.splitext(osp.basename(args.config))[0])
+    return cfg
+
+
+def add_strict_load_hook(cfg, partial_load: bool) -> None:
+    """Append mmsoft's ``StrictLoadHook`` to ``cfg.custom_hooks``: the
+    Runner loads ``load_from`` / ``resume`` with ``strict=False`` (a
+    WARNING only); the hook checks the checkpoint against the model first
+    and refuses a partial match unless ``partial_load`` (``--partial-load``,
+    which its message names)."""
+    cfg.custom_hooks = list(cfg.get('custom_hooks', None) or []) + [
+        dict(
+            type='StrictLoadHook',
+            allow_partial=partial_load,
+            opt_in='pass --partial-load')
+    ]

@@ -60,8 +60,8 @@ MUTATIONS = (
       what=('--partial-load is not passed to StrictLoadHook (a partial '
             'checkpoint is refused)'),
       path='tools/test.py',
-      old='allow_partial=args.partial_load,',
-      new='allow_partial=False,',
+      old='cli.add_strict_load_hook(cfg, args.partial_load)',
+      new='cli.add_strict_load_hook(cfg, False)',
       tests=(STRICT + 'test_partial_load_opt_in', )),
     M(name='partial_load_log_debug',
       what=('an allowed partial load logs the skipped tensors at DEBUG (not '
@@ -266,10 +266,10 @@ MUTATIONS = (
              'test_shutdown_dist_destroys_a_group', )),
     M(name='dist_test_not_distributed',
       what=("tools/dist_test.sh starts test.py with --launcher none (every "
-            'process tests everything)'),
-      path='tools/dist_test.sh',
-      old='--launcher pytorch "${@:4}"',
-      new='--launcher none "${@:4}"',
+            'process tests everything; the launch body tools/launch.sh)'),
+      path='tools/launch.sh',
+      old='--launcher pytorch "${options[@]}"',
+      new='--launcher none "${options[@]}"',
       tests=('tests/test_tools_support/test_launch.py::'
              'test_dist_test_sh_exits_cleanly', )),
     M(name='data_check_skip_any_value',

@@ -86,6 +86,25 @@ class V(NamedTuple):
 
 
 # ------------------------------------------------------------- ImageNet
+#: the ImageNet training augmentations of the official recipe (timm), in
+#: mmpretrain's steps
+_IN1K_AUGMENT = [
+    # timm: scale (0.08, 1), ratio (3/4, 4/3)
+    ('RandomResizedCrop',
+     dict(
+         scale=(224, 224),
+         crop_ratio_range=(0.08, 1.0),
+         aspect_ratio_range=(3. / 4., 4. / 3.))),
+    ('RandomFlip', dict(prob=0.5, direction='horizontal')),
+    # rand-m9-mstd0.5-inc1: 2 ops, magnitude 9 (of 10), std 0.5
+    ('RandAugment',
+     dict(
+         num_policies=2, magnitude_level=9, magnitude_std=0.5,
+         total_level=10)),
+]
+#: timm --reprob 0.25 --remode pixel (timm: after packing the image)
+_IN1K_ERASE = ('RandomErasing', dict(erase_prob=0.25, mode='rand'))
+
 _NORM_BN_EVAL = ('the papers give no value; the official recipe trains '
                  'the patch-embedding BatchNorms (model.train())')
 
@@ -151,46 +170,13 @@ CLS_IN1K = dict(
     mixup=V(0.8, f'{NEURIPS} (mixup); {MAIN} --mixup 0.8'),
     cutmix=V(1.0, f'{NEURIPS} (cutmix); {MAIN} --cutmix 1.0'),
     train_pipeline=V(
-        [
-            ('LoadImageFromFile', {}),
-            # timm: scale (0.08, 1), ratio (3/4, 4/3)
-            ('RandomResizedCrop',
-             dict(
-                 scale=(224, 224),
-                 crop_ratio_range=(0.08, 1.0),
-                 aspect_ratio_range=(3. / 4., 4. / 3.))),
-            ('RandomFlip', dict(prob=0.5, direction='horizontal')),
-            # rand-m9-mstd0.5-inc1: 2 ops, magnitude 9 (of 10), std 0.5
-            ('RandAugment',
-             dict(
-                 num_policies=2,
-                 magnitude_level=9,
-                 magnitude_std=0.5,
-                 total_level=10)),
-            ('PackInputs', {}),
-            # timm --reprob 0.25 --remode pixel
-            ('RandomErasing', dict(erase_prob=0.25, mode='rand')),
-        ],
+        [('LoadImageFromFile', {}), *_IN1K_AUGMENT,
+         ('PackInputs', {}), _IN1K_ERASE],
         f'{NEURIPS} (random flipping); {MAIN} --img-size 224 --scale '
         '0.08 1 --ratio 3/4 4/3 --hflip 0.5 --aa rand-m9-mstd0.5-inc1 '
         '--reprob 0.25 --remode pixel',
-        ours=[
-            ('LoadImageFromFile', {}),
-            ('RandomResizedCrop',
-             dict(
-                 scale=(224, 224),
-                 crop_ratio_range=(0.08, 1.0),
-                 aspect_ratio_range=(3. / 4., 4. / 3.))),
-            ('RandomFlip', dict(prob=0.5, direction='horizontal')),
-            ('RandAugment',
-             dict(
-                 num_policies=2,
-                 magnitude_level=9,
-                 magnitude_std=0.5,
-                 total_level=10)),
-            ('RandomErasing', dict(erase_prob=0.25, mode='rand')),
-            ('PackInputs', {}),
-        ],
+        ours=[('LoadImageFromFile', {}), *_IN1K_AUGMENT, _IN1K_ERASE,
+              ('PackInputs', {})],
         why='the same steps in mmpretrain\'s order (random erasing on the '
         'uint8 image before packing instead of timm\'s on the normalised '
         'tensor; mmpretrain\'s imagenet_bs64_swin_224.py)'),

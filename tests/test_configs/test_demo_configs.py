@@ -18,19 +18,13 @@ import os.path as osp
 
 import cv2
 import pytest
-from conftest import tool_namespace
+from conftest import demo_support, tiny_demo_data, tool_namespace
 
-pytest.importorskip('mmdet')
-pytest.importorskip('mmseg')
-pytest.importorskip('mmpretrain')
+from mmsoft.models.layers.soft_attention import landmark_grid
 
-import mmsoft  # noqa: E402,F401
-from mmsoft.models.layers.soft_attention import landmark_grid  # noqa: E402
-from mmsoft.tools_support import demo_synthetic as S  # noqa: E402
-from mmsoft.tools_support import demo_tasks as T  # noqa: E402
+S, T = demo_support()
 
-TINY_DATA = {t: dict(num_train=4, num_val=2) for t in ('det', 'seg', 'cls')}
-TINY_DATA['cls'] = dict(num_train=5, num_val=5)
+TINY_DATA = tiny_demo_data(num_train=4)
 
 EXPECTED = {
     'det':

@@ -25,7 +25,6 @@ import os.path as osp
 import shutil
 import signal
 import subprocess
-import sys
 import textwrap
 import time
 
@@ -33,6 +32,7 @@ import pytest
 import torch
 from conftest import ROOT, free_port, load_tool, run, run_python
 from conftest import tool_namespace as tool
+from conftest import work_dir_holder
 
 pytest.importorskip('mmdet')
 pytest.importorskip('mmseg')
@@ -43,7 +43,8 @@ pytestmark = pytest.mark.usefixtures('one_thread')
 DEMO_CFGS = osp.join(ROOT, 'configs', 'demo')
 DEMO = osp.join(ROOT, 'demo', 'image_demo.py')
 
-#: the demo configs at 64 x 64 on a few images, a few iterations
+#: the demo configs at 64 x 64 on a few images, a few iterations:
+#: task: (demo config, data folder, config body, (loop, n) of SHORT_RUN)
 SMALL = {
     'det': ('retinanet_soft_demo.py', 'coco', """
 img_size = 64
@@ -65,16 +66,11 @@ train_dataloader = dict(batch_size=2, dataset=dict(
     data_root=data_root, pipeline=train_pipeline))
 val_dataloader = dict(batch_size=2, dataset=dict(
     data_root=data_root, pipeline=test_pipeline))
-test_dataloader = val_dataloader
 val_evaluator = dict(ann_file=data_root + 'annotations/instances_val.json')
 test_evaluator = val_evaluator
 model = dict(backbone=dict(pretrain_img_size=img_size),
              test_cfg=dict(score_thr=0.0, max_per_img=20))
-train_cfg = dict(max_epochs=1, val_interval=1000)
-param_scheduler = [dict(type='ConstantLR', factor=1.0, by_epoch=False)]
-default_hooks = dict(logger=dict(interval=1),
-                     checkpoint=dict(interval=1, max_keep_ckpts=1))
-"""),
+""", ('max_epochs', 1)),
     'seg': ('upernet_soft_demo.py', 'ade', """
 img_size = 64
 crop_size = (img_size, img_size)
@@ -89,23 +85,21 @@ train_pipeline = [
 train_dataloader = dict(batch_size=2, dataset=dict(
     data_root=data_root, pipeline=train_pipeline))
 val_dataloader = dict(batch_size=2, dataset=dict(data_root=data_root))
-test_dataloader = val_dataloader
-train_cfg = dict(max_iters=2, val_interval=1000)
-param_scheduler = [dict(type='ConstantLR', factor=1.0, by_epoch=False)]
-default_hooks = dict(logger=dict(interval=1),
-                     checkpoint=dict(interval=2, max_keep_ckpts=1))
-"""),
+""", ('max_iters', 2)),
     'cls': ('soft_cls_demo.py', 'imagenet', """
 data_root = {root!r} + '/'
 train_dataloader = dict(batch_size=5, dataset=dict(data_root=data_root))
 val_dataloader = dict(batch_size=5, dataset=dict(data_root=data_root))
-test_dataloader = val_dataloader
-train_cfg = dict(max_epochs=1, val_interval=1000)
+""", ('max_epochs', 1)),
+}
+#: the end of each SMALL config: a run of ``{n}`` epochs / iterations
+#: (SMALL's last entry) that writes one checkpoint, at its end
+SHORT_RUN = """test_dataloader = val_dataloader
+train_cfg = dict({loop}={n}, val_interval=1000)
 param_scheduler = [dict(type='ConstantLR', factor=1.0, by_epoch=False)]
 default_hooks = dict(logger=dict(interval=1),
-                     checkpoint=dict(interval=1, max_keep_ckpts=1))
-"""),
-}
+                     checkpoint=dict(interval={n}, max_keep_ckpts=1))
+"""
 DATA = {
     'det': dict(num_train=4, num_val=2, size=64, radius=(6, 16)),
     'seg': dict(num_train=4, num_val=2, size=64, radius=(6, 16)),
@@ -117,7 +111,7 @@ SCOPE = {'det': 'mmdet', 'seg': 'mmseg', 'cls': 'mmpretrain'}
 def small_config(tmp, task):
     """The demo config of ``task`` on freshly generated data in ``tmp``."""
     from mmsoft.tools_support import demo_synthetic
-    base, folder, body = SMALL[task]
+    base, folder, body, (loop, n) = SMALL[task]
     demo_synthetic.make_demo_data(
         str(tmp / 'data'),
         tasks=(task, ),
@@ -127,7 +121,7 @@ def small_config(tmp, task):
     root = str(tmp / 'data' / folder)
     path = tmp / f'{task}.py'
     path.write_text(f'_base_ = {osp.join(DEMO_CFGS, base)!r}\n' +
-                    body.format(root=root))
+                    body.format(root=root) + SHORT_RUN.format(loop=loop, n=n))
     return str(path), root
 
 
@@ -507,18 +501,7 @@ def test_second_run_in_work_dir_is_refused(trained, tmp_path):
     import socket
     cls = trained('cls')
     work = str(tmp_path / 'w')
-    holder = subprocess.Popen([
-        sys.executable, '-c',
-        'import sys, time; from mmsoft.utils.work_dir_lock import '
-        f'WorkDirLock; WorkDirLock({work!r}).acquire(); print("held", '
-        'flush=True); time.sleep(120)'
-    ],
-                              cwd=ROOT,
-                              env=__import__('conftest').child_env(),
-                              stdout=subprocess.PIPE,
-                              text=True)
-    try:
-        assert holder.stdout.readline().strip() == 'held'
+    with work_dir_holder(work) as holder:
         before = sorted(os.listdir(work))
         with pytest.raises(SystemExit) as e:
             tool('train')['main']([cls.cfg, '--work-dir', work])
@@ -528,9 +511,6 @@ def test_second_run_in_work_dir_is_refused(trained, tmp_path):
             f'{holder.pid} on host {socket.gethostname()}, started '), msg
         assert 'pass another --work-dir' in msg and len(msg.splitlines()) == 1
         assert sorted(os.listdir(work)) == before
-    finally:
-        holder.kill()
-        holder.wait()
     # the holder is gone (killed): its lock no longer blocks
     ckpt = train(cls.cfg, work)
     assert osp.isfile(ckpt)

@@ -45,7 +45,8 @@ def repo(tmp_path):
     clone = tmp_path / 'clone'
     (clone / 'tools').mkdir(parents=True)
     for name in ('dist_train.sh', 'dist_test.sh', 'slurm_train.sh',
-                 'slurm_test.sh', 'python.sh', 'train.py', 'test.py'):
+                 'slurm_test.sh', 'launch.sh', 'python.sh', 'train.py',
+                 'test.py'):
         os.symlink(osp.join(ROOT, 'tools', name), clone / 'tools' / name)
     os.symlink(osp.join(ROOT, 'mmsoft'), clone / 'mmsoft')
     venv_bin = clone / '.venv' / 'bin'

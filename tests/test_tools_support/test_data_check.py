@@ -21,7 +21,8 @@ import subprocess
 import sys
 
 import pytest
-from conftest import CONFIGS, ROOT, child_env, free_port, run, tool_namespace
+from conftest import (CONFIGS, ROOT, child_env, demo_support, free_port, run,
+                      tiny_demo_data, tool_namespace)
 from mmengine.config import Config, ConfigDict
 
 from mmsoft.tools_support import data_check as dc
@@ -316,15 +317,12 @@ def test_dist_train_two_ranks_one_message(tmp_path):
 def test_existing_data_passes(tmp_path, monkeypatch, capsys):
     """The demo configs on generated demo data pass the check (module and
     command line with --cfg-options)."""
-    pytest.importorskip('mmdet')
-    pytest.importorskip('mmseg')
-    pytest.importorskip('mmpretrain')
-    from mmsoft.tools_support import demo_synthetic as S
-    from mmsoft.tools_support import demo_tasks as T
-    tiny = {t: dict(num_train=2, num_val=2) for t in ('det', 'seg', 'cls')}
-    tiny['cls'] = dict(num_train=5, num_val=5)
+    S, T = demo_support()
     report = S.make_demo_data(
-        str(tmp_path / 'demo'), overrides=tiny, workers=1, log=None)
+        str(tmp_path / 'demo'),
+        overrides=tiny_demo_data(num_train=2),
+        workers=1,
+        log=None)
     roots = {task: r['path'] for task, r in report.items()}
     monkeypatch.chdir(tmp_path)
     for task in ('det', 'seg', 'cls'):

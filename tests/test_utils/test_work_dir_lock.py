@@ -6,11 +6,9 @@ import json
 import os
 import os.path as osp
 import socket
-import subprocess
-import sys
 
 import pytest
-from conftest import ROOT, child_env, dead_pid
+from conftest import dead_pid, work_dir_holder
 
 from mmsoft.utils.work_dir_lock import (LOCK_NAME, WorkDirLock,
                                         WorkDirLockedError)
@@ -34,18 +32,7 @@ def test_acquire_release(tmp_path):
 
 def test_live_holder_is_named(tmp_path):
     work = str(tmp_path / 'w')
-    holder = subprocess.Popen([
-        sys.executable, '-c',
-        'import time; from mmsoft.utils.work_dir_lock import WorkDirLock; '
-        f'WorkDirLock({work!r}).acquire(); print("held", flush=True); '
-        'time.sleep(60)'
-    ],
-                              cwd=ROOT,
-                              env=child_env(),
-                              stdout=subprocess.PIPE,
-                              text=True)
-    try:
-        assert holder.stdout.readline().strip() == 'held'
+    with work_dir_holder(work, seconds=60) as holder:
         with pytest.raises(WorkDirLockedError) as e:
             WorkDirLock(work).acquire()
         msg = str(e.value)
@@ -55,9 +42,6 @@ def test_live_holder_is_named(tmp_path):
         assert msg.endswith(
             f'Wait for it to finish, or pass another --work-dir; if that '
             f'run is gone, remove {osp.join(work, LOCK_NAME)}')
-    finally:
-        holder.kill()
-        holder.wait()
     # SIGKILLed: the kernel released its flock; the file is taken over
     logged = []
     WorkDirLock(work, log=logged.append).acquire().release()

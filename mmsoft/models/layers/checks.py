@@ -5,9 +5,9 @@ the value received and what is accepted, at construction time (instead of a
 shape error in the first forward pass, or a silently ignored option).
 """
 import numbers
-from typing import Any, Optional
+from typing import Any, Optional, Sequence
 
-__all__ = ['check_int', 'check_rate', 'check_kernel_size']
+__all__ = ['check_int', 'check_rate', 'check_kernel_size', 'check_choice']
 
 
 def _is_int(value: Any) -> bool:
@@ -47,3 +47,10 @@ def check_kernel_size(name: str, value: Any, allow_zero: bool = True) -> int:
     zero = ' (or 0 to disable the conv)' if allow_zero else ''
     raise ValueError(f'{name} must be an odd positive int{zero}, got '
                      f'{value!r}: an even kernel changes the token map size')
+
+
+def check_choice(name: str, value: Any, choices: Sequence) -> Any:
+    """``value`` must be one of ``choices`` (a mode name); returns it."""
+    if value not in choices:
+        raise ValueError(f'unknown {name} {value!r}; choose one of {choices}')
+    return value

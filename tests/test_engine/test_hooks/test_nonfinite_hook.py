@@ -103,28 +103,38 @@ def _finite_ckpt(path):
     return all(torch.isfinite(v).all() for v in sd['state_dict'].values())
 
 
+def stop_message(runner):
+    """``runner.train()`` stops with a ``NonFiniteLossError``: its
+    message."""
+    with pytest.raises(NonFiniteLossError) as exc:
+        runner.train()
+    return str(exc.value)
+
+
+def assert_one_checkpoint(work_dir, name, finite):
+    """``work_dir`` holds one epoch checkpoint, ``name``: with finite
+    weights or (``finite=False``) not."""
+    ckpts = sorted(glob.glob(str(work_dir / 'epoch_*.pth')))
+    assert [osp.basename(c) for c in ckpts] == [name]
+    assert _finite_ckpt(ckpts[0]) == finite
+
+
 def test_without_the_hook_the_fault_happens(tmp_path):
     """The fault being guarded against: a NaN run finishes and replaces the
     good checkpoint by a NaN one."""
     runner = make_runner(tmp_path, hooks=False)
     runner.train()
-    ckpts = sorted(glob.glob(str(tmp_path / 'epoch_*.pth')))
-    assert [osp.basename(c) for c in ckpts] == ['epoch_3.pth']
-    assert not _finite_ckpt(ckpts[0])
+    assert_one_checkpoint(tmp_path, 'epoch_3.pth', finite=False)
 
 
 def test_stops_at_first_nonfinite_loss_keeping_the_good_checkpoint(
         tmp_path, caplog):
     runner = make_runner(tmp_path)
-    with pytest.raises(NonFiniteLossError) as exc:
-        runner.train()
-    msg = str(exc.value)
+    msg = stop_message(runner)
     assert 'non-finite training loss' in msg
     assert 'epoch 2, iteration' in msg and '/24' in msg
     # the good checkpoint of epoch 1 is still there, untouched and finite
-    ckpts = sorted(glob.glob(str(tmp_path / 'epoch_*.pth')))
-    assert [osp.basename(c) for c in ckpts] == ['epoch_1.pth']
-    assert _finite_ckpt(ckpts[0])
+    assert_one_checkpoint(tmp_path, 'epoch_1.pth', finite=True)
     # the step with the non-finite loss was not applied
     assert all(torch.isfinite(p).all() for p in runner.model.parameters())
     # stopped at the first non-finite loss, inside epoch 2
@@ -161,18 +171,12 @@ def test_finite_loss_with_nan_step_never_replaces_the_good_checkpoint(
     runner = make_runner(tmp_path, gamma=1., hooks=hooks, nan_grad_at=(16, ))
     if not hooks:  # the fault: a NaN checkpoint replaces the good one
         runner.train()
-        ckpts = sorted(glob.glob(str(tmp_path / 'epoch_*.pth')))
-        assert [osp.basename(c) for c in ckpts] == ['epoch_3.pth']
-        assert not _finite_ckpt(ckpts[0])
+        assert_one_checkpoint(tmp_path, 'epoch_3.pth', finite=False)
         return
-    with pytest.raises(NonFiniteLossError) as exc:
-        runner.train()
-    msg = str(exc.value)
+    msg = stop_message(runner)
     assert 'optimizer step at epoch 2, iteration 16/24' in msg
     assert 'fc.weight' in msg and 'loss was finite' in msg
-    ckpts = sorted(glob.glob(str(tmp_path / 'epoch_*.pth')))
-    assert [osp.basename(c) for c in ckpts] == ['epoch_1.pth']
-    assert _finite_ckpt(ckpts[0])
+    assert_one_checkpoint(tmp_path, 'epoch_1.pth', finite=True)
 
 
 def test_no_checkpoint_with_nonfinite_parameters(tmp_path):

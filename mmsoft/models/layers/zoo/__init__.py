@@ -2,7 +2,7 @@
 the NeurIPS paper, one module each, registered in
 :data:`mmsoft.registry.ATTENTIONS` (a SOFT stage builds them from its
 ``attn_cfg``)."""
-from .common import ZooAttention, spread_to_tokens
+from .common import ReducedGridAttention, ZooAttention, spread_to_tokens
 from .linformer import LinformerAttention
 from .nystromformer import NystromformerAttention, iterative_pinv
 from .performer import PerformerAttention, orthogonal_gaussian
@@ -10,8 +10,8 @@ from .sima import SimAAttention, l1_normalize_tokens, sima_order
 from .softmax import SoftmaxZooAttention
 
 __all__ = [
-    'ZooAttention', 'spread_to_tokens', 'LinformerAttention',
-    'NystromformerAttention', 'iterative_pinv', 'PerformerAttention',
-    'orthogonal_gaussian', 'SimAAttention', 'l1_normalize_tokens',
-    'sima_order', 'SoftmaxZooAttention'
+    'ZooAttention', 'ReducedGridAttention', 'spread_to_tokens',
+    'LinformerAttention', 'NystromformerAttention', 'iterative_pinv',
+    'PerformerAttention', 'orthogonal_gaussian', 'SimAAttention',
+    'l1_normalize_tokens', 'sima_order', 'SoftmaxZooAttention'
 ]

@@ -5,6 +5,8 @@ per-head depthwise conv of V and the output projection) so that only the
 token mixer changes between rows of Table 1. :class:`ZooAttention` adds the
 three projections q / k / v all of them use; subclasses implement ``_mix``
 and ``attention_row`` (see :mod:`mmsoft.models.layers.attention_base`).
+:class:`ReducedGridAttention` adds the reduced token grid (SOFT's
+bottleneck rule) of the attentions that attend to fewer tokens.
 """
 from typing import Optional, Tuple
 
@@ -14,7 +16,7 @@ import torch.nn as nn
 from ..attention_base import AttentionBase
 from ..grid import reduce_map
 
-__all__ = ['ZooAttention', 'spread_to_tokens']
+__all__ = ['ZooAttention', 'ReducedGridAttention', 'spread_to_tokens']
 
 
 def spread_to_tokens(w: torch.Tensor,
@@ -86,3 +88,46 @@ class ZooAttention(AttentionBase):
         """(B*h, d, gh, gw) -> (B, h, gh*gw, d)."""
         d = t.shape[1]
         return t.flatten(2).transpose(1, 2).reshape(B, self.num_heads, -1, d)
+
+
+class ReducedGridAttention(ZooAttention):
+    """A zoo attention over m reduced tokens on SOFT's bottleneck grid
+    (:func:`mmsoft.models.layers.grid.reduce_map`: r x r cells, r = the
+    stage's sampling ratio).
+
+    The stage arguments (``*args, **kwargs``) are those of
+    :class:`ZooAttention`.
+
+    Args:
+        max_landmarks (int | None): cap on m (adaptive pooling of the
+            reduced grid). Default: None.
+        landmark_hw (tuple[int, int] | None): a fixed reduced grid (gh, gw)
+            wherever the strided grid is that large (a larger side is
+            clamped to the strided grid's). Default: None.
+    """
+
+    def __init__(self,
+                 *args,
+                 max_landmarks: Optional[int] = None,
+                 landmark_hw: Optional[Tuple[int, int]] = None,
+                 **kwargs):
+        super().__init__(*args, **kwargs)
+        self.max_landmarks = max_landmarks
+        self.landmark_hw = landmark_hw
+
+    def _reduce_map(self,
+                    t: torch.Tensor,
+                    conv: Optional[nn.Module] = None) -> torch.Tensor:
+        """(N, C, H, W) -> (N, C, gh, gw): the grid's cells pooled (or
+        reduced by ``conv``)."""
+        return reduce_map(
+            t,
+            self.sampling_ratio,
+            self.max_landmarks,
+            self.landmark_hw,
+            conv=conv)
+
+    def _spread(self, w: torch.Tensor, hw: Tuple[int, int]) -> torch.Tensor:
+        """:func:`spread_to_tokens` of weights over this grid."""
+        return spread_to_tokens(w, hw, self.sampling_ratio, self.max_landmarks,
+                                self.landmark_hw)

@@ -19,7 +19,7 @@ The grid of reduced tokens follows SOFT's rule (:func:`landmark_grid`); a
 fixed grid (``landmark_hw``) or a cap (``max_landmarks``) can be set, as for
 SOFT's bottleneck.
 """
-from typing import Optional, Tuple
+from typing import Tuple
 
 import torch
 import torch.nn as nn
@@ -27,9 +27,9 @@ import torch.nn.functional as F
 
 from mmsoft.registry import ATTENTIONS
 from ..attention_base import Index, query_index
-from ..grid import reduce_map
+from ..checks import check_choice
 from ..safe_conv import SafeConv2d
-from .common import ZooAttention, spread_to_tokens
+from .common import ReducedGridAttention
 
 __all__ = ['LinformerAttention']
 
@@ -37,35 +37,20 @@ SR_MODES = ('conv', 'avgpool')
 
 
 @ATTENTIONS.register_module(name=['LinformerAttention', 'linformer'])
-class LinformerAttention(ZooAttention):
+class LinformerAttention(ReducedGridAttention):
     """Softmax attention over m spatially reduced keys / values.
 
-    The stage arguments (``*args, **kwargs``) are those of
-    :class:`ZooAttention`.
+    ``*args, **kwargs``: see :class:`ReducedGridAttention` (the stage
+    arguments, the grid's ``max_landmarks`` and ``landmark_hw``).
 
     Args:
         sr_mode (str): ``'conv'`` (PVT spatial reduction) or
             ``'avgpool'`` (parameter-free). Default: 'conv'.
-        max_landmarks (int | None): cap on m (adaptive pooling of the
-            reduced grid). Default: None.
-        landmark_hw (tuple[int, int] | None): a fixed reduced grid (gh, gw)
-            wherever the strided grid is that large (a larger side is
-            clamped to the strided grid's). Default: None.
     """
 
-    def __init__(self,
-                 *args,
-                 sr_mode: str = 'conv',
-                 max_landmarks: Optional[int] = None,
-                 landmark_hw: Optional[Tuple[int, int]] = None,
-                 **kwargs):
+    def __init__(self, *args, sr_mode: str = 'conv', **kwargs):
         super().__init__(*args, **kwargs)
-        if sr_mode not in SR_MODES:
-            raise ValueError(f'unknown sr_mode {sr_mode!r}; choose one of '
-                             f'{SR_MODES}')
-        self.sr_mode = sr_mode
-        self.max_landmarks = max_landmarks
-        self.landmark_hw = landmark_hw
+        self.sr_mode = check_choice('sr_mode', sr_mode, SR_MODES)
         r, C = self.sampling_ratio, self.embed_dims
         if sr_mode == 'conv' and r > 1:
             self.sr = SafeConv2d(C, C, r, r)
@@ -77,12 +62,7 @@ class LinformerAttention(ZooAttention):
         """(B, n, C) -> (B, m, C) reduced tokens."""
         B, N, C = x.shape
         xm = x.transpose(1, 2).reshape(B, C, *hw)
-        xr = reduce_map(
-            xm,
-            self.sampling_ratio,
-            self.max_landmarks,
-            self.landmark_hw,
-            conv=self.sr)
+        xr = self._reduce_map(xm, conv=self.sr)
         xr = xr.flatten(2).transpose(1, 2)
         return self.norm(xr) if self.norm is not None else xr
 
@@ -108,8 +88,7 @@ class LinformerAttention(ZooAttention):
         """The reduced row spread over the r x r cells of its keys (exact
         mixing weights of V for ``sr_mode='avgpool'``)."""
         w = self.reduced_attention_row(x, hw, i)
-        return spread_to_tokens(w, hw, self.sampling_ratio, self.max_landmarks,
-                                self.landmark_hw)
+        return self._spread(w, hw)
 
     def extra_repr(self) -> str:
         return super().extra_repr() + f', sr_mode={self.sr_mode}'

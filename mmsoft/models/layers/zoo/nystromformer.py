@@ -14,14 +14,14 @@ with A^+ by the iterative method of Razavi et al. used by Nystromformer
 :func:`torch.linalg.pinv`). With m = n (r = 1) and an exact inverse the
 approximation is exact: F A^+ B = S S^+ S = S.
 """
-from typing import Optional, Tuple
+from typing import Tuple
 
 import torch
 
 from mmsoft.registry import ATTENTIONS
 from ..amp import autocast_off
-from ..grid import reduce_map
-from .common import ZooAttention
+from ..checks import check_choice
+from .common import ReducedGridAttention
 
 __all__ = ['NystromformerAttention', 'iterative_pinv']
 
@@ -49,43 +49,29 @@ def iterative_pinv(A: torch.Tensor, iters: int = 6) -> torch.Tensor:
 
 
 @ATTENTIONS.register_module(name=['NystromformerAttention', 'nystromformer'])
-class NystromformerAttention(ZooAttention):
-    """Softmax Nystrom attention with SOFT's block details.
-
-    The stage arguments (``*args, **kwargs``) are those of
-    :class:`ZooAttention`.
+class NystromformerAttention(ReducedGridAttention):
+    """Softmax Nystrom attention with SOFT's block details; its landmarks
+    are the cells of a :class:`ReducedGridAttention` grid, whose arguments
+    (the stage's, ``max_landmarks``, ``landmark_hw``) it takes as
+    ``*args, **kwargs``.
 
     Args:
         pinv (str): ``'iterative'`` (Nystromformer) or ``'exact'``.
             Default: 'iterative'.
         pinv_iters (int): iterations of :func:`iterative_pinv`. Default: 6.
-        max_landmarks (int | None): cap on m (adaptive pooling of the
-            landmark grid). Default: None.
-        landmark_hw (tuple[int, int] | None): a fixed landmark grid
-            (gh, gw) wherever the strided grid is that large (a larger side
-            is clamped to the strided grid's). Default: None.
     """
 
     def __init__(self,
                  *args,
                  pinv: str = 'iterative',
                  pinv_iters: int = 6,
-                 max_landmarks: Optional[int] = None,
-                 landmark_hw: Optional[Tuple[int, int]] = None,
                  **kwargs):
         super().__init__(*args, **kwargs)
-        if pinv not in PINV_MODES:
-            raise ValueError(f'unknown pinv {pinv!r}; choose one of '
-                             f'{PINV_MODES}')
-        self.pinv = pinv
+        self.pinv = check_choice('pinv', pinv, PINV_MODES)
         self.pinv_iters = pinv_iters
-        self.max_landmarks = max_landmarks
-        self.landmark_hw = landmark_hw
 
     def _landmarks(self, t: torch.Tensor, hw: Tuple[int, int]):
-        tm = reduce_map(
-            self._to_map(t, hw), self.sampling_ratio, self.max_landmarks,
-            self.landmark_hw)
+        tm = self._reduce_map(self._to_map(t, hw))
         return self._from_map(tm, t.shape[0])
 
     def _kernels(self, x: torch.Tensor, hw: Tuple[int, int]):

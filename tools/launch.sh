@@ -1,0 +1,71 @@
+# The body of tools/dist_train.sh, dist_test.sh, slurm_train.sh and
+# slurm_test.sh, which source this file and call one function below (their
+# usage and arguments are theirs: see each script's head).
+#
+# Sets ROOT (the repository root) and, through tools/python.sh, PYTHON.
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+source "$ROOT/tools/python.sh"  # PYTHON: $PYTHON, else .venv, else python
+
+# mmsoft_usage NEED USAGE ARG...: exit 2 with "usage: SCRIPT USAGE" when
+# there are fewer than NEED ARGs.
+mmsoft_usage() {
+    local need=$1 usage=$2
+    shift 2
+    if [[ $# -lt $need ]]; then
+        echo "usage: $0 $usage" >&2
+        exit 2
+    fi
+}
+
+# mmsoft_dist_launch TOOL 'NAME...' ARG...: the tool's positional arguments
+# (as many as NAMEs: CONFIG [CHECKPOINT]), then GPUS, then its options;
+# checks the data once, then starts GPUS processes of tools/TOOL.py (train
+# or test) on this node with torchrun (NNODES/NODE_RANK/MASTER_ADDR/PORT for
+# several nodes) and --launcher pytorch.
+mmsoft_dist_launch() {
+    local tool=$1 names=($2)
+    shift 2
+    local n=${#names[@]}
+    mmsoft_usage $((n + 1)) "${names[*]} GPUS [$tool.py args]" "$@"
+    local positional=("${@:1:n}") gpus=${@:n+1:1} options=("${@:n+2}")
+    echo "$(basename "$0"): python: $PYTHON" >&2
+    # data there? (once, not per rank)
+    mmsoft_check_data "$tool" "$1" "${options[@]}" || exit
+    PYTHONPATH="$ROOT":$PYTHONPATH \
+    "$PYTHON" -m torch.distributed.run \
+        --nnodes=${NNODES:-1} \
+        --node_rank=${NODE_RANK:-0} \
+        --master_addr=${MASTER_ADDR:-"127.0.0.1"} \
+        --nproc_per_node=$gpus \
+        --master_port=${PORT:-29500} \
+        "$ROOT/tools/$tool.py" \
+        "${positional[@]}" \
+        --launcher pytorch "${options[@]}"
+}
+
+# mmsoft_slurm_launch TOOL LAST PARTITION JOB_NAME CONFIG LAST_VALUE ARG...:
+# one srun task of tools/TOOL.py per GPU (GPUS, GPUS_PER_NODE,
+# CPUS_PER_TASK, SRUN_ARGS) with --launcher slurm; LAST names the fourth
+# argument: WORK_DIR (given to train.py as --work-dir) or CHECKPOINT.
+mmsoft_slurm_launch() {
+    local tool=$1 last=$2
+    shift 2
+    mmsoft_usage 4 "PARTITION JOB_NAME CONFIG $last [$tool.py args]" "$@"
+    local partition=$1 job_name=$2 config=$3 value=$4
+    if [[ $last == WORK_DIR ]]; then
+        value="--work-dir=$value"
+    fi
+    local gpus=${GPUS:-8} gpus_per_node=${GPUS_PER_NODE:-8}
+    set -x
+    PYTHONPATH="$ROOT":$PYTHONPATH \
+    srun -p ${partition} \
+        --job-name=${job_name} \
+        --gres=gpu:${gpus_per_node} \
+        --ntasks=${gpus} \
+        --ntasks-per-node=${gpus_per_node} \
+        --cpus-per-task=${CPUS_PER_TASK:-5} \
+        --kill-on-bad-exit=1 \
+        ${SRUN_ARGS:-} \
+        "$PYTHON" -u "$ROOT/tools/$tool.py" "$config" "$value" \
+        --launcher="slurm" "${@:5}"
+}
