@@ -21,6 +21,10 @@ import pytest
 import torch
 from mmengine.hooks import Hook
 
+#: ``--shuffle-seed N`` (tests/shuffle_order.py): the suite in a shuffled
+#: order, e.g. ``make test PYTEST_ARGS='--shuffle-seed 3'``
+pytest_plugins = ['shuffle_order']
+
 #: the checkout under test (``tests/`` is right below it)
 ROOT = osp.dirname(osp.dirname(osp.abspath(__file__)))
 CONFIGS = osp.join(ROOT, 'configs')

@@ -4,8 +4,9 @@ tests that depend on their order or on the clock).
 The test modules are shuffled, then the tests inside each module (a
 module's tests stay together, so module-scoped fixtures are built once)::
 
-    PYTHONPATH=$PWD:$PWD/tests python -m pytest -p shuffle_order \\
-        --shuffle-seed 3 tests/test_tools
+    python -m pytest --shuffle-seed 3 tests/test_tools
+
+(``tests/conftest.py`` loads the plugin.)
 
 Without ``--shuffle-seed`` the order is unchanged. The seed is printed in
 the header, so a failing order can be replayed.
