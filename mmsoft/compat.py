@@ -1,20 +1,11 @@
-"""Compatibility fixes for torch >= 2.6 (verified: 2.14.1) + mmengine 0.10.7.
+"""Compatibility with the supported stacks (torch 2.1 to 2.14, mmengine 0.10).
 
-:func:`apply` is idempotent and returns the names of the fixes in effect.
-``import mmsoft`` does not call it: :func:`mmsoft.setup` does (once), which
-runs when a SOFT backbone or an mmsoft hook is built and in the tools (see
-:mod:`mmsoft.runtime`). Each fix below names the failure it addresses.
+``import mmsoft`` calls :func:`register_safe_globals` (below) and nothing
+else here changes the process. The torch shims (:func:`autocast_dtype`,
+:func:`sdpa_math` ...) answer one version-dependent question each.
 
-One part of the first fix, the allow-list of
-:func:`register_safe_globals`, is registered by ``import mmsoft`` itself:
-mmengine's inferencers unpickle the checkpoint before anything builds a
-SOFT model, so a detection / segmentation checkpoint written by
-``tools/train.py`` could not be loaded by ``DetInferencer`` /
-``MMSegInferencer`` (``demo/image_demo.py``) otherwise. It is the only
-change ``import mmsoft`` makes to torch (none to mmengine).
-
-Fix ``torch_load_mmengine_safe_globals``
-----------------------------------------
+The allow-list of mmengine training checkpoints
+-----------------------------------------------
 Failure: since torch 2.6, ``torch.load`` defaults to ``weights_only=True``.
 mmengine 0.10.7 calls ``torch.load(filename, map_location=...)`` without
 ``weights_only`` (``mmengine.runner.checkpoint.load_from_local`` and the
@@ -78,14 +69,6 @@ as that function's global; such checkpoints still need
 ``torch.serialization.add_safe_globals([that_function])``, and the method is
 only used if the loading process registered the same function itself.
 
-Fix ``mmengine_verified_local_loader``
---------------------------------------
-mmengine's loader of local checkpoint files is replaced by
-:func:`mmsoft.utils.checkpoint_io.load_from_local`: a damaged (empty,
-truncated, CRC-failing) file raises a ``CheckpointError`` saying so, and the
-SHA-256 that mmsoft stores in its checkpoints is verified on every load
-(resume, ``load_from``, ``tools/test.py``, ``init_cfg`` ``Pretrained``).
-
 Undeclared dependencies of mmseg
 --------------------------------
 mmsegmentation 1.2.2 imports ``ftfy`` and ``regex`` (``mmseg.utils``'s
@@ -102,7 +85,7 @@ from mmsoft.utils.safe_load import (RefusedGlobal, RestrictedUnpickler,
                                     unsafe_globals)
 
 __all__ = [
-    'apply', 'applied', 'check_optional_deps', 'register_safe_globals',
+    'check_optional_deps', 'register_safe_globals',
     'MMENGINE_SAFE_GLOBALS', 'OPTIONAL_DEPS', 'safe_torch_load',
     'unsafe_globals', 'RefusedGlobal', 'RestrictedUnpickler',
     'native_allow_list', 'torch_version', 'unravel_index',
@@ -116,10 +99,7 @@ OPTIONAL_DEPS = {
     'regex': 'imported by mmseg.utils (tokenizer) in mmsegmentation 1.2.2',
 }
 
-#: names of the fixes applied so far (in order)
-_APPLIED = []
-
-#: filled by :func:`_fix_torch_load_mmengine_safe_globals` when applied
+#: filled by :func:`register_safe_globals`
 MMENGINE_SAFE_GLOBALS = []
 
 
@@ -127,40 +107,24 @@ def register_safe_globals():
     """Add the allow-list of what mmengine training checkpoints pickle
     (module doc) to torch's weights-only unpickler; idempotent.
 
-    ``import mmsoft`` calls this (and only this): mmengine's inferencers
-    (``DetInferencer``, ``MMSegInferencer``: ``BaseInferencer._init_model``)
-    and any ``torch.load`` of a Runner checkpoint unpickle the file *before*
-    a model is built, and the config's ``custom_imports=['mmsoft']`` is the
-    only mmsoft code that has run by then. torch's allow-list is
-    process-global by design (``torch.serialization.add_safe_globals``; the
-    loaders of mmengine pass no per-call list), and the alternative,
-    ``weights_only=False``, would let a checkpoint run arbitrary code. The
-    entries only widen what ``torch.load`` accepts, to objects that cannot
-    run code or change state (see the module doc). Returns False (nothing
-    registered) with torch < 2.6 (mmsoft's own loaders use
-    :class:`mmsoft.utils.safe_load.RestrictedUnpickler` there).
-    """
-    return _fix_torch_load_mmengine_safe_globals()
-
-
-def _fix_torch_load_mmengine_safe_globals():
-    """Allow-list what mmengine training checkpoints need (see module doc).
-
-    Returns False (nothing to fix) with torch < 2.6, whose ``torch.load``
-    defaults to ``weights_only=False`` (and whose ``add_safe_globals``, where
-    it exists, does not take the ``(obj, name)`` entries used here;
-    mmsoft's loaders use :class:`mmsoft.utils.safe_load.RestrictedUnpickler`
-    there).
+    ``import mmsoft`` calls this, the one process-wide change it makes:
+    mmengine 0.10 calls ``torch.load`` without ``weights_only``, which is
+    True by default since torch 2.6, so ``Runner(resume / load_from)``, the
+    inferencers (which load before any model is built) and ``torch.load``
+    of any ``epoch_N.pth`` fail on mmengine's own ``HistoryBuffer``.
+    torch's allow-list is process-global by design and mmengine passes no
+    per-call list; the alternative, ``weights_only=False``, runs code from
+    the file. The entries only widen what ``torch.load`` accepts, to
+    objects that cannot run code or change state. Returns False (nothing
+    registered) before torch 2.6, where ``torch.load`` unpickles anything
+    by default and mmsoft's own loaders use
+    :class:`mmsoft.utils.safe_load.RestrictedUnpickler`.
     """
     if not native_allow_list():
         return False
     from torch.serialization import add_safe_globals
-    if MMENGINE_SAFE_GLOBALS:  # applied before: add the same objects again
-        add_safe_globals(MMENGINE_SAFE_GLOBALS)
-        return True
-    safe = mmengine_safe_globals()
-    add_safe_globals(safe)  # a set union: repeating it changes nothing
-    MMENGINE_SAFE_GLOBALS[:] = safe
+    MMENGINE_SAFE_GLOBALS[:] = mmengine_safe_globals()
+    add_safe_globals(MMENGINE_SAFE_GLOBALS)  # a set union: idempotent
     return True
 
 
@@ -244,37 +208,6 @@ def unravel_index(indices, shape):
         out.append(torch.remainder(indices, size))
         indices = torch.div(indices, size, rounding_mode='floor')
     return tuple(reversed(out))
-
-
-def _fix_mmengine_verified_local_loader():
-    """Damage and checksum checks on mmengine's local loads (module doc)."""
-    from mmsoft.utils.checkpoint_io import install_loader
-    return install_loader()
-
-
-_FIXES = (
-    ('torch_load_mmengine_safe_globals',
-     _fix_torch_load_mmengine_safe_globals),
-    ('mmengine_verified_local_loader', _fix_mmengine_verified_local_loader),
-)
-
-
-def apply():
-    """Apply the fixes; idempotent.
-
-    Returns:
-        list[str]: names of the fixes in effect (those applied by this call
-        or an earlier one), in order.
-    """
-    for name, fix in _FIXES:
-        if name not in _APPLIED and fix():
-            _APPLIED.append(name)
-    return list(_APPLIED)
-
-
-def applied():
-    """Names of the fixes applied so far."""
-    return list(_APPLIED)
 
 
 def check_optional_deps(warn=True):

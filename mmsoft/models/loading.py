@@ -53,7 +53,6 @@ from mmengine.logging import print_log
 from mmengine.model.weight_init import update_init_info
 from mmengine.registry import WEIGHT_INITIALIZERS
 
-from mmsoft.runtime import setup
 from mmsoft.utils.checkpoint_files import ConversionError, extract_state_dict
 from mmsoft.utils.strict_load import (CheckpointMismatchError, LoadReport,
                                       check_state_dict, few_keys, strip_prefix,
@@ -94,7 +93,6 @@ def read_checkpoint(filename: str, map_location='cpu', mmap: bool = False):
     the structure of a local file, e.g. before an inferencer loads it):
     the tensors stay on disk where the file format allows it."""
     from mmengine.runner.checkpoint import _load_checkpoint
-    setup()  # weights-only loader, allow-list, checksums (mmsoft.runtime)
     if mmap:
         try:  # torch's weights-only unpickler: nothing runs from the file
             return torch.load(
@@ -484,7 +482,6 @@ def run_converter(convert: Callable, args) -> int:
     """Run a converter tool's ``convert(args)``: 0, or 1 after printing
     its :class:`ConversionError` as ``error: ...`` on stderr."""
     import sys
-    setup()  # loads mmengine training checkpoints (mmsoft.compat)
     try:
         convert(args)
     except ConversionError as e:
