@@ -92,6 +92,8 @@ def read_checkpoint(filename: str, map_location='cpu', mmap: bool = False):
     loader with mmsoft's safe loading in effect. ``mmap=True`` (to inspect
     the structure of a local file, e.g. before an inferencer loads it):
     the tensors stay on disk where the file format allows it."""
+    import os.path as osp
+
     from mmengine.runner.checkpoint import _load_checkpoint
     if mmap:
         try:  # torch's weights-only unpickler: nothing runs from the file
@@ -99,6 +101,9 @@ def read_checkpoint(filename: str, map_location='cpu', mmap: bool = False):
                 filename, map_location='cpu', weights_only=True, mmap=True)
         except Exception:  # noqa: BLE001 - legacy format: read it whole
             pass
+    from mmsoft.utils.checkpoint_io import load_verified
+    if osp.isfile(filename):  # mmsoft's safe reader (no loader patch)
+        return load_verified(filename, map_location=map_location)
     return _load_checkpoint(filename, map_location=map_location)
 
 
