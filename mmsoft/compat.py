@@ -1,103 +1,48 @@
 """Compatibility with the supported stacks (torch 2.1 to 2.14, mmengine 0.10).
 
-``import mmsoft`` calls :func:`register_safe_globals` (below) and nothing
-else here changes the process. The torch shims (:func:`autocast_dtype`,
-:func:`sdpa_math` ...) answer one version-dependent question each.
+``import mmsoft`` calls :func:`register_safe_globals`, and nothing else
+here changes the process. The torch shims below answer one
+version-dependent question each.
 
 The allow-list of mmengine training checkpoints
 -----------------------------------------------
-Failure: since torch 2.6, ``torch.load`` defaults to ``weights_only=True``.
-mmengine 0.10.7 calls ``torch.load(filename, map_location=...)`` without
-``weights_only`` (``mmengine.runner.checkpoint.load_from_local`` and the
-http / pavi / hub loaders), and every checkpoint written by its ``Runner``
-stores the ``MessageHub`` state, whose ``log_scalars`` are
-``mmengine.logging.HistoryBuffer`` objects holding numpy arrays. So
-``Runner(resume=True)``, ``Runner(load_from=...)`` (even just for
-``runner.test()``), ``mmengine.runner.load_checkpoint``,
-``CheckpointLoader.load_checkpoint`` and ``torch.load`` of any
-``iter_*.pth`` / ``epoch_*.pth`` raise::
+Since torch 2.6 ``torch.load`` defaults to ``weights_only=True``; mmengine
+0.10.7 calls it without ``weights_only`` and every Runner checkpoint holds
+the ``MessageHub`` state (``HistoryBuffer`` objects with numpy arrays), so
+``Runner(resume / load_from)``, ``load_checkpoint``, the inferencers and
+``torch.load`` of any ``epoch_N.pth`` fail with ``Unsupported global:
+GLOBAL mmengine.logging.history_buffer.HistoryBuffer``. The allow-list
+holds exactly what such checkpoints contain, instead of
+``weights_only=False`` (which runs code from the file):
 
-    _pickle.UnpicklingError: Weights only load failed. ...
-    WeightsUnpickler error: Unsupported global: GLOBAL
-    mmengine.logging.history_buffer.HistoryBuffer was not an allowed global
-    by default. ...
+* ``HistoryBuffer``, as :class:`_LoadedHistoryBuffer`, whose
+  ``__setstate__`` restores the instance only: mmengine's copies the
+  pickled method table into the *class* (a crafted file could make every
+  ``'mean'`` a max); a differing table is ignored with a warning;
+* what numeric numpy arrays, scalars and dtypes pickle to, under
+  ``numpy.core`` and ``numpy._core`` (object arrays stay refused);
+* ``builtins.getattr`` as :func:`_checkpoint_getattr`: protocol 2 pickles
+  ``HistoryBuffer.min`` as ``getattr(HistoryBuffer, 'min')``; only public
+  plain functions of ``HistoryBuffer`` are returned;
+* ``builtins.bytes`` as :func:`_checkpoint_bytes`: only ``bytes()`` (an
+  empty array's data).
 
-(Plain ``state_dict`` files, e.g. the official SOFT weights, load fine.)
-
-Fix: allow-list exactly what such checkpoints contain with
-``torch.serialization.add_safe_globals`` instead of loading with
-``weights_only=False`` (which would run arbitrary code from a checkpoint):
-
-* ``mmengine.logging.history_buffer.HistoryBuffer``;
-* what its numpy arrays and numpy scalars (e.g. an ``np.float64`` best score)
-  pickle to: ``numpy.core.multiarray._reconstruct``, ``numpy.ndarray``,
-  ``numpy.dtype``, ``numpy.core.multiarray.scalar`` and the numeric / bool
-  dtype classes (``numpy.dtypes.Float64DType`` ...; with numpy >= 1.25 a
-  dtype is rebuilt as an instance of these). Both spellings of the module,
-  ``numpy.core`` (numpy 1.x) and ``numpy._core`` (numpy 2.x), are listed so
-  that checkpoints written under either numpy load. Object arrays stay
-  refused.
-* ``builtins.getattr``, **restricted**: ``HistoryBuffer.__getstate__`` saves
-  its ``statistics_methods`` dict ``{'min': HistoryBuffer.min, ...}``, and
-  pickle protocol 2 (``torch.save``'s default) stores a method as
-  ``getattr(HistoryBuffer, 'min')``. Allow-listing the real ``getattr``
-  would let a checkpoint fetch arbitrary attributes (and
-  ``HistoryBuffer.__setstate__`` copies that dict into a class attribute
-  whose values are later called). :func:`_checkpoint_getattr` is
-  registered under the name ``builtins.getattr`` instead: it only returns
-  public plain functions defined on ``HistoryBuffer`` itself and raises
-  ``UnpicklingError`` for anything else. If the user allow-listed the real
-  ``getattr`` themselves, it defers to it.
-
-Loading never changes class-level state: ``HistoryBuffer.__setstate__``
-copies the pickled ``statistics_methods`` into the *class* attribute
-``HistoryBuffer._statistics_methods``, so a crafted checkpoint could replace
-e.g. ``'mean'`` by ``HistoryBuffer.max`` for the whole process. The name
-``mmengine.logging.history_buffer.HistoryBuffer`` is therefore allow-listed
-as :class:`_LoadedHistoryBuffer`, whose ``__setstate__`` restores only the
-instance state (a pickled method table that differs from the process's
-registered methods is ignored with a warning) and then turns the object into
-a plain ``HistoryBuffer``.
-
-A never-updated ``HistoryBuffer`` (or any empty numpy array) pickles its
-empty data buffer as ``bytes()``; ``builtins.bytes`` is allow-listed as
-:func:`_checkpoint_bytes`, which only builds the empty ``bytes`` object.
-
-Limitation: a statistics method registered with
-``HistoryBuffer.register_statistics`` as a module-level function is pickled
-as that function's global; such checkpoints still need
-``torch.serialization.add_safe_globals([that_function])``, and the method is
-only used if the loading process registered the same function itself.
-
-Undeclared dependencies of mmseg
---------------------------------
-mmsegmentation 1.2.2 imports ``ftfy`` and ``regex`` (``mmseg.utils``'s
-tokenizer, pulled in by ``mmseg.models`` / ``mmseg.utils``) without declaring
-them. Nothing here hides that; :func:`check_optional_deps` reports them with
-the fix (``pip install ftfy regex``).
+If the user allow-listed the real ``getattr`` / ``bytes``, they are used.
+A statistics method registered as a module-level function still needs the
+user's own ``add_safe_globals``.
 """
-import importlib.util
-import warnings
-
 from mmsoft.utils.safe_load import (RefusedGlobal, RestrictedUnpickler,
                                     mmengine_safe_globals, native_allow_list,
                                     safe_torch_load, torch_version,
                                     unsafe_globals)
 
 __all__ = [
-    'check_optional_deps', 'register_safe_globals',
-    'MMENGINE_SAFE_GLOBALS', 'OPTIONAL_DEPS', 'safe_torch_load',
+    'register_safe_globals', 'MMENGINE_SAFE_GLOBALS', 'safe_torch_load',
     'unsafe_globals', 'RefusedGlobal', 'RestrictedUnpickler',
     'native_allow_list', 'torch_version', 'unravel_index',
     'is_autocast_enabled', 'autocast_dtype', 'tree_leaves', 'sdpa_math',
     'onnx_export_takes_dynamo', 'grad_scaler'
 ]
-
-#: packages mmseg imports without declaring them -> why they are needed
-OPTIONAL_DEPS = {
-    'ftfy': 'imported by mmseg.utils (tokenizer) in mmsegmentation 1.2.2',
-    'regex': 'imported by mmseg.utils (tokenizer) in mmsegmentation 1.2.2',
-}
 
 #: filled by :func:`register_safe_globals`
 MMENGINE_SAFE_GLOBALS = []
@@ -208,25 +153,3 @@ def unravel_index(indices, shape):
         out.append(torch.remainder(indices, size))
         indices = torch.div(indices, size, rounding_mode='floor')
     return tuple(reversed(out))
-
-
-def check_optional_deps(warn=True):
-    """Report packages mmseg needs but does not declare (ftfy, regex).
-
-    Nothing is installed or stubbed: a missing one still fails where mmseg
-    imports it; this only says which and how to fix it.
-
-    Returns:
-        list[str]: the missing packages (empty when all are importable).
-    """
-    missing = [
-        name for name in OPTIONAL_DEPS
-        if importlib.util.find_spec(name) is None
-    ]
-    if missing and warn:
-        warnings.warn(
-            'mmsoft: missing packages needed by mmsegmentation: ' +
-            ', '.join(f'{m} ({OPTIONAL_DEPS[m]})' for m in missing) +
-            f'; fix: pip install {" ".join(missing)}',
-            stacklevel=2)
-    return missing

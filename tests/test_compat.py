@@ -218,22 +218,6 @@ def test_weights_only_still_refuses_other_globals(tmp_path):
         torch.load(path)
 
 
-def test_check_optional_deps_present():
-    """tools/setup_env.sh installs the packages mmseg needs undeclared."""
-    assert compat.check_optional_deps() == [], 'pip install ftfy regex'
-
-
-def test_check_optional_deps_reports_missing(monkeypatch):
-    import importlib.util
-    monkeypatch.setattr(importlib.util, 'find_spec', lambda name, *a: None
-                        if name == 'ftfy' else 'spec')
-    with warnings.catch_warnings(record=True) as rec:
-        warnings.simplefilter('always')
-        assert compat.check_optional_deps() == ['ftfy']
-    assert any('pip install ftfy' in str(w.message) for w in rec)
-    assert compat.check_optional_deps(warn=False) == ['ftfy']
-
-
 @needs_weights_only
 def test_import_adds_allow_list_and_leaves_mmengine_alone(tmp_path):
     """A fresh process: ``import mmsoft`` adds only the checkpoint

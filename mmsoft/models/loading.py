@@ -3,8 +3,9 @@ strict (or explicitly partial) load -> a one-line report.
 
 1. **File**: :func:`read_checkpoint` - MMEngine's loader (local files,
    URLs, ``open-mmlab://`` ...) under mmsoft's safe loading
-   (:func:`mmsoft.runtime.setup`: weights-only unpickling on every torch,
-   damage and checksum checks; a code-running pickle is refused).
+   (local files: :func:`mmsoft.utils.checkpoint_io.load_verified`,
+   weights-only on every torch, CRC-32 damage check; a code-running
+   pickle is refused).
    The converter tools read files with
    :func:`~mmsoft.utils.checkpoint_files.load_checkpoint_file` (the same
    safe loader, converter wording).
