@@ -31,7 +31,6 @@ with ``num_workers=0`` or non-persistent workers (mmengine's
 ``worker_init_fn`` reseeds workers from (seed, rank, worker id)).
 """
 import contextlib
-import logging
 import os
 import os.path as osp
 
@@ -356,5 +355,4 @@ def use_safe_checkpoint_hook(cfg) -> bool:
             hook.get('type') not in PLAIN_TYPES + (CheckpointHook, ):
         return False
     hook['type'] = 'SafeCheckpointHook'
-    logging.getLogger(__name__).debug('CheckpointHook -> SafeCheckpointHook')
     return True
