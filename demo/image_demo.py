@@ -317,12 +317,11 @@ def run(args):
     images = check_inputs(args)
     from mmengine.config import Config
 
-    import mmsoft  # registers SOFT
-
+    import mmsoft  # noqa: F401 (registers SOFT)
     # before the inferencer's torch.load (which unpickles anything before
     # torch 2.6): a damaged or code-running file stops here, in one line
-    from mmsoft.utils.checkpoint_io import (CheckpointError,
-                                            CheckpointRefused, load_verified)
+    from mmsoft.utils.checkpoint_io import (CheckpointError, CheckpointRefused,
+                                            load_verified)
     if osp.isfile(args.checkpoint):
         try:
             load_verified(args.checkpoint)

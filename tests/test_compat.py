@@ -20,7 +20,6 @@ import torch.nn as nn
 from conftest import ROOT, needs_torch, run, run_python
 from mmengine.logging import HistoryBuffer, MessageHub
 
-import mmsoft
 from mmsoft import compat
 
 # torch 2.6 made weights_only=True the default of torch.load, and only its
@@ -416,8 +415,10 @@ def test_import_mmsoft_prints_nothing():
 def test_tools_print_only_their_own_output(tool):
     """The tools' first line of output is their own (mmsoft._quiet runs
     before mmengine is imported)."""
-    proc = run([sys.executable, os.path.join(ROOT, 'tools', f'{tool}.py'),
-                '--help'], timeout=120)
+    proc = run(
+        [sys.executable,
+         os.path.join(ROOT, 'tools', f'{tool}.py'), '--help'],
+        timeout=120)
     assert proc.returncode == 0, proc.stderr
     assert proc.stderr == '' and proc.stdout.startswith('usage:'), \
         proc.stderr

@@ -84,8 +84,8 @@ def test_only_import_changes_the_process():
     # ... and exactly mmsoft's entries (torch >= 2.6), nothing before
     added = set(after_import['allow_list']) - set(before['allow_list'])
     assert set(before['allow_list']) <= set(after_import['allow_list'])
-    assert added == (set(out['entries'])
-                     if compat.native_allow_list() else set())
+    assert added == (
+        set(out['entries']) if compat.native_allow_list() else set())
     assert bool(added) == compat.native_allow_list()
 
 

@@ -29,9 +29,12 @@ warnings.filterwarnings('ignore', message='pkg_resources is deprecated')
 # filter hides it (mmsoft/_quiet.py; loaded by path, as importing the
 # mmsoft package imports mmengine)
 from importlib import util as _util  # noqa: E402  # isort: skip
-_quiet = _util.module_from_spec(_util.spec_from_file_location(
-    'mmsoft_quiet', _util.find_spec('mmsoft').submodule_search_locations[0] +
-    '/_quiet.py'))  # noqa: E402
+
+_quiet = _util.module_from_spec(
+    _util.spec_from_file_location(
+        'mmsoft_quiet',
+        _util.find_spec('mmsoft').submodule_search_locations[0] +
+        '/_quiet.py'))  # noqa: E402
 _quiet.__spec__.loader.exec_module(_quiet)
 _quiet.quiet_stack_imports()
 

@@ -36,9 +36,12 @@ warnings.filterwarnings('ignore', message='pkg_resources is deprecated')
 # filter hides it (mmsoft/_quiet.py; loaded by path, as importing the
 # mmsoft package imports mmengine)
 from importlib import util as _util  # noqa: E402  # isort: skip
-_quiet = _util.module_from_spec(_util.spec_from_file_location(
-    'mmsoft_quiet', _util.find_spec('mmsoft').submodule_search_locations[0] +
-    '/_quiet.py'))  # noqa: E402
+
+_quiet = _util.module_from_spec(
+    _util.spec_from_file_location(
+        'mmsoft_quiet',
+        _util.find_spec('mmsoft').submodule_search_locations[0] +
+        '/_quiet.py'))  # noqa: E402
 _quiet.__spec__.loader.exec_module(_quiet)
 _quiet.quiet_stack_imports()
 
@@ -136,8 +139,8 @@ def main(argv=None):
             runner = RUNNERS.build(cfg)
         try:
             runner.train()
-        except (CheckpointMismatchError, CheckpointWriteError,
-                CheckpointError, CheckpointRefused) as e:
+        except (CheckpointMismatchError, CheckpointWriteError, CheckpointError,
+                CheckpointRefused) as e:
             # wrong, damaged or unsafe weights, full disk: one message
             sys.exit(f'error: {e}')
         finally:

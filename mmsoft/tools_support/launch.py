@@ -39,9 +39,9 @@ from typing import Optional
 import torch
 from mmengine.logging import print_log
 
+from mmsoft.deps import check_versions
 from mmsoft.engine.optimizers import \
     CPUAmpOptimWrapper  # noqa: F401  (registers what enable_amp sets)
-from mmsoft.deps import check_versions
 
 __all__ = [
     'quiet_init_weights', 'exit_if_legacy_backbone', 'exit_if_not_resumable',

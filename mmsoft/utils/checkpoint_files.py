@@ -179,8 +179,9 @@ def save_checkpoint_atomic(obj, path: str) -> None:
     """``torch.save`` to a temporary file next to ``path``, ``fsync``, then
     ``os.replace``: ``path`` is either the complete new file or untouched,
     and no temporary file is left behind (also on SIGINT / SIGTERM;
-    temporaries of a SIGKILLed earlier run are removed first). OS errors (unwritable
-    directory, full disk, ...) raise a one-line :class:`ConversionError`.
+    temporaries of a SIGKILLed earlier run are removed first). OS errors
+    (unwritable directory, full disk, ...) raise a one-line
+    :class:`ConversionError`.
     """
     from mmsoft.utils.checkpoint_io import remove_stale_temps, save_atomic
     path = os.path.abspath(path)

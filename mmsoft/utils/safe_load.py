@@ -39,8 +39,10 @@ def _user_safe_globals():
 def _checkpoint_getattr(obj, name):
     """``getattr`` for the unpickler: only a public plain function defined
     on an allow-listed class (``getattr(HistoryBuffer, 'mean')``)."""
-    owner = next((real for alias, real in _GETATTR_OWNERS
-                  if obj is alias or obj is real), None)
+    owner = next(
+        (real
+         for alias, real in _GETATTR_OWNERS if obj is alias or obj is real),
+        None)
     if owner is not None and isinstance(name, str) and \
             not name.startswith('_') and isinstance(
                 vars(owner).get(name), types.FunctionType):
@@ -207,8 +209,9 @@ def _allow_list(extra=()):
     if importlib.util.find_spec('mmengine') is not None:
         entries = mmengine_safe_globals() + entries
     for entry in entries:
-        obj, name = entry if isinstance(entry, tuple) else (
-            entry, f'{entry.__module__}.{entry.__qualname__}')
+        obj, name = entry if isinstance(
+            entry, tuple) else (entry,
+                                f'{entry.__module__}.{entry.__qualname__}')
         out[name] = obj
     return out
 

@@ -126,8 +126,9 @@ class NonFiniteLossHook(Hook):
     @staticmethod
     def _param_names(runner, bad) -> str:
         ids = {id(t) for t in bad}
-        names = [n for n, p in _module(runner).named_parameters()
-                 if id(p) in ids]
+        names = [
+            n for n, p in _module(runner).named_parameters() if id(p) in ids
+        ]
         shown = ', '.join(names[:3]) + (', ...' if len(names) > 3 else '')
         return f'{len(bad)} parameter tensor(s)' + (f' ({shown})'
                                                     if shown else '')
@@ -144,8 +145,9 @@ class NonFiniteLossHook(Hook):
         self._fail(
             runner, f'NonFiniteLossHook: non-finite training loss ({loss}) '
             f'at {self._where(runner)}{skipped}; training stopped before the '
-            f'optimizer step{self._note(runner)}. Lower the learning rate, enable gradient '
-            f'clipping (optim_wrapper.clip_grad), or allow skipped steps '
+            f'optimizer step{self._note(runner)}. Lower the learning rate, '
+            f'enable gradient clipping (optim_wrapper.clip_grad), or allow '
+            f'skipped steps '
             f"with custom_hooks=[dict(type='NonFiniteLossHook', "
             f'max_skipped_steps=N)].')
 
@@ -167,9 +169,10 @@ class NonFiniteLossHook(Hook):
 
     def _check_params(self, optim_wrapper, loss) -> None:
         """Stop if the optimizer step just wrote non-finite parameters."""
-        bad = _nonfinite_params(
-            [p for g in optim_wrapper.optimizer.param_groups
-             for p in g['params']])
+        bad = _nonfinite_params([
+            p for g in optim_wrapper.optimizer.param_groups
+            for p in g['params']
+        ])
         if _any_rank(bool(bad)):
             runner = self._runner
             what = self._param_names(runner, bad) if bad else \
@@ -212,7 +215,9 @@ class NonFiniteLossHook(Hook):
                 [wrappers]:  # OptimWrapperDict or one OptimWrapper
             self._guard(w)
 
-    def before_train_iter(self, runner, batch_idx: int,
+    def before_train_iter(self,
+                          runner,
+                          batch_idx: int,
                           data_batch=None) -> None:
         self._step_skipped = False
 

@@ -195,11 +195,10 @@ def test_resume_with_random_seed(tmp_path):
 def _refused_by_hook(tmp_path, path, match):
     """``load_from`` / ``resume`` of a Runner with the hook: train and val
     stop before mmengine's own ``torch.load``."""
-    for name, kwargs, run in (
-        ('load_from', {}, 'train'), ('val', {}, 'val'),
-        ('resumed', dict(resume=True), 'train')):
-        runner = _runner(tmp_path / f'w_{name}', name, load_from=str(path),
-                         **kwargs)
+    for name, kwargs, run in (('load_from', {}, 'train'), ('val', {}, 'val'),
+                              ('resumed', dict(resume=True), 'train')):
+        runner = _runner(
+            tmp_path / f'w_{name}', name, load_from=str(path), **kwargs)
         with pytest.raises(cio.CheckpointError, match=match):
             getattr(runner, run)()
 
@@ -241,8 +240,7 @@ def test_flipped_bytes_in_rng_states_are_detected(tmp_path):
 def test_checksum_functions_are_deprecated_no_ops():
     ckpt = dict(meta=dict(epoch=1), state_dict={'w': torch.ones(3)})
     with pytest.deprecated_call():
-        assert cio.add_checksum(ckpt) is ckpt and ckpt['meta'] == dict(
-            epoch=1)
+        assert cio.add_checksum(ckpt) is ckpt and ckpt['meta'] == dict(epoch=1)
     with pytest.deprecated_call():
         assert cio.verify_checksum(ckpt) is False
 
