@@ -317,11 +317,16 @@ def run(args):
     images = check_inputs(args)
     from mmengine.config import Config
 
-    import mmsoft  # registers SOFT
-
-    # before the inferencer loads the checkpoint: mmsoft's safe loader
-    # (no code runs from a checkpoint, on every torch; mmsoft.compat)
-    mmsoft.setup()
+    import mmsoft  # noqa: F401 (registers SOFT)
+    # before the inferencer's torch.load (which unpickles anything before
+    # torch 2.6): a damaged or code-running file stops here, in one line
+    from mmsoft.utils.checkpoint_io import (CheckpointError, CheckpointRefused,
+                                            load_verified)
+    if osp.isfile(args.checkpoint):
+        try:
+            load_verified(args.checkpoint)
+        except (CheckpointError, CheckpointRefused) as e:
+            raise DemoError(str(e)) from None
     cfg = Config.fromfile(args.config)
     try:
         predictor = Predictor(cfg, args.checkpoint, args.device,

@@ -1,39 +1,37 @@
 """mmsoft: SOFT (softmax-free linear transformers) for OpenMMLab.
 
-Importing mmsoft (e.g. via ``custom_imports=dict(imports=['mmsoft'])``)
-registers the SOFT models so that ``type='SOFT'`` and ``type='mmsoft.SOFT'``
-work in mmpretrain, mmdet and mmseg configs (see :mod:`mmsoft.models`),
-``SafeCheckpointHook`` (atomic, checksummed, resumable checkpoints; see
-:mod:`mmsoft.engine.hooks.checkpoint_hook`) and ``CPUAmpOptimWrapper``, and
-adds the allow-list of :func:`mmsoft.compat.register_safe_globals` to
-torch's weights-only unpickler, so that checkpoints written by
-``tools/train.py`` (mmengine's message hub) load wherever mmsoft is
-imported, also in mmengine's inferencers, which load the checkpoint before
-any model is built. It changes nothing else: the other compatibility fixes
-of :mod:`mmsoft.compat` (mmengine's verified local loader) and the version
-check of :mod:`mmsoft.deps` are applied by :func:`setup`, which building a
-SOFT backbone or an mmsoft hook and the tools call (once; see
-:mod:`mmsoft.runtime`).
+``import mmsoft`` (e.g. ``custom_imports=dict(imports=['mmsoft'])``)
+registers mmsoft's models, hooks and optim wrappers, and adds the
+allow-list of :func:`mmsoft.compat.register_safe_globals` to torch's
+weights-only unpickler (torch >= 2.6: mmengine 0.10's own training
+checkpoints do not load without it, also in mmengine's inferencers, which
+load before any model is built). Nothing else in the process changes:
+building, initialising and running a model patches no loader, warning
+filter, logger or torch setting. The training-safety parts are opt-in,
+named in a config: ``SafeCheckpointHook``, ``NonFiniteLossHook``,
+``StrictLoadHook``, ``CPUAmpOptimWrapper`` (``tools/train.py`` adds them).
 """
-from ._quiet import quiet_stack_imports as _quiet_stack_imports
+from . import compat as _compat
+from .engine import SafeCheckpointHook  # noqa: F401 (registers the hooks)
+from .models import SOFT
+from .registry import MODELS
+from .utils.paths import configs_root, get_config_path
+from .version import __version__
 
-# before anything imports mmengine: torch 2.4's unfilterable deprecation
-# warning on torch.distributed.optim (mmsoft._quiet)
-_quiet_stack_imports()
-
-from . import compat as _compat  # noqa: E402
-# registers the hooks and optim wrappers
-from .engine import SafeCheckpointHook  # noqa: F401,E402
-from .models import SOFT  # noqa: E402
-from .registry import MODELS  # noqa: E402
-from .runtime import setup  # noqa: E402
-from .utils.paths import configs_root, get_config_path  # noqa: E402
-from .version import __version__  # noqa: E402
-
-# what Runner checkpoints pickle (HistoryBuffer, numpy arrays), allow-listed
-# for torch.load(weights_only=True): mmengine's inferencers load the
-# checkpoint before they build a model (mmsoft.compat.register_safe_globals)
 _compat.register_safe_globals()
+
+
+def setup():
+    """Deprecated in 0.4 (removed in 0.5): does nothing; ``import mmsoft``
+    is all the set-up there is. Returns ``[]``."""
+    import warnings
+    warnings.warn(
+        'mmsoft.setup() is deprecated and does nothing: import mmsoft '
+        'registers everything (mmsoft loads checkpoints safely itself)',
+        DeprecationWarning,
+        stacklevel=2)
+    return []
+
 
 __all__ = [
     '__version__', 'SOFT', 'MODELS', 'SafeCheckpointHook', 'configs_root',

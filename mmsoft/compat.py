@@ -1,125 +1,50 @@
-"""Compatibility fixes for torch >= 2.6 (verified: 2.14.1) + mmengine 0.10.7.
+"""Compatibility with the supported stacks (torch 2.1 to 2.14, mmengine 0.10).
 
-:func:`apply` is idempotent and returns the names of the fixes in effect.
-``import mmsoft`` does not call it: :func:`mmsoft.setup` does (once), which
-runs when a SOFT backbone or an mmsoft hook is built and in the tools (see
-:mod:`mmsoft.runtime`). Each fix below names the failure it addresses.
+``import mmsoft`` calls :func:`register_safe_globals`, and nothing else
+here changes the process. The torch shims below answer one
+version-dependent question each.
 
-One part of the first fix, the allow-list of
-:func:`register_safe_globals`, is registered by ``import mmsoft`` itself:
-mmengine's inferencers unpickle the checkpoint before anything builds a
-SOFT model, so a detection / segmentation checkpoint written by
-``tools/train.py`` could not be loaded by ``DetInferencer`` /
-``MMSegInferencer`` (``demo/image_demo.py``) otherwise. It is the only
-change ``import mmsoft`` makes to torch (none to mmengine).
+The allow-list of mmengine training checkpoints
+-----------------------------------------------
+Since torch 2.6 ``torch.load`` defaults to ``weights_only=True``; mmengine
+0.10.7 calls it without ``weights_only`` and every Runner checkpoint holds
+the ``MessageHub`` state (``HistoryBuffer`` objects with numpy arrays), so
+``Runner(resume / load_from)``, ``load_checkpoint``, the inferencers and
+``torch.load`` of any ``epoch_N.pth`` fail with ``Unsupported global:
+GLOBAL mmengine.logging.history_buffer.HistoryBuffer``. The allow-list
+holds exactly what such checkpoints contain, instead of
+``weights_only=False`` (which runs code from the file):
 
-Fix ``torch_load_mmengine_safe_globals``
-----------------------------------------
-Failure: since torch 2.6, ``torch.load`` defaults to ``weights_only=True``.
-mmengine 0.10.7 calls ``torch.load(filename, map_location=...)`` without
-``weights_only`` (``mmengine.runner.checkpoint.load_from_local`` and the
-http / pavi / hub loaders), and every checkpoint written by its ``Runner``
-stores the ``MessageHub`` state, whose ``log_scalars`` are
-``mmengine.logging.HistoryBuffer`` objects holding numpy arrays. So
-``Runner(resume=True)``, ``Runner(load_from=...)`` (even just for
-``runner.test()``), ``mmengine.runner.load_checkpoint``,
-``CheckpointLoader.load_checkpoint`` and ``torch.load`` of any
-``iter_*.pth`` / ``epoch_*.pth`` raise::
+* ``HistoryBuffer``, as :class:`_LoadedHistoryBuffer`, whose
+  ``__setstate__`` restores the instance only: mmengine's copies the
+  pickled method table into the *class* (a crafted file could make every
+  ``'mean'`` a max); a differing table is ignored with a warning;
+* what numeric numpy arrays, scalars and dtypes pickle to, under
+  ``numpy.core`` and ``numpy._core`` (object arrays stay refused);
+* ``builtins.getattr`` as :func:`_checkpoint_getattr`: protocol 2 pickles
+  ``HistoryBuffer.min`` as ``getattr(HistoryBuffer, 'min')``; only public
+  plain functions of ``HistoryBuffer`` are returned;
+* ``builtins.bytes`` as :func:`_checkpoint_bytes`: only ``bytes()`` (an
+  empty array's data).
 
-    _pickle.UnpicklingError: Weights only load failed. ...
-    WeightsUnpickler error: Unsupported global: GLOBAL
-    mmengine.logging.history_buffer.HistoryBuffer was not an allowed global
-    by default. ...
-
-(Plain ``state_dict`` files, e.g. the official SOFT weights, load fine.)
-
-Fix: allow-list exactly what such checkpoints contain with
-``torch.serialization.add_safe_globals`` instead of loading with
-``weights_only=False`` (which would run arbitrary code from a checkpoint):
-
-* ``mmengine.logging.history_buffer.HistoryBuffer``;
-* what its numpy arrays and numpy scalars (e.g. an ``np.float64`` best score)
-  pickle to: ``numpy.core.multiarray._reconstruct``, ``numpy.ndarray``,
-  ``numpy.dtype``, ``numpy.core.multiarray.scalar`` and the numeric / bool
-  dtype classes (``numpy.dtypes.Float64DType`` ...; with numpy >= 1.25 a
-  dtype is rebuilt as an instance of these). Both spellings of the module,
-  ``numpy.core`` (numpy 1.x) and ``numpy._core`` (numpy 2.x), are listed so
-  that checkpoints written under either numpy load. Object arrays stay
-  refused.
-* ``builtins.getattr``, **restricted**: ``HistoryBuffer.__getstate__`` saves
-  its ``statistics_methods`` dict ``{'min': HistoryBuffer.min, ...}``, and
-  pickle protocol 2 (``torch.save``'s default) stores a method as
-  ``getattr(HistoryBuffer, 'min')``. Allow-listing the real ``getattr``
-  would let a checkpoint fetch arbitrary attributes (and
-  ``HistoryBuffer.__setstate__`` copies that dict into a class attribute
-  whose values are later called). :func:`_checkpoint_getattr` is
-  registered under the name ``builtins.getattr`` instead: it only returns
-  public plain functions defined on ``HistoryBuffer`` itself and raises
-  ``UnpicklingError`` for anything else. If the user allow-listed the real
-  ``getattr`` themselves, it defers to it.
-
-Loading never changes class-level state: ``HistoryBuffer.__setstate__``
-copies the pickled ``statistics_methods`` into the *class* attribute
-``HistoryBuffer._statistics_methods``, so a crafted checkpoint could replace
-e.g. ``'mean'`` by ``HistoryBuffer.max`` for the whole process. The name
-``mmengine.logging.history_buffer.HistoryBuffer`` is therefore allow-listed
-as :class:`_LoadedHistoryBuffer`, whose ``__setstate__`` restores only the
-instance state (a pickled method table that differs from the process's
-registered methods is ignored with a warning) and then turns the object into
-a plain ``HistoryBuffer``.
-
-A never-updated ``HistoryBuffer`` (or any empty numpy array) pickles its
-empty data buffer as ``bytes()``; ``builtins.bytes`` is allow-listed as
-:func:`_checkpoint_bytes`, which only builds the empty ``bytes`` object.
-
-Limitation: a statistics method registered with
-``HistoryBuffer.register_statistics`` as a module-level function is pickled
-as that function's global; such checkpoints still need
-``torch.serialization.add_safe_globals([that_function])``, and the method is
-only used if the loading process registered the same function itself.
-
-Fix ``mmengine_verified_local_loader``
---------------------------------------
-mmengine's loader of local checkpoint files is replaced by
-:func:`mmsoft.utils.checkpoint_io.load_from_local`: a damaged (empty,
-truncated, CRC-failing) file raises a ``CheckpointError`` saying so, and the
-SHA-256 that mmsoft stores in its checkpoints is verified on every load
-(resume, ``load_from``, ``tools/test.py``, ``init_cfg`` ``Pretrained``).
-
-Undeclared dependencies of mmseg
---------------------------------
-mmsegmentation 1.2.2 imports ``ftfy`` and ``regex`` (``mmseg.utils``'s
-tokenizer, pulled in by ``mmseg.models`` / ``mmseg.utils``) without declaring
-them. Nothing here hides that; :func:`check_optional_deps` reports them with
-the fix (``pip install ftfy regex``).
+If the user allow-listed the real ``getattr`` / ``bytes``, they are used.
+A statistics method registered as a module-level function still needs the
+user's own ``add_safe_globals``.
 """
-import importlib.util
-import warnings
-
 from mmsoft.utils.safe_load import (RefusedGlobal, RestrictedUnpickler,
                                     mmengine_safe_globals, native_allow_list,
                                     safe_torch_load, torch_version,
                                     unsafe_globals)
 
 __all__ = [
-    'apply', 'applied', 'check_optional_deps', 'register_safe_globals',
-    'MMENGINE_SAFE_GLOBALS', 'OPTIONAL_DEPS', 'safe_torch_load',
+    'register_safe_globals', 'MMENGINE_SAFE_GLOBALS', 'safe_torch_load',
     'unsafe_globals', 'RefusedGlobal', 'RestrictedUnpickler',
     'native_allow_list', 'torch_version', 'unravel_index',
     'is_autocast_enabled', 'autocast_dtype', 'tree_leaves', 'sdpa_math',
     'onnx_export_takes_dynamo', 'grad_scaler'
 ]
 
-#: packages mmseg imports without declaring them -> why they are needed
-OPTIONAL_DEPS = {
-    'ftfy': 'imported by mmseg.utils (tokenizer) in mmsegmentation 1.2.2',
-    'regex': 'imported by mmseg.utils (tokenizer) in mmsegmentation 1.2.2',
-}
-
-#: names of the fixes applied so far (in order)
-_APPLIED = []
-
-#: filled by :func:`_fix_torch_load_mmengine_safe_globals` when applied
+#: filled by :func:`register_safe_globals`
 MMENGINE_SAFE_GLOBALS = []
 
 
@@ -127,40 +52,24 @@ def register_safe_globals():
     """Add the allow-list of what mmengine training checkpoints pickle
     (module doc) to torch's weights-only unpickler; idempotent.
 
-    ``import mmsoft`` calls this (and only this): mmengine's inferencers
-    (``DetInferencer``, ``MMSegInferencer``: ``BaseInferencer._init_model``)
-    and any ``torch.load`` of a Runner checkpoint unpickle the file *before*
-    a model is built, and the config's ``custom_imports=['mmsoft']`` is the
-    only mmsoft code that has run by then. torch's allow-list is
-    process-global by design (``torch.serialization.add_safe_globals``; the
-    loaders of mmengine pass no per-call list), and the alternative,
-    ``weights_only=False``, would let a checkpoint run arbitrary code. The
-    entries only widen what ``torch.load`` accepts, to objects that cannot
-    run code or change state (see the module doc). Returns False (nothing
-    registered) with torch < 2.6 (mmsoft's own loaders use
-    :class:`mmsoft.utils.safe_load.RestrictedUnpickler` there).
-    """
-    return _fix_torch_load_mmengine_safe_globals()
-
-
-def _fix_torch_load_mmengine_safe_globals():
-    """Allow-list what mmengine training checkpoints need (see module doc).
-
-    Returns False (nothing to fix) with torch < 2.6, whose ``torch.load``
-    defaults to ``weights_only=False`` (and whose ``add_safe_globals``, where
-    it exists, does not take the ``(obj, name)`` entries used here;
-    mmsoft's loaders use :class:`mmsoft.utils.safe_load.RestrictedUnpickler`
-    there).
+    ``import mmsoft`` calls this, the one process-wide change it makes:
+    mmengine 0.10 calls ``torch.load`` without ``weights_only``, which is
+    True by default since torch 2.6, so ``Runner(resume / load_from)``, the
+    inferencers (which load before any model is built) and ``torch.load``
+    of any ``epoch_N.pth`` fail on mmengine's own ``HistoryBuffer``.
+    torch's allow-list is process-global by design and mmengine passes no
+    per-call list; the alternative, ``weights_only=False``, runs code from
+    the file. The entries only widen what ``torch.load`` accepts, to
+    objects that cannot run code or change state. Returns False (nothing
+    registered) before torch 2.6, where ``torch.load`` unpickles anything
+    by default and mmsoft's own loaders use
+    :class:`mmsoft.utils.safe_load.RestrictedUnpickler`.
     """
     if not native_allow_list():
         return False
     from torch.serialization import add_safe_globals
-    if MMENGINE_SAFE_GLOBALS:  # applied before: add the same objects again
-        add_safe_globals(MMENGINE_SAFE_GLOBALS)
-        return True
-    safe = mmengine_safe_globals()
-    add_safe_globals(safe)  # a set union: repeating it changes nothing
-    MMENGINE_SAFE_GLOBALS[:] = safe
+    MMENGINE_SAFE_GLOBALS[:] = mmengine_safe_globals()
+    add_safe_globals(MMENGINE_SAFE_GLOBALS)  # a set union: idempotent
     return True
 
 
@@ -244,56 +153,3 @@ def unravel_index(indices, shape):
         out.append(torch.remainder(indices, size))
         indices = torch.div(indices, size, rounding_mode='floor')
     return tuple(reversed(out))
-
-
-def _fix_mmengine_verified_local_loader():
-    """Damage and checksum checks on mmengine's local loads (module doc)."""
-    from mmsoft.utils.checkpoint_io import install_loader
-    return install_loader()
-
-
-_FIXES = (
-    ('torch_load_mmengine_safe_globals',
-     _fix_torch_load_mmengine_safe_globals),
-    ('mmengine_verified_local_loader', _fix_mmengine_verified_local_loader),
-)
-
-
-def apply():
-    """Apply the fixes; idempotent.
-
-    Returns:
-        list[str]: names of the fixes in effect (those applied by this call
-        or an earlier one), in order.
-    """
-    for name, fix in _FIXES:
-        if name not in _APPLIED and fix():
-            _APPLIED.append(name)
-    return list(_APPLIED)
-
-
-def applied():
-    """Names of the fixes applied so far."""
-    return list(_APPLIED)
-
-
-def check_optional_deps(warn=True):
-    """Report packages mmseg needs but does not declare (ftfy, regex).
-
-    Nothing is installed or stubbed: a missing one still fails where mmseg
-    imports it; this only says which and how to fix it.
-
-    Returns:
-        list[str]: the missing packages (empty when all are importable).
-    """
-    missing = [
-        name for name in OPTIONAL_DEPS
-        if importlib.util.find_spec(name) is None
-    ]
-    if missing and warn:
-        warnings.warn(
-            'mmsoft: missing packages needed by mmsegmentation: ' +
-            ', '.join(f'{m} ({OPTIONAL_DEPS[m]})' for m in missing) +
-            f'; fix: pip install {" ".join(missing)}',
-            stacklevel=2)
-    return missing

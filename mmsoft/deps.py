@@ -1,20 +1,11 @@
-"""The tested version ranges of mmsoft's dependencies; warn when outside.
+"""The tested version ranges of mmsoft's dependencies.
 
-:func:`check_versions` runs once per process in :func:`mmsoft.setup`
-(when mmsoft builds its first SOFT backbone or hook, and in the tools; see
-:mod:`mmsoft.runtime`). It reads installed versions with
-:mod:`importlib.metadata` only (it imports none of the codebases) and warns
-(never raises) for each installed package outside its tested range.
-Packages that are not installed are skipped: mmdet, mmseg and mmpretrain
-are optional (the extras ``mmsoft[det]``, ``mmsoft[seg]``,
-``mmsoft[cls]``).
-
-The ranges equal the ``requirements/*.txt`` specifiers and go from the
-oldest to the newest stack of the support matrix (``make compat``,
-tools/compat/stacks.py; the upper bound is the next minor release): tests
-check both. mmcv 2.1.0 is the only mmcv tested (the last one with prebuilt
-wheels; mmdet 3.2 / mmseg 1.2 / mmpretrain 1.1 are the first releases
-that accept it; the mmseg 1.2.0 wheel misses a data file mmseg needs).
+:func:`check_versions` warns (never raises) for each installed package
+outside its tested range; mmsoft's tools call it
+(:func:`mmsoft.tools_support.launch.import_codebase`), ``import mmsoft``
+does not. It reads versions with :mod:`importlib.metadata` only. The ranges
+equal the ``requirements/*.txt`` specifiers and span the support matrix
+(tools/compat/stacks.py; upper bound: the next minor release).
 """
 import re
 import warnings

@@ -7,8 +7,10 @@ unpickler with mmsoft's allow-list on torch >= 2.6, a restricted unpickler
 before). A crafted checkpoint whose unpickling would create a marker file
 (``builtins.open(marker, 'w')``; the test first shows that plain
 ``torch.load(weights_only=False)`` does create it) goes through every entry
-point: mmengine's loaders as ``Runner(resume / load_from)`` and the
-inferencers call them, the resume search, ``init_cfg`` ``Pretrained`` (the
+point: ``Runner(load_from / resume)`` with mmsoft's ``SafeCheckpointHook``
+(its ``before_run`` reads the file with mmsoft's reader before mmengine's
+``torch.load``; mmengine's loaders themselves are not patched), the resume
+search, ``init_cfg`` ``Pretrained`` (the
 loader of :mod:`mmsoft.models.loading` and the backbone's
 ``init_weights``), the
 ONNX export's loader, both converters, ``tools/test.py`` and
@@ -29,8 +31,6 @@ from conftest import ROOT, cls_demo_config, load_module, run
 
 import mmsoft
 from mmsoft.utils import checkpoint_io as cio
-
-mmsoft.setup()  # what building SOFT / an mmsoft hook / the tools do
 
 
 class Payload:
@@ -78,20 +78,21 @@ def test_payload_runs_when_unpickled_unsafely(tmp_path, kind):
     assert marker.exists()
 
 
-def _mmengine_load_checkpoint(path):
-    from mmengine.runner import load_checkpoint
-    load_checkpoint(nn.Linear(2, 1), path, map_location='cpu')
+def _hook_before_run(resume):
+    """What ``Runner.train / val / test`` run before ``load_or_resume``:
+    the ``before_run`` of a config's ``SafeCheckpointHook``
+    (tests/test_engine/test_hooks/test_checkpoint_hook.py runs it in a
+    real Runner)."""
 
+    def check(path):
+        from types import SimpleNamespace
 
-def _mmengine_private_loader(path):
-    # what Runner.resume / Runner.load_checkpoint / the inferencers call
-    from mmengine.runner.checkpoint import _load_checkpoint
-    _load_checkpoint(path, map_location='cpu')
+        from mmsoft.engine import SafeCheckpointHook
+        runner = SimpleNamespace(
+            _load_from=path, _resume=resume, _has_loaded=False)
+        SafeCheckpointHook().before_run(runner)
 
-
-def _checkpoint_loader(path):
-    from mmengine.runner.checkpoint import CheckpointLoader
-    CheckpointLoader.load_checkpoint(path, map_location='cpu')
+    return check
 
 
 def _resume_search(path):
@@ -134,37 +135,9 @@ def _converter(name):
     return convert
 
 
-def _http_pretrained(path):
-    """``init_cfg`` ``Pretrained`` with a URL: mmengine's http loader,
-    served from 127.0.0.1."""
-    import functools
-    import http.server
-    import threading
-
-    from mmengine.runner.checkpoint import CheckpointLoader
-    handler = functools.partial(
-        http.server.SimpleHTTPRequestHandler, directory=osp.dirname(path))
-    handler.log_message = lambda *a, **k: None
-    server = http.server.ThreadingHTTPServer(('127.0.0.1', 0), handler)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    try:
-        url = (f'http://127.0.0.1:{server.server_address[1]}/'
-               f'{osp.basename(path)}')
-        CheckpointLoader.load_checkpoint(
-            url,
-            map_location='cpu',
-            model_dir=osp.join(osp.dirname(path), 'hub'))
-    finally:
-        server.shutdown()
-        server.server_close()
-
-
 ENTRY_POINTS = {
-    'http_Pretrained': _http_pretrained,
-    'mmengine.load_checkpoint': _mmengine_load_checkpoint,
-    'mmengine._load_checkpoint': _mmengine_private_loader,
-    'CheckpointLoader': _checkpoint_loader,
+    'Runner_load_from': _hook_before_run(resume=False),
+    'Runner_resume': _hook_before_run(resume=True),
     'resume_search': _resume_search,
     'init_cfg_Pretrained': _init_cfg_pretrained,
     'SOFT.init_weights': _soft_init_weights,
@@ -184,7 +157,7 @@ def test_crafted_checkpoint_is_refused(tmp_path, kind, entry, capsys):
     assert not marker.exists(), f'{entry} ran code from {path}'
     msg = str(info.value) + capsys.readouterr().err
     assert 'weights_only=False' not in msg, msg
-    if entry not in ('safe_torch_load', 'resume_search', 'http_Pretrained'):
+    if entry not in ('safe_torch_load', 'resume_search'):
         # one line naming the file and the safe fix
         line = [ln for ln in msg.splitlines() if path in ln]
         assert line and 'refused' in line[0] and ('--trust-checkpoint'

@@ -2,9 +2,8 @@
 
 Each fix has a test that fails without it: the baseline failure is shown in a
 fresh interpreter that never imports mmsoft, and in this process with the
-allow-list removed; once mmsoft is imported (the allow-list) or set up
-(:func:`mmsoft.setup`, which building a SOFT backbone or an mmsoft hook
-runs: the verified loader) the same files load.
+allow-list removed; once mmsoft is imported (the allow-list) the same files
+load, through mmengine's own, unpatched loaders.
 """
 import json
 import os
@@ -18,15 +17,11 @@ import numpy as np
 import pytest
 import torch
 import torch.nn as nn
-from conftest import needs_torch, run_python
+from conftest import ROOT, needs_torch, run, run_python
 from mmengine.logging import HistoryBuffer, MessageHub
 
-import mmsoft
 from mmsoft import compat
 
-mmsoft.setup()  # what building SOFT / an mmsoft hook / the tools do
-
-FIX = 'torch_load_mmengine_safe_globals'
 # torch 2.6 made weights_only=True the default of torch.load, and only its
 # allow-list takes (obj, name) entries: the fix applies there (mmsoft's own
 # loaders are safe on every torch: tests/test_checkpoint_safety.py)
@@ -71,10 +66,10 @@ def without_fix():
 
 
 @needs_weights_only
-def test_apply_is_idempotent_and_named():
-    assert FIX in compat.applied()
+def test_register_safe_globals_is_idempotent():
     before = set(map(str, torch.serialization.get_safe_globals()))
-    assert compat.apply() == compat.apply() == compat.applied()
+    assert compat.register_safe_globals() is True
+    assert compat.register_safe_globals() is True
     assert set(map(str, torch.serialization.get_safe_globals())) == before
     for entry in compat.MMENGINE_SAFE_GLOBALS:
         assert entry in torch.serialization.get_safe_globals()
@@ -222,38 +217,13 @@ def test_weights_only_still_refuses_other_globals(tmp_path):
         torch.load(path)
 
 
-def test_check_optional_deps_present():
-    """tools/setup_env.sh installs the packages mmseg needs undeclared."""
-    assert compat.check_optional_deps() == [], 'pip install ftfy regex'
-
-
-def test_check_optional_deps_reports_missing(monkeypatch):
-    import importlib.util
-    monkeypatch.setattr(importlib.util, 'find_spec', lambda name, *a: None
-                        if name == 'ftfy' else 'spec')
-    with warnings.catch_warnings(record=True) as rec:
-        warnings.simplefilter('always')
-        assert compat.check_optional_deps() == ['ftfy']
-    assert any('pip install ftfy' in str(w.message) for w in rec)
-    assert compat.check_optional_deps(warn=False) == ['ftfy']
-
-
-def test_mmsoft_setup_applies_compat():
-    # the allow-list fix is for torch's own weights-only torch.load (>= 2.6)
-    assert mmsoft.compat is compat
-    assert (FIX in compat.applied()) == compat.native_allow_list()
-    assert 'mmengine_verified_local_loader' in compat.applied()
-    assert mmsoft.setup() == compat.applied()
-
-
 @needs_weights_only
-def test_import_adds_allow_list_building_soft_sets_up(tmp_path):
+def test_import_adds_allow_list_and_leaves_mmengine_alone(tmp_path):
     """A fresh process: ``import mmsoft`` adds only the checkpoint
     allow-list to torch (mmengine's inferencers load a checkpoint before
-    any model is built: issue 27) and leaves mmengine's loader alone;
-    building SOFT through mmengine's root registry (what a
-    ``custom_imports=['mmsoft']`` config does before the Runner resumes or
-    loads) applies the other fixes."""
+    any model is built: issue 27); mmengine's own loader, unpatched, then
+    loads a Runner checkpoint, also after a SOFT model is built (the rest
+    of the process state: tests/test_process_state.py)."""
     path = tmp_path / 'iter_3.pth'
     _mmengine_checkpoint(path)
     code = textwrap.dedent(f"""
@@ -262,25 +232,20 @@ def test_import_adds_allow_list_building_soft_sets_up(tmp_path):
         from mmengine.runner.checkpoint import CheckpointLoader
         before = set(map(str, torch.serialization.get_safe_globals()))
         loader = CheckpointLoader._schemes['']
-        import mmsoft
-        from mmsoft import compat
-        out = dict(after_import=compat.applied(),
-                   same_globals=before == set(
-                       map(str, torch.serialization.get_safe_globals())),
-                   same_loader=CheckpointLoader._schemes[''] is loader)
         try:
             torch.load({str(path)!r})
-            out['load_before'] = 'ok'
+            out = dict(load_before='ok')
         except pickle.UnpicklingError:
-            out['load_before'] = 'refused'
+            out = dict(load_before='refused')
+        import mmsoft
+        from mmsoft import compat
         out['only_allow_list'] = set(
             map(str, torch.serialization.get_safe_globals())) - before == \
             set(map(str, compat.MMENGINE_SAFE_GLOBALS))
         MODELS.build(dict(type='SOFT', arch=dict(
             embed_dims=[8, 16, 16, 32], num_heads=[1, 2, 2, 2],
             depths=[1, 1, 1, 1])))
-        out['after_build'] = compat.applied()
-        out['loader'] = CheckpointLoader._schemes[''].__module__
+        out['same_loader'] = CheckpointLoader._schemes[''] is loader
         out['iter'] = CheckpointLoader.load_checkpoint(
             {str(path)!r}, map_location='cpu')['meta']['iter']
         print(json.dumps(out))
@@ -289,14 +254,7 @@ def test_import_adds_allow_list_building_soft_sets_up(tmp_path):
     assert res.returncode == 0, res.stderr[-2000:]
     out = json.loads(res.stdout.strip().splitlines()[-1])
     assert out == dict(
-        after_import=[],
-        same_globals=False,
-        only_allow_list=True,
-        same_loader=True,
-        load_before='ok',
-        after_build=[FIX, 'mmengine_verified_local_loader'],
-        loader='mmsoft.utils.checkpoint_io',
-        iter=3)
+        load_before='refused', only_allow_list=True, same_loader=True, iter=3)
 
 
 # ---------------------------------------------- loading mutates nothing
@@ -402,7 +360,6 @@ def test_fresh_process_loads_runner_checkpoint_quietly(tmp_path):
         warnings.simplefilter('error')
         import torch
         import mmsoft
-        mmsoft.setup()
         ckpt = torch.load({str(path)!r})
         buf = ckpt['message_hub']['log_scalars']['train/loss']
         print(buf.statistics('mean'))
@@ -443,9 +400,25 @@ def test_quiet_stack_imports_drops_only_the_named_warning(
 
 
 def test_import_mmsoft_prints_nothing():
-    """``import mmsoft`` writes nothing to stderr on any stack of the matrix
-    (torch 2.4 printed a deprecation of torch.distributed.optim that no
-    filter can hide; the tools' one-line messages came second)."""
-    proc = run_python('import mmsoft')
+    """``import mmsoft`` writes nothing to stderr and leaves
+    ``warnings.showwarning`` alone (torch 2.4's unfilterable deprecation
+    of torch.distributed.optim is dropped by the tools, which call
+    :mod:`mmsoft._quiet` first: the test below)."""
+    proc = run_python('import warnings; show = warnings.showwarning; '
+                      'import mmsoft; assert warnings.showwarning is show')
     assert proc.returncode == 0, proc.stderr
-    assert proc.stderr == '', proc.stderr
+    if compat.torch_version() != (2, 4):
+        assert proc.stderr == '', proc.stderr
+
+
+@pytest.mark.parametrize('tool', ['train', 'test'])
+def test_tools_print_only_their_own_output(tool):
+    """The tools' first line of output is their own (mmsoft._quiet runs
+    before mmengine is imported)."""
+    proc = run(
+        [sys.executable,
+         os.path.join(ROOT, 'tools', f'{tool}.py'), '--help'],
+        timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stderr == '' and proc.stdout.startswith('usage:'), \
+        proc.stderr

@@ -24,13 +24,29 @@ import warnings
 # times before the tool's own output (e.g. the data check's message)
 warnings.filterwarnings('ignore', message='pkg_resources is deprecated')
 
-# first: mmsoft quiets the stacks' import noise (mmsoft._quiet)
+# first, before mmengine imports it: torch 2.4's deprecation warning on
+# torch.distributed.optim, shown under simplefilter('always') so that no
+# filter hides it (mmsoft/_quiet.py; loaded by path, as importing the
+# mmsoft package imports mmengine)
+from importlib import util as _util  # noqa: E402  # isort: skip
+
+_quiet = _util.module_from_spec(
+    _util.spec_from_file_location(
+        'mmsoft_quiet',
+        _util.find_spec('mmsoft').submodule_search_locations[0] +
+        '/_quiet.py'))  # noqa: E402
+_quiet.__spec__.loader.exec_module(_quiet)
+_quiet.quiet_stack_imports()
+
 import mmsoft  # noqa: E402,F401  # isort: skip
 from mmengine.config import Config, ConfigDict  # noqa: E402
 from mmengine.registry import RUNNERS  # noqa: E402
 from mmengine.runner import Runner  # noqa: E402
 
+from mmsoft.engine import use_safe_checkpoint_hook  # noqa: E402
 from mmsoft.tools_support import cli, data_check, launch  # noqa: E402
+from mmsoft.utils.checkpoint_io import CheckpointError  # noqa: E402
+from mmsoft.utils.checkpoint_io import CheckpointRefused  # noqa: E402
 from mmsoft.utils.strict_load import CheckpointMismatchError  # noqa: E402
 
 
@@ -144,6 +160,8 @@ def build_cfg(args):
     cfg = cli.apply_runner_args(Config.fromfile(args.config), args)
     cfg.load_from = args.checkpoint
     cli.add_strict_load_hook(cfg, args.partial_load)
+    # SafeCheckpointHook.before_run reads load_from safely before mmengine
+    use_safe_checkpoint_hook(cfg)
     return cfg
 
 
@@ -185,7 +203,8 @@ def main(argv=None):
 
     try:
         metrics = runner.test()
-    except CheckpointMismatchError as e:  # wrong weights: no metric
+    except (CheckpointMismatchError, CheckpointError,
+            CheckpointRefused) as e:  # wrong / damaged / unsafe weights
         sys.exit(f'error: {e}')
     finally:
         # tear the process group down before interpreter exit: left to

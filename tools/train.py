@@ -12,7 +12,7 @@ The codebase is picked from the config's ``default_scope``::
 ``--resume`` without a path resumes from the newest complete checkpoint of
 the work dir (damaged newer ones are skipped with a warning), ``--resume
 PATH`` from PATH; a config's plain ``CheckpointHook`` becomes mmsoft's
-``SafeCheckpointHook`` (atomic writes, checksum, RNG states). Without
+``SafeCheckpointHook`` (atomic writes, safe reads, RNG states). Without
 CUDA, ``--launcher pytorch`` (``tools/dist_train.sh``) runs one CPU process
 per "GPU" with the gloo backend (see :mod:`mmsoft.tools_support.launch`),
 and ``--amp`` trains under bfloat16 autocast.
@@ -31,7 +31,20 @@ import warnings
 # times before the tool's own output (e.g. the data check's message)
 warnings.filterwarnings('ignore', message='pkg_resources is deprecated')
 
-# first: mmsoft quiets the stacks' import noise (mmsoft._quiet)
+# first, before mmengine imports it: torch 2.4's deprecation warning on
+# torch.distributed.optim, shown under simplefilter('always') so that no
+# filter hides it (mmsoft/_quiet.py; loaded by path, as importing the
+# mmsoft package imports mmengine)
+from importlib import util as _util  # noqa: E402  # isort: skip
+
+_quiet = _util.module_from_spec(
+    _util.spec_from_file_location(
+        'mmsoft_quiet',
+        _util.find_spec('mmsoft').submodule_search_locations[0] +
+        '/_quiet.py'))  # noqa: E402
+_quiet.__spec__.loader.exec_module(_quiet)
+_quiet.quiet_stack_imports()
+
 import mmsoft  # noqa: E402,F401  # isort: skip
 from mmengine.config import Config  # noqa: E402
 from mmengine.registry import RUNNERS  # noqa: E402
@@ -40,6 +53,8 @@ from mmengine.runner import Runner  # noqa: E402
 from mmsoft.engine import add_nonfinite_hook  # noqa: E402
 from mmsoft.engine import use_safe_checkpoint_hook  # noqa: E402
 from mmsoft.tools_support import cli, data_check, launch  # noqa: E402
+from mmsoft.utils.checkpoint_io import CheckpointError  # noqa: E402
+from mmsoft.utils.checkpoint_io import CheckpointRefused  # noqa: E402
 from mmsoft.utils.checkpoint_io import CheckpointWriteError  # noqa: E402
 from mmsoft.utils.strict_load import CheckpointMismatchError  # noqa: E402
 
@@ -88,7 +103,7 @@ def build_cfg(args):
                                '"auto_scale_lr.base_batch_size" in your'
                                ' configuration file.')
 
-    # atomic, checksummed checkpoints with RNG states (mmsoft's hook also
+    # atomic checkpoints with RNG states, read safely (mmsoft's hook also
     # makes --resume take the newest complete checkpoint)
     use_safe_checkpoint_hook(cfg)
     # stop at the first non-finite loss (mmsoft.engine.NonFiniteLossHook)
@@ -124,8 +139,10 @@ def main(argv=None):
             runner = RUNNERS.build(cfg)
         try:
             runner.train()
-        except (CheckpointMismatchError, CheckpointWriteError) as e:
-            sys.exit(f'error: {e}')  # wrong weights, full disk: one message
+        except (CheckpointMismatchError, CheckpointWriteError, CheckpointError,
+                CheckpointRefused) as e:
+            # wrong, damaged or unsafe weights, full disk: one message
+            sys.exit(f'error: {e}')
         finally:
             # tear the process group down before interpreter exit: left to
             # atexit, gloo can abort ("terminate called without an active

@@ -3,8 +3,9 @@ strict (or explicitly partial) load -> a one-line report.
 
 1. **File**: :func:`read_checkpoint` - MMEngine's loader (local files,
    URLs, ``open-mmlab://`` ...) under mmsoft's safe loading
-   (:func:`mmsoft.runtime.setup`: weights-only unpickling on every torch,
-   damage and checksum checks; a code-running pickle is refused).
+   (local files: :func:`mmsoft.utils.checkpoint_io.load_verified`,
+   weights-only on every torch, CRC-32 damage check; a code-running
+   pickle is refused).
    The converter tools read files with
    :func:`~mmsoft.utils.checkpoint_files.load_checkpoint_file` (the same
    safe loader, converter wording).
@@ -53,7 +54,6 @@ from mmengine.logging import print_log
 from mmengine.model.weight_init import update_init_info
 from mmengine.registry import WEIGHT_INITIALIZERS
 
-from mmsoft.runtime import setup
 from mmsoft.utils.checkpoint_files import ConversionError, extract_state_dict
 from mmsoft.utils.strict_load import (CheckpointMismatchError, LoadReport,
                                       check_state_dict, few_keys, strip_prefix,
@@ -93,14 +93,18 @@ def read_checkpoint(filename: str, map_location='cpu', mmap: bool = False):
     loader with mmsoft's safe loading in effect. ``mmap=True`` (to inspect
     the structure of a local file, e.g. before an inferencer loads it):
     the tensors stay on disk where the file format allows it."""
+    import os.path as osp
+
     from mmengine.runner.checkpoint import _load_checkpoint
-    setup()  # weights-only loader, allow-list, checksums (mmsoft.runtime)
     if mmap:
         try:  # torch's weights-only unpickler: nothing runs from the file
             return torch.load(
                 filename, map_location='cpu', weights_only=True, mmap=True)
         except Exception:  # noqa: BLE001 - legacy format: read it whole
             pass
+    from mmsoft.utils.checkpoint_io import load_verified
+    if osp.isfile(filename):  # mmsoft's safe reader (no loader patch)
+        return load_verified(filename, map_location=map_location)
     return _load_checkpoint(filename, map_location=map_location)
 
 
@@ -484,7 +488,6 @@ def run_converter(convert: Callable, args) -> int:
     """Run a converter tool's ``convert(args)``: 0, or 1 after printing
     its :class:`ConversionError` as ``error: ...`` on stderr."""
     import sys
-    setup()  # loads mmengine training checkpoints (mmsoft.compat)
     try:
         convert(args)
     except ConversionError as e:

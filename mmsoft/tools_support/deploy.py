@@ -94,15 +94,14 @@ def load_weights(model: nn.Module,
     and weights converted for the other attention normalisation are
     refused (``meta['attn_norm']``). ``partial_load`` (``--partial-load``)
     loads the matching tensors and prints what was skipped."""
-    from mmengine.runner.checkpoint import _load_checkpoint
-
     from mmsoft.models.loading import (check_attn_norm,
                                        check_checkpoint_for_model)
+    from mmsoft.utils.checkpoint_io import load_verified
     from mmsoft.utils.strict_load import CheckpointMismatchError
     if not osp.isfile(checkpoint):
         raise ExportError(f'checkpoint {checkpoint!r} does not exist; pass '
                           f'a .pth file (or "none" for random weights)')
-    ckpt = _load_checkpoint(checkpoint, map_location='cpu')
+    ckpt = load_verified(checkpoint)  # mmsoft's safe reader
     state = ckpt.get('state_dict', ckpt) if isinstance(ckpt, dict) else ckpt
     if not isinstance(state, dict):
         raise ExportError(f'checkpoint {checkpoint!r} holds no state_dict; '

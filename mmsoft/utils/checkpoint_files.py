@@ -8,7 +8,7 @@ files, independent of any model:
 * :func:`extract_state_dict`, :func:`strip_module_prefix` - the weights of
   any timm checkpoint layout;
 * :func:`check_output_path`, :func:`save_checkpoint_atomic` - refuse to
-  replace the input, write atomically with a checksum.
+  replace the input, write atomically.
 
 Problems raise :class:`ConversionError` (one line each). Loading weights
 into models (layout detection, conversion, strict load) is
@@ -52,12 +52,10 @@ def load_checkpoint_file(path: str, trust: bool = False):
     Errors (:class:`ConversionError`, one line each): a missing file, a
     directory, a damaged file (empty, truncated, CRC error: reported as
     damaged, never with the advice to unpickle it), pickled objects refused
-    by the weights-only unpickler (the refused globals are named), and a
-    checkpoint whose mmsoft checksum does not match.
+    by the weights-only unpickler (the refused globals are named).
     """
-    from mmsoft.utils.checkpoint_io import (CheckpointError, describe_damage,
-                                            refusal_message, refused_globals,
-                                            verify_checksum)
+    from mmsoft.utils.checkpoint_io import (describe_damage, refusal_message,
+                                            refused_globals)
     from mmsoft.utils.safe_load import safe_torch_load
     if os.path.isdir(path):
         raise ConversionError(f'checkpoint {path!r} is a directory, not a '
@@ -87,10 +85,6 @@ def load_checkpoint_file(path: str, trust: bool = False):
         ]
         raise ConversionError(refusal_message(path, refused,
                                               converter=True)) from None
-    try:
-        verify_checksum(ckpt, path)
-    except CheckpointError as e:
-        raise ConversionError(str(e)) from None
     return ckpt
 
 
@@ -185,13 +179,11 @@ def save_checkpoint_atomic(obj, path: str) -> None:
     """``torch.save`` to a temporary file next to ``path``, ``fsync``, then
     ``os.replace``: ``path`` is either the complete new file or untouched,
     and no temporary file is left behind (also on SIGINT / SIGTERM;
-    temporaries of a SIGKILLed earlier run are removed first). A dict
-    ``obj`` gets an mmsoft checksum of its entries in ``obj['meta']``
-    (verified when mmsoft / mmengine load the file). OS errors (unwritable
-    directory, full disk, ...) raise a one-line :class:`ConversionError`.
+    temporaries of a SIGKILLed earlier run are removed first). OS errors
+    (unwritable directory, full disk, ...) raise a one-line
+    :class:`ConversionError`.
     """
-    from mmsoft.utils.checkpoint_io import (add_checksum, remove_stale_temps,
-                                            save_atomic)
+    from mmsoft.utils.checkpoint_io import remove_stale_temps, save_atomic
     path = os.path.abspath(path)
     d = os.path.dirname(path)
     if os.path.isdir(path):
@@ -203,8 +195,6 @@ def save_checkpoint_atomic(obj, path: str) -> None:
     if not os.path.isdir(d):
         raise ConversionError(f'output directory {d!r} does not exist')
     remove_stale_temps(d, name=os.path.basename(path))
-    if isinstance(obj, dict):
-        add_checksum(obj)
     try:
         save_atomic(obj, path)
     except OSError as e:

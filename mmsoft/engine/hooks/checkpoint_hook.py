@@ -1,46 +1,36 @@
 """``SafeCheckpointHook``: mmengine's ``CheckpointHook`` whose checkpoints
-survive a kill, carry a checksum and resume bit-exactly.
+survive a kill and a full disk, resume bit-exactly and are read safely.
 
 mmengine 0.10.7's ``CheckpointHook`` (with ``max_keep_ckpts``) deletes the
-oldest kept checkpoint *before* writing the new one, writes the new one in
-place, and ``Runner(resume=True)`` trusts ``work_dir/last_checkpoint``: a
-``kill -9`` during the write of ``epoch_2.pth`` with ``max_keep_ckpts=1``
-left a truncated ``epoch_2.pth``, no ``epoch_1.pth`` and a failing
-``--resume``. The RNG states were not saved, so a resumed run with random
-augmentation differed from an uninterrupted one.
-
-This hook (same arguments as ``CheckpointHook``, plus ``save_rng``):
+oldest checkpoint *before* writing the new one in place, ``Runner(resume=
+True)`` trusts ``work_dir/last_checkpoint``, no RNG state is saved, and
+before torch 2.6 its ``torch.load`` unpickles anything. This hook (the
+arguments of ``CheckpointHook``, plus ``save_rng``; opt-in by name in a
+config, ``tools/train.py`` swaps it in):
 
 * writes every checkpoint (periodic and best) to a temporary file in the
   same directory, ``fsync`` s it and renames it into place
-  (:mod:`mmsoft.utils.checkpoint_io`); outdated checkpoints are removed, and
+  (:mod:`mmsoft.utils.atomic`); outdated checkpoints are removed, and
   ``last_checkpoint`` (itself replaced atomically) updated, only after the
-  new file is complete; temporaries left by a killed run are removed by the
-  next one;
-* stores a SHA-256 of the saved state under ``meta['mmsoft_checksum']``,
-  verified whenever mmengine loads the file once mmsoft is set up (building
-  this hook does it: :func:`mmsoft.setup`);
-* stores each rank's RNG states (python ``random``, numpy, torch CPU and
-  CUDA) and the train sampler's seed under ``meta['mmsoft_rng']``, and
-  restores them on resume, after mmengine has replayed the dataloader of an
-  iteration-based loop; validation runs leave the training RNG streams
-  untouched, so kill + resume equals an uninterrupted run;
-* with ``resume=True`` (``tools/train.py --resume``), resumes from the
-  newest *complete* checkpoint of the work dir, skipping damaged newer ones
-  with a warning.
+  new file is complete; a failed write (full disk) raises
+  :class:`~mmsoft.utils.checkpoint_io.CheckpointWriteError` naming what was
+  kept; temporaries of a killed run are removed by the next one;
+* stores each rank's RNG states and the train sampler's seed under
+  ``meta['mmsoft_rng']`` / ``meta['mmsoft_sampler_seed']`` and restores
+  them on resume (after mmengine replays an iteration-based loop's
+  batches); validation leaves the training RNG streams untouched;
+* in ``before_run`` (which mmengine 0.10 calls before ``load_or_resume``):
+  with ``resume=True`` and no path, picks the newest *complete* checkpoint
+  (damaged newer ones are skipped with a warning); a ``load_from`` /
+  ``--resume PATH`` file is read first with mmsoft's safe reader
+  (:func:`~mmsoft.utils.checkpoint_io.check_runner_checkpoint`): a damaged
+  or code-running file stops the run with one line, on every torch.
 
-Only local directories get the atomic treatment; other storage backends fall
-back to mmengine's behaviour.
-
-Data-loader workers need no saved state: mmengine's ``worker_init_fn``
-seeds them from (seed, rank, worker id) whenever they start, and an
-iteration-based loop replays its batches through them on resume. Bit-exact
-resume therefore holds with ``num_workers=0`` (the demo configs) or
-non-persistent workers; ``persistent_workers=True`` keeps worker RNG streams
-across epochs, which a resumed run restarts.
+Only local directories get the atomic treatment. Bit-exact resume holds
+with ``num_workers=0`` or non-persistent workers (mmengine's
+``worker_init_fn`` reseeds workers from (seed, rank, worker id)).
 """
 import contextlib
-import logging
 import os
 import os.path as osp
 
@@ -49,10 +39,10 @@ from mmengine.dist import (broadcast_object_list, get_rank, get_world_size,
 from mmengine.hooks import CheckpointHook
 from mmengine.registry import HOOKS
 
-from mmsoft.runtime import setup
 from mmsoft.utils.atomic import atomic_path, atomic_write
 from mmsoft.utils.checkpoint_io import (CheckpointError, CheckpointWriteError,
-                                        add_checksum, find_newest_complete,
+                                        check_runner_checkpoint,
+                                        find_newest_complete,
                                         remove_stale_temps)
 from mmsoft.utils.rng_state import get_rng_state, set_rng_state
 
@@ -116,7 +106,7 @@ class _RestoreAfter:
 
 @HOOKS.register_module()
 class SafeCheckpointHook(CheckpointHook):
-    """``CheckpointHook`` with atomic writes, checksums, RNG states and
+    """``CheckpointHook`` with atomic writes, RNG states, safe reads and
     resume from the newest complete checkpoint (see the module doc).
 
     Args:
@@ -127,7 +117,6 @@ class SafeCheckpointHook(CheckpointHook):
 
     def __init__(self, *args, save_rng: bool = True, **kwargs):
         super().__init__(*args, **kwargs)
-        setup()  # compat fixes before the Runner resumes (mmsoft.runtime)
         self.save_rng = save_rng
         self._atomic_depth = 0
         self._pending_rng = None  # gathered states for the current save
@@ -143,10 +132,12 @@ class SafeCheckpointHook(CheckpointHook):
                         osp.basename(runner.work_dir.rstrip(osp.sep)))
 
     def before_run(self, runner) -> None:
-        """``resume=True`` without a path: pick the newest complete
-        checkpoint (mmengine would take ``last_checkpoint`` on trust)."""
+        """Check the ``load_from`` / resume file; ``resume=True`` without a
+        path: pick the newest complete checkpoint (mmengine would take
+        ``last_checkpoint`` on trust)."""
         if not getattr(runner, '_resume', False) or \
                 getattr(runner, '_load_from', None) is not None:
+            check_runner_checkpoint(runner)
             return
         result = [None, None]
         if is_main_process():
@@ -267,7 +258,6 @@ class SafeCheckpointHook(CheckpointHook):
         sampler = _train_sampler(runner)
         if sampler is not None:
             meta['mmsoft_sampler_seed'] = sampler.seed
-        add_checksum(checkpoint)
 
     def _save_checkpoint_with_step(self, runner, step, meta):
         self._pending_rng = self._gather_rng() if self.save_rng else None
@@ -365,5 +355,4 @@ def use_safe_checkpoint_hook(cfg) -> bool:
             hook.get('type') not in PLAIN_TYPES + (CheckpointHook, ):
         return False
     hook['type'] = 'SafeCheckpointHook'
-    logging.getLogger(__name__).debug('CheckpointHook -> SafeCheckpointHook')
     return True

@@ -1,40 +1,18 @@
-"""Stop training at the first non-finite loss (issue 13).
+"""``NonFiniteLossHook``: stop training at the first non-finite loss.
 
-Without this hook a run whose loss became ``nan`` / ``inf`` (an exploding
-learning rate, a bad sample, an fp16 overflow) trains on to the end, exits
-0 and its CheckpointHook saves NaN weights over the last good checkpoint.
-
-:class:`NonFiniteLossHook` checks the loss of every training iteration
-*before* the backward pass and the optimizer step (it wraps the optim
-wrapper's ``update_params``), so the weights are never updated with a
-non-finite gradient, and stops the run with :class:`NonFiniteLossError`
-(the process exits non-zero) naming the epoch and iteration. Nothing is
-saved: the exception leaves ``runner.train()`` before any
-``after_train_iter`` / ``after_train_epoch`` hook (CheckpointHook) runs, so
-the last checkpoint on disk is the last good one.
-
-A finite loss can still come with overflowing gradients (e.g. an exploding
-learning rate: loss 5e9, gradients inf) whose optimizer step writes
-non-finite weights; the next loss is then NaN, but the CheckpointHook of
-*this* iteration would already have saved the NaN weights over the last good
-checkpoint. So the parameters are checked after every optimizer step (one
-max-abs reduction per device) and the run stops there too, before any
-checkpoint of that iteration; and no checkpoint with non-finite parameters
-is ever saved (``before_save_checkpoint``, for models whose ``train_step``
-bypasses ``update_params``).
-
-With ``max_skipped_steps=N`` (> 0) up to N consecutive non-finite steps
-are skipped instead (no backward, no optimizer step, gradients zeroed) and
-the run stops at the (N + 1)-th in a row. Non-finite parameters always stop
-the run (the step cannot be undone).
-
-In distributed runs the decision is all-reduced, so every rank skips or
-stops together (one rank stopping alone would leave the others waiting in
-the next collective).
-
-mmsoft's configs and ``tools/train.py`` turn it on::
-
-    custom_hooks = [dict(type='NonFiniteLossHook')]
+Without it a run whose loss became ``nan`` / ``inf`` trains on, exits 0 and
+its CheckpointHook saves NaN weights over the last good checkpoint. The
+hook wraps the optim wrapper's ``update_params``: the loss is checked
+*before* the backward pass and the step, the parameters (one max-abs
+reduction per device and dtype) right after the step, so the run stops with
+:class:`NonFiniteLossError` (naming the epoch and iteration) before any
+``after_train_iter`` hook (the CheckpointHook) runs; and no checkpoint
+with non-finite parameters is ever saved (``before_save_checkpoint``).
+``max_skipped_steps=N`` skips up to N consecutive non-finite losses (no
+step, gradients zeroed). In distributed runs the decision is all-reduced,
+so every rank stops or skips together. Opt-in, as a config's
+``custom_hooks = [dict(type='NonFiniteLossHook')]`` (``tools/train.py``
+adds it).
 """
 import functools
 import math
@@ -42,9 +20,13 @@ from typing import Optional
 
 import torch
 from mmengine.hooks import Hook
+from mmengine.model import is_model_wrapper
 from mmengine.registry import HOOKS
 
 __all__ = ['NonFiniteLossHook', 'NonFiniteLossError', 'add_nonfinite_hook']
+
+_FIX = ('Lower the learning rate or enable gradient clipping '
+        '(optim_wrapper.clip_grad).')
 
 
 class NonFiniteLossError(RuntimeError):
@@ -62,8 +44,7 @@ def _is_finite(value) -> bool:
 
 @torch.no_grad()
 def _nonfinite_params(params) -> list:
-    """The tensors of ``params`` holding a nan / inf (one max-abs reduction
-    per device and dtype; a finite but huge value is not flagged)."""
+    """The tensors of ``params`` holding a nan / inf."""
     groups = {}
     for p in params:
         if p is not None and (p.is_floating_point() or p.is_complex()) \
@@ -71,29 +52,25 @@ def _nonfinite_params(params) -> list:
             groups.setdefault((p.device, p.dtype), []).append(p)
     bad = []
     for tensors in groups.values():
-        try:
-            norms = torch._foreach_norm(tensors, ord=float('inf'))
-        except (AttributeError, RuntimeError, TypeError):  # pragma: no cover
-            norms = [t.abs().max() for t in tensors]
+        norms = torch._foreach_norm(tensors, ord=float('inf'))
         finite = torch.isfinite(torch.stack([n.float() for n in norms]))
-        if not bool(finite.all()):
-            bad += [t for t, ok in zip(tensors, finite.tolist()) if not ok]
+        bad += [t for t, ok in zip(tensors, finite.tolist()) if not ok]
     return bad
 
 
 def _any_rank(flag: bool) -> bool:
-    """True if ``flag`` is True on any rank (no-op outside distributed)."""
-    from mmengine.dist import all_reduce, get_world_size
+    """True if ``flag`` is True on any rank."""
+    from mmengine.dist import all_reduce, get_comm_device, get_world_size
     if get_world_size() == 1:
         return flag
-    t = torch.tensor([1.0 if flag else 0.0])
-    try:
-        from mmengine.dist import get_comm_device
-        t = t.to(get_comm_device())
-    except Exception:  # pragma: no cover
-        pass
+    t = torch.tensor([float(flag)], device=get_comm_device())
     all_reduce(t, op='max')
     return bool(t.item() > 0)
+
+
+def _module(runner):
+    model = runner.model
+    return model.module if is_model_wrapper(model) else model
 
 
 @HOOKS.register_module()
@@ -105,9 +82,8 @@ class NonFiniteLossHook(Hook):
             stopping; 0 (default) stops at the first one.
 
     Its priority (``'VERY_HIGH'``) puts its ``after_train_iter`` check
-    before the CheckpointHook's (``'VERY_LOW'``), as a second line of
-    defence for models whose ``train_step`` does not go through the optim
-    wrapper's ``update_params``.
+    before the CheckpointHook's, for models whose ``train_step`` bypasses
+    the optim wrapper's ``update_params``.
     """
 
     priority = 'VERY_HIGH'
@@ -124,70 +100,60 @@ class NonFiniteLossHook(Hook):
         self._step_skipped = False
         self._runner = None
 
-    # ------------------------------------------------------------ helpers
-    def _where(self, runner) -> str:
+    @staticmethod
+    def _where(runner) -> str:
         """'epoch E, iteration I/N' (1-based; I counts from the start)."""
         from mmengine.runner import EpochBasedTrainLoop
         loop = runner.train_loop
         max_iters = getattr(loop, 'max_iters', None)
-        it = f'iteration {runner.iter + 1}' + \
-            (f'/{max_iters}' if max_iters else '')
+        it = f'iteration {runner.iter + 1}' + (f'/{max_iters}'
+                                               if max_iters else '')
         if isinstance(loop, EpochBasedTrainLoop):
             return f'epoch {runner.epoch + 1}, {it}'
         return it
 
     @staticmethod
-    def _checkpoint_note(runner) -> str:
+    def _note(runner) -> str:
         work_dir = getattr(runner, 'work_dir', None)
-        if not work_dir:
-            return ''
-        return (f'; no checkpoint was written at this point (checkpoints '
-                f'in {work_dir} are from before the fault)')
+        return (f'; no checkpoint was written at this point (checkpoints in '
+                f'{work_dir} are from before the fault)' if work_dir else '')
 
-    def _stop(self, runner, loss) -> None:
-        ckpt = self._checkpoint_note(runner)
-        skipped = (f' after {self.skipped} skipped step(s)'
-                   if self.max_skipped_steps else '')
-        msg = (f'NonFiniteLossHook: non-finite training loss ({loss}) at '
-               f'{self._where(runner)}{skipped}; training stopped before '
-               f'the optimizer step{ckpt}. Lower the learning rate, enable '
-               f'gradient clipping (optim_wrapper.clip_grad), or allow '
-               f'skipped steps with custom_hooks=[dict('
-               f"type='NonFiniteLossHook', max_skipped_steps=N)].")
+    @staticmethod
+    def _fail(runner, msg):
         runner.logger.error(msg)
         raise NonFiniteLossError(msg)
 
-    def _param_names(self, runner, bad) -> str:
-        from mmengine.model import is_model_wrapper
-        model = runner.model
-        if is_model_wrapper(model):
-            model = model.module
+    @staticmethod
+    def _param_names(runner, bad) -> str:
         ids = {id(t) for t in bad}
-        names = [n for n, p in model.named_parameters() if id(p) in ids]
+        names = [
+            n for n, p in _module(runner).named_parameters() if id(p) in ids
+        ]
         shown = ', '.join(names[:3]) + (', ...' if len(names) > 3 else '')
         return f'{len(bad)} parameter tensor(s)' + (f' ({shown})'
                                                     if shown else '')
 
-    def _check_params(self, runner, params, loss) -> None:
-        """Stop if the optimizer step just wrote non-finite parameters."""
-        bad = _nonfinite_params(params)
-        if not _any_rank(bool(bad)):
-            return
-        what = self._param_names(runner, bad) if bad else \
-            'parameters on another rank'
-        ckpt = self._checkpoint_note(runner)
-        msg = (f'NonFiniteLossHook: the optimizer step at '
-               f'{self._where(runner)} made {what} nan / inf although the '
-               f'loss was finite ({loss}): the gradients or the update '
-               f'overflowed; training stopped{ckpt}. Lower the learning '
-               f'rate or enable gradient clipping (optim_wrapper.clip_grad).')
-        runner.logger.error(msg)
-        raise NonFiniteLossError(msg)
+    @staticmethod
+    def _fmt(loss) -> str:
+        if isinstance(loss, torch.Tensor):
+            loss = loss.detach().float().mean().item()
+        return str(loss)
+
+    def _stop(self, runner, loss) -> None:
+        skipped = (f' after {self.skipped} skipped step(s)'
+                   if self.max_skipped_steps else '')
+        self._fail(
+            runner, f'NonFiniteLossHook: non-finite training loss ({loss}) '
+            f'at {self._where(runner)}{skipped}; training stopped before the '
+            f'optimizer step{self._note(runner)}. Lower the learning rate, '
+            f'enable gradient clipping (optim_wrapper.clip_grad), or allow '
+            f'skipped steps '
+            f"with custom_hooks=[dict(type='NonFiniteLossHook', "
+            f'max_skipped_steps=N)].')
 
     def _check(self, loss) -> bool:
         """True if this step must be skipped; raises if training stops."""
-        bad = _any_rank(not _is_finite(loss))
-        if not bad:
+        if not _any_rank(not _is_finite(loss)):
             self.skipped = 0
             return False
         runner = self._runner
@@ -201,51 +167,53 @@ class NonFiniteLossHook(Hook):
             f'{self.max_skipped_steps} in a row)')
         return True
 
-    @staticmethod
-    def _fmt(loss) -> str:
-        if isinstance(loss, torch.Tensor):
-            loss = loss.detach().float().mean().item()
-        return str(loss)
+    def _check_params(self, optim_wrapper, loss) -> None:
+        """Stop if the optimizer step just wrote non-finite parameters."""
+        bad = _nonfinite_params([
+            p for g in optim_wrapper.optimizer.param_groups
+            for p in g['params']
+        ])
+        if _any_rank(bool(bad)):
+            runner = self._runner
+            what = self._param_names(runner, bad) if bad else \
+                'parameters on another rank'
+            self._fail(
+                runner, f'NonFiniteLossHook: the optimizer step at '
+                f'{self._where(runner)} made {what} nan / inf although the '
+                f'loss was finite ({self._fmt(loss)}): the gradients or the '
+                f'update overflowed; training stopped{self._note(runner)}. '
+                f'{_FIX}')
 
     def _guard(self, optim_wrapper) -> None:
-        """Wrap ``optim_wrapper.update_params`` (instance attribute) with
-        the check. Idempotent."""
+        """Wrap ``optim_wrapper.update_params`` (an instance attribute of
+        this run's wrapper) with the checks; idempotent."""
         if getattr(optim_wrapper, '_nonfinite_guarded', False):
             return
         original = optim_wrapper.update_params
-        hook = self
 
         @functools.wraps(original)
         def update_params(loss, *args, **kwargs):
-            hook._step_skipped = hook._check(loss)
-            if hook._step_skipped:
+            self._step_skipped = self._check(loss)
+            if self._step_skipped:
                 optim_wrapper.zero_grad()
                 return None
             result = original(loss, *args, **kwargs)
-            hook._check_params(hook._runner, [
-                p for g in optim_wrapper.optimizer.param_groups
-                for p in g['params']
-            ], hook._fmt(loss))
+            self._check_params(optim_wrapper, loss)
             return result
 
-        # with the config's ``compile`` switch (MMEngine compiles
-        # ``train_step``) the checks (``.item()``) and the optimizer step
-        # run eagerly: Dynamo cannot trace this wrapper's optimizer step
-        # (an internal error on ``param_groups``); the model's forward and
-        # backward stay compiled
-        optim_wrapper.update_params = _dynamo_disable(update_params)
+        # with the config's ``compile`` switch the checks (``.item()``)
+        # and the step run eagerly (Dynamo cannot trace this wrapper's
+        # step); the model's forward and backward stay compiled
+        from torch import _dynamo
+        optim_wrapper.update_params = _dynamo.disable(update_params)
         optim_wrapper._nonfinite_guarded = True
 
-    # ------------------------------------------------------------ hooks
     def before_train(self, runner) -> None:
         self._runner = runner
         wrappers = runner.optim_wrapper
-        if hasattr(wrappers, 'update_params') and \
-                not hasattr(wrappers, 'optim_wrappers'):
-            self._guard(wrappers)
-        else:  # OptimWrapperDict
-            for w in getattr(wrappers, 'optim_wrappers', {}).values():
-                self._guard(w)
+        for w in getattr(wrappers, 'optim_wrappers', {}).values() or \
+                [wrappers]:  # OptimWrapperDict or one OptimWrapper
+            self._guard(w)
 
     def before_train_iter(self,
                           runner,
@@ -266,39 +234,24 @@ class NonFiniteLossHook(Hook):
 
     def before_save_checkpoint(self, runner, checkpoint: dict) -> None:
         """Never save non-finite parameters (the last good checkpoint stays;
-        with mmsoft's SafeCheckpointHook nothing has been removed yet)."""
-        from mmengine.model import is_model_wrapper
-        model = runner.model
-        if is_model_wrapper(model):
-            model = model.module
-        bad = _nonfinite_params(list(model.parameters()))
-        if not bad:  # parameters are the same on every rank
-            return
-        msg = (f'NonFiniteLossHook: refusing to save a checkpoint at '
-               f'{self._where(runner)}: {self._param_names(runner, bad)} '
-               f'hold nan / inf; training stopped, the checkpoints on disk '
-               f'are from before the fault. Lower the learning rate or '
-               f'enable gradient clipping (optim_wrapper.clip_grad).')
-        runner.logger.error(msg)
-        raise NonFiniteLossError(msg)
-
-
-def _dynamo_disable(fn):
-    """``fn`` run eagerly inside ``torch.compile`` d code (unchanged
-    outside it)."""
-    disable = getattr(getattr(torch, '_dynamo', None), 'disable', None)
-    return fn if disable is None else functools.wraps(fn)(disable(fn))
+        with SafeCheckpointHook nothing has been removed yet)."""
+        bad = _nonfinite_params(list(_module(runner).parameters()))
+        if bad:  # parameters are the same on every rank
+            self._fail(
+                runner, f'NonFiniteLossHook: refusing to save a checkpoint '
+                f'at {self._where(runner)}: {self._param_names(runner, bad)} '
+                f'hold nan / inf; training stopped, the checkpoints on disk '
+                f'are from before the fault. {_FIX}')
 
 
 def add_nonfinite_hook(cfg) -> bool:
     """Add ``NonFiniteLossHook`` to ``cfg.custom_hooks`` unless the config
-    has one already (then its settings are kept). Returns True if added."""
+    has one already (its settings are kept). Returns True if added."""
     hooks = list(cfg.get('custom_hooks', None) or [])
     for h in hooks:
         t = h.get('type') if isinstance(h, dict) else h
         if t is NonFiniteLossHook or (isinstance(t, str) and t.split('.')[-1]
                                       == 'NonFiniteLossHook'):
             return False
-    hooks.append(dict(type='NonFiniteLossHook'))
-    cfg.custom_hooks = hooks
+    cfg.custom_hooks = hooks + [dict(type='NonFiniteLossHook')]
     return True

@@ -21,7 +21,6 @@ from mmengine.model.weight_init import trunc_normal_
 from torch.nn.modules.batchnorm import _BatchNorm
 
 from mmsoft.registry import register_model
-from mmsoft.runtime import setup
 from ..arch_zoo import ARCH_DEFAULTS, ARCH_ZOO, NUM_STAGES
 from ..converters import upgrade_legacy_state_dict
 from ..layers.blocks import ConvPatchEmbed, SOFTBlock, SoftmaxBlock, build_norm
@@ -405,7 +404,6 @@ class SOFT(NRDiagnosticsMixin, BaseModule):
                  init_cfg: Optional[Union[Dict, List[Dict]]] = None,
                  **legacy):
         super().__init__(init_cfg=init_cfg)
-        setup()  # compat fixes + version check, once (mmsoft.runtime)
         self.check_legacy_options(legacy)
         rates = opts.check_options(
             self.num_stages,

@@ -11,9 +11,11 @@ Faults reproduced here (mmengine 0.10.7's plain ``CheckpointHook``):
 * resume with random augmentation (numpy / python ``random`` flips, torch
   dropout) differed from an uninterrupted run (RNG states not saved); now
   the weights are bitwise equal, also with ``randomness.seed=None``;
-* flipped bytes inside a tensor record loaded silently; now every mmengine
-  load (``load_from``, resume, ``load_checkpoint``) raises an error naming
-  the file.
+* flipped bytes inside a tensor record loaded silently (torch's zip reader
+  does not check the records' CRC-32); now a Runner with the hook
+  (``load_from``, ``resume``; its ``before_run`` reads the file with
+  mmsoft's reader first) and mmsoft's reader raise an error naming the
+  file.
 """
 import os
 import os.path as osp
@@ -34,7 +36,7 @@ from mmengine.model import BaseModel
 from mmengine.runner import Runner
 from torch.utils.data import Dataset
 
-import mmsoft  # noqa: F401  (registers SafeCheckpointHook, the loader)
+import mmsoft  # noqa: F401  (registers SafeCheckpointHook)
 from mmsoft.engine import SafeCheckpointHook, use_safe_checkpoint_hook
 from mmsoft.utils import checkpoint_io as cio
 
@@ -189,88 +191,58 @@ def test_resume_with_random_seed(tmp_path):
     assert _bitwise_equal(resumed, model_weights(ref))
 
 
-# ------------------------------------------------------------- checksum
+# ------------------------------------------------------------- damage
+def _refused_by_hook(tmp_path, path, match):
+    """``load_from`` / ``resume`` of a Runner with the hook: train and val
+    stop before mmengine's own ``torch.load``."""
+    for name, kwargs, run in (('load_from', {}, 'train'), ('val', {}, 'val'),
+                              ('resumed', dict(resume=True), 'train')):
+        runner = _runner(
+            tmp_path / f'w_{name}', name, load_from=str(path), **kwargs)
+        with pytest.raises(cio.CheckpointError, match=match):
+            getattr(runner, run)()
+
+
 def test_flipped_bytes_are_detected(tmp_path):
     work = tmp_path / 'work'
     _runner(work, 'train').train()
     path = work / 'iter_10.pth'
     good = torch.load(path)
-    assert cio.verify_checksum(good, str(path)) is True
     flip_tensor_bytes(path, 4, FC_RECORD)
     # the fault: torch.load (what mmengine calls) loads the damage silently
     bad = torch.load(path)
     assert not _bitwise_equal(bad['state_dict'], good['state_dict'])
-    # now: every mmengine entry point refuses the file, naming it
-    from mmengine.runner import load_checkpoint
-    from mmengine.runner.checkpoint import CheckpointLoader
-    for load in (lambda: CheckpointLoader.load_checkpoint(str(path)),
-                 lambda: load_checkpoint(DropoutNet(), str(path)),
-                 lambda: _runner(tmp_path / 'w2', 'test', load_from=str(path)
-                                 ).load_or_resume()):
-        with pytest.raises(cio.CheckpointError, match=str(path)):
-            load()
-    # the zip's CRC-32 sees it too (used to tell damaged files apart)
+    # now: the hook and mmsoft's reader refuse the file, naming it
+    _refused_by_hook(tmp_path, path, str(path))
+    with pytest.raises(cio.CheckpointError, match='CRC error'):
+        cio.load_verified(str(path))
     assert 'CRC error' in cio.describe_damage(str(path))
-    # flipping a value in memory is caught by the checksum alone
-    good['state_dict']['fc.weight'][0, 0] += 1
-    with pytest.raises(cio.CheckpointError, match='SHA-256'):
-        cio.verify_checksum(good, 'x.pth')
 
 
 def test_flipped_bytes_in_rng_states_are_detected(tmp_path):
     """The RNG states in ``meta`` are tensor records too: flipped bytes
     there loaded silently through ``--resume PATH`` ("RNG states restored",
-    the resumed run no longer bit-exact); now the checksum covers them."""
+    the resumed run no longer bit-exact); the CRC-32 check covers them."""
     work = tmp_path / 'work'
     _runner(work, 'train').train()
     path = work / 'iter_10.pth'
     good = torch.load(path)
     state = good['meta']['mmsoft_rng']['states'][0]['torch']
-    digests = set(good['meta']['mmsoft_checksum']['digests'])
-    assert {'meta/mmsoft_rng', 'meta/mmsoft_sampler_seed'} <= digests
     flip_tensor_bytes(path, 4, state.numel() * state.element_size())
     bad = torch.load(path)  # torch.load does not check the zip's CRC
     assert not torch.equal(bad['meta']['mmsoft_rng']['states'][0]['torch'],
                            state)
     assert torch.equal(bad['state_dict']['fc.weight'],
                        good['state_dict']['fc.weight'])
-    from mmengine.runner.checkpoint import CheckpointLoader
-    with pytest.raises(cio.CheckpointError, match='meta/mmsoft_rng'):
-        CheckpointLoader.load_checkpoint(str(path))
-    with pytest.raises(cio.CheckpointError, match=str(path)):
-        _runner(
-            tmp_path / 'w2', 'resumed', resume=True,
-            load_from=str(path)).train()
-    # in memory: a changed sampler seed fails too; old files without the
-    # meta digests still verify
-    good['meta']['mmsoft_sampler_seed'] += 1
-    with pytest.raises(cio.CheckpointError, match='meta/mmsoft_sampler_seed'):
-        cio.verify_checksum(good, 'x.pth')
-    for k in ('meta/mmsoft_rng', 'meta/mmsoft_sampler_seed'):
-        del good['meta']['mmsoft_checksum']['digests'][k]
-    assert cio.verify_checksum(good, 'x.pth') is True
+    _refused_by_hook(tmp_path, path, 'CRC error')
 
 
-def test_checksum_covers_state_and_tolerates_subsets():
-    ckpt = dict(
-        meta=dict(epoch=1),
-        state_dict={'w': torch.ones(3)},
-        optimizer=dict(
-            state={0: {
-                'm': torch.zeros(3)
-            }},
-            param_groups=[dict(lr=0.1, params=[0])]))
-    cio.add_checksum(ckpt)
-    assert set(ckpt['meta']['mmsoft_checksum']['digests']) == {
-        'state_dict', 'optimizer'
-    }
-    assert cio.verify_checksum(ckpt) is True
-    published = dict(meta=ckpt['meta'], state_dict=ckpt['state_dict'])
-    assert cio.verify_checksum(published) is True  # published_keys subset
-    ckpt['optimizer']['param_groups'][0]['lr'] = 0.2
-    with pytest.raises(cio.CheckpointError, match='optimizer'):
-        cio.verify_checksum(ckpt)
-    assert cio.verify_checksum({'w': torch.ones(1)}) is False  # not ours
+def test_checksum_functions_are_deprecated_no_ops():
+    ckpt = dict(meta=dict(epoch=1), state_dict={'w': torch.ones(3)})
+    with pytest.deprecated_call():
+        assert cio.add_checksum(ckpt) is ckpt and ckpt['meta'] == dict(epoch=1)
+    with pytest.deprecated_call():
+        assert cio.verify_checksum(ckpt) is False
 
 
 # --------------------------------------- newest complete checkpoint wins
