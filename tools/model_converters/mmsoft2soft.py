@@ -16,16 +16,18 @@ official ``main.py --eval_checkpoint DST`` (which reads ``state_dict_ema``)
 and by timm's ``load_checkpoint``, plus ``meta`` with mmsoft's SHA-256 of
 the tensors. Written atomically; DST must not be SRC.
 """
+import os.path as osp
 import sys
 
 from mmsoft.models.converters import (convert_mmpretrain_to_official,
-                                      describe_arch, official_model_name)
-from mmsoft.models.loading import converter_parser, run_converter
+                                      describe_arch, extract_state_dict,
+                                      official_model_name)
 from mmsoft.tools_support.cli import check_readable, positive_int
-from mmsoft.utils.checkpoint_files import (check_output_path,
-                                           extract_state_dict,
-                                           load_checkpoint_file,
-                                           save_checkpoint_atomic)
+
+sys.path.insert(0, osp.dirname(osp.abspath(__file__)))  # the helpers beside
+from checkpoint_files import (  # noqa: E402 isort:skip
+    check_output_path, converter_parser, load_checkpoint_file, run_converter,
+    save_checkpoint_atomic)
 
 
 def parse_args(argv=None):

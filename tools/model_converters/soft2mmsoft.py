@@ -31,12 +31,12 @@ from mmsoft.models.converters import (arch_for_mmsoft,
                                       convert_official_to_mmpretrain,
                                       describe_arch, match_arch_preset,
                                       official_model_name)
-from mmsoft.models.loading import (converter_parser, official_weights,
-                                   run_converter)
 from mmsoft.tools_support.cli import check_readable, positive_int
-from mmsoft.utils.checkpoint_files import (check_output_path,
-                                           load_checkpoint_file,
-                                           save_checkpoint_atomic)
+
+sys.path.insert(0, osp.dirname(osp.abspath(__file__)))  # the helpers beside
+from checkpoint_files import (  # noqa: E402 isort:skip
+    check_output_path, converter_parser, load_checkpoint_file,
+    official_weights, run_converter, save_checkpoint_atomic)
 
 
 def parse_args(argv=None):

@@ -16,7 +16,6 @@ is not a training checkpoint.
 from mmengine.hooks import Hook
 from mmengine.registry import HOOKS
 
-from mmsoft.runtime import setup
 from mmsoft.utils.strict_load import CheckpointMismatchError
 
 __all__ = ['StrictLoadHook', 'not_resumable', 'resume_refusal']
@@ -37,7 +36,6 @@ class StrictLoadHook(Hook):
     def __init__(self,
                  allow_partial: bool = False,
                  opt_in: str = 'set allow_partial=True on StrictLoadHook'):
-        setup()  # compat fixes before the Runner loads (mmsoft.runtime)
         self.allow_partial = allow_partial
         self.opt_in = opt_in
 
