@@ -1,15 +1,15 @@
 """The authors' SOFT checkpoints (github fudan-zvg/SOFT, timm ``soft_*`` /
-``soft_norm_*``) and older mmsoft checkpoints, as key maps beside the model.
+``soft_norm_*``) and older mmsoft checkpoints, as tables beside the model.
 
-* :data:`KEY_MAP` - official key <-> mmsoft key, one template pair per
-  tensor kind (``{j}``: block index, ``{w}``: weight / bias, ``{bn}``: a
-  BatchNorm tensor); no tensor is reshaped;
-* :data:`LEGACY_KEYS` - ``(regex, replacement)`` renames of the keys of the
-  SOFT backbone's ``_version`` 1 and 2 (applied as mmengine's
-  ``revise_keys`` are, under the backbone's prefix);
-* the architecture read off the tensor shapes (:func:`infer_official_arch`)
-  and the full official key -> shape table (:func:`official_shapes`),
-  against which both conversions are validated.
+* :func:`official_tensors` - every tensor of the official model: its official key,
+  its mmsoft key and its shape (in :data:`_SOFT_BLOCK` / :data:`_SOFTMAX_BLOCK`
+  and the stem), in the official order; the key map both ways
+  (:data:`KEY_MAP`) and the shape table (:func:`official_shapes`) against
+  which both conversions are validated are read from it;
+* :data:`LEGACY_KEYS` - ``(regex, replacement)`` renames of the SOFT
+  backbone's ``_version`` 1 and 2 keys, applied as mmengine's
+  ``revise_keys`` are, under the backbone's prefix;
+* :func:`infer_official_arch` - the architecture read off the shapes.
 
 ``soft_*`` and ``soft_norm_*`` files hold the same tensors: the attention
 normalisation is not in the weights, nor are the heads of the softmax stage
@@ -45,53 +45,78 @@ class ConversionError(ValueError):
         super().__init__('\n  '.join([message, *self.problems]))
 
 
-# ------------------------------------------------------------ the key map
-#: (official, mmsoft) inside a block of stages 1-3 (SOFT attention)
-_SOFT_BLOCK_RULES = (
-    ('att.mha.W_q.', 'attn.q.'),
-    ('att.mha.W_v.', 'attn.v.'),
-    ('att.mha.attn.Qlandmark_op.', 'attn.sampler.conv.'),
-    ('att.mha.attn.Qnorm_act.0.', 'attn.sampler.norm.'),
-    ('att.mha.attn.conv.', 'attn.dw_conv.'),
-    ('att.mha.ff.', 'attn.proj.'),
-    ('att.norm1.', 'norm1.'),
-    ('att.norm2.', 'norm2.'),
-    ('att.ff1.', 'ffn.layers.0.0.'),  # mmcv FFN: fc1
-    ('att.ff2.', 'ffn.layers.1.'),  # fc2
+# ------------------------------------------------------- the tensor tables
+#: a block of stages 1-3 (official, mmsoft, weight shape; the bias is the
+#: first dim, 4-d convs have none): c width, d head width, h heads,
+#: r sampling ratio, k depthwise kernel, f MLP hidden width
+_SOFT_BLOCK = (
+    ('att.mha.W_q.', 'attn.q.', ('c', 'c')),
+    ('att.mha.W_v.', 'attn.v.', ('c', 'c')),
+    ('att.mha.attn.Qlandmark_op.', 'attn.sampler.conv.', ('d', 'd', 'r', 'r')),
+    ('att.mha.attn.Qnorm_act.0.', 'attn.sampler.norm.', ('d', )),
+    ('att.mha.attn.conv.', 'attn.dw_conv.', ('h', 1, 'k', 'k')),
+    ('att.mha.ff.', 'attn.proj.', ('c', 'c')),
+    ('att.norm1.', 'norm1.', ('c', )),
+    ('att.ff1.', 'ffn.layers.0.0.', ('f', 'c')),  # mmcv FFN: fc1
+    ('att.ff2.', 'ffn.layers.1.', ('c', 'f')),  # fc2
+    ('att.norm2.', 'norm2.', ('c', )),
 )
-#: the same in stage 4 (timm's pre-norm softmax block)
-_SOFTMAX_BLOCK_RULES = (
-    ('norm1.', 'norm1.'),
-    ('norm2.', 'norm2.'),
-    ('attn.q.', 'attn.q.'),
-    ('attn.kv.', 'attn.kv.'),
-    ('attn.proj.', 'attn.proj.'),
-    ('mlp.fc1.', 'ffn.layers.0.0.'),
-    ('mlp.fc2.', 'ffn.layers.1.'),
+#: a block of stage 4 (timm's pre-norm softmax attention block)
+_SOFTMAX_BLOCK = (
+    ('norm1.', 'norm1.', ('c', )),
+    ('attn.q.', 'attn.q.', ('c', 'c')),
+    ('attn.kv.', 'attn.kv.', ('kv', 'c')),
+    ('attn.proj.', 'attn.proj.', ('c', 'c')),
+    ('norm2.', 'norm2.', ('c', )),
+    ('mlp.fc1.', 'ffn.layers.0.0.', ('f', 'c')),
+    ('mlp.fc2.', 'ffn.layers.1.', ('c', 'f')),
 )
 BN_KEYS = ('weight', 'bias', 'running_mean', 'running_var',
            'num_batches_tracked')
-_FIELDS = dict(j=r'\d+', w='weight|bias', bn='|'.join(BN_KEYS))
+#: hidden channels of the official three-conv stem
+OFFICIAL_STEM_CHANNELS = 32
 
-#: official key template -> mmsoft key template (``head`` -> ``head.fc``)
-KEY_MAP = [('cls_token', 'stages.3.cls_token'),
-           ('norm.{w}', 'stages.3.norm.{w}'), ('head.{w}', 'head.fc.{w}')]
-for _s in range(NUM_STAGES):
-    KEY_MAP.append((f'pos_embed{_s + 1}', f'stages.{_s}.pos_embed'))
-    for _n in range(3 if _s == 0 else 1):  # (conv, BN, ReLU) per layer
-        _o, _m = f'patch_embed{_s + 1}.proj.', f'stages.{_s}.patch_embed.proj.'
-        KEY_MAP += [(f'{_o}{3 * _n}.{{w}}', f'{_m}{_n}.conv.{{w}}'),
-                    (f'{_o}{3 * _n + 1}.{{bn}}', f'{_m}{_n}.bn.{{bn}}')]
-    for _o, _m in _SOFT_BLOCK_RULES if _s < 3 else _SOFTMAX_BLOCK_RULES:
-        KEY_MAP.append((f'block{_s + 1}.{{j}}.{_o}{{w}}',
-                        f'stages.{_s}.blocks.{{j}}.{_m}{{w}}'))
+
+def official_tensors(depths: Optional[Sequence[int]] = None) -> List[Tuple]:
+    """``(stage, official key, mmsoft key, shape)`` of every tensor of the
+    official model, in its order; block keys hold ``{j}`` (``depths``
+    None) or each block index."""
+    rows = [(s, f'pos_embed{s + 1}', f'stages.{s}.pos_embed', (1, 'n', 'c'))
+            for s in range(4)] + [(3, 'cls_token', 'stages.3.cls_token',
+                                   (1, 1, 'c'))]
+
+    def add(s, official, mine, shape, bias=True):
+        rows.append((s, official + 'weight', mine + 'weight', shape))
+        if bias:
+            rows.append((s, official + 'bias', mine + 'bias', shape[:1]))
+
+    # patch embeddings: (conv, BN, ReLU) x 3 in the stem, x 1 later
+    for s, n, cout, cin in ((0, 0, 'stem', 'in'), (0, 1, 'stem', 'stem'),
+                            (0, 2, 'c', 'stem'), (1, 0, 'c', 'cp'),
+                            (2, 0, 'c', 'cp'), (3, 0, 'c', 'cp')):
+        o, m = f'patch_embed{s + 1}.proj.', f'stages.{s}.patch_embed.proj.{n}.'
+        add(s, f'{o}{3 * n}.', m + 'conv.', (cout, cin, 3, 3))
+        rows += [(s, f'{o}{3 * n + 1}.{k}', f'{m}bn.{k}',
+                  () if k == 'num_batches_tracked' else (cout, ))
+                 for k in BN_KEYS]
+    for s in range(4):
+        for j in range(depths[s]) if depths else ['{j}']:
+            for o, m, shape in _SOFT_BLOCK if s < 3 else _SOFTMAX_BLOCK:
+                add(s, f'block{s + 1}.{j}.{o}', f'stages.{s}.blocks.{j}.{m}',
+                    shape,
+                    len(shape) < 4)
+    add(3, 'norm.', 'stages.3.norm.', ('c', ))
+    add(3, 'head.', 'head.fc.', ('classes', 'c'))
+    return rows
+
+
+#: official key template -> mmsoft key template (``{j}``: block index)
+KEY_MAP = [(o, m) for _, o, m, _ in official_tensors()]
 
 
 def _regex(template: str):
-    parts = re.split(r'\{(\w+)\}', template)  # literal, field, literal ...
-    return re.compile(''.join(f'(?P<{p}>{_FIELDS[p]})' if i %
-                              2 else re.escape(p)
-                              for i, p in enumerate(parts)))
+    return re.compile(
+        re.escape(template).replace(re.escape('{j}'), r'(?P<j>\d+)'))
 
 
 _TO_MMSOFT = [(_regex(o), m) for o, m in KEY_MAP]
@@ -221,8 +246,6 @@ def official_soft_hint(checkpoint, source: str = 'SRC') -> Optional[str]:
 
 
 # ----------------------------------------------------------- architecture
-#: hidden channels of the official three-conv stem
-OFFICIAL_STEM_CHANNELS = 32
 #: the official model sizes and the mmsoft presets with their architecture
 OFFICIAL_PRESETS = dict(
     tiny='tiny',
@@ -243,21 +266,22 @@ def _ratio(hidden: int, dims: int):
     return hidden // dims if hidden % dims == 0 else hidden / dims
 
 
-def _typical_block(sd: Mapping, stage: int, depth: int) -> str:
-    """The prefix of the block whose shapes are the most common in the
-    stage (the first on ties): one damaged block is reported as the odd one
-    out instead of redefining the stage."""
-    names = ('mha.attn.Qlandmark_op.weight', 'mha.attn.conv.weight',
-             'ff1.weight')
-    pres = [f'block{stage + 1}.{j}.att.' for j in range(depth)]
+def _typical(sd: Mapping, stage: int, depth: int, names: Sequence[str]):
+    """``(block prefix, shapes of names)`` of the block of ``stage`` whose
+    shapes are the most common (the first on ties): one damaged block is
+    reported as the odd one out instead of redefining the stage."""
+    pres = [f'block{stage}.{j}.' for j in range(depth)]
     sigs = [
-        tuple(tuple(sd[p + n].shape) if p + n in sd else None for n in names)
-        for p in pres
+        tuple(tuple(sd[p + n].shape) for n in names) for p in pres
+        if all(p + n in sd for n in names)
     ]
-    counts = Counter(s for s in sigs if None not in s)
-    best = max(counts.values(), default=None)
-    return next((p for p, s in zip(pres, sigs) if counts.get(s) == best),
-                pres[0])
+    if not sigs:
+        return pres[0], tuple(_shape(sd, pres[0] + n) for n in names)
+    best = Counter(sigs).most_common(1)[0][1]
+    sig = next(s for s in sigs if sigs.count(s) == best)
+    return next(
+        p for p in pres if all(p + n in sd and tuple(sd[p + n].shape) == x
+                               for n, x in zip(names, sig))), sig
 
 
 def infer_official_arch(sd: Mapping[str, torch.Tensor],
@@ -268,78 +292,66 @@ def infer_official_arch(sd: Mapping[str, torch.Tensor],
     ``in_channels``, ``num_classes`` (0 without a head),
     ``pretrain_img_size`` and ``stage4_heads_given`` (False: stage 4's heads,
     not in the weights, keep stage 3's head width)."""
-    C, depths = [], []
-    for i in range(4):
-        shp = _shape(sd, f'pos_embed{i + 1}')
-        if len(shp) != 3:
-            raise ConversionError(
-                f'cannot infer the architecture: pos_embed{i + 1} should be '
-                f'(1, N, C), found {shp}')
-        C.append(shp[-1])
+    C = [_shape(sd, f'pos_embed{s}')[-1] for s in range(1, 5)]
+    depths = []
+    for s in range(1, 5):
         blocks = [
-            int(m.group(1))
-            for m in map(re.compile(rf'block{i + 1}\.(\d+)\.').match, sd) if m
+            int(m[1])
+            for m in map(re.compile(rf'block{s}\.(\d+)\.').match, sd) if m
         ]
         if not blocks:
             raise ConversionError(
-                f'cannot infer the architecture: no block{i + 1}.* keys')
+                f'cannot infer the architecture: no block{s}.* keys')
         depths.append(max(blocks) + 1)
-    heads, ratios, kernels, mlp = [], [], [], []
-    for i in range(3):
-        pre = _typical_block(sd, i, depths[i])
-        lm = _shape(sd, pre + 'mha.attn.Qlandmark_op.weight')
-        dw = _shape(sd, pre + 'mha.attn.conv.weight')
+    arch = dict(
+        embed_dims=C,
+        num_heads=[],
+        depths=depths,
+        sampling_ratios=[],
+        mlp_ratios=[],
+        dw_kernel_sizes=[])
+    for s in range(1, 4):
+        pre, (lm, dw,
+              ff1) = _typical(sd, s, depths[s - 1],
+                              ('att.mha.attn.Qlandmark_op.weight',
+                               'att.mha.attn.conv.weight', 'att.ff1.weight'))
         if len(lm) != 4 or len(dw) != 4:
             raise ConversionError(
-                f'cannot infer the architecture: {pre}mha.attn.'
+                f'cannot infer the architecture: {pre}att.mha.attn.'
                 f'Qlandmark_op.weight should be (d, d, r, r) and '
-                f'{pre}mha.attn.conv.weight (heads, 1, k, k); found {lm} and '
-                f'{dw} (linear landmark ops, sr_ratio 1, are not supported)')
-        if dw[0] * lm[0] != C[i]:
+                f'{pre}att.mha.attn.conv.weight (heads, 1, k, k); found {lm} '
+                f'and {dw} (linear landmark ops, sr_ratio 1, are not '
+                f'supported)')
+        if dw[0] * lm[0] != C[s - 1]:
             raise ConversionError(
-                f'inconsistent stage {i + 1}: {dw[0]} heads (from '
-                f'{pre}mha.attn.conv.weight {dw}) x head width {lm[0]} '
-                f'(from {pre}mha.attn.Qlandmark_op.weight {lm}) != '
-                f'embed dim {C[i]}')
-        heads.append(dw[0])
-        ratios.append(lm[-1])
-        kernels.append(dw[-1])
-        mlp.append(_ratio(_shape(sd, pre + 'ff1.weight')[0], C[i]))
+                f'inconsistent stage {s}: {dw[0]} heads ({pre}att.mha.attn.'
+                f'conv.weight {dw}) x head width {lm[0]} ({pre}att.mha.attn.'
+                f'Qlandmark_op.weight {lm}) != embed dim {C[s - 1]}')
+        for k, v in (('num_heads', dw[0]), ('sampling_ratios', lm[-1]),
+                     ('dw_kernel_sizes', dw[-1]), ('mlp_ratios',
+                                                   _ratio(ff1[0], C[s - 1]))):
+            arch[k].append(v)
     given = stage4_heads is not None
     if given and (isinstance(stage4_heads, bool)
                   or not isinstance(stage4_heads, int) or stage4_heads < 1):
         raise ConversionError(f'stage-4 heads must be a positive integer, '
                               f'got {stage4_heads!r}')
-    if not given:
-        if C[3] % lm[0]:
-            raise ConversionError(
-                f'cannot guess the heads of stage 4: embed dim {C[3]} is not '
-                f'a multiple of the head width {lm[0]} of stage 3; give them '
-                f'explicitly')
-        stage4_heads = C[3] // lm[0]
-    elif C[3] % stage4_heads:
-        raise ConversionError(f'stage-4 heads {stage4_heads} do not divide '
-                              f'its embed dim {C[3]}')
-    hidden = Counter(sd[k].shape[0] for k in (f'block4.{j}.mlp.fc1.weight'
-                                              for j in range(depths[3]))
-                     if k in sd)
-    if not hidden:
-        _shape(sd, 'block4.0.mlp.fc1.weight')  # raises: missing
-    n1 = _shape(sd, 'pos_embed1')[1]
-    g = int(round(n1**0.5))
-    if g * g != n1:
-        raise ConversionError(f'pos_embed1 has {n1} tokens, not a square '
-                              f'grid')
+    heads = stage4_heads if given else max(C[3] // lm[0], 1)
+    if C[3] % heads or not (given or C[3] % lm[0] == 0):
+        raise ConversionError(
+            f'stage-4 heads {heads} do not divide its embed dim {C[3]}' +
+            ('' if given else f' (stage 3\'s head width {lm[0]}); give them'
+             f' explicitly'))
+    (fc1, ) = _typical(sd, 4, depths[3], ('mlp.fc1.weight', ))[1]
+    arch['num_heads'].append(heads)
+    arch['sampling_ratios'].append(1)
+    arch['dw_kernel_sizes'].append(None)  # stage 4: no depthwise conv
+    arch['mlp_ratios'].append(_ratio(fc1[0], C[3]))
     return dict(
-        embed_dims=C,
-        num_heads=heads + [stage4_heads],
-        depths=depths,
-        sampling_ratios=ratios + [1],
-        mlp_ratios=mlp + [_ratio(hidden.most_common(1)[0][0], C[3])],
-        dw_kernel_sizes=kernels + [None],  # stage 4: no depthwise conv
+        arch,
         in_channels=_shape(sd, 'patch_embed1.proj.0.weight')[1],
         num_classes=sd['head.weight'].shape[0] if 'head.weight' in sd else 0,
-        pretrain_img_size=4 * g,
+        pretrain_img_size=4 * round(_shape(sd, 'pos_embed1')[1]**0.5),
         stage4_heads_given=given)
 
 
@@ -356,57 +368,24 @@ def official_shapes(arch: Mapping,
             for k, v in arch.items()
             if k in ('embed_dims', 'num_heads', 'depths', *ARCH_DEFAULTS)
         })
-    C, H, D = a['embed_dims'], a['num_heads'], a['depths']
     out = OrderedDict()
-    for i in range(4):
-        g = pretrain_img_size // (4 * 2**i)
-        out[f'pos_embed{i + 1}'] = (1, g * g + (i == 3), C[i])
-    out['cls_token'] = (1, 1, C[3])
-
-    def conv_bn(pre, cin, cout, n=0):  # conv 3n, BN 3n + 1
-        out[f'{pre}{3 * n}.weight'] = (cout, cin, 3, 3)
-        out[f'{pre}{3 * n}.bias'] = (cout, )
-        for k in BN_KEYS:
-            out[f'{pre}{3 * n + 1}.{k}'] = () if k.startswith('num') else (
-                cout, )
-
-    stem = (in_channels, OFFICIAL_STEM_CHANNELS, OFFICIAL_STEM_CHANNELS, C[0])
-    for n in range(3):
-        conv_bn('patch_embed1.proj.', stem[n], stem[n + 1], n)
-    for i in range(1, 4):
-        conv_bn(f'patch_embed{i + 1}.proj.', C[i - 1], C[i])
-
-    def linear(pre, cin, cout):  # cin None: a LayerNorm
-        out[pre + 'weight'] = (cout, ) if cin is None else (cout, cin)
-        out[pre + 'bias'] = (cout, )
-
-    for i in range(4):
-        c, d = C[i], C[i] // H[i]
-        r, k = a['sampling_ratios'][i], a['dw_kernel_sizes'][i]
-        hid = int(c * a['mlp_ratios'][i])
-        for j in range(D[i]):
-            p = f'block{i + 1}.{j}.'
-            if i < 3:
-                linear(p + 'att.mha.W_q.', c, c)
-                linear(p + 'att.mha.W_v.', c, c)
-                out[p + 'att.mha.attn.Qlandmark_op.weight'] = (d, d, r, r)
-                linear(p + 'att.mha.attn.Qnorm_act.0.', None, d)
-                out[p + 'att.mha.attn.conv.weight'] = (H[i], 1, k, k)
-                for name, cin, cout in (('mha.ff.', c, c), ('norm1.', None, c),
-                                        ('ff1.', c, hid), ('ff2.', hid, c),
-                                        ('norm2.', None, c)):
-                    linear(f'{p}att.{name}', cin, cout)
-            else:  # timm's pre-norm Block
-                for name, cin, cout in (('norm1.', None, c), ('attn.q.', c, c),
-                                        ('attn.kv.', c,
-                                         2 * c), ('attn.proj.', c,
-                                                  c), ('norm2.', None, c),
-                                        ('mlp.fc1.', c, hid), ('mlp.fc2.', hid,
-                                                               c)):
-                    linear(p + name, cin, cout)
-    linear('norm.', None, C[3])
-    if num_classes:
-        linear('head.', C[3], num_classes)
+    for s, key, _, shape in official_tensors(a['depths']):
+        c, g = a['embed_dims'][s], pretrain_img_size // (4 * 2**s)
+        dims = dict(
+            c=c,
+            cp=a['embed_dims'][s - 1],
+            d=c // a['num_heads'][s],
+            h=a['num_heads'][s],
+            r=a['sampling_ratios'][s],
+            k=a['dw_kernel_sizes'][s],
+            f=int(c * a['mlp_ratios'][s]),
+            kv=2 * c,
+            n=g * g + (s == 3),  # + the cls token
+            stem=OFFICIAL_STEM_CHANNELS,
+            classes=num_classes)
+        dims['in'] = in_channels
+        if num_classes or not key.startswith('head.'):
+            out[key] = tuple(dims.get(x, x) for x in shape)
     return out
 
 

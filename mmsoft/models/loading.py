@@ -28,6 +28,7 @@ MMEngine's; :func:`check_checkpoint_for_model` checks what they load
 and loads for tools without a Runner (the ONNX export). There an authors'
 file gets the converter command.
 """
+import os
 import os.path as osp
 from collections import OrderedDict
 from typing import Dict, List, Mapping, Optional, Tuple, Union
@@ -66,6 +67,7 @@ def read_checkpoint(filename, map_location='cpu', mmap: bool = False):
         from torch.hub import download_url_to_file, get_dir
         cached = osp.join(get_dir(), 'checkpoints', osp.basename(filename))
         if not osp.isfile(cached):
+            os.makedirs(osp.dirname(cached), exist_ok=True)
             download_url_to_file(filename, cached, None, progress=False)
         filename = cached
     if not osp.isfile(filename):
