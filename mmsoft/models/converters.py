@@ -1,11 +1,11 @@
 """The authors' SOFT checkpoints (github fudan-zvg/SOFT, timm ``soft_*`` /
 ``soft_norm_*``) and older mmsoft checkpoints, as tables beside the model.
 
-* :func:`official_tensors` - every tensor of the official model: its official key,
-  its mmsoft key and its shape (in :data:`_SOFT_BLOCK` / :data:`_SOFTMAX_BLOCK`
-  and the stem), in the official order; the key map both ways
-  (:data:`KEY_MAP`) and the shape table (:func:`official_shapes`) against
-  which both conversions are validated are read from it;
+* :func:`official_tensors` - every tensor of the official model: official
+  key, mmsoft key and shape, in the official order (the block tables
+  ``_SOFT_BLOCK``, ``_SOFTMAX_BLOCK``); the key map both ways
+  (:data:`KEY_MAP`) and the shape table that validates both conversions
+  (:func:`official_shapes`) are read from it;
 * :data:`LEGACY_KEYS` - ``(regex, replacement)`` renames of the SOFT
   backbone's ``_version`` 1 and 2 keys, applied as mmengine's
   ``revise_keys`` are, under the backbone's prefix;

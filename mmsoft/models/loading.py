@@ -66,9 +66,14 @@ def read_checkpoint(filename, map_location='cpu', mmap: bool = False):
     if filename.startswith(('http://', 'https://')):
         from torch.hub import download_url_to_file, get_dir
         cached = osp.join(get_dir(), 'checkpoints', osp.basename(filename))
-        if not osp.isfile(cached):
-            os.makedirs(osp.dirname(cached), exist_ok=True)
-            download_url_to_file(filename, cached, None, progress=False)
+        try:
+            if not osp.isfile(cached):
+                os.makedirs(osp.dirname(cached), exist_ok=True)
+                download_url_to_file(filename, cached, None, progress=False)
+        except OSError as e:  # offline, 404, ...
+            raise FileNotFoundError(
+                f'checkpoint {filename} could not be downloaded ({e}); '
+                f'check the URL, or download it and pass the file') from None
         filename = cached
     if not osp.isfile(filename):
         raise FileNotFoundError(f'checkpoint {filename} ' +

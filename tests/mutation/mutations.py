@@ -191,11 +191,13 @@ MUTATIONS = (
             '(both directions: still round-trips)'),
       path='mmsoft/models/converters.py',
       old=("    ('att.norm1.', 'norm1.', ('c', )),\n"
-           "    ('att.ff1.', 'ffn.layers.0.0.', ('f', 'c')),  # mmcv FFN: fc1\n"
+           "    ('att.ff1.', 'ffn.layers.0.0.', ('f', 'c')),"
+           "  # mmcv FFN: fc1\n"
            "    ('att.ff2.', 'ffn.layers.1.', ('c', 'f')),  # fc2\n"
            "    ('att.norm2.', 'norm2.', ('c', )),\n"),
       new=("    ('att.norm1.', 'norm2.', ('c', )),\n"
-           "    ('att.ff1.', 'ffn.layers.0.0.', ('f', 'c')),  # mmcv FFN: fc1\n"
+           "    ('att.ff1.', 'ffn.layers.0.0.', ('f', 'c')),"
+           "  # mmcv FFN: fc1\n"
            "    ('att.ff2.', 'ffn.layers.1.', ('c', 'f')),  # fc2\n"
            "    ('att.norm2.', 'norm1.', ('c', )),\n"),
       tests=(REF_NORM, )),
