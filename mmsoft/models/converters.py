@@ -248,11 +248,8 @@ def official_soft_hint(checkpoint, source: str = 'SRC') -> Optional[str]:
 # ----------------------------------------------------------- architecture
 #: the official model sizes and the mmsoft presets with their architecture
 OFFICIAL_PRESETS = dict(
-    tiny='tiny',
-    small='small-official',
-    medium='medium',
-    large='large',
-    huge='huge')
+    tiny='tiny', small='small-official', medium='medium', large='large',
+    huge='huge')  # yapf: disable
 
 
 def _shape(sd: Mapping, key: str) -> Tuple[int, ...]:
@@ -264,6 +261,11 @@ def _shape(sd: Mapping, key: str) -> Tuple[int, ...]:
 
 def _ratio(hidden: int, dims: int):
     return hidden // dims if hidden % dims == 0 else hidden / dims
+
+
+#: the tensors of a SOFT block whose shapes give the architecture
+_ARCH_KEYS = ('att.mha.attn.Qlandmark_op.weight', 'att.mha.attn.conv.weight',
+              'att.ff1.weight')
 
 
 def _typical(sd: Mapping, stage: int, depth: int, names: Sequence[str]):
@@ -295,42 +297,26 @@ def infer_official_arch(sd: Mapping[str, torch.Tensor],
     C = [_shape(sd, f'pos_embed{s}')[-1] for s in range(1, 5)]
     depths = []
     for s in range(1, 5):
-        blocks = [
-            int(m[1])
-            for m in map(re.compile(rf'block{s}\.(\d+)\.').match, sd) if m
-        ]
-        if not blocks:
+        found = [re.match(rf'block{s}\.(\d+)\.', k) for k in sd]
+        if not any(found):
             raise ConversionError(
                 f'cannot infer the architecture: no block{s}.* keys')
-        depths.append(max(blocks) + 1)
-    arch = dict(
-        embed_dims=C,
-        num_heads=[],
-        depths=depths,
-        sampling_ratios=[],
-        mlp_ratios=[],
-        dw_kernel_sizes=[])
+        depths.append(max(int(m[1]) for m in found if m) + 1)
+    stages = []  # (heads, sampling ratio, dw kernel, MLP ratio), stages 1-3
     for s in range(1, 4):
-        pre, (lm, dw,
-              ff1) = _typical(sd, s, depths[s - 1],
-                              ('att.mha.attn.Qlandmark_op.weight',
-                               'att.mha.attn.conv.weight', 'att.ff1.weight'))
+        pre, (lm, dw, ff1) = _typical(sd, s, depths[s - 1], _ARCH_KEYS)
         if len(lm) != 4 or len(dw) != 4:
             raise ConversionError(
-                f'cannot infer the architecture: {pre}att.mha.attn.'
-                f'Qlandmark_op.weight should be (d, d, r, r) and '
-                f'{pre}att.mha.attn.conv.weight (heads, 1, k, k); found {lm} '
-                f'and {dw} (linear landmark ops, sr_ratio 1, are not '
-                f'supported)')
+                f'cannot infer the architecture: {pre}{_ARCH_KEYS[0]} should '
+                f'be (d, d, r, r) and {pre}{_ARCH_KEYS[1]} (heads, 1, k, k); '
+                f'found {lm} and {dw} (linear landmark ops, sr_ratio 1, are '
+                f'not supported)')
         if dw[0] * lm[0] != C[s - 1]:
             raise ConversionError(
-                f'inconsistent stage {s}: {dw[0]} heads ({pre}att.mha.attn.'
-                f'conv.weight {dw}) x head width {lm[0]} ({pre}att.mha.attn.'
-                f'Qlandmark_op.weight {lm}) != embed dim {C[s - 1]}')
-        for k, v in (('num_heads', dw[0]), ('sampling_ratios', lm[-1]),
-                     ('dw_kernel_sizes', dw[-1]), ('mlp_ratios',
-                                                   _ratio(ff1[0], C[s - 1]))):
-            arch[k].append(v)
+                f'inconsistent stage {s}: {dw[0]} heads ({pre}{_ARCH_KEYS[1]} '
+                f'{dw}) x head width {lm[0]} ({pre}{_ARCH_KEYS[0]} {lm}) != '
+                f'embed dim {C[s - 1]}')
+        stages.append((dw[0], lm[-1], dw[-1], _ratio(ff1[0], C[s - 1])))
     given = stage4_heads is not None
     if given and (isinstance(stage4_heads, bool)
                   or not isinstance(stage4_heads, int) or stage4_heads < 1):
@@ -340,15 +326,18 @@ def infer_official_arch(sd: Mapping[str, torch.Tensor],
     if C[3] % heads or not (given or C[3] % lm[0] == 0):
         raise ConversionError(
             f'stage-4 heads {heads} do not divide its embed dim {C[3]}' +
-            ('' if given else f' (stage 3\'s head width {lm[0]}); give them'
-             f' explicitly'))
+            ('' if given else f" (stage 3's head width {lm[0]}); give them "
+             f'explicitly'))
     (fc1, ) = _typical(sd, 4, depths[3], ('mlp.fc1.weight', ))[1]
-    arch['num_heads'].append(heads)
-    arch['sampling_ratios'].append(1)
-    arch['dw_kernel_sizes'].append(None)  # stage 4: no depthwise conv
-    arch['mlp_ratios'].append(_ratio(fc1[0], C[3]))
+    stages.append((heads, 1, None, _ratio(fc1[0], C[3])))  # no dw conv
+    heads, ratios, kernels, mlp = map(list, zip(*stages))
     return dict(
-        arch,
+        embed_dims=C,
+        num_heads=heads,
+        depths=depths,
+        sampling_ratios=ratios,
+        mlp_ratios=mlp,
+        dw_kernel_sizes=kernels,
         in_channels=_shape(sd, 'patch_embed1.proj.0.weight')[1],
         num_classes=sd['head.weight'].shape[0] if 'head.weight' in sd else 0,
         pretrain_img_size=4 * round(_shape(sd, 'pos_embed1')[1]**0.5),

@@ -1,32 +1,22 @@
 """Weights into mmsoft models, in one place: file -> layout -> conversion ->
 strict (or explicitly partial) load -> a one-line report.
 
-* **File** (:func:`read_checkpoint`): read safely, by mmsoft's loader
-  (:func:`mmsoft.utils.checkpoint_io.load_verified`: nothing runs from the
-  file, damage and checksum checks), not by mmengine's.
-* **Layout** (:func:`to_mmsoft`): the authors' ``soft_*`` / ``soft_norm_*``
-  files (fudan-zvg/SOFT keys, bare or under ``model`` / ``state_dict`` /
-  ``state_dict_ema``) are converted by the key map of
-  :mod:`mmsoft.models.converters` (as ``soft2mmsoft.py`` does); mmsoft /
-  OpenMMLab files (``state_dict``, ``model`` or bare), also whole
-  classifiers / detectors / segmentors (keys under ``backbone.``) and older
-  mmsoft versions (:data:`~mmsoft.models.converters.LEGACY_KEYS`).
-* **Load** (:func:`load_pretrained`): strict by default
-  (:func:`mmsoft.utils.strict_load.check_state_dict`), ``strict=False``
-  loads the matching tensors; weights converted for the other attention
-  normalisation are refused (:func:`check_attn_norm`).
-* **Report**: one line, e.g. ``mmsoft: loaded soft_norm_tiny.pth: authors'
-  soft_norm_tiny layout ('model'), converted, keys under 'backbone.', 185
-  tensors, strict``.
+:func:`read_checkpoint` reads safely with mmsoft's loader (not by patching
+mmengine's); :func:`to_mmsoft` takes the authors' ``soft_*`` /
+``soft_norm_*`` files (converted by :mod:`mmsoft.models.converters`, as
+``soft2mmsoft.py`` does) and mmsoft / OpenMMLab files (also whole models
+and older mmsoft keys); :func:`load_pretrained` loads strictly unless
+``strict=False`` and logs e.g. ``mmsoft: loaded soft_norm_tiny.pth:
+authors' soft_norm_tiny layout ('model'), converted, keys under
+'backbone.', 185 tensors, strict``. ``init_cfg=dict(type='Pretrained')`` of
+SOFT runs it through :class:`SOFTPretrainedInit` (``'SOFTPretrained'``).
 
-``init_cfg=dict(type='Pretrained', ...)`` on SOFT runs
-:class:`SOFTPretrainedInit` (``'SOFTPretrained'``, usable in any
-``init_cfg``; :func:`pretrained_init_cfg`). Whole-model loads by the Runner
-(``load_from``, ``--resume``, ``tools/test.py``) and the inferencers stay
-MMEngine's; :func:`check_checkpoint_for_model` checks what they load
-(``StrictLoadHook``, the demo) and :func:`load_checkpoint_to_model` checks
-and loads for tools without a Runner (the ONNX export). There an authors'
-file gets the converter command.
+Whole-model loads by the Runner (``load_from``, ``--resume``,
+``tools/test.py``) and the inferencers stay MMEngine's:
+:func:`check_checkpoint_for_model` checks what they load (``StrictLoadHook``,
+the demo; an authors' file gets the converter command) and
+:func:`load_checkpoint_to_model` checks and loads for tools without a
+Runner (the ONNX export).
 """
 import os
 import os.path as osp
@@ -348,15 +338,8 @@ def pretrained_init_cfg(init_cfg: Union[Dict, List[Dict], None],
                 f'initialisation',
                 logger='current')
         else:
-            strict = cfg.get('strict', True)
-            strict_load |= strict is not False
-            loads.append(
-                dict(
-                    type='SOFTPretrained',
-                    checkpoint=cfg['checkpoint'],
-                    prefix=cfg.get('prefix'),
-                    map_location=cfg.get('map_location', 'cpu'),
-                    strict=strict))
+            strict_load |= cfg.get('strict', True) is not False
+            loads.append(dict(cfg, type='SOFTPretrained'))
     out = others + loads
     if not out:
         return None, False
