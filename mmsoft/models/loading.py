@@ -48,11 +48,12 @@ BACKBONE_OPT_IN = 'set model.backbone.init_cfg.strict=False'
 
 def read_checkpoint(filename, map_location='cpu', mmap: bool = False):
     """The checkpoint ``filename`` (a path or an ``http(s)://`` URL,
-    downloaded to torch's hub cache as MMEngine does), read safely.
+    downloaded to torch's hub cache as MMEngine does), read safely; other
+    schemes (``open-mmlab://`` ...) are MMEngine's.
     ``mmap=True``: the tensors of a local zip file stay on disk (to inspect
     its structure)."""
     from mmsoft.utils.checkpoint_io import load_verified
-    filename = str(filename)
+    filename = osp.expanduser(str(filename))
     if filename.startswith(('http://', 'https://')):
         from torch.hub import download_url_to_file, get_dir
         cached = osp.join(get_dir(), 'checkpoints', osp.basename(filename))
@@ -65,6 +66,9 @@ def read_checkpoint(filename, map_location='cpu', mmap: bool = False):
                 f'checkpoint {filename} could not be downloaded ({e}); '
                 f'check the URL, or download it and pass the file') from None
         filename = cached
+    elif '://' in filename:  # open-mmlab://, s3:// ...: MMEngine's loaders
+        from mmengine.runner import CheckpointLoader
+        return CheckpointLoader.load_checkpoint(filename, map_location)
     if not osp.isfile(filename):
         raise FileNotFoundError(f'checkpoint {filename} ' +
                                 ('is a directory, not a file' if osp.
