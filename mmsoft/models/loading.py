@@ -249,10 +249,9 @@ def load_pretrained(module: torch.nn.Module,
         m.attn_norm
         for m in module.modules() if isinstance(m, SOFTAttention)
     }
-    heads = [
-        getattr(m, 'num_heads', [None] * 4) for _, m in _soft_backbones(module)
-    ] + [[None] * 4]
-    sd, layout, arch = to_mmsoft(ckpt, source, heads[0][3],
+    soft = [m for _, m in _soft_backbones(module)]
+    sd, layout, arch = to_mmsoft(ckpt, source,
+                                 soft[0].num_heads[3] if soft else None,
                                  norms.pop() if len(norms) == 1 else None)
     own = module.state_dict()
     sd, used = _select(sd, own, prefix, source)
@@ -272,14 +271,14 @@ def load_pretrained(module: torch.nn.Module,
     module.load_state_dict(
         OrderedDict((k, v) for k, v in upgraded.items() if k not in bad),
         strict=False)
-    parts = [layout] + ['converted'] * (
-        arch is not None) + [f'keys under {used!r}'] * bool(used) + [
-            f'{report.matched} tensors',
-            ('strict' if strict else 'strict=False') +
-            ('' if report.ok else ', partial')
-        ]
+    parts = (layout, 'converted' if arch else '',
+             f'keys under {used!r}' if used else '',
+             f'{report.matched} tensors',
+             ('strict' if strict else 'strict=False') +
+             ('' if report.ok else ', partial'))
     print_log(
-        f'mmsoft: loaded {source}: ' + ', '.join(parts), logger='current')
+        f'mmsoft: loaded {source}: ' + ', '.join(p for p in parts if p),
+        logger='current')
     return report
 
 
