@@ -1,231 +1,150 @@
 """Weights into mmsoft models, in one place: file -> layout -> conversion ->
 strict (or explicitly partial) load -> a one-line report.
 
-1. **File**: :func:`read_checkpoint` - MMEngine's loader (local files,
-   URLs, ``open-mmlab://`` ...) under mmsoft's safe loading
-   (local files: :func:`mmsoft.utils.checkpoint_io.load_verified`,
-   weights-only on every torch, CRC-32 damage check; a code-running
-   pickle is refused).
-   The converter tools read files with
-   :func:`~mmsoft.utils.checkpoint_files.load_checkpoint_file` (the same
-   safe loader, converter wording).
-2. **Layout** (:func:`to_mmsoft`): the authors' ``soft_*`` /
-   ``soft_norm_*`` files (fudan-zvg/SOFT keys ``patch_embed1.*``,
-   ``block1.0.*``, ``pos_embed1``, under ``model`` / ``state_dict`` /
-   ``state_dict_ema`` or bare); mmsoft / OpenMMLab checkpoints (``state_dict``
-   or ``model`` entry, or bare), including whole classifiers, detectors and
-   segmentors whose backbone keys start with ``backbone.``; keys of older
-   mmsoft versions (:func:`upgrade_legacy_keys`).
-3. **Conversion**: the authors' layout is renamed by
-   :func:`mmsoft.models.converters.convert_official_to_mmpretrain` (the
-   same code as ``tools/model_converters/soft2mmsoft.py``).
-4. **Load** (:func:`load_pretrained`): the tensors (under ``prefix``; for a
-   whole-model file without ``prefix``, those under ``backbone.``) are
-   compared with the module
-   (:func:`mmsoft.utils.strict_load.check_state_dict`): missing,
-   unexpected or mis-shaped tensors raise
-   :class:`~mmsoft.utils.strict_load.CheckpointMismatchError` naming them;
-   ``strict=False`` loads the matching ones. Weights converted for the other
-   attention normalisation are refused (:func:`check_attn_norm`).
-5. **Report**: one line in MMEngine's current logger, e.g.
-   ``mmsoft: loaded soft_norm_tiny.pth: authors' soft_norm_tiny layout
-   ('model'), converted, keys under 'backbone.', 185 tensors, strict``.
+:func:`read_checkpoint` reads safely with mmsoft's loader (not by patching
+mmengine's); :func:`to_mmsoft` takes the authors' ``soft_*`` /
+``soft_norm_*`` files (converted by :mod:`mmsoft.models.converters`, as
+``soft2mmsoft.py`` does) and mmsoft / OpenMMLab files (also whole models
+and older mmsoft keys); :func:`load_pretrained` loads strictly unless
+``strict=False`` and logs e.g. ``mmsoft: loaded soft_norm_tiny.pth:
+authors' soft_norm_tiny layout ('model'), converted, keys under
+'backbone.', 185 tensors, strict``. ``init_cfg=dict(type='Pretrained')`` of
+SOFT runs it through :class:`SOFTPretrainedInit` (``'SOFTPretrained'``).
 
-``init_cfg=dict(type='Pretrained', checkpoint=...)`` on the SOFT backbone
-runs :class:`SOFTPretrainedInit` (``'SOFTPretrained'`` in MMEngine's root
-``WEIGHT_INITIALIZERS``, usable in any ``init_cfg``) instead of MMEngine's
-``PretrainedInit`` (``strict=False``: wrong weights only warn); see
-:func:`pretrained_init_cfg`.
-
-Whole-model loads (``load_from``, ``--resume``, ``tools/test.py``, the
-inferencers of ``demo/image_demo.py``) stay MMEngine's: the Runner and the
-inferencers read the file and copy its ``state_dict`` into the model
-themselves. mmsoft checks what they loaded with
-:func:`check_checkpoint_for_model` (``StrictLoadHook``, the demo, the ONNX
-export); an authors' file there gets the converter command, since the
-Runner would load its unconverted keys.
+Whole-model loads by the Runner (``load_from``, ``--resume``,
+``tools/test.py``) and the inferencers stay MMEngine's:
+:func:`check_checkpoint_for_model` checks what they load (``StrictLoadHook``,
+the demo; an authors' file gets the converter command) and
+:func:`load_checkpoint_to_model` checks and loads for tools without a
+Runner (the ONNX export).
 """
+import os
+import os.path as osp
 from collections import OrderedDict
-from typing import (Callable, Dict, List, Mapping, NamedTuple, Optional, Tuple,
-                    Union)
+from typing import Dict, List, Mapping, Optional, Tuple, Union
 
 import torch
 from mmengine.logging import print_log
-from mmengine.model.weight_init import update_init_info
+from mmengine.model.weight_init import PretrainedInit, update_init_info
 from mmengine.registry import WEIGHT_INITIALIZERS
 
-from mmsoft.utils.checkpoint_files import ConversionError, extract_state_dict
 from mmsoft.utils.strict_load import (CheckpointMismatchError, LoadReport,
-                                      check_state_dict, few_keys, strip_prefix,
-                                      unwrap_model)
-from .converters import (convert_official_to_mmpretrain, describe_arch,
+                                      check_state_dict, few_keys, unwrap_model)
+from .converters import (ConversionError, convert_official_to_mmpretrain,
+                         describe_arch, extract_state_dict,
                          find_official_state_dict, official_model_name,
                          official_soft_hint)
 from .layers.soft_attention import SOFTAttention
 
 __all__ = [
-    # the steps
-    'read_checkpoint',
-    'Weights',
-    'to_mmsoft',
-    'upgrade_legacy_keys',
-    'load_pretrained',
-    'check_attn_norm',
-    'check_checkpoint_for_model',
-    # init_cfg
-    'SOFTPretrainedInit',
-    'pretrained_init_cfg',
-    # the converter tools
-    'official_weights',
-    'converter_parser',
-    'run_converter',
+    'read_checkpoint', 'to_mmsoft', 'upgrade_legacy_keys', 'load_pretrained',
+    'check_attn_norm', 'check_checkpoint_for_model',
+    'load_checkpoint_to_model', 'SOFTPretrainedInit', 'pretrained_init_cfg'
 ]
 
 #: how a partial load of the backbone's init_cfg is allowed (in the error)
 BACKBONE_OPT_IN = 'set model.backbone.init_cfg.strict=False'
-#: the prefix of the backbone's keys in a whole-model checkpoint
-BACKBONE_PREFIX = 'backbone.'
 
 
-# ------------------------------------------------------------- 1. file
-def read_checkpoint(filename: str, map_location='cpu', mmap: bool = False):
-    """The loaded checkpoint ``filename`` (a path or URL): MMEngine's
-    loader with mmsoft's safe loading in effect. ``mmap=True`` (to inspect
-    the structure of a local file, e.g. before an inferencer loads it):
-    the tensors stay on disk where the file format allows it."""
-    import os.path as osp
-
-    from mmengine.runner.checkpoint import _load_checkpoint
+def read_checkpoint(filename, map_location='cpu', mmap: bool = False):
+    """The checkpoint ``filename`` (a path or an ``http(s)://`` URL,
+    downloaded to torch's hub cache as MMEngine does), read safely; other
+    schemes (``open-mmlab://`` ...) are MMEngine's.
+    ``mmap=True``: the tensors of a local zip file stay on disk (to inspect
+    its structure)."""
+    from mmsoft.utils.checkpoint_io import load_verified
+    filename = osp.expanduser(str(filename))
+    if filename.startswith(('http://', 'https://')):
+        from torch.hub import download_url_to_file, get_dir
+        cached = osp.join(get_dir(), 'checkpoints', osp.basename(filename))
+        try:
+            if not osp.isfile(cached):
+                os.makedirs(osp.dirname(cached), exist_ok=True)
+                download_url_to_file(filename, cached, None, progress=False)
+        except OSError as e:  # offline, 404, ...
+            raise FileNotFoundError(
+                f'checkpoint {filename} could not be downloaded ({e}); '
+                f'check the URL, or download it and pass the file') from None
+        filename = cached
+    elif '://' in filename:  # open-mmlab://, s3:// ...: MMEngine's loaders
+        from mmengine.runner import CheckpointLoader
+        return CheckpointLoader.load_checkpoint(filename, map_location)
+    if not osp.isfile(filename):
+        raise FileNotFoundError(f'checkpoint {filename} ' +
+                                ('is a directory, not a file' if osp.
+                                 isdir(filename) else 'does not exist') +
+                                '; pass a .pth checkpoint file')
     if mmap:
         try:  # torch's weights-only unpickler: nothing runs from the file
             return torch.load(
                 filename, map_location='cpu', weights_only=True, mmap=True)
         except Exception:  # noqa: BLE001 - legacy format: read it whole
             pass
-    from mmsoft.utils.checkpoint_io import load_verified
-    if osp.isfile(filename):  # mmsoft's safe reader (no loader patch)
-        return load_verified(filename, map_location=map_location)
-    return _load_checkpoint(filename, map_location=map_location)
-
-
-# ----------------------------------------------------------- 2. layout
-class Weights(NamedTuple):
-    """A checkpoint's tensors in mmsoft's key layout."""
-    state_dict: 'OrderedDict'
-    layout: str  # e.g. "authors' soft_tiny layout ('model')"
-    converted: bool  # renamed from the authors' layout
-    arch: Optional[Dict]  # the authors' architecture (when converted)
-
-
-def _entry(entry: str) -> str:
-    return '' if entry == '<bare>' else f' ({entry!r})'
-
-
-def mmsoft_state_dict(ckpt, source: str) -> Tuple['OrderedDict', str]:
-    """``(state_dict, entry)`` of an mmsoft / OpenMMLab checkpoint: its
-    ``state_dict`` or ``model`` entry, or the dict itself (``'<bare>'``);
-    ``module.`` prefixes stripped."""
-    if isinstance(ckpt, Mapping) and 'state_dict' in ckpt:
-        entry = 'state_dict'
-    elif isinstance(ckpt, Mapping) and isinstance(ckpt.get('model'), Mapping):
-        entry = 'model'
-    else:
-        entry = '<bare>'
-    sd = ckpt if entry == '<bare>' else ckpt[entry]
-    if not isinstance(sd, Mapping):
-        raise CheckpointMismatchError(
-            f'checkpoint {source} holds a {type(sd).__name__}, not a state '
-            f'dict')
-    return strip_prefix(sd), entry
+    return load_verified(filename, map_location=map_location)
 
 
 def to_mmsoft(ckpt,
               source: str,
               stage4_heads: Optional[int] = None,
-              attn_norm: Optional[bool] = None) -> Weights:
-    """The tensors of a loaded checkpoint in mmsoft's layout.
-
-    An authors' (fudan-zvg/SOFT) file is converted to the layout of an
-    mmpretrain ``ImageClassifier`` (``backbone.*``, ``head.fc.*``), exactly
-    as ``soft2mmsoft.py`` does; ``stage4_heads`` and ``attn_norm`` (not
-    visible in the weights) only name the model in :attr:`Weights.layout`.
-    Other files are taken as mmsoft checkpoints.
-    """
+              attn_norm: Optional[bool] = None
+              ) -> Tuple['OrderedDict', str, Optional[Dict]]:
+    """``(state_dict, layout, arch)`` of a loaded checkpoint in mmsoft's key
+    layout. An authors' file is converted to an mmpretrain classifier's keys
+    (``backbone.*``, ``head.fc.*``) and ``arch`` is its architecture
+    (``stage4_heads`` and ``attn_norm``, not in the weights, name it);
+    other files are mmsoft's (``arch`` None)."""
     found = find_official_state_dict(ckpt)
-    if found is None:
-        sd, entry = mmsoft_state_dict(ckpt, source)
-        return Weights(sd, 'mmsoft layout' + _entry(entry), False, None)
-    sd, entry = found
     try:
-        out, arch, _ = convert_official_to_mmpretrain(sd, stage4_heads)
+        if found is None:
+            sd, entry = extract_state_dict(ckpt, prefer_ema=False)
+            arch, layout = None, 'mmsoft layout'
+        else:
+            sd, arch, _ = convert_official_to_mmpretrain(
+                found[0], stage4_heads)
+            entry = found[1]
+            layout = "authors' " + (official_model_name(arch, attn_norm) or
+                                    f'SOFT {describe_arch(arch)}') + ' layout'
     except ConversionError as e:
+        what = " has the authors' SOFT key layout (fudan-zvg/SOFT) but " \
+            'cannot be converted' if found else ''
         raise CheckpointMismatchError(
-            f"checkpoint {source} has the authors' SOFT key layout "
-            f'(fudan-zvg/SOFT) but cannot be converted: {e}') from None
-    name = official_model_name(arch, attn_norm) or \
-        f'SOFT {describe_arch(arch)}'
-    return Weights(out, f"authors' {name} layout" + _entry(entry), True, arch)
+            f'checkpoint {source}{what}: {e}') from None
+    return sd, layout + ('' if entry == '<bare>' else f' ({entry!r})'), arch
 
 
 def _soft_backbones(model: torch.nn.Module):
     """``(name, module)`` of the modules whose class upgrades older
     checkpoint keys (``upgrade_state_dict``: the SOFT backbone)."""
-    for name, mod in model.named_modules():
-        if callable(getattr(type(mod), 'upgrade_state_dict', None)):
-            yield name, mod
+    return [(name, m) for name, m in model.named_modules()
+            if callable(getattr(type(m), 'upgrade_state_dict', None))]
 
 
 def upgrade_legacy_keys(model: torch.nn.Module, sd: Mapping) -> Mapping:
-    """``sd`` with the keys of older SOFT checkpoint layouts renamed for
-    every SOFT backbone inside ``model`` (what its ``_load_from_state_dict``
-    does while loading), so that they are compared under the new names."""
+    """``sd`` with the keys of older SOFT versions renamed for every SOFT
+    backbone in ``model`` (as its ``_load_from_state_dict`` does)."""
     for name, mod in _soft_backbones(model):
         sd = type(mod).upgrade_state_dict(sd, f'{name}.' if name else '')
     return sd
 
 
-def _attn_norms(model: torch.nn.Module) -> set:
-    """The ``attn_norm`` values of the SOFT attentions inside ``model``."""
-    return {
-        m.attn_norm
-        for m in model.modules() if isinstance(m, SOFTAttention)
-    }
-
-
-def _stage4_heads(model: torch.nn.Module) -> Optional[int]:
-    """The heads of stage 4 of the (first) SOFT backbone in ``model``."""
-    for _, mod in _soft_backbones(model):
-        heads = getattr(mod, 'num_heads', None)
-        if isinstance(heads, (list, tuple)) and len(heads) == 4:
-            return heads[3]
-    return None
-
-
-# -------------------------------------------------------------- 4. load
 def check_attn_norm(model: torch.nn.Module,
                     checkpoint,
                     source: str,
                     config: Optional[str] = None) -> None:
-    """Refuse weights converted for the other attention normalisation.
-
-    ``soft_*`` and ``soft_norm_*`` weights have the same tensors, so the
-    shape check cannot tell them apart; ``soft2mmsoft.py`` records the
-    choice (``--norm``) as ``meta['attn_norm']`` (and the official model's
-    name as ``meta['official_model']``). When the checkpoint has that record
-    and ``model``'s SOFT attentions use the other setting, raise
-    :class:`CheckpointMismatchError` naming both and the fixes.
-    """
+    """Refuse weights converted for the other attention normalisation:
+    ``soft_*`` and ``soft_norm_*`` weights have the same tensors, but
+    ``soft2mmsoft.py`` records ``--norm`` as ``meta['attn_norm']``."""
     meta = checkpoint.get('meta') if isinstance(checkpoint, Mapping) else None
     want = meta.get('attn_norm') if isinstance(meta, Mapping) else None
-    if not isinstance(want, bool):
+    have = {
+        m.attn_norm
+        for m in model.modules() if isinstance(m, SOFTAttention)
+    }
+    if not isinstance(want, bool) or have in (set(), {want}):
         return
-    have = _attn_norms(model)
-    if not have or have == {want}:
-        return
-    name = meta.get('official_model') or \
-        ('soft_norm_*' if want else 'soft_*')
-    kind = 'soft_norm_* (attn_norm=True)' if not want else \
-        'soft_* (attn_norm=False)'
+    name = meta.get('official_model') or ('soft_norm_*' if want else 'soft_*')
+    kind = 'soft_* (attn_norm=False)' if want else \
+        'soft_norm_* (attn_norm=True)'
     cfg = f' of {config}' if config else ''
     raise CheckpointMismatchError(
         f'checkpoint {source} holds {name} weights (converted with '
@@ -243,14 +162,10 @@ def check_checkpoint_for_model(model: torch.nn.Module,
                                allow_partial: bool = False,
                                opt_in: str = '',
                                config: Optional[str] = None) -> LoadReport:
-    """Check a checkpoint (dict) that MMEngine loads into a whole model:
-    keys and shapes of its ``state_dict`` (or the dict itself, as the
-    Runner reads it; :func:`check_state_dict`, legacy SOFT keys upgraded,
-    ``module.`` prefixes stripped, the converter command for an authors'
-    file) and the attention normalisation recorded by the converter
-    (:func:`check_attn_norm`). Used by ``StrictLoadHook``
-    (``tools/train.py`` ``load_from`` / ``--resume``, ``tools/test.py``),
-    ``demo/image_demo.py`` and the ONNX export."""
+    """Check a checkpoint (dict) that MMEngine loads into a whole model: the
+    keys and shapes of its ``state_dict`` (or the dict itself, as the Runner
+    reads it; older SOFT keys upgraded, ``module.`` stripped, the converter
+    command for an authors' file) and :func:`check_attn_norm`."""
     model = unwrap_model(model)
     sd = checkpoint.get('state_dict', checkpoint) \
         if isinstance(checkpoint, Mapping) else checkpoint
@@ -258,9 +173,11 @@ def check_checkpoint_for_model(model: torch.nn.Module,
         raise CheckpointMismatchError(
             f'checkpoint {source} holds a {type(sd).__name__}, not a state '
             f'dict')
+    sd = OrderedDict(
+        (k[7:] if k.startswith('module.') else k, v) for k, v in sd.items())
     report = check_state_dict(
         model.state_dict(),
-        upgrade_legacy_keys(model, strip_prefix(sd)),
+        upgrade_legacy_keys(model, sd),
         source,
         f'the model ({type(model).__name__})',
         allow_partial=allow_partial,
@@ -270,15 +187,37 @@ def check_checkpoint_for_model(model: torch.nn.Module,
     return report
 
 
+def load_checkpoint_to_model(model: torch.nn.Module,
+                             filename: str,
+                             allow_partial: bool = False,
+                             opt_in: str = '') -> LoadReport:
+    """Read ``filename``, check it as :func:`check_checkpoint_for_model`
+    does and load it with MMEngine (``revise_keys`` strips ``module.``);
+    with ``allow_partial`` the mis-shaped tensors are left out."""
+    from mmengine.runner.checkpoint import _load_checkpoint_to_model
+    ckpt = read_checkpoint(filename)
+    report = check_checkpoint_for_model(model, ckpt, str(filename),
+                                        allow_partial, opt_in)
+    bad = {k for k, _, _ in report.mismatched}
+    sd = ckpt.get('state_dict', ckpt)
+    _load_checkpoint_to_model(
+        unwrap_model(model), {
+            k: v
+            for k, v in sd.items() if k.replace('module.', '', 1) not in bad
+        },
+        strict=False)
+    return report
+
+
 def _select(sd: Mapping, own: Mapping, prefix: Optional[str],
             source: str) -> Tuple['OrderedDict', Optional[str]]:
-    """The tensors meant for the module: those under ``prefix``; without
-    one, those under ``backbone.`` of a whole-model file (when none of its
-    keys is the module's and the module has no ``backbone.`` keys)."""
+    """The tensors under ``prefix``; without one, those under ``backbone.``
+    of a whole-model file (none of its keys is the module's, and the module
+    has no ``backbone.`` keys)."""
     if not prefix and not any(k in own for k in sd) and \
-            any(k.startswith(BACKBONE_PREFIX) for k in sd) and \
-            not any(k.startswith(BACKBONE_PREFIX) for k in own):
-        prefix = BACKBONE_PREFIX
+            any(k.startswith('backbone.') for k in sd) and \
+            not any(k.startswith('backbone.') for k in own):
+        prefix = 'backbone.'
     if not prefix:
         return OrderedDict(sd), None
     p = prefix if prefix.endswith('.') else prefix + '.'
@@ -292,85 +231,66 @@ def _select(sd: Mapping, own: Mapping, prefix: Optional[str],
     return selected, p
 
 
-def _arch_hint(weights: Weights, module: torch.nn.Module) -> Optional[str]:
-    """What an authors' file of another architecture holds."""
-    if not weights.converted:
-        return None
-    return (f"the file holds the authors' weights of "
-            f'{describe_arch(weights.arch)}; build the backbone with that '
-            f'arch (a config of that model size), not '
-            f'{type(module).__name__} as configured')
-
-
-def describe_load(source: str, weights: Weights, prefix: Optional[str],
-                  report: LoadReport, strict: bool) -> str:
-    """The one-line report of :func:`load_pretrained`."""
-    parts = [weights.layout]
-    if weights.converted:
-        parts.append('converted')
-    if prefix:
-        parts.append(f'keys under {prefix!r}')
-    parts.append(f'{report.matched} tensors')
-    parts.append(('strict' if strict else 'strict=False') +
-                 ('' if report.ok else ', partial'))
-    return f'mmsoft: loaded {source}: ' + ', '.join(parts)
-
-
 def load_pretrained(module: torch.nn.Module,
                     checkpoint: str,
                     prefix: Optional[str] = None,
                     map_location='cpu',
                     strict: bool = True,
                     opt_in: str = '') -> LoadReport:
-    """Load ``checkpoint`` (any layout of the module docstring) into
-    ``module``, strictly unless ``strict=False``; log the one-line report.
-
-    ``prefix`` selects the keys of a whole-model checkpoint (e.g.
-    ``'backbone.'``; the others, such as the head, are ignored), as
-    MMEngine's ``Pretrained`` does; without it, a whole-model file's
-    ``backbone.`` keys are taken when none of its keys is the module's.
-    """
+    """Load ``checkpoint`` (any layout of :func:`to_mmsoft`) into
+    ``module``, strictly unless ``strict=False``, and log the one-line
+    report. ``prefix`` selects the keys of a whole-model file (e.g.
+    ``'backbone.'``; the others are ignored), as MMEngine's ``Pretrained``
+    does; without it, a whole-model file's ``backbone.`` keys are taken
+    when none of its keys is the module's."""
     source = str(checkpoint)
     ckpt = read_checkpoint(checkpoint, map_location)
-    norms = _attn_norms(module)
-    weights = to_mmsoft(ckpt, source, _stage4_heads(module),
-                        next(iter(norms)) if len(norms) == 1 else None)
+    norms = {
+        m.attn_norm
+        for m in module.modules() if isinstance(m, SOFTAttention)
+    }
+    soft = [m for _, m in _soft_backbones(module)]
+    sd, layout, arch = to_mmsoft(ckpt, source,
+                                 soft[0].num_heads[3] if soft else None,
+                                 norms.pop() if len(norms) == 1 else None)
     own = module.state_dict()
-    sd, used = _select(weights.state_dict, own, prefix, source)
+    sd, used = _select(sd, own, prefix, source)
     upgraded = upgrade_legacy_keys(module, sd)
     if list(upgraded) != list(sd):
-        weights = weights._replace(
-            layout=weights.layout.replace('mmsoft layout',
-                                          'older mmsoft layout (upgraded)'))
+        layout = 'older ' + layout.replace('layout', 'layout (upgraded)', 1)
     target = type(module).__name__ + (f' (checkpoint keys under {used!r})'
                                       if used else '')
-    report = check_state_dict(
-        own,
-        upgraded,
-        source,
-        target,
-        allow_partial=not strict,
-        opt_in=opt_in,
-        hint=(lambda: _arch_hint(weights, module)) if strict else None)
+    hint = None if arch is None or not strict else lambda: (
+        f"the file holds the authors' weights of {describe_arch(arch)}; "
+        f'build the backbone with that arch (a config of that model size), '
+        f'not {type(module).__name__} as configured')
+    report = check_state_dict(own, upgraded, source, target, not strict,
+                              opt_in, hint)
     check_attn_norm(module, ckpt, source)
     bad = {k for k, _, _ in report.mismatched}
     module.load_state_dict(
         OrderedDict((k, v) for k, v in upgraded.items() if k not in bad),
         strict=False)
+    parts = (layout, 'converted' if arch else '',
+             f'keys under {used!r}' if used else '',
+             f'{report.matched} tensors',
+             ('strict' if strict else 'strict=False') +
+             ('' if report.ok else ', partial'))
     print_log(
-        describe_load(source, weights, used, report, strict), logger='current')
+        f'mmsoft: loaded {source}: ' + ', '.join(p for p in parts if p),
+        logger='current')
     return report
 
 
 @WEIGHT_INITIALIZERS.register_module(name='SOFTPretrained')
-class SOFTPretrainedInit:
-    """Initialise a module from a checkpoint, strictly
+class SOFTPretrainedInit(PretrainedInit):
+    """MMEngine's ``Pretrained`` initialiser, strict
     (:func:`load_pretrained`).
 
     Args:
         checkpoint (str): the checkpoint file (or URL) to load.
         prefix (str, optional): load the keys under this prefix (e.g.
-            ``'backbone.'`` of a whole classifier checkpoint). Default: None.
+            ``'backbone.'`` of a whole classifier). Default: None.
         map_location (str): where tensors are loaded. Default: 'cpu'.
         strict (bool): a mismatch is an error; False logs it and loads the
             matching tensors (loading nothing is an error even then).
@@ -385,11 +305,8 @@ class SOFTPretrainedInit:
                  map_location='cpu',
                  strict: bool = True,
                  opt_in: str = BACKBONE_OPT_IN):
-        self.checkpoint = checkpoint
-        self.prefix = prefix
-        self.map_location = map_location
-        self.strict = strict
-        self.opt_in = opt_in
+        super().__init__(checkpoint, prefix, map_location)
+        self.strict, self.opt_in = strict, opt_in
 
     def __call__(self, module: torch.nn.Module) -> None:
         load_pretrained(
@@ -402,24 +319,18 @@ class SOFTPretrainedInit:
         if hasattr(module, '_params_init_info'):
             update_init_info(module, init_info=self._get_init_info())
 
-    def _get_init_info(self) -> str:
-        return f'{self.__class__.__name__}: load from {self.checkpoint}'
-
 
 def pretrained_init_cfg(init_cfg: Union[Dict, List[Dict], None],
                         owner: str = 'SOFT'
                         ) -> Tuple[Union[Dict, List[Dict], None], bool]:
-    """``init_cfg`` of a SOFT backbone with its ``Pretrained`` entries run
-    by :class:`SOFTPretrainedInit` (last, after the other entries, as
-    MMEngine orders ``Pretrained``), and whether a strict load replaces
-    every tensor (then the backbone's own initialisation is skipped).
-
-    ``checkpoint=None`` means "no weights yet" (configs set it so that
-    ``--cfg-options model.backbone.init_cfg.checkpoint=...`` works): the
-    entry is dropped and logged.
-    """
-    cfgs = [init_cfg] if isinstance(init_cfg, Mapping) else \
-        list(init_cfg or [])
+    """``init_cfg`` of a SOFT backbone with its ``Pretrained`` entries run by
+    :class:`SOFTPretrainedInit` (last, as MMEngine orders ``Pretrained``),
+    and whether a strict load replaces every tensor (then the backbone's
+    own initialisation is skipped). ``checkpoint=None`` ("no weights yet",
+    so that ``--cfg-options model.backbone.init_cfg.checkpoint=...`` works)
+    drops the entry, with a log line."""
+    cfgs = [init_cfg] if isinstance(init_cfg, Mapping) else list(init_cfg
+                                                                 or [])
     others, loads, strict_load = [], [], False
     for cfg in cfgs:
         if cfg.get('type') not in ('Pretrained', 'SOFTPretrained'):
@@ -430,67 +341,9 @@ def pretrained_init_cfg(init_cfg: Union[Dict, List[Dict], None],
                 f'initialisation',
                 logger='current')
         else:
-            strict = cfg.get('strict', True)
-            strict_load |= strict is not False
-            loads.append(
-                dict(
-                    type='SOFTPretrained',
-                    checkpoint=cfg['checkpoint'],
-                    prefix=cfg.get('prefix'),
-                    map_location=cfg.get('map_location', 'cpu'),
-                    strict=strict))
+            strict_load |= cfg.get('strict', True) is not False
+            loads.append(dict(cfg, type='SOFTPretrained'))
     out = others + loads
     if not out:
         return None, False
-    if isinstance(init_cfg, Mapping):
-        return out[0], strict_load
-    return out, strict_load
-
-
-# ------------------------------------------ the converter tools (files)
-def official_weights(ckpt,
-                     src: str,
-                     ema: Optional[bool] = None) -> Tuple['OrderedDict', str]:
-    """``(state_dict, entry)`` of an authors' checkpoint for
-    ``soft2mmsoft.py``: EMA weights when present (``ema=None``), required
-    (``ema=True``) or refused (``ema=False``, the raw weights)."""
-    emas = ('state_dict_ema', 'model_ema')
-    sd, entry = extract_state_dict(ckpt, prefer_ema=ema is not False)
-    if ema is False and entry in emas:
-        raise ConversionError(f'--no-ema given but {src!r} only holds EMA '
-                              f'weights ({entry!r})')
-    if ema and entry not in emas:
-        raise ConversionError(f'--ema given but {src!r} has no '
-                              f'state_dict_ema / model_ema entry (found '
-                              f'{entry!r})')
-    return sd, entry
-
-
-def converter_parser(description: str, src: str, dst: str, stage4_heads: str,
-                     heads_type: Callable):
-    """The arguments both converter tools take: ``src``, ``dst``,
-    ``--stage4-heads`` (parsed by ``heads_type``), ``--trust-checkpoint``
-    (their help texts given)."""
-    import argparse
-    p = argparse.ArgumentParser(description=description)
-    p.add_argument('src', help=src)
-    p.add_argument('dst', help=dst)
-    p.add_argument(
-        '--stage4-heads', type=heads_type, default=None, help=stage4_heads)
-    p.add_argument(
-        '--trust-checkpoint',
-        action='store_true',
-        help='unpickle arbitrary objects in SRC (only for files you trust)')
-    return p
-
-
-def run_converter(convert: Callable, args) -> int:
-    """Run a converter tool's ``convert(args)``: 0, or 1 after printing
-    its :class:`ConversionError` as ``error: ...`` on stderr."""
-    import sys
-    try:
-        convert(args)
-    except ConversionError as e:
-        print(f'error: {e}', file=sys.stderr)
-        return 1
-    return 0
+    return (out[0] if isinstance(init_cfg, Mapping) else out), strict_load

@@ -28,7 +28,7 @@ def check_readable(path: str) -> None:
     raises a one-line ``ConversionError`` naming it and the reason, instead
     of a ``PermissionError`` traceback; a missing file or a directory is
     left to the loader's own message."""
-    from mmsoft.utils.checkpoint_files import ConversionError
+    from mmsoft.models.converters import ConversionError
     if not osp.isfile(path):
         return
     try:

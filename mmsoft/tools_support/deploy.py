@@ -90,64 +90,22 @@ def build_model(config,
 def load_weights(model: nn.Module,
                  checkpoint: str,
                  partial_load: bool = False) -> None:
-    """Load ``checkpoint`` into ``model``; every key and shape must match,
-    and weights converted for the other attention normalisation are
-    refused (``meta['attn_norm']``). ``partial_load`` (``--partial-load``)
-    loads the matching tensors and prints what was skipped."""
-    from mmsoft.models.loading import (check_attn_norm,
-                                       check_checkpoint_for_model)
-    from mmsoft.utils.checkpoint_io import load_verified
+    """Load ``checkpoint`` into ``model`` through mmsoft's loading code, as
+    ``tools/test.py`` checks it (:func:`mmsoft.models.loading.
+    load_checkpoint_to_model`: strict, older mmsoft keys upgraded, the
+    converter command for an authors' file, the attention normalisation
+    checked); ``partial_load`` (``--partial-load``) loads the matching
+    tensors and logs what was skipped. Errors: one-line
+    :class:`ExportError`."""
+    from mmsoft.models.loading import load_checkpoint_to_model
+    from mmsoft.utils.checkpoint_io import CheckpointError, CheckpointRefused
     from mmsoft.utils.strict_load import CheckpointMismatchError
-    if not osp.isfile(checkpoint):
-        raise ExportError(f'checkpoint {checkpoint!r} does not exist; pass '
-                          f'a .pth file (or "none" for random weights)')
-    ckpt = load_verified(checkpoint)  # mmsoft's safe reader
-    state = ckpt.get('state_dict', ckpt) if isinstance(ckpt, dict) else ckpt
-    if not isinstance(state, dict):
-        raise ExportError(f'checkpoint {checkpoint!r} holds no state_dict; '
-                          f'pass a checkpoint written by tools/train.py')
-    state = {
-        k[7:] if k.startswith('module.') else k: v
-        for k, v in state.items()
-    }
     try:
-        check_attn_norm(model, ckpt, checkpoint)
-        if partial_load:
-            report = check_checkpoint_for_model(
-                model, ckpt, checkpoint, allow_partial=True)
-            bad = {k for k, _, _ in report.mismatched}
-            model.load_state_dict(
-                {
-                    k: v
-                    for k, v in state.items() if k not in bad
-                }, strict=False)
-            return
-    except CheckpointMismatchError as e:
+        load_checkpoint_to_model(model, checkpoint, partial_load,
+                                 'pass --partial-load')
+    except (CheckpointMismatchError, CheckpointError, CheckpointRefused,
+            FileNotFoundError) as e:
         raise ExportError(' '.join(str(e).split())) from None
-    own = model.state_dict()
-    missing = [k for k in own if k not in state]
-    unexpected = [k for k in state if k not in own]
-    shapes = [
-        f'{k} {tuple(state[k].shape)} vs {tuple(v.shape)}'
-        for k, v in own.items() if k in state and hasattr(state[k], 'shape')
-        and tuple(state[k].shape) != tuple(v.shape)
-    ]
-    if missing or unexpected or shapes:
-        parts = []
-        if missing:
-            parts.append(f'{len(missing)} missing keys (e.g. {missing[0]})')
-        if unexpected:
-            parts.append(f'{len(unexpected)} unexpected keys (e.g. '
-                         f'{unexpected[0]})')
-        if shapes:
-            parts.append(f'{len(shapes)} shape mismatches (e.g. '
-                         f'{shapes[0]}, checkpoint vs model)')
-        raise ExportError(
-            f'checkpoint {checkpoint!r} does not match the config: '
-            f'{"; ".join(parts)}; pass the config it was trained with (a '
-            f'backbone-only checkpoint initialises training, it is not a '
-            f'full model)')
-    model.load_state_dict(state, strict=True)
 
 
 def check_exportable(model: nn.Module, dynamo: bool = False) -> None:

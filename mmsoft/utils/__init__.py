@@ -1,7 +1,6 @@
 """Utilities of mmsoft that know nothing of its models: paths of the
-shipped files (:mod:`.paths`), atomic writes (:mod:`.atomic`), safely read,
-atomically written checkpoints (:mod:`.checkpoint_io`, :mod:`.safe_load`,
-:mod:`.checkpoint_files`), strict
+shipped files (:mod:`.paths`), atomic writes (:mod:`.atomic`), safely read
+checkpoints (:mod:`.checkpoint_io`), strict
 state-dict comparison (:mod:`.strict_load`) and RNG states
 (:mod:`.rng_state`). Import the submodules; nothing here imports
 :mod:`mmsoft.models` (the official-checkpoint key map lives in

@@ -22,7 +22,6 @@ from reference import official_soft_ref as ref
 from mmsoft.models import converters as ok
 from mmsoft.models.backbones.soft import SOFT
 from mmsoft.models.converters import ConversionError
-from mmsoft.utils import checkpoint_files as cf
 from mmsoft.utils import checkpoint_io as cio
 
 TINY = dict(
@@ -67,6 +66,10 @@ def n_params(sd):
 def load_script(name):
     return load_module(
         osp.join(ROOT, 'tools', 'model_converters', name + '.py'), name)
+
+
+#: the converters' file helpers (tools/model_converters/checkpoint_files.py)
+cf = load_script('checkpoint_files')
 
 
 @pytest.fixture(scope='module')
@@ -317,28 +320,28 @@ def test_mmsoft_side_errors(tiny_sd):
 # ------------------------------------------------------------ checkpoint files
 def test_extract_state_dict_layouts(tiny_sd):
     ema = OrderedDict((k, v + 1) for k, v in tiny_sd.items())
-    sd, src = cf.extract_state_dict({
+    sd, src = ok.extract_state_dict({
         'state_dict': tiny_sd,
         'state_dict_ema': ema,
         'epoch': 3
     })
     assert src == 'state_dict_ema' and sd['cls_token'].equal(ema['cls_token'])
-    sd, src = cf.extract_state_dict(
+    sd, src = ok.extract_state_dict(
         {
             'state_dict': tiny_sd,
             'state_dict_ema': ema
         }, prefer_ema=False)
     assert src == 'state_dict' and sd['cls_token'].equal(tiny_sd['cls_token'])
-    sd, src = cf.extract_state_dict(
+    sd, src = ok.extract_state_dict(
         {'model': {
             'module.' + k: v
             for k, v in tiny_sd.items()
         }})
     assert src == 'model' and list(sd) == list(tiny_sd)
-    sd, src = cf.extract_state_dict(tiny_sd)
+    sd, src = ok.extract_state_dict(tiny_sd)
     assert src == '<bare>'
     with pytest.raises(ConversionError, match='no state dict found'):
-        cf.extract_state_dict({'epoch': 1, 'optimizer': {}})
+        ok.extract_state_dict({'epoch': 1, 'optimizer': {}})
 
 
 def test_cli_round_trip(tmp_path, tiny_sd, capsys):

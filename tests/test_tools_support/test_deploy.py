@@ -240,12 +240,46 @@ def test_error_checkpoint_mismatch(tmp_path, capsys):
         '160', '--out',
         str(tmp_path / 'x.onnx')
     ])
-    assert 'does not match the config' in line and 'missing keys' in line
+    assert 'does not match the model (RetinaNet)' in line and \
+        'missing from the checkpoint' in line and '--partial-load' in line
     line = _error_line(capsys, [
         osp.join(DEMO, 'soft_cls_demo.py'),
         str(tmp_path / 'nope.pth'), '--shape', '64', '64'
     ])
     assert 'does not exist' in line
+
+
+def test_weights_load_as_in_the_other_tools(tmp_path):
+    """Issue 36: the export loads weights through mmsoft's loading code,
+    as tools/test.py does: a checkpoint with the keys of an older mmsoft
+    (stages before they were modules, ``ffn.fc1``) loads, and an authors'
+    file is refused with the converter command."""
+    import re
+
+    from mmsoft.models.converters import convert_mmpretrain_to_official
+    cfg = osp.join(DEMO, 'soft_cls_demo.py')
+    src, _, _ = deploy.build_model(cfg, None)
+    old = {}
+    for k, v in src.state_dict().items():
+        k = re.sub(r'^backbone\.stages\.(\d)\.blocks\.(\d+)\.',
+                   r'backbone.stages.\1.\2.', k)
+        old[re.sub(r'\.ffn\.layers\.0\.0\.', '.ffn.fc1.', k)] = v
+    assert 'backbone.stages.0.0.ffn.fc1.weight' in old
+    torch.save({'state_dict': old}, tmp_path / 'v1.pth')
+    model, _, _ = deploy.build_model(cfg, str(tmp_path / 'v1.pth'))
+    for k, v in src.state_dict().items():
+        assert torch.equal(model.state_dict()[k], v), k
+    official, _, _ = convert_mmpretrain_to_official({
+        k: v
+        for k, v in src.state_dict().items()
+        if k.startswith(('backbone.', 'head.fc.'))
+    })
+    torch.save({'model': official}, tmp_path / 'soft_demo.pth')
+    with pytest.raises(deploy.ExportError) as info:
+        deploy.build_model(cfg, str(tmp_path / 'soft_demo.pth'))
+    msg = str(info.value)
+    assert '\n' not in msg and 'official SOFT checkpoint' in msg
+    assert 'python tools/model_converters/soft2mmsoft.py' in msg
 
 
 def test_error_shapes(tmp_path, capsys):

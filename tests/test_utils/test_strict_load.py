@@ -177,3 +177,26 @@ def test_pretrained_runs_the_registered_initializer_once(
     assert torch.equal(head.fc.weight, torch.ones(3, 32))
     with pytest.raises(CheckpointMismatchError, match='another shape'):
         Head(5, init_cfg=cfg).init_weights()
+
+
+@pytest.mark.parametrize('kind', ['directory', 'missing', 'offline_url'])
+def test_unreadable_init_cfg_checkpoint_is_one_line(tmp_path, kind,
+                                                    monkeypatch):
+    """Issue 36: a directory, a mistyped path or an unreachable URL as
+    ``init_cfg.checkpoint`` gave a raw traceback from deep in the loader;
+    now one line naming the checkpoint and the cause."""
+    path = {
+        'directory': str(tmp_path),
+        'missing': str(tmp_path / 'nope.pth'),
+        'offline_url': 'http://127.0.0.1:9/soft_tiny.pth',  # port 9: closed
+    }[kind]
+    monkeypatch.setenv('TORCH_HOME', str(tmp_path / 'torch'))  # no cache
+    with pytest.raises(FileNotFoundError) as exc:
+        _pretrained(path).init_weights()
+    msg = str(exc.value)
+    assert '\n' not in msg and msg.startswith(f'checkpoint {path} ')
+    assert {
+        'directory': 'is a directory',
+        'missing': 'does not exist',
+        'offline_url': 'could not be downloaded'
+    }[kind] in msg

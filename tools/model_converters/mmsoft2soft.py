@@ -16,20 +16,26 @@ official ``main.py --eval_checkpoint DST`` (which reads ``state_dict_ema``)
 and by timm's ``load_checkpoint``, plus ``meta`` with mmsoft's SHA-256 of
 the tensors. Written atomically; DST must not be SRC.
 """
+import importlib.util
+import os.path as osp
 import sys
 
 from mmsoft.models.converters import (convert_mmpretrain_to_official,
-                                      describe_arch, official_model_name)
-from mmsoft.models.loading import converter_parser, run_converter
+                                      describe_arch, extract_state_dict,
+                                      official_model_name)
 from mmsoft.tools_support.cli import check_readable, positive_int
-from mmsoft.utils.checkpoint_files import (check_output_path,
-                                           extract_state_dict,
-                                           load_checkpoint_file,
-                                           save_checkpoint_atomic)
+
+#: the helpers both converters share (beside this script; loaded by path
+#: as tools/compat/matrix.py loads its helper, whatever sys.path holds)
+_spec = importlib.util.spec_from_file_location(
+    '_mmsoft_checkpoint_files',
+    osp.join(osp.dirname(osp.abspath(__file__)), 'checkpoint_files.py'))
+files = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(files)
 
 
 def parse_args(argv=None):
-    return converter_parser(
+    return files.converter_parser(
         'Convert an mmsoft (mmpretrain) SOFT checkpoint to the official '
         'fudan-zvg/SOFT layout.',
         src='mmsoft / mmpretrain checkpoint',
@@ -40,9 +46,9 @@ def parse_args(argv=None):
 
 
 def convert(args, log=print):
-    check_output_path(args.src, args.dst)
+    files.check_output_path(args.src, args.dst)
     check_readable(args.src)
-    ckpt = load_checkpoint_file(args.src, trust=args.trust_checkpoint)
+    ckpt = files.load_checkpoint_file(args.src, trust=args.trust_checkpoint)
     sd, source = extract_state_dict(ckpt, prefer_ema=False)
     log(f'reading {source!r} of {args.src} ({len(sd)} tensors)')
     out, arch, notes = convert_mmpretrain_to_official(sd, args.stage4_heads)
@@ -59,13 +65,14 @@ def convert(args, log=print):
     if not arch['num_classes']:
         log('note: no head.fc.* keys; the official model needs '
             'num_classes=0 (or load with strict=False)')
-    save_checkpoint_atomic(dict(state_dict=out, state_dict_ema=out), args.dst)
+    files.save_checkpoint_atomic(
+        dict(state_dict=out, state_dict_ema=out), args.dst)
     log(f'wrote {len(out)} tensors to {args.dst}')
     return out
 
 
 def main(argv=None):
-    return run_converter(convert, parse_args(argv))
+    return files.run_converter(convert, parse_args(argv))
 
 
 if __name__ == '__main__':

@@ -24,6 +24,7 @@ attention normalisation cannot be read from the weights: pass ``--norm`` for
 ``soft_norm_*`` checkpoints (SOFTAttention attn_norm=True); without it the
 checkpoint is taken to be a ``soft_*`` one (attn_norm=False).
 """
+import importlib.util
 import os.path as osp
 import sys
 
@@ -31,16 +32,19 @@ from mmsoft.models.converters import (arch_for_mmsoft,
                                       convert_official_to_mmpretrain,
                                       describe_arch, match_arch_preset,
                                       official_model_name)
-from mmsoft.models.loading import (converter_parser, official_weights,
-                                   run_converter)
 from mmsoft.tools_support.cli import check_readable, positive_int
-from mmsoft.utils.checkpoint_files import (check_output_path,
-                                           load_checkpoint_file,
-                                           save_checkpoint_atomic)
+
+#: the helpers both converters share (beside this script; loaded by path
+#: as tools/compat/matrix.py loads its helper, whatever sys.path holds)
+_spec = importlib.util.spec_from_file_location(
+    '_mmsoft_checkpoint_files',
+    osp.join(osp.dirname(osp.abspath(__file__)), 'checkpoint_files.py'))
+files = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(files)
 
 
 def parse_args(argv=None):
-    p = converter_parser(
+    p = files.converter_parser(
         'Convert an official SOFT (timm) checkpoint to an mmpretrain/mmsoft '
         'checkpoint.',
         src='official checkpoint (.pth / .pth.tar)',
@@ -70,10 +74,10 @@ def parse_args(argv=None):
 
 
 def convert(args, log=print):
-    check_output_path(args.src, args.dst)
+    files.check_output_path(args.src, args.dst)
     check_readable(args.src)
-    ckpt = load_checkpoint_file(args.src, trust=args.trust_checkpoint)
-    sd, source = official_weights(ckpt, args.src, args.ema)
+    ckpt = files.load_checkpoint_file(args.src, trust=args.trust_checkpoint)
+    sd, source = files.official_weights(ckpt, args.src, args.ema)
     log(f'reading {source!r} of {args.src} ({len(sd)} tensors)')
     out, arch, notes = convert_official_to_mmpretrain(sd, args.stage4_heads)
     for n in notes:
@@ -126,13 +130,13 @@ def convert(args, log=print):
         arch=mm_arch,
         num_classes=arch['num_classes'],
         model_cfg=model_cfg)
-    save_checkpoint_atomic(dict(state_dict=out, meta=meta), args.dst)
+    files.save_checkpoint_atomic(dict(state_dict=out, meta=meta), args.dst)
     log(f'wrote {len(out)} tensors to {args.dst}')
     return out, meta
 
 
 def main(argv=None):
-    return run_converter(convert, parse_args(argv))
+    return files.run_converter(convert, parse_args(argv))
 
 
 if __name__ == '__main__':

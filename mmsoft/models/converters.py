@@ -1,0 +1,507 @@
+"""The authors' SOFT checkpoints (github fudan-zvg/SOFT, timm ``soft_*`` /
+``soft_norm_*``) and older mmsoft checkpoints, as tables beside the model.
+
+* :func:`official_tensors` - every tensor of the official model: official
+  key, mmsoft key and shape, in the official order (the block tables
+  ``_SOFT_BLOCK``, ``_SOFTMAX_BLOCK``); the key map both ways
+  (:data:`KEY_MAP`) and the shape table that validates both conversions
+  (:func:`official_shapes`) are read from it;
+* :data:`LEGACY_KEYS` - ``(regex, replacement)`` renames of the SOFT
+  backbone's ``_version`` 1 and 2 keys, applied as mmengine's
+  ``revise_keys`` are, under the backbone's prefix;
+* :func:`infer_official_arch` - the architecture read off the shapes.
+
+``soft_*`` and ``soft_norm_*`` files hold the same tensors: the attention
+normalisation is not in the weights, nor are the heads of the softmax stage
+4 (assumed to keep stage 3's head width unless given). Nothing here imports
+the backbone (the presets are :mod:`mmsoft.models.arch_zoo`).
+"""
+import os.path as osp
+import re
+from collections import Counter, OrderedDict
+from typing import Dict, List, Mapping, Optional, Sequence, Tuple
+
+import torch
+
+from .arch_zoo import ARCH_DEFAULTS, ARCH_ZOO, NUM_STAGES
+
+__all__ = [
+    'ConversionError', 'KEY_MAP', 'LEGACY_KEYS', 'official_to_mmsoft_key',
+    'mmsoft_to_official_key', 'upgrade_legacy_state_dict',
+    'extract_state_dict', 'strip_module_prefix', 'find_official_state_dict',
+    'official_soft_hint', 'infer_official_arch', 'official_shapes',
+    'arch_for_mmsoft', 'match_arch_preset', 'describe_arch',
+    'official_model_name', 'convert_official_to_mmpretrain',
+    'convert_mmpretrain_to_official'
+]
+
+
+class ConversionError(ValueError):
+    """A checkpoint does not match the expected layout; ``problems`` lists
+    one line per offending key."""
+
+    def __init__(self, message: str, problems: Sequence[str] = ()):
+        self.problems = list(problems)
+        super().__init__('\n  '.join([message, *self.problems]))
+
+
+# ------------------------------------------------------- the tensor tables
+#: a block of stages 1-3 (official, mmsoft, weight shape; the bias is the
+#: first dim, 4-d convs have none): c width, d head width, h heads,
+#: r sampling ratio, k depthwise kernel, f MLP hidden width
+_SOFT_BLOCK = (
+    ('att.mha.W_q.', 'attn.q.', ('c', 'c')),
+    ('att.mha.W_v.', 'attn.v.', ('c', 'c')),
+    ('att.mha.attn.Qlandmark_op.', 'attn.sampler.conv.', ('d', 'd', 'r', 'r')),
+    ('att.mha.attn.Qnorm_act.0.', 'attn.sampler.norm.', ('d', )),
+    ('att.mha.attn.conv.', 'attn.dw_conv.', ('h', 1, 'k', 'k')),
+    ('att.mha.ff.', 'attn.proj.', ('c', 'c')),
+    ('att.norm1.', 'norm1.', ('c', )),
+    ('att.ff1.', 'ffn.layers.0.0.', ('f', 'c')),  # mmcv FFN: fc1
+    ('att.ff2.', 'ffn.layers.1.', ('c', 'f')),  # fc2
+    ('att.norm2.', 'norm2.', ('c', )),
+)
+#: a block of stage 4 (timm's pre-norm softmax attention block)
+_SOFTMAX_BLOCK = (
+    ('norm1.', 'norm1.', ('c', )),
+    ('attn.q.', 'attn.q.', ('c', 'c')),
+    ('attn.kv.', 'attn.kv.', ('kv', 'c')),
+    ('attn.proj.', 'attn.proj.', ('c', 'c')),
+    ('norm2.', 'norm2.', ('c', )),
+    ('mlp.fc1.', 'ffn.layers.0.0.', ('f', 'c')),
+    ('mlp.fc2.', 'ffn.layers.1.', ('c', 'f')),
+)
+BN_KEYS = ('weight', 'bias', 'running_mean', 'running_var',
+           'num_batches_tracked')
+#: hidden channels of the official three-conv stem
+OFFICIAL_STEM_CHANNELS = 32
+
+
+def official_tensors(depths: Optional[Sequence[int]] = None) -> List[Tuple]:
+    """``(stage, official key, mmsoft key, shape)`` of every tensor of the
+    official model, in its order; block keys hold ``{j}`` (``depths``
+    None) or each block index."""
+    rows = [(s, f'pos_embed{s + 1}', f'stages.{s}.pos_embed', (1, 'n', 'c'))
+            for s in range(4)] + [(3, 'cls_token', 'stages.3.cls_token',
+                                   (1, 1, 'c'))]
+
+    def add(s, official, mine, shape, bias=True):
+        rows.append((s, official + 'weight', mine + 'weight', shape))
+        if bias:
+            rows.append((s, official + 'bias', mine + 'bias', shape[:1]))
+
+    # patch embeddings: (conv, BN, ReLU) x 3 in the stem, x 1 later
+    for s, n, cout, cin in ((0, 0, 'stem', 'in'), (0, 1, 'stem', 'stem'),
+                            (0, 2, 'c', 'stem'), (1, 0, 'c', 'cp'),
+                            (2, 0, 'c', 'cp'), (3, 0, 'c', 'cp')):
+        o, m = f'patch_embed{s + 1}.proj.', f'stages.{s}.patch_embed.proj.{n}.'
+        add(s, f'{o}{3 * n}.', m + 'conv.', (cout, cin, 3, 3))
+        rows += [(s, f'{o}{3 * n + 1}.{k}', f'{m}bn.{k}',
+                  () if k == 'num_batches_tracked' else (cout, ))
+                 for k in BN_KEYS]
+    for s in range(4):
+        for j in range(depths[s]) if depths else ['{j}']:
+            for o, m, shape in _SOFT_BLOCK if s < 3 else _SOFTMAX_BLOCK:
+                add(s, f'block{s + 1}.{j}.{o}', f'stages.{s}.blocks.{j}.{m}',
+                    shape,
+                    len(shape) < 4)
+    add(3, 'norm.', 'stages.3.norm.', ('c', ))
+    add(3, 'head.', 'head.fc.', ('classes', 'c'))
+    return rows
+
+
+#: official key template -> mmsoft key template (``{j}``: block index)
+KEY_MAP = [(o, m) for _, o, m, _ in official_tensors()]
+
+
+def _regex(template: str):
+    return re.compile(
+        re.escape(template).replace(re.escape('{j}'), r'(?P<j>\d+)'))
+
+
+_TO_MMSOFT = [(_regex(o), m) for o, m in KEY_MAP]
+_TO_OFFICIAL = [(_regex(m), o) for o, m in KEY_MAP]
+
+
+def _rename(key: str, rules) -> Optional[str]:
+    for regex, template in rules:
+        m = regex.fullmatch(key)
+        if m:
+            return template.format(**m.groupdict())
+    return None
+
+
+def official_to_mmsoft_key(key: str) -> Optional[str]:
+    """mmsoft's name of one official key (None: no counterpart)."""
+    return _rename(key, _TO_MMSOFT)
+
+
+def mmsoft_to_official_key(key: str) -> Optional[str]:
+    """The official name of one mmsoft backbone key or ``head.fc.*``."""
+    return _rename(key, _TO_OFFICIAL)
+
+
+#: keys of the SOFT backbone's ``_version`` 1 (before stages were
+#: modules) and 2 (before mmcv's FFN) -> version 3, under its prefix;
+#: no pattern matches a version-3 key. ``{last}``: the last stage
+LEGACY_KEYS = (
+    (r'patch_embeds\.(\d+)\.', r'stages.\1.patch_embed.'),
+    (r'pos_embeds\.(\d+)$', r'stages.\1.pos_embed'),
+    (r'stages\.(\d+)\.(\d+)\.', r'stages.\1.blocks.\2.'),
+    (r'cls_token$', 'stages.{last}.cls_token'),
+    (r'norm\.', 'stages.{last}.norm.'),
+    (r'(stages\.\d+\.blocks\.\d+\.ffn\.)fc1\.', r'\1layers.0.0.'),
+    (r'(stages\.\d+\.blocks\.\d+\.ffn\.)fc2\.', r'\1layers.1.'),
+)
+
+
+def upgrade_legacy_state_dict(state_dict: Mapping,
+                              prefix: str = '',
+                              num_stages: int = NUM_STAGES) -> Dict:
+    """``state_dict`` with the version-1 / -2 keys under ``prefix`` renamed
+    (:data:`LEGACY_KEYS`); other keys, their order and ``_metadata`` kept."""
+    p, r = re.escape(prefix), prefix.replace('\\', r'\\')
+    rules = [(re.compile(f'^{p}{old}'),
+              r + new.replace('{last}', str(num_stages - 1)))
+             for old, new in LEGACY_KEYS]
+    out = type(state_dict)() if isinstance(state_dict, dict) else {}
+    for k, v in state_dict.items():
+        for regex, new in rules:
+            k = regex.sub(new, k)
+        out[k] = v
+    if getattr(state_dict, '_metadata', None) is not None:
+        out._metadata = state_dict._metadata
+    return out
+
+
+# ---------------------------------------------------------------- layouts
+def _is_state_dict(obj) -> bool:
+    return isinstance(obj, Mapping) and len(obj) > 0 and all(
+        isinstance(k, str) and isinstance(v, torch.Tensor)
+        for k, v in obj.items())
+
+
+def extract_state_dict(ckpt,
+                       prefer_ema: bool = True) -> Tuple['OrderedDict', str]:
+    """``(state_dict, entry)`` of a loaded checkpoint in any timm / OpenMMLab
+    layout: ``state_dict_ema`` / ``model_ema`` (first when ``prefer_ema``),
+    ``state_dict``, ``model`` or the dict itself (entry ``'<bare>'``);
+    ``module.`` prefixes stripped."""
+    order = ['state_dict', 'model', 'state_dict_ema', 'model_ema']
+    order = order[2:] + order[:2] if prefer_ema else order
+    if not isinstance(ckpt, Mapping):
+        raise ConversionError(f'checkpoint is a {type(ckpt).__name__}, not '
+                              f'a dict')
+    entry = next((n for n in order if _is_state_dict(ckpt.get(n))),
+                 '<bare>' if _is_state_dict(ckpt) else None)
+    if entry is None:
+        raise ConversionError(
+            f'no state dict found in the checkpoint: expected one of '
+            f'{order} holding tensors, or a bare state dict; top-level keys '
+            f'are {sorted(map(str, ckpt))[:20]}')
+    return strip_module_prefix(ckpt if entry ==
+                               '<bare>' else ckpt[entry]), entry
+
+
+def strip_module_prefix(sd: Mapping) -> 'OrderedDict':
+    """``sd`` without DataParallel / DDP ``module.`` prefixes."""
+    out = OrderedDict(
+        (re.sub(r'^(module\.)+', '', k), v) for k, v in sd.items())
+    if len(out) < len(sd):
+        raise ConversionError('keys occur twice after stripping "module." '
+                              'prefixes')
+    return out
+
+
+_OFFICIAL_RE = re.compile(r'(patch_embed[1-4]\.|block[1-4]\.\d+\.|pos_embed)')
+
+
+def find_official_state_dict(checkpoint) -> Optional[Tuple[Dict, str]]:
+    """``(state_dict, entry)`` (EMA first) if most keys of ``checkpoint``
+    are the authors' backbone keys, else None."""
+    try:
+        sd, entry = extract_state_dict(checkpoint)
+    except ConversionError:
+        return None
+    n = sum(1 for k in sd
+            if _OFFICIAL_RE.match(k) and official_to_mmsoft_key(k))
+    return (sd, entry) if n and n >= len(sd) // 2 else None
+
+
+def official_soft_hint(checkpoint, source: str = 'SRC') -> Optional[str]:
+    """The converter command for an authors' file loaded as a whole model
+    (the backbone's ``init_cfg`` converts it itself), else None."""
+    found = find_official_state_dict(checkpoint)
+    if found is None:
+        return None
+    first = next(k for k in found[0] if _OFFICIAL_RE.match(k))
+    dst = osp.join('weights', osp.basename(str(source)) or 'soft.pth')
+    return (f'{source!s} is an official SOFT checkpoint (fudan-zvg/SOFT key '
+            f'layout, e.g. {first!r}); convert it first:\n'
+            f'    python tools/model_converters/soft2mmsoft.py {source} '
+            f'{dst} [--norm for soft_norm_* weights]\n'
+            f'  and load the converted file (the SOFT backbone alone reads '
+            f"it directly: init_cfg=dict(type='Pretrained', "
+            f'checkpoint={source!s})).')
+
+
+# ----------------------------------------------------------- architecture
+#: the official model sizes and the mmsoft presets with their architecture
+OFFICIAL_PRESETS = dict(
+    tiny='tiny', small='small-official', medium='medium', large='large',
+    huge='huge')  # yapf: disable
+
+
+def _shape(sd: Mapping, key: str) -> Tuple[int, ...]:
+    if key not in sd:
+        raise ConversionError(
+            f'cannot infer the architecture: key {key!r} is missing')
+    return tuple(sd[key].shape)
+
+
+def _ratio(hidden: int, dims: int):
+    return hidden // dims if hidden % dims == 0 else hidden / dims
+
+
+#: the tensors of a SOFT block whose shapes give the architecture
+_ARCH_KEYS = ('att.mha.attn.Qlandmark_op.weight', 'att.mha.attn.conv.weight',
+              'att.ff1.weight')
+
+
+def _typical(sd: Mapping, stage: int, depth: int, names: Sequence[str]):
+    """``(block prefix, shapes of names)`` of the block of ``stage`` whose
+    shapes are the most common (the first on ties): one damaged block is
+    reported as the odd one out instead of redefining the stage."""
+    pres = [f'block{stage}.{j}.' for j in range(depth)]
+    sigs = [
+        tuple(tuple(sd[p + n].shape) for n in names) for p in pres
+        if all(p + n in sd for n in names)
+    ]
+    if not sigs:
+        return pres[0], tuple(_shape(sd, pres[0] + n) for n in names)
+    best = Counter(sigs).most_common(1)[0][1]
+    sig = next(s for s in sigs if sigs.count(s) == best)
+    return next(
+        p for p in pres if all(p + n in sd and tuple(sd[p + n].shape) == x
+                               for n, x in zip(names, sig))), sig
+
+
+def infer_official_arch(sd: Mapping[str, torch.Tensor],
+                        stage4_heads: Optional[int] = None) -> Dict:
+    """The architecture of an official-layout state dict, from its shapes:
+    mmsoft's arch dict entries (``embed_dims``, ``num_heads``, ``depths``,
+    ``sampling_ratios``, ``mlp_ratios``, ``dw_kernel_sizes``) plus
+    ``in_channels``, ``num_classes`` (0 without a head),
+    ``pretrain_img_size`` and ``stage4_heads_given`` (False: stage 4's heads,
+    not in the weights, keep stage 3's head width)."""
+    C = [_shape(sd, f'pos_embed{s}')[-1] for s in range(1, 5)]
+    depths = []
+    for s in range(1, 5):
+        found = [re.match(rf'block{s}\.(\d+)\.', k) for k in sd]
+        if not any(found):
+            raise ConversionError(
+                f'cannot infer the architecture: no block{s}.* keys')
+        depths.append(max(int(m[1]) for m in found if m) + 1)
+    stages = []  # (heads, sampling ratio, dw kernel, MLP ratio), stages 1-3
+    for s in range(1, 4):
+        pre, (lm, dw, ff1) = _typical(sd, s, depths[s - 1], _ARCH_KEYS)
+        if len(lm) != 4 or len(dw) != 4:
+            raise ConversionError(
+                f'cannot infer the architecture: {pre}{_ARCH_KEYS[0]} should '
+                f'be (d, d, r, r) and {pre}{_ARCH_KEYS[1]} (heads, 1, k, k); '
+                f'found {lm} and {dw} (linear landmark ops, sr_ratio 1, are '
+                f'not supported)')
+        if dw[0] * lm[0] != C[s - 1]:
+            raise ConversionError(
+                f'inconsistent stage {s}: {dw[0]} heads ({pre}{_ARCH_KEYS[1]} '
+                f'{dw}) x head width {lm[0]} ({pre}{_ARCH_KEYS[0]} {lm}) != '
+                f'embed dim {C[s - 1]}')
+        stages.append((dw[0], lm[-1], dw[-1], _ratio(ff1[0], C[s - 1])))
+    given = stage4_heads is not None
+    if given and (isinstance(stage4_heads, bool)
+                  or not isinstance(stage4_heads, int) or stage4_heads < 1):
+        raise ConversionError(f'stage-4 heads must be a positive integer, '
+                              f'got {stage4_heads!r}')
+    heads = stage4_heads if given else max(C[3] // lm[0], 1)
+    if C[3] % heads or not (given or C[3] % lm[0] == 0):
+        raise ConversionError(
+            f'stage-4 heads {heads} do not divide its embed dim {C[3]}' +
+            ('' if given else f" (stage 3's head width {lm[0]}); give them "
+             f'explicitly'))
+    (fc1, ) = _typical(sd, 4, depths[3], ('mlp.fc1.weight', ))[1]
+    stages.append((heads, 1, None, _ratio(fc1[0], C[3])))  # no dw conv
+    heads, ratios, kernels, mlp = map(list, zip(*stages))
+    return dict(
+        embed_dims=C,
+        num_heads=heads,
+        depths=depths,
+        sampling_ratios=ratios,
+        mlp_ratios=mlp,
+        dw_kernel_sizes=kernels,
+        in_channels=_shape(sd, 'patch_embed1.proj.0.weight')[1],
+        num_classes=sd['head.weight'].shape[0] if 'head.weight' in sd else 0,
+        pretrain_img_size=4 * round(_shape(sd, 'pos_embed1')[1]**0.5),
+        stage4_heads_given=given)
+
+
+def official_shapes(arch: Mapping,
+                    in_channels: int = 3,
+                    num_classes: int = 1000,
+                    pretrain_img_size: int = 224
+                    ) -> 'OrderedDict[str, Tuple[int, ...]]':
+    """Every key of an official model of ``arch`` (an mmsoft arch dict) with
+    its shape, in the official order; ``num_classes=0``: no ``head.*``."""
+    a = dict(
+        ARCH_DEFAULTS, **{
+            k: v
+            for k, v in arch.items()
+            if k in ('embed_dims', 'num_heads', 'depths', *ARCH_DEFAULTS)
+        })
+    out = OrderedDict()
+    for s, key, _, shape in official_tensors(a['depths']):
+        c, g = a['embed_dims'][s], pretrain_img_size // (4 * 2**s)
+        dims = dict(
+            c=c,
+            cp=a['embed_dims'][s - 1],
+            d=c // a['num_heads'][s],
+            h=a['num_heads'][s],
+            r=a['sampling_ratios'][s],
+            k=a['dw_kernel_sizes'][s],
+            f=int(c * a['mlp_ratios'][s]),
+            kv=2 * c,
+            n=g * g + (s == 3),  # + the cls token
+            stem=OFFICIAL_STEM_CHANNELS,
+            classes=num_classes)
+        dims['in'] = in_channels
+        if num_classes or not key.startswith('head.'):
+            out[key] = tuple(dims.get(x, x) for x in shape)
+    return out
+
+
+def arch_for_mmsoft(arch: Mapping) -> Dict:
+    """The minimal mmsoft arch dict: ``embed_dims``, ``num_heads``,
+    ``depths`` and the optional entries that differ from the defaults."""
+    out = {k: list(arch[k]) for k in ('embed_dims', 'num_heads', 'depths')}
+    out.update({
+        k: list(arch[k])
+        for k, v in ARCH_DEFAULTS.items() if k in arch and list(arch[k]) != v
+    })
+    return out
+
+
+def match_arch_preset(arch: Mapping) -> Optional[str]:
+    """The ``SOFT.arch_zoo`` preset equal to ``arch``, or None."""
+    want = arch_for_mmsoft(arch)
+    return next((name for name, preset in ARCH_ZOO.items()
+                 if arch_for_mmsoft(dict(ARCH_DEFAULTS, **preset)) == want),
+                None)
+
+
+def describe_arch(arch: Mapping) -> str:
+    """``arch='tiny'`` or ``arch=dict(...)``, as in a config file."""
+    name = match_arch_preset(arch)
+    if name is not None:
+        return f"arch='{name}'"
+    items = ', '.join(f'{k}={v}' for k, v in arch_for_mmsoft(arch).items())
+    return f'arch=dict({items})'
+
+
+def official_model_name(arch: Mapping,
+                        attn_norm: Optional[bool] = None) -> Optional[str]:
+    """``soft_tiny`` / ``soft_norm_tiny`` ... (``soft[_norm]_tiny`` for
+    ``attn_norm=None``) of an official model size, else None."""
+    name = match_arch_preset(arch)
+    size = next((s for s, p in OFFICIAL_PRESETS.items() if p == name), None)
+    if size is None:
+        return None
+    infix = {None: '[_norm]', True: '_norm', False: ''}[attn_norm]
+    return f'soft{infix}_{size}'
+
+
+# ------------------------------------------------------------ conversion
+def _validate(sd: 'OrderedDict', arch: Dict, what: str, rename=str):
+    """The official shape table of ``arch``, and notes; BatchNorm counters
+    missing from ``sd`` (some exporters drop them) are set to 0, unknown /
+    missing / mis-shaped keys raise one :class:`ConversionError`."""
+    expected = official_shapes(arch, arch['in_channels'], arch['num_classes'],
+                               arch['pretrain_img_size'])
+    filled = [
+        k for k in expected if k.endswith('batches_tracked') and k not in sd
+    ]
+    sd.update((k, torch.tensor(0, dtype=torch.long)) for k in filled)
+    problems = [
+        f'unknown key {rename(k)!r} (shape {tuple(v.shape)})'
+        for k, v in sd.items() if k not in expected
+    ]
+    for k, shp in expected.items():
+        if k not in sd:
+            problems.append(f'missing key {rename(k)!r} (expected shape '
+                            f'{shp})')
+        elif tuple(sd[k].shape) != shp:
+            problems.append(f'shape mismatch for {rename(k)!r}: expected '
+                            f'{shp}, found {tuple(sd[k].shape)}')
+    if problems:
+        raise ConversionError(
+            f'the {what} does not match the inferred architecture '
+            f'({len(problems)} problem(s)):', problems)
+    return expected, [
+        f'{len(filled)} BatchNorm num_batches_tracked buffers were missing '
+        f'and set to 0'
+    ] if filled else []
+
+
+def convert_official_to_mmpretrain(sd: Mapping[str, torch.Tensor],
+                                   stage4_heads: Optional[int] = None,
+                                   prefix: str = 'backbone.'
+                                   ) -> Tuple['OrderedDict', Dict, List[str]]:
+    """An official state dict -> ``(state_dict, arch, notes)`` of an
+    mmpretrain ``ImageClassifier``: backbone keys under ``prefix``, the
+    official ``head`` as ``head.fc``; ``arch`` from
+    :func:`infer_official_arch`. Unknown, missing or mis-shaped keys raise
+    :class:`ConversionError` listing them all."""
+    sd = strip_module_prefix(sd)
+    arch = infer_official_arch(sd, stage4_heads)
+    expected, notes = _validate(sd, arch, 'official checkpoint')
+    out = OrderedDict()
+    for k in expected:  # the official order is also mmsoft's
+        new = official_to_mmsoft_key(k)
+        out[new if new.startswith('head.') else prefix + new] = sd[k]
+    return out, arch, notes
+
+
+def convert_mmpretrain_to_official(sd: Mapping[str, torch.Tensor],
+                                   stage4_heads: Optional[int] = None,
+                                   prefix: str = 'backbone.'
+                                   ) -> Tuple['OrderedDict', Dict, List[str]]:
+    """The inverse of :func:`convert_official_to_mmpretrain`, for a
+    classifier (``prefix`` keys and ``head.fc.*``) or a bare backbone state
+    dict (no key under ``prefix``), also of older mmsoft versions
+    (:data:`LEGACY_KEYS`); other keys (e.g. a neck) are unknown."""
+    sd = strip_module_prefix(sd)
+    has_prefix = any(k.startswith(prefix) for k in sd)
+    sd = upgrade_legacy_state_dict(sd, prefix if has_prefix else '')
+    official, origin, problems = OrderedDict(), {}, []
+    for k, v in sd.items():
+        inner = k[len(prefix):] if has_prefix and k.startswith(prefix) else k
+        name = mmsoft_to_official_key(inner)
+        if has_prefix and name and (inner != k) == name.startswith('head.'):
+            name = None  # a head inside the backbone, a backbone key outside
+        if name is None:
+            problems.append(f'unknown key {k!r} (shape {tuple(v.shape)})')
+        else:
+            official[name], origin[name] = v, k
+    if problems:
+        raise ConversionError(
+            'the mmsoft checkpoint has keys with no official counterpart:',
+            problems)
+
+    def rename(k):
+        new = official_to_mmsoft_key(k)
+        if k in origin or new is None:
+            return origin.get(k, k)
+        return new if new.startswith(
+            'head.') or not has_prefix else prefix + new
+
+    arch = infer_official_arch(official, stage4_heads)
+    expected, notes = _validate(official, arch, 'mmsoft checkpoint', rename)
+    return OrderedDict((k, official[k]) for k in expected), arch, notes

@@ -1,0 +1,153 @@
+"""What both converter tools do with files and arguments: read the source
+safely (one-line errors), refuse an output that would replace the input,
+write atomically, and turn a
+:class:`~mmsoft.models.converters.ConversionError` into ``error: ...`` and
+exit status 1."""
+import argparse
+import os
+import pickle
+import stat
+import sys
+from typing import Callable, Optional
+
+import torch
+
+from mmsoft.models.converters import ConversionError, extract_state_dict
+
+
+def load_checkpoint_file(path: str, trust: bool = False):
+    """The checkpoint ``path`` on the CPU: weights only (tensors, plain
+    containers, timm's ``args`` Namespace) unless ``trust``. A missing,
+    damaged or refused file (the refused globals named) raises a one-line
+    :class:`ConversionError`."""
+    from mmsoft.utils.checkpoint_io import (describe_damage, refusal_message,
+                                            refused_globals)
+    from mmsoft.utils.safe_load import safe_torch_load
+    if not os.path.isfile(path):
+        raise ConversionError(f'checkpoint {path!r} ' +
+                              ('is a directory, not a file' if os.path.
+                               isdir(path) else 'does not exist'))
+    damage = describe_damage(path)
+    if damage is not None:
+        raise ConversionError(
+            f'checkpoint {path!r} {damage}: the file is damaged and cannot '
+            f'be converted; download or copy it again')
+    try:
+        if trust:
+            ckpt = torch.load(path, map_location='cpu', weights_only=False)
+        else:
+            ckpt = safe_torch_load(
+                path, map_location='cpu', extra=[argparse.Namespace])
+    except Exception as e:  # pickle.UnpicklingError and friends
+        if trust or not isinstance(e, pickle.UnpicklingError):
+            first = (str(e).splitlines() or [''])[0]
+            raise ConversionError(
+                f'cannot load {path!r} ({type(e).__name__}: {first})'
+            ) from None
+        refused = [
+            g for g in refused_globals(path) if g != 'argparse.Namespace'
+        ]
+        raise ConversionError(refusal_message(path, refused,
+                                              converter=True)) from None
+    return ckpt
+
+
+def official_weights(ckpt, src: str, ema: Optional[bool] = None):
+    """``(state_dict, entry)`` of an authors' checkpoint: the EMA weights
+    when present (``ema=None``), required (``--ema``) or refused
+    (``--no-ema``)."""
+    sd, entry = extract_state_dict(ckpt, prefer_ema=ema is not False)
+    emas = ('state_dict_ema', 'model_ema')
+    if ema is False and entry in emas:
+        raise ConversionError(f'--no-ema given but {src!r} only holds EMA '
+                              f'weights ({entry!r})')
+    if ema and entry not in emas:
+        raise ConversionError(f'--ema given but {src!r} has no '
+                              f'state_dict_ema / model_ema entry (found '
+                              f'{entry!r})')
+    return sd, entry
+
+
+def _special(path: str) -> Optional[str]:
+    """What ``path`` is if it exists and is not a regular file or a
+    directory (a device such as /dev/full, a FIFO, a socket)."""
+    try:
+        mode = os.stat(path).st_mode
+    except OSError:
+        return None
+    return next(
+        (what
+         for test, what in ((stat.S_ISCHR, 'a character device'),
+                            (stat.S_ISBLK, 'a block device'),
+                            (stat.S_ISFIFO, 'a FIFO'),
+                            (stat.S_ISSOCK, 'a socket')) if test(mode)), None)
+
+
+def check_output_path(src: str, dst: str) -> None:
+    """Refuse an output that is a directory, a device / FIFO / socket (the
+    atomic rename would replace it), or the input itself (also through a
+    symlink or another relative path)."""
+    if os.path.isdir(dst):
+        raise ConversionError(
+            f'output {dst!r} is a directory; give a file name, e.g. '
+            f'{os.path.join(dst, os.path.basename(src))!r}')
+    kind = _special(dst)
+    if kind is not None:
+        raise ConversionError(
+            f'output {dst!r} is {kind}, not a regular file: refusing to '
+            f'replace it; give a file name')
+    if os.path.realpath(src) == os.path.realpath(dst) or (
+            os.path.exists(dst) and os.path.exists(src)
+            and os.path.samefile(src, dst)):
+        raise ConversionError(
+            f'output {dst!r} is the input file {src!r}: refusing to replace '
+            f'it; choose another output path')
+
+
+def save_checkpoint_atomic(obj, path: str) -> None:
+    """``torch.save`` ``obj`` atomically: ``path`` is the complete new file or untouched, also on
+    SIGINT / SIGTERM; temporaries of a killed earlier run are removed. OS
+    errors (full disk ...) raise a one-line :class:`ConversionError`."""
+    from mmsoft.utils.atomic import remove_stale_temps
+    from mmsoft.utils.checkpoint_io import save_atomic
+    path = os.path.abspath(path)
+    d = os.path.dirname(path)
+    if os.path.isdir(path) or _special(path):
+        raise ConversionError(f'output {path!r} is ' +
+                              (_special(path) or 'a directory') +
+                              ', not a regular file: refusing to replace it')
+    if not os.path.isdir(d):
+        raise ConversionError(f'output directory {d!r} does not exist')
+    remove_stale_temps(d, name=os.path.basename(path))
+    try:
+        save_atomic(obj, path)
+    except OSError as e:
+        raise ConversionError(f'cannot write {path!r}: {e.strerror or e}' +
+                              (f' (errno {e.errno})' if e.errno else '') +
+                              '; nothing was written') from None
+
+
+def converter_parser(description: str, src: str, dst: str, stage4_heads: str,
+                     heads_type: Callable) -> argparse.ArgumentParser:
+    """The arguments of both tools: ``src``, ``dst``, ``--stage4-heads``,
+    ``--trust-checkpoint``."""
+    p = argparse.ArgumentParser(description=description)
+    p.add_argument('src', help=src)
+    p.add_argument('dst', help=dst)
+    p.add_argument(
+        '--stage4-heads', type=heads_type, default=None, help=stage4_heads)
+    p.add_argument(
+        '--trust-checkpoint',
+        action='store_true',
+        help='unpickle arbitrary objects in SRC (only for files you trust)')
+    return p
+
+
+def run_converter(convert: Callable, args) -> int:
+    """``convert(args)``: 0, or 1 after ``error: ...`` on stderr."""
+    try:
+        convert(args)
+    except ConversionError as e:
+        print(f'error: {e}', file=sys.stderr)
+        return 1
+    return 0
