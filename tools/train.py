@@ -113,6 +113,7 @@ def main(argv=None):
     data_check.exit_if_missing(cfg, 'train', args.launcher)  # data on disk?
     launch.exit_if_legacy_backbone(cfg)  # attn options of mmsoft 0.1?
     launch.exit_if_not_resumable(cfg)  # --resume PATH: a training ckpt?
+    cli.exit_if_missing_weights(cfg)  # the backbone's ImageNet file?
     # one run per work dir (rank 0 holds the lock until the run ends)
     lock = launch.lock_work_dir(cfg, args.launcher)
     try:

@@ -44,6 +44,7 @@ themselves. mmsoft checks what they loaded with
 export); an authors' file there gets the converter command, since the
 Runner would load its unconverted keys.
 """
+import os.path as osp
 from collections import OrderedDict
 from typing import (Callable, Dict, List, Mapping, NamedTuple, Optional, Tuple,
                     Union)
@@ -58,9 +59,10 @@ from mmsoft.utils.checkpoint_files import ConversionError, extract_state_dict
 from mmsoft.utils.strict_load import (CheckpointMismatchError, LoadReport,
                                       check_state_dict, few_keys, strip_prefix,
                                       unwrap_model)
-from .converters import (convert_official_to_mmpretrain, describe_arch,
-                         find_official_state_dict, official_model_name,
-                         official_soft_hint)
+from .converters import (OFFICIAL_FILES, OFFICIAL_PAGE, arch_for_mmsoft,
+                         convert_official_to_mmpretrain, describe_arch,
+                         find_official_state_dict, match_arch_preset,
+                         official_model_name, official_soft_hint)
 from .layers.soft_attention import SOFTAttention
 
 __all__ = [
@@ -75,6 +77,8 @@ __all__ = [
     # init_cfg
     'SOFTPretrainedInit',
     'pretrained_init_cfg',
+    'missing_weights_message',
+    'missing_pretrained',
     # the converter tools
     'official_weights',
     'converter_parser',
@@ -288,14 +292,24 @@ def _select(sd: Mapping, own: Mapping, prefix: Optional[str],
     return selected, p
 
 
-def _arch_hint(weights: Weights, module: torch.nn.Module) -> Optional[str]:
-    """What an authors' file of another architecture holds."""
-    if not weights.converted:
+def _wrong_arch(weights: Weights, module: torch.nn.Module,
+                source: str) -> Optional[str]:
+    """One line when an authors' file holds another architecture than the
+    SOFT ``module`` is built with: the arch found and the option to use."""
+    have = getattr(module, 'arch_settings', None)
+    if not weights.converted or have is None or \
+            arch_for_mmsoft(have) == arch_for_mmsoft(weights.arch):
         return None
-    return (f"the file holds the authors' weights of "
-            f'{describe_arch(weights.arch)}; build the backbone with that '
-            f'arch (a config of that model size), not '
-            f'{type(module).__name__} as configured')
+    found = describe_arch(weights.arch)
+    preset = match_arch_preset(weights.arch)
+    fix = (f'--cfg-options model.backbone.arch={preset}' if preset else
+           f'model.backbone.{found} in the config')
+    same = list(have['embed_dims']) == list(weights.arch['embed_dims'])
+    return (f"checkpoint {source} holds the authors' weights of {found} "
+            f"(depths {list(weights.arch['depths'])}), not of the configured "
+            f'{describe_arch(have)}: use {fix}' +
+            ('' if same else ' and neck / head in_channels '
+             f"{list(weights.arch['embed_dims'])}"))
 
 
 def describe_load(source: str, weights: Weights, prefix: Optional[str],
@@ -338,16 +352,13 @@ def load_pretrained(module: torch.nn.Module,
         weights = weights._replace(
             layout=weights.layout.replace('mmsoft layout',
                                           'older mmsoft layout (upgraded)'))
+    wrong = strict and _wrong_arch(weights, module, source)
+    if wrong:
+        raise CheckpointMismatchError(wrong)
     target = type(module).__name__ + (f' (checkpoint keys under {used!r})'
                                       if used else '')
     report = check_state_dict(
-        own,
-        upgraded,
-        source,
-        target,
-        allow_partial=not strict,
-        opt_in=opt_in,
-        hint=(lambda: _arch_hint(weights, module)) if strict else None)
+        own, upgraded, source, target, allow_partial=not strict, opt_in=opt_in)
     check_attn_norm(module, ckpt, source)
     bad = {k for k, _, _ in report.mismatched}
     module.load_state_dict(
@@ -388,6 +399,8 @@ class SOFTPretrainedInit:
         self.opt_in = opt_in
 
     def __call__(self, module: torch.nn.Module) -> None:
+        if _is_missing(self.checkpoint):  # not mmengine's bare traceback
+            raise FileNotFoundError(missing_weights_message(self.checkpoint))
         load_pretrained(
             module,
             self.checkpoint,
@@ -441,6 +454,65 @@ def pretrained_init_cfg(init_cfg: Union[Dict, List[Dict], None],
     if isinstance(init_cfg, Mapping):
         return out[0], strict_load
     return out, strict_load
+
+
+def _is_missing(checkpoint) -> bool:
+    """A local path (no ``scheme://``) that is not a file."""
+    path = osp.expanduser(str(checkpoint))
+    return '://' not in path and not osp.isfile(path)
+
+
+def missing_weights_message(checkpoint,
+                            backbone: str = 'model.backbone',
+                            key: str = 'init_cfg.checkpoint') -> str:
+    """The one line for a backbone ``init_cfg`` checkpoint that is not on
+    disk: which file (and config key), where the authors publish it
+    (``OFFICIAL_FILES``), the option for another path, how to train from
+    scratch on purpose."""
+    name = osp.splitext(osp.basename(str(checkpoint)))[0]
+    known, key = OFFICIAL_FILES.get(name), f'{backbone}.{key}'
+    if known and known['link']:
+        get = (f"download the authors' {name} ImageNet file "
+               f"('{known['link']}' on {OFFICIAL_PAGE}) to that path")
+    elif known:
+        get = (f'the authors publish no {name} file ({OFFICIAL_PAGE}): '
+               f"train configs/{known['configs'][0]}.py and give its "
+               f'checkpoint')
+    else:
+        get = f"download the authors' ImageNet file from {OFFICIAL_PAGE}"
+    return (f'{checkpoint} ({key}) does not exist: {get}, or use another '
+            f'file with --cfg-options {key}=PATH; to train from scratch on '
+            f'purpose: --cfg-options {backbone}.init_cfg=None '
+            f'{backbone}.norm_eval=False')
+
+
+def missing_pretrained(cfg, key: str = 'model') -> Optional[str]:
+    """:func:`missing_weights_message` of the first SOFT backbone under
+    ``cfg[key]`` whose ``init_cfg`` ``Pretrained`` checkpoint is a missing
+    local file, else None (for the tools, before anything is built)."""
+
+    def backbones(node, path):
+        if isinstance(node, (list, tuple)):
+            for i, v in enumerate(node):
+                yield from backbones(v, f'{path}[{i}]')
+        elif isinstance(node, Mapping):
+            t = node.get('type')
+            if getattr(t, '__name__', str(t)).split('.')[-1] == 'SOFT':
+                yield path, node
+            for k, v in node.items():
+                yield from backbones(v, f'{path}.{k}')
+
+    for path, bb in backbones(cfg.get(key), key):
+        init = bb.get('init_cfg')
+        for i, c in enumerate([init] if isinstance(init, Mapping) else
+                              list(init or [])):
+            if c.get('type') in ('Pretrained', 'SOFTPretrained') and \
+                    c.get('checkpoint') is not None and \
+                    _is_missing(c['checkpoint']):
+                where = '' if isinstance(init, Mapping) else f'[{i}]'
+                return missing_weights_message(
+                    c['checkpoint'], path, f'init_cfg{where}.checkpoint')
+    return None
 
 
 # ------------------------------------------ the converter tools (files)
