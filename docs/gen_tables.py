@@ -368,8 +368,8 @@ def official_files():
     page = literal(OFFICIAL, 'OFFICIAL_PAGE')
     rows = []
     for name, e in literal(OFFICIAL, 'OFFICIAL_FILES').items():
-        model = 'SOFT-' + '-'.join(
-            w.capitalize() for w in reversed(name.split('_')[1:]))
+        model = 'SOFT-' + '-'.join(w.capitalize()
+                                   for w in reversed(name.split('_')[1:]))
         arch = f"`{e['arch']}` {e['depths']}, {e['params']}M"
         if e.get('code_arch'):
             other, depths, params = e['code_arch']

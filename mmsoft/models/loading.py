@@ -302,8 +302,8 @@ def _wrong_arch(weights: Weights, module: torch.nn.Module,
         return None
     found = describe_arch(weights.arch)
     preset = match_arch_preset(weights.arch)
-    fix = (f'--cfg-options model.backbone.arch={preset}' if preset else
-           f'model.backbone.{found} in the config')
+    fix = (f'--cfg-options model.backbone.arch={preset}'
+           if preset else f'model.backbone.{found} in the config')
     same = list(have['embed_dims']) == list(weights.arch['embed_dims'])
     return (f"checkpoint {source} holds the authors' weights of {found} "
             f"(depths {list(weights.arch['depths'])}), not of the configured "
@@ -504,14 +504,14 @@ def missing_pretrained(cfg, key: str = 'model') -> Optional[str]:
 
     for path, bb in backbones(cfg.get(key), key):
         init = bb.get('init_cfg')
-        for i, c in enumerate([init] if isinstance(init, Mapping) else
-                              list(init or [])):
+        entries = [init] if isinstance(init, Mapping) else list(init or [])
+        for i, c in enumerate(entries):
             if c.get('type') in ('Pretrained', 'SOFTPretrained') and \
                     c.get('checkpoint') is not None and \
                     _is_missing(c['checkpoint']):
                 where = '' if isinstance(init, Mapping) else f'[{i}]'
-                return missing_weights_message(
-                    c['checkpoint'], path, f'init_cfg{where}.checkpoint')
+                return missing_weights_message(c['checkpoint'], path,
+                                               f'init_cfg{where}.checkpoint')
     return None
 
 

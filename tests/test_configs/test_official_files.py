@@ -79,12 +79,13 @@ def authors_file(path, arch):
             pretrain_img_size=224,
             dtype=torch.float32)
         buf = io.BytesIO()
-        torch.save({
-            'model': {
-                k: torch.zeros((), dtype=v.dtype).expand(v.shape)
-                for k, v in sd.items()
-            }
-        }, buf)
+        torch.save(
+            {
+                'model': {
+                    k: torch.zeros((), dtype=v.dtype).expand(v.shape)
+                    for k, v in sd.items()
+                }
+            }, buf)
         _FILES[arch] = (buf.getvalue(), len(sd))
     os.makedirs(osp.dirname(str(path)), exist_ok=True)
     with open(str(path), 'wb') as f:
@@ -172,8 +173,9 @@ def test_paper_config_names_its_file(name):
 
 
 @pytest.mark.parametrize('name', list(OFFICIAL_FILES))
-def test_paper_configs_load_the_authors_file_strictly(
-        name, tmp_path, monkeypatch, no_default_init):
+def test_paper_configs_load_the_authors_file_strictly(name, tmp_path,
+                                                      monkeypatch,
+                                                      no_default_init):
     """Each paper config of the entry, with the authors' file of the
     entry's arch at its path (classification: given as the override), loads
     every backbone tensor strictly; configs with the same backbone dict are
@@ -222,8 +224,9 @@ def test_train_stops_before_the_runner_without_the_file(
     assert exc.value.code == f'error: {MISSING}'
     assert capsys.readouterr().out == ''
     assert not osp.exists(work)
-    with open(osp.join(ROOT, 'docs', 'en', 'user_guides',
-                       'official_weights.md')) as f:
+    with open(
+            osp.join(ROOT, 'docs', 'en', 'user_guides',
+                     'official_weights.md')) as f:
         assert f'error: {MISSING}\n' in f.read()
 
     def cfg_of(*options):
@@ -255,8 +258,8 @@ def test_train_command_prints_one_line(tmp_path):
     assert proc.stderr.splitlines() == [f'error: {MISSING}']
 
 
-def test_backbone_load_without_the_file_is_one_line(
-        tmp_path, monkeypatch, no_default_init):
+def test_backbone_load_without_the_file_is_one_line(tmp_path, monkeypatch,
+                                                    no_default_init):
     """mmdet's / mmseg's / mim's tools do not run tools/train.py: the
     backbone's own init_cfg load says the same (not mmengine's
     '... can not be found.' from deep inside its loader)."""
@@ -300,8 +303,8 @@ def test_missing_pretrained_finds_nested_and_listed_entries(tmp_path):
 
 
 # ----------------------------------------------------------- wrong arch
-def test_authors_file_of_the_other_small_is_one_line(
-        tmp_path, monkeypatch, no_default_init):
+def test_authors_file_of_the_other_small_is_one_line(tmp_path, monkeypatch,
+                                                     no_default_init):
     """SOFT-Small: a file of the authors' code's depths [1, 3, 20, 4] in a
     Small config stops with one line naming the arch found and the option;
     with that option it loads."""
@@ -312,8 +315,7 @@ def test_authors_file_of_the_other_small_is_one_line(
     with pytest.raises(CheckpointMismatchError) as exc:
         build_backbone(cfg).init_weights()
     assert str(exc.value) == WRONG_ARCH
-    for page in ('docs/en/user_guides/official_weights.md',
-                 'docs/en/faq.md'):
+    for page in ('docs/en/user_guides/official_weights.md', 'docs/en/faq.md'):
         with open(osp.join(ROOT, page)) as f:
             text = f.read()
         assert WRONG_ARCH.replace('checkpoints/soft_norm_small.pth',

@@ -113,8 +113,8 @@ def soft_cases():
     backbone: a block with its own base once, the others per codebase."""
     out = []
     for where, code, reason in PY_BLOCKS:
-        if reason is not None or not re.search(
-                r"type='(mmsoft\.)?SOFT'", code):
+        if reason is not None or not re.search(r"type='(mmsoft\.)?SOFT'",
+                                               code):
             continue
         own = OWN_BASE.search(code)
         for scope in [own.group(1)] if own else RESNET_BASES:
@@ -127,8 +127,8 @@ SOFT_CASES = soft_cases()
 
 def test_soft_snippets_found():
     """The README's usage block and a complete config per codebase."""
-    whole = {(w.split(':')[0], s) for w, c, s in SOFT_CASES
-             if OWN_BASE.search(c)}
+    whole = {(w.split(':')[0], s)
+             for w, c, s in SOFT_CASES if OWN_BASE.search(c)}
     assert ('README.md', 'mmdet') in whole
     assert {s for _, s in whole} == set(RESNET_BASES)
     assert len(SOFT_CASES) >= 8
@@ -149,7 +149,8 @@ def _snippet_config(code, scope, tmp_path):
     return Config.fromfile(str(path))
 
 
-@pytest.mark.parametrize('where,code,scope', SOFT_CASES)
+@pytest.mark.parametrize(
+    'where,code,scope', SOFT_CASES, ids=[f'{w}-{s}' for w, _, s in SOFT_CASES])
 def test_soft_snippet_in_a_resnet_config(where, code, scope, tmp_path,
                                          monkeypatch):
     pytest.importorskip(scope)
@@ -183,12 +184,13 @@ def test_soft_snippet_in_a_resnet_config(where, code, scope, tmp_path,
         pretrain_img_size=224,
         dtype=torch.float32)
     os.makedirs(osp.dirname(init.checkpoint) or '.', exist_ok=True)
-    torch.save({
-        'model': {
-            k: torch.zeros((), dtype=v.dtype).expand(v.shape)
-            for k, v in sd.items()
-        }
-    }, init.checkpoint)
+    torch.save(
+        {
+            'model': {
+                k: torch.zeros((), dtype=v.dtype).expand(v.shape)
+                for k, v in sd.items()
+            }
+        }, init.checkpoint)
     with DefaultScope.overwrite_default_scope(scope):
         model.init_weights()
     assert all(v.abs().sum() == 0

@@ -21,21 +21,19 @@ from .convert import (convert_mmpretrain_to_official,
                       convert_official_to_mmpretrain)
 from .legacy_keys import upgrade_legacy_state_dict
 from .official_arch import (OFFICIAL_FILES, OFFICIAL_MODELS, OFFICIAL_PAGE,
-                            OFFICIAL_PRESETS,
-                            OFFICIAL_STEM_CHANNELS, arch_for_mmsoft,
-                            describe_arch, infer_official_arch,
-                            match_arch_preset, official_model_name,
-                            official_shapes)
+                            OFFICIAL_PRESETS, OFFICIAL_STEM_CHANNELS,
+                            arch_for_mmsoft, describe_arch,
+                            infer_official_arch, match_arch_preset,
+                            official_model_name, official_shapes)
 from .official_keys import (find_official_state_dict, mmsoft_to_official_key,
                             official_soft_hint, official_to_mmsoft_key)
 
 __all__ = [
     'ConversionError', 'convert_mmpretrain_to_official',
     'convert_official_to_mmpretrain', 'OFFICIAL_FILES', 'OFFICIAL_MODELS',
-    'OFFICIAL_PAGE', 'OFFICIAL_PRESETS',
-    'OFFICIAL_STEM_CHANNELS', 'arch_for_mmsoft', 'describe_arch',
-    'infer_official_arch', 'match_arch_preset', 'official_model_name',
-    'official_shapes', 'mmsoft_to_official_key', 'official_soft_hint',
-    'official_to_mmsoft_key', 'find_official_state_dict',
-    'upgrade_legacy_state_dict'
+    'OFFICIAL_PAGE', 'OFFICIAL_PRESETS', 'OFFICIAL_STEM_CHANNELS',
+    'arch_for_mmsoft', 'describe_arch', 'infer_official_arch',
+    'match_arch_preset', 'official_model_name', 'official_shapes',
+    'mmsoft_to_official_key', 'official_soft_hint', 'official_to_mmsoft_key',
+    'find_official_state_dict', 'upgrade_legacy_state_dict'
 ]

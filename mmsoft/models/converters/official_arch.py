@@ -50,7 +50,6 @@ OFFICIAL_MODELS = {
     for name, preset in OFFICIAL_PRESETS.items()
 }
 
-
 #: where the authors publish their ImageNet-1k files (README, Main results)
 OFFICIAL_PAGE = 'https://github.com/fudan-zvg/SOFT#main-results'
 #: The authors' ImageNet-1k models, one source for the docs' table
@@ -65,6 +64,7 @@ OFFICIAL_PAGE = 'https://github.com/fudan-zvg/SOFT#main-results'
 #: ``soft_norm_small``: which of the two a released file holds is only known
 #: from the file, and the loader names it);
 #: ``configs``: the paper configs that expect this file.
+# yapf: disable
 OFFICIAL_FILES = {
     'soft_tiny': {
         'link': 'SOFT_Tiny', 'readme': '13M', 'arch': 'tiny',
@@ -72,7 +72,8 @@ OFFICIAL_FILES = {
         'configs': ['soft_tiny_in1k']},
     'soft_small': {
         'link': None, 'readme': '24M', 'arch': 'small',
-        'depths': [1, 3, 7, 4], 'params': 24.1, 'code_arch': ['small-official', [1, 3, 20, 4], 38.9],
+        'depths': [1, 3, 7, 4], 'params': 24.1,
+        'code_arch': ['small-official', [1, 3, 20, 4], 38.9],
         'configs': ['soft_small_in1k']},
     'soft_medium': {
         'link': None, 'readme': '45M', 'arch': 'medium',
@@ -93,7 +94,8 @@ OFFICIAL_FILES = {
                     'mask_rcnn_soft_tiny_1x']},
     'soft_norm_small': {
         'link': 'SOFT_Small_norm', 'readme': '24M', 'arch': 'small',
-        'depths': [1, 3, 7, 4], 'params': 24.1, 'code_arch': ['small-official', [1, 3, 20, 4], 38.9],
+        'depths': [1, 3, 7, 4], 'params': 24.1,
+        'code_arch': ['small-official', [1, 3, 20, 4], 38.9],
         'configs': ['soft_norm_small_in1k', 'retinanet_soft_small_1x',
                     'mask_rcnn_soft_small_1x', 'mask_rcnn_soft_small_3x_ms',
                     'cascade_mask_rcnn_soft_small_3x_ms',
@@ -116,6 +118,7 @@ OFFICIAL_FILES = {
         'depths': [1, 5, 49, 5], 'params': 87.1,
         'configs': ['soft_norm_huge_in1k']},
 }
+# yapf: enable
 
 
 def _shape(sd: Mapping[str, torch.Tensor], key: str) -> Tuple[int, ...]:
