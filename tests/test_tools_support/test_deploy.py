@@ -156,7 +156,6 @@ def test_export_two_stage(tmp_path):
     cfg = Config.fromfile(
         osp.join(ROOT, 'configs', 'mask_rcnn_soft_tiny_1x.py'))
     cfg.model.backbone.arch = TINY
-    cfg.model.backbone.init_cfg = None  # a tiny arch: no ImageNet file
     cfg.model.neck.in_channels = TINY['embed_dims']
     model, scope, cfg = deploy.build_model(cfg, None)
     wrapper = deploy.ExportWrapper(model, scope, (128, 128))
