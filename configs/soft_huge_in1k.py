@@ -1,6 +1,9 @@
 # NeurIPS 2021 SOFT-Huge (no attention normalisation) on ImageNet-1k
-# (recipe: configs/_base_/soft_in1k.py). ImageNet weights:
-#   --cfg-options model.backbone.init_cfg.checkpoint=weights/soft_huge.pth
+# (recipe: configs/_base_/soft_in1k.py), from scratch:
+#   tools/dist_train.sh configs/soft_huge_in1k.py 8
+# The authors publish no soft_huge file
+# (https://github.com/fudan-zvg/SOFT#main-results): this config
+# is the way to ImageNet weights of this model.
 _base_ = './_base_/soft_in1k.py'
 
 model = dict(

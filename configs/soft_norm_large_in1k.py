@@ -1,6 +1,13 @@
 # IJCV 2024 SOFT-Large with attention normalisation on ImageNet-1k
-# (recipe: configs/_base_/soft_in1k.py). ImageNet weights:
-#   --cfg-options model.backbone.init_cfg.checkpoint=weights/soft_norm_large.pth
+# (recipe: configs/_base_/soft_in1k.py), from scratch:
+#   tools/dist_train.sh configs/soft_norm_large_in1k.py 8
+# The authors' file soft_norm_large ('SOFT_Large_norm' on
+# https://github.com/fudan-zvg/SOFT#main-results), converted for
+# tools/test.py (the backbone init_cfg reads it as downloaded):
+#   python tools/model_converters/soft2mmsoft.py soft_norm_large.pth \
+#       weights/soft_norm_large.pth --norm
+#   tools/dist_test.sh configs/soft_norm_large_in1k.py \
+#       weights/soft_norm_large.pth 8
 _base_ = './_base_/soft_in1k.py'
 
 model = dict(

@@ -15,7 +15,10 @@ and :data:`SOURCES` renders ``NAME`` from its source:
 * ``bench_*`` / ``onnx_latency``: the CSV files in ``docs/en/benchmarks/``,
   with the columns the benchmark tools write (``tools/analysis/*.py
   --out``, ``tools/deployment/benchmark_onnx.py``);
-* ``tested_versions``: ``TESTED`` / ``VERIFIED`` of ``mmsoft/deps.py``.
+* ``tested_versions``: ``TESTED`` / ``VERIFIED`` of ``mmsoft/deps.py``;
+* ``official_files``: ``OFFICIAL_FILES`` of
+  ``mmsoft/models/arch_zoo.py`` (the authors' ImageNet
+  files, the arch each loads into, the paper configs that expect it).
 
 ``python docs/gen_tables.py`` rewrites the pages (``make docs`` does),
 ``--check`` only reports the pages that differ (exit 1; the test
@@ -36,6 +39,7 @@ BENCH = osp.join(DOCS, 'benchmarks')
 #: the pages that hold generated tables (relative to ROOT)
 PAGES = ('README.md', 'docs/en/model_zoo.md', 'docs/en/benchmarks.md',
          'docs/en/user_guides/deployment.md',
+         'docs/en/user_guides/official_weights.md',
          'docs/en/advanced_guides/compatibility.md')
 BLOCK = re.compile(
     r'(<!-- generated: (?P<name>[^>]+?) -->\n)(?P<body>.*?)'
@@ -342,6 +346,45 @@ def tested_versions():
         rows)
 
 
+def literal(rel, name):
+    """The literal value a Python file assigns to ``name`` (read, not
+    imported: the docs need no torch)."""
+    with open(osp.join(ROOT, rel)) as f:
+        tree = ast.parse(f.read())
+    for node in tree.body:
+        targets = node.targets if isinstance(node, ast.Assign) else \
+            [getattr(node, 'target', None)]
+        if any(isinstance(t, ast.Name) and t.id == name for t in targets):
+            return ast.literal_eval(node.value)
+    raise KeyError(f'{rel} assigns no literal {name}')
+
+
+OFFICIAL = 'mmsoft/models/arch_zoo.py'
+
+
+def official_files():
+    """The authors' ImageNet files: README model and parameters, download,
+    the mmsoft arch they load into, the paper configs that expect them."""
+    page = literal(OFFICIAL, 'OFFICIAL_PAGE')
+    rows = []
+    for name, e in literal(OFFICIAL, 'OFFICIAL_FILES').items():
+        model = 'SOFT-' + '-'.join(w.capitalize()
+                                   for w in reversed(name.split('_')[1:]))
+        arch = f"`{e['arch']}` {e['depths']}, {e['params']}M"
+        if e.get('code_arch'):
+            other, depths, params = e['code_arch']
+            arch += f"; their code builds `{other}` {depths}, {params}M"
+        rows.append([
+            f'`{name}`', f"{model}, {e['readme']}",
+            f"[{e['link']}]({page})" if e['link'] else 'not published', arch,
+            ', '.join(f'`{c}`' for c in e['configs'])
+        ])
+    return md_table([
+        "authors' file", 'their README', 'download', 'mmsoft `arch` '
+        '(depths, params)', 'paper configs'
+    ], rows)
+
+
 SOURCES = {
     'zoo_Image Classification': lambda: zoo_table('Image Classification'),
     'zoo_Object Detection': lambda: zoo_table('Object Detection'),
@@ -355,6 +398,7 @@ SOURCES = {
     'tested_versions': tested_versions,
     'official_comparison': official_comparison,
     'why': why_table,
+    'official_files': official_files,
 }
 
 #: the file each table is generated from (named under the table)
@@ -367,6 +411,7 @@ ORIGIN = {
     'tested_versions': '`mmsoft/deps.py`',
     'official_comparison': '`docs/en/benchmarks/official_comparison.csv`',
     'why': 'the CSV files of `docs/en/benchmarks/`',
+    'official_files': f'`OFFICIAL_FILES` in `{OFFICIAL}`',
 }
 
 

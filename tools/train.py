@@ -7,7 +7,12 @@ The codebase is picked from the config's ``default_scope``::
     tools/dist_train.sh configs/retinanet_soft_small_1x.py 8
     python tools/train.py configs/upernet_soft_small_512x512_160k_ade20k.py \
         --cfg-options \
-        model.backbone.init_cfg.checkpoint=weights/soft_norm_small.pth
+        model.backbone.init_cfg.checkpoint=/data/soft_norm_small.pth
+
+The detection / segmentation configs name the authors' ImageNet file of
+their backbone (``checkpoints/soft_norm_<size>.pth``); when it is missing
+the tool stops with one line before anything is built
+(:func:`mmsoft.tools_support.cli.exit_if_missing_weights`).
 
 ``--resume`` without a path resumes from the newest complete checkpoint of
 the work dir (damaged newer ones are skipped with a warning), ``--resume
@@ -128,6 +133,7 @@ def main(argv=None):
     data_check.exit_if_missing(cfg, 'train', args.launcher)  # data on disk?
     launch.exit_if_legacy_backbone(cfg)  # attn options of mmsoft 0.1?
     launch.exit_if_not_resumable(cfg)  # --resume PATH: a training ckpt?
+    cli.exit_if_missing_weights(cfg)  # the backbone's ImageNet file?
     # one run per work dir (rank 0 holds the lock until the run ends)
     lock = launch.lock_work_dir(cfg, args.launcher)
     try:

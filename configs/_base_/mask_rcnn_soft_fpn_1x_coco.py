@@ -4,9 +4,10 @@
 # Inherits mmdet's shipped Mask R-CNN-R50-FPN 1x config; children set the
 # arch and the neck's in_channels (= SOFT.arch_zoo[arch]['embed_dims']).
 #
-# ImageNet weights of the soft_norm_* backbone (mmpretrain format):
-#   --cfg-options model.backbone.init_cfg.checkpoint=weights/soft_norm_small.pth
-# Without it (checkpoint=None) the backbone is randomly initialised.
+# Children also name the authors' ImageNet file of their arch
+# (checkpoints/soft_norm_<size>.pth, as downloaded from
+# https://github.com/fudan-zvg/SOFT#main-results); tools/train.py stops with
+# one line when it is missing.
 _base_ = ['mmdet::mask_rcnn/mask-rcnn_r50_fpn_1x_coco.py', './soft_dense.py']
 
 # atomic, checksummed checkpoints with RNG states; --resume takes the newest

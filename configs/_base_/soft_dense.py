@@ -27,7 +27,13 @@ soft_backbone = dict(
     # BatchNorm of the conv patch embeddings keeps its ImageNet
     # statistics (2 images per GPU are too few to update them)
     norm_eval=True,
-    init_cfg=dict(type='Pretrained', checkpoint=None, prefix='backbone.'))
+    # the authors' ImageNet file of the arch, as downloaded (children name
+    # theirs; tools/train.py stops with one line when it is missing;
+    # docs/en/user_guides/official_weights.md)
+    init_cfg=dict(
+        type='Pretrained',
+        checkpoint='checkpoints/soft_norm_small.pth',
+        prefix='backbone.'))
 # the FPN of that default arch: in_channels = SOFT.arch_zoo['small']
 soft_neck = dict(in_channels=[64, 128, 320, 512])
 

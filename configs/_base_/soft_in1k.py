@@ -13,9 +13,10 @@
 # The classifier reads SOFT's stage-4 cls token (out_type='cls_token'), as
 # the official model does.
 #
-# ImageNet weights (e.g. to fine-tune), an mmpretrain-format checkpoint:
-#   --cfg-options model.backbone.init_cfg.checkpoint=weights/soft_small.pth
-# Without it (checkpoint=None) the backbone is randomly initialised.
+# Trains from a random initialisation (checkpoint=None: this is the
+# ImageNet pretraining). To start from weights (the authors' file as
+# downloaded, or an mmsoft one):
+#   --cfg-options model.backbone.init_cfg.checkpoint=PATH
 _base_ = [
     'mmpretrain::_base_/datasets/imagenet_bs64_swin_224.py',
     'mmpretrain::_base_/schedules/imagenet_bs1024_adamw_swin.py',

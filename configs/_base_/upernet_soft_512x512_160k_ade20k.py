@@ -6,9 +6,10 @@
 # Composed from mmseg's shipped UperNet / ADE20K / 160k configs; children
 # set the arch and the heads' in_channels (SOFT.arch_zoo[arch]).
 #
-# ImageNet weights of the soft_norm_* backbone (mmpretrain format):
-#   --cfg-options model.backbone.init_cfg.checkpoint=weights/soft_norm_small.pth
-# Without it (checkpoint=None) the backbone is randomly initialised.
+# Children also name the authors' ImageNet file of their arch
+# (checkpoints/soft_norm_<size>.pth, as downloaded from
+# https://github.com/fudan-zvg/SOFT#main-results); tools/train.py stops with
+# one line when it is missing.
 _base_ = [
     'mmseg::_base_/models/upernet_r50.py',
     'mmseg::_base_/datasets/ade20k.py',

@@ -7,7 +7,9 @@ converters (:mod:`mmsoft.models.converters`, which must not import the
 backbone) read the same presets.
 """
 
-__all__ = ['ARCH_ZOO', 'ARCH_DEFAULTS', 'NUM_STAGES']
+__all__ = [
+    'ARCH_ZOO', 'ARCH_DEFAULTS', 'NUM_STAGES', 'OFFICIAL_FILES', 'OFFICIAL_PAGE'
+]
 
 #: levels of the pyramid
 NUM_STAGES = 4
@@ -40,3 +42,73 @@ ARCH_DEFAULTS = dict(
     sampling_ratios=[8, 4, 2, 1],
     mlp_ratios=[4, 4, 4, 4],
     dw_kernel_sizes=[9, 5, 3, None])
+
+#: where the authors publish their ImageNet-1k files (README, Main results)
+OFFICIAL_PAGE = 'https://github.com/fudan-zvg/SOFT#main-results'
+#: The authors' ImageNet-1k models, one source for the docs' table
+#: (docs/gen_tables.py reads this literal), the paper configs' checkpoints
+#: (tests/test_configs/test_official_files.py checks every entry against
+#: the configs, the presets and a strict load) and the message of a missing
+#: file. ``link``: the file's link text in the README, None where no file is
+#: published; ``readme``: the README's parameter count; ``arch``: the preset
+#: the paper configs load it into (``depths`` / ``params``, millions, with
+#: the 1000-class head); ``code_arch``: the preset, depths and params of the
+#: authors' model function where it differs (``soft_small`` /
+#: ``soft_norm_small``: which of the two a released file holds is only known
+#: from the file, and the loader names it);
+#: ``configs``: the paper configs that expect this file.
+# yapf: disable
+OFFICIAL_FILES = {
+    'soft_tiny': {
+        'link': 'SOFT_Tiny', 'readme': '13M', 'arch': 'tiny',
+        'depths': [1, 2, 3, 2], 'params': 13.1,
+        'configs': ['soft_tiny_in1k']},
+    'soft_small': {
+        'link': None, 'readme': '24M', 'arch': 'small',
+        'depths': [1, 3, 7, 4], 'params': 24.1,
+        'code_arch': ['small-official', [1, 3, 20, 4], 38.9],
+        'configs': ['soft_small_in1k']},
+    'soft_medium': {
+        'link': None, 'readme': '45M', 'arch': 'medium',
+        'depths': [1, 3, 29, 5], 'params': 45.8,
+        'configs': ['soft_medium_in1k']},
+    'soft_large': {
+        'link': None, 'readme': '64M', 'arch': 'large',
+        'depths': [1, 3, 40, 5], 'params': 64.7,
+        'configs': ['soft_large_in1k']},
+    'soft_huge': {
+        'link': None, 'readme': '87M', 'arch': 'huge',
+        'depths': [1, 5, 49, 5], 'params': 87.1,
+        'configs': ['soft_huge_in1k']},
+    'soft_norm_tiny': {
+        'link': 'SOFT_Tiny_norm', 'readme': '13M', 'arch': 'tiny',
+        'depths': [1, 2, 3, 2], 'params': 13.1,
+        'configs': ['soft_norm_tiny_in1k', 'retinanet_soft_tiny_1x',
+                    'mask_rcnn_soft_tiny_1x']},
+    'soft_norm_small': {
+        'link': 'SOFT_Small_norm', 'readme': '24M', 'arch': 'small',
+        'depths': [1, 3, 7, 4], 'params': 24.1,
+        'code_arch': ['small-official', [1, 3, 20, 4], 38.9],
+        'configs': ['soft_norm_small_in1k', 'retinanet_soft_small_1x',
+                    'mask_rcnn_soft_small_1x', 'mask_rcnn_soft_small_3x_ms',
+                    'cascade_mask_rcnn_soft_small_3x_ms',
+                    'atss_soft_small_3x_ms', 'gfl_soft_small_3x_ms',
+                    'sparse_rcnn_soft_small_3x_ms',
+                    'upernet_soft_small_512x512_160k_ade20k']},
+    'soft_norm_medium': {
+        'link': 'SOFT_Medium_norm', 'readme': '45M', 'arch': 'medium',
+        'depths': [1, 3, 29, 5], 'params': 45.8,
+        'configs': ['soft_norm_medium_in1k', 'retinanet_soft_medium_1x',
+                    'mask_rcnn_soft_medium_1x',
+                    'upernet_soft_medium_512x512_160k_ade20k']},
+    'soft_norm_large': {
+        'link': 'SOFT_Large_norm', 'readme': '64M', 'arch': 'large',
+        'depths': [1, 3, 40, 5], 'params': 64.7,
+        'configs': ['soft_norm_large_in1k', 'retinanet_soft_large_1x',
+                    'mask_rcnn_soft_large_1x']},
+    'soft_norm_huge': {
+        'link': None, 'readme': '87M', 'arch': 'huge',
+        'depths': [1, 5, 49, 5], 'params': 87.1,
+        'configs': ['soft_norm_huge_in1k']},
+}
+# yapf: enable

@@ -23,7 +23,8 @@ from typing import Dict, List, Mapping, Optional, Sequence, Tuple
 
 import torch
 
-from .arch_zoo import ARCH_DEFAULTS, ARCH_ZOO, NUM_STAGES
+from .arch_zoo import (ARCH_DEFAULTS, ARCH_ZOO, NUM_STAGES, OFFICIAL_FILES,
+                       OFFICIAL_PAGE)
 
 __all__ = [
     'ConversionError', 'KEY_MAP', 'LEGACY_KEYS', 'official_to_mmsoft_key',
@@ -32,7 +33,7 @@ __all__ = [
     'official_soft_hint', 'infer_official_arch', 'official_shapes',
     'arch_for_mmsoft', 'match_arch_preset', 'describe_arch',
     'official_model_name', 'convert_official_to_mmpretrain',
-    'convert_mmpretrain_to_official'
+    'convert_mmpretrain_to_official', 'OFFICIAL_FILES', 'OFFICIAL_PAGE'
 ]
 
 

@@ -30,16 +30,18 @@ from mmengine.registry import WEIGHT_INITIALIZERS
 
 from mmsoft.utils.strict_load import (CheckpointMismatchError, LoadReport,
                                       check_state_dict, few_keys, unwrap_model)
-from .converters import (ConversionError, convert_official_to_mmpretrain,
+from .converters import (OFFICIAL_FILES, OFFICIAL_PAGE, ConversionError,
+                         arch_for_mmsoft, convert_official_to_mmpretrain,
                          describe_arch, extract_state_dict,
-                         find_official_state_dict, official_model_name,
-                         official_soft_hint)
+                         find_official_state_dict, match_arch_preset,
+                         official_model_name, official_soft_hint)
 from .layers.soft_attention import SOFTAttention
 
 __all__ = [
     'read_checkpoint', 'to_mmsoft', 'upgrade_legacy_keys', 'load_pretrained',
     'check_attn_norm', 'check_checkpoint_for_model',
-    'load_checkpoint_to_model', 'SOFTPretrainedInit', 'pretrained_init_cfg'
+    'load_checkpoint_to_model', 'SOFTPretrainedInit', 'pretrained_init_cfg',
+    'missing_weights_message', 'missing_pretrained'
 ]
 
 #: how a partial load of the backbone's init_cfg is allowed (in the error)
@@ -231,6 +233,26 @@ def _select(sd: Mapping, own: Mapping, prefix: Optional[str],
     return selected, p
 
 
+def _wrong_arch(arch: Optional[dict], module: torch.nn.Module,
+                source: str) -> Optional[str]:
+    """One line when an authors' file (its ``arch``) holds another
+    architecture than the SOFT ``module`` is built with: the arch found and
+    the option to use."""
+    have = getattr(module, 'arch_settings', None)
+    if arch is None or have is None or \
+            arch_for_mmsoft(have) == arch_for_mmsoft(arch):
+        return None
+    found, preset = describe_arch(arch), match_arch_preset(arch)
+    fix = (f'--cfg-options model.backbone.arch={preset}'
+           if preset else f'model.backbone.{found} in the config')
+    same = list(have['embed_dims']) == list(arch['embed_dims'])
+    return (f"checkpoint {source} holds the authors' weights of {found} "
+            f"(depths {list(arch['depths'])}), not of the configured "
+            f'{describe_arch(have)}: use {fix}' +
+            ('' if same else ' and neck / head in_channels '
+             f"{list(arch['embed_dims'])}"))
+
+
 def load_pretrained(module: torch.nn.Module,
                     checkpoint: str,
                     prefix: Optional[str] = None,
@@ -260,12 +282,11 @@ def load_pretrained(module: torch.nn.Module,
         layout = 'older ' + layout.replace('layout', 'layout (upgraded)', 1)
     target = type(module).__name__ + (f' (checkpoint keys under {used!r})'
                                       if used else '')
-    hint = None if arch is None or not strict else lambda: (
-        f"the file holds the authors' weights of {describe_arch(arch)}; "
-        f'build the backbone with that arch (a config of that model size), '
-        f'not {type(module).__name__} as configured')
+    wrong = strict and _wrong_arch(arch, module, source)
+    if wrong:
+        raise CheckpointMismatchError(wrong)
     report = check_state_dict(own, upgraded, source, target, not strict,
-                              opt_in, hint)
+                              opt_in)
     check_attn_norm(module, ckpt, source)
     bad = {k for k, _, _ in report.mismatched}
     module.load_state_dict(
@@ -309,6 +330,8 @@ class SOFTPretrainedInit(PretrainedInit):
         self.strict, self.opt_in = strict, opt_in
 
     def __call__(self, module: torch.nn.Module) -> None:
+        if _is_missing(self.checkpoint):  # not mmengine's bare traceback
+            raise FileNotFoundError(missing_weights_message(self.checkpoint))
         load_pretrained(
             module,
             self.checkpoint,
@@ -347,3 +370,62 @@ def pretrained_init_cfg(init_cfg: Union[Dict, List[Dict], None],
     if not out:
         return None, False
     return (out[0] if isinstance(init_cfg, Mapping) else out), strict_load
+
+
+def _is_missing(checkpoint) -> bool:
+    """A local path (no ``scheme://``) that is not a file."""
+    path = osp.expanduser(str(checkpoint))
+    return '://' not in path and not osp.isfile(path)
+
+
+def missing_weights_message(checkpoint,
+                            backbone: str = 'model.backbone',
+                            key: str = 'init_cfg.checkpoint') -> str:
+    """The one line for a backbone ``init_cfg`` checkpoint that is not on
+    disk: which file (and config key), where the authors publish it
+    (``OFFICIAL_FILES``), the option for another path, how to train from
+    scratch on purpose."""
+    name = osp.splitext(osp.basename(str(checkpoint)))[0]
+    known, key = OFFICIAL_FILES.get(name), f'{backbone}.{key}'
+    if known and known['link']:
+        get = (f"download the authors' {name} ImageNet file "
+               f"('{known['link']}' on {OFFICIAL_PAGE}) to that path")
+    elif known:
+        get = (f'the authors publish no {name} file ({OFFICIAL_PAGE}): '
+               f"train configs/{known['configs'][0]}.py and give its "
+               f'checkpoint')
+    else:
+        get = f"download the authors' ImageNet file from {OFFICIAL_PAGE}"
+    return (f'{checkpoint} ({key}) does not exist: {get}, or use another '
+            f'file with --cfg-options {key}=PATH; to train from scratch on '
+            f'purpose: --cfg-options {backbone}.init_cfg=None '
+            f'{backbone}.norm_eval=False')
+
+
+def missing_pretrained(cfg, key: str = 'model') -> Optional[str]:
+    """:func:`missing_weights_message` of the first SOFT backbone under
+    ``cfg[key]`` whose ``init_cfg`` ``Pretrained`` checkpoint is a missing
+    local file, else None (for the tools, before anything is built)."""
+
+    def backbones(node, path):
+        if isinstance(node, (list, tuple)):
+            for i, v in enumerate(node):
+                yield from backbones(v, f'{path}[{i}]')
+        elif isinstance(node, Mapping):
+            t = node.get('type')
+            if getattr(t, '__name__', str(t)).split('.')[-1] == 'SOFT':
+                yield path, node
+            for k, v in node.items():
+                yield from backbones(v, f'{path}.{k}')
+
+    for path, bb in backbones(cfg.get(key), key):
+        init = bb.get('init_cfg')
+        entries = [init] if isinstance(init, Mapping) else list(init or [])
+        for i, c in enumerate(entries):
+            if c.get('type') in ('Pretrained', 'SOFTPretrained') and \
+                    c.get('checkpoint') is not None and \
+                    _is_missing(c['checkpoint']):
+                where = '' if isinstance(init, Mapping) else f'[{i}]'
+                return missing_weights_message(c['checkpoint'], path,
+                                               f'init_cfg{where}.checkpoint')
+    return None

@@ -7,7 +7,7 @@ from typing import Dict
 
 __all__ = [
     'positive_int', 'check_readable', 'runner_parser', 'parse_runner_args',
-    'apply_runner_args', 'add_strict_load_hook'
+    'apply_runner_args', 'add_strict_load_hook', 'exit_if_missing_weights'
 ]
 
 
@@ -123,3 +123,15 @@ def add_strict_load_hook(cfg, partial_load: bool) -> None:
             allow_partial=partial_load,
             opt_in='pass --partial-load')
     ]
+
+
+def exit_if_missing_weights(cfg) -> None:
+    """Stop with one line (exit 1) before the Runner is built when a SOFT
+    backbone's ``init_cfg`` names a local checkpoint that is not there
+    (:func:`mmsoft.models.loading.missing_pretrained`)."""
+    import sys
+
+    from mmsoft.models.loading import missing_pretrained
+    msg = missing_pretrained(cfg)
+    if msg:
+        sys.exit(f'error: {msg}')

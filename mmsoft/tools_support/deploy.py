@@ -79,8 +79,11 @@ def build_model(config,
     launch.revert_sync_bn(cfg.model)  # SyncBN: CPU export, eval mode
     init_default_scope(scope)
     registry = importlib.import_module(f'{_PACKAGES[scope]}.registry')
+    random = checkpoint is None or str(checkpoint).lower() == 'none'
+    if random and cfg.model.get('backbone'):  # no ImageNet file needed
+        cfg.model.backbone.init_cfg = None
     model = registry.MODELS.build(cfg.model)
-    if checkpoint is None or str(checkpoint).lower() == 'none':
+    if random:
         launch.quiet_init_weights(model)
     else:
         load_weights(model, checkpoint, partial_load)

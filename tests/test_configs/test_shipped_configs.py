@@ -78,9 +78,11 @@ def test_common_settings(name):
     bb = cfg.model.backbone
     assert bb.type == 'SOFT'
     assert bb.arch in ARCHS
-    # ImageNet weights: one override, random init by default
-    assert bb.init_cfg == dict(
-        type='Pretrained', checkpoint=None, prefix='backbone.')
+    # ImageNet weights: one override; classification from scratch, the
+    # others from the authors' file (test_official_files.py)
+    assert bb.init_cfg.type == 'Pretrained'
+    assert bb.init_cfg.prefix == 'backbone.'
+    assert (bb.init_cfg.checkpoint is None) == (name in CLS)
     over = load(name)
     over.merge_from_dict(
         {'model.backbone.init_cfg.checkpoint': 'weights/w.pth'})
@@ -303,6 +305,7 @@ def test_train_step_and_predict(name):
     from mmengine.optim import build_optim_wrapper
 
     cfg = load(name)
+    cfg.model.backbone.init_cfg = None  # a tiny arch: no ImageNet file
     scope = launch.import_codebase(cfg)
     with DefaultScope.overwrite_default_scope(scope):
         model = _registry(scope).build(tiny_model_cfg(cfg, scope))

@@ -3,6 +3,12 @@
 * Python blocks run as written (small inputs). A block that cannot run here
   is preceded by ``<!-- snippet: skip (the reason) -->``; they are counted
   (:data:`EXPECTED_SKIPS`), so that skipping one more is a visible change.
+* Blocks that configure a SOFT backbone work where users paste them: in
+  mmdet / mmseg / mmpretrain configs that inherit a ResNet one. A block with
+  its own ``_base_ = '<codebase>::...'`` is that config: its model is built,
+  loads the authors'-layout file it names strictly and runs a forward
+  pass; a block without one is pasted under each of the three ResNet
+  configs and its backbone is built.
 * Shell blocks: every ``tools/...``, ``demo/...`` and ``python -m mmsoft...``
   invocation is parsed by the tool's own argparse (nothing runs: the parse
   stops right after ``parse_args``), the launch scripts' positional
@@ -90,6 +96,105 @@ def test_python_block_runs(where, code, tmp_path, monkeypatch):
         for reg, modules in saved.items():
             reg._module_dict.clear()
             reg._module_dict.update(modules)
+
+
+# ------------------------------------ SOFT snippets in ResNet configs
+#: a config of each codebase that inherits a ResNet backbone
+RESNET_BASES = {
+    'mmdet': 'mmdet::retinanet/retinanet_r50_fpn_1x_coco.py',
+    'mmseg': 'mmseg::upernet/upernet_r50_4xb4-160k_ade20k-512x512.py',
+    'mmpretrain': 'mmpretrain::resnet/resnet50_8xb32_in1k.py',
+}
+OWN_BASE = re.compile(r"^_base_ = '(\w+)::", re.M)
+
+
+def soft_cases():
+    """(where, code, codebase) of the Python blocks that configure a SOFT
+    backbone: a block with its own base once, the others per codebase."""
+    out = []
+    for where, code, reason in PY_BLOCKS:
+        if reason is not None or not re.search(r"type='(mmsoft\.)?SOFT'",
+                                               code):
+            continue
+        own = OWN_BASE.search(code)
+        for scope in [own.group(1)] if own else RESNET_BASES:
+            out.append((where, code, scope))
+    return out
+
+
+SOFT_CASES = soft_cases()
+
+
+def test_soft_snippets_found():
+    """The README's usage block and a complete config per codebase."""
+    whole = {(w.split(':')[0], s)
+             for w, c, s in SOFT_CASES if OWN_BASE.search(c)}
+    assert ('README.md', 'mmdet') in whole
+    assert {s for _, s in whole} == set(RESNET_BASES)
+    assert len(SOFT_CASES) >= 8
+
+
+def _leaves(out):
+    if isinstance(out, (list, tuple)):
+        return [t for o in out for t in _leaves(o)]
+    return [out]
+
+
+def _snippet_config(code, scope, tmp_path):
+    from mmengine.config import Config
+    path = tmp_path / 'snippet.py'
+    base = '' if OWN_BASE.search(code) else \
+        f'_base_ = {RESNET_BASES[scope]!r}\n'
+    path.write_text(base + code)
+    return Config.fromfile(str(path))
+
+
+@pytest.mark.parametrize(
+    'where,code,scope', SOFT_CASES, ids=[f'{w}-{s}' for w, _, s in SOFT_CASES])
+def test_soft_snippet_in_a_resnet_config(where, code, scope, tmp_path,
+                                         monkeypatch):
+    pytest.importorskip(scope)
+    import torch
+    from mmengine.registry import DefaultScope
+    from reference.official_soft_ref import random_official_state_dict
+
+    from mmsoft.models import SOFT
+    monkeypatch.chdir(tmp_path)
+    cfg = _snippet_config(code, scope, tmp_path)
+    assert cfg.default_scope == scope
+    registry = importlib.import_module(f'{scope}.registry').MODELS
+    with DefaultScope.overwrite_default_scope(scope):
+        if not OWN_BASE.search(code):
+            assert isinstance(registry.build(cfg.model.backbone), SOFT)
+            return
+        model = registry.build(cfg.model)
+    # the paste runs: the heads take the backbone's maps / cls token
+    model.eval()
+    with torch.no_grad():
+        out = model(torch.rand(1, 3, 64, 64), mode='tensor')
+    assert _leaves(out) and all(torch.isfinite(t).all() for t in _leaves(out))
+    # and loads the authors' file it names (zeros of the real shapes)
+    init = cfg.model.backbone.init_cfg
+    arch = SOFT.arch_zoo[cfg.model.backbone.arch]
+    sd = random_official_state_dict(
+        arch['embed_dims'],
+        arch['num_heads'],
+        arch['depths'],
+        num_classes=1000,
+        pretrain_img_size=224,
+        dtype=torch.float32)
+    os.makedirs(osp.dirname(init.checkpoint) or '.', exist_ok=True)
+    torch.save(
+        {
+            'model': {
+                k: torch.zeros((), dtype=v.dtype).expand(v.shape)
+                for k, v in sd.items()
+            }
+        }, init.checkpoint)
+    with DefaultScope.overwrite_default_scope(scope):
+        model.init_weights()
+    assert all(v.abs().sum() == 0
+               for v in model.backbone.state_dict().values()), where
 
 
 # ------------------------------------------------------------ shell

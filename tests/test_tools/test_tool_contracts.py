@@ -132,6 +132,7 @@ def _cfg(name):
         return Config.fromfile(osp.join(CONFIGS, name + '.py'))
     cfg = Config.fromfile(osp.join(CONFIGS, name + '.py'))
     cfg.model.backbone.arch = copy.deepcopy(TINY)
+    cfg.model.backbone.init_cfg = None  # a tiny arch: no ImageNet file
     cfg.model.neck.in_channels = TINY['embed_dims']
     return cfg
 

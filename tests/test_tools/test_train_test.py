@@ -115,7 +115,7 @@ data_root = {str(data_root)!r}
 crop_size = (64, 64)
 model = dict(
     data_preprocessor=dict(size=crop_size),
-    backbone=dict(arch={TINY}),
+    backbone=dict(arch={TINY}, init_cfg=None),  # no ImageNet file
     decode_head=dict(in_channels=[16, 32, 32, 64], channels=32),
     auxiliary_head=dict(in_channels=32, channels=16))
 train_pipeline = [
@@ -150,7 +150,7 @@ def det_config(tmp_path, data_root):
 _base_ = {osp.join(ROOT, 'configs', 'retinanet_soft_tiny_1x.py')!r}
 data_root = {str(data_root) + '/'!r}
 model = dict(
-    backbone=dict(arch={TINY}),
+    backbone=dict(arch={TINY}, init_cfg=None),  # no ImageNet file
     neck=dict(in_channels=[16, 32, 32, 64]),
     bbox_head=dict(num_classes=3))  # the generated categories (COCO 1-3)
 train_pipeline = [

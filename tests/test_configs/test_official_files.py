@@ -1,0 +1,328 @@
+"""Issue 35: which authors' ImageNet file fits which paper config, checked.
+
+``OFFICIAL_FILES`` (``mmsoft/models/arch_zoo.py``) is the
+one source of the docs' table (``docs/gen_tables.py``), of the paper
+configs' checkpoints and of the message for a missing file. Here every
+paper config (not the demos) is built with a file in the authors' layout
+(written from the independent re-derivation ``tests/reference``) for the
+arch its entry names, at the path the config names, and loads it strictly;
+a detection / segmentation config without its file stops before the
+Runner with one line; an authors' file of another arch is one line naming
+the arch found and the option to use.
+
+The files hold zeros expanded to the real shapes (a few bytes on disk): the
+check is of keys and shapes, and a loaded backbone is all zeros.
+"""
+import glob
+import importlib
+import io
+import os
+import os.path as osp
+import sys
+
+import pytest
+import torch
+from conftest import CONFIGS, ROOT, run, tool_namespace
+from mmengine.config import Config
+from mmengine.registry import DefaultScope
+from reference import official_soft_ref as ref
+
+from mmsoft.models import loading
+from mmsoft.models.arch_zoo import ARCH_ZOO
+from mmsoft.models.converters import (OFFICIAL_FILES, OFFICIAL_PAGE,
+                                      OFFICIAL_PRESETS, official_shapes)
+from mmsoft.tools_support import cli, launch
+from mmsoft.utils.strict_load import CheckpointMismatchError
+
+PAPER = sorted(
+    osp.splitext(osp.basename(p))[0]
+    for p in glob.glob(osp.join(CONFIGS, '*.py')))
+DEMO = sorted(glob.glob(osp.join(CONFIGS, 'demo', '*.py')))
+#: the files the authors' README links (fudan-zvg/SOFT, Main results)
+PUBLISHED = {
+    'soft_tiny', 'soft_norm_tiny', 'soft_norm_small', 'soft_norm_medium',
+    'soft_norm_large'
+}
+FILE_OF = {c: f for f, e in OFFICIAL_FILES.items() for c in e['configs']}
+MISSING = ("checkpoints/soft_norm_small.pth "
+           '(model.backbone.init_cfg.checkpoint) does not exist: download '
+           "the authors' soft_norm_small ImageNet file ('SOFT_Small_norm' on "
+           'https://github.com/fudan-zvg/SOFT#main-results) to that path, or '
+           'use another file with --cfg-options '
+           'model.backbone.init_cfg.checkpoint=PATH; to train from scratch '
+           'on purpose: --cfg-options model.backbone.init_cfg=None '
+           'model.backbone.norm_eval=False')
+WRONG_ARCH = ("checkpoint checkpoints/soft_norm_small.pth holds the authors' "
+              "weights of arch='small-official' (depths [1, 3, 20, 4]), not "
+              "of the configured arch='small': use --cfg-options "
+              'model.backbone.arch=small-official')
+
+
+def load(name):
+    return Config.fromfile(osp.join(CONFIGS, name + '.py'))
+
+
+_FILES = {}
+
+
+def authors_file(path, arch):
+    """An authors'-layout file (``{'model': state_dict}``) of the preset
+    ``arch``, 224 x 224, 1000 classes, at ``path``: zeros of the real
+    shapes. Returns its number of tensors."""
+    if arch not in _FILES:
+        a = ARCH_ZOO[arch]
+        sd = ref.random_official_state_dict(
+            a['embed_dims'],
+            a['num_heads'],
+            a['depths'],
+            num_classes=1000,
+            pretrain_img_size=224,
+            dtype=torch.float32)
+        buf = io.BytesIO()
+        torch.save(
+            {
+                'model': {
+                    k: torch.zeros((), dtype=v.dtype).expand(v.shape)
+                    for k, v in sd.items()
+                }
+            }, buf)
+        _FILES[arch] = (buf.getvalue(), len(sd))
+    os.makedirs(osp.dirname(str(path)), exist_ok=True)
+    with open(str(path), 'wb') as f:
+        f.write(_FILES[arch][0])
+    return _FILES[arch][1]
+
+
+@pytest.fixture
+def no_default_init(monkeypatch):
+    """Full-size backbones without torch's default initialisation of their
+    linear / conv layers (seconds of CPU): every tensor is loaded after."""
+    for cls in (torch.nn.Linear, torch.nn.modules.conv._ConvNd):
+        monkeypatch.setattr(cls, 'reset_parameters', lambda self: None)
+
+
+def build_backbone(cfg):
+    """``cfg.model.backbone`` built in the config's codebase registry."""
+    scope = launch.import_codebase(cfg)
+    registry = importlib.import_module(f'{scope}.registry').MODELS
+    with DefaultScope.overwrite_default_scope(scope):
+        return registry.build(cfg.model.backbone)
+
+
+def n_params(arch):
+    """Parameters of the authors' model of ``arch`` (1000-class head)."""
+    shapes = official_shapes(ARCH_ZOO[arch], num_classes=1000)
+    return sum(
+        torch.Size(s).numel() for k, s in shapes.items()
+        if not k.endswith(('running_mean', 'running_var',
+                           'num_batches_tracked')))
+
+
+# ----------------------------------------------------------------- table
+def test_every_paper_config_expects_one_file():
+    listed = [c for e in OFFICIAL_FILES.values() for c in e['configs']]
+    assert sorted(listed) == PAPER  # each once, all of them
+    assert {f for f, e in OFFICIAL_FILES.items() if e['link']} == PUBLISHED
+    assert OFFICIAL_PAGE == 'https://github.com/fudan-zvg/SOFT#main-results'
+
+
+@pytest.mark.parametrize('name', list(OFFICIAL_FILES))
+def test_table_facts_match_the_code(name):
+    """Depths and parameters of the table are the presets'; the authors'
+    model function (OFFICIAL_PRESETS) is the arch or ``code_arch``; their
+    README's count is the arch's, not the code's, for SOFT-Small."""
+    e = OFFICIAL_FILES[name]
+    size = name.split('_')[-1]
+    assert name in (f'soft_{size}', f'soft_norm_{size}')
+    assert ARCH_ZOO[e['arch']]['depths'] == e['depths']
+    assert round(n_params(e['arch']) / 1e6, 1) == e['params']
+    assert int(e['readme'].rstrip('M')) == int(e['params'])
+    code = e.get('code_arch')
+    if code:
+        preset, depths, params = code
+        assert OFFICIAL_PRESETS[size] == preset != e['arch']
+        assert ARCH_ZOO[preset]['depths'] == depths
+        assert round(n_params(preset) / 1e6, 1) == params
+    else:
+        assert OFFICIAL_PRESETS[size] == e['arch']
+
+
+@pytest.mark.parametrize('name', PAPER)
+def test_paper_config_names_its_file(name):
+    f = FILE_OF[name]
+    e = OFFICIAL_FILES[f]
+    cfg = load(name)
+    bb = cfg.model.backbone
+    assert bb.arch == e['arch']
+    assert bb.attn_cfg.attn_norm == f.startswith('soft_norm_')
+    with open(osp.join(CONFIGS, name + '.py')) as fh:
+        header = fh.read().split('_base_ =')[0]
+    assert f'tools/dist_train.sh configs/{name}.py 8' in header
+    assert (f"'{e['link']}'" in header) if e['link'] else \
+        f'The authors publish no {f} file' in header
+    if name.endswith('_in1k'):  # the ImageNet pretraining itself
+        assert bb.init_cfg == dict(
+            type='Pretrained', checkpoint=None, prefix='backbone.')
+        return
+    assert bb.init_cfg == dict(
+        type='Pretrained',
+        checkpoint=f'checkpoints/{f}.pth',
+        prefix='backbone.')
+    assert bb.norm_eval is True  # right only with ImageNet statistics
+    assert f'tools/dist_test.sh configs/{name}.py' in header
+
+
+@pytest.mark.parametrize('name', list(OFFICIAL_FILES))
+def test_paper_configs_load_the_authors_file_strictly(name, tmp_path,
+                                                      monkeypatch,
+                                                      no_default_init):
+    """Each paper config of the entry, with the authors' file of the
+    entry's arch at its path (classification: given as the override), loads
+    every backbone tensor strictly; configs with the same backbone dict are
+    built once."""
+    monkeypatch.chdir(tmp_path)
+    path = f'checkpoints/{name}.pth'
+    n = authors_file(tmp_path / path, OFFICIAL_FILES[name]['arch'])
+    built = {}
+    for config in OFFICIAL_FILES[name]['configs']:
+        cfg = load(config)
+        if cfg.model.backbone.init_cfg.checkpoint is None:
+            cfg.merge_from_dict({'model.backbone.init_cfg.checkpoint': path})
+        key = repr(cfg.model.backbone.to_dict())
+        if key in built:
+            continue
+        backbone = build_backbone(cfg)
+        backbone.init_weights()
+        sd = backbone.state_dict()
+        assert len(sd) == n - 2, config  # all but head.weight / head.bias
+        assert all(v.abs().sum() == 0 for v in sd.values()), config
+        built[key] = config
+    assert built
+
+
+# ------------------------------------------------------------ opting out
+@pytest.mark.parametrize('path', DEMO, ids=osp.basename)
+def test_demo_configs_opt_out(path):
+    cfg = Config.fromfile(path)
+    assert cfg.model.backbone.init_cfg is None
+    assert loading.missing_pretrained(cfg) is None
+
+
+# ------------------------------------------------------- a missing file
+def test_train_stops_before_the_runner_without_the_file(
+        tmp_path, monkeypatch, capsys):
+    """The README's command without the file: one line before anything is
+    built (no work dir), the line the docs show; the ways out it names
+    work."""
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv('MMSOFT_SKIP_DATA_CHECK', '1')
+    config = osp.join(CONFIGS, 'retinanet_soft_small_1x.py')
+    work = str(tmp_path / 'work')
+    train = tool_namespace('train')
+    with pytest.raises(SystemExit) as exc:
+        train['main']([config, '--work-dir', work])
+    assert exc.value.code == f'error: {MISSING}'
+    assert capsys.readouterr().out == ''
+    assert not osp.exists(work)
+    with open(
+            osp.join(ROOT, 'docs', 'en', 'user_guides',
+                     'official_weights.md')) as f:
+        assert f'error: {MISSING}\n' in f.read()
+
+    def cfg_of(*options):
+        return train['build_cfg'](
+            train['parse_args']([config, '--cfg-options', *options]))
+
+    scratch = cfg_of('model.backbone.init_cfg=None',
+                     'model.backbone.norm_eval=False')
+    cli.exit_if_missing_weights(scratch)  # no exit
+    assert scratch.model.backbone.init_cfg is None
+    assert scratch.model.backbone.norm_eval is False
+    other = tmp_path / 'elsewhere.pth'
+    other.write_bytes(b'')
+    cli.exit_if_missing_weights(
+        cfg_of(f'model.backbone.init_cfg.checkpoint={other}'))
+
+
+def test_train_command_prints_one_line(tmp_path):
+    """``python tools/train.py CONFIG`` in a directory without
+    ``checkpoints/``: exit 1, the message as the only line on stderr."""
+    proc = run([
+        sys.executable,
+        osp.join(ROOT, 'tools', 'train.py'),
+        osp.join(CONFIGS, 'retinanet_soft_small_1x.py')
+    ],
+               cwd=tmp_path,
+               MMSOFT_SKIP_DATA_CHECK='1')
+    assert proc.returncode == 1, proc.stderr[-3000:]
+    assert proc.stderr.splitlines() == [f'error: {MISSING}']
+
+
+def test_backbone_load_without_the_file_is_one_line(tmp_path, monkeypatch,
+                                                    no_default_init):
+    """mmdet's / mmseg's / mim's tools do not run tools/train.py: the
+    backbone's own init_cfg load says the same (not mmengine's
+    '... can not be found.' from deep inside its loader)."""
+    monkeypatch.chdir(tmp_path)
+    cfg = load('retinanet_soft_small_1x')
+    with pytest.raises(FileNotFoundError) as exc:
+        build_backbone(cfg).init_weights()
+    assert str(exc.value) == MISSING
+
+
+def test_missing_pretrained_finds_nested_and_listed_entries(tmp_path):
+    """A SOFT anywhere in the model (here a teacher's) and ``init_cfg``
+    lists; URLs and existing files are not reported."""
+    here = tmp_path / 'w.pth'
+    here.write_bytes(b'')
+    ok = dict(type='Pretrained', checkpoint=str(here))
+    cfg = dict(
+        model=dict(
+            type='X',
+            backbone=dict(type='SOFT', init_cfg=ok),
+            teacher=dict(
+                backbone=dict(
+                    type='mmsoft.SOFT',
+                    init_cfg=[
+                        dict(type='TruncNormal'),
+                        dict(type='Pretrained', checkpoint='https://x/a.pth'),
+                        dict(type='Pretrained', checkpoint='gone.pth')
+                    ]))))
+    msg = loading.missing_pretrained(cfg)
+    assert msg.startswith('gone.pth (model.teacher.backbone.init_cfg[2]'
+                          '.checkpoint) does not exist: download')
+    assert msg.endswith('--cfg-options model.teacher.backbone.init_cfg=None '
+                        'model.teacher.backbone.norm_eval=False')
+    cfg['model']['teacher'] = None
+    assert loading.missing_pretrained(cfg) is None
+    # a file the authors do not publish: train its config first
+    assert 'the authors publish no soft_norm_huge file' in \
+        loading.missing_weights_message('checkpoints/soft_norm_huge.pth')
+    assert 'train configs/soft_norm_huge_in1k.py' in \
+        loading.missing_weights_message('checkpoints/soft_norm_huge.pth')
+
+
+# ----------------------------------------------------------- wrong arch
+def test_authors_file_of_the_other_small_is_one_line(tmp_path, monkeypatch,
+                                                     no_default_init):
+    """SOFT-Small: a file of the authors' code's depths [1, 3, 20, 4] in a
+    Small config stops with one line naming the arch found and the option;
+    with that option it loads."""
+    monkeypatch.chdir(tmp_path)
+    n = authors_file(tmp_path / 'checkpoints' / 'soft_norm_small.pth',
+                     'small-official')
+    cfg = load('retinanet_soft_small_1x')
+    with pytest.raises(CheckpointMismatchError) as exc:
+        build_backbone(cfg).init_weights()
+    assert str(exc.value) == WRONG_ARCH
+    for page in ('docs/en/user_guides/official_weights.md', 'docs/en/faq.md'):
+        with open(osp.join(ROOT, page)) as f:
+            text = f.read()
+        assert WRONG_ARCH.replace('checkpoints/soft_norm_small.pth',
+                                  'C') in text.replace(
+                                      'checkpoints/soft_norm_small.pth',
+                                      'C'), page
+    cfg.merge_from_dict({'model.backbone.arch': 'small-official'})
+    backbone = build_backbone(cfg)
+    backbone.init_weights()
+    assert len(backbone.state_dict()) == n - 2  # all but the head
