@@ -199,6 +199,9 @@ def test_first_command_config_exists():
     ('slurm_test.sh', ['ckpt.pth']),
 ])
 def test_slurm_scripts_compose_srun(tmp_path, script, extra):
+    if script == 'slurm_test.sh':  # the script checks that it exists
+        (tmp_path / 'ckpt.pth').write_bytes(b'')
+        extra = [str(tmp_path / 'ckpt.pth')]
     bindir = tmp_path / 'bin'
     bindir.mkdir()
     out = tmp_path / 'srun_args'
