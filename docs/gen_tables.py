@@ -20,8 +20,9 @@ and :data:`SOURCES` renders ``NAME`` from its source:
 ``python docs/gen_tables.py`` rewrites the pages (``make docs`` does),
 ``--check`` only reports the pages that differ (exit 1; the test
 ``tests/test_docs/test_generated_tables.py`` does the same), and
-``--docs-env`` exits 0 when the pinned ``requirements/docs.txt`` are
-installed (the Makefile's check before installing them).
+``--docs-env`` exits 0 when the pinned ``requirements/docs.txt`` and
+``requirements/docs_api.txt`` are installed (the Makefile's check before
+installing them).
 """
 import argparse
 import ast
@@ -402,14 +403,19 @@ def stale_pages():
 
 
 def docs_env_ok():
-    """Whether the pinned docs requirements are installed."""
+    """Whether the pinned docs requirements are installed: Sphinx and the
+    theme (``requirements/docs.txt``) and what autodoc imports
+    (``requirements/docs_api.txt``: torch, mmengine; a local version such
+    as ``+cpu`` is ignored)."""
     from importlib.metadata import PackageNotFoundError, version
-    with open(osp.join(ROOT, 'requirements', 'docs.txt')) as f:
-        pins = [ln.split('#')[0].strip() for ln in f]
+    pins = []
+    for name in ('docs.txt', 'docs_api.txt'):
+        with open(osp.join(ROOT, 'requirements', name)) as f:
+            pins += [ln.split('#')[0].strip() for ln in f]
     try:
         return all(
-            version(p.split('==')[0]) == p.split('==')[1] for p in pins
-            if '==' in p)
+            version(p.split('==')[0]).split('+')[0] == p.split('==')[1]
+            for p in pins if '==' in p and not p.startswith('-'))
     except PackageNotFoundError:
         return False
 
@@ -423,7 +429,8 @@ def main(argv=None):
     p.add_argument(
         '--docs-env',
         action='store_true',
-        help='exit 0 when requirements/docs.txt is installed, else 1')
+        help='exit 0 when requirements/docs.txt and docs_api.txt are '
+        'installed, else 1')
     args = p.parse_args(argv)
     if args.docs_env:
         return 0 if docs_env_ok() else 1
