@@ -168,7 +168,7 @@ def plot(rows, title):
         ax.set_title(f'{ds}')
         ax.grid(alpha=0.3)
         ax.legend()
-    fig.suptitle(title, fontsize=9)
+    fig.suptitle(title, fontsize=11)
     return fig
 
 
@@ -208,7 +208,8 @@ def main(argv=None):
                                 args.batch_size, name)
     rows = summarise(results, args.iters)
     label = args.config or args.model
-    ck = osp.basename(args.checkpoint) if args.checkpoint else 'random init'
+    ck = (osp.basename(args.checkpoint)
+          if args.checkpoint else 'RANDOM WEIGHTS, untrained')
     fig = plot(rows, f'{label} ({ck}), {args.size[0]}x{args.size[1]}')
     write_results(args.out, 'nr_convergence', rows,
                   ['dataset', 'stage', 'k', 'mean', 'min', 'max', 'matrices'],
