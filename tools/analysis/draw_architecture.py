@@ -206,6 +206,7 @@ def save(fig, path):
     os.makedirs(folder, exist_ok=True)
     fd, tmp = tempfile.mkstemp(suffix='.png', dir=folder)
     os.close(fd)
+    os.chmod(tmp, 0o644)  # mkstemp's 0600: a figure is for everyone
     try:
         fig.savefig(tmp, dpi=DPI)
         os.replace(tmp, path)
