@@ -173,8 +173,9 @@ def plot(rows):
         title_fontsize=9.5,
         frameon=False)
     legend.set_in_layout(False)  # centred under both panels
-    fig.suptitle('One attention layer (d = 384, m = 49): linear vs quadratic',
-                 fontsize=11.5)
+    fig.suptitle(
+        'One attention layer (d = 384, m = 49): linear vs quadratic',
+        fontsize=11.5)
     return fig
 
 

@@ -68,12 +68,13 @@ def _arrow(ax, start, end, text=None, size=8.5):
         xytext=start,
         arrowprops=dict(arrowstyle='-|>', color='#333333', lw=1.2))
     if text:
-        ax.text((start[0] + end[0]) / 2, (start[1] + end[1]) / 2 + 1.6,
-                text,
-                ha='center',
-                va='bottom',
-                fontsize=size,
-                color='#444444')
+        ax.text(
+            (start[0] + end[0]) / 2, (start[1] + end[1]) / 2 + 1.6,
+            text,
+            ha='center',
+            va='bottom',
+            fontsize=size,
+            color='#444444')
 
 
 def draw_pyramid(ax, arch):
@@ -118,15 +119,14 @@ def draw_pyramid(ax, arch):
         x += 21
     ax.text(
         50,
-        0.2,
-        'to the neck (FPN / UperNet; out_indices) or, stage 4 cls token, '
+        0.2, 'to the neck (FPN / UperNet; out_indices) or, stage 4 cls token, '
         'the classifier',
         ha='center',
         va='bottom',
         fontsize=9,
         style='italic')
     depths = '   '.join(f'{p} ' + '-'.join(map(str, zoo[p]['depths']))
-                       for p in PRESETS)
+                        for p in PRESETS)
     ax.text(
         50,
         51,
@@ -150,33 +150,34 @@ def draw_block(ax):
     _box(ax, 1, 50, 17, 9, 'tokens X\nn × C  (n = HW/s²)', grey)
     _box(ax, 27, 50, 22, 9, 'Q = K = X W_q  (shared)\nV = X W_v,  per head d',
          blue)
-    _box(ax, 58, 50, 40, 9,
-         'sampling f_s: r×r conv, stride r, LN, GELU\n'
-         r'→ $\tilde{Q}$: m = n / r² landmarks (bottleneck)', blue)
+    _box(
+        ax, 58, 50, 40, 9, 'sampling f_s: r×r conv, stride r, LN, GELU\n'
+        r'→ $\tilde{Q}$: m = n / r² landmarks (bottleneck)', blue)
     _arrow(ax, (18.6, 54.5), (26.4, 54.5))
     _arrow(ax, (49.6, 54.5), (57.4, 54.5))
     # row 2: the Gaussian kernel, NR inverse, normalisation
     kernel = r'$k(q, k) = \exp(-\|q-k\|^2\,/\,(2\sqrt{d}))$'
-    _box(ax, 1, 26, 31, 17,
-         'Gaussian kernel\n' + kernel + '\n'
-         r'P = k($\tilde{Q}$, K):  m × n' + '\n' + r'A = k($\tilde{Q}$, $\tilde{Q}$):  m × m', green)
-    _box(ax, 37, 27, 30, 15,
-         'Newton–Raphson, T steps\n'
-         r'$A_0 = \alpha A,\ \ A_k = 2A_{k-1} - A_{k-1} A A_{k-1}$' + '\n'
-         r'→ $A^{+}$ (Moore–Penrose inverse)', green)
-    _box(ax, 73, 27, 25, 15,
-         'IJCV normalisation\n'
-         r'$D = \mathrm{diag}(A\,\mathbf{1})$' + '\n'
-         r'$D^{-1/2} A^{+} D^{-1/2}$', orange)
+    _box(
+        ax, 1, 26, 31, 17, 'Gaussian kernel\n' + kernel + '\n'
+        r'P = k($\tilde{Q}$, K):  m × n' + '\n' +
+        r'A = k($\tilde{Q}$, $\tilde{Q}$):  m × m', green)
+    _box(
+        ax, 37, 27, 30, 15, 'Newton–Raphson, T steps\n'
+        r'$A_0 = \alpha A,\ \ A_k = 2A_{k-1} - A_{k-1} A A_{k-1}$' + '\n'
+        r'→ $A^{+}$ (Moore–Penrose inverse)', green)
+    _box(
+        ax, 73, 27, 25, 15, 'IJCV normalisation\n'
+        r'$D = \mathrm{diag}(A\,\mathbf{1})$' + '\n'
+        r'$D^{-1/2} A^{+} D^{-1/2}$', orange)
     _arrow(ax, (78, 49.4), (16, 42.6))
     _arrow(ax, (32.6, 34.5), (36.4, 34.5))
     _arrow(ax, (67.6, 34.5), (72.4, 34.5))
     # row 3: the product, right to left, and the layer
-    _box(ax, 1, 3, 53, 14,
-         r'$Y = P^{\top}\,(D^{-1/2} A^{+} D^{-1/2})\,(P\,V)$'
-         ' + DWConv(V), then W_o\n'
-         'computed right to left: O(n m d) time and memory,\n'
-         'the n × n attention matrix is never formed', orange)
+    _box(
+        ax, 1, 3, 53, 14, r'$Y = P^{\top}\,(D^{-1/2} A^{+} D^{-1/2})\,(P\,V)$'
+        ' + DWConv(V), then W_o\n'
+        'computed right to left: O(n m d) time and memory,\n'
+        'the n × n attention matrix is never formed', orange)
     _box(ax, 62, 3, 36, 14, 'post-norm layer\n'
          'x = LN(x + Attn(x))\nx = LN(x + FFN(x))', grey)
     _arrow(ax, (85, 26.4), (40, 17.6))
@@ -194,8 +195,8 @@ def figure(arch='small'):
         gridspec_kw=dict(height_ratios=(54, 64)))
     draw_pyramid(top, arch)
     draw_block(bottom)
-    fig.subplots_adjust(left=0.01, right=0.99, top=0.95, bottom=0.01,
-                        hspace=0.12)
+    fig.subplots_adjust(
+        left=0.01, right=0.99, top=0.95, bottom=0.01, hspace=0.12)
     return fig
 
 

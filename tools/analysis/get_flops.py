@@ -364,17 +364,19 @@ def plot(rows):
                    label='paper')
     same_input = len({r['input'] for r in rows}) == 1
     ax.set_yticks(
-        list(ys),
-        [r['model'] if same_input else f"{r['model']} ({r['input']})"
-         for r in rows],
+        list(ys), [
+            r['model'] if same_input else f"{r['model']} ({r['input']})"
+            for r in rows
+        ],
         fontsize=10)
     ax.invert_yaxis()  # the first row on top
     ax.tick_params(axis='x', labelsize=9.5)
-    ax.set_xlabel('GFLOPs (multiply-adds)' +
-                  (f", input {rows[0]['input']}" if same_input else ''),
-                  fontsize=10)
-    ax.set_title('FLOPs by component (bars) vs the papers (black ticks)',
-                 fontsize=11)
+    ax.set_xlabel(
+        'GFLOPs (multiply-adds)' +
+        (f", input {rows[0]['input']}" if same_input else ''),
+        fontsize=10)
+    ax.set_title(
+        'FLOPs by component (bars) vs the papers (black ticks)', fontsize=11)
     ax.grid(axis='x', alpha=.3)
     ax.legend(fontsize=9.5, loc='lower right')
     return fig

@@ -151,11 +151,7 @@ def plot(rows, title):
     ncol = min(3, len(sets))
     nrow = -(-len(sets) // ncol)
     fig, axes = pyplot().subplots(
-        nrow,
-        ncol,
-        figsize=(8, 3.4 * nrow + 0.5),
-        squeeze=False,
-        sharey=True)
+        nrow, ncol, figsize=(8, 3.4 * nrow + 0.5), squeeze=False, sharey=True)
     for ax in axes.flat[len(sets):]:
         ax.axis('off')
     for ax, ds in zip(axes.flat, sets):
@@ -219,8 +215,9 @@ def main(argv=None):
                                 args.batch_size, name)
     rows = summarise(results, args.iters)
     label = args.config or args.model
-    ck = (osp.basename(args.checkpoint)
-          if args.checkpoint else 'RANDOM WEIGHTS, untrained')
+    ck = (
+        osp.basename(args.checkpoint)
+        if args.checkpoint else 'RANDOM WEIGHTS, untrained')
     fig = plot(rows, f'{label} ({ck}), {args.size[0]}x{args.size[1]}')
     write_results(args.out, 'nr_convergence', rows,
                   ['dataset', 'stage', 'k', 'mean', 'min', 'max', 'matrices'],

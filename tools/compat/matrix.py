@@ -32,8 +32,8 @@ def _load(path, name):
 STACKS = _load(osp.join(HERE, 'stacks.py'), '_mmsoft_compat_stacks').STACKS
 
 # the results right after the stack: a narrow page shows them first
-COLUMNS = ('stack', 'passed', 'skipped', 'failed', 'torch', 'mmengine',
-           'mmcv', 'mmdet', 'mmseg', 'mmpretrain', 'python', 'time', 'date')
+COLUMNS = ('stack', 'passed', 'skipped', 'failed', 'torch', 'mmengine', 'mmcv',
+           'mmdet', 'mmseg', 'mmpretrain', 'python', 'time', 'date')
 
 
 def _atomic():

@@ -60,7 +60,7 @@ def test_plot_redraws_from_the_committed_csv(name, csv, n_bars, tmp_path):
 def test_committed_figures_are_page_width():
     """What the docs show: no figure wider than about twice the page (the
     21-bar FLOPs chart of 1952 px, shrunk to the page, was unreadable)."""
-    for name in ('architecture.png', 'attention_scaling.png',
-                 'benchmark.png', 'flops.png', 'attention.jpg'):
+    for name in ('architecture.png', 'attention_scaling.png', 'benchmark.png',
+                 'flops.png', 'attention.jpg'):
         with Image.open(osp.join(FIGURES, name)) as im:
             assert im.size[0] <= 1000, (name, im.size)
