@@ -41,14 +41,15 @@ docs: docs-env
 
 # the docs' environment in $(VENV) (created when missing): Sphinx and its
 # theme (requirements/docs.txt) and what autodoc imports, CPU torch and
-# mmengine (requirements/docs_api.txt); not mmcv or the codebases, so no
-# mmcv build (a minute on a fresh clone, nothing when installed)
+# mmengine (requirements/docs_api.txt); only the files not yet installed
+# (after `make env`: docs.txt alone); never mmcv or the codebases
 docs-env:
 	@test -x $(PY) || $${MMSOFT_PYTHON:-python3} -m venv $(VENV)
-	@$(PY) docs/gen_tables.py --docs-env 2>/dev/null || { \
-	    echo "docs: installing requirements/docs.txt (Sphinx, MyST, furo) + requirements/docs_api.txt (CPU torch, mmengine: what autodoc imports) into $(VENV)"; \
+	@missing="$$($(PY) docs/gen_tables.py --docs-env 2>/dev/null)" || { \
+	    missing=$${missing:-requirements/docs.txt requirements/docs_api.txt}; \
+	    echo "docs: installing $$missing (Sphinx, MyST, furo; CPU torch + mmengine for autodoc) into $(VENV)"; \
 	    PIP_CONSTRAINT=requirements/constraints.txt $(PY) -m pip install -q \
-	    -r requirements/docs.txt -r requirements/docs_api.txt; }
+	    $$(printf -- '-r %s ' $$missing); }
 
 clean-env:
 	rm -rf $(VENV)
