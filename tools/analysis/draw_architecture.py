@@ -12,7 +12,8 @@ the product computed right to left (O(n m d), the n x n matrix is never
 formed).
 
 matplotlib only (no torch, no model is built): seconds. Writes PATH
-(default ``tools/analysis/figures/architecture.png``) atomically.
+(default ``tools/analysis/figures/architecture.png``, from the
+checkout's root) atomically.
 """
 import argparse
 import importlib.util
@@ -21,9 +22,7 @@ import os.path as osp
 import sys
 import tempfile
 
-ROOT = osp.dirname(osp.dirname(osp.dirname(osp.abspath(__file__))))
-DEFAULT_OUT = osp.join(ROOT, 'tools', 'analysis', 'figures',
-                       'architecture.png')
+DEFAULT_OUT = 'tools/analysis/figures/architecture.png'
 #: one figure pixel per CSS pixel at the docs' content width (~ 800 px)
 WIDTH_IN, DPI = 8.0, 120
 STRIDES = (4, 8, 16, 32)
@@ -31,9 +30,15 @@ PRESETS = ('tiny', 'small', 'medium', 'large', 'huge')
 
 
 def arch_zoo():
-    """``ARCH_ZOO`` / ``ARCH_DEFAULTS`` of mmsoft (a module that imports
-    nothing, loaded by path: no torch)."""
-    path = osp.join(ROOT, 'mmsoft', 'models', 'arch_zoo.py')
+    """``ARCH_ZOO`` / ``ARCH_DEFAULTS`` of mmsoft: its module imports
+    nothing, so it is loaded by path (found without importing mmsoft, whose
+    package imports torch)."""
+    spec = importlib.util.find_spec('mmsoft')
+    if spec is None:
+        sys.exit('error: mmsoft is not importable: pip install -e . (or '
+                 'PYTHONPATH=<checkout>)')
+    path = osp.join(spec.submodule_search_locations[0], 'models',
+                    'arch_zoo.py')
     spec = importlib.util.spec_from_file_location('_arch_zoo', path)
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
