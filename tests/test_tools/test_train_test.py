@@ -393,7 +393,9 @@ def test_backbone_options_of_mmsoft_0_1_stop_with_one_line(
 _base_ = {osp.join(ROOT, 'configs', 'retinanet_soft_tiny_1x.py')!r}
 model = dict(backbone=dict(attn_norm=True))
 """)
-    args = [str(cfg)] + (['x.pth'] if tool_name == 'test' else [])
+    ckpt = tmp_path / 'x.pth'  # tools/test.py checks that it exists first
+    ckpt.write_bytes(b'')
+    args = [str(cfg)] + ([str(ckpt)] if tool_name == 'test' else [])
     with pytest.raises(SystemExit) as exc:
         tool(tool_name)['main'](
             args + [
