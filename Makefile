@@ -6,8 +6,9 @@ PYTEST_ARGS ?=
 
 .PHONY: env test demo lint gpu-check mutations docs docs-env clean-env compat
 
+# VENV=path: another virtualenv (tools/setup_env.sh's MMSOFT_VENV)
 env:
-	bash tools/setup_env.sh
+	MMSOFT_VENV=$(abspath $(VENV)) bash tools/setup_env.sh
 
 # the test suite (what CI runs)
 test: env
@@ -32,16 +33,23 @@ mutations: env
 	$(PY) tests/mutation/run_mutations.py --python $(PY) $(MUTATIONS)
 
 # the documentation site (docs/en, Sphinx + MyST) -> docs/_build/html,
-# warnings are errors; installs requirements/docs.txt when missing
+# warnings are errors
 docs: docs-env
 	$(PY) docs/gen_tables.py
 	$(PY) -m sphinx -b html -W --keep-going -n -q docs/en docs/_build/html
 	@echo "docs: file://$(CURDIR)/docs/_build/html/index.html"
 
-docs-env: env
-	@$(PY) docs/gen_tables.py --docs-env 2>/dev/null || \
+# the docs' environment in $(VENV) (created when missing): Sphinx and its
+# theme (requirements/docs.txt) and what autodoc imports, CPU torch and
+# mmengine (requirements/docs_api.txt); only the files not yet installed
+# (after `make env`: docs.txt alone); never mmcv or the codebases
+docs-env:
+	@test -x $(PY) || $${MMSOFT_PYTHON:-python3} -m venv $(VENV)
+	@missing="$$($(PY) docs/gen_tables.py --docs-env 2>/dev/null)" || { \
+	    missing=$${missing:-requirements/docs.txt requirements/docs_api.txt}; \
+	    echo "docs: installing $$missing (Sphinx, MyST, furo; CPU torch + mmengine for autodoc) into $(VENV)"; \
 	    PIP_CONSTRAINT=requirements/constraints.txt $(PY) -m pip install -q \
-	    -r requirements/docs.txt
+	    $$(printf -- '-r %s ' $$missing); }
 
 clean-env:
 	rm -rf $(VENV)

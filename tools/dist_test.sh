@@ -8,5 +8,11 @@
 # venv .venv when no environment is active, else python; see
 # tools/python.sh). The data the config needs is checked once before the
 # workers start.
+# a local CHECKPOINT that is not a file: tools/test.py's one line, once
+# (not once per rank after the workers start)
+if [[ $# -ge 2 && "$2" != *://* && ! -f "$2" ]]; then
+    echo "error: checkpoint '$2' not found: give the path of a trained model (work_dirs/<config>/epoch_N.pth or iter_N.pth) or of downloaded weights (docs: Model zoo)" >&2
+    exit 1
+fi
 source "$(dirname "$0")/launch.sh"  # mmsoft_dist_launch
 mmsoft_dist_launch test 'CONFIG CHECKPOINT' "$@"

@@ -16,6 +16,7 @@ mmseg saves the predicted label maps as PNGs to that directory (as each
 codebase's own tools/test.py does).
 """
 import copy
+import os.path as osp
 import sys
 import warnings
 
@@ -156,6 +157,15 @@ def enable_tta(cfg, scope):
     cfg.test_dataloader.dataset.pipeline = cfg.tta_pipeline
 
 
+def exit_if_no_checkpoint(path):
+    """A local checkpoint path that is not a file: one line and exit 1,
+    before the config is loaded (a URL is left to the loader)."""
+    if '://' not in path and not osp.isfile(path):
+        sys.exit(f'error: checkpoint {path!r} not found: give the path of a '
+                 'trained model (work_dirs/<config>/epoch_N.pth or '
+                 'iter_N.pth) or of downloaded weights (docs: Model zoo)')
+
+
 def build_cfg(args):
     cfg = cli.apply_runner_args(Config.fromfile(args.config), args)
     cfg.load_from = args.checkpoint
@@ -171,6 +181,7 @@ def main(argv=None):
     status 1 (and the message) on missing data or a checkpoint that does not
     match the model."""
     args = parse_args(argv)
+    exit_if_no_checkpoint(args.checkpoint)  # before the config and Runner
     cfg = build_cfg(args)
     data_check.exit_if_missing(cfg, 'test', args.launcher)  # data on disk?
     launch.exit_if_legacy_backbone(cfg)  # attn options of mmsoft 0.1?

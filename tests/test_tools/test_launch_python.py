@@ -143,6 +143,8 @@ def test_active_venv_is_respected_and_bad_python_explained(repo):
 
 def test_dist_test_and_slurm_scripts_use_venv(repo, tmp_path):
     venv_py = str(repo['clone'] / '.venv' / 'bin' / 'python')
+    for ckpt in ('ckpt.pth', 'c'):  # the scripts check that it exists
+        (repo['tmp'] / ckpt).write_bytes(b'')
     proc = subprocess.run([
         'bash',
         str(repo['clone'] / 'tools' / 'dist_test.sh'), repo['cfg'], 'ckpt.pth',

@@ -43,6 +43,8 @@ INVOCATIONS = {
     'analysis/get_flops.py':
     'test_tools/test_analysis/test_analysis_tools.py::'
     'test_get_flops_counts_attention_products_and_nr',
+    'analysis/draw_architecture.py':
+    'test_tools/test_analysis/test_figures.py::test_architecture_figure',
     'analysis/gpu_check.py':
     'test_tools/test_tool_cli.py::test_gpu_check_smoke',
     'analysis/memory_vs_length.py':

@@ -199,6 +199,9 @@ def test_first_command_config_exists():
     ('slurm_test.sh', ['ckpt.pth']),
 ])
 def test_slurm_scripts_compose_srun(tmp_path, script, extra):
+    if script == 'slurm_test.sh':  # the script checks that it exists
+        (tmp_path / 'ckpt.pth').write_bytes(b'')
+        extra = [str(tmp_path / 'ckpt.pth')]
     bindir = tmp_path / 'bin'
     bindir.mkdir()
     out = tmp_path / 'srun_args'
@@ -390,7 +393,9 @@ def test_backbone_options_of_mmsoft_0_1_stop_with_one_line(
 _base_ = {osp.join(ROOT, 'configs', 'retinanet_soft_tiny_1x.py')!r}
 model = dict(backbone=dict(attn_norm=True))
 """)
-    args = [str(cfg)] + (['x.pth'] if tool_name == 'test' else [])
+    ckpt = tmp_path / 'x.pth'  # tools/test.py checks that it exists first
+    ckpt.write_bytes(b'')
+    args = [str(cfg)] + ([str(ckpt)] if tool_name == 'test' else [])
     with pytest.raises(SystemExit) as exc:
         tool(tool_name)['main'](
             args + [

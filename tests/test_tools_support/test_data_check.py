@@ -284,6 +284,7 @@ def test_train_tool_exits_with_one_message(tmp_path):
 def test_test_tool_exits_with_one_message(tmp_path, monkeypatch, capsys):
     cfg = _missing_cfg(tmp_path)
     monkeypatch.chdir(tmp_path)
+    (tmp_path / 'ckpt.pth').write_bytes(b'')  # checked first
     main = tool_namespace('test')['main']
     with pytest.raises(SystemExit) as exc:
         main([

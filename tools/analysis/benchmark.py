@@ -23,6 +23,11 @@ the SOFT architecture, Table 1), pvtv2_b0..b2 (mmdet
 PyramidVisionTransformerV2), swin_t (mmdet SwinTransformer), or ``--config``
 files (their ``model.backbone``).
 Sizes: ``HxWxB``. Writes results.csv / results.md / benchmark.png.
+``--plot CSV`` only redraws the figure from such a CSV (the docs' figure,
+in seconds)::
+
+    python tools/analysis/benchmark.py \
+        --plot docs/en/benchmarks/benchmark_backbones.csv
 """
 import argparse
 import os.path as osp
@@ -124,26 +129,53 @@ def baseline_for(model, names, explicit):
 
 
 def plot(rows, sizes):
+    """Time per step of each model, one panel per input size (stacked),
+    horizontal bars with the model names at 10 pt: legible at the docs'
+    page width (8 in wide)."""
+    import numpy as np
+    n_models = max(
+        len({r['model']
+             for r in rows if r['size'] == size}) for size in sizes)
     fig, axes = pyplot().subplots(
-        1, len(sizes), figsize=(6 * len(sizes), 4), squeeze=False)
-    for ax, size in zip(axes[0], sizes):
+        len(sizes),
+        1,
+        figsize=(8, (0.27 * n_models * len(MODES) + 1.2) * len(sizes)),
+        squeeze=False)
+    for ax, size in zip(axes[:, 0], sizes):
         models = [
             r['model'] for r in rows
             if r['size'] == size and r['mode'] == MODES[0]
         ]
+        ys = np.arange(len(models))
         for k, mode in enumerate(MODES):
             vals = {
                 r['model']: r['time_ms']
                 for r in rows if r['size'] == size and r['mode'] == mode
             }
-            xs = [i + k * 0.4 for i in range(len(models))]
-            ax.bar(xs, [vals.get(m, 0) for m in models], 0.4, label=mode)
-        ax.set_xticks([i + 0.2 for i in range(len(models))])
-        ax.set_xticklabels(models, rotation=30, ha='right', fontsize=8)
-        ax.set_ylabel('ms per step')
-        ax.set_title(f'input {size} (H x W x batch)')
-        ax.legend()
+            bars = ax.barh(
+                ys + (k - 0.5) * 0.4, [vals.get(m, 0) for m in models],
+                0.4,
+                label=mode.replace('_', ' + '))
+            ax.bar_label(bars, fmt='%.0f', padding=2, fontsize=9)
+        ax.set_yticks(ys, models, fontsize=10)
+        ax.invert_yaxis()  # the first model on top
+        ax.set_xlabel('ms per step (shorter is faster)', fontsize=10)
+        ax.set_title(f'input {size} (H x W x batch)', fontsize=11)
+        ax.tick_params(axis='x', labelsize=9.5)
+        ax.margins(x=0.12)
+        ax.grid(axis='x', alpha=.3)
+        ax.legend(fontsize=9.5, loc='upper right')
     return fig
+
+
+def read_rows(path):
+    """The rows of a CSV this tool wrote (``--plot``), times as floats."""
+    import csv
+    with open(path, newline='') as f:
+        rows = list(csv.DictReader(f))
+    for r in rows:
+        r['time_ms'] = float(r['time_ms'])
+    return rows
 
 
 def main(argv=None):
@@ -163,7 +195,24 @@ def main(argv=None):
     p.add_argument('--model', help=argparse.SUPPRESS)
     p.add_argument('--size', help=argparse.SUPPRESS)
     p.add_argument('--mode', help=argparse.SUPPRESS)
+    p.add_argument(
+        '--plot',
+        metavar='CSV',
+        help='only redraw the figure from a CSV this tool wrote (e.g. '
+        'docs/en/benchmarks/benchmark_backbones.csv) to --figure; no '
+        'measurement (seconds)')
+    p.add_argument(
+        '--figure',
+        default='tools/analysis/figures/benchmark.png',
+        help='the PNG that --plot writes')
     args = p.parse_args(argv)
+    if args.plot:
+        from mmsoft.tools_support.analysis import save_figure
+        rows = read_rows(args.plot)
+        sizes = list(dict.fromkeys(r['size'] for r in rows))
+        save_figure(plot(rows, sizes), args.figure)
+        print(f'wrote {args.figure}')
+        return 0
     if args.device is None:
         import torch
         args.device = 'cuda' if torch.cuda.is_available() else 'cpu'

@@ -21,6 +21,11 @@ used. Times are the median of ``--repeats`` runs after one warm-up.
         --out work_dirs/bench_attention
 
 Writes ``results.csv``, ``results.md`` and ``memory_time_vs_tokens.png``.
+``--plot CSV`` only redraws the figure from such a CSV (the docs' figure,
+in seconds)::
+
+    python tools/analysis/benchmark_attention.py \
+        --plot docs/en/benchmarks/benchmark_attention.csv
 """
 import argparse
 import os.path as osp
@@ -111,30 +116,78 @@ def run_child(args):
                 args.repeats))
 
 
+#: legend names of the methods and their line colours
+LABELS = {
+    'soft': ('SOFT', 'tab:blue'),
+    'soft_norm': ('SOFT (normalised)', 'tab:green'),
+    'softmax': ('softmax, fused SDPA', 'tab:orange'),
+    'softmax_naive': ('softmax, n × n matrix', 'tab:red'),
+}
+
+
 def plot(rows):
+    """Peak memory and time vs n, one row of two panels per device: legible
+    at the docs' page width (8 in wide, 10-11 pt text)."""
     devices = sorted({r['device'] for r in rows})
-    fig, axes = pyplot().subplots(
-        len(devices), 2, figsize=(11, 4 * len(devices)), squeeze=False)
+    # a last row of its own for the legend (kept clear of the curves)
+    fig, grid = pyplot().subplots(
+        len(devices) + 1,
+        2,
+        figsize=(8, 3.9 * len(devices) + 1.1),
+        squeeze=False,
+        gridspec_kw=dict(height_ratios=[3.9] * len(devices) + [0.9]))
+    axes = grid[:-1]
     for di, dev in enumerate(devices):
         for ci, (key, label) in enumerate([('peak_mb', 'peak memory (MiB)'),
                                            ('time_ms', 'time (ms)')]):
             ax = axes[di][ci]
             for method in METHODS:
-                for mode, ls in zip(MODES, ('-', '--')):
-                    pts = [(r['n'], r[key]) for r in rows if r['device'] == dev
-                           and r['method'] == method and r['mode'] == mode]
+                name, color = LABELS[method]
+                for mode, ls in zip(MODES, ('--', '-')):
+                    pts = sorted(
+                        (r['n'], r[key]) for r in rows if r['device'] == dev
+                        and r['method'] == method and r['mode'] == mode)
                     if pts:
                         ax.plot(
                             *zip(*pts),
                             ls,
+                            color=color,
                             marker='o',
-                            label=f'{method} {mode}')
-            ax.set_xlabel('tokens n')
-            ax.set_ylabel(label)
-            ax.set_title(f'{dev}: {label}')
+                            label=name if mode == MODES[1] else None)
+            ax.set_xlabel('tokens n', fontsize=10.5)
+            ax.set_ylabel(label, fontsize=10.5)
+            ax.set_title(f'{dev}: {label}', fontsize=11)
+            ax.tick_params(labelsize=9.5)
             ax.grid(alpha=.3)
-            ax.legend(fontsize=7)
+    handles, labels = axes[0][0].get_legend_handles_labels()
+    for ax in grid[-1]:
+        ax.axis('off')
+    legend = grid[-1][0].legend(
+        handles,
+        labels,
+        loc='center',
+        bbox_to_anchor=(1.05, 0.4),
+        ncol=2,
+        fontsize=9.5,
+        title='solid: forward + backward, dashed: forward',
+        title_fontsize=9.5,
+        frameon=False)
+    legend.set_in_layout(False)  # centred under both panels
+    fig.suptitle(
+        'One attention layer (d = 384, m = 49): linear vs quadratic',
+        fontsize=11.5)
     return fig
+
+
+def read_rows(path):
+    """The rows of a CSV this tool wrote (``--plot``), numbers as floats."""
+    import csv
+    with open(path, newline='') as f:
+        rows = list(csv.DictReader(f))
+    for r in rows:
+        for k in ('n', 'time_ms', 'peak_mb'):
+            r[k] = float(r[k])
+    return rows
 
 
 def main(argv=None):
@@ -158,7 +211,22 @@ def main(argv=None):
     parser.add_argument('--p', type=int, help=argparse.SUPPRESS)
     parser.add_argument('--mode', help=argparse.SUPPRESS)
     parser.add_argument('--device', help=argparse.SUPPRESS)
+    parser.add_argument(
+        '--plot',
+        metavar='CSV',
+        help='only redraw the figure from a CSV this tool wrote (e.g. '
+        'docs/en/benchmarks/benchmark_attention.csv) to --figure; no '
+        'measurement (seconds)')
+    parser.add_argument(
+        '--figure',
+        default='tools/analysis/figures/attention_scaling.png',
+        help='the PNG that --plot writes')
     args = parser.parse_args(argv)
+    if args.plot:
+        from mmsoft.tools_support.analysis import save_figure
+        save_figure(plot(read_rows(args.plot)), args.figure)
+        print(f'wrote {args.figure}')
+        return []
     if args.threads:
         import torch
         torch.set_num_threads(args.threads)

@@ -29,6 +29,10 @@ as in the papers.
     python tools/analysis/get_flops.py --config \\
         configs/retinanet_soft_tiny_1x.py --shape 800 1216
 
+``--plot CSV`` only redraws the figure from a ``flops.csv`` (the docs'
+figure: ``--plot docs/en/benchmarks/flops.csv``, written by the first
+command above).
+
 Configs: the whole model runs in ``mode='tensor'`` (two-stage detectors with
 metainfo-only data samples, so their RoI-head FLOPs depend on the number of
 proposals, as with mmdet's own counter).
@@ -333,37 +337,56 @@ def to_markdown(rows) -> str:
 
 
 def plot(rows):
-    fig, ax = pyplot().subplots(figsize=(max(6, 0.75 * len(rows) + 2), 4.5))
-    xs = range(len(rows))
-    bottom = [0.0] * len(rows)
+    """GFLOPs of each model by component as horizontal stacked bars (one
+    row per model, its name at 10 pt) and the papers' numbers as black
+    ticks: legible at the docs' page width (8 in wide) for any number of
+    models."""
+    fig, ax = pyplot().subplots(figsize=(8, 0.34 * len(rows) + 1.6))
+    ys = range(len(rows))
+    left = [0.0] * len(rows)
     for key, label in (('layers_g', 'Linear + Conv'), ('attention_g',
                                                        'attention products'),
                        ('nr_g', 'Newton-Raphson')):
-        vals = [r[key] for r in rows]
-        ax.bar(xs, vals, 0.6, bottom=bottom, label=label)
-        bottom = [b + v for b, v in zip(bottom, vals)]
-    px = [
+        vals = [float(r[key]) for r in rows]
+        ax.barh(ys, vals, 0.7, left=left, label=label)
+        left = [b + v for b, v in zip(left, vals)]
+    py = [
         i for i, r in enumerate(rows) if r['paper_flops_g'] not in (None, '')
     ]
-    if px:
-        ax.scatter(
-            px, [rows[i]['paper_flops_g'] for i in px],
-            marker='_',
-            s=600,
-            c='k',
-            linewidths=2,
-            zorder=3,
-            label='paper')
-    ax.set_xticks(list(xs))
-    ax.set_xticklabels([f"{r['model']}\n{r['input']}" for r in rows],
-                       rotation=35,
-                       ha='right',
-                       fontsize=7)
-    ax.set_ylabel('GFLOPs (multiply-adds)')
-    ax.set_title('Params / FLOPs: FLOPs by component (bars) vs the papers '
-                 '(black)')
-    ax.legend(fontsize=8)
+    if py:
+        ax.scatter([float(rows[i]['paper_flops_g']) for i in py],
+                   py,
+                   marker='|',
+                   s=220,
+                   c='k',
+                   linewidths=2.5,
+                   zorder=3,
+                   label='paper')
+    same_input = len({r['input'] for r in rows}) == 1
+    ax.set_yticks(
+        list(ys), [
+            r['model'] if same_input else f"{r['model']} ({r['input']})"
+            for r in rows
+        ],
+        fontsize=10)
+    ax.invert_yaxis()  # the first row on top
+    ax.tick_params(axis='x', labelsize=9.5)
+    ax.set_xlabel(
+        'GFLOPs (multiply-adds)' +
+        (f", input {rows[0]['input']}" if same_input else ''),
+        fontsize=10)
+    ax.set_title(
+        'FLOPs by component (bars) vs the papers (black ticks)', fontsize=11)
+    ax.grid(axis='x', alpha=.3)
+    ax.legend(fontsize=9.5, loc='lower right')
     return fig
+
+
+def read_rows(path):
+    """The rows of a ``flops.csv`` this tool wrote (``--plot``)."""
+    import csv
+    with open(path, newline='') as f:
+        return list(csv.DictReader(f))
 
 
 def parse_args(argv=None):
@@ -404,6 +427,15 @@ def parse_args(argv=None):
         action='store_true',
         help='named models without the classification head')
     p.add_argument('--out', default='work_dirs/get_flops')
+    p.add_argument(
+        '--plot',
+        metavar='CSV',
+        help='only redraw the figure from a flops.csv this tool wrote (e.g. '
+        'docs/en/benchmarks/flops.csv) to --figure; nothing is counted')
+    p.add_argument(
+        '--figure',
+        default='tools/analysis/figures/flops.png',
+        help='the PNG that --plot writes')
     args = p.parse_args(argv)
     if args.tables is None:
         args.tables = [] if (args.models or args.config) else ['presets']
@@ -412,6 +444,11 @@ def parse_args(argv=None):
 
 def main(argv=None):
     args = parse_args(argv)
+    if args.plot:
+        from mmsoft.tools_support.analysis import save_figure
+        save_figure(plot(read_rows(args.plot)), args.figure)
+        print(f'wrote {args.figure}')
+        return []
     torch.manual_seed(0)
     H, W = args.shape
     jobs = jobs_for(args)

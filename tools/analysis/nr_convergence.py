@@ -147,9 +147,14 @@ def to_markdown(rows, iters):
 
 def plot(rows, title):
     sets = list(dict.fromkeys(r['dataset'] for r in rows))  # given order
+    # at most 3 panels a row, 8 in wide: legible at the docs' page width
+    ncol = min(3, len(sets))
+    nrow = -(-len(sets) // ncol)
     fig, axes = pyplot().subplots(
-        1, len(sets), figsize=(5 * len(sets), 4), squeeze=False)
-    for ax, ds in zip(axes[0], sets):
+        nrow, ncol, figsize=(8, 3.4 * nrow + 0.5), squeeze=False, sharey=True)
+    for ax in axes.flat[len(sets):]:
+        ax.axis('off')
+    for ax, ds in zip(axes.flat, sets):
         for st in sorted({r['stage'] for r in rows if r['dataset'] == ds}):
             rs = sorted(
                 (r for r in rows if r['dataset'] == ds and r['stage'] == st),
@@ -163,12 +168,14 @@ def plot(rows, title):
                 [max(r['max'], floor) for r in rs],
                 alpha=0.25)
         ax.set_yscale('log')
-        ax.set_xlabel('Newton-Raphson iteration k')
-        ax.set_ylabel('||A A_k A - A||_2 / ||A||_2')
-        ax.set_title(f'{ds}')
+        ax.set_xlabel('NR iteration k', fontsize=10)
+        ax.set_title(f'{ds}', fontsize=10.5)
+        ax.tick_params(labelsize=9)
         ax.grid(alpha=0.3)
-        ax.legend()
-    fig.suptitle(title, fontsize=9)
+        ax.legend(fontsize=9)
+    for row in axes:
+        row[0].set_ylabel(r'$\|A A_k A - A\|_2\,/\,\|A\|_2$', fontsize=10)
+    fig.suptitle(title, fontsize=11)
     return fig
 
 
@@ -208,7 +215,9 @@ def main(argv=None):
                                 args.batch_size, name)
     rows = summarise(results, args.iters)
     label = args.config or args.model
-    ck = osp.basename(args.checkpoint) if args.checkpoint else 'random init'
+    ck = (
+        osp.basename(args.checkpoint)
+        if args.checkpoint else 'RANDOM WEIGHTS, untrained')
     fig = plot(rows, f'{label} ({ck}), {args.size[0]}x{args.size[1]}')
     write_results(args.out, 'nr_convergence', rows,
                   ['dataset', 'stage', 'k', 'mean', 'min', 'max', 'matrices'],

@@ -147,7 +147,7 @@ def to_markdown(rows, lengths) -> str:
 
 
 def plot(rows, lengths, title):
-    fig, ax = pyplot().subplots(figsize=(6, 4.5))
+    fig, ax = pyplot().subplots(figsize=(7, 5))  # legible at page width
     series = (('pinv', r'$\|A^+\|_2$ (no normalisation)', 'C0', '-', '+'),
               ('norm_pinv', r'$\|D^{-1/2}A^+D^{-1/2}\|_2$', 'C1', '-', '+'),
               ('exact_pinv', 'exact pinv, no normalisation', 'C0', ':', 'x'),
@@ -163,11 +163,12 @@ def plot(rows, lengths, title):
         ax.plot(ms, means, ls, c=c, label=label)
     ax.set_xscale('log')
     ax.set_yscale('log')
-    ax.set_xlabel('bottleneck length m')
-    ax.set_ylabel('spectral norm')
-    ax.set_title(title, fontsize=9)
+    ax.set_xlabel('bottleneck length m', fontsize=10)
+    ax.set_ylabel('spectral norm', fontsize=10)
+    ax.set_title(title, fontsize=10)
+    ax.tick_params(labelsize=9.5)
     ax.grid(alpha=0.3, which='both')
-    ax.legend(fontsize=7)
+    ax.legend(fontsize=9.5)
     return fig
 
 

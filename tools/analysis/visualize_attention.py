@@ -97,7 +97,7 @@ def overlay(ax, rgb, w, q, hw, title):
         c='w',
         ms=14,
         mew=2.5)
-    ax.set_title(title, fontsize=7)
+    ax.set_title(title, fontsize=9)
     ax.axis('off')
 
 
@@ -203,7 +203,7 @@ def main(argv=None):
             ms=14,
             mew=2.5)
         tag = '' if name in ckpts else ' (random init)'
-        ax.set_title(f'{name}{tag}', fontsize=7)
+        ax.set_title(f'{name}{tag}', fontsize=9)
         ax.axis('off')
         for h in range(ncol - 1):
             if h < w.shape[0]:
@@ -211,10 +211,13 @@ def main(argv=None):
                         f'head {h}  [{w[h].min():.2g}, {w[h].max():.2g}]')
             else:
                 axes[r][h + 1].axis('off')
+    untrained = [p[0] for p in panels if p[0] not in ckpts]
     fig.suptitle(
+        ('RANDOM WEIGHTS (untrained: what the tool draws, not what SOFT '
+         'learns)\n' if untrained else '') +
         f'stage {args.stage + 1}, layer {args.layer}, query '
         f'(y, x) = ({args.query[0]:.2f}, {args.query[1]:.2f})',
-        fontsize=9)
+        fontsize=11)
     fields = [
         'model', 'checkpoint', 'stage', 'layer', 'head', 'map_h', 'map_w',
         'query_y', 'query_x', 'sum', 'min', 'max', 'at_query', 'argmax_y',

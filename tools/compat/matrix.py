@@ -31,8 +31,9 @@ def _load(path, name):
 
 STACKS = _load(osp.join(HERE, 'stacks.py'), '_mmsoft_compat_stacks').STACKS
 
-COLUMNS = ('stack', 'python', 'torch', 'mmengine', 'mmcv', 'mmdet', 'mmseg',
-           'mmpretrain', 'passed', 'skipped', 'failed', 'time', 'date')
+# the results right after the stack: a narrow page shows them first
+COLUMNS = ('stack', 'passed', 'skipped', 'failed', 'torch', 'mmengine', 'mmcv',
+           'mmdet', 'mmseg', 'mmpretrain', 'python', 'time', 'date')
 
 
 def _atomic():
