@@ -15,20 +15,14 @@ check of :mod:`mmsoft.deps` are applied by :func:`setup`, which building a
 SOFT backbone or an mmsoft hook and the tools call (once; see
 :mod:`mmsoft.runtime`).
 """
-from ._quiet import quiet_stack_imports as _quiet_stack_imports
-
-# before anything imports mmengine: torch 2.4's unfilterable deprecation
-# warning on torch.distributed.optim (mmsoft._quiet)
-_quiet_stack_imports()
-
-from . import compat as _compat  # noqa: E402
+from . import compat as _compat
 # registers the hooks and optim wrappers
-from .engine import SafeCheckpointHook  # noqa: F401,E402
-from .models import SOFT  # noqa: E402
-from .registry import MODELS  # noqa: E402
-from .runtime import setup  # noqa: E402
-from .utils.paths import configs_root, get_config_path  # noqa: E402
-from .version import __version__  # noqa: E402
+from .engine import SafeCheckpointHook  # noqa: F401
+from .models import SOFT
+from .registry import MODELS
+from .runtime import setup
+from .utils.paths import configs_root, get_config_path
+from .version import __version__
 
 # what Runner checkpoints pickle (HistoryBuffer, numpy arrays), allow-listed
 # for torch.load(weights_only=True): mmengine's inferencers load the

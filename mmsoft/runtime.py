@@ -18,7 +18,7 @@ before anything mmsoft builds can load a checkpoint:
 * when ``SafeCheckpointHook`` or ``StrictLoadHook`` is built, and before
   :mod:`mmsoft.models.loading` reads a file (``init_cfg`` ``Pretrained``
   of SOFT, the converters);
-* in mmsoft's tools (:func:`mmsoft.tools_support.launch.import_codebase`);
+* in mmsoft's tools (``tools/train.py``, ``tools/test.py``, ...);
 * when called: ``mmsoft.setup()``, e.g. in a script that ``torch.load``\\ s
   a Runner checkpoint without building a SOFT model.
 """

@@ -24,14 +24,14 @@ import warnings
 # times before the tool's own output (e.g. the data check's message)
 warnings.filterwarnings('ignore', message='pkg_resources is deprecated')
 
-# first: mmsoft quiets the stacks' import noise (mmsoft._quiet)
-import mmsoft  # noqa: E402,F401  # isort: skip
+# first: the tools' package quiets the stacks' import noise (its .quiet)
+import mmsoft_tools  # noqa: E402,F401  # isort: skip
 from mmengine.config import Config, ConfigDict  # noqa: E402
 from mmengine.registry import RUNNERS  # noqa: E402
 from mmengine.runner import Runner  # noqa: E402
 
-from mmsoft.tools_support import cli, data_check, launch  # noqa: E402
 from mmsoft.utils.strict_load import CheckpointMismatchError  # noqa: E402
+from mmsoft_tools import cli, data_check, launch  # noqa: E402
 
 
 def parse_args(argv=None):

@@ -14,14 +14,14 @@ the work dir (damaged newer ones are skipped with a warning), ``--resume
 PATH`` from PATH; a config's plain ``CheckpointHook`` becomes mmsoft's
 ``SafeCheckpointHook`` (atomic writes, checksum, RNG states). Without
 CUDA, ``--launcher pytorch`` (``tools/dist_train.sh``) runs one CPU process
-per "GPU" with the gloo backend (see :mod:`mmsoft.tools_support.launch`),
+per "GPU" with the gloo backend (see :mod:`mmsoft_tools.launch`),
 and ``--amp`` trains under bfloat16 autocast.
 
 ``load_from`` is loaded strictly (another architecture is an error naming
 the keys; ``--partial-load`` loads the matching tensors and prints what was
 skipped), ``--resume PATH`` must be a training checkpoint (checked before
 anything is built), and one run at a time holds the work dir
-(:mod:`mmsoft.utils.work_dir_lock`).
+(:mod:`mmsoft_tools.work_dir_lock`).
 """
 import sys
 import warnings
@@ -31,17 +31,17 @@ import warnings
 # times before the tool's own output (e.g. the data check's message)
 warnings.filterwarnings('ignore', message='pkg_resources is deprecated')
 
-# first: mmsoft quiets the stacks' import noise (mmsoft._quiet)
-import mmsoft  # noqa: E402,F401  # isort: skip
+# first: the tools' package quiets the stacks' import noise (its .quiet)
+import mmsoft_tools  # noqa: E402,F401  # isort: skip
 from mmengine.config import Config  # noqa: E402
 from mmengine.registry import RUNNERS  # noqa: E402
 from mmengine.runner import Runner  # noqa: E402
 
 from mmsoft.engine import add_nonfinite_hook  # noqa: E402
 from mmsoft.engine import use_safe_checkpoint_hook  # noqa: E402
-from mmsoft.tools_support import cli, data_check, launch  # noqa: E402
 from mmsoft.utils.checkpoint_io import CheckpointWriteError  # noqa: E402
 from mmsoft.utils.strict_load import CheckpointMismatchError  # noqa: E402
+from mmsoft_tools import cli, data_check, launch  # noqa: E402
 
 
 def parse_args(argv=None):

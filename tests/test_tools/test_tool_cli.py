@@ -63,11 +63,11 @@ INVOCATIONS = {
     'test_tools/test_analysis/test_analysis_tools.py::'
     'test_visualize_attention_rows',
     'deployment/pytorch2onnx.py':
-    'test_tools_support/test_deploy.py::test_export_parity',
+    'test_tools/test_deploy.py::test_export_parity',
     'deployment/benchmark_onnx.py':
     'test_tools/test_tool_cli.py::test_benchmark_onnx_tiny_run',
     'misc/make_demo_data.py':
-    'test_tools_support/test_demo/test_synthetic.py::test_tool_cli',
+    'test_demo/test_synthetic.py::test_tool_cli',
     'model_converters/soft2mmsoft.py':
     'test_tools/test_model_converters.py::test_cli_round_trip',
     'model_converters/mmsoft2soft.py':
@@ -338,7 +338,7 @@ def test_nr_backward_compare_train_demo(tmp_path, capsys, monkeypatch):
     evaluator), then their metrics are replaced by distinct known values
     on the way back: the table must carry each value in its column and
     row (a swapped or misread column shows)."""
-    from mmsoft.tools_support import demo_tasks
+    from mmsoft_tools import demo_tasks
     tasks = demo_tasks
     real_run_task, calls = tasks.run_task, []
 

@@ -17,7 +17,7 @@ small ones, as they have the same parameter counts).
 Models: soft_{tiny,small,...}[_norm][_iterative|_spectral][_ml<N>] (SOFT
 backbone, all four outputs; ``_iterative``/``_spectral`` force the
 pseudo-inverse method, ``_ml<N>`` sets ``max_landmarks=N``; see
-:func:`mmsoft.tools_support.analysis.parse_model_name`),
+:func:`mmsoft_tools.analysis.parse_model_name`),
 {softmax,linformer,performer,nystromformer,sima}_<arch> (the attention zoo in
 the SOFT architecture, Table 1), pvtv2_b0..b2 (mmdet
 PyramidVisionTransformerV2), swin_t (mmdet SwinTransformer), or ``--config``
@@ -26,12 +26,16 @@ Sizes: ``HxWxB``. Writes results.csv / results.md / benchmark.png.
 """
 import argparse
 import os.path as osp
+import sys
 import time
 
-from mmsoft.tools_support.analysis import (add_timing_arguments, make_parser,
-                                           measure_step, print_result, pyplot,
-                                           run_isolated, soft_model_kwargs,
-                                           write_results)
+if osp.dirname(osp.dirname(osp.abspath(__file__))) not in sys.path:  # tools/
+    sys.path.insert(0, osp.dirname(osp.dirname(osp.abspath(__file__))))
+
+from mmsoft_tools.analysis import (add_timing_arguments, make_parser,
+                                   measure_step, print_result, pyplot,
+                                   run_isolated, soft_model_kwargs,
+                                   write_results)
 
 DEFAULT_MODELS = [
     'soft_tiny', 'soft_tiny_norm', 'soft_small', 'soft_small_norm', 'pvtv2_b1',

@@ -24,11 +24,14 @@ Writes ``results.csv``, ``results.md`` and ``memory_time_vs_tokens.png``.
 """
 import argparse
 import os.path as osp
+import sys
 import time
 
-from mmsoft.tools_support.analysis import (make_parser, measure_step,
-                                           print_result, pyplot, run_isolated,
-                                           write_results)
+if osp.dirname(osp.dirname(osp.abspath(__file__))) not in sys.path:  # tools/
+    sys.path.insert(0, osp.dirname(osp.dirname(osp.abspath(__file__))))
+
+from mmsoft_tools.analysis import (make_parser, measure_step, print_result,
+                                   pyplot, run_isolated, write_results)
 
 METHODS = ('soft', 'soft_norm', 'softmax', 'softmax_naive')
 MODES = ('forward', 'forward_backward')

@@ -16,16 +16,20 @@ official ``main.py --eval_checkpoint DST`` (which reads ``state_dict_ema``)
 and by timm's ``load_checkpoint``, plus ``meta`` with mmsoft's SHA-256 of
 the tensors. Written atomically; DST must not be SRC.
 """
+import os.path as osp
 import sys
+
+if osp.dirname(osp.dirname(osp.abspath(__file__))) not in sys.path:  # tools/
+    sys.path.insert(0, osp.dirname(osp.dirname(osp.abspath(__file__))))
 
 from mmsoft.models.converters import (convert_mmpretrain_to_official,
                                       describe_arch, official_model_name)
 from mmsoft.models.loading import converter_parser, run_converter
-from mmsoft.tools_support.cli import check_readable, positive_int
 from mmsoft.utils.checkpoint_files import (check_output_path,
                                            extract_state_dict,
                                            load_checkpoint_file,
                                            save_checkpoint_atomic)
+from mmsoft_tools.cli import check_readable, positive_int
 
 
 def parse_args(argv=None):

@@ -27,16 +27,19 @@ checkpoint is taken to be a ``soft_*`` one (attn_norm=False).
 import os.path as osp
 import sys
 
+if osp.dirname(osp.dirname(osp.abspath(__file__))) not in sys.path:  # tools/
+    sys.path.insert(0, osp.dirname(osp.dirname(osp.abspath(__file__))))
+
 from mmsoft.models.converters import (arch_for_mmsoft,
                                       convert_official_to_mmpretrain,
                                       describe_arch, match_arch_preset,
                                       official_model_name)
 from mmsoft.models.loading import (converter_parser, official_weights,
                                    run_converter)
-from mmsoft.tools_support.cli import check_readable, positive_int
 from mmsoft.utils.checkpoint_files import (check_output_path,
                                            load_checkpoint_file,
                                            save_checkpoint_atomic)
+from mmsoft_tools.cli import check_readable, positive_int
 
 
 def parse_args(argv=None):

@@ -47,7 +47,7 @@ __all__ = [
     'quiet_init_weights', 'exit_if_legacy_backbone', 'exit_if_not_resumable',
     'lock_work_dir', 'CODEBASES', 'codebase_of', 'import_codebase',
     'setup_cpu_distributed', 'enable_amp', 'name_run', 'compile_refusal',
-    'COMPILE_MIN_TORCH', 'prepare_cfg', 'revert_sync_bn'
+    'COMPILE_MIN_TORCH', 'prepare_cfg'
 ]
 
 #: default_scope -> python package of the codebase
@@ -111,11 +111,11 @@ def exit_if_not_resumable(cfg) -> None:
 
 def lock_work_dir(cfg, launcher: str = 'none'):
     """Take the work dir's lock on rank 0
-    (:class:`mmsoft.utils.work_dir_lock.WorkDirLock`); another live run
+    (:class:`mmsoft_tools.work_dir_lock.WorkDirLock`); another live run
     there stops this one with one line (exit 1). Returns the lock (None on
     the other ranks)."""
-    from mmsoft.tools_support.data_check import launcher_rank
-    from mmsoft.utils.work_dir_lock import WorkDirLock, WorkDirLockedError
+    from mmsoft_tools.data_check import launcher_rank
+    from mmsoft_tools.work_dir_lock import WorkDirLock, WorkDirLockedError
     if launcher_rank(launcher) != 0:
         return None
     try:
@@ -161,10 +161,12 @@ def import_codebase(cfg) -> str:
     return scope
 
 
-def revert_sync_bn(node) -> int:
+def _sync_bn_to_bn(node) -> int:
     """Turn every ``SyncBN`` / ``MMSyncBN`` of a config node into ``BN``,
-    in place (CPU runs and exports have no process group); returns how
-    many were changed."""
+    in place; returns how many were changed. A config, not a model:
+    the Runner builds the model and wraps it in DDP in one go, and DDP
+    refuses SyncBatchNorm on CPU, so mmengine's ``revert_sync_batchnorm``
+    (for built models: the export) would come too late."""
     count = 0
     if isinstance(node, dict):
         for key, val in node.items():
@@ -172,10 +174,10 @@ def revert_sync_bn(node) -> int:
                 node[key] = 'BN'
                 count += 1
             else:
-                count += revert_sync_bn(val)
+                count += _sync_bn_to_bn(val)
     elif isinstance(node, (list, tuple)):
         for val in node:
-            count += revert_sync_bn(val)
+            count += _sync_bn_to_bn(val)
     return count
 
 
@@ -229,7 +231,7 @@ def setup_cpu_distributed(cfg, launcher: str) -> bool:
         wrapper['device_ids'] = None  # CPU module: DDP needs device_ids=None
     cfg.model_wrapper_cfg = wrapper
 
-    n_sync = revert_sync_bn(cfg.get('model', None))
+    n_sync = _sync_bn_to_bn(cfg.get('model', None))
     if cfg.get('sync_bn', None) is not None:
         cfg.sync_bn = None
         n_sync += 1

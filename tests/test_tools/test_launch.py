@@ -16,7 +16,7 @@ import sys
 sys.path.insert(0, {root!r})
 import torch
 import torch.distributed as dist
-from mmsoft.tools_support import launch
+from mmsoft_tools import launch
 dist.init_process_group('gloo')
 dist_rank = dist.get_rank()
 model = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(4, 2))
@@ -60,7 +60,7 @@ def test_teardown_repeated(tmp_path):
 def test_shutdown_dist_without_group_is_a_no_op(monkeypatch):
     import torch.distributed as dist
 
-    from mmsoft.tools_support import launch
+    from mmsoft_tools import launch
     assert not dist.is_initialized()
     for name in ('barrier', 'destroy_process_group'):  # nothing to tear down
         monkeypatch.setattr(
@@ -73,7 +73,7 @@ def test_shutdown_dist_destroys_a_group(monkeypatch):
     """One process, a gloo group: barrier, then the group is gone."""
     import torch.distributed as dist
 
-    from mmsoft.tools_support import launch
+    from mmsoft_tools import launch
     calls, barrier = [], dist.barrier
     monkeypatch.setattr(dist, 'barrier',
                         lambda *a, **k: calls.append(barrier(*a, **k)))
