@@ -56,6 +56,16 @@ def test_unknown_config_names_the_closest():
     assert '\n' not in msg
 
 
+def test_removed_path_helper_warns_for_one_release():
+    """``package_root`` (named by the inference guide of 0.3.0) still
+    works, with a DeprecationWarning; the tools' helpers are gone."""
+    with pytest.warns(DeprecationWarning, match='mmsoft.__file__'):
+        root = paths.package_root()
+    assert root == osp.dirname(mmsoft.__file__)
+    for gone in ('tools_root', 'checkout_root', 'import_root'):
+        assert not hasattr(paths, gone), gone
+
+
 def _load_paths_at(pkg_dir):
     """mmsoft/utils/paths.py loaded from a copy at ``pkg_dir``."""
     os.makedirs(osp.join(pkg_dir, 'utils'), exist_ok=True)

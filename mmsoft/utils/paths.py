@@ -8,6 +8,7 @@ link to the checkout for editable installs), which is where ``mim`` looks.
 import difflib
 import os
 import os.path as osp
+import warnings
 from typing import List
 
 __all__ = ['configs_root', 'get_config_path', 'list_configs']
@@ -78,3 +79,15 @@ def get_config_path(name: str) -> str:
     hint = (f'; did you mean {", ".join(close)}?'
             if close else '; list them with: python -m mmsoft.configs list')
     raise FileNotFoundError(f'mmsoft has no config {name!r} in {root}{hint}')
+
+
+def __getattr__(name):
+    # removed after 0.3.0 (issue 34); the user guide named it: one release
+    if name == 'package_root':
+        warnings.warn(
+            'mmsoft.utils.paths.package_root is deprecated and will be '
+            'removed; use os.path.dirname(mmsoft.__file__)',
+            DeprecationWarning,
+            stacklevel=2)
+        return lambda: _PKG_DIR
+    raise AttributeError(f'module {__name__!r} has no attribute {name!r}')

@@ -7,13 +7,14 @@ import sys
 
 import pytest
 import torch
-from conftest import ROOT, cls_demo_config, free_port, random_model, run
+from conftest import (ROOT, TOOLS, cls_demo_config, free_port, random_model,
+                      run)
 
 # the end of a distributed test: DDP-wrapped model, results gathered, the
 # metrics broadcast from rank 0, then mmsoft's teardown
 SCRIPT = '''
 import sys
-sys.path.insert(0, {root!r})
+sys.path[:0] = [{root!r}, {tools!r}]
 import torch
 import torch.distributed as dist
 from mmsoft_tools import launch
@@ -51,7 +52,7 @@ def assert_clean(proc):
 
 def test_teardown_repeated(tmp_path):
     script = tmp_path / 'end_of_test.py'
-    script.write_text(SCRIPT.format(root=ROOT))
+    script.write_text(SCRIPT.format(root=ROOT, tools=TOOLS))
     for _ in range(3):
         out = assert_clean(torchrun([str(script)]))
         assert out.count('done') == 2

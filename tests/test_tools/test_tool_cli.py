@@ -5,7 +5,8 @@ script: ``__main__``, its folder first on ``sys.path``) from a copy of
 ``tools/`` outside the checkout, as an install ships them in
 ``mmsoft/.mim/tools`` (what ``mim run`` starts): the scripts find mmsoft as
 an installed package (here: the checkout on ``PYTHONPATH``), never through
-the folders around them.
+the folders around them; their own package, ``tools/mmsoft_tools``, beside
+them.
 
 Real invocations: :data:`INVOCATIONS` names the test that runs each tool
 with its documented options on a tiny case (most live beside the code
@@ -17,6 +18,7 @@ import glob
 import json
 import os
 import os.path as osp
+import re
 import shutil
 import subprocess
 import sys
@@ -128,12 +130,28 @@ def test_every_tool_has_an_invocation_test():
         assert stem in text, f'{node} does not run {script}'
 
 
-def test_no_tool_edits_sys_path():
+#: the one ``sys.path`` edit a tool may make: a script in a sub-folder of
+#: tools/ puts tools/ first, for the tools' own package (mmsoft_tools)
+BOOTSTRAP = (
+    'if osp.dirname(osp.dirname(osp.abspath(__file__))) not in sys.path:'
+    '  # tools/\n'
+    '    sys.path.insert(0, osp.dirname(osp.dirname(osp.abspath(__file__))))'
+    '\n')
+
+
+def test_tools_edit_sys_path_only_for_their_package():
+    """No tool puts the checkout (or anything but tools/) on sys.path;
+    every script in a sub-folder that uses mmsoft_tools puts tools/ there
+    (a script in tools/ itself has it as its folder)."""
     everything = glob.glob(osp.join(TOOLS, '**', '*.py'), recursive=True)
     for script in [osp.relpath(p, TOOLS) for p in everything]:
         with open(osp.join(TOOLS, script)) as f:
             code = f.read()
-        assert 'sys.path.insert' not in code and 'sys.path[' not in code, \
+        uses = re.search(r'^ *(from|import) mmsoft_tools', code, re.M)
+        if uses and osp.dirname(script) not in ('', 'mmsoft_tools'):
+            assert code.count(BOOTSTRAP) == 1, script
+        rest = code.replace(BOOTSTRAP, '')
+        assert 'sys.path.insert' not in rest and 'sys.path[' not in rest, \
             script
 
 
