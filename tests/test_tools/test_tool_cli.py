@@ -78,7 +78,7 @@ INVOCATIONS = {
     'test_compat_matrix.py::test_table_writer',
 }
 #: helpers of the scripts, not tools (files, or folders ending in /)
-HELPERS = ('compat/stacks.py', )
+HELPERS = ('compat/stacks.py', 'mmsoft_tools/')
 
 # run each path given as if `python PATH --help`; print {path: [rc, text]}
 HELP_CHILD = '''

@@ -3,10 +3,9 @@
 It lives in ``tools/`` and ships with them (``mmsoft/.mim/tools``, where
 ``mim train mmsoft ...`` runs them); the ``mmsoft`` package does not know
 it. A script in ``tools/`` finds it next to itself (Python puts the
-script's folder on ``sys.path``); a script in a sub-folder puts ``tools/``
-there first with one line::
-
-    sys.path.insert(0, osp.dirname(osp.dirname(osp.abspath(__file__))))
+script's folder on the module search path); a script in a sub-folder puts
+``tools/`` first there with the same two lines as the others (the only path
+edit of the tools: tests/test_tools/test_tool_cli.py).
 
 * :mod:`.launch` - one ``tools/train.py`` / ``tools/test.py`` for
   mmpretrain, mmdet and mmseg configs: the codebase from
