@@ -54,32 +54,33 @@ __all__ = [
 CODEBASES = {'mmpretrain': 'mmpretrain', 'mmdet': 'mmdet', 'mmseg': 'mmseg'}
 
 
+def _dicts(node):
+    """Every dict in a config node (``cfg.model``, ...), depth first."""
+    if isinstance(node, dict):
+        yield node
+        node = list(node.values())
+    if isinstance(node, (list, tuple)):
+        for val in node:
+            yield from _dicts(val)
+
+
 def exit_if_legacy_backbone(cfg) -> None:
     """Stop with one line (exit 1) before the Runner is built when a SOFT
     backbone of ``cfg.model`` sets the attention options of mmsoft 0.1 on
     the backbone (``attn_norm=...``: now ``attn_cfg=dict(...)``), instead
     of mmengine's environment and config dump and a traceback."""
     from mmsoft.models.backbones.soft import SOFT
-
-    def visit(node):
-        if isinstance(node, dict):
-            if node.get('type') in ('SOFT', 'mmsoft.SOFT', SOFT):
-                legacy = {
-                    k: v
-                    for k, v in node.items() if k in SOFT.LEGACY_ATTN_ARGS
-                }
-                try:
-                    SOFT.check_legacy_options(legacy)
-                except TypeError as e:
-                    sys.exit(f'error: {e} (model.backbone in the config or '
-                             f'its --cfg-options)')
-            for v in node.values():
-                visit(v)
-        elif isinstance(node, (list, tuple)):
-            for v in node:
-                visit(v)
-
-    visit(cfg.get('model'))
+    for node in _dicts(cfg.get('model')):
+        if node.get('type') in ('SOFT', 'mmsoft.SOFT', SOFT):
+            legacy = {
+                k: v
+                for k, v in node.items() if k in SOFT.LEGACY_ATTN_ARGS
+            }
+            try:
+                SOFT.check_legacy_options(legacy)
+            except TypeError as e:
+                sys.exit(f'error: {e} (model.backbone in the config or '
+                         f'its --cfg-options)')
 
 
 def exit_if_not_resumable(cfg) -> None:
@@ -168,16 +169,10 @@ def _sync_bn_to_bn(node) -> int:
     refuses SyncBatchNorm on CPU, so mmengine's ``revert_sync_batchnorm``
     (for built models: the export) would come too late."""
     count = 0
-    if isinstance(node, dict):
-        for key, val in node.items():
-            if key == 'type' and val in ('SyncBN', 'MMSyncBN'):
-                node[key] = 'BN'
-                count += 1
-            else:
-                count += _sync_bn_to_bn(val)
-    elif isinstance(node, (list, tuple)):
-        for val in node:
-            count += _sync_bn_to_bn(val)
+    for sub in _dicts(node):
+        if sub.get('type') in ('SyncBN', 'MMSyncBN'):
+            sub['type'] = 'BN'
+            count += 1
     return count
 
 
@@ -255,17 +250,7 @@ _NO_BF16_CPU_OPS = {'RoIAlign'}
 
 
 def _types_in(node) -> set:
-    found = set()
-    if isinstance(node, dict):
-        for key, val in node.items():
-            if key == 'type' and isinstance(val, str):
-                found.add(val)
-            else:
-                found |= _types_in(val)
-    elif isinstance(node, (list, tuple)):
-        for val in node:
-            found |= _types_in(val)
-    return found
+    return {d['type'] for d in _dicts(node) if isinstance(d.get('type'), str)}
 
 
 def enable_amp(cfg) -> str:
