@@ -7,8 +7,7 @@ import sys
 
 import pytest
 import torch
-from conftest import (ROOT, TOOLS, cls_demo_config, free_port, random_model,
-                      run)
+from conftest import ROOT, TOOLS, cls_demo_config, free_port, random_model, run
 
 # the end of a distributed test: DDP-wrapped model, results gathered, the
 # metrics broadcast from rank 0, then mmsoft's teardown
