@@ -2,9 +2,10 @@
 
 ``pip install .`` / a wheel ship the configs, the tools and the model index
 inside the package, as mmdet / mmseg / mmpretrain do: ``mmsoft/.mim/`` holds
-copies of ``configs/``, ``tools/``, ``demo/`` (``image_demo.py``, the
-inference quick-start) and ``model-index.yml`` (for ``mim`` and
-:mod:`mmsoft.utils.paths`); an editable install (``pip install -e .``) links
+copies of ``configs/`` (found by :mod:`mmsoft.utils.paths`), ``tools/``
+(with the tools' own package, ``tools/mmsoft_tools``), ``demo/``
+(``image_demo.py``, the inference quick-start) and ``model-index.yml`` (for
+``mim``); an editable install (``pip install -e .``) links
 them instead (``mmsoft/.mim/* -> ../../configs`` ...), so that edits show at
 once. The core installs torch, mmengine and mmcv; the codebases are extras:
 ``mmsoft[det]``, ``mmsoft[seg]``, ``mmsoft[cls]``, ``mmsoft[all]``.
@@ -122,7 +123,10 @@ setup(
     long_description_content_type='text/markdown',
     keywords='computer vision, vision transformer, linear attention, '
     'OpenMMLab',
-    packages=find_packages(exclude=('configs', 'tools', 'tests', 'tests.*')),
+    # tools/ (and its mmsoft_tools) ships as data in mmsoft/.mim, not as a
+    # top-level package
+    packages=find_packages(
+        exclude=('configs', 'tools', 'tools.*', 'tests', 'tests.*')),
     python_requires='>=3.8',
     install_requires=read_requirements('runtime.txt'),
     extras_require=extras,

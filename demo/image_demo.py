@@ -48,6 +48,9 @@ import sys
 import tempfile
 
 ROOT = osp.dirname(osp.dirname(osp.abspath(__file__)))
+# the tools' package (mmsoft_tools): tools/ beside demo/ (also installed)
+if osp.join(ROOT, 'tools') not in sys.path:
+    sys.path.insert(0, osp.join(ROOT, 'tools'))
 # a checkout's mmsoft first; an installed copy (mmsoft/.mim/demo) imports
 # the installed mmsoft
 if (osp.isfile(osp.join(ROOT, 'mmsoft', '__init__.py'))
@@ -145,8 +148,8 @@ def list_images(path):
 
 def image_problem(img):
     """Why ``img`` cannot be used (empty, truncated, not decodable), or
-    None (:func:`mmsoft.tools_support.data_check.image_damage`)."""
-    from mmsoft.tools_support.data_check import image_damage
+    None (:func:`mmsoft_tools.data_check.image_damage`)."""
+    from mmsoft_tools.data_check import image_damage
     return image_damage(img, decode=True)
 
 
@@ -207,7 +210,7 @@ class Predictor:
     """The codebase's inferencer for one config + checkpoint."""
 
     def __init__(self, cfg, checkpoint, device, score_thr, partial_load=False):
-        from mmsoft.tools_support.launch import codebase_of
+        from mmsoft_tools.launch import codebase_of
         self.scope = codebase_of(cfg)
         self.task = TASKS[self.scope]
         self.score_thr = score_thr

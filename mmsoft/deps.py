@@ -2,7 +2,7 @@
 
 :func:`check_versions` warns (never raises) for each installed package
 outside its tested range; mmsoft's tools call it
-(:func:`mmsoft.tools_support.launch.import_codebase`), ``import mmsoft``
+(:func:`the tools`), ``import mmsoft``
 does not. It reads versions with :mod:`importlib.metadata` only. The ranges
 equal the ``requirements/*.txt`` specifiers and span the support matrix
 (tools/compat/stacks.py; upper bound: the next minor release).

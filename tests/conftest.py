@@ -29,6 +29,7 @@ pytest_plugins = ['shuffle_order']
 ROOT = osp.dirname(osp.dirname(osp.abspath(__file__)))
 CONFIGS = osp.join(ROOT, 'configs')
 TOOLS = osp.join(ROOT, 'tools')
+sys.path.append(TOOLS)  # the tools' own package, mmsoft_tools
 
 
 # ------------------------------------------------------ child processes
@@ -80,8 +81,9 @@ def work_dir_holder(work, seconds=120):
     run in ``work``. Yields its ``Popen``."""
     holder = subprocess.Popen([
         sys.executable, '-c',
-        'import time; from mmsoft.utils.work_dir_lock import WorkDirLock; '
-        f'WorkDirLock({work!r}).acquire(); print("held", flush=True); '
+        f'import sys, time; sys.path.insert(0, {TOOLS!r}); '
+        'from mmsoft_tools.work_dir_lock import WorkDirLock; '
+        f'lock = WorkDirLock({work!r}).acquire(); print("held", flush=True); '
         f'time.sleep({seconds})'
     ],
                               cwd=ROOT,
@@ -161,7 +163,7 @@ def random_model(cfg):
     from mmengine.config import Config
     from mmengine.registry import DefaultScope
 
-    from mmsoft.tools_support import launch
+    from mmsoft_tools import launch
     if not isinstance(cfg, Config):
         cfg = Config.fromfile(str(cfg))
     scope = launch.import_codebase(cfg)
@@ -174,11 +176,11 @@ def random_model(cfg):
 
 def demo_support():
     """``(synthetic, tasks)``: the demo's data generator and tasks
-    (:mod:`mmsoft.tools_support`); skips the test (or module) where mmdet,
+    (:mod:`mmsoft_tools`); skips the test (or module) where mmdet,
     mmseg or mmpretrain is missing."""
     for codebase in ('mmdet', 'mmseg', 'mmpretrain'):
         pytest.importorskip(codebase)
-    from mmsoft.tools_support import demo_synthetic, demo_tasks
+    from mmsoft_tools import demo_synthetic, demo_tasks
     return demo_synthetic, demo_tasks
 
 
@@ -196,7 +198,7 @@ def cls_demo_config(tmp, **batch_size):
     training and 4 validation images under ``tmp/data``), written to
     ``tmp/cls.py``; ``batch_size``: per dataloader (``val=4``). Returns
     the config's path."""
-    from mmsoft.tools_support import demo_synthetic
+    from mmsoft_tools import demo_synthetic
     demo_synthetic.make_demo_data(
         str(tmp / 'data'),
         tasks=('cls', ),

@@ -119,7 +119,7 @@ def _soft_init_weights(path):
 
 
 def _onnx_export_loader(path):
-    from mmsoft.tools_support.deploy import load_weights
+    from mmsoft_tools.deploy import load_weights
     load_weights(nn.Linear(2, 1), path)
 
 

@@ -377,7 +377,7 @@ def test_quiet_stack_imports_drops_only_the_named_warning(
     its other warnings still show."""
     import warnings
 
-    from mmsoft import _quiet
+    from mmsoft_tools import quiet as _quiet
     (tmp_path / 'noisy_mod.py').write_text(
         'import warnings\n'
         'with warnings.catch_warnings():\n'

@@ -9,6 +9,8 @@ import os
 import os.path as osp
 import re
 import shutil
+import subprocess
+import sys
 import warnings
 
 import pytest
@@ -29,9 +31,7 @@ def _child_env(**extra):
 
 # ---------------------------------------------------------------- paths
 def test_paths_in_checkout():
-    assert paths.checkout_root() == ROOT
     assert osp.samefile(paths.configs_root(), osp.join(ROOT, 'configs'))
-    assert osp.samefile(paths.tools_root(), osp.join(ROOT, 'tools'))
     want = osp.join(ROOT, 'configs', 'retinanet_soft_small_1x.py')
     for name in ('retinanet_soft_small_1x', 'retinanet_soft_small_1x.py',
                  'configs/retinanet_soft_small_1x.py'):
@@ -56,6 +56,16 @@ def test_unknown_config_names_the_closest():
     assert '\n' not in msg
 
 
+def test_removed_path_helper_warns_for_one_release():
+    """``package_root`` (named by the inference guide of 0.3.0) still
+    works, with a DeprecationWarning; the tools' helpers are gone."""
+    with pytest.warns(DeprecationWarning, match='mmsoft.__file__'):
+        root = paths.package_root()
+    assert root == osp.dirname(mmsoft.__file__)
+    for gone in ('tools_root', 'checkout_root', 'import_root'):
+        assert not hasattr(paths, gone), gone
+
+
 def _load_paths_at(pkg_dir):
     """mmsoft/utils/paths.py loaded from a copy at ``pkg_dir``."""
     os.makedirs(osp.join(pkg_dir, 'utils'), exist_ok=True)
@@ -70,55 +80,106 @@ def test_paths_in_site_packages_layout(tmp_path):
     pkg = site / 'mmsoft'
     # another distribution's top-level folders must not be taken for ours
     (site / 'configs').mkdir(parents=True)
-    (site / 'tools').mkdir()
     (site / 'configs' / 'retinanet_soft_small_1x.py').write_text('x = 0\n')
     mod = _load_paths_at(str(pkg))
     with pytest.raises(FileNotFoundError, match='reinstall mmsoft'):
         mod.configs_root()
     (pkg / '.mim' / 'configs' / 'demo').mkdir(parents=True)
-    (pkg / '.mim' / 'tools').mkdir()
     cfg = pkg / '.mim' / 'configs' / 'retinanet_soft_small_1x.py'
     cfg.write_text('y = 1\n')
     (pkg / '.mim' / 'configs' / 'demo' / 'd.py').write_text('z = 2\n')
-    assert mod.checkout_root() is None
     assert mod.configs_root() == str(pkg / '.mim' / 'configs')
-    assert mod.tools_root() == str(pkg / '.mim' / 'tools')
     assert mod.get_config_path('retinanet_soft_small_1x') == str(cfg)
     assert mod.list_configs() == ['demo/d.py', 'retinanet_soft_small_1x.py']
-    assert mod.import_root() == str(site)
 
 
-def test_demo_config_path_uses_shipped_configs():
-    from mmsoft.tools_support import demo_tasks
-    T = demo_tasks
-    assert T.REPO_ROOT == ROOT
+def test_tools_package_paths(tmp_path):
+    """The tools' package finds the checkout beside ``tools/`` (None in an
+    installed ``mmsoft/.mim/tools``) and the mmsoft it imports."""
+    import mmsoft_tools
+    from mmsoft_tools import demo_tasks
+    assert mmsoft_tools.TOOLS_DIR == osp.join(ROOT, 'tools')
+    assert mmsoft_tools.checkout_root() == ROOT
+    assert mmsoft_tools.import_root() == osp.dirname(
+        osp.dirname(mmsoft.__file__))
     assert osp.samefile(
-        T.config_path('det'),
+        demo_tasks.config_path('det'),
         osp.join(ROOT, 'configs', 'demo', 'retinanet_soft_demo.py'))
-    assert T.config_path(
+    assert demo_tasks.config_path(
         'det', root='/x') == osp.join('/x', 'configs', 'demo',
                                       'retinanet_soft_demo.py')
+    # a copy at <site>/mmsoft/.mim/tools: no checkout
+    mim = tmp_path / 'mmsoft' / '.mim' / 'tools' / 'mmsoft_tools'
+    mim.mkdir(parents=True)
+    for name in ('__init__.py', 'quiet.py'):
+        shutil.copyfile(
+            osp.join(ROOT, 'tools', 'mmsoft_tools', name), mim / name)
+    code = ('import sys; sys.path.insert(0, sys.argv[1]); '
+            'import mmsoft_tools as t; print(t.TOOLS_DIR, t.checkout_root())')
+    proc = subprocess.run([sys.executable, '-c', code,
+                           str(mim.parent)],
+                          capture_output=True,
+                          text=True,
+                          timeout=120,
+                          env=_child_env())
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert proc.stdout.split() == [str(mim.parent), 'None']
 
 
-def test_package_loads_no_files_from_tools():
-    """The demo data generator and tasks are modules of the package
-    (mmsoft.tools_support.demo_*), imported as such by the tools and the
-    tests; nothing in mmsoft loads a Python file by path (tools/ is no
-    import root)."""
-    from mmsoft.tools_support import demo_synthetic, demo_tasks
-    assert demo_tasks.synthetic is demo_synthetic
-    assert osp.samefile(
-        demo_synthetic.__file__,
-        osp.join(ROOT, 'mmsoft', 'tools_support', 'demo_synthetic.py'))
-    assert not osp.exists(osp.join(ROOT, 'tools', 'demo_support'))
-    assert not osp.exists(osp.join(ROOT, 'tools', 'analysis', 'utils.py'))
-    loaders = ('spec_from_file_location', 'run_path(', 'SourceFileLoader')
+#: what would make mmsoft/ depend on tools/: importing the tools' package
+#: (or its old name), a path to tools/, loading a Python file by path
+_TOOL_IMPORTS = ('mmsoft_tools', 'tools_support', 'tools')
+_LOADERS = ('spec_from_file_location', 'run_path', 'SourceFileLoader')
+
+
+def tool_references(source):
+    """What in a module's ``source`` knows ``tools/``: imports of the tools'
+    package, string constants that are a path into ``tools`` (docstrings
+    and messages that name a tool command are fine) and loaders of files
+    by path."""
+    import ast
+    found = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, (ast.Import, ast.ImportFrom)):
+            names = [a.name for a in node.names]
+            if isinstance(node, ast.ImportFrom) and node.module:
+                names = [node.module]
+            found += [
+                n for n in names
+                if n.split('.')[0] in _TOOL_IMPORTS or '.tools_support' in n
+            ]
+        elif isinstance(node, ast.Constant) and isinstance(node.value, str):
+            if node.value.strip('/\\') in ('tools', 'mmsoft_tools'):
+                found.append(repr(node.value))
+        elif isinstance(node, (ast.Attribute, ast.Name)):
+            name = getattr(node, 'attr', getattr(node, 'id', None))
+            if name in _LOADERS:
+                found.append(name)
+    return found
+
+
+def test_package_does_not_know_tools():
+    """Only the model and what configs register live in mmsoft/: the
+    tools' code is ``tools/mmsoft_tools`` (shipped in ``mmsoft/.mim``),
+    imported by the tools only; nothing in mmsoft/ imports it, joins a path
+    to tools/ or loads a Python file by path."""
+    for bad in ('from mmsoft_tools import launch\n',
+                'import mmsoft.tools_support.cli\n',
+                'p = osp.join(ROOT, "tools", "train.py")\n',
+                'spec = importlib.util.spec_from_file_location(n, p)\n'):
+        assert tool_references(bad), bad
+    assert tool_references('"""Run tools/train.py --resume."""\n') == []
+    assert not osp.exists(osp.join(ROOT, 'mmsoft', 'tools_support'))
     for d, _, files in os.walk(osp.join(ROOT, 'mmsoft')):
         for f in files:
             if f.endswith('.py') and '.mim' not in d:
                 with open(osp.join(d, f)) as fh:
-                    text = fh.read()
-                assert not [x for x in loaders if x in text], (d, f)
+                    assert tool_references(fh.read()) == [], (d, f)
+    from mmsoft_tools import demo_synthetic, demo_tasks
+    assert demo_tasks.synthetic is demo_synthetic
+    assert osp.samefile(
+        demo_synthetic.__file__,
+        osp.join(ROOT, 'tools', 'mmsoft_tools', 'demo_synthetic.py'))
     tool = load_module(
         osp.join(ROOT, 'tools', 'misc', 'make_demo_data.py'), '_mkdemo')
     assert tool.demo_synthetic is demo_synthetic
@@ -149,7 +210,8 @@ def test_core_requirements_are_light():
                      ln.split('#')[0].strip())[0]
             for ln in f if ln.split('#')[0].strip()
         }
-    assert names == {'torch', 'mmengine', 'mmcv'}
+    # filelock: the tools' work-dir lock (torch depends on it anyway)
+    assert names == {'torch', 'mmengine', 'mmcv', 'filelock'}
 
 
 def test_check_versions_warns_outside_range_only():

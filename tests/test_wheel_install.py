@@ -182,17 +182,21 @@ def test_wheel_contents(env):
               'tools/train.py', 'tools/test.py', 'tools/dist_train.sh',
               'tools/misc/make_demo_data.py', 'demo/image_demo.py'):
         assert f'mmsoft/.mim/{f}' in names, f
-    # the modules the tools import (the demo data and tasks, the analysis
-    # scripts' shared code) are part of the package
-    for mod in ('demo_synthetic', 'demo_tasks', 'analysis'):
-        assert f'mmsoft/tools_support/{mod}.py' in names, mod
-    assert not [n for n in names if 'demo_support' in n]
+    # the tools' own package (the demo data and tasks, launch, the
+    # analysis scripts' shared code) ships with the tools, not in mmsoft
+    for mod in ('__init__', 'demo_synthetic', 'demo_tasks', 'analysis',
+                'launch', 'work_dir_lock'):
+        assert f'mmsoft/.mim/tools/mmsoft_tools/{mod}.py' in names, mod
+    assert not [
+        n
+        for n in names if 'tools_support' in n or n.startswith('mmsoft_tools')
+    ]
     # checkout-only tools stay out
     assert 'mmsoft/.mim/tools/setup_env.sh' not in names
     assert not [n for n in names if n.endswith('.png')]
     core = sorted(
         r.split('<')[0].split('>')[0] for r in requires if 'extra ==' not in r)
-    assert core == ['mmcv', 'mmengine', 'torch']
+    assert core == ['filelock', 'mmcv', 'mmengine', 'torch']
     extras = {
         r.split('extra == ')[1].strip('"\'')
         for r in requires if 'extra ==' in r
@@ -204,7 +208,6 @@ def test_installed_mmsoft_is_the_wheel(env):
     code = ('import json, os, mmsoft\n'
             'from mmsoft.utils import paths\n'
             'print(json.dumps(dict(file=mmsoft.__file__,\n'
-            '    checkout=paths.checkout_root(),\n'
             '    configs=paths.configs_root(),\n'
             '    link=os.path.islink(paths.configs_root()),\n'
             '    cfg=mmsoft.get_config_path("retinanet_soft_small_1x"))))\n')
@@ -213,7 +216,6 @@ def test_installed_mmsoft_is_the_wheel(env):
              env=env['env']).stdout.strip().splitlines()[-1])
     pkg = osp.join(env['site'], 'mmsoft')
     assert out['file'] == osp.join(pkg, '__init__.py')
-    assert out['checkout'] is None
     assert out['configs'] == osp.join(pkg, '.mim', 'configs')
     assert out['link'] is False  # a copy, not a link into a checkout
     assert out['cfg'] == osp.join(pkg, '.mim', 'configs',

@@ -222,11 +222,11 @@ def main(argv=None):
     threads = pick_threads(args.threads)
     torch.set_num_threads(threads)
     import mmsoft  # noqa: F401  (registers SOFT everywhere)
-    from mmsoft.tools_support import demo_synthetic, demo_tasks
+    from mmsoft_tools import demo_synthetic, demo_tasks
     make_demo_data = demo_synthetic.make_demo_data
     T = demo_tasks
-    from mmsoft.tools_support.launch import enable_amp
     from mmsoft.utils.atomic import atomic_write
+    from mmsoft_tools.launch import enable_amp
     log(f'torch {torch.__version__}, {threads} thread(s); environment OK '
         f'({time.perf_counter() - t_start:.0f} s)')
 

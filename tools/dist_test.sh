@@ -4,7 +4,7 @@
 #   tools/dist_test.sh CONFIG CHECKPOINT GPUS [test.py args]
 #
 # Without CUDA each process runs on CPU with the gloo backend (see
-# mmsoft/tools_support/launch.py). PYTHON selects the interpreter (default: the project
+# tools/mmsoft_tools/launch.py). PYTHON selects the interpreter (default: the project
 # venv .venv when no environment is active, else python; see
 # tools/python.sh). The data the config needs is checked once before the
 # workers start.

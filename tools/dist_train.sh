@@ -6,7 +6,7 @@
 #
 # GPUS processes are started on this node (NNODES/NODE_RANK/MASTER_ADDR/PORT
 # for several nodes). Without CUDA each process runs on CPU with the gloo
-# backend (see mmsoft/tools_support/launch.py), e.g. `tools/dist_train.sh CONFIG 2`.
+# backend (see tools/mmsoft_tools/launch.py), e.g. `tools/dist_train.sh CONFIG 2`.
 # PYTHON selects the interpreter (default: the project venv .venv when no
 # environment is active, else python; see tools/python.sh). The data the
 # config needs is checked once before the workers start.

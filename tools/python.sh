@@ -36,10 +36,10 @@ fi
 # mmsoft_check_data MODE CONFIG [tool args]: before any worker starts, check
 # once that $PYTHON can run the tools and that the data the config needs
 # (MODE train: train + val, test: test) is on disk; else print one short
-# message and return 1 (mmsoft/tools_support/data_check.py).
+# message and return 1 (tools/mmsoft_tools/data_check.py).
 # MMSOFT_SKIP_DATA_CHECK=1 skips the data check.
 mmsoft_check_data() {
-    PYTHONPATH="$ROOT${PYTHONPATH:+:$PYTHONPATH}" "$PYTHON" - "$@" <<'PY'
+    PYTHONPATH="$ROOT:$ROOT/tools${PYTHONPATH:+:$PYTHONPATH}" "$PYTHON" - "$@" <<'PY'
 import os
 import sys
 import warnings
@@ -54,7 +54,7 @@ except ImportError as e:
              'PYTHON=/path/to/python')
 if os.environ.get('MMSOFT_SKIP_DATA_CHECK', '0') not in ('', '0'):
     sys.exit(0)
-from mmsoft.tools_support.data_check import main
+from mmsoft_tools.data_check import main
 sys.exit(main(sys.argv[1:]))
 PY
 }

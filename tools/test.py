@@ -25,30 +25,17 @@ import warnings
 # times before the tool's own output (e.g. the data check's message)
 warnings.filterwarnings('ignore', message='pkg_resources is deprecated')
 
-# first, before mmengine imports it: torch 2.4's deprecation warning on
-# torch.distributed.optim, shown under simplefilter('always') so that no
-# filter hides it (mmsoft/_quiet.py; loaded by path, as importing the
-# mmsoft package imports mmengine)
-from importlib import util as _util  # noqa: E402  # isort: skip
-
-_quiet = _util.module_from_spec(
-    _util.spec_from_file_location(
-        'mmsoft_quiet',
-        _util.find_spec('mmsoft').submodule_search_locations[0] +
-        '/_quiet.py'))  # noqa: E402
-_quiet.__spec__.loader.exec_module(_quiet)
-_quiet.quiet_stack_imports()
-
-import mmsoft  # noqa: E402,F401  # isort: skip
+# first: the tools' package quiets the stacks' import noise (its .quiet)
+import mmsoft_tools  # noqa: E402,F401  # isort: skip
 from mmengine.config import Config, ConfigDict  # noqa: E402
 from mmengine.registry import RUNNERS  # noqa: E402
 from mmengine.runner import Runner  # noqa: E402
 
 from mmsoft.engine import use_safe_checkpoint_hook  # noqa: E402
-from mmsoft.tools_support import cli, data_check, launch  # noqa: E402
 from mmsoft.utils.checkpoint_io import CheckpointError  # noqa: E402
 from mmsoft.utils.checkpoint_io import CheckpointRefused  # noqa: E402
 from mmsoft.utils.strict_load import CheckpointMismatchError  # noqa: E402
+from mmsoft_tools import cli, data_check, launch  # noqa: E402
 
 
 def parse_args(argv=None):

@@ -12,21 +12,21 @@ The codebase is picked from the config's ``default_scope``::
 The detection / segmentation configs name the authors' ImageNet file of
 their backbone (``checkpoints/soft_norm_<size>.pth``); when it is missing
 the tool stops with one line before anything is built
-(:func:`mmsoft.tools_support.cli.exit_if_missing_weights`).
+(:func:`mmsoft_tools.cli.exit_if_missing_weights`).
 
 ``--resume`` without a path resumes from the newest complete checkpoint of
 the work dir (damaged newer ones are skipped with a warning), ``--resume
 PATH`` from PATH; a config's plain ``CheckpointHook`` becomes mmsoft's
 ``SafeCheckpointHook`` (atomic writes, safe reads, RNG states). Without
 CUDA, ``--launcher pytorch`` (``tools/dist_train.sh``) runs one CPU process
-per "GPU" with the gloo backend (see :mod:`mmsoft.tools_support.launch`),
+per "GPU" with the gloo backend (see :mod:`mmsoft_tools.launch`),
 and ``--amp`` trains under bfloat16 autocast.
 
 ``load_from`` is loaded strictly (another architecture is an error naming
 the keys; ``--partial-load`` loads the matching tensors and prints what was
 skipped), ``--resume PATH`` must be a training checkpoint (checked before
 anything is built), and one run at a time holds the work dir
-(:mod:`mmsoft.utils.work_dir_lock`).
+(:mod:`mmsoft_tools.work_dir_lock`).
 """
 import sys
 import warnings
@@ -36,32 +36,19 @@ import warnings
 # times before the tool's own output (e.g. the data check's message)
 warnings.filterwarnings('ignore', message='pkg_resources is deprecated')
 
-# first, before mmengine imports it: torch 2.4's deprecation warning on
-# torch.distributed.optim, shown under simplefilter('always') so that no
-# filter hides it (mmsoft/_quiet.py; loaded by path, as importing the
-# mmsoft package imports mmengine)
-from importlib import util as _util  # noqa: E402  # isort: skip
-
-_quiet = _util.module_from_spec(
-    _util.spec_from_file_location(
-        'mmsoft_quiet',
-        _util.find_spec('mmsoft').submodule_search_locations[0] +
-        '/_quiet.py'))  # noqa: E402
-_quiet.__spec__.loader.exec_module(_quiet)
-_quiet.quiet_stack_imports()
-
-import mmsoft  # noqa: E402,F401  # isort: skip
+# first: the tools' package quiets the stacks' import noise (its .quiet)
+import mmsoft_tools  # noqa: E402,F401  # isort: skip
 from mmengine.config import Config  # noqa: E402
 from mmengine.registry import RUNNERS  # noqa: E402
 from mmengine.runner import Runner  # noqa: E402
 
 from mmsoft.engine import add_nonfinite_hook  # noqa: E402
 from mmsoft.engine import use_safe_checkpoint_hook  # noqa: E402
-from mmsoft.tools_support import cli, data_check, launch  # noqa: E402
 from mmsoft.utils.checkpoint_io import CheckpointError  # noqa: E402
 from mmsoft.utils.checkpoint_io import CheckpointRefused  # noqa: E402
 from mmsoft.utils.checkpoint_io import CheckpointWriteError  # noqa: E402
 from mmsoft.utils.strict_load import CheckpointMismatchError  # noqa: E402
+from mmsoft_tools import cli, data_check, launch  # noqa: E402
 
 
 def parse_args(argv=None):

@@ -8,7 +8,8 @@ backbone) read the same presets.
 """
 
 __all__ = [
-    'ARCH_ZOO', 'ARCH_DEFAULTS', 'NUM_STAGES', 'OFFICIAL_FILES', 'OFFICIAL_PAGE'
+    'ARCH_ZOO', 'ARCH_DEFAULTS', 'NUM_STAGES', 'OFFICIAL_FILES',
+    'OFFICIAL_PAGE'
 ]
 
 #: levels of the pyramid

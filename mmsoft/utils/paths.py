@@ -1,75 +1,37 @@
-"""Where mmsoft's configs and tools are, in a checkout and when installed.
+"""Where mmsoft's shipped configs are, in a checkout and when installed.
 
-A checkout has them next to the package (``<repo>/configs``,
-``<repo>/tools``); an install (``pip install .``, a wheel) ships them inside
-the package as OpenMMLab codebases do (``<site-packages>/mmsoft/.mim/``:
-copies in wheels, symlinks to the checkout for editable installs), which is
-where ``mim`` looks for them.
-
-This module imports nothing heavy, so tools can use it before torch loads.
+A checkout has them next to the package (``<repo>/configs``); an install
+(``pip install .``, a wheel) ships them inside the package as OpenMMLab
+codebases do (``<site-packages>/mmsoft/.mim/configs``: a copy in wheels, a
+link to the checkout for editable installs), which is where ``mim`` looks.
 """
 import difflib
 import os
 import os.path as osp
-from typing import List, Optional
+import warnings
+from typing import List
 
-__all__ = [
-    'package_root', 'checkout_root', 'import_root', 'configs_root',
-    'tools_root', 'get_config_path', 'list_configs'
-]
+__all__ = ['configs_root', 'get_config_path', 'list_configs']
 
 _PKG_DIR = osp.dirname(osp.dirname(osp.abspath(__file__)))
 
 
-def package_root() -> str:
-    """The ``mmsoft`` package directory."""
-    return _PKG_DIR
-
-
-def import_root() -> str:
-    """The directory that contains the ``mmsoft`` package (put it on
-    ``PYTHONPATH`` so that a child process imports this same mmsoft)."""
-    return osp.dirname(_PKG_DIR)
-
-
-def checkout_root() -> Optional[str]:
-    """The repository root when mmsoft runs from a checkout, else None.
-
-    A checkout is recognised by its ``setup.py``, ``configs/`` and
-    ``tools/train.py`` next to the package, so that an unrelated ``configs``
-    folder in site-packages is never taken for mmsoft's.
-    """
-    root = import_root()
-    if (osp.isfile(osp.join(root, 'setup.py'))
-            and osp.isdir(osp.join(root, 'configs'))
-            and osp.isfile(osp.join(root, 'tools', 'train.py'))):
-        return root
-    return None
-
-
-def _find(name: str) -> str:
-    root = checkout_root()
-    candidates = ([osp.join(root, name)]
-                  if root else []) + [osp.join(_PKG_DIR, '.mim', name)]
+def configs_root() -> str:
+    """The folder of mmsoft's configs: ``<checkout>/configs`` (a checkout is
+    recognised by its ``setup.py`` next to the package, so that an
+    unrelated ``configs`` folder in site-packages is never taken for
+    mmsoft's) or ``<package>/.mim/configs``."""
+    repo = osp.dirname(_PKG_DIR)
+    candidates = [osp.join(_PKG_DIR, '.mim', 'configs')]
+    if osp.isfile(osp.join(repo, 'setup.py')):
+        candidates.insert(0, osp.join(repo, 'configs'))
     for cand in candidates:
         if osp.isdir(cand):
             return cand
     raise FileNotFoundError(
-        f'mmsoft {name}/ not found (looked in {" and ".join(candidates)}); '
+        f'mmsoft configs/ not found (looked in {" and ".join(candidates)}); '
         'reinstall mmsoft (pip install mmsoft / pip install -e <checkout>) '
-        'so that its configs and tools are shipped')
-
-
-def configs_root() -> str:
-    """The folder of mmsoft's configs: ``<checkout>/configs`` or
-    ``<package>/.mim/configs``."""
-    return _find('configs')
-
-
-def tools_root() -> str:
-    """The folder of mmsoft's tools: ``<checkout>/tools`` or
-    ``<package>/.mim/tools``."""
-    return _find('tools')
+        'so that its configs are shipped')
 
 
 def list_configs(include_base: bool = False) -> List[str]:
@@ -117,3 +79,15 @@ def get_config_path(name: str) -> str:
     hint = (f'; did you mean {", ".join(close)}?'
             if close else '; list them with: python -m mmsoft.configs list')
     raise FileNotFoundError(f'mmsoft has no config {name!r} in {root}{hint}')
+
+
+def __getattr__(name):
+    # removed after 0.3.0 (issue 34); the user guide named it: one release
+    if name == 'package_root':
+        warnings.warn(
+            'mmsoft.utils.paths.package_root is deprecated and will be '
+            'removed; use os.path.dirname(mmsoft.__file__)',
+            DeprecationWarning,
+            stacklevel=2)
+        return lambda: _PKG_DIR
+    raise AttributeError(f'module {__name__!r} has no attribute {name!r}')

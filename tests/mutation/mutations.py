@@ -265,12 +265,12 @@ MUTATIONS = (
     # ------------------------------------------ launch, data, deployment
     M(name='shutdown_dist_guard_inverted',
       what='shutdown_dist returns early when a process group exists (a no-op)',
-      path='mmsoft/tools_support/launch.py',
+      path='tools/mmsoft_tools/launch.py',
       old=('    if not (dist.is_available() and dist.is_initialized()):\n'
            '        return\n    if sys.exc_info()[0] is None:'),
       new=('    if dist.is_available() and dist.is_initialized():\n'
            '        return\n    if sys.exc_info()[0] is None:'),
-      tests=('tests/test_tools_support/test_launch.py::'
+      tests=('tests/test_tools/test_launch.py::'
              'test_shutdown_dist_destroys_a_group', )),
     M(name='dist_test_not_distributed',
       what=("tools/dist_test.sh starts test.py with --launcher none (every "
@@ -278,23 +278,23 @@ MUTATIONS = (
       path='tools/launch.sh',
       old='--launcher pytorch "${options[@]}"',
       new='--launcher none "${options[@]}"',
-      tests=('tests/test_tools_support/test_launch.py::'
+      tests=('tests/test_tools/test_launch.py::'
              'test_dist_test_sh_exits_cleanly', )),
     M(name='data_check_skip_any_value',
       what='MMSOFT_SKIP_DATA_CHECK=0 skips the data check too',
-      path='mmsoft/tools_support/data_check.py',
+      path='tools/mmsoft_tools/data_check.py',
       old=("    if os.environ.get('MMSOFT_SKIP_DATA_CHECK', '0') not in ('', "
            "'0'):\n"),
       new="    if os.environ.get('MMSOFT_SKIP_DATA_CHECK'):\n",
-      tests=('tests/test_tools_support/test_data_check.py::'
+      tests=('tests/test_tools/test_data_check.py::'
              'test_rank_and_skip', )),
     M(name='deploy_init_log',
       what=('pytorch2onnx with random weights: init_weights logs every tensor '
             '(the error line is buried)'),
-      path='mmsoft/tools_support/deploy.py',
+      path='tools/mmsoft_tools/deploy.py',
       old='        launch.quiet_init_weights(model)\n',
       new='        model.init_weights()\n',
-      tests=('tests/test_tools_support/test_deploy.py::'
+      tests=('tests/test_tools/test_deploy.py::'
              'test_error_is_all_the_output_with_random_weights', )),
     # ------------------------------------------------- tables and rows
     M(name='benchmark_attention_fwd_cells',
@@ -367,7 +367,7 @@ MUTATIONS = (
     M(name='demo_value_unscaled',
       what=("demo: the reported value is the evaluator's metric without its "
             'scale (a percentage, not a fraction)'),
-      path='mmsoft/tools_support/demo_tasks.py',
+      path='tools/mmsoft_tools/demo_tasks.py',
       old="        value=None if value is None else value * spec['scale'],\n",
       new='        value=value,\n',
       tests=('tests/test_configs/test_demo_configs.py::'
@@ -485,20 +485,20 @@ MUTATIONS = (
       tests=(TOOLC + 'test_tta_flip_views[mask_rcnn_soft_tiny_1x]', )),
     M(name='export_seg_shape_swapped',
       what='segmentation export resizes the logits to W x H',
-      path='mmsoft/tools_support/deploy.py',
+      path='tools/mmsoft_tools/deploy.py',
       old='dict(img_shape=(H, W), ori_shape=(H, W), pad_shape=(H, W))',
       new='dict(img_shape=(W, H), ori_shape=(W, H), pad_shape=(W, H))',
       tests=(TOOLC + 'test_export_non_square[demo/upernet_soft_demo]', )),
     M(name='export_input_transposed',
       what='the ONNX graph is traced on a W x H input',
-      path='mmsoft/tools_support/deploy.py',
+      path='tools/mmsoft_tools/deploy.py',
       old='    x = torch.zeros(batch, 3, *wrapper.shape)\n',
       new='    x = torch.zeros(batch, 3, *wrapper.shape[::-1])\n',
       tests=(TOOLC + 'test_export_non_square[demo/soft_cls_demo]', )),
     M(name='run_name_by_second',
       what=("tools name their runs as mmengine does (by the second): two "
             "runs within one second share a logger"),
-      path='mmsoft/tools_support/launch.py',
+      path='tools/mmsoft_tools/launch.py',
       old="    cfg.experiment_name = base if n == 1 else f'{base}_{n}'\n",
       new='    cfg.experiment_name = base\n',
       tests=(STRICT + 'test_runs_within_one_second_log_apart', )),

@@ -5,7 +5,7 @@
   several bottleneck tokens per stage at the demo resolution;
 * each config trains a handful of iterations with mmengine's Runner on tiny
   generated data, is evaluated with the codebase's metric and draws its
-  prediction PNG (``mmsoft/tools_support/demo_tasks.py``: ``run_task``);
+  prediction PNG (``tools/mmsoft_tools/demo_tasks.py``: ``run_task``);
 * ``tools/demo.py --smoke`` runs end to end (data, training, results table,
   results.json, PNG) for one task;
 * the results table.

@@ -31,8 +31,8 @@ from mmsoft.models import loading
 from mmsoft.models.arch_zoo import ARCH_ZOO
 from mmsoft.models.converters import (OFFICIAL_FILES, OFFICIAL_PAGE,
                                       OFFICIAL_PRESETS, official_shapes)
-from mmsoft.tools_support import cli, launch
 from mmsoft.utils.strict_load import CheckpointMismatchError
+from mmsoft_tools import cli, launch
 
 PAPER = sorted(
     osp.splitext(osp.basename(p))[0]

@@ -33,7 +33,7 @@ from mmengine.registry import DefaultScope
 from reference.recipe_card import FAMILIES, family_of
 from test_shipped_configs import CONFIGS, _registry, load, tiny_model_cfg
 
-from mmsoft.tools_support import launch
+from mmsoft_tools import launch
 
 #: epoch length of the simulated schedules (> the 500-iteration warm-up)
 EPOCH_LEN = {'cls_in1k': 20}

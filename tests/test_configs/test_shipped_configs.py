@@ -19,8 +19,8 @@ from mmengine.config import Config
 from mmengine.registry import DefaultScope
 
 from mmsoft.models import SOFT
-from mmsoft.tools_support import launch
-from mmsoft.tools_support.analysis import random_batch
+from mmsoft_tools import launch
+from mmsoft_tools.analysis import random_batch
 
 ARCHS = ('tiny', 'small', 'medium', 'large', 'huge')
 DET_ARCHS = ('tiny', 'small', 'medium', 'large')

@@ -45,7 +45,7 @@ SCRIPTS = {
     ('train.py', 4, lambda p: [p[2], '--work-dir', p[3]]),
     'tools/slurm_test.sh': ('test.py', 4, lambda p: p[2:4]),
 }
-MODULES = ('mmsoft.configs', 'mmsoft.tools_support.data_check')
+MODULES = ('mmsoft.configs', )
 
 
 def rel(path):

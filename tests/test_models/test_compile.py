@@ -146,7 +146,7 @@ def test_train_tool_compile_switch(tmp_path, capsys):
 
     from conftest import CONFIGS, tool_namespace
 
-    from mmsoft.tools_support import demo_synthetic as synthetic
+    from mmsoft_tools import demo_synthetic as synthetic
     data = tmp_path / 'imagenet'
     synthetic.make_imagenet(str(data), num_train=4, num_val=2, size=32)
     cfg = tmp_path / 'cfg.py'
@@ -191,7 +191,7 @@ def test_compile_refused_on_old_torch_with_one_line():
     (mmengine's compiled train_step crashes in stack_batch on torch 2.1)."""
     from mmengine.config import Config
 
-    from mmsoft.tools_support import launch
+    from mmsoft_tools import launch
     cfg = Config(dict(compile=True))
     msg = launch.compile_refusal(cfg, '2.1.2')
     assert msg and '\n' not in msg and 'torch >= 2.4' in msg

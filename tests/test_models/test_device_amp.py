@@ -167,7 +167,7 @@ def det_batch(model):
 
 
 def seg_batch(model):
-    from mmsoft.tools_support.analysis import random_batch
+    from mmsoft_tools.analysis import random_batch
     return model.data_preprocessor(
         random_batch('mmseg', 'upernet', SIZE, seg_classes=4), True)
 

@@ -3,7 +3,7 @@ next one reads.
 
 For each task (mmdet RetinaNet, mmseg UperNet, mmpretrain classifier: the
 demo configs of ``configs/demo`` on small synthetic data of
-:mod:`mmsoft.tools_support.demo_synthetic`) a module-scoped fixture trains a
+:mod:`mmsoft_tools.demo_synthetic`) a module-scoped fixture trains a
 few iterations with ``tools/train.py``; each test then feeds *that* checkpoint
 (with mmengine's message hub, optimizer, RNG states) to the next tool:
 
@@ -110,7 +110,7 @@ SCOPE = {'det': 'mmdet', 'seg': 'mmseg', 'cls': 'mmpretrain'}
 
 def small_config(tmp, task):
     """The demo config of ``task`` on freshly generated data in ``tmp``."""
-    from mmsoft.tools_support import demo_synthetic
+    from mmsoft_tools import demo_synthetic
     base, folder, body, (loop, n) = SMALL[task]
     demo_synthetic.make_demo_data(
         str(tmp / 'data'),

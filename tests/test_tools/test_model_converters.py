@@ -68,8 +68,8 @@ def load_script(name):
         osp.join(ROOT, 'tools', 'model_converters', name + '.py'), name)
 
 
-#: the converters' file helpers (tools/model_converters/checkpoint_files.py)
-cf = load_script('checkpoint_files')
+#: the converters' file helpers (tools/mmsoft_tools/checkpoint_files.py)
+from mmsoft_tools import checkpoint_files as cf  # noqa: E402
 
 
 @pytest.fixture(scope='module')

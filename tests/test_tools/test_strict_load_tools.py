@@ -171,7 +171,7 @@ def test_runs_within_one_second_log_apart(setup, monkeypatch):
     within the same second shared the logger, and the second run logged
     into the first run's work dir. With the Runner's clock frozen, two
     tools/test.py runs each log into their own work dir
-    (mmsoft.tools_support.launch.name_run)."""
+    (mmsoft_tools.launch.name_run)."""
     import mmengine.runner.runner as runner_module
     monkeypatch.setattr(runner_module, 'time', FrozenClock(time.time()))
     _test(setup, 'good', work='second_a')
@@ -186,7 +186,7 @@ def test_runs_within_one_second_log_apart(setup, monkeypatch):
 def test_name_run_is_unique_per_process():
     from mmengine.config import Config
 
-    from mmsoft.tools_support import launch
+    from mmsoft_tools import launch
     names = []
     for extra in ({}, {}, dict(experiment_name='mine')):
         cfg = Config(

@@ -5,7 +5,8 @@ script: ``__main__``, its folder first on ``sys.path``) from a copy of
 ``tools/`` outside the checkout, as an install ships them in
 ``mmsoft/.mim/tools`` (what ``mim run`` starts): the scripts find mmsoft as
 an installed package (here: the checkout on ``PYTHONPATH``), never through
-the folders around them.
+the folders around them; their own package, ``tools/mmsoft_tools``, beside
+them.
 
 Real invocations: :data:`INVOCATIONS` names the test that runs each tool
 with its documented options on a tiny case (most live beside the code
@@ -17,6 +18,7 @@ import glob
 import json
 import os
 import os.path as osp
+import re
 import shutil
 import subprocess
 import sys
@@ -65,11 +67,11 @@ INVOCATIONS = {
     'test_tools/test_analysis/test_analysis_tools.py::'
     'test_visualize_attention_rows',
     'deployment/pytorch2onnx.py':
-    'test_tools_support/test_deploy.py::test_export_parity',
+    'test_tools/test_deploy.py::test_export_parity',
     'deployment/benchmark_onnx.py':
     'test_tools/test_tool_cli.py::test_benchmark_onnx_tiny_run',
     'misc/make_demo_data.py':
-    'test_tools_support/test_demo/test_synthetic.py::test_tool_cli',
+    'test_demo/test_synthetic.py::test_tool_cli',
     'model_converters/soft2mmsoft.py':
     'test_tools/test_model_converters.py::test_cli_round_trip',
     'model_converters/mmsoft2soft.py':
@@ -78,7 +80,7 @@ INVOCATIONS = {
     'test_compat_matrix.py::test_table_writer',
 }
 #: helpers of the scripts, not tools (files, or folders ending in /)
-HELPERS = ('compat/stacks.py', 'model_converters/checkpoint_files.py')
+HELPERS = ('compat/stacks.py', 'mmsoft_tools/')
 
 # run each path given as if `python PATH --help`; print {path: [rc, text]}
 HELP_CHILD = '''
@@ -130,12 +132,28 @@ def test_every_tool_has_an_invocation_test():
         assert stem in text, f'{node} does not run {script}'
 
 
-def test_no_tool_edits_sys_path():
+#: the one ``sys.path`` edit a tool may make: a script in a sub-folder of
+#: tools/ puts tools/ first, for the tools' own package (mmsoft_tools)
+BOOTSTRAP = (
+    'if osp.dirname(osp.dirname(osp.abspath(__file__))) not in sys.path:'
+    '  # tools/\n'
+    '    sys.path.insert(0, osp.dirname(osp.dirname(osp.abspath(__file__))))'
+    '\n')
+
+
+def test_tools_edit_sys_path_only_for_their_package():
+    """No tool puts the checkout (or anything but tools/) on sys.path;
+    every script in a sub-folder that uses mmsoft_tools puts tools/ there
+    (a script in tools/ itself has it as its folder)."""
     everything = glob.glob(osp.join(TOOLS, '**', '*.py'), recursive=True)
     for script in [osp.relpath(p, TOOLS) for p in everything]:
         with open(osp.join(TOOLS, script)) as f:
             code = f.read()
-        assert 'sys.path.insert' not in code and 'sys.path[' not in code, \
+        uses = re.search(r'^ *(from|import) mmsoft_tools', code, re.M)
+        if uses and osp.dirname(script) not in ('', 'mmsoft_tools'):
+            assert code.count(BOOTSTRAP) == 1, script
+        rest = code.replace(BOOTSTRAP, '')
+        assert 'sys.path.insert' not in rest and 'sys.path[' not in rest, \
             script
 
 
@@ -340,7 +358,7 @@ def test_nr_backward_compare_train_demo(tmp_path, capsys, monkeypatch):
     evaluator), then their metrics are replaced by distinct known values
     on the way back: the table must carry each value in its column and
     row (a swapped or misread column shows)."""
-    from mmsoft.tools_support import demo_tasks
+    from mmsoft_tools import demo_tasks
     tasks = demo_tasks
     real_run_task, calls = tasks.run_task, []
 

@@ -22,7 +22,7 @@ pytest.importorskip('mmdet')
 pytest.importorskip('mmseg')
 pytest.importorskip('mmpretrain')
 
-from mmsoft.tools_support import launch  # noqa: E402
+from mmsoft_tools import launch  # noqa: E402
 
 pytestmark = pytest.mark.usefixtures('one_thread')
 
@@ -227,7 +227,7 @@ def test_export_non_square(name, tmp_path):
     """The exported graph of an H x W input (H != W) has the outputs of
     that input (maps H/s x W/s, seg logits H x W) and matches PyTorch."""
     pytest.importorskip('onnxruntime')
-    from mmsoft.tools_support import deploy
+    from mmsoft_tools import deploy
     cfg = _cfg(name)
     model, scope, cfg = deploy.build_model(cfg, None)
     for h, w in ((H, W), (W, H)):

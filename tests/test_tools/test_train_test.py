@@ -280,12 +280,12 @@ def test_test_tool_options(name, tta_type, tmp_path):
 
 
 def test_cpu_distributed_settings():
-    """What mmsoft.tools_support.launch changes for a CPU distributed run
+    """What mmsoft_tools.launch changes for a CPU distributed run
     (a 1-process gloo group stands in for torchrun)."""
     import torch.distributed as dist
     from mmengine.config import Config
 
-    from mmsoft.tools_support import launch
+    from mmsoft_tools import launch
     if torch.cuda.is_available():
         pytest.skip('the CPU fall-back only applies without CUDA')
     cfg = Config.fromfile(
@@ -313,7 +313,7 @@ def test_cpu_distributed_settings():
 def test_amp_settings():
     from mmengine.config import Config
 
-    from mmsoft.tools_support import launch
+    from mmsoft_tools import launch
     cfg = Config.fromfile(
         osp.join(ROOT, 'configs', 'retinanet_soft_tiny_1x.py'))
     mask = Config.fromfile(

@@ -17,7 +17,7 @@ small ones, as they have the same parameter counts).
 Models: soft_{tiny,small,...}[_norm][_iterative|_spectral][_ml<N>] (SOFT
 backbone, all four outputs; ``_iterative``/``_spectral`` force the
 pseudo-inverse method, ``_ml<N>`` sets ``max_landmarks=N``; see
-:func:`mmsoft.tools_support.analysis.parse_model_name`),
+:func:`mmsoft_tools.analysis.parse_model_name`),
 {softmax,linformer,performer,nystromformer,sima}_<arch> (the attention zoo in
 the SOFT architecture, Table 1), pvtv2_b0..b2 (mmdet
 PyramidVisionTransformerV2), swin_t (mmdet SwinTransformer), or ``--config``
@@ -31,12 +31,16 @@ in seconds)::
 """
 import argparse
 import os.path as osp
+import sys
 import time
 
-from mmsoft.tools_support.analysis import (add_timing_arguments, make_parser,
-                                           measure_step, print_result, pyplot,
-                                           run_isolated, soft_model_kwargs,
-                                           write_results)
+if osp.dirname(osp.dirname(osp.abspath(__file__))) not in sys.path:  # tools/
+    sys.path.insert(0, osp.dirname(osp.dirname(osp.abspath(__file__))))
+
+from mmsoft_tools.analysis import (add_timing_arguments, make_parser,
+                                   measure_step, print_result, pyplot,
+                                   run_isolated, soft_model_kwargs,
+                                   write_results)
 
 DEFAULT_MODELS = [
     'soft_tiny', 'soft_tiny_norm', 'soft_small', 'soft_small_norm', 'pvtv2_b1',
@@ -207,7 +211,7 @@ def main(argv=None):
         help='the PNG that --plot writes')
     args = p.parse_args(argv)
     if args.plot:
-        from mmsoft.tools_support.analysis import save_figure
+        from mmsoft_tools.analysis import save_figure
         rows = read_rows(args.plot)
         sizes = list(dict.fromkeys(r['size'] for r in rows))
         save_figure(plot(rows, sizes), args.figure)

@@ -24,10 +24,15 @@ atomically.
 """
 import copy
 import os
+import os.path as osp
+import sys
 import time
 
-from mmsoft.tools_support.analysis import (add_timing_arguments, make_parser,
-                                           soft_model_kwargs, write_results)
+if osp.dirname(osp.dirname(osp.abspath(__file__))) not in sys.path:  # tools/
+    sys.path.insert(0, osp.dirname(osp.dirname(osp.abspath(__file__))))
+
+from mmsoft_tools.analysis import (add_timing_arguments, make_parser,
+                                   soft_model_kwargs, write_results)
 
 DEFAULT_SIZES = ['224x224x8', '800x1216x1']
 SMOKE = dict(model='soft_tiny_norm', sizes=['64x64x2'], repeats=2, warmup=1)
@@ -48,7 +53,7 @@ def build_wrappers(model_name, device):
 
     from mmsoft.engine.optimizers import CPUAmpOptimWrapper
     from mmsoft.models.backbones import SOFT
-    from mmsoft.tools_support.launch import quiet_init_weights
+    from mmsoft_tools.launch import quiet_init_weights
     torch.manual_seed(0)
     model = SOFT(**soft_model_kwargs(model_name))
     quiet_init_weights(model)

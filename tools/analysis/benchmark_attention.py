@@ -29,11 +29,14 @@ in seconds)::
 """
 import argparse
 import os.path as osp
+import sys
 import time
 
-from mmsoft.tools_support.analysis import (make_parser, measure_step,
-                                           print_result, pyplot, run_isolated,
-                                           write_results)
+if osp.dirname(osp.dirname(osp.abspath(__file__))) not in sys.path:  # tools/
+    sys.path.insert(0, osp.dirname(osp.dirname(osp.abspath(__file__))))
+
+from mmsoft_tools.analysis import (make_parser, measure_step, print_result,
+                                   pyplot, run_isolated, write_results)
 
 METHODS = ('soft', 'soft_norm', 'softmax', 'softmax_naive')
 MODES = ('forward', 'forward_backward')
@@ -223,7 +226,7 @@ def main(argv=None):
         help='the PNG that --plot writes')
     args = parser.parse_args(argv)
     if args.plot:
-        from mmsoft.tools_support.analysis import save_figure
+        from mmsoft_tools.analysis import save_figure
         save_figure(plot(read_rows(args.plot)), args.figure)
         print(f'wrote {args.figure}')
         return []

@@ -24,7 +24,10 @@ import os.path as osp
 import sys
 import time
 
-from mmsoft.tools_support import analysis
+if osp.dirname(osp.dirname(osp.abspath(__file__))) not in sys.path:  # tools/
+    sys.path.insert(0, osp.dirname(osp.dirname(osp.abspath(__file__))))
+
+from mmsoft_tools import analysis
 
 FIELDS = ('size', 'batch', 'mode', 'eager_ms', 'compiled_ms', 'speedup',
           'compile_s')

@@ -38,7 +38,7 @@ metainfo-only data samples, so their RoI-head FLOPs depend on the number of
 proposals, as with mmdet's own counter).
 
 Model names: ``<attn>_<arch>[_norm]`` (see
-:func:`mmsoft.tools_support.analysis.parse_model_name`): attn one of
+:func:`mmsoft_tools.analysis.parse_model_name`): attn one of
 soft, soft_norm, softmax, linformer, performer, nystromformer, sima;
 arch one of the SOFT presets. ``soft_<arch>`` is the NeurIPS model (no
 normalisation), ``soft_<arch>_norm`` = ``soft_norm_<arch>`` the IJCV one.
@@ -49,15 +49,19 @@ papers count them) unless ``--backbone-only``. Writes ``flops.csv``,
 import io
 import json
 import os.path as osp
+import sys
 import time
 from typing import Optional
 
 import torch
 import torch.nn as nn
 
-from mmsoft.tools_support.analysis import (ATTENTION_NAMES, add_hw_argument,
-                                           attn_cfg_of, make_parser, pyplot,
-                                           soft_model_kwargs, write_results)
+if osp.dirname(osp.dirname(osp.abspath(__file__))) not in sys.path:  # tools/
+    sys.path.insert(0, osp.dirname(osp.dirname(osp.abspath(__file__))))
+
+from mmsoft_tools.analysis import (ATTENTION_NAMES, add_hw_argument,
+                                   attn_cfg_of, make_parser, pyplot,
+                                   soft_model_kwargs, write_results)
 
 # NeurIPS Table 3 (SOFT, no normalisation): params (M), FLOPs (G)
 PAPER_PRESETS = dict(
@@ -445,7 +449,7 @@ def parse_args(argv=None):
 def main(argv=None):
     args = parse_args(argv)
     if args.plot:
-        from mmsoft.tools_support.analysis import save_figure
+        from mmsoft_tools.analysis import save_figure
         save_figure(plot(read_rows(args.plot)), args.figure)
         print(f'wrote {args.figure}')
         return []

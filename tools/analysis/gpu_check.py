@@ -44,7 +44,10 @@ import time
 import traceback
 import warnings
 
-from mmsoft.tools_support import analysis
+if osp.dirname(osp.dirname(osp.abspath(__file__))) not in sys.path:  # tools/
+    sys.path.insert(0, osp.dirname(osp.dirname(osp.abspath(__file__))))
+
+from mmsoft_tools import analysis
 
 # mmengine imports pkg_resources once per codebase (one warning each)
 warnings.filterwarnings('ignore', message='pkg_resources is deprecated')
@@ -87,7 +90,7 @@ def parse_args(argv=None):
 
 
 def configs_dir():
-    from mmsoft.utils.paths import import_root
+    from mmsoft_tools import import_root
     root = import_root()
     for d in (osp.join(root,
                        'configs'), osp.join(root, 'mmsoft', '.mim',
@@ -127,7 +130,7 @@ def device_test_files(root):
 
 
 def run_device_tests(report):
-    from mmsoft.utils.paths import import_root
+    from mmsoft_tools import import_root
     root = import_root()
     files = device_test_files(root)
     if not files:
@@ -171,7 +174,7 @@ def train_step(path, name, precision, device, size):
     from mmengine.registry import DefaultScope
 
     from mmsoft.compat import grad_scaler
-    from mmsoft.tools_support import launch
+    from mmsoft_tools import launch
     cfg = Config.fromfile(path)
     scope = launch.import_codebase(cfg)
     registry = importlib.import_module(f'{scope}.registry').MODELS

@@ -32,13 +32,16 @@ Writes ``memory.csv``, ``memory.md`` and ``memory.png`` to ``--out``.
 import argparse
 import io
 import os.path as osp
+import sys
 import time
 
-from mmsoft.tools_support.analysis import (ATTENTION_NAMES,
-                                           add_timing_arguments, attn_cfg_of,
-                                           make_parser, measure_step,
-                                           print_result, pyplot, run_isolated,
-                                           write_results)
+if osp.dirname(osp.dirname(osp.abspath(__file__))) not in sys.path:  # tools/
+    sys.path.insert(0, osp.dirname(osp.dirname(osp.abspath(__file__))))
+
+from mmsoft_tools.analysis import (ATTENTION_NAMES, add_timing_arguments,
+                                   attn_cfg_of, make_parser, measure_step,
+                                   print_result, pyplot, run_isolated,
+                                   write_results)
 
 DEFAULT_ATTNS = [
     'soft', 'soft_norm', 'softmax', 'softmax:math', 'linformer', 'performer',

@@ -31,16 +31,19 @@ stripped. Writes ``nr_convergence.csv``, ``.md`` and ``.png`` to ``--out``.
 import argparse
 import io
 import os.path as osp
+import sys
 import time
 from collections import defaultdict
 
 import torch
 
-from mmsoft.tools_support.analysis import (add_hw_argument,
-                                           add_model_arguments, build_model,
-                                           image_sets, load_rgb, make_parser,
-                                           pyplot, soft_attention_modules,
-                                           to_tensor, write_results)
+if osp.dirname(osp.dirname(osp.abspath(__file__))) not in sys.path:  # tools/
+    sys.path.insert(0, osp.dirname(osp.dirname(osp.abspath(__file__))))
+
+from mmsoft_tools.analysis import (add_hw_argument, add_model_arguments,
+                                   build_model, image_sets, load_rgb,
+                                   make_parser, pyplot, soft_attention_modules,
+                                   to_tensor, write_results)
 
 
 def batches(items, size, batch_size):

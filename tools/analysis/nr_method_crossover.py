@@ -17,10 +17,15 @@ bottleneck matrices SOFT builds), ``--batch`` of them (batch x heads),
 right-hand sides of width ``--head-dims``. Writes nothing; prints a table.
 """
 import argparse
+import os.path as osp
 import statistics
+import sys
 import time
 
-from mmsoft.tools_support.analysis import add_timing_arguments
+if osp.dirname(osp.dirname(osp.abspath(__file__))) not in sys.path:  # tools/
+    sys.path.insert(0, osp.dirname(osp.dirname(osp.abspath(__file__))))
+
+from mmsoft_tools.analysis import add_timing_arguments
 
 METHODS = ('iterative', 'spectral')
 

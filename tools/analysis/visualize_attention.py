@@ -26,13 +26,17 @@ and the raw rows ``attention_rows.npz`` to ``--out``.
 import io
 import math
 import os.path as osp
+import sys
 import time
 
 import numpy as np
 import torch
 
-from mmsoft.tools_support.analysis import (add_hw_argument, add_stage_argument,
-                                           make_parser, pyplot, write_results)
+if osp.dirname(osp.dirname(osp.abspath(__file__))) not in sys.path:  # tools/
+    sys.path.insert(0, osp.dirname(osp.dirname(osp.abspath(__file__))))
+
+from mmsoft_tools.analysis import (add_hw_argument, add_stage_argument,
+                                   make_parser, pyplot, write_results)
 
 DEFAULT_MODELS = [
     'softmax_tiny', 'performer_tiny', 'nystromformer_tiny', 'soft_tiny_norm'
@@ -140,8 +144,8 @@ def parse_args(argv=None):
 
 def main(argv=None):
     args = parse_args(argv)
-    from mmsoft.tools_support.analysis import build_model, load_rgb, to_tensor
     from mmsoft.utils.atomic import atomic_path
+    from mmsoft_tools.analysis import build_model, load_rgb, to_tensor
     ckpts = {}
     for spec in args.checkpoints:
         name, sep, path = spec.partition('=')
@@ -151,7 +155,7 @@ def main(argv=None):
     if args.image:
         rgb = load_rgb(args.image)
     else:
-        from mmsoft.tools_support import demo_synthetic
+        from mmsoft_tools import demo_synthetic
         render_scene = demo_synthetic.render_scene
         rgb = render_scene(np.random.default_rng([args.seed, 3]),
                            224)[0][..., ::-1].copy()

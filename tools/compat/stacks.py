@@ -29,7 +29,7 @@ STACKS = {
         mmpretrain='1.1.0'),
     # the middle (torch 2.4: mmengine's import of torch.distributed.optim
     # printed an unfilterable deprecation before every tool's message;
-    # mmsoft._quiet drops it)
+    # mmsoft_tools.quiet drops it)
     'torch2.4':
     dict(
         python='3.11',

@@ -25,7 +25,10 @@ import tempfile
 import time
 import warnings
 
-from mmsoft.tools_support.analysis import add_timing_arguments
+if osp.dirname(osp.dirname(osp.abspath(__file__))) not in sys.path:  # tools/
+    sys.path.insert(0, osp.dirname(osp.dirname(osp.abspath(__file__))))
+
+from mmsoft_tools.analysis import add_timing_arguments
 
 DEFAULT_SPECS = [
     'configs/soft_tiny_in1k.py:224x224',
@@ -76,8 +79,8 @@ def bench_one(spec, args, onnx_dir):
     import torch
 
     from mmsoft.models.layers import with_nr
-    from mmsoft.tools_support import deploy
     from mmsoft.utils.paths import get_config_path
+    from mmsoft_tools import deploy
     config, _, size = spec.rpartition(':')
     if not osp.isfile(config):  # a shipped config, e.g. 'configs/x.py'
         config = get_config_path(config)

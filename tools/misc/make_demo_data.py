@@ -6,7 +6,7 @@
 
 Writes ``<out>/coco`` (mmdet CocoDataset), ``<out>/ade`` (mmseg
 ADE20KDataset) and ``<out>/imagenet`` (mmpretrain CustomDataset / ImageNet);
-see :mod:`mmsoft.tools_support.demo_synthetic` for the formats.
+see :mod:`mmsoft_tools.demo_synthetic` for the formats.
 Deterministic for a given seed; data sets whose manifest already matches are
 skipped (``--force`` regenerates).
 """
@@ -15,7 +15,10 @@ import os.path as osp
 import sys
 import time
 
-from mmsoft.tools_support import demo_synthetic
+if osp.dirname(osp.dirname(osp.abspath(__file__))) not in sys.path:  # tools/
+    sys.path.insert(0, osp.dirname(osp.dirname(osp.abspath(__file__))))
+
+from mmsoft_tools import demo_synthetic
 
 ROOT = osp.dirname(osp.dirname(osp.dirname(osp.abspath(__file__))))
 

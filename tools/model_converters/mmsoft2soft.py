@@ -13,25 +13,20 @@ they need ``--trust-checkpoint`` to be unpickled.
 DST: ``{'state_dict': ..., 'state_dict_ema': ...}`` (the same tensors under
 both names, stored once) with the official key names, loadable by the
 official ``main.py --eval_checkpoint DST`` (which reads ``state_dict_ema``)
-and by timm's ``load_checkpoint``, plus ``meta`` with mmsoft's SHA-256 of
-the tensors. Written atomically; DST must not be SRC.
+and by timm's ``load_checkpoint``, plus ``meta``. Written atomically; DST
+must not be SRC.
 """
-import importlib.util
 import os.path as osp
 import sys
+
+if osp.dirname(osp.dirname(osp.abspath(__file__))) not in sys.path:  # tools/
+    sys.path.insert(0, osp.dirname(osp.dirname(osp.abspath(__file__))))
 
 from mmsoft.models.converters import (convert_mmpretrain_to_official,
                                       describe_arch, extract_state_dict,
                                       official_model_name)
-from mmsoft.tools_support.cli import check_readable, positive_int
-
-#: the helpers both converters share (beside this script; loaded by path
-#: as tools/compat/matrix.py loads its helper, whatever sys.path holds)
-_spec = importlib.util.spec_from_file_location(
-    '_mmsoft_checkpoint_files',
-    osp.join(osp.dirname(osp.abspath(__file__)), 'checkpoint_files.py'))
-files = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(files)
+from mmsoft_tools import checkpoint_files as files
+from mmsoft_tools.cli import check_readable, positive_int
 
 
 def parse_args(argv=None):

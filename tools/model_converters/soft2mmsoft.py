@@ -15,8 +15,7 @@ DST is an mmpretrain ``ImageClassifier`` checkpoint ``{'state_dict': ...,
 (``LinearClsHead``), loadable e.g. with
 ``--cfg-options model.backbone.init_cfg.checkpoint=DST`` or ``load_from``.
 It is written atomically (on any error, SIGINT or SIGTERM nothing is
-written) with a SHA-256 of the tensors in ``meta``, verified whenever mmsoft
-or mmengine (after ``import mmsoft``) load it; DST must not be SRC. A damaged
+written); DST must not be SRC. A damaged
 SRC (empty, truncated, CRC error) is reported as such.
 
 ``soft_*`` and ``soft_norm_*`` checkpoints have identical tensors, so the
@@ -24,23 +23,18 @@ attention normalisation cannot be read from the weights: pass ``--norm`` for
 ``soft_norm_*`` checkpoints (SOFTAttention attn_norm=True); without it the
 checkpoint is taken to be a ``soft_*`` one (attn_norm=False).
 """
-import importlib.util
 import os.path as osp
 import sys
+
+if osp.dirname(osp.dirname(osp.abspath(__file__))) not in sys.path:  # tools/
+    sys.path.insert(0, osp.dirname(osp.dirname(osp.abspath(__file__))))
 
 from mmsoft.models.converters import (arch_for_mmsoft,
                                       convert_official_to_mmpretrain,
                                       describe_arch, match_arch_preset,
                                       official_model_name)
-from mmsoft.tools_support.cli import check_readable, positive_int
-
-#: the helpers both converters share (beside this script; loaded by path
-#: as tools/compat/matrix.py loads its helper, whatever sys.path holds)
-_spec = importlib.util.spec_from_file_location(
-    '_mmsoft_checkpoint_files',
-    osp.join(osp.dirname(osp.abspath(__file__)), 'checkpoint_files.py'))
-files = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(files)
+from mmsoft_tools import checkpoint_files as files
+from mmsoft_tools.cli import check_readable, positive_int
 
 
 def parse_args(argv=None):

@@ -57,7 +57,7 @@ def build(task, checkpoint, **init):
     from mmengine.config import Config
     from mmengine.registry import DefaultScope
 
-    from mmsoft.tools_support import launch
+    from mmsoft_tools import launch
     pytest.importorskip(task)
     cfg = Config.fromfile(osp.join(CONFIGS, 'demo', TASKS[task][0]))
     cfg.model.backbone.init_cfg = dict(

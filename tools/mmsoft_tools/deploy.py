@@ -46,7 +46,7 @@ DEFAULT_OPSET = 17
 #: the oldest opsets that export SOFT: 14 for the TorchScript exporter
 #: (stage 4's softmax attention, ``aten::scaled_dot_product_attention``,
 #: has no symbolic below 14; measured with torch 2.14 on the three demo
-#: configs: tests/test_tools_support/test_deploy.py), 18 for torch.export
+#: configs: tests/test_tools/test_deploy.py), 18 for torch.export
 #: (--dynamo; its onnxscript functions start there)
 MIN_OPSET = 14
 MIN_OPSET_DYNAMO = 18
@@ -64,9 +64,10 @@ def build_model(config,
     checkpoint path, or None / ``'none'`` for random weights (export tests).
     """
     from mmengine.config import Config
+    from mmengine.model import revert_sync_batchnorm
     from mmengine.registry import init_default_scope
 
-    from mmsoft.tools_support import launch
+    from mmsoft_tools import launch
     if not isinstance(config, Config):
         if not osp.isfile(config):
             raise ExportError(f'config {config!r} does not exist; pass a '
@@ -76,13 +77,13 @@ def build_model(config,
     if cfg_options:
         cfg.merge_from_dict(cfg_options)
     scope = launch.import_codebase(cfg)
-    launch.revert_sync_bn(cfg.model)  # SyncBN: CPU export, eval mode
     init_default_scope(scope)
     registry = importlib.import_module(f'{_PACKAGES[scope]}.registry')
     random = checkpoint is None or str(checkpoint).lower() == 'none'
     if random and cfg.model.get('backbone'):  # no ImageNet file needed
         cfg.model.backbone.init_cfg = None
-    model = registry.MODELS.build(cfg.model)
+    # SyncBN has no CPU kernel: BN (same statistics) for the export
+    model = revert_sync_batchnorm(registry.MODELS.build(cfg.model))
     if random:
         launch.quiet_init_weights(model)
     else:

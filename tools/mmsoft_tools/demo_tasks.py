@@ -15,22 +15,19 @@ import cv2
 import numpy as np
 from mmengine.hooks import Hook
 
-from mmsoft.tools_support import demo_synthetic as synthetic
 from mmsoft.utils import paths
 from mmsoft.utils.atomic import atomic_write
+from mmsoft_tools import demo_synthetic as synthetic
 
 CLS_CLASSES = synthetic.CLS_CLASSES
 DET_CLASSES = synthetic.DET_CLASSES
 SEG_CLASSES = synthetic.SEG_CLASSES
 
 __all__ = [
-    'TASKS', 'REPO_ROOT', 'config_path', 'load_demo_config', 'set_data_root',
+    'TASKS', 'config_path', 'load_demo_config', 'set_data_root',
     'shrink_for_smoke', 'run_task', 'PredictionCollector', 'draw_predictions',
     'format_table'
 ]
-
-#: the checkout's root, or None when mmsoft is installed (site-packages)
-REPO_ROOT = paths.checkout_root()
 
 #: task -> what the demo trains and how it is judged (one row per task, keys
 #: ``_TASK_KEYS``). ``data``: the folder
@@ -354,7 +351,7 @@ def run_task(task,
         cfg.merge_from_dict(cfg_options)
     os.makedirs(work_dir, exist_ok=True)
     # a logger / message hub of its own, even within the same second
-    from mmsoft.tools_support.launch import name_run
+    from mmsoft_tools.launch import name_run
     name_run(cfg)
     runner = runner_cls.from_cfg(cfg)
     n = n_draw if n_draw is not None else (24 if task == 'cls' else 8)

@@ -17,7 +17,7 @@
   ``.png`` of a run), all written atomically
   (:mod:`mmsoft.utils.atomic`).
 
-The scripts import it as ``mmsoft.tools_support.analysis``. Like every
+The scripts import it as ``mmsoft_tools.analysis``. Like every
 tool they import the ``mmsoft`` that Python finds: an install
 (``pip install -e .``, as ``make demo`` does, or ``pip install .``), or the
 checkout put on ``PYTHONPATH`` (``bash tools/python.sh
@@ -130,7 +130,7 @@ DEMO_SETS = (('imagenet', 'imagenet/val'), ('coco', 'coco/val'),
 def demo_data_root() -> str:
     """``data/demo`` (``make demo``'s data) of the checkout, or of the
     working directory when mmsoft is installed."""
-    from mmsoft.utils.paths import checkout_root
+    from mmsoft_tools import checkout_root
     return osp.join(checkout_root() or os.getcwd(), 'data', 'demo')
 
 
@@ -166,7 +166,7 @@ def image_sets(specs, num_images: int, demo_root=None):
         return sets
     import numpy as np
 
-    from mmsoft.tools_support import demo_synthetic
+    from mmsoft_tools import demo_synthetic
     render_scene = demo_synthetic.render_scene
     imgs = [
         render_scene(np.random.default_rng([7, i]), 224)[0][..., ::-1]
@@ -227,7 +227,7 @@ def build_model(name=None, config=None, checkpoint=None, **overrides):
         print(
             'warning: no --checkpoint, the model is randomly initialised',
             flush=True)
-        from mmsoft.tools_support.launch import quiet_init_weights
+        from mmsoft_tools.launch import quiet_init_weights
         quiet_init_weights(model)
     return model.eval()
 
@@ -364,7 +364,7 @@ def run_isolated(argv: List[str], threads: Optional[int] = None) -> Dict:
 
     Raises RuntimeError with the child's last error line on failure.
     """
-    from mmsoft.utils.paths import import_root
+    from mmsoft_tools import import_root
     if threads:
         argv = list(argv) + ['--threads', str(threads)]
     env = dict(os.environ)

@@ -1,5 +1,5 @@
 """One training run per work dir (issue 27, item 3):
-:mod:`mmsoft.utils.work_dir_lock`. The whole tool is tested in
+:mod:`mmsoft_tools.work_dir_lock`. The whole tool is tested in
 ``tests/test_tools/test_chain.py`` (a second ``tools/train.py``, and
 ``dist_train.sh`` killed then resumed)."""
 import json
@@ -10,7 +10,7 @@ import socket
 import pytest
 from conftest import dead_pid, work_dir_holder
 
-from mmsoft.utils.work_dir_lock import (LOCK_NAME, WorkDirLock,
+from mmsoft_tools.work_dir_lock import (LOCK_NAME, WorkDirLock,
                                         WorkDirLockedError)
 
 

@@ -1,5 +1,5 @@
 """ONNX export (tools/deployment/pytorch2onnx.py,
-mmsoft.tools_support.deploy).
+mmsoft_tools.deploy).
 
 * the plain-op export path (``export_ops``: Gaussian kernel, unrolled
   Newton-Raphson, alpha selection in the graph) computes the same function
@@ -28,7 +28,7 @@ from mmsoft.models.backbones.soft import SOFT  # noqa: E402
 from mmsoft.models.layers import export_ops, pinv  # noqa: E402
 from mmsoft.models.layers.gaussian_kernel import gaussian_kernel  # noqa
 from mmsoft.models.layers.pinv import newton_inverse_apply  # noqa: E402
-from mmsoft.tools_support import deploy  # noqa: E402
+from mmsoft_tools import deploy  # noqa: E402
 
 DEMO = osp.join(ROOT, 'configs', 'demo')
 TINY = tiny_arch([16, 32, 64, 64], [1, 2, 2, 2], sampling_ratios=[4, 2, 2, 1])

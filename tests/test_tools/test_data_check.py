@@ -1,5 +1,5 @@
 """The data check of tools/train.py, tools/test.py and tools/dist_*.sh
-(``mmsoft/tools_support/data_check.py``).
+(``tools/mmsoft_tools/data_check.py``).
 
 * every shipped config family, resolved as the tools resolve it, names its
   missing data root, the expected layout and the ``--cfg-options`` keys;
@@ -21,11 +21,11 @@ import subprocess
 import sys
 
 import pytest
-from conftest import (CONFIGS, ROOT, child_env, demo_support, free_port, run,
-                      tiny_demo_data, tool_namespace)
+from conftest import (CONFIGS, ROOT, TOOLS, child_env, demo_support, free_port,
+                      run, tiny_demo_data, tool_namespace)
 from mmengine.config import Config, ConfigDict
 
-from mmsoft.tools_support import data_check as dc
+from mmsoft_tools import data_check as dc
 
 # one config per family: (config, dataset name in the message)
 FAMILIES = [
@@ -341,7 +341,8 @@ def test_existing_data_passes(tmp_path, monkeypatch, capsys):
         f'val_evaluator.ann_file={root}annotations/instances_val.json'
     ]
     proc = _run_checked([
-        sys.executable, '-m', 'mmsoft.tools_support.data_check', 'train', det,
+        sys.executable,
+        osp.join(TOOLS, 'mmsoft_tools', 'data_check.py'), 'train', det,
         '--work-dir', 'x', '--resume', '--cfg-options'
     ] + over, tmp_path)
     assert proc.returncode == 0, proc.stderr
@@ -493,8 +494,8 @@ def test_tools_message_is_all_a_newcomer_sees(tool, name, tmp_path):
 def demo_det(tmp_path):
     """The demo detection config on 3 generated training images."""
     pytest.importorskip('mmdet')
-    from mmsoft.tools_support import demo_synthetic as S
-    from mmsoft.tools_support import demo_tasks as T
+    from mmsoft_tools import demo_synthetic as S
+    from mmsoft_tools import demo_tasks as T
     report = S.make_demo_data(
         str(tmp_path / 'demo'),
         tasks=('det', ),

@@ -47,11 +47,21 @@ __all__ = [
     'quiet_init_weights', 'exit_if_legacy_backbone', 'exit_if_not_resumable',
     'lock_work_dir', 'CODEBASES', 'codebase_of', 'import_codebase',
     'setup_cpu_distributed', 'enable_amp', 'name_run', 'compile_refusal',
-    'COMPILE_MIN_TORCH', 'prepare_cfg', 'revert_sync_bn'
+    'COMPILE_MIN_TORCH', 'prepare_cfg'
 ]
 
 #: default_scope -> python package of the codebase
 CODEBASES = {'mmpretrain': 'mmpretrain', 'mmdet': 'mmdet', 'mmseg': 'mmseg'}
+
+
+def _dicts(node):
+    """Every dict in a config node (``cfg.model``, ...), depth first."""
+    if isinstance(node, dict):
+        yield node
+        node = list(node.values())
+    if isinstance(node, (list, tuple)):
+        for val in node:
+            yield from _dicts(val)
 
 
 def exit_if_legacy_backbone(cfg) -> None:
@@ -60,26 +70,17 @@ def exit_if_legacy_backbone(cfg) -> None:
     the backbone (``attn_norm=...``: now ``attn_cfg=dict(...)``), instead
     of mmengine's environment and config dump and a traceback."""
     from mmsoft.models.backbones.soft import SOFT
-
-    def visit(node):
-        if isinstance(node, dict):
-            if node.get('type') in ('SOFT', 'mmsoft.SOFT', SOFT):
-                legacy = {
-                    k: v
-                    for k, v in node.items() if k in SOFT.LEGACY_ATTN_ARGS
-                }
-                try:
-                    SOFT.check_legacy_options(legacy)
-                except TypeError as e:
-                    sys.exit(f'error: {e} (model.backbone in the config or '
-                             f'its --cfg-options)')
-            for v in node.values():
-                visit(v)
-        elif isinstance(node, (list, tuple)):
-            for v in node:
-                visit(v)
-
-    visit(cfg.get('model'))
+    for node in _dicts(cfg.get('model')):
+        if node.get('type') in ('SOFT', 'mmsoft.SOFT', SOFT):
+            legacy = {
+                k: v
+                for k, v in node.items() if k in SOFT.LEGACY_ATTN_ARGS
+            }
+            try:
+                SOFT.check_legacy_options(legacy)
+            except TypeError as e:
+                sys.exit(f'error: {e} (model.backbone in the config or '
+                         f'its --cfg-options)')
 
 
 def exit_if_not_resumable(cfg) -> None:
@@ -111,11 +112,11 @@ def exit_if_not_resumable(cfg) -> None:
 
 def lock_work_dir(cfg, launcher: str = 'none'):
     """Take the work dir's lock on rank 0
-    (:class:`mmsoft.utils.work_dir_lock.WorkDirLock`); another live run
+    (:class:`mmsoft_tools.work_dir_lock.WorkDirLock`); another live run
     there stops this one with one line (exit 1). Returns the lock (None on
     the other ranks)."""
-    from mmsoft.tools_support.data_check import launcher_rank
-    from mmsoft.utils.work_dir_lock import WorkDirLock, WorkDirLockedError
+    from mmsoft_tools.data_check import launcher_rank
+    from mmsoft_tools.work_dir_lock import WorkDirLock, WorkDirLockedError
     if launcher_rank(launcher) != 0:
         return None
     try:
@@ -161,21 +162,17 @@ def import_codebase(cfg) -> str:
     return scope
 
 
-def revert_sync_bn(node) -> int:
+def _sync_bn_to_bn(node) -> int:
     """Turn every ``SyncBN`` / ``MMSyncBN`` of a config node into ``BN``,
-    in place (CPU runs and exports have no process group); returns how
-    many were changed."""
+    in place; returns how many were changed. A config, not a model:
+    the Runner builds the model and wraps it in DDP in one go, and DDP
+    refuses SyncBatchNorm on CPU, so mmengine's ``revert_sync_batchnorm``
+    (for built models: the export) would come too late."""
     count = 0
-    if isinstance(node, dict):
-        for key, val in node.items():
-            if key == 'type' and val in ('SyncBN', 'MMSyncBN'):
-                node[key] = 'BN'
-                count += 1
-            else:
-                count += revert_sync_bn(val)
-    elif isinstance(node, (list, tuple)):
-        for val in node:
-            count += revert_sync_bn(val)
+    for sub in _dicts(node):
+        if sub.get('type') in ('SyncBN', 'MMSyncBN'):
+            sub['type'] = 'BN'
+            count += 1
     return count
 
 
@@ -229,7 +226,7 @@ def setup_cpu_distributed(cfg, launcher: str) -> bool:
         wrapper['device_ids'] = None  # CPU module: DDP needs device_ids=None
     cfg.model_wrapper_cfg = wrapper
 
-    n_sync = revert_sync_bn(cfg.get('model', None))
+    n_sync = _sync_bn_to_bn(cfg.get('model', None))
     if cfg.get('sync_bn', None) is not None:
         cfg.sync_bn = None
         n_sync += 1
@@ -253,17 +250,7 @@ _NO_BF16_CPU_OPS = {'RoIAlign'}
 
 
 def _types_in(node) -> set:
-    found = set()
-    if isinstance(node, dict):
-        for key, val in node.items():
-            if key == 'type' and isinstance(val, str):
-                found.add(val)
-            else:
-                found |= _types_in(val)
-    elif isinstance(node, (list, tuple)):
-        for val in node:
-            found |= _types_in(val)
-    return found
+    return {d['type'] for d in _dicts(node) if isinstance(d.get('type'), str)}
 
 
 def enable_amp(cfg) -> str:

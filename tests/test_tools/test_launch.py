@@ -7,16 +7,16 @@ import sys
 
 import pytest
 import torch
-from conftest import ROOT, cls_demo_config, free_port, random_model, run
+from conftest import ROOT, TOOLS, cls_demo_config, free_port, random_model, run
 
 # the end of a distributed test: DDP-wrapped model, results gathered, the
 # metrics broadcast from rank 0, then mmsoft's teardown
 SCRIPT = '''
 import sys
-sys.path.insert(0, {root!r})
+sys.path[:0] = [{root!r}, {tools!r}]
 import torch
 import torch.distributed as dist
-from mmsoft.tools_support import launch
+from mmsoft_tools import launch
 dist.init_process_group('gloo')
 dist_rank = dist.get_rank()
 model = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(4, 2))
@@ -51,7 +51,7 @@ def assert_clean(proc):
 
 def test_teardown_repeated(tmp_path):
     script = tmp_path / 'end_of_test.py'
-    script.write_text(SCRIPT.format(root=ROOT))
+    script.write_text(SCRIPT.format(root=ROOT, tools=TOOLS))
     for _ in range(3):
         out = assert_clean(torchrun([str(script)]))
         assert out.count('done') == 2
@@ -60,7 +60,7 @@ def test_teardown_repeated(tmp_path):
 def test_shutdown_dist_without_group_is_a_no_op(monkeypatch):
     import torch.distributed as dist
 
-    from mmsoft.tools_support import launch
+    from mmsoft_tools import launch
     assert not dist.is_initialized()
     for name in ('barrier', 'destroy_process_group'):  # nothing to tear down
         monkeypatch.setattr(
@@ -73,7 +73,7 @@ def test_shutdown_dist_destroys_a_group(monkeypatch):
     """One process, a gloo group: barrier, then the group is gone."""
     import torch.distributed as dist
 
-    from mmsoft.tools_support import launch
+    from mmsoft_tools import launch
     calls, barrier = [], dist.barrier
     monkeypatch.setattr(dist, 'barrier',
                         lambda *a, **k: calls.append(barrier(*a, **k)))

@@ -1,4 +1,4 @@
-"""The synthetic demo data (``mmsoft/tools_support/demo_synthetic.py``,
+"""The synthetic demo data (``tools/mmsoft_tools/demo_synthetic.py``,
 ``tools/misc/make_demo_data.py``).
 
 * deterministic (byte-identical for a seed, whatever the worker count),
@@ -23,7 +23,7 @@ import numpy as np
 import pytest
 from conftest import ROOT, run_python
 
-from mmsoft.tools_support import demo_synthetic as S
+from mmsoft_tools import demo_synthetic as S
 
 TOOL = osp.join(ROOT, 'tools', 'misc', 'make_demo_data.py')
 SMALL = {t: dict(num_train=6, num_val=3) for t in ('det', 'seg', 'cls')}

@@ -3,7 +3,7 @@
 ``tools/train.py`` (train + val data) and ``tools/test.py`` (test data) call
 :func:`exit_if_missing` before the Runner is built, and
 ``tools/dist_train.sh`` / ``tools/dist_test.sh`` run the same check once
-(``python -m mmsoft.tools_support.data_check {train,test} CONFIG [args]``)
+(``python tools/mmsoft_tools/data_check.py {train,test} CONFIG [args]``)
 before starting the worker processes. A missing data set then gives one
 short message on stderr - the missing path, the layout the config expects
 and how to point the config elsewhere - and exit code 1, instead of a
@@ -508,7 +508,7 @@ def exit_if_missing(cfg, mode, launcher='none'):
 
 
 def main(argv=None):
-    """``python -m mmsoft.tools_support.data_check {train,val,test} CONFIG
+    """``python tools/mmsoft_tools/data_check.py {train,val,test} CONFIG
     [--cfg-options k=v ...] [other tool arguments, ignored]``: exit code 0
     when the data is there, else the message and 1."""
     import argparse

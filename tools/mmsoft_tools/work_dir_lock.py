@@ -1,0 +1,124 @@
+"""One training run per work dir (``tools/train.py``, ``dist_train.sh``).
+
+Two runs in one work dir lose data silently: both write ``epoch_N.pth``,
+``max_keep_ckpts`` deletes the other run's checkpoints, and
+``last_checkpoint`` and the dumped config end up belonging to the other
+run, so a later ``--resume`` continues the wrong one. :class:`WorkDirLock`
+is taken (by rank 0) before the Runner touches the work dir:
+
+* ``<work_dir>/.mmsoft-train.lock.flock`` is held with ``filelock`` (an
+  OS lock, ``flock`` on Unix) for the life of the process: the kernel
+  releases it when the process dies, also on ``kill -9``;
+* ``<work_dir>/.mmsoft-train.lock`` records the holder (pid, host, start
+  time, command). A second run finds the lock held and stops with
+  :class:`WorkDirLockedError`: one line naming the holder and the fix
+  (wait, or another ``--work-dir``);
+* a record left by a process that is gone (nobody holds the lock) is taken
+  over with a warning. A record written on *another* host cannot be
+  checked from here (a network file system may not share the lock): the
+  message says to remove the file if that run is gone.
+
+Both files are removed when the run ends.
+"""
+import json
+import os
+import os.path as osp
+import socket
+import sys
+import time
+
+from filelock import FileLock, Timeout
+
+__all__ = ['WorkDirLock', 'WorkDirLockedError', 'LOCK_NAME']
+
+#: the holder record's name inside the work dir
+LOCK_NAME = '.mmsoft-train.lock'
+
+
+class WorkDirLockedError(RuntimeError):
+    """Another live run holds the work dir."""
+
+
+def _describe(info: dict) -> str:
+    started = info.get('started')
+    when = time.strftime('%Y-%m-%d %H:%M:%S', time.localtime(started)) \
+        if isinstance(started, (int, float)) else '?'
+    return (f'pid {info.get("pid", "?")} on host {info.get("host", "?")}, '
+            f'started {when}')
+
+
+class WorkDirLock:
+    """Exclusive use of ``work_dir`` by one training run (module doc).
+
+    Args:
+        work_dir (str): the run's work dir (created if needed).
+        log (callable): where the take-over of a stale lock is reported.
+    """
+
+    def __init__(self, work_dir: str, log=None):
+        self.work_dir = work_dir
+        self.path = osp.join(work_dir, LOCK_NAME)
+        self.log = log or (lambda msg: print(msg, file=sys.stderr))
+        self._lock = FileLock(self.path + '.flock')
+
+    def _read(self) -> dict:
+        try:
+            with open(self.path) as f:
+                info = json.load(f)
+            return info if isinstance(info, dict) else {}
+        except (OSError, ValueError):
+            return {}
+
+    def _refuse(self, info: dict, why: str = ''):
+        holder = _describe(info) if info else 'an unknown process'
+        raise WorkDirLockedError(
+            f'work dir {self.work_dir} is in use by another training run '
+            f'({holder}{why}; lock file {self.path}): two runs in one work '
+            f'dir overwrite and delete each other\'s checkpoints. Wait for '
+            f'it to finish, or pass another --work-dir; if that run is '
+            f'gone, remove {self.path}')
+
+    def acquire(self) -> 'WorkDirLock':
+        os.makedirs(self.work_dir, exist_ok=True)
+        try:
+            self._lock.acquire(timeout=0)
+        except Timeout:
+            self._refuse(self._read())
+        try:
+            info = self._read()
+            host = socket.gethostname()
+            if info.get('host') not in (None, host):
+                self._refuse(
+                    info, '; on another machine, which cannot be '
+                    'checked from here')
+            if info:
+                self.log(f'mmsoft: taking over the work dir lock of a run '
+                         f'that is gone ({_describe(info)}): {self.path}')
+            record = dict(
+                pid=os.getpid(),
+                host=host,
+                started=time.time(),
+                command=' '.join(sys.argv))
+            with open(self.path, 'w') as f:
+                json.dump(record, f)
+        except BaseException:
+            self._lock.release()
+            raise
+        return self
+
+    def release(self) -> None:
+        """Remove the lock files and unlock."""
+        if not self._lock.is_locked:
+            return
+        for path in (self.path, self._lock.lock_file):
+            try:
+                os.unlink(path)
+            except OSError:
+                pass
+        self._lock.release()
+
+    def __enter__(self):
+        return self.acquire()
+
+    def __exit__(self, *exc):
+        self.release()
