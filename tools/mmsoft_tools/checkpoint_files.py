@@ -106,8 +106,9 @@ def check_output_path(src: str, dst: str) -> None:
 
 def save_checkpoint_atomic(obj, path: str) -> None:
     """``torch.save`` ``obj`` atomically: ``path`` is the complete new file
-    or untouched, also on SIGINT / SIGTERM; temporaries of a killed earlier run are removed. OS
-    errors (full disk ...) raise a one-line :class:`ConversionError`."""
+    or untouched, also on SIGINT / SIGTERM; temporaries of a killed earlier
+    run are removed. OS errors (full disk ...) raise a one-line
+    :class:`ConversionError`."""
     from mmsoft.utils.atomic import remove_stale_temps
     from mmsoft.utils.checkpoint_io import save_atomic
     path = os.path.abspath(path)
