@@ -3,7 +3,7 @@
 While a model is exported (:func:`is_exporting`), the Gaussian kernel and
 the Newton-Raphson inverse skip their autograd Functions and run their
 forward functions directly: the same code as the model
-(:func:`~.gaussian_kernel.kernel`, :func:`~.nr_iteration.newton_forward`),
+(:func:`gaussian_kernel`, :func:`~.nr_iteration.newton_forward`),
 the iterations as batched products (``torch.linalg.eigh``, which the
 spectral method uses on the CPU, has no ONNX operator). The per-matrix
 alpha is selected with ``argmax`` / ``gather`` inside the graph (no Python
@@ -33,9 +33,26 @@ def fp32(t: torch.Tensor) -> torch.Tensor:
 def gaussian_kernel(x: torch.Tensor,
                     y: torch.Tensor,
                     self_kernel: bool = False) -> torch.Tensor:
-    """The kernel on the export path: :func:`~.gaussian_kernel.kernel`."""
-    from .gaussian_kernel import kernel
-    return kernel(x, y, self_kernel)
+    """exp(-||x_i - y_j||^2 / 2) for x (..., n, d), y (..., m, d), no
+    autograd: the forward of :class:`~.gaussian_kernel.GaussianKernel` and,
+    as it is, the export path.
+
+    Both sets translated by the mean landmark c (K depends on x - y only:
+    the expansion then cancels relative to the tokens' spread, not to their
+    norm); one (n, m) buffer updated in place; a unit diagonal for the
+    self-kernel (exp(-||y_i - y_i||^2 / 2) = 1 exactly; K <= 1 elsewhere).
+    """
+    c = y.mean(-2, keepdim=True)
+    yc = y - c
+    xc = yc if self_kernel else x - c
+    K = torch.matmul(xc, yc.transpose(-1, -2))
+    K.sub_(xc.square().sum(-1, keepdim=True), alpha=0.5)
+    K.sub_(yc.square().sum(-1).unsqueeze(-2), alpha=0.5)
+    K.clamp_(max=0.0).exp_()
+    if self_kernel:
+        eye = torch.eye(K.shape[-1], dtype=K.dtype, device=K.device)
+        K = torch.maximum(K, eye)
+    return K
 
 
 def check_method(method: str) -> None:

@@ -4,8 +4,9 @@ SOFT's similarity (Eq. 5) S_ij = exp(-||q_i - k_j||^2 / (2 sqrt(d))); the
 callers pass tokens scaled by d^(-1/4), so this is exp(-||x_i - y_j||^2 / 2),
 one custom autograd Function:
 
-* forward (:func:`kernel`): one (n, m) buffer, ``x @ y^T`` updated in place
-  (``-|x|^2/2``, ``-|y|^2/2``, clamp to <= 0, ``exp``);
+* forward (:func:`~.export_ops.gaussian_kernel`, also the export path):
+  one (n, m) buffer, ``x @ y^T`` updated in place (``-|x|^2/2``,
+  ``-|y|^2/2``, clamp to <= 0, ``exp``);
 * backward: with G' = grad * K, ``grad_x = G' y - rowsum(G') * x`` and
   ``grad_y = G'^T x - colsum(G') * y``.
 
@@ -23,31 +24,7 @@ import torch
 from . import export_ops
 from .amp import autocast_off
 
-__all__ = ['gaussian_kernel', 'GaussianKernel', 'kernel']
-
-
-def kernel(x: torch.Tensor,
-           y: torch.Tensor,
-           self_kernel: bool = False) -> torch.Tensor:
-    """The kernel itself, without autograd: the forward of
-    :class:`GaussianKernel` and, as it is, the ONNX export path.
-
-    Both sets translated by the mean landmark c (K depends on x - y only:
-    the expansion then cancels relative to the tokens' spread, not to their
-    norm); one (n, m) buffer updated in place; a unit diagonal for the
-    self-kernel (exp(-||y_i - y_i||^2 / 2) = 1 exactly; K <= 1 elsewhere).
-    """
-    c = y.mean(-2, keepdim=True)
-    yc = y - c
-    xc = yc if self_kernel else x - c
-    K = torch.matmul(xc, yc.transpose(-1, -2))
-    K.sub_(xc.square().sum(-1, keepdim=True), alpha=0.5)
-    K.sub_(yc.square().sum(-1).unsqueeze(-2), alpha=0.5)
-    K.clamp_(max=0.0).exp_()
-    if self_kernel:
-        eye = torch.eye(K.shape[-1], dtype=K.dtype, device=K.device)
-        K = torch.maximum(K, eye)
-    return K
+__all__ = ['gaussian_kernel', 'GaussianKernel']
 
 
 class GaussianKernel(torch.autograd.Function):
@@ -57,7 +34,7 @@ class GaussianKernel(torch.autograd.Function):
                 x: torch.Tensor,
                 y: torch.Tensor,
                 self_kernel: bool = False) -> torch.Tensor:
-        K = kernel(x, y, self_kernel)
+        K = export_ops.gaussian_kernel(x, y, self_kernel)
         # the inputs (kept alive by autograd anyway) and c are saved, not
         # the translated copies: backward recomputes them
         ctx.self_kernel = self_kernel
@@ -101,7 +78,8 @@ def gaussian_kernel(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
     self_kernel = x is y
     with autocast_off(x.device.type):
         if export_ops.is_exporting():  # ONNX: no autograd Function
-            return kernel(x.to(dtype), y.to(dtype), self_kernel)
+            return export_ops.gaussian_kernel(
+                x.to(dtype), y.to(dtype), self_kernel)
         y = y.to(dtype)
         # the self-kernel passes a view of y as x: the same values and the
         # same gradient (both inputs' gradients reach y), and torch.compile

@@ -252,5 +252,3 @@ def solve(A: torch.Tensor, W: Optional[torch.Tensor], nr,
         if W is None:
             return NewtonInverse.apply(A, None, nr, stats)
         return NewtonInverseApply.apply(A, W, nr, stats)
-
-

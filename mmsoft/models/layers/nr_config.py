@@ -27,8 +27,8 @@ from typing import Dict, Mapping, Optional, Union
 import torch
 
 from .checks import check_int
-from .nr_iteration import INIT_ALIASES, INIT_MODES, canonical_init
 from .nr_autograd import NR_METHODS, SPECTRAL_MIN_M, resolve_method, solve
+from .nr_iteration import INIT_ALIASES, INIT_MODES, canonical_init
 
 __all__ = [
     'NRConfig', 'INIT_MODES', 'INIT_ALIASES', 'NR_METHODS', 'NR_BACKWARDS',

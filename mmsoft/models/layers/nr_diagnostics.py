@@ -20,7 +20,7 @@ __all__ = [
 
 
 def record_residual(stats: Optional[Dict], lam: torch.Tensor,
-                     v: torch.Tensor) -> None:
+                    v: torch.Tensor) -> None:
     """Fill ``stats`` with the NR convergence of the last forward.
 
     From the eigenvalues l of the matrix iterated on and v = f(l):
@@ -47,7 +47,7 @@ def record_residual(stats: Optional[Dict], lam: torch.Tensor,
 
 
 def iterative_stats(stats: Optional[Dict], A: torch.Tensor, init: str,
-                     iters: int) -> None:
+                    iters: int) -> None:
     """The same statistics for the iterative method (one ``eigvalsh``)."""
     if stats is None:
         return

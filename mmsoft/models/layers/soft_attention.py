@@ -220,8 +220,8 @@ def _fixed_nr(name: str, field: Optional[str] = None) -> property:
             f'(mmsoft.models.layers.with_nr)')
 
     return property(
-        lambda attn: attn._nr if field is None else getattr(attn._nr, field),
-        fail)
+        lambda attn: attn._nr
+        if field is None else getattr(attn._nr, field), fail)
 
 
 @ATTENTIONS.register_module(name=['SOFTAttention', 'soft'])
@@ -262,7 +262,7 @@ class SOFTAttention(AttentionBase):
             with other settings.
         nr_diagnostics (bool): record the NR convergence of every forward
             in ``last_nr_stats`` (``'residual'``, ``'unconverged'``, per
-            matrix; see :func:`mmsoft.models.layers.nr_diagnostics.nr_residual`).
+            matrix; see :func:`~.nr_diagnostics.nr_residual`).
             Default: False.
         max_landmarks (int | None): opt-in cap on the bottleneck size (see
             :class:`BottleneckSampler`). Default: None.
@@ -368,7 +368,6 @@ def with_nr(model: nn.Module,
     model = copy.deepcopy(model)
     for mod in model.modules():
         if isinstance(mod, SOFTAttention):
-            settings = NRConfig.of(mod.nr if nr is None else nr,
-                                   mod.attn_norm)
+            settings = NRConfig.of(mod.nr if nr is None else nr, mod.attn_norm)
             mod._nr = settings.replace(**changes) if changes else settings
     return model

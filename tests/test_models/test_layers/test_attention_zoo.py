@@ -26,6 +26,7 @@ def newton_inverse(A, *args, stats=None, **kwargs):
     """``NRConfig(*args, **kwargs).inverse(A, stats)``."""
     return NRConfig(*args, **kwargs).inverse(A, stats)
 
+
 HW = (7, 5)  # not a multiple of the ratio on purpose
 N = HW[0] * HW[1]
 C, HEADS = 16, 2

@@ -27,6 +27,7 @@ def newton_inverse(A, *args, stats=None, **kwargs):
     """``NRConfig(*args, **kwargs).inverse(A, stats)``."""
     return NRConfig(*args, **kwargs).inverse(A, stats)
 
+
 pytestmark = pytest.mark.usefixtures('one_thread')
 
 

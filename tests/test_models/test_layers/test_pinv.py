@@ -10,7 +10,6 @@ from mmsoft.models.layers.nr_diagnostics import pinv_convergence
 from mmsoft.models.layers.nr_iteration import nr_init_alpha
 
 
-
 def newton_inverse(A, *args, stats=None, **kwargs):
     """``NRConfig(*args, **kwargs).inverse(A, stats)``."""
     return NRConfig(*args, **kwargs).inverse(A, stats)
@@ -19,6 +18,7 @@ def newton_inverse(A, *args, stats=None, **kwargs):
 def newton_inverse_apply(A, W, *args, stats=None, **kwargs):
     """``NRConfig(*args, **kwargs).apply(A, W, stats)``."""
     return NRConfig(*args, **kwargs).apply(A, W, stats)
+
 
 def kernel_matrix(*batch, m=49, d=32, scale=1.0, seed=0, dtype=torch.float32):
     g = torch.Generator().manual_seed(seed)
@@ -158,8 +158,7 @@ def test_spectral_gradcheck_and_batch_independence():
 
 
 def test_auto_method_choice():
-    from mmsoft.models.layers.nr_config import (SPECTRAL_MIN_M,
-                                                 resolve_method)
+    from mmsoft.models.layers.nr_config import SPECTRAL_MIN_M, resolve_method
     small = torch.eye(8)
     big = torch.eye(SPECTRAL_MIN_M)
     assert resolve_method('auto', small) == 'iterative'
@@ -458,8 +457,9 @@ def test_divided_differences_close_eigenvalues():
     recurrence form agrees with the quotient where that is accurate, and
     with the derivative f'(l) at l_i = l_j (float64 autograd)."""
     from mmsoft.models.layers.nr_autograd import _divided_differences
-    from mmsoft.models.layers.nr_iteration import (
-        _scalar_iterate_impl, scalar_iterate as _scalar_iterate)
+    from mmsoft.models.layers.nr_iteration import _scalar_iterate_impl
+    from mmsoft.models.layers.nr_iteration import \
+        scalar_iterate as _scalar_iterate
     lam = torch.tensor([1e-3, 1e-3 * (1 + 1e-12), 0.3, 0.3, 0.31, 1.7],
                        dtype=torch.float64)
     alpha = torch.tensor(0.3, dtype=torch.float64)
