@@ -247,10 +247,8 @@ class SOFT(BaseModule):
     softmax-attention stage with a cls token. Outputs are at strides
     4 / 8 / 16 / 32.
 
-    Every per-stage setting takes one entry per stage (4). Settings only
-    the SOFT stages take (``dw_kernel_sizes``, a list ``attn_cfg``) have
-    None as the entry of stage 4; the 3-entry lists of mmsoft 0.2 are an
-    error that gives the 4-entry list to write.
+    Per-stage settings take 4 entries, None at stage 4 for the SOFT-only
+    ones (``dw_kernel_sizes``, a list ``attn_cfg``).
 
     Args:
         arch (str | dict): a preset of :attr:`arch_zoo` (``'tiny'``,
@@ -264,18 +262,13 @@ class SOFT(BaseModule):
             each. Default: 'tiny'.
         attn_cfg (dict | list[dict | None]): the token mixer of stages 1-3,
             ``dict(type=..., **options)`` from
-            :data:`mmsoft.registry.ATTENTIONS`: one dict for those stages or
-            a list of four, the 4th None (stage 4 is softmax attention).
-            Default: ``dict(type='SOFTAttention')``, the normalised SOFT
-            attention of the IJCV ``soft_norm_*`` models; ``attn_norm=False``
-            gives the NeurIPS ``soft_*`` family. The options of SOFT
-            attention (``attn_norm``, ``sampling``, ``nr_iters``,
-            ``nr_init``, ``nr_method``, ``nr_backward``, ``nr_diagnostics``
-            (see :meth:`nr_stats`), ``max_landmarks``, ``landmark_hw``) are
-            those of :class:`~mmsoft.models.layers.SOFTAttention`; the zoo
-            attentions (Table 1: ``'softmax'``, ``'linformer'``,
-            ``'performer'``, ``'nystromformer'``, ``'sima'``) take their own
-            (:mod:`mmsoft.models.layers.attention_zoo`).
+            :data:`mmsoft.registry.ATTENTIONS` (see
+            :mod:`~mmsoft.models.layers.attention_zoo`): one dict or a list
+            of four, the 4th None.
+            Default: ``dict(type='SOFTAttention')``, the IJCV
+            ``soft_norm_*`` attention (``attn_norm=False``: NeurIPS
+            ``soft_*``; the options are those of
+            :class:`~mmsoft.models.layers.SOFTAttention`).
         in_channels (int): image channels. Default: 3.
         out_indices (int | Sequence[int]): stages (0-3) whose outputs are
             returned. Default: (0, 1, 2, 3).
@@ -351,19 +344,11 @@ class SOFT(BaseModule):
         >>> [o.shape[1] for o in model(torch.rand(1, 3, 224, 224))]
         [64, 128, 320, 512]
 
-    Sizes that are not multiples of 32: every down-sampling conv has kernel
-    3, stride 2, padding 1, so each stage has ceil(H_prev / 2) rows; the
-    bottleneck grid of a stage is ``max(1, H // r) x max(1, W // r)`` (see
-    :func:`mmsoft.models.layers.landmark_grid`).
-
-    Checkpoints: version 3 (``_version``) names the tensors by stage
-    (``stages.0.patch_embed.*``, ``stages.0.pos_embed``,
-    ``stages.0.blocks.1.*``, ``stages.3.cls_token``, ``stages.3.norm.*``),
-    with mmcv's FFN inside blocks (``ffn.layers.0.0.*`` = fc1,
-    ``ffn.layers.1.*`` = fc2). Checkpoints of version 2 (``ffn.fc1.*``,
-    ``ffn.fc2.*``) and of version 1 (``patch_embeds.0.*``,
-    ``pos_embeds.0``, ``stages.0.1.*``, ``cls_token``, ``norm.*``) load
-    unchanged (:meth:`upgrade_state_dict`).
+    Any input size: each stage has ceil(H_prev / 2) rows; the bottleneck
+    grid is ``max(1, H // r) x max(1, W // r)``
+    (:func:`~mmsoft.models.layers.landmark_grid`). Checkpoints of version 3 name tensors by stage
+    (``stages.0.blocks.1.*``, mmcv FFN ``ffn.layers.0.0.*``); versions 1
+    and 2 load unchanged (:meth:`upgrade_state_dict`).
     """
 
     _version = 3

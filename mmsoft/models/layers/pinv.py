@@ -1,17 +1,12 @@
-"""Deprecated home of the Newton-Raphson pseudo-inverse (mmsoft <= 0.4).
-
-Its parts now live by concern: the settings in :mod:`.nr_config`
-(:class:`NRConfig`), the iteration in :mod:`.nr_iteration`, the autograd
-and the exact backward in :mod:`.nr_autograd`, the diagnostics in
-:mod:`.nr_diagnostics`. The names below keep working for one release;
-:func:`newton_inverse` and :func:`newton_inverse_apply` warn: use
-``NRConfig(iters, init, method, backward).inverse(A, stats)`` /
-``.apply(A, W, stats)``.
-"""
+"""Deprecated (mmsoft <= 0.4): the Newton-Raphson inverse now lives by
+concern in :mod:`.nr_config`, :mod:`.nr_iteration`, :mod:`.nr_autograd` and
+:mod:`.nr_diagnostics`. The names below work for one more release;
+``newton_inverse`` / ``newton_inverse_apply`` warn: write
+``NRConfig(iters, init, method, backward).inverse(A, stats)`` / ``.apply(A,
+W, stats)``."""
 import warnings
-from typing import Dict, Optional
 
-import torch
+import torch  # noqa: F401 (pinv.torch, as before)
 
 from .nr_autograd import (NR_METHODS, SPECTRAL_MIN_M, NewtonInverse,
                           NewtonInverseApply, resolve_method)
@@ -29,34 +24,32 @@ __all__ = [
 ]
 
 
-def _deprecated(name: str, new: str) -> None:
+def newton_inverse(A,
+                   iters=20,
+                   init='soft_norm_per_sample',
+                   method='auto',
+                   backward='eq16',
+                   stats=None):
+    """Deprecated: ``NRConfig(iters, init, method, backward).inverse(A)``."""
     warnings.warn(
-        f'mmsoft.models.layers.{name} is deprecated and will be removed in '
-        f'the next release; use {new}',
+        'newton_inverse is deprecated; use NRConfig(...).inverse'
+        '(A, stats)',
         DeprecationWarning,
-        stacklevel=3)
-
-
-def newton_inverse(A: torch.Tensor,
-                   iters: int = 20,
-                   init: str = 'soft_norm_per_sample',
-                   method: str = 'auto',
-                   backward: str = 'eq16',
-                   stats: Optional[Dict] = None) -> torch.Tensor:
-    """Deprecated: ``NRConfig(iters, init, method, backward).inverse(A,
-    stats)``."""
-    _deprecated('newton_inverse', 'NRConfig(...).inverse(A, stats)')
+        stacklevel=2)
     return NRConfig(iters, init, method, backward).inverse(A, stats)
 
 
-def newton_inverse_apply(A: torch.Tensor,
-                         W: torch.Tensor,
-                         iters: int = 20,
-                         init: str = 'soft_norm_per_sample',
-                         method: str = 'auto',
-                         backward: str = 'eq16',
-                         stats: Optional[Dict] = None) -> torch.Tensor:
-    """Deprecated: ``NRConfig(iters, init, method, backward).apply(A, W,
-    stats)``."""
-    _deprecated('newton_inverse_apply', 'NRConfig(...).apply(A, W, stats)')
+def newton_inverse_apply(A,
+                         W,
+                         iters=20,
+                         init='soft_norm_per_sample',
+                         method='auto',
+                         backward='eq16',
+                         stats=None):
+    """Deprecated: ``NRConfig(iters, init, method, backward).apply(A, W)``."""
+    warnings.warn(
+        'newton_inverse_apply is deprecated; use NRConfig(...)'
+        '.apply(A, W, stats)',
+        DeprecationWarning,
+        stacklevel=2)
     return NRConfig(iters, init, method, backward).apply(A, W, stats)
