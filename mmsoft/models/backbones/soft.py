@@ -346,9 +346,10 @@ class SOFT(BaseModule):
 
     Any input size: each stage has ceil(H_prev / 2) rows; the bottleneck
     grid is ``max(1, H // r) x max(1, W // r)``
-    (:func:`~mmsoft.models.layers.landmark_grid`). Checkpoints of version 3 name tensors by stage
-    (``stages.0.blocks.1.*``, mmcv FFN ``ffn.layers.0.0.*``); versions 1
-    and 2 load unchanged (:meth:`upgrade_state_dict`).
+    (:func:`~mmsoft.models.layers.landmark_grid`). Checkpoints of version 3
+    name tensors by stage (``stages.0.blocks.1.*``, mmcv FFN
+    ``ffn.layers.0.0.*``); versions 1 and 2 load unchanged
+    (:meth:`upgrade_state_dict`).
     """
 
     _version = 3

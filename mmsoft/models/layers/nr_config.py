@@ -66,7 +66,7 @@ class NRConfig:
     :meth:`apply` evaluate A_T and A_T W: float32 (float64 for float64
     inputs), autocast disabled; ``stats``: an optional dict that receives
     the convergence of the call (``'residual'``, ``'unconverged'`` per
-    matrix, see :func:`~.nr_diagnostics.nr_residual`).
+    matrix, see ``nr_diagnostics.nr_residual``).
     """
     iters: int = 20
     init: str = 'soft_norm_per_sample'

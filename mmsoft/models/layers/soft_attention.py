@@ -120,22 +120,16 @@ class BottleneckSampler(nn.Module):
             average pooling; ``'random'`` m tokens drawn uniformly at random
             in training (evenly spaced tokens in eval mode, for reproducible
             inference); ``'biased'`` the first m tokens. Default: 'conv'.
-        max_landmarks (int | None): opt-in cap on m for any resolution
-            (default None: no cap). The strided
-            grid is adaptively average-pooled down to at most this many
-            tokens (conv: after the conv, before LayerNorm / GELU), so the
-            cost is linear in n at every input size. This changes the
-            function at sizes where the cap binds, so it is for training
-            from scratch, not for official weights (trained uncapped).
-        landmark_hw (tuple[int, int] | None): opt-in fixed grid (gh, gw):
-            m = gh * gw at every input size whose strided grid is at least
-            that large, the strided grid being adaptively average-pooled to
-            it (as ``max_landmarks``; e.g. the fixed m = 49 of the NeurIPS
-            Fig. 1b memory study). The grid is never up-sampled: a side
-            larger than the strided grid's (a small input) is clamped to it,
-            so that m <= n / r^2 (``mmsoft.models.layers.grid.fixed_grid``).
-            Exclusive with ``max_landmarks``. Default: None (the strided
-            grid).
+        max_landmarks (int | None): opt-in cap on m: the strided grid is
+            adaptively average-pooled to at most this many tokens (conv:
+            before LayerNorm / GELU), linear cost at every input size; a
+            different function where it binds (for training from scratch).
+            Default: None.
+        landmark_hw (tuple[int, int] | None): opt-in fixed grid (gh, gw)
+            wherever the strided grid is that large (never up-sampled:
+            ``grid.fixed_grid``), e.g. the m = 49 of the NeurIPS
+            Fig. 1b memory study. Exclusive with ``max_landmarks``.
+            Default: None.
     """
 
     def __init__(self,
@@ -243,26 +237,16 @@ class SOFTAttention(AttentionBase):
             D^-1/2 A^+ D^-1/2 (Eq. 25); False is the NeurIPS model.
             Default: True.
         sampling (str): f_s, one of ``SAMPLING_MODES``. Default: 'conv'.
-        nr (NRConfig | dict | None): the Newton-Raphson settings, fixed at
-            construction (:class:`~mmsoft.models.layers.nr_config.NRConfig`, or
-            a dict of its fields): ``iters`` (T, default 20), ``init``
-            (the alpha rule, ``INIT_MODES``: ``'soft_norm_per_sample'``,
-            ``'soft_norm_per_matrix'``, ``'soft_norm_per_batch'``,
-            ``'soft'``; default: the official rule of the variant, per
-            sample with ``attn_norm``, else ``'soft'``), ``method``
-            (``'auto'``, ``'iterative'`` or ``'spectral'``: the same
-            function, see :mod:`mmsoft.models.layers.nr_config`; default
-            'auto'), ``backward`` (``'eq16'``, the papers' closed form, or
-            ``'exact'``, the gradient of the T iterations as computed,
-            alpha fixed; default 'eq16'). In an ``attn_cfg`` they are
-            written ``nr_iters``, ``nr_init``, ``nr_method``,
-            ``nr_backward`` (see
-            :func:`~mmsoft.models.layers.attention_zoo.build_attention`).
-            Default: None, all defaults. :func:`with_nr` copies a model
-            with other settings.
+        nr (NRConfig | dict | None): the Newton-Raphson settings
+            ``iters``, ``init``, ``method``, ``backward`` (an
+            :class:`NRConfig` or a dict of its fields; ``init`` missing:
+            the official rule of the variant), fixed at construction
+            (:func:`with_nr` copies a model with other ones). An
+            ``attn_cfg`` writes them ``nr_iters``, ``nr_init``,
+            ``nr_method``, ``nr_backward``. Default: None, all defaults.
         nr_diagnostics (bool): record the NR convergence of every forward
             in ``last_nr_stats`` (``'residual'``, ``'unconverged'``, per
-            matrix; see :func:`~.nr_diagnostics.nr_residual`).
+            matrix; see ``nr_diagnostics.nr_residual``).
             Default: False.
         max_landmarks (int | None): opt-in cap on the bottleneck size (see
             :class:`BottleneckSampler`). Default: None.
