@@ -86,14 +86,14 @@ MUTATIONS = (
     # --------------------------------------------------- Newton-Raphson
     M(name='nr_soft_shift',
       what="the 'soft' NR rule iterates on A + 0.1 I instead of A + 0.01 I",
-      path='mmsoft/models/layers/pinv.py',
+      path='mmsoft/models/layers/nr_iteration.py',
       old='_SOFT_SHIFT = 0.01\n',
       new='_SOFT_SHIFT = 0.1\n',
       tests=(NR_SOFT + '[iterative-12]', )),
     M(name='nr_soft_scale',
       what=("the 'soft' NR rule starts from alpha = 2 / ||A||_1^2 (scale 1.0, "
             'not 0.9)'),
-      path='mmsoft/models/layers/pinv.py',
+      path='mmsoft/models/layers/nr_iteration.py',
       old='_SOFT_SCALE = 0.9\n',
       new='_SOFT_SCALE = 1.0\n',
       tests=(NR_SOFT + '[iterative-12]', )),
@@ -106,7 +106,7 @@ MUTATIONS = (
     M(name='nr_stats_residual_absolute',
       what=("NR stats: 'residual' is not divided by ||A||_2 (absolute, not "
             'relative)'),
-      path='mmsoft/models/layers/pinv.py',
+      path='mmsoft/models/layers/nr_diagnostics.py',
       old=(
           "    stats['residual'] = (lam * (lam * v - 1)).abs().amax(-1) / \\\n"
           '        lmax.squeeze(-1).clamp_min(torch.finfo(lam.dtype).tiny)\n'),
@@ -213,7 +213,7 @@ MUTATIONS = (
     # ------------------------------------------------ device / AMP / compile
     M(name='device_arange_cpu',
       what='NR alpha search: torch.arange without device= (lands on the CPU)',
-      path='mmsoft/models/layers/pinv.py',
+      path='mmsoft/models/layers/nr_iteration.py',
       old=('n = torch.arange(_NORM_MAX_HALVINGS + 1, device=A.device, '
            'dtype=A.dtype)'),
       new='n = torch.arange(_NORM_MAX_HALVINGS + 1, dtype=A.dtype)',
@@ -222,7 +222,7 @@ MUTATIONS = (
     M(name='dtype_arange_float32',
       what=('NR alpha search: torch.arange without dtype= (float32 in a '
             'float64 model)'),
-      path='mmsoft/models/layers/pinv.py',
+      path='mmsoft/models/layers/nr_iteration.py',
       old=('n = torch.arange(_NORM_MAX_HALVINGS + 1, device=A.device, '
            'dtype=A.dtype)'),
       new='n = torch.arange(_NORM_MAX_HALVINGS + 1, device=A.device)',
@@ -238,14 +238,14 @@ MUTATIONS = (
     M(name='nr_autocast_cuda_only',
       what=("NR pseudo-inverse: autocast disabled for 'cuda' only (the "
             'iterations run under CPU autocast)'),
-      path='mmsoft/models/layers/pinv.py',
+      path='mmsoft/models/layers/nr_autograd.py',
       old='    with autocast_off(A.device.type):\n',
       new="    with torch.autocast(device_type='cuda', enabled=False):\n",
       tests=(AMP + 'test_pinv_alone_runs_in_fp32_under_autocast'
              '[cpu-iterative-bfloat16]', )),
     M(name='nr_no_fp32_upcast',
       what='NR pseudo-inverse: half-precision A / W are not cast to float32',
-      path='mmsoft/models/layers/pinv.py',
+      path='mmsoft/models/layers/nr_autograd.py',
       old='    A = A.to(dtype)\n    W = None if W is None else W.to(dtype)\n',
       new='',
       tests=(AMP + 'test_pinv_alone_runs_in_fp32_under_autocast'
@@ -335,9 +335,9 @@ MUTATIONS = (
     M(name='scalar_recurrence_inlined',
       what=('the spectral scalar NR recurrence as plain pointwise ops '
             '(inductor inlines 20 steps: compile time ~3^20)'),
-      path='mmsoft/models/layers/pinv.py',
-      old='_scalar_iterate = _register_scalar_iterate()',
-      new='_scalar_iterate = _scalar_iterate_impl',
+      path='mmsoft/models/layers/nr_iteration.py',
+      old='scalar_iterate = _register_scalar_iterate()',
+      new='scalar_iterate = _scalar_iterate_impl',
       tests=('tests/test_models/test_compile.py::'
              'test_spectral_recurrence_is_one_opaque_op', )),
     M(name='half_conv_probe_trusts',
@@ -452,13 +452,13 @@ MUTATIONS = (
     # --------------------------------------- issue 30: diagnostics
     M(name='nr_stats_first_head',
       what='nr_stats reports the first head of each matrix stack only',
-      path='mmsoft/models/backbones/nr_diagnostics.py',
+      path='mmsoft/models/backbones/soft.py',
       old='per_key.setdefault(k, []).append(v.amax())',
       new='per_key.setdefault(k, []).append(v[..., 0].amax())',
       tests=(OPTS + 'test_nr_stats_reduce_over_every_matrix', )),
     M(name='nr_stats_mean',
       what='nr_stats averages the matrices instead of their maximum',
-      path='mmsoft/models/backbones/nr_diagnostics.py',
+      path='mmsoft/models/backbones/soft.py',
       old='per_key.setdefault(k, []).append(v.amax())',
       new='per_key.setdefault(k, []).append(v.mean())',
       tests=(OPTS + 'test_nr_stats_per_matrix_and_their_maximum', )),

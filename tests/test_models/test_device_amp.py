@@ -62,7 +62,7 @@ LOSS_SCALE = 2.0**12
 # the modules (``mmsoft.models.layers`` re-exports functions of the same
 # names, so ``import ... as`` would give the functions)
 KERNEL = importlib.import_module('mmsoft.models.layers.gaussian_kernel')
-PINV = importlib.import_module('mmsoft.models.layers.pinv')
+PINV = importlib.import_module('mmsoft.models.layers.nr_autograd')
 
 
 def dtype_id(dtype):

@@ -4,9 +4,10 @@ The backbone is a pyramid of four :class:`PyramidStage` modules:
 :class:`SOFTStage` (stages 1-3: softmax-free attention, or any attention of
 the zoo through ``attn_cfg``) and :class:`ClsTokenStage` (stage 4: softmax
 attention with a cls token). Each stage owns its patch embedding, position
-embedding and blocks. The checks of the backbone's options live in
-:mod:`.soft_options`, its handling of unusual inputs in :mod:`.soft_inputs`
-and its NR diagnostics in :mod:`.nr_diagnostics`.
+embedding and blocks, built from the per-stage config the backbone
+computes, with the user's ``stage_cfgs`` merged over it (as mmpretrain's
+Swin). Every option is checked at construction: one error naming the
+option, what it got and what to write instead.
 """
 import copy
 import math
@@ -23,11 +24,10 @@ from torch.nn.modules.batchnorm import _BatchNorm
 from mmsoft.registry import register_model
 from ..arch_zoo import ARCH_DEFAULTS, ARCH_ZOO, NUM_STAGES
 from ..converters import upgrade_legacy_state_dict
-from ..layers.blocks import ConvPatchEmbed, SOFTBlock, SoftmaxBlock, build_norm
+from ..layers.blocks import (RESIDUAL_DROPS, ConvPatchEmbed, SOFTBlock,
+                             SoftmaxBlock, build_norm, check_norm_cfg)
+from ..layers.checks import check_int, check_kernel_size, check_rate
 from ..loading import pretrained_init_cfg
-from . import soft_inputs
-from . import soft_options as opts
-from .nr_diagnostics import NRDiagnosticsMixin
 
 __all__ = ['SOFT', 'PyramidStage', 'SOFTStage', 'ClsTokenStage']
 
@@ -232,12 +232,12 @@ class ClsTokenStage(PyramidStage):
         return self.norm(x)
 
 
-#: the stage types a per-stage spec (:attr:`SOFT.stage_cfgs`) can name
+#: the stage types of :attr:`SOFT.stage_types`
 STAGE_TYPES = {'SOFTStage': SOFTStage, 'ClsTokenStage': ClsTokenStage}
 
 
 @register_model
-class SOFT(NRDiagnosticsMixin, BaseModule):
+class SOFT(BaseModule):
     """SOFT: softmax-free vision transformer with a 4-stage pyramid.
 
     Stages 1-3 (:class:`SOFTStage`) stack :class:`SOFTBlock` (linear-
@@ -246,10 +246,8 @@ class SOFT(NRDiagnosticsMixin, BaseModule):
     softmax-attention stage with a cls token. Outputs are at strides
     4 / 8 / 16 / 32.
 
-    Every per-stage setting takes one entry per stage (4). Settings only
-    the SOFT stages take (``dw_kernel_sizes``, a list ``attn_cfg``) have
-    None as the entry of stage 4; the 3-entry lists of mmsoft 0.2 are an
-    error that gives the 4-entry list to write.
+    Per-stage settings take 4 entries, None at stage 4 for the SOFT-only
+    ones (``dw_kernel_sizes``, a list ``attn_cfg``).
 
     Args:
         arch (str | dict): a preset of :attr:`arch_zoo` (``'tiny'``,
@@ -263,18 +261,13 @@ class SOFT(NRDiagnosticsMixin, BaseModule):
             each. Default: 'tiny'.
         attn_cfg (dict | list[dict | None]): the token mixer of stages 1-3,
             ``dict(type=..., **options)`` from
-            :data:`mmsoft.registry.ATTENTIONS`: one dict for those stages or
-            a list of four, the 4th None (stage 4 is softmax attention).
-            Default: ``dict(type='SOFTAttention')``, the normalised SOFT
-            attention of the IJCV ``soft_norm_*`` models; ``attn_norm=False``
-            gives the NeurIPS ``soft_*`` family. The options of SOFT
-            attention (``attn_norm``, ``sampling``, ``nr_iters``,
-            ``nr_init``, ``nr_method``, ``nr_backward``, ``nr_diagnostics``
-            (see :meth:`nr_stats`), ``max_landmarks``, ``landmark_hw``) are
-            those of :class:`~mmsoft.models.layers.SOFTAttention`; the zoo
-            attentions (Table 1: ``'softmax'``, ``'linformer'``,
-            ``'performer'``, ``'nystromformer'``, ``'sima'``) take their own
-            (:mod:`mmsoft.models.layers.attention_zoo`).
+            :data:`mmsoft.registry.ATTENTIONS` (see
+            :mod:`~mmsoft.models.layers.attention_zoo`): one dict or a list
+            of four, the 4th None.
+            Default: ``dict(type='SOFTAttention')``, the IJCV
+            ``soft_norm_*`` attention (``attn_norm=False``: NeurIPS
+            ``soft_*``; the options are those of
+            :class:`~mmsoft.models.layers.SOFTAttention`).
         in_channels (int): image channels. Default: 3.
         out_indices (int | Sequence[int]): stages (0-3) whose outputs are
             returned. Default: (0, 1, 2, 3).
@@ -350,19 +343,12 @@ class SOFT(NRDiagnosticsMixin, BaseModule):
         >>> [o.shape[1] for o in model(torch.rand(1, 3, 224, 224))]
         [64, 128, 320, 512]
 
-    Sizes that are not multiples of 32: every down-sampling conv has kernel
-    3, stride 2, padding 1, so each stage has ceil(H_prev / 2) rows; the
-    bottleneck grid of a stage is ``max(1, H // r) x max(1, W // r)`` (see
-    :func:`mmsoft.models.layers.landmark_grid`).
-
-    Checkpoints: version 3 (``_version``) names the tensors by stage
-    (``stages.0.patch_embed.*``, ``stages.0.pos_embed``,
-    ``stages.0.blocks.1.*``, ``stages.3.cls_token``, ``stages.3.norm.*``),
-    with mmcv's FFN inside blocks (``ffn.layers.0.0.*`` = fc1,
-    ``ffn.layers.1.*`` = fc2). Checkpoints of version 2 (``ffn.fc1.*``,
-    ``ffn.fc2.*``) and of version 1 (``patch_embeds.0.*``,
-    ``pos_embeds.0``, ``stages.0.1.*``, ``cls_token``, ``norm.*``) load
-    unchanged (:meth:`upgrade_state_dict`).
+    Any input size: each stage has ceil(H_prev / 2) rows; the bottleneck
+    grid is ``max(1, H // r) x max(1, W // r)``
+    (:func:`~mmsoft.models.layers.landmark_grid`). Checkpoints of version 3
+    name tensors by stage (``stages.0.blocks.1.*``, mmcv FFN
+    ``ffn.layers.0.0.*``); versions 1 and 2 load unchanged
+    (:meth:`upgrade_state_dict`).
     """
 
     _version = 3
@@ -375,11 +361,12 @@ class SOFT(NRDiagnosticsMixin, BaseModule):
     stage_types = ('SOFTStage', 'SOFTStage', 'SOFTStage', 'ClsTokenStage')
     arch_defaults = ARCH_DEFAULTS
     num_stages = NUM_STAGES
-    OUT_TYPES = opts.OUT_TYPES
+    OUT_TYPES = ('featmap', 'cls_token')
     #: the SOFT-attention options the backbone took before ``attn_cfg``
     #: (mmsoft 0.1); see :meth:`check_legacy_options`
-    LEGACY_ATTN_ARGS = opts.LEGACY_ATTN_ARGS
-    check_legacy_options = staticmethod(opts.check_legacy_options)
+    LEGACY_ATTN_ARGS = ('attn_type', 'attn_norm', 'sampling', 'nr_iters',
+                        'nr_init', 'nr_method', 'nr_backward',
+                        'nr_diagnostics', 'max_landmarks')
 
     def __init__(self,
                  arch: Union[str, Dict] = 'tiny',
@@ -405,44 +392,80 @@ class SOFT(NRDiagnosticsMixin, BaseModule):
                  **legacy):
         super().__init__(init_cfg=init_cfg)
         self.check_legacy_options(legacy)
-        rates = opts.check_options(
-            self.num_stages,
-            in_channels,
-            pretrain_img_size,
-            out_type,
-            frozen_stages,
-            residual_drop,
-            drop_rate=drop_rate,
-            attn_drop_rate=attn_drop_rate,
-            drop_path_rate=drop_path_rate)
-        kinds = [STAGE_TYPES[k] for k in self.stage_types]
-        self.arch_settings = opts.parse_arch(arch, self.arch_zoo,
-                                             self.arch_defaults, kinds)
-        self.out_indices = opts.parse_out_indices(out_indices, self.num_stages)
-        self.embed_dims = self.arch_settings['embed_dims']
-        self.num_heads = self.arch_settings['num_heads']
-        self.depths = self.arch_settings['depths']
+        n = self.num_stages
+        check_int('SOFT: in_channels', in_channels)
+        check_int('SOFT: pretrain_img_size', pretrain_img_size, minimum=32)
+        drop_rate, attn_drop_rate, drop_path_rate = (check_rate(
+            f'SOFT: {k}', r) for k, r in (('drop_rate', drop_rate),
+                                          ('attn_drop_rate', attn_drop_rate),
+                                          ('drop_path_rate', drop_path_rate)))
+        if out_type not in self.OUT_TYPES:
+            raise ValueError(f'unknown out_type {out_type!r}; choose one of '
+                             f'{self.OUT_TYPES}')
+        check_int('SOFT: frozen_stages', frozen_stages, minimum=-1)
+        if frozen_stages > n:
+            raise ValueError(f'frozen_stages must be in [-1, {n}], got '
+                             f'{frozen_stages}')
+        if residual_drop not in RESIDUAL_DROPS:
+            raise ValueError(f'SOFT: residual_drop must be one of '
+                             f'{RESIDUAL_DROPS}, got {residual_drop!r}')
+        self.arch_settings = a = self._parse_arch(arch)
+        self.out_indices = self._parse_out_indices(out_indices)
+        self.embed_dims, self.num_heads, self.depths = \
+            a['embed_dims'], a['num_heads'], a['depths']
         self.out_type = out_type
         self.frozen_stages = frozen_stages
         self.norm_eval = norm_eval
         self.pretrain_img_size = pretrain_img_size
 
-        per_stage = dict(
-            norm_cfg=opts.parse_norm_cfgs(norm_cfg, patch_norm_cfg,
-                                          self.num_stages),
-            act_cfg=opts.per_stage('act_cfg', act_cfg, self.num_stages),
-            attn_cfg=opts.parse_attn_cfg(attn_cfg, kinds),
-            user=opts.parse_stage_cfgs(stage_cfgs, kinds))
-        common = dict(
-            qkv_bias=qkv_bias,
-            residual_drop=residual_drop,
-            patch_norm_cfg=patch_norm_cfg,
-            patch_act_cfg=patch_act_cfg,
-            drop_rate=rates['drop_rate'],
-            attn_drop_rate=rates['attn_drop_rate'])
-        self.stage_cfgs = self._stage_cfgs(in_channels,
-                                           rates['drop_path_rate'], per_stage,
-                                           common)
+        norm_cfgs = _per_stage('norm_cfg', norm_cfg, n)
+        for i, cfg in enumerate(norm_cfgs):
+            check_norm_cfg(
+                'norm_cfg'
+                if isinstance(norm_cfg, Mapping) else f'norm_cfg[{i}]', cfg)
+        check_norm_cfg('patch_norm_cfg', patch_norm_cfg)
+        act_cfgs = _per_stage('act_cfg', act_cfg, n)
+        attn_cfgs = self._parse_attn_cfg(attn_cfg)
+        # the config of each stage, computed, then the user's stage_cfgs
+        # merged over it (mmpretrain Swin's ``stage_cfgs``)
+        dpr = torch.linspace(0, drop_path_rate, sum(self.depths)).tolist()
+        self.stage_cfgs, prev, cur = [], in_channels, 0
+        for i, kind in enumerate(self.stage_types):
+            depth = self.depths[i]
+            cfg = dict(
+                type=kind,
+                in_channels=prev,
+                embed_dims=self.embed_dims[i],
+                pos_grid=pretrain_img_size // (4 * 2**i),
+                num_heads=self.num_heads[i],
+                depth=depth,
+                mlp_ratio=a['mlp_ratios'][i],
+                qkv_bias=qkv_bias,
+                drop_path_rates=dpr[cur:cur + depth],
+                stem=i == 0,
+                drop_rate=drop_rate,
+                norm_cfg=norm_cfgs[i],
+                act_cfg=act_cfgs[i],
+                patch_norm_cfg=patch_norm_cfg,
+                patch_act_cfg=patch_act_cfg)
+            if kind == 'SOFTStage':
+                cfg.update(
+                    sampling_ratio=a['sampling_ratios'][i],
+                    dw_kernel_size=a['dw_kernel_sizes'][i],
+                    attn_cfg=attn_cfgs[i],
+                    residual_drop=residual_drop)
+            else:
+                cfg.update(attn_drop_rate=attn_drop_rate)
+            self.stage_cfgs.append(cfg)
+            prev, cur = cfg['embed_dims'], cur + depth
+        for i, (cfg, user) in enumerate(
+                zip(self.stage_cfgs, self._parse_stage_cfgs(stage_cfgs))):
+            cfg.update(user)
+            if len(cfg['drop_path_rates']) != self.depths[i]:
+                raise ValueError(f'SOFT: stage_cfgs: drop_path_rates of '
+                                 f'stage {i + 1} needs one value per block '
+                                 f'({self.depths[i]}), got '
+                                 f'{cfg["drop_path_rates"]!r}')
         self.stages = nn.ModuleList()
         for cfg in self.stage_cfgs:
             cfg = copy.deepcopy(cfg)
@@ -451,41 +474,164 @@ class SOFT(NRDiagnosticsMixin, BaseModule):
             self.stages.append(stage)
         self._freeze_stages()
 
-    def _stage_cfgs(self, in_channels: int, drop_path_rate: float,
-                    per_stage: Dict[str, List], common: Dict) -> List[Dict]:
-        """The config of each stage: its ``type`` (:attr:`stage_types`),
-        the settings of ``arch`` and of the backbone that this type takes,
-        then the user's ``stage_cfgs`` entry (``per_stage['user']``)."""
-        a = self.arch_settings
-        dpr = torch.linspace(0, drop_path_rate, sum(a['depths'])).tolist()
-        cfgs, prev, cur = [], in_channels, 0
-        for i, kind in enumerate(self.stage_types):
-            depth = a['depths'][i]
-            cfg = dict(
-                in_channels=prev,
-                embed_dims=a['embed_dims'][i],
-                pos_grid=self.pretrain_img_size // (4 * 2**i),
-                num_heads=a['num_heads'][i],
-                depth=depth,
-                sampling_ratio=a['sampling_ratios'][i],
-                dw_kernel_size=a['dw_kernel_sizes'][i],
-                mlp_ratio=a['mlp_ratios'][i],
-                drop_path_rates=dpr[cur:cur + depth],
-                stem=i == 0,
-                norm_cfg=per_stage['norm_cfg'][i],
-                act_cfg=per_stage['act_cfg'][i],
-                attn_cfg=per_stage['attn_cfg'][i],
-                **common)
-            takes = opts.stage_args(STAGE_TYPES[kind])
-            cfg = dict(type=kind, **{k: cfg[k] for k in takes if k in cfg})
-            cfg.update(per_stage['user'][i])
-            if len(cfg['drop_path_rates']) != depth:
-                raise ValueError(f'SOFT: stage_cfgs: drop_path_rates of '
-                                 f'stage {i + 1} needs one value per block '
-                                 f'({depth}), got {cfg["drop_path_rates"]!r}')
-            cfgs.append(cfg)
-            prev, cur = cfg['embed_dims'], cur + depth
-        return cfgs
+    # ------------------------------------------------------------ options
+    @classmethod
+    def check_legacy_options(cls, legacy: Dict) -> None:
+        """Options the backbone took before ``attn_cfg`` (mmsoft 0.1): one
+        ``TypeError`` with the ``attn_cfg`` to write instead; other unknown
+        options: a ``TypeError`` naming them."""
+        if not legacy:
+            return
+        unknown = sorted(set(legacy) - set(cls.LEGACY_ATTN_ARGS))
+        if unknown:
+            raise TypeError(f'SOFT got unexpected arguments {unknown}')
+        opts = {k: v for k, v in legacy.items() if k != 'attn_type'}
+        attn_type = legacy.get('attn_type', 'soft')
+        if attn_type == 'soft_norm':
+            attn_type, opts['attn_norm'] = 'soft', True
+        items = ''.join(f', {k}={v!r}' for k, v in opts.items())
+        raise TypeError(f'SOFT no longer takes {sorted(legacy)}: the '
+                        f'attention options moved into attn_cfg; write '
+                        f'attn_cfg=dict(type={attn_type!r}{items})')
+
+    def _soft_only(self, name: str, arg: str, values: Sequence, example: str,
+                   error: type) -> None:
+        """A per-stage setting only the SOFT stages take (``arg``): one
+        entry per stage, None at the others; else ``error``."""
+        n, kinds = self.num_stages, self.stage_types
+        takes = [k == 'SOFTStage' for k in kinds]
+        if len(values) == sum(takes) != n:
+            i = takes.index(False)
+            raise error(f'SOFT {name} has {len(values)} entries; give {n}, '
+                        f'one per stage, with None for stage {i + 1} (a '
+                        f'{kinds[i]}, which takes no {arg}): {example}')
+        if len(values) != n:
+            raise error(f'SOFT {name} must be a list of {n} values (one '
+                        f'per stage), got {values!r}')
+        for i, (t, v) in enumerate(zip(takes, values)):
+            if not t and v is not None:
+                raise error(f'SOFT {name}[{i}] must be None: stage {i + 1} '
+                            f'is a {kinds[i]}, which takes no {arg}; got '
+                            f'{v!r}')
+
+    def _parse_arch(self, arch) -> Dict:
+        """The settings of ``arch`` (a preset name or a dict), its optional
+        keys filled from :attr:`arch_defaults`."""
+        required = ('embed_dims', 'num_heads', 'depths')
+        if isinstance(arch, str):
+            if arch.lower() not in self.arch_zoo:
+                raise ValueError(f'unknown SOFT arch {arch!r}; valid presets: '
+                                 f'{sorted(self.arch_zoo)} (or pass a dict)')
+            settings = copy.deepcopy(self.arch_zoo[arch.lower()])
+        elif isinstance(arch, dict):
+            settings = copy.deepcopy(arch)
+            for key in required:
+                if key not in settings:
+                    raise ValueError(f'SOFT arch dict is missing {key!r}; it '
+                                     f'needs {", ".join(required)}')
+        else:
+            raise TypeError(f'SOFT arch must be a str or dict, got '
+                            f'{type(arch).__name__}')
+        for k, v in self.arch_defaults.items():
+            settings.setdefault(k, list(v))
+        unknown = set(settings) - {*required, *self.arch_defaults}
+        if unknown:
+            raise ValueError(f'SOFT arch dict has unknown keys '
+                             f'{sorted(unknown)}; valid keys are '
+                             f'{", ".join([*required, *self.arch_defaults])}')
+        n = self.num_stages
+        for key, val in settings.items():
+            if not isinstance(val, (list, tuple)):
+                raise ValueError(f'SOFT arch[{key!r}] must be a list of {n} '
+                                 f'values (one per stage), got {val!r}')
+        kernels = settings['dw_kernel_sizes']
+        self._soft_only("arch['dw_kernel_sizes']", 'dw_kernel_size', kernels,
+                        f'dw_kernel_sizes={[*kernels, None]}', ValueError)
+        for key, val in settings.items():
+            if len(val) != n:
+                raise ValueError(f'SOFT arch[{key!r}] must be a list of {n} '
+                                 f'values (one per stage), got {val!r}')
+        for i, (c, h) in enumerate(
+                zip(settings['embed_dims'], settings['num_heads'])):
+            if h <= 0 or c % h != 0:
+                raise ValueError(f'SOFT arch: num_heads[{i}]={h} does not '
+                                 f'divide embed_dims[{i}]={c}')
+        if any(d < 1 for d in settings['depths']):
+            raise ValueError(f'SOFT arch: every depth must be >= 1, got '
+                             f'{settings["depths"]}')
+        for i, k in enumerate(kernels):
+            if k is not None:
+                check_kernel_size(f'SOFT arch: dw_kernel_sizes[{i}]', k)
+        for i, r in enumerate(settings['sampling_ratios']):
+            check_int(f'SOFT arch: sampling_ratios[{i}]', r)
+        for i, e in enumerate(settings['mlp_ratios']):
+            if isinstance(e, bool) or not isinstance(e, (int, float)) or \
+                    e <= 0:
+                raise ValueError(f'SOFT arch: mlp_ratios[{i}] must be a '
+                                 f'positive number, got {e!r}')
+        return settings
+
+    def _parse_out_indices(self, out_indices) -> Tuple[int, ...]:
+        """Sorted, unique stage indices (negative ones count from the
+        end)."""
+        n = self.num_stages
+        if isinstance(out_indices, int):
+            out_indices = [out_indices]
+        out = []
+        for idx in out_indices:
+            j = idx + n if idx < 0 else idx
+            if not 0 <= j < n:
+                raise ValueError(f'out_indices entry {idx} is out of range; '
+                                 f'SOFT has stages 0..{n - 1}')
+            out.append(j)
+        if not out:
+            raise ValueError(f'out_indices is empty; SOFT needs at least one '
+                             f'output stage (0-{n - 1})')
+        return tuple(sorted(set(out)))
+
+    def _parse_attn_cfg(self, attn_cfg) -> List[Optional[Dict]]:
+        """One attention config per stage: ``attn_cfg`` (default SOFT
+        attention) for the SOFT stages, None for the others."""
+        n, kinds = self.num_stages, self.stage_types
+        takes = [k == 'SOFTStage' for k in kinds]
+        if attn_cfg is None:
+            attn_cfg = dict(type='SOFTAttention')
+        if isinstance(attn_cfg, Mapping):
+            return [dict(attn_cfg) if t else None for t in takes]
+        if not isinstance(attn_cfg, (list, tuple)) or not all(
+                c is None or isinstance(c, Mapping) for c in attn_cfg):
+            raise TypeError(f'SOFT: attn_cfg must be a dict or a list of {n} '
+                            f'dicts / None (one per stage), got {attn_cfg!r}')
+        self._soft_only('attn_cfg', 'attn_cfg', attn_cfg,
+                        f'attn_cfg=[<your {len(attn_cfg)} dicts>, None]',
+                        TypeError)
+        for i, (t, c) in enumerate(zip(takes, attn_cfg)):
+            if t and c is None:
+                raise TypeError(f'SOFT: attn_cfg[{i}] is None, but stage '
+                                f'{i + 1} ({kinds[i]}) needs an attention '
+                                f'dict')
+        return [dict(c) if t else None for t, c in zip(takes, attn_cfg)]
+
+    def _parse_stage_cfgs(self, stage_cfgs) -> List[Dict]:
+        """The user's extra config of each stage: one dict for all stages
+        (each stage takes the keys its type has) or a list of one dict per
+        stage (every key a setting of that stage's type)."""
+        n, computed = self.num_stages, self.stage_cfgs
+        if isinstance(stage_cfgs, Mapping):
+            _check_stage_keys('stage_cfgs', stage_cfgs, computed)
+            return [{
+                k: copy.deepcopy(v)
+                for k, v in stage_cfgs.items() if k in cfg
+            } for cfg in computed]
+        if not isinstance(stage_cfgs, (list, tuple)) or \
+                len(stage_cfgs) != n or \
+                not all(isinstance(c, Mapping) for c in stage_cfgs):
+            raise ValueError(f'SOFT: stage_cfgs must be a dict (for every '
+                             f'stage) or a list of {n} dicts (one per '
+                             f'stage), got {stage_cfgs!r}')
+        for i, (user, cfg) in enumerate(zip(stage_cfgs, computed)):
+            _check_stage_keys(f'stage_cfgs[{i}]', user, [cfg])
+        return [copy.deepcopy(dict(c)) for c in stage_cfgs]
 
     @classmethod
     def arch_presets(cls) -> Tuple[str, ...]:
@@ -586,9 +732,15 @@ class SOFT(NRDiagnosticsMixin, BaseModule):
 
     # ------------------------------------------------------------ forward
     def forward(self, x: torch.Tensor) -> Tuple[torch.Tensor, ...]:
-        soft_inputs.check_images(x)
+        if not isinstance(x, torch.Tensor):
+            raise TypeError(f'SOFT expects a (B, C, H, W) tensor, got a '
+                            f'{type(x).__name__}; stack the images first '
+                            f'(torch.stack)')
+        if x.dim() != 4:
+            raise ValueError(f'SOFT expects (B, C, H, W) images, got shape '
+                             f'{tuple(x.shape)}')
         if x.shape[0] == 0:
-            return soft_inputs.empty_outputs(self, x)
+            return self._empty_outputs(x)
         outs = []
         for i in range(self.out_indices[-1] + 1):  # later stages unneeded
             try:
@@ -596,9 +748,109 @@ class SOFT(NRDiagnosticsMixin, BaseModule):
             except ValueError as e:
                 if 'Expected more than 1 value per channel' not in str(e):
                     raise
-                raise ValueError(soft_inputs.one_value_per_channel(
-                    i, x)) from None
+                raise ValueError(_one_value_per_channel(i, x)) from None
             if i in self.out_indices:
                 use_cls = cls is not None and self.out_type == 'cls_token'
                 outs.append(cls if use_cls else x)
         return tuple(outs)
+
+    def _empty_outputs(self, x: torch.Tensor) -> Tuple[torch.Tensor, ...]:
+        """The outputs for an empty batch: every conv of the patch
+        embeddings has kernel 3, stride 2 (the stem's middle conv stride
+        1) and padding 1, so each stage has ceil(H_prev / 2) rows."""
+        H, W = x.shape[2:]
+        outs = []
+        for i, cfg in enumerate(self.stage_cfgs):
+            for _ in range(2 if cfg['stem'] else 1):
+                H, W = (H + 1) // 2, (W + 1) // 2
+            if i in self.out_indices:
+                C = self.embed_dims[i]
+                cls = self.stages[i].num_extra_tokens > 0 and \
+                    self.out_type == 'cls_token'
+                outs.append(x.new_zeros((0, C) if cls else (0, C, H, W)))
+        return tuple(outs)
+
+    # ----------------------------------------------------- NR diagnostics
+    def set_nr_diagnostics(self, enabled: bool = True) -> None:
+        """Switch the NR convergence recording of every SOFT attention."""
+        for m in self.modules():
+            if hasattr(m, 'last_nr_stats'):
+                m.nr_diagnostics = enabled
+                if not enabled:
+                    m.last_nr_stats = None
+
+    @torch.no_grad()
+    def nr_stats(self) -> Dict[str, Dict[str, float]]:
+        """NR convergence of the last forward, per SOFT stage.
+
+        ``{'stage1': {'residual': ..., 'unconverged': ...}, ...}``: the
+        largest ||A A_T A - A||_2 / ||A||_2 (paper Fig. 4) and the largest
+        fraction of A's numerical rank with ``|1 - l v_T(l)| > 0.5`` over the
+        matrices (samples, heads, blocks) of the stage. Empty unless
+        ``nr_diagnostics`` is on (see :meth:`set_nr_diagnostics`).
+        """
+        out: Dict[str, Dict[str, float]] = {}
+        for i, stage in enumerate(self.stages):
+            per_key: Dict[str, List[torch.Tensor]] = {}
+            for m in stage.modules():
+                for k, v in (getattr(m, 'last_nr_stats', None) or {}).items():
+                    per_key.setdefault(k, []).append(v.amax())
+            if per_key:
+                out[f'stage{i + 1}'] = {
+                    k: float(torch.stack(v).amax())
+                    for k, v in per_key.items()
+                }
+        return out
+
+
+#: the stage settings that ``arch`` (or the backbone) defines: not
+#: ``stage_cfgs`` keys
+_FROM_ARCH = dict(
+    type='the stage types',
+    in_channels='the previous stage',
+    embed_dims="arch['embed_dims']",
+    num_heads="arch['num_heads']",
+    depth="arch['depths']",
+    num_extra_tokens='the stage type')
+
+
+def _check_stage_keys(name: str, user: Mapping, cfgs: List[Dict]) -> None:
+    """``user`` (a ``stage_cfgs`` entry) may set the keys of the computed
+    stage configs ``cfgs``, less those of ``arch``."""
+    for key in user:
+        if key in _FROM_ARCH:
+            raise ValueError(f'SOFT: {name} sets {key!r}, which comes from '
+                             f'{_FROM_ARCH[key]}; set it there')
+    valid = set().union(*cfgs) - set(_FROM_ARCH)
+    unknown = set(user) - valid
+    if unknown:
+        kinds = '/'.join(dict.fromkeys(c['type'] for c in cfgs))
+        raise ValueError(f'SOFT: {name} has unknown keys {sorted(unknown)}; '
+                         f'a {kinds} takes {", ".join(sorted(valid))}')
+
+
+def _per_stage(name: str, value, n: int) -> List[Optional[Dict]]:
+    """One config (or None: the stage default) per stage, from one dict /
+    None for all stages or a list of ``n``."""
+    if value is None or isinstance(value, Mapping):
+        return [copy.deepcopy(value) for _ in range(n)]
+    if isinstance(value, (list, tuple)) and len(value) == n and all(
+            v is None or isinstance(v, Mapping) for v in value):
+        return [copy.deepcopy(v) for v in value]
+    raise TypeError(f'SOFT: {name} must be a dict or a list of {n} '
+                    f'dicts / None (one per stage), got {value!r}')
+
+
+def _one_value_per_channel(i: int, x: torch.Tensor) -> str:
+    """What BatchNorm's "Expected more than 1 value per channel" in stage
+    ``i`` (input ``x``) means here, and how to fix it."""
+    B, _, H, W = x.shape
+    stride = 4 if i == 0 else 2
+    h, w = -(-H // stride), -(-W // stride)
+    return (f'SOFT stage {i + 1}: in training mode its patch-embedding '
+            f'BatchNorm sees one value per channel (batch size {B}, a '
+            f'{h} x {w} map from the stage\'s {H} x {W} input), where '
+            f'batch statistics are undefined. Train with a batch size '
+            f'>= 2 or larger images, or set norm_eval=True (BatchNorm '
+            f'uses its running statistics) or patch_norm_cfg='
+            f"dict(type='GN', num_groups=1) on the backbone")

@@ -4,8 +4,10 @@ from .blocks import (RESIDUAL_DROPS, ConvPatchEmbed, SOFTBlock,
                      SoftmaxAttention, SoftmaxBlock, residual_drop_cfg)
 from .gaussian_kernel import gaussian_kernel
 from .grid import landmark_grid, reduce_map
-from .pinv import (NRConfig, newton_inverse, newton_inverse_apply,
-                   nr_init_alpha, pinv_convergence)
+from .nr_config import NRConfig
+from .nr_diagnostics import pinv_convergence
+from .nr_iteration import nr_init_alpha
+from .pinv import newton_inverse, newton_inverse_apply  # deprecated
 from .safe_conv import SafeConv2d
 from .soft_attention import (SAMPLING_MODES, BottleneckSampler, SOFTAttention,
                              bottleneck_apply, bottleneck_inverse,

@@ -1,25 +1,13 @@
 """The frame every token mixer of a SOFT stage shares (SOFT and the zoo).
 
-The official SOFT layer wraps its attention in three pieces that are not
-attention proper, and the comparisons of Table 1 keep them for every
-mixer, so that only the mixing changes between rows:
-
-* multi-head projections (``_split`` gives (B, h, n, d) heads);
-* a per-head depthwise k x k convolution of the value tokens over the
-  H x W map, added to the mixer's output (one filter per head, shared by
-  the head's d channels; ``dw_kernel_size=0`` disables it);
-* the output projection ``proj``.
-
-Subclasses build their projections and call :meth:`_build_output_layers`
-(in the order their parameters should be registered), and implement
-
-* ``_mix(x, hw) -> (out, v_tokens)``: the mixing of tokens x (B, n, C) of
-  an H x W map; ``out`` (B, h, n, d) and the full-resolution value tokens
-  ``v_tokens`` (B, n, C) the depthwise convolution takes (None when it is
-  disabled and the mixer does not need them);
-* ``_row(x, hw, i) -> (B, h, n)``: the weights with which query token
-  ``i`` mixes the n value tokens, without forming the n x n matrix
-  (:meth:`attention_row`, for ``tools/analysis/visualize_attention.py``).
+The official SOFT layer wraps its attention in multi-head projections
+(``_split``: (B, h, n, d) heads), a per-head depthwise k x k convolution of
+the value tokens added to the output (``dw_kernel_size=0``: none) and the
+output projection ``proj``; Table 1 keeps them for every mixer. Subclasses
+build their projections, call :meth:`_build_output_layers` and implement
+``_mix(x, hw) -> (out (B, h, n, d), v_tokens (B, n, C) or None)`` and
+``_row(x, hw, i) -> (B, h, n)``, the weights with which query ``i`` mixes
+the value tokens (:meth:`attention_row`, for the attention maps tool).
 """
 from typing import Optional, Sequence, Tuple, Union
 

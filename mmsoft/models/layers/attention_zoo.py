@@ -39,15 +39,15 @@ The Newton-Raphson settings of SOFT attention are one argument,
 written as the keys ``nr_iters``, ``nr_init``, ``nr_method`` and
 ``nr_backward``, which :func:`build_attention` (and only it) folds into
 ``nr``. The settings are fixed at construction (see
-:class:`~mmsoft.models.layers.pinv.NRConfig`).
+:class:`~mmsoft.models.layers.nr_config.NRConfig`).
 """
-import inspect
 from typing import List
 
 import torch.nn as nn
 
 from mmsoft.registry import ATTENTIONS
-from .pinv import NR_FIELDS
+from .nr_config import NR_FIELDS
+from .soft_attention import SOFTAttention
 
 __all__ = ['build_attention', 'attention_types', 'STAGE_ARGS', 'NR_KEYS']
 
@@ -78,13 +78,15 @@ def build_attention(cfg: dict, **stage_args) -> nn.Module:
 
 def fold_nr_keys(cfg: dict) -> dict:
     """``cfg`` with its keys :data:`NR_KEYS` (``nr_iters``, ``nr_init``,
-    ``nr_method``, ``nr_backward``) folded into the ``nr`` argument of an
-    attention that takes one (SOFT attention): the one place where the
-    config spelling becomes :class:`~mmsoft.models.layers.pinv.NRConfig`'s
-    (which checks the values). Other attentions keep the keys and reject
-    them by name."""
+    ``nr_method``, ``nr_backward``) folded into the ``nr`` argument of a
+    SOFT attention: the one place where the config spelling becomes
+    :class:`~mmsoft.models.layers.nr_config.NRConfig`'s (which checks the
+    values). Other attentions keep the keys and reject them by name."""
     flat = {k: cfg[k] for k in NR_KEYS if k in cfg}
-    if not flat or not _takes_nr(cfg['type']):
+    cls = cfg['type']
+    cls = cls if isinstance(cls, type) else ATTENTIONS.get(cls)
+    if not flat or not (isinstance(cls, type)
+                        and issubclass(cls, SOFTAttention)):
         return cfg
     if cfg.get('nr') is not None:
         raise ValueError(
@@ -93,13 +95,6 @@ def fold_nr_keys(cfg: dict) -> dict:
     out = {k: v for k, v in cfg.items() if k not in flat}
     out['nr'] = {NR_KEYS[k]: v for k, v in flat.items()}
     return out
-
-
-def _takes_nr(type_) -> bool:
-    """Whether the attention ``type_`` (a class or a registered name) has an
-    ``nr`` argument (False for an unknown name: the build names it)."""
-    cls = type_ if isinstance(type_, type) else ATTENTIONS.get(type_)
-    return cls is not None and 'nr' in inspect.signature(cls).parameters
 
 
 def attention_types() -> List[str]:

@@ -1,33 +1,18 @@
-"""Plain-op forms of SOFT's custom autograd Functions, for ONNX export.
+"""The ONNX export path of SOFT's custom autograd Functions.
 
-The training / inference path of mmsoft uses two custom autograd Functions
-(:class:`~mmsoft.models.layers.gaussian_kernel.GaussianKernel` with in-place
-updates of one n x m buffer, and
-:class:`~mmsoft.models.layers.pinv.NewtonInverse` /
-:class:`~mmsoft.models.layers.pinv.NewtonInverseApply` with the Eq. (16)
-backward), and on the CPU at dense resolutions it evaluates the
-Newton-Raphson iterations spectrally with ``torch.linalg.eigh``, which has
-no ONNX operator. While a model is exported (:func:`is_exporting`), the
-public functions dispatch here instead: the same forward function written
-with out-of-place standard ops, and the Newton-Raphson iterations of
-Alg. 2 / Eq. (10) unrolled as matrix products::
-
-    K_ij = exp(min(0, x_i . y_j - |x_i|^2 / 2 - |y_j|^2 / 2))   (Eq. 5)
-    A_0 = alpha A,   A_{k+1} = 2 A_k - A_k A A_k               (Eq. 10)
-
-The per-matrix (or per-sample) alpha comes from the same
-:func:`~mmsoft.models.layers.pinv.nr_init_alpha` as in PyTorch (pinv
-computes it and calls :func:`newton_iterate`; this module imports nothing
-of mmsoft): all candidates are scored at once and selected with ``argmax``
-/ ``gather``, so the choice is part of the graph (no Python control flow on
-tensor values, no host synchronisation). Nothing here is
-differentiable-specific: these functions are for inference graphs only.
+While a model is exported (:func:`is_exporting`), the Gaussian kernel and
+the Newton-Raphson inverse skip their autograd Functions and run their
+forward functions directly: the same code as the model
+(:func:`gaussian_kernel`, :func:`~.nr_iteration.newton_forward`),
+the iterations as batched products (``torch.linalg.eigh``, which the
+spectral method uses on the CPU, has no ONNX operator). The per-matrix
+alpha is selected with ``argmax`` / ``gather`` inside the graph (no Python
+control flow on tensor values). For inference graphs only.
 """
 import torch
 
 __all__ = [
-    'is_exporting', 'ExportError', 'fp32', 'gaussian_kernel', 'check_method',
-    'newton_iterate'
+    'is_exporting', 'ExportError', 'fp32', 'gaussian_kernel', 'check_method'
 ]
 
 
@@ -48,23 +33,25 @@ def fp32(t: torch.Tensor) -> torch.Tensor:
 def gaussian_kernel(x: torch.Tensor,
                     y: torch.Tensor,
                     self_kernel: bool = False) -> torch.Tensor:
-    """exp(-||x_i - y_j||^2 / 2) for x (..., n, d), y (..., m, d) (Eq. 5).
+    """exp(-||x_i - y_j||^2 / 2) for x (..., n, d), y (..., m, d), no
+    autograd: the forward of :class:`~.gaussian_kernel.GaussianKernel` and,
+    as it is, the export path.
 
-    The forward of ``GaussianKernel`` without in-place updates: both token
-    sets translated by the mean landmark (stable for large-norm tokens), the
-    exponent clamped at 0, and a unit diagonal for the self-kernel, as
-    there.
+    Both sets translated by the mean landmark c (K depends on x - y only:
+    the expansion then cancels relative to the tokens' spread, not to their
+    norm); one (n, m) buffer updated in place; a unit diagonal for the
+    self-kernel (exp(-||y_i - y_i||^2 / 2) = 1 exactly; K <= 1 elsewhere).
     """
     c = y.mean(-2, keepdim=True)
-    y = y - c
-    x = y if self_kernel else x - c
-    K = torch.matmul(x, y.transpose(-1, -2))
-    K = K - 0.5 * x.square().sum(-1, keepdim=True) \
-        - 0.5 * y.square().sum(-1).unsqueeze(-2)
-    K = K.clamp(max=0.0).exp()
-    if self_kernel:  # exp(0) = 1 on the diagonal, exactly (K <= 1)
-        K = torch.maximum(
-            K, torch.eye(y.shape[-2], dtype=K.dtype, device=K.device))
+    yc = y - c
+    xc = yc if self_kernel else x - c
+    K = torch.matmul(xc, yc.transpose(-1, -2))
+    K.sub_(xc.square().sum(-1, keepdim=True), alpha=0.5)
+    K.sub_(yc.square().sum(-1).unsqueeze(-2), alpha=0.5)
+    K.clamp_(max=0.0).exp_()
+    if self_kernel:
+        eye = torch.eye(K.shape[-1], dtype=K.dtype, device=K.device)
+        K = torch.maximum(K, eye)
     return K
 
 
@@ -76,15 +63,3 @@ def check_method(method: str) -> None:
             "nr_method='spectral' cannot be exported (torch.linalg.eigh has "
             "no ONNX operator); set model.backbone.attn_cfg.nr_method='auto' "
             "or 'iterative' (same function) before exporting")
-
-
-def newton_iterate(A: torch.Tensor, alpha: torch.Tensor,
-                   iters: int) -> torch.Tensor:
-    """The T-th Newton-Raphson iterate A_T (Alg. 2) as unrolled matmuls,
-    from A_0 = alpha A (``A`` the matrix the iterations run on and
-    ``alpha`` per matrix, both from
-    :func:`~mmsoft.models.layers.pinv.nr_init_alpha`'s rules)."""
-    V = alpha[..., None, None] * A
-    for _ in range(iters):
-        V = 2 * V - torch.matmul(torch.matmul(V, A), V)
-    return V

@@ -1,36 +1,23 @@
 """Gaussian kernel between two token sets without n x m temporaries.
 
-SOFT's similarity (NeurIPS 2021 Eq. 5, IJCV Eq. 5)::
+SOFT's similarity (Eq. 5) S_ij = exp(-||q_i - k_j||^2 / (2 sqrt(d))); the
+callers pass tokens scaled by d^(-1/4), so this is exp(-||x_i - y_j||^2 / 2),
+one custom autograd Function:
 
-    S_ij = exp(-||q_i - k_j||^2 / (2 sqrt(d)))
+* forward (:func:`~.export_ops.gaussian_kernel`, also the export path):
+  one (n, m) buffer, ``x @ y^T`` updated in place (``-|x|^2/2``,
+  ``-|y|^2/2``, clamp to <= 0, ``exp``);
+* backward: with G' = grad * K, ``grad_x = G' y - rowsum(G') * x`` and
+  ``grad_y = G'^T x - colsum(G') * y``.
 
-The callers pass tokens already scaled by d^(-1/4), so this module computes
-``exp(-||x_i - y_j||^2 / 2)``. It is written as one custom autograd Function:
-
-* forward: one (n, m) buffer, filled by ``x @ y^T`` and then updated in place
-  (``-|x|^2/2``, ``-|y|^2/2``, clamp to <= 0, ``exp``), instead of the three
-  (n, m) temporaries of ``x^2 @ 1 + 1 @ y^2 - 2 x @ y^T``;
-* backward: with G' = grad * K (elementwise),
-  ``grad_x = G' y - rowsum(G') * x`` and ``grad_y = G'^T x - colsum(G') * y``.
-
-Numerical stability for large-norm tokens: expanding the squared distance,
-``||x||^2 + ||y||^2 - 2 x.y`` cancels catastrophically when the norms are
-large compared with the distance (in float32 the diagonal of A = K(Q~, Q~)
-is 0.94 at token norm 1e3 and 3e-4 at 1e4; D = diag(A 1) then vanishes and
-the normalisation returns NaN). The kernel depends only on x - y, so both
-token sets are first translated by the same reference vector
-``c = mean_j y_j`` (the mean landmark of each matrix, i.e. per sample and
-head: batch-independent). This leaves K mathematically unchanged and removes
-the common offset of the tokens from the cancellation; the error is then
-relative to the spread of the tokens around their landmarks. For the
-self-kernel ``K(y, y)`` (the m x m matrix A) the diagonal is exactly 1
-(``exp(0)``) and is set so, whatever the spread. The backward recomputes
-the translated tensors (``y - x = y' - x'``; c carries no gradient since K
-does not depend on it) instead of saving them, so memory is unchanged.
-
-Computation is always float32 (float64 if the inputs are), with autocast
-disabled, so the exponent never overflows or loses precision in half
-precision. Clamping the exponent at 0 keeps K in [0, 1] even with rounding.
+Large-norm tokens: ``||x||^2 + ||y||^2 - 2 x.y`` cancels catastrophically
+when the norms are large compared with the distance (float32: the diagonal
+of A is 0.94 at token norm 1e3, 3e-4 at 1e4, and the normalisation returns
+NaN). K depends on x - y only, so both sets are first translated by the
+mean landmark c (per sample and head: batch-independent); the error is
+then relative to the tokens' spread. The self-kernel's diagonal is exactly
+1. The backward recomputes the translated tensors instead of saving them.
+Always float32 (float64 for float64 inputs) with autocast disabled.
 """
 import torch
 
@@ -47,22 +34,12 @@ class GaussianKernel(torch.autograd.Function):
                 x: torch.Tensor,
                 y: torch.Tensor,
                 self_kernel: bool = False) -> torch.Tensor:
-        # translate both sets by the mean landmark c (K depends on x - y
-        # only): the expansion below then cancels relative to the tokens'
-        # spread, not to their norm
-        c = y.mean(-2, keepdim=True)
-        yc = y - c
-        xc = yc if self_kernel else x - c
-        K = torch.matmul(xc, yc.transpose(-1, -2))
-        K.sub_(xc.square().sum(-1, keepdim=True), alpha=0.5)
-        K.sub_(yc.square().sum(-1).unsqueeze(-2), alpha=0.5)
-        K.clamp_(max=0.0).exp_()
-        if self_kernel:  # exp(-||y_i - y_i||^2 / 2) = 1 exactly
-            K.diagonal(dim1=-2, dim2=-1).fill_(1.0)
+        K = export_ops.gaussian_kernel(x, y, self_kernel)
         # the inputs (kept alive by autograd anyway) and c are saved, not
         # the translated copies: backward recomputes them
         ctx.self_kernel = self_kernel
-        ctx.save_for_backward(y if self_kernel else x, y, c, K)
+        ctx.save_for_backward(y if self_kernel else x, y,
+                              y.mean(-2, keepdim=True), K)
         return K
 
     @staticmethod
@@ -100,7 +77,7 @@ def gaussian_kernel(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         else torch.float32
     self_kernel = x is y
     with autocast_off(x.device.type):
-        if export_ops.is_exporting():  # ONNX: plain out-of-place ops
+        if export_ops.is_exporting():  # ONNX: no autograd Function
             return export_ops.gaussian_kernel(
                 x.to(dtype), y.to(dtype), self_kernel)
         y = y.to(dtype)

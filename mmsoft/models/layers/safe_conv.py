@@ -1,36 +1,24 @@
 """Convolutions that stay correct where a CPU's half-precision kernel is not.
 
-On CPUs with AMX (``amx_bf16`` in ``/proc/cpuinfo``: Intel Sapphire Rapids
-and later), torch 2.14.1's oneDNN bfloat16 convolution returns wrong values
-for narrow convolutions: ``nn.Conv2d(C, C, k, stride=k)``, SOFT's landmark
-sampler f_s (Table 4b), has a relative error of 1.1-1.4 against float32 for
-(C, k) = (8, 8), (16, 4), (16, 8), (24, 4), (24, 8). Under bf16 autocast
-(``--amp`` on the CPU) such a model computes a different function, silently.
-Which shapes a kernel gets wrong depends on the CPU, the oneDNN version and
-the shape, so no list of shapes can be trusted.
-
-:func:`conv2d` therefore checks instead of trusting: it is ``F.conv2d``,
-except that on the CPU in half precision (half inputs, or CPU autocast to a
-half type) the first call of each configuration (dtype, input channels and
-size, weight shape, stride, padding, dilation, groups) runs a probe: the
-half kernel and the float32 kernel on the same half-rounded random inputs.
-A correct half kernel accumulates in float32 and rounds its output once
-(relative L2 error ~ 2^-9 = 2e-3 for bfloat16, 2^-12 for float16); a
-relative error above :data:`PROBE_RTOL` marks the kernel broken for that
-configuration, which from then on runs in float32 (autocast off) and is cast
-back to the half type: the correct result, a little slower. Each broken
-configuration is reported once (a warning naming it). Healthy CPUs keep the
-half kernel (bitwise ``F.conv2d``). Other devices, float32 / float64 and
-export are untouched. Under ``torch.compile`` no probe runs (it would break
-the graph): a configuration already probed keeps its verdict, an unprobed
-one runs in float32.
+On CPUs with AMX (Intel Sapphire Rapids and later), torch 2.14.1's oneDNN
+bfloat16 convolution returns wrong values for narrow convolutions such as
+SOFT's landmark sampler ``nn.Conv2d(C, C, k, stride=k)`` (relative error
+1.1-1.4 for (C, k) = (8, 8), (16, 4), (24, 8) ...): under CPU bf16 autocast
+the model silently computes another function. Which shapes fail depends on
+the CPU and oneDNN, so :func:`conv2d` checks instead of trusting: on the CPU
+in half precision the first call of each configuration runs a probe (the
+half and the float32 kernel on the same rounded random inputs); a relative
+error above :data:`PROBE_RTOL` (correct kernels: ~2e-3 bf16, ~2e-4 fp16)
+marks the configuration broken, which then runs in float32 and is cast
+back (reported once, :class:`HalfConvWarning`). Healthy kernels, other
+devices, float32 / float64 and export are untouched; under
+``torch.compile`` no probe runs (an unprobed configuration runs in float32).
 
 :class:`SafeConv2d` is ``nn.Conv2d`` with this forward (same parameters and
-state-dict keys); every convolution of the SOFT backbone uses it.
-:func:`guard_convs` puts the other convolutions of a whole model (a
-detector's neck and heads, a segmentor's decode head) under the same check:
-``--amp`` on the CPU (:class:`~mmsoft.engine.optimizers.CPUAmpOptimWrapper`)
-does it before its first step.
+state dict), used by every convolution of the SOFT backbone;
+:func:`guard_convs` converts the plain convolutions of a whole model (what
+:class:`~mmsoft.engine.optimizers.CPUAmpOptimWrapper` does before its
+first step).
 """
 import collections
 import threading

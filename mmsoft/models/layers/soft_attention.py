@@ -14,7 +14,7 @@ Notation of the papers (tokens Q in R^{n x d}, Q = K shared):
 
 The n x n matrix S^ is never formed; products are associated right to left
 (cost n m d instead of n m^2). A, A^+, D, P and their products run in float32
-under fp16/bf16 autocast (see :func:`gaussian_kernel`, :func:`newton_inverse`).
+under fp16/bf16 autocast (see :func:`gaussian_kernel`, :class:`NRConfig`).
 """
 import copy
 from typing import Mapping, Optional, Tuple, Union
@@ -29,7 +29,7 @@ from .attention_base import AttentionBase
 from .checks import check_int
 from .gaussian_kernel import gaussian_kernel
 from .grid import fixed_grid, landmark_grid, reduce_map
-from .pinv import NRConfig
+from .nr_config import NRConfig
 from .safe_conv import SafeConv2d
 
 __all__ = [
@@ -40,23 +40,18 @@ __all__ = [
 SAMPLING_MODES = ('conv', 'avgpool', 'random', 'biased')
 
 
-def _nr(nr: Optional[NRConfig], attn_norm: bool) -> NRConfig:
-    """``nr``, or the settings of the official variant of ``attn_norm``."""
-    return NRConfig.of(nr, attn_norm)
-
-
 def bottleneck_inverse(A: torch.Tensor,
                        attn_norm: bool = True,
                        nr: Optional[NRConfig] = None) -> torch.Tensor:
     """A^+ (Alg. 2), or D^-1/2 A^+ D^-1/2 with ``attn_norm`` (Eq. 25).
 
-    D = diag(A 1_m); ``nr`` (:class:`~mmsoft.models.layers.pinv.NRConfig`)
+    D = diag(A 1_m); ``nr`` (:class:`~mmsoft.models.layers.nr_config.NRConfig`)
     defaults to the settings of the official variant (the official alpha
     rule per sample, ``'soft_norm_per_sample'``, with the normalisation,
     else ``'soft'``; 20 iterations). float32 (float64 for float64 A),
     autocast disabled.
     """
-    A_inv = _nr(nr, attn_norm).inverse(A)
+    A_inv = NRConfig.of(nr, attn_norm).inverse(A)
     if not attn_norm:
         return A_inv
     with autocast_off(A.device.type):
@@ -72,14 +67,14 @@ def bottleneck_apply(A: torch.Tensor,
     """A^+ W, or D^-1/2 A^+ D^-1/2 W with ``attn_norm`` (Eq. 25).
 
     The same function as ``bottleneck_inverse(A, ...) @ W`` without the
-    m x m inverse (see :func:`newton_inverse_apply`): D^-1/2 is applied to
+    m x m inverse (see :meth:`NRConfig.apply`): D^-1/2 is applied to
     the m x d operands instead, and its gradient (D depends on A) flows by
     autograd, with either ``nr.backward``. float32 (float64 for float64 A),
     autocast disabled. ``nr`` as :func:`bottleneck_inverse`; ``nr_stats``:
     optional dict for the convergence of the iterations (see
-    :func:`newton_inverse`).
+    :class:`NRConfig`).
     """
-    nr = _nr(nr, attn_norm)
+    nr = NRConfig.of(nr, attn_norm)
     if not attn_norm:
         return nr.apply(A, W, nr_stats)
     with autocast_off(A.device.type):
@@ -125,22 +120,16 @@ class BottleneckSampler(nn.Module):
             average pooling; ``'random'`` m tokens drawn uniformly at random
             in training (evenly spaced tokens in eval mode, for reproducible
             inference); ``'biased'`` the first m tokens. Default: 'conv'.
-        max_landmarks (int | None): opt-in cap on m for any resolution
-            (default None: no cap). The strided
-            grid is adaptively average-pooled down to at most this many
-            tokens (conv: after the conv, before LayerNorm / GELU), so the
-            cost is linear in n at every input size. This changes the
-            function at sizes where the cap binds, so it is for training
-            from scratch, not for official weights (trained uncapped).
-        landmark_hw (tuple[int, int] | None): opt-in fixed grid (gh, gw):
-            m = gh * gw at every input size whose strided grid is at least
-            that large, the strided grid being adaptively average-pooled to
-            it (as ``max_landmarks``; e.g. the fixed m = 49 of the NeurIPS
-            Fig. 1b memory study). The grid is never up-sampled: a side
-            larger than the strided grid's (a small input) is clamped to it,
-            so that m <= n / r^2 (``mmsoft.models.layers.grid.fixed_grid``).
-            Exclusive with ``max_landmarks``. Default: None (the strided
-            grid).
+        max_landmarks (int | None): opt-in cap on m: the strided grid is
+            adaptively average-pooled to at most this many tokens (conv:
+            before LayerNorm / GELU), linear cost at every input size; a
+            different function where it binds (for training from scratch).
+            Default: None.
+        landmark_hw (tuple[int, int] | None): opt-in fixed grid (gh, gw)
+            wherever the strided grid is that large (never up-sampled:
+            ``grid.fixed_grid``), e.g. the m = 49 of the NeurIPS
+            Fig. 1b memory study. Exclusive with ``max_landmarks``.
+            Default: None.
     """
 
     def __init__(self,
@@ -213,29 +202,20 @@ class BottleneckSampler(nn.Module):
         return f'mode={self.mode}, ratio={self.ratio}{cap}'
 
 
-class _FixedNR:
+def _fixed_nr(name: str, field: Optional[str] = None) -> property:
     """A read-only attribute of :class:`SOFTAttention`: its NR settings
-    (``field`` None) or one of their fields. Assigning raises: the settings
-    are chosen by building the attention with them."""
+    (``field`` None) or one of their fields."""
 
-    def __init__(self, field: Optional[str] = None):
-        self.field = field
-
-    def __set_name__(self, owner, name):
-        self.name = name
-
-    def __get__(self, attn, owner=None):
-        if attn is None:
-            return self
-        return attn._nr if self.field is None else getattr(
-            attn._nr, self.field)
-
-    def __set__(self, attn, value):
+    def fail(attn, value):
         raise AttributeError(
-            f'{type(attn).__name__}.{self.name} is fixed at construction: '
-            f'build the attention with the settings (nr=NRConfig(...), or '
-            f'the attn_cfg keys nr_*), or copy a model with other ones '
+            f'{type(attn).__name__}.{name} is fixed at construction: build '
+            f'the attention with the settings (nr=NRConfig(...), or the '
+            f'attn_cfg keys nr_*), or copy a model with other ones '
             f'(mmsoft.models.layers.with_nr)')
+
+    return property(
+        lambda attn: attn._nr
+        if field is None else getattr(attn._nr, field), fail)
 
 
 @ATTENTIONS.register_module(name=['SOFTAttention', 'soft'])
@@ -257,26 +237,16 @@ class SOFTAttention(AttentionBase):
             D^-1/2 A^+ D^-1/2 (Eq. 25); False is the NeurIPS model.
             Default: True.
         sampling (str): f_s, one of ``SAMPLING_MODES``. Default: 'conv'.
-        nr (NRConfig | dict | None): the Newton-Raphson settings, fixed at
-            construction (:class:`~mmsoft.models.layers.pinv.NRConfig`, or
-            a dict of its fields): ``iters`` (T, default 20), ``init``
-            (the alpha rule, ``INIT_MODES``: ``'soft_norm_per_sample'``,
-            ``'soft_norm_per_matrix'``, ``'soft_norm_per_batch'``,
-            ``'soft'``; default: the official rule of the variant, per
-            sample with ``attn_norm``, else ``'soft'``), ``method``
-            (``'auto'``, ``'iterative'`` or ``'spectral'``: the same
-            function, see :mod:`mmsoft.models.layers.pinv`; default
-            'auto'), ``backward`` (``'eq16'``, the papers' closed form, or
-            ``'exact'``, the gradient of the T iterations as computed,
-            alpha fixed; default 'eq16'). In an ``attn_cfg`` they are
-            written ``nr_iters``, ``nr_init``, ``nr_method``,
-            ``nr_backward`` (see
-            :func:`~mmsoft.models.layers.attention_zoo.build_attention`).
-            Default: None, all defaults. :func:`with_nr` copies a model
-            with other settings.
+        nr (NRConfig | dict | None): the Newton-Raphson settings
+            ``iters``, ``init``, ``method``, ``backward`` (an
+            :class:`NRConfig` or a dict of its fields; ``init`` missing:
+            the official rule of the variant), fixed at construction
+            (:func:`with_nr` copies a model with other ones). An
+            ``attn_cfg`` writes them ``nr_iters``, ``nr_init``,
+            ``nr_method``, ``nr_backward``. Default: None, all defaults.
         nr_diagnostics (bool): record the NR convergence of every forward
             in ``last_nr_stats`` (``'residual'``, ``'unconverged'``, per
-            matrix; see :func:`mmsoft.models.layers.pinv.nr_residual`).
+            matrix; see ``nr_diagnostics.nr_residual``).
             Default: False.
         max_landmarks (int | None): opt-in cap on the bottleneck size (see
             :class:`BottleneckSampler`). Default: None.
@@ -297,17 +267,12 @@ class SOFTAttention(AttentionBase):
                  nr_diagnostics: bool = False,
                  max_landmarks: Optional[int] = None,
                  landmark_hw: Optional[Tuple[int, int]] = None):
-        init_args = dict(locals())  # the arguments (what with_nr rebuilds)
-        del init_args['self'], init_args['__class__']
         super().__init__(embed_dims, num_heads, sampling_ratio, dw_kernel_size)
         if not isinstance(attn_norm, bool):
             raise ValueError(f'attn_norm must be True or False, got '
                              f'{attn_norm!r}')
         self.attn_norm = attn_norm
-        # the Newton-Raphson settings, read as ``nr`` (fixed: see _FixedNR)
-        self._nr = NRConfig.of(nr, attn_norm)
-        #: the constructor's arguments (what :func:`with_nr` rebuilds from)
-        self.init_args = dict(init_args, nr=self._nr)
+        self._nr = NRConfig.of(nr, attn_norm)  # read as ``nr`` (fixed)
         self.nr_diagnostics = nr_diagnostics
         self.last_nr_stats: Optional[dict] = None
         self.q = nn.Linear(embed_dims, embed_dims, bias=qkv_bias)
@@ -359,11 +324,11 @@ class SOFTAttention(AttentionBase):
 
     #: the Newton-Raphson settings (:class:`NRConfig`) and its fields as
     #: ``nr_iters``, ``nr_init``, ``nr_method``, ``nr_backward``; read-only
-    nr = _FixedNR()
-    nr_iters = _FixedNR('iters')
-    nr_init = _FixedNR('init')
-    nr_method = _FixedNR('method')
-    nr_backward = _FixedNR('backward')
+    nr = _fixed_nr('nr')
+    nr_iters = _fixed_nr('nr_iters', 'iters')
+    nr_init = _fixed_nr('nr_init', 'init')
+    nr_method = _fixed_nr('nr_method', 'method')
+    nr_backward = _fixed_nr('nr_backward', 'backward')
 
     def extra_repr(self) -> str:
         return (f'heads={self.num_heads}, attn_norm={self.attn_norm}, '
@@ -376,37 +341,17 @@ def with_nr(model: nn.Module,
             **changes) -> nn.Module:
     """A copy of ``model`` whose SOFT attentions use other NR settings.
 
-    NR settings are fixed at construction, so every :class:`SOFTAttention`
-    of ``model`` (or ``model`` itself) is built anew, from its own
-    arguments, with ``nr`` (an :class:`NRConfig` or a dict of its fields;
-    default: its current settings) and the fields ``changes`` replaced
-    (``with_nr(model, method='iterative')``); it gets the weights,
-    ``requires_grad``, dtype, device, training mode and ``nr_diagnostics``
-    of the old one. The rest of the model is a deep copy; ``model`` is
-    unchanged and the global random state is left as it was.
+    Every :class:`SOFTAttention` of the copy (or the copy of ``model``
+    itself) gets ``nr`` (an :class:`NRConfig` or a dict of its fields;
+    default: its current settings) with the fields ``changes`` replaced
+    (``with_nr(model, method='iterative')``). The settings hold no
+    parameters: the copy (``copy.deepcopy``) keeps the weights,
+    ``requires_grad``, dtype, device, training mode and ``nr_diagnostics``;
+    ``model`` and the global random state are unchanged.
     """
-    if isinstance(model, SOFTAttention):
-        return _rebuilt(model, nr, changes)
     model = copy.deepcopy(model)
-    for name, mod in list(model.named_modules()):
+    for mod in model.modules():
         if isinstance(mod, SOFTAttention):
-            parent, _, attr = name.rpartition('.')
-            setattr(
-                model.get_submodule(parent), attr, _rebuilt(mod, nr, changes))
+            settings = NRConfig.of(mod.nr if nr is None else nr, mod.attn_norm)
+            mod._nr = settings.replace(**changes) if changes else settings
     return model
-
-
-def _rebuilt(attn: SOFTAttention, nr, changes: dict) -> SOFTAttention:
-    """``attn`` built anew with other NR settings (see :func:`with_nr`)."""
-    settings = NRConfig.of(attn.nr if nr is None else nr, attn.attn_norm)
-    if changes:
-        settings = settings.replace(**changes)
-    with torch.random.fork_rng(devices=[]):  # the new init draws nothing
-        new = type(attn)(**dict(attn.init_args, nr=settings))
-    new.nr_diagnostics = attn.nr_diagnostics
-    ref = next(attn.parameters())
-    new.to(device=ref.device, dtype=ref.dtype)
-    new.load_state_dict(attn.state_dict())
-    for old_p, new_p in zip(attn.parameters(), new.parameters()):
-        new_p.requires_grad_(old_p.requires_grad)
-    return new.train(attn.training)

@@ -12,7 +12,7 @@ from mmsoft.models.backbones import SOFT
 from mmsoft.models.layers import SOFTAttention, landmark_grid
 from mmsoft.models.layers.attention_zoo import attention_types, build_attention
 from mmsoft.models.layers.gaussian_kernel import gaussian_kernel
-from mmsoft.models.layers.pinv import newton_inverse
+from mmsoft.models.layers.nr_config import NRConfig
 from mmsoft.models.layers.zoo import (LinformerAttention,
                                       NystromformerAttention,
                                       PerformerAttention, SimAAttention,
@@ -20,6 +20,12 @@ from mmsoft.models.layers.zoo import (LinformerAttention,
                                       l1_normalize_tokens, sima_order,
                                       spread_to_tokens)
 from mmsoft.registry import ATTENTIONS
+
+
+def newton_inverse(A, *args, stats=None, **kwargs):
+    """``NRConfig(*args, **kwargs).inverse(A, stats)``."""
+    return NRConfig(*args, **kwargs).inverse(A, stats)
+
 
 HW = (7, 5)  # not a multiple of the ratio on purpose
 N = HW[0] * HW[1]

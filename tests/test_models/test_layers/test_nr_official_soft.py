@@ -8,7 +8,7 @@ largest row sum of A itself, P = A + 0.01 I, V_0 = alpha P, then 20
 iterations V <- 2 V - V P V; the attention applies V (no D^-1/2
 normalisation). This is the counterpart of ``test_nr_faithful.py``
 (``attn_norm=True``) and does not use the constants of
-``mmsoft.models.layers.pinv``.
+``mmsoft.models.layers.nr_iteration``.
 """
 import importlib
 
@@ -17,10 +17,16 @@ import torch
 from conftest import tiny_arch
 
 from mmsoft.models.backbones import SOFT
-from mmsoft.models.layers import bottleneck_apply, newton_inverse
-from mmsoft.models.layers.pinv import SPECTRAL_MIN_M
+from mmsoft.models.layers import NRConfig, bottleneck_apply
+from mmsoft.models.layers.nr_config import SPECTRAL_MIN_M
 
 sa = importlib.import_module('mmsoft.models.layers.soft_attention')
+
+
+def newton_inverse(A, *args, stats=None, **kwargs):
+    """``NRConfig(*args, **kwargs).inverse(A, stats)``."""
+    return NRConfig(*args, **kwargs).inverse(A, stats)
+
 
 pytestmark = pytest.mark.usefixtures('one_thread')
 

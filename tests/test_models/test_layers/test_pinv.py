@@ -5,8 +5,19 @@ import pytest
 import torch
 
 from mmsoft.models.layers.gaussian_kernel import gaussian_kernel
-from mmsoft.models.layers.pinv import (NRConfig, newton_inverse, nr_init_alpha,
-                                       pinv_convergence)
+from mmsoft.models.layers.nr_config import NRConfig
+from mmsoft.models.layers.nr_diagnostics import pinv_convergence
+from mmsoft.models.layers.nr_iteration import nr_init_alpha
+
+
+def newton_inverse(A, *args, stats=None, **kwargs):
+    """``NRConfig(*args, **kwargs).inverse(A, stats)``."""
+    return NRConfig(*args, **kwargs).inverse(A, stats)
+
+
+def newton_inverse_apply(A, W, *args, stats=None, **kwargs):
+    """``NRConfig(*args, **kwargs).apply(A, W, stats)``."""
+    return NRConfig(*args, **kwargs).apply(A, W, stats)
 
 
 def kernel_matrix(*batch, m=49, d=32, scale=1.0, seed=0, dtype=torch.float32):
@@ -147,7 +158,7 @@ def test_spectral_gradcheck_and_batch_independence():
 
 
 def test_auto_method_choice():
-    from mmsoft.models.layers.pinv import SPECTRAL_MIN_M, resolve_method
+    from mmsoft.models.layers.nr_config import SPECTRAL_MIN_M, resolve_method
     small = torch.eye(8)
     big = torch.eye(SPECTRAL_MIN_M)
     assert resolve_method('auto', small) == 'iterative'
@@ -219,7 +230,6 @@ def test_alpha_residual_test_without_forming_AA(init):
 def test_apply_equals_inverse_times_w(method, init):
     """newton_inverse_apply(A, W) == newton_inverse(A) @ W, values and
     gradients (float64 tight, float32 within 1e-5 relative)."""
-    from mmsoft.models.layers.pinv import newton_inverse_apply
     for dtype, tol in ((torch.float64, 1e-12), (torch.float32, 1e-5)):
         A = kernel_matrix(2, 3, m=150, seed=7, dtype=dtype)
         W = torch.randn(2, 3, 150, 16, dtype=dtype)
@@ -239,7 +249,6 @@ def test_apply_equals_inverse_times_w(method, init):
 
 @pytest.mark.parametrize('method', ['iterative', 'spectral'])
 def test_apply_gradcheck_and_batch_independence(method):
-    from mmsoft.models.layers.pinv import newton_inverse_apply
     A = kernel_matrix(2, m=6, d=4, dtype=torch.float64, seed=8)
     W = torch.randn(2, 6, 3, dtype=torch.float64)
     A.requires_grad_(True)
@@ -259,7 +268,6 @@ def test_apply_gradcheck_and_batch_independence(method):
 
 
 def test_apply_fp32_under_autocast_and_errors():
-    from mmsoft.models.layers.pinv import newton_inverse_apply
     A = kernel_matrix(2, m=130)
     W = torch.randn(2, 130, 8)
     with torch.autocast('cpu', dtype=torch.bfloat16):
@@ -295,7 +303,7 @@ def test_per_sample_shared_alpha():
 
 # ------------------------------------------------- names of the alpha rules
 def test_old_init_names_are_aliases():
-    from mmsoft.models.layers.pinv import INIT_ALIASES, canonical_init
+    from mmsoft.models.layers.nr_config import INIT_ALIASES, canonical_init
     A = torch.cat([
         kernel_matrix(1, 4, m=30, scale=s, seed=k, dtype=torch.float64)
         for k, s in enumerate([0.1, 2.0])
@@ -315,7 +323,7 @@ def test_old_init_names_are_aliases():
 
 
 def test_default_init_is_official_rule_per_sample():
-    from mmsoft.models.layers.pinv import default_init
+    from mmsoft.models.layers.nr_config import default_init
     from mmsoft.models.layers.soft_attention import SOFTAttention
     assert default_init(True) == 'soft_norm_per_sample'
     assert default_init(False) == 'soft'
@@ -354,7 +362,7 @@ def matrix_with_spectrum(lam, seed=0):
 def autograd_through_iterations(A, W, G, iters, init, attn_norm=False):
     """Reference: grad_A (and grad_W) by autograd through the explicit
     iterations of Eq. (10), alpha held fixed."""
-    from mmsoft.models.layers.pinv import _SOFT_SHIFT
+    from mmsoft.models.layers.nr_iteration import _SOFT_SHIFT
     a = A.clone().requires_grad_()
     w = W.clone().requires_grad_()
     alpha = nr_init_alpha(a.detach(), init)
@@ -377,7 +385,6 @@ def test_exact_backward_equals_autograd_through_iterations(init, method):
     """Not converged (smooth landmarks, m = 60): Eq. (16) is off, 'exact'
     is the gradient of the 20 iterations (alpha fixed), also through
     the normalisation D^-1/2 of the apply path."""
-    from mmsoft.models.layers.pinv import newton_inverse_apply
     from mmsoft.models.layers.soft_attention import bottleneck_apply
     A = smooth_kernel(2, 3)
     W = torch.randn(2, 3, 60, 5, dtype=torch.float64)
@@ -408,7 +415,7 @@ def test_exact_backward_equals_autograd_through_iterations(init, method):
 
 
 def _fixed_alpha(monkeypatch, value):
-    import mmsoft.models.layers.pinv as pinv
+    import mmsoft.models.layers.nr_iteration as pinv
     monkeypatch.setattr(
         pinv,
         'nr_init_alpha',
@@ -420,7 +427,6 @@ def test_exact_backward_gradcheck(monkeypatch, spectrum):
     """gradcheck (finite differences of the forward itself, alpha fixed as
     the forward treats it) with distinct, repeated and near-equal
     eigenvalues, unconverged ones included (10 iterations)."""
-    from mmsoft.models.layers.pinv import newton_inverse_apply
     lam = {
         'distinct': [3.0, 1.5, 0.7, 0.2, 0.03, 0.004],
         'repeated': [2.0, 2.0, 0.5, 0.05, 0.05, 0.05],
@@ -450,9 +456,10 @@ def test_divided_differences_close_eigenvalues():
     """The Daleckii-Krein kernel for (near-)equal eigenvalues: the
     recurrence form agrees with the quotient where that is accurate, and
     with the derivative f'(l) at l_i = l_j (float64 autograd)."""
-    from mmsoft.models.layers.pinv import (_divided_differences,
-                                           _scalar_iterate,
-                                           _scalar_iterate_impl)
+    from mmsoft.models.layers.nr_autograd import _divided_differences
+    from mmsoft.models.layers.nr_iteration import _scalar_iterate_impl
+    from mmsoft.models.layers.nr_iteration import \
+        scalar_iterate as _scalar_iterate
     lam = torch.tensor([1e-3, 1e-3 * (1 + 1e-12), 0.3, 0.3, 0.31, 1.7],
                        dtype=torch.float64)
     alpha = torch.tensor(0.3, dtype=torch.float64)
@@ -470,7 +477,6 @@ def test_divided_differences_close_eigenvalues():
 
 
 def test_exact_backward_float32_close_to_float64():
-    from mmsoft.models.layers.pinv import newton_inverse_apply
     A = smooth_kernel(2, 2, m=120)
     W = torch.randn(2, 2, 120, 4, dtype=torch.float64)
     G = torch.randn(2, 2, 120, 4, dtype=torch.float64)
@@ -495,7 +501,7 @@ def test_stats_report_convergence(method):
     """'residual' is the paper's ||A A_T A - A||_2 / ||A||_2 (as
     pinv_convergence) and 'unconverged' grows when the iterations are cut
     short, for both methods."""
-    from mmsoft.models.layers.pinv import newton_inverse_apply, nr_residual
+    from mmsoft.models.layers.nr_diagnostics import nr_residual
     A = smooth_kernel(2, m=60)
     W = torch.randn(2, 60, 3, dtype=torch.float64)
     stats = {}
@@ -514,7 +520,7 @@ def test_stats_report_convergence(method):
 def test_close_pairs_match_the_mask():
     """The binary-search pairs are exactly |l_i - l_j| <= r max(|l_i|,
     |l_j|) over a batch of sorted spectra with clusters, zeros and signs."""
-    from mmsoft.models.layers.pinv import _DD_RTOL, _close_pairs
+    from mmsoft.models.layers.nr_autograd import _DD_RTOL, _close_pairs
     g = torch.Generator().manual_seed(0)
     lam = torch.cat([
         torch.randn(2, 3, 20, generator=g, dtype=torch.float64) * 1e-6,

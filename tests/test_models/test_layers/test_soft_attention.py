@@ -7,8 +7,12 @@ import torch
 
 from mmsoft.models.layers import (BottleneckSampler, NRConfig, SOFTAttention,
                                   build_attention, gaussian_kernel,
-                                  landmark_grid, newton_inverse,
-                                  soft_attention, with_nr)
+                                  landmark_grid, soft_attention, with_nr)
+
+
+def newton_inverse(A, *args, stats=None, **kwargs):
+    """``NRConfig(*args, **kwargs).inverse(A, stats)``."""
+    return NRConfig(*args, **kwargs).inverse(A, stats)
 
 
 def test_gaussian_kernel_matches_definition():
@@ -268,7 +272,7 @@ def test_nr_settings_built_once_and_frozen(monkeypatch):
     passes it down; nothing changes them on a built attention."""
     import dataclasses
 
-    from mmsoft.models.layers import pinv
+    from mmsoft.models.layers import nr_config as pinv
     checks = []
     post_init = pinv.NRConfig.__post_init__
     monkeypatch.setattr(pinv.NRConfig, '__post_init__',
