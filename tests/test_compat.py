@@ -403,7 +403,7 @@ def test_import_mmsoft_prints_nothing():
     """``import mmsoft`` writes nothing to stderr and leaves
     ``warnings.showwarning`` alone (torch 2.4's unfilterable deprecation
     of torch.distributed.optim is dropped by the tools, which call
-    :mod:`mmsoft._quiet` first: the test below)."""
+    ``mmsoft_tools.quiet`` first: the test below)."""
     proc = run_python('import warnings; show = warnings.showwarning; '
                       'import mmsoft; assert warnings.showwarning is show')
     assert proc.returncode == 0, proc.stderr
