@@ -413,7 +413,7 @@ def test_import_mmsoft_prints_nothing():
 
 @pytest.mark.parametrize('tool', ['train', 'test'])
 def test_tools_print_only_their_own_output(tool):
-    """The tools' first line of output is their own (mmsoft._quiet runs
+    """The tools' first line of output is their own (mmsoft_tools.quiet runs
     before mmengine is imported)."""
     proc = run(
         [sys.executable,
