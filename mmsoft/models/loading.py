@@ -373,9 +373,10 @@ def pretrained_init_cfg(init_cfg: Union[Dict, List[Dict], None],
 
 
 def _is_missing(checkpoint) -> bool:
-    """A local path (no ``scheme://``) that is not a file."""
+    """A local path (no ``scheme://``) that does not exist (a directory is
+    :func:`read_checkpoint`'s one line)."""
     path = osp.expanduser(str(checkpoint))
-    return '://' not in path and not osp.isfile(path)
+    return '://' not in path and not osp.exists(path)
 
 
 def missing_weights_message(checkpoint,

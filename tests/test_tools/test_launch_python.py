@@ -46,7 +46,7 @@ def repo(tmp_path):
     (clone / 'tools').mkdir(parents=True)
     for name in ('dist_train.sh', 'dist_test.sh', 'slurm_train.sh',
                  'slurm_test.sh', 'launch.sh', 'python.sh', 'train.py',
-                 'test.py'):
+                 'test.py', 'mmsoft_tools'):
         os.symlink(osp.join(ROOT, 'tools', name), clone / 'tools' / name)
     os.symlink(osp.join(ROOT, 'mmsoft'), clone / 'mmsoft')
     venv_bin = clone / '.venv' / 'bin'

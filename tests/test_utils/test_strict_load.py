@@ -194,7 +194,9 @@ def test_unreadable_init_cfg_checkpoint_is_one_line(tmp_path, kind,
     with pytest.raises(FileNotFoundError) as exc:
         _pretrained(path).init_weights()
     msg = str(exc.value)
-    assert '\n' not in msg and msg.startswith(f'checkpoint {path} ')
+    # a missing file gets the ImageNet-weights line (where to download it)
+    assert '\n' not in msg and msg.startswith(
+        f'{path} (' if kind == 'missing' else f'checkpoint {path} ')
     assert {
         'directory': 'is a directory',
         'missing': 'does not exist',
