@@ -38,6 +38,16 @@ def setup(tmp_path_factory):
         ckpts[name] = path
 
     save('good', sd)
+    # a checkpoint of tools/train.py: mmengine stores the run's config text
+    # (the demo config: attn_norm=False)
+    from mmengine.config import Config
+    torch.save({
+        'state_dict': sd,
+        'meta': {
+            'cfg': Config.fromfile(cfg).pretty_text
+        }
+    }, str(tmp / 'trained.pth'))
+    ckpts['trained'] = str(tmp / 'trained.pth')
     head1000 = dict(sd)
     head1000['head.fc.weight'] = torch.zeros(1000, 192)
     head1000['head.fc.bias'] = torch.zeros(1000)
@@ -101,6 +111,21 @@ def test_matching_checkpoint_is_tested(setup):
     bias = torch.load(setup[1]['good'])['state_dict']['head.fc.bias']
     for p in preds:
         torch.testing.assert_close(p['pred_score'], bias.softmax(0))
+
+
+def test_trained_checkpoint_of_the_other_attn_norm(setup):
+    """Issue 36 (4): a tools/train.py checkpoint (attn_norm=False in its
+    stored config) tested with attn_norm=True exited 0 with a wrong top-1;
+    now an error naming both settings and the fix."""
+    msg = _error(setup, 'trained', '--cfg-options',
+                 'model.backbone.attn_cfg.attn_norm=True')
+    assert '\n' not in msg
+    assert 'trained with attn_norm=False' in msg
+    assert 'has attn_norm=True' in msg
+    assert '--cfg-options model.backbone.attn_cfg.attn_norm=False' in msg
+    # the setting it was trained with: tested
+    metrics = _test(setup, 'trained')
+    assert metrics['accuracy/top1'] == pytest.approx(expected_top1(setup[2]))
 
 
 def test_1000_class_head_on_5_class_config(setup):
