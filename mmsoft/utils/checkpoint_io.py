@@ -42,9 +42,8 @@ __all__ = [
     'save_atomic', 'describe_damage', 'load_verified',
     'check_runner_checkpoint', 'find_newest_complete', 'check_complete',
     'checkpoint_candidates', 'remove_stale_temps', 'refused_globals',
-    'refusal_message', 'is_legacy_pickle', 'TMP_SUFFIX',
-    'CheckpointDirInUse', 'claim_checkpoint_dir', 'OWNER_FILE',
-    'recorded_attn_norms'
+    'refusal_message', 'is_legacy_pickle', 'TMP_SUFFIX', 'CheckpointDirInUse',
+    'claim_checkpoint_dir', 'OWNER_FILE', 'recorded_attn_norms'
 ]
 
 _CKPT_RE = re.compile(r'^(?:epoch|iter)_(\d+)\.pth$')
@@ -186,15 +185,17 @@ def recorded_attn_norms(checkpoint) -> set:
         for node in ast.walk(stmt.value):
             values = []
             if isinstance(node, ast.Call):
-                values = [k.value for k in node.keywords
-                          if k.arg == 'attn_norm']
+                values = [
+                    k.value for k in node.keywords if k.arg == 'attn_norm'
+                ]
             elif isinstance(node, ast.Dict):
-                values = [v for k, v in zip(node.keys, node.values)
-                          if isinstance(k, ast.Constant) and
-                          k.value == 'attn_norm']
-            found.update(v.value for v in values
-                         if isinstance(v, ast.Constant) and
-                         isinstance(v.value, bool))
+                values = [
+                    v for k, v in zip(node.keys, node.values)
+                    if isinstance(k, ast.Constant) and k.value == 'attn_norm'
+                ]
+            found.update(
+                v.value for v in values
+                if isinstance(v, ast.Constant) and isinstance(v.value, bool))
     return found
 
 

@@ -41,12 +41,13 @@ def setup(tmp_path_factory):
     # a checkpoint of tools/train.py: mmengine stores the run's config text
     # (the demo config: attn_norm=False)
     from mmengine.config import Config
-    torch.save({
-        'state_dict': sd,
-        'meta': {
-            'cfg': Config.fromfile(cfg).pretty_text
-        }
-    }, str(tmp / 'trained.pth'))
+    torch.save(
+        {
+            'state_dict': sd,
+            'meta': {
+                'cfg': Config.fromfile(cfg).pretty_text
+            }
+        }, str(tmp / 'trained.pth'))
     ckpts['trained'] = str(tmp / 'trained.pth')
     head1000 = dict(sd)
     head1000['head.fc.weight'] = torch.zeros(1000, 192)

@@ -59,7 +59,8 @@ from mmsoft.utils.checkpoint_io import (CheckpointDirInUse, CheckpointError,
 from mmsoft.utils.rng_state import get_rng_state, set_rng_state
 
 __all__ = [
-    'SafeCheckpointHook', 'use_safe_checkpoint_hook', 'check_recorded_attn_norm'
+    'SafeCheckpointHook', 'use_safe_checkpoint_hook',
+    'check_recorded_attn_norm'
 ]
 
 #: checkpoint hook types that :func:`use_safe_checkpoint_hook` replaces
@@ -409,8 +410,9 @@ def check_recorded_attn_norm(model, checkpoint, path) -> None:
     def text(values):
         return ' / '.join(f'attn_norm={v}' for v in sorted(values))
 
-    fix = (f'--cfg-options model.backbone.attn_cfg.attn_norm={next(iter(want))}'
-           if len(want) == 1 else 'its attn_cfg settings')
+    fix = (
+        f'--cfg-options model.backbone.attn_cfg.attn_norm={next(iter(want))}'
+        if len(want) == 1 else 'its attn_cfg settings')
     raise CheckpointMismatchError(
         f'checkpoint {path} was trained with {text(want)} (the config stored '
         f'in it), but this model\'s SOFT attention has {text(have)}: the '
