@@ -77,10 +77,10 @@ MUTATIONS = (
       what=('mmdet --out: the dump metric replaces the COCO metric instead of '
             'being added (no bbox mAP)'),
       path='tools/test.py',
-      old=('            runner.test_evaluator.metrics.append(\n'
-           '                DumpDetResults(out_file_path=args.out))'),
-      new=('            runner.test_evaluator.metrics = [\n'
-           '                DumpDetResults(out_file_path=args.out)]'),
+      old=('                runner.test_evaluator.metrics.append(\n'
+           '                    DumpDetResults(out_file_path=out))'),
+      new=('                runner.test_evaluator.metrics = [\n'
+           '                    DumpDetResults(out_file_path=out)]'),
       tests=('tests/test_tools/test_train_test.py::'
              'test_det_train_and_test_tools', )),
     # --------------------------------------------------- Newton-Raphson
