@@ -155,9 +155,9 @@ class SafeCheckpointHook(CheckpointHook):
         training = isinstance(getattr(runner, '_train_loop', None), BaseLoop)
         auto = getattr(runner, '_resume', False) and \
             getattr(runner, '_load_from', None) is None
-        ckpt_dir = self._checkpoint_dir(runner)
+        ckpt_dir = self._checkpoint_dir(runner) if training or auto else ''
         result = [None, None, None]  # path, skipped, refusal
-        if is_main_process():
+        if is_main_process() and ckpt_dir:
             try:
                 if training and '://' not in str(ckpt_dir):
                     claim_checkpoint_dir(ckpt_dir, runner.work_dir)
