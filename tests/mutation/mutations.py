@@ -510,8 +510,8 @@ MUTATIONS = (
       path='mmsoft/engine/hooks/checkpoint_hook.py',
       old="            hub.update_info('keep_ckpt_ids', [])\n",
       new='            pass\n',
-      tests=(HOOK + 'test_resume_of_another_runs_file_deletes_nothing_here',
-             )),
+      tests=(HOOK +
+             'test_resume_of_another_runs_file_deletes_nothing_here', )),
     M(name='shared_checkpoint_dir_not_refused',
       what='a checkpoint out_dir claimed by another work dir is shared',
       path='mmsoft/utils/checkpoint_io.py',
