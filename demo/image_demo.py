@@ -29,7 +29,9 @@ writes, each file atomically (temporary file + rename):
 
 ``<name>`` is the image's path relative to a folder INPUT, without its
 extension (with it where two images would share a name: ``x.jpg`` and
-``x.png`` give ``preds/x.jpg.json`` and ``preds/x.png.json``).
+``x.png`` give ``preds/x.jpg.json`` and ``preds/x.png.json``). A folder
+INPUT is searched without ``D`` when ``D`` lies inside it (the demo's own
+outputs are not inputs: a second run gives the same files).
 ``--score-thr`` is the detection score threshold for drawing (the json
 keeps every detection, as mmdet's inferencer does).
 
@@ -127,15 +129,31 @@ def unique_names(rels):
     return names
 
 
-def list_images(path):
-    """[(image path, output name)] of an image file or a folder."""
+def _own_outputs(path, out_dir):
+    """The folders of ``out_dir`` that a folder INPUT must not search: the
+    whole ``out_dir`` when it lies inside INPUT (e.g. the default
+    ``outputs/`` with INPUT ``.``), its ``vis`` / ``preds`` when it is
+    INPUT itself (real paths)."""
+    if out_dir is None:
+        return set()
+    out = osp.realpath(out_dir)
+    if out == osp.realpath(path):
+        return {osp.join(out, 'vis'), osp.join(out, 'preds')}
+    return {out}
+
+
+def list_images(path, out_dir=None):
+    """[(image path, output name)] of an image file or a folder; the
+    demo's own outputs in ``out_dir`` are not inputs."""
     if osp.isfile(path):
         return [(path, osp.splitext(osp.basename(path))[0])]
     if not osp.isdir(path):
         raise DemoError(f'input not found: {path}')
-    found = []
+    found, skip = [], _own_outputs(path, out_dir)
     for dirpath, dirnames, filenames in os.walk(path):
-        dirnames.sort()
+        dirnames[:] = sorted(
+            d for d in dirnames if not d.startswith('.image_demo.')
+            and osp.realpath(osp.join(dirpath, d)) not in skip)
         for fname in sorted(filenames):
             if fname.lower().endswith(IMG_EXTENSIONS):
                 found.append(osp.join(dirpath, fname))
@@ -157,7 +175,7 @@ def check_inputs(args):
     """One clear line for each kind of bad input, before loading a model.
     A single INPUT image that cannot be read is an error; in a folder, such
     images are reported and skipped (:func:`run`)."""
-    images = list_images(args.input)
+    images = list_images(args.input, args.out_dir)
     if not osp.isfile(args.config):
         raise DemoError(f'config file not found: {args.config}')
     remote = args.checkpoint.startswith(('http://', 'https://'))

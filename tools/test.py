@@ -15,6 +15,7 @@ top-k accuracy).
 mmseg saves the predicted label maps as PNGs to that directory (as each
 codebase's own tools/test.py does).
 """
+import contextlib
 import copy
 import os.path as osp
 import sys
@@ -32,6 +33,7 @@ from mmengine.registry import RUNNERS  # noqa: E402
 from mmengine.runner import Runner  # noqa: E402
 
 from mmsoft.engine import use_safe_checkpoint_hook  # noqa: E402
+from mmsoft.utils.atomic import atomic_path, unwritable_reason  # noqa: E402
 from mmsoft.utils.checkpoint_io import CheckpointError  # noqa: E402
 from mmsoft.utils.checkpoint_io import CheckpointRefused  # noqa: E402
 from mmsoft.utils.strict_load import CheckpointMismatchError  # noqa: E402
@@ -162,6 +164,17 @@ def build_cfg(args):
     return cfg
 
 
+def exit_if_bad_out(out, scope):
+    """``--out`` that cannot be written: one line before inference."""
+    if out is None:
+        return
+    if scope != 'mmseg' and not out.endswith(('.pkl', '.pickle')):
+        sys.exit(f'error: --out {out}: the dump file must end with .pkl')
+    problem = unwritable_reason(out, directory=scope == 'mmseg')
+    if problem:
+        sys.exit(f'error: --out {out}: {problem}')
+
+
 def main(argv=None):
     """Test the model; returns the metrics of ``test_evaluator`` (a dict,
     e.g. ``{'accuracy/top1': ...}``; every rank gets them). Exits with
@@ -173,6 +186,7 @@ def main(argv=None):
     data_check.exit_if_missing(cfg, 'test', args.launcher)  # data on disk?
     launch.exit_if_legacy_backbone(cfg)  # attn options of mmsoft 0.1?
     scope = launch.prepare_cfg(cfg, args.launcher)
+    exit_if_bad_out(args.out, scope)
 
     if args.show or args.show_dir:
         cfg = trigger_visualization_hook(cfg, args, scope)
@@ -187,20 +201,21 @@ def main(argv=None):
     else:
         runner = RUNNERS.build(cfg)
 
-    if args.out is not None and scope != 'mmseg':
-        if not args.out.endswith(('.pkl', '.pickle')):
-            raise ValueError('The dump file must be a pkl file.')
-        if scope == 'mmdet':
-            from mmdet.evaluation import DumpDetResults
-            runner.test_evaluator.metrics.append(
-                DumpDetResults(out_file_path=args.out))
-        else:
-            from mmengine.evaluator import DumpResults
-            runner.test_evaluator.metrics.append(
-                DumpResults(out_file_path=args.out))
-
+    # --out is replaced only by a complete file (written next to it)
+    dump = args.out is not None and scope != 'mmseg'
     try:
-        metrics = runner.test()
+        with atomic_path(args.out, suffix='.pkl', makedirs=True,
+                         missing_ok=True) if dump else \
+                contextlib.nullcontext() as out:
+            if dump and scope == 'mmdet':
+                from mmdet.evaluation import DumpDetResults
+                runner.test_evaluator.metrics.append(
+                    DumpDetResults(out_file_path=out))
+            elif dump:
+                from mmengine.evaluator import DumpResults
+                runner.test_evaluator.metrics.append(
+                    DumpResults(out_file_path=out))
+            metrics = runner.test()
     except (CheckpointMismatchError, CheckpointError,
             CheckpointRefused) as e:  # wrong / damaged / unsafe weights
         sys.exit(f'error: {e}')

@@ -21,7 +21,8 @@ from typing import Iterator, List, Optional, Union
 
 __all__ = [
     'atomic_path', 'atomic_write', 'temp_path_for', 'remove_stale_temps',
-    'signals_raise', 'os_error_in_chain', 'pid_alive', 'TMP_SUFFIX'
+    'signals_raise', 'os_error_in_chain', 'pid_alive', 'TMP_SUFFIX',
+    'unwritable_reason'
 ]
 
 #: what every temporary name ends with (before an optional ``suffix``)
@@ -82,12 +83,14 @@ def os_error_in_chain(exc: BaseException) -> Optional[OSError]:
 def atomic_path(path: str,
                 suffix: str = '',
                 makedirs: bool = False,
-                durable: bool = False) -> Iterator[str]:
+                durable: bool = False,
+                missing_ok: bool = False) -> Iterator[str]:
     """Yield a temporary path next to ``path``; rename it onto ``path``
     when the block succeeds (see the module doc). On any exception the
     temporary file is removed, ``path`` is untouched and the exception
     propagates; an ``OSError`` that the writer wrapped in another exception
-    is raised as that ``OSError``."""
+    is raised as that ``OSError``. ``missing_ok``: a block that wrote
+    nothing (e.g. a rank other than 0) leaves ``path`` untouched."""
     path = osp.abspath(path)
     if makedirs:
         os.makedirs(osp.dirname(path), exist_ok=True)
@@ -95,6 +98,8 @@ def atomic_path(path: str,
     with signals_raise():
         try:
             yield tmp
+            if missing_ok and not osp.lexists(tmp):
+                return
             if durable:
                 _fsync(tmp)
             umask = os.umask(0)  # open()'s permissions, not mkstemp's 0600
@@ -158,3 +163,23 @@ def remove_stale_temps(directory: str,
                 os.unlink(osp.join(directory, entry))
                 removed.append(osp.join(directory, entry))
     return removed
+
+
+def unwritable_reason(path: str, directory: bool = False) -> Optional[str]:
+    """Why a file (``directory``: a directory) cannot be written at
+    ``path``, or None: checked before heavy work. Missing parents are fine
+    (writers create them) unless the nearest existing one is a file or not
+    writable."""
+    path = osp.abspath(path)
+    if not directory and osp.isdir(path):
+        return 'is a directory; give a file name'
+    if directory and osp.exists(path) and not osp.isdir(path):
+        return 'exists and is not a directory'
+    parent = osp.dirname(path)
+    while not osp.exists(parent) and osp.dirname(parent) != parent:
+        parent = osp.dirname(parent)
+    if not osp.isdir(parent):
+        return f'{parent} is a file, not a directory'
+    if not os.access(parent, os.W_OK | os.X_OK):
+        return f'directory {parent} is not writable'
+    return None

@@ -14,7 +14,13 @@
   ``before_run`` (mmengine's own ``torch.load`` unpickles anything before
   torch 2.6).
 * :func:`find_newest_complete` - the newest ``epoch_N.pth`` /
-  ``iter_N.pth`` of a work dir that loads; damaged newer ones are skipped.
+  ``iter_N.pth`` of a work dir that loads; damaged newer ones are skipped,
+  and a ``last_checkpoint`` naming a file of another directory (a copied
+  work dir) is ignored.
+* :func:`claim_checkpoint_dir` - one run per checkpoint directory: a
+  shared ``out_dir`` of two work dirs of the same name is refused.
+* :func:`recorded_attn_norms` - the ``attn_norm`` settings that the
+  config stored in a training checkpoint (``meta['cfg']``) records.
 """
 import logging
 import os
@@ -28,7 +34,7 @@ from typing import Iterable, List, Optional, Tuple
 
 import torch
 
-from .atomic import TMP_SUFFIX, atomic_path, remove_stale_temps
+from .atomic import TMP_SUFFIX, atomic_path, atomic_write, remove_stale_temps
 from .safe_load import safe_torch_load, unsafe_globals
 
 __all__ = [
@@ -36,7 +42,8 @@ __all__ = [
     'save_atomic', 'describe_damage', 'load_verified',
     'check_runner_checkpoint', 'find_newest_complete', 'check_complete',
     'checkpoint_candidates', 'remove_stale_temps', 'refused_globals',
-    'refusal_message', 'is_legacy_pickle', 'TMP_SUFFIX'
+    'refusal_message', 'is_legacy_pickle', 'TMP_SUFFIX', 'CheckpointDirInUse',
+    'claim_checkpoint_dir', 'OWNER_FILE', 'recorded_attn_norms'
 ]
 
 _CKPT_RE = re.compile(r'^(?:epoch|iter)_(\d+)\.pth$')
@@ -44,6 +51,11 @@ _CKPT_RE = re.compile(r'^(?:epoch|iter)_(\d+)\.pth$')
 
 class CheckpointError(RuntimeError):
     """A checkpoint file is damaged."""
+
+
+class CheckpointDirInUse(CheckpointError):
+    """A checkpoint directory belongs to the run of another work dir
+    (:func:`claim_checkpoint_dir`)."""
 
 
 class CheckpointWriteError(OSError):
@@ -135,17 +147,56 @@ def load_verified(path: str, map_location='cpu', weights_only=None):
             path, refused_globals(path))) from None
 
 
-def check_runner_checkpoint(runner) -> None:
+def check_runner_checkpoint(runner):
     """Check the local file that ``runner.load_or_resume`` will read
     (``load_from``, or ``resume=True`` with a path) with
     :func:`load_verified`: raises before mmengine's ``torch.load`` could
     unpickle a code-running or damaged file (``before_run`` hooks run
     before ``load_or_resume`` in mmengine 0.10's ``train`` / ``val`` /
-    ``test``)."""
+    ``test``). Returns the checkpoint read (None: nothing to check)."""
     path = getattr(runner, '_load_from', None)
     if path and not getattr(runner, '_has_loaded', False) and \
             osp.isfile(str(path)):
-        load_verified(str(path))
+        return load_verified(str(path))
+    return None
+
+
+def recorded_attn_norms(checkpoint) -> set:
+    """The ``attn_norm`` values that the config of a training checkpoint
+    (mmengine stores the run's config text as ``meta['cfg']``) sets inside
+    ``model`` (empty: none recorded). The text is parsed with :mod:`ast`,
+    never executed."""
+    import ast
+    meta = checkpoint.get('meta') if isinstance(checkpoint, Mapping) \
+        else None
+    text = meta.get('cfg') if isinstance(meta, Mapping) else None
+    if not isinstance(text, str):
+        return set()
+    try:
+        tree = ast.parse(text)
+    except (SyntaxError, ValueError):
+        return set()
+    found = set()
+    for stmt in tree.body:
+        if not (isinstance(stmt, ast.Assign) and any(
+                isinstance(t, ast.Name) and t.id == 'model'
+                for t in stmt.targets)):
+            continue
+        for node in ast.walk(stmt.value):
+            values = []
+            if isinstance(node, ast.Call):
+                values = [
+                    k.value for k in node.keywords if k.arg == 'attn_norm'
+                ]
+            elif isinstance(node, ast.Dict):
+                values = [
+                    v for k, v in zip(node.keys, node.values)
+                    if isinstance(k, ast.Constant) and k.value == 'attn_norm'
+                ]
+            found.update(
+                v.value for v in values
+                if isinstance(v, ast.Constant) and isinstance(v.value, bool))
+    return found
 
 
 def save_atomic(obj, path: str, writer=None) -> None:
@@ -203,10 +254,13 @@ def find_newest_complete(work_dir: str,
                          out_dir: Optional[str] = None
                          ) -> Tuple[Optional[str], List[Tuple[str, str]]]:
     """``(path or None, skipped)``: the newest complete training checkpoint
-    among ``<work_dir>/last_checkpoint``'s file and the ``epoch_N.pth`` /
-    ``iter_N.pth`` of ``work_dir``, ``out_dir`` and that file's directory;
-    ``skipped`` lists ``(path, reason)`` of newer, damaged ones (each also
-    logged as a warning)."""
+    among the ``epoch_N.pth`` / ``iter_N.pth`` of ``work_dir`` and
+    ``out_dir`` (the run's checkpoint directory) and the file that
+    ``<work_dir>/last_checkpoint`` names if it lies in one of them (a name
+    elsewhere, as in a copied work dir, is ignored with a warning: resume
+    continues the run of this work dir, never another one); ``skipped``
+    lists ``(path, reason)`` of newer, damaged ones (each also logged as a
+    warning)."""
     from mmengine.logging import print_log
     dirs = [work_dir] + ([out_dir] if out_dir else [])
     last = None
@@ -215,8 +269,18 @@ def find_newest_complete(work_dir: str,
             last = f.read().strip() or None
     except OSError:
         pass
-    if last:
-        dirs.append(osp.dirname(osp.abspath(last)))
+    own = {osp.realpath(d) for d in dirs}
+    if last and osp.realpath(osp.dirname(osp.abspath(last))) not in own:
+        # a copied or moved work dir: its last_checkpoint names the file
+        # of the other run; resuming (or max_keep_ckpts) must not touch it
+        print_log(
+            f'mmsoft: {osp.join(work_dir, "last_checkpoint")} names {last}, '
+            f'outside this run\'s checkpoint directory (a copied or moved '
+            f'work dir?): ignored; resuming from the newest checkpoint of '
+            f'{" / ".join(dict.fromkeys(dirs))}',
+            logger='current',
+            level=logging.WARNING)
+        last = None
     skipped = []
     for p in checkpoint_candidates(
             dict.fromkeys(dirs), [last] if last else []):
@@ -235,6 +299,48 @@ def find_newest_complete(work_dir: str,
             logger='current',
             level=logging.WARNING)
     return None, skipped
+
+
+#: the file in a checkpoint directory outside the work dir that names the
+#: work dir of the run writing there (:func:`claim_checkpoint_dir`)
+OWNER_FILE = '.mmsoft-work-dir'
+
+
+def claim_checkpoint_dir(ckpt_dir: str, work_dir: str) -> None:
+    """Record ``work_dir`` as the run of ``ckpt_dir`` (``out_dir`` /
+    ``<work dir name>``), or raise :class:`CheckpointDirInUse` (one line)
+    when another work dir holds it: two runs whose work dirs have the same
+    name share mmengine's checkpoint directory, where one's
+    ``max_keep_ckpts`` deletes the other's checkpoints and ``--resume``
+    continues the other run. Nothing to do when ``ckpt_dir`` is the work
+    dir itself."""
+    if osp.realpath(ckpt_dir) == osp.realpath(work_dir):
+        return
+    me = osp.realpath(work_dir)
+    marker = osp.join(ckpt_dir, OWNER_FILE)
+    os.makedirs(ckpt_dir, exist_ok=True)
+    try:
+        fd = os.open(marker, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+    except FileExistsError:
+        try:
+            with open(marker) as f:
+                owner = f.read().strip()
+        except OSError:
+            owner = ''
+        if owner and owner != me:
+            raise CheckpointDirInUse(
+                f'checkpoint directory {ckpt_dir} (default_hooks.checkpoint.'
+                f'out_dir / the work dir\'s name) belongs to the run in work '
+                f'dir {owner} ({marker}), not to this one ({me}): its '
+                f'max_keep_ckpts would delete the other run\'s checkpoints '
+                f'and --resume would continue it. Give this run another '
+                f'out_dir or a work dir of another name (if you moved that '
+                f'work dir here, delete {marker})') from None
+        if not owner:
+            atomic_write(marker, me + '\n')
+        return
+    with os.fdopen(fd, 'w') as f:
+        f.write(me + '\n')
 
 
 def add_checksum(checkpoint):

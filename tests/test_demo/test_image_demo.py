@@ -335,6 +335,27 @@ def test_same_name_other_extension_both_kept(models, tmp_path, capsys):
     assert 'classification: 3 image(s)' in capsys.readouterr().out
 
 
+@pytest.mark.parametrize('out', ['out', '.'])
+def test_out_dir_inside_input_is_not_input(models, tmp_path, capsys,
+                                           monkeypatch, out):
+    """Issue 36 (5): ``--out-dir`` inside INPUT (also INPUT ``.`` with the
+    default ``outputs/``): the second run took its own outputs as inputs
+    (6 images for 3) and wrote ``out/vis/out/vis/...``."""
+    cfg, ckpt, _ = models['cls']
+    folder = tmp_path / 'in'
+    for i, name in enumerate(('a.jpg', 'b.png', 'sub/c.jpg')):
+        _image(str(folder / name), seed=i)
+    monkeypatch.chdir(folder)
+    main = runpy.run_path(DEMO, run_name='image_demo')['main']
+    for _ in range(2):
+        assert main(['.', cfg, ckpt, '--out-dir', out]) == 0
+        assert 'classification: 3 image(s)' in capsys.readouterr().out
+    vis = sorted(
+        osp.relpath(osp.join(d, f), osp.join(out, 'vis'))
+        for d, _, files in os.walk(osp.join(out, 'vis')) for f in files)
+    assert [osp.splitext(v)[0] for v in vis] == ['a', 'b', 'sub/c']
+
+
 def test_unreadable_images_in_folder_are_skipped(models, tmp_path, capsys):
     """Issue 27, item 7: one truncated JPEG in a folder aborted the rest;
     now each bad image is reported, the others are processed, and the

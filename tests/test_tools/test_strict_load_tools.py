@@ -38,6 +38,17 @@ def setup(tmp_path_factory):
         ckpts[name] = path
 
     save('good', sd)
+    # a checkpoint of tools/train.py: mmengine stores the run's config text
+    # (the demo config: attn_norm=False)
+    from mmengine.config import Config
+    torch.save(
+        {
+            'state_dict': sd,
+            'meta': {
+                'cfg': Config.fromfile(cfg).pretty_text
+            }
+        }, str(tmp / 'trained.pth'))
+    ckpts['trained'] = str(tmp / 'trained.pth')
     head1000 = dict(sd)
     head1000['head.fc.weight'] = torch.zeros(1000, 192)
     head1000['head.fc.bias'] = torch.zeros(1000)
@@ -101,6 +112,70 @@ def test_matching_checkpoint_is_tested(setup):
     bias = torch.load(setup[1]['good'])['state_dict']['head.fc.bias']
     for p in preds:
         torch.testing.assert_close(p['pred_score'], bias.softmax(0))
+
+
+def test_trained_checkpoint_of_the_other_attn_norm(setup):
+    """Issue 36 (4): a tools/train.py checkpoint (attn_norm=False in its
+    stored config) tested with attn_norm=True exited 0 with a wrong top-1;
+    now an error naming both settings and the fix."""
+    msg = _error(setup, 'trained', '--cfg-options',
+                 'model.backbone.attn_cfg.attn_norm=True')
+    assert '\n' not in msg
+    assert 'trained with attn_norm=False' in msg
+    assert 'has attn_norm=True' in msg
+    assert '--cfg-options model.backbone.attn_cfg.attn_norm=False' in msg
+    # the setting it was trained with: tested
+    metrics = _test(setup, 'trained')
+    assert metrics['accuracy/top1'] == pytest.approx(expected_top1(setup[2]))
+
+
+def test_out_is_written_atomically(setup, monkeypatch):
+    """Issue 36 (3): a full disk while the predictions are dumped truncated
+    an existing ``--out`` file; now it keeps its content and no temporary
+    file is left."""
+    import errno
+    import os
+
+    import mmengine.evaluator.metric as metric
+    tmp = setup[2]
+    out = tmp / 'kept' / 'preds.pkl'
+    out.parent.mkdir()
+    out.write_bytes(b'earlier results')
+
+    def full_disk(obj, path, **kwargs):
+        with open(path, 'wb') as f:
+            f.write(b'partial')
+        raise OSError(errno.ENOSPC, 'No space left on device')
+
+    monkeypatch.setattr(metric, 'dump', full_disk)
+    with pytest.raises(OSError, match='No space left'):
+        _test(setup, 'good', '--out', str(out))
+    assert out.read_bytes() == b'earlier results'
+    assert os.listdir(out.parent) == ['preds.pkl']
+
+
+@pytest.mark.parametrize('make,problem', [
+    ('file_parent', 'is a file, not a directory'),
+    ('directory', 'is a directory; give a file name'),
+])
+def test_out_that_cannot_be_written_stops_before_inference(
+        setup, make, problem, monkeypatch):
+    """Issue 36 (3): ``--out`` under a file failed after the inference."""
+    from mmengine.runner import Runner
+
+    def no_test(self):
+        raise AssertionError('inference ran')
+
+    monkeypatch.setattr(Runner, 'test', no_test)
+    tmp = setup[2]
+    (tmp / 'a_file').write_text('x')
+    (tmp / 'a_dir.pkl').mkdir(exist_ok=True)
+    out = str(tmp / 'a_file' / 'preds.pkl') if make == 'file_parent' \
+        else str(tmp / 'a_dir.pkl')
+    with pytest.raises(SystemExit) as exc:
+        _test(setup, 'good', '--out', out)
+    assert exc.value.code.startswith(f'error: --out {out}: ')
+    assert problem in exc.value.code and '\n' not in exc.value.code
 
 
 def test_1000_class_head_on_5_class_config(setup):

@@ -24,7 +24,16 @@ config, ``tools/train.py`` swaps it in):
   (damaged newer ones are skipped with a warning); a ``load_from`` /
   ``--resume PATH`` file is read first with mmsoft's safe reader
   (:func:`~mmsoft.utils.checkpoint_io.check_runner_checkpoint`): a damaged
-  or code-running file stops the run with one line, on every torch.
+  or code-running file stops the run with one line, on every torch, and
+  so does a training checkpoint whose stored config sets the other
+  ``attn_norm`` (:func:`check_recorded_attn_norm`);
+* keeps to the run's own checkpoint directory: resume ignores a
+  ``last_checkpoint`` naming another directory (a copied work dir), the
+  checkpoint names restored on resume from another directory are dropped
+  and nothing outside the directory is removed (``max_keep_ckpts``, best
+  checkpoints); a directory ``out_dir/<work dir name>`` that the run of
+  another work dir of the same name writes to stops training with one line
+  (:func:`~mmsoft.utils.checkpoint_io.claim_checkpoint_dir`).
 
 Only local directories get the atomic treatment. Bit-exact resume holds
 with ``num_workers=0`` or non-persistent workers (mmengine's
@@ -40,13 +49,19 @@ from mmengine.hooks import CheckpointHook
 from mmengine.registry import HOOKS
 
 from mmsoft.utils.atomic import atomic_path, atomic_write
-from mmsoft.utils.checkpoint_io import (CheckpointError, CheckpointWriteError,
+from mmsoft.utils.checkpoint_io import (CheckpointDirInUse, CheckpointError,
+                                        CheckpointWriteError,
                                         check_runner_checkpoint,
+                                        claim_checkpoint_dir,
                                         find_newest_complete,
+                                        recorded_attn_norms,
                                         remove_stale_temps)
 from mmsoft.utils.rng_state import get_rng_state, set_rng_state
 
-__all__ = ['SafeCheckpointHook', 'use_safe_checkpoint_hook']
+__all__ = [
+    'SafeCheckpointHook', 'use_safe_checkpoint_hook',
+    'check_recorded_attn_norm'
+]
 
 #: checkpoint hook types that :func:`use_safe_checkpoint_hook` replaces
 PLAIN_TYPES = ('CheckpointHook', 'mmengine.CheckpointHook')
@@ -133,20 +148,36 @@ class SafeCheckpointHook(CheckpointHook):
 
     def before_run(self, runner) -> None:
         """Check the ``load_from`` / resume file; ``resume=True`` without a
-        path: pick the newest complete checkpoint (mmengine would take
-        ``last_checkpoint`` on trust)."""
-        if not getattr(runner, '_resume', False) or \
-                getattr(runner, '_load_from', None) is not None:
-            check_runner_checkpoint(runner)
-            return
-        result = [None, None]
-        if is_main_process():
-            path, skipped = find_newest_complete(runner.work_dir,
-                                                 self._checkpoint_dir(runner))
-            result = [path, [p for p, _ in skipped]]
+        path: pick the newest complete checkpoint of this run's directories
+        (mmengine would take ``last_checkpoint`` on trust); training: claim
+        the checkpoint directory (:func:`claim_checkpoint_dir`)."""
+        from mmengine.runner import BaseLoop
+        training = isinstance(getattr(runner, '_train_loop', None), BaseLoop)
+        auto = getattr(runner, '_resume', False) and \
+            getattr(runner, '_load_from', None) is None
+        ckpt_dir = self._checkpoint_dir(runner) if training or auto else ''
+        result = [None, None, None]  # path, skipped, refusal
+        if is_main_process() and ckpt_dir:
+            try:
+                if training and '://' not in str(ckpt_dir):
+                    claim_checkpoint_dir(ckpt_dir, runner.work_dir)
+                if auto:
+                    path, skipped = find_newest_complete(
+                        runner.work_dir, ckpt_dir)
+                    result = [path, [p for p, _ in skipped], None]
+            except CheckpointDirInUse as e:
+                result = [None, None, str(e)]
         if is_distributed():
             broadcast_object_list(result)
-        path, skipped = result
+        path, skipped, refusal = result
+        if refusal:
+            raise CheckpointDirInUse(refusal)
+        if not auto:
+            checkpoint = check_runner_checkpoint(runner)
+            if checkpoint is not None:
+                check_recorded_attn_norm(runner.model, checkpoint,
+                                         runner._load_from)
+            return
         if path is not None:
             runner.logger.info(f'mmsoft: resuming from the newest complete '
                                f'checkpoint {path}')
@@ -160,11 +191,35 @@ class SafeCheckpointHook(CheckpointHook):
                                f'{runner.work_dir}; training from scratch')
             runner._resume = False  # a stale last_checkpoint is not trusted
 
+    def _forget_other_dirs(self, runner) -> None:
+        """After resuming: the checkpoint names restored from the message
+        hub refer to the directory of the run that wrote them. Those of
+        another directory (``--resume`` of another run's file, a copied
+        work dir) are dropped, so that ``max_keep_ckpts`` and a new best
+        checkpoint never delete files this run did not write."""
+        if not (getattr(runner, '_resume', False)
+                and getattr(runner, '_has_loaded', False)):
+            return
+        ckpt_dir = osp.realpath(self._checkpoint_dir(runner))
+        hub = runner.message_hub
+        loaded = getattr(runner, '_load_from', None)
+        if 'keep_ckpt_ids' in hub.runtime_info and loaded and \
+                osp.realpath(osp.dirname(str(loaded))) != ckpt_dir:
+            hub.update_info('keep_ckpt_ids', [])
+        for key, value in list(hub.runtime_info.items()):
+            if not key.startswith('best_ckpt') or not isinstance(value, str) \
+                    or osp.realpath(osp.dirname(value)) == ckpt_dir:
+                continue
+            own = osp.join(ckpt_dir, osp.basename(value))
+            hub.update_info(key, own if osp.isfile(own) else None)
+
     def after_load_checkpoint(self, runner, checkpoint) -> None:
         meta = checkpoint.get('meta') if isinstance(checkpoint, dict) else {}
         self._loaded_meta = meta if isinstance(meta, dict) else {}
 
     def before_train(self, runner) -> None:
+        if '://' not in str(self._checkpoint_dir(runner)):
+            self._forget_other_dirs(runner)
         super().before_train(runner)
         if is_main_process() and self._is_local():
             for p in remove_stale_temps(self.out_dir):
@@ -315,9 +370,16 @@ class SafeCheckpointHook(CheckpointHook):
             self._atomic_depth -= 1
             self.file_backend = backend
             runner.__dict__.pop('save_checkpoint', None)
-        # the new files are complete: now drop the outdated ones
+        # the new files are complete: now drop the outdated ones (of this
+        # run's checkpoint directory only)
+        own = osp.realpath(self.out_dir)
         for kind, path in removals:
             if osp.abspath(path) in written:
+                continue
+            if osp.realpath(osp.dirname(path)) != own:
+                runner.logger.warning(
+                    f'mmsoft: not removing {path}: outside this run\'s '
+                    f'checkpoint directory {self.out_dir}')
                 continue
             try:
                 if kind == 'remove' and backend.isfile(path):
@@ -326,6 +388,36 @@ class SafeCheckpointHook(CheckpointHook):
                     backend.rmtree(path)
             except OSError as e:
                 runner.logger.warning(f'mmsoft: could not remove {path}: {e}')
+
+
+def check_recorded_attn_norm(model, checkpoint, path) -> None:
+    """Refuse a training checkpoint whose stored config (``meta['cfg']``,
+    :func:`~mmsoft.utils.checkpoint_io.recorded_attn_norms`) sets another
+    ``attn_norm`` than ``model``'s SOFT attentions use: the tensors are the
+    same, so the weights would load and give wrong results. Raises
+    :class:`~mmsoft.utils.strict_load.CheckpointMismatchError` naming both
+    settings and the fix."""
+    from mmsoft.models.layers import SOFTAttention
+    from mmsoft.utils.strict_load import CheckpointMismatchError
+    want = recorded_attn_norms(checkpoint)
+    have = {
+        m.attn_norm
+        for m in model.modules() if isinstance(m, SOFTAttention)
+    }
+    if not want or not have or want == have:
+        return
+
+    def text(values):
+        return ' / '.join(f'attn_norm={v}' for v in sorted(values))
+
+    fix = (
+        f'--cfg-options model.backbone.attn_cfg.attn_norm={next(iter(want))}'
+        if len(want) == 1 else 'its attn_cfg settings')
+    raise CheckpointMismatchError(
+        f'checkpoint {path} was trained with {text(want)} (the config stored '
+        f'in it), but this model\'s SOFT attention has {text(have)}: the '
+        f'weights would load and give wrong results. Use the config it was '
+        f'trained with or {fix}')
 
 
 def _write_failure(runner, path: str, error: OSError) -> str:

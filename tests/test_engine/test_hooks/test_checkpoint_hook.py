@@ -97,6 +97,7 @@ def _runner(work_dir,
             seed=0,
             hook='SafeCheckpointHook',
             max_keep_ckpts=-1,
+            out_dir=None,
             **kwargs):
     torch.manual_seed(0)  # the model is built before the Runner seeds
     model = DropoutNet()
@@ -115,6 +116,8 @@ def _runner(work_dir,
             interval=2,
             by_epoch=False,
             max_keep_ckpts=max_keep_ckpts)
+    if out_dir is not None:
+        ckpt['out_dir'] = str(out_dir)
     from mmengine.evaluator import BaseMetric
 
     class Count(BaseMetric):
@@ -282,6 +285,93 @@ def test_resume_without_any_complete_checkpoint(tmp_path):
     runner = _runner(work, 'scratch', resume=True)
     runner.train()
     assert runner.iter == 10
+
+
+# ----------------------------------------- a run keeps to its own files
+def _files(d):
+    return sorted(f for f in os.listdir(d) if f.endswith('.pth'))
+
+
+def test_copied_work_dir_resumes_its_own_run(tmp_path):
+    """Issue 36 (1): ``cp -r`` of a work dir, the original trained on, then
+    ``resume=True`` in the copy: its ``last_checkpoint`` names the
+    original's file; the copy continued the original (iter 8) and its
+    ``max_keep_ckpts`` deleted the copy's ``iter_4.pth``. Now the copy
+    resumes from its own newest checkpoint and the original is untouched.
+    """
+    import shutil
+    orig, copy = tmp_path / 'orig', tmp_path / 'copy'
+    with pytest.raises(Interrupted):
+        _runner(orig, 'orig', stop_after=4, max_keep_ckpts=3).train()
+    shutil.copytree(orig, copy)
+    with pytest.raises(Interrupted):
+        _runner(
+            orig, 'orig8', stop_after=8, max_keep_ckpts=3,
+            resume=True).train()
+    before = {f: os.stat(orig / f).st_mtime_ns for f in _files(orig)}
+    assert list(before) == ['iter_4.pth', 'iter_6.pth', 'iter_8.pth']
+    runner = _runner(copy, 'copy', max_keep_ckpts=3, resume=True)
+    start = StartIter()
+    runner.register_hook(start)
+    runner.train()
+    assert start.iter == 4 and runner.iter == 10
+    assert {f: os.stat(orig / f).st_mtime_ns for f in _files(orig)} == before
+    assert _files(copy) == ['iter_10.pth', 'iter_6.pth', 'iter_8.pth']
+    assert open(copy / 'last_checkpoint').read() == str(copy / 'iter_10.pth')
+    log = open(osp.join(runner.log_dir, f'{runner.timestamp}.log')).read()
+    assert f'names {orig / "iter_4.pth"}, outside' in log
+
+
+def test_resume_of_another_runs_file_deletes_nothing_here(tmp_path):
+    """``resume`` from a file of another directory: the checkpoint ids it
+    restores (``max_keep_ckpts``) name the other run's files; this work
+    dir's own checkpoints of the same names are kept."""
+    other, work = tmp_path / 'other', tmp_path / 'work'
+    with pytest.raises(Interrupted):
+        _runner(other, 'other', stop_after=8, max_keep_ckpts=2).train()
+    with pytest.raises(Interrupted):
+        _runner(work, 'own', stop_after=6).train()
+    own = {f: os.stat(work / f).st_mtime_ns for f in _files(work)}
+    _runner(
+        work,
+        'resumed',
+        max_keep_ckpts=2,
+        resume=True,
+        load_from=str(other / 'iter_8.pth')).train()
+    assert _files(other) == ['iter_6.pth', 'iter_8.pth']
+    assert _files(work) == [
+        'iter_10.pth', 'iter_2.pth', 'iter_4.pth', 'iter_6.pth'
+    ]
+    assert {f: os.stat(work / f).st_mtime_ns for f in own} == own
+
+
+def test_shared_out_dir_of_two_runs_is_refused(tmp_path):
+    """Issue 36 (2): two work dirs of the same name with the same
+    ``out_dir`` wrote to one checkpoint directory: the second run's
+    ``max_keep_ckpts`` deleted the first's checkpoints, its ``resume``
+    continued the first run. Now the second run stops before training with
+    one line naming the directory, the owner and the fix."""
+    out = tmp_path / 'out'
+    a, b = tmp_path / 'a' / 'run', tmp_path / 'b' / 'run'
+    _runner(a, 'a', max_keep_ckpts=2, out_dir=out).train()
+    assert _files(out / 'run') == ['iter_10.pth', 'iter_8.pth']
+    for name, kwargs in (('b', {}), ('b_resumed', dict(resume=True))):
+        runner = _runner(b, name, max_keep_ckpts=2, out_dir=out, **kwargs)
+        with pytest.raises(cio.CheckpointError) as e:  # DirInUse
+            runner.train()
+        assert runner.iter == 0
+        msg = str(e.value)
+        assert '\n' not in msg and str(out / 'run') in msg and \
+            str(a) in msg and 'another out_dir' in msg
+    assert _files(out / 'run') == ['iter_10.pth', 'iter_8.pth']
+    # the owner resumes; a work dir of another name gets its own directory
+    runner = _runner(a, 'a_resumed', out_dir=out, resume=True)
+    start = StartIter()
+    runner.register_hook(start)
+    runner.train()
+    assert start.iter == 10
+    _runner(tmp_path / 'b' / 'run2', 'b2', out_dir=out).train()
+    assert 'iter_10.pth' in _files(out / 'run2')
 
 
 # ------------------------------------------------------- kill -9 mid-write
