@@ -10,11 +10,6 @@ built from mmcv's bricks (``FFN``, ``ConvModule``, ``build_norm_layer``,
   block with standard softmax attention over the 7x7 tokens + cls token.
 * :class:`ConvPatchEmbed` - the C33-BN-ReLU stem (strides 2, 1, 2) and the
   C31-BN-ReLU down-sampling between stages.
-
-Residual drop (``drop_path_rate``): stochastic depth (mmcv ``DropPath``,
-the whole residual branch of a sample) unless ``residual_drop='dropout'``
-(the official training recipe: an element-wise ``nn.Dropout`` of that rate
-on the residual branch).
 """
 import functools
 import types
@@ -50,11 +45,7 @@ def mmcv_bricks() -> types.SimpleNamespace:
         from mmcv.cnn import ConvModule, build_norm_layer
         from mmcv.cnn.bricks.drop import build_dropout
         from mmcv.cnn.bricks.transformer import FFN
-    return types.SimpleNamespace(
-        ConvModule=ConvModule,
-        FFN=FFN,
-        build_norm_layer=build_norm_layer,
-        build_dropout=build_dropout)
+    return types.SimpleNamespace(**locals())
 
 
 def known_norms() -> Tuple[str, ...]:
