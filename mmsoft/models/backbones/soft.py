@@ -170,7 +170,9 @@ class ClsTokenStage(PyramidStage):
                  act_cfg: Optional[Dict] = None,
                  **kwargs):
         super().__init__(
-            embed_dims=embed_dims, num_extra_tokens=1, drop_rate=drop_rate,
+            embed_dims=embed_dims,
+            num_extra_tokens=1,
+            drop_rate=drop_rate,
             **kwargs)
         norm_cfg = dict(type='LN', eps=1e-6) if norm_cfg is None else norm_cfg
         self.blocks.extend(
@@ -200,9 +202,6 @@ class SOFT(BaseModule):
     224 x 224); stage 4 (:class:`ClsTokenStage`) is a pre-norm
     softmax-attention stage with a cls token. Outputs are at strides
     4 / 8 / 16 / 32.
-
-    Per-stage settings take 4 entries, None at stage 4 for the SOFT-only
-    ones (``dw_kernel_sizes``, a list ``attn_cfg``).
 
     Args:
         arch (str | dict): a preset of :attr:`arch_zoo` (``'tiny'``,

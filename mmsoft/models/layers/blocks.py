@@ -45,7 +45,11 @@ def mmcv_bricks() -> types.SimpleNamespace:
         from mmcv.cnn import ConvModule, build_norm_layer
         from mmcv.cnn.bricks.drop import build_dropout
         from mmcv.cnn.bricks.transformer import FFN
-    return types.SimpleNamespace(**locals())
+    return types.SimpleNamespace(
+        ConvModule=ConvModule,
+        FFN=FFN,
+        build_norm_layer=build_norm_layer,
+        build_dropout=build_dropout)
 
 
 def known_norms() -> Tuple[str, ...]:

@@ -56,9 +56,8 @@ class HalfConvWarning(UserWarning):
     values; mmsoft runs that convolution in float32."""
 
 
-_compiling = getattr(
-    getattr(torch, 'compiler', None), 'is_compiling',
-    None) or torch._dynamo.is_compiling  # torch < 2.3
+_compiling = getattr(getattr(torch, 'compiler', None), 'is_compiling',
+                     None) or torch._dynamo.is_compiling  # torch < 2.3
 
 
 def half_dtype(x: torch.Tensor, weight: torch.Tensor) -> Optional[torch.dtype]:

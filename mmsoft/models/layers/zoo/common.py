@@ -79,16 +79,6 @@ class ZooAttention(AttentionBase):
         self.k = nn.Linear(embed_dims, embed_dims, bias=qkv_bias)
         self.v = nn.Linear(embed_dims, embed_dims, bias=qkv_bias)
 
-    def _to_map(self, t: torch.Tensor, hw: Tuple[int, int]) -> torch.Tensor:
-        """(B, h, n, d) -> (B*h, d, H, W)."""
-        B, h, n, d = t.shape
-        return t.reshape(B * h, *hw, d).permute(0, 3, 1, 2)
-
-    def _from_map(self, t: torch.Tensor, B: int) -> torch.Tensor:
-        """(B*h, d, gh, gw) -> (B, h, gh*gw, d)."""
-        d = t.shape[1]
-        return t.flatten(2).transpose(1, 2).reshape(B, self.num_heads, -1, d)
-
 
 class ReducedGridAttention(ZooAttention):
     """A zoo attention over m reduced tokens on SOFT's bottleneck grid
@@ -120,14 +110,5 @@ class ReducedGridAttention(ZooAttention):
                     conv: Optional[nn.Module] = None) -> torch.Tensor:
         """(N, C, H, W) -> (N, C, gh, gw): the grid's cells pooled (or
         reduced by ``conv``)."""
-        return reduce_map(
-            t,
-            self.sampling_ratio,
-            self.max_landmarks,
-            self.landmark_hw,
-            conv=conv)
-
-    def _spread(self, w: torch.Tensor, hw: Tuple[int, int]) -> torch.Tensor:
-        """:func:`spread_to_tokens` of weights over this grid."""
-        return spread_to_tokens(w, hw, self.sampling_ratio, self.max_landmarks,
-                                self.landmark_hw)
+        return reduce_map(t, self.sampling_ratio, self.max_landmarks,
+                          self.landmark_hw, conv)
