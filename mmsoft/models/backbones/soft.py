@@ -26,7 +26,8 @@ from ..arch_zoo import ARCH_DEFAULTS, ARCH_ZOO, NUM_STAGES
 from ..converters import upgrade_legacy_state_dict
 from ..layers.blocks import (ConvPatchEmbed, SOFTBlock, SoftmaxBlock,
                              build_norm, check_norm_cfg)
-from ..layers.checks import check_int, check_kernel_size, check_rate
+from ..layers.checks import (check_choice, check_int, check_kernel_size,
+                             check_rate)
 from ..loading import pretrained_init_cfg
 
 __all__ = ['SOFT', 'PyramidStage', 'SOFTStage', 'ClsTokenStage']
@@ -353,9 +354,7 @@ class SOFT(BaseModule):
             f'SOFT: {k}', r) for k, r in (('drop_rate', drop_rate),
                                           ('attn_drop_rate', attn_drop_rate),
                                           ('drop_path_rate', drop_path_rate)))
-        if out_type not in self.OUT_TYPES:
-            raise ValueError(f'unknown out_type {out_type!r}; choose one of '
-                             f'{self.OUT_TYPES}')
+        check_choice('out_type', out_type, self.OUT_TYPES)
         check_int('SOFT: frozen_stages', frozen_stages, minimum=-1)
         if frozen_stages > n:
             raise ValueError(f'frozen_stages must be in [-1, {n}], got '
