@@ -24,9 +24,10 @@ from torch.nn.modules.batchnorm import _BatchNorm
 from mmsoft.registry import register_model
 from ..arch_zoo import ARCH_DEFAULTS, ARCH_ZOO, NUM_STAGES
 from ..converters import upgrade_legacy_state_dict
-from ..layers.blocks import (RESIDUAL_DROPS, ConvPatchEmbed, SOFTBlock,
-                             SoftmaxBlock, build_norm, check_norm_cfg)
-from ..layers.checks import check_int, check_kernel_size, check_rate
+from ..layers.blocks import (ConvPatchEmbed, SOFTBlock, SoftmaxBlock,
+                             build_norm, check_norm_cfg)
+from ..layers.checks import (check_choice, check_int, check_kernel_size,
+                             check_rate)
 from ..loading import pretrained_init_cfg
 
 __all__ = ['SOFT', 'PyramidStage', 'SOFTStage', 'ClsTokenStage']
@@ -85,10 +86,7 @@ class PyramidStage(nn.Module):
         """(1, extra + H*W, C): the position embedding for an H x W map."""
         e = self.num_extra_tokens
         extra, pos = self.pos_embed[:, :e], self.pos_embed[:, e:]
-        g = int(math.isqrt(pos.shape[1]))
-        if g * g != pos.shape[1]:
-            raise ValueError(f'pos_embed has {pos.shape[1]} tokens, not a '
-                             f'square grid')
+        g = math.isqrt(pos.shape[1])  # a square grid (__init__)
         if (g, g) != tuple(hw):
             grid = pos.reshape(1, g, g, -1).permute(0, 3, 1, 2)
             grid = F.interpolate(
@@ -124,22 +122,9 @@ class SOFTStage(PyramidStage):
     """Stages 1-3: ``depth`` :class:`SOFTBlock` around the token mixer
     ``attn_cfg`` (SOFT attention by default).
 
-    Args:
-        embed_dims (int): channels C of this level.
-        num_heads (int): attention heads.
-        depth (int): number of blocks.
-        sampling_ratio (int): r of the bottleneck (m = HW / r^2).
-        dw_kernel_size (int): k of the per-head depthwise conv on V.
-        mlp_ratio (float): FFN expansion e.
-        attn_cfg (dict): the token mixer (see :class:`SOFT`).
-        qkv_bias (bool): biases of the attention projections.
-        drop_path_rates (list[float]): residual drop rate of each block.
-        residual_drop (str): ``'drop_path'`` or ``'dropout'`` (see
-            :class:`SOFTBlock`).
-        norm_cfg (dict, optional): the blocks' norms (default LN).
-        act_cfg (dict, optional): the FFN activation (default tanh-GELU).
-        **kwargs: ``in_channels``, ``pos_grid``, ``stem``, ``drop_rate``,
-            ``patch_norm_cfg``, ``patch_act_cfg`` of :class:`PyramidStage`.
+    ``drop_path_rates`` holds the residual drop rate of each block; the other
+    arguments are those of :class:`SOFTBlock` (``sampling_ratio`` ...
+    ``act_cfg``) and, in ``**kwargs``, of :class:`PyramidStage`.
     """
 
     def __init__(self,
@@ -158,39 +143,19 @@ class SOFTStage(PyramidStage):
                  **kwargs):
         super().__init__(embed_dims=embed_dims, **kwargs)
         self.blocks.extend(
-            SOFTBlock(
-                embed_dims,
-                num_heads,
-                sampling_ratio,
-                dw_kernel_size,
-                attn_cfg=attn_cfg,
-                qkv_bias=qkv_bias,
-                mlp_ratio=mlp_ratio,
-                drop_path_rate=drop_path_rates[j],
-                residual_drop=residual_drop,
-                norm_cfg=norm_cfg,
-                act_cfg=act_cfg) for j in range(depth))
+            SOFTBlock(embed_dims, num_heads, sampling_ratio, dw_kernel_size,
+                      attn_cfg, qkv_bias, mlp_ratio, drop_path_rates[j],
+                      residual_drop, norm_cfg, act_cfg) for j in range(depth))
 
 
 class ClsTokenStage(PyramidStage):
     """Stage 4 ("sp. 1x1, w. cls token"): a cls token, ``depth`` pre-norm
-    :class:`SoftmaxBlock` and a final LayerNorm (``norm``).
+    :class:`SoftmaxBlock` and a final norm ``norm`` (of ``norm_cfg``,
+    default ``dict(type='LN', eps=1e-6)``, as the blocks').
 
-    Args:
-        embed_dims (int): channels C of this level.
-        num_heads (int): attention heads.
-        depth (int): number of blocks.
-        mlp_ratio (float): MLP expansion.
-        qkv_bias (bool): biases of the q / kv projections.
-        attn_drop_rate (float): dropout on the attention weights.
-        drop_path_rates (list[float]): stochastic depth rate of each block.
-        drop_rate (float): dropout after the position embedding and in the
-            attention projections and MLPs. Default: 0.
-        norm_cfg (dict, optional): the blocks' norms and the final norm
-            (default ``dict(type='LN', eps=1e-6)``).
-        act_cfg (dict, optional): the MLP activation (default GELU).
-        **kwargs: ``in_channels``, ``pos_grid``, ``stem``,
-            ``patch_norm_cfg``, ``patch_act_cfg`` of :class:`PyramidStage`.
+    ``drop_path_rates`` holds the stochastic depth rate of each block; the
+    other arguments are those of :class:`SoftmaxBlock` and, in
+    ``**kwargs``, of :class:`PyramidStage`.
     """
 
     def __init__(self,
@@ -212,16 +177,9 @@ class ClsTokenStage(PyramidStage):
             **kwargs)
         norm_cfg = dict(type='LN', eps=1e-6) if norm_cfg is None else norm_cfg
         self.blocks.extend(
-            SoftmaxBlock(
-                embed_dims,
-                num_heads,
-                mlp_ratio=mlp_ratio,
-                qkv_bias=qkv_bias,
-                drop_rate=drop_rate,
-                attn_drop_rate=attn_drop_rate,
-                drop_path_rate=drop_path_rates[j],
-                norm_cfg=norm_cfg,
-                act_cfg=act_cfg) for j in range(depth))
+            SoftmaxBlock(embed_dims, num_heads, mlp_ratio, qkv_bias, drop_rate,
+                         attn_drop_rate, drop_path_rates[j], norm_cfg, act_cfg)
+            for j in range(depth))
         self.cls_token = nn.Parameter(torch.zeros(1, 1, embed_dims))
         self.norm = build_norm(norm_cfg, embed_dims)
 
@@ -245,9 +203,6 @@ class SOFT(BaseModule):
     224 x 224); stage 4 (:class:`ClsTokenStage`) is a pre-norm
     softmax-attention stage with a cls token. Outputs are at strides
     4 / 8 / 16 / 32.
-
-    Per-stage settings take 4 entries, None at stage 4 for the SOFT-only
-    ones (``dw_kernel_sizes``, a list ``attn_cfg``).
 
     Args:
         arch (str | dict): a preset of :attr:`arch_zoo` (``'tiny'``,
@@ -399,16 +354,11 @@ class SOFT(BaseModule):
             f'SOFT: {k}', r) for k, r in (('drop_rate', drop_rate),
                                           ('attn_drop_rate', attn_drop_rate),
                                           ('drop_path_rate', drop_path_rate)))
-        if out_type not in self.OUT_TYPES:
-            raise ValueError(f'unknown out_type {out_type!r}; choose one of '
-                             f'{self.OUT_TYPES}')
+        check_choice('out_type', out_type, self.OUT_TYPES)
         check_int('SOFT: frozen_stages', frozen_stages, minimum=-1)
         if frozen_stages > n:
             raise ValueError(f'frozen_stages must be in [-1, {n}], got '
                              f'{frozen_stages}')
-        if residual_drop not in RESIDUAL_DROPS:
-            raise ValueError(f'SOFT: residual_drop must be one of '
-                             f'{RESIDUAL_DROPS}, got {residual_drop!r}')
         self.arch_settings = a = self._parse_arch(arch)
         self.out_indices = self._parse_out_indices(out_indices)
         self.embed_dims, self.num_heads, self.depths = \
@@ -539,18 +489,17 @@ class SOFT(BaseModule):
             raise ValueError(f'SOFT arch dict has unknown keys '
                              f'{sorted(unknown)}; valid keys are '
                              f'{", ".join([*required, *self.arch_defaults])}')
-        n = self.num_stages
-        for key, val in settings.items():
-            if not isinstance(val, (list, tuple)):
-                raise ValueError(f'SOFT arch[{key!r}] must be a list of {n} '
-                                 f'values (one per stage), got {val!r}')
         kernels = settings['dw_kernel_sizes']
-        self._soft_only("arch['dw_kernel_sizes']", 'dw_kernel_size', kernels,
-                        f'dw_kernel_sizes={[*kernels, None]}', ValueError)
+        if isinstance(kernels, (list, tuple)):
+            self._soft_only("arch['dw_kernel_sizes']", 'dw_kernel_size',
+                            kernels, f'dw_kernel_sizes={[*kernels, None]}',
+                            ValueError)
         for key, val in settings.items():
-            if len(val) != n:
-                raise ValueError(f'SOFT arch[{key!r}] must be a list of {n} '
-                                 f'values (one per stage), got {val!r}')
+            if not isinstance(val, (list, tuple)) or \
+                    len(val) != self.num_stages:
+                raise ValueError(f'SOFT arch[{key!r}] must be a list of '
+                                 f'{self.num_stages} values (one per stage), '
+                                 f'got {val!r}')
         for i, (c, h) in enumerate(
                 zip(settings['embed_dims'], settings['num_heads'])):
             if h <= 0 or c % h != 0:
@@ -596,15 +545,11 @@ class SOFT(BaseModule):
         takes = [k == 'SOFTStage' for k in kinds]
         if attn_cfg is None:
             attn_cfg = dict(type='SOFTAttention')
-        if isinstance(attn_cfg, Mapping):
-            return [dict(attn_cfg) if t else None for t in takes]
-        if not isinstance(attn_cfg, (list, tuple)) or not all(
-                c is None or isinstance(c, Mapping) for c in attn_cfg):
-            raise TypeError(f'SOFT: attn_cfg must be a dict or a list of {n} '
-                            f'dicts / None (one per stage), got {attn_cfg!r}')
-        self._soft_only('attn_cfg', 'attn_cfg', attn_cfg,
-                        f'attn_cfg=[<your {len(attn_cfg)} dicts>, None]',
-                        TypeError)
+        if isinstance(attn_cfg, (list, tuple)):
+            self._soft_only('attn_cfg', 'attn_cfg', attn_cfg,
+                            f'attn_cfg=[<your {len(attn_cfg)} dicts>, None]',
+                            TypeError)
+        attn_cfg = _per_stage('attn_cfg', attn_cfg, n)
         for i, (t, c) in enumerate(zip(takes, attn_cfg)):
             if t and c is None:
                 raise TypeError(f'SOFT: attn_cfg[{i}] is None, but stage '
@@ -636,12 +581,10 @@ class SOFT(BaseModule):
     @classmethod
     def arch_presets(cls) -> Tuple[str, ...]:
         """Each preset of :attr:`arch_zoo` once, by its full name."""
-        seen, names = set(), []
+        names: Dict[int, str] = {}
         for name, spec in cls.arch_zoo.items():
-            if id(spec) not in seen:
-                seen.add(id(spec))
-                names.append(name)
-        return tuple(names)
+            names.setdefault(id(spec), name)
+        return tuple(names.values())
 
     @property
     def out_channels(self) -> List[int]:

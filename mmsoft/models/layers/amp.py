@@ -15,13 +15,10 @@ import torch
 
 __all__ = ['autocast_off']
 
-#: device types on which ``torch.autocast`` cannot be constructed
-_NO_AUTOCAST = frozenset({'meta'})
-
 
 def autocast_off(device_type: str):
     """``torch.autocast(device_type, enabled=False)``, or a no-op context on
     a device without autocast (``'meta'``)."""
-    if device_type in _NO_AUTOCAST:
+    if device_type == 'meta':
         return contextlib.nullcontext()
     return torch.autocast(device_type=device_type, enabled=False)

@@ -10,11 +10,6 @@ built from mmcv's bricks (``FFN``, ``ConvModule``, ``build_norm_layer``,
   block with standard softmax attention over the 7x7 tokens + cls token.
 * :class:`ConvPatchEmbed` - the C33-BN-ReLU stem (strides 2, 1, 2) and the
   C31-BN-ReLU down-sampling between stages.
-
-Residual drop (``drop_path_rate``): stochastic depth (mmcv ``DropPath``,
-the whole residual branch of a sample) unless ``residual_drop='dropout'``
-(the official training recipe: an element-wise ``nn.Dropout`` of that rate
-on the residual branch).
 """
 import functools
 import types
@@ -190,17 +185,12 @@ class SOFTBlock(nn.Module):
     x = LN(x + drop(FFN(x))).
 
     Args:
-        embed_dims (int): token channels.
-        num_heads (int): attention heads.
-        sampling_ratio (int): r of the stage's bottleneck.
-        dw_kernel_size (int): k of the per-head depthwise conv on V.
-            Default: 3.
+        embed_dims, num_heads, sampling_ratio, dw_kernel_size, qkv_bias:
+            the arguments the stage gives every attention
+            (:class:`~mmsoft.models.layers.attention_base.AttentionBase`).
         attn_cfg (dict): the token mixer, built from
-            :data:`mmsoft.registry.ATTENTIONS` with the five arguments
-            above and ``qkv_bias`` (which the stage fixes). Default:
-            ``dict(type='SOFTAttention')``.
-        qkv_bias (bool): biases of the attention's projections. Default:
-            True.
+            :data:`mmsoft.registry.ATTENTIONS` with those arguments.
+            Default: ``dict(type='SOFTAttention')``.
         mlp_ratio (float): FFN hidden width / ``embed_dims``. Default: 4.
         drop_path_rate (float): rate of the residual drop. Default: 0.
         residual_drop (str): how that rate is applied: ``'drop_path'``
@@ -248,15 +238,8 @@ class SOFTBlock(nn.Module):
 
 class SoftmaxAttention(nn.Module):
     """Standard multi-head softmax attention (q, fused kv, proj) of the
-    stage-4 blocks.
-
-    Args:
-        embed_dims (int): token channels.
-        num_heads (int): heads; must divide ``embed_dims``.
-        qkv_bias (bool): biases of the q / kv projections. Default: True.
-        attn_drop (float): dropout on the attention weights. Default: 0.
-        proj_drop (float): dropout after the output projection. Default: 0.
-    """
+    stage-4 blocks; ``attn_drop`` on the attention weights (training
+    only), ``proj_drop`` after ``proj``."""
 
     def __init__(self,
                  embed_dims: int,

@@ -56,13 +56,8 @@ class HalfConvWarning(UserWarning):
     values; mmsoft runs that convolution in float32."""
 
 
-_is_compiling = getattr(
-    getattr(torch, 'compiler', None), 'is_compiling',
-    None) or torch._dynamo.is_compiling  # torch < 2.3
-
-
-def _compiling() -> bool:
-    return _is_compiling()
+_compiling = getattr(getattr(torch, 'compiler', None), 'is_compiling',
+                     None) or torch._dynamo.is_compiling  # torch < 2.3
 
 
 def half_dtype(x: torch.Tensor, weight: torch.Tensor) -> Optional[torch.dtype]:

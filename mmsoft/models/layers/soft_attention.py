@@ -26,7 +26,7 @@ import torch.nn.functional as F
 from mmsoft.registry import ATTENTIONS
 from .amp import autocast_off
 from .attention_base import AttentionBase
-from .checks import check_int
+from .checks import check_choice, check_int
 from .gaussian_kernel import gaussian_kernel
 from .grid import fixed_grid, landmark_grid, reduce_map
 from .nr_config import NRConfig
@@ -139,11 +139,8 @@ class BottleneckSampler(nn.Module):
                  max_landmarks: Optional[int] = None,
                  landmark_hw: Optional[Tuple[int, int]] = None):
         super().__init__()
-        if mode not in SAMPLING_MODES:
-            raise ValueError(f'unknown sampling {mode!r}; choose one of '
-                             f'{SAMPLING_MODES}')
-        if ratio < 1:
-            raise ValueError(f'sampling ratio must be >= 1, got {ratio}')
+        check_choice('sampling', mode, SAMPLING_MODES)
+        check_int('sampling ratio', ratio)
         check_int('max_landmarks', max_landmarks, allow_none=True)
         if landmark_hw is not None:
             if max_landmarks is not None:
@@ -299,18 +296,19 @@ class SOFTAttention(AttentionBase):
         self.last_nr_stats = stats
         return out, v_tokens
 
-    def _bottleneck(self, landmarks: torch.Tensor) -> torch.Tensor:
-        """The (normalised) pseudo-inverse A_n^+ (B, h, m, m) in use."""
+    def _kernels(self, x: torch.Tensor, hw: Tuple[int, int]):
+        """P (B, h, n, m) and the (normalised) pseudo-inverse A_n^+
+        (B, h, m, m) in use."""
+        q, landmarks = self._queries(x, hw)
         A = gaussian_kernel(landmarks, landmarks)
-        return bottleneck_inverse(A, self.attn_norm, self._nr)
+        return gaussian_kernel(q, landmarks), bottleneck_inverse(
+            A, self.attn_norm, self._nr)
 
     def _row(self, x: torch.Tensor, hw: Tuple[int, int],
              i: int) -> torch.Tensor:
-        """(B, h, n): row ``index`` of S^ = P A_n^+ P^T, i.e.
+        """(B, h, n): row ``i`` of S^ = P A_n^+ P^T, i.e.
         P_i A_n^+ P^T ((1 x m) (m x m) (m x n), O(n m))."""
-        q, landmarks = self._queries(x, hw)
-        P = gaussian_kernel(q, landmarks)  # (B, h, n, m)
-        A_inv = self._bottleneck(landmarks)
+        P, A_inv = self._kernels(x, hw)
         return ((P[:, :, i:i + 1] @ A_inv) @ P.transpose(-1, -2)).squeeze(-2)
 
     @torch.no_grad()
@@ -318,9 +316,8 @@ class SOFTAttention(AttentionBase):
                          hw: Tuple[int, int]) -> torch.Tensor:
         """(B, h, n, n): S^ = P A_n^+ P^T itself (small inputs only)."""
         self._check(x, hw)
-        q, landmarks = self._queries(x, hw)
-        P = gaussian_kernel(q, landmarks)
-        return P @ self._bottleneck(landmarks) @ P.transpose(-1, -2)
+        P, A_inv = self._kernels(x, hw)
+        return P @ A_inv @ P.transpose(-1, -2)
 
     #: the Newton-Raphson settings (:class:`NRConfig`) and its fields as
     #: ``nr_iters``, ``nr_init``, ``nr_method``, ``nr_backward``; read-only

@@ -50,20 +50,12 @@ def spread_to_tokens(w: torch.Tensor,
 
 
 class ZooAttention(AttentionBase):
-    """Base class of the zoo: q / k / v projections, SOFT's per-head
-    depthwise conv on V and ``proj``.
+    """Base class of the zoo: q / k / v projections (biases:
+    ``qkv_bias``), SOFT's per-head depthwise conv on V and ``proj``.
 
-    Args:
-        embed_dims (int): token channels.
-        num_heads (int): heads; must divide ``embed_dims``.
-        sampling_ratio (int): r of SOFT's bottleneck at this stage (used by
-            the attentions with a reduced token set).
-        dw_kernel_size (int): k of the per-head depthwise conv on V (0:
-            none). Default: 3.
-        qkv_bias (bool): biases of the q / k / v projections. Default: True.
-
-    Subclasses take these (set by the SOFT stage) as ``*args, **kwargs``
-    and their own options as keyword arguments.
+    The other arguments are those of :class:`AttentionBase`. Subclasses
+    take these (set by the SOFT stage) as ``*args, **kwargs`` and their own
+    options as keyword arguments.
     """
 
     def __init__(self,
@@ -78,16 +70,6 @@ class ZooAttention(AttentionBase):
         self.q = nn.Linear(embed_dims, embed_dims, bias=qkv_bias)
         self.k = nn.Linear(embed_dims, embed_dims, bias=qkv_bias)
         self.v = nn.Linear(embed_dims, embed_dims, bias=qkv_bias)
-
-    def _to_map(self, t: torch.Tensor, hw: Tuple[int, int]) -> torch.Tensor:
-        """(B, h, n, d) -> (B*h, d, H, W)."""
-        B, h, n, d = t.shape
-        return t.reshape(B * h, *hw, d).permute(0, 3, 1, 2)
-
-    def _from_map(self, t: torch.Tensor, B: int) -> torch.Tensor:
-        """(B*h, d, gh, gw) -> (B, h, gh*gw, d)."""
-        d = t.shape[1]
-        return t.flatten(2).transpose(1, 2).reshape(B, self.num_heads, -1, d)
 
 
 class ReducedGridAttention(ZooAttention):
@@ -118,16 +100,6 @@ class ReducedGridAttention(ZooAttention):
     def _reduce_map(self,
                     t: torch.Tensor,
                     conv: Optional[nn.Module] = None) -> torch.Tensor:
-        """(N, C, H, W) -> (N, C, gh, gw): the grid's cells pooled (or
-        reduced by ``conv``)."""
-        return reduce_map(
-            t,
-            self.sampling_ratio,
-            self.max_landmarks,
-            self.landmark_hw,
-            conv=conv)
-
-    def _spread(self, w: torch.Tensor, hw: Tuple[int, int]) -> torch.Tensor:
-        """:func:`spread_to_tokens` of weights over this grid."""
-        return spread_to_tokens(w, hw, self.sampling_ratio, self.max_landmarks,
-                                self.landmark_hw)
+        """:func:`reduce_map` on this grid."""
+        return reduce_map(t, self.sampling_ratio, self.max_landmarks,
+                          self.landmark_hw, conv)

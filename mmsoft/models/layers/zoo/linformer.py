@@ -29,7 +29,7 @@ from mmsoft.registry import ATTENTIONS
 from ..attention_base import Index, query_index
 from ..checks import check_choice
 from ..safe_conv import SafeConv2d
-from .common import ReducedGridAttention
+from .common import ReducedGridAttention, spread_to_tokens
 
 __all__ = ['LinformerAttention']
 
@@ -87,8 +87,9 @@ class LinformerAttention(ReducedGridAttention):
              i: int) -> torch.Tensor:
         """The reduced row spread over the r x r cells of its keys (exact
         mixing weights of V for ``sr_mode='avgpool'``)."""
-        w = self.reduced_attention_row(x, hw, i)
-        return self._spread(w, hw)
+        return spread_to_tokens(
+            self.reduced_attention_row(x, hw, i), hw, self.sampling_ratio,
+            self.max_landmarks, self.landmark_hw)
 
     def extra_repr(self) -> str:
         return super().extra_repr() + f', sr_mode={self.sr_mode}'

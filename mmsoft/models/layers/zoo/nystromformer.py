@@ -71,8 +71,10 @@ class NystromformerAttention(ReducedGridAttention):
         self.pinv_iters = pinv_iters
 
     def _landmarks(self, t: torch.Tensor, hw: Tuple[int, int]):
-        tm = self._reduce_map(self._to_map(t, hw))
-        return self._from_map(tm, t.shape[0])
+        """(B, h, n, d) -> (B, h, m, d): the tokens pooled over the grid."""
+        B, h, n, d = t.shape
+        tm = self._reduce_map(t.reshape(B * h, *hw, d).permute(0, 3, 1, 2))
+        return tm.flatten(2).transpose(1, 2).reshape(B, h, -1, d)
 
     def _kernels(self, x: torch.Tensor, hw: Tuple[int, int]):
         """F (B,h,n,m), A^+ (B,h,m,m) in float32, B-side pieces."""

@@ -26,6 +26,7 @@ from typing import Optional, Tuple
 import torch
 
 from mmsoft.registry import ATTENTIONS
+from ..checks import check_int
 from .common import ZooAttention
 
 __all__ = ['PerformerAttention', 'orthogonal_gaussian']
@@ -90,10 +91,7 @@ class PerformerAttention(ZooAttention):
         d = self.head_dims
         if num_features is None:
             num_features = max(16, int(round(d * math.log(max(d, 2)))))
-        if num_features < 1:
-            raise ValueError(f'num_features must be >= 1, got '
-                             f'{num_features}')
-        self.num_features = num_features
+        self.num_features = check_int('num_features', num_features)
         self.redraw_interval = redraw_interval
         self.eps = eps
         self.register_buffer('features', orthogonal_gaussian(num_features, d))
