@@ -15,7 +15,8 @@ and :data:`SOURCES` renders ``NAME`` from its source:
 * ``bench_*`` / ``onnx_latency``: the CSV files in ``docs/en/benchmarks/``,
   with the columns the benchmark tools write (``tools/analysis/*.py
   --out``, ``tools/deployment/benchmark_onnx.py``);
-* ``tested_versions``: ``TESTED`` / ``VERIFIED`` of ``mmsoft/deps.py``;
+* ``tested_versions``: ``TESTED`` / ``VERIFIED`` of
+  ``tools/mmsoft_tools/deps.py``;
 * ``official_files``: ``OFFICIAL_FILES`` of
   ``mmsoft/models/arch_zoo.py`` (the authors' ImageNet
   files, the arch each loads into, the paper configs that expect it).
@@ -330,8 +331,8 @@ def why_table():
 
 
 def tested_versions():
-    """``mmsoft/deps.py``: the tested range and the verified version."""
-    with open(osp.join(ROOT, 'mmsoft', 'deps.py')) as f:
+    """``tools/mmsoft_tools/deps.py``: the tested range and the verified version."""
+    with open(osp.join(ROOT, 'tools', 'mmsoft_tools', 'deps.py')) as f:
         tree = ast.parse(f.read())
     values = {}
     for node in tree.body:
@@ -409,7 +410,7 @@ ORIGIN = {
     'bench_amp': '`docs/en/benchmarks/benchmark_amp.csv`',
     'bench_compile': '`docs/en/benchmarks/benchmark_compile.csv`',
     'onnx_latency': '`docs/en/benchmarks/benchmark_onnx.csv`',
-    'tested_versions': '`mmsoft/deps.py`',
+    'tested_versions': '`tools/mmsoft_tools/deps.py`',
     'official_comparison': '`docs/en/benchmarks/official_comparison.csv`',
     'why': 'the CSV files of `docs/en/benchmarks/`',
     'official_files': f'`OFFICIAL_FILES` in `{OFFICIAL}`',

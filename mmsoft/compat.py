@@ -1,8 +1,9 @@
 """Compatibility with the supported stacks (torch 2.1 to 2.14, mmengine 0.10).
 
 ``import mmsoft`` calls :func:`register_safe_globals`, and nothing else
-here changes the process. The torch shims below answer one
-version-dependent question each.
+here changes the process. The two torch shims below answer one
+version-dependent question each for the model code (the tools' own shims:
+``tools/mmsoft_tools/torch_compat.py``).
 
 The allow-list of mmengine training checkpoints
 -----------------------------------------------
@@ -39,9 +40,7 @@ from mmsoft.utils.safe_load import (RefusedGlobal, RestrictedUnpickler,
 __all__ = [
     'register_safe_globals', 'MMENGINE_SAFE_GLOBALS', 'safe_torch_load',
     'unsafe_globals', 'RefusedGlobal', 'RestrictedUnpickler',
-    'native_allow_list', 'torch_version', 'unravel_index',
-    'is_autocast_enabled', 'autocast_dtype', 'tree_leaves', 'sdpa_math',
-    'onnx_export_takes_dynamo', 'grad_scaler'
+    'native_allow_list', 'torch_version', 'unravel_index', 'autocast_dtype'
 ]
 
 #: filled by :func:`register_safe_globals`
@@ -94,52 +93,6 @@ def autocast_dtype(device_type):
     if not torch.is_autocast_enabled():
         return None
     return torch.get_autocast_gpu_dtype()
-
-
-def is_autocast_enabled(device_type):
-    """``torch.is_autocast_enabled(device_type)`` (torch >= 2.4) on every
-    torch (see :func:`autocast_dtype`)."""
-    return autocast_dtype(device_type) is not None
-
-
-def onnx_export_takes_dynamo():
-    """True when ``torch.onnx.export`` has the ``dynamo`` argument (the
-    torch.export-based exporter; torch >= 2.5)."""
-    import inspect
-
-    import torch
-    return 'dynamo' in inspect.signature(torch.onnx.export).parameters
-
-
-def sdpa_math():
-    """A context in which ``F.scaled_dot_product_attention`` runs its math
-    kernel (it materialises the n x n matrix): ``torch.nn.attention
-    .sdpa_kernel(SDPBackend.MATH)`` (torch >= 2.3), before: the
-    ``torch.backends.cuda.sdp_kernel`` flags (the CPU had no other kernel)."""
-    import torch
-    try:
-        from torch.nn.attention import SDPBackend, sdpa_kernel
-    except ImportError:
-        return torch.backends.cuda.sdp_kernel(
-            enable_flash=False, enable_math=True, enable_mem_efficient=False)
-    return sdpa_kernel(SDPBackend.MATH)
-
-
-def grad_scaler(device_type, **kwargs):
-    """``torch.amp.GradScaler(device_type, ...)`` (torch >= 2.3); before:
-    ``torch.cuda.amp.GradScaler`` (CUDA's, the only one)."""
-    import torch
-    if hasattr(torch.amp, 'GradScaler'):
-        return torch.amp.GradScaler(device_type, **kwargs)
-    return torch.cuda.amp.GradScaler(**kwargs)
-
-
-def tree_leaves(tree):
-    """``torch.utils._pytree.tree_leaves`` (torch >= 2.2) on every torch."""
-    from torch.utils import _pytree
-    if hasattr(_pytree, 'tree_leaves'):
-        return _pytree.tree_leaves(tree)
-    return _pytree.tree_flatten(tree)[0]
 
 
 def unravel_index(indices, shape):

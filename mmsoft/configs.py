@@ -52,34 +52,26 @@ def get_config(name: str):
     return Config.fromfile(get_config_path(name))
 
 
-def _base_list(path: str) -> List[str]:
-    """The ``_base_`` entries of a config file (no evaluation beyond
-    literals: mmsoft's configs spell them as strings or lists)."""
-    with open(path, encoding='utf-8') as f:
-        tree = ast.parse(f.read(), filename=path)
-    for node in tree.body:
-        if (isinstance(node, ast.Assign)
-                and isinstance(node.targets[0], ast.Name)
-                and node.targets[0].id == '_base_'):
-            value = ast.literal_eval(node.value)
-            return [value] if isinstance(value, str) else list(value)
-    return []
-
-
 def base_files(path: str) -> List[str]:
     """``path`` and every local file it inherits from, recursively (absolute
-    paths, ``path`` first); ``pkg::`` bases are left out."""
-    seen, order, todo = set(), [], [osp.abspath(path)]
+    paths, ``path`` first); ``pkg::`` bases are left out. ``_base_`` is
+    read as a literal (a string or a list), the file is not run."""
+    order, todo = [], [osp.abspath(path)]
     while todo:
         cur = todo.pop(0)
-        if cur in seen:
+        if cur in order:
             continue
-        seen.add(cur)
         order.append(cur)
-        for base in _base_list(cur):
-            if '::' in base:
-                continue
-            todo.append(osp.abspath(osp.join(osp.dirname(cur), base)))
+        with open(cur, encoding='utf-8') as f:
+            tree = ast.parse(f.read(), filename=cur)
+        bases = next((ast.literal_eval(n.value)
+                      for n in tree.body if isinstance(n, ast.Assign)
+                      and getattr(n.targets[0], 'id', None) == '_base_'), [])
+        todo += [
+            osp.abspath(osp.join(osp.dirname(cur), b))
+            for b in ([bases] if isinstance(bases, str) else bases)
+            if '::' not in b
+        ]
     return order
 
 
@@ -125,22 +117,18 @@ def main(argv: Optional[List[str]] = None) -> int:
         description='List, locate or copy the configs shipped with mmsoft '
         '(to inherit them from your own config).')
     sub = p.add_subparsers(dest='cmd', required=True)
-    ls = sub.add_parser('list', help='list the shipped configs')
-    ls.add_argument(
-        '--base', action='store_true', help='include the _base_ fragments')
-    pp = sub.add_parser('path', help='print the absolute path of a config')
-    pp.add_argument('name')
-    cp = sub.add_parser(
-        'copy', help='copy a config and its local _base_ files into DEST')
+    sub.add_parser(
+        'list', help='the shipped configs').add_argument(
+            '--base', action='store_true', help='include the _base_ fragments')
+    sub.add_parser(
+        'path', help='the absolute path of a config').add_argument('name')
+    cp = sub.add_parser('copy', help='copy a config and its local bases')
     cp.add_argument('name')
     cp.add_argument(
         '--dest',
         default='mmsoft_configs',
         help='target folder (default: ./mmsoft_configs)')
-    cp.add_argument(
-        '--force',
-        action='store_true',
-        help='overwrite differing files in DEST')
+    cp.add_argument('--force', action='store_true', help='overwrite files')
     args = p.parse_args(argv)
     try:
         if args.cmd == 'list':
@@ -149,12 +137,11 @@ def main(argv: Optional[List[str]] = None) -> int:
             print(get_config_path(args.name))
         else:
             written = copy_config(args.name, args.dest, force=args.force)
-            for f in written:
-                print(f)
+            print('\n'.join(written))
             rel = osp.relpath(written[0]).replace(os.sep, '/')
             print(
-                f"inherit it with: _base_ = ['./{rel}']  "
-                '(path relative to your config file)',
+                f"inherit it with: _base_ = ['./{rel}']  (path relative "
+                'to your config file)',
                 file=sys.stderr)
     except (FileNotFoundError, FileExistsError) as e:
         print(f'error: {e}', file=sys.stderr)

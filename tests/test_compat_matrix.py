@@ -1,7 +1,7 @@
 """The claimed version ranges equal the support matrix that is run.
 
 ``make compat`` runs the suite on each stack of tools/compat/stacks.py and
-writes docs/en/compat/matrix.md / matrix.csv; ``mmsoft.deps.TESTED`` (and
+writes docs/en/compat/matrix.md / matrix.csv; ``mmsoft_tools.deps.TESTED`` (and
 so ``requirements/*.txt``, tests/test_packaging.py) must be the hull of
 those stacks, the verified stack one of them, and the committed table must
 show every stack run with no failure.
@@ -14,7 +14,7 @@ import sys
 import pytest
 from conftest import ROOT
 
-from mmsoft import deps
+from mmsoft_tools import deps
 
 sys.path.insert(0, osp.join(ROOT, 'tools', 'compat'))
 import matrix  # noqa: E402

@@ -18,8 +18,8 @@ from conftest import ROOT, load_module, run_python
 
 import mmsoft
 from mmsoft import configs as C
-from mmsoft import deps
 from mmsoft.utils import paths
+from mmsoft_tools import deps
 
 
 def _child_env(**extra):
@@ -237,7 +237,7 @@ def test_check_versions_warns_outside_range_only():
 
 def test_import_mmsoft_is_light_and_tools_check_versions(tmp_path):
     """import mmsoft: no codebase import and no warning; the tools' version
-    check (:func:`mmsoft.deps.check_versions`, run by
+    check (:func:`mmsoft_tools.deps.check_versions`, run by
     ``launch.import_codebase``) warns for an installed mmdet outside the
     tested range (a fake dist-info first on sys.path)."""
     fake = tmp_path / 'fake'
@@ -251,7 +251,7 @@ def test_import_mmsoft_is_light_and_tools_check_versions(tmp_path):
             '    import mmsoft\n'
             'heavy = [m for m in ("mmdet", "mmseg", "mmpretrain", "mmcv")\n'
             '         if m in sys.modules]\n'
-            'from mmsoft.deps import check_versions\n'
+            'from mmsoft_tools.deps import check_versions\n'
             'with warnings.catch_warnings(record=True) as w1:\n'
             '    check_versions()\n'
             'msgs = lambda ws: [str(x.message) for x in ws]\n'
@@ -260,7 +260,10 @@ def test_import_mmsoft_is_light_and_tools_check_versions(tmp_path):
     proc = run_python(
         code,
         cwd=tmp_path,
-        env=_child_env(PYTHONPATH=os.pathsep.join([ROOT, str(fake)])),
+        env=_child_env(
+            PYTHONPATH=os.pathsep.join(
+                [ROOT, osp.join(ROOT, 'tools'),
+                 str(fake)])),
         timeout=300)
     assert proc.returncode == 0, proc.stderr[-2000:]
     out = json.loads(proc.stdout.strip().splitlines()[-1])

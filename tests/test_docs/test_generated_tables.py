@@ -1,6 +1,6 @@
 """The documentation's generated tables equal their sources
 (``docs/gen_tables.py``: the model index, the benchmark CSVs,
-``mmsoft/deps.py``)."""
+``tools/mmsoft_tools/deps.py``)."""
 import os.path as osp
 import shutil
 

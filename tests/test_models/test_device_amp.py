@@ -45,8 +45,9 @@ import torch
 from conftest import CONFIGS, random_model, tiny_arch
 from mmengine.config import Config
 from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_flatten
 
-from mmsoft.compat import is_autocast_enabled, tree_leaves
+from mmsoft.compat import autocast_dtype
 from mmsoft.models import SOFT
 from mmsoft.models.layers import NRConfig, SOFTAttention
 
@@ -212,7 +213,7 @@ def spy(monkeypatch):
             tensors = [a for a in args if isinstance(a, torch.Tensor)]
             dev = tensors[0].device.type
             calls.append((what, [t.dtype for t in tensors], out.dtype,
-                          is_autocast_enabled(dev)))
+                          autocast_dtype(dev) is not None))
             return out
 
         monkeypatch.setattr(cls, 'forward', staticmethod(spied))
@@ -229,7 +230,7 @@ def test_kernel_and_pinv_run_in_fp32_under_autocast(device, spy, dtype,
     model = backbone(nr_method=nr_method).to(device)
     x = torch.randn(2, 3, SIZE, SIZE, device=device)
     with torch.autocast(device, dtype=dtype):
-        assert is_autocast_enabled(device)
+        assert autocast_dtype(device) is not None
         outs = model(x)
         sum(o.float().mean() for o in outs).backward()
     n_attn = sum(isinstance(m, SOFTAttention) for m in model.modules())
@@ -283,7 +284,7 @@ class OpRecorder(TorchDispatchMode):
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         out = func(*args, **(kwargs or {}))
         self.ops += 1
-        for t in tree_leaves(out):
+        for t in tree_flatten(out)[0]:
             if isinstance(t, torch.Tensor) and self.bad(t):
                 self.found.append(f'{func} -> {t.device} {t.dtype}')
         return out

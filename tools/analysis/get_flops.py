@@ -198,8 +198,8 @@ def count(model: nn.Module, x: torch.Tensor, call=None) -> dict:
     """
     from torch.utils.flop_counter import FlopCounterMode
 
-    from mmsoft.compat import sdpa_math
     from mmsoft.models.layers import with_nr
+    from mmsoft_tools.torch_compat import sdpa_math
 
     # counted on a copy whose SOFT attentions iterate (the same function;
     # the eigendecomposition of 'spectral' has no FLOP formula)

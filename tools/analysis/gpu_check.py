@@ -173,8 +173,8 @@ def train_step(path, name, precision, device, size):
     from mmengine.model import revert_sync_batchnorm
     from mmengine.registry import DefaultScope
 
-    from mmsoft.compat import grad_scaler
     from mmsoft_tools import launch
+    from mmsoft_tools.torch_compat import grad_scaler
     cfg = Config.fromfile(path)
     scope = launch.import_codebase(cfg)
     registry = importlib.import_module(f'{scope}.registry').MODELS

@@ -109,7 +109,7 @@ def child(args):
 
     def ctx():  # softmax:math materialises the n x n matrix
         if args.attn == 'softmax:math':
-            from mmsoft.compat import sdpa_math
+            from mmsoft_tools.torch_compat import sdpa_math
             return sdpa_math()
         return contextlib.nullcontext()
 

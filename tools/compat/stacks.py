@@ -2,8 +2,8 @@
 
 Standard library only: the noxfile, tools/compat/matrix.py and
 tests/test_compat_matrix.py import it. The claimed ranges of
-``mmsoft.deps.TESTED`` and ``requirements/*.txt`` go from the lowest to the
-highest version listed here (the upper bound is the next minor release
+``mmsoft_tools.deps.TESTED`` and ``requirements/*.txt`` go from the lowest
+to the highest version listed here (the upper bound is the next minor release
 after the highest); the test keeps them equal.
 """
 

@@ -32,9 +32,9 @@ from typing import Dict, List, Optional, Sequence, Tuple
 import torch
 import torch.nn as nn
 
-from mmsoft.compat import onnx_export_takes_dynamo
 from mmsoft.models.layers.export_ops import ExportError
 from mmsoft.utils.atomic import atomic_path
+from mmsoft_tools.torch_compat import onnx_export_takes_dynamo
 
 __all__ = [
     'ExportError', 'build_model', 'load_weights', 'check_exportable',

@@ -39,9 +39,9 @@ from typing import Optional
 import torch
 from mmengine.logging import print_log
 
-from mmsoft.deps import check_versions
 from mmsoft.engine.optimizers import \
     CPUAmpOptimWrapper  # noqa: F401  (registers what enable_amp sets)
+from mmsoft_tools.deps import check_versions
 
 __all__ = [
     'quiet_init_weights', 'exit_if_legacy_backbone', 'exit_if_not_resumable',
@@ -154,7 +154,7 @@ def codebase_of(cfg) -> str:
 
 def import_codebase(cfg) -> str:
     """Import the config's codebase and register all of its modules (and
-    warn about untested versions: :func:`mmsoft.deps.check_versions`)."""
+    warn about untested versions: :func:`.deps.check_versions`)."""
     check_versions()
     scope = codebase_of(cfg)
     utils = importlib.import_module(f'{CODEBASES[scope]}.utils')

@@ -1,9 +1,10 @@
-"""The tested version ranges of mmsoft's dependencies.
+"""The tested version ranges of mmsoft's dependencies (tools' data).
 
 :func:`check_versions` warns (never raises) for each installed package
 outside its tested range; mmsoft's tools call it
-(:func:`the tools`), ``import mmsoft``
-does not. It reads versions with :mod:`importlib.metadata` only. The ranges
+(:func:`mmsoft_tools.launch.import_codebase`), ``import mmsoft`` does not
+(``mmsoft.deps`` in 0.3.0; docs/gen_tables.py reads its two
+tables). It reads versions with :mod:`importlib.metadata` only. The ranges
 equal the ``requirements/*.txt`` specifiers and span the support matrix
 (tools/compat/stacks.py; upper bound: the next minor release).
 """

@@ -1,0 +1,37 @@
+"""torch version shims that only the tools need (torch 2.1 to 2.14).
+
+Each answers one version-dependent question; they were in
+``mmsoft.compat`` in 0.3.0.
+"""
+import inspect
+
+import torch
+
+__all__ = ['onnx_export_takes_dynamo', 'sdpa_math', 'grad_scaler']
+
+
+def onnx_export_takes_dynamo():
+    """True when ``torch.onnx.export`` has the ``dynamo`` argument (the
+    torch.export-based exporter; torch >= 2.5)."""
+    return 'dynamo' in inspect.signature(torch.onnx.export).parameters
+
+
+def sdpa_math():
+    """A context in which ``F.scaled_dot_product_attention`` runs its math
+    kernel (it materialises the n x n matrix): ``torch.nn.attention
+    .sdpa_kernel(SDPBackend.MATH)`` (torch >= 2.3), before: the
+    ``torch.backends.cuda.sdp_kernel`` flags (the CPU had no other kernel)."""
+    try:
+        from torch.nn.attention import SDPBackend, sdpa_kernel
+    except ImportError:
+        return torch.backends.cuda.sdp_kernel(
+            enable_flash=False, enable_math=True, enable_mem_efficient=False)
+    return sdpa_kernel(SDPBackend.MATH)
+
+
+def grad_scaler(device_type, **kwargs):
+    """``torch.amp.GradScaler(device_type, ...)`` (torch >= 2.3); before:
+    ``torch.cuda.amp.GradScaler`` (CUDA's, the only one)."""
+    if hasattr(torch.amp, 'GradScaler'):
+        return torch.amp.GradScaler(device_type, **kwargs)
+    return torch.cuda.amp.GradScaler(**kwargs)
