@@ -4,7 +4,7 @@
 # tools/setup_env.sh). Exits non-zero if any tool reports something.
 #
 #   tools/lint.sh                 # the whole tree
-#   tools/lint.sh mmsoft/deps.py  # given files / folders
+#   tools/lint.sh mmsoft/compat.py  # given files / folders
 #   FIX=1 tools/lint.sh           # apply isort + yapf in place instead
 set -uo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
