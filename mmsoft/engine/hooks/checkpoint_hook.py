@@ -394,12 +394,17 @@ def check_recorded_attn_norm(model, checkpoint, path) -> None:
     """Refuse a training checkpoint whose stored config (``meta['cfg']``,
     :func:`~mmsoft.utils.checkpoint_io.recorded_attn_norms`) sets another
     ``attn_norm`` than ``model``'s SOFT attentions use: the tensors are the
-    same, so the weights would load and give wrong results. Raises
+    same, so the weights would load and give wrong results (a checkpoint
+    of another model is left to the strict key check). Raises
     :class:`~mmsoft.utils.strict_load.CheckpointMismatchError` naming both
     settings and the fix."""
     from mmsoft.models.layers import SOFTAttention
     from mmsoft.utils.strict_load import CheckpointMismatchError
     want = recorded_attn_norms(checkpoint)
+    state = checkpoint.get('state_dict') if isinstance(checkpoint,
+                                                       dict) else None
+    if isinstance(state, dict) and set(state) != set(model.state_dict()):
+        return  # another model: the strict key check names the mismatch
     have = {
         m.attn_norm
         for m in model.modules() if isinstance(m, SOFTAttention)
