@@ -477,7 +477,7 @@ def convert_mmpretrain_to_official(sd: Mapping[str, torch.Tensor],
     """The inverse of :func:`convert_official_to_mmpretrain`, for a
     classifier (``prefix`` keys and ``head.fc.*``) or a bare backbone state
     dict (no key under ``prefix``), also of older mmsoft versions
-    (:data:`LEGACY_KEYS`); other keys (e.g. a neck) are unknown."""
+    (``LEGACY_KEYS``); other keys (e.g. a neck) are unknown."""
     sd = strip_module_prefix(sd)
     has_prefix = any(k.startswith(prefix) for k in sd)
     sd = upgrade_legacy_state_dict(sd, prefix if has_prefix else '')

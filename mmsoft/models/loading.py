@@ -259,7 +259,7 @@ def load_pretrained(module: torch.nn.Module,
                     map_location='cpu',
                     strict: bool = True,
                     opt_in: str = '') -> LoadReport:
-    """Load ``checkpoint`` (any layout of :func:`to_mmsoft`) into
+    """Load ``checkpoint`` (any layout of ``to_mmsoft``) into
     ``module``, strictly unless ``strict=False``, and log the one-line
     report. ``prefix`` selects the keys of a whole-model file (e.g.
     ``'backbone.'``; the others are ignored), as MMEngine's ``Pretrained``

@@ -150,7 +150,7 @@ class SafeCheckpointHook(CheckpointHook):
         """Check the ``load_from`` / resume file; ``resume=True`` without a
         path: pick the newest complete checkpoint of this run's directories
         (mmengine would take ``last_checkpoint`` on trust); training: claim
-        the checkpoint directory (:func:`claim_checkpoint_dir`)."""
+        the checkpoint directory (``checkpoint_io.claim_checkpoint_dir``)."""
         from mmengine.runner import BaseLoop
         training = isinstance(getattr(runner, '_train_loop', None), BaseLoop)
         auto = getattr(runner, '_resume', False) and \

@@ -53,7 +53,8 @@ class ZooAttention(AttentionBase):
     """Base class of the zoo: q / k / v projections (biases:
     ``qkv_bias``), SOFT's per-head depthwise conv on V and ``proj``.
 
-    The other arguments are those of :class:`AttentionBase`. Subclasses
+    The other arguments are those of
+    :class:`~mmsoft.models.layers.AttentionBase`. Subclasses
     take these (set by the SOFT stage) as ``*args, **kwargs`` and their own
     options as keyword arguments.
     """
