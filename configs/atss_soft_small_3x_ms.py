@@ -20,18 +20,13 @@
 #   --cfg-options model.backbone.arch=small-official
 _base_ = ['mmdet::atss/atss_r50_fpn_1x_coco.py', './_base_/soft_dense.py']
 
-# atomic, checksummed checkpoints with RNG states; --resume takes the newest
+# atomic checkpoints with RNG states; --resume takes the newest
 # complete one (mmsoft.engine.SafeCheckpointHook)
 default_hooks = dict(checkpoint=dict(type='SafeCheckpointHook'))
 
 model = dict(
-    backbone=dict(
-        _base_.soft_backbone,
-        arch='small',
-        init_cfg=dict(
-            type='Pretrained',
-            checkpoint='checkpoints/soft_norm_small.pth',
-            prefix='backbone.')),
+    # soft_dense.py: arch='small', checkpoints/soft_norm_small.pth
+    backbone={{_base_.soft_backbone}},
     neck={{_base_.soft_neck}})
 
 train_pipeline = {{_base_.ms_train_pipeline}}

@@ -10,7 +10,7 @@
 # one line when it is missing.
 _base_ = ['mmdet::retinanet/retinanet_r50_fpn_1x_coco.py', './soft_dense.py']
 
-# atomic, checksummed checkpoints with RNG states; --resume takes the newest
+# atomic checkpoints with RNG states; --resume takes the newest
 # complete one (mmsoft.engine.SafeCheckpointHook)
 default_hooks = dict(checkpoint=dict(type='SafeCheckpointHook'))
 

@@ -18,7 +18,7 @@ _base_ = [
     './soft_dense.py',
 ]
 
-# atomic, checksummed checkpoints with RNG states; --resume takes the newest
+# atomic checkpoints with RNG states; --resume takes the newest
 # complete one (mmsoft.engine.SafeCheckpointHook)
 default_hooks = dict(checkpoint=dict(type='SafeCheckpointHook'))
 
