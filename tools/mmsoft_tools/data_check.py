@@ -529,6 +529,10 @@ def main(argv=None):
         cfg.merge_from_dict(args.cfg_options)
     msg = missing_data_message(cfg, args.mode) or \
         damaged_data_message(cfg, args.mode)
+    if msg is None and args.mode == 'train':  # the ImageNet weights, once
+        from mmsoft.models.loading import missing_pretrained
+        msg = missing_pretrained(cfg)
+        msg = msg and f'error: {msg}'
     if msg is None:
         return 0
     print(msg, file=sys.stderr, flush=True)
