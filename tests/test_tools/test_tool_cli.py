@@ -449,3 +449,19 @@ def test_gpu_check_smoke(tmp_path, capsys):
     assert nr and all(float(r['value']) < 1e-3 for r in nr)
     ratio = [r for r in rows if r['metric'] == 'SOFT / softmax']
     assert len(ratio) == 1 and float(ratio[0]['value']) > 0
+
+
+def test_gpu_check_sections(tmp_path, capsys):
+    """--sections runs only the named sections; the others are reported as
+    not selected, and the environment line names torch and mmcv's ops."""
+    tool = load_tool('analysis/gpu_check.py')
+    assert tool.main(
+        ['--smoke', '--sections', 'nr', '--out-dir',
+         str(tmp_path)]) == 0
+    md = (tmp_path / 'gpu_check.md').read_text()
+    with open(tmp_path / 'gpu_check.csv') as f:
+        sections = {r['section'] for r in csv.DictReader(f)}
+    assert sections == {'NR methods'}
+    assert md.count('not run: not selected (--sections)') == 2  # steps, sm
+    assert 'torch ' in md and 'mmcv ops: CPU only' in md
+    assert 'PARTIAL' not in md

@@ -55,6 +55,8 @@ warnings.filterwarnings('ignore', message='pkg_resources is deprecated')
 NOT_RUN = 'CUDA part NOT run: '
 SECTIONS = ('device tests', 'training steps', 'NR methods', 'backbones',
             'SOFT vs softmax')
+#: --sections names, in SECTIONS' order
+SECTION_KEYS = ('tests', 'steps', 'nr', 'backbones', 'softmax')
 BACKBONES = [
     'soft_tiny', 'soft_tiny_norm', 'soft_small', 'soft_small_norm', 'pvtv2_b1',
     'pvtv2_b2', 'swin_t'
@@ -75,6 +77,14 @@ def parse_args(argv=None):
         default=None,
         help='config names (stems of configs/*.py; default: all)')
     p.add_argument('--repeats', type=int, default=3)
+    p.add_argument(
+        '--sections',
+        nargs='+',
+        choices=SECTION_KEYS,
+        default=None,
+        help='run these sections only, in this order (default: all; the '
+        'report is rewritten after each one, so a run cut short keeps '
+        'what it measured)')
     p.add_argument(
         '--cpu',
         action='store_true',
@@ -410,6 +420,24 @@ def guarded(report, section, fn, *args, **kwargs):
             note=f'{type(e).__name__}: {e}'.splitlines()[0][:200])
 
 
+def environment(torch, cuda):
+    """One line: torch / CUDA / device / whether mmcv's ops have CUDA."""
+    parts = [f'torch {torch.__version__}']
+    if cuda:
+        parts += [
+            f'CUDA {torch.version.cuda}',
+            torch.cuda.get_device_name(), f'{torch.cuda.device_count()} GPU'
+        ]
+    try:
+        from mmcv.ops import get_compiling_cuda_version
+        ops = get_compiling_cuda_version()
+        parts.append('mmcv ops: CPU only' if ops ==
+                     'not available' else f'mmcv ops: CUDA {ops}')
+    except Exception as e:  # noqa: reported, not fatal
+        parts.append(f'mmcv ops: not importable ({type(e).__name__})')
+    return ', '.join(parts)
+
+
 def main(argv=None):
     args = parse_args(argv)
     import torch
@@ -426,51 +454,72 @@ def main(argv=None):
     t0 = time.time()
     if cuda:
         device = 'cuda'
-        guarded(report, 'device tests', run_device_tests)
-        guarded(report, 'training steps', run_training_steps, configs,
-                ('fp32', 'fp16', 'bf16'), device, 128)
-        guarded(report, 'NR methods', run_nr_methods, device,
-                [(64 * 2, 49, 64), (2, 196, 64), (2, 1024, 64)], repeats)
-        guarded(report, 'backbones', run_backbones, BACKBONES, CUDA_SIZES,
-                repeats, device, osp.join(bench_dir, 'backbones'))
-        guarded(report, 'SOFT vs softmax', run_softmax, CUDA_SIZES[:1],
-                repeats, device, osp.join(bench_dir, 'softmax'))
         title = f'mmsoft GPU check: {torch.cuda.get_device_name()}'
+        plan = dict(
+            tests=(run_device_tests, ),
+            steps=(run_training_steps, configs, ('fp32', 'fp16', 'bf16'),
+                   device, 128),
+            nr=(run_nr_methods, device, [(64 * 2, 49, 64), (2, 196, 64),
+                                         (2, 1024, 64)], repeats),
+            backbones=(run_backbones, BACKBONES, CUDA_SIZES, repeats, device,
+                       osp.join(bench_dir, 'backbones')),
+            softmax=(run_softmax, CUDA_SIZES[:1], repeats, device,
+                     osp.join(bench_dir, 'softmax')))
     else:
         device = 'cpu'
+        title = 'mmsoft GPU check: CPU subset (no CUDA device)'
         report.skip('device tests', 'no CUDA device (the CPU suite runs '
                     'them on the CPU)')
-        guarded(report, 'training steps', run_training_steps, configs,
-                ('fp32', 'bf16'), device, 64)
-        guarded(report, 'NR methods', run_nr_methods, device, [(2, 49, 32)],
-                repeats)
+        plan = dict(
+            steps=(run_training_steps, configs, ('fp32', 'bf16'), device, 64),
+            nr=(run_nr_methods, device, [(2, 49, 32)], repeats),
+            softmax=(run_softmax, CPU_SIZES, repeats, device,
+                     osp.join(bench_dir,
+                              'softmax'), ['forward'] if args.smoke else None))
         if args.smoke:
             report.skip('backbones', 'skipped by --smoke')
         else:
-            guarded(report, 'backbones', run_backbones,
-                    ['soft_tiny', 'pvtv2_b1'], CPU_SIZES, repeats, device,
-                    osp.join(bench_dir, 'backbones'))
-        guarded(
-            report,
-            'SOFT vs softmax',
-            run_softmax,
-            CPU_SIZES,
-            repeats,
-            device,
-            osp.join(bench_dir, 'softmax'),
-            modes=['forward'] if args.smoke else None)
-        title = 'mmsoft GPU check: CPU subset (no CUDA device)'
-    md = report.markdown(title)
-    md += f'\ntorch {torch.__version__}, {time.time() - t0:.0f} s\n'
+            plan['backbones'] = (run_backbones, ['soft_tiny', 'pvtv2_b1'],
+                                 CPU_SIZES, repeats, device,
+                                 osp.join(bench_dir, 'backbones'))
+    env = environment(torch, cuda)
+    print(env, flush=True)
     not_run = ''
     if not cuda:
         not_run = NOT_RUN + ('no CUDA device' if not torch.cuda.is_available()
                              else '--cpu or --smoke given')
-        md += f'\n{not_run}\n'
-    analysis.write_text(osp.join(args.out_dir, 'gpu_check.md'), md)
-    analysis.write_csv(
-        osp.join(args.out_dir, 'gpu_check.csv'), report.rows,
-        ['section', 'item', 'metric', 'value', 'ok', 'note'])
+    keys = [k for k in (args.sections or SECTION_KEYS) if k in plan]
+    if args.sections:
+        for k in SECTION_KEYS:
+            if k not in args.sections and k in plan:
+                report.skip(SECTIONS[SECTION_KEYS.index(k)],
+                            'not selected (--sections)')
+
+    def write(pending):
+        md = report.markdown(title)
+        md += f'\n{env}; {time.time() - t0:.0f} s\n'
+        if pending:
+            md += (f'\nPARTIAL: still to run when this was written: '
+                   f'{", ".join(pending)}\n')
+        if not_run:
+            md += f'\n{not_run}\n'
+        analysis.write_text(osp.join(args.out_dir, 'gpu_check.md'), md)
+        analysis.write_csv(
+            osp.join(args.out_dir, 'gpu_check.csv'), report.rows,
+            ['section', 'item', 'metric', 'value', 'ok', 'note'])
+        return md
+
+    for i, k in enumerate(keys):
+        section = SECTIONS[SECTION_KEYS.index(k)]
+        fn, *fn_args = plan[k]
+        t1 = time.time()
+        print(f'gpu_check: {section} ...', flush=True)
+        guarded(report, section, fn, *fn_args)
+        print(
+            f'gpu_check: {section} done in {time.time() - t1:.0f} s',
+            flush=True)
+        write(keys[i + 1:])
+    md = write([])
     print(md)
     print(f'wrote {args.out_dir}/gpu_check.{{md,csv}}')
     if not_run:
