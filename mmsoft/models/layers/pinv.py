@@ -1,15 +1,15 @@
-"""Deprecated (mmsoft <= 0.4): the Newton-Raphson inverse now lives by
-concern in :mod:`.nr_config`, :mod:`.nr_iteration`, :mod:`.nr_autograd` and
-:mod:`.nr_diagnostics`. The names below work for one more release;
+"""Deprecated (mmsoft <= 0.3): the Newton-Raphson inverse lives in
+:mod:`.nr_config`, :mod:`.nr_iteration`, :mod:`.nr_autograd` and
+:mod:`.nr_diagnostics`; these names work for one more release.
 ``newton_inverse`` / ``newton_inverse_apply`` warn: write
-``NRConfig(iters, init, method, backward).inverse(A, stats)`` / ``.apply(A,
-W, stats)``."""
+``NRConfig(iters, init, method, backward).inverse(A, stats)`` /
+``.apply(A, W, stats)``."""
 import warnings
 
 import torch  # noqa: F401 (pinv.torch, as before)
 
 from .nr_autograd import (NR_METHODS, SPECTRAL_MIN_M, NewtonInverse,
-                          NewtonInverseApply, resolve_method)
+                          resolve_method)
 from .nr_config import NR_BACKWARDS, NR_FIELDS, NRConfig, default_init
 from .nr_diagnostics import nr_residual, pinv_convergence
 from .nr_iteration import (INIT_ALIASES, INIT_MODES, canonical_init,
@@ -23,6 +23,9 @@ __all__ = [
     'nr_iteration_matrix', 'resolve_method'
 ]
 
+#: one Function now serves both (``apply(A, W, nr, stats)``)
+NewtonInverseApply = NewtonInverse
+
 
 def newton_inverse(A,
                    iters=20,
@@ -32,8 +35,7 @@ def newton_inverse(A,
                    stats=None):
     """Deprecated: ``NRConfig(iters, init, method, backward).inverse(A)``."""
     warnings.warn(
-        'newton_inverse is deprecated; use NRConfig(...).inverse'
-        '(A, stats)',
+        'newton_inverse is deprecated; use NRConfig(...).inverse(A, stats)',
         DeprecationWarning,
         stacklevel=2)
     return NRConfig(iters, init, method, backward).inverse(A, stats)
