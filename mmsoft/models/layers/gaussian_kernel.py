@@ -53,16 +53,12 @@ class GaussianKernel(torch.autograd.Function):
         xc = yc if ctx.self_kernel else x - c
         GK = grad * K
         grad_x = grad_y = None
-        if ctx.needs_input_grad[0]:
-            grad_x = torch.matmul(GK, yc) - GK.sum(-1, keepdim=True) * xc
-            if grad_x.shape != x.shape:
-                grad_x = grad_x.sum_to_size(x.shape)
+        if ctx.needs_input_grad[0]:  # sum_to_size: x, y may be broadcast
+            grad_x = (torch.matmul(GK, yc) -
+                      GK.sum(-1, keepdim=True) * xc).sum_to_size(x.shape)
         if ctx.needs_input_grad[1]:
-            grad_y = (
-                torch.matmul(GK.transpose(-1, -2), xc) -
-                GK.sum(-2).unsqueeze(-1) * yc)
-            if grad_y.shape != y.shape:  # y broadcast along batch dims
-                grad_y = grad_y.sum_to_size(y.shape)
+            grad_y = (torch.matmul(GK.transpose(-1, -2), xc) -
+                      GK.sum(-2).unsqueeze(-1) * yc).sum_to_size(y.shape)
         return grad_x, grad_y, None
 
 

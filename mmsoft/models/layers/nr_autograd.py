@@ -1,18 +1,6 @@
-"""The autograd of SOFT's Newton-Raphson pseudo-inverse and its dispatch.
-
-:class:`NewtonInverse` runs the iterations (:mod:`.nr_iteration`) without
-autograd and differentiates them in closed form (``backward``):
-
-* ``'eq16'``: grad_A = -Y^T grad_Y Y^T, Y = A_T (Eq. 16), the gradient of
-  the true pseudo-inverse;
-* ``'exact'``: the gradient of the T iterations as computed, alpha fixed.
-  Spectral method: A_T = U diag(f(l)) U^T with f = v_T, and by
-  Daleckii-Krein dA_T = U (F o (U^T dA U)) U^T, F_ij = (f(l_i) - f(l_j)) /
-  (l_i - l_j) (f'(l_i) for l_i = l_j). Iterative method: autograd through
-  the iterations.
-
-:func:`solve` picks the method, runs in float32 (float64 stays) with
-autocast off, and on the ONNX export path runs the iterations as plain ops.
+"""The autograd of SOFT's Newton-Raphson pseudo-inverse and its dispatch:
+:class:`NewtonInverse` (the iterations of :mod:`.nr_iteration` without
+autograd, differentiated in closed form) and :func:`solve`.
 """
 from typing import Dict, Optional, Tuple
 
@@ -35,20 +23,6 @@ SPECTRAL_MIN_M = 80
 #: pairs with |l_i - l_j| <= _DD_RTOL max(|l_i|, |l_j|) take F_ij from the
 #: differentiated recurrence (the quotient loses ~T eps / _DD_RTOL)
 _DD_RTOL = 0.05
-
-
-def _pair_divided_differences(a: torch.Tensor, b: torch.Tensor,
-                              alpha: torch.Tensor, iters: int) -> torch.Tensor:
-    """[a, b] v_T elementwise, without cancellation: by the Leibniz rule
-    D_0 = alpha, D_{k+1} = D_k (2 - (v_a + v_b)(a + b) / 2) - (v_a^2 +
-    v_b^2) / 2 (f'(a) for a = b)."""
-    va, vb = alpha * a, alpha * b
-    D = alpha.clone()
-    for _ in range(iters):
-        D = D * (2 - 0.5 * (va + vb) * (a + b)) - 0.5 * (va * va + vb * vb)
-        va = 2 * va - va * va * a
-        vb = 2 * vb - vb * vb * b
-    return D
 
 
 def _close_pairs(lam: torch.Tensor) -> Tuple[torch.Tensor, ...]:
@@ -77,14 +51,21 @@ def _close_pairs(lam: torch.Tensor) -> Tuple[torch.Tensor, ...]:
 def _divided_differences(lam: torch.Tensor, v: torch.Tensor,
                          alpha: torch.Tensor, iters: int) -> torch.Tensor:
     """The Daleckii-Krein kernel F of f = v_T: the quotient, overwritten on
-    the close pairs by :func:`_pair_divided_differences`."""
+    the close pairs (a, b) by [a, b] v_T without cancellation (Leibniz
+    rule): D_0 = alpha, D_{k+1} = D_k (2 - (v_a + v_b)(a + b) / 2) -
+    (v_a^2 + v_b^2) / 2 (f'(a) for a = b)."""
     F = v.unsqueeze(-1) - v.unsqueeze(-2)
     F.div_(lam.unsqueeze(-1) - lam.unsqueeze(-2))  # inf / nan where close
     idx = _close_pairs(lam)
     batch = idx[:-2]
-    F[idx] = _pair_divided_differences(lam[batch + (idx[-2], )],
-                                       lam[batch + (idx[-1], )], alpha[batch],
-                                       iters)
+    a, b = lam[batch + (idx[-2], )], lam[batch + (idx[-1], )]
+    D = alpha[batch]
+    va, vb = D * a, D * b
+    for _ in range(iters):
+        D = D * (2 - 0.5 * (va + vb) * (a + b)) - 0.5 * (va * va + vb * vb)
+        va = 2 * va - va * va * a
+        vb = 2 * vb - vb * vb * b
+    F[idx] = D
     return F
 
 
@@ -100,14 +81,25 @@ def resolve_method(method: str, A: torch.Tensor) -> str:
     return 'iterative'
 
 
-class NewtonInverse(torch.autograd.Function):
-    """Y = A_T (``W`` None) or Z = A_T W: ``apply(A, W, nr, stats)``, ``nr``
-    with a resolved method.
+def _iterative(A: torch.Tensor, W: Optional[torch.Tensor], nr,
+               stats: Optional[Dict]) -> Tuple[torch.Tensor, torch.Tensor]:
+    """(A_T, A_T or A_T W) by the iterations."""
+    iterative_stats(stats, A, nr.init, nr.iters)
+    Y = newton_forward(A, nr.iters, nr.init)
+    return Y, Y if W is None else Y @ W
 
-    Spectral: Z = U (v * (U^T W)), A_T never formed. Eq. (16) backward,
-    with G = Y^T grad_Z: grad_A = -G Z^T, grad_W = G (Y = Z for the
-    inverse). Exact (spectral only): grad_A = U (F o ((U^T grad_Z) (U^T
-    W)^T)) U^T, U^T W = U^T for the inverse.
+
+class NewtonInverse(torch.autograd.Function):
+    """Y = A_T (``W`` None) or Z = A_T W: ``apply(A, W, nr, stats)``, with
+    ``nr.method`` resolved; spectral: Z = U (v * (U^T W)), A_T not formed.
+
+    ``'eq16'``: the gradient of the true pseudo-inverse, grad_A = -Y^T
+    grad_Y Y^T (Eq. 16), as G = Y^T grad_Z, grad_A = -G Z^T, grad_W = G.
+    ``'exact'`` (spectral; the iterative method uses autograd): the
+    gradient of the T iterations, alpha fixed. A_T = U diag(f(l)) U^T with
+    f = v_T, so by Daleckii-Krein grad_A = U (F o ((U^T grad_Z) (U^T
+    W)^T)) U^T, F_ij = (f(l_i) - f(l_j)) / (l_i - l_j) (f'(l_i) for l_i =
+    l_j; U^T W = U^T for the inverse).
     """
 
     @staticmethod
@@ -131,10 +123,7 @@ class NewtonInverse(torch.autograd.Function):
                         (U, v, out)
             else:
                 assert not ctx.exact, 'exact iterative backward uses autograd'
-                Y = newton_forward(A, nr.iters, nr.init)
-                out = Y if W is None else Y @ W
-                saved = (Y, out)
-                iterative_stats(stats, A, nr.init, nr.iters)
+                saved = Y, out = _iterative(A, W, nr, stats)
         ctx.save_for_backward(*saved)
         return out
 
@@ -175,19 +164,16 @@ def solve(A: torch.Tensor, W: Optional[torch.Tensor], nr,
                          f'not match A of shape {tuple(A.shape)}; expected '
                          f'(..., m, d) with the batch dims and m of A')
     dtype = compute_dtype(A)
+    A = A.to(dtype)
+    W = None if W is None else W.to(dtype)
     if export_ops.is_exporting():  # ONNX: the iterations as plain products
         export_ops.check_method(nr.method)
-        Y = newton_forward(A.to(dtype), nr.iters, nr.init)
-        return Y if W is None else torch.matmul(Y, W.to(compute_dtype(W)))
+        return _iterative(A, W, nr, None)[1]
     method = resolve_method(nr.method, A)
     if method != nr.method:
         nr = nr.replace(method=method)
-    A = A.to(dtype)
-    W = None if W is None else W.to(dtype)
     with autocast_off(A.device.type):
         if nr.backward == 'exact' and method == 'iterative':
             # the gradient of the T iterations: autograd through them
-            iterative_stats(stats, A, nr.init, nr.iters)
-            Y = newton_forward(A, nr.iters, nr.init)
-            return Y if W is None else Y @ W
+            return _iterative(A, W, nr, stats)[1]
         return NewtonInverse.apply(A, W, nr, stats)

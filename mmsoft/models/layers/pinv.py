@@ -27,6 +27,13 @@ __all__ = [
 NewtonInverseApply = NewtonInverse
 
 
+def _deprecated(name: str, use: str) -> None:
+    warnings.warn(
+        f'{name} is deprecated; use NRConfig(...).{use}',
+        DeprecationWarning,
+        stacklevel=3)
+
+
 def newton_inverse(A,
                    iters=20,
                    init='soft_norm_per_sample',
@@ -34,10 +41,7 @@ def newton_inverse(A,
                    backward='eq16',
                    stats=None):
     """Deprecated: ``NRConfig(iters, init, method, backward).inverse(A)``."""
-    warnings.warn(
-        'newton_inverse is deprecated; use NRConfig(...).inverse(A, stats)',
-        DeprecationWarning,
-        stacklevel=2)
+    _deprecated('newton_inverse', 'inverse(A, stats)')
     return NRConfig(iters, init, method, backward).inverse(A, stats)
 
 
@@ -49,9 +53,5 @@ def newton_inverse_apply(A,
                          backward='eq16',
                          stats=None):
     """Deprecated: ``NRConfig(iters, init, method, backward).apply(A, W)``."""
-    warnings.warn(
-        'newton_inverse_apply is deprecated; use NRConfig(...)'
-        '.apply(A, W, stats)',
-        DeprecationWarning,
-        stacklevel=2)
+    _deprecated('newton_inverse_apply', 'apply(A, W, stats)')
     return NRConfig(iters, init, method, backward).apply(A, W, stats)

@@ -22,8 +22,8 @@ from mmsoft.compat import autocast_dtype
 from .amp import autocast_off
 
 __all__ = [
-    'SafeConv2d', 'conv2d', 'guard_convs', 'half_conv_ok', 'half_dtype',
-    'PROBE_RTOL', 'HalfConvWarning'
+    'SafeConv2d', 'conv2d', 'guard_convs', 'half_dtype', 'PROBE_RTOL',
+    'HalfConvWarning'
 ]
 
 #: the largest relative L2 error of a correct half kernel against float32
@@ -60,14 +60,8 @@ def half_dtype(x: torch.Tensor, weight: torch.Tensor) -> Optional[torch.dtype]:
     return None
 
 
-def _key(dtype, in_shape, w_shape, stride, padding, dilation, groups):
-
-    def pair(v):
-        return tuple(v) if isinstance(v, (tuple, list)) else (v, v)
-
-    return (dtype, tuple(in_shape), tuple(w_shape), pair(stride),
-            padding if isinstance(padding, str) else pair(padding),
-            pair(dilation), int(groups))
+def _pair(v):
+    return tuple(v) if isinstance(v, (tuple, list)) else (v, v)
 
 
 def _probe(key: tuple) -> Tuple[bool, float]:
@@ -86,22 +80,20 @@ def _probe(key: tuple) -> Tuple[bool, float]:
     return bool(err <= PROBE_RTOL[dtype]), err
 
 
-def half_conv_ok(dtype: torch.dtype, in_shape: Tuple[int, int, int],
-                 w_shape: Tuple[int, int, int, int], stride, padding, dilation,
-                 groups: int) -> bool:
-    """Whether this CPU's ``dtype`` convolution of one (C, H, W) input is
-    correct (probed once, then remembered)."""
-    key = _key(dtype, in_shape, w_shape, stride, padding, dilation, groups)
+def _verdict(key: tuple) -> bool:
+    """Whether the half kernel of ``key`` is correct: probed once, then
+    remembered."""
     with _lock:
         if key in _verdicts:
             _verdicts.move_to_end(key)
             return _verdicts[key]
     ok, err = _probe(key)
     if not ok:
+        dtype, in_shape, w_shape, stride, _, _, groups = key
         warnings.warn(
             f'mmsoft: this CPU\'s {str(dtype)[6:]} convolution is wrong for '
-            f'weight {tuple(w_shape)}, stride {key[3]}, groups {groups} on '
-            f'a {tuple(in_shape)} input (relative error {err:.3g} against '
+            f'weight {w_shape}, stride {stride}, groups {groups} on '
+            f'a {in_shape} input (relative error {err:.3g} against '
             f'float32, a known oneDNN bug on CPUs with AMX); mmsoft runs '
             f'this convolution in float32 (correct, slower)',
             HalfConvWarning,
@@ -123,15 +115,12 @@ def conv2d(x: torch.Tensor,
     """``F.conv2d``, in float32 where this CPU's half kernel is wrong for
     the configuration."""
     dtype = half_dtype(x, weight)
-    if dtype is None:
-        return _raw_conv2d(x, weight, bias, stride, padding, dilation, groups)
-    key_args = (dtype, tuple(x.shape[1:]), tuple(weight.shape), stride,
-                padding, dilation, groups)
-    if _compiling():
-        ok = _verdicts.get(_key(*key_args), False)
-    else:
-        ok = half_conv_ok(*key_args)
-    if ok:
+    if dtype is not None:
+        key = (dtype, tuple(x.shape[1:]), tuple(weight.shape), _pair(stride),
+               padding if isinstance(padding, str) else _pair(padding),
+               _pair(dilation), int(groups))
+        ok = _verdicts.get(key, False) if _compiling() else _verdict(key)
+    if dtype is None or ok:
         return _raw_conv2d(x, weight, bias, stride, padding, dilation, groups)
     with autocast_off('cpu'):
         out = _raw_conv2d(x.float(), weight.float(),

@@ -103,8 +103,9 @@ class BottleneckSampler(nn.Module):
             m tokens). Default: 'conv'.
         max_landmarks (int | None): opt-in cap on m (adaptive average
             pooling of the grid). Default: None.
-        landmark_hw (tuple[int, int] | None): opt-in fixed grid, never
-            larger than the strided one; exclusive with ``max_landmarks``. Default: None.
+        landmark_hw (tuple[int, int] | None): opt-in fixed grid (never
+            larger than the strided one), not with ``max_landmarks``.
+            Default: None.
     """
 
     def __init__(self,
