@@ -1,11 +1,9 @@
 """SOFT's Gaussian kernel (Eq. 5) as one autograd Function.
 
-The callers scale tokens by d^(-1/4), so S_ij = exp(-||q_i - k_j||^2 /
-(2 sqrt d)) is K_ij = exp(-||x_i - y_j||^2 / 2). Both sets are translated
-by the mean landmark c first (K depends on x - y only; per sample and head,
-so batch-independent): the expansion ||x||^2 + ||y||^2 - 2 x.y then
-cancels relative to the tokens' spread, not their norm. float32 (float64
-stays), autocast off.
+Tokens come scaled by d^(-1/4): K_ij = exp(-||x_i - y_j||^2 / 2). Both sets
+are translated by the mean landmark c (per sample and head), so that
+||x||^2 + ||y||^2 - 2 x.y cancels relative to the tokens' spread, not their
+norm. float32 (float64 stays), autocast off.
 """
 import torch
 

@@ -15,15 +15,10 @@ def landmark_grid(hw: Tuple[int, int],
                   max_landmarks: Optional[int] = None,
                   landmark_hw: Optional[Tuple[int,
                                               int]] = None) -> Tuple[int, int]:
-    """The bottleneck grid of an H x W token map: ``max(1, H // r) x
-    max(1, W // r)`` (the last ``H mod r`` rows / ``W mod r`` columns are
-    not pooled, as the official strided conv; a side shorter than r is
-    zero-padded to r).
-
-    ``landmark_hw`` (gh, gw): that grid, each side clamped to the strided
-    one (never up-sampled: m <= n / r^2). ``max_landmarks``: the grid
-    shrunk, aspect kept, to ``floor(gh * s) x floor(gw * s)`` (each >= 1),
-    ``s = sqrt(max_landmarks / (gh * gw))``, then to at most that many.
+    """The grid of an H x W map: ``max(1, H // r) x max(1, W // r)`` (as
+    the official strided conv); ``landmark_hw`` clamped to it (never
+    up-sampled); or shrunk, aspect kept, to at most ``max_landmarks``:
+    ``floor(gh * s) x floor(gw * s)``, ``s = sqrt(max_landmarks / (gh gw))``.
     """
     H, W = hw
     gh, gw = max(1, H // ratio), max(1, W // ratio)

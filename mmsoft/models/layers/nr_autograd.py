@@ -1,7 +1,4 @@
-"""The autograd of SOFT's Newton-Raphson pseudo-inverse and its dispatch:
-:class:`NewtonInverse` (the iterations of :mod:`.nr_iteration` without
-autograd, differentiated in closed form) and :func:`solve`.
-"""
+"""SOFT's NR pseudo-inverse with a closed-form backward, and dispatch."""
 from typing import Dict, Optional, Tuple
 
 import torch
@@ -90,16 +87,14 @@ def _iterative(A: torch.Tensor, W: Optional[torch.Tensor], nr,
 
 
 class NewtonInverse(torch.autograd.Function):
-    """Y = A_T (``W`` None) or Z = A_T W: ``apply(A, W, nr, stats)``, with
-    ``nr.method`` resolved; spectral: Z = U (v * (U^T W)), A_T not formed.
+    """Y = A_T (``W`` None) or Z = A_T W (spectral: U (v * (U^T W)), A_T not
+    formed): ``apply(A, W, nr, stats)``, ``nr.method`` resolved.
 
-    ``'eq16'``: the gradient of the true pseudo-inverse, grad_A = -Y^T
-    grad_Y Y^T (Eq. 16), as G = Y^T grad_Z, grad_A = -G Z^T, grad_W = G.
-    ``'exact'`` (spectral; the iterative method uses autograd): the
-    gradient of the T iterations, alpha fixed. A_T = U diag(f(l)) U^T with
-    f = v_T, so by Daleckii-Krein grad_A = U (F o ((U^T grad_Z) (U^T
-    W)^T)) U^T, F_ij = (f(l_i) - f(l_j)) / (l_i - l_j) (f'(l_i) for l_i =
-    l_j; U^T W = U^T for the inverse).
+    ``'eq16'``: grad_A = -Y^T grad_Y Y^T (Eq. 16) as G = Y^T grad_Z, grad_A =
+    -G Z^T, grad_W = G. ``'exact'`` (spectral; iterative: autograd): with
+    A_T = U diag(f(l)) U^T, f = v_T, Daleckii-Krein grad_A = U (F o ((U^T
+    grad_Z) (U^T W)^T)) U^T, F_ij = (f(l_i) - f(l_j)) / (l_i - l_j) (f'(l_i)
+    if equal; U^T W = U^T for the inverse), alpha held fixed.
     """
 
     @staticmethod

@@ -31,12 +31,11 @@ class NRConfig:
 
     Args:
         iters (int): T >= 1. Default: 20.
-        init (str): the alpha rule of A_0 = alpha A, one of
-            :data:`INIT_MODES` (or an old name, :data:`INIT_ALIASES`):
-            ``'soft_norm_per_sample'`` / ``_per_matrix`` / ``_per_batch``
-            (the official normalised search, one alpha per sample / matrix
-            / batch), ``'soft'`` (NeurIPS: A + 0.01 I, alpha = 0.9 * 2 /
-            ||A||_1^2). Default: 'soft_norm_per_sample'.
+        init (str): the alpha of A_0 = alpha A (:data:`INIT_MODES`, old
+            names :data:`INIT_ALIASES`): ``'soft_norm_per_sample'`` /
+            ``_per_matrix`` / ``_per_batch`` (the official search, one
+            alpha per sample / matrix / batch) or ``'soft'`` (NeurIPS).
+            Default: 'soft_norm_per_sample'.
         method (str): ``'iterative'`` (2T batched products), ``'spectral'``
             (one ``eigh``, the same function) or ``'auto'`` (spectral for
             m >= :data:`SPECTRAL_MIN_M` on the CPU). Default: 'auto'.
@@ -44,10 +43,9 @@ class NRConfig:
             ``'exact'`` (the gradient of the T iterations, alpha fixed).
             Default: 'eq16'.
 
-    Frozen, validated once; the ``attn_cfg`` keys are ``nr_<field>``.
-    :meth:`inverse` / :meth:`apply` run in float32 (float64 stays) with
-    autocast off; ``stats``: an optional dict that receives ``'residual'``
-    and ``'unconverged'`` per matrix (:mod:`.nr_diagnostics`).
+    Frozen; the ``attn_cfg`` keys are ``nr_<field>``. :meth:`inverse` /
+    :meth:`apply`: float32 (float64 stays), autocast off; ``stats``: a dict
+    for ``'residual'`` and ``'unconverged'`` (:mod:`.nr_diagnostics`).
     """
     iters: int = 20
     init: str = 'soft_norm_per_sample'

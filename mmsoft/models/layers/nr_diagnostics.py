@@ -1,10 +1,5 @@
-"""How far the Newton-Raphson iterate A_T is from A^+ (the paper's Fig. 4).
-
-:func:`record_residual` fills the ``stats`` of ``NRConfig.inverse`` /
-``apply`` (``SOFTAttention.last_nr_stats`` with ``nr_diagnostics``);
-:func:`nr_residual` computes the same for given matrices and
-:func:`pinv_convergence` the metric after every step.
-"""
+"""How far the Newton-Raphson iterate A_T is from A^+ (the paper's Fig. 4):
+the ``stats`` of ``NRConfig.inverse`` / ``apply`` (``last_nr_stats``)."""
 from typing import Dict, Optional, Tuple
 
 import torch

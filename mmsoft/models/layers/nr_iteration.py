@@ -1,14 +1,8 @@
-"""SOFT's Newton-Raphson iteration (Alg. 2, Eq. 10) and its alpha rules.
-
-::
-
-    A_0 = alpha A,        A_{k+1} = 2 A_k - A_k A A_k
-
-as 2T batched products (:func:`newton_iterate`) or, A being symmetric, as
-the scalar recurrence v_{k+1} = 2 v_k - v_k^2 l on its eigenvalues l
-(:func:`spectral_factors`). The model, the exact backward, the diagnostics
-and the ONNX export path all run these functions.
-"""
+"""SOFT's Newton-Raphson iteration (Alg. 2, Eq. 10) and its alpha rules:
+A_0 = alpha A, A_{k+1} = 2 A_k - A_k A A_k, as 2T batched products
+(:func:`newton_iterate`) or on the eigenvalues l of the symmetric A,
+v_{k+1} = 2 v_k - v_k^2 l (:func:`spectral_factors`). The model, the exact
+backward, the diagnostics and the ONNX export all run these functions."""
 import warnings
 from typing import Tuple
 
@@ -36,9 +30,8 @@ _SOFT_SCALE = 0.9
 
 
 def canonical_init(init: str) -> str:
-    """``init`` with an old name (:data:`INIT_ALIASES`) replaced by the new;
-    ``'soft_norm'`` (alpha per matrix, as before) warns: the default is now
-    per sample."""
+    """``init`` with an old name (:data:`INIT_ALIASES`) replaced by the new
+    (``'soft_norm'`` warns)."""
     if init in INIT_MODES:
         return init
     if init not in INIT_ALIASES:
@@ -47,11 +40,10 @@ def canonical_init(init: str) -> str:
             f'{INIT_MODES} (old names: {sorted(INIT_ALIASES)})')
     if init == 'soft_norm':
         warnings.warn(
-            "nr_init='soft_norm' is the old name of "
-            "'soft_norm_per_matrix' (alpha per matrix); the default "
-            "with attn_norm=True is now 'soft_norm_per_sample' (the "
-            "official rule per sample). Set nr_init to one of the new "
-            "names to silence this warning.",
+            "nr_init='soft_norm' is the old name of 'soft_norm_per_matrix' "
+            "(alpha per matrix); the default with attn_norm=True is now "
+            "'soft_norm_per_sample' (the official rule per sample). Set "
+            "nr_init to a new name to silence this warning.",
             FutureWarning,
             stacklevel=3)
     return INIT_ALIASES[init]

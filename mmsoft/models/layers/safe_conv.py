@@ -1,13 +1,10 @@
 """Convolutions that stay correct where a CPU's half-precision kernel is not.
 
-On CPUs with AMX, torch 2.14.1's oneDNN bfloat16 convolution is wrong for
-narrow convolutions such as SOFT's sampler ``Conv2d(C, C, k, stride=k)``
-(relative error 1.1-1.4). :func:`conv2d` probes each CPU half-precision
-configuration once (half against float32 on the same rounded inputs); one
-above :data:`PROBE_RTOL` runs in float32 and is cast back
-(:class:`HalfConvWarning`, once). Other devices, float32 / float64 and
-export are untouched; under ``torch.compile`` no probe runs (an unprobed
-configuration runs in float32).
+With AMX, torch 2.14.1's oneDNN bfloat16 convolution is wrong for narrow
+ones such as SOFT's sampler ``Conv2d(C, C, k, stride=k)``. :func:`conv2d`
+probes each CPU half-precision configuration once against float32; one
+above :data:`PROBE_RTOL` runs in float32 (:class:`HalfConvWarning`). Under
+``torch.compile`` no probe runs (an unprobed one runs in float32).
 """
 import collections
 import threading
@@ -26,8 +23,8 @@ __all__ = [
     'HalfConvWarning'
 ]
 
-#: the largest relative L2 error of a correct half kernel against float32
-#: (correct: ~2e-3 bfloat16, ~2e-4 float16; the AMX bug 1.1 .. 1.4)
+#: the largest relative error of a correct half kernel (~2e-3 bfloat16,
+#: ~2e-4 float16; the AMX bug: 1.1 .. 1.4)
 PROBE_RTOL = {torch.bfloat16: 1e-2, torch.float16: 5e-3}
 #: verdicts remembered (least recently used ones are probed again)
 CACHE_SIZE = 1024

@@ -8,8 +8,7 @@ by Newton-Raphson (Alg. 2), D = diag(A 1_m)::
     S^ = P D^-1/2 A^+ D^-1/2 P^T   (IJCV, attn_norm=True)
     out = S^ V = P (A^+_n (P^T V))
 
-S^ (n x n) is never formed. A, A^+, D, P and their products run in float32
-under fp16/bf16 autocast.
+S^ (n x n) is never formed; A, A^+, D and P are float32 under autocast.
 """
 import copy
 from typing import Mapping, Optional, Tuple, Union
@@ -38,11 +37,8 @@ SAMPLING_MODES = ('conv', 'avgpool', 'random', 'biased')
 def bottleneck_inverse(A: torch.Tensor,
                        attn_norm: bool = True,
                        nr: Optional[NRConfig] = None) -> torch.Tensor:
-    """A^+, or A^+_n = D^-1/2 A^+ D^-1/2 with ``attn_norm`` (Eq. 25).
-
-    ``nr``: :class:`NRConfig` or a dict of its fields (default: the official
-    variant's settings). float32 (float64 stays), autocast off.
-    """
+    """A^+, or A^+_n = D^-1/2 A^+ D^-1/2 with ``attn_norm`` (Eq. 25), in
+    float32 (float64 stays); ``nr``: :class:`NRConfig` or its fields."""
     A_inv = NRConfig.of(nr, attn_norm).inverse(A)
     if not attn_norm:
         return A_inv
@@ -56,10 +52,8 @@ def bottleneck_apply(A: torch.Tensor,
                      attn_norm: bool = True,
                      nr: Optional[NRConfig] = None,
                      nr_stats: Optional[dict] = None) -> torch.Tensor:
-    """A^+ W, or D^-1/2 A^+ D^-1/2 W with ``attn_norm`` (Eq. 25): the
-    function of ``bottleneck_inverse(A, ...) @ W`` with D^-1/2 applied to
-    the m x d operands (:meth:`NRConfig.apply`). ``nr_stats``: see
-    :class:`NRConfig`."""
+    """``bottleneck_inverse(A, ...) @ W`` without the m x m inverse (D^-1/2
+    applied to the m x d operands); ``nr_stats``: see :class:`NRConfig`."""
     nr = NRConfig.of(nr, attn_norm)
     if not attn_norm:
         return nr.apply(A, W, nr_stats)
@@ -75,12 +69,8 @@ def soft_attention(q: torch.Tensor,
                    attn_norm: bool = True,
                    nr: Optional[NRConfig] = None,
                    nr_stats: Optional[dict] = None) -> torch.Tensor:
-    """out = P (A^+_n (P^T V)) for q, v (B, h, n, d), landmarks (B, h, m, d).
-
-    ``q`` and ``landmarks`` carry the 1/d^(1/4) scale, so that exp(-||q -
-    k||^2 / 2) is Eq. 5's exp(-||q - k||^2 / (2 sqrt d)). ``nr``,
-    ``nr_stats``: as :func:`bottleneck_apply`. Returns v's dtype.
-    """
+    """out = P (A^+_n (P^T V)) (v's dtype) for q, v (B, h, n, d) and
+    landmarks (B, h, m, d), q and landmarks scaled by d^(-1/4) (Eq. 5)."""
     P = gaussian_kernel(q, landmarks)  # (B, h, n, m)
     A = gaussian_kernel(landmarks, landmarks)  # (B, h, m, m)
     with autocast_off(v.device.type):
@@ -95,12 +85,10 @@ class BottleneckSampler(nn.Module):
 
     Args:
         head_dims (int): channels per head (one sampler for all heads).
-        ratio (int): r, the sampling stride; m = n / r^2 (the grid:
-            :func:`~.grid.landmark_grid`).
-        mode (str): ``'conv'`` (r x r conv, stride r, no bias, LayerNorm,
-            GELU: the official one), ``'avgpool'``, ``'random'`` (uniform
-            in training, evenly spaced in eval) or ``'biased'`` (the first
-            m tokens). Default: 'conv'.
+        ratio (int): r, the stride; m = n / r^2 (:func:`landmark_grid`).
+        mode (str): ``'conv'`` (r x r conv, stride r, LayerNorm, GELU: the
+            official one), ``'avgpool'``, ``'random'`` (evenly spaced in
+            eval) or ``'biased'`` (the first m tokens). Default: 'conv'.
         max_landmarks (int | None): opt-in cap on m (adaptive average
             pooling of the grid). Default: None.
         landmark_hw (tuple[int, int] | None): opt-in fixed grid (never
@@ -204,9 +192,7 @@ class SOFTAttention(AttentionBase):
             other ones); ``attn_cfg`` keys ``nr_<field>``. Default: None.
         nr_diagnostics (bool): keep the NR convergence of every forward
             in ``last_nr_stats`` (see :class:`NRConfig`). Default: False.
-        max_landmarks (int | None): see :class:`BottleneckSampler`.
-        landmark_hw (tuple[int, int] | None): see
-            :class:`BottleneckSampler`.
+        max_landmarks, landmark_hw: see :class:`BottleneckSampler`.
     """
 
     def __init__(self,
@@ -287,9 +273,8 @@ def with_nr(model: nn.Module,
             nr: Union[NRConfig, Mapping, None] = None,
             **changes) -> nn.Module:
     """A deep copy of ``model`` whose :class:`SOFTAttention` s use ``nr``
-    (default: their own settings) with ``changes`` to its fields, e.g.
-    ``with_nr(model, method='iterative')``; weights, dtype, device and modes
-    are copied, ``model`` and the random state are unchanged."""
+    (default: their own) with ``changes``, e.g. ``with_nr(model,
+    method='iterative')``; ``model`` and the random state unchanged."""
     model = copy.deepcopy(model)
     for mod in model.modules():
         if isinstance(mod, SOFTAttention):
