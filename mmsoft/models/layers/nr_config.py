@@ -38,14 +38,14 @@ class NRConfig:
             Default: 'soft_norm_per_sample'.
         method (str): ``'iterative'`` (2T batched products), ``'spectral'``
             (one ``eigh``, the same function) or ``'auto'`` (spectral for
-            m >= :data:`SPECTRAL_MIN_M` on the CPU). Default: 'auto'.
+            m >= ``SPECTRAL_MIN_M`` on the CPU). Default: 'auto'.
         backward (str): ``'eq16'`` (Eq. 16, the gradient of A^+) or
             ``'exact'`` (the gradient of the T iterations, alpha fixed).
             Default: 'eq16'.
 
     Frozen; the ``attn_cfg`` keys are ``nr_<field>``. :meth:`inverse` /
     :meth:`apply`: float32 (float64 stays), autocast off; ``stats``: a dict
-    for ``'residual'`` and ``'unconverged'`` (:mod:`.nr_diagnostics`).
+    for ``'residual'`` and ``'unconverged'`` (``nr_diagnostics``).
     """
     iters: int = 20
     init: str = 'soft_norm_per_sample'
