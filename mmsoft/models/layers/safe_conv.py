@@ -128,8 +128,8 @@ def conv2d(x: torch.Tensor,
 
 class SafeConv2d(nn.Conv2d):
     """``nn.Conv2d`` with the checked CPU half-precision forward
-    (:func:`conv2d`); the same parameters, state dict and results wherever
-    the half kernel is correct."""
+    (:func:`~mmsoft.models.layers.safe_conv.conv2d`); the same parameters,
+    state dict and results wherever the half kernel is correct."""
 
     def _conv_forward(self, input: torch.Tensor, weight: torch.Tensor,
                       bias: Optional[torch.Tensor]) -> torch.Tensor:
