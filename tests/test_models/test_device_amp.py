@@ -219,7 +219,7 @@ def spy(monkeypatch):
         monkeypatch.setattr(cls, 'forward', staticmethod(spied))
 
     wrap(KERNEL.GaussianKernel, 'kernel')
-    wrap(PINV._NewtonFunction, 'pinv')
+    wrap(PINV.NewtonInverse, 'pinv')
     return calls
 
 

@@ -1,9 +1,5 @@
-"""Argument checks shared by the SOFT backbone and its layers.
-
-Every check raises one ``ValueError`` / ``TypeError`` naming the option,
-the value received and what is accepted, at construction time (instead of a
-shape error in the first forward pass, or a silently ignored option).
-"""
+"""Argument checks of the SOFT backbone and its layers: one ``ValueError``
+at construction naming the option, the value and what is accepted."""
 import numbers
 from typing import Any, Optional, Sequence
 
@@ -18,8 +14,7 @@ def check_int(name: str,
               value: Any,
               minimum: int = 1,
               allow_none: bool = False) -> Optional[int]:
-    """``value`` must be an int >= ``minimum`` (or None with
-    ``allow_none``); returns it as a python int."""
+    """An int >= ``minimum`` (or None with ``allow_none``), as an int."""
     if value is None and allow_none:
         return None
     if not _is_int(value) or value < minimum:
@@ -38,9 +33,8 @@ def check_rate(name: str, value: Any) -> float:
 
 
 def check_kernel_size(name: str, value: Any, allow_zero: bool = True) -> int:
-    """A depthwise-conv kernel size: an odd positive int (``'same'``
-    padding ``k // 2`` keeps the token map only for odd k); 0 disables
-    the conv where ``allow_zero``."""
+    """An odd positive int (``'same'`` padding keeps the map only for odd
+    k), or 0 (no conv) where ``allow_zero``."""
     if _is_int(value) and (value % 2 == 1 or (allow_zero and value == 0)) \
             and value >= 0:
         return int(value)
@@ -50,7 +44,7 @@ def check_kernel_size(name: str, value: Any, allow_zero: bool = True) -> int:
 
 
 def check_choice(name: str, value: Any, choices: Sequence) -> Any:
-    """``value`` must be one of ``choices`` (a mode name); returns it."""
+    """One of ``choices``; returns it."""
     if value not in choices:
         raise ValueError(f'unknown {name} {value!r}; choose one of {choices}')
     return value

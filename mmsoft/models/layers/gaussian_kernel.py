@@ -1,42 +1,44 @@
-"""Gaussian kernel between two token sets without n x m temporaries.
+"""SOFT's Gaussian kernel (Eq. 5) as one autograd Function.
 
-SOFT's similarity (Eq. 5) S_ij = exp(-||q_i - k_j||^2 / (2 sqrt(d))); the
-callers pass tokens scaled by d^(-1/4), so this is exp(-||x_i - y_j||^2 / 2),
-one custom autograd Function:
-
-* forward (:func:`~.export_ops.gaussian_kernel`, also the export path):
-  one (n, m) buffer, ``x @ y^T`` updated in place (``-|x|^2/2``,
-  ``-|y|^2/2``, clamp to <= 0, ``exp``);
-* backward: with G' = grad * K, ``grad_x = G' y - rowsum(G') * x`` and
-  ``grad_y = G'^T x - colsum(G') * y``.
-
-Large-norm tokens: ``||x||^2 + ||y||^2 - 2 x.y`` cancels catastrophically
-when the norms are large compared with the distance (float32: the diagonal
-of A is 0.94 at token norm 1e3, 3e-4 at 1e4, and the normalisation returns
-NaN). K depends on x - y only, so both sets are first translated by the
-mean landmark c (per sample and head: batch-independent); the error is
-then relative to the tokens' spread. The self-kernel's diagonal is exactly
-1. The backward recomputes the translated tensors instead of saving them.
-Always float32 (float64 for float64 inputs) with autocast disabled.
+Tokens come scaled by d^(-1/4): K_ij = exp(-||x_i - y_j||^2 / 2). Both sets
+are translated by the mean landmark c (per sample and head), so that
+||x||^2 + ||y||^2 - 2 x.y cancels relative to the tokens' spread, not their
+norm. float32 (float64 stays), autocast off.
 """
 import torch
 
 from . import export_ops
-from .amp import autocast_off
+from .amp import autocast_off, compute_dtype
 
-__all__ = ['gaussian_kernel', 'GaussianKernel']
+__all__ = ['gaussian_kernel', 'kernel_forward', 'GaussianKernel']
+
+
+def kernel_forward(x: torch.Tensor,
+                   y: torch.Tensor,
+                   self_kernel: bool = False) -> torch.Tensor:
+    """K for x (..., n, d), y (..., m, d) without autograd, in one (n, m)
+    buffer updated in place: the Function's forward and the export path.
+    The self-kernel's diagonal is exactly 1."""
+    c = y.mean(-2, keepdim=True)
+    yc = y - c
+    xc = yc if self_kernel else x - c
+    K = torch.matmul(xc, yc.transpose(-1, -2))
+    K.sub_(xc.square().sum(-1, keepdim=True), alpha=0.5)
+    K.sub_(yc.square().sum(-1).unsqueeze(-2), alpha=0.5)
+    K.clamp_(max=0.0).exp_()
+    if self_kernel:
+        eye = torch.eye(K.shape[-1], dtype=K.dtype, device=K.device)
+        K = torch.maximum(K, eye)
+    return K
 
 
 class GaussianKernel(torch.autograd.Function):
+    """K with G' = grad * K: grad_x = G' y - rowsum(G') x, grad_y = G'^T x -
+    colsum(G') y (on the translated tokens, recomputed in the backward)."""
 
     @staticmethod
-    def forward(ctx,
-                x: torch.Tensor,
-                y: torch.Tensor,
-                self_kernel: bool = False) -> torch.Tensor:
-        K = export_ops.gaussian_kernel(x, y, self_kernel)
-        # the inputs (kept alive by autograd anyway) and c are saved, not
-        # the translated copies: backward recomputes them
+    def forward(ctx, x, y, self_kernel=False):
+        K = kernel_forward(x, y, self_kernel)
         ctx.self_kernel = self_kernel
         ctx.save_for_backward(y if self_kernel else x, y,
                               y.mean(-2, keepdim=True), K)
@@ -49,40 +51,28 @@ class GaussianKernel(torch.autograd.Function):
         xc = yc if ctx.self_kernel else x - c
         GK = grad * K
         grad_x = grad_y = None
-        if ctx.needs_input_grad[0]:
-            grad_x = torch.matmul(GK, yc) - GK.sum(-1, keepdim=True) * xc
-            if grad_x.shape != x.shape:
-                grad_x = grad_x.sum_to_size(x.shape)
+        if ctx.needs_input_grad[0]:  # sum_to_size: x, y may be broadcast
+            grad_x = (torch.matmul(GK, yc) -
+                      GK.sum(-1, keepdim=True) * xc).sum_to_size(x.shape)
         if ctx.needs_input_grad[1]:
-            grad_y = (
-                torch.matmul(GK.transpose(-1, -2), xc) -
-                GK.sum(-2).unsqueeze(-1) * yc)
-            # y may have been broadcast along batch dims
-            if grad_y.shape != y.shape:
-                grad_y = grad_y.sum_to_size(y.shape)
+            grad_y = (torch.matmul(GK.transpose(-1, -2), xc) -
+                      GK.sum(-2).unsqueeze(-1) * yc).sum_to_size(y.shape)
         return grad_x, grad_y, None
 
 
 def gaussian_kernel(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-    """K_ij = exp(-||x_i - y_j||^2 / 2) for x (..., n, d), y (..., m, d).
-
-    Returns (..., n, m) in float32 (float64 for float64 inputs) regardless of
-    autocast. Passing the same tensor twice (``gaussian_kernel(y, y)``)
-    computes the self-kernel, whose diagonal is exactly 1.
-    """
+    """K_ij = exp(-||x_i - y_j||^2 / 2), (..., n, m), for x (..., n, d) and
+    y (..., m, d); ``gaussian_kernel(y, y)`` is the self-kernel A."""
     if x.shape[-1] != y.shape[-1]:
         raise ValueError(f'gaussian_kernel: feature sizes differ '
                          f'({x.shape[-1]} vs {y.shape[-1]})')
-    dtype = torch.float64 if torch.float64 in (x.dtype, y.dtype) \
-        else torch.float32
+    dtype = compute_dtype(x, y)
     self_kernel = x is y
     with autocast_off(x.device.type):
         if export_ops.is_exporting():  # ONNX: no autograd Function
-            return export_ops.gaussian_kernel(
-                x.to(dtype), y.to(dtype), self_kernel)
+            return kernel_forward(x.to(dtype), y.to(dtype), self_kernel)
         y = y.to(dtype)
-        # the self-kernel passes a view of y as x: the same values and the
-        # same gradient (both inputs' gradients reach y), and torch.compile
-        # traces it (Dynamo refuses one tensor given twice to a Function)
+        # the self-kernel passes a view of y as x (torch.compile refuses one
+        # tensor given twice to a Function); both gradients reach y
         return GaussianKernel.apply(
             y.view_as(y) if self_kernel else x.to(dtype), y, self_kernel)

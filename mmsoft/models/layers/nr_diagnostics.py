@@ -1,18 +1,11 @@
-"""Newton-Raphson convergence diagnostics: how far A_T is from A^+.
-
-:func:`record_residual` fills the ``stats`` dict of
-:meth:`NRConfig.inverse <.nr_config.NRConfig.inverse>` / ``apply`` (what a
-SOFT attention with ``nr_diagnostics`` keeps in ``last_nr_stats``, and the
-backbone's ``nr_stats`` reduces); :func:`nr_residual` computes the same
-for given matrices and :func:`pinv_convergence` the paper's metric after
-every step (Fig. 4).
-"""
+"""How far the Newton-Raphson iterate A_T is from A^+ (the paper's Fig. 4):
+the ``stats`` of ``NRConfig.inverse`` / ``apply`` (``last_nr_stats``)."""
 from typing import Dict, Optional, Tuple
 
 import torch
 
-from .nr_iteration import (canonical_init, first_iterate, init_iteration,
-                           newton_iterate, scalar_iterate)
+from .nr_iteration import (canonical_init, init_iteration, newton_iterate,
+                           scalar_iterate)
 
 __all__ = [
     'record_residual', 'iterative_stats', 'nr_residual', 'pinv_convergence'
@@ -21,18 +14,10 @@ __all__ = [
 
 def record_residual(stats: Optional[Dict], lam: torch.Tensor,
                     v: torch.Tensor) -> None:
-    """Fill ``stats`` with the NR convergence of the last forward.
-
-    From the eigenvalues l of the matrix iterated on and v = f(l):
-
-    * ``'residual'``: ||A A_T A - A||_2 / ||A||_2 = max |l (l v - 1)| /
-      max |l| per matrix (the paper's metric, Fig. 4);
-    * ``'unconverged'``: the fraction of the numerical rank of A (the
-      eigenvalues above m eps max |l|, as ``torch.linalg.matrix_rank``) on
-      which the iterations are far from the pseudo-inverse,
-      |1 - l v| > 0.5 (A_T scales those directions by v instead of 1 / l),
-      per matrix.
-    """
+    """Fill ``stats`` from the eigenvalues l of the matrix iterated on and
+    v = v_T(l), per matrix: ``'residual'`` ||A A_T A - A||_2 / ||A||_2 =
+    max |l (l v - 1)| / max |l|; ``'unconverged'`` the fraction of the
+    numerical rank (l > m eps max |l|) with |1 - l v| > 0.5."""
     if stats is None:
         return
     lam, v = lam.detach(), v.detach()
@@ -48,7 +33,7 @@ def record_residual(stats: Optional[Dict], lam: torch.Tensor,
 
 def iterative_stats(stats: Optional[Dict], A: torch.Tensor, init: str,
                     iters: int) -> None:
-    """The same statistics for the iterative method (one ``eigvalsh``)."""
+    """:func:`record_residual` for the iterative method (one ``eigvalsh``)."""
     if stats is None:
         return
     with torch.no_grad():
@@ -61,14 +46,8 @@ def iterative_stats(stats: Optional[Dict], A: torch.Tensor, init: str,
 def nr_residual(A: torch.Tensor,
                 iters: int = 20,
                 init: str = 'soft_norm_per_sample') -> Dict[str, torch.Tensor]:
-    """Convergence of the T iterations on A, from its eigenvalues.
-
-    Returns ``{'residual': ||A A_T A - A||_2 / ||A||_2,
-    'unconverged': fraction of the numerical rank with |1 - l v_T(l)| >
-    0.5}``,
-    each of shape ``A.shape[:-2]`` (what ``stats`` of
-    :meth:`NRConfig.inverse <.nr_config.NRConfig.inverse>` receives).
-    """
+    """``{'residual', 'unconverged'}`` of T iterations on (..., m, m) A,
+    each of shape ``A.shape[:-2]`` (see :func:`record_residual`)."""
     init = canonical_init(init)
     if A.dim() < 2 or A.shape[-1] != A.shape[-2]:
         raise ValueError(f'nr_residual expects (..., m, m) matrices, got '
@@ -83,14 +62,11 @@ def pinv_convergence(A: torch.Tensor,
                      iters: int = 20,
                      init: str = 'soft_norm_per_sample'
                      ) -> Tuple[torch.Tensor, ...]:
-    """The paper's convergence metric ||A A_k A - A||_2 / ||A||_2 per step.
-
-    Returns a tuple of ``iters + 1`` tensors of shape ``A.shape[:-2]``
-    (k = 0..iters), as plotted in Fig. 4.
-    """
-    init = canonical_init(init)
+    """||A A_k A - A||_2 / ||A||_2 for k = 0..iters (Fig. 4), each of shape
+    ``A.shape[:-2]``."""
     A = A.double()
-    Aw, V = first_iterate(A, init)
+    Aw, alpha = init_iteration(A, canonical_init(init))
+    V = alpha[..., None, None] * Aw
 
     def norm2(M):  # symmetric: the spectral norm is the largest |eigenvalue|
         return torch.linalg.eigvalsh(0.5 * (M + M.mT)).abs().amax(-1)

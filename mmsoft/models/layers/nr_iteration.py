@@ -1,18 +1,8 @@
-"""The Newton-Raphson iteration of SOFT's pseudo-inverse (Alg. 2, Eq. 10).
-
-::
-
-    A_0 = alpha * A,        A_{k+1} = 2 A_k - A_k A A_k
-
-with the alpha rules of the official checkpoints (:func:`nr_init_alpha`;
-the rules are described in :mod:`.nr_config`), evaluated as 2T batched
-products (:func:`newton_iterate`) or, A being symmetric, on its
-eigenvalues (:func:`spectral_factors`: every iterate is the same
-polynomial of A, so with A = U diag(l) U^T the iteration becomes the
-scalar recurrence v_{k+1} = 2 v_k - v_k^2 l and A_T = U diag(v_T) U^T).
-The model, its exact backward, its diagnostics and the ONNX export path all
-use these functions.
-"""
+"""SOFT's Newton-Raphson iteration (Alg. 2, Eq. 10) and its alpha rules:
+A_0 = alpha A, A_{k+1} = 2 A_k - A_k A A_k, as 2T batched products
+(:func:`newton_iterate`) or on the eigenvalues l of the symmetric A,
+v_{k+1} = 2 v_k - v_k^2 l (:func:`spectral_factors`). The model, the exact
+backward, the diagnostics and the ONNX export all run these functions."""
 import warnings
 from typing import Tuple
 
@@ -40,38 +30,31 @@ _SOFT_SCALE = 0.9
 
 
 def canonical_init(init: str) -> str:
-    """``init`` with an old name (:data:`INIT_ALIASES`) replaced by the new.
-
-    ``'soft_norm'`` keeps its old meaning (alpha per matrix) so that saved
-    configs reproduce; it warns, because the default is now per sample.
-    """
+    """``init`` with an old name (:data:`INIT_ALIASES`) replaced by the new
+    (``'soft_norm'`` warns)."""
     if init in INIT_MODES:
         return init
-    if init in INIT_ALIASES:
-        if init == 'soft_norm':
-            warnings.warn(
-                "nr_init='soft_norm' is the old name of "
-                "'soft_norm_per_matrix' (alpha per matrix); the default "
-                "with attn_norm=True is now 'soft_norm_per_sample' (the "
-                "official rule per sample). Set nr_init to one of the new "
-                "names to silence this warning.",
-                FutureWarning,
-                stacklevel=3)
-        return INIT_ALIASES[init]
-    raise ValueError(
-        f'unknown Newton-Raphson init (nr_init) {init!r}; choose one of '
-        f'{INIT_MODES} (old names: {sorted(INIT_ALIASES)})')
+    if init not in INIT_ALIASES:
+        raise ValueError(
+            f'unknown Newton-Raphson init (nr_init) {init!r}; choose one of '
+            f'{INIT_MODES} (old names: {sorted(INIT_ALIASES)})')
+    if init == 'soft_norm':
+        warnings.warn(
+            "nr_init='soft_norm' is the old name of 'soft_norm_per_matrix' "
+            "(alpha per matrix); the default with attn_norm=True is now "
+            "'soft_norm_per_sample' (the official rule per sample). Set "
+            "nr_init to a new name to silence this warning.",
+            FutureWarning,
+            stacklevel=3)
+    return INIT_ALIASES[init]
 
 
 def _shared_max(t: torch.Tensor, init: str, trailing: int = 0):
-    """Max of per-matrix values over the matrices that share one alpha.
-
-    ``t`` has the batch dims of A first, then ``trailing`` own dims.
-    """
-    if init not in ('soft_norm_per_batch', 'soft_norm_per_sample'):
-        return t
+    """Max of per-matrix values (batch dims of A, then ``trailing`` own
+    dims) over the matrices that share one alpha: a sample or the batch."""
     lead = t.dim() - trailing
-    if lead == 0:
+    if lead == 0 or init not in ('soft_norm_per_batch',
+                                 'soft_norm_per_sample'):
         return t
     tail = t.shape[lead:]
     if init == 'soft_norm_per_batch':
@@ -82,16 +65,13 @@ def _shared_max(t: torch.Tensor, init: str, trailing: int = 0):
 
 def nr_init_alpha(A: torch.Tensor,
                   init: str = 'soft_norm_per_sample') -> torch.Tensor:
-    """Per-matrix alpha of A_0 = alpha A. Returns shape ``A.shape[:-2]``.
+    """alpha of A_0 = alpha A per matrix (shape ``A.shape[:-2]``).
 
-    For the ``'soft_norm_per_*'`` rules the residual test of the official
-    code, ``max_j sum_i |I - alpha A A|_ij <= 1.01``, is evaluated for all
-    candidates alpha_n = 2 * 0.5^n / ||A||_1^2, n = 0..10, in one batched
-    expression; the first passing n is used (10 when none passes). ||A||_1
-    and the test are shared by the matrices of a sample / the batch
-    (``'soft_norm_per_sample'`` / ``'soft_norm_per_batch'``): the official
-    kernel uses the max ||A||_1 of its stack and halves until every matrix
-    passes.
+    ``'soft'``: 0.9 * 2 / ||A||_1^2. ``'soft_norm_per_*'``: the official
+    search, the first alpha_n = 2 * 0.5^n / ||A||_1^2 (n = 0..10) with
+    ``max_j sum_i |I - alpha A A|_ij <= 1.01`` (n = 10 when none passes),
+    all n at once; ||A||_1 and the test shared by the matrices of a sample /
+    the batch (``_per_sample`` / ``_per_batch``).
     """
     init = canonical_init(init)
     norm1 = A.sum(-1).amax(-1)  # A is non-negative: row sums = abs row sums
@@ -101,11 +81,8 @@ def nr_init_alpha(A: torch.Tensor,
         return _SOFT_SCALE * alpha0
     n = torch.arange(_NORM_MAX_HALVINGS + 1, device=A.device, dtype=A.dtype)
     alphas = alpha0[..., None] * _NORM_BETA**n  # (..., K)
-    # ||I - alpha_k A A||_1 (max column abs sum, as the official test) for
-    # every candidate k, in O(m^2) per matrix instead of forming A A:
-    # A is symmetric and non-negative, so A A is non-negative and column j
-    # of I - alpha A A has abs sum |1 - alpha (AA)_jj| + alpha sum_{i!=j}
-    # (AA)_ij, with (AA)_jj = sum_i A_ij^2 and sum_i (AA)_ij = (A (A 1))_j.
+    # column j of I - alpha A A (A symmetric, >= 0) has abs sum
+    # |1 - alpha (AA)_jj| + alpha sum_{i!=j} (AA)_ij: O(m^2), no A A
     colsum = torch.matmul(A, A.sum(-1, keepdim=True)).squeeze(-1)  # (..., m)
     diag = A.square().sum(-2)  # (..., m)
     off = (colsum - diag).clamp_min(0)
@@ -119,9 +96,26 @@ def nr_init_alpha(A: torch.Tensor,
     return alphas.gather(-1, first[..., None]).squeeze(-1)
 
 
+def nr_iteration_matrix(A: torch.Tensor, init: str) -> torch.Tensor:
+    """The matrix iterated on: A, or A + 0.01 I for ``'soft'`` (NeurIPS)."""
+    if init == 'soft':
+        m = A.shape[-1]
+        A = A + _SOFT_SHIFT * torch.eye(m, device=A.device, dtype=A.dtype)
+    return A
+
+
+def init_iteration(A: torch.Tensor,
+                   init: str) -> Tuple[torch.Tensor, torch.Tensor]:
+    """(matrix iterated on, alpha); alpha without autograd: both backward
+    passes hold it fixed."""
+    with torch.no_grad():
+        alpha = nr_init_alpha(A, init)
+    return nr_iteration_matrix(A, init), alpha
+
+
 def newton_iterate(A: torch.Tensor, V: torch.Tensor,
                    iters: int) -> torch.Tensor:
-    """A_{k+1} = 2 A_k - A_k A A_k, ``iters`` times (Eq. 10)."""
+    """V_{k+1} = 2 V_k - V_k A V_k, ``iters`` times (Eq. 10)."""
     shape = V.shape
     m = shape[-1]
     A3 = A.reshape(-1, m, m)
@@ -132,10 +126,16 @@ def newton_iterate(A: torch.Tensor, V: torch.Tensor,
     return V.reshape(shape)
 
 
+def newton_forward(A: torch.Tensor, iters: int, init: str) -> torch.Tensor:
+    """A_T by the iterations (autograd through them if A requires grad)."""
+    Aw, alpha = init_iteration(A, init)
+    return newton_iterate(Aw, alpha[..., None, None] * Aw, iters)
+
+
 def _scalar_iterate_impl(lam: torch.Tensor, alpha: torch.Tensor,
                          iters: int) -> torch.Tensor:
-    """f(l) = v_T: v_0 = alpha l, v_{k+1} = 2 v_k - v_k^2 l (Eq. 10 on the
-    eigenvalues l; ``alpha`` of shape ``lam.shape[:-1]``)."""
+    """v_T(l): v_0 = alpha l, v_{k+1} = 2 v_k - v_k^2 l (Eq. 10 on the
+    eigenvalues; ``alpha`` of shape ``lam.shape[:-1]``)."""
     v = alpha[..., None] * lam
     for _ in range(iters):
         v = 2 * v - v * v * lam
@@ -143,17 +143,9 @@ def _scalar_iterate_impl(lam: torch.Tensor, alpha: torch.Tensor,
 
 
 def _register_scalar_iterate():
-    """:func:`_scalar_iterate_impl` as the custom op
-    ``torch.ops.mmsoft.nr_scalar_iterate`` (torch >= 2.4), the same code.
-
-    Why: inductor (``torch.compile``) fuses the T pointwise steps into one
-    expression in which v_k appears three times per step, and analyses it
-    with v inlined: its compile time grows ~3^T (measured on this CPU: 2.6 s
-    at T = 4, 41 s at T = 8; the spectral path's T = 20 did not finish in
-    35 minutes). As an opaque op it runs eagerly inside the compiled graph
-    (still one graph; it is O(m) work next to the O(m^3) ``eigh``), with
-    results identical to eager.
-    """
+    """:func:`_scalar_iterate_impl` as the opaque custom op
+    ``torch.ops.mmsoft.nr_scalar_iterate`` (torch >= 2.4): inductor would
+    inline the T steps, compile time ~3^T (see the SOFT attention guide)."""
     custom_op = getattr(torch.library, 'custom_op', None)
     if custom_op is None:  # torch < 2.4: plain function
         return _scalar_iterate_impl
@@ -176,42 +168,7 @@ scalar_iterate = _register_scalar_iterate()
 
 def spectral_factors(A: torch.Tensor, alpha: torch.Tensor, iters: int
                      ) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """The NR iterations on the eigenvalues of the symmetric A.
-
-    Returns (U, v, l) with A = U diag(l) U^T and A_T = U diag(v) U^T: every
-    iterate is the same polynomial of A, so A_0 = alpha A becomes
-    v_0 = alpha l and Eq. (10) becomes v_{k+1} = 2 v_k - v_k^2 l.
-    """
+    """(U, v, l) with A = U diag(l) U^T and A_T = U diag(v) U^T: every
+    iterate is the same polynomial of A, so Eq. (10) acts on l alone."""
     lam, U = torch.linalg.eigh(A)
     return U, scalar_iterate(lam, alpha, iters), lam
-
-
-def nr_iteration_matrix(A: torch.Tensor, init: str) -> torch.Tensor:
-    """The matrix the Newton iterations run on: A itself, or A + 0.01 I for
-    the non-normalised ``'soft'`` rule (the official ``soft_*`` models)."""
-    if init == 'soft':
-        m = A.shape[-1]
-        A = A + _SOFT_SHIFT * torch.eye(m, device=A.device, dtype=A.dtype)
-    return A
-
-
-def init_iteration(A: torch.Tensor,
-                   init: str) -> Tuple[torch.Tensor, torch.Tensor]:
-    """(matrix the iterations run on, per-matrix alpha), alpha without
-    autograd (it is held fixed by both backward passes)."""
-    with torch.no_grad():
-        alpha = nr_init_alpha(A, init)
-    return nr_iteration_matrix(A, init), alpha
-
-
-def first_iterate(A: torch.Tensor,
-                  init: str) -> Tuple[torch.Tensor, torch.Tensor]:
-    """(matrix the iterations run on, A_0 = alpha * that matrix)."""
-    Aw, alpha = init_iteration(A, init)
-    return Aw, alpha[..., None, None] * Aw
-
-
-def newton_forward(A: torch.Tensor, iters: int, init: str) -> torch.Tensor:
-    """A_T by the iterations (autograd through them if A requires grad)."""
-    Aw, V = first_iterate(A, init)
-    return newton_iterate(Aw, V, iters)

@@ -1,15 +1,15 @@
-"""Deprecated (mmsoft <= 0.4): the Newton-Raphson inverse now lives by
-concern in :mod:`.nr_config`, :mod:`.nr_iteration`, :mod:`.nr_autograd` and
-:mod:`.nr_diagnostics`. The names below work for one more release;
+"""Deprecated (mmsoft <= 0.3): the Newton-Raphson inverse lives in
+:mod:`.nr_config`, :mod:`.nr_iteration`, :mod:`.nr_autograd` and
+:mod:`.nr_diagnostics`; these names work for one more release.
 ``newton_inverse`` / ``newton_inverse_apply`` warn: write
-``NRConfig(iters, init, method, backward).inverse(A, stats)`` / ``.apply(A,
-W, stats)``."""
+``NRConfig(iters, init, method, backward).inverse(A, stats)`` /
+``.apply(A, W, stats)``."""
 import warnings
 
 import torch  # noqa: F401 (pinv.torch, as before)
 
 from .nr_autograd import (NR_METHODS, SPECTRAL_MIN_M, NewtonInverse,
-                          NewtonInverseApply, resolve_method)
+                          resolve_method)
 from .nr_config import NR_BACKWARDS, NR_FIELDS, NRConfig, default_init
 from .nr_diagnostics import nr_residual, pinv_convergence
 from .nr_iteration import (INIT_ALIASES, INIT_MODES, canonical_init,
@@ -23,6 +23,16 @@ __all__ = [
     'nr_iteration_matrix', 'resolve_method'
 ]
 
+#: one Function now serves both (``apply(A, W, nr, stats)``)
+NewtonInverseApply = NewtonInverse
+
+
+def _deprecated(name: str, use: str) -> None:
+    warnings.warn(
+        f'{name} is deprecated; use NRConfig(...).{use}',
+        DeprecationWarning,
+        stacklevel=3)
+
 
 def newton_inverse(A,
                    iters=20,
@@ -31,11 +41,7 @@ def newton_inverse(A,
                    backward='eq16',
                    stats=None):
     """Deprecated: ``NRConfig(iters, init, method, backward).inverse(A)``."""
-    warnings.warn(
-        'newton_inverse is deprecated; use NRConfig(...).inverse'
-        '(A, stats)',
-        DeprecationWarning,
-        stacklevel=2)
+    _deprecated('newton_inverse', 'inverse(A, stats)')
     return NRConfig(iters, init, method, backward).inverse(A, stats)
 
 
@@ -47,9 +53,5 @@ def newton_inverse_apply(A,
                          backward='eq16',
                          stats=None):
     """Deprecated: ``NRConfig(iters, init, method, backward).apply(A, W)``."""
-    warnings.warn(
-        'newton_inverse_apply is deprecated; use NRConfig(...)'
-        '.apply(A, W, stats)',
-        DeprecationWarning,
-        stacklevel=2)
+    _deprecated('newton_inverse_apply', 'apply(A, W, stats)')
     return NRConfig(iters, init, method, backward).apply(A, W, stats)

@@ -1,24 +1,10 @@
 """Convolutions that stay correct where a CPU's half-precision kernel is not.
 
-On CPUs with AMX (Intel Sapphire Rapids and later), torch 2.14.1's oneDNN
-bfloat16 convolution returns wrong values for narrow convolutions such as
-SOFT's landmark sampler ``nn.Conv2d(C, C, k, stride=k)`` (relative error
-1.1-1.4 for (C, k) = (8, 8), (16, 4), (24, 8) ...): under CPU bf16 autocast
-the model silently computes another function. Which shapes fail depends on
-the CPU and oneDNN, so :func:`conv2d` checks instead of trusting: on the CPU
-in half precision the first call of each configuration runs a probe (the
-half and the float32 kernel on the same rounded random inputs); a relative
-error above :data:`PROBE_RTOL` (correct kernels: ~2e-3 bf16, ~2e-4 fp16)
-marks the configuration broken, which then runs in float32 and is cast
-back (reported once, :class:`HalfConvWarning`). Healthy kernels, other
-devices, float32 / float64 and export are untouched; under
-``torch.compile`` no probe runs (an unprobed configuration runs in float32).
-
-:class:`SafeConv2d` is ``nn.Conv2d`` with this forward (same parameters and
-state dict), used by every convolution of the SOFT backbone;
-:func:`guard_convs` converts the plain convolutions of a whole model (what
-:class:`~mmsoft.engine.optimizers.CPUAmpOptimWrapper` does before its
-first step).
+With AMX, torch 2.14.1's oneDNN bfloat16 convolution is wrong for narrow
+ones such as SOFT's sampler ``Conv2d(C, C, k, stride=k)``. :func:`conv2d`
+probes each CPU half-precision configuration once against float32; one
+above :data:`PROBE_RTOL` runs in float32 (:class:`HalfConvWarning`). Under
+``torch.compile`` no probe runs (an unprobed one runs in float32).
 """
 import collections
 import threading
@@ -33,31 +19,28 @@ from mmsoft.compat import autocast_dtype
 from .amp import autocast_off
 
 __all__ = [
-    'SafeConv2d', 'conv2d', 'guard_convs', 'half_conv_ok', 'half_dtype',
-    'PROBE_RTOL', 'HalfConvWarning'
+    'SafeConv2d', 'conv2d', 'guard_convs', 'half_dtype', 'PROBE_RTOL',
+    'HalfConvWarning'
 ]
 
-#: a half kernel whose relative L2 error against float32 (same rounded
-#: inputs) exceeds this is wrong: correct kernels measure ~2e-3 (bfloat16)
-#: and ~2e-4 (float16); the broken AMX kernel 1.1 .. 1.4
+#: the largest relative error of a correct half kernel (~2e-3 bfloat16,
+#: ~2e-4 float16; the AMX bug: 1.1 .. 1.4)
 PROBE_RTOL = {torch.bfloat16: 1e-2, torch.float16: 5e-3}
-
-#: the most configurations whose verdict is remembered (least recently
-#: used ones are probed again)
+#: verdicts remembered (least recently used ones are probed again)
 CACHE_SIZE = 1024
 
 _HALF = (torch.bfloat16, torch.float16)
 _verdicts: 'collections.OrderedDict[tuple, bool]' = collections.OrderedDict()
 _lock = threading.Lock()
+_compiling = getattr(getattr(torch, 'compiler', None), 'is_compiling',
+                     None) or torch._dynamo.is_compiling  # torch < 2.3
+#: the convolution checked (a test stands in a broken kernel)
+_raw_conv2d = F.conv2d
 
 
 class HalfConvWarning(UserWarning):
     """A half-precision convolution kernel of this CPU computes wrong
     values; mmsoft runs that convolution in float32."""
-
-
-_compiling = getattr(getattr(torch, 'compiler', None), 'is_compiling',
-                     None) or torch._dynamo.is_compiling  # torch < 2.3
 
 
 def half_dtype(x: torch.Tensor, weight: torch.Tensor) -> Optional[torch.dtype]:
@@ -78,12 +61,6 @@ def _pair(v):
     return tuple(v) if isinstance(v, (tuple, list)) else (v, v)
 
 
-def _key(dtype, in_shape, w_shape, stride, padding, dilation, groups):
-    return (dtype, tuple(in_shape), tuple(w_shape), _pair(stride),
-            padding if isinstance(padding, str) else _pair(padding),
-            _pair(dilation), int(groups))
-
-
 def _probe(key: tuple) -> Tuple[bool, float]:
     """(ok, relative error) of the half kernel of ``key`` on random
     inputs, against float32 on the same rounded inputs."""
@@ -100,22 +77,20 @@ def _probe(key: tuple) -> Tuple[bool, float]:
     return bool(err <= PROBE_RTOL[dtype]), err
 
 
-def half_conv_ok(dtype: torch.dtype, in_shape: Tuple[int, int, int],
-                 w_shape: Tuple[int, int, int, int], stride, padding, dilation,
-                 groups: int) -> bool:
-    """Whether this CPU's ``dtype`` convolution of one (C, H, W) input is
-    correct (probed once, then remembered; see the module docstring)."""
-    key = _key(dtype, in_shape, w_shape, stride, padding, dilation, groups)
+def _verdict(key: tuple) -> bool:
+    """Whether the half kernel of ``key`` is correct: probed once, then
+    remembered."""
     with _lock:
         if key in _verdicts:
             _verdicts.move_to_end(key)
             return _verdicts[key]
     ok, err = _probe(key)
     if not ok:
+        dtype, in_shape, w_shape, stride, _, _, groups = key
         warnings.warn(
             f'mmsoft: this CPU\'s {str(dtype)[6:]} convolution is wrong for '
-            f'weight {tuple(w_shape)}, stride {key[3]}, groups {groups} on '
-            f'a {tuple(in_shape)} input (relative error {err:.3g} against '
+            f'weight {w_shape}, stride {stride}, groups {groups} on '
+            f'a {in_shape} input (relative error {err:.3g} against '
             f'float32, a known oneDNN bug on CPUs with AMX); mmsoft runs '
             f'this convolution in float32 (correct, slower)',
             HalfConvWarning,
@@ -127,11 +102,6 @@ def half_conv_ok(dtype: torch.dtype, in_shape: Tuple[int, int, int],
     return ok
 
 
-#: the convolution that is checked (a module attribute, so that a test can
-#: stand in a broken kernel)
-_raw_conv2d = F.conv2d
-
-
 def conv2d(x: torch.Tensor,
            weight: torch.Tensor,
            bias: Optional[torch.Tensor] = None,
@@ -140,17 +110,14 @@ def conv2d(x: torch.Tensor,
            dilation=1,
            groups: int = 1) -> torch.Tensor:
     """``F.conv2d``, in float32 where this CPU's half kernel is wrong for
-    the configuration (see the module docstring)."""
+    the configuration."""
     dtype = half_dtype(x, weight)
-    if dtype is None:
-        return _raw_conv2d(x, weight, bias, stride, padding, dilation, groups)
-    key_args = (dtype, tuple(x.shape[1:]), tuple(weight.shape), stride,
-                padding, dilation, groups)
-    if _compiling():
-        ok = _verdicts.get(_key(*key_args), False)
-    else:
-        ok = half_conv_ok(*key_args)
-    if ok:
+    if dtype is not None:
+        key = (dtype, tuple(x.shape[1:]), tuple(weight.shape), _pair(stride),
+               padding if isinstance(padding, str) else _pair(padding),
+               _pair(dilation), int(groups))
+        ok = _verdicts.get(key, False) if _compiling() else _verdict(key)
+    if dtype is None or ok:
         return _raw_conv2d(x, weight, bias, stride, padding, dilation, groups)
     with autocast_off('cpu'):
         out = _raw_conv2d(x.float(), weight.float(),
@@ -160,9 +127,9 @@ def conv2d(x: torch.Tensor,
 
 
 class SafeConv2d(nn.Conv2d):
-    """``nn.Conv2d`` whose CPU half-precision forward is checked
+    """``nn.Conv2d`` with the checked CPU half-precision forward
     (:func:`~mmsoft.models.layers.safe_conv.conv2d`); the same parameters,
-    state-dict keys and results wherever the half kernel is correct."""
+    state dict and results wherever the half kernel is correct."""
 
     def _conv_forward(self, input: torch.Tensor, weight: torch.Tensor,
                       bias: Optional[torch.Tensor]) -> torch.Tensor:
@@ -173,9 +140,8 @@ class SafeConv2d(nn.Conv2d):
 
 
 def guard_convs(model: nn.Module) -> int:
-    """Make every plain ``nn.Conv2d`` of ``model`` a :class:`SafeConv2d`
-    in place (the same module object, parameters and state dict; only its
-    forward gains the check). Returns how many were converted."""
+    """Make every plain ``nn.Conv2d`` of ``model`` a :class:`SafeConv2d` in
+    place (same object, parameters and state dict); returns how many."""
     count = 0
     for module in model.modules():
         if type(module) is nn.Conv2d:
