@@ -1,13 +1,9 @@
-"""The frame every token mixer of a SOFT stage shares (SOFT and the zoo).
-
-The official SOFT layer wraps its attention in multi-head projections
-(``_split``: (B, h, n, d) heads), a per-head depthwise k x k convolution of
-the value tokens added to the output (``dw_kernel_size=0``: none) and the
-output projection ``proj``; Table 1 keeps them for every mixer. Subclasses
-build their projections, call :meth:`_build_output_layers` and implement
-``_mix(x, hw) -> (out (B, h, n, d), v_tokens (B, n, C) or None)`` and
-``_row(x, hw, i) -> (B, h, n)``, the weights with which query ``i`` mixes
-the value tokens (:meth:`attention_row`, for the attention maps tool).
+"""The frame every token mixer of a SOFT stage shares (SOFT and the zoo):
+multi-head projections, the official per-head depthwise k x k conv of V
+added to the output, and ``proj`` (Table 1 keeps them for every mixer).
+Subclasses build their projections, call :meth:`_build_output_layers` and
+implement ``_mix(x, hw) -> (out (B, h, n, d), v_tokens (B, n, C) | None)``
+and ``_row(x, hw, i) -> (B, h, n)``, query ``i``'s weights over V.
 """
 from typing import Optional, Sequence, Tuple, Union
 
@@ -83,13 +79,10 @@ class AttentionBase(nn.Module):
 
     def dw_conv_tokens(self, v: torch.Tensor, hw: Tuple[int,
                                                         int]) -> torch.Tensor:
-        """Per-head k x k conv of the (B, n, C) value tokens -> (B, n, C).
-
-        One channels-last depthwise conv over the C channels, head g's
-        filter repeated for its d channels: the same function as the
-        official (B*d, h, H, W) grouped conv, without its two permuted
-        copies, and several times faster on the CPU (forward and backward).
-        """
+        """Per-head k x k conv of the (B, n, C) value tokens: one
+        channels-last depthwise conv, head g's filter repeated for its d
+        channels (the official (B*d, h, H, W) grouped conv, without its
+        permuted copies)."""
         B, N, C = v.shape
         x = v.transpose(1, 2).reshape(B, C, *hw)  # a channels-last view
         w = self.dw_conv.weight.repeat_interleave(self.head_dims, 0)
