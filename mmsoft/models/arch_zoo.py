@@ -15,9 +15,8 @@ def _arch(embed_dims, num_heads, depths):
     return dict(embed_dims=embed_dims, num_heads=num_heads, depths=depths)
 
 
-#: presets under their names and aliases, as Swin's ``arch_zoo`` (an alias
-#: maps to the same dict); ``'small-official'`` has the depths [1, 3, 20, 4]
-#: of the authors' ``soft_small`` weights
+#: presets and aliases (one dict each, as Swin's ``arch_zoo``);
+#: ``'small-official'``: the depths of the authors' ``soft_small`` weights
 ARCH_ZOO = {
     **dict.fromkeys(['tiny', 't'],
                     _arch([64, 128, 320, 512], [2, 4, 10, 16], [1, 2, 3, 2])),

@@ -1,11 +1,6 @@
-"""The SOFT backbone (NeurIPS 2021 Table 2, IJCV 2024 Table 2).
-
-A pyramid of four stages at strides 4 / 8 / 16 / 32: three
-:class:`SOFTStage` (the ``attn_cfg`` token mixer, SOFT by default) and one
-:class:`ClsTokenStage` (softmax attention with a cls token). Each stage is
-built from the config the backbone computes, with the user's ``stage_cfgs``
-merged over it (as mmpretrain's Swin).
-"""
+"""The SOFT backbone (NeurIPS 2021 Table 2, IJCV 2024 Table 2): three
+:class:`SOFTStage` and a :class:`ClsTokenStage` at strides 4 to 32, each
+built from its computed config with ``stage_cfgs`` merged over it (Swin)."""
 import copy
 import math
 from typing import Dict, List, Mapping, Optional, Sequence, Tuple, Union
@@ -31,13 +26,10 @@ __all__ = ['SOFT', 'PyramidStage', 'SOFTStage', 'ClsTokenStage']
 
 
 class PyramidStage(nn.Module):
-    """One pyramid level: patch embedding, the cls token (if any), the
-    position embedding (a ``pos_grid`` x ``pos_grid`` grid, bilinearly
-    resized to the input), blocks and ``norm``.
-
-    ``forward`` maps the (B, C_in, H, W) input to this level's
-    (B, C, H', W') map and the (B, C) cls token (None without one).
-    """
+    """One pyramid level: patch embedding, cls token (if any), position
+    embedding (``pos_grid`` squared, resized to the input), blocks, norm.
+    ``forward``: (B, C_in, H, W) -> (B, C, H', W') and the (B, C) cls token
+    (None without one)."""
 
     def __init__(self,
                  in_channels: int,
@@ -93,10 +85,8 @@ class PyramidStage(nn.Module):
 
 
 class SOFTStage(PyramidStage):
-    """Stages 1-3: ``depth`` post-norm :class:`SOFTBlock` around the token
-    mixer ``attn_cfg``; ``drop_path_rates`` has one rate per block; the
-    other arguments are :class:`SOFTBlock`'s and, in ``**kwargs``,
-    :class:`PyramidStage`'s."""
+    """Stages 1-3: ``depth`` :class:`SOFTBlock` (``drop_path_rates``: one
+    per block; ``**kwargs``: :class:`PyramidStage`'s arguments)."""
 
     def __init__(self,
                  embed_dims: int,
@@ -120,9 +110,8 @@ class SOFTStage(PyramidStage):
 
 
 class ClsTokenStage(PyramidStage):
-    """Stage 4 ("sp. 1x1, w. cls token"): a cls token, ``depth`` pre-norm
-    :class:`SoftmaxBlock` and a final ``norm`` (``norm_cfg``, default
-    ``dict(type='LN', eps=1e-6)``); arguments as :class:`SOFTStage`."""
+    """Stage 4 ("sp. 1x1, w. cls token"): a cls token, ``depth``
+    :class:`SoftmaxBlock` and a final ``norm`` (default LN, eps 1e-6)."""
 
     def __init__(self,
                  embed_dims: int,
@@ -159,32 +148,27 @@ class SOFT(BaseModule):
     """SOFT: softmax-free vision transformer with a 4-stage pyramid.
 
     Args:
-        arch (str | dict): a preset of :attr:`arch_zoo` (``'tiny'`` ...
-            ``'huge'``, aliases ``'t'`` ... ``'h'``; ``'small-official'``:
-            the authors' ``soft_small`` depths [1, 3, 20, 4]) or a dict of
+        arch (str | dict): a preset of :attr:`arch_zoo` (``'tiny'``,
+            ``'small'`` ... ``'huge'``, ``'small-official'``) or a dict of
             ``embed_dims``, ``num_heads``, ``depths`` and optionally the
             :attr:`arch_defaults` keys, 4 entries each. Default: 'tiny'.
         attn_cfg (dict | list[dict | None]): the token mixer of stages 1-3
             (:data:`mmsoft.registry.ATTENTIONS`), one dict or four, the 4th
-            None. Default: ``dict(type='SOFTAttention')`` (IJCV
-            ``soft_norm_*``; ``attn_norm=False``: NeurIPS ``soft_*``).
+            None. Default: ``dict(type='SOFTAttention')``.
         in_channels (int): image channels. Default: 3.
         out_indices (int | Sequence[int]): stages to return. Default: all.
-        out_type (str): ``'featmap'`` (B, C, H/s, W/s) maps or
-            ``'cls_token'`` (stage 4 returns its normalised (B, C) cls
-            token). Default: 'featmap'.
+        out_type (str): ``'featmap'`` or ``'cls_token'`` (stage 4 returns
+            its normalised cls token). Default: 'featmap'.
         pretrain_img_size (int): the size of the learned position
             embeddings (resized to any input). Default: 224.
         qkv_bias (bool): biases of the q / k / v projections. Default: True.
         drop_rate (float): dropout after the position embeddings and in the
             stage-4 attention / MLP. Default: 0.
-        attn_drop_rate (float): dropout of the stage-4 attention weights.
-            Default: 0.
+        attn_drop_rate (float): stage-4 attention dropout. Default: 0.
         drop_path_rate (float): stochastic depth, rising linearly from 0
             over the blocks. Default: 0.
         residual_drop (str): how stages 1-3 apply it: ``'drop_path'`` or
-            ``'dropout'`` (element-wise, the official recipe); dropouts act
-            in training mode only. Default: 'drop_path'.
+            ``'dropout'`` (the official recipe). Default: 'drop_path'.
         norm_cfg (dict | list[dict], optional): block norms, one dict or
             four (None: ``LN``; stage 4 ``LN`` with eps 1e-6).
         act_cfg (dict | list[dict], optional): FFN activations, as
@@ -192,8 +176,7 @@ class SOFT(BaseModule):
         patch_norm_cfg (dict, optional): norm of the patch-embedding convs
             (None: ``BN``); ``patch_act_cfg`` their activation (ReLU).
         frozen_stages (int): -1 none; 0 the stem (``stages.0.patch_embed``
-            and ``stages.0.pos_embed``); k >= 1 stages 1..k: no gradients,
-            eval mode. Default: -1.
+            and ``stages.0.pos_embed``); k >= 1 stages 1..k. Default: -1.
         norm_eval (bool): keep the BatchNorms in eval mode. Default: False.
         with_cp (bool): gradient checkpointing of the blocks. Default: False.
         stage_cfgs (dict | Sequence[dict]): merged over the computed
@@ -214,8 +197,7 @@ class SOFT(BaseModule):
 
     _version = 3
 
-    #: presets under their names and aliases (:mod:`mmsoft.models.arch_zoo`)
-    arch_zoo = ARCH_ZOO
+    arch_zoo = ARCH_ZOO  # presets and aliases (mmsoft.models.arch_zoo)
     arch_defaults = ARCH_DEFAULTS
     num_stages = NUM_STAGES
     #: the stage type of each pyramid level (keys of :data:`STAGE_TYPES`)
@@ -271,10 +253,9 @@ class SOFT(BaseModule):
         self.out_indices = self._parse_out_indices(out_indices)
 
         norm_cfgs = _per_stage('norm_cfg', norm_cfg, n)
+        single = norm_cfg is None or isinstance(norm_cfg, Mapping)
         for i, cfg in enumerate(norm_cfgs):
-            check_norm_cfg(
-                'norm_cfg'
-                if isinstance(norm_cfg, Mapping) else f'norm_cfg[{i}]', cfg)
+            check_norm_cfg('norm_cfg' if single else f'norm_cfg[{i}]', cfg)
         check_norm_cfg('patch_norm_cfg', patch_norm_cfg)
         act_cfgs = _per_stage('act_cfg', act_cfg, n)
         attn_cfgs = self._parse_attn_cfg(attn_cfg)
@@ -316,11 +297,10 @@ class SOFT(BaseModule):
             self.stages.append(stage)
         self._freeze_stages()
 
-    # ------------------------------------------------------------ options
     @classmethod
     def check_legacy_options(cls, legacy: Dict) -> None:
-        """A ``TypeError`` for unknown options; for those of mmsoft 0.1, it
-        gives the ``attn_cfg`` to write instead."""
+        """A ``TypeError`` naming unknown options (for mmsoft 0.1's, the
+        ``attn_cfg`` to write)."""
         if not legacy:
             return
         unknown = sorted(set(legacy) - set(cls.LEGACY_ATTN_ARGS))
@@ -337,27 +317,25 @@ class SOFT(BaseModule):
 
     def _soft_only(self, name: str, arg: str, values: Sequence, example: str,
                    error: type) -> None:
-        """``values`` of a setting only the SOFT stages take (``arg``): one
-        per stage, None at the others."""
+        """A setting of the SOFT stages: four values, None at the others."""
         n, kinds = self.num_stages, self.stage_types
-        takes = [k == 'SOFTStage' for k in kinds]
-        if len(values) == sum(takes) != n:
-            i = takes.index(False)
+        others = [i for i, k in enumerate(kinds) if k != 'SOFTStage']
+        if len(values) == n - len(others) != n:
+            i = others[0]
             raise error(f'SOFT {name} has {len(values)} entries; give {n}, '
                         f'one per stage, with None for stage {i + 1} (a '
                         f'{kinds[i]}, which takes no {arg}): {example}')
         if len(values) != n:
             raise error(f'SOFT {name} must be a list of {n} values (one '
                         f'per stage), got {values!r}')
-        for i, (t, v) in enumerate(zip(takes, values)):
-            if not t and v is not None:
+        for i in others:
+            if values[i] is not None:
                 raise error(f'SOFT {name}[{i}] must be None: stage {i + 1} '
                             f'is a {kinds[i]}, which takes no {arg}; got '
-                            f'{v!r}')
+                            f'{values[i]!r}')
 
     def _parse_arch(self, arch) -> Dict:
-        """The settings of ``arch`` (a preset or a dict), checked, with
-        :attr:`arch_defaults` filled in."""
+        """The checked settings of ``arch``, with :attr:`arch_defaults`."""
         required = ('embed_dims', 'num_heads', 'depths')
         valid = ', '.join([*required, *self.arch_defaults])
         if isinstance(arch, str):
@@ -409,8 +387,7 @@ class SOFT(BaseModule):
         return a
 
     def _parse_out_indices(self, out_indices) -> Tuple[int, ...]:
-        """Sorted, unique stage indices (negative ones count from the
-        end)."""
+        """Sorted, unique stage indices (negative: from the end)."""
         n = self.num_stages
         out_indices = [out_indices] if isinstance(out_indices, int) \
             else list(out_indices)
@@ -425,33 +402,29 @@ class SOFT(BaseModule):
 
     def _parse_attn_cfg(self, attn_cfg) -> List[Optional[Dict]]:
         """One attention config per SOFT stage, None for the others."""
-        n, kinds = self.num_stages, self.stage_types
         if attn_cfg is None:
             attn_cfg = dict(type='SOFTAttention')
         if isinstance(attn_cfg, (list, tuple)):
             self._soft_only('attn_cfg', 'attn_cfg', attn_cfg,
                             f'attn_cfg=[<your {len(attn_cfg)} dicts>, None]',
                             TypeError)
-        attn_cfg = _per_stage('attn_cfg', attn_cfg, n)
-        for i, (kind, c) in enumerate(zip(kinds, attn_cfg)):
-            if kind == 'SOFTStage' and c is None:
+        cfgs = _per_stage('attn_cfg', attn_cfg, self.num_stages)
+        for i, kind in enumerate(self.stage_types):
+            if kind == 'SOFTStage' and cfgs[i] is None:
                 raise TypeError(f'SOFT: attn_cfg[{i}] is None, but stage '
                                 f'{i + 1} ({kind}) needs an attention dict')
-        return [
-            dict(c) if k == 'SOFTStage' else None
-            for k, c in zip(kinds, attn_cfg)
-        ]
+            cfgs[i] = dict(cfgs[i]) if kind == 'SOFTStage' else None
+        return cfgs
 
     def _merge_stage_cfgs(self, stage_cfgs) -> None:
-        """Merge the user's ``stage_cfgs`` over :attr:`stage_cfgs`: one
-        dict for all stages (each takes the keys its type has) or a list of
-        one dict per stage (every key a setting of its type)."""
+        """Merge the user's ``stage_cfgs`` (one dict for all stages, or one
+        per stage) over :attr:`stage_cfgs`."""
         n, cfgs = self.num_stages, self.stage_cfgs
         if isinstance(stage_cfgs, Mapping):
             checks = [('stage_cfgs', stage_cfgs, cfgs)]
             users = [{
-                k: v
-                for k, v in stage_cfgs.items() if k in c
+                k: stage_cfgs[k]
+                for k in c if k in stage_cfgs
             } for c in cfgs]
         elif isinstance(stage_cfgs, (list, tuple)) and \
                 len(stage_cfgs) == n and \
@@ -497,11 +470,8 @@ class SOFT(BaseModule):
         """Channels of each requested output (for necks' in_channels)."""
         return [self.embed_dims[i] for i in self.out_indices]
 
-    # ------------------------------------------------------- checkpoints
     @classmethod
-    def upgrade_state_dict(cls,
-                           state_dict: Mapping,
-                           prefix: str = '') -> 'Dict':
+    def upgrade_state_dict(cls, state_dict: Mapping, prefix: str = '') -> Dict:
         """Version-1 and -2 keys under ``prefix`` renamed to version 3
         (``stages.0.blocks.1.*``, mmcv FFN ``ffn.layers.0.0.*``)."""
         return upgrade_legacy_state_dict(state_dict, prefix, cls.num_stages)
@@ -519,10 +489,9 @@ class SOFT(BaseModule):
                                       error_msgs)
 
     def init_weights(self):
-        """The official initialisation (truncated normal 0.02 for linear
-        layers and embeddings), then ``init_cfg``: ``Pretrained`` loads any
-        layout strictly (:func:`mmsoft.models.loading.pretrained_init_cfg`;
-        ``checkpoint=None``: no weights yet)."""
+        """The official init (truncated normal 0.02), then ``init_cfg``:
+        ``Pretrained`` loads any layout strictly (``checkpoint=None``: no
+        weights yet; :func:`mmsoft.models.loading.pretrained_init_cfg`)."""
         if self.is_init:  # mmengine warns and does nothing
             return super().init_weights()
         self.init_cfg, loads_all = pretrained_init_cfg(self.init_cfg)
@@ -587,8 +556,7 @@ class SOFT(BaseModule):
         return tuple(outs)
 
     def _empty_outputs(self, x: torch.Tensor) -> Tuple[torch.Tensor, ...]:
-        """Outputs of an empty batch: each patch-embedding conv (k 3, p 1,
-        stride 2; the stem's middle one 1) gives ceil(H_prev / 2) rows."""
+        """Outputs of an empty batch: ceil(H / 2) rows per stride-2 conv."""
         H, W = x.shape[2:]
         outs = []
         for i, cfg in enumerate(self.stage_cfgs):
@@ -601,7 +569,6 @@ class SOFT(BaseModule):
                 outs.append(x.new_zeros((0, C) if cls else (0, C, H, W)))
         return tuple(outs)
 
-    # ----------------------------------------------------- NR diagnostics
     def set_nr_diagnostics(self, enabled: bool = True) -> None:
         """Switch the NR convergence recording of every SOFT attention."""
         for m in self.modules():
@@ -612,11 +579,10 @@ class SOFT(BaseModule):
 
     @torch.no_grad()
     def nr_stats(self) -> Dict[str, Dict[str, float]]:
-        """NR convergence of the last forward, per SOFT stage:
-        ``{'stage1': {'residual': ..., 'unconverged': ...}, ...}``, the
-        largest ||A A_T A - A||_2 / ||A||_2 (paper Fig. 4) and fraction of
-        A's rank with ``|1 - l v_T(l)| > 0.5`` over the stage's matrices.
-        Empty unless :meth:`set_nr_diagnostics` is on."""
+        """Per SOFT stage, the largest ``residual`` ||A A_T A - A||_2 /
+        ||A||_2 (Fig. 4) and ``unconverged`` fraction of A's rank (``|1 - l
+        v_T(l)| > 0.5``) of the last forward, with :meth:`set_nr_diagnostics`
+        on: ``{'stage1': {'residual': ..., 'unconverged': ...}, ...}``."""
         out: Dict[str, Dict[str, float]] = {}
         for i, stage in enumerate(self.stages):
             per_key: Dict[str, List[torch.Tensor]] = {}
@@ -631,8 +597,7 @@ class SOFT(BaseModule):
         return out
 
 
-#: the stage settings that come from ``arch`` or the backbone, not from
-#: ``stage_cfgs``
+#: the stage settings that ``arch`` or the backbone sets, not stage_cfgs
 _FROM_ARCH = dict(
     type='the stage types',
     in_channels='the previous stage',
@@ -643,8 +608,7 @@ _FROM_ARCH = dict(
 
 
 def _per_stage(name: str, value, n: int) -> List[Optional[Dict]]:
-    """One config (or None: the stage default) per stage, from one dict /
-    None for all stages or a list of ``n``."""
+    """One config (None: the default) per stage from one or ``n``."""
     if value is None or isinstance(value, Mapping):
         value = [value] * n
     elif not (isinstance(value, (list, tuple)) and len(value) == n
@@ -655,8 +619,7 @@ def _per_stage(name: str, value, n: int) -> List[Optional[Dict]]:
 
 
 def _one_value_per_channel(i: int, x: torch.Tensor) -> str:
-    """BatchNorm's "Expected more than 1 value per channel" in stage ``i``
-    (input ``x``): the cause and the fixes."""
+    """BatchNorm's "Expected more than 1 value per channel", explained."""
     B, _, H, W = x.shape
     stride = 4 if i == 0 else 2
     h, w = -(-H // stride), -(-W // stride)

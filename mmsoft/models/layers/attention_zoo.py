@@ -1,14 +1,7 @@
-"""The token mixer of a SOFT stage from its ``attn_cfg``.
-
-``attn_cfg=dict(type=..., **options)`` is built from
-:data:`mmsoft.registry.ATTENTIONS` (the types are listed in
-``docs/en/advanced_guides/attention_zoo.md``) as ``cls(embed_dims,
-num_heads, sampling_ratio, dw_kernel_size, qkv_bias, **options)``, the
-first five fixed by the stage; options the type does not take are errors.
-The ``nr_iters``, ``nr_init``, ``nr_method`` and ``nr_backward`` keys of a
-SOFT attention are folded into its ``nr`` argument
-(:class:`~mmsoft.models.layers.nr_config.NRConfig`) here, and only here.
-"""
+"""The token mixer of a SOFT stage from its ``attn_cfg``: ``dict(type=...,
+**options)`` of :data:`mmsoft.registry.ATTENTIONS` (listed in
+docs/en/advanced_guides/attention_zoo.md), built as ``cls(embed_dims,
+num_heads, sampling_ratio, dw_kernel_size, qkv_bias, **options)``."""
 from typing import List
 
 import torch.nn as nn

@@ -1,11 +1,6 @@
-"""The blocks and patch embeddings of SOFT (Table 2), of mmcv bricks.
-
-* :class:`SOFTBlock` (stages 1-3): post-norm layers around the ``attn_cfg``
-  token mixer and a 2-layer FFN, as the official model has them;
-* :class:`SoftmaxBlock` (stage 4): a pre-norm ViT block;
-* :class:`ConvPatchEmbed`: the C33-BN-ReLU stem and the C31-BN-ReLU
-  down-sampling between stages.
-"""
+"""SOFT's blocks and patch embeddings (Table 2) from mmcv bricks: the
+post-norm :class:`SOFTBlock` (stages 1-3), the pre-norm ViT
+:class:`SoftmaxBlock` (stage 4) and :class:`ConvPatchEmbed`."""
 import functools
 import types
 import warnings
@@ -29,10 +24,8 @@ RESIDUAL_DROPS = ('drop_path', 'dropout')
 
 @functools.lru_cache(maxsize=None)
 def mmcv_bricks() -> types.SimpleNamespace:
-    """mmcv's ``ConvModule``, ``FFN``, ``build_norm_layer`` and
-    ``build_dropout``, imported at the first build (``import mmsoft`` stays
-    free of mmcv), without the ``ImportWarning`` of mmcv's transformer
-    module (about ``MultiScaleDeformableAttention``)."""
+    """mmcv's bricks, imported at the first build (``import mmsoft`` stays
+    free of mmcv) without mmcv.cnn's ``ImportWarning``."""
     with warnings.catch_warnings():
         warnings.simplefilter('ignore', ImportWarning)
         from mmcv.cnn import ConvModule, build_norm_layer
@@ -88,10 +81,9 @@ def residual_drop_cfg(rate: float,
 
 
 class ConvPatchEmbed(nn.Module):
-    """Overlapping conv tokenizer of ``ConvModule`` (3x3 conv with bias,
-    ``norm_cfg``, ``act_cfg``): the stem (``stem=True``, strides 2, 1, 2,
-    32 hidden channels) or one layer of stride 2. The convs keep PyTorch's
-    default initialisation (the official model's)."""
+    """3x3 ``ConvModule`` layers (conv with bias, norm, act): the C33 stem
+    (strides 2, 1, 2; ``stem_channels``) or one C31 of stride 2, with
+    PyTorch's default conv initialisation (the official model's)."""
 
     def __init__(self,
                  in_channels: int,
@@ -109,23 +101,18 @@ class ConvPatchEmbed(nn.Module):
                     (stem_channels, embed_dims, 2)]
         else:
             plan = [(in_channels, embed_dims, 2)]
-        layers = []
+        layers, kw = [], dict(
+            bias=True,
+            conv_cfg=dict(type=SafeConv2d),
+            norm_cfg=norm_cfg,
+            act_cfg=act_cfg)
         for cin, cout, stride in plan:
             # ConvModule's Kaiming init on a forked RNG: reset_parameters
             # draws the default init from the stream an nn.Conv2d would
             with warnings.catch_warnings(), torch.random.fork_rng(devices=[]):
                 warnings.filterwarnings('ignore', 'Unnecessary conv bias',
                                         UserWarning)
-                layer = mmcv_bricks().ConvModule(
-                    cin,
-                    cout,
-                    3,
-                    stride,
-                    1,
-                    bias=True,
-                    conv_cfg=dict(type=SafeConv2d),
-                    norm_cfg=norm_cfg,
-                    act_cfg=act_cfg)
+                layer = mmcv_bricks().ConvModule(cin, cout, 3, stride, 1, **kw)
             layer.conv.reset_parameters()
             layers.append(layer)
         self.proj = nn.Sequential(*layers)
@@ -137,8 +124,7 @@ class ConvPatchEmbed(nn.Module):
 
 def _ffn(embed_dims: int, mlp_ratio: float, act_cfg: Dict, drop: float,
          residual: Optional[Dict]) -> nn.Module:
-    """mmcv ``FFN``: fc1, act, dropout, fc2, dropout, + the identity
-    through the residual drop ``residual``."""
+    """mmcv ``FFN``: fc1, act, fc2 (dropouts ``drop``), + the identity."""
     return mmcv_bricks().FFN(
         embed_dims=embed_dims,
         feedforward_channels=int(embed_dims * mlp_ratio),
@@ -154,14 +140,10 @@ def _drop(cfg: Optional[Dict]) -> nn.Module:
 
 
 class SOFTBlock(nn.Module):
-    """Post-norm SOFT layer: x = LN(x + drop(Attn(x))); x = LN(x +
-    drop(FFN(x))).
-
-    ``embed_dims`` ... ``qkv_bias`` are given to the attention ``attn_cfg``
-    (default ``dict(type='SOFTAttention')``); ``residual_drop`` applies
-    ``drop_path_rate`` as ``'drop_path'`` or ``'dropout'``; ``norm_cfg``
-    defaults to ``LN``, ``act_cfg`` to the official tanh GELU.
-    """
+    """Post-norm: x = LN(x + drop(Attn(x))); x = LN(x + drop(FFN(x))).
+    ``embed_dims`` ... ``qkv_bias`` go to the ``attn_cfg`` attention;
+    ``residual_drop``: ``'drop_path'`` or ``'dropout'`` of
+    ``drop_path_rate``; defaults: LN, the official tanh GELU."""
 
     def __init__(self,
                  embed_dims: int,
@@ -229,13 +211,9 @@ class SoftmaxAttention(nn.Module):
 
 
 class SoftmaxBlock(nn.Module):
-    """Pre-norm ViT block: x += DP(Attn(LN(x))); x += DP(MLP(LN(x))).
-
-    ``drop_rate``: dropout after the attention projection and in the MLP;
-    ``attn_drop_rate``: on the attention weights; ``drop_path_rate``: DP.
-    ``norm_cfg`` defaults to ``LN`` with eps 1e-6, ``act_cfg`` to GELU (the
-    official stage 4).
-    """
+    """Pre-norm: x += DP(Attn(LN(x))); x += DP(MLP(LN(x))). ``drop_rate``
+    after the attention projection and in the MLP, ``attn_drop_rate`` on
+    the attention weights; defaults: LN with eps 1e-6, GELU."""
 
     def __init__(self,
                  embed_dims: int,

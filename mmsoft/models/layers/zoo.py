@@ -35,9 +35,8 @@ def spread_to_tokens(w: torch.Tensor,
                      max_landmarks: Optional[int] = None,
                      landmark_hw: Optional[Tuple[int,
                                                  int]] = None) -> torch.Tensor:
-    """``w`` (..., m) over the reduced tokens -> (..., n = H*W): the
-    transpose of :func:`reduce_map`'s pooling (token gets ``w_j / |cell
-    j|``; the total is kept, tokens outside every cell get 0)."""
+    """``w`` (..., m) on the reduced tokens -> (..., H*W) by the transpose
+    of :func:`reduce_map`'s pooling (``w_j / |cell j|`` per token)."""
     lead = w.shape[:-1]
     H, W = hw
     z = torch.zeros(
@@ -57,9 +56,8 @@ def spread_to_tokens(w: torch.Tensor,
 
 
 class ZooAttention(AttentionBase):
-    """q / k / v projections (biases: ``qkv_bias``) on
-    :class:`~mmsoft.models.layers.AttentionBase`; subclasses take these
-    stage arguments as ``*args, **kwargs``, their options by keyword."""
+    """q / k / v projections on :class:`AttentionBase`; subclasses take
+    these stage arguments as ``*args, **kwargs``."""
 
     def __init__(self,
                  embed_dims: int,
@@ -76,9 +74,8 @@ class ZooAttention(AttentionBase):
 
 
 class ReducedGridAttention(ZooAttention):
-    """A zoo attention over the m cells (r x r, r = the sampling ratio)
-    of SOFT's bottleneck grid (:func:`~mmsoft.models.layers.reduce_map`);
-    ``max_landmarks`` caps m, ``landmark_hw`` fixes the grid (gh, gw)."""
+    """Over the m r x r cells of SOFT's bottleneck grid (:func:`reduce_map`;
+    ``max_landmarks`` caps m, ``landmark_hw`` fixes the grid (gh, gw))."""
 
     def __init__(self,
                  *args,
@@ -200,25 +197,20 @@ def favor_features(x: torch.Tensor, w: torch.Tensor,
     a factor that cancels in D^-1."""
     proj = x @ w.to(x.dtype).t()  # (B, h, n, M)
     proj = proj - 0.5 * x.square().sum(-1, keepdim=True)
-    if is_query:
-        shift = proj.amax(-1, keepdim=True)
-    else:
-        shift = proj.amax((-2, -1), keepdim=True)
+    shift = proj.amax(-1 if is_query else (-2, -1), keepdim=True)
     return torch.exp(proj - shift.detach()) / math.sqrt(w.shape[0])
 
 
 @ATTENTIONS.register_module(name=['PerformerAttention', 'performer'])
 class PerformerAttention(ZooAttention):
-    """Performer (Choromanski et al., ICLR 2021), FAVOR+ with positive
-    orthogonal random features; with q' = q / d^(1/4)::
+    """Performer (Choromanski et al., ICLR 2021), FAVOR+; q' = q / d^(1/4)::
 
         phi(x) = exp(W x - |x|^2 / 2) / sqrt(M)        (W: M x d)
         out = D^-1 phi(Q') (phi(K')^T V),  D = diag(phi(Q') phi(K')^T 1_n)
 
-    in O(n M d). W (the buffer ``features``): blocks of d orthogonal rows
-    with chi(d) norms; ``num_features`` M per head (None: ``max(16,
-    round(d ln d))``); ``redraw()`` draws new ones, every
-    ``redraw_interval`` training forwards if > 0. ``eps`` is added to D.
+    W (buffer ``features``, :func:`orthogonal_gaussian`): ``num_features``
+    M rows (None: ``max(16, round(d ln d))``), drawn again by ``redraw()``
+    (every ``redraw_interval`` training forwards if > 0).
     """
 
     def __init__(self,
@@ -247,8 +239,8 @@ class PerformerAttention(ZooAttention):
         s = self.head_dims**-0.25
         q = self._split(self.q(x)) * s
         k = self._split(self.k(x)) * s
-        return (favor_features(q, self.features,
-                               True), favor_features(k, self.features, False))
+        w = self.features
+        return favor_features(q, w, True), favor_features(k, w, False)
 
     def _mix(self, x: torch.Tensor, hw: Tuple[int, int]):
         if self.training and self.redraw_interval > 0:
@@ -318,7 +310,7 @@ class NystromformerAttention(ReducedGridAttention):
         return tm.flatten(2).transpose(1, 2).reshape(B, h, -1, d)
 
     def _kernels(self, x: torch.Tensor, hw: Tuple[int, int]):
-        """F (B,h,n,m), A^+ (B,h,m,m) in float32, B-side pieces."""
+        """F (B, h, n, m), A^+ (B, h, m, m) in float32+, B (B, h, m, n)."""
         q = self._split(self.q(x))
         k = self._split(self.k(x))
         ql, kl = self._landmarks(q, hw), self._landmarks(k, hw)
