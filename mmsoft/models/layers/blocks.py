@@ -55,7 +55,7 @@ def check_norm_cfg(name: str, cfg: Optional[Dict]) -> None:
             return
     bases = (nn.modules.batchnorm._NormBase, nn.GroupNorm, nn.LayerNorm,
              nn.LocalResponseNorm)
-    known = sorted(name for name, cls in MODELS.module_dict.items()
+    known = sorted(key for key, cls in MODELS.module_dict.items()
                    if isinstance(cls, type) and (issubclass(cls, bases) or (
                        issubclass(cls, nn.Module) and 'Norm' in cls.__name__)))
     raise KeyError(f'SOFT: {name} has type {cfg["type"]!r}, which is not a '
