@@ -1,11 +1,6 @@
-"""The SOFT architectures (NeurIPS 2021 Table 2, IJCV 2024 Table 2) as data.
-
-A neutral module (it imports nothing of mmsoft): the backbone
-(:attr:`mmsoft.models.SOFT.arch_zoo`, :attr:`~mmsoft.models.SOFT.arch_defaults`
-refer to these dicts, the mmpretrain convention) and the checkpoint
-converters (:mod:`mmsoft.models.converters`, which must not import the
-backbone) read the same presets.
-"""
+"""The SOFT architectures (NeurIPS 2021 Table 2, IJCV 2024 Table 2) as
+data, read by the backbone (:attr:`mmsoft.models.SOFT.arch_zoo`) and the
+converters (which must not import the backbone)."""
 
 __all__ = [
     'ARCH_ZOO', 'ARCH_DEFAULTS', 'NUM_STAGES', 'OFFICIAL_FILES',
@@ -20,9 +15,8 @@ def _arch(embed_dims, num_heads, depths):
     return dict(embed_dims=embed_dims, num_heads=num_heads, depths=depths)
 
 
-#: presets under their names and aliases, as Swin's ``arch_zoo`` (an alias
-#: maps to the same dict); ``'small-official'`` has the depths [1, 3, 20, 4]
-#: of the authors' ``soft_small`` weights
+#: presets and aliases (one dict each, as Swin's ``arch_zoo``);
+#: ``'small-official'``: the depths of the authors' ``soft_small`` weights
 ARCH_ZOO = {
     **dict.fromkeys(['tiny', 't'],
                     _arch([64, 128, 320, 512], [2, 4, 10, 16], [1, 2, 3, 2])),
@@ -46,18 +40,12 @@ ARCH_DEFAULTS = dict(
 
 #: where the authors publish their ImageNet-1k files (README, Main results)
 OFFICIAL_PAGE = 'https://github.com/fudan-zvg/SOFT#main-results'
-#: The authors' ImageNet-1k models, one source for the docs' table
-#: (docs/gen_tables.py reads this literal), the paper configs' checkpoints
-#: (tests/test_configs/test_official_files.py checks every entry against
-#: the configs, the presets and a strict load) and the message of a missing
-#: file. ``link``: the file's link text in the README, None where no file is
-#: published; ``readme``: the README's parameter count; ``arch``: the preset
-#: the paper configs load it into (``depths`` / ``params``, millions, with
-#: the 1000-class head); ``code_arch``: the preset, depths and params of the
-#: authors' model function where it differs (``soft_small`` /
-#: ``soft_norm_small``: which of the two a released file holds is only known
-#: from the file, and the loader names it);
-#: ``configs``: the paper configs that expect this file.
+#: The authors' ImageNet-1k models (docs/gen_tables.py reads this literal;
+#: tests/test_configs/test_official_files.py checks it). ``link``: the
+#: README's link text (None: no file published); ``readme``: its parameter
+#: count; ``arch`` / ``depths`` / ``params`` (millions, 1000 classes): the
+#: preset the paper ``configs`` load it into; ``code_arch``: the authors'
+#: model function's preset, depths and params where they differ.
 # yapf: disable
 OFFICIAL_FILES = {
     'soft_tiny': {

@@ -181,10 +181,8 @@ MUTATIONS = (
     M(name='final_norm_skipped',
       what='stage 4: the final LayerNorm is not applied',
       path='mmsoft/models/backbones/soft.py',
-      old=('    def _finish(self, x: torch.Tensor) -> torch.Tensor:\n'
-           '        return self.norm(x)\n'),
-      new=('    def _finish(self, x: torch.Tensor) -> torch.Tensor:\n'
-           '        return x\n'),
+      old='        x = self.norm(x)\n',
+      new='',
       tests=(REF_NORM, )),
     # ------------------------------------------------------- converter
     M(name='convert_swap_norms',

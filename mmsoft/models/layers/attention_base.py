@@ -1,14 +1,7 @@
-"""The frame every token mixer of a SOFT stage shares (SOFT and the zoo).
-
-The official SOFT layer wraps its attention in multi-head projections
-(``_split``: (B, h, n, d) heads), a per-head depthwise k x k convolution of
-the value tokens added to the output (``dw_kernel_size=0``: none) and the
-output projection ``proj``; Table 1 keeps them for every mixer. Subclasses
-build their projections, call :meth:`_build_output_layers` and implement
-``_mix(x, hw) -> (out (B, h, n, d), v_tokens (B, n, C) or None)`` and
-``_row(x, hw, i) -> (B, h, n)``, the weights with which query ``i`` mixes
-the value tokens (:meth:`attention_row`, for the attention maps tool).
-"""
+"""The frame of every token mixer (SOFT and the zoo). Subclasses build
+their projections, call :meth:`_build_output_layers` and implement
+``_mix(x, hw) -> (out (B, h, n, d), v_tokens (B, n, C) | None)`` and
+``_row(x, hw, i) -> (B, h, n)``, query ``i``'s weights over V."""
 from typing import Optional, Sequence, Tuple, Union
 
 import torch
@@ -38,16 +31,9 @@ def query_index(index: Index, hw: Tuple[int, int]) -> int:
 
 
 class AttentionBase(nn.Module):
-    """Multi-head token mixer with SOFT's depthwise conv on V and ``proj``.
-
-    Args:
-        embed_dims (int): token channels C.
-        num_heads (int): heads h; must divide ``embed_dims``.
-        sampling_ratio (int): r of the stage's bottleneck (SOFT's sampler;
-            the reduced token set of Linformer / Nystromformer).
-        dw_kernel_size (int): k of the per-head depthwise conv on V
-            (odd, or 0 to disable it). Default: 3.
-    """
+    """Multi-head token mixer (C = ``embed_dims``, h = ``num_heads``) with
+    SOFT's per-head depthwise conv on V (odd ``dw_kernel_size``, 0: none)
+    and ``proj``; ``sampling_ratio`` r: the stage's bottleneck ratio."""
 
     def __init__(self,
                  embed_dims: int,
@@ -75,21 +61,15 @@ class AttentionBase(nn.Module):
             h, h, k, padding=k // 2, groups=h, bias=False) if k else None
         self.proj = nn.Linear(self.embed_dims, self.embed_dims)
 
-    # ------------------------------------------------------------ helpers
     def _split(self, x: torch.Tensor) -> torch.Tensor:
         """(B, n, C) -> (B, h, n, d)."""
         B, N, _ = x.shape
         return x.view(B, N, self.num_heads, self.head_dims).transpose(1, 2)
 
-    def dw_conv_tokens(self, v: torch.Tensor, hw: Tuple[int,
-                                                        int]) -> torch.Tensor:
-        """Per-head k x k conv of the (B, n, C) value tokens -> (B, n, C).
-
-        One channels-last depthwise conv over the C channels, head g's
-        filter repeated for its d channels: the same function as the
-        official (B*d, h, H, W) grouped conv, without its two permuted
-        copies, and several times faster on the CPU (forward and backward).
-        """
+    def dw_conv_tokens(self, v: torch.Tensor, hw: Tuple[int, int]):
+        """Per-head k x k conv of the (B, n, C) value tokens: one depthwise
+        conv, head g's filter repeated for its d channels (the official
+        (B*d, h, H, W) grouped conv without its permuted copies)."""
         B, N, C = v.shape
         x = v.transpose(1, 2).reshape(B, C, *hw)  # a channels-last view
         w = self.dw_conv.weight.repeat_interleave(self.head_dims, 0)
@@ -102,7 +82,6 @@ class AttentionBase(nn.Module):
             raise ValueError(f'expected (B, {hw[0]}*{hw[1]}, C) tokens, got '
                              f'shape {tuple(x.shape)}')
 
-    # ------------------------------------------------------------ api
     def _mix(self, x: torch.Tensor, hw: Tuple[int, int]):
         raise NotImplementedError
 
@@ -119,10 +98,9 @@ class AttentionBase(nn.Module):
     @torch.no_grad()
     def attention_row(self, x: torch.Tensor, hw: Tuple[int, int],
                       index: Index) -> torch.Tensor:
-        """(B, h, n) mixing weights of query ``index`` (flat or (row, col))
-        over the n value tokens, for the (B, n, C) tokens ``x`` entering the
-        module. The depthwise conv branch and the projections are not part
-        of the row."""
+        """(B, h, n) weights of query ``index`` (flat or (row, col)) over
+        the value tokens, for the (B, n, C) input ``x`` (without the dw conv
+        branch and the projections)."""
         self._check(x, hw)
         return self._row(x, hw, query_index(index, hw))
 

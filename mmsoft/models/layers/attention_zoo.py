@@ -1,46 +1,7 @@
-"""Building the token mixer of a SOFT stage from its ``attn_cfg``.
-
-Stages 1-3 of the SOFT backbone take ``attn_cfg=dict(type=..., **options)``,
-resolved through the registry :data:`mmsoft.registry.ATTENTIONS`; the rest
-of the architecture (post-norm blocks, FFN, patch embeddings, the softmax
-stage 4) stays the same, as in the comparisons of Table 1 of the NeurIPS
-paper. Every registered attention is constructed as::
-
-    cls(embed_dims, num_heads, sampling_ratio, dw_kernel_size, qkv_bias,
-        **options)
-
-(the first five are fixed by the stage) with ``forward(x, hw) -> x`` for
-tokens x of shape (B, H*W, C), ``attention_row`` and ``attention_matrix``
-(see :class:`~mmsoft.models.layers.attention_base.AttentionBase`).
-
-==============================  =============================================
-type (class name / alias)       token mixer
-==============================  =============================================
-``SOFTAttention`` / ``soft``    SOFT, P A^+ P^T (NeurIPS 2021); with
-                                ``attn_norm=True`` (default) the normalised
-                                P D^-1/2 A^+ D^-1/2 P^T (IJCV 2024)
-``SoftmaxZooAttention`` /       full softmax attention
-``softmax``                     (``scaled_dot_product_attention``)
-``LinformerAttention`` /        softmax over spatially reduced keys / values
-``linformer``                   (PVT spatial reduction, ratio = SOFT's)
-``PerformerAttention`` /        FAVOR+ positive orthogonal random features
-``performer``
-``NystromformerAttention`` /    softmax Nystrom approximation, 2D average-
-``nystromformer``               pooled landmarks (ratio = SOFT's)
-``SimAAttention`` / ``sima``    SimA: l1-normalised Q and K per channel
-                                across tokens, no softmax
-==============================  =============================================
-
-Options that the chosen type does not take are errors (the class's
-constructor names the option).
-
-The Newton-Raphson settings of SOFT attention are one argument,
-``nr=NRConfig(...)`` (or a dict of its fields); in an ``attn_cfg`` they are
-written as the keys ``nr_iters``, ``nr_init``, ``nr_method`` and
-``nr_backward``, which :func:`build_attention` (and only it) folds into
-``nr``. The settings are fixed at construction (see
-:class:`~mmsoft.models.layers.nr_config.NRConfig`).
-"""
+"""The token mixer of a SOFT stage from its ``attn_cfg``: ``dict(type=...,
+**options)`` of :data:`mmsoft.registry.ATTENTIONS` (listed in
+docs/en/advanced_guides/attention_zoo.md), built as ``cls(embed_dims,
+num_heads, sampling_ratio, dw_kernel_size, qkv_bias, **options)``."""
 from typing import List
 
 import torch.nn as nn
@@ -59,9 +20,7 @@ NR_KEYS = {f'nr_{field}': field for field in NR_FIELDS}
 
 
 def build_attention(cfg: dict, **stage_args) -> nn.Module:
-    """Build the attention ``cfg`` (``dict(type=..., **options)``) with the
-    stage's :data:`STAGE_ARGS` (``embed_dims``, ``num_heads``,
-    ``sampling_ratio``, ``dw_kernel_size``, ``qkv_bias``)."""
+    """Build the attention ``cfg`` with the stage's :data:`STAGE_ARGS`."""
     if not isinstance(cfg, dict) or 'type' not in cfg:
         raise TypeError(f"attn_cfg must be a dict with a 'type' (one of "
                         f'{attention_types()}), got {cfg!r}')
@@ -77,11 +36,8 @@ def build_attention(cfg: dict, **stage_args) -> nn.Module:
 
 
 def fold_nr_keys(cfg: dict) -> dict:
-    """``cfg`` with its keys :data:`NR_KEYS` (``nr_iters``, ``nr_init``,
-    ``nr_method``, ``nr_backward``) folded into the ``nr`` argument of a
-    SOFT attention: the one place where the config spelling becomes
-    :class:`~mmsoft.models.layers.nr_config.NRConfig`'s (which checks the
-    values). Other attentions keep the keys and reject them by name."""
+    """``cfg`` with its :data:`NR_KEYS` folded into ``nr`` for a SOFT
+    attention; other attentions keep them (and reject them by name)."""
     flat = {k: cfg[k] for k in NR_KEYS if k in cfg}
     cls = cfg['type']
     cls = cls if isinstance(cls, type) else ATTENTIONS.get(cls)

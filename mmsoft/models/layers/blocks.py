@@ -1,16 +1,6 @@
-"""Transformer blocks and patch embeddings of the SOFT architecture (Table 2),
-built from mmcv's bricks (``FFN``, ``ConvModule``, ``build_norm_layer``,
-``build_dropout``) as OpenMMLab backbones are.
-
-* :class:`SOFTBlock` - stages 1-3: post-norm residual layers around a
-  token mixer built from ``attn_cfg`` (:class:`SOFTAttention` by default)
-  and a 2-layer FFN (expansion e = 4, tanh-GELU), as
-  the official model (and its checkpoints) has them.
-* :class:`SoftmaxBlock` - stage 4 ("sp. 1x1, w. cls token"): a pre-norm ViT
-  block with standard softmax attention over the 7x7 tokens + cls token.
-* :class:`ConvPatchEmbed` - the C33-BN-ReLU stem (strides 2, 1, 2) and the
-  C31-BN-ReLU down-sampling between stages.
-"""
+"""SOFT's blocks and patch embeddings (Table 2) from mmcv bricks: the
+post-norm :class:`SOFTBlock` (stages 1-3), the pre-norm ViT
+:class:`SoftmaxBlock` (stage 4) and :class:`ConvPatchEmbed`."""
 import functools
 import types
 import warnings
@@ -34,12 +24,8 @@ RESIDUAL_DROPS = ('drop_path', 'dropout')
 
 @functools.lru_cache(maxsize=None)
 def mmcv_bricks() -> types.SimpleNamespace:
-    """mmcv's ``ConvModule``, ``FFN``, ``build_norm_layer`` and
-    ``build_dropout``, imported when the first block is built: ``import
-    mmsoft`` stays free of mmcv, whose transformer module raises an
-    ``ImportWarning`` (about ``MultiScaleDeformableAttention``) when
-    imported; that warning is not mmsoft's users' to fix, so it is
-    silenced here."""
+    """mmcv's bricks, imported at the first build (``import mmsoft`` stays
+    free of mmcv) without mmcv.cnn's ``ImportWarning``."""
     with warnings.catch_warnings():
         warnings.simplefilter('ignore', ImportWarning)
         from mmcv.cnn import ConvModule, build_norm_layer
@@ -52,40 +38,28 @@ def mmcv_bricks() -> types.SimpleNamespace:
         build_dropout=build_dropout)
 
 
-def known_norms() -> Tuple[str, ...]:
-    """The names of the norm layers in MMEngine's root ``MODELS`` registry
-    (mmcv's ``BN``, ``GN``, ``LN``, ``IN``, ``SyncBN`` ... and any norm
-    registered there by the user), sorted."""
-    mmcv_bricks()  # registers mmcv's norms
-    from mmengine.registry import MODELS
-    bases = (nn.modules.batchnorm._NormBase, nn.GroupNorm, nn.LayerNorm,
-             nn.LocalResponseNorm)
-    return tuple(
-        sorted(name for name, cls in MODELS.module_dict.items()
-               if isinstance(cls, type) and (issubclass(cls, bases) or (
-                   issubclass(cls, nn.Module) and 'Norm' in cls.__name__))))
-
-
 def check_norm_cfg(name: str, cfg: Optional[Dict]) -> None:
-    """Refuse a norm config whose ``type`` is not a registered layer, with
-    a message naming it and the known norms (mmcv's ``build_norm_layer``
-    says "Cannot find None in registry")."""
+    """A norm config whose ``type`` is not a registered layer is an error
+    naming it and the known norms (mmcv says "Cannot find None")."""
     if cfg is None:
         return
     if not hasattr(cfg, 'get') or 'type' not in cfg:
         raise TypeError(f'SOFT: {name} must be a dict with a "type" (e.g. '
                         f"dict(type='LN')), got {cfg!r}")
-    typ = cfg['type']
-    if not isinstance(typ, str):
+    if not isinstance(cfg['type'], str):
         return  # a class: mmcv checks it when building
-    mmcv_bricks()
+    mmcv_bricks()  # registers mmcv's norms
     from mmengine.registry import MODELS
     with MODELS.switch_scope_and_registry(None) as registry:
-        found = registry.get(typ)
-    if found is None:
-        raise KeyError(f'SOFT: {name} has type {typ!r}, which is not a '
-                       f'registered norm layer; known norms: '
-                       f'{", ".join(known_norms())}')
+        if registry.get(cfg['type']) is not None:
+            return
+    bases = (nn.modules.batchnorm._NormBase, nn.GroupNorm, nn.LayerNorm,
+             nn.LocalResponseNorm)
+    known = sorted(key for key, cls in MODELS.module_dict.items()
+                   if isinstance(cls, type) and (issubclass(cls, bases) or (
+                       issubclass(cls, nn.Module) and 'Norm' in cls.__name__)))
+    raise KeyError(f'SOFT: {name} has type {cfg["type"]!r}, which is not a '
+                   f'registered norm layer; known norms: {", ".join(known)}')
 
 
 def build_norm(cfg: Dict, num_features: int) -> nn.Module:
@@ -96,8 +70,7 @@ def build_norm(cfg: Dict, num_features: int) -> nn.Module:
 def residual_drop_cfg(rate: float,
                       residual_drop: str = 'drop_path') -> Optional[Dict]:
     """The ``build_dropout`` config of a residual branch: ``DropPath``
-    (stochastic depth) or ``Dropout`` (element-wise) of ``rate``; None
-    (identity) for rate 0."""
+    or element-wise ``Dropout`` of ``rate``; None for rate 0."""
     if residual_drop not in RESIDUAL_DROPS:
         raise ValueError(f'residual_drop must be one of {RESIDUAL_DROPS}, '
                          f'got {residual_drop!r}')
@@ -108,14 +81,9 @@ def residual_drop_cfg(rate: float,
 
 
 class ConvPatchEmbed(nn.Module):
-    """Overlapping conv tokenizer of ``ConvModule`` layers (3x3 conv with
-    bias -> ``norm_cfg`` -> ``act_cfg``). ``stem=True``: C33-BN-ReLU, stride
-    4 in total (strides 2, 1, 2; 32 hidden channels); otherwise one
-    C31-BN-ReLU of stride 2.
-
-    The convs keep PyTorch's default initialisation (that of the official
-    model), not ``ConvModule``'s Kaiming init.
-    """
+    """3x3 ``ConvModule`` layers (conv with bias, norm, act): the C33 stem
+    (strides 2, 1, 2; ``stem_channels``) or one C31 of stride 2, with
+    PyTorch's default conv initialisation (the official model's)."""
 
     def __init__(self,
                  in_channels: int,
@@ -133,39 +101,30 @@ class ConvPatchEmbed(nn.Module):
                     (stem_channels, embed_dims, 2)]
         else:
             plan = [(in_channels, embed_dims, 2)]
-        layers = []
+        layers, kw = [], dict(
+            bias=True,
+            conv_cfg=dict(type=SafeConv2d),
+            norm_cfg=norm_cfg,
+            act_cfg=act_cfg)
         for cin, cout, stride in plan:
-            # ConvModule's Kaiming init runs on a forked RNG, so that
-            # reset_parameters draws PyTorch's default init from the same
-            # stream as a plain nn.Conv2d: seeded models are unchanged.
-            # The official convs have a bias (hence the warning filter).
+            # ConvModule's Kaiming init on a forked RNG: reset_parameters
+            # draws the default init from the stream an nn.Conv2d would
             with warnings.catch_warnings(), torch.random.fork_rng(devices=[]):
                 warnings.filterwarnings('ignore', 'Unnecessary conv bias',
                                         UserWarning)
-                layer = mmcv_bricks().ConvModule(
-                    cin,
-                    cout,
-                    3,
-                    stride,
-                    1,
-                    bias=True,
-                    conv_cfg=dict(type=SafeConv2d),
-                    norm_cfg=norm_cfg,
-                    act_cfg=act_cfg)
+                layer = mmcv_bricks().ConvModule(cin, cout, 3, stride, 1, **kw)
             layer.conv.reset_parameters()
             layers.append(layer)
         self.proj = nn.Sequential(*layers)
 
     def forward(self, x: torch.Tensor):
         x = self.proj(x)
-        hw = (x.shape[2], x.shape[3])
-        return x.flatten(2).transpose(1, 2), hw
+        return x.flatten(2).transpose(1, 2), (x.shape[2], x.shape[3])
 
 
 def _ffn(embed_dims: int, mlp_ratio: float, act_cfg: Dict, drop: float,
          residual: Optional[Dict]) -> nn.Module:
-    """mmcv ``FFN``: fc1 -> act -> dropout(drop) -> fc2 -> dropout(drop),
-    plus the identity through the residual drop ``residual``."""
+    """mmcv ``FFN``: fc1, act, fc2 (dropouts ``drop``), + the identity."""
     return mmcv_bricks().FFN(
         embed_dims=embed_dims,
         feedforward_channels=int(embed_dims * mlp_ratio),
@@ -181,26 +140,10 @@ def _drop(cfg: Optional[Dict]) -> nn.Module:
 
 
 class SOFTBlock(nn.Module):
-    """Post-norm SOFT layer: x = LN(x + drop(Attn(x))), then
-    x = LN(x + drop(FFN(x))).
-
-    Args:
-        embed_dims, num_heads, sampling_ratio, dw_kernel_size, qkv_bias:
-            the arguments the stage gives every attention
-            (:class:`~mmsoft.models.layers.attention_base.AttentionBase`).
-        attn_cfg (dict): the token mixer, built from
-            :data:`mmsoft.registry.ATTENTIONS` with those arguments.
-            Default: ``dict(type='SOFTAttention')``.
-        mlp_ratio (float): FFN hidden width / ``embed_dims``. Default: 4.
-        drop_path_rate (float): rate of the residual drop. Default: 0.
-        residual_drop (str): how that rate is applied: ``'drop_path'``
-            (stochastic depth) or ``'dropout'`` (the official training
-            recipe, an element-wise dropout on the residual branch).
-            Default: 'drop_path'.
-        norm_cfg (dict): the two norms. Default: ``dict(type='LN')``.
-        act_cfg (dict): the FFN activation. Default:
-            ``dict(type='GELU', approximate='tanh')`` (the official layer).
-    """
+    """Post-norm: x = LN(x + drop(Attn(x))); x = LN(x + drop(FFN(x))).
+    ``embed_dims`` ... ``qkv_bias`` go to the ``attn_cfg`` attention;
+    ``residual_drop``: ``'drop_path'`` or ``'dropout'`` of
+    ``drop_path_rate``; defaults: LN, the official tanh GELU."""
 
     def __init__(self,
                  embed_dims: int,
@@ -237,9 +180,7 @@ class SOFTBlock(nn.Module):
 
 
 class SoftmaxAttention(nn.Module):
-    """Standard multi-head softmax attention (q, fused kv, proj) of the
-    stage-4 blocks; ``attn_drop`` on the attention weights (training
-    only), ``proj_drop`` after ``proj``."""
+    """Multi-head softmax attention (q, fused kv, proj) of stage 4."""
 
     def __init__(self,
                  embed_dims: int,
@@ -270,22 +211,9 @@ class SoftmaxAttention(nn.Module):
 
 
 class SoftmaxBlock(nn.Module):
-    """Pre-norm ViT block: x += DP(Attn(LN(x))); x += DP(MLP(LN(x))).
-
-    Args:
-        embed_dims (int): token channels.
-        num_heads (int): heads.
-        mlp_ratio (float): MLP hidden width / ``embed_dims``. Default: 4.
-        qkv_bias (bool): biases of the q / kv projections. Default: True.
-        drop_rate (float): dropout after the attention projection and in
-            the MLP. Default: 0.
-        attn_drop_rate (float): dropout on the attention weights.
-            Default: 0.
-        drop_path_rate (float): stochastic depth (DP) rate. Default: 0.
-        norm_cfg (dict): the two norms. Default: ``dict(type='LN',
-            eps=1e-6)`` (the official stage 4).
-        act_cfg (dict): the MLP activation. Default: ``dict(type='GELU')``.
-    """
+    """Pre-norm: x += DP(Attn(LN(x))); x += DP(MLP(LN(x))). ``drop_rate``
+    after the attention projection and in the MLP, ``attn_drop_rate`` on
+    the attention weights; defaults: LN with eps 1e-6, GELU."""
 
     def __init__(self,
                  embed_dims: int,
