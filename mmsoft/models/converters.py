@@ -1,6 +1,6 @@
 """The authors' SOFT checkpoints (fudan-zvg/SOFT, timm ``soft_*`` /
-``soft_norm_*``) and older mmsoft keys, as tables beside the model; see
-docs/en/user_guides/official_weights.md. Imports no backbone."""
+``soft_norm_*``) and older mmsoft keys, converted by the tables of
+:mod:`mmsoft.models.arch_zoo` (docs/en/user_guides/official_weights.md)."""
 import os.path as osp
 import re
 from collections import OrderedDict
@@ -8,8 +8,10 @@ from typing import Dict, List, Mapping, Optional, Sequence, Tuple
 
 import torch
 
-from .arch_zoo import (ARCH_DEFAULTS, ARCH_ZOO, NUM_STAGES, OFFICIAL_FILES,
-                       OFFICIAL_PAGE)
+from .arch_zoo import (ARCH_DEFAULTS, ARCH_ZOO, LEGACY_KEYS, NUM_STAGES,
+                       OFFICIAL_FILES, OFFICIAL_PAGE, OFFICIAL_PRESETS,
+                       OFFICIAL_SOFT_BLOCK, OFFICIAL_SOFTMAX_BLOCK,
+                       OFFICIAL_STEM)
 
 __all__ = [
     'ConversionError', 'KEY_MAP', 'LEGACY_KEYS', 'official_to_mmsoft_key',
@@ -31,35 +33,6 @@ class ConversionError(ValueError):
         super().__init__('\n  '.join([message, *self.problems]))
 
 
-#: a block of stages 1-3 (official, mmsoft, weight shape; the bias is the
-#: first dim, 4-d convs have none): c width, d head width, h heads,
-#: r sampling ratio, k depthwise kernel, f MLP hidden width
-_SOFT_BLOCK = (
-    ('att.mha.W_q.', 'attn.q.', ('c', 'c')),
-    ('att.mha.W_v.', 'attn.v.', ('c', 'c')),
-    ('att.mha.attn.Qlandmark_op.', 'attn.sampler.conv.', ('d', 'd', 'r', 'r')),
-    ('att.mha.attn.Qnorm_act.0.', 'attn.sampler.norm.', ('d', )),
-    ('att.mha.attn.conv.', 'attn.dw_conv.', ('h', 1, 'k', 'k')),
-    ('att.mha.ff.', 'attn.proj.', ('c', 'c')),
-    ('att.norm1.', 'norm1.', ('c', )),
-    ('att.ff1.', 'ffn.layers.0.0.', ('f', 'c')),  # mmcv FFN: fc1
-    ('att.ff2.', 'ffn.layers.1.', ('c', 'f')),  # fc2
-    ('att.norm2.', 'norm2.', ('c', )),
-)
-#: a block of stage 4 (timm's pre-norm softmax attention block)
-_SOFTMAX_BLOCK = (
-    ('norm1.', 'norm1.', ('c', )),
-    ('attn.q.', 'attn.q.', ('c', 'c')),
-    ('attn.kv.', 'attn.kv.', ('kv', 'c')),
-    ('attn.proj.', 'attn.proj.', ('c', 'c')),
-    ('norm2.', 'norm2.', ('c', )),
-    ('mlp.fc1.', 'ffn.layers.0.0.', ('f', 'c')),
-    ('mlp.fc2.', 'ffn.layers.1.', ('c', 'f')),
-)
-#: (stage, conv of the patch embedding, out, in channels): the official
-#: (conv, BN, ReLU) x 3 stem with 32 hidden channels, x 1 later
-_PATCH_CONVS = ((0, 0, 32, 'in'), (0, 1, 32, 32), (0, 2, 'c', 32),
-                (1, 0, 'c', 'cp'), (2, 0, 'c', 'cp'), (3, 0, 'c', 'cp'))
 _BN = ('weight', 'bias', 'running_mean', 'running_var', 'num_batches_tracked')
 
 
@@ -76,14 +49,15 @@ def official_tensors(depths: Optional[Sequence[int]] = None) -> List[Tuple]:
         if bias:
             rows.append((s, official + 'bias', mine + 'bias', shape[:1]))
 
-    for s, n, cout, cin in _PATCH_CONVS:
+    for s, n, cout, cin in OFFICIAL_STEM:
         o, m = f'patch_embed{s + 1}.proj.', f'stages.{s}.patch_embed.proj.{n}.'
         add(s, f'{o}{3 * n}.', m + 'conv.', (cout, cin, 3, 3))
         rows += [(s, f'{o}{3 * n + 1}.{k}', f'{m}bn.{k}',
                   () if k == 'num_batches_tracked' else (cout, )) for k in _BN]
     for s in range(4):
+        block = OFFICIAL_SOFT_BLOCK if s < 3 else OFFICIAL_SOFTMAX_BLOCK
         for j in range(depths[s]) if depths else ['{j}']:
-            for o, m, shape in _SOFT_BLOCK if s < 3 else _SOFTMAX_BLOCK:
+            for o, m, shape in block:
                 add(s, f'block{s + 1}.{j}.{o}', f'stages.{s}.blocks.{j}.{m}',
                     shape,
                     len(shape) < 4)
@@ -108,20 +82,6 @@ def official_to_mmsoft_key(key: str, _rules=_RULES[0]) -> Optional[str]:
 def mmsoft_to_official_key(key: str) -> Optional[str]:
     """The official name of one mmsoft backbone key or ``head.fc.*``."""
     return official_to_mmsoft_key(key, _RULES[1])
-
-
-#: keys of the SOFT backbone's ``_version`` 1 (before stages were
-#: modules) and 2 (before mmcv's FFN) -> version 3, under its prefix;
-#: no pattern matches a version-3 key. ``{last}``: the last stage
-LEGACY_KEYS = (
-    (r'patch_embeds\.(\d+)\.', r'stages.\1.patch_embed.'),
-    (r'pos_embeds\.(\d+)$', r'stages.\1.pos_embed'),
-    (r'stages\.(\d+)\.(\d+)\.', r'stages.\1.blocks.\2.'),
-    (r'cls_token$', 'stages.{last}.cls_token'),
-    (r'norm\.', 'stages.{last}.norm.'),
-    (r'(stages\.\d+\.blocks\.\d+\.ffn\.)fc1\.', r'\1layers.0.0.'),
-    (r'(stages\.\d+\.blocks\.\d+\.ffn\.)fc2\.', r'\1layers.1.'),
-)
 
 
 def upgrade_legacy_state_dict(state_dict: Mapping,
@@ -214,10 +174,6 @@ def official_soft_hint(checkpoint, source: str = 'SRC') -> Optional[str]:
             f'checkpoint={source!s})).')
 
 
-#: the official model sizes and the mmsoft presets with their architecture
-OFFICIAL_PRESETS = dict(
-    tiny='tiny', small='small-official', medium='medium', large='large',
-    huge='huge')  # yapf: disable
 #: the tensors of a SOFT block whose shapes give the architecture
 _ARCH_KEYS = ('att.mha.attn.Qlandmark_op.weight', 'att.mha.attn.conv.weight',
               'att.ff1.weight')
@@ -248,10 +204,17 @@ def _typical(sd: Mapping, stage: int, depth: int, names: Sequence[str]):
 
 def infer_official_arch(sd: Mapping[str, torch.Tensor],
                         stage4_heads: Optional[int] = None) -> Dict:
-    """The architecture of an authors' state dict, read off its shapes:
-    mmsoft's arch entries, ``in_channels``, ``num_classes`` (0: no head),
-    ``pretrain_img_size`` and ``stage4_heads_given`` (stage 4's heads are
-    not in the weights: ``stage4_heads``, default stage 3's head width)."""
+    """The architecture of an authors' state dict, read off its shapes.
+
+    Args:
+        sd (Mapping): the state dict in the authors' key layout.
+        stage4_heads (int, optional): the heads of the softmax stage 4 (not
+            in the weights). Default: stage 3's head width.
+
+    Returns:
+        dict: mmsoft's arch entries, ``in_channels``, ``num_classes`` (0: no
+        head), ``pretrain_img_size`` and ``stage4_heads_given``.
+    """
     C = [_shape(sd, f'pos_embed{s}')[-1] for s in range(1, 5)]
     depths = []
     for s in range(1, 5):
@@ -409,9 +372,18 @@ def convert_official_to_mmpretrain(sd: Mapping[str, torch.Tensor],
                                    stage4_heads: Optional[int] = None,
                                    prefix: str = 'backbone.'
                                    ) -> Tuple['OrderedDict', Dict, List[str]]:
-    """An authors' state dict -> ``(state_dict, arch, notes)`` of an
-    mmpretrain ``ImageClassifier`` (the ``head`` as ``head.fc``); unknown,
-    missing or mis-shaped keys raise one :class:`ConversionError`."""
+    """An authors' state dict -> an mmpretrain ``ImageClassifier``'s.
+
+    Args:
+        sd (Mapping): the state dict in the authors' key layout.
+        stage4_heads (int, optional): see :func:`infer_official_arch`.
+        prefix (str): the prefix of the backbone keys. Default: 'backbone.'.
+
+    Returns:
+        tuple: the state dict (the authors' ``head`` as ``head.fc``), the
+        arch and notes. Unknown, missing or mis-shaped keys raise one
+        :class:`ConversionError` naming them all.
+    """
     sd = strip_module_prefix(sd)
     arch = infer_official_arch(sd, stage4_heads)
     expected, notes = _validate(sd, arch, 'official checkpoint')
@@ -426,9 +398,15 @@ def convert_mmpretrain_to_official(sd: Mapping[str, torch.Tensor],
                                    stage4_heads: Optional[int] = None,
                                    prefix: str = 'backbone.'
                                    ) -> Tuple['OrderedDict', Dict, List[str]]:
-    """The inverse of :func:`convert_official_to_mmpretrain`, for a
-    classifier or a bare backbone state dict (no key under ``prefix``), of
-    any mmsoft version; other keys (e.g. a neck) are unknown."""
+    """The inverse of :func:`convert_official_to_mmpretrain`.
+
+    Args:
+        sd (Mapping): a classifier's or a bare backbone's state dict (no key
+            under ``prefix``) of any mmsoft version; other keys (a neck ...)
+            are errors.
+        stage4_heads (int, optional): see :func:`infer_official_arch`.
+        prefix (str): the prefix of the backbone keys. Default: 'backbone.'.
+    """
     sd = strip_module_prefix(sd)
     has_prefix = any(k.startswith(prefix) for k in sd)
     sd = upgrade_legacy_state_dict(sd, prefix if has_prefix else '')

@@ -133,11 +133,18 @@ def check_checkpoint_for_model(model: torch.nn.Module,
                                allow_partial: bool = False,
                                opt_in: str = '',
                                config: Optional[str] = None) -> LoadReport:
-    """Check a loaded checkpoint (or state dict) that the Runner or an
-    inferencer loads into ``model``: keys and shapes (older SOFT keys
-    upgraded; an authors' file gets the converter command), then
-    :func:`check_attn_norm`. ``allow_partial`` logs a mismatch instead;
-    ``opt_in`` and ``config`` are named in the errors."""
+    """Check a checkpoint that the Runner or an inferencer loads into a whole
+    model: keys and shapes (older SOFT keys upgraded; an authors' file gets
+    the converter command), then :func:`check_attn_norm`.
+
+    Args:
+        model (nn.Module): the model (wrappers are unwrapped).
+        checkpoint (dict): the loaded checkpoint or state dict.
+        source (str): the file, named in the errors.
+        allow_partial (bool): log a mismatch instead. Default: False.
+        opt_in (str): how to allow a partial load, named in the error.
+        config (str, optional): the config file, named in the errors.
+    """
     model = unwrap_model(model)
     sd = checkpoint.get('state_dict', checkpoint) \
         if isinstance(checkpoint, Mapping) else checkpoint
@@ -169,7 +176,8 @@ def load_checkpoint_to_model(model: torch.nn.Module,
     ckpt = read_checkpoint(filename)
     report = check_checkpoint_for_model(model, ckpt, str(filename),
                                         allow_partial, opt_in)
-    _load_checkpoint_to_model(unwrap_model(model), ckpt, strict=False)
+    _load_checkpoint_to_model(
+        unwrap_model(model), ckpt, strict=False, logger='current')
     return report
 
 
@@ -198,21 +206,26 @@ def load_pretrained(module: torch.nn.Module,
                     map_location='cpu',
                     strict: bool = True,
                     opt_in: str = '') -> LoadReport:
-    """Load a checkpoint of any layout (:func:`to_mmsoft`) into ``module``,
-    strictly unless ``strict=False``, and log the one-line report.
-    ``prefix`` takes the keys under it (e.g. ``'backbone.'``); without it, a
-    whole-model file's ``backbone.`` keys if none of its keys is the
-    module's. ``opt_in`` (how to allow a partial load) is named in the
-    error."""
+    """Load a checkpoint of any layout (:func:`to_mmsoft`) into ``module``
+    and log the one-line report.
+
+    Args:
+        module (nn.Module): the module to load into.
+        checkpoint (str): the file or ``http(s)://`` URL.
+        prefix (str, optional): load the keys under it (``'backbone.'``).
+            Default: a whole-model file's ``backbone.`` keys if none of its
+            keys is the module's.
+        map_location (str): where tensors are loaded. Default: 'cpu'.
+        strict (bool): a mismatch is an error; False loads the matching
+            tensors (loading none is an error even then). Default: True.
+        opt_in (str): how to allow a partial load, named in the error.
+    """
     source = str(checkpoint)
     ckpt = read_checkpoint(checkpoint, map_location)
-    soft = next(
-        (m
-         for m in module.modules() if hasattr(type(m), 'upgrade_state_dict')),
-        None)
+    soft = [m for m in module.modules() if hasattr(m, 'upgrade_state_dict')]
     norms = _attn_norms(module)
     sd, layout, arch = to_mmsoft(ckpt, source,
-                                 None if soft is None else soft.num_heads[3],
+                                 soft[0].num_heads[3] if soft else None,
                                  norms.pop() if len(norms) == 1 else None)
     own = module.state_dict()
     has = [any(k.startswith('backbone.') for k in d) for d in (sd, own)]
@@ -220,9 +233,9 @@ def load_pretrained(module: torch.nn.Module,
         prefix = 'backbone.'
     if prefix:
         prefix = prefix.rstrip('.') + '.'
-        keys, sd = list(map(str, sd)), OrderedDict((k[len(prefix):], v)
-                                                   for k, v in sd.items()
-                                                   if k.startswith(prefix))
+        keys = list(map(str, sd))
+        sd = OrderedDict((k[len(prefix):], v) for k, v in sd.items()
+                         if k.startswith(prefix))
         if not sd:
             raise CheckpointMismatchError(
                 f'checkpoint {source} has no tensor under the prefix '
@@ -234,18 +247,15 @@ def load_pretrained(module: torch.nn.Module,
     wrong = strict and _wrong_arch(arch, module, source)
     if wrong:
         raise CheckpointMismatchError(wrong)
-    report = check_state_dict(
-        own, upgraded, source,
-        type(module).__name__ +
-        (f' (checkpoint keys under {prefix!r})' if prefix else ''), not strict,
-        opt_in)
+    target = type(module).__name__ + (f' (checkpoint keys under {prefix!r})'
+                                      if prefix else '')
+    report = check_state_dict(own, upgraded, source, target, not strict,
+                              opt_in)
     check_attn_norm(module, ckpt, source)
     bad = {k for k, _, _ in report.mismatched}
-    module.load_state_dict({
-        k: v
-        for k, v in upgraded.items() if k not in bad
-    },
-                           strict=False)
+    module.load_state_dict(
+        OrderedDict((k, v) for k, v in upgraded.items() if k not in bad),
+        strict=False)
     parts = (layout, 'converted' if arch else '',
              f'keys under {prefix!r}' if prefix else '',
              f'{report.matched} tensors',
@@ -307,19 +317,17 @@ def pretrained_init_cfg(init_cfg: Union[Dict, List[Dict], None],
     :class:`SOFTPretrainedInit` (last, as mmengine orders them), and whether
     a strict load replaces every tensor. ``checkpoint=None`` ("no weights
     yet") drops the entry, with a log line."""
+    cfgs = _entries(init_cfg)
     loads = [
-        dict(c, type='SOFTPretrained') for c in _entries(init_cfg)
+        dict(c, type='SOFTPretrained') for c in cfgs
         if c.get('type') in PRETRAINED and c.get('checkpoint') is not None
     ]
-    if any(
-            c.get('type') in PRETRAINED and c.get('checkpoint') is None
-            for c in _entries(init_cfg)):
+    out = [c for c in cfgs if c.get('type') not in PRETRAINED] + loads
+    if len(out) < len(cfgs):
         print_log(
             f'{owner}: init_cfg has no checkpoint; using random '
             f'initialisation',
             logger='current')
-    out = [c for c in _entries(init_cfg) if c.get('type') not in PRETRAINED]
-    out += loads
     strict = any(c.get('strict', True) is not False for c in loads)
     if not out:
         return None, False
@@ -329,7 +337,8 @@ def pretrained_init_cfg(init_cfg: Union[Dict, List[Dict], None],
 def _is_missing(checkpoint) -> bool:
     """A local path that does not exist (a directory is read_checkpoint's)."""
     path = osp.expanduser(str(checkpoint))
-    return '://' not in path and not osp.exists(path)
+    return checkpoint is not None and '://' not in path and \
+        not osp.exists(path)
 
 
 def missing_weights_message(checkpoint,
@@ -371,8 +380,8 @@ def missing_pretrained(cfg, key: str = 'model') -> Optional[str]:
         if getattr(t, '__name__', str(t)).split('.')[-1] == 'SOFT':
             init = node.get('init_cfg')
             for i, c in enumerate(_entries(init)):
-                if c.get('type') in PRETRAINED and c.get('checkpoint') \
-                        is not None and _is_missing(c['checkpoint']):
+                if c.get('type') in PRETRAINED and \
+                        _is_missing(c.get('checkpoint')):
                     where = '' if isinstance(init, Mapping) else f'[{i}]'
                     return missing_weights_message(
                         c['checkpoint'], path, f'init_cfg{where}.checkpoint')
