@@ -73,15 +73,19 @@ _RULES = [[(re.compile(re.escape(a).replace(r'\{j\}', r'(?P<j>\d+)')), b)
           for pairs in (KEY_MAP, [(m, o) for o, m in KEY_MAP])]
 
 
-def official_to_mmsoft_key(key: str, _rules=_RULES[0]) -> Optional[str]:
-    """mmsoft's name of one official key (None: no counterpart)."""
-    return next((t.format(**m.groupdict()) for r, t in _rules
+def _rename(key: str, rules) -> Optional[str]:
+    return next((t.format(**m.groupdict()) for r, t in rules
                  for m in [r.fullmatch(key)] if m), None)
+
+
+def official_to_mmsoft_key(key: str) -> Optional[str]:
+    """mmsoft's name of one official key (None: no counterpart)."""
+    return _rename(key, _RULES[0])
 
 
 def mmsoft_to_official_key(key: str) -> Optional[str]:
     """The official name of one mmsoft backbone key or ``head.fc.*``."""
-    return official_to_mmsoft_key(key, _RULES[1])
+    return _rename(key, _RULES[1])
 
 
 def upgrade_legacy_state_dict(state_dict: Mapping,
