@@ -206,7 +206,7 @@ def load_pretrained(module: torch.nn.Module,
                     map_location='cpu',
                     strict: bool = True,
                     opt_in: str = '') -> LoadReport:
-    """Load a checkpoint of any layout (:func:`to_mmsoft`) into ``module``
+    """Load a checkpoint of any layout (``to_mmsoft``) into ``module``
     and log the one-line report.
 
     Args:
