@@ -1,10 +1,11 @@
-"""The SOFT architectures (NeurIPS 2021 Table 2, IJCV 2024 Table 2) as
-data, read by the backbone (:attr:`mmsoft.models.SOFT.arch_zoo`) and the
-converters (which must not import the backbone)."""
+"""The SOFT architectures (NeurIPS 2021 Table 2, IJCV 2024 Table 2), the
+authors' checkpoint key map and the renames of older mmsoft keys, as data
+read by the backbone and the converters (which must not import it)."""
 
 __all__ = [
     'ARCH_ZOO', 'ARCH_DEFAULTS', 'NUM_STAGES', 'OFFICIAL_FILES',
-    'OFFICIAL_PAGE'
+    'OFFICIAL_PAGE', 'OFFICIAL_PRESETS', 'OFFICIAL_SOFT_BLOCK',
+    'OFFICIAL_SOFTMAX_BLOCK', 'OFFICIAL_STEM', 'LEGACY_KEYS'
 ]
 
 #: levels of the pyramid
@@ -101,3 +102,52 @@ OFFICIAL_FILES = {
         'configs': ['soft_norm_huge_in1k']},
 }
 # yapf: enable
+
+#: the official model sizes and the mmsoft presets with their architecture
+OFFICIAL_PRESETS = dict(
+    tiny='tiny', small='small-official', medium='medium', large='large',
+    huge='huge')  # yapf: disable
+
+#: The authors' key map (fudan-zvg/SOFT): a block of stages 1-3 (official
+#: key, mmsoft key, weight shape; the bias is the first dim, 4-d convs have
+#: none): c width, d head width, h heads, r sampling ratio, k depthwise
+#: kernel, f MLP hidden width
+OFFICIAL_SOFT_BLOCK = (
+    ('att.mha.W_q.', 'attn.q.', ('c', 'c')),
+    ('att.mha.W_v.', 'attn.v.', ('c', 'c')),
+    ('att.mha.attn.Qlandmark_op.', 'attn.sampler.conv.', ('d', 'd', 'r', 'r')),
+    ('att.mha.attn.Qnorm_act.0.', 'attn.sampler.norm.', ('d', )),
+    ('att.mha.attn.conv.', 'attn.dw_conv.', ('h', 1, 'k', 'k')),
+    ('att.mha.ff.', 'attn.proj.', ('c', 'c')),
+    ('att.norm1.', 'norm1.', ('c', )),
+    ('att.ff1.', 'ffn.layers.0.0.', ('f', 'c')),  # mmcv FFN: fc1
+    ('att.ff2.', 'ffn.layers.1.', ('c', 'f')),  # fc2
+    ('att.norm2.', 'norm2.', ('c', )),
+)
+#: a block of stage 4 (timm's pre-norm softmax attention block)
+OFFICIAL_SOFTMAX_BLOCK = (
+    ('norm1.', 'norm1.', ('c', )),
+    ('attn.q.', 'attn.q.', ('c', 'c')),
+    ('attn.kv.', 'attn.kv.', ('kv', 'c')),
+    ('attn.proj.', 'attn.proj.', ('c', 'c')),
+    ('norm2.', 'norm2.', ('c', )),
+    ('mlp.fc1.', 'ffn.layers.0.0.', ('f', 'c')),
+    ('mlp.fc2.', 'ffn.layers.1.', ('c', 'f')),
+)
+#: (stage, conv of the patch embedding, out, in channels): the official
+#: (conv, BN, ReLU) x 3 stem with 32 hidden channels, x 1 later
+OFFICIAL_STEM = ((0, 0, 32, 'in'), (0, 1, 32, 32), (0, 2, 'c', 32),
+                 (1, 0, 'c', 'cp'), (2, 0, 'c', 'cp'), (3, 0, 'c', 'cp'))
+
+#: keys of the SOFT backbone's ``_version`` 1 (before stages were
+#: modules) and 2 (before mmcv's FFN) -> version 3, under its prefix;
+#: no pattern matches a version-3 key. ``{last}``: the last stage
+LEGACY_KEYS = (
+    (r'patch_embeds\.(\d+)\.', r'stages.\1.patch_embed.'),
+    (r'pos_embeds\.(\d+)$', r'stages.\1.pos_embed'),
+    (r'stages\.(\d+)\.(\d+)\.', r'stages.\1.blocks.\2.'),
+    (r'cls_token$', 'stages.{last}.cls_token'),
+    (r'norm\.', 'stages.{last}.norm.'),
+    (r'(stages\.\d+\.blocks\.\d+\.ffn\.)fc1\.', r'\1layers.0.0.'),
+    (r'(stages\.\d+\.blocks\.\d+\.ffn\.)fc2\.', r'\1layers.1.'),
+)

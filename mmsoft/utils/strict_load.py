@@ -1,13 +1,6 @@
-"""Strict weight loading: wrong weights are an error, not a warning.
-
-MMEngine loads checkpoints with ``strict=False``: a checkpoint of another
-architecture or model (0 tensors load) or with a 1000-class head on a
-3-class model only logs a WARNING. :func:`check_state_dict` compares the
-checkpoint with the model first and raises :class:`CheckpointMismatchError`
-naming a few missing / unexpected / mis-shaped keys and their counts. A
-partial load is an explicit opt-in (``allow_partial``); loading nothing is
-an error even then. The loads are :mod:`mmsoft.models.loading`.
-"""
+"""Strict weight loading: a checkpoint that does not match the model is an
+error naming the missing / unexpected / mis-shaped keys, not mmengine's
+``strict=False`` WARNING; a partial load is an explicit opt-in."""
 import logging
 from typing import Callable, Mapping, NamedTuple, Optional, Sequence, Tuple
 
@@ -18,9 +11,6 @@ __all__ = [
     'CheckpointMismatchError', 'LoadReport', 'compare_state_dicts',
     'check_state_dict', 'few_keys', 'unwrap_model'
 ]
-
-#: keys that may be absent from a checkpoint (as in MMEngine)
-OPTIONAL_KEYS = ('num_batches_tracked', )
 
 
 class CheckpointMismatchError(RuntimeError):
@@ -41,8 +31,9 @@ class LoadReport(NamedTuple):
 
 
 def compare_state_dicts(model_sd: Mapping, ckpt_sd: Mapping) -> LoadReport:
-    """Keys and shapes of a checkpoint state dict against a model's."""
-    own = [k for k in model_sd if not k.endswith(OPTIONAL_KEYS)]
+    """Keys and shapes of a checkpoint state dict against a model's (BN
+    ``num_batches_tracked`` may be absent, as in mmengine)."""
+    own = [k for k in model_sd if not k.endswith('num_batches_tracked')]
     mismatched = tuple(
         (k, tuple(v.shape), tuple(model_sd[k].shape))
         for k, v in ckpt_sd.items()
@@ -70,30 +61,26 @@ def check_state_dict(model_sd: Mapping,
                      hint: Optional[Callable[[], Optional[str]]] = None
                      ) -> LoadReport:
     """Raise :class:`CheckpointMismatchError` unless ``ckpt_sd`` matches
-    ``model_sd`` (keys and shapes); with ``allow_partial`` log the mismatch
-    as a warning instead, unless no tensor would load. ``opt_in`` names the
-    switch for partial loads; ``hint`` (called on a mismatch) may explain
-    it, e.g. with the converter command (then it is never partial)."""
+    ``model_sd``; ``allow_partial`` logs a mismatch instead, unless no tensor
+    loads. ``opt_in`` names that switch; ``hint()`` may explain a mismatch
+    (then it is an error)."""
     r = compare_state_dicts(model_sd, ckpt_sd)
     if r.ok:
         return r
     hint = hint() if hint is not None else None
-    head = (
-        f'checkpoint {source} does not match {target}: {r.matched} of '
-        f'its {r.n_ckpt} tensors would load' +
-        (' (none: a checkpoint of another model?)' if r.matched == 0 else '') +
-        '.')
-    shapes = [
-        f'{k} (checkpoint {list(a)} vs model {list(b)})'
-        for k, a, b in r.mismatched
-    ]
-    lines = [head] + [
+    none = ' (none: a checkpoint of another model?)' if not r.matched else ''
+    lines = [
+        f'checkpoint {source} does not match {target}: {r.matched} of its '
+        f'{r.n_ckpt} tensors would load{none}.'
+    ] + [
         f'{len(keys)} {what}: {few_keys(keys)}' for keys, what in (
             (r.missing, f"of the model's {r.n_model} tensors are missing "
              f'from the checkpoint'),
             (r.unexpected, f"of the checkpoint's {r.n_ckpt} tensors are not "
-             f'in the model (unexpected)'),
-            (shapes, 'tensors have another shape')) if keys
+             f'in the model (unexpected)'), ([
+                 f'{k} (checkpoint {list(a)} vs model {list(b)})'
+                 for k, a, b in r.mismatched
+             ], 'tensors have another shape')) if keys
     ]
     if hint is None and allow_partial and r.matched > 0:
         print_log(
@@ -108,8 +95,8 @@ def check_state_dict(model_sd: Mapping,
 
 
 def unwrap_model(model):
-    """The model inside DDP / DataParallel wrappers and TTA models (what
-    MMEngine loads checkpoints into)."""
+    """The model inside DDP / DataParallel and TTA wrappers (what mmengine
+    loads checkpoints into)."""
     from mmengine.model import BaseTTAModel, is_model_wrapper
     while is_model_wrapper(model) or isinstance(model, BaseTTAModel):
         model = model.module

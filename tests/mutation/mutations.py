@@ -188,7 +188,7 @@ MUTATIONS = (
     M(name='convert_swap_norms',
       what=('converter: official norm1 / norm2 of the SOFT blocks swapped '
             '(both directions: still round-trips)'),
-      path='mmsoft/models/converters.py',
+      path='mmsoft/models/arch_zoo.py',
       old=("    ('att.norm1.', 'norm1.', ('c', )),\n"
            "    ('att.ff1.', 'ffn.layers.0.0.', ('f', 'c')),"
            "  # mmcv FFN: fc1\n"
@@ -203,7 +203,7 @@ MUTATIONS = (
     M(name='convert_swap_qv',
       what=('converter: official W_q / W_v swapped (both directions: still '
             'round-trips)'),
-      path='mmsoft/models/converters.py',
+      path='mmsoft/models/arch_zoo.py',
       old=("    ('att.mha.W_q.', 'attn.q.', ('c', 'c')),\n"
            "    ('att.mha.W_v.', 'attn.v.', ('c', 'c')),\n"),
       new=("    ('att.mha.W_q.', 'attn.v.', ('c', 'c')),\n"
