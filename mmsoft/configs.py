@@ -1,31 +1,10 @@
-"""Build on mmsoft's shipped configs from your own project directory.
+"""List, locate and copy mmsoft's shipped configs, to inherit them from
+your own project with a relative ``_base_`` path (mmengine 0.10 refuses
+``mmsoft::``)::
 
-mmengine 0.10.x refuses ``_base_ = 'mmsoft::...'``: its ``::`` syntax only
-accepts the packages of a built-in list (registering mmsoft there at
-``import mmsoft`` would come too late for tools that parse the config
-before ``custom_imports``), its path pattern needs a ``/`` (mmsoft's configs
-are flat: ``mmsoft::retinanet_soft_small_1x.py`` is rejected), and it gives
-the dicts defined in mmsoft's files ``_scope_='mmsoft'`` (e.g. the
-optimizer wrapper). So mmsoft offers::
+    python -m mmsoft.configs list | path NAME | copy NAME --dest DIR
 
-    python -m mmsoft.configs list                 # the shipped configs
-    python -m mmsoft.configs path retinanet_soft_small_1x
-    python -m mmsoft.configs copy retinanet_soft_small_1x --dest mmsoft_configs
-
-``copy`` writes the config and every local ``_base_`` file it inherits
-(``configs/_base_/...``; ``mmdet::`` / ``mmseg::`` / ``mmpretrain::`` bases
-stay references to the installed codebases) into ``--dest``, keeping their
-relative layout, so that your config inherits it with a plain relative path
-that every tool understands (mmsoft's, mmdet's, mmseg's, mmpretrain's,
-``mim``)::
-
-    # my_project/my_retinanet.py
-    _base_ = ['./mmsoft_configs/retinanet_soft_small_1x.py']
-    model = dict(backbone=dict(arch='tiny'),
-                 neck=dict(in_channels=[64, 128, 320, 512]))
-
-In Python, :func:`get_config` loads a shipped config as an
-``mmengine.Config``.
+(docs/en/user_guides/own_config.md).
 """
 import argparse
 import ast
@@ -53,9 +32,8 @@ def get_config(name: str):
 
 
 def base_files(path: str) -> List[str]:
-    """``path`` and every local file it inherits from, recursively (absolute
-    paths, ``path`` first); ``pkg::`` bases are left out. ``_base_`` is
-    read as a literal (a string or a list), the file is not run."""
+    """``path`` and the local files it inherits, recursively (``path``
+    first; ``pkg::`` bases left out); ``_base_`` is read, not run."""
     order, todo = [], [osp.abspath(path)]
     while todo:
         cur = todo.pop(0)
@@ -76,12 +54,8 @@ def base_files(path: str) -> List[str]:
 
 
 def copy_config(name: str, dest: str, force: bool = False) -> List[str]:
-    """Copy a shipped config and its local bases into ``dest``.
-
-    Files keep their path relative to the configs folder
-    (``dest/retinanet_soft_small_1x.py``, ``dest/_base_/...``). Each file is
-    written atomically (:func:`mmsoft.utils.atomic.atomic_path`). An
-    existing file with other contents is kept unless ``force``.
+    """Copy a shipped config and its local bases into ``dest`` (keeping
+    their layout; atomically; a differing file only with ``force``).
 
     Returns:
         The written (or already identical) files, the config first.

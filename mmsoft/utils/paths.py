@@ -1,10 +1,5 @@
-"""Where mmsoft's shipped configs are, in a checkout and when installed.
-
-A checkout has them next to the package (``<repo>/configs``); an install
-(``pip install .``, a wheel) ships them inside the package as OpenMMLab
-codebases do (``<site-packages>/mmsoft/.mim/configs``: a copy in wheels, a
-link to the checkout for editable installs), which is where ``mim`` looks.
-"""
+"""Where mmsoft's shipped configs are: ``<checkout>/configs`` or, installed,
+``<package>/.mim/configs`` (where ``mim`` looks)."""
 import difflib
 import os
 import os.path as osp
@@ -17,10 +12,8 @@ _PKG_DIR = osp.dirname(osp.dirname(osp.abspath(__file__)))
 
 
 def configs_root() -> str:
-    """The folder of mmsoft's configs: ``<checkout>/configs`` (a checkout is
-    recognised by its ``setup.py`` next to the package, so that an
-    unrelated ``configs`` folder in site-packages is never taken for
-    mmsoft's) or ``<package>/.mim/configs``."""
+    """The folder of mmsoft's configs (a checkout: ``setup.py`` next to the
+    package, never an unrelated ``configs`` folder in site-packages)."""
     repo = osp.dirname(_PKG_DIR)
     candidates = [osp.join(_PKG_DIR, '.mim', 'configs')]
     if osp.isfile(osp.join(repo, 'setup.py')):
@@ -35,8 +28,8 @@ def configs_root() -> str:
 
 
 def list_configs(include_base: bool = False) -> List[str]:
-    """Config names relative to :func:`configs_root` (``'demo/...'`` for
-    the demo configs), sorted; ``_base_`` fragments only if asked."""
+    """Config names relative to :func:`configs_root`, sorted; ``_base_``
+    fragments only if asked."""
     root = configs_root()
     names = []
     for dirpath, dirnames, filenames in os.walk(root, followlinks=True):
@@ -54,10 +47,10 @@ def list_configs(include_base: bool = False) -> List[str]:
 def get_config_path(name: str) -> str:
     """Absolute path of a shipped config.
 
-    ``name``: a config name with or without ``.py``, relative to the configs
-    folder (``'retinanet_soft_small_1x'``, ``'demo/retinanet_soft_demo.py'``,
-    ``'_base_/soft_dense.py'``); a leading ``configs/`` is accepted. A bare
-    file name is also looked up in the sub-folders.
+    Args:
+        name (str): relative to the configs folder, ``.py`` and a leading
+            ``configs/`` optional; a bare file name is also looked up in the
+            sub-folders (``'retinanet_soft_small_1x'``, ``'demo/x.py'``).
 
     Raises:
         FileNotFoundError: one line naming the config and the closest names.
