@@ -11,7 +11,6 @@ from . import compat as _compat
 from .engine import SafeCheckpointHook  # noqa: F401 (registers the hooks)
 from .models import SOFT
 from .registry import MODELS
-from .utils.paths import configs_root, get_config_path
 from .version import __version__
 
 _compat.register_safe_globals()
@@ -25,6 +24,13 @@ def setup():
         DeprecationWarning,
         stacklevel=2)
     return []
+
+
+def __getattr__(name):
+    if name in ('configs_root', 'get_config_path'):  # lazy: python -m
+        from . import configs  # mmsoft.configs runs it as __main__
+        return getattr(configs, name)
+    raise AttributeError(f'module {__name__!r} has no attribute {name!r}')
 
 
 __all__ = [

@@ -1,5 +1,6 @@
-"""List, locate and copy mmsoft's shipped configs, to inherit them from
-your own project with a relative ``_base_`` path (mmengine 0.10 refuses
+"""Find, list and copy mmsoft's shipped configs (``<checkout>/configs``;
+installed: ``<package>/.mim/configs``, where ``mim`` looks), to inherit them
+from your own project with a relative ``_base_`` (mmengine 0.10 refuses
 ``mmsoft::``)::
 
     python -m mmsoft.configs list | path NAME | copy NAME --dest DIR
@@ -8,20 +9,78 @@ your own project with a relative ``_base_`` path (mmengine 0.10 refuses
 """
 import argparse
 import ast
+import difflib
 import filecmp
+import glob
 import os
 import os.path as osp
 import shutil
 import sys
 from typing import List, Optional
 
-from .utils.atomic import atomic_path
-from .utils.paths import configs_root, get_config_path, list_configs
-
 __all__ = [
-    'get_config', 'get_config_path', 'list_configs', 'base_files',
-    'copy_config'
+    'configs_root', 'get_config', 'get_config_path', 'list_configs',
+    'base_files', 'copy_config'
 ]
+
+_PKG_DIR = osp.dirname(osp.abspath(__file__))
+
+
+def configs_root() -> str:
+    """The folder of mmsoft's configs (a checkout: ``setup.py`` next to the
+    package, never an unrelated ``configs`` folder in site-packages)."""
+    repo = osp.dirname(_PKG_DIR)
+    candidates = [osp.join(_PKG_DIR, '.mim', 'configs')]
+    if osp.isfile(osp.join(repo, 'setup.py')):
+        candidates.insert(0, osp.join(repo, 'configs'))
+    found = next((c for c in candidates if osp.isdir(c)), None)
+    if found is None:
+        raise FileNotFoundError(
+            f'mmsoft configs/ not found (looked in {" and ".join(candidates)})'
+            '; reinstall mmsoft (pip install mmsoft / pip install -e '
+            '<checkout>) so that its configs are shipped')
+    return found
+
+
+def list_configs(include_base: bool = False) -> List[str]:
+    """Config names relative to :func:`configs_root`, sorted; ``_base_``
+    fragments only if asked."""
+    root = configs_root()
+    names = (
+        osp.relpath(p, root).replace(os.sep, '/')
+        for p in glob.glob(osp.join(root, '**', '*.py'), recursive=True))
+    return sorted(n for n in names
+                  if include_base or '_base_' not in n.split('/')[:-1])
+
+
+def get_config_path(name: str) -> str:
+    """Absolute path of a shipped config.
+
+    Args:
+        name (str): relative to the configs folder, ``.py`` and a leading
+            ``configs/`` optional; a bare file name is also looked up in the
+            sub-folders (``'retinanet_soft_small_1x'``, ``'demo/x.py'``).
+
+    Raises:
+        FileNotFoundError: one line naming the config and the closest names.
+    """
+    root = configs_root()
+    rel = name.replace('\\', '/')
+    if rel.startswith('configs/'):
+        rel = rel[len('configs/'):]
+    if not rel.endswith('.py'):
+        rel += '.py'
+    path = osp.join(root, *rel.split('/'))
+    if osp.isfile(path):
+        return path
+    known = list_configs(include_base=True)
+    by_base = [k for k in known if k.rsplit('/', 1)[-1] == rel]
+    if len(by_base) == 1:
+        return osp.join(root, *by_base[0].split('/'))
+    close = difflib.get_close_matches(rel, known, n=3, cutoff=0.5)
+    hint = (f'; did you mean {", ".join(close)}?'
+            if close else '; list them with: python -m mmsoft.configs list')
+    raise FileNotFoundError(f'mmsoft has no config {name!r} in {root}{hint}')
 
 
 def get_config(name: str):
@@ -64,6 +123,7 @@ def copy_config(name: str, dest: str, force: bool = False) -> List[str]:
         FileNotFoundError: unknown config.
         FileExistsError: a differing file exists and ``force`` is False.
     """
+    from mmsoft.utils.atomic import atomic_path
     root = osp.realpath(configs_root())
     files = base_files(get_config_path(name))
     plan = []

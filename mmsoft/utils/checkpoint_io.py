@@ -18,10 +18,10 @@ from .safe_load import safe_torch_load, unsafe_globals
 
 __all__ = [
     'CheckpointError', 'CheckpointWriteError', 'CheckpointRefused',
-    'save_atomic', 'describe_damage', 'load_verified',
-    'check_runner_checkpoint', 'find_newest_complete', 'check_complete',
-    'checkpoint_candidates', 'remove_stale_temps', 'refusal_message',
-    'TMP_SUFFIX', 'CheckpointDirInUse', 'claim_checkpoint_dir', 'OWNER_FILE'
+    'save_atomic', 'describe_damage', 'load_verified', 'find_newest_complete',
+    'check_complete', 'checkpoint_candidates', 'remove_stale_temps',
+    'refusal_message', 'TMP_SUFFIX', 'CheckpointDirInUse',
+    'claim_checkpoint_dir', 'OWNER_FILE'
 ]
 
 _CKPT_RE = re.compile(r'^(?:epoch|iter)_(\d+)\.pth$')
@@ -119,17 +119,6 @@ def load_verified(path: str, map_location='cpu', weights_only=None):
     except pickle.UnpicklingError:
         raise CheckpointRefused(refusal_message(
             path, unsafe_globals(path))) from None
-
-
-def check_runner_checkpoint(runner):
-    """Read the local file ``runner.load_or_resume`` will load with
-    :func:`load_verified` (before mmengine's unrestricted ``torch.load``
-    of torch < 2.6); returns it (None: nothing to check)."""
-    path = getattr(runner, '_load_from', None)
-    if path and not getattr(runner, '_has_loaded', False) and \
-            osp.isfile(str(path)):
-        return load_verified(str(path))
-    return None
 
 
 def save_atomic(obj, path: str, writer=None) -> None:

@@ -16,9 +16,8 @@ from mmengine.registry import HOOKS
 from mmsoft.utils.atomic import atomic_path, atomic_write
 from mmsoft.utils.checkpoint_io import (CheckpointDirInUse, CheckpointError,
                                         CheckpointWriteError,
-                                        check_runner_checkpoint,
                                         claim_checkpoint_dir,
-                                        find_newest_complete,
+                                        find_newest_complete, load_verified,
                                         remove_stale_temps)
 from mmsoft.utils.rng_state import get_rng_state, set_rng_state
 
@@ -63,24 +62,15 @@ class _DeferredRemoval:
         return getattr(self._backend, name)
 
 
-class _RestoreAfter:
-    """Iterator proxy: after ``n`` batches (mmengine's replay of a resumed
-    iteration-based loop) run ``callback`` and put the iterator back."""
-
-    def __init__(self, loop, n, callback):
-        self.loop, self.inner = loop, loop.dataloader_iterator
-        self.n, self.callback = n, callback
-
-    def __iter__(self):
-        return self
-
-    def __next__(self):
-        data = next(self.inner)
-        self.n -= 1
-        if self.n <= 0:
-            self.loop.dataloader_iterator = self.inner
-            self.callback()
-        return data
+def _restore_after(loop, inner, n, callback):
+    """``inner``; after its ``n``-th batch (mmengine's replay of a resumed
+    iteration-based loop) ``callback()`` and ``inner`` back on ``loop``."""
+    for _ in range(n - 1):
+        yield next(inner)
+    data = next(inner)
+    loop.dataloader_iterator = inner
+    callback()
+    yield data
 
 
 @HOOKS.register_module()
@@ -133,11 +123,12 @@ class SafeCheckpointHook(CheckpointHook):
         path, skipped, refusal = result
         if refusal:
             raise CheckpointDirInUse(refusal)
-        if not auto:
-            checkpoint = check_runner_checkpoint(runner)
-            if checkpoint is not None:
-                check_recorded_attn_norm(runner.model, checkpoint,
-                                         runner._load_from)
+        if not auto:  # read before mmengine's (unrestricted < torch 2.6)
+            load_from = str(getattr(runner, '_load_from', None) or '')
+            if osp.isfile(load_from) and not getattr(runner, '_has_loaded',
+                                                     False):
+                checkpoint = load_verified(load_from)
+                check_recorded_attn_norm(runner.model, checkpoint, load_from)
         elif path is not None:
             runner.logger.info('mmsoft: resuming from the newest complete '
                                f'checkpoint {path}')
@@ -223,7 +214,9 @@ class SafeCheckpointHook(CheckpointHook):
         if getattr(loop, 'iter', 0) > 0 and hasattr(loop,
                                                     'dataloader_iterator'):
             # IterBasedTrainLoop replays `iter` batches after before_train
-            loop.dataloader_iterator = _RestoreAfter(loop, loop.iter, restore)
+            loop.dataloader_iterator = _restore_after(loop,
+                                                      loop.dataloader_iterator,
+                                                      loop.iter, restore)
         else:
             restore()
 

@@ -67,6 +67,34 @@ def _fmt(loss) -> str:
     return str(loss)
 
 
+def _where(runner) -> str:
+    """'epoch E, iteration I/N' (1-based; I counts from the start)."""
+    from mmengine.runner import EpochBasedTrainLoop
+    max_iters = getattr(runner.train_loop, 'max_iters', None)
+    it = f'iteration {runner.iter + 1}' + (f'/{max_iters}'
+                                           if max_iters else '')
+    if isinstance(runner.train_loop, EpochBasedTrainLoop):
+        return f'epoch {runner.epoch + 1}, {it}'
+    return it
+
+
+def _fail(runner, msg):
+    runner.logger.error(msg)
+    raise NonFiniteLossError(msg)
+
+
+def _model(runner):
+    return runner.model.module if is_model_wrapper(
+        runner.model) else runner.model
+
+
+def _param_names(runner, bad) -> str:
+    ids = {id(t) for t in bad}
+    names = [n for n, p in _model(runner).named_parameters() if id(p) in ids]
+    shown = ', '.join(names[:3]) + (', ...' if len(names) > 3 else '')
+    return f'{len(bad)} parameter tensor(s)' + (f' ({shown})' if shown else '')
+
+
 @HOOKS.register_module()
 class NonFiniteLossHook(Hook):
     """Stop (or skip) training steps whose loss is not finite.
@@ -93,38 +121,12 @@ class NonFiniteLossHook(Hook):
         self._step_skipped = False
         self._runner = None
 
-    @staticmethod
-    def _where(runner) -> str:
-        """'epoch E, iteration I/N' (1-based; I counts from the start)."""
-        from mmengine.runner import EpochBasedTrainLoop
-        max_iters = getattr(runner.train_loop, 'max_iters', None)
-        it = f'iteration {runner.iter + 1}' + (f'/{max_iters}'
-                                               if max_iters else '')
-        if isinstance(runner.train_loop, EpochBasedTrainLoop):
-            return f'epoch {runner.epoch + 1}, {it}'
-        return it
-
-    @staticmethod
-    def _fail(runner, msg):
-        runner.logger.error(msg)
-        raise NonFiniteLossError(msg)
-
-    @staticmethod
-    def _param_names(runner, bad) -> str:
-        model = runner.model.module if is_model_wrapper(
-            runner.model) else runner.model
-        ids = {id(t) for t in bad}
-        names = [n for n, p in model.named_parameters() if id(p) in ids]
-        shown = ', '.join(names[:3]) + (', ...' if len(names) > 3 else '')
-        return f'{len(bad)} parameter tensor(s)' + (f' ({shown})'
-                                                    if shown else '')
-
     def _stop(self, runner, loss) -> None:
         skipped = (f' after {self.skipped} skipped step(s)'
                    if self.max_skipped_steps else '')
-        self._fail(
+        _fail(
             runner, f'NonFiniteLossHook: non-finite training loss ({loss}) '
-            f'at {self._where(runner)}{skipped}; training stopped before the '
+            f'at {_where(runner)}{skipped}; training stopped before the '
             f'optimizer step{_note(runner)}. Lower the learning rate, enable '
             f'gradient clipping (optim_wrapper.clip_grad), or allow skipped '
             f"steps with custom_hooks=[dict(type='NonFiniteLossHook', "
@@ -142,7 +144,7 @@ class NonFiniteLossHook(Hook):
         self.total_skipped += 1
         runner.logger.warning(
             f'NonFiniteLossHook: non-finite loss ({_fmt(loss)}) at '
-            f'{self._where(runner)}: step skipped ({self.skipped}/'
+            f'{_where(runner)}: step skipped ({self.skipped}/'
             f'{self.max_skipped_steps} in a row)')
         return True
 
@@ -154,11 +156,11 @@ class NonFiniteLossHook(Hook):
         ])
         if _any_rank(bool(bad)):
             runner = self._runner
-            what = self._param_names(runner, bad) if bad else \
+            what = _param_names(runner, bad) if bad else \
                 'parameters on another rank'
-            self._fail(
+            _fail(
                 runner, f'NonFiniteLossHook: the optimizer step at '
-                f'{self._where(runner)} made {what} nan / inf although the '
+                f'{_where(runner)} made {what} nan / inf although the '
                 f'loss was finite ({_fmt(loss)}): the gradients or the '
                 f'update overflowed; training stopped{_note(runner)}. {_FIX}')
 
@@ -206,13 +208,11 @@ class NonFiniteLossHook(Hook):
 
     def before_save_checkpoint(self, runner, checkpoint: dict) -> None:
         """Never save non-finite parameters (the same on every rank)."""
-        model = runner.model.module if is_model_wrapper(
-            runner.model) else runner.model
-        bad = _nonfinite_params(list(model.parameters()))
+        bad = _nonfinite_params(list(_model(runner).parameters()))
         if bad:
-            self._fail(
+            _fail(
                 runner, f'NonFiniteLossHook: refusing to save a checkpoint '
-                f'at {self._where(runner)}: {self._param_names(runner, bad)} '
+                f'at {_where(runner)}: {_param_names(runner, bad)} '
                 f'hold nan / inf; training stopped, the checkpoints on disk '
                 f'are from before the fault. {_FIX}')
 
