@@ -2,7 +2,7 @@
 
 ``pip install .`` / a wheel ship the configs, the tools and the model index
 inside the package, as mmdet / mmseg / mmpretrain do: ``mmsoft/.mim/`` holds
-copies of ``configs/`` (found by :mod:`mmsoft.utils.paths`), ``tools/``
+copies of ``configs/`` (found by :mod:`mmsoft.configs`), ``tools/``
 (with the tools' own package, ``tools/mmsoft_tools``), ``demo/``
 (``image_demo.py``, the inference quick-start) and ``model-index.yml`` (for
 ``mim``); an editable install (``pip install -e .``) links

@@ -1,36 +1,36 @@
 """mmsoft: SOFT (softmax-free linear transformers) for OpenMMLab.
 
-``import mmsoft`` (e.g. ``custom_imports=dict(imports=['mmsoft'])``)
-registers mmsoft's models, hooks and optim wrappers, and adds the
-allow-list of :func:`mmsoft.compat.register_safe_globals` to torch's
-weights-only unpickler (torch >= 2.6: mmengine 0.10's own training
-checkpoints do not load without it, also in mmengine's inferencers, which
-load before any model is built). Nothing else in the process changes:
-building, initialising and running a model patches no loader, warning
-filter, logger or torch setting. The training-safety parts are opt-in,
-named in a config: ``SafeCheckpointHook``, ``NonFiniteLossHook``,
-``StrictLoadHook``, ``CPUAmpOptimWrapper`` (``tools/train.py`` adds them).
+``import mmsoft`` registers mmsoft's models, hooks and optim wrappers and
+adds mmengine's training-checkpoint allow-list to torch's weights-only
+unpickler (:func:`mmsoft.compat.register_safe_globals`); nothing else in
+the process changes (docs/en/advanced_guides/compatibility.md).
 """
+import warnings
+
 from . import compat as _compat
 from .engine import SafeCheckpointHook  # noqa: F401 (registers the hooks)
 from .models import SOFT
 from .registry import MODELS
-from .utils.paths import configs_root, get_config_path
 from .version import __version__
 
 _compat.register_safe_globals()
 
 
 def setup():
-    """Deprecated in 0.4 (removed in 0.5): does nothing; ``import mmsoft``
-    is all the set-up there is. Returns ``[]``."""
-    import warnings
+    """Deprecated in 0.4, removed in 0.5: does nothing. Returns ``[]``."""
     warnings.warn(
         'mmsoft.setup() is deprecated and does nothing: import mmsoft '
         'registers everything (mmsoft loads checkpoints safely itself)',
         DeprecationWarning,
         stacklevel=2)
     return []
+
+
+def __getattr__(name):
+    if name in ('configs_root', 'get_config_path'):  # lazy: python -m
+        from . import configs  # mmsoft.configs runs it as __main__
+        return getattr(configs, name)
+    raise AttributeError(f'module {__name__!r} has no attribute {name!r}')
 
 
 __all__ = [

@@ -1,48 +1,86 @@
-"""Build on mmsoft's shipped configs from your own project directory.
+"""Find, list and copy mmsoft's shipped configs (``<checkout>/configs``;
+installed: ``<package>/.mim/configs``, where ``mim`` looks), to inherit them
+from your own project with a relative ``_base_`` (mmengine 0.10 refuses
+``mmsoft::``)::
 
-mmengine 0.10.x refuses ``_base_ = 'mmsoft::...'``: its ``::`` syntax only
-accepts the packages of a built-in list (registering mmsoft there at
-``import mmsoft`` would come too late for tools that parse the config
-before ``custom_imports``), its path pattern needs a ``/`` (mmsoft's configs
-are flat: ``mmsoft::retinanet_soft_small_1x.py`` is rejected), and it gives
-the dicts defined in mmsoft's files ``_scope_='mmsoft'`` (e.g. the
-optimizer wrapper). So mmsoft offers::
+    python -m mmsoft.configs list | path NAME | copy NAME --dest DIR
 
-    python -m mmsoft.configs list                 # the shipped configs
-    python -m mmsoft.configs path retinanet_soft_small_1x
-    python -m mmsoft.configs copy retinanet_soft_small_1x --dest mmsoft_configs
-
-``copy`` writes the config and every local ``_base_`` file it inherits
-(``configs/_base_/...``; ``mmdet::`` / ``mmseg::`` / ``mmpretrain::`` bases
-stay references to the installed codebases) into ``--dest``, keeping their
-relative layout, so that your config inherits it with a plain relative path
-that every tool understands (mmsoft's, mmdet's, mmseg's, mmpretrain's,
-``mim``)::
-
-    # my_project/my_retinanet.py
-    _base_ = ['./mmsoft_configs/retinanet_soft_small_1x.py']
-    model = dict(backbone=dict(arch='tiny'),
-                 neck=dict(in_channels=[64, 128, 320, 512]))
-
-In Python, :func:`get_config` loads a shipped config as an
-``mmengine.Config``.
+(docs/en/user_guides/own_config.md).
 """
 import argparse
 import ast
+import difflib
 import filecmp
+import glob
 import os
 import os.path as osp
 import shutil
 import sys
 from typing import List, Optional
 
-from .utils.atomic import atomic_path
-from .utils.paths import configs_root, get_config_path, list_configs
-
 __all__ = [
-    'get_config', 'get_config_path', 'list_configs', 'base_files',
-    'copy_config'
+    'configs_root', 'get_config', 'get_config_path', 'list_configs',
+    'base_files', 'copy_config'
 ]
+
+_PKG_DIR = osp.dirname(osp.abspath(__file__))
+
+
+def configs_root() -> str:
+    """The folder of mmsoft's configs (a checkout: ``setup.py`` next to the
+    package, never an unrelated ``configs`` folder in site-packages)."""
+    repo = osp.dirname(_PKG_DIR)
+    candidates = [osp.join(_PKG_DIR, '.mim', 'configs')]
+    if osp.isfile(osp.join(repo, 'setup.py')):
+        candidates.insert(0, osp.join(repo, 'configs'))
+    found = next((c for c in candidates if osp.isdir(c)), None)
+    if found is None:
+        raise FileNotFoundError(
+            f'mmsoft configs/ not found (looked in {" and ".join(candidates)})'
+            '; reinstall mmsoft (pip install mmsoft / pip install -e '
+            '<checkout>) so that its configs are shipped')
+    return found
+
+
+def list_configs(include_base: bool = False) -> List[str]:
+    """Config names relative to :func:`configs_root`, sorted; ``_base_``
+    fragments only if asked."""
+    root = configs_root()
+    names = (
+        osp.relpath(p, root).replace(os.sep, '/')
+        for p in glob.glob(osp.join(root, '**', '*.py'), recursive=True))
+    return sorted(n for n in names
+                  if include_base or '_base_' not in n.split('/')[:-1])
+
+
+def get_config_path(name: str) -> str:
+    """Absolute path of a shipped config.
+
+    Args:
+        name (str): relative to the configs folder, ``.py`` and a leading
+            ``configs/`` optional; a bare file name is also looked up in the
+            sub-folders (``'retinanet_soft_small_1x'``, ``'demo/x.py'``).
+
+    Raises:
+        FileNotFoundError: one line naming the config and the closest names.
+    """
+    root = configs_root()
+    rel = name.replace('\\', '/')
+    if rel.startswith('configs/'):
+        rel = rel[len('configs/'):]
+    if not rel.endswith('.py'):
+        rel += '.py'
+    path = osp.join(root, *rel.split('/'))
+    if osp.isfile(path):
+        return path
+    known = list_configs(include_base=True)
+    by_base = [k for k in known if k.rsplit('/', 1)[-1] == rel]
+    if len(by_base) == 1:
+        return osp.join(root, *by_base[0].split('/'))
+    close = difflib.get_close_matches(rel, known, n=3, cutoff=0.5)
+    hint = (f'; did you mean {", ".join(close)}?'
+            if close else '; list them with: python -m mmsoft.configs list')
+    raise FileNotFoundError(f'mmsoft has no config {name!r} in {root}{hint}')
 
 
 def get_config(name: str):
@@ -53,9 +91,8 @@ def get_config(name: str):
 
 
 def base_files(path: str) -> List[str]:
-    """``path`` and every local file it inherits from, recursively (absolute
-    paths, ``path`` first); ``pkg::`` bases are left out. ``_base_`` is
-    read as a literal (a string or a list), the file is not run."""
+    """``path`` and the local files it inherits, recursively (``path``
+    first; ``pkg::`` bases left out); ``_base_`` is read, not run."""
     order, todo = [], [osp.abspath(path)]
     while todo:
         cur = todo.pop(0)
@@ -76,12 +113,8 @@ def base_files(path: str) -> List[str]:
 
 
 def copy_config(name: str, dest: str, force: bool = False) -> List[str]:
-    """Copy a shipped config and its local bases into ``dest``.
-
-    Files keep their path relative to the configs folder
-    (``dest/retinanet_soft_small_1x.py``, ``dest/_base_/...``). Each file is
-    written atomically (:func:`mmsoft.utils.atomic.atomic_path`). An
-    existing file with other contents is kept unless ``force``.
+    """Copy a shipped config and its local bases into ``dest`` (keeping
+    their layout; atomically; a differing file only with ``force``).
 
     Returns:
         The written (or already identical) files, the config first.
@@ -90,6 +123,7 @@ def copy_config(name: str, dest: str, force: bool = False) -> List[str]:
         FileNotFoundError: unknown config.
         FileExistsError: a differing file exists and ``force`` is False.
     """
+    from mmsoft.utils.atomic import atomic_path
     root = osp.realpath(configs_root())
     files = base_files(get_config_path(name))
     plan = []

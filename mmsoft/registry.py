@@ -1,16 +1,6 @@
-"""mmsoft's registries.
-
-* ``MODELS``: a child of MMEngine's root MODELS registry. Being a child with
-  scope ``'mmsoft'`` makes ``type='mmsoft.SOFT'`` resolvable from any
-  codebase's registry; :mod:`mmsoft.models` also registers the backbone in
-  MMEngine's root MODELS, which mmpretrain's, mmdet's and mmseg's registries
-  fall back to, so that a plain ``type='SOFT'`` works under their default
-  scopes.
-* ``ATTENTIONS``: the token mixers a SOFT stage can use (its ``attn_cfg``):
-  SOFT attention and the attentions of the comparison zoo, each registered
-  at its class under its class name and a short alias (``'soft'``,
-  ``'linformer'``, ...).
-"""
+"""mmsoft's registries: ``MODELS`` (a child of mmengine's root MODELS with
+scope ``'mmsoft'``: ``type='mmsoft.SOFT'`` resolves from any codebase) and
+``ATTENTIONS`` (the token mixers of a SOFT stage's ``attn_cfg``)."""
 from mmengine.registry import MODELS as MMENGINE_MODELS
 from mmengine.registry import Registry
 
@@ -25,9 +15,9 @@ ATTENTIONS = Registry(
 
 
 def register_model(cls):
-    """Class decorator: register a model in mmsoft's MODELS (``type=
-    'mmsoft.X'``) and in MMEngine's root MODELS (plain ``type='X'`` from
-    mmpretrain / mmdet / mmseg scopes), once."""
+    """Class decorator: register a model in mmsoft's MODELS and, once, in
+    mmengine's root MODELS (a plain ``type='X'`` from the mmpretrain /
+    mmdet / mmseg scopes)."""
     MODELS.register_module(module=cls)
     if MMENGINE_MODELS.get(cls.__name__) is not cls:
         MMENGINE_MODELS.register_module(module=cls)

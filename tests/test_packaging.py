@@ -18,7 +18,7 @@ from conftest import ROOT, load_module, run_python
 
 import mmsoft
 from mmsoft import configs as C
-from mmsoft.utils import paths
+from mmsoft import configs as paths
 from mmsoft_tools import deps
 
 
@@ -57,20 +57,25 @@ def test_unknown_config_names_the_closest():
 
 
 def test_removed_path_helper_warns_for_one_release():
-    """``package_root`` (named by the inference guide of 0.3.0) still
-    works, with a DeprecationWarning; the tools' helpers are gone."""
+    """``package_root`` (named by the inference guide of 0.3.0) and the
+    finders of ``mmsoft.utils.paths`` (now :mod:`mmsoft.configs`) still
+    work, with a DeprecationWarning; the tools' helpers are gone."""
+    from mmsoft.utils import paths as old
     with pytest.warns(DeprecationWarning, match='mmsoft.__file__'):
-        root = paths.package_root()
+        root = old.package_root()
     assert root == osp.dirname(mmsoft.__file__)
+    for name in ('configs_root', 'get_config_path', 'list_configs'):
+        with pytest.warns(DeprecationWarning, match=f'mmsoft.configs.{name}'):
+            assert getattr(old, name) is getattr(C, name)
     for gone in ('tools_root', 'checkout_root', 'import_root'):
-        assert not hasattr(paths, gone), gone
+        assert not hasattr(old, gone), gone
 
 
 def _load_paths_at(pkg_dir):
-    """mmsoft/utils/paths.py loaded from a copy at ``pkg_dir``."""
-    os.makedirs(osp.join(pkg_dir, 'utils'), exist_ok=True)
-    dst = osp.join(pkg_dir, 'utils', 'paths.py')
-    shutil.copyfile(osp.join(ROOT, 'mmsoft', 'utils', 'paths.py'), dst)
+    """mmsoft/configs.py loaded from a copy at ``pkg_dir``."""
+    os.makedirs(pkg_dir, exist_ok=True)
+    dst = osp.join(pkg_dir, 'configs.py')
+    shutil.copyfile(osp.join(ROOT, 'mmsoft', 'configs.py'), dst)
     return load_module(dst, '_paths_copy')
 
 

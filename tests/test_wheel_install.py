@@ -206,7 +206,7 @@ def test_wheel_contents(env):
 
 def test_installed_mmsoft_is_the_wheel(env):
     code = ('import json, os, mmsoft\n'
-            'from mmsoft.utils import paths\n'
+            'from mmsoft import configs as paths\n'
             'print(json.dumps(dict(file=mmsoft.__file__,\n'
             '    configs=paths.configs_root(),\n'
             '    link=os.path.islink(paths.configs_root()),\n'

@@ -33,7 +33,7 @@ from mmengine.registry import RUNNERS  # noqa: E402
 from mmengine.runner import Runner  # noqa: E402
 
 from mmsoft.engine import use_safe_checkpoint_hook  # noqa: E402
-from mmsoft.utils.atomic import atomic_path, unwritable_reason  # noqa: E402
+from mmsoft.utils.atomic import atomic_path  # noqa: E402
 from mmsoft.utils.checkpoint_io import CheckpointError  # noqa: E402
 from mmsoft.utils.checkpoint_io import CheckpointRefused  # noqa: E402
 from mmsoft.utils.strict_load import CheckpointMismatchError  # noqa: E402
@@ -170,7 +170,7 @@ def exit_if_bad_out(out, scope):
         return
     if scope != 'mmseg' and not out.endswith(('.pkl', '.pickle')):
         sys.exit(f'error: --out {out}: the dump file must end with .pkl')
-    problem = unwritable_reason(out, directory=scope == 'mmseg')
+    problem = cli.unwritable_reason(out, directory=scope == 'mmseg')
     if problem:
         sys.exit(f'error: --out {out}: {problem}')
 

@@ -1,4 +1,5 @@
-"""Training-engine parts of mmsoft (hooks, optim wrappers)."""
+"""mmsoft's hooks and optim wrappers (registered in mmengine's root
+``HOOKS`` / ``OPTIM_WRAPPERS``: usable by name from any codebase's config)."""
 from .hooks import *  # noqa: F401,F403
 from .hooks import __all__ as _hooks
 from .optimizers import CPUAmpOptimWrapper

@@ -1,27 +1,5 @@
-"""Checkpoint files that survive a kill and are never silently damaged.
-
-* :func:`save_atomic` - ``torch.save`` through
-  :func:`mmsoft.utils.atomic.atomic_path`: the target is either the
-  complete new file or untouched (temporaries are removed on errors and
-  SIGTERM, :func:`remove_stale_temps` removes what a SIGKILL left).
-* :func:`load_verified` - :func:`mmsoft.utils.safe_load.safe_torch_load`
-  after :func:`describe_damage`, with one-line errors. torch's zip reader
-  does not check the CRC-32 of tensor records (a flipped bit in a tensor
-  loads as a different value); :func:`describe_damage` checks every
-  record's CRC-32 with :mod:`zipfile`, which detects it.
-* :func:`check_runner_checkpoint` - what ``Runner.load_or_resume`` is about
-  to read, checked by :class:`~mmsoft.engine.hooks.SafeCheckpointHook`'s
-  ``before_run`` (mmengine's own ``torch.load`` unpickles anything before
-  torch 2.6).
-* :func:`find_newest_complete` - the newest ``epoch_N.pth`` /
-  ``iter_N.pth`` of a work dir that loads; damaged newer ones are skipped,
-  and a ``last_checkpoint`` naming a file of another directory (a copied
-  work dir) is ignored.
-* :func:`claim_checkpoint_dir` - one run per checkpoint directory: a
-  shared ``out_dir`` of two work dirs of the same name is refused.
-* :func:`recorded_attn_norms` - the ``attn_norm`` settings that the
-  config stored in a training checkpoint (``meta['cfg']``) records.
-"""
+"""Checkpoint files that survive a kill and are never silently damaged
+(docs/en/advanced_guides/fault_tolerance.md)."""
 import logging
 import os
 import os.path as osp
@@ -33,20 +11,22 @@ from collections.abc import Mapping
 from typing import Iterable, List, Optional, Tuple
 
 import torch
+from mmengine.logging import print_log
 
 from .atomic import TMP_SUFFIX, atomic_path, atomic_write, remove_stale_temps
 from .safe_load import safe_torch_load, unsafe_globals
 
 __all__ = [
     'CheckpointError', 'CheckpointWriteError', 'CheckpointRefused',
-    'save_atomic', 'describe_damage', 'load_verified',
-    'check_runner_checkpoint', 'find_newest_complete', 'check_complete',
-    'checkpoint_candidates', 'remove_stale_temps', 'refused_globals',
-    'refusal_message', 'is_legacy_pickle', 'TMP_SUFFIX', 'CheckpointDirInUse',
-    'claim_checkpoint_dir', 'OWNER_FILE', 'recorded_attn_norms'
+    'save_atomic', 'describe_damage', 'load_verified', 'find_newest_complete',
+    'check_complete', 'checkpoint_candidates', 'remove_stale_temps',
+    'refusal_message', 'TMP_SUFFIX', 'CheckpointDirInUse',
+    'claim_checkpoint_dir', 'OWNER_FILE'
 ]
 
 _CKPT_RE = re.compile(r'^(?:epoch|iter)_(\d+)\.pth$')
+#: in a checkpoint directory outside the work dir: the work dir writing it
+OWNER_FILE = '.mmsoft-work-dir'
 
 
 class CheckpointError(RuntimeError):
@@ -54,27 +34,28 @@ class CheckpointError(RuntimeError):
 
 
 class CheckpointDirInUse(CheckpointError):
-    """A checkpoint directory belongs to the run of another work dir
-    (:func:`claim_checkpoint_dir`)."""
+    """A checkpoint directory belongs to the run of another work dir."""
 
 
 class CheckpointWriteError(OSError):
-    """A checkpoint could not be written (full disk, ...): the message
-    names the file and what was kept (``SafeCheckpointHook``)."""
+    """A checkpoint could not be written (full disk, ...)."""
 
     def __str__(self):
         return self.strerror or super().__str__()
 
 
 class CheckpointRefused(pickle.UnpicklingError):
-    """Weights-only loading refused a checkpoint (:func:`refusal_message`).
-    """
+    """Weights-only loading refused a checkpoint."""
+
+
+def _warn(msg):
+    print_log(f'mmsoft: {msg}', logger='current', level=logging.WARNING)
 
 
 def describe_damage(path: str) -> Optional[str]:
     """Why ``path`` cannot be a complete torch checkpoint, or None: empty,
-    not a checkpoint, a truncated zip, a record failing its CRC-32 (reads
-    the whole file)."""
+    not a checkpoint, truncated, a record failing its CRC-32 (which
+    ``torch.load`` does not check)."""
     try:
         size = os.path.getsize(path)
         with open(path, 'rb') as f:
@@ -96,29 +77,20 @@ def describe_damage(path: str) -> Optional[str]:
         f'{bad!r})'
 
 
-def is_legacy_pickle(path: str) -> bool:
-    """True for a pickle file, not torch's zip format."""
-    try:
-        with open(path, 'rb') as f:
-            return f.read(1) == b'\x80'
-    except OSError:
-        return False
-
-
-def refused_globals(path: str) -> List[str]:
-    """Globals in ``path`` that weights-only loading refuses."""
-    return unsafe_globals(path)
-
-
 def refusal_message(path: str,
                     refused: List[str],
                     converter: bool = False) -> str:
     """One line for a refused checkpoint: the file, what it holds and the
-    safe fix (never torch's advice to load with ``weights_only=False``)."""
+    safe fix (never ``weights_only=False``)."""
     what = 'pickled objects other than tensors and plain containers'
     if refused:
         what += f' ({", ".join(refused)})'
-    if is_legacy_pickle(path):
+    try:
+        with open(path, 'rb') as f:
+            legacy = f.read(1) == b'\x80'
+    except OSError:
+        legacy = False
+    if legacy:
         what = f"a plain / legacy pickle (not torch's zip format) with {what}"
     fix = ('if you trust the file, run again with --trust-checkpoint'
            if converter else
@@ -130,9 +102,11 @@ def refusal_message(path: str,
 
 def load_verified(path: str, map_location='cpu', weights_only=None):
     """Load ``path`` without running code from it (``weights_only=False``:
-    anything, for a file the caller explicitly trusts). A damaged file
-    raises :class:`CheckpointError`, a refused one
-    :class:`CheckpointRefused`; both one line naming the file and the fix.
+    anything, for a trusted file).
+
+    Raises:
+        CheckpointError: a damaged file. CheckpointRefused: a file that
+        pickles code. Both one line naming the file and the fix.
     """
     damage = describe_damage(path)
     if damage is not None:
@@ -144,64 +118,12 @@ def load_verified(path: str, map_location='cpu', weights_only=None):
         return safe_torch_load(path, map_location=map_location)
     except pickle.UnpicklingError:
         raise CheckpointRefused(refusal_message(
-            path, refused_globals(path))) from None
-
-
-def check_runner_checkpoint(runner):
-    """Check the local file that ``runner.load_or_resume`` will read
-    (``load_from``, or ``resume=True`` with a path) with
-    :func:`load_verified`: raises before mmengine's ``torch.load`` could
-    unpickle a code-running or damaged file (``before_run`` hooks run
-    before ``load_or_resume`` in mmengine 0.10's ``train`` / ``val`` /
-    ``test``). Returns the checkpoint read (None: nothing to check)."""
-    path = getattr(runner, '_load_from', None)
-    if path and not getattr(runner, '_has_loaded', False) and \
-            osp.isfile(str(path)):
-        return load_verified(str(path))
-    return None
-
-
-def recorded_attn_norms(checkpoint) -> set:
-    """The ``attn_norm`` values that the config of a training checkpoint
-    (mmengine stores the run's config text as ``meta['cfg']``) sets inside
-    ``model`` (empty: none recorded). The text is parsed with :mod:`ast`,
-    never executed."""
-    import ast
-    meta = checkpoint.get('meta') if isinstance(checkpoint, Mapping) \
-        else None
-    text = meta.get('cfg') if isinstance(meta, Mapping) else None
-    if not isinstance(text, str):
-        return set()
-    try:
-        tree = ast.parse(text)
-    except (SyntaxError, ValueError):
-        return set()
-    found = set()
-    for stmt in tree.body:
-        if not (isinstance(stmt, ast.Assign) and any(
-                isinstance(t, ast.Name) and t.id == 'model'
-                for t in stmt.targets)):
-            continue
-        for node in ast.walk(stmt.value):
-            values = []
-            if isinstance(node, ast.Call):
-                values = [
-                    k.value for k in node.keywords if k.arg == 'attn_norm'
-                ]
-            elif isinstance(node, ast.Dict):
-                values = [
-                    v for k, v in zip(node.keys, node.values)
-                    if isinstance(k, ast.Constant) and k.value == 'attn_norm'
-                ]
-            found.update(
-                v.value for v in values
-                if isinstance(v, ast.Constant) and isinstance(v.value, bool))
-    return found
+            path, unsafe_globals(path))) from None
 
 
 def save_atomic(obj, path: str, writer=None) -> None:
     """``writer(obj, file)`` (default ``torch.save``) into ``path``
-    atomically and durably (:func:`mmsoft.utils.atomic.atomic_path`)."""
+    atomically and durably."""
     with atomic_path(path, durable=True) as tmp:
         with open(tmp, 'xb') as f:
             (writer or torch.save)(obj, f)
@@ -209,15 +131,11 @@ def save_atomic(obj, path: str, writer=None) -> None:
 
 def checkpoint_candidates(dirs: Iterable[str],
                           extra: Iterable[str] = ()) -> List[str]:
-    """``epoch_N.pth`` / ``iter_N.pth`` files of ``dirs`` plus ``extra``
-    paths, newest first (by N, then by modification time)."""
+    """``epoch_N.pth`` / ``iter_N.pth`` of ``dirs`` plus the ``extra``
+    files, newest first (by N, then by modification time)."""
     found = {}
     for d in dirs:
-        try:
-            entries = os.listdir(d)
-        except OSError:
-            continue
-        for entry in entries:
+        for entry in os.listdir(d) if osp.isdir(d) else ():
             m = _CKPT_RE.match(entry)
             if m:
                 found[osp.abspath(osp.join(d, entry))] = int(m.group(1))
@@ -227,10 +145,7 @@ def checkpoint_candidates(dirs: Iterable[str],
             found.setdefault(osp.abspath(p), int(m.group(1)) if m else -1)
 
     def key(p):
-        try:
-            return found[p], os.path.getmtime(p)
-        except OSError:
-            return found[p], 0.
+        return found[p], osp.getmtime(p) if osp.exists(p) else 0.
 
     return sorted(found, key=key, reverse=True)
 
@@ -244,7 +159,7 @@ def check_complete(path: str) -> Optional[str]:
         return str(e)
     except Exception as e:  # noqa: BLE001
         return f'cannot be loaded ({type(e).__name__}: ' \
-               f'{str(e).splitlines()[0] if str(e) else ""})'
+               f'{(str(e).splitlines() or [""])[0]})'
     if not isinstance(ckpt, Mapping) or 'meta' not in ckpt:
         return 'is not a training checkpoint (no meta)'
     return None
@@ -253,70 +168,42 @@ def check_complete(path: str) -> Optional[str]:
 def find_newest_complete(work_dir: str,
                          out_dir: Optional[str] = None
                          ) -> Tuple[Optional[str], List[Tuple[str, str]]]:
-    """``(path or None, skipped)``: the newest complete training checkpoint
-    among the ``epoch_N.pth`` / ``iter_N.pth`` of ``work_dir`` and
-    ``out_dir`` (the run's checkpoint directory) and the file that
-    ``<work_dir>/last_checkpoint`` names if it lies in one of them (a name
-    elsewhere, as in a copied work dir, is ignored with a warning: resume
-    continues the run of this work dir, never another one); ``skipped``
-    lists ``(path, reason)`` of newer, damaged ones (each also logged as a
-    warning)."""
-    from mmengine.logging import print_log
-    dirs = [work_dir] + ([out_dir] if out_dir else [])
+    """The newest complete training checkpoint of ``work_dir`` and
+    ``out_dir``, or None, and the ``(path, reason)`` of the damaged newer
+    ones (logged). A ``last_checkpoint`` naming a file elsewhere (a copied
+    work dir) is ignored."""
+    dirs = list(dict.fromkeys([work_dir] + ([out_dir] if out_dir else [])))
     last = None
-    try:
+    if osp.isfile(osp.join(work_dir, 'last_checkpoint')):
         with open(osp.join(work_dir, 'last_checkpoint')) as f:
             last = f.read().strip() or None
-    except OSError:
-        pass
     own = {osp.realpath(d) for d in dirs}
     if last and osp.realpath(osp.dirname(osp.abspath(last))) not in own:
-        # a copied or moved work dir: its last_checkpoint names the file
-        # of the other run; resuming (or max_keep_ckpts) must not touch it
-        print_log(
-            f'mmsoft: {osp.join(work_dir, "last_checkpoint")} names {last}, '
-            f'outside this run\'s checkpoint directory (a copied or moved '
-            f'work dir?): ignored; resuming from the newest checkpoint of '
-            f'{" / ".join(dict.fromkeys(dirs))}',
-            logger='current',
-            level=logging.WARNING)
+        _warn(f'{osp.join(work_dir, "last_checkpoint")} names {last}, '
+              f'outside this run\'s checkpoint directory (a copied or moved '
+              f'work dir?): ignored; resuming from the newest checkpoint of '
+              f'{" / ".join(dirs)}')
         last = None
     skipped = []
-    for p in checkpoint_candidates(
-            dict.fromkeys(dirs), [last] if last else []):
+    for p in checkpoint_candidates(dirs, [last] if last else []):
         reason = check_complete(p)
         if reason is None:
             return p, skipped
         skipped.append((p, reason))
-        print_log(
-            f'mmsoft: skipping {reason}' if reason.startswith('checkpoint ')
-            else f'mmsoft: skipping checkpoint {p}: it {reason}',
-            logger='current',
-            level=logging.WARNING)
+        _warn(f'skipping {reason}' if reason.startswith('checkpoint ') else
+              f'skipping checkpoint {p}: it {reason}')
     if last and not osp.isfile(last):
-        print_log(
-            f'mmsoft: last_checkpoint names {last}, which does not exist',
-            logger='current',
-            level=logging.WARNING)
+        _warn(f'last_checkpoint names {last}, which does not exist')
     return None, skipped
 
 
-#: the file in a checkpoint directory outside the work dir that names the
-#: work dir of the run writing there (:func:`claim_checkpoint_dir`)
-OWNER_FILE = '.mmsoft-work-dir'
-
-
 def claim_checkpoint_dir(ckpt_dir: str, work_dir: str) -> None:
-    """Record ``work_dir`` as the run of ``ckpt_dir`` (``out_dir`` /
-    ``<work dir name>``), or raise :class:`CheckpointDirInUse` (one line)
-    when another work dir holds it: two runs whose work dirs have the same
-    name share mmengine's checkpoint directory, where one's
-    ``max_keep_ckpts`` deletes the other's checkpoints and ``--resume``
-    continues the other run. Nothing to do when ``ckpt_dir`` is the work
-    dir itself."""
-    if osp.realpath(ckpt_dir) == osp.realpath(work_dir):
-        return
+    """Record ``work_dir`` as the run writing ``ckpt_dir`` (``out_dir`` /
+    ``<work dir name>``), or raise :class:`CheckpointDirInUse` when the run
+    of another work dir holds it."""
     me = osp.realpath(work_dir)
+    if osp.realpath(ckpt_dir) == me:
+        return
     marker = osp.join(ckpt_dir, OWNER_FILE)
     os.makedirs(ckpt_dir, exist_ok=True)
     try:
@@ -344,8 +231,7 @@ def claim_checkpoint_dir(ckpt_dir: str, work_dir: str) -> None:
 
 
 def add_checksum(checkpoint):
-    """Deprecated in 0.4 (removed in 0.5): checkpoints are no longer given an
-    mmsoft checksum; :func:`describe_damage` checks torch's zip CRC-32s."""
+    """Deprecated in 0.4, removed in 0.5: does nothing."""
     warnings.warn(
         'mmsoft.utils.checkpoint_io.add_checksum is deprecated and does '
         'nothing: damage is detected by the zip CRC-32s (describe_damage)',
@@ -355,11 +241,21 @@ def add_checksum(checkpoint):
 
 
 def verify_checksum(checkpoint, filename: str = '<checkpoint>') -> bool:
-    """Deprecated in 0.4 (removed in 0.5): see :func:`add_checksum`; returns
-    False (no mmsoft checksum checked)."""
+    """Deprecated in 0.4, removed in 0.5: returns False."""
     warnings.warn(
         'mmsoft.utils.checkpoint_io.verify_checksum is deprecated and does '
         'nothing: use describe_damage(path) / load_verified(path)',
         DeprecationWarning,
         stacklevel=2)
     return False
+
+
+def __getattr__(name):
+    if name == 'refused_globals':  # in 0.3.0; removed in 0.5
+        warnings.warn(
+            'mmsoft.utils.checkpoint_io.refused_globals is deprecated: use '
+            'mmsoft.utils.safe_load.unsafe_globals',
+            DeprecationWarning,
+            stacklevel=2)
+        return unsafe_globals
+    raise AttributeError(f'module {__name__!r} has no attribute {name!r}')

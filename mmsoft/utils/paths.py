@@ -1,93 +1,17 @@
-"""Where mmsoft's shipped configs are, in a checkout and when installed.
-
-A checkout has them next to the package (``<repo>/configs``); an install
-(``pip install .``, a wheel) ships them inside the package as OpenMMLab
-codebases do (``<site-packages>/mmsoft/.mim/configs``: a copy in wheels, a
-link to the checkout for editable installs), which is where ``mim`` looks.
-"""
-import difflib
-import os
+"""Deprecated in 0.4 (removed in 0.5): use :mod:`mmsoft.configs`."""
 import os.path as osp
 import warnings
-from typing import List
-
-__all__ = ['configs_root', 'get_config_path', 'list_configs']
-
-_PKG_DIR = osp.dirname(osp.dirname(osp.abspath(__file__)))
-
-
-def configs_root() -> str:
-    """The folder of mmsoft's configs: ``<checkout>/configs`` (a checkout is
-    recognised by its ``setup.py`` next to the package, so that an
-    unrelated ``configs`` folder in site-packages is never taken for
-    mmsoft's) or ``<package>/.mim/configs``."""
-    repo = osp.dirname(_PKG_DIR)
-    candidates = [osp.join(_PKG_DIR, '.mim', 'configs')]
-    if osp.isfile(osp.join(repo, 'setup.py')):
-        candidates.insert(0, osp.join(repo, 'configs'))
-    for cand in candidates:
-        if osp.isdir(cand):
-            return cand
-    raise FileNotFoundError(
-        f'mmsoft configs/ not found (looked in {" and ".join(candidates)}); '
-        'reinstall mmsoft (pip install mmsoft / pip install -e <checkout>) '
-        'so that its configs are shipped')
-
-
-def list_configs(include_base: bool = False) -> List[str]:
-    """Config names relative to :func:`configs_root` (``'demo/...'`` for
-    the demo configs), sorted; ``_base_`` fragments only if asked."""
-    root = configs_root()
-    names = []
-    for dirpath, dirnames, filenames in os.walk(root, followlinks=True):
-        dirnames[:] = sorted(
-            d for d in dirnames
-            if d != '__pycache__' and (include_base or d != '_base_'))
-        for fn in filenames:
-            if fn.endswith('.py'):
-                names.append(
-                    osp.relpath(osp.join(dirpath, fn),
-                                root).replace(os.sep, '/'))
-    return sorted(names)
-
-
-def get_config_path(name: str) -> str:
-    """Absolute path of a shipped config.
-
-    ``name``: a config name with or without ``.py``, relative to the configs
-    folder (``'retinanet_soft_small_1x'``, ``'demo/retinanet_soft_demo.py'``,
-    ``'_base_/soft_dense.py'``); a leading ``configs/`` is accepted. A bare
-    file name is also looked up in the sub-folders.
-
-    Raises:
-        FileNotFoundError: one line naming the config and the closest names.
-    """
-    root = configs_root()
-    rel = name.replace('\\', '/')
-    if rel.startswith('configs/'):
-        rel = rel[len('configs/'):]
-    if not rel.endswith('.py'):
-        rel += '.py'
-    path = osp.join(root, *rel.split('/'))
-    if osp.isfile(path):
-        return path
-    known = list_configs(include_base=True)
-    by_base = [k for k in known if k.rsplit('/', 1)[-1] == rel]
-    if len(by_base) == 1:
-        return osp.join(root, *by_base[0].split('/'))
-    close = difflib.get_close_matches(rel, known, n=3, cutoff=0.5)
-    hint = (f'; did you mean {", ".join(close)}?'
-            if close else '; list them with: python -m mmsoft.configs list')
-    raise FileNotFoundError(f'mmsoft has no config {name!r} in {root}{hint}')
 
 
 def __getattr__(name):
-    # removed after 0.3.0 (issue 34); the user guide named it: one release
-    if name == 'package_root':
+    if name in ('configs_root', 'get_config_path', 'list_configs',
+                'package_root'):
+        new = 'os.path.dirname(mmsoft.__file__)' if name == 'package_root' \
+            else f'mmsoft.configs.{name}'
         warnings.warn(
-            'mmsoft.utils.paths.package_root is deprecated and will be '
-            'removed; use os.path.dirname(mmsoft.__file__)',
+            f'mmsoft.utils.paths.{name} is deprecated; use {new}',
             DeprecationWarning,
             stacklevel=2)
-        return lambda: _PKG_DIR
+        from mmsoft import configs
+        return getattr(configs, name, lambda: osp.dirname(configs.__file__))
     raise AttributeError(f'module {__name__!r} has no attribute {name!r}')

@@ -1,19 +1,10 @@
 """``torch.load`` that never runs code from a checkpoint, on every torch.
 
-:func:`safe_torch_load` unpickles tensors, plain containers and an
-allow-list: what mmengine's training checkpoints hold (``HistoryBuffer``
-and its numpy arrays, a restricted ``getattr`` / ``bytes``; why each entry
-is needed and safe: :mod:`mmsoft.compat`) and what the caller adds.
-
-* torch >= 2.6: torch's own weights-only unpickler with the allow-list
-  (``torch.serialization.safe_globals``);
-* torch < 2.6 (``weights_only`` defaults to False; no ``safe_globals``
-  before 2.5, and the weights-only unpickler cannot ``BUILD`` allow-listed
-  classes): :class:`RestrictedUnpickler` ("Restricting Globals" of the
-  :mod:`pickle` docs), which resolves torch's weights-only allow-list plus
-  mmsoft's, given to ``torch.load`` as its pickle module.
+torch >= 2.6: torch's weights-only unpickler with mmsoft's allow-list
+(``safe_globals``); before (no ``(obj, name)`` entries, no ``BUILD`` of
+allow-listed classes): :class:`RestrictedUnpickler`. Why each entry is
+safe: docs/en/advanced_guides/compatibility.md.
 """
-import importlib.util
 import pickle
 import types
 import warnings
@@ -25,70 +16,74 @@ __all__ = [
 ]
 
 _MMENGINE_SAFE = []  # built once by mmengine_safe_globals()
-#: (alias, class): _checkpoint_getattr returns public functions of class
-_GETATTR_OWNERS = ()
+_GETATTR_OWNERS = ()  # (alias, class): getattr may return their methods
 
 
-def _user_safe_globals():
-    """What the user allow-listed with ``torch.serialization`` (>= 2.4)."""
+def _user_allows(obj):
+    """Whether the user allow-listed ``obj`` in torch (>= 2.4)."""
     import torch
-    get = getattr(torch.serialization, 'get_safe_globals', None)
-    return get() if get is not None else []
+    return obj in getattr(torch.serialization, 'get_safe_globals', list)()
+
+
+def _refuse(what, allowed):
+    raise pickle.UnpicklingError(
+        f'mmsoft: refusing {what} while loading a checkpoint with '
+        f'weights_only=True; only {allowed} is allowed.')
 
 
 def _checkpoint_getattr(obj, name):
-    """``getattr`` for the unpickler: only a public plain function defined
-    on an allow-listed class (``getattr(HistoryBuffer, 'mean')``)."""
-    owner = next(
-        (real
-         for alias, real in _GETATTR_OWNERS if obj is alias or obj is real),
-        None)
+    """``getattr`` limited to public functions of allow-listed classes
+    (protocol 2 pickles ``HistoryBuffer.min`` as a ``getattr``)."""
+    owner = next((c for a, c in _GETATTR_OWNERS if obj in (a, c)), None)
     if owner is not None and isinstance(name, str) and \
             not name.startswith('_') and isinstance(
                 vars(owner).get(name), types.FunctionType):
         return getattr(owner, name)
-    if getattr in _user_safe_globals():  # the user trusts the real getattr
+    if _user_allows(getattr):
         return getattr(obj, name)
-    raise pickle.UnpicklingError(
-        f'mmsoft: refusing getattr({obj!r}, {name!r}) while loading a '
-        'checkpoint with weights_only=True; only public methods of '
-        f'{[real.__qualname__ for _, real in _GETATTR_OWNERS]} are allowed.')
+    _refuse(
+        f'getattr({obj!r}, {name!r})',
+        f'a public method of {[c.__qualname__ for _, c in _GETATTR_OWNERS]}')
 
 
 def _checkpoint_bytes(*args):
-    """``bytes`` for the unpickler: protocol 2 stores an empty ``bytes``
-    (an empty array's data) as ``bytes()``; only that is built."""
+    """``bytes`` limited to ``bytes()`` (an empty array's data)."""
     if not args:
         return b''
-    if bytes in _user_safe_globals():
+    if _user_allows(bytes):
         return bytes(*args)
-    raise pickle.UnpicklingError(
-        f'mmsoft: refusing bytes{args!r} while loading a checkpoint '
-        'with weights_only=True; only bytes() is allowed.')
+    _refuse(f'bytes{args!r}', 'bytes()')
 
 
-def _make_loaded_history_buffer():
+def _checkpoint_codecs_encode(obj, encoding='utf-8', errors='strict'):
+    """``_codecs.encode`` limited to protocol 2's ``bytes`` (latin1)."""
+    import codecs
+    if not isinstance(obj, str) or encoding not in ('latin1', 'latin-1'):
+        _refuse(f'_codecs.encode of a {type(obj).__name__} with {encoding!r}',
+                "encode(str, 'latin1')")
+    return codecs.encode(obj, encoding, errors)
+
+
+def _loaded_history_buffer():
     from mmengine.logging.history_buffer import HistoryBuffer
 
     class _LoadedHistoryBuffer(HistoryBuffer):
-        """A pickled ``HistoryBuffer`` is rebuilt as this; it becomes a
-        plain ``HistoryBuffer`` without touching the class's
-        ``_statistics_methods`` (:mod:`mmsoft.compat`)."""
+        """Restores the instance only: mmengine's ``__setstate__`` copies
+        the pickled method table into the class."""
 
         def __setstate__(self, state):
             state = dict(state)
-            methods = state.pop('statistics_methods', {})
+            methods = dict(state.pop('statistics_methods', {}))
             self._set_default_statistics()  # setdefault: replaces nothing
-            registered = HistoryBuffer._statistics_methods
             odd = sorted(
-                str(k) for k, v in dict(methods).items()
-                if registered.get(k) is not v)
+                str(k) for k, v in methods.items()
+                if HistoryBuffer._statistics_methods.get(k) is not v)
             if odd:
                 warnings.warn(
-                    'mmsoft.compat: ignoring the statistics methods '
-                    f'{odd} pickled with a HistoryBuffer: they differ from '
-                    'the ones registered in this process (loading a '
-                    'checkpoint does not change HistoryBuffer)',
+                    f'mmsoft.compat: ignoring the statistics methods {odd} '
+                    'pickled with a HistoryBuffer: they differ from the ones '
+                    'registered in this process (loading a checkpoint does '
+                    'not change HistoryBuffer)',
                     stacklevel=2)
             self.__dict__.update(state)
             self.__class__ = HistoryBuffer
@@ -98,18 +93,18 @@ def _make_loaded_history_buffer():
 
 
 def _numpy_safe_globals():
-    """numpy globals that numeric arrays / scalars / dtypes pickle to, under
-    both module spellings (numpy.core: 1.x, numpy._core: 2.x)."""
+    """What numeric numpy arrays / scalars / dtypes pickle to, under
+    ``numpy.core`` (1.x) and ``numpy._core`` (2.x)."""
     import numpy as np
-    out = [np.ndarray, np.dtype]
     try:
         from numpy._core import multiarray
         multiarray._reconstruct, multiarray.scalar
     except (ImportError, AttributeError):  # numpy < 1.26
         from numpy.core import multiarray
-    for fn in (multiarray._reconstruct, multiarray.scalar):
-        for mod in ('numpy.core.multiarray', 'numpy._core.multiarray'):
-            out.append((fn, f'{mod}.{fn.__name__}'))
+    out = [np.ndarray, np.dtype
+           ] + [(fn, f'{mod}.{fn.__name__}')
+                for fn in (multiarray._reconstruct, multiarray.scalar)
+                for mod in ('numpy.core.multiarray', 'numpy._core.multiarray')]
     for code in '?bhilqBHILQefdgFDG':  # numpy >= 1.25: dtype classes
         cls = type(np.dtype(code))
         if cls is not np.dtype and cls not in out:
@@ -123,7 +118,7 @@ def mmengine_safe_globals():
     global _GETATTR_OWNERS
     if not _MMENGINE_SAFE:
         from mmengine.logging.history_buffer import HistoryBuffer
-        loaded = _make_loaded_history_buffer()
+        loaded = _loaded_history_buffer()
         _GETATTR_OWNERS = ((loaded, HistoryBuffer), )
         _MMENGINE_SAFE[:] = [
             (loaded, 'mmengine.logging.history_buffer.HistoryBuffer'),
@@ -145,7 +140,7 @@ def torch_version(version=None):
 
 def native_allow_list():
     """True when torch's weights-only unpickler takes mmsoft's allow-list
-    (``(obj, name)`` entries, ``BUILD`` of allow-listed classes): >= 2.6."""
+    (torch >= 2.6)."""
     return torch_version() >= (2, 6)
 
 
@@ -161,54 +156,32 @@ class RefusedGlobal(pickle.UnpicklingError):
 
 #: what torch 2.14's weights-only unpickler allows beyond torch 2.1's
 _NEWER_TORCH_ALLOWED = ('builtins.set', 'builtins.complex',
-                        'collections.Counter', 'torch.device',
-                        'torch._utils._rebuild_tensor_v3',
-                        'torch._utils._rebuild_parameter_with_state',
-                        'torch._utils._rebuild_qtensor',
-                        'torch._utils._rebuild_device_tensor_from_numpy',
-                        'torch._utils._rebuild_device_tensor_from_cpu_tensor',
-                        'torch._utils._rebuild_nested_tensor',
-                        'torch._utils._rebuild_wrapper_subclass')
-
-
-def _checkpoint_codecs_encode(obj, encoding='utf-8', errors='strict'):
-    """``_codecs.encode`` for :class:`RestrictedUnpickler`: protocol 2
-    stores ``bytes`` as ``_codecs.encode(<str>, 'latin1')``; only that."""
-    import codecs
-    if not isinstance(obj, str) or encoding not in ('latin1', 'latin-1'):
-        raise pickle.UnpicklingError(
-            f'mmsoft: refusing _codecs.encode of a {type(obj).__name__} '
-            f'with {encoding!r} while loading a checkpoint')
-    return codecs.encode(obj, encoding, errors)
+                        'collections.Counter', 'torch.device') + tuple(
+                            f'torch._utils._rebuild_{n}'
+                            for n in ('tensor_v3', 'parameter_with_state',
+                                      'qtensor', 'device_tensor_from_numpy',
+                                      'device_tensor_from_cpu_tensor',
+                                      'nested_tensor', 'wrapper_subclass'))
 
 
 def _allow_list(extra=()):
     """``'module.name'`` -> object: torch's weights-only list (at least
     torch 2.14's), mmengine's checkpoint objects and ``extra``."""
-    import builtins
-    import collections
+    import importlib
 
     import torch
     from torch._weights_only_unpickler import _get_allowed_globals
     out = dict(_get_allowed_globals())
-    modules = dict(
-        builtins=builtins,
-        collections=collections,
-        torch=torch,
-        **{'torch._utils': torch._utils})
     for full in _NEWER_TORCH_ALLOWED:
         mod, _, name = full.rpartition('.')
-        if hasattr(modules[mod], name):
-            out.setdefault(full, getattr(modules[mod], name))
+        if hasattr(importlib.import_module(mod), name):
+            out.setdefault(full, getattr(importlib.import_module(mod), name))
     for name in dir(torch):  # every dtype and quantisation scheme
         obj = getattr(torch, name, None)
         if isinstance(obj, (torch.dtype, torch.qscheme)):
             out.setdefault(f'torch.{name}', obj)
     out['_codecs.encode'] = _checkpoint_codecs_encode
-    entries = list(extra)
-    if importlib.util.find_spec('mmengine') is not None:
-        entries = mmengine_safe_globals() + entries
-    for entry in entries:
+    for entry in mmengine_safe_globals() + list(extra):
         obj, name = entry if isinstance(
             entry, tuple) else (entry,
                                 f'{entry.__module__}.{entry.__qualname__}')
@@ -226,47 +199,44 @@ class RestrictedUnpickler(pickle.Unpickler):
         import _compat_pickle  # protocol < 3: Python 2 names, as fix_imports
         if (module, name) in _compat_pickle.NAME_MAPPING:
             module, name = _compat_pickle.NAME_MAPPING[(module, name)]
-        elif module in _compat_pickle.IMPORT_MAPPING:
-            module = _compat_pickle.IMPORT_MAPPING[module]
+        module = _compat_pickle.IMPORT_MAPPING.get(module, module)
         obj = self.allowed.get(f'{module}.{name}')
         if obj is None:
             raise RefusedGlobal(f'{module}.{name}')
         return obj
 
 
-def _restricted_pickle_module(extra=()):
-    """A module for ``torch.load(pickle_module=...)``: the restricted
-    ``Unpickler``, ``load`` and ``UnpicklingError``."""
+def _restricted_load(f, map_location, extra):
+    """``torch.load`` with :class:`RestrictedUnpickler` as its pickle
+    module."""
+    import torch
     Unpickler = type('Unpickler', (RestrictedUnpickler, ),
                      dict(allowed=_allow_list(extra)))
     mod = types.ModuleType('mmsoft_restricted_pickle')
-    mod.Unpickler = Unpickler
+    mod.Unpickler, mod.UnpicklingError = Unpickler, pickle.UnpicklingError
     mod.load = lambda file, **kwargs: Unpickler(file, **kwargs).load()
-    mod.UnpicklingError = pickle.UnpicklingError
-    return mod
+    return torch.load(
+        f, map_location=map_location, weights_only=False, pickle_module=mod)
 
 
 def safe_torch_load(f, map_location=None, extra=()):
-    """``torch.load`` that never runs code from the file, on every torch.
+    """``torch.load`` that never runs code from the file.
 
-    Unpickles tensors, plain containers, mmengine's training checkpoint
-    objects and ``extra`` (objects or ``(object, 'module.name')`` pairs);
-    any other pickled global raises ``pickle.UnpicklingError``. The
-    process-wide allow-list is left as it was.
+    Args:
+        f: a path or file object.
+        map_location: as for ``torch.load``.
+        extra: more allowed globals (objects or ``(object, 'module.name')``).
+
+    Raises:
+        pickle.UnpicklingError: the file pickles another global. The
+        process-wide allow-list is left as it was.
     """
     import torch
     if not native_allow_list():
-        return torch.load(
-            f,
-            map_location=map_location,
-            weights_only=False,
-            pickle_module=_restricted_pickle_module(extra))
-    safe = list(extra)
-    if importlib.util.find_spec('mmengine') is not None:
-        safe = mmengine_safe_globals() + safe
-    # only new entries: leaving the context removes what it added
+        return _restricted_load(f, map_location, extra)
     have = torch.serialization.get_safe_globals()
-    with torch.serialization.safe_globals([e for e in safe if e not in have]):
+    new = [e for e in mmengine_safe_globals() + list(extra) if e not in have]
+    with torch.serialization.safe_globals(new):  # removes them afterwards
         return torch.load(f, map_location=map_location, weights_only=True)
 
 
@@ -275,18 +245,14 @@ def unsafe_globals(path, extra=()):
     refuses (``module.name``; only the first one on torch < 2.5)."""
     import torch
     allowed = _allow_list(extra)
-    if hasattr(torch.serialization, 'get_unsafe_globals_in_checkpoint'):
-        try:
-            found = torch.serialization.get_unsafe_globals_in_checkpoint(path)
-            return [g for g in found if g not in allowed]
-        except Exception:  # noqa: BLE001 - e.g. a legacy (non-zip) file
-            pass
+    find = getattr(torch.serialization, 'get_unsafe_globals_in_checkpoint',
+                   None)
     try:
-        torch.load(
-            path,
-            map_location='cpu',
-            weights_only=False,
-            pickle_module=_restricted_pickle_module(extra))
+        return [g for g in find(path) if g not in allowed]
+    except Exception:  # noqa: BLE001 - torch < 2.5, a legacy (non-zip) file
+        pass
+    try:
+        _restricted_load(path, 'cpu', extra)
     except RefusedGlobal as e:
         return [e.name]
     except Exception:  # noqa: BLE001 - damaged files: not our question

@@ -78,8 +78,8 @@ def _time(fn, repeats, warmup):
 def bench_one(spec, args, onnx_dir):
     import torch
 
+    from mmsoft.configs import get_config_path
     from mmsoft.models.layers import with_nr
-    from mmsoft.utils.paths import get_config_path
     from mmsoft_tools import deploy
     config, _, size = spec.rpartition(':')
     if not osp.isfile(config):  # a shipped config, e.g. 'configs/x.py'

@@ -20,9 +20,8 @@ def load_checkpoint_file(path: str, trust: bool = False):
     containers, timm's ``args`` Namespace) unless ``trust``. A missing,
     damaged or refused file (the refused globals named) raises a one-line
     :class:`ConversionError`."""
-    from mmsoft.utils.checkpoint_io import (describe_damage, refusal_message,
-                                            refused_globals)
-    from mmsoft.utils.safe_load import safe_torch_load
+    from mmsoft.utils.checkpoint_io import describe_damage, refusal_message
+    from mmsoft.utils.safe_load import safe_torch_load, unsafe_globals
     if not os.path.isfile(path):
         raise ConversionError(f'checkpoint {path!r} ' +
                               ('is a directory, not a file' if os.path.
@@ -45,7 +44,7 @@ def load_checkpoint_file(path: str, trust: bool = False):
                 f'cannot load {path!r} ({type(e).__name__}: {first})'
             ) from None
         refused = [
-            g for g in refused_globals(path) if g != 'argparse.Namespace'
+            g for g in unsafe_globals(path) if g != 'argparse.Namespace'
         ]
         raise ConversionError(refusal_message(path, refused,
                                               converter=True)) from None

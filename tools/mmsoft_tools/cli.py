@@ -7,7 +7,8 @@ from typing import Dict
 
 __all__ = [
     'positive_int', 'check_readable', 'runner_parser', 'parse_runner_args',
-    'apply_runner_args', 'add_strict_load_hook', 'exit_if_missing_weights'
+    'apply_runner_args', 'add_strict_load_hook', 'exit_if_missing_weights',
+    'unwritable_reason'
 ]
 
 
@@ -40,6 +41,26 @@ def check_readable(path: str) -> None:
             (f' (errno {e.errno})' if e.errno else '') +
             '; check its permissions (ls -l) or copy it somewhere readable'
         ) from None
+
+
+def unwritable_reason(path: str, directory: bool = False):
+    """Why a file (``directory``: a directory) cannot be written at
+    ``path``, or None: checked before heavy work. Missing parents are fine
+    (writers create them) unless the nearest existing one is a file or not
+    writable."""
+    path = osp.abspath(path)
+    if not directory and osp.isdir(path):
+        return 'is a directory; give a file name'
+    if directory and osp.exists(path) and not osp.isdir(path):
+        return 'exists and is not a directory'
+    parent = osp.dirname(path)
+    while not osp.exists(parent) and osp.dirname(parent) != parent:
+        parent = osp.dirname(parent)
+    if not osp.isdir(parent):
+        return f'{parent} is a file, not a directory'
+    if not os.access(parent, os.W_OK | os.X_OK):
+        return f'directory {parent} is not writable'
+    return None
 
 
 def runner_parser(description: str, positionals: Dict[str,

@@ -15,7 +15,7 @@ import cv2
 import numpy as np
 from mmengine.hooks import Hook
 
-from mmsoft.utils import paths
+from mmsoft.configs import get_config_path
 from mmsoft.utils.atomic import atomic_write
 from mmsoft_tools import demo_synthetic as synthetic
 
@@ -62,7 +62,7 @@ def config_path(task, root=None):
     one (the checkout's ``configs/`` or the installed ``mmsoft/.mim``)."""
     if root is not None:
         return osp.join(root, TASKS[task]['config'])
-    return paths.get_config_path(TASKS[task]['config'])
+    return get_config_path(TASKS[task]['config'])
 
 
 def load_demo_config(task, root=None):

@@ -93,8 +93,7 @@ def exit_if_not_resumable(cfg) -> None:
     path = cfg.get('load_from', None)
     if not cfg.get('resume', False) or not path:
         return
-    from mmsoft.engine.hooks.strict_load_hook import (not_resumable,
-                                                      resume_refusal)
+    from mmsoft.engine.hooks.strict_load_hook import resume_refusal
     if '://' in str(path):
         return  # remote: checked by StrictLoadHook when loaded
     if not os.path.isfile(path):
@@ -105,9 +104,9 @@ def exit_if_not_resumable(cfg) -> None:
             path, map_location='cpu', weights_only=True, mmap=True)
     except Exception:  # noqa: BLE001 - legacy format, damage: the Runner
         return
-    problem = not_resumable(ckpt)
-    if problem:
-        sys.exit(f'error: {resume_refusal(path, problem)}')
+    refusal = resume_refusal(ckpt, path)
+    if refusal:
+        sys.exit(f'error: {refusal}')
 
 
 def lock_work_dir(cfg, launcher: str = 'none'):

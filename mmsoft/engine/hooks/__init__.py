@@ -1,4 +1,3 @@
-"""Hooks of mmsoft (registered in MMEngine's root HOOKS registry)."""
 from .checkpoint_hook import SafeCheckpointHook, use_safe_checkpoint_hook
 from .nonfinite_hook import (NonFiniteLossError, NonFiniteLossHook,
                              add_nonfinite_hook)

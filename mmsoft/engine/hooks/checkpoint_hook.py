@@ -1,83 +1,47 @@
-"""``SafeCheckpointHook``: mmengine's ``CheckpointHook`` whose checkpoints
-survive a kill and a full disk, resume bit-exactly and are read safely.
-
-mmengine 0.10.7's ``CheckpointHook`` (with ``max_keep_ckpts``) deletes the
-oldest checkpoint *before* writing the new one in place, ``Runner(resume=
-True)`` trusts ``work_dir/last_checkpoint``, no RNG state is saved, and
-before torch 2.6 its ``torch.load`` unpickles anything. This hook (the
-arguments of ``CheckpointHook``, plus ``save_rng``; opt-in by name in a
-config, ``tools/train.py`` swaps it in):
-
-* writes every checkpoint (periodic and best) to a temporary file in the
-  same directory, ``fsync`` s it and renames it into place
-  (:mod:`mmsoft.utils.atomic`); outdated checkpoints are removed, and
-  ``last_checkpoint`` (itself replaced atomically) updated, only after the
-  new file is complete; a failed write (full disk) raises
-  :class:`~mmsoft.utils.checkpoint_io.CheckpointWriteError` naming what was
-  kept; temporaries of a killed run are removed by the next one;
-* stores each rank's RNG states and the train sampler's seed under
-  ``meta['mmsoft_rng']`` / ``meta['mmsoft_sampler_seed']`` and restores
-  them on resume (after mmengine replays an iteration-based loop's
-  batches); validation leaves the training RNG streams untouched;
-* in ``before_run`` (which mmengine 0.10 calls before ``load_or_resume``):
-  with ``resume=True`` and no path, picks the newest *complete* checkpoint
-  (damaged newer ones are skipped with a warning); a ``load_from`` /
-  ``--resume PATH`` file is read first with mmsoft's safe reader
-  (:func:`~mmsoft.utils.checkpoint_io.check_runner_checkpoint`): a damaged
-  or code-running file stops the run with one line, on every torch, and
-  so does a training checkpoint whose stored config sets the other
-  ``attn_norm`` (:func:`check_recorded_attn_norm`);
-* keeps to the run's own checkpoint directory: resume ignores a
-  ``last_checkpoint`` naming another directory (a copied work dir), the
-  checkpoint names restored on resume from another directory are dropped
-  and nothing outside the directory is removed (``max_keep_ckpts``, best
-  checkpoints); a directory ``out_dir/<work dir name>`` that the run of
-  another work dir of the same name writes to stops training with one line
-  (:func:`~mmsoft.utils.checkpoint_io.claim_checkpoint_dir`).
-
-Only local directories get the atomic treatment. Bit-exact resume holds
-with ``num_workers=0`` or non-persistent workers (mmengine's
-``worker_init_fn`` reseeds workers from (seed, rank, worker id)).
-"""
+"""mmengine's ``CheckpointHook`` with checkpoints that survive a kill and a
+full disk, resume bit-exactly and are read safely; what each part guards:
+docs/en/advanced_guides/fault_tolerance.md."""
+import ast
 import contextlib
 import os
 import os.path as osp
+from collections.abc import Mapping
 
-from mmengine.dist import (broadcast_object_list, get_rank, get_world_size,
-                           is_distributed, is_main_process)
+from mmengine.dist import (all_gather_object, broadcast_object_list, get_rank,
+                           get_world_size, is_distributed, is_main_process)
+from mmengine.fileio import LocalBackend
 from mmengine.hooks import CheckpointHook
 from mmengine.registry import HOOKS
 
 from mmsoft.utils.atomic import atomic_path, atomic_write
 from mmsoft.utils.checkpoint_io import (CheckpointDirInUse, CheckpointError,
                                         CheckpointWriteError,
-                                        check_runner_checkpoint,
                                         claim_checkpoint_dir,
-                                        find_newest_complete,
-                                        recorded_attn_norms,
+                                        find_newest_complete, load_verified,
                                         remove_stale_temps)
 from mmsoft.utils.rng_state import get_rng_state, set_rng_state
 
 __all__ = [
     'SafeCheckpointHook', 'use_safe_checkpoint_hook',
-    'check_recorded_attn_norm'
+    'check_recorded_attn_norm', 'recorded_attn_norms'
 ]
 
-#: checkpoint hook types that :func:`use_safe_checkpoint_hook` replaces
-PLAIN_TYPES = ('CheckpointHook', 'mmengine.CheckpointHook')
+
+def _training(runner):
+    from mmengine.runner import BaseLoop  # not built: not training
+    return isinstance(getattr(runner, '_train_loop', None), BaseLoop)
 
 
 def _train_sampler(runner):
-    from mmengine.runner import BaseLoop
-    loop = getattr(runner, '_train_loop', None)
-    if not isinstance(loop, BaseLoop):  # not built: not training
+    if not _training(runner):
         return None
+    loop = runner.train_loop
     loader = loop.dataloader
     for sampler in (getattr(loader, 'sampler', None),
                     getattr(
                         getattr(loader, 'batch_sampler', None), 'sampler',
                         None)):
-        if sampler is not None and hasattr(sampler, 'seed'):
+        if hasattr(sampler, 'seed'):
             return sampler
     return None
 
@@ -98,35 +62,25 @@ class _DeferredRemoval:
         return getattr(self._backend, name)
 
 
-class _RestoreAfter:
-    """Iterator proxy: after ``n`` ``next()`` calls (mmengine's replay of
-    the batches a resumed iteration-based loop has already trained on) run
-    ``callback`` and put the wrapped iterator back on ``loop``."""
-
-    def __init__(self, loop, n, callback):
-        self.loop, self.inner = loop, loop.dataloader_iterator
-        self.n, self.callback = n, callback
-
-    def __iter__(self):
-        return self
-
-    def __next__(self):
-        data = next(self.inner)
-        self.n -= 1
-        if self.n <= 0:
-            self.loop.dataloader_iterator = self.inner
-            self.callback()
-        return data
+def _restore_after(loop, inner, n, callback):
+    """``inner``; after its ``n``-th batch (mmengine's replay of a resumed
+    iteration-based loop) ``callback()`` and ``inner`` back on ``loop``."""
+    for _ in range(n - 1):
+        yield next(inner)
+    data = next(inner)
+    loop.dataloader_iterator = inner
+    callback()
+    yield data
 
 
 @HOOKS.register_module()
 class SafeCheckpointHook(CheckpointHook):
     """``CheckpointHook`` with atomic writes, RNG states, safe reads and
-    resume from the newest complete checkpoint (see the module doc).
+    resume from the newest complete checkpoint of this run's directory.
 
     Args:
-        save_rng (bool): save the RNG states of every rank and restore them
-            on resume. Defaults to True.
+        save_rng (bool): save every rank's RNG states and restore them on
+            resume. Defaults to True.
         **kwargs: the arguments of mmengine's ``CheckpointHook``.
     """
 
@@ -139,7 +93,6 @@ class SafeCheckpointHook(CheckpointHook):
         self._loaded_meta = None  # meta of the checkpoint last loaded
         self._warned_backend = False
 
-    # ------------------------------------------------------------- resume
     def _checkpoint_dir(self, runner):
         if self.out_dir is None or self.out_dir == runner.work_dir:
             return runner.work_dir
@@ -147,12 +100,10 @@ class SafeCheckpointHook(CheckpointHook):
                         osp.basename(runner.work_dir.rstrip(osp.sep)))
 
     def before_run(self, runner) -> None:
-        """Check the ``load_from`` / resume file; ``resume=True`` without a
-        path: pick the newest complete checkpoint of this run's directories
-        (mmengine would take ``last_checkpoint`` on trust); training: claim
-        the checkpoint directory (``checkpoint_io.claim_checkpoint_dir``)."""
-        from mmengine.runner import BaseLoop
-        training = isinstance(getattr(runner, '_train_loop', None), BaseLoop)
+        """Claim the checkpoint directory (training); check the file to
+        load; ``resume=True`` without a path: pick the newest complete
+        checkpoint (mmengine trusts ``last_checkpoint``)."""
+        training = _training(runner)
         auto = getattr(runner, '_resume', False) and \
             getattr(runner, '_load_from', None) is None
         ckpt_dir = self._checkpoint_dir(runner) if training or auto else ''
@@ -172,14 +123,14 @@ class SafeCheckpointHook(CheckpointHook):
         path, skipped, refusal = result
         if refusal:
             raise CheckpointDirInUse(refusal)
-        if not auto:
-            checkpoint = check_runner_checkpoint(runner)
-            if checkpoint is not None:
-                check_recorded_attn_norm(runner.model, checkpoint,
-                                         runner._load_from)
-            return
-        if path is not None:
-            runner.logger.info(f'mmsoft: resuming from the newest complete '
+        if not auto:  # read before mmengine's (unrestricted < torch 2.6)
+            load_from = str(getattr(runner, '_load_from', None) or '')
+            if osp.isfile(load_from) and not getattr(runner, '_has_loaded',
+                                                     False):
+                checkpoint = load_verified(load_from)
+                check_recorded_attn_norm(runner.model, checkpoint, load_from)
+        elif path is not None:
+            runner.logger.info('mmsoft: resuming from the newest complete '
                                f'checkpoint {path}')
             runner._load_from = path
         elif skipped:
@@ -192,11 +143,9 @@ class SafeCheckpointHook(CheckpointHook):
             runner._resume = False  # a stale last_checkpoint is not trusted
 
     def _forget_other_dirs(self, runner) -> None:
-        """After resuming: the checkpoint names restored from the message
-        hub refer to the directory of the run that wrote them. Those of
-        another directory (``--resume`` of another run's file, a copied
-        work dir) are dropped, so that ``max_keep_ckpts`` and a new best
-        checkpoint never delete files this run did not write."""
+        """After resuming from another directory's file: drop the restored
+        checkpoint names of that directory, so that ``max_keep_ckpts`` and
+        a new best checkpoint never delete files this run did not write."""
         if not (getattr(runner, '_resume', False)
                 and getattr(runner, '_has_loaded', False)):
             return
@@ -207,11 +156,10 @@ class SafeCheckpointHook(CheckpointHook):
                 osp.realpath(osp.dirname(str(loaded))) != ckpt_dir:
             hub.update_info('keep_ckpt_ids', [])
         for key, value in list(hub.runtime_info.items()):
-            if not key.startswith('best_ckpt') or not isinstance(value, str) \
-                    or osp.realpath(osp.dirname(value)) == ckpt_dir:
-                continue
-            own = osp.join(ckpt_dir, osp.basename(value))
-            hub.update_info(key, own if osp.isfile(own) else None)
+            if key.startswith('best_ckpt') and isinstance(value, str) and \
+                    osp.realpath(osp.dirname(value)) != ckpt_dir:
+                own = osp.join(ckpt_dir, osp.basename(value))
+                hub.update_info(key, own if osp.isfile(own) else None)
 
     def after_load_checkpoint(self, runner, checkpoint) -> None:
         meta = checkpoint.get('meta') if isinstance(checkpoint, dict) else {}
@@ -223,9 +171,8 @@ class SafeCheckpointHook(CheckpointHook):
         super().before_train(runner)
         if is_main_process() and self._is_local():
             for p in remove_stale_temps(self.out_dir):
-                runner.logger.warning(
-                    f'mmsoft: removed {p}, a partial checkpoint left by a '
-                    f'killed run')
+                runner.logger.warning(f'mmsoft: removed {p}, a partial '
+                                      'checkpoint left by a killed run')
         if getattr(runner, '_resume', False) and self._loaded_meta:
             self._restore_sampler_seed(runner)
             self._schedule_rng_restore(runner)
@@ -261,21 +208,20 @@ class SafeCheckpointHook(CheckpointHook):
 
         def restore():
             set_rng_state(state)
-            runner.logger.info('mmsoft: RNG states restored from the '
-                               'checkpoint')
+            runner.logger.info('mmsoft: RNG states restored')
 
         loop = runner.train_loop
         if getattr(loop, 'iter', 0) > 0 and hasattr(loop,
                                                     'dataloader_iterator'):
-            # IterBasedTrainLoop replays `iter` batches after before_train:
-            # restore once that replay is over
-            loop.dataloader_iterator = _RestoreAfter(loop, loop.iter, restore)
+            # IterBasedTrainLoop replays `iter` batches after before_train
+            loop.dataloader_iterator = _restore_after(loop,
+                                                      loop.dataloader_iterator,
+                                                      loop.iter, restore)
         else:
             restore()
 
-    # ------------------------------------------- validation is RNG-neutral
     def before_val(self, runner) -> None:
-        if self.save_rng:
+        if self.save_rng:  # validation leaves the training RNG streams alone
             self._val_rng = get_rng_state()
 
     def after_val(self, runner) -> None:
@@ -283,39 +229,25 @@ class SafeCheckpointHook(CheckpointHook):
             set_rng_state(self._val_rng)
         self._val_rng = None
 
-    # --------------------------------------------------------------- save
     def _is_local(self):
-        from mmengine.fileio import LocalBackend
         backend = getattr(self, 'file_backend', None)
-        if isinstance(backend, _DeferredRemoval):
-            backend = backend._backend
-        return isinstance(backend, LocalBackend)
-
-    def _gather_rng(self):
-        """Every rank's RNG states (a collective call on all ranks)."""
-        state = self._val_rng if self._val_rng is not None \
-            else get_rng_state()
-        if not is_distributed():
-            return [state]
-        from mmengine.dist import all_gather_object
-        return all_gather_object(state)
+        return isinstance(getattr(backend, '_backend', backend), LocalBackend)
 
     def before_save_checkpoint(self, runner, checkpoint) -> None:
         meta = checkpoint.setdefault('meta', {})
         if self.save_rng:
-            states = self._pending_rng
-            if states is None:  # a save outside _save_checkpoint_with_step
-                states = [
-                    self._val_rng
-                    if self._val_rng is not None else get_rng_state()
-                ]
+            states = self._pending_rng or [self._val_rng or get_rng_state()]
             meta['mmsoft_rng'] = dict(world_size=len(states), states=states)
         sampler = _train_sampler(runner)
         if sampler is not None:
             meta['mmsoft_sampler_seed'] = sampler.seed
 
     def _save_checkpoint_with_step(self, runner, step, meta):
-        self._pending_rng = self._gather_rng() if self.save_rng else None
+        self._pending_rng = None
+        if self.save_rng:  # a collective call on all ranks
+            state = self._val_rng or get_rng_state()
+            self._pending_rng = all_gather_object(state) \
+                if is_distributed() else [state]
         try:
             with self._atomic(runner):
                 super()._save_checkpoint_with_step(runner, step, meta)
@@ -333,8 +265,8 @@ class SafeCheckpointHook(CheckpointHook):
 
     @contextlib.contextmanager
     def _atomic(self, runner):
-        """Inside: ``runner.save_checkpoint`` writes atomically and removals
-        of old checkpoints wait until the block has finished."""
+        """Inside: ``runner.save_checkpoint`` writes atomically; removals of
+        old checkpoints wait until the block has finished."""
         if self._atomic_depth or not self._is_local():
             if not self._atomic_depth and not self._warned_backend:
                 self._warned_backend = True
@@ -370,8 +302,7 @@ class SafeCheckpointHook(CheckpointHook):
             self._atomic_depth -= 1
             self.file_backend = backend
             runner.__dict__.pop('save_checkpoint', None)
-        # the new files are complete: now drop the outdated ones (of this
-        # run's checkpoint directory only)
+        # the new files are complete: drop the outdated ones (own dir only)
         own = osp.realpath(self.out_dir)
         for kind, path in removals:
             if osp.abspath(path) in written:
@@ -390,14 +321,58 @@ class SafeCheckpointHook(CheckpointHook):
                 runner.logger.warning(f'mmsoft: could not remove {path}: {e}')
 
 
+def _write_failure(runner, path: str, error: OSError) -> str:
+    """The one-line report of a checkpoint that could not be written."""
+    code = f' (errno {error.errno})' if error.errno else ''
+    last = osp.join(runner.work_dir, 'last_checkpoint')
+    prev = None
+    if osp.isfile(last):
+        with open(last) as f:
+            prev = f.read().strip() or None
+    kept = (f'the previous checkpoint {prev} was kept (last_checkpoint '
+            f'still names it)' if prev else 'no earlier checkpoint of this '
+            'run exists')
+    return (f'cannot write checkpoint {path}: {error.strerror or error}'
+            f'{code}; nothing was written, {kept}. Free space in '
+            f'{osp.dirname(path)} and continue with tools/train.py ... '
+            f'--resume')
+
+
+def recorded_attn_norms(checkpoint) -> set:
+    """The ``attn_norm`` values set inside ``model`` by the config text
+    that mmengine stores in a training checkpoint (``meta['cfg']``);
+    parsed with :mod:`ast`, never executed."""
+    meta = checkpoint.get('meta') if isinstance(checkpoint, Mapping) else 0
+    text = meta.get('cfg') if isinstance(meta, Mapping) else None
+    try:
+        tree = ast.parse(text) if isinstance(text, str) else ast.Module([])
+    except (SyntaxError, ValueError):
+        return set()
+    found = set()
+    for stmt in tree.body:
+        if isinstance(stmt, ast.Assign) and any(
+                getattr(t, 'id', None) == 'model' for t in stmt.targets):
+            for node in ast.walk(stmt.value):
+                pairs = [(k.arg, k.value) for k in node.keywords] \
+                    if isinstance(node, ast.Call) else \
+                    [(getattr(k, 'value', None), v)
+                     for k, v in zip(node.keys, node.values)] \
+                    if isinstance(node, ast.Dict) else []
+                found.update(
+                    v.value for k, v in pairs
+                    if k == 'attn_norm' and isinstance(v, ast.Constant)
+                    and isinstance(v.value, bool))
+    return found
+
+
 def check_recorded_attn_norm(model, checkpoint, path) -> None:
-    """Refuse a training checkpoint whose stored config (``meta['cfg']``,
-    :func:`~mmsoft.utils.checkpoint_io.recorded_attn_norms`) sets another
-    ``attn_norm`` than ``model``'s SOFT attentions use: the tensors are the
-    same, so the weights would load and give wrong results (a checkpoint
-    of another model is left to the strict key check). Raises
-    :class:`~mmsoft.utils.strict_load.CheckpointMismatchError` naming both
-    settings and the fix."""
+    """Refuse a training checkpoint whose stored config sets another
+    ``attn_norm`` than ``model``'s SOFT attentions (same tensors: the
+    weights would load and give wrong results).
+
+    Raises:
+        CheckpointMismatchError: naming both settings and the fix.
+    """
     from mmsoft.models.layers import SOFTAttention
     from mmsoft.utils.strict_load import CheckpointMismatchError
     want = recorded_attn_norms(checkpoint)
@@ -425,31 +400,12 @@ def check_recorded_attn_norm(model, checkpoint, path) -> None:
         f'trained with or {fix}')
 
 
-def _write_failure(runner, path: str, error: OSError) -> str:
-    """The one-line report of a checkpoint that could not be written."""
-    reason = error.strerror or str(error)
-    code = f' (errno {error.errno})' if error.errno else ''
-    prev = None
-    try:
-        with open(osp.join(runner.work_dir, 'last_checkpoint')) as f:
-            prev = f.read().strip() or None
-    except OSError:
-        pass
-    kept = (f'the previous checkpoint {prev} was kept (last_checkpoint '
-            f'still names it)' if prev else 'no earlier checkpoint of this '
-            'run exists')
-    return (f'cannot write checkpoint {path}: {reason}{code}; nothing was '
-            f'written, {kept}. Free space in {osp.dirname(path)} and '
-            f'continue with tools/train.py ... --resume')
-
-
 def use_safe_checkpoint_hook(cfg) -> bool:
     """Make a config's plain ``CheckpointHook`` a :class:`SafeCheckpointHook`
-    (in place; what ``tools/train.py`` does). Returns True if changed."""
-    hooks = cfg.get('default_hooks', None)
-    hook = hooks.get('checkpoint', None) if hooks is not None else None
-    if hook is None or not hasattr(hook, 'get') or \
-            hook.get('type') not in PLAIN_TYPES + (CheckpointHook, ):
+    (in place, as ``tools/train.py`` does). Returns True if changed."""
+    hook = (cfg.get('default_hooks', None) or {}).get('checkpoint', None)
+    if not hasattr(hook, 'get') or hook.get('type') not in (
+            'CheckpointHook', 'mmengine.CheckpointHook', CheckpointHook):
         return False
     hook['type'] = 'SafeCheckpointHook'
     return True

@@ -1,24 +1,11 @@
-"""``NonFiniteLossHook``: stop training at the first non-finite loss.
-
-Without it a run whose loss became ``nan`` / ``inf`` trains on, exits 0 and
-its CheckpointHook saves NaN weights over the last good checkpoint. The
-hook wraps the optim wrapper's ``update_params``: the loss is checked
-*before* the backward pass and the step, the parameters (one max-abs
-reduction per device and dtype) right after the step, so the run stops with
-:class:`NonFiniteLossError` (naming the epoch and iteration) before any
-``after_train_iter`` hook (the CheckpointHook) runs; and no checkpoint
-with non-finite parameters is ever saved (``before_save_checkpoint``).
-``max_skipped_steps=N`` skips up to N consecutive non-finite losses (no
-step, gradients zeroed). In distributed runs the decision is all-reduced,
-so every rank stops or skips together. Opt-in, as a config's
-``custom_hooks = [dict(type='NonFiniteLossHook')]`` (``tools/train.py``
-adds it).
-"""
+"""Stop training at the first non-finite loss, before the step and before
+any checkpoint (docs/en/advanced_guides/fault_tolerance.md)."""
 import functools
 import math
 from typing import Optional
 
 import torch
+from mmengine.dist import all_reduce, get_comm_device, get_world_size
 from mmengine.hooks import Hook
 from mmengine.model import is_model_wrapper
 from mmengine.registry import HOOKS
@@ -44,7 +31,8 @@ def _is_finite(value) -> bool:
 
 @torch.no_grad()
 def _nonfinite_params(params) -> list:
-    """The tensors of ``params`` holding a nan / inf."""
+    """The tensors of ``params`` holding a nan / inf (one max-abs reduction
+    per device and dtype)."""
     groups = {}
     for p in params:
         if p is not None and (p.is_floating_point() or p.is_complex()) \
@@ -60,7 +48,6 @@ def _nonfinite_params(params) -> list:
 
 def _any_rank(flag: bool) -> bool:
     """True if ``flag`` is True on any rank."""
-    from mmengine.dist import all_reduce, get_comm_device, get_world_size
     if get_world_size() == 1:
         return flag
     t = torch.tensor([float(flag)], device=get_comm_device())
@@ -68,25 +55,59 @@ def _any_rank(flag: bool) -> bool:
     return bool(t.item() > 0)
 
 
-def _module(runner):
-    model = runner.model
-    return model.module if is_model_wrapper(model) else model
+def _note(runner) -> str:
+    work_dir = getattr(runner, 'work_dir', None)
+    return (f'; no checkpoint was written at this point (checkpoints in '
+            f'{work_dir} are from before the fault)' if work_dir else '')
+
+
+def _fmt(loss) -> str:
+    if isinstance(loss, torch.Tensor):
+        loss = loss.detach().float().mean().item()
+    return str(loss)
+
+
+def _where(runner) -> str:
+    """'epoch E, iteration I/N' (1-based; I counts from the start)."""
+    from mmengine.runner import EpochBasedTrainLoop
+    max_iters = getattr(runner.train_loop, 'max_iters', None)
+    it = f'iteration {runner.iter + 1}' + (f'/{max_iters}'
+                                           if max_iters else '')
+    if isinstance(runner.train_loop, EpochBasedTrainLoop):
+        return f'epoch {runner.epoch + 1}, {it}'
+    return it
+
+
+def _fail(runner, msg):
+    runner.logger.error(msg)
+    raise NonFiniteLossError(msg)
+
+
+def _model(runner):
+    return runner.model.module if is_model_wrapper(
+        runner.model) else runner.model
+
+
+def _param_names(runner, bad) -> str:
+    ids = {id(t) for t in bad}
+    names = [n for n, p in _model(runner).named_parameters() if id(p) in ids]
+    shown = ', '.join(names[:3]) + (', ...' if len(names) > 3 else '')
+    return f'{len(bad)} parameter tensor(s)' + (f' ({shown})' if shown else '')
 
 
 @HOOKS.register_module()
 class NonFiniteLossHook(Hook):
     """Stop (or skip) training steps whose loss is not finite.
 
-    Args:
-        max_skipped_steps (int): consecutive non-finite steps to skip before
-            stopping; 0 (default) stops at the first one.
+    The loss is checked in the optim wrapper's ``update_params`` before the
+    backward pass, the parameters after the step; every rank decides alike.
 
-    Its priority (``'VERY_HIGH'``) puts its ``after_train_iter`` check
-    before the CheckpointHook's, for models whose ``train_step`` bypasses
-    the optim wrapper's ``update_params``.
+    Args:
+        max_skipped_steps (int): consecutive non-finite steps to skip (no
+            step, gradients zeroed) before stopping. Defaults to 0.
     """
 
-    priority = 'VERY_HIGH'
+    priority = 'VERY_HIGH'  # after_train_iter before the CheckpointHook's
 
     def __init__(self, max_skipped_steps: int = 0):
         if isinstance(max_skipped_steps, bool) or \
@@ -100,55 +121,15 @@ class NonFiniteLossHook(Hook):
         self._step_skipped = False
         self._runner = None
 
-    @staticmethod
-    def _where(runner) -> str:
-        """'epoch E, iteration I/N' (1-based; I counts from the start)."""
-        from mmengine.runner import EpochBasedTrainLoop
-        loop = runner.train_loop
-        max_iters = getattr(loop, 'max_iters', None)
-        it = f'iteration {runner.iter + 1}' + (f'/{max_iters}'
-                                               if max_iters else '')
-        if isinstance(loop, EpochBasedTrainLoop):
-            return f'epoch {runner.epoch + 1}, {it}'
-        return it
-
-    @staticmethod
-    def _note(runner) -> str:
-        work_dir = getattr(runner, 'work_dir', None)
-        return (f'; no checkpoint was written at this point (checkpoints in '
-                f'{work_dir} are from before the fault)' if work_dir else '')
-
-    @staticmethod
-    def _fail(runner, msg):
-        runner.logger.error(msg)
-        raise NonFiniteLossError(msg)
-
-    @staticmethod
-    def _param_names(runner, bad) -> str:
-        ids = {id(t) for t in bad}
-        names = [
-            n for n, p in _module(runner).named_parameters() if id(p) in ids
-        ]
-        shown = ', '.join(names[:3]) + (', ...' if len(names) > 3 else '')
-        return f'{len(bad)} parameter tensor(s)' + (f' ({shown})'
-                                                    if shown else '')
-
-    @staticmethod
-    def _fmt(loss) -> str:
-        if isinstance(loss, torch.Tensor):
-            loss = loss.detach().float().mean().item()
-        return str(loss)
-
     def _stop(self, runner, loss) -> None:
         skipped = (f' after {self.skipped} skipped step(s)'
                    if self.max_skipped_steps else '')
-        self._fail(
+        _fail(
             runner, f'NonFiniteLossHook: non-finite training loss ({loss}) '
-            f'at {self._where(runner)}{skipped}; training stopped before the '
-            f'optimizer step{self._note(runner)}. Lower the learning rate, '
-            f'enable gradient clipping (optim_wrapper.clip_grad), or allow '
-            f'skipped steps '
-            f"with custom_hooks=[dict(type='NonFiniteLossHook', "
+            f'at {_where(runner)}{skipped}; training stopped before the '
+            f'optimizer step{_note(runner)}. Lower the learning rate, enable '
+            f'gradient clipping (optim_wrapper.clip_grad), or allow skipped '
+            f"steps with custom_hooks=[dict(type='NonFiniteLossHook', "
             f'max_skipped_steps=N)].')
 
     def _check(self, loss) -> bool:
@@ -158,12 +139,12 @@ class NonFiniteLossHook(Hook):
             return False
         runner = self._runner
         if self.skipped >= self.max_skipped_steps:
-            self._stop(runner, self._fmt(loss))
+            self._stop(runner, _fmt(loss))
         self.skipped += 1
         self.total_skipped += 1
         runner.logger.warning(
-            f'NonFiniteLossHook: non-finite loss ({self._fmt(loss)}) at '
-            f'{self._where(runner)}: step skipped ({self.skipped}/'
+            f'NonFiniteLossHook: non-finite loss ({_fmt(loss)}) at '
+            f'{_where(runner)}: step skipped ({self.skipped}/'
             f'{self.max_skipped_steps} in a row)')
         return True
 
@@ -175,18 +156,16 @@ class NonFiniteLossHook(Hook):
         ])
         if _any_rank(bool(bad)):
             runner = self._runner
-            what = self._param_names(runner, bad) if bad else \
+            what = _param_names(runner, bad) if bad else \
                 'parameters on another rank'
-            self._fail(
+            _fail(
                 runner, f'NonFiniteLossHook: the optimizer step at '
-                f'{self._where(runner)} made {what} nan / inf although the '
-                f'loss was finite ({self._fmt(loss)}): the gradients or the '
-                f'update overflowed; training stopped{self._note(runner)}. '
-                f'{_FIX}')
+                f'{_where(runner)} made {what} nan / inf although the '
+                f'loss was finite ({_fmt(loss)}): the gradients or the '
+                f'update overflowed; training stopped{_note(runner)}. {_FIX}')
 
     def _guard(self, optim_wrapper) -> None:
-        """Wrap ``optim_wrapper.update_params`` (an instance attribute of
-        this run's wrapper) with the checks; idempotent."""
+        """Wrap ``optim_wrapper.update_params`` with the checks, once."""
         if getattr(optim_wrapper, '_nonfinite_guarded', False):
             return
         original = optim_wrapper.update_params
@@ -201,24 +180,19 @@ class NonFiniteLossHook(Hook):
             self._check_params(optim_wrapper, loss)
             return result
 
-        # with the config's ``compile`` switch the checks (``.item()``)
-        # and the step run eagerly (Dynamo cannot trace this wrapper's
-        # step); the model's forward and backward stay compiled
+        # eager under the config's `compile` (the checks call .item())
         from torch import _dynamo
         optim_wrapper.update_params = _dynamo.disable(update_params)
         optim_wrapper._nonfinite_guarded = True
 
     def before_train(self, runner) -> None:
         self._runner = runner
-        wrappers = runner.optim_wrapper
+        wrappers = runner.optim_wrapper  # OptimWrapperDict or OptimWrapper
         for w in getattr(wrappers, 'optim_wrappers', {}).values() or \
-                [wrappers]:  # OptimWrapperDict or one OptimWrapper
+                [wrappers]:
             self._guard(w)
 
-    def before_train_iter(self,
-                          runner,
-                          batch_idx: int,
-                          data_batch=None) -> None:
+    def before_train_iter(self, runner, batch_idx, data_batch=None) -> None:
         self._step_skipped = False
 
     def after_train_iter(self,
@@ -230,16 +204,15 @@ class NonFiniteLossHook(Hook):
             return
         loss = outputs.get('loss')
         if loss is not None and _any_rank(not _is_finite(loss)):
-            self._stop(runner, self._fmt(loss))
+            self._stop(runner, _fmt(loss))
 
     def before_save_checkpoint(self, runner, checkpoint: dict) -> None:
-        """Never save non-finite parameters (the last good checkpoint stays;
-        with SafeCheckpointHook nothing has been removed yet)."""
-        bad = _nonfinite_params(list(_module(runner).parameters()))
-        if bad:  # parameters are the same on every rank
-            self._fail(
+        """Never save non-finite parameters (the same on every rank)."""
+        bad = _nonfinite_params(list(_model(runner).parameters()))
+        if bad:
+            _fail(
                 runner, f'NonFiniteLossHook: refusing to save a checkpoint '
-                f'at {self._where(runner)}: {self._param_names(runner, bad)} '
+                f'at {_where(runner)}: {_param_names(runner, bad)} '
                 f'hold nan / inf; training stopped, the checkpoints on disk '
                 f'are from before the fault. {_FIX}')
 
@@ -250,8 +223,8 @@ def add_nonfinite_hook(cfg) -> bool:
     hooks = list(cfg.get('custom_hooks', None) or [])
     for h in hooks:
         t = h.get('type') if isinstance(h, dict) else h
-        if t is NonFiniteLossHook or (isinstance(t, str) and t.split('.')[-1]
-                                      == 'NonFiniteLossHook'):
+        if t is NonFiniteLossHook or str(t).split('.')[-1] == \
+                'NonFiniteLossHook':
             return False
     cfg.custom_hooks = hooks + [dict(type='NonFiniteLossHook')]
     return True

@@ -1,35 +1,6 @@
-"""Log how far the Newton-Raphson iterations are from converged (issue 14).
-
-SOFT's pseudo-inverse runs a fixed number of Newton-Raphson iterations
-(20). At 224 x 224 (m = 49 bottleneck tokens) they converge; at detection /
-segmentation resolutions (m ~ 950 at 800 x 1216) they do not converge on
-the small eigenvalues of the bottleneck matrix A, so the forward computes a
-different function from A^+ and the papers' Eq. (16) backward is only an
-approximation of its gradient (see ``nr_backward='exact'``).
-
-:class:`NRResidualHook` switches on the backbone's ``nr_diagnostics`` and
-logs, per SOFT stage (largest value over the stage's blocks, samples and
-heads, from the eigenvalues the spectral method already has; one
-``eigvalsh`` per matrix with the iterative method):
-
-* ``nr_residual_s<i>``: ||A A_T A - A||_2 / ||A||_2, the paper's metric
-  (Fig. 4; ~1e-7 when converged in float32);
-* ``nr_unconverged_s<i>``: the fraction of A's numerical rank on which
-  |1 - l v_T(l)| > 0.5, i.e. where A_T is far from A^+.
-
-The values go to the message hub as ``train/nr_*`` scalars (shown in the
-training log line and in every visualisation backend) and, every
-``interval`` iterations, to the log as a table; a warning is logged once
-when a stage's ``unconverged`` exceeds ``warn_unconverged``::
-
-    custom_hooks = [dict(type='NRResidualHook', interval=50)]
-
-in a config (or one that inherits yours with ``_base_``). The attention
-option ``attn_cfg=dict(type='SOFTAttention', nr_diagnostics=True)`` and
-:meth:`mmsoft.models.backbones.SOFT.nr_stats` give the same numbers
-outside a Runner.
-"""
-from typing import Dict, List, Optional
+"""Log how far SOFT's Newton-Raphson iterations are from converged
+(docs/en/advanced_guides/soft_attention.md)."""
+from typing import Dict, Optional
 
 from mmengine.hooks import Hook
 from mmengine.logging import print_log
@@ -39,25 +10,17 @@ from mmengine.registry import HOOKS
 __all__ = ['NRResidualHook']
 
 
-def soft_backbones(model) -> List:
-    """The modules of ``model`` with NR diagnostics (SOFT backbones)."""
-    if is_model_wrapper(model):
-        model = model.module
-    return [
-        m for m in model.modules()
-        if hasattr(m, 'set_nr_diagnostics') and hasattr(m, 'nr_stats')
-    ]
-
-
 @HOOKS.register_module()
 class NRResidualHook(Hook):
-    """Log the per-stage NR convergence of the last forward.
+    """Log, per SOFT stage, the NR convergence of the last forward: the
+    largest ``nr_residual`` (||A A_T A - A|| / ||A||, paper Fig. 4) and
+    ``nr_unconverged`` (fraction of A's rank where A_T is far from A^+) as
+    ``train/nr_*_s<i>`` message-hub scalars.
 
     Args:
-        interval: log a table every ``interval`` training iterations (the
-            message-hub scalars are updated every iteration).
-        warn_unconverged: warn (once per stage) when the unconverged
-            fraction of a stage exceeds this value; None disables it.
+        interval (int): log a table every ``interval`` iterations.
+        warn_unconverged (float, optional): warn once per stage when its
+            unconverged fraction exceeds this; None: never.
     """
 
     priority = 'NORMAL'  # before LoggerHook (BELOW_NORMAL) reads the hub
@@ -71,14 +34,19 @@ class NRResidualHook(Hook):
         self.interval = interval
         self.warn_unconverged = warn_unconverged
         self._warned = set()
-        self._backbones: List = []
+        self._backbones = []
 
     def before_run(self, runner) -> None:
-        self._backbones = soft_backbones(runner.model)
+        model = runner.model
+        model = model.module if is_model_wrapper(model) else model
+        self._backbones = [
+            m for m in model.modules()
+            if hasattr(m, 'set_nr_diagnostics') and hasattr(m, 'nr_stats')
+        ]
         if not self._backbones:
             print_log(
-                'NRResidualHook: the model has no SOFT backbone; '
-                'nothing to log',
+                'NRResidualHook: the model has no SOFT backbone; nothing '
+                'to log',
                 logger='current',
                 level=30)
         for bb in self._backbones:
@@ -86,7 +54,7 @@ class NRResidualHook(Hook):
 
     def collect(self) -> Dict[str, Dict[str, float]]:
         """Per stage, the largest value over all SOFT backbones."""
-        out: Dict[str, Dict[str, float]] = {}
+        out = {}
         for bb in self._backbones:
             for stage, stats in bb.nr_stats().items():
                 cur = out.setdefault(stage, {})
@@ -100,13 +68,10 @@ class NRResidualHook(Hook):
                          data_batch=None,
                          outputs=None) -> None:
         stats = self.collect()
-        if not stats:
-            return
-        hub = runner.message_hub
         for stage, vals in stats.items():
-            s = stage[len('stage'):]
             for k, v in vals.items():
-                hub.update_scalar(f'train/nr_{k}_s{s}', v)
+                runner.message_hub.update_scalar(
+                    f'train/nr_{k}_s{stage[len("stage"):]}', v)
             frac = vals.get('unconverged', 0.0)
             if self.warn_unconverged is not None and \
                     frac > self.warn_unconverged and stage not in self._warned:
@@ -121,7 +86,7 @@ class NRResidualHook(Hook):
                     f'more nr_iters or max_landmarks.',
                     logger='current',
                     level=30)
-        if self.every_n_train_iters(runner, self.interval):
+        if stats and self.every_n_train_iters(runner, self.interval):
             print_log(
                 'NR convergence (last forward): ' + ', '.join(
                     f'{stage} residual {v.get("residual", float("nan")):.2e} '

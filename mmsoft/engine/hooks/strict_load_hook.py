@@ -1,29 +1,20 @@
-"""Refuse checkpoints that do not match the model (``tools/test.py``,
-``tools/train.py``: ``load_from`` and ``--resume``).
-
-MMEngine's Runner loads ``load_from`` with ``strict=False``: a wrong
-checkpoint only logs a WARNING and the test still prints a metric and exits
-0. This hook checks the checkpoint in ``after_load_checkpoint``, which the
-Runner calls with the loaded file *before* copying it into the model, and
-raises :class:`mmsoft.utils.strict_load.CheckpointMismatchError` naming the
-missing / unexpected / mis-shaped keys (and the converter command for an
-unconverted official SOFT checkpoint). ``allow_partial=True``
-(``--partial-load`` of both tools) logs the mismatch instead. Weights
-converted for the other attention normalisation (``meta['attn_norm']`` of
-``soft2mmsoft.py``) are refused too, and with ``resume`` a checkpoint that
-is not a training checkpoint.
-"""
+"""Refuse checkpoints that do not match the model, which mmengine's Runner
+loads with ``strict=False`` (a WARNING and a metric of wrong weights)."""
 from mmengine.hooks import Hook
 from mmengine.registry import HOOKS
 
 from mmsoft.utils.strict_load import CheckpointMismatchError
 
-__all__ = ['StrictLoadHook', 'not_resumable', 'resume_refusal']
+__all__ = ['StrictLoadHook', 'resume_refusal']
 
 
 @HOOKS.register_module()
 class StrictLoadHook(Hook):
-    """Check every checkpoint the Runner loads against its model.
+    """Check every checkpoint the Runner loads against its model (in
+    ``after_load_checkpoint``, before the Runner copies it): missing,
+    unexpected or mis-shaped keys, the other ``attn_norm``, and with
+    ``resume`` a file that is not a training checkpoint raise
+    :class:`~mmsoft.utils.strict_load.CheckpointMismatchError`.
 
     Args:
         allow_partial (bool): log a mismatch instead of raising (loading no
@@ -42,44 +33,32 @@ class StrictLoadHook(Hook):
     def after_load_checkpoint(self, runner, checkpoint: dict) -> None:
         from mmsoft.models.loading import check_checkpoint_for_model
         source = str(getattr(runner, '_load_from', None) or 'checkpoint')
-        if getattr(runner, '_resume', False):
-            problem = not_resumable(checkpoint)
-            if problem:
-                raise CheckpointMismatchError(resume_refusal(source, problem))
-        cfg = getattr(runner, 'cfg', None)
+        refusal = getattr(runner, '_resume', False) and resume_refusal(
+            checkpoint, source)
+        if refusal:
+            raise CheckpointMismatchError(refusal)
         check_checkpoint_for_model(
             runner.model,
             checkpoint,
             source,
             allow_partial=self.allow_partial,
             opt_in=self.opt_in,
-            config=getattr(cfg, 'filename', None))
+            config=getattr(getattr(runner, 'cfg', None), 'filename', None))
 
 
-#: what mmengine's ``Runner.resume`` reads besides the weights
-RESUME_KEYS = ('meta', 'message_hub')
-
-
-def not_resumable(checkpoint) -> str:
-    """Why ``checkpoint`` (a loaded dict) cannot be resumed from, or ''.
-
-    ``Runner.resume`` reads ``meta['epoch']``, ``meta['iter']`` and the
-    ``message_hub`` (then the optimizer and schedulers): a weights-only file
-    (a converted or published checkpoint) used to be half-loaded and then
-    fail with ``KeyError: 'epoch'``."""
+def resume_refusal(checkpoint, source: str) -> str:
+    """The one-line refusal of ``--resume source`` when ``checkpoint`` (a
+    loaded dict) lacks what ``Runner.resume`` reads, else ''."""
     if not isinstance(checkpoint, dict):
-        return f'it holds a {type(checkpoint).__name__}, not a dict'
-    meta = checkpoint.get('meta')
-    absent = [k for k in RESUME_KEYS if k not in checkpoint]
-    if isinstance(meta, dict):
-        absent += [f'meta.{k}' for k in ('epoch', 'iter') if k not in meta]
-    if absent:
-        return f'it has no {", ".join(absent)}'
-    return ''
-
-
-def resume_refusal(source: str, problem: str) -> str:
-    """The one-line refusal of ``--resume`` with a weights-only file."""
+        problem = f'it holds a {type(checkpoint).__name__}, not a dict'
+    else:
+        meta = checkpoint.get('meta')
+        absent = [k for k in ('meta', 'message_hub') if k not in checkpoint]
+        if isinstance(meta, dict):
+            absent += [f'meta.{k}' for k in ('epoch', 'iter') if k not in meta]
+        if not absent:
+            return ''
+        problem = f'it has no {", ".join(absent)}'
     return (f'--resume {source}: not a training checkpoint ({problem}); '
             f'--resume continues a run from an epoch_N.pth / iter_N.pth '
             f'written by tools/train.py. To start training from these '

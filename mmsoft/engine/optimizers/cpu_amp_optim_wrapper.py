@@ -12,17 +12,15 @@ __all__ = ['CPUAmpOptimWrapper']
 
 @OPTIM_WRAPPERS.register_module()
 class CPUAmpOptimWrapper(OptimWrapper):
-    """``--amp`` on CPU: the forward pass runs under bfloat16 autocast.
+    """The forward runs under bfloat16 CPU autocast (float32's exponent
+    range: no loss scaling); SOFT's kernel and pseudo-inverse stay float32.
+    Every convolution of the model goes under
+    :func:`~mmsoft.models.layers.safe_conv.guard_convs` (float32 where this
+    CPU's bfloat16 kernel is wrong).
 
-    bfloat16 has the exponent range of float32, so no loss scaling is done.
-    SOFT's kernel, pseudo-inverse and attention products stay float32 (they
-    disable autocast themselves). Before the first step every convolution
-    of the model (the neck's and heads' too) is put under mmsoft's check
-    of the CPU's bfloat16 convolution kernel
-    (:func:`mmsoft.models.layers.safe_conv.guard_convs`): a configuration
-    that this CPU computes wrongly in bfloat16 (oneDNN on CPUs with AMX)
-    runs in float32. Ops without a bfloat16 CPU kernel (some
-    mmcv ops) may raise; train without ``--amp`` then.
+    Args:
+        dtype (str): only ``'bfloat16'``.
+        **kwargs: the arguments of ``OptimWrapper``.
     """
 
     def __init__(self, dtype: str = 'bfloat16', **kwargs):

@@ -246,6 +246,9 @@ def test_checksum_functions_are_deprecated_no_ops():
         assert cio.add_checksum(ckpt) is ckpt and ckpt['meta'] == dict(epoch=1)
     with pytest.deprecated_call():
         assert cio.verify_checksum(ckpt) is False
+    from mmsoft.utils.safe_load import unsafe_globals
+    with pytest.deprecated_call():  # 0.3.0's name
+        assert cio.refused_globals is unsafe_globals
 
 
 # --------------------------------------- newest complete checkpoint wins
