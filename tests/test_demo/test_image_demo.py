@@ -380,20 +380,23 @@ def test_unreadable_images_in_folder_are_skipped(models, tmp_path, capsys):
     assert sorted(os.listdir(osp.join(out, 'preds'))) == ['a.json', 'c.json']
 
 
-def test_checkpoint_of_another_model_is_refused(models, images, tmp_path):
+def test_checkpoint_of_another_model_is_refused(models, images, tmp_path,
+                                                capsys):
     """Strict inference: a classifier checkpoint under the detector config
-    used to give random-weight boxes after mmengine's WARNING."""
+    used to give random-weight boxes after mmengine's WARNING. (In this
+    process: the script from another directory is
+    test_image_demo_command_line.)"""
     cfg, _, _ = models['det']
     _, cls_ckpt, _ = models['cls']
-    proc = run([
-        sys.executable, DEMO, images['single'], cfg, cls_ckpt, '--out-dir',
-        str(tmp_path / 'o')
-    ],
-               timeout=300)
-    assert proc.returncode == 2, proc.stderr[-2000:]
-    err = proc.stderr.strip().splitlines()
+    main = runpy.run_path(DEMO, run_name='image_demo')['main']
+    rc = main(
+        [images['single'], cfg, cls_ckpt, '--out-dir',
+         str(tmp_path / 'o')])
+    stderr = capsys.readouterr().err
+    assert rc == 2, stderr[-2000:]
+    err = stderr.strip().splitlines()
     first = [i for i, ln in enumerate(err) if 'image_demo.py: error' in ln]
-    assert first, proc.stderr[-2000:]
+    assert first, stderr[-2000:]
     assert err[first[0]].startswith(
         f'image_demo.py: error: checkpoint {cls_ckpt} does not match the '
         'model (RetinaNet): '), err

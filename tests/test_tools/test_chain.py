@@ -432,8 +432,10 @@ def test_dist_train_kill_resume_dist_test(trained, tmp_path):
         str(tmp_path / 'test')
     ],
               PORT=str(free_port()))
-    assert res.returncode == 0, (res.stdout + res.stderr)[-4000:]
-    assert 'mIoU' in res.stdout + res.stderr
+    out = res.stdout + res.stderr
+    assert res.returncode == 0, out[-4000:]
+    assert 'per class results' in out and re.search(r'\|\s+wall\s+\|', out)
+    assert re.search(r'mIoU: \d', out), out[-3000:]
 
 
 # ----------------------------------------------- strict loads in train
