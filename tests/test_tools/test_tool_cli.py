@@ -465,3 +465,21 @@ def test_gpu_check_sections(tmp_path, capsys):
     assert md.count('not run: not selected (--sections)') == 2  # steps, sm
     assert 'torch ' in md and 'mmcv ops: CPU only' in md
     assert 'PARTIAL' not in md
+
+
+def test_gpu_check_steps_need_no_imagenet_file(tmp_path, monkeypatch):
+    """A paper detection config (its backbone names the authors' ImageNet
+    file, absent here) trains one step with random weights."""
+    monkeypatch.chdir(tmp_path)
+    tool = load_tool('analysis/gpu_check.py')
+    assert tool.main([
+        '--cpu', '--sections', 'steps', '--repeats', '1', '--configs',
+        'retinanet_soft_tiny_1x', '--out-dir',
+        str(tmp_path)
+    ]) == 0
+    with open(tmp_path / 'gpu_check.csv') as f:
+        rows = list(csv.DictReader(f))
+    assert [r['item'] for r in rows] == [
+        'retinanet_soft_tiny_1x fp32', 'retinanet_soft_tiny_1x bf16'
+    ]
+    assert all(r['ok'] == 'True' for r in rows), rows

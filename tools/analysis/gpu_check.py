@@ -174,6 +174,20 @@ def run_device_tests(report):
 
 
 # --------------------------------------------------- 2. training steps
+def drop_pretrained(node):
+    """Remove every ``init_cfg`` of type Pretrained under ``node`` (the
+    paper configs' backbones start from the authors' ImageNet file)."""
+    if isinstance(node, dict):
+        init = node.get('init_cfg')
+        if isinstance(init, dict) and init.get('type') == 'Pretrained':
+            node['init_cfg'] = None
+        for value in node.values():
+            drop_pretrained(value)
+    elif isinstance(node, (list, tuple)):
+        for value in node:
+            drop_pretrained(value)
+
+
 def train_step(path, name, precision, device, size):
     """One training step of the config's model; returns (loss, ms)."""
     import importlib
@@ -186,6 +200,7 @@ def train_step(path, name, precision, device, size):
     from mmsoft_tools import launch
     from mmsoft_tools.torch_compat import grad_scaler
     cfg = Config.fromfile(path)
+    drop_pretrained(cfg.model)  # random weights: no ImageNet file needed
     scope = launch.import_codebase(cfg)
     registry = importlib.import_module(f'{scope}.registry').MODELS
     # as the Runner does: the top-level data_preprocessor of the config
