@@ -78,10 +78,24 @@ def one_line(exc: BaseException) -> Optional[str]:
         fix = _OS_FIXES.get(exc.errno)
         if fix is None:
             return None
-        name = exc.filename if exc.filename is not None else ''
+        name = _target_of_temp(exc.filename)
         return (f'error: {name}: {exc.strerror} (errno {exc.errno}'
                 f' {errno.errorcode.get(exc.errno, "")}); {fix}')
     return None
+
+
+def _target_of_temp(path) -> str:
+    """The file an atomic write's temporary (``mmsoft.utils.atomic``:
+    ``.<name>.<pid>.<hex>.mmsoft-tmp[.suffix]``, removed on the error)
+    stands for, noting that it was not replaced; other paths as they
+    are."""
+    import re
+    path = '' if path is None else str(path)
+    m = re.match(r'^\.(.+)\.\d+\.[0-9a-f]{8}\.mmsoft-tmp',
+                 osp.basename(path))
+    if m is None:
+        return path
+    return f'{osp.join(osp.dirname(path), m.group(1))} (not replaced)'
 
 
 def run_main(main: Callable, argv=None):
