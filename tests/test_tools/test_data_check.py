@@ -602,8 +602,9 @@ def _list_dataset(tmp_path, n, bad=None):
     for i in range(n):
         name = f'{i:05d}.png'
         if i == bad:  # a PNG header, then garbage: not decodable
-            open(root / 'train' / name, 'wb').write(
-                open(png, 'rb').read()[:16] + b'x' * 64 + b'IEND')
+            open(
+                root / 'train' / name,
+                'wb').write(open(png, 'rb').read()[:16] + b'x' * 64 + b'IEND')
         else:
             os.link(png, root / 'train' / name)
         lines.append(f'{name} 0')

@@ -30,8 +30,10 @@ IS_DIR = 'error: checkpoint <path> is a directory, not a file;'
 DAMAGED = 'error: checkpoint <path> is truncated or corrupt'
 OFFLINE = 'error: checkpoint <url> cannot be downloaded'
 FULL = 'error: <path> (not replaced): No space left on device (errno 28'
-INIT = ['--cfg-options', 'model.backbone.init_cfg._delete_=True',
-        'model.backbone.init_cfg.type=Pretrained']
+INIT = [
+    '--cfg-options', 'model.backbone.init_cfg._delete_=True',
+    'model.backbone.init_cfg.type=Pretrained'
+]
 
 #: (id, door, arguments, message, what ran). Placeholders of the
 #: arguments: {cfg} (the classifier demo config on tiny data), {ckpt} (a
@@ -44,82 +46,84 @@ INIT = ['--cfg-options', 'model.backbone.init_cfg._delete_=True',
 #: checkpoint written)
 CASES = [
     # tools/train.py
-    ('train-cfg-typo', 'train.py', ['{cfg}', '--work-dir', '{work}',
-                                    '--cfg-options', 'train_cfg.max_epoch=1'],
-     TYPO, 'nothing'),
+    ('train-cfg-typo', 'train.py', [
+        '{cfg}', '--work-dir', '{work}', '--cfg-options',
+        'train_cfg.max_epoch=1'
+    ], TYPO, 'nothing'),
     ('train-work-dir-file', 'train.py', ['{cfg}', '--work-dir', '{file}'],
      'error: --work-dir <path>: exists and is not a directory', 'nothing'),
     ('train-work-dir-read-only', 'train.py', ['{cfg}', '--work-dir', '{ro}'],
      'error: --work-dir <path>: cannot write there', 'nothing'),
-    ('train-init-cfg-directory', 'train.py', ['{cfg}', '--work-dir', '{work}']
-     + INIT + ['model.backbone.init_cfg.checkpoint={dir}'], IS_DIR, 'nothing'),
+    ('train-init-cfg-directory', 'train.py',
+     ['{cfg}', '--work-dir', '{work}'] + INIT +
+     ['model.backbone.init_cfg.checkpoint={dir}'], IS_DIR, 'nothing'),
     ('train-init-cfg-offline-url', 'train.py',
      ['{cfg}', '--work-dir', '{work}'] + INIT +
      ['model.backbone.init_cfg.checkpoint={url}'], OFFLINE, 'nothing'),
-    ('train-init-cfg-truncated', 'train.py', ['{cfg}', '--work-dir', '{work}']
-     + INIT + ['model.backbone.init_cfg.checkpoint={trunc}'], DAMAGED,
-     'nothing'),
-    ('train-resume-other-optimizer', 'train.py',
-     ['{cfg}', '--work-dir', '{work}', '--resume', '{ckpt}', '--cfg-options',
-      'optim_wrapper.optimizer.type=SGD', 'train_cfg.max_epochs=2'],
-     'error: --resume <path>: the checkpoint was trained with '
+    ('train-init-cfg-truncated', 'train.py',
+     ['{cfg}', '--work-dir', '{work}'] + INIT +
+     ['model.backbone.init_cfg.checkpoint={trunc}'], DAMAGED, 'nothing'),
+    ('train-resume-other-optimizer', 'train.py', [
+        '{cfg}', '--work-dir', '{work}', '--resume', '{ckpt}', '--cfg-options',
+        'optim_wrapper.optimizer.type=SGD', 'train_cfg.max_epochs=2'
+    ], 'error: --resume <path>: the checkpoint was trained with '
      'optim_wrapper.optimizer.type=', 'nothing'),
-    ('train-empty-list-line', 'train.py',
-     ['{cfg}', '--work-dir', '{work}', '--cfg-options',
-      'train_dataloader.dataset.ann_file={empty_line}'],
-     '<file> line <n>: empty line', 'nothing'),
-    ('train-non-finite-loss', 'train.py',
-     ['{cfg}', '--work-dir', '{work}', '--cfg-options',
-      'model.data_preprocessor.std=[0,0,0]'],
-     'error: NonFiniteLossHook: non-finite training loss', 'runner'),
+    ('train-empty-list-line', 'train.py', [
+        '{cfg}', '--work-dir', '{work}', '--cfg-options',
+        'train_dataloader.dataset.ann_file={empty_line}'
+    ], '<file> line <n>: empty line', 'nothing'),
+    ('train-non-finite-loss', 'train.py', [
+        '{cfg}', '--work-dir', '{work}', '--cfg-options',
+        'model.data_preprocessor.std=[0,0,0]'
+    ], 'error: NonFiniteLossHook: non-finite training loss', 'runner'),
     # tools/test.py
     ('test-missing-checkpoint', 'test.py',
-     ['{cfg}', '{dir}/epoch_1.pth', '--work-dir', '{work}'],
-     "error: checkpoint '<path>' not found:", 'nothing'),
+     ['{cfg}', '{dir}/epoch_1.pth', '--work-dir',
+      '{work}'], "error: checkpoint '<path>' not found:", 'nothing'),
     ('test-checkpoint-directory', 'test.py',
      ['{cfg}', '{dir}', '--work-dir', '{work}'], IS_DIR, 'nothing'),
     ('test-truncated-checkpoint', 'test.py',
      ['{cfg}', '{trunc}', '--work-dir', '{work}'], DAMAGED, 'nothing'),
-    ('test-offline-url', 'test.py', ['{cfg}', '{url}', '--work-dir', '{work}'],
-     OFFLINE, 'nothing'),
-    ('test-wrong-model', 'test.py', ['{cfg}', '{wrong}', '--work-dir',
-                                     '{work}'],
-     'error: checkpoint <path> does not match the model', 'runner'),
-    ('test-malformed-list-line', 'test.py',
-     ['{cfg}', '{ckpt}', '--work-dir', '{work}', '--cfg-options',
-      'test_dataloader.dataset.ann_file={bad_line}'],
-     "<file> line <n>: expected '<image file> <class index>'", 'nothing'),
+    ('test-offline-url', 'test.py', ['{cfg}', '{url}', '--work-dir',
+                                     '{work}'], OFFLINE, 'nothing'),
+    ('test-wrong-model', 'test.py',
+     ['{cfg}', '{wrong}', '--work-dir', '{work}'
+      ], 'error: checkpoint <path> does not match the model', 'runner'),
+    ('test-malformed-list-line', 'test.py', [
+        '{cfg}', '{ckpt}', '--work-dir', '{work}', '--cfg-options',
+        'test_dataloader.dataset.ann_file={bad_line}'
+    ], "<file> line <n>: expected '<image file> <class index>'", 'nothing'),
     ('test-out-disk-full', 'test.py',
-     ['{cfg}', '{ckpt}', '--work-dir', '{work}', '--out', '{out}'], FULL,
-     'runner'),
+     ['{cfg}', '{ckpt}', '--work-dir', '{work}', '--out',
+      '{out}'], FULL, 'runner'),
     # the launch scripts
     ('dist_train-no-gpus', 'dist_train.sh', ['{cfg}', '--work-dir', '{work}'],
-     'error: dist_train.sh: GPUS must be the number of processes',
-     'nothing'),
+     'error: dist_train.sh: GPUS must be the number of processes', 'nothing'),
     ('dist_test-no-gpus', 'dist_test.sh',
      ['{cfg}', '{ckpt}', '--work-dir', '{work}'],
      'error: dist_test.sh: GPUS must be the number of processes', 'nothing'),
     # demo/image_demo.py
     ('image_demo-no-cuda', 'image_demo.py',
-     ['{data}', '{cfg}', '{ckpt}', '--device', 'cuda', '--out-dir', '{work}'],
-     'image_demo.py: error: --device <device>: CUDA is not available',
+     ['{data}', '{cfg}', '{ckpt}', '--device', 'cuda', '--out-dir', '{work}'
+      ], 'image_demo.py: error: --device <device>: CUDA is not available',
      'nothing'),
     ('image_demo-truncated-checkpoint', 'image_demo.py',
-     ['{data}', '{cfg}', '{trunc}', '--out-dir', '{work}'],
-     'image_demo.py: ' + DAMAGED, 'nothing'),
+     ['{data}', '{cfg}', '{trunc}', '--out-dir',
+      '{work}'], 'image_demo.py: ' + DAMAGED, 'nothing'),
     # the converters, the ONNX export, the demo data
     ('soft2mmsoft-truncated', 'soft2mmsoft.py', ['{trunc}', '{work}/o.pth'],
      "error: checkpoint '<path>' is truncated or corrupt", 'nothing'),
     ('mmsoft2soft-file-too-large', 'mmsoft2soft.py',
-     ['{ckpt}', '{work}/o.pth'], 'error: cannot write <path>: File too large',
-     'nothing'),
-    ('pytorch2onnx-cfg-typo', 'pytorch2onnx.py',
-     ['{cfg}', '{ckpt}', '--shape', '64', '64', '--out', '{work}/m.onnx',
-      '--cfg-options', 'model.backbone.attn_cfg.atn_norm=True'], TYPO,
-     'nothing'),
-    ('make_demo_data-out-file', 'make_demo_data.py',
-     ['--out', '{file}', '--tasks', 'cls', '--num-train', '1', '--num-val',
-      '1'], 'error: --out <path>: exists and is not a directory', 'nothing'),
+     ['{ckpt}', '{work}/o.pth'
+      ], 'error: cannot write <path>: File too large', 'nothing'),
+    ('pytorch2onnx-cfg-typo', 'pytorch2onnx.py', [
+        '{cfg}', '{ckpt}', '--shape', '64', '64', '--out', '{work}/m.onnx',
+        '--cfg-options', 'model.backbone.attn_cfg.atn_norm=True'
+    ], TYPO, 'nothing'),
+    ('make_demo_data-out-file', 'make_demo_data.py', [
+        '--out', '{file}', '--tasks', 'cls', '--num-train', '1', '--num-val',
+        '1'
+    ], 'error: --out <path>: exists and is not a directory', 'nothing'),
 ]
 
 DOORS = {
@@ -148,9 +152,13 @@ def put(self, obj, filepath):
 local_backend.LocalBackend.put = put
 '''
 
-
 #: rows whose message is a headline followed by detail lines
 HEADLINE = {'test-wrong-model'}
+
+
+def _file_size_limit():
+    import resource
+    resource.setrlimit(resource.RLIMIT_FSIZE, (1 << 16, 1 << 16))
 
 
 def pattern(message):
@@ -187,8 +195,8 @@ def doors(tmp_path_factory):
     lists = {}
     val = tmp / 'data' / 'imagenet' / 'meta' / 'val.txt'
     lines = val.read_text().splitlines()
-    for name, extra in (('bad_line', 'a_file_without_label'),
-                        ('empty_line', '')):
+    for name, extra in (('bad_line', 'a_file_without_label'), ('empty_line',
+                                                               '')):
         lists[name] = str(tmp / f'{name}.txt')
         with open(lists[name], 'w') as f:
             f.write('\n'.join(lines[:1] + [extra] + lines[1:]) + '\n')
@@ -216,8 +224,7 @@ def doors(tmp_path_factory):
         **lists)
 
 
-@pytest.mark.parametrize(
-    'case', CASES, ids=[c[0] for c in CASES])
+@pytest.mark.parametrize('case', CASES, ids=[c[0] for c in CASES])
 def test_door(case, doors, tmp_path):
     name, door, args, message, ran = case
     if name == 'image_demo-no-cuda' and torch.cuda.is_available():
@@ -233,15 +240,11 @@ def test_door(case, doors, tmp_path):
     script = osp.join(ROOT, DOORS[door])
     cmd = (['bash'] if script.endswith('.sh') else [sys.executable]) + \
         [script] + argv
-    extra, preexec = {}, None
+    extra, limit = {}, None
     if name == 'test-out-disk-full':
         extra['PYTHONPATH'] = os.pathsep.join([doors['disk_full'], ROOT])
     if name == 'mmsoft2soft-file-too-large':
-        import resource
-
-        def preexec():  # the output may not grow beyond 64 KiB
-            resource.setrlimit(resource.RLIMIT_FSIZE, (1 << 16, 1 << 16))
-
+        limit = _file_size_limit  # the output may not grow beyond 64 KiB
         work.mkdir()
     proc = subprocess.run(
         cmd,
@@ -250,7 +253,7 @@ def test_door(case, doors, tmp_path):
         capture_output=True,
         text=True,
         timeout=300,
-        preexec_fn=preexec)
+        preexec_fn=limit)
     err = proc.stderr
     lines = [ln for ln in err.splitlines() if ln.strip()]
     assert proc.returncode != 0, err

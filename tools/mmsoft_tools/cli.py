@@ -15,9 +15,8 @@ __all__ = [
     'ToolError', 'EXPECTED', 'run_main', 'one_line', 'positive_int',
     'check_readable', 'runner_parser', 'parse_runner_args',
     'apply_runner_args', 'cfg_option_problem', 'merge_cfg_options',
-    'check_work_dir', 'init_checkpoints',
-    'checkpoint_problem', 'check_device', 'add_strict_load_hook',
-    'exit_if_missing_weights'
+    'check_work_dir', 'init_checkpoints', 'checkpoint_problem', 'check_device',
+    'add_strict_load_hook', 'exit_if_missing_weights'
 ]
 
 
@@ -73,8 +72,8 @@ def one_line(exc: BaseException) -> Optional[str]:
                 'and the network, or download the file and pass its path')
     if isinstance(exc, OSError):
         if exc.errno is None:  # our loaders' own messages (no errno)
-            return f'error: {text}' if isinstance(
-                exc, FileNotFoundError) else None
+            return f'error: {text}' if isinstance(exc,
+                                                  FileNotFoundError) else None
         fix = _OS_FIXES.get(exc.errno)
         if fix is None:
             return None
@@ -91,8 +90,7 @@ def _target_of_temp(path) -> str:
     are."""
     import re
     path = '' if path is None else str(path)
-    m = re.match(r'^\.(.+)\.\d+\.[0-9a-f]{8}\.mmsoft-tmp',
-                 osp.basename(path))
+    m = re.match(r'^\.(.+)\.\d+\.[0-9a-f]{8}\.mmsoft-tmp', osp.basename(path))
     if m is None:
         return path
     return f'{osp.join(osp.dirname(path), m.group(1))} (not replaced)'
@@ -106,8 +104,8 @@ def run_main(main: Callable, argv=None):
         code = main(argv)
     except Exception as e:  # noqa: BLE001 - the table decides
         line = one_line(e)
-        if line is None or os.environ.get('MMSOFT_TRACEBACK', '0') not in (
-                '', '0'):
+        if line is None or os.environ.get('MMSOFT_TRACEBACK',
+                                          '0') not in ('', '0'):
             raise
         print(line, file=sys.stderr, flush=True)
         code = 1

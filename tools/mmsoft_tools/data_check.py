@@ -377,8 +377,8 @@ def list_problem(path, with_label=True):
                     return (f'line {n}: empty line (the dataset reads every '
                             f'line; remove it)')
                 parts = text.rsplit(' ', 1)
-                if with_label and (len(parts) != 2 or
-                                   not parts[1].lstrip('-').isdigit()):
+                if with_label and (len(parts) != 2
+                                   or not parts[1].lstrip('-').isdigit()):
                     return (f"line {n}: expected '<image file> <class "
                             f"index>', got {text[:80]!r}")
     except (OSError, UnicodeDecodeError) as e:

@@ -45,10 +45,9 @@ from mmsoft_tools.deps import check_versions
 
 __all__ = [
     'quiet_init_weights', 'exit_if_legacy_backbone', 'exit_if_not_resumable',
-    'recorded_optimizer',
-    'lock_work_dir', 'CODEBASES', 'codebase_of', 'import_codebase',
-    'setup_cpu_distributed', 'enable_amp', 'name_run', 'compile_refusal',
-    'COMPILE_MIN_TORCH', 'prepare_cfg'
+    'recorded_optimizer', 'lock_work_dir', 'CODEBASES', 'codebase_of',
+    'import_codebase', 'setup_cpu_distributed', 'enable_amp', 'name_run',
+    'compile_refusal', 'COMPILE_MIN_TORCH', 'prepare_cfg'
 ]
 
 #: default_scope -> python package of the codebase
