@@ -151,16 +151,14 @@ def enable_tta(cfg, scope):
 
 
 def exit_if_no_checkpoint(path):
-    """A checkpoint that cannot be loaded: one line and exit 1, before the
-    config is loaded: a missing local file, a directory, a damaged file or
-    an unreachable URL (:func:`mmsoft_tools.cli.checkpoint_problem`)."""
+    """A local checkpoint path that is not there (or is a directory): one
+    line and exit 1, before the config is loaded."""
     if '://' not in path and not osp.exists(path):
         sys.exit(f'error: checkpoint {path!r} not found: give the path of a '
                  'trained model (work_dirs/<config>/epoch_N.pth or '
                  'iter_N.pth) or of downloaded weights (docs: Model zoo)')
-    problem = cli.checkpoint_problem(path)
-    if problem:
-        sys.exit(f'error: {problem}')
+    if osp.isdir(path):
+        sys.exit(f'error: {cli.checkpoint_problem(path)}')
 
 
 def build_cfg(args):
@@ -194,6 +192,9 @@ def main(argv=None):
     cli.check_work_dir(cfg.work_dir)  # a file, read-only?
     data_check.exit_if_missing(cfg, 'test', args.launcher)  # data on disk?
     launch.exit_if_legacy_backbone(cfg)  # attn options of mmsoft 0.1?
+    problem = cli.checkpoint_problem(args.checkpoint)  # damaged, offline?
+    if problem:
+        sys.exit(f'error: {problem}')
     scope = launch.prepare_cfg(cfg, args.launcher)
     exit_if_bad_out(args.out, scope)
 

@@ -124,6 +124,7 @@ def main(argv=None):
     launch.exit_if_legacy_backbone(cfg)  # attn options of mmsoft 0.1?
     launch.exit_if_not_resumable(cfg)  # --resume: a training ckpt of cfg?
     cli.exit_if_missing_weights(cfg)  # the backbone's ImageNet file?
+    cli.check_init_checkpoints(cfg)  # init_cfg: a folder, damaged, offline?
     # one run per work dir (rank 0 holds the lock until the run ends)
     lock = launch.lock_work_dir(cfg, args.launcher)
     try:

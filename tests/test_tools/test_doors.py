@@ -302,3 +302,44 @@ def test_every_message_is_in_the_faq():
     assert not missing, f'messages not in the FAQ table: {missing}'
     for case in CASES:
         assert case[1] in rows[case[3]][1], (case[0], rows[case[3]][1])
+
+
+def test_run_main_maps_only_the_expected(capsys, monkeypatch):
+    """:func:`mmsoft_tools.cli.run_main`: an expected failure is one line
+    and exit 1 (an atomic write's temporary named by its target), an
+    unexpected one keeps its traceback (the exception propagates), and
+    ``MMSOFT_TRACEBACK=1`` re-raises the expected ones too."""
+    import errno
+
+    from mmsoft_tools.cli import ToolError, run_main
+
+    def fail(exc):
+
+        def main(argv=None):
+            raise exc
+
+        return main
+
+    tmp = '/data/.out.pkl.123.0123abcd.mmsoft-tmp.pkl'
+    for exc, line in [
+        (ToolError('--x y: bad'), 'error: --x y: bad'),
+        (OSError(errno.ENOSPC, 'No space left on device', tmp),
+         'error: /data/out.pkl (not replaced): No space left on device '
+         '(errno 28 ENOSPC); free some space or write somewhere else'),
+        (FileNotFoundError('checkpoint x does not exist'),
+         'error: checkpoint x does not exist'),
+    ]:
+        with pytest.raises(SystemExit) as e:
+            run_main(fail(exc))
+        assert e.value.code == 1
+        assert capsys.readouterr().err == line + '\n'
+    for exc in (ValueError('a bug'), OSError(errno.EIO, 'I/O error')):
+        with pytest.raises(type(exc)):
+            run_main(fail(exc))
+    monkeypatch.setenv('MMSOFT_TRACEBACK', '1')
+    with pytest.raises(ToolError):
+        run_main(fail(ToolError('x')))
+    with pytest.raises(SystemExit) as e:  # a return value that is no code
+        monkeypatch.delenv('MMSOFT_TRACEBACK')
+        run_main(lambda argv=None: {'accuracy/top1': 1.0})
+    assert e.value.code == 0

@@ -260,18 +260,25 @@ def merge_cfg_options(cfg, options: Optional[dict]) -> None:
 def check_work_dir(path: Optional[str], option: str = '--work-dir') -> None:
     """An output directory (``option``, e.g. ``--work-dir``) that cannot be
     created or written (a file, a read-only place): a one-line
-    :class:`ToolError` before anything is built. Creates the directory (the
-    run would) and writes a probe file (also as root, whom permission bits
-    do not stop)."""
+    :class:`ToolError` before anything is built. Writes a probe (a
+    temporary directory in the nearest existing folder, removed at once:
+    permission bits do not stop root, a read-only file system does) and
+    leaves nothing behind."""
     if not path:
         return
     import tempfile
+    path = osp.abspath(path)
     if osp.exists(path) and not osp.isdir(path):
         raise ToolError(f'{option} {path}: exists and is not a directory; '
                         'give a directory (it is created if needed)')
+    parent = path
+    while not osp.exists(parent) and osp.dirname(parent) != parent:
+        parent = osp.dirname(parent)
+    if not osp.isdir(parent):
+        raise ToolError(f'{option} {path}: {parent} is a file, not a '
+                        'directory; give another path')
     try:
-        os.makedirs(path, exist_ok=True)
-        with tempfile.TemporaryFile(dir=path):
+        with tempfile.TemporaryDirectory(dir=parent, prefix='.mmsoft-probe-'):
             pass
     except OSError as e:
         raise ToolError(f'{option} {path}: cannot write there '
@@ -382,13 +389,18 @@ def add_strict_load_hook(cfg, partial_load: bool) -> None:
 def exit_if_missing_weights(cfg) -> None:
     """Stop with one line (exit 1) before the Runner is built when a SOFT
     backbone's ``init_cfg`` names a local checkpoint that is not there
-    (:func:`mmsoft.models.loading.missing_pretrained`), or any ``init_cfg``
-    checkpoint is a directory, damaged or an unreachable URL
-    (:func:`checkpoint_problem`, a :class:`ToolError`)."""
+    (:func:`mmsoft.models.loading.missing_pretrained`)."""
     from mmsoft.models.loading import missing_pretrained
     msg = missing_pretrained(cfg)
     if msg:
         sys.exit(f'error: {msg}')
+
+
+def check_init_checkpoints(cfg) -> None:
+    """Every ``init_cfg`` checkpoint of ``cfg.model`` that is a directory,
+    a damaged file or an unreachable URL (:func:`checkpoint_problem`):
+    a one-line :class:`ToolError` naming the config key, before the Runner
+    is built (missing files: :func:`exit_if_missing_weights`)."""
     for key, path in init_checkpoints(cfg):
         problem = checkpoint_problem(path)
         if problem:

@@ -595,6 +595,12 @@ def main(argv=None):
         from mmsoft.models.loading import missing_pretrained
         msg = missing_pretrained(cfg)
         msg = msg and f'error: {msg}'
+        if msg is None:  # a folder, damaged, offline: also once
+            from mmsoft_tools.cli import ToolError, check_init_checkpoints
+            try:
+                check_init_checkpoints(cfg)
+            except ToolError as e:
+                msg = f'error: {e}'
     if msg is None:
         return 0
     print(msg, file=sys.stderr, flush=True)
