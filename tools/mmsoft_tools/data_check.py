@@ -608,4 +608,6 @@ def main(argv=None):
 
 
 if __name__ == '__main__':
+    # run as a script: tools/ on the path for the tools' package
+    sys.path.insert(1, osp.dirname(osp.dirname(osp.abspath(__file__))))
     sys.exit(main())
