@@ -42,9 +42,9 @@ INIT = [
 #: (id, door, arguments, message, what ran). Placeholders of the
 #: arguments: {cfg} (the classifier demo config on tiny data), {ckpt} (a
 #: training checkpoint of it), {trunc} (that file cut short), {dir},
-#: {file}, {ro} (a directory that cannot be written), {url} (nothing listens there), {work} (the row's work dir),
-#: {out} (an existing result file), {bad_line} / {empty_line} (annotation
-#: lists). ``ran``: what the row may do before it fails: 'nothing' (no
+#: {file}, {ro} (a directory that cannot be written), {url} (nothing
+#: listens there), {work} (the row's work dir), {out} (an existing result
+#: file), {bad_line} / {empty_line} (annotation lists). ``ran``: what the row may do before it fails: 'nothing' (no
 #: Runner run dir, no checkpoint), 'runner' (the Runner was built, no
 #: checkpoint written)
 CASES = [
