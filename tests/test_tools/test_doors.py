@@ -44,9 +44,9 @@ INIT = [
 #: training checkpoint of it), {trunc} (that file cut short), {dir},
 #: {file}, {ro} (a directory that cannot be written), {url} (nothing
 #: listens there), {work} (the row's work dir), {out} (an existing result
-#: file), {bad_line} / {empty_line} (annotation lists). ``ran``: what the row may do before it fails: 'nothing' (no
-#: Runner run dir, no checkpoint), 'runner' (the Runner was built, no
-#: checkpoint written)
+#: file), {bad_line} / {empty_line} (annotation lists). ``ran``: what
+#: the row may do before it fails: 'nothing' (no Runner run dir, no
+#: checkpoint), 'runner' (the Runner was built, no checkpoint written)
 CASES = [
     # tools/train.py
     ('train-cfg-typo', 'train.py', [
