@@ -595,10 +595,14 @@ def main(argv=None):
         from mmsoft.models.loading import missing_pretrained
         msg = missing_pretrained(cfg)
         msg = msg and f'error: {msg}'
-        if msg is None:  # a folder, damaged, offline: also once
+        try:  # a folder, damaged, offline: also once
             from mmsoft_tools.cli import ToolError, check_init_checkpoints
+        except ImportError:  # run as a script: the tools' package is not
+            pass  # importable (tools/train.py checks them itself)
+        else:
             try:
-                check_init_checkpoints(cfg)
+                if msg is None:
+                    check_init_checkpoints(cfg)
             except ToolError as e:
                 msg = f'error: {e}'
     if msg is None:
@@ -608,6 +612,4 @@ def main(argv=None):
 
 
 if __name__ == '__main__':
-    # run as a script: tools/ on the path for the tools' package
-    sys.path.insert(1, osp.dirname(osp.dirname(osp.abspath(__file__))))
     sys.exit(main())
