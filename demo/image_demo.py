@@ -185,6 +185,14 @@ def check_inputs(args):
         problem = image_problem(args.input)
         if problem:
             raise DemoError(f'cannot read image: {args.input} ({problem})')
+    from mmsoft_tools.cli import ToolError, check_device, checkpoint_problem
+    try:
+        check_device(args.device)  # --device cuda without CUDA
+    except ToolError as e:
+        raise DemoError(str(e)) from None
+    problem = checkpoint_problem(args.checkpoint)  # damaged, unreachable
+    if problem:
+        raise DemoError(problem)
     return images
 
 
@@ -420,4 +428,5 @@ def main(argv=None):
 
 
 if __name__ == '__main__':
-    sys.exit(main())
+    from mmsoft_tools.cli import run_main
+    run_main(main)  # other expected failures (full disk ...): one line

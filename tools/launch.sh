@@ -28,6 +28,10 @@ mmsoft_dist_launch() {
     local n=${#names[@]}
     mmsoft_usage $((n + 1)) "${names[*]} GPUS [$tool.py args]" "$@"
     local positional=("${@:1:n}") gpus=${@:n+1:1} options=("${@:n+2}")
+    if ! [[ $gpus =~ ^[1-9][0-9]*$ ]]; then  # e.g. forgotten: an option
+        echo "error: $(basename "$0"): GPUS must be the number of processes (a positive integer), got '$gpus'; usage: $0 ${names[*]} GPUS [$tool.py args]" >&2
+        exit 2
+    fi
     echo "$(basename "$0"): python: $PYTHON" >&2
     # data there? (once, not per rank)
     mmsoft_check_data "$tool" "$1" "${options[@]}" || exit

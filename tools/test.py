@@ -14,6 +14,10 @@ top-k accuracy).
 ``--out``: mmdet and mmpretrain dump the predictions to a pickle file;
 mmseg saves the predicted label maps as PNGs to that directory (as each
 codebase's own tools/test.py does).
+
+Expected failures (a missing, damaged or wrong checkpoint, a full disk
+for ``--out``, ...) end in one line (:func:`mmsoft_tools.cli.run_main`;
+docs/en/faq.md lists them).
 """
 import contextlib
 import copy
@@ -147,12 +151,14 @@ def enable_tta(cfg, scope):
 
 
 def exit_if_no_checkpoint(path):
-    """A local checkpoint path that is not a file: one line and exit 1,
-    before the config is loaded (a URL is left to the loader)."""
-    if '://' not in path and not osp.isfile(path):
+    """A local checkpoint path that is not there (or is a directory): one
+    line and exit 1, before the config is loaded."""
+    if '://' not in path and not osp.exists(path):
         sys.exit(f'error: checkpoint {path!r} not found: give the path of a '
                  'trained model (work_dirs/<config>/epoch_N.pth or '
                  'iter_N.pth) or of downloaded weights (docs: Model zoo)')
+    if osp.isdir(path):
+        sys.exit(f'error: {cli.checkpoint_problem(path)}')
 
 
 def build_cfg(args):
@@ -183,8 +189,12 @@ def main(argv=None):
     args = parse_args(argv)
     exit_if_no_checkpoint(args.checkpoint)  # before the config and Runner
     cfg = build_cfg(args)
+    cli.check_work_dir(cfg.work_dir)  # a file, read-only?
     data_check.exit_if_missing(cfg, 'test', args.launcher)  # data on disk?
     launch.exit_if_legacy_backbone(cfg)  # attn options of mmsoft 0.1?
+    problem = cli.checkpoint_problem(args.checkpoint)  # damaged, offline?
+    if problem:
+        sys.exit(f'error: {problem}')
     scope = launch.prepare_cfg(cfg, args.launcher)
     exit_if_bad_out(args.out, scope)
 
@@ -228,4 +238,4 @@ def main(argv=None):
 
 
 if __name__ == '__main__':
-    main()
+    cli.run_main(main)  # expected failures: one line (cli.EXPECTED)

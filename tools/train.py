@@ -26,7 +26,9 @@ and ``--amp`` trains under bfloat16 autocast.
 the keys; ``--partial-load`` loads the matching tensors and prints what was
 skipped), ``--resume PATH`` must be a training checkpoint (checked before
 anything is built), and one run at a time holds the work dir
-(:mod:`mmsoft_tools.work_dir_lock`).
+(:mod:`mmsoft_tools.work_dir_lock`). Expected failures (wrong or damaged
+files, a full disk, the non-finite stop, ...) end in one line
+(:func:`mmsoft_tools.cli.run_main`; docs/en/faq.md lists them).
 """
 import sys
 import warnings
@@ -117,10 +119,12 @@ def build_cfg(args):
 def main(argv=None):
     args = parse_args(argv)
     cfg = build_cfg(args)
+    cli.check_work_dir(cfg.work_dir)  # a file, read-only?
     data_check.exit_if_missing(cfg, 'train', args.launcher)  # data on disk?
     launch.exit_if_legacy_backbone(cfg)  # attn options of mmsoft 0.1?
-    launch.exit_if_not_resumable(cfg)  # --resume PATH: a training ckpt?
+    launch.exit_if_not_resumable(cfg)  # --resume: a training ckpt of cfg?
     cli.exit_if_missing_weights(cfg)  # the backbone's ImageNet file?
+    cli.check_init_checkpoints(cfg)  # init_cfg: a folder, damaged, offline?
     # one run per work dir (rank 0 holds the lock until the run ends)
     lock = launch.lock_work_dir(cfg, args.launcher)
     try:
@@ -147,4 +151,4 @@ def main(argv=None):
 
 
 if __name__ == '__main__':
-    main()
+    cli.run_main(main)  # expected failures: one line (cli.EXPECTED)

@@ -585,3 +585,100 @@ def test_empty_image_named_when_annotations_too_big_to_parse(
     assert _check_message(cfg, capsys)[1] == (
         f'  {img} (for training, train_dataloader.dataset.ann_file): the '
         f'file is empty (0 bytes)')
+
+
+# ----------------------------------------- decoding: all, or a sample
+def _list_dataset(tmp_path, n, bad=None):
+    """An ImageNet-style list of ``n`` images (hard links of one 8 x 8
+    PNG; ``bad``: the index of a file that is not an image) and the config
+    of a dataset that reads it."""
+    import cv2
+    import numpy as np
+    root = tmp_path / 'imgs'
+    (root / 'train').mkdir(parents=True)
+    png = str(tmp_path / 'one.png')
+    cv2.imwrite(png, np.zeros((8, 8, 3), np.uint8))
+    lines = []
+    for i in range(n):
+        name = f'{i:05d}.png'
+        if i == bad:  # a PNG header, then garbage: not decodable
+            open(
+                root / 'train' / name,
+                'wb').write(open(png, 'rb').read()[:16] + b'x' * 64 + b'IEND')
+        else:
+            os.link(png, root / 'train' / name)
+        lines.append(f'{name} 0')
+    (root / 'train.txt').write_text('\n'.join(lines) + '\n')
+    cfg = dict(
+        train_dataloader=dict(
+            dataset=dict(
+                type='CustomDataset',
+                data_root=str(root),
+                ann_file='train.txt',
+                data_prefix='train')))
+    return cfg, root
+
+
+def _count_decodes(monkeypatch):
+    decoded = []
+    real = dc.image_damage
+
+    def image_damage(path, decode=False):
+        if decode:
+            decoded.append(path)
+        return real(path, decode)
+
+    monkeypatch.setattr(dc, 'image_damage', image_damage)
+    return decoded
+
+
+def test_small_set_every_image_decoded(tmp_path, monkeypatch):
+    """Up to DECODE_ALL (2,000) images every one is decoded: a corrupt
+    image in the last place of 40 is named (the check decoded the first 8
+    before)."""
+    cfg, root = _list_dataset(tmp_path, 40, bad=39)
+    decoded = _count_decodes(monkeypatch)
+    msg = dc.damaged_data_message(cfg, 'train')
+    assert len(decoded) == 40
+    bad = str(root / 'train' / '00039.png')
+    assert msg.splitlines()[-1] == (
+        f'  {bad} (for training, train_dataloader.dataset.ann_file): not a '
+        f'decodable image (84 bytes)')
+
+
+def test_large_set_seeded_sample_decoded(tmp_path, monkeypatch):
+    """Above DECODE_ALL, SAMPLE_FILES images drawn with a fixed seed are
+    decoded (the same ones at every start), every one is still checked to
+    exist. Sizes shrunk by 100x to keep the test fast (the rule, not the
+    numbers, is under test)."""
+    monkeypatch.setattr(dc, 'DECODE_ALL', 20)
+    monkeypatch.setattr(dc, 'SAMPLE_FILES', 5)
+    cfg, root = _list_dataset(tmp_path, 25)
+    decoded = _count_decodes(monkeypatch)
+    assert dc.damaged_data_message(cfg, 'train') is None
+    assert len(decoded) == 5 and len(set(decoded)) == 5
+    first = list(decoded)
+    decoded.clear()
+    dc.damaged_data_message(cfg, 'train')
+    assert decoded == first  # seeded: the same sample
+    os.remove(root / 'train' / '00024.png')  # not decoded, still checked
+    assert '00024.png (for training' in dc.damaged_data_message(cfg, 'train')
+
+
+@pytest.mark.parametrize('line,why', [
+    ('', 'line 2: empty line (the dataset reads every line; remove it)'),
+    ('no_label.png', "line 2: expected '<image file> <class index>', got "
+     "'no_label.png'"),
+    ('x.png cat', "line 2: expected '<image file> <class index>', got "
+     "'x.png cat'"),
+])
+def test_bad_list_line_named_with_file_and_line(tmp_path, line, why):
+    """A list line mmpretrain cannot read (a ValueError without the file
+    before) is named with the file and the line number."""
+    cfg, root = _list_dataset(tmp_path, 3)
+    ann = root / 'train.txt'
+    lines = ann.read_text().splitlines()
+    ann.write_text('\n'.join(lines[:1] + [line] + lines[1:]) + '\n')
+    msg = dc.damaged_data_message(cfg, 'train')
+    assert msg.splitlines()[-1] == (
+        f'  {ann} {why} [train_dataloader.dataset.ann_file]')

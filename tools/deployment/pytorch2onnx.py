@@ -149,4 +149,5 @@ def run(args) -> int:
 
 
 if __name__ == '__main__':
-    sys.exit(main())
+    from mmsoft_tools.cli import run_main
+    run_main(main)  # other expected failures: one line

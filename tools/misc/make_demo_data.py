@@ -19,6 +19,7 @@ if osp.dirname(osp.dirname(osp.abspath(__file__))) not in sys.path:  # tools/
     sys.path.insert(0, osp.dirname(osp.dirname(osp.abspath(__file__))))
 
 from mmsoft_tools import demo_synthetic
+from mmsoft_tools.cli import check_work_dir, run_main
 
 ROOT = osp.dirname(osp.dirname(osp.dirname(osp.abspath(__file__))))
 
@@ -60,6 +61,7 @@ def parse_args(argv=None):
 
 def main(argv=None):
     args = parse_args(argv)
+    check_work_dir(args.out, '--out')  # a file, read-only: one line
     overrides = {}
     for task in args.tasks:
         o = {}
@@ -84,4 +86,4 @@ def main(argv=None):
 
 
 if __name__ == '__main__':
-    sys.exit(main())
+    run_main(main)  # expected failures (full disk ...): one line

@@ -1,15 +1,115 @@
 """Command-line helpers shared by the tools (argparse types, input checks,
-the arguments of ``tools/train.py`` and ``tools/test.py``)."""
+the arguments of ``tools/train.py`` and ``tools/test.py``) and the one
+door every tool's ``main`` goes through, :func:`run_main`: the expected
+failures (:data:`EXPECTED`) end as one line ``error: ...`` on stderr and
+exit status 1; anything else keeps its traceback. The messages are listed
+in docs/en/faq.md (tests/test_tools/test_doors.py checks both)."""
 import argparse
+import errno
 import os
 import os.path as osp
-from typing import Dict
+import sys
+from typing import Callable, Dict, Iterable, Optional
 
 __all__ = [
-    'positive_int', 'check_readable', 'runner_parser', 'parse_runner_args',
-    'apply_runner_args', 'add_strict_load_hook', 'exit_if_missing_weights',
-    'unwritable_reason'
+    'ToolError', 'EXPECTED', 'run_main', 'one_line', 'positive_int',
+    'check_readable', 'runner_parser', 'parse_runner_args',
+    'apply_runner_args', 'cfg_option_problem', 'merge_cfg_options',
+    'check_work_dir', 'init_checkpoints', 'checkpoint_problem', 'check_device',
+    'add_strict_load_hook', 'exit_if_missing_weights', 'unwritable_reason'
 ]
+
+
+class ToolError(Exception):
+    """A user error found by a tool's own checks: one line, exit 1."""
+
+
+#: (module, class): the failures a user can cause and fix, which
+#: :func:`run_main` turns into one line. Looked up in ``sys.modules`` only
+#: (an exception of a module that was never imported cannot be raised)
+EXPECTED = (
+    ('mmsoft_tools.cli', 'ToolError'),
+    ('mmsoft.utils.checkpoint_io', 'CheckpointError'),  # damaged file
+    ('mmsoft.utils.checkpoint_io', 'CheckpointRefused'),  # pickled code
+    ('mmsoft.utils.strict_load', 'CheckpointMismatchError'),  # wrong model
+    ('mmsoft.engine.hooks.nonfinite_hook', 'NonFiniteLossError'),
+    ('mmsoft.models.converters', 'ConversionError'),
+    ('mmsoft.models.layers.export_ops', 'ExportError'),
+    ('mmsoft_tools.work_dir_lock', 'WorkDirLockedError'),
+)
+
+#: errno of an OSError -> what to do (a full disk, a path that is not
+#: there / not writable); other OSErrors keep their traceback
+_OS_FIXES = {
+    errno.ENOSPC: 'free some space or write somewhere else',
+    errno.EDQUOT: 'free some space or write somewhere else',
+    errno.EFBIG: 'the file size limit (ulimit -f) or the file system '
+    'refuses a file this large; write somewhere else',
+    errno.EROFS: 'choose a writable location',
+    errno.EACCES: 'check the permissions (ls -l) or choose another path',
+    errno.EPERM: 'check the permissions (ls -l) or choose another path',
+    errno.ENOENT: 'check the path',
+    errno.ENOTDIR: 'a part of the path is a file, not a directory',
+    errno.EISDIR: 'give a file, not a directory',
+    errno.EEXIST: 'remove it or choose another path',
+}
+
+
+def _expected_types() -> tuple:
+    return tuple(
+        getattr(sys.modules[m], name) for m, name in EXPECTED
+        if m in sys.modules and hasattr(sys.modules[m], name))
+
+
+def one_line(exc: BaseException) -> Optional[str]:
+    """``error: ...`` (one line) for an expected failure, else None."""
+    from urllib.error import HTTPError, URLError
+    text = ' '.join(str(exc).split())
+    if isinstance(exc, _expected_types()):
+        return f'error: {text}'
+    if isinstance(exc, URLError) and not isinstance(exc, HTTPError):
+        return (f'error: a download failed ({exc.reason}): check the URL '
+                'and the network, or download the file and pass its path')
+    if isinstance(exc, OSError):
+        if exc.errno is None:  # our loaders' own messages (no errno)
+            return f'error: {text}' if isinstance(exc,
+                                                  FileNotFoundError) else None
+        fix = _OS_FIXES.get(exc.errno)
+        if fix is None:
+            return None
+        name = _target_of_temp(exc.filename)
+        return (f'error: {name}: {exc.strerror} (errno {exc.errno}'
+                f' {errno.errorcode.get(exc.errno, "")}); {fix}')
+    return None
+
+
+def _target_of_temp(path) -> str:
+    """The file an atomic write's temporary (``mmsoft.utils.atomic``:
+    ``.<name>.<pid>.<hex>.mmsoft-tmp[.suffix]``, removed on the error)
+    stands for, noting that it was not replaced; other paths as they
+    are."""
+    import re
+    path = '' if path is None else str(path)
+    m = re.match(r'^\.(.+)\.\d+\.[0-9a-f]{8}\.mmsoft-tmp', osp.basename(path))
+    if m is None:
+        return path
+    return f'{osp.join(osp.dirname(path), m.group(1))} (not replaced)'
+
+
+def run_main(main: Callable, argv=None):
+    """``sys.exit(main(argv))``; an expected failure (:func:`one_line`)
+    exits 1 with its line on stderr (``MMSOFT_TRACEBACK=1``: re-raised,
+    with the traceback). Every tool ends with ``cli.run_main(main)``."""
+    try:
+        code = main(argv)
+    except Exception as e:  # noqa: BLE001 - the table decides
+        line = one_line(e)
+        if line is None or os.environ.get('MMSOFT_TRACEBACK',
+                                          '0') not in ('', '0'):
+            raise
+        print(line, file=sys.stderr, flush=True)
+        code = 1
+    sys.exit(code if isinstance(code, int) else 0)  # test.py: metrics
 
 
 def positive_int(text: str) -> int:
@@ -122,14 +222,174 @@ def apply_runner_args(cfg, args: argparse.Namespace):
     ``--cfg-options`` and the work dir (``--work-dir``, else the config's
     ``work_dir``, else ``./work_dirs/<config name>``). Returns ``cfg``."""
     cfg.launcher = args.launcher
-    if args.cfg_options is not None:
-        cfg.merge_from_dict(args.cfg_options)
+    merge_cfg_options(cfg, args.cfg_options)
     if args.work_dir is not None:
         cfg.work_dir = args.work_dir
     elif cfg.get('work_dir', None) is None:
         cfg.work_dir = osp.join('./work_dirs',
                                 osp.splitext(osp.basename(args.config))[0])
     return cfg
+
+
+def cfg_option_problem(cfg, key: str) -> Optional[str]:
+    """Why the ``--cfg-options`` key ``key`` looks mistyped, or None: a
+    part of it that ``cfg`` does not have, where a key of nearly the same
+    name exists (``train_cfg.max_epoch`` for ``max_epochs``). New keys
+    without such a neighbour are allowed (``...checkpoint.out_dir``)."""
+    import difflib
+    node, done = cfg, []
+    for part in key.split('.'):
+        if isinstance(node, (list, tuple)) and part.isdigit():
+            if int(part) >= len(node):
+                return None
+            node = node[int(part)]
+        elif hasattr(node, 'keys') and not part.startswith('_'):
+            if part not in node:
+                names = [k for k in node.keys() if isinstance(k, str)]
+                close = difflib.get_close_matches(part, names, 1, 0.8)
+                if not close:
+                    return None
+                where = '.'.join(done) or 'the top level'
+                return (f'--cfg-options {key}: the config has no key '
+                        f'{part!r} under {where}; did you mean '
+                        f'{".".join(done + close)}?')
+            node = node[part]
+        else:
+            return None
+        done.append(part)
+    return None
+
+
+def merge_cfg_options(cfg, options: Optional[dict]) -> None:
+    """``cfg.merge_from_dict(options)`` after :func:`cfg_option_problem`;
+    a mistyped key or an option mmengine cannot merge (a dict over a
+    None) raises a one-line :class:`ToolError` naming it."""
+    if not options:
+        return
+    for key in options:
+        problem = cfg_option_problem(cfg, key)
+        if problem:
+            raise ToolError(problem)
+    try:
+        cfg.merge_from_dict(options)
+    except (TypeError, KeyError, IndexError, ValueError) as e:
+        raise ToolError(f'--cfg-options: {" ".join(str(e).split())}') \
+            from None
+
+
+def check_work_dir(path: Optional[str], option: str = '--work-dir') -> None:
+    """An output directory (``option``, e.g. ``--work-dir``) that cannot be
+    created or written (a file, a read-only place): a one-line
+    :class:`ToolError` before anything is built. Writes a probe (a
+    temporary directory in the nearest existing folder, removed at once:
+    permission bits do not stop root, a read-only file system does) and
+    leaves nothing behind."""
+    if not path:
+        return
+    import tempfile
+    path = osp.abspath(path)
+    if osp.exists(path) and not osp.isdir(path):
+        raise ToolError(f'{option} {path}: exists and is not a directory; '
+                        'give a directory (it is created if needed)')
+    parent = path
+    while not osp.exists(parent) and osp.dirname(parent) != parent:
+        parent = osp.dirname(parent)
+    if not osp.isdir(parent):
+        raise ToolError(f'{option} {path}: {parent} is a file, not a '
+                        'directory; give another path')
+    try:
+        with tempfile.TemporaryDirectory(dir=parent, prefix='.mmsoft-probe-'):
+            pass
+    except OSError as e:
+        raise ToolError(f'{option} {path}: cannot write there '
+                        f'({e.strerror or e}); choose a writable '
+                        'directory') from None
+
+
+def checkpoint_problem(path: str) -> Optional[str]:
+    """Why the checkpoint ``path`` cannot be loaded, checked before
+    anything is built: a directory, a damaged local file (missing files
+    get their tool's own message), or an ``http(s)://`` URL that is neither
+    in torch's download cache nor reachable. None when it looks fine."""
+    path = str(path)
+    if path.startswith(('http://', 'https://')):
+        return _url_problem(path)
+    if '://' in path:
+        return None  # open-mmlab://, s3:// ...: MMEngine's loaders
+    if osp.isdir(path):
+        return f'checkpoint {path} is a directory, not a file; pass a .pth ' \
+            'checkpoint file (e.g. <work_dir>/epoch_N.pth)'
+    if osp.isfile(path):
+        from mmsoft.utils.checkpoint_io import describe_damage
+        damage = describe_damage(path)
+        if damage:
+            return f'checkpoint {path} {damage}; it was not loaded (use an ' \
+                'earlier or a fresh copy)'
+    return None
+
+
+def _url_problem(url: str) -> Optional[str]:
+    from urllib.error import HTTPError, URLError
+    from urllib.request import Request, urlopen
+
+    from torch.hub import get_dir
+    name = osp.basename(url.split('?')[0])
+    if osp.isfile(osp.join(get_dir(), 'checkpoints', name)):
+        return None  # downloaded before: no network needed
+    try:
+        urlopen(Request(url, method='HEAD'), timeout=20).close()
+    except HTTPError as e:
+        if e.code not in (404, 410):
+            return None  # HEAD refused (405, 403 ...): leave it to the GET
+        why = f'HTTP {e.code}'
+    except (URLError, OSError) as e:
+        why = str(getattr(e, 'reason', e))
+    else:
+        return None
+    return (f'checkpoint {url} cannot be downloaded ({why}); check the URL '
+            'and the network, or download the file and pass its path')
+
+
+def check_device(device: Optional[str]) -> None:
+    """``--device cuda[:N]`` on a machine without CUDA (or N out of range):
+    a one-line :class:`ToolError` before the model is built."""
+    if not device or not str(device).startswith('cuda'):
+        return
+    import torch
+    n = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    index = str(device).partition(':')[2]
+    if n == 0:
+        raise ToolError(f'--device {device}: CUDA is not available on this '
+                        'machine (torch.cuda.is_available() is False); use '
+                        '--device cpu')
+    if index.isdigit() and int(index) >= n:
+        raise ToolError(f'--device {device}: this machine has {n} CUDA '
+                        f'device(s) (cuda:0 .. cuda:{n - 1})')
+
+
+def init_checkpoints(cfg, key: str = 'model') -> Iterable:
+    """``(config key, checkpoint)`` of every ``Pretrained`` init_cfg under
+    ``cfg[key]`` (the backbone's ImageNet file, ...)."""
+
+    def walk(node, path):
+        if isinstance(node, (list, tuple)):
+            for i, v in enumerate(node):
+                yield from walk(v, f'{path}.{i}')
+        elif hasattr(node, 'items'):
+            init = node.get('init_cfg')
+            entries = [init] if hasattr(init, 'get') else \
+                [e for e in init or [] if hasattr(e, 'get')] \
+                if isinstance(init, (list, tuple)) else []
+            for i, c in enumerate(entries):
+                if 'Pretrained' in str(c.get('type')) and c.get('checkpoint'):
+                    where = '' if hasattr(init, 'get') else f'.{i}'
+                    yield (f'{path}.init_cfg{where}.checkpoint',
+                           c['checkpoint'])
+            for k, v in node.items():
+                if k != 'init_cfg':
+                    yield from walk(v, f'{path}.{k}')
+
+    yield from walk(cfg.get(key), key)
 
 
 def add_strict_load_hook(cfg, partial_load: bool) -> None:
@@ -150,9 +410,18 @@ def exit_if_missing_weights(cfg) -> None:
     """Stop with one line (exit 1) before the Runner is built when a SOFT
     backbone's ``init_cfg`` names a local checkpoint that is not there
     (:func:`mmsoft.models.loading.missing_pretrained`)."""
-    import sys
-
     from mmsoft.models.loading import missing_pretrained
     msg = missing_pretrained(cfg)
     if msg:
         sys.exit(f'error: {msg}')
+
+
+def check_init_checkpoints(cfg) -> None:
+    """Every ``init_cfg`` checkpoint of ``cfg.model`` that is a directory,
+    a damaged file or an unreachable URL (:func:`checkpoint_problem`):
+    a one-line :class:`ToolError` naming the config key, before the Runner
+    is built (missing files: :func:`exit_if_missing_weights`)."""
+    for key, path in init_checkpoints(cfg):
+        problem = checkpoint_problem(path)
+        if problem:
+            raise ToolError(f'{problem} [{key}]')

@@ -24,11 +24,15 @@ the datasets themselves resolve them (``BaseDataset``: relative
 
 Then the files themselves (:func:`damaged_data_message`): every
 annotation json must parse (a truncated or invalid one is named with the
-line, column and character position of the error), the images the
+line, column and character position of the error), every line of an
+ImageNet-style list must be ``<image file> <class index>`` (an empty or
+malformed line is named with the file and line number), the images the
 annotations list (COCO ``file_name`` entries, mmpretrain lists; for
-datasets without a list, a sample of the image folders) must exist and not
-be empty (0 bytes), a sample of them must not be truncated and the first
-few must decode; each problem is named with the file and the config key.
+datasets without a list, the image folders) must exist and not be empty
+(0 bytes), and they must decode: every one of a data set of up to
+:data:`DECODE_ALL` (2,000) images, else a seeded random sample of
+:data:`SAMPLE_FILES` (500) of them (:func:`decode_sample`); each problem is
+named with the file and the config key.
 
 Remote storage (a ``backend_args`` backend other than ``local``, or a path
 with a ``scheme://``) is not checked. Only the standard library is imported
@@ -40,7 +44,8 @@ import sys
 
 __all__ = [
     'required_paths', 'missing_data_message', 'damaged_data_message',
-    'image_damage', 'json_problem', 'exit_if_missing', 'launcher_rank', 'main'
+    'image_damage', 'json_problem', 'list_problem', 'decode_sample',
+    'exit_if_missing', 'launcher_rank', 'main'
 ]
 
 #: dataset type -> (name, placeholder directory, layout note)
@@ -101,6 +106,19 @@ def _join(root, path):
     return osp.join(root, path)
 
 
+def _ann_file(ds):
+    """The annotation file a dataset reads: its ``ann_file``, or for
+    mmpretrain's ``ImageNet`` with a ``split`` and none given,
+    ``meta/<split>.txt`` when that file exists (as the dataset does)."""
+    ann = _get(ds, 'ann_file') or ''
+    if not ann and _get(ds, 'split') and \
+            _type_name(ds).startswith('ImageNet'):
+        meta = osp.join('meta', f'{ds["split"]}.txt')
+        if osp.isfile(_join(_get(ds, 'data_root') or '', meta)):
+            return meta
+    return ann
+
+
 def _dataset_needs(key, ds):
     """[(path, config key)] a dataset needs; the data_root comes first."""
     if _is_remote(_get(ds, 'data_root', ''), _get(ds, 'backend_args')):
@@ -109,7 +127,7 @@ def _dataset_needs(key, ds):
     needs = []
     if root:
         needs.append((root, key + '.data_root'))
-    ann = _get(ds, 'ann_file') or ''
+    ann = _ann_file(ds)
     if isinstance(ann, str) and ann:
         needs.append((_join(root, ann), key + '.ann_file'))
     prefix = _get(ds, 'data_prefix')
@@ -259,10 +277,13 @@ def missing_data_message(cfg, mode):
 
 
 # ------------------------------------------------- the files themselves
-#: how many files the annotations list are checked (exist, not empty, not
-#: truncated), evenly spaced over the list; of those, how many are decoded
-SAMPLE_FILES = 200
-SAMPLE_DECODE = 8
+#: every image of a data set of up to DECODE_ALL images is decoded; of a
+#: larger one, a random sample of SAMPLE_FILES (seeded with SAMPLE_SEED:
+#: the same files at every start). 500 full-size decodes take ~3 s (an
+#: ImageNet JPEG ~5 ms), 2,000 small ones (the demo's 64 x 64) ~1 s
+DECODE_ALL = 2000
+SAMPLE_FILES = 500
+SAMPLE_SEED = 0
 #: how many listed files are only checked to exist and not be empty (one
 #: ``stat`` each: COCO train2017's 118k files take well under a second on
 #: a local disk). An annotation file too big to parse here (COCO
@@ -333,6 +354,38 @@ def json_problem(path):
     return None
 
 
+def decode_sample(files):
+    """The files to decode (:data:`DECODE_ALL`, :data:`SAMPLE_FILES`):
+    all of them, or a seeded random sample in their listed order."""
+    import random
+    if len(files) <= DECODE_ALL:
+        return list(files)
+    pick = set(
+        random.Random(SAMPLE_SEED).sample(range(len(files)), SAMPLE_FILES))
+    return [f for i, f in enumerate(files) if i in pick]
+
+
+def list_problem(path, with_label=True):
+    """``'line N: ...'`` for the first line of the ImageNet-style list
+    ``path`` that mmpretrain's ``CustomDataset`` cannot read (empty, or not
+    ``<image file> <class index>``), or None."""
+    try:
+        with open(path) as f:
+            for n, line in enumerate(f, 1):
+                text = line.strip()
+                if not text:
+                    return (f'line {n}: empty line (the dataset reads every '
+                            f'line; remove it)')
+                parts = text.rsplit(' ', 1)
+                if with_label and (len(parts) != 2
+                                   or not parts[1].lstrip('-').isdigit()):
+                    return (f"line {n}: expected '<image file> <class "
+                            f"index>', got {text[:80]!r}")
+    except (OSError, UnicodeDecodeError) as e:
+        return f'cannot be read as text ({e})'
+    return None
+
+
 def _sample(items, n):
     """``n`` evenly spaced items (all of them when there are at most n)."""
     items = list(items)
@@ -373,7 +426,9 @@ def _listed_files(ds, ann_path):
             ] if isinstance(data, dict) else []
         elif ann_path.endswith('.txt'):
             with open(ann_path) as f:
-                names = [ln.split()[0] for ln in f if ln.strip()]
+                names = [
+                    ln.strip().rsplit(' ', 1)[0] for ln in f if ln.strip()
+                ]
         else:
             return []
     except (OSError, ValueError):
@@ -396,8 +451,9 @@ def _image_files(directory, limit):
 
 
 def _folder_files(directory):
-    """A sample of the files in an image folder (first level and one level
-    of sub-folders, as the class folders of ImageNet)."""
+    """The files in an image folder (first level and one level of
+    sub-folders, as the class folders of ImageNet), at most
+    20 x :data:`SAMPLE_FILES`."""
     exts = IMAGE_EXTS
     out = []
     try:
@@ -418,18 +474,18 @@ def _folder_files(directory):
                 pass
         if len(out) >= 20 * SAMPLE_FILES:
             break
-    return _sample(out, SAMPLE_FILES)
+    return out
 
 
 def damaged_data_message(cfg, mode):
-    """None when the sampled data files are usable, else one line per
-    problem (at most 5): each names the file, what is wrong and the config
-    key it comes from. Checks every annotation json (parsed: a syntax error
-    or truncation is named with its position) and the images the
-    annotations list (or, without a list, a sample of the image folders):
+    """None when the data files are usable, else one line per problem
+    (at most 5): each names the file, what is wrong and the config key it
+    comes from. Checks every annotation json (parsed: a syntax error or
+    truncation is named with its position), every line of an ImageNet-style
+    ``.txt`` list (:func:`list_problem`: file and line named), and the
+    images the annotations list (or, without a list, the image folders):
     each must exist and not be empty (up to :data:`SAMPLE_STAT` of them,
-    one ``stat`` each), an evenly spaced sample of :data:`SAMPLE_FILES`
-    must not be truncated, and the first few must decode.
+    one ``stat`` each) and :func:`decode_sample` of them must decode.
     """
     problems = []
     for path, key, purpose, ds in required_paths(cfg, mode):
@@ -442,17 +498,23 @@ def damaged_data_message(cfg, mode):
                 continue
         if ds is None:
             continue
+        if key.endswith('.ann_file') and path.endswith('.txt') and \
+                osp.isfile(path):
+            why = list_problem(path, bool(_get(ds, 'with_label', True)))
+            if why:
+                problems.append(f'{path} {why} [{key}]')
+                continue
         if key.endswith('.ann_file'):
             files = _listed_files(ds, path)
         elif '.data_prefix.' in key and osp.isdir(path) and \
-                not _get(ds, 'ann_file'):
+                not _ann_file(ds):
             files = _folder_files(path)
         else:
             files = []
-        # every (listed) file: there and not empty; a sample of them: not
-        # truncated; the first few of that sample: decodable
-        deep = set(_sample(files, SAMPLE_FILES))
-        for i, f in enumerate(files):
+        # every (listed) file: there and not empty; all of a small set, a
+        # seeded sample of a large one: decodable (and not truncated)
+        deep = set(decode_sample(files))
+        for f in files:
             try:
                 size = os.stat(f).st_size
             except OSError:
@@ -465,7 +527,7 @@ def damaged_data_message(cfg, mode):
             elif f not in deep:
                 continue
             else:
-                why = image_damage(f, decode=i < SAMPLE_DECODE)
+                why = image_damage(f, decode=True)
             if why:
                 problems.append(f'{f} (for {purpose}, {key}): {why}')
             if len(problems) >= 5:
@@ -533,6 +595,16 @@ def main(argv=None):
         from mmsoft.models.loading import missing_pretrained
         msg = missing_pretrained(cfg)
         msg = msg and f'error: {msg}'
+        try:  # a folder, damaged, offline: also once
+            from mmsoft_tools.cli import ToolError, check_init_checkpoints
+        except ImportError:  # run as a script: the tools' package is not
+            pass  # importable (tools/train.py checks them itself)
+        else:
+            try:
+                if msg is None:
+                    check_init_checkpoints(cfg)
+            except ToolError as e:
+                msg = f'error: {e}'
     if msg is None:
         return 0
     print(msg, file=sys.stderr, flush=True)

@@ -74,8 +74,11 @@ def build_model(config,
                               f'config file, e.g. configs/soft_tiny_in1k.py')
         config = Config.fromfile(config)
     cfg = config
-    if cfg_options:
-        cfg.merge_from_dict(cfg_options)
+    from mmsoft_tools.cli import ToolError, merge_cfg_options
+    try:
+        merge_cfg_options(cfg, cfg_options)  # a mistyped key: one line
+    except ToolError as e:
+        raise ExportError(str(e)) from None
     scope = launch.import_codebase(cfg)
     init_default_scope(scope)
     registry = importlib.import_module(f'{_PACKAGES[scope]}.registry')

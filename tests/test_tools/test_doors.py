@@ -1,0 +1,327 @@
+"""One line at every door (issue 36): each entry point, given an expected
+bad input, exits non-zero with one line on stderr that names the problem
+(the last non-empty line: the launch scripts and the data check print a
+heading first), shows no Python traceback and does no heavy work (no
+checkpoint, no Runner run dir) where the input can be checked first.
+
+:data:`CASES` is the table (door x bad input); each row runs the tool as
+a user does, ``python tools/X.py ...`` in a child process from another
+working directory. Its ``message`` is the start of the line as
+docs/en/faq.md lists it (``<...>`` stands for a part naming the user's
+files); :func:`test_every_message_is_in_the_faq` checks the FAQ's table.
+Inputs that other tests already drive through a door are left out here
+to keep the file fast: a missing checkpoint (test_missing_checkpoint.py),
+another model's weights (test_strict_load_tools.py, test_chain.py), a
+damaged checkpoint in image_demo.py (tests/test_demo/test_image_demo.py).
+"""
+import os
+import os.path as osp
+import re
+import subprocess
+import sys
+
+import pytest
+import torch
+from conftest import ROOT, child_env, cls_demo_config, random_model
+
+pytest.importorskip('mmpretrain')
+
+FAQ = osp.join(ROOT, 'docs', 'en', 'faq.md')
+
+# the three --cfg-options / checkpoint messages several doors share
+TYPO = 'error: --cfg-options <key>: the config has no key <name> under <key>;'
+IS_DIR = 'error: checkpoint <path> is a directory, not a file;'
+DAMAGED = 'error: checkpoint <path> is truncated or corrupt'
+OFFLINE = 'error: checkpoint <url> cannot be downloaded'
+FULL = 'error: <path> (not replaced): No space left on device (errno 28'
+INIT = [
+    '--cfg-options', 'model.backbone.init_cfg._delete_=True',
+    'model.backbone.init_cfg.type=Pretrained'
+]
+
+#: (id, door, arguments, message, what ran). Placeholders of the
+#: arguments: {cfg} (the classifier demo config on tiny data), {ckpt} (a
+#: training checkpoint of it), {trunc} (that file cut short), {dir},
+#: {file}, {ro} (a directory that cannot be written), {url} (nothing
+#: listens there), {work} (the row's work dir), {out} (an existing result
+#: file), {bad_line} / {empty_line} (annotation lists). ``ran``: what
+#: the row may do before it fails: 'nothing' (no Runner run dir, no
+#: checkpoint), 'runner' (the Runner was built, no checkpoint written)
+CASES = [
+    # tools/train.py
+    ('train-cfg-typo', 'train.py', [
+        '{cfg}', '--work-dir', '{work}', '--cfg-options',
+        'train_cfg.max_epoch=1'
+    ], TYPO, 'nothing'),
+    ('train-work-dir-file', 'train.py', ['{cfg}', '--work-dir', '{file}'],
+     'error: --work-dir <path>: exists and is not a directory', 'nothing'),
+    ('train-work-dir-read-only', 'train.py', ['{cfg}', '--work-dir', '{ro}'],
+     'error: --work-dir <path>: cannot write there', 'nothing'),
+    ('train-init-cfg-directory', 'train.py',
+     ['{cfg}', '--work-dir', '{work}'] + INIT +
+     ['model.backbone.init_cfg.checkpoint={dir}'], IS_DIR, 'nothing'),
+    ('train-init-cfg-offline-url', 'train.py',
+     ['{cfg}', '--work-dir', '{work}'] + INIT +
+     ['model.backbone.init_cfg.checkpoint={url}'], OFFLINE, 'nothing'),
+    ('train-resume-other-optimizer', 'train.py', [
+        '{cfg}', '--work-dir', '{work}', '--resume', '{ckpt}', '--cfg-options',
+        'optim_wrapper.optimizer.type=SGD', 'train_cfg.max_epochs=2'
+    ], 'error: --resume <path>: the checkpoint was trained with '
+     'optim_wrapper.optimizer.type=', 'nothing'),
+    ('train-empty-list-line', 'train.py', [
+        '{cfg}', '--work-dir', '{work}', '--cfg-options',
+        'train_dataloader.dataset.ann_file={empty_line}'
+    ], '<file> line <n>: empty line', 'nothing'),
+    ('train-non-finite-loss', 'train.py', [
+        '{cfg}', '--work-dir', '{work}', '--cfg-options',
+        'model.data_preprocessor.std=[0,0,0]'
+    ], 'error: NonFiniteLossHook: non-finite training loss', 'runner'),
+    # tools/test.py
+    ('test-checkpoint-directory', 'test.py',
+     ['{cfg}', '{dir}', '--work-dir', '{work}'], IS_DIR, 'nothing'),
+    ('test-truncated-checkpoint', 'test.py',
+     ['{cfg}', '{trunc}', '--work-dir', '{work}'], DAMAGED, 'nothing'),
+    ('test-offline-url', 'test.py', ['{cfg}', '{url}', '--work-dir',
+                                     '{work}'], OFFLINE, 'nothing'),
+    ('test-malformed-list-line', 'test.py', [
+        '{cfg}', '{ckpt}', '--work-dir', '{work}', '--cfg-options',
+        'test_dataloader.dataset.ann_file={bad_line}'
+    ], "<file> line <n>: expected '<image file> <class index>'", 'nothing'),
+    ('test-out-disk-full', 'test.py',
+     ['{cfg}', '{ckpt}', '--work-dir', '{work}', '--out',
+      '{out}'], FULL, 'runner'),
+    # the launch scripts
+    ('dist_train-no-gpus', 'dist_train.sh', ['{cfg}', '--work-dir', '{work}'],
+     'error: dist_train.sh: GPUS must be the number of processes', 'nothing'),
+    ('dist_test-no-gpus', 'dist_test.sh',
+     ['{cfg}', '{ckpt}', '--work-dir', '{work}'],
+     'error: dist_test.sh: GPUS must be the number of processes', 'nothing'),
+    # demo/image_demo.py
+    ('image_demo-no-cuda', 'image_demo.py',
+     ['{data}', '{cfg}', '{ckpt}', '--device', 'cuda', '--out-dir', '{work}'
+      ], 'image_demo.py: error: --device <device>: CUDA is not available',
+     'nothing'),
+    # the converters, the ONNX export, the demo data
+    ('soft2mmsoft-truncated', 'soft2mmsoft.py', ['{trunc}', '{work}/o.pth'],
+     "error: checkpoint '<path>' is truncated or corrupt", 'nothing'),
+    ('mmsoft2soft-file-too-large', 'mmsoft2soft.py',
+     ['{ckpt}', '{work}/o.pth'
+      ], 'error: cannot write <path>: File too large', 'nothing'),
+    ('pytorch2onnx-cfg-typo', 'pytorch2onnx.py', [
+        '{cfg}', '{ckpt}', '--shape', '64', '64', '--out', '{work}/m.onnx',
+        '--cfg-options', 'model.backbone.attn_cfg.atn_norm=True'
+    ], TYPO, 'nothing'),
+    ('make_demo_data-out-file', 'make_demo_data.py', [
+        '--out', '{file}', '--tasks', 'cls', '--num-train', '1', '--num-val',
+        '1'
+    ], 'error: --out <path>: exists and is not a directory', 'nothing'),
+]
+
+DOORS = {
+    'train.py': 'tools/train.py',
+    'test.py': 'tools/test.py',
+    'dist_train.sh': 'tools/dist_train.sh',
+    'dist_test.sh': 'tools/dist_test.sh',
+    'image_demo.py': 'demo/image_demo.py',
+    'soft2mmsoft.py': 'tools/model_converters/soft2mmsoft.py',
+    'mmsoft2soft.py': 'tools/model_converters/mmsoft2soft.py',
+    'pytorch2onnx.py': 'tools/deployment/pytorch2onnx.py',
+    'make_demo_data.py': 'tools/misc/make_demo_data.py',
+}
+
+#: a full disk for the result file of tools/test.py --out: writing an
+#: atomic temporary (".<name>.<pid>.<hex>.mmsoft-tmp...") fails with ENOSPC
+#: (a small RLIMIT_FSIZE would stop the log file first)
+DISK_FULL = '''
+import errno, os
+from mmengine.fileio.backends import local_backend
+_put = local_backend.LocalBackend.put
+def put(self, obj, filepath):
+    if '.mmsoft-tmp' in str(filepath):
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(filepath))
+    return _put(self, obj, filepath)
+local_backend.LocalBackend.put = put
+'''
+
+
+def _file_size_limit():
+    import resource
+    resource.setrlimit(resource.RLIMIT_FSIZE, (1 << 16, 1 << 16))
+
+
+def pattern(message):
+    """The regex of a FAQ message: ``<...>`` matches any text."""
+    parts = re.split(r'<[^<>]*>', message)
+    return '.+?'.join(re.escape(p) for p in parts)
+
+
+@pytest.fixture(scope='session')
+def doors(tmp_path_factory):
+    """The files of the table's placeholders (tiny: 2 training and 4
+    validation images, a randomly initialised model's checkpoint)."""
+    tmp = tmp_path_factory.mktemp('doors')
+    cfg = cls_demo_config(tmp, val=4, test=4)
+    with open(cfg, 'a') as f:
+        f.write('train_cfg = dict(max_epochs=1, val_interval=1)\n')
+    from mmengine.config import Config
+    config = Config.fromfile(cfg)
+    model = random_model(config)
+    sd = model.state_dict()
+    ckpt = str(tmp / 'epoch_1.pth')
+    torch.save(
+        dict(
+            state_dict=sd,
+            meta=dict(epoch=1, iter=1, cfg=config.pretty_text),
+            message_hub=dict(),
+            optimizer=torch.optim.AdamW(model.parameters()).state_dict()),
+        ckpt)
+    trunc = str(tmp / 'trunc.pth')
+    with open(ckpt, 'rb') as f, open(trunc, 'wb') as g:
+        g.write(f.read(4000))
+    lists = {}
+    val = tmp / 'data' / 'imagenet' / 'meta' / 'val.txt'
+    lines = val.read_text().splitlines()
+    for name, extra in (('bad_line', 'a_file_without_label'), ('empty_line',
+                                                               '')):
+        lists[name] = str(tmp / f'{name}.txt')
+        with open(lists[name], 'w') as f:
+            f.write('\n'.join(lines[:1] + [extra] + lines[1:]) + '\n')
+    (tmp / 'a_dir').mkdir()
+    (tmp / 'a_file').write_text('')
+    if os.geteuid() == 0:  # permission bits do not stop root
+        ro = '/sys/mmsoft-read-only'
+    else:
+        (tmp / 'ro').mkdir(mode=0o555)
+        ro = str(tmp / 'ro' / 'work')
+    site = tmp / 'disk_full'
+    site.mkdir()
+    (site / 'sitecustomize.py').write_text(DISK_FULL)
+    return dict(
+        cfg=cfg,
+        ckpt=ckpt,
+        trunc=trunc,
+        dir=str(tmp / 'a_dir'),
+        file=str(tmp / 'a_file'),
+        ro=ro,
+        url='http://127.0.0.1:9/soft_norm_small.pth',
+        data=str(tmp / 'data' / 'imagenet' / 'val'),
+        disk_full=str(site),
+        **lists)
+
+
+@pytest.mark.parametrize('case', CASES, ids=[c[0] for c in CASES])
+def test_door(case, doors, tmp_path):
+    name, door, args, message, ran = case
+    if name == 'image_demo-no-cuda' and torch.cuda.is_available():
+        pytest.skip('CUDA is available here')
+    if name.endswith('-read-only') and not os.access('/sys', os.F_OK) \
+            and os.geteuid() == 0:
+        pytest.skip('no read-only place for root')
+    work = tmp_path / 'work'
+    out = tmp_path / 'old.pkl'
+    out.write_bytes(b'an earlier result')
+    values = dict(doors, work=str(work), out=str(out))
+    argv = [a.format(**values) for a in args]
+    script = osp.join(ROOT, DOORS[door])
+    cmd = (['bash'] if script.endswith('.sh') else [sys.executable]) + \
+        [script] + argv
+    extra, limit = {}, None
+    if name == 'test-out-disk-full':
+        extra['PYTHONPATH'] = os.pathsep.join([doors['disk_full'], ROOT])
+    if name == 'mmsoft2soft-file-too-large':
+        limit = _file_size_limit  # the output may not grow beyond 64 KiB
+        work.mkdir()
+    proc = subprocess.run(
+        cmd,
+        cwd=str(tmp_path),
+        env=child_env(**extra),
+        capture_output=True,
+        text=True,
+        timeout=300,
+        preexec_fn=limit)
+    err = proc.stderr
+    lines = [ln for ln in err.splitlines() if ln.strip()]
+    assert proc.returncode != 0, err
+    assert 'Traceback (most recent call last)' not in err, err
+    assert lines, 'nothing on stderr'
+    line = lines[-1].strip()
+    assert re.match(pattern(message), line), \
+        f'{line!r} does not start like {message!r}'
+    # no heavy work: no checkpoint anywhere in the row's folder, and
+    # unless the Runner had to run, no Runner run dir (<timestamp>/)
+    written = [
+        osp.join(d, f) for d, _, fs in os.walk(tmp_path) for f in fs
+        if f.endswith('.pth') and not f.startswith('o.')
+    ]
+    assert not written, written
+    if ran == 'nothing' and work.is_dir():
+        runs = [d for d in os.listdir(work) if re.match(r'\d{8}_\d{6}$', d)]
+        assert not runs, runs
+    assert out.read_bytes() == b'an earlier result'  # never replaced
+    assert not [f for f in os.listdir(tmp_path) if 'mmsoft-tmp' in f]
+
+
+def test_every_door_is_in_the_table():
+    """Each entry point has a row (the table is the doors' contract)."""
+    assert {c[1] for c in CASES} == set(DOORS)
+    for path in DOORS.values():
+        assert osp.isfile(osp.join(ROOT, path)), path
+
+
+def test_every_message_is_in_the_faq():
+    """docs/en/faq.md's table lists each message of :data:`CASES` (its
+    first column, in backquotes) with the doors, cause and fix."""
+    text = open(FAQ).read()
+    table = text[text.index('| Message (start of the line) |'):]
+    rows = {}
+    for line in table.splitlines()[2:]:
+        if not line.startswith('|'):
+            break
+        cells = [c.strip() for c in line.strip('|').split(' | ')]
+        assert len(cells) == 4 and all(cells), line
+        rows[cells[0].strip('`')] = cells
+    missing = sorted({c[3] for c in CASES} - set(rows))
+    assert not missing, f'messages not in the FAQ table: {missing}'
+    for case in CASES:
+        assert case[1] in rows[case[3]][1], (case[0], rows[case[3]][1])
+
+
+def test_run_main_maps_only_the_expected(capsys, monkeypatch):
+    """:func:`mmsoft_tools.cli.run_main`: an expected failure is one line
+    and exit 1 (an atomic write's temporary named by its target), an
+    unexpected one keeps its traceback (the exception propagates), and
+    ``MMSOFT_TRACEBACK=1`` re-raises the expected ones too."""
+    import errno
+
+    from mmsoft_tools.cli import ToolError, run_main
+
+    def fail(exc):
+
+        def main(argv=None):
+            raise exc
+
+        return main
+
+    tmp = '/data/.out.pkl.123.0123abcd.mmsoft-tmp.pkl'
+    for exc, line in [
+        (ToolError('--x y: bad'), 'error: --x y: bad'),
+        (OSError(errno.ENOSPC, 'No space left on device', tmp),
+         'error: /data/out.pkl (not replaced): No space left on device '
+         '(errno 28 ENOSPC); free some space or write somewhere else'),
+        (FileNotFoundError('checkpoint x does not exist'),
+         'error: checkpoint x does not exist'),
+    ]:
+        with pytest.raises(SystemExit) as e:
+            run_main(fail(exc))
+        assert e.value.code == 1
+        assert capsys.readouterr().err == line + '\n'
+    for exc in (ValueError('a bug'), OSError(errno.EIO, 'I/O error')):
+        with pytest.raises(type(exc)):
+            run_main(fail(exc))
+    monkeypatch.setenv('MMSOFT_TRACEBACK', '1')
+    with pytest.raises(ToolError):
+        run_main(fail(ToolError('x')))
+    with pytest.raises(SystemExit) as e:  # a return value that is no code
+        monkeypatch.delenv('MMSOFT_TRACEBACK')
+        run_main(lambda argv=None: {'accuracy/top1': 1.0})
+    assert e.value.code == 0
