@@ -88,10 +88,11 @@ def check_state_dict(model_sd: Mapping,
             logger='current',
             level=logging.WARNING)
         return r
-    if hint or (opt_in and r.matched > 0):
-        lines.append(hint or f'If a partial load is intended (e.g. another '
-                     f'head), {opt_in}.')
-    raise CheckpointMismatchError('\n  '.join(lines))
+    fix = hint or (f'If a partial load is intended (e.g. another head), '
+                   f'{opt_in}.' if opt_in and r.matched > 0 else '')
+    # one line: the tools print it as their only line (issue 36)
+    raise CheckpointMismatchError(' '.join(
+        [lines[0], '; '.join(lines[1:]) + '.', fix]).strip())
 
 
 def unwrap_model(model):
