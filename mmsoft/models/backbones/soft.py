@@ -148,10 +148,10 @@ class SOFT(BaseModule):
     """SOFT: softmax-free vision transformer with a 4-stage pyramid.
 
     Args:
-        arch (str | dict): a preset of :attr:`arch_zoo` (``'tiny'``,
+        arch (str | dict): a preset of ``arch_zoo`` (``'tiny'``,
             ``'small'`` ... ``'huge'``, ``'small-official'``) or a dict of
             ``embed_dims``, ``num_heads``, ``depths`` and optionally the
-            :attr:`arch_defaults` keys, 4 entries each. Default: 'tiny'.
+            ``arch_defaults`` keys, 4 entries each. Default: 'tiny'.
         attn_cfg (dict | list[dict | None]): the token mixer of stages 1-3
             (:data:`mmsoft.registry.ATTENTIONS`), one dict or four, the 4th
             None. Default: ``dict(type='SOFTAttention')``.
@@ -335,7 +335,7 @@ class SOFT(BaseModule):
                             f'{values[i]!r}')
 
     def _parse_arch(self, arch) -> Dict:
-        """The checked settings of ``arch``, with :attr:`arch_defaults`."""
+        """The checked settings of ``arch``, with ``arch_defaults``."""
         required = ('embed_dims', 'num_heads', 'depths')
         valid = ', '.join([*required, *self.arch_defaults])
         if isinstance(arch, str):
@@ -459,7 +459,7 @@ class SOFT(BaseModule):
 
     @classmethod
     def arch_presets(cls) -> Tuple[str, ...]:
-        """Each preset of :attr:`arch_zoo` once, by its full name."""
+        """Each preset of ``arch_zoo`` once, by its full name."""
         names: Dict[int, str] = {}
         for name, spec in cls.arch_zoo.items():
             names.setdefault(id(spec), name)

@@ -1,7 +1,8 @@
 """The attention zoo: the token mixers SOFT is compared with in Table 1 of
 the NeurIPS paper, registered in :data:`mmsoft.registry.ATTENTIONS`. Each
-keeps SOFT's :class:`AttentionBase` (the per-head depthwise conv of V and
-``proj``), so only the token mixer changes between the rows of Table 1.
+keeps SOFT's :class:`~mmsoft.models.layers.AttentionBase` (the per-head
+depthwise conv of V and ``proj``), so only the token mixer changes between
+the rows of Table 1.
 """
 import math
 from typing import Optional, Tuple
@@ -36,7 +37,7 @@ def spread_to_tokens(w: torch.Tensor,
                      landmark_hw: Optional[Tuple[int,
                                                  int]] = None) -> torch.Tensor:
     """``w`` (..., m) on the reduced tokens -> (..., H*W) by the transpose
-    of :func:`reduce_map`'s pooling (``w_j / |cell j|`` per token)."""
+    of ``reduce_map()``'s pooling (``w_j / |cell j|`` per token)."""
     lead = w.shape[:-1]
     H, W = hw
     z = torch.zeros(
@@ -56,8 +57,9 @@ def spread_to_tokens(w: torch.Tensor,
 
 
 class ZooAttention(AttentionBase):
-    """q / k / v projections on :class:`AttentionBase`; subclasses take
-    these stage arguments as ``*args, **kwargs``."""
+    """q / k / v projections on
+    :class:`~mmsoft.models.layers.AttentionBase`; subclasses take these
+    stage arguments as ``*args, **kwargs``."""
 
     def __init__(self,
                  embed_dims: int,
@@ -74,7 +76,7 @@ class ZooAttention(AttentionBase):
 
 
 class ReducedGridAttention(ZooAttention):
-    """Over the m r x r cells of SOFT's bottleneck grid (:func:`reduce_map`;
+    """Over the m r x r cells of SOFT's bottleneck grid (``reduce_map()``;
     ``max_landmarks`` caps m, ``landmark_hw`` fixes the grid (gh, gw))."""
 
     def __init__(self,
@@ -89,7 +91,7 @@ class ReducedGridAttention(ZooAttention):
     def _reduce_map(self,
                     t: torch.Tensor,
                     conv: Optional[nn.Module] = None) -> torch.Tensor:
-        """:func:`reduce_map` on this grid."""
+        """``reduce_map()`` on this grid."""
         return reduce_map(t, self.sampling_ratio, self.max_landmarks,
                           self.landmark_hw, conv)
 
@@ -208,7 +210,7 @@ class PerformerAttention(ZooAttention):
         phi(x) = exp(W x - |x|^2 / 2) / sqrt(M)        (W: M x d)
         out = D^-1 phi(Q') (phi(K')^T V),  D = diag(phi(Q') phi(K')^T 1_n)
 
-    W (buffer ``features``, :func:`orthogonal_gaussian`): ``num_features``
+    W (buffer ``features``, ``orthogonal_gaussian()``): ``num_features``
     M rows (None: ``max(16, round(d ln d))``), drawn again by ``redraw()``
     (every ``redraw_interval`` training forwards if > 0).
     """
