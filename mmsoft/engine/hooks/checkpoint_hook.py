@@ -14,12 +14,11 @@ from mmengine.hooks import CheckpointHook
 from mmengine.registry import HOOKS
 
 from mmsoft.utils.atomic import atomic_path, atomic_write
-from mmsoft.utils.checkpoint_io import (CheckpointDirInUse, CheckpointError,
-                                        CheckpointWriteError,
-                                        claim_checkpoint_dir,
-                                        find_newest_complete, load_verified,
-                                        remove_stale_temps)
+from mmsoft.utils.checkpoint_io import (CheckpointError, CheckpointWriteError,
+                                        load_verified, remove_stale_temps)
 from mmsoft.utils.rng_state import get_rng_state, set_rng_state
+from .resume import (CheckpointDirInUse, claim_checkpoint_dir,
+                     find_newest_complete, read_line)
 
 __all__ = [
     'SafeCheckpointHook', 'use_safe_checkpoint_hook',
@@ -33,17 +32,12 @@ def _training(runner):
 
 
 def _train_sampler(runner):
-    if not _training(runner):
-        return None
-    loop = runner.train_loop
-    loader = loop.dataloader
-    for sampler in (getattr(loader, 'sampler', None),
-                    getattr(
-                        getattr(loader, 'batch_sampler', None), 'sampler',
-                        None)):
-        if hasattr(sampler, 'seed'):
-            return sampler
-    return None
+    loader = runner.train_loop.dataloader if _training(runner) else None
+    batch = getattr(loader, 'batch_sampler', None)
+    return next(
+        (s for s in (getattr(loader, 'sampler', None),
+                     getattr(batch, 'sampler', None)) if hasattr(s, 'seed')),
+        None)
 
 
 class _DeferredRemoval:
@@ -324,11 +318,7 @@ class SafeCheckpointHook(CheckpointHook):
 def _write_failure(runner, path: str, error: OSError) -> str:
     """The one-line report of a checkpoint that could not be written."""
     code = f' (errno {error.errno})' if error.errno else ''
-    last = osp.join(runner.work_dir, 'last_checkpoint')
-    prev = None
-    if osp.isfile(last):
-        with open(last) as f:
-            prev = f.read().strip() or None
+    prev = read_line(osp.join(runner.work_dir, 'last_checkpoint'))
     kept = (f'the previous checkpoint {prev} was kept (last_checkpoint '
             f'still names it)' if prev else 'no earlier checkpoint of this '
             'run exists')
