@@ -66,8 +66,7 @@ def _checkpoint_getattr(obj, name):
         return getattr(HistoryBuffer, name)
     if _user_allows(getattr):
         return getattr(obj, name)
-    _refuse(f'getattr({obj!r}, {name!r})',
-            'a public method of HistoryBuffer')
+    _refuse(f'getattr({obj!r}, {name!r})', 'a public method of HistoryBuffer')
 
 
 def _checkpoint_bytes(*args):
@@ -119,9 +118,8 @@ def mmengine_safe_globals():
 def torch_version(version=None):
     """(major, minor) of torch's version (or of ``version``)."""
     return tuple(
-        int(''.join(c for c in part if c.isdigit()) or 0)
-        for part in str(version or torch.__version__).split('+')[0].split(
-            '.')[:2])
+        int(''.join(c for c in part if c.isdigit()) or 0) for part in str(
+            version or torch.__version__).split('+')[0].split('.')[:2])
 
 
 def native_allow_list():

@@ -45,8 +45,9 @@ class NRResidualHook(Hook):
             m for m in model.modules() if hasattr(m, 'set_nr_diagnostics')
         ]
         if not self._backbones:
-            print_log('NRResidualHook: the model has no SOFT backbone; '
-                      'nothing to log', 'current', logging.WARNING)
+            print_log(
+                'NRResidualHook: the model has no SOFT backbone; '
+                'nothing to log', 'current', logging.WARNING)
         for bb in self._backbones:
             bb.set_nr_diagnostics(True)
 
@@ -87,8 +88,7 @@ class NRResidualHook(Hook):
                 'NR convergence (last forward): ' + ', '.join(
                     f'{s} residual {v.get("residual", nan):.2e} unconverged '
                     f'{v.get("unconverged", nan):.1%}'
-                    for s, v in stats.items()),
-                'current')
+                    for s, v in stats.items()), 'current')
 
     def after_run(self, runner) -> None:
         for bb in self._backbones:
