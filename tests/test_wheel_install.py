@@ -9,9 +9,9 @@ is imported from). Then, from a directory outside the checkout:
 
 (a) a user's own config inherits a shipped config copied with
     ``python -m mim run mmsoft configs copy``, sets its own tiny SOFT
-    arch, loads mmsoft through ``custom_imports`` and trains with **mmpretrain's**
-    train tool (``python -m mim train mmpretrain``: nothing but
-    ``custom_imports`` brings mmsoft in);
+    arch, loads mmsoft through ``custom_imports`` and trains with
+    **mmpretrain's** train tool (``python -m mim train mmpretrain``:
+    nothing but ``custom_imports`` brings mmsoft in);
 (b) a shipped config trains and tests through ``python -m mim train /
     test mmsoft`` (the installed ``mmsoft/.mim/tools``) in an environment
     where mmseg and mmpretrain cannot be imported (an "mmdet only" user);
