@@ -522,7 +522,7 @@ MUTATIONS = (
       what='a checkpoint out_dir claimed by another work dir is shared',
       path='mmsoft/engine/hooks/resume.py',
       old='    if owner and owner != me:\n',
-      new='        if False:\n',
+      new='    if False:\n',
       tests=(HOOK + 'test_shared_out_dir_of_two_runs_is_refused', )),
     M(name='recorded_attn_norm_ignored',
       what=("a training checkpoint's stored attn_norm is not compared with "
