@@ -22,7 +22,7 @@ class NonFiniteLossError(RuntimeError):
 def _value(loss) -> float:
     """A loss (a tensor: its mean) as a float; 0.0 if it is no number."""
     if isinstance(loss, torch.Tensor):
-        return loss.detach().float().mean().item()
+        return loss.detach().float().mean().item() if loss.numel() else 0.
     try:
         return float(loss)
     except (TypeError, ValueError):
