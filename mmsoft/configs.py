@@ -1,27 +1,17 @@
-"""Find, list and copy mmsoft's shipped configs (``<checkout>/configs``;
-installed: ``<package>/.mim/configs``, where ``mim`` looks), to inherit them
-from your own project with a relative ``_base_`` (mmengine 0.10 refuses
-``mmsoft::``)::
-
-    python -m mmsoft.configs list | path NAME | copy NAME --dest DIR
-
-(docs/en/user_guides/own_config.md).
+"""Find mmsoft's shipped configs (``<checkout>/configs``; installed:
+``<package>/.mim/configs``, where ``mim`` looks). To list or copy them:
+``mim run mmsoft configs list | copy NAME --dest DIR`` (in a checkout:
+``python tools/misc/configs.py ...``; docs/en/user_guides/own_config.md).
 """
-import argparse
-import ast
 import difflib
-import filecmp
 import glob
 import os
 import os.path as osp
-import shutil
 import sys
-from typing import List, Optional
+import warnings
+from typing import List
 
-__all__ = [
-    'configs_root', 'get_config', 'get_config_path', 'list_configs',
-    'base_files', 'copy_config'
-]
+__all__ = ['configs_root', 'get_config', 'get_config_path', 'list_configs']
 
 _PKG_DIR = osp.dirname(osp.abspath(__file__))
 
@@ -66,10 +56,8 @@ def get_config_path(name: str) -> str:
     """
     root = configs_root()
     rel = name.replace('\\', '/')
-    if rel.startswith('configs/'):
-        rel = rel[len('configs/'):]
-    if not rel.endswith('.py'):
-        rel += '.py'
+    rel = rel[len('configs/'):] if rel.startswith('configs/') else rel
+    rel += '' if rel.endswith('.py') else '.py'
     path = osp.join(root, *rel.split('/'))
     if osp.isfile(path):
         return path
@@ -79,7 +67,7 @@ def get_config_path(name: str) -> str:
         return osp.join(root, *by_base[0].split('/'))
     close = difflib.get_close_matches(rel, known, n=3, cutoff=0.5)
     hint = (f'; did you mean {", ".join(close)}?'
-            if close else '; list them with: python -m mmsoft.configs list')
+            if close else '; list them with: mim run mmsoft configs list')
     raise FileNotFoundError(f'mmsoft has no config {name!r} in {root}{hint}')
 
 
@@ -90,98 +78,19 @@ def get_config(name: str):
     return Config.fromfile(get_config_path(name))
 
 
-def base_files(path: str) -> List[str]:
-    """``path`` and the local files it inherits, recursively (``path``
-    first; ``pkg::`` bases left out); ``_base_`` is read, not run."""
-    order, todo = [], [osp.abspath(path)]
-    while todo:
-        cur = todo.pop(0)
-        if cur in order:
-            continue
-        order.append(cur)
-        with open(cur, encoding='utf-8') as f:
-            tree = ast.parse(f.read(), filename=cur)
-        bases = next((ast.literal_eval(n.value)
-                      for n in tree.body if isinstance(n, ast.Assign)
-                      and getattr(n.targets[0], 'id', None) == '_base_'), [])
-        todo += [
-            osp.abspath(osp.join(osp.dirname(cur), b))
-            for b in ([bases] if isinstance(bases, str) else bases)
-            if '::' not in b
-        ]
-    return order
-
-
-def copy_config(name: str, dest: str, force: bool = False) -> List[str]:
-    """Copy a shipped config and its local bases into ``dest`` (keeping
-    their layout; atomically; a differing file only with ``force``).
-
-    Returns:
-        The written (or already identical) files, the config first.
-
-    Raises:
-        FileNotFoundError: unknown config.
-        FileExistsError: a differing file exists and ``force`` is False.
-    """
-    from mmsoft.utils.atomic import atomic_path
-    root = osp.realpath(configs_root())
-    files = base_files(get_config_path(name))
-    plan = []
-    for src in files:
-        rel = osp.relpath(osp.realpath(src), root)
-        if rel.startswith('..'):
-            raise FileNotFoundError(
-                f'{src} inherits a file outside {root}: {rel}')
-        tar = osp.join(dest, rel)
-        if (osp.exists(tar) and not force
-                and not filecmp.cmp(src, tar, shallow=False)):
-            raise FileExistsError(
-                f'{tar} exists and differs from the shipped {rel}; pass '
-                '--force to overwrite it or choose another --dest')
-        plan.append((src, tar))
-    for src, tar in plan:
-        with atomic_path(tar, makedirs=True) as tmp:
-            shutil.copyfile(src, tmp)
-    return [tar for _, tar in plan]
-
-
-def main(argv: Optional[List[str]] = None) -> int:
-    p = argparse.ArgumentParser(
-        prog='python -m mmsoft.configs',
-        description='List, locate or copy the configs shipped with mmsoft '
-        '(to inherit them from your own config).')
-    sub = p.add_subparsers(dest='cmd', required=True)
-    sub.add_parser(
-        'list', help='the shipped configs').add_argument(
-            '--base', action='store_true', help='include the _base_ fragments')
-    sub.add_parser(
-        'path', help='the absolute path of a config').add_argument('name')
-    cp = sub.add_parser('copy', help='copy a config and its local bases')
-    cp.add_argument('name')
-    cp.add_argument(
-        '--dest',
-        default='mmsoft_configs',
-        help='target folder (default: ./mmsoft_configs)')
-    cp.add_argument('--force', action='store_true', help='overwrite files')
-    args = p.parse_args(argv)
+if __name__ == '__main__':  # deprecated in 0.4, removed in 0.5
+    argv = sys.argv[1:]
+    warnings.warn(
+        'python -m mmsoft.configs is deprecated: run mim run mmsoft configs '
+        f'{" ".join(argv)} (in a checkout: python tools/misc/configs.py)',
+        DeprecationWarning)
     try:
-        if args.cmd == 'list':
-            print('\n'.join(list_configs(include_base=args.base)))
-        elif args.cmd == 'path':
-            print(get_config_path(args.name))
-        else:
-            written = copy_config(args.name, args.dest, force=args.force)
-            print('\n'.join(written))
-            rel = osp.relpath(written[0]).replace(os.sep, '/')
-            print(
-                f"inherit it with: _base_ = ['./{rel}']  (path relative "
-                'to your config file)',
-                file=sys.stderr)
-    except (FileNotFoundError, FileExistsError) as e:
-        print(f'error: {e}', file=sys.stderr)
-        return 1
-    return 0
-
-
-if __name__ == '__main__':
-    sys.exit(main())
+        if argv[:1] == ['list']:
+            print('\n'.join(list_configs(include_base='--base' in argv)))
+        elif argv[:1] == ['path'] and len(argv) == 2:
+            print(get_config_path(argv[1]))
+        else:  # copy: the tool's (it writes files)
+            sys.exit(f'error: python -m mmsoft.configs {" ".join(argv)} '
+                     f'moved: run mim run mmsoft configs {" ".join(argv)}')
+    except FileNotFoundError as e:
+        sys.exit(f'error: {e}')

@@ -30,6 +30,7 @@ import torch.nn as nn
 from conftest import ROOT, cls_demo_config, load_module, run
 
 import mmsoft
+from mmsoft.engine.hooks.resume import find_newest_complete
 from mmsoft.utils import checkpoint_io as cio
 
 
@@ -97,7 +98,7 @@ def _hook_before_run(resume):
 
 def _resume_search(path):
     # Runner(resume=True): the newest complete checkpoint of the work dir
-    found, skipped = cio.find_newest_complete(osp.dirname(path))
+    found, skipped = find_newest_complete(osp.dirname(path))
     assert found is None and skipped, (found, skipped)
     raise pickle.UnpicklingError(skipped[0][1])
 
@@ -197,7 +198,7 @@ def test_training_checkpoints_still_load(tmp_path):
     assert type(buf) is HistoryBuffer and buf.mean() == pytest.approx(0.75)
     assert got['message_hub']['runtime_info']['best_score'] == 0.75
     np.testing.assert_array_equal(got['arrays'][0], [0, 1, 2])
-    assert cio.find_newest_complete(str(tmp_path))[0] == path
+    assert find_newest_complete(str(tmp_path))[0] == path
 
 
 @pytest.mark.parametrize(

@@ -17,9 +17,11 @@ import pytest
 from conftest import ROOT, load_module, run_python
 
 import mmsoft
-from mmsoft import configs as C
 from mmsoft import configs as paths
 from mmsoft_tools import deps
+
+#: the configs tool (list / path / copy), ``mim run mmsoft configs``
+C = load_module(osp.join(ROOT, 'tools', 'misc', 'configs.py'), '_configs')
 
 
 def _child_env(**extra):
@@ -66,7 +68,7 @@ def test_removed_path_helper_warns_for_one_release():
     assert root == osp.dirname(mmsoft.__file__)
     for name in ('configs_root', 'get_config_path', 'list_configs'):
         with pytest.warns(DeprecationWarning, match=f'mmsoft.configs.{name}'):
-            assert getattr(old, name) is getattr(C, name)
+            assert getattr(old, name) is getattr(paths, name)
     for gone in ('tools_root', 'checkout_root', 'import_root'):
         assert not hasattr(old, gone), gone
 
@@ -364,6 +366,28 @@ def test_configs_cli(tmp_path, capsys):
     assert sorted(os.listdir(tmp_path / 'c' / '_base_')) == [
         'retinanet_soft_fpn_1x_coco.py', 'soft_dense.py'
     ]
+
+
+def test_python_m_mmsoft_configs_deprecated(tmp_path):
+    """``python -m mmsoft.configs`` (0.3): ``list`` / ``path`` still work
+    with a DeprecationWarning naming ``mim run mmsoft configs``; ``copy``
+    (the tool's) is one line naming the new command."""
+    env = dict(os.environ, PYTHONPATH=ROOT)
+    res = [
+        subprocess.run([sys.executable, '-m', 'mmsoft.configs', *args],
+                       cwd=str(tmp_path),
+                       env=env,
+                       capture_output=True,
+                       text=True)
+        for args in (['path', 'soft_tiny_in1k'], ['copy', 'soft_tiny_in1k'])
+    ]
+    assert res[0].returncode == 0
+    assert res[0].stdout.strip() == paths.get_config_path('soft_tiny_in1k')
+    assert 'mim run mmsoft configs path soft_tiny_in1k' in res[0].stderr
+    assert res[1].returncode == 1 and not os.listdir(tmp_path)
+    assert res[1].stderr.strip().splitlines()[-1] == (
+        'error: python -m mmsoft.configs copy soft_tiny_in1k moved: run '
+        'mim run mmsoft configs copy soft_tiny_in1k')
 
 
 def test_base_files_follow_local_bases_only():

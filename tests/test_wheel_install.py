@@ -8,10 +8,10 @@ editable mmsoft cannot shadow the wheel: the test checks where ``mmsoft``
 is imported from). Then, from a directory outside the checkout:
 
 (a) a user's own config inherits a shipped config copied with
-    ``python -m mmsoft.configs copy``, sets its own tiny SOFT arch, loads
-    mmsoft through ``custom_imports`` and trains with **mmpretrain's**
-    train tool (``python -m mim train mmpretrain``: nothing but
-    ``custom_imports`` brings mmsoft in);
+    ``python -m mim run mmsoft configs copy``, sets its own tiny SOFT
+    arch, loads mmsoft through ``custom_imports`` and trains with
+    **mmpretrain's** train tool (``python -m mim train mmpretrain``:
+    nothing but ``custom_imports`` brings mmsoft in);
 (b) a shipped config trains and tests through ``python -m mim train /
     test mmsoft`` (the installed ``mmsoft/.mim/tools``) in an environment
     where mmseg and mmpretrain cannot be imported (an "mmdet only" user);
@@ -59,7 +59,7 @@ sys.meta_path.insert(0, _Absent())
 
 USER_CONFIG = '''\
 # A user's own config, outside the mmsoft checkout: it builds on a shipped
-# config (copied with `python -m mmsoft.configs copy`) and brings mmsoft in
+# config (copied with `mim run mmsoft configs copy`) and brings mmsoft in
 # through custom_imports only.
 _base_ = ['./mmsoft_configs/demo/soft_cls_demo.py']
 
@@ -246,8 +246,8 @@ def test_user_config_with_custom_imports_trains(env, cls_data):
     """(a) the user's own config, mmpretrain's train tool."""
     work = env['work']
     _run([
-        env['vpy'], '-m', 'mmsoft.configs', 'copy', 'demo/soft_cls_demo.py',
-        '--dest', 'mmsoft_configs'
+        env['vpy'], '-m', 'mim', 'run', 'mmsoft', 'configs', 'copy',
+        'demo/soft_cls_demo.py', '--dest', 'mmsoft_configs'
     ],
          cwd=work,
          env=env['env'])

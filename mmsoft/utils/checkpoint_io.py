@@ -1,40 +1,25 @@
 """Checkpoint files that survive a kill and are never silently damaged
 (docs/en/advanced_guides/fault_tolerance.md)."""
-import logging
 import os
-import os.path as osp
 import pickle
-import re
 import warnings
 import zipfile
-from collections.abc import Mapping
-from typing import Iterable, List, Optional, Tuple
+from typing import List, Optional
 
 import torch
-from mmengine.logging import print_log
 
-from .atomic import TMP_SUFFIX, atomic_path, atomic_write, remove_stale_temps
+from .atomic import TMP_SUFFIX, atomic_path, remove_stale_temps
 from .safe_load import safe_torch_load, unsafe_globals
 
 __all__ = [
     'CheckpointError', 'CheckpointWriteError', 'CheckpointRefused',
-    'save_atomic', 'describe_damage', 'load_verified', 'find_newest_complete',
-    'check_complete', 'checkpoint_candidates', 'remove_stale_temps',
-    'refusal_message', 'TMP_SUFFIX', 'CheckpointDirInUse',
-    'claim_checkpoint_dir', 'OWNER_FILE'
+    'save_atomic', 'describe_damage', 'load_verified', 'remove_stale_temps',
+    'refusal_message', 'TMP_SUFFIX'
 ]
-
-_CKPT_RE = re.compile(r'^(?:epoch|iter)_(\d+)\.pth$')
-#: in a checkpoint directory outside the work dir: the work dir writing it
-OWNER_FILE = '.mmsoft-work-dir'
 
 
 class CheckpointError(RuntimeError):
     """A checkpoint file is damaged."""
-
-
-class CheckpointDirInUse(CheckpointError):
-    """A checkpoint directory belongs to the run of another work dir."""
 
 
 class CheckpointWriteError(OSError):
@@ -46,10 +31,6 @@ class CheckpointWriteError(OSError):
 
 class CheckpointRefused(pickle.UnpicklingError):
     """Weights-only loading refused a checkpoint."""
-
-
-def _warn(msg):
-    print_log(f'mmsoft: {msg}', logger='current', level=logging.WARNING)
 
 
 def describe_damage(path: str) -> Optional[str]:
@@ -127,107 +108,6 @@ def save_atomic(obj, path: str, writer=None) -> None:
     with atomic_path(path, durable=True) as tmp:
         with open(tmp, 'xb') as f:
             (writer or torch.save)(obj, f)
-
-
-def checkpoint_candidates(dirs: Iterable[str],
-                          extra: Iterable[str] = ()) -> List[str]:
-    """``epoch_N.pth`` / ``iter_N.pth`` of ``dirs`` plus the ``extra``
-    files, newest first (by N, then by modification time)."""
-    found = {}
-    for d in dirs:
-        for entry in os.listdir(d) if osp.isdir(d) else ():
-            m = _CKPT_RE.match(entry)
-            if m:
-                found[osp.abspath(osp.join(d, entry))] = int(m.group(1))
-    for p in extra:
-        if p and osp.isfile(p):
-            m = _CKPT_RE.match(osp.basename(p))
-            found.setdefault(osp.abspath(p), int(m.group(1)) if m else -1)
-
-    def key(p):
-        return found[p], osp.getmtime(p) if osp.exists(p) else 0.
-
-    return sorted(found, key=key, reverse=True)
-
-
-def check_complete(path: str) -> Optional[str]:
-    """None if ``path`` is an undamaged training checkpoint that loads
-    safely, else the reason."""
-    try:
-        ckpt = load_verified(path)
-    except CheckpointError as e:
-        return str(e)
-    except Exception as e:  # noqa: BLE001
-        return f'cannot be loaded ({type(e).__name__}: ' \
-               f'{(str(e).splitlines() or [""])[0]})'
-    if not isinstance(ckpt, Mapping) or 'meta' not in ckpt:
-        return 'is not a training checkpoint (no meta)'
-    return None
-
-
-def find_newest_complete(work_dir: str,
-                         out_dir: Optional[str] = None
-                         ) -> Tuple[Optional[str], List[Tuple[str, str]]]:
-    """The newest complete training checkpoint of ``work_dir`` and
-    ``out_dir``, or None, and the ``(path, reason)`` of the damaged newer
-    ones (logged). A ``last_checkpoint`` naming a file elsewhere (a copied
-    work dir) is ignored."""
-    dirs = list(dict.fromkeys([work_dir] + ([out_dir] if out_dir else [])))
-    last = None
-    if osp.isfile(osp.join(work_dir, 'last_checkpoint')):
-        with open(osp.join(work_dir, 'last_checkpoint')) as f:
-            last = f.read().strip() or None
-    own = {osp.realpath(d) for d in dirs}
-    if last and osp.realpath(osp.dirname(osp.abspath(last))) not in own:
-        _warn(f'{osp.join(work_dir, "last_checkpoint")} names {last}, '
-              f'outside this run\'s checkpoint directory (a copied or moved '
-              f'work dir?): ignored; resuming from the newest checkpoint of '
-              f'{" / ".join(dirs)}')
-        last = None
-    skipped = []
-    for p in checkpoint_candidates(dirs, [last] if last else []):
-        reason = check_complete(p)
-        if reason is None:
-            return p, skipped
-        skipped.append((p, reason))
-        _warn(f'skipping {reason}' if reason.startswith('checkpoint ') else
-              f'skipping checkpoint {p}: it {reason}')
-    if last and not osp.isfile(last):
-        _warn(f'last_checkpoint names {last}, which does not exist')
-    return None, skipped
-
-
-def claim_checkpoint_dir(ckpt_dir: str, work_dir: str) -> None:
-    """Record ``work_dir`` as the run writing ``ckpt_dir`` (``out_dir`` /
-    ``<work dir name>``), or raise :class:`CheckpointDirInUse` when the run
-    of another work dir holds it."""
-    me = osp.realpath(work_dir)
-    if osp.realpath(ckpt_dir) == me:
-        return
-    marker = osp.join(ckpt_dir, OWNER_FILE)
-    os.makedirs(ckpt_dir, exist_ok=True)
-    try:
-        fd = os.open(marker, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
-    except FileExistsError:
-        try:
-            with open(marker) as f:
-                owner = f.read().strip()
-        except OSError:
-            owner = ''
-        if owner and owner != me:
-            raise CheckpointDirInUse(
-                f'checkpoint directory {ckpt_dir} (default_hooks.checkpoint.'
-                f'out_dir / the work dir\'s name) belongs to the run in work '
-                f'dir {owner} ({marker}), not to this one ({me}): its '
-                f'max_keep_ckpts would delete the other run\'s checkpoints '
-                f'and --resume would continue it. Give this run another '
-                f'out_dir or a work dir of another name (if you moved that '
-                f'work dir here, delete {marker})') from None
-        if not owner:
-            atomic_write(marker, me + '\n')
-        return
-    with os.fdopen(fd, 'w') as f:
-        f.write(me + '\n')
 
 
 def add_checksum(checkpoint):

@@ -5,9 +5,14 @@ torch >= 2.6: torch's weights-only unpickler with mmsoft's allow-list
 allow-listed classes): :class:`RestrictedUnpickler`. Why each entry is
 safe: docs/en/advanced_guides/compatibility.md.
 """
+import codecs
+import importlib
 import pickle
 import types
 import warnings
+
+import torch
+from mmengine.logging.history_buffer import HistoryBuffer
 
 __all__ = [
     'safe_torch_load', 'unsafe_globals', 'RefusedGlobal',
@@ -15,13 +20,9 @@ __all__ = [
     'mmengine_safe_globals'
 ]
 
-_MMENGINE_SAFE = []  # built once by mmengine_safe_globals()
-_GETATTR_OWNERS = ()  # (alias, class): getattr may return their methods
-
 
 def _user_allows(obj):
     """Whether the user allow-listed ``obj`` in torch (>= 2.4)."""
-    import torch
     return obj in getattr(torch.serialization, 'get_safe_globals', list)()
 
 
@@ -31,19 +32,41 @@ def _refuse(what, allowed):
         f'weights_only=True; only {allowed} is allowed.')
 
 
+class _LoadedHistoryBuffer(HistoryBuffer):
+    """Restores the instance only: mmengine's ``__setstate__`` copies the
+    pickled method table into the class."""
+
+    def __setstate__(self, state):
+        state = dict(state)
+        methods = dict(state.pop('statistics_methods', {}))
+        self._set_default_statistics()  # setdefault: replaces nothing
+        odd = sorted(
+            str(k) for k, v in methods.items()
+            if HistoryBuffer._statistics_methods.get(k) is not v)
+        if odd:
+            warnings.warn(
+                f'mmsoft.compat: ignoring the statistics methods {odd} '
+                'pickled with a HistoryBuffer: they differ from the ones '
+                'registered in this process (loading a checkpoint does not '
+                'change HistoryBuffer)',
+                stacklevel=2)
+        self.__dict__.update(state)
+        self.__class__ = HistoryBuffer
+
+
+_LoadedHistoryBuffer.__qualname__ = 'HistoryBuffer(loading)'
+
+
 def _checkpoint_getattr(obj, name):
-    """``getattr`` limited to public functions of allow-listed classes
-    (protocol 2 pickles ``HistoryBuffer.min`` as a ``getattr``)."""
-    owner = next((c for a, c in _GETATTR_OWNERS if obj in (a, c)), None)
-    if owner is not None and isinstance(name, str) and \
-            not name.startswith('_') and isinstance(
-                vars(owner).get(name), types.FunctionType):
-        return getattr(owner, name)
+    """``getattr`` limited to public functions of HistoryBuffer (protocol 2
+    pickles ``HistoryBuffer.min`` as a ``getattr``)."""
+    if (obj is HistoryBuffer or obj is _LoadedHistoryBuffer) and isinstance(
+            name, str) and not name.startswith('_') and isinstance(
+                vars(HistoryBuffer).get(name), types.FunctionType):
+        return getattr(HistoryBuffer, name)
     if _user_allows(getattr):
         return getattr(obj, name)
-    _refuse(
-        f'getattr({obj!r}, {name!r})',
-        f'a public method of {[c.__qualname__ for _, c in _GETATTR_OWNERS]}')
+    _refuse(f'getattr({obj!r}, {name!r})', 'a public method of HistoryBuffer')
 
 
 def _checkpoint_bytes(*args):
@@ -57,39 +80,10 @@ def _checkpoint_bytes(*args):
 
 def _checkpoint_codecs_encode(obj, encoding='utf-8', errors='strict'):
     """``_codecs.encode`` limited to protocol 2's ``bytes`` (latin1)."""
-    import codecs
     if not isinstance(obj, str) or encoding not in ('latin1', 'latin-1'):
         _refuse(f'_codecs.encode of a {type(obj).__name__} with {encoding!r}',
                 "encode(str, 'latin1')")
     return codecs.encode(obj, encoding, errors)
-
-
-def _loaded_history_buffer():
-    from mmengine.logging.history_buffer import HistoryBuffer
-
-    class _LoadedHistoryBuffer(HistoryBuffer):
-        """Restores the instance only: mmengine's ``__setstate__`` copies
-        the pickled method table into the class."""
-
-        def __setstate__(self, state):
-            state = dict(state)
-            methods = dict(state.pop('statistics_methods', {}))
-            self._set_default_statistics()  # setdefault: replaces nothing
-            odd = sorted(
-                str(k) for k, v in methods.items()
-                if HistoryBuffer._statistics_methods.get(k) is not v)
-            if odd:
-                warnings.warn(
-                    f'mmsoft.compat: ignoring the statistics methods {odd} '
-                    'pickled with a HistoryBuffer: they differ from the ones '
-                    'registered in this process (loading a checkpoint does '
-                    'not change HistoryBuffer)',
-                    stacklevel=2)
-            self.__dict__.update(state)
-            self.__class__ = HistoryBuffer
-
-    _LoadedHistoryBuffer.__qualname__ = 'HistoryBuffer(loading)'
-    return _LoadedHistoryBuffer
 
 
 def _numpy_safe_globals():
@@ -114,28 +108,18 @@ def _numpy_safe_globals():
 
 def mmengine_safe_globals():
     """The allow-list of mmengine's training checkpoints (objects and
-    ``(object, 'module.name')`` pairs); built once."""
-    global _GETATTR_OWNERS
-    if not _MMENGINE_SAFE:
-        from mmengine.logging.history_buffer import HistoryBuffer
-        loaded = _loaded_history_buffer()
-        _GETATTR_OWNERS = ((loaded, HistoryBuffer), )
-        _MMENGINE_SAFE[:] = [
-            (loaded, 'mmengine.logging.history_buffer.HistoryBuffer'),
+    ``(object, 'module.name')`` pairs)."""
+    return [(_LoadedHistoryBuffer,
+             'mmengine.logging.history_buffer.HistoryBuffer'),
             (_checkpoint_getattr, 'builtins.getattr'),
-            (_checkpoint_bytes, 'builtins.bytes')
-        ] + _numpy_safe_globals()
-    return list(_MMENGINE_SAFE)
+            (_checkpoint_bytes, 'builtins.bytes')] + _numpy_safe_globals()
 
 
 def torch_version(version=None):
     """(major, minor) of torch's version (or of ``version``)."""
-    if version is None:
-        import torch
-        version = torch.__version__
     return tuple(
-        int(''.join(c for c in part if c.isdigit()) or 0)
-        for part in str(version).split('+')[0].split('.')[:2])
+        int(''.join(c for c in part if c.isdigit()) or 0) for part in str(
+            version or torch.__version__).split('+')[0].split('.')[:2])
 
 
 def native_allow_list():
@@ -167,15 +151,13 @@ _NEWER_TORCH_ALLOWED = ('builtins.set', 'builtins.complex',
 def _allow_list(extra=()):
     """``'module.name'`` -> object: torch's weights-only list (at least
     torch 2.14's), mmengine's checkpoint objects and ``extra``."""
-    import importlib
-
-    import torch
     from torch._weights_only_unpickler import _get_allowed_globals
     out = dict(_get_allowed_globals())
     for full in _NEWER_TORCH_ALLOWED:
         mod, _, name = full.rpartition('.')
-        if hasattr(importlib.import_module(mod), name):
-            out.setdefault(full, getattr(importlib.import_module(mod), name))
+        obj = getattr(importlib.import_module(mod), name, None)
+        if obj is not None:
+            out.setdefault(full, obj)
     for name in dir(torch):  # every dtype and quantisation scheme
         obj = getattr(torch, name, None)
         if isinstance(obj, (torch.dtype, torch.qscheme)):
@@ -209,7 +191,6 @@ class RestrictedUnpickler(pickle.Unpickler):
 def _restricted_load(f, map_location, extra):
     """``torch.load`` with :class:`RestrictedUnpickler` as its pickle
     module."""
-    import torch
     Unpickler = type('Unpickler', (RestrictedUnpickler, ),
                      dict(allowed=_allow_list(extra)))
     mod = types.ModuleType('mmsoft_restricted_pickle')
@@ -231,7 +212,6 @@ def safe_torch_load(f, map_location=None, extra=()):
         pickle.UnpicklingError: the file pickles another global. The
         process-wide allow-list is left as it was.
     """
-    import torch
     if not native_allow_list():
         return _restricted_load(f, map_location, extra)
     have = torch.serialization.get_safe_globals()
@@ -243,7 +223,6 @@ def safe_torch_load(f, map_location=None, extra=()):
 def unsafe_globals(path, extra=()):
     """Globals of the checkpoint ``path`` that :func:`safe_torch_load`
     refuses (``module.name``; only the first one on torch < 2.5)."""
-    import torch
     allowed = _allow_list(extra)
     find = getattr(torch.serialization, 'get_unsafe_globals_in_checkpoint',
                    None)

@@ -505,7 +505,7 @@ MUTATIONS = (
     M(name='resume_follows_foreign_last_checkpoint',
       what=('auto-resume follows a last_checkpoint into another directory '
             '(a copied work dir continues the original run)'),
-      path='mmsoft/utils/checkpoint_io.py',
+      path='mmsoft/engine/hooks/resume.py',
       old=('    if last and osp.realpath(osp.dirname(osp.abspath(last))) '
            'not in own:\n'),
       new='    if False:\n',
@@ -520,9 +520,9 @@ MUTATIONS = (
              'test_resume_of_another_runs_file_deletes_nothing_here', )),
     M(name='shared_checkpoint_dir_not_refused',
       what='a checkpoint out_dir claimed by another work dir is shared',
-      path='mmsoft/utils/checkpoint_io.py',
-      old='        if owner and owner != me:\n',
-      new='        if False:\n',
+      path='mmsoft/engine/hooks/resume.py',
+      old='    if owner and owner != me:\n',
+      new='    if False:\n',
       tests=(HOOK + 'test_shared_out_dir_of_two_runs_is_refused', )),
     M(name='recorded_attn_norm_ignored',
       what=("a training checkpoint's stored attn_norm is not compared with "

@@ -70,6 +70,8 @@ INVOCATIONS = {
     'test_tools/test_deploy.py::test_export_parity',
     'deployment/benchmark_onnx.py':
     'test_tools/test_tool_cli.py::test_benchmark_onnx_tiny_run',
+    'misc/configs.py':
+    'test_packaging.py::test_configs_cli',
     'misc/make_demo_data.py':
     'test_demo/test_synthetic.py::test_tool_cli',
     'model_converters/soft2mmsoft.py':

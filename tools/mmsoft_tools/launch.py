@@ -104,7 +104,7 @@ def exit_if_not_resumable(cfg) -> None:
         return
     from mmsoft.engine.hooks.strict_load_hook import resume_refusal
     if not path:  # --resume alone: the newest checkpoint of the work dir
-        from mmsoft.utils.checkpoint_io import checkpoint_candidates
+        from mmsoft.engine.hooks.resume import checkpoint_candidates
         found = checkpoint_candidates([cfg.work_dir])
         path, explicit = (found[0] if found else None), False
     else:

@@ -14,12 +14,11 @@ from mmengine.hooks import CheckpointHook
 from mmengine.registry import HOOKS
 
 from mmsoft.utils.atomic import atomic_path, atomic_write
-from mmsoft.utils.checkpoint_io import (CheckpointDirInUse, CheckpointError,
-                                        CheckpointWriteError,
-                                        claim_checkpoint_dir,
-                                        find_newest_complete, load_verified,
-                                        remove_stale_temps)
+from mmsoft.utils.checkpoint_io import (CheckpointError, CheckpointWriteError,
+                                        load_verified, remove_stale_temps)
 from mmsoft.utils.rng_state import get_rng_state, set_rng_state
+from .resume import (CheckpointDirInUse, claim_checkpoint_dir,
+                     find_newest_complete, read_line)
 
 __all__ = [
     'SafeCheckpointHook', 'use_safe_checkpoint_hook',
@@ -33,30 +32,20 @@ def _training(runner):
 
 
 def _train_sampler(runner):
-    if not _training(runner):
-        return None
-    loop = runner.train_loop
-    loader = loop.dataloader
-    for sampler in (getattr(loader, 'sampler', None),
-                    getattr(
-                        getattr(loader, 'batch_sampler', None), 'sampler',
-                        None)):
-        if hasattr(sampler, 'seed'):
-            return sampler
-    return None
+    loader = runner.train_loop.dataloader if _training(runner) else None
+    batch = getattr(loader, 'batch_sampler', None)
+    return next(
+        (s for s in (getattr(loader, 'sampler', None),
+                     getattr(batch, 'sampler', None)) if hasattr(s, 'seed')),
+        None)
 
 
 class _DeferredRemoval:
     """A file backend whose ``remove`` / ``rmtree`` are queued."""
 
     def __init__(self, backend, queue):
-        self._backend, self._queue = backend, queue
-
-    def remove(self, path):
-        self._queue.append(('remove', path))
-
-    def rmtree(self, path):
-        self._queue.append(('rmtree', path))
+        self._backend = backend
+        self.remove = self.rmtree = queue.append
 
     def __getattr__(self, name):
         return getattr(self._backend, name)
@@ -91,7 +80,6 @@ class SafeCheckpointHook(CheckpointHook):
         self._pending_rng = None  # gathered states for the current save
         self._val_rng = None  # states at the start of a validation run
         self._loaded_meta = None  # meta of the checkpoint last loaded
-        self._warned_backend = False
 
     def _checkpoint_dir(self, runner):
         if self.out_dir is None or self.out_dir == runner.work_dir:
@@ -169,7 +157,11 @@ class SafeCheckpointHook(CheckpointHook):
         if '://' not in str(self._checkpoint_dir(runner)):
             self._forget_other_dirs(runner)
         super().before_train(runner)
-        if is_main_process() and self._is_local():
+        if not self._is_local():
+            runner.logger.warning(
+                'mmsoft: checkpoints go to a non-local storage backend; they '
+                'are written by mmengine (not atomically)')
+        elif is_main_process():
             for p in remove_stale_temps(self.out_dir):
                 runner.logger.warning(f'mmsoft: removed {p}, a partial '
                                       'checkpoint left by a killed run')
@@ -268,11 +260,6 @@ class SafeCheckpointHook(CheckpointHook):
         """Inside: ``runner.save_checkpoint`` writes atomically; removals of
         old checkpoints wait until the block has finished."""
         if self._atomic_depth or not self._is_local():
-            if not self._atomic_depth and not self._warned_backend:
-                self._warned_backend = True
-                runner.logger.warning(
-                    'mmsoft: checkpoints go to a non-local storage backend; '
-                    'they are written by mmengine (not atomically)')
             yield
             return
         backend, removals, written = self.file_backend, [], set()
@@ -304,7 +291,7 @@ class SafeCheckpointHook(CheckpointHook):
             runner.__dict__.pop('save_checkpoint', None)
         # the new files are complete: drop the outdated ones (own dir only)
         own = osp.realpath(self.out_dir)
-        for kind, path in removals:
+        for path in removals:
             if osp.abspath(path) in written:
                 continue
             if osp.realpath(osp.dirname(path)) != own:
@@ -313,9 +300,9 @@ class SafeCheckpointHook(CheckpointHook):
                     f'checkpoint directory {self.out_dir}')
                 continue
             try:
-                if kind == 'remove' and backend.isfile(path):
+                if backend.isfile(path):
                     backend.remove(path)
-                elif kind == 'rmtree' and backend.isdir(path):
+                elif backend.isdir(path):  # deepspeed's checkpoints
                     backend.rmtree(path)
             except OSError as e:
                 runner.logger.warning(f'mmsoft: could not remove {path}: {e}')
@@ -324,11 +311,7 @@ class SafeCheckpointHook(CheckpointHook):
 def _write_failure(runner, path: str, error: OSError) -> str:
     """The one-line report of a checkpoint that could not be written."""
     code = f' (errno {error.errno})' if error.errno else ''
-    last = osp.join(runner.work_dir, 'last_checkpoint')
-    prev = None
-    if osp.isfile(last):
-        with open(last) as f:
-            prev = f.read().strip() or None
+    prev = read_line(osp.join(runner.work_dir, 'last_checkpoint'))
     kept = (f'the previous checkpoint {prev} was kept (last_checkpoint '
             f'still names it)' if prev else 'no earlier checkpoint of this '
             'run exists')
@@ -350,18 +333,20 @@ def recorded_attn_norms(checkpoint) -> set:
         return set()
     found = set()
     for stmt in tree.body:
-        if isinstance(stmt, ast.Assign) and any(
-                getattr(t, 'id', None) == 'model' for t in stmt.targets):
-            for node in ast.walk(stmt.value):
-                pairs = [(k.arg, k.value) for k in node.keywords] \
-                    if isinstance(node, ast.Call) else \
-                    [(getattr(k, 'value', None), v)
-                     for k, v in zip(node.keys, node.values)] \
-                    if isinstance(node, ast.Dict) else []
-                found.update(
-                    v.value for k, v in pairs
-                    if k == 'attn_norm' and isinstance(v, ast.Constant)
-                    and isinstance(v.value, bool))
+        if not isinstance(stmt, ast.Assign) or all(
+                getattr(t, 'id', None) != 'model' for t in stmt.targets):
+            continue
+        for node in ast.walk(stmt.value):
+            if isinstance(node, ast.keyword):
+                pairs = [(node.arg, node.value)]
+            elif isinstance(node, ast.Dict):
+                pairs = zip([getattr(k, 'value', None) for k in node.keys],
+                            node.values)
+            else:
+                continue
+            found.update(v.value for k, v in pairs
+                         if k == 'attn_norm' and isinstance(v, ast.Constant)
+                         and isinstance(v.value, bool))
     return found
 
 
@@ -386,16 +371,14 @@ def check_recorded_attn_norm(model, checkpoint, path) -> None:
     }
     if not want or not have or want == have:
         return
-
-    def text(values):
-        return ' / '.join(f'attn_norm={v}' for v in sorted(values))
-
-    fix = (
-        f'--cfg-options model.backbone.attn_cfg.attn_norm={next(iter(want))}'
-        if len(want) == 1 else 'its attn_cfg settings')
+    text = [
+        ' / '.join(f'attn_norm={v}' for v in sorted(s)) for s in (want, have)
+    ]
+    fix = (f'--cfg-options model.backbone.attn_cfg.{text[0]}'
+           if len(want) == 1 else 'its attn_cfg settings')
     raise CheckpointMismatchError(
-        f'checkpoint {path} was trained with {text(want)} (the config stored '
-        f'in it), but this model\'s SOFT attention has {text(have)}: the '
+        f'checkpoint {path} was trained with {text[0]} (the config stored '
+        f'in it), but this model\'s SOFT attention has {text[1]}: the '
         f'weights would load and give wrong results. Use the config it was '
         f'trained with or {fix}')
 

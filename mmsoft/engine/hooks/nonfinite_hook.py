@@ -1,6 +1,5 @@
 """Stop training at the first non-finite loss, before the step and before
 any checkpoint (docs/en/advanced_guides/fault_tolerance.md)."""
-import functools
 import math
 from typing import Optional
 
@@ -13,37 +12,21 @@ from mmengine.registry import HOOKS
 __all__ = ['NonFiniteLossHook', 'NonFiniteLossError', 'add_nonfinite_hook']
 
 _FIX = ('Lower the learning rate or enable gradient clipping '
-        '(optim_wrapper.clip_grad).')
+        '(optim_wrapper.clip_grad)')
 
 
 class NonFiniteLossError(RuntimeError):
     """The training loss became nan / inf; the run was stopped."""
 
 
-def _is_finite(value) -> bool:
-    if isinstance(value, torch.Tensor):
-        return bool(torch.isfinite(value.detach()).all())
+def _value(loss) -> float:
+    """A loss (a tensor: its mean) as a float; 0.0 if it is no number."""
+    if isinstance(loss, torch.Tensor):
+        return loss.detach().float().mean().item() if loss.numel() else 0.
     try:
-        return math.isfinite(float(value))
+        return float(loss)
     except (TypeError, ValueError):
-        return True
-
-
-@torch.no_grad()
-def _nonfinite_params(params) -> list:
-    """The tensors of ``params`` holding a nan / inf (one max-abs reduction
-    per device and dtype)."""
-    groups = {}
-    for p in params:
-        if p is not None and (p.is_floating_point() or p.is_complex()) \
-                and p.numel():
-            groups.setdefault((p.device, p.dtype), []).append(p)
-    bad = []
-    for tensors in groups.values():
-        norms = torch._foreach_norm(tensors, ord=float('inf'))
-        finite = torch.isfinite(torch.stack([n.float() for n in norms]))
-        bad += [t for t, ok in zip(tensors, finite.tolist()) if not ok]
-    return bad
+        return 0.
 
 
 def _any_rank(flag: bool) -> bool:
@@ -55,44 +38,23 @@ def _any_rank(flag: bool) -> bool:
     return bool(t.item() > 0)
 
 
-def _note(runner) -> str:
-    work_dir = getattr(runner, 'work_dir', None)
-    return (f'; no checkpoint was written at this point (checkpoints in '
-            f'{work_dir} are from before the fault)' if work_dir else '')
-
-
-def _fmt(loss) -> str:
-    if isinstance(loss, torch.Tensor):
-        loss = loss.detach().float().mean().item()
-    return str(loss)
-
-
-def _where(runner) -> str:
-    """'epoch E, iteration I/N' (1-based; I counts from the start)."""
-    from mmengine.runner import EpochBasedTrainLoop
-    max_iters = getattr(runner.train_loop, 'max_iters', None)
-    it = f'iteration {runner.iter + 1}' + (f'/{max_iters}'
-                                           if max_iters else '')
-    if isinstance(runner.train_loop, EpochBasedTrainLoop):
-        return f'epoch {runner.epoch + 1}, {it}'
-    return it
-
-
-def _fail(runner, msg):
-    runner.logger.error(msg)
-    raise NonFiniteLossError(msg)
-
-
-def _model(runner):
-    return runner.model.module if is_model_wrapper(
-        runner.model) else runner.model
-
-
-def _param_names(runner, bad) -> str:
-    ids = {id(t) for t in bad}
-    names = [n for n, p in _model(runner).named_parameters() if id(p) in ids]
+@torch.no_grad()
+def _nonfinite_params(model, params) -> str:
+    """'N parameter tensor(s) (names)' of ``params`` that hold a nan / inf
+    (one max-abs reduction per device and dtype), or ''."""
+    groups = {}
+    for p in params:
+        if p is not None and (p.is_floating_point() or p.is_complex()) \
+                and p.numel():
+            groups.setdefault((p.device, p.dtype), []).append(p)
+    bad = set()
+    for tensors in groups.values():
+        norms = torch._foreach_norm(tensors, ord=float('inf'))
+        finite = torch.isfinite(torch.stack([n.float() for n in norms]))
+        bad |= {id(t) for t, ok in zip(tensors, finite.tolist()) if not ok}
+    names = [n for n, p in model.named_parameters() if id(p) in bad]
     shown = ', '.join(names[:3]) + (', ...' if len(names) > 3 else '')
-    return f'{len(bad)} parameter tensor(s)' + (f' ({shown})' if shown else '')
+    return f'{len(bad)} parameter tensor(s) ({shown})' if bad else ''
 
 
 @HOOKS.register_module()
@@ -121,63 +83,82 @@ class NonFiniteLossHook(Hook):
         self._step_skipped = False
         self._runner = None
 
+    @staticmethod
+    def _where(runner) -> str:
+        """'epoch E, iteration I/N' (1-based; I counts from the start)."""
+        from mmengine.runner import EpochBasedTrainLoop
+        max_iters = getattr(runner.train_loop, 'max_iters', None)
+        it = f'iteration {runner.iter + 1}' + (f'/{max_iters}'
+                                               if max_iters else '')
+        if isinstance(runner.train_loop, EpochBasedTrainLoop):
+            return f'epoch {runner.epoch + 1}, {it}'
+        return it
+
+    @staticmethod
+    def _model(runner):
+        model = runner.model
+        return model.module if is_model_wrapper(model) else model
+
+    def _fail(self, runner, what: str, fix: str = _FIX):
+        """Log and raise ``NonFiniteLossHook: <what>; ... <fix>.``."""
+        work_dir = getattr(runner, 'work_dir', None)
+        kept = (f'; the checkpoints in {work_dir} are from before the fault'
+                if work_dir else '')
+        msg = f'NonFiniteLossHook: {what}{kept}. {fix}.'
+        runner.logger.error(msg)
+        raise NonFiniteLossError(msg)
+
     def _stop(self, runner, loss) -> None:
         skipped = (f' after {self.skipped} skipped step(s)'
                    if self.max_skipped_steps else '')
-        _fail(
-            runner, f'NonFiniteLossHook: non-finite training loss ({loss}) '
-            f'at {_where(runner)}{skipped}; training stopped before the '
-            f'optimizer step{_note(runner)}. Lower the learning rate, enable '
-            f'gradient clipping (optim_wrapper.clip_grad), or allow skipped '
-            f"steps with custom_hooks=[dict(type='NonFiniteLossHook', "
-            f'max_skipped_steps=N)].')
+        self._fail(
+            runner, f'non-finite training loss ({loss}) at '
+            f'{self._where(runner)}{skipped}; training stopped before the '
+            f'optimizer step', f"{_FIX}, or allow skipped steps with "
+            f"custom_hooks=[dict(type='NonFiniteLossHook', "
+            f'max_skipped_steps=N)]')
 
     def _check(self, loss) -> bool:
         """True if this step must be skipped; raises if training stops."""
-        if not _any_rank(not _is_finite(loss)):
+        value, runner = _value(loss), self._runner
+        if not _any_rank(not math.isfinite(value)):
             self.skipped = 0
             return False
-        runner = self._runner
         if self.skipped >= self.max_skipped_steps:
-            self._stop(runner, _fmt(loss))
+            self._stop(runner, value)
         self.skipped += 1
         self.total_skipped += 1
         runner.logger.warning(
-            f'NonFiniteLossHook: non-finite loss ({_fmt(loss)}) at '
-            f'{_where(runner)}: step skipped ({self.skipped}/'
+            f'NonFiniteLossHook: non-finite loss ({value}) at '
+            f'{self._where(runner)}: step skipped ({self.skipped}/'
             f'{self.max_skipped_steps} in a row)')
         return True
 
-    def _check_params(self, optim_wrapper, loss) -> None:
-        """Stop if the optimizer step just wrote non-finite parameters."""
-        bad = _nonfinite_params([
-            p for g in optim_wrapper.optimizer.param_groups
-            for p in g['params']
-        ])
-        if _any_rank(bool(bad)):
-            runner = self._runner
-            what = _param_names(runner, bad) if bad else \
-                'parameters on another rank'
-            _fail(
-                runner, f'NonFiniteLossHook: the optimizer step at '
-                f'{_where(runner)} made {what} nan / inf although the '
-                f'loss was finite ({_fmt(loss)}): the gradients or the '
-                f'update overflowed; training stopped{_note(runner)}. {_FIX}')
-
     def _guard(self, optim_wrapper) -> None:
-        """Wrap ``optim_wrapper.update_params`` with the checks, once."""
+        """Wrap ``optim_wrapper.update_params`` with the checks, once: the
+        loss before the step, the parameters the step wrote after it."""
         if getattr(optim_wrapper, '_nonfinite_guarded', False):
             return
         original = optim_wrapper.update_params
 
-        @functools.wraps(original)
         def update_params(loss, *args, **kwargs):
             self._step_skipped = self._check(loss)
             if self._step_skipped:
                 optim_wrapper.zero_grad()
                 return None
             result = original(loss, *args, **kwargs)
-            self._check_params(optim_wrapper, loss)
+            runner = self._runner
+            bad = _nonfinite_params(
+                self._model(runner), [
+                    p for g in optim_wrapper.optimizer.param_groups
+                    for p in g['params']
+                ])
+            if _any_rank(bool(bad)):
+                self._fail(
+                    runner, f'the optimizer step at {self._where(runner)} '
+                    f'made {bad or "parameters on another rank"} nan / inf '
+                    f'although the loss was finite ({_value(loss)}): the '
+                    f'gradients or the update overflowed; training stopped')
             return result
 
         # eager under the config's `compile` (the checks call .item())
@@ -200,21 +181,20 @@ class NonFiniteLossHook(Hook):
                          batch_idx: int,
                          data_batch=None,
                          outputs: Optional[dict] = None) -> None:
-        if self._step_skipped or not isinstance(outputs, dict):
-            return
-        loss = outputs.get('loss')
-        if loss is not None and _any_rank(not _is_finite(loss)):
-            self._stop(runner, _fmt(loss))
+        loss = outputs.get('loss') if isinstance(outputs, dict) else None
+        if loss is not None and not self._step_skipped and _any_rank(
+                not math.isfinite(_value(loss))):
+            self._stop(runner, _value(loss))
 
     def before_save_checkpoint(self, runner, checkpoint: dict) -> None:
         """Never save non-finite parameters (the same on every rank)."""
-        bad = _nonfinite_params(list(_model(runner).parameters()))
+        model = self._model(runner)
+        bad = _nonfinite_params(model, model.parameters())
         if bad:
-            _fail(
-                runner, f'NonFiniteLossHook: refusing to save a checkpoint '
-                f'at {_where(runner)}: {_param_names(runner, bad)} '
-                f'hold nan / inf; training stopped, the checkpoints on disk '
-                f'are from before the fault. {_FIX}')
+            self._fail(
+                runner, f'refusing to save a checkpoint at '
+                f'{self._where(runner)}: {bad} hold nan / inf; training '
+                f'stopped')
 
 
 def add_nonfinite_hook(cfg) -> bool:

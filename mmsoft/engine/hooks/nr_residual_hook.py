@@ -1,5 +1,7 @@
 """Log how far SOFT's Newton-Raphson iterations are from converged
 (docs/en/advanced_guides/soft_attention.md)."""
+import logging
+from math import nan
 from typing import Dict, Optional
 
 from mmengine.hooks import Hook
@@ -40,15 +42,12 @@ class NRResidualHook(Hook):
         model = runner.model
         model = model.module if is_model_wrapper(model) else model
         self._backbones = [
-            m for m in model.modules()
-            if hasattr(m, 'set_nr_diagnostics') and hasattr(m, 'nr_stats')
+            m for m in model.modules() if hasattr(m, 'set_nr_diagnostics')
         ]
         if not self._backbones:
             print_log(
-                'NRResidualHook: the model has no SOFT backbone; nothing '
-                'to log',
-                logger='current',
-                level=30)
+                'NRResidualHook: the model has no SOFT backbone; '
+                'nothing to log', 'current', logging.WARNING)
         for bb in self._backbones:
             bb.set_nr_diagnostics(True)
 
@@ -73,26 +72,23 @@ class NRResidualHook(Hook):
                 runner.message_hub.update_scalar(
                     f'train/nr_{k}_s{stage[len("stage"):]}', v)
             frac = vals.get('unconverged', 0.0)
-            if self.warn_unconverged is not None and \
-                    frac > self.warn_unconverged and stage not in self._warned:
+            if self.warn_unconverged is not None and stage not in \
+                    self._warned and frac > self.warn_unconverged:
                 self._warned.add(stage)
                 print_log(
                     f'NRResidualHook: in {stage} the Newton-Raphson '
                     f'iterations have not converged on {frac:.0%} of the '
-                    f'bottleneck matrix\'s numerical rank '
-                    f'(residual {vals["residual"]:.2e}); the forward differs '
-                    f'from A^+ there and Eq. 16 is not its gradient. '
-                    f"Consider model.backbone.attn_cfg.nr_backward='exact', "
-                    f'more nr_iters or max_landmarks.',
-                    logger='current',
-                    level=30)
+                    f'bottleneck matrix\'s numerical rank (residual '
+                    f'{vals["residual"]:.2e}): the forward differs from A^+ '
+                    f"there. Consider model.backbone.attn_cfg.nr_backward="
+                    f"'exact', more nr_iters or max_landmarks.", 'current',
+                    logging.WARNING)
         if stats and self.every_n_train_iters(runner, self.interval):
             print_log(
                 'NR convergence (last forward): ' + ', '.join(
-                    f'{stage} residual {v.get("residual", float("nan")):.2e} '
-                    f'unconverged {v.get("unconverged", float("nan")):.1%}'
-                    for stage, v in stats.items()),
-                logger='current')
+                    f'{s} residual {v.get("residual", nan):.2e} unconverged '
+                    f'{v.get("unconverged", nan):.1%}'
+                    for s, v in stats.items()), 'current')
 
     def after_run(self, runner) -> None:
         for bb in self._backbones:

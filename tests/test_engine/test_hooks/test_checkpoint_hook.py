@@ -38,6 +38,7 @@ from torch.utils.data import Dataset
 
 import mmsoft  # noqa: F401  (registers SafeCheckpointHook)
 from mmsoft.engine import SafeCheckpointHook, use_safe_checkpoint_hook
+from mmsoft.engine.hooks import resume
 from mmsoft.utils import checkpoint_io as cio
 
 N, SIZE = 20, 6  # 20 samples of 6 x 6: 10 iterations of 2 per epoch
@@ -264,7 +265,7 @@ def test_resume_skips_damaged_newest(tmp_path, damage):
         newest.write_bytes(b'')
     else:
         flip_tensor_bytes(newest, 4, FC_RECORD)
-    path, skipped = cio.find_newest_complete(str(work))
+    path, skipped = resume.find_newest_complete(str(work))
     assert path == str(work / 'iter_4.pth')
     assert [p for p, _ in skipped] == [str(newest)]
     runner = _runner(work, f'resumed_{damage}', resume=True)
@@ -421,7 +422,7 @@ def test_kill_during_checkpoint_write_keeps_previous(tmp_path):
     temps = [n for n in names if n.endswith(cio.TMP_SUFFIX)]
     assert 'iter_2.pth' in names and 'iter_4.pth' not in names
     assert len(temps) == 1 and temps[0].startswith('.iter_4.pth.')
-    assert cio.check_complete(str(work / 'iter_2.pth')) is None
+    assert resume.check_complete(str(work / 'iter_2.pth')) is None
     assert (work / 'last_checkpoint').read_text() == str(work / 'iter_2.pth')
 
     runner = _runner(work, 'resumed', max_keep_ckpts=1, resume=True)

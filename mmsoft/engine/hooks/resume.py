@@ -1,0 +1,131 @@
+"""The checkpoint directory of a training run: which file resumes it and
+which run owns it (docs/en/advanced_guides/fault_tolerance.md)."""
+import logging
+import os
+import os.path as osp
+import re
+from collections.abc import Mapping
+from typing import Iterable, List, Optional, Tuple
+
+from mmengine.logging import print_log
+
+from mmsoft.utils.atomic import atomic_write
+from mmsoft.utils.checkpoint_io import CheckpointError, load_verified
+
+__all__ = [
+    'CheckpointDirInUse', 'OWNER_FILE', 'checkpoint_candidates',
+    'check_complete', 'find_newest_complete', 'claim_checkpoint_dir'
+]
+
+_CKPT_RE = re.compile(r'^(?:epoch|iter)_(\d+)\.pth$')
+#: in a checkpoint directory outside the work dir: the work dir writing it
+OWNER_FILE = '.mmsoft-work-dir'
+
+
+class CheckpointDirInUse(CheckpointError):
+    """A checkpoint directory belongs to the run of another work dir."""
+
+
+def read_line(path: str) -> Optional[str]:
+    """The stripped text of a small file (``last_checkpoint``, the owner
+    file), or None if it is missing, unreadable or empty."""
+    try:
+        with open(path) as f:
+            return f.read().strip() or None
+    except OSError:
+        return None
+
+
+def checkpoint_candidates(dirs: Iterable[str],
+                          extra: Iterable[str] = ()) -> List[str]:
+    """``epoch_N.pth`` / ``iter_N.pth`` of ``dirs`` plus the ``extra``
+    files, newest first (by N, then by modification time)."""
+    found = {
+        osp.abspath(osp.join(d, e))
+        for d in dirs
+        for e in (os.listdir(d) if osp.isdir(d) else ()) if _CKPT_RE.match(e)
+    } | {osp.abspath(p)
+         for p in extra if p and osp.isfile(p)}
+
+    def key(p):
+        m = _CKPT_RE.match(osp.basename(p))
+        return int(m.group(1)) if m else -1, \
+            osp.getmtime(p) if osp.exists(p) else 0.
+
+    return sorted(found, key=key, reverse=True)
+
+
+def check_complete(path: str) -> Optional[str]:
+    """None if ``path`` is an undamaged training checkpoint that loads
+    safely, else the reason."""
+    try:
+        ckpt = load_verified(path)
+    except CheckpointError as e:
+        return str(e)
+    except Exception as e:  # noqa: BLE001
+        return f'cannot be loaded ({type(e).__name__}: ' \
+               f'{(str(e).splitlines() or [""])[0]})'
+    if not isinstance(ckpt, Mapping) or 'meta' not in ckpt:
+        return 'is not a training checkpoint (no meta)'
+    return None
+
+
+def find_newest_complete(work_dir: str,
+                         out_dir: Optional[str] = None
+                         ) -> Tuple[Optional[str], List[Tuple[str, str]]]:
+    """The newest complete training checkpoint of ``work_dir`` and
+    ``out_dir``, or None, and the ``(path, reason)`` of the damaged newer
+    ones (logged). A ``last_checkpoint`` naming a file elsewhere (a copied
+    work dir) is ignored."""
+
+    def warn(msg):
+        print_log(f'mmsoft: {msg}', logger='current', level=logging.WARNING)
+
+    dirs = list(dict.fromkeys([work_dir] + ([out_dir] if out_dir else [])))
+    last = read_line(osp.join(work_dir, 'last_checkpoint'))
+    own = {osp.realpath(d) for d in dirs}
+    if last and osp.realpath(osp.dirname(osp.abspath(last))) not in own:
+        warn(f'{osp.join(work_dir, "last_checkpoint")} names {last}, outside '
+             f'this run\'s checkpoint directory (a copied or moved work '
+             f'dir?): ignored; resuming from the newest checkpoint of '
+             f'{" / ".join(dirs)}')
+        last = None
+    skipped = []
+    for p in checkpoint_candidates(dirs, [last]):
+        reason = check_complete(p)
+        if reason is None:
+            return p, skipped
+        skipped.append((p, reason))
+        warn(f'skipping {reason}' if reason.startswith('checkpoint ') else
+             f'skipping checkpoint {p}: it {reason}')
+    if last and not osp.isfile(last):
+        warn(f'last_checkpoint names {last}, which does not exist')
+    return None, skipped
+
+
+def claim_checkpoint_dir(ckpt_dir: str, work_dir: str) -> None:
+    """Record ``work_dir`` as the run writing ``ckpt_dir`` (``out_dir`` /
+    ``<work dir name>``), or raise :class:`CheckpointDirInUse` when the run
+    of another work dir holds it."""
+    me = osp.realpath(work_dir)
+    if osp.realpath(ckpt_dir) == me:
+        return
+    marker = osp.join(ckpt_dir, OWNER_FILE)
+    os.makedirs(ckpt_dir, exist_ok=True)
+    try:
+        with open(marker, 'x') as f:  # exclusive: the first run wins
+            f.write(me + '\n')
+        return
+    except FileExistsError:
+        owner = read_line(marker)
+    if owner and owner != me:
+        raise CheckpointDirInUse(
+            f'checkpoint directory {ckpt_dir} (default_hooks.checkpoint.'
+            f'out_dir / the work dir\'s name) belongs to the run in work '
+            f'dir {owner} ({marker}), not to this one ({me}): its '
+            f'max_keep_ckpts would delete the other run\'s checkpoints and '
+            f'--resume would continue it. Give this run another out_dir or '
+            f'a work dir of another name (if you moved that work dir here, '
+            f'delete {marker})')
+    if not owner:
+        atomic_write(marker, me + '\n')
