@@ -237,8 +237,9 @@ class SOFTPretrainedInit(PretrainedInit):
         path = osp.expanduser(str(self.checkpoint))
         if '://' not in path and not osp.exists(path):  # not mmengine's
             raise FileNotFoundError(missing_weights_message(self.checkpoint))
-        load_pretrained(module, self.checkpoint, self.prefix,
-                        self.map_location, self.strict, self.opt_in)
+        load_pretrained(module, self.checkpoint, prefix=self.prefix,
+                        map_location=self.map_location, strict=self.strict,
+                        opt_in=self.opt_in)
         if hasattr(module, '_params_init_info'):
             update_init_info(module, init_info=self._get_init_info())
 
