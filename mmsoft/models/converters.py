@@ -33,23 +33,23 @@ class ConversionError(ValueError):
 
 #: official -> mmsoft key template (``{j}``: block index); a template
 #: ending in '.' takes a tensor name (``weight``, ``bias``, BN statistics)
-KEY_MAP = [(f'pos_embed{s + 1}', f'stages.{s}.pos_embed')
-           for s in range(NUM_STAGES)] + [
-               ('cls_token', 'stages.3.cls_token'),
-               ('norm.', 'stages.3.norm.'), ('head.', 'head.fc.')
-           ] + [(f'patch_embed{s + 1}.proj.{3 * n + i}.',
-                 f'stages.{s}.patch_embed.proj.{n}.{("conv", "bn")[i]}.')
-                for s, n in OFFICIAL_STEM for i in (0, 1)] + [
-                    (f'block{s + 1}.{{j}}.{o}', f'stages.{s}.blocks.{{j}}.{m}')
-                    for s in range(NUM_STAGES)
-                    for o, m in (OFFICIAL_SOFT_BLOCK if s < 3 else
-                                 OFFICIAL_SOFTMAX_BLOCK)
-                ]
+KEY_MAP = [
+    (f'pos_embed{s + 1}', f'stages.{s}.pos_embed') for s in range(NUM_STAGES)
+] + [('cls_token', 'stages.3.cls_token'), ('norm.', 'stages.3.norm.'),
+     ('head.', 'head.fc.')] + [
+         (f'patch_embed{s + 1}.proj.{3 * n + i}.',
+          f'stages.{s}.patch_embed.proj.{n}.{("conv", "bn")[i]}.')
+         for s, n in OFFICIAL_STEM for i in (0, 1)
+     ] + [
+         (f'block{s + 1}.{{j}}.{o}', f'stages.{s}.blocks.{{j}}.{m}')
+         for s in range(NUM_STAGES)
+         for o, m in (OFFICIAL_SOFT_BLOCK if s < 3 else OFFICIAL_SOFTMAX_BLOCK)
+     ]
 _NAME = r'(?P<t>weight|bias|running_mean|running_var|num_batches_tracked)'
 _RULES = [[(re.compile(
     re.escape(a).replace(r'\{j\}', r'(?P<j>\d+)') +
-    (_NAME if a.endswith('.') else '')), b + ('{t}' if a.endswith('.') else
-                                              '')) for a, b in pairs]
+    (_NAME if a.endswith('.') else '')),
+            b + ('{t}' if a.endswith('.') else '')) for a, b in pairs]
           for pairs in (KEY_MAP, [(m, o) for o, m in KEY_MAP])]
 
 
@@ -164,30 +164,21 @@ def _shape(sd: Mapping, key: str) -> Tuple[int, ...]:
 
 def infer_official_arch(sd: Mapping[str, torch.Tensor],
                         stage4_heads: Optional[int] = None) -> Dict:
-    """The architecture of an authors' state dict, read off its shapes.
-
-    Args:
-        sd (Mapping): the state dict in the authors' key layout.
-        stage4_heads (int, optional): the heads of the softmax stage 4 (not
-            in the weights). Default: stage 3's head width.
-
-    Returns:
-        dict: mmsoft's arch entries, ``in_channels``, ``num_classes`` (0: no
-        head), ``pretrain_img_size`` and ``stage4_heads_given``.
-    """
+    """The architecture of an authors' state dict, read off its shapes:
+    mmsoft's arch entries, ``in_channels``, ``num_classes`` (0: no head),
+    ``pretrain_img_size`` and ``stage4_heads_given``. ``stage4_heads``:
+    the heads of the softmax stage 4, not in the weights (default: stage
+    3's head width)."""
     C = [_shape(sd, f'pos_embed{s}')[-1] for s in range(1, 5)]
     depths = [
-        1 + max([int(m[1]) for m in map(re.compile(rf'block{s}\.(\d+)\.').match,
-                                         sd) if m] or [-1])
-        for s in range(1, 5)
+        len({k.split('.')[1]
+             for k in sd if k.startswith(f'block{s}.')}) for s in range(1, 5)
     ]
-    if 0 in depths:
-        raise ConversionError(f'cannot infer the architecture: no '
-                              f'block{depths.index(0) + 1}.* keys')
     stages = []  # (heads, sampling ratio, dw kernel, MLP hidden width)
     for s in range(1, 4):
-        lm, dw = (_shape(sd, f'block{s}.*.att.mha.attn.{n}.weight')
-                  for n in ('Qlandmark_op', 'conv'))
+        lm, dw = (
+            _shape(sd, f'block{s}.*.att.mha.attn.{n}.weight')
+            for n in ('Qlandmark_op', 'conv'))
         if len(lm) != 4 or len(dw) != 4:
             raise ConversionError(
                 f'cannot infer the architecture: block{s}.*.att.mha.attn.'
@@ -199,8 +190,9 @@ def infer_official_arch(sd: Mapping[str, torch.Tensor],
                 f'inconsistent stage {s}: {dw[0]} heads (block{s}.*.att.mha.'
                 f'attn.conv.weight {dw}) x head width {lm[0]} (Qlandmark_op '
                 f'{lm}) != embed dim {C[s - 1]}')
-        stages.append((dw[0], lm[-1], dw[-1],
-                       _shape(sd, f'block{s}.*.att.ff1.weight')[0]))
+        stages.append(
+            (dw[0], lm[-1], dw[-1], _shape(sd,
+                                           f'block{s}.*.att.ff1.weight')[0]))
     given = stage4_heads is not None
     if given and (isinstance(stage4_heads, bool)
                   or not isinstance(stage4_heads, int) or stage4_heads < 1):
@@ -219,7 +211,9 @@ def infer_official_arch(sd: Mapping[str, torch.Tensor],
         num_heads=heads,
         depths=depths,
         sampling_ratios=ratios,
-        mlp_ratios=[f // c if f % c == 0 else f / c for f, c in zip(hidden, C)],
+        mlp_ratios=[
+            f // c if f % c == 0 else f / c for f, c in zip(hidden, C)
+        ],
         dw_kernel_sizes=kernels,
         in_channels=_shape(sd, 'patch_embed1.proj.0.weight')[1],
         num_classes=sd['head.weight'].shape[0] if 'head.weight' in sd else 0,

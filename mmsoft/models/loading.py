@@ -47,9 +47,10 @@ def read_checkpoint(filename, map_location='cpu', mmap: bool = False):
         from mmengine.runner import CheckpointLoader
         return CheckpointLoader.load_checkpoint(path, map_location)
     if not osp.isfile(path):
-        raise FileNotFoundError(
-            f'checkpoint {path} ' + ('is a directory, not a file' if osp.isdir(
-                path) else 'does not exist') + '; pass a .pth checkpoint file')
+        raise FileNotFoundError(f'checkpoint {path} ' +
+                                ('is a directory, not a file' if osp.
+                                 isdir(path) else 'does not exist') +
+                                '; pass a .pth checkpoint file')
     if mmap:
         try:  # weights only: nothing runs from the file
             return torch.load(
@@ -69,7 +70,10 @@ def upgrade_legacy_keys(model: torch.nn.Module, sd: Mapping) -> Mapping:
 
 
 def _attn_norms(model: torch.nn.Module) -> set:
-    return {m.attn_norm for m in model.modules() if isinstance(m, SOFTAttention)}
+    return {
+        m.attn_norm
+        for m in model.modules() if isinstance(m, SOFTAttention)
+    }
 
 
 def check_attn_norm(model: torch.nn.Module,
@@ -126,8 +130,8 @@ def check_checkpoint_for_model(model: torch.nn.Module,
     return report
 
 
-def _to_mmsoft(ckpt, source: str, module: torch.nn.Module, strict: bool
-               ) -> Tuple['OrderedDict', str, bool]:
+def _to_mmsoft(ckpt, source: str, module: torch.nn.Module,
+               strict: bool) -> Tuple['OrderedDict', str, bool]:
     """``(state_dict, layout, converted)``: an authors' file converted (a
     file of another architecture than the module's SOFT is one line naming
     the preset to use), other files as they are."""
@@ -141,9 +145,10 @@ def _to_mmsoft(ckpt, source: str, module: torch.nn.Module, strict: bool
                 found[0], soft[0].num_heads[3] if soft else None)
             norms, entry = _attn_norms(module), found[1]
             layout = "authors' " + (
-                cv.official_model_name(arch, norms.pop() if len(norms) == 1
-                                       else None) or
-                f'SOFT {cv.describe_arch(arch)}')
+                cv.official_model_name(
+                    arch,
+                    norms.pop() if len(norms) == 1 else None)
+                or f'SOFT {cv.describe_arch(arch)}')
     except cv.ConversionError as e:
         what = " has the authors' SOFT key layout (fudan-zvg/SOFT) but " \
             'cannot be converted' if found else ''
@@ -159,8 +164,8 @@ def _to_mmsoft(ckpt, source: str, module: torch.nn.Module, strict: bool
             f'of the configured {cv.describe_arch(have)}: use ' +
             (f'--cfg-options model.backbone.arch={preset}' if preset else
              f'model.backbone.{cv.describe_arch(arch)} in the config') +
-            ('' if list(have['embed_dims']) == dims else
-             f' and neck / head in_channels {dims}'))
+            ('' if list(have['embed_dims']) ==
+             dims else f' and neck / head in_channels {dims}'))
     entry = '' if entry == '<bare>' else f' ({entry!r})'
     return sd, f'{layout} layout{entry}', found is not None
 
@@ -237,9 +242,13 @@ class SOFTPretrainedInit(PretrainedInit):
         path = osp.expanduser(str(self.checkpoint))
         if '://' not in path and not osp.exists(path):  # not mmengine's
             raise FileNotFoundError(missing_weights_message(self.checkpoint))
-        load_pretrained(module, self.checkpoint, prefix=self.prefix,
-                        map_location=self.map_location, strict=self.strict,
-                        opt_in=self.opt_in)
+        load_pretrained(
+            module,
+            self.checkpoint,
+            prefix=self.prefix,
+            map_location=self.map_location,
+            strict=self.strict,
+            opt_in=self.opt_in)
         if hasattr(module, '_params_init_info'):
             update_init_info(module, init_info=self._get_init_info())
 

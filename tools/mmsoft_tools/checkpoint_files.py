@@ -157,7 +157,9 @@ def run_converter(convert: Callable, args) -> int:
     return 0
 
 
-def check_converted(sd: Mapping, arch: Mapping, src: str,
+def check_converted(sd: Mapping,
+                    arch: Mapping,
+                    src: str,
                     official: bool = False) -> None:
     """Missing, unexpected or mis-shaped tensors of ``sd`` (mmsoft keys, or
     the authors' keys if ``official``) against mmsoft's SOFT of ``arch``
@@ -177,8 +179,10 @@ def check_converted(sd: Mapping, arch: Mapping, src: str,
         want['head.fc.weight'] = torch.empty(arch['num_classes'], c)
         want['head.fc.bias'] = torch.empty(arch['num_classes'])
     if official:
-        want = {mmsoft_to_official_key(k[len(pre):] if k.startswith(
-            pre) else k): v for k, v in want.items()}
+        want = {
+            mmsoft_to_official_key(k[len(pre):] if k.startswith(pre) else k): v
+            for k, v in want.items()
+        }
     try:
         check_state_dict(want, sd, repr(src),
                          f'the SOFT of its shapes ({describe_arch(arch)})')
@@ -202,14 +206,14 @@ def missing_pretrained(cfg, key: str = 'model') -> Optional[str]:
         t = node.get('type')
         init = node.get('init_cfg')
         if getattr(t, '__name__', str(t)).split('.')[-1] == 'SOFT':
-            for i, c in enumerate([init] if isinstance(init, Mapping) else
-                                  list(init or [])):
-                ckpt = os.path.expanduser(str(c.get('checkpoint')))
-                if c.get('type') in PRETRAINED and \
-                        c.get('checkpoint') is not None and \
-                        '://' not in ckpt and not os.path.exists(ckpt):
+            inits = [init] if isinstance(init, Mapping) else list(init or [])
+            for i, c in enumerate(inits):
+                ckpt = c.get('checkpoint')
+                path_ = os.path.expanduser(str(ckpt))
+                if c.get('type') in PRETRAINED and ckpt is not None and \
+                        '://' not in path_ and not os.path.exists(path_):
                     where = '' if isinstance(init, Mapping) else f'[{i}]'
                     return missing_weights_message(
-                        c['checkpoint'], path, f'init_cfg{where}.checkpoint')
+                        ckpt, path, f'init_cfg{where}.checkpoint')
         todo[:0] = [(f'{path}.{k}', v) for k, v in node.items()]
     return None

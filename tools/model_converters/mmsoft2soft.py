@@ -26,8 +26,7 @@ if osp.dirname(osp.dirname(osp.abspath(__file__))) not in sys.path:  # tools/
 from mmsoft.models.converters import (ConversionError, describe_arch,
                                       extract_state_dict, infer_official_arch,
                                       mmsoft_to_official_key,
-                                      official_model_name,
-                                      strip_module_prefix,
+                                      official_model_name, strip_module_prefix,
                                       upgrade_legacy_state_dict)
 from mmsoft.utils.strict_load import few_keys
 from mmsoft_tools import checkpoint_files as files
