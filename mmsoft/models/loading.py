@@ -130,44 +130,42 @@ def check_checkpoint_for_model(model: torch.nn.Module,
     return report
 
 
-def _to_mmsoft(ckpt, source: str, module: torch.nn.Module,
-               strict: bool) -> Tuple['OrderedDict', str, bool]:
-    """``(state_dict, layout, converted)``: an authors' file converted (a
-    file of another architecture than the module's SOFT is one line naming
-    the preset to use), other files as they are."""
+def _to_mmsoft(ckpt, source: str, module: torch.nn.Module, strict: bool):
+    """``(state_dict, layout, converted)``: an authors' file converted (one
+    of another arch than the module's SOFT: one line naming the preset to
+    use), other files as they are."""
     found = cv.find_official_state_dict(ckpt)
     soft = [m for m in module.modules() if hasattr(m, 'arch_settings')]
     try:
-        if found is None:
-            (sd, entry), layout = cv.extract_state_dict(ckpt, False), 'mmsoft'
-        else:
+        sd, entry = found or cv.extract_state_dict(ckpt, False)
+        if found:
             sd, arch = cv.convert_official_to_mmpretrain(
-                found[0], soft[0].num_heads[3] if soft else None)
-            norms, entry = _attn_norms(module), found[1]
-            layout = "authors' " + (
-                cv.official_model_name(
-                    arch,
-                    norms.pop() if len(norms) == 1 else None)
-                or f'SOFT {cv.describe_arch(arch)}')
+                sd, soft[0].num_heads[3] if soft else None)
     except cv.ConversionError as e:
         what = " has the authors' SOFT key layout (fudan-zvg/SOFT) but " \
             'cannot be converted' if found else ''
-        raise CheckpointMismatchError(
-            f'checkpoint {source}{what}: {e}') from None
-    have = soft[0].arch_settings if soft else None
-    if found and strict and have and \
-            cv.arch_for_mmsoft(have) != cv.arch_for_mmsoft(arch):
+        raise CheckpointMismatchError(f'checkpoint {source}{what}: {e}') \
+            from None
+    entry = '' if entry == '<bare>' else f' ({entry!r})'
+    if not found:
+        return sd, f'mmsoft layout{entry}', False
+    have, name = soft[0].arch_settings if soft else None, cv.describe_arch
+    if strict and have and cv.arch_for_mmsoft(have) != cv.arch_for_mmsoft(
+            arch):
         preset, dims = cv.match_arch_preset(arch), list(arch['embed_dims'])
         raise CheckpointMismatchError(
-            f"checkpoint {source} holds the authors' weights of "
-            f"{cv.describe_arch(arch)} (depths {list(arch['depths'])}), not "
-            f'of the configured {cv.describe_arch(have)}: use ' +
-            (f'--cfg-options model.backbone.arch={preset}' if preset else
-             f'model.backbone.{cv.describe_arch(arch)} in the config') +
+            f"checkpoint {source} holds the authors' weights of {name(arch)} "
+            f"(depths {list(arch['depths'])}), not of the configured "
+            f'{name(have)}: use ' +
+            (f'--cfg-options model.backbone.arch={preset}'
+             if preset else f'model.backbone.{name(arch)} in the config') +
             ('' if list(have['embed_dims']) ==
              dims else f' and neck / head in_channels {dims}'))
-    entry = '' if entry == '<bare>' else f' ({entry!r})'
-    return sd, f'{layout} layout{entry}', found is not None
+    norms = _attn_norms(module)
+    model = cv.official_model_name(
+        arch,
+        norms.pop() if len(norms) == 1 else None) or f'SOFT {name(arch)}'
+    return sd, f"authors' {model} layout{entry}", True
 
 
 def load_pretrained(module: torch.nn.Module,
@@ -185,14 +183,13 @@ def load_pretrained(module: torch.nn.Module,
     source = str(checkpoint)
     ckpt = read_checkpoint(checkpoint, map_location)
     sd, layout, converted = _to_mmsoft(ckpt, source, module, strict)
-    own = module.state_dict()
-    if not prefix and not any(k in own for k in sd) and \
-            any(k.startswith('backbone.') for k in sd) and \
-            not any(k.startswith('backbone.') for k in own):
+    own, keys = module.state_dict(), list(map(str, sd))
+    if not (prefix or any(k in own for k in sd)) and any(
+            k.startswith('backbone.')
+            for k in keys) and not any(k.startswith('backbone.') for k in own):
         prefix = 'backbone.'
     if prefix:
         prefix = prefix.rstrip('.') + '.'
-        keys = list(map(str, sd))
         sd = OrderedDict((k[len(prefix):], v) for k, v in sd.items()
                          if k.startswith(prefix))
         if not sd:
@@ -203,24 +200,23 @@ def load_pretrained(module: torch.nn.Module,
     upgraded = upgrade_legacy_keys(module, sd)
     if list(upgraded) != list(sd):
         layout = 'older ' + layout.replace('layout', 'layout (upgraded)', 1)
-    target = type(module).__name__ + (f' (checkpoint keys under {prefix!r})'
-                                      if prefix else '')
-    report = check_state_dict(own, upgraded, source, target, not strict,
-                              opt_in)
+    under = f' (checkpoint keys under {prefix!r})' if prefix else ''
+    r = check_state_dict(own, upgraded, source,
+                         type(module).__name__ + under, not strict, opt_in)
     check_attn_norm(module, ckpt, source)
-    bad = {k for k, _, _ in report.mismatched}
-    module.load_state_dict(
-        OrderedDict((k, v) for k, v in upgraded.items() if k not in bad),
-        strict=False)
-    parts = (layout, 'converted' if converted else '',
-             f'keys under {prefix!r}' if prefix else '',
-             f'{report.matched} tensors',
-             ('strict' if strict else 'strict=False') +
-             ('' if report.ok else ', partial'))
+    bad = {k for k, _, _ in r.mismatched}
+    module.load_state_dict({
+        k: v
+        for k, v in upgraded.items() if k not in bad
+    },
+                           strict=False)
+    parts = (layout, 'converted' * converted, prefix
+             and f'keys under {prefix!r}', f'{r.matched} tensors, strict' +
+             '=False' * (not strict) + ', partial' * (not r.ok))
     print_log(
         f'mmsoft: loaded {source}: ' + ', '.join(p for p in parts if p),
         logger='current')
-    return report
+    return r
 
 
 @WEIGHT_INITIALIZERS.register_module(name='SOFTPretrained')
