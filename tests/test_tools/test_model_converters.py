@@ -320,8 +320,8 @@ def test_mmsoft_side_errors(tmp_path, capsys, tiny_sd):
     bad['neck.proj.weight'] = torch.zeros(2, 2)
     with pytest.raises(
             ConversionError,
-            match=r'1 keys have no counterpart in the official SOFT: '
-            r'neck.proj.weight \(2, 2\)'):
+            match=r'the mmsoft checkpoint has keys with no official '
+            r'counterpart \(1: neck.proj.weight \(2, 2\)\); only an '):
         to_official(bad)
     bad = OrderedDict(mm)
     # stage 3 has 3 blocks: the odd block 0 is reported, not taken as truth

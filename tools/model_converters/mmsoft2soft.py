@@ -52,8 +52,10 @@ def convert_mmpretrain_to_official(sd, stage4_heads=None, prefix='backbone.'):
             bad.append(f'{k} {tuple(v.shape)}')
     if bad:
         raise ConversionError(
-            f'{len(bad)} keys have no counterpart in the official SOFT: '
-            f'{few_keys(bad)}')
+            f'the mmsoft checkpoint has keys with no official counterpart '
+            f'({len(bad)}: {few_keys(bad)}); only an mmpretrain classifier '
+            f"or a bare SOFT backbone converts (not a detector's or a "
+            f"segmentor's checkpoint)")
     return out, infer_official_arch(out, stage4_heads)
 
 
