@@ -108,36 +108,34 @@ OFFICIAL_PRESETS = dict(
     tiny='tiny', small='small-official', medium='medium', large='large',
     huge='huge')  # yapf: disable
 
-#: The authors' key map (fudan-zvg/SOFT): a block of stages 1-3 (official
-#: key, mmsoft key, weight shape; the bias is the first dim, 4-d convs have
-#: none): c width, d head width, h heads, r sampling ratio, k depthwise
-#: kernel, f MLP hidden width
+#: The authors' key map (fudan-zvg/SOFT): official -> mmsoft key prefix in
+#: a block of stages 1-3; the tensor name after it (weight, bias, BN
+#: statistics) is kept, and shapes are checked against the model
 OFFICIAL_SOFT_BLOCK = (
-    ('att.mha.W_q.', 'attn.q.', ('c', 'c')),
-    ('att.mha.W_v.', 'attn.v.', ('c', 'c')),
-    ('att.mha.attn.Qlandmark_op.', 'attn.sampler.conv.', ('d', 'd', 'r', 'r')),
-    ('att.mha.attn.Qnorm_act.0.', 'attn.sampler.norm.', ('d', )),
-    ('att.mha.attn.conv.', 'attn.dw_conv.', ('h', 1, 'k', 'k')),
-    ('att.mha.ff.', 'attn.proj.', ('c', 'c')),
-    ('att.norm1.', 'norm1.', ('c', )),
-    ('att.ff1.', 'ffn.layers.0.0.', ('f', 'c')),  # mmcv FFN: fc1
-    ('att.ff2.', 'ffn.layers.1.', ('c', 'f')),  # fc2
-    ('att.norm2.', 'norm2.', ('c', )),
+    ('att.mha.W_q.', 'attn.q.'),
+    ('att.mha.W_v.', 'attn.v.'),
+    ('att.mha.attn.Qlandmark_op.', 'attn.sampler.conv.'),
+    ('att.mha.attn.Qnorm_act.0.', 'attn.sampler.norm.'),
+    ('att.mha.attn.conv.', 'attn.dw_conv.'),
+    ('att.mha.ff.', 'attn.proj.'),
+    ('att.norm1.', 'norm1.'),
+    ('att.ff1.', 'ffn.layers.0.0.'),  # mmcv FFN: fc1
+    ('att.ff2.', 'ffn.layers.1.'),  # fc2
+    ('att.norm2.', 'norm2.'),
 )
 #: a block of stage 4 (timm's pre-norm softmax attention block)
 OFFICIAL_SOFTMAX_BLOCK = (
-    ('norm1.', 'norm1.', ('c', )),
-    ('attn.q.', 'attn.q.', ('c', 'c')),
-    ('attn.kv.', 'attn.kv.', ('kv', 'c')),
-    ('attn.proj.', 'attn.proj.', ('c', 'c')),
-    ('norm2.', 'norm2.', ('c', )),
-    ('mlp.fc1.', 'ffn.layers.0.0.', ('f', 'c')),
-    ('mlp.fc2.', 'ffn.layers.1.', ('c', 'f')),
+    ('norm1.', 'norm1.'),
+    ('attn.q.', 'attn.q.'),
+    ('attn.kv.', 'attn.kv.'),
+    ('attn.proj.', 'attn.proj.'),
+    ('norm2.', 'norm2.'),
+    ('mlp.fc1.', 'ffn.layers.0.0.'),
+    ('mlp.fc2.', 'ffn.layers.1.'),
 )
-#: (stage, conv of the patch embedding, out, in channels): the official
-#: (conv, BN, ReLU) x 3 stem with 32 hidden channels, x 1 later
-OFFICIAL_STEM = ((0, 0, 32, 'in'), (0, 1, 32, 32), (0, 2, 'c', 32),
-                 (1, 0, 'c', 'cp'), (2, 0, 'c', 'cp'), (3, 0, 'c', 'cp'))
+#: (stage, conv) of the patch embeddings: the official (conv, BN, ReLU)
+#: x 3 stem, x 1 later (``proj.{3 conv}`` / ``proj.{3 conv + 1}``)
+OFFICIAL_STEM = ((0, 0), (0, 1), (0, 2), (1, 0), (2, 0), (3, 0))
 
 #: keys of the SOFT backbone's ``_version`` 1 (before stages were
 #: modules) and 2 (before mmcv's FFN) -> version 3, under its prefix;

@@ -1,6 +1,7 @@
 """Checkpoint files that survive a kill and are never silently damaged
 (docs/en/advanced_guides/fault_tolerance.md)."""
 import os
+import os.path as osp
 import pickle
 import warnings
 import zipfile
@@ -33,62 +34,51 @@ class CheckpointRefused(pickle.UnpicklingError):
     """Weights-only loading refused a checkpoint."""
 
 
+def _head(path: str, n: int) -> bytes:
+    with open(path, 'rb') as f:
+        return f.read(n)
+
+
 def describe_damage(path: str) -> Optional[str]:
     """Why ``path`` cannot be a complete torch checkpoint, or None: empty,
     not a checkpoint, truncated, a record failing its CRC-32 (which
     ``torch.load`` does not check)."""
     try:
-        size = os.path.getsize(path)
-        with open(path, 'rb') as f:
-            head = f.read(4)
+        size, head = os.path.getsize(path), _head(path, 4)
     except OSError as e:
         return f'cannot be read ({e.strerror})'
-    if size == 0:
-        return 'is empty (0 bytes)'
-    if head[:2] != b'PK':
-        if head[:1] == b'\x80':  # a pickle (legacy torch.save format)
-            return None
-        return f'is not a torch checkpoint (starts with {head!r})'
+    if head[:2] != b'PK':  # b'\x80': a pickle (legacy torch.save format)
+        return None if head[:1] == b'\x80' else 'is empty (0 bytes)' \
+            if not size else f'is not a torch checkpoint (starts with ' \
+            f'{head!r})'
     try:
         with zipfile.ZipFile(path) as z:
             bad = z.testzip()
     except Exception as e:  # noqa: BLE001 - BadZipFile, zlib errors ...
         return f'is truncated or corrupt ({size} bytes; {e})'
-    return None if bad is None else f'is corrupt (CRC error in record ' \
-        f'{bad!r})'
+    return bad and f'is corrupt (CRC error in record {bad!r})'
 
 
-def refusal_message(path: str,
-                    refused: List[str],
-                    converter: bool = False) -> str:
+def refusal_message(path: str, refused: List[str], converter=False) -> str:
     """One line for a refused checkpoint: the file, what it holds and the
     safe fix (never ``weights_only=False``)."""
-    what = 'pickled objects other than tensors and plain containers'
-    if refused:
-        what += f' ({", ".join(refused)})'
-    try:
-        with open(path, 'rb') as f:
-            legacy = f.read(1) == b'\x80'
-    except OSError:
-        legacy = False
-    if legacy:
+    what = 'pickled objects other than tensors and plain containers' + (
+        f' ({", ".join(refused)})' if refused else '')
+    if osp.isfile(path) and _head(path, 1) == b'\x80':
         what = f"a plain / legacy pickle (not torch's zip format) with {what}"
-    fix = ('if you trust the file, run again with --trust-checkpoint'
-           if converter else
-           'convert it with tools/model_converters/soft2mmsoft.py SRC DST '
-           '(add --trust-checkpoint there only if you trust the file)')
+    fix = 'if you trust the file, run again with --trust-checkpoint' \
+        if converter else ('convert it with tools/model_converters/'
+                           'soft2mmsoft.py SRC DST (add --trust-checkpoint '
+                           'there only if you trust the file)')
     return (f'checkpoint {path} was refused: it holds {what}, which could '
             f'run code when unpickled; {fix}')
 
 
 def load_verified(path: str, map_location='cpu', weights_only=None):
     """Load ``path`` without running code from it (``weights_only=False``:
-    anything, for a trusted file).
-
-    Raises:
-        CheckpointError: a damaged file. CheckpointRefused: a file that
-        pickles code. Both one line naming the file and the fix.
-    """
+    anything, for a trusted file). A damaged file raises
+    :class:`CheckpointError`, one that pickles code
+    :class:`CheckpointRefused`: one line naming the file and the fix."""
     damage = describe_damage(path)
     if damage is not None:
         raise CheckpointError(f'checkpoint {path} {damage}; it was not '
@@ -110,32 +100,22 @@ def save_atomic(obj, path: str, writer=None) -> None:
             (writer or torch.save)(obj, f)
 
 
-def add_checksum(checkpoint):
-    """Deprecated in 0.4, removed in 0.5: does nothing."""
-    warnings.warn(
-        'mmsoft.utils.checkpoint_io.add_checksum is deprecated and does '
-        'nothing: damage is detected by the zip CRC-32s (describe_damage)',
-        DeprecationWarning,
-        stacklevel=2)
-    return checkpoint
-
-
-def verify_checksum(checkpoint, filename: str = '<checkpoint>') -> bool:
-    """Deprecated in 0.4, removed in 0.5: returns False."""
-    warnings.warn(
-        'mmsoft.utils.checkpoint_io.verify_checksum is deprecated and does '
-        'nothing: use describe_damage(path) / load_verified(path)',
-        DeprecationWarning,
-        stacklevel=2)
-    return False
+#: 0.3.0's names, deprecated in 0.4, removed in 0.5: (object, why)
+_DEPRECATED = dict(
+    add_checksum=(lambda checkpoint: checkpoint, 'does nothing: damage is '
+                  'detected by the zip CRC-32s (describe_damage)'),
+    verify_checksum=(lambda checkpoint, filename='': False, 'does nothing: '
+                     'use describe_damage(path) / load_verified(path)'),
+    refused_globals=(unsafe_globals,
+                     'use mmsoft.utils.safe_load.unsafe_globals'))
 
 
 def __getattr__(name):
-    if name == 'refused_globals':  # in 0.3.0; removed in 0.5
-        warnings.warn(
-            'mmsoft.utils.checkpoint_io.refused_globals is deprecated: use '
-            'mmsoft.utils.safe_load.unsafe_globals',
-            DeprecationWarning,
-            stacklevel=2)
-        return unsafe_globals
-    raise AttributeError(f'module {__name__!r} has no attribute {name!r}')
+    if name not in _DEPRECATED:
+        raise AttributeError(f'module {__name__!r} has no attribute {name!r}')
+    warnings.warn(
+        f'mmsoft.utils.checkpoint_io.{name} is deprecated: '
+        f'{_DEPRECATED[name][1]}',
+        DeprecationWarning,
+        stacklevel=2)
+    return _DEPRECATED[name][0]

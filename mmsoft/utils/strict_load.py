@@ -34,16 +34,14 @@ def compare_state_dicts(model_sd: Mapping, ckpt_sd: Mapping) -> LoadReport:
     """Keys and shapes of a checkpoint state dict against a model's (BN
     ``num_batches_tracked`` may be absent, as in mmengine)."""
     own = [k for k in model_sd if not k.endswith('num_batches_tracked')]
-    mismatched = tuple(
-        (k, tuple(v.shape), tuple(model_sd[k].shape))
-        for k, v in ckpt_sd.items()
-        if isinstance(v, torch.Tensor) and isinstance(
-            model_sd.get(k), torch.Tensor) and v.shape != model_sd[k].shape)
-    matched = sum(k in model_sd for k in ckpt_sd) - len(mismatched)
+    bad = tuple((k, tuple(v.shape), tuple(model_sd[k].shape))
+                for k, v in ckpt_sd.items()
+                if k in model_sd and isinstance(v, torch.Tensor)
+                and v.shape != model_sd[k].shape)
     return LoadReport(
         tuple(k for k in own if k not in ckpt_sd),
-        tuple(k for k in ckpt_sd if k not in model_sd), mismatched, matched,
-        len(own), len(ckpt_sd))
+        tuple(k for k in ckpt_sd if k not in model_sd), bad,
+        sum(k in model_sd for k in ckpt_sd) - len(bad), len(own), len(ckpt_sd))
 
 
 def few_keys(keys: Sequence[str], n: int = 5) -> str:
@@ -60,39 +58,38 @@ def check_state_dict(model_sd: Mapping,
                      opt_in: str = '',
                      hint: Optional[Callable[[], Optional[str]]] = None
                      ) -> LoadReport:
-    """Raise :class:`CheckpointMismatchError` unless ``ckpt_sd`` matches
-    ``model_sd``; ``allow_partial`` logs a mismatch instead, unless no tensor
-    loads. ``opt_in`` names that switch; ``hint()`` may explain a mismatch
-    (then it is an error)."""
+    """Raise :class:`CheckpointMismatchError` (one line) unless ``ckpt_sd``
+    matches ``model_sd``; ``allow_partial`` logs a mismatch instead, unless
+    no tensor loads. ``opt_in`` names that switch; ``hint()`` may explain a
+    mismatch (then it is an error)."""
     r = compare_state_dicts(model_sd, ckpt_sd)
     if r.ok:
         return r
-    hint = hint() if hint is not None else None
+    hint = hint and hint()
     none = ' (none: a checkpoint of another model?)' if not r.matched else ''
-    lines = [
-        f'checkpoint {source} does not match {target}: {r.matched} of its '
-        f'{r.n_ckpt} tensors would load{none}.'
-    ] + [
+    head = (f'checkpoint {source} does not match {target}: {r.matched} of '
+            f'its {r.n_ckpt} tensors would load{none}.')
+    parts = [
         f'{len(keys)} {what}: {few_keys(keys)}' for keys, what in (
-            (r.missing, f"of the model's {r.n_model} tensors are missing "
-             f'from the checkpoint'),
-            (r.unexpected, f"of the checkpoint's {r.n_ckpt} tensors are not "
-             f'in the model (unexpected)'), ([
+            (r.missing, f"of the model's {r.n_model} tensors are missing from "
+             f'the checkpoint'),
+            (r.unexpected,
+             f"of the checkpoint's {r.n_ckpt} tensors are not in "
+             f'the model (unexpected)'), ([
                  f'{k} (checkpoint {list(a)} vs model {list(b)})'
                  for k, a, b in r.mismatched
              ], 'tensors have another shape')) if keys
     ]
     if hint is None and allow_partial and r.matched > 0:
         print_log(
-            'partial load (allowed): ' + '\n  '.join(lines),
+            'partial load (allowed): ' + '\n  '.join([head] + parts),
             logger='current',
             level=logging.WARNING)
         return r
     fix = hint or (f'If a partial load is intended (e.g. another head), '
                    f'{opt_in}.' if opt_in and r.matched > 0 else '')
     # one line: the tools print it as their only line (issue 36)
-    raise CheckpointMismatchError(' '.join(
-        [lines[0], '; '.join(lines[1:]) + '.', fix]).strip())
+    raise CheckpointMismatchError(f"{head} {'; '.join(parts)}. {fix}".strip())
 
 
 def unwrap_model(model):

@@ -189,25 +189,23 @@ MUTATIONS = (
       what=('converter: official norm1 / norm2 of the SOFT blocks swapped '
             '(both directions: still round-trips)'),
       path='mmsoft/models/arch_zoo.py',
-      old=("    ('att.norm1.', 'norm1.', ('c', )),\n"
-           "    ('att.ff1.', 'ffn.layers.0.0.', ('f', 'c')),"
-           "  # mmcv FFN: fc1\n"
-           "    ('att.ff2.', 'ffn.layers.1.', ('c', 'f')),  # fc2\n"
-           "    ('att.norm2.', 'norm2.', ('c', )),\n"),
-      new=("    ('att.norm1.', 'norm2.', ('c', )),\n"
-           "    ('att.ff1.', 'ffn.layers.0.0.', ('f', 'c')),"
-           "  # mmcv FFN: fc1\n"
-           "    ('att.ff2.', 'ffn.layers.1.', ('c', 'f')),  # fc2\n"
-           "    ('att.norm2.', 'norm1.', ('c', )),\n"),
+      old=("    ('att.norm1.', 'norm1.'),\n"
+           "    ('att.ff1.', 'ffn.layers.0.0.'),  # mmcv FFN: fc1\n"
+           "    ('att.ff2.', 'ffn.layers.1.'),  # fc2\n"
+           "    ('att.norm2.', 'norm2.'),\n"),
+      new=("    ('att.norm1.', 'norm2.'),\n"
+           "    ('att.ff1.', 'ffn.layers.0.0.'),  # mmcv FFN: fc1\n"
+           "    ('att.ff2.', 'ffn.layers.1.'),  # fc2\n"
+           "    ('att.norm2.', 'norm1.'),\n"),
       tests=(REF_NORM, )),
     M(name='convert_swap_qv',
       what=('converter: official W_q / W_v swapped (both directions: still '
             'round-trips)'),
       path='mmsoft/models/arch_zoo.py',
-      old=("    ('att.mha.W_q.', 'attn.q.', ('c', 'c')),\n"
-           "    ('att.mha.W_v.', 'attn.v.', ('c', 'c')),\n"),
-      new=("    ('att.mha.W_q.', 'attn.v.', ('c', 'c')),\n"
-           "    ('att.mha.W_v.', 'attn.q.', ('c', 'c')),\n"),
+      old=("    ('att.mha.W_q.', 'attn.q.'),\n"
+           "    ('att.mha.W_v.', 'attn.v.'),\n"),
+      new=("    ('att.mha.W_q.', 'attn.v.'),\n"
+           "    ('att.mha.W_v.', 'attn.q.'),\n"),
       tests=(REF_NORM, )),
     # ------------------------------------------------ device / AMP / compile
     M(name='device_arange_cpu',

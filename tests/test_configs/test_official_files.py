@@ -13,6 +13,7 @@ the arch found and the option to use.
 The files hold zeros expanded to the real shapes (a few bytes on disk): the
 check is of keys and shapes, and a loaded backbone is all zeros.
 """
+import functools
 import glob
 import importlib
 import io
@@ -30,8 +31,9 @@ from reference import official_soft_ref as ref
 from mmsoft.models import loading
 from mmsoft.models.arch_zoo import ARCH_ZOO
 from mmsoft.models.converters import (OFFICIAL_FILES, OFFICIAL_PAGE,
-                                      OFFICIAL_PRESETS, official_shapes)
+                                      OFFICIAL_PRESETS)
 from mmsoft.utils.strict_load import CheckpointMismatchError
+from mmsoft_tools import checkpoint_files as cf
 from mmsoft_tools import cli, launch
 
 PAPER = sorted(
@@ -109,13 +111,13 @@ def build_backbone(cfg):
         return registry.build(cfg.model.backbone)
 
 
+@functools.lru_cache()
 def n_params(arch):
-    """Parameters of the authors' model of ``arch`` (1000-class head)."""
-    shapes = official_shapes(ARCH_ZOO[arch], num_classes=1000)
-    return sum(
-        torch.Size(s).numel() for k, s in shapes.items()
-        if not k.endswith(('running_mean', 'running_var',
-                           'num_batches_tracked')))
+    """Parameters of the authors' model of ``arch`` (1000-class head):
+    mmsoft's SOFT, which loads their files strictly, and the head."""
+    from mmsoft.models import SOFT
+    c = ARCH_ZOO[arch]['embed_dims'][3]
+    return sum(p.numel() for p in SOFT(arch).parameters()) + 1000 * (c + 1)
 
 
 # ----------------------------------------------------------------- table
@@ -205,7 +207,7 @@ def test_paper_configs_load_the_authors_file_strictly(name, tmp_path,
 def test_demo_configs_opt_out(path):
     cfg = Config.fromfile(path)
     assert cfg.model.backbone.init_cfg is None
-    assert loading.missing_pretrained(cfg) is None
+    assert cf.missing_pretrained(cfg) is None
 
 
 # ------------------------------------------------------- a missing file
@@ -288,13 +290,13 @@ def test_missing_pretrained_finds_nested_and_listed_entries(tmp_path):
                         dict(type='Pretrained', checkpoint='https://x/a.pth'),
                         dict(type='Pretrained', checkpoint='gone.pth')
                     ]))))
-    msg = loading.missing_pretrained(cfg)
+    msg = cf.missing_pretrained(cfg)
     assert msg.startswith('gone.pth (model.teacher.backbone.init_cfg[2]'
                           '.checkpoint) does not exist: download')
     assert msg.endswith('--cfg-options model.teacher.backbone.init_cfg=None '
                         'model.teacher.backbone.norm_eval=False')
     cfg['model']['teacher'] = None
-    assert loading.missing_pretrained(cfg) is None
+    assert cf.missing_pretrained(cfg) is None
     # a file the authors do not publish: train its config first
     assert 'the authors publish no soft_norm_huge file' in \
         loading.missing_weights_message('checkpoints/soft_norm_huge.pth')

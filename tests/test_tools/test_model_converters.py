@@ -3,8 +3,9 @@
 The official-layout state dicts come from the re-derivation of the official
 model in ``tests/reference`` (the official key naming of fudan-zvg/SOFT,
 models/softmax_free_*.py), written independently of
-:mod:`mmsoft.models.converters` so that the converter's own shape table is
-checked against it. Reference numbers measured on the
+:mod:`mmsoft.models.converters` so that the converter's key map and the
+tools' check against mmsoft's SOFT of the inferred arch are checked
+against it. Reference numbers measured on the
 official ``soft_tiny``: 187 state-dict entries, 13,069,056 parameters (with
 the 1000-class head).
 """
@@ -71,6 +72,9 @@ def load_script(name):
 #: the converters' file helpers (tools/mmsoft_tools/checkpoint_files.py)
 from mmsoft_tools import checkpoint_files as cf  # noqa: E402
 
+#: the reverse conversion (tools only)
+to_official = load_script('mmsoft2soft').convert_mmpretrain_to_official
+
 
 @pytest.fixture(scope='module')
 def tiny_sd():
@@ -88,10 +92,9 @@ def backbone_part(sd):
 def test_synthetic_matches_official_reference(tiny_sd):
     assert len(tiny_sd) == 187
     assert n_params(tiny_sd) == 13_069_056
-    # the converter's shape table agrees with the official naming
-    table = ok.official_shapes(TINY)
-    assert list(table) == list(tiny_sd)
-    assert all(tuple(tiny_sd[k].shape) == s for k, s in table.items())
+    # the tools' check (mmsoft's SOFT of the inferred arch, its keys
+    # renamed) agrees with the official naming and shapes
+    cf.check_converted(tiny_sd, ok.infer_official_arch(tiny_sd), 'x', True)
 
 
 def test_key_mapping_is_a_bijection(tiny_sd):
@@ -148,7 +151,7 @@ def test_infer_medium_and_non_default_entries():
         depths=[1, 1, 1, 1],
         sampling_ratios=[4, 4, 2, 1],
         dw_kernel_sizes=[7, 5, 3, None])
-    out, _, _ = ok.convert_official_to_mmpretrain(sd)
+    out, _ = ok.convert_official_to_mmpretrain(sd)
     model = SOFT(arch=ok.arch_for_mmsoft(arch))
     model.load_state_dict(backbone_part(out), strict=True)
     assert out['head.fc.weight'].shape == (10, 512)
@@ -158,8 +161,8 @@ def test_infer_medium_and_non_default_entries():
 # ------------------------------------------------------------ conversion
 @pytest.mark.parametrize('attn_norm', [False, True])
 def test_convert_loads_strictly_and_runs(tiny_sd, attn_norm):
-    out, arch, notes = ok.convert_official_to_mmpretrain(tiny_sd)
-    assert notes == []
+    out, arch = ok.convert_official_to_mmpretrain(tiny_sd)
+    assert ok.describe_arch(arch) == "arch='tiny'"
     assert set(out) == {
         'backbone.' + k
         for k in SOFT(arch='tiny').state_dict()
@@ -186,15 +189,15 @@ def test_convert_loads_strictly_and_runs(tiny_sd, attn_norm):
 
 
 def test_round_trip(tiny_sd):
-    mm, _, _ = ok.convert_official_to_mmpretrain(tiny_sd)
-    back, arch, _ = ok.convert_mmpretrain_to_official(mm)
+    mm, _ = ok.convert_official_to_mmpretrain(tiny_sd)
+    back, arch = to_official(mm)
     assert list(back) == list(tiny_sd)
     assert all(torch.equal(back[k], tiny_sd[k]) for k in tiny_sd)
     assert ok.official_model_name(arch, True) == 'soft_norm_tiny'
     assert ok.official_model_name(arch, False) == 'soft_tiny'
     # a bare backbone state dict (no prefix, no head) converts too
     bare = backbone_part(mm)
-    back2, arch2, _ = ok.convert_mmpretrain_to_official(bare)
+    back2, arch2 = to_official(bare)
     assert arch2['num_classes'] == 0 and 'head.weight' not in back2
     assert len(back2) == len(tiny_sd) - 2
 
@@ -228,14 +231,14 @@ def test_old_mmsoft_checkpoints_convert_back(tiny_sd, version):
     ``patch_embeds.0.*``, ``stages.0.0.*``, ``cls_token``) convert to the
     official layout and load into the backbone unchanged (with or without
     the version in the metadata)."""
-    mm, _, _ = ok.convert_official_to_mmpretrain(tiny_sd)
+    mm, _ = ok.convert_official_to_mmpretrain(tiny_sd)
     old = _old_keys(mm, version)
     assert 'backbone.stages.3.blocks.1.ffn.fc2.bias' in old or version == 1
     if version == 1:
         assert 'backbone.stages.1.1.attn.q.weight' in old
         assert 'backbone.norm.weight' in old and 'backbone.pos_embeds.3' in old
         assert 'backbone.stages.1.1.ffn.fc1.weight' in old
-    back, _, _ = ok.convert_mmpretrain_to_official(old)
+    back, _ = to_official(old)
     assert list(back) == list(tiny_sd)
     assert all(torch.equal(back[k], tiny_sd[k]) for k in tiny_sd)
     ref = SOFT(arch='tiny')
@@ -250,32 +253,52 @@ def test_old_mmsoft_checkpoints_convert_back(tiny_sd, version):
             assert torch.equal(model.state_dict()[k], v), k
 
 
-def test_missing_bn_counters_are_filled(tiny_sd):
+def test_missing_bn_counters_are_not_a_mismatch(tiny_sd):
+    """Files without BatchNorm counters convert, pass the check and load
+    strictly (torch sets the counters, as for any BN state dict)."""
     sd = {
         k: v
         for k, v in tiny_sd.items() if not k.endswith('num_batches_tracked')
     }
-    out, _, notes = ok.convert_official_to_mmpretrain(sd)
-    assert len(notes) == 1 and '6 BatchNorm' in notes[0]
+    assert len(sd) == len(tiny_sd) - 6
+    cf.check_converted(sd, ok.infer_official_arch(sd), 'x', official=True)
+    out, _ = ok.convert_official_to_mmpretrain(sd)
     SOFT(arch='tiny').load_state_dict(backbone_part(out), strict=True)
 
 
 # ------------------------------------------------------------ error paths
-def test_unknown_missing_and_mismatched_keys_are_named(tiny_sd):
+def _tool_error(tmp_path, capsys, script, sd):
+    """The one line of ``script`` converting ``sd`` (nothing written)."""
+    src = tmp_path / 'src.pth'
+    torch.save({'state_dict': sd}, src)
+    assert load_script(script).main([str(src), str(tmp_path / 'o.pth')]) == 1
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and 'Traceback' not in err, err
+    assert err.startswith(f"error: checkpoint '{src}' does not match the "
+                          f'SOFT of its shapes (arch=')
+    assert sorted(os.listdir(tmp_path)) == ['src.pth']
+    return err
+
+
+def test_unknown_missing_and_mismatched_keys_are_named(tmp_path, capsys,
+                                                       tiny_sd):
+    """One line naming the file and the authors' keys: unknown, missing,
+    mis-shaped (checked against mmsoft's SOFT of the inferred arch)."""
     sd = OrderedDict(tiny_sd)
     sd['block4.0.attn.sr.weight'] = torch.zeros(512, 512, 1, 1)
     del sd['block2.1.att.ff2.bias']
     sd['block3.2.att.mha.W_v.weight'] = torch.zeros(320, 321)
-    with pytest.raises(ConversionError) as e:
+    with pytest.raises(
+            ConversionError,
+            match=r"1 keys have no counterpart in mmsoft's SOFT: "
+            r'block4.0.attn.sr.weight \(512, 512, 1, 1\)'):
         ok.convert_official_to_mmpretrain(sd)
-    msg = str(e.value)
-    assert "unknown key 'block4.0.attn.sr.weight' (shape (512, 512, 1, 1))" \
-        in msg
-    assert "missing key 'block2.1.att.ff2.bias' (expected shape (128,))" \
-        in msg
-    assert ("shape mismatch for 'block3.2.att.mha.W_v.weight': expected "
-            "(320, 320), found (320, 321)") in msg
-    assert len(e.value.problems) == 3
+    err = _tool_error(tmp_path, capsys, 'soft2mmsoft', sd)
+    assert "arch='tiny'): 185 of its 187 tensors would load." in err
+    assert 'missing from the checkpoint: block2.1.att.ff2.bias;' in err
+    assert '(unexpected): block4.0.attn.sr.weight;' in err
+    assert ('1 tensors have another shape: block3.2.att.mha.W_v.weight '
+            '(checkpoint [320, 321] vs model [320, 320])') in err
 
 
 def test_inconsistent_or_unreadable_arch(tiny_sd):
@@ -291,30 +314,27 @@ def test_inconsistent_or_unreadable_arch(tiny_sd):
         ok.infer_official_arch(tiny_sd, stage4_heads=7)
 
 
-def test_mmsoft_side_errors(tiny_sd):
-    mm, _, _ = ok.convert_official_to_mmpretrain(tiny_sd)
+def test_mmsoft_side_errors(tmp_path, capsys, tiny_sd):
+    mm, _ = ok.convert_official_to_mmpretrain(tiny_sd)
     bad = OrderedDict(mm)
     bad['neck.proj.weight'] = torch.zeros(2, 2)
     with pytest.raises(
-            ConversionError, match="unknown key 'neck.proj.weight'"):
-        ok.convert_mmpretrain_to_official(bad)
+            ConversionError,
+            match=r'the mmsoft checkpoint has keys with no official '
+            r'counterpart \(1: neck.proj.weight \(2, 2\)\); only an '):
+        to_official(bad)
     bad = OrderedDict(mm)
     # stage 3 has 3 blocks: the odd block 0 is reported, not taken as truth
     bad['backbone.stages.2.blocks.0.ffn.layers.0.0.weight'] = torch.zeros(
         1279, 320)
-    with pytest.raises(ConversionError) as e:
-        ok.convert_mmpretrain_to_official(bad)
-    assert ("shape mismatch for "
-            "'backbone.stages.2.blocks.0.ffn.layers.0.0.weight': "
-            "expected (1280, 320), found (1279, 320)") in str(e.value)
-    assert len(e.value.problems) == 1
-    bad = OrderedDict(mm)
     del bad['backbone.stages.2.blocks.1.attn.sampler.norm.bias']
-    with pytest.raises(
-            ConversionError,
-            match="missing key 'backbone.stages.2.blocks.1.attn.sampler"
-            r".norm.bias' \(expected shape \(32,\)\)"):
-        ok.convert_mmpretrain_to_official(bad)
+    err = _tool_error(tmp_path, capsys, 'mmsoft2soft', bad)
+    assert "arch='tiny'): 185 of its 186 tensors would load." in err
+    assert ('1 tensors have another shape: '
+            'backbone.stages.2.blocks.0.ffn.layers.0.0.weight (checkpoint '
+            '[1279, 320] vs model [1280, 320])') in err
+    assert ('missing from the checkpoint: '
+            'backbone.stages.2.blocks.1.attn.sampler.norm.bias;') in err
 
 
 # ------------------------------------------------------------ checkpoint files
@@ -399,8 +419,8 @@ def test_cli_errors_write_nothing(tmp_path, tiny_sd, capsys):
     dst = tmp_path / 'out.pth'
     assert s2m.main([str(src), str(dst)]) == 1
     err = capsys.readouterr().err
-    assert ("shape mismatch for 'block1.0.att.mha.W_q.weight': expected "
-            "(64, 64), found (64, 63)") in err
+    assert ('block1.0.att.mha.W_q.weight (checkpoint [64, 63] vs model '
+            '[64, 64])') in err
     assert os.listdir(tmp_path) == ['bad.pth']
     # --ema without EMA weights
     good = tmp_path / 'good.pth'
@@ -447,7 +467,7 @@ def test_atomic_write(tmp_path, monkeypatch):
 def test_mmpretrain_classifier_loads(tiny_sd):
     """The converted file loads into the ImageClassifier of the configs."""
     pytest.importorskip('mmpretrain')
-    out, _, _ = ok.convert_official_to_mmpretrain(tiny_sd)
+    out, _ = ok.convert_official_to_mmpretrain(tiny_sd)
     clf = random_model(osp.join(CONFIGS, 'soft_tiny_in1k.py'))
     missing, unexpected = clf.load_state_dict(out, strict=False)
     assert unexpected == []

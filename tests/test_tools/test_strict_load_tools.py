@@ -11,12 +11,10 @@ import time
 
 import pytest
 import torch
-from conftest import CONFIGS, cls_demo_config, random_model, tool_namespace
+from conftest import (CONFIGS, ROOT, cls_demo_config, load_module,
+                      random_model, tool_namespace)
 
 pytest.importorskip('mmpretrain')
-
-from mmsoft.models.converters import \
-    convert_mmpretrain_to_official  # noqa: E402
 
 
 @pytest.fixture(scope='module')
@@ -64,8 +62,9 @@ def setup(tmp_path_factory):
     other = {k: v for k, v in sd.items() if '.stages.2.blocks.1.' not in k}
     save('other_arch', other)
     # an unconverted official checkpoint (fudan-zvg/SOFT layout)
-    official = convert_mmpretrain_to_official(sd)
-    official = official[0] if isinstance(official, tuple) else official
+    official, _ = load_module(
+        osp.join(ROOT, 'tools', 'model_converters', 'mmsoft2soft.py'),
+        'mmsoft2soft').convert_mmpretrain_to_official(sd)
     save('official', official, wrap='model')
     return cfg, ckpts, tmp
 

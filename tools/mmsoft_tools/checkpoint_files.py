@@ -1,18 +1,22 @@
-"""What both converter tools do with files and arguments: read the source
-safely (one-line errors), refuse an output that would replace the input,
-write atomically, and turn a
+"""The tools' checkpoint files: what both converter tools do with files
+and arguments (read the source safely with one-line errors, refuse an
+output that would replace the input, check the converted tensors against
+the model of the inferred arch, write atomically, turn a
 :class:`~mmsoft.models.converters.ConversionError` into ``error: ...`` and
-exit status 1."""
+exit status 1) and the check for a config's missing ImageNet weights."""
 import argparse
 import os
 import pickle
 import stat
 import sys
+from collections.abc import Mapping
 from typing import Callable, Optional
 
 import torch
 
-from mmsoft.models.converters import ConversionError, extract_state_dict
+from mmsoft.models.converters import (ConversionError, arch_for_mmsoft,
+                                      describe_arch, extract_state_dict,
+                                      mmsoft_to_official_key)
 
 
 def load_checkpoint_file(path: str, trust: bool = False):
@@ -151,3 +155,65 @@ def run_converter(convert: Callable, args) -> int:
         print(f'error: {e}', file=sys.stderr)
         return 1
     return 0
+
+
+def check_converted(sd: Mapping,
+                    arch: Mapping,
+                    src: str,
+                    official: bool = False) -> None:
+    """Missing, unexpected or mis-shaped tensors of ``sd`` (mmsoft keys, or
+    the authors' keys if ``official``) against mmsoft's SOFT of ``arch``
+    (:func:`~mmsoft.models.converters.infer_official_arch`) and its head:
+    one :class:`ConversionError` naming them, as a strict load would."""
+    from mmsoft.models.backbones import SOFT
+    from mmsoft.utils.strict_load import (CheckpointMismatchError,
+                                          check_state_dict)
+    model = SOFT(
+        arch_for_mmsoft(arch),
+        in_channels=arch['in_channels'],
+        pretrain_img_size=arch['pretrain_img_size'])
+    pre = 'backbone.' if any(k.startswith('backbone.') for k in sd) else ''
+    want = {pre + k: v for k, v in model.state_dict().items()}
+    if arch['num_classes']:
+        c = arch['embed_dims'][3]
+        want['head.fc.weight'] = torch.empty(arch['num_classes'], c)
+        want['head.fc.bias'] = torch.empty(arch['num_classes'])
+    if official:
+        want = {
+            mmsoft_to_official_key(k[len(pre):] if k.startswith(pre) else k): v
+            for k, v in want.items()
+        }
+    try:
+        check_state_dict(want, sd, repr(src),
+                         f'the SOFT of its shapes ({describe_arch(arch)})')
+    except CheckpointMismatchError as e:
+        raise ConversionError(str(e)) from None
+
+
+def missing_pretrained(cfg, key: str = 'model') -> Optional[str]:
+    """:func:`~mmsoft.models.loading.missing_weights_message` of the first
+    SOFT backbone under ``cfg[key]`` whose ``Pretrained`` checkpoint is a
+    missing local file, else None (before anything is built)."""
+    from mmsoft.models.loading import PRETRAINED, missing_weights_message
+    todo = [(key, cfg.get(key))]
+    while todo:
+        path, node = todo.pop(0)
+        if isinstance(node, (list, tuple)):
+            todo[:0] = [(f'{path}[{i}]', v) for i, v in enumerate(node)]
+            continue
+        if not isinstance(node, Mapping):
+            continue
+        t = node.get('type')
+        init = node.get('init_cfg')
+        if getattr(t, '__name__', str(t)).split('.')[-1] == 'SOFT':
+            inits = [init] if isinstance(init, Mapping) else list(init or [])
+            for i, c in enumerate(inits):
+                ckpt = c.get('checkpoint')
+                path_ = os.path.expanduser(str(ckpt))
+                if c.get('type') in PRETRAINED and ckpt is not None and \
+                        '://' not in path_ and not os.path.exists(path_):
+                    where = '' if isinstance(init, Mapping) else f'[{i}]'
+                    return missing_weights_message(
+                        ckpt, path, f'init_cfg{where}.checkpoint')
+        todo[:0] = [(f'{path}.{k}', v) for k, v in node.items()]
+    return None

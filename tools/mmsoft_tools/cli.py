@@ -409,8 +409,8 @@ def add_strict_load_hook(cfg, partial_load: bool) -> None:
 def exit_if_missing_weights(cfg) -> None:
     """Stop with one line (exit 1) before the Runner is built when a SOFT
     backbone's ``init_cfg`` names a local checkpoint that is not there
-    (:func:`mmsoft.models.loading.missing_pretrained`)."""
-    from mmsoft.models.loading import missing_pretrained
+    (:func:`mmsoft_tools.checkpoint_files.missing_pretrained`)."""
+    from mmsoft_tools.checkpoint_files import missing_pretrained
     msg = missing_pretrained(cfg)
     if msg:
         sys.exit(f'error: {msg}')

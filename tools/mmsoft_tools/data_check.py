@@ -592,7 +592,10 @@ def main(argv=None):
     msg = missing_data_message(cfg, args.mode) or \
         damaged_data_message(cfg, args.mode)
     if msg is None and args.mode == 'train':  # the ImageNet weights, once
-        from mmsoft.models.loading import missing_pretrained
+        try:
+            from mmsoft_tools.checkpoint_files import missing_pretrained
+        except ImportError:  # run as a script: its folder is on sys.path
+            from checkpoint_files import missing_pretrained
         msg = missing_pretrained(cfg)
         msg = msg and f'error: {msg}'
         try:  # a folder, damaged, offline: also once

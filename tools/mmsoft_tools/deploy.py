@@ -97,22 +97,27 @@ def build_model(config,
 def load_weights(model: nn.Module,
                  checkpoint: str,
                  partial_load: bool = False) -> None:
-    """Load ``checkpoint`` into ``model`` through mmsoft's loading code, as
-    ``tools/test.py`` checks it (:func:`mmsoft.models.loading.
-    load_checkpoint_to_model`: strict, older mmsoft keys upgraded, the
-    converter command for an authors' file, the attention normalisation
-    checked); ``partial_load`` (``--partial-load``) loads the matching
-    tensors and logs what was skipped. Errors: one-line
-    :class:`ExportError`."""
-    from mmsoft.models.loading import load_checkpoint_to_model
+    """Load ``checkpoint`` into ``model`` as ``tools/test.py`` checks it
+    (:func:`mmsoft.models.loading.check_checkpoint_for_model`: strict, older
+    mmsoft keys upgraded, the converter command for an authors' file, the
+    attention normalisation checked), then with mmengine (``module.``
+    stripped, mis-shaped tensors left); ``partial_load``
+    (``--partial-load``) loads the matching tensors and logs what was
+    skipped. Errors: one-line :class:`ExportError`."""
+    from mmengine.runner.checkpoint import _load_checkpoint_to_model
+
+    from mmsoft.models.loading import (check_checkpoint_for_model,
+                                       read_checkpoint)
     from mmsoft.utils.checkpoint_io import CheckpointError, CheckpointRefused
     from mmsoft.utils.strict_load import CheckpointMismatchError
     try:
-        load_checkpoint_to_model(model, checkpoint, partial_load,
-                                 'pass --partial-load')
+        ckpt = read_checkpoint(checkpoint)
+        check_checkpoint_for_model(model, ckpt, str(checkpoint), partial_load,
+                                   'pass --partial-load')
     except (CheckpointMismatchError, CheckpointError, CheckpointRefused,
             FileNotFoundError) as e:
         raise ExportError(' '.join(str(e).split())) from None
+    _load_checkpoint_to_model(model, ckpt, strict=False, logger='current')
 
 
 def check_exportable(model: nn.Module, dynamo: bool = False) -> None:

@@ -18,15 +18,45 @@ must not be SRC.
 """
 import os.path as osp
 import sys
+from collections import OrderedDict
 
 if osp.dirname(osp.dirname(osp.abspath(__file__))) not in sys.path:  # tools/
     sys.path.insert(0, osp.dirname(osp.dirname(osp.abspath(__file__))))
 
-from mmsoft.models.converters import (convert_mmpretrain_to_official,
-                                      describe_arch, extract_state_dict,
-                                      official_model_name)
+from mmsoft.models.converters import (ConversionError, describe_arch,
+                                      extract_state_dict, infer_official_arch,
+                                      mmsoft_to_official_key,
+                                      official_model_name, strip_module_prefix,
+                                      upgrade_legacy_state_dict)
+from mmsoft.utils.strict_load import few_keys
 from mmsoft_tools import checkpoint_files as files
 from mmsoft_tools.cli import check_readable, positive_int, run_main
+
+
+def convert_mmpretrain_to_official(sd, stage4_heads=None, prefix='backbone.'):
+    """An mmpretrain classifier's or a bare SOFT backbone's state dict (no
+    key under ``prefix``) of any mmsoft version -> ``(the authors' state
+    dict, arch)``; keys with no official counterpart (a neck ...) raise
+    one :class:`ConversionError` naming them. The inverse of
+    :func:`mmsoft.models.converters.convert_official_to_mmpretrain`."""
+    sd = strip_module_prefix(sd)
+    pre = prefix if any(k.startswith(prefix) for k in sd) else ''
+    out, bad = OrderedDict(), []
+    for k, v in upgrade_legacy_state_dict(sd, pre).items():
+        inner = k[len(pre):] if k.startswith(pre) else k
+        new = mmsoft_to_official_key(inner)
+        # a head inside the backbone or a backbone key outside it: unknown
+        if new and (not pre or (inner != k) != new.startswith('head.')):
+            out[new] = v
+        else:
+            bad.append(f'{k} {tuple(v.shape)}')
+    if bad:
+        raise ConversionError(
+            f'the mmsoft checkpoint has keys with no official counterpart '
+            f'({len(bad)}: {few_keys(bad)}); only an mmpretrain classifier '
+            f"or a bare SOFT backbone converts (not a detector's or a "
+            f"segmentor's checkpoint)")
+    return out, infer_official_arch(out, stage4_heads)
 
 
 def parse_args(argv=None):
@@ -46,9 +76,9 @@ def convert(args, log=print):
     ckpt = files.load_checkpoint_file(args.src, trust=args.trust_checkpoint)
     sd, source = extract_state_dict(ckpt, prefer_ema=False)
     log(f'reading {source!r} of {args.src} ({len(sd)} tensors)')
-    out, arch, notes = convert_mmpretrain_to_official(sd, args.stage4_heads)
-    for n in notes:
-        log(f'note: {n}')
+    out, arch = convert_mmpretrain_to_official(sd, args.stage4_heads)
+    pre = 'backbone.' if any(k.startswith('backbone.') for k in sd) else ''
+    files.check_converted(upgrade_legacy_state_dict(sd, pre), arch, args.src)
     meta = ckpt.get('meta') if isinstance(ckpt, dict) else None
     attn_norm = meta.get('attn_norm') if isinstance(meta, dict) else None
     name = official_model_name(arch, attn_norm)

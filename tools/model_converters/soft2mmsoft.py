@@ -8,7 +8,9 @@ SRC may be any timm layout: ``{'state_dict': ...}``, ``{'state_dict_ema':
 ...}`` (used when present unless ``--no-ema``), ``{'model': ...}`` or a bare
 state dict; ``module.`` prefixes are stripped. The architecture (widths,
 depths, heads, sampling ratios, kernel sizes, MLP ratios) is read from tensor
-shapes and printed as an mmsoft arch preset or arch dict.
+shapes and printed as an mmsoft arch preset or arch dict; every tensor is
+checked against mmsoft's SOFT of that arch (unknown, missing or mis-shaped
+keys: one line naming them, nothing written).
 
 DST is an mmpretrain ``ImageClassifier`` checkpoint ``{'state_dict': ...,
 'meta': ...}`` with keys ``backbone.*`` (mmsoft's SOFT) and ``head.fc.*``
@@ -31,8 +33,8 @@ if osp.dirname(osp.dirname(osp.abspath(__file__))) not in sys.path:  # tools/
 
 from mmsoft.models.converters import (arch_for_mmsoft,
                                       convert_official_to_mmpretrain,
-                                      describe_arch, match_arch_preset,
-                                      official_model_name)
+                                      describe_arch, infer_official_arch,
+                                      match_arch_preset, official_model_name)
 from mmsoft_tools import checkpoint_files as files
 from mmsoft_tools.cli import check_readable, positive_int, run_main
 
@@ -73,9 +75,9 @@ def convert(args, log=print):
     ckpt = files.load_checkpoint_file(args.src, trust=args.trust_checkpoint)
     sd, source = files.official_weights(ckpt, args.src, args.ema)
     log(f'reading {source!r} of {args.src} ({len(sd)} tensors)')
-    out, arch, notes = convert_official_to_mmpretrain(sd, args.stage4_heads)
-    for n in notes:
-        log(f'note: {n}')
+    arch = infer_official_arch(sd, args.stage4_heads)
+    files.check_converted(sd, arch, args.src, official=True)
+    out, _ = convert_official_to_mmpretrain(sd, args.stage4_heads)
 
     preset = match_arch_preset(arch)
     mm_arch = preset if preset is not None else arch_for_mmsoft(arch)

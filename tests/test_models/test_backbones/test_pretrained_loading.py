@@ -41,7 +41,7 @@ def authors_file(path, img_size, depths=(1, 1, 2, 1), wrap='model'):
         ratios=RATIOS,
         dtype=torch.float32)
     torch.save({wrap: sd} if wrap else sd, str(path))
-    converted, _, _ = convert_official_to_mmpretrain(sd)
+    converted, _ = convert_official_to_mmpretrain(sd)
     return {
         k[len('backbone.'):]: v
         for k, v in converted.items() if k.startswith('backbone.')
