@@ -39,6 +39,7 @@ def test_the_seed_gives_the_order_and_is_printed():
 
 
 def test_make_test_runs_in_a_random_order():
+
     def make_test(*args):
         proc = subprocess.run(['make', '-n', 'test', *args],
                               cwd=ROOT,

@@ -19,9 +19,9 @@ if [[ -z "$PY" ]]; then
         PY=python3
     fi
 fi
-if ! "$PY" -c 'import flake8, isort, yapf, importlinter' 2>/dev/null; then
-    echo "lint: flake8 / isort / yapf / import-linter missing for $PY; run: bash tools/setup_env.sh" \
-         "(or $PY -m pip install -r requirements/lint.txt -r requirements/tests.txt)" >&2
+if ! "$PY" -c 'import flake8, isort, yapf' 2>/dev/null; then
+    echo "lint: flake8 / isort / yapf missing for $PY; run: bash tools/setup_env.sh" \
+         "(or $PY -m pip install -r requirements/lint.txt)" >&2
     exit 2
 fi
 if [[ $# -gt 0 ]]; then
@@ -43,6 +43,10 @@ echo "== isort --check-only --diff"
 echo "== yapf --diff"
 "$PY" -m yapf --diff -r "${EXCL[@]}" "${TARGETS[@]}" || rc=1
 echo "== import-linter (setup.cfg [importlinter])"
+"$PY" -c 'import importlinter' 2>/dev/null || {
+    echo "lint: import-linter missing for $PY; run: bash tools/setup_env.sh" \
+         "(or $PY -m pip install -r requirements/tests.txt)" >&2
+    exit 2; }
 PYTHONPATH="$ROOT:$ROOT/tools${PYTHONPATH:+:$PYTHONPATH}" "$PY" -c \
     'import sys; from importlinter.cli import lint_imports; sys.exit(lint_imports(no_cache=True, no_logo=True))' \
     || rc=1
