@@ -3,6 +3,7 @@
 VENV ?= .venv
 PY := $(VENV)/bin/python
 PYTEST_ARGS ?=
+SEED ?=
 
 .PHONY: env test demo lint gpu-check mutations docs docs-env clean-env compat
 
@@ -10,9 +11,12 @@ PYTEST_ARGS ?=
 env:
 	MMSOFT_VENV=$(abspath $(VENV)) bash tools/setup_env.sh
 
-# the test suite (what CI runs)
+# the test suite (what CI runs) in a random order (pytest-randomly); the
+# seed is printed at the end: SEED=N replays that order,
+# PYTEST_ARGS='-p no:randomly' runs the files in their order
 test: env
-	$(PY) -m pytest tests -q -p no:cacheprovider $(PYTEST_ARGS)
+	$(PY) -m pytest tests -q -p no:cacheprovider -p randomly \
+	    $(if $(SEED),--randomly-seed=$(SEED)) $(PYTEST_ARGS)
 
 # the main job
 demo: env

@@ -21,15 +21,23 @@ import pytest
 import torch
 from mmengine.hooks import Hook
 
-#: ``--shuffle-seed N`` (tests/shuffle_order.py): the suite in a shuffled
-#: order, e.g. ``make test PYTEST_ARGS='--shuffle-seed 3'``
-pytest_plugins = ['shuffle_order']
-
 #: the checkout under test (``tests/`` is right below it)
 ROOT = osp.dirname(osp.dirname(osp.abspath(__file__)))
 CONFIGS = osp.join(ROOT, 'configs')
 TOOLS = osp.join(ROOT, 'tools')
 sys.path.append(TOOLS)  # the tools' own package, mmsoft_tools
+
+
+# ------------------------------------------------------------ test order
+def pytest_terminal_summary(terminalreporter, config):
+    """The seed of pytest-randomly's test order, at the end of the run and
+    also under ``-q`` (which hides the header where pytest-randomly prints
+    it): ``make test SEED=<seed>`` replays the order."""
+    seed = getattr(config.option, 'randomly_seed', None)
+    if config.pluginmanager.hasplugin('randomly') and isinstance(seed, int):
+        terminalreporter.write_line(
+            f'test order: random, --randomly-seed={seed} (make test '
+            f'SEED={seed} replays it)')
 
 
 # ------------------------------------------------------ child processes

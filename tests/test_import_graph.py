@@ -1,126 +1,189 @@
-"""The modules of mmsoft/ import each other without cycles, and
-``mmsoft.utils`` imports no model code.
+"""The import rules of mmsoft/ and tools/mmsoft_tools: the import-linter
+contracts of ``setup.cfg`` (``[importlinter]``, also run by
+``tools/lint.sh``) and the one rule they cannot state.
 
-The graph is read from the source with :mod:`ast` (nothing is imported).
-A package is the node of its ``__init__.py``. Every ``import`` and
-``from ... import`` statement, at module level or inside a function,
-absolute or relative, gives the edges that Python's execution of it
-follows:
+The contracts, on the graph import-linter reads from the source (every
+``import`` statement, at module level or in a function, absolute or
+relative; nothing is imported):
 
-* to the module it names: ``from package import name`` to
-  ``package.name`` when that is a module, else to ``package``;
-* to every package on the way to that module (``import a.b.c`` runs
-  ``a/__init__.py`` and ``a/b/__init__.py`` first), except the packages
-  that hold the importing module: they are already being imported when
-  its code runs.
+* ``acyclic``: no import cycle between the sibling packages and modules of
+  any package (``acyclic_siblings``; a package counts with everything below
+  it, so a cycle through the ``__init__`` of two sibling packages shows);
+* ``layers``: ``mmsoft.engine`` > ``mmsoft.models`` > ``mmsoft.utils``; a
+  layer imports no higher one, not even through other modules (the utils
+  know no model code, the models do not import the training engine);
+* ``plugin``: nothing in mmsoft imports ``mmsoft_tools`` (the rest of that
+  rule, paths into tools/ and files loaded by path: tests/test_packaging.py).
 
-So a lazy ``from mmsoft.models.converters.x import f`` inside a function of
-``mmsoft.models.backbones`` is an edge to the package
-``mmsoft.models.converters`` too, and a cycle through the ``__init__`` of
-two sibling packages shows.
+What import-linter cannot state: a module that imports an enclosing
+package's ``__init__`` (directly or through other modules) while that
+``__init__`` imports the module, so that Python meets the half-imported
+package. ``acyclic_siblings`` compares siblings only, and a ``forbidden``
+contract per package would also forbid such imports where the ``__init__``
+does not import back. :func:`init_cycles` checks it on import-linter's own
+graph (grimp).
+
+Each contract and the check also run on small packages that break them:
+none of them passes for want of looking.
 """
-import ast
-import os.path as osp
-from glob import glob
+import configparser
+import inspect
+import os
+import re
+import sys
 
 import pytest
-from conftest import ROOT
+from conftest import ROOT, run
 
-PACKAGE = 'mmsoft'
-
-
-def module_name(path, root):
-    rel = osp.relpath(path, root)[:-len('.py')].split(osp.sep)
-    if rel[-1] == '__init__':
-        rel = rel[:-1]
-    return '.'.join(rel)
+CONTRACTS = ('acyclic', 'layers', 'plugin')
 
 
-def enclosing_packages(name, is_package):
-    """The packages already being imported while module ``name`` runs: its
-    parent packages (and itself, for a package's ``__init__``)."""
-    parts = name.split('.')
-    last = len(parts) if is_package else len(parts) - 1
-    return {'.'.join(parts[:i]) for i in range(1, last + 1)}
+def packages_env(root):
+    """What a child process needs to find mmsoft and mmsoft_tools of the
+    checkout ``root`` first on the path (and import-linter's report
+    unwrapped)."""
+    path = [
+        str(root),
+        os.path.join(root, 'tools'),
+        os.environ.get('PYTHONPATH')
+    ]
+    return dict(
+        PYTHONPATH=os.pathsep.join(p for p in path if p), COLUMNS='200')
 
 
-def imported(node, name, is_package, modules):
-    """The mmsoft modules one import statement of module ``name`` runs."""
-    if isinstance(node, ast.Import):
-        targets = [alias.name for alias in node.names]
-    else:
-        base = node.module or ''
-        if node.level:
-            pkg = name.split('.')
-            pkg = pkg if is_package else pkg[:-1]
-            pkg = pkg[:len(pkg) - (node.level - 1)]
-            base = '.'.join(pkg + ([base] if base else []))
-        # a submodule, or a name defined by the module ``base``
-        targets = [
-            f'{base}.{alias.name}'
-            if f'{base}.{alias.name}' in modules else base
-            for alias in node.names
-        ]
-    skip = enclosing_packages(name, is_package)
-    out = set()
-    for target in targets:
-        # 'import a.b.c' names a.b.c; keep the longest known module
-        while target and target not in modules:
-            target = target.rpartition('.')[0]
-        if not target or target.split('.')[0] != PACKAGE:
-            continue
-        out.add(target)
-        # the packages on the way, whose __init__ Python runs first
-        parts = target.split('.')
-        out |= {'.'.join(parts[:i]) for i in range(1, len(parts))} - skip
-    return out
+def contract_names():
+    """{contract name: id} of ``setup.cfg`` (the report names them)."""
+    cfg = configparser.ConfigParser()
+    cfg.read(os.path.join(ROOT, 'setup.cfg'))
+    prefix = 'importlinter:contract:'
+    return {
+        cfg[s]['name']: s[len(prefix):]
+        for s in cfg.sections() if s.startswith(prefix)
+    }
 
 
-def import_graph(root=ROOT, package=PACKAGE):
-    """{module: set of mmsoft modules it imports} for ``root/package``."""
-    files = sorted(glob(osp.join(root, package, '**', '*.py'), recursive=True))
-    modules = {module_name(f, root): f for f in files}
-    graph = {}
-    for name, path in modules.items():
-        with open(path, encoding='utf-8') as f:
-            tree = ast.parse(f.read(), path)
-        is_package = path.endswith('__init__.py')
-        edges = set()
-        for node in ast.walk(tree):
-            if isinstance(node, (ast.Import, ast.ImportFrom)):
-                edges |= imported(node, name, is_package, modules)
-        edges.discard(name)
-        graph[name] = edges
-    return graph
+def lint_imports(root):
+    """``(exit code, {contract name: 'KEPT' or 'BROKEN'}, report)`` of
+    import-linter with ``setup.cfg`` of this checkout on the packages of
+    ``root``."""
+    code = ('import sys\nfrom importlinter.cli import lint_imports\n'
+            'sys.exit(lint_imports(sys.argv[1], no_cache=True, '
+            'no_logo=True))\n')
+    proc = run([sys.executable, '-c', code,
+                os.path.join(ROOT, 'setup.cfg')],
+               cwd=root,
+               **packages_env(root))
+    names = contract_names()
+    status = {}
+    for line in proc.stdout.splitlines():
+        m = re.match(r'(.+) (KEPT|BROKEN)\b', line)
+        if m and m.group(1) in names:
+            status[names[m.group(1)]] = m.group(2)
+    return proc.returncode, status, proc.stdout + proc.stderr
 
 
-def find_cycle(graph):
-    """One cycle as a list of modules (first == last), or None."""
-    state, stack = {}, []
-
-    def visit(node):
-        state[node] = 'open'
-        stack.append(node)
-        for nxt in sorted(graph.get(node, ())):
-            if state.get(nxt) == 'open':
-                return stack[stack.index(nxt):] + [nxt]
-            if nxt not in state:
-                cycle = visit(nxt)
-                if cycle:
-                    return cycle
-        stack.pop()
-        state[node] = 'done'
-        return None
-
-    for node in sorted(graph):
-        if node not in state:
-            cycle = visit(node)
-            if cycle:
-                return cycle
-    return None
+def init_cycles(*packages):
+    """The cycles through an enclosing package's ``__init__`` in
+    ``packages``, each a list of modules (first == last)."""
+    import grimp
+    graph = grimp.build_graph(*packages, cache_dir=None)
+    cycles = set()
+    for module in sorted(graph.modules):
+        parts = module.split('.')
+        for package in ('.'.join(parts[:i]) for i in range(1, len(parts))):
+            up = graph.find_shortest_chain(importer=module, imported=package)
+            back = graph.find_shortest_chain(importer=package, imported=module)
+            if up and back:
+                cycle = tuple(up) + tuple(back[1:-1])
+                first = cycle.index(min(cycle))  # one rotation of each
+                cycles.add(cycle[first:] + cycle[:first + 1])
+    return sorted(list(c) for c in cycles)
 
 
-def write_package(root, files):
+def run_init_cycles(root):
+    """:func:`init_cycles` of mmsoft and mmsoft_tools of ``root``, run in a
+    child process (this one has imported the checkout's mmsoft)."""
+    code = (
+        inspect.getsource(init_cycles) +
+        'print(init_cycles("mmsoft", "mmsoft_tools"))\n')
+    proc = run([sys.executable, '-c', code], cwd=root, **packages_env(root))
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    return eval(proc.stdout.strip().splitlines()[-1])
+
+
+def test_mmsoft_keeps_the_import_contracts():
+    rc, status, report = lint_imports(ROOT)
+    assert rc == 0 and status == dict.fromkeys(CONTRACTS, 'KEPT'), report
+    # the report names the packages it read (mmsoft and mmsoft_tools)
+    files = int(re.search(r'Analyzed (\d+) files', report).group(1))
+    assert files > 40, report
+
+
+def test_no_cycle_through_an_enclosing_init():
+    cycles = run_init_cycles(ROOT)
+    assert cycles == [], 'import cycles through an __init__: ' + '; '.join(
+        ' -> '.join(c) for c in cycles)
+
+
+# --------------------------------------------- packages that break rules
+#: a small mmsoft and mmsoft_tools that keep every rule
+TREE = {
+    'mmsoft/__init__.py':
+    'from .engine import Hook\nfrom .models import Net\n',
+    'mmsoft/compat.py': 'X = 1\n',
+    'mmsoft/engine/__init__.py': 'from .hook import Hook\n',
+    'mmsoft/engine/hook.py':
+    'from mmsoft.models import Net\n\n\nclass Hook:\n    pass\n',
+    'mmsoft/models/__init__.py': 'from .nets import Net\n',
+    'mmsoft/models/nets/__init__.py':
+    'from .loading import load\nfrom .net import Net\n',
+    'mmsoft/models/nets/net.py':
+    'from ...utils.atomic import save\n\n\nclass Net:\n    pass\n',
+    'mmsoft/models/nets/loading.py':
+    'def load():\n    from mmsoft.models.convert.keys import key_map\n',
+    'mmsoft/models/convert/__init__.py': 'from .keys import key_map\n',
+    'mmsoft/models/convert/keys.py': 'def key_map():\n    pass\n',
+    'mmsoft/utils/__init__.py': '',
+    'mmsoft/utils/atomic.py': 'def save():\n    pass\n',
+    'tools/mmsoft_tools/__init__.py': 'import mmsoft\n',
+    'tools/mmsoft_tools/launch.py': 'from . import cli\n',
+    'tools/mmsoft_tools/cli.py': 'import mmsoft.models\n',
+}
+
+#: edits of TREE -> the contracts they break
+BREAKS = {
+    # nets.loading imports only convert.keys and convert.arch only
+    # nets.net, but importing convert.keys runs convert/__init__, which
+    # imports arch, whose import of nets.net runs nets/__init__, which
+    # imports loading: a cycle between the sibling packages
+    'package-init cycle': ({
+        'mmsoft/models/convert/__init__.py':
+        'from .arch import arch_of\nfrom .keys import key_map\n',
+        'mmsoft/models/convert/arch.py':
+        'from ..nets.net import Net\n\n\ndef arch_of():\n    return Net\n',
+    }, {'acyclic'}),
+    'module cycle in the tools': ({
+        'tools/mmsoft_tools/cli.py':
+        'def main():\n    from .launch import x\n'
+    }, {'acyclic'}),
+    'utils import a model (relative, in a function)': ({
+        'mmsoft/utils/atomic.py':
+        'def save():\n    from ..models import Net\n'
+    }, {'layers', 'acyclic'}),
+    'models import the engine through another module': ({
+        'mmsoft/models/convert/keys.py':
+        'from mmsoft import compat\n',
+        'mmsoft/compat.py':
+        'def hooks():\n    import mmsoft.engine.hook\n',
+    }, {'layers', 'acyclic'}),
+    'mmsoft imports the tools': ({
+        'mmsoft/models/nets/loading.py':
+        'def load():\n    from mmsoft_tools import launch\n',
+    }, {'plugin'}),
+}
+
+
+def write_tree(root, files):
     """Write ``{relative path: source}`` below ``root``."""
     for rel, text in files.items():
         path = root / rel
@@ -128,105 +191,39 @@ def write_package(root, files):
         path.write_text(text)
 
 
-def test_graph_reader_sees_every_kind_of_import(tmp_path):
-    """The reader finds relative, function-level and submodule imports and
-    the packages on their way (and so reports the cycles they make)."""
-    write_package(
+@pytest.mark.parametrize('edit', [None] + list(BREAKS))
+def test_contracts_break_on_their_violations(tmp_path, edit):
+    write_tree(tmp_path, TREE)
+    files, broken = BREAKS[edit] if edit else ({}, set())
+    write_tree(tmp_path, files)
+    rc, status, report = lint_imports(tmp_path)
+    assert status == {
+        c: 'BROKEN' if c in broken else 'KEPT'
+        for c in CONTRACTS
+    }, report
+    assert rc == (1 if broken else 0), report
+
+
+def test_init_cycle_check_sees_an_import_of_the_own_package(tmp_path):
+    """``nets.net`` takes a name from ``mmsoft.models``, whose
+    ``__init__`` imports ``nets`` (so ``nets.net``): no contract breaks,
+    the check reports the cycle; it is none once the ``__init__`` no longer
+    imports ``nets``."""
+    write_tree(tmp_path, TREE)
+    assert run_init_cycles(tmp_path) == []
+    write_tree(
         tmp_path, {
-            'mmsoft/__init__.py': 'from .sub import b\n',
-            'mmsoft/sub/__init__.py': 'X = 1\n',
-            'mmsoft/sub/b.py':
-            'def f():\n    from .. import c\n    from . import X\n',
-            'mmsoft/c.py': 'import mmsoft.sub.b as b\n',
-        })
-    graph = import_graph(str(tmp_path))
-    assert graph['mmsoft'] == {'mmsoft.sub', 'mmsoft.sub.b'}
-    # its own packages are no edge unless named (``from . import X``)
-    assert graph['mmsoft.sub.b'] == {'mmsoft.c', 'mmsoft.sub'}
-    assert graph['mmsoft.c'] == {'mmsoft.sub', 'mmsoft.sub.b'}
-    assert find_cycle(graph) == ['mmsoft.sub.b', 'mmsoft.c', 'mmsoft.sub.b']
-    (tmp_path / 'mmsoft' / 'c.py').write_text('import os\n')
-    assert find_cycle(import_graph(str(tmp_path))) is None
-
-
-# two sibling packages; the second one's module imports the first one's
-# class, the first one's module reaches into the second one lazily
-SIBLINGS = {
-    'mmsoft/__init__.py':
-    'from .models import Net\n',
-    'mmsoft/models/__init__.py':
-    'from .nets import Net\n',
-    'mmsoft/models/nets/__init__.py':
-    'from .net import Net\nfrom .loading import load\n',
-    'mmsoft/models/nets/net.py':
-    'class Net:\n    pass\n',
-    'mmsoft/models/nets/loading.py':
-    'def load():\n    from mmsoft.models.convert.keys import key_map\n',
-    'mmsoft/models/convert/__init__.py':
-    'from .arch import arch_of\nfrom .keys import key_map\n',
-    'mmsoft/models/convert/keys.py':
-    'def key_map():\n    pass\n',
-    'mmsoft/models/convert/arch.py':
-    'from ..nets.net import Net\n\ndef arch_of():\n    return Net\n',
-}
-
-
-def test_cycle_through_a_package_init(tmp_path):
-    """``nets.loading`` imports only ``convert.keys`` and ``convert.arch``
-    only ``nets.net``: no module-to-module cycle, but importing
-    ``convert.keys`` runs ``convert/__init__``, which imports ``arch``,
-    whose import of ``nets.net`` runs ``nets/__init__``, which imports
-    ``loading``: Python meets the half-imported package. The graph
-    reports that cycle and none once either side is gone."""
-    write_package(tmp_path, SIBLINGS)
-    graph = import_graph(str(tmp_path))
-    assert graph['mmsoft.models.nets.loading'] == {
-        'mmsoft.models.convert', 'mmsoft.models.convert.keys'
-    }
-    assert graph['mmsoft.models.convert.arch'] == {
-        'mmsoft.models.nets', 'mmsoft.models.nets.net'
-    }
-    assert find_cycle(graph) == [
-        'mmsoft.models.nets', 'mmsoft.models.nets.loading',
-        'mmsoft.models.convert', 'mmsoft.models.convert.arch',
-        'mmsoft.models.nets'
-    ]
-    # the class moved to a module outside both packages
-    write_package(
-        tmp_path, {
-            'mmsoft/models/net_arch.py':
-            'class Net:\n    pass\n',
             'mmsoft/models/nets/net.py':
-            'from ..net_arch import Net\n',
-            'mmsoft/models/convert/arch.py':
-            'from ..net_arch import Net\n\ndef arch_of():\n'
-            '    return Net\n',
+            'from mmsoft.models import convert\nfrom .. import key_map\n\n\n'
+            'class Net:\n    pass\n',
+            'mmsoft/models/__init__.py':
+            'from .convert import key_map\nfrom .nets import Net\n',
         })
-    assert find_cycle(import_graph(str(tmp_path))) is None
-    # or: the lazy import gone
-    write_package(tmp_path, SIBLINGS)
-    write_package(tmp_path,
-                  {'mmsoft/models/nets/loading.py': 'def load():\n    pass\n'})
-    assert find_cycle(import_graph(str(tmp_path))) is None
-
-
-def test_no_import_cycle_in_mmsoft():
-    graph = import_graph()
-    assert len(graph) > 20
-    cycle = find_cycle(graph)
-    assert cycle is None, 'import cycle in mmsoft/: ' + ' -> '.join(cycle)
-
-
-@pytest.mark.parametrize('layer,forbidden', [
-    ('mmsoft.utils', ('mmsoft.models', 'mmsoft.engine')),
-    ('mmsoft.models', ('mmsoft.engine', )),
-])
-def test_layers_do_not_import_upwards(layer, forbidden):
-    """``mmsoft.utils`` is free of model code; the models do not import the
-    training engine (nothing in mmsoft imports the tools' package:
-    tests/test_packaging.py)."""
-    graph = import_graph()
-    bad = sorted(f'{src} -> {dst}' for src, dsts in graph.items()
-                 if src == layer or src.startswith(layer + '.') for dst in dsts
-                 if dst.startswith(forbidden))
-    assert not bad, f'{layer} imports upwards: {bad}'
+    assert lint_imports(tmp_path)[1] == dict.fromkeys(CONTRACTS, 'KEPT')
+    assert run_init_cycles(tmp_path) == [[
+        'mmsoft.models', 'mmsoft.models.nets', 'mmsoft.models.nets.net',
+        'mmsoft.models'
+    ]]
+    write_tree(tmp_path,
+               {'mmsoft/models/__init__.py': 'from .convert import key_map\n'})
+    assert run_init_cycles(tmp_path) == []

@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # Lint as OpenMMLab codebases do: flake8, isort --check-only, yapf --diff
 # (settings: setup.cfg; pinned versions: requirements/lint.txt, installed by
-# tools/setup_env.sh). Exits non-zero if any tool reports something.
+# tools/setup_env.sh), then the import contracts of mmsoft and the tools'
+# package (import-linter, setup.cfg [importlinter]; requirements/tests.txt;
+# about a second). Exits non-zero if any tool reports something.
 #
 #   tools/lint.sh                 # the whole tree
 #   tools/lint.sh mmsoft/compat.py  # given files / folders
@@ -40,5 +42,13 @@ echo "== isort --check-only --diff"
 "$PY" -m isort --check-only --diff "${TARGETS[@]}" || rc=1
 echo "== yapf --diff"
 "$PY" -m yapf --diff -r "${EXCL[@]}" "${TARGETS[@]}" || rc=1
+echo "== import-linter (setup.cfg [importlinter])"
+"$PY" -c 'import importlinter' 2>/dev/null || {
+    echo "lint: import-linter missing for $PY; run: bash tools/setup_env.sh" \
+         "(or $PY -m pip install -r requirements/tests.txt)" >&2
+    exit 2; }
+PYTHONPATH="$ROOT:$ROOT/tools${PYTHONPATH:+:$PYTHONPATH}" "$PY" -c \
+    'import sys; from importlinter.cli import lint_imports; sys.exit(lint_imports(no_cache=True, no_logo=True))' \
+    || rc=1
 if [[ $rc -eq 0 ]]; then echo "lint: clean"; else echo "lint: FAILED" >&2; fi
 exit $rc

@@ -83,9 +83,13 @@ try:
     for name in ('ftfy', 'regex', 'pycocotools', 'pytest', 'ninja',
                  'matplotlib', 'scipy', 'onnx', 'onnxruntime', 'onnxscript'):
         distribution(name)
-    # test / lint tools (requirements/tests.txt, requirements/lint.txt)
+    # test / lint tools (requirements/tests.txt, requirements/lint.txt;
+    # pytest-randomly and import-linter: their last releases for 3.10 there)
+    new = sys.version_info >= (3, 11)
     for name, want in (('openmim', '0.3.9'), ('flake8', '7.1.1'),
-                       ('isort', '5.13.2'), ('yapf', '0.43.0')):
+                       ('isort', '5.13.2'), ('yapf', '0.43.0'),
+                       ('pytest-randomly', '5.1.0' if new else '5.0.0'),
+                       ('import-linter', '2.16' if new else '2.15')):
         if distribution(name).version != want:
             sys.exit(1)
     # the editable install links configs/, tools/ and demo/ into mmsoft/.mim
@@ -245,8 +249,13 @@ if ! have onnx onnxruntime onnxscript; then
 fi
 
 STEP="test-tools"
-if ! have openmim==0.3.9 flake8==7.1.1 isort==5.13.2 yapf==0.43.0; then
-    log "installing test and lint tools (openmim, flake8, isort, yapf)"
+if "$PY" -c 'import sys; sys.exit(sys.version_info < (3, 11))'; then
+    TEST_TOOLS=(pytest-randomly==5.1.0 import-linter==2.16)
+else  # their last releases for Python 3.10 (requirements/tests.txt)
+    TEST_TOOLS=(pytest-randomly==5.0.0 import-linter==2.15)
+fi
+if ! have openmim==0.3.9 flake8==7.1.1 isort==5.13.2 yapf==0.43.0 "${TEST_TOOLS[@]}"; then
+    log "installing test and lint tools (openmim, pytest-randomly, import-linter, flake8, isort, yapf)"
     "${PIP[@]}" -q -r "$ROOT/requirements/tests.txt" -r "$ROOT/requirements/lint.txt"
 fi
 
