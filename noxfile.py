@@ -116,7 +116,8 @@ def _setup(session, name, stack):
             external=True)
         return
     pins = _pins(stack)
-    if _installed(session, pins + ['mmsoft==' + _mmsoft_version()]) and \
+    if _installed(session, pins + _test_pins(stack) +
+                  ['mmsoft==' + _mmsoft_version()]) and \
             _mmcv_ops(session):
         session.log(f'{name}: stack up to date')
         return
@@ -150,6 +151,22 @@ def _setup(session, name, stack):
         '-e',
         f'{ROOT}[all,tests,deploy]',
         env=env)
+
+
+def _test_pins(stack):
+    """The exact pins of requirements/tests.txt for the stack's Python (a
+    venv set up before a pin was added is updated)."""
+    with open(osp.join(ROOT, 'requirements', 'tests.txt')) as f:
+        lines = [ln.split('#')[0].strip() for ln in f]
+    out = []
+    for ln in lines:
+        spec, _, marker = ln.partition(';')
+        want = marker.replace(' ', '').split('python_version')[-1]
+        new = tuple(map(int, stack['python'].split('.'))) >= (3, 11)
+        ok = {'>="3.11"': new, '<"3.11"': not new}.get(want, True)
+        if '==' in spec and ok:
+            out.append(spec.strip())
+    return out
 
 
 def _mmsoft_version():
