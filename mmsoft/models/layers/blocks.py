@@ -31,11 +31,7 @@ def mmcv_bricks() -> types.SimpleNamespace:
         from mmcv.cnn import ConvModule, build_norm_layer
         from mmcv.cnn.bricks.drop import build_dropout
         from mmcv.cnn.bricks.transformer import FFN
-    return types.SimpleNamespace(
-        ConvModule=ConvModule,
-        FFN=FFN,
-        build_norm_layer=build_norm_layer,
-        build_dropout=build_dropout)
+    return types.SimpleNamespace(**locals())
 
 
 def check_norm_cfg(name: str, cfg: Optional[Dict]) -> None:
@@ -101,7 +97,7 @@ class ConvPatchEmbed(nn.Module):
                     (stem_channels, embed_dims, 2)]
         else:
             plan = [(in_channels, embed_dims, 2)]
-        layers, kw = [], dict(
+        self.proj, kw = nn.Sequential(), dict(
             bias=True,
             conv_cfg=dict(type=SafeConv2d),
             norm_cfg=norm_cfg,
@@ -114,8 +110,7 @@ class ConvPatchEmbed(nn.Module):
                                         UserWarning)
                 layer = mmcv_bricks().ConvModule(cin, cout, 3, stride, 1, **kw)
             layer.conv.reset_parameters()
-            layers.append(layer)
-        self.proj = nn.Sequential(*layers)
+            self.proj.append(layer)
 
     def forward(self, x: torch.Tensor):
         x = self.proj(x)
