@@ -327,9 +327,9 @@ MUTATIONS = (
     M(name='attention_scope_default',
       what=('the attentions build in the default scope of the codebase '
             "(mmengine's 'Failed to search registry' warning)"),
-      path='mmsoft/models/layers/attention_zoo.py',
-      old="dict(fold_nr_keys(cfg), _scope_='mmsoft')",
-      new='dict(fold_nr_keys(cfg))',
+      path='mmsoft/models/layers/blocks.py',
+      old="dict(cfg, _scope_='mmsoft')",
+      new='dict(cfg)',
       tests=('tests/test_registry.py::test_build_from_codebase_registry', )),
     M(name='scalar_recurrence_inlined',
       what=('the spectral scalar NR recurrence as plain pointwise ops '

@@ -56,24 +56,18 @@ class PyramidStage(nn.Module):
         self.blocks = nn.ModuleList()
         self.norm = nn.Identity()
 
-    def pos_embedding(self, hw: Tuple[int, int]) -> torch.Tensor:
-        """(1, extra + H*W, C): the position embedding for an H x W map."""
-        e = self.num_extra_tokens
-        extra, pos = self.pos_embed[:, :e], self.pos_embed[:, e:]
-        g = math.isqrt(pos.shape[1])
-        if (g, g) != tuple(hw):
-            grid = pos.reshape(1, g, g, -1).permute(0, 3, 1, 2)
-            grid = F.interpolate(
-                grid, size=hw, mode='bilinear', align_corners=False)
-            pos = grid.flatten(2).transpose(1, 2)
-        return torch.cat([extra, pos], dim=1) if e else pos
-
     def forward(self, x: torch.Tensor):
         x, hw = self.patch_embed(x)
         B, e = x.shape[0], self.num_extra_tokens
+        pos, g = self.pos_embed, math.isqrt(self.pos_embed.shape[1] - e)
+        if (g, g) != tuple(hw):  # resized to the H x W map
+            grid = pos[:, e:].reshape(1, g, g, -1).permute(0, 3, 1, 2)
+            grid = F.interpolate(
+                grid, size=hw, mode='bilinear', align_corners=False)
+            pos = torch.cat([pos[:, :e], grid.flatten(2).transpose(1, 2)], 1)
         if e:
             x = torch.cat([self.cls_token.expand(B, -1, -1), x], dim=1)
-        x = self.pos_drop(x + self.pos_embedding(hw))
+        x = self.pos_drop(x + pos)
         for blk in self.blocks:
             if self.with_cp and x.requires_grad:
                 x = cp.checkpoint(blk, x, hw, use_reentrant=False)
@@ -405,8 +399,10 @@ class SOFT(BaseModule):
         n, cfgs = self.num_stages, self.stage_cfgs
         if isinstance(stage_cfgs, Mapping):
             checks = [('stage_cfgs', stage_cfgs, cfgs)]
-            users = [{k: v for k, v in stage_cfgs.items() if k in c}
-                     for c in cfgs]
+            users = [{
+                k: v
+                for k, v in stage_cfgs.items() if k in c
+            } for c in cfgs]
         elif isinstance(stage_cfgs, (list, tuple)) and \
                 len(stage_cfgs) == n and \
                 all(isinstance(c, Mapping) for c in stage_cfgs):
@@ -529,7 +525,17 @@ class SOFT(BaseModule):
             except ValueError as e:
                 if 'Expected more than 1 value per channel' not in str(e):
                     raise
-                raise ValueError(_one_value_per_channel(i, x)) from None
+                B, _, H, W = x.shape  # BatchNorm's message, explained
+                s = 4 if i == 0 else 2
+                raise ValueError(
+                    f'SOFT stage {i + 1}: in training mode its patch-'
+                    f'embedding BatchNorm sees one value per channel (batch '
+                    f'size {B}, a {-(-H // s)} x {-(-W // s)} map from the '
+                    f"stage's {H} x {W} input), where batch statistics are "
+                    f'undefined. Train with a batch size >= 2 or larger '
+                    f'images, or set norm_eval=True (BatchNorm uses its '
+                    f'running statistics) or patch_norm_cfg='
+                    f"dict(type='GN', num_groups=1) on the backbone") from None
             if i in self.out_indices:
                 use_cls = cls is not None and self.out_type == 'cls_token'
                 outs.append(cls if use_cls else x)
@@ -596,17 +602,3 @@ def _per_stage(name: str, value, n: int) -> List[Optional[Dict]]:
         raise TypeError(f'SOFT: {name} must be a dict or a list of {n} '
                         f'dicts / None (one per stage), got {value!r}')
     return [copy.deepcopy(v) for v in value]
-
-
-def _one_value_per_channel(i: int, x: torch.Tensor) -> str:
-    """BatchNorm's "Expected more than 1 value per channel", explained."""
-    B, _, H, W = x.shape
-    stride = 4 if i == 0 else 2
-    h, w = -(-H // stride), -(-W // stride)
-    return (f'SOFT stage {i + 1}: in training mode its patch-embedding '
-            f'BatchNorm sees one value per channel (batch size {B}, a '
-            f'{h} x {w} map from the stage\'s {H} x {W} input), where '
-            f'batch statistics are undefined. Train with a batch size '
-            f'>= 2 or larger images, or set norm_eval=True (BatchNorm '
-            f'uses its running statistics) or patch_norm_cfg='
-            f"dict(type='GN', num_groups=1) on the backbone")

@@ -7,7 +7,7 @@ from mmsoft.compat import unravel_index
 from . import export_ops
 from .amp import autocast_off, compute_dtype
 from .nr_diagnostics import iterative_stats, record_residual
-from .nr_iteration import init_iteration, newton_forward, spectral_factors
+from .nr_iteration import init_iteration, newton_iterate, spectral_factors
 
 __all__ = [
     'NewtonInverse', 'NR_METHODS', 'SPECTRAL_MIN_M', 'resolve_method', 'solve'
@@ -80,9 +80,11 @@ def resolve_method(method: str, A: torch.Tensor) -> str:
 
 def _iterative(A: torch.Tensor, W: Optional[torch.Tensor], nr,
                stats: Optional[Dict]) -> Tuple[torch.Tensor, torch.Tensor]:
-    """(A_T, A_T or A_T W) by the iterations."""
+    """(A_T, A_T or A_T W) by the iterations (autograd through them if A
+    requires grad)."""
     iterative_stats(stats, A, nr.init, nr.iters)
-    Y = newton_forward(A, nr.iters, nr.init)
+    Aw, alpha = init_iteration(A, nr.init)
+    Y = newton_iterate(Aw, alpha[..., None, None] * Aw, nr.iters)
     return Y, Y if W is None else Y @ W
 
 
@@ -162,7 +164,12 @@ def solve(A: torch.Tensor, W: Optional[torch.Tensor], nr,
     A = A.to(dtype)
     W = None if W is None else W.to(dtype)
     if export_ops.is_exporting():  # ONNX: the iterations as plain products
-        export_ops.check_method(nr.method)
+        if nr.method == 'spectral':  # 'auto' becomes the iterative form
+            raise export_ops.ExportError(
+                "nr_method='spectral' cannot be exported (torch.linalg.eigh "
+                "has no ONNX operator); set model.backbone.attn_cfg."
+                "nr_method='auto' or 'iterative' (same function) before "
+                'exporting')
         return _iterative(A, W, nr, None)[1]
     method = resolve_method(nr.method, A)
     if method != nr.method:

@@ -11,7 +11,7 @@ import torch
 __all__ = [
     'INIT_MODES', 'INIT_ALIASES', 'canonical_init', 'nr_init_alpha',
     'nr_iteration_matrix', 'init_iteration', 'newton_iterate',
-    'newton_forward', 'scalar_iterate', 'spectral_factors'
+    'scalar_iterate', 'spectral_factors'
 ]
 
 INIT_MODES = ('soft_norm_per_sample', 'soft_norm_per_matrix',
@@ -124,12 +124,6 @@ def newton_iterate(A: torch.Tensor, V: torch.Tensor,
         # 2 V - (V A) V, the axpy fused into the second product
         V = torch.baddbmm(V, torch.bmm(V, A3), V, beta=2.0, alpha=-1.0)
     return V.reshape(shape)
-
-
-def newton_forward(A: torch.Tensor, iters: int, init: str) -> torch.Tensor:
-    """A_T by the iterations (autograd through them if A requires grad)."""
-    Aw, alpha = init_iteration(A, init)
-    return newton_iterate(Aw, alpha[..., None, None] * Aw, iters)
 
 
 def _scalar_iterate_impl(lam: torch.Tensor, alpha: torch.Tensor,

@@ -6,10 +6,8 @@ probes each CPU half-precision configuration once against float32; one
 above :data:`PROBE_RTOL` runs in float32 (:class:`HalfConvWarning`). Under
 ``torch.compile`` no probe runs (an unprobed one runs in float32).
 """
-import collections
-import threading
 import warnings
-from typing import Optional, Tuple
+from typing import Dict, Optional, Tuple
 
 import torch
 import torch.nn as nn
@@ -19,19 +17,15 @@ from mmsoft.compat import autocast_dtype
 from .amp import autocast_off
 
 __all__ = [
-    'SafeConv2d', 'conv2d', 'guard_convs', 'half_dtype', 'PROBE_RTOL',
-    'HalfConvWarning'
+    'SafeConv2d', 'conv2d', 'guard_convs', 'PROBE_RTOL', 'HalfConvWarning'
 ]
 
 #: the largest relative error of a correct half kernel (~2e-3 bfloat16,
 #: ~2e-4 float16; the AMX bug: 1.1 .. 1.4)
 PROBE_RTOL = {torch.bfloat16: 1e-2, torch.float16: 5e-3}
-#: verdicts remembered (least recently used ones are probed again)
-CACHE_SIZE = 1024
-
 _HALF = (torch.bfloat16, torch.float16)
-_verdicts: 'collections.OrderedDict[tuple, bool]' = collections.OrderedDict()
-_lock = threading.Lock()
+#: the verdict of each configuration probed: (dtype, shapes, conv args) -> ok
+_verdicts: Dict[tuple, bool] = {}
 _compiling = getattr(getattr(torch, 'compiler', None), 'is_compiling',
                      None) or torch._dynamo.is_compiling  # torch < 2.3
 #: the convolution checked (a test stands in a broken kernel)
@@ -41,20 +35,6 @@ _raw_conv2d = F.conv2d
 class HalfConvWarning(UserWarning):
     """A half-precision convolution kernel of this CPU computes wrong
     values; mmsoft runs that convolution in float32."""
-
-
-def half_dtype(x: torch.Tensor, weight: torch.Tensor) -> Optional[torch.dtype]:
-    """The half type a CPU convolution of ``x`` and ``weight`` computes
-    in (half inputs, or CPU autocast to a half type), else None."""
-    if x.device.type != 'cpu':
-        return None
-    if x.dtype in _HALF:
-        return x.dtype
-    if x.dtype == torch.float32 and weight.dtype in (torch.float32, ) + _HALF:
-        dtype = autocast_dtype('cpu')
-        if dtype in _HALF:
-            return dtype
-    return None
 
 
 def _pair(v):
@@ -80,10 +60,8 @@ def _probe(key: tuple) -> Tuple[bool, float]:
 def _verdict(key: tuple) -> bool:
     """Whether the half kernel of ``key`` is correct: probed once, then
     remembered."""
-    with _lock:
-        if key in _verdicts:
-            _verdicts.move_to_end(key)
-            return _verdicts[key]
+    if key in _verdicts:
+        return _verdicts[key]
     ok, err = _probe(key)
     if not ok:
         dtype, in_shape, w_shape, stride, _, _, groups = key
@@ -95,10 +73,7 @@ def _verdict(key: tuple) -> bool:
             f'this convolution in float32 (correct, slower)',
             HalfConvWarning,
             stacklevel=3)
-    with _lock:
-        _verdicts[key] = ok
-        while len(_verdicts) > CACHE_SIZE:
-            _verdicts.popitem(last=False)
+    _verdicts[key] = ok
     return ok
 
 
@@ -111,13 +86,15 @@ def conv2d(x: torch.Tensor,
            groups: int = 1) -> torch.Tensor:
     """``F.conv2d``, in float32 where this CPU's half kernel is wrong for
     the configuration."""
-    dtype = half_dtype(x, weight)
-    if dtype is not None:
+    dtype = x.dtype if x.device.type == 'cpu' else None  # half inputs or
+    if dtype == torch.float32 and weight.dtype in (torch.float32, ) + _HALF:
+        dtype = autocast_dtype('cpu')  # float32 ones under CPU autocast
+    if dtype in _HALF:
         key = (dtype, tuple(x.shape[1:]), tuple(weight.shape), _pair(stride),
                padding if isinstance(padding, str) else _pair(padding),
                _pair(dilation), int(groups))
         ok = _verdicts.get(key, False) if _compiling() else _verdict(key)
-    if dtype is None or ok:
+    if dtype not in _HALF or ok:
         return _raw_conv2d(x, weight, bias, stride, padding, dilation, groups)
     with autocast_off('cpu'):
         out = _raw_conv2d(x.float(), weight.float(),

@@ -12,7 +12,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from mmsoft.registry import ATTENTIONS
-from .amp import autocast_off
+from .amp import autocast_off, compute_dtype
 from .attention_base import AttentionBase, Index, query_index
 from .checks import check_choice, check_int
 from .grid import reduce_map
@@ -271,9 +271,8 @@ def iterative_pinv(A: torch.Tensor, iters: int = 6) -> torch.Tensor:
     """Nystromformer's iteration for A^+ in float32+: Z_0 = A^T /
     (||A||_1 ||A||_inf) per matrix (the reference: over the batch),
     Z_{k+1} = Z_k (13 I - A Z_k (15 I - A Z_k (7 I - A Z_k))) / 4."""
-    dtype = torch.float64 if A.dtype == torch.float64 else torch.float32
-    A = A.to(dtype)
-    eye = torch.eye(A.shape[-1], dtype=dtype, device=A.device)
+    A = A.to(compute_dtype(A))
+    eye = torch.eye(A.shape[-1], dtype=A.dtype, device=A.device)
     col = A.abs().sum(-2).amax(-1)
     row = A.abs().sum(-1).amax(-1)
     Z = A.transpose(-1, -2) / (col * row)[..., None, None]
@@ -322,9 +321,7 @@ class NystromformerAttention(ReducedGridAttention):
         B_ = (ql @ k.transpose(-1, -2) * s).softmax(-1)
         with autocast_off(x.device.type):
             if self.pinv == 'exact':
-                dtype = torch.float64 if A.dtype == torch.float64 \
-                    else torch.float32
-                A_inv = torch.linalg.pinv(A.to(dtype))
+                A_inv = torch.linalg.pinv(A.to(compute_dtype(A)))
             else:
                 A_inv = iterative_pinv(A, self.pinv_iters)
         return F_, A_inv, B_
@@ -356,9 +353,7 @@ def l1_normalize_tokens(t: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
 
 def sima_order(n: int, d: int, order: str = 'auto') -> str:
     """``'linear'`` (Q^ (K^^T V)) or ``'quadratic'`` ((Q^ K^^T) V)."""
-    if order not in ORDERS:
-        raise ValueError(f'unknown order {order!r}; choose one of {ORDERS}')
-    if order != 'auto':
+    if check_choice('order', order, ORDERS) != 'auto':
         return order
     return 'linear' if n > d else 'quadratic'
 
