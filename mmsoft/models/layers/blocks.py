@@ -32,9 +32,9 @@ def mmcv_bricks() -> types.SimpleNamespace:
     free of mmcv) without mmcv.cnn's ``ImportWarning``."""
     with warnings.catch_warnings():
         warnings.simplefilter('ignore', ImportWarning)
-        from mmcv.cnn import ConvModule, build_norm_layer
-        from mmcv.cnn.bricks.drop import build_dropout
-        from mmcv.cnn.bricks.transformer import FFN
+        from mmcv.cnn import ConvModule, build_norm_layer  # noqa: F401
+        from mmcv.cnn.bricks.drop import build_dropout  # noqa: F401
+        from mmcv.cnn.bricks.transformer import FFN  # noqa: F401
     return types.SimpleNamespace(**locals())
 
 
