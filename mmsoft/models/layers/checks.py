@@ -10,10 +10,7 @@ def _is_int(value: Any) -> bool:
     return isinstance(value, numbers.Integral) and not isinstance(value, bool)
 
 
-def check_int(name: str,
-              value: Any,
-              minimum: int = 1,
-              allow_none: bool = False) -> Optional[int]:
+def check_int(name, value, minimum=1, allow_none=False) -> Optional[int]:
     """An int >= ``minimum`` (or None with ``allow_none``), as an int."""
     if value is None and allow_none:
         return None

@@ -1,6 +1,6 @@
 """The Newton-Raphson settings of a SOFT attention (:class:`NRConfig`)."""
 import dataclasses
-from typing import Dict, Mapping, Optional, Union
+from typing import Mapping, Union
 
 import torch
 
@@ -84,16 +84,11 @@ class NRConfig:
         """A copy with some settings changed (validated again)."""
         return dataclasses.replace(self, **changes)
 
-    def inverse(self,
-                A: torch.Tensor,
-                stats: Optional[Dict] = None) -> torch.Tensor:
+    def inverse(self, A: torch.Tensor, stats=None) -> torch.Tensor:
         """A_T for (..., m, m) symmetric non-negative A."""
         return solve(A, None, self, stats)
 
-    def apply(self,
-              A: torch.Tensor,
-              W: torch.Tensor,
-              stats: Optional[Dict] = None) -> torch.Tensor:
+    def apply(self, A: torch.Tensor, W: torch.Tensor, stats=None):
         """A_T W for W (..., m, d), ``inverse(A) @ W`` up to rounding
         without forming A_T with the spectral method."""
         return solve(A, W, self, stats)

@@ -1,6 +1,6 @@
 """How far the Newton-Raphson iterate A_T is from A^+ (the paper's Fig. 4):
 the ``stats`` of ``NRConfig.inverse`` / ``apply`` (``last_nr_stats``)."""
-from typing import Dict, Optional, Tuple
+from typing import Dict, Optional
 
 import torch
 
@@ -43,9 +43,7 @@ def iterative_stats(stats: Optional[Dict], A: torch.Tensor, init: str,
 
 
 @torch.no_grad()
-def nr_residual(A: torch.Tensor,
-                iters: int = 20,
-                init: str = 'soft_norm_per_sample') -> Dict[str, torch.Tensor]:
+def nr_residual(A, iters=20, init='soft_norm_per_sample'):
     """``{'residual', 'unconverged'}`` of T iterations on (..., m, m) A,
     each of shape ``A.shape[:-2]`` (see :func:`record_residual`)."""
     init = canonical_init(init)
@@ -58,10 +56,7 @@ def nr_residual(A: torch.Tensor,
 
 
 @torch.no_grad()
-def pinv_convergence(A: torch.Tensor,
-                     iters: int = 20,
-                     init: str = 'soft_norm_per_sample'
-                     ) -> Tuple[torch.Tensor, ...]:
+def pinv_convergence(A, iters=20, init='soft_norm_per_sample'):
     """||A A_k A - A||_2 / ||A||_2 for k = 0..iters (Fig. 4), each of shape
     ``A.shape[:-2]``."""
     A = A.double()

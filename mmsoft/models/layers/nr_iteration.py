@@ -63,8 +63,7 @@ def _shared_max(t: torch.Tensor, init: str, trailing: int = 0):
     return shared.view(t.shape[0], *([1] * (lead - 1)), *tail).expand_as(t)
 
 
-def nr_init_alpha(A: torch.Tensor,
-                  init: str = 'soft_norm_per_sample') -> torch.Tensor:
+def nr_init_alpha(A, init='soft_norm_per_sample') -> torch.Tensor:
     """alpha of A_0 = alpha A per matrix (shape ``A.shape[:-2]``).
 
     ``'soft'``: 0.9 * 2 / ||A||_1^2. ``'soft_norm_per_*'``: the official

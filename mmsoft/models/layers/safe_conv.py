@@ -77,13 +77,7 @@ def _verdict(key: tuple) -> bool:
     return ok
 
 
-def conv2d(x: torch.Tensor,
-           weight: torch.Tensor,
-           bias: Optional[torch.Tensor] = None,
-           stride=1,
-           padding=0,
-           dilation=1,
-           groups: int = 1) -> torch.Tensor:
+def conv2d(x, weight, bias=None, stride=1, padding=0, dilation=1, groups=1):
     """``F.conv2d``, in float32 where this CPU's half kernel is wrong for
     the configuration."""
     dtype = x.dtype if x.device.type == 'cpu' else None  # half inputs or

@@ -34,9 +34,7 @@ __all__ = [
 SAMPLING_MODES = ('conv', 'avgpool', 'random', 'biased')
 
 
-def bottleneck_inverse(A: torch.Tensor,
-                       attn_norm: bool = True,
-                       nr: Optional[NRConfig] = None) -> torch.Tensor:
+def bottleneck_inverse(A, attn_norm=True, nr=None):
     """A^+, or A^+_n = D^-1/2 A^+ D^-1/2 with ``attn_norm`` (Eq. 25), in
     float32 (float64 stays); ``nr``: :class:`NRConfig` or its fields."""
     A_inv = NRConfig.of(nr, attn_norm).inverse(A)
@@ -47,11 +45,7 @@ def bottleneck_inverse(A: torch.Tensor,
         return d.unsqueeze(-1) * A_inv * d.unsqueeze(-2)
 
 
-def bottleneck_apply(A: torch.Tensor,
-                     W: torch.Tensor,
-                     attn_norm: bool = True,
-                     nr: Optional[NRConfig] = None,
-                     nr_stats: Optional[dict] = None) -> torch.Tensor:
+def bottleneck_apply(A, W, attn_norm=True, nr=None, nr_stats=None):
     """``bottleneck_inverse(A, ...) @ W`` without the m x m inverse (D^-1/2
     applied to the m x d operands); ``nr_stats``: see :class:`NRConfig`."""
     nr = NRConfig.of(nr, attn_norm)
@@ -63,12 +57,7 @@ def bottleneck_apply(A: torch.Tensor,
         return d * nr.apply(A, d * W.to(dtype), nr_stats)
 
 
-def soft_attention(q: torch.Tensor,
-                   landmarks: torch.Tensor,
-                   v: torch.Tensor,
-                   attn_norm: bool = True,
-                   nr: Optional[NRConfig] = None,
-                   nr_stats: Optional[dict] = None) -> torch.Tensor:
+def soft_attention(q, landmarks, v, attn_norm=True, nr=None, nr_stats=None):
     """out = P (A^+_n (P^T V)) (v's dtype) for q, v (B, h, n, d) and
     landmarks (B, h, m, d), q and landmarks scaled by d^(-1/4) (Eq. 5)."""
     P = gaussian_kernel(q, landmarks)  # (B, h, n, m)
@@ -215,8 +204,8 @@ class SOFTAttention(AttentionBase):
         self._nr = NRConfig.of(nr, attn_norm)
         self.nr_diagnostics = nr_diagnostics
         self.last_nr_stats: Optional[dict] = None
-        self.q = nn.Linear(embed_dims, embed_dims, bias=qkv_bias)
-        self.v = nn.Linear(embed_dims, embed_dims, bias=qkv_bias)
+        self.q, self.v = (
+            nn.Linear(embed_dims, embed_dims, bias=qkv_bias) for _ in range(2))
         self.sampler = BottleneckSampler(self.head_dims, sampling_ratio,
                                          sampling, max_landmarks, landmark_hw)
         self._build_output_layers()

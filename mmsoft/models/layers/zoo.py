@@ -30,12 +30,7 @@ PINV_MODES = ('iterative', 'exact')
 ORDERS = ('auto', 'quadratic', 'linear')
 
 
-def spread_to_tokens(w: torch.Tensor,
-                     hw: Tuple[int, int],
-                     ratio: int,
-                     max_landmarks: Optional[int] = None,
-                     landmark_hw: Optional[Tuple[int,
-                                                 int]] = None) -> torch.Tensor:
+def spread_to_tokens(w, hw, ratio, max_landmarks=None, landmark_hw=None):
     """``w`` (..., m) on the reduced tokens -> (..., H*W) by the transpose
     of ``reduce_map()``'s pooling (``w_j / |cell j|`` per token)."""
     lead = w.shape[:-1]
@@ -57,22 +52,17 @@ def spread_to_tokens(w: torch.Tensor,
 
 
 class ZooAttention(AttentionBase):
-    """q / k / v projections on
-    :class:`~mmsoft.models.layers.AttentionBase`; subclasses take these
-    stage arguments as ``*args, **kwargs``."""
+    """q / k / v projections (biases: ``qkv_bias``) on
+    :class:`~mmsoft.models.layers.AttentionBase`, whose arguments it and
+    its subclasses take as ``*args, **kwargs``."""
 
-    def __init__(self,
-                 embed_dims: int,
-                 num_heads: int,
-                 sampling_ratio: int,
-                 dw_kernel_size: int = 3,
-                 qkv_bias: bool = True):
-        super().__init__(embed_dims, num_heads, sampling_ratio, dw_kernel_size)
+    def __init__(self, *args, qkv_bias: bool = True, **kwargs):
+        super().__init__(*args, **kwargs)
         self.scale = self.head_dims**-0.5
         self._build_output_layers()
-        self.q = nn.Linear(embed_dims, embed_dims, bias=qkv_bias)
-        self.k = nn.Linear(embed_dims, embed_dims, bias=qkv_bias)
-        self.v = nn.Linear(embed_dims, embed_dims, bias=qkv_bias)
+        C = self.embed_dims
+        self.q, self.k, self.v = (
+            nn.Linear(C, C, bias=qkv_bias) for _ in range(3))
 
 
 class ReducedGridAttention(ZooAttention):
