@@ -327,8 +327,7 @@ class SOFT(BaseModule):
                         f'attn_cfg=dict(type={attn_type!r}{items})')
 
     @classmethod
-    def _soft_only(cls, name: str, arg: str, values: Sequence, example: str,
-                   error: type) -> None:
+    def _soft_only(cls, name, arg, values, example, error) -> None:
         """A setting of stages 1-3: four values, None for the ClsTokenStage."""
         n = cls.num_stages
         if len(values) == n - 1:

@@ -96,22 +96,19 @@ class AttentionBase(nn.Module):
         return self.proj(out)
 
     @torch.no_grad()
-    def attention_row(self, x: torch.Tensor, hw: Tuple[int, int],
-                      index: Index) -> torch.Tensor:
+    def attention_row(self, x, hw, index) -> torch.Tensor:
         """(B, h, n) weights of query ``index`` (flat or (row, col)) over
         the value tokens, for the (B, n, C) input ``x`` (without the dw conv
         branch and the projections)."""
         self._check(x, hw)
         return self._row(x, hw, query_index(index, hw))
 
-    def _row(self, x: torch.Tensor, hw: Tuple[int, int],
-             i: int) -> torch.Tensor:
+    def _row(self, x, hw, i) -> torch.Tensor:
         """:meth:`attention_row` for the flat query index ``i``."""
         raise NotImplementedError
 
     @torch.no_grad()
-    def attention_matrix(self, x: torch.Tensor,
-                         hw: Tuple[int, int]) -> torch.Tensor:
+    def attention_matrix(self, x, hw) -> torch.Tensor:
         """The (B, h, n, n) token-mixing matrix, row by row (small n)."""
         n = hw[0] * hw[1]
         return torch.stack([self.attention_row(x, hw, i) for i in range(n)],

@@ -110,8 +110,7 @@ def attention_types() -> List[str]:
     return sorted(ATTENTIONS.module_dict)
 
 
-def residual_drop_cfg(rate: float,
-                      residual_drop: str = 'drop_path') -> Optional[Dict]:
+def residual_drop_cfg(rate, residual_drop='drop_path') -> Optional[Dict]:
     """The ``build_dropout`` config of a residual branch: ``DropPath``
     or element-wise ``Dropout`` of ``rate``; None for rate 0."""
     if residual_drop not in RESIDUAL_DROPS:
@@ -164,8 +163,7 @@ class ConvPatchEmbed(nn.Module):
         return x.flatten(2).transpose(1, 2), (x.shape[2], x.shape[3])
 
 
-def _ffn(embed_dims: int, mlp_ratio: float, act_cfg: Dict, drop: float,
-         residual: Optional[Dict]) -> nn.Module:
+def _ffn(embed_dims, mlp_ratio, act_cfg, drop, residual) -> nn.Module:
     """mmcv ``FFN``: fc1, act, fc2 (dropouts ``drop``), + the identity."""
     return mmcv_bricks().FFN(
         embed_dims=embed_dims,

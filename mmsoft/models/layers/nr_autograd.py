@@ -1,5 +1,5 @@
 """SOFT's NR pseudo-inverse with a closed-form backward, and dispatch."""
-from typing import Dict, Optional, Tuple
+from typing import Tuple
 
 import torch
 
@@ -45,8 +45,7 @@ def _close_pairs(lam: torch.Tensor) -> Tuple[torch.Tensor, ...]:
     return tuple(batch) + (i, j)
 
 
-def _divided_differences(lam: torch.Tensor, v: torch.Tensor,
-                         alpha: torch.Tensor, iters: int) -> torch.Tensor:
+def _divided_differences(lam, v, alpha, iters) -> torch.Tensor:
     """The Daleckii-Krein kernel F of f = v_T: the quotient, overwritten on
     the close pairs (a, b) by [a, b] v_T without cancellation (Leibniz
     rule): D_0 = alpha, D_{k+1} = D_k (2 - (v_a + v_b)(a + b) / 2) -
@@ -78,8 +77,7 @@ def resolve_method(method: str, A: torch.Tensor) -> str:
     return 'iterative'
 
 
-def _iterative(A: torch.Tensor, W: Optional[torch.Tensor], nr,
-               stats: Optional[Dict]) -> Tuple[torch.Tensor, torch.Tensor]:
+def _iterative(A, W, nr, stats) -> Tuple[torch.Tensor, torch.Tensor]:
     """(A_T, A_T or A_T W) by the iterations (autograd through them if A
     requires grad)."""
     iterative_stats(stats, A, nr.init, nr.iters)
@@ -149,8 +147,7 @@ class NewtonInverse(torch.autograd.Function):
         return grad_A, None if ctx.inverse else G, None, None
 
 
-def solve(A: torch.Tensor, W: Optional[torch.Tensor], nr,
-          stats: Optional[Dict]) -> torch.Tensor:
+def solve(A, W, nr, stats) -> torch.Tensor:
     """A_T (``W`` None) or A_T W with the settings ``nr`` (an
     :class:`~.nr_config.NRConfig`)."""
     if A.dim() < 2 or A.shape[-1] != A.shape[-2]:

@@ -1,6 +1,6 @@
 """The Newton-Raphson settings of a SOFT attention (:class:`NRConfig`)."""
 import dataclasses
-from typing import Mapping, Union
+from typing import Mapping
 
 import torch
 
@@ -62,8 +62,7 @@ class NRConfig:
                      NR_BACKWARDS)
 
     @classmethod
-    def of(cls, nr: Union['NRConfig', Mapping, None],
-           attn_norm: bool) -> 'NRConfig':
+    def of(cls, nr, attn_norm) -> 'NRConfig':
         """``nr`` as it is, or from a dict of the fields / None: ``init``
         missing or None is :func:`default_init`."""
         if isinstance(nr, NRConfig):

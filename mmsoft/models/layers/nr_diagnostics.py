@@ -1,6 +1,6 @@
 """How far the Newton-Raphson iterate A_T is from A^+ (the paper's Fig. 4):
 the ``stats`` of ``NRConfig.inverse`` / ``apply`` (``last_nr_stats``)."""
-from typing import Dict, Optional
+from typing import Dict
 
 import torch
 
@@ -12,8 +12,7 @@ __all__ = [
 ]
 
 
-def record_residual(stats: Optional[Dict], lam: torch.Tensor,
-                    v: torch.Tensor) -> None:
+def record_residual(stats, lam, v) -> None:
     """Fill ``stats`` from the eigenvalues l of the matrix iterated on and
     v = v_T(l), per matrix: ``'residual'`` ||A A_T A - A||_2 / ||A||_2 =
     max |l (l v - 1)| / max |l|; ``'unconverged'`` the fraction of the
@@ -31,8 +30,7 @@ def record_residual(stats: Optional[Dict], lam: torch.Tensor,
         rank.sum(-1).clamp_min(1).to(lam.dtype)
 
 
-def iterative_stats(stats: Optional[Dict], A: torch.Tensor, init: str,
-                    iters: int) -> None:
+def iterative_stats(stats, A, init, iters) -> None:
     """:func:`record_residual` for the iterative method (one ``eigvalsh``)."""
     if stats is None:
         return

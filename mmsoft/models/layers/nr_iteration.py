@@ -103,8 +103,7 @@ def nr_iteration_matrix(A: torch.Tensor, init: str) -> torch.Tensor:
     return A
 
 
-def init_iteration(A: torch.Tensor,
-                   init: str) -> Tuple[torch.Tensor, torch.Tensor]:
+def init_iteration(A, init) -> Tuple[torch.Tensor, torch.Tensor]:
     """(matrix iterated on, alpha); alpha without autograd: both backward
     passes hold it fixed."""
     with torch.no_grad():
@@ -112,8 +111,7 @@ def init_iteration(A: torch.Tensor,
     return nr_iteration_matrix(A, init), alpha
 
 
-def newton_iterate(A: torch.Tensor, V: torch.Tensor,
-                   iters: int) -> torch.Tensor:
+def newton_iterate(A, V, iters) -> torch.Tensor:
     """V_{k+1} = 2 V_k - V_k A V_k, ``iters`` times (Eq. 10)."""
     shape = V.shape
     m = shape[-1]
@@ -125,8 +123,7 @@ def newton_iterate(A: torch.Tensor, V: torch.Tensor,
     return V.reshape(shape)
 
 
-def _scalar_iterate_impl(lam: torch.Tensor, alpha: torch.Tensor,
-                         iters: int) -> torch.Tensor:
+def _scalar_iterate_impl(lam, alpha, iters) -> torch.Tensor:
     """v_T(l): v_0 = alpha l, v_{k+1} = 2 v_k - v_k^2 l (Eq. 10 on the
     eigenvalues; ``alpha`` of shape ``lam.shape[:-1]``)."""
     v = alpha[..., None] * lam
@@ -159,8 +156,7 @@ def _register_scalar_iterate():
 scalar_iterate = _register_scalar_iterate()
 
 
-def spectral_factors(A: torch.Tensor, alpha: torch.Tensor, iters: int
-                     ) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def spectral_factors(A, alpha, iters):
     """(U, v, l) with A = U diag(l) U^T and A_T = U diag(v) U^T: every
     iterate is the same polynomial of A, so Eq. (10) acts on l alone."""
     lam, U = torch.linalg.eigh(A)

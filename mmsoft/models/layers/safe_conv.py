@@ -7,7 +7,7 @@ above :data:`PROBE_RTOL` runs in float32 (:class:`HalfConvWarning`). Under
 ``torch.compile`` no probe runs (an unprobed one runs in float32).
 """
 import warnings
-from typing import Dict, Optional, Tuple
+from typing import Dict, Tuple
 
 import torch
 import torch.nn as nn
@@ -102,8 +102,7 @@ class SafeConv2d(nn.Conv2d):
     (:func:`~mmsoft.models.layers.safe_conv.conv2d`); the same parameters,
     state dict and results wherever the half kernel is correct."""
 
-    def _conv_forward(self, input: torch.Tensor, weight: torch.Tensor,
-                      bias: Optional[torch.Tensor]) -> torch.Tensor:
+    def _conv_forward(self, input, weight, bias) -> torch.Tensor:
         if self.padding_mode != 'zeros':
             return super()._conv_forward(input, weight, bias)
         return conv2d(input, weight, bias, self.stride, self.padding,

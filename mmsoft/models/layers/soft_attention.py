@@ -238,15 +238,13 @@ class SOFTAttention(AttentionBase):
         return gaussian_kernel(q, landmarks), bottleneck_inverse(
             A, self.attn_norm, self._nr)
 
-    def _row(self, x: torch.Tensor, hw: Tuple[int, int],
-             i: int) -> torch.Tensor:
+    def _row(self, x, hw, i) -> torch.Tensor:
         """Row ``i`` of S^, P_i A^+_n P^T (B, h, n), in O(n m)."""
         P, A_inv = self._kernels(x, hw)
         return ((P[:, :, i:i + 1] @ A_inv) @ P.transpose(-1, -2)).squeeze(-2)
 
     @torch.no_grad()
-    def attention_matrix(self, x: torch.Tensor,
-                         hw: Tuple[int, int]) -> torch.Tensor:
+    def attention_matrix(self, x, hw) -> torch.Tensor:
         """S^ = P A^+_n P^T (B, h, n, n) itself (small inputs only)."""
         self._check(x, hw)
         P, A_inv = self._kernels(x, hw)
@@ -258,9 +256,7 @@ class SOFTAttention(AttentionBase):
                 f'nr_backward={self._nr.backward}')
 
 
-def with_nr(model: nn.Module,
-            nr: Union[NRConfig, Mapping, None] = None,
-            **changes) -> nn.Module:
+def with_nr(model, nr=None, **changes) -> nn.Module:
     """A deep copy of ``model`` whose :class:`SOFTAttention` s use ``nr``
     (default: their own) with ``changes``, e.g. ``with_nr(model,
     method='iterative')``; ``model`` and the random state unchanged."""

@@ -13,7 +13,7 @@ import torch.nn.functional as F
 
 from mmsoft.registry import ATTENTIONS
 from .amp import autocast_off, compute_dtype
-from .attention_base import AttentionBase, Index, query_index
+from .attention_base import AttentionBase, query_index
 from .checks import check_choice, check_int
 from .grid import reduce_map
 from .safe_conv import SafeConv2d
@@ -69,18 +69,12 @@ class ReducedGridAttention(ZooAttention):
     """Over the m r x r cells of SOFT's bottleneck grid (``reduce_map()``;
     ``max_landmarks`` caps m, ``landmark_hw`` fixes the grid (gh, gw))."""
 
-    def __init__(self,
-                 *args,
-                 max_landmarks: Optional[int] = None,
-                 landmark_hw: Optional[Tuple[int, int]] = None,
-                 **kwargs):
+    def __init__(self, *args, max_landmarks=None, landmark_hw=None, **kwargs):
         super().__init__(*args, **kwargs)
         self.max_landmarks = max_landmarks
         self.landmark_hw = landmark_hw
 
-    def _reduce_map(self,
-                    t: torch.Tensor,
-                    conv: Optional[nn.Module] = None) -> torch.Tensor:
+    def _reduce_map(self, t, conv=None) -> torch.Tensor:
         """``reduce_map()`` on this grid."""
         return reduce_map(t, self.sampling_ratio, self.max_landmarks,
                           self.landmark_hw, conv)
@@ -98,8 +92,7 @@ class SoftmaxZooAttention(ZooAttention):
             self._split(vt)
         return F.scaled_dot_product_attention(q, k, v), vt
 
-    def _row(self, x: torch.Tensor, hw: Tuple[int, int],
-             i: int) -> torch.Tensor:
+    def _row(self, x, hw, i) -> torch.Tensor:
         q = self._split(self.q(x[:, i:i + 1]))
         k = self._split(self.k(x))
         logits = (q @ k.transpose(-1, -2)).squeeze(-2) * self.scale
@@ -145,8 +138,7 @@ class LinformerAttention(ReducedGridAttention):
         return out, (self.v(x) if self.dw_conv is not None else None)
 
     @torch.no_grad()
-    def reduced_attention_row(self, x: torch.Tensor, hw: Tuple[int, int],
-                              index: Index) -> torch.Tensor:
+    def reduced_attention_row(self, x, hw, index) -> torch.Tensor:
         """(B, h, m) softmax weights of query ``index`` over the m keys."""
         self._check(x, hw)
         i = query_index(index, hw)
@@ -154,8 +146,7 @@ class LinformerAttention(ReducedGridAttention):
         k = self._split(self.k(self._reduce(x, hw)))
         return ((q @ k.transpose(-1, -2)).squeeze(-2) * self.scale).softmax(-1)
 
-    def _row(self, x: torch.Tensor, hw: Tuple[int, int],
-             i: int) -> torch.Tensor:
+    def _row(self, x, hw, i) -> torch.Tensor:
         """The reduced row spread over its cells (exact for avgpool)."""
         return spread_to_tokens(
             self.reduced_attention_row(x, hw, i), hw, self.sampling_ratio,
@@ -183,8 +174,7 @@ def orthogonal_gaussian(num_features: int,
     return (w * norms).to(dtype)
 
 
-def favor_features(x: torch.Tensor, w: torch.Tensor,
-                   is_query: bool) -> torch.Tensor:
+def favor_features(x, w, is_query) -> torch.Tensor:
     """phi(x) (B, h, n, M) of x (B, h, n, d), scaled by d^(-1/4), up to
     a factor that cancels in D^-1."""
     proj = x @ w.to(x.dtype).t()  # (B, h, n, M)
@@ -247,8 +237,7 @@ class PerformerAttention(ZooAttention):
         out = (pq @ kv) / (denom + self.eps)
         return out.to(v.dtype), vt
 
-    def _row(self, x: torch.Tensor, hw: Tuple[int, int],
-             i: int) -> torch.Tensor:
+    def _row(self, x, hw, i) -> torch.Tensor:
         pq, pk = self._phi(x)
         row = (pq[:, :, i:i + 1] @ pk.transpose(-1, -2)).squeeze(-2)
         return row / (row.sum(-1, keepdim=True) + self.eps)
@@ -285,11 +274,7 @@ class NystromformerAttention(ReducedGridAttention):
     steps) or ``'exact'``; with r = 1 and the exact inverse F A^+ B = S.
     """
 
-    def __init__(self,
-                 *args,
-                 pinv: str = 'iterative',
-                 pinv_iters: int = 6,
-                 **kwargs):
+    def __init__(self, *args, pinv='iterative', pinv_iters=6, **kwargs):
         super().__init__(*args, **kwargs)
         self.pinv = check_choice('pinv', pinv, PINV_MODES)
         self.pinv_iters = pinv_iters
@@ -325,8 +310,7 @@ class NystromformerAttention(ReducedGridAttention):
             out = F_.to(dt) @ (A_inv @ (B_.to(dt) @ v.to(dt)))
         return out.to(v.dtype), vt
 
-    def _row(self, x: torch.Tensor, hw: Tuple[int, int],
-             i: int) -> torch.Tensor:
+    def _row(self, x, hw, i) -> torch.Tensor:
         F_, A_inv, B_ = self._kernels(x, hw)
         dt = A_inv.dtype
         return ((F_[:, :, i:i + 1].to(dt) @ A_inv) @ B_.to(dt)).squeeze(-2)
@@ -359,11 +343,7 @@ class SimAAttention(ZooAttention):
     n > d).
     """
 
-    def __init__(self,
-                 *args,
-                 order: str = 'auto',
-                 eps: float = 1e-6,
-                 **kwargs):
+    def __init__(self, *args, order='auto', eps=1e-6, **kwargs):
         super().__init__(*args, **kwargs)
         sima_order(1, 1, order)  # validate
         self.order = order
@@ -385,8 +365,7 @@ class SimAAttention(ZooAttention):
             out = (q @ k.transpose(-1, -2)) @ v
         return out, vt
 
-    def _row(self, x: torch.Tensor, hw: Tuple[int, int],
-             i: int) -> torch.Tensor:
+    def _row(self, x, hw, i) -> torch.Tensor:
         q, k = self._qk(x)
         return (q[:, :, i:i + 1] @ k.transpose(-1, -2)).squeeze(-2)
 
