@@ -132,15 +132,13 @@ def _scalar_iterate_impl(lam, alpha, iters) -> torch.Tensor:
     return v
 
 
-def _register_scalar_iterate():
-    """:func:`_scalar_iterate_impl` as the opaque custom op
-    ``torch.ops.mmsoft.nr_scalar_iterate`` (torch >= 2.4): inductor would
-    inline the T steps, compile time ~3^T (see the SOFT attention guide)."""
-    custom_op = getattr(torch.library, 'custom_op', None)
-    if custom_op is None:  # torch < 2.4: plain function
-        return _scalar_iterate_impl
+#: :func:`_scalar_iterate_impl` as the opaque custom op
+#: ``torch.ops.mmsoft.nr_scalar_iterate`` (torch >= 2.4; before: the plain
+#: function): inductor would inline the T steps, compile time ~3^T
+scalar_iterate = _scalar_iterate_impl
+if hasattr(torch.library, 'custom_op'):
 
-    @custom_op('mmsoft::nr_scalar_iterate', mutates_args=())
+    @torch.library.custom_op('mmsoft::nr_scalar_iterate', mutates_args=())
     def nr_scalar_iterate(lam: torch.Tensor, alpha: torch.Tensor,
                           iters: int) -> torch.Tensor:
         return _scalar_iterate_impl(lam, alpha, iters)
@@ -150,10 +148,7 @@ def _register_scalar_iterate():
         shape = torch.broadcast_shapes(alpha.shape + (1, ), lam.shape)
         return lam.new_empty(shape, dtype=torch.result_type(alpha, lam))
 
-    return nr_scalar_iterate
-
-
-scalar_iterate = _register_scalar_iterate()
+    scalar_iterate = nr_scalar_iterate
 
 
 def spectral_factors(A, alpha, iters):
