@@ -7,7 +7,7 @@ above :data:`PROBE_RTOL` runs in float32 (:class:`HalfConvWarning`). Under
 ``torch.compile`` no probe runs (an unprobed one runs in float32).
 """
 import warnings
-from typing import Dict, Tuple
+from typing import Dict
 
 import torch
 import torch.nn as nn
@@ -41,9 +41,10 @@ def _pair(v):
     return tuple(v) if isinstance(v, (tuple, list)) else (v, v)
 
 
-def _probe(key: tuple) -> Tuple[bool, float]:
-    """(ok, relative error) of the half kernel of ``key`` on random
-    inputs, against float32 on the same rounded inputs."""
+def _probe(key: tuple) -> bool:
+    """Whether the half kernel of ``key`` is correct on random inputs,
+    against float32 on the same rounded inputs; remembered in
+    ``_verdicts``."""
     dtype, in_shape, w_shape, stride, padding, dilation, groups = key
     g = torch.Generator().manual_seed(0)
     x = torch.randn((1, ) + in_shape, generator=g).to(dtype)
@@ -54,17 +55,8 @@ def _probe(key: tuple) -> Tuple[bool, float]:
         ref = _raw_conv2d(x.float(), w.float(), None, stride, padding,
                           dilation, groups)
     err = ((half.float() - ref).norm() / ref.norm().clamp_min(1e-30)).item()
-    return bool(err <= PROBE_RTOL[dtype]), err
-
-
-def _verdict(key: tuple) -> bool:
-    """Whether the half kernel of ``key`` is correct: probed once, then
-    remembered."""
-    if key in _verdicts:
-        return _verdicts[key]
-    ok, err = _probe(key)
+    ok = _verdicts[key] = bool(err <= PROBE_RTOL[dtype])
     if not ok:
-        dtype, in_shape, w_shape, stride, _, _, groups = key
         warnings.warn(
             f'mmsoft: this CPU\'s {str(dtype)[6:]} convolution is wrong for '
             f'weight {w_shape}, stride {stride}, groups {groups} on '
@@ -73,7 +65,6 @@ def _verdict(key: tuple) -> bool:
             f'this convolution in float32 (correct, slower)',
             HalfConvWarning,
             stacklevel=3)
-    _verdicts[key] = ok
     return ok
 
 
@@ -87,7 +78,8 @@ def conv2d(x, weight, bias=None, stride=1, padding=0, dilation=1, groups=1):
         key = (dtype, tuple(x.shape[1:]), tuple(weight.shape), _pair(stride),
                padding if isinstance(padding, str) else _pair(padding),
                _pair(dilation), int(groups))
-        ok = _verdicts.get(key, False) if _compiling() else _verdict(key)
+        ok = _verdicts.get(key, False) if _compiling() or key in _verdicts \
+            else _probe(key)
     if dtype not in _HALF or ok:
         return _raw_conv2d(x, weight, bias, stride, padding, dilation, groups)
     with autocast_off('cpu'):
