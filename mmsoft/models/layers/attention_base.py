@@ -34,6 +34,8 @@ class AttentionBase(nn.Module):
     """Multi-head token mixer (C = ``embed_dims``, h = ``num_heads``) with
     SOFT's per-head depthwise conv on V (odd ``dw_kernel_size``, 0: none)
     and ``proj``; ``sampling_ratio`` r: the stage's bottleneck ratio."""
+    #: the attributes :meth:`extra_repr` shows after the heads and ratio
+    repr_keys: Tuple[str, ...] = ()
 
     def __init__(self,
                  embed_dims: int,
@@ -115,4 +117,5 @@ class AttentionBase(nn.Module):
                            dim=-2)
 
     def extra_repr(self) -> str:
-        return f'heads={self.num_heads}, ratio={self.sampling_ratio}'
+        extra = ''.join(f', {k}={getattr(self, k)}' for k in self.repr_keys)
+        return f'heads={self.num_heads}, ratio={self.sampling_ratio}{extra}'

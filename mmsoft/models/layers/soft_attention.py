@@ -166,12 +166,8 @@ class SOFTAttention(AttentionBase):
     the per-head depthwise conv of V and ``proj`` (:class:`AttentionBase`).
 
     Args:
-        embed_dims (int): token channels.
-        num_heads (int): heads; must divide ``embed_dims``.
-        sampling_ratio (int): r of :class:`BottleneckSampler`.
-        dw_kernel_size (int): k of the depthwise conv on V (0: none).
-            Default: 3.
-        qkv_bias (bool): biases of the q / v projections. Default: True.
+        embed_dims, num_heads, sampling_ratio, dw_kernel_size, qkv_bias: the
+            stage's (:class:`AttentionBase`; biases of ``q`` / ``v``).
         attn_norm (bool): D^-1/2 A^+ D^-1/2 (IJCV, Eq. 25); False is the
             NeurIPS model. Default: True.
         sampling (str): f_s, one of ``SAMPLING_MODES``. Default: 'conv'.

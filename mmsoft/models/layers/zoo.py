@@ -111,6 +111,7 @@ class LinformerAttention(ReducedGridAttention):
     mixer is then ``softmax(Q K_r^T / sqrt d) Pool``, n x n, on V). The
     depthwise conv of SOFT's block sees the full-resolution ``X W_v``.
     """
+    repr_keys = ('sr_mode', )
 
     def __init__(self, *args, sr_mode: str = 'conv', **kwargs):
         super().__init__(*args, **kwargs)
@@ -152,9 +153,6 @@ class LinformerAttention(ReducedGridAttention):
             self.reduced_attention_row(x, hw, i), hw, self.sampling_ratio,
             self.max_landmarks, self.landmark_hw)
 
-    def extra_repr(self) -> str:
-        return super().extra_repr() + f', sr_mode={self.sr_mode}'
-
 
 def orthogonal_gaussian(num_features: int,
                         dims: int,
@@ -194,6 +192,7 @@ class PerformerAttention(ZooAttention):
     M rows (None: ``max(16, round(d ln d))``), drawn again by ``redraw()``
     (every ``redraw_interval`` training forwards if > 0).
     """
+    repr_keys = ('num_features', )
 
     def __init__(self,
                  *args,
@@ -242,9 +241,6 @@ class PerformerAttention(ZooAttention):
         row = (pq[:, :, i:i + 1] @ pk.transpose(-1, -2)).squeeze(-2)
         return row / (row.sum(-1, keepdim=True) + self.eps)
 
-    def extra_repr(self) -> str:
-        return super().extra_repr() + f', num_features={self.num_features}'
-
 
 def iterative_pinv(A: torch.Tensor, iters: int = 6) -> torch.Tensor:
     """Nystromformer's iteration for A^+ in float32+: Z_0 = A^T /
@@ -273,6 +269,7 @@ class NystromformerAttention(ReducedGridAttention):
     A^+ by :func:`iterative_pinv` (``pinv='iterative'``, ``pinv_iters``
     steps) or ``'exact'``; with r = 1 and the exact inverse F A^+ B = S.
     """
+    repr_keys = ('pinv', 'pinv_iters')
 
     def __init__(self, *args, pinv='iterative', pinv_iters=6, **kwargs):
         super().__init__(*args, **kwargs)
@@ -315,10 +312,6 @@ class NystromformerAttention(ReducedGridAttention):
         dt = A_inv.dtype
         return ((F_[:, :, i:i + 1].to(dt) @ A_inv) @ B_.to(dt)).squeeze(-2)
 
-    def extra_repr(self) -> str:
-        return super().extra_repr() + (f', pinv={self.pinv}, '
-                                       f'pinv_iters={self.pinv_iters}')
-
 
 def l1_normalize_tokens(t: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
     """Divide each channel of t (..., n, d) by its l1 norm over tokens."""
@@ -342,6 +335,7 @@ class SimAAttention(ZooAttention):
     ``order`` ``'quadratic'``, ``'linear'`` or ``'auto'`` (linear when
     n > d).
     """
+    repr_keys = ('order', )
 
     def __init__(self, *args, order='auto', eps=1e-6, **kwargs):
         super().__init__(*args, **kwargs)
@@ -368,6 +362,3 @@ class SimAAttention(ZooAttention):
     def _row(self, x, hw, i) -> torch.Tensor:
         q, k = self._qk(x)
         return (q[:, :, i:i + 1] @ k.transpose(-1, -2)).squeeze(-2)
-
-    def extra_repr(self) -> str:
-        return super().extra_repr() + f', order={self.order}'
