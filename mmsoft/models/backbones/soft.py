@@ -236,8 +236,7 @@ class SOFT(BaseModule):
         if frozen_stages > n:
             raise ValueError(f'frozen_stages must be in [-1, {n}], got '
                              f'{frozen_stages}')
-        self.frozen_stages = frozen_stages
-        self.norm_eval = norm_eval
+        self.frozen_stages, self.norm_eval = frozen_stages, norm_eval
         self.pretrain_img_size = pretrain_img_size
         self.arch_settings = a = self._parse_arch(arch)
         self.embed_dims, self.num_heads, self.depths = \
@@ -515,8 +514,18 @@ class SOFT(BaseModule):
         if x.dim() != 4:
             raise ValueError(f'SOFT expects (B, C, H, W) images, got shape '
                              f'{tuple(x.shape)}')
-        if x.shape[0] == 0:
-            return self._empty_outputs(x)
+        if x.shape[0] == 0:  # ceil(H / 2) rows per stride-2 conv
+            H, W = x.shape[2:]
+            outs = []
+            for i, cfg in enumerate(self.stage_cfgs):
+                for _ in range(2 if cfg['stem'] else 1):
+                    H, W = (H + 1) // 2, (W + 1) // 2
+                if i in self.out_indices:
+                    C = self.embed_dims[i]
+                    cls = self.stages[i].num_extra_tokens and \
+                        self.out_type == 'cls_token'
+                    outs.append(x.new_zeros((0, C) if cls else (0, C, H, W)))
+            return tuple(outs)
         outs = []
         for i in range(self.out_indices[-1] + 1):  # later stages unneeded
             try:
@@ -538,20 +547,6 @@ class SOFT(BaseModule):
             if i in self.out_indices:
                 use_cls = cls is not None and self.out_type == 'cls_token'
                 outs.append(cls if use_cls else x)
-        return tuple(outs)
-
-    def _empty_outputs(self, x: torch.Tensor) -> Tuple[torch.Tensor, ...]:
-        """Outputs of an empty batch: ceil(H / 2) rows per stride-2 conv."""
-        H, W = x.shape[2:]
-        outs = []
-        for i, cfg in enumerate(self.stage_cfgs):
-            for _ in range(2 if cfg['stem'] else 1):
-                H, W = (H + 1) // 2, (W + 1) // 2
-            if i in self.out_indices:
-                C = self.embed_dims[i]
-                cls = self.stages[i].num_extra_tokens > 0 and \
-                    self.out_type == 'cls_token'
-                outs.append(x.new_zeros((0, C) if cls else (0, C, H, W)))
         return tuple(outs)
 
     def set_nr_diagnostics(self, enabled: bool = True) -> None:

@@ -50,8 +50,7 @@ class AttentionBase(nn.Module):
                              f'embed_dims ({embed_dims})')
         check_int('sampling_ratio', sampling_ratio)
         check_kernel_size('dw_kernel_size', dw_kernel_size)
-        self.embed_dims = embed_dims
-        self.num_heads = num_heads
+        self.embed_dims, self.num_heads = embed_dims, num_heads
         self.head_dims = embed_dims // num_heads
         self.sampling_ratio = sampling_ratio
         self.dw_kernel_size = dw_kernel_size

@@ -106,10 +106,8 @@ class BottleneckSampler(nn.Module):
             landmark_hw = tuple(
                 check_int(f'landmark_hw[{i}]', side)
                 for i, side in enumerate(landmark_hw))
-        self.mode = mode
-        self.ratio = ratio
-        self.max_landmarks = max_landmarks
-        self.landmark_hw = landmark_hw
+        self.mode, self.ratio = mode, ratio
+        self.max_landmarks, self.landmark_hw = max_landmarks, landmark_hw
         if mode == 'conv':
             self.conv = SafeConv2d(
                 head_dims, head_dims, ratio, ratio, bias=False)

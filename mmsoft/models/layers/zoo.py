@@ -205,8 +205,7 @@ class PerformerAttention(ZooAttention):
         if num_features is None:
             num_features = max(16, int(round(d * math.log(max(d, 2)))))
         self.num_features = check_int('num_features', num_features)
-        self.redraw_interval = redraw_interval
-        self.eps = eps
+        self.redraw_interval, self.eps = redraw_interval, eps
         self.register_buffer('features', orthogonal_gaussian(num_features, d))
         self._calls = 0
 
@@ -340,8 +339,7 @@ class SimAAttention(ZooAttention):
     def __init__(self, *args, order='auto', eps=1e-6, **kwargs):
         super().__init__(*args, **kwargs)
         sima_order(1, 1, order)  # validate
-        self.order = order
-        self.eps = eps
+        self.order, self.eps = order, eps
 
     def _qk(self, x: torch.Tensor):
         q = l1_normalize_tokens(self._split(self.q(x)), self.eps)
