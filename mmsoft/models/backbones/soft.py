@@ -434,10 +434,8 @@ class SOFT(BaseModule):
     @classmethod
     def arch_presets(cls) -> Tuple[str, ...]:
         """Each preset of ``arch_zoo`` once, by its full name."""
-        names: Dict[int, str] = {}
-        for name, spec in cls.arch_zoo.items():
-            names.setdefault(id(spec), name)
-        return tuple(names.values())
+        first = {id(s): n for n, s in reversed(cls.arch_zoo.items())}
+        return tuple(n for n, s in cls.arch_zoo.items() if first[id(s)] == n)
 
     @property
     def out_channels(self) -> List[int]:
@@ -554,8 +552,7 @@ class SOFT(BaseModule):
         for m in self.modules():
             if hasattr(m, 'last_nr_stats'):
                 m.nr_diagnostics = enabled
-                if not enabled:
-                    m.last_nr_stats = None
+                m.last_nr_stats = m.last_nr_stats if enabled else None
 
     @torch.no_grad()
     def nr_stats(self) -> Dict[str, Dict[str, float]]:

@@ -2,7 +2,7 @@
 their projections, call :meth:`_build_output_layers` and implement
 ``_mix(x, hw) -> (out (B, h, n, d), v_tokens (B, n, C) | None)`` and
 ``_row(x, hw, i) -> (B, h, n)``, query ``i``'s weights over V."""
-from typing import Optional, Sequence, Tuple, Union
+from typing import Optional, Tuple
 
 import torch
 import torch.nn as nn
@@ -10,13 +10,10 @@ import torch.nn as nn
 from .checks import check_int, check_kernel_size
 from .safe_conv import conv2d
 
-__all__ = ['AttentionBase', 'Index', 'query_index']
-
-#: a query token: flat index or (row, col)
-Index = Union[int, Sequence[int]]
+__all__ = ['AttentionBase', 'query_index']
 
 
-def query_index(index: Index, hw: Tuple[int, int]) -> int:
+def query_index(index, hw: Tuple[int, int]) -> int:
     """A flat token index from an int or a (row, col) pair."""
     H, W = hw
     if isinstance(index, (tuple, list)):
@@ -82,9 +79,6 @@ class AttentionBase(nn.Module):
         if x.dim() != 3 or x.shape[1] != hw[0] * hw[1]:
             raise ValueError(f'expected (B, {hw[0]}*{hw[1]}, C) tokens, got '
                              f'shape {tuple(x.shape)}')
-
-    def _mix(self, x: torch.Tensor, hw: Tuple[int, int]):
-        raise NotImplementedError
 
     def forward(self, x: torch.Tensor, hw: Tuple[int, int]) -> torch.Tensor:
         """x: (B, n, C) tokens of an H x W map -> (B, n, C)."""

@@ -202,13 +202,11 @@ class SOFTBlock(nn.Module):
         act_cfg = dict(type='GELU', approximate='tanh') \
             if act_cfg is None else act_cfg
         residual = residual_drop_cfg(drop_path_rate, residual_drop)
+        args = (embed_dims, num_heads, sampling_ratio, dw_kernel_size,
+                qkv_bias)
         self.attn = build_attention(
-            attn_cfg if attn_cfg is not None else dict(type='SOFTAttention'),
-            embed_dims=embed_dims,
-            num_heads=num_heads,
-            sampling_ratio=sampling_ratio,
-            dw_kernel_size=dw_kernel_size,
-            qkv_bias=qkv_bias)
+            dict(type='SOFTAttention') if attn_cfg is None else attn_cfg,
+            **dict(zip(STAGE_ARGS, args)))
         self.norm1 = build_norm(norm_cfg, embed_dims)
         self.drop = _drop(residual)
         self.ffn = _ffn(embed_dims, mlp_ratio, act_cfg, 0., residual)

@@ -5,14 +5,10 @@ from typing import Mapping
 import torch
 
 from .checks import check_choice, check_int
-from .nr_autograd import NR_METHODS, SPECTRAL_MIN_M, resolve_method, solve
-from .nr_iteration import INIT_ALIASES, INIT_MODES, canonical_init
+from .nr_autograd import NR_METHODS, solve
+from .nr_iteration import canonical_init
 
-__all__ = [
-    'NRConfig', 'INIT_MODES', 'INIT_ALIASES', 'NR_METHODS', 'NR_BACKWARDS',
-    'NR_FIELDS', 'SPECTRAL_MIN_M', 'canonical_init', 'default_init',
-    'resolve_method'
-]
+__all__ = ['NRConfig', 'NR_BACKWARDS', 'NR_FIELDS', 'default_init']
 
 NR_BACKWARDS = ('eq16', 'exact')
 #: the fields of :class:`NRConfig` (the ``attn_cfg`` keys ``nr_<field>``)

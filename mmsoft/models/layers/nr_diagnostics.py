@@ -4,8 +4,7 @@ from typing import Dict
 
 import torch
 
-from .nr_iteration import (canonical_init, init_iteration, newton_iterate,
-                           scalar_iterate)
+from .nr_iteration import init_iteration, newton_iterate, scalar_iterate
 
 __all__ = [
     'record_residual', 'iterative_stats', 'nr_residual', 'pinv_convergence'
@@ -44,7 +43,6 @@ def iterative_stats(stats, A, init, iters) -> None:
 def nr_residual(A, iters=20, init='soft_norm_per_sample'):
     """``{'residual', 'unconverged'}`` of T iterations on (..., m, m) A,
     each of shape ``A.shape[:-2]`` (see :func:`record_residual`)."""
-    init = canonical_init(init)
     if A.dim() < 2 or A.shape[-1] != A.shape[-2]:
         raise ValueError(f'nr_residual expects (..., m, m) matrices, got '
                          f'shape {tuple(A.shape)}')
@@ -58,7 +56,7 @@ def pinv_convergence(A, iters=20, init='soft_norm_per_sample'):
     """||A A_k A - A||_2 / ||A||_2 for k = 0..iters (Fig. 4), each of shape
     ``A.shape[:-2]``."""
     A = A.double()
-    Aw, alpha = init_iteration(A, canonical_init(init))
+    Aw, alpha = init_iteration(A, init)
     V = alpha[..., None, None] * Aw
 
     def norm2(M):  # symmetric: the spectral norm is the largest |eigenvalue|
