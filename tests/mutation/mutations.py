@@ -325,24 +325,24 @@ MUTATIONS = (
     M(name='attention_scope_default',
       what=('the attentions build in the default scope of the codebase '
             "(mmengine's 'Failed to search registry' warning)"),
-      path='mmsoft/models/layers/attention_zoo.py',
-      old="dict(fold_nr_keys(cfg), _scope_='mmsoft')",
-      new='dict(fold_nr_keys(cfg))',
+      path='mmsoft/models/layers/blocks.py',
+      old="dict(cfg, _scope_='mmsoft')",
+      new='dict(cfg)',
       tests=('tests/test_registry.py::test_build_from_codebase_registry', )),
     M(name='scalar_recurrence_inlined',
       what=('the spectral scalar NR recurrence as plain pointwise ops '
             '(inductor inlines 20 steps: compile time ~3^20)'),
       path='mmsoft/models/layers/nr_iteration.py',
-      old='scalar_iterate = _register_scalar_iterate()',
-      new='scalar_iterate = _scalar_iterate_impl',
+      old="if hasattr(torch.library, 'custom_op'):",
+      new='if False:',
       tests=('tests/test_models/test_compile.py::'
              'test_spectral_recurrence_is_one_opaque_op', )),
     M(name='half_conv_probe_trusts',
       what=('CPU half conv guard: the probe trusts every kernel (the AMX '
             'bf16 conv bug computes a wrong sampler under --amp)'),
       path='mmsoft/models/layers/safe_conv.py',
-      old='    return bool(err <= PROBE_RTOL[dtype]), err\n',
-      new='    return True, err\n',
+      old='    ok = _verdicts[key] = bool(err <= PROBE_RTOL[dtype])\n',
+      new='    ok = _verdicts[key] = True\n',
       tests=(SAFE_CONV +
              'test_broken_half_kernel_is_detected_and_bypassed', )),
     M(name='half_conv_fallback_autocast',

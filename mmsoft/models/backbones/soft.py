@@ -56,24 +56,18 @@ class PyramidStage(nn.Module):
         self.blocks = nn.ModuleList()
         self.norm = nn.Identity()
 
-    def pos_embedding(self, hw: Tuple[int, int]) -> torch.Tensor:
-        """(1, extra + H*W, C): the position embedding for an H x W map."""
-        e = self.num_extra_tokens
-        extra, pos = self.pos_embed[:, :e], self.pos_embed[:, e:]
-        g = math.isqrt(pos.shape[1])
-        if (g, g) != tuple(hw):
-            grid = pos.reshape(1, g, g, -1).permute(0, 3, 1, 2)
-            grid = F.interpolate(
-                grid, size=hw, mode='bilinear', align_corners=False)
-            pos = grid.flatten(2).transpose(1, 2)
-        return torch.cat([extra, pos], dim=1) if e else pos
-
     def forward(self, x: torch.Tensor):
         x, hw = self.patch_embed(x)
         B, e = x.shape[0], self.num_extra_tokens
+        pos, g = self.pos_embed, math.isqrt(self.pos_embed.shape[1] - e)
+        if (g, g) != tuple(hw):  # resized to the H x W map
+            grid = pos[:, e:].reshape(1, g, g, -1).permute(0, 3, 1, 2)
+            grid = F.interpolate(
+                grid, size=hw, mode='bilinear', align_corners=False)
+            pos = torch.cat([pos[:, :e], grid.flatten(2).transpose(1, 2)], 1)
         if e:
             x = torch.cat([self.cls_token.expand(B, -1, -1), x], dim=1)
-        x = self.pos_drop(x + self.pos_embedding(hw))
+        x = self.pos_drop(x + pos)
         for blk in self.blocks:
             if self.with_cp and x.requires_grad:
                 x = cp.checkpoint(blk, x, hw, use_reentrant=False)
@@ -126,10 +120,8 @@ class ClsTokenStage(PyramidStage):
                  act_cfg: Optional[Dict] = None,
                  **kwargs):
         super().__init__(
-            embed_dims=embed_dims,
-            num_extra_tokens=1,
-            drop_rate=drop_rate,
-            **kwargs)
+            embed_dims=embed_dims, num_extra_tokens=1, drop_rate=drop_rate,
+            **kwargs)  # yapf: disable
         norm_cfg = dict(type='LN', eps=1e-6) if norm_cfg is None else norm_cfg
         self.blocks.extend(
             SoftmaxBlock(embed_dims, num_heads, mlp_ratio, qkv_bias, drop_rate,
@@ -244,13 +236,21 @@ class SOFT(BaseModule):
         if frozen_stages > n:
             raise ValueError(f'frozen_stages must be in [-1, {n}], got '
                              f'{frozen_stages}')
-        self.frozen_stages = frozen_stages
-        self.norm_eval = norm_eval
+        self.frozen_stages, self.norm_eval = frozen_stages, norm_eval
         self.pretrain_img_size = pretrain_img_size
         self.arch_settings = a = self._parse_arch(arch)
         self.embed_dims, self.num_heads, self.depths = \
             a['embed_dims'], a['num_heads'], a['depths']
-        self.out_indices = self._parse_out_indices(out_indices)
+        out_indices = [out_indices] if isinstance(out_indices, int) \
+            else list(out_indices)
+        if not out_indices:
+            raise ValueError(f'out_indices is empty; SOFT needs at least one '
+                             f'output stage (0-{n - 1})')
+        for idx in out_indices:
+            if not -n <= idx < n:
+                raise ValueError(f'out_indices entry {idx} is out of range; '
+                                 f'SOFT has stages 0..{n - 1}')
+        self.out_indices = tuple(sorted({idx % n for idx in out_indices}))
 
         norm_cfgs = _per_stage('norm_cfg', norm_cfg, n)
         single = norm_cfg is None or isinstance(norm_cfg, Mapping)
@@ -258,7 +258,13 @@ class SOFT(BaseModule):
             check_norm_cfg('norm_cfg' if single else f'norm_cfg[{i}]', cfg)
         check_norm_cfg('patch_norm_cfg', patch_norm_cfg)
         act_cfgs = _per_stage('act_cfg', act_cfg, n)
-        attn_cfgs = self._parse_attn_cfg(attn_cfg)
+        if attn_cfg is None:
+            attn_cfg = dict(type='SOFTAttention')
+        elif isinstance(attn_cfg, (list, tuple)):
+            self._soft_only('attn_cfg', 'attn_cfg', attn_cfg,
+                            f'attn_cfg=[<your {len(attn_cfg)} dicts>, None]',
+                            TypeError)
+        attn_cfgs = _per_stage('attn_cfg', attn_cfg, n)
         dpr = torch.linspace(0, drop_path_rate, sum(self.depths)).tolist()
         self.stage_cfgs, prev, cur = [], in_channels, 0
         for i, kind in enumerate(self.stage_types):
@@ -280,10 +286,14 @@ class SOFT(BaseModule):
                 patch_norm_cfg=patch_norm_cfg,
                 patch_act_cfg=patch_act_cfg)
             if kind == 'SOFTStage':
+                if attn_cfgs[i] is None:
+                    raise TypeError(f'SOFT: attn_cfg[{i}] is None, but '
+                                    f'stage {i + 1} ({kind}) needs an '
+                                    f'attention dict')
                 cfg.update(
                     sampling_ratio=a['sampling_ratios'][i],
                     dw_kernel_size=a['dw_kernel_sizes'][i],
-                    attn_cfg=attn_cfgs[i],
+                    attn_cfg=dict(attn_cfgs[i]),
                     residual_drop=residual_drop)
             else:
                 cfg.update(attn_drop_rate=attn_drop_rate)
@@ -315,29 +325,25 @@ class SOFT(BaseModule):
                         f'attention options moved into attn_cfg; write '
                         f'attn_cfg=dict(type={attn_type!r}{items})')
 
-    def _soft_only(self, name: str, arg: str, values: Sequence, example: str,
-                   error: type) -> None:
-        """A setting of the SOFT stages: four values, None at the others."""
-        n, kinds = self.num_stages, self.stage_types
-        others = [i for i, k in enumerate(kinds) if k != 'SOFTStage']
-        if len(values) == n - len(others) != n:
-            i = others[0]
-            raise error(f'SOFT {name} has {len(values)} entries; give {n}, '
-                        f'one per stage, with None for stage {i + 1} (a '
-                        f'{kinds[i]}, which takes no {arg}): {example}')
+    @classmethod
+    def _soft_only(cls, name, arg, values, example, error) -> None:
+        """A setting of stages 1-3: four values, None for the ClsTokenStage."""
+        n = cls.num_stages
+        if len(values) == n - 1:
+            raise error(f'SOFT {name} has {n - 1} entries; give {n}, one per '
+                        f'stage, with None for stage {n} (a ClsTokenStage, '
+                        f'which takes no {arg}): {example}')
         if len(values) != n:
             raise error(f'SOFT {name} must be a list of {n} values (one '
                         f'per stage), got {values!r}')
-        for i in others:
-            if values[i] is not None:
-                raise error(f'SOFT {name}[{i}] must be None: stage {i + 1} '
-                            f'is a {kinds[i]}, which takes no {arg}; got '
-                            f'{values[i]!r}')
+        if values[-1] is not None:
+            raise error(f'SOFT {name}[{n - 1}] must be None: stage {n} is a '
+                        f'ClsTokenStage, which takes no {arg}; got '
+                        f'{values[-1]!r}')
 
     def _parse_arch(self, arch) -> Dict:
         """The checked settings of ``arch``, with ``arch_defaults``."""
-        required = ('embed_dims', 'num_heads', 'depths')
-        valid = ', '.join([*required, *self.arch_defaults])
+        required, n = ('embed_dims', 'num_heads', 'depths'), self.num_stages
         if isinstance(arch, str):
             if arch.lower() not in self.arch_zoo:
                 raise ValueError(f'unknown SOFT arch {arch!r}; valid presets: '
@@ -356,18 +362,17 @@ class SOFT(BaseModule):
         unknown = set(a) - {*required, *self.arch_defaults}
         if unknown:
             raise ValueError(f'SOFT arch dict has unknown keys '
-                             f'{sorted(unknown)}; valid keys are {valid}')
+                             f'{sorted(unknown)}; valid keys are '
+                             f'{", ".join([*required, *self.arch_defaults])}')
         kernels = a['dw_kernel_sizes']
         if isinstance(kernels, (list, tuple)):
             self._soft_only("arch['dw_kernel_sizes']", 'dw_kernel_size',
                             kernels, f'dw_kernel_sizes={[*kernels, None]}',
                             ValueError)
         for key, val in a.items():
-            if not isinstance(val, (list, tuple)) or \
-                    len(val) != self.num_stages:
-                raise ValueError(f'SOFT arch[{key!r}] must be a list of '
-                                 f'{self.num_stages} values (one per stage), '
-                                 f'got {val!r}')
+            if not isinstance(val, (list, tuple)) or len(val) != n:
+                raise ValueError(f'SOFT arch[{key!r}] must be a list of {n} '
+                                 f'values (one per stage), got {val!r}')
         for i, (c, h) in enumerate(zip(a['embed_dims'], a['num_heads'])):
             if h <= 0 or c % h != 0:
                 raise ValueError(f'SOFT arch: num_heads[{i}]={h} does not '
@@ -386,36 +391,6 @@ class SOFT(BaseModule):
                                  f'positive number, got {e!r}')
         return a
 
-    def _parse_out_indices(self, out_indices) -> Tuple[int, ...]:
-        """Sorted, unique stage indices (negative: from the end)."""
-        n = self.num_stages
-        out_indices = [out_indices] if isinstance(out_indices, int) \
-            else list(out_indices)
-        if not out_indices:
-            raise ValueError(f'out_indices is empty; SOFT needs at least one '
-                             f'output stage (0-{n - 1})')
-        for idx in out_indices:
-            if not -n <= idx < n:
-                raise ValueError(f'out_indices entry {idx} is out of range; '
-                                 f'SOFT has stages 0..{n - 1}')
-        return tuple(sorted({idx % n for idx in out_indices}))
-
-    def _parse_attn_cfg(self, attn_cfg) -> List[Optional[Dict]]:
-        """One attention config per SOFT stage, None for the others."""
-        if attn_cfg is None:
-            attn_cfg = dict(type='SOFTAttention')
-        if isinstance(attn_cfg, (list, tuple)):
-            self._soft_only('attn_cfg', 'attn_cfg', attn_cfg,
-                            f'attn_cfg=[<your {len(attn_cfg)} dicts>, None]',
-                            TypeError)
-        cfgs = _per_stage('attn_cfg', attn_cfg, self.num_stages)
-        for i, kind in enumerate(self.stage_types):
-            if kind == 'SOFTStage' and cfgs[i] is None:
-                raise TypeError(f'SOFT: attn_cfg[{i}] is None, but stage '
-                                f'{i + 1} ({kind}) needs an attention dict')
-            cfgs[i] = dict(cfgs[i]) if kind == 'SOFTStage' else None
-        return cfgs
-
     def _merge_stage_cfgs(self, stage_cfgs) -> None:
         """Merge the user's ``stage_cfgs`` (one dict for all stages, or one
         per stage) over :attr:`stage_cfgs`."""
@@ -423,8 +398,8 @@ class SOFT(BaseModule):
         if isinstance(stage_cfgs, Mapping):
             checks = [('stage_cfgs', stage_cfgs, cfgs)]
             users = [{
-                k: stage_cfgs[k]
-                for k in c if k in stage_cfgs
+                k: v
+                for k, v in stage_cfgs.items() if k in c
             } for c in cfgs]
         elif isinstance(stage_cfgs, (list, tuple)) and \
                 len(stage_cfgs) == n and \
@@ -437,11 +412,10 @@ class SOFT(BaseModule):
                              f'stage) or a list of {n} dicts (one per '
                              f'stage), got {stage_cfgs!r}')
         for name, user, group in checks:
-            for key in user:
-                if key in _FROM_ARCH:
-                    raise ValueError(f'SOFT: {name} sets {key!r}, which '
-                                     f'comes from {_FROM_ARCH[key]}; set it '
-                                     f'there')
+            key = next((k for k in user if k in _FROM_ARCH), None)
+            if key:
+                raise ValueError(f'SOFT: {name} sets {key!r}, which comes '
+                                 f'from {_FROM_ARCH[key]}; set it there')
             valid = set().union(*group) - set(_FROM_ARCH)
             unknown = set(user) - valid
             if unknown:
@@ -460,10 +434,8 @@ class SOFT(BaseModule):
     @classmethod
     def arch_presets(cls) -> Tuple[str, ...]:
         """Each preset of ``arch_zoo`` once, by its full name."""
-        names: Dict[int, str] = {}
-        for name, spec in cls.arch_zoo.items():
-            names.setdefault(id(spec), name)
-        return tuple(names.values())
+        first = {id(s): n for n, s in reversed(cls.arch_zoo.items())}
+        return tuple(n for n, s in cls.arch_zoo.items() if first[id(s)] == n)
 
     @property
     def out_channels(self) -> List[int]:
@@ -540,8 +512,18 @@ class SOFT(BaseModule):
         if x.dim() != 4:
             raise ValueError(f'SOFT expects (B, C, H, W) images, got shape '
                              f'{tuple(x.shape)}')
-        if x.shape[0] == 0:
-            return self._empty_outputs(x)
+        if x.shape[0] == 0:  # ceil(H / 2) rows per stride-2 conv
+            H, W = x.shape[2:]
+            outs = []
+            for i, cfg in enumerate(self.stage_cfgs):
+                for _ in range(2 if cfg['stem'] else 1):
+                    H, W = (H + 1) // 2, (W + 1) // 2
+                if i in self.out_indices:
+                    C = self.embed_dims[i]
+                    cls = self.stages[i].num_extra_tokens and \
+                        self.out_type == 'cls_token'
+                    outs.append(x.new_zeros((0, C) if cls else (0, C, H, W)))
+            return tuple(outs)
         outs = []
         for i in range(self.out_indices[-1] + 1):  # later stages unneeded
             try:
@@ -549,24 +531,20 @@ class SOFT(BaseModule):
             except ValueError as e:
                 if 'Expected more than 1 value per channel' not in str(e):
                     raise
-                raise ValueError(_one_value_per_channel(i, x)) from None
+                B, _, H, W = x.shape  # BatchNorm's message, explained
+                s = 4 if i == 0 else 2
+                raise ValueError(
+                    f'SOFT stage {i + 1}: in training mode its patch-'
+                    f'embedding BatchNorm sees one value per channel (batch '
+                    f'size {B}, a {-(-H // s)} x {-(-W // s)} map from the '
+                    f"stage's {H} x {W} input), where batch statistics are "
+                    f'undefined. Train with a batch size >= 2 or larger '
+                    f'images, or set norm_eval=True (BatchNorm uses its '
+                    f'running statistics) or patch_norm_cfg='
+                    f"dict(type='GN', num_groups=1) on the backbone") from None
             if i in self.out_indices:
                 use_cls = cls is not None and self.out_type == 'cls_token'
                 outs.append(cls if use_cls else x)
-        return tuple(outs)
-
-    def _empty_outputs(self, x: torch.Tensor) -> Tuple[torch.Tensor, ...]:
-        """Outputs of an empty batch: ceil(H / 2) rows per stride-2 conv."""
-        H, W = x.shape[2:]
-        outs = []
-        for i, cfg in enumerate(self.stage_cfgs):
-            for _ in range(2 if cfg['stem'] else 1):
-                H, W = (H + 1) // 2, (W + 1) // 2
-            if i in self.out_indices:
-                C = self.embed_dims[i]
-                cls = self.stages[i].num_extra_tokens > 0 and \
-                    self.out_type == 'cls_token'
-                outs.append(x.new_zeros((0, C) if cls else (0, C, H, W)))
         return tuple(outs)
 
     def set_nr_diagnostics(self, enabled: bool = True) -> None:
@@ -574,8 +552,7 @@ class SOFT(BaseModule):
         for m in self.modules():
             if hasattr(m, 'last_nr_stats'):
                 m.nr_diagnostics = enabled
-                if not enabled:
-                    m.last_nr_stats = None
+                m.last_nr_stats = m.last_nr_stats if enabled else None
 
     @torch.no_grad()
     def nr_stats(self) -> Dict[str, Dict[str, float]]:
@@ -616,17 +593,3 @@ def _per_stage(name: str, value, n: int) -> List[Optional[Dict]]:
         raise TypeError(f'SOFT: {name} must be a dict or a list of {n} '
                         f'dicts / None (one per stage), got {value!r}')
     return [copy.deepcopy(v) for v in value]
-
-
-def _one_value_per_channel(i: int, x: torch.Tensor) -> str:
-    """BatchNorm's "Expected more than 1 value per channel", explained."""
-    B, _, H, W = x.shape
-    stride = 4 if i == 0 else 2
-    h, w = -(-H // stride), -(-W // stride)
-    return (f'SOFT stage {i + 1}: in training mode its patch-embedding '
-            f'BatchNorm sees one value per channel (batch size {B}, a '
-            f'{h} x {w} map from the stage\'s {H} x {W} input), where '
-            f'batch statistics are undefined. Train with a batch size '
-            f'>= 2 or larger images, or set norm_eval=True (BatchNorm '
-            f'uses its running statistics) or patch_norm_cfg='
-            f"dict(type='GN', num_groups=1) on the backbone")

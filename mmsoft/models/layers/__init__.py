@@ -1,7 +1,7 @@
 from .attention_base import AttentionBase, query_index
-from .attention_zoo import attention_types, build_attention
 from .blocks import (RESIDUAL_DROPS, ConvPatchEmbed, SOFTBlock,
-                     SoftmaxAttention, SoftmaxBlock, residual_drop_cfg)
+                     SoftmaxAttention, SoftmaxBlock, attention_types,
+                     build_attention, residual_drop_cfg)
 from .gaussian_kernel import gaussian_kernel
 from .grid import landmark_grid, reduce_map
 from .nr_config import NRConfig

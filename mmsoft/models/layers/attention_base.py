@@ -2,7 +2,7 @@
 their projections, call :meth:`_build_output_layers` and implement
 ``_mix(x, hw) -> (out (B, h, n, d), v_tokens (B, n, C) | None)`` and
 ``_row(x, hw, i) -> (B, h, n)``, query ``i``'s weights over V."""
-from typing import Optional, Sequence, Tuple, Union
+from typing import Optional, Tuple
 
 import torch
 import torch.nn as nn
@@ -10,13 +10,10 @@ import torch.nn as nn
 from .checks import check_int, check_kernel_size
 from .safe_conv import conv2d
 
-__all__ = ['AttentionBase', 'Index', 'query_index']
-
-#: a query token: flat index or (row, col)
-Index = Union[int, Sequence[int]]
+__all__ = ['AttentionBase', 'query_index']
 
 
-def query_index(index: Index, hw: Tuple[int, int]) -> int:
+def query_index(index, hw: Tuple[int, int]) -> int:
     """A flat token index from an int or a (row, col) pair."""
     H, W = hw
     if isinstance(index, (tuple, list)):
@@ -34,6 +31,8 @@ class AttentionBase(nn.Module):
     """Multi-head token mixer (C = ``embed_dims``, h = ``num_heads``) with
     SOFT's per-head depthwise conv on V (odd ``dw_kernel_size``, 0: none)
     and ``proj``; ``sampling_ratio`` r: the stage's bottleneck ratio."""
+    #: the attributes :meth:`extra_repr` shows after the heads and ratio
+    repr_keys: Tuple[str, ...] = ()
 
     def __init__(self,
                  embed_dims: int,
@@ -48,8 +47,7 @@ class AttentionBase(nn.Module):
                              f'embed_dims ({embed_dims})')
         check_int('sampling_ratio', sampling_ratio)
         check_kernel_size('dw_kernel_size', dw_kernel_size)
-        self.embed_dims = embed_dims
-        self.num_heads = num_heads
+        self.embed_dims, self.num_heads = embed_dims, num_heads
         self.head_dims = embed_dims // num_heads
         self.sampling_ratio = sampling_ratio
         self.dw_kernel_size = dw_kernel_size
@@ -82,9 +80,6 @@ class AttentionBase(nn.Module):
             raise ValueError(f'expected (B, {hw[0]}*{hw[1]}, C) tokens, got '
                              f'shape {tuple(x.shape)}')
 
-    def _mix(self, x: torch.Tensor, hw: Tuple[int, int]):
-        raise NotImplementedError
-
     def forward(self, x: torch.Tensor, hw: Tuple[int, int]) -> torch.Tensor:
         """x: (B, n, C) tokens of an H x W map -> (B, n, C)."""
         self._check(x, hw)
@@ -96,26 +91,24 @@ class AttentionBase(nn.Module):
         return self.proj(out)
 
     @torch.no_grad()
-    def attention_row(self, x: torch.Tensor, hw: Tuple[int, int],
-                      index: Index) -> torch.Tensor:
+    def attention_row(self, x, hw, index) -> torch.Tensor:
         """(B, h, n) weights of query ``index`` (flat or (row, col)) over
         the value tokens, for the (B, n, C) input ``x`` (without the dw conv
         branch and the projections)."""
         self._check(x, hw)
         return self._row(x, hw, query_index(index, hw))
 
-    def _row(self, x: torch.Tensor, hw: Tuple[int, int],
-             i: int) -> torch.Tensor:
+    def _row(self, x, hw, i) -> torch.Tensor:
         """:meth:`attention_row` for the flat query index ``i``."""
         raise NotImplementedError
 
     @torch.no_grad()
-    def attention_matrix(self, x: torch.Tensor,
-                         hw: Tuple[int, int]) -> torch.Tensor:
+    def attention_matrix(self, x, hw) -> torch.Tensor:
         """The (B, h, n, n) token-mixing matrix, row by row (small n)."""
         n = hw[0] * hw[1]
         return torch.stack([self.attention_row(x, hw, i) for i in range(n)],
                            dim=-2)
 
     def extra_repr(self) -> str:
-        return f'heads={self.num_heads}, ratio={self.sampling_ratio}'
+        extra = ''.join(f', {k}={getattr(self, k)}' for k in self.repr_keys)
+        return f'heads={self.num_heads}, ratio={self.sampling_ratio}{extra}'

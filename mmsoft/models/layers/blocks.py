@@ -1,21 +1,25 @@
 """SOFT's blocks and patch embeddings (Table 2) from mmcv bricks: the
-post-norm :class:`SOFTBlock` (stages 1-3), the pre-norm ViT
+post-norm :class:`SOFTBlock` (stages 1-3) with the token mixer of its
+``attn_cfg`` (:func:`build_attention`), the pre-norm ViT
 :class:`SoftmaxBlock` (stage 4) and :class:`ConvPatchEmbed`."""
 import functools
 import types
 import warnings
-from typing import Dict, Optional, Tuple
+from typing import Dict, List, Optional, Tuple
 
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from .attention_zoo import build_attention
+from mmsoft.registry import ATTENTIONS
+from .nr_config import NR_FIELDS
 from .safe_conv import SafeConv2d
+from .soft_attention import SOFTAttention
 
 __all__ = [
     'ConvPatchEmbed', 'SOFTBlock', 'build_norm', 'mmcv_bricks',
-    'SoftmaxAttention', 'SoftmaxBlock', 'RESIDUAL_DROPS', 'residual_drop_cfg'
+    'SoftmaxAttention', 'SoftmaxBlock', 'RESIDUAL_DROPS', 'residual_drop_cfg',
+    'build_attention', 'attention_types', 'STAGE_ARGS', 'NR_KEYS'
 ]
 
 #: how ``drop_path_rate`` is applied to a residual branch
@@ -28,14 +32,10 @@ def mmcv_bricks() -> types.SimpleNamespace:
     free of mmcv) without mmcv.cnn's ``ImportWarning``."""
     with warnings.catch_warnings():
         warnings.simplefilter('ignore', ImportWarning)
-        from mmcv.cnn import ConvModule, build_norm_layer
-        from mmcv.cnn.bricks.drop import build_dropout
-        from mmcv.cnn.bricks.transformer import FFN
-    return types.SimpleNamespace(
-        ConvModule=ConvModule,
-        FFN=FFN,
-        build_norm_layer=build_norm_layer,
-        build_dropout=build_dropout)
+        from mmcv.cnn import ConvModule, build_norm_layer  # noqa: F401
+        from mmcv.cnn.bricks.drop import build_dropout  # noqa: F401
+        from mmcv.cnn.bricks.transformer import FFN  # noqa: F401
+    return types.SimpleNamespace(**locals())
 
 
 def check_norm_cfg(name: str, cfg: Optional[Dict]) -> None:
@@ -67,8 +67,50 @@ def build_norm(cfg: Dict, num_features: int) -> nn.Module:
     return mmcv_bricks().build_norm_layer(cfg, num_features)[1]
 
 
-def residual_drop_cfg(rate: float,
-                      residual_drop: str = 'drop_path') -> Optional[Dict]:
+#: the arguments a SOFT stage passes to every attention (not attn_cfg keys)
+STAGE_ARGS = ('embed_dims', 'num_heads', 'sampling_ratio', 'dw_kernel_size',
+              'qkv_bias')
+#: the attn_cfg keys of the NR settings of SOFT attention -> NRConfig field
+NR_KEYS = {f'nr_{field}': field for field in NR_FIELDS}
+
+
+def build_attention(cfg: dict, **stage_args) -> nn.Module:
+    """The token mixer of a SOFT stage from its ``attn_cfg``, ``dict(type=
+    ..., **options)`` of :data:`mmsoft.registry.ATTENTIONS` (listed in
+    docs/en/advanced_guides/attention_zoo.md): ``cls(**stage_args,
+    **options)``, ``stage_args`` the :data:`STAGE_ARGS`; a SOFT attention's
+    :data:`NR_KEYS` become its ``nr`` (other attentions reject them)."""
+    if not isinstance(cfg, dict) or 'type' not in cfg:
+        raise TypeError(f"attn_cfg must be a dict with a 'type' (one of "
+                        f'{attention_types()}), got {cfg!r}')
+    fixed = sorted(set(cfg) & set(STAGE_ARGS))
+    if fixed:
+        raise ValueError(
+            f'attn_cfg sets {fixed}, which the SOFT stage fixes (from arch '
+            f'and qkv_bias); remove them from attn_cfg')
+    flat = {k: cfg[k] for k in NR_KEYS if k in cfg}
+    cls = cfg['type']
+    cls = cls if isinstance(cls, type) else ATTENTIONS.get(cls)
+    if flat and isinstance(cls, type) and issubclass(cls, SOFTAttention):
+        if cfg.get('nr') is not None:
+            raise ValueError(
+                f'attn_cfg sets both nr and {sorted(flat)}; give the Newton-'
+                f'Raphson settings once (the nr_* keys, or nr=dict(...))')
+        cfg = {k: v for k, v in cfg.items() if k not in flat}
+        cfg['nr'] = {NR_KEYS[k]: v for k, v in flat.items()}
+    # in mmsoft's scope: the ATTENTIONS registry has no mmdet / mmseg /
+    # mmpretrain child, and mmengine warns when the default scope is theirs
+    return ATTENTIONS.build(
+        dict(cfg, _scope_='mmsoft'), default_args=stage_args)
+
+
+def attention_types() -> List[str]:
+    """Every registered attention type (class names and aliases)."""
+    ATTENTIONS.import_from_location()
+    return sorted(ATTENTIONS.module_dict)
+
+
+def residual_drop_cfg(rate, residual_drop='drop_path') -> Optional[Dict]:
     """The ``build_dropout`` config of a residual branch: ``DropPath``
     or element-wise ``Dropout`` of ``rate``; None for rate 0."""
     if residual_drop not in RESIDUAL_DROPS:
@@ -101,7 +143,7 @@ class ConvPatchEmbed(nn.Module):
                     (stem_channels, embed_dims, 2)]
         else:
             plan = [(in_channels, embed_dims, 2)]
-        layers, kw = [], dict(
+        self.proj, kw = nn.Sequential(), dict(
             bias=True,
             conv_cfg=dict(type=SafeConv2d),
             norm_cfg=norm_cfg,
@@ -114,16 +156,14 @@ class ConvPatchEmbed(nn.Module):
                                         UserWarning)
                 layer = mmcv_bricks().ConvModule(cin, cout, 3, stride, 1, **kw)
             layer.conv.reset_parameters()
-            layers.append(layer)
-        self.proj = nn.Sequential(*layers)
+            self.proj.append(layer)
 
     def forward(self, x: torch.Tensor):
         x = self.proj(x)
         return x.flatten(2).transpose(1, 2), (x.shape[2], x.shape[3])
 
 
-def _ffn(embed_dims: int, mlp_ratio: float, act_cfg: Dict, drop: float,
-         residual: Optional[Dict]) -> nn.Module:
+def _ffn(embed_dims, mlp_ratio, act_cfg, drop, residual) -> nn.Module:
     """mmcv ``FFN``: fc1, act, fc2 (dropouts ``drop``), + the identity."""
     return mmcv_bricks().FFN(
         embed_dims=embed_dims,
@@ -162,13 +202,11 @@ class SOFTBlock(nn.Module):
         act_cfg = dict(type='GELU', approximate='tanh') \
             if act_cfg is None else act_cfg
         residual = residual_drop_cfg(drop_path_rate, residual_drop)
+        args = (embed_dims, num_heads, sampling_ratio, dw_kernel_size,
+                qkv_bias)
         self.attn = build_attention(
-            attn_cfg if attn_cfg is not None else dict(type='SOFTAttention'),
-            embed_dims=embed_dims,
-            num_heads=num_heads,
-            sampling_ratio=sampling_ratio,
-            dw_kernel_size=dw_kernel_size,
-            qkv_bias=qkv_bias)
+            dict(type='SOFTAttention') if attn_cfg is None else attn_cfg,
+            **dict(zip(STAGE_ARGS, args)))
         self.norm1 = build_norm(norm_cfg, embed_dims)
         self.drop = _drop(residual)
         self.ffn = _ffn(embed_dims, mlp_ratio, act_cfg, 0., residual)

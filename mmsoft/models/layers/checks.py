@@ -10,10 +10,7 @@ def _is_int(value: Any) -> bool:
     return isinstance(value, numbers.Integral) and not isinstance(value, bool)
 
 
-def check_int(name: str,
-              value: Any,
-              minimum: int = 1,
-              allow_none: bool = False) -> Optional[int]:
+def check_int(name, value, minimum=1, allow_none=False) -> Optional[int]:
     """An int >= ``minimum`` (or None with ``allow_none``), as an int."""
     if value is None and allow_none:
         return None
@@ -32,15 +29,14 @@ def check_rate(name: str, value: Any) -> float:
     return float(value)
 
 
-def check_kernel_size(name: str, value: Any, allow_zero: bool = True) -> int:
+def check_kernel_size(name: str, value: Any) -> int:
     """An odd positive int (``'same'`` padding keeps the map only for odd
-    k), or 0 (no conv) where ``allow_zero``."""
-    if _is_int(value) and (value % 2 == 1 or (allow_zero and value == 0)) \
-            and value >= 0:
+    k), or 0 (no conv)."""
+    if _is_int(value) and (value % 2 == 1 or value == 0) and value >= 0:
         return int(value)
-    zero = ' (or 0 to disable the conv)' if allow_zero else ''
-    raise ValueError(f'{name} must be an odd positive int{zero}, got '
-                     f'{value!r}: an even kernel changes the token map size')
+    raise ValueError(f'{name} must be an odd positive int (or 0 to disable '
+                     f'the conv), got {value!r}: an even kernel changes the '
+                     f'token map size')
 
 
 def check_choice(name: str, value: Any, choices: Sequence) -> Any:

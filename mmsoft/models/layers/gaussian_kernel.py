@@ -13,9 +13,7 @@ from .amp import autocast_off, compute_dtype
 __all__ = ['gaussian_kernel', 'kernel_forward', 'GaussianKernel']
 
 
-def kernel_forward(x: torch.Tensor,
-                   y: torch.Tensor,
-                   self_kernel: bool = False) -> torch.Tensor:
+def kernel_forward(x, y, self_kernel=False) -> torch.Tensor:
     """K for x (..., n, d), y (..., m, d) without autograd, in one (n, m)
     buffer updated in place: the Function's forward and the export path.
     The self-kernel's diagonal is exactly 1."""

@@ -1,20 +1,13 @@
 """The strided token grid of SOFT's bottleneck (Sec. 3.2) and the zoo's
 reductions: r x r cells with stride r, r = ``sampling_ratio``."""
 import math
-from typing import Optional, Tuple
 
-import torch
-import torch.nn as nn
 import torch.nn.functional as F
 
 __all__ = ['landmark_grid', 'reduce_map']
 
 
-def landmark_grid(hw: Tuple[int, int],
-                  ratio: int,
-                  max_landmarks: Optional[int] = None,
-                  landmark_hw: Optional[Tuple[int,
-                                              int]] = None) -> Tuple[int, int]:
+def landmark_grid(hw, ratio, max_landmarks=None, landmark_hw=None):
     """The grid of an H x W map: ``max(1, H // r) x max(1, W // r)`` (as
     the official strided conv); ``landmark_hw`` clamped to it (never
     up-sampled); or shrunk, aspect kept, to at most ``max_landmarks``:
@@ -35,11 +28,7 @@ def landmark_grid(hw: Tuple[int, int],
     return gh, gw
 
 
-def reduce_map(x: torch.Tensor,
-               ratio: int,
-               max_landmarks: Optional[int] = None,
-               landmark_hw: Optional[Tuple[int, int]] = None,
-               conv: Optional[nn.Module] = None) -> torch.Tensor:
+def reduce_map(x, ratio, max_landmarks=None, landmark_hw=None, conv=None):
     """A (N, C, H, W) map reduced to its :func:`landmark_grid`: r x r
     average pooling (or ``conv``, an r x r stride-r convolution), then
     adaptive average pooling down to ``landmark_hw`` / ``max_landmarks``."""

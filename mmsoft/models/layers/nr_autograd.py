@@ -1,5 +1,5 @@
 """SOFT's NR pseudo-inverse with a closed-form backward, and dispatch."""
-from typing import Dict, Optional, Tuple
+from typing import Tuple
 
 import torch
 
@@ -7,7 +7,7 @@ from mmsoft.compat import unravel_index
 from . import export_ops
 from .amp import autocast_off, compute_dtype
 from .nr_diagnostics import iterative_stats, record_residual
-from .nr_iteration import init_iteration, newton_forward, spectral_factors
+from .nr_iteration import init_iteration, newton_iterate, spectral_factors
 
 __all__ = [
     'NewtonInverse', 'NR_METHODS', 'SPECTRAL_MIN_M', 'resolve_method', 'solve'
@@ -45,8 +45,7 @@ def _close_pairs(lam: torch.Tensor) -> Tuple[torch.Tensor, ...]:
     return tuple(batch) + (i, j)
 
 
-def _divided_differences(lam: torch.Tensor, v: torch.Tensor,
-                         alpha: torch.Tensor, iters: int) -> torch.Tensor:
+def _divided_differences(lam, v, alpha, iters) -> torch.Tensor:
     """The Daleckii-Krein kernel F of f = v_T: the quotient, overwritten on
     the close pairs (a, b) by [a, b] v_T without cancellation (Leibniz
     rule): D_0 = alpha, D_{k+1} = D_k (2 - (v_a + v_b)(a + b) / 2) -
@@ -78,11 +77,12 @@ def resolve_method(method: str, A: torch.Tensor) -> str:
     return 'iterative'
 
 
-def _iterative(A: torch.Tensor, W: Optional[torch.Tensor], nr,
-               stats: Optional[Dict]) -> Tuple[torch.Tensor, torch.Tensor]:
-    """(A_T, A_T or A_T W) by the iterations."""
+def _iterative(A, W, nr, stats) -> Tuple[torch.Tensor, torch.Tensor]:
+    """(A_T, A_T or A_T W) by the iterations (autograd through them if A
+    requires grad)."""
     iterative_stats(stats, A, nr.init, nr.iters)
-    Y = newton_forward(A, nr.iters, nr.init)
+    Aw, alpha = init_iteration(A, nr.init)
+    Y = newton_iterate(Aw, alpha[..., None, None] * Aw, nr.iters)
     return Y, Y if W is None else Y @ W
 
 
@@ -147,8 +147,7 @@ class NewtonInverse(torch.autograd.Function):
         return grad_A, None if ctx.inverse else G, None, None
 
 
-def solve(A: torch.Tensor, W: Optional[torch.Tensor], nr,
-          stats: Optional[Dict]) -> torch.Tensor:
+def solve(A, W, nr, stats) -> torch.Tensor:
     """A_T (``W`` None) or A_T W with the settings ``nr`` (an
     :class:`~.nr_config.NRConfig`)."""
     if A.dim() < 2 or A.shape[-1] != A.shape[-2]:
@@ -162,7 +161,12 @@ def solve(A: torch.Tensor, W: Optional[torch.Tensor], nr,
     A = A.to(dtype)
     W = None if W is None else W.to(dtype)
     if export_ops.is_exporting():  # ONNX: the iterations as plain products
-        export_ops.check_method(nr.method)
+        if nr.method == 'spectral':  # 'auto' becomes the iterative form
+            raise export_ops.ExportError(
+                "nr_method='spectral' cannot be exported (torch.linalg.eigh "
+                "has no ONNX operator); set model.backbone.attn_cfg."
+                "nr_method='auto' or 'iterative' (same function) before "
+                'exporting')
         return _iterative(A, W, nr, None)[1]
     method = resolve_method(nr.method, A)
     if method != nr.method:

@@ -1,18 +1,14 @@
 """The Newton-Raphson settings of a SOFT attention (:class:`NRConfig`)."""
 import dataclasses
-from typing import Dict, Mapping, Optional, Union
+from typing import Mapping
 
 import torch
 
 from .checks import check_choice, check_int
-from .nr_autograd import NR_METHODS, SPECTRAL_MIN_M, resolve_method, solve
-from .nr_iteration import INIT_ALIASES, INIT_MODES, canonical_init
+from .nr_autograd import NR_METHODS, solve
+from .nr_iteration import canonical_init
 
-__all__ = [
-    'NRConfig', 'INIT_MODES', 'INIT_ALIASES', 'NR_METHODS', 'NR_BACKWARDS',
-    'NR_FIELDS', 'SPECTRAL_MIN_M', 'canonical_init', 'default_init',
-    'resolve_method'
-]
+__all__ = ['NRConfig', 'NR_BACKWARDS', 'NR_FIELDS', 'default_init']
 
 NR_BACKWARDS = ('eq16', 'exact')
 #: the fields of :class:`NRConfig` (the ``attn_cfg`` keys ``nr_<field>``)
@@ -62,8 +58,7 @@ class NRConfig:
                      NR_BACKWARDS)
 
     @classmethod
-    def of(cls, nr: Union['NRConfig', Mapping, None],
-           attn_norm: bool) -> 'NRConfig':
+    def of(cls, nr, attn_norm) -> 'NRConfig':
         """``nr`` as it is, or from a dict of the fields / None: ``init``
         missing or None is :func:`default_init`."""
         if isinstance(nr, NRConfig):
@@ -84,16 +79,11 @@ class NRConfig:
         """A copy with some settings changed (validated again)."""
         return dataclasses.replace(self, **changes)
 
-    def inverse(self,
-                A: torch.Tensor,
-                stats: Optional[Dict] = None) -> torch.Tensor:
+    def inverse(self, A: torch.Tensor, stats=None) -> torch.Tensor:
         """A_T for (..., m, m) symmetric non-negative A."""
         return solve(A, None, self, stats)
 
-    def apply(self,
-              A: torch.Tensor,
-              W: torch.Tensor,
-              stats: Optional[Dict] = None) -> torch.Tensor:
+    def apply(self, A: torch.Tensor, W: torch.Tensor, stats=None):
         """A_T W for W (..., m, d), ``inverse(A) @ W`` up to rounding
         without forming A_T with the spectral method."""
         return solve(A, W, self, stats)

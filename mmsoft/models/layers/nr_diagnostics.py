@@ -1,19 +1,17 @@
 """How far the Newton-Raphson iterate A_T is from A^+ (the paper's Fig. 4):
 the ``stats`` of ``NRConfig.inverse`` / ``apply`` (``last_nr_stats``)."""
-from typing import Dict, Optional, Tuple
+from typing import Dict
 
 import torch
 
-from .nr_iteration import (canonical_init, init_iteration, newton_iterate,
-                           scalar_iterate)
+from .nr_iteration import init_iteration, newton_iterate, scalar_iterate
 
 __all__ = [
     'record_residual', 'iterative_stats', 'nr_residual', 'pinv_convergence'
 ]
 
 
-def record_residual(stats: Optional[Dict], lam: torch.Tensor,
-                    v: torch.Tensor) -> None:
+def record_residual(stats, lam, v) -> None:
     """Fill ``stats`` from the eigenvalues l of the matrix iterated on and
     v = v_T(l), per matrix: ``'residual'`` ||A A_T A - A||_2 / ||A||_2 =
     max |l (l v - 1)| / max |l|; ``'unconverged'`` the fraction of the
@@ -31,8 +29,7 @@ def record_residual(stats: Optional[Dict], lam: torch.Tensor,
         rank.sum(-1).clamp_min(1).to(lam.dtype)
 
 
-def iterative_stats(stats: Optional[Dict], A: torch.Tensor, init: str,
-                    iters: int) -> None:
+def iterative_stats(stats, A, init, iters) -> None:
     """:func:`record_residual` for the iterative method (one ``eigvalsh``)."""
     if stats is None:
         return
@@ -43,12 +40,9 @@ def iterative_stats(stats: Optional[Dict], A: torch.Tensor, init: str,
 
 
 @torch.no_grad()
-def nr_residual(A: torch.Tensor,
-                iters: int = 20,
-                init: str = 'soft_norm_per_sample') -> Dict[str, torch.Tensor]:
+def nr_residual(A, iters=20, init='soft_norm_per_sample'):
     """``{'residual', 'unconverged'}`` of T iterations on (..., m, m) A,
     each of shape ``A.shape[:-2]`` (see :func:`record_residual`)."""
-    init = canonical_init(init)
     if A.dim() < 2 or A.shape[-1] != A.shape[-2]:
         raise ValueError(f'nr_residual expects (..., m, m) matrices, got '
                          f'shape {tuple(A.shape)}')
@@ -58,14 +52,11 @@ def nr_residual(A: torch.Tensor,
 
 
 @torch.no_grad()
-def pinv_convergence(A: torch.Tensor,
-                     iters: int = 20,
-                     init: str = 'soft_norm_per_sample'
-                     ) -> Tuple[torch.Tensor, ...]:
+def pinv_convergence(A, iters=20, init='soft_norm_per_sample'):
     """||A A_k A - A||_2 / ||A||_2 for k = 0..iters (Fig. 4), each of shape
     ``A.shape[:-2]``."""
     A = A.double()
-    Aw, alpha = init_iteration(A, canonical_init(init))
+    Aw, alpha = init_iteration(A, init)
     V = alpha[..., None, None] * Aw
 
     def norm2(M):  # symmetric: the spectral norm is the largest |eigenvalue|

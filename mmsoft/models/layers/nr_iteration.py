@@ -11,7 +11,7 @@ import torch
 __all__ = [
     'INIT_MODES', 'INIT_ALIASES', 'canonical_init', 'nr_init_alpha',
     'nr_iteration_matrix', 'init_iteration', 'newton_iterate',
-    'newton_forward', 'scalar_iterate', 'spectral_factors'
+    'scalar_iterate', 'spectral_factors'
 ]
 
 INIT_MODES = ('soft_norm_per_sample', 'soft_norm_per_matrix',
@@ -63,8 +63,7 @@ def _shared_max(t: torch.Tensor, init: str, trailing: int = 0):
     return shared.view(t.shape[0], *([1] * (lead - 1)), *tail).expand_as(t)
 
 
-def nr_init_alpha(A: torch.Tensor,
-                  init: str = 'soft_norm_per_sample') -> torch.Tensor:
+def nr_init_alpha(A, init='soft_norm_per_sample') -> torch.Tensor:
     """alpha of A_0 = alpha A per matrix (shape ``A.shape[:-2]``).
 
     ``'soft'``: 0.9 * 2 / ||A||_1^2. ``'soft_norm_per_*'``: the official
@@ -104,8 +103,7 @@ def nr_iteration_matrix(A: torch.Tensor, init: str) -> torch.Tensor:
     return A
 
 
-def init_iteration(A: torch.Tensor,
-                   init: str) -> Tuple[torch.Tensor, torch.Tensor]:
+def init_iteration(A, init) -> Tuple[torch.Tensor, torch.Tensor]:
     """(matrix iterated on, alpha); alpha without autograd: both backward
     passes hold it fixed."""
     with torch.no_grad():
@@ -113,8 +111,7 @@ def init_iteration(A: torch.Tensor,
     return nr_iteration_matrix(A, init), alpha
 
 
-def newton_iterate(A: torch.Tensor, V: torch.Tensor,
-                   iters: int) -> torch.Tensor:
+def newton_iterate(A, V, iters) -> torch.Tensor:
     """V_{k+1} = 2 V_k - V_k A V_k, ``iters`` times (Eq. 10)."""
     shape = V.shape
     m = shape[-1]
@@ -126,14 +123,7 @@ def newton_iterate(A: torch.Tensor, V: torch.Tensor,
     return V.reshape(shape)
 
 
-def newton_forward(A: torch.Tensor, iters: int, init: str) -> torch.Tensor:
-    """A_T by the iterations (autograd through them if A requires grad)."""
-    Aw, alpha = init_iteration(A, init)
-    return newton_iterate(Aw, alpha[..., None, None] * Aw, iters)
-
-
-def _scalar_iterate_impl(lam: torch.Tensor, alpha: torch.Tensor,
-                         iters: int) -> torch.Tensor:
+def _scalar_iterate_impl(lam, alpha, iters) -> torch.Tensor:
     """v_T(l): v_0 = alpha l, v_{k+1} = 2 v_k - v_k^2 l (Eq. 10 on the
     eigenvalues; ``alpha`` of shape ``lam.shape[:-1]``)."""
     v = alpha[..., None] * lam
@@ -142,15 +132,13 @@ def _scalar_iterate_impl(lam: torch.Tensor, alpha: torch.Tensor,
     return v
 
 
-def _register_scalar_iterate():
-    """:func:`_scalar_iterate_impl` as the opaque custom op
-    ``torch.ops.mmsoft.nr_scalar_iterate`` (torch >= 2.4): inductor would
-    inline the T steps, compile time ~3^T (see the SOFT attention guide)."""
-    custom_op = getattr(torch.library, 'custom_op', None)
-    if custom_op is None:  # torch < 2.4: plain function
-        return _scalar_iterate_impl
+#: :func:`_scalar_iterate_impl` as the opaque custom op
+#: ``torch.ops.mmsoft.nr_scalar_iterate`` (torch >= 2.4; before: the plain
+#: function): inductor would inline the T steps, compile time ~3^T
+scalar_iterate = _scalar_iterate_impl
+if hasattr(torch.library, 'custom_op'):
 
-    @custom_op('mmsoft::nr_scalar_iterate', mutates_args=())
+    @torch.library.custom_op('mmsoft::nr_scalar_iterate', mutates_args=())
     def nr_scalar_iterate(lam: torch.Tensor, alpha: torch.Tensor,
                           iters: int) -> torch.Tensor:
         return _scalar_iterate_impl(lam, alpha, iters)
@@ -160,14 +148,10 @@ def _register_scalar_iterate():
         shape = torch.broadcast_shapes(alpha.shape + (1, ), lam.shape)
         return lam.new_empty(shape, dtype=torch.result_type(alpha, lam))
 
-    return nr_scalar_iterate
+    scalar_iterate = nr_scalar_iterate
 
 
-scalar_iterate = _register_scalar_iterate()
-
-
-def spectral_factors(A: torch.Tensor, alpha: torch.Tensor, iters: int
-                     ) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def spectral_factors(A, alpha, iters):
     """(U, v, l) with A = U diag(l) U^T and A_T = U diag(v) U^T: every
     iterate is the same polynomial of A, so Eq. (10) acts on l alone."""
     lam, U = torch.linalg.eigh(A)

@@ -1,37 +1,45 @@
 """Deprecated (mmsoft <= 0.3): the Newton-Raphson inverse lives in
 :mod:`.nr_config`, :mod:`.nr_iteration`, :mod:`.nr_autograd` and
-:mod:`.nr_diagnostics`; these names work for one more release.
-``newton_inverse`` / ``newton_inverse_apply`` warn: write
-``NRConfig(iters, init, method, backward).inverse(A, stats)`` /
-``.apply(A, W, stats)``."""
+:mod:`.nr_diagnostics`; the old names work for one more release, with a
+``DeprecationWarning`` naming the new home. ``newton_inverse`` /
+``newton_inverse_apply``: ``NRConfig(iters, init, method, backward)``
+``.inverse(A, stats)`` / ``.apply(A, W, stats)``."""
+import importlib
 import warnings
 
 import torch  # noqa: F401 (pinv.torch, as before)
 
-from .nr_autograd import (NR_METHODS, SPECTRAL_MIN_M, NewtonInverse,
-                          resolve_method)
-from .nr_config import NR_BACKWARDS, NR_FIELDS, NRConfig, default_init
-from .nr_diagnostics import nr_residual, pinv_convergence
-from .nr_iteration import (INIT_ALIASES, INIT_MODES, canonical_init,
-                           nr_init_alpha, nr_iteration_matrix)
+from .nr_config import NRConfig
 
-__all__ = [
-    'newton_inverse', 'newton_inverse_apply', 'nr_init_alpha',
-    'pinv_convergence', 'NewtonInverse', 'NewtonInverseApply', 'NRConfig',
-    'INIT_MODES', 'INIT_ALIASES', 'NR_METHODS', 'NR_BACKWARDS', 'NR_FIELDS',
-    'SPECTRAL_MIN_M', 'canonical_init', 'default_init', 'nr_residual',
-    'nr_iteration_matrix', 'resolve_method'
-]
+#: the old names -> their modules (``NewtonInverseApply``: ``NewtonInverse``
+#: serves both, ``apply(A, W, nr, stats)``)
+MOVED = {
+    name: module
+    for module, names in dict(
+        nr_config='NRConfig NR_BACKWARDS NR_FIELDS default_init',
+        nr_autograd='NewtonInverse NewtonInverseApply NR_METHODS '
+        'SPECTRAL_MIN_M resolve_method',
+        nr_diagnostics='nr_residual pinv_convergence',
+        nr_iteration='INIT_ALIASES INIT_MODES canonical_init nr_init_alpha '
+        'nr_iteration_matrix').items()
+    for name in names.split()
+}
+__all__ = ['newton_inverse', 'newton_inverse_apply', *MOVED]
 
-#: one Function now serves both (``apply(A, W, nr, stats)``)
-NewtonInverseApply = NewtonInverse
+
+def __getattr__(name: str):
+    if name not in MOVED:
+        raise AttributeError(f'module {__name__!r} has no attribute {name!r}')
+    home = f'{__package__}.{MOVED[name]}'
+    warnings.warn(f'{__name__}.{name} is deprecated; use {home}.{name}',
+                  DeprecationWarning, 2)
+    return getattr(importlib.import_module(home), name.replace('Apply', ''))
 
 
-def _deprecated(name: str, use: str) -> None:
-    warnings.warn(
-        f'{name} is deprecated; use NRConfig(...).{use}',
-        DeprecationWarning,
-        stacklevel=3)
+def _deprecated(name: str, use: str, *settings) -> NRConfig:
+    warnings.warn(f'{name} is deprecated; use NRConfig(...).{use}',
+                  DeprecationWarning, 3)
+    return NRConfig(*settings)
 
 
 def newton_inverse(A,
@@ -41,8 +49,8 @@ def newton_inverse(A,
                    backward='eq16',
                    stats=None):
     """Deprecated: ``NRConfig(iters, init, method, backward).inverse(A)``."""
-    _deprecated('newton_inverse', 'inverse(A, stats)')
-    return NRConfig(iters, init, method, backward).inverse(A, stats)
+    return _deprecated('newton_inverse', 'inverse(A, stats)', iters, init,
+                       method, backward).inverse(A, stats)
 
 
 def newton_inverse_apply(A,
@@ -53,5 +61,5 @@ def newton_inverse_apply(A,
                          backward='eq16',
                          stats=None):
     """Deprecated: ``NRConfig(iters, init, method, backward).apply(A, W)``."""
-    _deprecated('newton_inverse_apply', 'apply(A, W, stats)')
-    return NRConfig(iters, init, method, backward).apply(A, W, stats)
+    return _deprecated('newton_inverse_apply', 'apply(A, W, stats)', iters,
+                       init, method, backward).apply(A, W, stats)

@@ -6,10 +6,8 @@ probes each CPU half-precision configuration once against float32; one
 above :data:`PROBE_RTOL` runs in float32 (:class:`HalfConvWarning`). Under
 ``torch.compile`` no probe runs (an unprobed one runs in float32).
 """
-import collections
-import threading
 import warnings
-from typing import Optional, Tuple
+from typing import Dict
 
 import torch
 import torch.nn as nn
@@ -19,19 +17,15 @@ from mmsoft.compat import autocast_dtype
 from .amp import autocast_off
 
 __all__ = [
-    'SafeConv2d', 'conv2d', 'guard_convs', 'half_dtype', 'PROBE_RTOL',
-    'HalfConvWarning'
+    'SafeConv2d', 'conv2d', 'guard_convs', 'PROBE_RTOL', 'HalfConvWarning'
 ]
 
 #: the largest relative error of a correct half kernel (~2e-3 bfloat16,
 #: ~2e-4 float16; the AMX bug: 1.1 .. 1.4)
 PROBE_RTOL = {torch.bfloat16: 1e-2, torch.float16: 5e-3}
-#: verdicts remembered (least recently used ones are probed again)
-CACHE_SIZE = 1024
-
 _HALF = (torch.bfloat16, torch.float16)
-_verdicts: 'collections.OrderedDict[tuple, bool]' = collections.OrderedDict()
-_lock = threading.Lock()
+#: the verdict of each configuration probed: (dtype, shapes, conv args) -> ok
+_verdicts: Dict[tuple, bool] = {}
 _compiling = getattr(getattr(torch, 'compiler', None), 'is_compiling',
                      None) or torch._dynamo.is_compiling  # torch < 2.3
 #: the convolution checked (a test stands in a broken kernel)
@@ -43,27 +37,14 @@ class HalfConvWarning(UserWarning):
     values; mmsoft runs that convolution in float32."""
 
 
-def half_dtype(x: torch.Tensor, weight: torch.Tensor) -> Optional[torch.dtype]:
-    """The half type a CPU convolution of ``x`` and ``weight`` computes
-    in (half inputs, or CPU autocast to a half type), else None."""
-    if x.device.type != 'cpu':
-        return None
-    if x.dtype in _HALF:
-        return x.dtype
-    if x.dtype == torch.float32 and weight.dtype in (torch.float32, ) + _HALF:
-        dtype = autocast_dtype('cpu')
-        if dtype in _HALF:
-            return dtype
-    return None
-
-
 def _pair(v):
     return tuple(v) if isinstance(v, (tuple, list)) else (v, v)
 
 
-def _probe(key: tuple) -> Tuple[bool, float]:
-    """(ok, relative error) of the half kernel of ``key`` on random
-    inputs, against float32 on the same rounded inputs."""
+def _probe(key: tuple) -> bool:
+    """Whether the half kernel of ``key`` is correct on random inputs,
+    against float32 on the same rounded inputs; remembered in
+    ``_verdicts``."""
     dtype, in_shape, w_shape, stride, padding, dilation, groups = key
     g = torch.Generator().manual_seed(0)
     x = torch.randn((1, ) + in_shape, generator=g).to(dtype)
@@ -74,19 +55,8 @@ def _probe(key: tuple) -> Tuple[bool, float]:
         ref = _raw_conv2d(x.float(), w.float(), None, stride, padding,
                           dilation, groups)
     err = ((half.float() - ref).norm() / ref.norm().clamp_min(1e-30)).item()
-    return bool(err <= PROBE_RTOL[dtype]), err
-
-
-def _verdict(key: tuple) -> bool:
-    """Whether the half kernel of ``key`` is correct: probed once, then
-    remembered."""
-    with _lock:
-        if key in _verdicts:
-            _verdicts.move_to_end(key)
-            return _verdicts[key]
-    ok, err = _probe(key)
+    ok = _verdicts[key] = bool(err <= PROBE_RTOL[dtype])
     if not ok:
-        dtype, in_shape, w_shape, stride, _, _, groups = key
         warnings.warn(
             f'mmsoft: this CPU\'s {str(dtype)[6:]} convolution is wrong for '
             f'weight {w_shape}, stride {stride}, groups {groups} on '
@@ -95,29 +65,22 @@ def _verdict(key: tuple) -> bool:
             f'this convolution in float32 (correct, slower)',
             HalfConvWarning,
             stacklevel=3)
-    with _lock:
-        _verdicts[key] = ok
-        while len(_verdicts) > CACHE_SIZE:
-            _verdicts.popitem(last=False)
     return ok
 
 
-def conv2d(x: torch.Tensor,
-           weight: torch.Tensor,
-           bias: Optional[torch.Tensor] = None,
-           stride=1,
-           padding=0,
-           dilation=1,
-           groups: int = 1) -> torch.Tensor:
+def conv2d(x, weight, bias=None, stride=1, padding=0, dilation=1, groups=1):
     """``F.conv2d``, in float32 where this CPU's half kernel is wrong for
     the configuration."""
-    dtype = half_dtype(x, weight)
-    if dtype is not None:
+    dtype = x.dtype if x.device.type == 'cpu' else None  # half inputs or
+    if dtype == torch.float32 and weight.dtype in (torch.float32, ) + _HALF:
+        dtype = autocast_dtype('cpu')  # float32 ones under CPU autocast
+    if dtype in _HALF:
         key = (dtype, tuple(x.shape[1:]), tuple(weight.shape), _pair(stride),
                padding if isinstance(padding, str) else _pair(padding),
                _pair(dilation), int(groups))
-        ok = _verdicts.get(key, False) if _compiling() else _verdict(key)
-    if dtype is None or ok:
+        ok = _verdicts.get(key, False) if _compiling() or key in _verdicts \
+            else _probe(key)
+    if dtype not in _HALF or ok:
         return _raw_conv2d(x, weight, bias, stride, padding, dilation, groups)
     with autocast_off('cpu'):
         out = _raw_conv2d(x.float(), weight.float(),
@@ -131,8 +94,7 @@ class SafeConv2d(nn.Conv2d):
     (:func:`~mmsoft.models.layers.safe_conv.conv2d`); the same parameters,
     state dict and results wherever the half kernel is correct."""
 
-    def _conv_forward(self, input: torch.Tensor, weight: torch.Tensor,
-                      bias: Optional[torch.Tensor]) -> torch.Tensor:
+    def _conv_forward(self, input, weight, bias) -> torch.Tensor:
         if self.padding_mode != 'zeros':
             return super()._conv_forward(input, weight, bias)
         return conv2d(input, weight, bias, self.stride, self.padding,

@@ -34,9 +34,7 @@ __all__ = [
 SAMPLING_MODES = ('conv', 'avgpool', 'random', 'biased')
 
 
-def bottleneck_inverse(A: torch.Tensor,
-                       attn_norm: bool = True,
-                       nr: Optional[NRConfig] = None) -> torch.Tensor:
+def bottleneck_inverse(A, attn_norm=True, nr=None):
     """A^+, or A^+_n = D^-1/2 A^+ D^-1/2 with ``attn_norm`` (Eq. 25), in
     float32 (float64 stays); ``nr``: :class:`NRConfig` or its fields."""
     A_inv = NRConfig.of(nr, attn_norm).inverse(A)
@@ -47,11 +45,7 @@ def bottleneck_inverse(A: torch.Tensor,
         return d.unsqueeze(-1) * A_inv * d.unsqueeze(-2)
 
 
-def bottleneck_apply(A: torch.Tensor,
-                     W: torch.Tensor,
-                     attn_norm: bool = True,
-                     nr: Optional[NRConfig] = None,
-                     nr_stats: Optional[dict] = None) -> torch.Tensor:
+def bottleneck_apply(A, W, attn_norm=True, nr=None, nr_stats=None):
     """``bottleneck_inverse(A, ...) @ W`` without the m x m inverse (D^-1/2
     applied to the m x d operands); ``nr_stats``: see :class:`NRConfig`."""
     nr = NRConfig.of(nr, attn_norm)
@@ -63,12 +57,7 @@ def bottleneck_apply(A: torch.Tensor,
         return d * nr.apply(A, d * W.to(dtype), nr_stats)
 
 
-def soft_attention(q: torch.Tensor,
-                   landmarks: torch.Tensor,
-                   v: torch.Tensor,
-                   attn_norm: bool = True,
-                   nr: Optional[NRConfig] = None,
-                   nr_stats: Optional[dict] = None) -> torch.Tensor:
+def soft_attention(q, landmarks, v, attn_norm=True, nr=None, nr_stats=None):
     """out = P (A^+_n (P^T V)) (v's dtype) for q, v (B, h, n, d) and
     landmarks (B, h, m, d), q and landmarks scaled by d^(-1/4) (Eq. 5)."""
     P = gaussian_kernel(q, landmarks)  # (B, h, n, m)
@@ -117,10 +106,8 @@ class BottleneckSampler(nn.Module):
             landmark_hw = tuple(
                 check_int(f'landmark_hw[{i}]', side)
                 for i, side in enumerate(landmark_hw))
-        self.mode = mode
-        self.ratio = ratio
-        self.max_landmarks = max_landmarks
-        self.landmark_hw = landmark_hw
+        self.mode, self.ratio = mode, ratio
+        self.max_landmarks, self.landmark_hw = max_landmarks, landmark_hw
         if mode == 'conv':
             self.conv = SafeConv2d(
                 head_dims, head_dims, ratio, ratio, bias=False)
@@ -177,12 +164,8 @@ class SOFTAttention(AttentionBase):
     the per-head depthwise conv of V and ``proj`` (:class:`AttentionBase`).
 
     Args:
-        embed_dims (int): token channels.
-        num_heads (int): heads; must divide ``embed_dims``.
-        sampling_ratio (int): r of :class:`BottleneckSampler`.
-        dw_kernel_size (int): k of the depthwise conv on V (0: none).
-            Default: 3.
-        qkv_bias (bool): biases of the q / v projections. Default: True.
+        embed_dims, num_heads, sampling_ratio, dw_kernel_size, qkv_bias: the
+            stage's (:class:`AttentionBase`; biases of ``q`` / ``v``).
         attn_norm (bool): D^-1/2 A^+ D^-1/2 (IJCV, Eq. 25); False is the
             NeurIPS model. Default: True.
         sampling (str): f_s, one of ``SAMPLING_MODES``. Default: 'conv'.
@@ -215,8 +198,8 @@ class SOFTAttention(AttentionBase):
         self._nr = NRConfig.of(nr, attn_norm)
         self.nr_diagnostics = nr_diagnostics
         self.last_nr_stats: Optional[dict] = None
-        self.q = nn.Linear(embed_dims, embed_dims, bias=qkv_bias)
-        self.v = nn.Linear(embed_dims, embed_dims, bias=qkv_bias)
+        self.q, self.v = (
+            nn.Linear(embed_dims, embed_dims, bias=qkv_bias) for _ in range(2))
         self.sampler = BottleneckSampler(self.head_dims, sampling_ratio,
                                          sampling, max_landmarks, landmark_hw)
         self._build_output_layers()
@@ -249,15 +232,13 @@ class SOFTAttention(AttentionBase):
         return gaussian_kernel(q, landmarks), bottleneck_inverse(
             A, self.attn_norm, self._nr)
 
-    def _row(self, x: torch.Tensor, hw: Tuple[int, int],
-             i: int) -> torch.Tensor:
+    def _row(self, x, hw, i) -> torch.Tensor:
         """Row ``i`` of S^, P_i A^+_n P^T (B, h, n), in O(n m)."""
         P, A_inv = self._kernels(x, hw)
         return ((P[:, :, i:i + 1] @ A_inv) @ P.transpose(-1, -2)).squeeze(-2)
 
     @torch.no_grad()
-    def attention_matrix(self, x: torch.Tensor,
-                         hw: Tuple[int, int]) -> torch.Tensor:
+    def attention_matrix(self, x, hw) -> torch.Tensor:
         """S^ = P A^+_n P^T (B, h, n, n) itself (small inputs only)."""
         self._check(x, hw)
         P, A_inv = self._kernels(x, hw)
@@ -269,9 +250,7 @@ class SOFTAttention(AttentionBase):
                 f'nr_backward={self._nr.backward}')
 
 
-def with_nr(model: nn.Module,
-            nr: Union[NRConfig, Mapping, None] = None,
-            **changes) -> nn.Module:
+def with_nr(model, nr=None, **changes) -> nn.Module:
     """A deep copy of ``model`` whose :class:`SOFTAttention` s use ``nr``
     (default: their own) with ``changes``, e.g. ``with_nr(model,
     method='iterative')``; ``model`` and the random state unchanged."""

@@ -12,8 +12,8 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from mmsoft.registry import ATTENTIONS
-from .amp import autocast_off
-from .attention_base import AttentionBase, Index, query_index
+from .amp import autocast_off, compute_dtype
+from .attention_base import AttentionBase, query_index
 from .checks import check_choice, check_int
 from .grid import reduce_map
 from .safe_conv import SafeConv2d
@@ -30,12 +30,7 @@ PINV_MODES = ('iterative', 'exact')
 ORDERS = ('auto', 'quadratic', 'linear')
 
 
-def spread_to_tokens(w: torch.Tensor,
-                     hw: Tuple[int, int],
-                     ratio: int,
-                     max_landmarks: Optional[int] = None,
-                     landmark_hw: Optional[Tuple[int,
-                                                 int]] = None) -> torch.Tensor:
+def spread_to_tokens(w, hw, ratio, max_landmarks=None, landmark_hw=None):
     """``w`` (..., m) on the reduced tokens -> (..., H*W) by the transpose
     of ``reduce_map()``'s pooling (``w_j / |cell j|`` per token)."""
     lead = w.shape[:-1]
@@ -57,40 +52,29 @@ def spread_to_tokens(w: torch.Tensor,
 
 
 class ZooAttention(AttentionBase):
-    """q / k / v projections on
-    :class:`~mmsoft.models.layers.AttentionBase`; subclasses take these
-    stage arguments as ``*args, **kwargs``."""
+    """q / k / v projections (biases: ``qkv_bias``) on
+    :class:`~mmsoft.models.layers.AttentionBase`, whose arguments it and
+    its subclasses take as ``*args, **kwargs``."""
 
-    def __init__(self,
-                 embed_dims: int,
-                 num_heads: int,
-                 sampling_ratio: int,
-                 dw_kernel_size: int = 3,
-                 qkv_bias: bool = True):
-        super().__init__(embed_dims, num_heads, sampling_ratio, dw_kernel_size)
+    def __init__(self, *args, qkv_bias: bool = True, **kwargs):
+        super().__init__(*args, **kwargs)
         self.scale = self.head_dims**-0.5
         self._build_output_layers()
-        self.q = nn.Linear(embed_dims, embed_dims, bias=qkv_bias)
-        self.k = nn.Linear(embed_dims, embed_dims, bias=qkv_bias)
-        self.v = nn.Linear(embed_dims, embed_dims, bias=qkv_bias)
+        C = self.embed_dims
+        self.q, self.k, self.v = (
+            nn.Linear(C, C, bias=qkv_bias) for _ in range(3))
 
 
 class ReducedGridAttention(ZooAttention):
     """Over the m r x r cells of SOFT's bottleneck grid (``reduce_map()``;
     ``max_landmarks`` caps m, ``landmark_hw`` fixes the grid (gh, gw))."""
 
-    def __init__(self,
-                 *args,
-                 max_landmarks: Optional[int] = None,
-                 landmark_hw: Optional[Tuple[int, int]] = None,
-                 **kwargs):
+    def __init__(self, *args, max_landmarks=None, landmark_hw=None, **kwargs):
         super().__init__(*args, **kwargs)
         self.max_landmarks = max_landmarks
         self.landmark_hw = landmark_hw
 
-    def _reduce_map(self,
-                    t: torch.Tensor,
-                    conv: Optional[nn.Module] = None) -> torch.Tensor:
+    def _reduce_map(self, t, conv=None) -> torch.Tensor:
         """``reduce_map()`` on this grid."""
         return reduce_map(t, self.sampling_ratio, self.max_landmarks,
                           self.landmark_hw, conv)
@@ -108,8 +92,7 @@ class SoftmaxZooAttention(ZooAttention):
             self._split(vt)
         return F.scaled_dot_product_attention(q, k, v), vt
 
-    def _row(self, x: torch.Tensor, hw: Tuple[int, int],
-             i: int) -> torch.Tensor:
+    def _row(self, x, hw, i) -> torch.Tensor:
         q = self._split(self.q(x[:, i:i + 1]))
         k = self._split(self.k(x))
         logits = (q @ k.transpose(-1, -2)).squeeze(-2) * self.scale
@@ -128,6 +111,7 @@ class LinformerAttention(ReducedGridAttention):
     mixer is then ``softmax(Q K_r^T / sqrt d) Pool``, n x n, on V). The
     depthwise conv of SOFT's block sees the full-resolution ``X W_v``.
     """
+    repr_keys = ('sr_mode', )
 
     def __init__(self, *args, sr_mode: str = 'conv', **kwargs):
         super().__init__(*args, **kwargs)
@@ -155,8 +139,7 @@ class LinformerAttention(ReducedGridAttention):
         return out, (self.v(x) if self.dw_conv is not None else None)
 
     @torch.no_grad()
-    def reduced_attention_row(self, x: torch.Tensor, hw: Tuple[int, int],
-                              index: Index) -> torch.Tensor:
+    def reduced_attention_row(self, x, hw, index) -> torch.Tensor:
         """(B, h, m) softmax weights of query ``index`` over the m keys."""
         self._check(x, hw)
         i = query_index(index, hw)
@@ -164,15 +147,11 @@ class LinformerAttention(ReducedGridAttention):
         k = self._split(self.k(self._reduce(x, hw)))
         return ((q @ k.transpose(-1, -2)).squeeze(-2) * self.scale).softmax(-1)
 
-    def _row(self, x: torch.Tensor, hw: Tuple[int, int],
-             i: int) -> torch.Tensor:
+    def _row(self, x, hw, i) -> torch.Tensor:
         """The reduced row spread over its cells (exact for avgpool)."""
         return spread_to_tokens(
             self.reduced_attention_row(x, hw, i), hw, self.sampling_ratio,
             self.max_landmarks, self.landmark_hw)
-
-    def extra_repr(self) -> str:
-        return super().extra_repr() + f', sr_mode={self.sr_mode}'
 
 
 def orthogonal_gaussian(num_features: int,
@@ -193,8 +172,7 @@ def orthogonal_gaussian(num_features: int,
     return (w * norms).to(dtype)
 
 
-def favor_features(x: torch.Tensor, w: torch.Tensor,
-                   is_query: bool) -> torch.Tensor:
+def favor_features(x, w, is_query) -> torch.Tensor:
     """phi(x) (B, h, n, M) of x (B, h, n, d), scaled by d^(-1/4), up to
     a factor that cancels in D^-1."""
     proj = x @ w.to(x.dtype).t()  # (B, h, n, M)
@@ -214,6 +192,7 @@ class PerformerAttention(ZooAttention):
     M rows (None: ``max(16, round(d ln d))``), drawn again by ``redraw()``
     (every ``redraw_interval`` training forwards if > 0).
     """
+    repr_keys = ('num_features', )
 
     def __init__(self,
                  *args,
@@ -226,8 +205,7 @@ class PerformerAttention(ZooAttention):
         if num_features is None:
             num_features = max(16, int(round(d * math.log(max(d, 2)))))
         self.num_features = check_int('num_features', num_features)
-        self.redraw_interval = redraw_interval
-        self.eps = eps
+        self.redraw_interval, self.eps = redraw_interval, eps
         self.register_buffer('features', orthogonal_gaussian(num_features, d))
         self._calls = 0
 
@@ -257,23 +235,18 @@ class PerformerAttention(ZooAttention):
         out = (pq @ kv) / (denom + self.eps)
         return out.to(v.dtype), vt
 
-    def _row(self, x: torch.Tensor, hw: Tuple[int, int],
-             i: int) -> torch.Tensor:
+    def _row(self, x, hw, i) -> torch.Tensor:
         pq, pk = self._phi(x)
         row = (pq[:, :, i:i + 1] @ pk.transpose(-1, -2)).squeeze(-2)
         return row / (row.sum(-1, keepdim=True) + self.eps)
-
-    def extra_repr(self) -> str:
-        return super().extra_repr() + f', num_features={self.num_features}'
 
 
 def iterative_pinv(A: torch.Tensor, iters: int = 6) -> torch.Tensor:
     """Nystromformer's iteration for A^+ in float32+: Z_0 = A^T /
     (||A||_1 ||A||_inf) per matrix (the reference: over the batch),
     Z_{k+1} = Z_k (13 I - A Z_k (15 I - A Z_k (7 I - A Z_k))) / 4."""
-    dtype = torch.float64 if A.dtype == torch.float64 else torch.float32
-    A = A.to(dtype)
-    eye = torch.eye(A.shape[-1], dtype=dtype, device=A.device)
+    A = A.to(compute_dtype(A))
+    eye = torch.eye(A.shape[-1], dtype=A.dtype, device=A.device)
     col = A.abs().sum(-2).amax(-1)
     row = A.abs().sum(-1).amax(-1)
     Z = A.transpose(-1, -2) / (col * row)[..., None, None]
@@ -295,12 +268,9 @@ class NystromformerAttention(ReducedGridAttention):
     A^+ by :func:`iterative_pinv` (``pinv='iterative'``, ``pinv_iters``
     steps) or ``'exact'``; with r = 1 and the exact inverse F A^+ B = S.
     """
+    repr_keys = ('pinv', 'pinv_iters')
 
-    def __init__(self,
-                 *args,
-                 pinv: str = 'iterative',
-                 pinv_iters: int = 6,
-                 **kwargs):
+    def __init__(self, *args, pinv='iterative', pinv_iters=6, **kwargs):
         super().__init__(*args, **kwargs)
         self.pinv = check_choice('pinv', pinv, PINV_MODES)
         self.pinv_iters = pinv_iters
@@ -322,9 +292,7 @@ class NystromformerAttention(ReducedGridAttention):
         B_ = (ql @ k.transpose(-1, -2) * s).softmax(-1)
         with autocast_off(x.device.type):
             if self.pinv == 'exact':
-                dtype = torch.float64 if A.dtype == torch.float64 \
-                    else torch.float32
-                A_inv = torch.linalg.pinv(A.to(dtype))
+                A_inv = torch.linalg.pinv(A.to(compute_dtype(A)))
             else:
                 A_inv = iterative_pinv(A, self.pinv_iters)
         return F_, A_inv, B_
@@ -338,15 +306,10 @@ class NystromformerAttention(ReducedGridAttention):
             out = F_.to(dt) @ (A_inv @ (B_.to(dt) @ v.to(dt)))
         return out.to(v.dtype), vt
 
-    def _row(self, x: torch.Tensor, hw: Tuple[int, int],
-             i: int) -> torch.Tensor:
+    def _row(self, x, hw, i) -> torch.Tensor:
         F_, A_inv, B_ = self._kernels(x, hw)
         dt = A_inv.dtype
         return ((F_[:, :, i:i + 1].to(dt) @ A_inv) @ B_.to(dt)).squeeze(-2)
-
-    def extra_repr(self) -> str:
-        return super().extra_repr() + (f', pinv={self.pinv}, '
-                                       f'pinv_iters={self.pinv_iters}')
 
 
 def l1_normalize_tokens(t: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
@@ -356,9 +319,7 @@ def l1_normalize_tokens(t: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
 
 def sima_order(n: int, d: int, order: str = 'auto') -> str:
     """``'linear'`` (Q^ (K^^T V)) or ``'quadratic'`` ((Q^ K^^T) V)."""
-    if order not in ORDERS:
-        raise ValueError(f'unknown order {order!r}; choose one of {ORDERS}')
-    if order != 'auto':
+    if check_choice('order', order, ORDERS) != 'auto':
         return order
     return 'linear' if n > d else 'quadratic'
 
@@ -373,16 +334,12 @@ class SimAAttention(ZooAttention):
     ``order`` ``'quadratic'``, ``'linear'`` or ``'auto'`` (linear when
     n > d).
     """
+    repr_keys = ('order', )
 
-    def __init__(self,
-                 *args,
-                 order: str = 'auto',
-                 eps: float = 1e-6,
-                 **kwargs):
+    def __init__(self, *args, order='auto', eps=1e-6, **kwargs):
         super().__init__(*args, **kwargs)
         sima_order(1, 1, order)  # validate
-        self.order = order
-        self.eps = eps
+        self.order, self.eps = order, eps
 
     def _qk(self, x: torch.Tensor):
         q = l1_normalize_tokens(self._split(self.q(x)), self.eps)
@@ -400,10 +357,6 @@ class SimAAttention(ZooAttention):
             out = (q @ k.transpose(-1, -2)) @ v
         return out, vt
 
-    def _row(self, x: torch.Tensor, hw: Tuple[int, int],
-             i: int) -> torch.Tensor:
+    def _row(self, x, hw, i) -> torch.Tensor:
         q, k = self._qk(x)
         return (q[:, :, i:i + 1] @ k.transpose(-1, -2)).squeeze(-2)
-
-    def extra_repr(self) -> str:
-        return super().extra_repr() + f', order={self.order}'

@@ -307,7 +307,7 @@ def test_fast_path_equals_reference_nr_end_to_end(attn_norm):
     outputs and gradients equal the plain iterative NR (issue #8: 1e-4
     relative in float32, much tighter in float64)."""
     from mmsoft.models.layers import SOFTAttention
-    from mmsoft.models.layers.nr_config import SPECTRAL_MIN_M
+    from mmsoft.models.layers.nr_autograd import SPECTRAL_MIN_M
     torch.manual_seed(0)
     fast = SOFT(TINY, attn_cfg=dict(type='soft', attn_norm=attn_norm))
     ref = SOFT(

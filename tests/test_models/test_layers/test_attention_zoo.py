@@ -9,8 +9,8 @@ import torch
 import torch.nn.functional as F
 
 from mmsoft.models.backbones import SOFT
-from mmsoft.models.layers import SOFTAttention, landmark_grid
-from mmsoft.models.layers.attention_zoo import attention_types, build_attention
+from mmsoft.models.layers import (SOFTAttention, attention_types,
+                                  build_attention, landmark_grid)
 from mmsoft.models.layers.gaussian_kernel import gaussian_kernel
 from mmsoft.models.layers.nr_config import NRConfig
 from mmsoft.models.layers.zoo import (LinformerAttention,

@@ -105,7 +105,7 @@ def test_default_reproduces_official_rule_spectral_path(monkeypatch):
     per-sample function (1e-10), the per-matrix rule differs; float32: as
     close to the float64 reference as the official function itself run in
     float32 (its rounding floor, 3.1e-6 here, is above 1e-6 at this size)."""
-    from mmsoft.models.layers.nr_config import SPECTRAL_MIN_M
+    from mmsoft.models.layers.nr_autograd import SPECTRAL_MIN_M
     assert 144 > SPECTRAL_MIN_M
     x = images(size=384).double()
     model = tiny_model().double()

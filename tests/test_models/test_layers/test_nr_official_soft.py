@@ -18,7 +18,7 @@ from conftest import tiny_arch
 
 from mmsoft.models.backbones import SOFT
 from mmsoft.models.layers import NRConfig, bottleneck_apply
-from mmsoft.models.layers.nr_config import SPECTRAL_MIN_M
+from mmsoft.models.layers.nr_autograd import SPECTRAL_MIN_M
 
 sa = importlib.import_module('mmsoft.models.layers.soft_attention')
 

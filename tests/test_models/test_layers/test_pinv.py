@@ -158,7 +158,7 @@ def test_spectral_gradcheck_and_batch_independence():
 
 
 def test_auto_method_choice():
-    from mmsoft.models.layers.nr_config import SPECTRAL_MIN_M, resolve_method
+    from mmsoft.models.layers.nr_autograd import SPECTRAL_MIN_M, resolve_method
     small = torch.eye(8)
     big = torch.eye(SPECTRAL_MIN_M)
     assert resolve_method('auto', small) == 'iterative'
@@ -303,7 +303,7 @@ def test_per_sample_shared_alpha():
 
 # ------------------------------------------------- names of the alpha rules
 def test_old_init_names_are_aliases():
-    from mmsoft.models.layers.nr_config import INIT_ALIASES, canonical_init
+    from mmsoft.models.layers.nr_iteration import INIT_ALIASES, canonical_init
     A = torch.cat([
         kernel_matrix(1, 4, m=30, scale=s, seed=k, dtype=torch.float64)
         for k, s in enumerate([0.1, 2.0])
