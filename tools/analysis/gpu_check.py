@@ -276,7 +276,7 @@ def run_nr_methods(report, device, shapes, repeats):
     import torch
 
     from mmsoft.models.layers.gaussian_kernel import gaussian_kernel
-    from mmsoft.models.layers.pinv import NRConfig
+    from mmsoft.models.layers.nr_config import NRConfig
     for batch, m, d in shapes:
         g = torch.Generator().manual_seed(0)
         landmarks = torch.randn(batch, m, d, generator=g).to(device)

@@ -1,11 +1,12 @@
 """When is the spectral pseudo-inverse faster than the NR iterations?
 
-Times :func:`mmsoft.models.layers.pinv.newton_inverse_apply` (A^+ W, the
+Times :meth:`mmsoft.models.layers.nr_config.NRConfig.apply` (A^+ W, the
 product SOFT attention needs) with ``method='iterative'`` (2T batched
 m x m products) and ``method='spectral'`` (one ``eigh`` and a scalar
 recurrence) for a range of bottleneck sizes m, on one device, and prints the
 smallest m from which spectral wins at every larger size measured: the value
-for :data:`mmsoft.models.layers.pinv.SPECTRAL_MIN_M` (the ``'auto'`` rule)
+for :data:`mmsoft.models.layers.nr_autograd.SPECTRAL_MIN_M` (the ``'auto'``
+rule)
 on that machine. Both methods compute the same function; only speed
 differs.
 
@@ -60,21 +61,20 @@ def _sync(device):
 
 
 def time_method(A, W, method, iters, backward, repeats):
-    """Median seconds of one newton_inverse_apply call (+ backward)."""
+    """Median seconds of one ``NRConfig.apply`` call (+ backward)."""
     import torch
 
-    from mmsoft.models.layers.pinv import newton_inverse_apply
+    from mmsoft.models.layers.nr_config import NRConfig
+    nr = NRConfig(iters, 'soft_norm_per_sample', method)
 
     def call():
         if backward:
             a = A.clone().requires_grad_()
             w = W.clone().requires_grad_()
-            newton_inverse_apply(a, w, iters, 'soft_norm_per_sample',
-                                 method).sum().backward()
+            nr.apply(a, w).sum().backward()
         else:
             with torch.no_grad():
-                newton_inverse_apply(A, W, iters, 'soft_norm_per_sample',
-                                     method)
+                nr.apply(A, W)
 
     call()  # warm-up (allocations, LAPACK / cuSOLVER handles)
     times = []
@@ -106,7 +106,7 @@ def main(argv=None):
     import torch
 
     from mmsoft.models.layers.gaussian_kernel import gaussian_kernel
-    from mmsoft.models.layers.pinv import SPECTRAL_MIN_M
+    from mmsoft.models.layers.nr_autograd import SPECTRAL_MIN_M
     if args.threads:
         torch.set_num_threads(args.threads)
     device = torch.device(args.device)
@@ -114,7 +114,7 @@ def main(argv=None):
         raise SystemExit('--ms: bottleneck sizes must be >= 2')
     g = torch.Generator().manual_seed(0)
     mode = 'forward + backward' if args.backward else 'forward'
-    print(f'newton_inverse_apply, {mode}, {args.batch} matrices per call, '
+    print(f'NRConfig.apply, {mode}, {args.batch} matrices per call, '
           f'd = {args.head_dims}, T = {args.iters}, device {device}, '
           f'{torch.get_num_threads()} threads')
     print('| m | iterative ms | spectral ms | iterative / spectral |')
