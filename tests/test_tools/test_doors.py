@@ -14,7 +14,8 @@ imported the stacks (torch, mmengine, mmcv, mmpretrain, mmsoft) and
 nothing else: each row is then ``python tools/X.py ...`` as a user runs it
 (``__main__``, the script's folder first on ``sys.path``, its own working
 directory, environment, stdout and stderr files, exit code and interpreter
-exit) without paying the imports once per row (:func:`door_server`); the
+exit) without paying the imports once per row (conftest's
+``script_server``); the
 launch scripts run as ``bash`` children. Inputs that other tests already
 drive through a door are left out here to keep the file fast: a missing
 checkpoint (test_missing_checkpoint.py), another model's weights
@@ -22,7 +23,6 @@ checkpoint (test_missing_checkpoint.py), another model's weights
 image_demo.py (tests/test_demo/test_image_demo.py).
 """
 import inspect
-import json
 import os
 import os.path as osp
 import re
@@ -158,82 +158,6 @@ def _file_size_limit():
     resource.setrlimit(resource.RLIMIT_FSIZE, (1 << 16, 1 << 16))
 
 
-#: the door server: imports the stacks, then for each request line (json:
-#: script, argv, cwd, env, stdout / stderr files, setup code) forks a child
-#: that runs the script as ``python script argv`` would and exits with its
-#: exit code (SystemExit's rules; an uncaught exception: traceback, 1);
-#: the server answers ``rc <code>`` (negative: killed by that signal)
-DOOR_SERVER = r"""
-import json, os, runpy, sys
-import torch, mmcv, mmengine.runner, mmpretrain.models, mmpretrain.datasets
-import mmsoft
-base = list(sys.path[1:])
-print('ready', flush=True)
-for line in sys.stdin:
-    req = json.loads(line)
-    pid = os.fork()
-    if pid == 0:
-        for fd, path in ((1, req['stdout']), (2, req['stderr'])):
-            f = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
-            os.dup2(f, fd)
-            os.close(f)
-        null = os.open(os.devnull, os.O_RDONLY)
-        os.dup2(null, 0)
-        os.close(null)
-        os.chdir(req['cwd'])
-        os.environ.clear()
-        os.environ.update(req['env'])
-        sys.argv = [req['script']] + req['argv']
-        sys.path[:] = [os.path.dirname(req['script'])] + base
-        exec(req['setup'], {})
-        runpy.run_path(req['script'], run_name='__main__')
-        sys.exit(0)
-    _, status = os.waitpid(pid, 0)
-    code = os.waitstatus_to_exitcode(status)
-    print(f'rc {code}', flush=True)
-"""
-
-
-@pytest.fixture(scope='module')
-def door_server():
-    """``run(script, argv, cwd, env, setup='')``: a :data:`DOOR_SERVER`
-    child runs ``script`` (a ``subprocess.CompletedProcess``)."""
-    server = subprocess.Popen([sys.executable, '-c', DOOR_SERVER],
-                              cwd=ROOT,
-                              env=child_env(),
-                              stdin=subprocess.PIPE,
-                              stdout=subprocess.PIPE,
-                              text=True)
-    assert server.stdout.readline().strip() == 'ready'
-
-    def run(script, argv, cwd, env, setup=''):
-        out, err = osp.join(cwd, '.door_out'), osp.join(cwd, '.door_err')
-        server.stdin.write(
-            json.dumps(
-                dict(
-                    script=script,
-                    argv=argv,
-                    cwd=cwd,
-                    env=env,
-                    stdout=out,
-                    stderr=err,
-                    setup=setup)) + '\n')
-        server.stdin.flush()
-        answer = server.stdout.readline().split()
-        assert answer[:1] == ['rc'], answer
-        texts = []
-        for path in (out, err):
-            with open(path) as f:
-                texts.append(f.read())
-            os.remove(path)
-        return subprocess.CompletedProcess([script] + argv, int(answer[1]),
-                                           *texts)
-
-    yield run
-    server.stdin.close()
-    server.wait(timeout=60)
-
-
 def pattern(message):
     """The regex of a FAQ message: ``<...>`` matches any text."""
     parts = re.split(r'<[^<>]*>', message)
@@ -295,7 +219,7 @@ def doors(tmp_path_factory):
 
 
 @pytest.mark.parametrize('case', CASES, ids=[c[0] for c in CASES])
-def test_door(case, doors, door_server, tmp_path):
+def test_door(case, doors, script_server, tmp_path):
     name, door, args, message, ran = case
     if name == 'image_demo-no-cuda' and torch.cuda.is_available():
         pytest.skip('CUDA is available here')
@@ -326,7 +250,8 @@ def test_door(case, doors, door_server, tmp_path):
             text=True,
             timeout=300)
     else:
-        proc = door_server(script, argv, str(tmp_path), child_env(), setup)
+        proc = script_server(script, argv, str(tmp_path), child_env(),
+                             setup)
     err = proc.stderr
     lines = [ln for ln in err.splitlines() if ln.strip()]
     assert proc.returncode != 0, err
