@@ -27,7 +27,6 @@ import os
 import os.path as osp
 import re
 import subprocess
-import sys
 
 import pytest
 import torch
@@ -202,9 +201,6 @@ def doors(tmp_path_factory):
     else:
         (tmp / 'ro').mkdir(mode=0o555)
         ro = str(tmp / 'ro' / 'work')
-    site = tmp / 'disk_full'
-    site.mkdir()
-    (site / 'sitecustomize.py').write_text(DISK_FULL)
     return dict(
         cfg=cfg,
         ckpt=ckpt,
@@ -214,7 +210,6 @@ def doors(tmp_path_factory):
         ro=ro,
         url='http://127.0.0.1:9/soft_norm_small.pth',
         data=str(tmp / 'data' / 'imagenet' / 'val'),
-        disk_full=str(site),
         **lists)
 
 
@@ -232,26 +227,23 @@ def test_door(case, doors, script_server, tmp_path):
     values = dict(doors, work=str(work), out=str(out))
     argv = [a.format(**values) for a in args]
     script = osp.join(ROOT, DOORS[door])
-    cmd = (['bash'] if script.endswith('.sh') else [sys.executable]) + \
-        [script] + argv
     setup = ''
-    if name == 'test-out-disk-full':  # its sitecustomize.py
-        setup = DISK_FULL
+    if name == 'test-out-disk-full':
+        setup = DISK_FULL  # as a sitecustomize.py would, before the tool
     if name == 'mmsoft2soft-file-too-large':
         # the output may not grow beyond 64 KiB
         setup = inspect.getsource(_file_size_limit) + '_file_size_limit()\n'
         work.mkdir()
     if script.endswith('.sh'):
         proc = subprocess.run(
-            cmd,
+            ['bash', script] + argv,
             cwd=str(tmp_path),
             env=child_env(),
             capture_output=True,
             text=True,
             timeout=300)
     else:
-        proc = script_server(script, argv, str(tmp_path), child_env(),
-                             setup)
+        proc = script_server(script, argv, str(tmp_path), child_env(), setup)
     err = proc.stderr
     lines = [ln for ln in err.splitlines() if ln.strip()]
     assert proc.returncode != 0, err
