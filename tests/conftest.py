@@ -9,6 +9,7 @@ pytest loads this file before the test files (and puts ``tests/`` on
 import contextlib
 import importlib
 import importlib.util
+import json
 import os
 import os.path as osp
 import runpy
@@ -104,6 +105,94 @@ def work_dir_holder(work, seconds=120):
     finally:
         holder.kill()
         holder.wait()
+
+
+#: the script server: imports the stacks, then for each request line
+#: (json: script, argv, cwd, env, stdout / stderr files, setup code) forks
+#: a child that runs the script as ``python script argv`` would (``__main__``,
+#: the script's folder first on ``sys.path``) and exits with its exit code
+#: (SystemExit's rules; an uncaught exception: traceback, 1); the server
+#: answers ``rc <code>`` (negative: killed by that signal)
+SCRIPT_SERVER = r"""
+import json, os, runpy, signal, sys
+import torch, mmcv, mmengine.runner, mmpretrain.models, mmpretrain.datasets
+import mmsoft
+base = list(sys.path[1:])
+print('ready', flush=True)
+for line in sys.stdin:
+    req = json.loads(line)
+    pid = os.fork()
+    if pid == 0:
+        for fd, path in ((1, req['stdout']), (2, req['stderr'])):
+            f = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+            os.dup2(f, fd)
+            os.close(f)
+        null = os.open(os.devnull, os.O_RDONLY)
+        os.dup2(null, 0)
+        os.close(null)
+        os.chdir(req['cwd'])
+        os.environ.clear()
+        os.environ.update(req['env'])
+        sys.argv = [req['script']] + req['argv']
+        sys.path[:] = [os.path.dirname(req['script'])] + base
+        signal.alarm(req['timeout'])  # a hung script: killed, rc -14
+        exec(req['setup'], {})
+        runpy.run_path(req['script'], run_name='__main__')
+        sys.exit(0)
+    _, status = os.waitpid(pid, 0)
+    print(f'rc {os.waitstatus_to_exitcode(status)}', flush=True)
+"""
+
+
+@pytest.fixture(scope='session')
+def script_server(tmp_path_factory):
+    """``run(script, argv, cwd=ROOT, env=None, setup='', timeout=300)``:
+    ``python script argv`` in ``cwd`` with ``env`` (default
+    :func:`child_env`), killed after ``timeout`` seconds, as a
+    ``subprocess.CompletedProcess`` (text stdout / stderr), without the
+    cost of a fresh interpreter: the child is forked from a process that
+    has imported the stacks (torch, mmengine, mmcv, mmpretrain, mmsoft) and
+    nothing else (:data:`SCRIPT_SERVER`). ``setup``: Python code run in the
+    child first (a ``sitecustomize.py``, a resource limit). For many short
+    runs of the tools on bad input; a test of what a fresh interpreter
+    prints or imports runs a real one (:func:`run`)."""
+    pytest.importorskip('mmpretrain')
+    server = subprocess.Popen([sys.executable, '-c', SCRIPT_SERVER],
+                              cwd=ROOT,
+                              env=child_env(),
+                              stdin=subprocess.PIPE,
+                              stdout=subprocess.PIPE,
+                              text=True)
+    assert server.stdout.readline().strip() == 'ready'
+    tmp = tmp_path_factory.mktemp('script_server')
+    count = [0]
+
+    def run_script(script, argv, cwd=ROOT, env=None, setup='', timeout=300):
+        count[0] += 1
+        out, err = (str(tmp / f'{count[0]}.{s}') for s in ('out', 'err'))
+        req = dict(
+            script=str(script),
+            argv=[str(a) for a in argv],
+            cwd=str(cwd),
+            env=child_env() if env is None else env,
+            stdout=out,
+            stderr=err,
+            setup=setup,
+            timeout=timeout)
+        server.stdin.write(json.dumps(req) + '\n')
+        server.stdin.flush()
+        answer = server.stdout.readline().split()
+        assert answer[:1] == ['rc'], f'the script server stopped: {answer}'
+        texts = []
+        for path in (out, err):
+            with open(path) as f:
+                texts.append(f.read())
+        return subprocess.CompletedProcess([script] + argv, int(answer[1]),
+                                           *texts)
+
+    yield run_script
+    server.stdin.close()
+    server.wait(timeout=60)
 
 
 def free_port():

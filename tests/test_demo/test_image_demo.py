@@ -209,7 +209,10 @@ def test_image_demo_command_line(models, images, tmp_path):
     _check_outputs('det', out, images['single'], 'one', classes, (cfg, ckpt))
 
 
-def test_image_demo_errors(models, images, tmp_path):
+def test_image_demo_errors(models, images, tmp_path, script_server):
+    """Each bad input: exit code 2, one line on stderr. The first case in a
+    fresh interpreter, the others forked from conftest's script server
+    (the same script run, without the imports' cost each time)."""
     cfg, ckpt, _ = models['cls']
     bad = tmp_path / 'bad.jpg'
     bad.write_text('not a jpeg')
@@ -227,11 +230,12 @@ def test_image_demo_errors(models, images, tmp_path):
         ([str(bad), cfg, ckpt], f'cannot read image: {bad}'),
         ([str(empty), cfg, ckpt], 'no images (.jpg, .jpeg'),
     ]
-    for args, msg in cases:
-        proc = run(
-            [sys.executable, DEMO, *args, '--out-dir',
-             str(tmp_path / 'o')],
-            timeout=120)
+    for i, (args, msg) in enumerate(cases):
+        argv = [*args, '--out-dir', str(tmp_path / 'o')]
+        if i == 0:
+            proc = run([sys.executable, DEMO, *argv], timeout=120)
+        else:
+            proc = script_server(DEMO, argv, timeout=120)
         assert proc.returncode == 2, proc.stderr
         err = proc.stderr.strip().splitlines()
         assert len(err) == 1, proc.stderr

@@ -15,8 +15,9 @@ few iterations with ``tools/train.py``; each test then feeds *that* checkpoint
 * ``tools/deployment/pytorch2onnx.py --verify``;
 * the converters both ways (classification; a detector / segmentor
   checkpoint is refused with one line);
-* ``tools/dist_train.sh`` -> ``kill -9`` -> ``--resume`` ->
-  ``tools/dist_test.sh`` on the CPU (2 processes, gloo).
+* ``tools/dist_train.sh`` -> ``kill -9`` -> ``--resume`` (bit-identical to
+  an uninterrupted run) -> ``tools/dist_test.sh`` on the CPU (2 processes,
+  gloo), on test_train_test.py's UperNet config.
 """
 import glob
 import json
@@ -363,18 +364,26 @@ def _process_tree(pid):
     return out
 
 
-def test_dist_train_kill_resume_dist_test(trained, tmp_path):
-    """2 CPU processes: the run (launcher and workers) is SIGKILLed after
-    its first checkpoint; ``--resume`` takes over the dead run's
-    work-dir lock, continues from that checkpoint to the end, and
-    ``tools/dist_test.sh`` evaluates the result."""
-    t = trained('seg')
+def test_dist_train_kill_resume_dist_test(tmp_path):
+    """2 CPU processes on the real UperNet SOFT-Small config (tiny SOFT,
+    SyncBN -> BN, random resize / crop / flip; test_train_test.py's
+    ``seg_config``): the run (launcher and workers) is SIGKILLed after its
+    first checkpoint; ``--resume`` takes over the dead run's work-dir
+    lock, continues from its newest checkpoint to the end, and ends
+    bit-identical to an uninterrupted run (each rank's RNG states restored:
+    with diff_rank_seed each rank draws its own random resize / crop /
+    flip); ``tools/dist_test.sh`` evaluates the result. One killed run, its
+    resumption, the uninterrupted reference and the test: four launches
+    (test_train_test.py's resume test and this chain test, merged)."""
+    from test_train_test import make_ade, seg_config
+    data = make_ade(str(tmp_path / 'ade' / 'ADEChallengeData2016'))
+    cfg = seg_config(tmp_path, data)
     work = str(tmp_path / 'work')
     from conftest import child_env
+    seed = ['randomness.seed=0', 'randomness.diff_rank_seed=True']
     cmd = [
-        'bash', 'tools/dist_train.sh', t.cfg, '2', '--work-dir', work,
-        '--cfg-options', 'train_cfg.max_iters=40',
-        'default_hooks.checkpoint.interval=2'
+        'bash', 'tools/dist_train.sh', cfg, '2', '--work-dir', work,
+        '--cfg-options', *seed, 'train_cfg.max_iters=40'
     ]
     log = str(tmp_path / 'dist_train.log')
     # a launch that dies before its first checkpoint (seen once in ~6 runs
@@ -406,29 +415,51 @@ def test_dist_train_kill_resume_dist_test(trained, tmp_path):
             except ProcessLookupError:
                 pass
         proc.wait()
+    out = open(log).read()
+    assert "backend 'nccl' -> 'gloo'" in out  # SyncBN and nccl on the CPU
+    assert 'Distributed training: True' in out and 'GPU number: 2' in out
+    # tools/train.py made the hook mmsoft's: both ranks' RNG states saved
+    import mmsoft  # noqa: F401  (allow-lists mmengine checkpoints)
+    rng = torch.load(osp.join(work, 'iter_2.pth'))['meta']['mmsoft_rng']
+    assert rng['world_size'] == 2 and len(rng['states']) == 2
     lock = osp.join(work, '.mmsoft-train.lock')
     assert osp.exists(lock)  # left behind by the killed rank 0
     done = sorted(
         int(osp.basename(p)[5:-4])
         for p in glob.glob(osp.join(work, 'iter_*.pth')))
     assert done and done[-1] < 40
+    end = done[-1] + 2
     res = run([
-        'bash', 'tools/dist_train.sh', t.cfg, '2', '--work-dir', work,
-        '--resume', '--cfg-options', 'train_cfg.max_iters=' +
-        str(done[-1] + 2), 'default_hooks.checkpoint.interval=2'
+        'bash', 'tools/dist_train.sh', cfg, '2', '--work-dir', work,
+        '--resume', '--cfg-options', f'train_cfg.max_iters={end}'
     ],
               PORT=str(free_port()))
     out = res.stdout + res.stderr
     assert res.returncode == 0, out[-4000:]
     assert 'taking over the work dir lock of a run that is gone' in out
+    assert 'resumed' in out.lower()
     import re
-    assert re.search(rf'Iter\(train\) \[\s*{done[-1] + 1}/{done[-1] + 2}\]',
+    assert re.search(rf'Iter\(train\) \[\s*{done[-1] + 1}/{end}\]',
                      out), out[-3000:]
     assert 'Iter(train) [1/' not in out
-    ckpt = osp.join(work, f'iter_{done[-1] + 2}.pth')
+    ckpt = osp.join(work, f'iter_{end}.pth')
     assert osp.isfile(ckpt) and not osp.exists(lock)
+    # the uninterrupted run to the same iteration
+    ref = str(tmp_path / 'ref')
     res = run([
-        'bash', 'tools/dist_test.sh', t.cfg, ckpt, '2', '--work-dir',
+        'bash', 'tools/dist_train.sh', cfg, '2', '--work-dir', ref,
+        '--cfg-options', *seed, f'train_cfg.max_iters={end}'
+    ],
+              PORT=str(free_port()))
+    out = res.stdout + res.stderr
+    assert res.returncode == 0, out[-4000:]
+    assert f'Iter(train) [{end}/{end}]' in out
+    resumed = torch.load(ckpt)['state_dict']
+    uninterrupted = torch.load(osp.join(ref, f'iter_{end}.pth'))['state_dict']
+    assert resumed.keys() == uninterrupted.keys()
+    assert all(torch.equal(resumed[k], uninterrupted[k]) for k in resumed)
+    res = run([
+        'bash', 'tools/dist_test.sh', cfg, ckpt, '2', '--work-dir',
         str(tmp_path / 'test')
     ],
               PORT=str(free_port()))

@@ -9,16 +9,24 @@ a user does, ``python tools/X.py ...`` in a child process from another
 working directory. Its ``message`` is the start of the line as
 docs/en/faq.md lists it (``<...>`` stands for a part naming the user's
 files); :func:`test_every_message_is_in_the_faq` checks the FAQ's table.
-Inputs that other tests already drive through a door are left out here
-to keep the file fast: a missing checkpoint (test_missing_checkpoint.py),
-another model's weights (test_strict_load_tools.py, test_chain.py), a
-damaged checkpoint in image_demo.py (tests/test_demo/test_image_demo.py).
+The rows' Python children are forked from one process that has
+imported the stacks (torch, mmengine, mmcv, mmpretrain, mmsoft) and
+nothing else: each row is then ``python tools/X.py ...`` as a user runs it
+(``__main__``, the script's folder first on ``sys.path``, its own working
+directory, environment, stdout and stderr files, exit code and interpreter
+exit) without paying the imports once per row (conftest's
+``script_server``); the
+launch scripts run as ``bash`` children. Inputs that other tests already
+drive through a door are left out here to keep the file fast: a missing
+checkpoint (test_missing_checkpoint.py), another model's weights
+(test_strict_load_tools.py, test_chain.py), a damaged checkpoint in
+image_demo.py (tests/test_demo/test_image_demo.py).
 """
+import inspect
 import os
 import os.path as osp
 import re
 import subprocess
-import sys
 
 import pytest
 import torch
@@ -193,9 +201,6 @@ def doors(tmp_path_factory):
     else:
         (tmp / 'ro').mkdir(mode=0o555)
         ro = str(tmp / 'ro' / 'work')
-    site = tmp / 'disk_full'
-    site.mkdir()
-    (site / 'sitecustomize.py').write_text(DISK_FULL)
     return dict(
         cfg=cfg,
         ckpt=ckpt,
@@ -205,12 +210,11 @@ def doors(tmp_path_factory):
         ro=ro,
         url='http://127.0.0.1:9/soft_norm_small.pth',
         data=str(tmp / 'data' / 'imagenet' / 'val'),
-        disk_full=str(site),
         **lists)
 
 
 @pytest.mark.parametrize('case', CASES, ids=[c[0] for c in CASES])
-def test_door(case, doors, tmp_path):
+def test_door(case, doors, script_server, tmp_path):
     name, door, args, message, ran = case
     if name == 'image_demo-no-cuda' and torch.cuda.is_available():
         pytest.skip('CUDA is available here')
@@ -223,22 +227,23 @@ def test_door(case, doors, tmp_path):
     values = dict(doors, work=str(work), out=str(out))
     argv = [a.format(**values) for a in args]
     script = osp.join(ROOT, DOORS[door])
-    cmd = (['bash'] if script.endswith('.sh') else [sys.executable]) + \
-        [script] + argv
-    extra, limit = {}, None
+    setup = ''
     if name == 'test-out-disk-full':
-        extra['PYTHONPATH'] = os.pathsep.join([doors['disk_full'], ROOT])
+        setup = DISK_FULL  # as a sitecustomize.py would, before the tool
     if name == 'mmsoft2soft-file-too-large':
-        limit = _file_size_limit  # the output may not grow beyond 64 KiB
+        # the output may not grow beyond 64 KiB
+        setup = inspect.getsource(_file_size_limit) + '_file_size_limit()\n'
         work.mkdir()
-    proc = subprocess.run(
-        cmd,
-        cwd=str(tmp_path),
-        env=child_env(**extra),
-        capture_output=True,
-        text=True,
-        timeout=300,
-        preexec_fn=limit)
+    if script.endswith('.sh'):
+        proc = subprocess.run(
+            ['bash', script] + argv,
+            cwd=str(tmp_path),
+            env=child_env(),
+            capture_output=True,
+            text=True,
+            timeout=300)
+    else:
+        proc = script_server(script, argv, str(tmp_path), child_env(), setup)
     err = proc.stderr
     lines = [ln for ln in err.splitlines() if ln.strip()]
     assert proc.returncode != 0, err

@@ -1,9 +1,10 @@
 """tools/train.py, tools/test.py and the launch scripts, on CPU.
 
-* ``tools/dist_train.sh`` with 2 CPU processes (gloo) trains a tiny UperNet
-  on a generated ADE20K-layout folder; a run resumed from its iteration-2
-  checkpoint ends bit-identical to it (``tools/dist_test.sh`` on a resumed
-  checkpoint: tests/test_tools/test_chain.py);
+* ``tools/dist_train.sh`` with 2 CPU processes (gloo) on a tiny UperNet
+  and a generated ADE20K-layout folder (:func:`make_ade`,
+  :func:`seg_config`): killed, resumed bit-identical to an uninterrupted
+  run, then ``tools/dist_test.sh``, in tests/test_tools/test_chain.py
+  (``test_dist_train_kill_resume_dist_test``);
 * ``--launcher slurm`` + ``--amp`` without CUDA (bfloat16 autocast);
 * a RetinaNet config through ``tools/train.py`` / ``tools/test.py`` on a
   generated COCO-format folder;
@@ -404,52 +405,6 @@ model = dict(backbone=dict(attn_norm=True))
 
 
 # ------------------------------------------------------------ runs
-def test_dist_train_resume_and_dist_test(tmp_path):
-    """2 CPU processes: an uninterrupted 4-iteration run (checkpoints at 2
-    and 4); a second run resumes from its iteration-2 checkpoint to 4, and
-    its weights equal the uninterrupted run's (each rank's RNG states
-    restored: with diff_rank_seed each rank draws its own random resize /
-    crop / flip). Two launches instead of three: the first run is both the
-    run to resume and the reference."""
-    data = make_ade(str(tmp_path / 'ade' / 'ADEChallengeData2016'))
-    cfg = seg_config(tmp_path, data)
-    ref = str(tmp_path / 'ref')
-
-    out = check(
-        run([
-            'bash', 'tools/dist_train.sh', cfg, '2', '--work-dir', ref,
-            '--cfg-options', 'randomness.seed=0',
-            'randomness.diff_rank_seed=True', 'train_cfg.max_iters=4'
-        ],
-            PORT=str(free_port())))
-    assert "backend 'nccl' -> 'gloo'" in out
-    assert 'Iter(train) [4/4]' in out
-    # tools/train.py made the hook mmsoft's: both ranks' RNG states saved
-    import mmsoft  # noqa: F401  (allow-lists mmengine checkpoints)
-    mid = osp.join(ref, 'iter_2.pth')
-    rng = torch.load(mid)['meta']['mmsoft_rng']
-    assert rng['world_size'] == 2 and len(rng['states']) == 2
-    assert 'Distributed training: True' in out and 'GPU number: 2' in out
-
-    work = str(tmp_path / 'work')
-    out = check(
-        run([
-            'bash', 'tools/dist_train.sh', cfg, '2', '--work-dir', work,
-            '--resume', mid, '--cfg-options', 'train_cfg.max_iters=4'
-        ],
-            PORT=str(free_port())))
-    assert 'resumed' in out.lower()
-    assert 'Iter(train) [3/4]' in out and 'Iter(train) [1/4]' not in out
-    ckpt = osp.join(work, 'iter_4.pth')
-    assert osp.isfile(ckpt)
-    resumed = torch.load(ckpt)['state_dict']
-    uninterrupted = torch.load(osp.join(ref, 'iter_4.pth'))['state_dict']
-    assert resumed.keys() == uninterrupted.keys()
-    assert all(torch.equal(resumed[k], uninterrupted[k]) for k in resumed)
-    # tools/dist_test.sh on a resumed 2-rank checkpoint (per-class table,
-    # mIoU): test_chain.py's test_dist_train_kill_resume_dist_test
-
-
 def test_slurm_launcher_and_amp_on_cpu(tmp_path):
     """``--launcher slurm`` (one task) and ``--amp`` without CUDA."""
     if torch.cuda.is_available():
