@@ -71,8 +71,9 @@ def infer_arch(sd: Mapping, stage4_heads: Optional[int] = None) -> dict:
     arch = infer_official_arch(sd, stage4_heads)
     C = arch['embed_dims']
     for s in range(1, 4):
-        lm, dw = (common_shape(sd, f'block{s}.*.att.mha.attn.{n}.weight')
-                  for n in ('Qlandmark_op', 'conv'))
+        lm, dw = (
+            common_shape(sd, f'block{s}.*.att.mha.attn.{n}.weight')
+            for n in ('Qlandmark_op', 'conv'))
         if len(lm) != 4 or len(dw) != 4:
             raise ConversionError(
                 f'cannot infer the architecture: block{s}.*.att.mha.attn.'

@@ -33,8 +33,8 @@ if osp.dirname(osp.dirname(osp.abspath(__file__))) not in sys.path:  # tools/
 
 from mmsoft.models.converters import (arch_for_mmsoft,
                                       convert_official_to_mmpretrain,
-                                      describe_arch,
-                                      match_arch_preset, official_model_name)
+                                      describe_arch, match_arch_preset,
+                                      official_model_name)
 from mmsoft_tools import checkpoint_files as files
 from mmsoft_tools.cli import check_readable, positive_int, run_main
 
