@@ -116,7 +116,9 @@ class SafeCheckpointHook(CheckpointHook):
                 # another model: StrictLoadHook names the key mismatch
                 if not isinstance(sd, dict) or set(sd) == set(
                         runner.model.state_dict()):
-                    check_attn_norm(runner.model, ckpt, load_from)
+                    cfg = getattr(runner, 'cfg', None)  # named in the error
+                    check_attn_norm(runner.model, ckpt, load_from,
+                                    getattr(cfg, 'filename', None))
         elif path is not None:
             runner.logger.info('mmsoft: resuming from the newest complete '
                                f'checkpoint {path}')
