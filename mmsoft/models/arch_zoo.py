@@ -5,7 +5,7 @@ read by the backbone and the converters (which must not import it)."""
 __all__ = [
     'ARCH_ZOO', 'ARCH_DEFAULTS', 'NUM_STAGES', 'OFFICIAL_FILES',
     'OFFICIAL_PAGE', 'OFFICIAL_PRESETS', 'OFFICIAL_SOFT_BLOCK',
-    'OFFICIAL_SOFTMAX_BLOCK', 'OFFICIAL_STEM', 'LEGACY_KEYS'
+    'OFFICIAL_SOFTMAX_BLOCK', 'OFFICIAL_STEM', 'KEY_MAP', 'LEGACY_KEYS'
 ]
 
 #: levels of the pyramid
@@ -136,6 +136,21 @@ OFFICIAL_SOFTMAX_BLOCK = (
 #: (stage, conv) of the patch embeddings: the official (conv, BN, ReLU)
 #: x 3 stem, x 1 later (``proj.{3 conv}`` / ``proj.{3 conv + 1}``)
 OFFICIAL_STEM = ((0, 0), (0, 1), (0, 2), (1, 0), (2, 0), (3, 0))
+
+#: official -> mmsoft key template (``{j}``: block index); a template
+#: ending in '.' takes a tensor name (``weight``, ``bias``, BN statistics)
+KEY_MAP = [
+    (f'pos_embed{s + 1}', f'stages.{s}.pos_embed') for s in range(NUM_STAGES)
+] + [('cls_token', 'stages.3.cls_token'), ('norm.', 'stages.3.norm.'),
+     ('head.', 'head.fc.')] + [
+         (f'patch_embed{s + 1}.proj.{3 * n + i}.',
+          f'stages.{s}.patch_embed.proj.{n}.{("conv", "bn")[i]}.')
+         for s, n in OFFICIAL_STEM for i in (0, 1)
+     ] + [
+         (f'block{s + 1}.{{j}}.{o}', f'stages.{s}.blocks.{{j}}.{m}')
+         for s in range(NUM_STAGES)
+         for o, m in (OFFICIAL_SOFT_BLOCK if s < 3 else OFFICIAL_SOFTMAX_BLOCK)
+     ]
 
 #: keys of the SOFT backbone's ``_version`` 1 (before stages were
 #: modules) and 2 (before mmcv's FFN) -> version 3, under its prefix;

@@ -1,9 +1,6 @@
-"""The authors' SOFT checkpoints (fudan-zvg/SOFT, timm ``soft_*`` /
-``soft_norm_*``) and older mmsoft keys, renamed by the tables of
-:mod:`mmsoft.models.arch_zoo` (docs/en/user_guides/official_weights.md).
-Shapes are not checked here: the strict load against the model (or the
-converter tools' model of the inferred arch) names what is missing or
-mis-shaped."""
+"""The authors' SOFT checkpoints (fudan-zvg/SOFT) and older mmsoft keys,
+renamed by the tables of :mod:`mmsoft.models.arch_zoo`; shapes are the
+strict load's to check (docs/en/user_guides/official_weights.md)."""
 import os.path as osp
 import re
 from collections import Counter, OrderedDict
@@ -12,18 +9,18 @@ from typing import Dict, Mapping, Optional, Tuple
 import torch
 
 from mmsoft.utils.strict_load import few_keys
-from .arch_zoo import (ARCH_DEFAULTS, ARCH_ZOO, LEGACY_KEYS, NUM_STAGES,
-                       OFFICIAL_FILES, OFFICIAL_PAGE, OFFICIAL_PRESETS,
-                       OFFICIAL_SOFT_BLOCK, OFFICIAL_SOFTMAX_BLOCK,
-                       OFFICIAL_STEM)
+from .arch_zoo import (ARCH_DEFAULTS, ARCH_ZOO, KEY_MAP, LEGACY_KEYS,
+                       NUM_STAGES, OFFICIAL_FILES, OFFICIAL_PAGE,
+                       OFFICIAL_PRESETS)
 
 __all__ = [
     'ConversionError', 'KEY_MAP', 'LEGACY_KEYS', 'official_to_mmsoft_key',
     'mmsoft_to_official_key', 'upgrade_legacy_state_dict',
     'extract_state_dict', 'strip_module_prefix', 'find_official_state_dict',
-    'official_soft_hint', 'infer_official_arch', 'arch_for_mmsoft',
-    'match_arch_preset', 'describe_arch', 'official_model_name',
-    'convert_official_to_mmpretrain', 'OFFICIAL_FILES', 'OFFICIAL_PAGE'
+    'official_soft_hint', 'common_shape', 'infer_official_arch',
+    'arch_for_mmsoft', 'match_arch_preset', 'describe_arch',
+    'official_model_name', 'convert_official_to_mmpretrain', 'OFFICIAL_FILES',
+    'OFFICIAL_PAGE'
 ]
 
 
@@ -31,20 +28,6 @@ class ConversionError(ValueError):
     """A checkpoint does not have the expected layout."""
 
 
-#: official -> mmsoft key template (``{j}``: block index); a template
-#: ending in '.' takes a tensor name (``weight``, ``bias``, BN statistics)
-KEY_MAP = [
-    (f'pos_embed{s + 1}', f'stages.{s}.pos_embed') for s in range(NUM_STAGES)
-] + [('cls_token', 'stages.3.cls_token'), ('norm.', 'stages.3.norm.'),
-     ('head.', 'head.fc.')] + [
-         (f'patch_embed{s + 1}.proj.{3 * n + i}.',
-          f'stages.{s}.patch_embed.proj.{n}.{("conv", "bn")[i]}.')
-         for s, n in OFFICIAL_STEM for i in (0, 1)
-     ] + [
-         (f'block{s + 1}.{{j}}.{o}', f'stages.{s}.blocks.{{j}}.{m}')
-         for s in range(NUM_STAGES)
-         for o, m in (OFFICIAL_SOFT_BLOCK if s < 3 else OFFICIAL_SOFTMAX_BLOCK)
-     ]
 _NAME = r'(?P<t>weight|bias|running_mean|running_var|num_batches_tracked)'
 _RULES = [[(re.compile(
     re.escape(a).replace(r'\{j\}', r'(?P<j>\d+)') +
@@ -53,19 +36,15 @@ _RULES = [[(re.compile(
           for pairs in (KEY_MAP, [(m, o) for o, m in KEY_MAP])]
 
 
-def _rename(key: str, rules) -> Optional[str]:
+def official_to_mmsoft_key(key: str, rules=_RULES[0]) -> Optional[str]:
+    """mmsoft's name of one official key (None: no counterpart)."""
     return next((t.format(**m.groupdict()) for r, t in rules
                  for m in [r.fullmatch(key)] if m), None)
 
 
-def official_to_mmsoft_key(key: str) -> Optional[str]:
-    """mmsoft's name of one official key (None: no counterpart)."""
-    return _rename(key, _RULES[0])
-
-
 def mmsoft_to_official_key(key: str) -> Optional[str]:
     """The official name of one mmsoft backbone key or ``head.fc.*``."""
-    return _rename(key, _RULES[1])
+    return official_to_mmsoft_key(key, _RULES[1])
 
 
 def upgrade_legacy_state_dict(state_dict: Mapping,
@@ -96,8 +75,8 @@ def extract_state_dict(ckpt,
     order = ['state_dict', 'model', 'state_dict_ema', 'model_ema']
     order = order[2:] + order[:2] if prefer_ema else order
     if not isinstance(ckpt, Mapping):
-        raise ConversionError(
-            f'checkpoint is a {type(ckpt).__name__}, not a dict')
+        raise ConversionError(f'checkpoint is a {type(ckpt).__name__}, '
+                              f'not a dict')
     for entry in order + ['<bare>']:
         sd = ckpt if entry == '<bare>' else ckpt.get(entry)
         if isinstance(sd, Mapping) and sd and all(
@@ -105,9 +84,9 @@ def extract_state_dict(ckpt,
                 for k, v in sd.items()):
             return strip_module_prefix(sd), entry
     raise ConversionError(
-        f'no state dict found in the checkpoint: expected one of {order} '
-        f'holding tensors, or a bare state dict; top-level keys are '
-        f'{sorted(map(str, ckpt))[:20]}')
+        f'no state dict found in the checkpoint: expected '
+        f'one of {order} holding tensors, or a bare state '
+        f'dict; top-level keys are {sorted(map(str, ckpt))[:20]}')
 
 
 def strip_module_prefix(sd: Mapping) -> 'OrderedDict':
@@ -124,14 +103,13 @@ _OFFICIAL_RE = re.compile(r'(patch_embed[1-4]\.|block[1-4]\.\d+\.|pos_embed)')
 
 
 def find_official_state_dict(checkpoint) -> Optional[Tuple[Dict, str]]:
-    """``(state_dict, entry)`` (EMA first) if most keys of ``checkpoint``
-    are the authors' backbone keys, else None."""
+    """``(state_dict, entry)`` (EMA first) of an authors' file, else None."""
     try:
         sd, entry = extract_state_dict(checkpoint)
     except ConversionError:
         return None
-    n = sum(1 for k in sd
-            if _OFFICIAL_RE.match(k) and official_to_mmsoft_key(k))
+    n = sum(
+        bool(_OFFICIAL_RE.match(k) and official_to_mmsoft_key(k)) for k in sd)
     return (sd, entry) if n and n >= len(sd) // 2 else None
 
 
@@ -139,7 +117,7 @@ def official_soft_hint(checkpoint, source: str = 'SRC') -> Optional[str]:
     """The converter command for an authors' file loaded as a whole model
     (the backbone's ``init_cfg`` converts it itself), else None."""
     found = find_official_state_dict(checkpoint)
-    if found is None:
+    if not found:
         return None
     first = next(k for k in found[0] if _OFFICIAL_RE.match(k))
     dst = osp.join('weights', osp.basename(str(source)) or 'soft.pth')
@@ -151,7 +129,7 @@ def official_soft_hint(checkpoint, source: str = 'SRC') -> Optional[str]:
             f"'Pretrained', checkpoint={source!s})).")
 
 
-def _shape(sd: Mapping, key: str) -> Tuple[int, ...]:
+def common_shape(sd: Mapping, key: str) -> Tuple[int, ...]:
     """The most common shape of ``key`` (``*``: any block): a damaged block
     is reported by the strict check, not taken as the architecture."""
     rx = re.compile(re.escape(key).replace(r'\*', r'\d+'))
@@ -164,66 +142,36 @@ def _shape(sd: Mapping, key: str) -> Tuple[int, ...]:
 
 def infer_official_arch(sd: Mapping[str, torch.Tensor],
                         stage4_heads: Optional[int] = None) -> Dict:
-    """The architecture of an authors' state dict, read off its shapes:
-    mmsoft's arch entries, ``in_channels``, ``num_classes`` (0: no head),
-    ``pretrain_img_size`` and ``stage4_heads_given``. ``stage4_heads``:
-    the heads of the softmax stage 4, not in the weights (default: stage
-    3's head width)."""
-    C = [_shape(sd, f'pos_embed{s}')[-1] for s in range(1, 5)]
-    depths = [
-        len({k.split('.')[1]
-             for k in sd if k.startswith(f'block{s}.')}) for s in range(1, 5)
-    ]
-    stages = []  # (heads, sampling ratio, dw kernel, MLP hidden width)
-    for s in range(1, 4):
-        lm, dw = (
-            _shape(sd, f'block{s}.*.att.mha.attn.{n}.weight')
-            for n in ('Qlandmark_op', 'conv'))
-        if len(lm) != 4 or len(dw) != 4:
-            raise ConversionError(
-                f'cannot infer the architecture: block{s}.*.att.mha.attn.'
-                f'Qlandmark_op.weight should be (d, d, r, r) and .conv.weight '
-                f'(heads, 1, k, k); found {lm} and {dw} (linear landmark ops, '
-                f'sr_ratio 1, are not supported)')
-        if dw[0] * lm[0] != C[s - 1]:
-            raise ConversionError(
-                f'inconsistent stage {s}: {dw[0]} heads (block{s}.*.att.mha.'
-                f'attn.conv.weight {dw}) x head width {lm[0]} (Qlandmark_op '
-                f'{lm}) != embed dim {C[s - 1]}')
-        stages.append(
-            (dw[0], lm[-1], dw[-1], _shape(sd,
-                                           f'block{s}.*.att.ff1.weight')[0]))
-    given = stage4_heads is not None
-    if given and (isinstance(stage4_heads, bool)
-                  or not isinstance(stage4_heads, int) or stage4_heads < 1):
-        raise ConversionError(f'stage-4 heads must be a positive integer, '
-                              f'got {stage4_heads!r}')
-    heads = stage4_heads if given else max(C[3] // lm[0], 1)
-    if C[3] % heads or not (given or C[3] % lm[0] == 0):
-        raise ConversionError(
-            f'stage-4 heads {heads} do not divide its embed dim {C[3]}' +
-            ('' if given else f" (stage 3's head width {lm[0]}); give them "
-             f'explicitly'))
-    stages.append((heads, 1, None, _shape(sd, 'block4.*.mlp.fc1.weight')[0]))
-    heads, ratios, kernels, hidden = map(list, zip(*stages))
+    """The architecture of an authors' state dict, read off its shapes
+    (the converter tools check them): mmsoft's arch entries,
+    ``in_channels``, ``num_classes`` (0: no head), ``pretrain_img_size``,
+    ``stage4_heads_given``. ``stage4_heads``: the heads of the softmax
+    stage 4, not in the weights (default: stage 3's head width)."""
+    C = [common_shape(sd, f'pos_embed{s}')[-1] for s in range(1, 5)]
+    lm, dw, ff = ([
+        common_shape(sd, f'block{s}.*.att.{n}.weight') for s in (1, 2, 3)
+    ] for n in ('mha.attn.Qlandmark_op', 'mha.attn.conv', 'ff1'))
+    ff.append(common_shape(sd, 'block4.*.mlp.fc1.weight'))
+    heads = [d[0] for d in dw] + [stage4_heads or max(C[3] // lm[2][0], 1)]
     return dict(
         embed_dims=C,
         num_heads=heads,
-        depths=depths,
-        sampling_ratios=ratios,
-        mlp_ratios=[
-            f // c if f % c == 0 else f / c for f, c in zip(hidden, C)
+        depths=[
+            len({k.split('.')[1]
+                 for k in sd if k.startswith(f'block{s}.')})
+            for s in range(1, 5)
         ],
-        dw_kernel_sizes=kernels,
-        in_channels=_shape(sd, 'patch_embed1.proj.0.weight')[1],
+        sampling_ratios=[m[-1] for m in lm] + [1],
+        mlp_ratios=[f / c if f % c else f // c for (f, *_), c in zip(ff, C)],
+        dw_kernel_sizes=[d[-1] for d in dw] + [None],
+        in_channels=common_shape(sd, 'patch_embed1.proj.0.weight')[1],
         num_classes=sd['head.weight'].shape[0] if 'head.weight' in sd else 0,
-        pretrain_img_size=4 * round(_shape(sd, 'pos_embed1')[1]**0.5),
-        stage4_heads_given=given)
+        pretrain_img_size=4 * round(common_shape(sd, 'pos_embed1')[1]**0.5),
+        stage4_heads_given=stage4_heads is not None)
 
 
 def arch_for_mmsoft(arch: Mapping) -> Dict:
-    """The minimal mmsoft arch dict: ``embed_dims``, ``num_heads``,
-    ``depths`` and the optional entries that differ from the defaults."""
+    """The minimal mmsoft arch dict (optional entries that differ only)."""
     keys = ['embed_dims', 'num_heads', 'depths'] + [
         k for k, v in ARCH_DEFAULTS.items() if list(arch.get(k, v)) != v
     ]
@@ -231,8 +179,7 @@ def arch_for_mmsoft(arch: Mapping) -> Dict:
 
 
 def match_arch_preset(arch: Mapping) -> Optional[str]:
-    """The name of the ``SOFT.arch_zoo`` preset equal to ``arch`` (an arch
-    dict), or None."""
+    """The ``SOFT.arch_zoo`` preset equal to ``arch``, or None."""
     want = arch_for_mmsoft(arch)
     return next((name for name, preset in ARCH_ZOO.items()
                  if arch_for_mmsoft(preset) == want), None)
@@ -261,16 +208,14 @@ def convert_official_to_mmpretrain(sd: Mapping[str, torch.Tensor],
                                    ) -> Tuple['OrderedDict', Dict]:
     """An authors' state dict -> an mmpretrain ``ImageClassifier``'s (the
     authors' ``head`` as ``head.fc``; ``prefix``: of the backbone keys) and
-    its arch (:func:`infer_official_arch`, ``stage4_heads`` as there). Keys
-    with no mmsoft counterpart raise one :class:`ConversionError` naming
-    them; shapes are the strict load's to check."""
+    its arch (:func:`infer_official_arch`). Keys with no mmsoft counterpart
+    raise one :class:`ConversionError` naming them."""
     sd = strip_module_prefix(sd)
     arch = infer_official_arch(sd, stage4_heads)
     new = {k: official_to_mmsoft_key(k) for k in sd}
     bad = [f'{k} {tuple(sd[k].shape)}' for k, n in new.items() if n is None]
     if bad:
-        raise ConversionError(
-            f'{len(bad)} keys have no counterpart in mmsoft\'s SOFT: '
-            f'{few_keys(bad)}')
+        raise ConversionError(f"{len(bad)} keys have no counterpart in "
+                              f"mmsoft's SOFT: {few_keys(bad)}")
     return OrderedDict((n if n.startswith('head.') else prefix + n, sd[k])
                        for k, n in new.items()), arch

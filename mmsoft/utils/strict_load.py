@@ -1,6 +1,5 @@
-"""Strict weight loading: a checkpoint that does not match the model is an
-error naming the missing / unexpected / mis-shaped keys, not mmengine's
-``strict=False`` WARNING; a partial load is an explicit opt-in."""
+"""Strict weight loading: a mismatch is one error naming the keys (not
+mmengine's ``strict=False`` WARNING); a partial load is an opt-in."""
 import logging
 from typing import Callable, Mapping, NamedTuple, Optional, Sequence, Tuple
 
@@ -9,7 +8,7 @@ from mmengine.logging import print_log
 
 __all__ = [
     'CheckpointMismatchError', 'LoadReport', 'compare_state_dicts',
-    'check_state_dict', 'few_keys', 'unwrap_model'
+    'check_state_dict', 'few_keys'
 ]
 
 
@@ -69,17 +68,14 @@ def check_state_dict(model_sd: Mapping,
     none = ' (none: a checkpoint of another model?)' if not r.matched else ''
     head = (f'checkpoint {source} does not match {target}: {r.matched} of '
             f'its {r.n_ckpt} tensors would load{none}.')
-    parts = [
-        f'{len(keys)} {what}: {few_keys(keys)}' for keys, what in (
-            (r.missing, f"of the model's {r.n_model} tensors are missing from "
-             f'the checkpoint'),
-            (r.unexpected,
-             f"of the checkpoint's {r.n_ckpt} tensors are not in "
-             f'the model (unexpected)'), ([
-                 f'{k} (checkpoint {list(a)} vs model {list(b)})'
-                 for k, a, b in r.mismatched
-             ], 'tensors have another shape')) if keys
-    ]
+    what = (f"of the model's {r.n_model} tensors are missing from the "
+            f"checkpoint", f"of the checkpoint's {r.n_ckpt} tensors are not "
+            f'in the model (unexpected)', 'tensors have another shape')
+    keys = (r.missing, r.unexpected, [
+        f'{k} (checkpoint {list(a)} vs model {list(b)})'
+        for k, a, b in r.mismatched
+    ])
+    parts = [f'{len(k)} {w}: {few_keys(k)}' for k, w in zip(keys, what) if k]
     if hint is None and allow_partial and r.matched > 0:
         print_log(
             'partial load (allowed): ' + '\n  '.join([head] + parts),
@@ -90,12 +86,3 @@ def check_state_dict(model_sd: Mapping,
                    f'{opt_in}.' if opt_in and r.matched > 0 else '')
     # one line: the tools print it as their only line (issue 36)
     raise CheckpointMismatchError(f"{head} {'; '.join(parts)}. {fix}".strip())
-
-
-def unwrap_model(model):
-    """The model inside DDP / DataParallel and TTA wrappers (what mmengine
-    loads checkpoints into)."""
-    from mmengine.model import BaseTTAModel, is_model_wrapper
-    while is_model_wrapper(model) or isinstance(model, BaseTTAModel):
-        model = model.module
-    return model

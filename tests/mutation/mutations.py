@@ -525,7 +525,7 @@ MUTATIONS = (
     M(name='recorded_attn_norm_ignored',
       what=("a training checkpoint's stored attn_norm is not compared with "
             "the model's"),
-      path='mmsoft/engine/hooks/checkpoint_hook.py',
+      path='mmsoft/models/loading.py',
       old='    if not want or not have or want == have:\n',
       new='    if True:\n',
       tests=(STRICT + 'test_trained_checkpoint_of_the_other_attn_norm', )),

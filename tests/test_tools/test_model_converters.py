@@ -305,13 +305,13 @@ def test_inconsistent_or_unreadable_arch(tiny_sd):
     sd = OrderedDict(tiny_sd)
     sd['block2.0.att.mha.attn.conv.weight'] = torch.zeros(3, 1, 5, 5)
     with pytest.raises(ConversionError, match='inconsistent stage 2: 3 heads'):
-        ok.infer_official_arch(sd)
+        cf.infer_arch(sd)
     sd = OrderedDict(tiny_sd)
     del sd['pos_embed3']
     with pytest.raises(ConversionError, match="'pos_embed3' is missing"):
-        ok.infer_official_arch(sd)
+        cf.infer_arch(sd)
     with pytest.raises(ConversionError, match='do not divide'):
-        ok.infer_official_arch(tiny_sd, stage4_heads=7)
+        cf.infer_arch(tiny_sd, stage4_heads=7)
 
 
 def test_mmsoft_side_errors(tmp_path, capsys, tiny_sd):
@@ -643,7 +643,7 @@ def test_stage4_heads_validated(tmp_path, tiny_sd, capsys, value):
         assert e.value.code == 2
         assert 'expected a positive integer' in capsys.readouterr().err
     with pytest.raises(ConversionError, match='positive integer'):
-        ok.infer_official_arch(tiny_sd, stage4_heads=0)
+        cf.infer_arch(tiny_sd, stage4_heads=0)
 
 
 def test_stale_temporaries_are_removed(tmp_path, tiny_sd):

@@ -205,3 +205,35 @@ def test_unreadable_init_cfg_checkpoint_is_one_line(tmp_path, kind,
         'missing': 'does not exist',
         'offline_url': 'could not be downloaded'
     }[kind] in msg
+
+
+def test_attn_norm_of_converted_or_trained_weights_is_checked():
+    """One check, two sources: ``meta['attn_norm']`` of a converted file
+    and the ``model`` of the config text mmengine stores in ``meta['cfg']``
+    (read as text, never run); a matching setting or none passes."""
+    from mmsoft.models.loading import check_attn_norm
+    model = SOFT(ARCH, attn_cfg=dict(type='SOFTAttention', attn_norm=False))
+    conv = dict(meta=dict(attn_norm=True, official_model='soft_norm_tiny'))
+    with pytest.raises(CheckpointMismatchError) as exc:
+        check_attn_norm(model, conv, 'n.pth', 'c.py')
+    assert str(exc.value) == (
+        'checkpoint n.pth holds soft_norm_tiny weights (converted with '
+        'attn_norm=True, --norm), but the model of c.py has attn_norm=False '
+        '(its SOFT attention): the weights would load and give wrong '
+        'results. Use a soft_norm_* config or --cfg-options model.backbone.'
+        'attn_cfg.attn_norm=True; if the weights are soft_* ones, convert '
+        'them again without --norm.')
+    cfg = ("x = dict(attn_norm=False)\nmodel = dict(\n    backbone=dict(\n"
+           "        attn_cfg={'attn_norm': True, 'type': 'soft'}))\n"
+           "y = dict(attn_norm=False)\n")
+    with pytest.raises(CheckpointMismatchError) as exc:
+        check_attn_norm(model, dict(meta=dict(cfg=cfg)), 't.pth')
+    assert str(exc.value) == (
+        'checkpoint t.pth was trained with attn_norm=True (the config stored '
+        'in it), but the model has attn_norm=False (its SOFT attention): the '
+        'weights would load and give wrong results. Use the config it was '
+        'trained with or --cfg-options model.backbone.attn_cfg.'
+        'attn_norm=True.')
+    for ok in (dict(meta=dict(attn_norm=False)), dict(meta=dict(cfg=cfg[:24])),
+               dict(meta=dict(cfg='import os; os._exit(1)')), {}, [1]):
+        check_attn_norm(model, ok, 'ok.pth')

@@ -15,7 +15,8 @@ from typing import Callable, Optional
 import torch
 
 from mmsoft.models.converters import (ConversionError, arch_for_mmsoft,
-                                      describe_arch, extract_state_dict,
+                                      common_shape, describe_arch,
+                                      extract_state_dict, infer_official_arch,
                                       mmsoft_to_official_key)
 
 
@@ -50,9 +51,47 @@ def load_checkpoint_file(path: str, trust: bool = False):
         refused = [
             g for g in unsafe_globals(path) if g != 'argparse.Namespace'
         ]
-        raise ConversionError(refusal_message(path, refused,
-                                              converter=True)) from None
+        raise ConversionError(
+            refusal_message(
+                path, refused, 'if you trust the file, run again with '
+                '--trust-checkpoint')) from None
     return ckpt
+
+
+def infer_arch(sd: Mapping, stage4_heads: Optional[int] = None) -> dict:
+    """:func:`~mmsoft.models.converters.infer_official_arch` with its
+    shapes checked: linear landmark ops, heads x head width that is not
+    the embed dim, stage-4 heads that are not a positive divisor of its
+    embed dim raise one :class:`ConversionError`."""
+    if stage4_heads is not None and (isinstance(stage4_heads, bool)
+                                     or not isinstance(stage4_heads, int)
+                                     or stage4_heads < 1):
+        raise ConversionError(f'stage-4 heads must be a positive integer, '
+                              f'got {stage4_heads!r}')
+    arch = infer_official_arch(sd, stage4_heads)
+    C = arch['embed_dims']
+    for s in range(1, 4):
+        lm, dw = (
+            common_shape(sd, f'block{s}.*.att.mha.attn.{n}.weight')
+            for n in ('Qlandmark_op', 'conv'))
+        if len(lm) != 4 or len(dw) != 4:
+            raise ConversionError(
+                f'cannot infer the architecture: block{s}.*.att.mha.attn.'
+                f'Qlandmark_op.weight should be (d, d, r, r) and .conv.weight '
+                f'(heads, 1, k, k); found {lm} and {dw} (linear landmark ops, '
+                f'sr_ratio 1, are not supported)')
+        if dw[0] * lm[0] != C[s - 1]:
+            raise ConversionError(
+                f'inconsistent stage {s}: {dw[0]} heads (block{s}.*.att.mha.'
+                f'attn.conv.weight {dw}) x head width {lm[0]} (Qlandmark_op '
+                f'{lm}) != embed dim {C[s - 1]}')
+    heads = arch['num_heads'][3]
+    if C[3] % heads or not (stage4_heads or C[3] % lm[0] == 0):
+        raise ConversionError(
+            f'stage-4 heads {heads} do not divide its embed dim {C[3]}' +
+            ('' if stage4_heads else f" (stage 3's head width {lm[0]}); "
+             f'give them explicitly'))
+    return arch
 
 
 def official_weights(ckpt, src: str, ema: Optional[bool] = None):
@@ -107,13 +146,21 @@ def check_output_path(src: str, dst: str) -> None:
             f'it; choose another output path')
 
 
+def save_atomic(obj, path: str, writer=None) -> None:
+    """``writer(obj, file)`` (default ``torch.save``) into ``path``
+    atomically and durably."""
+    from mmsoft.utils.atomic import atomic_path
+    with atomic_path(path, durable=True) as tmp:
+        with open(tmp, 'xb') as f:
+            (writer or torch.save)(obj, f)
+
+
 def save_checkpoint_atomic(obj, path: str) -> None:
     """``torch.save`` ``obj`` atomically: ``path`` is the complete new file
     or untouched, also on SIGINT / SIGTERM; temporaries of a killed earlier
     run are removed. OS errors (full disk ...) raise a one-line
     :class:`ConversionError`."""
     from mmsoft.utils.atomic import remove_stale_temps
-    from mmsoft.utils.checkpoint_io import save_atomic
     path = os.path.abspath(path)
     d = os.path.dirname(path)
     if os.path.isdir(path) or _special(path):
@@ -163,7 +210,7 @@ def check_converted(sd: Mapping,
                     official: bool = False) -> None:
     """Missing, unexpected or mis-shaped tensors of ``sd`` (mmsoft keys, or
     the authors' keys if ``official``) against mmsoft's SOFT of ``arch``
-    (:func:`~mmsoft.models.converters.infer_official_arch`) and its head:
+    (:func:`infer_arch`) and its head:
     one :class:`ConversionError` naming them, as a strict load would."""
     from mmsoft.models.backbones import SOFT
     from mmsoft.utils.strict_load import (CheckpointMismatchError,

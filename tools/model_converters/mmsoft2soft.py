@@ -24,7 +24,7 @@ if osp.dirname(osp.dirname(osp.abspath(__file__))) not in sys.path:  # tools/
     sys.path.insert(0, osp.dirname(osp.dirname(osp.abspath(__file__))))
 
 from mmsoft.models.converters import (ConversionError, describe_arch,
-                                      extract_state_dict, infer_official_arch,
+                                      extract_state_dict,
                                       mmsoft_to_official_key,
                                       official_model_name, strip_module_prefix,
                                       upgrade_legacy_state_dict)
@@ -56,7 +56,7 @@ def convert_mmpretrain_to_official(sd, stage4_heads=None, prefix='backbone.'):
             f'({len(bad)}: {few_keys(bad)}); only an mmpretrain classifier '
             f"or a bare SOFT backbone converts (not a detector's or a "
             f"segmentor's checkpoint)")
-    return out, infer_official_arch(out, stage4_heads)
+    return out, files.infer_arch(out, stage4_heads)
 
 
 def parse_args(argv=None):

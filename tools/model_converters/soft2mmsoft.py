@@ -33,8 +33,8 @@ if osp.dirname(osp.dirname(osp.abspath(__file__))) not in sys.path:  # tools/
 
 from mmsoft.models.converters import (arch_for_mmsoft,
                                       convert_official_to_mmpretrain,
-                                      describe_arch, infer_official_arch,
-                                      match_arch_preset, official_model_name)
+                                      describe_arch, match_arch_preset,
+                                      official_model_name)
 from mmsoft_tools import checkpoint_files as files
 from mmsoft_tools.cli import check_readable, positive_int, run_main
 
@@ -75,7 +75,7 @@ def convert(args, log=print):
     ckpt = files.load_checkpoint_file(args.src, trust=args.trust_checkpoint)
     sd, source = files.official_weights(ckpt, args.src, args.ema)
     log(f'reading {source!r} of {args.src} ({len(sd)} tensors)')
-    arch = infer_official_arch(sd, args.stage4_heads)
+    arch = files.infer_arch(sd, args.stage4_heads)
     files.check_converted(sd, arch, args.src, official=True)
     out, _ = convert_official_to_mmpretrain(sd, args.stage4_heads)
 

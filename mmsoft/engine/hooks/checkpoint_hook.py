@@ -1,11 +1,9 @@
 """mmengine's ``CheckpointHook`` with checkpoints that survive a kill and a
 full disk, resume bit-exactly and are read safely; what each part guards:
 docs/en/advanced_guides/fault_tolerance.md."""
-import ast
 import contextlib
 import os
 import os.path as osp
-from collections.abc import Mapping
 
 from mmengine.dist import (all_gather_object, broadcast_object_list, get_rank,
                            get_world_size, is_distributed, is_main_process)
@@ -20,10 +18,7 @@ from mmsoft.utils.rng_state import get_rng_state, set_rng_state
 from .resume import (CheckpointDirInUse, claim_checkpoint_dir,
                      find_newest_complete, read_line)
 
-__all__ = [
-    'SafeCheckpointHook', 'use_safe_checkpoint_hook',
-    'check_recorded_attn_norm', 'recorded_attn_norms'
-]
+__all__ = ['SafeCheckpointHook', 'use_safe_checkpoint_hook']
 
 
 def _training(runner):
@@ -115,8 +110,15 @@ class SafeCheckpointHook(CheckpointHook):
             load_from = str(getattr(runner, '_load_from', None) or '')
             if osp.isfile(load_from) and not getattr(runner, '_has_loaded',
                                                      False):
-                checkpoint = load_verified(load_from)
-                check_recorded_attn_norm(runner.model, checkpoint, load_from)
+                from mmsoft.models.loading import check_attn_norm
+                ckpt = load_verified(load_from)
+                sd = ckpt.get('state_dict') if isinstance(ckpt, dict) else 0
+                # another model: StrictLoadHook names the key mismatch
+                if not isinstance(sd, dict) or set(sd) == set(
+                        runner.model.state_dict()):
+                    cfg = getattr(runner, 'cfg', None)  # named in the error
+                    check_attn_norm(runner.model, ckpt, load_from,
+                                    getattr(cfg, 'filename', None))
         elif path is not None:
             runner.logger.info('mmsoft: resuming from the newest complete '
                                f'checkpoint {path}')
@@ -319,68 +321,6 @@ def _write_failure(runner, path: str, error: OSError) -> str:
             f'{code}; nothing was written, {kept}. Free space in '
             f'{osp.dirname(path)} and continue with tools/train.py ... '
             f'--resume')
-
-
-def recorded_attn_norms(checkpoint) -> set:
-    """The ``attn_norm`` values set inside ``model`` by the config text
-    that mmengine stores in a training checkpoint (``meta['cfg']``);
-    parsed with :mod:`ast`, never executed."""
-    meta = checkpoint.get('meta') if isinstance(checkpoint, Mapping) else 0
-    text = meta.get('cfg') if isinstance(meta, Mapping) else None
-    try:
-        tree = ast.parse(text) if isinstance(text, str) else ast.Module([])
-    except (SyntaxError, ValueError):
-        return set()
-    found = set()
-    for stmt in tree.body:
-        if not isinstance(stmt, ast.Assign) or all(
-                getattr(t, 'id', None) != 'model' for t in stmt.targets):
-            continue
-        for node in ast.walk(stmt.value):
-            if isinstance(node, ast.keyword):
-                pairs = [(node.arg, node.value)]
-            elif isinstance(node, ast.Dict):
-                pairs = zip([getattr(k, 'value', None) for k in node.keys],
-                            node.values)
-            else:
-                continue
-            found.update(v.value for k, v in pairs
-                         if k == 'attn_norm' and isinstance(v, ast.Constant)
-                         and isinstance(v.value, bool))
-    return found
-
-
-def check_recorded_attn_norm(model, checkpoint, path) -> None:
-    """Refuse a training checkpoint whose stored config sets another
-    ``attn_norm`` than ``model``'s SOFT attentions (same tensors: the
-    weights would load and give wrong results).
-
-    Raises:
-        CheckpointMismatchError: naming both settings and the fix.
-    """
-    from mmsoft.models.layers import SOFTAttention
-    from mmsoft.utils.strict_load import CheckpointMismatchError
-    want = recorded_attn_norms(checkpoint)
-    state = checkpoint.get('state_dict') if isinstance(checkpoint,
-                                                       dict) else None
-    if isinstance(state, dict) and set(state) != set(model.state_dict()):
-        return  # another model: the strict key check names the mismatch
-    have = {
-        m.attn_norm
-        for m in model.modules() if isinstance(m, SOFTAttention)
-    }
-    if not want or not have or want == have:
-        return
-    text = [
-        ' / '.join(f'attn_norm={v}' for v in sorted(s)) for s in (want, have)
-    ]
-    fix = (f'--cfg-options model.backbone.attn_cfg.{text[0]}'
-           if len(want) == 1 else 'its attn_cfg settings')
-    raise CheckpointMismatchError(
-        f'checkpoint {path} was trained with {text[0]} (the config stored '
-        f'in it), but this model\'s SOFT attention has {text[1]}: the '
-        f'weights would load and give wrong results. Use the config it was '
-        f'trained with or {fix}')
 
 
 def use_safe_checkpoint_hook(cfg) -> bool:

@@ -29,8 +29,9 @@ import pytest
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
-from conftest import (ROOT, Crash, Interrupted, dead_pid, flip_tensor_bytes,
-                      model_weights, run_python, tiny_arch, tool_namespace)
+from conftest import (ROOT, TOOLS, Crash, Interrupted, dead_pid,
+                      flip_tensor_bytes, model_weights, run_python, tiny_arch,
+                      tool_namespace)
 from mmengine.hooks import Hook
 from mmengine.model import BaseModel
 from mmengine.runner import Runner
@@ -40,6 +41,7 @@ import mmsoft  # noqa: F401  (registers SafeCheckpointHook)
 from mmsoft.engine import SafeCheckpointHook, use_safe_checkpoint_hook
 from mmsoft.engine.hooks import resume
 from mmsoft.utils import checkpoint_io as cio
+from mmsoft_tools import checkpoint_files as cf  # save_atomic: the tools'
 
 N, SIZE = 20, 6  # 20 samples of 6 x 6: 10 iterations of 2 per epoch
 # the tensor records of fc.weight and its momentum (bytes)
@@ -490,7 +492,7 @@ def test_train_tool_swaps_plain_checkpoint_hook(tmp_path):
 # --------------------------------------------------- atomic save, temps
 def test_save_atomic_cleans_up(tmp_path, monkeypatch):
     dst = tmp_path / 'ckpt.pth'
-    cio.save_atomic({'a': torch.ones(2)}, str(dst))
+    cf.save_atomic({'a': torch.ones(2)}, str(dst))
     before = dst.read_bytes()
 
     for exc in (OSError, KeyboardInterrupt):
@@ -500,7 +502,7 @@ def test_save_atomic_cleans_up(tmp_path, monkeypatch):
             raise exc('boom')
 
         with pytest.raises(exc):
-            cio.save_atomic({'a': torch.zeros(2)}, str(dst), writer=writer)
+            cf.save_atomic({'a': torch.zeros(2)}, str(dst), writer=writer)
         assert dst.read_bytes() == before
         assert os.listdir(tmp_path) == ['ckpt.pth']
 
@@ -509,17 +511,19 @@ def test_sigterm_during_save_removes_temp(tmp_path):
     """SIGTERM while writing: the temporary file is removed, the old file
     stays, the process exits 143."""
     dst = tmp_path / 'ckpt.pth'
-    cio.save_atomic({'a': torch.ones(2)}, str(dst))
+    cf.save_atomic({'a': torch.ones(2)}, str(dst))
     before = dst.read_bytes()
     code = textwrap.dedent(f"""
         import os, signal, torch
-        from mmsoft.utils import checkpoint_io as cio
+        import sys
+        sys.path.insert(0, {TOOLS!r})
+        from mmsoft_tools import checkpoint_files as cf
         def writer(obj, f):
             f.write(b'partial')
             f.flush()
             os.kill(os.getpid(), signal.SIGTERM)
             torch.save(obj, f)
-        cio.save_atomic({{'a': torch.zeros(2)}}, {str(dst)!r}, writer=writer)
+        cf.save_atomic({{'a': torch.zeros(2)}}, {str(dst)!r}, writer=writer)
     """)
     res = run_python(code, timeout=120)
     assert res.returncode == 128 + signal.SIGTERM, res.stderr
