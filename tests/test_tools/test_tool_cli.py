@@ -376,10 +376,18 @@ def test_nr_backward_compare_train_demo(tmp_path, capsys, monkeypatch):
     and COCO evaluation run and are checked (both mAP keys from mmdet's
     evaluator), then their metrics are replaced by distinct known values
     on the way back: the table must carry each value in its column and
-    row (a swapped or misread column shows)."""
+    row (a swapped or misread column shows). --smoke's shrink runs, with 2
+    iterations instead of 3 here (each is seconds of CPU)."""
     from mmsoft_tools import demo_tasks
     tasks = demo_tasks
     real_run_task, calls = tasks.run_task, []
+    real_shrink, shrunk = tasks.shrink_for_smoke, []
+
+    def shrink_for_smoke(cfg, iters=3, **kwargs):
+        shrunk.append(iters)
+        return real_shrink(cfg, iters=2, **kwargs)
+
+    monkeypatch.setattr(tasks, 'shrink_for_smoke', shrink_for_smoke)
 
     def run_task(*args, **kwargs):
         res = real_run_task(*args, **kwargs)
@@ -403,6 +411,7 @@ def test_nr_backward_compare_train_demo(tmp_path, capsys, monkeypatch):
         str(tmp_path / 'demo'), '--work-dir',
         str(work)
     ])
+    assert shrunk == [3]  # --smoke: the 3-iteration demo config
     assert [r[0] for r in rows] == ['eq16', 'exact']
     assert rows == [(b, c['metrics']['coco/bbox_mAP'],
                      c['metrics']['coco/bbox_mAP_50'], c['train_s'])
