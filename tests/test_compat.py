@@ -76,36 +76,6 @@ def test_register_safe_globals_is_idempotent():
 
 
 @needs_weights_only
-def test_torch_load_fails_without_mmsoft(tmp_path):
-    """A fresh interpreter (no mmsoft) reproduces the reported failure."""
-    path = tmp_path / 'iter_3.pth'
-    _mmengine_checkpoint(path)
-    code = textwrap.dedent(f"""
-        import json, pickle, sys, torch
-        from mmengine.runner.checkpoint import CheckpointLoader
-        out = {{'mmsoft_imported': 'mmsoft' in sys.modules}}
-        for name, fn in [
-            ('torch.load', lambda: torch.load({str(path)!r})),
-            ('CheckpointLoader', lambda: CheckpointLoader.load_checkpoint(
-                {str(path)!r}, map_location='cpu')),
-        ]:
-            try:
-                fn()
-                out[name] = 'ok'
-            except pickle.UnpicklingError as e:
-                out[name] = str(e)
-        print(json.dumps(out))
-    """)
-    res = run_python(code, timeout=120)
-    assert res.returncode == 0, res.stderr
-    out = json.loads(res.stdout.strip().splitlines()[-1])
-    assert out.pop('mmsoft_imported') is False
-    for name, msg in out.items():
-        assert 'Unsupported global' in msg and \
-            'mmengine.logging.history_buffer.HistoryBuffer' in msg, (name, msg)
-
-
-@needs_weights_only
 def test_torch_load_fails_with_fix_reverted(tmp_path, without_fix):
     path = tmp_path / 'iter_3.pth'
     _mmengine_checkpoint(path)
@@ -218,27 +188,47 @@ def test_weights_only_still_refuses_other_globals(tmp_path):
 
 
 @needs_weights_only
-def test_import_adds_allow_list_and_leaves_mmengine_alone(tmp_path):
-    """A fresh process: ``import mmsoft`` adds only the checkpoint
-    allow-list to torch (mmengine's inferencers load a checkpoint before
-    any model is built: issue 27); mmengine's own loader, unpatched, then
-    loads a Runner checkpoint, also after a SOFT model is built (the rest
-    of the process state: tests/test_process_state.py)."""
+def test_fresh_process_before_and_after_import(tmp_path):
+    """One fresh interpreter, three facts checked in turn.
+
+    1. Without mmsoft it reproduces the reported failure: ``torch.load`` and
+       mmengine's ``CheckpointLoader`` refuse a Runner checkpoint.
+    2. ``import mmsoft`` then lets a process that never built a
+       HistoryBuffer (the class's method table is still empty) load it
+       without warnings, and its buffers work.
+    3. The import added only the checkpoint allow-list to torch (mmengine's
+       inferencers load a checkpoint before any model is built: issue 27);
+       mmengine's own loader, unpatched, loads the checkpoint, also after a
+       SOFT model is built (the rest of the process state:
+       tests/test_process_state.py)."""
     path = tmp_path / 'iter_3.pth'
     _mmengine_checkpoint(path)
     code = textwrap.dedent(f"""
-        import json, pickle, torch
+        import json, pickle, sys, warnings, torch
+        from mmengine.logging import HistoryBuffer
         from mmengine.registry import MODELS
         from mmengine.runner.checkpoint import CheckpointLoader
         before = set(map(str, torch.serialization.get_safe_globals()))
         loader = CheckpointLoader._schemes['']
-        try:
-            torch.load({str(path)!r})
-            out = dict(load_before='ok')
-        except pickle.UnpicklingError:
-            out = dict(load_before='refused')
+        out = {{'mmsoft_imported': 'mmsoft' in sys.modules, 'before': {{}}}}
+        for name, fn in [
+            ('torch.load', lambda: torch.load({str(path)!r})),
+            ('CheckpointLoader', lambda: CheckpointLoader.load_checkpoint(
+                {str(path)!r}, map_location='cpu')),
+        ]:
+            try:
+                fn()
+                out['before'][name] = 'ok'
+            except pickle.UnpicklingError as e:
+                out['before'][name] = str(e)
         import mmsoft
         from mmsoft import compat
+        out['table_empty'] = not HistoryBuffer._statistics_methods
+        with warnings.catch_warnings():
+            warnings.simplefilter('error')
+            ckpt = torch.load({str(path)!r})
+        buf = ckpt['message_hub']['log_scalars']['train/loss']
+        out['mean'] = buf.statistics('mean')
         out['only_allow_list'] = set(
             map(str, torch.serialization.get_safe_globals())) - before == \
             set(map(str, compat.MMENGINE_SAFE_GLOBALS))
@@ -253,8 +243,18 @@ def test_import_adds_allow_list_and_leaves_mmengine_alone(tmp_path):
     res = run_python(code, timeout=120)
     assert res.returncode == 0, res.stderr[-2000:]
     out = json.loads(res.stdout.strip().splitlines()[-1])
-    assert out == dict(
-        load_before='refused', only_allow_list=True, same_loader=True, iter=3)
+    # 1. the baseline failure, in a process without mmsoft
+    assert out.pop('mmsoft_imported') is False
+    assert set(out['before']) == {'torch.load', 'CheckpointLoader'}
+    for name, msg in out.pop('before').items():
+        assert 'Unsupported global' in msg and \
+            'mmengine.logging.history_buffer.HistoryBuffer' in msg, (name, msg)
+    # 2. after the import: a quiet load (warnings were errors), working
+    # buffers, in a process whose method table was empty
+    assert out.pop('table_empty') is True
+    assert out.pop('mean') == pytest.approx((1 + .5 + 1 / 3) / 3)
+    # 3. only the allow-list added; mmengine's loader unpatched and working
+    assert out == dict(only_allow_list=True, same_loader=True, iter=3)
 
 
 # ---------------------------------------------- loading mutates nothing
@@ -346,28 +346,6 @@ def test_bytes_is_restricted(tmp_path):
     torch.save({'x': Alloc()}, path)
     with pytest.raises(pickle.UnpicklingError, match='only bytes'):
         torch.load(path)
-
-
-@needs_weights_only
-def test_fresh_process_loads_runner_checkpoint_quietly(tmp_path):
-    """In a process that never built a HistoryBuffer (the class's method
-    table is still empty) a regular checkpoint loads without warnings and
-    its buffers work."""
-    path = tmp_path / 'iter_3.pth'
-    _mmengine_checkpoint(path)
-    code = textwrap.dedent(f"""
-        import warnings
-        warnings.simplefilter('error')
-        import torch
-        import mmsoft
-        ckpt = torch.load({str(path)!r})
-        buf = ckpt['message_hub']['log_scalars']['train/loss']
-        print(buf.statistics('mean'))
-    """)
-    res = run_python(
-        code, timeout=120, PYTHONWARNINGS='ignore::DeprecationWarning')
-    assert res.returncode == 0, res.stderr[-2000:]
-    assert float(res.stdout.split()[-1]) == pytest.approx((1 + .5 + 1 / 3) / 3)
 
 
 def test_quiet_stack_imports_drops_only_the_named_warning(

@@ -22,6 +22,7 @@ import re
 import shutil
 import subprocess
 import sys
+from types import SimpleNamespace
 
 import pytest
 from conftest import ROOT, TOOLS, child_env, load_tool
@@ -212,6 +213,19 @@ def test_python_sh_runs_a_tool_with_this_checkout(tmp_path):
 
 
 # ----------------------------------------------- invocations of this file
+def _isolated_runs_in(script_server, monkeypatch):
+    """``run_isolated``'s ``python script args`` children run in the
+    :func:`script_server` (the same script as ``__main__``, its exit code
+    and output, forked from a process with the stacks imported)."""
+    from mmsoft_tools import analysis
+
+    def run(cmd, env, **kwargs):
+        assert cmd[0] == sys.executable, cmd
+        return script_server(cmd[1], cmd[2:], cwd=os.getcwd(), env=env)
+
+    monkeypatch.setattr(analysis, 'subprocess', SimpleNamespace(run=run))
+
+
 def _md_rows(text):
     """The cells of the rows of the markdown table in ``text`` (header
     first, the ``|---|`` line left out)."""
@@ -235,10 +249,13 @@ def replaced(monkeypatch):
     return done
 
 
-def test_benchmark_attention_tiny_run(tmp_path, capsys, replaced):
+def test_benchmark_attention_tiny_run(tmp_path, capsys, replaced,
+                                      script_server, monkeypatch):
     """n = 784, SOFT: one CSV row per (method, mode), one markdown row per
     method whose cells are the CSV's values; every file written
-    atomically. (One method: each configuration is a child process.)"""
+    atomically. (One method: each configuration is a child process, here
+    run by the script server.)"""
+    _isolated_runs_in(script_server, monkeypatch)
     tool = load_tool('analysis/benchmark_attention.py')
     rows = tool.main([
         '--max-p', '1', '--methods', 'soft', '--repeats', '1', '--devices',
@@ -359,10 +376,18 @@ def test_nr_backward_compare_train_demo(tmp_path, capsys, monkeypatch):
     and COCO evaluation run and are checked (both mAP keys from mmdet's
     evaluator), then their metrics are replaced by distinct known values
     on the way back: the table must carry each value in its column and
-    row (a swapped or misread column shows)."""
+    row (a swapped or misread column shows). --smoke's shrink runs, with 2
+    iterations instead of 3 here (each is seconds of CPU)."""
     from mmsoft_tools import demo_tasks
     tasks = demo_tasks
     real_run_task, calls = tasks.run_task, []
+    real_shrink, shrunk = tasks.shrink_for_smoke, []
+
+    def shrink_for_smoke(cfg, iters=3, **kwargs):
+        shrunk.append(iters)
+        return real_shrink(cfg, iters=2, **kwargs)
+
+    monkeypatch.setattr(tasks, 'shrink_for_smoke', shrink_for_smoke)
 
     def run_task(*args, **kwargs):
         res = real_run_task(*args, **kwargs)
@@ -386,6 +411,7 @@ def test_nr_backward_compare_train_demo(tmp_path, capsys, monkeypatch):
         str(tmp_path / 'demo'), '--work-dir',
         str(work)
     ])
+    assert shrunk == [3]  # --smoke: the 3-iteration demo config
     assert [r[0] for r in rows] == ['eq16', 'exact']
     assert rows == [(b, c['metrics']['coco/bbox_mAP'],
                      c['metrics']['coco/bbox_mAP_50'], c['train_s'])

@@ -1,9 +1,26 @@
 """tools/analysis/benchmark.py: model names, and one tiny run end to end
-(fresh subprocess per measurement, CSV / markdown with the ratios)."""
+(a subprocess per measurement, CSV / markdown with the ratios)."""
 import csv
+import os
+import sys
+from types import SimpleNamespace
 
 import pytest
 from conftest import load_tool
+
+
+def isolated_runs_in(script_server, monkeypatch):
+    """``run_isolated``'s ``python script args`` children run in the
+    :func:`script_server` (forked from a process with the stacks imported:
+    the same script as ``__main__``, its exit code and output, without a
+    fresh interpreter's import cost)."""
+    from mmsoft_tools import analysis
+
+    def run(cmd, env, **kwargs):
+        assert cmd[0] == sys.executable, cmd
+        return script_server(cmd[1], cmd[2:], cwd=os.getcwd(), env=env)
+
+    monkeypatch.setattr(analysis, 'subprocess', SimpleNamespace(run=run))
 
 
 def load():
@@ -26,8 +43,9 @@ def test_model_names():
         bench.build_backbone('resnet50')
 
 
-def test_tiny_run_writes_ratios(tmp_path, capsys):
-    # the tool in this process (its measurements in fresh ones, as always)
+def test_tiny_run_writes_ratios(tmp_path, capsys, script_server, monkeypatch):
+    # the tool in this process, its 4 measurements as 4 scripts
+    isolated_runs_in(script_server, monkeypatch)
     out = tmp_path / 'bench'
     load().main([
         '--models', 'soft_tiny_norm_ml16', 'pvtv2_b1', '--sizes', '64x64x1',
