@@ -31,7 +31,7 @@ class AttentionBase(nn.Module):
     """Multi-head token mixer (C = ``embed_dims``, h = ``num_heads``) with
     SOFT's per-head depthwise conv on V (odd ``dw_kernel_size``, 0: none)
     and ``proj``; ``sampling_ratio`` r: the stage's bottleneck ratio."""
-    #: the attributes :meth:`extra_repr` shows after the heads and ratio
+    #: the attributes ``extra_repr`` shows after the heads and ratio
     repr_keys: Tuple[str, ...] = ()
 
     def __init__(self,

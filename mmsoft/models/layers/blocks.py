@@ -79,7 +79,7 @@ def build_attention(cfg: dict, **stage_args) -> nn.Module:
     ..., **options)`` of :data:`mmsoft.registry.ATTENTIONS` (listed in
     docs/en/advanced_guides/attention_zoo.md): ``cls(**stage_args,
     **options)``, ``stage_args`` the :data:`STAGE_ARGS`; a SOFT attention's
-    :data:`NR_KEYS` become its ``nr`` (other attentions reject them)."""
+    ``NR_KEYS`` become its ``nr`` (other attentions reject them)."""
     if not isinstance(cfg, dict) or 'type' not in cfg:
         raise TypeError(f"attn_cfg must be a dict with a 'type' (one of "
                         f'{attention_types()}), got {cfg!r}')
