@@ -114,7 +114,7 @@ def work_dir_holder(work, seconds=120):
 #: (SystemExit's rules; an uncaught exception: traceback, 1); the server
 #: answers ``rc <code>`` (negative: killed by that signal)
 SCRIPT_SERVER = r"""
-import json, os, runpy, signal, sys
+import atexit, json, os, runpy, signal, sys, traceback
 import torch, mmcv, mmengine.runner, mmpretrain.models, mmpretrain.datasets
 import mmsoft
 base = list(sys.path[1:])
@@ -136,9 +136,24 @@ for line in sys.stdin:
         sys.argv = [req['script']] + req['argv']
         sys.path[:] = [os.path.dirname(req['script'])] + base
         signal.alarm(req['timeout'])  # a hung script: killed, rc -14
-        exec(req['setup'], {})
-        runpy.run_path(req['script'], run_name='__main__')
-        sys.exit(0)
+        code = 0
+        try:
+            exec(req['setup'], {})
+            runpy.run_path(req['script'], run_name='__main__')
+        except SystemExit as e:  # as the interpreter reports it
+            code = e.code if isinstance(e.code, int) else e.code is not None
+            if not isinstance(e.code, (int, type(None))):
+                print(e.code, file=sys.stderr)
+        except BaseException:
+            traceback.print_exc()
+            code = 1
+        # leave without the C++ static destructors: a library thread of the
+        # parent (onnxruntime's) does not exist here, and destroying what it
+        # waits on hangs (torch 2.1 stack); Python's atexit handlers run
+        atexit._run_exitfuncs()
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(int(code))
     _, status = os.waitpid(pid, 0)
     print(f'rc {os.waitstatus_to_exitcode(status)}', flush=True)
 """
