@@ -5,8 +5,11 @@
 Reads ``<results>/<stack>.json`` (written by noxfile.py) for each stack of
 tools/compat/stacks.py and writes ``matrix.md`` and ``matrix.csv`` into
 ``docs/en/compat/`` atomically (mmsoft.utils.atomic). A stack without a
-result is listed as "not run". Standard library only (the nox venv runs
-it). Exits 1 when a stack has failures or no result.
+result keeps its row of the table already in ``--out-dir`` (its last run,
+with its date; said on stderr), else it is listed as "not run": a partial
+or interrupted ``make compat`` never erases a recorded result. Standard
+library only (the nox venv runs it). Exits 1 when a stack has failures or
+no result.
 """
 import argparse
 import csv
@@ -53,10 +56,27 @@ def _minutes(seconds):
     return f'{seconds / 60:.1f} min'
 
 
-def rows(results):
-    out = []
+def _previous(out_dir):
+    """The rows of the table already in ``out_dir`` (stack -> row)."""
+    path = osp.join(out_dir or '', 'matrix.csv')
+    if not out_dir or not osp.isfile(path):
+        return {}
+    with open(path, newline='') as f:
+        return {r['stack']: r for r in csv.DictReader(f)}
+
+
+def rows(results, out_dir=None):
+    out, previous = [], _previous(out_dir)
     for name, stack in STACKS.items():
         path = osp.join(results, f'{name}.json')
+        old = previous.get(name, {})
+        if not osp.exists(path) and old.get('passed', 'not run') != 'not run':
+            print(
+                f'{name}: no result in {results}; keeping its row of '
+                f'{old.get("date") or "an earlier run"}',
+                file=sys.stderr)
+            out.append(dict({k: old.get(k, '') for k in COLUMNS}))
+            continue
         if not osp.exists(path):
             out.append(
                 dict({k: stack.get(k, '')
@@ -102,7 +122,7 @@ def main(argv=None):
     p.add_argument('--results', default=default_results())
     p.add_argument('--out-dir', default=osp.join(ROOT, 'docs', 'en', 'compat'))
     args = p.parse_args(argv)
-    table = rows(args.results)
+    table = rows(args.results, args.out_dir)
     md, csv_text = render(table)
     os.makedirs(args.out_dir, exist_ok=True)
     atomic = _atomic()
