@@ -156,17 +156,15 @@ def _setup(session, name, stack):
 def _test_pins(stack):
     """The exact pins of requirements/tests.txt for the stack's Python (a
     venv set up before a pin was added is updated)."""
+    from packaging.requirements import Requirement  # a dependency of nox
     with open(osp.join(ROOT, 'requirements', 'tests.txt')) as f:
-        lines = [ln.split('#')[0].strip() for ln in f]
-    out = []
-    for ln in lines:
-        spec, _, marker = ln.partition(';')
-        want = marker.replace(' ', '').split('python_version')[-1]
-        new = tuple(map(int, stack['python'].split('.'))) >= (3, 11)
-        ok = {'>="3.11"': new, '<"3.11"': not new}.get(want, True)
-        if '==' in spec and ok:
-            out.append(spec.strip())
-    return out
+        reqs = [Requirement(ln) for ln in (r.split('#')[0].strip() for r in f)
+                if ln]
+    return [
+        f'{r.name}{r.specifier}' for r in reqs
+        if str(r.specifier).startswith('==') and (r.marker is None or r.marker.
+                                                  evaluate(dict(python_version=stack['python'])))
+    ]
 
 
 def _mmsoft_version():
