@@ -31,10 +31,15 @@ lint: env
 gpu-check: env
 	$(PY) tools/analysis/gpu_check.py $(GPU_CHECK_ARGS)
 
-# the mutation check: each deliberately broken implementation of
-# tests/mutation/mutations.py must make its tests fail (~10 min)
+# the mutation check: generated mutants (mutmut, per module group of
+# tests/mutation/run_mutmut.py, each within its budget; GROUPS='loading'
+# runs some) and the hand-written device / precision / compile / config
+# cases of tests/mutation/mutations.py (MUTATIONS='name ...' runs some)
 mutations: env
-	$(PY) tests/mutation/run_mutations.py --python $(PY) $(MUTATIONS)
+	@$(PY) -c 'import mutmut' 2>/dev/null || $(PY) -m pip install -q \
+	    -c requirements/constraints.txt -r requirements/mutation.txt
+	$(if $(MUTATIONS),,$(PY) tests/mutation/run_mutmut.py $(GROUPS))
+	$(if $(GROUPS),,$(PY) tests/mutation/run_mutations.py --python $(PY) $(MUTATIONS))
 
 # the documentation site (docs/en, Sphinx + MyST) -> docs/_build/html,
 # warnings are errors

@@ -34,3 +34,96 @@ def test_mutation_applies_and_names_real_tests(m):
             for n in ast.walk(tree) if isinstance(n, ast.FunctionDef)
         }
         assert not name or name in defined, f'{m.name}: no test {sel}'
+
+
+# ------------------------------------------- the generated mutants' groups
+from run_mutmut import GROUPS, TOOLS_PKG  # noqa: E402
+
+
+def _repo_path(path):
+    """A group path as it is in the repository (mutmut's copy has the
+    tools' package under src/)."""
+    return (TOOLS_PKG + path[len('src/mmsoft_tools/'):]
+            if path.startswith('src/mmsoft_tools/') else path)
+
+
+@pytest.mark.parametrize('name', list(GROUPS))
+def test_group_files_and_tests_exist(name):
+    group = GROUPS[name]
+    assert group.mutate and group.budget > 0
+    for path in group.mutate:
+        assert osp.isfile(osp.join(ROOT, _repo_path(path))), path
+    for sel in group.tests:
+        if not sel.startswith('-'):
+            assert osp.exists(osp.join(ROOT, sel)), sel
+
+
+def test_groups_do_not_overlap():
+    seen = {}
+    for name, group in GROUPS.items():
+        for path in group.mutate:
+            assert path not in seen, f'{path} in {seen.get(path)} and {name}'
+            seen[path] = name
+
+
+def test_config_section_reads_as_mutmut_reads_it(tmp_path, monkeypatch):
+    """The [mutmut] section written into the copy: lists one value per line
+    (mutmut splits a multi-line value on newlines, a one-line value is a
+    one-element list), the repository's setup.cfg kept above it."""
+    import configparser
+
+    import run_mutmut
+    monkeypatch.setattr(run_mutmut, 'checkout_files',
+                        lambda: ['mmsoft/a.py', 'tests/t.py', 'setup.cfg'])
+    group = GROUPS['loading']
+    run_mutmut.write_config(str(tmp_path), group)
+    cp = configparser.ConfigParser()
+    cp.read(tmp_path / 'setup.cfg')
+    assert cp.has_section('flake8') and cp.has_section('mutmut')
+
+    def as_list(key):
+        value = cp.get('mutmut', key)
+        return [v for v in value.split('\n') if v] if '\n' in value else [
+            value
+        ]
+
+    assert as_list('only_mutate') == list(group.mutate)
+    assert as_list('pytest_add_cli_args_test_selection') == list(group.tests)
+    assert as_list('source_paths') == ['mmsoft', 'src']
+    assert as_list('also_copy') == ['tests']
+    args = as_list('pytest_add_cli_args')
+    assert args[args.index('-p', 2) + 1] == 'mmsoft_mutmut_stats'
+    assert cp.get('mutmut', 'process_isolation') == 'forkserver'
+
+
+def test_table_scores_each_group(tmp_path, monkeypatch):
+    """killed + timeout over mutants - equivalent; survivors, mutants with
+    no test and the ones a spent budget left are not caught."""
+    import run_mutmut
+    monkeypatch.setattr(run_mutmut, 'RESULTS', str(tmp_path))
+    eq = tmp_path / 'equivalent.txt'
+    eq.write_text('# comment\nmmsoft.a.x_f__mutmut_4 same value\n')
+    monkeypatch.setattr(run_mutmut, 'EQUIVALENT', str(eq))
+    status = {f'mmsoft.a.x_f__mutmut_{i}': s for i, s in enumerate(
+        ['killed'] * 6 + ['timeout', 'survived', 'no tests', 'not run',
+                          'survived'])}
+    run_mutmut.write_results('loading', status, 12.4)
+    back, seconds = run_mutmut.read_results('loading')
+    assert seconds == 12 and back['mmsoft.a.x_f__mutmut_4'] == 'equivalent'
+    row = next(r for r in run_mutmut.table().splitlines()
+               if r.startswith('| loading |'))
+    cells = [c.strip() for c in row.strip('|').split('|')]
+    # group budget ran mutants killed timeout survived no-tests not-run eq
+    assert cells[2:] == ['12', '11', '5', '1', '2', '1', '1', '1', '60%']
+    other = next(r for r in run_mutmut.table().splitlines()
+                 if r.startswith('| safety |'))
+    assert 'not run' in other
+
+
+def test_equivalent_needs_a_reason(tmp_path, monkeypatch):
+    import run_mutmut
+    eq = tmp_path / 'equivalent.txt'
+    eq.write_text('mmsoft.a.x_f__mutmut_4\n')
+    monkeypatch.setattr(run_mutmut, 'EQUIVALENT', str(eq))
+    with pytest.raises(SystemExit, match='has no reason'):
+        run_mutmut.equivalents()
