@@ -161,8 +161,7 @@ def write_config(ws: str, group: Group) -> None:
         only_mutate=list(group.mutate),
         also_copy=top,
         pytest_add_cli_args=[
-            '-p', 'no:cacheprovider', '-p', 'mmsoft_mutmut_stats', '-W',
-            'ignore'
+            '-p', 'no:cacheprovider', '-p', 'mmsoft_mutmut_stats'
         ],
         pytest_add_cli_args_test_selection=list(group.tests),
         process_isolation=['forkserver'],
