@@ -83,9 +83,8 @@ def test_config_section_reads_as_mutmut_reads_it(tmp_path, monkeypatch):
 
     def as_list(key):
         value = cp.get('mutmut', key)
-        return [v for v in value.split('\n') if v] if '\n' in value else [
-            value
-        ]
+        return [v for v in value.split('\n')
+                if v] if '\n' in value else [value]
 
     assert as_list('only_mutate') == list(group.mutate)
     assert as_list('pytest_add_cli_args_test_selection') == list(group.tests)
@@ -104,9 +103,12 @@ def test_table_scores_each_group(tmp_path, monkeypatch):
     eq = tmp_path / 'equivalent.txt'
     eq.write_text('# comment\nmmsoft.a.x_f__mutmut_4 same value\n')
     monkeypatch.setattr(run_mutmut, 'EQUIVALENT', str(eq))
-    status = {f'mmsoft.a.x_f__mutmut_{i}': s for i, s in enumerate(
-        ['killed'] * 6 + ['timeout', 'survived', 'no tests', 'not run',
-                          'survived'])}
+    status = {
+        f'mmsoft.a.x_f__mutmut_{i}': s
+        for i, s in
+        enumerate(['killed'] * 6 +
+                  ['timeout', 'survived', 'no tests', 'not run', 'survived'])
+    }
     run_mutmut.write_results('loading', status, 12.4)
     back, seconds = run_mutmut.read_results('loading')
     assert seconds == 12 and back['mmsoft.a.x_f__mutmut_4'] == 'equivalent'

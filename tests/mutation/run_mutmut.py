@@ -73,12 +73,12 @@ GROUPS: Dict[str, Group] = {
     'numerics':
     Group(
         'attention, kernel, inverse, blocks, backbone',
-        tuple(L + f for f in (
-            'gaussian_kernel.py', 'grid.py', 'nr_iteration.py',
-            'nr_autograd.py', 'nr_config.py', 'nr_diagnostics.py',
-            'soft_attention.py', 'attention_base.py', 'blocks.py',
-            'checks.py', 'amp.py', 'safe_conv.py', 'export_ops.py',
-            'zoo.py')) + (M + 'models/backbones/soft.py', ),
+        tuple(L + f
+              for f in ('gaussian_kernel.py', 'grid.py', 'nr_iteration.py',
+                        'nr_autograd.py', 'nr_config.py', 'nr_diagnostics.py',
+                        'soft_attention.py', 'attention_base.py', 'blocks.py',
+                        'checks.py', 'amp.py', 'safe_conv.py', 'export_ops.py',
+                        'zoo.py')) + (M + 'models/backbones/soft.py', ),
         ('tests/test_models', '--ignore',
          'tests/test_models/test_backbones/test_pretrained_loading.py'),
         budget=1800),
@@ -87,8 +87,8 @@ GROUPS: Dict[str, Group] = {
         'weight loading and conversion',
         (M + 'models/loading.py', M + 'models/converters.py',
          M + 'models/arch_zoo.py', M + 'utils/strict_load.py',
-         M + 'utils/safe_load.py', M + 'compat.py',
-         H + 'strict_load_hook.py', 'src/mmsoft_tools/checkpoint_files.py'),
+         M + 'utils/safe_load.py', M + 'compat.py', H + 'strict_load_hook.py',
+         'src/mmsoft_tools/checkpoint_files.py'),
         ('tests/test_models/test_backbones/test_pretrained_loading.py',
          'tests/test_models/test_backbones/test_official_reference.py',
          'tests/test_utils', 'tests/test_compat.py',
@@ -119,10 +119,11 @@ GROUPS: Dict[str, Group] = {
 
 # ------------------------------------------------------------- the copy
 def checkout_files() -> List[str]:
-    out = subprocess.run(['git', 'ls-files', '-co', '--exclude-standard', '-z'],
-                         cwd=ROOT,
-                         check=True,
-                         capture_output=True).stdout
+    out = subprocess.run(
+        ['git', 'ls-files', '-co', '--exclude-standard', '-z'],
+        cwd=ROOT,
+        check=True,
+        capture_output=True).stdout
     return sorted(p for p in out.decode().split('\0') if p)
 
 
@@ -166,12 +167,14 @@ def write_config(ws: str, group: Group) -> None:
         pytest_add_cli_args_test_selection=list(group.tests),
         process_isolation=['forkserver'],
         use_git_change_detection=['false'],
+        log_to_file=['true'],
         timeout_multiplier=['3'],
         timeout_constant=['30'])
     section = '\n[mutmut]\n' + ''.join(
-        f'{k}=\n' + ''.join(f'    {v}\n' for v in vals)
-        if len(vals) > 1 or k in ('source_paths', 'only_mutate', 'also_copy')
-        else f'{k}={vals[0]}\n' for k, vals in lines.items())
+        f'{k}=\n' + ''.join(f'    {v}\n'
+                            for v in vals) if len(vals) > 1 or k in
+        ('source_paths', 'only_mutate', 'also_copy') else f'{k}={vals[0]}\n'
+        for k, vals in lines.items())
     with open(osp.join(ws, 'setup.cfg'), 'w') as f:
         f.write(text + section)
 
@@ -186,31 +189,40 @@ def run_group(name: str, group: Group, work: str, children: int) -> float:
     os.makedirs(hits, exist_ok=True)
     env = dict(
         os.environ,
-        PYTHONPATH=os.pathsep.join(
-            [osp.join(ws, 'mutants', 'src'),
-             osp.join(ws, 'tests', 'mutation', 'site')]),
+        PYTHONPATH=os.pathsep.join([
+            osp.join(ws, 'mutants', 'src'),
+            osp.join(ws, 'tests', 'mutation', 'site')
+        ]),
         MMSOFT_MUTMUT_HITS=hits,
         OMP_NUM_THREADS='1',
         MKL_NUM_THREADS='1',
         PYTHONDONTWRITEBYTECODE='1',
         MPLBACKEND='Agg')
-    cmd = [sys.executable, '-m', 'mutmut', 'run',
-           f'--max-children={children}']
-    print(f'[{name}] {group.what}: {len(group.mutate)} files, budget '
-          f'{group.budget} s, in {ws}', flush=True)
+    cmd = [sys.executable, '-m', 'mutmut', 'run', f'--max-children={children}']
+    print(
+        f'[{name}] {group.what}: {len(group.mutate)} files, budget '
+        f'{group.budget} s, in {ws}',
+        flush=True)
     start = time.time()
     proc = subprocess.Popen(cmd, cwd=ws, env=env, start_new_session=True)
     try:
         proc.wait(timeout=group.budget)
     except subprocess.TimeoutExpired:
-        print(f'[{name}] budget of {group.budget} s spent: stopping '
-              '(finished mutants keep their result)', flush=True)
+        print(
+            f'[{name}] budget of {group.budget} s spent: stopping '
+            '(finished mutants keep their result)',
+            flush=True)
         os.killpg(proc.pid, signal.SIGINT)
         try:
             proc.wait(timeout=60)
         except subprocess.TimeoutExpired:
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait()
+    if proc.returncode not in (0, -signal.SIGINT, 130):
+        log = osp.join(ws, 'mutants', 'mutmut-debug.log')
+        print(f'[{name}] mutmut stopped with exit status {proc.returncode} '
+              f'(its log: {log}); the results below are what it finished',
+              flush=True)
     return time.time() - start
 
 
@@ -277,8 +289,8 @@ def table() -> str:
     for name, group in GROUPS.items():
         status, seconds = read_results(name)
         if status is None:
-            rows.append(f'| {name} | {group.budget} | not run |' +
-                        ' |' * 8 + '\n')
+            rows.append(f'| {name} | {group.budget} | not run |' + ' |' * 8 +
+                        '\n')
             continue
         count = {
             s: sum(v == s for v in status.values())
@@ -304,8 +316,7 @@ def update_doc() -> None:
     if not pattern.search(text):
         sys.exit(f'{DOC}: the markers {TABLE_START!r} ... {TABLE_END!r} '
                  'are missing')
-    text = pattern.sub(
-        lambda _: f'{TABLE_START}\n{table()}{TABLE_END}', text)
+    text = pattern.sub(lambda _: f'{TABLE_START}\n{table()}{TABLE_END}', text)
     with open(DOC + '.part', 'w') as f:
         f.write(text)
     os.replace(DOC + '.part', DOC)
@@ -324,15 +335,22 @@ def show_survivors(name: str, work: str) -> None:
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split('\n')[0])
     p.add_argument('groups', nargs='*', help=f'of {", ".join(GROUPS)}')
-    p.add_argument('--table', action='store_true',
-                   help='only rewrite the table from tests/mutation/results')
-    p.add_argument('--survivors', action='store_true',
-                   help="print the groups' surviving mutants as diffs")
-    p.add_argument('--work-dir', default=osp.join(ROOT, 'work_dirs',
-                                                  'mutation'))
+    p.add_argument(
+        '--table',
+        action='store_true',
+        help='only rewrite the table from tests/mutation/results')
+    p.add_argument(
+        '--survivors',
+        action='store_true',
+        help="print the groups' surviving mutants as diffs")
+    p.add_argument(
+        '--work-dir', default=osp.join(ROOT, 'work_dirs', 'mutation'))
     p.add_argument('--max-children', type=int, default=os.cpu_count() or 2)
-    p.add_argument('--budget-scale', type=float, default=1.0,
-                   help='multiply every budget (a slower or faster machine)')
+    p.add_argument(
+        '--budget-scale',
+        type=float,
+        default=1.0,
+        help='multiply every budget (a slower or faster machine)')
     args = p.parse_args(argv)
     unknown = [g for g in args.groups if g not in GROUPS]
     if unknown:
