@@ -78,8 +78,14 @@ GROUPS: Dict[str, Group] = {
                         'nr_autograd.py', 'nr_config.py', 'nr_diagnostics.py',
                         'soft_attention.py', 'attention_base.py', 'blocks.py',
                         'checks.py', 'amp.py', 'safe_conv.py', 'export_ops.py',
-                        'zoo.py')) + (M + 'models/backbones/soft.py', ),
-        ('tests/test_models', '--ignore',
+                        'zoo.py')) + (M + 'models/backbones/soft.py',
+                          H + 'nr_residual_hook.py',
+                          M + 'engine/optimizers/cpu_amp_optim_wrapper.py'),
+        # torch.compile's tests stay out: a mutated function is wrapped in
+        # a trampoline that dynamo traces differently (the compile cases
+        # are hand-written, tests/mutation/mutations.py)
+        ('tests/test_models', 'tests/test_engine/test_optimizers.py',
+         '--ignore', 'tests/test_models/test_compile.py', '--ignore',
          'tests/test_models/test_backbones/test_pretrained_loading.py'),
         budget=1800),
     'loading':
@@ -93,7 +99,9 @@ GROUPS: Dict[str, Group] = {
          'tests/test_models/test_backbones/test_official_reference.py',
          'tests/test_utils', 'tests/test_compat.py',
          'tests/test_tools/test_model_converters.py',
-         'tests/test_tools/test_strict_load_tools.py'),
+         'tests/test_tools/test_strict_load_tools.py',
+         'tests/test_tools/test_missing_checkpoint.py',
+         'tests/test_tools/test_doors.py'),
         budget=1200),
     'safety':
     Group(
