@@ -3,6 +3,7 @@
 once in its file and changes it, and every test it names exists, so that a
 refactor cannot silently retire a mutation."""
 import ast
+import os
 import os.path as osp
 import sys
 
@@ -129,3 +130,39 @@ def test_equivalent_needs_a_reason(tmp_path, monkeypatch):
     monkeypatch.setattr(run_mutmut, 'EQUIVALENT', str(eq))
     with pytest.raises(SystemExit, match='has no reason'):
         run_mutmut.equivalents()
+
+
+def test_child_process_hits_count_for_the_test(tmp_path, monkeypatch):
+    """The bridge of tests/mutation/site: in mutmut's stats run, a child
+    process writes the mutated functions it ran, and the plugin adds them
+    to the running test's record (mutmut alone sees its own process)."""
+    pytest.importorskip('mutmut')
+    import subprocess
+    site = osp.join(ROOT, 'tests', 'mutation', 'site')
+    env = dict(
+        os.environ,
+        MUTANT_UNDER_TEST='stats',
+        MMSOFT_MUTMUT_HITS=str(tmp_path),
+        PYTHONPATH=site)
+    code = ('from mutmut.mutation import trampoline; '
+            "trampoline.record_trampoline_hit('mmsoft.a.x_f')")
+    subprocess.run([sys.executable, '-c', code],
+                   env=env,
+                   check=True,
+                   cwd=str(tmp_path))
+    assert [p.read_text() for p in tmp_path.glob('*.txt')] == ['mmsoft.a.x_f']
+    sys.path.insert(0, site)
+    try:
+        import mmsoft_mutmut_stats
+    finally:
+        sys.path.remove(site)
+    from mutmut.state import state
+    monkeypatch.setenv('MMSOFT_MUTMUT_HITS', str(tmp_path))
+    monkeypatch.setenv('MUTANT_UNDER_TEST', 'other')
+    mmsoft_mutmut_stats.pytest_runtest_teardown(None, None)
+    assert list(tmp_path.glob('*.txt'))  # only the stats run reads them
+    monkeypatch.setenv('MUTANT_UNDER_TEST', 'stats')
+    mmsoft_mutmut_stats.pytest_runtest_teardown(None, None)
+    assert 'mmsoft.a.x_f' in state()._stats
+    assert not list(tmp_path.glob('*.txt'))
+    state()._stats.discard('mmsoft.a.x_f')
