@@ -119,7 +119,6 @@ GROUPS: Dict[str, Group] = {
         ('tests/test_tools/test_tool_cli.py',
          'tests/test_tools/test_tool_contracts.py',
          'tests/test_tools/test_launch.py',
-         'tests/test_tools/test_launch_python.py',
          'tests/test_tools/test_missing_checkpoint.py'),
         budget=1200),
 }
