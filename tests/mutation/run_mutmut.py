@@ -78,9 +78,9 @@ GROUPS: Dict[str, Group] = {
                         'nr_autograd.py', 'nr_config.py', 'nr_diagnostics.py',
                         'soft_attention.py', 'attention_base.py', 'blocks.py',
                         'checks.py', 'amp.py', 'safe_conv.py', 'export_ops.py',
-                        'zoo.py')) + (M + 'models/backbones/soft.py',
-                          H + 'nr_residual_hook.py',
-                          M + 'engine/optimizers/cpu_amp_optim_wrapper.py'),
+                        'zoo.py')) +
+        (M + 'models/backbones/soft.py', H + 'nr_residual_hook.py',
+         M + 'engine/optimizers/cpu_amp_optim_wrapper.py'),
         # torch.compile's tests stay out: a mutated function is wrapped in
         # a trampoline that dynamo traces differently (the compile cases
         # are hand-written, tests/mutation/mutations.py)
@@ -227,9 +227,10 @@ def run_group(name: str, group: Group, work: str, children: int) -> float:
             proc.wait()
     if proc.returncode not in (0, -signal.SIGINT, 130):
         log = osp.join(ws, 'mutants', 'mutmut-debug.log')
-        print(f'[{name}] mutmut stopped with exit status {proc.returncode} '
-              f'(its log: {log}); the results below are what it finished',
-              flush=True)
+        print(
+            f'[{name}] mutmut stopped with exit status {proc.returncode} '
+            f'(its log: {log}); the results below are what it finished',
+            flush=True)
     return time.time() - start
 
 
