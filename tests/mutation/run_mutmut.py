@@ -87,7 +87,7 @@ GROUPS: Dict[str, Group] = {
         ('tests/test_models', 'tests/test_engine/test_optimizers.py',
          '--ignore', 'tests/test_models/test_compile.py', '--ignore',
          'tests/test_models/test_backbones/test_pretrained_loading.py'),
-        budget=1800),
+        budget=5400),
     'loading':
     Group(
         'weight loading and conversion',
@@ -102,7 +102,7 @@ GROUPS: Dict[str, Group] = {
          'tests/test_tools/test_strict_load_tools.py',
          'tests/test_tools/test_missing_checkpoint.py',
          'tests/test_tools/test_doors.py'),
-        budget=1200),
+        budget=3600),
     'safety':
     Group(
         'checkpoints, resume, lock, non-finite stop',
@@ -111,7 +111,7 @@ GROUPS: Dict[str, Group] = {
          M + 'utils/rng_state.py', 'src/mmsoft_tools/work_dir_lock.py'),
         ('tests/test_engine', 'tests/test_checkpoint_safety.py',
          'tests/test_tools/test_work_dir_lock.py'),
-        budget=1200),
+        budget=2400),
     'tools':
     Group(
         "the tools' argument handling",
@@ -119,8 +119,9 @@ GROUPS: Dict[str, Group] = {
         ('tests/test_tools/test_tool_cli.py',
          'tests/test_tools/test_tool_contracts.py',
          'tests/test_tools/test_launch.py',
-         'tests/test_tools/test_missing_checkpoint.py'),
-        budget=1200),
+         'tests/test_tools/test_missing_checkpoint.py',
+         'tests/test_tools/test_doors.py'),
+        budget=2400),
 }
 
 
