@@ -76,7 +76,7 @@ def test_bytes_refusal_is_one_line():
     assert str(info.value) == _refusal('bytes(10,)', 'bytes()')
 
 
-@needs_torch('2.4', 'torch.serialization.safe_globals (a user allow-list)')
+@needs_torch('2.5', 'torch.serialization.safe_globals (a user allow-list)')
 def test_stand_ins_defer_to_the_users_allow_list():
     """A user who allow-listed ``getattr`` / ``bytes`` in torch gets them
     unrestricted from mmsoft's stand-ins too (which one of the two torch
