@@ -5,6 +5,7 @@ what the user allow-listed in torch, what :func:`unsafe_globals` names
 (every refused global of a zip file; the first one of a legacy file, also
 one saved on a device this machine lacks, while mmengine's training
 checkpoints name none), and how a pickled HistoryBuffer is restored."""
+import codecs
 import os
 import pickle
 import re
@@ -144,6 +145,38 @@ def test_unsafe_globals_of_legacy_files(tmp_path):
     assert safe_load.unsafe_globals(bad) == [f'{os.getcwd.__module__}.getcwd']
     retag(bad)
     assert safe_load.unsafe_globals(bad) == [f'{os.getcwd.__module__}.getcwd']
+
+
+class _Rot13:
+    """Pickles to ``_codecs.encode('abc', 'rot13')``."""
+
+    def __reduce__(self):
+        return codecs.encode, ('abc', 'rot13')
+
+
+@needs_torch('2.6', "torch's unpickler loads checkpoints (any _codecs.encode)")
+def test_unsafe_globals_of_a_legacy_file_follow_this_torch(tmp_path):
+    """The legacy-file scan allows what :func:`safe_torch_load` allows on
+    this torch: torch >= 2.6 runs any ``_codecs.encode`` (no code), so the
+    scan goes on to the global it refuses. Before: ``[]``, and the refusal
+    named nothing."""
+    for zipped in (True, False):
+        path = str(tmp_path / f'rot13_{zipped}.pth')
+        torch.save({'a': _Rot13()},
+                   path,
+                   _use_new_zipfile_serialization=zipped)
+        assert safe_load.safe_torch_load(path) == {'a': 'nop'}
+        torch.save({
+            'a': _Rot13(),
+            'b': os.getcwd
+        },
+                   path,
+                   _use_new_zipfile_serialization=zipped)
+        with pytest.raises(pickle.UnpicklingError, match='getcwd'):
+            safe_load.safe_torch_load(path)
+        assert safe_load.unsafe_globals(path) == [
+            f'{os.getcwd.__module__}.getcwd'
+        ], zipped
 
 
 def _history_buffer(**state):
