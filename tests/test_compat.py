@@ -350,6 +350,20 @@ def test_bytes_is_restricted(tmp_path):
         torch.load(path)
 
 
+@pytest.mark.parametrize('native', [True, False])
+def test_unravel_index(monkeypatch, native):
+    """``torch.unravel_index`` on every torch: the same indices as numpy's,
+    also where torch lacks it (torch < 2.2: hidden here)."""
+    if not native:
+        monkeypatch.delattr(torch, 'unravel_index', raising=False)
+    flat = torch.tensor([0, 5, 7, 23])
+    for shape in ((24, ), (4, 6), torch.Size([2, 3, 4]), [2, 1, 3, 4]):
+        got = compat.unravel_index(flat, shape)
+        assert isinstance(got, tuple) and len(got) == len(shape)
+        for g, want in zip(got, np.unravel_index(flat.numpy(), tuple(shape))):
+            assert g.dtype == flat.dtype and g.tolist() == want.tolist()
+
+
 def test_quiet_stack_imports_drops_only_the_named_warning(
         tmp_path, monkeypatch):
     """A module that warns under ``simplefilter('always')`` (as torch 2.4's

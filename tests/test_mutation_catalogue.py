@@ -56,7 +56,11 @@ def test_group_files_and_tests_exist(name):
         assert osp.isfile(osp.join(ROOT, _repo_path(path))), path
     for sel in group.tests:
         if not sel.startswith('-'):
-            assert osp.exists(osp.join(ROOT, sel)), sel
+            path, _, test = sel.partition('::')
+            assert osp.exists(osp.join(ROOT, path)), sel
+            if test:
+                with open(osp.join(ROOT, path)) as f:
+                    assert f'def {test}(' in f.read(), sel
 
 
 def test_groups_do_not_overlap():

@@ -150,7 +150,9 @@ _NEWER_TORCH_ALLOWED = ('builtins.set', 'builtins.complex',
 
 def _allow_list(extra=()):
     """``'module.name'`` -> object: torch's weights-only list (at least
-    torch 2.14's), mmengine's checkpoint objects and ``extra``."""
+    torch 2.14's; before torch 2.6 ``_codecs.encode`` only for latin1),
+    mmengine's checkpoint objects and ``extra``: what
+    :func:`safe_torch_load` allows on this torch."""
     from torch._weights_only_unpickler import _get_allowed_globals
     out = dict(_get_allowed_globals())
     for full in _NEWER_TORCH_ALLOWED:
@@ -162,7 +164,8 @@ def _allow_list(extra=()):
         obj = getattr(torch, name, None)
         if isinstance(obj, (torch.dtype, torch.qscheme)):
             out.setdefault(f'torch.{name}', obj)
-    out['_codecs.encode'] = _checkpoint_codecs_encode
+    if not native_allow_list():  # torch >= 2.6 allows every codec itself
+        out['_codecs.encode'] = _checkpoint_codecs_encode
     for entry in mmengine_safe_globals() + list(extra):
         obj, name = entry if isinstance(
             entry, tuple) else (entry,

@@ -86,7 +86,9 @@ GROUPS: Dict[str, Group] = {
         # are hand-written, tests/mutation/mutations.py)
         ('tests/test_models', 'tests/test_engine/test_optimizers.py',
          '--ignore', 'tests/test_models/test_compile.py', '--ignore',
-         'tests/test_models/test_backbones/test_pretrained_loading.py'),
+         'tests/test_models/test_backbones/test_pretrained_loading.py',
+         '--ignore',
+         'tests/test_models/test_backbones/test_loading_contracts.py'),
         budget=5400),
     'loading':
     Group(
@@ -96,12 +98,17 @@ GROUPS: Dict[str, Group] = {
          M + 'utils/safe_load.py', M + 'compat.py', H + 'strict_load_hook.py',
          'src/mmsoft_tools/checkpoint_files.py'),
         ('tests/test_models/test_backbones/test_pretrained_loading.py',
+         'tests/test_models/test_backbones/test_loading_contracts.py',
          'tests/test_models/test_backbones/test_official_reference.py',
          'tests/test_utils', 'tests/test_compat.py',
          'tests/test_tools/test_model_converters.py',
          'tests/test_tools/test_strict_load_tools.py',
          'tests/test_tools/test_missing_checkpoint.py',
-         'tests/test_tools/test_doors.py'),
+         'tests/test_tools/test_doors.py',
+         'tests/test_configs/test_official_files.py::'
+         'test_missing_pretrained_finds_nested_and_listed_entries',
+         'tests/test_configs/test_official_files.py::'
+         'test_demo_configs_opt_out'),
         budget=3600),
     'safety':
     Group(

@@ -321,3 +321,42 @@ def test_version1_checkpoint_is_tested(setup):
     ckpts['v1_other'] = str(tmp / 'v1_other.pth')
     msg = _error(setup, 'v1_other')
     assert 'missing from the checkpoint: backbone.stages.2.blocks.1.' in msg
+
+
+@pytest.mark.parametrize('ckpt,problem', [
+    ([1, 2], 'it holds a list, not a dict'),
+    ({
+        'state_dict': {}
+    }, 'it has no meta, message_hub'),
+    ({
+        'state_dict': {},
+        'meta': {
+            'attn_norm': False
+        },
+        'message_hub': {}
+    }, 'it has no meta.epoch, meta.iter'),
+    ({
+        'meta': {
+            'epoch': 1
+        },
+        'message_hub': {}
+    }, 'it has no meta.iter'),
+    ({
+        'meta': {
+            'epoch': 1,
+            'iter': 9
+        },
+        'message_hub': {}
+    }, None),
+])
+def test_resume_refusal(ckpt, problem):
+    """``--resume`` of a file that lacks what ``Runner.resume`` reads: one
+    line naming what is absent and ``load_from`` instead (the tools print
+    it: test_chain.py); a training checkpoint: ''."""
+    from mmsoft.engine.hooks.strict_load_hook import resume_refusal
+    msg = resume_refusal(ckpt, 'w.pth')
+    assert msg == ('' if problem is None else (
+        f'--resume w.pth: not a training checkpoint ({problem}); --resume '
+        'continues a run from an epoch_N.pth / iter_N.pth written by '
+        'tools/train.py. To start training from these weights, pass '
+        '--cfg-options load_from=w.pth instead'))

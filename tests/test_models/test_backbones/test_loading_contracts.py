@@ -1,0 +1,348 @@
+"""Contracts of :mod:`mmsoft.models.loading` beyond the SOFT round trips
+(test_pretrained_loading.py), on tiny modules and files:
+
+* ``read_checkpoint``: CPU by default, ``map_location`` honoured; ``mmap``
+  keeps a zip file's tensors on disk (also of a file saved on a device
+  this machine lacks) and never runs code from the file; a legacy file is
+  read whole; ``http(s)://`` is downloaded quietly into torch.hub's cache
+  and read safely; other schemes are mmengine's; a missing path is one
+  line;
+* ``load_pretrained``: strict and on the CPU by default, the error names
+  no opt-in unless given one, an mmsoft-layout file gives its
+  ``state_dict`` (as mmengine's loaders), an authors' file that cannot be
+  converted or does not fit a module is one error;
+* ``missing_weights_message``: the line documented in
+  docs/en/user_guides/official_weights.md and its other two forms.
+"""
+import functools
+import http.server
+import os
+import os.path as osp
+import re
+import threading
+import zipfile
+
+import pytest
+import torch
+import torch.nn as nn
+from reference import official_soft_ref as ref
+
+from mmsoft.models import loading
+from mmsoft.models.converters import OFFICIAL_PAGE
+from mmsoft.utils.checkpoint_io import CheckpointRefused
+from mmsoft.utils.strict_load import CheckpointMismatchError
+
+_CPU_TAG = b'X\x03\x00\x00\x00cpu'
+
+
+class Payload:
+    """Creates ``marker`` when unpickled by an unsafe loader."""
+
+    def __init__(self, marker):
+        self.marker = str(marker)
+
+    def __reduce__(self):
+        return open, (self.marker, 'w')
+
+
+def _linear_file(path, **entries):
+    """A checkpoint of ``nn.Linear(2, 3)``'s keys (``entries`` replace
+    the top level)."""
+    sd = {'weight': torch.arange(6.).reshape(3, 2), 'bias': torch.ones(3)}
+    torch.save(entries or sd, str(path))
+    return sd
+
+
+def _mapped_from(t, path):
+    """Whether the data of tensor ``t`` is memory-mapped from ``path``."""
+    ptr, path = t.untyped_storage().data_ptr(), osp.realpath(path)
+    with open('/proc/self/maps') as f:
+        for line in f:
+            parts = line.split(maxsplit=5)
+            if len(parts) == 6 and osp.realpath(parts[5].strip()) == path:
+                lo, hi = (int(x, 16) for x in parts[0].split('-'))
+                if lo <= ptr < hi:
+                    return True
+    return False
+
+
+def _retag_zip(path, tag='mmsoft_absent_device'):
+    """Make the zip checkpoint ``path`` look saved on device ``tag`` (as a
+    GPU-saved file looks on a CPU-only machine)."""
+    new = tag.encode()
+    new = b'X' + len(new).to_bytes(4, 'little') + new
+    with zipfile.ZipFile(path) as z:
+        items = [(i, z.read(i.filename)) for i in z.infolist()]
+    with zipfile.ZipFile(path, 'w', zipfile.ZIP_STORED) as z:
+        for info, data in items:
+            if info.filename.endswith('/data.pkl'):
+                assert _CPU_TAG in data
+                data = data.replace(_CPU_TAG, new)
+            z.writestr(info, data)
+
+
+# ------------------------------------------------------ read_checkpoint
+def test_read_checkpoint_cpu_by_default_and_map_location(tmp_path):
+    path = tmp_path / 'w.pth'
+    _linear_file(path)
+    assert loading.read_checkpoint(path)['bias'].device.type == 'cpu'
+    seen = []
+
+    def keep(storage, location):
+        seen.append(location)
+        return storage
+
+    loading.read_checkpoint(path, map_location=keep)
+    assert seen and set(seen) == {'cpu'}
+
+
+@pytest.mark.skipif(
+    not osp.exists('/proc/self/maps'), reason='reads /proc/self/maps')
+def test_read_checkpoint_mmap_keeps_tensors_on_disk(tmp_path):
+    """``mmap=True``: a zip file's tensors are mapped from the file, on the
+    CPU also when the file was saved on a device this machine lacks;
+    without it they are read into memory."""
+    path = str(tmp_path / 'w.pth')
+    want = _linear_file(path)
+    got = loading.read_checkpoint(path, mmap=True)
+    assert all(_mapped_from(v, path) for v in got.values())
+    assert not _mapped_from(loading.read_checkpoint(path)['weight'], path)
+    _retag_zip(path)
+    got = loading.read_checkpoint(path, mmap=True)
+    assert all(_mapped_from(v, path) for v in got.values())
+    for k, v in want.items():
+        assert got[k].device.type == 'cpu' and torch.equal(got[k], v)
+
+
+@pytest.mark.parametrize('force_unsafe', [False, True])
+def test_read_checkpoint_mmap_never_runs_code(tmp_path, monkeypatch,
+                                              force_unsafe):
+    """Also where the environment asks torch for unsafe loads by default
+    (``TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD``)."""
+    if force_unsafe:
+        monkeypatch.setenv('TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD', '1')
+    marker, path = tmp_path / 'MARKER', str(tmp_path / 'crafted.pth')
+    torch.save({'w': torch.ones(1), 'x': Payload(marker)}, path)
+    with pytest.raises(CheckpointRefused, match=re.escape(path)):
+        loading.read_checkpoint(path, mmap=True)
+    assert not marker.exists()
+
+
+def test_read_checkpoint_mmap_reads_a_legacy_file_whole(tmp_path):
+    path = tmp_path / 'legacy.pth'
+    torch.save({'w': torch.arange(3.)},
+               str(path),
+               _use_new_zipfile_serialization=False)
+    got = loading.read_checkpoint(path, mmap=True)
+    assert torch.equal(got['w'], torch.arange(3.))
+
+
+def test_read_checkpoint_missing_path_is_one_line(tmp_path):
+    missing = tmp_path / 'nope.pth'
+    for path, what in ((tmp_path, 'is a directory, not a file'),
+                       (missing, 'does not exist')):
+        with pytest.raises(FileNotFoundError) as info:
+            loading.read_checkpoint(path)
+        assert str(info.value) == (
+            f'checkpoint {path} {what}; pass a .pth checkpoint file')
+
+
+@pytest.fixture
+def hub(tmp_path, monkeypatch):
+    """torch.hub's directory in ``tmp_path`` (its ``checkpoints/`` already
+    holds another file); the working directory is another one."""
+    import torch.hub
+    d = tmp_path / 'hub'
+    (d / 'checkpoints').mkdir(parents=True)
+    (d / 'checkpoints' / 'other.pth').write_bytes(b'')
+    monkeypatch.setattr(torch.hub, 'get_dir', lambda: str(d))
+    (tmp_path / 'cwd').mkdir()
+    monkeypatch.chdir(tmp_path / 'cwd')
+    return d / 'checkpoints'
+
+
+def test_read_checkpoint_https_cached_and_read_safely(tmp_path, monkeypatch,
+                                                      hub):
+    """An ``https://`` file goes to ``<torch.hub dir>/checkpoints/<name>``
+    once, and is read as safely as a local file."""
+    import torch.hub
+    marker, calls = tmp_path / 'MARKER', []
+
+    def download(url, dst, *args, **kwargs):
+        calls.append((url, dst))
+        torch.save({'x': Payload(marker)}
+                   if 'crafted' in url else {'w': torch.ones(2)}, dst)
+
+    monkeypatch.setattr(torch.hub, 'download_url_to_file', download)
+    url = 'https://example.com/weights/soft_demo.pth'
+    for _ in range(2):
+        assert torch.equal(loading.read_checkpoint(url)['w'], torch.ones(2))
+    assert calls == [(url, str(hub / 'soft_demo.pth'))]
+    with pytest.raises(CheckpointRefused):
+        loading.read_checkpoint('https://example.com/crafted.pth')
+    assert not marker.exists()
+
+
+def test_read_checkpoint_http_download_is_quiet(tmp_path, hub, capfd):
+    """A real download (a local server): no progress bar on stderr (the
+    load logs one line), then read from the cache with the server gone."""
+    served = tmp_path / 'served'
+    served.mkdir()
+    want = _linear_file(served / 'w.pth')
+    handler = functools.partial(
+        type('Quiet', (http.server.SimpleHTTPRequestHandler, ),
+             dict(log_message=lambda *a: None)),
+        directory=str(served))
+    server = http.server.ThreadingHTTPServer(('127.0.0.1', 0), handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    url = f'http://127.0.0.1:{server.server_address[1]}/w.pth'
+    try:
+        got = loading.read_checkpoint(url)
+    finally:
+        server.shutdown()
+        server.server_close()
+    assert capfd.readouterr().err == ''
+    assert sorted(os.listdir(hub)) == ['other.pth', 'w.pth']
+    for sd in (got, loading.read_checkpoint(url)):
+        assert all(torch.equal(sd[k], v) for k, v in want.items())
+
+
+def test_read_checkpoint_other_schemes_are_mmengines(monkeypatch):
+    """``s3://``, ``open-mmlab://``, ...: mmengine's CheckpointLoader with
+    the path and ``map_location`` (CPU by default)."""
+    from mmengine.runner import CheckpointLoader
+    calls = []
+
+    def loader(filename, map_location):
+        calls.append((filename, map_location))
+        return {'w': torch.ones(1)}
+
+    loader.__name__ = 'load_from_mmsofttest'
+    monkeypatch.setattr(CheckpointLoader, '_schemes', {
+        'mmsofttest://': loader,
+        **CheckpointLoader._schemes
+    })
+    assert list(loading.read_checkpoint('mmsofttest://a/b.pth')) == ['w']
+    loading.read_checkpoint('mmsofttest://c.pth', map_location='meta')
+    assert calls == [('mmsofttest://a/b.pth', 'cpu'),
+                     ('mmsofttest://c.pth', 'meta')]
+
+
+# ------------------------------------------------------ load_pretrained
+def test_load_pretrained_defaults(tmp_path):
+    """Strict and read to the CPU by default; the error of a partial file
+    names no opt-in unless the caller gives one."""
+    path = tmp_path / 'w.pth'
+    want = _linear_file(path)
+    m = nn.Linear(2, 3)
+    r = loading.load_pretrained(m, str(path))
+    assert r.ok and r.matched == 2
+    assert all(torch.equal(m.state_dict()[k], v) for k, v in want.items())
+    _linear_file(path, weight=want['weight'], other=torch.ones(1))
+    with pytest.raises(CheckpointMismatchError) as info:
+        loading.load_pretrained(nn.Linear(2, 3), str(path))
+    assert 'partial load is intended' not in str(info.value)
+    with pytest.raises(
+            CheckpointMismatchError,
+            match=r'intended \(e\.g\. another head\), set X\.$'):
+        loading.load_pretrained(nn.Linear(2, 3), str(path), opt_in='set X')
+
+
+def test_load_pretrained_reads_with_map_location(tmp_path):
+    """``map_location`` (``init_cfg``'s) is what reads the file."""
+    path = tmp_path / 'w.pth'
+    _linear_file(path)
+    seen = []
+
+    def to_cpu(storage, location):
+        seen.append(location)
+        return storage
+
+    loading.load_pretrained(nn.Linear(2, 3), str(path), map_location=to_cpu)
+    assert seen and set(seen) == {'cpu'}
+
+
+def test_load_pretrained_mmsoft_layout_takes_state_dict(tmp_path):
+    """An mmsoft-layout file with an EMA copy gives its ``state_dict``, the
+    tensors mmengine's ``load_checkpoint`` / ``load_from`` give (only the
+    authors' files are EMA first, as their evaluation)."""
+    path = tmp_path / 'w.pth'
+    raw = {'weight': torch.zeros(3, 2), 'bias': torch.zeros(3)}
+    ema = {'weight': torch.ones(3, 2), 'bias': torch.ones(3)}
+    _linear_file(path, state_dict_ema=ema, state_dict=raw)
+    m = nn.Linear(2, 3)
+    loading.load_pretrained(m, str(path))
+    assert all(torch.equal(m.state_dict()[k], v) for k, v in raw.items())
+
+
+def _authors_state_dict(**drop):
+    sd = ref.random_official_state_dict([32, 64, 128, 192], [1, 2, 4, 6],
+                                        [1, 1, 2, 1],
+                                        num_classes=5,
+                                        pretrain_img_size=64,
+                                        ratios=(4, 2, 2),
+                                        dtype=torch.float32)
+    return {k: v for k, v in sd.items() if not k.startswith(tuple(drop))}
+
+
+def test_load_pretrained_unconvertible_files_are_one_error(tmp_path):
+    path = str(tmp_path / 'w.pth')
+    torch.save({'model': _authors_state_dict(pos_embed2=1)}, path)
+    with pytest.raises(CheckpointMismatchError) as info:
+        loading.load_pretrained(nn.Linear(2, 3), path)
+    assert str(info.value) == (
+        f"checkpoint {path} has the authors' SOFT key layout (fudan-zvg/SOFT)"
+        " but cannot be converted: cannot infer the architecture: key "
+        "'pos_embed2' is missing")
+    torch.save({'meta': {}}, path)
+    with pytest.raises(
+            CheckpointMismatchError,
+            match=f'^checkpoint {re.escape(path)}: no state dict '
+            'found in the checkpoint'):
+        loading.load_pretrained(nn.Linear(2, 3), path)
+
+
+def test_load_pretrained_authors_file_into_another_module(tmp_path):
+    """An authors' file for a module without a SOFT backbone: converted,
+    then the usual mismatch error (not a crash on the missing SOFT)."""
+    path = str(tmp_path / 'w.pth')
+    torch.save(_authors_state_dict(), path)
+    with pytest.raises(CheckpointMismatchError, match=re.escape(path)):
+        loading.load_pretrained(nn.Linear(2, 3), path)
+
+
+# ---------------------------------------------- missing_weights_message
+def test_missing_weights_message_documented_line():
+    """The line of docs/en/user_guides/official_weights.md (a file the
+    authors publish)."""
+    doc = osp.join(
+        osp.dirname(__file__), *[os.pardir] * 3, 'docs', 'en', 'user_guides',
+        'official_weights.md')
+    with open(doc) as f:
+        line = next(ln for ln in f if ln.startswith('error: checkpoints/'))
+    msg = loading.missing_weights_message('checkpoints/soft_norm_small.pth')
+    assert line.rstrip('\n') == f'error: {msg}'
+
+
+def test_missing_weights_message_other_forms():
+    """A file the authors do not publish (the config that trains it), an
+    unknown file, another config key."""
+    tail = ('or use another file with --cfg-options {key}=PATH; to train '
+            'from scratch on purpose: --cfg-options {b}.init_cfg=None '
+            '{b}.norm_eval=False')
+    key = 'model.backbone.init_cfg.checkpoint'
+    assert loading.missing_weights_message('w/soft_small.pth') == (
+        f'w/soft_small.pth ({key}) does not exist: the authors publish no '
+        f'soft_small file ({OFFICIAL_PAGE}): train configs/soft_small_in1k'
+        f'.py and give its checkpoint, ' +
+        tail.format(key=key, b='model.backbone'))
+    assert loading.missing_weights_message('mine.pth') == (
+        f"mine.pth ({key}) does not exist: download the authors' ImageNet "
+        f'file from {OFFICIAL_PAGE}, ' +
+        tail.format(key=key, b='model.backbone'))
+    key = 'model.img_backbone.init_cfg.ckpt'
+    assert loading.missing_weights_message(
+        'soft_tiny.pth', 'model.img_backbone', 'init_cfg.ckpt') == (
+            f"soft_tiny.pth ({key}) does not exist: download the authors' "
+            f"soft_tiny ImageNet file ('SOFT_Tiny' on {OFFICIAL_PAGE}) to "
+            'that path, ' + tail.format(key=key, b='model.img_backbone'))

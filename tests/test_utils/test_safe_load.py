@@ -1,0 +1,227 @@
+"""Contracts of :mod:`mmsoft.utils.safe_load` that the end-to-end tests
+(tests/test_compat.py, tests/test_checkpoint_safety.py) leave open: the
+exact one-line refusals of the restricted stand-ins, that they defer to
+what the user allow-listed in torch, what :func:`unsafe_globals` names
+(every refused global of a zip file; the first one of a legacy file, also
+one saved on a device this machine lacks, while mmengine's training
+checkpoints name none), and how a pickled HistoryBuffer is restored."""
+import codecs
+import os
+import pickle
+import re
+import shutil
+import warnings
+
+import numpy as np
+import pytest
+import torch
+from conftest import needs_torch
+from mmengine.logging import HistoryBuffer
+
+from mmsoft.utils import safe_load
+
+#: where a storage of this machine's tensors is tagged in a pickle
+#: (protocol 2, as torch.save writes it)
+_CPU_TAG = b'X\x03\x00\x00\x00cpu'
+
+
+def retag(path, tag='mmsoft_absent_device'):
+    """Make the legacy-format checkpoint ``path`` look saved on device
+    ``tag`` (as a GPU-saved file looks on a CPU-only machine)."""
+    with open(path, 'rb') as f:
+        data = f.read()
+    assert _CPU_TAG in data
+    new = tag.encode()
+    with open(path, 'wb') as f:
+        f.write(
+            data.replace(_CPU_TAG,
+                         b'X' + len(new).to_bytes(4, 'little') + new))
+
+
+class _Getattr:
+    """Pickles to ``getattr(owner, name)``."""
+
+    def __init__(self, owner, name):
+        self.owner, self.name = owner, name
+
+    def __reduce__(self):
+        return getattr, (self.owner, self.name)
+
+
+class _Allowed:
+    """A class a caller allows through ``extra``."""
+
+
+def _refusal(what, allowed):
+    return (f'mmsoft: refusing {what} while loading a checkpoint with '
+            f'weights_only=True; only {allowed} is allowed.')
+
+
+def test_getattr_of_another_owner_is_refused_in_one_line(tmp_path):
+    """Only ``getattr(HistoryBuffer, <public method>)`` is built: the same
+    method name on another class is refused, with the one line naming
+    the call and what is allowed."""
+    path = tmp_path / 'gadget.pth'
+    torch.save({'x': _Getattr(np.ndarray, 'mean')}, path)
+    want = _refusal("getattr(<class 'numpy.ndarray'>, 'mean')",
+                    'a public method of HistoryBuffer')
+    with pytest.raises(pickle.UnpicklingError, match=re.escape(want)):
+        safe_load.safe_torch_load(path)
+    torch.save({'x': _Getattr(HistoryBuffer, 'mean')}, path)
+    assert safe_load.safe_torch_load(path)['x'] is HistoryBuffer.mean
+
+
+def test_bytes_refusal_is_one_line():
+    with pytest.raises(pickle.UnpicklingError) as info:
+        safe_load.mmengine_safe_globals()[2][0](10)
+    assert str(info.value) == _refusal('bytes(10,)', 'bytes()')
+
+
+@needs_torch('2.5', 'torch.serialization.safe_globals (a user allow-list)')
+def test_stand_ins_defer_to_the_users_allow_list():
+    """A user who allow-listed ``getattr`` / ``bytes`` in torch gets them
+    unrestricted from mmsoft's stand-ins too (which one of the two torch
+    resolves a name to is not fixed)."""
+    getattr_, bytes_ = (
+        safe_load.mmengine_safe_globals()[i][0] for i in (1, 2))
+    with pytest.raises(pickle.UnpicklingError):
+        getattr_(np.ndarray, 'tofile')
+    with pytest.raises(pickle.UnpicklingError):
+        bytes_(3)
+    with torch.serialization.safe_globals([getattr, bytes]):
+        assert getattr_(np.ndarray, 'tofile') is np.ndarray.tofile
+        assert bytes_(3) == b'\0\0\0'
+    assert bytes_() == b''  # an empty array's data: always
+
+
+@needs_torch('2.5', 'torch.serialization.get_unsafe_globals_in_checkpoint')
+def test_unsafe_globals_names_every_refused_global(tmp_path):
+    """A zip checkpoint: every global outside the allow-list, none of
+    mmengine's (HistoryBuffer, numpy), none of ``extra``."""
+    path = str(tmp_path / 'two.pth')
+    torch.save(
+        dict(
+            state_dict={'w': torch.ones(2)},
+            hub=HistoryBuffer([1.0], [1]),
+            arrays=[np.arange(3)],
+            a=os.getcwd,
+            b=_Allowed,
+            c=shutil.rmtree), path)
+    name = f'{__name__}._Allowed'
+    assert sorted(safe_load.unsafe_globals(path)) == sorted(
+        [f'{os.getcwd.__module__}.getcwd', name, 'shutil.rmtree'])
+    assert sorted(safe_load.unsafe_globals(path, extra=[_Allowed])) == sorted(
+        [f'{os.getcwd.__module__}.getcwd', 'shutil.rmtree'])
+
+
+def _training_checkpoint(path, **more):
+    """A legacy-format (``_use_new_zipfile_serialization=False``) file as
+    mmengine's Runner saves one: tensors, HistoryBuffers, numpy arrays
+    (their data pickled through ``_codecs.encode``)."""
+    buf = HistoryBuffer()
+    for v in (1.0, 0.5):
+        buf.update(v)
+    torch.save(
+        dict(
+            state_dict={'w': torch.arange(4.)},
+            message_hub=dict(log_scalars={'loss': buf}),
+            arrays=[np.arange(3), np.zeros(0)],
+            **more),
+        str(path),
+        _use_new_zipfile_serialization=False)
+    return str(path)
+
+
+def test_unsafe_globals_of_legacy_files(tmp_path):
+    """torch's scanner reads zip files only; a legacy file is scanned by
+    the restricted unpickler: a training checkpoint names nothing, a file
+    with other globals the first one after its tensors, ``extra`` is
+    allowed, and a file saved on a device this machine lacks is still
+    scanned (its tensors are read to the CPU)."""
+    ok = _training_checkpoint(tmp_path / 'iter_2.pth', allowed=_Allowed)
+    assert safe_load.unsafe_globals(ok, extra=[_Allowed]) == []
+    assert safe_load.unsafe_globals(ok) == [f'{__name__}._Allowed']
+    bad = _training_checkpoint(tmp_path / 'bad.pth', x=os.getcwd)
+    assert safe_load.unsafe_globals(bad) == [f'{os.getcwd.__module__}.getcwd']
+    retag(bad)
+    assert safe_load.unsafe_globals(bad) == [f'{os.getcwd.__module__}.getcwd']
+
+
+class _Rot13:
+    """Pickles to ``_codecs.encode('abc', 'rot13')``."""
+
+    def __reduce__(self):
+        return codecs.encode, ('abc', 'rot13')
+
+
+@needs_torch('2.6', "torch's unpickler loads checkpoints (any _codecs.encode)")
+def test_unsafe_globals_of_a_legacy_file_follow_this_torch(tmp_path):
+    """The legacy-file scan allows what :func:`safe_torch_load` allows on
+    this torch: torch >= 2.6 runs any ``_codecs.encode`` (no code), so the
+    scan goes on to the global it refuses. Before: ``[]``, and the refusal
+    named nothing."""
+    for zipped in (True, False):
+        path = str(tmp_path / f'rot13_{zipped}.pth')
+        torch.save({'a': _Rot13()},
+                   path,
+                   _use_new_zipfile_serialization=zipped)
+        assert safe_load.safe_torch_load(path) == {'a': 'nop'}
+        torch.save({
+            'a': _Rot13(),
+            'b': os.getcwd
+        },
+                   path,
+                   _use_new_zipfile_serialization=zipped)
+        with pytest.raises(pickle.UnpicklingError, match='getcwd'):
+            safe_load.safe_torch_load(path)
+        assert safe_load.unsafe_globals(path) == [
+            f'{os.getcwd.__module__}.getcwd'
+        ], zipped
+
+
+def _history_buffer(**state):
+    """A HistoryBuffer whose pickled state is its fields and ``state``
+    (mmengine pickles its statistics-method table with it)."""
+    hb = HistoryBuffer([5.0, 7.0], [1, 1])
+    fields = {
+        k: v
+        for k, v in hb.__dict__.items() if k != 'statistics_methods'
+    }
+    hb.__getstate__ = lambda: dict(fields, **state)
+    return hb
+
+
+def test_history_buffer_without_method_table_is_restored(tmp_path):
+    """A HistoryBuffer pickled without its method table (mmengine's own
+    ``__setstate__`` accepts one) loads as a working HistoryBuffer."""
+    path = tmp_path / 'hb.pth'
+    torch.save({'x': _history_buffer()}, path)
+    with warnings.catch_warnings():
+        warnings.simplefilter('error')
+        got = safe_load.safe_torch_load(path)['x']
+    assert type(got) is HistoryBuffer
+    assert got.mean() == 6.0 and got.statistics('max') == 7.0
+    assert 'statistics_methods' not in got.__dict__
+
+
+def test_foreign_method_table_warning_is_one_line(tmp_path):
+    """The warning for a pickled method table that differs from this
+    process's: exactly what is ignored and why."""
+    table = dict(HistoryBuffer._statistics_methods)
+    path = tmp_path / 'hb.pth'
+    torch.save(
+        {'x': _history_buffer(statistics_methods={'mean': HistoryBuffer.max})},
+        path)
+    try:
+        with warnings.catch_warnings(record=True) as seen:
+            warnings.simplefilter('always')
+            got = safe_load.safe_torch_load(path)['x']
+    finally:
+        HistoryBuffer._statistics_methods.clear()
+        HistoryBuffer._statistics_methods.update(table)
+    assert [str(w.message) for w in seen] == [
+        "mmsoft.compat: ignoring the statistics methods ['mean'] pickled "
+        'with a HistoryBuffer: they differ from the ones registered in '
+        'this process (loading a checkpoint does not change HistoryBuffer)'
+    ]
+    assert got.mean() == 6.0
