@@ -2,9 +2,11 @@
 :mod:`mmsoft_tools.work_dir_lock`. The whole tool is tested in
 ``tests/test_tools/test_chain.py`` (a second ``tools/train.py``, and
 ``dist_train.sh`` killed then resumed)."""
+import datetime
 import json
 import os
 import os.path as osp
+import re
 import socket
 
 import pytest
@@ -71,3 +73,76 @@ def test_holder_on_another_host_is_not_guessed(tmp_path):
     assert '(pid 1234 on host other-node-7, started ' in msg
     assert 'on another machine, which cannot be checked from here' in msg
     assert msg.endswith(f'remove {osp.join(work, LOCK_NAME)}')
+
+
+def _holder(msg: str) -> str:
+    """The holder named in a refusal: '(<holder>; lock file ...)'."""
+    m = re.search(r'in use by another training run \((.*); lock file ', msg)
+    assert m, msg
+    return m.group(1)
+
+
+@pytest.mark.parametrize('where', ['this host', 'another host'])
+def test_refusal_names_the_holders_start_time(tmp_path, where):
+    """The holder's start time, to the second in local time, as the user
+    guide shows it ('started 2026-11-25 16:08:50'): a live run held by this
+    host's flock, or a record of another host."""
+    work = str(tmp_path / 'w')
+    started = 1500000000.7  # 2017, far from now
+    host = socket.gethostname() if where == 'this host' else 'node-7'
+    live = WorkDirLock(work).acquire() if where == 'this host' else None
+    try:
+        _write(work, pid=4321, host=host, started=started)
+        with pytest.raises(WorkDirLockedError) as e:
+            WorkDirLock(work).acquire()
+    finally:
+        if live:
+            live.release()
+    holder = _holder(str(e.value)).split('; on another machine')[0]
+    prefix = f'pid 4321 on host {host}, started '
+    assert holder.startswith(prefix), holder
+    when = datetime.datetime.strptime(holder[len(prefix):],
+                                      '%Y-%m-%d %H:%M:%S')
+    assert when == datetime.datetime.fromtimestamp(int(started))
+
+
+def test_unreadable_record_names_an_unknown_holder(tmp_path):
+    """A live holder whose record cannot be read (it is between taking the
+    flock and writing the record, or the file is damaged) is not described
+    with made-up fields."""
+    work = str(tmp_path / 'w')
+    with WorkDirLock(work) as live:
+        with open(live.path, 'w') as f:
+            f.write('{"pid": 12')  # cut short
+        with pytest.raises(WorkDirLockedError) as e:
+            WorkDirLock(work).acquire()
+    assert _holder(str(e.value)) == 'an unknown process'
+
+
+def test_fields_missing_from_the_record_are_question_marks(tmp_path):
+    """A record without pid / host / start time (hand-written, an older
+    mmsoft) names each unknown field '?' instead of inventing one (no
+    'None', no start time of now)."""
+    work = str(tmp_path / 'w')
+    _write(work, command='python tools/train.py cfg.py')
+    logged = []
+    WorkDirLock(work, log=logged.append).acquire().release()
+    assert logged == [
+        'mmsoft: taking over the work dir lock of a run that is gone (pid ? '
+        f'on host ?, started ?): {osp.join(work, LOCK_NAME)}'
+    ]
+
+
+def test_take_over_is_reported_on_stderr_by_default(tmp_path, capsys):
+    """Without ``log`` the take-over is one line on stderr (stdout may be
+    piped into another tool)."""
+    work = str(tmp_path / 'w')
+    pid = int(dead_pid())
+    _write(work, pid=pid, host=socket.gethostname())
+    WorkDirLock(work).acquire().release()
+    out, err = capsys.readouterr()
+    assert out == ''
+    assert err == (
+        'mmsoft: taking over the work dir lock of a run that is gone (pid '
+        f'{pid} on host {socket.gethostname()}, started ?): '
+        f'{osp.join(work, LOCK_NAME)}\n')
