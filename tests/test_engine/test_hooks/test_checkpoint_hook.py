@@ -23,6 +23,7 @@ import random
 import signal
 import textwrap
 import uuid
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -676,3 +677,21 @@ def test_full_disk_names_the_file_and_what_was_kept(tmp_path, monkeypatch):
     assert sorted(f for f in os.listdir(work) if f.endswith('.pth')) == \
         ['iter_2.pth']
     assert not [f for f in os.listdir(work) if 'mmsoft-tmp' in f]
+
+
+def test_first_checkpoint_failing_says_nothing_was_kept(tmp_path):
+    """The run's first checkpoint cannot be written, by an error without an
+    errno (a quota reported by a file system as text): the line claims no
+    kept checkpoint and no errno (the hook's path to this line: the test
+    above)."""
+    from mmsoft.engine.hooks.checkpoint_hook import _write_failure
+    work = str(tmp_path)  # no last_checkpoint yet
+    path = osp.join(work, 'iter_2.pth')
+    msg = _write_failure(
+        SimpleNamespace(work_dir=work), path,
+        OSError('disk quota exceeded for user train'))
+    assert msg == (
+        f'cannot write checkpoint {path}: disk quota exceeded for user '
+        f'train; nothing was written, no earlier checkpoint of this run '
+        f'exists. Free space in {work} and continue with tools/train.py '
+        f'... --resume')
