@@ -224,6 +224,23 @@ def test_add_nonfinite_hook():
     assert add_nonfinite_hook(cfg) and len(cfg.custom_hooks) == 1
 
 
+
+def test_add_nonfinite_hook_sees_hook_objects():
+    """``custom_hooks`` may hold Hook objects (mmengine registers them as
+    they are): a NonFiniteLossHook object is the config's own (a second,
+    default one would stop at the first skipped step); another hook's
+    object is no reason to leave the check out."""
+    from mmengine.config import Config
+    from mmengine.hooks import EMAHook
+    own = NonFiniteLossHook(max_skipped_steps=3)
+    cfg = Config(dict(custom_hooks=[own]))
+    assert not add_nonfinite_hook(cfg)
+    assert cfg.custom_hooks == [own]
+    ema = EMAHook()
+    cfg = Config(dict(custom_hooks=[ema]))
+    assert add_nonfinite_hook(cfg)
+    assert cfg.custom_hooks == [ema, dict(type='NonFiniteLossHook')]
+
 SCRIPT = '''
 import sys
 sys.path[:0] = {paths!r}  # this file's folder, conftest's
