@@ -224,7 +224,6 @@ def test_add_nonfinite_hook():
     assert add_nonfinite_hook(cfg) and len(cfg.custom_hooks) == 1
 
 
-
 def test_add_nonfinite_hook_sees_hook_objects():
     """``custom_hooks`` may hold Hook objects (mmengine registers them as
     they are): a NonFiniteLossHook object is the config's own (a second,
@@ -240,6 +239,7 @@ def test_add_nonfinite_hook_sees_hook_objects():
     cfg = Config(dict(custom_hooks=[ema]))
     assert add_nonfinite_hook(cfg)
     assert cfg.custom_hooks == [ema, dict(type='NonFiniteLossHook')]
+
 
 SCRIPT = '''
 import sys
