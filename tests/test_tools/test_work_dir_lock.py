@@ -8,6 +8,8 @@ import os
 import os.path as osp
 import re
 import socket
+import sys
+import time
 
 import pytest
 from conftest import dead_pid, work_dir_holder
@@ -30,6 +32,46 @@ def test_acquire_release(tmp_path):
         assert info['pid'] == os.getpid()
         assert info['host'] == socket.gethostname()
     assert os.listdir(work) == []  # released: the file is gone
+
+
+def test_record_and_flock_are_the_documented_files(tmp_path, monkeypatch):
+    """While held: ``.mmsoft-train.lock`` records pid, host, start time
+    and command, and ``.mmsoft-train.lock.flock`` is flock-ed (the user
+    guide's names: what a user inspects, and what any other flock on that
+    file, such as another run's, collides with)."""
+    fcntl = pytest.importorskip('fcntl')  # flock: Unix
+    work = str(tmp_path / 'w')
+    argv = ['tools/train.py', 'configs/soft_tiny.py', '--work-dir', work]
+    monkeypatch.setattr(sys, 'argv', argv)
+    before = time.time()
+    with WorkDirLock(work):
+        after = time.time()
+        assert sorted(os.listdir(work)) == [LOCK_NAME, LOCK_NAME + '.flock']
+        with open(osp.join(work, LOCK_NAME)) as f:
+            info = json.load(f)
+        assert info == dict(
+            pid=os.getpid(),
+            host=socket.gethostname(),
+            started=info['started'],
+            command=' '.join(argv))
+        assert before <= info['started'] <= after
+        fd = os.open(osp.join(work, LOCK_NAME + '.flock'), os.O_RDWR)
+        try:
+            with pytest.raises(BlockingIOError):
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        finally:
+            os.close(fd)
+
+
+def test_second_run_is_refused_at_once(tmp_path):
+    """The second run stops at once; it does not wait for the first one
+    (which may train for days)."""
+    work = str(tmp_path / 'w')
+    with WorkDirLock(work):
+        start = time.monotonic()
+        with pytest.raises(WorkDirLockedError):
+            WorkDirLock(work).acquire()
+        assert time.monotonic() - start < 0.9
 
 
 def test_live_holder_is_named(tmp_path):
@@ -106,14 +148,15 @@ def test_refusal_names_the_holders_start_time(tmp_path, where):
     assert when == datetime.datetime.fromtimestamp(int(started))
 
 
-def test_unreadable_record_names_an_unknown_holder(tmp_path):
+@pytest.mark.parametrize('record', ['{"pid": 12', '[20438, "vm"]'])
+def test_unreadable_record_names_an_unknown_holder(tmp_path, record):
     """A live holder whose record cannot be read (it is between taking the
-    flock and writing the record, or the file is damaged) is not described
-    with made-up fields."""
+    flock and writing the record, or the file is cut short or not a JSON
+    object) is not described with made-up fields."""
     work = str(tmp_path / 'w')
     with WorkDirLock(work) as live:
         with open(live.path, 'w') as f:
-            f.write('{"pid": 12')  # cut short
+            f.write(record)
         with pytest.raises(WorkDirLockedError) as e:
             WorkDirLock(work).acquire()
     assert _holder(str(e.value)) == 'an unknown process'

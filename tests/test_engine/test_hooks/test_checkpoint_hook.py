@@ -490,6 +490,30 @@ def test_train_tool_swaps_plain_checkpoint_hook(tmp_path):
     assert use_safe_checkpoint_hook(cfg) is False
 
 
+
+@pytest.mark.parametrize(
+    'plain', ['CheckpointHook', 'mmengine.CheckpointHook', 'class'])
+def test_every_spelling_of_the_plain_hook_is_swapped(plain):
+    """``use_safe_checkpoint_hook`` (what tools/train.py applies): the plain
+    hook by name, scoped name or class becomes the safe one with its
+    arguments kept, and says so; a config without one is left alone."""
+    from mmengine.config import Config
+    from mmengine.hooks import CheckpointHook
+    cfg = Config(
+        dict(
+            default_hooks=dict(
+                checkpoint=dict(
+                    type=CheckpointHook if plain == 'class' else plain,
+                    interval=2,
+                    max_keep_ckpts=1))))
+    assert use_safe_checkpoint_hook(cfg) is True
+    assert cfg.default_hooks.checkpoint == dict(
+        type='SafeCheckpointHook', interval=2, max_keep_ckpts=1)
+    for other in (Config(dict()), Config(dict(default_hooks=dict()))):
+        assert use_safe_checkpoint_hook(other) is False
+        assert 'checkpoint' not in other.get('default_hooks', {})
+
+
 # --------------------------------------------------- atomic save, temps
 def test_save_atomic_cleans_up(tmp_path, monkeypatch):
     dst = tmp_path / 'ckpt.pth'
