@@ -490,7 +490,6 @@ def test_train_tool_swaps_plain_checkpoint_hook(tmp_path):
     assert use_safe_checkpoint_hook(cfg) is False
 
 
-
 @pytest.mark.parametrize(
     'plain', ['CheckpointHook', 'mmengine.CheckpointHook', 'class'])
 def test_every_spelling_of_the_plain_hook_is_swapped(plain):
