@@ -9,7 +9,8 @@ import signal
 
 import pytest
 
-from mmsoft.utils.atomic import atomic_path, os_error_in_chain
+from mmsoft.utils.atomic import (TMP_SUFFIX, atomic_path, os_error_in_chain,
+                                 remove_stale_temps)
 
 
 @contextlib.contextmanager
@@ -81,3 +82,22 @@ def test_chain_search_ends_on_a_cycle():
     b.__cause__ = disk
     with _deadline():
         assert os_error_in_chain(a) is disk
+
+
+def test_a_live_writers_temporary_is_kept_and_the_writer_undisturbed(tmp_path):
+    """The stale-temporary sweep only looks whether the writer runs (here
+    this process: a save in progress): its file stays, and no signal that
+    would end a run is sent to it (CPython runs the handler of a signal
+    sent to its own process before ``os.kill`` returns)."""
+    received = []
+    stops = (signal.SIGHUP, signal.SIGINT, signal.SIGTERM)
+    old = {s: signal.signal(s, lambda s, f: received.append(s)) for s in stops}
+    try:
+        tmp = tmp_path / f'.epoch_3.pth.{os.getpid()}.0123abcd{TMP_SUFFIX}'
+        tmp.write_bytes(b'half')
+        assert remove_stale_temps(str(tmp_path)) == []
+    finally:
+        for s, handler in old.items():
+            signal.signal(s, handler)
+    assert tmp.read_bytes() == b'half'
+    assert received == []
