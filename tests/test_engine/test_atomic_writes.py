@@ -7,10 +7,15 @@ import errno
 import os
 import signal
 
-import pytest
+import os.path as osp
 
-from mmsoft.utils.atomic import (TMP_SUFFIX, atomic_path, os_error_in_chain,
-                                 remove_stale_temps)
+import pytest
+from conftest import dead_pid
+
+from mmsoft.utils import atomic
+from mmsoft.utils.atomic import (TMP_SUFFIX, atomic_path, atomic_write,
+                                 os_error_in_chain, remove_stale_temps,
+                                 temp_path_for)
 
 
 @contextlib.contextmanager
@@ -101,3 +106,60 @@ def test_a_live_writers_temporary_is_kept_and_the_writer_undisturbed(tmp_path):
             signal.signal(s, handler)
     assert tmp.read_bytes() == b'half'
     assert received == []
+
+
+def test_a_killed_writers_temporary_is_found_next_to_the_target(tmp_path):
+    """Temporaries are made in the target's directory (one file system:
+    the rename is atomic) under a name that the next run's sweep knows:
+    once the writer is gone (SIGKILL), the sweep removes it."""
+    target = tmp_path / 'iter_4.pth'
+    tmp = temp_path_for(str(target))
+    assert osp.dirname(tmp) == str(tmp_path)
+    stale = tmp.replace(f'.{os.getpid()}.', f'.{dead_pid()}.')
+    open(stale, 'wb').close()
+    assert remove_stale_temps(str(tmp_path)) == [stale]
+    assert os.listdir(tmp_path) == []
+
+
+def test_sweep_of_a_missing_or_stubborn_directory_reports_nothing(
+        tmp_path, monkeypatch):
+    """No checkpoint directory yet, or a temporary that cannot be removed
+    (permissions): nothing removed, nothing raised."""
+    assert remove_stale_temps(str(tmp_path / 'not yet')) == []
+    stale = tmp_path / f'.iter_4.pth.{dead_pid()}.0123abcd{TMP_SUFFIX}'
+    stale.write_bytes(b'half')
+
+    def unlink(path, *args, **kwargs):
+        raise PermissionError(13, 'Permission denied', path)
+
+    monkeypatch.setattr(atomic.os, 'unlink', unlink)
+    assert remove_stale_temps(str(tmp_path)) == []
+
+
+@pytest.mark.parametrize('data', ['iter_4.pth', b'\x00\x01'])
+def test_atomic_write_text_or_bytes(tmp_path, data):
+    target = tmp_path / 'last_checkpoint'
+    atomic_write(str(target), data)
+    expected = data.encode() if isinstance(data, str) else data
+    assert target.read_bytes() == expected
+
+
+def test_atomic_write_directories_only_on_request(tmp_path):
+    target = tmp_path / 'new' / 'last_checkpoint'
+    with pytest.raises(FileNotFoundError):
+        atomic_write(str(target), 'x')
+    assert os.listdir(tmp_path) == []
+    atomic_write(str(target), 'x', makedirs=True)
+    assert target.read_text() == 'x'
+
+
+def test_atomic_write_is_durable_on_request(tmp_path, monkeypatch):
+    """``durable=True`` (how ``last_checkpoint`` is written) fsyncs the
+    file and its directory; the default does not pay for it."""
+    synced = []
+    real = os.fsync
+    monkeypatch.setattr(os, 'fsync', lambda fd: synced.append(fd) or real(fd))
+    atomic_write(str(tmp_path / 'a'), 'x')
+    assert synced == []
+    atomic_write(str(tmp_path / 'b'), 'x', durable=True)
+    assert len(synced) == 2
