@@ -5,9 +5,8 @@ full-disk message reads; docs/en/advanced_guides/fault_tolerance.md)."""
 import contextlib
 import errno
 import os
-import signal
-
 import os.path as osp
+import signal
 
 import pytest
 from conftest import dead_pid
