@@ -16,7 +16,8 @@ from mmsoft.engine.hooks import resume
 
 
 def _ckpt(path, meta=True, mtime=None):
-    torch.save(dict(meta={}, state_dict={}) if meta else dict(w=1), path)
+    sd = dict(w=torch.zeros(2))
+    torch.save(dict(meta={}, state_dict=sd) if meta else sd, path)
     if mtime is not None:
         os.utime(path, (mtime, mtime))
     return str(path)
