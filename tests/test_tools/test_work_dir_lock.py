@@ -2,10 +2,14 @@
 :mod:`mmsoft_tools.work_dir_lock`. The whole tool is tested in
 ``tests/test_tools/test_chain.py`` (a second ``tools/train.py``, and
 ``dist_train.sh`` killed then resumed)."""
+import datetime
 import json
 import os
 import os.path as osp
+import re
 import socket
+import sys
+import time
 
 import pytest
 from conftest import dead_pid, work_dir_holder
@@ -28,6 +32,46 @@ def test_acquire_release(tmp_path):
         assert info['pid'] == os.getpid()
         assert info['host'] == socket.gethostname()
     assert os.listdir(work) == []  # released: the file is gone
+
+
+def test_record_and_flock_are_the_documented_files(tmp_path, monkeypatch):
+    """While held: ``.mmsoft-train.lock`` records pid, host, start time
+    and command, and ``.mmsoft-train.lock.flock`` is flock-ed (the user
+    guide's names: what a user inspects, and what any other flock on that
+    file, such as another run's, collides with)."""
+    fcntl = pytest.importorskip('fcntl')  # flock: Unix
+    work = str(tmp_path / 'w')
+    argv = ['tools/train.py', 'configs/soft_tiny.py', '--work-dir', work]
+    monkeypatch.setattr(sys, 'argv', argv)
+    before = time.time()
+    with WorkDirLock(work):
+        after = time.time()
+        assert sorted(os.listdir(work)) == [LOCK_NAME, LOCK_NAME + '.flock']
+        with open(osp.join(work, LOCK_NAME)) as f:
+            info = json.load(f)
+        assert info == dict(
+            pid=os.getpid(),
+            host=socket.gethostname(),
+            started=info['started'],
+            command=' '.join(argv))
+        assert before <= info['started'] <= after
+        fd = os.open(osp.join(work, LOCK_NAME + '.flock'), os.O_RDWR)
+        try:
+            with pytest.raises(BlockingIOError):
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        finally:
+            os.close(fd)
+
+
+def test_second_run_is_refused_at_once(tmp_path):
+    """The second run stops at once; it does not wait for the first one
+    (which may train for days)."""
+    work = str(tmp_path / 'w')
+    with WorkDirLock(work):
+        start = time.monotonic()
+        with pytest.raises(WorkDirLockedError):
+            WorkDirLock(work).acquire()
+        assert time.monotonic() - start < 0.9
 
 
 def test_live_holder_is_named(tmp_path):
@@ -71,3 +115,77 @@ def test_holder_on_another_host_is_not_guessed(tmp_path):
     assert '(pid 1234 on host other-node-7, started ' in msg
     assert 'on another machine, which cannot be checked from here' in msg
     assert msg.endswith(f'remove {osp.join(work, LOCK_NAME)}')
+
+
+def _holder(msg: str) -> str:
+    """The holder named in a refusal: '(<holder>; lock file ...)'."""
+    m = re.search(r'in use by another training run \((.*); lock file ', msg)
+    assert m, msg
+    return m.group(1)
+
+
+@pytest.mark.parametrize('where', ['this host', 'another host'])
+def test_refusal_names_the_holders_start_time(tmp_path, where):
+    """The holder's start time, to the second in local time, as the user
+    guide shows it ('started 2026-11-25 16:08:50'): a live run held by this
+    host's flock, or a record of another host."""
+    work = str(tmp_path / 'w')
+    started = 1500000000.7  # 2017, far from now
+    host = socket.gethostname() if where == 'this host' else 'node-7'
+    live = WorkDirLock(work).acquire() if where == 'this host' else None
+    try:
+        _write(work, pid=4321, host=host, started=started)
+        with pytest.raises(WorkDirLockedError) as e:
+            WorkDirLock(work).acquire()
+    finally:
+        if live:
+            live.release()
+    holder = _holder(str(e.value)).split('; on another machine')[0]
+    prefix = f'pid 4321 on host {host}, started '
+    assert holder.startswith(prefix), holder
+    when = datetime.datetime.strptime(holder[len(prefix):],
+                                      '%Y-%m-%d %H:%M:%S')
+    assert when == datetime.datetime.fromtimestamp(int(started))
+
+
+@pytest.mark.parametrize('record', ['{"pid": 12', '[20438, "vm"]'])
+def test_unreadable_record_names_an_unknown_holder(tmp_path, record):
+    """A live holder whose record cannot be read (it is between taking the
+    flock and writing the record, or the file is cut short or not a JSON
+    object) is not described with made-up fields."""
+    work = str(tmp_path / 'w')
+    with WorkDirLock(work) as live:
+        with open(live.path, 'w') as f:
+            f.write(record)
+        with pytest.raises(WorkDirLockedError) as e:
+            WorkDirLock(work).acquire()
+    assert _holder(str(e.value)) == 'an unknown process'
+
+
+def test_fields_missing_from_the_record_are_question_marks(tmp_path):
+    """A record without pid / host / start time (hand-written, an older
+    mmsoft) names each unknown field '?' instead of inventing one (no
+    'None', no start time of now)."""
+    work = str(tmp_path / 'w')
+    _write(work, command='python tools/train.py cfg.py')
+    logged = []
+    WorkDirLock(work, log=logged.append).acquire().release()
+    assert logged == [
+        'mmsoft: taking over the work dir lock of a run that is gone (pid ? '
+        f'on host ?, started ?): {osp.join(work, LOCK_NAME)}'
+    ]
+
+
+def test_take_over_is_reported_on_stderr_by_default(tmp_path, capsys):
+    """Without ``log`` the take-over is one line on stderr (stdout may be
+    piped into another tool)."""
+    work = str(tmp_path / 'w')
+    pid = int(dead_pid())
+    _write(work, pid=pid, host=socket.gethostname())
+    WorkDirLock(work).acquire().release()
+    out, err = capsys.readouterr()
+    assert out == ''
+    assert err == (
+        'mmsoft: taking over the work dir lock of a run that is gone (pid '
+        f'{pid} on host {socket.gethostname()}, started ?): '
+        f'{osp.join(work, LOCK_NAME)}\n')

@@ -202,7 +202,7 @@ def add_nonfinite_hook(cfg) -> bool:
     has one already (its settings are kept). Returns True if added."""
     hooks = list(cfg.get('custom_hooks', None) or [])
     for h in hooks:
-        t = h.get('type') if isinstance(h, dict) else h
+        t = h.get('type') if isinstance(h, dict) else type(h)  # a Hook
         if t is NonFiniteLossHook or str(t).split('.')[-1] == \
                 'NonFiniteLossHook':
             return False

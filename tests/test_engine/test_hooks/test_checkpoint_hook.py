@@ -23,6 +23,7 @@ import random
 import signal
 import textwrap
 import uuid
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -489,6 +490,29 @@ def test_train_tool_swaps_plain_checkpoint_hook(tmp_path):
     assert use_safe_checkpoint_hook(cfg) is False
 
 
+@pytest.mark.parametrize(
+    'plain', ['CheckpointHook', 'mmengine.CheckpointHook', 'class'])
+def test_every_spelling_of_the_plain_hook_is_swapped(plain):
+    """``use_safe_checkpoint_hook`` (what tools/train.py applies): the plain
+    hook by name, scoped name or class becomes the safe one with its
+    arguments kept, and says so; a config without one is left alone."""
+    from mmengine.config import Config
+    from mmengine.hooks import CheckpointHook
+    cfg = Config(
+        dict(
+            default_hooks=dict(
+                checkpoint=dict(
+                    type=CheckpointHook if plain == 'class' else plain,
+                    interval=2,
+                    max_keep_ckpts=1))))
+    assert use_safe_checkpoint_hook(cfg) is True
+    assert cfg.default_hooks.checkpoint == dict(
+        type='SafeCheckpointHook', interval=2, max_keep_ckpts=1)
+    for other in (Config(dict()), Config(dict(default_hooks=dict()))):
+        assert use_safe_checkpoint_hook(other) is False
+        assert 'checkpoint' not in other.get('default_hooks', {})
+
+
 # --------------------------------------------------- atomic save, temps
 def test_save_atomic_cleans_up(tmp_path, monkeypatch):
     dst = tmp_path / 'ckpt.pth'
@@ -676,3 +700,21 @@ def test_full_disk_names_the_file_and_what_was_kept(tmp_path, monkeypatch):
     assert sorted(f for f in os.listdir(work) if f.endswith('.pth')) == \
         ['iter_2.pth']
     assert not [f for f in os.listdir(work) if 'mmsoft-tmp' in f]
+
+
+def test_first_checkpoint_failing_says_nothing_was_kept(tmp_path):
+    """The run's first checkpoint cannot be written, by an error without an
+    errno (a quota reported by a file system as text): the line claims no
+    kept checkpoint and no errno (the hook's path to this line: the test
+    above)."""
+    from mmsoft.engine.hooks.checkpoint_hook import _write_failure
+    work = str(tmp_path)  # no last_checkpoint yet
+    path = osp.join(work, 'iter_2.pth')
+    msg = _write_failure(
+        SimpleNamespace(work_dir=work), path,
+        OSError('disk quota exceeded for user train'))
+    assert msg == (
+        f'cannot write checkpoint {path}: disk quota exceeded for user '
+        f'train; nothing was written, no earlier checkpoint of this run '
+        f'exists. Free space in {work} and continue with tools/train.py '
+        f'... --resume')

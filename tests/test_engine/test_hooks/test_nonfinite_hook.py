@@ -224,6 +224,53 @@ def test_add_nonfinite_hook():
     assert add_nonfinite_hook(cfg) and len(cfg.custom_hooks) == 1
 
 
+def test_add_nonfinite_hook_sees_hook_objects():
+    """``custom_hooks`` may hold Hook objects (mmengine registers them as
+    they are): a NonFiniteLossHook object is the config's own (a second,
+    default one would stop at the first skipped step); another hook's
+    object is no reason to leave the check out."""
+    from mmengine.config import Config
+    from mmengine.hooks import EMAHook
+    own = NonFiniteLossHook(max_skipped_steps=3)
+    cfg = Config(dict(custom_hooks=[own]))
+    assert not add_nonfinite_hook(cfg)
+    assert cfg.custom_hooks == [own]
+    ema = EMAHook()
+    cfg = Config(dict(custom_hooks=[ema]))
+    assert add_nonfinite_hook(cfg)
+    assert cfg.custom_hooks == [ema, dict(type='NonFiniteLossHook')]
+
+
+@pytest.mark.parametrize('max_skipped_steps', [0, 2])
+def test_stop_message_is_the_documented_line(tmp_path, max_skipped_steps):
+    """The stop is one line: the loss, where, how many steps were skipped
+    (when skipping is on), that nothing was applied or saved, and every fix
+    of docs/en/faq.md, including the one to skip steps."""
+    import logging
+    import types
+    hook = NonFiniteLossHook(max_skipped_steps=max_skipped_steps)
+    hook._runner = types.SimpleNamespace(
+        logger=logging.getLogger('test_nonfinite_hook'),
+        train_loop=types.SimpleNamespace(max_iters=24),
+        iter=11,
+        epoch=1,
+        work_dir=str(tmp_path))
+    nan = torch.tensor(float('nan'))
+    for _ in range(max_skipped_steps):
+        assert hook._check(nan)  # skipped
+    with pytest.raises(NonFiniteLossError) as e:
+        hook._check(nan)
+    skipped = ' after 2 skipped step(s)' if max_skipped_steps else ''
+    assert str(e.value) == (
+        f'NonFiniteLossHook: non-finite training loss (nan) at iteration '
+        f'12/24{skipped}; training stopped before the optimizer step; the '
+        f'checkpoints in {tmp_path} are from before the fault. Lower the '
+        f'learning rate or enable gradient clipping '
+        f'(optim_wrapper.clip_grad), or allow skipped steps with '
+        f"custom_hooks=[dict(type='NonFiniteLossHook', "
+        f'max_skipped_steps=N)].')
+
+
 SCRIPT = '''
 import sys
 sys.path[:0] = {paths!r}  # this file's folder, conftest's

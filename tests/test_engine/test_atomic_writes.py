@@ -1,0 +1,164 @@
+""":mod:`mmsoft.utils.atomic`: the target is either the complete new file
+or untouched, and a full disk that a writer reports as another exception
+is still an ``OSError`` with its errno (what ``SafeCheckpointHook``'s
+full-disk message reads; docs/en/advanced_guides/fault_tolerance.md)."""
+import contextlib
+import errno
+import os
+import os.path as osp
+import signal
+
+import pytest
+from conftest import dead_pid
+
+from mmsoft.utils import atomic
+from mmsoft.utils.atomic import (TMP_SUFFIX, atomic_path, atomic_write,
+                                 os_error_in_chain, remove_stale_temps,
+                                 temp_path_for)
+
+
+@contextlib.contextmanager
+def _deadline(seconds=5):
+    """Fail instead of hanging (SIGALRM; the loops tested are Python)."""
+
+    def timeout(signum, frame):
+        raise TimeoutError(f'still running after {seconds} s')
+
+    old = signal.signal(signal.SIGALRM, timeout)
+    signal.setitimer(signal.ITIMER_REAL, seconds)
+    try:
+        yield
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, old)
+
+
+def _full_disk(how):
+    """What torch.save raises on a full disk: a RuntimeError caused by (or
+    raised while handling) the OSError."""
+    disk = OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), 'w.pth')
+    if how == 'cause':
+        return RuntimeError('PytorchStreamWriter failed writing file'), disk
+    try:
+        raise disk
+    except OSError:
+        try:
+            raise RuntimeError('PytorchStreamWriter failed writing file')
+        except RuntimeError as e:
+            return e, None
+
+
+@pytest.mark.parametrize('how', ['cause', 'context'])
+def test_full_disk_behind_another_exception_is_an_os_error(tmp_path, how):
+    target = tmp_path / 'w.pth'
+    target.write_bytes(b'previous')
+    error, cause = _full_disk(how)
+    with pytest.raises(OSError) as e:
+        with atomic_path(str(target)) as tmp:
+            with open(tmp, 'wb') as f:
+                f.write(b'half')
+            raise error from cause
+    assert (e.value.errno, e.value.strerror) == (errno.ENOSPC,
+                                                 os.strerror(errno.ENOSPC))
+    assert e.value.__cause__ is error  # the writer's report is kept
+    assert target.read_bytes() == b'previous'
+    assert sorted(os.listdir(tmp_path)) == ['w.pth']  # no temporary
+
+
+def test_other_errors_pass_through_unchanged(tmp_path):
+    target = tmp_path / 'w.pth'
+    error = ValueError('not a state dict')
+    with pytest.raises(ValueError) as e:
+        with atomic_path(str(target)):
+            raise error from KeyError('state_dict')
+    assert e.value is error
+    assert os.listdir(tmp_path) == []  # no temporary, no target
+
+
+def test_chain_search_ends_on_a_cycle():
+    """A chain whose causes / contexts form a loop (set by hand) is
+    searched once: no OSError found, no endless loop."""
+    a, b = RuntimeError('a'), ValueError('b')
+    a.__cause__, b.__context__ = b, a
+    with _deadline():
+        assert os_error_in_chain(a) is None
+    disk = OSError(errno.ENOSPC, 'No space left on device')
+    b.__cause__ = disk
+    with _deadline():
+        assert os_error_in_chain(a) is disk
+
+
+def test_a_live_writers_temporary_is_kept_and_the_writer_undisturbed(tmp_path):
+    """The stale-temporary sweep only looks whether the writer runs (here
+    this process: a save in progress): its file stays, and no signal that
+    would end a run is sent to it (CPython runs the handler of a signal
+    sent to its own process before ``os.kill`` returns)."""
+    received = []
+    stops = (signal.SIGHUP, signal.SIGINT, signal.SIGTERM)
+    old = {s: signal.signal(s, lambda s, f: received.append(s)) for s in stops}
+    try:
+        tmp = tmp_path / f'.epoch_3.pth.{os.getpid()}.0123abcd{TMP_SUFFIX}'
+        tmp.write_bytes(b'half')
+        assert remove_stale_temps(str(tmp_path)) == []
+    finally:
+        for s, handler in old.items():
+            signal.signal(s, handler)
+    assert tmp.read_bytes() == b'half'
+    assert received == []
+
+
+def test_a_killed_writers_temporary_is_found_next_to_the_target(tmp_path):
+    """Temporaries are made in the target's directory (one file system:
+    the rename is atomic) under a name that the next run's sweep knows:
+    once the writer is gone (SIGKILL), the sweep removes it."""
+    target = tmp_path / 'iter_4.pth'
+    tmp = temp_path_for(str(target))
+    assert osp.dirname(tmp) == str(tmp_path)
+    stale = tmp.replace(f'.{os.getpid()}.', f'.{dead_pid()}.')
+    open(stale, 'wb').close()
+    assert remove_stale_temps(str(tmp_path)) == [stale]
+    assert os.listdir(tmp_path) == []
+
+
+def test_sweep_of_a_missing_or_stubborn_directory_reports_nothing(
+        tmp_path, monkeypatch):
+    """No checkpoint directory yet, or a temporary that cannot be removed
+    (permissions): nothing removed, nothing raised."""
+    assert remove_stale_temps(str(tmp_path / 'not yet')) == []
+    stale = tmp_path / f'.iter_4.pth.{dead_pid()}.0123abcd{TMP_SUFFIX}'
+    stale.write_bytes(b'half')
+
+    def unlink(path, *args, **kwargs):
+        raise PermissionError(13, 'Permission denied', path)
+
+    monkeypatch.setattr(atomic.os, 'unlink', unlink)
+    assert remove_stale_temps(str(tmp_path)) == []
+
+
+@pytest.mark.parametrize('data', ['iter_4.pth', b'\x00\x01'])
+def test_atomic_write_text_or_bytes(tmp_path, data):
+    target = tmp_path / 'last_checkpoint'
+    atomic_write(str(target), data)
+    expected = data.encode() if isinstance(data, str) else data
+    assert target.read_bytes() == expected
+
+
+def test_atomic_write_directories_only_on_request(tmp_path):
+    target = tmp_path / 'new' / 'last_checkpoint'
+    with pytest.raises(FileNotFoundError):
+        atomic_write(str(target), 'x')
+    assert os.listdir(tmp_path) == []
+    atomic_write(str(target), 'x', makedirs=True)
+    assert target.read_text() == 'x'
+
+
+def test_atomic_write_is_durable_on_request(tmp_path, monkeypatch):
+    """``durable=True`` (how ``last_checkpoint`` is written) fsyncs the
+    file and its directory; the default does not pay for it."""
+    synced = []
+    real = os.fsync
+    monkeypatch.setattr(os, 'fsync', lambda fd: synced.append(fd) or real(fd))
+    atomic_write(str(tmp_path / 'a'), 'x')
+    assert synced == []
+    atomic_write(str(tmp_path / 'b'), 'x', durable=True)
+    assert len(synced) == 2

@@ -1,0 +1,79 @@
+""":mod:`mmsoft.utils.checkpoint_io` on small files: what makes a file no
+complete checkpoint, and the one line of a refused one (the loading paths
+that use them: ``test_hooks/test_checkpoint_hook.py``,
+``tests/test_checkpoint_safety.py``)."""
+import pickle
+
+import torch
+
+from mmsoft.utils import checkpoint_io as cio
+
+
+def test_describe_damage_names_each_kind(tmp_path):
+    good = tmp_path / 'good.pth'
+    torch.save(dict(w=torch.zeros(256)), good)
+    assert cio.describe_damage(str(good)) is None
+    legacy = tmp_path / 'legacy.pth'
+    torch.save(dict(w=1), legacy, _use_new_zipfile_serialization=False)
+    assert cio.describe_damage(str(legacy)) is None  # torch.load checks it
+    empty = tmp_path / 'empty.pth'
+    empty.write_bytes(b'')
+    assert cio.describe_damage(str(empty)) == 'is empty (0 bytes)'
+    gif = tmp_path / 'image.pth'
+    gif.write_bytes(b'GIF89a' + bytes(100))
+    assert cio.describe_damage(str(gif)) == \
+        "is not a torch checkpoint (starts with b'GIF8')"
+    data = bytearray(good.read_bytes())
+    cut = tmp_path / 'cut.pth'
+    cut.write_bytes(bytes(data[:len(data) // 2]))
+    assert cio.describe_damage(str(cut)).startswith(
+        f'is truncated or corrupt ({len(data) // 2} bytes; ')
+    at = data.index(bytes(1024))  # inside the tensor's record
+    data[at] ^= 0xFF
+    flipped = tmp_path / 'flipped.pth'
+    flipped.write_bytes(bytes(data))
+    reason = cio.describe_damage(str(flipped))
+    assert reason.startswith("is corrupt (CRC error in record '") and \
+        reason.endswith("/data/0')")
+    assert cio.describe_damage(str(tmp_path / 'gone.pth')) == \
+        'cannot be read (No such file or directory)'
+
+
+def test_load_verified_honours_map_location(tmp_path):
+    path = tmp_path / 'w.pth'
+    torch.save(dict(w=torch.ones(2)), path)
+    seen = []
+
+    def where(storage, location):
+        seen.append(location)
+        return storage
+
+    assert torch.equal(
+        cio.load_verified(str(path), map_location=where)['w'], torch.ones(2))
+    assert seen == ['cpu']
+    assert cio.load_verified(str(path))['w'].device == torch.device('cpu')
+
+
+def test_refusal_is_one_line_naming_what_and_the_fix(tmp_path):
+    zipped = tmp_path / 'zip.pth'
+    torch.save(dict(w=1), zipped)
+    head = f'checkpoint {zipped} was refused: it holds '
+    tail = ('which could run code when unpickled; convert it with '
+            'tools/model_converters/soft2mmsoft.py SRC DST (add '
+            '--trust-checkpoint there only if you trust the file)')
+    assert cio.refusal_message(str(zipped), ['os.system', 'builtins.eval']) \
+        == (f'{head}pickled objects other than tensors and plain '
+            f'containers (os.system, builtins.eval), {tail}')
+    assert cio.refusal_message(str(zipped), []) == (
+        f'{head}pickled objects other than tensors and plain containers, '
+        f'{tail}')
+    plain = tmp_path / 'plain.pkl'
+    plain.write_bytes(pickle.dumps(dict(w=1)))
+    assert cio.refusal_message(
+        str(plain), [], fix='use the .pth'
+    ) == (f"checkpoint {plain} was refused: it holds a plain / legacy pickle "
+          f"(not torch's zip format) with pickled objects other than tensors "
+          f'and plain containers, which could run code when unpickled; use '
+          f'the .pth')
+    gone = str(tmp_path / 'gone.pth')
+    assert 'legacy' not in cio.refusal_message(gone, [])

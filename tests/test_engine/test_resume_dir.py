@@ -1,0 +1,206 @@
+"""The checkpoint directory of a run (:mod:`mmsoft.engine.hooks.resume`),
+on small files: which file ``resume=True`` picks (the newest complete one
+of this run's directories) and which work dir owns a checkpoint directory
+(docs/en/advanced_guides/fault_tolerance.md). The Runner-level behaviour:
+``test_hooks/test_checkpoint_hook.py``."""
+import logging
+import os
+import os.path as osp
+import zipfile
+
+import pytest
+import torch
+from mmengine.logging import MMLogger
+
+from mmsoft.engine.hooks import resume
+
+
+def _ckpt(path, meta=True, mtime=None):
+    sd = dict(w=torch.zeros(2))
+    torch.save(dict(meta={}, state_dict=sd) if meta else sd, path)
+    if mtime is not None:
+        os.utime(path, (mtime, mtime))
+    return str(path)
+
+
+@pytest.fixture
+def logged():
+    """The warnings of the current MMLogger (the Runner's log)."""
+    records = []
+    handler = logging.Handler(logging.WARNING)
+    handler.emit = lambda r: records.append(r.getMessage())
+    logger = MMLogger.get_current_instance()
+    logger.addHandler(handler)
+    yield records
+    logger.removeHandler(handler)
+
+
+def test_candidates_are_this_runs_checkpoints_newest_first(tmp_path):
+    """By N (not by name: iter_10 after iter_9), then the newer file of
+    two with one N (work dir and out_dir); an ``extra`` file without an N
+    (``last_checkpoint`` naming a renamed file) comes after every numbered
+    one; other names, missing directories and a missing extra file are
+    left out."""
+    work, out = tmp_path / 'work', tmp_path / 'out'
+    work.mkdir()
+    out.mkdir()
+    for name in ('iter_9.pth', 'iter_10.pth', 'iter_2.pth.bak',
+                 '.iter_12.pth.99.0123abcd.mmsoft-tmp', 'best.pth',
+                 'iter_1.pth'):
+        (work / name).write_bytes(b'x')
+    os.utime(work / 'iter_1.pth', (1e9, 1e9))  # older than best.pth
+    (out / 'iter_10.pth').write_bytes(b'x')
+    os.utime(work / 'iter_10.pth', (1e9, 1e9))
+    os.utime(out / 'iter_10.pth', (2e9, 2e9))  # the newer of the two
+    (out / 'epoch_3.pth').write_bytes(b'x')
+    found = resume.checkpoint_candidates(
+        [str(work), str(out), str(tmp_path / 'gone')],
+        [str(work / 'best.pth'),
+         str(tmp_path / 'missing.pth'), None])
+    assert found == [
+        str(out / 'iter_10.pth'),
+        str(work / 'iter_10.pth'),
+        str(work / 'iter_9.pth'),
+        str(out / 'epoch_3.pth'),
+        str(work / 'iter_1.pth'),
+        str(work / 'best.pth'),
+    ]
+    os.utime(work / 'iter_10.pth', (3e9, 3e9))  # now the work dir's
+    assert resume.checkpoint_candidates([str(work), str(out)])[:2] == \
+        [str(work / 'iter_10.pth'), str(out / 'iter_10.pth')]
+
+
+def test_check_complete_names_what_is_wrong(tmp_path):
+    good = _ckpt(tmp_path / 'iter_2.pth')
+    assert resume.check_complete(good) is None
+    weights = _ckpt(tmp_path / 'w.pth', meta=False)
+    assert resume.check_complete(weights) == \
+        'is not a training checkpoint (no meta)'
+    empty = tmp_path / 'iter_4.pth'
+    empty.write_bytes(b'')
+    assert resume.check_complete(str(empty)) == (
+        f'checkpoint {empty} is empty (0 bytes); it was not loaded (use an '
+        f'earlier or a fresh copy)')
+
+
+def test_check_complete_names_a_load_error_in_one_line(tmp_path, monkeypatch):
+    """A file that is a zip but no torch checkpoint: the error's type and
+    first line; an error without a message does not stop the search."""
+    path = str(tmp_path / 'iter_2.pth')
+    with zipfile.ZipFile(path, 'w') as z:
+        z.writestr('notes.txt', 'not a checkpoint')
+    with pytest.raises(Exception) as e:
+        resume.load_verified(path)
+    first = str(e.value).splitlines()[0]
+    assert first and resume.check_complete(path) == \
+        f'cannot be loaded ({type(e.value).__name__}: {first})'
+
+    def load(path):
+        raise EOFError()
+
+    monkeypatch.setattr(resume, 'load_verified', load)
+    assert resume.check_complete(path) == 'cannot be loaded (EOFError: )'
+
+
+def test_newest_complete_skips_damaged_and_foreign_files(tmp_path):
+    """The newest file that loads completely; the damaged newer ones are
+    returned with their reasons; a ``last_checkpoint`` naming a file in
+    another directory (a copied work dir) is not used."""
+    work, other = tmp_path / 'work', tmp_path / 'other'
+    work.mkdir()
+    other.mkdir()
+    good = _ckpt(work / 'iter_2.pth')
+    (work / 'iter_4.pth').write_bytes(b'')
+    (work / 'last_checkpoint').write_text(_ckpt(other / 'iter_8.pth'))
+    path, skipped = resume.find_newest_complete(str(work))
+    assert path == good
+    assert [p for p, _ in skipped] == [str(work / 'iter_4.pth')]
+    assert 'is empty (0 bytes)' in skipped[0][1]
+    # last_checkpoint naming an older file of this run: still the newest
+    (work / 'iter_4.pth').unlink()
+    newest = _ckpt(work / 'iter_6.pth')
+    (work / 'last_checkpoint').write_text(good + '\n')
+    assert resume.find_newest_complete(str(work)) == (newest, [])
+    for f in os.listdir(work):
+        os.unlink(work / f)
+    assert resume.find_newest_complete(str(work)) == (None, [])
+
+
+def test_checkpoint_dir_belongs_to_the_first_work_dir(tmp_path):
+    """The first run records its work dir; it may claim again, another
+    work dir is refused with one line naming the owner; an owner file left
+    empty (a crash while writing it) is claimed."""
+    ckpt_dir = str(tmp_path / 'out' / 'run')
+    a, b = str(tmp_path / 'a' / 'run'), str(tmp_path / 'b' / 'run')
+    marker = osp.join(ckpt_dir, resume.OWNER_FILE)
+    resume.claim_checkpoint_dir(ckpt_dir, a)
+    assert open(marker).read() == osp.realpath(a) + '\n'
+    resume.claim_checkpoint_dir(ckpt_dir, a)
+    with pytest.raises(resume.CheckpointDirInUse) as e:
+        resume.claim_checkpoint_dir(ckpt_dir, b)
+    msg = str(e.value)
+    assert '\n' not in msg
+    assert msg.startswith(f'checkpoint directory {ckpt_dir} ')
+    assert f'belongs to the run in work dir {osp.realpath(a)} ({marker}), ' \
+        f'not to this one ({osp.realpath(b)})' in msg
+    assert msg.endswith(f'delete {marker})')
+    open(marker, 'w').close()
+    resume.claim_checkpoint_dir(ckpt_dir, b)
+    assert open(marker).read() == osp.realpath(b) + '\n'
+    # the work dir itself needs no owner file
+    resume.claim_checkpoint_dir(a, a)
+    assert not osp.exists(osp.join(a, resume.OWNER_FILE))
+
+
+def test_last_checkpoint_names_a_file_without_a_number(tmp_path):
+    """``last_checkpoint`` is read from the work dir: a checkpoint of this
+    run under another name (renamed by hand) is found through it, also
+    when the numbered ones are damaged; the out_dir is searched too."""
+    work, out = tmp_path / 'work', tmp_path / 'out'
+    work.mkdir()
+    out.mkdir()
+    (work / 'iter_4.pth').write_bytes(b'')
+    renamed = _ckpt(work / 'final.pth')
+    (work / 'last_checkpoint').write_text(renamed)
+    path, skipped = resume.find_newest_complete(str(work))
+    assert path == renamed
+    assert [p for p, _ in skipped] == [str(work / 'iter_4.pth')]
+    os.unlink(renamed)
+    in_out = _ckpt(out / 'iter_2.pth')
+    assert resume.find_newest_complete(str(work), str(out))[0] == in_out
+
+
+def test_resume_search_warnings(tmp_path, logged):
+    """What the run's log says (one warning each): a foreign
+    ``last_checkpoint`` ignored (naming the directories searched), every
+    damaged file skipped with its reason, a ``last_checkpoint`` naming a
+    missing file."""
+    work, out, other = (tmp_path / d for d in ('work', 'out', 'other'))
+    for d in (work, out, other):
+        d.mkdir()
+    last = osp.join(work, 'last_checkpoint')
+    foreign = _ckpt(other / 'iter_8.pth')
+    (work / 'last_checkpoint').write_text(foreign)
+    (out / 'iter_6.pth').write_bytes(b'')
+    _ckpt(work / 'iter_4.pth', meta=False)
+    good = _ckpt(work / 'iter_2.pth')
+    assert resume.find_newest_complete(str(work), str(out))[0] == good
+    assert logged == [
+        f'mmsoft: {last} names {foreign}, outside this run\'s checkpoint '
+        f'directory (a copied or moved work dir?): ignored; resuming from '
+        f'the newest checkpoint of {work} / {out}',
+        f'mmsoft: skipping checkpoint {out / "iter_6.pth"} is empty (0 '
+        f'bytes); it was not loaded (use an earlier or a fresh copy)',
+        f'mmsoft: skipping checkpoint {work / "iter_4.pth"}: it is not a '
+        f'training checkpoint (no meta)',
+    ]
+    logged.clear()
+    gone = str(work / 'iter_10.pth')
+    (work / 'last_checkpoint').write_text(gone)
+    for f in ('iter_4.pth', 'iter_2.pth'):
+        os.unlink(work / f)
+    os.unlink(out / 'iter_6.pth')
+    assert resume.find_newest_complete(str(work), str(out)) == (None, [])
+    assert logged == [
+        f'mmsoft: last_checkpoint names {gone}, which does not exist'
+    ]
