@@ -308,29 +308,37 @@ def read_results(name: str):
 
 
 def table() -> str:
+    """One row per group from ``results/<group>.csv``; the mutants of
+    ``equivalent.txt`` count as equivalent even if listed after the run.
+    ``score``: caught / (mutants - equivalent); ``of those run``: the same
+    over the mutants that ran (the budget's cut left out)."""
+    eq = equivalents()
     head = ('| group | budget (s) | ran (s) | mutants | killed | timeout | '
-            'survived | no tests | not run | equivalent | score |\n'
-            '|---|---|---|---|---|---|---|---|---|---|---|\n')
+            'survived | no tests | not run | equivalent | score | '
+            'of those run |\n' + '|---' * 12 + '|\n')
     rows = []
     for name, group in GROUPS.items():
         status, seconds = read_results(name)
         if status is None:
-            rows.append(f'| {name} | {group.budget} | not run |' + ' |' * 8 +
+            rows.append(f'| {name} | {group.budget} | not run |' + ' |' * 9 +
                         '\n')
             continue
+        status = {k: 'equivalent' if k in eq else v for k, v in status.items()}
         count = {
             s: sum(v == s for v in status.values())
             for s in ('killed', 'timeout', 'survived', 'no tests', 'not run',
                       'equivalent')
         }
         other = len(status) - sum(count.values())
+        caught = count['killed'] + count['timeout']
         live = len(status) - count['equivalent']
-        score = (count['killed'] + count['timeout']) / live if live else 1
+        ran = live - count['not run']
         rows.append(f'| {name} | {group.budget} | {seconds} | {len(status)} '
                     f'| {count["killed"]} | {count["timeout"]} | '
                     f'{count["survived"] + other} | {count["no tests"]} | '
                     f'{count["not run"]} | {count["equivalent"]} | '
-                    f'{score:.0%} |\n')
+                    f'{caught / live if live else 1:.0%} | '
+                    f'{caught / ran if ran else 1:.0%} |\n')
     return head + ''.join(rows)
 
 
