@@ -337,9 +337,12 @@ def table() -> str:
                     f'| {count["killed"]} | {count["timeout"]} | '
                     f'{count["survived"] + other} | {count["no tests"]} | '
                     f'{count["not run"]} | {count["equivalent"]} | '
-                    f'{caught / live if live else 1:.0%} | '
-                    f'{caught / ran if ran else 1:.0%} |\n')
+                    f'{_percent(caught, live)} | {_percent(caught, ran)} |\n')
     return head + ''.join(rows)
+
+
+def _percent(part: int, whole: int) -> str:
+    return f'{part / whole:.0%}' if whole else '-'
 
 
 def update_doc() -> None:
