@@ -178,3 +178,38 @@ def test_child_process_hits_count_for_the_test(tmp_path, monkeypatch):
     assert 'mmsoft.a.x_f' in state()._stats
     assert not list(tmp_path.glob('*.txt'))
     state()._stats.discard('mmsoft.a.x_f')
+
+
+def test_retest_runs_only_last_survivors(tmp_path, monkeypatch):
+    """--retest names to mutmut the mutants that survived or had no test
+    (mutmut re-tests changed functions, not changed tests)."""
+    import run_mutmut
+    monkeypatch.setattr(run_mutmut, 'RESULTS', str(tmp_path))
+    monkeypatch.setattr(run_mutmut, 'EQUIVALENT', str(tmp_path / 'none'))
+    monkeypatch.setattr(run_mutmut, 'sync_copy', lambda ws: None)
+    monkeypatch.setattr(run_mutmut, 'write_config', lambda ws, g: None)
+    run_mutmut.write_results(
+        'loading', {
+            'm.x_f__mutmut_1': 'killed',
+            'm.x_f__mutmut_2': 'survived',
+            'm.x_f__mutmut_3': 'no tests',
+            'm.x_f__mutmut_4': 'timeout'
+        }, 3)
+    cmds = []
+
+    class Proc:
+        pid, returncode = 0, 0
+
+        def __init__(self, cmd, **kwargs):
+            cmds.append(cmd)
+
+        def wait(self, timeout=None):
+            return 0
+
+    monkeypatch.setattr(run_mutmut.subprocess, 'Popen', Proc)
+    group = GROUPS['loading']
+    run_mutmut.run_group('loading', group, str(tmp_path), 2, retest=True)
+    assert cmds[-1][-2:] == ['m.x_f__mutmut_2', 'm.x_f__mutmut_3']
+    assert cmds[-1][3:5] == ['run', '--max-children=2']
+    run_mutmut.run_group('loading', group, str(tmp_path), 2)
+    assert cmds[-1][-1] == '--max-children=2'

@@ -195,7 +195,11 @@ def write_config(ws: str, group: Group) -> None:
 
 
 # --------------------------------------------------------------- a run
-def run_group(name: str, group: Group, work: str, children: int) -> float:
+def run_group(name: str,
+              group: Group,
+              work: str,
+              children: int,
+              retest: bool = False) -> float:
     ws = osp.join(work, name)
     os.makedirs(ws, exist_ok=True)
     sync_copy(ws)
@@ -214,6 +218,15 @@ def run_group(name: str, group: Group, work: str, children: int) -> float:
         PYTHONDONTWRITEBYTECODE='1',
         MPLBACKEND='Agg')
     cmd = [sys.executable, '-m', 'mutmut', 'run', f'--max-children={children}']
+    if retest:  # mutmut re-tests changed functions, not changed tests
+        status, _ = read_results(name)
+        again = sorted(k for k, v in (status or {}).items()
+                       if v in ('survived', 'no tests'))
+        if not again:
+            print(f'[{name}] no survivor to re-test', flush=True)
+            return 0.0
+        print(f'[{name}] re-testing {len(again)} survivors', flush=True)
+        cmd += again
     print(
         f'[{name}] {group.what}: {len(group.mutate)} files, budget '
         f'{group.budget} s, in {ws}',
@@ -382,6 +395,11 @@ def parse_args(argv=None):
         help="print the groups' surviving mutants as diffs")
     p.add_argument(
         '--work-dir', default=osp.join(ROOT, 'work_dirs', 'mutation'))
+    p.add_argument(
+        '--retest',
+        action='store_true',
+        help='run only the mutants that survived (or had no '
+        'test) last time, e.g. after adding tests')
     p.add_argument('--max-children', type=int, default=os.cpu_count() or 2)
     p.add_argument(
         '--budget-scale',
@@ -416,9 +434,11 @@ def main(argv=None) -> int:
         group = GROUPS[name]
         group = dataclasses.replace(
             group, budget=int(group.budget * args.budget_scale))
-        seconds = run_group(name, group, args.work_dir, args.max_children)
+        _, ran = read_results(name)
+        seconds = run_group(name, group, args.work_dir, args.max_children,
+                            args.retest)
         status = mutant_status(osp.join(args.work_dir, name))
-        write_results(name, status, seconds)
+        write_results(name, status, seconds + (ran or 0) * args.retest)
     update_doc()
     print(table(), end='')
     return 0
