@@ -45,7 +45,7 @@ import signal
 import subprocess
 import sys
 import time
-from typing import Dict, List, Tuple
+from typing import Dict, Tuple
 
 HERE = osp.dirname(osp.abspath(__file__))
 ROOT = osp.dirname(osp.dirname(HERE))
@@ -55,6 +55,12 @@ DOC = osp.join(ROOT, 'docs', 'en', 'contributing.md')
 TABLE_START = '<!-- mutmut table: tests/mutation/run_mutmut.py --table -->'
 TABLE_END = '<!-- end of mutmut table -->'
 TOOLS_PKG = 'tools/mmsoft_tools/'
+if HERE not in sys.path:
+    sys.path.insert(0, HERE)
+# the checkout's files (tracked and untracked, non-ignored), as the
+# hand-written catalogue's runner copies them
+from run_mutations import checkout_files  # noqa: E402
+
 CAUGHT = ('killed', 'timeout')
 
 
@@ -133,15 +139,6 @@ GROUPS: Dict[str, Group] = {
 
 
 # ------------------------------------------------------------- the copy
-def checkout_files() -> List[str]:
-    out = subprocess.run(
-        ['git', 'ls-files', '-co', '--exclude-standard', '-z'],
-        cwd=ROOT,
-        check=True,
-        capture_output=True).stdout
-    return sorted(p for p in out.decode().split('\0') if p)
-
-
 def sync_copy(ws: str) -> None:
     """The checkout into ``ws`` (``tools/mmsoft_tools`` as
     ``src/mmsoft_tools``); unchanged files keep their time stamps."""
