@@ -4,6 +4,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 PYTEST_ARGS ?=
 SEED ?=
+JOBS ?= 2
 
 .PHONY: env test demo lint gpu-check mutations docs docs-env clean-env compat
 
@@ -11,11 +12,14 @@ SEED ?=
 env:
 	MMSOFT_VENV=$(abspath $(VENV)) bash tools/setup_env.sh
 
-# the test suite (what CI runs) in a random order (pytest-randomly); the
-# seed is printed at the end: SEED=N replays that order,
-# PYTEST_ARGS='-p no:randomly' runs the files in their order
+# the test suite (what CI runs) in a random order (pytest-randomly) on
+# JOBS worker processes (pytest-xdist; a module's tests run on one worker;
+# JOBS=0: in this process, one after another); the seed is printed at the
+# end: SEED=N replays that order, PYTEST_ARGS='-p no:randomly' runs the
+# files in their order
 test: env
 	$(PY) -m pytest tests -q -p no:cacheprovider -p randomly \
+	    -n $(JOBS) --dist loadfile \
 	    $(if $(SEED),--randomly-seed=$(SEED)) $(PYTEST_ARGS)
 
 # the main job

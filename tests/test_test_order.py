@@ -51,3 +51,7 @@ def test_make_test_runs_in_a_random_order():
     assert '-p randomly' in make_test()
     assert '--randomly-seed' not in make_test()
     assert '--randomly-seed=3' in make_test('SEED=3')
+    # on two pytest-xdist workers, a module's tests on one worker (its
+    # module fixtures are built once); JOBS=0: in one process
+    assert '-n 2 --dist loadfile' in ' '.join(make_test().split())
+    assert '-n 0 ' in make_test('JOBS=0')

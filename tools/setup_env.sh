@@ -89,6 +89,7 @@ try:
     for name, want in (('openmim', '0.3.9'), ('flake8', '7.1.1'),
                        ('isort', '5.13.2'), ('yapf', '0.43.0'),
                        ('pytest-randomly', '5.1.0' if new else '5.0.0'),
+                       ('pytest-xdist', '3.8.0'),
                        ('import-linter', '2.16' if new else '2.15')):
         if distribution(name).version != want:
             sys.exit(1)
@@ -254,8 +255,9 @@ if "$PY" -c 'import sys; sys.exit(sys.version_info < (3, 11))'; then
 else  # their last releases for Python 3.10 (requirements/tests.txt)
     TEST_TOOLS=(pytest-randomly==5.0.0 import-linter==2.15)
 fi
+TEST_TOOLS+=(pytest-xdist==3.8.0)
 if ! have openmim==0.3.9 flake8==7.1.1 isort==5.13.2 yapf==0.43.0 "${TEST_TOOLS[@]}"; then
-    log "installing test and lint tools (openmim, pytest-randomly, import-linter, flake8, isort, yapf)"
+    log "installing test and lint tools (openmim, pytest-randomly, pytest-xdist, import-linter, flake8, isort, yapf)"
     "${PIP[@]}" -q -r "$ROOT/requirements/tests.txt" -r "$ROOT/requirements/lint.txt"
 fi
 
