@@ -129,7 +129,8 @@ GROUPS: Dict[str, Group] = {
     Group(
         "the tools' argument handling",
         ('src/mmsoft_tools/cli.py', 'src/mmsoft_tools/launch.py'),
-        ('tests/test_tools/test_tool_cli.py',
+        ('tests/test_tools/test_tool_helpers.py',
+         'tests/test_tools/test_tool_cli.py',
          'tests/test_tools/test_tool_contracts.py',
          'tests/test_tools/test_launch.py',
          'tests/test_tools/test_missing_checkpoint.py',

@@ -265,8 +265,14 @@ def setup_cpu_distributed(cfg, launcher: str) -> bool:
     from mmengine.registry import MODEL_WRAPPERS
     from mmengine.utils.dl_utils import set_multi_processing
 
-    env_cfg = cfg.setdefault('env_cfg', dict())
-    dist_cfg = env_cfg.setdefault('dist_cfg', dict())
+    # (ConfigDict.setdefault returns the plain dict it was given, not the
+    # ConfigDict it stores: assign, then read back)
+    if cfg.get('env_cfg', None) is None:
+        cfg.env_cfg = dict()
+    env_cfg = cfg.env_cfg
+    if env_cfg.get('dist_cfg', None) is None:
+        env_cfg.dist_cfg = dict()
+    dist_cfg = env_cfg.dist_cfg
     if dist_cfg.get('backend', 'nccl') != 'gloo':
         _log_rank0(f"CUDA is not available: distributed backend "
                    f"{dist_cfg.get('backend', 'nccl')!r} -> 'gloo'")

@@ -1,0 +1,631 @@
+"""The tools' argument handling, in process: the documented contract of
+each helper of ``mmsoft_tools.cli`` and ``mmsoft_tools.launch`` (the
+tools themselves run end to end in test_tool_cli.py, test_train_test.py
+and test_launch.py; these tests pin what a helper promises, one step to
+the side of the paths those runs take)."""
+import argparse
+import builtins
+import errno
+import os
+import sys
+from urllib.error import HTTPError, URLError
+
+import pytest
+import torch
+from mmengine.config import Config
+
+from mmsoft.utils.atomic import temp_path_for
+from mmsoft_tools import cli, launch
+
+
+# ------------------------------------------------------------- one_line
+def test_one_line_expected_failures_become_one_line():
+    assert cli.one_line(cli.ToolError('bad\n   value  here')) == \
+        'error: bad value here'
+    from mmsoft.utils.strict_load import CheckpointMismatchError
+    assert cli.one_line(CheckpointMismatchError('x')) == 'error: x'
+    assert cli.one_line(ValueError('x')) is None  # a bug: its traceback
+    assert cli.one_line(KeyError('x')) is None
+
+
+def test_one_line_os_errors(tmp_path):
+    target = str(tmp_path / 'epoch_3.pth')
+    full = OSError(errno.ENOSPC, 'No space left on device',
+                   temp_path_for(target))
+    line = cli.one_line(full)
+    assert line == (f'error: {target} (not replaced): No space left on '
+                    'device (errno 28 ENOSPC); free some space or write '
+                    'somewhere else')
+    plain = OSError(errno.EACCES, 'Permission denied', '/x/y.pth')
+    assert cli.one_line(plain).startswith(
+        'error: /x/y.pth: Permission denied (errno 13 EACCES); check the '
+        'permissions')
+    # an errno without a known fix keeps its traceback
+    assert cli.one_line(OSError(errno.EIO, 'I/O error', '/x')) is None
+    # the loaders' own messages: no errno
+    assert cli.one_line(FileNotFoundError('no file a.pth')) == \
+        'error: no file a.pth'
+    assert cli.one_line(OSError('something odd')) is None
+
+
+def test_one_line_downloads():
+    line = cli.one_line(URLError('Name or service not known'))
+    assert line == ('error: a download failed (Name or service not known): '
+                    'check the URL and the network, or download the file '
+                    'and pass its path')
+    # an HTTP error keeps mmengine's own handling
+    assert cli.one_line(HTTPError('http://x', 500, 'boom', {}, None)) is None
+
+
+def test_target_of_temp(tmp_path):
+    target = str(tmp_path / 'a.b.pth')
+    assert cli._target_of_temp(temp_path_for(target)) == \
+        f'{target} (not replaced)'
+    assert cli._target_of_temp(temp_path_for(target, '.zip')) == \
+        f'{target} (not replaced)'
+    assert cli._target_of_temp('/x/.hidden.pth') == '/x/.hidden.pth'
+    assert cli._target_of_temp(None) == ''
+
+
+# ------------------------------------------------------------- run_main
+def test_run_main_exit_codes(capsys, monkeypatch):
+    monkeypatch.delenv('MMSOFT_TRACEBACK', raising=False)
+
+    def exits(main):
+        with pytest.raises(SystemExit) as e:
+            cli.run_main(main, [])
+        return e.value.code
+
+    assert exits(lambda argv: 3) == 3
+    assert exits(lambda argv: dict(acc=1.0)) == 0  # test.py: metrics
+    assert exits(lambda argv: None) == 0
+    capsys.readouterr()
+
+    def fails(argv):
+        raise cli.ToolError('the config has no key x')
+
+    assert exits(fails) == 1
+    assert capsys.readouterr().err == 'error: the config has no key x\n'
+    monkeypatch.setenv('MMSOFT_TRACEBACK', '1')
+    with pytest.raises(cli.ToolError):
+        cli.run_main(fails, [])
+    monkeypatch.setenv('MMSOFT_TRACEBACK', '0')
+    assert exits(fails) == 1
+
+    def bug(argv):
+        raise ZeroDivisionError('a bug')
+
+    with pytest.raises(ZeroDivisionError):
+        cli.run_main(bug, [])
+
+
+# ------------------------------------------------------ argparse types
+@pytest.mark.parametrize('text, value', [('1', 1), ('12', 12)])
+def test_positive_int(text, value):
+    assert cli.positive_int(text) == value
+
+
+@pytest.mark.parametrize('text', ['0', '-2', 'two', '1.5', None])
+def test_positive_int_refuses(text):
+    with pytest.raises(
+            argparse.ArgumentTypeError, match='expected a positive integer'):
+        cli.positive_int(text)
+
+
+# ------------------------------------------------------- input checks
+def test_check_readable(tmp_path, monkeypatch):
+    from mmsoft.models.converters import ConversionError
+    cli.check_readable(str(tmp_path / 'missing.pth'))  # the loader's
+    cli.check_readable(str(tmp_path))  # message
+    good = tmp_path / 'good.pth'
+    good.write_bytes(b'x')
+    cli.check_readable(str(good))
+    real_open = builtins.open
+
+    def refusing(path, *args, **kwargs):
+        if str(path) == str(good):
+            raise PermissionError(errno.EACCES, 'Permission denied')
+        return real_open(path, *args, **kwargs)
+
+    monkeypatch.setattr(builtins, 'open', refusing)
+    with pytest.raises(ConversionError) as e:
+        cli.check_readable(str(good))
+    assert str(e.value) == (
+        f"cannot read {str(good)!r}: Permission denied (errno 13); check "
+        'its permissions (ls -l) or copy it somewhere readable')
+
+
+def test_unwritable_reason(tmp_path, monkeypatch):
+    f = tmp_path / 'file'
+    f.write_text('')
+    assert cli.unwritable_reason(str(tmp_path / 'a' / 'b' / 'out.pth')) \
+        is None  # missing parents are created
+    assert cli.unwritable_reason(str(tmp_path)) == \
+        'is a directory; give a file name'
+    assert cli.unwritable_reason(str(tmp_path), directory=True) is None
+    assert cli.unwritable_reason(str(f), directory=True) == \
+        'exists and is not a directory'
+    assert cli.unwritable_reason(str(f / 'sub' / 'out.pth')) == \
+        f'{f} is a file, not a directory'
+    monkeypatch.setattr(os, 'access', lambda path, mode: False)
+    assert cli.unwritable_reason(str(tmp_path / 'new' / 'out.pth')) == \
+        f'directory {tmp_path} is not writable'
+
+
+def test_check_work_dir(tmp_path, monkeypatch):
+    cli.check_work_dir(None)
+    cli.check_work_dir('')
+    before = sorted(os.listdir(tmp_path))
+    cli.check_work_dir(str(tmp_path / 'new' / 'run'))
+    assert sorted(os.listdir(tmp_path)) == before  # the probe is gone
+    f = tmp_path / 'file'
+    f.write_text('')
+    with pytest.raises(cli.ToolError, match='exists and is not a directory'):
+        cli.check_work_dir(str(f))
+    with pytest.raises(cli.ToolError) as e:
+        cli.check_work_dir(str(f / 'run'), option='--out-dir')
+    assert str(e.value) == (f'--out-dir {f / "run"}: {f} is a file, not a '
+                            'directory; give another path')
+    import tempfile
+
+    def read_only(**kwargs):
+        raise OSError(errno.EROFS, 'Read-only file system')
+
+    monkeypatch.setattr(tempfile, 'TemporaryDirectory', read_only)
+    with pytest.raises(cli.ToolError) as e:
+        cli.check_work_dir(str(tmp_path / 'run'))
+    assert str(e.value) == (
+        f'--work-dir {tmp_path / "run"}: cannot write there (Read-only file '
+        'system); choose a writable directory')
+
+
+def test_check_device(monkeypatch):
+    cli.check_device(None)
+    cli.check_device('cpu')
+    monkeypatch.setattr(torch.cuda, 'is_available', lambda: False)
+    with pytest.raises(cli.ToolError) as e:
+        cli.check_device('cuda:0')
+    assert str(e.value).startswith('--device cuda:0: CUDA is not available')
+    assert str(e.value).endswith('use --device cpu')
+    monkeypatch.setattr(torch.cuda, 'is_available', lambda: True)
+    monkeypatch.setattr(torch.cuda, 'device_count', lambda: 2)
+    cli.check_device('cuda')
+    cli.check_device('cuda:1')
+    with pytest.raises(cli.ToolError) as e:
+        cli.check_device('cuda:2')
+    assert str(e.value) == ('--device cuda:2: this machine has 2 CUDA '
+                            'device(s) (cuda:0 .. cuda:1)')
+
+
+# ----------------------------------------------------------- checkpoints
+def test_checkpoint_problem_local(tmp_path):
+    assert 'is a directory, not a file' in cli.checkpoint_problem(tmp_path)
+    good = tmp_path / 'good.pth'
+    torch.save(dict(state_dict=dict(w=torch.ones(2))), good)
+    assert cli.checkpoint_problem(good) is None
+    bad = tmp_path / 'bad.pth'
+    bad.write_bytes(good.read_bytes()[:-200])
+    problem = cli.checkpoint_problem(bad)
+    assert problem.startswith(f'checkpoint {bad} ')
+    assert problem.endswith('it was not loaded (use an earlier or a fresh '
+                            'copy)')
+    assert cli.checkpoint_problem(tmp_path / 'missing.pth') is None
+    assert cli.checkpoint_problem('open-mmlab://resnet50') is None
+    assert cli.checkpoint_problem('s3://bucket/a.pth') is None
+
+
+@pytest.fixture
+def hub(tmp_path, monkeypatch):
+    """torch.hub's download cache in ``tmp_path``; ``urlopen`` records the
+    requests and raises what ``hub.answer`` holds (None: success)."""
+    import urllib.request
+    monkeypatch.setattr(torch.hub, 'get_dir', lambda: str(tmp_path / 'hub'))
+
+    class Hub:
+        answer = None
+        requests = []  # (url, method)
+
+    def urlopen(request, timeout=None):
+        Hub.requests.append((request.full_url, request.get_method()))
+        if Hub.answer is not None:
+            raise Hub.answer
+
+        class Response:
+
+            def close(self):
+                pass
+
+        return Response()
+
+    monkeypatch.setattr(urllib.request, 'urlopen', urlopen)
+    return Hub
+
+
+def test_url_problem(hub, tmp_path):
+    url = 'https://example.org/w/soft_small.pth?raw=1'
+    assert cli.checkpoint_problem(url) is None  # reachable
+    assert hub.requests == [(url, 'HEAD')]
+    hub.answer = HTTPError(url, 404, 'Not Found', {}, None)
+    assert cli.checkpoint_problem(url) == (
+        f'checkpoint {url} cannot be downloaded (HTTP 404); check the URL '
+        'and the network, or download the file and pass its path')
+    hub.answer = HTTPError(url, 410, 'Gone', {}, None)
+    assert '(HTTP 410)' in cli.checkpoint_problem(url)
+    for code in (403, 405):  # HEAD refused: the download decides
+        hub.answer = HTTPError(url, code, 'x', {}, None)
+        assert cli.checkpoint_problem(url) is None
+    hub.answer = URLError('Name or service not known')
+    assert '(Name or service not known)' in cli.checkpoint_problem(
+        'http://example.org/a.pth')
+    # downloaded before (torch.hub's cache, by file name): no request
+    cache = tmp_path / 'hub' / 'checkpoints'
+    cache.mkdir(parents=True)
+    (cache / 'soft_small.pth').write_bytes(b'x')
+    del hub.requests[:]
+    assert cli.checkpoint_problem(url) is None
+    assert hub.requests == []
+
+
+def test_init_checkpoints_and_their_problems(tmp_path):
+    cfg = Config(
+        dict(
+            model=dict(
+                backbone=dict(
+                    type='SOFT',
+                    init_cfg=dict(type='Pretrained', checkpoint='a.pth')),
+                neck=[
+                    dict(init_cfg=[
+                        dict(type='Normal', std=0.01),
+                        dict(type='Pretrained', checkpoint=str(tmp_path)),
+                        dict(type='Pretrained', checkpoint=None),
+                    ])
+                ],
+                head=dict(init_cfg=dict(type='Kaiming')))))
+    assert list(cli.init_checkpoints(cfg)) == [
+        ('model.backbone.init_cfg.checkpoint', 'a.pth'),
+        ('model.neck.0.init_cfg.1.checkpoint', str(tmp_path)),
+    ]
+    assert list(cli.init_checkpoints(Config(dict()))) == []
+    with pytest.raises(cli.ToolError) as e:
+        cli.check_init_checkpoints(cfg)
+    assert str(e.value).endswith('[model.neck.0.init_cfg.1.checkpoint]')
+    assert 'is a directory' in str(e.value)
+
+
+def test_add_strict_load_hook():
+    cfg = Config(dict(custom_hooks=[dict(type='EMAHook')]))
+    cli.add_strict_load_hook(cfg, partial_load=True)
+    assert cfg.custom_hooks == [
+        dict(type='EMAHook'),
+        dict(
+            type='StrictLoadHook',
+            allow_partial=True,
+            opt_in='pass --partial-load')
+    ]
+    cfg = Config(dict())
+    cli.add_strict_load_hook(cfg, partial_load=False)
+    assert [h['allow_partial'] for h in cfg.custom_hooks] == [False]
+
+
+def test_exit_if_missing_weights(tmp_path):
+    cfg = Config(
+        dict(
+            model=dict(
+                backbone=dict(
+                    type='SOFT',
+                    arch='small',
+                    init_cfg=dict(
+                        type='Pretrained',
+                        checkpoint=str(tmp_path / 'soft_norm_small.pth'))))))
+    with pytest.raises(SystemExit) as e:
+        cli.exit_if_missing_weights(cfg)
+    assert str(e.value.code).startswith('error: ')
+    assert 'soft_norm_small.pth' in str(e.value.code)
+    cfg.model.backbone.init_cfg = None
+    cli.exit_if_missing_weights(cfg)
+
+
+# ---------------------------------------------------- runner arguments
+def test_runner_parser_and_args(tmp_path, monkeypatch):
+    parser = cli.runner_parser('d', dict(config='c', checkpoint='k'), 'work',
+                               'the checkpoint')
+    monkeypatch.delenv('LOCAL_RANK', raising=False)
+    args = cli.parse_runner_args(parser,
+                                 ['a.py', 'b.pth', '--local-rank', '3'])
+    assert (args.config, args.checkpoint, args.launcher, args.work_dir,
+            args.partial_load, args.cfg_options) == ('a.py', 'b.pth', 'none',
+                                                     None, False, None)
+    assert os.environ['LOCAL_RANK'] == '3'
+    monkeypatch.setenv('LOCAL_RANK', '1')  # torchrun's wins
+    cli.parse_runner_args(parser, ['a.py', 'b.pth', '--local_rank', '2'])
+    assert os.environ['LOCAL_RANK'] == '1'
+    with pytest.raises(SystemExit):
+        parser.parse_args(['a.py', 'b.pth', '--launcher', 'ssh'])
+
+    cfg_file = tmp_path / 'my_cfg.py'
+    cfg_file.write_text('train_cfg = dict(max_epochs=2)\n')
+    args = parser.parse_args([
+        str(cfg_file), 'b.pth', '--launcher', 'pytorch', '--cfg-options',
+        'train_cfg.max_epochs=5'
+    ])
+    cfg = cli.apply_runner_args(Config.fromfile(str(cfg_file)), args)
+    assert (cfg.launcher, cfg.train_cfg.max_epochs,
+            cfg.work_dir) == ('pytorch', 5, './work_dirs/my_cfg')
+    cfg = Config(dict(work_dir='from_cfg'))
+    args.cfg_options = None
+    assert cli.apply_runner_args(cfg, args).work_dir == 'from_cfg'
+    args.work_dir = 'given'
+    assert cli.apply_runner_args(cfg, args).work_dir == 'given'
+
+
+def test_cfg_option_problem():
+    cfg = Config(
+        dict(
+            train_cfg=dict(max_epochs=12),
+            model=dict(backbone=dict(depth=50)),
+            pipeline=[dict(type='A', scale=1)]))
+    assert cli.cfg_option_problem(cfg, 'train_cfg.max_epoch') == (
+        "--cfg-options train_cfg.max_epoch: the config has no key "
+        "'max_epoch' under train_cfg; did you mean train_cfg.max_epochs?")
+    assert 'under the top level; did you mean train_cfg?' in \
+        cli.cfg_option_problem(cfg, 'train_cfgs.max_epochs')
+    assert 'did you mean model.backbone.depth?' in \
+        cli.cfg_option_problem(cfg, 'model.backbone.depths')
+    assert 'did you mean pipeline.0.scale?' in cli.cfg_option_problem(
+        cfg, 'pipeline.0.scales')
+    for fine in ('train_cfg.max_epochs', 'train_cfg.val_interval',
+                 'model.neck', 'pipeline.5.scales', 'model._scope_',
+                 'train_cfg.max_epochs.x'):
+        assert cli.cfg_option_problem(cfg, fine) is None, fine
+
+
+def test_merge_cfg_options():
+    cfg = Config(dict(train_cfg=dict(max_epochs=12), neck=None))
+    cli.merge_cfg_options(cfg, None)
+    cli.merge_cfg_options(cfg, {})
+    cli.merge_cfg_options(cfg, {'train_cfg.max_epochs': 3})
+    assert cfg.train_cfg.max_epochs == 3
+    with pytest.raises(cli.ToolError, match='did you mean'):
+        cli.merge_cfg_options(cfg, {'train_cfg.max_epoch': 3})
+    assert cfg.train_cfg.max_epochs == 3  # nothing merged
+
+
+def test_expected_types_only_of_imported_modules(monkeypatch):
+    monkeypatch.delitem(
+        sys.modules, 'mmsoft_tools.work_dir_lock', raising=False)
+    types = cli._expected_types()
+    assert cli.ToolError in types
+    assert all(
+        isinstance(t, type) and issubclass(t, BaseException) for t in types)
+    assert 'WorkDirLockedError' not in {t.__name__ for t in types}
+
+
+# =================================================================== launch
+def test_dicts_and_sync_bn():
+    node = dict(
+        type='A',
+        norm=dict(type='SyncBN'),
+        layers=[dict(type='MMSyncBN'), (dict(type='BN'), 3)],
+        other='SyncBN')
+    assert [d.get('type') for d in launch._dicts(node)] == \
+        ['A', 'SyncBN', 'MMSyncBN', 'BN']
+    assert launch._sync_bn_to_bn(node) == 2
+    assert [d.get('type') for d in launch._dicts(node)] == \
+        ['A', 'BN', 'BN', 'BN']
+    assert launch._types_in(dict(type='X', sub=[dict(type=dict)])) == {'X'}
+
+
+def test_exit_if_legacy_backbone():
+    ok = Config(dict(model=dict(backbone=dict(type='SOFT', arch='tiny'))))
+    launch.exit_if_legacy_backbone(ok)
+    for kind in ('SOFT', 'mmsoft.SOFT'):
+        old = Config(
+            dict(
+                model=dict(
+                    backbone=dict(type=kind, attn_norm=True, arch='tiny'))))
+        with pytest.raises(SystemExit) as e:
+            launch.exit_if_legacy_backbone(old)
+        assert str(e.value.code).startswith('error: ')
+        assert str(e.value.code).endswith(
+            '(model.backbone in the config or its --cfg-options)')
+    other = Config(
+        dict(model=dict(backbone=dict(type='Other', attn_norm=True))))
+    launch.exit_if_legacy_backbone(other)
+
+
+def _training_ckpt(path, optimizer='AdamW', **drop):
+    ckpt = dict(
+        state_dict=dict(w=torch.ones(1)),
+        meta=dict(
+            epoch=1,
+            iter=4,
+            cfg=f"optim_wrapper = dict(optimizer=dict(type='{optimizer}', "
+            'lr=0.1))\n'),
+        message_hub=dict())
+    for key in drop:
+        ckpt.pop(key)
+    torch.save(ckpt, path)
+    return str(path)
+
+
+def _resume_cfg(work, load_from=None, optimizer='AdamW', resume=True):
+    return Config(
+        dict(
+            work_dir=str(work),
+            resume=resume,
+            load_from=load_from,
+            optim_wrapper=dict(optimizer=dict(type=optimizer, lr=0.1))))
+
+
+def test_exit_if_not_resumable(tmp_path):
+    ckpt = _training_ckpt(tmp_path / 'epoch_1.pth')
+    launch.exit_if_not_resumable(_resume_cfg(tmp_path, ckpt))
+    launch.exit_if_not_resumable(
+        _resume_cfg(tmp_path, resume=False, load_from='/nowhere.pth'))
+    launch.exit_if_not_resumable(_resume_cfg(tmp_path / 'empty'))
+    launch.exit_if_not_resumable(
+        _resume_cfg(tmp_path, 'https://example.org/a.pth'))
+
+    def refusal(cfg):
+        with pytest.raises(SystemExit) as e:
+            launch.exit_if_not_resumable(cfg)
+        return str(e.value.code)
+
+    missing = str(tmp_path / 'nope.pth')
+    assert refusal(_resume_cfg(tmp_path, missing)) == (
+        f'error: --resume {missing}: no such file (omit the path to resume '
+        'from the newest checkpoint of the work dir)')
+    weights = _training_ckpt(tmp_path / 'weights.pth', meta=1, message_hub=1)
+    assert refusal(_resume_cfg(tmp_path, weights)).startswith(
+        f'error: --resume {weights}: not a training checkpoint')
+    sgd = refusal(_resume_cfg(tmp_path, ckpt, optimizer='SGD'))
+    assert sgd.startswith(
+        f"error: --resume {ckpt}: the checkpoint was trained with "
+        "optim_wrapper.optimizer.type='AdamW', the config now says 'SGD'")
+    # --resume alone: the newest checkpoint of the work dir
+    _training_ckpt(tmp_path / 'epoch_2.pth', optimizer='SGD')
+    assert 'epoch_2.pth' in refusal(_resume_cfg(tmp_path))
+    launch.exit_if_not_resumable(_resume_cfg(tmp_path, optimizer='SGD'))
+    # unreadable with torch.load: left to the Runner's loader
+    odd = tmp_path / 'odd.pth'
+    odd.write_bytes(b'not a checkpoint')
+    launch.exit_if_not_resumable(_resume_cfg(tmp_path, str(odd)))
+
+
+@pytest.mark.parametrize('text, expected', [
+    ("optim_wrapper = dict(optimizer=dict(type='SGD', lr=0.1))", 'SGD'),
+    ("optim_wrapper = {'optimizer': {'type': 'AdamW'}}", 'AdamW'),
+    ("a = 1\noptim_wrapper = dict(type='OptimWrapper', "
+     "optimizer=dict(type='Lion'))\n", 'Lion'),
+    ("optim_wrapper = dict(optimizer=dict(lr=0.1))", None),
+    ("optim_wrapper = dict(optimizer=opt)", None), ('other = 1', None),
+    ('optim_wrapper = (', None), (None, None)
+])
+def test_recorded_optimizer(text, expected):
+    assert launch.recorded_optimizer(dict(meta=dict(cfg=text))) == expected
+
+
+def test_recorded_optimizer_odd_checkpoints():
+    assert launch.recorded_optimizer(None) is None
+    assert launch.recorded_optimizer(dict()) is None
+    assert launch.recorded_optimizer(dict(meta='x')) is None
+
+
+def test_lock_work_dir(tmp_path, monkeypatch):
+    cfg = Config(dict(work_dir=str(tmp_path / 'run')))
+    lock = launch.lock_work_dir(cfg)
+    try:
+        with pytest.raises(SystemExit) as e:
+            launch.lock_work_dir(cfg)
+        assert str(e.value.code).startswith('error: ')
+        monkeypatch.setenv('RANK', '1')  # another rank takes no lock
+        assert launch.lock_work_dir(cfg, 'pytorch') is None
+        monkeypatch.setenv('RANK', '0')
+        with pytest.raises(SystemExit):
+            launch.lock_work_dir(cfg, 'pytorch')
+    finally:
+        lock.release()
+    launch.lock_work_dir(cfg).release()  # free again
+
+
+def test_codebase_of():
+    for scope in ('mmpretrain', 'mmdet', 'mmseg'):
+        assert launch.codebase_of(Config(dict(default_scope=scope))) == scope
+    with pytest.raises(ValueError, match="default_scope is 'mmengine'"):
+        launch.codebase_of(Config(dict(default_scope='mmengine')))
+    with pytest.raises(ValueError, match='default_scope is None'):
+        launch.codebase_of(Config(dict()))
+
+
+def _amp_cfg(wrapper='OptimWrapper', roi=False):
+    model = dict(
+        type='M', roi_head=dict(type='RoIAlign')) if roi else dict(type='M')
+    return Config(
+        dict(
+            model=model,
+            optim_wrapper=dict(type=wrapper, optimizer=dict(type='SGD'))))
+
+
+def test_enable_amp(monkeypatch):
+    monkeypatch.setattr(torch.cuda, 'is_available', lambda: False)
+    cfg = _amp_cfg()
+    assert launch.enable_amp(cfg) == 'CPUAmpOptimWrapper'
+    assert cfg.optim_wrapper.type == 'CPUAmpOptimWrapper'
+    assert 'loss_scale' not in cfg.optim_wrapper
+    for already in ('AmpOptimWrapper', 'CPUAmpOptimWrapper'):
+        cfg = _amp_cfg(already)
+        assert launch.enable_amp(cfg) == already
+        assert cfg.optim_wrapper.type == already
+    with pytest.raises(ValueError, match='only supported when the optimizer'):
+        launch.enable_amp(_amp_cfg('OtherWrapper'))
+    with pytest.raises(ValueError, match=r"\['RoIAlign'\]"):
+        launch.enable_amp(_amp_cfg(roi=True))
+    monkeypatch.setattr(torch.cuda, 'is_available', lambda: True)
+    cfg = _amp_cfg(roi=True)  # fp16 RoIAlign exists on CUDA
+    assert launch.enable_amp(cfg) == 'AmpOptimWrapper'
+    assert cfg.optim_wrapper.loss_scale == 'dynamic'
+
+
+def test_name_run(monkeypatch, tmp_path):
+    import itertools
+    monkeypatch.setattr(launch, '_RUNS', itertools.count(1))
+    cfg_file = tmp_path / 'retina_cfg.py'
+    cfg_file.write_text('a = 1\n')
+    names = [launch.name_run(Config.fromfile(str(cfg_file))) for _ in range(3)]
+    assert names == ['retina_cfg', 'retina_cfg_2', 'retina_cfg_3']
+    assert launch.name_run(Config(dict(experiment_name='exp'))) == 'exp_4'
+    monkeypatch.setattr(launch, '_RUNS', itertools.count(1))
+    assert launch.name_run(Config(dict())) == 'run'
+
+
+def test_compile_refusal():
+    assert launch.compile_refusal(Config(dict())) is None
+    assert launch.compile_refusal(Config(dict(compile=False)), '2.1.2') is None
+    refusal = launch.compile_refusal(Config(dict(compile=True)), '2.1.2')
+    assert refusal.startswith('error: compile=True needs torch >= 2.4: with '
+                              'torch 2.1.2')
+    assert launch.compile_refusal(
+        Config(dict(compile=dict(backend='inductor'))), '2.3.1').startswith(
+            "error: compile={'backend': 'inductor'} needs torch >= 2.4")
+    for new in ('2.4.0', '2.14.1+cpu'):
+        assert launch.compile_refusal(Config(dict(compile=True)), new) is None
+
+
+def test_setup_cpu_distributed(monkeypatch):
+    import mmengine.dist
+    cfg = Config(dict(model=dict(norm_cfg=dict(type='SyncBN'))))
+    assert launch.setup_cpu_distributed(cfg, 'none') is False
+    monkeypatch.setattr(torch.cuda, 'is_available', lambda: True)
+    assert launch.setup_cpu_distributed(cfg, 'pytorch') is False
+    assert cfg.model.norm_cfg.type == 'SyncBN'  # untouched with CUDA
+    monkeypatch.setattr(torch.cuda, 'is_available', lambda: False)
+    # a process group that exists already is kept (no init_dist)
+    monkeypatch.setattr(mmengine.dist, 'is_distributed', lambda: True)
+    cfg = Config(
+        dict(
+            model=dict(norm_cfg=dict(type='SyncBN')),
+            sync_bn='torch',
+            env_cfg=dict(dist_cfg=dict(backend='nccl'))))
+    assert launch.setup_cpu_distributed(cfg, 'pytorch') is True
+    assert cfg.env_cfg.dist_cfg.backend == 'gloo'
+    assert cfg.model.norm_cfg.type == 'BN'
+    assert cfg.sync_bn is None
+    assert cfg.model_wrapper_cfg == dict(
+        type='MMDistributedDataParallel',
+        broadcast_buffers=False,
+        find_unused_parameters=False,
+        device_ids=None)
+    own = Config(
+        dict(
+            model=dict(),
+            find_unused_parameters=True,
+            model_wrapper_cfg=dict(
+                type='MMDistributedDataParallel', device_ids=[0])))
+    launch.setup_cpu_distributed(own, 'slurm')
+    assert own.model_wrapper_cfg.device_ids is None
+    # a config without env_cfg / dist_cfg gets them (the Runner reads them)
+    assert own.env_cfg.dist_cfg.backend == 'gloo'
+    partial = Config(dict(model=dict(), env_cfg=dict(cudnn_benchmark=False)))
+    launch.setup_cpu_distributed(partial, 'pytorch')
+    assert partial.env_cfg == dict(
+        cudnn_benchmark=False, dist_cfg=dict(backend='gloo'))
