@@ -546,20 +546,54 @@ def _amp_cfg(wrapper='OptimWrapper', roi=False):
             optim_wrapper=dict(type=wrapper, optimizer=dict(type='SGD'))))
 
 
-def test_enable_amp(monkeypatch):
+@pytest.fixture
+def logged(monkeypatch):
+    """The tools' log lines (``print_log``) as ``(level, message)``."""
+    import logging
+    lines = []
+
+    def print_log(msg, logger=None, level=logging.INFO):
+        assert logger == 'current'
+        lines.append((level, msg))
+
+    monkeypatch.setattr(launch, 'print_log', print_log)
+    monkeypatch.delenv('RANK', raising=False)
+    monkeypatch.delenv('SLURM_PROCID', raising=False)
+    return lines
+
+
+def test_enable_amp(monkeypatch, logged):
+    import logging
     monkeypatch.setattr(torch.cuda, 'is_available', lambda: False)
     cfg = _amp_cfg()
     assert launch.enable_amp(cfg) == 'CPUAmpOptimWrapper'
     assert cfg.optim_wrapper.type == 'CPUAmpOptimWrapper'
     assert 'loss_scale' not in cfg.optim_wrapper
+    assert logged == [(logging.WARNING,
+                       '--amp without CUDA: training under bfloat16 CPU '
+                       'autocast (CPUAmpOptimWrapper, no loss scaling); fp16 '
+                       'AMP needs a GPU.')]
+    # a wrapper without a type is mmengine's OptimWrapper
+    cfg = Config(dict(model=dict(), optim_wrapper=dict(optimizer=dict())))
+    assert launch.enable_amp(cfg) == 'CPUAmpOptimWrapper'
     for already in ('AmpOptimWrapper', 'CPUAmpOptimWrapper'):
+        del logged[:]
         cfg = _amp_cfg(already)
         assert launch.enable_amp(cfg) == already
         assert cfg.optim_wrapper.type == already
-    with pytest.raises(ValueError, match='only supported when the optimizer'):
+        assert logged == [(logging.WARNING,
+                           'AMP training is already enabled in your config.')]
+    with pytest.raises(ValueError) as e:
         launch.enable_amp(_amp_cfg('OtherWrapper'))
-    with pytest.raises(ValueError, match=r"\['RoIAlign'\]"):
+    assert str(e.value) == ('`--amp` is only supported when the optimizer '
+                            'wrapper type is `OptimWrapper`, but got '
+                            'OtherWrapper.')
+    with pytest.raises(ValueError) as e:
         launch.enable_amp(_amp_cfg(roi=True))
+    assert str(e.value) == (
+        "--amp without CUDA trains under bfloat16 autocast, but this model "
+        "uses ['RoIAlign'], whose mmcv CPU kernel has no bfloat16 version; "
+        'train it without --amp (or on a GPU).')
     monkeypatch.setattr(torch.cuda, 'is_available', lambda: True)
     cfg = _amp_cfg(roi=True)  # fp16 RoIAlign exists on CUDA
     assert launch.enable_amp(cfg) == 'AmpOptimWrapper'
@@ -591,7 +625,9 @@ def test_compile_refusal():
         assert launch.compile_refusal(Config(dict(compile=True)), new) is None
 
 
-def test_setup_cpu_distributed(monkeypatch):
+def test_setup_cpu_distributed(monkeypatch, logged):
+    import logging
+
     import mmengine.dist
     cfg = Config(dict(model=dict(norm_cfg=dict(type='SyncBN'))))
     assert launch.setup_cpu_distributed(cfg, 'none') is False
@@ -607,6 +643,13 @@ def test_setup_cpu_distributed(monkeypatch):
             sync_bn='torch',
             env_cfg=dict(dist_cfg=dict(backend='nccl'))))
     assert launch.setup_cpu_distributed(cfg, 'pytorch') is True
+    assert logged == [
+        (logging.INFO,
+         "CUDA is not available: distributed backend 'nccl' -> 'gloo'"),
+        (logging.WARNING,
+         'CUDA is not available: 2 SyncBN setting(s) of the config replaced '
+         'by BN (SyncBatchNorm has no CPU implementation)')
+    ]
     assert cfg.env_cfg.dist_cfg.backend == 'gloo'
     assert cfg.model.norm_cfg.type == 'BN'
     assert cfg.sync_bn is None
@@ -621,8 +664,12 @@ def test_setup_cpu_distributed(monkeypatch):
             find_unused_parameters=True,
             model_wrapper_cfg=dict(
                 type='MMDistributedDataParallel', device_ids=[0])))
+    del logged[:]
+    monkeypatch.setenv('SLURM_PROCID', '1')  # rank 1 logs nothing
     launch.setup_cpu_distributed(own, 'slurm')
+    assert logged == []
     assert own.model_wrapper_cfg.device_ids is None
+    assert own.model_wrapper_cfg.type == 'MMDistributedDataParallel'
     # a config without env_cfg / dist_cfg gets them (the Runner reads them)
     assert own.env_cfg.dist_cfg.backend == 'gloo'
     partial = Config(dict(model=dict(), env_cfg=dict(cudnn_benchmark=False)))
