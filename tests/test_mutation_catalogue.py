@@ -3,6 +3,7 @@
 once in its file and changes it, and every test it names exists, so that a
 refactor cannot silently retire a mutation."""
 import ast
+import json
 import os
 import os.path as osp
 import sys
@@ -178,6 +179,41 @@ def test_child_process_hits_count_for_the_test(tmp_path, monkeypatch):
     assert 'mmsoft.a.x_f' in state()._stats
     assert not list(tmp_path.glob('*.txt'))
     state()._stats.discard('mmsoft.a.x_f')
+
+
+def test_a_mutant_runs_its_fastest_tests_first(tmp_path, monkeypatch):
+    """mutmut 3.8 passes a mutant's tests as a set (no order) and stops at
+    the first failure: the plugin sorts them by mutmut's recorded
+    durations; the clean and stats runs keep pytest's order."""
+    site = osp.join(ROOT, 'tests', 'mutation', 'site')
+    sys.path.insert(0, site)
+    try:
+        import mmsoft_mutmut_stats as plugin
+    finally:
+        sys.path.remove(site)
+    stats = tmp_path / 'mutmut-stats.json'
+    stats.write_text(
+        json.dumps(dict(duration_by_test={
+            't::slow': 9.0,
+            't::fast': 0.01
+        })))
+    monkeypatch.setattr(plugin, '_durations', None)
+    monkeypatch.chdir(tmp_path)  # mutmut runs the tests in mutants/
+
+    class Item:
+
+        def __init__(self, nodeid):
+            self.nodeid = nodeid
+
+    def order(mutant):
+        monkeypatch.setenv('MUTANT_UNDER_TEST', mutant)
+        items = [Item(n) for n in ('t::slow', 't::new', 't::fast')]
+        plugin.pytest_collection_modifyitems(None, items)
+        return [i.nodeid for i in items]
+
+    assert order('mmsoft.a.x_f__mutmut_3') == ['t::fast', 't::new', 't::slow']
+    for other in ('', 'stats', 'fail'):
+        assert order(other) == ['t::slow', 't::new', 't::fast']
 
 
 def test_retest_runs_only_last_survivors(tmp_path, monkeypatch):

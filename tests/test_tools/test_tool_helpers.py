@@ -187,9 +187,9 @@ def test_check_device(monkeypatch):
     monkeypatch.setattr(torch.cuda, 'device_count', lambda: 2)
     with pytest.raises(cli.ToolError) as e:
         cli.check_device('cuda:0')
-    assert str(e.value) == (
-        '--device cuda:0: CUDA is not available on this machine '
-        '(torch.cuda.is_available() is False); use --device cpu')
+    assert str(
+        e.value) == ('--device cuda:0: CUDA is not available on this machine '
+                     '(torch.cuda.is_available() is False); use --device cpu')
     monkeypatch.setattr(torch.cuda, 'is_available', lambda: True)
     monkeypatch.setattr(torch.cuda, 'device_count', lambda: 2)
     cli.check_device('cuda')
