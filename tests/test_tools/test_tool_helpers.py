@@ -134,6 +134,49 @@ def test_check_readable(tmp_path, monkeypatch):
         f"cannot read {str(good)!r}: Permission denied (errno 13); check "
         'its permissions (ls -l) or copy it somewhere readable')
 
+    def no_errno(path, *args, **kwargs):
+        if str(path) == str(good):
+            raise OSError('the file system refused')
+        return real_open(path, *args, **kwargs)
+
+    monkeypatch.setattr(builtins, 'open', no_errno)
+    with pytest.raises(ConversionError) as e:
+        cli.check_readable(str(good))
+    assert str(e.value) == (
+        f"cannot read {str(good)!r}: the file system refused; check its "
+        'permissions (ls -l) or copy it somewhere readable')
+
+
+def test_check_readable_reads_one_byte(tmp_path, monkeypatch):
+    """A checkpoint of gigabytes is probed, not read."""
+    big = tmp_path / 'big.pth'
+    big.write_bytes(b'x' * 4096)
+    sizes = []
+    real_open = builtins.open
+
+    class Probe:
+
+        def __init__(self, f):
+            self.f = f
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            self.f.close()
+
+        def read(self, size=-1):
+            sizes.append(size)
+            return self.f.read(size)
+
+    def probing(path, *args, **kwargs):
+        f = real_open(path, *args, **kwargs)
+        return Probe(f) if str(path) == str(big) else f
+
+    monkeypatch.setattr(builtins, 'open', probing)
+    cli.check_readable(str(big))
+    assert sizes and all(s is not None and 0 < s <= 64 for s in sizes)
+
 
 def test_unwritable_reason(tmp_path, monkeypatch):
     f = tmp_path / 'file'
@@ -227,9 +270,11 @@ def hub(tmp_path, monkeypatch):
     class Hub:
         answer = None
         requests = []  # (url, method)
+        timeouts = []
 
     def urlopen(request, timeout=None):
         Hub.requests.append((request.full_url, request.get_method()))
+        Hub.timeouts.append(timeout)
         if Hub.answer is not None:
             raise Hub.answer
 
@@ -260,6 +305,11 @@ def test_url_problem(hub, tmp_path):
     hub.answer = URLError('Name or service not known')
     assert '(Name or service not known)' in cli.checkpoint_problem(
         'http://example.org/a.pth')
+    hub.answer = TimeoutError('timed out')  # an OSError without .reason
+    assert cli.checkpoint_problem(url).startswith(
+        f'checkpoint {url} cannot be downloaded (timed out); ')
+    # a check never waits for ever on a silent server
+    assert all(t is not None and 0 < t <= 30 for t in hub.timeouts)
     # downloaded before (torch.hub's cache, by file name): no request
     cache = tmp_path / 'hub' / 'checkpoints'
     cache.mkdir(parents=True)
@@ -489,6 +539,16 @@ def test_exit_if_not_resumable(tmp_path):
     _training_ckpt(tmp_path / 'epoch_2.pth', optimizer='SGD')
     assert 'epoch_2.pth' in refusal(_resume_cfg(tmp_path))
     launch.exit_if_not_resumable(_resume_cfg(tmp_path, optimizer='SGD'))
+    # a config without ``resume`` does not resume
+    no_key = _resume_cfg(tmp_path, optimizer='Adam')
+    no_key.pop('resume')
+    launch.exit_if_not_resumable(no_key)
+    # --resume alone: only the optimizer is checked on the work dir's newest
+    # (a weights-only epoch_N.pth there is the Runner's to judge)
+    alone = tmp_path / 'alone'
+    alone.mkdir()
+    _training_ckpt(alone / 'epoch_5.pth', meta=1, message_hub=1)
+    launch.exit_if_not_resumable(_resume_cfg(alone))
     # unreadable with torch.load: left to the Runner's loader
     odd = tmp_path / 'odd.pth'
     odd.write_bytes(b'not a checkpoint')
