@@ -415,7 +415,7 @@ def test_cfg_option_problem():
     cfg = Config(
         dict(
             train_cfg=dict(max_epochs=12),
-            model=dict(backbone=dict(depth=50)),
+            model=dict(backbone=dict(depth=50, num_stages=4)),
             pipeline=[dict(type='A', scale=1)]))
     assert cli.cfg_option_problem(cfg, 'train_cfg.max_epoch') == (
         "--cfg-options train_cfg.max_epoch: the config has no key "
@@ -427,8 +427,9 @@ def test_cfg_option_problem():
     assert 'did you mean pipeline.0.scale?' in cli.cfg_option_problem(
         cfg, 'pipeline.0.scales')
     for fine in ('train_cfg.max_epochs', 'train_cfg.val_interval',
-                 'model.neck', 'pipeline.5.scales', 'model._scope_',
-                 'train_cfg.max_epochs.x'):
+                 'model.neck', 'pipeline.5.scales', 'pipeline.1.scale',
+                 'model._scope_', 'train_cfg.max_epochs.x', 'model.backbone.0',
+                 'train_cfg.1'):
         assert cli.cfg_option_problem(cfg, fine) is None, fine
 
 
@@ -549,6 +550,18 @@ def test_exit_if_not_resumable(tmp_path):
     alone.mkdir()
     _training_ckpt(alone / 'epoch_5.pth', meta=1, message_hub=1)
     launch.exit_if_not_resumable(_resume_cfg(alone))
+    # the structural read runs no pickled code
+    marker = tmp_path / 'ran'
+
+    class Payload:
+
+        def __reduce__(self):
+            return (open, (str(marker), 'w'))
+
+    crafted = tmp_path / 'crafted.pth'
+    torch.save(dict(meta=Payload()), crafted)  # (the zip format mmap reads)
+    launch.exit_if_not_resumable(_resume_cfg(tmp_path, str(crafted)))
+    assert not marker.exists()
     # unreadable with torch.load: left to the Runner's loader
     odd = tmp_path / 'odd.pth'
     odd.write_bytes(b'not a checkpoint')
