@@ -190,7 +190,8 @@ def test_unwritable_reason(tmp_path, monkeypatch):
         'exists and is not a directory'
     assert cli.unwritable_reason(str(f / 'sub' / 'out.pth')) == \
         f'{f} is a file, not a directory'
-    monkeypatch.setattr(os, 'access', lambda path, mode: False)
+    # (write permission missing; the directory exists and can be entered)
+    monkeypatch.setattr(os, 'access', lambda path, mode: not mode & os.W_OK)
     assert cli.unwritable_reason(str(tmp_path / 'new' / 'out.pth')) == \
         f'directory {tmp_path} is not writable'
 
@@ -752,3 +753,32 @@ def test_setup_cpu_distributed(monkeypatch, logged):
     launch.setup_cpu_distributed(partial, 'pytorch')
     assert partial.env_cfg == dict(
         cudnn_benchmark=False, dist_cfg=dict(backend='gloo'))
+
+
+def test_log_rank0(logged, monkeypatch):
+    import logging
+    launch._log_rank0('a')
+    monkeypatch.setenv('RANK', '1')
+    launch._log_rank0('b')
+    monkeypatch.setenv('RANK', '0')
+    monkeypatch.setenv('SLURM_PROCID', '3')  # RANK wins
+    launch._log_rank0('c', level=logging.WARNING)
+    monkeypatch.delenv('RANK')
+    launch._log_rank0('d')
+    assert logged == [(logging.INFO, 'a'), (logging.WARNING, 'c')]
+
+
+def test_prepare_cfg(monkeypatch, tmp_path):
+    import itertools
+    monkeypatch.setattr(launch, '_RUNS', itertools.count(1))
+    monkeypatch.setattr(torch.cuda, 'is_available', lambda: False)
+    cfg = Config(dict(default_scope='mmpretrain', model=dict(type='M')))
+    assert launch.prepare_cfg(cfg) == 'mmpretrain'
+    # not distributed by default: the config is left as it was
+    assert cfg.experiment_name == 'run'
+    assert 'model_wrapper_cfg' not in cfg and 'env_cfg' not in cfg
+    monkeypatch.setattr(torch, '__version__', '2.1.2')
+    with pytest.raises(SystemExit) as e:
+        launch.prepare_cfg(
+            Config(dict(default_scope='mmpretrain', compile=True)))
+    assert str(e.value.code).startswith('error: compile=True needs torch')
