@@ -691,6 +691,7 @@ def test_name_run(monkeypatch, tmp_path):
 
 def test_compile_refusal():
     assert launch.compile_refusal(Config(dict())) is None
+    assert launch.compile_refusal(Config(dict()), '2.1.2') is None
     assert launch.compile_refusal(Config(dict(compile=False)), '2.1.2') is None
     refusal = launch.compile_refusal(Config(dict(compile=True)), '2.1.2')
     assert refusal.startswith('error: compile=True needs torch >= 2.4: with '
@@ -753,6 +754,16 @@ def test_setup_cpu_distributed(monkeypatch, logged):
     launch.setup_cpu_distributed(partial, 'pytorch')
     assert partial.env_cfg == dict(
         cudnn_benchmark=False, dist_cfg=dict(backend='gloo'))
+    # the rest of dist_cfg is kept; gloo already: nothing to say
+    del logged[:]
+    monkeypatch.delenv('SLURM_PROCID')
+    kept = Config(
+        dict(
+            model=dict(),
+            env_cfg=dict(dist_cfg=dict(backend='gloo', timeout=600))))
+    launch.setup_cpu_distributed(kept, 'pytorch')
+    assert kept.env_cfg.dist_cfg == dict(backend='gloo', timeout=600)
+    assert logged == []
 
 
 def test_log_rank0(logged, monkeypatch):
