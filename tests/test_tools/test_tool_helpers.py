@@ -741,22 +741,33 @@ def test_setup_cpu_distributed(monkeypatch, logged):
             model=dict(),
             find_unused_parameters=True,
             model_wrapper_cfg=dict(
-                type='MMDistributedDataParallel', device_ids=[0])))
+                type='MMDistributedDataParallel',
+                broadcast_buffers=True,
+                device_ids=[0])))
     del logged[:]
     monkeypatch.setenv('SLURM_PROCID', '1')  # rank 1 logs nothing
     launch.setup_cpu_distributed(own, 'slurm')
     assert logged == []
     assert own.model_wrapper_cfg.device_ids is None
-    assert own.model_wrapper_cfg.type == 'MMDistributedDataParallel'
+    # the config's own wrapper is kept, only device_ids changes
+    assert own.model_wrapper_cfg == dict(
+        type='MMDistributedDataParallel',
+        broadcast_buffers=True,
+        device_ids=None)
     # a config without env_cfg / dist_cfg gets them (the Runner reads them)
     assert own.env_cfg.dist_cfg.backend == 'gloo'
+    monkeypatch.delenv('SLURM_PROCID')
     partial = Config(dict(model=dict(), env_cfg=dict(cudnn_benchmark=False)))
     launch.setup_cpu_distributed(partial, 'pytorch')
     assert partial.env_cfg == dict(
         cudnn_benchmark=False, dist_cfg=dict(backend='gloo'))
+    # (no backend given: mmengine's default, nccl)
+    assert logged == [
+        (logging.INFO,
+         "CUDA is not available: distributed backend 'nccl' -> 'gloo'")
+    ]
     # the rest of dist_cfg is kept; gloo already: nothing to say
     del logged[:]
-    monkeypatch.delenv('SLURM_PROCID')
     kept = Config(
         dict(
             model=dict(),
