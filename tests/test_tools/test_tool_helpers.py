@@ -775,6 +775,13 @@ def test_setup_cpu_distributed(monkeypatch, logged):
     launch.setup_cpu_distributed(kept, 'pytorch')
     assert kept.env_cfg.dist_cfg == dict(backend='gloo', timeout=600)
     assert logged == []
+    mpi = Config(
+        dict(model=dict(), env_cfg=dict(dist_cfg=dict(backend='mpi'))))
+    launch.setup_cpu_distributed(mpi, 'mpi')
+    assert logged == [
+        (logging.INFO,
+         "CUDA is not available: distributed backend 'mpi' -> 'gloo'")
+    ]
 
 
 def test_log_rank0(logged, monkeypatch):
