@@ -811,3 +811,74 @@ def test_prepare_cfg(monkeypatch, tmp_path):
         launch.prepare_cfg(
             Config(dict(default_scope='mmpretrain', compile=True)))
     assert str(e.value.code).startswith('error: compile=True needs torch')
+
+
+def test_setup_cpu_distributed_wrappers_and_sync_bn(monkeypatch, logged):
+    import logging
+
+    import mmengine.dist
+    monkeypatch.setattr(torch.cuda, 'is_available', lambda: False)
+    monkeypatch.setattr(mmengine.dist, 'is_distributed', lambda: True)
+    # a wrapper without a type is mmengine's DDP: device_ids=None
+    untyped = Config(dict(model_wrapper_cfg=dict(broadcast_buffers=True)))
+    launch.setup_cpu_distributed(untyped, 'pytorch')
+    assert untyped.model_wrapper_cfg == dict(
+        broadcast_buffers=True, device_ids=None)
+    # a wrapper that is not a DistributedDataParallel takes no device_ids
+    other = Config(
+        dict(model_wrapper_cfg=dict(type='MMFullyShardedDataParallel')))
+    launch.setup_cpu_distributed(other, 'pytorch')
+    assert other.model_wrapper_cfg == dict(type='MMFullyShardedDataParallel')
+    # one SyncBN, no sync_bn key: one replaced, the count in the warning
+    del logged[:]
+    one = Config(
+        dict(
+            model=dict(neck=dict(norm_cfg=dict(type='MMSyncBN'))),
+            env_cfg=dict(dist_cfg=dict(backend='gloo'))))
+    launch.setup_cpu_distributed(one, 'pytorch')
+    assert one.model.neck.norm_cfg.type == 'BN'
+    assert 'sync_bn' not in one
+    assert logged == [
+        (logging.WARNING,
+         'CUDA is not available: 1 SyncBN setting(s) of the config replaced '
+         'by BN (SyncBatchNorm has no CPU implementation)')
+    ]
+    del logged[:]
+    none = Config(
+        dict(model=dict(), env_cfg=dict(dist_cfg=dict(backend='gloo'))))
+    launch.setup_cpu_distributed(none, 'pytorch')
+    assert logged == []  # nothing replaced, nothing said
+
+
+def test_setup_cpu_distributed_starts_the_group(monkeypatch):
+    """Without a process group: mmengine's init_dist with the gloo
+    dist_cfg, while torch.cuda.set_device does nothing (and only then)."""
+    import mmengine.dist
+    import mmengine.utils.dl_utils
+    monkeypatch.setattr(torch.cuda, 'is_available', lambda: False)
+    monkeypatch.setattr(mmengine.dist, 'is_distributed', lambda: False)
+    calls = []
+    real_set_device = torch.cuda.set_device
+
+    def init_dist(launcher, **kwargs):
+        torch.cuda.set_device(3)  # as mmengine's does: a no-op here
+        calls.append(('init_dist', launcher, kwargs))
+
+    monkeypatch.setattr(mmengine.dist, 'init_dist', init_dist)
+    monkeypatch.setattr(
+        mmengine.utils.dl_utils, 'set_multi_processing',
+        lambda **kwargs: calls.append(('set_multi_processing', kwargs)))
+    cfg = Config(
+        dict(
+            model=dict(),
+            env_cfg=dict(
+                mp_cfg=dict(mp_start_method='fork'),
+                dist_cfg=dict(backend='nccl', timeout=60))))
+    assert launch.setup_cpu_distributed(cfg, 'slurm') is True
+    assert calls == [('set_multi_processing',
+                      dict(mp_start_method='fork', distributed=True)),
+                     ('init_dist', 'slurm', dict(backend='gloo', timeout=60))]
+    assert torch.cuda.set_device is real_set_device  # restored
+    with launch._cuda_set_device_disabled():
+        assert torch.cuda.set_device('cuda:7') is None
+    assert torch.cuda.set_device is real_set_device
