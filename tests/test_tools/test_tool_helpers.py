@@ -423,8 +423,19 @@ def test_cfg_option_problem():
         "'max_epoch' under train_cfg; did you mean train_cfg.max_epochs?")
     assert 'under the top level; did you mean train_cfg?' in \
         cli.cfg_option_problem(cfg, 'train_cfgs.max_epochs')
-    assert 'did you mean model.backbone.depth?' in \
-        cli.cfg_option_problem(cfg, 'model.backbone.depths')
+    assert cli.cfg_option_problem(cfg, 'model.backbone.depths') == (
+        "--cfg-options model.backbone.depths: the config has no key "
+        "'depths' under model.backbone; did you mean model.backbone.depth?")
+    # one suggestion, the closest; a name only somewhat like a key is new
+    two = Config(dict(train_cfg=dict(max_epochs=1, max_epoch_s=2)))
+    assert cli.cfg_option_problem(
+        two,
+        'train_cfg.max_epoc').endswith('did you mean train_cfg.max_epochs?')
+    assert cli.cfg_option_problem(two, 'train_cfg.epochs') is None  # 0.75
+    # mmengine's own keys (_delete_, _scope_) are never a typo
+    scoped = Config(dict(model=dict(scope='x', delete=True)))
+    assert cli.cfg_option_problem(scoped, 'model._scope_') is None
+    assert cli.cfg_option_problem(scoped, 'model._delete_') is None
     assert 'did you mean pipeline.0.scale?' in cli.cfg_option_problem(
         cfg, 'pipeline.0.scales')
     for fine in ('train_cfg.max_epochs', 'train_cfg.val_interval',
@@ -736,6 +747,9 @@ def test_setup_cpu_distributed(monkeypatch, logged):
         broadcast_buffers=False,
         find_unused_parameters=False,
         device_ids=None)
+    unused = Config(dict(model=dict(), find_unused_parameters=True))
+    launch.setup_cpu_distributed(unused, 'pytorch')
+    assert unused.model_wrapper_cfg.find_unused_parameters is True
     own = Config(
         dict(
             model=dict(),
@@ -810,7 +824,8 @@ def test_prepare_cfg(monkeypatch, tmp_path):
     with pytest.raises(SystemExit) as e:
         launch.prepare_cfg(
             Config(dict(default_scope='mmpretrain', compile=True)))
-    assert str(e.value.code).startswith('error: compile=True needs torch')
+    assert str(e.value.code).startswith(
+        'error: compile=True needs torch >= 2.4: with torch 2.1.2 ')
 
 
 def test_setup_cpu_distributed_wrappers_and_sync_bn(monkeypatch, logged):
