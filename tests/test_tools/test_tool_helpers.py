@@ -245,8 +245,16 @@ def test_check_device(monkeypatch):
 
 
 # ----------------------------------------------------------- checkpoints
-def test_checkpoint_problem_local(tmp_path):
-    assert 'is a directory, not a file' in cli.checkpoint_problem(tmp_path)
+def test_checkpoint_problem_local(tmp_path, monkeypatch):
+    assert cli.checkpoint_problem(tmp_path) == (
+        f'checkpoint {tmp_path} is a directory, not a file; pass a .pth '
+        'checkpoint file (e.g. <work_dir>/epoch_N.pth)')
+    # another scheme is MMEngine's to load, even where the same text
+    # names a local path ('open-mmlab:/resnet50')
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / 'open-mmlab:').mkdir()
+    (tmp_path / 'open-mmlab:' / 'resnet50').write_bytes(b'not a zip')
+    assert cli.checkpoint_problem('open-mmlab://resnet50') is None
     good = tmp_path / 'good.pth'
     torch.save(dict(state_dict=dict(w=torch.ones(2))), good)
     assert cli.checkpoint_problem(good) is None
