@@ -204,8 +204,10 @@ def test_check_work_dir(tmp_path, monkeypatch):
     assert sorted(os.listdir(tmp_path)) == before  # the probe is gone
     f = tmp_path / 'file'
     f.write_text('')
-    with pytest.raises(cli.ToolError, match='exists and is not a directory'):
+    with pytest.raises(cli.ToolError) as e:
         cli.check_work_dir(str(f))
+    assert str(e.value) == (f'--work-dir {f}: exists and is not a directory; '
+                            'give a directory (it is created if needed)')
     with pytest.raises(cli.ToolError) as e:
         cli.check_work_dir(str(f / 'run'), option='--out-dir')
     assert str(e.value) == (f'--out-dir {f / "run"}: {f} is a file, not a '
@@ -389,8 +391,16 @@ def test_exit_if_missing_weights(tmp_path):
 
 # ---------------------------------------------------- runner arguments
 def test_runner_parser_and_args(tmp_path, monkeypatch):
-    parser = cli.runner_parser('d', dict(config='c', checkpoint='k'), 'work',
-                               'the checkpoint')
+    parser = cli.runner_parser(
+        'Train a model.',
+        dict(config='the config file', checkpoint='the weights'),
+        'where to write', 'the checkpoint')
+    text = ' '.join(parser.format_help().split())
+    for part in ('Train a model.', 'config the config file',
+                 'checkpoint the weights',
+                 '--work-dir WORK_DIR where to write',
+                 'allow the checkpoint that matches the model only in part'):
+        assert part in text, part
     monkeypatch.delenv('LOCAL_RANK', raising=False)
     args = cli.parse_runner_args(parser,
                                  ['a.py', 'b.pth', '--local-rank', '3'])
@@ -902,6 +912,10 @@ def test_setup_cpu_distributed_starts_the_group(monkeypatch):
                       dict(mp_start_method='fork', distributed=True)),
                      ('init_dist', 'slurm', dict(backend='gloo', timeout=60))]
     assert torch.cuda.set_device is real_set_device  # restored
+    del calls[:]
+    launch.setup_cpu_distributed(Config(dict(model=dict())), 'pytorch')
+    assert calls == [('set_multi_processing', dict(distributed=True)),
+                     ('init_dist', 'pytorch', dict(backend='gloo'))]
     with launch._cuda_set_device_disabled():
         assert torch.cuda.set_device('cuda:7') is None
     assert torch.cuda.set_device is real_set_device
