@@ -399,8 +399,22 @@ def test_runner_parser_and_args(tmp_path, monkeypatch):
     for part in ('Train a model.', 'config the config file',
                  'checkpoint the weights',
                  '--work-dir WORK_DIR where to write',
-                 'allow the checkpoint that matches the model only in part'):
+                 '--launcher {none,pytorch,slurm,mpi} job launcher',
+                 '--local_rank LOCAL_RANK, --local-rank LOCAL_RANK'):
         assert part in text, part
+    helps = {a.dest: a.help for a in parser._actions}
+    assert helps['partial_load'] == (
+        'allow the checkpoint that matches the model only in part (e.g. '
+        'another head): load the matching tensors and print what was '
+        'skipped. Without it a mismatch (missing / unexpected / mis-shaped '
+        'keys) is an error')
+    assert helps['cfg_options'] == (
+        'override some settings in the used config, the key-value pair in '
+        'xxx=yyy format will be merged into config file. If the value to be '
+        'overwritten is a list, it should be like key="[a,b]" or key=a,b It '
+        'also allows nested list/tuple values, e.g. key="[(a,b),(c,d)]" Note '
+        'that the quotation marks are necessary and that no white space is '
+        'allowed.')
     monkeypatch.delenv('LOCAL_RANK', raising=False)
     args = cli.parse_runner_args(parser,
                                  ['a.py', 'b.pth', '--local-rank', '3'])
@@ -472,6 +486,17 @@ def test_merge_cfg_options():
     with pytest.raises(cli.ToolError, match='did you mean'):
         cli.merge_cfg_options(cfg, {'train_cfg.max_epoch': 3})
     assert cfg.train_cfg.max_epochs == 3  # nothing merged
+    # what mmengine cannot merge: one line that starts with the option
+    with pytest.raises(cli.ToolError) as e:
+        cli.merge_cfg_options(cfg, {'neck.type': 'FPN'})
+    assert str(e.value).startswith("--cfg-options: neck={'type': 'FPN'} in "
+                                   'child config cannot inherit from base')
+    assert '\n' not in str(e.value)
+    listed = Config(dict(scales=[1, 2]))
+    with pytest.raises(cli.ToolError) as e:
+        cli.merge_cfg_options(listed, {'scales.5': 3})
+    assert str(e.value) == ("--cfg-options: 'Index 5 exceeds the length of "
+                            "list [1, 2]'")
 
 
 def test_expected_types_only_of_imported_modules(monkeypatch):
