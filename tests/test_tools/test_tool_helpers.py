@@ -421,7 +421,12 @@ def test_runner_parser_and_args(tmp_path, monkeypatch):
     assert (args.config, args.checkpoint, args.launcher, args.work_dir,
             args.partial_load, args.cfg_options) == ('a.py', 'b.pth', 'none',
                                                      None, False, None)
-    assert os.environ['LOCAL_RANK'] == '3'
+    assert os.environ['LOCAL_RANK'] == '3' and args.local_rank == 3
+    monkeypatch.delenv('LOCAL_RANK')
+    assert cli.parse_runner_args(parser, ['a.py', 'b.pth']).local_rank == 0
+    assert os.environ['LOCAL_RANK'] == '0'
+    with pytest.raises(SystemExit):  # a rank is a number
+        parser.parse_args(['a.py', 'b.pth', '--local-rank', 'x'])
     monkeypatch.setenv('LOCAL_RANK', '1')  # torchrun's wins
     cli.parse_runner_args(parser, ['a.py', 'b.pth', '--local_rank', '2'])
     assert os.environ['LOCAL_RANK'] == '1'
