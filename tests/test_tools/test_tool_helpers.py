@@ -77,6 +77,9 @@ def test_run_main_exit_codes(capsys, monkeypatch):
         return e.value.code
 
     assert exits(lambda argv: 3) == 3
+    with pytest.raises(SystemExit) as e:  # main gets the arguments
+        cli.run_main(lambda argv: len(argv), ['a', 'b'])
+    assert e.value.code == 2
     assert exits(lambda argv: dict(acc=1.0)) == 0  # test.py: metrics
     assert exits(lambda argv: None) == 0
     capsys.readouterr()
@@ -89,8 +92,9 @@ def test_run_main_exit_codes(capsys, monkeypatch):
     monkeypatch.setenv('MMSOFT_TRACEBACK', '1')
     with pytest.raises(cli.ToolError):
         cli.run_main(fails, [])
-    monkeypatch.setenv('MMSOFT_TRACEBACK', '0')
-    assert exits(fails) == 1
+    for off in ('0', ''):
+        monkeypatch.setenv('MMSOFT_TRACEBACK', off)
+        assert exits(fails) == 1
 
     def bug(argv):
         raise ZeroDivisionError('a bug')
