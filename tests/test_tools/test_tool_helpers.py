@@ -953,3 +953,40 @@ def test_setup_cpu_distributed_starts_the_group(monkeypatch):
     with launch._cuda_set_device_disabled():
         assert torch.cuda.set_device('cuda:7') is None
     assert torch.cuda.set_device is real_set_device
+
+
+def test_import_codebase_leaves_the_default_scope(monkeypatch):
+    """The Runner sets the default scope; the tools only register."""
+    from mmengine.registry import DefaultScope
+    before = DefaultScope.get_current_instance()
+    assert launch.import_codebase(Config(dict(default_scope='mmdet'))) == \
+        'mmdet'
+    assert DefaultScope.get_current_instance() is before
+
+
+def test_shutdown_dist(monkeypatch, logged):
+    import logging
+
+    import torch.distributed as dist
+    calls = []
+    monkeypatch.setattr(dist, 'is_available', lambda: True)
+    monkeypatch.setattr(dist, 'is_initialized', lambda: True)
+    monkeypatch.setattr(dist, 'destroy_process_group',
+                        lambda: calls.append('destroy'))
+
+    def barrier():
+        calls.append('barrier')
+        raise RuntimeError('peer gone')
+
+    monkeypatch.setattr(dist, 'barrier', barrier)
+    launch.shutdown_dist()
+    assert calls == ['barrier', 'destroy']
+    assert logged == [(logging.WARNING,
+                       'shutdown_dist: barrier failed (peer gone); tearing '
+                       'the process group down anyway')]
+    del calls[:]
+    try:  # an exception on its way out: no barrier (a peer may be gone)
+        raise ValueError('x')
+    except ValueError:
+        launch.shutdown_dist()
+    assert calls == ['destroy']
