@@ -126,24 +126,24 @@ def test_check_readable(tmp_path, monkeypatch):
     cli.check_readable(str(good))
     real_open = builtins.open
 
-    def refusing(path, *args, **kwargs):
-        if str(path) == str(good):
-            raise PermissionError(errno.EACCES, 'Permission denied')
-        return real_open(path, *args, **kwargs)
+    def open_raising(error):
+        """``open`` that raises ``error`` for ``good`` only."""
 
-    monkeypatch.setattr(builtins, 'open', refusing)
+        def refusing(path, *args, **kwargs):
+            if str(path) == str(good):
+                raise error
+            return real_open(path, *args, **kwargs)
+
+        monkeypatch.setattr(builtins, 'open', refusing)
+
+    open_raising(PermissionError(errno.EACCES, 'Permission denied'))
     with pytest.raises(ConversionError) as e:
         cli.check_readable(str(good))
     assert str(e.value) == (
         f"cannot read {str(good)!r}: Permission denied (errno 13); check "
         'its permissions (ls -l) or copy it somewhere readable')
 
-    def no_errno(path, *args, **kwargs):
-        if str(path) == str(good):
-            raise OSError('the file system refused')
-        return real_open(path, *args, **kwargs)
-
-    monkeypatch.setattr(builtins, 'open', no_errno)
+    open_raising(OSError('the file system refused'))
     with pytest.raises(ConversionError) as e:
         cli.check_readable(str(good))
     assert str(e.value) == (
