@@ -210,6 +210,31 @@ def script_server(tmp_path_factory):
     server.wait(timeout=60)
 
 
+@contextlib.contextmanager
+def current_log(level=None):
+    """The records that mmengine's current logger (``print_log(...,
+    logger='current')``) receives inside the block: a fresh MMLogger is the
+    current one there (so an earlier Runner's file handler cannot take the
+    records), and the previous one is current again after it. ``level``:
+    the logger's level (default INFO; e.g. ``logging.DEBUG``)."""
+    import logging
+
+    from mmengine.logging import MMLogger
+    records = []
+    name = f'mmsoft_test_log_{id(records)}'
+    logger = MMLogger.get_instance(
+        name, logger_name=name, log_level=level or logging.INFO)
+    handler = logging.Handler()
+    handler.emit = records.append
+    logger.addHandler(handler)
+    try:
+        assert MMLogger.get_current_instance() is logger
+        yield records
+    finally:
+        logger.removeHandler(handler)
+        MMLogger._instance_dict.pop(name, None)
+
+
 def free_port():
     """A TCP port on 127.0.0.1 that nothing listens on now."""
     with socket.socket() as s:

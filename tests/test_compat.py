@@ -5,6 +5,8 @@ fresh interpreter that never imports mmsoft, and in this process with the
 allow-list removed; once mmsoft is imported (the allow-list) the same files
 load, through mmengine's own, unpatched loaders.
 """
+import contextlib
+import functools
 import json
 import os
 import pickle
@@ -362,6 +364,47 @@ def test_unravel_index(monkeypatch, native):
         assert isinstance(got, tuple) and len(got) == len(shape)
         for g, want in zip(got, np.unravel_index(flat.numpy(), tuple(shape))):
             assert g.dtype == flat.dtype and g.tolist() == want.tolist()
+
+
+@contextlib.contextmanager
+def _cuda_autocast_flag():
+    """CUDA autocast switched on as torch.autocast('cuda') does (the
+    thread-local flag; no CUDA device needed)."""
+    set_on = getattr(torch, 'set_autocast_enabled')
+    try:
+        set_on('cuda', True)
+        undo = functools.partial(set_on, 'cuda', False)
+    except TypeError:  # torch < 2.4: the flag of CUDA takes no device
+        set_on(True)
+        undo = functools.partial(set_on, False)
+    try:
+        yield
+    finally:
+        undo()
+
+
+@pytest.mark.parametrize('native', [True, False])
+def test_autocast_dtype(native):
+    """The autocast dtype of a device while autocast is on there, else
+    None, on every torch (``native=False``: torch < 2.4's functions, with
+    ``torch.get_autocast_dtype`` hidden while mmsoft asks; torch.autocast
+    itself needs it)."""
+    if not native and not hasattr(torch, 'get_autocast_cpu_dtype'):
+        pytest.skip('this torch has only the >= 2.4 functions')
+
+    def ask(device):
+        with pytest.MonkeyPatch.context() as mp, warnings.catch_warnings():
+            warnings.simplefilter('ignore', DeprecationWarning)
+            warnings.simplefilter('ignore', FutureWarning)
+            if not native:
+                mp.delattr(torch, 'get_autocast_dtype', raising=False)
+            return compat.autocast_dtype(device)
+
+    assert ask('cpu') is None and ask('cuda') is None
+    with torch.autocast('cpu', dtype=torch.bfloat16):
+        assert ask('cpu') == torch.bfloat16 and ask('cuda') is None
+    with _cuda_autocast_flag():
+        assert ask('cuda') == torch.float16 and ask('cpu') is None
 
 
 def test_quiet_stack_imports_drops_only_the_named_warning(

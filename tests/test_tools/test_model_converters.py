@@ -726,3 +726,102 @@ def test_unreadable_source_is_one_line(tmp_path, tiny_sd, capsys, monkeypatch):
             f"error: cannot read {str(src)!r}: Permission denied (errno 13); "
             f"check its permissions (ls -l) or copy it somewhere readable")
     assert sorted(os.listdir(tmp_path)) == ['official.pth']
+
+
+# ------------------------------------------ checkpoint_files contracts
+@pytest.mark.parametrize('entry', ['state_dict_ema', 'model_ema'])
+def test_official_weights_ema_choice(entry):
+    """The EMA weights are taken when present (``ema=None``), required by
+    ``--ema``, refused by ``--no-ema`` (one line naming the entry)."""
+    sd = OrderedDict(w=torch.zeros(1))
+    only_ema = {entry: sd}
+    assert cf.official_weights(only_ema, 'a.pth') == (sd, entry)
+    assert cf.official_weights(only_ema, 'a.pth', ema=True) == (sd, entry)
+    with pytest.raises(ConversionError) as exc:
+        cf.official_weights(only_ema, 'a.pth', ema=False)
+    assert str(exc.value) == (f"--no-ema given but 'a.pth' only holds EMA "
+                              f"weights ({entry!r})")
+    both = {'model': OrderedDict(w=torch.ones(1)), entry: sd}
+    assert cf.official_weights(both, 'a.pth', ema=False)[1] == 'model'
+    assert cf.official_weights(both, 'a.pth')[1] == entry
+    with pytest.raises(ConversionError) as exc:
+        cf.official_weights({'model': sd}, 'b.pth', ema=True)
+    assert str(exc.value) == ("--ema given but 'b.pth' has no state_dict_ema "
+                              "/ model_ema entry (found 'model')")
+
+
+def test_save_atomic_is_durable(tmp_path, monkeypatch):
+    """The converters' output is fsynced (file and directory) before it
+    replaces the target."""
+    synced = []
+    real = os.fsync
+
+    def fsync(fd):
+        synced.append(os.readlink(f'/proc/self/fd/{fd}'))
+        return real(fd)
+
+    monkeypatch.setattr(os, 'fsync', fsync)
+    out = tmp_path / 'out.pth'
+    cf.save_atomic({'w': torch.ones(2)}, str(out))
+    assert torch.load(str(out))['w'].tolist() == [1., 1.]
+    assert len(synced) >= 2 and str(tmp_path) in synced, synced
+
+
+def test_save_checkpoint_atomic_refusals_and_errors(tmp_path, monkeypatch):
+    """A directory at the output path is refused in one line; an OS error
+    is one line with its errno (when it has one), nothing written."""
+    (tmp_path / 'd.pth').mkdir()
+    with pytest.raises(ConversionError) as exc:
+        cf.save_checkpoint_atomic({}, str(tmp_path / 'd.pth'))
+    assert str(exc.value) == (
+        f"output {str(tmp_path / 'd.pth')!r} is a directory, not a regular "
+        'file: refusing to replace it')
+    out = tmp_path / 'o.pth'
+    for err, tail in ((OSError(28, 'No space left on device'),
+                       'No space left on device (errno 28)'),
+                      (OSError('quota'), 'quota')):
+
+        def fail(*a, err=err, **k):
+            raise err
+
+        monkeypatch.setattr(cf, 'save_atomic', fail)
+        with pytest.raises(ConversionError) as exc:
+            cf.save_checkpoint_atomic({}, str(out))
+        assert str(exc.value) == \
+            f'cannot write {str(out)!r}: {tail}; nothing was written'
+        assert not out.exists()
+
+
+def test_save_checkpoint_atomic_removes_only_its_own_stale_temps(tmp_path):
+    """Temporaries that a killed earlier run left for the same output are
+    removed; those of another output (maybe still being written by a
+    run that is alive, or not ours to judge) stay."""
+    pid = dead_pid()
+    mine = tmp_path / f'.out.pth.{pid}.0123abcd.mmsoft-tmp'
+    other = tmp_path / f'.other.pth.{pid}.0123abcd.mmsoft-tmp'
+    mine.write_bytes(b'half')
+    other.write_bytes(b'half')
+    cf.save_checkpoint_atomic({'w': torch.zeros(1)}, str(tmp_path / 'out.pth'))
+    assert not mine.exists() and other.exists()
+    assert (tmp_path / 'out.pth').exists()
+
+
+def test_missing_pretrained_walks_every_node(tmp_path):
+    """A SOFT given as the class itself, after a list and a plain value,
+    and the ``init_cfg`` key spelled as written (a dict or a list)."""
+    gone = dict(type='Pretrained', checkpoint='gone.pth')
+    cfg = dict(
+        model=dict(
+            type='X',
+            extra=[1, 'two'],
+            backbone=dict(type=SOFT, init_cfg=gone)))
+    msg = cf.missing_pretrained(cfg)
+    assert msg.startswith(
+        'gone.pth (model.backbone.init_cfg.checkpoint) does not exist')
+    cfg['model']['backbone']['init_cfg'] = [dict(type='TruncNormal'), gone]
+    assert cf.missing_pretrained(cfg).startswith(
+        'gone.pth (model.backbone.init_cfg[1].checkpoint) does not exist')
+    cfg = dict(
+        model=dict(type='X', parts=[3, dict(type='SOFT', init_cfg=gone)]))
+    assert cf.missing_pretrained(cfg).startswith(
+        'gone.pth (model.parts[1].init_cfg.checkpoint) does not exist')

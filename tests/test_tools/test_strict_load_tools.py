@@ -342,6 +342,9 @@ def test_version1_checkpoint_is_tested(setup):
         'message_hub': {}
     }, 'it has no meta.iter'),
     ({
+        'meta': {}
+    }, 'it has no message_hub, meta.epoch, meta.iter'),
+    ({
         'meta': {
             'epoch': 1,
             'iter': 9

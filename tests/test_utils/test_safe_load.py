@@ -225,3 +225,39 @@ def test_foreign_method_table_warning_is_one_line(tmp_path):
         'this process (loading a checkpoint does not change HistoryBuffer)'
     ]
     assert got.mean() == 6.0
+
+
+def test_refusal_message_names_the_global():
+    """The refusal is one line: the global and what is unpickled."""
+    e = safe_load.RefusedGlobal('posix.getcwd')
+    assert isinstance(e, pickle.UnpicklingError) and e.name == 'posix.getcwd'
+    assert str(e) == (
+        'mmsoft: refusing the pickled global posix.getcwd: only tensors, '
+        'plain containers and allow-listed objects are unpickled')
+
+
+def test_python2_names_of_protocol_2_are_mapped(tmp_path):
+    """Protocol 2 writes ``builtins`` objects under their Python 2 names
+    (``__builtin__.set``): they load as the allowed ``builtins`` ones, and
+    the check of a legacy file reads past them to a refused global."""
+    path = tmp_path / 'p2.pth'
+    torch.save({
+        's': {1, 2},
+        'w': torch.ones(1)
+    },
+               str(path),
+               pickle_protocol=2,
+               _use_new_zipfile_serialization=False)
+    with open(path, 'rb') as f:
+        assert b'__builtin__' in f.read()
+    got = safe_load.safe_torch_load(str(path))
+    assert got['s'] == {1, 2} and got['w'].tolist() == [1.]
+    torch.save({
+        's': {1, 2},
+        'f': os.getcwd
+    },
+               str(path),
+               pickle_protocol=2,
+               _use_new_zipfile_serialization=False)
+    assert safe_load.unsafe_globals(str(path)) == \
+        [f'{os.getcwd.__module__}.getcwd']

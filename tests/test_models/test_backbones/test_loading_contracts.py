@@ -346,3 +346,141 @@ def test_missing_weights_message_other_forms():
             f"soft_tiny.pth ({key}) does not exist: download the authors' "
             f"soft_tiny ImageNet file ('SOFT_Tiny' on {OFFICIAL_PAGE}) to "
             'that path, ' + tail.format(key=key, b='model.img_backbone'))
+
+
+# ------------------------------------------------ pretrained_init_cfg
+_NORMAL = dict(type='TruncNormal', layer='Linear', std=.02)
+
+
+@pytest.mark.parametrize(
+    'init_cfg, want, loads_all',
+    [
+        (None, None, False),
+        (_NORMAL, _NORMAL, False),
+        (dict(type='Pretrained', checkpoint='a.pth'),
+         dict(type='SOFTPretrained', checkpoint='a.pth'), True),
+        (dict(type='Pretrained', checkpoint='a.pth', strict=False),
+         dict(type='SOFTPretrained', checkpoint='a.pth', strict=False), False),
+        # a one-entry list stays a list; the load runs last, as mmengine
+        # orders Pretrained entries
+        ([dict(type='Pretrained', checkpoint='a.pth')
+          ], [dict(type='SOFTPretrained', checkpoint='a.pth')], True),
+        ([dict(type='Pretrained', checkpoint='a.pth', strict=True), _NORMAL], [
+            _NORMAL,
+            dict(type='SOFTPretrained', checkpoint='a.pth', strict=True)
+        ], True),
+        ([
+            dict(type='Pretrained', checkpoint='a.pth', strict=False),
+            dict(type='Pretrained', checkpoint='b.pth')
+        ], [
+            dict(type='SOFTPretrained', checkpoint='a.pth', strict=False),
+            dict(type='SOFTPretrained', checkpoint='b.pth')
+        ], True),
+    ])
+def test_pretrained_init_cfg(init_cfg, want, loads_all):
+    """``init_cfg`` with its Pretrained entries run by the strict loader,
+    the shape kept (dict / list), and whether a strict load replaces every
+    tensor (any entry not ``strict=False``)."""
+    from conftest import current_log
+    with current_log() as records:
+        got = loading.pretrained_init_cfg(init_cfg)
+    assert got == (want, loads_all)
+    assert records == []  # nothing dropped, nothing logged
+
+
+@pytest.mark.parametrize('init_cfg, want', [
+    (dict(type='Pretrained', checkpoint=None), None),
+    ([_NORMAL, dict(type='Pretrained', checkpoint=None)], [_NORMAL]),
+])
+def test_pretrained_init_cfg_without_checkpoint(init_cfg, want):
+    """``checkpoint=None`` ("no weights yet") drops the entry with one line
+    in the training log, naming the owner."""
+    from conftest import current_log
+    with current_log() as records:
+        assert loading.pretrained_init_cfg(init_cfg) == (want, False)
+        loading.pretrained_init_cfg(init_cfg, owner='MyNet')
+    assert [r.getMessage() for r in records] == [
+        'SOFT: init_cfg has no checkpoint; using random initialisation',
+        'MyNet: init_cfg has no checkpoint; using random initialisation'
+    ]
+
+
+def test_pretrained_load_is_named_in_the_init_info(tmp_path):
+    """mmengine's record of who initialised each parameter (the init-info
+    dump at the end of ``init_weights``) names the strict loader and the
+    file, as mmengine's own ``Pretrained`` does."""
+    import logging
+
+    from conftest import current_log
+
+    from mmsoft.models import SOFT
+    arch = dict(
+        embed_dims=[8, 8, 8, 8], num_heads=[1, 1, 1, 1], depths=[1, 1, 1, 1])
+    path = tmp_path / 'own.pth'
+    torch.save(SOFT(arch, pretrain_img_size=32).state_dict(), str(path))
+    model = SOFT(
+        arch,
+        pretrain_img_size=32,
+        init_cfg=dict(type='Pretrained', checkpoint=str(path)))
+    with current_log(logging.DEBUG) as records:
+        model.init_weights()
+    dump = '\n'.join(r.getMessage() for r in records)
+    # mmengine names the initialiser of each tensor the load changed
+    assert f'ffn.layers.1.weight - torch.Size([8, 32]): \n' \
+        f'SOFTPretrainedInit: load from {path}' in dump, dump[-2000:]
+
+
+def test_init_cfg_loader_defaults_and_map_location(tmp_path, monkeypatch):
+    """``SOFTPretrainedInit`` passes its checkpoint, prefix, map_location
+    and the strict defaults on to :func:`load_pretrained`."""
+    calls = []
+    monkeypatch.setattr(loading, 'load_pretrained',
+                        lambda *a, **k: calls.append((a, k)))
+    path = tmp_path / 'x.pth'
+    path.write_bytes(b'')
+    init = loading.SOFTPretrainedInit(str(path), 'backbone.', 'meta')
+    assert init.map_location == 'meta'
+    init(nn.Linear(2, 2))
+    assert calls == [
+        ((calls[0][0][0], str(path), 'backbone.', 'meta'),
+         dict(strict=True, opt_in='set model.backbone.init_cfg.strict=False'))
+    ]
+
+
+def test_official_soft_hint():
+    """The converter command for an authors' file loaded as a whole model:
+    the file's first authors' key as the example, the output file under
+    ``weights/`` (``soft.pth`` where the source names no file); None for
+    any other file."""
+    from mmsoft.models import converters as cv
+    sd = ref.random_official_state_dict([8, 8, 8, 8], [1, 1, 1, 1],
+                                        [1, 1, 1, 1],
+                                        pretrain_img_size=32,
+                                        dtype=torch.float32)
+    ckpt = {'model': dict(head_extra=torch.zeros(1), **sd)}
+    assert cv.official_soft_hint(ckpt, '/data/w/soft_tiny.pth') == (
+        '/data/w/soft_tiny.pth is an official SOFT checkpoint '
+        "(fudan-zvg/SOFT key layout, e.g. 'pos_embed1'); convert it first: "
+        'python tools/model_converters/soft2mmsoft.py /data/w/soft_tiny.pth '
+        'weights/soft_tiny.pth [--norm for soft_norm_* weights], and load '
+        'the converted file (the SOFT backbone alone reads it directly: '
+        "init_cfg=dict(type='Pretrained', "
+        'checkpoint=/data/w/soft_tiny.pth)).')
+    assert cv.official_soft_hint(sd).startswith(
+        'SRC is an official SOFT checkpoint')
+    assert 'soft2mmsoft.py SRC weights/SRC [' in cv.official_soft_hint(sd)
+    assert 'soft2mmsoft.py /data/ weights/soft.pth [' in \
+        cv.official_soft_hint(sd, '/data/')
+    assert cv.official_soft_hint({'state_dict': {'w': torch.zeros(1)}}) \
+        is None
+
+
+def test_few_keys():
+    """The first five keys of a list, and how many more there are."""
+    from mmsoft.utils.strict_load import few_keys
+    keys = [f'k{i}' for i in range(8)]
+    assert few_keys(keys[:5]) == 'k0, k1, k2, k3, k4'
+    assert few_keys(keys[:6]) == 'k0, k1, k2, k3, k4, ... (+1 more)'
+    assert few_keys(keys) == 'k0, k1, k2, k3, k4, ... (+3 more)'
+    assert few_keys(keys, 2) == 'k0, k1, ... (+6 more)'
+    assert few_keys([]) == ''

@@ -199,3 +199,144 @@ def test_partial_authors_load_and_second_init_weights(tmp_path, reports):
     assert len(reports) == 1
     for k, v in model.state_dict().items():
         assert torch.equal(v, before[k]), k
+
+
+# ------------------------------------------------------------------
+# the one-line report and the errors of load_pretrained, case by case
+def _tiny(**kw):
+    from mmsoft.models import SOFT
+    return SOFT(dict(DEMO, depths=[1, 1, 2, 1]), pretrain_img_size=64, **kw)
+
+
+def _filled(model, value):
+    """``model``'s state dict with every floating tensor set to ``value``
+    (so that which file's tensors were loaded is visible)."""
+    return {
+        k: torch.full_like(v, value) if v.is_floating_point() else v
+        for k, v in model.state_dict().items()
+    }
+
+
+def test_older_layout_is_upgraded_and_reported(tmp_path, reports):
+    """A version-1 file (the last stage's norm as ``norm.*``) loads, and
+    the report says the layout was an older one, upgraded."""
+    src = _tiny()
+    sd = dict(src.state_dict())
+    for k in ('weight', 'bias'):
+        sd[f'norm.{k}'] = sd.pop(f'stages.3.norm.{k}')
+    path = tmp_path / 'v1.pth'
+    torch.save({'state_dict': sd}, str(path))
+    dst = _tiny(init_cfg=dict(type='Pretrained', checkpoint=str(path)))
+    dst.init_weights()
+    assert torch.equal(dst.stages[3].norm.weight, src.stages[3].norm.weight)
+    assert reports == [
+        f"mmsoft: loaded {path}: older mmsoft layout (upgraded) "
+        f"('state_dict'), {len(sd)} tensors, strict"
+    ]
+
+
+def test_the_given_prefix_wins_over_backbone_keys(tmp_path, reports):
+    """``prefix`` (with or without its dot) selects the keys even where the
+    file also has ``backbone.`` ones (an EMA copy beside the model)."""
+    model = _tiny()
+    sd = {f'backbone.{k}': v for k, v in _filled(model, 0.).items()}
+    sd.update({f'ema.{k}': v for k, v in _filled(model, 1.).items()})
+    path = tmp_path / 'ema.pth'
+    torch.save(sd, str(path))
+    for prefix in ('ema', 'ema.'):
+        reports.clear()
+        loading.load_pretrained(model, str(path), prefix=prefix)
+        assert all(
+            torch.all(v == 1.) for v in model.state_dict().values()
+            if v.is_floating_point())
+        assert reports == [
+            f"mmsoft: loaded {path}: mmsoft layout, keys under 'ema.', "
+            f'{len(sd) // 2} tensors, strict'
+        ]
+
+
+def test_a_mismatch_names_the_module_and_the_prefix(tmp_path):
+    """The strict refusal names what was loaded into and, when a prefix
+    was applied, which keys were compared."""
+    sd = _tiny_other().state_dict()
+    bare, whole = tmp_path / 'bare.pth', tmp_path / 'whole.pth'
+    torch.save(sd, str(bare))
+    torch.save({f'backbone.{k}': v for k, v in sd.items()}, str(whole))
+    with pytest.raises(CheckpointMismatchError) as exc:
+        loading.load_pretrained(_tiny(), str(bare))
+    assert str(exc.value).startswith(f'checkpoint {bare} does not match '
+                                     f'SOFT: ')
+    with pytest.raises(CheckpointMismatchError) as exc:
+        loading.load_pretrained(_tiny(), str(whole))
+    assert str(exc.value).startswith(
+        f'checkpoint {whole} does not match SOFT (checkpoint keys under '
+        f"'backbone.'): ")
+
+
+def test_a_whole_model_is_compared_key_for_key(tmp_path):
+    """Into a whole model (its own keys under ``backbone.``), the keys of a
+    whole-model file are compared as they are: no prefix is taken off."""
+    whole = torch.nn.Module()
+    whole.backbone = _tiny()
+    path = tmp_path / 'other_whole.pth'
+    torch.save(
+        {
+            f'backbone.{k}': v
+            for k, v in _tiny_other().state_dict().items()
+        }, str(path))
+    with pytest.raises(CheckpointMismatchError) as exc:
+        loading.load_pretrained(whole, str(path))
+    assert str(exc.value).startswith(f'checkpoint {path} does not match '
+                                     f'Module: ')
+
+
+def _tiny_other():
+    from mmsoft.models import SOFT
+    return SOFT(dict(DEMO, depths=[1, 1, 3, 1]), pretrain_img_size=64)
+
+
+def test_attention_normalisation_of_the_file_is_checked(tmp_path):
+    """A file converted with another attention normalisation is refused
+    by the load itself, naming the file."""
+    src = _tiny()
+    path = tmp_path / 'norm.pth'
+    torch.save({
+        'state_dict': src.state_dict(),
+        'meta': {
+            'attn_norm': True
+        }
+    }, str(path))
+    dst = _tiny(attn_cfg=dict(type='SOFTAttention', attn_norm=False))
+    with pytest.raises(CheckpointMismatchError, match='attn_norm') as exc:
+        loading.load_pretrained(dst, str(path))
+    assert str(path) in str(exc.value)
+
+
+def test_the_report_goes_to_the_current_logger(tmp_path):
+    """The report is a log record of mmengine's current logger (the
+    training log), not a print."""
+    from conftest import current_log
+    model = _tiny()
+    path = tmp_path / 'own.pth'
+    torch.save(model.state_dict(), str(path))
+    with current_log() as records:
+        loading.load_pretrained(model, str(path))
+    assert [r.getMessage() for r in records] == [
+        f'mmsoft: loaded {path}: mmsoft layout, '
+        f'{len(model.state_dict())} tensors, strict'
+    ]
+
+
+def test_a_preset_arch_is_named_in_the_wrong_arch_error(tmp_path):
+    """The authors' file of an official size, into another size: the fix
+    is the preset name."""
+    path = tmp_path / 'soft_tiny.pth'
+    torch.save(
+        ref.random_official_state_dict([64, 128, 320, 512], [2, 4, 10, 16],
+                                       [1, 2, 3, 2],
+                                       pretrain_img_size=224,
+                                       dtype=torch.float32), str(path))
+    from mmsoft.models import SOFT
+    with pytest.raises(CheckpointMismatchError) as exc:
+        loading.load_pretrained(SOFT('small'), str(path))
+    assert '--cfg-options model.backbone.arch=tiny' in str(exc.value)
