@@ -237,3 +237,102 @@ def test_attn_norm_of_converted_or_trained_weights_is_checked():
     for ok in (dict(meta=dict(attn_norm=False)), dict(meta=dict(cfg=cfg[:24])),
                dict(meta=dict(cfg='import os; os._exit(1)')), {}, [1]):
         check_attn_norm(model, ok, 'ok.pth')
+
+
+# ------------------------------------- StrictLoadHook, in the Runner's place
+class _Whole(torch.nn.Module):
+    """A whole model: a SOFT backbone and a head."""
+
+    def __init__(self, arch=ARCH, attn_norm=False):
+        super().__init__()
+        self.backbone = SOFT(
+            arch, attn_cfg=dict(type='SOFTAttention', attn_norm=attn_norm))
+        self.head = torch.nn.Linear(2, 3)
+
+    def test_step(self, data):  # what BaseTTAModel asks of its model
+        return data
+
+
+def _runner(model, **attrs):
+    """What StrictLoadHook reads of a Runner: its model and, where given,
+    ``_load_from``, ``_resume`` and ``cfg``."""
+    import types
+    return types.SimpleNamespace(model=model, **attrs)
+
+
+def _hook(**kw):
+    from mmsoft.engine.hooks.strict_load_hook import StrictLoadHook
+    return StrictLoadHook(**kw)
+
+
+def test_strict_load_hook_names_the_loaded_file():
+    """A mismatch names the Runner's ``load_from`` (``checkpoint`` when it
+    has none), the model and how to allow a partial load."""
+    other = {'state_dict': _Whole(ARCH2).state_dict()}
+    for attrs, source in ((dict(_load_from='w/e.pth'), 'w/e.pth'),
+                          ({}, 'checkpoint'), (dict(_load_from=None),
+                                               'checkpoint')):
+        with pytest.raises(CheckpointMismatchError) as exc:
+            _hook().after_load_checkpoint(_runner(_Whole(), **attrs), other)
+        msg = str(exc.value)
+        assert msg.startswith(f'checkpoint {source} does not match the '
+                              f'model (_Whole): ')
+        assert msg.endswith('If a partial load is intended (e.g. another '
+                            'head), set allow_partial=True on '
+                            'StrictLoadHook.')
+    _hook(allow_partial=True).after_load_checkpoint(
+        _runner(_Whole(), _load_from='w/e.pth'), other)  # logged only
+
+
+def test_strict_load_hook_refuses_weights_for_resume():
+    """``--resume`` of a weights-only file: the refusal names the file;
+    the same file as ``load_from`` (no ``_resume``, or False) loads."""
+    model = _Whole()
+    weights = {'state_dict': model.state_dict()}
+    with pytest.raises(CheckpointMismatchError) as exc:
+        _hook().after_load_checkpoint(
+            _runner(model, _load_from='w.pth', _resume=True), weights)
+    assert str(exc.value).startswith(
+        '--resume w.pth: not a training checkpoint (it has no meta, '
+        'message_hub); ')
+    for attrs in (dict(_resume=False), {}):
+        _hook().after_load_checkpoint(
+            _runner(model, _load_from='w.pth', **attrs), weights)
+
+
+def test_strict_load_hook_names_the_config_in_the_attn_norm_refusal():
+    """The attention-normalisation refusal names the Runner's config."""
+    import types
+    model = _Whole(attn_norm=False)
+    ckpt = {'state_dict': model.state_dict(), 'meta': {'attn_norm': True}}
+    with pytest.raises(CheckpointMismatchError) as exc:
+        _hook().after_load_checkpoint(
+            _runner(
+                model,
+                _load_from='n.pth',
+                cfg=types.SimpleNamespace(filename='my_cfg.py')), ckpt)
+    assert 'but the model of my_cfg.py has attn_norm=False' in str(exc.value)
+    assert str(exc.value).startswith('checkpoint n.pth ')
+
+
+def test_check_checkpoint_for_model_defaults_and_wrappers():
+    """Strict by default (no partial-load sentence without ``opt_in``);
+    a test-time-augmentation wrapper is checked as its model."""
+    from mmengine.model import BaseTTAModel
+
+    from mmsoft.models.loading import check_checkpoint_for_model
+
+    class TTA(BaseTTAModel):
+
+        def merge_preds(self, data_samples_list):
+            return data_samples_list
+
+    model = _Whole()
+    sd = model.state_dict()
+    partial = {k: v for k, v in sd.items() if not k.startswith('head.')}
+    with pytest.raises(CheckpointMismatchError) as exc:
+        check_checkpoint_for_model(model, partial, 'p.pth')
+    assert 'head.weight' in str(exc.value)
+    assert 'If a partial load' not in str(exc.value)
+    report = check_checkpoint_for_model(TTA(module=model), sd, 'w.pth')
+    assert report.ok and report.matched == len(sd)
