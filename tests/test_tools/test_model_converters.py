@@ -825,3 +825,15 @@ def test_missing_pretrained_walks_every_node(tmp_path):
         model=dict(type='X', parts=[3, dict(type='SOFT', init_cfg=gone)]))
     assert cf.missing_pretrained(cfg).startswith(
         'gone.pth (model.parts[1].init_cfg.checkpoint) does not exist')
+
+
+def test_check_converted_mmsoft_keys(tiny_sd):
+    """mmsoft keys with or without ``backbone.`` (a whole classifier or a
+    bare backbone) against the arch; another input channel count is a
+    shape mismatch of the patch embedding."""
+    converted, arch = ok.convert_official_to_mmpretrain(tiny_sd)
+    cf.check_converted(converted, arch, 'x')
+    cf.check_converted(
+        backbone_part(converted), dict(arch, num_classes=0), 'x')
+    with pytest.raises(ConversionError, match='patch_embed'):
+        cf.check_converted(converted, dict(arch, in_channels=1), 'x')

@@ -336,3 +336,30 @@ def test_check_checkpoint_for_model_defaults_and_wrappers():
     assert 'If a partial load' not in str(exc.value)
     report = check_checkpoint_for_model(TTA(module=model), sd, 'w.pth')
     assert report.ok and report.matched == len(sd)
+
+
+def test_check_checkpoint_for_model_inputs(tmp_path):
+    """What a whole-model check accepts: a DataParallel-wrapped model,
+    ``module.`` keys (a file saved from a wrapper); a file that is no state
+    dict is one line; an authors' file gets the converter command for that
+    very file."""
+    from reference import official_soft_ref as ref
+
+    from mmsoft.models.loading import check_checkpoint_for_model
+    model = _Whole()
+    sd = model.state_dict()
+    wrapped = torch.nn.DataParallel(model)
+    assert check_checkpoint_for_model(wrapped, {'state_dict': sd}, 'w.pth').ok
+    ddp_keys = {f'module.{k}': v for k, v in sd.items()}
+    assert check_checkpoint_for_model(model, ddp_keys, 'd.pth').matched == \
+        len(sd)
+    with pytest.raises(CheckpointMismatchError) as exc:
+        check_checkpoint_for_model(model, [1, 2], 'l.pth')
+    assert str(exc.value) == 'checkpoint l.pth holds a list, not a state dict'
+    authors = ref.random_official_state_dict([8, 8, 8, 8], [1, 1, 1, 1],
+                                             [1, 1, 1, 1],
+                                             pretrain_img_size=32,
+                                             dtype=torch.float32)
+    with pytest.raises(CheckpointMismatchError) as exc:
+        check_checkpoint_for_model(model, {'model': authors}, 'a/o.pth')
+    assert 'soft2mmsoft.py a/o.pth weights/o.pth [--norm' in str(exc.value)
