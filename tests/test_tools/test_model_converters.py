@@ -837,3 +837,83 @@ def test_check_converted_mmsoft_keys(tiny_sd):
         backbone_part(converted), dict(arch, num_classes=0), 'x')
     with pytest.raises(ConversionError, match='patch_embed'):
         cf.check_converted(converted, dict(arch, in_channels=1), 'x')
+
+
+class _Reduce:
+    """Pickles as ``fn(*args)`` (run at load time)."""
+
+    def __init__(self, fn, *args):
+        self.fn, self.args = fn, args
+
+    def __reduce__(self):
+        return self.fn, self.args
+
+
+def test_load_checkpoint_file_contract(tmp_path):
+    """The converters' reader: one line for a missing path or a folder;
+    weights only (and timm's ``args`` Namespace) unless trusted, naming
+    the refused globals (not the Namespace) and ``--trust-checkpoint``;
+    trusted, it unpickles anything, and a failure is one line (its
+    exception's first line)."""
+    import argparse
+    import pickle
+    with pytest.raises(ConversionError) as exc:
+        cf.load_checkpoint_file(str(tmp_path / 'gone.pth'))
+    assert str(exc.value) == f"checkpoint {str(tmp_path / 'gone.pth')!r} " \
+        'does not exist'
+    with pytest.raises(ConversionError) as exc:
+        cf.load_checkpoint_file(str(tmp_path))
+    assert str(exc.value) == f'checkpoint {str(tmp_path)!r} is a ' \
+        'directory, not a file'
+    timm = tmp_path / 'timm.pth'
+    torch.save(
+        {
+            'state_dict': {
+                'w': torch.ones(1)
+            },
+            'args': argparse.Namespace(lr=1)
+        }, str(timm))
+    got = cf.load_checkpoint_file(str(timm))
+    assert got['args'].lr == 1 and got['state_dict']['w'].tolist() == [1.]
+    code = tmp_path / 'code.pth'
+    torch.save({'args': argparse.Namespace(lr=1), 'f': os.getcwd}, str(code))
+    with pytest.raises(ConversionError) as exc:
+        cf.load_checkpoint_file(str(code))
+    msg = str(exc.value)
+    assert msg.startswith(f'checkpoint {code} was refused: it holds pickled '
+                          f'objects other than tensors and plain containers '
+                          f'({os.getcwd.__module__}.getcwd), ')
+    assert msg.endswith('; if you trust the file, run again with '
+                        '--trust-checkpoint')
+    assert cf.load_checkpoint_file(str(code), trust=True)['f'] is os.getcwd
+    two = tmp_path / 'two_lines.pth'
+    torch.save({'x': _Reduce(exec, "raise ValueError('first\\nsecond')")},
+               str(two))
+    with pytest.raises(ConversionError) as exc:
+        cf.load_checkpoint_file(str(two), trust=True)
+    assert str(exc.value) == f"cannot load {str(two)!r} (ValueError: first)"
+    bad = tmp_path / 'bad_pickle.pth'
+    torch.save({'x': _Reduce(pickle.loads, b'garbage')}, str(bad))
+    with pytest.raises(ConversionError) as exc:
+        cf.load_checkpoint_file(str(bad), trust=True)
+    assert str(
+        exc.value).startswith(f"cannot load {str(bad)!r} (UnpicklingError: ")
+
+
+def test_find_official_state_dict_needs_half_the_keys():
+    """An authors' file: at least half of its keys are the authors' block /
+    patch-embedding / position keys (``n >= len // 2``, not a head or a
+    norm alone)."""
+    t = torch.zeros(1)
+    authors = ['pos_embed1', 'patch_embed1.proj.0.weight']
+    find = ok.find_official_state_dict
+    assert find({k: t for k in authors + ['a', 'b']}) is not None  # 2 of 4
+    assert find({k: t for k in authors + ['a', 'b', 'c']}) is not None  # 2/5
+    assert find({k: t for k in authors + ['a', 'b', 'c', 'd']}) is None
+    assert find({'x': t}) is None
+    assert find({
+        'cls_token': t,
+        'norm.weight': t,
+        'head.weight': t,
+        'x': t
+    }) is None
