@@ -917,3 +917,68 @@ def test_find_official_state_dict_needs_half_the_keys():
         'head.weight': t,
         'x': t
     }) is None
+
+
+def test_converter_parser_arguments():
+    """Both converters' arguments: their help texts as given, the stage-4
+    heads type, ``--trust-checkpoint`` off unless given."""
+    p = cf.converter_parser('DESC-TEXT', 'SRC-HELP', 'DST-HELP', 'HEADS-HELP',
+                            int)
+    text = p.format_help()
+    for part in ('DESC-TEXT', 'SRC-HELP', 'DST-HELP', 'HEADS-HELP',
+                 'unpickle arbitrary objects in SRC (only for files you '
+                 'trust)'):
+        assert part in ' '.join(text.split()), part
+    args = p.parse_args(['a.pth', 'b.pth'])
+    assert (args.src, args.dst, args.stage4_heads,
+            args.trust_checkpoint) == ('a.pth', 'b.pth', None, False)
+    args = p.parse_args(
+        ['a', 'b', '--stage4-heads', '8', '--trust-checkpoint'])
+    assert args.stage4_heads == 8 and args.trust_checkpoint is True
+
+
+def test_check_output_path_refusals(tmp_path, monkeypatch):
+    """An output that is a folder (a file name in it suggested), a device,
+    a FIFO, a socket or the input itself (a hard link too) is refused in
+    one line."""
+    import socket
+    import stat as st
+    src = tmp_path / 'in.pth'
+    src.write_bytes(b'x')
+
+    def refused(dst):
+        with pytest.raises(ConversionError) as exc:
+            cf.check_output_path(str(src), str(dst))
+        return str(exc.value)
+
+    assert refused(tmp_path) == (
+        f'output {str(tmp_path)!r} is a directory; give a file name, e.g. '
+        f"{str(tmp_path / 'in.pth')!r}")
+    fifo, sock = tmp_path / 'fifo', tmp_path / 'sock'
+    os.mkfifo(fifo)
+    s = socket.socket(socket.AF_UNIX)
+    s.bind(str(sock))
+    try:
+        for dst, kind in (('/dev/null', 'a character device'),
+                          (fifo, 'a FIFO'), (sock, 'a socket')):
+            assert refused(dst) == (
+                f'output {str(dst)!r} is {kind}, not a regular file: '
+                'refusing to replace it; give a file name')
+    finally:
+        s.close()
+    real_stat, blk = os.stat, tmp_path / 'blk'
+
+    def fake_stat(path, *a, **k):
+        if str(path) == str(blk):
+            return os.stat_result((st.S_IFBLK | 0o600, ) + (0, ) * 9)
+        return real_stat(path, *a, **k)
+
+    monkeypatch.setattr(cf.os, 'stat', fake_stat)
+    assert ' is a block device, not a regular file' in refused(blk)
+    monkeypatch.undo()
+    link = tmp_path / 'hard_link.pth'
+    os.link(src, link)
+    assert refused(link) == (
+        f'output {str(link)!r} is the input file {str(src)!r}: refusing to '
+        'replace it; choose another output path')
+    cf.check_output_path(str(src), str(tmp_path / 'new.pth'))  # fine
