@@ -982,3 +982,53 @@ def test_check_output_path_refusals(tmp_path, monkeypatch):
         f'output {str(link)!r} is the input file {str(src)!r}: refusing to '
         'replace it; choose another output path')
     cf.check_output_path(str(src), str(tmp_path / 'new.pth'))  # fine
+
+
+def _with(sd, pattern, tensor):
+    """``sd`` with every key matching ``pattern`` set to ``tensor``."""
+    import re
+    return OrderedDict(
+        (k, tensor if re.fullmatch(pattern, k) else v) for k, v in sd.items())
+
+
+def test_infer_arch_refusals(tiny_sd):
+    """Each shape check of every stage is one line naming what was found;
+    stage-4 heads are a positive int (1 included) dividing its dim."""
+    conv2 = r'block2\.\d+\.att\.mha\.attn\.conv\.weight'
+    lm1 = r'block1\.\d+\.att\.mha\.attn\.Qlandmark_op\.weight'
+    for sd, msg in (
+        (_with(tiny_sd, conv2, torch.zeros(3, 1, 5, 5)),
+         'inconsistent stage 2: 3 heads (block2.*.att.mha.attn.conv.weight '
+         '(3, 1, 5, 5)) x head width 32 (Qlandmark_op (32, 32, 4, 4)) != '
+         'embed dim 128'),
+        (_with(tiny_sd, lm1, torch.zeros(32, 32)),
+         'cannot infer the architecture: block1.*.att.mha.attn.'
+         'Qlandmark_op.weight should be (d, d, r, r) and .conv.weight (heads, '
+         '1, k, k); found (32, 32) and (2, 1, 9, 9) (linear landmark ops, '
+         'sr_ratio 1, are not supported)'),
+        (_with(tiny_sd, r'block1\.\d+\.att\.mha\.attn\.conv\.weight',
+               torch.zeros(3, 1, 9, 9)),
+         'inconsistent stage 1: 3 heads (block1.*.att.mha.attn.conv.weight '
+         '(3, 1, 9, 9)) x head width 32 (Qlandmark_op (32, 32, 8, 8)) != '
+         'embed dim 64'),
+    ):
+        with pytest.raises(ConversionError) as exc:
+            cf.infer_arch(sd)
+        assert str(exc.value) == msg
+    for bad in (True, 2.5, 0, -1):
+        with pytest.raises(ConversionError) as exc:
+            cf.infer_arch(tiny_sd, stage4_heads=bad)
+        assert str(exc.value) == \
+            f'stage-4 heads must be a positive integer, got {bad!r}'
+    assert cf.infer_arch(tiny_sd, stage4_heads=1)['num_heads'] == \
+        [2, 4, 10, 1]
+    with pytest.raises(ConversionError) as exc:
+        cf.infer_arch(tiny_sd, stage4_heads=7)
+    assert str(exc.value) == 'stage-4 heads 7 do not divide its embed dim 512'
+    odd = official_state_dict([64, 128, 320, 496], [2, 4, 10, 16],
+                              [1, 2, 3, 2])
+    with pytest.raises(ConversionError) as exc:
+        cf.infer_arch(odd)
+    assert str(exc.value) == (
+        "stage-4 heads 15 do not divide its embed dim 496 (stage 3's head "
+        'width 32); give them explicitly')
