@@ -876,7 +876,12 @@ def test_load_checkpoint_file_contract(tmp_path):
     got = cf.load_checkpoint_file(str(timm))
     assert got['args'].lr == 1 and got['state_dict']['w'].tolist() == [1.]
     code = tmp_path / 'code.pth'
-    torch.save({'args': argparse.Namespace(lr=1), 'f': os.getcwd}, str(code))
+    torch.save(
+        {
+            'args': argparse.Namespace(lr=1),
+            'f': os.getcwd,
+            'w': torch.ones(1)
+        }, str(code))
     with pytest.raises(ConversionError) as exc:
         cf.load_checkpoint_file(str(code))
     msg = str(exc.value)
@@ -885,7 +890,13 @@ def test_load_checkpoint_file_contract(tmp_path):
                           f'({os.getcwd.__module__}.getcwd), ')
     assert msg.endswith('; if you trust the file, run again with '
                         '--trust-checkpoint')
-    assert cf.load_checkpoint_file(str(code), trust=True)['f'] is os.getcwd
+    trusted = cf.load_checkpoint_file(str(code), trust=True)
+    assert trusted['f'] is os.getcwd and trusted['w'].device.type == 'cpu'
+    empty = tmp_path / 'empty_error.pth'
+    torch.save({'x': _Reduce(exec, 'raise ValueError()')}, str(empty))
+    with pytest.raises(ConversionError) as exc:
+        cf.load_checkpoint_file(str(empty), trust=True)
+    assert str(exc.value) == f'cannot load {str(empty)!r} (ValueError: )'
     two = tmp_path / 'two_lines.pth'
     torch.save({'x': _Reduce(exec, "raise ValueError('first\\nsecond')")},
                str(two))
@@ -929,6 +940,8 @@ def test_converter_parser_arguments():
                  'unpickle arbitrary objects in SRC (only for files you '
                  'trust)'):
         assert part in ' '.join(text.split()), part
+    assert [a.help for a in p._actions if a.dest == 'trust_checkpoint'] == \
+        ['unpickle arbitrary objects in SRC (only for files you trust)']
     args = p.parse_args(['a.pth', 'b.pth'])
     assert (args.src, args.dst, args.stage4_heads,
             args.trust_checkpoint) == ('a.pth', 'b.pth', None, False)

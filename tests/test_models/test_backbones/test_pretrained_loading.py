@@ -276,18 +276,19 @@ def test_a_mismatch_names_the_module_and_the_prefix(tmp_path):
 def test_a_whole_model_is_compared_key_for_key(tmp_path):
     """Into a whole model (its own keys under ``backbone.``), the keys of a
     whole-model file are compared as they are: no prefix is taken off."""
-    whole = torch.nn.Module()
-    whole.backbone = _tiny()
-    path = tmp_path / 'other_whole.pth'
-    torch.save(
-        {
-            f'backbone.{k}': v
-            for k, v in _tiny_other().state_dict().items()
-        }, str(path))
-    with pytest.raises(CheckpointMismatchError) as exc:
-        loading.load_pretrained(whole, str(path))
-    assert str(exc.value).startswith(f'checkpoint {path} does not match '
-                                     f'Module: ')
+    for backbone in (_tiny(), torch.nn.Linear(2, 2)):  # some keys / none
+        whole = torch.nn.Module()
+        whole.backbone = backbone
+        path = tmp_path / 'other_whole.pth'
+        torch.save(
+            {
+                f'backbone.{k}': v
+                for k, v in _tiny_other().state_dict().items()
+            }, str(path))
+        with pytest.raises(CheckpointMismatchError) as exc:
+            loading.load_pretrained(whole, str(path))
+        assert str(exc.value).startswith(f'checkpoint {path} does not match '
+                                         f'Module: ')
 
 
 def _tiny_other():
@@ -338,5 +339,14 @@ def test_a_preset_arch_is_named_in_the_wrong_arch_error(tmp_path):
                                        dtype=torch.float32), str(path))
     from mmsoft.models import SOFT
     with pytest.raises(CheckpointMismatchError) as exc:
-        loading.load_pretrained(SOFT('small'), str(path))
-    assert '--cfg-options model.backbone.arch=tiny' in str(exc.value)
+        loading.load_pretrained(
+            SOFT(
+                dict(
+                    embed_dims=[32, 64, 128, 256],
+                    num_heads=[1, 2, 4, 16],
+                    depths=[1, 1, 1, 1]),
+                pretrain_img_size=32), str(path))
+    # other widths (stage-4 heads as the file's): the neck / head follow
+    assert str(exc.value).endswith(
+        ': use --cfg-options model.backbone.arch=tiny and neck / head '
+        'in_channels [64, 128, 320, 512]')
