@@ -1045,3 +1045,26 @@ def test_infer_arch_refusals(tiny_sd):
     assert str(exc.value) == (
         "stage-4 heads 15 do not divide its embed dim 496 (stage 3's head "
         'width 32); give them explicitly')
+
+
+def test_infer_official_arch_values(tiny_sd):
+    """The inferred arch's values and their types: integer MLP ratios as
+    ints, a fractional one as a float; the input channels; whether stage-4
+    heads were given; stage-4 heads of at least 1; the official name."""
+    arch = ok.infer_official_arch(tiny_sd)
+    assert arch['mlp_ratios'] == [4, 4, 4, 4]
+    assert all(type(r) is int for r in arch['mlp_ratios'])
+    assert arch['in_channels'] == 3 and arch['stage4_heads_given'] is False
+    assert ok.infer_official_arch(tiny_sd, 16)['stage4_heads_given'] is True
+    fc1 = r'block1\.\d+\.att\.ff1\.weight'
+    odd = _with(tiny_sd, fc1, torch.zeros(96, 64))  # 1.5 x 64
+    assert ok.infer_official_arch(odd)['mlp_ratios'][0] == 1.5
+    gray = _with(tiny_sd, r'patch_embed1\.proj\.0\.weight',
+                 torch.zeros(64, 1, 3, 3))
+    assert ok.infer_official_arch(gray)['in_channels'] == 1
+    narrow = official_state_dict([64, 128, 320, 16], [2, 4, 10, 1],
+                                 [1, 1, 1, 1])
+    assert ok.infer_official_arch(narrow)['num_heads'][3] == 1
+    assert ok.official_model_name(arch) == 'soft[_norm]_tiny'
+    assert ok.official_model_name(arch, True) == 'soft_norm_tiny'
+    assert ok.official_model_name(arch, False) == 'soft_tiny'

@@ -363,3 +363,28 @@ def test_check_checkpoint_for_model_inputs(tmp_path):
     with pytest.raises(CheckpointMismatchError) as exc:
         check_checkpoint_for_model(model, {'model': authors}, 'a/o.pth')
     assert 'soft2mmsoft.py a/o.pth weights/o.pth [--norm' in str(exc.value)
+
+
+def test_attn_norm_refusal_the_other_way_and_mixed_settings():
+    """soft_* weights in a soft_norm_* model name ``--norm`` as the fix the
+    other way round; a stored config with both settings names no single
+    option."""
+    from mmsoft.models.loading import check_attn_norm
+    model = SOFT(ARCH, attn_cfg=dict(type='SOFTAttention', attn_norm=True))
+    with pytest.raises(CheckpointMismatchError) as exc:
+        check_attn_norm(model, dict(meta=dict(attn_norm=False)), 'n.pth')
+    assert str(exc.value) == (
+        'checkpoint n.pth holds soft_* weights (converted with '
+        'attn_norm=False, no --norm), but the model has attn_norm=True (its '
+        'SOFT attention): the weights would load and give wrong results. '
+        'Use a soft_* config or --cfg-options model.backbone.attn_cfg.'
+        'attn_norm=False; if the weights are soft_norm_* ones, convert them '
+        'again with --norm.')
+    cfg = 'model = dict(a=dict(attn_norm=False), b=dict(attn_norm=True))\n'
+    with pytest.raises(CheckpointMismatchError) as exc:
+        check_attn_norm(model, dict(meta=dict(cfg=cfg)), 't.pth')
+    assert str(exc.value) == (
+        'checkpoint t.pth was trained with attn_norm=False / attn_norm=True '
+        '(the config stored in it), but the model has attn_norm=True (its '
+        'SOFT attention): the weights would load and give wrong results. Use '
+        'the config it was trained with or its attn_cfg settings.')
