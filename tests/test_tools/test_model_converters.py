@@ -1068,3 +1068,44 @@ def test_infer_official_arch_values(tiny_sd):
     assert ok.official_model_name(arch) == 'soft[_norm]_tiny'
     assert ok.official_model_name(arch, True) == 'soft_norm_tiny'
     assert ok.official_model_name(arch, False) == 'soft_tiny'
+
+
+def test_state_dict_plumbing_messages():
+    """One-line refusals of the state-dict helpers, the key list cut at 20
+    names; the legacy upgrade keeps ``_metadata``, works on any mapping
+    and on any prefix text."""
+    import types
+
+    from mmsoft.utils.strict_load import check_state_dict
+    with pytest.raises(ConversionError) as exc:
+        ok.extract_state_dict([1])
+    assert str(exc.value) == 'checkpoint is a list, not a dict'
+    with pytest.raises(ConversionError) as exc:
+        ok.extract_state_dict({f'k{i:02d}': 1 for i in range(25)})
+    names = [f'k{i:02d}' for i in range(20)]
+    assert str(exc.value) == (
+        "no state dict found in the checkpoint: expected one of "
+        "['state_dict_ema', 'model_ema', 'state_dict', 'model'] holding "
+        f'tensors, or a bare state dict; top-level keys are {names}')
+    with pytest.raises(ConversionError) as exc:
+        ok.strip_module_prefix({'module.a': 1, 'a': 2})
+    assert str(exc.value) == \
+        'keys occur twice after stripping "module." prefixes'
+    with pytest.raises(Exception) as exc:
+        check_state_dict({
+            'a': torch.zeros(1),
+            'b': torch.zeros(1)
+        }, {'a': torch.zeros(1)}, 'src')
+    assert str(exc.value) == (
+        'checkpoint src does not match the model: 1 of its 1 tensors would '
+        "load. 1 of the model's 2 tensors are missing from the checkpoint: b.")
+    old = OrderedDict([('norm.weight', 1), ('cls_token', 2)])
+    old._metadata = {'': {'version': 1}}
+    new = ok.upgrade_legacy_state_dict(old)
+    assert list(new) == ['stages.3.norm.weight', 'stages.3.cls_token']
+    assert new._metadata == {'': {'version': 1}}
+    assert list(
+        ok.upgrade_legacy_state_dict(types.MappingProxyType(
+            dict(old)))) == list(new)
+    odd = ok.upgrade_legacy_state_dict({'x\\y.norm.weight': 1}, 'x\\y.')
+    assert list(odd) == ['x\\y.stages.3.norm.weight']
