@@ -207,6 +207,14 @@ def test_unreadable_init_cfg_checkpoint_is_one_line(tmp_path, kind,
     }[kind] in msg
 
 
+def _attn_norm_refusal(model, checkpoint, *args):
+    """The message of check_attn_norm's refusal (it must refuse)."""
+    from mmsoft.models.loading import check_attn_norm
+    with pytest.raises(CheckpointMismatchError) as exc:
+        check_attn_norm(model, checkpoint, *args)
+    return str(exc.value)
+
+
 def test_attn_norm_of_converted_or_trained_weights_is_checked():
     """One check, two sources: ``meta['attn_norm']`` of a converted file
     and the ``model`` of the config text mmengine stores in ``meta['cfg']``
@@ -214,9 +222,7 @@ def test_attn_norm_of_converted_or_trained_weights_is_checked():
     from mmsoft.models.loading import check_attn_norm
     model = SOFT(ARCH, attn_cfg=dict(type='SOFTAttention', attn_norm=False))
     conv = dict(meta=dict(attn_norm=True, official_model='soft_norm_tiny'))
-    with pytest.raises(CheckpointMismatchError) as exc:
-        check_attn_norm(model, conv, 'n.pth', 'c.py')
-    assert str(exc.value) == (
+    assert _attn_norm_refusal(model, conv, 'n.pth', 'c.py') == (
         'checkpoint n.pth holds soft_norm_tiny weights (converted with '
         'attn_norm=True, --norm), but the model of c.py has attn_norm=False '
         '(its SOFT attention): the weights would load and give wrong '
@@ -226,9 +232,7 @@ def test_attn_norm_of_converted_or_trained_weights_is_checked():
     cfg = ("x = dict(attn_norm=False)\nmodel = dict(\n    backbone=dict(\n"
            "        attn_cfg={'attn_norm': True, 'type': 'soft'}))\n"
            "y = dict(attn_norm=False)\n")
-    with pytest.raises(CheckpointMismatchError) as exc:
-        check_attn_norm(model, dict(meta=dict(cfg=cfg)), 't.pth')
-    assert str(exc.value) == (
+    assert _attn_norm_refusal(model, dict(meta=dict(cfg=cfg)), 't.pth') == (
         'checkpoint t.pth was trained with attn_norm=True (the config stored '
         'in it), but the model has attn_norm=False (its SOFT attention): the '
         'weights would load and give wrong results. Use the config it was '
@@ -369,21 +373,17 @@ def test_attn_norm_refusal_the_other_way_and_mixed_settings():
     """soft_* weights in a soft_norm_* model name ``--norm`` as the fix the
     other way round; a stored config with both settings names no single
     option."""
-    from mmsoft.models.loading import check_attn_norm
     model = SOFT(ARCH, attn_cfg=dict(type='SOFTAttention', attn_norm=True))
-    with pytest.raises(CheckpointMismatchError) as exc:
-        check_attn_norm(model, dict(meta=dict(attn_norm=False)), 'n.pth')
-    assert str(exc.value) == (
-        'checkpoint n.pth holds soft_* weights (converted with '
-        'attn_norm=False, no --norm), but the model has attn_norm=True (its '
-        'SOFT attention): the weights would load and give wrong results. '
-        'Use a soft_* config or --cfg-options model.backbone.attn_cfg.'
-        'attn_norm=False; if the weights are soft_norm_* ones, convert them '
-        'again with --norm.')
+    assert _attn_norm_refusal(
+        model, dict(meta=dict(attn_norm=False)), 'n.pth'
+    ) == ('checkpoint n.pth holds soft_* weights (converted with '
+          'attn_norm=False, no --norm), but the model has attn_norm=True (its '
+          'SOFT attention): the weights would load and give wrong results. '
+          'Use a soft_* config or --cfg-options model.backbone.attn_cfg.'
+          'attn_norm=False; if the weights are soft_norm_* ones, convert them '
+          'again with --norm.')
     cfg = 'model = dict(a=dict(attn_norm=False), b=dict(attn_norm=True))\n'
-    with pytest.raises(CheckpointMismatchError) as exc:
-        check_attn_norm(model, dict(meta=dict(cfg=cfg)), 't.pth')
-    assert str(exc.value) == (
+    assert _attn_norm_refusal(model, dict(meta=dict(cfg=cfg)), 't.pth') == (
         'checkpoint t.pth was trained with attn_norm=False / attn_norm=True '
         '(the config stored in it), but the model has attn_norm=True (its '
         'SOFT attention): the weights would load and give wrong results. Use '
