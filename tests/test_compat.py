@@ -370,7 +370,7 @@ def test_unravel_index(monkeypatch, native):
 def _cuda_autocast_flag():
     """CUDA autocast switched on as torch.autocast('cuda') does (the
     thread-local flag; no CUDA device needed)."""
-    set_on = getattr(torch, 'set_autocast_enabled')
+    set_on = torch.set_autocast_enabled
     try:
         set_on('cuda', True)
         undo = functools.partial(set_on, 'cuda', False)
