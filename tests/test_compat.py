@@ -459,3 +459,15 @@ def test_tools_print_only_their_own_output(tool):
     assert proc.returncode == 0, proc.stderr
     assert proc.stderr == '' and proc.stdout.startswith('usage:'), \
         proc.stderr
+
+
+def test_register_safe_globals_adds_nothing_before_torch_2_6(monkeypatch):
+    """Before torch 2.6 there is no allow-list to extend (mmsoft's loader
+    is the restricted unpickler): False, and torch's list is unchanged."""
+    before = list(map(str, torch.serialization.get_safe_globals())) \
+        if hasattr(torch.serialization, 'get_safe_globals') else None
+    monkeypatch.setattr(compat, 'native_allow_list', lambda: False)
+    assert compat.register_safe_globals() is False
+    if before is not None:
+        assert list(map(str, torch.serialization.get_safe_globals())) == \
+            before

@@ -261,3 +261,122 @@ def test_python2_names_of_protocol_2_are_mapped(tmp_path):
                _use_new_zipfile_serialization=False)
     assert safe_load.unsafe_globals(str(path)) == \
         [f'{os.getcwd.__module__}.getcwd']
+
+
+@pytest.mark.parametrize('version, want', [
+    ('2.6.0', (2, 6)),
+    ('2.5.1+cu124', (2, 5)),
+    ('2.6+cu124', (2, 6)),
+    ('2.10.0a0+git1234', (2, 10)),
+    ('3.0.0.dev20270101', (3, 0)),
+    ('2.x', (2, 0)),
+])
+def test_torch_version_is_major_minor(version, want):
+    """(major, minor) as numbers: a local build tag (after ``+``) and a
+    pre-release suffix are dropped, a part without digits is 0."""
+    assert safe_load.torch_version(version) == want
+
+
+@pytest.mark.parametrize('version, native', [('2.5.1', False), ('2.6.0', True),
+                                             ('2.7.0+cpu', True)])
+def test_native_allow_list_from_torch_2_6(monkeypatch, version, native):
+    """torch's own weights-only unpickler takes mmsoft's allow-list from
+    torch 2.6 on (``add_safe_globals`` of ``(obj, name)`` pairs)."""
+    monkeypatch.setattr(torch, '__version__', version)
+    assert safe_load.torch_version() == safe_load.torch_version(version)
+    assert safe_load.native_allow_list() is native
+
+
+class _Encode:
+    """Pickles to ``_codecs.encode(*args)`` (protocol 2's ``bytes``)."""
+
+    def __init__(self, *args):
+        self.args = args
+
+    def __reduce__(self):
+        return codecs.encode, self.args
+
+
+@pytest.fixture
+def restricted(monkeypatch):
+    """What torch < 2.6 runs (:class:`safe_load.RestrictedUnpickler`), on
+    this torch."""
+    monkeypatch.setattr(safe_load, 'native_allow_list', lambda: False)
+
+
+def test_restricted_loader_loads_what_torch_loads(tmp_path, restricted):
+    """Tensors, a protocol-2 numpy array (its bytes are
+    ``_codecs.encode(str, 'latin1')``) and an ``extra`` object load as
+    torch's own loader gives them; ``map_location`` is applied."""
+    path = str(tmp_path / 'p2.pth')
+    torch.save(
+        {
+            'w': torch.arange(3.),
+            'a': np.arange(4, dtype=np.int16),
+            'x': _Allowed()
+        },
+        path,
+        pickle_protocol=2)
+    seen = []
+
+    def where(storage, location):
+        seen.append(location)
+        return storage
+
+    got = safe_load.safe_torch_load(path, map_location=where, extra=[_Allowed])
+    assert seen == ['cpu']
+    assert got['w'].tolist() == [
+        0.,
+        1.,
+        2.,
+    ]
+    assert got['a'].dtype == np.int16 and got['a'].tolist() == [0, 1, 2, 3]
+    assert isinstance(got['x'], _Allowed)
+    with pytest.raises(safe_load.RefusedGlobal, match='_Allowed'):
+        safe_load.safe_torch_load(path)
+
+
+def test_restricted_codecs_encode_is_latin1_of_a_str_only(
+        tmp_path, restricted):
+    """Before torch 2.6, ``_codecs.encode`` is allowed as protocol 2 uses
+    it (a str, latin1 or latin-1, strict): anything else is one refusal
+    line naming the call. torch >= 2.6 allows every codec itself."""
+    path = str(tmp_path / 'enc.pth')
+    for args, want in [(('\xff', 'latin1'), b'\xff'),
+                       (('\xff', 'latin-1'), b'\xff'),
+                       (('a', 'latin1', 'strict'), b'a')]:
+        torch.save({'b': _Encode(*args)}, path)
+        assert safe_load.safe_torch_load(path) == {'b': want}
+    for args, what in [(('a', ), "a str with 'utf-8'"),
+                       (('a', 'utf-8'), "a str with 'utf-8'"),
+                       ((b'a', 'latin1'), "a bytes with 'latin1'")]:
+        torch.save({'b': _Encode(*args)}, path)
+        with pytest.raises(pickle.UnpicklingError) as info:
+            safe_load.safe_torch_load(path)
+        assert str(info.value) == _refusal(f'_codecs.encode of {what}',
+                                           "encode(str, 'latin1')")
+    torch.save({'b': _Encode('\u0100', 'latin1')}, path)
+    with pytest.raises(UnicodeEncodeError):  # strict, as protocol 2 asks
+        safe_load.safe_torch_load(path)
+
+
+@needs_torch('2.6', "torch's weights-only unpickler with (obj, name) "
+             'entries')
+def test_native_loader_takes_every_codec(tmp_path):
+    path = str(tmp_path / 'enc.pth')
+    torch.save({'b': _Encode('a', 'utf-8')}, path)
+    assert safe_load.safe_torch_load(path) == {'b': b'a'}
+
+
+@pytest.mark.parametrize(
+    'dtype', ['u1', 'u2', 'u4', 'u8', 'i2', 'f2', 'c8', 'c16', '?'])
+def test_numpy_scalars_and_arrays_of_every_numeric_dtype_load(tmp_path, dtype):
+    """mmengine's checkpoints may hold numpy scalars and arrays of any
+    numeric dtype (unsigned and complex too)."""
+    path = str(tmp_path / 'np.pth')
+    a = np.arange(3).astype(dtype)
+    torch.save({'a': a, 's': a[1]}, path)
+    got = safe_load.safe_torch_load(path)
+    assert got['a'].dtype == np.dtype(dtype) and got['a'].tolist() == \
+        a.tolist()
+    assert got['s'].dtype == np.dtype(dtype) and got['s'] == a[1]

@@ -5,15 +5,17 @@
 the missing / unexpected / mis-shaped keys (and the converter command for
 an unconverted official SOFT checkpoint for whole-model loads; the
 backbone's init_cfg converts it); partial loads are an explicit opt-in."""
+import logging
 import os.path as osp
 
 import pytest
 import torch
-from conftest import ROOT, load_module, save_classifier_checkpoint, tiny_arch
+from conftest import (ROOT, current_log, load_module,
+                      save_classifier_checkpoint, tiny_arch)
 
 from mmsoft.models.backbones import SOFT
 from mmsoft.utils.strict_load import (CheckpointMismatchError,
-                                      compare_state_dicts)
+                                      check_state_dict, compare_state_dicts)
 
 ARCH = tiny_arch([8, 16, 16, 32], [1, 2, 2, 2])
 ARCH2 = tiny_arch([8, 16, 24, 32], [1, 2, 2, 2], [1, 1, 2, 1])
@@ -388,3 +390,63 @@ def test_attn_norm_refusal_the_other_way_and_mixed_settings():
         '(the config stored in it), but the model has attn_norm=True (its '
         'SOFT attention): the weights would load and give wrong results. Use '
         'the config it was trained with or its attn_cfg settings.')
+
+
+def _sds(matched):
+    """A model state dict and a checkpoint that shares ``matched`` of its
+    tensors with it (the other checkpoint tensor is unexpected, the
+    other model tensor missing)."""
+    model = {f'm{i}': torch.zeros(1) for i in range(matched)}
+    ckpt = dict(model)
+    model['only_model'] = torch.zeros(1)
+    ckpt['only_ckpt'] = torch.zeros(1)
+    return model, ckpt
+
+
+@pytest.mark.parametrize('matched', [0, 1, 2])
+def test_check_state_dict_error_is_the_documented_line(matched):
+    """The refusal names the source, the default target ``the model``, how
+    many tensors would load (``none`` marked as another model's), each kind
+    of mismatch with its keys; the opt-in is offered only when some tensor
+    would load, and no fix at all without an opt-in."""
+    model, ckpt = _sds(matched)
+    none = ' (none: a checkpoint of another model?)' if not matched else ''
+    head = (f'checkpoint ck.pth does not match the model: {matched} of its '
+            f'{matched + 1} tensors would load{none}. '
+            f"1 of the model's {matched + 1} tensors are missing from the "
+            "checkpoint: only_model; 1 of the checkpoint's "
+            f'{matched + 1} tensors are not in the model (unexpected): '
+            'only_ckpt.')
+    with pytest.raises(CheckpointMismatchError) as info:
+        check_state_dict(model, ckpt, 'ck.pth')
+    assert str(info.value) == head
+    with pytest.raises(CheckpointMismatchError) as info:
+        check_state_dict(model, ckpt, 'ck.pth', opt_in='set strict=False')
+    fix = ' If a partial load is intended (e.g. another head), ' \
+        'set strict=False.' if matched else ''
+    assert str(info.value) == head + fix
+
+
+@pytest.mark.parametrize('matched', [1, 2])
+def test_allowed_partial_load_is_one_warning(matched):
+    """``allow_partial`` with at least one tensor loading: a WARNING to the
+    current logger, ``partial load (allowed):`` then the refusal's parts,
+    one per indented line; the report is returned."""
+    model, ckpt = _sds(matched)
+    with current_log() as records:
+        r = check_state_dict(
+            model, ckpt, 'ck.pth', target='SOFT', allow_partial=True)
+    assert r.matched == matched
+    assert [(rec.levelno, rec.getMessage()) for rec in records] == [
+        (logging.WARNING, 'partial load (allowed): checkpoint ck.pth does '
+         f'not match SOFT: {matched} of its {matched + 1} tensors would '
+         f"load.\n  1 of the model's {matched + 1} tensors are missing from "
+         "the checkpoint: only_model\n  1 of the checkpoint's "
+         f'{matched + 1} tensors are not in the model (unexpected): '
+         'only_ckpt')
+    ]
+    with pytest.raises(
+            CheckpointMismatchError,
+            match=r'^checkpoint ck\.pth '
+            r'does not match SOFT: 0 of its 1 tensors .*none:'):
+        check_state_dict(*_sds(0), 'ck.pth', target='SOFT', allow_partial=True)

@@ -6,7 +6,6 @@ from typing import Dict, Optional
 
 from mmengine.hooks import Hook
 from mmengine.logging import print_log
-from mmengine.model import is_model_wrapper
 from mmengine.registry import HOOKS
 
 __all__ = ['NRResidualHook']
@@ -39,10 +38,10 @@ class NRResidualHook(Hook):
         self._backbones = []
 
     def before_run(self, runner) -> None:
-        model = runner.model
-        model = model.module if is_model_wrapper(model) else model
+        # a model wrapper's modules() include the wrapped model's
         self._backbones = [
-            m for m in model.modules() if hasattr(m, 'set_nr_diagnostics')
+            m for m in runner.model.modules()
+            if hasattr(m, 'set_nr_diagnostics')
         ]
         if not self._backbones:
             print_log(

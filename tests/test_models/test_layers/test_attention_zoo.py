@@ -10,7 +10,8 @@ import torch.nn.functional as F
 
 from mmsoft.models.backbones import SOFT
 from mmsoft.models.layers import (SOFTAttention, attention_types,
-                                  build_attention, landmark_grid)
+                                  build_attention, landmark_grid, query_index,
+                                  reduce_map)
 from mmsoft.models.layers.gaussian_kernel import gaussian_kernel
 from mmsoft.models.layers.nr_config import NRConfig
 from mmsoft.models.layers.zoo import (LinformerAttention,
@@ -396,3 +397,41 @@ def test_max_landmarks_reaches_reduced_zoo_entries_through_the_block():
     assert isinstance(blk.attn, SoftmaxZooAttention)
     assert isinstance(build('sima'), SimAAttention)
     assert isinstance(build('nystromformer'), NystromformerAttention)
+
+
+def test_query_index_of_a_pair_or_a_flat_index():
+    """(row, col) -> row * W + col; every token of the H x W map is a
+    query, nothing outside it (one line naming the query and the map)."""
+    hw = (3, 4)
+    assert [
+        query_index((r, c), hw) for r, c in [(0, 0), (0, 3), (2, 0), (2, 3)]
+    ] == [0, 3, 8, 11]
+    assert query_index([1, 2], hw) == 6
+    assert [query_index(i, hw) for i in (0, 11)] == [0, 11]
+    assert query_index(torch.tensor(5), hw) == 5
+    for bad, msg in [((3, 0), 'query (3, 0) outside the 3x4 map'),
+                     ((0, 4), 'query (0, 4) outside the 3x4 map'),
+                     ((-1, 0), 'query (-1, 0) outside the 3x4 map'),
+                     ((0, -1), 'query (0, -1) outside the 3x4 map'),
+                     (12, 'query index 12 outside the 3x4 map'),
+                     (-1, 'query index -1 outside the 3x4 map')]:
+        with pytest.raises(IndexError) as info:
+            query_index(bad, hw)
+        assert str(info.value) == msg
+
+
+@pytest.mark.parametrize('kw, m', [(dict(max_landmarks=6), 4),
+                                   (dict(landmark_hw=(1, 3)), 3)])
+def test_spread_to_tokens_follows_the_landmark_cap(kw, m):
+    """With ``max_landmarks`` / ``landmark_hw`` the reduced grid is the
+    capped one (``reduce_map``): its transpose still, and weights of
+    another length are one line."""
+    w = torch.rand(2, m, dtype=torch.float64)
+    z = torch.randn(6, 8, dtype=torch.float64)
+    spread = spread_to_tokens(w, (6, 8), 2, **kw)
+    pooled = reduce_map(z[None, None], 2, **kw).flatten()
+    assert pooled.numel() == m
+    torch.testing.assert_close(spread @ z.flatten(), w @ pooled)
+    with pytest.raises(ValueError) as info:
+        spread_to_tokens(torch.rand(2, m + 1), (6, 8), 2, **kw)
+    assert str(info.value) == f'{m + 1} weights for {m} reduced tokens'
