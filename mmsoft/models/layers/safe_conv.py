@@ -101,12 +101,9 @@ class SafeConv2d(nn.Conv2d):
                       self.dilation, self.groups)
 
 
-def guard_convs(model: nn.Module) -> int:
+def guard_convs(model: nn.Module) -> None:
     """Make every plain ``nn.Conv2d`` of ``model`` a :class:`SafeConv2d` in
-    place (same object, parameters and state dict); returns how many."""
-    count = 0
+    place (same object, parameters and state dict)."""
     for module in model.modules():
         if type(module) is nn.Conv2d:
             module.__class__ = SafeConv2d
-            count += 1
-    return count

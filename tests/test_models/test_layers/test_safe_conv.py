@@ -259,3 +259,31 @@ def test_cpu_amp_wrapper_guards_every_conv_of_the_model(monkeypatch):
     assert all(torch.equal(state[k], v) for k, v in model.state_dict().items())
     assert out.dtype == torch.bfloat16
     assert rel_err(out, ref) < RTOL[torch.bfloat16]
+
+
+@pytest.mark.parametrize('dtype', HALF)
+def test_probe_runs_seeded_unit_scale_inputs(monkeypatch, dtype):
+    """The probe runs the configuration on one sample of unit-variance
+    inputs and weights of variance 1 / fan_in (so a correct kernel's
+    output stays well inside the half range), the same ones every time
+    (a verdict is reproducible), in ``dtype`` and in float32."""
+    seen = []
+
+    def record(x, w, *args):
+        seen.append((x.clone(), w.clone()))
+        return F.conv2d(x, w, *args)
+
+    monkeypatch.setattr(SAFE, '_raw_conv2d', record)
+    in_shape, w_shape = (64, 10, 12), (32, 64, 3, 2)  # fan_in 64 * 3 * 2
+    key = (dtype, in_shape, w_shape, (1, 1), (1, 1), (1, 1), 1)
+    assert SAFE._probe(key) is True  # F.conv2d: correct
+    SAFE._probe(key)
+    assert [(x.dtype, w.dtype) for x, w in seen] == \
+        [(dtype, dtype), (torch.float32, torch.float32)] * 2
+    (x, w), (x32, w32) = seen[:2]
+    assert x.shape == (1, ) + in_shape and w.shape == w_shape
+    assert torch.equal(x32, x.float()) and torch.equal(w32, w.float())
+    for a, b in zip(seen[:2], seen[2:]):
+        assert torch.equal(a[0], b[0]) and torch.equal(a[1], b[1])
+    assert abs(x.float().std().item() - 1) < 0.05
+    assert abs(w.float().std().item() * (64 * 3 * 2)**0.5 - 1) < 0.05
