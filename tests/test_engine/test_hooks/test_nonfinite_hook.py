@@ -288,3 +288,66 @@ def test_process_exits_nonzero(tmp_path):
     assert proc.returncode != 0
     assert 'NonFiniteLossError' in proc.stderr
     assert 'epoch 2, iteration' in proc.stderr
+
+
+def _guarded_wrapper(hook):
+    """A real OptimWrapper over a Linear, guarded by ``hook``'s
+    ``before_train`` on a stand-in runner; its original ``update_params``
+    records the arguments it gets."""
+    import types
+
+    from mmengine.logging import MMLogger
+    from mmengine.optim import OptimWrapper
+    model = nn.Linear(2, 1)
+    wrapper = OptimWrapper(torch.optim.SGD(model.parameters(), lr=0.1))
+    calls, original = [], wrapper.update_params
+
+    def record(loss, *args, **kwargs):
+        calls.append((args, kwargs))
+        return original(loss, *args, **kwargs)
+
+    wrapper.update_params = record
+    runner = types.SimpleNamespace(
+        model=model,
+        optim_wrapper=wrapper,
+        logger=MMLogger.get_current_instance(),
+        train_loop=types.SimpleNamespace(max_iters=4),
+        iter=0,
+        epoch=0,
+        work_dir=None)
+    hook.before_train(runner)
+    hook.before_train_iter(runner, 0)
+    return runner, model, calls
+
+
+def test_guard_wraps_once_and_passes_every_argument_on():
+    """``update_params`` is wrapped once, however often ``before_train``
+    runs (a second ``train()``); the wrapper hands the step / zero_grad
+    arguments to the original as given."""
+    hook = NonFiniteLossHook()
+    runner, model, calls = _guarded_wrapper(hook)
+    guarded = runner.optim_wrapper.update_params
+    hook.before_train(runner)
+    assert runner.optim_wrapper.update_params is guarded
+    loss = model(torch.ones(1, 2)).sum()
+    runner.optim_wrapper.update_params(
+        loss, {}, zero_kwargs=dict(set_to_none=True))
+    assert calls == [(({}, ), dict(zero_kwargs=dict(set_to_none=True)))]
+
+
+def test_step_that_breaks_another_ranks_parameters_stops(monkeypatch):
+    """With several ranks, a finite loss whose step made nan / inf
+    parameters on another rank stops this one too, saying so."""
+    import importlib
+    module = importlib.import_module('mmsoft.engine.hooks.nonfinite_hook')
+    runner, model, _ = _guarded_wrapper(NonFiniteLossHook())
+    flags = []  # 1: the loss was finite everywhere, 2: the parameters not
+    monkeypatch.setattr(module, '_any_rank',
+                        lambda flag: flags.append(flag) or len(flags) == 2)
+    loss = model(torch.ones(1, 2)).sum()
+    with pytest.raises(NonFiniteLossError) as info:
+        runner.optim_wrapper.update_params(loss)
+    assert str(info.value).startswith(
+        'NonFiniteLossHook: the optimizer step at iteration 1/4 made '
+        'parameters on another rank nan / inf although the loss was finite')
+    assert flags == [False, False]  # this rank's loss and parameters
