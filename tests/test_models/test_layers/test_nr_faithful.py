@@ -215,3 +215,30 @@ def test_nr_backward_compare_tool(capsys):
     assert 'soft_norm_per_sample (float64)' in out
     f64 = float(out.split('soft_norm_per_sample (float64) ')[1].split()[0])
     assert f64 < 1e-10
+
+
+def test_record_residual_on_known_spectra():
+    """``record_residual`` per matrix, for eigenvalues l and v = v_T(l):
+    the residual max |l (l v - 1)| / max |l|, and the unconverged fraction
+    of the numerical rank (l > m eps max |l|, strictly) with |1 - l v| >
+    0.5 (strictly), for any leading batch shape."""
+    from mmsoft.models.layers.nr_diagnostics import record_residual
+    eps = torch.finfo(torch.float64).eps
+    # m = 4, max |l| = 1: 4 eps is the rank threshold, exactly
+    lam = torch.tensor([1., 0.5, 0.25, 4 * eps], dtype=torch.float64)
+    v = torch.tensor([1., 1., 4., 0.], dtype=torch.float64)
+    # 1 - l v: 0, 0.5 (not > 0.5), 0, 1 (outside the rank)
+    lam, v = lam.expand(2, 3, 4), v.expand(2, 3, 4)
+    stats = {}
+    record_residual(stats, lam, v)
+    assert sorted(stats) == ['residual', 'unconverged']
+    assert stats['residual'].shape == stats['unconverged'].shape == (2, 3)
+    assert stats['unconverged'].dtype == torch.float64
+    torch.testing.assert_close(stats['residual'],
+                               torch.full((2, 3), 0.25, dtype=torch.float64))
+    assert (stats['unconverged'] == 0).all()
+    v = torch.tensor([1., 0., 4., 0.], dtype=torch.float64)  # 1 - l v: 1
+    record_residual(stats, lam.float(), v.float().expand(2, 3, 4))
+    assert stats['unconverged'].dtype == torch.float32
+    assert torch.equal(stats['unconverged'], torch.full((2, 3), 1 / 3))
+    record_residual(None, lam, v)  # no stats asked for: nothing to do
