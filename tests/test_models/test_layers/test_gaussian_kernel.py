@@ -114,3 +114,27 @@ def test_kernel_is_batch_independent():
     for b in range(3):
         assert torch.equal(full[b:b + 1],
                            gaussian_kernel(q[b:b + 1], lm[b:b + 1]))
+
+
+@pytest.mark.parametrize('needs', [(True, False), (False, True)])
+def test_gradient_of_one_side_only(needs):
+    """Only the operand that requires grad gets one (a frozen x or frozen
+    landmarks y), equal to autograd through the plain formula."""
+    g = torch.Generator().manual_seed(3)
+    x0 = torch.randn(2, 5, 4, generator=g, dtype=torch.float64)
+    y0 = torch.randn(2, 3, 4, generator=g, dtype=torch.float64)
+    x, y = x0.clone().requires_grad_(needs[0]), \
+        y0.clone().requires_grad_(needs[1])
+    w = torch.randn(2, 5, 3, generator=g, dtype=torch.float64)
+    (gaussian_kernel(x, y) * w).sum().backward()
+    xr, yr = x0.clone().requires_grad_(needs[0]), \
+        y0.clone().requires_grad_(needs[1])
+    ref = torch.exp(-0.5 * ((xr[..., :, None, :] - yr[..., None, :, :])**2)
+                    .sum(-1))
+    (ref * w).sum().backward()
+    for got, want, need in [(x.grad, xr.grad, needs[0]),
+                            (y.grad, yr.grad, needs[1])]:
+        if need:
+            torch.testing.assert_close(got, want)
+        else:
+            assert got is None

@@ -241,4 +241,8 @@ def test_record_residual_on_known_spectra():
     record_residual(stats, lam.float(), v.float().expand(2, 3, 4))
     assert stats['unconverged'].dtype == torch.float32
     assert torch.equal(stats['unconverged'], torch.full((2, 3), 1 / 3))
+    # numerical rank 1, unconverged there
+    record_residual(stats, torch.tensor([[2., 0., 0.]]),
+                    torch.tensor([[0., 9., 9.]]))
+    assert stats['unconverged'].tolist() == [1.]
     record_residual(None, lam, v)  # no stats asked for: nothing to do
