@@ -25,3 +25,16 @@ def test_cpu_amp_optim_wrapper_is_registered_and_autocasts():
         CPUAmpOptimWrapper(
             dtype='float16',
             optimizer=torch.optim.SGD(model.parameters(), lr=0.1))
+
+
+def test_cpu_amp_optim_wrapper_casts_to_bfloat16_whatever_the_outer_dtype():
+    """The forward runs under bfloat16 autocast (``cast_dtype``), not the
+    dtype of an enclosing CPU autocast."""
+    model = torch.nn.Linear(4, 2)
+    wrapper = CPUAmpOptimWrapper(
+        optimizer=torch.optim.SGD(model.parameters(), lr=0.1))
+    assert wrapper.cast_dtype is torch.bfloat16
+    x = torch.randn(3, 4)
+    with torch.autocast('cpu', dtype=torch.float16):
+        with wrapper.optim_context(model):
+            assert model(x).dtype == torch.bfloat16

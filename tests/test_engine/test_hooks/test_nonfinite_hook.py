@@ -351,3 +351,52 @@ def test_step_that_breaks_another_ranks_parameters_stops(monkeypatch):
         'NonFiniteLossHook: the optimizer step at iteration 1/4 made '
         'parameters on another rank nan / inf although the loss was finite')
     assert flags == [False, False]  # this rank's loss and parameters
+
+
+class _Logger:
+
+    def __init__(self):
+        self.errors = []
+
+    def error(self, msg):
+        self.errors.append(msg)
+
+
+def _stub_runner(work_dir=None, max_iters=10, it=2):
+    import types
+    loop = types.SimpleNamespace(max_iters=max_iters) if max_iters \
+        else types.SimpleNamespace()
+    return types.SimpleNamespace(
+        model=nn.Linear(1, 1),
+        logger=_Logger(),
+        train_loop=loop,
+        iter=it,
+        epoch=0,
+        work_dir=work_dir)
+
+
+@pytest.mark.parametrize('work_dir, max_iters', [(None, None),
+                                                 ('work_dirs/x', 10)])
+def test_logged_loss_is_checked_after_the_iteration(work_dir, max_iters):
+    """A train step that bypasses ``update_params`` (its loss only in the
+    outputs) is stopped after the iteration: the line names the loss and
+    where (iteration I/N, or I without a known length), and the kept
+    checkpoints only with a work dir; it goes to the runner's log too."""
+    hook = NonFiniteLossHook()
+    runner = _stub_runner(work_dir, max_iters)
+    for outputs in (None, {}, dict(loss=torch.tensor(1.5)), ['not a dict']):
+        hook.before_train_iter(runner, 2)
+        hook.after_train_iter(runner, 2, outputs=outputs)
+    assert runner.logger.errors == []
+    hook.before_train_iter(runner, 2)
+    with pytest.raises(NonFiniteLossError) as info:
+        hook.after_train_iter(
+            runner, 2, outputs=dict(loss=torch.tensor([1., float('inf')])))
+    where = 'iteration 3/10' if max_iters else 'iteration 3'
+    kept = (f'; the checkpoints in {work_dir} are from before the fault'
+            if work_dir else '')
+    assert str(info.value).startswith(
+        f'NonFiniteLossHook: non-finite training loss (inf) at {where}; '
+        f'training stopped before the optimizer step{kept}. Lower the '
+        'learning rate')
+    assert runner.logger.errors == [str(info.value)]

@@ -240,3 +240,155 @@ def test_nr_stats_reduce_over_every_matrix():
     assert got == pytest.approx({'1': 0.1, '2': 0.9, '3': 0.3})
     assert hub.get_scalar('train/nr_unconverged_s3').current() == \
         pytest.approx(0.75)
+
+
+def test_set_nr_diagnostics_switches_on_by_default_and_off_clears():
+    """``set_nr_diagnostics()`` (enabled defaults to True) switches the
+    recording on; switching on again keeps the last forward's stats;
+    ``set_nr_diagnostics(False)`` stops it and drops them."""
+    model = _nr_model()
+    model.set_nr_diagnostics()
+    attns = _soft_attns(model)
+    assert attns and all(m.nr_diagnostics for m in attns)
+    with torch.no_grad():
+        model(_x(64, 96, b=1))
+    stats = model.nr_stats()
+    assert sorted(stats) == ['stage1', 'stage2', 'stage3']
+    model.set_nr_diagnostics(True)
+    assert model.nr_stats() == stats
+    model.set_nr_diagnostics(False)
+    assert not any(m.nr_diagnostics for m in attns)
+    assert all(m.last_nr_stats is None for m in attns)
+    assert model.nr_stats() == {}
+
+
+def test_upgrade_state_dict_default_prefix_and_num_stages():
+    """``upgrade_state_dict(sd)``: prefix '' by default (the keys at the
+    top level are renamed); the stage-4 keys (cls_token, norm) go to the
+    last stage of ``cls.num_stages`` (a 3-stage subclass: stages.2)."""
+    t = torch.zeros(1)
+    legacy = {
+        'patch_embeds.0.proj.weight': t,
+        'stages.1.0.ffn.fc1.weight': t,
+        'cls_token': t,
+        'norm.weight': t
+    }
+    assert list(SOFT.upgrade_state_dict(legacy)) == [
+        'stages.0.patch_embed.proj.weight',
+        'stages.1.blocks.0.ffn.layers.0.0.weight', 'stages.3.cls_token',
+        'stages.3.norm.weight'
+    ]
+
+    class ThreeStages(SOFT):
+        num_stages = 3
+        stage_types = ('SOFTStage', 'SOFTStage', 'ClsTokenStage')
+
+    assert list(ThreeStages.upgrade_state_dict(legacy))[2:] == [
+        'stages.2.cls_token', 'stages.2.norm.weight'
+    ]
+    model = ThreeStages(
+        dict(
+            embed_dims=[16, 32, 64],
+            num_heads=[1, 2, 2],
+            depths=[1, 1, 1],
+            sampling_ratios=[4, 2, 1],
+            mlp_ratios=[4, 4, 4],
+            dw_kernel_sizes=[3, 3, None]),
+        out_indices=(0, 1, 2))
+    assert {'stages.2.cls_token',
+            'stages.2.norm.weight'} <= set(model.state_dict())
+
+
+# ----------------------------------------------- state dict versions
+def _version1_keys(sd, prefix=''):
+    """``sd`` (mmsoft keys under ``prefix``) with the keys of a version-1
+    file (``patch_embeds.0.*``, ``stages.0.0.*``, ``ffn.fc1``,
+    ``cls_token``, ``norm.*``), no metadata."""
+    import re
+    p = re.escape(prefix)
+    rules = [
+        (r'\.ffn\.layers\.0\.0\.', '.ffn.fc1.'),
+        (r'\.ffn\.layers\.1\.', '.ffn.fc2.'),
+        (rf'^{p}stages\.(\d)\.patch_embed\.', rf'{prefix}patch_embeds.\1.'),
+        (rf'^{p}stages\.(\d)\.pos_embed$', rf'{prefix}pos_embeds.\1'),
+        (rf'^{p}stages\.(\d)\.blocks\.(\d+)\.', rf'{prefix}stages.\1.\2.'),
+        (rf'^{p}stages\.3\.(cls_token|norm\.)', rf'{prefix}\1')
+    ]
+    out = {}
+    for k, v in sd.items():
+        for old, new in rules:
+            k = re.sub(old, new, k)
+        out[k] = v
+    return out
+
+
+def test_load_state_dict_upgrades_old_files_under_any_prefix():
+    """A file without ``_version`` 3 in its metadata (version 1 keys) loads
+    strictly into SOFT, alone and as ``backbone`` of a model, with the
+    values of the same keys."""
+    torch.manual_seed(0)
+    src = SOFT(ARCH)
+    ref = {k: v.clone() for k, v in src.state_dict().items()}
+    old = _version1_keys(ref)
+    for key in ('cls_token', 'norm.weight', 'pos_embeds.0',
+                'patch_embeds.0.proj.0.conv.weight',
+                'stages.1.1.attn.q.weight', 'stages.1.1.ffn.fc1.weight'):
+        assert key in old, key
+    model = SOFT(ARCH)
+    model.load_state_dict(old, strict=True)
+    for k, v in model.state_dict().items():
+        assert torch.equal(v, ref[k]), k
+    net = torch.nn.Module()
+    net.backbone = SOFT(ARCH)
+    wrapped = _version1_keys({
+        f'backbone.{k}': v
+        for k, v in ref.items()
+    }, 'backbone.')
+    assert 'backbone.cls_token' in wrapped
+    net.load_state_dict(wrapped, strict=True)
+    for k, v in net.backbone.state_dict().items():
+        assert torch.equal(v, ref[k]), k
+
+
+def test_load_state_dict_takes_version3_keys_as_they_are():
+    """A ``_version`` 3 state dict is not renamed: a stray top-level
+    ``cls_token`` is an unexpected key under strict loading (torch's
+    RuntimeError), and the stage's own cls_token stays."""
+    model = SOFT(ARCH)
+    sd = model.state_dict()
+    assert sd._metadata['']['version'] == 3
+    want = sd['stages.3.cls_token'].clone()
+    sd['cls_token'] = torch.full_like(want, 7.0)
+    with pytest.raises(
+            RuntimeError,
+            match=r'Unexpected key\(s\) in state_dict: "cls_token"'):
+        model.load_state_dict(sd, strict=True)
+    missing, unexpected = model.load_state_dict(sd, strict=False)
+    assert missing == [] and unexpected == ['cls_token']
+    assert torch.equal(model.stages[3].cls_token, want)
+
+
+def test_load_state_dict_keeps_torchs_bookkeeping_for_hooks():
+    """SOFT's upgrade step passes torch's ``strict``, ``missing_keys``,
+    ``unexpected_keys`` and ``error_msgs`` on: a load_state_dict pre-hook
+    on SOFT sees them and what it adds is reported."""
+    if not hasattr(torch.nn.Module, 'register_load_state_dict_pre_hook'):
+        pytest.skip('no public load_state_dict pre-hooks in this torch')
+    model = SOFT(ARCH)
+    seen = []
+
+    def hook(module, state_dict, prefix, local_metadata, strict, missing_keys,
+             unexpected_keys, error_msgs):
+        seen.append(strict)
+        missing_keys.append(prefix + 'extra_buffer')
+        unexpected_keys.append(prefix + 'stray')
+        error_msgs.append('custom check failed')
+
+    model.register_load_state_dict_pre_hook(hook)
+    with pytest.raises(RuntimeError) as err:
+        model.load_state_dict(model.state_dict(), strict=True)
+    for text in ('Missing key(s) in state_dict: "extra_buffer"',
+                 'Unexpected key(s) in state_dict: "stray"',
+                 'custom check failed'):
+        assert text in str(err.value)
+    assert seen == [True]

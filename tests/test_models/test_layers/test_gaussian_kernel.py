@@ -129,8 +129,8 @@ def test_gradient_of_one_side_only(needs):
     (gaussian_kernel(x, y) * w).sum().backward()
     xr, yr = x0.clone().requires_grad_(needs[0]), \
         y0.clone().requires_grad_(needs[1])
-    ref = torch.exp(-0.5 * ((xr[..., :, None, :] - yr[..., None, :, :])**2)
-                    .sum(-1))
+    ref = torch.exp(-0.5 *
+                    ((xr[..., :, None, :] - yr[..., None, :, :])**2).sum(-1))
     (ref * w).sum().backward()
     for got, want, need in [(x.grad, xr.grad, needs[0]),
                             (y.grad, yr.grad, needs[1])]:

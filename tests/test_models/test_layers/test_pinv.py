@@ -535,3 +535,76 @@ def test_close_pairs_match_the_mask():
     got[_close_pairs(lam)] = True
     assert torch.equal(got, mask)
     assert mask.sum() > mask[0, 0].diagonal().numel() * 6 + 6 * 8
+
+
+@pytest.mark.parametrize('method', ['spectral', 'iterative'])
+def test_inverse_fills_stats(method):
+    """NRConfig.inverse(A, stats) fills ``stats`` as NRConfig.apply does
+    (``'residual'``, ``'unconverged'``, as nr_residual)."""
+    from mmsoft.models.layers.nr_diagnostics import nr_residual
+    A = smooth_kernel(2, m=30)
+    stats = {}
+    newton_inverse(A, 5, method=method, stats=stats)
+    assert sorted(stats) == ['residual', 'unconverged']
+    for k, v in nr_residual(A, 5).items():
+        torch.testing.assert_close(stats[k], v)
+
+
+def test_exact_backward_stack_equals_each_matrix(monkeypatch):
+    """'exact' on a (b, m, m) stack: the gradient of each matrix as if it
+    were alone (m, m), also with repeated eigenvalues (close pairs)."""
+    from mmsoft.models.layers.nr_autograd import _DD_RTOL, _close_pairs
+    _fixed_alpha(monkeypatch, 0.2)
+    A = torch.stack([
+        matrix_with_spectrum(torch.tensor(lam, dtype=torch.float64), seed=k)
+        for k, lam in enumerate([[2.0, 2.0, 0.5, 0.05, 0.05, 0.01],
+                                 [3.0, 1.5, 0.7, 0.2, 0.2, 0.004],
+                                 [1.0, 0.9, 0.9, 0.3, 0.03, 0.03]])
+    ])
+    W = torch.randn(
+        3,
+        6,
+        2,
+        dtype=torch.float64,
+        generator=torch.Generator().manual_seed(1))
+    G = torch.randn(
+        3,
+        6,
+        2,
+        dtype=torch.float64,
+        generator=torch.Generator().manual_seed(2))
+
+    def grad(a, w, g):
+        a = a.clone().requires_grad_()
+        z = newton_inverse_apply(a, w, 10, 'soft', 'spectral', 'exact')
+        return torch.autograd.grad((z * g).sum(), a)[0]
+
+    stacked = grad(A, W, G)
+    for b in range(3):
+        torch.testing.assert_close(
+            stacked[b], grad(A[b], W[b], G[b]), rtol=1e-10, atol=1e-12)
+    # the close pairs of a 2-D (b, m) batch of spectra
+    lam = torch.linalg.eigvalsh(A)
+    li, lj = lam.unsqueeze(-1), lam.unsqueeze(-2)
+    mask = (li - lj).abs() <= _DD_RTOL * torch.maximum(li.abs(), lj.abs())
+    got = torch.zeros_like(mask)
+    got[_close_pairs(lam)] = True
+    assert torch.equal(got, mask)
+
+
+def test_close_pairs_on_the_device_of_lam():
+    """The pair indices are built on lam's device, whatever the default
+    device (``torch.device`` context / set_default_device): the same
+    indices, usable on lam, under a 'meta' default."""
+    from mmsoft.models.layers.nr_autograd import _close_pairs
+    lam = torch.tensor([[0.01, 0.0101, 0.5, 0.5, 2.0],
+                        [0.1, 0.2, 0.2, 0.2, 1.0]],
+                       dtype=torch.float64)
+    ref = _close_pairs(lam)
+    with torch.device('meta'):
+        got = _close_pairs(lam)
+    assert len(got) == len(ref) == 3
+    for g, r in zip(got, ref):
+        assert g.device == lam.device
+        assert torch.equal(g, r)
+    assert got[0].tolist() == [0] * 9 + [1] * 11  # 0.01 ~ 0.0101, 0.2 x 3

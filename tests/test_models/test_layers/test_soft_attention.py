@@ -355,3 +355,81 @@ def test_with_nr_builds_a_copy_with_other_settings():
     torch.testing.assert_close(same(x, (4, 4)), model[0](x, (4, 4)))
     reference = with_nr(model, nr=NRConfig(5, 'soft'))
     assert reference[0].nr == NRConfig(5, 'soft')
+
+
+def test_fixed_settings_error_names_the_attention():
+    """Setting an NR field of a built attention: the AttributeError names
+    the attention's class."""
+    attn = SOFTAttention(16, 2, 2)
+    with pytest.raises(
+            AttributeError,
+            match='the Newton-Raphson settings of SOFTAttention are fixed at '
+            'construction'):
+        attn.nr_iters = 3
+
+
+@pytest.mark.parametrize('batch', [(), (3, ), (2, 2)])
+def test_bottleneck_inverse_default_is_eq25(batch):
+    """bottleneck_inverse(A) (attn_norm default True, nr default: the IJCV
+    rule 'soft_norm_per_sample') is D^-1/2 A^+ D^-1/2 (Eq. 25), D = diag(A
+    1), for unbatched (m, m) and batched (..., m, m) A; attn_norm=False:
+    A^+ alone."""
+    from mmsoft.models.layers.soft_attention import bottleneck_inverse
+    g = torch.Generator().manual_seed(5)
+    lm = torch.randn(*batch, 12, 8, generator=g, dtype=torch.float64) / 2
+    A = gaussian_kernel(lm, lm)
+    A_inv = newton_inverse(A, 20, 'soft_norm_per_sample')
+    d = A.sum(-1)
+    ref = A_inv / (d[..., :, None] * d[..., None, :]).sqrt()
+    got = bottleneck_inverse(A)
+    assert got.shape == A.shape
+    torch.testing.assert_close(got, ref, rtol=1e-12, atol=1e-14)
+    torch.testing.assert_close(  # NeurIPS: A^+ with its rule 'soft'
+        bottleneck_inverse(A, False),
+        newton_inverse(A, 20, 'soft'),
+        rtol=0,
+        atol=0)
+
+
+def test_bottleneck_inverse_normalises_half_input_in_float32():
+    """A^+ and its normalisation D^-1/2 run in float32 for half A: the
+    result is that of the float32 copy of A."""
+    from mmsoft.models.layers.soft_attention import bottleneck_inverse
+    g = torch.Generator().manual_seed(6)
+    lm = torch.randn(2, 16, 8, generator=g) / 2
+    A = gaussian_kernel(lm, lm).bfloat16()
+    got = bottleneck_inverse(A)
+    assert got.dtype == torch.float32
+    torch.testing.assert_close(
+        got, bottleneck_inverse(A.float()), rtol=1e-6, atol=1e-7)
+
+
+def test_with_nr_starts_from_each_attentions_own_settings():
+    """with_nr: no ``nr``: each attention's own settings with ``changes``;
+    ``nr`` a dict without init: the attention's variant rule (attn_norm);
+    ``nr`` an NRConfig without changes: that very NRConfig."""
+    own = NRConfig(7, 'soft_norm_per_matrix', 'iterative', 'exact')
+    model = torch.nn.Sequential(
+        SOFTAttention(16, 2, 2, nr=own),
+        SOFTAttention(16, 2, 2, attn_norm=False, nr=dict(iters=4)))
+    same = with_nr(model)
+    assert same[0].nr == own and same[1].nr == NRConfig(4, 'soft')
+    changed = with_nr(model, iters=9)
+    assert changed[0].nr == own.replace(iters=9)
+    assert changed[1].nr == NRConfig(9, 'soft')
+    by_dict = with_nr(model, nr=dict(iters=5))
+    assert by_dict[0].nr == NRConfig(5, 'soft_norm_per_sample')
+    assert by_dict[1].nr == NRConfig(5, 'soft')
+    cfg = NRConfig(3, 'soft_norm_per_batch', 'spectral')
+    given = with_nr(model, nr=cfg)
+    assert given[0].nr is cfg and given[1].nr is cfg
+
+
+def test_sampler_extra_repr():
+    """The sampler's repr line: mode and ratio, then the opt-in cap or the
+    fixed grid when set."""
+    assert BottleneckSampler(8, 4).extra_repr() == 'mode=conv, ratio=4'
+    assert BottleneckSampler(8, 2, 'avgpool', max_landmarks=49).extra_repr() \
+        == 'mode=avgpool, ratio=2, max_landmarks=49'
+    assert BottleneckSampler(8, 4, 'biased', landmark_hw=(3, 5)).extra_repr() \
+        == 'mode=biased, ratio=4, landmark_hw=(3, 5)'
