@@ -400,3 +400,91 @@ def test_logged_loss_is_checked_after_the_iteration(work_dir, max_iters):
         f'training stopped before the optimizer step{kept}. Lower the '
         'learning rate')
     assert runner.logger.errors == [str(info.value)]
+
+
+@pytest.mark.parametrize('mine, other', [(False, False), (True, False),
+                                         (False, True), (True, True)])
+def test_any_rank_is_true_if_any_rank_says_so(monkeypatch, mine, other):
+    """With several ranks, the flag goes through one all_reduce (a tensor
+    on the communication device, mmengine's op semantics; here a stand-in
+    for a second rank with ``other``): True if any rank's flag is."""
+    import importlib
+
+    import torch.distributed as torch_dist
+    from mmengine.dist.dist import _get_reduce_op
+    module = importlib.import_module('mmsoft.engine.hooks.nonfinite_hook')
+    assert module._any_rank(mine) is mine  # one rank: the flag itself
+    ops = {
+        torch_dist.ReduceOp.SUM: torch.add,
+        torch_dist.ReduceOp.MAX: torch.maximum,
+        torch_dist.ReduceOp.MIN: torch.minimum,
+        torch_dist.ReduceOp.PRODUCT: torch.mul
+    }
+    calls, theirs = [], torch.tensor([float(other)])
+
+    def all_reduce(t, op='sum'):
+        calls.append(t.device)
+        t.copy_(ops[_get_reduce_op(op)](t, theirs))
+
+    monkeypatch.setattr(module, 'get_world_size', lambda: 2)
+    monkeypatch.setattr(module, 'get_comm_device', lambda: torch.device('cpu'))
+    monkeypatch.setattr(module, 'all_reduce', all_reduce)
+    with torch.device('meta'):  # only the communication device will do
+        got = module._any_rank(mine)
+    assert got is (mine or other) and calls == [torch.device('cpu')]
+
+
+def test_loss_value_of_any_kind():
+    """The loss as a float: a tensor's mean (0 for an empty one), a
+    number, or 0 for what is no number."""
+    import importlib
+    value = importlib.import_module(
+        'mmsoft.engine.hooks.nonfinite_hook')._value
+    assert value(torch.tensor([1., 2.])) == 1.5
+    assert value(torch.tensor([])) == 0.
+    assert value(3) == 3. and value('nan') != value('nan')
+    assert value(None) == 0. and value('no number') == 0.
+
+
+def test_skipped_step_warning_and_every_wrapper_guarded():
+    """Every optimizer of an OptimWrapperDict is guarded; a skipped step
+    (``max_skipped_steps``) is one WARNING naming the loss, where, and the
+    count in a row; the parameters keep their values."""
+    import types
+
+    from mmengine.optim import OptimWrapper, OptimWrapperDict
+    model = nn.Linear(2, 1)
+    wrappers = OptimWrapperDict(
+        a=OptimWrapper(torch.optim.SGD(model.parameters(), lr=0.1)),
+        b=OptimWrapper(torch.optim.SGD(model.parameters(), lr=0.1)))
+    warnings = []
+    runner = _stub_runner(max_iters=10, it=4)
+    runner.model, runner.optim_wrapper = model, wrappers
+    runner.logger = types.SimpleNamespace(warning=warnings.append)
+    hook = NonFiniteLossHook(max_skipped_steps=2)
+    hook.before_train(runner)
+    before = model.weight.detach().clone()
+    for name in ('a', 'b'):
+        hook.before_train_iter(runner, 4)
+        loss = model(torch.ones(1, 2)).sum() * float('nan')
+        assert wrappers[name].update_params(loss) is None
+    assert torch.equal(model.weight, before)
+    assert warnings == [
+        f'NonFiniteLossHook: non-finite loss (nan) at iteration 5/10: step '
+        f'skipped ({n}/2 in a row)' for n in (1, 2)
+    ]
+
+
+def test_refusal_names_parameters_inside_a_model_wrapper():
+    """Parameters are named as in the model's own state dict, without a
+    wrapper's ``module.`` prefix."""
+    hook = NonFiniteLossHook()
+    runner = _stub_runner()
+    with torch.no_grad():
+        runner.model.bias.fill_(float('nan'))
+    runner.model = torch.nn.DataParallel(runner.model)
+    with pytest.raises(
+            NonFiniteLossError,
+            match=r'1 parameter tensor\(s\) '
+            r'\(bias\) hold nan / inf'):
+        hook.before_save_checkpoint(runner, {})
