@@ -270,3 +270,21 @@ def test_loading_keeps_the_process_allow_list(tmp_path):
     cio.load_verified(path)
     mmsoft.compat.safe_torch_load(path, extra=[pickle.PickleError])
     assert sorted(map(str, get())) == before
+
+
+def test_removed_checksum_names_say_what_replaces_them():
+    """0.3.0's names warn with what they do now and what finds damage; a
+    name the module never had is an AttributeError naming it."""
+    for name, why in (('add_checksum', 'does nothing'), ('verify_checksum',
+                                                         'does nothing'),
+                      ('refused_globals', 'use safe_load.unsafe_globals')):
+        with pytest.warns(DeprecationWarning) as caught:
+            getattr(cio, name)
+        assert [str(w.message) for w in caught] == [
+            f'mmsoft.utils.checkpoint_io.{name} is deprecated: {why} (damage '
+            f'is found by describe_damage(path) / load_verified(path))'
+        ]
+    with pytest.raises(AttributeError) as e:
+        cio.checksum
+    assert str(e.value) == \
+        "module 'mmsoft.utils.checkpoint_io' has no attribute 'checksum'"

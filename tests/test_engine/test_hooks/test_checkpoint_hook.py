@@ -35,7 +35,7 @@ from conftest import (ROOT, TOOLS, Crash, Interrupted, dead_pid,
                       tool_namespace)
 from mmengine.hooks import Hook
 from mmengine.model import BaseModel
-from mmengine.runner import Runner
+from mmengine.runner import BaseLoop, Runner
 from torch.utils.data import Dataset
 
 import mmsoft  # noqa: F401  (registers SafeCheckpointHook)
@@ -718,3 +718,615 @@ def test_first_checkpoint_failing_says_nothing_was_kept(tmp_path):
         f'train; nothing was written, no earlier checkpoint of this run '
         f'exists. Free space in {work} and continue with tools/train.py '
         f'... --resume')
+
+
+# ------------------------------------ the hook's rules, on stand-in runners
+# Each hook method called as mmengine's Runner calls it, in well under a
+# second (the Runner tests above show the same rules end to end).
+class _Log:
+    """A stand-in logger that keeps its lines."""
+
+    def __init__(self):
+        self.lines = []
+
+    def info(self, msg):
+        self.lines.append(('info', msg))
+
+    def warning(self, msg):
+        self.lines.append(('warning', msg))
+
+    def ours(self, level=None):
+        """mmsoft's lines (not mmengine's) of ``level`` (any: None)."""
+        return [
+            m for lv, m in self.lines
+            if m.startswith('mmsoft: ') and level in (None, lv)
+        ]
+
+
+class _Loop(BaseLoop):
+    """A built train loop (mmengine builds the real ones)."""
+
+    def __init__(self, dataloader=None, **attrs):
+        self.dataloader = dataloader
+        self.__dict__.update(attrs)
+
+    def run(self):
+        pass
+
+
+class _Runner(SimpleNamespace):
+    """A stand-in Runner: the attributes the hook reads (``drop``: private
+    ones a runner lacks), ``train_loop`` built if ``loop`` is given and a
+    ``save_checkpoint`` as mmengine's (master only, ``meta`` defaults,
+    ``before_save_checkpoint`` of ``hooks``, one file)."""
+
+    def __init__(self, work_dir, loop=None, drop=(), **attrs):
+        from mmengine.logging import MessageHub
+        fields = dict(
+            work_dir=str(work_dir),
+            logger=_Log(),
+            message_hub=MessageHub(f'hub_{uuid.uuid4().hex}'),
+            epoch=0,
+            iter=0,
+            max_iters=100,
+            max_epochs=100,
+            rank=0,
+            hooks=[],
+            _resume=False,
+            _has_loaded=False,
+            _load_from=None,
+            _train_loop=loop)
+        if loop is not None:
+            fields['train_loop'] = loop
+        fields.update(attrs)
+        for name in drop:
+            del fields[name]
+        super().__init__(**fields)
+
+    def save_checkpoint(self,
+                        out_dir,
+                        filename,
+                        *args,
+                        meta=None,
+                        by_epoch=True,
+                        **kwargs):
+        if self.rank:
+            return
+        meta = dict(meta or {})
+        meta.setdefault('epoch', self.epoch + 1 if by_epoch else self.epoch)
+        meta.setdefault('iter', self.iter if by_epoch else self.iter + 1)
+        checkpoint = dict(meta=meta, state_dict=dict(w=torch.ones(1)))
+        for hook in self.hooks:
+            hook.before_save_checkpoint(self, checkpoint)
+        torch.save(checkpoint, osp.join(out_dir, filename))
+
+
+def _ckpt_meta(**meta):
+    return dict(meta=meta, state_dict={})
+
+
+def test_hook_takes_the_arguments_of_checkpoint_hook():
+    hook = SafeCheckpointHook(3, False, save_rng=False)
+    assert (hook.interval, hook.by_epoch, hook.save_rng) == (3, False, False)
+    assert SafeCheckpointHook().save_rng is True
+
+
+def test_only_training_claims_a_local_checkpoint_dir(tmp_path, monkeypatch):
+    """``before_run`` of training records the work dir in ``out_dir/<work
+    dir name>`` (the name as mmengine takes it: a trailing ``/`` does not
+    count); an evaluation with ``resume`` and a remote ``out_dir`` (left to
+    mmengine) create nothing."""
+    monkeypatch.chdir(tmp_path)
+    out, work = tmp_path / 'out', tmp_path / 'a' / 'run'
+    work.mkdir(parents=True)
+    hook = SafeCheckpointHook(out_dir=str(out))
+    hook.before_run(_Runner(str(work) + os.sep, loop=_Loop()))
+    assert (out / 'run' / resume.OWNER_FILE).read_text() == \
+        osp.realpath(work) + '\n'
+    runner = _Runner(tmp_path / 'a' / 'eval', _resume=True)  # not training
+    hook.before_run(runner)
+    assert runner._resume is not True and os.listdir(out) == ['run']
+    SafeCheckpointHook(
+        out_dir='s3://bucket/ckpts').before_run(_Runner(work, loop=_Loop()))
+    assert sorted(os.listdir(tmp_path)) == ['a', 'out']
+
+
+def test_other_ranks_follow_rank_0(tmp_path, monkeypatch):
+    """Rank 0 alone claims the checkpoint directory and picks the file to
+    resume; the other ranks take its answer (broadcast): the same file,
+    or the same refusal."""
+    from mmsoft.engine.hooks import checkpoint_hook as ch
+    sent = []
+
+    def broadcast(objs):  # what rank 0 sends arrives
+        objs[:] = sent
+
+    monkeypatch.setattr(ch, 'is_main_process', lambda: False)
+    monkeypatch.setattr(ch, 'is_distributed', lambda: True)
+    monkeypatch.setattr(ch, 'broadcast_object_list', broadcast)
+    out, work = tmp_path / 'out', tmp_path / 'run'
+    path = str(out / 'run' / 'iter_4.pth')
+    sent[:] = [path, [], None]
+    runner = _Runner(work, loop=_Loop(), _resume=True)
+    SafeCheckpointHook(out_dir=str(out)).before_run(runner)
+    assert runner._load_from == path
+    assert runner.logger.ours() == [
+        f'mmsoft: resuming from the newest complete checkpoint {path}'
+    ]
+    assert not out.exists()  # rank 0's work
+    sent[:] = [None, None, f'checkpoint directory {out} belongs to X']
+    with pytest.raises(resume.CheckpointDirInUse, match='belongs to X'):
+        SafeCheckpointHook(
+            out_dir=str(out)).before_run(_Runner(work, loop=_Loop()))
+
+
+def test_resume_search_says_what_it_found(tmp_path):
+    """``resume=True`` without a path: one line names the checkpoint taken
+    (also one of another ``filename_tmpl``, found through the work dir's
+    ``last_checkpoint``, in ``out_dir``) or says training starts from
+    scratch (and mmengine's stale ``last_checkpoint`` is not trusted)."""
+    out, work = tmp_path / 'out', tmp_path / 'run'
+    (out / 'run').mkdir(parents=True)
+    work.mkdir()
+    hook = SafeCheckpointHook(out_dir=str(out), filename_tmpl='ckpt_{}.pth')
+    runner = _Runner(work, loop=_Loop(), _resume=True)
+    hook.before_run(runner)
+    assert runner.logger.ours() == [
+        f'mmsoft: no checkpoint to resume from in {work}; training from '
+        f'scratch'
+    ]
+    assert not runner._resume
+    ckpt = out / 'run' / 'ckpt_4.pth'
+    torch.save(_ckpt_meta(iter=4), ckpt)
+    (work / 'last_checkpoint').write_text(str(ckpt))
+    runner = _Runner(work, loop=_Loop(), _resume=True)
+    hook.before_run(runner)
+    assert runner._load_from == str(ckpt) and runner._resume
+    assert runner.logger.ours() == [
+        f'mmsoft: resuming from the newest complete checkpoint {ckpt}'
+    ]
+
+
+def test_runner_without_private_attributes(tmp_path):
+    """A runner without mmengine's ``_resume`` / ``_load_from`` /
+    ``_has_loaded`` neither resumes nor has loaded anything."""
+    import re
+    work = tmp_path / 'run'
+    work.mkdir()
+    runner = _Runner(
+        work, loop=_Loop(), drop=('_resume', '_load_from', '_has_loaded'))
+    SafeCheckpointHook().before_run(runner)
+    assert runner.logger.lines == [] and not hasattr(runner, '_resume')
+    runner = _Runner(work, loop=_Loop(), drop=('_load_from', ), _resume=True)
+    SafeCheckpointHook().before_run(runner)  # resume=True: the search
+    assert runner.logger.ours() == [
+        f'mmsoft: no checkpoint to resume from in {work}; training from '
+        f'scratch'
+    ]
+    bad = work / 'bad.pth'
+    bad.write_bytes(b'PK\x03\x04 truncated')
+    runner = _Runner(
+        work, drop=('_has_loaded', '_resume'), _load_from=str(bad))
+    with pytest.raises(cio.CheckpointError, match=re.escape(str(bad))):
+        SafeCheckpointHook().before_run(runner)
+
+
+def test_a_loaded_file_is_not_read_again(tmp_path):
+    """``before_run`` of a Runner that has loaded ``load_from`` already
+    (``val()`` after ``train()``) does not read the file again."""
+    bad = tmp_path / 'bad.pth'
+    bad.write_bytes(b'')  # damaged since it was loaded
+    runner = _Runner(tmp_path, _load_from=str(bad), _has_loaded=True)
+    SafeCheckpointHook().before_run(runner)
+    runner._has_loaded = False
+    with pytest.raises(cio.CheckpointError, match='is empty'):
+        SafeCheckpointHook().before_run(runner)
+
+
+def test_load_from_attn_norm_is_checked_for_this_models_weights(tmp_path):
+    """``load_from`` with this model's keys and the other ``attn_norm``:
+    an error naming the file and the config; another model's keys are
+    left to StrictLoadHook (it names the mismatch), a file that is no
+    checkpoint dict to mmengine."""
+    from mmsoft.models.layers import SOFTAttention
+    from mmsoft.utils.strict_load import CheckpointMismatchError
+    model = nn.Sequential(SOFTAttention(8, 1, 1, attn_norm=False))
+    path = str(tmp_path / 'norm.pth')
+    cfg = SimpleNamespace(filename='configs/x.py')
+    for with_cfg, named in ((True, ' of configs/x.py'), (False, '')):
+        torch.save(
+            dict(meta=dict(attn_norm=True), state_dict=model.state_dict()),
+            path)
+        runner = _Runner(tmp_path, model=model, _load_from=path)
+        if with_cfg:
+            runner.cfg = cfg
+        with pytest.raises(CheckpointMismatchError) as e:
+            SafeCheckpointHook().before_run(runner)
+        assert str(e.value).startswith(
+            f'checkpoint {path} holds soft_norm_* weights (converted with '
+            f'attn_norm=True, --norm), but the model{named} has '
+            f'attn_norm=False (its SOFT attention)')
+    for other in (dict(meta=dict(attn_norm=True),
+                       state_dict={'x': 1}), [torch.ones(1)]):
+        torch.save(other, path)
+        SafeCheckpointHook().before_run(
+            _Runner(tmp_path, model=model, cfg=cfg, _load_from=path))
+
+
+def test_resume_from_another_dir_forgets_its_checkpoint_names(tmp_path):
+    """Resumed from another directory's file: its ``max_keep_ckpts`` ids
+    are dropped and a best checkpoint elsewhere becomes this directory's
+    file of that name (None if there is none); names of this directory and
+    other runtime info stay."""
+    other, work = tmp_path / 'other', tmp_path / 'run'
+    work.mkdir()
+    (work / 'best_acc_iter_4.pth').write_bytes(b'x')
+    runner = _Runner(
+        work,
+        loop=_Loop(),
+        _resume=True,
+        _has_loaded=True,
+        _load_from=str(other / 'iter_8.pth'))
+    info = dict(
+        keep_ckpt_ids=[6, 8],
+        best_ckpt=str(other / 'best_acc_iter_4.pth'),
+        best_ckpt_loss=str(other / 'best_loss_iter_2.pth'),
+        best_ckpt_top=str(work / 'best_top_iter_6.pth'),
+        best_score=0.5,
+        note=str(other / 'x.txt'))
+    for key, value in info.items():
+        runner.message_hub.update_info(key, value)
+    SafeCheckpointHook().before_train(runner)
+    assert dict(runner.message_hub.runtime_info) == dict(
+        info,
+        keep_ckpt_ids=[],
+        best_ckpt=str(work / 'best_acc_iter_4.pth'),
+        best_ckpt_loss=None)
+
+
+@pytest.mark.parametrize('attrs', [
+    dict(drop=('_resume', '_has_loaded')),
+    dict(drop=('_resume', ), _has_loaded=True),
+    dict(drop=('_has_loaded', ), _resume=True),
+    dict(_has_loaded=True),
+    dict(drop=('_load_from', ), _resume=True, _has_loaded=True),
+])
+def test_checkpoint_names_kept_unless_resumed_from_elsewhere(tmp_path, attrs):
+    """Only a resume that loaded another directory's file drops the
+    restored ``max_keep_ckpts`` ids (``load_from`` alone restores none)."""
+    runner = _Runner(
+        tmp_path,
+        loop=_Loop(),
+        _load_from=str(tmp_path / 'o' / 'iter_8.pth'),
+        **attrs)
+    runner.message_hub.update_info('keep_ckpt_ids', [6, 8])
+    SafeCheckpointHook().before_train(runner)
+    assert dict(runner.message_hub.runtime_info) == dict(keep_ckpt_ids=[6, 8])
+
+
+def test_partial_checkpoint_of_a_killed_run_is_removed_with_a_line(tmp_path):
+    stale = tmp_path / f'.iter_4.pth.{dead_pid()}.0123abcd{cio.TMP_SUFFIX}'
+    stale.write_bytes(b'x')
+    runner = _Runner(tmp_path)
+    SafeCheckpointHook().before_train(runner)
+    assert runner.logger.ours('warning') == [
+        f'mmsoft: removed {stale}, a partial checkpoint left by a killed run'
+    ]
+    assert os.listdir(tmp_path) == []
+
+
+def test_remote_checkpoints_are_left_to_mmengine(tmp_path, monkeypatch):
+    """A remote ``out_dir``: one warning that mmengine writes it (not
+    atomically); mmengine's rules apply there, the restored checkpoint
+    names included."""
+    import posixpath
+
+    import mmengine.hooks.checkpoint_hook as mm
+    remote = SimpleNamespace(join_path=posixpath.join)
+    monkeypatch.setattr(mm.FileClient, 'infer_client', lambda *a: remote)
+    monkeypatch.setattr(mm, 'get_file_backend', lambda *a, **k: remote)
+    runner = _Runner(
+        tmp_path / 'run',
+        loop=_Loop(),
+        _resume=True,
+        _has_loaded=True,
+        _load_from=str(tmp_path / 'other' / 'iter_8.pth'))
+    runner.message_hub.update_info('keep_ckpt_ids', [6, 8])
+    SafeCheckpointHook(out_dir='mem://bucket/ckpts').before_train(runner)
+    assert runner.logger.ours('warning') == [
+        'mmsoft: checkpoints go to a non-local storage backend; they are '
+        'written by mmengine (not atomically)'
+    ]
+    assert runner.message_hub.get_info('keep_ckpt_ids') == [6, 8]
+
+
+def _seeded_loop(seed=5, **attrs):
+    sampler = SimpleNamespace(seed=seed)
+    return sampler, _Loop(SimpleNamespace(sampler=sampler), **attrs)
+
+
+def _resume_with(runner, meta, **kwargs):
+    """``after_load_checkpoint`` of ``{'meta': meta}``, ``before_train``."""
+    hook = SafeCheckpointHook(**kwargs)
+    hook.after_load_checkpoint(runner, dict(meta=meta, state_dict={}))
+    hook.before_train(runner)
+    return hook
+
+
+def test_load_from_restores_no_rng_states_or_sampler_seed(tmp_path):
+    """``load_from`` (no resume) starts a new run from the weights: the
+    checkpoint's RNG states and sampler seed are restored by a resume
+    only."""
+    from mmsoft.utils.rng_state import get_rng_state
+    state = get_rng_state()
+    want = _draws()
+    meta = dict(
+        mmsoft_sampler_seed=7, mmsoft_rng=dict(world_size=1, states=[state]))
+    for attrs in (dict(drop=('_resume', )), dict(_resume=False)):
+        sampler, loop = _seeded_loop()
+        runner = _Runner(tmp_path, loop=loop, _has_loaded=True, **attrs)
+        _resume_with(runner, meta)
+        assert sampler.seed == 5 and runner.logger.ours() == []
+        assert _draws() != want
+    sampler, loop = _seeded_loop()
+    runner = _Runner(tmp_path, loop=loop, _has_loaded=True, _resume=True)
+    _resume_with(runner, meta)
+    assert _draws() == want and sampler.seed == 7
+    assert runner.logger.ours() == [
+        'mmsoft: train sampler seed 5 -> 7 (from the checkpoint)',
+        'mmsoft: RNG states restored'
+    ]
+
+
+class _Prefetching:
+    """A dataloader iterator that takes its first batches when built (as
+    worker processes prefetch)."""
+
+    def __init__(self, loader):
+        it = iter(loader)
+        self.batches = [next(it) for _ in range(3)]
+
+    def __next__(self):
+        return self.batches.pop(0)
+
+
+def test_resume_restores_infinite_sampler_indices(tmp_path):
+    """An ``InfiniteSampler`` (iteration-based loops) and a dataloader
+    iterator built before the hook: after resume the batches follow the
+    checkpoint's sampler seed."""
+    from mmengine.dataset import InfiniteSampler
+    from torch.utils.data import DataLoader
+    data = list(range(16))
+
+    def loader(seed):
+        return DataLoader(
+            data, batch_size=4, sampler=InfiniteSampler(data, seed=seed))
+
+    train = loader(5)
+    loop = _Loop(train, dataloader_iterator=_Prefetching(train))
+    runner = _Runner(tmp_path, loop=loop, _resume=True, _has_loaded=True)
+    _resume_with(runner, dict(mmsoft_sampler_seed=7))
+    want = iter(loader(7))
+    assert [next(loop.dataloader_iterator).tolist() for _ in range(3)] == \
+        [next(want).tolist() for _ in range(3)]
+    assert runner.logger.ours() == [
+        'mmsoft: train sampler seed 5 -> 7 (from the checkpoint)'
+    ]
+
+
+def test_sampler_seed_is_found_where_the_loader_keeps_it(tmp_path):
+    """The seed goes to ``meta['mmsoft_sampler_seed']`` and back from the
+    loader's sampler, or from its batch sampler's (mmdet's batch samplers
+    wrap the seeded one; ``DataLoader.sampler`` is then torch's); a loader
+    without one, or a runner that does not train, records none."""
+    from mmengine.dataset import DefaultSampler
+    from torch.utils.data import BatchSampler, DataLoader
+    data = list(range(8))
+    seeded = DefaultSampler(data, seed=5)
+    mmdet_like = DataLoader(data, batch_sampler=BatchSampler(seeded, 2, False))
+    plain = SimpleNamespace(sampler=SimpleNamespace(seed=5))
+    for loader, sampler in ((mmdet_like, seeded), (plain, plain.sampler)):
+        runner = _Runner(tmp_path, loop=_Loop(loader))
+        checkpoint = dict(meta={})
+        SafeCheckpointHook(
+            save_rng=False).before_save_checkpoint(runner, checkpoint)
+        assert checkpoint == dict(meta=dict(mmsoft_sampler_seed=5))
+        runner._resume = True
+        _resume_with(runner, dict(mmsoft_sampler_seed=7))
+        assert sampler.seed == 7
+    unseeded = SimpleNamespace(
+        sampler=SimpleNamespace(), batch_sampler=SimpleNamespace())
+    for runner in (_Runner(tmp_path, loop=_Loop(unseeded)),
+                   _Runner(tmp_path)):  # not training: nothing built
+        checkpoint = dict(meta={})
+        SafeCheckpointHook(
+            save_rng=False).before_save_checkpoint(runner, checkpoint)
+        assert checkpoint == dict(meta={})
+        runner._resume = True
+        _resume_with(runner, dict(mmsoft_sampler_seed=7))
+        assert runner.logger.ours() == []
+
+
+def test_sampler_seed_left_alone_when_unchanged_or_unknown(tmp_path):
+    iterator = iter([])
+    for meta in (dict(mmsoft_sampler_seed=5), dict(iter=4)):
+        sampler, loop = _seeded_loop(dataloader_iterator=iterator)
+        runner = _Runner(tmp_path, loop=loop, _resume=True, _has_loaded=True)
+        _resume_with(runner, meta)
+        assert sampler.seed == 5 and loop.dataloader_iterator is iterator
+        assert runner.logger.ours() == []
+
+
+def test_rng_states_of_another_world_size_are_not_restored(tmp_path):
+    """A checkpoint with RNG states of another number of processes (or
+    none): a warning, the states are not restored; ``save_rng=False``
+    restores none."""
+    from mmsoft.utils.rng_state import get_rng_state
+    state = get_rng_state()
+    want = _draws()
+    for info, n in ((dict(world_size=2,
+                          states=[state, state]), 2), (dict(world_size=1), 1)):
+        runner = _Runner(tmp_path, loop=_Loop(), _resume=True)
+        _resume_with(runner, dict(mmsoft_rng=info))
+        assert runner.logger.ours() == [
+            f'mmsoft: the checkpoint holds RNG states of {n} process(es), '
+            f'this run has 1: RNG states not restored'
+        ]
+        assert _draws() != want
+    runner = _Runner(tmp_path, loop=_Loop(), _resume=True)
+    _resume_with(
+        runner,
+        dict(mmsoft_rng=dict(world_size=1, states=[state])),
+        save_rng=False)
+    assert runner.logger.ours() == [] and _draws() != want
+
+
+def test_rng_states_restored_after_mmengines_replay(tmp_path):
+    """Resumed at iteration ``n`` of an iteration-based loop, mmengine
+    replays ``n`` batches after ``before_train``: the RNG states are
+    restored after them (at once for ``n = 0`` and for loops without
+    ``iter``), and the loop gets its iterator back."""
+    from mmsoft.utils.rng_state import get_rng_state
+    state = get_rng_state()
+    want = _draws()
+    meta = dict(mmsoft_rng=dict(world_size=1, states=[state]))
+    inner = iter([['b1'], ['b2']])
+    loop = _Loop(SimpleNamespace(), iter=1, dataloader_iterator=inner)
+    runner = _Runner(tmp_path, loop=loop, _resume=True)
+    _resume_with(runner, meta)
+    assert runner.logger.ours() == []
+    assert next(loop.dataloader_iterator) == ['b1']  # the replayed batch
+    assert runner.logger.ours() == ['mmsoft: RNG states restored']
+    assert _draws() == want and loop.dataloader_iterator is inner
+    for attrs in (dict(iter=0), {}):
+        loop = _Loop(
+            SimpleNamespace(), dataloader_iterator=iter([['b1']]), **attrs)
+        runner = _Runner(tmp_path, loop=loop, _resume=True)
+        _resume_with(runner, meta)
+        assert runner.logger.ours() == ['mmsoft: RNG states restored']
+        assert _draws() == want
+
+
+def test_best_checkpoint_is_atomic_and_holds_the_training_rng(tmp_path):
+    """A new best checkpoint (epoch-based): it and the periodic checkpoint
+    saved again with it hold the RNG states of training (from before
+    validation) and that checkpoint's epoch; the previous best is
+    removed."""
+    from mmsoft.utils.rng_state import get_rng_state, set_rng_state
+    hook = SafeCheckpointHook(interval=1, save_best='acc', rule='greater')
+    runner = _Runner(tmp_path, loop=_Loop(), epoch=1, iter=10)
+    runner.hooks = [hook]
+    hook.before_train(runner)
+    for epoch, acc in ((2, 0.5), (3, 0.7)):
+        hook.after_train_epoch(runner)  # epoch_<epoch>.pth
+        runner.epoch, runner.iter = epoch, epoch * 10
+        state = get_rng_state()
+        hook.before_val(runner)
+        want = _draws()  # validation draws
+        hook.after_val_epoch(runner, dict(acc=acc))
+        for name in (f'epoch_{epoch}.pth', f'best_acc_epoch_{epoch}.pth'):
+            meta = torch.load(tmp_path / name)['meta']
+            assert meta['epoch'] == epoch, name
+            set_rng_state(meta['mmsoft_rng']['states'][0])
+            assert _draws() == want, name
+        set_rng_state(state)
+        _draws()
+        hook.after_val(runner)
+        assert _draws() == want
+    assert sorted(os.listdir(tmp_path)) == [
+        'best_acc_epoch_3.pth', 'epoch_2.pth', 'epoch_3.pth', 'last_checkpoint'
+    ]
+
+
+def test_checkpoint_and_last_checkpoint_are_durable(tmp_path, monkeypatch):
+    """The checkpoint and ``last_checkpoint`` are fsynced (file and
+    directory) before and after their rename; nothing else is written."""
+    from mmsoft.utils import atomic
+    synced, fsync = [], atomic._fsync
+
+    def spy(path):
+        synced.append(path)
+        fsync(path)
+
+    monkeypatch.setattr(atomic, '_fsync', spy)
+    monkeypatch.chdir(tmp_path)
+    work = tmp_path / 'run'
+    work.mkdir()
+    hook = SafeCheckpointHook(interval=2, by_epoch=False)
+    runner = _Runner(work, loop=_Loop(), iter=3)
+    runner.hooks = [hook]
+    hook.before_train(runner)
+    hook.after_train_iter(runner, 0)
+    assert torch.load(work / 'iter_4.pth')['meta']['iter'] == 4
+    assert (work / 'last_checkpoint').read_text() == str(work / 'iter_4.pth')
+    assert sorted(os.listdir(work)) == ['iter_4.pth', 'last_checkpoint']
+    assert os.listdir(tmp_path) == ['run']
+    names = [osp.basename(p) for p in synced]
+    assert [n.split('.')[1] for n in names if n.startswith('.')] == \
+        ['iter_4', 'last_checkpoint']
+    assert synced.count(str(work)) == 2
+
+
+def test_every_ranks_rng_states_are_saved(tmp_path, monkeypatch):
+    """Distributed: the checkpoint holds the RNG states of every rank
+    (gathered by all ranks at each save)."""
+    from mmsoft.engine.hooks import checkpoint_hook as ch
+    from mmsoft.utils.rng_state import get_rng_state
+    _draws()
+    other = get_rng_state()  # another rank's
+    sent = []
+
+    def all_gather(obj):
+        sent.append(obj)
+        return [obj, other]
+
+    monkeypatch.setattr(ch, 'is_distributed', lambda: True)
+    monkeypatch.setattr(ch, 'all_gather_object', all_gather)
+    hook = SafeCheckpointHook(interval=1, by_epoch=False)
+    runner = _Runner(tmp_path, loop=_Loop())
+    runner.hooks = [hook]
+    hook.before_train(runner)
+    _draws()
+    hook.after_train_iter(runner, 0)
+    rng = torch.load(tmp_path / 'iter_1.pth')['meta']['mmsoft_rng']
+    assert len(sent) == 1 and rng['world_size'] == 2
+    assert [s['python'] for s in rng['states']] == \
+        [sent[0]['python'], other['python']]
+    assert sent[0]['python'] != other['python']
+
+
+def test_other_ranks_write_no_last_checkpoint(tmp_path, monkeypatch):
+    """``last_checkpoint`` is rank 0's (as the checkpoint file)."""
+    import mmengine.hooks.checkpoint_hook as mm
+
+    from mmsoft.engine.hooks import checkpoint_hook as ch
+    for module in (mm, ch):
+        monkeypatch.setattr(module, 'is_main_process', lambda: False)
+    hook = SafeCheckpointHook(interval=1, by_epoch=False, save_rng=False)
+    runner = _Runner(tmp_path, loop=_Loop(), rank=1)
+    hook.before_train(runner)
+    hook.after_train_iter(runner, 0)
+    assert os.listdir(tmp_path) == []
+
+
+def test_validation_without_training(tmp_path):
+    """``runner.val()`` with the hook in ``default_hooks`` (no
+    ``before_train``), twice, with and without ``save_rng``: metrics save
+    nothing and the RNG streams go on."""
+    for hook in (SafeCheckpointHook(), SafeCheckpointHook(save_rng=False)):
+        runner = _Runner(tmp_path)
+        for _ in range(2):
+            hook.before_val(runner)
+            hook.after_val_epoch(runner, dict(acc=1.0))
+            hook.after_val(runner)
+    assert os.listdir(tmp_path) == []
+
+
+def test_checkpoint_without_a_meta_dict_restores_nothing(tmp_path):
+    for checkpoint in ([torch.ones(1)], dict(meta=['x']), dict(a=1)):
+        sampler, loop = _seeded_loop()
+        runner = _Runner(tmp_path, loop=loop, _resume=True)
+        hook = SafeCheckpointHook()
+        hook.after_load_checkpoint(runner, checkpoint)
+        hook.before_train(runner)
+        assert sampler.seed == 5 and runner.logger.ours() == []

@@ -9,16 +9,17 @@ import torch
 import torch.nn.functional as F
 
 from mmsoft.models.backbones import SOFT
-from mmsoft.models.layers import (SOFTAttention, attention_types,
-                                  build_attention, landmark_grid, query_index,
-                                  reduce_map)
+from mmsoft.models.layers import (BottleneckSampler, SOFTAttention,
+                                  attention_types, build_attention,
+                                  landmark_grid, query_index, reduce_map)
 from mmsoft.models.layers.gaussian_kernel import gaussian_kernel
 from mmsoft.models.layers.nr_config import NRConfig
 from mmsoft.models.layers.zoo import (LinformerAttention,
                                       NystromformerAttention,
                                       PerformerAttention, SimAAttention,
-                                      SoftmaxZooAttention, iterative_pinv,
-                                      l1_normalize_tokens, sima_order,
+                                      SoftmaxZooAttention, favor_features,
+                                      iterative_pinv, l1_normalize_tokens,
+                                      orthogonal_gaussian, sima_order,
                                       spread_to_tokens)
 from mmsoft.registry import ATTENTIONS
 
@@ -435,3 +436,367 @@ def test_spread_to_tokens_follows_the_landmark_cap(kw, m):
     with pytest.raises(ValueError) as info:
         spread_to_tokens(torch.rand(2, m + 1), (6, 8), 2, **kw)
     assert str(info.value) == f'{m + 1} weights for {m} reduced tokens'
+
+
+def test_print_names_each_mixers_settings():
+    """``print(model)`` shows the heads, the ratio and what each mixer adds
+    (``repr_keys``), and the sampler's cap on the landmarks."""
+    assert [
+        cls(16, 2, 2, **kw).extra_repr() for cls, kw in
+        [(SoftmaxZooAttention,
+          {}), (LinformerAttention, dict(
+              sr_mode='avgpool')), (PerformerAttention, dict(
+                  num_features=5)), (NystromformerAttention, dict(
+                      pinv_iters=3)), (SimAAttention, dict(order='linear'))]
+    ] == [
+        'heads=2, ratio=2', 'heads=2, ratio=2, sr_mode=avgpool',
+        'heads=2, ratio=2, num_features=5',
+        'heads=2, ratio=2, pinv=iterative, pinv_iters=3',
+        'heads=2, ratio=2, order=linear'
+    ]
+    assert [
+        BottleneckSampler(8, 2, **kw).extra_repr()
+        for kw in [{}, dict(max_landmarks=9),
+                   dict(landmark_hw=(2, 3))]
+    ] == [
+        'mode=conv, ratio=2', 'mode=conv, ratio=2, max_landmarks=9',
+        'mode=conv, ratio=2, landmark_hw=(2, 3)'
+    ]
+
+
+# ------------------------------------------------ contracts, one at a time
+def test_zoo_qkv_biases_default_on_and_can_be_turned_off():
+    """``qkv_bias`` (default True) gives q / k / v their biases."""
+    for cls in (SoftmaxZooAttention, LinformerAttention, PerformerAttention,
+                NystromformerAttention, SimAAttention):
+        on = cls(C, HEADS, 2)
+        assert all(f.bias is not None for f in (on.q, on.k, on.v)), cls
+        off = cls(C, HEADS, 2, qkv_bias=False)
+        assert all(f.bias is None for f in (off.q, off.k, off.v)), cls
+
+
+def test_zoo_choices_are_refused_in_one_line_naming_the_option():
+    cases = [(lambda: LinformerAttention(C, HEADS, 2, sr_mode='pool'),
+              "unknown sr_mode 'pool'; choose one of ('conv', 'avgpool')"),
+             (lambda: NystromformerAttention(C, HEADS, 2, pinv='svd'),
+              "unknown pinv 'svd'; choose one of ('iterative', 'exact')"),
+             (lambda: SimAAttention(C, HEADS, 2, order='cubic'),
+              "unknown order 'cubic'; choose one of "
+              "('auto', 'quadratic', 'linear')"),
+             (lambda: sima_order(4, 4, 'cubic'),
+              "unknown order 'cubic'; choose one of "
+              "('auto', 'quadratic', 'linear')"),
+             (lambda: PerformerAttention(C, HEADS, 2, num_features=0),
+              'num_features must be an int >= 1, got 0 (int)')]
+    for make, msg in cases:
+        with pytest.raises(ValueError) as info:
+            make()
+        assert str(info.value) == msg
+
+
+def test_linformer_conv_mode_reduces_by_conv_then_layernorm():
+    """``sr_mode='conv'``: X_r = LN(Conv_{r x r, stride r}(X)), the keys
+    X_r W_k (docstring formula), at r = 2."""
+    attn = build('linformer', ratio=2, sr_mode='conv')
+    assert {'sr.weight', 'norm.weight'} <= set(attn.state_dict())
+    x = tokens()
+    xm = x.transpose(1, 2).reshape(2, C, *HW)
+    xr = F.conv2d(xm, attn.sr.weight, attn.sr.bias, stride=2)
+    xr = F.layer_norm(
+        xr.flatten(2).transpose(1, 2), (C, ), attn.norm.weight, attn.norm.bias,
+        attn.norm.eps)
+    with torch.no_grad():
+        q = attn._split(attn.q(x))
+        k = attn._split(attn.k(xr))
+        ref = softmax_matrix(q, k)[:, :, 11]
+        torch.testing.assert_close(attn.reduced_attention_row(x, HW, 11), ref)
+    # no reduction parameters in avgpool mode or at r = 1
+    for a in (build('linformer', ratio=2,
+                    sr_mode='avgpool'), build('linformer', ratio=1)):
+        assert a.sr is None and a.norm is None
+
+
+@pytest.mark.parametrize('kw',
+                         [dict(landmark_hw=(2, 3)),
+                          dict(max_landmarks=4)])
+def test_linformer_rows_follow_the_landmark_cap(kw):
+    """With a capped grid the rows are still the real mixing weights:
+    proj(M V + dwconv(V)) == forward (average-pooling reduction)."""
+    attn = build('linformer', sr_mode='avgpool', **kw)
+    hw = (6, 4)  # a 3 x 2 grid before the cap
+    x = tokens(n=24)
+    with torch.no_grad():
+        M = attn.attention_matrix(x, hw)
+        v = values(attn, x)
+        ref = attn.proj(merge(M @ v) + attn.dw_conv_tokens(merge(v), hw))
+        torch.testing.assert_close(attn(x, hw), ref, rtol=1e-9, atol=1e-9)
+
+
+def test_spread_to_tokens_names_the_weight_count_for_any_leading_dims():
+    for w in (torch.rand(5), torch.rand(3, 4, 5)):
+        with pytest.raises(ValueError) as info:
+            spread_to_tokens(w, (6, 4), 2)
+        assert str(info.value) == '5 weights for 6 reduced tokens'
+
+
+# ---------------------------------------------------- performer contracts
+def test_favor_features_are_exp_features_up_to_a_cancelling_factor():
+    """phi(x) = exp(W x - |x|^2 / 2) / sqrt(M), times a stabilising factor
+    exp(-max) that cancels in D^-1: one per query row, one per (batch,
+    head) for the keys; the largest feature is exp(0) / sqrt(M), so
+    nothing overflows or underflows, for any scale of x; in x's dtype for
+    a float32 W."""
+    M, d = 12, 4
+    w = orthogonal_gaussian(M, d, torch.Generator().manual_seed(1))
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(2, 2, 6, d, generator=g, dtype=torch.float64)
+    x[0, 0, 0] *= 40  # a query of a very large norm
+    x[1] = x[1] / x[1].norm(dim=-1, keepdim=True) * 40  # keys of norm 40
+
+    def log_phi(t):
+        return (t @ w.double().t() - t.square().sum(-1, keepdim=True) / 2 -
+                math.log(M) / 2)
+
+    pq, pk = favor_features(x, w, True), favor_features(x, w, False)
+    assert pq.dtype == pk.dtype == torch.float64
+    assert pq.shape == pk.shape == (2, 2, 6, M)
+    # queries: exact up to one factor per row
+    r = pq.log() - log_phi(x)
+    torch.testing.assert_close(r, r[..., :1].expand_as(r))
+    torch.testing.assert_close(
+        pq.amax(-1), torch.full((2, 2, 6), M**-0.5, dtype=torch.float64))
+    # keys (well-scaled per head): exact up to one factor per (batch, head)
+    xk = x.clone()
+    xk[0, 0, 0] /= 40
+    pk = favor_features(xk, w, False)
+    r = pk.log() - log_phi(xk)
+    torch.testing.assert_close(r, r[..., :1, :1].expand_as(r))
+    torch.testing.assert_close(
+        pk.amax((-2, -1)), torch.full((2, 2), M**-0.5, dtype=torch.float64))
+
+
+def test_performer_matrix_is_the_favor_formula():
+    """eps = 0: A = D^-1 phi(Q') phi(K')^T with q' = q / d^(1/4) and the
+    features of the buffer (docstring formula)."""
+    attn = PerformerAttention(
+        C, HEADS, 1, num_features=12, dw_kernel_size=0, eps=0).double().eval()
+    x = tokens()
+    w = attn.features
+
+    def phi(t):
+        t = t * D**-0.25
+        return torch.exp(t @ w.t() - t.square().sum(-1, keepdim=True) / 2)
+
+    with torch.no_grad():
+        K = phi(attn._split(attn.q(x))) @ phi(attn._split(
+            attn.k(x))).transpose(-1, -2)
+        ref = K / K.sum(-1, keepdim=True)
+        torch.testing.assert_close(attn.attention_matrix(x, HW), ref)
+        out, _ = attn._mix(x, HW)
+        torch.testing.assert_close(out, ref @ values(attn, x))
+
+
+def test_performer_rows_stay_distributions_for_queries_of_any_norm():
+    """A query of a large norm only sharpens its row (as in softmax): every
+    row is still a distribution, none underflows to zero."""
+    attn = PerformerAttention(
+        C, HEADS, 1, num_features=12, dw_kernel_size=0, eps=0).double().eval()
+    with torch.no_grad():
+        attn.k.weight.mul_(0.01)  # moderate keys
+    s = torch.ones(2, 12, 1, dtype=torch.float64)
+    s[:, ::3] = 30  # every third query large
+    x = tokens(n=12) * s
+    M = attn.attention_matrix(x, (3, 4))
+    assert torch.isfinite(M).all() and (M >= 0).all()
+    torch.testing.assert_close(M.sum(-1), torch.ones_like(M[..., 0]))
+    with torch.no_grad():
+        out = attn(x, (3, 4))
+    assert torch.isfinite(out).all()
+
+
+def test_performer_default_feature_count():
+    """num_features=None: max(16, round(d ln d)) for head dim d."""
+    for embed_dims, heads, m in [(16, 4, 16), (16, 2, 17), (128, 2, 266)]:
+        attn = PerformerAttention(embed_dims, heads, 1)
+        assert attn.num_features == m
+        assert attn.features.shape == (m, embed_dims // heads)
+
+
+@pytest.mark.parametrize('interval, redraws', [(1, [1, 1, 1, 1]),
+                                               (2, [1, 0, 1, 0, 1]),
+                                               (3, [1, 0, 0, 1, 0, 0, 1]),
+                                               (0, [0, 0, 0])])
+def test_performer_redraws_every_interval_training_forwards(interval, redraws):
+    """``redraw_interval`` k > 0: new features on training forwards 1,
+    k + 1, 2k + 1, ...; never with k = 0 or in eval mode."""
+    torch.manual_seed(0)
+    attn = PerformerAttention(
+        C, HEADS, 1, redraw_interval=interval).double().train()
+    x = tokens()
+    seen = []
+    for _ in redraws:
+        before = attn.features.clone()
+        attn(x, HW)
+        seen.append(int(not torch.equal(before, attn.features)))
+    assert seen == redraws
+    attn.eval()
+    before = attn.features.clone()
+    for _ in range(3):
+        attn(x, HW)
+    assert torch.equal(before, attn.features)
+
+
+def test_orthogonal_gaussian_reproducible_dtype_and_orthogonal():
+    """The same generator seed gives the same features whatever the
+    global RNG; computed in float64 and cast to ``dtype`` (default
+    float32); each block of d rows is exactly orthogonal in float64."""
+    M, d = 10, 4
+
+    def draw(dtype=torch.float32, global_seed=0):
+        torch.manual_seed(global_seed)
+        return orthogonal_gaussian(
+            M, d, torch.Generator().manual_seed(3), dtype=dtype)
+
+    a = orthogonal_gaussian(M, d, torch.Generator().manual_seed(3))
+    assert a.dtype == torch.float32 and a.shape == (M, d)
+    assert torch.equal(a, draw(global_seed=1))
+    assert torch.equal(a, draw(global_seed=2))
+    w = draw(torch.float64)
+    assert w.dtype == torch.float64
+    assert torch.equal(w.to(torch.float32), a)  # one draw, cast
+    n = w.norm(dim=1, keepdim=True)
+    u = w / n
+    for b in range(0, M, d):
+        blk = u[b:b + d]
+        torch.testing.assert_close(
+            blk @ blk.t(),
+            torch.eye(len(blk), dtype=torch.float64),
+            rtol=0,
+            atol=1e-12)
+    # float64 norms (not float32 draws upcast)
+    rel = (n - n.float().double()).abs() / n
+    assert (rel > 1e-13).all()
+
+
+def test_orthogonal_gaussian_draws_only_the_blocks_it_needs(monkeypatch):
+    """M rows take ceil(M / d) d x d orthogonal blocks."""
+    calls = []
+    qr = torch.linalg.qr
+
+    def counting_qr(a):
+        calls.append(tuple(a.shape))
+        return qr(a)
+
+    monkeypatch.setattr(torch.linalg, 'qr', counting_qr)
+    for M, d in [(10, 4), (4, 4), (3, 8)]:
+        calls.clear()
+        assert orthogonal_gaussian(M, d).shape == (M, d)
+        assert calls == [(d, d)] * math.ceil(M / d)
+
+
+# ---------------------------------------------------- nystrom contracts
+def test_iterative_pinv_start_step_default_and_precision():
+    """Z_0 = A^T / (||A||_1 ||A||_inf) per matrix, one step is the
+    docstring's update, 6 steps by default (Nystromformer's), and a
+    half-precision A is inverted in float32."""
+    g = torch.Generator().manual_seed(0)
+    A = torch.randn(3, 5, 5, generator=g, dtype=torch.float64)
+    A[1] *= 10  # matrices of different norms in one batch
+    n1 = torch.linalg.matrix_norm(A, 1)
+    ninf = torch.linalg.matrix_norm(A, float('inf'))
+    Z0 = A.transpose(-1, -2) / (n1 * ninf)[..., None, None]
+    torch.testing.assert_close(iterative_pinv(A, 0), Z0)
+    eye = torch.eye(5, dtype=torch.float64)
+    AZ = A @ Z0
+    Z1 = Z0 @ (13 * eye - AZ @ (15 * eye - AZ @ (7 * eye - AZ))) / 4
+    torch.testing.assert_close(iterative_pinv(A, 1), Z1)
+    torch.testing.assert_close(
+        iterative_pinv(A, 3), torch.stack([iterative_pinv(a, 3) for a in A]))
+    assert torch.equal(iterative_pinv(A), iterative_pinv(A, 6))
+    S = A.softmax(-1)
+    for dtype in (torch.bfloat16, torch.float16):
+        Z = iterative_pinv(S.to(dtype))
+        assert Z.dtype == torch.float32
+        torch.testing.assert_close(Z, iterative_pinv(S.to(dtype).float()))
+
+
+def test_nystromformer_uses_pinv_iters_and_defaults_to_six():
+    assert NystromformerAttention(C, HEADS, 2).pinv_iters == 6
+    x = tokens()
+    for iters in (1, 3):
+        attn = build('nystromformer', pinv_iters=iters)
+        with torch.no_grad():
+            q, k = attn._split(attn.q(x)), attn._split(attn.k(x))
+            ql, kl = (
+                reduce_map(
+                    t.reshape(2 * HEADS, *HW, D).permute(0, 3, 1, 2),
+                    2).flatten(2).transpose(1, 2).reshape(2, HEADS, -1, D)
+                for t in (q, k))
+            A = softmax_matrix(ql, kl)
+            _, A_inv, _ = attn._kernels(x, HW)
+        torch.testing.assert_close(A_inv, iterative_pinv(A, iters))
+
+
+@pytest.mark.parametrize('pinv', ['iterative', 'exact'])
+def test_nystromformer_in_bfloat16_inverts_in_float32(pinv):
+    """A bfloat16 module: A^+ in float32, the output in bfloat16, the
+    rows in float32."""
+    torch.manual_seed(0)
+    attn = NystromformerAttention(C, HEADS, 2, pinv=pinv).to(torch.bfloat16)
+    x = tokens().to(torch.bfloat16)
+    with torch.no_grad():
+        _, A_inv, _ = attn._kernels(x, HW)
+        out = attn(x, HW)
+    row = attn.attention_row(x, HW, 5)
+    assert A_inv.dtype == torch.float32
+    assert out.dtype == torch.bfloat16 and out.shape == x.shape
+    assert row.dtype == torch.float32 and row.shape == (2, HEADS, N)
+    assert torch.isfinite(out).all() and torch.isfinite(row).all()
+
+
+# ---------------------------------------------------- sima contracts
+def test_l1_normalize_tokens_formula_over_the_token_axis():
+    """t / (||t_{:,c}||_1 + eps) over the tokens (axis -2) for any number
+    of leading dims; eps defaults to 1e-6."""
+    g = torch.Generator().manual_seed(0)
+    for shape in [(6, 3), (2, 6, 3), (2, 2, 6, 3)]:
+        t = torch.randn(*shape, generator=g, dtype=torch.float64)
+        t[..., 0] *= 1e-8  # a channel with an l1 norm below eps
+        for kw, eps in [({}, 1e-6), (dict(eps=0.5), 0.5)]:
+            ref = t / (t.abs().sum(-2, keepdim=True) + eps)
+            torch.testing.assert_close(l1_normalize_tokens(t, **kw), ref)
+
+
+def test_sima_uses_its_eps():
+    attn = build('sima', eps=10.0)
+    x = tokens()
+    with torch.no_grad():
+        q = l1_normalize_tokens(attn._split(attn.q(x)), 10.0)
+        k = l1_normalize_tokens(attn._split(attn.k(x)), 10.0)
+    row = attn.attention_row(x, HW, 4)
+    torch.testing.assert_close(row, (q @ k.transpose(-1, -2))[:, :, 4])
+
+
+@pytest.mark.parametrize('order, hw, linear', [('linear', (7, 5), True),
+                                               ('linear', (2, 2), True),
+                                               ('quadratic', (7, 5), False),
+                                               ('auto', (7, 5), True),
+                                               ('auto', (2, 2), False),
+                                               ('auto', (2, 4), False),
+                                               ('auto', (3, 3), True)])
+def test_sima_multiplies_in_the_chosen_order(order, hw, linear):
+    """'linear': Q^ (K^^T V); 'quadratic': (Q^ K^^T) V; 'auto': linear
+    when n > d (d = 8 here). The orders round differently in float32."""
+    assert sima_order(hw[0] * hw[1], D,
+                      order) == ('linear' if linear else 'quadratic')
+    torch.manual_seed(0)
+    attn = SimAAttention(C, HEADS, 1, order=order, dw_kernel_size=0).eval()
+    x = tokens(n=hw[0] * hw[1]).float()
+    with torch.no_grad():
+        out, _ = attn._mix(x, hw)
+        q, k = attn._qk(x)
+        v = values(attn, x)
+        lin = q @ (k.transpose(-1, -2) @ v)
+        quad = (q @ k.transpose(-1, -2)) @ v
+    assert not torch.equal(lin, quad)
+    assert torch.equal(out, lin if linear else quad)
