@@ -12,7 +12,7 @@ import time
 import pytest
 import torch
 from conftest import (CONFIGS, ROOT, cls_demo_config, load_module,
-                      random_model, tool_namespace)
+                      random_model, tool_namespace, version1_keys)
 
 pytest.importorskip('mmpretrain')
 
@@ -274,25 +274,6 @@ def test_name_run_is_unique_per_process():
     assert names[2].startswith('mine')
 
 
-def version1_keys(sd, prefix='backbone.'):
-    """The keys SOFT checkpoints had before stages were modules (the
-    inverse of ``SOFT.upgrade_state_dict``, written out)."""
-    import re
-    p = re.escape(prefix)
-    rules = ((rf'^{p}stages\.(\d)\.patch_embed\.',
-              rf'{prefix}patch_embeds.\1.'), (rf'^{p}stages\.(\d)\.pos_embed$',
-                                              rf'{prefix}pos_embeds.\1'),
-             (rf'^{p}stages\.(\d)\.blocks\.(\d+)\.',
-              rf'{prefix}stages.\1.\2.'),
-             (rf'^{p}stages\.3\.(cls_token|norm\.)', rf'{prefix}\1'))
-    out = {}
-    for k, v in sd.items():
-        for pattern, repl in rules:
-            k = re.sub(pattern, repl, k)
-        out[k] = v
-    return out
-
-
 def test_version1_checkpoint_is_tested(setup):
     """A checkpoint written before stages were modules (keys
     ``backbone.patch_embeds.0.*``, ``backbone.stages.0.0.*``,
@@ -302,7 +283,7 @@ def test_version1_checkpoint_is_tested(setup):
     from mmsoft.models.backbones import SOFT
     cfg, ckpts, tmp = setup
     ckpt = torch.load(ckpts['good'], weights_only=False)
-    v1 = version1_keys(ckpt['state_dict'])
+    v1 = version1_keys(ckpt['state_dict'], 'backbone.')
     assert {
         'backbone.cls_token', 'backbone.pos_embeds.0',
         'backbone.stages.0.0.attn.q.weight'
@@ -316,7 +297,7 @@ def test_version1_checkpoint_is_tested(setup):
     assert metrics == {'accuracy/top1': pytest.approx(expected_top1(tmp))}
     # a version-1 checkpoint of another arch is still refused
     other = torch.load(ckpts['other_arch'], weights_only=False)
-    other['state_dict'] = version1_keys(other['state_dict'])
+    other['state_dict'] = version1_keys(other['state_dict'], 'backbone.')
     torch.save(other, tmp / 'v1_other.pth')
     ckpts['v1_other'] = str(tmp / 'v1_other.pth')
     msg = _error(setup, 'v1_other')

@@ -13,7 +13,7 @@ import types
 
 import pytest
 import torch
-from conftest import tiny_arch
+from conftest import tiny_arch, version1_keys
 from torch.nn.modules.batchnorm import _BatchNorm
 
 from mmsoft.models import SOFT
@@ -300,28 +300,6 @@ def test_upgrade_state_dict_default_prefix_and_num_stages():
 
 
 # ----------------------------------------------- state dict versions
-def _version1_keys(sd, prefix=''):
-    """``sd`` (mmsoft keys under ``prefix``) with the keys of a version-1
-    file (``patch_embeds.0.*``, ``stages.0.0.*``, ``ffn.fc1``,
-    ``cls_token``, ``norm.*``), no metadata."""
-    import re
-    p = re.escape(prefix)
-    rules = [
-        (r'\.ffn\.layers\.0\.0\.', '.ffn.fc1.'),
-        (r'\.ffn\.layers\.1\.', '.ffn.fc2.'),
-        (rf'^{p}stages\.(\d)\.patch_embed\.', rf'{prefix}patch_embeds.\1.'),
-        (rf'^{p}stages\.(\d)\.pos_embed$', rf'{prefix}pos_embeds.\1'),
-        (rf'^{p}stages\.(\d)\.blocks\.(\d+)\.', rf'{prefix}stages.\1.\2.'),
-        (rf'^{p}stages\.3\.(cls_token|norm\.)', rf'{prefix}\1')
-    ]
-    out = {}
-    for k, v in sd.items():
-        for old, new in rules:
-            k = re.sub(old, new, k)
-        out[k] = v
-    return out
-
-
 def test_load_state_dict_upgrades_old_files_under_any_prefix():
     """A file without ``_version`` 3 in its metadata (version 1 keys) loads
     strictly into SOFT, alone and as ``backbone`` of a model, with the
@@ -329,7 +307,7 @@ def test_load_state_dict_upgrades_old_files_under_any_prefix():
     torch.manual_seed(0)
     src = SOFT(ARCH)
     ref = {k: v.clone() for k, v in src.state_dict().items()}
-    old = _version1_keys(ref)
+    old = version1_keys(ref, fc_names=True)
     for key in ('cls_token', 'norm.weight', 'pos_embeds.0',
                 'patch_embeds.0.proj.0.conv.weight',
                 'stages.1.1.attn.q.weight', 'stages.1.1.ffn.fc1.weight'):
@@ -340,10 +318,12 @@ def test_load_state_dict_upgrades_old_files_under_any_prefix():
         assert torch.equal(v, ref[k]), k
     net = torch.nn.Module()
     net.backbone = SOFT(ARCH)
-    wrapped = _version1_keys({
+    wrapped = version1_keys({
         f'backbone.{k}': v
         for k, v in ref.items()
-    }, 'backbone.')
+    },
+                            'backbone.',
+                            fc_names=True)
     assert 'backbone.cls_token' in wrapped
     net.load_state_dict(wrapped, strict=True)
     for k, v in net.backbone.state_dict().items():
