@@ -244,9 +244,10 @@ class PerformerAttention(ZooAttention):
 def iterative_pinv(A: torch.Tensor, iters: int = 6) -> torch.Tensor:
     """Nystromformer's iteration for A^+ in float32+: Z_0 = A^T /
     (||A||_1 ||A||_inf) per matrix (the reference: over the batch),
-    Z_{k+1} = Z_k (13 I - A Z_k (15 I - A Z_k (7 I - A Z_k))) / 4."""
+    Z_{k+1} = Z_k (13 I - A Z_k (15 I - A Z_k (7 I - A Z_k))) / 4, with
+    I the identity of A Z_k (A's rows), so a rectangular A works too."""
     A = A.to(compute_dtype(A))
-    eye = torch.eye(A.shape[-1], dtype=A.dtype, device=A.device)
+    eye = torch.eye(A.shape[-2], dtype=A.dtype, device=A.device)
     col = A.abs().sum(-2).amax(-1)
     row = A.abs().sum(-1).amax(-1)
     Z = A.transpose(-1, -2) / (col * row)[..., None, None]

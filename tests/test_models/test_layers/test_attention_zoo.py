@@ -800,3 +800,15 @@ def test_sima_multiplies_in_the_chosen_order(order, hw, linear):
         quad = (q @ k.transpose(-1, -2)) @ v
     assert not torch.equal(lin, quad)
     assert torch.equal(out, lin if linear else quad)
+
+
+@pytest.mark.parametrize('shape', [(6, 4), (4, 6)])
+def test_iterative_pinv_of_a_rectangular_matrix(shape):
+    """The iteration gives the Moore-Penrose pseudo-inverse of a
+    rectangular (full-rank) A too: Z has A^T's shape and converges to
+    torch.linalg.pinv(A)."""
+    g = torch.Generator().manual_seed(1)
+    A = torch.randn(2, *shape, generator=g, dtype=torch.float64)
+    Z = iterative_pinv(A, 30)
+    assert Z.shape == (2, shape[1], shape[0])
+    torch.testing.assert_close(Z, torch.linalg.pinv(A))
