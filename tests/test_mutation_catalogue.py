@@ -136,6 +136,60 @@ def test_table_scores_each_group(tmp_path, monkeypatch):
     assert 'not run' in other
 
 
+def test_listed_equivalents_are_skipped_and_groups_share_a_copy(
+        tmp_path, monkeypatch):
+    """Before a run the listed equivalents that have not run are marked
+    skipped (mutmut's code 34: it does not run them), a mutant taken off
+    the list goes back to mutmut, a result stands; the status of a group
+    comes from its own files' ``.meta`` only (two groups share a copy)."""
+    pytest.importorskip('mutmut')
+    import run_mutmut
+    eq = tmp_path / 'equivalent.txt'
+    eq.write_text('mmsoft.a.x_f__mutmut_1 same\nmmsoft.a.x_f__mutmut_2 same\n')
+    monkeypatch.setattr(run_mutmut, 'EQUIVALENT', str(eq))
+    (tmp_path / 'mutants' / 'mmsoft').mkdir(parents=True)
+    codes = {
+        'a': {
+            'mmsoft.a.x_f__mutmut_1': None,  # listed, not run: skipped
+            'mmsoft.a.x_f__mutmut_2': 0,  # listed, ran: stays
+            'mmsoft.a.x_f__mutmut_3': 34,  # off the list: runs again
+            'mmsoft.a.x_f__mutmut_4': 1
+        },
+        'b': {
+            'mmsoft.b.x_g__mutmut_1': None
+        }
+    }
+    for mod, by_key in codes.items():
+        (tmp_path / 'mutants' / 'mmsoft' / f'{mod}.py.meta').write_text(
+            json.dumps(dict(exit_code_by_key=by_key, other=1)))
+    group = run_mutmut.Group('a', ('mmsoft/a.py', ), ('tests', ), 1)
+    assert run_mutmut.skip_equivalents(str(tmp_path), group) == 1
+    meta = json.loads(
+        (tmp_path / 'mutants' / 'mmsoft' / 'a.py.meta').read_text())
+    assert meta['other'] == 1 and meta['exit_code_by_key'] == {
+        'mmsoft.a.x_f__mutmut_1': 34,
+        'mmsoft.a.x_f__mutmut_2': 0,
+        'mmsoft.a.x_f__mutmut_3': None,
+        'mmsoft.a.x_f__mutmut_4': 1
+    }
+    assert run_mutmut.mutant_status(str(tmp_path), group) == {
+        'mmsoft.a.x_f__mutmut_1': 'skipped',
+        'mmsoft.a.x_f__mutmut_2': 'survived',
+        'mmsoft.a.x_f__mutmut_3': 'not run',
+        'mmsoft.a.x_f__mutmut_4': 'killed'
+    }
+    assert len(run_mutmut.mutant_status(str(tmp_path))) == 5
+
+
+def test_model_groups_share_one_test_selection():
+    """numerics and backbone mutate disjoint files under one selection of
+    tests (mutmut keeps results across a change of the mutated files, not
+    of the tests), and every group's files are disjoint from the others'."""
+    assert GROUPS['numerics'].tests == GROUPS['backbone'].tests
+    seen = [p for g in GROUPS.values() for p in g.mutate]
+    assert len(seen) == len(set(seen))
+
+
 def test_equivalent_needs_a_reason(tmp_path, monkeypatch):
     import run_mutmut
     eq = tmp_path / 'equivalent.txt'
@@ -249,3 +303,5 @@ def test_retest_runs_only_last_survivors(tmp_path, monkeypatch):
     assert cmds[-1][3:5] == ['run', '--max-children=2']
     run_mutmut.run_group('loading', group, str(tmp_path), 2)
     assert cmds[-1][-1] == '--max-children=2'
+    # a fresh copy (no mutants yet): one pass that only makes them first
+    assert cmds[-2][3:] == ['run', '--max-children=2', run_mutmut.NO_MUTANT]

@@ -62,6 +62,8 @@ if HERE not in sys.path:
 from run_mutations import checkout_files  # noqa: E402
 
 CAUGHT = ('killed', 'timeout')
+SKIPPED = 34  # mutmut's exit code for a mutant it was told to skip
+NO_MUTANT = 'mmsoft-generate-only'  # a filter that matches no mutant
 
 
 @dataclasses.dataclass(frozen=True)
@@ -75,26 +77,40 @@ class Group:
 M = 'mmsoft/'
 L = M + 'models/layers/'
 H = M + 'engine/hooks/'
+# the model's tests, for both model groups (one selection: the two groups
+# can share one stats run's mapping of tests to functions)
+MODEL_TESTS = (
+    'tests/test_models',
+    'tests/test_engine/test_optimizers.py',
+    # torch.compile's tests stay out: a mutated function is wrapped in a
+    # trampoline that dynamo traces differently (the compile cases are
+    # hand-written, tests/mutation/mutations.py)
+    '--ignore',
+    'tests/test_models/test_compile.py',
+    '--ignore',
+    'tests/test_models/test_backbones/test_pretrained_loading.py',
+    '--ignore',
+    'tests/test_models/test_backbones/test_loading_contracts.py')
 GROUPS: Dict[str, Group] = {
     'numerics':
     Group(
-        'attention, kernel, inverse, blocks, backbone',
+        'attention, kernel, inverse',
         tuple(L + f
               for f in ('gaussian_kernel.py', 'grid.py', 'nr_iteration.py',
                         'nr_autograd.py', 'nr_config.py', 'nr_diagnostics.py',
-                        'soft_attention.py', 'attention_base.py', 'blocks.py',
-                        'checks.py', 'amp.py', 'safe_conv.py', 'export_ops.py',
-                        'zoo.py')) +
-        (M + 'models/backbones/soft.py', H + 'nr_residual_hook.py',
+                        'soft_attention.py', 'attention_base.py',
+                        'export_ops.py', 'zoo.py')) +
+        (H + 'nr_residual_hook.py',
          M + 'engine/optimizers/cpu_amp_optim_wrapper.py'),
-        # torch.compile's tests stay out: a mutated function is wrapped in
-        # a trampoline that dynamo traces differently (the compile cases
-        # are hand-written, tests/mutation/mutations.py)
-        ('tests/test_models', 'tests/test_engine/test_optimizers.py',
-         '--ignore', 'tests/test_models/test_compile.py', '--ignore',
-         'tests/test_models/test_backbones/test_pretrained_loading.py',
-         '--ignore',
-         'tests/test_models/test_backbones/test_loading_contracts.py'),
+        MODEL_TESTS,
+        budget=5400),
+    'backbone':
+    Group(
+        'blocks, backbone',
+        tuple(L + f
+              for f in ('blocks.py', 'checks.py', 'amp.py', 'safe_conv.py')) +
+        (M + 'models/backbones/soft.py', ),
+        MODEL_TESTS,
         budget=5400),
     'loading':
     Group(
@@ -230,9 +246,24 @@ def run_group(name: str,
         f'{group.budget} s, in {ws}',
         flush=True)
     start = time.time()
+    if not retest and not any(_metas(ws, group)):
+        # a fresh copy: mutmut makes the mutants (and collects its stats)
+        # first, stopped by a filter that matches none of them, so that
+        # the listed equivalents can be skipped in the run proper
+        with open(osp.join(ws, 'generate.log'), 'w') as log:
+            subprocess.Popen(
+                cmd[:5] + [NO_MUTANT],
+                cwd=ws,
+                env=env,
+                stdout=log,
+                stderr=subprocess.STDOUT).wait(timeout=group.budget)
+    print(
+        f'[{name}] {skip_equivalents(ws, group)} mutants listed as '
+        'equivalent are skipped',
+        flush=True)
     proc = subprocess.Popen(cmd, cwd=ws, env=env, start_new_session=True)
     try:
-        proc.wait(timeout=group.budget)
+        proc.wait(timeout=max(1, group.budget - (time.time() - start)))
         if proc.returncode == 1 and not osp.isfile(
                 osp.join(ws, 'mutants', 'mutmut-stats.json')):
             # a first run under load has failed its stats run (a test with
@@ -263,20 +294,56 @@ def run_group(name: str,
     return time.time() - start
 
 
-def mutant_status(ws: str) -> Dict[str, str]:
+def _metas(ws: str, group: Group = None):
+    """mutmut's ``.meta`` files in ``ws`` (one per mutated file; those of
+    ``group``'s files only, when given: two groups can share a copy)."""
+    root = osp.join(ws, 'mutants')
+    for path in (group.mutate if group else ()):
+        if osp.isfile(osp.join(root, path + '.meta')):
+            yield osp.join(root, path + '.meta')
+    if group is None:
+        for folder, _, files in os.walk(root):
+            yield from (osp.join(folder, f) for f in sorted(files)
+                        if f.endswith('.py.meta'))
+
+
+def mutant_status(ws: str, group: Group = None) -> Dict[str, str]:
     """mutant name -> status, from mutmut's ``.meta`` files."""
     from mutmut.stats import status_by_exit_code
     found = {}
-    for folder, _, files in os.walk(osp.join(ws, 'mutants')):
-        for fname in files:
-            if not fname.endswith('.py.meta'):
-                continue
-            with open(osp.join(folder, fname)) as f:
-                codes = json.load(f)['exit_code_by_key']
-            for key, code in codes.items():
-                status = status_by_exit_code[code]
-                found[key] = 'not run' if code is None else status
+    for meta in _metas(ws, group):
+        with open(meta) as f:
+            codes = json.load(f)['exit_code_by_key']
+        for key, code in codes.items():
+            status = status_by_exit_code[code]
+            found[key] = 'not run' if code is None else status
     return found
+
+
+def skip_equivalents(ws: str, group: Group) -> int:
+    """Mark the listed equivalents that mutmut has not run as skipped
+    (mutmut's exit code 34), so that a run does not spend a surviving
+    mutant's time (every test of its function) on them, and give a mutant
+    taken off the list back to mutmut (not run). mutmut itself resets the
+    mutants of a function that changed, so a stale entry runs again."""
+    eq = equivalents()
+    marked = 0
+    for meta in _metas(ws, group):
+        with open(meta) as f:
+            data = json.load(f)
+        codes = data['exit_code_by_key']
+        changed = False
+        for key, code in codes.items():
+            if code is None and key in eq:
+                codes[key], changed = SKIPPED, True
+            elif code == SKIPPED and key not in eq:
+                codes[key], changed = None, True
+            marked += codes[key] == SKIPPED
+        if changed:
+            with open(meta + '.part', 'w') as f:
+                json.dump(data, f, indent=4)
+            os.replace(meta + '.part', meta)
+    return marked
 
 
 def equivalents() -> Dict[str, str]:
@@ -435,7 +502,7 @@ def main(argv=None) -> int:
         _, ran = read_results(name)
         seconds = run_group(name, group, args.work_dir, args.max_children,
                             args.retest)
-        status = mutant_status(osp.join(args.work_dir, name))
+        status = mutant_status(osp.join(args.work_dir, name), group)
         write_results(name, status, seconds + (ran or 0) * args.retest)
     update_doc()
     print(table(), end='')
