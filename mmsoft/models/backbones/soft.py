@@ -430,6 +430,8 @@ class SOFT(BaseModule):
                                  f'stage {i + 1} needs one value per block '
                                  f'({self.depths[i]}), got '
                                  f'{cfg["drop_path_rates"]!r}')
+            check_int(f'SOFT: stage_cfgs: pos_grid of stage {i + 1}',
+                      cfg['pos_grid'])
 
     @classmethod
     def arch_presets(cls) -> Tuple[str, ...]:
@@ -532,7 +534,7 @@ class SOFT(BaseModule):
                 if 'Expected more than 1 value per channel' not in str(e):
                     raise
                 B, _, H, W = x.shape  # BatchNorm's message, explained
-                s = 4 if i == 0 else 2
+                s = 4 if self.stage_cfgs[i]['stem'] else 2
                 raise ValueError(
                     f'SOFT stage {i + 1}: in training mode its patch-'
                     f'embedding BatchNorm sees one value per channel (batch '
