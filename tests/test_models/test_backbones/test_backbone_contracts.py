@@ -1,6 +1,7 @@
-"""Contracts of the SOFT backbone's forward (type / BatchNorm errors,
-activation checkpointing) and of :mod:`mmsoft.models.layers.safe_conv`
-(``conv2d`` / ``SafeConv2d`` equal torch's convolution)."""
+"""Contracts of the SOFT backbone's init (the class token) and forward
+(type / BatchNorm errors, stage_cfgs checks, activation checkpointing), and
+of :mod:`mmsoft.models.layers.safe_conv` (``conv2d`` / ``SafeConv2d``
+equal torch's convolution)."""
 import warnings
 
 import pytest
@@ -141,3 +142,17 @@ def test_safe_conv2d_equals_nn_conv2d(kwargs):
     safe.load_state_dict(ref.state_dict())
     x = torch.randn(2, 4, 9, 9)
     torch.testing.assert_close(safe(x), ref(x))
+
+
+# ------------------------------------------------------------ init_weights
+def test_init_weights_cls_token_is_trunc_normal_002():
+    """The official init: the ClsTokenStage's cls token (created as zeros)
+    is drawn from a truncated normal with std 0.02 by ``init_weights``."""
+    torch.manual_seed(0)
+    model = SOFT(tiny_arch(embed_dims=(16, 32, 32, 256)))
+    token = model.stages[3].cls_token
+    assert token.numel() == 256 and not token.any()
+    model.init_weights()
+    std = token.detach().std().item()
+    assert 0.016 < std < 0.024, std
+    assert abs(token.detach().mean().item()) < 0.005
