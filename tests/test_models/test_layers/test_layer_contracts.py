@@ -1,4 +1,4 @@
-"""Contracts of the bottleneck grid, SOFT attention and the NR backward
+"""Contracts of the bottleneck grid, SOFT attention and the NR backward:
 zero padding of small maps, the IJCV defaults, the
 float32 computation, the NR stats and the transposes of Eq. (16)."""
 import pytest
