@@ -272,7 +272,8 @@ def test_a_mutant_runs_its_fastest_tests_first(tmp_path, monkeypatch):
 
 def test_retest_runs_only_last_survivors(tmp_path, monkeypatch):
     """--retest names to mutmut the mutants that survived or had no test
-    (mutmut re-tests changed functions, not changed tests)."""
+    and are not listed as equivalent since (mutmut re-tests changed
+    functions, not changed tests)."""
     import run_mutmut
     monkeypatch.setattr(run_mutmut, 'RESULTS', str(tmp_path))
     monkeypatch.setattr(run_mutmut, 'EQUIVALENT', str(tmp_path / 'none'))
@@ -283,8 +284,11 @@ def test_retest_runs_only_last_survivors(tmp_path, monkeypatch):
             'm.x_f__mutmut_1': 'killed',
             'm.x_f__mutmut_2': 'survived',
             'm.x_f__mutmut_3': 'no tests',
-            'm.x_f__mutmut_4': 'timeout'
+            'm.x_f__mutmut_4': 'timeout',
+            'm.x_f__mutmut_5': 'survived'
         }, 3)
+    # listed as equivalent after that run: not re-tested
+    (tmp_path / 'none').write_text('m.x_f__mutmut_5 same value\n')
     cmds = []
 
     class Proc:

@@ -234,8 +234,9 @@ def run_group(name: str,
     cmd = [sys.executable, '-m', 'mutmut', 'run', f'--max-children={children}']
     if retest:  # mutmut re-tests changed functions, not changed tests
         status, _ = read_results(name)
+        eq = equivalents()  # listed since that run: not again
         again = sorted(k for k, v in (status or {}).items()
-                       if v in ('survived', 'no tests'))
+                       if v in ('survived', 'no tests') and k not in eq)
         if not again:
             print(f'[{name}] no survivor to re-test', flush=True)
             return 0.0
