@@ -18,8 +18,10 @@ def landmark_grid(hw, ratio, max_landmarks=None, landmark_hw=None):
     if landmark_hw is not None:
         return min(int(landmark_hw[0]), gh), min(int(landmark_hw[1]), gw)
     if max_landmarks is not None and gh * gw > max_landmarks:
-        s = math.sqrt(max_landmarks / (gh * gw))
-        gh, gw = max(1, int(gh * s)), max(1, int(gw * s))
+        # floor(gh s) = floor(sqrt(gh max_landmarks / gw)), in integers (a
+        # float gh * s can fall just below a whole number)
+        gh, gw = (max(1, math.isqrt(gh * max_landmarks // gw)),
+                  max(1, math.isqrt(gw * max_landmarks // gh)))
         while gh * gw > max_landmarks:  # only when one side is clamped to 1
             if gh >= gw:
                 gh -= 1
