@@ -3,6 +3,7 @@ epoch / iteration, exits non-zero and never saves NaN weights over the last
 good checkpoint (a real mmengine Runner, lr exploding to 1e6)."""
 import glob
 import os.path as osp
+import re
 
 import pytest
 import torch
@@ -488,3 +489,27 @@ def test_refusal_names_parameters_inside_a_model_wrapper():
             match=r'1 parameter tensor\(s\) '
             r'\(bias\) hold nan / inf'):
         hook.before_save_checkpoint(runner, {})
+
+
+@pytest.mark.parametrize('value', [-1, 1.5, '3', True, None])
+def test_max_skipped_steps_must_be_an_int_of_at_least_zero(value):
+    """``max_skipped_steps`` is an int >= 0 (not a bool, a float or a
+    string), refused with one line that names it and the value."""
+    with pytest.raises(
+            ValueError,
+            match=r'^NonFiniteLossHook: max_skipped_steps must be an int '
+            rf'>= 0, got {re.escape(repr(value))}$'):
+        NonFiniteLossHook(max_skipped_steps=value)
+
+
+def test_overflowing_step_names_the_finite_loss_value():
+    """A step that overflows the parameters although the loss was finite
+    names that loss's value in the stop message."""
+    runner, model, _ = _guarded_wrapper(NonFiniteLossHook())
+    runner.optim_wrapper.optimizer.param_groups[0]['lr'] = 3e38
+    loss = model(torch.full((1, 2), 2.)).sum()  # weight gradients 2: inf
+    assert torch.isfinite(loss)
+    with pytest.raises(NonFiniteLossError) as info:
+        runner.optim_wrapper.update_params(loss)
+    assert f'although the loss was finite ({loss.item()}): the gradients' \
+        in str(info.value)
