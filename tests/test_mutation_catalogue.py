@@ -271,9 +271,9 @@ def test_a_mutant_runs_its_fastest_tests_first(tmp_path, monkeypatch):
 
 
 def test_retest_runs_only_last_survivors(tmp_path, monkeypatch):
-    """--retest names to mutmut the mutants that survived or had no test
-    and are not listed as equivalent since (mutmut re-tests changed
-    functions, not changed tests)."""
+    """--retest names to mutmut the mutants that survived, had no test or
+    did not run, and are not listed as equivalent since (mutmut re-tests
+    changed functions, not changed tests)."""
     import run_mutmut
     monkeypatch.setattr(run_mutmut, 'RESULTS', str(tmp_path))
     monkeypatch.setattr(run_mutmut, 'EQUIVALENT', str(tmp_path / 'none'))
@@ -285,7 +285,8 @@ def test_retest_runs_only_last_survivors(tmp_path, monkeypatch):
             'm.x_f__mutmut_2': 'survived',
             'm.x_f__mutmut_3': 'no tests',
             'm.x_f__mutmut_4': 'timeout',
-            'm.x_f__mutmut_5': 'survived'
+            'm.x_f__mutmut_5': 'survived',
+            'm.x_f__mutmut_6': 'not run'
         }, 3)
     # listed as equivalent after that run: not re-tested
     (tmp_path / 'none').write_text('m.x_f__mutmut_5 same value\n')
@@ -303,7 +304,9 @@ def test_retest_runs_only_last_survivors(tmp_path, monkeypatch):
     monkeypatch.setattr(run_mutmut.subprocess, 'Popen', Proc)
     group = GROUPS['loading']
     run_mutmut.run_group('loading', group, str(tmp_path), 2, retest=True)
-    assert cmds[-1][-2:] == ['m.x_f__mutmut_2', 'm.x_f__mutmut_3']
+    assert cmds[-1][-3:] == [
+        'm.x_f__mutmut_2', 'm.x_f__mutmut_3', 'm.x_f__mutmut_6'
+    ]
     assert cmds[-1][3:5] == ['run', '--max-children=2']
     run_mutmut.run_group('loading', group, str(tmp_path), 2)
     assert cmds[-1][-1] == '--max-children=2'

@@ -235,8 +235,9 @@ def run_group(name: str,
     if retest:  # mutmut re-tests changed functions, not changed tests
         status, _ = read_results(name)
         eq = equivalents()  # listed since that run: not again
-        again = sorted(k for k, v in (status or {}).items()
-                       if v in ('survived', 'no tests') and k not in eq)
+        again = sorted(
+            k for k, v in (status or {}).items()
+            if v in ('survived', 'no tests', 'not run') and k not in eq)
         if not again:
             print(f'[{name}] no survivor to re-test', flush=True)
             return 0.0
@@ -464,8 +465,8 @@ def parse_args(argv=None):
     p.add_argument(
         '--retest',
         action='store_true',
-        help='run only the mutants that survived (or had no '
-        'test) last time, e.g. after adding tests')
+        help='run only the mutants that survived, had no test or '
+        'were not run last time, e.g. after adding tests')
     p.add_argument('--max-children', type=int, default=os.cpu_count() or 2)
     p.add_argument(
         '--budget-scale',
