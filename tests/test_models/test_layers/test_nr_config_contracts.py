@@ -1,0 +1,133 @@
+"""Contracts of the argument checks around the NR pseudo-inverse and the
+token mixers: the exact messages of the token-shape check and of
+:class:`NRConfig`, ``iters`` stored as an int, the NR stats of the exact
+iterative backward, when the export path is taken and where the warning
+for the old ``nr_init='soft_norm'`` points."""
+import re
+
+import numpy as np
+import pytest
+import torch
+
+from mmsoft.models.layers import AttentionBase, NRConfig, export_ops
+from mmsoft.models.layers.nr_diagnostics import nr_residual
+from mmsoft.models.layers.nr_iteration import nr_init_alpha
+
+
+def exact(message):
+    """A ``match`` pattern for exactly ``message``."""
+    return '^' + re.escape(message) + '$'
+
+
+# ------------------------------------------------------- token-shape check
+def test_check_message_names_both_sides_and_the_shape():
+    """A (B, n, C) input whose n is not H * W is refused with ``expected
+    (B, H*W, C) tokens, got shape <shape>`` (H and W as given)."""
+    with pytest.raises(
+            ValueError,
+            match=exact('expected (B, 2*3, C) tokens, got shape (1, 5, 4)')):
+        AttentionBase._check(torch.zeros(1, 5, 4), (2, 3))
+
+
+@pytest.mark.parametrize('shape', [(1, 6), (1, 6, 2, 2)])
+def test_check_refuses_other_ranks_with_the_right_token_count(shape):
+    """Only 3-D (B, n, C) tokens pass: a 2-D or 4-D input is refused even
+    when its dim 1 is H * W."""
+    with pytest.raises(ValueError, match='expected'):
+        AttentionBase._check(torch.zeros(shape), (2, 3))
+
+
+def test_check_refuses_3d_tokens_with_the_wrong_count():
+    """3-D tokens pass only when n == H * W."""
+    AttentionBase._check(torch.zeros(1, 6, 4), (2, 3))
+    with pytest.raises(ValueError, match='expected'):
+        AttentionBase._check(torch.zeros(1, 7, 4), (2, 3))
+
+
+# ------------------------------------------------------------- exporting
+@pytest.mark.filterwarnings('ignore:`torch.jit.trace` is deprecated')
+def test_is_exporting_under_jit_trace_alone():
+    """``is_exporting`` is True inside ``torch.jit.trace`` (no ONNX export
+    running) and False outside."""
+    seen = []
+
+    def f(x):
+        seen.append(export_ops.is_exporting())
+        return x + 1
+
+    assert not export_ops.is_exporting()
+    torch.jit.trace(f, torch.zeros(2), check_trace=False)
+    assert seen == [True]
+
+
+def test_is_exporting_under_onnx_export_alone(monkeypatch):
+    """``is_exporting`` is True while ``torch.onnx.export`` runs, without
+    jit tracing."""
+    monkeypatch.setattr(torch.onnx, 'is_in_onnx_export', lambda: True)
+    monkeypatch.setattr(torch.jit, 'is_tracing', lambda: False)
+    assert export_ops.is_exporting()
+
+
+# ------------------------------------------------------------- NR stats
+def test_exact_iterative_backward_fills_stats():
+    """``stats`` gets ``'residual'`` and ``'unconverged'`` on every path,
+    the exact iterative backward (autograd through the iterations)
+    included: the values of :func:`nr_residual`."""
+    g = torch.Generator().manual_seed(0)
+    X = torch.rand(2, 6, 3, generator=g, dtype=torch.float64)
+    A = X @ X.mT
+    nr = NRConfig(iters=4, method='iterative', backward='exact')
+    stats = {}
+    nr.inverse(A, stats)
+    assert set(stats) == {'residual', 'unconverged'}
+    want = nr_residual(A, 4, nr.init)
+    for key in want:
+        torch.testing.assert_close(stats[key], want[key])
+
+
+# ------------------------------------------------------------- NRConfig
+def test_iters_is_stored_as_the_checked_int():
+    """``iters`` accepts any integral number and is stored as an ``int``."""
+    cfg = NRConfig(iters=np.int64(3))
+    assert cfg.iters == 3 and type(cfg.iters) is int
+
+
+@pytest.mark.parametrize('field, value, message', [
+    ('iters', 0,
+     'Newton-Raphson iters (nr_iters) must be an int >= 1, got 0 (int)'),
+    ('method', 'svd', "unknown pseudo-inverse method (nr_method) 'svd'; "
+     "choose one of ('auto', 'iterative', 'spectral')"),
+    ('backward', 'fd', "unknown Newton-Raphson backward (nr_backward) "
+     "'fd'; choose one of ('eq16', 'exact')"),
+])
+def test_bad_settings_name_the_attn_cfg_key(field, value, message):
+    """A bad setting raises one ``ValueError`` naming the setting and its
+    ``attn_cfg`` key ``nr_<field>``, the value and what is accepted."""
+    with pytest.raises(ValueError, match=exact(message)):
+        NRConfig(**{field: value})
+
+
+def test_of_refuses_other_types():
+    """``NRConfig.of`` takes an NRConfig, a dict of its fields or None;
+    anything else is a ``TypeError`` listing the fields."""
+    with pytest.raises(
+            TypeError,
+            match=exact("nr must be an NRConfig, a dict of its fields "
+                        "('iters', 'init', 'method', 'backward') or None, "
+                        "got 3")):
+        NRConfig.of(3, True)
+
+
+# ------------------------------------------------- old alpha-rule name
+def test_soft_norm_warns_at_the_caller_of_nr_init_alpha():
+    """``nr_init='soft_norm'`` (the old name of ``'soft_norm_per_matrix'``)
+    gives a ``FutureWarning`` with this text, attributed to the code that
+    called ``nr_init_alpha``."""
+    message = ("nr_init='soft_norm' is the old name of 'soft_norm_per_matrix' "
+               "(alpha per matrix); the default with attn_norm=True is now "
+               "'soft_norm_per_sample' (the official rule per sample). Set "
+               'nr_init to a new name to silence this warning.')
+    with pytest.warns(FutureWarning, match=exact(message)) as record:
+        nr_init_alpha(torch.eye(3), 'soft_norm')
+    assert len(record) == 1
+    assert record[0].filename == __file__
