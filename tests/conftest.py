@@ -13,6 +13,7 @@ import json
 import os
 import os.path as osp
 import runpy
+import signal
 import socket
 import subprocess
 import sys
@@ -233,6 +234,24 @@ def current_log(level=None):
     finally:
         logger.removeHandler(handler)
         MMLogger._instance_dict.pop(name, None)
+
+
+@contextlib.contextmanager
+def deadline(seconds=2.0):
+    """``TimeoutError`` in the block after ``seconds`` of wall time
+    (SIGALRM, main thread): a Python loop that never ends fails instead of
+    hanging the suite."""
+
+    def _expire(signum, frame):
+        raise TimeoutError(f'still running after {seconds} s')
+
+    old = signal.signal(signal.SIGALRM, _expire)
+    signal.setitimer(signal.ITIMER_REAL, seconds)
+    try:
+        yield
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, old)
 
 
 def free_port():

@@ -2,35 +2,18 @@
 or untouched, and a full disk that a writer reports as another exception
 is still an ``OSError`` with its errno (what ``SafeCheckpointHook``'s
 full-disk message reads; docs/en/advanced_guides/fault_tolerance.md)."""
-import contextlib
 import errno
 import os
 import os.path as osp
 import signal
 
 import pytest
-from conftest import dead_pid
+from conftest import dead_pid, deadline
 
 from mmsoft.utils import atomic
 from mmsoft.utils.atomic import (TMP_SUFFIX, atomic_path, atomic_write,
                                  os_error_in_chain, remove_stale_temps,
                                  temp_path_for)
-
-
-@contextlib.contextmanager
-def _deadline(seconds=5):
-    """Fail instead of hanging (SIGALRM; the loops tested are Python)."""
-
-    def timeout(signum, frame):
-        raise TimeoutError(f'still running after {seconds} s')
-
-    old = signal.signal(signal.SIGALRM, timeout)
-    signal.setitimer(signal.ITIMER_REAL, seconds)
-    try:
-        yield
-    finally:
-        signal.setitimer(signal.ITIMER_REAL, 0)
-        signal.signal(signal.SIGALRM, old)
 
 
 def _full_disk(how):
@@ -80,11 +63,11 @@ def test_chain_search_ends_on_a_cycle():
     searched once: no OSError found, no endless loop."""
     a, b = RuntimeError('a'), ValueError('b')
     a.__cause__, b.__context__ = b, a
-    with _deadline():
+    with deadline(5):
         assert os_error_in_chain(a) is None
     disk = OSError(errno.ENOSPC, 'No space left on device')
     b.__cause__ = disk
-    with _deadline():
+    with deadline(5):
         assert os_error_in_chain(a) is disk
 
 

@@ -3,33 +3,15 @@ grid``): :func:`landmark_grid` (the strided grid, clamped to
 ``landmark_hw`` or shrunk, aspect kept, to at most ``max_landmarks``) and
 :func:`reduce_map` (r x r average pooling, stride r, then adaptive pooling
 to that grid), checked against values worked out by hand."""
-import contextlib
-import signal
 
 import pytest
 import torch
+from conftest import deadline
 
 from mmsoft.models.layers import landmark_grid, reduce_map
 
 #: 2 ** 53 + 1: the first int that a float64 cannot hold
 BIG = 2**53 + 1
-
-
-@contextlib.contextmanager
-def deadline(seconds=2.0):
-    """Raise ``TimeoutError`` in the block after ``seconds`` (a loop that
-    never ends fails instead of hanging the suite)."""
-
-    def _expire(signum, frame):
-        raise TimeoutError(f'still running after {seconds} s')
-
-    old = signal.signal(signal.SIGALRM, _expire)
-    signal.setitimer(signal.ITIMER_REAL, seconds)
-    try:
-        yield
-    finally:
-        signal.setitimer(signal.ITIMER_REAL, 0)
-        signal.signal(signal.SIGALRM, old)
 
 
 @pytest.mark.parametrize(

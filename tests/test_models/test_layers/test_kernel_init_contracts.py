@@ -3,11 +3,10 @@ Function and its ONNX export path), the landmark grid's shrinking loop, the
 Newton-Raphson alpha search (its default rule and its inclusive tolerance),
 the NR Function's refusal of the exact iterative backward, and the q / v
 biases of the official SOFT attention."""
-import contextlib
-import signal
 
 import pytest
 import torch
+from conftest import deadline
 
 from mmsoft.models.layers import export_ops, landmark_grid
 from mmsoft.models.layers.gaussian_kernel import (GaussianKernel,
@@ -38,23 +37,6 @@ def path(request, monkeypatch):
     if request.param == 'export':
         monkeypatch.setattr(export_ops, 'is_exporting', lambda: True)
     return request.param
-
-
-@contextlib.contextmanager
-def deadline(seconds=2.0):
-    """``TimeoutError`` in the block after ``seconds`` (a loop that never
-    ends fails instead of hanging the suite)."""
-
-    def _expire(signum, frame):
-        raise TimeoutError(f'still running after {seconds} s')
-
-    old = signal.signal(signal.SIGALRM, _expire)
-    signal.setitimer(signal.ITIMER_REAL, seconds)
-    try:
-        yield
-    finally:
-        signal.setitimer(signal.ITIMER_REAL, 0)
-        signal.signal(signal.SIGALRM, old)
 
 
 # ------------------------------------------------------------ the kernel
