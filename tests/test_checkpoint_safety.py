@@ -19,6 +19,7 @@ and the safe fix (never torch's "weights_only=False" advice), and the
 marker is never created. ``make compat`` runs this on each stack of the
 support matrix.
 """
+import os
 import os.path as osp
 import pickle
 import sys
@@ -288,3 +289,14 @@ def test_removed_checksum_names_say_what_replaces_them():
         cio.checksum
     assert str(e.value) == \
         "module 'mmsoft.utils.checkpoint_io' has no attribute 'checksum'"
+
+
+def test_removed_names_warn_at_the_code_that_uses_them():
+    """The deprecation warning points at the line that uses the old name
+    (stacklevel 2), not into mmsoft: that line is what the user changes."""
+    with pytest.warns(DeprecationWarning) as caught:
+        cio.add_checksum
+    where = caught[0].filename
+    assert not where.startswith(osp.dirname(mmsoft.__file__))
+    if 'MUTANT_UNDER_TEST' not in os.environ:  # (mutmut adds a frame)
+        assert where == __file__
