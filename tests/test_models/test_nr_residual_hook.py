@@ -101,7 +101,8 @@ def test_scalars_are_the_largest_value_per_stage():
 def test_the_table_every_interval_iterations():
     a = _Backbone({
         'stage1': dict(residual=1.5e-3, unconverged=0.0),
-        'stage2': dict(residual=2e-7)
+        'stage2': dict(residual=2e-7),
+        'stage3': dict(unconverged=0.0)
     })
     hook = NRResidualHook(interval=3)
     for it, logged in [(0, False), (1, False), (2, True), (5, True)]:
@@ -111,7 +112,8 @@ def test_the_table_every_interval_iterations():
             hook.after_train_iter(runner, it)
         want = [(logging.INFO, 'NR convergence (last forward): stage1 '
                  'residual 1.50e-03 unconverged 0.0%, stage2 residual '
-                 '2.00e-07 unconverged nan%')]
+                 '2.00e-07 unconverged nan%, stage3 residual nan '
+                 'unconverged 0.0%')]
         assert _messages(records) == (want if logged else []), it
 
 

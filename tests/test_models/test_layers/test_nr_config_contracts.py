@@ -32,6 +32,23 @@ def test_check_message_names_both_sides_and_the_shape():
         AttentionBase._check(torch.zeros(1, 5, 4), (2, 3))
 
 
+@pytest.mark.parametrize('key, value, message', [
+    ('embed_dims', 0, 'embed_dims must be an int >= 1, got 0 (int)'),
+    ('num_heads', 0, 'num_heads must be an int >= 1, got 0 (int)'),
+    ('sampling_ratio', 0, 'sampling_ratio must be an int >= 1, got 0 (int)'),
+    ('dw_kernel_size', 2, 'dw_kernel_size must be an odd positive int (or 0 '
+     'to disable the conv), got 2: an even kernel changes the token map '
+     'size'),
+])
+def test_attention_arguments_are_refused_by_name(key, value, message):
+    """Every mixer's common arguments are checked up front, the error
+    naming the argument as the config spells it."""
+    args = dict(embed_dims=8, num_heads=2, sampling_ratio=2)
+    args[key] = value
+    with pytest.raises(ValueError, match=exact(message)):
+        AttentionBase(**args)
+
+
 @pytest.mark.parametrize('shape', [(1, 6), (1, 6, 2, 2)])
 def test_check_refuses_other_ranks_with_the_right_token_count(shape):
     """Only 3-D (B, n, C) tokens pass: a 2-D or 4-D input is refused even
