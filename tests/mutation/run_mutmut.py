@@ -35,6 +35,7 @@ a tool run by a test in a child process count for that test.
 import argparse
 import csv
 import dataclasses
+import glob
 import io
 import json
 import os
@@ -300,13 +301,11 @@ def _metas(ws: str, group: Group = None):
     """mutmut's ``.meta`` files in ``ws`` (one per mutated file; those of
     ``group``'s files only, when given: two groups can share a copy)."""
     root = osp.join(ws, 'mutants')
-    for path in (group.mutate if group else ()):
-        if osp.isfile(osp.join(root, path + '.meta')):
-            yield osp.join(root, path + '.meta')
     if group is None:
-        for folder, _, files in os.walk(root):
-            yield from (osp.join(folder, f) for f in sorted(files)
-                        if f.endswith('.py.meta'))
+        return sorted(
+            glob.glob(osp.join(root, '**', '*.py.meta'), recursive=True))
+    metas = (osp.join(root, path + '.meta') for path in group.mutate)
+    return [meta for meta in metas if osp.isfile(meta)]
 
 
 def mutant_status(ws: str, group: Group = None) -> Dict[str, str]:
