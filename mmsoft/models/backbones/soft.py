@@ -533,12 +533,13 @@ class SOFT(BaseModule):
             except ValueError as e:
                 if 'Expected more than 1 value per channel' not in str(e):
                     raise
-                B, _, H, W = x.shape  # BatchNorm's message, explained
-                s = 4 if self.stage_cfgs[i]['stem'] else 2
+                # BatchNorm's message, explained: one value per channel is
+                # batch 1 of a 1 x 1 map, whatever the stage's stride
+                B, _, H, W = x.shape
                 raise ValueError(
                     f'SOFT stage {i + 1}: in training mode its patch-'
                     f'embedding BatchNorm sees one value per channel (batch '
-                    f'size {B}, a {-(-H // s)} x {-(-W // s)} map from the '
+                    f'size {B}, a 1 x 1 map from the '
                     f"stage's {H} x {W} input), where batch statistics are "
                     f'undefined. Train with a batch size >= 2 or larger '
                     f'images, or set norm_eval=True (BatchNorm uses its '

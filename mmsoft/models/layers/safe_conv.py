@@ -63,8 +63,7 @@ def _probe(key: tuple) -> bool:
             f'a {in_shape} input (relative error {err:.3g} against '
             f'float32, a known oneDNN bug on CPUs with AMX); mmsoft runs '
             f'this convolution in float32 (correct, slower)',
-            HalfConvWarning,
-            stacklevel=3)
+            HalfConvWarning)  # about this CPU: no caller's line to show
     return ok
 
 

@@ -50,6 +50,17 @@ def test_batchnorm_error_reports_a_later_stems_map():
         model.train()(torch.zeros(1, 3, 16, 16))
 
 
+def test_batchnorm_error_reports_a_stride_2_stages_map():
+    """Stage 2 (stride 2, no stem) of an 8 x 8 image gets a 2 x 2 input
+    and makes the 1 x 1 map of batch 1."""
+    model = SOFT(ARCH, pretrain_img_size=32)
+    with pytest.raises(
+            ValueError,
+            match=r"stage 2: .* \(batch size 1, a 1 x 1 map from the "
+            r"stage's 2 x 2 input\)"):
+        model.train()(torch.zeros(1, 3, 8, 8))
+
+
 @pytest.mark.parametrize('grid', [0, -2, 1.5])
 def test_pos_grid_of_stage_cfgs_is_checked(grid):
     """``stage_cfgs``' pos_grid (the position embedding's side) is an int

@@ -178,6 +178,30 @@ def test_broken_half_kernel_is_detected_and_bypassed(monkeypatch, dtype):
     assert rel_err(bad, ref) > 0.5
 
 
+def zero_half_kernel(x, w, b, *args):
+    """A half kernel that is all wrong: zeros (relative error exactly 1)."""
+    out = F.conv2d(x.float(), w.float(), None, *args)
+    return out.zero_().to(x.dtype) if x.dtype in HALF else out
+
+
+@pytest.mark.parametrize('dtype', HALF, ids=['bf16', 'fp16'])
+def test_warning_names_the_dtype_configuration_and_relative_error(
+        monkeypatch, dtype):
+    """The one-line warning: which dtype, weight, stride, groups, input, and
+    the error relative to float32. A 1 x 1 convolution whose float32 output
+    is below 1 in norm: the error is still relative (1 for zeros)."""
+    monkeypatch.setattr(SAFE, '_raw_conv2d', zero_half_kernel)
+    x = torch.full((1, 1, 1, 1), 0.5, dtype=dtype)
+    w = torch.full((1, 1, 1, 1), 0.5, dtype=dtype)
+    with pytest.warns(SAFE.HalfConvWarning) as record:
+        SAFE.conv2d(x, w)
+    name = {torch.bfloat16: 'bfloat16', torch.float16: 'float16'}[dtype]
+    assert str(record[0].message).startswith(
+        f"mmsoft: this CPU's {name} convolution is wrong for weight "
+        '(1, 1, 1, 1), stride (1, 1), groups 1 on a (1, 1, 1) input '
+        '(relative error 1 against float32')
+
+
 @pytest.mark.parametrize('dtype', HALF, ids=['bf16', 'fp16'])
 def test_bf16_model_input_is_guarded_too(monkeypatch, dtype):
     """A model cast to the half type (no autocast) goes through the same

@@ -1,0 +1,187 @@
+"""Contracts of the pyramid's public building blocks used on their own
+(``SoftmaxBlock``, ``SoftmaxAttention``, ``PyramidStage``, ``SOFTStage``)
+and of ``SOFT``'s ``stage_cfgs`` merge: the documented defaults, where each
+dropout rate goes, and that the model keeps its own copy of the user's
+configuration."""
+import pytest
+import torch
+import torch.nn as nn
+from conftest import tiny_arch
+from mmcv.cnn.bricks import DropPath
+
+from mmsoft.models.backbones import SOFT
+from mmsoft.models.backbones.soft import PyramidStage, SOFTStage
+from mmsoft.models.layers import SOFTBlock, SoftmaxBlock
+from mmsoft.models.layers.blocks import (SoftmaxAttention, check_norm_cfg,
+                                         residual_drop_cfg)
+
+ARCH = tiny_arch((8, 8, 8, 16), (1, 1, 1, 2))
+
+
+def dropouts(module):
+    """(type name, p) of every dropout-like module, in order."""
+    return [(type(m).__name__, getattr(m, 'p', getattr(m, 'drop_prob', 0)))
+            for m in module.modules() if isinstance(m, (nn.Dropout, DropPath))]
+
+
+# --------------------------------------------------------------- SOFTBlock
+def test_soft_block_defaults():
+    """SOFTBlock's own defaults: SOFT attention with q / v bias, a 3 x 3
+    depth-wise conv, an MLP of 4 x the width with the tanh GELU, LN."""
+    blk = SOFTBlock(8, 1, 2)
+    assert type(blk.attn).__name__ == 'SOFTAttention'
+    assert blk.attn.q.bias is not None and blk.attn.v.bias is not None
+    assert blk.attn.dw_conv.kernel_size == (3, 3)
+    fc1, act = blk.ffn.layers[0][0], blk.ffn.layers[0][1]
+    assert fc1.out_features == 32 and act.approximate == 'tanh'
+    assert isinstance(blk.norm1, nn.LayerNorm) and blk.norm1.eps == 1e-5
+    assert isinstance(blk.drop, nn.Identity)
+    assert all(p == 0 for _, p in dropouts(blk))  # none in the MLP either
+
+
+def test_residual_drop_cfg_defaults_to_drop_path():
+    assert residual_drop_cfg(0.1) == dict(type='DropPath', drop_prob=0.1)
+    assert residual_drop_cfg(0.1, 'dropout') == dict(
+        type='Dropout', drop_prob=0.1)
+    assert residual_drop_cfg(0) is None
+
+
+@pytest.mark.parametrize('cfg', [dict(eps=1e-6), 'LN'])
+def test_norm_cfg_without_a_type_is_refused_by_name(cfg):
+    with pytest.raises(
+            TypeError,
+            match=r'SOFT: norm_cfg must be a dict with a "type" \(e\.g\. '
+            r"dict\(type='LN'\)\), got"):
+        check_norm_cfg('norm_cfg', cfg)
+
+
+# ------------------------------------------------------------ SoftmaxBlock
+def test_softmax_block_defaults():
+    """The docstring's defaults: LN with eps 1e-6, exact GELU, an MLP of
+    4 x the width, q / kv with bias, no dropout anywhere."""
+    blk = SoftmaxBlock(8, 2)
+    for norm in (blk.norm1, blk.norm2):
+        assert isinstance(norm, nn.LayerNorm) and norm.eps == 1e-6
+    fc1, act = blk.ffn.layers[0][0], blk.ffn.layers[0][1]
+    assert fc1.out_features == 32
+    assert isinstance(act, nn.GELU) and act.approximate == 'none'
+    assert blk.attn.q.bias is not None and blk.attn.kv.bias is not None
+    assert blk.attn.attn_drop == 0
+    assert all(p == 0 for _, p in dropouts(blk))
+    assert isinstance(blk.drop_path, nn.Identity)
+
+
+def test_softmax_block_is_pre_norm_with_both_residuals():
+    """x += Attn(LN(x)); x += MLP(LN(x)), computed from the parts."""
+    torch.manual_seed(0)
+    blk = SoftmaxBlock(8, 2).eval()
+    x = torch.randn(2, 5, 8)
+    with torch.no_grad():
+        h = x + blk.attn(blk.norm1(x))
+        fc1, act = blk.ffn.layers[0][0], blk.ffn.layers[0][1]
+        fc2 = blk.ffn.layers[1]
+        want = h + fc2(act(fc1(blk.norm2(h))))
+        torch.testing.assert_close(blk(x), want)
+
+
+def test_softmax_block_places_each_rate():
+    """drop_rate after the attention projection and in the MLP,
+    attn_drop_rate on the attention weights, drop_path_rate as DropPath on
+    both residual branches."""
+    blk = SoftmaxBlock(
+        8, 2, drop_rate=0.1, attn_drop_rate=0.2, drop_path_rate=0.3)
+    assert isinstance(blk.attn.proj_drop, nn.Dropout)
+    assert blk.attn.proj_drop.p == pytest.approx(0.1)
+    assert blk.attn.attn_drop == pytest.approx(0.2)
+    assert isinstance(blk.drop_path, DropPath)
+    assert blk.drop_path.drop_prob == pytest.approx(0.3)
+    assert isinstance(blk.ffn.dropout_layer, DropPath)
+    assert blk.ffn.dropout_layer.drop_prob == pytest.approx(0.3)
+    mlp_drops = [
+        m.p for m in blk.ffn.layers.modules() if isinstance(m, nn.Dropout)
+    ]
+    assert mlp_drops == pytest.approx([0.1, 0.1])
+
+
+def test_softmax_attention_proj_drop_only_when_positive():
+    assert isinstance(SoftmaxAttention(8, 2).proj_drop, nn.Identity)
+    drop = SoftmaxAttention(8, 2, proj_drop=0.5).proj_drop
+    assert isinstance(drop, nn.Dropout) and drop.p == 0.5
+
+
+# ------------------------------------------------------------ PyramidStage
+def test_pyramid_stage_defaults():
+    """No stem (one stride-2 conv), no extra token, no position dropout,
+    no activation checkpointing."""
+    stage = PyramidStage(3, 8, pos_grid=4)
+    assert stage.with_cp is False
+    assert isinstance(stage.pos_drop, nn.Identity)
+    assert stage.pos_embed.shape == (1, 16, 8)
+    fmap, cls = stage(torch.randn(1, 3, 8, 8))
+    assert fmap.shape == (1, 8, 4, 4) and cls is None
+
+
+def test_pyramid_stage_runs_each_block_once_by_default():
+    """Without ``with_cp`` a training step runs each block once (with it,
+    the backward pass runs it again)."""
+    calls = []
+
+    class Count(nn.Module):
+
+        def forward(self, x, hw):
+            calls.append(1)
+            return x.sin()  # saves x: a checkpoint recomputes it
+
+    stage = PyramidStage(3, 8, pos_grid=4)
+    stage.blocks.append(Count())
+    stage(torch.randn(1, 3, 8, 8))[0].sum().backward()
+    assert len(calls) == 1
+    stage.with_cp = True
+    calls.clear()
+    stage(torch.randn(1, 3, 8, 8))[0].sum().backward()
+    assert len(calls) == 2
+
+
+def test_soft_stage_residual_drop_defaults_to_drop_path():
+    stage = SOFTStage(
+        embed_dims=8,
+        num_heads=1,
+        depth=1,
+        sampling_ratio=2,
+        dw_kernel_size=3,
+        mlp_ratio=4.,
+        attn_cfg=dict(type='SOFTAttention'),
+        qkv_bias=True,
+        drop_path_rates=[0.25],
+        in_channels=3,
+        pos_grid=4)
+    assert isinstance(stage.blocks[0].drop, DropPath)
+    assert stage.blocks[0].drop.drop_prob == pytest.approx(0.25)
+
+
+# ------------------------------------------------------- SOFT's stage_cfgs
+def test_unknown_key_for_all_stages_names_both_stage_kinds():
+    with pytest.raises(
+            ValueError,
+            match=r"SOFT: stage_cfgs has unknown keys \['bogus'\]; a "
+            r'SOFTStage/ClsTokenStage takes '):
+        SOFT(ARCH, pretrain_img_size=32, stage_cfgs=dict(bogus=1))
+
+
+def test_stage_cfgs_are_copied_not_shared():
+    """The model keeps its own copy: editing the user's nested dicts after
+    the build changes neither ``stage_cfgs`` nor a later build."""
+    user = [{}, dict(attn_cfg=dict(type='SOFTAttention')), {}, {}]
+    model = SOFT(ARCH, pretrain_img_size=32, stage_cfgs=user)
+    user[1]['attn_cfg']['type'] = 'Bogus'
+    assert model.stage_cfgs[1]['attn_cfg']['type'] == 'SOFTAttention'
+
+
+def test_attn_cfg_for_all_stages_is_copied_not_shared():
+    """One ``attn_cfg`` for every stage: each stage gets its own deep copy,
+    so editing the user's nested ``nr`` dict afterwards changes nothing."""
+    attn = dict(type='SOFTAttention', nr=dict(iters=10))
+    model = SOFT(ARCH, pretrain_img_size=32, attn_cfg=attn)
+    attn['nr']['iters'] = 3
+    assert [c['attn_cfg']['nr']['iters']
+            for c in model.stage_cfgs[:3]] == [10, 10, 10]
