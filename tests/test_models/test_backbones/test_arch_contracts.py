@@ -1,0 +1,130 @@
+"""Contracts of ``SOFT``'s ``arch`` argument and of the checks it shares with
+the other options: the defaults (``'tiny'`` at 224), each refusal's exact
+message (what is wrong and what to write), and that the model keeps its
+own copy of the arch it was given."""
+import re
+
+import pytest
+import torch.nn as nn
+from conftest import tiny_arch
+from mmengine.registry import MODELS
+
+from mmsoft.models.backbones import SOFT
+from mmsoft.models.layers.blocks import check_norm_cfg
+
+ARCH = tiny_arch((8, 8, 8, 16), (1, 1, 1, 2))
+
+
+def refused(error, message, **kwargs):
+    kwargs.setdefault('arch', ARCH)
+    with pytest.raises(error, match=re.escape(message)):
+        SOFT(**kwargs)
+
+
+def test_defaults_are_tiny_at_224():
+    model = SOFT()
+    tiny = SOFT.arch_zoo['tiny']
+    assert model.embed_dims == tiny['embed_dims']
+    assert model.depths == tiny['depths']
+    assert model.pretrain_img_size == 224
+    assert model.stages[0].pos_embed.shape[1] == 56 * 56
+
+
+def test_arch_of_another_type():
+    refused(TypeError, 'SOFT arch must be a str or dict, got int', arch=3)
+
+
+def test_arch_dict_missing_a_key_lists_what_it_needs():
+    refused(
+        ValueError, "SOFT arch dict is missing 'depths'; it needs embed_dims, "
+        'num_heads, depths',
+        arch=dict(embed_dims=[8] * 4, num_heads=[1] * 4))
+
+
+def test_arch_dict_unknown_key_lists_the_valid_ones():
+    refused(
+        ValueError,
+        "SOFT arch dict has unknown keys ['bogus']; valid keys are "
+        'embed_dims, num_heads, depths, sampling_ratios, mlp_ratios, '
+        'dw_kernel_sizes',
+        arch=dict(ARCH, bogus=1))
+
+
+def test_zero_heads_is_a_value_error():
+    refused(
+        ValueError,
+        'SOFT arch: num_heads[1]=0 does not divide embed_dims[1]=8',
+        arch=tiny_arch((8, 8, 8, 16), (1, 0, 1, 2)))
+
+
+def test_depth_zero_names_the_depths():
+    refused(
+        ValueError,
+        'SOFT arch: every depth must be >= 1, got [1, 0, 1, 1]',
+        arch=tiny_arch((8, 8, 8, 16), (1, 1, 1, 2), (1, 0, 1, 1)))
+
+
+def test_sampling_ratio_names_its_stage():
+    refused(
+        ValueError,
+        'SOFT arch: sampling_ratios[2] must be an int >= 1, got 2.5',
+        arch=dict(ARCH, sampling_ratios=[8, 4, 2.5, 1]))
+
+
+@pytest.mark.parametrize('ratio', [True, 0, -1, '4'])
+def test_mlp_ratio_must_be_a_positive_number(ratio):
+    refused(
+        ValueError, f'SOFT arch: mlp_ratios[1] must be a positive number, got '
+        f'{ratio!r}',
+        arch=dict(ARCH, mlp_ratios=[4, ratio, 4, 4]))
+
+
+def test_mlp_ratio_of_one_or_less_is_allowed():
+    model = SOFT(dict(ARCH, mlp_ratios=[1, 0.5, 4, 4]))
+    assert model.stages[0].blocks[0].ffn.layers[0][0].out_features == 8
+    assert model.stages[1].blocks[0].ffn.layers[0][0].out_features == 4
+
+
+def test_soft_only_setting_names_the_value_given_for_stage_4():
+    refused(
+        ValueError,
+        "SOFT arch['dw_kernel_sizes'][3] must be None: stage 4 is a "
+        'ClsTokenStage, which takes no dw_kernel_size; got 7',
+        arch=dict(ARCH, dw_kernel_sizes=[9, 5, 3, 7]))
+
+
+def test_arch_is_copied_not_shared():
+    """Editing the dict given as ``arch`` after the build, or a model's
+    ``arch_settings``, changes neither the model nor ``arch_zoo``."""
+    arch = tiny_arch((8, 8, 8, 16), (1, 1, 1, 2))
+    model = SOFT(arch)
+    arch['embed_dims'][0] = 999
+    assert model.embed_dims == [8, 8, 8, 16]
+    zoo = [list(v) for v in SOFT.arch_zoo['tiny'].values()]
+    SOFT('tiny').arch_settings['depths'][0] = 99
+    assert [list(v) for v in SOFT.arch_zoo['tiny'].values()] == zoo
+
+
+@pytest.mark.parametrize('rate', [False, True, 1, -0.1])
+def test_drop_path_rate_outside_0_1_or_a_bool(rate):
+    refused(
+        ValueError,
+        f'drop_path_rate must be a number in [0, 1), got {rate!r}',
+        drop_path_rate=rate)
+
+
+def test_known_norms_are_the_norm_layers_only():
+    """The unknown-norm error lists the registered norm layers: the torch
+    norms (mmcv's names) and any registered module named ``*Norm*``
+    (mmcv's own ``MMSyncBN`` when mmcv has its ops), not other modules."""
+    with pytest.raises(KeyError) as e:
+        check_norm_cfg('norm_cfg', dict(type='BogusNorm'))
+    known = e.value.args[0].split('known norms: ')[1].split(', ')
+    assert {'BN', 'GN', 'LN', 'IN', 'SyncBN'} <= set(known)
+    for name in known:
+        cls = MODELS.get(name)
+        assert isinstance(cls, type) and issubclass(cls, nn.Module)
+        assert 'Norm' in cls.__name__, name
+    assert not {'Conv2d', 'ReLU', 'Linear', 'GELU'} & set(known)
+    if 'MMSyncBN' in MODELS.module_dict:  # not a torch norm's subclass
+        assert 'MMSyncBN' in known
