@@ -1,0 +1,101 @@
+"""Contracts of ``SOFT``'s keyword options: each refusal's exact message
+(the option, the value, what is accepted), and what an accepted option
+becomes in the per-stage configuration (``stage_cfgs``)."""
+import re
+
+import pytest
+from conftest import tiny_arch
+
+from mmsoft.models.backbones import SOFT
+
+ARCH = tiny_arch((8, 8, 8, 16), (1, 1, 1, 2))
+RATE = 'must be a number in [0, 1), got '
+
+
+@pytest.mark.parametrize('kwargs, error, message', [
+    (dict(in_channels=0), ValueError,
+     'SOFT: in_channels must be an int >= 1, got 0 (int)'),
+    (dict(pretrain_img_size=16), ValueError,
+     'SOFT: pretrain_img_size must be an int >= 32, got 16 (int)'),
+    (dict(drop_rate=1.5), ValueError, f'SOFT: drop_rate {RATE}1.5'),
+    (dict(attn_drop_rate=-0.1), ValueError,
+     f'SOFT: attn_drop_rate {RATE}-0.1'),
+    (dict(drop_path_rate=1.0), ValueError, f'SOFT: drop_path_rate {RATE}1.0'),
+    (dict(out_type='bogus'), ValueError,
+     "unknown out_type 'bogus'; choose one of ('featmap', 'cls_token')"),
+    (dict(frozen_stages=-2), ValueError,
+     'SOFT: frozen_stages must be an int >= -1, got -2 (int)'),
+    (dict(frozen_stages=5), ValueError,
+     'frozen_stages must be in [-1, 4], got 5'),
+    (dict(out_indices=()), ValueError,
+     'out_indices is empty; SOFT needs at least one output stage (0-3)'),
+    (dict(out_indices=(0, 4)), ValueError,
+     'out_indices entry 4 is out of range; SOFT has stages 0..3'),
+    (dict(out_indices=(-5, )), ValueError,
+     'out_indices entry -5 is out of range; SOFT has stages 0..3'),
+    (dict(attn_cfg=[
+        None,
+        dict(type='SOFTAttention'),
+        dict(type='SOFTAttention'), None
+    ]), TypeError,
+     'SOFT: attn_cfg[0] is None, but stage 1 (SOFTStage) needs an '
+     'attention dict'),
+    (dict(bogus=1,
+          nr_iters=3), TypeError, "SOFT got unexpected arguments ['bogus']"),
+    (dict(attn_type='soft_norm', nr_iters=10), TypeError,
+     "SOFT no longer takes ['attn_type', 'nr_iters']: the attention options "
+     "moved into attn_cfg; write attn_cfg=dict(type='soft', nr_iters=10, "
+     'attn_norm=True)'),
+])
+def test_refusal_names_the_option_the_value_and_the_rule(
+        kwargs, error, message):
+    with pytest.raises(error, match='^' + re.escape(message) + '$'):
+        SOFT(ARCH, **kwargs)
+
+
+@pytest.mark.parametrize('out_indices, want', [(2, (2, )), (-4, (0, )),
+                                               ((3, -1, 0), (0, 3))])
+def test_out_indices_int_negative_and_repeated(out_indices, want):
+    """An int is one stage; -n..-1 count from the end; repeats merge."""
+    model = SOFT(ARCH, pretrain_img_size=32, out_indices=out_indices)
+    assert model.out_indices == want
+
+
+def test_options_reach_each_stage():
+    """What ``stage_cfgs`` holds for the options: the position grid from
+    ``pretrain_img_size`` (its stride-4, 8, 16, 32 maps), the stem on stage
+    1 only, drop-path rates rising linearly over the blocks to
+    ``drop_path_rate``, and the options common to every stage."""
+    model = SOFT(
+        ARCH,
+        pretrain_img_size=64,
+        in_channels=1,
+        qkv_bias=False,
+        drop_rate=0.1,
+        attn_drop_rate=0.2,
+        drop_path_rate=0.3,
+        residual_drop='dropout')
+    cfgs = model.stage_cfgs
+    assert model.pretrain_img_size == 64
+    assert [c['pos_grid'] for c in cfgs] == [16, 8, 4, 2]
+    assert [c['stem'] for c in cfgs] == [True, False, False, False]
+    assert [c['in_channels'] for c in cfgs] == [1, 8, 8, 8]
+    assert [r for c in cfgs for r in c['drop_path_rates']
+            ] == pytest.approx([0., 0.1, 0.2, 0.3])
+    assert [len(c['drop_path_rates']) for c in cfgs] == [1, 1, 1, 1]
+    assert {c['qkv_bias'] for c in cfgs} == {False}
+    assert {c['drop_rate'] for c in cfgs} == {0.1}
+    assert [c.get('residual_drop') for c in cfgs] == ['dropout'] * 3 + [None]
+    assert [c.get('attn_drop_rate') for c in cfgs] == [None] * 3 + [0.2]
+    assert [c['type'] for c in cfgs] == ['SOFTStage'] * 3 + ['ClsTokenStage']
+
+
+@pytest.mark.parametrize('norm_cfg, name', [
+    (dict(type='BogusNorm'), 'norm_cfg'),
+    ([None, None, dict(type='BogusNorm'), None], 'norm_cfg[2]'),
+])
+def test_unknown_norm_names_the_stage_of_a_per_stage_list(norm_cfg, name):
+    with pytest.raises(KeyError) as e:
+        SOFT(ARCH, norm_cfg=norm_cfg)
+    assert e.value.args[0].startswith(
+        f"SOFT: {name} has type 'BogusNorm', which is not a registered norm")
