@@ -99,3 +99,22 @@ def test_unknown_norm_names_the_stage_of_a_per_stage_list(norm_cfg, name):
         SOFT(ARCH, norm_cfg=norm_cfg)
     assert e.value.args[0].startswith(
         f"SOFT: {name} has type 'BogusNorm', which is not a registered norm")
+
+
+@pytest.mark.parametrize('name, value', [
+    ('act_cfg', [dict(type='GELU')] * 3),
+    ('norm_cfg', 'LN'),
+    ('attn_cfg', 'SOFTAttention'),
+])
+def test_per_stage_config_of_the_wrong_shape_names_the_option(name, value):
+    message = (f'SOFT: {name} must be a dict or a list of 4 dicts / None '
+               f'(one per stage), got {value!r}')
+    with pytest.raises(TypeError, match='^' + re.escape(message) + '$'):
+        SOFT(ARCH, **{name: value})
+
+
+@pytest.mark.parametrize('with_cp', [False, True])
+def test_with_cp_reaches_every_stage_as_given(with_cp):
+    model = SOFT(ARCH, pretrain_img_size=32, with_cp=with_cp)
+    assert [s.with_cp for s in model.stages] == [with_cp] * 4
+    assert all(type(s.with_cp) is bool for s in model.stages)

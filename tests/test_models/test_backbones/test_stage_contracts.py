@@ -3,17 +3,23 @@
 and of ``SOFT``'s ``stage_cfgs`` merge: the documented defaults, where each
 dropout rate goes, and that the model keeps its own copy of the user's
 configuration."""
+import logging
+import warnings
+
 import pytest
 import torch
 import torch.nn as nn
 from conftest import tiny_arch
 from mmcv.cnn.bricks import DropPath
+from mmengine.logging import MMLogger
+from mmengine.registry import DefaultScope
 
 from mmsoft.models.backbones import SOFT
 from mmsoft.models.backbones.soft import PyramidStage, SOFTStage
-from mmsoft.models.layers import SOFTBlock, SoftmaxBlock
-from mmsoft.models.layers.blocks import (SoftmaxAttention, check_norm_cfg,
-                                         residual_drop_cfg)
+from mmsoft.models.layers import (ConvPatchEmbed, SafeConv2d, SOFTAttention,
+                                  SOFTBlock, SoftmaxBlock)
+from mmsoft.models.layers.blocks import (SoftmaxAttention, build_attention,
+                                         check_norm_cfg, residual_drop_cfg)
 
 ARCH = tiny_arch((8, 8, 8, 16), (1, 1, 1, 2))
 
@@ -185,3 +191,65 @@ def test_attn_cfg_for_all_stages_is_copied_not_shared():
     attn['nr']['iters'] = 3
     assert [c['attn_cfg']['nr']['iters']
             for c in model.stage_cfgs[:3]] == [10, 10, 10]
+
+
+# --------------------------------------------------------- build_attention
+STAGE = dict(
+    embed_dims=8,
+    num_heads=1,
+    sampling_ratio=2,
+    dw_kernel_size=3,
+    qkv_bias=True)
+
+
+@pytest.mark.parametrize('cfg', [dict(nr_iters=3), 'SOFTAttention', None])
+def test_attn_cfg_without_a_type_is_refused_by_name(cfg):
+    with pytest.raises(
+            TypeError,
+            match=r"^attn_cfg must be a dict with a 'type' \(one of \[.*"
+            r"'SOFTAttention'.*\]\), got "):
+        build_attention(cfg, **STAGE)
+
+
+def test_attention_class_as_type_takes_the_nr_keys():
+    """``type`` may be the class itself; its flat ``nr_*`` keys still
+    become its ``nr`` settings."""
+    attn = build_attention(
+        dict(type=SOFTAttention, nr_iters=3, nr_init='soft'), **STAGE)
+    assert isinstance(attn, SOFTAttention)
+    assert attn.nr.iters == 3 and attn.nr.init == 'soft'
+
+
+def test_building_under_a_detectors_scope_logs_no_registry_warning():
+    """A SOFT backbone built by mmdet / mmseg runs under their default
+    scope; the attentions are built in mmsoft's own, so mmengine has no
+    "Failed to search registry" warning to log."""
+    records = []
+    handler = logging.Handler()
+    handler.emit = records.append
+    logger = MMLogger.get_current_instance()
+    logger.addHandler(handler)
+    try:
+        with DefaultScope.overwrite_default_scope('mmdet'):
+            build_attention(dict(type='SOFTAttention'), **STAGE)
+    finally:
+        logger.removeHandler(handler)
+    assert not [
+        r.getMessage() for r in records if r.levelno >= logging.WARNING
+    ]
+
+
+# ---------------------------------------------------------- ConvPatchEmbed
+@pytest.mark.parametrize('stem', [True, False])
+def test_patch_embed_convs_are_safe_and_build_quietly(stem):
+    """Every conv is a ``SafeConv2d`` (the CPU half-precision guard), and
+    ConvModule's "Unnecessary conv bias" warning (bias before BatchNorm,
+    kept for the official weights) is not shown."""
+    with warnings.catch_warnings():
+        warnings.simplefilter('error')
+        embed = ConvPatchEmbed(3, 8, stem)
+    layers = list(embed.proj)
+    assert len(layers) == (3 if stem else 1)
+    for layer in layers:
+        assert type(layer.conv) is SafeConv2d
+        assert layer.conv.bias is not None
