@@ -123,14 +123,14 @@ def test_table_scores_each_group(tmp_path, monkeypatch):
     cells = [c.strip() for c in row.strip('|').split('|')]
     # group budget ran mutants killed timeout survived no-tests not-run eq
     assert cells[2:] == [
-        '12', '11', '5', '1', '2', '1', '1', '1', '60%', '67%'
+        '12', '11', '5', '1', '2', '1', '1', '1', '60.0%', '66.6%'
     ]
     # a mutant found equivalent after the run counts in the next table
     eq.write_text(eq.read_text() + 'mmsoft.a.x_f__mutmut_7 same value\n')
     row = next(r for r in run_mutmut.table().splitlines()
                if r.startswith('| loading |'))
     cells = [c.strip() for c in row.strip('|').split('|')]
-    assert cells[4:] == ['5', '1', '1', '1', '1', '2', '67%', '75%']
+    assert cells[4:] == ['5', '1', '1', '1', '1', '2', '66.6%', '75.0%']
     other = next(r for r in run_mutmut.table().splitlines()
                  if r.startswith('| safety |'))
     assert 'not run' in other

@@ -421,7 +421,8 @@ def table() -> str:
 
 
 def _percent(part: int, whole: int) -> str:
-    return f'{part / whole:.0%}' if whole else '-'
+    """One decimal, rounded down: 1,190 of 1,192 is 99.8%, not 100%."""
+    return f'{1000 * part // whole / 10:.1f}%' if whole else '-'
 
 
 def update_doc() -> None:
