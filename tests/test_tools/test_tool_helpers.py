@@ -956,12 +956,18 @@ def test_setup_cpu_distributed_starts_the_group(monkeypatch):
 
 
 def test_import_codebase_leaves_the_default_scope(monkeypatch):
-    """The Runner sets the default scope; the tools only register."""
+    """The Runner sets the default scope; the tools only register. Under
+    another scope (set here, so that an 'mmdet' scope left by an earlier
+    test cannot hide a change) it stays the current one."""
     from mmengine.registry import DefaultScope
     before = DefaultScope.get_current_instance()
     assert launch.import_codebase(Config(dict(default_scope='mmdet'))) == \
         'mmdet'
     assert DefaultScope.get_current_instance() is before
+    with DefaultScope.overwrite_default_scope('mmsoft'):
+        inner = DefaultScope.get_current_instance()
+        launch.import_codebase(Config(dict(default_scope='mmseg')))
+        assert DefaultScope.get_current_instance() is inner
 
 
 def test_shutdown_dist(monkeypatch, logged):
