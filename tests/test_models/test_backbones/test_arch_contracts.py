@@ -1,7 +1,7 @@
 """Contracts of ``SOFT``'s ``arch`` argument and of the checks it shares with
 the other options: the defaults (``'tiny'`` at 224), each refusal's exact
 message (what is wrong and what to write), and that the model keeps its
-own copy of the arch it was given."""
+own copy of the arch, ``stage_cfgs`` and ``attn_cfg`` it was given."""
 import re
 
 import pytest
@@ -105,12 +105,23 @@ def test_arch_is_copied_not_shared():
     assert [list(v) for v in SOFT.arch_zoo['tiny'].values()] == zoo
 
 
-@pytest.mark.parametrize('rate', [False, True, 1, -0.1])
-def test_drop_path_rate_outside_0_1_or_a_bool(rate):
-    refused(
-        ValueError,
-        f'drop_path_rate must be a number in [0, 1), got {rate!r}',
-        drop_path_rate=rate)
+def test_stage_cfgs_are_copied_not_shared():
+    """The model keeps its own copy: editing the user's nested dicts after
+    the build changes neither ``stage_cfgs`` nor a later build."""
+    user = [{}, dict(attn_cfg=dict(type='SOFTAttention')), {}, {}]
+    model = SOFT(ARCH, pretrain_img_size=32, stage_cfgs=user)
+    user[1]['attn_cfg']['type'] = 'Bogus'
+    assert model.stage_cfgs[1]['attn_cfg']['type'] == 'SOFTAttention'
+
+
+def test_attn_cfg_for_all_stages_is_copied_not_shared():
+    """One ``attn_cfg`` for every stage: each stage gets its own deep copy,
+    so editing the user's nested ``nr`` dict afterwards changes nothing."""
+    attn = dict(type='SOFTAttention', nr=dict(iters=10))
+    model = SOFT(ARCH, pretrain_img_size=32, attn_cfg=attn)
+    attn['nr']['iters'] = 3
+    assert [c['attn_cfg']['nr']['iters']
+            for c in model.stage_cfgs[:3]] == [10, 10, 10]
 
 
 def test_known_norms_are_the_norm_layers_only():

@@ -174,25 +174,6 @@ def test_unknown_key_for_all_stages_names_both_stage_kinds():
         SOFT(ARCH, pretrain_img_size=32, stage_cfgs=dict(bogus=1))
 
 
-def test_stage_cfgs_are_copied_not_shared():
-    """The model keeps its own copy: editing the user's nested dicts after
-    the build changes neither ``stage_cfgs`` nor a later build."""
-    user = [{}, dict(attn_cfg=dict(type='SOFTAttention')), {}, {}]
-    model = SOFT(ARCH, pretrain_img_size=32, stage_cfgs=user)
-    user[1]['attn_cfg']['type'] = 'Bogus'
-    assert model.stage_cfgs[1]['attn_cfg']['type'] == 'SOFTAttention'
-
-
-def test_attn_cfg_for_all_stages_is_copied_not_shared():
-    """One ``attn_cfg`` for every stage: each stage gets its own deep copy,
-    so editing the user's nested ``nr`` dict afterwards changes nothing."""
-    attn = dict(type='SOFTAttention', nr=dict(iters=10))
-    model = SOFT(ARCH, pretrain_img_size=32, attn_cfg=attn)
-    attn['nr']['iters'] = 3
-    assert [c['attn_cfg']['nr']['iters']
-            for c in model.stage_cfgs[:3]] == [10, 10, 10]
-
-
 # --------------------------------------------------------- build_attention
 STAGE = dict(
     embed_dims=8,
