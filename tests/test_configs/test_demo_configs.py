@@ -141,6 +141,12 @@ def test_format_table():
     assert 'PASS' not in lines[3] and 'FAIL' not in lines[3]
     assert 'FAIL' in lines[4]
     assert 'ERROR' in lines[5]
+    # a value equal to its target passes ('>='), one just below fails
+    edge = T.format_table([
+        dict(task='t', metric='m', value=0.5, target=0.5),
+        dict(task='t', metric='m', value=0.4999, target=0.5)
+    ]).splitlines()
+    assert '| PASS ' in edge[2] and '| FAIL ' in edge[3]
 
 
 def test_demo_smoke(tmp_path, capsys):

@@ -170,6 +170,21 @@ def test_last_checkpoint_names_a_file_without_a_number(tmp_path):
     assert resume.find_newest_complete(str(work), str(out))[0] == in_out
 
 
+def test_last_checkpoint_through_another_spelling_of_the_work_dir(
+        tmp_path, logged):
+    """A work dir reached through a symlink is the same directory:
+    ``last_checkpoint`` naming its file by the real path (the run started
+    with the other spelling) is this run's, used without a warning."""
+    work = tmp_path / 'real'
+    work.mkdir()
+    link = tmp_path / 'link'
+    link.symlink_to(work, target_is_directory=True)
+    renamed = _ckpt(work / 'final.pth')
+    (work / 'last_checkpoint').write_text(renamed)
+    assert resume.find_newest_complete(str(link)) == (renamed, [])
+    assert logged == []
+
+
 def test_resume_search_warnings(tmp_path, logged):
     """What the run's log says (one warning each): a foreign
     ``last_checkpoint`` ignored (naming the directories searched), every

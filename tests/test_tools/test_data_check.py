@@ -186,6 +186,10 @@ def test_wrappers_evaluators_and_order(tmp_path):
     assert dc.missing_data_message(cfg, 'train') is not None
     cfg.val_cfg = None
     assert dc.missing_data_message(cfg, 'train') is None
+    # nor without an evaluator (mmengine's Runner refuses a val_cfg
+    # without one: that error, not a data message, is the user's)
+    cfg.val_cfg, cfg.val_evaluator = dict(type='ValLoop'), None
+    assert dc.missing_data_message(cfg, 'train') is None
     # test mode reads only the test dataloader (absent here)
     assert dc.missing_data_message(cfg, 'test') is None
 
@@ -663,6 +667,35 @@ def test_large_set_seeded_sample_decoded(tmp_path, monkeypatch):
     assert decoded == first  # seeded: the same sample
     os.remove(root / 'train' / '00024.png')  # not decoded, still checked
     assert '00024.png (for training' in dc.damaged_data_message(cfg, 'train')
+
+
+def test_a_long_list_is_checked_along_its_whole_length(tmp_path, monkeypatch):
+    """Above SAMPLE_STAT listed files, the ones checked to exist are
+    spread over the whole list (evenly spaced), not its first lines: a
+    file missing near the end is named. Sizes shrunk as above."""
+    monkeypatch.setattr(dc, 'SAMPLE_STAT', 5)
+    cfg, root = _list_dataset(tmp_path, 25)
+    assert dc.damaged_data_message(cfg, 'train') is None
+    os.remove(root / 'train' / '00020.png')
+    assert dc.damaged_data_message(cfg, 'train').splitlines()[-1] == (
+        f"  {root / 'train' / '00020.png'} (for training, train_dataloader."
+        'dataset.ann_file): listed in the annotations, but missing')
+
+
+@pytest.mark.parametrize('trailer', [b'', b'\0' * 300, b'Exif-trailer' * 50])
+def test_jpeg_with_data_after_its_end_marker_is_whole(tmp_path, trailer):
+    """A JPEG is truncated when its end-of-image marker is missing, not
+    when bytes follow it (padding, or data a camera appends): such a file
+    decodes and is not reported."""
+    import cv2
+    import numpy as np
+    path = str(tmp_path / 'a.jpg')
+    cv2.imwrite(path, np.full((16, 16, 3), 90, np.uint8))
+    data = open(path, 'rb').read()
+    open(path, 'wb').write(data + trailer)
+    assert dc.image_damage(path, decode=True) is None
+    open(path, 'wb').write(data[:-2] + trailer)
+    assert dc.image_damage(path).startswith('truncated JPEG')
 
 
 @pytest.mark.parametrize('line,why', [

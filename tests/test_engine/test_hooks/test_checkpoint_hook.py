@@ -102,6 +102,7 @@ def _runner(work_dir,
             hook='SafeCheckpointHook',
             max_keep_ckpts=-1,
             out_dir=None,
+            filename_tmpl=None,
             **kwargs):
     torch.manual_seed(0)  # the model is built before the Runner seeds
     model = DropoutNet()
@@ -122,6 +123,8 @@ def _runner(work_dir,
             max_keep_ckpts=max_keep_ckpts)
     if out_dir is not None:
         ckpt['out_dir'] = str(out_dir)
+    if filename_tmpl is not None:
+        ckpt['filename_tmpl'] = filename_tmpl
     from mmengine.evaluator import BaseMetric
 
     class Count(BaseMetric):
@@ -982,6 +985,26 @@ def test_resume_from_another_dir_forgets_its_checkpoint_names(tmp_path):
         keep_ckpt_ids=[],
         best_ckpt=str(work / 'best_acc_iter_4.pth'),
         best_ckpt_loss=None)
+
+
+def test_one_fixed_checkpoint_name_is_replaced_not_removed(tmp_path):
+    """``filename_tmpl`` without ``{}`` and ``max_keep_ckpts=1``: each
+    save replaces the one file, and the outdated step's removal (queued
+    until the new file is complete) does not delete the file just written
+    under the same name."""
+    work = tmp_path / 'work'
+    runner = _runner(
+        work,
+        'fixed',
+        by_epoch=True,
+        max_keep_ckpts=1,
+        filename_tmpl='latest.pth')
+    runner.train()
+    path = work / 'latest.pth'
+    assert path.is_file()
+    assert (work / 'last_checkpoint').read_text() == str(path)
+    assert torch.load(path, weights_only=False)['meta']['epoch'] == 3
+    assert not list(work.glob('epoch_*.pth'))
 
 
 @pytest.mark.parametrize('attrs', [
