@@ -173,15 +173,16 @@ def test_last_checkpoint_names_a_file_without_a_number(tmp_path):
 def test_last_checkpoint_through_another_spelling_of_the_work_dir(
         tmp_path, logged):
     """A work dir reached through a symlink is the same directory:
-    ``last_checkpoint`` naming its file by the real path (the run started
-    with the other spelling) is this run's, used without a warning."""
+    ``last_checkpoint`` naming its file through the link (the run started
+    with that spelling) is this run's, used without a warning."""
     work = tmp_path / 'real'
     work.mkdir()
     link = tmp_path / 'link'
     link.symlink_to(work, target_is_directory=True)
-    renamed = _ckpt(work / 'final.pth')
-    (work / 'last_checkpoint').write_text(renamed)
-    assert resume.find_newest_complete(str(link)) == (renamed, [])
+    _ckpt(work / 'final.pth')
+    named = str(link / 'final.pth')
+    (work / 'last_checkpoint').write_text(named)
+    assert resume.find_newest_complete(str(work)) == (named, [])
     assert logged == []
 
 

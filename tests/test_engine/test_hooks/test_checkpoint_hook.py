@@ -991,20 +991,29 @@ def test_one_fixed_checkpoint_name_is_replaced_not_removed(tmp_path):
     """``filename_tmpl`` without ``{}`` and ``max_keep_ckpts=1``: each
     save replaces the one file, and the outdated step's removal (queued
     until the new file is complete) does not delete the file just written
-    under the same name."""
+    under the same name: a run killed after its second save resumes from
+    it."""
     work = tmp_path / 'work'
-    runner = _runner(
-        work,
-        'fixed',
-        by_epoch=True,
-        max_keep_ckpts=1,
-        filename_tmpl='latest.pth')
-    runner.train()
+    with pytest.raises(Interrupted):
+        _runner(
+            work,
+            'fixed',
+            stop_after=4,
+            max_keep_ckpts=1,
+            filename_tmpl='latest.pth').train()
     path = work / 'latest.pth'
     assert path.is_file()
+    assert torch.load(path, weights_only=False)['meta']['iter'] == 4
     assert (work / 'last_checkpoint').read_text() == str(path)
-    assert torch.load(path, weights_only=False)['meta']['epoch'] == 3
-    assert not list(work.glob('epoch_*.pth'))
+    resumed = _runner(
+        work,
+        'resumed',
+        max_keep_ckpts=1,
+        filename_tmpl='latest.pth',
+        resume=True)
+    resumed.train()
+    assert resumed.iter == 10
+    assert torch.load(path, weights_only=False)['meta']['iter'] == 10
 
 
 @pytest.mark.parametrize('attrs', [
