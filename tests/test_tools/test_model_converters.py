@@ -360,6 +360,16 @@ def test_extract_state_dict_layouts(tiny_sd):
     assert src == 'model' and list(sd) == list(tiny_sd)
     sd, src = ok.extract_state_dict(tiny_sd)
     assert src == '<bare>'
+    # an empty EMA entry (a placeholder) is passed over
+    sd, src = ok.extract_state_dict({'state_dict_ema': {}, 'model': tiny_sd})
+    assert src == 'model' and list(sd) == list(tiny_sd)
+    # DataParallel inside DDP: every ``module.`` prefix goes
+    sd, _ = ok.extract_state_dict(
+        {'model': {
+            'module.module.' + k: v
+            for k, v in tiny_sd.items()
+        }})
+    assert list(sd) == list(tiny_sd)
     with pytest.raises(ConversionError, match='no state dict found'):
         ok.extract_state_dict({'epoch': 1, 'optimizer': {}})
 

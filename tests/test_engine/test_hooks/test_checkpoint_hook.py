@@ -569,6 +569,23 @@ def test_stale_temps_of_dead_writers_are_removed(tmp_path):
     assert sorted(os.listdir(tmp_path)) == sorted([mine.name, other.name])
 
 
+def test_temps_of_writers_we_may_not_signal_are_kept(tmp_path, monkeypatch):
+    """A writer that ``kill(pid, 0)`` may not signal (EPERM: a process of
+    another user) is running: its temporary stays."""
+    from mmsoft.utils import atomic
+
+    def kill(pid, sig):
+        raise PermissionError(1, 'Operation not permitted')
+
+    pid = dead_pid()
+    temp = tmp_path / f'.epoch_3.pth.{pid}.0123abcd{cio.TMP_SUFFIX}'
+    temp.write_bytes(b'x')
+    monkeypatch.setattr(atomic.os, 'kill', kill)
+    assert atomic.pid_alive(pid)
+    assert cio.remove_stale_temps(str(tmp_path)) == []
+    assert temp.is_file()
+
+
 # ------------------------- a SOFT classifier with mmcv's RandomFlip (real)
 class FlipPipelineImages(Dataset):
     """Random 32 x 32 images through mmcv's RandomFlip + mmpretrain's

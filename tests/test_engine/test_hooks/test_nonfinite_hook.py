@@ -476,6 +476,30 @@ def test_skipped_step_warning_and_every_wrapper_guarded():
     ]
 
 
+def test_skipped_step_drops_the_accumulated_gradients():
+    """Under gradient accumulation (``accumulative_counts=2``) a skipped
+    step also drops the gradients accumulated before it ("no step,
+    gradients zeroed"), so no later step applies a partial sum."""
+    import types
+
+    from mmengine.optim import OptimWrapper
+    model = nn.Linear(2, 1)
+    wrapper = OptimWrapper(
+        torch.optim.SGD(model.parameters(), lr=0.1), accumulative_counts=2)
+    runner = _stub_runner(max_iters=10, it=0)
+    runner.model, runner.optim_wrapper = model, wrapper
+    runner.logger = types.SimpleNamespace(warning=lambda msg: None)
+    hook = NonFiniteLossHook(max_skipped_steps=1)
+    hook.before_train(runner)
+    hook.before_train_iter(runner, 0)
+    wrapper.update_params(model(torch.ones(1, 2)).sum())
+    assert model.weight.grad.abs().sum() > 0  # accumulated, no step yet
+    hook.before_train_iter(runner, 1)
+    assert wrapper.update_params(model(torch.ones(1, 2)).sum() *
+                                 float('nan')) is None
+    assert all(p.grad is None or not p.grad.any() for p in model.parameters())
+
+
 def test_refusal_names_parameters_inside_a_model_wrapper():
     """Parameters are named as in the model's own state dict, without a
     wrapper's ``module.`` prefix."""
