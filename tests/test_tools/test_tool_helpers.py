@@ -451,6 +451,11 @@ def test_runner_parser_and_args(tmp_path, monkeypatch):
     assert cli.apply_runner_args(cfg, args).work_dir == 'from_cfg'
     args.work_dir = 'given'
     assert cli.apply_runner_args(cfg, args).work_dir == 'given'
+    # --work-dir wins over --cfg-options work_dir=... (as mmdet's train.py)
+    args.cfg_options = dict(work_dir='from_options')
+    assert cli.apply_runner_args(cfg, args).work_dir == 'given'
+    args.work_dir = None
+    assert cli.apply_runner_args(cfg, args).work_dir == 'from_options'
 
 
 def test_cfg_option_problem():
