@@ -281,3 +281,51 @@ def test_tool_cli(tmp_path):
         manifest = json.load(f)
     assert manifest['params']['num_train'] == 5
     assert manifest['params']['seed'] == 0
+
+
+@pytest.mark.parametrize('force', [False, True])
+@pytest.mark.parametrize('kind', ['data', 'file', 'link'])
+def test_a_users_data_is_never_replaced(tmp_path, force, kind):
+    """``make_demo_data.py --out data`` in a project whose ``data/coco``
+    holds the user's data set (or is a file, or a link to one) stops with
+    one line before writing anything, ``--force`` included; an empty folder
+    or one marked as demo data is (re)generated."""
+    out = tmp_path / 'data'
+    real = tmp_path / 'real_coco'
+    real.mkdir()
+    (real / 'instances_train2017.json').write_text('{"mine": 1}')
+    out.mkdir()
+    if kind == 'data':
+        (out / 'coco').mkdir()
+        (out / 'coco' / 'mine.json').write_text('{"mine": 1}')
+    elif kind == 'file':
+        (out / 'coco').write_text('mine')
+    else:
+        (out / 'coco').symlink_to(real, target_is_directory=True)
+    (out / 'imagenet').mkdir()  # empty: may be filled
+    before = _tree_hashes(tmp_path)
+    argv = ['--out', str(out), '--tasks', 'cls', 'det', '--num-train', '2',
+            '--num-val', '1', '--workers', '1'] + (['--force'] if force
+                                                   else [])
+    proc = run_python(
+        'import runpy, sys\n'
+        f'ns = runpy.run_path({TOOL!r}, run_name="tool")\n'
+        f'from mmsoft_tools.cli import run_main\n'
+        f'run_main(ns["main"], {argv!r})\n',
+        timeout=300,
+        cwd=tmp_path)
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    err = proc.stderr.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith(
+        f'error: {out / "coco"} exists and is '), proc.stderr
+    assert 'choose another --out' in err[0]
+    assert _tree_hashes(tmp_path) == before
+    assert sorted(os.listdir(out)) == ['coco', 'imagenet']
+    assert os.listdir(out / 'imagenet') == []
+    # its own marked folder and an empty one are regenerated
+    if kind == 'data':
+        S.make_demo_data(str(out), tasks=['cls'], overrides=SMALL, log=None)
+        assert osp.isfile(out / 'imagenet' / S.MANIFEST)
+        report = S.make_demo_data(
+            str(out), seed=3, tasks=['cls'], overrides=SMALL, log=None)
+        assert report['cls']['generated']

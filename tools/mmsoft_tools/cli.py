@@ -36,6 +36,7 @@ EXPECTED = (
     ('mmsoft.models.converters', 'ConversionError'),
     ('mmsoft.models.layers.export_ops', 'ExportError'),
     ('mmsoft_tools.work_dir_lock', 'WorkDirLockedError'),
+    ('mmsoft_tools.demo_synthetic', 'NotDemoDataError'),
 )
 
 #: errno of an OSError -> what to do (a full disk, a path that is not

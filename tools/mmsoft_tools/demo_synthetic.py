@@ -623,6 +623,25 @@ def _up_to_date(folder, params):
         return False
 
 
+class NotDemoDataError(Exception):
+    """A folder the demo data would replace holds something else."""
+
+
+def _check_ours(folder):
+    """Refuse to replace ``folder`` unless it is missing, empty or marked
+    as demo data (its :data:`MANIFEST`): never a user's real data set."""
+    if not osp.lexists(folder):
+        return
+    if osp.isdir(folder) and not osp.islink(folder) and (
+            not os.listdir(folder) or osp.isfile(osp.join(folder, MANIFEST))):
+        return
+    what = 'a link' if osp.islink(folder) else 'a file' if not osp.isdir(
+        folder) else f'data not written by this generator (no {MANIFEST})'
+    raise NotDemoDataError(
+        f'{folder} exists and is {what}: the demo data never replaces it '
+        f'(--force included); choose another --out, e.g. data/demo')
+
+
 def make_demo_data(out,
                    seed=0,
                    tasks=('det', 'seg', 'cls'),
@@ -636,7 +655,8 @@ def make_demo_data(out,
         out: root folder (e.g. ``data/demo``).
         seed: the global seed.
         tasks: any of 'det' (COCO), 'seg' (ADE20K), 'cls' (ImageNet).
-        force: regenerate even if the manifest matches.
+        force: regenerate even if the manifest matches (never a folder
+            that is not demo data: :class:`NotDemoDataError`).
         overrides: ``{task: {key: value}}`` over :data:`DEFAULTS`
             (``num_train``, ``num_val``, ``size``, ...).
         workers: processes that render in parallel (default: the CPU
@@ -650,6 +670,8 @@ def make_demo_data(out,
     overrides = overrides or {}
     if workers is None:
         workers = min(os.cpu_count() or 1, 4)
+    for task in tasks:  # before anything is written
+        _check_ours(osp.join(out, _MAKERS[task][0]))
     os.makedirs(out, exist_ok=True)
     report = {}
     for task in tasks:
