@@ -1,7 +1,10 @@
 # The two commands of the README. Each sets up the environment first
 # (tools/setup_env.sh: a few seconds when everything is already installed).
 VENV ?= .venv
-PY := $(VENV)/bin/python
+# $(call quote,PATH): PATH as one shell word (single-quoted, its ' escaped),
+# so that a VENV with spaces is one path in every recipe
+quote = '$(subst ','\'',$(1))'
+PY = $(call quote,$(VENV)/bin/python)
 PYTEST_ARGS ?=
 SEED ?=
 JOBS ?= 2
@@ -10,7 +13,7 @@ JOBS ?= 2
 
 # VENV=path: another virtualenv (tools/setup_env.sh's MMSOFT_VENV)
 env:
-	MMSOFT_VENV=$(abspath $(VENV)) bash tools/setup_env.sh
+	MMSOFT_VENV=$(call quote,$(VENV)) bash tools/setup_env.sh
 
 # the test suite (what CI runs) in a random order (pytest-randomly) on
 # JOBS worker processes (pytest-xdist; a module's tests run on one worker;
@@ -28,7 +31,7 @@ demo: env
 
 # flake8 + isort + yapf check (setup.cfg); FIX=1 make lint rewrites
 lint: env
-	bash tools/lint.sh
+	MMSOFT_VENV=$(call quote,$(VENV)) bash tools/lint.sh
 
 # the CUDA checks (tests on cuda, fp32/fp16/bf16 steps of every config,
 # NR methods, backbone speed/memory); CPU subset without CUDA
@@ -57,15 +60,23 @@ docs: docs-env
 # mmengine (requirements/docs_api.txt); only the files not yet installed
 # (after `make env`: docs.txt alone); never mmcv or the codebases
 docs-env:
-	@test -x $(PY) || $${MMSOFT_PYTHON:-python3} -m venv $(VENV)
+	@test -x $(PY) || $${MMSOFT_PYTHON:-python3} -m venv $(call quote,$(VENV))
 	@missing="$$($(PY) docs/gen_tables.py --docs-env 2>/dev/null)" || { \
 	    missing=$${missing:-requirements/docs.txt requirements/docs_api.txt}; \
-	    echo "docs: installing $$missing (Sphinx, MyST, furo; CPU torch + mmengine for autodoc) into $(VENV)"; \
+	    echo "docs: installing $$missing (Sphinx, MyST, furo; CPU torch + mmengine for autodoc) into "$(call quote,$(VENV)); \
 	    PIP_CONSTRAINT=requirements/constraints.txt $(PY) -m pip install -q \
 	    $$(printf -- '-r %s ' $$missing); }
 
+# removes $(VENV) only if it is a virtualenv (its pyvenv.cfg), never a
+# folder that is not one (VENV=. or a typo)
 clean-env:
-	rm -rf $(VENV)
+	@v=$(call quote,$(VENV)); \
+	if [ ! -e "$$v" ] && [ ! -L "$$v" ]; then \
+	    echo "clean-env: $$v does not exist: nothing to remove"; \
+	elif [ -L "$$v" ] || [ ! -f "$$v/pyvenv.cfg" ]; then \
+	    echo "clean-env: $$v is not a virtualenv (no pyvenv.cfg, or a link): refusing to delete it; set VENV to the virtualenv's own path" >&2; \
+	    exit 1; \
+	else rm -rf -- "$$v" && echo "clean-env: removed the virtualenv $$v"; fi
 
 # the support matrix: the suite on each stack of tools/compat/stacks.py,
 # each in its own cached venv (noxfile.py); writes docs/en/compat/matrix.md

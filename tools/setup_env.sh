@@ -20,6 +20,7 @@ set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 VENV="${MMSOFT_VENV:-$ROOT/.venv}"
+[[ "$VENV" == /* ]] || VENV="$PWD/$VENV"  # relative: to where it was run
 CACHE="${MMSOFT_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/mmsoft}"
 WHEELS="$CACHE/wheels"
 export PIP_CONSTRAINT="$ROOT/requirements/constraints.txt"
