@@ -11,7 +11,7 @@
 # a local CHECKPOINT that is not a file: tools/test.py's one line, once
 # (not once per rank after the workers start)
 if [[ $# -ge 2 && "$2" != *://* && ! -f "$2" ]]; then
-    echo "error: checkpoint '$2' not found: give the path of a trained model (work_dirs/<config>/epoch_N.pth or iter_N.pth) or of downloaded weights (docs: Model zoo)" >&2
+    echo "error: checkpoint '$2' not found: give the path of a trained model (work_dirs/<config>/epoch_N.pth or iter_N.pth); mmsoft releases no trained weights (the authors' ImageNet classifiers, converted: docs/en/user_guides/official_weights.md)" >&2
     exit 1
 fi
 source "$(dirname "$0")/launch.sh"  # mmsoft_dist_launch

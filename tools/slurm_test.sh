@@ -8,7 +8,7 @@
 # a local CHECKPOINT that is not a file: tools/test.py's one line, once
 # (not once per rank after the workers start)
 if [[ $# -ge 4 && "$4" != *://* && ! -f "$4" ]]; then
-    echo "error: checkpoint '$4' not found: give the path of a trained model (work_dirs/<config>/epoch_N.pth or iter_N.pth) or of downloaded weights (docs: Model zoo)" >&2
+    echo "error: checkpoint '$4' not found: give the path of a trained model (work_dirs/<config>/epoch_N.pth or iter_N.pth); mmsoft releases no trained weights (the authors' ImageNet classifiers, converted: docs/en/user_guides/official_weights.md)" >&2
     exit 1
 fi
 source "$(dirname "$0")/launch.sh"  # mmsoft_slurm_launch

@@ -156,7 +156,9 @@ def exit_if_no_checkpoint(path):
     if '://' not in path and not osp.exists(path):
         sys.exit(f'error: checkpoint {path!r} not found: give the path of a '
                  'trained model (work_dirs/<config>/epoch_N.pth or '
-                 'iter_N.pth) or of downloaded weights (docs: Model zoo)')
+                 'iter_N.pth); mmsoft releases no trained weights (the '
+                 "authors' ImageNet classifiers, converted: "
+                 'docs/en/user_guides/official_weights.md)')
     if osp.isdir(path):
         sys.exit(f'error: {cli.checkpoint_problem(path)}')
 

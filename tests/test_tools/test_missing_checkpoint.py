@@ -29,5 +29,9 @@ def test_missing_checkpoint_one_line(tool, tmp_path):
     assert len(lines) == 1, proc.stderr
     assert lines[0].startswith(f"error: checkpoint '{ckpt}' not found")
     assert 'work_dirs/<config>/epoch_N.pth' in lines[0]  # the fix
+    # no weights to download from the model zoo (issue 51): the authors'
+    # ImageNet files are on the official weights page
+    assert 'mmsoft releases no trained weights' in lines[0]
+    assert 'docs/en/user_guides/official_weights.md' in lines[0]
     assert proc.stdout == ''  # no config dump
     assert not osp.exists(tmp_path / 'work')  # no Runner
