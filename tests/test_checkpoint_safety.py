@@ -125,12 +125,12 @@ def _onnx_export_loader(path):
     load_weights(nn.Linear(2, 1), path)
 
 
-def _converter(name):
+def _converter(name, *options):
 
     def convert(path):
         tool = load_module(
             osp.join(ROOT, 'tools', 'model_converters', name + '.py'), name)
-        rc = tool.main([path, path + '.out.pth'])
+        rc = tool.main([path, path + '.out.pth', *options])
         assert rc == 1 and not osp.exists(path + '.out.pth')
         raise pickle.UnpicklingError('refused by ' + name)
 
@@ -146,6 +146,8 @@ ENTRY_POINTS = {
     'onnx_export_loader': _onnx_export_loader,
     'soft2mmsoft': _converter('soft2mmsoft'),
     'mmsoft2soft': _converter('mmsoft2soft'),
+    'soft2mmsoft_trusted': _converter('soft2mmsoft', '--trust-checkpoint'),
+    'mmsoft2soft_trusted': _converter('mmsoft2soft', '--trust-checkpoint'),
     'safe_torch_load': lambda p: mmsoft.compat.safe_torch_load(p),
 }
 
@@ -160,10 +162,16 @@ def test_crafted_checkpoint_is_refused(tmp_path, kind, entry, capsys):
     msg = str(info.value) + capsys.readouterr().err
     assert 'weights_only=False' not in msg, msg
     if entry not in ('safe_torch_load', 'resume_search'):
-        # one line naming the file and the safe fix
+        # one line naming the file and the code; never advice that would
+        # unpickle it (before: "... add --trust-checkpoint there", which
+        # ran the payload)
         line = [ln for ln in msg.splitlines() if path in ln]
-        assert line and 'refused' in line[0] and ('--trust-checkpoint'
-                                                  in line[0]), msg
+        assert line and 'refused' in line[0] and 'pickled code (' in \
+            line[0] and 'trust' not in line[0], msg
+
+
+class Opaque:
+    """An object of a class: no code of the file's choosing runs."""
 
 
 def test_message_is_one_line_with_the_safe_fix(tmp_path):
@@ -173,10 +181,36 @@ def test_message_is_one_line_with_the_safe_fix(tmp_path):
     msg = str(info.value)
     assert '\n' not in msg and path in msg
     assert 'plain / legacy pickle' in msg
-    assert 'soft2mmsoft.py' in msg and '--trust-checkpoint' in msg
+    assert 'soft2mmsoft' not in msg and 'trust' not in msg
     path, _ = _crafted(tmp_path, 'zip')
     with pytest.raises(cio.CheckpointRefused, match=r'\(io\.open\)'):
         cio.load_verified(path)
+    # only objects of classes: the converter is the way, trusted
+    objs = str(tmp_path / 'objects.pth')
+    torch.save(dict(state_dict=_state(), meta=Opaque()), objs)
+    with pytest.raises(cio.CheckpointRefused) as info:
+        cio.load_verified(objs)
+    assert f'({__name__}.Opaque)' in str(info.value)
+    assert 'soft2mmsoft.py SRC DST (add --trust-checkpoint' in str(info.value)
+
+
+@pytest.mark.parametrize('kind', ['zip', 'legacy'])
+def test_code_hidden_behind_an_object_is_still_code(tmp_path, kind):
+    """A file whose first refused global is a class and a later one code is
+    refused for the code (all globals are read, the legacy format too)."""
+    marker = tmp_path / 'MARKER'
+    path = str(tmp_path / 'mixed.pth')
+    torch.save(
+        dict(a=Opaque(), b=[Opaque(), Payload(marker)]),
+        path,
+        _use_new_zipfile_serialization=kind == 'zip')
+    for options in ([], ['--trust-checkpoint']):
+        with pytest.raises(pickle.UnpicklingError, match='refused by'):
+            _converter('soft2mmsoft', *options)(path)
+    assert not marker.exists()
+    with pytest.raises(cio.CheckpointRefused) as info:
+        cio.load_verified(path)
+    assert '(io.open)' in str(info.value) and 'trust' not in str(info.value)
 
 
 def test_training_checkpoints_still_load(tmp_path):

@@ -8,7 +8,7 @@ import zipfile
 from typing import List, Optional
 
 from .atomic import TMP_SUFFIX, remove_stale_temps
-from .safe_load import safe_torch_load, unsafe_globals
+from .safe_load import code_globals, safe_torch_load, unsafe_globals
 
 __all__ = [
     'CheckpointError', 'CheckpointWriteError', 'CheckpointRefused',
@@ -54,16 +54,24 @@ def describe_damage(path: str) -> Optional[str]:
 
 def refusal_message(path: str, refused: List[str], fix: str = '') -> str:
     """One line for a refused checkpoint: the file, what it holds and the
-    safe ``fix`` (never ``weights_only=False``)."""
+    safe ``fix`` (never ``weights_only=False``). A file that names code
+    (:func:`~.safe_load.code_globals`) gets no fix that unpickles it."""
+    legacy = osp.isfile(path) and not zipfile.is_zipfile(path)
+    kind = "a plain / legacy pickle (not torch's zip format) with " \
+        if legacy else ''
+    code = code_globals(refused)
+    if code:
+        return (f'checkpoint {path} was refused: it holds {kind}pickled code '
+                f'({", ".join(code)}) that would run when unpickled; mmsoft '
+                f'never unpickles such a file, whatever the options: get the '
+                f'weights again from their original source')
     what = 'pickled objects other than tensors and plain containers' + (
         f' ({", ".join(refused)})' if refused else '')
-    if osp.isfile(path) and not zipfile.is_zipfile(path):
-        what = f"a plain / legacy pickle (not torch's zip format) with {what}"
     fix = fix or ('convert it with tools/model_converters/soft2mmsoft.py '
                   'SRC DST (add --trust-checkpoint there only if you trust '
                   'the file)')
-    return (f'checkpoint {path} was refused: it holds {what}, which could '
-            f'run code when unpickled; {fix}')
+    return (f'checkpoint {path} was refused: it holds {kind}{what}, which '
+            f'could run code when unpickled; {fix}')
 
 
 def load_verified(path: str, map_location='cpu'):

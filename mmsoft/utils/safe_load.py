@@ -17,7 +17,7 @@ from mmengine.logging.history_buffer import HistoryBuffer
 __all__ = [
     'safe_torch_load', 'unsafe_globals', 'RefusedGlobal',
     'RestrictedUnpickler', 'native_allow_list', 'torch_version',
-    'mmengine_safe_globals'
+    'mmengine_safe_globals', 'code_globals'
 ]
 
 
@@ -233,6 +233,13 @@ def unsafe_globals(path, extra=()):
         return [g for g in find(path) if g not in allowed]
     except Exception:  # noqa: BLE001 - torch < 2.5, a legacy (non-zip) file
         pass
+    try:  # a legacy (non-zip) file: the globals of its pickles, unrun
+        names = _pickled_globals(path)
+    except Exception:  # noqa: BLE001 - damaged files: not our question
+        names = []
+    refused = [g for g in names if g not in allowed]
+    if refused:
+        return refused
     try:
         _restricted_load(path, 'cpu', extra)
     except RefusedGlobal as e:
@@ -240,3 +247,92 @@ def unsafe_globals(path, extra=()):
     except Exception:  # noqa: BLE001 - damaged files: not our question
         pass
     return []
+
+
+def _py3_name(module, name):
+    """``module.name`` under Python 3's names (as unpickling resolves a
+    protocol 0-2 pickle's Python 2 names)."""
+    import _compat_pickle
+    module, name = _compat_pickle.NAME_MAPPING.get((module, name),
+                                                   (module, name))
+    return f'{_compat_pickle.IMPORT_MAPPING.get(module, module)}.{name}'
+
+
+def _pickled_globals(path, max_pickles=5):
+    """``module.name`` of every global named by the pickles at the start of
+    ``path`` (torch's legacy format: 4 pickles, then raw storages), read
+    with :mod:`pickletools` (nothing is unpickled or run); a damaged pickle
+    raises, after the ones before it."""
+    import pickletools
+    out = []
+    with open(path, 'rb') as f:
+        for _ in range(max_pickles):
+            if not f.read(1):
+                break
+            f.seek(-1, 1)
+            memo, strings, top = {}, [], None
+            for op, arg, _ in pickletools.genops(f):
+                name, pushed = op.name, None
+                if name == 'GLOBAL':
+                    out.append(_py3_name(*arg.split(' ', 1)))
+                elif name == 'STACK_GLOBAL' and len(strings) >= 2:
+                    out.append(_py3_name(strings[-2], strings[-1]))
+                elif isinstance(arg, str) and 'UNICODE' in name:
+                    pushed = arg
+                elif name in ('PUT', 'BINPUT', 'LONG_BINPUT', 'MEMOIZE'):
+                    memo[len(memo) if name == 'MEMOIZE' else arg] = top
+                    continue  # the value on the stack stays the same
+                elif name in ('GET', 'BINGET', 'LONG_BINGET'):
+                    pushed = memo.get(arg)
+                if pushed is not None:
+                    strings.append(pushed)
+                top = pushed
+    return list(dict.fromkeys(out))
+
+
+#: modules whose globals run code or reach the system when unpickled
+_CODE_MODULES = frozenset(
+    'os posix nt subprocess sys shutil socket builtins __builtin__ '
+    'importlib runpy pty code codeop webbrowser ctypes pickle _pickle '
+    'marshal types operator functools io _io tempfile pathlib glob '
+    'multiprocessing threading signal asyncio platform commands posixpath '
+    'ntpath pdb bdb timeit cProfile profile trace sqlite3 urllib http '
+    'ftplib smtplib telnetlib zipimport pkgutil inspect gc'.split())
+#: the plain data types of builtins
+_DATA_BUILTINS = frozenset(
+    'set frozenset complex slice bytearray range dict list tuple bytes str '
+    'int float bool object'.split())
+#: how pickle protocols 0-2 rebuild an object of a class (the class itself
+#: is a global of its own, checked as any other)
+_REBUILDERS = frozenset(
+    ('copyreg._reconstructor', 'copyreg.__newobj__', 'copyreg.__newobj_ex__'))
+
+
+def code_globals(names):
+    """The globals of ``names`` (``module.name``, as :func:`unsafe_globals`
+    returns them) that would run code when unpickled, beyond building an
+    object of a class: a function or other callable (``posix.system``,
+    ``builtins.eval``, ``torch.load``), anything of a module that reaches
+    the system (:data:`_CODE_MODULES`), a name that is not a class by its
+    spelling where its module is not imported. A file that names one is
+    refused even where the user trusts it (no advice to trust it)."""
+    import sys
+    out = []
+    for full in names:
+        mod, _, name = str(full).rpartition('.')
+        root = mod.split('.')[0]
+        if root in ('builtins', '__builtin__') and name in _DATA_BUILTINS or \
+                full in _REBUILDERS:
+            continue
+        if root in _CODE_MODULES or not mod:
+            out.append(full)
+            continue
+        obj = sys.modules.get(mod)
+        for part in name.split('.') if obj is not None else ():
+            obj = getattr(obj, part, None)
+        if obj is None or obj is sys.modules.get(mod):  # not imported
+            if not name[:1].isupper():
+                out.append(full)
+        elif not isinstance(obj, type):
+            out.append(full)
+    return out

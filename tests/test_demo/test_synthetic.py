@@ -304,9 +304,11 @@ def test_a_users_data_is_never_replaced(tmp_path, force, kind):
         (out / 'coco').symlink_to(real, target_is_directory=True)
     (out / 'imagenet').mkdir()  # empty: may be filled
     before = _tree_hashes(tmp_path)
-    argv = ['--out', str(out), '--tasks', 'cls', 'det', '--num-train', '2',
-            '--num-val', '1', '--workers', '1'] + (['--force'] if force
-                                                   else [])
+    argv = [
+        '--out',
+        str(out), '--tasks', 'cls', 'det', '--num-train', '2', '--num-val',
+        '1', '--workers', '1'
+    ] + (['--force'] if force else [])
     proc = run_python(
         'import runpy, sys\n'
         f'ns = runpy.run_path({TOOL!r}, run_name="tool")\n'

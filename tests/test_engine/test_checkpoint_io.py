@@ -61,9 +61,17 @@ def test_refusal_is_one_line_naming_what_and_the_fix(tmp_path):
     tail = ('which could run code when unpickled; convert it with '
             'tools/model_converters/soft2mmsoft.py SRC DST (add '
             '--trust-checkpoint there only if you trust the file)')
-    assert cio.refusal_message(str(zipped), ['os.system', 'builtins.eval']) \
+    # objects of classes: the converter may unpickle a trusted file
+    assert cio.refusal_message(str(zipped), ['x.Opaque', 'argparse.Action']) \
         == (f'{head}pickled objects other than tensors and plain '
-            f'containers (os.system, builtins.eval), {tail}')
+            f'containers (x.Opaque, argparse.Action), {tail}')
+    # code: named, and no advice that would unpickle it
+    code = cio.refusal_message(
+        str(zipped), ['x.Opaque', 'os.system', 'builtins.eval'], fix='FIX')
+    assert code == (f'{head}pickled code (os.system, builtins.eval) that '
+                    f'would run when unpickled; mmsoft never unpickles such '
+                    f'a file, whatever the options: get the weights again '
+                    f'from their original source')
     assert cio.refusal_message(str(zipped), []) == (
         f'{head}pickled objects other than tensors and plain containers, '
         f'{tail}')

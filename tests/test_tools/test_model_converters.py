@@ -885,40 +885,58 @@ def test_load_checkpoint_file_contract(tmp_path):
         }, str(timm))
     got = cf.load_checkpoint_file(str(timm))
     assert got['args'].lr == 1 and got['state_dict']['w'].tolist() == [1.]
-    code = tmp_path / 'code.pth'
+    objs = tmp_path / 'objects.pth'
     torch.save(
         {
             'args': argparse.Namespace(lr=1),
-            'f': os.getcwd,
+            'o': Opaque(),
             'w': torch.ones(1)
-        }, str(code))
+        }, str(objs))
     with pytest.raises(ConversionError) as exc:
-        cf.load_checkpoint_file(str(code))
+        cf.load_checkpoint_file(str(objs))
     msg = str(exc.value)
-    assert msg.startswith(f'checkpoint {code} was refused: it holds pickled '
+    assert msg.startswith(f'checkpoint {objs} was refused: it holds pickled '
                           f'objects other than tensors and plain containers '
-                          f'({os.getcwd.__module__}.getcwd), ')
+                          f'({__name__}.Opaque), ')
     assert msg.endswith('; if you trust the file, run again with '
                         '--trust-checkpoint')
-    trusted = cf.load_checkpoint_file(str(code), trust=True)
-    assert trusted['f'] is os.getcwd and trusted['w'].device.type == 'cpu'
-    empty = tmp_path / 'empty_error.pth'
-    torch.save({'x': _Reduce(exec, 'raise ValueError()')}, str(empty))
-    with pytest.raises(ConversionError) as exc:
-        cf.load_checkpoint_file(str(empty), trust=True)
-    assert str(exc.value) == f'cannot load {str(empty)!r} (ValueError: )'
-    two = tmp_path / 'two_lines.pth'
-    torch.save({'x': _Reduce(exec, "raise ValueError('first\\nsecond')")},
-               str(two))
-    with pytest.raises(ConversionError) as exc:
-        cf.load_checkpoint_file(str(two), trust=True)
-    assert str(exc.value) == f"cannot load {str(two)!r} (ValueError: first)"
-    bad = tmp_path / 'bad_pickle.pth'
-    torch.save({'x': _Reduce(pickle.loads, b'garbage')}, str(bad))
-    with pytest.raises(ConversionError) as exc:
-        cf.load_checkpoint_file(str(bad), trust=True)
-    assert str(
-        exc.value).startswith(f"cannot load {str(bad)!r} (UnpicklingError: ")
+    trusted = cf.load_checkpoint_file(str(objs), trust=True)
+    assert type(trusted['o']) is Opaque and trusted['w'].device.type == 'cpu'
+    # code (a function, not a class): refused, trusted or not, with no
+    # advice to trust it; nothing of it runs
+    marker = tmp_path / 'MARKER'
+    opens = f'open({str(marker)!r}, "w")'
+    for fn, args in [(os.getcwd, ()), (exec, (opens, )),
+                     (pickle.loads, (b'garbage', ))]:
+        code = tmp_path / 'code.pth'
+        torch.save({'x': _Reduce(fn, *args), 'o': Opaque()}, str(code))
+        for trust in (False, True):
+            with pytest.raises(ConversionError) as exc:
+                cf.load_checkpoint_file(str(code), trust=trust)
+            msg = str(exc.value)
+            assert msg.startswith(f'checkpoint {code} was refused: it holds '
+                                  f'pickled code ('), msg
+            assert f'.{fn.__name__}) that would run when unpickled; ' in msg
+            assert 'trust' not in msg
+    assert not marker.exists()
+    # trusted objects whose unpickling fails: one line, the first line
+    for text, first in (('', ''), ('first\nsecond', 'first')):
+        bad = tmp_path / 'bad_state.pth'
+        torch.save({'x': _FailingState(text)}, str(bad))
+        with pytest.raises(ConversionError) as exc:
+            cf.load_checkpoint_file(str(bad), trust=True)
+        assert str(exc.value) == \
+            f'cannot load {str(bad)!r} (ValueError: {first})'
+
+
+class _FailingState:
+    """An object whose unpickling raises ValueError(text)."""
+
+    def __init__(self, text):
+        self.text = text
+
+    def __setstate__(self, state):
+        raise ValueError(state['text'])
 
 
 def test_find_official_state_dict_needs_half_the_keys():

@@ -388,3 +388,48 @@ def test_numpy_scalars_and_arrays_of_every_numeric_dtype_load(tmp_path, dtype):
     assert got['a'].dtype == np.dtype(dtype) and got['a'].tolist() == \
         a.tolist()
     assert got['s'].dtype == np.dtype(dtype) and got['s'] == a[1]
+
+
+class _Obj:
+    pass
+
+
+class _Runs:
+
+    def __reduce__(self):
+        return os.system, ('true', )
+
+
+@pytest.mark.parametrize('protocol', [0, 1, 2, 4, 5])
+def test_pickled_globals_reads_every_global_without_running(
+        tmp_path, protocol):
+    """Every global of a plain pickle in its Python 3 name, whatever the
+    protocol (memoised STACK_GLOBAL strings included), the code after an
+    object of a class too; a refusal names it."""
+    from mmsoft.utils.safe_load import _pickled_globals, unsafe_globals
+    path = tmp_path / 'p.pkl'
+    obj = {'a': _Obj(), 'b': [_Obj(), _Runs()], 'c': _Runs()}
+    path.write_bytes(pickle.dumps(obj, protocol=protocol))
+    names = _pickled_globals(str(path))
+    assert f'{__name__}._Obj' in names
+    assert f'{os.system.__module__}.system' in names
+    assert names == list(dict.fromkeys(names))  # each once
+    assert all(not n.startswith(('copy_reg.', '__builtin__.')) for n in names)
+    assert f'{os.system.__module__}.system' in unsafe_globals(str(path))
+
+
+def test_code_globals_are_functions_and_system_modules():
+    from mmsoft.utils.safe_load import code_globals
+    data = [
+        'argparse.Namespace', 'collections.OrderedDict', 'builtins.set',
+        'builtins.object', 'copyreg._reconstructor', f'{__name__}._Obj',
+        'not_imported.SomeClass', 'numpy.ndarray'
+    ]
+    code = [
+        'posix.system', 'os.system', 'builtins.eval', 'builtins.getattr',
+        'subprocess.Popen', 'io.open', 'torch.load',
+        'torch.storage._load_from_bytes', 'numpy.testing.run_module_suite',
+        'not_imported.helper', 'nodots', f'{__name__}._Obj.__reduce__'
+    ]
+    assert code_globals(data) == []
+    assert code_globals(code + data) == code

@@ -24,9 +24,16 @@ def load_checkpoint_file(path: str, trust: bool = False):
     """The checkpoint ``path`` on the CPU: weights only (tensors, plain
     containers, timm's ``args`` Namespace) unless ``trust``. A missing,
     damaged or refused file (the refused globals named) raises a one-line
-    :class:`ConversionError`."""
+    :class:`ConversionError`; one that pickles code
+    (:func:`~mmsoft.utils.safe_load.code_globals`) is refused, trusted or
+    not, and its message never advises trusting it."""
     from mmsoft.utils.checkpoint_io import describe_damage, refusal_message
-    from mmsoft.utils.safe_load import safe_torch_load, unsafe_globals
+    from mmsoft.utils.safe_load import (code_globals, safe_torch_load,
+                                        unsafe_globals)
+
+    def refused():
+        return [g for g in unsafe_globals(path) if g != 'argparse.Namespace']
+
     if not os.path.isfile(path):
         raise ConversionError(f'checkpoint {path!r} ' +
                               ('is a directory, not a file' if os.path.
@@ -36,6 +43,8 @@ def load_checkpoint_file(path: str, trust: bool = False):
         raise ConversionError(
             f'checkpoint {path!r} {damage}: the file is damaged and cannot '
             f'be converted; download or copy it again')
+    if trust and code_globals(refused()):  # trusting never runs code
+        raise ConversionError(refusal_message(path, refused()))
     try:
         if trust:
             ckpt = torch.load(path, map_location='cpu', weights_only=False)
@@ -48,12 +57,9 @@ def load_checkpoint_file(path: str, trust: bool = False):
             raise ConversionError(
                 f'cannot load {path!r} ({type(e).__name__}: {first})'
             ) from None
-        refused = [
-            g for g in unsafe_globals(path) if g != 'argparse.Namespace'
-        ]
         raise ConversionError(
             refusal_message(
-                path, refused, 'if you trust the file, run again with '
+                path, refused(), 'if you trust the file, run again with '
                 '--trust-checkpoint')) from None
     return ckpt
 
