@@ -280,16 +280,34 @@ def official_comparison():
          for r in read_csv('official_comparison.csv')])
 
 
+def _gpu_rows(name):
+    """``{(section, model, input, mode): row}`` of a GPU CSV
+    (``gpu_h200.csv``: what ``make gpu-check`` measured)."""
+    return {
+        (r['section'], r['model'], r['input'], r['mode']): r
+        for r in read_csv(name)
+    }
+
+
+#: the machines of the README's figures (the conditions: benchmarks.md)
+CPU1 = '2-core CPU, 1 thread'
+CPU2 = '2-core CPU, 2 threads'
+H200 = 'NVIDIA H200'
+
+
 def why_table():
-    """README's "Why SOFT": a few rows picked from the benchmark CSVs."""
+    """README's "Why SOFT": a few rows picked from the benchmark CSVs, each
+    with the machine it was measured on (CPU rows, then the H200 rows of
+    the same comparison), and one sentence on detection resolution."""
     att = {
         (r['n'], r['method'], r['mode']): r
-        for r in read_csv('benchmark_attention.csv')
+        for r in read_csv('benchmark_attention.csv') if r['device'] == 'cpu'
     }
     bb = {
         (r['model'], r['size'], r['mode']): r
         for r in read_csv('benchmark_backbones.csv')
     }
+    gpu = _gpu_rows('gpu_h200.csv')
     off = {r['case']: r for r in read_csv('official_comparison.csv')}
 
     def layer(method):
@@ -299,23 +317,68 @@ def why_table():
     def ms(model, size, mode):
         return float(bb[(model, size, mode)]['time_ms'])
 
+    def g(section, model, size, mode):
+        return gpu.get((section, model, size, mode))
+
+    def g_ms(r):
+        v = float(r['ms'])
+        return f'{v:.1f} ms' if v < 100 else f'{v:.0f} ms'
+
+    def g_mib(r):
+        return f'{int(r["peak_mib"]):,} MiB'
+
     rows = [[
-        'one attention layer, n = 3136 tokens, forward + backward',
+        'one attention layer, n = 3136 tokens, forward + backward', CPU1,
         layer('soft'), f'softmax: {layer("softmax")} (fused SDPA); '
         f'{layer("softmax_naive")} (n × n)'
     ]]
-    for soft, peer, size, mode, label in (
-        ('soft_small', 'pvtv2_b2', '224x224x8', 'forward',
-         'SOFT-Small vs PVTv2-b2 backbone, 224 × 224 × 8, forward'),
-        ('soft_tiny', 'pvtv2_b1', '224x224x8', 'forward_backward',
-         'SOFT-Tiny vs PVTv2-b1 backbone, 224 × 224 × 8, training step'),
-        ('soft_small_norm', 'pvtv2_b2', '800x1216x1', 'forward',
-         'SOFT-Small-Norm vs PVTv2-b2 backbone, 800 × 1216, forward'),
-        ('soft_small_norm', 'pvtv2_b2', '800x1216x1', 'forward_backward',
-         'SOFT-Small-Norm vs PVTv2-b2 backbone, 800 × 1216, training '
-         'step')):
-        a, b = ms(soft, size, mode), ms(peer, size, mode)
-        rows.append([label, f'{a:.0f} ms ({a / b:.2f}x)', f'{b:.0f} ms'])
+    # SOFT vs softmax in one architecture on the GPU (one call)
+    s = g('softmax', 'soft_tiny', '224x224x64', 'forward_backward')
+    p = g('softmax', 'softmax_tiny', '224x224x64', 'forward_backward')
+    rows.append([
+        "SOFT vs softmax in SOFT-Tiny's architecture, 224 × 224 × 64, "
+        'training step', H200,
+        f'{g_ms(s)} ({_x(float(s["ms"]) / float(p["ms"]))}), {g_mib(s)}',
+        f'{g_ms(p)}, {g_mib(p)}'
+    ])
+    other = False  # a peer measured in another call (machine)
+    # (soft, peer, CPU size, GPU size, mode, what): CPU row, then H200 row
+    for soft, peer, size, gsize, mode, what in (
+        ('soft_small', 'pvtv2_b2', '224x224x8', '224x224x64', 'forward',
+         'SOFT-Small vs PVTv2-b2 backbone, {}, forward'),
+        ('soft_small', 'pvtv2_b2', None, '224x224x64', 'forward_backward',
+         'SOFT-Small vs PVTv2-b2 backbone, {}, training step'),
+        ('soft_tiny', 'pvtv2_b1', '224x224x8', '224x224x64',
+         'forward_backward',
+         'SOFT-Tiny vs PVTv2-b1 backbone, {}, training step'),
+        ('soft_small_norm', 'pvtv2_b2', '800x1216x1', '800x1216x2', 'forward',
+         'SOFT-Small-Norm vs PVTv2-b2 backbone, {}, forward'),
+        ('soft_small_norm', 'pvtv2_b2', '800x1216x1', '800x1216x2',
+         'forward_backward',
+         'SOFT-Small-Norm vs PVTv2-b2 backbone, {}, training step')):
+        if size:
+            a, b = ms(soft, size, mode), ms(peer, size, mode)
+            rows.append([
+                what.format(_dims(size)), CPU2, f'{a:.0f} ms ({_x(a / b)})',
+                f'{b:.0f} ms'
+            ])
+        s = g('backbones', soft, gsize, mode)
+        p = g('backbones', peer, gsize, mode)
+        if s is None:
+            continue
+        mem = mode == 'forward_backward'
+        if p is None:
+            mine, peer_cell = g_ms(s), f'{_name(peer)}: not measured'
+        else:
+            mine = f'{g_ms(s)} ({_x(float(s["ms"]) / float(p["ms"]))})'
+            peer_cell = g_ms(p) + (f', {g_mib(p)}' if mem else '')
+            if s['note'] != p['note']:  # two calls: two machines
+                peer_cell += ' ¹'
+                other = True
+        rows.append([
+            what.format(_dims(gsize)), H200,
+            mine + (f', {g_mib(s)}' if mem else ''), peer_cell
+        ])
     for case, label in (('Small, forward',
                          'SOFT-Small-Norm, 800 × 1216, forward, vs the '
                          'official code'),
@@ -324,10 +387,43 @@ def why_table():
                          'step, vs the official code')):
         r = off[case]
         rows.append([
-            label, r['mmsoft'], f'{r["official"]} '
+            label, CPU2, r['mmsoft'], f'{r["official"]} '
             f'({r["speedup"]} slower)'
         ])
-    return md_table(['measurement', 'SOFT (mmsoft)', 'peer'], rows)
+    size, cpu, gpu_ = '800x1216', '800x1216x1', '800x1216x2'
+    on_cpu = ms('soft_small_norm', cpu, 'forward') / ms(
+        'pvtv2_b2', cpu, 'forward')
+    on_gpu = float(g('backbones', 'soft_small_norm', gpu_, 'forward')['ms']) \
+        / float(g('backbones', 'pvtv2_b2', gpu_, 'forward')['ms'])
+    note = ''
+    if other:
+        note += (
+            f'\n¹ measured in another call, on another {H200}: '
+            f'compare its time with care (the peak memory was the same to '
+            f'the MiB on each GPU tried).\n')
+    note += (f'\nAt detection resolution ({_dims(size)}) SOFT-Small-Norm\'s '
+             f'backbone forward takes **{_x(on_gpu)}** PVTv2-b2\'s time on '
+             f'the {H200} (batch 2), {_x(on_cpu)} on the 2-core CPU '
+             f'(batch 1): with m = 950 landmarks in each of its first three '
+             f'stages, the m × m Newton–Raphson products dominate on a '
+             f'GPU.\n')
+    return md_table(['measurement', 'machine', 'SOFT (mmsoft)', 'peer'],
+                    rows) + note
+
+
+def _x(ratio):
+    """A time ratio: ``1.40x``, ``12.5x``."""
+    return f'{ratio:.1f}x' if ratio >= 10 else f'{ratio:.2f}x'
+
+
+def _dims(size):
+    """``'224x224x8'`` -> ``'224 × 224 × 8'``."""
+    return ' × '.join(size.split('x'))
+
+
+def _name(model):
+    """``'pvtv2_b2'`` -> ``'PVTv2-b2'``."""
+    return {'pvtv2_b1': 'PVTv2-b1', 'pvtv2_b2': 'PVTv2-b2'}.get(model, model)
 
 
 def tested_versions():
