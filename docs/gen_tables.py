@@ -472,9 +472,11 @@ def official_files():
         if e.get('code_arch'):
             other, depths, params = e['code_arch']
             arch += f"; their code builds `{other}` {depths}, {params}M"
+        links = [e['link']] + e.get('more_links', []) if e['link'] else []
         rows.append([
             f'`{name}`', f"{model}, {e['readme']}",
-            f"[{e['link']}]({page})" if e['link'] else 'not published', arch,
+            ', '.join(f'[{link}]({page})'
+                      for link in links) or 'not published', arch,
             ', '.join(f'`{c}`' for c in e['configs'])
         ])
     return md_table([

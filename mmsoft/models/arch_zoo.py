@@ -46,11 +46,15 @@ OFFICIAL_PAGE = 'https://github.com/fudan-zvg/SOFT#main-results'
 #: README's link text (None: no file published); ``readme``: its parameter
 #: count; ``arch`` / ``depths`` / ``params`` (millions, 1000 classes): the
 #: preset the paper ``configs`` load it into; ``code_arch``: the authors'
-#: model function's preset, depths and params where they differ.
+#: model function's preset, depths and params where they differ;
+#: ``more_links``: the README's other files of the same model (SOFT_Tiny_cuda:
+#: trained with their CUDA Gaussian kernel, ``kernel_method: cuda``, the
+#: same modules and key names).
 # yapf: disable
 OFFICIAL_FILES = {
     'soft_tiny': {
         'link': 'SOFT_Tiny', 'readme': '13M', 'arch': 'tiny',
+        'more_links': ['SOFT_Tiny_cuda'],
         'depths': [1, 2, 3, 2], 'params': 13.1,
         'configs': ['soft_tiny_in1k']},
     'soft_small': {
