@@ -22,8 +22,9 @@ def test_make_docs_does_not_build_the_stack(tmp_path):
                           text=True)
     assert proc.returncode == 0, proc.stderr
     assert 'setup_env.sh' not in proc.stdout  # no mmcv build
-    assert f'{venv}/bin/python -m sphinx' in proc.stdout  # VENV= honoured
-    assert f'-m venv {venv}' in proc.stdout  # created when missing
+    # VENV= honoured, as one shell word
+    assert f"'{venv}/bin/python' -m sphinx" in proc.stdout
+    assert f"-m venv '{venv}'" in proc.stdout  # created when missing
     assert 'requirements/docs.txt requirements/docs_api.txt' in proc.stdout
 
 

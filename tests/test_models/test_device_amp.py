@@ -64,6 +64,7 @@ LOSS_SCALE = 2.0**12
 # names, so ``import ... as`` would give the functions)
 KERNEL = importlib.import_module('mmsoft.models.layers.gaussian_kernel')
 PINV = importlib.import_module('mmsoft.models.layers.nr_autograd')
+CHEB = importlib.import_module('mmsoft.models.layers.nr_chebyshev')
 
 
 def dtype_id(dtype):
@@ -220,14 +221,30 @@ def spy(monkeypatch):
 
     wrap(KERNEL.GaussianKernel, 'kernel')
     wrap(PINV.NewtonInverse, 'pinv')
+    wrap(CHEB.ChebyshevApply, 'pinv')
+    wrap(PINV._ChebyshevEq16, 'pinv')
+    iterate = PINV.newton_iterate
+
+    def spied_iterate(A, V, iters):  # the exact iterative path: autograd
+        out = iterate(A, V, iters)
+        if torch.is_grad_enabled():  # not inside NewtonInverse's forward
+            calls.append(('pinv', [A.dtype, V.dtype], out.dtype,
+                          autocast_dtype(A.device.type) is not None))
+        return out
+
+    monkeypatch.setattr(PINV, 'newton_iterate', spied_iterate)
     return calls
 
 
 @pytest.mark.parametrize('dtype', HALF, ids=dtype_id)
-@pytest.mark.parametrize('nr_method', ['iterative', 'spectral'])
+@pytest.mark.parametrize('nr_method,nr_backward', [('iterative', 'exact'),
+                                                   ('iterative', 'eq16'),
+                                                   ('spectral', 'exact'),
+                                                   ('chebyshev', 'exact'),
+                                                   ('chebyshev', 'eq16')])
 def test_kernel_and_pinv_run_in_fp32_under_autocast(device, spy, dtype,
-                                                    nr_method):
-    model = backbone(nr_method=nr_method).to(device)
+                                                    nr_method, nr_backward):
+    model = backbone(nr_method=nr_method, nr_backward=nr_backward).to(device)
     x = torch.randn(2, 3, SIZE, SIZE, device=device)
     with torch.autocast(device, dtype=dtype):
         assert autocast_dtype(device) is not None
@@ -293,7 +310,9 @@ class OpRecorder(TorchDispatchMode):
 ATTN_VARIANTS = {
     'norm': dict(),
     'neurips': dict(attn_norm=False),
-    'spectral': dict(nr_method='spectral'),
+    'spectral': dict(nr_method='spectral', nr_backward='eq16'),
+    'chebyshev': dict(nr_method='chebyshev'),
+    'chebyshev_eq16': dict(nr_method='chebyshev', nr_backward='eq16'),
     'random': dict(sampling='random'),
     'avgpool_ml': dict(sampling='avgpool', max_landmarks=4),
     'exact_bw': dict(nr_method='spectral', nr_backward='exact'),

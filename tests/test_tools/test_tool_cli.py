@@ -53,6 +53,8 @@ INVOCATIONS = {
     'analysis/memory_vs_length.py':
     'test_tools/test_analysis/test_analysis_tools.py::'
     'test_memory_vs_length_fixed_m_and_outputs',
+    'analysis/nr_accuracy.py':
+    'test_tools/test_analysis/test_benchmark.py::test_nr_accuracy_tool',
     'analysis/nr_backward_compare.py':
     'test_tools/test_tool_cli.py::test_nr_backward_compare_train_demo',
     'analysis/nr_convergence.py':

@@ -14,9 +14,14 @@ small ones, as they have the same parameter counts).
         --sizes 224x224x8 --modes forward
     python tools/analysis/benchmark.py --config configs/soft_tiny_in1k.py
 
-Models: soft_{tiny,small,...}[_norm][_iterative|_spectral][_ml<N>] (SOFT
-backbone, all four outputs; ``_iterative``/``_spectral`` force the
-pseudo-inverse method, ``_ml<N>`` sets ``max_landmarks=N``; see
+``--alternate`` builds all models in one process and times them in turn,
+round after round (the ratios of the docs; no memory figures).
+
+Models: soft_{tiny,small,...}[_norm][_iterative|_spectral|_chebyshev][_ml<N>]
+[_floor] (SOFT backbone, all four outputs; ``_iterative`` / ``_spectral`` /
+``_chebyshev`` force the pseudo-inverse method, ``_ml<N>`` sets
+``max_landmarks=N``, ``_floor`` replaces A_T W by W: the network without
+its pseudo-inverse; see
 :func:`mmsoft_tools.analysis.parse_model_name`),
 {softmax,linformer,performer,nystromformer,sima}_<arch> (the attention zoo in
 the SOFT architecture, Table 1), pvtv2_b0..b2 (mmdet
@@ -79,13 +84,77 @@ def build_backbone(name: str):
             depths=[2, 2, 6, 2],
             num_heads=[3, 6, 12, 24],
             window_size=7)
+    floor = name.endswith('_floor')
     try:
-        kwargs = soft_model_kwargs(name)
+        kwargs = soft_model_kwargs(name[:-len('_floor')] if floor else name)
     except ValueError as e:
         raise ValueError(f'{e}; or one of {", ".join(PVT)}, swin_t or a '
                          'config path') from None
     from mmsoft.models.backbones import SOFT
-    return SOFT(**kwargs)
+    model = SOFT(**kwargs)
+    return without_inverse(model) if floor else model
+
+
+def without_inverse(model):
+    """``model`` with every SOFT attention's A_T W replaced by W: the
+    network without the pseudo-inverse (``<name>_floor``, the cost it can
+    not go below)."""
+    import dataclasses
+
+    from mmsoft.models.layers import NRConfig, SOFTAttention
+
+    class NoInverse(NRConfig):
+
+        def apply(self, A, W, stats=None):
+            return W.to(A.dtype)
+
+    for mod in model.modules():
+        if isinstance(mod, SOFTAttention):
+            mod._nr = NoInverse(**dataclasses.asdict(mod.nr))
+    return model
+
+
+def alternate(models, size, mode, repeats, device, threads):
+    """{model: [ms of each round]}: all models built in this process and
+    timed in turn, round after round (a load change hits all alike)."""
+    import statistics
+
+    import torch
+    if threads:
+        torch.set_num_threads(threads)
+    H, W, B = (int(v) for v in size.split('x'))
+    steps = {}
+    for name in models:
+        torch.manual_seed(0)
+        model = build_backbone(name).to(device)
+        model.train(mode != 'forward')
+        x = torch.randn(B, 3, H, W, device=device)
+
+        def step(model=model, x=x):
+            if mode == 'forward':
+                with torch.no_grad():
+                    model(x)
+            else:
+                sum(o.float().sum() for o in model(x)).backward()
+                model.zero_grad(set_to_none=True)
+
+        step()  # warm-up
+        steps[name] = step
+    times = {name: [] for name in models}
+    for r in range(repeats):
+        for name, step in steps.items():
+            if device != 'cpu':
+                torch.cuda.synchronize()
+            t = time.perf_counter()
+            step()
+            if device != 'cpu':
+                torch.cuda.synchronize()
+            times[name].append((time.perf_counter() - t) * 1e3)
+        print(
+            f'  round {r + 1}/{repeats}: ' +
+            ', '.join(f'{n} {times[n][-1]:.0f}' for n in models),
+            flush=True)
+    return {n: statistics.median(t) for n, t in times.items()}, times
 
 
 def child(args):
@@ -195,6 +264,12 @@ def main(argv=None):
     add_timing_arguments(p, repeats=3)
     p.add_argument('--baseline', default=None)
     p.add_argument('--out', default='work_dirs/benchmark')
+    p.add_argument(
+        '--alternate',
+        action='store_true',
+        help='time the models in turn in this process, round after round '
+        '(ratios robust to the load); writes alternate.csv / .md, no '
+        'memory')
     p.add_argument('--child', action='store_true', help=argparse.SUPPRESS)
     p.add_argument('--model', help=argparse.SUPPRESS)
     p.add_argument('--size', help=argparse.SUPPRESS)
@@ -222,6 +297,8 @@ def main(argv=None):
         args.device = 'cuda' if torch.cuda.is_available() else 'cpu'
     if args.child:
         return child(args)
+    if args.alternate:
+        return main_alternate(args, p)
     for s in args.sizes:
         if len(s.split('x')) != 3 or not all(v.isdigit()
                                              for v in s.split('x')):
@@ -275,6 +352,41 @@ def main(argv=None):
     table = '\n'.join(md) + '\n'
     write_results(args.out, 'results', rows, None, table,
                   plot(rows, args.sizes) if rows else None, 'benchmark.png')
+
+
+def main_alternate(args, parser):
+    import os
+    models = args.models or DEFAULT_MODELS
+    rows = []
+    for size in args.sizes:
+        for mode in args.modes:
+            load = os.getloadavg()[0] if hasattr(os, 'getloadavg') else ''
+            print(f'{size} {mode} (load {load:.1f}):', flush=True)
+            med, _ = alternate(models, size, mode, args.repeats, args.device,
+                               args.threads)
+            for name in models:
+                base = baseline_for(name, models, args.baseline)
+                ratio = f'{med[name] / med[base]:.2f}' if base and \
+                    base != name else ''
+                rows.append(
+                    dict(
+                        model=name,
+                        size=size,
+                        mode=mode,
+                        time_ms=f'{med[name]:.1f}',
+                        ratio=ratio,
+                        baseline=base if ratio else '',
+                        load=f'{load:.1f}'))
+                print(
+                    f'  {name:28s} {med[name]:9.1f} ms  {ratio}x {base}'
+                    if ratio else f'  {name:28s} {med[name]:9.1f} ms',
+                    flush=True)
+    fields = ['model', 'size', 'mode', 'time_ms', 'ratio', 'baseline', 'load']
+    md = '\n'.join(
+        ['| ' + ' | '.join(fields) + ' |', '|' + '---|' * len(fields)] +
+        ['| ' + ' | '.join(str(r[f]) for f in fields) + ' |' for r in rows])
+    write_results(args.out, 'alternate', rows, fields, md + '\n')
+    return 0
 
 
 if __name__ == '__main__':

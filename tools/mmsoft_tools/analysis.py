@@ -38,7 +38,7 @@ from collections import namedtuple
 from typing import Callable, Dict, List, Optional, Tuple
 
 # ------------------------------------------------------------- model names
-NR_METHODS = ('iterative', 'spectral')
+NR_METHODS = ('iterative', 'spectral', 'chebyshev')
 #: the attentions a name can use: the short registry names
 #: (:data:`mmsoft.registry.ATTENTIONS`) and ``soft_norm`` = SOFT with the
 #: IJCV normalisation

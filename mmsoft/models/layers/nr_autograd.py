@@ -1,4 +1,7 @@
-"""SOFT's NR pseudo-inverse with a closed-form backward, and dispatch."""
+"""SOFT's NR pseudo-inverse with closed-form backwards, and dispatch: the
+T iterations (``'iterative'``), one ``eigh`` (``'spectral'``) or, for
+A_T W, a Chebyshev expansion of the same function (``'chebyshev'``,
+:mod:`.nr_chebyshev`)."""
 from typing import Tuple
 
 import torch
@@ -6,17 +9,29 @@ import torch
 from mmsoft.compat import unravel_index
 from . import export_ops
 from .amp import autocast_off, compute_dtype
-from .nr_diagnostics import iterative_stats, record_residual
-from .nr_iteration import init_iteration, newton_iterate, spectral_factors
+from .nr_chebyshev import ChebyshevApply, chebyshev_plan, filter_and_slope
+from .nr_diagnostics import iterative_stats
+from .nr_iteration import (newton_iterate, nr_init_alpha, nr_iteration_matrix,
+                           spectral_factors, traced_alpha)
 
 __all__ = [
-    'NewtonInverse', 'NR_METHODS', 'SPECTRAL_MIN_M', 'resolve_method', 'solve'
+    'NewtonInverse', 'NR_METHODS', 'SPECTRAL_MIN_M', 'CHEBYSHEV_MIN_M',
+    'resolve_method', 'solve'
 ]
 
-NR_METHODS = ('auto', 'iterative', 'spectral')
+NR_METHODS = ('auto', 'iterative', 'spectral', 'chebyshev')
 #: smallest m for which ``'auto'`` is spectral on the CPU (measured
 #: crossover: ``tools/analysis/nr_method_crossover.py``)
 SPECTRAL_MIN_M = 80
+#: smallest m for which ``'auto'`` applies A_T to W by the Chebyshev
+#: expansion, per device type; device types not listed never do. CUDA:
+#: from the multiply-adds (K m^2 d with K ~ 120, d = 32, against 40 m^3 of
+#: the iterations: 4x fewer from m ~ 100, a margin for the K sequential
+#: launches). The CPU is not listed: there one ``eigh`` (the spectral
+#: method) costs about the same as the expansion's forward and far less
+#: than its float64 backward (docs/en/benchmarks.md, measured with
+#: ``tools/analysis/nr_method_crossover.py``)
+CHEBYSHEV_MIN_M = dict(cuda=200)
 #: pairs with |l_i - l_j| <= _DD_RTOL max(|l_i|, |l_j|) take F_ij from the
 #: differentiated recurrence (the quotient loses ~T eps / _DD_RTOL)
 _DD_RTOL = 0.05
@@ -65,49 +80,56 @@ def _divided_differences(lam, v, alpha, iters) -> torch.Tensor:
     return F
 
 
-def resolve_method(method: str, A: torch.Tensor) -> str:
-    """``'auto'``: spectral for m >= :data:`SPECTRAL_MIN_M` on the CPU."""
+def resolve_method(method: str, A: torch.Tensor, apply: bool = True) -> str:
+    """``'auto'``: for A_T W (``apply``) the Chebyshev expansion from
+    :data:`CHEBYSHEV_MIN_M` on, else spectral for m >=
+    :data:`SPECTRAL_MIN_M` on the CPU, else the iterations. The inverse
+    itself (not ``apply``) is never a Chebyshev expansion (K m^3 work):
+    ``'chebyshev'`` resolves as ``'auto'`` there."""
     if method not in NR_METHODS:
         raise ValueError(f'unknown pseudo-inverse method {method!r}; choose '
                          f'one of {NR_METHODS}')
-    if method != 'auto':
+    if method not in ('auto', 'chebyshev') or (method == 'chebyshev'
+                                               and apply):
         return method
-    if A.device.type == 'cpu' and A.shape[-1] >= SPECTRAL_MIN_M:
+    m, device = A.shape[-1], A.device.type
+    if apply and m >= CHEBYSHEV_MIN_M.get(device, float('inf')):
+        return 'chebyshev'
+    if device == 'cpu' and m >= SPECTRAL_MIN_M:
         return 'spectral'
     return 'iterative'
 
 
-def _iterative(A, W, nr, stats) -> Tuple[torch.Tensor, torch.Tensor]:
+def _iterative(A, W, alpha, nr) -> Tuple[torch.Tensor, torch.Tensor]:
     """(A_T, A_T or A_T W) by the iterations (autograd through them if A
-    requires grad)."""
-    iterative_stats(stats, A, nr.init, nr.iters)
-    Aw, alpha = init_iteration(A, nr.init)
+    or alpha require grad)."""
+    Aw = nr_iteration_matrix(A, nr.init)
     Y = newton_iterate(Aw, alpha[..., None, None] * Aw, nr.iters)
     return Y, Y if W is None else Y @ W
 
 
 class NewtonInverse(torch.autograd.Function):
     """Y = A_T (``W`` None) or Z = A_T W (spectral: U (v * (U^T W)), A_T not
-    formed): ``apply(A, W, nr, stats)``, ``nr.method`` resolved.
+    formed): ``apply(A, W, alpha, nr)``, ``nr.method`` resolved.
 
     ``'eq16'``: grad_A = -Y^T grad_Y Y^T (Eq. 16) as G = Y^T grad_Z, grad_A =
     -G Z^T, grad_W = G. ``'exact'`` (spectral; iterative: autograd): with
     A_T = U diag(f(l)) U^T, f = v_T, Daleckii-Krein grad_A = U (F o ((U^T
     grad_Z) (U^T W)^T)) U^T, F_ij = (f(l_i) - f(l_j)) / (l_i - l_j) (f'(l_i)
-    if equal; U^T W = U^T for the inverse), alpha held fixed.
+    if equal; U^T W = U^T for the inverse), and grad_alpha = sum (U^T
+    grad_Z) o (u (U^T W)) with u = d f / d alpha at l.
     """
 
     @staticmethod
-    def forward(ctx, A, W, nr, stats=None):
+    def forward(ctx, A, W, alpha, nr):
         ctx.exact = nr.backward == 'exact'
         ctx.iters = nr.iters
         ctx.inverse = W is None
         ctx.spectral = nr.method == 'spectral'
         with torch.no_grad():
             if ctx.spectral:
-                Aw, alpha = init_iteration(A, nr.init)
+                Aw = nr_iteration_matrix(A, nr.init)
                 U, v, lam = spectral_factors(Aw, alpha, nr.iters)
-                record_residual(stats, lam, v)
                 if W is None:
                     out = (U * v.unsqueeze(-2)) @ U.transpose(-1, -2)
                     saved = (U, v, lam, alpha) if ctx.exact else (out, out)
@@ -118,24 +140,28 @@ class NewtonInverse(torch.autograd.Function):
                         (U, v, out)
             else:
                 assert not ctx.exact, 'exact iterative backward uses autograd'
-                saved = Y, out = _iterative(A, W, nr, stats)
+                saved = Y, out = _iterative(A, W, alpha, nr)
         ctx.save_for_backward(*saved)
         return out
 
     @staticmethod
     def backward(ctx, grad):
-        grad_A = G = None
+        grad_A = G = grad_alpha = None
         if ctx.exact:
             U, v, lam, alpha, *UtW = ctx.saved_tensors
             Ut = U.transpose(-1, -2)
             UtG = Ut @ grad
+            right = U if ctx.inverse else UtW[0].mT  # (U^T W)^T
             if not ctx.inverse:
                 G = U @ (v.unsqueeze(-1) * UtG)
             if ctx.needs_input_grad[0]:
                 F = _divided_differences(lam, v, alpha, ctx.iters)
-                M = F.mul_(UtG @ (U if ctx.inverse else UtW[0].mT))
+                M = F.mul_(UtG @ right)
                 grad_A = (U @ M) @ Ut
-            return grad_A, G, None, None
+            if ctx.needs_input_grad[2]:  # d out / d alpha = U diag(u) ...
+                u = filter_and_slope(lam, alpha, ctx.iters)[1]
+                grad_alpha = (UtG * (u.unsqueeze(-1) * right.mT)).sum((-2, -1))
+            return grad_A, G, grad_alpha, None
         if ctx.spectral and not ctx.inverse:  # Y = U diag(v) U^T
             U, v, Z = ctx.saved_tensors
             G = U @ (v.unsqueeze(-1) * (U.transpose(-1, -2) @ grad))
@@ -147,9 +173,44 @@ class NewtonInverse(torch.autograd.Function):
         return grad_A, None if ctx.inverse else G, None, None
 
 
+class _ChebyshevEq16(torch.autograd.Function):
+    """Z = f_T(A) W by the Chebyshev expansion with the backward of Eq. 16
+    (G = f_T(A) grad_Z by the same expansion, grad_A = -G Z^T)."""
+
+    @staticmethod
+    def forward(ctx, Aw, W, plan):
+        with torch.no_grad():
+            Z = ChebyshevApply.evaluate(Aw, W, plan)
+        ctx.plan = plan
+        ctx.save_for_backward(Aw, Z)
+        return Z
+
+    @staticmethod
+    def backward(ctx, grad):
+        Aw, Z = ctx.saved_tensors
+        with autocast_off(grad.device.type):
+            G = ChebyshevApply.evaluate(Aw, grad.to(Aw.dtype), ctx.plan)
+            grad_A = -(G @ Z.transpose(-1, -2)) if ctx.needs_input_grad[0] \
+                else None
+        return grad_A, G, None
+
+
+def _chebyshev(A, W, alpha, alpha_in, nr):
+    """A_T W by the Chebyshev expansion, or None where the guard refuses
+    it (more than ``MAX_DEGREE`` terms: alpha ||A||^2 near 2)."""
+    Aw = nr_iteration_matrix(A, nr.init)
+    plan = chebyshev_plan(Aw.detach(), alpha, nr.iters)
+    if plan is None:
+        return None
+    if nr.backward == 'exact':
+        return ChebyshevApply.apply(Aw, W, alpha_in, plan)
+    return _ChebyshevEq16.apply(Aw, W, plan)
+
+
 def solve(A, W, nr, stats) -> torch.Tensor:
     """A_T (``W`` None) or A_T W with the settings ``nr`` (an
-    :class:`~.nr_config.NRConfig`)."""
+    :class:`~.nr_config.NRConfig`). With ``backward='exact'`` alpha is
+    differentiated as the official code does (:func:`traced_alpha`)."""
     if A.dim() < 2 or A.shape[-1] != A.shape[-2]:
         raise ValueError(f'the Newton-Raphson inverse expects (..., m, m) '
                          f'matrices, got shape {tuple(A.shape)}')
@@ -160,19 +221,33 @@ def solve(A, W, nr, stats) -> torch.Tensor:
     dtype = compute_dtype(A)
     A = A.to(dtype)
     W = None if W is None else W.to(dtype)
+    with torch.no_grad():
+        alpha = nr_init_alpha(A, nr.init)
     if export_ops.is_exporting():  # ONNX: the iterations as plain products
-        if nr.method == 'spectral':  # 'auto' becomes the iterative form
+        if nr.method in ('spectral', 'chebyshev'):
+            why = dict(
+                spectral='torch.linalg.eigh has no ONNX operator',
+                chebyshev='its degree is chosen from the data at run time')[
+                    nr.method]
             raise export_ops.ExportError(
-                "nr_method='spectral' cannot be exported (torch.linalg.eigh "
-                "has no ONNX operator); set model.backbone.attn_cfg."
-                "nr_method='auto' or 'iterative' (same function) before "
-                'exporting')
-        return _iterative(A, W, nr, None)[1]
-    method = resolve_method(nr.method, A)
-    if method != nr.method:
-        nr = nr.replace(method=method)
+                f"nr_method={nr.method!r} cannot be exported ({why}); set "
+                f"model.backbone.attn_cfg.nr_method='auto' or 'iterative' "
+                f"(same function) before exporting")
+        return _iterative(A, W, alpha, nr)[1]
+    method = resolve_method(nr.method, A, W is not None)
     with autocast_off(A.device.type):
-        if nr.backward == 'exact' and method == 'iterative':
+        iterative_stats(stats, A, nr.init, nr.iters)
+        exact = nr.backward == 'exact'
+        alpha_in = traced_alpha(A, alpha, nr.init) if exact and \
+            torch.is_grad_enabled() and A.requires_grad else alpha
+        if method == 'chebyshev':
+            out = _chebyshev(A, W, alpha, alpha_in, nr)
+            if out is not None:
+                return out
+            method = 'spectral' if A.device.type == 'cpu' else 'iterative'
+        if method != nr.method:
+            nr = nr.replace(method=method)
+        if exact and method == 'iterative':
             # the gradient of the T iterations: autograd through them
-            return _iterative(A, W, nr, stats)[1]
-        return NewtonInverse.apply(A, W, nr, stats)
+            return _iterative(A, W, alpha_in, nr)[1]
+        return NewtonInverse.apply(A, W, alpha_in, nr)

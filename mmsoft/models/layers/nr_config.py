@@ -1,6 +1,6 @@
 """The Newton-Raphson settings of a SOFT attention (:class:`NRConfig`)."""
 import dataclasses
-from typing import Mapping
+from typing import Mapping, Optional
 
 import torch
 
@@ -8,7 +8,9 @@ from .checks import check_choice, check_int
 from .nr_autograd import NR_METHODS, solve
 from .nr_iteration import canonical_init
 
-__all__ = ['NRConfig', 'NR_BACKWARDS', 'NR_FIELDS', 'default_init']
+__all__ = [
+    'NRConfig', 'NR_BACKWARDS', 'NR_FIELDS', 'default_init', 'default_backward'
+]
 
 NR_BACKWARDS = ('eq16', 'exact')
 #: the fields of :class:`NRConfig` (the ``attn_cfg`` keys ``nr_<field>``)
@@ -19,6 +21,13 @@ def default_init(attn_norm: bool) -> str:
     """The alpha rule of the official variant: per sample with
     ``attn_norm`` (IJCV), else ``'soft'`` (NeurIPS)."""
     return 'soft_norm_per_sample' if attn_norm else 'soft'
+
+
+def default_backward(init: str) -> str:
+    """The official variant's gradient: ``'eq16'`` for the NeurIPS model
+    (``init='soft'``, its CUDA kernel), else ``'exact'`` (the Norm code's
+    autograd through the iterations)."""
+    return 'eq16' if init == 'soft' else 'exact'
 
 
 @dataclasses.dataclass(frozen=True)
@@ -33,11 +42,18 @@ class NRConfig:
             alpha per sample / matrix / batch) or ``'soft'`` (NeurIPS).
             Default: 'soft_norm_per_sample'.
         method (str): ``'iterative'`` (2T batched products), ``'spectral'``
-            (one ``eigh``, the same function) or ``'auto'`` (spectral for
-            m >= ``SPECTRAL_MIN_M`` on the CPU). Default: 'auto'.
-        backward (str): ``'eq16'`` (Eq. 16, the gradient of A^+) or
-            ``'exact'`` (the gradient of the T iterations, alpha fixed).
-            Default: 'eq16'.
+            (one ``eigh``), ``'chebyshev'`` (A_T W by a Chebyshev expansion
+            of the same function, :mod:`.nr_chebyshev`; the inverse itself
+            as ``'auto'``) or ``'auto'`` (for A_T W Chebyshev from
+            ``CHEBYSHEV_MIN_M[device]``, else spectral for m >=
+            ``SPECTRAL_MIN_M`` on the CPU, else iterative). All compute
+            the official function. Default: 'auto'.
+        backward (str | None): ``'exact'`` (the gradient of the T
+            iterations, alpha included: what the official Norm code trains
+            with, autograd through its ``newton_inv``) or ``'eq16'`` (Eq.
+            16, the gradient of a true inverse: the official NeurIPS CUDA
+            kernel's). Default: None, the variant's official one:
+            ``'eq16'`` for ``init='soft'``, else ``'exact'``.
 
     Frozen; the ``attn_cfg`` keys are ``nr_<field>``. :meth:`inverse` /
     :meth:`apply`: float32 (float64 stays), autocast off; ``stats``: a dict
@@ -46,12 +62,14 @@ class NRConfig:
     iters: int = 20
     init: str = 'soft_norm_per_sample'
     method: str = 'auto'
-    backward: str = 'eq16'
+    backward: Optional[str] = None
 
     def __post_init__(self):
         iters = check_int('Newton-Raphson iters (nr_iters)', self.iters)
         object.__setattr__(self, 'iters', iters)
         object.__setattr__(self, 'init', canonical_init(self.init))
+        if self.backward is None:
+            object.__setattr__(self, 'backward', default_backward(self.init))
         check_choice('pseudo-inverse method (nr_method)', self.method,
                      NR_METHODS)
         check_choice('Newton-Raphson backward (nr_backward)', self.backward,

@@ -11,7 +11,7 @@ import torch
 __all__ = [
     'INIT_MODES', 'INIT_ALIASES', 'canonical_init', 'nr_init_alpha',
     'nr_iteration_matrix', 'init_iteration', 'newton_iterate',
-    'scalar_iterate', 'spectral_factors'
+    'scalar_iterate', 'spectral_factors', 'traced_alpha'
 ]
 
 INIT_MODES = ('soft_norm_per_sample', 'soft_norm_per_matrix',
@@ -93,6 +93,15 @@ def nr_init_alpha(A, init='soft_norm_per_sample') -> torch.Tensor:
     passed[..., -1] = True  # after 10 halvings the search stops regardless
     first = passed.to(torch.uint8).argmax(-1)  # first True
     return alphas.gather(-1, first[..., None]).squeeze(-1)
+
+
+def traced_alpha(A, alpha, init) -> torch.Tensor:
+    """``alpha`` (from :func:`nr_init_alpha`) as the function of A that the
+    official code differentiates: alpha = c / ||A||_1^2 with the halving
+    factor c fixed (the search's comparisons have no gradient) and
+    ||A||_1 the max row sum shared by the sample / the batch."""
+    norm1 = _shared_max(A.sum(-1).amax(-1), canonical_init(init))
+    return alpha.detach() * (norm1.detach() / norm1).square()
 
 
 def nr_iteration_matrix(A: torch.Tensor, init: str) -> torch.Tensor:

@@ -205,7 +205,7 @@ def test_newton_inverse_refuses_the_exact_iterative_backward():
     nr = NRConfig(iters=2, method='iterative', backward='exact')
     with pytest.raises(
             AssertionError, match=r'^exact iterative backward uses autograd$'):
-        NewtonInverse.apply(A, None, nr, None)
+        NewtonInverse.apply(A, None, torch.ones(()), nr)
 
 
 # ------------------------------------------------------- SOFT attention

@@ -43,8 +43,7 @@ def official_bottleneck_apply(A, W, attn_norm=True, nr=None, nr_stats=None):
     out = []
     for b in range(A.shape[0]):  # each sample alone: batch size 1
         P = A[b]
-        with torch.no_grad():
-            alpha = official_alpha(P)
+        alpha = official_alpha(P)  # with its gradient, as the official code
         V = alpha * P
         for _ in range(nr_iters):
             V = 2 * V - V @ P @ V
@@ -125,7 +124,7 @@ def test_default_reproduces_official_rule_spectral_path(monkeypatch):
     assert rel(default32, official) <= 1.5 * floor
 
 
-@pytest.mark.parametrize('method', ['spectral', 'iterative'])
+@pytest.mark.parametrize('method', ['spectral', 'iterative', 'chebyshev'])
 def test_backbone_exact_gradient(monkeypatch, method):
     """nr_backward='exact': whole-backbone parameter gradients equal
     autograd through the explicit official iterations (float64)."""
@@ -145,7 +144,8 @@ def test_backbone_exact_gradient(monkeypatch, method):
             p.grad.flatten() for p in model.parameters() if p.grad is not None
         ])
     ref = grads['reference']
-    assert ((grads['exact'] - ref).norm() / ref.norm()) < 1e-9
+    tol = 1e-7 if method == 'chebyshev' else 1e-9  # its tail: 1e-8
+    assert ((grads['exact'] - ref).norm() / ref.norm()) < tol
     assert ((grads['eq16'] - ref).norm() / ref.norm()) > 1e-9
 
 

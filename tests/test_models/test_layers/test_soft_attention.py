@@ -278,7 +278,7 @@ def test_nr_settings_built_once_and_frozen(monkeypatch):
     monkeypatch.setattr(pinv.NRConfig, '__post_init__',
                         lambda self: checks.append(1) or post_init(self))
     attn = SOFTAttention(16, 2, 2, nr=dict(iters=7, method='iterative'))
-    assert attn.nr == NRConfig(7, 'soft_norm_per_sample', 'iterative', 'eq16')
+    assert attn.nr == NRConfig(7, 'soft_norm_per_sample', 'iterative', 'exact')
     checks.clear()
     attn(torch.randn(2, 16, 16), (4, 4))
     attn.attention_matrix(torch.randn(1, 16, 16), (4, 4))

@@ -80,3 +80,58 @@ def test_nr_method_crossover_tool(capsys):
     out = capsys.readouterr().out
     assert '| 24 |' in out and ('spectral wins from m' in out
                                 or 'not faster' in out)
+
+
+def test_nr_accuracy_tool(tmp_path, capsys):
+    """Every method against the float64 official 20 steps, per layer, on a
+    tiny SOFT-Norm at 64 x 64: outputs and gradients within the bounds of
+    docs/en/benchmarks.md; the table written."""
+    mod = load_tool('analysis/nr_accuracy.py', '_nr_accuracy')
+    assert mod.main([
+        '--model', 'soft_tiny_norm', '--sizes', '64x96', '--layers', '0', '1',
+        '--threads', '1', '--out',
+        str(tmp_path)
+    ]) == 0
+    out = capsys.readouterr().out
+    rows = [
+        dict(kv.split('=') for kv in line.split())
+        for line in out.splitlines() if line.startswith('size=')
+    ]
+    assert len(rows) == 2 * 4  # two layers, four methods
+    assert {r['method']
+            for r in rows} == {'auto', 'chebyshev', 'spectral', 'iterative'}
+    for r in rows:
+        assert float(r['out_err']) < 1e-5, r
+        assert float(r['grad_err']) < 1e-4, r
+    assert any(r['degree'] for r in rows if r['method'] == 'chebyshev')
+    assert (tmp_path / 'nr_accuracy.csv').read_text().count('\n') == 9
+
+
+def test_alternate_rounds_and_the_no_inverse_floor(tmp_path, capsys):
+    """``--alternate``: every model timed in each round in this process,
+    ratios to the baseline; ``_floor`` is the same SOFT with A_T W
+    replaced by W (the same outputs' shapes, different values)."""
+    import torch
+    bench = load()
+    floor = bench.build_backbone('soft_tiny_norm_floor').eval()
+    full = bench.build_backbone('soft_tiny_norm').eval()
+    full.load_state_dict(floor.state_dict())
+    x = torch.randn(1, 3, 64, 64)
+    with torch.no_grad():
+        a, b = floor(x), full(x)
+    assert [t.shape for t in a] == [t.shape for t in b]
+    assert not torch.allclose(a[0], b[0])
+    out = tmp_path / 'alt'
+    assert bench.main([
+        '--alternate', '--models', 'soft_tiny_norm', 'soft_tiny_norm_floor',
+        'pvtv2_b1', '--sizes', '64x64x1', '--modes', 'forward', '--repeats',
+        '2', '--threads', '1', '--out',
+        str(out)
+    ]) == 0
+    printed = capsys.readouterr().out
+    assert printed.count('round ') == 2
+    rows = list(csv.DictReader(open(out / 'alternate.csv')))
+    assert [r['model'] for r in rows
+            ] == ['soft_tiny_norm', 'soft_tiny_norm_floor', 'pvtv2_b1']
+    assert rows[0]['baseline'] == 'pvtv2_b1' and float(rows[0]['ratio']) > 0
+    assert rows[2]['ratio'] == ''
