@@ -473,10 +473,14 @@ def test_gpu_check_smoke(tmp_path, capsys):
     with open(tmp_path / 'gpu_check.csv') as f:
         rows = list(csv.DictReader(f))
     nr = [
-        r for r in rows
-        if r['section'] == 'NR methods' and r['metric'] == 'max rel diff'
+        r for r in rows if r['section'] == 'NR methods'
+        and r['metric'].endswith('vs iterative: max rel diff (out / grad)')
     ]
-    assert nr and all(float(r['value']) < 1e-3 for r in nr)
+    # spectral and chebyshev at two sizes, values and exact gradients
+    assert len(nr) == 4 and all(r['ok'] == 'True' for r in nr)
+    assert all(float(v) < 1e-4 for r in nr for v in r['value'].split(' / '))
+    timed = [r for r in rows if r['metric'].endswith('ms (fwd / train)')]
+    assert {r['metric'].split()[0] for r in timed} == set(tool.NR_METHODS)
     ratio = [r for r in rows if r['metric'] == 'SOFT / softmax']
     assert len(ratio) == 1 and float(ratio[0]['value']) > 0
 

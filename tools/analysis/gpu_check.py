@@ -9,12 +9,15 @@ On a CUDA machine (after ``make env``) it runs, and reports on:
    step of every shipped config (``configs/*.py``; the model built from the
    config with mmengine ``Config`` + its codebase's registry, random
    weights, a tiny batch): finite loss and gradients, time;
-3. ``NR methods``: the iterative and spectral Newton-Raphson paths
-   (``attn_cfg.nr_method``) on the same bottleneck matrices: relative
-   difference of A_T W and time of each;
-4. ``backbones``: SOFT-Tiny/Small(-Norm) vs PVTv2-b1/b2 and Swin-T img/s and
-   peak memory, inference and training step, at 224 batch 64 and 800x1216
-   batch 2 (``benchmark.py``);
+3. ``NR methods``: the iterative, spectral and Chebyshev paths
+   (``attn_cfg.nr_method``) on the same bottleneck matrices (up to stage 3
+   at 800 x 1216: 20 matrices, m = 950, d = 32): relative difference of
+   A_T W and of the exact gradient against the iterations, time of the
+   forward and of a training step of each;
+4. ``backbones``: SOFT-Tiny/Small(-Norm) (the default dispatch, the
+   iterations forced, and the no-inverse floor) vs PVTv2-b1/b2 and Swin-T
+   img/s and peak memory, inference and training step, at 224 batch 64,
+   512 batch 8 and 800x1216 batch 2 (``benchmark.py``);
 5. ``SOFT vs softmax``: SOFT-Tiny vs the softmax attention in the same
    architecture, train / inference img/s and their ratio (the paper's
    Table 1).
@@ -58,10 +61,12 @@ SECTIONS = ('device tests', 'training steps', 'NR methods', 'backbones',
 #: --sections names, in SECTIONS' order
 SECTION_KEYS = ('tests', 'steps', 'nr', 'backbones', 'softmax')
 BACKBONES = [
-    'soft_tiny', 'soft_tiny_norm', 'soft_small', 'soft_small_norm', 'pvtv2_b1',
+    'soft_tiny', 'soft_tiny_norm', 'soft_small', 'soft_small_norm',
+    'soft_small_norm_iterative', 'soft_small_norm_floor', 'pvtv2_b1',
     'pvtv2_b2', 'swin_t'
 ]
-CUDA_SIZES = ['224x224x64', '800x1216x2']
+#: classification, segmentation and detection inputs (H x W x batch)
+CUDA_SIZES = ['224x224x64', '512x512x8', '800x1216x2']
 CPU_SIZES = ['64x64x1']
 #: where the shipped configs are: a checkout's configs/ or the installed
 #: mmsoft/.mim/configs
@@ -272,41 +277,64 @@ def run_training_steps(report, configs, precisions, device, size):
 
 
 # ------------------------------------------------------- 3. NR methods
+NR_METHODS = ('iterative', 'spectral', 'chebyshev')
+
+
 def run_nr_methods(report, device, shapes, repeats):
+    """Each method's A_T W (forward, and forward + backward with the Norm
+    default, the exact gradient) against the iterative one, per shape
+    (batch x heads, m, d); m = 950, d = 32: stage 3 at 800 x 1216."""
     import torch
 
     from mmsoft.models.layers.gaussian_kernel import gaussian_kernel
     from mmsoft.models.layers.nr_config import NRConfig
+
+    def timed(fn):
+        fn()  # warm-up
+        ts = []
+        for _ in range(repeats):
+            analysis.sync_device(device)
+            t0 = time.perf_counter()
+            out = fn()
+            analysis.sync_device(device)
+            ts.append((time.perf_counter() - t0) * 1e3)
+        return out, sorted(ts)[len(ts) // 2]
+
     for batch, m, d in shapes:
         g = torch.Generator().manual_seed(0)
         landmarks = torch.randn(batch, m, d, generator=g).to(device)
         landmarks = landmarks * d**-0.25
         A = gaussian_kernel(landmarks, landmarks)
         W = torch.randn(batch, m, d, generator=g).to(device)
-        out, times = {}, {}
-        for method in ('iterative', 'spectral'):
+        out, times, grads = {}, {}, {}
+        for method in NR_METHODS:
             nr = NRConfig(method=method)
-            nr.apply(A, W)  # warm-up
-            ts = []
-            for _ in range(repeats):
-                analysis.sync_device(device)
-                t0 = time.perf_counter()
-                out[method] = nr.apply(A, W)
-                analysis.sync_device(device)
-                ts.append((time.perf_counter() - t0) * 1e3)
-            times[method] = sorted(ts)[len(ts) // 2]
-        ref = out['iterative']
-        rel = float((out['spectral'] - ref).abs().max() / ref.abs().max())
+
+            def train(nr=nr):
+                a = A.clone().requires_grad_()
+                w = W.clone().requires_grad_()
+                nr.apply(a, w).square().sum().backward()
+                return a.grad
+
+            with torch.no_grad():
+                out[method], times[method] = timed(lambda: nr.apply(A, W))
+            grads[method], times[method + ' train'] = timed(train)
         item = f'B={batch} m={m} d={d}'
-        report.add(
-            'NR methods',
-            item,
-            'max rel diff',
-            f'{rel:.2e}',
-            ok=math.isfinite(rel) and rel < 1e-3)
-        for method in ('iterative', 'spectral'):
-            report.add('NR methods', item, f'{method} ms',
-                       f'{times[method]:.3f}')
+        ref, gref = out['iterative'], grads['iterative']
+        for method in NR_METHODS[1:]:
+            rel = float((out[method] - ref).abs().max() / ref.abs().max())
+            grel = float((grads[method] - gref).abs().max() / gref.abs().max())
+            report.add(
+                'NR methods',
+                item,
+                f'{method} vs iterative: max rel diff (out / grad)',
+                f'{rel:.2e} / {grel:.2e}',
+                ok=math.isfinite(rel) and rel < 1e-4 and grel < 1e-3)
+        for method in NR_METHODS:
+            report.add(
+                'NR methods', item, f'{method} ms (fwd / train)',
+                f'{times[method]:.3f} / '
+                f'{times[method + " train"]:.3f}')
 
 
 # ------------------------------------------- 4./5. backbones, softmax
@@ -475,7 +503,7 @@ def main(argv=None):
             steps=(run_training_steps, configs, ('fp32', 'fp16', 'bf16'),
                    device, 128),
             nr=(run_nr_methods, device, [(64 * 2, 49, 64), (2, 196, 64),
-                                         (2, 1024, 64)], repeats),
+                                         (2 * 10, 950, 32)], repeats),
             backbones=(run_backbones, BACKBONES, CUDA_SIZES, repeats, device,
                        osp.join(bench_dir, 'backbones')),
             softmax=(run_softmax, CUDA_SIZES[:1], repeats, device,
@@ -487,7 +515,7 @@ def main(argv=None):
                     'them on the CPU)')
         plan = dict(
             steps=(run_training_steps, configs, ('fp32', 'bf16'), device, 64),
-            nr=(run_nr_methods, device, [(2, 49, 32)], repeats),
+            nr=(run_nr_methods, device, [(2, 49, 32), (2, 256, 32)], repeats),
             softmax=(run_softmax, CPU_SIZES, repeats, device,
                      osp.join(bench_dir,
                               'softmax'), ['forward'] if args.smoke else None))

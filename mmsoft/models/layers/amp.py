@@ -4,7 +4,7 @@ import contextlib
 
 import torch
 
-__all__ = ['autocast_off', 'compute_dtype']
+__all__ = ['autocast_off', 'compute_dtype', 'tf32_off']
 
 
 def autocast_off(device_type: str):
@@ -20,3 +20,20 @@ def compute_dtype(*tensors: torch.Tensor) -> torch.dtype:
     if any(t.dtype == torch.float64 for t in tensors):
         return torch.float64
     return torch.float32
+
+
+@contextlib.contextmanager
+def tf32_off(device_type: str):
+    """Full float32 matrix products on CUDA inside the block: TF32 (10-bit
+    mantissas) turned off where the user turned it on, and back after.
+    The pseudo-inverse needs it: TF32 operands move its result by 4e-4 to
+    divergence. Other devices: nothing to do."""
+    flags = torch.backends.cuda.matmul
+    if device_type != 'cuda' or not flags.allow_tf32:
+        yield
+        return
+    flags.allow_tf32 = False
+    try:
+        yield
+    finally:
+        flags.allow_tf32 = True

@@ -8,7 +8,7 @@ import torch
 
 from mmsoft.compat import unravel_index
 from . import export_ops
-from .amp import autocast_off, compute_dtype
+from .amp import autocast_off, compute_dtype, tf32_off
 from .nr_chebyshev import ChebyshevApply, chebyshev_plan, filter_and_slope
 from .nr_diagnostics import iterative_stats
 from .nr_iteration import (newton_iterate, nr_init_alpha, nr_iteration_matrix,
@@ -146,6 +146,11 @@ class NewtonInverse(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, grad):
+        with tf32_off(grad.device.type):
+            return NewtonInverse._backward(ctx, grad)
+
+    @staticmethod
+    def _backward(ctx, grad):
         grad_A = G = grad_alpha = None
         if ctx.exact:
             U, v, lam, alpha, *UtW = ctx.saved_tensors
@@ -188,7 +193,7 @@ class _ChebyshevEq16(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad):
         Aw, Z = ctx.saved_tensors
-        with autocast_off(grad.device.type):
+        with autocast_off(grad.device.type), tf32_off(grad.device.type):
             G = ChebyshevApply.evaluate(Aw, grad.to(Aw.dtype), ctx.plan)
             grad_A = -(G @ Z.transpose(-1, -2)) if ctx.needs_input_grad[0] \
                 else None
@@ -235,7 +240,7 @@ def solve(A, W, nr, stats) -> torch.Tensor:
                 f"(same function) before exporting")
         return _iterative(A, W, alpha, nr)[1]
     method = resolve_method(nr.method, A, W is not None)
-    with autocast_off(A.device.type):
+    with autocast_off(A.device.type), tf32_off(A.device.type):
         iterative_stats(stats, A, nr.init, nr.iters)
         exact = nr.backward == 'exact'
         alpha_in = traced_alpha(A, alpha, nr.init) if exact and \

@@ -168,3 +168,26 @@ def test_auto_dispatch_by_size_and_device():
                 'auto', fake, apply=False)
     with pytest.raises(ValueError, match="'svd'"):
         rule('svd', torch.empty(3, 3))
+
+
+@pytest.mark.parametrize('user_tf32', [False, True])
+def test_tf32_off_inside_the_inverse_only(user_tf32):
+    """On CUDA the inverse's products run in full float32 even where the
+    user turned TF32 on; the user's setting is back afterwards (also after
+    an error); other devices leave it alone."""
+    from mmsoft.models.layers.amp import tf32_off
+    flags = torch.backends.cuda.matmul
+    before = flags.allow_tf32
+    flags.allow_tf32 = user_tf32
+    try:
+        with tf32_off('cuda'):
+            assert flags.allow_tf32 is False
+        assert flags.allow_tf32 is user_tf32
+        with pytest.raises(RuntimeError):
+            with tf32_off('cuda'):
+                raise RuntimeError
+        assert flags.allow_tf32 is user_tf32
+        with tf32_off('cpu'):
+            assert flags.allow_tf32 is user_tf32
+    finally:
+        flags.allow_tf32 = before
