@@ -73,7 +73,9 @@ def parse_args(argv=None):
         '--work-dir',
         default=osp.join(ROOT, 'work_dirs', 'demo'),
         help='logs, checkpoints, prediction PNGs, results')
-    p.add_argument('--seed', type=int, default=0, help='data and training')
+    from mmsoft_tools.cli import seed_int  # 0 .. 2**32 - 1 (numpy)
+    p.add_argument(
+        '--seed', type=seed_int, default=0, help='data and training')
     p.add_argument(
         '--threads',
         type=int,

@@ -1137,3 +1137,40 @@ def test_state_dict_plumbing_messages():
             dict(old)))) == list(new)
     odd = ok.upgrade_legacy_state_dict({'x\\y.norm.weight': 1}, 'x\\y.')
     assert list(odd) == ['x\\y.stages.3.norm.weight']
+
+
+@pytest.mark.parametrize(
+    'layout', ['converted', 'training', 'bare-backbone', 'ddp', 'version-1'])
+def test_mmsoft_checkpoint_needs_no_conversion(tmp_path, tiny_sd, capsys,
+                                               layout):
+    """soft2mmsoft.py on a file that is already mmsoft's (its own output,
+    a training checkpoint, the SOFT backbone's own keys, DDP's
+    ``module.``, an old ``_version``): one line saying so, naming the file
+    and how to use it, not "cannot infer the architecture" (issue 52)."""
+    _, done = _convert(tmp_path, tiny_sd)
+    mm = torch.load(done)['state_dict']
+    sd = {
+        'converted': None,
+        'training': {
+            'meta': {'epoch': 2},
+            'state_dict': mm,
+            'optimizer': {'state': {}, 'param_groups': []}
+        },
+        'bare-backbone': backbone_part(mm),
+        'ddp': {'state_dict': {'module.' + k: v for k, v in mm.items()}},
+        'version-1': {'state_dict': _old_keys(mm, 1)},
+    }[layout]
+    src = done
+    if sd is not None:
+        src = tmp_path / 'in.pth'
+        torch.save(sd, src)
+    dst = tmp_path / 'again.pth'
+    assert load_script('soft2mmsoft').main([str(src), str(dst)]) == 1
+    err = _one_line_error(capsys)
+    assert err.startswith(f"error: '{src}' is already an mmsoft checkpoint "
+                          '('), err
+    assert 'needs no conversion: use it directly, e.g. ' \
+        f"load_from='{src}'" in err
+    assert 'cannot infer' not in err and not dst.exists()
+    # an authors' file is still converted
+    assert cf.already_mmsoft({'state_dict': tiny_sd}, 'x') is None

@@ -48,6 +48,26 @@ def test_one_line_os_errors(tmp_path):
     assert cli.one_line(OSError('something odd')) is None
 
 
+@pytest.mark.parametrize('err, what', [
+    (errno.ENOSPC, 'a write'),
+    (errno.EFBIG, 'a write'),
+    (errno.EACCES, 'a file operation'),
+])
+def test_one_line_os_error_without_a_file(err, what):
+    """An OSError the system raised without a file name (a full disk
+    found on flush / close): no empty path before the reason (issue 52:
+    ``error: : No space left on device``)."""
+    strerror = os.strerror(err)
+    for filename in (None, ''):
+        line = cli.one_line(OSError(err, strerror, filename))
+        assert line.startswith(
+            f'error: {what} failed: {strerror} (errno {err} '
+            f'{errno.errorcode[err]}; the system named no file); '), line
+        assert not line.startswith('error: :') and ': :' not in line
+    line = cli.one_line(OSError(errno.ENOSPC, None))
+    assert 'failed: [Errno 28] None' not in line and 'None (' not in line
+
+
 def test_one_line_downloads():
     line = cli.one_line(URLError('Name or service not known'))
     assert line == ('error: a download failed (Name or service not known): '
@@ -456,6 +476,76 @@ def test_runner_parser_and_args(tmp_path, monkeypatch):
     assert cli.apply_runner_args(cfg, args).work_dir == 'given'
     args.work_dir = None
     assert cli.apply_runner_args(cfg, args).work_dir == 'from_options'
+
+
+@pytest.mark.parametrize('seed, ok', [('0', True), ('4294967295', True),
+                                      ('-1', False), ('4294967296', False),
+                                      ('abc', False), ('True', False)])
+def test_cfg_options_seed_range(seed, ok, monkeypatch):
+    """``randomness.seed`` outside numpy's 0 .. 2**32 - 1 (``--seed -1``
+    in issue 52: numpy's ValueError as a traceback once the Runner seeds
+    everything) is one line at argument parsing naming the option and the
+    range; ``seed_int`` is the same check as an argparse type."""
+    monkeypatch.setenv('LOCAL_RANK', '0')
+    parser = cli.runner_parser('T.', dict(config='c'), 'w', 'ckpt')
+    argv = ['a.py', '--cfg-options', f'randomness.seed={seed}']
+    if ok:
+        args = cli.parse_runner_args(parser, argv)
+        assert args.cfg_options['randomness.seed'] == int(seed)
+        assert cli.seed_int(seed) == int(seed)
+        return
+    with pytest.raises(cli.ToolError) as exc:
+        cli.parse_runner_args(parser, argv)
+    assert str(exc.value).startswith('--cfg-options randomness.seed='), \
+        exc.value
+    assert ': a seed must be an integer from 0 to 4294967295 (2**32 - 1, ' \
+        "numpy's limit), got " in str(exc.value)
+    with pytest.raises(argparse.ArgumentTypeError, match='from 0 to'):
+        cli.seed_int(seed)
+    # a tool's own --seed option: argparse's one usage error
+    p = argparse.ArgumentParser()
+    p.add_argument('--seed', type=cli.seed_int, default=0)
+    with pytest.raises(SystemExit):
+        p.parse_args(['--seed', seed])
+
+
+@pytest.mark.parametrize('typed, refused', [
+    ('/path/with a space', True),
+    ("'/path/with a space'", True),
+    ('/path/with\ta\ttab', True),
+    ('[a b, c]', True),
+    ('/plain/path', False),
+    (' /padded ', False),
+    ('[1, 2, 3]', False),
+    ('[(1, 2), (3, 4)]', False),
+])
+def test_cfg_options_value_that_lost_spaces(typed, refused, monkeypatch,
+                                            tmp_path):
+    """mmengine's DictAction removes every space of a --cfg-options value:
+    ``out_dir=/path/with a space`` would save under ``/path/withaspace``
+    (issue 52). The typed value is compared with the parsed one: a space
+    inside a word is refused with one line naming the key; spaces after
+    a list's commas lose nothing. The raw command line is sys.argv when
+    no argv is given (as the tools call it)."""
+    monkeypatch.setenv('LOCAL_RANK', '0')
+    parser = cli.runner_parser('T.', dict(config='c'), 'w', 'ckpt')
+    key = 'default_hooks.checkpoint.out_dir'
+    for argv in (['a.py', '--cfg-options', 'x=1', f'{key}={typed}'],
+                 ['a.py', f'--cfg-options={key}={typed}']):
+        monkeypatch.setattr(sys, 'argv', ['train.py'] + argv)
+        for given in (argv, None):
+            if not refused:
+                cli.parse_runner_args(parser, given)
+                continue
+            with pytest.raises(cli.ToolError) as exc:
+                cli.parse_runner_args(parser, given)
+            msg = str(exc.value)
+            assert msg.startswith(
+                f'--cfg-options {key}: the value {typed!r} contains spaces, '
+                "which mmengine's --cfg-options parser removes (it would be "
+                ), msg
+            assert 'set ' + key + ' in a config file instead' in msg
+            assert '\n' not in msg
 
 
 def test_cfg_option_problem():
@@ -1001,3 +1091,18 @@ def test_shutdown_dist(monkeypatch, logged):
     except ValueError:
         launch.shutdown_dist()
     assert calls == ['destroy']
+
+
+def test_demo_seed_is_checked(capsys):
+    """tools/demo.py --seed -1: argparse's one line naming --seed and the
+    range, not numpy's ValueError after the data generator started."""
+    import os.path as osp
+
+    from conftest import ROOT, load_module
+    demo = load_module(osp.join(ROOT, 'tools', 'demo.py'), 'demo_seed52')
+    for bad in ('-1', str(2**32)):
+        with pytest.raises(SystemExit):
+            demo.parse_args(['--seed', bad])
+        assert ('error: argument --seed: a seed must be an integer from 0 '
+                'to 4294967295') in capsys.readouterr().err
+    assert demo.parse_args(['--seed', '7']).seed == 7

@@ -7,6 +7,7 @@ exit status 1) and the check for a config's missing ImageNet weights."""
 import argparse
 import os
 import pickle
+import re
 import stat
 import sys
 from collections.abc import Mapping
@@ -114,6 +115,41 @@ def official_weights(ckpt, src: str, ema: Optional[bool] = None):
                               f'state_dict_ema / model_ema entry (found '
                               f'{entry!r})')
     return sd, entry
+
+
+#: keys of mmsoft's SOFT (any ``_version``; ``backbone.`` prefix removed)
+_MMSOFT_KEY = re.compile(
+    r'(stages\.\d+\.|patch_embeds\.\d+\.|pos_embeds\.\d+$)')
+
+
+def already_mmsoft(ckpt, src: str) -> Optional[str]:
+    """The one line for a ``src`` that is already an mmsoft checkpoint
+    (``backbone.stages...`` of an mmpretrain classifier written by
+    ``soft2mmsoft.py`` or by training, or the SOFT backbone's own keys,
+    older versions included): it needs no conversion. None for anything
+    else (an authors' file, an unknown layout: the converter's own
+    checks)."""
+    from mmsoft.models.converters import find_official_state_dict
+    if find_official_state_dict(ckpt):
+        return None
+    try:
+        sd, entry = extract_state_dict(ckpt)
+    except ConversionError:
+        return None
+    ours = [
+        k for k in sd
+        if _MMSOFT_KEY.match(k[len('backbone.'):] if k.
+                             startswith('backbone.') else k)
+    ]
+    if not ours or len(ours) < len(sd) // 2:
+        return None
+    where = '' if entry == '<bare>' else f'{entry!r} '
+    return (f'{src!r} is already an mmsoft checkpoint ({where}keys such as '
+            f'{ours[0]!r}) and needs no conversion: use it directly, e.g. '
+            f'load_from={src!r} or the backbone\'s init_cfg=dict('
+            f"type='Pretrained', checkpoint={src!r}); "
+            f'tools/model_converters/mmsoft2soft.py converts it to the '
+            f"authors' layout")
 
 
 def _special(path: str) -> Optional[str]:

@@ -15,7 +15,8 @@ __all__ = [
     'ToolError', 'EXPECTED', 'run_main', 'one_line', 'positive_int',
     'check_readable', 'runner_parser', 'parse_runner_args',
     'apply_runner_args', 'cfg_option_problem', 'merge_cfg_options',
-    'check_work_dir', 'init_checkpoints', 'checkpoint_problem', 'check_device',
+    'check_work_dir', 'seed_int', 'seed_problem', 'init_checkpoints',
+    'checkpoint_problem', 'check_device',
     'add_strict_load_hook', 'exit_if_missing_weights', 'unwritable_reason'
 ]
 
@@ -56,6 +57,10 @@ _OS_FIXES = {
 }
 
 
+#: errnos that only a write raises (no file named: "a write failed")
+_WRITE_ERRNOS = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG, errno.EROFS)
+
+
 def _expected_types() -> tuple:
     return tuple(
         getattr(sys.modules[m], name) for m, name in EXPECTED
@@ -79,8 +84,14 @@ def one_line(exc: BaseException) -> Optional[str]:
         if fix is None:
             return None
         name = _target_of_temp(exc.filename)
-        return (f'error: {name}: {exc.strerror} (errno {exc.errno}'
-                f' {errno.errorcode.get(exc.errno, "")}); {fix}')
+        reason = exc.strerror or os.strerror(exc.errno)
+        code = f'errno {exc.errno} {errno.errorcode.get(exc.errno, "")}'
+        if not name:  # the system named no file (a full disk on flush)
+            what = 'a write' if exc.errno in _WRITE_ERRNOS else \
+                'a file operation'
+            return (f'error: {what} failed: {reason} ({code}; '
+                    f'the system named no file); {fix}')
+        return f'error: {name}: {reason} ({code}); {fix}'
     return None
 
 
@@ -211,10 +222,81 @@ def parse_runner_args(parser: argparse.ArgumentParser,
                       argv=None) -> argparse.Namespace:
     """``parser.parse_args(argv)`` for a :func:`runner_parser`; sets
     ``LOCAL_RANK`` from ``--local-rank`` where the launcher did not."""
+    raw = sys.argv[1:] if argv is None else list(argv)
     args = parser.parse_args(argv)
+    for key, typed in _typed_cfg_options(raw):
+        problem = _lost_whitespace(key, typed, (args.cfg_options or {}))
+        if problem:
+            raise ToolError(problem)
+    seed = (args.cfg_options or {}).get('randomness.seed', None)
+    if seed is not None and seed_problem(seed):
+        raise ToolError(f'--cfg-options randomness.seed={seed!r}: '
+                        f'{seed_problem(seed)}')
     if 'LOCAL_RANK' not in os.environ:
         os.environ['LOCAL_RANK'] = str(args.local_rank)
     return args
+
+
+#: the largest seed numpy accepts (np.random.seed: 0 .. 2**32 - 1)
+MAX_SEED = 2**32 - 1
+
+
+def seed_problem(value) -> Optional[str]:
+    """Why ``value`` is no random seed (numpy, which mmengine seeds too,
+    takes integers 0 .. 2**32 - 1), or None."""
+    if isinstance(value, bool) or not isinstance(value, int) or \
+            not 0 <= value <= MAX_SEED:
+        return (f'a seed must be an integer from 0 to {MAX_SEED} '
+                f'(2**32 - 1, numpy\'s limit), got {value!r}')
+    return None
+
+
+def seed_int(text: str) -> int:
+    """argparse type of ``--seed``: an integer 0 .. :data:`MAX_SEED`."""
+    try:
+        value = int(text)
+    except (TypeError, ValueError):
+        value = text
+    problem = seed_problem(value)
+    if problem:
+        raise argparse.ArgumentTypeError(problem)
+    return value
+
+
+def _typed_cfg_options(argv) -> Iterable:
+    """``(key, value as typed)`` of every ``--cfg-options key=value`` in
+    the raw command line ``argv`` (``--cfg-options=k=v`` too)."""
+    taking = False
+    for token in map(str, argv):
+        if token.startswith('--cfg-options='):
+            token, taking = token[len('--cfg-options='):], False
+        elif token == '--cfg-options':
+            taking = True
+            continue
+        elif taking and token.startswith('-') and not token[1:2].isdigit():
+            taking = False
+            continue
+        elif not taking:
+            continue
+        key, sep, value = token.partition('=')
+        if sep:
+            yield key, value
+
+
+def _lost_whitespace(key: str, typed: str, parsed: dict) -> Optional[str]:
+    """Why the ``--cfg-options`` value ``typed`` of ``key`` is not what
+    mmengine's ``DictAction`` made of it (``parsed[key]``): it removes
+    every space, so ``out_dir=/a b`` becomes ``/ab``. Spaces next to a
+    list's ``, [ ] ( )`` or around the value lose nothing."""
+    import re
+    value = parsed.get(key, typed)
+    inner = typed.strip().strip('\'"').strip()
+    if not re.search(r'[^\s,\[\]()]\s+[^\s,\[\]()]', inner):
+        return None
+    return (f'--cfg-options {key}: the value {typed!r} contains spaces, '
+            f'which mmengine\'s --cfg-options parser removes (it would be '
+            f'{value!r}) and no quoting keeps; set {key} in a config file '
+            f'instead (a small config with _base_ = [<your config>])')
 
 
 def apply_runner_args(cfg, args: argparse.Namespace):

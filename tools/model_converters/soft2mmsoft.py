@@ -117,6 +117,9 @@ def convert(args, log=print):
     missing_output_dirs(args.dst)  # created just before writing
     check_readable(args.src)
     ckpt = files.load_checkpoint_file(args.src, trust=args.trust_checkpoint)
+    done = files.already_mmsoft(ckpt, args.src)
+    if done:
+        raise ConversionError(done)
     sd, source = files.official_weights(ckpt, args.src, args.ema)
     log(f'reading {source!r} of {args.src} ({len(sd)} tensors)')
     arch = files.infer_arch(sd, args.stage4_heads)
