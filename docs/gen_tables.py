@@ -406,7 +406,12 @@ def why_table():
              f'the {H200} (batch 2), {_x(on_cpu)} on the 2-core CPU '
              f'(batch 1): with m = 950 landmarks in each of its first three '
              f'stages, the m × m Newton–Raphson products dominate on a '
-             f'GPU.\n')
+             f'GPU. That GPU figure is from before `nr_method=\'auto\'` '
+             f'took the Chebyshev expansion on CUDA (a tenth of those '
+             f'multiply-adds; not yet measured on a GPU: '
+             f'[the pseudo-inverse at detection resolution]'
+             f'(docs/en/benchmarks.md#the-pseudo-inverse-at-detection-'
+             f'resolution)).\n')
     return md_table(['measurement', 'machine', 'SOFT (mmsoft)', 'peer'],
                     rows) + note
 

@@ -151,8 +151,9 @@ MUTATIONS = (
       what=("NR pseudo-inverse: autocast disabled for 'cuda' only (the "
             'iterations run under CPU autocast)'),
       path='mmsoft/models/layers/nr_autograd.py',
-      old='    with autocast_off(A.device.type):\n',
-      new="    with torch.autocast(device_type='cuda', enabled=False):\n",
+      old='    with autocast_off(A.device.type), tf32_off(A.device.type):\n',
+      new=("    with torch.autocast(device_type='cuda', enabled=False), "
+           'tf32_off(A.device.type):\n'),
       tests=(AMP + 'test_pinv_alone_runs_in_fp32_under_autocast'
              '[cpu-iterative-bfloat16]', )),
     M(name='nr_no_fp32_upcast',
