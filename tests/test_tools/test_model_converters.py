@@ -1152,13 +1152,25 @@ def test_mmsoft_checkpoint_needs_no_conversion(tmp_path, tiny_sd, capsys,
     sd = {
         'converted': None,
         'training': {
-            'meta': {'epoch': 2},
+            'meta': {
+                'epoch': 2
+            },
             'state_dict': mm,
-            'optimizer': {'state': {}, 'param_groups': []}
+            'optimizer': {
+                'state': {},
+                'param_groups': []
+            }
         },
         'bare-backbone': backbone_part(mm),
-        'ddp': {'state_dict': {'module.' + k: v for k, v in mm.items()}},
-        'version-1': {'state_dict': _old_keys(mm, 1)},
+        'ddp': {
+            'state_dict': {
+                'module.' + k: v
+                for k, v in mm.items()
+            }
+        },
+        'version-1': {
+            'state_dict': _old_keys(mm, 1)
+        },
     }[layout]
     src = done
     if sd is not None:

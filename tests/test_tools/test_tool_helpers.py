@@ -530,8 +530,8 @@ def test_cfg_options_value_that_lost_spaces(typed, refused, monkeypatch,
     monkeypatch.setenv('LOCAL_RANK', '0')
     parser = cli.runner_parser('T.', dict(config='c'), 'w', 'ckpt')
     key = 'default_hooks.checkpoint.out_dir'
-    for argv in (['a.py', '--cfg-options', 'x=1', f'{key}={typed}'],
-                 ['a.py', f'--cfg-options={key}={typed}']):
+    for argv in (['a.py', '--cfg-options', 'x=1',
+                  f'{key}={typed}'], ['a.py', f'--cfg-options={key}={typed}']):
         monkeypatch.setattr(sys, 'argv', ['train.py'] + argv)
         for given in (argv, None):
             if not refused:
@@ -543,7 +543,7 @@ def test_cfg_options_value_that_lost_spaces(typed, refused, monkeypatch,
             assert msg.startswith(
                 f'--cfg-options {key}: the value {typed!r} contains spaces, '
                 "which mmengine's --cfg-options parser removes (it would be "
-                ), msg
+            ), msg
             assert 'set ' + key + ' in a config file instead' in msg
             assert '\n' not in msg
 

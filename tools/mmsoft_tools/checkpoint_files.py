@@ -137,9 +137,8 @@ def already_mmsoft(ckpt, src: str) -> Optional[str]:
     except ConversionError:
         return None
     ours = [
-        k for k in sd
-        if _MMSOFT_KEY.match(k[len('backbone.'):] if k.
-                             startswith('backbone.') else k)
+        k for k in sd if _MMSOFT_KEY.match(
+            k[len('backbone.'):] if k.startswith('backbone.') else k)
     ]
     if not ours or len(ours) < len(sd) // 2:
         return None

@@ -16,8 +16,8 @@ __all__ = [
     'check_readable', 'runner_parser', 'parse_runner_args',
     'apply_runner_args', 'cfg_option_problem', 'merge_cfg_options',
     'check_work_dir', 'seed_int', 'seed_problem', 'init_checkpoints',
-    'checkpoint_problem', 'check_device',
-    'add_strict_load_hook', 'exit_if_missing_weights', 'unwritable_reason'
+    'checkpoint_problem', 'check_device', 'add_strict_load_hook',
+    'exit_if_missing_weights', 'unwritable_reason'
 ]
 
 
@@ -55,7 +55,6 @@ _OS_FIXES = {
     errno.EISDIR: 'give a file, not a directory',
     errno.EEXIST: 'remove it or choose another path',
 }
-
 
 #: errnos that only a write raises (no file named: "a write failed")
 _WRITE_ERRNOS = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG, errno.EROFS)
