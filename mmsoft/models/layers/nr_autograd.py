@@ -1,7 +1,7 @@
 """SOFT's NR pseudo-inverse with closed-form backwards, and dispatch: the
 T iterations (``'iterative'``), one ``eigh`` (``'spectral'``) or, for
 A_T W, a Chebyshev expansion of the same function (``'chebyshev'``,
-:mod:`.nr_chebyshev`)."""
+``nr_chebyshev``)."""
 from typing import Tuple
 
 import torch
@@ -215,7 +215,7 @@ def _chebyshev(A, W, alpha, alpha_in, nr):
 def solve(A, W, nr, stats) -> torch.Tensor:
     """A_T (``W`` None) or A_T W with the settings ``nr`` (an
     :class:`~.nr_config.NRConfig`). With ``backward='exact'`` alpha is
-    differentiated as the official code does (:func:`traced_alpha`)."""
+    differentiated as the official code does (``traced_alpha``)."""
     if A.dim() < 2 or A.shape[-1] != A.shape[-2]:
         raise ValueError(f'the Newton-Raphson inverse expects (..., m, m) '
                          f'matrices, got shape {tuple(A.shape)}')

@@ -43,7 +43,7 @@ class NRConfig:
             Default: 'soft_norm_per_sample'.
         method (str): ``'iterative'`` (2T batched products), ``'spectral'``
             (one ``eigh``), ``'chebyshev'`` (A_T W by a Chebyshev expansion
-            of the same function, :mod:`.nr_chebyshev`; the inverse itself
+            of the same function, ``nr_chebyshev``; the inverse itself
             as ``'auto'``) or ``'auto'`` (for A_T W Chebyshev from
             ``CHEBYSHEV_MIN_M[device]``, else spectral for m >=
             ``SPECTRAL_MIN_M`` on the CPU, else iterative). All compute
