@@ -120,7 +120,7 @@ def test_folder_that_cannot_be_made_is_one_line(official, tmp_path,
     def refuse(path, *args, **kwargs):
         raise PermissionError(13, 'Permission denied', path)
 
-    monkeypatch.setattr(mod.os, 'makedirs', refuse)
+    monkeypatch.setattr(os, 'makedirs', refuse)  # the shared helper's
     dst = tmp_path / 'ro' / 'x.pth'
     assert mod.main([src, str(dst)]) == 1
     assert capsys.readouterr().err.strip().splitlines() == [

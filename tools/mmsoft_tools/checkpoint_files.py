@@ -6,6 +6,7 @@ the model of the inferred arch, write atomically, turn a
 exit status 1) and the check for a config's missing ImageNet weights."""
 import argparse
 import os
+import os.path as osp
 import pickle
 import re
 import stat
@@ -217,6 +218,47 @@ def save_checkpoint_atomic(obj, path: str) -> None:
         raise ConversionError(f'cannot write {path!r}: {e.strerror or e}' +
                               (f' (errno {e.errno})' if e.errno else '') +
                               '; nothing was written') from None
+
+
+def missing_output_dirs(dst):
+    """The folders above ``dst`` that do not exist yet (``weights/`` of a
+    fresh clone), deepest first; a file where one of them must be is one
+    :class:`ConversionError` naming it (checked before converting)."""
+    missing, d = [], osp.dirname(osp.abspath(dst))
+    while not osp.lexists(d):
+        missing.append(d)
+        d = osp.dirname(d)
+    if not osp.isdir(d):
+        raise ConversionError(
+            f'cannot create the output directory of {dst!r}: {d!r} is a '
+            f'file, not a directory; choose another output path')
+    return missing
+
+
+def save_creating_dirs(obj, dst, log=print):
+    """``save_checkpoint_atomic(obj, dst)`` after creating the
+    missing folders above ``dst`` (removed again if the write fails)."""
+    created = missing_output_dirs(dst)
+
+    def remove_created():
+        for d in created:  # deepest first; only empty ones
+            if osp.isdir(d) and not os.listdir(d):
+                os.rmdir(d)
+
+    if created:
+        try:
+            os.makedirs(created[0], exist_ok=True)
+        except OSError as e:
+            remove_created()
+            raise ConversionError(
+                f'cannot create the output directory {osp.dirname(dst)!r}: '
+                f'{e.strerror or e}; choose another output path') from None
+        log(f'created the output directory {osp.dirname(dst)}')
+    try:
+        save_checkpoint_atomic(obj, dst)
+    except BaseException:
+        remove_created()
+        raise
 
 
 def converter_parser(description: str, src: str, dst: str, stage4_heads: str,

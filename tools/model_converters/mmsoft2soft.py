@@ -17,7 +17,6 @@ and by timm's ``load_checkpoint``, plus ``meta``. Written atomically; DST
 must not be SRC; missing folders above it are created just before
 writing.
 """
-import os
 import os.path as osp
 import sys
 from collections import OrderedDict
@@ -33,47 +32,6 @@ from mmsoft.models.converters import (ConversionError, describe_arch,
 from mmsoft.utils.strict_load import few_keys
 from mmsoft_tools import checkpoint_files as files
 from mmsoft_tools.cli import check_readable, positive_int, run_main
-
-
-def missing_output_dirs(dst):
-    """The folders above ``dst`` that do not exist yet (``weights/`` of a
-    fresh clone), deepest first; a file where one of them must be is one
-    :class:`ConversionError` naming it (checked before converting)."""
-    missing, d = [], osp.dirname(osp.abspath(dst))
-    while not osp.lexists(d):
-        missing.append(d)
-        d = osp.dirname(d)
-    if not osp.isdir(d):
-        raise ConversionError(
-            f'cannot create the output directory of {dst!r}: {d!r} is a '
-            f'file, not a directory; choose another output path')
-    return missing
-
-
-def save_creating_dirs(obj, dst, log=print):
-    """``files.save_checkpoint_atomic(obj, dst)`` after creating the
-    missing folders above ``dst`` (removed again if the write fails)."""
-    created = missing_output_dirs(dst)
-
-    def remove_created():
-        for d in created:  # deepest first; only empty ones
-            if osp.isdir(d) and not os.listdir(d):
-                os.rmdir(d)
-
-    if created:
-        try:
-            os.makedirs(created[0], exist_ok=True)
-        except OSError as e:
-            remove_created()
-            raise ConversionError(
-                f'cannot create the output directory {osp.dirname(dst)!r}: '
-                f'{e.strerror or e}; choose another output path') from None
-        log(f'created the output directory {osp.dirname(dst)}')
-    try:
-        files.save_checkpoint_atomic(obj, dst)
-    except BaseException:
-        remove_created()
-        raise
 
 
 def convert_mmpretrain_to_official(sd, stage4_heads=None, prefix='backbone.'):
@@ -115,7 +73,7 @@ def parse_args(argv=None):
 
 def convert(args, log=print):
     files.check_output_path(args.src, args.dst)
-    missing_output_dirs(args.dst)  # created just before writing
+    files.missing_output_dirs(args.dst)  # created just before writing
     check_readable(args.src)
     ckpt = files.load_checkpoint_file(args.src, trust=args.trust_checkpoint)
     sd, source = extract_state_dict(ckpt, prefer_ema=False)
@@ -134,7 +92,8 @@ def convert(args, log=print):
     if not arch['num_classes']:
         log('note: no head.fc.* keys; the official model needs '
             'num_classes=0 (or load with strict=False)')
-    save_creating_dirs(dict(state_dict=out, state_dict_ema=out), args.dst, log)
+    files.save_creating_dirs(
+        dict(state_dict=out, state_dict_ema=out), args.dst, log)
     log(f'wrote {len(out)} tensors to {args.dst}')
     return out
 

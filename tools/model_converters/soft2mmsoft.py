@@ -26,7 +26,6 @@ attention normalisation cannot be read from the weights: pass ``--norm`` for
 ``soft_norm_*`` checkpoints (SOFTAttention attn_norm=True); without it the
 checkpoint is taken to be a ``soft_*`` one (attn_norm=False).
 """
-import os
 import os.path as osp
 import sys
 
@@ -39,47 +38,6 @@ from mmsoft.models.converters import (ConversionError, arch_for_mmsoft,
                                       official_model_name)
 from mmsoft_tools import checkpoint_files as files
 from mmsoft_tools.cli import check_readable, positive_int, run_main
-
-
-def missing_output_dirs(dst):
-    """The folders above ``dst`` that do not exist yet (``weights/`` of a
-    fresh clone), deepest first; a file where one of them must be is one
-    :class:`ConversionError` naming it (checked before converting)."""
-    missing, d = [], osp.dirname(osp.abspath(dst))
-    while not osp.lexists(d):
-        missing.append(d)
-        d = osp.dirname(d)
-    if not osp.isdir(d):
-        raise ConversionError(
-            f'cannot create the output directory of {dst!r}: {d!r} is a '
-            f'file, not a directory; choose another output path')
-    return missing
-
-
-def save_creating_dirs(obj, dst, log=print):
-    """``files.save_checkpoint_atomic(obj, dst)`` after creating the
-    missing folders above ``dst`` (removed again if the write fails)."""
-    created = missing_output_dirs(dst)
-
-    def remove_created():
-        for d in created:  # deepest first; only empty ones
-            if osp.isdir(d) and not os.listdir(d):
-                os.rmdir(d)
-
-    if created:
-        try:
-            os.makedirs(created[0], exist_ok=True)
-        except OSError as e:
-            remove_created()
-            raise ConversionError(
-                f'cannot create the output directory {osp.dirname(dst)!r}: '
-                f'{e.strerror or e}; choose another output path') from None
-        log(f'created the output directory {osp.dirname(dst)}')
-    try:
-        files.save_checkpoint_atomic(obj, dst)
-    except BaseException:
-        remove_created()
-        raise
 
 
 def parse_args(argv=None):
@@ -114,7 +72,7 @@ def parse_args(argv=None):
 
 def convert(args, log=print):
     files.check_output_path(args.src, args.dst)
-    missing_output_dirs(args.dst)  # created just before writing
+    files.missing_output_dirs(args.dst)  # created just before writing
     check_readable(args.src)
     ckpt = files.load_checkpoint_file(args.src, trust=args.trust_checkpoint)
     done = files.already_mmsoft(ckpt, args.src)
@@ -173,7 +131,7 @@ def convert(args, log=print):
         arch=mm_arch,
         num_classes=arch['num_classes'],
         model_cfg=model_cfg)
-    save_creating_dirs(dict(state_dict=out, meta=meta), args.dst, log)
+    files.save_creating_dirs(dict(state_dict=out, meta=meta), args.dst, log)
     log(f'wrote {len(out)} tensors to {args.dst}')
     return out, meta
 
