@@ -10,7 +10,7 @@ from mmsoft.compat import unravel_index
 from . import export_ops
 from .amp import autocast_off, compute_dtype, tf32_off
 from .nr_chebyshev import ChebyshevApply, chebyshev_plan, filter_and_slope
-from .nr_diagnostics import iterative_stats
+from .nr_diagnostics import iterative_stats, record_residual
 from .nr_iteration import (newton_iterate, nr_init_alpha, nr_iteration_matrix,
                            spectral_factors, traced_alpha)
 
@@ -121,7 +121,7 @@ class NewtonInverse(torch.autograd.Function):
     """
 
     @staticmethod
-    def forward(ctx, A, W, alpha, nr):
+    def forward(ctx, A, W, alpha, nr, stats=None):
         ctx.exact = nr.backward == 'exact'
         ctx.iters = nr.iters
         ctx.inverse = W is None
@@ -130,6 +130,7 @@ class NewtonInverse(torch.autograd.Function):
             if ctx.spectral:
                 Aw = nr_iteration_matrix(A, nr.init)
                 U, v, lam = spectral_factors(Aw, alpha, nr.iters)
+                record_residual(stats, lam, v)  # from the same eigenvalues
                 if W is None:
                     out = (U * v.unsqueeze(-2)) @ U.transpose(-1, -2)
                     saved = (U, v, lam, alpha) if ctx.exact else (out, out)
@@ -166,7 +167,7 @@ class NewtonInverse(torch.autograd.Function):
             if ctx.needs_input_grad[2]:  # d out / d alpha = U diag(u) ...
                 u = filter_and_slope(lam, alpha, ctx.iters)[1]
                 grad_alpha = (UtG * (u.unsqueeze(-1) * right.mT)).sum((-2, -1))
-            return grad_A, G, grad_alpha, None
+            return grad_A, G, grad_alpha, None, None
         if ctx.spectral and not ctx.inverse:  # Y = U diag(v) U^T
             U, v, Z = ctx.saved_tensors
             G = U @ (v.unsqueeze(-1) * (U.transpose(-1, -2) @ grad))
@@ -175,7 +176,7 @@ class NewtonInverse(torch.autograd.Function):
             G = Y.transpose(-1, -2) @ grad
         if ctx.needs_input_grad[0]:
             grad_A = -(G @ Z.transpose(-1, -2))
-        return grad_A, None if ctx.inverse else G, None, None
+        return grad_A, None if ctx.inverse else G, None, None, None
 
 
 class _ChebyshevEq16(torch.autograd.Function):
@@ -241,18 +242,20 @@ def solve(A, W, nr, stats) -> torch.Tensor:
         return _iterative(A, W, alpha, nr)[1]
     method = resolve_method(nr.method, A, W is not None)
     with autocast_off(A.device.type), tf32_off(A.device.type):
-        iterative_stats(stats, A, nr.init, nr.iters)
         exact = nr.backward == 'exact'
         alpha_in = traced_alpha(A, alpha, nr.init) if exact and \
             torch.is_grad_enabled() and A.requires_grad else alpha
         if method == 'chebyshev':
             out = _chebyshev(A, W, alpha, alpha_in, nr)
             if out is not None:
+                iterative_stats(stats, A, nr.init, nr.iters)
                 return out
             method = 'spectral' if A.device.type == 'cpu' else 'iterative'
         if method != nr.method:
             nr = nr.replace(method=method)
+        if method != 'spectral':  # spectral: from its own eigenvalues
+            iterative_stats(stats, A, nr.init, nr.iters)
         if exact and method == 'iterative':
             # the gradient of the T iterations: autograd through them
             return _iterative(A, W, alpha_in, nr)[1]
-        return NewtonInverse.apply(A, W, alpha_in, nr)
+        return NewtonInverse.apply(A, W, alpha_in, nr, stats)
