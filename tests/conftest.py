@@ -538,3 +538,23 @@ def version1_keys(sd, prefix='', fc_names=False):
             k = re.sub(pattern, repl, k)
         out[k] = v
     return out
+
+
+def smooth_kernel(*batch,
+                  m=60,
+                  d=8,
+                  seed=0,
+                  dtype=torch.float64,
+                  freq=4,
+                  stretch=6):
+    """A SOFT-like bottleneck kernel (float64 before ``dtype``): landmarks
+    varying smoothly along a curve, as conv-sampled features do, so many
+    small eigenvalues on which the 20 iterations do not converge."""
+    from mmsoft.models.layers.gaussian_kernel import gaussian_kernel
+    g = torch.Generator().manual_seed(seed)
+    t = torch.linspace(0, 1, m, dtype=torch.float64)[:, None]
+    f = torch.rand(*batch, 1, d, generator=g, dtype=torch.float64) * freq
+    x = torch.sin(stretch * t * f +
+                  torch.randn(*batch, 1, d, generator=g, dtype=torch.float64))
+    x = x + 0.05 * torch.randn(*batch, m, d, generator=g, dtype=x.dtype)
+    return gaussian_kernel(x, x).to(dtype)

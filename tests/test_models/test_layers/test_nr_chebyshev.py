@@ -10,6 +10,7 @@ import importlib
 
 import pytest
 import torch
+from conftest import smooth_kernel
 
 from mmsoft.models.layers import NRConfig, SOFTAttention, gaussian_kernel
 from mmsoft.models.layers.nr_iteration import newton_iterate, nr_init_alpha
@@ -19,15 +20,9 @@ SOLVER = importlib.import_module('mmsoft.models.layers.nr_autograd')
 
 
 def landmarks_kernel(*batch, m=200, d=16, seed=0, dtype=torch.float32):
-    """A SOFT-like bottleneck kernel: landmarks along smooth curves (many
-    small eigenvalues, the 20 steps far from converged there)."""
-    g = torch.Generator().manual_seed(seed)
-    t = torch.linspace(0, 1, m, dtype=torch.float64)[:, None]
-    freq = torch.rand(*batch, 1, d, generator=g, dtype=torch.float64) * 6
-    x = torch.sin(8 * t * freq +
-                  torch.randn(*batch, 1, d, generator=g, dtype=torch.float64))
-    x = x + 0.05 * torch.randn(*batch, m, d, generator=g, dtype=x.dtype)
-    return gaussian_kernel(x, x).to(dtype)
+    """A SOFT-like bottleneck kernel, faster-varying than test_pinv's."""
+    return smooth_kernel(
+        *batch, m=m, d=d, seed=seed, dtype=dtype, freq=6, stretch=8)
 
 
 def official(A, W, iters=20):

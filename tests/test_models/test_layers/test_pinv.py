@@ -3,6 +3,7 @@ import warnings
 
 import pytest
 import torch
+from conftest import smooth_kernel
 
 from mmsoft.models.layers.gaussian_kernel import gaussian_kernel
 from mmsoft.models.layers.nr_config import NRConfig
@@ -338,18 +339,6 @@ def test_default_init_is_official_rule_per_sample():
 
 
 # ------------------------------------------------------ exact NR gradient
-def smooth_kernel(*batch, m=60, d=8, seed=0, dtype=torch.float64):
-    """Landmarks varying smoothly along a curve (as conv-sampled features
-    do): many small eigenvalues on which 20 iterations do not converge."""
-    g = torch.Generator().manual_seed(seed)
-    t = torch.linspace(0, 1, m, dtype=torch.float64)[:, None]
-    freq = torch.rand(*batch, 1, d, generator=g, dtype=torch.float64) * 4
-    x = torch.sin(6 * t * freq +
-                  torch.randn(*batch, 1, d, generator=g, dtype=torch.float64))
-    x = x + 0.05 * torch.randn(*batch, m, d, generator=g, dtype=x.dtype)
-    return gaussian_kernel(x, x).to(dtype)
-
-
 def matrix_with_spectrum(lam, seed=0):
     """Q diag(lam) Q^T with a random orthogonal Q (float64, symmetric)."""
     g = torch.Generator().manual_seed(seed)
