@@ -21,7 +21,7 @@ Each session:
    (``MMSOFT_COMPAT_RERUN=1`` runs the suite again;
    ``MMSOFT_COMPAT_SETUP_ONLY=1`` only sets the stacks up).
 
-The claimed ranges (``mmsoft_tools.deps.TESTED``, ``requirements/*.txt``) are the
+The claimed ranges (``requirements/*.txt``) are the
 hull of :data:`STACKS`; ``tests/test_compat_matrix.py`` keeps them equal.
 """
 import hashlib

@@ -15,8 +15,8 @@ and :data:`SOURCES` renders ``NAME`` from its source:
 * ``bench_*`` / ``onnx_latency``: the CSV files in ``docs/en/benchmarks/``,
   with the columns the benchmark tools write (``tools/analysis/*.py
   --out``, ``tools/deployment/benchmark_onnx.py``);
-* ``tested_versions``: ``TESTED`` / ``VERIFIED`` of
-  ``tools/mmsoft_tools/deps.py``;
+* ``tested_versions``: the ranges of ``requirements/*.txt`` and the pins
+  of ``requirements/constraints.txt``;
 * ``official_files``: ``OFFICIAL_FILES`` of
   ``mmsoft/models/arch_zoo.py`` (the authors' ImageNet
   files, the arch each loads into, the paper configs that expect it).
@@ -431,22 +431,39 @@ def _name(model):
     return {'pvtv2_b1': 'PVTv2-b1', 'pvtv2_b2': 'PVTv2-b2'}.get(model, model)
 
 
+def requirement_ranges():
+    """dist -> (lowest tested, first untested): the ``>=lo,<hi`` lines of
+    ``requirements/{runtime,det,seg,cls}.txt`` (what pip checks)."""
+    out = {}
+    for name in ('runtime', 'det', 'seg', 'cls'):
+        with open(osp.join(ROOT, 'requirements', f'{name}.txt')) as f:
+            for ln in f:
+                m = re.fullmatch(r'([\w.-]+)>=([\d.]+),<([\d.]+)',
+                                 ln.split('#')[0].strip())
+                if m:
+                    out[m.group(1)] = (m.group(2), m.group(3))
+    return out
+
+
+def verified_versions():
+    """dist -> the version ``requirements/constraints.txt`` pins (the stack
+    tools/setup_env.sh installs and CI runs)."""
+    with open(osp.join(ROOT, 'requirements', 'constraints.txt')) as f:
+        pins = (ln.split('#')[0].strip().split('==') for ln in f)
+        return {p[0]: p[1] for p in pins if len(p) == 2}
+
+
 def tested_versions():
-    """``tools/mmsoft_tools/deps.py``: the tested range and the verified version."""
-    with open(osp.join(ROOT, 'tools', 'mmsoft_tools', 'deps.py')) as f:
-        tree = ast.parse(f.read())
-    values = {}
-    for node in tree.body:
-        if isinstance(node, ast.AnnAssign) and isinstance(
-                node.target, ast.Name):
-            if node.target.id in ('TESTED', 'VERIFIED'):
-                values[node.target.id] = ast.literal_eval(node.value)
-    rows = [[
-        f'`{dist}`', f'>= {lo}, < {hi}', values['VERIFIED'].get(dist, '')
-    ] for dist, (lo, hi) in values['TESTED'].items()]
-    return md_table(
-        ['package', 'tested range (a warning outside it)', 'verified (CI)'],
-        rows)
+    """The tested range of ``requirements/*.txt`` and the verified version
+    of ``requirements/constraints.txt``."""
+    verified = verified_versions()
+    rows = [[f'`{dist}`', f'>= {lo}, < {hi}',
+             verified.get(dist, '')]
+            for dist, (lo, hi) in requirement_ranges().items()]
+    return md_table([
+        'package', 'tested range (`pip check` names a version outside it)',
+        'verified (CI)'
+    ], rows)
 
 
 def literal(rel, name):
@@ -513,7 +530,7 @@ ORIGIN = {
     'bench_amp': '`docs/en/benchmarks/benchmark_amp.csv`',
     'bench_compile': '`docs/en/benchmarks/benchmark_compile.csv`',
     'onnx_latency': '`docs/en/benchmarks/benchmark_onnx.csv`',
-    'tested_versions': '`tools/mmsoft_tools/deps.py`',
+    'tested_versions': '`requirements/*.txt`, `requirements/constraints.txt`',
     'official_comparison': '`docs/en/benchmarks/official_comparison.csv`',
     'why': 'the CSV files of `docs/en/benchmarks/`',
     'official_files': f'`OFFICIAL_FILES` in `{OFFICIAL}`',

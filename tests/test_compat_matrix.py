@@ -1,10 +1,10 @@
 """The claimed version ranges equal the support matrix that is run.
 
 ``make compat`` runs the suite on each stack of tools/compat/stacks.py and
-writes docs/en/compat/matrix.md / matrix.csv; ``mmsoft_tools.deps.TESTED`` (and
-so ``requirements/*.txt``, tests/test_packaging.py) must be the hull of
-those stacks, the verified stack one of them, and the committed table must
-show every stack run with no failure.
+writes docs/en/compat/matrix.md / matrix.csv; the ranges of
+``requirements/*.txt`` must be the hull of those stacks, the verified stack
+(``requirements/constraints.txt``) one of them, and the committed table
+must show every stack run with no failure.
 """
 import csv
 import os
@@ -12,28 +12,32 @@ import os.path as osp
 import sys
 
 import pytest
-from conftest import ROOT
-
-from mmsoft_tools import deps
+from conftest import ROOT, load_module
 
 sys.path.insert(0, osp.join(ROOT, 'tools', 'compat'))
 import matrix  # noqa: E402
 import stacks  # noqa: E402
 
 TABLE = osp.join(ROOT, 'docs', 'en', 'compat', 'matrix.csv')
+#: docs/gen_tables.py reads the ranges and pins (the docs' table)
+GEN = load_module(osp.join(ROOT, 'docs', 'gen_tables.py'), '_docs_gen_compat')
 
 
 def test_claims_equal_the_matrix():
-    assert stacks.claimed_ranges() == deps.TESTED
+    assert stacks.claimed_ranges() == GEN.requirement_ranges()
 
 
 def test_verified_stack_is_in_the_matrix():
     verified = [s for s in stacks.STACKS.values() if s.get('setup_env')]
     assert len(verified) == 1
+    pins = GEN.verified_versions()
     assert {
         dist: verified[0][key]
         for key, dist in stacks.DISTS.items()
-    } == deps.VERIFIED
+    } == {
+        dist: pins[dist]
+        for dist in stacks.DISTS.values()
+    }
 
 
 @pytest.mark.skipif(

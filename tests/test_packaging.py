@@ -18,7 +18,6 @@ from conftest import ROOT, load_module, run_python
 
 import mmsoft
 from mmsoft import configs as paths
-from mmsoft_tools import deps
 
 #: the configs tool (list / path / copy), ``mim run mmsoft configs``
 C = load_module(osp.join(ROOT, 'tools', 'misc', 'configs.py'), '_configs')
@@ -56,21 +55,6 @@ def test_unknown_config_names_the_closest():
     assert "'retina_soft_small_1x'" in msg
     assert 'retinanet_soft_small_1x.py' in msg
     assert '\n' not in msg
-
-
-def test_removed_path_helper_warns_for_one_release():
-    """``package_root`` (named by the inference guide of 0.3.0) and the
-    finders of ``mmsoft.utils.paths`` (now :mod:`mmsoft.configs`) still
-    work, with a DeprecationWarning; the tools' helpers are gone."""
-    from mmsoft.utils import paths as old
-    with pytest.warns(DeprecationWarning, match='mmsoft.__file__'):
-        root = old.package_root()
-    assert root == osp.dirname(mmsoft.__file__)
-    for name in ('configs_root', 'get_config_path', 'list_configs'):
-        with pytest.warns(DeprecationWarning, match=f'mmsoft.configs.{name}'):
-            assert getattr(old, name) is getattr(paths, name)
-    for gone in ('tools_root', 'checkout_root', 'import_root'):
-        assert not hasattr(old, gone), gone
 
 
 def _load_paths_at(pkg_dir):
@@ -118,9 +102,9 @@ def test_tools_package_paths(tmp_path):
     # a copy at <site>/mmsoft/.mim/tools: no checkout
     mim = tmp_path / 'mmsoft' / '.mim' / 'tools' / 'mmsoft_tools'
     mim.mkdir(parents=True)
-    for name in ('__init__.py', 'quiet.py'):
-        shutil.copyfile(
-            osp.join(ROOT, 'tools', 'mmsoft_tools', name), mim / name)
+    shutil.copyfile(
+        osp.join(ROOT, 'tools', 'mmsoft_tools', '__init__.py'),
+        mim / '__init__.py')
     code = ('import sys; sys.path.insert(0, sys.argv[1]); '
             'import mmsoft_tools as t; print(t.TOOLS_DIR, t.checkout_root())')
     proc = subprocess.run([sys.executable, '-c', code,
@@ -193,21 +177,22 @@ def test_package_does_not_know_tools():
 
 
 # ---------------------------------------------------------------- versions
-def _requirement_ranges():
-    """dist -> (lo, hi) from requirements/{runtime,det,seg,cls}.txt."""
-    out = {}
-    for name in ('runtime', 'det', 'seg', 'cls'):
-        with open(osp.join(ROOT, 'requirements', f'{name}.txt')) as f:
-            for ln in f:
-                ln = ln.split('#')[0].strip()
-                m = re.fullmatch(r'([A-Za-z0-9_.-]+)>=([\d.]+),<([\d.]+)', ln)
-                if m:
-                    out[m.group(1)] = (m.group(2), m.group(3))
-    return out
+def test_pip_checks_the_tested_ranges():
+    """The tested ranges (requirements/*.txt, the docs' table) are the
+    installed package's requirements, so pip (install, ``pip check``)
+    names an installed version outside them: mmsoft keeps no copy."""
+    from importlib import metadata
 
-
-def test_tested_ranges_equal_requirements():
-    assert _requirement_ranges() == deps.TESTED
+    from packaging.requirements import Requirement
+    gen = load_module(osp.join(ROOT, 'docs', 'gen_tables.py'), '_gen_pkg')
+    ranges = gen.requirement_ranges()
+    assert set(ranges) == {
+        'torch', 'mmengine', 'mmcv', 'mmdet', 'mmsegmentation', 'mmpretrain'
+    }
+    installed = [Requirement(r) for r in metadata.requires('mmsoft')]
+    for dist, (lo, hi) in ranges.items():
+        specs = {str(r.specifier) for r in installed if r.name == dist}
+        assert specs == {f'<{hi},>={lo}'}, (dist, specs)
 
 
 def test_core_requirements_are_light():
@@ -221,63 +206,23 @@ def test_core_requirements_are_light():
     assert names == {'torch', 'mmengine', 'mmcv', 'filelock'}
 
 
-def test_check_versions_warns_outside_range_only():
-    ok = {d: v for d, v in deps.VERIFIED.items()}
-    assert deps.check_versions(ok, warn=False) == []
-    # absent optional codebases are fine
-    assert deps.check_versions({
-        'torch': '2.14.1',
-        'mmdet': None
-    }, warn=False) == []
-    bad = dict(ok, mmdet='3.4.0', mmcv='1.7.2')
-    with pytest.warns(UserWarning) as rec:
-        msgs = deps.check_versions(bad)
-    assert len(msgs) == 2 and len(rec) == 2
-    det = next(m for m in msgs if 'mmdet 3.4.0' in m)
-    assert "pip install 'mmdet>=3.2.0,<3.4.0'" in det
-    assert 'verified: mmdet 3.3.0' in det
-    assert any('mmcv 1.7.2' in m for m in msgs)
-    # pre-releases and local versions compare on their release numbers
-    assert deps.check_versions(dict(ok, mmcv='2.1.0+cpu'), warn=False) == []
-    assert deps.check_versions(dict(ok, mmdet='3.2.0rc6'), warn=False) == []
-
-
-def test_import_mmsoft_is_light_and_tools_check_versions(tmp_path):
-    """import mmsoft: no codebase import and no warning; the tools' version
-    check (:func:`mmsoft_tools.deps.check_versions`, run by
-    ``launch.import_codebase``) warns for an installed mmdet outside the
-    tested range (a fake dist-info first on sys.path)."""
-    fake = tmp_path / 'fake'
-    info = fake / 'mmdet-9.9.0.dist-info'
-    info.mkdir(parents=True)
-    (info / 'METADATA'
-     ).write_text('Metadata-Version: 2.1\nName: mmdet\nVersion: 9.9.0\n')
+def test_import_mmsoft_is_light(tmp_path):
+    """import mmsoft: no codebase import and no warning."""
     code = ('import json, sys, warnings\n'
             'warnings.simplefilter("always")\n'
             'with warnings.catch_warnings(record=True) as w:\n'
             '    import mmsoft\n'
             'heavy = [m for m in ("mmdet", "mmseg", "mmpretrain", "mmcv")\n'
             '         if m in sys.modules]\n'
-            'from mmsoft_tools.deps import check_versions\n'
-            'with warnings.catch_warnings(record=True) as w1:\n'
-            '    check_versions()\n'
-            'msgs = lambda ws: [str(x.message) for x in ws]\n'
             'print(json.dumps(dict(heavy=heavy, file=mmsoft.__file__,\n'
-            '    at_import=msgs(w), first=msgs(w1))))\n')
+            '    at_import=[str(x.message) for x in w])))\n')
     proc = run_python(
-        code,
-        cwd=tmp_path,
-        env=_child_env(
-            PYTHONPATH=os.pathsep.join(
-                [ROOT, osp.join(ROOT, 'tools'),
-                 str(fake)])),
-        timeout=300)
+        code, cwd=tmp_path, env=_child_env(PYTHONPATH=ROOT), timeout=300)
     assert proc.returncode == 0, proc.stderr[-2000:]
     out = json.loads(proc.stdout.strip().splitlines()[-1])
     assert out['file'] == osp.join(ROOT, 'mmsoft', '__init__.py')
     assert out['heavy'] == []
     assert not [w for w in out['at_import'] if 'mmsoft' in w], out
-    assert [w for w in out['first'] if 'mmdet 9.9.0' in w], out
 
 
 # ---------------------------------------------------------------- index

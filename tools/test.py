@@ -30,13 +30,10 @@ import warnings
 # times before the tool's own output (e.g. the data check's message)
 warnings.filterwarnings('ignore', message='pkg_resources is deprecated')
 
-# first: the tools' package quiets the stacks' import noise (its .quiet)
-import mmsoft_tools  # noqa: E402,F401  # isort: skip
 from mmengine.config import Config, ConfigDict  # noqa: E402
 from mmengine.registry import RUNNERS  # noqa: E402
 from mmengine.runner import Runner  # noqa: E402
 
-from mmsoft.engine import use_safe_checkpoint_hook  # noqa: E402
 from mmsoft.utils.atomic import atomic_path  # noqa: E402
 from mmsoft.utils.checkpoint_io import CheckpointError  # noqa: E402
 from mmsoft.utils.checkpoint_io import CheckpointRefused  # noqa: E402
@@ -166,9 +163,7 @@ def exit_if_no_checkpoint(path):
 def build_cfg(args):
     cfg = cli.apply_runner_args(Config.fromfile(args.config), args)
     cfg.load_from = args.checkpoint
-    cli.add_strict_load_hook(cfg, args.partial_load)
-    # SafeCheckpointHook.before_run reads load_from safely before mmengine
-    use_safe_checkpoint_hook(cfg)
+    cli.set_partial_load(cfg, args.partial_load)  # the config's hook
     return cfg
 
 
@@ -193,7 +188,6 @@ def main(argv=None):
     cfg = build_cfg(args)
     cli.check_work_dir(cfg.work_dir)  # a file, read-only?
     data_check.exit_if_missing(cfg, 'test', args.launcher)  # data on disk?
-    launch.exit_if_legacy_backbone(cfg)  # attn options of mmsoft 0.1?
     problem = cli.checkpoint_problem(args.checkpoint)  # damaged, offline?
     if problem:
         sys.exit(f'error: {problem}')

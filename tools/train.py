@@ -9,26 +9,24 @@ The codebase is picked from the config's ``default_scope``::
         --cfg-options \
         model.backbone.init_cfg.checkpoint=/data/soft_norm_small.pth
 
-The detection / segmentation configs name the authors' ImageNet file of
-their backbone (``checkpoints/soft_norm_<size>.pth``); when it is missing
-the tool stops with one line before anything is built
-(:func:`mmsoft_tools.cli.exit_if_missing_weights`).
+The guarantees come from what the shipped configs name, as with the host
+codebases' own ``tools/train.py`` (docs/en/advanced_guides/
+fault_tolerance.md): the backbone's missing ImageNet file stops
+``init_weights`` with one line (``SOFTPretrained``); ``StrictLoadHook``
+loads ``load_from`` strictly (``--partial-load`` sets its
+``allow_partial``) and refuses a ``--resume`` file that is not a training
+checkpoint of this optimizer; ``SafeCheckpointHook`` writes atomic
+checkpoints with RNG states, reads them safely and makes ``--resume``
+without a path take the newest complete one; ``NonFiniteLossHook`` stops
+at the first nan / inf loss.
 
-``--resume`` without a path resumes from the newest complete checkpoint of
-the work dir (damaged newer ones are skipped with a warning), ``--resume
-PATH`` from PATH; a config's plain ``CheckpointHook`` becomes mmsoft's
-``SafeCheckpointHook`` (atomic writes, safe reads, RNG states). Without
-CUDA, ``--launcher pytorch`` (``tools/dist_train.sh``) runs one CPU process
-per "GPU" with the gloo backend (see :mod:`mmsoft_tools.launch`),
-and ``--amp`` trains under bfloat16 autocast.
-
-``load_from`` is loaded strictly (another architecture is an error naming
-the keys; ``--partial-load`` loads the matching tensors and prints what was
-skipped), ``--resume PATH`` must be a training checkpoint (checked before
-anything is built), and one run at a time holds the work dir
-(:mod:`mmsoft_tools.work_dir_lock`). Expected failures (wrong or damaged
-files, a full disk, the non-finite stop, ...) end in one line
-(:func:`mmsoft_tools.cli.run_main`; docs/en/faq.md lists them).
+This tool adds: one run at a time per work dir
+(:mod:`mmsoft_tools.work_dir_lock`), the data check, without CUDA
+``--launcher pytorch`` (``tools/dist_train.sh``) on CPU processes with
+gloo (:mod:`mmsoft_tools.launch`) and ``--amp`` under bfloat16 autocast,
+and expected failures (wrong or damaged files, a full disk, the
+non-finite stop, ...) as one line (:func:`mmsoft_tools.cli.run_main`;
+docs/en/faq.md lists them).
 """
 import sys
 import warnings
@@ -38,14 +36,10 @@ import warnings
 # times before the tool's own output (e.g. the data check's message)
 warnings.filterwarnings('ignore', message='pkg_resources is deprecated')
 
-# first: the tools' package quiets the stacks' import noise (its .quiet)
-import mmsoft_tools  # noqa: E402,F401  # isort: skip
 from mmengine.config import Config  # noqa: E402
 from mmengine.registry import RUNNERS  # noqa: E402
 from mmengine.runner import Runner  # noqa: E402
 
-from mmsoft.engine import add_nonfinite_hook  # noqa: E402
-from mmsoft.engine import use_safe_checkpoint_hook  # noqa: E402
 from mmsoft.utils.checkpoint_io import CheckpointError  # noqa: E402
 from mmsoft.utils.checkpoint_io import CheckpointRefused  # noqa: E402
 from mmsoft.utils.checkpoint_io import CheckpointWriteError  # noqa: E402
@@ -97,13 +91,6 @@ def build_cfg(args):
                                '"auto_scale_lr.base_batch_size" in your'
                                ' configuration file.')
 
-    # atomic checkpoints with RNG states, read safely (mmsoft's hook also
-    # makes --resume take the newest complete checkpoint)
-    use_safe_checkpoint_hook(cfg)
-    # stop at the first non-finite loss (mmsoft.engine.NonFiniteLossHook)
-    # unless the config configures that hook itself
-    add_nonfinite_hook(cfg)
-
     # resume is determined in this priority: resume from > auto_resume
     if args.resume == 'auto':
         cfg.resume = True
@@ -111,8 +98,7 @@ def build_cfg(args):
     elif args.resume is not None:
         cfg.resume = True
         cfg.load_from = args.resume
-    # --resume: a training checkpoint (checked by mmsoft.engine's hook)
-    cli.add_strict_load_hook(cfg, args.partial_load)
+    cli.set_partial_load(cfg, args.partial_load)  # the config's hook
     return cfg
 
 
@@ -121,9 +107,6 @@ def main(argv=None):
     cfg = build_cfg(args)
     cli.check_work_dir(cfg.work_dir)  # a file, read-only?
     data_check.exit_if_missing(cfg, 'train', args.launcher)  # data on disk?
-    launch.exit_if_legacy_backbone(cfg)  # attn options of mmsoft 0.1?
-    launch.exit_if_not_resumable(cfg)  # --resume: a training ckpt of cfg?
-    cli.exit_if_missing_weights(cfg)  # the backbone's ImageNet file?
     cli.check_init_checkpoints(cfg)  # init_cfg: a folder, damaged, offline?
     # one run per work dir (rank 0 holds the lock until the run ends)
     lock = launch.lock_work_dir(cfg, args.launcher)

@@ -1,6 +1,6 @@
 """The documentation's generated tables equal their sources
 (``docs/gen_tables.py``: the model index, the benchmark CSVs,
-``tools/mmsoft_tools/deps.py``)."""
+``requirements/*.txt``)."""
 import os.path as osp
 import shutil
 

@@ -2,7 +2,7 @@
 
 Standard library only: the noxfile, tools/compat/matrix.py and
 tests/test_compat_matrix.py import it. The claimed ranges of
-``mmsoft_tools.deps.TESTED`` and ``requirements/*.txt`` go from the lowest
+``requirements/*.txt`` go from the lowest
 to the highest version listed here (the upper bound is the next minor release
 after the highest); the test keeps them equal.
 """
@@ -28,8 +28,8 @@ STACKS = {
         mmseg='1.2.1',
         mmpretrain='1.1.0'),
     # the middle (torch 2.4: mmengine's import of torch.distributed.optim
-    # printed an unfilterable deprecation before every tool's message;
-    # mmsoft_tools.quiet drops it)
+    # prints an unfilterable deprecation before every tool's message;
+    # the tests accept it there)
     'torch2.4':
     dict(
         python='3.11',

@@ -22,18 +22,12 @@ edit of the tools: tests/test_tools/test_tool_cli.py).
   / ImageNet data and the demo tasks of ``make demo``
   (``tools/demo.py``, ``tools/misc/make_demo_data.py``).
 
-Importing this package first quiets the stacks' import noise
-(:mod:`.quiet`: every tool imports it before mmengine); the submodules are
-imported on demand.
+The submodules are imported on demand.
 """
 import os.path as osp
 
-from .quiet import quiet_stack_imports
-
 #: the tools folder: ``<checkout>/tools`` or ``<site>/mmsoft/.mim/tools``
 TOOLS_DIR = osp.dirname(osp.dirname(osp.abspath(__file__)))
-
-quiet_stack_imports()
 
 
 def checkout_root():

@@ -41,13 +41,12 @@ from mmengine.logging import print_log
 
 from mmsoft.engine.optimizers import \
     CPUAmpOptimWrapper  # noqa: F401  (registers what enable_amp sets)
-from mmsoft_tools.deps import check_versions
 
 __all__ = [
-    'quiet_init_weights', 'exit_if_legacy_backbone', 'exit_if_not_resumable',
-    'recorded_optimizer', 'lock_work_dir', 'CODEBASES', 'codebase_of',
-    'import_codebase', 'setup_cpu_distributed', 'enable_amp', 'name_run',
-    'compile_refusal', 'COMPILE_MIN_TORCH', 'prepare_cfg'
+    'quiet_init_weights', 'exit_if_not_resumable', 'recorded_optimizer',
+    'lock_work_dir', 'CODEBASES', 'codebase_of', 'import_codebase',
+    'setup_cpu_distributed', 'enable_amp', 'name_run', 'compile_refusal',
+    'COMPILE_MIN_TORCH', 'prepare_cfg'
 ]
 
 #: default_scope -> python package of the codebase
@@ -62,25 +61,6 @@ def _dicts(node):
     if isinstance(node, (list, tuple)):
         for val in node:
             yield from _dicts(val)
-
-
-def exit_if_legacy_backbone(cfg) -> None:
-    """Stop with one line (exit 1) before the Runner is built when a SOFT
-    backbone of ``cfg.model`` sets the attention options of mmsoft 0.1 on
-    the backbone (``attn_norm=...``: now ``attn_cfg=dict(...)``), instead
-    of mmengine's environment and config dump and a traceback."""
-    from mmsoft.models.backbones.soft import SOFT
-    for node in _dicts(cfg.get('model')):
-        if node.get('type') in ('SOFT', 'mmsoft.SOFT', SOFT):
-            legacy = {
-                k: v
-                for k, v in node.items() if k in SOFT.LEGACY_ATTN_ARGS
-            }
-            try:
-                SOFT.check_legacy_options(legacy)
-            except TypeError as e:
-                sys.exit(f'error: {e} (model.backbone in the config or '
-                         f'its --cfg-options)')
 
 
 def exit_if_not_resumable(cfg) -> None:
@@ -212,9 +192,7 @@ def codebase_of(cfg) -> str:
 
 
 def import_codebase(cfg) -> str:
-    """Import the config's codebase and register all of its modules (and
-    warn about untested versions: :func:`.deps.check_versions`)."""
-    check_versions()
+    """Import the config's codebase and register all of its modules."""
     scope = codebase_of(cfg)
     utils = importlib.import_module(f'{CODEBASES[scope]}.utils')
     utils.register_all_modules(init_default_scope=False)
