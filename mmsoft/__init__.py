@@ -5,8 +5,6 @@ adds mmengine's training-checkpoint allow-list to torch's weights-only
 unpickler (:func:`mmsoft.compat.register_safe_globals`); nothing else in
 the process changes (docs/en/advanced_guides/compatibility.md).
 """
-import warnings
-
 from . import compat as _compat
 from .engine import SafeCheckpointHook  # noqa: F401 (registers the hooks)
 from .models import SOFT
@@ -14,16 +12,6 @@ from .registry import MODELS
 from .version import __version__
 
 _compat.register_safe_globals()
-
-
-def setup():
-    """Deprecated in 0.4, removed in 0.5: does nothing. Returns ``[]``."""
-    warnings.warn(
-        'mmsoft.setup() is deprecated and does nothing: import mmsoft '
-        'registers everything (mmsoft loads checkpoints safely itself)',
-        DeprecationWarning,
-        stacklevel=2)
-    return []
 
 
 def __getattr__(name):
@@ -35,5 +23,5 @@ def __getattr__(name):
 
 __all__ = [
     '__version__', 'SOFT', 'MODELS', 'SafeCheckpointHook', 'configs_root',
-    'get_config_path', 'setup'
+    'get_config_path'
 ]

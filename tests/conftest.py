@@ -516,30 +516,6 @@ def device(request):
     return request.param
 
 
-def version1_keys(sd, prefix='', fc_names=False):
-    """``sd`` (mmsoft keys under ``prefix``) with the keys SOFT checkpoints
-    had before stages were modules (``patch_embeds.0.*``, ``stages.0.0.*``,
-    top-level ``cls_token`` / ``norm.*``; the inverse of
-    ``SOFT.upgrade_state_dict``, written out); ``fc_names``: the FFN as
-    ``ffn.fc1`` / ``ffn.fc2`` too."""
-    import re
-    p = re.escape(prefix)
-    rules = [(r'\.ffn\.layers\.0\.0\.', '.ffn.fc1.'),
-             (r'\.ffn\.layers\.1\.', '.ffn.fc2.')] if fc_names else []
-    rules += [
-        (rf'^{p}stages\.(\d)\.patch_embed\.', rf'{prefix}patch_embeds.\1.'),
-        (rf'^{p}stages\.(\d)\.pos_embed$', rf'{prefix}pos_embeds.\1'),
-        (rf'^{p}stages\.(\d)\.blocks\.(\d+)\.', rf'{prefix}stages.\1.\2.'),
-        (rf'^{p}stages\.3\.(cls_token|norm\.)', rf'{prefix}\1')
-    ]
-    out = {}
-    for k, v in sd.items():
-        for pattern, repl in rules:
-            k = re.sub(pattern, repl, k)
-        out[k] = v
-    return out
-
-
 def smooth_kernel(*batch,
                   m=60,
                   d=8,

@@ -16,7 +16,6 @@ import textwrap
 
 from conftest import run_python
 
-import mmsoft
 from mmsoft import compat
 
 SCRIPT = textwrap.dedent('''
@@ -87,9 +86,3 @@ def test_only_import_changes_the_process():
     assert added == (
         set(out['entries']) if compat.native_allow_list() else set())
     assert bool(added) == compat.native_allow_list()
-
-
-def test_setup_is_a_deprecated_no_op():
-    import pytest
-    with pytest.deprecated_call():
-        assert mmsoft.setup() == []

@@ -12,7 +12,7 @@ import time
 import pytest
 import torch
 from conftest import (CONFIGS, ROOT, cls_demo_config, load_module,
-                      random_model, tool_namespace, version1_keys)
+                      random_model, tool_namespace)
 
 pytest.importorskip('mmpretrain')
 
@@ -272,36 +272,6 @@ def test_name_run_is_unique_per_process():
     assert len(set(names)) == 3, names
     assert all(n.startswith('retinanet_soft_small_1x') for n in names[:2])
     assert names[2].startswith('mine')
-
-
-def test_version1_checkpoint_is_tested(setup):
-    """A checkpoint written before stages were modules (keys
-    ``backbone.patch_embeds.0.*``, ``backbone.stages.0.0.*``,
-    ``backbone.cls_token`` ...) passes the strict check and loads."""
-    import torch
-
-    from mmsoft.models.backbones import SOFT
-    cfg, ckpts, tmp = setup
-    ckpt = torch.load(ckpts['good'], weights_only=False)
-    v1 = version1_keys(ckpt['state_dict'], 'backbone.')
-    assert {
-        'backbone.cls_token', 'backbone.pos_embeds.0',
-        'backbone.stages.0.0.attn.q.weight'
-    } <= set(v1)
-    assert list(SOFT.upgrade_state_dict(v1, 'backbone.')) == list(
-        ckpt['state_dict'])
-    ckpt['state_dict'] = v1
-    torch.save(ckpt, tmp / 'v1.pth')
-    ckpts['v1'] = str(tmp / 'v1.pth')
-    metrics = _test(setup, 'v1')
-    assert metrics == {'accuracy/top1': pytest.approx(expected_top1(tmp))}
-    # a version-1 checkpoint of another arch is still refused
-    other = torch.load(ckpts['other_arch'], weights_only=False)
-    other['state_dict'] = version1_keys(other['state_dict'], 'backbone.')
-    torch.save(other, tmp / 'v1_other.pth')
-    ckpts['v1_other'] = str(tmp / 'v1_other.pth')
-    msg = _error(setup, 'v1_other')
-    assert 'missing from the checkpoint: backbone.stages.2.blocks.1.' in msg
 
 
 @pytest.mark.parametrize('ckpt,problem', [

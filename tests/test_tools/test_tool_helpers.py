@@ -628,24 +628,6 @@ def test_dicts_and_sync_bn():
     assert launch._types_in(dict(type='X', sub=[dict(type=dict)])) == {'X'}
 
 
-def test_exit_if_legacy_backbone():
-    ok = Config(dict(model=dict(backbone=dict(type='SOFT', arch='tiny'))))
-    launch.exit_if_legacy_backbone(ok)
-    for kind in ('SOFT', 'mmsoft.SOFT'):
-        old = Config(
-            dict(
-                model=dict(
-                    backbone=dict(type=kind, attn_norm=True, arch='tiny'))))
-        with pytest.raises(SystemExit) as e:
-            launch.exit_if_legacy_backbone(old)
-        assert str(e.value.code).startswith('error: ')
-        assert str(e.value.code).endswith(
-            '(model.backbone in the config or its --cfg-options)')
-    other = Config(
-        dict(model=dict(backbone=dict(type='Other', attn_norm=True))))
-    launch.exit_if_legacy_backbone(other)
-
-
 def _training_ckpt(path, optimizer='AdamW', **drop):
     ckpt = dict(
         state_dict=dict(w=torch.ones(1)),

@@ -105,11 +105,11 @@ def model_landmarks(args, g: int):
 @torch.no_grad()
 def norms(L: torch.Tensor, iters: int) -> dict:
     """Spectral norms of the (normalised) NR / exact pseudo-inverses."""
-    from mmsoft.models.layers import gaussian_kernel, newton_inverse
+    from mmsoft.models.layers import NRConfig, gaussian_kernel
     A = gaussian_kernel(L, L)
     d = A.sum(-1).rsqrt()
-    plain = newton_inverse(A, iters, 'soft')
-    normed = newton_inverse(A, iters, 'soft_norm_per_sample')
+    plain = NRConfig(iters, 'soft').inverse(A)
+    normed = NRConfig(iters, 'soft_norm_per_sample').inverse(A)
     normed = d[:, None] * normed * d[None, :]
     exact = torch.linalg.pinv(A, hermitian=True)
 

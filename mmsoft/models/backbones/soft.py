@@ -15,7 +15,6 @@ from torch.nn.modules.batchnorm import _BatchNorm
 
 from mmsoft.registry import register_model
 from ..arch_zoo import ARCH_DEFAULTS, ARCH_ZOO, NUM_STAGES
-from ..converters import upgrade_legacy_state_dict
 from ..layers.blocks import (ConvPatchEmbed, SOFTBlock, SoftmaxBlock,
                              build_norm, check_norm_cfg)
 from ..layers.checks import (check_choice, check_int, check_kernel_size,
@@ -187,18 +186,12 @@ class SOFT(BaseModule):
         [64, 128, 320, 512]
     """
 
-    _version = 3
-
     arch_zoo = ARCH_ZOO  # presets and aliases (mmsoft.models.arch_zoo)
     arch_defaults = ARCH_DEFAULTS
     num_stages = NUM_STAGES
     #: the stage type of each pyramid level (keys of :data:`STAGE_TYPES`)
     stage_types = ('SOFTStage', 'SOFTStage', 'SOFTStage', 'ClsTokenStage')
     OUT_TYPES = ('featmap', 'cls_token')
-    #: the attention options of mmsoft 0.1 (now ``attn_cfg`` keys)
-    LEGACY_ATTN_ARGS = ('attn_type', 'attn_norm', 'sampling', 'nr_iters',
-                        'nr_init', 'nr_method', 'nr_backward',
-                        'nr_diagnostics', 'max_landmarks')
 
     def __init__(self,
                  arch: Union[str, Dict] = 'tiny',
@@ -220,10 +213,8 @@ class SOFT(BaseModule):
                  norm_eval: bool = False,
                  with_cp: bool = False,
                  stage_cfgs: Union[Dict, Sequence[Dict]] = dict(),
-                 init_cfg: Optional[Union[Dict, List[Dict]]] = None,
-                 **legacy):
+                 init_cfg: Optional[Union[Dict, List[Dict]]] = None):
         super().__init__(init_cfg=init_cfg)
-        self.check_legacy_options(legacy)
         n = self.num_stages
         check_int('SOFT: in_channels', in_channels)
         check_int('SOFT: pretrain_img_size', pretrain_img_size, minimum=32)
@@ -306,24 +297,6 @@ class SOFT(BaseModule):
             stage.with_cp = with_cp
             self.stages.append(stage)
         self._freeze_stages()
-
-    @classmethod
-    def check_legacy_options(cls, legacy: Dict) -> None:
-        """A ``TypeError`` naming unknown options (for mmsoft 0.1's, the
-        ``attn_cfg`` to write)."""
-        if not legacy:
-            return
-        unknown = sorted(set(legacy) - set(cls.LEGACY_ATTN_ARGS))
-        if unknown:
-            raise TypeError(f'SOFT got unexpected arguments {unknown}')
-        opts = {k: v for k, v in legacy.items() if k != 'attn_type'}
-        attn_type = legacy.get('attn_type', 'soft')
-        if attn_type == 'soft_norm':
-            attn_type, opts['attn_norm'] = 'soft', True
-        items = ''.join(f', {k}={v!r}' for k, v in opts.items())
-        raise TypeError(f'SOFT no longer takes {sorted(legacy)}: the '
-                        f'attention options moved into attn_cfg; write '
-                        f'attn_cfg=dict(type={attn_type!r}{items})')
 
     @classmethod
     def _soft_only(cls, name, arg, values, example, error) -> None:
@@ -443,24 +416,6 @@ class SOFT(BaseModule):
     def out_channels(self) -> List[int]:
         """Channels of each requested output (for necks' in_channels)."""
         return [self.embed_dims[i] for i in self.out_indices]
-
-    @classmethod
-    def upgrade_state_dict(cls, state_dict: Mapping, prefix: str = '') -> Dict:
-        """Version-1 and -2 keys under ``prefix`` renamed to version 3
-        (``stages.0.blocks.1.*``, mmcv FFN ``ffn.layers.0.0.*``)."""
-        return upgrade_legacy_state_dict(state_dict, prefix, cls.num_stages)
-
-    def _load_from_state_dict(self, state_dict, prefix, local_metadata, strict,
-                              missing_keys, unexpected_keys, error_msgs):
-        version = local_metadata.get('version', None)
-        if version is None or version < 3:
-            upgraded = self.upgrade_state_dict(state_dict, prefix)
-            if list(upgraded) != list(state_dict):
-                state_dict.clear()
-                state_dict.update(upgraded)
-        super()._load_from_state_dict(state_dict, prefix, local_metadata,
-                                      strict, missing_keys, unexpected_keys,
-                                      error_msgs)
 
     def init_weights(self):
         """The official init (truncated normal 0.02), then ``init_cfg``:

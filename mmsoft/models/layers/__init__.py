@@ -7,7 +7,6 @@ from .grid import landmark_grid, reduce_map
 from .nr_config import NRConfig
 from .nr_diagnostics import pinv_convergence
 from .nr_iteration import nr_init_alpha
-from .pinv import newton_inverse, newton_inverse_apply  # deprecated
 from .safe_conv import SafeConv2d
 from .soft_attention import (SAMPLING_MODES, BottleneckSampler, SOFTAttention,
                              bottleneck_apply, bottleneck_inverse,
@@ -18,11 +17,10 @@ from .zoo import (LinformerAttention, NystromformerAttention,
 __all__ = [
     'AttentionBase', 'query_index', 'ConvPatchEmbed', 'RESIDUAL_DROPS',
     'residual_drop_cfg', 'SoftmaxAttention', 'SoftmaxBlock', 'SOFTBlock',
-    'gaussian_kernel', 'NRConfig', 'newton_inverse', 'newton_inverse_apply',
-    'nr_init_alpha', 'bottleneck_apply', 'bottleneck_inverse',
-    'pinv_convergence', 'SAMPLING_MODES', 'BottleneckSampler', 'SOFTAttention',
-    'landmark_grid', 'reduce_map', 'soft_attention', 'attention_types',
-    'build_attention', 'LinformerAttention', 'NystromformerAttention',
-    'PerformerAttention', 'SimAAttention', 'SoftmaxZooAttention', 'SafeConv2d',
-    'with_nr'
+    'gaussian_kernel', 'NRConfig', 'nr_init_alpha', 'bottleneck_apply',
+    'bottleneck_inverse', 'pinv_convergence', 'SAMPLING_MODES',
+    'BottleneckSampler', 'SOFTAttention', 'landmark_grid', 'reduce_map',
+    'soft_attention', 'attention_types', 'build_attention',
+    'LinformerAttention', 'NystromformerAttention', 'PerformerAttention',
+    'SimAAttention', 'SoftmaxZooAttention', 'SafeConv2d', 'with_nr'
 ]

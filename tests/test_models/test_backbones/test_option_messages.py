@@ -47,12 +47,8 @@ RATE = 'must be a number in [0, 1), got '
     ]), TypeError,
      'SOFT: attn_cfg[0] is None, but stage 1 (SOFTStage) needs an '
      'attention dict'),
-    (dict(bogus=1,
-          nr_iters=3), TypeError, "SOFT got unexpected arguments ['bogus']"),
-    (dict(attn_type='soft_norm', nr_iters=10), TypeError,
-     "SOFT no longer takes ['attn_type', 'nr_iters']: the attention options "
-     "moved into attn_cfg; write attn_cfg=dict(type='soft', nr_iters=10, "
-     'attn_norm=True)'),
+    (dict(bogus=1), TypeError,
+     "SOFT.__init__() got an unexpected keyword argument 'bogus'"),
 ])
 def test_refusal_names_the_option_the_value_and_the_rule(
         kwargs, error, message):
