@@ -27,5 +27,9 @@ demo_optim_wrapper = dict(
             '.cls_token': dict(decay_mult=0.0)
         }))
 
-# stop at the first non-finite loss, before it is saved (mmsoft.engine)
-custom_hooks = [dict(type='NonFiniteLossHook')]
+# mmsoft.engine hooks: StrictLoadHook checks load_from / --resume against
+# the model (another architecture, the authors' unconverted file, a weights
+# file given to --resume: one error naming the fix, for the host codebases'
+# own tools too); NonFiniteLossHook stops at the first non-finite loss,
+# before it is saved
+custom_hooks = [dict(type='StrictLoadHook'), dict(type='NonFiniteLossHook')]

@@ -8,8 +8,12 @@
 
 custom_imports = dict(imports=['mmsoft'], allow_failed_imports=False)
 
-# stop at the first non-finite loss, before it is saved (mmsoft.engine)
-custom_hooks = [dict(type='NonFiniteLossHook')]
+# mmsoft.engine hooks: StrictLoadHook checks load_from / --resume against
+# the model (another architecture, the authors' unconverted file, a weights
+# file given to --resume: one error naming the fix, for the host codebases'
+# own tools too); NonFiniteLossHook stops at the first non-finite loss,
+# before it is saved
+custom_hooks = [dict(type='StrictLoadHook'), dict(type='NonFiniteLossHook')]
 
 # SOFT-*-Norm backbone with four feature maps; children set `arch` (the
 # neck's in_channels = SOFT.arch_zoo[arch]['embed_dims']).
@@ -28,8 +32,8 @@ soft_backbone = dict(
     # statistics (2 images per GPU are too few to update them)
     norm_eval=True,
     # the authors' ImageNet file of the arch, as downloaded (children name
-    # theirs; tools/train.py stops with one line when it is missing;
-    # docs/en/user_guides/official_weights.md)
+    # theirs; a missing file stops training with one line naming where to
+    # get it, SOFTPretrained; docs/en/user_guides/official_weights.md)
     init_cfg=dict(
         type='Pretrained',
         checkpoint='checkpoints/soft_norm_small.pth',

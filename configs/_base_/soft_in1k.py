@@ -97,8 +97,13 @@ auto_scale_lr = dict(base_batch_size=1024)
 
 default_hooks = dict(
     checkpoint=dict(type='SafeCheckpointHook', interval=1, max_keep_ckpts=3))
+# mmsoft.engine hooks: StrictLoadHook checks load_from / --resume against
+# the model (another architecture, the authors' unconverted file, a weights
+# file given to --resume: one error naming the fix, for the host codebases'
+# own tools too); NonFiniteLossHook stops at the first non-finite loss,
+# before it is saved
 custom_hooks = [
     dict(type='EMAHook', momentum=4e-5, priority='ABOVE_NORMAL'),
-    # stop at the first non-finite loss, before it is saved (mmsoft.engine)
+    dict(type='StrictLoadHook'),
     dict(type='NonFiniteLossHook'),
 ]

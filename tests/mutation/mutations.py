@@ -72,8 +72,8 @@ MUTATIONS = (
       what=('--partial-load is not passed to StrictLoadHook (a partial '
             'checkpoint is refused)'),
       path='tools/test.py',
-      old='cli.add_strict_load_hook(cfg, args.partial_load)',
-      new='cli.add_strict_load_hook(cfg, False)',
+      old='cli.set_partial_load(cfg, args.partial_load)',
+      new='cli.set_partial_load(cfg, False)',
       tests=(STRICT + 'test_partial_load_opt_in', )),
     M(name='det_dump_replaces_metrics',
       what=('mmdet --out: the dump metric replaces the COCO metric instead of '

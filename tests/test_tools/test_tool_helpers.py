@@ -380,37 +380,29 @@ def test_init_checkpoints_and_their_problems(tmp_path):
     assert 'is a directory' in str(e.value)
 
 
-def test_add_strict_load_hook():
-    cfg = Config(dict(custom_hooks=[dict(type='EMAHook')]))
-    cli.add_strict_load_hook(cfg, partial_load=True)
+def test_set_partial_load():
+    """--partial-load sets the config's own StrictLoadHook (the shipped
+    configs name it); a config without one gets none added."""
+    hooks = [dict(type='EMAHook'), dict(type='mmsoft.StrictLoadHook')]
+    cfg = Config(dict(custom_hooks=hooks))
+    cli.set_partial_load(cfg, partial_load=True)
     assert cfg.custom_hooks == [
         dict(type='EMAHook'),
         dict(
-            type='StrictLoadHook',
+            type='mmsoft.StrictLoadHook',
             allow_partial=True,
             opt_in='pass --partial-load')
     ]
-    cfg = Config(dict())
-    cli.add_strict_load_hook(cfg, partial_load=False)
-    assert [h['allow_partial'] for h in cfg.custom_hooks] == [False]
-
-
-def test_exit_if_missing_weights(tmp_path):
+    cfg = Config(dict(custom_hooks=[dict(type='StrictLoadHook')]))
+    cli.set_partial_load(cfg, partial_load=False)
+    assert cfg.custom_hooks[0]['allow_partial'] is False
     cfg = Config(
-        dict(
-            model=dict(
-                backbone=dict(
-                    type='SOFT',
-                    arch='small',
-                    init_cfg=dict(
-                        type='Pretrained',
-                        checkpoint=str(tmp_path / 'soft_norm_small.pth'))))))
-    with pytest.raises(SystemExit) as e:
-        cli.exit_if_missing_weights(cfg)
-    assert str(e.value.code).startswith('error: ')
-    assert 'soft_norm_small.pth' in str(e.value.code)
-    cfg.model.backbone.init_cfg = None
-    cli.exit_if_missing_weights(cfg)
+        dict(custom_hooks=[dict(type='StrictLoadHook', allow_partial=True)]))
+    cli.set_partial_load(cfg, partial_load=False)  # the config's choice
+    assert cfg.custom_hooks[0]['allow_partial'] is True
+    cfg = Config(dict())
+    cli.set_partial_load(cfg, partial_load=True)
+    assert 'custom_hooks' not in cfg
 
 
 # ---------------------------------------------------- runner arguments

@@ -16,8 +16,8 @@ __all__ = [
     'check_readable', 'runner_parser', 'parse_runner_args',
     'apply_runner_args', 'cfg_option_problem', 'merge_cfg_options',
     'check_work_dir', 'seed_int', 'seed_problem', 'init_checkpoints',
-    'checkpoint_problem', 'check_device', 'add_strict_load_hook',
-    'exit_if_missing_weights', 'unwritable_reason'
+    'checkpoint_problem', 'check_device', 'set_partial_load',
+    'unwritable_reason'
 ]
 
 
@@ -179,7 +179,7 @@ def runner_parser(description: str, positionals: Dict[str,
                   checkpoint: str) -> argparse.ArgumentParser:
     """The parser of ``tools/train.py`` and ``tools/test.py``: the
     positional arguments (``{name: help}``, in order), ``--work-dir``,
-    ``--partial-load`` (for :func:`add_strict_load_hook`; ``checkpoint``
+    ``--partial-load`` (for :func:`set_partial_load`; ``checkpoint``
     names the checkpoint it applies to) and the options both hand to
     mmengine's runner: ``--cfg-options``, ``--launcher`` and
     ``--local-rank``. The tool adds its own options and parses with
@@ -474,35 +474,24 @@ def init_checkpoints(cfg, key: str = 'model') -> Iterable:
     yield from walk(cfg.get(key), key)
 
 
-def add_strict_load_hook(cfg, partial_load: bool) -> None:
-    """Append mmsoft's ``StrictLoadHook`` to ``cfg.custom_hooks``: the
-    Runner loads ``load_from`` / ``resume`` with ``strict=False`` (a
-    WARNING only); the hook checks the checkpoint against the model first
-    and refuses a partial match unless ``partial_load`` (``--partial-load``,
-    which its message names)."""
-    cfg.custom_hooks = list(cfg.get('custom_hooks', None) or []) + [
-        dict(
-            type='StrictLoadHook',
-            allow_partial=partial_load,
-            opt_in='pass --partial-load')
-    ]
-
-
-def exit_if_missing_weights(cfg) -> None:
-    """Stop with one line (exit 1) before the Runner is built when a SOFT
-    backbone's ``init_cfg`` names a local checkpoint that is not there
-    (:func:`mmsoft_tools.checkpoint_files.missing_pretrained`)."""
-    from mmsoft_tools.checkpoint_files import missing_pretrained
-    msg = missing_pretrained(cfg)
-    if msg:
-        sys.exit(f'error: {msg}')
+def set_partial_load(cfg, partial_load: bool) -> None:
+    """``--partial-load`` on the ``StrictLoadHook`` that the config names
+    (the shipped configs do, in ``custom_hooks``): ``allow_partial`` when
+    given, and its refusal names the option. A config without the hook
+    loads as mmengine does (``strict=False``)."""
+    for hook in cfg.get('custom_hooks', None) or []:
+        if hasattr(hook, 'get') and str(hook.get('type')).split(
+                '.')[-1] == 'StrictLoadHook':
+            hook['opt_in'] = 'pass --partial-load'
+            hook['allow_partial'] = partial_load or hook.get(
+                'allow_partial', False)
 
 
 def check_init_checkpoints(cfg) -> None:
     """Every ``init_cfg`` checkpoint of ``cfg.model`` that is a directory,
     a damaged file or an unreachable URL (:func:`checkpoint_problem`):
     a one-line :class:`ToolError` naming the config key, before the Runner
-    is built (missing files: :func:`exit_if_missing_weights`)."""
+    is built (a missing file stops ``init_weights``: ``SOFTPretrained``)."""
     for key, path in init_checkpoints(cfg):
         problem = checkpoint_problem(path)
         if problem:
