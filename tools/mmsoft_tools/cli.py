@@ -480,8 +480,8 @@ def set_partial_load(cfg, partial_load: bool) -> None:
     given, and its refusal names the option. A config without the hook
     loads as mmengine does (``strict=False``)."""
     for hook in cfg.get('custom_hooks', None) or []:
-        if hasattr(hook, 'get') and str(hook.get('type')).split(
-                '.')[-1] == 'StrictLoadHook':
+        if hasattr(hook, 'get') and str(
+                hook.get('type')).split('.')[-1] == 'StrictLoadHook':
             hook['opt_in'] = 'pass --partial-load'
             hook['allow_partial'] = partial_load or hook.get(
                 'allow_partial', False)
