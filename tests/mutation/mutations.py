@@ -257,8 +257,8 @@ MUTATIONS = (
       what=('--amp on the CPU does not put the neck / head convs under the '
             'half conv guard'),
       path='mmsoft/engine/optimizers/cpu_amp_optim_wrapper.py',
-      old='            guard_convs(model)\n',
-      new='            pass\n',
+      old="dtype=self.cast_dtype), CheckedConvs():",
+      new='dtype=self.cast_dtype), contextlib.nullcontext():',
       tests=(SAFE_CONV +
              'test_cpu_amp_wrapper_guards_every_conv_of_the_model', )),
     M(name='demo_value_unscaled',

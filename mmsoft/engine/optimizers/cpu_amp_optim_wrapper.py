@@ -5,7 +5,7 @@ import torch
 from mmengine.optim import OptimWrapper
 from mmengine.registry import OPTIM_WRAPPERS
 
-from mmsoft.models.layers.safe_conv import guard_convs
+from mmsoft.models.layers.safe_conv import CheckedConvs
 
 __all__ = ['CPUAmpOptimWrapper']
 
@@ -14,9 +14,10 @@ __all__ = ['CPUAmpOptimWrapper']
 class CPUAmpOptimWrapper(OptimWrapper):
     """The forward runs under bfloat16 CPU autocast (float32's exponent
     range: no loss scaling); SOFT's kernel and pseudo-inverse stay float32.
-    Every convolution of the model goes under
-    :func:`~mmsoft.models.layers.safe_conv.guard_convs` (float32 where this
-    CPU's bfloat16 kernel is wrong).
+    Every convolution of the forward runs under
+    :class:`~mmsoft.models.layers.safe_conv.CheckedConvs` (float32 where
+    this CPU's bfloat16 kernel is wrong); the model's modules are left as
+    they are.
 
     Args:
         dtype (str): only ``'bfloat16'``.
@@ -29,13 +30,9 @@ class CPUAmpOptimWrapper(OptimWrapper):
             raise ValueError(
                 f'CPU autocast supports only bfloat16, got {dtype!r}')
         self.cast_dtype = torch.bfloat16
-        self._guarded = set()
 
     @contextlib.contextmanager
     def optim_context(self, model):
-        if id(model) not in self._guarded:
-            guard_convs(model)
-            self._guarded.add(id(model))
         with super().optim_context(model), torch.autocast(
-                device_type='cpu', dtype=self.cast_dtype):
+                device_type='cpu', dtype=self.cast_dtype), CheckedConvs():
             yield

@@ -4,7 +4,10 @@ With AMX, torch 2.14.1's oneDNN bfloat16 convolution is wrong for narrow
 ones such as SOFT's sampler ``Conv2d(C, C, k, stride=k)``. :func:`conv2d`
 probes each CPU half-precision configuration once against float32; one
 above :data:`PROBE_RTOL` runs in float32 (:class:`HalfConvWarning`). Under
-``torch.compile`` no probe runs (an unprobed one runs in float32).
+``torch.compile`` no probe runs (an unprobed one runs in float32). SOFT's
+own convs are :class:`SafeConv2d`; :class:`CheckedConvs` routes every
+other ``F.conv2d`` inside a block (a detector's neck and heads under
+``--amp``) through the same check, without touching their modules.
 """
 import warnings
 from typing import Dict
@@ -12,12 +15,13 @@ from typing import Dict
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
+from torch.overrides import TorchFunctionMode
 
 from mmsoft.compat import autocast_dtype
 from .amp import autocast_off
 
 __all__ = [
-    'SafeConv2d', 'conv2d', 'guard_convs', 'PROBE_RTOL', 'HalfConvWarning'
+    'SafeConv2d', 'conv2d', 'CheckedConvs', 'PROBE_RTOL', 'HalfConvWarning'
 ]
 
 #: the largest relative error of a correct half kernel (~2e-3 bfloat16,
@@ -100,9 +104,12 @@ class SafeConv2d(nn.Conv2d):
                       self.dilation, self.groups)
 
 
-def guard_convs(model: nn.Module) -> None:
-    """Make every plain ``nn.Conv2d`` of ``model`` a :class:`SafeConv2d` in
-    place (same object, parameters and state dict)."""
-    for module in model.modules():
-        if type(module) is nn.Conv2d:
-            module.__class__ = SafeConv2d
+class CheckedConvs(TorchFunctionMode):
+    """Inside ``with CheckedConvs():`` every ``F.conv2d`` / ``torch.conv2d``
+    call runs as :func:`conv2d` (a ``TorchFunctionMode``: the modules that
+    make the calls are not changed)."""
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        if func is F.conv2d:
+            return conv2d(*args, **(kwargs or {}))
+        return func(*args, **(kwargs or {}))
