@@ -42,6 +42,7 @@ IS_DIR = 'error: checkpoint <path> is a directory, not a file;'
 DAMAGED = 'error: checkpoint <path> is truncated or corrupt'
 OFFLINE = 'error: checkpoint <url> cannot be downloaded'
 FULL = 'error: <path> (not replaced): No space left on device (errno 28'
+LIST = '<file> [<key>]: cannot be loaded: <error>'  # the data check's line
 INIT = [
     '--cfg-options', 'model.backbone.init_cfg._delete_=True',
     'model.backbone.init_cfg.type=Pretrained'
@@ -79,7 +80,7 @@ CASES = [
     ('train-empty-list-line', 'train.py', [
         '{cfg}', '--work-dir', '{work}', '--cfg-options',
         'train_dataloader.dataset.ann_file={empty_line}'
-    ], '<file> line <n>: empty line', 'nothing'),
+    ], LIST, 'nothing'),
     ('train-non-finite-loss', 'train.py', [
         '{cfg}', '--work-dir', '{work}', '--cfg-options',
         'model.data_preprocessor.std=[0,0,0]'
@@ -94,7 +95,7 @@ CASES = [
     ('test-malformed-list-line', 'test.py', [
         '{cfg}', '{ckpt}', '--work-dir', '{work}', '--cfg-options',
         'test_dataloader.dataset.ann_file={bad_line}'
-    ], "<file> line <n>: expected '<image file> <class index>'", 'nothing'),
+    ], LIST, 'nothing'),
     ('test-out-disk-full', 'test.py',
      ['{cfg}', '{ckpt}', '--work-dir', '{work}', '--out',
       '{out}'], FULL, 'runner'),
