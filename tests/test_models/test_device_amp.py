@@ -62,9 +62,9 @@ LOSS_SCALE = 2.0**12
 
 # the modules (``mmsoft.models.layers`` re-exports functions of the same
 # names, so ``import ... as`` would give the functions)
-KERNEL = importlib.import_module('mmsoft.models.layers.gaussian_kernel')
+KERNEL = importlib.import_module('mmsoft.models.layers.soft_attention')
 PINV = importlib.import_module('mmsoft.models.layers.nr_autograd')
-CHEB = importlib.import_module('mmsoft.models.layers.nr_chebyshev')
+LZ = importlib.import_module('mmsoft.models.layers.nr_lanczos')
 
 
 def dtype_id(dtype):
@@ -221,8 +221,7 @@ def spy(monkeypatch):
 
     wrap(KERNEL.GaussianKernel, 'kernel')
     wrap(PINV.NewtonInverse, 'pinv')
-    wrap(CHEB.ChebyshevApply, 'pinv')
-    wrap(PINV._ChebyshevEq16, 'pinv')
+    wrap(LZ.LanczosApply, 'pinv')
     iterate = PINV.newton_iterate
 
     def spied_iterate(A, V, iters):  # the exact iterative path: autograd
@@ -240,8 +239,8 @@ def spy(monkeypatch):
 @pytest.mark.parametrize('nr_method,nr_backward', [('iterative', 'exact'),
                                                    ('iterative', 'eq16'),
                                                    ('spectral', 'exact'),
-                                                   ('chebyshev', 'exact'),
-                                                   ('chebyshev', 'eq16')])
+                                                   ('lanczos', 'exact'),
+                                                   ('lanczos', 'eq16')])
 def test_kernel_and_pinv_run_in_fp32_under_autocast(device, spy, dtype,
                                                     nr_method, nr_backward):
     model = backbone(nr_method=nr_method, nr_backward=nr_backward).to(device)
@@ -311,8 +310,8 @@ ATTN_VARIANTS = {
     'norm': dict(),
     'neurips': dict(attn_norm=False),
     'spectral': dict(nr_method='spectral', nr_backward='eq16'),
-    'chebyshev': dict(nr_method='chebyshev'),
-    'chebyshev_eq16': dict(nr_method='chebyshev', nr_backward='eq16'),
+    'lanczos': dict(nr_method='lanczos'),
+    'lanczos_eq16': dict(nr_method='lanczos', nr_backward='eq16'),
     'random': dict(sampling='random'),
     'avgpool_ml': dict(sampling='avgpool', max_landmarks=4),
     'exact_bw': dict(nr_method='spectral', nr_backward='exact'),
@@ -358,13 +357,15 @@ def test_creates_tensors_only_on_the_input_device(attn, train):
 def test_attention_rows_created_on_the_input_device(attn):
     """``attention_row`` (the visualisation path, e.g. Linformer spreading
     its reduced row back onto the tokens) on ``meta`` too."""
-    from mmsoft.models.layers import build_attention
+    from mmsoft.registry import ATTENTIONS
     torch.manual_seed(0)
-    module = build_attention(
-        dict(dict(type='SOFTAttention'), **attn),
-        embed_dims=16,
-        num_heads=2,
-        sampling_ratio=2).to('meta').eval()
+    module = ATTENTIONS.build({
+        'type': 'SOFTAttention',
+        'embed_dims': 16,
+        'num_heads': 2,
+        'sampling_ratio': 2,
+        **attn
+    }).to('meta').eval()
     x = torch.empty(2, 64, 16, device='meta')
     with OpRecorder(off_meta) as rec:
         row = module.attention_row(x, (8, 8), 5)

@@ -476,7 +476,7 @@ def test_gpu_check_smoke(tmp_path, capsys):
         r for r in rows if r['section'] == 'NR methods'
         and r['metric'].endswith('vs iterative: max rel diff (out / grad)')
     ]
-    # spectral and chebyshev at two sizes, values and exact gradients
+    # spectral and lanczos at two sizes, values and exact gradients
     assert len(nr) == 4 and all(r['ok'] == 'True' for r in nr)
     assert all(float(v) < 1e-4 for r in nr for v in r['value'].split(' / '))
     timed = [r for r in rows if r['metric'].endswith('ms (fwd / train)')]

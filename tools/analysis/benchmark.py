@@ -17,9 +17,9 @@ small ones, as they have the same parameter counts).
 ``--alternate`` builds all models in one process and times them in turn,
 round after round (the ratios of the docs; no memory figures).
 
-Models: soft_{tiny,small,...}[_norm][_iterative|_spectral|_chebyshev][_ml<N>]
+Models: soft_{tiny,small,...}[_norm][_iterative|_spectral|_lanczos][_ml<N>]
 [_floor] (SOFT backbone, all four outputs; ``_iterative`` / ``_spectral`` /
-``_chebyshev`` force the pseudo-inverse method, ``_ml<N>`` sets
+``_lanczos`` force the pseudo-inverse method, ``_ml<N>`` sets
 ``max_landmarks=N``, ``_floor`` replaces A_T W by W: the network without
 its pseudo-inverse; see
 :func:`mmsoft_tools.analysis.parse_model_name`),

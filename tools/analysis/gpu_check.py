@@ -9,7 +9,7 @@ On a CUDA machine (after ``make env``) it runs, and reports on:
    step of every shipped config (``configs/*.py``; the model built from the
    config with mmengine ``Config`` + its codebase's registry, random
    weights, a tiny batch): finite loss and gradients, time;
-3. ``NR methods``: the iterative, spectral and Chebyshev paths
+3. ``NR methods``: the iterative, spectral and Lanczos paths
    (``attn_cfg.nr_method``) on the same bottleneck matrices (up to stage 3
    at 800 x 1216: 20 matrices, m = 950, d = 32): relative difference of
    A_T W and of the exact gradient against the iterations, time of the
@@ -277,7 +277,7 @@ def run_training_steps(report, configs, precisions, device, size):
 
 
 # ------------------------------------------------------- 3. NR methods
-NR_METHODS = ('iterative', 'spectral', 'chebyshev')
+NR_METHODS = ('iterative', 'spectral', 'lanczos')
 
 
 def run_nr_methods(report, device, shapes, repeats):
@@ -286,7 +286,7 @@ def run_nr_methods(report, device, shapes, repeats):
     (batch x heads, m, d); m = 950, d = 32: stage 3 at 800 x 1216."""
     import torch
 
-    from mmsoft.models.layers.gaussian_kernel import gaussian_kernel
+    from mmsoft.models.layers import gaussian_kernel
     from mmsoft.models.layers.nr_config import NRConfig
 
     def timed(fn):

@@ -38,7 +38,7 @@ from collections import namedtuple
 from typing import Callable, Dict, List, Optional, Tuple
 
 # ------------------------------------------------------------- model names
-NR_METHODS = ('iterative', 'spectral', 'chebyshev')
+NR_METHODS = ('iterative', 'spectral', 'lanczos')
 #: the attentions a name can use: the short registry names
 #: (:data:`mmsoft.registry.ATTENTIONS`) and ``soft_norm`` = SOFT with the
 #: IJCV normalisation
@@ -217,12 +217,15 @@ def build_model(name=None, config=None, checkpoint=None, **overrides):
     model = SOFT(**dict(bb, **overrides))
     if checkpoint:
         from mmengine.runner import load_checkpoint
-        load_checkpoint(
-            model,
-            checkpoint,
-            map_location='cpu',
-            strict=False,
-            revise_keys=[(r'^module\.', ''), (r'^backbone\.', '')])
+
+        from mmsoft.compat import mmengine_checkpoints_allowed
+        with mmengine_checkpoints_allowed():  # a training checkpoint too
+            load_checkpoint(
+                model,
+                checkpoint,
+                map_location='cpu',
+                strict=False,
+                revise_keys=[(r'^module\.', ''), (r'^backbone\.', '')])
     else:
         print(
             'warning: no --checkpoint, the model is randomly initialised',

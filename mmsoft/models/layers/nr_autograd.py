@@ -1,7 +1,7 @@
 """SOFT's NR pseudo-inverse with closed-form backwards, and dispatch: the
 T iterations (``'iterative'``), one ``eigh`` (``'spectral'``) or, for
-A_T W, a Chebyshev expansion of the same function (``'chebyshev'``,
-``nr_chebyshev``)."""
+A_T W, the same function on Krylov spaces (``'lanczos'``,
+``nr_lanczos``)."""
 from typing import Tuple
 
 import torch
@@ -9,29 +9,25 @@ import torch
 from mmsoft.compat import unravel_index
 from . import export_ops
 from .amp import autocast_off, compute_dtype, tf32_off
-from .nr_chebyshev import ChebyshevApply, chebyshev_plan, filter_and_slope
 from .nr_diagnostics import iterative_stats, record_residual
 from .nr_iteration import (newton_iterate, nr_init_alpha, nr_iteration_matrix,
                            spectral_factors, traced_alpha)
+from .nr_lanczos import LanczosApply, filter_and_slope, krylov_basis
 
 __all__ = [
-    'NewtonInverse', 'NR_METHODS', 'SPECTRAL_MIN_M', 'CHEBYSHEV_MIN_M',
+    'NewtonInverse', 'NR_METHODS', 'SPECTRAL_MIN_M', 'LANCZOS_MIN_M',
     'resolve_method', 'solve'
 ]
 
-NR_METHODS = ('auto', 'iterative', 'spectral', 'chebyshev')
+NR_METHODS = ('auto', 'iterative', 'spectral', 'lanczos')
 #: smallest m for which ``'auto'`` is spectral on the CPU (measured
 #: crossover: ``tools/analysis/nr_method_crossover.py``)
 SPECTRAL_MIN_M = 80
-#: smallest m for which ``'auto'`` applies A_T to W by the Chebyshev
-#: expansion, per device type; device types not listed never do. CUDA:
-#: from the multiply-adds (K m^2 d with K ~ 120, d = 32, against 40 m^3 of
-#: the iterations: 4x fewer from m ~ 100, a margin for the K sequential
-#: launches). The CPU is not listed: there one ``eigh`` (the spectral
-#: method) costs about the same as the expansion's forward and far less
-#: than its float64 backward (docs/en/benchmarks.md, measured with
-#: ``tools/analysis/nr_method_crossover.py``)
-CHEBYSHEV_MIN_M = dict(cuda=200)
+#: smallest m for which ``'auto'`` applies A_T to W by Lanczos, per device
+#: type (types not listed never do): ~20 products m x m by m x d against
+#: 40 m^3 for the iterations or one ``eigh`` (measured crossover:
+#: ``tools/analysis/nr_method_crossover.py``, docs/en/benchmarks.md)
+LANCZOS_MIN_M = dict(cpu=200, cuda=200)
 #: pairs with |l_i - l_j| <= _DD_RTOL max(|l_i|, |l_j|) take F_ij from the
 #: differentiated recurrence (the quotient loses ~T eps / _DD_RTOL)
 _DD_RTOL = 0.05
@@ -81,20 +77,18 @@ def _divided_differences(lam, v, alpha, iters) -> torch.Tensor:
 
 
 def resolve_method(method: str, A: torch.Tensor, apply: bool = True) -> str:
-    """``'auto'``: for A_T W (``apply``) the Chebyshev expansion from
-    :data:`CHEBYSHEV_MIN_M` on, else spectral for m >=
-    :data:`SPECTRAL_MIN_M` on the CPU, else the iterations. The inverse
-    itself (not ``apply``) is never a Chebyshev expansion (K m^3 work):
-    ``'chebyshev'`` resolves as ``'auto'`` there."""
+    """``'auto'``: for A_T W (``apply``) Lanczos from :data:`LANCZOS_MIN_M`
+    on, else spectral for m >= :data:`SPECTRAL_MIN_M` on the CPU, else the
+    iterations. The inverse itself (not ``apply``) is never Lanczos (a
+    basis per column of I): ``'lanczos'`` resolves as ``'auto'`` there."""
     if method not in NR_METHODS:
         raise ValueError(f'unknown pseudo-inverse method {method!r}; choose '
                          f'one of {NR_METHODS}')
-    if method not in ('auto', 'chebyshev') or (method == 'chebyshev'
-                                               and apply):
+    if method not in ('auto', 'lanczos') or (method == 'lanczos' and apply):
         return method
     m, device = A.shape[-1], A.device.type
-    if apply and m >= CHEBYSHEV_MIN_M.get(device, float('inf')):
-        return 'chebyshev'
+    if apply and m >= LANCZOS_MIN_M.get(device, float('inf')):
+        return 'lanczos'
     if device == 'cpu' and m >= SPECTRAL_MIN_M:
         return 'spectral'
     return 'iterative'
@@ -179,38 +173,17 @@ class NewtonInverse(torch.autograd.Function):
         return grad_A, None if ctx.inverse else G, None, None, None
 
 
-class _ChebyshevEq16(torch.autograd.Function):
-    """Z = f_T(A) W by the Chebyshev expansion with the backward of Eq. 16
-    (G = f_T(A) grad_Z by the same expansion, grad_A = -G Z^T)."""
-
-    @staticmethod
-    def forward(ctx, Aw, W, plan):
-        with torch.no_grad():
-            Z = ChebyshevApply.evaluate(Aw, W, plan)
-        ctx.plan = plan
-        ctx.save_for_backward(Aw, Z)
-        return Z
-
-    @staticmethod
-    def backward(ctx, grad):
-        Aw, Z = ctx.saved_tensors
-        with autocast_off(grad.device.type), tf32_off(grad.device.type):
-            G = ChebyshevApply.evaluate(Aw, grad.to(Aw.dtype), ctx.plan)
-            grad_A = -(G @ Z.transpose(-1, -2)) if ctx.needs_input_grad[0] \
-                else None
-        return grad_A, G, None
-
-
-def _chebyshev(A, W, alpha, alpha_in, nr):
-    """A_T W by the Chebyshev expansion, or None where the guard refuses
-    it (more than ``MAX_DEGREE`` terms: alpha ||A||^2 near 2)."""
+def _lanczos(A, W, alpha, alpha_in, nr):
+    """A_T W by Lanczos, or None where the guard refuses it (a column not
+    converged in ``MAX_STEPS``: alpha ||A||^2 near 2)."""
     Aw = nr_iteration_matrix(A, nr.init)
-    plan = chebyshev_plan(Aw.detach(), alpha, nr.iters)
-    if plan is None:
+    m, d = W.shape[-2:]
+    A3, W3 = Aw.reshape(-1, m, m), W.reshape(-1, m, d)
+    basis = krylov_basis(A3.detach(), W3.detach(), alpha.reshape(-1), nr.iters)
+    if basis is None:
         return None
-    if nr.backward == 'exact':
-        return ChebyshevApply.apply(Aw, W, alpha_in, plan)
-    return _ChebyshevEq16.apply(Aw, W, plan)
+    return LanczosApply.apply(A3, W3, alpha_in.reshape(-1), basis, nr.iters,
+                              nr.backward == 'exact').reshape(W.shape)
 
 
 def solve(A, W, nr, stats) -> torch.Tensor:
@@ -230,10 +203,10 @@ def solve(A, W, nr, stats) -> torch.Tensor:
     with torch.no_grad():
         alpha = nr_init_alpha(A, nr.init)
     if export_ops.is_exporting():  # ONNX: the iterations as plain products
-        if nr.method in ('spectral', 'chebyshev'):
+        if nr.method in ('spectral', 'lanczos'):
             why = dict(
                 spectral='torch.linalg.eigh has no ONNX operator',
-                chebyshev='its degree is chosen from the data at run time')[
+                lanczos='its steps are chosen from the data at run time')[
                     nr.method]
             raise export_ops.ExportError(
                 f"nr_method={nr.method!r} cannot be exported ({why}); set "
@@ -245,8 +218,8 @@ def solve(A, W, nr, stats) -> torch.Tensor:
         exact = nr.backward == 'exact'
         alpha_in = traced_alpha(A, alpha, nr.init) if exact and \
             torch.is_grad_enabled() and A.requires_grad else alpha
-        if method == 'chebyshev':
-            out = _chebyshev(A, W, alpha, alpha_in, nr)
+        if method == 'lanczos':
+            out = _lanczos(A, W, alpha, alpha_in, nr)
             if out is not None:
                 iterative_stats(stats, A, nr.init, nr.iters)
                 return out

@@ -42,10 +42,10 @@ class NRConfig:
             alpha per sample / matrix / batch) or ``'soft'`` (NeurIPS).
             Default: 'soft_norm_per_sample'.
         method (str): ``'iterative'`` (2T batched products), ``'spectral'``
-            (one ``eigh``), ``'chebyshev'`` (A_T W by a Chebyshev expansion
-            of the same function, ``nr_chebyshev``; the inverse itself
-            as ``'auto'``) or ``'auto'`` (for A_T W Chebyshev from
-            ``CHEBYSHEV_MIN_M[device]``, else spectral for m >=
+            (one ``eigh``), ``'lanczos'`` (A_T W on Krylov spaces of the
+            same function, ``nr_lanczos``; the inverse itself as
+            ``'auto'``) or ``'auto'`` (for A_T W Lanczos from
+            ``LANCZOS_MIN_M[device]``, else spectral for m >=
             ``SPECTRAL_MIN_M`` on the CPU, else iterative). All compute
             the official function. Default: 'auto'.
         backward (str | None): ``'exact'`` (the gradient of the T

@@ -116,7 +116,7 @@ def test_iters_is_stored_as_the_checked_int():
     ('iters', 0,
      'Newton-Raphson iters (nr_iters) must be an int >= 1, got 0 (int)'),
     ('method', 'svd', "unknown pseudo-inverse method (nr_method) 'svd'; "
-     "choose one of ('auto', 'iterative', 'spectral', 'chebyshev')"),
+     "choose one of ('auto', 'iterative', 'spectral', 'lanczos')"),
     ('backward', 'fd', "unknown Newton-Raphson backward (nr_backward) "
      "'fd'; choose one of ('eq16', 'exact')"),
 ])

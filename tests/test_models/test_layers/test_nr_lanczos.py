@@ -1,0 +1,226 @@
+"""The Lanczos evaluation of the official NR function
+(``mmsoft/models/layers/nr_lanczos.py``): its steps, guard, batch
+independence, exact gradient, the default dispatch and gradient per
+variant.
+
+Its values and exact gradient against autograd through the official
+iterations also: ``test_pinv.py::test_exact_backward_equals_autograd_
+through_iterations`` and ``test_nr_faithful.py::
+test_backbone_exact_gradient`` (both parametrised with ``'lanczos'``)."""
+import importlib
+
+import pytest
+import torch
+from conftest import smooth_kernel
+
+from mmsoft.models.layers import NRConfig, SOFTAttention, gaussian_kernel
+from mmsoft.models.layers.nr_iteration import (newton_iterate, nr_init_alpha,
+                                               traced_alpha)
+
+LZ = importlib.import_module('mmsoft.models.layers.nr_lanczos')
+SOLVER = importlib.import_module('mmsoft.models.layers.nr_autograd')
+
+
+def landmarks_kernel(*batch,
+                     m=200,
+                     d=16,
+                     seed=0,
+                     dtype=torch.float32,
+                     freq=2,
+                     stretch=4):
+    """A SOFT-like bottleneck kernel: ~15 eigenvalues above the transition
+    (2^T alpha)^-1/2 of f_T, as SOFT-Small-Norm's at 800 x 1216 (15-24 of
+    950), the rest where f_T is linear."""
+    return smooth_kernel(
+        *batch, m=m, d=d, seed=seed, dtype=dtype, freq=freq, stretch=stretch)
+
+
+def official(A, W, iters=20, G=None):
+    """The official 20 steps in float64 (per-sample alpha); with ``G`` also
+    the gradients of <G, out> in A and W by autograd through them, alpha
+    differentiated as the official code does."""
+    A = A.double().requires_grad_(G is not None)
+    W = W.double().requires_grad_(G is not None)
+    alpha = traced_alpha(A, nr_init_alpha(A.detach()), 'soft_norm_per_sample')
+    out = newton_iterate(A, alpha[..., None, None] * A, iters) @ W
+    if G is None:
+        return out.detach()
+    return (out.detach(), ) + torch.autograd.grad((out * G).sum(), (A, W))
+
+
+def rel(a, b):
+    return float((a.double() - b).abs().max() / b.abs().max())
+
+
+def test_float32_values_match_the_official_function():
+    """Unconverged float32 kernels (m = 200): within 3e-5 of the float64
+    official iterations (the float32 products' own floor here: the
+    iterations in float32 are 0.7e-5 off, the spectral method 1.4e-4),
+    each column stopped far below m steps."""
+    A = landmarks_kernel(2, 3)
+    W = torch.randn(2, 3, 200, 8, generator=torch.Generator().manual_seed(1))
+    ref = official(A, W)
+    basis = LZ.krylov_basis(
+        A.reshape(6, 200, 200), W.reshape(6, 200, 8),
+        nr_init_alpha(A).reshape(6), 20)
+    steps = (basis.U[..., 0, :] != 0).sum(-1)  # per column
+    assert 8 <= int(steps.min()) and int(steps.max()) <= LZ.MAX_STEPS < 200
+    got = NRConfig(method='lanczos').apply(A, W)
+    assert got.dtype == torch.float32
+    assert rel(got, ref) < 3e-5
+    # the iterative method on the same input, as a yardstick
+    assert rel(got,
+               ref) < 3 * rel(NRConfig(method='iterative').apply(A, W), ref)
+
+
+def test_exact_gradient_of_the_official_function():
+    """grad A (alpha's share included) within 1e-5 of
+    float64 autograd through the 20 official steps, in float32 (the
+    values: the float32 floor, as above)."""
+    A = landmarks_kernel(2, 2)
+    g = torch.Generator().manual_seed(3)
+    W = torch.randn(2, 2, 200, 4, generator=g)
+    G = torch.randn(2, 2, 200, 4, generator=g)
+    ref, ref_A, ref_W = official(A, W, G=G.double())
+    a, w = A.clone().requires_grad_(), W.clone().requires_grad_()
+    out = NRConfig(method='lanczos').apply(a, w)
+    grad_A, grad_W = torch.autograd.grad((out * G).sum(), (a, w))
+    assert rel(out, ref) < 3e-5
+    assert rel(grad_A, ref_A) < 1e-5
+    assert rel(grad_W, ref_W) < 3e-5  # f_T(A) G: the floor of the values
+    # without grad: the same values
+    with torch.no_grad():
+        assert torch.equal(NRConfig(method='lanczos').apply(A, W), out)
+
+
+def test_guard_falls_back_where_the_steps_run_out(monkeypatch):
+    """A column not converged within MAX_STEPS: no basis, and the result
+    is the spectral method's (on the CPU)."""
+    A = landmarks_kernel(2)
+    W = torch.randn(2, 200, 3, generator=torch.Generator().manual_seed(0))
+    alpha = nr_init_alpha(A)
+    assert LZ.krylov_basis(A, W, alpha, 20) is not None
+    monkeypatch.setattr(LZ, 'MAX_STEPS', 8)
+    assert LZ.krylov_basis(A, W, alpha, 20) is None
+    got = NRConfig(method='lanczos').apply(A, W)
+    want = NRConfig(method='spectral').apply(A, W)
+    torch.testing.assert_close(got, want)
+
+
+def test_an_invariant_subspace_ends_a_column_exactly():
+    """A nearly rank-one kernel (the NeurIPS rule, alpha ||A||^2 near 2):
+    Lanczos breaks down on a tiny invariant subspace and is exact there."""
+    x = 0.01 * torch.randn(
+        2, 64, 4, generator=torch.Generator().manual_seed(0))
+    A = gaussian_kernel(x, x).double()
+    W = torch.randn(2, 64, 3, dtype=A.dtype)
+    got = NRConfig(init='soft', method='lanczos').apply(A, W)
+    want = NRConfig(init='soft', method='iterative').apply(A, W)
+    assert torch.isfinite(got).all()
+    assert rel(got, want) < 1e-6
+
+
+def test_a_sample_does_not_depend_on_its_batch():
+    """Each column stops at its own step: a sample alone and beside a
+    sample that needs more steps give the same values and gradient."""
+    A = torch.cat([
+        landmarks_kernel(1, 2, seed=0),
+        landmarks_kernel(1, 2, seed=5, freq=3, stretch=8)
+    ])
+    W = torch.randn(2, 2, 200, 4, generator=torch.Generator().manual_seed(2))
+    basis = LZ.krylov_basis(
+        A.reshape(4, 200, 200), W.reshape(4, 200, 4),
+        nr_init_alpha(A).reshape(4), 20)
+    steps = (basis.U[..., 0, :] != 0).sum(-1).reshape(2, -1)
+    assert steps[0].max() != steps[1].max()  # the samples differ
+    nr = NRConfig(method='lanczos')
+
+    def run(a, w):
+        a = a.clone().requires_grad_()
+        z = nr.apply(a, w)
+        return z.detach(), torch.autograd.grad(z.square().sum(), a)[0]
+
+    both = run(A, W)
+    for i in range(2):
+        alone = run(A[i:i + 1], W[i:i + 1])
+        assert rel(alone[0][0], both[0][i]) < 1e-6  # float32 rounding
+        assert rel(alone[1][0], both[1][i]) < 2e-5
+
+
+def test_eq16_backward_with_lanczos():
+    """nr_backward='eq16' with the Lanczos forward: the same gradients as
+    Eq. 16 on the spectral forward."""
+    A = landmarks_kernel(2, m=120, dtype=torch.float64)
+    W = torch.randn(2, 120, 3, dtype=torch.float64)
+    G = torch.randn(2, 120, 3, dtype=torch.float64)
+    grads = {}
+    for method in ('lanczos', 'spectral'):
+        a, w = A.clone().requires_grad_(), W.clone().requires_grad_()
+        z = NRConfig(method=method, backward='eq16').apply(a, w)
+        grads[method] = torch.autograd.grad((z * G).sum(), (a, w))
+    for x, y in zip(grads['lanczos'], grads['spectral']):
+        assert rel(x, y) < 1e-6
+
+
+def test_default_backward_is_the_official_one_per_variant():
+    """The Norm variants train with the gradient of the iterations (the
+    official Norm code's autograd), the NeurIPS one with Eq. 16 (its CUDA
+    kernel); either can be chosen."""
+    assert NRConfig().backward == 'exact'
+    assert NRConfig(init='soft').backward == 'eq16'
+    assert NRConfig(init='soft', backward='exact').backward == 'exact'
+    assert SOFTAttention(16, 2, 2).nr_backward == 'exact'
+    assert SOFTAttention(16, 2, 2, attn_norm=False).nr_backward == 'eq16'
+    assert SOFTAttention(
+        16, 2, 2, nr=dict(backward='eq16')).nr_backward == 'eq16'
+
+
+def test_auto_dispatch_by_size_and_device():
+    """'auto': Lanczos for A_T W from LANCZOS_MIN_M of the device on, never
+    for the inverse itself (spectral from SPECTRAL_MIN_M on the CPU);
+    below it, as before."""
+    rule = SOLVER.resolve_method
+    cpu = torch.empty(2000, 2000, device='meta')
+    cpu = type('A', (), dict(shape=cpu.shape, device=torch.device('cpu')))
+    assert rule('auto', cpu, apply=False) == 'spectral'
+    assert rule('lanczos', cpu) == 'lanczos'
+    assert rule('lanczos', cpu, apply=False) == 'spectral'
+    assert set(SOLVER.LANCZOS_MIN_M) == {'cpu', 'cuda'}
+    for device, m_min in SOLVER.LANCZOS_MIN_M.items():
+        big = torch.empty(m_min, m_min, device='meta')
+        small = torch.empty(m_min - 1, m_min - 1, device='meta')
+        fake = type('A', (),
+                    dict(shape=big.shape, device=torch.device(device)))
+        fake_small = type('A', (),
+                          dict(shape=small.shape, device=torch.device(device)))
+        assert rule('auto', fake) == 'lanczos'
+        assert rule('auto', fake_small) != 'lanczos'
+        assert rule('auto', fake, apply=False) != 'lanczos'
+        assert rule(
+            'lanczos', fake, apply=False) == rule(
+                'auto', fake, apply=False)
+    with pytest.raises(ValueError, match="'svd'"):
+        rule('svd', torch.empty(3, 3))
+
+
+@pytest.mark.parametrize('user_tf32', [False, True])
+def test_tf32_off_inside_the_inverse_only(user_tf32):
+    """On CUDA the inverse's products run in full float32 even where the
+    user turned TF32 on; the user's setting is back afterwards (also after
+    an error); other devices leave it alone."""
+    from mmsoft.models.layers.amp import tf32_off
+    flags = torch.backends.cuda.matmul
+    before = flags.allow_tf32
+    flags.allow_tf32 = user_tf32
+    try:
+        with tf32_off('cuda'):
+            assert flags.allow_tf32 is False
+        assert flags.allow_tf32 is user_tf32
+        with pytest.raises(RuntimeError):
+            with tf32_off('cuda'):
+                raise RuntimeError
+        assert flags.allow_tf32 is user_tf32
+        with tf32_off('cpu'):
+            assert flags.allow_tf32 is user_tf32
+    finally:
+        flags.allow_tf32 = before
