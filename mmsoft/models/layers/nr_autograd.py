@@ -174,16 +174,39 @@ class NewtonInverse(torch.autograd.Function):
 
 
 def _lanczos(A, W, alpha, alpha_in, nr):
-    """A_T W by Lanczos, or None where the guard refuses it (a column not
-    converged in ``MAX_STEPS``: alpha ||A||^2 near 2)."""
+    """A_T W by Lanczos; the matrices with a column not converged in
+    ``MAX_STEPS`` (the guard: alpha ||A||^2 near 2) by the spectral method
+    (CPU) or the iterations, each matrix on its own."""
     Aw = nr_iteration_matrix(A, nr.init)
     m, d = W.shape[-2:]
     A3, W3 = Aw.reshape(-1, m, m), W.reshape(-1, m, d)
-    basis = krylov_basis(A3.detach(), W3.detach(), alpha.reshape(-1), nr.iters)
-    if basis is None:
-        return None
-    return LanczosApply.apply(A3, W3, alpha_in.reshape(-1), basis, nr.iters,
-                              nr.backward == 'exact').reshape(W.shape)
+    alpha3, alpha_in3 = alpha.reshape(-1), alpha_in.reshape(-1)
+    basis = krylov_basis(A3.detach(), W3.detach(), alpha3, nr.iters)
+    fallback = 'spectral' if A.device.type == 'cpu' else 'iterative'
+    if basis is None:  # no values (meta)
+        return _direct(fallback, A, W, alpha_in, nr, None)
+    Z = LanczosApply.apply(A3, W3, alpha_in3, basis, nr.iters,
+                           nr.backward == 'exact')
+    if not bool(basis.converged.all()):
+        bad = (~basis.converged).nonzero().squeeze(1)
+        Z = Z.index_copy(
+            0, bad,
+            _direct(fallback,
+                    A.reshape(-1, m, m)[bad], W3[bad], alpha_in3[bad], nr,
+                    None))
+    return Z.reshape(W.shape)
+
+
+def _direct(method, A, W, alpha_in, nr, stats):
+    """A_T or A_T W by the iterations or the spectral method."""
+    if method != nr.method:
+        nr = nr.replace(method=method)
+    if method != 'spectral':  # spectral: from its own eigenvalues
+        iterative_stats(stats, A, nr.init, nr.iters)
+    if nr.backward == 'exact' and method == 'iterative':
+        # the gradient of the T iterations: autograd through them
+        return _iterative(A, W, alpha_in, nr)[1]
+    return NewtonInverse.apply(A, W, alpha_in, nr, stats)
 
 
 def solve(A, W, nr, stats) -> torch.Tensor:
@@ -219,16 +242,6 @@ def solve(A, W, nr, stats) -> torch.Tensor:
         alpha_in = traced_alpha(A, alpha, nr.init) if exact and \
             torch.is_grad_enabled() and A.requires_grad else alpha
         if method == 'lanczos':
-            out = _lanczos(A, W, alpha, alpha_in, nr)
-            if out is not None:
-                iterative_stats(stats, A, nr.init, nr.iters)
-                return out
-            method = 'spectral' if A.device.type == 'cpu' else 'iterative'
-        if method != nr.method:
-            nr = nr.replace(method=method)
-        if method != 'spectral':  # spectral: from its own eigenvalues
             iterative_stats(stats, A, nr.init, nr.iters)
-        if exact and method == 'iterative':
-            # the gradient of the T iterations: autograd through them
-            return _iterative(A, W, alpha_in, nr)[1]
-        return NewtonInverse.apply(A, W, alpha_in, nr, stats)
+            return _lanczos(A, W, alpha, alpha_in, nr)
+        return _direct(method, A, W, alpha_in, nr, stats)

@@ -46,7 +46,7 @@ MAX_STEPS = 64
 TOL = 1e-6
 TOL_FLOAT64 = 1e-12
 CHECK = 4
-_FIRST_CHECK = 8
+_FIRST_CHECK = 12
 #: steps of basis allocated at a time
 _GROW = 32
 
@@ -95,11 +95,14 @@ def divided_differences(a, b, alpha, iters):
 class KrylovBasis(NamedTuple):
     """Per column c of the (N, m, d) input: the basis Q (N, d, K, m), the
     Ritz values theta (N, d, K) and U (N, d, K, K) of its own T_{k_c}
-    (zero-padded past k_c, float64) and ||w_c|| (N, 1, d)."""
+    (zero-padded past k_c, float64), ||w_c|| (N, 1, d), and per matrix
+    whether all its columns converged (N,) (the others: zeros, the
+    caller's fallback)."""
     Q: torch.Tensor
     theta: torch.Tensor
     U: torch.Tensor
     norm: torch.Tensor
+    converged: torch.Tensor
 
     def apply(self, values: torch.Tensor) -> torch.Tensor:
         """||w|| Q U diag(values) U^T e_1 (N, m, d) for values (N, d, K):
@@ -117,7 +120,7 @@ def _ritz(alphas, betas):
     return torch.linalg.eigh(T)
 
 
-def _collect(found, Q, norm) -> KrylovBasis:
+def _collect(found, Q, norm, done) -> KrylovBasis:
     """The basis with each column's (theta, U) from the step at which it
     converged (``found``: (columns, theta, U)), zero-padded to Q's K."""
     N, d, K = Q.shape[:3]
@@ -127,7 +130,7 @@ def _collect(found, Q, norm) -> KrylovBasis:
         k = th.shape[-1]
         theta[cols, :k] = th[cols]
         U[cols, :k, :k] = Uk[cols]
-    return KrylovBasis(Q, theta, U, norm)
+    return KrylovBasis(Q, theta, U, norm, done.all(-1))
 
 
 @torch.no_grad()
@@ -138,9 +141,9 @@ def krylov_basis(A: torch.Tensor,
                  max_steps: Optional[int] = None) -> Optional[KrylovBasis]:
     """The Lanczos basis of each column of W (N, m, d) under A (N, m, m),
     each column stopped at its own converged k (for f_T with ``alpha``
-    (N,)), or None when a column has not converged by ``max_steps``
-    (default :data:`MAX_STEPS`; or on ``meta``: no values to decide
-    from). A column's basis depends on that column alone."""
+    (N,)) or at ``max_steps`` (default :data:`MAX_STEPS`; ``converged``
+    False: the guard), or None on ``meta`` (no values to decide from). A
+    column's basis depends on that column alone."""
     if A.device.type == 'meta':
         return None
     N, m, d = W.shape
@@ -150,28 +153,32 @@ def krylov_basis(A: torch.Tensor,
     tiny = torch.finfo(W.dtype).tiny
     # below this the next vector is noise: an invariant subspace was found
     breakdown = (1e-6 * A.sum(-1).amax(-1)).unsqueeze(-1)  # ||A||_1
-    q = (W / norm.clamp_min(tiny)).mT.contiguous()  # (N, d, m)
-    Q = W.new_empty(N, d, 0, m)  # grown by _GROW steps
-    ab = torch.zeros(N, d, 2, 0, dtype=torch.float64, device=W.device)
+    size = min(_GROW, max_steps)  # q_1 .. q_k, grown by _GROW steps
+    Q = W.new_empty(N, d, size, m)
+    Q[:, :, 0] = (W / norm.clamp_min(tiny)).mT
+    ab = torch.zeros(N, d, 2, size, dtype=torch.float64, device=W.device)
     alpha64 = alpha.to(torch.float64).reshape(N, 1)
     done = torch.zeros(N, d, dtype=torch.bool, device=W.device)
     found, y_prev = [], None
     for k in range(1, max_steps + 1):
-        if k > Q.shape[2]:
-            grow = min(_GROW, max_steps - Q.shape[2])
+        if k == Q.shape[2] < max_steps:  # room for q_{k+1}
+            grow = min(_GROW, max_steps - k)
             Q = torch.cat([Q, Q.new_empty(N, d, grow, m)], 2)
             ab = torch.cat([ab, ab.new_zeros(N, d, 2, grow)], -1)
-        Q[:, :, k - 1] = q
-        z = torch.bmm(A, q.mT).mT.contiguous()  # (N, d, m)
-        a = (q * z).sum(-1)  # (N, d)
-        # full reorthogonalisation (twice is enough, Kahan-Parlett)
-        Qk = Q[:, :, :k]
-        for _ in range(2):
-            z = z - (Qk.mT @ (Qk @ z.unsqueeze(-1))).squeeze(-1)
-        b = z.norm(dim=-1)  # (N, d)
-        b = b * (b > breakdown)  # an invariant subspace: zeros from here
-        ab[..., 0, k - 1], ab[..., 1, k - 1] = a, b
-        q = z / b.clamp_min(tiny).unsqueeze(-1) * (b > 0).unsqueeze(-1)
+        z = torch.bmm(A, Q[:, :, k - 1].mT).mT.reshape(N * d, m, 1)  # A q_k
+        # full reorthogonalisation, twice (Kahan-Parlett); the first pass's
+        # coefficient of q_k is alpha_k
+        Qk = Q[:, :, :k].reshape(N * d, k, m)  # a view
+        coef = torch.bmm(Qk, z)
+        a = coef[:, k - 1, 0].view(N, d)
+        z = torch.baddbmm(z, Qk.mT, coef, alpha=-1)
+        z = torch.baddbmm(z, Qk.mT, torch.bmm(Qk, z), alpha=-1)
+        b = z.norm(dim=1).view(N, d)
+        ok = b > breakdown  # else an invariant subspace: zeros from here
+        ab[..., 0, k - 1], ab[..., 1, k - 1] = a, b * ok
+        if k < Q.shape[2]:
+            inv = torch.where(ok, 1 / b.clamp_min(tiny), torch.zeros_like(b))
+            torch.mul(z.view(N, d, m), inv.unsqueeze(-1), out=Q[:, :, k])
         if k < min(_FIRST_CHECK, max_steps) or (k % CHECK and k != max_steps):
             continue
         th, Uk = _ritz(ab[..., 0, :k], ab[..., 1, :k - 1])
@@ -179,19 +186,21 @@ def krylov_basis(A: torch.Tensor,
         # space as well (where f_T nears an inverse it converges later)
         y = Uk @ (_value_and_derivative(th, alpha64, iters) *
                   Uk[..., 0, None, :]).mT  # (N, d, k, 2)
-        if y_prev is not None:
+        new = None
+        if k == m:  # the whole space: exact
+            new = ~done
+        elif y_prev is not None:
             y_prev = torch.nn.functional.pad(y_prev,
                                              (0, 0, 0, k - y_prev.shape[-2]))
             moved = (y - y_prev).norm(dim=-2)  # (N, d, 2)
             new = ~done & (moved <= tol * y.norm(dim=-2)).all(-1)
-            if k == m:  # the whole space: exact
-                new = ~done
+        y_prev = y
+        if new is not None:
             found.append((new, th, Uk))
             done |= new
             if bool(done.all()):
-                return _collect(found, Q[:, :, :k].contiguous(), norm)
-        y_prev = y
-    return None
+                break
+    return _collect(found, Q[:, :, :k].contiguous(), norm, done)
 
 
 class LanczosApply(torch.autograd.Function):
