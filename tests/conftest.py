@@ -526,7 +526,7 @@ def smooth_kernel(*batch,
     """A SOFT-like bottleneck kernel (float64 before ``dtype``): landmarks
     varying smoothly along a curve, as conv-sampled features do, so many
     small eigenvalues on which the 20 iterations do not converge."""
-    from mmsoft.models.layers.gaussian_kernel import gaussian_kernel
+    from mmsoft.models.layers import gaussian_kernel
     g = torch.Generator().manual_seed(seed)
     t = torch.linspace(0, 1, m, dtype=torch.float64)[:, None]
     f = torch.rand(*batch, 1, d, generator=g, dtype=torch.float64) * freq

@@ -60,19 +60,18 @@ nitpick_ignore_regex = [
      r'SoftmaxBlock|ZooAttention|bottleneck_inverse)'),
     # internals the public docstrings name but the API page leaves out
     (r'py:.*', r'(mmsoft\.)?(models\.layers\.)?(pinv\.)?'
-     r'(INIT_MODES|INIT_ALIASES|STAGE_ARGS|STAGE_TYPES|default_init|'
+     r'(INIT_MODES|INIT_ALIASES|STAGE_TYPES|default_init|'
      r'nr_residual|iterative_pinv|stage_cfgs|landmark_grid)'),
     (r'py:mod', r'mmsoft\..*'),
     (r'py:data', r'mmsoft\.registry\.ATTENTIONS'),
     (r'py:func', r'mmsoft\.compat\.applied'),
     (r'py:class', r'mmsoft\.utils\.strict_load\.CheckpointMismatchError'),
-    (r'py:meth', r'SOFT\.upgrade_state_dict'),
     # internals of the loading module, the NR settings and the attention
     # zoo that docstrings name (issue 29's split) but the API page leaves out
     (r'py:.*', r'(~?mmsoft\.models\.)?(\.?legacy_keys\.|converters\.|'
      r'loading\.|layers\.attention_zoo\.|layers\.zoo\.common\.|'
      r'utils\.strict_load\.)?(upgrade_legacy_state_dict|pretrained_init_cfg|'
-     r'build_attention|ReducedGridAttention|check_state_dict|check_attn_norm|'
+     r'ReducedGridAttention|check_state_dict|check_attn_norm|'
      r'nr_stats|__post_init__)'),
 ]
 

@@ -142,7 +142,7 @@ MUTATIONS = (
     M(name='kernel_autocast_cuda_only',
       what=("Gaussian kernel: autocast disabled for 'cuda' only (CPU autocast "
             'stays on inside the kernel)'),
-      path='mmsoft/models/layers/gaussian_kernel.py',
+      path='mmsoft/models/layers/soft_attention.py',
       old='    with autocast_off(x.device.type):\n',
       new="    with torch.autocast(device_type='cuda', enabled=False):\n",
       tests=(AMP + 'test_kernel_and_pinv_run_in_fp32_under_autocast'
@@ -240,7 +240,7 @@ MUTATIONS = (
     M(name='half_conv_probe_trusts',
       what=('CPU half conv guard: the probe trusts every kernel (the AMX '
             'bf16 conv bug computes a wrong sampler under --amp)'),
-      path='mmsoft/models/layers/safe_conv.py',
+      path='mmsoft/models/layers/amp.py',
       old='    ok = _verdicts[key] = bool(err <= PROBE_RTOL[dtype])\n',
       new='    ok = _verdicts[key] = True\n',
       tests=(SAFE_CONV +
@@ -248,7 +248,7 @@ MUTATIONS = (
     M(name='half_conv_fallback_autocast',
       what=("CPU half conv guard: the float32 fallback leaves autocast on "
             "for 'cuda' only (it runs in the broken half kernel again)"),
-      path='mmsoft/models/layers/safe_conv.py',
+      path='mmsoft/models/layers/amp.py',
       old="    with autocast_off('cpu'):\n        out = _raw_conv2d(",
       new="    with autocast_off('cuda'):\n        out = _raw_conv2d(",
       tests=(SAFE_CONV +

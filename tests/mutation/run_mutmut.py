@@ -97,9 +97,8 @@ GROUPS: Dict[str, Group] = {
     Group(
         'attention, kernel, inverse',
         tuple(L + f
-              for f in ('gaussian_kernel.py', 'grid.py', 'nr_iteration.py',
-                        'nr_autograd.py', 'nr_config.py', 'nr_diagnostics.py',
-                        'soft_attention.py', 'attention_base.py',
+              for f in ('nr_iteration.py', 'nr_autograd.py', 'nr_config.py',
+                        'nr_diagnostics.py', 'soft_attention.py',
                         'export_ops.py', 'zoo.py')) +
         (H + 'nr_residual_hook.py',
          M + 'engine/optimizers/cpu_amp_optim_wrapper.py'),
@@ -108,8 +107,7 @@ GROUPS: Dict[str, Group] = {
     'backbone':
     Group(
         'blocks, backbone',
-        tuple(L + f
-              for f in ('blocks.py', 'checks.py', 'amp.py', 'safe_conv.py')) +
+        tuple(L + f for f in ('checks.py', 'amp.py')) +
         (M + 'models/backbones/soft.py', ),
         MODEL_TESTS,
         budget=5400),

@@ -25,9 +25,9 @@ pytest.importorskip('mmpretrain')
 
 import mmsoft  # noqa: E402,F401
 from mmsoft.models.backbones.soft import SOFT  # noqa: E402
+from mmsoft.models.layers import gaussian_kernel  # noqa: E402
 from mmsoft.models.layers import NRConfig, export_ops  # noqa: E402
-from mmsoft.models.layers.gaussian_kernel import (  # noqa: E402
-    gaussian_kernel, kernel_forward)
+from mmsoft.models.layers.soft_attention import kernel_forward  # noqa: E402
 from mmsoft_tools import deploy  # noqa: E402
 
 DEMO = osp.join(ROOT, 'configs', 'demo')

@@ -60,7 +60,7 @@ def build_stack(attn: str, layers: int, dims: int, heads: int, landmarks: int,
     """12 (``layers``) post-norm SOFT layers with the given attention."""
     import torch.nn as nn
 
-    from mmsoft.models.layers import SOFTBlock
+    from mmsoft.models.backbones.soft import SOFTBlock
 
     g = int(round(landmarks**0.5))
     if g * g != landmarks:

@@ -105,7 +105,7 @@ def main(argv=None):
     args = parse_args(argv)
     import torch
 
-    from mmsoft.models.layers.gaussian_kernel import gaussian_kernel
+    from mmsoft.models.layers import gaussian_kernel
     from mmsoft.models.layers.nr_autograd import SPECTRAL_MIN_M
     if args.threads:
         torch.set_num_threads(args.threads)

@@ -5,7 +5,7 @@ import torch
 from mmengine.optim import OptimWrapper
 from mmengine.registry import OPTIM_WRAPPERS
 
-from mmsoft.models.layers.safe_conv import CheckedConvs
+from mmsoft.models.layers.amp import CheckedConvs
 
 __all__ = ['CPUAmpOptimWrapper']
 
@@ -15,7 +15,7 @@ class CPUAmpOptimWrapper(OptimWrapper):
     """The forward runs under bfloat16 CPU autocast (float32's exponent
     range: no loss scaling); SOFT's kernel and pseudo-inverse stay float32.
     Every convolution of the forward runs under
-    :class:`~mmsoft.models.layers.safe_conv.CheckedConvs` (float32 where
+    :class:`~mmsoft.models.layers.amp.CheckedConvs` (float32 where
     this CPU's bfloat16 kernel is wrong); the model's modules are left as
     they are.
 

@@ -1,8 +1,15 @@
-"""The SOFT backbone (NeurIPS 2021 Table 2, IJCV 2024 Table 2): three
-:class:`SOFTStage` and a :class:`ClsTokenStage` at strides 4 to 32, each
-built from its computed config with ``stage_cfgs`` merged over it (Swin)."""
+"""The SOFT backbone (NeurIPS 2021 Table 2, IJCV 2024 Table 2) from mmcv
+bricks: three :class:`SOFTStage` (post-norm :class:`SOFTBlock`, the token
+mixer of ``attn_cfg``) and a :class:`ClsTokenStage` (pre-norm softmax
+:class:`SoftmaxBlock`, a cls token) at strides 4 to 32. Each stage is built
+from its computed settings with ``stage_cfgs[i]`` merged over them, and
+each attention from the block's settings with ``attn_cfg`` merged over
+them, as mmpretrain's Swin (``{**defaults, **cfg}``)."""
 import copy
+import functools
 import math
+import types
+import warnings
 from typing import Dict, List, Mapping, Optional, Sequence, Tuple, Union
 
 import torch
@@ -13,15 +20,239 @@ from mmengine.model import BaseModule
 from mmengine.model.weight_init import trunc_normal_
 from torch.nn.modules.batchnorm import _BatchNorm
 
-from mmsoft.registry import register_model
+from mmsoft.registry import ATTENTIONS, register_model
 from ..arch_zoo import ARCH_DEFAULTS, ARCH_ZOO, NUM_STAGES
-from ..layers.blocks import (ConvPatchEmbed, SOFTBlock, SoftmaxBlock,
-                             build_norm, check_norm_cfg)
+from ..layers.amp import SafeConv2d
 from ..layers.checks import (check_choice, check_int, check_kernel_size,
                              check_rate)
 from ..loading import pretrained_init_cfg
 
-__all__ = ['SOFT', 'PyramidStage', 'SOFTStage', 'ClsTokenStage']
+__all__ = [
+    'SOFT', 'PyramidStage', 'SOFTStage', 'ClsTokenStage', 'SOFTBlock',
+    'SoftmaxBlock', 'SoftmaxAttention', 'ConvPatchEmbed', 'residual_drop_cfg'
+]
+
+#: how ``drop_path_rate`` is applied to a residual branch
+RESIDUAL_DROPS = ('drop_path', 'dropout')
+
+
+@functools.lru_cache(maxsize=None)
+def mmcv_bricks() -> types.SimpleNamespace:
+    """mmcv's bricks, imported at the first build (``import mmsoft`` stays
+    free of mmcv) without mmcv.cnn's ``ImportWarning``."""
+    with warnings.catch_warnings():
+        warnings.simplefilter('ignore', ImportWarning)
+        from mmcv.cnn import ConvModule, build_norm_layer  # noqa: F401
+        from mmcv.cnn.bricks.drop import build_dropout  # noqa: F401
+        from mmcv.cnn.bricks.transformer import FFN  # noqa: F401
+    return types.SimpleNamespace(**locals())
+
+
+def check_norm_cfg(name: str, cfg: Optional[Dict]) -> None:
+    """A norm config whose ``type`` is not a registered layer is an error
+    naming it and the known norms (mmcv says "Cannot find None")."""
+    if cfg is None:
+        return
+    if not hasattr(cfg, 'get') or 'type' not in cfg:
+        raise TypeError(f'SOFT: {name} must be a dict with a "type" (e.g. '
+                        f"dict(type='LN')), got {cfg!r}")
+    if not isinstance(cfg['type'], str):
+        return  # a class: mmcv checks it when building
+    mmcv_bricks()  # registers mmcv's norms
+    from mmengine.registry import MODELS
+    with MODELS.switch_scope_and_registry(None) as registry:
+        if registry.get(cfg['type']) is not None:
+            return
+    bases = (nn.modules.batchnorm._NormBase, nn.GroupNorm, nn.LayerNorm,
+             nn.LocalResponseNorm)
+    known = sorted(key for key, cls in MODELS.module_dict.items()
+                   if isinstance(cls, type) and (issubclass(cls, bases) or (
+                       issubclass(cls, nn.Module) and 'Norm' in cls.__name__)))
+    raise KeyError(f'SOFT: {name} has type {cfg["type"]!r}, which is not a '
+                   f'registered norm layer; known norms: {", ".join(known)}')
+
+
+def build_norm(cfg: Dict, num_features: int) -> nn.Module:
+    """The norm layer of ``cfg`` (mmcv ``build_norm_layer``)."""
+    return mmcv_bricks().build_norm_layer(cfg, num_features)[1]
+
+
+def residual_drop_cfg(rate, residual_drop='drop_path') -> Optional[Dict]:
+    """The ``build_dropout`` config of a residual branch: ``DropPath``
+    or element-wise ``Dropout`` of ``rate``; None for rate 0."""
+    if residual_drop not in RESIDUAL_DROPS:
+        raise ValueError(f'residual_drop must be one of {RESIDUAL_DROPS}, '
+                         f'got {residual_drop!r}')
+    if not rate:
+        return None
+    kind = 'DropPath' if residual_drop == 'drop_path' else 'Dropout'
+    return dict(type=kind, drop_prob=float(rate))
+
+
+def _ffn(embed_dims, mlp_ratio, act_cfg, drop, residual) -> nn.Module:
+    """mmcv ``FFN``: fc1, act, fc2 (dropouts ``drop``), + the identity."""
+    return mmcv_bricks().FFN(
+        embed_dims=embed_dims,
+        feedforward_channels=int(embed_dims * mlp_ratio),
+        num_fcs=2,
+        act_cfg=act_cfg,
+        ffn_drop=drop,
+        dropout_layer=residual,
+        add_identity=True)
+
+
+def _drop(cfg: Optional[Dict]) -> nn.Module:
+    return mmcv_bricks().build_dropout(cfg) if cfg else nn.Identity()
+
+
+class ConvPatchEmbed(nn.Module):
+    """3x3 ``ConvModule`` layers (conv with bias, norm, act): the C33 stem
+    (strides 2, 1, 2; ``stem_channels``) or one C31 of stride 2, with
+    PyTorch's default conv initialisation (the official model's)."""
+
+    def __init__(self,
+                 in_channels: int,
+                 embed_dims: int,
+                 stem: bool,
+                 stem_channels: int = 32,
+                 norm_cfg: Optional[Dict] = None,
+                 act_cfg: Optional[Dict] = None):
+        super().__init__()
+        norm_cfg = dict(type='BN') if norm_cfg is None else norm_cfg
+        act_cfg = dict(type='ReLU') if act_cfg is None else act_cfg
+        if stem:
+            plan = [(in_channels, stem_channels, 2),
+                    (stem_channels, stem_channels, 1),
+                    (stem_channels, embed_dims, 2)]
+        else:
+            plan = [(in_channels, embed_dims, 2)]
+        self.proj, kw = nn.Sequential(), dict(
+            bias=True,
+            conv_cfg=dict(type=SafeConv2d),
+            norm_cfg=norm_cfg,
+            act_cfg=act_cfg)
+        for cin, cout, stride in plan:
+            # ConvModule's Kaiming init on a forked RNG: reset_parameters
+            # draws the default init from the stream an nn.Conv2d would
+            with warnings.catch_warnings(), torch.random.fork_rng(devices=[]):
+                warnings.filterwarnings('ignore', 'Unnecessary conv bias',
+                                        UserWarning)
+                layer = mmcv_bricks().ConvModule(cin, cout, 3, stride, 1, **kw)
+            layer.conv.reset_parameters()
+            self.proj.append(layer)
+
+    def forward(self, x: torch.Tensor):
+        x = self.proj(x)
+        return x.flatten(2).transpose(1, 2), (x.shape[2], x.shape[3])
+
+
+class SOFTBlock(nn.Module):
+    """Post-norm: x = LN(x + drop(Attn(x))); x = LN(x + drop(FFN(x))).
+    The attention is ``ATTENTIONS.build({**block settings, **attn_cfg})``
+    (:data:`mmsoft.registry.ATTENTIONS`, in mmsoft's scope): every
+    attention takes ``embed_dims``, ``num_heads``, ``sampling_ratio``,
+    ``dw_kernel_size`` and ``qkv_bias``, and its own options from
+    ``attn_cfg`` (None: ``SOFTAttention``). ``residual_drop``:
+    ``'drop_path'`` or ``'dropout'`` of ``drop_path_rate``; defaults: LN,
+    the official tanh GELU."""
+
+    def __init__(self,
+                 embed_dims: int,
+                 num_heads: int,
+                 sampling_ratio: int,
+                 dw_kernel_size: int = 3,
+                 attn_cfg: Optional[Dict] = None,
+                 qkv_bias: bool = True,
+                 mlp_ratio: float = 4.,
+                 drop_path_rate: float = 0.,
+                 residual_drop: str = 'drop_path',
+                 norm_cfg: Optional[Dict] = None,
+                 act_cfg: Optional[Dict] = None):
+        super().__init__()
+        norm_cfg = dict(type='LN') if norm_cfg is None else norm_cfg
+        act_cfg = dict(type='GELU', approximate='tanh') \
+            if act_cfg is None else act_cfg
+        residual = residual_drop_cfg(drop_path_rate, residual_drop)
+        attn_cfg = dict(type='SOFTAttention') if attn_cfg is None else attn_cfg
+        self.attn = ATTENTIONS.build({
+            'embed_dims': embed_dims,
+            'num_heads': num_heads,
+            'sampling_ratio': sampling_ratio,
+            'dw_kernel_size': dw_kernel_size,
+            'qkv_bias': qkv_bias,
+            **attn_cfg,
+            '_scope_': 'mmsoft'  # no mmdet / mmseg child here
+        })
+        self.norm1 = build_norm(norm_cfg, embed_dims)
+        self.drop = _drop(residual)
+        self.ffn = _ffn(embed_dims, mlp_ratio, act_cfg, 0., residual)
+        self.norm2 = build_norm(norm_cfg, embed_dims)
+
+    def forward(self, x: torch.Tensor, hw: Tuple[int, int]) -> torch.Tensor:
+        x = self.norm1(x + self.drop(self.attn(x, hw)))
+        return self.norm2(self.ffn(x))  # x + drop(FFN(x))
+
+
+class SoftmaxAttention(nn.Module):
+    """Multi-head softmax attention (q, fused kv, proj) of stage 4."""
+
+    def __init__(self,
+                 embed_dims: int,
+                 num_heads: int,
+                 qkv_bias: bool = True,
+                 attn_drop: float = 0.,
+                 proj_drop: float = 0.):
+        super().__init__()
+        if embed_dims % num_heads != 0:
+            raise ValueError(f'num_heads ({num_heads}) must divide '
+                             f'embed_dims ({embed_dims})')
+        self.num_heads = num_heads
+        self.q = nn.Linear(embed_dims, embed_dims, bias=qkv_bias)
+        self.kv = nn.Linear(embed_dims, embed_dims * 2, bias=qkv_bias)
+        self.attn_drop = attn_drop
+        self.proj = nn.Linear(embed_dims, embed_dims)
+        self.proj_drop = nn.Dropout(proj_drop) if proj_drop > 0 \
+            else nn.Identity()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        B, N, C = x.shape
+        h = self.num_heads
+        q = self.q(x).view(B, N, h, C // h).transpose(1, 2)
+        k, v = self.kv(x).view(B, N, 2, h, C // h).permute(2, 0, 3, 1, 4)
+        x = F.scaled_dot_product_attention(
+            q, k, v, dropout_p=self.attn_drop if self.training else 0.)
+        return self.proj_drop(self.proj(x.transpose(1, 2).reshape(B, N, C)))
+
+
+class SoftmaxBlock(nn.Module):
+    """Pre-norm: x += DP(Attn(LN(x))); x += DP(MLP(LN(x))). ``drop_rate``
+    after the attention projection and in the MLP, ``attn_drop_rate`` on
+    the attention weights; defaults: LN with eps 1e-6, GELU."""
+
+    def __init__(self,
+                 embed_dims: int,
+                 num_heads: int,
+                 mlp_ratio: float = 4.,
+                 qkv_bias: bool = True,
+                 drop_rate: float = 0.,
+                 attn_drop_rate: float = 0.,
+                 drop_path_rate: float = 0.,
+                 norm_cfg: Optional[Dict] = None,
+                 act_cfg: Optional[Dict] = None):
+        super().__init__()
+        norm_cfg = dict(type='LN', eps=1e-6) if norm_cfg is None else norm_cfg
+        act_cfg = dict(type='GELU') if act_cfg is None else act_cfg
+        residual = residual_drop_cfg(drop_path_rate, 'drop_path')
+        self.norm1 = build_norm(norm_cfg, embed_dims)
+        self.attn = SoftmaxAttention(embed_dims, num_heads, qkv_bias,
+                                     attn_drop_rate, drop_rate)
+        self.drop_path = _drop(residual)
+        self.norm2 = build_norm(norm_cfg, embed_dims)
+        self.ffn = _ffn(embed_dims, mlp_ratio, act_cfg, drop_rate, residual)
+
+    def forward(self, x: torch.Tensor, hw=None) -> torch.Tensor:
+        x = x + self.drop_path(self.attn(self.norm1(x)))
+        return self.ffn(self.norm2(x), identity=x)  # x + DP(MLP(LN(x)))
 
 
 class PyramidStage(nn.Module):
@@ -78,8 +309,9 @@ class PyramidStage(nn.Module):
 
 
 class SOFTStage(PyramidStage):
-    """Stages 1-3: ``depth`` :class:`SOFTBlock` (``drop_path_rates``: one
-    per block; ``**kwargs``: :class:`PyramidStage`'s arguments)."""
+    """Stages 1-3: ``depth`` :class:`SOFTBlock` with the ``attn_cfg``
+    attention (``drop_path_rates``: one per block; ``**kwargs``:
+    :class:`PyramidStage`'s arguments)."""
 
     def __init__(self,
                  embed_dims: int,
@@ -88,7 +320,7 @@ class SOFTStage(PyramidStage):
                  sampling_ratio: int,
                  dw_kernel_size: int,
                  mlp_ratio: float,
-                 attn_cfg: dict,
+                 attn_cfg: Dict,
                  qkv_bias: bool,
                  drop_path_rates: Sequence[float],
                  residual_drop: str = 'drop_path',
@@ -132,6 +364,9 @@ class ClsTokenStage(PyramidStage):
 
 #: the stage types of :attr:`SOFT.stage_types`
 STAGE_TYPES = {'SOFTStage': SOFTStage, 'ClsTokenStage': ClsTokenStage}
+#: the stage settings that come from ``arch`` (and the stage types), not
+#: from ``stage_cfgs``
+ARCH_KEYS = ('type', 'in_channels', 'embed_dims', 'num_heads', 'depth')
 
 
 @register_model
@@ -143,9 +378,9 @@ class SOFT(BaseModule):
             ``'small'`` ... ``'huge'``, ``'small-official'``) or a dict of
             ``embed_dims``, ``num_heads``, ``depths`` and optionally the
             ``arch_defaults`` keys, 4 entries each. Default: 'tiny'.
-        attn_cfg (dict | list[dict | None]): the token mixer of stages 1-3
-            (:data:`mmsoft.registry.ATTENTIONS`), one dict or four, the 4th
-            None. Default: ``dict(type='SOFTAttention')``.
+        attn_cfg (dict): the token mixer of stages 1-3, a type of
+            :data:`mmsoft.registry.ATTENTIONS` and its options (one stage's
+            own: ``stage_cfgs``). Default: ``dict(type='SOFTAttention')``.
         in_channels (int): image channels. Default: 3.
         out_indices (int | Sequence[int]): stages to return. Default: all.
         out_type (str): ``'featmap'`` or ``'cls_token'`` (stage 4 returns
@@ -160,19 +395,20 @@ class SOFT(BaseModule):
             over the blocks. Default: 0.
         residual_drop (str): how stages 1-3 apply it: ``'drop_path'`` or
             ``'dropout'`` (the official recipe). Default: 'drop_path'.
-        norm_cfg (dict | list[dict], optional): block norms, one dict or
-            four (None: ``LN``; stage 4 ``LN`` with eps 1e-6).
-        act_cfg (dict | list[dict], optional): FFN activations, as
-            ``norm_cfg`` (None: tanh ``GELU``; stage 4 ``GELU``).
+        norm_cfg (dict, optional): block norms (None: ``LN``; stage 4
+            ``LN`` with eps 1e-6).
+        act_cfg (dict, optional): FFN activations (None: tanh ``GELU``;
+            stage 4 ``GELU``).
         patch_norm_cfg (dict, optional): norm of the patch-embedding convs
             (None: ``BN``); ``patch_act_cfg`` their activation (ReLU).
         frozen_stages (int): -1 none; 0 the stem (``stages.0.patch_embed``
             and ``stages.0.pos_embed``); k >= 1 stages 1..k. Default: -1.
         norm_eval (bool): keep the BatchNorms in eval mode. Default: False.
         with_cp (bool): gradient checkpointing of the blocks. Default: False.
-        stage_cfgs (dict | Sequence[dict]): merged over the computed
-            :attr:`stage_cfgs`: one dict for every stage (each takes the
-            keys its type has) or four. Default: ``dict()``.
+        stage_cfgs (dict | Sequence[dict]): merged over each stage's
+            computed settings (:attr:`stage_cfgs`), as Swin's: four dicts,
+            one per stage, or one dict for every stage that takes its keys.
+            Default: ``dict()``.
         init_cfg (dict | list[dict], optional): e.g. ``dict(type=
             'Pretrained', checkpoint=..., prefix='backbone.')``.
 
@@ -195,7 +431,7 @@ class SOFT(BaseModule):
 
     def __init__(self,
                  arch: Union[str, Dict] = 'tiny',
-                 attn_cfg: Union[Dict, Sequence[Optional[Dict]], None] = None,
+                 attn_cfg: Dict = dict(type='SOFTAttention'),
                  in_channels: int = 3,
                  out_indices: Union[int, Sequence[int]] = (0, 1, 2, 3),
                  out_type: str = 'featmap',
@@ -205,8 +441,8 @@ class SOFT(BaseModule):
                  attn_drop_rate: float = 0.,
                  drop_path_rate: float = 0.,
                  residual_drop: str = 'drop_path',
-                 norm_cfg: Union[Dict, Sequence[Optional[Dict]], None] = None,
-                 act_cfg: Union[Dict, Sequence[Optional[Dict]], None] = None,
+                 norm_cfg: Optional[Dict] = None,
+                 act_cfg: Optional[Dict] = None,
                  patch_norm_cfg: Optional[Dict] = None,
                  patch_act_cfg: Optional[Dict] = None,
                  frozen_stages: int = -1,
@@ -242,22 +478,25 @@ class SOFT(BaseModule):
                 raise ValueError(f'out_indices entry {idx} is out of range; '
                                  f'SOFT has stages 0..{n - 1}')
         self.out_indices = tuple(sorted({idx % n for idx in out_indices}))
-
-        norm_cfgs = _per_stage('norm_cfg', norm_cfg, n)
-        single = norm_cfg is None or isinstance(norm_cfg, Mapping)
-        for i, cfg in enumerate(norm_cfgs):
-            check_norm_cfg('norm_cfg' if single else f'norm_cfg[{i}]', cfg)
+        for name, value in (('attn_cfg', attn_cfg), ('norm_cfg', norm_cfg),
+                            ('act_cfg', act_cfg)):
+            if value is not None and not isinstance(value, Mapping):
+                raise TypeError(f'SOFT: {name} must be a dict (one stage\'s '
+                                f'own: stage_cfgs[i][{name!r}]), got '
+                                f'{value!r}')
+        check_norm_cfg('norm_cfg', norm_cfg)
         check_norm_cfg('patch_norm_cfg', patch_norm_cfg)
-        act_cfgs = _per_stage('act_cfg', act_cfg, n)
-        if attn_cfg is None:
-            attn_cfg = dict(type='SOFTAttention')
-        elif isinstance(attn_cfg, (list, tuple)):
-            self._soft_only('attn_cfg', 'attn_cfg', attn_cfg,
-                            f'attn_cfg=[<your {len(attn_cfg)} dicts>, None]',
-                            TypeError)
-        attn_cfgs = _per_stage('attn_cfg', attn_cfg, n)
+        shared = isinstance(stage_cfgs, Mapping)  # for every stage
+        if not shared and not (isinstance(stage_cfgs, (list, tuple))
+                               and len(stage_cfgs) == n and all(
+                                   isinstance(c, Mapping)
+                                   for c in stage_cfgs)):
+            raise ValueError(f'SOFT: stage_cfgs must be a dict (for every '
+                             f'stage) or a list of {n} dicts (one per '
+                             f'stage), got {stage_cfgs!r}')
         dpr = torch.linspace(0, drop_path_rate, sum(self.depths)).tolist()
-        self.stage_cfgs, prev, cur = [], in_channels, 0
+        self.stage_cfgs, self.stages = [], nn.ModuleList()
+        prev, cur = in_channels, 0
         for i, kind in enumerate(self.stage_types):
             depth = self.depths[i]
             cfg = dict(
@@ -272,47 +511,53 @@ class SOFT(BaseModule):
                 drop_path_rates=dpr[cur:cur + depth],
                 stem=i == 0,
                 drop_rate=drop_rate,
-                norm_cfg=norm_cfgs[i],
-                act_cfg=act_cfgs[i],
+                norm_cfg=norm_cfg,
+                act_cfg=act_cfg,
                 patch_norm_cfg=patch_norm_cfg,
                 patch_act_cfg=patch_act_cfg)
             if kind == 'SOFTStage':
-                if attn_cfgs[i] is None:
-                    raise TypeError(f'SOFT: attn_cfg[{i}] is None, but '
-                                    f'stage {i + 1} ({kind}) needs an '
-                                    f'attention dict')
                 cfg.update(
                     sampling_ratio=a['sampling_ratios'][i],
                     dw_kernel_size=a['dw_kernel_sizes'][i],
-                    attn_cfg=dict(attn_cfgs[i]),
+                    attn_cfg=attn_cfg,
                     residual_drop=residual_drop)
             else:
                 cfg.update(attn_drop_rate=attn_drop_rate)
+            name = 'stage_cfgs' if shared else f'stage_cfgs[{i}]'
+            user = {
+                k: v
+                for k, v in (stage_cfgs if shared else stage_cfgs[i]).items()
+                if k in cfg or not shared
+            }
+            fixed = [k for k in user if k in ARCH_KEYS]
+            if fixed:
+                raise ValueError(f'SOFT: {name} sets {fixed[0]!r}, which '
+                                 f'comes from arch; set it there')
+            unknown = sorted(set(user) - set(cfg))
+            if unknown:
+                raise ValueError(
+                    f'SOFT: {name} has unknown keys {unknown}; a {kind} '
+                    f'takes {", ".join(sorted(set(cfg) - set(ARCH_KEYS)))}')
+            cfg = copy.deepcopy({**cfg, **user})  # Swin's stage_cfgs merge
+            if len(cfg['drop_path_rates']) != depth:
+                raise ValueError(f'SOFT: {name}: drop_path_rates of stage '
+                                 f'{i + 1} needs one value per block '
+                                 f'({depth}), got {cfg["drop_path_rates"]!r}')
+            check_int(f'SOFT: {name}: pos_grid of stage {i + 1}',
+                      cfg['pos_grid'])
             self.stage_cfgs.append(cfg)
             prev, cur = cfg['embed_dims'], cur + depth
-        self._merge_stage_cfgs(stage_cfgs)
-        self.stages = nn.ModuleList()
-        for cfg in copy.deepcopy(self.stage_cfgs):
+        unknown = sorted(set(stage_cfgs) - set().union(*self.stage_cfgs)) \
+            if shared else []
+        if unknown:
+            raise ValueError(f'SOFT: stage_cfgs has unknown keys {unknown}; '
+                             f'no stage takes them')
+        for cfg in self.stage_cfgs:
+            cfg = dict(cfg)
             stage = STAGE_TYPES[cfg.pop('type')](**cfg)
             stage.with_cp = with_cp
             self.stages.append(stage)
         self._freeze_stages()
-
-    @classmethod
-    def _soft_only(cls, name, arg, values, example, error) -> None:
-        """A setting of stages 1-3: four values, None for the ClsTokenStage."""
-        n = cls.num_stages
-        if len(values) == n - 1:
-            raise error(f'SOFT {name} has {n - 1} entries; give {n}, one per '
-                        f'stage, with None for stage {n} (a ClsTokenStage, '
-                        f'which takes no {arg}): {example}')
-        if len(values) != n:
-            raise error(f'SOFT {name} must be a list of {n} values (one '
-                        f'per stage), got {values!r}')
-        if values[-1] is not None:
-            raise error(f'SOFT {name}[{n - 1}] must be None: stage {n} is a '
-                        f'ClsTokenStage, which takes no {arg}; got '
-                        f'{values[-1]!r}')
 
     def _parse_arch(self, arch) -> Dict:
         """The checked settings of ``arch``, with ``arch_defaults``."""
@@ -337,11 +582,6 @@ class SOFT(BaseModule):
             raise ValueError(f'SOFT arch dict has unknown keys '
                              f'{sorted(unknown)}; valid keys are '
                              f'{", ".join([*required, *self.arch_defaults])}')
-        kernels = a['dw_kernel_sizes']
-        if isinstance(kernels, (list, tuple)):
-            self._soft_only("arch['dw_kernel_sizes']", 'dw_kernel_size',
-                            kernels, f'dw_kernel_sizes={[*kernels, None]}',
-                            ValueError)
         for key, val in a.items():
             if not isinstance(val, (list, tuple)) or len(val) != n:
                 raise ValueError(f'SOFT arch[{key!r}] must be a list of {n} '
@@ -354,7 +594,13 @@ class SOFT(BaseModule):
             raise ValueError(f'SOFT arch: every depth must be >= 1, got '
                              f'{a["depths"]}')
         for i, (k, r, e) in enumerate(
-                zip(kernels, a['sampling_ratios'], a['mlp_ratios'])):
+                zip(a['dw_kernel_sizes'], a['sampling_ratios'],
+                    a['mlp_ratios'])):
+            if self.stage_types[i] != 'SOFTStage' and k is not None:
+                raise ValueError(f"SOFT arch['dw_kernel_sizes'][{i}] must "
+                                 f'be None: stage {i + 1} is a '
+                                 f'{self.stage_types[i]}, which takes no '
+                                 f'dw_kernel_size; got {k!r}')
             if k is not None:
                 check_kernel_size(f'SOFT arch: dw_kernel_sizes[{i}]', k)
             check_int(f'SOFT arch: sampling_ratios[{i}]', r)
@@ -363,48 +609,6 @@ class SOFT(BaseModule):
                 raise ValueError(f'SOFT arch: mlp_ratios[{i}] must be a '
                                  f'positive number, got {e!r}')
         return a
-
-    def _merge_stage_cfgs(self, stage_cfgs) -> None:
-        """Merge the user's ``stage_cfgs`` (one dict for all stages, or one
-        per stage) over :attr:`stage_cfgs`."""
-        n, cfgs = self.num_stages, self.stage_cfgs
-        if isinstance(stage_cfgs, Mapping):
-            checks = [('stage_cfgs', stage_cfgs, cfgs)]
-            users = [{
-                k: v
-                for k, v in stage_cfgs.items() if k in c
-            } for c in cfgs]
-        elif isinstance(stage_cfgs, (list, tuple)) and \
-                len(stage_cfgs) == n and \
-                all(isinstance(c, Mapping) for c in stage_cfgs):
-            checks = [(f'stage_cfgs[{i}]', u, [c])
-                      for i, (u, c) in enumerate(zip(stage_cfgs, cfgs))]
-            users = stage_cfgs
-        else:
-            raise ValueError(f'SOFT: stage_cfgs must be a dict (for every '
-                             f'stage) or a list of {n} dicts (one per '
-                             f'stage), got {stage_cfgs!r}')
-        for name, user, group in checks:
-            key = next((k for k in user if k in _FROM_ARCH), None)
-            if key:
-                raise ValueError(f'SOFT: {name} sets {key!r}, which comes '
-                                 f'from {_FROM_ARCH[key]}; set it there')
-            valid = set().union(*group) - set(_FROM_ARCH)
-            unknown = set(user) - valid
-            if unknown:
-                kinds = '/'.join(dict.fromkeys(c['type'] for c in group))
-                raise ValueError(
-                    f'SOFT: {name} has unknown keys {sorted(unknown)}; a '
-                    f'{kinds} takes {", ".join(sorted(valid))}')
-        for i, (cfg, user) in enumerate(zip(cfgs, users)):
-            cfg.update(copy.deepcopy(dict(user)))
-            if len(cfg['drop_path_rates']) != self.depths[i]:
-                raise ValueError(f'SOFT: stage_cfgs: drop_path_rates of '
-                                 f'stage {i + 1} needs one value per block '
-                                 f'({self.depths[i]}), got '
-                                 f'{cfg["drop_path_rates"]!r}')
-            check_int(f'SOFT: stage_cfgs: pos_grid of stage {i + 1}',
-                      cfg['pos_grid'])
 
     @classmethod
     def arch_presets(cls) -> Tuple[str, ...]:
@@ -530,24 +734,3 @@ class SOFT(BaseModule):
                     for k, v in per_key.items()
                 }
         return out
-
-
-#: the stage settings that ``arch`` or the backbone sets, not stage_cfgs
-_FROM_ARCH = dict(
-    type='the stage types',
-    in_channels='the previous stage',
-    embed_dims="arch['embed_dims']",
-    num_heads="arch['num_heads']",
-    depth="arch['depths']",
-    num_extra_tokens='the stage type')
-
-
-def _per_stage(name: str, value, n: int) -> List[Optional[Dict]]:
-    """One config (None: the default) per stage from one or ``n``."""
-    if value is None or isinstance(value, Mapping):
-        value = [value] * n
-    elif not (isinstance(value, (list, tuple)) and len(value) == n
-              and all(v is None or isinstance(v, Mapping) for v in value)):
-        raise TypeError(f'SOFT: {name} must be a dict or a list of {n} '
-                        f'dicts / None (one per stage), got {value!r}')
-    return [copy.deepcopy(v) for v in value]

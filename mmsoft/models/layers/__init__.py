@@ -1,26 +1,20 @@
-from .attention_base import AttentionBase, query_index
-from .blocks import (RESIDUAL_DROPS, ConvPatchEmbed, SOFTBlock,
-                     SoftmaxAttention, SoftmaxBlock, attention_types,
-                     build_attention, residual_drop_cfg)
-from .gaussian_kernel import gaussian_kernel
-from .grid import landmark_grid, reduce_map
+from .amp import CheckedConvs, SafeConv2d
 from .nr_config import NRConfig
 from .nr_diagnostics import pinv_convergence
 from .nr_iteration import nr_init_alpha
-from .safe_conv import SafeConv2d
-from .soft_attention import (SAMPLING_MODES, BottleneckSampler, SOFTAttention,
-                             bottleneck_apply, bottleneck_inverse,
+from .soft_attention import (SAMPLING_MODES, AttentionBase, BottleneckSampler,
+                             SOFTAttention, bottleneck_apply,
+                             bottleneck_inverse, gaussian_kernel,
+                             landmark_grid, query_index, reduce_map,
                              soft_attention, with_nr)
 from .zoo import (LinformerAttention, NystromformerAttention,
                   PerformerAttention, SimAAttention, SoftmaxZooAttention)
 
 __all__ = [
-    'AttentionBase', 'query_index', 'ConvPatchEmbed', 'RESIDUAL_DROPS',
-    'residual_drop_cfg', 'SoftmaxAttention', 'SoftmaxBlock', 'SOFTBlock',
-    'gaussian_kernel', 'NRConfig', 'nr_init_alpha', 'bottleneck_apply',
-    'bottleneck_inverse', 'pinv_convergence', 'SAMPLING_MODES',
-    'BottleneckSampler', 'SOFTAttention', 'landmark_grid', 'reduce_map',
-    'soft_attention', 'attention_types', 'build_attention',
-    'LinformerAttention', 'NystromformerAttention', 'PerformerAttention',
-    'SimAAttention', 'SoftmaxZooAttention', 'SafeConv2d', 'with_nr'
+    'AttentionBase', 'query_index', 'gaussian_kernel', 'NRConfig',
+    'nr_init_alpha', 'bottleneck_apply', 'bottleneck_inverse',
+    'pinv_convergence', 'SAMPLING_MODES', 'BottleneckSampler', 'SOFTAttention',
+    'landmark_grid', 'reduce_map', 'soft_attention', 'LinformerAttention',
+    'NystromformerAttention', 'PerformerAttention', 'SimAAttention',
+    'SoftmaxZooAttention', 'SafeConv2d', 'CheckedConvs', 'with_nr'
 ]

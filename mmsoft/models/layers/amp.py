@@ -1,10 +1,32 @@
-"""The precision of SOFT's kernel, pseudo-inverse and attention products:
-float32 (float64 stays) with autocast off, on every device."""
+"""The precision of SOFT's computations under autocast: the kernel,
+pseudo-inverse and attention products in float32 (float64 stays) with
+autocast off, on every device; and convolutions that stay correct where a
+CPU's half-precision kernel is not.
+
+With AMX, torch 2.14.1's oneDNN bfloat16 convolution is wrong for narrow
+ones such as SOFT's sampler ``Conv2d(C, C, k, stride=k)``. :func:`conv2d`
+probes each CPU half-precision configuration once against float32; one
+above :data:`PROBE_RTOL` runs in float32 (:class:`HalfConvWarning`). Under
+``torch.compile`` no probe runs (an unprobed one runs in float32). SOFT's
+own convs are :class:`SafeConv2d`; :class:`CheckedConvs` routes every
+other ``F.conv2d`` inside a block (a detector's neck and heads under
+``--amp``) through the same check, without touching their modules.
+"""
 import contextlib
+import warnings
+from typing import Dict
 
 import torch
+import torch.nn as nn
+import torch.nn.functional as F
+from torch.overrides import TorchFunctionMode
 
-__all__ = ['autocast_off', 'compute_dtype', 'tf32_off']
+from mmsoft.compat import autocast_dtype
+
+__all__ = [
+    'autocast_off', 'compute_dtype', 'tf32_off', 'SafeConv2d', 'conv2d',
+    'CheckedConvs', 'PROBE_RTOL', 'HalfConvWarning'
+]
 
 
 def autocast_off(device_type: str):
@@ -37,3 +59,94 @@ def tf32_off(device_type: str):
         yield
     finally:
         flags.allow_tf32 = True
+
+
+#: the largest relative error of a correct half kernel (~2e-3 bfloat16,
+#: ~2e-4 float16; the AMX bug: 1.1 .. 1.4)
+PROBE_RTOL = {torch.bfloat16: 1e-2, torch.float16: 5e-3}
+_HALF = (torch.bfloat16, torch.float16)
+#: the verdict of each configuration probed: (dtype, shapes, conv args) -> ok
+_verdicts: Dict[tuple, bool] = {}
+_compiling = getattr(getattr(torch, 'compiler', None), 'is_compiling',
+                     None) or torch._dynamo.is_compiling  # torch < 2.3
+#: the convolution checked (a test stands in a broken kernel)
+_raw_conv2d = F.conv2d
+
+
+class HalfConvWarning(UserWarning):
+    """A half-precision convolution kernel of this CPU computes wrong
+    values; mmsoft runs that convolution in float32."""
+
+
+def _pair(v):
+    return tuple(v) if isinstance(v, (tuple, list)) else (v, v)
+
+
+def _probe(key: tuple) -> bool:
+    """Whether the half kernel of ``key`` is correct on random inputs,
+    against float32 on the same rounded inputs; remembered in
+    ``_verdicts``."""
+    dtype, in_shape, w_shape, stride, padding, dilation, groups = key
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn((1, ) + in_shape, generator=g).to(dtype)
+    fan_in = w_shape[1] * w_shape[2] * w_shape[3]
+    w = (torch.randn(w_shape, generator=g) * fan_in**-0.5).to(dtype)
+    with torch.no_grad(), autocast_off('cpu'):
+        half = _raw_conv2d(x, w, None, stride, padding, dilation, groups)
+        ref = _raw_conv2d(x.float(), w.float(), None, stride, padding,
+                          dilation, groups)
+    err = ((half.float() - ref).norm() / ref.norm().clamp_min(1e-30)).item()
+    ok = _verdicts[key] = bool(err <= PROBE_RTOL[dtype])
+    if not ok:
+        warnings.warn(
+            f'mmsoft: this CPU\'s {str(dtype)[6:]} convolution is wrong for '
+            f'weight {w_shape}, stride {stride}, groups {groups} on '
+            f'a {in_shape} input (relative error {err:.3g} against '
+            f'float32, a known oneDNN bug on CPUs with AMX); mmsoft runs '
+            f'this convolution in float32 (correct, slower)',
+            HalfConvWarning)  # about this CPU: no caller's line to show
+    return ok
+
+
+def conv2d(x, weight, bias=None, stride=1, padding=0, dilation=1, groups=1):
+    """``F.conv2d``, in float32 where this CPU's half kernel is wrong for
+    the configuration."""
+    dtype = x.dtype if x.device.type == 'cpu' else None  # half inputs or
+    if dtype == torch.float32 and weight.dtype in (torch.float32, ) + _HALF:
+        dtype = autocast_dtype('cpu')  # float32 ones under CPU autocast
+    if dtype in _HALF:
+        key = (dtype, tuple(x.shape[1:]), tuple(weight.shape), _pair(stride),
+               padding if isinstance(padding, str) else _pair(padding),
+               _pair(dilation), int(groups))
+        ok = _verdicts.get(key, False) if _compiling() or key in _verdicts \
+            else _probe(key)
+    if dtype not in _HALF or ok:
+        return _raw_conv2d(x, weight, bias, stride, padding, dilation, groups)
+    with autocast_off('cpu'):
+        out = _raw_conv2d(x.float(), weight.float(),
+                          None if bias is None else bias.float(), stride,
+                          padding, dilation, groups)
+    return out.to(dtype)
+
+
+class SafeConv2d(nn.Conv2d):
+    """``nn.Conv2d`` with the checked CPU half-precision forward
+    (:func:`~mmsoft.models.layers.safe_conv.conv2d`); the same parameters,
+    state dict and results wherever the half kernel is correct."""
+
+    def _conv_forward(self, input, weight, bias) -> torch.Tensor:
+        if self.padding_mode != 'zeros':
+            return super()._conv_forward(input, weight, bias)
+        return conv2d(input, weight, bias, self.stride, self.padding,
+                      self.dilation, self.groups)
+
+
+class CheckedConvs(TorchFunctionMode):
+    """Inside ``with CheckedConvs():`` every ``F.conv2d`` / ``torch.conv2d``
+    call runs as :func:`conv2d` (a ``TorchFunctionMode``: the modules that
+    make the calls are not changed)."""
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        if func is F.conv2d:
+            return conv2d(*args, **(kwargs or {}))
+        return func(*args, **(kwargs or {}))

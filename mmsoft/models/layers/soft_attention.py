@@ -1,8 +1,10 @@
-"""Softmax-free attention (SOFT), NeurIPS 2021 Alg. 1 + IJCV 2024 Eq. (25).
+"""Softmax-free attention (SOFT), NeurIPS 2021 Alg. 1 + IJCV 2024 Eq. (25),
+and the frame of every token mixer (:class:`AttentionBase`).
 
-Q = K shared, Q~ = f_s(Q) the m bottleneck tokens (Sec. 3.2), P = exp(Q (-)
-Q~) (n x m) and A = exp(Q~ (-) Q~) (m x m) the Gaussian kernel (Eq. 5), A^+
-by Newton-Raphson (Alg. 2), D = diag(A 1_m)::
+Q = K shared, Q~ = f_s(Q) the m bottleneck tokens (Sec. 3.2) on the
+strided grid of :func:`landmark_grid`, P = exp(Q (-) Q~) (n x m) and A =
+exp(Q~ (-) Q~) (m x m) the Gaussian kernel (Eq. 5, :func:`gaussian_kernel`),
+A^+ by Newton-Raphson (Alg. 2, :class:`NRConfig`), D = diag(A 1_m)::
 
     S^ = P A^+ P^T                 (NeurIPS, attn_norm=False)
     S^ = P D^-1/2 A^+ D^-1/2 P^T   (IJCV, attn_norm=True)
@@ -11,6 +13,7 @@ by Newton-Raphson (Alg. 2), D = diag(A 1_m)::
 S^ (n x n) is never formed; A, A^+, D and P are float32 under autocast.
 """
 import copy
+import math
 from typing import Mapping, Optional, Tuple, Union
 
 import torch
@@ -18,22 +21,238 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from mmsoft.registry import ATTENTIONS
-from .amp import autocast_off, compute_dtype
-from .attention_base import AttentionBase
-from .checks import check_choice, check_int
-from .gaussian_kernel import gaussian_kernel
-from .grid import landmark_grid, reduce_map
+from . import export_ops
+from .amp import SafeConv2d, autocast_off, compute_dtype, conv2d
+from .checks import check_choice, check_int, check_kernel_size
 from .nr_config import NRConfig
-from .safe_conv import SafeConv2d
 
 __all__ = [
-    'BottleneckSampler', 'SOFTAttention', 'soft_attention',
-    'bottleneck_inverse', 'bottleneck_apply', 'SAMPLING_MODES', 'with_nr'
+    'AttentionBase', 'query_index', 'landmark_grid', 'reduce_map',
+    'gaussian_kernel', 'kernel_forward', 'GaussianKernel', 'BottleneckSampler',
+    'SOFTAttention', 'soft_attention', 'bottleneck_inverse',
+    'bottleneck_apply', 'SAMPLING_MODES', 'with_nr'
 ]
 
 SAMPLING_MODES = ('conv', 'avgpool', 'random', 'biased')
 
 
+# --------------------------------------- the frame of every token mixer
+def query_index(index, hw: Tuple[int, int]) -> int:
+    """A flat token index from an int or a (row, col) pair."""
+    H, W = hw
+    if isinstance(index, (tuple, list)):
+        r, c = index
+        if not (0 <= r < H and 0 <= c < W):
+            raise IndexError(f'query {tuple(index)} outside the {H}x{W} map')
+        return int(r) * W + int(c)
+    i = int(index)
+    if not 0 <= i < H * W:
+        raise IndexError(f'query index {i} outside the {H}x{W} map')
+    return i
+
+
+class AttentionBase(nn.Module):
+    """Multi-head token mixer (C = ``embed_dims``, h = ``num_heads``) with
+    SOFT's per-head depthwise conv on V (odd ``dw_kernel_size``, 0: none)
+    and ``proj``; ``sampling_ratio`` r: the stage's bottleneck ratio.
+    Subclasses (SOFT and the zoo) build their projections, call
+    :meth:`_build_output_layers` and implement ``_mix(x, hw) -> (out (B,
+    h, n, d), v_tokens (B, n, C) | None)`` and ``_row(x, hw, i) -> (B, h,
+    n)``, query ``i``'s weights over V."""
+    #: the attributes ``extra_repr`` shows after the heads and ratio
+    repr_keys: Tuple[str, ...] = ()
+
+    def __init__(self,
+                 embed_dims: int,
+                 num_heads: int,
+                 sampling_ratio: int,
+                 dw_kernel_size: int = 3):
+        super().__init__()
+        check_int('embed_dims', embed_dims)
+        check_int('num_heads', num_heads)
+        if embed_dims % num_heads != 0:
+            raise ValueError(f'num_heads ({num_heads}) must divide '
+                             f'embed_dims ({embed_dims})')
+        check_int('sampling_ratio', sampling_ratio)
+        check_kernel_size('dw_kernel_size', dw_kernel_size)
+        self.embed_dims, self.num_heads = embed_dims, num_heads
+        self.head_dims = embed_dims // num_heads
+        self.sampling_ratio = sampling_ratio
+        self.dw_kernel_size = dw_kernel_size
+
+    def _build_output_layers(self) -> None:
+        """``dw_conv`` (h filters of k x k, or None) and ``proj``."""
+        k, h = self.dw_kernel_size, self.num_heads
+        self.dw_conv: Optional[nn.Conv2d] = nn.Conv2d(
+            h, h, k, padding=k // 2, groups=h, bias=False) if k else None
+        self.proj = nn.Linear(self.embed_dims, self.embed_dims)
+
+    def _split(self, x: torch.Tensor) -> torch.Tensor:
+        """(B, n, C) -> (B, h, n, d)."""
+        B, N, _ = x.shape
+        return x.view(B, N, self.num_heads, self.head_dims).transpose(1, 2)
+
+    def dw_conv_tokens(self, v: torch.Tensor, hw: Tuple[int, int]):
+        """Per-head k x k conv of the (B, n, C) value tokens: one depthwise
+        conv, head g's filter repeated for its d channels (the official
+        (B*d, h, H, W) grouped conv without its permuted copies)."""
+        B, N, C = v.shape
+        x = v.transpose(1, 2).reshape(B, C, *hw)  # a channels-last view
+        w = self.dw_conv.weight.repeat_interleave(self.head_dims, 0)
+        x = conv2d(x, w, None, 1, self.dw_conv.padding, 1, C)
+        return x.flatten(2).transpose(1, 2)
+
+    @staticmethod
+    def _check(x: torch.Tensor, hw: Tuple[int, int]) -> None:
+        if x.dim() != 3 or x.shape[1] != hw[0] * hw[1]:
+            raise ValueError(f'expected (B, {hw[0]}*{hw[1]}, C) tokens, got '
+                             f'shape {tuple(x.shape)}')
+
+    def forward(self, x: torch.Tensor, hw: Tuple[int, int]) -> torch.Tensor:
+        """x: (B, n, C) tokens of an H x W map -> (B, n, C)."""
+        self._check(x, hw)
+        B, N, C = x.shape
+        out, v_tokens = self._mix(x, hw)
+        out = out.transpose(1, 2).reshape(B, N, C)
+        if self.dw_conv is not None:
+            out = out + self.dw_conv_tokens(v_tokens, hw)
+        return self.proj(out)
+
+    @torch.no_grad()
+    def attention_row(self, x, hw, index) -> torch.Tensor:
+        """(B, h, n) weights of query ``index`` (flat or (row, col)) over
+        the value tokens, for the (B, n, C) input ``x`` (without the dw conv
+        branch and the projections)."""
+        self._check(x, hw)
+        return self._row(x, hw, query_index(index, hw))
+
+    def _row(self, x, hw, i) -> torch.Tensor:
+        """:meth:`attention_row` for the flat query index ``i``."""
+        raise NotImplementedError
+
+    @torch.no_grad()
+    def attention_matrix(self, x, hw) -> torch.Tensor:
+        """The (B, h, n, n) token-mixing matrix, row by row (small n)."""
+        n = hw[0] * hw[1]
+        return torch.stack([self.attention_row(x, hw, i) for i in range(n)],
+                           dim=-2)
+
+    def extra_repr(self) -> str:
+        extra = ''.join(f', {k}={getattr(self, k)}' for k in self.repr_keys)
+        return f'heads={self.num_heads}, ratio={self.sampling_ratio}{extra}'
+
+
+# ------------------ the bottleneck grid: r x r cells, stride r (Sec. 3.2)
+def landmark_grid(hw, ratio, max_landmarks=None, landmark_hw=None):
+    """The grid of an H x W map: ``max(1, H // r) x max(1, W // r)`` (as
+    the official strided conv); ``landmark_hw`` clamped to it (never
+    up-sampled); or shrunk, aspect kept, to at most ``max_landmarks``:
+    ``floor(gh * s) x floor(gw * s)``, ``s = sqrt(max_landmarks / (gh gw))``.
+    """
+    H, W = hw
+    gh, gw = max(1, H // ratio), max(1, W // ratio)
+    if landmark_hw is not None:
+        return min(int(landmark_hw[0]), gh), min(int(landmark_hw[1]), gw)
+    if max_landmarks is not None and gh * gw > max_landmarks:
+        # floor(gh s) = floor(sqrt(gh max_landmarks / gw)), in integers (a
+        # float gh * s can fall just below a whole number)
+        gh, gw = (max(1, math.isqrt(gh * max_landmarks // gw)),
+                  max(1, math.isqrt(gw * max_landmarks // gh)))
+        while gh * gw > max_landmarks:  # only when one side is clamped to 1
+            if gh >= gw:
+                gh -= 1
+            else:
+                gw -= 1
+    return gh, gw
+
+
+def reduce_map(x, ratio, max_landmarks=None, landmark_hw=None, conv=None):
+    """A (N, C, H, W) map reduced to its :func:`landmark_grid`: r x r
+    average pooling (or ``conv``, an r x r stride-r convolution), then
+    adaptive average pooling down to ``landmark_hw`` / ``max_landmarks``."""
+    H, W = x.shape[-2:]
+    r = ratio
+    if H < r or W < r:
+        x = F.pad(x, (0, max(0, r - W), 0, max(0, r - H)))
+    if conv is not None:
+        x = conv(x)
+    elif r > 1:
+        x = F.avg_pool2d(x, r, r)
+    target = landmark_grid(x.shape[-2:], 1, max_landmarks, landmark_hw)
+    if tuple(x.shape[-2:]) != target:
+        x = F.adaptive_avg_pool2d(x, target)
+    return x
+
+
+# ------------------------------------------- the Gaussian kernel (Eq. 5)
+# Tokens come scaled by d^(-1/4): K_ij = exp(-||x_i - y_j||^2 / 2). Both
+# sets are translated by the mean landmark c (per sample and head), so that
+# ||x||^2 + ||y||^2 - 2 x.y cancels relative to the tokens' spread, not
+# their norm. float32 (float64 stays), autocast off.
+def kernel_forward(x, y, self_kernel=False) -> torch.Tensor:
+    """K for x (..., n, d), y (..., m, d) without autograd, in one (n, m)
+    buffer updated in place: the Function's forward and the export path.
+    The self-kernel's diagonal is exactly 1."""
+    c = y.mean(-2, keepdim=True)
+    yc = y - c
+    xc = yc if self_kernel else x - c
+    K = torch.matmul(xc, yc.transpose(-1, -2))
+    K.sub_(xc.square().sum(-1, keepdim=True), alpha=0.5)
+    K.sub_(yc.square().sum(-1).unsqueeze(-2), alpha=0.5)
+    K.clamp_(max=0.0).exp_()
+    if self_kernel:
+        eye = torch.eye(K.shape[-1], dtype=K.dtype, device=K.device)
+        K = torch.maximum(K, eye)
+    return K
+
+
+class GaussianKernel(torch.autograd.Function):
+    """K with G' = grad * K: grad_x = G' y - rowsum(G') x, grad_y = G'^T x -
+    colsum(G') y (on the translated tokens, recomputed in the backward)."""
+
+    @staticmethod
+    def forward(ctx, x, y, self_kernel=False):
+        K = kernel_forward(x, y, self_kernel)
+        ctx.self_kernel = self_kernel
+        ctx.save_for_backward(y if self_kernel else x, y,
+                              y.mean(-2, keepdim=True), K)
+        return K
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor):
+        x, y, c, K = ctx.saved_tensors
+        yc = y - c
+        xc = yc if ctx.self_kernel else x - c
+        GK = grad * K
+        grad_x = grad_y = None
+        if ctx.needs_input_grad[0]:  # sum_to_size: x, y may be broadcast
+            grad_x = (torch.matmul(GK, yc) -
+                      GK.sum(-1, keepdim=True) * xc).sum_to_size(x.shape)
+        if ctx.needs_input_grad[1]:
+            grad_y = (torch.matmul(GK.transpose(-1, -2), xc) -
+                      GK.sum(-2).unsqueeze(-1) * yc).sum_to_size(y.shape)
+        return grad_x, grad_y, None
+
+
+def gaussian_kernel(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    """K_ij = exp(-||x_i - y_j||^2 / 2), (..., n, m), for x (..., n, d) and
+    y (..., m, d); ``gaussian_kernel(y, y)`` is the self-kernel A."""
+    if x.shape[-1] != y.shape[-1]:
+        raise ValueError(f'gaussian_kernel: feature sizes differ '
+                         f'({x.shape[-1]} vs {y.shape[-1]})')
+    dtype = compute_dtype(x, y)
+    self_kernel = x is y
+    with autocast_off(x.device.type):
+        if export_ops.is_exporting():  # ONNX: no autograd Function
+            return kernel_forward(x.to(dtype), y.to(dtype), self_kernel)
+        y = y.to(dtype)
+        # the self-kernel passes a view of y as x (torch.compile refuses one
+        # tensor given twice to a Function); both gradients reach y
+        return GaussianKernel.apply(
+            y.view_as(y) if self_kernel else x.to(dtype), y, self_kernel)
+
+
+# ---------------------------------------------------------------- SOFT
 def bottleneck_inverse(A, attn_norm=True, nr=None):
     """A^+, or A^+_n = D^-1/2 A^+ D^-1/2 with ``attn_norm`` (Eq. 25), in
     float32 (float64 stays); ``nr``: :class:`NRConfig` or its fields."""
@@ -172,7 +391,10 @@ class SOFTAttention(AttentionBase):
         nr (NRConfig | dict | None): the Newton-Raphson settings (a dict of
             the fields; ``init`` missing: the variant's official rule),
             fixed at construction (:func:`with_nr` copies a model with
-            other ones); ``attn_cfg`` keys ``nr_<field>``. Default: None.
+            other ones). Default: None.
+        nr_iters, nr_init, nr_method, nr_backward: the same settings one by
+            one, as configs write them (None: the default), not with
+            ``nr``.
         nr_diagnostics (bool): keep the NR convergence of every forward
             in ``last_nr_stats`` (see :class:`NRConfig`). Default: False.
         max_landmarks, landmark_hw: see :class:`BottleneckSampler`.
@@ -187,6 +409,10 @@ class SOFTAttention(AttentionBase):
                  attn_norm: bool = True,
                  sampling: str = 'conv',
                  nr: Union[NRConfig, Mapping, None] = None,
+                 nr_iters: Optional[int] = None,
+                 nr_init: Optional[str] = None,
+                 nr_method: Optional[str] = None,
+                 nr_backward: Optional[str] = None,
                  nr_diagnostics: bool = False,
                  max_landmarks: Optional[int] = None,
                  landmark_hw: Optional[Tuple[int, int]] = None):
@@ -195,7 +421,15 @@ class SOFTAttention(AttentionBase):
             raise ValueError(f'attn_norm must be True or False, got '
                              f'{attn_norm!r}')
         self.attn_norm = attn_norm
-        self._nr = NRConfig.of(nr, attn_norm)
+        keys = dict(iters=nr_iters, init=nr_init, method=nr_method,
+                    backward=nr_backward)  # yapf: disable
+        keys = {k: v for k, v in keys.items() if v is not None}
+        if keys and nr is not None:
+            raise ValueError(
+                f'SOFTAttention got both nr and '
+                f'{sorted("nr_" + k for k in keys)}; give the Newton-Raphson '
+                f'settings once (the nr_* keys, or nr=dict(...))')
+        self._nr = NRConfig.of(keys if nr is None else nr, attn_norm)
         self.nr_diagnostics = nr_diagnostics
         self.last_nr_stats: Optional[dict] = None
         self.q, self.v = (

@@ -12,11 +12,9 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from mmsoft.registry import ATTENTIONS
-from .amp import autocast_off, compute_dtype
-from .attention_base import AttentionBase, query_index
+from .amp import SafeConv2d, autocast_off, compute_dtype
 from .checks import check_choice, check_int
-from .grid import reduce_map
-from .safe_conv import SafeConv2d
+from .soft_attention import AttentionBase, query_index, reduce_map
 
 __all__ = [
     'ZooAttention', 'ReducedGridAttention', 'spread_to_tokens',

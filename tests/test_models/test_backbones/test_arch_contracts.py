@@ -10,7 +10,7 @@ from conftest import tiny_arch
 from mmengine.registry import MODELS
 
 from mmsoft.models.backbones import SOFT
-from mmsoft.models.layers.blocks import check_norm_cfg
+from mmsoft.models.backbones.soft import check_norm_cfg
 
 ARCH = tiny_arch((8, 8, 8, 16), (1, 1, 1, 2))
 

@@ -1,6 +1,6 @@
 """Contracts of the SOFT backbone's init (the class token) and forward
 (type / BatchNorm errors, stage_cfgs checks, activation checkpointing), and
-of :mod:`mmsoft.models.layers.safe_conv` (``conv2d`` / ``SafeConv2d``
+of :mod:`mmsoft.models.layers.amp` (``conv2d`` / ``SafeConv2d``
 equal torch's convolution)."""
 import warnings
 
@@ -11,8 +11,8 @@ import torch.nn.functional as F
 from conftest import tiny_arch
 
 from mmsoft.models.backbones import SOFT
-from mmsoft.models.layers import safe_conv
-from mmsoft.models.layers.safe_conv import SafeConv2d, conv2d
+from mmsoft.models.layers import amp as safe_conv
+from mmsoft.models.layers.amp import SafeConv2d, conv2d
 
 ARCH = tiny_arch((8, 8, 8, 16), (1, 1, 1, 2))
 
@@ -68,7 +68,7 @@ def test_pos_grid_of_stage_cfgs_is_checked(grid):
     acted as its absolute value)."""
     with pytest.raises(
             ValueError,
-            match=r'SOFT: stage_cfgs: pos_grid of stage 4 must be an int '
+            match=r'SOFT: stage_cfgs\[3\]: pos_grid of stage 4 must be an int '
             r'>= 1, got'):
         SOFT(
             ARCH,

@@ -217,24 +217,6 @@ def _filled(model, value):
     }
 
 
-def test_older_layout_is_upgraded_and_reported(tmp_path, reports):
-    """A version-1 file (the last stage's norm as ``norm.*``) loads, and
-    the report says the layout was an older one, upgraded."""
-    src = _tiny()
-    sd = dict(src.state_dict())
-    for k in ('weight', 'bias'):
-        sd[f'norm.{k}'] = sd.pop(f'stages.3.norm.{k}')
-    path = tmp_path / 'v1.pth'
-    torch.save({'state_dict': sd}, str(path))
-    dst = _tiny(init_cfg=dict(type='Pretrained', checkpoint=str(path)))
-    dst.init_weights()
-    assert torch.equal(dst.stages[3].norm.weight, src.stages[3].norm.weight)
-    assert reports == [
-        f"mmsoft: loaded {path}: older mmsoft layout (upgraded) "
-        f"('state_dict'), {len(sd)} tensors, strict"
-    ]
-
-
 def test_the_given_prefix_wins_over_backbone_keys(tmp_path, reports):
     """``prefix`` (with or without its dot) selects the keys even where the
     file also has ``backbone.`` ones (an EMA copy beside the model)."""

@@ -6,7 +6,7 @@ import torch
 from conftest import tiny_arch
 
 from mmsoft.models.backbones import SOFT
-from mmsoft.models.layers import SOFTBlock, SoftmaxBlock
+from mmsoft.models.backbones.soft import SOFTBlock, SoftmaxBlock
 
 TINY = tiny_arch(num_heads=[1, 1, 2, 2])
 

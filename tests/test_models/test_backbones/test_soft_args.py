@@ -39,7 +39,6 @@ def soft(**options):
      'dw_kernel_sizes'),
     (dict(arch=dict(ARCH, dw_kernel_sizes=[9, 5, 2.5, None])),
      'dw_kernel_sizes'),
-    (dict(attn_cfg=dict(type='soft', embed_dims=8)), 'embed_dims'),
     (dict(frozen_stages=2.5), 'frozen_stages'),
     (dict(frozen_stages=-2), 'frozen_stages'),
     (dict(frozen_stages=5), 'frozen_stages'),
@@ -66,12 +65,9 @@ def test_options_the_attention_does_not_take_are_errors(attn_cfg, match):
 
 
 @pytest.mark.parametrize('attn_cfg, match', [
-    ('soft', 'attn_cfg'),
-    ([dict(type='soft')] * 2, 'list of 4'),
-    ([dict(type='soft')] * 4, 'attn_cfg\\[3\\] must be None'),
-    ([dict(type='soft'), None,
-      dict(type='soft'), None], 'attn_cfg\\[1\\] is None'),
-    (dict(norm=True), "'type'"),
+    ('soft', 'attn_cfg must be a dict'),
+    ([dict(type='soft')] * 4, 'attn_cfg must be a dict'),
+    (dict(norm=True), 'must contain the key "type"'),
     (dict(type='transformer'), 'transformer'),
 ])
 def test_malformed_attn_cfg(attn_cfg, match):
@@ -97,10 +93,10 @@ def test_unknown_option_is_named():
     dict(attn_cfg=dict(type='softmax')),
     dict(attn_cfg=dict(type='PerformerAttention', num_features=8)),
     soft(attn_norm=False, nr_iters=5, sampling='avgpool'),
-    dict(attn_cfg=[
-        dict(type='soft', attn_norm=False),
-        dict(type='linformer', sr_mode='avgpool'),
-        dict(type='soft', nr_method='spectral'), None
+    dict(stage_cfgs=[
+        dict(attn_cfg=dict(type='soft', attn_norm=False)),
+        dict(attn_cfg=dict(type='linformer', sr_mode='avgpool')),
+        dict(attn_cfg=dict(type='soft', nr_method='spectral')), {}
     ]),
 ])
 def test_valid_arguments_are_accepted(kwargs):
@@ -111,12 +107,14 @@ def test_valid_arguments_are_accepted(kwargs):
 
 
 def test_per_stage_attn_cfg():
+    """One stage's attention: ``stage_cfgs[i]['attn_cfg']`` replaces the
+    backbone's ``attn_cfg`` for that stage."""
     model = SOFT(
         ARCH,
-        attn_cfg=[
-            dict(type='soft', attn_norm=False),
-            dict(type='linformer'),
-            dict(type='soft', nr_iters=7), None
+        attn_cfg=dict(type='soft', nr_iters=7),
+        stage_cfgs=[
+            dict(attn_cfg=dict(type='soft', attn_norm=False)),
+            dict(attn_cfg=dict(type='linformer')), {}, {}
         ])
     attns = [s.blocks[0].attn for s in model.stages[:3]]
     assert attns[0].attn_norm is False and attns[2].attn_norm is True
@@ -160,11 +158,7 @@ def test_stages_built_from_per_stage_spec():
     the cls-token stage: attention dropout)."""
     model = SOFT(
         ARCH,
-        attn_cfg=[
-            dict(type='soft'),
-            dict(type='linformer'),
-            dict(type='soft'), None
-        ],
+        stage_cfgs=[{}, dict(attn_cfg=dict(type='linformer')), {}, {}],
         attn_drop_rate=0.1)
     cfgs = model.stage_cfgs
     assert [c['type'] for c in cfgs] == list(SOFT.stage_types)
@@ -182,13 +176,8 @@ def test_stages_built_from_per_stage_spec():
 # ------------------------------- one entry per stage; stage_cfgs (#29)
 @pytest.mark.parametrize('kwargs, error, match', [
     (dict(arch=dict(ARCH, dw_kernel_sizes=[9, 5, 3])), ValueError,
-     re.escape("arch['dw_kernel_sizes'] has 3 entries; give 4, one per "
-               'stage, with None for stage 4 (a ClsTokenStage, which takes '
-               'no dw_kernel_size): dw_kernel_sizes=[9, 5, 3, None]')),
-    (dict(attn_cfg=[dict(type='soft')] * 3), TypeError,
-     re.escape('attn_cfg has 3 entries; give 4, one per stage, with None '
-               'for stage 4 (a ClsTokenStage, which takes no attn_cfg): '
-               'attn_cfg=[<your 3 dicts>, None]')),
+     re.escape("arch['dw_kernel_sizes'] must be a list of 4 values (one per "
+               'stage), got [9, 5, 3]')),
     (dict(arch=dict(ARCH, dw_kernel_sizes=[9, 5, 3, 3])), ValueError,
      re.escape("arch['dw_kernel_sizes'][3] must be None: stage 4 is a "
                'ClsTokenStage')),
@@ -196,8 +185,7 @@ def test_stages_built_from_per_stage_spec():
      re.escape("arch['sampling_ratios'] must be a list of 4 values")),
 ])
 def test_per_stage_settings_take_one_entry_per_stage(kwargs, error, match):
-    """Every per-stage setting has 4 entries; the 3-entry lists of SOFT-only
-    settings (mmsoft 0.2) say what to write instead."""
+    """Every per-stage setting of ``arch`` has 4 entries."""
     kwargs.setdefault('arch', ARCH)
     with pytest.raises(error, match=match):
         SOFT(**kwargs)
@@ -234,7 +222,7 @@ def test_stage_cfgs_override_the_computed_stage_config():
 
 UNKNOWN_KEY = ("stage_cfgs[3] has unknown keys ['dw_kernel_size']; a "
                'ClsTokenStage takes act_cfg, attn_drop_rate')
-FROM_ARCH = "stage_cfgs sets 'depth', which comes from arch['depths']"
+FROM_ARCH = "stage_cfgs sets 'depth', which comes from arch"
 
 
 @pytest.mark.parametrize('stage_cfgs, match', [
@@ -264,14 +252,15 @@ def test_arch_aliases():
 
 
 def test_norm_and_act_cfgs():
-    """norm_cfg / act_cfg (one dict or one per stage) reach every block,
-    patch_norm_cfg / patch_act_cfg the conv patch embeddings."""
+    """norm_cfg / act_cfg reach every block (one stage's own:
+    ``stage_cfgs``), patch_norm_cfg / patch_act_cfg the conv patch
+    embeddings."""
     model = SOFT(
         ARCH,
         norm_cfg=dict(type='LN', eps=1e-3),
-        act_cfg=[
-            dict(type='ReLU'), None, None,
-            dict(type='GELU', approximate='tanh')
+        stage_cfgs=[
+            dict(act_cfg=dict(type='ReLU')), {}, {},
+            dict(act_cfg=dict(type='GELU', approximate='tanh'))
         ],
         patch_norm_cfg=dict(type='GN', num_groups=8),
         patch_act_cfg=dict(type='GELU'))
@@ -293,7 +282,7 @@ def test_norm_and_act_cfgs():
     default = SOFT(ARCH)
     assert default.stages[0].blocks[0].norm1.eps == 1e-5
     assert default.stages[3].norm.eps == 1e-6
-    with pytest.raises(TypeError, match='norm_cfg must be a dict or a list'):
+    with pytest.raises(TypeError, match='norm_cfg must be a dict'):
         SOFT(ARCH, norm_cfg=[dict(type='LN')] * 3)
 
 

@@ -15,11 +15,11 @@ from mmengine.logging import MMLogger
 from mmengine.registry import DefaultScope
 
 from mmsoft.models.backbones import SOFT
-from mmsoft.models.backbones.soft import PyramidStage, SOFTStage
-from mmsoft.models.layers import (ConvPatchEmbed, SafeConv2d, SOFTAttention,
-                                  SOFTBlock, SoftmaxBlock)
-from mmsoft.models.layers.blocks import (SoftmaxAttention, build_attention,
-                                         check_norm_cfg, residual_drop_cfg)
+from mmsoft.models.backbones.soft import (ConvPatchEmbed, PyramidStage,
+                                          SOFTBlock, SoftmaxAttention,
+                                          SoftmaxBlock, SOFTStage,
+                                          check_norm_cfg, residual_drop_cfg)
+from mmsoft.models.layers import SafeConv2d, SOFTAttention
 
 ARCH = tiny_arch((8, 8, 8, 16), (1, 1, 1, 2))
 
@@ -166,37 +166,36 @@ def test_soft_stage_residual_drop_defaults_to_drop_path():
 
 
 # ------------------------------------------------------- SOFT's stage_cfgs
-def test_unknown_key_for_all_stages_names_both_stage_kinds():
+def test_unknown_key_for_all_stages_is_named():
     with pytest.raises(
             ValueError,
-            match=r"SOFT: stage_cfgs has unknown keys \['bogus'\]; a "
-            r'SOFTStage/ClsTokenStage takes '):
+            match=r"^SOFT: stage_cfgs has unknown keys \['bogus'\]; no "
+            r'stage takes them$'):
         SOFT(ARCH, pretrain_img_size=32, stage_cfgs=dict(bogus=1))
 
 
-# --------------------------------------------------------- build_attention
-STAGE = dict(
-    embed_dims=8,
-    num_heads=1,
-    sampling_ratio=2,
-    dw_kernel_size=3,
-    qkv_bias=True)
+# ------------------------------------------------ attn_cfg -> the attention
+def test_attention_is_built_from_the_block_settings_and_attn_cfg():
+    """Swin's merge: the block's settings, then ``attn_cfg`` over them
+    (one of its keys may set a stage setting for the attention alone)."""
+    blk = SOFTBlock(8, 2, 2, attn_cfg=dict(type='linformer', num_heads=1))
+    assert type(blk.attn).__name__ == 'LinformerAttention'
+    assert (blk.attn.embed_dims, blk.attn.num_heads) == (8, 1)
+    assert blk.attn.sampling_ratio == 2 and blk.attn.dw_conv.kernel_size == \
+        (3, 3)
 
 
-@pytest.mark.parametrize('cfg', [dict(nr_iters=3), 'SOFTAttention', None])
-def test_attn_cfg_without_a_type_is_refused_by_name(cfg):
-    with pytest.raises(
-            TypeError,
-            match=r"^attn_cfg must be a dict with a 'type' \(one of \[.*"
-            r"'SOFTAttention'.*\]\), got "):
-        build_attention(cfg, **STAGE)
+def test_attn_cfg_without_a_type_is_refused_by_the_registry():
+    with pytest.raises(KeyError, match='must contain the key "type"'):
+        SOFTBlock(8, 1, 2, attn_cfg=dict(nr_iters=3))
 
 
 def test_attention_class_as_type_takes_the_nr_keys():
-    """``type`` may be the class itself; its flat ``nr_*`` keys still
-    become its ``nr`` settings."""
-    attn = build_attention(
-        dict(type=SOFTAttention, nr_iters=3, nr_init='soft'), **STAGE)
+    """``type`` may be the class itself; the ``nr_*`` keys are SOFT
+    attention's own arguments."""
+    attn = SOFTBlock(
+        8, 1, 2, attn_cfg=dict(type=SOFTAttention, nr_iters=3,
+                               nr_init='soft')).attn
     assert isinstance(attn, SOFTAttention)
     assert attn.nr.iters == 3 and attn.nr.init == 'soft'
 
@@ -212,7 +211,7 @@ def test_building_under_a_detectors_scope_logs_no_registry_warning():
     logger.addHandler(handler)
     try:
         with DefaultScope.overwrite_default_scope('mmdet'):
-            build_attention(dict(type='SOFTAttention'), **STAGE)
+            SOFTBlock(8, 1, 2, attn_cfg=dict(type='SOFTAttention'))
     finally:
         logger.removeHandler(handler)
     assert not [

@@ -13,16 +13,15 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from mmsoft.models.backbones.soft import ClsTokenStage
+from mmsoft.models.backbones.soft import ClsTokenStage, SoftmaxAttention
 from mmsoft.models.layers import export_ops
-from mmsoft.models.layers.blocks import SoftmaxAttention
-from mmsoft.models.layers.gaussian_kernel import gaussian_kernel
 from mmsoft.models.layers.nr_config import NRConfig
 from mmsoft.models.layers.soft_attention import (SAMPLING_MODES,
                                                  BottleneckSampler,
-                                                 SOFTAttention)
+                                                 SOFTAttention,
+                                                 gaussian_kernel)
 
-SAFE = importlib.import_module('mmsoft.models.layers.safe_conv')
+SAFE = importlib.import_module('mmsoft.models.layers.amp')
 
 
 def _randn(*shape, seed=0):

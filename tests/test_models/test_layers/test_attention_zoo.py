@@ -9,10 +9,10 @@ import torch
 import torch.nn.functional as F
 
 from mmsoft.models.backbones import SOFT
+from mmsoft.models.backbones.soft import SOFTBlock
 from mmsoft.models.layers import (BottleneckSampler, SOFTAttention,
-                                  attention_types, build_attention,
-                                  landmark_grid, query_index, reduce_map)
-from mmsoft.models.layers.gaussian_kernel import gaussian_kernel
+                                  gaussian_kernel, landmark_grid, query_index,
+                                  reduce_map)
 from mmsoft.models.layers.nr_config import NRConfig
 from mmsoft.models.layers.zoo import (LinformerAttention,
                                       NystromformerAttention,
@@ -45,15 +45,15 @@ def tokens(B=2, n=N, c=C, seed=0):
 
 
 def build(t, ratio=2, dw_kernel_size=3, **options):
-    """``t`` as a SOFT stage builds it (``attn_cfg=dict(type=t, ...)``)."""
+    """``t`` as a SOFT block builds it (``attn_cfg=dict(type=t, ...)``)."""
     torch.manual_seed(0)
-    return build_attention(
-        dict(type=t, **options),
-        embed_dims=C,
-        num_heads=HEADS,
-        sampling_ratio=ratio,
-        dw_kernel_size=dw_kernel_size,
-        qkv_bias=True).double().eval()
+    return SOFTBlock(
+        C,
+        HEADS,
+        ratio,
+        dw_kernel_size,
+        attn_cfg=dict(type=t, **options),
+        qkv_bias=True).attn.double().eval()
 
 
 def values(attn, x):
@@ -67,7 +67,8 @@ def merge(t):
 
 # ---------------------------------------------------------------- registry
 def test_registry_lists_the_zoo_under_class_names_and_aliases():
-    types = attention_types()
+    ATTENTIONS.import_from_location()
+    types = sorted(ATTENTIONS.module_dict)
     for t in ATTENTION_TYPES:
         cls = ATTENTIONS.get(t)
         assert cls is not None and t in types
@@ -88,23 +89,8 @@ def test_attn_cfg_errors_name_the_problem():
         build('linformer', nr_iters=10)
     with pytest.raises(TypeError, match='sr_mode'):
         build('soft', sr_mode='conv')
-    # the stage fixes the geometry
-    with pytest.raises(ValueError, match='embed_dims'):
-        build_attention(
-            dict(type='soft', embed_dims=8),
-            embed_dims=C,
-            num_heads=HEADS,
-            sampling_ratio=2,
-            dw_kernel_size=3,
-            qkv_bias=True)
-    with pytest.raises(TypeError, match="'type'"):
-        build_attention(
-            'soft',
-            embed_dims=C,
-            num_heads=HEADS,
-            sampling_ratio=2,
-            dw_kernel_size=3,
-            qkv_bias=True)
+    with pytest.raises(TypeError, match='not a mapping'):
+        SOFTBlock(C, HEADS, 2, attn_cfg='soft')
 
 
 @pytest.mark.parametrize('attn_type', ATTENTION_TYPES)
@@ -388,7 +374,6 @@ def test_soft_row_is_row_of_p_ainv_pt(attn_norm):
 
 
 def test_max_landmarks_reaches_reduced_zoo_entries_through_the_block():
-    from mmsoft.models.layers import SOFTBlock
     for t in ('linformer', 'nystromformer'):
         blk = SOFTBlock(C, HEADS, 1, attn_cfg=dict(type=t, max_landmarks=4))
         assert blk.attn.max_landmarks == 4

@@ -9,13 +9,12 @@ import torch
 from conftest import deadline
 
 from mmsoft.models.layers import export_ops, landmark_grid
-from mmsoft.models.layers.gaussian_kernel import (GaussianKernel,
-                                                  gaussian_kernel,
-                                                  kernel_forward)
 from mmsoft.models.layers.nr_autograd import NewtonInverse
 from mmsoft.models.layers.nr_config import NRConfig
 from mmsoft.models.layers.nr_iteration import nr_init_alpha
-from mmsoft.models.layers.soft_attention import SOFTAttention
+from mmsoft.models.layers.soft_attention import (GaussianKernel, SOFTAttention,
+                                                 gaussian_kernel,
+                                                 kernel_forward)
 
 
 def _ref(x, y):

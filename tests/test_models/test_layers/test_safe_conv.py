@@ -1,5 +1,5 @@
 """The CPU half-precision convolution guard (``mmsoft.models.layers.
-safe_conv``).
+amp``).
 
 On CPUs with AMX, torch 2.14.1's bfloat16 convolution is wrong for narrow
 convs such as SOFT's landmark sampler ``Conv2d(C, C, k, stride=k)``
@@ -26,10 +26,11 @@ import torch
 import torch.nn.functional as F
 
 from mmsoft.compat import autocast_dtype
-from mmsoft.models.layers import BottleneckSampler, ConvPatchEmbed, SafeConv2d
+from mmsoft.models.backbones.soft import ConvPatchEmbed
+from mmsoft.models.layers import BottleneckSampler, SafeConv2d
 from mmsoft.models.layers.amp import autocast_off
 
-SAFE = importlib.import_module('mmsoft.models.layers.safe_conv')
+SAFE = importlib.import_module('mmsoft.models.layers.amp')
 
 HALF = (torch.bfloat16, torch.float16)
 #: relative L2 error of a module's output under autocast against float32 on

@@ -5,9 +5,10 @@ import math
 import pytest
 import torch
 
+from mmsoft.models.backbones.soft import SOFTBlock
 from mmsoft.models.layers import (BottleneckSampler, NRConfig, SOFTAttention,
-                                  build_attention, gaussian_kernel,
-                                  landmark_grid, soft_attention, with_nr)
+                                  gaussian_kernel, landmark_grid,
+                                  soft_attention, with_nr)
 
 
 def newton_inverse(A, *args, stats=None, **kwargs):
@@ -286,22 +287,10 @@ def test_nr_settings_built_once_and_frozen(monkeypatch):
     # the same settings from an NRConfig and from the attn_cfg keys
     assert SOFTAttention(16, 2, 2, nr=attn.nr).nr is attn.nr
     cfg = dict(type='SOFTAttention', nr_iters=7, nr_method='iterative')
-    built = build_attention(
-        cfg,
-        embed_dims=16,
-        num_heads=2,
-        sampling_ratio=2,
-        dw_kernel_size=3,
-        qkv_bias=True)
+    built = SOFTBlock(16, 2, 2, attn_cfg=cfg).attn
     assert built.nr == attn.nr
     with pytest.raises(ValueError, match='nr_iters'):
-        build_attention(
-            dict(cfg, nr=dict(iters=7)),
-            embed_dims=16,
-            num_heads=2,
-            sampling_ratio=2,
-            dw_kernel_size=3,
-            qkv_bias=True)
+        SOFTBlock(16, 2, 2, attn_cfg=dict(cfg, nr=dict(iters=7)))
     # frozen: the settings, their fields and the attention's views of them
     with pytest.raises(dataclasses.FrozenInstanceError):
         attn.nr.iters = 3
@@ -323,8 +312,9 @@ def test_nr_settings_built_once_and_frozen(monkeypatch):
         NRConfig(iters=0)
     with pytest.raises(TypeError, match='unknown Newton-Raphson settings'):
         SOFTAttention(16, 2, 2, nr=dict(iter=3))
-    with pytest.raises(TypeError, match='nr_iters'):
-        SOFTAttention(16, 2, 2, nr_iters=3)  # the flat keys: attn_cfg only
+    # the flat keys are SOFTAttention's own arguments (attn_cfg's spelling)
+    assert SOFTAttention(16, 2, 2, nr_iters=3, nr_init='soft').nr == \
+        NRConfig(3, 'soft')
     with pytest.warns(FutureWarning, match='soft_norm_per_matrix'):
         assert NRConfig(init='soft_norm').init == 'soft_norm_per_matrix'
     assert SOFTAttention(16, 2, 2, attn_norm=False).nr.init == 'soft'
