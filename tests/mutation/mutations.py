@@ -146,7 +146,7 @@ MUTATIONS = (
       old='    with autocast_off(x.device.type):\n',
       new="    with torch.autocast(device_type='cuda', enabled=False):\n",
       tests=(AMP + 'test_kernel_and_pinv_run_in_fp32_under_autocast'
-             '[cpu-iterative-bfloat16]', )),
+             '[cpu-iterative-exact-bfloat16]', )),
     M(name='nr_autocast_cuda_only',
       what=("NR pseudo-inverse: autocast disabled for 'cuda' only (the "
             'iterations run under CPU autocast)'),
