@@ -166,8 +166,7 @@ def test_package_does_not_know_tools():
             if f.endswith('.py') and '.mim' not in d:
                 with open(osp.join(d, f)) as fh:
                     assert tool_references(fh.read()) == [], (d, f)
-    from mmsoft_tools import demo_synthetic, demo_tasks
-    assert demo_tasks.synthetic is demo_synthetic
+    from mmsoft_tools import demo_synthetic
     assert osp.samefile(
         demo_synthetic.__file__,
         osp.join(ROOT, 'tools', 'mmsoft_tools', 'demo_synthetic.py'))

@@ -95,7 +95,7 @@ def test_config_contents(task):
 def test_short_training_run(task, tiny_data, tmp_path):
     cfg = T.load_demo_config(task)
     T.shrink_for_smoke(cfg, iters=2, batch_size=2)
-    data = tiny_data[T.TASKS[task]['data_task']]['path']
+    data = tiny_data[task]['path']
     r = T.run_task(task, data, str(tmp_path / task), cfg=cfg, n_draw=2)
     spec = T.TASKS[task]
     assert spec['metric'] in r['metrics']
@@ -153,7 +153,7 @@ def test_demo_smoke(tmp_path, capsys):
     """tools/demo.py end to end (one task; 3 iterations on tiny data)."""
     demo = tool_namespace('demo', run_name='demo')
     rc = demo['main']([
-        '--smoke', '--tasks', 'cls', '--no-setup', '--threads', '1', '--data',
+        '--smoke', '--tasks', 'cls', '--threads', '1', '--data',
         str(tmp_path / 'data'), '--work-dir',
         str(tmp_path / 'wd')
     ])
@@ -178,8 +178,7 @@ def test_demo_smoke_amp(tmp_path, capsys):
     import torch
     demo = tool_namespace('demo', run_name='demo')
     rc = demo['main']([
-        '--smoke', '--amp', '--tasks', 'cls', '--no-setup', '--threads', '1',
-        '--data',
+        '--smoke', '--amp', '--tasks', 'cls', '--threads', '1', '--data',
         str(tmp_path / 'data'), '--work-dir',
         str(tmp_path / 'wd')
     ])

@@ -262,7 +262,8 @@ def test_tool_cli(tmp_path):
         for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)
     }
     assert imported <= {
-        'json', 'os', 'shutil', 'time', 'multiprocessing', 'cv2', 'numpy'
+        'itertools', 'json', 'os', 'shutil', 'time', 'multiprocessing', 'cv2',
+        'numpy'
     }, imported
     out = tmp_path / 'cli'
     code = (

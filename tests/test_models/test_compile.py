@@ -148,7 +148,11 @@ def test_train_tool_compile_switch(tmp_path, capsys):
 
     from mmsoft_tools import demo_synthetic as synthetic
     data = tmp_path / 'imagenet'
-    synthetic.make_imagenet(str(data), num_train=4, num_val=2, size=32)
+    synthetic.make_demo_data(
+        str(tmp_path),
+        tasks=['cls'],
+        overrides=dict(cls=dict(num_train=4, num_val=2, size=32)),
+        log=None)
     cfg = tmp_path / 'cfg.py'
     cfg.write_text(
         f"_base_ = [{osp.join(CONFIGS, 'demo', 'soft_cls_demo.py')!r}]\n"
