@@ -240,7 +240,11 @@ class Predictor:
         self.scope = codebase_of(cfg)
         self.task = TASKS[self.scope]
         self.score_thr = score_thr
-        with self._scope():
+        from mmsoft.compat import mmengine_checkpoints_allowed
+
+        # the inferencers torch.load a training checkpoint (its message
+        # hub): mmengine's objects allowed for this load only
+        with self._scope(), mmengine_checkpoints_allowed():
             self._build(cfg, checkpoint, device)
         self._check_weights(cfg, checkpoint, partial_load)
 

@@ -1,17 +1,15 @@
 """mmsoft: SOFT (softmax-free linear transformers) for OpenMMLab.
 
-``import mmsoft`` registers mmsoft's models, hooks and optim wrappers and
-adds mmengine's training-checkpoint allow-list to torch's weights-only
-unpickler (:func:`mmsoft.compat.register_safe_globals`); nothing else in
-the process changes (docs/en/advanced_guides/compatibility.md).
+``import mmsoft`` registers mmsoft's models, hooks and optim wrappers;
+nothing else in the process changes, torch's weights-only allow-list
+included (SafeCheckpointHook widens it around the Runner's checkpoint
+loads only: :func:`mmsoft.compat.mmengine_checkpoints_allowed`;
+docs/en/advanced_guides/compatibility.md).
 """
-from . import compat as _compat
 from .engine import SafeCheckpointHook  # noqa: F401 (registers the hooks)
 from .models import SOFT
 from .registry import MODELS
 from .version import __version__
-
-_compat.register_safe_globals()
 
 
 def __getattr__(name):

@@ -1,34 +1,22 @@
 """Compatibility with the supported stacks (torch 2.1 to 2.14, mmengine 0.10).
 
-``import mmsoft`` calls :func:`register_safe_globals`; nothing else here
-changes the process. The allow-list and why each entry is safe:
+Nothing here changes the process: ``import mmsoft`` leaves torch's
+weights-only allow-list alone; :func:`mmengine_checkpoints_allowed` widens
+it for mmengine's training checkpoints inside a ``with`` block only
+(SafeCheckpointHook does so around the Runner's ``load_checkpoint``). The
+allow-list and why each entry is safe:
 docs/en/advanced_guides/compatibility.md.
 """
 from mmsoft.utils.safe_load import (RefusedGlobal, RestrictedUnpickler,
-                                    mmengine_safe_globals, native_allow_list,
-                                    safe_torch_load, torch_version,
-                                    unsafe_globals)
+                                    mmengine_checkpoints_allowed,
+                                    native_allow_list, safe_torch_load,
+                                    torch_version, unsafe_globals)
 
 __all__ = [
-    'register_safe_globals', 'MMENGINE_SAFE_GLOBALS', 'safe_torch_load',
-    'unsafe_globals', 'RefusedGlobal', 'RestrictedUnpickler',
-    'native_allow_list', 'torch_version', 'unravel_index', 'autocast_dtype'
+    'mmengine_checkpoints_allowed', 'safe_torch_load', 'unsafe_globals',
+    'RefusedGlobal', 'RestrictedUnpickler', 'native_allow_list',
+    'torch_version', 'unravel_index', 'autocast_dtype'
 ]
-
-#: filled by :func:`register_safe_globals`
-MMENGINE_SAFE_GLOBALS = []
-
-
-def register_safe_globals():
-    """Add what mmengine 0.10's training checkpoints pickle to torch's
-    weights-only allow-list (torch >= 2.6 loads them weights-only by
-    default); idempotent. Returns False (nothing added) before torch 2.6."""
-    if not native_allow_list():
-        return False
-    from torch.serialization import add_safe_globals
-    MMENGINE_SAFE_GLOBALS[:] = mmengine_safe_globals()
-    add_safe_globals(MMENGINE_SAFE_GLOBALS)  # a set union: idempotent
-    return True
 
 
 def autocast_dtype(device_type):

@@ -1,9 +1,11 @@
 """Tests of :mod:`mmsoft.compat` (torch >= 2.6 + mmengine 0.10.7 fixes).
 
 Each fix has a test that fails without it: the baseline failure is shown in a
-fresh interpreter that never imports mmsoft, and in this process with the
-allow-list removed; once mmsoft is imported (the allow-list) the same files
-load, through mmengine's own, unpatched loaders.
+fresh interpreter, before and after ``import mmsoft`` (which widens nothing),
+and in this process outside the allow-list's context; inside
+:func:`~mmsoft.compat.mmengine_checkpoints_allowed` (what SafeCheckpointHook
+enters around the Runner's loads) the same files load, through mmengine's
+own, unpatched loaders.
 """
 import contextlib
 import functools
@@ -23,6 +25,7 @@ from conftest import ROOT, needs_torch, run, run_python
 from mmengine.logging import HistoryBuffer, MessageHub
 
 from mmsoft import compat
+from mmsoft.utils import safe_load
 
 # torch 2.6 made weights_only=True the default of torch.load, and only its
 # allow-list takes (obj, name) entries: the fix applies there (mmsoft's own
@@ -57,28 +60,42 @@ def _mmengine_checkpoint(path):
 
 
 @pytest.fixture
-def without_fix():
-    """Temporarily remove the allow-list that ``import mmsoft`` added."""
-    saved = torch.serialization.get_safe_globals()
-    torch.serialization.clear_safe_globals()
-    try:
+def allowed():
+    """Inside mmsoft's allow-list context (as the Runner's loads are)."""
+    with compat.mmengine_checkpoints_allowed():
         yield
+
+
+@needs_weights_only
+def test_allow_list_is_scoped():
+    """The context adds mmengine's entries and removes exactly those on
+    leaving (nested too); entries the user added stay theirs."""
+
+    def get():  # torch keeps a set: its order is no property
+        return set(torch.serialization.get_safe_globals())
+
+    before = get()
+    entries = safe_load.mmengine_safe_globals()
+    with compat.mmengine_checkpoints_allowed():
+        inside = get()
+        assert inside == before | set(entries)
+        with compat.mmengine_checkpoints_allowed():
+            assert get() == inside
+        assert get() == inside
+    assert get() == before
+    torch.serialization.add_safe_globals([entries[0]])  # the user's own
+    try:
+        with compat.mmengine_checkpoints_allowed():
+            pass
+        assert get() == before | {entries[0]}
     finally:
-        torch.serialization.add_safe_globals(saved)
+        torch.serialization.clear_safe_globals()
+        torch.serialization.add_safe_globals(list(before))
+    assert get() == before
 
 
 @needs_weights_only
-def test_register_safe_globals_is_idempotent():
-    before = set(map(str, torch.serialization.get_safe_globals()))
-    assert compat.register_safe_globals() is True
-    assert compat.register_safe_globals() is True
-    assert set(map(str, torch.serialization.get_safe_globals())) == before
-    for entry in compat.MMENGINE_SAFE_GLOBALS:
-        assert entry in torch.serialization.get_safe_globals()
-
-
-@needs_weights_only
-def test_torch_load_fails_with_fix_reverted(tmp_path, without_fix):
+def test_torch_load_fails_outside_the_context(tmp_path):
     path = tmp_path / 'iter_3.pth'
     _mmengine_checkpoint(path)
     with pytest.raises(pickle.UnpicklingError, match='HistoryBuffer'):
@@ -96,14 +113,14 @@ def test_torch_load_fails_with_fix_reverted(tmp_path, without_fix):
 
 
 @needs_weights_only
-def test_allow_list_covers_mmengine_checkpoint(tmp_path):
+def test_allow_list_covers_mmengine_checkpoint(tmp_path, allowed):
     path = tmp_path / 'iter_3.pth'
     _mmengine_checkpoint(path)
     assert torch.serialization.get_unsafe_globals_in_checkpoint(path) == []
 
 
 @needs_weights_only
-def test_mmengine_checkpoint_loads_weights_only(tmp_path):
+def test_mmengine_checkpoint_loads_weights_only(tmp_path, allowed):
     path = tmp_path / 'iter_3.pth'
     ckpt, _ = _mmengine_checkpoint(path)
     loaded = torch.load(path)  # weights_only=True is torch's default
@@ -127,7 +144,7 @@ def test_mmengine_checkpoint_loads_weights_only(tmp_path):
         assert hub.get_scalar('val/acc').current() == 0.5
 
 
-def test_mmengine_loaders(tmp_path):
+def test_mmengine_loaders(tmp_path, allowed):
     """mmengine's own entry points: CheckpointLoader and load_checkpoint."""
     from mmengine.runner import load_checkpoint
     from mmengine.runner.checkpoint import CheckpointLoader
@@ -167,7 +184,7 @@ class _Gadget:
         (np.ndarray, 'tofile'),  # not an allow-listed owner
         (torch.Tensor, 'new_empty'),
     ])
-def test_getattr_is_restricted(tmp_path, owner, name):
+def test_getattr_is_restricted(tmp_path, owner, name, allowed):
     path = tmp_path / 'gadget.pth'
     torch.save({'x': _Gadget(owner, name)}, path)
     with pytest.raises(pickle.UnpicklingError):
@@ -178,7 +195,7 @@ def test_getattr_is_restricted(tmp_path, owner, name):
 
 
 @needs_weights_only
-def test_weights_only_still_refuses_other_globals(tmp_path):
+def test_weights_only_still_refuses_other_globals(tmp_path, allowed):
     """The fix is an allow-list, not ``weights_only=False``."""
     path = tmp_path / 'evil.pth'
     torch.save({'x': os.getcwd}, path)  # any other global
@@ -195,13 +212,13 @@ def test_fresh_process_before_and_after_import(tmp_path):
 
     1. Without mmsoft it reproduces the reported failure: ``torch.load`` and
        mmengine's ``CheckpointLoader`` refuse a Runner checkpoint.
-    2. ``import mmsoft`` then lets a process that never built a
-       HistoryBuffer (the class's method table is still empty) load it
-       without warnings, and its buffers work.
-    3. The import added only the checkpoint allow-list to torch (mmengine's
-       inferencers load a checkpoint before any model is built: issue 27);
-       mmengine's own loader, unpatched, loads the checkpoint, also after a
-       SOFT model is built (the rest of the process state:
+    2. ``import mmsoft`` changes nothing of that (issue 50: no process-wide
+       allow-list); inside :func:`compat.mmengine_checkpoints_allowed` a
+       process that never built a HistoryBuffer (the class's method table
+       is still empty) loads it without warnings, and its buffers work.
+    3. Leaving the context restores torch's list: the same load fails again;
+       mmengine's own loader, unpatched, loads inside the context, also
+       after a SOFT model is built (the rest of the process state:
        tests/test_process_state.py)."""
     path = tmp_path / 'iter_3.pth'
     _mmengine_checkpoint(path)
@@ -210,53 +227,65 @@ def test_fresh_process_before_and_after_import(tmp_path):
         from mmengine.logging import HistoryBuffer
         from mmengine.registry import MODELS
         from mmengine.runner.checkpoint import CheckpointLoader
-        before = set(map(str, torch.serialization.get_safe_globals()))
+        before = sorted(map(str, torch.serialization.get_safe_globals()))
         loader = CheckpointLoader._schemes['']
-        out = {{'mmsoft_imported': 'mmsoft' in sys.modules, 'before': {{}}}}
-        for name, fn in [
-            ('torch.load', lambda: torch.load({str(path)!r})),
-            ('CheckpointLoader', lambda: CheckpointLoader.load_checkpoint(
-                {str(path)!r}, map_location='cpu')),
-        ]:
-            try:
-                fn()
-                out['before'][name] = 'ok'
-            except pickle.UnpicklingError as e:
-                out['before'][name] = str(e)
+        out = {{'mmsoft_imported': 'mmsoft' in sys.modules}}
+
+        def attempts(key):
+            out[key] = {{}}
+            for name, fn in [
+                ('torch.load', lambda: torch.load({str(path)!r})),
+                ('CheckpointLoader', lambda: CheckpointLoader.load_checkpoint(
+                    {str(path)!r}, map_location='cpu')),
+            ]:
+                try:
+                    fn()
+                    out[key][name] = 'ok'
+                except pickle.UnpicklingError as e:
+                    out[key][name] = str(e)
+
+        attempts('before')
         import mmsoft
         from mmsoft import compat
+        attempts('imported')
         out['table_empty'] = not HistoryBuffer._statistics_methods
-        with warnings.catch_warnings():
-            warnings.simplefilter('error')
-            ckpt = torch.load({str(path)!r})
+        with compat.mmengine_checkpoints_allowed():
+            with warnings.catch_warnings():
+                warnings.simplefilter('error')
+                ckpt = torch.load({str(path)!r})
         buf = ckpt['message_hub']['log_scalars']['train/loss']
         out['mean'] = buf.statistics('mean')
-        out['only_allow_list'] = set(
-            map(str, torch.serialization.get_safe_globals())) - before == \
-            set(map(str, compat.MMENGINE_SAFE_GLOBALS))
+        out['list_restored'] = sorted(
+            map(str, torch.serialization.get_safe_globals())) == before
+        attempts('after')
         MODELS.build(dict(type='SOFT', arch=dict(
             embed_dims=[8, 16, 16, 32], num_heads=[1, 2, 2, 2],
             depths=[1, 1, 1, 1])))
         out['same_loader'] = CheckpointLoader._schemes[''] is loader
-        out['iter'] = CheckpointLoader.load_checkpoint(
-            {str(path)!r}, map_location='cpu')['meta']['iter']
+        with compat.mmengine_checkpoints_allowed():
+            out['iter'] = CheckpointLoader.load_checkpoint(
+                {str(path)!r}, map_location='cpu')['meta']['iter']
         print(json.dumps(out))
     """)
     res = run_python(code, timeout=120)
     assert res.returncode == 0, res.stderr[-2000:]
     out = json.loads(res.stdout.strip().splitlines()[-1])
-    # 1. the baseline failure, in a process without mmsoft
+    # 1. the baseline failure, in a process without mmsoft ...
     assert out.pop('mmsoft_imported') is False
-    assert set(out['before']) == {'torch.load', 'CheckpointLoader'}
-    for name, msg in out.pop('before').items():
+    before = out.pop('before')
+    assert set(before) == {'torch.load', 'CheckpointLoader'}
+    for name, msg in before.items():
         assert 'Unsupported global' in msg and \
             'mmengine.logging.history_buffer.HistoryBuffer' in msg, (name, msg)
-    # 2. after the import: a quiet load (warnings were errors), working
+    # 2. ... the same after the import and after leaving the context
+    assert out.pop('imported') == before
+    assert out.pop('after') == before
+    # inside the context: a quiet load (warnings were errors), working
     # buffers, in a process whose method table was empty
     assert out.pop('table_empty') is True
     assert out.pop('mean') == pytest.approx((1 + .5 + 1 / 3) / 3)
-    # 3. only the allow-list added; mmengine's loader unpatched and working
-    assert out == dict(only_allow_list=True, same_loader=True, iter=3)
+    # 3. torch's list restored; mmengine's loader unpatched and working
+    assert out == dict(list_restored=True, same_loader=True, iter=3)
 
 
 # ---------------------------------------------- loading mutates nothing
@@ -271,7 +300,7 @@ def _crafted_history_buffer(methods):
 
 
 @needs_weights_only
-def test_loading_does_not_mutate_history_buffer_class(tmp_path):
+def test_loading_does_not_mutate_history_buffer_class(tmp_path, allowed):
     """Before: loading this file made every HistoryBuffer's 'mean' return
     the max (``HistoryBuffer([1, 2, 3]).statistics('mean') == 3``) for the
     rest of the process."""
@@ -298,7 +327,7 @@ def test_loading_does_not_mutate_history_buffer_class(tmp_path):
 
 
 @needs_weights_only
-def test_regular_history_buffer_loads_without_warning(tmp_path):
+def test_regular_history_buffer_loads_without_warning(tmp_path, allowed):
     path = tmp_path / 'hb.pth'
     torch.save({'x': HistoryBuffer([1.0, 3.0], [1, 1])}, path)
     with warnings.catch_warnings():
@@ -323,7 +352,7 @@ def test_regular_history_buffer_loads_without_warning(tmp_path):
         lambda: np.zeros((0, 3), dtype=np.float32),
         lambda: HistoryBuffer(),  # never updated: empty arrays inside
     ])
-def test_empty_arrays_load(tmp_path, make):
+def test_empty_arrays_load(tmp_path, make, allowed):
     """Before: ``Unsupported global: GLOBAL builtins.bytes`` (an empty
     array's data is pickled as ``bytes()``), so a checkpoint with a
     never-updated HistoryBuffer could not resume."""
@@ -339,7 +368,7 @@ def test_empty_arrays_load(tmp_path, make):
 
 
 @needs_weights_only
-def test_bytes_is_restricted(tmp_path):
+def test_bytes_is_restricted(tmp_path, allowed):
 
     class Alloc:
 
@@ -432,13 +461,12 @@ def test_tools_print_only_their_own_output(tool):
         assert proc.stderr == '', proc.stderr
 
 
-def test_register_safe_globals_adds_nothing_before_torch_2_6(monkeypatch):
+def test_allow_list_context_is_a_no_op_before_torch_2_6(monkeypatch):
     """Before torch 2.6 there is no allow-list to extend (mmsoft's loader
-    is the restricted unpickler): False, and torch's list is unchanged."""
-    before = list(map(str, torch.serialization.get_safe_globals())) \
-        if hasattr(torch.serialization, 'get_safe_globals') else None
-    monkeypatch.setattr(compat, 'native_allow_list', lambda: False)
-    assert compat.register_safe_globals() is False
-    if before is not None:
-        assert list(map(str, torch.serialization.get_safe_globals())) == \
-            before
+    is the restricted unpickler): the context adds nothing."""
+    get = getattr(torch.serialization, 'get_safe_globals', None)
+    before = list(map(str, get())) if get else None
+    monkeypatch.setattr(safe_load, 'native_allow_list', lambda: False)
+    with compat.mmengine_checkpoints_allowed():
+        if get is not None:
+            assert list(map(str, get())) == before

@@ -17,7 +17,7 @@ from mmengine.logging.history_buffer import HistoryBuffer
 __all__ = [
     'safe_torch_load', 'unsafe_globals', 'RefusedGlobal',
     'RestrictedUnpickler', 'native_allow_list', 'torch_version',
-    'mmengine_safe_globals', 'code_globals'
+    'mmengine_safe_globals', 'code_globals', 'mmengine_checkpoints_allowed'
 ]
 
 
@@ -217,10 +217,26 @@ def safe_torch_load(f, map_location=None, extra=()):
     """
     if not native_allow_list():
         return _restricted_load(f, map_location, extra)
+    with mmengine_checkpoints_allowed(extra):
+        return torch.load(f, map_location=map_location, weights_only=True)
+
+
+def mmengine_checkpoints_allowed(extra=()):
+    """A context inside which torch's weights-only unpickler (torch >= 2.6)
+    also allows :func:`mmengine_safe_globals` and ``extra``: mmengine's
+    training checkpoints (``message_hub``'s ``HistoryBuffer``, numpy
+    arrays) load with ``torch.load`` and mmengine's loaders; on leaving,
+    torch's list is what it was (``torch.serialization.safe_globals``).
+    A no-op context before torch 2.6 (nothing to widen there; mmsoft's
+    own reads use :class:`RestrictedUnpickler`). ``import mmsoft`` widens
+    nothing; SafeCheckpointHook enters this context around the Runner's
+    ``load_checkpoint`` (docs/en/advanced_guides/compatibility.md)."""
+    import contextlib
+    if not native_allow_list():
+        return contextlib.nullcontext()
     have = torch.serialization.get_safe_globals()
     new = [e for e in mmengine_safe_globals() + list(extra) if e not in have]
-    with torch.serialization.safe_globals(new):  # removes them afterwards
-        return torch.load(f, map_location=map_location, weights_only=True)
+    return torch.serialization.safe_globals(new)  # removes them afterwards
 
 
 def unsafe_globals(path, extra=()):

@@ -2,9 +2,11 @@
 
 Train a tiny SOFT classifier for a few iterations, save checkpoints, resume
 from them (``resume=True`` and ``load_from`` + ``resume``), then val / test,
-also from a test-only ``Runner(load_from=...)``. Before :mod:`mmsoft.compat`
-every resume / ``load_from`` raised ``UnpicklingError: Weights only load
-failed ... Unsupported global: mmengine.logging.history_buffer.HistoryBuffer``.
+also from a test-only ``Runner(load_from=...)``, with the shipped configs'
+``SafeCheckpointHook``. Without its allow-list context (around the Runner's
+loads only) every resume / ``load_from`` raised ``UnpicklingError: Weights
+only load failed ... Unsupported global:
+mmengine.logging.history_buffer.HistoryBuffer``.
 
 Two model flavours: an mmpretrain ``ImageClassifier`` with the SOFT backbone
 (skipped if mmpretrain is missing) and a plain mmengine ``BaseModel`` around
@@ -23,7 +25,8 @@ from mmengine.registry import MODELS
 from mmengine.runner import Runner
 from torch.utils.data import Dataset
 
-import mmsoft  # noqa: F401  (registers mmsoft.SOFT, applies mmsoft.compat)
+import mmsoft  # noqa: F401  (registers mmsoft.SOFT, SafeCheckpointHook)
+from mmsoft.compat import mmengine_checkpoints_allowed
 
 ARCH = tiny_arch()
 BACKBONE = dict(
@@ -156,7 +159,7 @@ def _runner(flavour, work_dir, name, stop_after=None, train=True, **kwargs):
         test_cfg=dict(),
         default_hooks=dict(
             checkpoint=dict(
-                type='CheckpointHook',
+                type='SafeCheckpointHook',
                 interval=2,
                 by_epoch=False,
                 save_best=key,
@@ -190,7 +193,8 @@ def test_train_checkpoint_resume_test(flavour, tmp_path):
     ckpt_path = work_dir / 'iter_4.pth'
     assert ckpt_path.is_file() and (work_dir / 'iter_2.pth').is_file()
     assert (work_dir / 'last_checkpoint').read_text().strip() == str(ckpt_path)
-    ckpt = torch.load(ckpt_path, map_location='cpu')  # weights_only default
+    with mmengine_checkpoints_allowed():  # weights only (torch's default)
+        ckpt = torch.load(ckpt_path, map_location='cpu')
     assert ckpt['meta']['iter'] == 4
     _assert_same(ckpt['state_dict'], model_weights(runner))
 
@@ -227,12 +231,14 @@ def test_train_checkpoint_resume_test(flavour, tmp_path):
     with pytest.raises(Interrupted):
         runner3.train()
     assert rec3.start_iter == 2 and rec3.iters == [2]
-    _assert_same(rec3.start_state,
-                 torch.load(work_dir / 'iter_2.pth')['state_dict'])
+    with mmengine_checkpoints_allowed():
+        _assert_same(rec3.start_state,
+                     torch.load(work_dir / 'iter_2.pth')['state_dict'])
 
     # 4. a test-only runner loading a full training checkpoint (tools/test.py)
     last = work_dir / f'iter_{MAX_ITERS}.pth'
     runner4, _, _ = _runner(
         flavour, work_dir, 'test_only', train=False, load_from=str(last))
     assert key in runner4.test()
-    _assert_same(model_weights(runner4), torch.load(last)['state_dict'])
+    with mmengine_checkpoints_allowed():
+        _assert_same(model_weights(runner4), torch.load(last)['state_dict'])

@@ -75,8 +75,8 @@ CASES = [
     ('train-resume-other-optimizer', 'train.py', [
         '{cfg}', '--work-dir', '{work}', '--resume', '{ckpt}', '--cfg-options',
         'optim_wrapper.optimizer.type=SGD', 'train_cfg.max_epochs=2'
-    ], 'error: --resume <path>: the checkpoint was trained with '
-     'optim_wrapper.optimizer.type=', 'nothing'),
+    ], 'error: --resume <path>: the checkpoint was trained with another '
+     "optimizer than the config's optim_wrapper.optimizer", 'runner'),
     ('train-empty-list-line', 'train.py', [
         '{cfg}', '--work-dir', '{work}', '--cfg-options',
         'train_dataloader.dataset.ann_file={empty_line}'

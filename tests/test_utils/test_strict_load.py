@@ -284,8 +284,8 @@ def test_strict_load_hook_names_the_loaded_file():
         assert msg.startswith(f'checkpoint {source} does not match the '
                               f'model (_Whole): ')
         assert msg.endswith('If a partial load is intended (e.g. another '
-                            'head), set allow_partial=True on '
-                            'StrictLoadHook.')
+                            "head), set allow_partial=True on the config's "
+                            'StrictLoadHook (custom_hooks).')
     _hook(allow_partial=True).after_load_checkpoint(
         _runner(_Whole(), _load_from='w/e.pth'), other)  # logged only
 
@@ -304,6 +304,67 @@ def test_strict_load_hook_refuses_weights_for_resume():
     for attrs in (dict(_resume=False), {}):
         _hook().after_load_checkpoint(
             _runner(model, _load_from='w.pth', **attrs), weights)
+
+
+def _training_checkpoint(model, optimizer):
+    """What Runner.save_checkpoint writes (the parts the hook reads)."""
+    return dict(
+        state_dict=model.state_dict(),
+        meta=dict(epoch=1, iter=2),
+        message_hub={},
+        optimizer=optimizer(model.parameters(), lr=0.1).state_dict())
+
+
+def test_strict_load_hook_refuses_another_optimizer_for_resume():
+    """``--resume`` after the config changed ``optim_wrapper.optimizer``:
+    the saved state's settings name what differs (mmengine would load
+    AdamW's hyperparameters into SGD); the same optimizer resumes, and the
+    check needs no config text."""
+    import types
+    model = _Whole()
+
+    def runner(optimizer, **attrs):
+        wrapper = types.SimpleNamespace(
+            optimizer=optimizer(model.parameters(), lr=0.1))
+        return _runner(
+            model,
+            _load_from='e.pth',
+            _resume=True,
+            optim_wrapper=wrapper,
+            **attrs)
+
+    adamw = _training_checkpoint(model, torch.optim.AdamW)
+    adamw['optimizer']['param_groups'][0].update(
+        initial_lr=0.1, decay_mult=0.0)  # added by mmengine, not torch
+    with pytest.raises(CheckpointMismatchError) as exc:
+        _hook().after_load_checkpoint(runner(torch.optim.SGD), adamw)
+    assert str(exc.value) == (
+        "--resume e.pth: the checkpoint was trained with another optimizer "
+        "than the config's optim_wrapper.optimizer (SGD): its state has "
+        'amsgrad, betas, capturable, decoupled_weight_decay, eps and no '
+        'dampening, momentum, nesterov, so it cannot continue in SGD. Resume '
+        'with the optimizer it was trained with, or start a new run from '
+        'these weights with --cfg-options load_from=e.pth (without --resume)')
+    for same in (torch.optim.AdamW, torch.optim.Adam):  # the same settings
+        _hook().after_load_checkpoint(runner(same), adamw)
+    # a torch that added a setting: one way only, not another optimizer
+    older = _training_checkpoint(model, torch.optim.AdamW)
+    older['optimizer']['param_groups'][0].pop('decoupled_weight_decay')
+    _hook().after_load_checkpoint(runner(torch.optim.AdamW), older)
+    # load_from (no resume) is no resume: nothing to continue
+    _hook().after_load_checkpoint(
+        _runner(
+            model,
+            _load_from='e.pth',
+            optim_wrapper=types.SimpleNamespace(
+                optimizer=torch.optim.SGD(model.parameters(), lr=0.1))), adamw)
+    sgd = _training_checkpoint(model, torch.optim.SGD)
+    _hook().after_load_checkpoint(runner(torch.optim.SGD), sgd)
+    with pytest.raises(
+            CheckpointMismatchError,
+            match=r'\(AdamW\): its state'
+            r' has dampening, momentum, nesterov and no amsgrad'):
+        _hook().after_load_checkpoint(runner(torch.optim.AdamW), sgd)
 
 
 def test_strict_load_hook_names_the_config_in_the_attn_norm_refusal():

@@ -43,10 +43,9 @@ from mmsoft.engine.optimizers import \
     CPUAmpOptimWrapper  # noqa: F401  (registers what enable_amp sets)
 
 __all__ = [
-    'quiet_init_weights', 'exit_if_not_resumable', 'recorded_optimizer',
-    'lock_work_dir', 'CODEBASES', 'codebase_of', 'import_codebase',
-    'setup_cpu_distributed', 'enable_amp', 'name_run', 'compile_refusal',
-    'COMPILE_MIN_TORCH', 'prepare_cfg'
+    'quiet_init_weights', 'lock_work_dir', 'CODEBASES', 'codebase_of',
+    'import_codebase', 'setup_cpu_distributed', 'enable_amp', 'name_run',
+    'compile_refusal', 'COMPILE_MIN_TORCH', 'prepare_cfg'
 ]
 
 #: default_scope -> python package of the codebase
@@ -61,92 +60,6 @@ def _dicts(node):
     if isinstance(node, (list, tuple)):
         for val in node:
             yield from _dicts(val)
-
-
-def exit_if_not_resumable(cfg) -> None:
-    """``--resume`` that cannot continue this config: stop with one line
-    (exit 1) before anything is built, when
-
-    * ``--resume PATH`` is not a training checkpoint (a converted or
-      published weights file), instead of mmengine half-loading it and
-      then failing with ``KeyError: 'epoch'``;
-    * the checkpoint (PATH, or for ``--resume`` alone the newest
-      ``epoch_N.pth`` / ``iter_N.pth`` of the work dir) was written with
-      another optimizer type than the config now names
-      (:func:`recorded_optimizer`): mmengine would load the other
-      optimizer's state into it.
-
-    Reads only the file's structure (``torch.load(mmap=True)``); a file
-    that cannot be read that way is left to the Runner's loader (which
-    names damage)."""
-    path = cfg.get('load_from', None)
-    if not cfg.get('resume', False):
-        return
-    from mmsoft.engine.hooks.strict_load_hook import resume_refusal
-    if not path:  # --resume alone: the newest checkpoint of the work dir
-        from mmsoft.engine.hooks.resume import checkpoint_candidates
-        found = checkpoint_candidates([cfg.work_dir])
-        path, explicit = (found[0] if found else None), False
-    else:
-        explicit = True
-    if not path or '://' in str(path):
-        return  # nothing to resume / remote: checked by StrictLoadHook
-    if not os.path.isfile(path):
-        sys.exit(f'error: --resume {path}: no such file (omit the path to '
-                 f'resume from the newest checkpoint of the work dir)')
-    try:
-        ckpt = torch.load(
-            path, map_location='cpu', weights_only=True, mmap=True)
-    except Exception:  # noqa: BLE001 - legacy format, damage: the Runner
-        return
-    refusal = resume_refusal(ckpt, path)
-    if refusal and explicit:
-        sys.exit(f'error: {refusal}')
-    wrapper = cfg.get('optim_wrapper', None) or {}
-    have = str((wrapper.get('optimizer', None) or {}).get('type'))
-    then = recorded_optimizer(ckpt)
-    if then is not None and then != have:
-        sys.exit(f'error: --resume {path}: the checkpoint was trained with '
-                 f'optim_wrapper.optimizer.type={then!r}, the config now '
-                 f'says {have!r}: its optimizer state cannot continue in '
-                 f'{have}. Resume with the same optimizer, or start a new '
-                 f'run from these weights with --cfg-options '
-                 f'load_from={path} (without --resume)')
-
-
-def recorded_optimizer(checkpoint) -> Optional[str]:
-    """The ``optim_wrapper.optimizer.type`` that the config of a training
-    checkpoint (``meta['cfg']``, the text mmengine stores) sets, or None.
-    Parsed with :mod:`ast`, never executed."""
-    import ast
-    meta = checkpoint.get('meta') if isinstance(checkpoint, dict) else None
-    text = meta.get('cfg') if isinstance(meta, dict) else None
-    try:
-        tree = ast.parse(text) if isinstance(text, str) else None
-    except (SyntaxError, ValueError):
-        tree = None
-
-    def kwargs(node):
-        if isinstance(node, ast.Call):
-            return {k.arg: k.value for k in node.keywords}
-        if isinstance(node, ast.Dict):
-            return {
-                k.value: v
-                for k, v in zip(node.keys, node.values)
-                if isinstance(k, ast.Constant)
-            }
-        return {}
-
-    def const(node):
-        return node.value if isinstance(node, ast.Constant) else None
-
-    for stmt in getattr(tree, 'body', []):
-        if isinstance(stmt, ast.Assign) and any(
-                isinstance(t, ast.Name) and t.id == 'optim_wrapper'
-                for t in stmt.targets):
-            optimizer = kwargs(kwargs(stmt.value).get('optimizer'))
-            return const(optimizer.get('type'))
-    return None
 
 
 def lock_work_dir(cfg, launcher: str = 'none'):

@@ -15,10 +15,11 @@ from mmsoft.utils.atomic import atomic_path, atomic_write
 from mmsoft.utils.checkpoint_io import (CheckpointError, CheckpointWriteError,
                                         load_verified, remove_stale_temps)
 from mmsoft.utils.rng_state import get_rng_state, set_rng_state
+from mmsoft.utils.safe_load import mmengine_checkpoints_allowed
 from .resume import (CheckpointDirInUse, claim_checkpoint_dir,
                      find_newest_complete, read_line)
 
-__all__ = ['SafeCheckpointHook', 'use_safe_checkpoint_hook']
+__all__ = ['SafeCheckpointHook']
 
 
 def _training(runner):
@@ -85,7 +86,10 @@ class SafeCheckpointHook(CheckpointHook):
     def before_run(self, runner) -> None:
         """Claim the checkpoint directory (training); check the file to
         load; ``resume=True`` without a path: pick the newest complete
-        checkpoint (mmengine trusts ``last_checkpoint``)."""
+        checkpoint (mmengine trusts ``last_checkpoint``); the Runner's
+        ``load_checkpoint`` (load_from, resume) reads mmengine's training
+        checkpoints (:func:`_allow_training_checkpoints`)."""
+        _allow_training_checkpoints(runner)
         training = _training(runner)
         auto = getattr(runner, '_resume', False) and \
             getattr(runner, '_load_from', None) is None
@@ -108,6 +112,11 @@ class SafeCheckpointHook(CheckpointHook):
             raise CheckpointDirInUse(refusal)
         if not auto:  # read before mmengine's (unrestricted < torch 2.6)
             load_from = str(getattr(runner, '_load_from', None) or '')
+            if getattr(runner, '_resume', False) and '://' not in load_from \
+                    and not osp.isfile(load_from):
+                raise FileNotFoundError(
+                    f'--resume {load_from}: no such file (omit the path to '
+                    f'resume from the newest checkpoint of the work dir)')
             if osp.isfile(load_from) and not getattr(runner, '_has_loaded',
                                                      False):
                 from mmsoft.models.loading import check_attn_norm
@@ -131,6 +140,9 @@ class SafeCheckpointHook(CheckpointHook):
             runner.logger.info('mmsoft: no checkpoint to resume from in '
                                f'{runner.work_dir}; training from scratch')
             runner._resume = False  # a stale last_checkpoint is not trusted
+
+    def after_run(self, runner) -> None:
+        vars(runner).pop('load_checkpoint', None)
 
     def _forget_other_dirs(self, runner) -> None:
         """After resuming from another directory's file: drop the restored
@@ -310,6 +322,24 @@ class SafeCheckpointHook(CheckpointHook):
                 runner.logger.warning(f'mmsoft: could not remove {path}: {e}')
 
 
+def _allow_training_checkpoints(runner) -> None:
+    """Make ``runner.load_checkpoint`` (which ``load_or_resume`` and
+    ``resume`` call) read inside
+    :func:`~mmsoft.utils.safe_load.mmengine_checkpoints_allowed`: torch >=
+    2.6 loads weights only by default and refuses what mmengine pickles in
+    its own training checkpoints (``HistoryBuffer``). Only this Runner's
+    loads see the wider list; ``after_run`` drops the wrapper."""
+    load = getattr(type(runner), 'load_checkpoint', None)
+    if load is None or 'load_checkpoint' in vars(runner):
+        return
+
+    def load_checkpoint(*args, **kwargs):
+        with mmengine_checkpoints_allowed():
+            return load(runner, *args, **kwargs)
+
+    runner.load_checkpoint = load_checkpoint
+
+
 def _write_failure(runner, path: str, error: OSError) -> str:
     """The one-line report of a checkpoint that could not be written."""
     code = f' (errno {error.errno})' if error.errno else ''
@@ -321,14 +351,3 @@ def _write_failure(runner, path: str, error: OSError) -> str:
             f'{code}; nothing was written, {kept}. Free space in '
             f'{osp.dirname(path)} and continue with tools/train.py ... '
             f'--resume')
-
-
-def use_safe_checkpoint_hook(cfg) -> bool:
-    """Make a config's plain ``CheckpointHook`` a :class:`SafeCheckpointHook`
-    (in place, as ``tools/train.py`` does). Returns True if changed."""
-    hook = (cfg.get('default_hooks', None) or {}).get('checkpoint', None)
-    if not hasattr(hook, 'get') or hook.get('type') not in (
-            'CheckpointHook', 'mmengine.CheckpointHook', CheckpointHook):
-        return False
-    hook['type'] = 'SafeCheckpointHook'
-    return True

@@ -9,7 +9,7 @@ from mmengine.hooks import Hook
 from mmengine.model import is_model_wrapper
 from mmengine.registry import HOOKS
 
-__all__ = ['NonFiniteLossHook', 'NonFiniteLossError', 'add_nonfinite_hook']
+__all__ = ['NonFiniteLossHook', 'NonFiniteLossError']
 
 _FIX = ('Lower the learning rate or enable gradient clipping '
         '(optim_wrapper.clip_grad)')
@@ -195,16 +195,3 @@ class NonFiniteLossHook(Hook):
                 runner, f'refusing to save a checkpoint at '
                 f'{self._where(runner)}: {bad} hold nan / inf; training '
                 f'stopped')
-
-
-def add_nonfinite_hook(cfg) -> bool:
-    """Add ``NonFiniteLossHook`` to ``cfg.custom_hooks`` unless the config
-    has one already (its settings are kept). Returns True if added."""
-    hooks = list(cfg.get('custom_hooks', None) or [])
-    for h in hooks:
-        t = h.get('type') if isinstance(h, dict) else type(h)  # a Hook
-        if t is NonFiniteLossHook or str(t).split('.')[-1] == \
-                'NonFiniteLossHook':
-            return False
-    cfg.custom_hooks = hooks + [dict(type='NonFiniteLossHook')]
-    return True

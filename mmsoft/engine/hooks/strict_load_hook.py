@@ -5,16 +5,19 @@ from mmengine.registry import HOOKS
 
 from mmsoft.utils.strict_load import CheckpointMismatchError
 
-__all__ = ['StrictLoadHook', 'resume_refusal']
+__all__ = ['StrictLoadHook', 'resume_refusal', 'optimizer_refusal']
 
 
 @HOOKS.register_module()
 class StrictLoadHook(Hook):
     """Check every checkpoint the Runner loads against its model (in
     ``after_load_checkpoint``, before the Runner copies it): missing,
-    unexpected or mis-shaped keys, the other ``attn_norm``, and with
-    ``resume`` a file that is not a training checkpoint raise
-    :class:`~mmsoft.utils.strict_load.CheckpointMismatchError`.
+    unexpected or mis-shaped keys (an authors' unconverted file: the
+    converter command), the other ``attn_norm``, and with ``resume`` a file
+    that is not a training checkpoint or one of another optimizer raise
+    :class:`~mmsoft.utils.strict_load.CheckpointMismatchError`. Named in
+    the shipped configs' ``custom_hooks``: the host codebases' own
+    ``tools/train.py`` / ``tools/test.py`` check as mmsoft's do.
 
     Args:
         allow_partial (bool): log a mismatch instead of raising (loading no
@@ -26,15 +29,17 @@ class StrictLoadHook(Hook):
 
     def __init__(self,
                  allow_partial: bool = False,
-                 opt_in: str = 'set allow_partial=True on StrictLoadHook'):
+                 opt_in: str = 'set allow_partial=True on the '
+                 "config's StrictLoadHook (custom_hooks)"):
         self.allow_partial = allow_partial
         self.opt_in = opt_in
 
     def after_load_checkpoint(self, runner, checkpoint: dict) -> None:
         from mmsoft.models.loading import check_checkpoint_for_model
         source = str(getattr(runner, '_load_from', None) or 'checkpoint')
-        refusal = getattr(runner, '_resume', False) and resume_refusal(
-            checkpoint, source)
+        resume = getattr(runner, '_resume', False)
+        refusal = resume and (resume_refusal(checkpoint, source)
+                              or optimizer_refusal(runner, checkpoint, source))
         if refusal:
             raise CheckpointMismatchError(refusal)
         check_checkpoint_for_model(
@@ -63,3 +68,33 @@ def resume_refusal(checkpoint, source: str) -> str:
             f'--resume continues a run from an epoch_N.pth / iter_N.pth '
             f'written by tools/train.py. To start training from these '
             f'weights, pass --cfg-options load_from={source} instead')
+
+
+def optimizer_refusal(runner, checkpoint, source: str) -> str:
+    """The one-line refusal of ``--resume source`` when the optimizer state
+    of ``checkpoint`` is another optimizer's than the Runner's (the config
+    changed ``optim_wrapper.optimizer.type``: mmengine would load the other
+    optimizer's hyperparameters into it), else ''. Told by the keys of the
+    saved param groups: settings the optimizer has that the file lacks
+    *and* settings the file has that it lacks (a torch version adds keys
+    one way only)."""
+    opt = getattr(getattr(runner, 'optim_wrapper', None), 'optimizer', None)
+    saved = checkpoint.get('optimizer') if isinstance(checkpoint,
+                                                      dict) else None
+    groups = saved.get('param_groups') if isinstance(saved, dict) else None
+    if not hasattr(opt, 'defaults') or not groups or not isinstance(
+            groups[0], dict):
+        return ''
+    have = set(groups[0]) - {'params'}
+    lacks = sorted(set(opt.defaults) - have)
+    extra = sorted(k for k in have - set(opt.defaults)
+                   if not k.startswith('initial_') and not k.endswith('_mult'))
+    if not (lacks and extra):
+        return ''
+    name = type(opt).__name__
+    return (f'--resume {source}: the checkpoint was trained with another '
+            f'optimizer than the config\'s optim_wrapper.optimizer ({name}): '
+            f'its state has {", ".join(extra)} and no {", ".join(lacks)}, '
+            f'so it cannot continue in {name}. Resume with the optimizer it '
+            f'was trained with, or start a new run from these weights with '
+            f'--cfg-options load_from={source} (without --resume)')

@@ -31,15 +31,15 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 from conftest import (ROOT, TOOLS, Crash, Interrupted, dead_pid,
-                      flip_tensor_bytes, model_weights, run_python, tiny_arch,
-                      tool_namespace)
+                      flip_tensor_bytes, model_weights, run_python, tiny_arch)
 from mmengine.hooks import Hook
 from mmengine.model import BaseModel
 from mmengine.runner import BaseLoop, Runner
 from torch.utils.data import Dataset
 
 import mmsoft  # noqa: F401  (registers SafeCheckpointHook)
-from mmsoft.engine import SafeCheckpointHook, use_safe_checkpoint_hook
+from mmsoft.compat import mmengine_checkpoints_allowed
+from mmsoft.engine import SafeCheckpointHook
 from mmsoft.engine.hooks import resume
 from mmsoft.utils import checkpoint_io as cio
 from mmsoft_tools import checkpoint_files as cf  # save_atomic: the tools'
@@ -47,6 +47,14 @@ from mmsoft_tools import checkpoint_files as cf  # save_atomic: the tools'
 N, SIZE = 20, 6  # 20 samples of 6 x 6: 10 iterations of 2 per epoch
 # the tensor records of fc.weight and its momentum (bytes)
 FC_RECORD = SIZE * SIZE * 2 * 4
+
+
+def _load(path):
+    """``torch.load`` of a training checkpoint (weights only, mmengine's
+    objects allowed: what the hook's Runner loads read)."""
+    with mmengine_checkpoints_allowed():
+        return torch.load(path)
+
 
 pytestmark = pytest.mark.usefixtures('one_thread')
 
@@ -175,7 +183,7 @@ def test_resume_equals_uninterrupted_run(tmp_path, by_epoch, stop_after):
     work, resumed = _interrupted_then_resumed(tmp_path, by_epoch, 0,
                                               'SafeCheckpointHook', stop_after)
     assert _bitwise_equal(resumed, model_weights(ref))
-    ckpt = torch.load(work / ('epoch_2.pth' if by_epoch else 'iter_6.pth'))
+    ckpt = _load(work / ('epoch_2.pth' if by_epoch else 'iter_6.pth'))
     rng = ckpt['meta']['mmsoft_rng']
     assert rng['world_size'] == 1 and set(
         rng['states'][0]) >= {'python', 'numpy', 'torch'}
@@ -185,8 +193,9 @@ def test_plain_hook_resume_differs(tmp_path):
     """The fault: without saved RNG states the resumed run differs."""
     ref = _runner(tmp_path / 'ref', 'ref', hook='CheckpointHook')
     ref.train()
-    _, resumed = _interrupted_then_resumed(tmp_path, False, 0,
-                                           'CheckpointHook', 6)
+    with mmengine_checkpoints_allowed():  # mmengine's hook reads no others
+        _, resumed = _interrupted_then_resumed(tmp_path, False, 0,
+                                               'CheckpointHook', 6)
     assert not _bitwise_equal(resumed, model_weights(ref))
 
 
@@ -195,7 +204,7 @@ def test_resume_with_random_seed(tmp_path):
     builds its sampler from it; the checkpoint's sampler seed is restored."""
     work, resumed = _interrupted_then_resumed(tmp_path, False, None,
                                               'SafeCheckpointHook', 6)
-    seed = torch.load(work / 'iter_6.pth')['meta']['seed']
+    seed = _load(work / 'iter_6.pth')['meta']['seed']
     ref = _runner(tmp_path / 'ref', 'ref', seed=seed)
     ref.train()
     assert _bitwise_equal(resumed, model_weights(ref))
@@ -217,10 +226,10 @@ def test_flipped_bytes_are_detected(tmp_path):
     work = tmp_path / 'work'
     _runner(work, 'train').train()
     path = work / 'iter_10.pth'
-    good = torch.load(path)
+    good = _load(path)
     flip_tensor_bytes(path, 4, FC_RECORD)
     # the fault: torch.load (what mmengine calls) loads the damage silently
-    bad = torch.load(path)
+    bad = _load(path)
     assert not _bitwise_equal(bad['state_dict'], good['state_dict'])
     # now: the hook and mmsoft's reader refuse the file, naming it
     _refused_by_hook(tmp_path, path, str(path))
@@ -236,10 +245,10 @@ def test_flipped_bytes_in_rng_states_are_detected(tmp_path):
     work = tmp_path / 'work'
     _runner(work, 'train').train()
     path = work / 'iter_10.pth'
-    good = torch.load(path)
+    good = _load(path)
     state = good['meta']['mmsoft_rng']['states'][0]['torch']
     flip_tensor_bytes(path, 4, state.numel() * state.element_size())
-    bad = torch.load(path)  # torch.load does not check the zip's CRC
+    bad = _load(path)  # torch.load does not check the zip's CRC
     assert not torch.equal(bad['meta']['mmsoft_rng']['states'][0]['torch'],
                            state)
     assert torch.equal(bad['state_dict']['fc.weight'],
@@ -469,51 +478,36 @@ def test_configs_use_safe_checkpoint_hook(name):
     assert cfg.default_hooks.checkpoint.type == 'SafeCheckpointHook'
 
 
-def test_train_tool_swaps_plain_checkpoint_hook(tmp_path):
-    cfg_file = tmp_path / 'plain.py'
-    cfg_file.write_text(
-        "_base_ = 'mmpretrain::_base_/default_runtime.py'\n"
-        "default_hooks = dict(checkpoint=dict(type='CheckpointHook', "
-        "interval=2, max_keep_ckpts=1))\n")
-    train = tool_namespace('train')
-    cfg = train['build_cfg'](train['parse_args']([str(cfg_file), '--resume']))
-    hook_cfg = cfg.default_hooks.checkpoint
-    assert {
-        k: v
-        for k, v in hook_cfg.items() if k != '_scope_'
-    } == dict(
-        type='SafeCheckpointHook', interval=2, max_keep_ckpts=1)
-    assert cfg.resume is True and cfg.load_from is None
-    pytest.importorskip('mmpretrain')
-    from mmengine.registry import HOOKS
-    hook = HOOKS.build(dict(hook_cfg))  # found from mmpretrain's scope
-    assert type(hook) is SafeCheckpointHook and hook.max_keep_ckpts == 1
-    # other hook types are left alone
-    cfg.default_hooks.checkpoint.type = 'MyHook'
-    assert use_safe_checkpoint_hook(cfg) is False
+def test_runner_loads_see_the_allow_list_only_inside(tmp_path):
+    """The hook's Runner resumes a training checkpoint (torch >= 2.6 refuses
+    its ``HistoryBuffer`` outside mmsoft's allow-list) while torch's list
+    stays what it was, before, during training and after (issue 50)."""
 
+    def get():  # a set in torch: its order is no property
+        return set(getattr(torch.serialization, 'get_safe_globals', list)())
 
-@pytest.mark.parametrize(
-    'plain', ['CheckpointHook', 'mmengine.CheckpointHook', 'class'])
-def test_every_spelling_of_the_plain_hook_is_swapped(plain):
-    """``use_safe_checkpoint_hook`` (what tools/train.py applies): the plain
-    hook by name, scoped name or class becomes the safe one with its
-    arguments kept, and says so; a config without one is left alone."""
-    from mmengine.config import Config
-    from mmengine.hooks import CheckpointHook
-    cfg = Config(
-        dict(
-            default_hooks=dict(
-                checkpoint=dict(
-                    type=CheckpointHook if plain == 'class' else plain,
-                    interval=2,
-                    max_keep_ckpts=1))))
-    assert use_safe_checkpoint_hook(cfg) is True
-    assert cfg.default_hooks.checkpoint == dict(
-        type='SafeCheckpointHook', interval=2, max_keep_ckpts=1)
-    for other in (Config(dict()), Config(dict(default_hooks=dict()))):
-        assert use_safe_checkpoint_hook(other) is False
-        assert 'checkpoint' not in other.get('default_hooks', {})
+    before = get()
+    seen = []
+
+    class Watch(Hook):
+
+        def after_load_checkpoint(self, runner, checkpoint):
+            seen.append(len(get()))
+
+        def before_train(self, runner):
+            seen.append(get())
+
+    work = tmp_path / 'work'
+    with pytest.raises(Interrupted):
+        _runner(work, 'first', stop_after=4).train()
+    resumed = _runner(work, 'resumed', resume=True)
+    resumed.register_hook(Watch())
+    resumed.train()
+    assert resumed.iter == 10 and len(seen) == 2
+    assert seen[1] == before and get() == before
+    assert seen[0] > len(before) or not hasattr(torch.serialization,
+                                                'safe_globals')
+    assert 'load_checkpoint' not in vars(resumed)  # after_run: unwrapped
 
 
 # --------------------------------------------------- atomic save, temps
@@ -1274,7 +1268,7 @@ def test_best_checkpoint_is_atomic_and_holds_the_training_rng(tmp_path):
         want = _draws()  # validation draws
         hook.after_val_epoch(runner, dict(acc=acc))
         for name in (f'epoch_{epoch}.pth', f'best_acc_epoch_{epoch}.pth'):
-            meta = torch.load(tmp_path / name)['meta']
+            meta = _load(tmp_path / name)['meta']
             assert meta['epoch'] == epoch, name
             set_rng_state(meta['mmsoft_rng']['states'][0])
             assert _draws() == want, name
@@ -1306,7 +1300,7 @@ def test_checkpoint_and_last_checkpoint_are_durable(tmp_path, monkeypatch):
     runner.hooks = [hook]
     hook.before_train(runner)
     hook.after_train_iter(runner, 0)
-    assert torch.load(work / 'iter_4.pth')['meta']['iter'] == 4
+    assert _load(work / 'iter_4.pth')['meta']['iter'] == 4
     assert (work / 'last_checkpoint').read_text() == str(work / 'iter_4.pth')
     assert sorted(os.listdir(work)) == ['iter_4.pth', 'last_checkpoint']
     assert os.listdir(tmp_path) == ['run']
@@ -1337,7 +1331,7 @@ def test_every_ranks_rng_states_are_saved(tmp_path, monkeypatch):
     hook.before_train(runner)
     _draws()
     hook.after_train_iter(runner, 0)
-    rng = torch.load(tmp_path / 'iter_1.pth')['meta']['mmsoft_rng']
+    rng = _load(tmp_path / 'iter_1.pth')['meta']['mmsoft_rng']
     assert len(sent) == 1 and rng['world_size'] == 2
     assert [s['python'] for s in rng['states']] == \
         [sent[0]['python'], other['python']]

@@ -13,8 +13,7 @@ from mmengine.model import BaseModel
 from mmengine.runner import Runner
 
 import mmsoft  # noqa: F401  (registers the hook)
-from mmsoft.engine import (NonFiniteLossError, NonFiniteLossHook,
-                           add_nonfinite_hook)
+from mmsoft.engine import NonFiniteLossError, NonFiniteLossHook
 
 
 class ToyModel(BaseModel):
@@ -208,38 +207,6 @@ def test_priority_before_checkpoint_hook(tmp_path):
     assert names.index('NonFiniteLossHook') < names.index('CheckpointHook')
     with pytest.raises(ValueError, match='max_skipped_steps'):
         NonFiniteLossHook(max_skipped_steps=-1)
-
-
-def test_add_nonfinite_hook():
-    from mmengine.config import Config
-    cfg = Config(dict(custom_hooks=[dict(type='EMAHook')]))
-    assert add_nonfinite_hook(cfg)
-    assert [h['type']
-            for h in cfg.custom_hooks] == ['EMAHook', 'NonFiniteLossHook']
-    cfg = Config(
-        dict(custom_hooks=[
-            dict(type='mmsoft.NonFiniteLossHook', max_skipped_steps=3)
-        ]))
-    assert not add_nonfinite_hook(cfg)  # the config's own settings stay
-    cfg = Config(dict())
-    assert add_nonfinite_hook(cfg) and len(cfg.custom_hooks) == 1
-
-
-def test_add_nonfinite_hook_sees_hook_objects():
-    """``custom_hooks`` may hold Hook objects (mmengine registers them as
-    they are): a NonFiniteLossHook object is the config's own (a second,
-    default one would stop at the first skipped step); another hook's
-    object is no reason to leave the check out."""
-    from mmengine.config import Config
-    from mmengine.hooks import EMAHook
-    own = NonFiniteLossHook(max_skipped_steps=3)
-    cfg = Config(dict(custom_hooks=[own]))
-    assert not add_nonfinite_hook(cfg)
-    assert cfg.custom_hooks == [own]
-    ema = EMAHook()
-    cfg = Config(dict(custom_hooks=[ema]))
-    assert add_nonfinite_hook(cfg)
-    assert cfg.custom_hooks == [ema, dict(type='NonFiniteLossHook')]
 
 
 @pytest.mark.parametrize('max_skipped_steps', [0, 2])

@@ -1,0 +1,196 @@
+"""The host codebases' own tools on mmsoft's configs (issue 50): the
+guarantees come from what the configs name (``StrictLoadHook``,
+``SafeCheckpointHook``, ``NonFiniteLossHook``, the backbone's
+``SOFTPretrained`` init), so mmpretrain's / mmdet's / mmseg's
+``tools/train.py`` / ``tools/test.py`` (as pip installs them, under
+``<package>/.mim/tools``) and ``mim test`` stop on bad weights as
+mmsoft's tools do.
+
+:data:`CASES` is the fault table (tool x input): each row runs the host
+tool on a demo config (tiny generated data) as a user does, in a child
+process, and checks its exit status and its last line (the exception's:
+the host tools print a traceback, whose last line is mmsoft's one-line
+message). mmpretrain 1.2.0's package ships no ``train.py`` (``mim train
+mmpretrain`` cannot run); the classifier's training rows run mmdet's,
+which drives any config's Runner.
+"""
+import glob
+import importlib.util
+import os.path as osp
+import sys
+
+import pytest
+import torch
+from conftest import (CONFIGS, ROOT, child_env, cls_demo_config, load_module,
+                      random_model, run, tiny_demo_data)
+
+for _codebase in ('mmpretrain', 'mmdet', 'mmseg'):
+    pytest.importorskip(_codebase)
+
+MISMATCH = 'mmsoft.utils.strict_load.CheckpointMismatchError: '
+#: the authors' file: the converter command closes the line
+CONVERT = ('is an official SOFT checkpoint (fudan-zvg/SOFT key layout, '
+           "e.g. 'pos_embed1'); convert it first: python "
+           'tools/model_converters/soft2mmsoft.py')
+
+
+def host_tool(codebase, name):
+    """``<codebase>/.mim/tools/<name>.py`` of the installed package."""
+    spec = importlib.util.find_spec(codebase)
+    path = osp.join(osp.dirname(spec.origin), '.mim', 'tools', name + '.py')
+    if not osp.isfile(path):
+        pytest.skip(f'{codebase} ships no tools/{name}.py')
+    return path
+
+
+@pytest.fixture(scope='module')
+def files(tmp_path_factory, script_server):
+    """The classifier demo config on tiny data, the det / seg demo data
+    (``data/demo`` of the rows' working directory), and checkpoints: the
+    model's weights (``good``), another architecture's, the same weights
+    in the authors' layout, and ``trained``: an ``epoch_1.pth`` written by
+    mmdet's ``tools/train.py`` (the first row that must run)."""
+    tmp = tmp_path_factory.mktemp('host_tools')
+    cfg = cls_demo_config(tmp, val=4, test=4)
+    from mmsoft_tools import demo_synthetic
+    demo_synthetic.make_demo_data(
+        str(tmp / 'data' / 'demo'),
+        tasks=('det', 'seg'),
+        workers=1,
+        overrides=tiny_demo_data(num_train=1),
+        log=None)
+    sd = random_model(cfg).state_dict()
+    out = dict(cfg=cfg, cwd=str(tmp))
+    for name, state_dict, key in (
+        ('good', sd, 'state_dict'),
+        ('other_arch', {
+            k: v
+            for k, v in sd.items() if '.stages.2.blocks.1.' not in k
+        }, 'state_dict'),
+        ('official',
+         load_module(
+             osp.join(ROOT, 'tools', 'model_converters', 'mmsoft2soft.py'),
+             'mmsoft2soft').convert_mmpretrain_to_official(sd)[0], 'model'),
+    ):
+        out[name] = str(tmp / f'{name}.pth')
+        torch.save({key: state_dict}, out[name])
+    missing = tmp / 'missing.py'
+    missing.write_text(
+        f'_base_ = {cfg!r}\n'
+        "model = dict(backbone=dict(init_cfg=dict(_delete_=True, "
+        "type='Pretrained', prefix='backbone.', "
+        "checkpoint='checkpoints/soft_norm_tiny.pth')))\n")
+    out['missing_cfg'] = str(missing)
+    out['det_cfg'] = osp.join(CONFIGS, 'demo', 'retinanet_soft_demo.py')
+    out['seg_cfg'] = osp.join(CONFIGS, 'demo', 'upernet_soft_demo.py')
+    proc = script_server(
+        host_tool('mmdet', 'train'), [
+            cfg, '--work-dir', tmp / 'trained', '--cfg-options',
+            'train_cfg.max_epochs=1'
+        ], tmp, child_env())
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    out['trained'] = str(tmp / 'trained' / 'epoch_1.pth')
+    assert osp.isfile(out['trained'])
+    return out
+
+
+#: (id, codebase, tool, arguments, exit 0?, start of the last line). The
+#: placeholders are :func:`files`' names; each row gets its own work dir
+CASES = [
+    # faults: one line naming the problem and the fix, non-zero exit
+    ('other-arch', 'mmpretrain', 'test', ['{cfg}', '{other_arch}'], False,
+     MISMATCH + 'checkpoint {other_arch} does not match the model '
+     '(ImageClassifier): '),
+    ('weights-to-resume', 'mmdet', 'train', ['{cfg}', '--resume', '{good}'],
+     False, MISMATCH + '--resume {good}: not a training checkpoint (it has '
+     'no meta, message_hub)'),
+    ('other-optimizer-resume', 'mmdet', 'train', [
+        '{cfg}', '--resume', '{trained}', '--cfg-options',
+        'optim_wrapper.optimizer.type=SGD', 'train_cfg.max_epochs=2'
+    ], False, MISMATCH + '--resume {trained}: the checkpoint was trained '
+     "with another optimizer than the config's optim_wrapper.optimizer "
+     '(SGD): '),
+    ('missing-imagenet-file', 'mmdet', 'train', ['{missing_cfg}'], False,
+     'FileNotFoundError: checkpoints/soft_norm_tiny.pth '
+     "(model.backbone.init_cfg.checkpoint) does not exist: download the "
+     "authors' soft_norm_tiny ImageNet file"),
+    ('det-authors-file', 'mmdet', 'test', ['{det_cfg}', '{official}'], False,
+     MISMATCH + 'checkpoint {official} does not match the model '
+     '(RetinaNet): 0 of its 1 tensors would load'),
+    ('seg-authors-file', 'mmseg', 'test', ['{seg_cfg}', '{official}'], False,
+     MISMATCH + 'checkpoint {official} does not match the model '
+     '(EncoderDecoder): 0 of its 1 tensors would load'),
+    # the right files run: a training checkpoint tested (mmengine's objects
+    # allowed for the Runner's load only) and resumed
+    ('trained-test', 'mmpretrain', 'test', ['{cfg}', '{trained}'], True, None),
+    ('resume', 'mmdet', 'train', [
+        '{cfg}', '--resume', '{trained}', '--cfg-options',
+        'train_cfg.max_epochs=2'
+    ], True, None),
+]
+
+
+@pytest.mark.parametrize(
+    'name, codebase, tool, args, ok, line', CASES, ids=[c[0] for c in CASES])
+def test_host_tool(files, script_server, tmp_path, name, codebase, tool, args,
+                   ok, line):
+    argv = [a.format(**files) for a in args]
+    work = tmp_path / 'work'
+    proc = script_server(
+        host_tool(codebase, tool), argv + ['--work-dir', work], files['cwd'],
+        child_env())
+    err = proc.stderr
+    if ok:
+        assert proc.returncode == 0, err[-3000:]
+        assert 'do not match exactly' not in proc.stdout + err  # mmengine's
+        if tool == 'test':
+            assert 'accuracy/top1: ' in proc.stdout + err
+        else:
+            assert 'resumed epoch: 1, iter: 1' in proc.stdout + err
+            assert osp.isfile(work / 'epoch_2.pth')
+        return
+    last = [ln for ln in err.splitlines() if ln.strip()][-1]
+    assert proc.returncode != 0, err[-3000:]
+    assert last.startswith(line.format(**files)), last
+    if name.endswith('authors-file'):
+        assert CONVERT in last
+    # stopped before anything was trained or saved
+    assert not glob.glob(str(work / '*.pth'))
+
+
+def test_mim_test_refuses_the_authors_file(files):
+    """The issue's case: ``mim test mmpretrain CONFIG --checkpoint <the
+    authors' unconverted file>`` loaded 0 tensors, warned once and exited
+    0 with top-1 at chance; it stops with mmsoft's line."""
+    pytest.importorskip('mim')
+    proc = run([
+        sys.executable, '-m', 'mim', 'test', 'mmpretrain', files['cfg'],
+        '--checkpoint', files['official'], '--work-dir',
+        osp.join(files['cwd'], 'mim')
+    ],
+               cwd=files['cwd'])
+    assert proc.returncode != 0, proc.stderr[-3000:]
+    lines = [ln for ln in proc.stderr.splitlines() if ln.startswith(MISMATCH)]
+    assert len(lines) == 1, proc.stderr[-3000:]
+    assert lines[0].startswith(
+        f'{MISMATCH}checkpoint {files["official"]} does not match the model '
+        '(ImageClassifier): 0 of its 1 tensors would load')
+    assert CONVERT in lines[0]
+    assert 'accuracy/top1' not in proc.stdout
+
+
+SHIPPED = sorted(
+    glob.glob(osp.join(CONFIGS, '*.py')) +
+    glob.glob(osp.join(CONFIGS, 'demo', '*.py')))
+
+
+@pytest.mark.parametrize('path', SHIPPED, ids=osp.basename)
+def test_shipped_configs_name_the_hooks(path):
+    """What the host tools get: every shipped config names mmsoft's hooks
+    (a derived config that replaces ``custom_hooks`` must name them
+    again: docs/en/user_guides/own_config.md)."""
+    from mmengine.config import Config
+    cfg = Config.fromfile(path)
+    hooks = [h['type'] for h in cfg.custom_hooks]
+    assert {'StrictLoadHook', 'NonFiniteLossHook'} <= set(hooks), hooks
+    assert cfg.default_hooks.checkpoint.type == 'SafeCheckpointHook'
