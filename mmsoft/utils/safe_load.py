@@ -222,15 +222,10 @@ def safe_torch_load(f, map_location=None, extra=()):
 
 
 def mmengine_checkpoints_allowed(extra=()):
-    """A context inside which torch's weights-only unpickler (torch >= 2.6)
-    also allows :func:`mmengine_safe_globals` and ``extra``: mmengine's
-    training checkpoints (``message_hub``'s ``HistoryBuffer``, numpy
-    arrays) load with ``torch.load`` and mmengine's loaders; on leaving,
-    torch's list is what it was (``torch.serialization.safe_globals``).
-    A no-op context before torch 2.6 (nothing to widen there; mmsoft's
-    own reads use :class:`RestrictedUnpickler`). ``import mmsoft`` widens
-    nothing; SafeCheckpointHook enters this context around the Runner's
-    ``load_checkpoint`` (docs/en/advanced_guides/compatibility.md)."""
+    """``torch.serialization.safe_globals`` of :func:`mmengine_safe_globals`
+    and ``extra`` (torch >= 2.6; a no-op before): mmengine's training
+    checkpoints load weights-only inside it; on leaving, torch's list is
+    what it was. SafeCheckpointHook enters it around its Runner's loads."""
     import contextlib
     if not native_allow_list():
         return contextlib.nullcontext()

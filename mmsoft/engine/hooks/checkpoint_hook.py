@@ -323,12 +323,10 @@ class SafeCheckpointHook(CheckpointHook):
 
 
 def _allow_training_checkpoints(runner) -> None:
-    """Make ``runner.load_checkpoint`` (which ``load_or_resume`` and
-    ``resume`` call) read inside
-    :func:`~mmsoft.utils.safe_load.mmengine_checkpoints_allowed`: torch >=
-    2.6 loads weights only by default and refuses what mmengine pickles in
-    its own training checkpoints (``HistoryBuffer``). Only this Runner's
-    loads see the wider list; ``after_run`` drops the wrapper."""
+    """This Runner's ``load_checkpoint`` (``load_or_resume``, ``resume``)
+    reads inside :func:`~mmsoft.utils.safe_load.mmengine_checkpoints_allowed`
+    (torch >= 2.6 refuses mmengine's ``HistoryBuffer`` otherwise);
+    ``after_run`` drops the wrapper."""
     load = getattr(type(runner), 'load_checkpoint', None)
     if load is None or 'load_checkpoint' in vars(runner):
         return

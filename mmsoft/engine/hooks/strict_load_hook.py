@@ -71,13 +71,10 @@ def resume_refusal(checkpoint, source: str) -> str:
 
 
 def optimizer_refusal(runner, checkpoint, source: str) -> str:
-    """The one-line refusal of ``--resume source`` when the optimizer state
-    of ``checkpoint`` is another optimizer's than the Runner's (the config
-    changed ``optim_wrapper.optimizer.type``: mmengine would load the other
-    optimizer's hyperparameters into it), else ''. Told by the keys of the
-    saved param groups: settings the optimizer has that the file lacks
-    *and* settings the file has that it lacks (a torch version adds keys
-    one way only)."""
+    """The refusal of ``--resume source`` when ``checkpoint`` holds another
+    optimizer's state than the Runner's (mmengine would load its settings
+    into this one), else '': the saved param groups lack settings the
+    optimizer has *and* have others (a newer torch adds keys one way)."""
     opt = getattr(getattr(runner, 'optim_wrapper', None), 'optimizer', None)
     saved = checkpoint.get('optimizer') if isinstance(checkpoint,
                                                       dict) else None
