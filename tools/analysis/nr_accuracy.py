@@ -13,8 +13,8 @@ layer and method (``--methods``; ``auto`` is the default dispatch) prints
   steps with alpha differentiated as in the official code (the default
   ``nr_backward`` of the Norm variant, ``'exact'``; ``--backward eq16``
   measures Eq. 16 instead);
-* the Lanczos steps taken (the most of any column) and the time of one
-  forward.
+* the Krylov dimension of block Lanczos (the most of any matrix) and
+  the time of one forward.
 
     python tools/analysis/nr_accuracy.py --sizes 224x224 512x512 800x1216
     python tools/analysis/nr_accuracy.py --sizes 800x1216 --layers 0 4 \\
@@ -34,8 +34,8 @@ from mmsoft_tools.analysis import (build_model, image_sets, load_rgb,
                                    make_parser, to_tensor, write_results)
 
 FIELDS = [
-    'size', 'layer', 'm', 'matrices', 'method', 'resolved', 'steps', 'out_err',
-    'grad_err', 'ms'
+    'size', 'layer', 'm', 'matrices', 'method', 'resolved', 'krylov',
+    'out_err', 'grad_err', 'ms'
 ]
 
 
@@ -152,7 +152,7 @@ def main(argv=None):
                     matrices=A[..., 0, 0].numel(),
                     method=method,
                     resolved=resolved,
-                    steps=basis.Q.shape[-2] if basis else '',
+                    krylov=basis.Q.shape[-1] if basis else '',
                     out_err=f'{rel(out, ref):.2e}',
                     grad_err=
                     f'{max(rel(a, b) for a, b in zip(grads, ref_grads)):.2e}'  # noqa: E501

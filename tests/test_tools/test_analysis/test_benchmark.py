@@ -103,7 +103,7 @@ def test_nr_accuracy_tool(tmp_path, capsys):
     for r in rows:
         assert float(r['out_err']) < 1e-5, r
         assert float(r['grad_err']) < 1e-4, r
-    assert all(int(r['steps']) > 1 for r in rows if r['method'] == 'lanczos')
+    assert all(int(r['krylov']) > 1 for r in rows if r['method'] == 'lanczos')
     assert (tmp_path / 'nr_accuracy.csv').read_text().count('\n') == 9
 
 
