@@ -376,34 +376,6 @@ model = dict(backbone=dict(type='SOFTT'))
     _assert_not_from_mmsoft(exc)
 
 
-@pytest.mark.parametrize('tool_name', ['train', 'test'])
-def test_backbone_options_of_mmsoft_0_1_stop_with_one_line(
-        tool_name, tmp_path, monkeypatch, capsys):
-    """A config written for mmsoft 0.1 (attention options on the backbone)
-    stops before the Runner with one line giving the attn_cfg to write (not
-    mmengine's environment / config dump and a traceback)."""
-    monkeypatch.setenv('MMSOFT_SKIP_DATA_CHECK', '1')
-    cfg = tmp_path / 'old.py'
-    cfg.write_text(f"""
-_base_ = {osp.join(ROOT, 'configs', 'retinanet_soft_tiny_1x.py')!r}
-model = dict(backbone=dict(attn_norm=True))
-""")
-    ckpt = tmp_path / 'x.pth'  # tools/test.py checks that it exists first
-    ckpt.write_bytes(b'')
-    args = [str(cfg)] + ([str(ckpt)] if tool_name == 'test' else [])
-    with pytest.raises(SystemExit) as exc:
-        tool(tool_name)['main'](
-            args + [
-                '--work-dir',
-                str(tmp_path), '--cfg-options', 'model.backbone.nr_iters=10'
-            ])
-    msg = exc.value.code
-    assert isinstance(msg, str) and msg.startswith('error: SOFT no longer')
-    assert "attn_cfg=dict(type='soft', attn_norm=True, nr_iters=10)" in msg
-    assert len(msg.splitlines()) == 1
-    assert capsys.readouterr().out == ''  # nothing from mmengine yet
-
-
 # ------------------------------------------------------------ runs
 def test_slurm_launcher_and_amp_on_cpu(tmp_path):
     """``--launcher slurm`` (one task) and ``--amp`` without CUDA."""
