@@ -116,12 +116,9 @@ def draw_predictions(runner, task, n, out_png):
     """The first ``n`` validation images with their ground truth and
     predictions, drawn by the config's visualizer into one PNG."""
     from mmengine.registry import VISUALIZERS
-    vis = VISUALIZERS.build(
-        dict(
-            runner.cfg.visualizer,
-            name=f'mmsoft_demo_{task}_{time.time_ns()}',
-            vis_backends=None))
-    loader = runner.test_loop.dataloader
+    name = f'mmsoft_demo_{task}_{time.time_ns()}'
+    vis_cfg = dict(runner.cfg.visualizer, name=name, vis_backends=None)
+    vis, loader = VISUALIZERS.build(vis_cfg), runner.test_loop.dataloader
     vis.dataset_meta = loader.dataset.metainfo
     samples = []
     with torch.no_grad():
@@ -129,16 +126,18 @@ def draw_predictions(runner, task, n, out_png):
             samples += runner.model.test_step(batch)
             if len(samples) >= n:
                 break
-    tiles = []
+    tiles, kw = [], dict(pred_score_thr=0.4) if task == 'det' else {}
     for s in samples[:n]:
         img = mmcv.imread(s.img_path, channel_order='rgb')
         if task == 'cls':
             tiles.append(vis.visualize_cls(img, s, resize=128))
-        else:
-            kw = dict(pred_score_thr=0.4) if task == 'det' else {}
-            vis.add_datasample(task, img, s, **kw)
+            continue
+        # one panel per call (mmseg's visualizer keeps only its last one)
+        for gt in (True, False):
+            vis.add_datasample(
+                task, img, s, draw_gt=gt, draw_pred=not gt, **kw)
             tiles.append(vis.get_image())
-    cols = min(len(tiles), 8 if task == 'cls' else 2)
+    cols = min(len(tiles), 8 if task == 'cls' else 4)
     tiles += [np.full_like(tiles[0], 255)] * (-len(tiles) % cols)
     grid = np.vstack(
         [np.hstack(tiles[i:i + cols]) for i in range(0, len(tiles), cols)])
