@@ -114,7 +114,18 @@ def without_inverse(model):
     return model
 
 
-def alternate(models, size, mode, repeats, device, threads):
+def make_input(kind, B, H, W, device):
+    """(B, 3, H, W): a natural-looking image (the SOFT inverse's cost
+    depends on the data: block Lanczos stops when converged) or noise."""
+    import torch
+    if kind == 'noise':
+        return torch.randn(B, 3, H, W, device=device)
+    from mmsoft_tools.analysis import image_sets, load_rgb, to_tensor
+    x = to_tensor(load_rgb(image_sets([], 1)[0][1][0]), (H, W))
+    return x[None].expand(B, -1, -1, -1).contiguous().to(device)
+
+
+def alternate(models, size, mode, repeats, device, threads, kind='natural'):
     """{model: [ms of each round]}: all models built in this process and
     timed in turn, round after round (a load change hits all alike)."""
     import statistics
@@ -128,7 +139,7 @@ def alternate(models, size, mode, repeats, device, threads):
         torch.manual_seed(0)
         model = build_backbone(name).to(device)
         model.train(mode != 'forward')
-        x = torch.randn(B, 3, H, W, device=device)
+        x = make_input(kind, B, H, W, device)
 
         def step(model=model, x=x):
             if mode == 'forward':
@@ -164,7 +175,7 @@ def child(args):
     torch.manual_seed(0)
     model = build_backbone(args.model).to(args.device)
     H, W, B = (int(v) for v in args.size.split('x'))
-    x = torch.randn(B, 3, H, W, device=args.device)
+    x = make_input(args.input, B, H, W, args.device)
     if args.mode == 'forward':
         model.eval()
 
@@ -270,6 +281,13 @@ def main(argv=None):
         help='time the models in turn in this process, round after round '
         '(ratios robust to the load); writes alternate.csv / .md, no '
         'memory')
+    p.add_argument(
+        '--input',
+        default='natural',
+        choices=['natural', 'noise'],
+        help='a natural-looking image (default) or Gaussian noise: the '
+        'cost of SOFT\'s block Lanczos depends on the data (noise needs '
+        'larger Krylov spaces)')
     p.add_argument('--child', action='store_true', help=argparse.SUPPRESS)
     p.add_argument('--model', help=argparse.SUPPRESS)
     p.add_argument('--size', help=argparse.SUPPRESS)
@@ -316,7 +334,7 @@ def main(argv=None):
         argv = [
             osp.abspath(__file__), '--child', '--model', model, '--size', size,
             '--mode', mode, '--device', args.device, '--repeats',
-            str(args.repeats)
+            str(args.repeats), '--input', args.input
         ]
         try:
             res = run_isolated(argv, args.threads)
@@ -363,7 +381,7 @@ def main_alternate(args, parser):
             load = os.getloadavg()[0] if hasattr(os, 'getloadavg') else ''
             print(f'{size} {mode} (load {load:.1f}):', flush=True)
             med, _ = alternate(models, size, mode, args.repeats, args.device,
-                               args.threads)
+                               args.threads, args.input)
             for name in models:
                 base = baseline_for(name, models, args.baseline)
                 ratio = f'{med[name] / med[base]:.2f}' if base and \

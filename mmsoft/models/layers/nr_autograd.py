@@ -23,11 +23,18 @@ NR_METHODS = ('auto', 'iterative', 'spectral', 'lanczos')
 #: smallest m for which ``'auto'`` is spectral on the CPU (measured
 #: crossover: ``tools/analysis/nr_method_crossover.py``)
 SPECTRAL_MIN_M = 80
-#: smallest m for which ``'auto'`` applies A_T to W by Lanczos, per device
-#: type (types not listed never do): ~20 products m x m by m x d against
-#: 40 m^3 for the iterations or one ``eigh`` (measured crossover:
-#: ``tools/analysis/nr_method_crossover.py``, docs/en/benchmarks.md)
-LANCZOS_MIN_M = dict(cpu=200, cuda=200)
+#: smallest m for which ``'auto'`` applies A_T to W by block Lanczos, per
+#: (device type, with a gradient); pairs not listed never do: 6-12 products
+#: m x m by m x d against 40 m^3 for the iterations or one ``eigh``. The
+#: CPU trains with the spectral method: there the backward's second Krylov
+#: space and the larger spaces of training-mode features cost more than one
+#: ``eigh`` (SOFT-Small-Norm at 800 x 1216: forward 0.93x PVTv2-b2 against
+#: 1.56x spectral, training step 2.0x against 1.6x; docs/en/benchmarks.md)
+LANCZOS_MIN_M = {
+    ('cpu', False): 200,
+    ('cuda', False): 200,
+    ('cuda', True): 200
+}
 #: pairs with |l_i - l_j| <= _DD_RTOL max(|l_i|, |l_j|) take F_ij from the
 #: differentiated recurrence (the quotient loses ~T eps / _DD_RTOL)
 _DD_RTOL = 0.05
@@ -76,9 +83,13 @@ def _divided_differences(lam, v, alpha, iters) -> torch.Tensor:
     return F
 
 
-def resolve_method(method: str, A: torch.Tensor, apply: bool = True) -> str:
+def resolve_method(method: str,
+                   A: torch.Tensor,
+                   apply: bool = True,
+                   grad: bool = False) -> str:
     """``'auto'``: for A_T W (``apply``) Lanczos from :data:`LANCZOS_MIN_M`
-    on, else spectral for m >= :data:`SPECTRAL_MIN_M` on the CPU, else the
+    of the device (and ``grad``: a gradient will be taken) on, else
+    spectral for m >= :data:`SPECTRAL_MIN_M` on the CPU, else the
     iterations. The inverse itself (not ``apply``) is never Lanczos (a
     basis per column of I): ``'lanczos'`` resolves as ``'auto'`` there."""
     if method not in NR_METHODS:
@@ -87,7 +98,7 @@ def resolve_method(method: str, A: torch.Tensor, apply: bool = True) -> str:
     if method not in ('auto', 'lanczos') or (method == 'lanczos' and apply):
         return method
     m, device = A.shape[-1], A.device.type
-    if apply and m >= LANCZOS_MIN_M.get(device, float('inf')):
+    if apply and m >= LANCZOS_MIN_M.get((device, grad), float('inf')):
         return 'lanczos'
     if device == 'cpu' and m >= SPECTRAL_MIN_M:
         return 'spectral'
@@ -236,7 +247,9 @@ def solve(A, W, nr, stats) -> torch.Tensor:
                 f"model.backbone.attn_cfg.nr_method='auto' or 'iterative' "
                 f"(same function) before exporting")
         return _iterative(A, W, alpha, nr)[1]
-    method = resolve_method(nr.method, A, W is not None)
+    grad = torch.is_grad_enabled() and (A.requires_grad
+                                        or W is not None and W.requires_grad)
+    method = resolve_method(nr.method, A, W is not None, grad)
     with autocast_off(A.device.type), tf32_off(A.device.type):
         exact = nr.backward == 'exact'
         alpha_in = traced_alpha(A, alpha, nr.init) if exact and \
