@@ -45,7 +45,8 @@ class NRConfig:
             (one ``eigh``), ``'lanczos'`` (A_T W on Krylov spaces of the
             same function, ``nr_lanczos``; the inverse itself as
             ``'auto'``) or ``'auto'`` (for A_T W Lanczos from
-            ``LANCZOS_MIN_M[device]``, else spectral for m >=
+            ``LANCZOS_MIN_M[(device, with gradient)]`` (CPU: inference
+            only), else spectral for m >=
             ``SPECTRAL_MIN_M`` on the CPU, else iterative). All compute
             the official function. Default: 'auto'.
         backward (str | None): ``'exact'`` (the gradient of the T
