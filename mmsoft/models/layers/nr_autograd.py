@@ -25,13 +25,15 @@ NR_METHODS = ('auto', 'iterative', 'spectral', 'lanczos')
 SPECTRAL_MIN_M = 80
 #: smallest m for which ``'auto'`` applies A_T to W by block Lanczos, per
 #: (device type, with a gradient); pairs not listed never do: 6-12 products
-#: m x m by m x d against 40 m^3 for the iterations or one ``eigh``. The
-#: CPU trains with the spectral method: there the backward's second Krylov
-#: space and the larger spaces of training-mode features cost more than one
-#: ``eigh`` (SOFT-Small-Norm at 800 x 1216: forward 0.93x PVTv2-b2 against
-#: 1.56x spectral, training step 2.0x against 1.6x; docs/en/benchmarks.md)
+#: m x m by m x d against 40 m^3 for the iterations or one ``eigh``. CPU
+#: inference from m = 600 (SOFT-Small-Norm forward, Lanczos / spectral:
+#: m = 256 1.60x, 486 1.15x, 726 0.65x, 950 0.63x); the CPU trains with the
+#: spectral method: there the backward's second Krylov space and the larger
+#: spaces of training-mode features cost more than one ``eigh`` (800 x
+#: 1216: 1.33x). CUDA: not measured yet (no GPU lent), from m = 200 by the
+#: multiply-adds (docs/en/benchmarks.md)
 LANCZOS_MIN_M = {
-    ('cpu', False): 200,
+    ('cpu', False): 600,
     ('cuda', False): 200,
     ('cuda', True): 200
 }
