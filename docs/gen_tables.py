@@ -391,8 +391,11 @@ def why_table():
             f'({r["speedup"]} slower)'
         ])
     size, cpu, gpu_ = '800x1216', '800x1216x1', '800x1216x2'
-    on_cpu = ms('soft_small_norm', cpu, 'forward') / ms(
-        'pvtv2_b2', cpu, 'forward')
+    # the CPU ratio from the models timed in turn in one process
+    key = ('soft_small_norm', cpu, 'forward')
+    on_cpu = next(
+        float(r['ratio']) for r in read_csv('detection_resolution_cpu.csv')
+        if (r['model'], r['size'], r['mode']) == key)
     on_gpu = float(g('backbones', 'soft_small_norm', gpu_, 'forward')['ms']) \
         / float(g('backbones', 'pvtv2_b2', gpu_, 'forward')['ms'])
     note = ''
@@ -407,8 +410,9 @@ def why_table():
              f'(batch 1): with m = 950 landmarks in each of its first three '
              f'stages, the m × m Newton–Raphson products dominate on a '
              f'GPU. That GPU figure is from before `nr_method=\'auto\'` '
-             f'took the Chebyshev expansion on CUDA (a tenth of those '
-             f'multiply-adds; not yet measured on a GPU: '
+             f'took block Lanczos for A_T W (1/115 of those multiply-adds; '
+             f'the CPU figure is with it, a CPU training step is still '
+             f'1.76x; not yet measured on a GPU: '
              f'[the pseudo-inverse at detection resolution]'
              f'(docs/en/benchmarks.md#the-pseudo-inverse-at-detection-'
              f'resolution)).\n')
@@ -497,9 +501,8 @@ def official_files():
         links = [e['link']] + e.get('more_links', []) if e['link'] else []
         rows.append([
             f'`{name}`', f"{model}, {e['readme']}",
-            ', '.join(f'[{link}]({page})'
-                      for link in links) or 'not published', arch,
-            ', '.join(f'`{c}`' for c in e['configs'])
+            ', '.join(f'[{link}]({page})' for link in links)
+            or 'not published', arch, ', '.join(f'`{c}`' for c in e['configs'])
         ])
     return md_table([
         "authors' file", 'their README', 'download', 'mmsoft `arch` '
