@@ -88,7 +88,7 @@ class SafeCheckpointHook(CheckpointHook):
         load; ``resume=True`` without a path: pick the newest complete
         checkpoint (mmengine trusts ``last_checkpoint``); the Runner's
         ``load_checkpoint`` (load_from, resume) reads mmengine's training
-        checkpoints (:func:`_allow_training_checkpoints`)."""
+        checkpoints (``_allow_training_checkpoints``)."""
         _allow_training_checkpoints(runner)
         training = _training(runner)
         auto = getattr(runner, '_resume', False) and \

@@ -131,7 +131,7 @@ def conv2d(x, weight, bias=None, stride=1, padding=0, dilation=1, groups=1):
 
 class SafeConv2d(nn.Conv2d):
     """``nn.Conv2d`` with the checked CPU half-precision forward
-    (:func:`~mmsoft.models.layers.safe_conv.conv2d`); the same parameters,
+    (:func:`~mmsoft.models.layers.amp.conv2d`); the same parameters,
     state dict and results wherever the half kernel is correct."""
 
     def _conv_forward(self, input, weight, bias) -> torch.Tensor:

@@ -56,7 +56,7 @@ class AttentionBase(nn.Module):
     SOFT's per-head depthwise conv on V (odd ``dw_kernel_size``, 0: none)
     and ``proj``; ``sampling_ratio`` r: the stage's bottleneck ratio.
     Subclasses (SOFT and the zoo) build their projections, call
-    :meth:`_build_output_layers` and implement ``_mix(x, hw) -> (out (B,
+    ``_build_output_layers()`` and implement ``_mix(x, hw) -> (out (B,
     h, n, d), v_tokens (B, n, C) | None)`` and ``_row(x, hw, i) -> (B, h,
     n)``, query ``i``'s weights over V."""
     #: the attributes ``extra_repr`` shows after the heads and ratio
