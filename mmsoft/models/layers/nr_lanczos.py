@@ -29,6 +29,7 @@ method for the approximation of bivariate matrix functions", 2019):
              Daleckii-Krein kernel of the spectral path on Ritz values),
     grad alpha = <G, Q_w U_w diag(d f_T / d alpha) U_w^T Q_w^T W>.
 """
+import warnings
 from typing import NamedTuple, Optional
 
 import torch
@@ -242,8 +243,17 @@ class LanczosApply(torch.autograd.Function):
         iters = ctx.iters
         alpha64 = alpha.detach().to(torch.float64).reshape(-1)
         G = grad.to(Z.dtype)
-        # f_T(A) G: the last iterate where the guard would fall back
+        # f_T(A) G, in up to twice the forward's dimensions
         g = krylov_basis(A, G, alpha, iters, max_dim=2 * MAX_DIM)
+        if not bool(g.converged.all()):
+            warnings.warn(
+                f'nr_method=\'lanczos\': the gradient of '
+                f'{int((~g.converged).sum())} matrices comes from a Krylov '
+                f'space not converged in {2 * MAX_DIM} dimensions (it may be '
+                f'off by more than float32 rounding); set '
+                f'attn_cfg.nr_method=\'spectral\' or \'iterative\' for '
+                f'these inputs',
+                stacklevel=2)
         grad_W = g.apply(filter_and_slope(g.theta, alpha64, iters)[0])
         grad_A = grad_alpha = None
         if not ctx.exact:

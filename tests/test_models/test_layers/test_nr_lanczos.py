@@ -259,3 +259,16 @@ def test_tf32_off_inside_the_inverse_only(user_tf32):
             assert flags.allow_tf32 is user_tf32
     finally:
         flags.allow_tf32 = before
+
+
+def test_unconverged_gradient_space_warns(monkeypatch):
+    """The backward's Krylov space of the incoming gradient gets twice the
+    forward's dimensions; past them the gradient is the last iterate's and
+    a warning names the way out (the spectral or iterative method)."""
+    A = landmarks_kernel(1).requires_grad_()
+    W = torch.randn(1, 200, 3, generator=torch.Generator().manual_seed(0))
+    out = NRConfig(method='lanczos').apply(A, W)
+    monkeypatch.setattr(LZ, 'MAX_DIM', 8)
+    with pytest.warns(UserWarning, match="nr_method='spectral'"):
+        out.square().sum().backward()
+    assert torch.isfinite(A.grad).all()
