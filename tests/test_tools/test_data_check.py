@@ -674,7 +674,8 @@ def test_a_long_list_is_checked_along_its_whole_length(tmp_path, monkeypatch):
         'dataset): cannot be read (No such file or directory)')
 
 
-@pytest.mark.parametrize('trailer', [b'', b'\0' * 300, b'Exif-trailer' * 50])
+@pytest.mark.parametrize(
+    'trailer', [b'', b'\0' * 300, b'Exif-trailer' * 50, b'\xffxy' * 3000])
 def test_jpeg_with_data_after_its_end_marker_is_whole(tmp_path, trailer):
     """A JPEG is truncated when its end-of-image marker is missing, not
     when bytes follow it (padding, or data a camera appends): such a file
@@ -688,6 +689,23 @@ def test_jpeg_with_data_after_its_end_marker_is_whole(tmp_path, trailer):
     assert dc.image_damage(path, decode=True) is None
     open(path, 'wb').write(data[:-2] + trailer)
     assert dc.image_damage(path).startswith('truncated JPEG')
+    open(path, 'wb').write(data[:len(data) // 2])
+    assert dc.image_damage(path).startswith('truncated JPEG')
+
+
+@pytest.mark.parametrize('trailer', [b'', b'\0' * 300, b'trailer' * 1000])
+def test_png_with_data_after_its_iend_is_whole(tmp_path, trailer):
+    """The same for a PNG: bytes after IEND (a long trailer too) are not
+    truncation; a file cut before IEND is."""
+    import cv2
+    import numpy as np
+    path = str(tmp_path / 'a.png')
+    cv2.imwrite(path, np.full((16, 16, 3), 90, np.uint8))
+    data = open(path, 'rb').read()
+    open(path, 'wb').write(data + trailer)
+    assert dc.image_damage(path, decode=True) is None
+    open(path, 'wb').write(data[:-12] + trailer)
+    assert dc.image_damage(path).startswith('truncated PNG')
 
 
 @pytest.mark.parametrize('line,why', [

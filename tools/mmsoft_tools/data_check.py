@@ -172,6 +172,51 @@ def missing_data_message(cfg, mode):
     return '\n'.join(lines)
 
 
+def _jpeg_ends(path):
+    """Whether the JPEG ``path`` has its end-of-image marker (FF D9) where
+    its segments and scans end: markers are walked by their lengths, each
+    scan's entropy-coded data to its next marker (FF 00 stuffing and
+    restart markers inside), so an embedded thumbnail's FF D9 or bytes
+    after the end do not count."""
+    with open(path, 'rb') as f:
+        data = f.read()
+    i, n = 2, len(data)
+    while i + 1 < n:
+        if data[i] != 0xFF:
+            return False
+        marker = data[i + 1]
+        if marker == 0xD9:
+            return True
+        if marker == 0xFF or 0xD0 <= marker <= 0xD7 or marker == 0x01:
+            i += 1 if marker == 0xFF else 2
+            continue
+        if i + 4 > n:
+            return False
+        i += 2 + int.from_bytes(data[i + 2:i + 4], 'big')
+        if marker == 0xDA:  # a scan: its data runs to the next marker
+            while True:
+                i = data.find(b'\xff', i)
+                if i < 0 or i + 1 >= n:
+                    return False
+                if data[i + 1] == 0 or 0xD0 <= data[i + 1] <= 0xD7:
+                    i += 2
+                else:
+                    break
+    return False
+
+
+def _png_ends(path):
+    """Whether the PNG ``path`` reaches its IEND chunk, chunk by chunk."""
+    with open(path, 'rb') as f:
+        data = f.read()
+    i = 8
+    while i + 8 <= len(data):
+        if data[i + 4:i + 8] == b'IEND':
+            return True
+        i += 12 + int.from_bytes(data[i:i + 4], 'big')
+    return False
+
+
 def image_damage(path, decode=False):
     """Why the image file ``path`` cannot be used, or None: missing, empty
     (0 bytes), truncated (a JPEG without its end marker, a PNG without its
@@ -186,9 +231,13 @@ def image_damage(path, decode=False):
         return f'cannot be read ({e.strerror})'
     if size == 0:
         return 'the file is empty (0 bytes)'
-    if head[:2] == b'\xff\xd8' and b'\xff\xd9' not in tail[-2048:]:
+    # the end marker near the end (cheap), else walk the file's structure:
+    # bytes after the end marker (a camera's trailer) are allowed
+    if head[:2] == b'\xff\xd8' and b'\xff\xd9' not in tail[-2048:] \
+            and not _jpeg_ends(path):
         return f'truncated JPEG ({size} bytes, no end-of-image marker)'
-    if head == b'\x89PNG\r\n\x1a\n' and b'IEND' not in tail[-64:]:
+    if head == b'\x89PNG\r\n\x1a\n' and b'IEND' not in tail[-64:] \
+            and not _png_ends(path):
         return f'truncated PNG ({size} bytes, no IEND chunk)'
     if decode:
         import cv2
