@@ -2,6 +2,7 @@
 full disk, resume bit-exactly and are read safely; what each part guards:
 docs/en/advanced_guides/fault_tolerance.md."""
 import contextlib
+import errno
 import os
 import os.path as osp
 
@@ -339,13 +340,23 @@ def _allow_training_checkpoints(runner) -> None:
 
 
 def _write_failure(runner, path: str, error: OSError) -> str:
-    """The one-line report of a checkpoint that could not be written."""
+    """The one-line report of a checkpoint that could not be written: the
+    fix named by the error (a full disk, the file size limit, a read-only
+    or forbidden dir) and ``--resume`` only where a checkpoint exists."""
     code = f' (errno {error.errno})' if error.errno else ''
     prev = read_line(osp.join(runner.work_dir, 'last_checkpoint'))
     kept = (f'the previous checkpoint {prev} was kept (last_checkpoint '
             f'still names it)' if prev else 'no earlier checkpoint of this '
             'run exists')
+    where = osp.dirname(path)
+    fix = {
+        errno.EFBIG: 'Raise the file size limit (ulimit -f) or write to '
+        'another file system',
+        errno.EROFS: f'{where} is read-only: choose another work dir',
+        errno.EACCES: f'Check the permissions of {where} (ls -ld)',
+        errno.EPERM: f'Check the permissions of {where} (ls -ld)',
+    }.get(error.errno, f'Free space in {where}')
+    then = ('continue with tools/train.py ... --resume' if prev else
+            'start the training again (there is nothing to resume)')
     return (f'cannot write checkpoint {path}: {error.strerror or error}'
-            f'{code}; nothing was written, {kept}. Free space in '
-            f'{osp.dirname(path)} and continue with tools/train.py ... '
-            f'--resume')
+            f'{code}; nothing was written, {kept}. {fix} and {then}')

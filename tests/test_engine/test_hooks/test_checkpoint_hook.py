@@ -17,6 +17,7 @@ Faults reproduced here (mmengine 0.10.7's plain ``CheckpointHook``):
   mmsoft's reader first) and mmsoft's reader raise an error naming the
   file.
 """
+import errno
 import os
 import os.path as osp
 import random
@@ -730,8 +731,36 @@ def test_first_checkpoint_failing_says_nothing_was_kept(tmp_path):
     assert msg == (
         f'cannot write checkpoint {path}: disk quota exceeded for user '
         f'train; nothing was written, no earlier checkpoint of this run '
-        f'exists. Free space in {work} and continue with tools/train.py '
-        f'... --resume')
+        f'exists. Free space in {work} and start the training again (there '
+        f'is nothing to resume)')
+
+
+@pytest.mark.parametrize('code,fix', [
+    (errno.EFBIG, 'Raise the file size limit (ulimit -f) or write to '
+     'another file system'),
+    (errno.EROFS, '{work} is read-only: choose another work dir'),
+    (errno.EACCES, 'Check the permissions of {work} (ls -ld)'),
+    (errno.ENOSPC, 'Free space in {work}'),
+])
+@pytest.mark.parametrize('earlier', [False, True])
+def test_write_failure_names_the_fix_and_resumes_only_a_checkpoint(
+        tmp_path, code, fix, earlier):
+    """Issue 52, item 5: the advice follows the error (a `ulimit -f` limit
+    is not a full disk) and `--resume` is offered only where a checkpoint
+    exists to resume from."""
+    from mmsoft.engine.hooks.checkpoint_hook import _write_failure
+    work = str(tmp_path)
+    if earlier:
+        (tmp_path / 'last_checkpoint').write_text(osp.join(work, 'iter_2.pth'))
+    msg = _write_failure(
+        SimpleNamespace(work_dir=work), osp.join(work, 'iter_4.pth'),
+        OSError(code, os.strerror(code)))
+    assert '; nothing was written, ' in msg
+    assert msg.count('\n') == 0
+    assert f'. {fix.format(work=work)} and ' in msg
+    assert msg.endswith('continue with tools/train.py ... --resume'
+                        if earlier else 'start the training again (there '
+                        'is nothing to resume)')
 
 
 # ------------------------------------ the hook's rules, on stand-in runners
