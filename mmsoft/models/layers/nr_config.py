@@ -36,9 +36,9 @@ class NRConfig:
 
     Args:
         iters (int): T >= 1. Default: 20.
-        init (str): the alpha of A_0 = alpha A (:data:`INIT_MODES`, old
-            names :data:`INIT_ALIASES`): ``'soft_norm_per_sample'`` /
-            ``_per_matrix`` / ``_per_batch`` (the official search, one
+        init (str): the alpha of A_0 = alpha A (:data:`INIT_MODES`):
+            ``'soft_norm_per_sample'`` / ``_per_matrix`` /
+            ``_per_batch`` (the official search, one
             alpha per sample / matrix / batch) or ``'soft'`` (NeurIPS).
             Default: 'soft_norm_per_sample'.
         method (str): ``'iterative'`` (2T batched products), ``'spectral'``

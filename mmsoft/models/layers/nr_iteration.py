@@ -3,25 +3,18 @@ A_0 = alpha A, A_{k+1} = 2 A_k - A_k A A_k, as 2T batched products
 (:func:`newton_iterate`) or on the eigenvalues l of the symmetric A,
 v_{k+1} = 2 v_k - v_k^2 l (:func:`spectral_factors`). The model, the exact
 backward, the diagnostics and the ONNX export all run these functions."""
-import warnings
 from typing import Tuple
 
 import torch
 
 __all__ = [
-    'INIT_MODES', 'INIT_ALIASES', 'canonical_init', 'nr_init_alpha',
-    'nr_iteration_matrix', 'init_iteration', 'newton_iterate',
-    'scalar_iterate', 'spectral_factors', 'traced_alpha'
+    'INIT_MODES', 'canonical_init', 'nr_init_alpha', 'nr_iteration_matrix',
+    'init_iteration', 'newton_iterate', 'scalar_iterate', 'spectral_factors',
+    'traced_alpha'
 ]
 
 INIT_MODES = ('soft_norm_per_sample', 'soft_norm_per_matrix',
               'soft_norm_per_batch', 'soft')
-#: old names, still accepted (configs and saved configs may use them)
-INIT_ALIASES = {
-    'soft_norm_sample': 'soft_norm_per_sample',
-    'soft_norm_global': 'soft_norm_per_batch',
-    'soft_norm': 'soft_norm_per_matrix'
-}
 _NORM_BETA = 0.5
 _NORM_MAX_HALVINGS = 10
 _NORM_TOL = 1.01
@@ -30,23 +23,14 @@ _SOFT_SCALE = 0.9
 
 
 def canonical_init(init: str) -> str:
-    """``init`` with an old name (:data:`INIT_ALIASES`) replaced by the new
-    (``'soft_norm'`` warns)."""
-    if init in INIT_MODES:
-        return init
-    if init not in INIT_ALIASES:
+    """``init`` if it is one of :data:`INIT_MODES`, else a ValueError naming
+    them (the names before 0.3, e.g. ``'soft_norm_sample'``, were removed:
+    docs/en/changelog.md)."""
+    if init not in INIT_MODES:
         raise ValueError(
             f'unknown Newton-Raphson init (nr_init) {init!r}; choose one of '
-            f'{INIT_MODES} (old names: {sorted(INIT_ALIASES)})')
-    if init == 'soft_norm':
-        warnings.warn(
-            "nr_init='soft_norm' is the old name of 'soft_norm_per_matrix' "
-            "(alpha per matrix); the default with attn_norm=True is now "
-            "'soft_norm_per_sample' (the official rule per sample). Set "
-            "nr_init to a new name to silence this warning.",
-            FutureWarning,
-            stacklevel=3)
-    return INIT_ALIASES[init]
+            f'{INIT_MODES}')
+    return init
 
 
 def _shared_max(t: torch.Tensor, init: str, trailing: int = 0):

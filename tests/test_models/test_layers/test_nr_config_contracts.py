@@ -1,20 +1,15 @@
 """Contracts of the argument checks around the NR pseudo-inverse and the
 token mixers: the exact messages of the token-shape check and of
 :class:`NRConfig`, ``iters`` stored as an int, the NR stats of the exact
-iterative backward, when the export path is taken and where the warning
-for the old ``nr_init='soft_norm'`` points."""
-import os
-import os.path as osp
+iterative backward and when the export path is taken."""
 import re
 
 import numpy as np
 import pytest
 import torch
 
-import mmsoft
 from mmsoft.models.layers import AttentionBase, NRConfig, export_ops
 from mmsoft.models.layers.nr_diagnostics import nr_residual
-from mmsoft.models.layers.nr_iteration import nr_init_alpha
 
 
 def exact(message):
@@ -136,21 +131,3 @@ def test_of_refuses_other_types():
                         "('iters', 'init', 'method', 'backward') or None, "
                         "got 3")):
         NRConfig.of(3, True)
-
-
-# ------------------------------------------------- old alpha-rule name
-def test_soft_norm_warns_at_the_caller_of_nr_init_alpha():
-    """``nr_init='soft_norm'`` (the old name of ``'soft_norm_per_matrix'``)
-    gives a ``FutureWarning`` with this text, attributed to the code that
-    called ``nr_init_alpha``."""
-    message = ("nr_init='soft_norm' is the old name of 'soft_norm_per_matrix' "
-               "(alpha per matrix); the default with attn_norm=True is now "
-               "'soft_norm_per_sample' (the official rule per sample). Set "
-               'nr_init to a new name to silence this warning.')
-    with pytest.warns(FutureWarning, match=exact(message)) as record:
-        nr_init_alpha(torch.eye(3), 'soft_norm')
-    assert len(record) == 1
-    where = record[0].filename
-    assert not where.startswith(osp.dirname(mmsoft.__file__))  # not mmsoft
-    if 'MUTANT_UNDER_TEST' not in os.environ:  # (mutmut adds a frame)
-        assert where == __file__

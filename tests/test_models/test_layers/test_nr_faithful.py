@@ -154,9 +154,9 @@ def test_backbone_rejects_bad_nr_options():
         SOFT(TINY, attn_cfg=dict(type='soft', nr_backward='autograd'))
     with pytest.raises(ValueError, match='soft_norm_per_sample'):
         SOFT(TINY, attn_cfg=dict(type='soft', nr_init='per_sample'))
-    # old names keep working
-    model = SOFT(TINY, attn_cfg=dict(type='soft', nr_init='soft_norm_sample'))
-    assert model.stages[0].blocks[0].attn.nr_init == 'soft_norm_per_sample'
+    # the names before 0.3 were removed
+    with pytest.raises(ValueError, match="'soft_norm_sample'"):
+        SOFT(TINY, attn_cfg=dict(type='soft', nr_init='soft_norm_sample'))
 
 
 def test_nr_stats_and_hook():

@@ -1,6 +1,5 @@
 """Newton-Raphson Moore-Penrose inverse (Alg. 2, Eq. 10/16) and its init."""
 import sys
-import warnings
 
 import pytest
 import torch
@@ -304,24 +303,18 @@ def test_per_sample_shared_alpha():
 
 
 # ------------------------------------------------- names of the alpha rules
-def test_old_init_names_are_aliases():
-    from mmsoft.models.layers.nr_iteration import INIT_ALIASES, canonical_init
-    A = torch.cat([
-        kernel_matrix(1, 4, m=30, scale=s, seed=k, dtype=torch.float64)
-        for k, s in enumerate([0.1, 2.0])
-    ])
-    for old, new in INIT_ALIASES.items():
-        if old == 'soft_norm':  # kept for saved configs, but it warns
-            with pytest.warns(FutureWarning, match='soft_norm_per_matrix'):
-                assert canonical_init(old) == new
-        else:
-            assert canonical_init(old) == new
-        with warnings.catch_warnings():
-            warnings.simplefilter('ignore', FutureWarning)
-            torch.testing.assert_close(
-                nr_init_alpha(A, old), nr_init_alpha(A, new), rtol=0, atol=0)
-    with pytest.raises(ValueError, match='soft_norm_per_sample'):
-        canonical_init('per_sample')
+def test_init_names_before_0_3_are_refused():
+    """The old alpha-rule names (renamed in 0.3) were removed with the
+    compatibility layers: a ValueError naming the rules to choose."""
+    from mmsoft.models.layers.nr_iteration import INIT_MODES, canonical_init
+    for mode in INIT_MODES:
+        assert canonical_init(mode) == mode
+    for old in ('soft_norm_sample', 'soft_norm_global', 'soft_norm',
+                'per_sample'):
+        with pytest.raises(ValueError, match='soft_norm_per_sample'):
+            canonical_init(old)
+        with pytest.raises(ValueError, match=repr(old)):
+            nr_init_alpha(torch.eye(3), old)
 
 
 def test_default_init_is_official_rule_per_sample():

@@ -315,8 +315,8 @@ def test_nr_settings_built_once_and_frozen(monkeypatch):
     # the flat keys are SOFTAttention's own arguments (attn_cfg's spelling)
     assert SOFTAttention(16, 2, 2, nr_iters=3, nr_init='soft').nr == \
         NRConfig(3, 'soft')
-    with pytest.warns(FutureWarning, match='soft_norm_per_matrix'):
-        assert NRConfig(init='soft_norm').init == 'soft_norm_per_matrix'
+    with pytest.raises(ValueError, match="'soft_norm'"):
+        NRConfig(init='soft_norm')  # the name before 0.3: removed
     assert SOFTAttention(16, 2, 2, attn_norm=False).nr.init == 'soft'
     assert SOFTAttention(
         16, 2, 2, attn_norm=False, nr=dict(iters=5)).nr == NRConfig(5, 'soft')
