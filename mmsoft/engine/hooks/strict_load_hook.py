@@ -5,7 +5,9 @@ from mmengine.registry import HOOKS
 
 from mmsoft.utils.strict_load import CheckpointMismatchError
 
-__all__ = ['StrictLoadHook', 'resume_refusal', 'optimizer_refusal']
+__all__ = [
+    'StrictLoadHook', 'resume_refusal', 'optimizer_refusal', 'progress_refusal'
+]
 
 
 @HOOKS.register_module()
@@ -39,7 +41,8 @@ class StrictLoadHook(Hook):
         source = str(getattr(runner, '_load_from', None) or 'checkpoint')
         resume = getattr(runner, '_resume', False)
         refusal = resume and (resume_refusal(checkpoint, source)
-                              or optimizer_refusal(runner, checkpoint, source))
+                              or optimizer_refusal(runner, checkpoint, source)
+                              or progress_refusal(runner, checkpoint, source))
         if refusal:
             raise CheckpointMismatchError(refusal)
         check_checkpoint_for_model(
@@ -95,3 +98,28 @@ def optimizer_refusal(runner, checkpoint, source: str) -> str:
             f'so it cannot continue in {name}. Resume with the optimizer it '
             f'was trained with, or start a new run from these weights with '
             f'--cfg-options load_from={source} (without --resume)')
+
+
+def progress_refusal(runner, checkpoint, source: str) -> str:
+    """The refusal of ``--resume source`` when ``checkpoint`` is past the
+    end of the Runner's schedule (its epoch above ``max_epochs`` of an
+    epoch-based loop, its iteration above ``max_iters`` of an iteration-
+    based one): nothing would train and the run would end at once, exit 0.
+    Else '' (at the end exactly: a finished run, resumed as mmengine
+    does)."""
+    from mmengine.runner import EpochBasedTrainLoop, IterBasedTrainLoop
+    loop = getattr(runner, '_train_loop', None)
+    meta = checkpoint.get('meta') if isinstance(checkpoint, dict) else None
+    if isinstance(loop, EpochBasedTrainLoop):
+        unit, key, limit = 'epoch', 'max_epochs', loop.max_epochs
+    elif isinstance(loop, IterBasedTrainLoop):
+        unit, key, limit = 'iter', 'max_iters', loop.max_iters
+    else:
+        return ''
+    done = meta.get(unit) if isinstance(meta, dict) else None
+    if not isinstance(done, int) or done <= limit:
+        return ''
+    return (f'--resume {source}: the checkpoint is at {unit} {done}, past '
+            f'the schedule\'s end (train_cfg.{key}={limit}): nothing would '
+            f'train. Raise it (--cfg-options train_cfg.{key}=...) or resume '
+            f'an earlier checkpoint')

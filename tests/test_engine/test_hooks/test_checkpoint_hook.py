@@ -1402,3 +1402,32 @@ def test_checkpoint_without_a_meta_dict_restores_nothing(tmp_path):
         hook.after_load_checkpoint(runner, checkpoint)
         hook.before_train(runner)
         assert sampler.seed == 5 and runner.logger.ours() == []
+
+
+@pytest.mark.parametrize('by_epoch,limit,refused', [(False, 4, True),
+                                                    (False, 10, False),
+                                                    (True, 2, True)])
+def test_resume_past_the_schedule_is_refused(tmp_path, by_epoch, limit,
+                                             refused):
+    """Issue 52, item 6: `--resume` of a checkpoint past the config's
+    max_iters / max_epochs trained nothing and exited 0; StrictLoadHook
+    (named by the configs: host tools too) refuses it with the fix. At the
+    end exactly it is a finished run, resumed as mmengine does."""
+    from mmsoft.utils.strict_load import CheckpointMismatchError
+    work = tmp_path / 'work'
+    _runner(work, 'first', by_epoch).train()
+    resumed = _runner(work, 'again', by_epoch, resume=True)
+    resumed._train_loop['max_epochs' if by_epoch else 'max_iters'] = limit
+    resumed.register_hook(dict(type='StrictLoadHook'))
+    if not refused:
+        resumed.train()
+        return
+    unit = 'epoch 3' if by_epoch else 'iter 10'
+    key = 'max_epochs' if by_epoch else 'max_iters'
+    with pytest.raises(CheckpointMismatchError) as e:
+        resumed.train()
+    assert str(e.value).endswith(
+        f'the checkpoint is at {unit}, past the schedule\'s end '
+        f'(train_cfg.{key}={limit}): nothing would train. Raise it '
+        f'(--cfg-options train_cfg.{key}=...) or resume an earlier '
+        f'checkpoint')
