@@ -10,7 +10,8 @@ from mmsoft.compat import unravel_index
 from . import export_ops
 from .amp import autocast_off, compute_dtype, tf32_off
 from .nr_diagnostics import iterative_stats, record_residual
-from .nr_iteration import (newton_iterate, nr_init_alpha, nr_iteration_matrix,
+from .nr_iteration import (leibniz_divided_difference, newton_iterate,
+                           nr_init_alpha, nr_iteration_matrix,
                            spectral_factors, traced_alpha)
 from .nr_lanczos import LanczosApply, filter_and_slope, krylov_basis
 
@@ -75,13 +76,7 @@ def _divided_differences(lam, v, alpha, iters) -> torch.Tensor:
     idx = _close_pairs(lam)
     batch = idx[:-2]
     a, b = lam[batch + (idx[-2], )], lam[batch + (idx[-1], )]
-    D = alpha[batch]
-    va, vb = D * a, D * b
-    for _ in range(iters):
-        D = D * (2 - 0.5 * (va + vb) * (a + b)) - 0.5 * (va * va + vb * vb)
-        va = 2 * va - va * va * a
-        vb = 2 * vb - vb * vb * b
-    F[idx] = D
+    F[idx] = leibniz_divided_difference(a, b, alpha[batch], iters)
     return F
 
 

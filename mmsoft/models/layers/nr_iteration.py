@@ -10,7 +10,7 @@ import torch
 __all__ = [
     'INIT_MODES', 'canonical_init', 'nr_init_alpha', 'nr_iteration_matrix',
     'init_iteration', 'newton_iterate', 'scalar_iterate', 'spectral_factors',
-    'traced_alpha'
+    'traced_alpha', 'leibniz_divided_difference'
 ]
 
 INIT_MODES = ('soft_norm_per_sample', 'soft_norm_per_matrix',
@@ -142,6 +142,22 @@ if hasattr(torch.library, 'custom_op'):
         return lam.new_empty(shape, dtype=torch.result_type(alpha, lam))
 
     scalar_iterate = nr_scalar_iterate
+
+
+def leibniz_divided_difference(a, b, alpha, iters) -> torch.Tensor:
+    """[a, b] v_T (the divided difference of the T-step function at the
+    pairs a, b, alpha per pair) without the quotient's cancellation: the
+    Leibniz rule on Eq. 10, D_0 = alpha, D_{k+1} = D_k (2 - (v_a + v_b)
+    (a + b) / 2) - (v_a^2 + v_b^2) / 2 (v_T'(a) where a = b). For close
+    pairs only: far apart it amplifies rounding by (a - b)^2 / 2ab per
+    step."""
+    D = alpha
+    va, vb = D * a, D * b
+    for _ in range(iters):
+        D = D * (2 - 0.5 * (va + vb) * (a + b)) - 0.5 * (va * va + vb * vb)
+        va = 2 * va - va * va * a
+        vb = 2 * vb - vb * vb * b
+    return D
 
 
 def spectral_factors(A, alpha, iters):

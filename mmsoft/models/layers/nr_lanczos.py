@@ -35,6 +35,7 @@ from typing import NamedTuple, Optional
 import torch
 
 from .amp import autocast_off
+from .nr_iteration import leibniz_divided_difference
 
 __all__ = [
     'MAX_DIM', 'TOL', 'TOL_FLOAT64', 'KrylovBasis', 'krylov_basis',
@@ -84,13 +85,7 @@ def divided_differences(a, b, alpha, iters):
     idx = close.nonzero(as_tuple=True)  # few: the rule on these only
     ai = a.expand_as(close)[idx]
     bi = b.expand_as(close)[idx]
-    D = alpha[idx[:-2]]
-    va, vb = D * ai, D * bi
-    for _ in range(iters):
-        D = D * (2 - 0.5 * (va + vb) * (ai + bi)) - 0.5 * (va * va + vb * vb)
-        va = 2 * va - va * va * ai
-        vb = 2 * vb - vb * vb * bi
-    F[idx] = D
+    F[idx] = leibniz_divided_difference(ai, bi, alpha[idx[:-2]], iters)
     return F
 
 

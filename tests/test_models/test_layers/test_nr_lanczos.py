@@ -7,6 +7,7 @@ Its values and exact gradient against autograd through the official
 iterations also: ``test_pinv.py::test_exact_backward_equals_autograd_
 through_iterations`` and ``test_nr_faithful.py::
 test_backbone_exact_gradient`` (both parametrised with ``'lanczos'``)."""
+import functools
 import importlib
 
 import pytest
@@ -20,19 +21,11 @@ from mmsoft.models.layers.nr_iteration import (newton_iterate, nr_init_alpha,
 LZ = importlib.import_module('mmsoft.models.layers.nr_lanczos')
 SOLVER = importlib.import_module('mmsoft.models.layers.nr_autograd')
 
-
-def landmarks_kernel(*batch,
-                     m=200,
-                     d=16,
-                     seed=0,
-                     dtype=torch.float32,
-                     freq=2,
-                     stretch=4):
-    """A SOFT-like bottleneck kernel: ~15 eigenvalues above the transition
-    (2^T alpha)^-1/2 of f_T, as SOFT-Small-Norm's at 800 x 1216 (15-24 of
-    950), the rest where f_T is linear."""
-    return smooth_kernel(
-        *batch, m=m, d=d, seed=seed, dtype=dtype, freq=freq, stretch=stretch)
+#: a SOFT-like bottleneck kernel: ~15 eigenvalues above the transition
+#: (2^T alpha)^-1/2 of f_T, as SOFT-Small-Norm's at 800 x 1216 (15-24 of
+#: 950), the rest where f_T is linear
+landmarks_kernel = functools.partial(
+    smooth_kernel, m=200, d=16, dtype=torch.float32, freq=2, stretch=4)
 
 
 def official(A, W, iters=20, G=None):
