@@ -724,3 +724,28 @@ def test_bad_list_line_named_with_file(tmp_path, line, why):
     msg = dc.damaged_data_message(cfg, 'train')
     assert msg.splitlines()[-1] == (
         f'  {ann} [train_dataloader.dataset]: cannot be loaded: {why}')
+
+
+@pytest.mark.parametrize('extra,refused', [
+    ([], True),
+    (['--resume', 'work_dirs/det/epoch_1.pth'], False),
+    (['--resume'], False),
+    (['--cfg-options', 'load_from=det.pth'], False),
+])
+def test_missing_imagenet_file_and_a_checkpoint_to_load(
+        demo_det, capsys, extra, refused):
+    """Issue 52, item 4: the launch scripts' pre-flight refused `--resume`
+    of a config whose ImageNet file is missing; a run that loads a
+    checkpoint leaves it to the Runner (StrictLoadHook skips the file)."""
+    from mmengine.config import Config
+    path, _ = demo_det
+    cfg = Config.fromfile(path)
+    cfg.model.backbone.init_cfg = dict(
+        type='Pretrained', checkpoint='checkpoints/soft_norm_tiny.pth')
+    cfg.dump(path)
+    capsys.readouterr()
+    assert dc.main(['train', path] + extra) == int(refused)
+    err = capsys.readouterr().err
+    assert ('error: checkpoints/soft_norm_tiny.pth '
+            '(model.backbone.init_cfg.checkpoint) does not exist' in err) \
+        == refused

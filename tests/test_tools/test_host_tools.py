@@ -110,6 +110,12 @@ CASES = [
     ], False, MISMATCH + '--resume {trained}: the checkpoint was trained '
      "with another optimizer than the config's optim_wrapper.optimizer "
      '(SGD): '),
+    ('new-lr-resume', 'mmdet', 'train', [
+        '{cfg}', '--resume', '{trained}', '--cfg-options',
+        'optim_wrapper.optimizer.lr=0.01', 'train_cfg.max_epochs=2'
+    ], False, MISMATCH + "--resume {trained}: the config's "
+     'optim_wrapper.optimizer.lr is 0.01, the checkpoint was trained with '
+     '0.001: '),
     ('missing-imagenet-file', 'mmdet', 'train', ['{missing_cfg}'], False,
      'FileNotFoundError: checkpoints/soft_norm_tiny.pth '
      "(model.backbone.init_cfg.checkpoint) does not exist: download the "
@@ -125,6 +131,11 @@ CASES = [
     ('trained-test', 'mmpretrain', 'test', ['{cfg}', '{trained}'], True, None),
     ('resume', 'mmdet', 'train', [
         '{cfg}', '--resume', '{trained}', '--cfg-options',
+        'train_cfg.max_epochs=2'
+    ], True, None),
+    # a resume replaces every weight: the ImageNet file is not needed
+    ('resume-missing-imagenet-file', 'mmdet', 'train', [
+        '{missing_cfg}', '--resume', '{trained}', '--cfg-options',
         'train_cfg.max_epochs=2'
     ], True, None),
 ]

@@ -337,6 +337,7 @@ def main(argv=None):
     parser.add_argument('mode', choices=sorted(_MODES))
     parser.add_argument('config')
     parser.add_argument('--cfg-options', nargs='+', action=DictAction)
+    parser.add_argument('--resume', nargs='?', const='auto')
     args, _ = parser.parse_known_args(argv)
     if not osp.isfile(args.config):
         print(f'mmsoft: config file not found: {args.config}', file=sys.stderr)
@@ -346,7 +347,10 @@ def main(argv=None):
         cfg.merge_from_dict(args.cfg_options)
     msg = missing_data_message(cfg, args.mode) or \
         damaged_data_message(cfg, args.mode)
-    if msg is None and args.mode == 'train':  # the ImageNet weights, once
+    # the ImageNet weights, once; a run that loads a checkpoint (--resume,
+    # load_from) may not read them (StrictLoadHook): its Runner decides
+    loads = args.resume is not None or cfg.get('load_from')
+    if msg is None and args.mode == 'train' and not loads:
         try:
             from mmsoft_tools.checkpoint_files import missing_pretrained
         except ImportError:  # run as a script: its folder is on sys.path

@@ -133,6 +133,10 @@ class SafeCheckpointHook(CheckpointHook):
             runner.logger.info('mmsoft: resuming from the newest complete '
                                f'checkpoint {path}')
             runner._load_from = path
+            # it replaces every weight: no ImageNet file needed (as for a
+            # path, StrictLoadHook.before_run)
+            from .strict_load_hook import skip_pretrained_init
+            skip_pretrained_init(runner, path)
         elif skipped:
             raise CheckpointError(
                 f'resume: no complete checkpoint in {runner.work_dir}; '

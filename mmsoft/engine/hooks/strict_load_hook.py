@@ -1,12 +1,16 @@
 """Refuse checkpoints that do not match the model, which mmengine's Runner
 loads with ``strict=False`` (a WARNING and a metric of wrong weights)."""
+import math
+
 from mmengine.hooks import Hook
+from mmengine.model.weight_init import PretrainedInit
 from mmengine.registry import HOOKS
 
 from mmsoft.utils.strict_load import CheckpointMismatchError
 
 __all__ = [
-    'StrictLoadHook', 'resume_refusal', 'optimizer_refusal', 'progress_refusal'
+    'StrictLoadHook', 'resume_refusal', 'optimizer_refusal',
+    'progress_refusal', 'settings_refusal', 'skip_pretrained_init'
 ]
 
 
@@ -16,8 +20,14 @@ class StrictLoadHook(Hook):
     ``after_load_checkpoint``, before the Runner copies it): missing,
     unexpected or mis-shaped keys (an authors' unconverted file: the
     converter command), the other ``attn_norm``, and with ``resume`` a file
-    that is not a training checkpoint or one of another optimizer raise
-    :class:`~mmsoft.utils.strict_load.CheckpointMismatchError`. Named in
+    that is not a training checkpoint, one of another optimizer, past the
+    schedule's end or trained with another learning rate / weight decay
+    than the config's raise
+    :class:`~mmsoft.utils.strict_load.CheckpointMismatchError`. A training
+    run that loads a checkpoint strictly (``load_from``, ``--resume``) does
+    not read the ``Pretrained`` files of ``init_cfg`` (the backbone's
+    ImageNet weights): every tensor is replaced (:func:`skip_pretrained_init`,
+    in ``before_run``). Named in
     the shipped configs' ``custom_hooks``: the host codebases' own
     ``tools/train.py`` / ``tools/test.py`` check as mmsoft's do.
 
@@ -36,13 +46,30 @@ class StrictLoadHook(Hook):
         self.allow_partial = allow_partial
         self.opt_in = opt_in
 
+    def before_run(self, runner) -> None:
+        """Training with a checkpoint to load: the ``Pretrained`` files of
+        ``init_cfg`` are not read (``Runner.train`` initialises the weights
+        after ``before_run``, then loads). mmengine's resume without a path
+        takes the work dir's latest checkpoint; ``SafeCheckpointHook``
+        picks its own in its ``before_run`` and calls
+        :func:`skip_pretrained_init` itself."""
+        from mmengine.runner import find_latest_checkpoint
+        safe = HOOKS.get('SafeCheckpointHook')  # (imports this module)
+        path = getattr(runner, '_load_from', None)
+        if path is None and getattr(runner, '_resume', False) and not any(
+                isinstance(h, safe) for h in getattr(runner, 'hooks', ())):
+            path = find_latest_checkpoint(runner.work_dir)
+        if path is not None:
+            skip_pretrained_init(runner, path)
+
     def after_load_checkpoint(self, runner, checkpoint: dict) -> None:
         from mmsoft.models.loading import check_checkpoint_for_model
         source = str(getattr(runner, '_load_from', None) or 'checkpoint')
         resume = getattr(runner, '_resume', False)
         refusal = resume and (resume_refusal(checkpoint, source)
                               or optimizer_refusal(runner, checkpoint, source)
-                              or progress_refusal(runner, checkpoint, source))
+                              or progress_refusal(runner, checkpoint, source)
+                              or settings_refusal(runner, checkpoint, source))
         if refusal:
             raise CheckpointMismatchError(refusal)
         check_checkpoint_for_model(
@@ -123,3 +150,94 @@ def progress_refusal(runner, checkpoint, source: str) -> str:
             f'the schedule\'s end (train_cfg.{key}={limit}): nothing would '
             f'train. Raise it (--cfg-options train_cfg.{key}=...) or resume '
             f'an earlier checkpoint')
+
+
+#: optimizer settings a resume restores from the checkpoint (its saved param
+#: groups), whatever the config says; a scheduler keeps the base value in
+#: ``initial_<name>``
+RESUMED_SETTINGS = ('lr', 'weight_decay')
+
+
+def settings_refusal(runner, checkpoint, source: str) -> str:
+    """The refusal of ``--resume source`` when the config's optimizer
+    settings (:data:`RESUMED_SETTINGS`: ``optim_wrapper.optimizer.lr``, ...)
+    differ from those the checkpoint was trained with: mmengine loads the
+    saved param groups (and the schedulers' base values) over them, and the
+    run would continue at the checkpoint's values without a word. Else ''.
+    Compared group by group (``paramwise_cfg`` multipliers alike), the base
+    value (``initial_<name>``) where a scheduler keeps one."""
+    opt = getattr(getattr(runner, 'optim_wrapper', None), 'optimizer', None)
+    saved = checkpoint.get('optimizer') if isinstance(checkpoint,
+                                                      dict) else None
+    groups = saved.get('param_groups') if isinstance(saved, dict) else None
+    have = getattr(opt, 'param_groups', None)
+    if not groups or not have or len(groups) != len(have):
+        return ''  # another optimizer / model: refused or reported elsewhere
+
+    def value(group, key):
+        v = group.get(f'initial_{key}', group.get(key))
+        return float(v) if isinstance(v, (int, float)) else None
+
+    for key in RESUMED_SETTINGS:
+        for new, old in zip(have, groups):
+            a, b = value(new, key), value(old, key)
+            if a is None or b is None or math.isclose(
+                    a, b, rel_tol=1e-6, abs_tol=1e-12):
+                continue
+            # the config's value, and the checkpoint's at the same scale
+            base = getattr(opt, 'defaults', {}).get(key, a)
+            was = b * base / a if a else b
+            return (f'--resume {source}: the config\'s '
+                    f'optim_wrapper.optimizer.{key} is {base:g}, the '
+                    f'checkpoint was trained with {was:g}: a resume restores '
+                    f'the saved optimizer and schedule, so the run would '
+                    f'continue at {was:g}. To train these weights with '
+                    f'{key} {base:g} in a new schedule, pass --cfg-options '
+                    f'load_from={source} instead of --resume; to continue '
+                    f'the run, drop the new {key}')
+    return ''
+
+
+def skip_pretrained_init(runner, source: str) -> None:
+    """Drop the ``Pretrained`` entries of the model's ``init_cfg`` (the
+    backbone's ImageNet file, ...) before a training Runner initialises the
+    weights, when ``source`` (``load_from`` / the file to resume) replaces
+    every tensor: the Runner has a :class:`StrictLoadHook` without
+    ``allow_partial`` (a missing tensor is an error). One log line per
+    dropped file; nothing when it keeps a pretrained load."""
+    from mmengine.model import is_model_wrapper
+    from mmengine.runner import BaseLoop
+
+    from mmsoft.models.loading import PRETRAINED
+    if not isinstance(getattr(runner, '_train_loop', None), BaseLoop):
+        return  # not training: no init_weights
+    if not any(
+            isinstance(h, StrictLoadHook) and not h.allow_partial
+            for h in getattr(runner, 'hooks', ())):
+        return
+    model = runner.model
+    while is_model_wrapper(model):
+        model = model.module
+    how = '--resume' if getattr(runner, '_resume', False) else 'load_from'
+    for name, module in model.named_modules():
+        init = getattr(module, 'init_cfg', None)
+        if getattr(module, 'is_init', False) or not init:
+            continue
+        cfgs = [init] if isinstance(init, dict) else list(init)
+        drop = [
+            c for c in cfgs
+            if isinstance(c, dict) and (str(c.get('type')) in PRETRAINED or (
+                isinstance(c.get('type'), type)
+                and issubclass(c['type'], PretrainedInit)))
+        ]
+        if not drop:
+            continue
+        keep = [c for c in cfgs if c not in drop]
+        module.init_cfg = (keep[0] if keep else None) if isinstance(
+            init, dict) else keep
+        key = '.'.join(['model'] + ([name] if name else []) + ['init_cfg'])
+        for c in drop:
+            runner.logger.info(
+                f'mmsoft: {how} {source} replaces every weight of the model '
+                f'(StrictLoadHook): {key} checkpoint {c.get("checkpoint")} '
+                f'is not read')

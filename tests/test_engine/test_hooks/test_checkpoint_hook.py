@@ -1431,3 +1431,97 @@ def test_resume_past_the_schedule_is_refused(tmp_path, by_epoch, limit,
         f'(train_cfg.{key}={limit}): nothing would train. Raise it '
         f'(--cfg-options train_cfg.{key}=...) or resume an earlier '
         f'checkpoint')
+
+
+@pytest.mark.parametrize(
+    'option,value,refused',
+    [
+        ('lr', 0.01, True),
+        ('weight_decay', 0.05, True),
+        ('lr', 0.1, False),  # the checkpoint's: continues
+    ])
+def test_resume_with_new_optimizer_settings_is_refused(tmp_path, option, value,
+                                                       refused):
+    """Issue 52, item 4: `--resume` with a new
+    `optim_wrapper.optimizer.lr` continued at the checkpoint's lr without a
+    word (mmengine loads the saved param groups over the config's);
+    StrictLoadHook refuses it naming both values and the fix."""
+    from mmsoft.utils.strict_load import CheckpointMismatchError
+    work = tmp_path / 'work'
+    _runner(work, 'first', True).train()  # SGD lr 0.1, no weight decay
+    resumed = _runner(work, 'again', True, resume=True)
+    resumed.optim_wrapper['optimizer'][option] = value
+    resumed._train_loop['max_epochs'] = 4
+    resumed.register_hook(dict(type='StrictLoadHook'))
+    if not refused:
+        resumed.train()
+        assert resumed.epoch == 4
+        return
+    was = 0.1 if option == 'lr' else 0
+    with pytest.raises(CheckpointMismatchError) as e:
+        resumed.train()
+    assert str(e.value) == (
+        f'--resume {work}/epoch_3.pth: the config\'s optim_wrapper.optimizer.'
+        f'{option} is {value:g}, the checkpoint was trained with {was:g}: a '
+        f'resume restores the saved optimizer and schedule, so the run '
+        f'would continue at {was:g}. To train these weights with {option} '
+        f'{value:g} in a new schedule, pass --cfg-options load_from='
+        f'{work}/epoch_3.pth instead of --resume; to continue the run, drop '
+        f'the new {option}')
+
+
+class _NoFile(Hook):
+    """Gives the model an ``init_cfg`` whose pretrained file is missing
+    (a paper config without the ImageNet weights)."""
+
+    priority = 'HIGHEST'
+
+    def before_run(self, runner):
+        runner.model.init_cfg = [
+            dict(type='Constant', layer='Linear', val=0.),
+            dict(
+                type='Pretrained', checkpoint=str(runner.work_dir) + '/no.pth')
+        ]
+
+
+def _with_missing_file(runner, **strict_load):
+    for hook in (_NoFile(), dict(type='StrictLoadHook', **strict_load)):
+        runner.register_hook(hook)
+    return runner
+
+
+@pytest.mark.parametrize('how', ['resume-path', 'resume-auto', 'load_from'])
+def test_a_strict_load_reads_no_pretrained_file(tmp_path, how):
+    """Issue 52, item 4: `--resume` of a config whose backbone names a
+    missing ImageNet file was refused (with the advice to train from
+    scratch, norm_eval=False) although every weight comes from the
+    checkpoint; a strict load (StrictLoadHook) skips the file."""
+    work = tmp_path / 'work'
+    _runner(work, 'first', True).train()
+    kwargs = dict(resume=True) if how.startswith('resume') else {}
+    if how != 'resume-auto':
+        kwargs['load_from'] = str(work / 'epoch_3.pth')
+    runner = _with_missing_file(
+        _runner(tmp_path / 'again' if how == 'load_from' else work, 'again',
+                True, **kwargs))
+    runner._train_loop['max_epochs'] = 4
+    runner.train()
+    assert runner.epoch == 4 and runner.model.fc.weight.abs().sum() > 0
+
+
+def test_pretrained_file_is_read_without_a_strict_load(tmp_path):
+    """What still needs the file: training from scratch (auto-resume with
+    no checkpoint) and a partial load (allow_partial)."""
+    work = tmp_path / 'work'
+    _runner(work, 'first', True).train()
+    for runner in (_with_missing_file(
+            _runner(tmp_path / 'empty', 'scratch', True, resume=True)),
+                   _with_missing_file(
+                       _runner(
+                           tmp_path / 'partial',
+                           'partial',
+                           True,
+                           load_from=str(work / 'epoch_3.pth')),
+                       allow_partial=True)):
+        with pytest.raises(FileNotFoundError, match='no.pth'):
+            runner.train()
