@@ -293,12 +293,27 @@ def _gpu_rows(name):
 CPU1 = '2-core CPU, 1 thread'
 CPU2 = '2-core CPU, 2 threads'
 H200 = 'NVIDIA H200'
+H100 = 'NVIDIA H100'
+#: the GPU figures of the README: (machine, CSV)
+GPU_CSVS = ((H200, 'gpu_h200.csv'), (H100, 'gpu_h100.csv'))
+#: the SOFT vs softmax section of each GPU CSV
+SOFTMAX_SECTIONS = ('softmax', 'SOFT vs softmax')
+
+
+def detection_cpu_rows():
+    """``{(model, size, mode): row}`` of ``detection_resolution_cpu.csv``
+    (the models timed in turn in one process: the CPU figures at
+    detection resolution since block Lanczos)."""
+    return {
+        (r['model'], r['size'], r['mode']): r
+        for r in read_csv('detection_resolution_cpu.csv')
+    }
 
 
 def why_table():
     """README's "Why SOFT": a few rows picked from the benchmark CSVs, each
-    with the machine it was measured on (CPU rows, then the H200 rows of
-    the same comparison), and one sentence on detection resolution."""
+    with the machine it was measured on (CPU rows, then the GPU rows of
+    the same comparison), and one paragraph on detection resolution."""
     att = {
         (r['n'], r['method'], r['mode']): r
         for r in read_csv('benchmark_attention.csv') if r['device'] == 'cpu'
@@ -307,18 +322,23 @@ def why_table():
         (r['model'], r['size'], r['mode']): r
         for r in read_csv('benchmark_backbones.csv')
     }
-    gpu = _gpu_rows('gpu_h200.csv')
+    det = detection_cpu_rows()
+    gpus = [(machine, _gpu_rows(name)) for machine, name in GPU_CSVS]
     off = {r['case']: r for r in read_csv('official_comparison.csv')}
 
     def layer(method):
         r = att[('3136', method, 'forward_backward')]
         return f'{float(r["time_ms"]):.0f} ms, {float(r["peak_mb"]):.0f} MiB'
 
-    def ms(model, size, mode):
-        return float(bb[(model, size, mode)]['time_ms'])
+    def cpu_ms(model, size, mode):
+        """The CPU time: at 800 x 1216 from the alternated run (block
+        Lanczos), else from benchmark_backbones.csv."""
+        src = det if size.startswith('800x1216') else bb
+        return float(src[(model, size, mode)]['time_ms'])
 
-    def g(section, model, size, mode):
-        return gpu.get((section, model, size, mode))
+    def g(gpu, sections, model, size, mode):
+        return next((gpu[(s, model, size, mode)]
+                     for s in sections if (s, model, size, mode) in gpu), None)
 
     def g_ms(r):
         v = float(r['ms'])
@@ -332,17 +352,22 @@ def why_table():
         layer('soft'), f'softmax: {layer("softmax")} (fused SDPA); '
         f'{layer("softmax_naive")} (n × n)'
     ]]
-    # SOFT vs softmax in one architecture on the GPU (one call)
-    s = g('softmax', 'soft_tiny', '224x224x64', 'forward_backward')
-    p = g('softmax', 'softmax_tiny', '224x224x64', 'forward_backward')
-    rows.append([
-        "SOFT vs softmax in SOFT-Tiny's architecture, 224 × 224 × 64, "
-        'training step', H200,
-        f'{g_ms(s)} ({_x(float(s["ms"]) / float(p["ms"]))}), {g_mib(s)}',
-        f'{g_ms(p)}, {g_mib(p)}'
-    ])
-    other = False  # a peer measured in another call (machine)
-    # (soft, peer, CPU size, GPU size, mode, what): CPU row, then H200 row
+    # SOFT vs softmax in one architecture on each GPU (one call each)
+    for machine, gpu in gpus:
+        s = g(gpu, SOFTMAX_SECTIONS, 'soft_tiny', '224x224x64',
+              'forward_backward')
+        p = g(gpu, SOFTMAX_SECTIONS, 'softmax_tiny', '224x224x64',
+              'forward_backward')
+        if s is None or p is None:
+            continue
+        rows.append([
+            "SOFT vs softmax in SOFT-Tiny's architecture, 224 × 224 × 64, "
+            'training step', machine,
+            f'{g_ms(s)} ({_x(float(s["ms"]) / float(p["ms"]))}), {g_mib(s)}',
+            f'{g_ms(p)}, {g_mib(p)}'
+        ])
+    other = old = False  # footnotes: a peer of another call; pre-Lanczos
+    # (soft, peer, CPU size, GPU size, mode, what): CPU row, then GPU rows
     for soft, peer, size, gsize, mode, what in (
         ('soft_small', 'pvtv2_b2', '224x224x8', '224x224x64', 'forward',
          'SOFT-Small vs PVTv2-b2 backbone, {}, forward'),
@@ -357,28 +382,34 @@ def why_table():
          'forward_backward',
          'SOFT-Small-Norm vs PVTv2-b2 backbone, {}, training step')):
         if size:
-            a, b = ms(soft, size, mode), ms(peer, size, mode)
+            a, b = cpu_ms(soft, size, mode), cpu_ms(peer, size, mode)
             rows.append([
                 what.format(_dims(size)), CPU2, f'{a:.0f} ms ({_x(a / b)})',
                 f'{b:.0f} ms'
             ])
-        s = g('backbones', soft, gsize, mode)
-        p = g('backbones', peer, gsize, mode)
-        if s is None:
-            continue
-        mem = mode == 'forward_backward'
-        if p is None:
-            mine, peer_cell = g_ms(s), f'{_name(peer)}: not measured'
-        else:
-            mine = f'{g_ms(s)} ({_x(float(s["ms"]) / float(p["ms"]))})'
-            peer_cell = g_ms(p) + (f', {g_mib(p)}' if mem else '')
-            if s['note'] != p['note']:  # two calls: two machines
-                peer_cell += ' ¹'
-                other = True
-        rows.append([
-            what.format(_dims(gsize)), H200,
-            mine + (f', {g_mib(s)}' if mem else ''), peer_cell
-        ])
+        for machine, gpu in gpus:
+            s = g(gpu, ('backbones', ), soft, gsize, mode)
+            if s is None:
+                continue
+            p = g(gpu, ('backbones', ), peer, gsize, mode)
+            if p is None and machine != gpus[0][0]:
+                continue  # another GPU's row without its peer: no news
+            mem = mode == 'forward_backward'
+            if p is None:
+                mine, peer_cell = g_ms(s), f'{_name(peer)}: not measured'
+            else:
+                mine = f'{g_ms(s)} ({_x(float(s["ms"]) / float(p["ms"]))})'
+                peer_cell = g_ms(p) + (f', {g_mib(p)}' if mem else '')
+                if s['note'] != p['note']:  # two calls: two machines
+                    peer_cell += ' ¹'
+                    other = True
+            if gsize.startswith('800x1216'):
+                mine += ' ²'
+                old = True
+            rows.append([
+                what.format(_dims(gsize)), machine,
+                mine + (f', {g_mib(s)}' if mem else ''), peer_cell
+            ])
     for case, label in (('Small, forward',
                          'SOFT-Small-Norm, 800 × 1216, forward, vs the '
                          'official code'),
@@ -391,31 +422,38 @@ def why_table():
             f'({r["speedup"]} slower)'
         ])
     size, cpu, gpu_ = '800x1216', '800x1216x1', '800x1216x2'
-    # the CPU ratio from the models timed in turn in one process
-    key = ('soft_small_norm', cpu, 'forward')
-    on_cpu = next(
-        float(r['ratio']) for r in read_csv('detection_resolution_cpu.csv')
-        if (r['model'], r['size'], r['mode']) == key)
-    on_gpu = float(g('backbones', 'soft_small_norm', gpu_, 'forward')['ms']) \
-        / float(g('backbones', 'pvtv2_b2', gpu_, 'forward')['ms'])
+    on_cpu = float(det[('soft_small_norm', cpu, 'forward')]['ratio'])
+    step_cpu = float(det[('soft_small_norm', cpu,
+                          'forward_backward')]['ratio'])
+    h200 = dict(gpus)[H200]
+    on_gpu = float(
+        g(h200,
+          ('backbones', ), 'soft_small_norm', gpu_, 'forward')['ms']) / float(
+              g(h200, ('backbones', ), 'pvtv2_b2', gpu_, 'forward')['ms'])
     note = ''
     if other:
         note += (
             f'\n¹ measured in another call, on another {H200}: '
             f'compare its time with care (the peak memory was the same to '
             f'the MiB on each GPU tried).\n')
+    if old:
+        note += (
+            '\n² measured in November 2026 with the Newton–Raphson '
+            'iterations, before `nr_method=\'auto\'` took block Lanczos on '
+            'CUDA; the GPU rerun with it is pending a lent GPU (`make '
+            'gpu-check` has the rows).\n')
     note += (f'\nAt detection resolution ({_dims(size)}) SOFT-Small-Norm\'s '
-             f'backbone forward takes **{_x(on_gpu)}** PVTv2-b2\'s time on '
-             f'the {H200} (batch 2), {_x(on_cpu)} on the 2-core CPU '
-             f'(batch 1): with m = 950 landmarks in each of its first three '
-             f'stages, the m × m Newton–Raphson products dominate on a '
-             f'GPU. That GPU figure is from before `nr_method=\'auto\'` '
-             f'took block Lanczos for A_T W (1/115 of those multiply-adds; '
-             f'the CPU figure is with it, a CPU training step is still '
-             f'1.76x; not yet measured on a GPU: '
-             f'[the pseudo-inverse at detection resolution]'
+             f'backbone forward takes **{_x(on_cpu)}** PVTv2-b2\'s time on '
+             f'the 2-core CPU (batch 1, block Lanczos, the default '
+             f'`nr_method=\'auto\'`); a CPU training step takes '
+             f'{_x(step_cpu)}. On the {H200} (batch 2) it took '
+             f'**{_x(on_gpu)}**, measured before that fast path: the 20 '
+             f'Newton–Raphson iterations on the m × m matrices (m = 950 '
+             f'landmarks in each of the first three stages) dominate there, '
+             f'and block Lanczos does 1/115 of their multiply-adds. '
+             f'[The pseudo-inverse at detection resolution]'
              f'(docs/en/benchmarks.md#the-pseudo-inverse-at-detection-'
-             f'resolution)).\n')
+             f'resolution) has the figures.\n')
     return md_table(['measurement', 'machine', 'SOFT (mmsoft)', 'peer'],
                     rows) + note
 
@@ -433,6 +471,110 @@ def _dims(size):
 def _name(model):
     """``'pvtv2_b2'`` -> ``'PVTv2-b2'``."""
     return {'pvtv2_b1': 'PVTv2-b1', 'pvtv2_b2': 'PVTv2-b2'}.get(model, model)
+
+
+# ------------------------------------------------------ recipe time
+#: training images per epoch: COCO train2017 with annotations (mmdet's
+#: ``filter_empty_gt``), ImageNet-1k train
+TRAIN_IMAGES = {'COCO': 117266, 'ImageNet-1k': 1281167}
+#: the GPU CSV a backbone-alone figure comes from
+BACKBONE_GPU = (H200, 'gpu_h200.csv')
+NOT_MEASURED = 'not measured yet ¹'
+
+
+def recipe_iterations(name, meta):
+    """(iterations, how) of a model's training schedule (its metafile's
+    ``Epochs`` or ``Iterations`` and ``Batch Size``, all GPUs together)."""
+    if 'Iterations' in meta:
+        n = meta['Iterations']
+        return n, f'{n:,}'
+    data = 'ImageNet-1k' if name.endswith('_in1k') else 'COCO'
+    per_epoch = -(-TRAIN_IMAGES[data] // meta['Batch Size'])
+    n = meta['Epochs'] * per_epoch
+    return n, f'{n:,} ({meta["Epochs"]} × {per_epoch:,})'
+
+
+def _backbone_of(name, meta):
+    """(backbone, input of a backbone-alone GPU row, images per GPU) or
+    None: classifiers at 224 (a row at batch 64, scaled to the batch),
+    the 1x detectors at 800 x 1216 (their batch); no row fits the
+    multi-scale 3x detectors or the 512 x 512 segmentors."""
+    size = re.search(r'_(tiny|small|medium|large|huge)', name).group(1)
+    per_gpu = meta['Batch Size'] // 8
+    if name.endswith('_in1k'):
+        norm = '_norm' if name.startswith('soft_norm_') else ''
+        return f'soft_{size}{norm}', '224x224x64', per_gpu
+    if name.endswith('_1x'):
+        return f'soft_{size}_norm', f'800x1216x{per_gpu}', per_gpu
+    return None
+
+
+def _hours(seconds):
+    return f'{seconds / 3600:.1f} h'
+
+
+def recipe_times():
+    """Per paper config: the estimated time on 8 GPUs and the memory per
+    GPU from a measured s/iter of the recipe (``recipe_gpu.csv``: config,
+    gpu, s_per_iter, peak_mib), and its schedule; where none was
+    measured, says so, with the backbone alone where a GPU CSV has its
+    row (a lower bound: the neck, heads, data and optimizer add to it)."""
+    measured = {r['config']: r for r in read_csv('recipe_gpu.csv')}
+    machine, name = BACKBONE_GPU
+    gpu = _gpu_rows(name)
+    order = ('Image Classification', 'Object Detection',
+             'Semantic Segmentation')
+    models = sorted(
+        _with_tasks(load_models()), key=lambda mt: order.index(mt[1][0]))
+    rows, bound = [], False
+    for m, _ in models:
+        meta = m['Metadata']
+        iters, how = recipe_iterations(m['Name'], meta)
+        r = measured.get(m['Name'])
+        if r:
+            s = float(r['s_per_iter'])
+            time = (f'estimated {_hours(iters * s)} ({iters:,} iters × '
+                    f'{s:.3f} s/iter, {r["gpu"]})')
+            mem = f'{int(r["peak_mib"]):,} MiB ({r["gpu"]})'
+        else:
+            time = mem = NOT_MEASURED
+            bb = _backbone_of(m['Name'], meta)
+            row = bb and gpu.get(
+                ('backbones', bb[0], bb[1], 'forward_backward'))
+            if row:
+                bound = True
+                b = int(bb[1].split('x')[2])
+                s = float(row['ms']) / 1e3 * bb[2] / b
+                time += (f'; ≥ {_hours(iters * s)} ² (backbone alone: '
+                         f'{iters:,} × {s:.3f} s)')
+                mem += (f'; ≥ {int(row["peak_mib"]) / 1024:.1f} GiB ² '
+                        f'(backbone alone, {b} images)')
+        rows.append([
+            f'`{m["Name"]}`', time, mem,
+            f'{how}, 8 × {meta["Batch Size"] // 8}'
+        ])
+    table = md_table([
+        'config', 'time on 8 GPUs', 'memory per GPU',
+        'iterations (epochs × per epoch), GPUs × images'
+    ], rows)
+    table += (
+        '\n¹ No training iteration of a recipe has been timed on a GPU yet '
+        '(it needs a lent GPU): a row of '
+        '`docs/en/benchmarks/recipe_gpu.csv` (config, GPU, s/iter, peak '
+        'MiB, e.g. the `time` and `memory` that `tools/dist_train.sh '
+        'CONFIG 8` logs) becomes "estimated: iterations × s/iter" here.\n')
+    if bound:
+        table += (
+            f'\n² The backbone\'s forward + backward alone, measured on '
+            f'one {machine} (`docs/en/benchmarks/{name}`, fp32, November '
+            f'2026), × the iterations: a lower bound, as the neck, heads, '
+            f'optimizer step and data loading add to it. Classifiers: the '
+            f'time of a batch of 64 at 224 × 224, scaled to 128 images per '
+            f'GPU. Detectors: SOFT-Small-Norm at 800 × 1216 × 2 (the 1x '
+            f'recipes resize to at most 1333 × 800), timed with the '
+            f'Newton–Raphson iterations before `nr_method=\'auto\'` took '
+            f'block Lanczos on CUDA (the rerun is pending a lent GPU).\n')
+    return table
 
 
 def requirement_ranges():
@@ -500,14 +642,25 @@ def official_files():
             arch += f"; their code builds `{other}` {depths}, {params}M"
         links = [e['link']] + e.get('more_links', []) if e['link'] else []
         rows.append([
-            f'`{name}`', f"{model}, {e['readme']}",
-            ', '.join(f'[{link}]({page})' for link in links)
-            or 'not published', arch, ', '.join(f'`{c}`' for c in e['configs'])
+            f'`{name}`', arch, ', '.join(f'[{link}]({page})' for link in links)
+            or 'not published',
+            _folded([f'`{c}`' for c in e['configs']],
+                    'configs'), f"{model}, {e['readme']}"
         ])
     return md_table([
-        "authors' file", 'their README', 'download', 'mmsoft `arch` '
-        '(depths, params)', 'paper configs'
+        "authors' file", 'mmsoft `arch` (depths, params)', 'download',
+        'paper configs', 'their README'
     ], rows)
+
+
+def _folded(items, what, keep=2):
+    """A table cell's list: up to ``keep`` items as they are, more folded
+    into a ``<details>`` whose summary counts them (a wide table stays
+    readable at 1280 px)."""
+    if len(items) <= keep:
+        return ', '.join(items)
+    return (f'<details><summary>{len(items)} {what}</summary>'
+            f'{", ".join(items)}</details>')
 
 
 SOURCES = {
@@ -524,19 +677,32 @@ SOURCES = {
     'official_comparison': official_comparison,
     'why': why_table,
     'official_files': official_files,
+    'recipe_times': recipe_times,
 }
 
 #: the file each table is generated from (named under the table)
 ORIGIN = {
-    'bench_attention': '`docs/en/benchmarks/benchmark_attention.csv`',
-    'bench_backbones': '`docs/en/benchmarks/benchmark_backbones.csv`',
-    'bench_amp': '`docs/en/benchmarks/benchmark_amp.csv`',
-    'bench_compile': '`docs/en/benchmarks/benchmark_compile.csv`',
-    'onnx_latency': '`docs/en/benchmarks/benchmark_onnx.csv`',
-    'tested_versions': '`requirements/*.txt`, `requirements/constraints.txt`',
-    'official_comparison': '`docs/en/benchmarks/official_comparison.csv`',
-    'why': 'the CSV files of `docs/en/benchmarks/`',
-    'official_files': f'`OFFICIAL_FILES` in `{OFFICIAL}`',
+    'bench_attention':
+    '`docs/en/benchmarks/benchmark_attention.csv`',
+    'bench_backbones':
+    '`docs/en/benchmarks/benchmark_backbones.csv`',
+    'bench_amp':
+    '`docs/en/benchmarks/benchmark_amp.csv`',
+    'bench_compile':
+    '`docs/en/benchmarks/benchmark_compile.csv`',
+    'onnx_latency':
+    '`docs/en/benchmarks/benchmark_onnx.csv`',
+    'tested_versions':
+    '`requirements/*.txt`, `requirements/constraints.txt`',
+    'official_comparison':
+    '`docs/en/benchmarks/official_comparison.csv`',
+    'why':
+    'the CSV files of `docs/en/benchmarks/`',
+    'official_files':
+    f'`OFFICIAL_FILES` in `{OFFICIAL}`',
+    'recipe_times':
+    '`model-index.yml` (the schedules), '
+    '`docs/en/benchmarks/recipe_gpu.csv` and `gpu_h200.csv`',
 }
 
 

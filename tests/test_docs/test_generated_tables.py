@@ -1,6 +1,7 @@
 """The documentation's generated tables equal their sources
 (``docs/gen_tables.py``: the model index, the benchmark CSVs,
 ``requirements/*.txt``)."""
+import math
 import os.path as osp
 import shutil
 
@@ -37,3 +38,23 @@ def test_a_changed_source_number_is_caught(tmp_path, monkeypatch):
     monkeypatch.setattr(GEN, '_metrics', lambda m: {'box AP (paper)': 0.0})
     assert 'docs/en/model_zoo.md' in GEN.stale_pages()
     assert 'README.md' in GEN.stale_pages()
+
+
+def test_a_measured_recipe_becomes_an_estimate(tmp_path, monkeypatch):
+    """A row of recipe_gpu.csv (a recipe's s/iter and memory on a GPU)
+    turns the model zoo's "not measured yet" into iterations x s/iter,
+    labelled estimated and naming the GPU."""
+    bench = tmp_path / 'benchmarks'
+    shutil.copytree(GEN.BENCH, bench)
+    csv = bench / 'recipe_gpu.csv'
+    csv.write_text(csv.read_text() + 'retinanet_soft_tiny_1x,NVIDIA H100,'
+                   '0.500,7000,2026-12-07,first 100 iterations\n')
+    monkeypatch.setattr(GEN, 'BENCH', str(bench))
+    assert GEN.stale_pages() == ['docs/en/model_zoo.md']
+    rows = {r.split(' | ')[0]: r for r in GEN.recipe_times().splitlines()}
+    row = rows['| `retinanet_soft_tiny_1x`']
+    iters = 12 * math.ceil(117266 / 16)  # 1x: 12 epochs of COCO at 16
+    assert (f'estimated {iters * 0.5 / 3600:.1f} h ({iters:,} iters × '
+            '0.500 s/iter, NVIDIA H100)') in row
+    assert '7,000 MiB (NVIDIA H100)' in row and 'not measured' not in row
+    assert 'not measured yet' in rows['| `retinanet_soft_medium_1x`']
