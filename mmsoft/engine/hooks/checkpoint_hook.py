@@ -3,6 +3,7 @@ full disk, resume bit-exactly and are read safely; what each part guards:
 docs/en/advanced_guides/fault_tolerance.md."""
 import contextlib
 import errno
+import json
 import os
 import os.path as osp
 
@@ -20,7 +21,12 @@ from mmsoft.utils.safe_load import mmengine_checkpoints_allowed
 from .resume import (CheckpointDirInUse, claim_checkpoint_dir,
                      find_newest_complete, read_line)
 
-__all__ = ['SafeCheckpointHook']
+__all__ = ['SafeCheckpointHook', 'VAL_MARKER']
+
+#: in the checkpoint directory while the validation after a checkpoint runs:
+#: ``{"checkpoint": <file name>, "epoch": E, "iter": I}``; a resume from
+#: that checkpoint validates it first (the run was stopped during it)
+VAL_MARKER = '.mmsoft-val-pending'
 
 
 def _training(runner):
@@ -77,6 +83,9 @@ class SafeCheckpointHook(CheckpointHook):
         self._pending_rng = None  # gathered states for the current save
         self._val_rng = None  # states at the start of a validation run
         self._loaded_meta = None  # meta of the checkpoint last loaded
+        self._saving = None  # (epoch, iter) of the checkpoint being saved
+        self._saved = None  # (path, epoch, iter) of the last checkpoint
+        self._val_marker = None  # VAL_MARKER written for this validation
 
     def _checkpoint_dir(self, runner):
         if self.out_dir is None or self.out_dir == runner.work_dir:
@@ -184,10 +193,56 @@ class SafeCheckpointHook(CheckpointHook):
             for p in remove_stale_temps(self.out_dir):
                 runner.logger.warning(f'mmsoft: removed {p}, a partial '
                                       'checkpoint left by a killed run')
+        pending = None
         if getattr(runner, '_resume', False) and self._loaded_meta:
             self._restore_sampler_seed(runner)
             self._schedule_rng_restore(runner)
+            pending = self._unfinished_validation(runner)
         self._loaded_meta = None
+        if pending:
+            self._validate_first(runner, *pending)
+
+    def _unfinished_validation(self, runner):
+        """``(marker, what)`` when the resumed checkpoint's validation was
+        started and did not finish (its :data:`VAL_MARKER`), else None
+        (rank 0 decides, every rank follows)."""
+        found = None
+        loaded = str(getattr(runner, '_load_from', None) or '')
+        if is_main_process() and self._is_local() and '://' not in loaded:
+            marker = osp.join(osp.dirname(osp.abspath(loaded)), VAL_MARKER)
+            try:
+                with open(marker) as f:
+                    rec = json.load(f)
+            except (OSError, ValueError):
+                rec = None
+            meta = self._loaded_meta
+            if isinstance(rec, dict) and rec.get('checkpoint') == \
+                    osp.basename(loaded) and (rec.get('epoch'), rec.get(
+                        'iter')) == (meta.get('epoch'), meta.get('iter')):
+                from mmengine.runner import EpochBasedTrainLoop
+                by_epoch = isinstance(runner.train_loop, EpochBasedTrainLoop)
+                found = (marker, f'epoch {meta.get("epoch")}'
+                         if by_epoch else f'iteration {meta.get("iter")}')
+        if is_distributed():
+            box = [found]
+            broadcast_object_list(box)
+            found = box[0]
+        return found
+
+    def _validate_first(self, runner, marker, what):
+        """Run the validation of the resumed checkpoint that a stopped run
+        did not finish (mmengine's loop resumes after it)."""
+        if getattr(runner, 'val_loop', None) is None:
+            return
+        runner.logger.info(
+            f'mmsoft: the validation of {what} ({runner._load_from}) did not '
+            f'finish (the run was stopped during it): validating it now, '
+            f'before training goes on')
+        # this run's own marker is removed once it has finished
+        own = osp.realpath(osp.dirname(marker)) == osp.realpath(
+            self._checkpoint_dir(runner))
+        self._val_marker = marker if own else None
+        runner.val_loop.run()
 
     def _restore_sampler_seed(self, runner):
         seed = self._loaded_meta.get('mmsoft_sampler_seed')
@@ -234,11 +289,29 @@ class SafeCheckpointHook(CheckpointHook):
     def before_val(self, runner) -> None:
         if self.save_rng:  # validation leaves the training RNG streams alone
             self._val_rng = get_rng_state()
+        saved = self._saved
+        if saved and _training(runner) and is_main_process() and \
+                self._is_local() and saved[1:] == (runner.epoch, runner.iter):
+            # the validation of the checkpoint just saved: until it has
+            # finished, a resume from that checkpoint validates it first
+            marker = osp.join(osp.dirname(saved[0]), VAL_MARKER)
+            atomic_write(
+                marker,
+                json.dumps(
+                    dict(
+                        checkpoint=osp.basename(saved[0]),
+                        epoch=saved[1],
+                        iter=saved[2])))
+            self._val_marker = marker
 
     def after_val(self, runner) -> None:
         if self._val_rng is not None:
             set_rng_state(self._val_rng)
         self._val_rng = None
+        if self._val_marker is not None:
+            with contextlib.suppress(OSError):
+                os.remove(self._val_marker)
+        self._val_marker = None
 
     def _is_local(self):
         backend = getattr(self, 'file_backend', None)
@@ -252,6 +325,7 @@ class SafeCheckpointHook(CheckpointHook):
         sampler = _train_sampler(runner)
         if sampler is not None:
             meta['mmsoft_sampler_seed'] = sampler.seed
+        self._saving = (meta.get('epoch'), meta.get('iter'))
 
     def _save_checkpoint_with_step(self, runner, step, meta):
         self._pending_rng = None
@@ -259,6 +333,7 @@ class SafeCheckpointHook(CheckpointHook):
             state = self._val_rng or get_rng_state()
             self._pending_rng = all_gather_object(state) \
                 if is_distributed() else [state]
+        self._saving = None
         try:
             with self._atomic(runner):
                 super()._save_checkpoint_with_step(runner, step, meta)
@@ -267,6 +342,9 @@ class SafeCheckpointHook(CheckpointHook):
                         osp.join(runner.work_dir, 'last_checkpoint'),
                         self.last_ckpt,
                         durable=True)
+                    if self._saving:
+                        self._saved = (osp.abspath(self.last_ckpt),
+                                       *self._saving)
         finally:
             self._pending_rng = None
 

@@ -1525,3 +1525,59 @@ def test_pretrained_file_is_read_without_a_strict_load(tmp_path):
                        allow_partial=True)):
         with pytest.raises(FileNotFoundError, match='no.pth'):
             runner.train()
+
+
+class _StopInVal(Hook):
+    """Stops the run in the middle of one validation (a SIGTERM there);
+    records the step of every finished validation."""
+
+    def __init__(self, by_epoch, stop_at=None):
+        self.by_epoch, self.stop_at, self.validated = by_epoch, stop_at, []
+
+    def _step(self, runner):
+        return runner.epoch if self.by_epoch else runner.iter
+
+    def after_val_iter(self, runner, batch_idx, data_batch=None, outputs=None):
+        if self._step(runner) == self.stop_at and batch_idx == 1:
+            raise Interrupted()
+
+    def after_val_epoch(self, runner, metrics=None):
+        self.validated.append(self._step(runner))
+
+
+@pytest.mark.parametrize('by_epoch,stop_at,after', [
+    (True, 2, [2, 3]),
+    (False, 6, [6, 9, 10]),
+])
+def test_validation_stopped_after_a_checkpoint_runs_on_resume(
+        tmp_path, by_epoch, stop_at, after):
+    """Issue 52, item 4: the checkpoint of epoch N is saved before its
+    validation; a run stopped (SIGTERM) during that validation resumed at
+    epoch N+1, and epoch N was never validated. The resume validates it
+    first; the uninterrupted run's validations all happen once."""
+    work = tmp_path / 'work'
+    first = _runner(work, 'first', by_epoch)
+    first.register_hook(_StopInVal(by_epoch, stop_at))
+    with pytest.raises(Interrupted):
+        first.train()
+    assert osp.isfile(work / '.mmsoft-val-pending')
+    resumed = _runner(work, 'again', by_epoch, resume=True)
+    record = _StopInVal(by_epoch)
+    resumed.register_hook(record)
+    resumed.train()
+    assert record.validated == after
+    assert not osp.exists(work / '.mmsoft-val-pending')
+
+
+def test_finished_validation_is_not_repeated_on_resume(tmp_path):
+    """A run stopped after the validation of epoch 2 (during epoch 3)
+    resumes from epoch_2.pth without validating it again."""
+    work = tmp_path / 'work'
+    with pytest.raises(Interrupted):
+        _runner(work, 'first', True, stop_after=25).train()
+    assert not osp.exists(work / '.mmsoft-val-pending')
+    resumed = _runner(work, 'again', True, resume=True)
+    record = _StopInVal(True)
+    resumed.register_hook(record)
+    resumed.train()
+    assert record.validated == [3]
