@@ -106,6 +106,7 @@ def main(argv=None):
     args = parse_args(argv)
     cfg = build_cfg(args)
     cli.check_work_dir(cfg.work_dir)  # a file, read-only?
+    cli.check_runner_checkpoints(cfg)  # load_from, --resume, out_dir
     data_check.exit_if_missing(cfg, 'train', args.launcher)  # data on disk?
     cli.check_init_checkpoints(cfg)  # init_cfg: a folder, damaged, offline?
     # one run per work dir (rank 0 holds the lock until the run ends)

@@ -53,7 +53,8 @@ INIT = [
 #: training checkpoint of it), {trunc} (that file cut short), {dir},
 #: {file}, {ro} (a directory that cannot be written), {url} (nothing
 #: listens there), {work} (the row's work dir), {out} (an existing result
-#: file), {bad_line} / {empty_line} (annotation lists). ``ran``: what
+#: file), {shared} (a checkpoint out_dir; :data:`PREPARE` fills it),
+#: {bad_line} / {empty_line} (annotation lists). ``ran``: what
 #: the row may do before it fails: 'nothing' (no Runner run dir, no
 #: checkpoint), 'runner' (the Runner was built, no checkpoint written)
 CASES = [
@@ -77,6 +78,25 @@ CASES = [
         'optim_wrapper.optimizer.type=SGD', 'train_cfg.max_epochs=2'
     ], 'error: --resume <path>: the checkpoint was trained with another '
      "optimizer than the config's optim_wrapper.optimizer", 'runner'),
+    # the checkpoint files of a training run: checked before the Runner
+    ('train-load-from-missing', 'train.py', [
+        '{cfg}', '--work-dir', '{work}', '--cfg-options',
+        'load_from={work}/no.pth'
+    ], 'error: load_from <path>: no such file;', 'nothing'),
+    ('train-resume-missing', 'train.py',
+     ['{cfg}', '--work-dir', '{work}', '--resume',
+      '{work}/no.pth'], 'error: --resume <path>: no such file', 'nothing'),
+    ('train-resume-truncated', 'train.py',
+     ['{cfg}', '--work-dir', '{work}', '--resume',
+      '{trunc}'], DAMAGED, 'nothing'),
+    ('train-resume-all-damaged', 'train.py',
+     ['{cfg}', '--work-dir', '{work}', '--resume'],
+     'error: resume: no complete checkpoint in <path>; damaged:', 'nothing'),
+    ('train-shared-out-dir', 'train.py', [
+        '{cfg}', '--work-dir', '{work}', '--cfg-options',
+        'default_hooks.checkpoint.out_dir={shared}'
+    ], 'error: checkpoint directory <path> (default_hooks.checkpoint.out_dir'
+     ' / the work dir\'s name) belongs to the run in work dir', 'nothing'),
     ('train-empty-list-line', 'train.py', [
         '{cfg}', '--work-dir', '{work}', '--cfg-options',
         'train_dataloader.dataset.ann_file={empty_line}'
@@ -153,6 +173,31 @@ local_backend.LocalBackend.put = put
 '''
 
 
+def _damaged_work_dir(row_dir, doors):
+    """``work/``: two checkpoints of a run, both cut short."""
+    os.makedirs(osp.join(row_dir, 'work'))
+    for n in (1, 2):
+        with open(doors['trunc'], 'rb') as f, \
+                open(osp.join(row_dir, 'work', f'epoch_{n}.pth'), 'wb') as g:
+            g.write(f.read())
+
+
+def _other_runs_out_dir(row_dir, doors):
+    """``shared/work/``: the checkpoint directory of another work dir's
+    run (its owner file)."""
+    os.makedirs(osp.join(row_dir, 'shared', 'work'))
+    with open(osp.join(row_dir, 'shared', 'work', '.mmsoft-work-dir'),
+              'w') as f:
+        f.write(osp.join(row_dir, 'other', 'work') + '\n')
+
+
+#: row -> what its folder holds before the tool runs: f(row_dir, doors)
+PREPARE = {
+    'train-resume-all-damaged': _damaged_work_dir,
+    'train-shared-out-dir': _other_runs_out_dir,
+}
+
+
 def _file_size_limit():
     import resource
     resource.setrlimit(resource.RLIMIT_FSIZE, (1 << 16, 1 << 16))
@@ -225,7 +270,15 @@ def test_door(case, doors, script_server, tmp_path):
     work = tmp_path / 'work'
     out = tmp_path / 'old.pkl'
     out.write_bytes(b'an earlier result')
-    values = dict(doors, work=str(work), out=str(out))
+    values = dict(
+        doors, work=str(work), out=str(out), shared=str(tmp_path / 'shared'))
+    if name in PREPARE:
+        PREPARE[name](str(tmp_path), doors)
+    before = {
+        osp.join(d, f)
+        for d, _, fs in os.walk(tmp_path)
+        for f in fs if f.endswith('.pth')
+    }
     argv = [a.format(**values) for a in args]
     script = osp.join(ROOT, DOORS[door])
     setup = ''
@@ -258,6 +311,7 @@ def test_door(case, doors, script_server, tmp_path):
     written = [
         osp.join(d, f) for d, _, fs in os.walk(tmp_path) for f in fs
         if f.endswith('.pth') and not f.startswith('o.')
+        and osp.join(d, f) not in before
     ]
     assert not written, written
     if ran == 'nothing' and work.is_dir():

@@ -17,7 +17,7 @@ __all__ = [
     'apply_runner_args', 'cfg_option_problem', 'merge_cfg_options',
     'check_work_dir', 'seed_int', 'seed_problem', 'init_checkpoints',
     'checkpoint_problem', 'check_device', 'set_partial_load',
-    'unwritable_reason'
+    'unwritable_reason', 'check_runner_checkpoints'
 ]
 
 
@@ -496,3 +496,42 @@ def check_init_checkpoints(cfg) -> None:
         problem = checkpoint_problem(path)
         if problem:
             raise ToolError(f'{problem} [{key}]')
+
+
+def check_runner_checkpoints(cfg) -> None:
+    """The checkpoint files of a training run, checked before the Runner
+    dumps its config or builds anything: ``load_from`` / ``--resume PATH``
+    missing, a directory or damaged (:func:`checkpoint_problem`), a resume
+    without a path where every checkpoint of the work dir is damaged, and
+    the checkpoint directory (``default_hooks.checkpoint.out_dir``) when
+    the run of another work dir holds it: a one-line :class:`ToolError`.
+    The hooks the config names (``SafeCheckpointHook``) check them again
+    in the Runner, for the host codebases' own tools."""
+    from mmsoft.engine.hooks import resume as R
+    work_dir, load_from = cfg.work_dir, cfg.get('load_from', None)
+    resumes = bool(cfg.get('resume', False))
+    hook = (cfg.get('default_hooks', None) or {}).get('checkpoint', None)
+    hook = hook if hasattr(hook, 'get') else {}
+    safe = str(hook.get('type', '')).split('.')[-1] == 'SafeCheckpointHook'
+    ckpt_dir = R.checkpoint_dir_of(work_dir, hook.get('out_dir', None))
+    if safe and '://' not in str(ckpt_dir):
+        refusal = R.checkpoint_dir_refusal(ckpt_dir, work_dir)
+        if refusal:
+            raise ToolError(refusal)
+    if load_from:
+        path = str(load_from)
+        if '://' not in path and not osp.exists(path):
+            raise ToolError(
+                R.missing_resume_file(path) if resumes else
+                f'load_from {path}: no such file; pass an existing '
+                f'checkpoint (e.g. <work_dir>/epoch_N.pth), or leave '
+                f'load_from out')
+        problem = checkpoint_problem(path)
+        if problem:
+            raise ToolError(problem)
+    elif resumes and safe:  # the newest undamaged checkpoint, if any
+        path, damaged = R.find_newest_complete(
+            work_dir, ckpt_dir, check=R.check_undamaged, quiet=True)
+        if path is None and damaged:
+            raise ToolError(
+                R.no_complete_checkpoint(work_dir, [p for p, _ in damaged]))

@@ -14,7 +14,9 @@ from mmsoft.utils.checkpoint_io import CheckpointError, load_verified
 
 __all__ = [
     'CheckpointDirInUse', 'OWNER_FILE', 'checkpoint_candidates',
-    'check_complete', 'find_newest_complete', 'claim_checkpoint_dir'
+    'check_complete', 'check_undamaged', 'find_newest_complete',
+    'claim_checkpoint_dir', 'checkpoint_dir_of', 'checkpoint_dir_refusal',
+    'no_complete_checkpoint', 'missing_resume_file'
 ]
 
 _CKPT_RE = re.compile(r'^(?:epoch|iter)_(\d+)\.pth$')
@@ -70,16 +72,32 @@ def check_complete(path: str) -> Optional[str]:
     return None
 
 
+def check_undamaged(path: str) -> Optional[str]:
+    """None if ``path`` is not damaged (its size and structure, the CRCs
+    of a zip file: :func:`~mmsoft.utils.checkpoint_io.describe_damage`;
+    nothing is unpickled), else the reason: the quick form of
+    :func:`check_complete` for a check before the Runner is built."""
+    from mmsoft.utils.checkpoint_io import describe_damage
+    damage = describe_damage(path)
+    return damage and f'checkpoint {path} {damage}'
+
+
 def find_newest_complete(work_dir: str,
-                         out_dir: Optional[str] = None
+                         out_dir: Optional[str] = None,
+                         check=check_complete,
+                         quiet: bool = False
                          ) -> Tuple[Optional[str], List[Tuple[str, str]]]:
     """The newest complete training checkpoint of ``work_dir`` and
     ``out_dir``, or None, and the ``(path, reason)`` of the damaged newer
-    ones (logged). A ``last_checkpoint`` naming a file elsewhere (a copied
-    work dir) is ignored."""
+    ones (logged unless ``quiet``). A ``last_checkpoint`` naming a file
+    elsewhere (a copied work dir) is ignored. ``check(path)``: the reason
+    a file is not complete, or None (:func:`check_complete`, or the quick
+    :func:`check_undamaged`)."""
 
     def warn(msg):
-        print_log(f'mmsoft: {msg}', logger='current', level=logging.WARNING)
+        if not quiet:
+            print_log(
+                f'mmsoft: {msg}', logger='current', level=logging.WARNING)
 
     dirs = list(dict.fromkeys([work_dir] + ([out_dir] if out_dir else [])))
     last = read_line(osp.join(work_dir, 'last_checkpoint'))
@@ -92,7 +110,7 @@ def find_newest_complete(work_dir: str,
         last = None
     skipped = []
     for p in checkpoint_candidates(dirs, [last]):
-        reason = check_complete(p)
+        reason = check(p)
         if reason is None:
             return p, skipped
         skipped.append((p, reason))
@@ -103,10 +121,51 @@ def find_newest_complete(work_dir: str,
     return None, skipped
 
 
+def no_complete_checkpoint(work_dir: str, damaged: List[str]) -> str:
+    """The refusal of a resume without a path where every checkpoint of
+    the run (``damaged``) is damaged."""
+    return (f'resume: no complete checkpoint in {work_dir}; damaged: '
+            f'{damaged}. Remove them to train from scratch.')
+
+
+def missing_resume_file(path: str) -> str:
+    """The refusal of ``--resume path`` where ``path`` does not exist."""
+    return (f'--resume {path}: no such file (omit the path to resume from '
+            f'the newest checkpoint of the work dir)')
+
+
+def checkpoint_dir_of(work_dir: str, out_dir: Optional[str] = None) -> str:
+    """Where the run of ``work_dir`` writes its checkpoints: the work dir,
+    or ``<out_dir>/<work dir name>`` with the checkpoint hook's
+    ``out_dir`` (as mmengine's ``CheckpointHook``)."""
+    if out_dir is None or out_dir == work_dir:
+        return work_dir
+    return osp.join(out_dir, osp.basename(str(work_dir).rstrip(osp.sep)))
+
+
+def checkpoint_dir_refusal(ckpt_dir: str, work_dir: str) -> Optional[str]:
+    """Why the run of ``work_dir`` may not write ``ckpt_dir`` (the run of
+    another work dir holds it: its owner file), or None; reads only."""
+    me = osp.realpath(work_dir)
+    if osp.realpath(ckpt_dir) == me:
+        return None
+    marker = osp.join(ckpt_dir, OWNER_FILE)
+    owner = read_line(marker)
+    if not owner or owner == me:
+        return None
+    return (f'checkpoint directory {ckpt_dir} (default_hooks.checkpoint.'
+            f'out_dir / the work dir\'s name) belongs to the run in work '
+            f'dir {owner} ({marker}), not to this one ({me}): its '
+            f'max_keep_ckpts would delete the other run\'s checkpoints and '
+            f'--resume would continue it. Give this run another out_dir or '
+            f'a work dir of another name (if you moved that work dir here, '
+            f'delete {marker})')
+
+
 def claim_checkpoint_dir(ckpt_dir: str, work_dir: str) -> None:
     """Record ``work_dir`` as the run writing ``ckpt_dir`` (``out_dir`` /
     ``<work dir name>``), or raise :class:`CheckpointDirInUse` when the run
-    of another work dir holds it."""
+    of another work dir holds it (:func:`checkpoint_dir_refusal`)."""
     me = osp.realpath(work_dir)
     if osp.realpath(ckpt_dir) == me:
         return
@@ -117,15 +176,9 @@ def claim_checkpoint_dir(ckpt_dir: str, work_dir: str) -> None:
             f.write(me + '\n')
         return
     except FileExistsError:
-        owner = read_line(marker)
-    if owner and owner != me:
-        raise CheckpointDirInUse(
-            f'checkpoint directory {ckpt_dir} (default_hooks.checkpoint.'
-            f'out_dir / the work dir\'s name) belongs to the run in work '
-            f'dir {owner} ({marker}), not to this one ({me}): its '
-            f'max_keep_ckpts would delete the other run\'s checkpoints and '
-            f'--resume would continue it. Give this run another out_dir or '
-            f'a work dir of another name (if you moved that work dir here, '
-            f'delete {marker})')
-    if not owner:
+        pass
+    refusal = checkpoint_dir_refusal(ckpt_dir, work_dir)
+    if refusal:
+        raise CheckpointDirInUse(refusal)
+    if not read_line(marker):
         atomic_write(marker, me + '\n')
