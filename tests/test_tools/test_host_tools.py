@@ -120,6 +120,12 @@ CASES = [
      'FileNotFoundError: checkpoints/soft_norm_tiny.pth '
      "(model.backbone.init_cfg.checkpoint) does not exist: download the "
      "authors' soft_norm_tiny ImageNet file"),
+    ('nonfinite-test-outputs', 'mmpretrain', 'test', [
+        '{cfg}', '{trained}', '--cfg-options',
+        'model.data_preprocessor.std=[0,0,0]'
+    ], False, 'mmsoft.engine.hooks.nonfinite_hook.NonFiniteLossError: '
+     'NonFiniteLossHook: the test outputs of batch 1 hold nan / inf '
+     '(pred_score; first image '),
     ('det-authors-file', 'mmdet', 'test', ['{det_cfg}', '{official}'], False,
      MISMATCH + 'checkpoint {official} does not match the model '
      '(RetinaNet): 0 of its 1 tensors would load'),

@@ -1,8 +1,10 @@
 """Stop training at the first non-finite loss, before the step and before
-any checkpoint (docs/en/advanced_guides/fault_tolerance.md)."""
+any checkpoint; stop a validation / test whose outputs are not finite
+(docs/en/advanced_guides/fault_tolerance.md)."""
 import math
-from typing import Optional
+from typing import List, Optional
 
+import numpy as np
 import torch
 from mmengine.dist import all_reduce, get_comm_device, get_world_size
 from mmengine.hooks import Hook
@@ -57,9 +59,43 @@ def _nonfinite_params(model, params) -> str:
     return f'{len(bad)} parameter tensor(s) ({shown})' if bad else ''
 
 
+def _nonfinite_fields(value, name: str = '') -> List[str]:
+    """The names of the floating-point tensors / arrays in a model output
+    (data samples: their data fields, ground truth ``gt_*`` left out) that
+    hold a nan / inf."""
+    from mmengine.structures import BaseDataElement
+    if isinstance(value, BaseDataElement):
+        value = dict(value.items())
+    if isinstance(value, dict):
+        return [
+            f for k, v in value.items()
+            if not str(k).startswith(('gt_', 'ignored_'))
+            for f in _nonfinite_fields(v, f'{name}.{k}' if name else str(k))
+        ]
+    if isinstance(value, (list, tuple)):
+        return [f for v in value for f in _nonfinite_fields(v, name)]
+    if isinstance(value, torch.Tensor):
+        bad = (value.is_floating_point() or value.is_complex()) and bool(
+            (~torch.isfinite(value.detach())).any())
+    elif isinstance(value, np.ndarray):
+        bad = value.dtype.kind in 'fc' and not np.isfinite(value).all()
+    else:
+        return []
+    return [name or 'output'] if bad else []
+
+
+def _nonfinite_inputs(data_batch) -> bool:
+    """Whether the batch the data pipeline gave holds a nan / inf."""
+    inputs = data_batch.get('inputs') if isinstance(data_batch,
+                                                    dict) else data_batch
+    return bool(_nonfinite_fields(inputs))
+
+
 @HOOKS.register_module()
 class NonFiniteLossHook(Hook):
-    """Stop (or skip) training steps whose loss is not finite.
+    """Stop (or skip) training steps whose loss is not finite; stop a
+    validation or test whose outputs are not finite (its metrics would be
+    meaningless: mmpretrain reports top-1 0.0), naming the cause.
 
     The loss is checked in the optim wrapper's ``update_params`` before the
     backward pass, the parameters after the step; every rank decides alike.
@@ -67,17 +103,20 @@ class NonFiniteLossHook(Hook):
     Args:
         max_skipped_steps (int): consecutive non-finite steps to skip (no
             step, gradients zeroed) before stopping. Defaults to 0.
+        check_outputs (bool): check the outputs of every validation and
+            test batch. Defaults to True.
     """
 
     priority = 'VERY_HIGH'  # after_train_iter before the CheckpointHook's
 
-    def __init__(self, max_skipped_steps: int = 0):
+    def __init__(self, max_skipped_steps: int = 0, check_outputs: bool = True):
         if isinstance(max_skipped_steps, bool) or \
                 not isinstance(max_skipped_steps, int) or \
                 max_skipped_steps < 0:
             raise ValueError(f'NonFiniteLossHook: max_skipped_steps must be '
                              f'an int >= 0, got {max_skipped_steps!r}')
         self.max_skipped_steps = max_skipped_steps
+        self.check_outputs = check_outputs
         self.skipped = 0  # consecutive skipped steps
         self.total_skipped = 0
         self._step_skipped = False
@@ -195,3 +234,64 @@ class NonFiniteLossHook(Hook):
                 runner, f'refusing to save a checkpoint at '
                 f'{self._where(runner)}: {bad} hold nan / inf; training '
                 f'stopped')
+
+    def _check_outputs(self, runner, mode: str, batch_idx: int, data_batch,
+                       outputs) -> None:
+        """Stop the ``mode`` ('val' / 'test') loop at the first batch whose
+        outputs hold a nan / inf (every rank alike), naming the fields, the
+        images and the cause: the weights, the inputs, a zero in the data
+        preprocessor's ``std``, else an overflow."""
+        bad = _nonfinite_fields(outputs) if self.check_outputs else []
+        if not _any_rank(bool(bad)):
+            return
+        what = 'validation' if mode == 'val' else 'test'
+        if not bad:
+            raise NonFiniteLossError(
+                f'NonFiniteLossHook: the {what} outputs of another rank '
+                f'hold nan / inf; {what} stopped')
+        fields = ', '.join(sorted(set(bad))[:3])
+        samples = outputs if isinstance(outputs, (list, tuple)) else []
+        paths = [
+            str(p) for p in (getattr(s, 'img_path', None) for s in samples)
+            if p is not None
+        ]
+        where = f'; first image {paths[0]}' if paths else ''
+        model = self._model(runner)
+        params = _nonfinite_params(model, model.parameters())
+        pre = getattr(model, 'data_preprocessor', None)
+        std = getattr(pre, 'std', None)
+        if params:
+            cause = (f'the model\'s weights hold nan / inf: {params}',
+                     'The checkpoint is broken: test an earlier one')
+        elif _nonfinite_inputs(data_batch):
+            cause = ('the inputs from the data pipeline hold nan / inf',
+                     'Check the data pipeline and the image files')
+        elif isinstance(std, torch.Tensor) and bool((std == 0).any()):
+            cause = (f'model.data_preprocessor.std '
+                     f'{[round(float(v), 6) for v in std.flatten()]} has a 0 '
+                     f'(a division by zero)',
+                     'Give the std of the data the model was trained with')
+        else:
+            cause = ('the inputs, the weights and the preprocessing are '
+                     'finite: the computation overflowed',
+                     'Evaluate in float32 (without --amp / fp16)')
+        msg = (f'NonFiniteLossHook: the {what} outputs of batch '
+               f'{batch_idx + 1} hold nan / inf ({fields}{where}): '
+               f'{cause[0]}; {what} stopped, its metrics would be '
+               f'meaningless. {cause[1]}.')
+        runner.logger.error(msg)
+        raise NonFiniteLossError(msg)
+
+    def after_val_iter(self,
+                       runner,
+                       batch_idx: int,
+                       data_batch=None,
+                       outputs=None) -> None:
+        self._check_outputs(runner, 'val', batch_idx, data_batch, outputs)
+
+    def after_test_iter(self,
+                        runner,
+                        batch_idx: int,
+                        data_batch=None,
+                        outputs=None) -> None:
+        self._check_outputs(runner, 'test', batch_idx, data_batch, outputs)

@@ -504,3 +504,104 @@ def test_overflowing_step_names_the_finite_loss_value():
         runner.optim_wrapper.update_params(loss)
     assert f'although the loss was finite ({loss.item()}): the gradients' \
         in str(info.value)
+
+
+class _Scorer(BaseModel):
+    """Scores of 2 classes from a 2 x 2 image (``data_preprocessor``
+    normalises it); ``scale`` multiplies the scores (1e38 twice: inf)."""
+
+    def __init__(self, std=1., scale=1.):
+        super().__init__(
+            data_preprocessor=dict(
+                type='ImgDataPreprocessor', mean=[0.], std=[std]))
+        self.fc = nn.Linear(4, 2)
+        self.scale = scale
+
+    def forward(self, inputs, data_samples=None, mode='predict'):
+        from mmengine.structures import BaseDataElement
+        scores = self.fc(inputs.flatten(1)) * self.scale * self.scale
+        return [
+            BaseDataElement(
+                pred_score=s, gt_score=s * 0, metainfo=dict(img_path=p))
+            for s, p in zip(scores, data_samples)
+        ]
+
+
+class _Images(torch.utils.data.Dataset):
+
+    def __init__(self, nan=False):
+        self.nan = nan
+
+    def __len__(self):
+        return 4
+
+    def __getitem__(self, i):
+        img = torch.full((1, 2, 2), float('nan') if self.nan else i + 1.)
+        return dict(inputs=img, data_samples=f'img_{i}.png')
+
+
+def _test_runner(work_dir, nan_inputs=False, **model):
+    from mmengine.evaluator import BaseMetric
+
+    class Count(BaseMetric):
+
+        def process(self, data_batch, data_samples):
+            self.results.extend(data_samples)
+
+        def compute_metrics(self, results):
+            return dict(n=len(results))
+
+    global _RUNS
+    _RUNS += 1
+    return Runner(
+        model=_Scorer(**model),
+        experiment_name=f'nonfinite_test_{_RUNS}',
+        work_dir=str(work_dir),
+        test_dataloader=dict(
+            dataset=_Images(nan_inputs),
+            batch_size=2,
+            num_workers=0,
+            sampler=dict(type='DefaultSampler', shuffle=False),
+            collate_fn=dict(type='pseudo_collate')),
+        test_evaluator=[Count()],
+        test_cfg=dict(),
+        custom_hooks=[dict(type='NonFiniteLossHook')],
+        default_scope='mmengine',
+        log_level='WARNING')
+
+
+@pytest.mark.parametrize('case,cause', [
+    ('weights', "the model's weights hold nan / inf: 1 parameter tensor(s) "
+     '(fc.weight); test stopped, its metrics would be meaningless. The '
+     'checkpoint is broken: test an earlier one.'),
+    ('inputs', 'the inputs from the data pipeline hold nan / inf; test '
+     'stopped, its metrics would be meaningless. Check the data pipeline '
+     'and the image files.'),
+    ('std', 'model.data_preprocessor.std [0.0] has a 0 (a division by '
+     'zero); test stopped, its metrics would be meaningless. Give the std '
+     'of the data the model was trained with.'),
+    ('overflow', 'the inputs, the weights and the preprocessing are finite: '
+     'the computation overflowed; test stopped, its metrics would be '
+     'meaningless. Evaluate in float32 (without --amp / fp16).'),
+    ('finite', None),
+])
+def test_nonfinite_test_outputs_stop_naming_the_cause(tmp_path, case, cause):
+    """Issue 52, item 4: NaN inputs in tools/test.py reported top-1 0.0
+    and exit 0; the hook the configs name stops the test at the first
+    batch whose outputs are not finite, naming the cause."""
+    runner = _test_runner(
+        tmp_path,
+        nan_inputs=case == 'inputs',
+        std=0. if case == 'std' else 1.,
+        scale=1e38 if case == 'overflow' else 1.)
+    if case == 'weights':
+        with torch.no_grad():
+            runner.model.fc.weight[0, 0] = float('nan')
+    if cause is None:
+        assert runner.test() == dict(n=4)
+        return
+    with pytest.raises(NonFiniteLossError) as e:
+        runner.test()
+    assert str(e.value) == (
+        'NonFiniteLossHook: the test outputs of batch 1 hold nan / inf '
+        f'(pred_score; first image img_0.png): {cause}')
