@@ -31,6 +31,7 @@ import warnings
 warnings.filterwarnings('ignore', message='pkg_resources is deprecated')
 
 from mmengine.config import Config, ConfigDict  # noqa: E402
+from mmengine.dist import is_main_process  # noqa: E402
 from mmengine.registry import RUNNERS  # noqa: E402
 from mmengine.runner import Runner  # noqa: E402
 
@@ -178,6 +179,26 @@ def exit_if_bad_out(out, scope):
         sys.exit(f'error: --out {out}: {problem}')
 
 
+def dump_metric(scope, path):
+    """The codebase's dump metric (mmdet: ``DumpDetResults``, else
+    mmengine's ``DumpResults``) writing ``path`` (a temporary name) without
+    logging it: :func:`main` logs the final name once the file is there."""
+    if scope == 'mmdet':
+        from mmdet.evaluation import DumpDetResults as Dump
+    else:
+        from mmengine.evaluator import DumpResults as Dump
+
+    class Quiet(Dump):
+        default_prefix = 'dump'  # it adds no metric
+
+        def compute_metrics(self, results):
+            from mmengine.fileio import dump
+            dump(results, self.out_file_path)
+            return {}
+
+    return Quiet(out_file_path=path)
+
+
 def main(argv=None):
     """Test the model; returns the metrics of ``test_evaluator`` (a dict,
     e.g. ``{'accuracy/top1': ...}``; every rank gets them). Exits with
@@ -213,15 +234,12 @@ def main(argv=None):
         with atomic_path(args.out, suffix='.pkl', makedirs=True,
                          missing_ok=True) if dump else \
                 contextlib.nullcontext() as out:
-            if dump and scope == 'mmdet':
-                from mmdet.evaluation import DumpDetResults
-                runner.test_evaluator.metrics.append(
-                    DumpDetResults(out_file_path=out))
-            elif dump:
-                from mmengine.evaluator import DumpResults
-                runner.test_evaluator.metrics.append(
-                    DumpResults(out_file_path=out))
+            if dump:
+                runner.test_evaluator.metrics.append(dump_metric(scope, out))
             metrics = runner.test()
+        if dump and is_main_process():  # rank 0 wrote it
+            runner.logger.info(
+                f'Results has been saved to {osp.abspath(args.out)}.')
     except (CheckpointMismatchError, CheckpointError,
             CheckpointRefused) as e:  # wrong / damaged / unsafe weights
         sys.exit(f'error: {e}')

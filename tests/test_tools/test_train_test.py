@@ -437,6 +437,29 @@ def test_det_train_and_test_tools(tmp_path):
     assert len(scalars) == 2  # the timestamped log dirs of both runs
 
 
+def test_test_out_logs_where_the_results_are(tmp_path):
+    """Issue 52, item 5: ``tools/test.py --out results.pkl`` logged the
+    temporary file it dumps into (``.results.pkl.<pid>.<random>.mmsoft-tmp
+    .pkl``, renamed afterwards) as where the results went."""
+    import glob
+    import pickle
+
+    from conftest import cls_demo_config, random_model
+    cfg = cls_demo_config(tmp_path, test=4)
+    ckpt = str(tmp_path / 'model.pth')
+    torch.save(dict(state_dict=random_model(cfg).state_dict()), ckpt)
+    out, work = tmp_path / 'res' / 'results.pkl', tmp_path / 'work'
+    tool('test')['main'](
+        [cfg, ckpt, '--work-dir',
+         str(work), '--out',
+         str(out)])
+    with open(out, 'rb') as f:
+        assert len(pickle.load(f)) == 4
+    log = open(glob.glob(str(work / '*' / '*.log'))[0]).read()
+    assert f'Results has been saved to {out}.' in log
+    assert 'mmsoft-tmp' not in log and 'prefix is not set' not in log
+
+
 def coco_eval_stats(pkl, ann_file):
     """COCOeval (pycocotools) of mmdet's dumped predictions (``--out``):
     the first 6 numbers of the summary (mAP, @50, @75, small, medium,
