@@ -41,15 +41,116 @@ def describe_damage(path: str) -> Optional[str]:
     except OSError as e:
         return f'cannot be read ({e.strerror})'
     if head[:2] != b'PK':  # b'\x80': a pickle (legacy torch.save format)
-        return None if head[:1] == b'\x80' else 'is empty (0 bytes)' \
-            if not size else f'is not a torch checkpoint (starts with ' \
-            f'{head!r})'
+        return _legacy_damage(path, size) if head[:1] == b'\x80' else \
+            'is empty (0 bytes)' if not size else \
+            f'is not a torch checkpoint (starts with {head!r})'
     try:
         with zipfile.ZipFile(path) as z:
             bad = z.testzip()
     except Exception as e:  # noqa: BLE001 - BadZipFile, zlib errors ...
         return f'is truncated or corrupt ({size} bytes; {e})'
     return bad and f'is corrupt (CRC error in record {bad!r})'
+
+
+#: the first pickle of torch's legacy format (``torch.serialization``)
+_LEGACY_MAGIC = 0x1950a86a20f9469cfc6c
+
+
+class _Stub:
+    """Any global of a pickle that :class:`_Walker` reads: calls, items
+    and states are taken and dropped (nothing of the file runs)."""
+
+    def __init__(self, *args, **kwargs):
+        pass
+
+    def __call__(self, *args, **kwargs):
+        return _Stub()
+
+    def __setitem__(self, key, value):
+        pass
+
+    def __setstate__(self, state):
+        pass
+
+    def append(self, value):
+        pass
+
+    def extend(self, values):
+        pass
+
+
+class _Walker(pickle.Unpickler):
+    """Reads one pickle of a legacy torch file with every global a
+    :class:`_Stub` (no code is imported or run); records the storages
+    it names: ``{key: (storage type, numel)}``."""
+
+    def __init__(self, f):
+        super().__init__(f)
+        self.storages = {}
+
+    def find_class(self, module, name):
+        return type('Stub', (_Stub, ), dict(global_name=name))
+
+    def persistent_load(self, pid):
+        if isinstance(pid, tuple) and len(pid) >= 5 and pid[0] == 'storage':
+            self.storages[str(pid[2])] = (getattr(pid[1], 'global_name',
+                                                  None), pid[4])
+        return _Stub()
+
+
+def _element_size(storage_type) -> Optional[int]:
+    """Bytes per element of a legacy file's storage type (``FloatStorage``
+    ...), or None when this torch does not know it."""
+    import torch
+    if storage_type == 'UntypedStorage':
+        return 1
+    try:
+        from torch.storage import _get_dtype_from_pickle_storage_type
+        return torch._utils._element_size(
+            _get_dtype_from_pickle_storage_type(storage_type))
+    except Exception:  # noqa: BLE001 - a newer / older torch
+        return None
+
+
+def _legacy_damage(path: str, size: int) -> Optional[str]:
+    """Why the legacy-format (non-zip) torch file ``path`` is not complete
+    (cut short in its pickles or in its storages, a storage of another
+    size than its record says), or None: its pickles are read with
+    :class:`_Walker`, each storage's size header checked and its bytes
+    skipped. A plain pickle (no torch magic number) gets no verdict."""
+    truncated = f'is truncated or corrupt ({size} bytes; torch\'s legacy ' \
+        f'(non-zip) format, cut short in its'
+    try:
+        with open(path, 'rb') as f:
+            if _Walker(f).load() != _LEGACY_MAGIC:
+                return None
+            _Walker(f).load(), _Walker(f).load()  # protocol, system info
+            walker = _Walker(f)
+            walker.load()
+            keys = _Walker(f).load()
+            for key in keys if isinstance(keys, list) else ():
+                kind, numel = walker.storages.get(str(key), (None, None))
+                element = _element_size(kind)
+                if element is None or not isinstance(numel, int):
+                    return None
+                header = f.read(8)
+                if len(header) < 8:
+                    return f'{truncated} tensor data)'
+                if int.from_bytes(header, 'little') != numel:
+                    return (f'is corrupt ({size} bytes; torch\'s legacy '
+                            f'(non-zip) format: storage {key} records '
+                            f'another size than its tensor)')
+                f.seek(numel * element, 1)
+                if f.tell() > size:
+                    return f'{truncated} tensor data)'
+    except EOFError:
+        return f'{truncated} pickles)'
+    except pickle.UnpicklingError as e:
+        return f'{truncated} pickles)' if 'truncated' in str(e) \
+            else None
+    except Exception:  # noqa: BLE001 - not ours to judge: torch.load's
+        return None
+    return None
 
 
 def refusal_message(path: str, refused: List[str], fix: str = '') -> str:
@@ -87,6 +188,14 @@ def load_verified(path: str, map_location='cpu'):
     except pickle.UnpicklingError:
         raise CheckpointRefused(refusal_message(
             path, unsafe_globals(path))) from None
+    except (EOFError, RuntimeError) as e:  # a legacy file describe_damage
+        if zipfile.is_zipfile(path):  # could not judge
+            raise
+        raise CheckpointError(
+            f'checkpoint {path} is truncated or corrupt (torch\'s legacy '
+            f'(non-zip) format: {type(e).__name__}: '
+            f'{" ".join(str(e).split()) or "end of file"}); it was not '
+            f'loaded (use an earlier or a fresh copy)') from None
 
 
 def __getattr__(name):  # 0.3.0's names, deprecated in 0.4, removed in 0.5

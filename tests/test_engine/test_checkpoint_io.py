@@ -4,6 +4,7 @@ that use them: ``test_hooks/test_checkpoint_hook.py``,
 ``tests/test_checkpoint_safety.py``)."""
 import pickle
 
+import pytest
 import torch
 
 from mmsoft.utils import checkpoint_io as cio
@@ -85,3 +86,63 @@ def test_refusal_is_one_line_naming_what_and_the_fix(tmp_path):
           f'the .pth')
     gone = str(tmp_path / 'gone.pth')
     assert 'legacy' not in cio.refusal_message(gone, [])
+
+
+def _legacy_checkpoint(path):
+    """A training checkpoint as mmengine writes it (tensors of two dtypes,
+    an optimizer state, numpy arrays and a HistoryBuffer) in torch's
+    legacy (non-zip) format; returns its bytes."""
+    import numpy as np
+    from mmengine.logging import HistoryBuffer
+    model = torch.nn.Linear(64, 32)
+    torch.save(
+        dict(
+            state_dict=dict(model.state_dict(), idx=torch.arange(5)),
+            optimizer=torch.optim.SGD(model.parameters(), 0.1).state_dict(),
+            meta=dict(epoch=1, seed=np.int64(3), arr=np.zeros(3)),
+            message_hub=dict(loss=HistoryBuffer([1.0, 2.0], [1, 1]))),
+        path,
+        _use_new_zipfile_serialization=False)
+    return path.read_bytes()
+
+
+def test_describe_damage_reads_a_whole_legacy_file(tmp_path):
+    """An undamaged legacy file: no verdict (and nothing of it runs)."""
+    _legacy_checkpoint(tmp_path / 'whole.pth')
+    assert cio.describe_damage(str(tmp_path / 'whole.pth')) is None
+
+
+@pytest.mark.parametrize(
+    'keep, where',
+    [
+        (40, 'pickles'),  # in the system info
+        (300, 'pickles'),  # in the checkpoint's pickle
+        (-200, 'tensor data'),  # in the last storage
+        (-1, 'tensor data'),
+    ])
+def test_describe_damage_of_a_cut_legacy_file(tmp_path, keep, where):
+    """A legacy file cut short (torch.load: ``RuntimeError: unexpected
+    EOF`` or ``EOFError``) is truncated, where in the file it ends."""
+    data = _legacy_checkpoint(tmp_path / 'whole.pth')
+    n = keep % len(data)
+    cut = tmp_path / 'cut.pth'
+    cut.write_bytes(data[:n])
+    assert cio.describe_damage(str(cut)) == (
+        f"is truncated or corrupt ({n} bytes; torch's legacy (non-zip) "
+        f'format, cut short in its {where})')
+    with pytest.raises(cio.CheckpointError, match='is truncated or corrupt'):
+        cio.load_verified(str(cut))
+
+
+def test_load_verified_names_a_damaged_legacy_file(tmp_path, monkeypatch):
+    """What torch.load finds in a legacy file that describe_damage let
+    through is a CheckpointError (one line), not ``RuntimeError``."""
+    data = _legacy_checkpoint(tmp_path / 'whole.pth')
+    cut = tmp_path / 'cut.pth'
+    cut.write_bytes(data[:-100])
+    monkeypatch.setattr(cio, 'describe_damage', lambda path: None)
+    with pytest.raises(cio.CheckpointError) as e:
+        cio.load_verified(str(cut))
+    assert str(e.value).startswith(
+        f"checkpoint {cut} is truncated or corrupt (torch's legacy (non-zip) "
+        'format: RuntimeError: unexpected EOF')

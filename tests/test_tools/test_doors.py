@@ -50,7 +50,8 @@ INIT = [
 
 #: (id, door, arguments, message, what ran). Placeholders of the
 #: arguments: {cfg} (the classifier demo config on tiny data), {ckpt} (a
-#: training checkpoint of it), {trunc} (that file cut short), {dir},
+#: training checkpoint of it), {trunc} (that file cut short),
+#: {legacy_trunc} (it in torch's legacy format, cut short), {dir},
 #: {file}, {ro} (a directory that cannot be written), {url} (nothing
 #: listens there), {work} (the row's work dir), {out} (an existing result
 #: file), {shared} (a checkpoint out_dir; :data:`PREPARE` fills it),
@@ -110,6 +111,8 @@ CASES = [
      ['{cfg}', '{dir}', '--work-dir', '{work}'], IS_DIR, 'nothing'),
     ('test-truncated-checkpoint', 'test.py',
      ['{cfg}', '{trunc}', '--work-dir', '{work}'], DAMAGED, 'nothing'),
+    ('test-truncated-legacy-checkpoint', 'test.py',
+     ['{cfg}', '{legacy_trunc}', '--work-dir', '{work}'], DAMAGED, 'nothing'),
     ('test-offline-url', 'test.py', ['{cfg}', '{url}', '--work-dir',
                                      '{work}'], OFFLINE, 'nothing'),
     ('test-malformed-list-line', 'test.py', [
@@ -232,6 +235,15 @@ def doors(tmp_path_factory):
     trunc = str(tmp / 'trunc.pth')
     with open(ckpt, 'rb') as f, open(trunc, 'wb') as g:
         g.write(f.read(4000))
+    # torch's legacy (non-zip) format, its last tensor cut short
+    legacy = tmp / 'legacy.pth'
+    torch.save(
+        torch.load(ckpt, weights_only=False),
+        legacy,
+        _use_new_zipfile_serialization=False)
+    legacy_trunc = str(tmp / 'legacy_trunc.pth')
+    with open(legacy_trunc, 'wb') as g:
+        g.write(legacy.read_bytes()[:-1000])
     lists = {}
     val = tmp / 'data' / 'imagenet' / 'meta' / 'val.txt'
     lines = val.read_text().splitlines()
@@ -251,6 +263,7 @@ def doors(tmp_path_factory):
         cfg=cfg,
         ckpt=ckpt,
         trunc=trunc,
+        legacy_trunc=legacy_trunc,
         dir=str(tmp / 'a_dir'),
         file=str(tmp / 'a_file'),
         ro=ro,
