@@ -384,6 +384,25 @@ def test_unreadable_images_in_folder_are_skipped(models, tmp_path, capsys):
     assert sorted(os.listdir(osp.join(out, 'preds'))) == ['a.json', 'c.json']
 
 
+def test_images_with_bytes_after_their_end_are_read(models, tmp_path, capsys):
+    """Issue 52, item 5: a valid JPEG / PNG with bytes after its end
+    marker (a camera's trailer, beyond the data check's tail window; OpenCV
+    decodes it) was skipped as truncated; image_demo.py shares the data
+    check's reader and predicts both."""
+    cfg, ckpt, _ = models['cls']
+    folder = tmp_path / 'in'
+    for name, seed in (('a.jpg', 1), ('b.png', 2)):
+        path = _image(str(folder / name), seed=seed)
+        data = open(path, 'rb').read() + b'\0' * 70000 + b'TRAILER'
+        open(path, 'wb').write(data)
+        assert cv2.imdecode(np.frombuffer(data, np.uint8), 1) is not None
+    main = runpy.run_path(DEMO, run_name='image_demo')['main']
+    out = str(tmp_path / 'out')
+    assert main([str(folder), cfg, ckpt, '--out-dir', out]) == 0
+    assert 'skipped' not in capsys.readouterr().err
+    assert sorted(os.listdir(osp.join(out, 'preds'))) == ['a.json', 'b.json']
+
+
 def test_checkpoint_of_another_model_is_refused(models, images, tmp_path,
                                                 capsys):
     """Strict inference: a classifier checkpoint under the detector config

@@ -278,6 +278,35 @@ def test_weights_load_as_in_the_other_tools(tmp_path):
     assert 'python tools/model_converters/soft2mmsoft.py' in msg
 
 
+def test_authors_file_gets_the_line_of_tools_test(tmp_path, capsys):
+    """Issue 52, item 5: pytorch2onnx.py on an authors' (unconverted)
+    file prints the one line tools/test.py prints, converter command
+    included."""
+    from conftest import cls_demo_config
+    from conftest import tool_namespace as tool
+    to_official = load_module(
+        osp.join(ROOT, 'tools', 'model_converters', 'mmsoft2soft.py'),
+        'mmsoft2soft').convert_mmpretrain_to_official
+    cfg = cls_demo_config(tmp_path, test=4)
+    src, _, _ = deploy.build_model(cfg, None)
+    official, _ = to_official({
+        k: v
+        for k, v in src.state_dict().items()
+        if k.startswith(('backbone.', 'head.fc.'))
+    })
+    path = str(tmp_path / 'soft_demo.pth')
+    torch.save({'model': official}, path)
+    line = _error_line(
+        capsys,
+        [cfg, path, '--shape', '64', '64', '--out',
+         str(tmp_path / 'x.onnx')])
+    with pytest.raises(SystemExit) as exit_:
+        tool('test')['main']([cfg, path, '--work-dir', str(tmp_path / 'w')])
+    assert line == str(exit_.value.code)
+    assert f'convert it first: python tools/model_converters/soft2mmsoft.py ' \
+        f'{path} weights/soft_demo.pth' in line
+
+
 def test_error_shapes(tmp_path, capsys):
     line = _error_line(capsys, [
         osp.join(DEMO, 'retinanet_soft_demo.py'), 'none', '--shape', '150',
