@@ -348,19 +348,18 @@ def _save_label_map(path, sem):
 
 def run(args):
     images = check_inputs(args)
-    from mmengine.config import Config
-
     import mmsoft  # noqa: F401 (registers SOFT)
     # before the inferencer's torch.load (which unpickles anything before
     # torch 2.6): a damaged or code-running file stops here, in one line
     from mmsoft.utils.checkpoint_io import (CheckpointError, CheckpointRefused,
                                             load_verified)
+    from mmsoft_tools.cli import load_config
     if osp.isfile(args.checkpoint):
         try:
             load_verified(args.checkpoint)
         except (CheckpointError, CheckpointRefused) as e:
             raise DemoError(str(e)) from None
-    cfg = Config.fromfile(args.config)
+    cfg = load_config(args.config)  # a syntax error: one line
     try:
         predictor = Predictor(cfg, args.checkpoint, args.device,
                               args.score_thr, args.partial_load)

@@ -30,7 +30,7 @@ import warnings
 # times before the tool's own output (e.g. the data check's message)
 warnings.filterwarnings('ignore', message='pkg_resources is deprecated')
 
-from mmengine.config import Config, ConfigDict  # noqa: E402
+from mmengine.config import ConfigDict  # noqa: E402
 from mmengine.dist import is_main_process  # noqa: E402
 from mmengine.registry import RUNNERS  # noqa: E402
 from mmengine.runner import Runner  # noqa: E402
@@ -162,7 +162,7 @@ def exit_if_no_checkpoint(path):
 
 
 def build_cfg(args):
-    cfg = cli.apply_runner_args(Config.fromfile(args.config), args)
+    cfg = cli.apply_runner_args(cli.load_config(args.config), args)
     cfg.load_from = args.checkpoint
     cli.set_partial_load(cfg, args.partial_load)  # the config's hook
     return cfg

@@ -36,7 +36,6 @@ import warnings
 # times before the tool's own output (e.g. the data check's message)
 warnings.filterwarnings('ignore', message='pkg_resources is deprecated')
 
-from mmengine.config import Config  # noqa: E402
 from mmengine.registry import RUNNERS  # noqa: E402
 from mmengine.runner import Runner  # noqa: E402
 
@@ -75,7 +74,7 @@ def parse_args(argv=None):
 
 
 def build_cfg(args):
-    cfg = cli.apply_runner_args(Config.fromfile(args.config), args)
+    cfg = cli.apply_runner_args(cli.load_config(args.config), args)
 
     if args.amp:
         launch.enable_amp(cfg)

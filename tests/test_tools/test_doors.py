@@ -36,7 +36,8 @@ pytest.importorskip('mmpretrain')
 
 FAQ = osp.join(ROOT, 'docs', 'en', 'faq.md')
 
-# the three --cfg-options / checkpoint messages several doors share
+# the --cfg-options / checkpoint / config messages several doors share
+SYNTAX = 'error: config <file>:<line>: syntax error: <what>'
 TYPO = 'error: --cfg-options <key>: the config has no key <name> under <key>;'
 IS_DIR = 'error: checkpoint <path> is a directory, not a file;'
 DAMAGED = 'error: checkpoint <path> is truncated or corrupt'
@@ -51,7 +52,9 @@ INIT = [
 #: (id, door, arguments, message, what ran). Placeholders of the
 #: arguments: {cfg} (the classifier demo config on tiny data), {ckpt} (a
 #: training checkpoint of it), {trunc} (that file cut short),
-#: {legacy_trunc} (it in torch's legacy format, cut short), {dir},
+#: {legacy_trunc} (it in torch's legacy format, cut short), {syntax} (a
+#: config with a syntax error), {syntax_child} (one whose _base_ is that),
+#: {dir},
 #: {file}, {ro} (a directory that cannot be written), {url} (nothing
 #: listens there), {work} (the row's work dir), {out} (an existing result
 #: file), {shared} (a checkpoint out_dir; :data:`PREPARE` fills it),
@@ -64,6 +67,8 @@ CASES = [
         '{cfg}', '--work-dir', '{work}', '--cfg-options',
         'train_cfg.max_epoch=1'
     ], TYPO, 'nothing'),
+    ('train-config-syntax-in-base', 'train.py',
+     ['{syntax_child}', '--work-dir', '{work}'], SYNTAX, 'nothing'),
     ('train-work-dir-file', 'train.py', ['{cfg}', '--work-dir', '{file}'],
      'error: --work-dir <path>: exists and is not a directory', 'nothing'),
     ('train-work-dir-read-only', 'train.py', ['{cfg}', '--work-dir', '{ro}'],
@@ -113,6 +118,8 @@ CASES = [
      ['{cfg}', '{trunc}', '--work-dir', '{work}'], DAMAGED, 'nothing'),
     ('test-truncated-legacy-checkpoint', 'test.py',
      ['{cfg}', '{legacy_trunc}', '--work-dir', '{work}'], DAMAGED, 'nothing'),
+    ('test-config-syntax', 'test.py',
+     ['{syntax}', '{ckpt}', '--work-dir', '{work}'], SYNTAX, 'nothing'),
     ('test-offline-url', 'test.py', ['{cfg}', '{url}', '--work-dir',
                                      '{work}'], OFFLINE, 'nothing'),
     ('test-malformed-list-line', 'test.py', [
@@ -133,6 +140,12 @@ CASES = [
      ['{data}', '{cfg}', '{ckpt}', '--device', 'cuda', '--out-dir', '{work}'
       ], 'image_demo.py: error: --device <device>: CUDA is not available',
      'nothing'),
+    ('image_demo-config-syntax', 'image_demo.py',
+     ['{data}', '{syntax}', '{ckpt}', '--out-dir',
+      '{work}'], SYNTAX, 'nothing'),
+    # the analysis tools that read a config
+    ('get_flops-config-syntax', 'get_flops.py',
+     ['--config', '{syntax}', '--out', '{work}'], SYNTAX, 'nothing'),
     # the converters, the ONNX export, the demo data
     ('soft2mmsoft-truncated', 'soft2mmsoft.py', ['{trunc}', '{work}/o.pth'],
      "error: checkpoint '<path>' is truncated or corrupt", 'nothing'),
@@ -143,6 +156,9 @@ CASES = [
         '{cfg}', '{ckpt}', '--shape', '64', '64', '--out', '{work}/m.onnx',
         '--cfg-options', 'model.backbone.attn_cfg.atn_norm=True'
     ], TYPO, 'nothing'),
+    ('pytorch2onnx-config-syntax', 'pytorch2onnx.py',
+     ['{syntax}', '{ckpt}', '--shape', '64', '64', '--out',
+      '{work}/m.onnx'], SYNTAX, 'nothing'),
     ('make_demo_data-out-file', 'make_demo_data.py', [
         '--out', '{file}', '--tasks', 'cls', '--num-train', '1', '--num-val',
         '1'
@@ -159,6 +175,7 @@ DOORS = {
     'mmsoft2soft.py': 'tools/model_converters/mmsoft2soft.py',
     'pytorch2onnx.py': 'tools/deployment/pytorch2onnx.py',
     'make_demo_data.py': 'tools/misc/make_demo_data.py',
+    'get_flops.py': 'tools/analysis/get_flops.py',
 }
 
 #: a full disk for the result file of tools/test.py --out: writing an
@@ -252,6 +269,11 @@ def doors(tmp_path_factory):
         lists[name] = str(tmp / f'{name}.txt')
         with open(lists[name], 'w') as f:
             f.write('\n'.join(lines[:1] + [extra] + lines[1:]) + '\n')
+    # a config with a syntax error (line 3), one whose _base_ has it
+    (tmp / 'syntax.py').write_text(
+        "_base_ = ['./cfg.py']\nx = dict(\n    a=1,,\n)\n".replace(
+            './cfg.py', osp.basename(cfg)))
+    (tmp / 'syntax_child.py').write_text("_base_ = ['./syntax.py']\n")
     (tmp / 'a_dir').mkdir()
     (tmp / 'a_file').write_text('')
     if os.geteuid() == 0:  # permission bits do not stop root
@@ -264,6 +286,8 @@ def doors(tmp_path_factory):
         ckpt=ckpt,
         trunc=trunc,
         legacy_trunc=legacy_trunc,
+        syntax=str(tmp / 'syntax.py'),
+        syntax_child=str(tmp / 'syntax_child.py'),
         dir=str(tmp / 'a_dir'),
         file=str(tmp / 'a_file'),
         ro=ro,

@@ -540,6 +540,43 @@ def test_cfg_options_value_that_lost_spaces(typed, refused, monkeypatch,
             assert '\n' not in msg
 
 
+@pytest.mark.parametrize(
+    'files, where',
+    [
+        # the config itself; its line, not mmengine's "<unknown>"
+        ({
+            'c.py': 'a = 1\nb = dict(\n    x=1,,\n)\n'
+        }, 'c.py:3'),
+        ({
+            'c.py': 'a = dict(\n'
+        }, 'c.py:1'),  # '(' was never closed
+        # a file of its _base_ (a string or a list; mmdet:: bases skipped)
+        ({
+            'c.py':
+            "_base_ = ['mmdet::_base_/default_runtime.py', './b/base.py']\n",
+            'b/base.py': '_base_ = "base2.py"\n',
+            'b/base2.py': 'x = = 1\n'
+        }, 'b/base2.py:1'),
+    ])
+def test_load_config_names_a_syntax_error(tmp_path, files, where):
+    for name, text in files.items():
+        (tmp_path / name).parent.mkdir(exist_ok=True)
+        (tmp_path / name).write_text(text)
+    with pytest.raises(cli.ToolError) as e:
+        cli.load_config(str(tmp_path / 'c.py'))
+    assert str(
+        e.value).startswith(f'config {tmp_path / where}: syntax error: '), str(
+            e.value)
+    assert cli.config_syntax_error(str(
+        tmp_path / 'c.py')).startswith(f'{tmp_path / where}: syntax error')
+
+
+def test_load_config_of_a_valid_config(tmp_path):
+    (tmp_path / 'c.py').write_text('a = dict(x=1)\n')
+    assert cli.load_config(str(tmp_path / 'c.py')).a.x == 1
+    assert cli.config_syntax_error(str(tmp_path / 'c.py')) is None
+
+
 def test_cfg_option_problem():
     cfg = Config(
         dict(

@@ -257,4 +257,5 @@ def main(argv=None):
 
 
 if __name__ == '__main__':
-    main()
+    from mmsoft_tools.cli import run_main
+    run_main(main)  # expected failures (a config's syntax error): one line

@@ -208,8 +208,8 @@ def build_model(name=None, config=None, checkpoint=None, **overrides):
     if given, else randomly initialised (with a warning)."""
     from mmsoft.models.backbones import SOFT
     if config:
-        from mmengine.config import Config
-        bb = dict(Config.fromfile(config).model.backbone)
+        from mmsoft_tools.cli import load_config
+        bb = dict(load_config(config).model.backbone)
         bb.pop('type', None)
         bb.pop('init_cfg', None)
     else:

@@ -17,7 +17,8 @@ __all__ = [
     'apply_runner_args', 'cfg_option_problem', 'merge_cfg_options',
     'check_work_dir', 'seed_int', 'seed_problem', 'init_checkpoints',
     'checkpoint_problem', 'check_device', 'set_partial_load',
-    'unwritable_reason', 'check_runner_checkpoints'
+    'unwritable_reason', 'check_runner_checkpoints', 'load_config',
+    'config_syntax_error'
 ]
 
 
@@ -121,6 +122,52 @@ def run_main(main: Callable, argv=None):
         print(line, file=sys.stderr, flush=True)
         code = 1
     sys.exit(code if isinstance(code, int) else 0)  # test.py: metrics
+
+
+def config_syntax_error(path: str, _seen=None) -> Optional[str]:
+    """``<file>:<line>: syntax error: <what>`` of the first syntax error
+    in the config ``path`` or in the local files of its ``_base_``
+    (mmengine reports it as ``File "<unknown>"``), or None."""
+    import ast
+    _seen = set() if _seen is None else _seen
+    if path in _seen:
+        return None
+    _seen.add(path)
+    try:
+        with open(path, encoding='utf-8') as f:
+            tree = ast.parse(f.read(), filename=path)
+    except SyntaxError as e:
+        return f'{osp.normpath(path)}:{e.lineno}: syntax error: {e.msg}'
+    except (OSError, ValueError):
+        return None
+    for node in tree.body:  # _base_ = 'a.py' / ['a.py', 'mmdet::b.py']
+        if isinstance(node, ast.Assign) and any(
+                getattr(t, 'id', None) == '_base_' for t in node.targets):
+            try:
+                bases = ast.literal_eval(node.value)
+            except ValueError:
+                return None
+            for base in [bases] if isinstance(bases, str) else bases:
+                if isinstance(base, str) and '::' not in base:
+                    found = config_syntax_error(
+                        osp.join(osp.dirname(path), base), _seen)
+                    if found:
+                        return found
+    return None
+
+
+def load_config(path: str):
+    """``Config.fromfile(path)``; a syntax error in the config (or in a
+    file of its ``_base_``) is a one-line :class:`ToolError` naming the
+    file and line (mmengine's traceback names ``<unknown>``)."""
+    from mmengine.config import Config
+    try:
+        return Config.fromfile(path)
+    except SyntaxError as e:
+        where = config_syntax_error(path) or (
+            f'{path} (or a file of its _base_):{e.lineno}: syntax error: '
+            f'{e.msg}')
+        raise ToolError(f'config {where}') from None
 
 
 def positive_int(text: str) -> int:

@@ -72,7 +72,8 @@ def build_model(config,
         if not osp.isfile(config):
             raise ExportError(f'config {config!r} does not exist; pass a '
                               f'config file, e.g. configs/soft_tiny_in1k.py')
-        config = Config.fromfile(config)
+        from mmsoft_tools.cli import load_config
+        config = load_config(config)  # a syntax error: one line
     cfg = config
     from mmsoft_tools.cli import ToolError, merge_cfg_options
     try:
