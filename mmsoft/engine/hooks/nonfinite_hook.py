@@ -241,7 +241,9 @@ class NonFiniteLossHook(Hook):
         outputs hold a nan / inf (every rank alike), naming the fields, the
         images and the cause: the weights, the inputs, a zero in the data
         preprocessor's ``std``, else an overflow."""
-        bad = _nonfinite_fields(outputs) if self.check_outputs else []
+        if not self.check_outputs:
+            return
+        bad = _nonfinite_fields(outputs)
         if not _any_rank(bool(bad)):
             return
         what = 'validation' if mode == 'val' else 'test'

@@ -225,10 +225,10 @@ def skip_pretrained_init(runner, source: str) -> None:
             continue
         cfgs = [init] if isinstance(init, dict) else list(init)
         drop = [
-            c for c in cfgs
-            if isinstance(c, dict) and (str(c.get('type')) in PRETRAINED or (
-                isinstance(c.get('type'), type)
-                and issubclass(c['type'], PretrainedInit)))
+            c for c in cfgs if isinstance(c, dict) and (
+                str(c.get('type')).split('.')[-1] in PRETRAINED or
+                (isinstance(c.get('type'), type)
+                 and issubclass(c['type'], PretrainedInit)))
         ]
         if not drop:
             continue

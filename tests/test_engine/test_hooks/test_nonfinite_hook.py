@@ -540,7 +540,7 @@ class _Images(torch.utils.data.Dataset):
         return dict(inputs=img, data_samples=f'img_{i}.png')
 
 
-def _test_runner(work_dir, nan_inputs=False, **model):
+def _test_runner(work_dir, nan_inputs=False, check_outputs=True, **model):
     from mmengine.evaluator import BaseMetric
 
     class Count(BaseMetric):
@@ -565,9 +565,16 @@ def _test_runner(work_dir, nan_inputs=False, **model):
             collate_fn=dict(type='pseudo_collate')),
         test_evaluator=[Count()],
         test_cfg=dict(),
-        custom_hooks=[dict(type='NonFiniteLossHook')],
+        custom_hooks=[
+            dict(type='NonFiniteLossHook', check_outputs=check_outputs)
+        ],
         default_scope='mmengine',
         log_level='WARNING')
+
+
+def test_output_check_can_be_turned_off(tmp_path):
+    assert _test_runner(
+        tmp_path, check_outputs=False, std=0.).test() == dict(n=4)
 
 
 @pytest.mark.parametrize('case,cause', [
