@@ -26,7 +26,7 @@ class StrictLoadHook(Hook):
     :class:`~mmsoft.utils.strict_load.CheckpointMismatchError`. A training
     run that loads a checkpoint strictly (``load_from``, ``--resume``) does
     not read the ``Pretrained`` files of ``init_cfg`` (the backbone's
-    ImageNet weights): every tensor is replaced (:func:`skip_pretrained_init`,
+    ImageNet weights): every tensor is replaced (``skip_pretrained_init``,
     in ``before_run``). Named in
     the shipped configs' ``custom_hooks``: the host codebases' own
     ``tools/train.py`` / ``tools/test.py`` check as mmsoft's do.
@@ -52,7 +52,7 @@ class StrictLoadHook(Hook):
         after ``before_run``, then loads). mmengine's resume without a path
         takes the work dir's latest checkpoint; ``SafeCheckpointHook``
         picks its own in its ``before_run`` and calls
-        :func:`skip_pretrained_init` itself."""
+        ``skip_pretrained_init`` itself."""
         from mmengine.runner import find_latest_checkpoint
         safe = HOOKS.get('SafeCheckpointHook')  # (imports this module)
         path = getattr(runner, '_load_from', None)
