@@ -69,6 +69,16 @@ CASES = [
     ], TYPO, 'nothing'),
     ('train-config-syntax-in-base', 'train.py',
      ['{syntax_child}', '--work-dir', '{work}'], SYNTAX, 'nothing'),
+    ('train-cfg-options-not-a-number', 'train.py', [
+        '{cfg}', '--work-dir', '{work}', '--cfg-options',
+        'train_cfg.max_epochs=abc'
+    ], "error: --cfg-options <key>=<value>: the config's <key> is <kind>",
+     'nothing'),
+    ('train-cfg-options-dict', 'train.py', [
+        '{cfg}', '--work-dir', '{work}', '--cfg-options',
+        'model.head.loss=dict(type=CrossEntropyLoss,loss_weight=1.0)'
+    ], 'error: --cfg-options <key>=<value>: a dict is no --cfg-options '
+     'value', 'nothing'),
     ('train-work-dir-file', 'train.py', ['{cfg}', '--work-dir', '{file}'],
      'error: --work-dir <path>: exists and is not a directory', 'nothing'),
     ('train-work-dir-read-only', 'train.py', ['{cfg}', '--work-dir', '{ro}'],

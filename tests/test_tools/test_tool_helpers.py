@@ -577,6 +577,58 @@ def test_load_config_of_a_valid_config(tmp_path):
     assert cli.config_syntax_error(str(tmp_path / 'c.py')) is None
 
 
+@pytest.mark.parametrize(
+    'item, error',
+    [
+        # a number / boolean of the config replaced by what is none
+        ('train_cfg.max_epochs=abc', "--cfg-options train_cfg.max_epochs="
+         "'abc': the config's train_cfg.max_epochs is a number (12); give a "
+         'number (e.g. train_cfg.max_epochs=12)'),
+        ('optim.lr=abc', "--cfg-options optim.lr='abc': the config's "
+         'optim.lr is a number (0.01); give a number (e.g. optim.lr=0.01)'),
+        ('train_cfg.max_epochs=true', '--cfg-options train_cfg.max_epochs='
+         "True: the config's train_cfg.max_epochs is a number (12)"),
+        ('model.frozen=yes', "--cfg-options model.frozen='yes': the "
+         "config's model.frozen is true or false (False); give true or "
+         'false'),
+        ('pipeline.0.scale=big', "--cfg-options pipeline.0.scale='big': "
+         "the config's pipeline.0.scale is a number (1)"),
+        # mmengine's parser: a dict is a string or a RecursionError
+        ('model.loss=dict(type=CE)', '--cfg-options model.loss=dict(type=CE)'
+         ': a dict is no --cfg-options value'),
+        ('model.loss=dict(a=1,b=[1,2])', '--cfg-options model.loss=dict(a=1,'
+         'b=[1,2]): a dict is no --cfg-options value'),
+        ("model.loss={'a':1}", "--cfg-options model.loss={'a':1}: a dict is "
+         'no --cfg-options value'),
+        ('model.x=[1,2', "--cfg-options model.x=[1,2: mmengine's parser "
+         'cannot read it (AssertionError: Imbalanced brackets'),
+        # accepted: what the config's value can be, new keys, structures
+        ('train_cfg.max_epochs=3', None),
+        ('optim.lr=1e-3', None),
+        ('train_cfg.max_epochs=2.5', None),
+        ('model.frozen=false', None),
+        ('model.frozen=None', None),
+        ('model.name=abc', None),
+        ('model.new_key=abc', None),
+        ('pipeline.0.scale=[1,2]', None),
+    ])
+def test_cfg_options_values(item, error):
+    cfg = Config(
+        dict(
+            train_cfg=dict(max_epochs=12),
+            optim=dict(lr=0.01),
+            model=dict(frozen=False, name='m', loss=None, x=None),
+            pipeline=[dict(type='A', scale=1)]))
+    parser = cli.runner_parser('t', dict(config='config'), 'w', 'c')
+    try:
+        args = cli.parse_runner_args(parser, ['c.py', '--cfg-options', item])
+        cli.merge_cfg_options(cfg, args.cfg_options)
+    except cli.ToolError as e:
+        assert error is not None and str(e).startswith(error), str(e)
+    else:
+        assert error is None, item
+
+
 def test_cfg_option_problem():
     cfg = Config(
         dict(

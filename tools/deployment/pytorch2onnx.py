@@ -29,10 +29,10 @@ import os.path as osp
 import sys
 import warnings
 
-from mmengine.config import DictAction
-
 if osp.dirname(osp.dirname(osp.abspath(__file__))) not in sys.path:  # tools/
     sys.path.insert(0, osp.dirname(osp.dirname(osp.abspath(__file__))))
+
+from mmsoft_tools.cli import cfg_options_action  # noqa: E402
 
 
 def parse_args(argv=None):
@@ -91,7 +91,7 @@ def parse_args(argv=None):
     parser.add_argument(
         '--cfg-options',
         nargs='+',
-        action=DictAction,
+        action=cfg_options_action(),
         help='override config settings, e.g. '
         'model.backbone.attn_cfg.nr_method=iterative')
     return parser.parse_args(argv)

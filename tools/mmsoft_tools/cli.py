@@ -18,7 +18,7 @@ __all__ = [
     'check_work_dir', 'seed_int', 'seed_problem', 'init_checkpoints',
     'checkpoint_problem', 'check_device', 'set_partial_load',
     'unwritable_reason', 'check_runner_checkpoints', 'load_config',
-    'config_syntax_error'
+    'config_syntax_error', 'cfg_options_action', 'cfg_value_problem'
 ]
 
 
@@ -231,7 +231,6 @@ def runner_parser(description: str, positionals: Dict[str,
     mmengine's runner: ``--cfg-options``, ``--launcher`` and
     ``--local-rank``. The tool adds its own options and parses with
     :func:`parse_runner_args`."""
-    from mmengine.config import DictAction
     parser = argparse.ArgumentParser(description=description)
     for name, text in positionals.items():
         parser.add_argument(name, help=text)
@@ -246,7 +245,7 @@ def runner_parser(description: str, positionals: Dict[str,
     parser.add_argument(
         '--cfg-options',
         nargs='+',
-        action=DictAction,
+        action=cfg_options_action(),
         help='override some settings in the used config, the key-value pair '
         'in xxx=yyy format will be merged into config file. If the value to '
         'be overwritten is a list, it should be like key="[a,b]" or key=a,b '
@@ -360,6 +359,96 @@ def apply_runner_args(cfg, args: argparse.Namespace):
     return cfg
 
 
+def _unsupported_value(key: str, value: str) -> Optional[str]:
+    """Why ``key=value`` is a ``--cfg-options`` item mmengine's parser
+    cannot take (a ``dict(...)`` / ``{...}`` value: a string, or a
+    RecursionError), or None."""
+    text = value.strip().strip('\'"').strip()
+    if text.startswith(('dict(', '{')):
+        return (f'--cfg-options {key}={value}: a dict is no --cfg-options '
+                f'value (mmengine\'s parser takes numbers, strings, true / '
+                f'false / None and lists or tuples: key=a,b or '
+                f'key="[a,(b,c)]"); set its keys one by one ({key}.type=... '
+                f'{key}.<name>=...) or write the dict in a config file')
+    return None
+
+
+def cfg_options_action():
+    """The argparse action of ``--cfg-options``: mmengine's
+    ``DictAction``, where a value it cannot take (a ``dict(...)``,
+    unbalanced brackets: a string, a RecursionError or an AssertionError
+    there) is a one-line :class:`ToolError` naming the item."""
+    from mmengine.config import DictAction
+
+    class CfgOptions(DictAction):
+
+        def __call__(self, parser, namespace, values, option_string=None):
+            for item in values:
+                key, _, value = item.partition('=')
+                problem = _unsupported_value(key, value)
+                if problem:
+                    raise ToolError(problem)
+            for item in values:  # the first item it cannot read
+                try:
+                    super().__call__(parser, argparse.Namespace(), [item],
+                                     option_string)
+                except (RecursionError, AssertionError, ValueError) as e:
+                    raise ToolError(
+                        f'--cfg-options {item}: mmengine\'s parser cannot '
+                        f'read it ({type(e).__name__}: '
+                        f'{" ".join(str(e).split())}); check the brackets '
+                        f'and quotes') from None
+            super().__call__(parser, namespace, values, option_string)
+
+    return CfgOptions
+
+
+#: the kinds of a config value and what a --cfg-options value replacing
+#: it must be (mmengine's parser makes a string of anything else)
+_VALUE_KINDS = (
+    (bool, (bool, ), 'true or false'),
+    ((int, float), (int, float), 'a number'),
+)
+
+
+def _config_value(cfg, key: str):
+    """The value of the dotted ``key`` in ``cfg`` (list items by index),
+    or ``KeyError`` where it has none."""
+    node = cfg
+    for part in key.split('.'):
+        if isinstance(node, (list, tuple)) and part.isdigit() and \
+                int(part) < len(node):
+            node = node[int(part)]
+        elif hasattr(node, 'keys') and part in node:
+            node = node[part]
+        else:
+            raise KeyError(key)
+    return node
+
+
+def cfg_value_problem(cfg, key: str, value) -> Optional[str]:
+    """Why the ``--cfg-options`` value ``value`` (as mmengine parsed it)
+    cannot replace the number / boolean that ``cfg`` has at ``key``
+    (``train_cfg.max_epochs=abc`` is the string ``'abc'``, which fails
+    deep inside the Runner), or None."""
+    try:
+        old = _config_value(cfg, key)
+    except KeyError:
+        return None
+    if old is None or value is None:
+        return None
+    for kind, takes, what in _VALUE_KINDS:
+        if isinstance(old, kind):
+            if isinstance(value, takes) and (kind is bool) == isinstance(
+                    value, bool):
+                return None
+            if isinstance(value, (list, tuple, dict)):
+                return None  # a new structure: the config's business
+            return (f'--cfg-options {key}={value!r}: the config\'s {key} is '
+                    f'{what} ({old!r}); give {what} (e.g. {key}={old})')
+    return None
+
+
 def cfg_option_problem(cfg, key: str) -> Optional[str]:
     """Why the ``--cfg-options`` key ``key`` looks mistyped, or None: a
     part of it that ``cfg`` does not have, where a key of nearly the same
@@ -395,8 +484,9 @@ def merge_cfg_options(cfg, options: Optional[dict]) -> None:
     None) raises a one-line :class:`ToolError` naming it."""
     if not options:
         return
-    for key in options:
-        problem = cfg_option_problem(cfg, key)
+    for key, value in options.items():
+        problem = cfg_option_problem(cfg, key) or \
+            cfg_value_problem(cfg, key, value)
         if problem:
             raise ToolError(problem)
     try:
