@@ -104,6 +104,8 @@ def build_cfg(args):
 def main(argv=None):
     args = parse_args(argv)
     cfg = build_cfg(args)
+    if launch.amp_refusal(cfg):  # fp16 AMP without a GPU
+        raise cli.ToolError(launch.amp_refusal(cfg))
     cli.check_work_dir(cfg.work_dir)  # a file, read-only?
     cli.check_runner_checkpoints(cfg)  # load_from, --resume, out_dir
     data_check.exit_if_missing(cfg, 'train', args.launcher)  # data on disk?

@@ -79,6 +79,11 @@ CASES = [
         'model.head.loss=dict(type=CrossEntropyLoss,loss_weight=1.0)'
     ], 'error: --cfg-options <key>=<value>: a dict is no --cfg-options '
      'value', 'nothing'),
+    ('train-amp-optim-wrapper-no-gpu', 'train.py', [
+        '{cfg}', '--work-dir', '{work}', '--cfg-options',
+        'optim_wrapper.type=AmpOptimWrapper'
+    ], 'error: optim_wrapper.type=AmpOptimWrapper (mmengine\'s fp16 AMP) '
+     'needs a GPU', 'nothing'),
     ('train-work-dir-file', 'train.py', ['{cfg}', '--work-dir', '{file}'],
      'error: --work-dir <path>: exists and is not a directory', 'nothing'),
     ('train-work-dir-read-only', 'train.py', ['{cfg}', '--work-dir', '{ro}'],
@@ -309,7 +314,8 @@ def doors(tmp_path_factory):
 @pytest.mark.parametrize('case', CASES, ids=[c[0] for c in CASES])
 def test_door(case, doors, script_server, tmp_path):
     name, door, args, message, ran = case
-    if name == 'image_demo-no-cuda' and torch.cuda.is_available():
+    if name in ('image_demo-no-cuda', 'train-amp-optim-wrapper-no-gpu'
+                ) and torch.cuda.is_available():
         pytest.skip('CUDA is available here')
     if name.endswith('-read-only') and not os.access('/sys', os.F_OK) \
             and os.geteuid() == 0:

@@ -774,13 +774,17 @@ def test_enable_amp(monkeypatch, logged):
     # a wrapper without a type is mmengine's OptimWrapper
     cfg = Config(dict(model=dict(), optim_wrapper=dict(optimizer=dict())))
     assert launch.enable_amp(cfg) == 'CPUAmpOptimWrapper'
-    for already in ('AmpOptimWrapper', 'CPUAmpOptimWrapper'):
-        del logged[:]
-        cfg = _amp_cfg(already)
-        assert launch.enable_amp(cfg) == already
-        assert cfg.optim_wrapper.type == already
-        assert logged == [(logging.WARNING,
-                           'AMP training is already enabled in your config.')]
+    del logged[:]
+    cfg = _amp_cfg('CPUAmpOptimWrapper')
+    assert launch.enable_amp(cfg) == 'CPUAmpOptimWrapper'
+    assert logged == [(logging.WARNING,
+                       'AMP training is already enabled in your config.')]
+    # the config's fp16 AMP cannot run here: --amp makes it bfloat16's
+    cfg = _amp_cfg('AmpOptimWrapper')
+    cfg.optim_wrapper.loss_scale = 'dynamic'
+    assert launch.enable_amp(cfg) == 'CPUAmpOptimWrapper'
+    assert cfg.optim_wrapper.type == 'CPUAmpOptimWrapper'
+    assert 'loss_scale' not in cfg.optim_wrapper
     with pytest.raises(ValueError) as e:
         launch.enable_amp(_amp_cfg('OtherWrapper'))
     assert str(e.value) == ('`--amp` is only supported when the optimizer '
@@ -796,6 +800,35 @@ def test_enable_amp(monkeypatch, logged):
     cfg = _amp_cfg(roi=True)  # fp16 RoIAlign exists on CUDA
     assert launch.enable_amp(cfg) == 'AmpOptimWrapper'
     assert cfg.optim_wrapper.loss_scale == 'dynamic'
+    del logged[:]
+    cfg = _amp_cfg('AmpOptimWrapper')
+    assert launch.enable_amp(cfg) == 'AmpOptimWrapper'
+    assert logged == [(logging.WARNING,
+                       'AMP training is already enabled in your config.')]
+
+
+@pytest.mark.parametrize('wrapper, cuda, refused', [
+    ('AmpOptimWrapper', False, True),
+    ('mmengine.AmpOptimWrapper', False, True),
+    ('AmpOptimWrapper', True, False),
+    ('CPUAmpOptimWrapper', False, False),
+    ('OptimWrapper', False, False),
+])
+def test_amp_refusal(monkeypatch, wrapper, cuda, refused):
+    """mmengine's fp16 AmpOptimWrapper without a GPU: one line naming
+    --amp (CPUAmpOptimWrapper) and fp32, before the Runner."""
+    import mmengine.device as device
+    for name in ('is_cuda_available', 'is_npu_available', 'is_mlu_available',
+                 'is_musa_available'):
+        monkeypatch.setattr(device, name, lambda: False)
+    monkeypatch.setattr(device, 'is_cuda_available', lambda: cuda)
+    line = launch.amp_refusal(_amp_cfg(wrapper))
+    assert (line is not None) == refused
+    if refused:
+        assert line.startswith(f"optim_wrapper.type={wrapper} (mmengine's "
+                               'fp16 AMP) needs a GPU and this machine has '
+                               'none')
+        assert 'pass --amp instead' in line and 'CPUAmpOptimWrapper' in line
 
 
 def test_name_run(monkeypatch, tmp_path):

@@ -45,7 +45,7 @@ from mmsoft.engine.optimizers import \
 __all__ = [
     'quiet_init_weights', 'lock_work_dir', 'CODEBASES', 'codebase_of',
     'import_codebase', 'setup_cpu_distributed', 'enable_amp', 'name_run',
-    'compile_refusal', 'COMPILE_MIN_TORCH', 'prepare_cfg'
+    'compile_refusal', 'COMPILE_MIN_TORCH', 'prepare_cfg', 'amp_refusal'
 ]
 
 #: default_scope -> python package of the codebase
@@ -212,13 +212,15 @@ def _types_in(node) -> set:
 def enable_amp(cfg) -> str:
     """What ``--amp`` does; returns the optim wrapper type that was set."""
     optim_wrapper = cfg.optim_wrapper.get('type', 'OptimWrapper')
-    if optim_wrapper in ('AmpOptimWrapper', 'CPUAmpOptimWrapper'):
+    if optim_wrapper == 'CPUAmpOptimWrapper' or (
+            optim_wrapper == 'AmpOptimWrapper' and torch.cuda.is_available()):
         print_log(
             'AMP training is already enabled in your config.',
             logger='current',
             level=logging.WARNING)
         return optim_wrapper
-    if optim_wrapper != 'OptimWrapper':
+    # without CUDA the config's AmpOptimWrapper becomes CPUAmpOptimWrapper
+    if optim_wrapper not in ('OptimWrapper', 'AmpOptimWrapper'):
         raise ValueError('`--amp` is only supported when the optimizer '
                          'wrapper type is `OptimWrapper`, but got '
                          f'{optim_wrapper}.')
@@ -238,7 +240,27 @@ def enable_amp(cfg) -> str:
             '(CPUAmpOptimWrapper, no loss scaling); fp16 AMP needs a GPU.',
             level=logging.WARNING)
         cfg.optim_wrapper.type = 'CPUAmpOptimWrapper'
+        cfg.optim_wrapper.pop('loss_scale', None)  # fp16's, not bfloat16's
     return cfg.optim_wrapper.type
+
+
+def amp_refusal(cfg) -> Optional[str]:
+    """Why the config's ``optim_wrapper`` cannot train on this machine
+    (mmengine's ``AmpOptimWrapper``, fp16 AMP, without a GPU: its assertion
+    comes after the Runner's log), or None."""
+    from mmengine.device import (is_cuda_available, is_mlu_available,
+                                 is_musa_available, is_npu_available)
+    wrapper = cfg.get('optim_wrapper', None) or {}
+    kind = str(wrapper.get('type', '')) if hasattr(wrapper, 'get') else ''
+    if kind.split('.')[-1] != 'AmpOptimWrapper' or any(
+            f() for f in (is_cuda_available, is_npu_available,
+                          is_mlu_available, is_musa_available)):
+        return None
+    return (f'optim_wrapper.type={kind} (mmengine\'s fp16 AMP) needs a GPU '
+            f'and this machine has none (torch.cuda.is_available() is '
+            f'False): pass --amp instead (without CUDA: mmsoft\'s '
+            f'CPUAmpOptimWrapper, bfloat16 autocast), or train in fp32 '
+            f'(optim_wrapper.type=OptimWrapper)')
 
 
 #: runs named by :func:`name_run` in this process (1, 2, ...)
