@@ -24,8 +24,8 @@ from torch.overrides import TorchFunctionMode
 from mmsoft.compat import autocast_dtype
 
 __all__ = [
-    'autocast_off', 'compute_dtype', 'tf32_off', 'SafeConv2d', 'conv2d',
-    'CheckedConvs', 'PROBE_RTOL', 'HalfConvWarning'
+    'autocast_off', 'compute_dtype', 'tf32_off', 'compiling', 'SafeConv2d',
+    'conv2d', 'CheckedConvs', 'PROBE_RTOL', 'HalfConvWarning'
 ]
 
 
@@ -67,8 +67,9 @@ PROBE_RTOL = {torch.bfloat16: 1e-2, torch.float16: 5e-3}
 _HALF = (torch.bfloat16, torch.float16)
 #: the verdict of each configuration probed: (dtype, shapes, conv args) -> ok
 _verdicts: Dict[tuple, bool] = {}
-_compiling = getattr(getattr(torch, 'compiler', None), 'is_compiling',
-                     None) or torch._dynamo.is_compiling  # torch < 2.3
+#: whether torch.compile is tracing (its graphs keep no Python side effects)
+compiling = getattr(getattr(torch, 'compiler', None), 'is_compiling',
+                    None) or torch._dynamo.is_compiling  # torch < 2.3
 #: the convolution checked (a test stands in a broken kernel)
 _raw_conv2d = F.conv2d
 
@@ -118,7 +119,7 @@ def conv2d(x, weight, bias=None, stride=1, padding=0, dilation=1, groups=1):
         key = (dtype, tuple(x.shape[1:]), tuple(weight.shape), _pair(stride),
                padding if isinstance(padding, str) else _pair(padding),
                _pair(dilation), int(groups))
-        ok = _verdicts.get(key, False) if _compiling() or key in _verdicts \
+        ok = _verdicts.get(key, False) if compiling() or key in _verdicts \
             else _probe(key)
     if dtype not in _HALF or ok:
         return _raw_conv2d(x, weight, bias, stride, padding, dilation, groups)

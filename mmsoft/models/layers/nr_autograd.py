@@ -193,15 +193,28 @@ def _lanczos(A, W, alpha, alpha_in, nr):
     fallback = 'spectral' if A.device.type == 'cpu' else 'iterative'
     if basis is None:  # no values (meta)
         return _direct(fallback, A, W, alpha_in, nr, None)
+    A0 = A.reshape(-1, m, m)
+
+    def gradient_fallback(index, grad):
+        """(grad_A, grad_W, grad_alpha) of the matrices ``index`` by the
+        spectral method (any device), whose backward is the same."""
+        A_, W_, a_ = (
+            t.detach()[index].requires_grad_() for t in (A0, W3, alpha_in3))
+        with torch.enable_grad():
+            Z_ = NewtonInverse.apply(A_, W_, a_, nr.replace(method='spectral'))
+            out = torch.autograd.grad(
+                Z_, (A_, W_, a_), grad, allow_unused=True)
+        return tuple(
+            torch.zeros_like(t) if g is None else g
+            for g, t in zip(out, (A_, W_, a_)))
+
     Z = LanczosApply.apply(A3, W3, alpha_in3, basis, nr.iters,
-                           nr.backward == 'exact')
+                           nr.backward == 'exact', gradient_fallback)
     if not bool(basis.converged.all()):
         bad = (~basis.converged).nonzero().squeeze(1)
         Z = Z.index_copy(
             0, bad,
-            _direct(fallback,
-                    A.reshape(-1, m, m)[bad], W3[bad], alpha_in3[bad], nr,
-                    None))
+            _direct(fallback, A0[bad], W3[bad], alpha_in3[bad], nr, None))
     return Z.reshape(W.shape)
 
 

@@ -29,13 +29,12 @@ method for the approximation of bivariate matrix functions", 2019):
              Daleckii-Krein kernel of the spectral path on Ritz values),
     grad alpha = <G, Q_w U_w diag(d f_T / d alpha) U_w^T Q_w^T W>.
 """
-import warnings
 from typing import NamedTuple, Optional
 
 import torch
 
 from .amp import autocast_off
-from .nr_iteration import leibniz_divided_difference
+from .nr_iteration import eigh, leibniz_divided_difference
 
 __all__ = [
     'MAX_DIM', 'TOL', 'TOL_FLOAT64', 'KrylovBasis', 'krylov_basis',
@@ -121,7 +120,7 @@ def _orthonormal(Z, scale):
         L, info = torch.linalg.cholesky_ex(G)
         weak = (info > 0) | (L.diagonal(dim1=-2, dim2=-1) <= scale).any(-1)
         if bool(weak.any()):
-            lam, V = torch.linalg.eigh(G)
+            lam, V = eigh(G)
             keep = lam > scale.square()
             S = V * torch.where(keep,
                                 lam.clamp_min(1e-300).rsqrt(), 0).unsqueeze(-2)
@@ -159,6 +158,12 @@ def krylov_basis(A: torch.Tensor,
     norm1 = A.sum(-1).amax(-1, keepdim=True).double()  # ||A||_1, (N, 1)
     Q = W.new_zeros(N, m, J * d)
     Q[..., :d] = _orthonormal(W, drop * W.norm(dim=1).amax(-1, True).double())
+    # a dropped direction is a zero column of Q and a zero row and column
+    # of T: its diagonal gets a distinct value near 0 (f_T finite there,
+    # the column of Q^T W is zero) so that no eigenvalue repeats hundreds
+    # of times (LAPACK's eigh can fail to converge on those)
+    ramp = torch.linspace(
+        1e-3, 2e-3, J * d, device=W.device, dtype=torch.float64)
     E = (Q[..., :d].mT @ W).double()  # (N, d, d); Q^T W is zero below
     T = torch.zeros(N, J * d, J * d, dtype=torch.float64, device=W.device)
     upper, diag = _block_masks(J * d, d, W.device)
@@ -182,7 +187,10 @@ def krylov_basis(A: torch.Tensor,
             continue
         Tk = T[:, :K, :K]
         up, dg = Tk * upper[:K, :K], Tk * diag[:K, :K]
-        th, U = torch.linalg.eigh(up + up.mT + 0.5 * (dg + dg.mT))
+        Ts = up + up.mT + 0.5 * (dg + dg.mT)
+        dead = (Q[..., :K] == 0).all(1)  # (N, K)
+        Ts.diagonal(dim1=-2, dim2=-1).sub_(dead * ramp[:K] * norm1)
+        th, U = eigh(Ts)
         Ek = torch.nn.functional.pad(E, (0, 0, 0, K - d))
         y = U @ (filter_and_slope(th, alpha64, iters)[0].unsqueeze(-1) *
                  (U.mT @ Ek))  # f_T(T) Q^T W, (N, K, d)
@@ -213,16 +221,19 @@ def krylov_basis(A: torch.Tensor,
 
 
 class LanczosApply(torch.autograd.Function):
-    """Z = f_T(A) W: ``apply(A, W, alpha, basis, iters, exact)`` with
-    ``basis = krylov_basis(A, W, alpha, iters)``. The backward: ``exact``
-    the gradient of f_T in A, W and alpha (module docstring), else Eq. 16
-    (G = f_T(A) grad_Z, grad_A = -G Z^T)."""
+    """Z = f_T(A) W: ``apply(A, W, alpha, basis, iters, exact, fallback)``
+    with ``basis = krylov_basis(A, W, alpha, iters)``. The backward:
+    ``exact`` the gradient of f_T in A, W and alpha (module docstring), else
+    Eq. 16 (G = f_T(A) grad_Z, grad_A = -G Z^T); the matrices whose
+    gradient's Krylov space does not converge in twice the forward's
+    dimensions take ``fallback(index, grad[index])`` -> (grad_A, grad_W,
+    grad_alpha) of those matrices instead (the spectral gradient)."""
 
     @staticmethod
-    def forward(ctx, A, W, alpha, basis, iters, exact):
+    def forward(ctx, A, W, alpha, basis, iters, exact, fallback):
         alpha64 = alpha.detach().to(torch.float64).reshape(-1)
         Z = basis.apply(filter_and_slope(basis.theta, alpha64, iters)[0])
-        ctx.iters, ctx.exact = iters, exact
+        ctx.iters, ctx.exact, ctx.fallback = iters, exact, fallback
         ctx.save_for_backward(A, alpha, Z, *basis)
         return Z
 
@@ -240,28 +251,26 @@ class LanczosApply(torch.autograd.Function):
         G = grad.to(Z.dtype)
         # f_T(A) G, in up to twice the forward's dimensions
         g = krylov_basis(A, G, alpha, iters, max_dim=2 * MAX_DIM)
-        if not bool(g.converged.all()):
-            warnings.warn(
-                f'nr_method=\'lanczos\': the gradient of '
-                f'{int((~g.converged).sum())} matrices comes from a Krylov '
-                f'space not converged in {2 * MAX_DIM} dimensions (it may be '
-                f'off by more than float32 rounding); set '
-                f'attn_cfg.nr_method=\'spectral\' or \'iterative\' for '
-                f'these inputs',
-                stacklevel=2)
         grad_W = g.apply(filter_and_slope(g.theta, alpha64, iters)[0])
         grad_A = grad_alpha = None
         if not ctx.exact:
             if ctx.needs_input_grad[0]:
                 grad_A = -(grad_W @ Z.transpose(-1, -2))
-            return grad_A, grad_W, None, None, None, None
-        if ctx.needs_input_grad[0]:
-            F = divided_differences(g.theta, w.theta, alpha64,
-                                    iters)  # (N, Kg, Kw)
-            X = F * ((g.U.mT @ g.E) @ (w.U.mT @ w.E).mT)
-            left = g.Q @ (g.U @ X @ w.U.mT).to(Z.dtype)  # (N, m, Kw)
-            grad_A = left @ w.Q.mT
-        if ctx.needs_input_grad[2]:
-            slope = filter_and_slope(w.theta, alpha64, iters)[1]
-            grad_alpha = (G * w.apply(slope)).sum((-2, -1)).to(alpha.dtype)
-        return grad_A, grad_W, grad_alpha, None, None, None
+        else:
+            if ctx.needs_input_grad[0]:
+                F = divided_differences(g.theta, w.theta, alpha64,
+                                        iters)  # (N, Kg, Kw)
+                X = F * ((g.U.mT @ g.E) @ (w.U.mT @ w.E).mT)
+                left = g.Q @ (g.U @ X @ w.U.mT).to(Z.dtype)  # (N, m, Kw)
+                grad_A = left @ w.Q.mT
+            if ctx.needs_input_grad[2]:
+                slope = filter_and_slope(w.theta, alpha64, iters)[1]
+                grad_alpha = (G * w.apply(slope)).sum((-2, -1)).to(alpha.dtype)
+        if not bool(g.converged.all()):  # the guard of the gradient
+            bad = (~g.converged).nonzero().squeeze(1)
+            sub = ctx.fallback(bad, grad[bad])
+            grad_A, grad_W, grad_alpha = (
+                None if full is None else full.index_copy(
+                    0, bad, part.to(full.dtype))
+                for full, part in zip((grad_A, grad_W, grad_alpha), sub))
+        return grad_A, grad_W, grad_alpha, None, None, None, None
