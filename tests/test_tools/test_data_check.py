@@ -726,6 +726,42 @@ def test_bad_list_line_named_with_file(tmp_path, line, why):
         f'  {ann} [train_dataloader.dataset]: cannot be loaded: {why}')
 
 
+@pytest.mark.parametrize(
+    'lines, num_classes, problem',
+    [
+        # an empty list (mmpretrain: "need at least one array to ...")
+        ([], 5, 'has no samples (an empty list); write one line per sample '
+         '("<image file> <class index>") or point ann_file at the full list'),
+        (['', '  '], 5, 'has no samples (an empty list)'),
+        # a class index the model has no output for (the loss fails at the
+        # first batch: AssertionError / a CUDA device-side assert)
+        (['00000.png 0', '00001.png 5', '00002.png 9'], 5,
+         'class index 5 of {root}/train/00001.png (and 1 more samples) is '
+         'out of range: the model has 5 classes (0 .. 4, '
+         'model.head.num_classes); fix the list or raise '
+         'model.head.num_classes'),
+        (['00000.png 2'], 2, 'class index 2 of {root}/train/00000.png is out '
+         'of range: the model has 2 classes (0 .. 1, model.head.num_classes)'),
+        (['00000.png 4', '00001.png 0'], 5, None),  # in range
+        (['00000.png 7'], None, None),  # no head: nothing to compare with
+    ])
+def test_empty_list_and_class_index_out_of_range(tmp_path, lines, num_classes,
+                                                 problem):
+    cfg, root = _list_dataset(tmp_path, 3)
+    if num_classes is not None:
+        cfg['model'] = dict(
+            type='ImageClassifier', head=dict(num_classes=num_classes))
+    ann = root / 'train.txt'
+    ann.write_text('\n'.join(lines) + '\n' if lines else '')
+    msg = dc.damaged_data_message(cfg, 'train')
+    if problem is None:
+        assert msg is None, msg
+    else:
+        assert msg.splitlines()[-1].startswith(
+            f'  {ann} [train_dataloader.dataset]: ' +
+            problem.format(root=root)), msg
+
+
 @pytest.mark.parametrize('extra,refused', [
     ([], True),
     (['--resume', 'work_dirs/det/epoch_1.pth'], False),

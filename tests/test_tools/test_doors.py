@@ -58,9 +58,10 @@ INIT = [
 #: {file}, {ro} (a directory that cannot be written), {url} (nothing
 #: listens there), {work} (the row's work dir), {out} (an existing result
 #: file), {shared} (a checkpoint out_dir; :data:`PREPARE` fills it),
-#: {bad_line} / {empty_line} (annotation lists). ``ran``: what
-#: the row may do before it fails: 'nothing' (no Runner run dir, no
-#: checkpoint), 'runner' (the Runner was built, no checkpoint written)
+#: {bad_line} / {empty_line} / {label_9} / {empty_list} (annotation
+#: lists). ``ran``: what the row may do before it fails: 'nothing' (no
+#: Runner run dir, no checkpoint), 'runner' (the Runner was built, no
+#: checkpoint written)
 CASES = [
     # tools/train.py
     ('train-cfg-typo', 'train.py', [
@@ -122,6 +123,15 @@ CASES = [
         '{cfg}', '--work-dir', '{work}', '--cfg-options',
         'train_dataloader.dataset.ann_file={empty_line}'
     ], LIST, 'nothing'),
+    ('train-class-index-out-of-range', 'train.py', [
+        '{cfg}', '--work-dir', '{work}', '--cfg-options',
+        'train_dataloader.dataset.ann_file={label_9}'
+    ], '<file> [<key>]: class index <n> of <image> is out of range: the '
+     'model has <n> classes', 'nothing'),
+    ('train-empty-list', 'train.py', [
+        '{cfg}', '--work-dir', '{work}', '--cfg-options',
+        'train_dataloader.dataset.ann_file={empty_list}'
+    ], '<file> [<key>]: has no samples', 'nothing'),
     ('train-non-finite-loss', 'train.py', [
         '{cfg}', '--work-dir', '{work}', '--cfg-options',
         'model.data_preprocessor.std=[0,0,0]'
@@ -284,6 +294,15 @@ def doors(tmp_path_factory):
         lists[name] = str(tmp / f'{name}.txt')
         with open(lists[name], 'w') as f:
             f.write('\n'.join(lines[:1] + [extra] + lines[1:]) + '\n')
+    # a class index the model (5 classes) has no output for; no line at all
+    train = (tmp / 'data' / 'imagenet' / 'meta' /
+             'train.txt').read_text().splitlines()
+    lists['label_9'] = str(tmp / 'label_9.txt')
+    with open(lists['label_9'], 'w') as f:
+        f.write('\n'.join([train[0].rsplit(' ', 1)[0] + ' 9'] + train[1:]) +
+                '\n')
+    lists['empty_list'] = str(tmp / 'empty_list.txt')
+    open(lists['empty_list'], 'w').close()
     # a config with a syntax error (line 3), one whose _base_ has it
     (tmp / 'syntax.py').write_text(
         "_base_ = ['./cfg.py']\nx = dict(\n    a=1,,\n)\n".replace(

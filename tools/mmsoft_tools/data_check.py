@@ -259,22 +259,89 @@ def decode_sample(files):
     return [f for i, f in enumerate(files) if i in pick]
 
 
+def _no_samples(ann_file) -> str:
+    """The problem of a data set without samples."""
+    if str(ann_file).endswith('.txt'):
+        return ('has no samples (an empty list); write one line per sample '
+                '("<image file> <class index>") or point ann_file at the '
+                'full list')
+    return ('has no samples; check ann_file (and the data set\'s filter_cfg'
+            ', which drops images without annotations)')
+
+
+def _blank(path) -> bool:
+    """Whether the local text file ``path`` holds nothing but blanks."""
+    try:
+        with open(path, 'rb') as f:
+            return not f.read(1 << 20).strip()
+    except (OSError, TypeError):
+        return False
+
+
+def _num_classes(cfg):
+    """(number of classes, config key) of the model's classification head
+    (mmpretrain), or (None, None)."""
+    model = cfg.get('model', None) or {}
+    for key in ('head', 'data_preprocessor'):
+        node = model.get(key, None) if hasattr(model, 'get') else None
+        n = node.get('num_classes', None) if hasattr(node, 'get') else None
+        if isinstance(n, int) and not isinstance(n, bool) and n > 0:
+            return n, f'model.{key}.num_classes'
+    return None, None
+
+
+def _label_problem(cfg, infos):
+    """Why the class indices (``gt_label``) of a classification data set
+    do not fit the model (an index >= its number of classes: the loss
+    fails at the first batch with a CUDA assert or an AssertionError), or
+    None."""
+    import numpy as np
+    n, where = _num_classes(cfg)
+    if n is None:
+        return None
+    bad = []
+    for info in infos:
+        label = info.get('gt_label', None)
+        if label is None:
+            continue
+        labels = np.asarray(label).reshape(-1)
+        if labels.size and np.issubdtype(labels.dtype, np.integer) and \
+                labels.max() >= n:
+            bad.append((int(labels.max()), info.get('img_path', '?')))
+    if not bad:
+        return None
+    label, img = bad[0]
+    more = f' (and {len(bad) - 1} more samples)' if len(bad) > 1 else ''
+    return (f'class index {label} of {img}{more} is out of range: the model '
+            f'has {n} classes (0 .. {n - 1}, {where}); fix the list or '
+            f'raise {where}')
+
+
 def damaged_data_message(cfg, mode):
     """None when every dataset loads and its files are whole, else one
     line per problem (at most 5), each naming the file and the config
     key."""
     problems = []
     for key, purpose, ds in built_datasets(cfg, mode):
+        what = ds.ann_file or ', '.join(map(str, ds.data_prefix.values()))
         try:  # pycocotools prints its progress: not the user's business
             with contextlib.redirect_stdout(io.StringIO()):
                 ds.full_init()
         except Exception as e:  # noqa: BLE001 (any reason it cannot load)
-            what = ds.ann_file or ', '.join(map(str, ds.data_prefix.values()))
-            problems.append(f'{what} [{key}]: cannot be loaded: '
-                            f'{type(e).__name__}: {" ".join(str(e).split())}')
+            problems.append(f'{what} [{key}]: ' +
+                            (_no_samples(ds.ann_file) if _blank(ds.ann_file)
+                             else f'cannot be loaded: {type(e).__name__}'
+                             f': {" ".join(str(e).split())}'))
             continue
+        if len(ds) == 0:
+            problems.append(f'{what} [{key}]: {_no_samples(ds.ann_file)}')
+            continue
+        infos = [ds.get_data_info(i) for i in range(len(ds))]
+        wrong = _label_problem(cfg, infos)
+        if wrong:
+            problems.append(f'{what} [{key}]: {wrong}')
         files = [
-            v for i in range(len(ds)) for k, v in ds.get_data_info(i).items()
+            v for info in infos for k, v in info.items()
             if k.endswith('_path') and isinstance(v, str)
         ]
         if len(files) > SAMPLE_STAT:
