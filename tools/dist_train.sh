@@ -8,7 +8,9 @@
 # for several nodes). Without CUDA each process runs on CPU with the gloo
 # backend (see tools/mmsoft_tools/launch.py), e.g. `tools/dist_train.sh CONFIG 2`.
 # PYTHON selects the interpreter (default: the project venv .venv when no
-# environment is active, else python; see tools/python.sh). The data the
-# config needs is checked once before the workers start.
+# environment is active, else python; see tools/python.sh). train.py's
+# pre-flight (its arguments and --cfg-options, the config, the checkpoint
+# files, the data, the ImageNet file) runs once before the workers start,
+# and PORT must be free.
 source "$(dirname "$0")/launch.sh"  # mmsoft_dist_launch
 mmsoft_dist_launch train CONFIG "$@"

@@ -33,8 +33,10 @@ mmsoft_dist_launch() {
         exit 2
     fi
     echo "$(basename "$0"): python: $PYTHON" >&2
-    # data there? (once, not per rank)
+    # the tool's pre-flight, once, not per rank (train.py's own checks,
+    # the data of test.py); the master port free?
     mmsoft_check_data "$tool" "$1" "${options[@]}" || exit
+    mmsoft_check_port "${PORT:-29500}" || exit
     PYTHONPATH="$ROOT":$PYTHONPATH \
     "$PYTHON" -m torch.distributed.run \
         --nnodes=${NNODES:-1} \
@@ -45,6 +47,26 @@ mmsoft_dist_launch() {
         "$ROOT/tools/$tool.py" \
         "${positional[@]}" \
         --launcher pytorch "${options[@]}"
+}
+
+# mmsoft_check_port PORT: on the master node (NODE_RANK 0), return 1 with one
+# line when a program listens on PORT here (torchrun's store would fail to
+# listen there, with a traceback per process), naming a free port.
+mmsoft_check_port() {
+    local port=$1 free
+    [[ ${NODE_RANK:-0} == 0 && $port =~ ^[0-9]+$ ]] || return 0
+    _mmsoft_listening "$port" || return 0
+    for ((free = port + 1; free < port + 100; free++)); do
+        _mmsoft_listening "$free" || break
+    done
+    echo "error: $(basename "$0"): PORT=$port is in use on this machine (another distributed job?); set PORT to a free one, e.g. PORT=$free $0 ..." >&2
+    return 1
+}
+
+# _mmsoft_listening PORT: whether a program accepts connections on PORT of
+# this machine
+_mmsoft_listening() {
+    timeout 2 bash -c "exec 3<>/dev/tcp/127.0.0.1/$1" 2>/dev/null
 }
 
 # mmsoft_slurm_launch TOOL LAST PARTITION JOB_NAME CONFIG LAST_VALUE ARG...:

@@ -35,8 +35,10 @@ fi
 
 # mmsoft_check_data MODE CONFIG [tool args]: before any worker starts, check
 # once that $PYTHON can run the tools and that the data the config needs
-# (MODE train: train + val, test: test) is on disk; else print one short
-# message and return 1 (tools/mmsoft_tools/data_check.py).
+# (MODE test: test data, tools/mmsoft_tools/data_check.py) is on disk; MODE
+# train: tools/train.py's whole pre-flight (its arguments, --cfg-options,
+# the config, checkpoint files, data, the ImageNet file) with
+# MMSOFT_PREFLIGHT=1; else print one short message and return 1.
 # MMSOFT_SKIP_DATA_CHECK=1 skips the data check.
 mmsoft_check_data() {
     PYTHONPATH="$ROOT:$ROOT/tools${PYTHONPATH:+:$PYTHONPATH}" "$PYTHON" - "$@" <<'PY'
@@ -52,6 +54,18 @@ except ImportError as e:
     sys.exit(f'{sys.executable} cannot run the tools ({e}): run `make demo`'
              ' (creates .venv), activate your environment, or set '
              'PYTHON=/path/to/python')
+mode, rest = sys.argv[1], sys.argv[2:]
+if mode == 'train':  # tools/train.py's own pre-flight (MMSOFT_PREFLIGHT)
+    if '-h' in rest or '--help' in rest:
+        sys.exit(0)  # the ranks print it
+    import os.path as osp
+    import runpy
+    import mmsoft_tools
+    os.environ['MMSOFT_PREFLIGHT'] = '1'
+    train = osp.join(osp.dirname(osp.dirname(mmsoft_tools.__file__)),
+                     'train.py')
+    sys.argv = [train, rest[0], '--launcher', 'none'] + rest[1:]
+    runpy.run_path(train, run_name='__main__')  # exits
 if os.environ.get('MMSOFT_SKIP_DATA_CHECK', '0') not in ('', '0'):
     sys.exit(0)
 from mmsoft_tools.data_check import main

@@ -28,6 +28,7 @@ and expected failures (wrong or damaged files, a full disk, the
 non-finite stop, ...) as one line (:func:`mmsoft_tools.cli.run_main`;
 docs/en/faq.md lists them).
 """
+import os
 import sys
 import warnings
 
@@ -110,6 +111,15 @@ def main(argv=None):
     cli.check_runner_checkpoints(cfg)  # load_from, --resume, out_dir
     data_check.exit_if_missing(cfg, 'train', args.launcher)  # data on disk?
     cli.check_init_checkpoints(cfg)  # init_cfg: a folder, damaged, offline?
+    if os.environ.get('MMSOFT_PREFLIGHT', '0') not in ('', '0'):
+        # tools/dist_train.sh: these checks once, before torchrun starts
+        # the ranks; and the ImageNet file (each rank's init_weights)
+        skip = os.environ.get('MMSOFT_SKIP_DATA_CHECK', '0') not in ('', '0')
+        problem = None if skip else data_check.pretrained_message(
+            cfg, args.resume)
+        if problem:
+            raise cli.ToolError(problem)
+        return 0
     # one run per work dir (rank 0 holds the lock until the run ends)
     lock = launch.lock_work_dir(cfg, args.launcher)
     try:

@@ -85,6 +85,10 @@ CASES = [
         'optim_wrapper.type=AmpOptimWrapper'
     ], 'error: optim_wrapper.type=AmpOptimWrapper (mmengine\'s fp16 AMP) '
      'needs a GPU', 'nothing'),
+    ('train-launcher-without-torchrun', 'train.py',
+     ['{cfg}', '--work-dir', '{work}', '--launcher', 'pytorch'],
+     'error: --launcher pytorch: RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT '
+     'not set (the process was not started by torchrun)', 'nothing'),
     ('train-work-dir-file', 'train.py', ['{cfg}', '--work-dir', '{file}'],
      'error: --work-dir <path>: exists and is not a directory', 'nothing'),
     ('train-work-dir-read-only', 'train.py', ['{cfg}', '--work-dir', '{ro}'],
@@ -157,6 +161,15 @@ CASES = [
     # the launch scripts
     ('dist_train-no-gpus', 'dist_train.sh', ['{cfg}', '--work-dir', '{work}'],
      'error: dist_train.sh: GPUS must be the number of processes', 'nothing'),
+    ('dist_train-cfg-typo', 'dist_train.sh', [
+        '{cfg}', '2', '--work-dir', '{work}', '--cfg-options',
+        'train_cfg.max_epoch=1'
+    ], TYPO, 'nothing'),  # once, before torchrun starts the ranks
+    ('dist_train-config-syntax', 'dist_train.sh',
+     ['{syntax}', '2', '--work-dir', '{work}'], SYNTAX, 'nothing'),
+    ('dist_train-port-in-use', 'dist_train.sh',
+     ['{cfg}', '2', '--work-dir', '{work}'],
+     'error: dist_train.sh: PORT=<port> is in use on this machine', 'nothing'),
     ('dist_test-no-gpus', 'dist_test.sh',
      ['{cfg}', '{ckpt}', '--work-dir', '{work}'],
      'error: dist_test.sh: GPUS must be the number of processes', 'nothing'),
@@ -236,10 +249,26 @@ def _other_runs_out_dir(row_dir, doors):
         f.write(osp.join(row_dir, 'other', 'work') + '\n')
 
 
-#: row -> what its folder holds before the tool runs: f(row_dir, doors)
+#: what the rows hold while their tool runs (sockets), closed after it
+_HELD = []
+
+
+def _port_in_use(row_dir, doors):
+    """A port another program listens on, as the launch scripts' PORT."""
+    import socket
+    s = socket.socket()
+    s.bind(('127.0.0.1', 0))
+    s.listen()
+    _HELD.append(s)
+    return dict(PORT=str(s.getsockname()[1]))
+
+
+#: row -> what its folder holds before the tool runs: f(row_dir, doors),
+#: which may return environment variables for the row
 PREPARE = {
     'train-resume-all-damaged': _damaged_work_dir,
     'train-shared-out-dir': _other_runs_out_dir,
+    'dist_train-port-in-use': _port_in_use,
 }
 
 
@@ -344,8 +373,9 @@ def test_door(case, doors, script_server, tmp_path):
     out.write_bytes(b'an earlier result')
     values = dict(
         doors, work=str(work), out=str(out), shared=str(tmp_path / 'shared'))
+    env = child_env()
     if name in PREPARE:
-        PREPARE[name](str(tmp_path), doors)
+        env.update(PREPARE[name](str(tmp_path), doors) or {})
     before = {
         osp.join(d, f)
         for d, _, fs in os.walk(tmp_path)
@@ -360,16 +390,20 @@ def test_door(case, doors, script_server, tmp_path):
         # the output may not grow beyond 64 KiB
         setup = inspect.getsource(_file_size_limit) + '_file_size_limit()\n'
         work.mkdir()
-    if script.endswith('.sh'):
-        proc = subprocess.run(
-            ['bash', script] + argv,
-            cwd=str(tmp_path),
-            env=child_env(),
-            capture_output=True,
-            text=True,
-            timeout=300)
-    else:
-        proc = script_server(script, argv, str(tmp_path), child_env(), setup)
+    try:
+        if script.endswith('.sh'):
+            proc = subprocess.run(
+                ['bash', script] + argv,
+                cwd=str(tmp_path),
+                env=env,
+                capture_output=True,
+                text=True,
+                timeout=300)
+        else:
+            proc = script_server(script, argv, str(tmp_path), env, setup)
+    finally:
+        while _HELD:
+            _HELD.pop().close()
     err = proc.stderr
     lines = [ln for ln in err.splitlines() if ln.strip()]
     assert proc.returncode != 0, err

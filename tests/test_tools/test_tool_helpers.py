@@ -629,6 +629,52 @@ def test_cfg_options_values(item, error):
         assert error is None, item
 
 
+@pytest.mark.parametrize(
+    'launcher, env, prog, problem',
+    [
+        ('pytorch', {}, 'train.py', '--launcher pytorch: RANK, WORLD_SIZE, '
+         'MASTER_ADDR, MASTER_PORT not set (the process was not started by '
+         'torchrun): start the processes with tools/dist_train.sh CONFIG '
+         'GPUS [options] (or torchrun), or leave --launcher out for one '
+         'process'),
+        ('pytorch', dict(RANK='0', WORLD_SIZE='2'), 'test.py',
+         '--launcher pytorch: MASTER_ADDR, MASTER_PORT not set (the process '
+         'was not started by torchrun): start the processes with '
+         'tools/dist_test.sh CONFIG CHECKPOINT GPUS [options] (or torchrun)'),
+        ('slurm', dict(SLURM_PROCID='0'), 'train.py', '--launcher slurm: '
+         'SLURM_NTASKS, SLURM_NODELIST not set (the process was not started '
+         'by srun): start the processes with tools/slurm_train.sh PARTITION'),
+        ('pytorch', {}, 'other.py', '--launcher pytorch: RANK, WORLD_SIZE, '
+         'MASTER_ADDR, MASTER_PORT not set (the process was not started by '
+         'torchrun): start the processes with torchrun, or'),
+        # started as it should be / no launcher / mpi (not checked)
+        ('pytorch',
+         dict(RANK='0', WORLD_SIZE='2', MASTER_ADDR='h',
+              MASTER_PORT='1'), 'train.py', None),
+        ('none', {}, 'train.py', None),
+        ('mpi', {}, 'train.py', None),
+    ])
+def test_launcher_problem(monkeypatch, launcher, env, prog, problem):
+    for name in ('RANK', 'WORLD_SIZE', 'MASTER_ADDR', 'MASTER_PORT',
+                 'SLURM_PROCID', 'SLURM_NTASKS', 'SLURM_NODELIST'):
+        monkeypatch.delenv(name, raising=False)
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    line = cli.launcher_problem(launcher, prog)
+    if problem is None:
+        assert line is None
+    else:
+        assert line is not None and line.startswith(problem), line
+    # the tools' parser refuses it before anything else
+    parser = cli.runner_parser('t', dict(config='config'), 'w', 'c')
+    parser.prog = prog
+    if problem is None:
+        cli.parse_runner_args(parser, ['c.py', '--launcher', launcher])
+    else:
+        with pytest.raises(cli.ToolError, match='--launcher'):
+            cli.parse_runner_args(parser, ['c.py', '--launcher', launcher])
+
+
 def test_cfg_option_problem():
     cfg = Config(
         dict(

@@ -18,7 +18,8 @@ __all__ = [
     'check_work_dir', 'seed_int', 'seed_problem', 'init_checkpoints',
     'checkpoint_problem', 'check_device', 'set_partial_load',
     'unwritable_reason', 'check_runner_checkpoints', 'load_config',
-    'config_syntax_error', 'cfg_options_action', 'cfg_value_problem'
+    'config_syntax_error', 'cfg_options_action', 'cfg_value_problem',
+    'launcher_problem'
 ]
 
 
@@ -269,6 +270,9 @@ def parse_runner_args(parser: argparse.ArgumentParser,
     ``LOCAL_RANK`` from ``--local-rank`` where the launcher did not."""
     raw = sys.argv[1:] if argv is None else list(argv)
     args = parser.parse_args(argv)
+    problem = launcher_problem(args.launcher, parser.prog)
+    if problem:
+        raise ToolError(problem)
     for key, typed in _typed_cfg_options(raw):
         problem = _lost_whitespace(key, typed, (args.cfg_options or {}))
         if problem:
@@ -280,6 +284,42 @@ def parse_runner_args(parser: argparse.ArgumentParser,
     if 'LOCAL_RANK' not in os.environ:
         os.environ['LOCAL_RANK'] = str(args.local_rank)
     return args
+
+
+#: launcher -> (the environment variables it sets, what starts it, the
+#: launch script of tools/train.py and tools/test.py)
+_LAUNCHERS = {
+    'pytorch':
+    (('RANK', 'WORLD_SIZE', 'MASTER_ADDR', 'MASTER_PORT'), 'torchrun', {
+        'train': 'tools/dist_train.sh CONFIG GPUS [options]',
+        'test': 'tools/dist_test.sh CONFIG CHECKPOINT GPUS '
+        '[options]'
+    }),
+    'slurm': (('SLURM_PROCID', 'SLURM_NTASKS', 'SLURM_NODELIST'), 'srun', {
+        'train':
+        'tools/slurm_train.sh PARTITION JOB_NAME CONFIG WORK_DIR',
+        'test':
+        'tools/slurm_test.sh PARTITION JOB_NAME CONFIG CHECKPOINT'
+    }),
+}
+
+
+def launcher_problem(launcher: str, prog: str = '') -> Optional[str]:
+    """Why ``--launcher launcher`` cannot start here (``pytorch`` run
+    without torchrun, ``slurm`` outside ``srun``: mmengine's ``init_dist``
+    fails with ``KeyError: 'RANK'``), or None. ``prog``: the tool
+    (``train.py``), whose launch script the message names."""
+    if launcher not in _LAUNCHERS:
+        return None
+    names, starter, scripts = _LAUNCHERS[launcher]
+    missing = [n for n in names if n not in os.environ]
+    if not missing:
+        return None
+    script = scripts.get(osp.splitext(osp.basename(prog))[0])
+    how = f'{script} (or {starter})' if script else starter
+    return (f'--launcher {launcher}: {", ".join(missing)} not set (the '
+            f'process was not started by {starter}): start the processes '
+            f'with {how}, or leave --launcher out for one process')
 
 
 #: the largest seed numpy accepts (np.random.seed: 0 .. 2**32 - 1)

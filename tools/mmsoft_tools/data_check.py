@@ -33,7 +33,8 @@ import warnings
 
 __all__ = [
     'built_datasets', 'missing_data_message', 'damaged_data_message',
-    'image_damage', 'decode_sample', 'exit_if_missing', 'launcher_rank', 'main'
+    'image_damage', 'decode_sample', 'exit_if_missing', 'launcher_rank',
+    'pretrained_message', 'main'
 ]
 
 #: decode every image of a data set of up to DECODE_ALL, else a sample of
@@ -391,6 +392,33 @@ def exit_if_missing(cfg, mode, launcher='none'):
     raise SystemExit(1)
 
 
+def pretrained_message(cfg, resume=None):
+    """Why the ``Pretrained`` files of the config's ``init_cfg`` (the
+    backbone's ImageNet weights) cannot be read (missing, a folder,
+    damaged, offline), or None: checked once by the launch scripts'
+    pre-flight. A run that loads a checkpoint (``resume``: ``--resume``'s
+    value; ``load_from``) may not read them (StrictLoadHook): its Runner
+    decides."""
+    if resume is not None or cfg.get('load_from', None):
+        return None
+    try:
+        from mmsoft_tools.checkpoint_files import missing_pretrained
+    except ImportError:  # run as a script: its folder is on sys.path
+        from checkpoint_files import missing_pretrained
+    msg = missing_pretrained(cfg)
+    if msg:
+        return msg
+    try:  # a folder, damaged, offline
+        from mmsoft_tools.cli import ToolError, check_init_checkpoints
+    except ImportError:  # run as a script: the tools' package is not
+        return None  # importable (tools/train.py checks them itself)
+    try:
+        check_init_checkpoints(cfg)
+    except ToolError as e:
+        return str(e)
+    return None
+
+
 def main(argv=None):
     """``python tools/mmsoft_tools/data_check.py {train,val,test} CONFIG
     [--cfg-options k=v ...] [other tool arguments, ignored]``: exit code 0
@@ -414,26 +442,9 @@ def main(argv=None):
         cfg.merge_from_dict(args.cfg_options)
     msg = missing_data_message(cfg, args.mode) or \
         damaged_data_message(cfg, args.mode)
-    # the ImageNet weights, once; a run that loads a checkpoint (--resume,
-    # load_from) may not read them (StrictLoadHook): its Runner decides
-    loads = args.resume is not None or cfg.get('load_from')
-    if msg is None and args.mode == 'train' and not loads:
-        try:
-            from mmsoft_tools.checkpoint_files import missing_pretrained
-        except ImportError:  # run as a script: its folder is on sys.path
-            from checkpoint_files import missing_pretrained
-        msg = missing_pretrained(cfg)
+    if msg is None and args.mode == 'train':  # the ImageNet weights, once
+        msg = pretrained_message(cfg, args.resume)
         msg = msg and f'error: {msg}'
-        try:  # a folder, damaged, offline: also once
-            from mmsoft_tools.cli import ToolError, check_init_checkpoints
-        except ImportError:  # run as a script: the tools' package is not
-            pass  # importable (tools/train.py checks them itself)
-        else:
-            try:
-                if msg is None:
-                    check_init_checkpoints(cfg)
-            except ToolError as e:
-                msg = f'error: {e}'
     if msg is None:
         return 0
     print(msg, file=sys.stderr, flush=True)
