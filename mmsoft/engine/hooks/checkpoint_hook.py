@@ -19,7 +19,8 @@ from mmsoft.utils.checkpoint_io import (CheckpointError, CheckpointWriteError,
 from mmsoft.utils.rng_state import get_rng_state, set_rng_state
 from mmsoft.utils.safe_load import mmengine_checkpoints_allowed
 from .resume import (CheckpointDirInUse, claim_checkpoint_dir,
-                     find_newest_complete, read_line)
+                     find_newest_complete, missing_resume_file,
+                     no_complete_checkpoint, read_line)
 
 __all__ = ['SafeCheckpointHook', 'VAL_MARKER']
 
@@ -124,9 +125,7 @@ class SafeCheckpointHook(CheckpointHook):
             load_from = str(getattr(runner, '_load_from', None) or '')
             if getattr(runner, '_resume', False) and '://' not in load_from \
                     and not osp.isfile(load_from):
-                raise FileNotFoundError(
-                    f'--resume {load_from}: no such file (omit the path to '
-                    f'resume from the newest checkpoint of the work dir)')
+                raise FileNotFoundError(missing_resume_file(load_from))
             if osp.isfile(load_from) and not getattr(runner, '_has_loaded',
                                                      False):
                 from mmsoft.models.loading import check_attn_norm
@@ -148,8 +147,7 @@ class SafeCheckpointHook(CheckpointHook):
             skip_pretrained_init(runner, path)
         elif skipped:
             raise CheckpointError(
-                f'resume: no complete checkpoint in {runner.work_dir}; '
-                f'damaged: {skipped}. Remove them to train from scratch.')
+                no_complete_checkpoint(runner.work_dir, skipped))
         else:
             runner.logger.info('mmsoft: no checkpoint to resume from in '
                                f'{runner.work_dir}; training from scratch')
