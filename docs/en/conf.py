@@ -68,9 +68,9 @@ nitpick_ignore_regex = [
     (r'py:class', r'mmsoft\.utils\.strict_load\.CheckpointMismatchError'),
     # internals of the loading module, the NR settings and the attention
     # zoo that docstrings name (issue 29's split) but the API page leaves out
-    (r'py:.*', r'(~?mmsoft\.models\.)?(\.?legacy_keys\.|converters\.|'
+    (r'py:.*', r'(~?mmsoft\.models\.)?(converters\.|'
      r'loading\.|layers\.attention_zoo\.|layers\.zoo\.common\.|'
-     r'utils\.strict_load\.)?(upgrade_legacy_state_dict|pretrained_init_cfg|'
+     r'utils\.strict_load\.)?(pretrained_init_cfg|'
      r'ReducedGridAttention|check_state_dict|check_attn_norm|'
      r'nr_stats|__post_init__)'),
 ]

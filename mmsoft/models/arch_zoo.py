@@ -1,11 +1,11 @@
-"""The SOFT architectures (NeurIPS 2021 Table 2, IJCV 2024 Table 2), the
-authors' checkpoint key map and the renames of older mmsoft keys, as data
-read by the backbone and the converters (which must not import it)."""
+"""The SOFT architectures (NeurIPS 2021 Table 2, IJCV 2024 Table 2) and the
+authors' checkpoint key map, as data read by the backbone and the
+converters (which must not import it)."""
 
 __all__ = [
     'ARCH_ZOO', 'ARCH_DEFAULTS', 'NUM_STAGES', 'OFFICIAL_FILES',
     'OFFICIAL_PAGE', 'OFFICIAL_PRESETS', 'OFFICIAL_SOFT_BLOCK',
-    'OFFICIAL_SOFTMAX_BLOCK', 'OFFICIAL_STEM', 'KEY_MAP', 'LEGACY_KEYS'
+    'OFFICIAL_SOFTMAX_BLOCK', 'OFFICIAL_STEM', 'KEY_MAP'
 ]
 
 #: levels of the pyramid
@@ -155,16 +155,3 @@ KEY_MAP = [
          for s in range(NUM_STAGES)
          for o, m in (OFFICIAL_SOFT_BLOCK if s < 3 else OFFICIAL_SOFTMAX_BLOCK)
      ]
-
-#: keys of the SOFT backbone's ``_version`` 1 (before stages were
-#: modules) and 2 (before mmcv's FFN) -> version 3, under its prefix;
-#: no pattern matches a version-3 key. ``{last}``: the last stage
-LEGACY_KEYS = (
-    (r'patch_embeds\.(\d+)\.', r'stages.\1.patch_embed.'),
-    (r'pos_embeds\.(\d+)$', r'stages.\1.pos_embed'),
-    (r'stages\.(\d+)\.(\d+)\.', r'stages.\1.blocks.\2.'),
-    (r'cls_token$', 'stages.{last}.cls_token'),
-    (r'norm\.', 'stages.{last}.norm.'),
-    (r'(stages\.\d+\.blocks\.\d+\.ffn\.)fc1\.', r'\1layers.0.0.'),
-    (r'(stages\.\d+\.blocks\.\d+\.ffn\.)fc2\.', r'\1layers.1.'),
-)

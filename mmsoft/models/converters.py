@@ -1,6 +1,6 @@
-"""The authors' SOFT checkpoints (fudan-zvg/SOFT) and older mmsoft keys,
-renamed by the tables of :mod:`mmsoft.models.arch_zoo`; shapes are the
-strict load's to check (docs/en/user_guides/official_weights.md)."""
+"""The authors' SOFT checkpoints (fudan-zvg/SOFT), renamed by the tables of
+:mod:`mmsoft.models.arch_zoo`; shapes are the strict load's to check
+(docs/en/user_guides/official_weights.md)."""
 import os.path as osp
 import re
 from collections import Counter, OrderedDict
@@ -9,18 +9,16 @@ from typing import Dict, Mapping, Optional, Tuple
 import torch
 
 from mmsoft.utils.strict_load import few_keys
-from .arch_zoo import (ARCH_DEFAULTS, ARCH_ZOO, KEY_MAP, LEGACY_KEYS,
-                       NUM_STAGES, OFFICIAL_FILES, OFFICIAL_PAGE,
-                       OFFICIAL_PRESETS)
+from .arch_zoo import (ARCH_DEFAULTS, ARCH_ZOO, KEY_MAP, OFFICIAL_FILES,
+                       OFFICIAL_PAGE, OFFICIAL_PRESETS)
 
 __all__ = [
-    'ConversionError', 'KEY_MAP', 'LEGACY_KEYS', 'official_to_mmsoft_key',
-    'mmsoft_to_official_key', 'upgrade_legacy_state_dict',
-    'extract_state_dict', 'strip_module_prefix', 'find_official_state_dict',
-    'official_soft_hint', 'common_shape', 'infer_official_arch',
-    'arch_for_mmsoft', 'match_arch_preset', 'describe_arch',
-    'official_model_name', 'convert_official_to_mmpretrain', 'OFFICIAL_FILES',
-    'OFFICIAL_PAGE'
+    'ConversionError', 'KEY_MAP', 'official_to_mmsoft_key',
+    'mmsoft_to_official_key', 'extract_state_dict', 'strip_module_prefix',
+    'find_official_state_dict', 'official_soft_hint', 'common_shape',
+    'infer_official_arch', 'arch_for_mmsoft', 'match_arch_preset',
+    'describe_arch', 'official_model_name', 'convert_official_to_mmpretrain',
+    'OFFICIAL_FILES', 'OFFICIAL_PAGE'
 ]
 
 
@@ -45,25 +43,6 @@ def official_to_mmsoft_key(key: str, rules=_RULES[0]) -> Optional[str]:
 def mmsoft_to_official_key(key: str) -> Optional[str]:
     """The official name of one mmsoft backbone key or ``head.fc.*``."""
     return official_to_mmsoft_key(key, _RULES[1])
-
-
-def upgrade_legacy_state_dict(state_dict: Mapping,
-                              prefix: str = '',
-                              num_stages: int = NUM_STAGES) -> Dict:
-    """``state_dict`` with the :data:`LEGACY_KEYS` under ``prefix`` renamed;
-    other keys, the order and ``_metadata`` kept."""
-    p, r = re.escape(prefix), prefix.replace('\\', r'\\')
-    rules = [(re.compile(f'^{p}{old}'),
-              r + new.replace('{last}', str(num_stages - 1)))
-             for old, new in LEGACY_KEYS]
-    out = type(state_dict)() if isinstance(state_dict, dict) else {}
-    for k, v in state_dict.items():
-        for regex, new in rules:
-            k = regex.sub(new, k)
-        out[k] = v
-    if getattr(state_dict, '_metadata', None) is not None:
-        out._metadata = state_dict._metadata
-    return out
 
 
 def extract_state_dict(ckpt,

@@ -19,9 +19,9 @@ from . import converters as cv
 from .layers.soft_attention import SOFTAttention
 
 __all__ = [
-    'read_checkpoint', 'upgrade_legacy_keys', 'load_pretrained',
-    'check_attn_norm', 'check_checkpoint_for_model', 'SOFTPretrainedInit',
-    'pretrained_init_cfg', 'missing_weights_message'
+    'read_checkpoint', 'load_pretrained', 'check_attn_norm',
+    'check_checkpoint_for_model', 'SOFTPretrainedInit', 'pretrained_init_cfg',
+    'missing_weights_message'
 ]
 
 PRETRAINED = ('Pretrained', 'SOFTPretrained')
@@ -58,15 +58,6 @@ def read_checkpoint(filename, map_location='cpu', mmap: bool = False):
             return torch.load(
                 path, map_location='cpu', weights_only=True, mmap=True)
     return load_verified(path, map_location=map_location)
-
-
-def upgrade_legacy_keys(model: torch.nn.Module, sd: Mapping) -> Mapping:
-    """``sd`` with older SOFT keys renamed for every SOFT backbone in
-    ``model`` (as its ``_load_from_state_dict`` does)."""
-    for name, m in model.named_modules():
-        if hasattr(type(m), 'upgrade_state_dict'):
-            sd = type(m).upgrade_state_dict(sd, f'{name}.' if name else '')
-    return sd
 
 
 def _attn_norms(model: torch.nn.Module) -> set:
@@ -118,10 +109,9 @@ def check_checkpoint_for_model(model: torch.nn.Module,
                                opt_in: str = '',
                                config: Optional[str] = None) -> LoadReport:
     """Check a ``checkpoint`` (``source``: its file) loaded into a whole
-    ``model`` (wrappers unwrapped): keys and shapes (older SOFT keys
-    upgraded; an authors' file gets the converter command), attn_norm.
-    ``allow_partial`` logs a mismatch; ``opt_in`` (how to allow that) and
-    ``config`` are named in the errors."""
+    ``model`` (wrappers unwrapped): keys and shapes (an authors' file gets
+    the converter command), attn_norm. ``allow_partial`` logs a mismatch;
+    ``opt_in`` (how to allow that) and ``config`` are named in the errors."""
     while is_model_wrapper(model) or isinstance(model, BaseTTAModel):
         model = model.module
     sd = checkpoint.get('state_dict', checkpoint) \
@@ -131,8 +121,8 @@ def check_checkpoint_for_model(model: torch.nn.Module,
                                       f'{type(sd).__name__}, not a state dict')
     sd = OrderedDict((re.sub(r'^module\.', '', k), v) for k, v in sd.items())
     report = check_state_dict(
-        model.state_dict(), upgrade_legacy_keys(model, sd), source,
-        f'the model ({type(model).__name__})', allow_partial, opt_in,
+        model.state_dict(), sd, source, f'the model ({type(model).__name__})',
+        allow_partial, opt_in,
         lambda: cv.official_soft_hint(checkpoint, source))
     check_attn_norm(model, checkpoint, source, config)
     return report
@@ -197,16 +187,13 @@ def load_pretrained(module: torch.nn.Module,
                 f'checkpoint {source} has no tensor under the prefix '
                 f'{prefix!r} (init_cfg.prefix); its keys look like '
                 f'{few_keys(keys)}')
-    upgraded = upgrade_legacy_keys(module, sd)
-    if list(upgraded) != list(sd):
-        layout = 'older ' + layout.replace('layout', 'layout (upgraded)', 1)
     under = f' (checkpoint keys under {prefix!r})' if prefix else ''
-    r = check_state_dict(own, upgraded, source,
+    r = check_state_dict(own, sd, source,
                          type(module).__name__ + under, not strict, opt_in)
     check_attn_norm(module, ckpt, source)
     bad = {k for k, _, _ in r.mismatched}
     module.load_state_dict(
-        OrderedDict((k, v) for k, v in upgraded.items() if k not in bad),
+        OrderedDict((k, v) for k, v in sd.items() if k not in bad),
         strict=False)
     parts = (layout, 'converted' * bool(found), prefix
              and f'keys under {prefix!r}', f'{r.matched} tensors, strict' +

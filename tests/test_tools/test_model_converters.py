@@ -203,8 +203,8 @@ def test_round_trip(tiny_sd):
 
 
 def _old_keys(mm, version):
-    """The keys of an mmsoft checkpoint of ``_version`` 2 (FFN ``fc1`` /
-    ``fc2`` instead of mmcv's ``layers.0.0`` / ``layers.1``) or 1 (also
+    """The keys of an mmsoft 0.2 checkpoint (``_version`` 2: FFN ``fc1`` /
+    ``fc2`` instead of mmcv's ``layers.0.0`` / ``layers.1``) or 0.1 (1: also
     ``patch_embeds.0.*``, ``pos_embeds.0``, ``stages.0.0.*``,
     ``cls_token``, ``norm.*``)."""
     old = OrderedDict()
@@ -225,22 +225,17 @@ def _old_keys(mm, version):
 
 
 @pytest.mark.parametrize('version', [1, 2])
-def test_old_mmsoft_checkpoints_convert_back(tiny_sd, version):
-    """mmsoft checkpoints written before mmcv's FFN (``_version`` 2:
-    ``ffn.fc1``) and before stages were modules (``_version`` 1:
-    ``patch_embeds.0.*``, ``stages.0.0.*``, ``cls_token``) convert to the
-    official layout (mmsoft2soft.py); the backbone loads the current
-    layout only."""
+def test_old_mmsoft_checkpoints_are_refused(tiny_sd, version):
+    """mmsoft 0.1 / 0.2 keys (``LEGACY_KEYS``, removed in issue 50) are not
+    renamed any more: mmsoft2soft.py refuses such a file with one
+    :class:`ConversionError` naming the old keys."""
     mm, _ = ok.convert_official_to_mmpretrain(tiny_sd)
-    old = _old_keys(mm, version)
-    assert 'backbone.stages.3.blocks.1.ffn.fc2.bias' in old or version == 1
-    if version == 1:
-        assert 'backbone.stages.1.1.attn.q.weight' in old
-        assert 'backbone.norm.weight' in old and 'backbone.pos_embeds.3' in old
-        assert 'backbone.stages.1.1.ffn.fc1.weight' in old
-    back, _ = to_official(old)
-    assert list(back) == list(tiny_sd)
-    assert all(torch.equal(back[k], tiny_sd[k]) for k in tiny_sd)
+    with pytest.raises(ConversionError) as exc:
+        to_official(_old_keys(mm, version))
+    msg = str(exc.value)
+    assert '\n' not in msg and 'no official counterpart' in msg
+    assert ('backbone.pos_embeds.0 ' if version == 1 else
+            'backbone.stages.0.blocks.0.ffn.fc1.weight') in msg
 
 
 def test_missing_bn_counters_are_not_a_mismatch(tiny_sd):
@@ -1090,10 +1085,7 @@ def test_infer_official_arch_values(tiny_sd):
 
 def test_state_dict_plumbing_messages():
     """One-line refusals of the state-dict helpers, the key list cut at 20
-    names; the legacy upgrade keeps ``_metadata``, works on any mapping
-    and on any prefix text."""
-    import types
-
+    names."""
     from mmsoft.utils.strict_load import check_state_dict
     with pytest.raises(ConversionError) as exc:
         ok.extract_state_dict([1])
@@ -1117,16 +1109,6 @@ def test_state_dict_plumbing_messages():
     assert str(exc.value) == (
         'checkpoint src does not match the model: 1 of its 1 tensors would '
         "load. 1 of the model's 2 tensors are missing from the checkpoint: b.")
-    old = OrderedDict([('norm.weight', 1), ('cls_token', 2)])
-    old._metadata = {'': {'version': 1}}
-    new = ok.upgrade_legacy_state_dict(old)
-    assert list(new) == ['stages.3.norm.weight', 'stages.3.cls_token']
-    assert new._metadata == {'': {'version': 1}}
-    assert list(
-        ok.upgrade_legacy_state_dict(types.MappingProxyType(
-            dict(old)))) == list(new)
-    odd = ok.upgrade_legacy_state_dict({'x\\y.norm.weight': 1}, 'x\\y.')
-    assert list(odd) == ['x\\y.stages.3.norm.weight']
 
 
 @pytest.mark.parametrize(

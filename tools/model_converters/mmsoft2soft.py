@@ -27,8 +27,7 @@ if osp.dirname(osp.dirname(osp.abspath(__file__))) not in sys.path:  # tools/
 from mmsoft.models.converters import (ConversionError, describe_arch,
                                       extract_state_dict,
                                       mmsoft_to_official_key,
-                                      official_model_name, strip_module_prefix,
-                                      upgrade_legacy_state_dict)
+                                      official_model_name, strip_module_prefix)
 from mmsoft.utils.strict_load import few_keys
 from mmsoft_tools import checkpoint_files as files
 from mmsoft_tools.cli import check_readable, positive_int, run_main
@@ -36,14 +35,14 @@ from mmsoft_tools.cli import check_readable, positive_int, run_main
 
 def convert_mmpretrain_to_official(sd, stage4_heads=None, prefix='backbone.'):
     """An mmpretrain classifier's or a bare SOFT backbone's state dict (no
-    key under ``prefix``) of any mmsoft version -> ``(the authors' state
-    dict, arch)``; keys with no official counterpart (a neck ...) raise
-    one :class:`ConversionError` naming them. The inverse of
+    key under ``prefix``) -> ``(the authors' state dict, arch)``; keys with
+    no official counterpart (a neck ...) raise one :class:`ConversionError`
+    naming them. The inverse of
     :func:`mmsoft.models.converters.convert_official_to_mmpretrain`."""
     sd = strip_module_prefix(sd)
     pre = prefix if any(k.startswith(prefix) for k in sd) else ''
     out, bad = OrderedDict(), []
-    for k, v in upgrade_legacy_state_dict(sd, pre).items():
+    for k, v in sd.items():
         inner = k[len(pre):] if k.startswith(pre) else k
         new = mmsoft_to_official_key(inner)
         # a head inside the backbone or a backbone key outside it: unknown
@@ -79,8 +78,7 @@ def convert(args, log=print):
     sd, source = extract_state_dict(ckpt, prefer_ema=False)
     log(f'reading {source!r} of {args.src} ({len(sd)} tensors)')
     out, arch = convert_mmpretrain_to_official(sd, args.stage4_heads)
-    pre = 'backbone.' if any(k.startswith('backbone.') for k in sd) else ''
-    files.check_converted(upgrade_legacy_state_dict(sd, pre), arch, args.src)
+    files.check_converted(sd, arch, args.src)
     meta = ckpt.get('meta') if isinstance(ckpt, dict) else None
     attn_norm = meta.get('attn_norm') if isinstance(meta, dict) else None
     name = official_model_name(arch, attn_norm)
