@@ -8,7 +8,6 @@ import glob
 import os
 import os.path as osp
 import sys
-import warnings
 from typing import List
 
 __all__ = ['configs_root', 'get_config', 'get_config_path', 'list_configs']
@@ -78,19 +77,7 @@ def get_config(name: str):
     return Config.fromfile(get_config_path(name))
 
 
-if __name__ == '__main__':  # deprecated in 0.4, removed in 0.5
-    argv = sys.argv[1:]
-    warnings.warn(
-        'python -m mmsoft.configs is deprecated: run mim run mmsoft configs '
-        f'{" ".join(argv)} (in a checkout: python tools/misc/configs.py)',
-        DeprecationWarning)
-    try:
-        if argv[:1] == ['list']:
-            print('\n'.join(list_configs(include_base='--base' in argv)))
-        elif argv[:1] == ['path'] and len(argv) == 2:
-            print(get_config_path(argv[1]))
-        else:  # copy: the tool's (it writes files)
-            sys.exit(f'error: python -m mmsoft.configs {" ".join(argv)} '
-                     f'moved: run mim run mmsoft configs {" ".join(argv)}')
-    except FileNotFoundError as e:
-        sys.exit(f'error: {e}')
+if __name__ == '__main__':  # the CLI moved to a tool (removed in 0.4)
+    sys.exit(f'error: python -m mmsoft.configs was removed: run mim run '
+             f'mmsoft configs {" ".join(sys.argv[1:])} (in a checkout: '
+             f'python tools/misc/configs.py)')

@@ -312,26 +312,24 @@ def test_configs_cli(tmp_path, capsys):
     ]
 
 
-def test_python_m_mmsoft_configs_deprecated(tmp_path):
-    """``python -m mmsoft.configs`` (0.3): ``list`` / ``path`` still work
-    with a DeprecationWarning naming ``mim run mmsoft configs``; ``copy``
-    (the tool's) is one line naming the new command."""
+def test_python_m_mmsoft_configs_removed(tmp_path):
+    """``python -m mmsoft.configs`` (deprecated in 0.4's cycle, removed in
+    issue 50): ``list`` / ``path`` / ``copy`` are one line naming ``mim
+    run mmsoft configs`` with the same arguments, exit 1, nothing written."""
     env = dict(os.environ, PYTHONPATH=ROOT)
-    res = [
-        subprocess.run([sys.executable, '-m', 'mmsoft.configs', *args],
-                       cwd=str(tmp_path),
-                       env=env,
-                       capture_output=True,
-                       text=True)
-        for args in (['path', 'soft_tiny_in1k'], ['copy', 'soft_tiny_in1k'])
-    ]
-    assert res[0].returncode == 0
-    assert res[0].stdout.strip() == paths.get_config_path('soft_tiny_in1k')
-    assert 'mim run mmsoft configs path soft_tiny_in1k' in res[0].stderr
-    assert res[1].returncode == 1 and not os.listdir(tmp_path)
-    assert res[1].stderr.strip().splitlines()[-1] == (
-        'error: python -m mmsoft.configs copy soft_tiny_in1k moved: run '
-        'mim run mmsoft configs copy soft_tiny_in1k')
+    for args in (['path', 'soft_tiny_in1k'], ['copy', 'soft_tiny_in1k']):
+        res = subprocess.run([sys.executable, '-m', 'mmsoft.configs', *args],
+                             cwd=str(tmp_path),
+                             env=env,
+                             capture_output=True,
+                             text=True)
+        assert res.returncode == 1 and not res.stdout
+        assert res.stderr.strip().splitlines() == [
+            'error: python -m mmsoft.configs was removed: run mim run mmsoft '
+            f'configs {" ".join(args)} (in a checkout: python '
+            'tools/misc/configs.py)'
+        ]
+    assert not os.listdir(tmp_path)
 
 
 def test_base_files_follow_local_bases_only():
