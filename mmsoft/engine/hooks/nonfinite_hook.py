@@ -235,13 +235,18 @@ class NonFiniteLossHook(Hook):
                 f'{self._where(runner)}: {bad} hold nan / inf; training '
                 f'stopped')
 
-    def _check_outputs(self, runner, mode: str, batch_idx: int, data_batch,
-                       outputs) -> None:
-        """Stop the ``mode`` ('val' / 'test') loop at the first batch whose
-        outputs hold a nan / inf (every rank alike), naming the fields, the
-        images and the cause: the weights, the inputs, a zero in the data
-        preprocessor's ``std``, else an overflow."""
-        if not self.check_outputs:
+    def _after_iter(self,
+                    runner,
+                    batch_idx: int,
+                    data_batch=None,
+                    outputs=None,
+                    mode: str = 'train') -> None:
+        """(mmengine's ``after_val_iter`` / ``after_test_iter``) Stop the
+        loop at the first batch whose outputs hold a nan / inf (every rank
+        alike), naming the fields, the images and the cause: the weights,
+        the inputs, a zero in the data preprocessor's ``std``, else an
+        overflow."""
+        if mode == 'train' or not self.check_outputs:
             return
         bad = _nonfinite_fields(outputs)
         if not _any_rank(bool(bad)):
@@ -283,17 +288,3 @@ class NonFiniteLossHook(Hook):
                f'meaningless. {cause[1]}.')
         runner.logger.error(msg)
         raise NonFiniteLossError(msg)
-
-    def after_val_iter(self,
-                       runner,
-                       batch_idx: int,
-                       data_batch=None,
-                       outputs=None) -> None:
-        self._check_outputs(runner, 'val', batch_idx, data_batch, outputs)
-
-    def after_test_iter(self,
-                        runner,
-                        batch_idx: int,
-                        data_batch=None,
-                        outputs=None) -> None:
-        self._check_outputs(runner, 'test', batch_idx, data_batch, outputs)

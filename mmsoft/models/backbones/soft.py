@@ -610,12 +610,6 @@ class SOFT(BaseModule):
                                  f'positive number, got {e!r}')
         return a
 
-    @classmethod
-    def arch_presets(cls) -> Tuple[str, ...]:
-        """Each preset of ``arch_zoo`` once, by its full name."""
-        first = {id(s): n for n, s in reversed(cls.arch_zoo.items())}
-        return tuple(n for n, s in cls.arch_zoo.items() if first[id(s)] == n)
-
     @property
     def out_channels(self) -> List[int]:
         """Channels of each requested output (for necks' in_channels)."""
