@@ -3,7 +3,9 @@ detection resolutions (the Table 1 columns; issue "fast at detection").
 
 For every model x input size x mode (``forward`` in eval mode without
 autograd, ``forward_backward``: a training step's forward + backward of the
-sum of all outputs), in a fresh subprocess each, it prints and records the
+sum of all outputs; SOFT with its detection recipe's backbone settings,
+``configs/_base_/soft_dense.py``: BatchNorms in eval mode, its drop path),
+in a fresh subprocess each, it prints and records the
 median / min time over ``--repeats`` runs, images per second and the peak
 memory of the step. Then it prints each model's time relative to a baseline
 (``--baseline``, default ``pvtv2_b1`` for tiny models and ``pvtv2_b2`` for
@@ -59,9 +61,25 @@ PVT = {
     'pvtv2_b2': (64, [3, 4, 6, 3])
 }
 
+#: what a training step takes from the detection recipe's backbone
+RECIPE_KEYS = ('norm_eval', 'drop_path_rate', 'residual_drop')
 
-def build_backbone(name: str):
-    """A backbone module from a model name or a config path."""
+
+def recipe_settings() -> dict:
+    """The SOFT detection / segmentation configs' :data:`RECIPE_KEYS`
+    (``configs/_base_/soft_dense.py``): a training step with BatchNorms in
+    train mode (batch statistics of one image) is not the recipe's, and
+    its features need 1.5-2x the Krylov dimensions."""
+    from mmengine.config import Config
+
+    from mmsoft.configs import configs_root
+    cfg = Config.fromfile(osp.join(configs_root(), '_base_', 'soft_dense.py'))
+    return {k: cfg.soft_backbone[k] for k in RECIPE_KEYS}
+
+
+def build_backbone(name: str, train: bool = False):
+    """A backbone module from a model name or a config path (``train``: a
+    SOFT model name with :func:`recipe_settings`)."""
     if name.endswith('.py'):
         from mmengine.config import Config
         from mmengine.registry import DefaultScope, init_default_scope
@@ -91,7 +109,7 @@ def build_backbone(name: str):
         raise ValueError(f'{e}; or one of {", ".join(PVT)}, swin_t or a '
                          'config path') from None
     from mmsoft.models.backbones import SOFT
-    model = SOFT(**kwargs)
+    model = SOFT(**kwargs, **(recipe_settings() if train else {}))
     return without_inverse(model) if floor else model
 
 
@@ -137,7 +155,7 @@ def alternate(models, size, mode, repeats, device, threads, kind='natural'):
     steps = {}
     for name in models:
         torch.manual_seed(0)
-        model = build_backbone(name).to(device)
+        model = build_backbone(name, mode != 'forward').to(device)
         model.train(mode != 'forward')
         x = make_input(kind, B, H, W, device)
 
@@ -173,7 +191,7 @@ def child(args):
     if args.threads:
         torch.set_num_threads(args.threads)
     torch.manual_seed(0)
-    model = build_backbone(args.model).to(args.device)
+    model = build_backbone(args.model, args.mode != 'forward').to(args.device)
     H, W, B = (int(v) for v in args.size.split('x'))
     x = make_input(args.input, B, H, W, args.device)
     if args.mode == 'forward':

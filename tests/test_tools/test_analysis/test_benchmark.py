@@ -43,6 +43,29 @@ def test_model_names():
         bench.build_backbone('resnet50')
 
 
+def test_training_step_builds_the_detection_recipes_backbone():
+    """A training step times SOFT as the detection configs train it:
+    BatchNorms in eval mode (norm_eval), their drop path and residual
+    dropout, read from configs/_base_/soft_dense.py; inference as built."""
+    import torch.nn as nn
+    from mmengine.config import Config
+
+    from mmsoft.configs import configs_root
+    bench = load()
+    dense = Config.fromfile(f'{configs_root()}/_base_/soft_dense.py')
+    assert bench.recipe_settings() == {
+        k: dense.soft_backbone[k]
+        for k in ('norm_eval', 'drop_path_rate', 'residual_drop')
+    }
+    train = bench.build_backbone('soft_tiny_norm_floor', train=True).train()
+    assert train.norm_eval is True
+    assert all(not m.training for m in train.modules()
+               if isinstance(m, nn.BatchNorm2d))
+    assert any(isinstance(m, nn.Dropout) and m.p > 0 for m in train.modules())
+    infer = bench.build_backbone('soft_tiny_norm_floor').train()
+    assert infer.norm_eval is False
+
+
 def test_tiny_run_writes_ratios(tmp_path, capsys, script_server, monkeypatch):
     # the tool in this process, its 4 measurements as 4 scripts
     isolated_runs_in(script_server, monkeypatch)
