@@ -43,16 +43,9 @@ def list_configs(include_base: bool = False) -> List[str]:
 
 
 def get_config_path(name: str) -> str:
-    """Absolute path of a shipped config.
-
-    Args:
-        name (str): relative to the configs folder, ``.py`` and a leading
-            ``configs/`` optional; a bare file name is also looked up in the
-            sub-folders (``'retinanet_soft_small_1x'``, ``'demo/x.py'``).
-
-    Raises:
-        FileNotFoundError: one line naming the config and the closest names.
-    """
+    """Absolute path of a shipped config ``name`` (``.py`` and a leading
+    ``configs/`` optional; a bare file name is also looked up in the
+    sub-folders); else one-line ``FileNotFoundError`` with close names."""
     root = configs_root()
     rel = name.replace('\\', '/')
     rel = rel[len('configs/'):] if rel.startswith('configs/') else rel

@@ -16,20 +16,13 @@ __all__ = [
 
 @HOOKS.register_module()
 class StrictLoadHook(Hook):
-    """Check every checkpoint the Runner loads against its model (in
-    ``after_load_checkpoint``, before the Runner copies it): missing,
-    unexpected or mis-shaped keys (an authors' unconverted file: the
-    converter command), the other ``attn_norm``, and with ``resume`` a file
-    that is not a training checkpoint, one of another optimizer, past the
-    schedule's end or trained with another learning rate / weight decay
-    than the config's raise
-    :class:`~mmsoft.utils.strict_load.CheckpointMismatchError`. A training
-    run that loads a checkpoint strictly (``load_from``, ``--resume``) does
-    not read the ``Pretrained`` files of ``init_cfg`` (the backbone's
-    ImageNet weights): every tensor is replaced (``skip_pretrained_init``,
-    in ``before_run``). Named in
-    the shipped configs' ``custom_hooks``: the host codebases' own
-    ``tools/train.py`` / ``tools/test.py`` check as mmsoft's do.
+    """Check every checkpoint the Runner loads against its model before
+    the Runner copies it: a key / shape mismatch, the other ``attn_norm``
+    and, with ``resume``, the ``*_refusal`` cases of this module raise
+    :class:`~mmsoft.utils.strict_load.CheckpointMismatchError`; a strict
+    load replaces every tensor, so ``init_cfg``'s ``Pretrained`` files are
+    not read (``skip_pretrained_init``). The shipped configs name it in
+    ``custom_hooks``: the host codebases' tools check as mmsoft's do.
 
     Args:
         allow_partial (bool): log a mismatch instead of raising (loading no
@@ -47,12 +40,9 @@ class StrictLoadHook(Hook):
         self.opt_in = opt_in
 
     def before_run(self, runner) -> None:
-        """Training with a checkpoint to load: the ``Pretrained`` files of
-        ``init_cfg`` are not read (``Runner.train`` initialises the weights
-        after ``before_run``, then loads). mmengine's resume without a path
-        takes the work dir's latest checkpoint; ``SafeCheckpointHook``
-        picks its own in its ``before_run`` and calls
-        ``skip_pretrained_init`` itself."""
+        """``skip_pretrained_init`` for the checkpoint to load (mmengine's
+        resume without a path: the work dir's latest; ``SafeCheckpointHook``
+        picks its own and calls it itself)."""
         from mmengine.runner import find_latest_checkpoint
         safe = HOOKS.get('SafeCheckpointHook')  # (imports this module)
         path = getattr(runner, '_load_from', None)

@@ -12,12 +12,9 @@ __all__ = ['CPUAmpOptimWrapper']
 
 @OPTIM_WRAPPERS.register_module()
 class CPUAmpOptimWrapper(OptimWrapper):
-    """The forward runs under bfloat16 CPU autocast (float32's exponent
-    range: no loss scaling); SOFT's kernel and pseudo-inverse stay float32.
-    Every convolution of the forward runs under
-    :class:`~mmsoft.models.layers.amp.CheckedConvs` (float32 where
-    this CPU's bfloat16 kernel is wrong); the model's modules are left as
-    they are.
+    """The forward under bfloat16 CPU autocast (no loss scaling) and
+    :class:`~mmsoft.models.layers.amp.CheckedConvs` (float32 convolutions
+    where this CPU's bfloat16 kernel is wrong).
 
     Args:
         dtype (str): only ``'bfloat16'``.
