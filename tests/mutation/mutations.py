@@ -79,10 +79,10 @@ MUTATIONS = (
       what=('mmdet --out: the dump metric replaces the COCO metric instead of '
             'being added (no bbox mAP)'),
       path='tools/test.py',
-      old=('                runner.test_evaluator.metrics.append(\n'
-           '                    DumpDetResults(out_file_path=out))'),
-      new=('                runner.test_evaluator.metrics = [\n'
-           '                    DumpDetResults(out_file_path=out)]'),
+      old=('                runner.test_evaluator.metrics.append('
+           'dump_metric(scope, out))'),
+      new=('                runner.test_evaluator.metrics = ['
+           'dump_metric(scope, out)]'),
       tests=('tests/test_tools/test_train_test.py::'
              'test_det_train_and_test_tools', )),
     # --------------------------------------------------- Newton-Raphson

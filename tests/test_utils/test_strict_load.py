@@ -5,6 +5,7 @@
 the missing / unexpected / mis-shaped keys (and the converter command for
 an unconverted official SOFT checkpoint for whole-model loads; the
 backbone's init_cfg converts it); partial loads are an explicit opt-in."""
+import functools
 import logging
 import os.path as osp
 
@@ -345,7 +346,10 @@ def test_strict_load_hook_refuses_another_optimizer_for_resume():
         'dampening, momentum, nesterov, so it cannot continue in SGD. Resume '
         'with the optimizer it was trained with, or start a new run from '
         'these weights with --cfg-options load_from=e.pth (without --resume)')
-    for same in (torch.optim.AdamW, torch.optim.Adam):  # the same settings
+    # the same settings (Adam with AdamW's weight decay: another decay is a
+    # changed setting, refused on its own)
+    adam = functools.partial(torch.optim.Adam, weight_decay=0.01)
+    for same in (torch.optim.AdamW, adam):
         _hook().after_load_checkpoint(runner(same), adamw)
     # a torch that added a setting: one way only, not another optimizer
     older = _training_checkpoint(model, torch.optim.AdamW)

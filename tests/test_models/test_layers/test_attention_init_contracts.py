@@ -139,7 +139,7 @@ def test_unprobed_conv_under_compile_runs_in_float32(monkeypatch):
     configuration runs in float32 (right even where the half kernel is
     wrong)."""
     monkeypatch.setattr(SAFE, '_verdicts', {})
-    monkeypatch.setattr(SAFE, '_compiling', lambda: True)
+    monkeypatch.setattr(SAFE, 'compiling', lambda: True)
     monkeypatch.setattr(SAFE, '_raw_conv2d', _broken_half)
     torch.manual_seed(0)
     conv = SAFE.SafeConv2d(4, 4, 2, 2, bias=False)
