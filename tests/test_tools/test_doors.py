@@ -38,6 +38,7 @@ FAQ = osp.join(ROOT, 'docs', 'en', 'faq.md')
 
 # the --cfg-options / checkpoint / config messages several doors share
 SYNTAX = 'error: config <file>:<line>: syntax error: <what>'
+PORT = 'error: <script>: PORT=<port> is in use on this machine'
 TYPO = 'error: --cfg-options <key>: the config has no key <name> under <key>;'
 IS_DIR = 'error: checkpoint <path> is a directory, not a file;'
 DAMAGED = 'error: checkpoint <path> is truncated or corrupt'
@@ -168,8 +169,13 @@ CASES = [
     ('dist_train-config-syntax', 'dist_train.sh',
      ['{syntax}', '2', '--work-dir', '{work}'], SYNTAX, 'nothing'),
     ('dist_train-port-in-use', 'dist_train.sh',
-     ['{cfg}', '2', '--work-dir', '{work}'],
-     'error: dist_train.sh: PORT=<port> is in use on this machine', 'nothing'),
+     ['{cfg}', '2', '--work-dir', '{work}'], PORT, 'nothing'),
+    ('dist_test-cfg-typo', 'dist_test.sh', [
+        '{cfg}', '{ckpt}', '2', '--work-dir', '{work}', '--cfg-options',
+        'test_dataloader.batch_sizes=1'
+    ], TYPO, 'nothing'),  # once, before torchrun starts the ranks
+    ('dist_test-port-in-use', 'dist_test.sh',
+     ['{cfg}', '{ckpt}', '2', '--work-dir', '{work}'], PORT, 'nothing'),
     ('dist_test-no-gpus', 'dist_test.sh',
      ['{cfg}', '{ckpt}', '--work-dir', '{work}'],
      'error: dist_test.sh: GPUS must be the number of processes', 'nothing'),
@@ -269,6 +275,7 @@ PREPARE = {
     'train-resume-all-damaged': _damaged_work_dir,
     'train-shared-out-dir': _other_runs_out_dir,
     'dist_train-port-in-use': _port_in_use,
+    'dist_test-port-in-use': _port_in_use,
 }
 
 

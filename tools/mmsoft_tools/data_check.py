@@ -426,20 +426,39 @@ def main(argv=None):
     import argparse
 
     from mmengine.config import Config, DictAction
+    try:  # the tools' checks: a syntax error, a mistyped key: one line
+        from mmsoft_tools import cli
+    except ImportError:  # run as a script: mmengine's own
+        cli = None
     parser = argparse.ArgumentParser(
         description='check that the data a config needs exists',
         add_help=False)  # the tools' own --help goes through
     parser.add_argument('mode', choices=sorted(_MODES))
     parser.add_argument('config')
-    parser.add_argument('--cfg-options', nargs='+', action=DictAction)
+    parser.add_argument(
+        '--cfg-options',
+        nargs='+',
+        action=cli.cfg_options_action() if cli else DictAction)
     parser.add_argument('--resume', nargs='?', const='auto')
-    args, _ = parser.parse_known_args(argv)
-    if not osp.isfile(args.config):
-        print(f'mmsoft: config file not found: {args.config}', file=sys.stderr)
+    try:
+        args, _ = parser.parse_known_args(argv)
+        if not osp.isfile(args.config):
+            print(
+                f'mmsoft: config file not found: {args.config}',
+                file=sys.stderr)
+            return 1
+        if cli is None:
+            cfg = Config.fromfile(args.config)
+            if args.cfg_options:
+                cfg.merge_from_dict(args.cfg_options)
+        else:
+            cfg = cli.load_config(args.config)
+            cli.merge_cfg_options(cfg, args.cfg_options)
+    except Exception as e:  # noqa: BLE001 - the tools' one-line errors
+        if cli is None or not isinstance(e, cli.ToolError):
+            raise
+        print(f'error: {e}', file=sys.stderr, flush=True)
         return 1
-    cfg = Config.fromfile(args.config)
-    if args.cfg_options:
-        cfg.merge_from_dict(args.cfg_options)
     msg = missing_data_message(cfg, args.mode) or \
         damaged_data_message(cfg, args.mode)
     if msg is None and args.mode == 'train':  # the ImageNet weights, once
