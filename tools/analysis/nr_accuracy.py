@@ -137,7 +137,7 @@ def main(argv=None):
                 W = A.sum(-1, keepdim=True).rsqrt() * W  # D^-1/2 P^T V
             for method in args.methods:
                 run = nr.replace(method=method, backward=args.backward)
-                resolved = resolve_method(method, A, grad=not args.no_grad)
+                resolved = resolve_method(method, A)
                 basis = krylov_basis(
                     nr_iteration_matrix(A, nr.init).reshape(-1, m, m),
                     W.reshape(-1, m, v.shape[-1]),

@@ -25,19 +25,14 @@ NR_METHODS = ('auto', 'iterative', 'spectral', 'lanczos')
 #: crossover: ``tools/analysis/nr_method_crossover.py``)
 SPECTRAL_MIN_M = 80
 #: smallest m for which ``'auto'`` applies A_T to W by block Lanczos, per
-#: (device type, with a gradient); pairs not listed never do: 6-12 products
-#: m x m by m x d against 40 m^3 for the iterations or one ``eigh``. CPU
-#: inference from m = 600 (SOFT-Small-Norm forward, Lanczos / spectral:
-#: m = 256 1.60x, 486 1.15x, 726 0.65x, 950 0.63x); the CPU trains with the
-#: spectral method: there the backward's second Krylov space and the larger
-#: spaces of training-mode features cost more than one ``eigh`` (800 x
-#: 1216: 1.33x). CUDA: not measured yet (no GPU lent), from m = 200 by the
-#: multiply-adds (docs/en/benchmarks.md)
-LANCZOS_MIN_M = {
-    ('cpu', False): 600,
-    ('cuda', False): 200,
-    ('cuda', True): 200
-}
+#: device type (others never do): 6-12 products m x m by m x d against
+#: 40 m^3 for the iterations or one ``eigh``. CPU from m = 600 (SOFT-Small-
+#: Norm forward, Lanczos / spectral: m = 256 1.60x, 486 1.15x, 726 0.65x,
+#: 950 0.63x; a training step at 800 x 1216 with the detection recipe's
+#: backbone on a 2-core AMD EPYC: 24.9 s against the spectral method's
+#: 37.9 s, docs/en/benchmarks.md). CUDA: not measured yet (no GPU lent),
+#: from m = 200 by the multiply-adds
+LANCZOS_MIN_M = {'cpu': 600, 'cuda': 200}
 #: pairs with |l_i - l_j| <= _DD_RTOL max(|l_i|, |l_j|) take F_ij from the
 #: differentiated recurrence (the quotient loses ~T eps / _DD_RTOL)
 _DD_RTOL = 0.05
@@ -80,12 +75,9 @@ def _divided_differences(lam, v, alpha, iters) -> torch.Tensor:
     return F
 
 
-def resolve_method(method: str,
-                   A: torch.Tensor,
-                   apply: bool = True,
-                   grad: bool = False) -> str:
+def resolve_method(method: str, A: torch.Tensor, apply: bool = True) -> str:
     """``'auto'``: for A_T W (``apply``) Lanczos from :data:`LANCZOS_MIN_M`
-    of the device (and ``grad``: a gradient will be taken) on, else
+    of the device on, else
     spectral for m >= :data:`SPECTRAL_MIN_M` on the CPU, else the
     iterations. The inverse itself (not ``apply``) is never Lanczos (a
     basis per column of I): ``'lanczos'`` resolves as ``'auto'`` there."""
@@ -95,7 +87,7 @@ def resolve_method(method: str,
     if method not in ('auto', 'lanczos') or (method == 'lanczos' and apply):
         return method
     m, device = A.shape[-1], A.device.type
-    if apply and m >= LANCZOS_MIN_M.get((device, grad), float('inf')):
+    if apply and m >= LANCZOS_MIN_M.get(device, float('inf')):
         return 'lanczos'
     if device == 'cpu' and m >= SPECTRAL_MIN_M:
         return 'spectral'
@@ -257,9 +249,7 @@ def solve(A, W, nr, stats) -> torch.Tensor:
                 f"model.backbone.attn_cfg.nr_method='auto' or 'iterative' "
                 f"(same function) before exporting")
         return _iterative(A, W, alpha, nr)[1]
-    grad = torch.is_grad_enabled() and (A.requires_grad
-                                        or W is not None and W.requires_grad)
-    method = resolve_method(nr.method, A, W is not None, grad)
+    method = resolve_method(nr.method, A, W is not None)
     with autocast_off(A.device.type), tf32_off(A.device.type):
         exact = nr.backward == 'exact'
         alpha_in = traced_alpha(A, alpha, nr.init) if exact and \

@@ -185,38 +185,30 @@ def test_default_backward_is_the_official_one_per_variant():
         16, 2, 2, nr=dict(backward='eq16')).nr_backward == 'eq16'
 
 
-def test_auto_dispatch_by_size_device_and_gradient():
-    """'auto': Lanczos for A_T W from LANCZOS_MIN_M of the (device, with a
-    gradient) on, never for the inverse itself; the CPU trains with the
-    spectral method (from SPECTRAL_MIN_M); below it, as before. The
-    solver passes whether a gradient will be taken."""
+def test_auto_dispatch_by_size_and_device():
+    """'auto': Lanczos for A_T W from LANCZOS_MIN_M of the device on, with
+    or without a gradient, never for the inverse itself; below it, as
+    before (spectral from SPECTRAL_MIN_M on the CPU)."""
     rule = SOLVER.resolve_method
-    cpu = torch.empty(2000, 2000, device='meta')
-    cpu = type('A', (), dict(shape=cpu.shape, device=torch.device('cpu')))
-    assert rule('auto', cpu) == 'lanczos'
-    assert rule('auto', cpu, grad=True) == 'spectral'
-    assert rule('auto', cpu, apply=False) == 'spectral'
-    assert rule('lanczos', cpu, grad=True) == 'lanczos'  # opt-in
-    assert rule('lanczos', cpu, apply=False) == 'spectral'
-    assert set(SOLVER.LANCZOS_MIN_M) == {('cpu', False), ('cuda', False),
-                                         ('cuda', True)}
-    for (device, grad), m_min in SOLVER.LANCZOS_MIN_M.items():
+    assert set(SOLVER.LANCZOS_MIN_M) == {'cpu', 'cuda'}
+    for device, m_min in SOLVER.LANCZOS_MIN_M.items():
         big = torch.empty(m_min, m_min, device='meta')
         small = torch.empty(m_min - 1, m_min - 1, device='meta')
         fake = type('A', (),
                     dict(shape=big.shape, device=torch.device(device)))
         fake_small = type('A', (),
                           dict(shape=small.shape, device=torch.device(device)))
-        assert rule('auto', fake, grad=grad) == 'lanczos'
-        assert rule('auto', fake_small, grad=grad) != 'lanczos'
-        assert rule('auto', fake, apply=False, grad=grad) != 'lanczos'
+        assert rule('auto', fake) == 'lanczos'
+        assert rule('auto', fake_small) != 'lanczos'
+        assert rule('auto', fake, apply=False) != 'lanczos'
+        assert rule('lanczos', fake_small) == 'lanczos'  # opt-in
         assert rule(
             'lanczos', fake, apply=False) == rule(
                 'auto', fake, apply=False)
     with pytest.raises(ValueError, match="'svd'"):
         rule('svd', torch.empty(3, 3))
-    # the solver: inference by Lanczos, a training step spectral (CPU)
-    m = SOLVER.LANCZOS_MIN_M['cpu', False]
+    # the solver: inference and a training step by Lanczos (CPU)
+    m = SOLVER.LANCZOS_MIN_M['cpu']
     A = landmarks_kernel(1, m=m)
     W = torch.randn(1, m, 3, generator=torch.Generator().manual_seed(0))
     seen = []
@@ -228,7 +220,7 @@ def test_auto_dispatch_by_size_device_and_gradient():
         NRConfig().apply(A.requires_grad_(), W)
     finally:
         SOLVER.resolve_method = real
-    assert seen == ['lanczos', 'spectral']
+    assert seen == ['lanczos', 'lanczos']
 
 
 def test_eigh_takes_one_thread_and_gives_the_count_back(monkeypatch):
