@@ -1,5 +1,6 @@
 """Weights into mmsoft models: file -> layout -> conversion -> strict load
 -> a one-line report (docs/en/user_guides/official_weights.md)."""
+import contextlib
 import os
 import os.path as osp
 import re
@@ -26,9 +27,10 @@ __all__ = [
 PRETRAINED = ('Pretrained', 'SOFTPretrained')
 
 
-def read_checkpoint(filename, map_location='cpu'):
+def read_checkpoint(filename, map_location='cpu', mmap: bool = False):
     """``filename`` (a path, or an ``http(s)://`` URL cached as torch.hub
-    does) read safely; other schemes are mmengine's."""
+    does) read safely; other schemes are mmengine's. ``mmap``: the tensors
+    of a zip file stay on disk."""
     from mmsoft.utils.checkpoint_io import load_verified
     path = osp.expanduser(str(filename))
     if path.startswith(('http://', 'https://')):
@@ -51,6 +53,10 @@ def read_checkpoint(filename, map_location='cpu'):
             'not exist'
         raise FileNotFoundError(
             f'checkpoint {path} {what}; pass a .pth checkpoint file')
+    with contextlib.suppress(Exception):  # legacy format: read it whole
+        if mmap:  # weights only: nothing runs from the file
+            return torch.load(
+                path, map_location='cpu', weights_only=True, mmap=True)
     return load_verified(path, map_location=map_location)
 
 

@@ -1,8 +1,10 @@
 """Contracts of :mod:`mmsoft.models.loading` beyond the SOFT round trips
 (test_pretrained_loading.py), on tiny modules and files:
 
-* ``read_checkpoint``: CPU by default, ``map_location`` honoured;
-  ``http(s)://`` is downloaded quietly into torch.hub's cache
+* ``read_checkpoint``: CPU by default, ``map_location`` honoured; ``mmap``
+  keeps a zip file's tensors on disk (also of a file saved on a device
+  this machine lacks) and never runs code from the file; a legacy file is
+  read whole; ``http(s)://`` is downloaded quietly into torch.hub's cache
   and read safely; other schemes are mmengine's; a missing path is one
   line;
 * ``load_pretrained``: strict and on the CPU by default, the error names
@@ -18,6 +20,7 @@ import os
 import os.path as osp
 import re
 import threading
+import zipfile
 
 import pytest
 import torch
@@ -28,6 +31,8 @@ from mmsoft.models import loading
 from mmsoft.models.converters import OFFICIAL_PAGE
 from mmsoft.utils.checkpoint_io import CheckpointRefused
 from mmsoft.utils.strict_load import CheckpointMismatchError
+
+_CPU_TAG = b'X\x03\x00\x00\x00cpu'
 
 
 class Payload:
@@ -48,6 +53,34 @@ def _linear_file(path, **entries):
     return sd
 
 
+def _mapped_from(t, path):
+    """Whether the data of tensor ``t`` is memory-mapped from ``path``."""
+    ptr, path = t.untyped_storage().data_ptr(), osp.realpath(path)
+    with open('/proc/self/maps') as f:
+        for line in f:
+            parts = line.split(maxsplit=5)
+            if len(parts) == 6 and osp.realpath(parts[5].strip()) == path:
+                lo, hi = (int(x, 16) for x in parts[0].split('-'))
+                if lo <= ptr < hi:
+                    return True
+    return False
+
+
+def _retag_zip(path, tag='mmsoft_absent_device'):
+    """Make the zip checkpoint ``path`` look saved on device ``tag`` (as a
+    GPU-saved file looks on a CPU-only machine)."""
+    new = tag.encode()
+    new = b'X' + len(new).to_bytes(4, 'little') + new
+    with zipfile.ZipFile(path) as z:
+        items = [(i, z.read(i.filename)) for i in z.infolist()]
+    with zipfile.ZipFile(path, 'w', zipfile.ZIP_STORED) as z:
+        for info, data in items:
+            if info.filename.endswith('/data.pkl'):
+                assert _CPU_TAG in data
+                data = data.replace(_CPU_TAG, new)
+            z.writestr(info, data)
+
+
 # ------------------------------------------------------ read_checkpoint
 def test_read_checkpoint_cpu_by_default_and_map_location(tmp_path):
     path = tmp_path / 'w.pth'
@@ -61,6 +94,47 @@ def test_read_checkpoint_cpu_by_default_and_map_location(tmp_path):
 
     loading.read_checkpoint(path, map_location=keep)
     assert seen and set(seen) == {'cpu'}
+
+
+@pytest.mark.skipif(
+    not osp.exists('/proc/self/maps'), reason='reads /proc/self/maps')
+def test_read_checkpoint_mmap_keeps_tensors_on_disk(tmp_path):
+    """``mmap=True``: a zip file's tensors are mapped from the file, on the
+    CPU also when the file was saved on a device this machine lacks;
+    without it they are read into memory."""
+    path = str(tmp_path / 'w.pth')
+    want = _linear_file(path)
+    got = loading.read_checkpoint(path, mmap=True)
+    assert all(_mapped_from(v, path) for v in got.values())
+    assert not _mapped_from(loading.read_checkpoint(path)['weight'], path)
+    _retag_zip(path)
+    got = loading.read_checkpoint(path, mmap=True)
+    assert all(_mapped_from(v, path) for v in got.values())
+    for k, v in want.items():
+        assert got[k].device.type == 'cpu' and torch.equal(got[k], v)
+
+
+@pytest.mark.parametrize('force_unsafe', [False, True])
+def test_read_checkpoint_mmap_never_runs_code(tmp_path, monkeypatch,
+                                              force_unsafe):
+    """Also where the environment asks torch for unsafe loads by default
+    (``TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD``)."""
+    if force_unsafe:
+        monkeypatch.setenv('TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD', '1')
+    marker, path = tmp_path / 'MARKER', str(tmp_path / 'crafted.pth')
+    torch.save({'w': torch.ones(1), 'x': Payload(marker)}, path)
+    with pytest.raises(CheckpointRefused, match=re.escape(path)):
+        loading.read_checkpoint(path, mmap=True)
+    assert not marker.exists()
+
+
+def test_read_checkpoint_mmap_reads_a_legacy_file_whole(tmp_path):
+    path = tmp_path / 'legacy.pth'
+    torch.save({'w': torch.arange(3.)},
+               str(path),
+               _use_new_zipfile_serialization=False)
+    got = loading.read_checkpoint(path, mmap=True)
+    assert torch.equal(got['w'], torch.arange(3.))
 
 
 def test_read_checkpoint_missing_path_is_one_line(tmp_path):
