@@ -34,7 +34,7 @@ from typing import NamedTuple, Optional
 import torch
 
 from .amp import autocast_off
-from .nr_iteration import eigh, leibniz_divided_difference, one_thread
+from .nr_iteration import eigh, leibniz_divided_difference
 
 __all__ = [
     'MAX_DIM', 'TOL', 'TOL_FLOAT64', 'KrylovBasis', 'krylov_basis',
@@ -101,8 +101,7 @@ class KrylovBasis(NamedTuple):
 
     def coefficients(self, values: torch.Tensor) -> torch.Tensor:
         """U diag(values) U^T E (N, K, d) for values (N, K)."""
-        with one_thread(self.U.device.type):
-            return self.U @ (values.unsqueeze(-1) * (self.U.mT @ self.E))
+        return self.U @ (values.unsqueeze(-1) * (self.U.mT @ self.E))
 
     def apply(self, values: torch.Tensor) -> torch.Tensor:
         """Q U diag(values) U^T Q^T W (N, m, d): f(A) W for f(theta)."""
@@ -115,24 +114,21 @@ def _orthonormal(Z, scale):
     cond(Z)^2 eps). Where Z^T Z is singular or a direction's singular value
     is at most ``scale`` (N, 1), the eigenvectors of Z^T Z instead,
     those directions zero columns."""
-    with one_thread(Z.device.type):
-        X = Z.double()
-        for _ in range(2):
-            G = X.mT @ X
-            L, info = torch.linalg.cholesky_ex(G)
-            weak = (info > 0) | (L.diagonal(dim1=-2, dim2=-1) <= scale).any(-1)
-            if bool(weak.any()):
-                lam, V = eigh(G)
-                keep = lam > scale.square()
-                S = V * torch.where(keep,
-                                    lam.clamp_min(1e-300).rsqrt(),
-                                    0).unsqueeze(-2)
-                X = X @ S
-            else:
-                X = torch.linalg.solve_triangular(
-                    L.mT, X, upper=True, left=False)
-            scale = torch.full_like(scale, 0.5)  # columns of norm 1 or 0
-        return X.to(Z.dtype)
+    X = Z.double()
+    for _ in range(2):
+        G = X.mT @ X
+        L, info = torch.linalg.cholesky_ex(G)
+        weak = (info > 0) | (L.diagonal(dim1=-2, dim2=-1) <= scale).any(-1)
+        if bool(weak.any()):
+            lam, V = eigh(G)
+            keep = lam > scale.square()
+            S = V * torch.where(keep,
+                                lam.clamp_min(1e-300).rsqrt(), 0).unsqueeze(-2)
+            X = X @ S
+        else:
+            X = torch.linalg.solve_triangular(L.mT, X, upper=True, left=False)
+        scale = torch.full_like(scale, 0.5)  # columns of norm 1 or 0
+    return X.to(Z.dtype)
 
 
 def _block_masks(K, d, device):
@@ -189,16 +185,15 @@ def krylov_basis(A: torch.Tensor,
             Q[..., K:K + d] = _orthonormal(Z, drop * norm1)
         if j + 1 < min(_FIRST_CHECK, J):
             continue
+        Tk = T[:, :K, :K]
+        up, dg = Tk * upper[:K, :K], Tk * diag[:K, :K]
+        Ts = up + up.mT + 0.5 * (dg + dg.mT)
         dead = (Q[..., :K] == 0).all(1)  # (N, K)
-        with one_thread(W.device.type):  # K x K: small
-            Tk = T[:, :K, :K]
-            up, dg = Tk * upper[:K, :K], Tk * diag[:K, :K]
-            Ts = up + up.mT + 0.5 * (dg + dg.mT)
-            Ts.diagonal(dim1=-2, dim2=-1).sub_(dead * ramp[:K] * norm1)
-            th, U = eigh(Ts)
-            Ek = torch.nn.functional.pad(E, (0, 0, 0, K - d))
-            y = U @ (filter_and_slope(th, alpha64, iters)[0].unsqueeze(-1) *
-                     (U.mT @ Ek))  # f_T(T) Q^T W, (N, K, d)
+        Ts.diagonal(dim1=-2, dim2=-1).sub_(dead * ramp[:K] * norm1)
+        th, U = eigh(Ts)
+        Ek = torch.nn.functional.pad(E, (0, 0, 0, K - d))
+        y = U @ (filter_and_slope(th, alpha64, iters)[0].unsqueeze(-1) *
+                 (U.mT @ Ek))  # f_T(T) Q^T W, (N, K, d)
         new = None
         if K >= m:  # the whole space: exact
             new = ~done
@@ -263,12 +258,10 @@ class LanczosApply(torch.autograd.Function):
                 grad_A = -(grad_W @ Z.transpose(-1, -2))
         else:
             if ctx.needs_input_grad[0]:
-                with one_thread(A.device.type):  # Kg x Kw: small
-                    F = divided_differences(g.theta, w.theta, alpha64,
-                                            iters)  # (N, Kg, Kw)
-                    X = F * ((g.U.mT @ g.E) @ (w.U.mT @ w.E).mT)
-                    X = (g.U @ X @ w.U.mT).to(Z.dtype)
-                left = g.Q @ X  # (N, m, Kw)
+                F = divided_differences(g.theta, w.theta, alpha64,
+                                        iters)  # (N, Kg, Kw)
+                X = F * ((g.U.mT @ g.E) @ (w.U.mT @ w.E).mT)
+                left = g.Q @ (g.U @ X @ w.U.mT).to(Z.dtype)  # (N, m, Kw)
                 grad_A = left @ w.Q.mT
             if ctx.needs_input_grad[2]:
                 slope = filter_and_slope(w.theta, alpha64, iters)[1]
