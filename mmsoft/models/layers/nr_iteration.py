@@ -3,7 +3,6 @@ A_0 = alpha A, A_{k+1} = 2 A_k - A_k A A_k, as 2T batched products
 (:func:`newton_iterate`) or on the eigenvalues l of the symmetric A,
 v_{k+1} = 2 v_k - v_k^2 l (:func:`spectral_factors`). The model, the exact
 backward, the diagnostics and the ONNX export all run these functions."""
-import contextlib
 from typing import Tuple
 
 import torch
@@ -13,7 +12,7 @@ from .amp import compiling
 __all__ = [
     'INIT_MODES', 'canonical_init', 'nr_init_alpha', 'nr_iteration_matrix',
     'init_iteration', 'newton_iterate', 'scalar_iterate', 'spectral_factors',
-    'traced_alpha', 'leibniz_divided_difference', 'one_thread', 'eigh'
+    'traced_alpha', 'leibniz_divided_difference', 'eigh'
 ]
 
 INIT_MODES = ('soft_norm_per_sample', 'soft_norm_per_matrix',
@@ -163,33 +162,25 @@ def leibniz_divided_difference(a, b, alpha, iters) -> torch.Tensor:
     return D
 
 
-@contextlib.contextmanager
-def one_thread(device_type: str = 'cpu'):
-    """On the CPU, one intra-op thread inside the block (the caller's count
-    restored after, as :func:`~.amp.tf32_off` restores TF32); elsewhere, or
-    under ``torch.compile``, nothing. For LAPACK calls and small products:
-    their threads synchronise many times per call and, where the cores are
-    shared, wait for a descheduled thread each time (2-core AMD EPYC, load
-    3-6, threaded vs one thread: batched 10 x 950 x 950 float32 ``eigh``
-    9.5 s vs 1.8 s, 10 x 192 x 192 float64 0.55-4.3 s vs 47-77 ms, a
-    triangular solve of 10 x 950 x 32 284 ms vs 1.9 ms)."""
+def eigh(A: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
+    """``torch.linalg.eigh``; on the CPU with one intra-op thread (the
+    caller's count restored after, as :func:`~.amp.tf32_off` restores
+    TF32; as is under ``torch.compile`` or elsewhere). LAPACK's
+    tridiagonal reduction synchronises its threads at every column: where
+    the cores are shared it waits for a descheduled thread each time
+    (2-core AMD EPYC, load 3-4: batched 10 x 950 x 950 float32 9.5 s with
+    2 threads, 1.8 s with one; 10 x 192 x 192 float64 0.55-4.3 s against
+    47-77 ms; quiet: 5-8% of a Lanczos layer's forward)."""
+    if A.device.type != 'cpu' or compiling():  # no graph break
+        return torch.linalg.eigh(A)
     threads = torch.get_num_threads()
-    if device_type != 'cpu' or threads == 1 or compiling():
-        yield
-        return
+    if threads == 1:
+        return torch.linalg.eigh(A)
     torch.set_num_threads(1)
     try:
-        yield
+        return torch.linalg.eigh(A)
     finally:
         torch.set_num_threads(threads)
-
-
-def eigh(A: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
-    """``torch.linalg.eigh`` in :func:`one_thread`."""
-    if compiling():  # no context manager in a compiled graph
-        return torch.linalg.eigh(A)
-    with one_thread(A.device.type):
-        return torch.linalg.eigh(A)
 
 
 def spectral_factors(A, alpha, iters):
