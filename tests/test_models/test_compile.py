@@ -84,9 +84,13 @@ def test_training_forward_is_one_graph(backbone):
     got = {n: p.grad.clone() for n, p in backbone.named_parameters()}
     backbone.zero_grad()
     sum(o.mean() for o in backbone(x)).backward()
+    # eager trains P through KernelAttention (another summation order):
+    # gradients that are rounding noise (biases before a BatchNorm, ~1e-15)
+    # are compared against the model's gradient scale
+    floor = 1e-6 * max(g.abs().max() for g in got.values())
     for n, p in backbone.named_parameters():
         err = (got[n] -
-               p.grad).abs().max() / p.grad.abs().max().clamp_min(1e-12)
+               p.grad).abs().max() / p.grad.abs().max().clamp_min(floor)
         assert err < 1e-5, n
 
 

@@ -219,7 +219,8 @@ def spy(monkeypatch):
 
         monkeypatch.setattr(cls, 'forward', staticmethod(spied))
 
-    wrap(KERNEL.GaussianKernel, 'kernel')
+    wrap(KERNEL.GaussianKernel, 'kernel')  # A
+    wrap(KERNEL.KernelAttention, 'kernel')  # P (training)
     wrap(PINV.NewtonInverse, 'pinv')
     wrap(LZ.LanczosApply, 'pinv')
     iterate = PINV.newton_iterate

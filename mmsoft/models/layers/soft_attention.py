@@ -19,10 +19,11 @@ from typing import Mapping, Optional, Tuple, Union
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
+from torch.autograd.function import once_differentiable
 
 from mmsoft.registry import ATTENTIONS
 from . import export_ops
-from .amp import SafeConv2d, autocast_off, compute_dtype, conv2d
+from .amp import SafeConv2d, autocast_off, compiling, compute_dtype, conv2d
 from .checks import check_choice, check_int, check_kernel_size
 from .nr_config import NRConfig
 
@@ -276,15 +277,84 @@ def bottleneck_apply(A, W, attn_norm=True, nr=None, nr_stats=None):
         return d * nr.apply(A, d * W.to(dtype), nr_stats)
 
 
+class KernelAttention(torch.autograd.Function):
+    """out = P Z, Z = ``inner(y, P^T V)``, P = kernel(x, y) (Eq. 5), for
+    training: grad P = G Z^T + V H^T (H: the gradient reaching P^T V) as
+    one product into one n x m buffer, G' = grad P * P in place. Autograd
+    would add two n x m gradients (one transposed) and multiply into a
+    third. ``inner`` (A and the pseudo-inverse) runs with autograd inside
+    the forward; its graph is kept for the backward."""
+
+    @staticmethod
+    def forward(ctx, x, y, v, inner):
+        self_kernel = x is y
+        P = kernel_forward(x, y, self_kernel)
+        with torch.enable_grad():
+            y_in = y.detach().requires_grad_(ctx.needs_input_grad[1])
+            PtV = torch.matmul(P.transpose(-1, -2), v).requires_grad_()
+            Z = inner(y_in, PtV)
+        ctx.graph = (Z, PtV, y_in)
+        ctx.self_kernel = self_kernel
+        ctx.save_for_backward(x, y, v, P, Z.detach())
+        return torch.matmul(P, Z.detach())
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, grad: torch.Tensor):
+        x, y, v, P, Z = ctx.saved_tensors
+        Z_graph, PtV, y_in = ctx.graph  # freed with this node
+        with autocast_off(grad.device.type):
+            inputs = (PtV, y_in) if y_in.requires_grad else (PtV, )
+            grads = torch.autograd.grad(  # retained: retain_graph outside
+                Z_graph,
+                inputs,
+                torch.matmul(P.transpose(-1, -2), grad),
+                retain_graph=True)
+            H = grads[0]
+            GK = torch.matmul(
+                torch.cat([grad, v.expand_as(grad)], -1),
+                torch.cat([Z, H], -1).transpose(-1, -2)).mul_(P)
+            yc = y - y.mean(-2, keepdim=True)
+            xc = yc if ctx.self_kernel else x - y.mean(-2, keepdim=True)
+            grad_x = grad_y = grad_v = None
+            if ctx.needs_input_grad[0]:
+                grad_x = (torch.matmul(GK, yc) -
+                          GK.sum(-1, keepdim=True) * xc).sum_to_size(x.shape)
+            if ctx.needs_input_grad[1]:
+                grad_y = (
+                    torch.matmul(GK.transpose(-1, -2), xc) -
+                    GK.sum(-2).unsqueeze(-1) * yc + grads[1])
+                grad_y = grad_y.sum_to_size(y.shape)
+            if ctx.needs_input_grad[2]:
+                grad_v = torch.matmul(P, H).sum_to_size(v.shape)
+        return grad_x, grad_y, grad_v, None
+
+
 def soft_attention(q, landmarks, v, attn_norm=True, nr=None, nr_stats=None):
     """out = P (A^+_n (P^T V)) (v's dtype) for q, v (B, h, n, d) and
-    landmarks (B, h, m, d), q and landmarks scaled by d^(-1/4) (Eq. 5)."""
-    P = gaussian_kernel(q, landmarks)  # (B, h, n, m)
-    A = gaussian_kernel(landmarks, landmarks)  # (B, h, m, m)
+    landmarks (B, h, m, d), q and landmarks scaled by d^(-1/4) (Eq. 5);
+    with a gradient, by :class:`KernelAttention` (outside torch.compile
+    and ONNX export)."""
+
+    def inner(y, PtV):  # A^+_n (P^T V), A = exp(Q~ (-) Q~)
+        A = gaussian_kernel(y, y)  # (B, h, m, m)
+        return bottleneck_apply(A, PtV, attn_norm, nr, nr_stats)
+
+    fused = (
+        torch.is_grad_enabled()
+        and any(t.requires_grad for t in (q, landmarks, v))
+        and not compiling() and not export_ops.is_exporting())
     with autocast_off(v.device.type):
-        PtV = torch.matmul(P.transpose(-1, -2), v.to(P.dtype))  # (B,h,m,d)
-        Z = bottleneck_apply(A, PtV, attn_norm, nr, nr_stats)
-        out = torch.matmul(P, Z)
+        if fused:
+            dtype = compute_dtype(q, landmarks)
+            y = landmarks.to(dtype)
+            # the self-kernel (m = n): one tensor in both roles
+            x = y if q is landmarks else q.to(dtype)
+            out = KernelAttention.apply(x, y, v.to(dtype), inner)
+        else:
+            P = gaussian_kernel(q, landmarks)  # (B, h, n, m)
+            PtV = torch.matmul(P.transpose(-1, -2), v.to(P.dtype))
+            out = torch.matmul(P, inner(landmarks, PtV))
     return out.to(v.dtype)
 
 

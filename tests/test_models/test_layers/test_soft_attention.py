@@ -7,8 +7,8 @@ import torch
 
 from mmsoft.models.backbones.soft import SOFTBlock
 from mmsoft.models.layers import (BottleneckSampler, NRConfig, SOFTAttention,
-                                  gaussian_kernel, landmark_grid,
-                                  soft_attention, with_nr)
+                                  bottleneck_apply, gaussian_kernel,
+                                  landmark_grid, soft_attention, with_nr)
 
 
 def newton_inverse(A, *args, stats=None, **kwargs):
@@ -63,6 +63,42 @@ def test_soft_attention_equals_dense_formula(attn_norm):
     out = soft_attention(q, lm, v, attn_norm, NRConfig(40, init))
     torch.testing.assert_close(
         out, dense_soft(q, lm, v, attn_norm, init), rtol=1e-6, atol=1e-6)
+
+
+@pytest.mark.parametrize('attn_norm', [True, False])
+@pytest.mark.parametrize('landmarks', ['strided', 'the queries'])
+def test_training_path_gradients_equal_autograds(attn_norm, landmarks):
+    """With a gradient, out = P Z(P^T V) runs as one Function
+    (KernelAttention: grad P = G Z^T + V H^T in one product, the kernel's
+    backward in place): its gradients equal plain autograd through the same
+    ops, float64 (the self-kernel m = n included), and gradcheck passes."""
+    g = torch.Generator().manual_seed(0)
+    q = torch.randn(2, 2, 24, 4, generator=g, dtype=torch.float64) / 2
+    q.requires_grad_()
+    v = torch.randn(2, 2, 24, 4, generator=g, dtype=torch.float64)
+    v.requires_grad_()
+    G = torch.randn(2, 2, 24, 4, generator=g, dtype=torch.float64)
+
+    def plain(q, lm, v):
+        P, A = gaussian_kernel(q, lm), gaussian_kernel(lm, lm)
+        Z = bottleneck_apply(A, P.transpose(-1, -2) @ v, attn_norm)
+        return P @ Z
+
+    def landmarks_of(q):
+        return q if landmarks == 'the queries' else q[:, :, ::3] * 1.1
+
+    out = soft_attention(q, landmarks_of(q), v, attn_norm)
+    assert out.grad_fn.name() == 'KernelAttentionBackward'
+    got = torch.autograd.grad(out, (q, v), G)
+    ref = plain(q, landmarks_of(q), v)
+    want = torch.autograd.grad(ref, (q, v), G)
+    torch.testing.assert_close(out, ref, rtol=1e-12, atol=1e-12)
+    for a, b in zip(got, want):
+        torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-12)
+    if attn_norm:  # its default gradient is exact (Eq. 16 without)
+        assert torch.autograd.gradcheck(
+            lambda q, v: soft_attention(q, landmarks_of(q), v, attn_norm),
+            (q, v))
 
 
 def test_normalisation_lowers_spectral_norm():
