@@ -37,6 +37,7 @@ in seconds)::
         --plot docs/en/benchmarks/benchmark_backbones.csv
 """
 import argparse
+import os
 import os.path as osp
 import sys
 import time
@@ -280,6 +281,20 @@ def read_rows(path):
     return rows
 
 
+#: glibc malloc settings that keep freed memory for reuse (no mmap per
+#: large tensor, no trimming): what a caching allocator gives a GPU run
+REUSE_MEMORY = {
+    'MALLOC_MMAP_THRESHOLD_': str(2**32),
+    'MALLOC_TRIM_THRESHOLD_': str(2**36),
+    'MALLOC_TOP_PAD_': str(2**30)
+}
+
+
+def memory_reused() -> bool:
+    """Whether this process runs with :data:`REUSE_MEMORY`."""
+    return all(os.environ.get(k) == v for k, v in REUSE_MEMORY.items())
+
+
 def main(argv=None):
     p = make_parser(__doc__)
     p.add_argument('--models', nargs='+', default=None)
@@ -306,6 +321,14 @@ def main(argv=None):
         help='a natural-looking image (default) or Gaussian noise: the '
         'cost of SOFT\'s block Lanczos depends on the data (noise needs '
         'larger Krylov spaces)')
+    p.add_argument(
+        '--reuse-memory',
+        action='store_true',
+        help='run with glibc malloc keeping freed memory for reuse '
+        '(%s): without it every large tensor is a fresh mmap whose '
+        'page faults cost PVTv2-b2 half its 800 x 1216 CPU time; '
+        'the rows say which' % ' '.join(f'{k}={v}'
+                                        for k, v in REUSE_MEMORY.items()))
     p.add_argument('--child', action='store_true', help=argparse.SUPPRESS)
     p.add_argument('--model', help=argparse.SUPPRESS)
     p.add_argument('--size', help=argparse.SUPPRESS)
@@ -321,6 +344,15 @@ def main(argv=None):
         default='tools/analysis/figures/benchmark.png',
         help='the PNG that --plot writes')
     args = p.parse_args(argv)
+    if args.reuse_memory and not memory_reused():
+        import subprocess
+        return subprocess.call(
+            [sys.executable, osp.abspath(__file__)] +
+            list(sys.argv[1:] if argv is None else argv),
+            env={
+                **os.environ,
+                **REUSE_MEMORY
+            })
     if args.plot:
         from mmsoft_tools.analysis import save_figure
         rows = read_rows(args.plot)
@@ -391,13 +423,15 @@ def main(argv=None):
 
 
 def main_alternate(args, parser):
-    import os
     models = args.models or DEFAULT_MODELS
     rows = []
     for size in args.sizes:
         for mode in args.modes:
             load = os.getloadavg()[0] if hasattr(os, 'getloadavg') else ''
-            print(f'{size} {mode} (load {load:.1f}):', flush=True)
+            print(
+                f'{size} {mode} (load {load:.1f}'
+                f'{", memory reused" if memory_reused() else ""}):',
+                flush=True)
             med, _ = alternate(models, size, mode, args.repeats, args.device,
                                args.threads, args.input)
             for name in models:

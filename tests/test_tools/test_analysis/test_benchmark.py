@@ -158,3 +158,23 @@ def test_alternate_rounds_and_the_no_inverse_floor(tmp_path, capsys):
             ] == ['soft_tiny_norm', 'soft_tiny_norm_floor', 'pvtv2_b1']
     assert rows[0]['baseline'] == 'pvtv2_b1' and float(rows[0]['ratio']) > 0
     assert rows[2]['ratio'] == ''
+
+
+def test_reuse_memory_reruns_with_the_allocator_settings(monkeypatch):
+    """``--reuse-memory`` runs the same command again with glibc's
+    settings that keep freed memory (not inherited: the rows say which);
+    a process that has them goes on."""
+    bm = load()
+    for k in bm.REUSE_MEMORY:
+        monkeypatch.delenv(k, raising=False)
+    calls = []
+    monkeypatch.setattr('subprocess.call',
+                        lambda cmd, env: calls.append((cmd, env)) or 7)
+    argv = ['--reuse-memory', '--sizes', '64x64x1', '--alternate']
+    assert bm.main(argv) == 7 and not bm.memory_reused()
+    (cmd, env), = calls
+    assert cmd[1].endswith('benchmark.py') and cmd[2:] == argv
+    assert all(env[k] == v for k, v in bm.REUSE_MEMORY.items())
+    for k, v in bm.REUSE_MEMORY.items():
+        monkeypatch.setenv(k, v)
+    assert bm.memory_reused()
