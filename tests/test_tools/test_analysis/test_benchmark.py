@@ -168,8 +168,12 @@ def test_reuse_memory_reruns_with_the_allocator_settings(monkeypatch):
     for k in bm.REUSE_MEMORY:
         monkeypatch.delenv(k, raising=False)
     calls = []
-    monkeypatch.setattr('subprocess.call',
-                        lambda cmd, env: calls.append((cmd, env)) or 7)
+
+    def call(cmd, env):
+        calls.append((cmd, env))
+        return 7
+
+    monkeypatch.setattr('subprocess.call', call)
     argv = ['--reuse-memory', '--sizes', '64x64x1', '--alternate']
     assert bm.main(argv) == 7 and not bm.memory_reused()
     (cmd, env), = calls
