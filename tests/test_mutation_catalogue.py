@@ -103,9 +103,15 @@ def test_config_section_reads_as_mutmut_reads_it(tmp_path, monkeypatch):
 
 def test_table_scores_each_group(tmp_path, monkeypatch):
     """killed + timeout over mutants - equivalent; survivors, mutants with
-    no test and the ones a spent budget left are not caught."""
+    no test and the ones a spent budget left are not caught. The results
+    are not committed: a group without one keeps the guide's row."""
     import run_mutmut
     monkeypatch.setattr(run_mutmut, 'RESULTS', str(tmp_path))
+    doc = tmp_path / 'doc.md'
+    kept = '| safety | 1 | 2 | 3 | 3 | 0 | 0 | 0 | 0 | 0 | 100.0% | 100.0% |'
+    doc.write_text(f'| tools | x |\n{run_mutmut.TABLE_START}\n| group |\n'
+                   f'{kept}\n{run_mutmut.TABLE_END}\n')
+    monkeypatch.setattr(run_mutmut, 'DOC', str(doc))
     eq = tmp_path / 'equivalent.txt'
     eq.write_text('# comment\nmmsoft.a.x_f__mutmut_4 same value\n')
     monkeypatch.setattr(run_mutmut, 'EQUIVALENT', str(eq))
@@ -131,9 +137,14 @@ def test_table_scores_each_group(tmp_path, monkeypatch):
                if r.startswith('| loading |'))
     cells = [c.strip() for c in row.strip('|').split('|')]
     assert cells[4:] == ['5', '1', '1', '1', '1', '2', '66.6%', '75.0%']
-    other = next(r for r in run_mutmut.table().splitlines()
-                 if r.startswith('| safety |'))
-    assert 'not run' in other
+    rows = run_mutmut.table().splitlines()
+    assert kept in rows and '| tools | 2400 | not run |' + ' |' * 9 in rows
+    run_mutmut.update_doc()  # the loading row replaces the table's
+    assert run_mutmut.doc_rows() == {
+        name: row + '\n'
+        for row in rows
+        for name in GROUPS if row.startswith(f'| {name} |')
+    }
 
 
 def test_listed_equivalents_are_skipped_and_groups_share_a_copy(
