@@ -19,7 +19,6 @@ and the safe fix (never torch's "weights_only=False" advice), and the
 marker is never created. ``make compat`` runs this on each stack of the
 support matrix.
 """
-import os
 import os.path as osp
 import pickle
 import sys
@@ -305,32 +304,3 @@ def test_loading_keeps_the_process_allow_list(tmp_path):
     cio.load_verified(path)
     mmsoft.compat.safe_torch_load(path, extra=[pickle.PickleError])
     assert sorted(map(str, get())) == before
-
-
-def test_removed_checksum_names_say_what_replaces_them():
-    """0.3.0's names warn with what they do now and what finds damage; a
-    name the module never had is an AttributeError naming it."""
-    for name, why in (('add_checksum', 'does nothing'), ('verify_checksum',
-                                                         'does nothing'),
-                      ('refused_globals', 'use safe_load.unsafe_globals')):
-        with pytest.warns(DeprecationWarning) as caught:
-            getattr(cio, name)
-        assert [str(w.message) for w in caught] == [
-            f'mmsoft.utils.checkpoint_io.{name} is deprecated: {why} (damage '
-            f'is found by describe_damage(path) / load_verified(path))'
-        ]
-    with pytest.raises(AttributeError) as e:
-        cio.checksum
-    assert str(e.value) == \
-        "module 'mmsoft.utils.checkpoint_io' has no attribute 'checksum'"
-
-
-def test_removed_names_warn_at_the_code_that_uses_them():
-    """The deprecation warning points at the line that uses the old name
-    (stacklevel 2), not into mmsoft: that line is what the user changes."""
-    with pytest.warns(DeprecationWarning) as caught:
-        cio.add_checksum
-    where = caught[0].filename
-    assert not where.startswith(osp.dirname(mmsoft.__file__))
-    if 'MUTANT_UNDER_TEST' not in os.environ:  # (mutmut adds a frame)
-        assert where == __file__

@@ -3,7 +3,6 @@
 import os
 import os.path as osp
 import pickle
-import warnings
 import zipfile
 from typing import List, Optional
 
@@ -196,20 +195,3 @@ def load_verified(path: str, map_location='cpu'):
             f'(non-zip) format: {type(e).__name__}: '
             f'{" ".join(str(e).split()) or "end of file"}); it was not '
             f'loaded (use an earlier or a fresh copy)') from None
-
-
-def __getattr__(name):  # 0.3.0's names, deprecated in 0.4, removed in 0.5
-    obj, why = dict(
-        add_checksum=(lambda checkpoint: checkpoint, 'does nothing'),
-        verify_checksum=(lambda checkpoint, filename='': False,
-                         'does nothing'),
-        refused_globals=(unsafe_globals, 'use safe_load.unsafe_globals'),
-    ).get(name, (0, 0))
-    if not why:
-        raise AttributeError(f'module {__name__!r} has no attribute {name!r}')
-    warnings.warn(
-        f'mmsoft.utils.checkpoint_io.{name} is deprecated: {why} (damage is '
-        f'found by describe_damage(path) / load_verified(path))',
-        DeprecationWarning,
-        stacklevel=2)
-    return obj

@@ -257,17 +257,6 @@ def test_flipped_bytes_in_rng_states_are_detected(tmp_path):
     _refused_by_hook(tmp_path, path, 'CRC error')
 
 
-def test_checksum_functions_are_deprecated_no_ops():
-    ckpt = dict(meta=dict(epoch=1), state_dict={'w': torch.ones(3)})
-    with pytest.deprecated_call():
-        assert cio.add_checksum(ckpt) is ckpt and ckpt['meta'] == dict(epoch=1)
-    with pytest.deprecated_call():
-        assert cio.verify_checksum(ckpt) is False
-    from mmsoft.utils.safe_load import unsafe_globals
-    with pytest.deprecated_call():  # 0.3.0's name
-        assert cio.refused_globals is unsafe_globals
-
-
 # --------------------------------------- newest complete checkpoint wins
 @pytest.mark.parametrize('damage', ['truncate', 'empty', 'flip'])
 def test_resume_skips_damaged_newest(tmp_path, damage):
