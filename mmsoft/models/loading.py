@@ -19,7 +19,7 @@ from . import converters as cv
 from .layers.soft_attention import SOFTAttention
 
 __all__ = [
-    'read_checkpoint', 'load_pretrained', 'check_attn_norm',
+    'read_checkpoint', 'load_pretrained', 'attn_norms', 'check_attn_norm',
     'check_checkpoint_for_model', 'SOFTPretrainedInit', 'pretrained_init_cfg',
     'missing_weights_message'
 ]
@@ -60,7 +60,8 @@ def read_checkpoint(filename, map_location='cpu', mmap: bool = False):
     return load_verified(path, map_location=map_location)
 
 
-def _attn_norms(model: torch.nn.Module) -> set:
+def attn_norms(model: torch.nn.Module) -> set:
+    """The ``attn_norm`` settings of ``model``'s SOFT attentions."""
     return set(m.attn_norm for m in model.modules()
                if isinstance(m, SOFTAttention))
 
@@ -70,18 +71,16 @@ def check_attn_norm(model: torch.nn.Module,
                     source: str,
                     config: Optional[str] = None) -> None:
     """Refuse weights converted (``meta['attn_norm']``, ``soft2mmsoft.py
-    --norm``) or trained (``model`` in the config text ``meta['cfg']``)
-    with another attention normalisation than ``model``'s."""
+    --norm``) or trained (``meta['mmsoft_attn_norm']``, recorded by
+    SafeCheckpointHook) with another attention normalisation than
+    ``model``'s."""
     meta = checkpoint.get('meta') if isinstance(checkpoint, Mapping) else 0
     meta = meta if isinstance(meta, Mapping) else {}
-    conv, have = meta.get('attn_norm'), _attn_norms(model)
-    cfg = re.search(r'^model = (.*?)(?=^\w+ = |\Z)', str(meta.get('cfg', '')),
-                    re.M | re.S)
-    cfg = cfg.group(1) if cfg else ''
-    want = {conv} if isinstance(conv, bool) else {
-        v == 'True'
-        for v in re.findall(r"\battn_norm'?\s*[=:]\s*(True|False)\b", cfg)
-    }
+    conv, have = meta.get('attn_norm'), attn_norms(model)
+    trained = meta.get('mmsoft_attn_norm')
+    trained = trained if isinstance(trained, (list, tuple)) else ()
+    want = {conv} if isinstance(conv, bool) else \
+        {v for v in trained if isinstance(v, bool)}
     if not want or not have or want == have:
         return
     s = [' / '.join(f'attn_norm={v}' for v in sorted(x)) for x in (want, have)]
@@ -94,7 +93,7 @@ def check_attn_norm(model: torch.nn.Module,
         f'a {kind[conv]} config or {opt}; if the weights are {kind[not conv]}'
         f' ones, convert them again {"without" if conv else "with"} --norm'
     ) if isinstance(
-        conv, bool) else (f'was trained with {s[0]} (the config stored in it)',
+        conv, bool) else (f'was trained with {s[0]} (recorded in its meta)',
                           f'the config it was trained with or {opt}')
     raise CheckpointMismatchError(
         f'checkpoint {source} {found}, but the model'
@@ -166,7 +165,7 @@ def load_pretrained(module: torch.nn.Module,
              if preset else f'model.backbone.{name(arch)} in the config') +
             ('' if list(have['embed_dims']) ==
              dims else f' and neck / head in_channels {dims}'))
-    norms, entry = _attn_norms(module), '' if entry == '<bare>' else \
+    norms, entry = attn_norms(module), '' if entry == '<bare>' else \
         f' ({entry!r})'
     layout = "authors' " + (
         cv.official_model_name(arch,

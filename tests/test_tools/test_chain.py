@@ -188,6 +188,8 @@ def test_train_writes_a_full_training_checkpoint(trained):
     ckpt = _load(t.ckpt)
     assert {'meta', 'state_dict', 'message_hub', 'optimizer'} <= set(ckpt)
     assert 'mmsoft_rng' in ckpt['meta']
+    # what loading.check_attn_norm reads (the det demo: attn_norm=True)
+    assert ckpt['meta']['mmsoft_attn_norm'] == [True]
     from mmsoft.utils.checkpoint_io import describe_damage
     assert describe_damage(t.ckpt) is None
     # the lock of the finished run is gone

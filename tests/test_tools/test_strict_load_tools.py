@@ -36,16 +36,14 @@ def setup(tmp_path_factory):
         ckpts[name] = path
 
     save('good', sd)
-    # a checkpoint of tools/train.py: mmengine stores the run's config text
-    # (the demo config: attn_norm=False)
-    from mmengine.config import Config
-    torch.save(
-        {
-            'state_dict': sd,
-            'meta': {
-                'cfg': Config.fromfile(cfg).pretty_text
-            }
-        }, str(tmp / 'trained.pth'))
+    # a checkpoint of tools/train.py: SafeCheckpointHook records the
+    # model's attn_norm (the demo config: False; test_chain checks it)
+    torch.save({
+        'state_dict': sd,
+        'meta': {
+            'mmsoft_attn_norm': [False]
+        }
+    }, str(tmp / 'trained.pth'))
     ckpts['trained'] = str(tmp / 'trained.pth')
     head1000 = dict(sd)
     head1000['head.fc.weight'] = torch.zeros(1000, 192)
@@ -115,7 +113,7 @@ def test_matching_checkpoint_is_tested(setup):
 
 def test_trained_checkpoint_of_the_other_attn_norm(setup):
     """Issue 36 (4): a tools/train.py checkpoint (attn_norm=False in its
-    stored config) tested with attn_norm=True exited 0 with a wrong top-1;
+    meta) tested with attn_norm=True exited 0 with a wrong top-1;
     now an error naming both settings and the fix."""
     msg = _error(setup, 'trained', '--cfg-options',
                  'model.backbone.attn_cfg.attn_norm=True')

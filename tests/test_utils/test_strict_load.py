@@ -220,8 +220,9 @@ def _attn_norm_refusal(model, checkpoint, *args):
 
 def test_attn_norm_of_converted_or_trained_weights_is_checked():
     """One check, two sources: ``meta['attn_norm']`` of a converted file
-    and the ``model`` of the config text mmengine stores in ``meta['cfg']``
-    (read as text, never run); a matching setting or none passes."""
+    and ``meta['mmsoft_attn_norm']`` that SafeCheckpointHook records in a
+    training checkpoint (the stored config text is not read); a matching
+    setting or none passes."""
     from mmsoft.models.loading import check_attn_norm
     model = SOFT(ARCH, attn_cfg=dict(type='SOFTAttention', attn_norm=False))
     conv = dict(meta=dict(attn_norm=True, official_model='soft_norm_tiny'))
@@ -232,17 +233,18 @@ def test_attn_norm_of_converted_or_trained_weights_is_checked():
         'results. Use a soft_norm_* config or --cfg-options model.backbone.'
         'attn_cfg.attn_norm=True; if the weights are soft_* ones, convert '
         'them again without --norm.')
-    cfg = ("x = dict(attn_norm=False)\nmodel = dict(\n    backbone=dict(\n"
-           "        attn_cfg={'attn_norm': True, 'type': 'soft'}))\n"
-           "y = dict(attn_norm=False)\n")
-    assert _attn_norm_refusal(model, dict(meta=dict(cfg=cfg)), 't.pth') == (
-        'checkpoint t.pth was trained with attn_norm=True (the config stored '
-        'in it), but the model has attn_norm=False (its SOFT attention): the '
+    trained = dict(meta=dict(mmsoft_attn_norm=[True]))
+    assert _attn_norm_refusal(model, trained, 't.pth') == (
+        'checkpoint t.pth was trained with attn_norm=True (recorded in its '
+        'meta), but the model has attn_norm=False (its SOFT attention): the '
         'weights would load and give wrong results. Use the config it was '
         'trained with or --cfg-options model.backbone.attn_cfg.'
         'attn_norm=True.')
-    for ok in (dict(meta=dict(attn_norm=False)), dict(meta=dict(cfg=cfg[:24])),
-               dict(meta=dict(cfg='import os; os._exit(1)')), {}, [1]):
+    cfg = "model = dict(backbone=dict(attn_cfg=dict(attn_norm=True)))\n"
+    for ok in (dict(meta=dict(attn_norm=False)),
+               dict(meta=dict(mmsoft_attn_norm=[False])),
+               dict(meta=dict(mmsoft_attn_norm=['True'])),
+               dict(meta=dict(cfg=cfg)), {}, [1]):
         check_attn_norm(model, ok, 'ok.pth')
 
 
@@ -438,8 +440,8 @@ def test_check_checkpoint_for_model_inputs(tmp_path):
 
 def test_attn_norm_refusal_the_other_way_and_mixed_settings():
     """soft_* weights in a soft_norm_* model name ``--norm`` as the fix the
-    other way round; a stored config with both settings names no single
-    option."""
+    other way round; a training checkpoint of both settings (per stage)
+    names no single option."""
     model = SOFT(ARCH, attn_cfg=dict(type='SOFTAttention', attn_norm=True))
     assert _attn_norm_refusal(
         model, dict(meta=dict(attn_norm=False)), 'n.pth'
@@ -449,10 +451,10 @@ def test_attn_norm_refusal_the_other_way_and_mixed_settings():
           'Use a soft_* config or --cfg-options model.backbone.attn_cfg.'
           'attn_norm=False; if the weights are soft_norm_* ones, convert them '
           'again with --norm.')
-    cfg = 'model = dict(a=dict(attn_norm=False), b=dict(attn_norm=True))\n'
-    assert _attn_norm_refusal(model, dict(meta=dict(cfg=cfg)), 't.pth') == (
+    mixed = dict(meta=dict(mmsoft_attn_norm=[False, True]))
+    assert _attn_norm_refusal(model, mixed, 't.pth') == (
         'checkpoint t.pth was trained with attn_norm=False / attn_norm=True '
-        '(the config stored in it), but the model has attn_norm=True (its '
+        '(recorded in its meta), but the model has attn_norm=True (its '
         'SOFT attention): the weights would load and give wrong results. Use '
         'the config it was trained with or its attn_cfg settings.')
 

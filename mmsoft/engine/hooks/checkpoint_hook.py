@@ -316,7 +316,11 @@ class SafeCheckpointHook(CheckpointHook):
         return isinstance(getattr(backend, '_backend', backend), LocalBackend)
 
     def before_save_checkpoint(self, runner, checkpoint) -> None:
+        from mmsoft.models.loading import attn_norms
         meta = checkpoint.setdefault('meta', {})
+        norms = attn_norms(runner.model)  # loading.check_attn_norm reads it
+        if norms:
+            meta['mmsoft_attn_norm'] = sorted(norms)
         if self.save_rng:
             states = self._pending_rng or [self._val_rng or get_rng_state()]
             meta['mmsoft_rng'] = dict(world_size=len(states), states=states)

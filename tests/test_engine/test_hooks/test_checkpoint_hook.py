@@ -796,6 +796,7 @@ class _Runner(SimpleNamespace):
         from mmengine.logging import MessageHub
         fields = dict(
             work_dir=str(work_dir),
+            model=nn.Module(),
             logger=_Log(),
             message_hub=MessageHub(f'hub_{uuid.uuid4().hex}'),
             epoch=0,
@@ -1206,6 +1207,35 @@ def test_sampler_seed_is_found_where_the_loader_keeps_it(tmp_path):
         runner._resume = True
         _resume_with(runner, dict(mmsoft_sampler_seed=7))
         assert runner.logger.ours() == []
+
+
+def test_checkpoint_records_the_attn_norm_it_was_trained_with(tmp_path):
+    """``meta['mmsoft_attn_norm']``: the model's ``attn_norm`` settings,
+    which ``loading.check_attn_norm`` reads back (nothing parses the
+    stored config text); a model without SOFT attention records none."""
+    import re
+
+    from mmsoft.models.layers import SOFTAttention
+    from mmsoft.models.loading import check_attn_norm
+    from mmsoft.utils.strict_load import CheckpointMismatchError
+    model = nn.Sequential(
+        SOFTAttention(8, 1, 1, attn_norm=True),
+        SOFTAttention(8, 1, 1, attn_norm=False))
+    for net, want in ((model, dict(mmsoft_attn_norm=[False, True])),
+                      (model[:1],
+                       dict(mmsoft_attn_norm=[True])), (nn.Linear(1, 1), {})):
+        checkpoint = dict(meta={})
+        SafeCheckpointHook(save_rng=False).before_save_checkpoint(
+            _Runner(tmp_path, model=net), checkpoint)
+        assert checkpoint == dict(meta=want)
+    trained = dict(meta=dict(mmsoft_attn_norm=[True]))
+    check_attn_norm(model[:1], trained, 'c.pth')  # the same setting
+    with pytest.raises(
+            CheckpointMismatchError,
+            match=re.escape(
+                'checkpoint c.pth was trained with attn_norm=True '
+                '(recorded in its meta), but the model has attn_norm=False')):
+        check_attn_norm(model[1:], trained, 'c.pth')
 
 
 def test_sampler_seed_left_alone_when_unchanged_or_unknown(tmp_path):
