@@ -18,9 +18,10 @@ from mmsoft.utils.checkpoint_io import (CheckpointError, CheckpointWriteError,
                                         load_verified, remove_stale_temps)
 from mmsoft.utils.rng_state import get_rng_state, set_rng_state
 from mmsoft.utils.safe_load import mmengine_checkpoints_allowed
-from .resume import (CheckpointDirInUse, claim_checkpoint_dir,
-                     find_newest_complete, missing_resume_file,
-                     no_complete_checkpoint, read_line)
+from .resume import (CheckpointDirInUse, checkpoint_dir_of,
+                     claim_checkpoint_dir, find_newest_complete,
+                     missing_resume_file, no_complete_checkpoint, read_line,
+                     training)
 
 __all__ = ['SafeCheckpointHook', 'VAL_MARKER']
 
@@ -30,13 +31,8 @@ __all__ = ['SafeCheckpointHook', 'VAL_MARKER']
 VAL_MARKER = '.mmsoft-val-pending'
 
 
-def _training(runner):
-    from mmengine.runner import BaseLoop  # not built: not training
-    return isinstance(getattr(runner, '_train_loop', None), BaseLoop)
-
-
 def _train_sampler(runner):
-    loader = runner.train_loop.dataloader if _training(runner) else None
+    loader = runner.train_loop.dataloader if training(runner) else None
     batch = getattr(loader, 'batch_sampler', None)
     return next(
         (s for s in (getattr(loader, 'sampler', None),
@@ -89,10 +85,7 @@ class SafeCheckpointHook(CheckpointHook):
         self._val_marker = None  # VAL_MARKER written for this validation
 
     def _checkpoint_dir(self, runner):
-        if self.out_dir is None or self.out_dir == runner.work_dir:
-            return runner.work_dir
-        return osp.join(self.out_dir,
-                        osp.basename(runner.work_dir.rstrip(osp.sep)))
+        return checkpoint_dir_of(runner.work_dir, self.out_dir)
 
     def before_run(self, runner) -> None:
         """Claim the checkpoint directory (training); check the file to
@@ -101,14 +94,14 @@ class SafeCheckpointHook(CheckpointHook):
         ``load_checkpoint`` (load_from, resume) reads mmengine's training
         checkpoints (``_allow_training_checkpoints``)."""
         _allow_training_checkpoints(runner)
-        training = _training(runner)
+        trains = training(runner)
         auto = getattr(runner, '_resume', False) and \
             getattr(runner, '_load_from', None) is None
-        ckpt_dir = self._checkpoint_dir(runner) if training or auto else ''
+        ckpt_dir = self._checkpoint_dir(runner) if trains or auto else ''
         result = [None, None, None]  # path, skipped, refusal
         if is_main_process() and ckpt_dir:
             try:
-                if training and '://' not in str(ckpt_dir):
+                if trains and '://' not in str(ckpt_dir):
                     claim_checkpoint_dir(ckpt_dir, runner.work_dir)
                 if auto:
                     path, skipped = find_newest_complete(
@@ -128,15 +121,7 @@ class SafeCheckpointHook(CheckpointHook):
                 raise FileNotFoundError(missing_resume_file(load_from))
             if osp.isfile(load_from) and not getattr(runner, '_has_loaded',
                                                      False):
-                from mmsoft.models.loading import check_attn_norm
-                ckpt = load_verified(load_from)
-                sd = ckpt.get('state_dict') if isinstance(ckpt, dict) else 0
-                # another model: StrictLoadHook names the key mismatch
-                if not isinstance(sd, dict) or set(sd) == set(
-                        runner.model.state_dict()):
-                    cfg = getattr(runner, 'cfg', None)  # named in the error
-                    check_attn_norm(runner.model, ckpt, load_from,
-                                    getattr(cfg, 'filename', None))
+                load_verified(load_from)  # the model: StrictLoadHook's check
         elif path is not None:
             runner.logger.info('mmsoft: resuming from the newest complete '
                                f'checkpoint {path}')
@@ -288,7 +273,7 @@ class SafeCheckpointHook(CheckpointHook):
         if self.save_rng:  # validation leaves the training RNG streams alone
             self._val_rng = get_rng_state()
         saved = self._saved
-        if saved and _training(runner) and is_main_process() and \
+        if saved and training(runner) and is_main_process() and \
                 self._is_local() and saved[1:] == (runner.epoch, runner.iter):
             # the validation of the checkpoint just saved: until it has
             # finished, a resume from that checkpoint validates it first

@@ -16,7 +16,7 @@ __all__ = [
     'CheckpointDirInUse', 'OWNER_FILE', 'checkpoint_candidates',
     'check_complete', 'check_undamaged', 'find_newest_complete',
     'claim_checkpoint_dir', 'checkpoint_dir_of', 'checkpoint_dir_refusal',
-    'no_complete_checkpoint', 'missing_resume_file'
+    'no_complete_checkpoint', 'missing_resume_file', 'training'
 ]
 
 _CKPT_RE = re.compile(r'^(?:epoch|iter)_(\d+)\.pth$')
@@ -26,6 +26,12 @@ OWNER_FILE = '.mmsoft-work-dir'
 
 class CheckpointDirInUse(CheckpointError):
     """A checkpoint directory belongs to the run of another work dir."""
+
+
+def training(runner) -> bool:
+    """Whether ``runner`` trains (its train loop is built)."""
+    from mmengine.runner import BaseLoop
+    return isinstance(getattr(runner, '_train_loop', None), BaseLoop)
 
 
 def read_line(path: str) -> Optional[str]:

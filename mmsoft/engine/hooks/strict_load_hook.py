@@ -196,11 +196,11 @@ def skip_pretrained_init(runner, source: str) -> None:
     ``allow_partial`` (a missing tensor is an error). One log line per
     dropped file; nothing when it keeps a pretrained load."""
     from mmengine.model import is_model_wrapper
-    from mmengine.runner import BaseLoop
 
     from mmsoft.models.loading import PRETRAINED
-    if not isinstance(getattr(runner, '_train_loop', None), BaseLoop):
-        return  # not training: no init_weights
+    from .resume import training
+    if not training(runner):
+        return  # no init_weights
     if not any(
             isinstance(h, StrictLoadHook) and not h.allow_partial
             for h in getattr(runner, 'hooks', ())):

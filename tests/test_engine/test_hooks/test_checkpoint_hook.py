@@ -956,36 +956,6 @@ def test_a_loaded_file_is_not_read_again(tmp_path):
         SafeCheckpointHook().before_run(runner)
 
 
-def test_load_from_attn_norm_is_checked_for_this_models_weights(tmp_path):
-    """``load_from`` with this model's keys and the other ``attn_norm``:
-    an error naming the file and the config; another model's keys are
-    left to StrictLoadHook (it names the mismatch), a file that is no
-    checkpoint dict to mmengine."""
-    from mmsoft.models.layers import SOFTAttention
-    from mmsoft.utils.strict_load import CheckpointMismatchError
-    model = nn.Sequential(SOFTAttention(8, 1, 1, attn_norm=False))
-    path = str(tmp_path / 'norm.pth')
-    cfg = SimpleNamespace(filename='configs/x.py')
-    for with_cfg, named in ((True, ' of configs/x.py'), (False, '')):
-        torch.save(
-            dict(meta=dict(attn_norm=True), state_dict=model.state_dict()),
-            path)
-        runner = _Runner(tmp_path, model=model, _load_from=path)
-        if with_cfg:
-            runner.cfg = cfg
-        with pytest.raises(CheckpointMismatchError) as e:
-            SafeCheckpointHook().before_run(runner)
-        assert str(e.value).startswith(
-            f'checkpoint {path} holds soft_norm_* weights (converted with '
-            f'attn_norm=True, --norm), but the model{named} has '
-            f'attn_norm=False (its SOFT attention)')
-    for other in (dict(meta=dict(attn_norm=True),
-                       state_dict={'x': 1}), [torch.ones(1)]):
-        torch.save(other, path)
-        SafeCheckpointHook().before_run(
-            _Runner(tmp_path, model=model, cfg=cfg, _load_from=path))
-
-
 def test_resume_from_another_dir_forgets_its_checkpoint_names(tmp_path):
     """Resumed from another directory's file: its ``max_keep_ckpts`` ids
     are dropped and a best checkpoint elsewhere becomes this directory's
