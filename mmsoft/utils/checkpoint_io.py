@@ -7,7 +7,8 @@ import zipfile
 from typing import List, Optional
 
 from .atomic import TMP_SUFFIX, remove_stale_temps
-from .safe_load import code_globals, safe_torch_load, unsafe_globals
+from .safe_load import (PickleWalker, code_globals, safe_torch_load,
+                        unsafe_globals)
 
 __all__ = [
     'CheckpointError', 'CheckpointWriteError', 'CheckpointRefused',
@@ -55,48 +56,6 @@ def describe_damage(path: str) -> Optional[str]:
 _LEGACY_MAGIC = 0x1950a86a20f9469cfc6c
 
 
-class _Stub:
-    """Any global of a pickle that :class:`_Walker` reads: calls, items
-    and states are taken and dropped (nothing of the file runs)."""
-
-    def __init__(self, *args, **kwargs):
-        pass
-
-    def __call__(self, *args, **kwargs):
-        return _Stub()
-
-    def __setitem__(self, key, value):
-        pass
-
-    def __setstate__(self, state):
-        pass
-
-    def append(self, value):
-        pass
-
-    def extend(self, values):
-        pass
-
-
-class _Walker(pickle.Unpickler):
-    """Reads one pickle of a legacy torch file with every global a
-    :class:`_Stub` (no code is imported or run); records the storages
-    it names: ``{key: (storage type, numel)}``."""
-
-    def __init__(self, f):
-        super().__init__(f)
-        self.storages = {}
-
-    def find_class(self, module, name):
-        return type('Stub', (_Stub, ), dict(global_name=name))
-
-    def persistent_load(self, pid):
-        if isinstance(pid, tuple) and len(pid) >= 5 and pid[0] == 'storage':
-            self.storages[str(pid[2])] = (getattr(pid[1], 'global_name',
-                                                  None), pid[4])
-        return _Stub()
-
-
 def _element_size(storage_type) -> Optional[int]:
     """Bytes per element of a legacy file's storage type (``FloatStorage``
     ...), or None when this torch does not know it."""
@@ -115,20 +74,20 @@ def _legacy_damage(path: str, size: int) -> Optional[str]:
     """Why the legacy-format (non-zip) torch file ``path`` is not complete
     (cut short in its pickles or in its storages, a storage of another
     size than its record says), or None: its pickles are read with
-    :class:`_Walker`, each storage's size header checked and its bytes
-    skipped. A plain pickle (no torch magic number) gets no verdict."""
+    :class:`~.safe_load.PickleWalker`, each storage's size header checked
+    and its bytes skipped. A plain pickle (no torch magic number) gets no
+    verdict."""
     truncated = f'is truncated or corrupt ({size} bytes; torch\'s legacy ' \
         f'(non-zip) format, cut short in its'
     try:
         with open(path, 'rb') as f:
-            if _Walker(f).load() != _LEGACY_MAGIC:
+            if PickleWalker(f).load() != _LEGACY_MAGIC:
                 return None
-            _Walker(f).load(), _Walker(f).load()  # protocol, system info
-            walker = _Walker(f)
-            walker.load()
-            keys = _Walker(f).load()
+            # protocol, system info, the object (naming its storages), keys
+            walkers = [PickleWalker(f) for _ in range(4)]
+            keys = [w.load() for w in walkers][3]
             for key in keys if isinstance(keys, list) else ():
-                kind, numel = walker.storages.get(str(key), (None, None))
+                kind, numel = walkers[2].storages.get(str(key), (None, None))
                 element = _element_size(kind)
                 if element is None or not isinstance(numel, int):
                     return None

@@ -17,7 +17,8 @@ from mmengine.logging.history_buffer import HistoryBuffer
 __all__ = [
     'safe_torch_load', 'unsafe_globals', 'RefusedGlobal',
     'RestrictedUnpickler', 'native_allow_list', 'torch_version',
-    'mmengine_safe_globals', 'code_globals', 'mmengine_checkpoints_allowed'
+    'mmengine_safe_globals', 'code_globals', 'mmengine_checkpoints_allowed',
+    'PickleWalker'
 ]
 
 
@@ -269,36 +270,64 @@ def _py3_name(module, name):
     return f'{_compat_pickle.IMPORT_MAPPING.get(module, module)}.{name}'
 
 
+class _Stub:
+    """Any global of a pickle that :class:`PickleWalker` reads: calls,
+    items and states are taken and dropped (nothing of the file runs)."""
+
+    def __init__(self, *args, **kwargs):
+        pass
+
+    def __call__(self, *args, **kwargs):
+        return _Stub()
+
+    def __setitem__(self, key, value):
+        pass
+
+    def __setstate__(self, state):
+        pass
+
+    def append(self, value):
+        pass
+
+    def extend(self, values):
+        pass
+
+
+class PickleWalker(pickle.Unpickler):
+    """Reads one pickle with every global a :class:`_Stub` (no code is
+    imported or run); records the globals it names in ``names``
+    (``module.name``, Python 3's names) and the storages of a legacy torch
+    file in ``storages``: ``{key: (storage type, numel)}``."""
+
+    def __init__(self, f, names=None):
+        super().__init__(f)
+        self.names = [] if names is None else names
+        self.storages = {}
+
+    def find_class(self, module, name):
+        self.names.append(_py3_name(module, name))
+        return type('Stub', (_Stub, ), dict(global_name=name))
+
+    def persistent_load(self, pid):
+        if isinstance(pid, tuple) and len(pid) >= 5 and pid[0] == 'storage':
+            self.storages[str(pid[2])] = (getattr(pid[1], 'global_name',
+                                                  None), pid[4])
+        return _Stub()
+
+
 def _pickled_globals(path, max_pickles=5):
     """``module.name`` of every global named by the pickles at the start of
-    ``path`` (torch's legacy format: 4 pickles, then raw storages), read
-    with :mod:`pickletools` (nothing is unpickled or run); a damaged pickle
-    raises, after the ones before it."""
-    import pickletools
-    out = []
+    ``path`` (torch's legacy format: 5 pickles, then raw storages), read
+    with :class:`PickleWalker` (nothing is run); a damaged pickle
+    raises."""
+    names = []
     with open(path, 'rb') as f:
         for _ in range(max_pickles):
             if not f.read(1):
                 break
             f.seek(-1, 1)
-            memo, strings, top = {}, [], None
-            for op, arg, _ in pickletools.genops(f):
-                name, pushed = op.name, None
-                if name == 'GLOBAL':
-                    out.append(_py3_name(*arg.split(' ', 1)))
-                elif name == 'STACK_GLOBAL' and len(strings) >= 2:
-                    out.append(_py3_name(strings[-2], strings[-1]))
-                elif isinstance(arg, str) and 'UNICODE' in name:
-                    pushed = arg
-                elif name in ('PUT', 'BINPUT', 'LONG_BINPUT', 'MEMOIZE'):
-                    memo[len(memo) if name == 'MEMOIZE' else arg] = top
-                    continue  # the value on the stack stays the same
-                elif name in ('GET', 'BINGET', 'LONG_BINGET'):
-                    pushed = memo.get(arg)
-                if pushed is not None:
-                    strings.append(pushed)
-                top = pushed
-    return list(dict.fromkeys(out))
+            PickleWalker(f, names).load()
+    return list(dict.fromkeys(names))
 
 
 #: modules whose globals run code or reach the system when unpickled
