@@ -18,8 +18,7 @@ __all__ = [
     'check_work_dir', 'seed_int', 'seed_problem', 'init_checkpoints',
     'checkpoint_problem', 'check_device', 'set_partial_load',
     'unwritable_reason', 'check_runner_checkpoints', 'load_config',
-    'config_syntax_error', 'cfg_options_action', 'cfg_value_problem',
-    'launcher_problem'
+    'config_syntax_error', 'cfg_options_action', 'launcher_problem'
 ]
 
 
@@ -202,6 +201,13 @@ def check_readable(path: str) -> None:
         ) from None
 
 
+def _existing(path: str) -> str:
+    """``path`` or its nearest existing parent."""
+    while not osp.exists(path) and osp.dirname(path) != path:
+        path = osp.dirname(path)
+    return path
+
+
 def unwritable_reason(path: str, directory: bool = False):
     """Why a file (``directory``: a directory) cannot be written at
     ``path``, or None: checked before heavy work. Missing parents are fine
@@ -212,9 +218,7 @@ def unwritable_reason(path: str, directory: bool = False):
         return 'is a directory; give a file name'
     if directory and osp.exists(path) and not osp.isdir(path):
         return 'exists and is not a directory'
-    parent = osp.dirname(path)
-    while not osp.exists(parent) and osp.dirname(parent) != parent:
-        parent = osp.dirname(parent)
+    parent = _existing(osp.dirname(path))
     if not osp.isdir(parent):
         return f'{parent} is a file, not a directory'
     if not os.access(parent, os.W_OK | os.X_OK):
@@ -451,49 +455,13 @@ _VALUE_KINDS = (
 )
 
 
-def _config_value(cfg, key: str):
-    """The value of the dotted ``key`` in ``cfg`` (list items by index),
-    or ``KeyError`` where it has none."""
-    node = cfg
-    for part in key.split('.'):
-        if isinstance(node, (list, tuple)) and part.isdigit() and \
-                int(part) < len(node):
-            node = node[int(part)]
-        elif hasattr(node, 'keys') and part in node:
-            node = node[part]
-        else:
-            raise KeyError(key)
-    return node
-
-
-def cfg_value_problem(cfg, key: str, value) -> Optional[str]:
-    """Why the ``--cfg-options`` value ``value`` (as mmengine parsed it)
-    cannot replace the number / boolean that ``cfg`` has at ``key``
-    (``train_cfg.max_epochs=abc`` is the string ``'abc'``, which fails
-    deep inside the Runner), or None."""
-    try:
-        old = _config_value(cfg, key)
-    except KeyError:
-        return None
-    if old is None or value is None:
-        return None
-    for kind, takes, what in _VALUE_KINDS:
-        if isinstance(old, kind):
-            if isinstance(value, takes) and (kind is bool) == isinstance(
-                    value, bool):
-                return None
-            if isinstance(value, (list, tuple, dict)):
-                return None  # a new structure: the config's business
-            return (f'--cfg-options {key}={value!r}: the config\'s {key} is '
-                    f'{what} ({old!r}); give {what} (e.g. {key}={old})')
-    return None
-
-
-def cfg_option_problem(cfg, key: str) -> Optional[str]:
-    """Why the ``--cfg-options`` key ``key`` looks mistyped, or None: a
-    part of it that ``cfg`` does not have, where a key of nearly the same
-    name exists (``train_cfg.max_epoch`` for ``max_epochs``). New keys
-    without such a neighbour are allowed (``...checkpoint.out_dir``)."""
+def cfg_option_problem(cfg, key: str, value=None) -> Optional[str]:
+    """Why the ``--cfg-options`` item ``key=value`` (as mmengine parsed it)
+    looks wrong, or None: a part of ``key`` that ``cfg`` lacks where a key
+    of nearly the same name exists (``train_cfg.max_epoch``), or a value
+    that cannot replace the config's number / boolean there
+    (``max_epochs=abc``: a string, which fails deep inside the Runner).
+    New keys without such a neighbour are allowed."""
     import difflib
     node, done = cfg, []
     for part in key.split('.'):
@@ -515,6 +483,15 @@ def cfg_option_problem(cfg, key: str) -> Optional[str]:
         else:
             return None
         done.append(part)
+    if node is None or value is None or isinstance(value, (list, tuple, dict)):
+        return None  # a new structure: the config's business
+    for kind, takes, what in _VALUE_KINDS:
+        if isinstance(node, kind):
+            if isinstance(value, takes) and (kind is bool) == isinstance(
+                    value, bool):
+                return None
+            return (f'--cfg-options {key}={value!r}: the config\'s {key} is '
+                    f'{what} ({node!r}); give {what} (e.g. {key}={node})')
     return None
 
 
@@ -525,8 +502,7 @@ def merge_cfg_options(cfg, options: Optional[dict]) -> None:
     if not options:
         return
     for key, value in options.items():
-        problem = cfg_option_problem(cfg, key) or \
-            cfg_value_problem(cfg, key, value)
+        problem = cfg_option_problem(cfg, key, value)
         if problem:
             raise ToolError(problem)
     try:
@@ -550,9 +526,7 @@ def check_work_dir(path: Optional[str], option: str = '--work-dir') -> None:
     if osp.exists(path) and not osp.isdir(path):
         raise ToolError(f'{option} {path}: exists and is not a directory; '
                         'give a directory (it is created if needed)')
-    parent = path
-    while not osp.exists(parent) and osp.dirname(parent) != parent:
-        parent = osp.dirname(parent)
+    parent = _existing(path)
     if not osp.isdir(parent):
         raise ToolError(f'{option} {path}: {parent} is a file, not a '
                         'directory; give another path')
