@@ -36,9 +36,6 @@ from mmengine.registry import RUNNERS  # noqa: E402
 from mmengine.runner import Runner  # noqa: E402
 
 from mmsoft.utils.atomic import atomic_path  # noqa: E402
-from mmsoft.utils.checkpoint_io import CheckpointError  # noqa: E402
-from mmsoft.utils.checkpoint_io import CheckpointRefused  # noqa: E402
-from mmsoft.utils.strict_load import CheckpointMismatchError  # noqa: E402
 from mmsoft_tools import cli, data_check, launch  # noqa: E402
 
 
@@ -201,9 +198,9 @@ def dump_metric(scope, path):
 
 def main(argv=None):
     """Test the model; returns the metrics of ``test_evaluator`` (a dict,
-    e.g. ``{'accuracy/top1': ...}``; every rank gets them). Exits with
-    status 1 (and the message) on missing data or a checkpoint that does not
-    match the model."""
+    e.g. ``{'accuracy/top1': ...}``; every rank gets them). Bad input
+    (missing data, a checkpoint that does not match the model) stops it
+    with one line (:func:`mmsoft_tools.cli.run_main`)."""
     args = parse_args(argv)
     exit_if_no_checkpoint(args.checkpoint)  # before the config and Runner
     cfg = build_cfg(args)
@@ -240,9 +237,6 @@ def main(argv=None):
         if dump and is_main_process():  # rank 0 wrote it
             runner.logger.info(
                 f'Results has been saved to {osp.abspath(args.out)}.')
-    except (CheckpointMismatchError, CheckpointError,
-            CheckpointRefused) as e:  # wrong / damaged / unsafe weights
-        sys.exit(f'error: {e}')
     finally:
         # tear the process group down before interpreter exit: left to
         # atexit, gloo can abort ("terminate called without an active

@@ -9,27 +9,14 @@ The codebase is picked from the config's ``default_scope``::
         --cfg-options \
         model.backbone.init_cfg.checkpoint=/data/soft_norm_small.pth
 
-The guarantees come from what the shipped configs name, as with the host
-codebases' own ``tools/train.py`` (docs/en/advanced_guides/
-fault_tolerance.md): the backbone's missing ImageNet file stops
-``init_weights`` with one line (``SOFTPretrained``); ``StrictLoadHook``
-loads ``load_from`` strictly (``--partial-load`` sets its
-``allow_partial``) and refuses a ``--resume`` file that is not a training
-checkpoint of this optimizer; ``SafeCheckpointHook`` writes atomic
-checkpoints with RNG states, reads them safely and makes ``--resume``
-without a path take the newest complete one; ``NonFiniteLossHook`` stops
-at the first nan / inf loss.
-
-This tool adds: one run at a time per work dir
-(:mod:`mmsoft_tools.work_dir_lock`), the data check, without CUDA
-``--launcher pytorch`` (``tools/dist_train.sh``) on CPU processes with
-gloo (:mod:`mmsoft_tools.launch`) and ``--amp`` under bfloat16 autocast,
-and expected failures (wrong or damaged files, a full disk, the
-non-finite stop, ...) as one line (:func:`mmsoft_tools.cli.run_main`;
-docs/en/faq.md lists them).
+The guarantees come from the hooks the shipped configs name, as with the
+host codebases' own ``tools/train.py`` (docs/en/advanced_guides/
+fault_tolerance.md). This tool adds its pre-flight (the same checks before
+anything is written), one run per work dir, the data check, CPU
+distributed runs, ``--amp`` on CPU (:mod:`mmsoft_tools.launch`) and
+expected failures as one line (docs/en/faq.md).
 """
 import os
-import sys
 import warnings
 
 # mmengine 0.10 imports (and reloads) the deprecated pkg_resources at every
@@ -40,10 +27,6 @@ warnings.filterwarnings('ignore', message='pkg_resources is deprecated')
 from mmengine.registry import RUNNERS  # noqa: E402
 from mmengine.runner import Runner  # noqa: E402
 
-from mmsoft.utils.checkpoint_io import CheckpointError  # noqa: E402
-from mmsoft.utils.checkpoint_io import CheckpointRefused  # noqa: E402
-from mmsoft.utils.checkpoint_io import CheckpointWriteError  # noqa: E402
-from mmsoft.utils.strict_load import CheckpointMismatchError  # noqa: E402
 from mmsoft_tools import cli, data_check, launch  # noqa: E402
 
 
@@ -130,11 +113,7 @@ def main(argv=None):
         else:
             runner = RUNNERS.build(cfg)
         try:
-            runner.train()
-        except (CheckpointMismatchError, CheckpointWriteError, CheckpointError,
-                CheckpointRefused) as e:
-            # wrong, damaged or unsafe weights, full disk: one message
-            sys.exit(f'error: {e}')
+            runner.train()  # wrong weights, full disk: run_main's one line
         finally:
             # tear the process group down before interpreter exit: left to
             # atexit, gloo can abort ("terminate called without an active

@@ -19,7 +19,9 @@ few iterations with ``tools/train.py``; each test then feeds *that* checkpoint
   an uninterrupted run) -> ``tools/dist_test.sh`` on the CPU (2 processes,
   gloo), on test_train_test.py's UperNet config.
 """
+import contextlib
 import glob
+import io
 import json
 import os
 import os.path as osp
@@ -305,6 +307,19 @@ def _convert(script, *args):
     return load_tool(f'model_converters/{script}.py').main(list(args))
 
 
+def _stop_line(name, argv):
+    """The line ``tools/<name>.py`` stops with, as a user runs it
+    (``run_main``: exit status 1, the message last on stderr)."""
+    from mmsoft_tools.cli import run_main
+    err = io.StringIO()
+    with pytest.raises(SystemExit) as e, contextlib.redirect_stderr(err):
+        run_main(tool(name)['main'], argv)
+    if isinstance(e.value.code, str):  # sys.exit('error: ...')
+        return e.value.code
+    assert e.value.code == 1, err.getvalue()
+    return [ln for ln in err.getvalue().splitlines() if ln.strip()][-1]
+
+
 def test_converters_both_ways_classifier(trained, tmp_path, capsys):
     """Trained classifier -> official layout -> mmsoft: the same tensors,
     and tools/test.py gives the same metric on the round-tripped file. The
@@ -329,9 +344,7 @@ def test_converters_both_ways_classifier(trained, tmp_path, capsys):
 
     norm = str(tmp_path / 'norm.pth')
     assert _convert('soft2mmsoft', official, norm, '--norm') == 0
-    with pytest.raises(SystemExit) as e:
-        test([t.cfg, norm, '--work-dir', str(tmp_path / 'w3')])
-    msg = str(e.value.code)
+    msg = _stop_line('test', [t.cfg, norm, '--work-dir', str(tmp_path / 'w3')])
     assert msg.startswith(f'error: checkpoint {norm} holds soft_norm_* '
                           f'weights (converted with attn_norm=True'), msg
     assert f'but the model of {t.cfg} has attn_norm=False' in msg, msg
@@ -490,12 +503,9 @@ def test_load_from_other_arch_fails_partial_opt_in(trained, tmp_path, capsys):
     from random weights after 109 INFO lines (exit 0)."""
     det, cls = trained('det'), trained('cls')
     work = str(tmp_path / 'w')
-    with pytest.raises(SystemExit) as e:
-        tool('train')['main']([
-            cls.cfg, '--work-dir', work, '--cfg-options',
-            f'load_from={det.ckpt}'
-        ])
-    msg = str(e.value.code)
+    msg = _stop_line('train', [
+        cls.cfg, '--work-dir', work, '--cfg-options', f'load_from={det.ckpt}'
+    ])
     assert msg.startswith(f'error: checkpoint {det.ckpt} does not match the '
                           f'model (ImageClassifier)'), msg
     assert not glob.glob(osp.join(work, 'epoch_*.pth'))
@@ -509,12 +519,9 @@ def test_load_from_other_arch_fails_partial_opt_in(trained, tmp_path, capsys):
                 for k, v in sd.items() if not k.startswith('head.')
             }
         }, headless)
-    with pytest.raises(SystemExit) as e:
-        tool('train')['main']([
-            cls.cfg, '--work-dir', work, '--cfg-options',
-            f'load_from={headless}'
-        ])
-    assert 'pass --partial-load' in str(e.value.code)
+    assert 'pass --partial-load' in _stop_line('train', [
+        cls.cfg, '--work-dir', work, '--cfg-options', f'load_from={headless}'
+    ])
     part = str(tmp_path / 'part')
     train(cls.cfg, part, f'load_from={headless}', '--partial-load')
     logs = glob.glob(osp.join(part, '*', '*.log'))
@@ -531,10 +538,8 @@ def test_resume_from_weights_only_file_is_refused_first(trained, tmp_path):
     sd = _load(cls.ckpt)['state_dict']
     torch.save({'state_dict': sd, 'meta': {'attn_norm': False}}, weights)
     work = str(tmp_path / 'w')
-    with pytest.raises(SystemExit) as e:
-        tool('train')['main'](
-            [cls.cfg, '--work-dir', work, '--resume', weights])
-    msg = str(e.value.code)
+    msg = _stop_line('train',
+                     [cls.cfg, '--work-dir', work, '--resume', weights])
     assert msg == (
         f'error: --resume {weights}: not a training checkpoint (it has no '
         f'message_hub, meta.epoch, meta.iter); --resume continues a run from '
@@ -553,9 +558,7 @@ def test_second_run_in_work_dir_is_refused(trained, tmp_path):
     work = str(tmp_path / 'w')
     with work_dir_holder(work) as holder:
         before = sorted(os.listdir(work))
-        with pytest.raises(SystemExit) as e:
-            tool('train')['main']([cls.cfg, '--work-dir', work])
-        msg = str(e.value.code)
+        msg = _stop_line('train', [cls.cfg, '--work-dir', work])
         assert msg.startswith(
             f'error: work dir {work} is in use by another training run (pid '
             f'{holder.pid} on host {socket.gethostname()}, started '), msg

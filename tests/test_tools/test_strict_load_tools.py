@@ -5,7 +5,9 @@ The checkpoints that are tested carry a constant head (zero weights, a
 one-hot bias): the model predicts one class for every image, so the
 expected top-1 accuracy follows from the data set's labels alone and shows
 that the checkpoint's weights (not a random initialisation) were tested."""
+import contextlib
 import glob
+import io
 import os.path as osp
 import time
 
@@ -86,13 +88,22 @@ def _test(setup, name, *extra, work='work'):
 
 
 def _error(setup, name, *extra):
-    """The error of tools/test.py: ``sys.exit('error: ...')``, i.e. the
-    message on stderr and exit status 1, before any metric."""
-    with pytest.raises(SystemExit) as exc:
-        _test(setup, name, *extra)
-    assert isinstance(exc.value.code, str)  # exit status 1
-    assert exc.value.code.startswith('error: checkpoint ')
-    return exc.value.code
+    """The line tools/test.py stops with, before any metric, as a user
+    runs it (``run_main``: the message on stderr, exit status 1)."""
+    from mmsoft_tools.cli import run_main
+    cfg, ckpts, tmp = setup
+    err = io.StringIO()
+    with pytest.raises(SystemExit) as exc, contextlib.redirect_stderr(err):
+        run_main(
+            tool_namespace('test')['main'],
+            [cfg, ckpts[name], '--work-dir',
+             str(tmp / 'work'), *extra])
+    msg = exc.value.code  # sys.exit('error: ...') of the pre-flight
+    if not isinstance(msg, str):
+        assert msg == 1, err.getvalue()
+        msg = [ln for ln in err.getvalue().splitlines() if ln.strip()][-1]
+    assert msg.startswith('error: checkpoint ')
+    return msg
 
 
 def test_matching_checkpoint_is_tested(setup):

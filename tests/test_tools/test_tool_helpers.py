@@ -24,6 +24,12 @@ def test_one_line_expected_failures_become_one_line():
         'error: bad value here'
     from mmsoft.utils.strict_load import CheckpointMismatchError
     assert cli.one_line(CheckpointMismatchError('x')) == 'error: x'
+    # SafeCheckpointHook's full disk: its own line (the previous
+    # checkpoint, the fix), as tools/train.py printed it itself before
+    from mmsoft.utils.checkpoint_io import CheckpointWriteError
+    assert cli.one_line(CheckpointWriteError(
+        errno.ENOSPC, 'cannot save epoch_2.pth: kept epoch_1.pth')) == \
+        'error: cannot save epoch_2.pth: kept epoch_1.pth'
     assert cli.one_line(ValueError('x')) is None  # a bug: its traceback
     assert cli.one_line(KeyError('x')) is None
 
@@ -756,16 +762,18 @@ def test_dicts_and_sync_bn():
 
 
 def test_lock_work_dir(tmp_path, monkeypatch):
+    from mmsoft_tools.work_dir_lock import WorkDirLockedError
     cfg = Config(dict(work_dir=str(tmp_path / 'run')))
     lock = launch.lock_work_dir(cfg)
     try:
-        with pytest.raises(SystemExit) as e:
+        with pytest.raises(WorkDirLockedError) as e:
             launch.lock_work_dir(cfg)
-        assert str(e.value.code).startswith('error: ')
+        assert cli.one_line(e.value).startswith(  # run_main's line
+            f'error: work dir {cfg.work_dir} is in use by another training ')
         monkeypatch.setenv('RANK', '1')  # another rank takes no lock
         assert launch.lock_work_dir(cfg, 'pytorch') is None
         monkeypatch.setenv('RANK', '0')
-        with pytest.raises(SystemExit):
+        with pytest.raises(WorkDirLockedError):
             launch.lock_work_dir(cfg, 'pytorch')
     finally:
         lock.release()

@@ -33,6 +33,7 @@ EXPECTED = (
     ('mmsoft_tools.cli', 'ToolError'),
     ('mmsoft.utils.checkpoint_io', 'CheckpointError'),  # damaged file
     ('mmsoft.utils.checkpoint_io', 'CheckpointRefused'),  # pickled code
+    ('mmsoft.utils.checkpoint_io', 'CheckpointWriteError'),  # disk full
     ('mmsoft.utils.strict_load', 'CheckpointMismatchError'),  # wrong model
     ('mmsoft.engine.hooks.nonfinite_hook', 'NonFiniteLossError'),
     ('mmsoft.models.converters', 'ConversionError'),

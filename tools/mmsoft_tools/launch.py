@@ -63,18 +63,14 @@ def _dicts(node):
 
 
 def lock_work_dir(cfg, launcher: str = 'none'):
-    """Take the work dir's lock on rank 0
-    (:class:`mmsoft_tools.work_dir_lock.WorkDirLock`); another live run
-    there stops this one with one line (exit 1). Returns the lock (None on
-    the other ranks)."""
+    """The work dir's lock (:class:`mmsoft_tools.work_dir_lock.WorkDirLock`,
+    taken on rank 0; None on the others): another live run there raises
+    ``WorkDirLockedError``."""
     from mmsoft_tools.data_check import launcher_rank
-    from mmsoft_tools.work_dir_lock import WorkDirLock, WorkDirLockedError
+    from mmsoft_tools.work_dir_lock import WorkDirLock
     if launcher_rank(launcher) != 0:
         return None
-    try:
-        return WorkDirLock(cfg.work_dir).acquire()
-    except WorkDirLockedError as e:
-        sys.exit(f'error: {e}')
+    return WorkDirLock(cfg.work_dir).acquire()
 
 
 def quiet_init_weights(model) -> None:
