@@ -357,6 +357,16 @@ def test_existing_data_passes(tmp_path, monkeypatch, capsys):
         '--work-dir', 'x', '--resume', '--cfg-options'
     ] + over, tmp_path)
     assert proc.returncode == 0, proc.stderr
+    # run as a script too, the tools' --cfg-options check (before: merged)
+    proc = _run_checked([
+        sys.executable,
+        osp.join(TOOLS, 'mmsoft_tools', 'data_check.py'), 'train', det,
+        '--cfg-options', 'train_cfg.max_epoch=1'
+    ], tmp_path)
+    assert proc.returncode == 1
+    assert proc.stderr.strip().splitlines()[-1].startswith(
+        "error: --cfg-options train_cfg.max_epoch: the config has no key "
+        "'max_epoch' under train_cfg; did you mean train_cfg.max_epochs?")
     assert dc.main(['train', det, '--cfg-options'] + over[:1]) == 1
     err = capsys.readouterr().err
     assert err.startswith('mmsoft: data for validation not found')

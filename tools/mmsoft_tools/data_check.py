@@ -394,29 +394,32 @@ def exit_if_missing(cfg, mode, launcher='none'):
 
 def pretrained_message(cfg, resume=None):
     """Why the ``Pretrained`` files of the config's ``init_cfg`` (the
-    backbone's ImageNet weights) cannot be read (missing, a folder,
-    damaged, offline), or None: checked once by the launch scripts'
-    pre-flight. A run that loads a checkpoint (``resume``: ``--resume``'s
-    value; ``load_from``) may not read them (StrictLoadHook): its Runner
-    decides."""
+    ImageNet weights) cannot be read (missing, a folder, damaged, offline),
+    or None: checked once by the launch scripts' pre-flight. A run that
+    loads a checkpoint (``--resume``'s value, ``load_from``) may not read
+    them (StrictLoadHook): its Runner decides."""
     if resume is not None or cfg.get('load_from', None):
         return None
-    try:
-        from mmsoft_tools.checkpoint_files import missing_pretrained
-    except ImportError:  # run as a script: its folder is on sys.path
-        from checkpoint_files import missing_pretrained
-    msg = missing_pretrained(cfg)
+    cli, files = _tools()
+    msg = files.missing_pretrained(cfg)
     if msg:
         return msg
     try:  # a folder, damaged, offline
-        from mmsoft_tools.cli import ToolError, check_init_checkpoints
-    except ImportError:  # run as a script: the tools' package is not
-        return None  # importable (tools/train.py checks them itself)
-    try:
-        check_init_checkpoints(cfg)
-    except ToolError as e:
+        cli.check_init_checkpoints(cfg)
+    except cli.ToolError as e:
         return str(e)
     return None
+
+
+def _tools():
+    """The tools' ``cli`` and ``checkpoint_files`` (run as a script, this
+    file's folder is on ``sys.path`` instead of the package)."""
+    try:
+        from mmsoft_tools import checkpoint_files, cli
+    except ImportError:
+        import checkpoint_files
+        import cli
+    return cli, checkpoint_files
 
 
 def main(argv=None):
@@ -424,21 +427,14 @@ def main(argv=None):
     [--cfg-options k=v ...] [other tool arguments, ignored]``: exit code 0
     when the data is there, else the message and 1."""
     import argparse
-
-    from mmengine.config import Config, DictAction
-    try:  # the tools' checks: a syntax error, a mistyped key: one line
-        from mmsoft_tools import cli
-    except ImportError:  # run as a script: mmengine's own
-        cli = None
+    cli, _ = _tools()  # a syntax error, a mistyped key: one line
     parser = argparse.ArgumentParser(
         description='check that the data a config needs exists',
         add_help=False)  # the tools' own --help goes through
     parser.add_argument('mode', choices=sorted(_MODES))
     parser.add_argument('config')
     parser.add_argument(
-        '--cfg-options',
-        nargs='+',
-        action=cli.cfg_options_action() if cli else DictAction)
+        '--cfg-options', nargs='+', action=cli.cfg_options_action())
     parser.add_argument('--resume', nargs='?', const='auto')
     try:
         args, _ = parser.parse_known_args(argv)
@@ -447,16 +443,9 @@ def main(argv=None):
                 f'mmsoft: config file not found: {args.config}',
                 file=sys.stderr)
             return 1
-        if cli is None:
-            cfg = Config.fromfile(args.config)
-            if args.cfg_options:
-                cfg.merge_from_dict(args.cfg_options)
-        else:
-            cfg = cli.load_config(args.config)
-            cli.merge_cfg_options(cfg, args.cfg_options)
-    except Exception as e:  # noqa: BLE001 - the tools' one-line errors
-        if cli is None or not isinstance(e, cli.ToolError):
-            raise
+        cfg = cli.load_config(args.config)
+        cli.merge_cfg_options(cfg, args.cfg_options)
+    except cli.ToolError as e:
         print(f'error: {e}', file=sys.stderr, flush=True)
         return 1
     msg = missing_data_message(cfg, args.mode) or \
