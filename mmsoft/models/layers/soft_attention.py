@@ -333,7 +333,7 @@ class KernelAttention(torch.autograd.Function):
 def soft_attention(q, landmarks, v, attn_norm=True, nr=None, nr_stats=None):
     """out = P (A^+_n (P^T V)) (v's dtype) for q, v (B, h, n, d) and
     landmarks (B, h, m, d), q and landmarks scaled by d^(-1/4) (Eq. 5);
-    with a gradient, by :class:`KernelAttention` (outside torch.compile
+    with a gradient, by ``KernelAttention`` (outside torch.compile
     and ONNX export)."""
 
     def inner(y, PtV):  # A^+_n (P^T V), A = exp(Q~ (-) Q~)
