@@ -9,6 +9,7 @@ pytest loads this file before the test files (and puts ``tests/`` on
 import contextlib
 import importlib
 import importlib.util
+import io
 import json
 import os
 import os.path as osp
@@ -374,6 +375,39 @@ def cls_demo_config(tmp, **batch_size):
     cfg = tmp / 'cls.py'
     cfg.write_text('\n'.join(lines) + '\n')
     return str(cfg)
+
+
+_AUTHORS_FILES = {}
+
+
+def authors_file(path, arch):
+    """An authors'-layout file (``{'model': state_dict}``, written from the
+    re-derivation ``tests/reference``) of the preset ``arch``, 224 x 224,
+    1000 classes, at ``path``: zeros expanded to the real shapes (a few
+    bytes on disk). Returns its number of tensors."""
+    if arch not in _AUTHORS_FILES:
+        from reference.official_soft_ref import random_official_state_dict
+
+        from mmsoft.models.arch_zoo import ARCH_ZOO
+        a = ARCH_ZOO[arch]
+        sd = random_official_state_dict(
+            a['embed_dims'],
+            a['num_heads'],
+            a['depths'],
+            num_classes=1000,
+            pretrain_img_size=224,
+            dtype=torch.float32)
+        zeros = {
+            k: torch.zeros((), dtype=v.dtype).expand(v.shape)
+            for k, v in sd.items()
+        }
+        buf = io.BytesIO()
+        torch.save({'model': zeros}, buf)
+        _AUTHORS_FILES[arch] = (buf.getvalue(), len(sd))
+    os.makedirs(osp.dirname(str(path)) or '.', exist_ok=True)
+    with open(str(path), 'wb') as f:
+        f.write(_AUTHORS_FILES[arch][0])
+    return _AUTHORS_FILES[arch][1]
 
 
 def flip_tensor_bytes(path, n, size=None):

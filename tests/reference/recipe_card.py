@@ -237,7 +237,7 @@ _DET_COMMON = dict(
 
 _DET_1X_TRAIN = [
     ('LoadImageFromFile', {}),
-    ('LoadAnnotations', dict(with_bbox=True)),
+    ('LoadAnnotations', dict(with_bbox=True, with_mask=False)),
     ('Resize', dict(scale=(1333, 800), keep_ratio=True)),
     ('RandomFlip', dict(prob=0.5)),
     ('PackDetInputs', {}),
@@ -245,7 +245,7 @@ _DET_1X_TRAIN = [
 _MS_SCALES = [(1333, s) for s in range(480, 801, 32)]
 _DET_3X_TRAIN = [
     ('LoadImageFromFile', {}),
-    ('LoadAnnotations', dict(with_bbox=True)),
+    ('LoadAnnotations', dict(with_bbox=True, with_mask=False)),
     ('RandomChoiceResize', dict(scales=_MS_SCALES, keep_ratio=True)),
     ('RandomFlip', dict(prob=0.5)),
     ('PackDetInputs', {}),

@@ -18,7 +18,7 @@ import os.path as osp
 
 import cv2
 import pytest
-from conftest import demo_support, tiny_demo_data, tool_namespace
+from conftest import demo_support, random_model, tiny_demo_data, tool_namespace
 
 from mmsoft.models.layers.soft_attention import landmark_grid
 
@@ -76,17 +76,7 @@ def test_config_contents(task):
         assert gh * gw >= 4, (task, i, hw, r)
         hw = (hw + 1) // 2
     # the model builds and its heads match the backbone's channels
-    if task == 'det':
-        from mmdet.registry import MODELS
-        from mmdet.utils import register_all_modules
-    elif task == 'seg':
-        from mmseg.registry import MODELS
-        from mmseg.utils import register_all_modules
-    else:
-        from mmpretrain.registry import MODELS
-        from mmpretrain.utils import register_all_modules
-    register_all_modules()
-    model = MODELS.build(cfg.model)
+    model = random_model(cfg)
     n_params = sum(p.numel() for p in model.parameters())
     assert n_params < 5e6, n_params  # small enough to train on a CPU
 
@@ -149,46 +139,32 @@ def test_format_table():
     assert '| PASS ' in edge[2] and '| FAIL ' in edge[3]
 
 
-def test_demo_smoke(tmp_path, capsys):
-    """tools/demo.py end to end (one task; 3 iterations on tiny data)."""
-    demo = tool_namespace('demo', run_name='demo')
-    rc = demo['main']([
-        '--smoke', '--tasks', 'cls', '--threads', '1', '--data',
-        str(tmp_path / 'data'), '--work-dir',
-        str(tmp_path / 'wd')
-    ])
-    out = capsys.readouterr().out
-    assert rc == 0, out
-    assert '| classification | top-1' in out
-    assert 'predictions:' in out and 'cls_predictions.png' in out
-    wd = tmp_path / 'wd-smoke'
-    with open(wd / 'results.json') as f:
-        res = json.load(f)
-    assert res['smoke'] and res['tasks'] == ['cls']
-    assert 'accuracy/top1' in res['results']['cls']['metrics']
-    assert osp.isfile(res['results']['cls']['png'])
-    assert (wd / 'results.md').read_text().startswith('| task')
-    assert (tmp_path / 'data-smoke' / 'imagenet' / S.MANIFEST).is_file()
-
-
-def test_demo_smoke_amp(tmp_path, capsys):
-    """``--amp``: the tasks train with the AMP optim wrapper that
+@pytest.mark.parametrize('amp', [False, True])
+def test_demo_smoke(tmp_path, capsys, amp):
+    """tools/demo.py end to end (one task; 3 iterations on tiny data).
+    ``--amp``: the tasks train with the AMP optim wrapper that
     ``tools/train.py --amp`` sets (bfloat16 autocast on the CPU), results in
     ``<work-dir>-amp`` beside the float32 ones."""
     import torch
     demo = tool_namespace('demo', run_name='demo')
-    rc = demo['main']([
-        '--smoke', '--amp', '--tasks', 'cls', '--threads', '1', '--data',
-        str(tmp_path / 'data'), '--work-dir',
-        str(tmp_path / 'wd')
-    ])
+    rc = demo['main'](
+        ['--smoke', '--tasks', 'cls', '--threads', '1'] + ['--amp'] * amp +
+        ['--data',
+         str(tmp_path / 'data'), '--work-dir',
+         str(tmp_path / 'wd')])
     out = capsys.readouterr().out
     assert rc == 0, out
-    assert 'mixed precision (--amp)' in out
-    with open(tmp_path / 'wd-smoke-amp' / 'results.json') as f:
+    assert '| classification | top-1' in out
+    assert 'predictions:' in out and 'cls_predictions.png' in out
+    assert ('mixed precision (--amp)' in out) == amp
+    wd = tmp_path / ('wd-smoke-amp' if amp else 'wd-smoke')
+    with open(wd / 'results.json') as f:
         res = json.load(f)
-    assert res['amp'] is True
+    assert res['smoke'] and res['tasks'] == ['cls'] and res['amp'] == amp
     assert res['results']['cls']['optim_wrapper'] == (
-        'AmpOptimWrapper'
+        'OptimWrapper' if not amp else 'AmpOptimWrapper'
         if torch.cuda.is_available() else 'CPUAmpOptimWrapper')
     assert 'accuracy/top1' in res['results']['cls']['metrics']
+    assert osp.isfile(res['results']['cls']['png'])
+    assert (wd / 'results.md').read_text().startswith('| task')
+    assert (tmp_path / 'data-smoke' / 'imagenet' / S.MANIFEST).is_file()

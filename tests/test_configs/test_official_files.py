@@ -16,17 +16,14 @@ check is of keys and shapes, and a loaded backbone is all zeros.
 import functools
 import glob
 import importlib
-import io
-import os
 import os.path as osp
 import sys
 
 import pytest
 import torch
-from conftest import CONFIGS, ROOT, cls_demo_config, run
+from conftest import CONFIGS, ROOT, authors_file, cls_demo_config, run
 from mmengine.config import Config
 from mmengine.registry import DefaultScope
-from reference import official_soft_ref as ref
 
 from mmsoft.models import loading
 from mmsoft.models.arch_zoo import ARCH_ZOO
@@ -62,37 +59,6 @@ WRONG_ARCH = ("checkpoint checkpoints/soft_norm_small.pth holds the authors' "
 
 def load(name):
     return Config.fromfile(osp.join(CONFIGS, name + '.py'))
-
-
-_FILES = {}
-
-
-def authors_file(path, arch):
-    """An authors'-layout file (``{'model': state_dict}``) of the preset
-    ``arch``, 224 x 224, 1000 classes, at ``path``: zeros of the real
-    shapes. Returns its number of tensors."""
-    if arch not in _FILES:
-        a = ARCH_ZOO[arch]
-        sd = ref.random_official_state_dict(
-            a['embed_dims'],
-            a['num_heads'],
-            a['depths'],
-            num_classes=1000,
-            pretrain_img_size=224,
-            dtype=torch.float32)
-        buf = io.BytesIO()
-        torch.save(
-            {
-                'model': {
-                    k: torch.zeros((), dtype=v.dtype).expand(v.shape)
-                    for k, v in sd.items()
-                }
-            }, buf)
-        _FILES[arch] = (buf.getvalue(), len(sd))
-    os.makedirs(osp.dirname(str(path)), exist_ok=True)
-    with open(str(path), 'wb') as f:
-        f.write(_FILES[arch][0])
-    return _FILES[arch][1]
 
 
 @pytest.fixture

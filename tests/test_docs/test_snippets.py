@@ -25,7 +25,7 @@ import re
 import shlex
 
 import pytest
-from conftest import ROOT, load_module, load_tool
+from conftest import ROOT, authors_file, load_module, load_tool
 
 DOCS = osp.join(ROOT, 'docs', 'en')
 PAGES = sorted(glob.glob(osp.join(DOCS, '**', '*.md'),
@@ -159,7 +159,6 @@ def test_soft_snippet_in_a_resnet_config(where, code, scope, tmp_path,
     pytest.importorskip(scope)
     import torch
     from mmengine.registry import DefaultScope
-    from reference.official_soft_ref import random_official_state_dict
 
     from mmsoft.models import SOFT
     monkeypatch.chdir(tmp_path)
@@ -177,23 +176,8 @@ def test_soft_snippet_in_a_resnet_config(where, code, scope, tmp_path,
         out = model(torch.rand(1, 3, 64, 64), mode='tensor')
     assert _leaves(out) and all(torch.isfinite(t).all() for t in _leaves(out))
     # and loads the authors' file it names (zeros of the real shapes)
-    init = cfg.model.backbone.init_cfg
-    arch = SOFT.arch_zoo[cfg.model.backbone.arch]
-    sd = random_official_state_dict(
-        arch['embed_dims'],
-        arch['num_heads'],
-        arch['depths'],
-        num_classes=1000,
-        pretrain_img_size=224,
-        dtype=torch.float32)
-    os.makedirs(osp.dirname(init.checkpoint) or '.', exist_ok=True)
-    torch.save(
-        {
-            'model': {
-                k: torch.zeros((), dtype=v.dtype).expand(v.shape)
-                for k, v in sd.items()
-            }
-        }, init.checkpoint)
+    authors_file(cfg.model.backbone.init_cfg.checkpoint,
+                 cfg.model.backbone.arch)
     with DefaultScope.overwrite_default_scope(scope):
         model.init_weights()
     assert all(v.abs().sum() == 0
