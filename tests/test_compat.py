@@ -113,13 +113,6 @@ def test_torch_load_fails_outside_the_context(tmp_path):
 
 
 @needs_weights_only
-def test_allow_list_covers_mmengine_checkpoint(tmp_path, allowed):
-    path = tmp_path / 'iter_3.pth'
-    _mmengine_checkpoint(path)
-    assert torch.serialization.get_unsafe_globals_in_checkpoint(path) == []
-
-
-@needs_weights_only
 def test_mmengine_checkpoint_loads_weights_only(tmp_path, allowed):
     path = tmp_path / 'iter_3.pth'
     ckpt, _ = _mmengine_checkpoint(path)

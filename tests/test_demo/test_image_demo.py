@@ -50,7 +50,6 @@ model = dict(backbone=dict(arch={ARCH}),
              head=dict(in_channels={DIMS[3]}))
 """),
 }
-SCOPE = {'det': 'mmdet', 'seg': 'mmseg', 'cls': 'mmpretrain'}
 
 
 def _image(path, h=72, w=96, seed=0):
@@ -277,47 +276,30 @@ def _readme_code(task, models, images):
 def test_readme_python_api_in_one_process(models, images, tmp_path,
                                           monkeypatch):
     """The three README snippets one after the other in one interpreter,
-    as in a notebook: mmpretrain's inferencer builds its pipeline in the
-    *current* default scope, which mmdet's / mmseg's APIs leave at theirs
-    ("ResizeEdge is not in the mmseg::transform registry") unless the
-    snippet selects mmpretrain's scope itself."""
+    as in a notebook, each checked after it ran: mmpretrain's inferencer
+    builds its pipeline in the *current* default scope, which mmdet's /
+    mmseg's APIs leave at theirs ("ResizeEdge is not in the
+    mmseg::transform registry") unless the snippet selects mmpretrain's
+    scope itself."""
     from mmengine.registry import DefaultScope
     monkeypatch.chdir(tmp_path)
     ns = {}
     # the scope state of this process is restored afterwards
     with DefaultScope.overwrite_default_scope('mmdet'):
         for task in ('det', 'seg', 'cls'):
-            exec(
-                compile(
-                    _readme_code(task, models, images), f'README-{task}',
-                    'exec'), ns)
-    assert ns['result']['pred_class'] in models['cls'][2]
-
-
-@pytest.mark.parametrize('task', ['det', 'seg', 'cls'])
-def test_readme_python_api(task, models, images, tmp_path, monkeypatch):
-    code = _readme_code(task, models, images)
-    cfg, ckpt, classes = models[task]
-    monkeypatch.chdir(tmp_path)
-    ns = {}
-    # as in a fresh interpreter: no other codebase's default scope current
-    # (mmpretrain's inferencer builds its pipeline in the current scope);
-    # the scope state of this process is restored afterwards
-    from mmengine.registry import DefaultScope
-    with DefaultScope.overwrite_default_scope(SCOPE[task]):
-        exec(compile(code, f'README-{task}', 'exec'), ns)
-    if task == 'det':
-        assert ns['result'].pred_instances.bboxes.shape[1] == 4
-        assert ns['model'].dataset_meta['classes'] == tuple(classes) or \
-            list(ns['model'].dataset_meta['classes']) == classes
-    elif task == 'seg':
-        h, w = cv2.imread(images['single']).shape[:2]
-        assert tuple(ns['label_map'].shape) == (h, w)
-        assert cv2.imread(str(tmp_path / 'seg_vis.png')) is not None
-    else:
-        assert ns['result']['pred_class'] in classes
-        feats = ns['feats']
-        assert feats[-1].shape == (1, DIMS[3])
+            code = _readme_code(task, models, images)
+            exec(compile(code, f'README-{task}', 'exec'), ns)
+            classes = models[task][2]
+            if task == 'det':
+                assert ns['result'].pred_instances.bboxes.shape[1] == 4
+                assert list(ns['model'].dataset_meta['classes']) == classes
+            elif task == 'seg':
+                h, w = cv2.imread(images['single']).shape[:2]
+                assert tuple(ns['label_map'].shape) == (h, w)
+                assert cv2.imread(str(tmp_path / 'seg_vis.png')) is not None
+            else:
+                assert ns['result']['pred_class'] in classes
+                assert ns['feats'][-1].shape == (1, DIMS[3])
 
 
 def test_same_name_other_extension_both_kept(models, tmp_path, capsys):

@@ -39,26 +39,18 @@ def _pins():
     return pins
 
 
+DOCS, API = 'requirements/docs.txt', 'requirements/docs_api.txt'
+
+
 @pytest.mark.parametrize(
     'installed,missing',
     [
         ({}, []),
-        ({
-            'torch': '2.14.1+cpu'
-        }, []),  # the CPU wheel of docs_api.txt
-        ({
-            'torch': '2.14.1+cu130'
-        }, []),  # the project venv's
-        ({
-            'torch': '2.1.2'
-        }, ['requirements/docs_api.txt']),
-        ({
-            'sphinx': None
-        }, ['requirements/docs.txt']),
-        ({
-            'sphinx': None,
-            'mmengine': None
-        }, ['requirements/docs.txt', 'requirements/docs_api.txt']),
+        (dict(torch='2.14.1+cpu'), []),  # the CPU wheel of docs_api.txt
+        (dict(torch='2.14.1+cu130'), []),  # the project venv's
+        (dict(torch='2.1.2'), [API]),
+        (dict(sphinx=None), [DOCS]),
+        (dict(sphinx=None, mmengine=None), [DOCS, API]),
     ])
 def test_docs_env_lists_what_is_missing(installed, missing, monkeypatch):
     import importlib.metadata as metadata
