@@ -218,13 +218,28 @@ def test_linformer_cap_and_fixed_grid():
     assert lin.reduced_attention_row(tokens(), HW, 0).shape[-1] <= 8
 
 
-def test_spread_to_tokens_is_the_transpose_of_pooling():
-    w = torch.rand(3, 6, dtype=torch.float64)
-    z = torch.randn(6, 4, dtype=torch.float64)  # a 6 x 4 map, r = 2
-    spread = spread_to_tokens(w, (6, 4), 2)
-    pooled = F.avg_pool2d(z[None, None], 2).flatten()
+@pytest.mark.parametrize('kw, m', [({}, 12), (dict(max_landmarks=6), 4),
+                                   (dict(landmark_hw=(1, 3)), 3)])
+def test_spread_to_tokens_is_the_transpose_of_pooling(kw, m):
+    """The transpose of the r x r average pooling of the map (with
+    ``max_landmarks`` / ``landmark_hw``: of the capped grid, ``reduce_map``),
+    each row's total weight kept; weights of another length are one
+    line."""
+    w = torch.rand(3, m, dtype=torch.float64)
+    z = torch.randn(6, 8, dtype=torch.float64)
+    spread = spread_to_tokens(w, (6, 8), 2, **kw)
+    pooled = reduce_map(z[None, None], 2, **kw).flatten()
+    assert pooled.numel() == m
     torch.testing.assert_close(spread @ z.flatten(), w @ pooled)
-    torch.testing.assert_close(spread.sum(-1), w.sum(-1))
+    if not kw:
+        pooled = F.avg_pool2d(z[None, None], 2).flatten()
+        torch.testing.assert_close(spread @ z.flatten(), w @ pooled)
+        torch.testing.assert_close(spread.sum(-1), w.sum(-1))
+    for bad in (torch.rand(m + 1), torch.rand(3, 4, m - 1)):  # any dims
+        with pytest.raises(ValueError) as info:
+            spread_to_tokens(bad, (6, 8), 2, **kw)
+        n = bad.shape[-1]
+        assert str(info.value) == f'{n} weights for {m} reduced tokens'
 
 
 # ---------------------------------------------------------------- performer
@@ -406,23 +421,6 @@ def test_query_index_of_a_pair_or_a_flat_index():
         assert str(info.value) == msg
 
 
-@pytest.mark.parametrize('kw, m', [(dict(max_landmarks=6), 4),
-                                   (dict(landmark_hw=(1, 3)), 3)])
-def test_spread_to_tokens_follows_the_landmark_cap(kw, m):
-    """With ``max_landmarks`` / ``landmark_hw`` the reduced grid is the
-    capped one (``reduce_map``): its transpose still, and weights of
-    another length are one line."""
-    w = torch.rand(2, m, dtype=torch.float64)
-    z = torch.randn(6, 8, dtype=torch.float64)
-    spread = spread_to_tokens(w, (6, 8), 2, **kw)
-    pooled = reduce_map(z[None, None], 2, **kw).flatten()
-    assert pooled.numel() == m
-    torch.testing.assert_close(spread @ z.flatten(), w @ pooled)
-    with pytest.raises(ValueError) as info:
-        spread_to_tokens(torch.rand(2, m + 1), (6, 8), 2, **kw)
-    assert str(info.value) == f'{m + 1} weights for {m} reduced tokens'
-
-
 def test_print_names_each_mixers_settings():
     """``print(model)`` shows the heads, the ratio and what each mixer adds
     (``repr_keys``), and the sampler's cap on the landmarks."""
@@ -515,13 +513,6 @@ def test_linformer_rows_follow_the_landmark_cap(kw):
         v = values(attn, x)
         ref = attn.proj(merge(M @ v) + attn.dw_conv_tokens(merge(v), hw))
         torch.testing.assert_close(attn(x, hw), ref, rtol=1e-9, atol=1e-9)
-
-
-def test_spread_to_tokens_names_the_weight_count_for_any_leading_dims():
-    for w in (torch.rand(5), torch.rand(3, 4, 5)):
-        with pytest.raises(ValueError) as info:
-            spread_to_tokens(w, (6, 4), 2)
-        assert str(info.value) == '5 weights for 6 reduced tokens'
 
 
 # ---------------------------------------------------- performer contracts
