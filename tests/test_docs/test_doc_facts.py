@@ -194,15 +194,19 @@ def csv_ratios():
             (r['model'], r['size'], r['mode']): float(r['time_ms'])
             for r in GEN.read_csv(name)
         })
-    name = 'detection_resolution_cpu.csv'
-    det = GEN.read_csv(name)
-    pairs(name, {
-        (r['model'], r['size'], r['mode']): float(r['time_ms'])
-        for r in det
-    })
-    for r in det:
-        if r['ratio']:
-            add(r['size'], r['baseline'][-2:], float(r['ratio']), name)
+    # the alternated runs; with memory reused, one run per load
+    for name in ('detection_resolution_cpu.csv',
+                 'detection_resolution_cpu_reused.csv'):
+        det = GEN.read_csv(name)
+        for note in {r.get('note') for r in det}:
+            pairs(
+                name, {
+                    (r['model'], r['size'], r['mode']): float(r['time_ms'])
+                    for r in det if r.get('note') == note
+                })
+        for r in det:
+            if r['ratio']:
+                add(r['size'], r['baseline'][-2:], float(r['ratio']), name)
     for _, name in GEN.GPU_CSVS:
         pairs(
             name, {
