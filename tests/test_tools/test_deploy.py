@@ -10,6 +10,8 @@ mmsoft_tools.deploy).
   segmentor, tiny architectures at small sizes;
 * one clear error line for what cannot be exported.
 """
+import contextlib
+import io
 import os
 import os.path as osp
 
@@ -300,9 +302,15 @@ def test_authors_file_gets_the_line_of_tools_test(tmp_path, capsys):
         capsys,
         [cfg, path, '--shape', '64', '64', '--out',
          str(tmp_path / 'x.onnx')])
-    with pytest.raises(SystemExit) as exit_:
-        tool('test')['main']([cfg, path, '--work-dir', str(tmp_path / 'w')])
-    assert line == str(exit_.value.code)
+    from mmsoft_tools.cli import run_main  # tools/test.py's door
+    err = io.StringIO()
+    with pytest.raises(SystemExit) as exit_, contextlib.redirect_stderr(err):
+        run_main(
+            tool('test')['main'],
+            [cfg, path, '--work-dir',
+             str(tmp_path / 'w')])
+    assert exit_.value.code == 1
+    assert line == [ln for ln in err.getvalue().splitlines() if ln.strip()][-1]
     assert f'convert it first: python tools/model_converters/soft2mmsoft.py ' \
         f'{path} weights/soft_demo.pth' in line
 
