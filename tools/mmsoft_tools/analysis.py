@@ -35,7 +35,7 @@ import subprocess
 import sys
 import time
 from collections import namedtuple
-from typing import Callable, Dict, List, Optional, Tuple
+from typing import Callable, Dict, List, Optional
 
 # ------------------------------------------------------------- model names
 NR_METHODS = ('iterative', 'spectral', 'lanczos')
@@ -45,29 +45,19 @@ NR_METHODS = ('iterative', 'spectral', 'lanczos')
 ATTENTION_NAMES = ('soft', 'soft_norm', 'softmax', 'linformer', 'performer',
                    'nystromformer', 'sima')
 
-
-def soft_archs() -> Tuple[str, ...]:
-    """The SOFT presets a name can use: the keys of ``SOFT.arch_zoo``
-    (``small-official`` also as ``small_official``)."""
-    from mmsoft.models.backbones import SOFT
-    return tuple(SOFT.arch_zoo)
-
-
 ModelName = namedtuple('ModelName', 'attn arch norm nr_method max_landmarks')
 
 
 def parse_model_name(name: str) -> ModelName:
     """``<attn>_<arch>[_norm][_iterative|_spectral][_ml<N>]``.
 
-    ``attn`` is an attention type of the zoo (``soft``, ``soft_norm``,
-    ``softmax``, ``linformer``, ``performer``, ``nystromformer``,
-    ``sima``), ``arch`` a SOFT preset (:func:`soft_archs`). ``soft_<arch>`` is
-    the NeurIPS model (no normalisation), ``soft_<arch>_norm`` =
-    ``soft_norm_<arch>`` the IJCV one. The SOFT attention also takes
-    ``_iterative`` / ``_spectral`` (the pseudo-inverse method, default
-    ``auto``) and ``_ml<N>`` (``max_landmarks=N``).
-    """
-    archs = soft_archs()
+    ``attn`` one of :data:`ATTENTION_NAMES`, ``arch`` a key of
+    ``SOFT.arch_zoo`` (``_`` for ``-``). ``soft_<arch>`` is the NeurIPS
+    model, ``soft_<arch>_norm`` = ``soft_norm_<arch>`` the IJCV one; SOFT
+    also takes the pseudo-inverse method (default ``auto``) and ``_ml<N>``
+    (``max_landmarks=N``)."""
+    from mmsoft.models.backbones import SOFT
+    archs = tuple(SOFT.arch_zoo)
     usage = (f'use <attn>_<arch>[_norm][_iterative|_spectral][_ml<N>] with '
              f'attn in {ATTENTION_NAMES} and arch in {archs}')
     for attn in sorted(ATTENTION_NAMES, key=len, reverse=True):

@@ -50,7 +50,6 @@ DEFAULT_OPSET = 17
 #: (--dynamo; its onnxscript functions start there)
 MIN_OPSET = 14
 MIN_OPSET_DYNAMO = 18
-_PACKAGES = {'mmpretrain': 'mmpretrain', 'mmdet': 'mmdet', 'mmseg': 'mmseg'}
 
 
 # ---------------------------------------------------------------- building
@@ -82,7 +81,7 @@ def build_model(config,
         raise ExportError(str(e)) from None
     scope = launch.import_codebase(cfg)
     init_default_scope(scope)
-    registry = importlib.import_module(f'{_PACKAGES[scope]}.registry')
+    registry = importlib.import_module(f'{launch.CODEBASES[scope]}.registry')
     random = checkpoint is None or str(checkpoint).lower() == 'none'
     if random and cfg.model.get('backbone'):  # no ImageNet file needed
         cfg.model.backbone.init_cfg = None

@@ -1,33 +1,9 @@
-"""Launcher compatibility used by ``tools/train.py`` and ``tools/test.py``.
-
-One set of tools serves mmpretrain, mmdet and mmseg configs. This module
-
-* picks the codebase from the config's ``default_scope`` and registers its
-  modules (:func:`import_codebase`);
-* makes ``--launcher pytorch`` / ``slurm`` work on machines without CUDA
-  (:func:`setup_cpu_distributed`). MMEngine 0.10.7 assumes a GPU per process
-  there: ``init_dist`` calls ``torch.cuda.set_device(local_rank)`` ("Found no
-  NVIDIA driver") and the default DDP wrapper passes
-  ``device_ids=[local_rank]`` (DDP rejects ``device_ids`` for CPU modules).
-  Without CUDA we therefore
-
-  1. use the ``gloo`` backend (``env_cfg.dist_cfg.backend``),
-  2. initialise the process group ourselves with MMEngine's ``init_dist``
-     while ``torch.cuda.set_device`` is a no-op (only for that call), so
-     the Runner finds an initialised group and does not call it again,
-  3. set ``model_wrapper_cfg.device_ids=None`` (a CPU DDP),
-  4. replace ``SyncBN`` by ``BN`` in ``cfg.model`` (``SyncBatchNorm`` has no
-     CPU implementation; each process keeps its own statistics);
-
-  nothing of this happens when CUDA is available;
-* implements ``--amp`` (:func:`enable_amp`): ``AmpOptimWrapper`` with a
-  dynamic loss scale on CUDA, as in mmdet; on CPU, where MMEngine's
-  ``AmpOptimWrapper`` refuses to start and fp16 autocast does not exist,
-  :class:`mmsoft.engine.optimizers.CPUAmpOptimWrapper` (bfloat16
-  autocast, no loss scaling; registered by ``import mmsoft``); models
-  with mmcv's RoIAlign (no bfloat16 CPU kernel) get a clear error instead.
-"""
-import contextlib
+"""What ``tools/train.py`` / ``tools/test.py`` do to a config of any of
+the three codebases before the Runner is built: import the codebase of its
+``default_scope``, ``--launcher pytorch`` / ``slurm`` without CUDA
+(:func:`setup_cpu_distributed`), ``--amp`` (:func:`enable_amp`), a run name
+of its own (:func:`name_run`), one run per work dir (:func:`lock_work_dir`)
+and the process group's tear-down (:func:`shutdown_dist`)."""
 import importlib
 import itertools
 import logging
@@ -129,15 +105,10 @@ def _log_rank0(msg, **kwargs):
         print_log(msg, logger='current', **kwargs)
 
 
-@contextlib.contextmanager
 def _cuda_set_device_disabled():
-    """``torch.cuda.set_device`` is a no-op inside this context."""
-    original = torch.cuda.set_device
-    torch.cuda.set_device = lambda device: None
-    try:
-        yield
-    finally:
-        torch.cuda.set_device = original
+    """A context in which ``torch.cuda.set_device`` is a no-op."""
+    from unittest import mock
+    return mock.patch.object(torch.cuda, 'set_device', lambda device: None)
 
 
 def setup_cpu_distributed(cfg, launcher: str) -> bool:
