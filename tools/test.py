@@ -7,17 +7,10 @@ The codebase is picked from the config's ``default_scope``::
     tools/dist_test.sh configs/upernet_soft_small_512x512_160k_ade20k.py \
         ckpt.pth 8 --cfg-options test_dataloader.dataset.data_root=data/ade
 
-The metrics of the config's ``test_evaluator`` are printed (mmseg: the
-per-class IoU/Acc table and mIoU; mmdet: the COCO summary; mmpretrain:
-top-k accuracy).
-
-``--out``: mmdet and mmpretrain dump the predictions to a pickle file;
-mmseg saves the predicted label maps as PNGs to that directory (as each
-codebase's own tools/test.py does).
-
-Expected failures (a missing, damaged or wrong checkpoint, a full disk
-for ``--out``, ...) end in one line (:func:`mmsoft_tools.cli.run_main`;
-docs/en/faq.md lists them).
+The metrics of the config's ``test_evaluator`` are printed. ``--out``:
+mmdet and mmpretrain dump the predictions to a pickle file, mmseg saves
+the label maps as PNGs to that directory (as their own tools/test.py do).
+Expected failures end in one line (docs/en/faq.md lists them).
 """
 import contextlib
 import copy
@@ -91,28 +84,11 @@ def trigger_visualization_hook(cfg, args, scope):
 
 
 def enable_tta(cfg, scope):
-    """``--tta``: wrap the model in the codebase's TTA model and test with
-    ``tta_pipeline``; like each codebase's own tools, mmpretrain and mmdet
-    configs without them get a flip TTA (mmseg configs ship both).
-
-    The views of each test image:
-
-    * mmpretrain / mmdet configs without ``tta_pipeline`` (mmsoft's
-      classification configs and every detector but RetinaNet): 2, the
-      test pipeline's image flipped horizontally, then as it is;
-      mmpretrain averages the two score vectors (``AverageClsScoreTTA``),
-      mmdet unflips the boxes (the packed ``flip`` / ``flip_direction``)
-      and merges them with NMS 0.5, at most 100 per image
-      (``DetTTAModel``);
-    * a config's own ``tta_pipeline`` / ``tta_model`` otherwise: mmdet's
-      RetinaNet one (inherited by mmsoft's RetinaNet configs): shorter
-      sides 800, 400, 1200 (longer <= 1333, 666, 2000) x (flipped, not
-      flipped) = 6 views, merged by ``DetTTAModel``; mmseg's
-      ADE20K one (inherited by mmsoft's UperNet configs): 6 scales (0.5,
-      0.75, ..., 1.75 of the test scale) x (not flipped, flipped) = 12
-      views, logits averaged (``SegTTAModel``). The papers report
-      single-scale results without TTA (IJCV 2024 Sec. 4.3).
-    """
+    """``--tta``: the codebase's TTA model on ``tta_pipeline``; as in each
+    codebase's own tools, mmpretrain / mmdet configs without them get a
+    flip TTA (2 views: flipped, then as it is; scores averaged, or boxes
+    unflipped and merged by NMS 0.5). The views of the configs' own TTA:
+    docs/en/user_guides/train_test.md."""
     if 'tta_model' not in cfg:
         if scope == 'mmpretrain':
             cfg.tta_model = dict(type='mmpretrain.AverageClsScoreTTA')

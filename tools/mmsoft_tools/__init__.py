@@ -1,29 +1,8 @@
-"""What mmsoft's tools need and the library does not.
-
-It lives in ``tools/`` and ships with them (``mmsoft/.mim/tools``, where
-``mim train mmsoft ...`` runs them); the ``mmsoft`` package does not know
-it. A script in ``tools/`` finds it next to itself (Python puts the
-script's folder on the module search path); a script in a sub-folder puts
-``tools/`` first there with the same two lines as the others (the only path
-edit of the tools: tests/test_tools/test_tool_cli.py).
-
-* :mod:`.launch` - one ``tools/train.py`` / ``tools/test.py`` for
-  mmpretrain, mmdet and mmseg configs: the codebase from
-  ``default_scope``, ``--launcher pytorch`` without CUDA, ``--amp`` on CPU,
-  one run per work dir (:mod:`.work_dir_lock`).
-* :mod:`.data_check` - the data a config needs is on disk, checked before
-  any worker starts (``python tools/mmsoft_tools/data_check.py``).
-* :mod:`.deploy` - ONNX export and verification
-  (``tools/deployment/pytorch2onnx.py``, ``benchmark_onnx.py``).
-* :mod:`.cli` - argparse types and options shared by the tools.
-* :mod:`.analysis` - what the scripts of ``tools/analysis`` share
-  (models, inputs, timing, figures).
-* :mod:`.demo_synthetic`, :mod:`.demo_tasks` - the synthetic COCO / ADE20K
-  / ImageNet data and the demo tasks of ``make demo``
-  (``tools/demo.py``, ``tools/misc/make_demo_data.py``).
-
-The submodules are imported on demand.
-"""
+"""What mmsoft's tools need and the library does not (docs/en/advanced_guides/
+architecture.md): it ships with them (``mmsoft/.mim/tools``); ``mmsoft``
+never imports it. A script in ``tools/`` finds it beside itself, one in a
+sub-folder puts ``tools/`` first on ``sys.path`` (the only path edit of the
+tools: tests/test_tools/test_tool_cli.py). Submodules import on demand."""
 import os.path as osp
 
 #: the tools folder: ``<checkout>/tools`` or ``<site>/mmsoft/.mim/tools``

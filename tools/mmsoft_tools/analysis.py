@@ -1,29 +1,8 @@
-"""What the scripts in ``tools/analysis`` share.
-
-* model names: :func:`parse_model_name` reads ``soft_tiny_norm``,
-  ``softmax_small``, ``soft_small_spectral_ml196`` ...;
-  :func:`soft_model_kwargs` turns a name into the keyword arguments of
-  :class:`mmsoft.models.backbones.SOFT` (archs: ``SOFT.arch_zoo``,
-  attentions: :func:`attn_cfg_of`), :func:`build_model` builds one (or a
-  config's backbone) with weights;
-* images: :func:`image_sets`, :func:`load_rgb`, :func:`to_tensor`;
-* measuring: :func:`measure_step` (time and peak memory of one step) and
-  :func:`run_isolated` (one measurement in a fresh process, whose result it
-  reads from a :func:`print_result` line);
-* the command line: :func:`make_parser`, :func:`add_hw_argument`,
-  :func:`add_timing_arguments`, :func:`add_model_arguments`;
-* outputs: :func:`pyplot`, :func:`save_figure`, :func:`write_csv`,
-  :func:`write_text` and :func:`write_results` (``<stem>.csv``, ``.md`` and
-  ``.png`` of a run), all written atomically
-  (:mod:`mmsoft.utils.atomic`).
-
-The scripts import it as ``mmsoft_tools.analysis``. Like every
-tool they import the ``mmsoft`` that Python finds: an install
-(``pip install -e .``, as ``make demo`` does, or ``pip install .``), or the
-checkout put on ``PYTHONPATH`` (``bash tools/python.sh
-tools/analysis/x.py ...`` does that). The module imports torch only in the
-functions that need it.
-"""
+"""What the scripts in ``tools/analysis`` share: model names
+(:func:`parse_model_name`) and models, images, measuring (time and peak
+memory of a step, one measurement per fresh process: :func:`run_isolated`),
+their command-line options and their outputs (CSV, markdown, figures),
+written atomically. Torch is imported only where needed."""
 import argparse
 import csv
 import io
@@ -86,8 +65,7 @@ def parse_model_name(name: str) -> ModelName:
 
 def attn_cfg_of(attn: str, norm: bool = False) -> dict:
     """The backbone's ``attn_cfg`` for a name of :data:`ATTENTION_NAMES`
-    (``soft`` is the NeurIPS model unless ``norm``; ``soft_norm`` the IJCV
-    one)."""
+    (``soft``: the NeurIPS model unless ``norm``)."""
     if attn not in ATTENTION_NAMES:
         raise ValueError(f'unknown attention {attn!r}; choose one of '
                          f'{ATTENTION_NAMES}')
@@ -97,8 +75,7 @@ def attn_cfg_of(attn: str, norm: bool = False) -> dict:
 
 
 def soft_model_kwargs(name: str) -> dict:
-    """The keyword arguments of ``SOFT(**kwargs)`` for a model name (see
-    :func:`parse_model_name`): ``arch`` and ``attn_cfg``."""
+    """``SOFT(**kwargs)``'s ``arch`` and ``attn_cfg`` of a model name."""
     m = parse_model_name(name)
     attn_cfg = attn_cfg_of(m.attn, m.norm)
     if m.nr_method:
@@ -134,9 +111,8 @@ def list_images(folder: str) -> List[str]:
 
 
 def image_sets(specs, num_images: int, demo_root=None):
-    """[(name, [items])] of the folders ``specs`` (``DIR`` or
-    ``name=DIR``); without any, the demo data's validation images, else
-    rendered synthetic scenes. An item is a path or an RGB uint8 array."""
+    """[(name, [paths or RGB arrays])] of the folders ``specs`` (``DIR`` or
+    ``name=DIR``), else of the demo data, else synthetic scenes."""
     sets = []
     for spec in specs or []:
         name, _, path = spec.rpartition('=')
@@ -193,9 +169,8 @@ def to_tensor(rgb, size):
 
 
 def build_model(name=None, config=None, checkpoint=None, **overrides):
-    """A SOFT backbone (eval mode) from a model name or a config's
-    ``model.backbone``, with weights from ``checkpoint`` (mmsoft format)
-    if given, else randomly initialised (with a warning)."""
+    """A SOFT backbone (eval mode) of a model name or a config's
+    ``model.backbone``, with ``checkpoint``'s weights or random ones."""
     from mmsoft.models.backbones import SOFT
     if config:
         from mmsoft_tools.cli import load_config
@@ -242,10 +217,8 @@ def random_batch(scope: str,
                  size: int,
                  batch_size: int = 2,
                  seg_classes: int = 150):
-    """A tiny batch of ``scope``'s data samples (random pixels and labels,
-    seeded; masks for a config ``name`` with 'mask' in it; segmentation
-    labels below ``seg_classes``) of ``size`` x ``size`` images: the input
-    of a model's data preprocessor."""
+    """A seeded random batch of ``scope``'s data samples (masks when
+    ``name`` has 'mask'), the input of a model's data preprocessor."""
     import torch
     g = torch.Generator().manual_seed(0)
     inputs = [
@@ -290,8 +263,7 @@ RESULT_PREFIX = 'RESULT '
 
 
 def sync_device(device: str):
-    """Wait for the queued kernels of ``device`` (CUDA; a no-op on the
-    CPU), so that a timer read next counts them."""
+    """Wait for ``device``'s queued kernels (CUDA; a no-op on the CPU)."""
     if device.startswith('cuda'):
         import torch
         torch.cuda.synchronize()
@@ -301,14 +273,10 @@ def measure_step(step: Callable[[], None],
                  device: str = 'cpu',
                  repeats: int = 3,
                  warmup: Optional[Callable] = None) -> Dict[str, float]:
-    """Peak memory of the first ``step()`` and median/min time of the next.
-
-    ``warmup`` (e.g. the step on a small input) runs first so that lazy
-    initialisation is not counted as the step's memory. Peak memory on the
-    CPU is the growth of the process's peak RSS during the call, so each
-    measurement should run in a fresh process (:func:`run_isolated`); on
-    CUDA it is ``torch.cuda.max_memory_allocated``.
-    """
+    """Peak memory of the first ``step()`` (after ``warmup``: lazy
+    initialisation is not the step's) and median / min time of the next
+    ``repeats``. On the CPU the peak is the growth of the process's peak
+    RSS: one measurement per fresh process (:func:`run_isolated`)."""
     import resource
 
     import torch
@@ -351,12 +319,9 @@ def print_result(res: dict):
 
 
 def run_isolated(argv: List[str], threads: Optional[int] = None) -> Dict:
-    """Run ``python argv...`` (plus ``--threads N`` if given) in a fresh
-    process that imports the same mmsoft; return its :func:`print_result`
-    dict.
-
-    Raises RuntimeError with the child's last error line on failure.
-    """
+    """The :func:`print_result` dict of ``python argv...`` (``--threads
+    N`` added) in a fresh process that imports the same mmsoft; a failure
+    raises RuntimeError with the child's last error line."""
     from mmsoft_tools import import_root
     if threads:
         argv = list(argv) + ['--threads', str(threads)]
@@ -379,8 +344,8 @@ def run_isolated(argv: List[str], threads: Optional[int] = None) -> Dict:
 
 # ------------------------------------------------------------ command line
 def make_parser(doc: str) -> argparse.ArgumentParser:
-    """A parser whose description is the first line of the script's
-    docstring and whose ``--help`` ends with all of it."""
+    """A parser described by the docstring's first line, all of it in
+    ``--help``."""
     return argparse.ArgumentParser(
         description=doc.split('\n')[0],
         formatter_class=argparse.RawDescriptionHelpFormatter,
@@ -417,10 +382,8 @@ def add_timing_arguments(parser: argparse.ArgumentParser,
                          threads: Optional[int] = None,
                          with_device: bool = True,
                          helps: Optional[Dict[str, str]] = None):
-    """The options of the measuring scripts: ``--repeats``, ``--warmup``
-    (if ``warmup`` is given), ``--device`` (``with_device``; None: CUDA if
-    there is one) and ``--threads`` (torch's intra-op threads), with these
-    defaults; ``helps`` replaces the help of an option by name."""
+    """``--repeats``, ``--warmup`` (if given), ``--device`` (None: CUDA if
+    any) and ``--threads`` with these defaults; ``helps``: {option: help}."""
     helps = dict(
         dict(
             repeats='timed repeats',
@@ -448,12 +411,9 @@ def add_stage_argument(parser: argparse.ArgumentParser, default: int,
 def add_model_arguments(parser: argparse.ArgumentParser,
                         model: str = 'soft_tiny_norm',
                         helps: Optional[Dict[str, str]] = None):
-    """``--model`` (a name, see :func:`parse_model_name`), ``--config``
-    (take ``model.backbone`` of a config instead), ``--checkpoint`` and
-    ``--images`` (folders, optionally ``name=DIR``; see
-    :func:`image_sets`), the inputs of :func:`build_model` and
-    :func:`image_sets`; ``helps`` replaces the help of an option by
-    name."""
+    """The inputs of :func:`build_model` and :func:`image_sets`:
+    ``--model``, ``--config``, ``--checkpoint``, ``--images``; ``helps``:
+    {option: help}."""
     helps = dict(
         dict(
             model=f'a model name (default {model})',
@@ -477,8 +437,7 @@ def pyplot():
 
 
 def save_figure(fig, path: str, dpi: int = 110):
-    """Lay out, write (atomically, any format matplotlib takes from the
-    extension) and close a figure."""
+    """Lay out, write atomically and close a figure."""
     from mmsoft.utils.atomic import atomic_path
     fig.tight_layout()
     with atomic_path(path, suffix=osp.splitext(path)[1], makedirs=True) as t:
@@ -492,8 +451,7 @@ def write_text(path: str, text: str):
 
 
 def write_csv(path: str, rows: List[dict], fields: Optional[List] = None):
-    """Rows as CSV with the columns ``fields`` (default: the keys of the
-    first row; extra keys are left out)."""
+    """Rows as CSV with the columns ``fields`` (default: the first row's)."""
     buf = io.StringIO()
     if fields is None and rows:
         fields = list(rows[0])
@@ -511,9 +469,9 @@ def write_results(out: str,
                   md: str,
                   fig=None,
                   figure_name: Optional[str] = None) -> List[str]:
-    """``<out>/<stem>.csv`` (the rows), ``.md`` (``md``) and the figure
-    ``fig``, if any, as ``figure_name`` (default ``<stem>.png``); prints the
-    table and what was written; returns the paths."""
+    """``<out>/<stem>.csv`` (the rows), ``.md`` (``md``) and ``fig`` (as
+    ``figure_name``, default ``<stem>.png``); prints ``md``; returns the
+    paths."""
     paths = [osp.join(out, f'{stem}.csv'), osp.join(out, f'{stem}.md')]
     write_csv(paths[0], rows, fields)
     write_text(paths[1], md)

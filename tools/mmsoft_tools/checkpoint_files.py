@@ -1,9 +1,6 @@
-"""The tools' checkpoint files: what both converter tools do with files
-and arguments (read the source safely with one-line errors, refuse an
-output that would replace the input, check the converted tensors against
-the model of the inferred arch, write atomically, turn a
-:class:`~mmsoft.models.converters.ConversionError` into ``error: ...`` and
-exit status 1) and the check for a config's missing ImageNet weights."""
+"""What both converter tools do with files and arguments (errors: one-line
+:class:`~mmsoft.models.converters.ConversionError`) and the check for a
+config's missing ImageNet weights."""
 import argparse
 import os
 import os.path as osp
@@ -23,12 +20,9 @@ from mmsoft.models.converters import (ConversionError, arch_for_mmsoft,
 
 
 def load_checkpoint_file(path: str, trust: bool = False):
-    """The checkpoint ``path`` on the CPU: weights only (tensors, plain
-    containers, timm's ``args`` Namespace) unless ``trust``. A missing,
-    damaged or refused file (the refused globals named) raises a one-line
-    :class:`ConversionError`; one that pickles code
-    (:func:`~mmsoft.utils.safe_load.code_globals`) is refused, trusted or
-    not, and its message never advises trusting it."""
+    """The checkpoint ``path`` on the CPU, weights only (and timm's
+    ``args`` Namespace) unless ``trust``; a file that pickles code is
+    refused either way, and never advised to be trusted."""
     from mmsoft.utils.checkpoint_io import describe_damage, refusal_message
     from mmsoft.utils.safe_load import (code_globals, safe_torch_load,
                                         unsafe_globals)
@@ -67,10 +61,8 @@ def load_checkpoint_file(path: str, trust: bool = False):
 
 
 def infer_arch(sd: Mapping, stage4_heads: Optional[int] = None) -> dict:
-    """:func:`~mmsoft.models.converters.infer_official_arch` with its
-    shapes checked: linear landmark ops, heads x head width that is not
-    the embed dim, stage-4 heads that are not a positive divisor of its
-    embed dim raise one :class:`ConversionError`."""
+    """:func:`~mmsoft.models.converters.infer_official_arch`, refusing
+    linear landmark ops and heads that do not divide the embed dims."""
     if stage4_heads is not None and (isinstance(stage4_heads, bool)
                                      or not isinstance(stage4_heads, int)
                                      or stage4_heads < 1):
@@ -125,11 +117,8 @@ _MMSOFT_KEY = re.compile(
 
 def already_mmsoft(ckpt, src: str) -> Optional[str]:
     """The one line for a ``src`` that is already an mmsoft checkpoint
-    (``backbone.stages...`` of an mmpretrain classifier written by
-    ``soft2mmsoft.py`` or by training, or the SOFT backbone's own keys,
-    older versions included): it needs no conversion. None for anything
-    else (an authors' file, an unknown layout: the converter's own
-    checks)."""
+    (mostly ``[backbone.]stages...`` keys): it needs no conversion; else
+    None."""
     from mmsoft.models.converters import find_official_state_dict
     if find_official_state_dict(ckpt):
         return None
@@ -198,10 +187,8 @@ def save_atomic(obj, path: str, writer=None) -> None:
 
 
 def save_checkpoint_atomic(obj, path: str) -> None:
-    """``torch.save`` ``obj`` atomically: ``path`` is the complete new file
-    or untouched, also on SIGINT / SIGTERM; temporaries of a killed earlier
-    run are removed. OS errors (full disk ...) raise a one-line
-    :class:`ConversionError`."""
+    """``torch.save`` ``obj`` atomically (temporaries of a killed earlier
+    run removed); OS errors (full disk ...) are a :class:`ConversionError`."""
     from mmsoft.utils.atomic import remove_stale_temps
     path = os.path.abspath(path)
     d = os.path.dirname(path)
@@ -221,9 +208,8 @@ def save_checkpoint_atomic(obj, path: str) -> None:
 
 
 def missing_output_dirs(dst):
-    """The folders above ``dst`` that do not exist yet (``weights/`` of a
-    fresh clone), deepest first; a file where one of them must be is one
-    :class:`ConversionError` naming it (checked before converting)."""
+    """The folders above ``dst`` that do not exist yet, deepest first; a
+    file in their place is a :class:`ConversionError`."""
     missing, d = [], osp.dirname(osp.abspath(dst))
     while not osp.lexists(d):
         missing.append(d)
@@ -291,10 +277,9 @@ def check_converted(sd: Mapping,
                     arch: Mapping,
                     src: str,
                     official: bool = False) -> None:
-    """Missing, unexpected or mis-shaped tensors of ``sd`` (mmsoft keys, or
-    the authors' keys if ``official``) against mmsoft's SOFT of ``arch``
-    (:func:`infer_arch`) and its head:
-    one :class:`ConversionError` naming them, as a strict load would."""
+    """Missing, unexpected or mis-shaped tensors of ``sd`` (the authors'
+    keys if ``official``) against mmsoft's SOFT of ``arch`` and its head:
+    one :class:`ConversionError`, as a strict load would."""
     from mmsoft.models.backbones import SOFT
     from mmsoft.utils.strict_load import (CheckpointMismatchError,
                                           check_state_dict)
@@ -322,8 +307,8 @@ def check_converted(sd: Mapping,
 
 def missing_pretrained(cfg, key: str = 'model') -> Optional[str]:
     """:func:`~mmsoft.models.loading.missing_weights_message` of the first
-    SOFT backbone under ``cfg[key]`` whose ``Pretrained`` checkpoint is a
-    missing local file, else None (before anything is built)."""
+    SOFT backbone under ``cfg[key]`` whose ``Pretrained`` file is missing,
+    else None."""
     from mmsoft.models.loading import PRETRAINED, missing_weights_message
     todo = [(key, cfg.get(key))]
     while todo:

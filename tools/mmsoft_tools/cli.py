@@ -1,9 +1,7 @@
-"""Command-line helpers shared by the tools (argparse types, input checks,
-the arguments of ``tools/train.py`` and ``tools/test.py``) and the one
-door every tool's ``main`` goes through, :func:`run_main`: the expected
-failures (:data:`EXPECTED`) end as one line ``error: ...`` on stderr and
-exit status 1; anything else keeps its traceback. The messages are listed
-in docs/en/faq.md (tests/test_tools/test_doors.py checks both)."""
+"""The tools' command line: argparse types, the arguments and pre-flight
+checks of ``tools/train.py`` / ``tools/test.py``, and :func:`run_main`, the
+door of every tool: an expected failure (:data:`EXPECTED`) is one line
+``error: ...`` and exit status 1 (docs/en/faq.md lists them)."""
 import argparse
 import errno
 import os
@@ -97,10 +95,8 @@ def one_line(exc: BaseException) -> Optional[str]:
 
 
 def _target_of_temp(path) -> str:
-    """The file an atomic write's temporary (``mmsoft.utils.atomic``:
-    ``.<name>.<pid>.<hex>.mmsoft-tmp[.suffix]``, removed on the error)
-    stands for, noting that it was not replaced; other paths as they
-    are."""
+    """The file an atomic write's temporary (``mmsoft.utils.atomic``)
+    stands for, ``(not replaced)``; other paths as they are."""
     import re
     path = '' if path is None else str(path)
     m = re.match(r'^\.(.+)\.\d+\.[0-9a-f]{8}\.mmsoft-tmp', osp.basename(path))
@@ -230,13 +226,10 @@ def unwritable_reason(path: str, directory: bool = False):
 def runner_parser(description: str, positionals: Dict[str,
                                                       str], work_dir_help: str,
                   checkpoint: str) -> argparse.ArgumentParser:
-    """The parser of ``tools/train.py`` and ``tools/test.py``: the
-    positional arguments (``{name: help}``, in order), ``--work-dir``,
-    ``--partial-load`` (for :func:`set_partial_load`; ``checkpoint``
-    names the checkpoint it applies to) and the options both hand to
-    mmengine's runner: ``--cfg-options``, ``--launcher`` and
-    ``--local-rank``. The tool adds its own options and parses with
-    :func:`parse_runner_args`."""
+    """The parser of ``tools/train.py`` and ``tools/test.py`` (parsed by
+    :func:`parse_runner_args`): ``positionals`` (``{name: help}``),
+    ``--work-dir``, ``--partial-load`` (``checkpoint``: what it applies
+    to), ``--cfg-options``, ``--launcher`` and ``--local-rank``."""
     parser = argparse.ArgumentParser(description=description)
     for name, text in positionals.items():
         parser.add_argument(name, help=text)
@@ -271,8 +264,9 @@ def runner_parser(description: str, positionals: Dict[str,
 
 def parse_runner_args(parser: argparse.ArgumentParser,
                       argv=None) -> argparse.Namespace:
-    """``parser.parse_args(argv)`` for a :func:`runner_parser`; sets
-    ``LOCAL_RANK`` from ``--local-rank`` where the launcher did not."""
+    """``parser.parse_args(argv)`` with the launcher, spaces lost from
+    ``--cfg-options`` values and the seed checked; sets ``LOCAL_RANK``
+    from ``--local-rank`` where the launcher did not."""
     raw = sys.argv[1:] if argv is None else list(argv)
     args = parser.parse_args(argv)
     problem = launcher_problem(args.launcher, parser.prog)
@@ -516,10 +510,9 @@ def merge_cfg_options(cfg, options: Optional[dict]) -> None:
 def check_work_dir(path: Optional[str], option: str = '--work-dir') -> None:
     """An output directory (``option``, e.g. ``--work-dir``) that cannot be
     created or written (a file, a read-only place): a one-line
-    :class:`ToolError` before anything is built. Writes a probe (a
-    temporary directory in the nearest existing folder, removed at once:
-    permission bits do not stop root, a read-only file system does) and
-    leaves nothing behind."""
+    :class:`ToolError` before anything is built. Probes with a temporary
+    directory in the nearest existing folder (permission bits do not stop
+    root, a read-only file system does), removed at once."""
     if not path:
         return
     import tempfile
@@ -640,10 +633,9 @@ def set_partial_load(cfg, partial_load: bool) -> None:
 
 
 def check_init_checkpoints(cfg) -> None:
-    """Every ``init_cfg`` checkpoint of ``cfg.model`` that is a directory,
-    a damaged file or an unreachable URL (:func:`checkpoint_problem`):
-    a one-line :class:`ToolError` naming the config key, before the Runner
-    is built (a missing file stops ``init_weights``: ``SOFTPretrained``)."""
+    """An ``init_cfg`` checkpoint of ``cfg.model`` with a
+    :func:`checkpoint_problem`: a :class:`ToolError` naming its key (a
+    missing file stops ``init_weights``: ``SOFTPretrained``)."""
     for key, path in init_checkpoints(cfg):
         problem = checkpoint_problem(path)
         if problem:
@@ -651,14 +643,11 @@ def check_init_checkpoints(cfg) -> None:
 
 
 def check_runner_checkpoints(cfg) -> None:
-    """The checkpoint files of a training run, checked before the Runner
-    dumps its config or builds anything: ``load_from`` / ``--resume PATH``
-    missing, a directory or damaged (:func:`checkpoint_problem`), a resume
-    without a path where every checkpoint of the work dir is damaged, and
-    the checkpoint directory (``default_hooks.checkpoint.out_dir``) when
-    the run of another work dir holds it: a one-line :class:`ToolError`.
-    The hooks the config names (``SafeCheckpointHook``) check them again
-    in the Runner, for the host codebases' own tools."""
+    """A training run's checkpoint files before the Runner writes anything
+    (``SafeCheckpointHook`` checks them again in the Runner, too late for
+    that): ``load_from`` / ``--resume PATH`` missing, a directory or
+    damaged, a resume where every checkpoint is damaged, an ``out_dir``
+    that another work dir's run holds: a :class:`ToolError`."""
     from mmsoft.engine.hooks import resume as R
     work_dir, load_from = cfg.work_dir, cfg.get('load_from', None)
     resumes = bool(cfg.get('resume', False))

@@ -1,28 +1,13 @@
-"""Check that the data a config needs is there and loads, before a run.
-
-The datasets are built from the registry, as mmpretrain's
-``tools/misc/verify_dataset.py`` does: ``tools/train.py`` (train + val
-data) and ``tools/test.py`` (test data) call :func:`exit_if_missing` before
-the Runner is built, and ``tools/dist_train.sh`` / ``dist_test.sh`` run
-the same check once (``python tools/mmsoft_tools/data_check.py
-{train,test} CONFIG [args]``) before the workers start: one short message
-on stderr and exit code 1, not a ``FileNotFoundError`` in every rank's log.
-
-1. :func:`missing_data_message`: each dataset of the dataloaders (through
-   ``dataset`` / ``datasets`` wrappers) is built with ``lazy_init=True``,
-   which reads nothing; the paths it resolved (``data_root``, ``ann_file``,
-   each ``data_prefix``) and the evaluators' ``ann_file`` must exist. The
-   first missing one is named with its config key, the layout and two
-   remedies (a link, or ``--cfg-options``).
-2. :func:`damaged_data_message`: each dataset loads its annotations
-   (``full_init``; an error is named with the file), then the files its
-   samples name (``*_path``; up to :data:`SAMPLE_STAT`, evenly spaced) must
-   be whole (:func:`image_damage`), and all of up to :data:`DECODE_ALL`
-   images, else a seeded sample of :data:`SAMPLE_FILES`, must decode.
-
-Remote storage (``backend_args`` other than local, or ``scheme://``) is
-not checked; ``MMSOFT_SKIP_DATA_CHECK=1`` skips the check.
-"""
+"""Check that the data a config needs is there and loads, before a run
+(docs/en/user_guides/data_preparation.md): the datasets are built from the
+registry, as mmpretrain's ``tools/misc/verify_dataset.py`` does, by
+``tools/train.py`` / ``test.py`` (:func:`exit_if_missing`) and once before
+the workers of ``dist_train.sh`` / ``dist_test.sh`` start (:func:`main`).
+:func:`missing_data_message`: the paths the datasets resolved with
+``lazy_init=True`` (and the evaluators' ``ann_file``) exist;
+:func:`damaged_data_message`: each dataset loads, its images are whole and
+a sample of them decodes. Remote storage is not checked;
+``MMSOFT_SKIP_DATA_CHECK=1`` skips the check."""
 import contextlib
 import io
 import os
@@ -62,8 +47,7 @@ def _loaders(cfg, mode):
 
 
 def _leaves(ds, key):
-    """(key, config) of the datasets under wrappers (``RepeatDataset``,
-    ``ConcatDataset``, ...)."""
+    """(key, config) of the datasets under wrappers."""
     if ds.get('dataset') is not None:
         return _leaves(ds['dataset'], key + '.dataset')
     if isinstance(ds.get('datasets'), (list, tuple)):
@@ -100,8 +84,8 @@ def built_datasets(cfg, mode):
 
 
 def _paths(ds):
-    """[(path, attribute)] a built dataset reads: its ``data_root``, then
-    ``ann_file`` and each ``data_prefix`` (as the dataset resolved them)."""
+    """[(path, attribute)]: a built dataset's ``data_root``, ``ann_file``
+    and ``data_prefix`` paths."""
     root = ds.data_root or ''
     return [(p, attr)
             for p, attr in [(root, 'data_root'), (ds.ann_file, 'ann_file')] +
@@ -175,10 +159,8 @@ def missing_data_message(cfg, mode):
 
 def _jpeg_ends(path):
     """Whether the JPEG ``path`` has its end-of-image marker (FF D9) where
-    its segments and scans end: markers are walked by their lengths, each
-    scan's entropy-coded data to its next marker (FF 00 stuffing and
-    restart markers inside), so an embedded thumbnail's FF D9 or bytes
-    after the end do not count."""
+    its segments and scans end (walked by their lengths: an embedded
+    thumbnail's FF D9 or bytes after the end do not count)."""
     with open(path, 'rb') as f:
         data = f.read()
     i, n = 2, len(data)
@@ -320,8 +302,7 @@ def _label_problem(cfg, infos):
 
 def damaged_data_message(cfg, mode):
     """None when every dataset loads and its files are whole, else one
-    line per problem (at most 5), each naming the file and the config
-    key."""
+    line per problem (at most 5) naming the file and the config key."""
     problems = []
     for key, purpose, ds in built_datasets(cfg, mode):
         what = ds.ann_file or ', '.join(map(str, ds.data_prefix.values()))
@@ -364,9 +345,8 @@ def damaged_data_message(cfg, mode):
 
 
 def launcher_rank(launcher: str) -> int:
-    """This process's rank as the launcher (``pytorch``, ``slurm``,
-    ``mpi``) set it in the environment, before any process group exists
-    (0 for ``none`` or an unreadable value)."""
+    """This process's rank from the launcher's environment variable, before
+    any process group exists (0 for ``none`` or an unreadable value)."""
     env = {
         'pytorch': 'RANK',
         'slurm': 'SLURM_PROCID',
@@ -379,9 +359,8 @@ def launcher_rank(launcher: str) -> int:
 
 
 def exit_if_missing(cfg, mode, launcher='none'):
-    """Exit with code 1 and the message when data is missing or damaged.
-    In a distributed run every rank exits, only rank 0 prints.
-    ``MMSOFT_SKIP_DATA_CHECK=1`` skips the check."""
+    """Exit 1 with the message (printed by rank 0) when data is missing or
+    damaged."""
     if os.environ.get('MMSOFT_SKIP_DATA_CHECK', '0') not in ('', '0'):
         return
     msg = missing_data_message(cfg, mode) or damaged_data_message(cfg, mode)

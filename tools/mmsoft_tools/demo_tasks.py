@@ -67,8 +67,8 @@ def set_data_root(cfg, data_root):
 
 
 def shrink_for_smoke(cfg, iters=3, batch_size=2):
-    """A few training iterations (tests, ``--smoke``): iteration-based,
-    constant learning rate, no checkpoint, every detection kept."""
+    """``iters`` iterations at a constant learning rate, no checkpoint,
+    every detection kept (tests, ``--smoke``)."""
     cfg.train_cfg = dict(
         type='IterBasedTrainLoop', max_iters=iters, val_interval=iters + 1)
     cfg.param_scheduler = [
@@ -173,10 +173,10 @@ def run_task(task,
              seed=0,
              runner_cls=None,
              cfg_options=None):
-    """Train, evaluate and draw ``task`` on ``data_root`` (its data set's
-    folder) in ``work_dir``; ``n_draw`` images are drawn (default 8, 24 for
-    cls). Returns ``metrics`` (the codebase's), ``value`` (the target
-    metric as a fraction), ``train_s``, ``test_s`` and ``png``."""
+    """Train, evaluate and draw (``n_draw`` images, default 8, 24 for cls)
+    ``task`` on ``data_root`` in ``work_dir``. Returns ``metrics`` (the
+    codebase's), ``value`` (the target metric as a fraction), ``train_s``,
+    ``test_s`` and ``png``."""
     from mmsoft_tools.launch import name_run
     spec = TASKS[task]
     cfg = copy.deepcopy(cfg if cfg is not None else load_demo_config(task))

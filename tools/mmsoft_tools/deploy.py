@@ -1,29 +1,8 @@
-"""ONNX export of SOFT models built from mmpretrain / mmdet / mmseg configs.
-
-Used by ``tools/deployment/pytorch2onnx.py`` and
-``tools/deployment/benchmark_onnx.py``. What is exported (one fixed input
-shape ``(1, 3, H, W)`` per file; the input is the *preprocessed* image, i.e.
-after the config's ``data_preprocessor``: mean/std normalisation, BGR->RGB,
-padding):
-
-* mmpretrain ``ImageClassifier``: ``cls_score`` (logits, before softmax);
-* mmdet single-stage detectors (RetinaNet, ATSS, GFL, ...): the head's raw
-  outputs per FPN level (``cls_score_i``, ``bbox_pred_i`` [, ...]), i.e.
-  ``model._forward``; anchors, decoding and NMS stay in Python
-  (``bbox_head.predict_by_feat``);
-* mmdet two-stage detectors (Mask R-CNN, Cascade Mask R-CNN): the FPN
-  features (``feat_i``) and the RPN head's raw outputs (``rpn_cls_score_i``,
-  ``rpn_bbox_pred_i``); proposals and the RoI heads (RoIAlign, NMS) stay in
-  Python;
-* mmseg ``EncoderDecoder``: ``seg_logits`` at the input resolution
-  (``encode_decode``).
-
-During export SOFT's custom autograd Functions run as plain ops and the
-Newton-Raphson pseudo-inverse as unrolled matrix products
-(:mod:`mmsoft.models.layers.export_ops`), never through
-``torch.linalg.eigh``. Everything that cannot be exported raises
-:class:`ExportError` with one line naming the problem and the fix.
-"""
+"""ONNX export of SOFT models built from mmpretrain / mmdet / mmseg configs
+(``tools/deployment/pytorch2onnx.py``, ``benchmark_onnx.py``): one fixed
+input shape per file, the preprocessed image in, the raw outputs of
+:class:`ExportWrapper` out (docs/en/user_guides/deployment.md). What
+cannot be exported raises a one-line :class:`ExportError`."""
 import importlib
 import os.path as osp
 import time
@@ -57,11 +36,8 @@ def build_model(config,
                 checkpoint: Optional[str],
                 cfg_options: Optional[dict] = None,
                 partial_load: bool = False):
-    """(model in eval mode on the CPU, codebase scope, cfg).
-
-    ``config``: a path or an mmengine ``Config``. ``checkpoint``: a
-    checkpoint path, or None / ``'none'`` for random weights (export tests).
-    """
+    """(model in eval mode on the CPU, codebase scope, cfg) of a config
+    (path or ``Config``); ``checkpoint`` None / ``'none'``: random."""
     from mmengine.config import Config
     from mmengine.model import revert_sync_batchnorm
     from mmengine.registry import init_default_scope
@@ -97,13 +73,10 @@ def build_model(config,
 def load_weights(model: nn.Module,
                  checkpoint: str,
                  partial_load: bool = False) -> None:
-    """Load ``checkpoint`` into ``model`` as ``tools/test.py`` checks it
-    (:func:`mmsoft.models.loading.check_checkpoint_for_model`: strict, older
-    mmsoft keys upgraded, the converter command for an authors' file, the
-    attention normalisation checked), then with mmengine (``module.``
-    stripped, mis-shaped tensors left); ``partial_load``
-    (``--partial-load``) loads the matching tensors and logs what was
-    skipped. Errors: one-line :class:`ExportError`."""
+    """Load ``checkpoint`` into ``model`` after the checks of
+    ``tools/test.py`` (:func:`mmsoft.models.loading
+    .check_checkpoint_for_model`; ``partial_load``: ``--partial-load``).
+    Errors: one-line :class:`ExportError`."""
     from mmengine.runner.checkpoint import _load_checkpoint_to_model
 
     from mmsoft.models.loading import (check_checkpoint_for_model,
@@ -143,10 +116,8 @@ def check_exportable(model: nn.Module, dynamo: bool = False) -> None:
 
 
 def opset_range(dynamo: bool = False) -> Tuple[int, int]:
-    """The ONNX opsets the export supports: from :data:`MIN_OPSET` (the
-    oldest whose operators cover SOFT's graph: LayerNorm, GELU, the
-    unrolled Newton-Raphson products) to the newest the installed torch
-    exporter writes."""
+    """The ONNX opsets the export supports: from :data:`MIN_OPSET` to the
+    newest the installed torch exporter writes."""
     hi = DEFAULT_OPSET
     try:
         from torch.onnx import _constants
@@ -160,8 +131,8 @@ def opset_range(dynamo: bool = False) -> Tuple[int, int]:
 
 
 def check_opset(opset: int, dynamo: bool = False) -> None:
-    """``--opset`` outside :func:`opset_range`: one line, before any
-    model is built (instead of a deep ``SymbolicValueError``)."""
+    """``--opset`` outside :func:`opset_range`: one line before any model
+    is built (not a deep ``SymbolicValueError``)."""
     lo, hi = opset_range(dynamo)
     if not lo <= opset <= hi:
         raise ExportError(
@@ -171,9 +142,7 @@ def check_opset(opset: int, dynamo: bool = False) -> None:
 
 
 def check_out(out: str, config: str, shape: Sequence[int]) -> None:
-    """``--out`` must name a file: a directory is refused before the
-    export (which would otherwise fail at the end, naming its temporary
-    file)."""
+    """``--out`` naming a directory: refused before the export."""
     if osp.isdir(out):
         name = osp.splitext(osp.basename(config))[0] + \
             f'_{shape[0]}x{shape[1]}.onnx'
@@ -184,8 +153,10 @@ def check_out(out: str, config: str, shape: Sequence[int]) -> None:
 
 # ---------------------------------------------------------------- wrappers
 class ExportWrapper(nn.Module):
-    """Image tensor -> tuple of the tensors that are exported (see module
-    docstring); ``output_names`` names them."""
+    """Image tensor -> the exported tensors (``output_names``): classifier
+    logits; a single-stage detector's raw head outputs per level; a
+    two-stage detector's FPN features and RPN outputs; segmentation logits
+    at the input size."""
 
     def __init__(self, model: nn.Module, scope: str, shape: Tuple[int, int]):
         super().__init__()
@@ -313,8 +284,7 @@ def export_onnx(wrapper: ExportWrapper,
                 opset: int = DEFAULT_OPSET,
                 dynamo: bool = False,
                 batch: int = 1) -> float:
-    """Write the ONNX file atomically (:func:`mmsoft.utils.atomic
-    .atomic_path`); returns the export time in seconds."""
+    """Write the ONNX file atomically; returns the export time (s)."""
     x = torch.zeros(batch, 3, *wrapper.shape)
     t0 = time.perf_counter()
     swapped = _swap_adaptive_pools(wrapper)

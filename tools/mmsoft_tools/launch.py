@@ -24,7 +24,7 @@ __all__ = [
     'compile_refusal', 'COMPILE_MIN_TORCH', 'prepare_cfg', 'amp_refusal'
 ]
 
-#: default_scope -> python package of the codebase
+#: the codebases (``default_scope`` = the python package)
 CODEBASES = {'mmpretrain': 'mmpretrain', 'mmdet': 'mmdet', 'mmseg': 'mmseg'}
 
 
@@ -50,11 +50,8 @@ def lock_work_dir(cfg, launcher: str = 'none'):
 
 
 def quiet_init_weights(model) -> None:
-    """``model.init_weights()`` without mmengine's INFO log of every
-    parameter's initialisation (hundreds of lines that would bury a tool's
-    output); warnings still show."""
-    import logging
-
+    """``model.init_weights()`` without mmengine's INFO line per parameter
+    (hundreds, burying a tool's output); warnings still show."""
     from mmengine.logging import MMLogger
     logger = MMLogger.get_current_instance()
     level = logger.level
@@ -85,11 +82,10 @@ def import_codebase(cfg) -> str:
 
 
 def _sync_bn_to_bn(node) -> int:
-    """Turn every ``SyncBN`` / ``MMSyncBN`` of a config node into ``BN``,
-    in place; returns how many were changed. A config, not a model:
-    the Runner builds the model and wraps it in DDP in one go, and DDP
-    refuses SyncBatchNorm on CPU, so mmengine's ``revert_sync_batchnorm``
-    (for built models: the export) would come too late."""
+    """Every ``SyncBN`` / ``MMSyncBN`` of a config node -> ``BN``, in place;
+    returns how many. In the config: the Runner builds and wraps the model
+    in DDP in one go (DDP refuses SyncBatchNorm on CPU), too early for
+    mmengine's ``revert_sync_batchnorm``."""
     count = 0
     for sub in _dicts(node):
         if sub.get('type') in ('SyncBN', 'MMSyncBN'):
@@ -112,11 +108,13 @@ def _cuda_set_device_disabled():
 
 
 def setup_cpu_distributed(cfg, launcher: str) -> bool:
-    """Prepare ``cfg`` (in place) and the process group for a distributed
-    run without CUDA. Returns True when the CPU fall-back was applied.
-
-    Does nothing for ``launcher='none'`` or when CUDA is available.
-    """
+    """``--launcher pytorch`` / ``slurm`` without CUDA, where mmengine
+    0.10.7 assumes a GPU per process (``init_dist`` calls
+    ``torch.cuda.set_device``; DDP gets ``device_ids=[local_rank]``): the
+    gloo backend, the process group initialised here while ``set_device``
+    is a no-op, a CPU DDP (``device_ids=None``) and ``BN`` for ``SyncBN``
+    (no CPU kernel; each process keeps its statistics). Returns True when
+    applied (never with CUDA or ``launcher='none'``)."""
     if launcher == 'none' or torch.cuda.is_available():
         return False
     from mmengine.dist import init_dist, is_distributed
@@ -177,7 +175,11 @@ def _types_in(node) -> set:
 
 
 def enable_amp(cfg) -> str:
-    """What ``--amp`` does; returns the optim wrapper type that was set."""
+    """What ``--amp`` does (returns the optim wrapper type set): mmengine's
+    ``AmpOptimWrapper`` with a dynamic loss scale on CUDA, as in mmdet;
+    without CUDA (no fp16 autocast there) mmsoft's ``CPUAmpOptimWrapper``
+    under bfloat16 autocast, refused for mmcv ops without a bfloat16 CPU
+    kernel."""
     optim_wrapper = cfg.optim_wrapper.get('type', 'OptimWrapper')
     if optim_wrapper == 'CPUAmpOptimWrapper' or (
             optim_wrapper == 'AmpOptimWrapper' and torch.cuda.is_available()):
@@ -212,9 +214,9 @@ def enable_amp(cfg) -> str:
 
 
 def amp_refusal(cfg) -> Optional[str]:
-    """Why the config's ``optim_wrapper`` cannot train on this machine
-    (mmengine's ``AmpOptimWrapper``, fp16 AMP, without a GPU: its assertion
-    comes after the Runner's log), or None."""
+    """Why the config's ``optim_wrapper`` (mmengine's fp16
+    ``AmpOptimWrapper``) cannot train here, without a GPU, or None (its own
+    assertion comes after the Runner's log)."""
     from mmengine.device import (is_cuda_available, is_mlu_available,
                                  is_musa_available, is_npu_available)
     wrapper = cfg.get('optim_wrapper', None) or {}
@@ -235,19 +237,11 @@ _RUNS = itertools.count(1)
 
 
 def name_run(cfg) -> str:
-    """Give the Runner that will be built from ``cfg`` a name no earlier
-    run of this process has (``cfg.experiment_name``); returns it.
-
-    mmengine names a run ``<experiment_name or config>_<YYYYmmdd_HHMMSS>``
-    and fetches its ``MMLogger``, ``MessageHub``, ``Visualizer`` and
-    ``DefaultScope`` by that name (``get_instance``): two runs started in
-    one process within the same second (a notebook, a sweep, a test) shared
-    them, and the second run logged into the first run's log file and work
-    dir. The first run of a process keeps mmengine's name (``<config>``, or
-    the config's own ``experiment_name``); the n-th gets ``_<n>`` appended
-    (``retinanet_soft_small_1x_2_20240101_120000``). The counter is per
-    process, so every rank of a distributed job names its run alike.
-    """
+    """``cfg.experiment_name`` (returned): the config's (or its file's)
+    name, ``_<n>`` appended for the n-th run of this process. mmengine
+    fetches a run's logger, message hub and visualizer by
+    ``<name>_<timestamp>``: two runs in one second of one process (a
+    sweep, a test) shared them. Every rank counts alike."""
     n = next(_RUNS)
     base = cfg.get('experiment_name', None) or osp.splitext(
         osp.basename(cfg.filename or 'run'))[0]
@@ -256,15 +250,13 @@ def name_run(cfg) -> str:
 
 
 #: the oldest torch whose ``torch.compile`` of mmengine's ``train_step``
-#: the support matrix ran (``compile`` in a config; torch 2.1 crashes in
-#: ``stack_batch``). One graph for the backbone: torch 2.14 (verified).
+#: the support matrix ran (torch 2.1 crashes in ``stack_batch``)
 COMPILE_MIN_TORCH = '2.4'
 
 
 def compile_refusal(cfg, torch_version: Optional[str] = None) -> Optional[str]:
-    """One line when ``cfg`` asks mmengine to ``compile`` and the torch
-    (``torch_version``, default: the installed one) is older than
-    :data:`COMPILE_MIN_TORCH`; else None."""
+    """One line when ``cfg`` asks mmengine to ``compile`` on a torch
+    (default: the installed one) older than :data:`COMPILE_MIN_TORCH`."""
     from mmsoft.compat import torch_version as version_of
     comp = cfg.get('compile', False)
     if not comp:
@@ -280,11 +272,9 @@ def compile_refusal(cfg, torch_version: Optional[str] = None) -> Optional[str]:
 
 
 def prepare_cfg(cfg, launcher: str = 'none') -> str:
-    """Everything the tools do to a config before building the Runner:
-    refuse ``compile`` on a torch where it crashes
-    (:func:`compile_refusal`), import the codebase, apply the CPU
-    distributed fall-back and give the run a name of its own in this
-    process (:func:`name_run`). Returns the codebase (default scope)."""
+    """:func:`compile_refusal`, :func:`import_codebase`,
+    :func:`setup_cpu_distributed` and :func:`name_run`; returns the
+    codebase (default scope)."""
     refusal = compile_refusal(cfg)
     if refusal is not None:
         sys.exit(refusal)
@@ -295,27 +285,14 @@ def prepare_cfg(cfg, launcher: str = 'none') -> str:
 
 
 def shutdown_dist():
-    """Tear the process groups down before the interpreter exits.
-
-    Left to interpreter finalization, gloo's C++ worker threads can still
-    hold work objects whose tensors have Python references; releasing them
-    then needs the GIL, which a finalizing interpreter refuses by ending the
-    thread, and the C++ runtime aborts the process ("terminate called
-    without an active exception", SIGABRT, exit code != 0) after a finished
-    run. So, at the end of ``tools/train.py`` / ``tools/test.py``:
-
-    1. on success, a barrier: no rank closes its connections while another
-       is still in the last collective (e.g. the metrics broadcast that
-       ends a distributed test); skipped when an exception is propagating
-       (a peer may be gone; a barrier could then wait for the timeout);
-    2. ``destroy_process_group()``: shuts every backend down (its threads
-       finish their work now, with the interpreter fully alive) and
-       unregisters the groups;
-    3. a garbage collection, so that objects that still reference a group
-       (DDP wrappers, work handles) are freed before finalization.
-    """
+    """Tear the process groups down before the interpreter exits: left to
+    finalization, gloo's threads can abort the process ("terminate called
+    without an active exception") after a finished run. A barrier first on
+    success (no rank leaves another in the last collective; skipped while
+    an exception propagates: a peer may be gone), then
+    ``destroy_process_group()`` and a garbage collection (DDP wrappers and
+    work handles freed with the interpreter alive)."""
     import gc
-    import sys
 
     import torch.distributed as dist
     if not (dist.is_available() and dist.is_initialized()):

@@ -1,8 +1,4 @@
-"""torch version shims that only the tools need (torch 2.1 to 2.14).
-
-Each answers one version-dependent question; they were in
-``mmsoft.compat`` in 0.3.0.
-"""
+"""torch version shims that only the tools need (torch 2.1 to 2.14)."""
 import inspect
 
 import torch

@@ -1,25 +1,12 @@
-"""One training run per work dir (``tools/train.py``, ``dist_train.sh``).
-
-Two runs in one work dir lose data silently: both write ``epoch_N.pth``,
-``max_keep_ckpts`` deletes the other run's checkpoints, and
-``last_checkpoint`` and the dumped config end up belonging to the other
-run, so a later ``--resume`` continues the wrong one. :class:`WorkDirLock`
-is taken (by rank 0) before the Runner touches the work dir:
-
-* ``<work_dir>/.mmsoft-train.lock.flock`` is held with ``filelock`` (an
-  OS lock, ``flock`` on Unix) for the life of the process: the kernel
-  releases it when the process dies, also on ``kill -9``;
-* ``<work_dir>/.mmsoft-train.lock`` records the holder (pid, host, start
-  time, command). A second run finds the lock held and stops with
-  :class:`WorkDirLockedError`: one line naming the holder and the fix
-  (wait, or another ``--work-dir``);
-* a record left by a process that is gone (nobody holds the lock) is taken
-  over with a warning. A record written on *another* host cannot be
-  checked from here (a network file system may not share the lock): the
-  message says to remove the file if that run is gone.
-
-Both files are removed when the run ends.
-"""
+"""One training run per work dir (``tools/train.py``, ``dist_train.sh``;
+docs/en/advanced_guides/fault_tolerance.md): two runs there delete each
+other's checkpoints and a later ``--resume`` continues the wrong one.
+Rank 0 holds ``<work_dir>/.mmsoft-train.lock.flock`` (``filelock``: the
+kernel releases it when the process dies, also on ``kill -9``) and records
+the holder in ``.mmsoft-train.lock``; a second run stops with one line
+naming it. A dead holder's record is taken over, one of another host
+(which cannot be checked from here) is not. Both files go when the run
+ends."""
 import json
 import os
 import os.path as osp
@@ -48,12 +35,8 @@ def _describe(info: dict) -> str:
 
 
 class WorkDirLock:
-    """Exclusive use of ``work_dir`` by one training run (module doc).
-
-    Args:
-        work_dir (str): the run's work dir (created if needed).
-        log (callable): where the take-over of a stale lock is reported.
-    """
+    """Exclusive use of ``work_dir`` (created if needed) by one training
+    run; ``log`` reports the take-over of a stale lock."""
 
     def __init__(self, work_dir: str, log=None):
         self.work_dir = work_dir
