@@ -167,12 +167,12 @@ MUTATIONS = (
       what=('soft_attention validates its queries with a data-dependent '
             'Python branch (a graph break)'),
       path='mmsoft/models/layers/soft_attention.py',
-      old=('    P = gaussian_kernel(q, landmarks)  # (B, h, n, m)\n'
-           '    A = gaussian_kernel(landmarks, landmarks)'),
+      old=('    with autocast_off(v.device.type):\n'
+           '        if fused:'),
       new=('    if not torch.isfinite(q).all():\n'
            "        raise ValueError('soft_attention: non-finite queries')\n"
-           '    P = gaussian_kernel(q, landmarks)  # (B, h, n, m)\n'
-           '    A = gaussian_kernel(landmarks, landmarks)'),
+           '    with autocast_off(v.device.type):\n'
+           '        if fused:'),
       tests=('tests/test_models/test_compile.py::'
              'test_training_forward_is_one_graph', )),
     # ------------------------------------------ launch, data, deployment
