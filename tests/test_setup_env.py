@@ -1,29 +1,38 @@
-"""tools/setup_env.sh: when mmcv's ops are built with their CUDA kernels.
+"""tools/setup_env.sh: which torch build, and when mmcv's ops are built
+with their CUDA kernels.
 
 The decision functions of the script (``want_cuda_ops``,
-``mmcv_has_cuda_ops``, ``cuda_ops_ok``) run in bash against a fake
-``nvidia-smi`` and a fake Python whose answers the test sets: a CPU machine
-never asks torch and keeps the CPU-only build; a GPU machine with a
-CPU-only mmcv is not up to date (the ops are rebuilt with CUDA);
-``MMSOFT_MMCV_CUDA`` forces either way.
+``mmcv_has_cuda_ops``, ``cuda_ops_ok``, ``driver_hint``) run in bash
+against a fake ``nvidia-smi`` and a fake Python whose answers the test
+sets: a CPU machine never asks torch and keeps the CPU-only build; a GPU
+machine with a CPU-only mmcv is not up to date (the ops are rebuilt with
+CUDA); ``MMSOFT_MMCV_CUDA`` forces either way; a driver torch cannot use
+gets one note. ``MMSOFT_TORCH_CUDA`` (``torch_index``, ``torch_build_ok``,
+the CUDA major of mmcv's ops) runs against a real Python with fake
+distributions and modules first on its path.
 """
 import os
 import re
 import subprocess
+import sys
 
 import pytest
 from conftest import ROOT
 
 SCRIPT = os.path.join(ROOT, 'tools', 'setup_env.sh')
-FUNCS = ('want_cuda_ops', 'mmcv_has_cuda_ops', 'cuda_ops_ok')
+FUNCS = ('want_cuda_ops', 'mmcv_has_cuda_ops', 'cuda_ops_ok', 'torch_index',
+         'torch_build_ok', 'driver_hint')
+# the script's log(), as the functions above call it
+LOG = 'log() { echo "$*"; }'
 
-# a Python that answers the two questions from the environment and logs
-# every call (a CPU machine must not import torch at all)
+# a Python that answers the questions from the environment and logs every
+# call (a CPU machine must not import torch at all)
 FAKE_PY = r'''#!/usr/bin/env bash
 echo "$*" >> "$FAKE_LOG"
 case "$*" in
-    *torch.cuda.is_available*) exit "$FAKE_CUDA" ;;
     *get_compiling_cuda_version*) exit "$FAKE_OPS" ;;
+    *torch.version.cuda*) echo "$FAKE_STATE"; exit 0 ;;
+    *torch.cuda.is_available*) exit "$FAKE_CUDA" ;;
 esac
 exit 3
 '''
@@ -50,10 +59,10 @@ def run(tmp_path):
     py.chmod(0o755)
     log = tmp_path / 'calls.log'
 
-    def _run(call, gpu, cuda=0, ops=1, force=None):
+    def _run(call, gpu, cuda=0, ops=1, force=None, state='', out=False):
         smi = bin_dir / 'nvidia-smi'
-        if gpu:
-            smi.write_text('#!/bin/sh\nexit 0\n')
+        if gpu:  # prints its driver version when asked
+            smi.write_text('#!/bin/sh\necho 550.54.14\n')
             smi.chmod(0o755)
         elif smi.exists():
             smi.unlink()
@@ -63,14 +72,18 @@ def run(tmp_path):
             PY=str(py),
             FAKE_LOG=str(log),
             FAKE_CUDA=str(cuda),
-            FAKE_OPS=str(ops))
+            FAKE_OPS=str(ops),
+            FAKE_STATE=state)
         if force is not None:
             env['MMSOFT_MMCV_CUDA'] = force
-        proc = subprocess.run(['bash', '-c', f'{functions()}\n{call}'],
+        proc = subprocess.run(['bash', '-c', f'{LOG}\n{functions()}\n{call}'],
                               env=env,
                               capture_output=True,
                               text=True)
-        return proc.returncode, log.read_text().splitlines()
+        calls = log.read_text().splitlines()
+        if out:
+            return proc.returncode, calls, proc.stdout
+        return proc.returncode, calls
 
     return _run
 
@@ -101,3 +114,125 @@ def test_forced_either_way(run):
     assert run('cuda_ops_ok', gpu=False, force='1', ops=1)[0] == 1
     assert run('want_cuda_ops', gpu=True, force='0') == (1, [])
     assert run('cuda_ops_ok', gpu=True, force='0', ops=1) == (0, [])
+
+
+def test_driver_torch_cannot_use_gets_one_note(run):
+    """A driver older than torch's CUDA (torch sees no GPU): one note naming
+    the driver, the minimum for CUDA 13.0 and the CUDA 12 route; nothing
+    when torch sees the GPU, for a CPU torch, without a driver or with
+    MMSOFT_MMCV_CUDA set."""
+    rc, _, out = run('driver_hint', gpu=True, state='0 13.0', out=True)
+    assert rc == 0 and len(out.splitlines()) == 1, out
+    assert 'NVIDIA driver 550.54.14 found' in out
+    assert 'torch (CUDA 13.0) sees no GPU' in out
+    assert '>= 580.65.06' in out and 'MMSOFT_TORCH_CUDA=cu126' in out
+    # a CUDA 12 torch (MMSOFT_TORCH_CUDA) on a still older driver
+    out = run('driver_hint', gpu=True, state='0 12.6', out=True)[2]
+    assert 'torch (CUDA 12.6) sees no GPU' in out and 'newer driver' in out
+    assert 'cu126' not in out and len(out.splitlines()) == 1
+    for kw in (dict(gpu=True, state='1 13.0'), dict(gpu=True, state='0 None'),
+               dict(gpu=True, state='0 13.0',
+                    force='0'), dict(gpu=True, state='0 13.0', force='1')):
+        assert run('driver_hint', out=True, **kw)[::2] == (0, ''), kw
+    assert run('driver_hint', gpu=False, out=True) == (0, [], '')
+
+
+def bash_with(env, call):
+    """``call`` after the script's functions, with ``env`` only."""
+    return subprocess.run(['bash', '-c', f'{LOG}\n{functions()}\n{call}'],
+                          env=dict(PATH='/usr/bin:/bin', **env),
+                          capture_output=True,
+                          text=True)
+
+
+@pytest.mark.parametrize('value', ['cu126', 'cu128', 'cu130', 'cpu'])
+def test_torch_index_of_each_build(value):
+    proc = bash_with({}, f'torch_index {value}')
+    assert proc.returncode == 0 and proc.stderr == ''
+    assert proc.stdout == f'https://download.pytorch.org/whl/{value}\n'
+
+
+@pytest.mark.parametrize('value', ['cu118', '12.6', 'cuda'])
+def test_unknown_torch_build_is_one_line_before_anything(value, tmp_path):
+    """The whole script stops with one line (exit 2) naming the value and
+    the ones it takes, before it looks for Python or creates the venv
+    (before: the variable did not exist and the PyPI torch was installed
+    whatever it said)."""
+    venv = tmp_path / 'venv'
+    proc = subprocess.run(['bash', SCRIPT],
+                          env=dict(
+                              PATH='/usr/bin:/bin',
+                              HOME=str(tmp_path),
+                              MMSOFT_TORCH_CUDA=value,
+                              MMSOFT_VENV=str(venv),
+                              MMSOFT_PYTHON=str(tmp_path / 'no-python')),
+                          capture_output=True,
+                          text=True)
+    assert proc.returncode == 2 and proc.stdout == ''
+    assert proc.stderr.splitlines() == [
+        f'MMSOFT_TORCH_CUDA={value} is not a torch build this script '
+        'installs: use cu126 or cu128 (CUDA 12 driver), cu130, cpu, or '
+        'leave it unset (PyPI\'s torch, CUDA 13.0)'
+    ]
+    assert not venv.exists()
+
+
+def fake_dist(site, name, version):
+    info = site / f'{name}-{version}.dist-info'
+    info.mkdir(parents=True)
+    (info / 'METADATA'
+     ).write_text(f'Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n')
+
+
+@pytest.mark.parametrize(
+    'torch,vision,want,ok',
+    [
+        ('2.14.1+cu126', '0.29.1+cu126', 'cu126', True),
+        ('2.14.1+cu128', '0.29.1+cu128', 'cu128', True),
+        ('2.14.1', '0.29.1', 'cu126', False),  # PyPI's build
+        ('2.14.1+cu126', '0.29.1', 'cu126', False),  # torchvision not
+        ('2.14.1+cu130', '0.29.1+cu130', 'cu126', False),  # a switch
+        ('2.14.1', '0.29.1', '', True),  # unset: any build
+        ('2.14.1+cu126', '0.29.1+cu126', '', True),
+    ])
+def test_torch_build_is_the_one_asked_for(torch, vision, want, ok, tmp_path):
+    site = tmp_path / 'site'
+    fake_dist(site, 'torch', torch)
+    fake_dist(site, 'torchvision', vision)
+    proc = bash_with(
+        dict(PY=sys.executable, PYTHONPATH=str(site), TORCH_CUDA=want),
+        'torch_build_ok')
+    assert proc.returncode == (0 if ok else 1), proc.stderr
+
+
+def test_unset_build_never_asks_python():
+    proc = bash_with(
+        dict(PY='/nonexistent/python', TORCH_CUDA=''), 'torch_build_ok')
+    assert proc.returncode == 0 and proc.stderr == ''
+
+
+@pytest.mark.parametrize(
+    'ops,torch_cuda,has',
+    [
+        ('13.0', '13.0', True),
+        ('12.8', '12.6', True),  # one CUDA major: the same runtime ABI
+        ('13.0', '12.6', False),  # built for CUDA 13, torch now cu126
+        ('12.6', '13.0', False),
+        ('not available', '13.0', False),
+        ('13.0', 'None', False),  # a CPU torch
+    ])
+def test_mmcv_cuda_ops_match_torchs_cuda_major(ops, torch_cuda, has, tmp_path):
+    """A switch of MMSOFT_TORCH_CUDA between CUDA 12 and 13 rebuilds mmcv's
+    CUDA ops (before: any CUDA ops passed)."""
+    site = tmp_path / 'site'
+    (site / 'mmcv' / 'ops').mkdir(parents=True)
+    (site / 'mmcv' / '__init__.py').write_text('')
+    (site / 'mmcv' / 'ops' / '__init__.py'
+     ).write_text(f'def get_compiling_cuda_version():\n    return {ops!r}\n')
+    (site / 'torch').mkdir()
+    cuda = None if torch_cuda == 'None' else torch_cuda
+    (site / 'torch' /
+     '__init__.py').write_text(f'class version:\n    cuda = {cuda!r}\n')
+    proc = bash_with(
+        dict(PY=sys.executable, PYTHONPATH=str(site)), 'mmcv_has_cuda_ops')
+    assert proc.returncode == (0 if has else 1)

@@ -16,6 +16,11 @@
 # version needed): RoIAlign, NMS etc. of the two-stage detectors run on the
 # GPU. The CUDA wheel is cached in wheels/cuda. MMSOFT_MMCV_CUDA=0 / 1
 # forces the CPU-only / CUDA build.
+#
+# torch comes from PyPI (its Linux wheel is built with CUDA 13.0: NVIDIA
+# driver >= 580.65.06). MMSOFT_TORCH_CUDA=cu126 / cu128 (a CUDA 12 driver),
+# cu130 or cpu installs that build of torch 2.14.1 from the PyTorch wheel
+# index instead (and builds mmcv's CUDA ops against it; cached apart).
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -27,6 +32,21 @@ export PIP_CONSTRAINT="$ROOT/requirements/constraints.txt"
 export PIP_DISABLE_PIP_VERSION_CHECK=1
 MMCV_VERSION=2.1.0
 
+# the PyTorch wheel index of a MMSOFT_TORCH_CUDA value (one line and exit 2
+# for another value, before anything is done)
+torch_index() {
+    case "$1" in
+        cu126|cu128|cu130|cpu) echo "https://download.pytorch.org/whl/$1" ;;
+        *) echo "MMSOFT_TORCH_CUDA=$1 is not a torch build this script installs: use cu126 or cu128 (CUDA 12 driver), cu130, cpu, or leave it unset (PyPI's torch, CUDA 13.0)" >&2
+           return 1 ;;
+    esac
+}
+TORCH_CUDA="${MMSOFT_TORCH_CUDA:-}"
+TORCH_INDEX=""
+if [[ -n "$TORCH_CUDA" ]]; then
+    TORCH_INDEX="$(torch_index "$TORCH_CUDA")" || exit 2
+fi
+
 START=$(date +%s)
 STEP="start"
 log() { printf '[setup_env %4ss] %s\n' "$(( $(date +%s) - START ))" "$*"; }
@@ -36,7 +56,7 @@ fail() {
     case "$STEP" in
         python) echo "  fix: install Python 3.10-3.12 (python3.11 preferred) or set MMSOFT_PYTHON=/path/to/python" >&2 ;;
         venv) echo "  fix: install the venv module (apt-get install python3-venv) or remove a broken $VENV" >&2 ;;
-        torch) echo "  fix: check network access to PyPI; torch==2.14.1/torchvision==0.29.1 need ~4 GB of disk" >&2 ;;
+        torch) echo "  fix: check network access to ${TORCH_INDEX:-PyPI}; torch==2.14.1/torchvision==0.29.1 need ~4 GB of disk" >&2 ;;
         mmcv-download) echo "  fix: check network access to PyPI (mmcv==$MMCV_VERSION sdist)" >&2 ;;
         mmcv-*) echo "  fix: see $CACHE/mmcv-build.log; a C++20 compiler (g++ >= 10) and python headers are needed" >&2 ;;
         *) echo "  fix: read the pip output above; rerunning the script resumes where it stopped" >&2 ;;
@@ -121,14 +141,47 @@ want_cuda_ops() {
     command -v nvidia-smi >/dev/null 2>&1 || return 1
     "$PY" -c 'import sys, torch; sys.exit(0 if torch.cuda.is_available() else 1)' 2>/dev/null
 }
-# mmcv's compiled ops include the CUDA kernels ('not available': CPU only)
+# mmcv's compiled ops include the CUDA kernels ('not available': CPU only),
+# built for torch's CUDA major version (a switch of MMSOFT_TORCH_CUDA
+# between CUDA 12 and 13 rebuilds them)
 mmcv_has_cuda_ops() {
-    "$PY" -c 'import sys; from mmcv.ops import get_compiling_cuda_version as v; sys.exit(0 if v() != "not available" else 1)' 2>/dev/null
+    "$PY" -c 'import sys, torch; from mmcv.ops import get_compiling_cuda_version as v; c = v(); sys.exit(0 if c != "not available" and c.split(".")[0] == str(torch.version.cuda).split(".")[0] else 1)' 2>/dev/null
 }
 cuda_ops_ok() {  # true unless CUDA ops are wanted and missing
     ! want_cuda_ops || mmcv_has_cuda_ops
 }
-if [[ "${1:-}" != "--force-check" ]] && up_to_date && cuda_ops_ok; then
+# torch and torchvision are the build MMSOFT_TORCH_CUDA names (+cu126 ...);
+# any build when it is unset
+torch_build_ok() {
+    [[ -z "${TORCH_CUDA:-}" ]] && return 0
+    "$PY" - "$TORCH_CUDA" <<'PYEOF'
+import sys
+from importlib.metadata import PackageNotFoundError, version
+try:
+    ok = all(version(n).partition('+')[2] == sys.argv[1]
+             for n in ('torch', 'torchvision'))
+except PackageNotFoundError:
+    ok = False
+sys.exit(0 if ok else 1)
+PYEOF
+}
+# a GPU driver whose GPU torch cannot use (a driver older than torch's CUDA
+# needs): one note, as mmcv's ops are then built for the CPU only
+driver_hint() {
+    [[ "${MMSOFT_MMCV_CUDA:-auto}" == auto ]] || return 0
+    command -v nvidia-smi >/dev/null 2>&1 || return 0
+    local state drv need
+    state="$("$PY" -c 'import torch; print(int(torch.cuda.is_available()), torch.version.cuda)' 2>/dev/null)" || return 0
+    [[ "$state" == "0 "* && "$state" != "0 None" ]] || return 0
+    drv="$(nvidia-smi --query-gpu=driver_version --format=csv,noheader 2>/dev/null | head -n1 || true)"
+    case "${state#0 }" in
+        13.*) need="CUDA 13.0 needs driver >= 580.65.06; on a CUDA 12 driver rerun with MMSOFT_TORCH_CUDA=cu126" ;;
+        *) need="CUDA ${state#0 } needs a newer driver (NVIDIA's CUDA release notes, 'CUDA Driver')" ;;
+    esac
+    log "note: NVIDIA driver ${drv:-(version unknown)} found, but torch (CUDA ${state#0 }) sees no GPU, so mmcv's ops are CPU-only: $need (docs/en/get_started.md, 'On a GPU machine')"
+}
+if [[ "${1:-}" != "--force-check" ]] && up_to_date && torch_build_ok && cuda_ops_ok; then
+    driver_hint
     log "environment up to date ($VENV); nothing to do"
     exit 0
 fi
@@ -157,7 +210,10 @@ fi
 
 # ---------------------------------------------------------------- torch
 STEP="torch"
-if ! have torch==2.14.1 torchvision==0.29.1; then
+if [[ -n "$TORCH_CUDA" ]] && { ! have torch==2.14.1 torchvision==0.29.1 || ! torch_build_ok; }; then
+    log "installing torch 2.14.1+$TORCH_CUDA + torchvision 0.29.1+$TORCH_CUDA from $TORCH_INDEX (large download, a few minutes)"
+    "${PIP[@]}" --extra-index-url "$TORCH_INDEX" "torch==2.14.1+$TORCH_CUDA" "torchvision==0.29.1+$TORCH_CUDA"
+elif ! have torch==2.14.1 torchvision==0.29.1; then
     log "installing torch 2.14.1 + torchvision 0.29.1 (large download, a few minutes)"
     "${PIP[@]}" torch==2.14.1 torchvision==0.29.1
 fi
@@ -173,7 +229,9 @@ MMCV_CUDA=0
 MMCV_WHEELS="$WHEELS"
 if want_cuda_ops; then
     MMCV_CUDA=1
-    MMCV_WHEELS="$WHEELS/cuda"
+    MMCV_WHEELS="$WHEELS/cuda${TORCH_CUDA:+-$TORCH_CUDA}"
+else
+    driver_hint
 fi
 if ! have mmcv==$MMCV_VERSION || ! "$PY" -c 'import mmcv.ops' 2>/dev/null \
         || { [[ $MMCV_CUDA == 1 ]] && ! mmcv_has_cuda_ops; }; then
