@@ -194,15 +194,15 @@ def csv_ratios():
             (r['model'], r['size'], r['mode']): float(r['time_ms'])
             for r in GEN.read_csv(name)
         })
-    # the alternated runs; with memory reused, one run per load
+    # the alternated runs; in the second, one run per allocator and load
     for name in ('detection_resolution_cpu.csv',
-                 'detection_resolution_cpu_reused.csv'):
+                 'detection_resolution_cpu_runs.csv'):
         det = GEN.read_csv(name)
-        for note in {r.get('note') for r in det}:
+        for run in {(r.get('memory'), r.get('note')) for r in det}:
             pairs(
                 name, {
                     (r['model'], r['size'], r['mode']): float(r['time_ms'])
-                    for r in det if r.get('note') == note
+                    for r in det if (r.get('memory'), r.get('note')) == run
                 })
         for r in det:
             if r['ratio']:
