@@ -513,28 +513,32 @@ def _hours(seconds):
     return f'{seconds / 3600:.1f} h'
 
 
-def recipe_times():
+def recipe_times(measured_rows=None):
     """Per paper config: the estimated time on 8 GPUs and the memory per
     GPU from a measured s/iter of the recipe (``recipe_gpu.csv``: config,
-    gpu, s_per_iter, peak_mib), and its schedule; where none was
+    gpu, s_per_iter, peak_mib; ``measured_rows``: such rows instead, e.g.
+    a ``gpu_check.py`` run's), and its schedule; where none was
     measured, says so, with the backbone alone where a GPU CSV has its
     row (a lower bound: the neck, heads, data and optimizer add to it)."""
-    measured = {r['config']: r for r in read_csv('recipe_gpu.csv')}
+    if measured_rows is None:
+        measured_rows = read_csv('recipe_gpu.csv')
+    measured = {r['config']: r for r in measured_rows}
     machine, name = BACKBONE_GPU
     gpu = _gpu_rows(name)
     order = ('Image Classification', 'Object Detection',
              'Semantic Segmentation')
     models = sorted(
         _with_tasks(load_models()), key=lambda mt: order.index(mt[1][0]))
-    rows, bound = [], False
+    rows, bound, estimated = [], False, False
     for m, _ in models:
         meta = m['Metadata']
         iters, how = recipe_iterations(m['Name'], meta)
         r = measured.get(m['Name'])
         if r:
+            estimated = True
             s = float(r['s_per_iter'])
             time = (f'estimated {_hours(iters * s)} ({iters:,} iters × '
-                    f'{s:.3f} s/iter, {r["gpu"]})')
+                    f'{s:.3f} s/iter, {r["gpu"]}) ³')
             mem = f'{int(r["peak_mib"]):,} MiB ({r["gpu"]})'
         else:
             time = mem = NOT_MEASURED
@@ -558,11 +562,21 @@ def recipe_times():
         'iterations (epochs × per epoch), GPUs × images'
     ], rows)
     table += (
-        '\n¹ No training iteration of a recipe has been timed on a GPU yet '
-        '(it needs a lent GPU): a row of '
-        '`docs/en/benchmarks/recipe_gpu.csv` (config, GPU, s/iter, peak '
-        'MiB, e.g. the `time` and `memory` that `tools/dist_train.sh '
-        'CONFIG 8` logs) becomes "estimated: iterations × s/iter" here.\n')
+        '\n¹ No training iteration of this recipe has been timed on a GPU '
+        'yet (it needs a lent GPU): `python tools/analysis/gpu_check.py '
+        '--sections recipe --recipe-csv docs/en/benchmarks/recipe_gpu.csv` '
+        '(part of `make gpu-check`: RetinaNet, Mask R-CNN, UperNet and the '
+        'classifiers; other recipes with `--configs`) writes its row there '
+        '(config, GPU, s/iter, peak MiB), which becomes "estimated: '
+        'iterations × s/iter" here.\n')
+    if estimated:
+        table += (
+            '\n³ Estimated: the schedule\'s iterations × the seconds of one '
+            'iteration of one GPU\'s batch (forward, backward, the config\'s '
+            'optimizer step; random data, so no data loading, and one GPU, '
+            'so no gradient all-reduce), measured by '
+            '`tools/analysis/gpu_check.py` on the GPU named; its memory is '
+            'that iteration\'s peak allocated memory.\n')
     if bound:
         table += (
             f'\n² The backbone\'s forward + backward alone, measured on '

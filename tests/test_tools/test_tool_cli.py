@@ -25,7 +25,7 @@ import sys
 from types import SimpleNamespace
 
 import pytest
-from conftest import ROOT, TOOLS, child_env, load_tool
+from conftest import ROOT, TOOLS, child_env, load_module, load_tool
 
 #: tool script (relative to tools/) -> the test that runs it for real
 INVOCATIONS = {
@@ -83,6 +83,8 @@ INVOCATIONS = {
     'test_tools/test_model_converters.py::test_cli_round_trip',
     'compat/matrix.py':
     'test_compat_matrix.py::test_table_writer',
+    'compat/check_env.py':
+    'test_tools/test_check_env.py::test_this_environment',
 }
 #: helpers of the scripts, not tools (files, or folders ending in /)
 HELPERS = ('compat/stacks.py', 'mmsoft_tools/')
@@ -499,6 +501,114 @@ def test_gpu_check_sections(tmp_path, capsys):
     assert md.count('not run: not selected (--sections)') == 2  # steps, sm
     assert 'torch ' in md and 'mmcv ops: CPU only' in md
     assert 'PARTIAL' not in md
+
+
+def test_gpu_check_dry_run_fills_the_model_zoo(tmp_path, capsys):
+    """--dry-run rehearses the recipe section on the CPU through the code
+    the GPU runs (the config's model, optimizer and batch size replaced by
+    two 64 x 64 images): well-formed rows of recipe_gpu.csv's columns, the
+    gpu column saying it was no GPU, which docs/gen_tables.py turns into
+    the model zoo's estimates (labelled estimated, naming that GPU)."""
+    tool = load_tool('analysis/gpu_check.py')
+    names = [  # one recipe of each family the GPU run times
+        'retinanet_soft_tiny_1x', 'mask_rcnn_soft_tiny_1x',
+        'upernet_soft_small_512x512_160k_ade20k', 'soft_tiny_in1k'
+    ]
+    assert tool.main([
+        '--dry-run', '--sections', 'recipe', '--configs', *names, '--out-dir',
+        str(tmp_path)
+    ]) == 0
+    out = capsys.readouterr().out
+    assert f'wrote {tmp_path}/recipe_gpu.csv' in out
+    with open(tmp_path / 'recipe_gpu.csv', newline='') as f:
+        reader = csv.DictReader(f)
+        rows = list(reader)
+    with open(osp.join(ROOT, 'docs', 'en', 'benchmarks',
+                       'recipe_gpu.csv')) as f:
+        assert reader.fieldnames == next(csv.reader(f))  # the docs' columns
+    assert [r['config'] for r in rows] == names
+    for r in rows:
+        assert r['gpu'] == tool.DRY_RUN_GPU
+        assert float(r['s_per_iter']) > 0 and int(r['peak_mib']) > 0
+        assert re.fullmatch(r'\d{4}-\d\d-\d\d', r['date'])
+        assert '2 x 64x64 per GPU' in r['note']
+    md = (tmp_path / 'gpu_check.md').read_text()
+    assert '| retinanet_soft_tiny_1x | s/iter |' in md and 'FAIL' not in md
+    gen = load_module(osp.join(ROOT, 'docs', 'gen_tables.py'), '_gen_dry')
+    table = {r.split(' | ')[0]: r for r in gen.recipe_times(rows).splitlines()}
+    for r in rows:
+        row = table[f'| `{r["config"]}`']
+        s = float(r['s_per_iter'])
+        assert f'{s:.3f} s/iter, {tool.DRY_RUN_GPU}) ³' in row
+        assert row.split(' | ')[1].startswith('estimated ')
+        assert f'{int(r["peak_mib"]):,} MiB ({tool.DRY_RUN_GPU})' in row
+    assert 'not measured yet' in table['| `retinanet_soft_small_1x`']
+    assert '³ Estimated: ' in gen.recipe_times(rows)
+    assert '³' not in gen.recipe_times([])
+
+
+def test_gpu_check_recipe_rows_merge(tmp_path):
+    """A recipe row replaces the one of its config and GPU, keeps the
+    others; a CSV of other columns is refused in one line, untouched."""
+    tool = load_tool('analysis/gpu_check.py')
+    path = tmp_path / 'recipe_gpu.csv'
+
+    def row(config, gpu, s):
+        return dict(
+            config=config,
+            gpu=gpu,
+            s_per_iter=s,
+            peak_mib='100',
+            date='2026-12-07',
+            note='')
+
+    tool.merge_recipe_rows(
+        str(path), [row('a', 'H100', '0.5'),
+                    row('b', 'H100', '0.6')])
+    tool.merge_recipe_rows(
+        str(path), [row('a', 'H100', '0.4'),
+                    row('a', 'H200', '0.3')])
+    with open(path, newline='') as f:
+        got = [(r['config'], r['gpu'], r['s_per_iter'])
+               for r in csv.DictReader(f)]
+    assert got == [('b', 'H100', '0.6'), ('a', 'H100', '0.4'),
+                   ('a', 'H200', '0.3')]
+    other = tmp_path / 'other.csv'
+    other.write_text('model,ms\nx,1\n')
+    with pytest.raises(SystemExit) as e:
+        tool.merge_recipe_rows(str(other), [row('a', 'H100', '0.4')])
+    assert 'has the columns' in str(e.value) and '--recipe-csv' in str(
+        e.value) and '\n' not in str(e.value)
+    assert other.read_text() == 'model,ms\nx,1\n'
+
+
+def test_gpu_check_dry_run_never_writes_the_docs_csv(tmp_path, capsys):
+    tool = load_tool('analysis/gpu_check.py')
+    with pytest.raises(SystemExit) as e:
+        tool.parse_args(['--dry-run', '--recipe-csv', str(tmp_path / 'x')])
+    assert e.value.code == 2
+    err = capsys.readouterr().err.strip().splitlines()[-1]
+    assert err.endswith("--dry-run writes <out-dir>/recipe_gpu.csv only: "
+                        "its CPU rows are no GPU's estimates; leave "
+                        '--recipe-csv out')
+    args = tool.parse_args(['--out-dir', str(tmp_path)])
+    assert args.recipe_csv == osp.join(str(tmp_path), 'recipe_gpu.csv')
+
+
+def test_gpu_check_recipe_families():
+    """The recipe section's default configs: RetinaNet, Mask R-CNN,
+    UperNet and the classifiers of configs/, no other detector."""
+    tool = load_tool('analysis/gpu_check.py')
+    got = set(tool.recipe_configs(tool.shipped_configs()))
+    assert got and all(
+        n.startswith(('retinanet_', 'mask_rcnn_',
+                      'upernet_')) or n.endswith('_in1k') for n in got)
+    assert {
+        'retinanet_soft_tiny_1x', 'mask_rcnn_soft_tiny_1x',
+        'upernet_soft_small_512x512_160k_ade20k', 'soft_tiny_in1k'
+    } <= got
+    assert not any(
+        n.startswith(('atss_', 'gfl_', 'cascade_', 'sparse_')) for n in got)
 
 
 def test_gpu_check_steps_need_no_imagenet_file(tmp_path, monkeypatch):

@@ -9,16 +9,23 @@ On a CUDA machine (after ``make env``) it runs, and reports on:
    step of every shipped config (``configs/*.py``; the model built from the
    config with mmengine ``Config`` + its codebase's registry, random
    weights, a tiny batch): finite loss and gradients, time;
-3. ``NR methods``: the iterative, spectral and Lanczos paths
+3. ``recipe iterations``: the paper recipes of RetinaNet, Mask R-CNN,
+   UperNet and the classifiers at their own batch per GPU and input size
+   (fp32, the config's optimizer, random data): seconds per iteration and
+   peak memory, written row by row into ``--recipe-csv`` (default
+   ``<out-dir>/recipe_gpu.csv``; ``docs/en/benchmarks/recipe_gpu.csv``
+   makes the model zoo's "time on 8 GPUs" and "memory per GPU" estimates,
+   after ``python docs/gen_tables.py``);
+4. ``NR methods``: the iterative, spectral and Lanczos paths
    (``attn_cfg.nr_method``) on the same bottleneck matrices (up to stage 3
    at 800 x 1216: 20 matrices, m = 950, d = 32): relative difference of
    A_T W and of the exact gradient against the iterations, time of the
    forward and of a training step of each;
-4. ``backbones``: SOFT-Tiny/Small(-Norm) (the default dispatch, the
+5. ``backbones``: SOFT-Tiny/Small(-Norm) (the default dispatch, the
    iterations forced, and the no-inverse floor) vs PVTv2-b1/b2 and Swin-T
    img/s and peak memory, inference and training step, at 224 batch 64,
    512 batch 8 and 800x1216 batch 2 (``benchmark.py``);
-5. ``SOFT vs softmax``: SOFT-Tiny vs the softmax attention in the same
+6. ``SOFT vs softmax``: SOFT-Tiny vs the softmax attention in the same
    architecture, train / inference img/s and their ratio (the paper's
    Table 1).
 
@@ -29,11 +36,16 @@ Without CUDA it runs a CPU subset at tiny sizes (fp32 and bf16-autocast
 steps of the classification configs, the NR agreement, SOFT-Tiny vs
 softmax at 64x64), prints ``CUDA part NOT run: no CUDA device`` and exits 0
 when that subset passes. ``--smoke`` (the test): one config, tiny sizes,
-one repeat.
+one repeat. ``--dry-run`` rehearses the recipe iterations on the CPU
+(two 64 x 64 images, one iteration; the gpu column says it was no GPU).
 
     make gpu-check
     python tools/analysis/gpu_check.py --out-dir work_dirs/gpu_check
     python tools/analysis/gpu_check.py --smoke
+    python tools/analysis/gpu_check.py --sections recipe \\
+        --recipe-csv docs/en/benchmarks/recipe_gpu.csv  # on the GPU
+    python tools/analysis/gpu_check.py --dry-run --sections recipe \\
+        --configs retinanet_soft_tiny_1x soft_tiny_in1k
 """
 import contextlib
 import glob
@@ -56,10 +68,10 @@ from mmsoft_tools import analysis
 warnings.filterwarnings('ignore', message='pkg_resources is deprecated')
 
 NOT_RUN = 'CUDA part NOT run: '
-SECTIONS = ('device tests', 'training steps', 'NR methods', 'backbones',
-            'SOFT vs softmax')
+SECTIONS = ('device tests', 'training steps', 'recipe iterations',
+            'NR methods', 'backbones', 'SOFT vs softmax')
 #: --sections names, in SECTIONS' order
-SECTION_KEYS = ('tests', 'steps', 'nr', 'backbones', 'softmax')
+SECTION_KEYS = ('tests', 'steps', 'recipe', 'nr', 'backbones', 'softmax')
 BACKBONES = [
     'soft_tiny', 'soft_tiny_norm', 'soft_small', 'soft_small_norm',
     'soft_small_norm_iterative', 'soft_small_norm_floor', 'pvtv2_b1',
@@ -98,9 +110,32 @@ def parse_args(argv=None):
         '--smoke',
         action='store_true',
         help=f'CPU subset, {DEFAULT_SMOKE_CONFIG} only, one repeat')
+    p.add_argument(
+        '--recipe-csv',
+        default=None,
+        help='where the recipe iterations go (default: '
+        '<out-dir>/recipe_gpu.csv); docs/en/benchmarks/recipe_gpu.csv '
+        'fills the model zoo (then python docs/gen_tables.py); rows of '
+        'other configs or GPUs are kept')
+    p.add_argument(
+        '--recipe-iters',
+        type=int,
+        default=5,
+        help='timed iterations of each recipe, after one warm-up')
+    p.add_argument(
+        '--dry-run',
+        action='store_true',
+        help='rehearse the recipe iterations on the CPU (any machine): '
+        f'two 64 x 64 images, one iteration, the GPU named '
+        f'"{DRY_RUN_GPU}"; into <out-dir>/recipe_gpu.csv only')
     args = p.parse_args(argv)
-    if args.repeats < 1:
-        p.error('--repeats must be >= 1')
+    if args.repeats < 1 or args.recipe_iters < 1:
+        p.error('--repeats and --recipe-iters must be >= 1')
+    if args.dry_run and args.recipe_csv:
+        p.error('--dry-run writes <out-dir>/recipe_gpu.csv only: its CPU '
+                'rows are no GPU\'s estimates; leave --recipe-csv out')
+    if args.recipe_csv is None:
+        args.recipe_csv = osp.join(args.out_dir, 'recipe_gpu.csv')
     return args
 
 
@@ -193,8 +228,10 @@ def drop_pretrained(node):
             drop_pretrained(value)
 
 
-def train_step(path, name, precision, device, size):
-    """One training step of the config's model; returns (loss, ms)."""
+def build_model(path, device, edit=None):
+    """(cfg, scope, model): the config's model with random weights (no
+    ImageNet file needed), SyncBN reverted, on ``device`` in train mode;
+    ``edit(cfg)`` first, if given."""
     import importlib
 
     import torch
@@ -203,9 +240,10 @@ def train_step(path, name, precision, device, size):
     from mmengine.registry import DefaultScope
 
     from mmsoft_tools import launch
-    from mmsoft_tools.torch_compat import grad_scaler
     cfg = Config.fromfile(path)
-    drop_pretrained(cfg.model)  # random weights: no ImageNet file needed
+    drop_pretrained(cfg.model)
+    if edit is not None:
+        edit(cfg)
     scope = launch.import_codebase(cfg)
     registry = importlib.import_module(f'{scope}.registry').MODELS
     # as the Runner does: the top-level data_preprocessor of the config
@@ -218,7 +256,17 @@ def train_step(path, name, precision, device, size):
     with DefaultScope.overwrite_default_scope(scope):
         model = revert_sync_batchnorm(registry.build(cfg.model))
         launch.quiet_init_weights(model)  # no per-parameter INFO log
-        model.to(device).train()
+    return cfg, scope, model.to(device).train()
+
+
+def train_step(path, name, precision, device, size):
+    """One training step of the config's model; returns (loss, ms)."""
+    import torch
+    from mmengine.registry import DefaultScope
+
+    from mmsoft_tools.torch_compat import grad_scaler
+    _, scope, model = build_model(path, device)
+    with DefaultScope.overwrite_default_scope(scope):
         params = [p for p in model.parameters() if p.requires_grad]
         opt = torch.optim.SGD(params, lr=1e-4, momentum=0.9)
         dtype = dict(fp16=torch.float16, bf16=torch.bfloat16).get(precision)
@@ -276,7 +324,184 @@ def run_training_steps(report, configs, precisions, device, size):
                 note=f'{ms:.0f} ms')
 
 
-# ------------------------------------------------------- 3. NR methods
+# ----------------------------------------------- 3. recipe iterations
+#: the task families whose paper recipes are timed (config name prefix or
+#: suffix): RetinaNet, Mask R-CNN, UperNet, the classifiers
+RECIPE_FAMILIES = (('retinanet_', ''), ('mask_rcnn_', ''), ('upernet_', ''),
+                   ('', '_in1k'))
+#: the detectors' training input: COCO images resized to at most 1333 x
+#: 800 (the 3x recipes: the largest of their scales), as benchmark.py's
+#: detection resolution
+DET_INPUT = (800, 1216)
+CLS_INPUT = (224, 224)  # RandomResizedCrop 224 (configs/_base_/soft_in1k.py)
+#: the columns of docs/en/benchmarks/recipe_gpu.csv (docs/gen_tables.py)
+RECIPE_FIELDS = ['config', 'gpu', 's_per_iter', 'peak_mib', 'date', 'note']
+#: what --dry-run writes in the gpu column: never a GPU's name
+DRY_RUN_GPU = 'dry run on the CPU (not a GPU)'
+
+
+def recipe_configs(configs):
+    """The configs of :data:`RECIPE_FAMILIES` among ``configs`` (what the
+    section times unless ``--configs`` names others)."""
+    return {
+        n: p
+        for n, p in configs.items() if any(
+            n.startswith(pre) and n.endswith(suf)
+            for pre, suf in RECIPE_FAMILIES)
+    }
+
+
+def recipe_input(cfg, scope):
+    """(H, W, images per GPU) of a recipe's training iteration: its
+    ``train_dataloader.batch_size`` at its training input size."""
+    batch = cfg.train_dataloader.batch_size
+    if scope == 'mmseg':
+        return (*cfg.crop_size, batch)
+    return (*(CLS_INPUT if scope == 'mmpretrain' else DET_INPUT), batch)
+
+
+def recipe_batch(scope, name, hw, batch):
+    """Random data samples of ``batch`` images of ``hw`` (H, W)."""
+    if scope == 'mmdet':  # random_batch's images are square
+        from mmdet.testing import demo_mm_inputs
+        return demo_mm_inputs(
+            batch_size=batch,
+            image_shapes=[(3, *hw)] * batch,
+            num_items=[7] * batch,  # about COCO's mean boxes per image
+            num_classes=80,
+            with_mask='mask' in name)
+    return analysis.random_batch(scope, name, hw[0], batch_size=batch)
+
+
+def recipe_iteration(path, name, device, iters, override=None):
+    """Seconds per training iteration of a config's recipe (the model's
+    forward, backward and the config's optimizer step on one GPU's batch,
+    random data, no data loading: the median of ``iters`` iterations after
+    one warm-up; 0: the one iteration, the dry run's) and its peak memory
+    in MiB (CUDA: max allocated; the CPU: the process's peak RSS).
+    ``override``: (H, W, batch) instead of the recipe's (the dry run; a
+    segmentor's padding to its crop follows). Returns (s_per_iter,
+    peak_mib, (H, W, B))."""
+    import resource
+
+    import torch
+    from mmengine.logging import MMLogger
+    from mmengine.optim import build_optim_wrapper
+    from mmengine.registry import DefaultScope
+
+    def pad_to_override(cfg):  # a segmentor pads its batch to the crop
+        for pre in (cfg.get('data_preprocessor'),
+                    cfg.model.get('data_preprocessor')):
+            if pre is not None and pre.get('size') is not None:
+                pre.size = tuple(override[:2])
+
+    cfg, scope, model = build_model(path, device,
+                                    pad_to_override if override else None)
+    h, w, batch = override or recipe_input(cfg, scope)
+    with DefaultScope.overwrite_default_scope(scope):
+        logger = MMLogger.get_current_instance()
+        level = logger.level
+        logger.setLevel('WARNING')  # not a line per parameter group
+        try:
+            optim = build_optim_wrapper(model, cfg.optim_wrapper)
+        finally:
+            logger.setLevel(level)
+        raw = recipe_batch(scope, name, (h, w), batch)
+        if device.startswith('cuda'):
+            torch.cuda.reset_peak_memory_stats()
+        times = []
+        for _ in range(1 + iters):
+            analysis.sync_device(device)
+            t0 = time.perf_counter()
+            data = model.data_preprocessor(raw, True)
+            loss, _ = model.parse_losses(model(**data, mode='loss'))
+            optim.update_params(loss)
+            analysis.sync_device(device)
+            times.append(time.perf_counter() - t0)
+            if not torch.isfinite(loss):
+                raise RuntimeError(f'non-finite loss {float(loss):.4g}')
+    if device.startswith('cuda'):
+        peak = torch.cuda.max_memory_allocated() / 2**20
+    else:
+        peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    timed = sorted(times[1:] or times)  # iters=0: the one iteration
+    return timed[len(timed) // 2], peak, (h, w, batch)
+
+
+def merge_recipe_rows(path, rows):
+    """Write ``rows`` into the recipe CSV ``path`` (atomically): a row of
+    the same config and GPU is replaced, the others are kept."""
+    import csv
+    old = []
+    if osp.exists(path):
+        with open(path, newline='') as f:
+            reader = csv.DictReader(f)
+            if reader.fieldnames != RECIPE_FIELDS:
+                raise SystemExit(
+                    f'gpu_check: {path} has the columns '
+                    f'{reader.fieldnames}, not {RECIPE_FIELDS}: name '
+                    f'another --recipe-csv')
+            old = list(reader)
+    new = {(r['config'], r['gpu']) for r in rows}
+    kept = [r for r in old if (r['config'], r['gpu']) not in new]
+    analysis.write_csv(path, kept + rows, RECIPE_FIELDS)
+
+
+def run_recipes(report, configs, device, gpu, iters, csv_path, override=None):
+    """Time each recipe's iteration; each row goes into ``csv_path`` as
+    soon as it is measured (a run cut short keeps it)."""
+    import datetime
+
+    import torch
+    if not configs:
+        report.add(
+            'recipe iterations',
+            'configs',
+            'count',
+            0,
+            ok=False,
+            note='no config to time')
+        return
+    for name, path in configs.items():
+        try:
+            s, peak, (h, w, b) = recipe_iteration(path, name, device, iters,
+                                                  override)
+        except Exception as e:  # noqa: the report says what failed
+            report.add(
+                'recipe iterations',
+                name,
+                's/iter',
+                'error',
+                ok=False,
+                note=f'{type(e).__name__}: {e}'.splitlines()[0][:200])
+            continue
+        finally:
+            if device.startswith('cuda'):
+                torch.cuda.empty_cache()
+        timed = (f'median of {iters} iterations after 1 warm-up'
+                 if iters else 'one iteration, no warm-up')
+        note = (f'fp32, {b} x {h}x{w} per GPU, {timed}; model, loss, '
+                f'backward and optimizer step on random data (no data '
+                f'loading); torch {torch.__version__}')
+        report.add(
+            'recipe iterations',
+            name,
+            's/iter',
+            f'{s:.3f}',
+            note=f'{b} x {h}x{w}')
+        report.add('recipe iterations', name, 'peak MiB', f'{peak:.0f}')
+        merge_recipe_rows(csv_path, [
+            dict(
+                config=name,
+                gpu=gpu,
+                s_per_iter=f'{s:.4f}',
+                peak_mib=f'{peak:.0f}',
+                date=datetime.date.today().isoformat(),
+                note=note)
+        ])
+
+
+# ------------------------------------------------------- 4. NR methods
 NR_METHODS = ('iterative', 'spectral', 'lanczos')
 
 
@@ -337,7 +562,7 @@ def run_nr_methods(report, device, shapes, repeats):
                 f'{times[method + " train"]:.3f}')
 
 
-# ------------------------------------------- 4./5. backbones, softmax
+# ------------------------------------------- 5./6. backbones, softmax
 def run_benchmark(models, sizes, repeats, device, out, modes=None):
     """benchmark.py's rows for ``models`` x ``sizes`` x modes."""
     import csv
@@ -484,12 +709,15 @@ def environment(torch, cuda):
 def main(argv=None):
     args = parse_args(argv)
     import torch
-    cuda = torch.cuda.is_available() and not (args.cpu or args.smoke)
+    cuda = torch.cuda.is_available() and not (args.cpu or args.smoke
+                                              or args.dry_run)
     repeats = 1 if args.smoke else args.repeats
     names = args.configs
     if names is None and args.smoke:
         names = [DEFAULT_SMOKE_CONFIG]
     configs = shipped_configs(names)
+    # the recipe section: the configs named, else the four task families
+    recipes = configs if names else recipe_configs(configs)
     if not cuda and names is None:
         configs = {n: p for n, p in configs.items() if n.endswith('_in1k')}
     bench_dir = osp.join(args.out_dir, 'benchmark')
@@ -502,6 +730,8 @@ def main(argv=None):
             tests=(run_device_tests, ),
             steps=(run_training_steps, configs, ('fp32', 'fp16', 'bf16'),
                    device, 128),
+            recipe=(run_recipes, recipes, device, torch.cuda.get_device_name(),
+                    args.recipe_iters, args.recipe_csv),
             nr=(run_nr_methods, device, [(64 * 2, 49, 64), (2, 196, 64),
                                          (2 * 10, 950, 32)], repeats),
             backbones=(run_backbones, BACKBONES, CUDA_SIZES, repeats, device,
@@ -510,15 +740,23 @@ def main(argv=None):
                      osp.join(bench_dir, 'softmax')))
     else:
         device = 'cpu'
-        title = 'mmsoft GPU check: CPU subset (no CUDA device)'
+        title = ('mmsoft GPU check: dry run on the CPU' if args.dry_run else
+                 'mmsoft GPU check: CPU subset (no CUDA device)')
         report.skip('device tests', 'no CUDA device (the CPU suite runs '
                     'them on the CPU)')
         plan = dict(
             steps=(run_training_steps, configs, ('fp32', 'bf16'), device, 64),
+            recipe=(run_recipes, recipes, device, DRY_RUN_GPU, 0,
+                    args.recipe_csv, (64, 64, 2)),
             nr=(run_nr_methods, device, [(2, 49, 32), (2, 256, 32)], repeats),
             softmax=(run_softmax, CPU_SIZES, repeats, device,
                      osp.join(bench_dir,
                               'softmax'), ['forward'] if args.smoke else None))
+        if not args.dry_run:
+            del plan['recipe']
+            report.skip(
+                'recipe iterations', 'no CUDA device (a recipe\'s '
+                'iteration needs a GPU; --dry-run rehearses it on the CPU)')
         if args.smoke:
             report.skip('backbones', 'skipped by --smoke')
         else:
@@ -530,7 +768,7 @@ def main(argv=None):
     not_run = ''
     if not cuda:
         not_run = NOT_RUN + ('no CUDA device' if not torch.cuda.is_available()
-                             else '--cpu or --smoke given')
+                             else '--cpu, --smoke or --dry-run given')
     keys = [k for k in (args.sections or SECTION_KEYS) if k in plan]
     if args.sections:
         for k in SECTION_KEYS:
@@ -565,6 +803,8 @@ def main(argv=None):
     md = write([])
     print(md)
     print(f'wrote {args.out_dir}/gpu_check.{{md,csv}}')
+    if 'recipe' in keys and osp.exists(args.recipe_csv):
+        print(f'wrote {args.recipe_csv}')
     if not_run:
         print(not_run)
     return 1 if report.failed else 0
