@@ -231,10 +231,47 @@ def baseline_for(model, names, explicit):
     return None
 
 
+def cpu_name():
+    """The CPU's model name (``/proc/cpuinfo``; else what ``platform``
+    knows)."""
+    try:
+        with open('/proc/cpuinfo') as f:
+            for line in f:
+                if line.startswith('model name'):
+                    return line.split(':', 1)[1].strip()
+    except OSError:
+        pass
+    import platform
+    return platform.processor() or platform.machine() or 'unknown CPU'
+
+
+def device_label(device, threads=None):
+    """What a row was measured on (the CSV's ``device`` column, the
+    figure's panel titles): the CUDA device's name, or
+    ``'CPU: <model>, N threads'`` (``threads``: the children's intra-op
+    threads, default torch's)."""
+    import torch
+    if device.startswith('cuda'):
+        return torch.cuda.get_device_name(torch.device(device))
+    n = threads or torch.get_num_threads()
+    return f'CPU: {cpu_name()}, {n} thread{"s" if n != 1 else ""}'
+
+
+def panel_device(rows, size):
+    """The device(s) of ``size``'s rows, for its panel's title."""
+    names = list(
+        dict.fromkeys(
+            r.get('device') or '' for r in rows if r['size'] == size))
+    if not any(names):
+        return 'a device the CSV does not name'
+    return ' / '.join(n or 'a device the CSV does not name' for n in names)
+
+
 def plot(rows, sizes):
     """Time per step of each model, one panel per input size (stacked),
     horizontal bars with the model names at 10 pt: legible at the docs'
-    page width (8 in wide)."""
+    page width (8 in wide); each panel's title names the device its rows
+    were measured on (their ``device`` column)."""
     import numpy as np
     n_models = max(
         len({r['model']
@@ -263,7 +300,9 @@ def plot(rows, sizes):
         ax.set_yticks(ys, models, fontsize=10)
         ax.invert_yaxis()  # the first model on top
         ax.set_xlabel('ms per step (shorter is faster)', fontsize=10)
-        ax.set_title(f'input {size} (H x W x batch)', fontsize=11)
+        ax.set_title(
+            f'input {size} (H x W x batch) on {panel_device(rows, size)}',
+            fontsize=11)
         ax.tick_params(axis='x', labelsize=9.5)
         ax.margins(x=0.12)
         ax.grid(axis='x', alpha=.3)
@@ -401,6 +440,9 @@ def main(argv=None):
             f'({time.time() - t0:.0f}s)',
             flush=True)
 
+    label = device_label(args.device, args.threads)
+    for r in rows:
+        r['device'] = label
     get = {(r['model'], r['size'], r['mode']): r for r in rows}
     md = [
         '| model | params | input | mode | ms | img/s | peak MiB | '
@@ -451,7 +493,13 @@ def main_alternate(args, parser):
                     f'  {name:28s} {med[name]:9.1f} ms  {ratio}x {base}'
                     if ratio else f'  {name:28s} {med[name]:9.1f} ms',
                     flush=True)
-    fields = ['model', 'size', 'mode', 'time_ms', 'ratio', 'baseline', 'load']
+    label = device_label(args.device, args.threads)
+    for r in rows:
+        r['device'] = label
+    fields = [
+        'model', 'size', 'mode', 'time_ms', 'ratio', 'baseline', 'load',
+        'device'
+    ]
     md = '\n'.join(
         ['| ' + ' | '.join(fields) + ' |', '|' + '---|' * len(fields)] +
         ['| ' + ' | '.join(str(r[f]) for f in fields) + ' |' for r in rows])

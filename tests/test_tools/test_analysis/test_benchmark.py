@@ -83,6 +83,9 @@ def test_tiny_run_writes_ratios(tmp_path, capsys, script_server, monkeypatch):
                                for m in ('soft_tiny_norm_ml16', 'pvtv2_b1')
                                for mode in ('forward', 'forward_backward')}
     assert all(float(r['time_ms']) > 0 for r in rows)
+    # the machine, for the figure's panels: the CPU and --threads
+    assert {r['device']
+            for r in rows} == {f'CPU: {load().cpu_name()}, 1 thread'}
     md = (out / 'results.md').read_text()
     assert 'x pvtv2_b1' in md
     assert (out / 'benchmark.png').stat().st_size > 0

@@ -66,3 +66,36 @@ def test_committed_figures_are_page_width():
     for name in names:
         with Image.open(osp.join(FIGURES, name)) as im:
             assert im.size[0] <= 1000, (name, im.size)
+
+
+def test_benchmark_panels_name_their_device():
+    """Each panel of benchmark.png names the machine its rows were measured
+    on, from the CSV's device column (the committed one: every row has it);
+    rows of two devices at one size name both; a CSV without the column
+    says so instead of naming none."""
+    mod = tool('benchmark')
+    rows = mod.read_rows(osp.join(BENCH, 'benchmark_backbones.csv'))
+    assert all(r['device'] for r in rows)
+    sizes = list(dict.fromkeys(r['size'] for r in rows))
+    fig = mod.plot(rows, sizes)
+    titles = [ax.get_title() for ax in fig.axes]
+    assert len(titles) == len(sizes) >= 2
+    for size, title in zip(sizes, titles):
+        devices = {r['device'] for r in rows if r['size'] == size}
+        assert size in title and all(d in title for d in devices), title
+    gpu = [dict(r, device='NVIDIA H100 80GB HBM3') for r in rows[:2]]
+    mixed = mod.plot(rows[:2] + gpu, [rows[0]['size']])
+    title = mixed.axes[0].get_title()
+    assert 'NVIDIA H100 80GB HBM3' in title and rows[0]['device'] in title
+    bare = [{k: v for k, v in r.items() if k != 'device'} for r in rows[:2]]
+    title = mod.plot(bare, [rows[0]['size']]).axes[0].get_title()
+    assert title.endswith('on a device the CSV does not name')
+
+
+def test_benchmark_device_label():
+    """The device column the tool writes: the CUDA device's name, or the
+    CPU's model and the threads."""
+    mod = tool('benchmark')
+    assert mod.device_label('cpu', 2) == f'CPU: {mod.cpu_name()}, 2 threads'
+    assert mod.device_label('cpu', 1) == f'CPU: {mod.cpu_name()}, 1 thread'
+    assert mod.cpu_name()
