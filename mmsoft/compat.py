@@ -1,4 +1,6 @@
-"""Compatibility with the supported stacks (torch 2.1 to 2.14, mmengine 0.10).
+"""Compatibility with the supported stacks (torch 2.1 to 2.14, mmengine 0.10):
+the checkpoint side (the model code's torch-version shims, ``autocast_dtype``
+and ``unravel_index``, are in :mod:`mmsoft.models.layers.amp`).
 
 Nothing here changes the process: ``import mmsoft`` leaves torch's
 weights-only allow-list alone; :func:`mmengine_checkpoints_allowed` widens
@@ -15,32 +17,5 @@ from mmsoft.utils.safe_load import (RefusedGlobal, RestrictedUnpickler,
 __all__ = [
     'mmengine_checkpoints_allowed', 'safe_torch_load', 'unsafe_globals',
     'RefusedGlobal', 'RestrictedUnpickler', 'native_allow_list',
-    'torch_version', 'unravel_index', 'autocast_dtype'
+    'torch_version'
 ]
-
-
-def autocast_dtype(device_type):
-    """The autocast dtype of ``device_type`` ('cpu', 'cuda') if autocast is
-    on there, else None, on every torch (chosen by the version: a caught
-    ``TypeError`` breaks Dynamo on torch 2.1)."""
-    import torch
-    if hasattr(torch, 'get_autocast_dtype'):  # torch >= 2.4
-        on = torch.is_autocast_enabled(device_type)
-        return torch.get_autocast_dtype(device_type) if on else None
-    if device_type == 'cpu':
-        on = torch.is_autocast_cpu_enabled()
-        return torch.get_autocast_cpu_dtype() if on else None
-    return torch.get_autocast_gpu_dtype() if torch.is_autocast_enabled() \
-        else None
-
-
-def unravel_index(indices, shape):
-    """``torch.unravel_index`` (torch >= 2.2) on every torch."""
-    import torch
-    if hasattr(torch, 'unravel_index'):
-        return tuple(torch.unravel_index(indices, tuple(shape)))
-    out = []
-    for size in reversed(tuple(shape)):
-        out.append(torch.remainder(indices, size))
-        indices = torch.div(indices, size, rounding_mode='floor')
-    return tuple(reversed(out))

@@ -7,8 +7,6 @@ and in this process outside the allow-list's context; inside
 enters around the Runner's loads) the same files load, through mmengine's
 own, unpatched loaders.
 """
-import contextlib
-import functools
 import json
 import os
 import pickle
@@ -370,61 +368,6 @@ def test_empty_arrays_load(tmp_path, make, allowed):
         assert got.shape == obj.shape and got.dtype == obj.dtype
     else:
         assert len(got.data[0]) == 0
-
-
-@pytest.mark.parametrize('native', [True, False])
-def test_unravel_index(monkeypatch, native):
-    """``torch.unravel_index`` on every torch: the same indices as numpy's,
-    also where torch lacks it (torch < 2.2: hidden here)."""
-    if not native:
-        monkeypatch.delattr(torch, 'unravel_index', raising=False)
-    flat = torch.tensor([0, 5, 7, 23])
-    for shape in ((24, ), (4, 6), torch.Size([2, 3, 4]), [2, 1, 3, 4]):
-        got = compat.unravel_index(flat, shape)
-        assert isinstance(got, tuple) and len(got) == len(shape)
-        for g, want in zip(got, np.unravel_index(flat.numpy(), tuple(shape))):
-            assert g.dtype == flat.dtype and g.tolist() == want.tolist()
-
-
-@contextlib.contextmanager
-def _cuda_autocast_flag():
-    """CUDA autocast switched on as torch.autocast('cuda') does (the
-    thread-local flag; no CUDA device needed)."""
-    set_on = torch.set_autocast_enabled
-    try:
-        set_on('cuda', True)
-        undo = functools.partial(set_on, 'cuda', False)
-    except TypeError:  # torch < 2.4: the flag of CUDA takes no device
-        set_on(True)
-        undo = functools.partial(set_on, False)
-    try:
-        yield
-    finally:
-        undo()
-
-
-@pytest.mark.parametrize('native', [True, False])
-def test_autocast_dtype(native):
-    """The autocast dtype of a device while autocast is on there, else
-    None, on every torch (``native=False``: torch < 2.4's functions, with
-    ``torch.get_autocast_dtype`` hidden while mmsoft asks; torch.autocast
-    itself needs it)."""
-    if not native and not hasattr(torch, 'get_autocast_cpu_dtype'):
-        pytest.skip('this torch has only the >= 2.4 functions')
-
-    def ask(device):
-        with pytest.MonkeyPatch.context() as mp, warnings.catch_warnings():
-            warnings.simplefilter('ignore', DeprecationWarning)
-            warnings.simplefilter('ignore', FutureWarning)
-            if not native:
-                mp.delattr(torch, 'get_autocast_dtype', raising=False)
-            return compat.autocast_dtype(device)
-
-    assert ask('cpu') is None and ask('cuda') is None
-    with torch.autocast('cpu', dtype=torch.bfloat16):
-        assert ask('cpu') == torch.bfloat16 and ask('cuda') is None
-    with _cuda_autocast_flag():
-        assert ask('cuda') == torch.float16 and ask('cpu') is None
 
 
 def test_import_mmsoft_prints_nothing():

@@ -98,19 +98,15 @@ GROUPS: Dict[str, Group] = {
     'numerics':
     Group(
         'attention, kernel, inverse',
-        tuple(L + f
-              for f in ('nr_iteration.py', 'nr_autograd.py', 'nr_config.py',
-                        'nr_diagnostics.py', 'soft_attention.py',
-                        'export_ops.py', 'zoo.py')) +
+        tuple(L + f for f in ('nr_iteration.py', 'nr_autograd.py',
+                              'nr_config.py', 'soft_attention.py', 'zoo.py')) +
         (H + 'nr_residual_hook.py',
          M + 'engine/optimizers/cpu_amp_optim_wrapper.py'),
         MODEL_TESTS,
         budget=5400),
     'backbone':
     Group(
-        'blocks, backbone',
-        tuple(L + f for f in ('checks.py', 'amp.py')) +
-        (M + 'models/backbones/soft.py', ),
+        'blocks, backbone', (L + 'amp.py', M + 'models/backbones/soft.py'),
         MODEL_TESTS,
         budget=5400),
     'loading':

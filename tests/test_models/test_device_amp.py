@@ -47,9 +47,9 @@ from mmengine.config import Config
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
-from mmsoft.compat import autocast_dtype
 from mmsoft.models import SOFT
 from mmsoft.models.layers import NRConfig, SOFTAttention
+from mmsoft.models.layers.amp import autocast_dtype
 
 pytestmark = pytest.mark.usefixtures('one_thread')
 

@@ -1,7 +1,7 @@
 """ONNX export (tools/deployment/pytorch2onnx.py,
 mmsoft_tools.deploy).
 
-* the plain-op export path (``export_ops``: Gaussian kernel, unrolled
+* the plain-op export path (``amp.is_exporting``: Gaussian kernel, unrolled
   Newton-Raphson, alpha selection in the graph) computes the same function
   as the normal forward, which on the CPU uses the spectral path (eigh) for
   m >= 80, and never calls eigh;
@@ -28,7 +28,7 @@ pytest.importorskip('mmpretrain')
 import mmsoft  # noqa: E402,F401
 from mmsoft.models.backbones.soft import SOFT  # noqa: E402
 from mmsoft.models.layers import gaussian_kernel  # noqa: E402
-from mmsoft.models.layers import NRConfig, export_ops  # noqa: E402
+from mmsoft.models.layers import NRConfig, amp  # noqa: E402
 from mmsoft.models.layers.soft_attention import kernel_forward  # noqa: E402
 from mmsoft_tools import deploy  # noqa: E402
 
@@ -49,7 +49,7 @@ def _tool():
 @pytest.fixture
 def exporting(monkeypatch):
     """Run the export dispatch without exporting; eigh must not be hit."""
-    monkeypatch.setattr(export_ops, 'is_exporting', lambda: True)
+    monkeypatch.setattr(amp, 'is_exporting', lambda: True)
 
     def no_eigh(*a, **k):
         raise AssertionError('torch.linalg.eigh called on the export path')
@@ -65,12 +65,12 @@ def _spd_gram(b, h, m, d=8, seed=0):
 
 @pytest.mark.parametrize(
     'init', ['soft_norm_per_matrix', 'soft', 'soft_norm_per_sample'])
-def test_export_ops_equal_functions(init, monkeypatch):
+def test_export_path_equal_functions(init, monkeypatch):
     A, W = _spd_gram(2, 3, 96)  # m >= 80: 'auto' is spectral on the CPU
     ref = newton_inverse_apply(A, W, 20, init, 'auto')
     it = newton_inverse_apply(A, W, 20, init, 'iterative')
     with monkeypatch.context() as mp:  # the export path, plain ops, no eigh
-        mp.setattr(export_ops, 'is_exporting', lambda: True)
+        mp.setattr(amp, 'is_exporting', lambda: True)
         mp.setattr(torch.linalg, 'eigh',
                    lambda *a, **k: pytest.fail('eigh on the export path'))
         out = newton_inverse_apply(A, W, 20, init, 'auto')
@@ -100,7 +100,7 @@ def test_export_path_equals_normal_forward(monkeypatch):
     x = torch.randn(2, 3, 96, 128)  # stage 1: 24 x 32 tokens, m = 6 x 8
     with torch.no_grad():
         ref = model(x)
-        monkeypatch.setattr(export_ops, 'is_exporting', lambda: True)
+        monkeypatch.setattr(amp, 'is_exporting', lambda: True)
         monkeypatch.setattr(
             torch.linalg, 'eigh',
             lambda *a, **k: pytest.fail('eigh on the export path'))
@@ -111,7 +111,7 @@ def test_export_path_equals_normal_forward(monkeypatch):
 
 def test_export_path_refuses_spectral(exporting):
     A, W = _spd_gram(1, 1, 16)
-    with pytest.raises(export_ops.ExportError, match="nr_method='auto'"):
+    with pytest.raises(amp.ExportError, match="nr_method='auto'"):
         newton_inverse_apply(A, W, 5, 'soft_norm_per_matrix', 'spectral')
 
 

@@ -35,7 +35,7 @@ EXPECTED = (
     ('mmsoft.utils.strict_load', 'CheckpointMismatchError'),  # wrong model
     ('mmsoft.engine.hooks.nonfinite_hook', 'NonFiniteLossError'),
     ('mmsoft.models.converters', 'ConversionError'),
-    ('mmsoft.models.layers.export_ops', 'ExportError'),
+    ('mmsoft.models.layers.amp', 'ExportError'),
     ('mmsoft_tools.work_dir_lock', 'WorkDirLockedError'),
     ('mmsoft_tools.demo_synthetic', 'NotDemoDataError'),
 )

@@ -11,7 +11,7 @@ from typing import Dict, List, Optional, Sequence, Tuple
 import torch
 import torch.nn as nn
 
-from mmsoft.models.layers.export_ops import ExportError
+from mmsoft.models.layers.amp import ExportError
 from mmsoft.utils.atomic import atomic_path
 from mmsoft_tools.torch_compat import onnx_export_takes_dynamo
 

@@ -22,9 +22,8 @@ from torch.nn.modules.batchnorm import _BatchNorm
 
 from mmsoft.registry import ATTENTIONS, register_model
 from ..arch_zoo import ARCH_DEFAULTS, ARCH_ZOO, NUM_STAGES
-from ..layers.amp import SafeConv2d
-from ..layers.checks import (check_choice, check_int, check_kernel_size,
-                             check_rate)
+from ..layers.amp import (SafeConv2d, check_choice, check_int,
+                          check_kernel_size, check_rate)
 from ..loading import pretrained_init_cfg
 
 __all__ = [

@@ -1,7 +1,6 @@
 from .amp import CheckedConvs, SafeConv2d
 from .nr_config import NRConfig
-from .nr_diagnostics import pinv_convergence
-from .nr_iteration import nr_init_alpha
+from .nr_iteration import nr_init_alpha, pinv_convergence
 from .soft_attention import (SAMPLING_MODES, AttentionBase, BottleneckSampler,
                              SOFTAttention, bottleneck_apply,
                              bottleneck_inverse, gaussian_kernel,

@@ -11,22 +11,57 @@ above :data:`PROBE_RTOL` runs in float32 (:class:`HalfConvWarning`). Under
 own convs are :class:`SafeConv2d`; :class:`CheckedConvs` routes every
 other ``F.conv2d`` inside a block (a detector's neck and heads under
 ``--amp``) through the same check, without touching their modules.
+
+Also what every layer asks of the run: the torch-version shims
+(:func:`autocast_dtype`, :func:`unravel_index`), whether a model is being
+exported (:func:`is_exporting`: the Gaussian kernel and the NR inverse then
+run their forward code as plain ops, with no autograd Function; the
+iterative method, as ``eigh`` has no ONNX operator; inference graphs only)
+and the argument checks of the backbone and its layers (``check_*``: one
+``ValueError`` at construction naming the option, the value and what is
+accepted).
 """
 import contextlib
+import numbers
 import warnings
-from typing import Dict
+from typing import Any, Dict, Optional, Sequence
 
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
 from torch.overrides import TorchFunctionMode
 
-from mmsoft.compat import autocast_dtype
-
 __all__ = [
     'autocast_off', 'compute_dtype', 'tf32_off', 'compiling', 'SafeConv2d',
-    'conv2d', 'CheckedConvs', 'PROBE_RTOL', 'HalfConvWarning'
+    'conv2d', 'CheckedConvs', 'PROBE_RTOL', 'HalfConvWarning',
+    'autocast_dtype', 'unravel_index', 'is_exporting', 'ExportError',
+    'check_int', 'check_rate', 'check_kernel_size', 'check_choice'
 ]
+
+
+def autocast_dtype(device_type):
+    """The autocast dtype of ``device_type`` ('cpu', 'cuda') if autocast is
+    on there, else None, on every torch (chosen by the version: a caught
+    ``TypeError`` breaks Dynamo on torch 2.1)."""
+    if hasattr(torch, 'get_autocast_dtype'):  # torch >= 2.4
+        on = torch.is_autocast_enabled(device_type)
+        return torch.get_autocast_dtype(device_type) if on else None
+    if device_type == 'cpu':
+        on = torch.is_autocast_cpu_enabled()
+        return torch.get_autocast_cpu_dtype() if on else None
+    return torch.get_autocast_gpu_dtype() if torch.is_autocast_enabled() \
+        else None
+
+
+def unravel_index(indices, shape):
+    """``torch.unravel_index`` (torch >= 2.2) on every torch."""
+    if hasattr(torch, 'unravel_index'):
+        return tuple(torch.unravel_index(indices, tuple(shape)))
+    out = []
+    for size in reversed(tuple(shape)):
+        out.append(torch.remainder(indices, size))
+        indices = torch.div(indices, size, rounding_mode='floor')
+    return tuple(reversed(out))
 
 
 def autocast_off(device_type: str):
@@ -72,6 +107,15 @@ compiling = getattr(getattr(torch, 'compiler', None), 'is_compiling',
                     None) or torch._dynamo.is_compiling  # torch < 2.3
 #: the convolution checked (a test stands in a broken kernel)
 _raw_conv2d = F.conv2d
+
+
+def is_exporting() -> bool:
+    """True while ``torch.onnx.export`` (or ``torch.jit.trace``) runs."""
+    return torch.onnx.is_in_onnx_export() or torch.jit.is_tracing()
+
+
+class ExportError(RuntimeError):
+    """A model path that cannot be exported to ONNX (with the fix)."""
 
 
 class HalfConvWarning(UserWarning):
@@ -151,3 +195,43 @@ class CheckedConvs(TorchFunctionMode):
         if func is F.conv2d:
             return conv2d(*args, **(kwargs or {}))
         return func(*args, **(kwargs or {}))
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, numbers.Integral) and not isinstance(value, bool)
+
+
+def check_int(name, value, minimum=1, allow_none=False) -> Optional[int]:
+    """An int >= ``minimum`` (or None with ``allow_none``), as an int."""
+    if value is None and allow_none:
+        return None
+    if not _is_int(value) or value < minimum:
+        what = f'an int >= {minimum}' + (' or None' if allow_none else '')
+        raise ValueError(f'{name} must be {what}, got {value!r} '
+                         f'({type(value).__name__})')
+    return int(value)
+
+
+def check_rate(name: str, value: Any) -> float:
+    """A dropout / drop-path probability in [0, 1)."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Real) or \
+            not 0 <= value < 1:
+        raise ValueError(f'{name} must be a number in [0, 1), got {value!r}')
+    return float(value)
+
+
+def check_kernel_size(name: str, value: Any) -> int:
+    """An odd positive int (``'same'`` padding keeps the map only for odd
+    k), or 0 (no conv)."""
+    if _is_int(value) and (value % 2 == 1 or value == 0) and value >= 0:
+        return int(value)
+    raise ValueError(f'{name} must be an odd positive int (or 0 to disable '
+                     f'the conv), got {value!r}: an even kernel changes the '
+                     f'token map size')
+
+
+def check_choice(name: str, value: Any, choices: Sequence) -> Any:
+    """One of ``choices``; returns it."""
+    if value not in choices:
+        raise ValueError(f'unknown {name} {value!r}; choose one of {choices}')
+    return value

@@ -6,13 +6,11 @@ from typing import Tuple
 
 import torch
 
-from mmsoft.compat import unravel_index
-from . import export_ops
-from .amp import autocast_off, compute_dtype, tf32_off
-from .nr_diagnostics import iterative_stats, record_residual
-from .nr_iteration import (leibniz_divided_difference, newton_iterate,
-                           nr_init_alpha, nr_iteration_matrix,
-                           spectral_factors, traced_alpha)
+from . import amp
+from .amp import autocast_off, compute_dtype, tf32_off, unravel_index
+from .nr_iteration import (iterative_stats, leibniz_divided_difference,
+                           newton_iterate, nr_init_alpha, nr_iteration_matrix,
+                           record_residual, spectral_factors, traced_alpha)
 from .nr_lanczos import LanczosApply, filter_and_slope, krylov_basis
 
 __all__ = [
@@ -238,13 +236,13 @@ def solve(A, W, nr, stats) -> torch.Tensor:
     W = None if W is None else W.to(dtype)
     with torch.no_grad():
         alpha = nr_init_alpha(A, nr.init)
-    if export_ops.is_exporting():  # ONNX: the iterations as plain products
+    if amp.is_exporting():  # ONNX: the iterations as plain products
         if nr.method in ('spectral', 'lanczos'):
             why = dict(
                 spectral='torch.linalg.eigh has no ONNX operator',
                 lanczos='its steps are chosen from the data at run time')[
                     nr.method]
-            raise export_ops.ExportError(
+            raise amp.ExportError(
                 f"nr_method={nr.method!r} cannot be exported ({why}); set "
                 f"model.backbone.attn_cfg.nr_method='auto' or 'iterative' "
                 f"(same function) before exporting")

@@ -4,7 +4,7 @@ from typing import Mapping, Optional
 
 import torch
 
-from .checks import check_choice, check_int
+from .amp import check_choice, check_int
 from .nr_autograd import NR_METHODS, solve
 from .nr_iteration import canonical_init
 

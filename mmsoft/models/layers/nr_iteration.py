@@ -2,8 +2,12 @@
 A_0 = alpha A, A_{k+1} = 2 A_k - A_k A A_k, as 2T batched products
 (:func:`newton_iterate`) or on the eigenvalues l of the symmetric A,
 v_{k+1} = 2 v_k - v_k^2 l (:func:`spectral_factors`). The model, the exact
-backward, the diagnostics and the ONNX export all run these functions."""
-from typing import Tuple
+backward, the diagnostics and the ONNX export all run these functions.
+
+The diagnostics: how far the iterate A_T is from A^+ (the paper's Fig. 4),
+the ``stats`` of ``NRConfig.inverse`` / ``apply`` (``last_nr_stats``):
+:func:`record_residual`, :func:`nr_residual`, :func:`pinv_convergence`."""
+from typing import Dict, Tuple
 
 import torch
 
@@ -12,7 +16,8 @@ from .amp import compiling
 __all__ = [
     'INIT_MODES', 'canonical_init', 'nr_init_alpha', 'nr_iteration_matrix',
     'init_iteration', 'newton_iterate', 'scalar_iterate', 'spectral_factors',
-    'traced_alpha', 'leibniz_divided_difference', 'eigh'
+    'traced_alpha', 'leibniz_divided_difference', 'eigh', 'record_residual',
+    'iterative_stats', 'nr_residual', 'pinv_convergence'
 ]
 
 INIT_MODES = ('soft_norm_per_sample', 'soft_norm_per_matrix',
@@ -188,3 +193,63 @@ def spectral_factors(A, alpha, iters):
     iterate is the same polynomial of A, so Eq. (10) acts on l alone."""
     lam, U = eigh(A)
     return U, scalar_iterate(lam, alpha, iters), lam
+
+
+def record_residual(stats, lam, v) -> None:
+    """Fill ``stats`` from the eigenvalues l of the matrix iterated on and
+    v = v_T(l), per matrix: ``'residual'`` ||A A_T A - A||_2 / ||A||_2 =
+    max |l (l v - 1)| / max |l|; ``'unconverged'`` the fraction of the
+    numerical rank (l > m eps max |l|) with |1 - l v| > 0.5."""
+    if stats is None:
+        return
+    lam, v = lam.detach(), v.detach()
+    absl = lam.abs()
+    lmax = absl.amax(-1, keepdim=True)
+    stats['residual'] = (lam * (lam * v - 1)).abs().amax(-1) / \
+        lmax.squeeze(-1).clamp_min(torch.finfo(lam.dtype).tiny)
+    rank = absl > lmax * (lam.shape[-1] * torch.finfo(lam.dtype).eps)
+    far = ((1 - lam * v).abs() > 0.5) & rank
+    stats['unconverged'] = far.sum(-1).to(lam.dtype) / \
+        rank.sum(-1).clamp_min(1).to(lam.dtype)
+
+
+def iterative_stats(stats, A, init, iters) -> None:
+    """:func:`record_residual` for the iterative method (one ``eigvalsh``)."""
+    if stats is None:
+        return
+    with torch.no_grad():
+        Aw, alpha = init_iteration(A, init)
+        lam = torch.linalg.eigvalsh(Aw)
+        record_residual(stats, lam, scalar_iterate(lam, alpha, iters))
+
+
+@torch.no_grad()
+def nr_residual(A, iters=20, init='soft_norm_per_sample'):
+    """``{'residual', 'unconverged'}`` of T iterations on (..., m, m) A,
+    each of shape ``A.shape[:-2]`` (see :func:`record_residual`)."""
+    if A.dim() < 2 or A.shape[-1] != A.shape[-2]:
+        raise ValueError(f'nr_residual expects (..., m, m) matrices, got '
+                         f'shape {tuple(A.shape)}')
+    stats: Dict[str, torch.Tensor] = {}
+    iterative_stats(stats, A, init, iters)
+    return stats
+
+
+@torch.no_grad()
+def pinv_convergence(A, iters=20, init='soft_norm_per_sample'):
+    """||A A_k A - A||_2 / ||A||_2 for k = 0..iters (Fig. 4), each of shape
+    ``A.shape[:-2]``."""
+    A = A.double()
+    Aw, alpha = init_iteration(A, init)
+    V = alpha[..., None, None] * Aw
+
+    def norm2(M):  # symmetric: the spectral norm is the largest |eigenvalue|
+        return torch.linalg.eigvalsh(0.5 * (M + M.mT)).abs().amax(-1)
+
+    normA = norm2(A)
+    out = []
+    for k in range(iters + 1):
+        out.append(norm2(A @ V @ A - A) / normA)
+        if k < iters:
+            V = newton_iterate(Aw, V, 1)
+    return tuple(out)

@@ -22,9 +22,9 @@ import torch.nn.functional as F
 from torch.autograd.function import once_differentiable
 
 from mmsoft.registry import ATTENTIONS
-from . import export_ops
-from .amp import SafeConv2d, autocast_off, compiling, compute_dtype, conv2d
-from .checks import check_choice, check_int, check_kernel_size
+from . import amp
+from .amp import (SafeConv2d, autocast_off, check_choice, check_int,
+                  check_kernel_size, compiling, compute_dtype, conv2d)
 from .nr_config import NRConfig
 
 __all__ = [
@@ -244,7 +244,7 @@ def gaussian_kernel(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
     dtype = compute_dtype(x, y)
     self_kernel = x is y
     with autocast_off(x.device.type):
-        if export_ops.is_exporting():  # ONNX: no autograd Function
+        if amp.is_exporting():  # ONNX: no autograd Function
             return kernel_forward(x.to(dtype), y.to(dtype), self_kernel)
         y = y.to(dtype)
         # the self-kernel passes a view of y as x (torch.compile refuses one
@@ -343,7 +343,7 @@ def soft_attention(q, landmarks, v, attn_norm=True, nr=None, nr_stats=None):
     fused = (
         torch.is_grad_enabled()
         and any(t.requires_grad for t in (q, landmarks, v))
-        and not compiling() and not export_ops.is_exporting())
+        and not compiling() and not amp.is_exporting())
     with autocast_off(v.device.type):
         if fused:
             dtype = compute_dtype(q, landmarks)

@@ -12,8 +12,8 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from mmsoft.registry import ATTENTIONS
-from .amp import SafeConv2d, autocast_off, compute_dtype
-from .checks import check_choice, check_int
+from .amp import (SafeConv2d, autocast_off, check_choice, check_int,
+                  compute_dtype)
 from .soft_attention import AttentionBase, query_index, reduce_map
 
 __all__ = [

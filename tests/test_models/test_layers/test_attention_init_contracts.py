@@ -14,7 +14,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from mmsoft.models.backbones.soft import ClsTokenStage, SoftmaxAttention
-from mmsoft.models.layers import export_ops
+from mmsoft.models.layers import amp
 from mmsoft.models.layers.nr_config import NRConfig
 from mmsoft.models.layers.soft_attention import (SAMPLING_MODES,
                                                  BottleneckSampler,
@@ -50,10 +50,10 @@ def test_spectral_method_refused_while_exporting(monkeypatch):
     A, W = _kernel_matrix()
     nr = NRConfig(iters=6, method='spectral')
     nr.apply(A, W)  # fine eagerly
-    monkeypatch.setattr(export_ops, 'is_exporting', lambda: True)
+    monkeypatch.setattr(amp, 'is_exporting', lambda: True)
     for call in (lambda: nr.apply(A, W), lambda: nr.inverse(A)):
         with pytest.raises(
-                export_ops.ExportError,
+                amp.ExportError,
                 match='^' + re.escape(SPECTRAL_EXPORT_ERROR) + '$'):
             call()
 
@@ -65,7 +65,7 @@ def test_auto_and_iterative_export_the_eager_values(monkeypatch, method):
     A, W = _kernel_matrix()
     nr = NRConfig(iters=6, method=method)
     want_apply, want_inv = nr.apply(A, W), nr.inverse(A)
-    monkeypatch.setattr(export_ops, 'is_exporting', lambda: True)
+    monkeypatch.setattr(amp, 'is_exporting', lambda: True)
     got_apply, got_inv = nr.apply(A, W), nr.inverse(A)
     assert got_apply.shape == (2, 6, 3) and got_inv.shape == (2, 6, 6)
     torch.testing.assert_close(got_apply, want_apply, rtol=1e-4, atol=1e-5)

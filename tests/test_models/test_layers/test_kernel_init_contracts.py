@@ -8,7 +8,7 @@ import pytest
 import torch
 from conftest import deadline
 
-from mmsoft.models.layers import export_ops, landmark_grid
+from mmsoft.models.layers import amp, landmark_grid
 from mmsoft.models.layers.nr_autograd import NewtonInverse
 from mmsoft.models.layers.nr_config import NRConfig
 from mmsoft.models.layers.nr_iteration import nr_init_alpha
@@ -32,9 +32,9 @@ def _randn(*shape, seed=0, dtype=torch.float64):
 @pytest.fixture(params=['autograd', 'export'])
 def path(request, monkeypatch):
     """The kernel's two paths: the autograd Function, and the plain ops run
-    while a model is exported (``export_ops.is_exporting()``)."""
+    while a model is exported (``amp.is_exporting()``)."""
     if request.param == 'export':
-        monkeypatch.setattr(export_ops, 'is_exporting', lambda: True)
+        monkeypatch.setattr(amp, 'is_exporting', lambda: True)
     return request.param
 
 

@@ -6,7 +6,7 @@ import torch
 
 from mmsoft.models.layers import (BottleneckSampler, NRConfig, gaussian_kernel,
                                   reduce_map, soft_attention)
-from mmsoft.models.layers.nr_diagnostics import nr_residual
+from mmsoft.models.layers.nr_iteration import nr_residual
 from mmsoft.models.layers.soft_attention import bottleneck_apply
 
 

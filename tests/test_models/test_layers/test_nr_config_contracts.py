@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 import torch
 
-from mmsoft.models.layers import AttentionBase, NRConfig, export_ops
-from mmsoft.models.layers.nr_diagnostics import nr_residual
+from mmsoft.models.layers import AttentionBase, NRConfig, amp
+from mmsoft.models.layers.nr_iteration import nr_residual
 
 
 def exact(message):
@@ -67,10 +67,10 @@ def test_is_exporting_under_jit_trace_alone():
     seen = []
 
     def f(x):
-        seen.append(export_ops.is_exporting())
+        seen.append(amp.is_exporting())
         return x + 1
 
-    assert not export_ops.is_exporting()
+    assert not amp.is_exporting()
     torch.jit.trace(f, torch.zeros(2), check_trace=False)
     assert seen == [True]
 
@@ -80,7 +80,7 @@ def test_is_exporting_under_onnx_export_alone(monkeypatch):
     jit tracing."""
     monkeypatch.setattr(torch.onnx, 'is_in_onnx_export', lambda: True)
     monkeypatch.setattr(torch.jit, 'is_tracing', lambda: False)
-    assert export_ops.is_exporting()
+    assert amp.is_exporting()
 
 
 # ------------------------------------------------------------- NR stats

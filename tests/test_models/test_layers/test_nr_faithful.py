@@ -222,7 +222,7 @@ def test_record_residual_on_known_spectra():
     the residual max |l (l v - 1)| / max |l|, and the unconverged fraction
     of the numerical rank (l > m eps max |l|, strictly) with |1 - l v| >
     0.5 (strictly), for any leading batch shape."""
-    from mmsoft.models.layers.nr_diagnostics import record_residual
+    from mmsoft.models.layers.nr_iteration import record_residual
     eps = torch.finfo(torch.float64).eps
     # m = 4, max |l| = 1: 4 eps is the rank threshold, exactly
     lam = torch.tensor([1., 0.5, 0.25, 4 * eps], dtype=torch.float64)

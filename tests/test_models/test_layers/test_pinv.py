@@ -7,8 +7,7 @@ from conftest import smooth_kernel
 
 from mmsoft.models.layers import gaussian_kernel
 from mmsoft.models.layers.nr_config import NRConfig
-from mmsoft.models.layers.nr_diagnostics import pinv_convergence
-from mmsoft.models.layers.nr_iteration import nr_init_alpha
+from mmsoft.models.layers.nr_iteration import nr_init_alpha, pinv_convergence
 
 
 def newton_inverse(A, *args, stats=None, **kwargs):
@@ -489,7 +488,7 @@ def test_stats_report_convergence(method, monkeypatch):
     pinv_convergence) and 'unconverged' grows when the iterations are cut
     short, for every method; the spectral one takes them from its own
     eigenvalues (one eigendecomposition per call, not two)."""
-    from mmsoft.models.layers.nr_diagnostics import nr_residual
+    from mmsoft.models.layers.nr_iteration import nr_residual
     A = smooth_kernel(2, m=60)
     W = torch.randn(2, 60, 3, dtype=torch.float64)
     stats, calls = {}, []
@@ -546,7 +545,7 @@ def test_close_pairs_match_the_mask():
 def test_inverse_fills_stats(method):
     """NRConfig.inverse(A, stats) fills ``stats`` as NRConfig.apply does
     (``'residual'``, ``'unconverged'``, as nr_residual)."""
-    from mmsoft.models.layers.nr_diagnostics import nr_residual
+    from mmsoft.models.layers.nr_iteration import nr_residual
     A = smooth_kernel(2, m=30)
     stats = {}
     newton_inverse(A, 5, method=method, stats=stats)

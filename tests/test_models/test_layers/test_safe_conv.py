@@ -17,18 +17,23 @@ convs such as SOFT's landmark sampler ``Conv2d(C, C, k, stride=k)``
   configuration and computes the right result in float32; with a correct
   stand-in it keeps the half kernel bit for bit. This proves the guard on
   any CPU.
+
+Also the torch-version shims of ``amp``, ``autocast_dtype`` and
+``unravel_index``, on this torch and with the newer torch functions hidden.
 """
+import contextlib
+import functools
 import importlib
 import warnings
 
+import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
 
-from mmsoft.compat import autocast_dtype
 from mmsoft.models.backbones.soft import ConvPatchEmbed
 from mmsoft.models.layers import BottleneckSampler, SafeConv2d
-from mmsoft.models.layers.amp import autocast_off
+from mmsoft.models.layers.amp import autocast_dtype, autocast_off
 
 SAFE = importlib.import_module('mmsoft.models.layers.amp')
 
@@ -312,3 +317,58 @@ def test_probe_runs_seeded_unit_scale_inputs(monkeypatch, dtype):
         assert torch.equal(a[0], b[0]) and torch.equal(a[1], b[1])
     assert abs(x.float().std().item() - 1) < 0.05
     assert abs(w.float().std().item() * (64 * 3 * 2)**0.5 - 1) < 0.05
+
+
+@pytest.mark.parametrize('native', [True, False])
+def test_unravel_index(monkeypatch, native):
+    """``torch.unravel_index`` on every torch: the same indices as numpy's,
+    also where torch lacks it (torch < 2.2: hidden here)."""
+    if not native:
+        monkeypatch.delattr(torch, 'unravel_index', raising=False)
+    flat = torch.tensor([0, 5, 7, 23])
+    for shape in ((24, ), (4, 6), torch.Size([2, 3, 4]), [2, 1, 3, 4]):
+        got = SAFE.unravel_index(flat, shape)
+        assert isinstance(got, tuple) and len(got) == len(shape)
+        for g, want in zip(got, np.unravel_index(flat.numpy(), tuple(shape))):
+            assert g.dtype == flat.dtype and g.tolist() == want.tolist()
+
+
+@contextlib.contextmanager
+def _cuda_autocast_flag():
+    """CUDA autocast switched on as torch.autocast('cuda') does (the
+    thread-local flag; no CUDA device needed)."""
+    set_on = torch.set_autocast_enabled
+    try:
+        set_on('cuda', True)
+        undo = functools.partial(set_on, 'cuda', False)
+    except TypeError:  # torch < 2.4: the flag of CUDA takes no device
+        set_on(True)
+        undo = functools.partial(set_on, False)
+    try:
+        yield
+    finally:
+        undo()
+
+
+@pytest.mark.parametrize('native', [True, False])
+def test_autocast_dtype(native):
+    """The autocast dtype of a device while autocast is on there, else
+    None, on every torch (``native=False``: torch < 2.4's functions, with
+    ``torch.get_autocast_dtype`` hidden while mmsoft asks; torch.autocast
+    itself needs it)."""
+    if not native and not hasattr(torch, 'get_autocast_cpu_dtype'):
+        pytest.skip('this torch has only the >= 2.4 functions')
+
+    def ask(device):
+        with pytest.MonkeyPatch.context() as mp, warnings.catch_warnings():
+            warnings.simplefilter('ignore', DeprecationWarning)
+            warnings.simplefilter('ignore', FutureWarning)
+            if not native:
+                mp.delattr(torch, 'get_autocast_dtype', raising=False)
+            return SAFE.autocast_dtype(device)
+
+    assert ask('cpu') is None and ask('cuda') is None
+    with torch.autocast('cpu', dtype=torch.bfloat16):
+        assert ask('cpu') == torch.bfloat16 and ask('cuda') is None
+    with _cuda_autocast_flag():
+        assert ask('cuda') == torch.float16 and ask('cpu') is None
