@@ -582,6 +582,36 @@ def test_gpu_check_recipe_rows_merge(tmp_path):
     assert other.read_text() == 'model,ms\nx,1\n'
 
 
+def test_gpu_check_recipe_out_of_memory_is_reported_not_failed(
+        tmp_path, monkeypatch):
+    """A recipe whose batch does not fit the GPU: a row saying so (the
+    check passes: it is a fact about the recipe), nothing in the CSV; a
+    recipe that raises anything else is a failed check."""
+    import torch
+    tool = load_tool('analysis/gpu_check.py')
+
+    def iteration(path, name, *args):
+        if name == 'big':
+            raise torch.cuda.OutOfMemoryError('CUDA out of memory')
+        raise RuntimeError('broken\nsecond line')
+
+    monkeypatch.setattr(tool, 'recipe_iteration', iteration)
+    monkeypatch.setattr(torch.cuda, 'get_device_properties',
+                        lambda i: SimpleNamespace(total_memory=80 * 2**30))
+    report = tool.Report()
+    csv_path = tmp_path / 'recipe_gpu.csv'
+    tool.run_recipes(report, {
+        'big': 'big.py',
+        'bad': 'bad.py'
+    }, 'cpu', 'NVIDIA H100', 5, str(csv_path))
+    big, bad = report.rows
+    assert (big['value'], big['ok']) == ('out of memory', True)
+    assert 'does not fit NVIDIA H100 (80 GiB)' in big['note']
+    assert (bad['value'], bad['ok'], bad['note']) == ('error', False,
+                                                      'RuntimeError: broken')
+    assert not csv_path.exists()
+
+
 def test_gpu_check_dry_run_never_writes_the_docs_csv(tmp_path, capsys):
     tool = load_tool('analysis/gpu_check.py')
     with pytest.raises(SystemExit) as e:

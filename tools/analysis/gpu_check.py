@@ -466,6 +466,17 @@ def run_recipes(report, configs, device, gpu, iters, csv_path, override=None):
         try:
             s, peak, (h, w, b) = recipe_iteration(path, name, device, iters,
                                                   override)
+        except torch.cuda.OutOfMemoryError:
+            # a fact about the recipe on this GPU, not a failed check
+            total = torch.cuda.get_device_properties(0).total_memory
+            report.add(
+                'recipe iterations',
+                name,
+                's/iter',
+                'out of memory',
+                note=f'one GPU\'s batch does not fit {gpu} '
+                f'({total / 2**30:.0f} GiB) in fp32; no row written')
+            continue
         except Exception as e:  # noqa: the report says what failed
             report.add(
                 'recipe iterations',
