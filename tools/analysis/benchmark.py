@@ -249,12 +249,14 @@ def device_label(device, threads=None):
     """What a row was measured on (the CSV's ``device`` column, the
     figure's panel titles): the CUDA device's name, or
     ``'CPU: <model>, N threads'`` (``threads``: the children's intra-op
-    threads, default torch's)."""
+    threads, default torch's), with ``', memory reused'`` under
+    ``--reuse-memory`` on the CPU."""
     import torch
     if device.startswith('cuda'):
         return torch.cuda.get_device_name(torch.device(device))
     n = threads or torch.get_num_threads()
-    return f'CPU: {cpu_name()}, {n} thread{"s" if n != 1 else ""}'
+    reused = ', memory reused' if memory_reused() else ''
+    return f'CPU: {cpu_name()}, {n} thread{"s" if n != 1 else ""}{reused}'
 
 
 def panel_device(rows, size):

@@ -182,6 +182,8 @@ def test_reuse_memory_reruns_with_the_allocator_settings(monkeypatch):
     (cmd, env), = calls
     assert cmd[1].endswith('benchmark.py') and cmd[2:] == argv
     assert all(env[k] == v for k, v in bm.REUSE_MEMORY.items())
+    assert not bm.device_label('cpu', 2).endswith('memory reused')
     for k, v in bm.REUSE_MEMORY.items():
         monkeypatch.setenv(k, v)
     assert bm.memory_reused()
+    assert bm.device_label('cpu', 2).endswith('2 threads, memory reused')
