@@ -34,7 +34,9 @@ lint: env
 	MMSOFT_VENV=$(call quote,$(VENV)) bash tools/lint.sh
 
 # the CUDA checks (tests on cuda, fp32/fp16/bf16 steps of every config,
-# NR methods, backbone speed/memory); CPU subset without CUDA
+# one timed iteration of each paper recipe for the model zoo's estimates,
+# NR methods, backbone speed/memory); CPU subset without CUDA;
+# GPU_CHECK_ARGS='--sections ...' runs some sections only
 gpu-check: env
 	$(PY) tools/analysis/gpu_check.py $(GPU_CHECK_ARGS)
 
