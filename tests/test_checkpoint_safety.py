@@ -30,6 +30,7 @@ import torch.nn as nn
 from conftest import ROOT, cls_demo_config, load_module, run
 
 import mmsoft
+import mmsoft.compat
 from mmsoft.engine.hooks.resume import find_newest_complete
 from mmsoft.utils import checkpoint_io as cio
 
