@@ -286,19 +286,6 @@ def test_unknown_missing_and_mismatched_keys_are_named(tmp_path, capsys,
             '(checkpoint [320, 321] vs model [320, 320])') in err
 
 
-def test_inconsistent_or_unreadable_arch(tiny_sd):
-    sd = OrderedDict(tiny_sd)
-    sd['block2.0.att.mha.attn.conv.weight'] = torch.zeros(3, 1, 5, 5)
-    with pytest.raises(ConversionError, match='inconsistent stage 2: 3 heads'):
-        cf.infer_arch(sd)
-    sd = OrderedDict(tiny_sd)
-    del sd['pos_embed3']
-    with pytest.raises(ConversionError, match="'pos_embed3' is missing"):
-        cf.infer_arch(sd)
-    with pytest.raises(ConversionError, match='do not divide'):
-        cf.infer_arch(tiny_sd, stage4_heads=7)
-
-
 def test_mmsoft_side_errors(tmp_path, capsys, tiny_sd):
     mm, _ = ok.convert_official_to_mmpretrain(tiny_sd)
     bad = OrderedDict(mm)
@@ -422,11 +409,12 @@ def test_cli_errors_write_nothing(tmp_path, tiny_sd, capsys):
     torch.save({'state_dict': tiny_sd}, good)
     assert s2m.main([str(good), str(dst), '--ema']) == 1
     assert 'no state_dict_ema' in capsys.readouterr().err
-    # untrusted pickled objects are refused with a hint
+    # untrusted pickled objects are refused, naming them, with a hint
     weird = tmp_path / 'weird.pth'
     torch.save({'state_dict': tiny_sd, 'obj': Opaque()}, weird)
     assert s2m.main([str(weird), str(dst)]) == 1
-    assert '--trust-checkpoint' in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert f'{__name__}.Opaque' in err and '--trust-checkpoint' in err
     assert not dst.exists()
     assert s2m.main([str(tmp_path / 'nope.pth'), str(dst)]) == 1
     assert 'does not exist' in capsys.readouterr().err
@@ -471,6 +459,14 @@ def test_mmpretrain_classifier_loads(tiny_sd):
 
 
 # --------------------------------------------- damaged input, bad output
+@pytest.fixture
+def src(tmp_path, tiny_sd):
+    """The authors' file ``tmp_path / 'official.pth'``."""
+    path = tmp_path / 'official.pth'
+    torch.save({'state_dict': tiny_sd}, path)
+    return path
+
+
 def _convert(tmp_path, tiny_sd, name='mmsoft.pth'):
     src = tmp_path / 'official.pth'
     if not src.exists():
@@ -481,13 +477,10 @@ def _convert(tmp_path, tiny_sd, name='mmsoft.pth'):
 
 
 @pytest.mark.parametrize('damage', ['empty', 'truncated', 'flipped'])
-def test_damaged_input_is_reported_as_damaged(tmp_path, tiny_sd, capsys,
-                                              damage):
+def test_damaged_input_is_reported_as_damaged(tmp_path, src, capsys, damage):
     """Before: empty / truncated files were "objects other than tensors"
     with the advice to use --trust-checkpoint; flipped bytes converted
     silently."""
-    src = tmp_path / 'official.pth'
-    torch.save({'state_dict': tiny_sd}, src)
     if damage == 'empty':
         src.write_bytes(b'')
     elif damage == 'truncated':
@@ -502,15 +495,6 @@ def test_damaged_input_is_reported_as_damaged(tmp_path, tiny_sd, capsys,
         assert 'trust' not in err
         assert len(err.strip().splitlines()) == 1
     assert sorted(os.listdir(tmp_path)) == ['official.pth']
-
-
-def test_refused_global_is_named(tmp_path, tiny_sd, capsys):
-    src = tmp_path / 'weird.pth'
-    torch.save({'state_dict': tiny_sd, 'obj': Opaque()}, src)
-    assert load_script('soft2mmsoft').main([str(src), str(tmp_path / 'o')]) \
-        == 1
-    err = capsys.readouterr().err
-    assert f'{__name__}.Opaque' in err and '--trust-checkpoint' in err
 
 
 def test_output_replacing_input_is_refused(tmp_path, tiny_sd, capsys,
@@ -535,9 +519,7 @@ def _one_line_error(capsys):
     return err
 
 
-def test_output_errors_are_one_line(tmp_path, tiny_sd, capsys, monkeypatch):
-    src = tmp_path / 'official.pth'
-    torch.save({'state_dict': tiny_sd}, src)
+def test_output_errors_are_one_line(tmp_path, src, capsys, monkeypatch):
     s2m = load_script('soft2mmsoft')
     # a directory as DST
     assert s2m.main([str(src), str(tmp_path)]) == 1
@@ -569,7 +551,7 @@ def test_output_errors_are_one_line(tmp_path, tiny_sd, capsys, monkeypatch):
     assert sorted(os.listdir(tmp_path)) == ['official.pth']
 
 
-def test_real_write_failure_is_one_line(tmp_path, tiny_sd):
+def test_real_write_failure_is_one_line(tmp_path, src):
     """A write failure from the kernel (a file-size limit, EFBIG, fails the
     write exactly as a full disk, ENOSPC, does): ``torch.save`` reports it
     as ``RuntimeError: [enforce fail at inline_container.cc] unexpected
@@ -579,8 +561,6 @@ def test_real_write_failure_is_one_line(tmp_path, tiny_sd):
     import subprocess
     import sys
     import textwrap
-    src = tmp_path / 'official.pth'
-    torch.save({'state_dict': tiny_sd}, src)
     dst = tmp_path / 'out.pth'
     limit = src.stat().st_size // 2  # the output is about as large as SRC
     code = textwrap.dedent(f"""
@@ -605,13 +585,10 @@ def test_real_write_failure_is_one_line(tmp_path, tiny_sd):
     assert sorted(os.listdir(tmp_path)) == ['official.pth']
 
 
-def test_output_that_is_not_a_regular_file_is_refused(tmp_path, tiny_sd,
-                                                      capsys):
+def test_output_that_is_not_a_regular_file_is_refused(tmp_path, src, capsys):
     """DST an existing FIFO / device (e.g. /dev/full to simulate a full
     disk): the atomic rename used to replace it by a regular file (as root,
     /dev/full itself)."""
-    src = tmp_path / 'official.pth'
-    torch.save({'state_dict': tiny_sd}, src)
     fifo = tmp_path / 'fifo'
     os.mkfifo(fifo)
     for script in ('soft2mmsoft', 'mmsoft2soft'):
@@ -625,11 +602,9 @@ def test_output_that_is_not_a_regular_file_is_refused(tmp_path, tiny_sd,
 
 
 @pytest.mark.parametrize('value', ['0', '-16', '2.5', 'x'])
-def test_stage4_heads_validated(tmp_path, tiny_sd, capsys, value):
+def test_stage4_heads_validated(tmp_path, src, capsys, value):
     """Before: 0 raised ZeroDivisionError, -16 was written into the
     checkpoint."""
-    src = tmp_path / 'official.pth'
-    torch.save({'state_dict': tiny_sd}, src)
     for script in ('soft2mmsoft', 'mmsoft2soft'):
         with pytest.raises(SystemExit) as e:
             load_script(script).main(
@@ -637,8 +612,6 @@ def test_stage4_heads_validated(tmp_path, tiny_sd, capsys, value):
                  str(tmp_path / 'o.pth'), '--stage4-heads', value])
         assert e.value.code == 2
         assert 'expected a positive integer' in capsys.readouterr().err
-    with pytest.raises(ConversionError, match='positive integer'):
-        cf.infer_arch(tiny_sd, stage4_heads=0)
 
 
 def test_stale_temporaries_are_removed(tmp_path, tiny_sd):
@@ -651,11 +624,9 @@ def test_stale_temporaries_are_removed(tmp_path, tiny_sd):
     assert sorted(os.listdir(tmp_path)) == ['mmsoft.pth', 'official.pth']
 
 
-def test_sigterm_during_conversion_leaves_nothing(tmp_path, tiny_sd):
+def test_sigterm_during_conversion_leaves_nothing(tmp_path, src):
     import signal
     import textwrap
-    src = tmp_path / 'official.pth'
-    torch.save({'state_dict': tiny_sd}, src)
     code = textwrap.dedent(f"""
         import os, signal, sys, torch
         save = torch.save
@@ -679,7 +650,6 @@ def test_damaged_converted_file_is_refused(tmp_path, tiny_sd):
     """Flipped bytes in a converted file (the zip's CRC-32 no longer
     matches; torch.load does not check it): loading it (init_cfg
     Pretrained, the converters) fails naming the file."""
-    from conftest import flip_tensor_bytes
     _, dst = _convert(tmp_path, tiny_sd)
     back = tmp_path / 'back.pth'
     assert load_script('mmsoft2soft').main([str(dst), str(back)]) == 0
@@ -699,13 +669,11 @@ def test_damaged_converted_file_is_refused(tmp_path, tiny_sd):
         cf.load_checkpoint_file(str(bad))
 
 
-def test_unreadable_source_is_one_line(tmp_path, tiny_sd, capsys, monkeypatch):
+def test_unreadable_source_is_one_line(tmp_path, src, capsys, monkeypatch):
     """Issue 27, item 8: an unreadable SRC (permissions) gave a raw
     PermissionError traceback. As root chmod does not stop reads: the
     refusal is injected where the file is opened."""
     import builtins
-    src = tmp_path / 'official.pth'
-    torch.save({'state_dict': tiny_sd}, src)
     real_open = builtins.open
 
     def no_read(file, mode='r', *a, **k):
@@ -1011,8 +979,6 @@ def test_check_output_path_refusals(tmp_path, monkeypatch):
 
 
 def _with(sd, pattern, tensor):
-    """``sd`` with every key matching ``pattern`` set to ``tensor``."""
-    import re
     return OrderedDict(
         (k, tensor if re.fullmatch(pattern, k) else v) for k, v in sd.items())
 
@@ -1020,13 +986,19 @@ def _with(sd, pattern, tensor):
 def test_infer_arch_refusals(tiny_sd):
     """Each shape check of every stage is one line naming what was found;
     stage-4 heads are a positive int (1 included) dividing its dim."""
-    conv2 = r'block2\.\d+\.att\.mha\.attn\.conv\.weight'
+    conv2 = r'block2\.%s\.att\.mha\.attn\.conv\.weight'
     lm1 = r'block1\.\d+\.att\.mha\.attn\.Qlandmark_op\.weight'
+    no_pos3 = OrderedDict(tiny_sd)
+    del no_pos3['pos_embed3']
+    stage2 = ('inconsistent stage 2: 3 heads (block2.*.att.mha.attn.conv.'
+              'weight (3, 1, 5, 5)) x head width 32 (Qlandmark_op (32, 32, '
+              '4, 4)) != embed dim 128')
     for sd, msg in (
-        (_with(tiny_sd, conv2, torch.zeros(3, 1, 5, 5)),
-         'inconsistent stage 2: 3 heads (block2.*.att.mha.attn.conv.weight '
-         '(3, 1, 5, 5)) x head width 32 (Qlandmark_op (32, 32, 4, 4)) != '
-         'embed dim 128'),
+        (no_pos3, "cannot infer the architecture: key 'pos_embed3' is "
+         'missing'),
+            # every block of stage 2, or its block 0 alone
+        (_with(tiny_sd, conv2 % r'\d+', torch.zeros(3, 1, 5, 5)), stage2),
+        (_with(tiny_sd, conv2 % '0', torch.zeros(3, 1, 5, 5)), stage2),
         (_with(tiny_sd, lm1, torch.zeros(32, 32)),
          'cannot infer the architecture: block1.*.att.mha.attn.'
          'Qlandmark_op.weight should be (d, d, r, r) and .conv.weight (heads, '
@@ -1065,9 +1037,8 @@ def test_infer_official_arch_values(tiny_sd):
     ints, a fractional one as a float; the input channels; whether stage-4
     heads were given; stage-4 heads of at least 1; the official name."""
     arch = ok.infer_official_arch(tiny_sd)
-    assert arch['mlp_ratios'] == [4, 4, 4, 4]
     assert all(type(r) is int for r in arch['mlp_ratios'])
-    assert arch['in_channels'] == 3 and arch['stage4_heads_given'] is False
+    assert arch['stage4_heads_given'] is False
     assert ok.infer_official_arch(tiny_sd, 16)['stage4_heads_given'] is True
     fc1 = r'block1\.\d+\.att\.ff1\.weight'
     odd = _with(tiny_sd, fc1, torch.zeros(96, 64))  # 1.5 x 64
@@ -1079,8 +1050,6 @@ def test_infer_official_arch_values(tiny_sd):
                                  [1, 1, 1, 1])
     assert ok.infer_official_arch(narrow)['num_heads'][3] == 1
     assert ok.official_model_name(arch) == 'soft[_norm]_tiny'
-    assert ok.official_model_name(arch, True) == 'soft_norm_tiny'
-    assert ok.official_model_name(arch, False) == 'soft_tiny'
 
 
 def test_state_dict_plumbing_messages():
