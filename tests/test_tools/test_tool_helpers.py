@@ -6,32 +6,58 @@ the side of the paths those runs take)."""
 import argparse
 import builtins
 import errno
+import itertools
+import logging
 import os
+import os.path as osp
 import sys
+import tempfile
+import urllib.request
 from urllib.error import HTTPError, URLError
 
+import mmengine.device as device
+import mmengine.dist
+import mmengine.utils.dl_utils
 import pytest
 import torch
+import torch.distributed as dist
+from conftest import ROOT, load_module
 from mmengine.config import Config
+from mmengine.registry import DefaultScope
 
+from mmsoft.models.converters import ConversionError
 from mmsoft.utils.atomic import temp_path_for
+from mmsoft.utils.checkpoint_io import CheckpointWriteError
+from mmsoft.utils.strict_load import CheckpointMismatchError
 from mmsoft_tools import cli, launch
 
 
 # ------------------------------------------------------------- one_line
-def test_one_line_expected_failures_become_one_line():
-    assert cli.one_line(cli.ToolError('bad\n   value  here')) == \
-        'error: bad value here'
-    from mmsoft.utils.strict_load import CheckpointMismatchError
-    assert cli.one_line(CheckpointMismatchError('x')) == 'error: x'
-    # SafeCheckpointHook's full disk: its own line (the previous
-    # checkpoint, the fix), as tools/train.py printed it itself before
-    from mmsoft.utils.checkpoint_io import CheckpointWriteError
-    assert cli.one_line(CheckpointWriteError(
-        errno.ENOSPC, 'cannot save epoch_2.pth: kept epoch_1.pth')) == \
-        'error: cannot save epoch_2.pth: kept epoch_1.pth'
-    assert cli.one_line(ValueError('x')) is None  # a bug: its traceback
-    assert cli.one_line(KeyError('x')) is None
+@pytest.mark.parametrize(
+    'exc, line',
+    [
+        (cli.ToolError('bad\n   value  here'), 'error: bad value here'),
+        (CheckpointMismatchError('x'), 'error: x'),
+        # SafeCheckpointHook's full disk: its own line (the previous
+        # checkpoint, the fix), as tools/train.py printed it itself before
+        (CheckpointWriteError(errno.ENOSPC,
+                              'cannot save epoch_2.pth: kept epoch_1.pth'),
+         'error: cannot save epoch_2.pth: kept epoch_1.pth'),
+        (ValueError('x'), None),  # a bug: its traceback
+        (KeyError('x'), None),
+        # an errno without a known fix keeps its traceback
+        (OSError(errno.EIO, 'I/O error', '/x'), None),
+        # the loaders' own messages: no errno
+        (FileNotFoundError('no file a.pth'), 'error: no file a.pth'),
+        (OSError('something odd'), None),
+        (URLError('Name or service not known'),
+         'error: a download failed (Name or service not known): check the URL '
+         'and the network, or download the file and pass its path'),
+        # an HTTP error keeps mmengine's own handling
+        (HTTPError('http://x', 500, 'boom', {}, None), None),
+    ])
+def test_one_line(exc, line):
+    assert cli.one_line(exc) == line
 
 
 def test_one_line_os_errors(tmp_path):
@@ -46,12 +72,6 @@ def test_one_line_os_errors(tmp_path):
     assert cli.one_line(plain).startswith(
         'error: /x/y.pth: Permission denied (errno 13 EACCES); check the '
         'permissions')
-    # an errno without a known fix keeps its traceback
-    assert cli.one_line(OSError(errno.EIO, 'I/O error', '/x')) is None
-    # the loaders' own messages: no errno
-    assert cli.one_line(FileNotFoundError('no file a.pth')) == \
-        'error: no file a.pth'
-    assert cli.one_line(OSError('something odd')) is None
 
 
 @pytest.mark.parametrize('err, what', [
@@ -72,15 +92,6 @@ def test_one_line_os_error_without_a_file(err, what):
         assert not line.startswith('error: :') and ': :' not in line
     line = cli.one_line(OSError(errno.ENOSPC, None))
     assert 'failed: [Errno 28] None' not in line and 'None (' not in line
-
-
-def test_one_line_downloads():
-    line = cli.one_line(URLError('Name or service not known'))
-    assert line == ('error: a download failed (Name or service not known): '
-                    'check the URL and the network, or download the file '
-                    'and pass its path')
-    # an HTTP error keeps mmengine's own handling
-    assert cli.one_line(HTTPError('http://x', 500, 'boom', {}, None)) is None
 
 
 def test_target_of_temp(tmp_path):
@@ -130,13 +141,13 @@ def test_run_main_exit_codes(capsys, monkeypatch):
 
 
 # ------------------------------------------------------ argparse types
-@pytest.mark.parametrize('text, value', [('1', 1), ('12', 12)])
+@pytest.mark.parametrize('text, value', [('1', 1), ('12', 12), ('0', None),
+                                         ('-2', None), ('two', None),
+                                         ('1.5', None), (None, None)])
 def test_positive_int(text, value):
-    assert cli.positive_int(text) == value
-
-
-@pytest.mark.parametrize('text', ['0', '-2', 'two', '1.5', None])
-def test_positive_int_refuses(text):
+    if value is not None:
+        assert cli.positive_int(text) == value
+        return
     with pytest.raises(
             argparse.ArgumentTypeError, match='expected a positive integer'):
         cli.positive_int(text)
@@ -144,37 +155,29 @@ def test_positive_int_refuses(text):
 
 # ------------------------------------------------------- input checks
 def test_check_readable(tmp_path, monkeypatch):
-    from mmsoft.models.converters import ConversionError
     cli.check_readable(str(tmp_path / 'missing.pth'))  # the loader's
     cli.check_readable(str(tmp_path))  # message
     good = tmp_path / 'good.pth'
     good.write_bytes(b'x')
     cli.check_readable(str(good))
     real_open = builtins.open
+    for error, reason in (
+        (PermissionError(errno.EACCES,
+                         'Permission denied'), 'Permission denied (errno 13)'),
+        (OSError('the file system refused'), 'the file system refused'),
+    ):
 
-    def open_raising(error):
-        """``open`` that raises ``error`` for ``good`` only."""
-
-        def refusing(path, *args, **kwargs):
-            if str(path) == str(good):
+        def refusing(path, *args, error=error, **kwargs):
+            if str(path) == str(good):  # ``good`` only
                 raise error
             return real_open(path, *args, **kwargs)
 
         monkeypatch.setattr(builtins, 'open', refusing)
-
-    open_raising(PermissionError(errno.EACCES, 'Permission denied'))
-    with pytest.raises(ConversionError) as e:
-        cli.check_readable(str(good))
-    assert str(e.value) == (
-        f"cannot read {str(good)!r}: Permission denied (errno 13); check "
-        'its permissions (ls -l) or copy it somewhere readable')
-
-    open_raising(OSError('the file system refused'))
-    with pytest.raises(ConversionError) as e:
-        cli.check_readable(str(good))
-    assert str(e.value) == (
-        f"cannot read {str(good)!r}: the file system refused; check its "
-        'permissions (ls -l) or copy it somewhere readable')
+        with pytest.raises(ConversionError) as e:
+            cli.check_readable(str(good))
+        assert str(e.value) == (
+            f'cannot read {str(good)!r}: {reason}; check its permissions '
+            '(ls -l) or copy it somewhere readable')
 
 
 def test_check_readable_reads_one_byte(tmp_path, monkeypatch):
@@ -242,7 +245,6 @@ def test_check_work_dir(tmp_path, monkeypatch):
         cli.check_work_dir(str(f / 'run'), option='--out-dir')
     assert str(e.value) == (f'--out-dir {f / "run"}: {f} is a file, not a '
                             'directory; give another path')
-    import tempfile
 
     def read_only(**kwargs):
         raise OSError(errno.EROFS, 'Read-only file system')
@@ -305,7 +307,6 @@ def test_checkpoint_problem_local(tmp_path, monkeypatch):
 def hub(tmp_path, monkeypatch):
     """torch.hub's download cache in ``tmp_path``; ``urlopen`` records the
     requests and raises what ``hub.answer`` holds (None: success)."""
-    import urllib.request
     monkeypatch.setattr(torch.hub, 'get_dir', lambda: str(tmp_path / 'hub'))
 
     class Hub:
@@ -801,7 +802,6 @@ def _amp_cfg(wrapper='OptimWrapper', roi=False):
 @pytest.fixture
 def logged(monkeypatch):
     """The tools' log lines (``print_log``) as ``(level, message)``."""
-    import logging
     lines = []
 
     def print_log(msg, logger=None, level=logging.INFO):
@@ -815,7 +815,6 @@ def logged(monkeypatch):
 
 
 def test_enable_amp(monkeypatch, logged):
-    import logging
     monkeypatch.setattr(torch.cuda, 'is_available', lambda: False)
     cfg = _amp_cfg()
     assert launch.enable_amp(cfg) == 'CPUAmpOptimWrapper'
@@ -871,7 +870,6 @@ def test_enable_amp(monkeypatch, logged):
 def test_amp_refusal(monkeypatch, wrapper, cuda, refused):
     """mmengine's fp16 AmpOptimWrapper without a GPU: one line naming
     --amp (CPUAmpOptimWrapper) and fp32, before the Runner."""
-    import mmengine.device as device
     for name in ('is_cuda_available', 'is_npu_available', 'is_mlu_available',
                  'is_musa_available'):
         monkeypatch.setattr(device, name, lambda: False)
@@ -886,7 +884,6 @@ def test_amp_refusal(monkeypatch, wrapper, cuda, refused):
 
 
 def test_name_run(monkeypatch, tmp_path):
-    import itertools
     monkeypatch.setattr(launch, '_RUNS', itertools.count(1))
     cfg_file = tmp_path / 'retina_cfg.py'
     cfg_file.write_text('a = 1\n')
@@ -912,9 +909,6 @@ def test_compile_refusal():
 
 
 def test_setup_cpu_distributed(monkeypatch, logged):
-    import logging
-
-    import mmengine.dist
     cfg = Config(dict(model=dict(norm_cfg=dict(type='SyncBN'))))
     assert launch.setup_cpu_distributed(cfg, 'none') is False
     monkeypatch.setattr(torch.cuda, 'is_available', lambda: True)
@@ -996,7 +990,6 @@ def test_setup_cpu_distributed(monkeypatch, logged):
 
 
 def test_log_rank0(logged, monkeypatch):
-    import logging
     launch._log_rank0('a')
     monkeypatch.setenv('RANK', '1')
     launch._log_rank0('b')
@@ -1009,7 +1002,6 @@ def test_log_rank0(logged, monkeypatch):
 
 
 def test_prepare_cfg(monkeypatch, tmp_path):
-    import itertools
     monkeypatch.setattr(launch, '_RUNS', itertools.count(1))
     monkeypatch.setattr(torch.cuda, 'is_available', lambda: False)
     cfg = Config(dict(default_scope='mmpretrain', model=dict(type='M')))
@@ -1026,9 +1018,6 @@ def test_prepare_cfg(monkeypatch, tmp_path):
 
 
 def test_setup_cpu_distributed_wrappers_and_sync_bn(monkeypatch, logged):
-    import logging
-
-    import mmengine.dist
     monkeypatch.setattr(torch.cuda, 'is_available', lambda: False)
     monkeypatch.setattr(mmengine.dist, 'is_distributed', lambda: True)
     # a wrapper without a type is mmengine's DDP: device_ids=None
@@ -1065,8 +1054,6 @@ def test_setup_cpu_distributed_wrappers_and_sync_bn(monkeypatch, logged):
 def test_setup_cpu_distributed_starts_the_group(monkeypatch):
     """Without a process group: mmengine's init_dist with the gloo
     dist_cfg, while torch.cuda.set_device does nothing (and only then)."""
-    import mmengine.dist
-    import mmengine.utils.dl_utils
     monkeypatch.setattr(torch.cuda, 'is_available', lambda: False)
     monkeypatch.setattr(mmengine.dist, 'is_distributed', lambda: False)
     calls = []
@@ -1104,7 +1091,6 @@ def test_import_codebase_leaves_the_default_scope(monkeypatch):
     """The Runner sets the default scope; the tools only register. Under
     another scope (set here, so that an 'mmdet' scope left by an earlier
     test cannot hide a change) it stays the current one."""
-    from mmengine.registry import DefaultScope
     before = DefaultScope.get_current_instance()
     assert launch.import_codebase(Config(dict(default_scope='mmdet'))) == \
         'mmdet'
@@ -1116,9 +1102,6 @@ def test_import_codebase_leaves_the_default_scope(monkeypatch):
 
 
 def test_shutdown_dist(monkeypatch, logged):
-    import logging
-
-    import torch.distributed as dist
     calls = []
     monkeypatch.setattr(dist, 'is_available', lambda: True)
     monkeypatch.setattr(dist, 'is_initialized', lambda: True)
@@ -1146,9 +1129,6 @@ def test_shutdown_dist(monkeypatch, logged):
 def test_demo_seed_is_checked(capsys):
     """tools/demo.py --seed -1: argparse's one line naming --seed and the
     range, not numpy's ValueError after the data generator started."""
-    import os.path as osp
-
-    from conftest import ROOT, load_module
     demo = load_module(osp.join(ROOT, 'tools', 'demo.py'), 'demo_seed52')
     for bad in ('-1', str(2**32)):
         with pytest.raises(SystemExit):
