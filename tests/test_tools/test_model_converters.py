@@ -9,9 +9,18 @@ against it. Reference numbers measured on the
 official ``soft_tiny``: 187 state-dict entries, 13,069,056 parameters (with
 the 1000-class head).
 """
+import argparse
+import builtins
 import os
 import os.path as osp
+import pickle
 import re
+import signal
+import socket
+import stat as st
+import subprocess
+import sys
+import textwrap
 from collections import OrderedDict
 
 import pytest
@@ -24,6 +33,7 @@ from mmsoft.models import converters as ok
 from mmsoft.models.backbones.soft import SOFT
 from mmsoft.models.converters import ConversionError
 from mmsoft.utils import checkpoint_io as cio
+from mmsoft.utils.strict_load import check_state_dict
 
 TINY = dict(
     embed_dims=[64, 128, 320, 512],
@@ -37,10 +47,8 @@ def official_state_dict(embed_dims,
                         num_classes=1000,
                         ratios=(8, 4, 2),
                         convs=(9, 5, 3)):
-    """Random tensors under the official names (timm soft_* model, 224 x
-    224) in the official registration order (the cls token right after
-    the position embeddings), from the independent re-derivation of the
-    official model (``tests/reference``)."""
+    """Random tensors under the official names in the official registration
+    order (the cls token right after the position embeddings)."""
     sd = ref.random_official_state_dict(
         embed_dims,
         num_heads,
@@ -79,6 +87,10 @@ to_official = load_script('mmsoft2soft').convert_mmpretrain_to_official
 @pytest.fixture(scope='module')
 def tiny_sd():
     return official_state_dict(**TINY)
+
+
+def prefixed(sd, prefix='module.'):
+    return {prefix + k: v for k, v in sd.items()}
 
 
 def backbone_part(sd):
@@ -257,8 +269,7 @@ def _tool_error(tmp_path, capsys, script, sd):
     src = tmp_path / 'src.pth'
     torch.save({'state_dict': sd}, src)
     assert load_script(script).main([str(src), str(tmp_path / 'o.pth')]) == 1
-    err = capsys.readouterr().err.strip()
-    assert len(err.splitlines()) == 1 and 'Traceback' not in err, err
+    err = _one_line_error(capsys)
     assert err.startswith(f"error: checkpoint '{src}' does not match the "
                           f'SOFT of its shapes (arch=')
     assert sorted(os.listdir(tmp_path)) == ['src.pth']
@@ -312,23 +323,13 @@ def test_mmsoft_side_errors(tmp_path, capsys, tiny_sd):
 # ------------------------------------------------------------ checkpoint files
 def test_extract_state_dict_layouts(tiny_sd):
     ema = OrderedDict((k, v + 1) for k, v in tiny_sd.items())
-    sd, src = ok.extract_state_dict({
-        'state_dict': tiny_sd,
-        'state_dict_ema': ema,
-        'epoch': 3
-    })
+    sd, src = ok.extract_state_dict(
+        dict(state_dict=tiny_sd, state_dict_ema=ema, epoch=3))
     assert src == 'state_dict_ema' and sd['cls_token'].equal(ema['cls_token'])
     sd, src = ok.extract_state_dict(
-        {
-            'state_dict': tiny_sd,
-            'state_dict_ema': ema
-        }, prefer_ema=False)
+        dict(state_dict=tiny_sd, state_dict_ema=ema), prefer_ema=False)
     assert src == 'state_dict' and sd['cls_token'].equal(tiny_sd['cls_token'])
-    sd, src = ok.extract_state_dict(
-        {'model': {
-            'module.' + k: v
-            for k, v in tiny_sd.items()
-        }})
+    sd, src = ok.extract_state_dict(dict(model=prefixed(tiny_sd)))
     assert src == 'model' and list(sd) == list(tiny_sd)
     sd, src = ok.extract_state_dict(tiny_sd)
     assert src == '<bare>'
@@ -337,29 +338,21 @@ def test_extract_state_dict_layouts(tiny_sd):
     assert src == 'model' and list(sd) == list(tiny_sd)
     # DataParallel inside DDP: every ``module.`` prefix goes
     sd, _ = ok.extract_state_dict(
-        {'model': {
-            'module.module.' + k: v
-            for k, v in tiny_sd.items()
-        }})
+        dict(model=prefixed(tiny_sd, 'module.module.')))
     assert list(sd) == list(tiny_sd)
     with pytest.raises(ConversionError, match='no state dict found'):
         ok.extract_state_dict({'epoch': 1, 'optimizer': {}})
 
 
 def test_cli_round_trip(tmp_path, tiny_sd, capsys):
-    import argparse
     ema = OrderedDict((k, v * 2) for k, v in tiny_sd.items())
     src = tmp_path / 'official.pth.tar'
     torch.save(
-        {
-            'state_dict': {
-                'module.' + k: v
-                for k, v in tiny_sd.items()
-            },
-            'state_dict_ema': ema,
-            'epoch': 299,
-            'args': argparse.Namespace(model='soft_norm_tiny')
-        }, src)
+        dict(
+            state_dict=prefixed(tiny_sd),
+            state_dict_ema=ema,
+            epoch=299,
+            args=argparse.Namespace(model='soft_norm_tiny')), src)
     dst = tmp_path / 'mmsoft.pth'
     s2m = load_script('soft2mmsoft')
     assert s2m.main([str(src), str(dst), '--norm']) == 0
@@ -526,7 +519,6 @@ def test_output_errors_are_one_line(tmp_path, src, capsys, monkeypatch):
     assert 'is a directory' in _one_line_error(capsys)
     # an unwritable directory (as root, chmod does not stop writes: the
     # refusal is injected where the temporary file is created)
-    import builtins
     real_open = builtins.open
 
     def no_write(file, mode='r', *a, **k):
@@ -558,9 +550,6 @@ def test_real_write_failure_is_one_line(tmp_path, src):
     pos ...`` raised while handling the OSError, which used to end in that
     raw traceback (the injected OSError above did not show it; seen with a
     full 1 MiB tmpfs)."""
-    import subprocess
-    import sys
-    import textwrap
     dst = tmp_path / 'out.pth'
     limit = src.stat().st_size // 2  # the output is about as large as SRC
     code = textwrap.dedent(f"""
@@ -625,8 +614,6 @@ def test_stale_temporaries_are_removed(tmp_path, tiny_sd):
 
 
 def test_sigterm_during_conversion_leaves_nothing(tmp_path, src):
-    import signal
-    import textwrap
     code = textwrap.dedent(f"""
         import os, signal, sys, torch
         save = torch.save
@@ -673,7 +660,6 @@ def test_unreadable_source_is_one_line(tmp_path, src, capsys, monkeypatch):
     """Issue 27, item 8: an unreadable SRC (permissions) gave a raw
     PermissionError traceback. As root chmod does not stop reads: the
     refusal is injected where the file is opened."""
-    import builtins
     real_open = builtins.open
 
     def no_read(file, mode='r', *a, **k):
@@ -791,9 +777,6 @@ def test_missing_pretrained_walks_every_node(tmp_path):
 
 
 def test_check_converted_mmsoft_keys(tiny_sd):
-    """mmsoft keys with or without ``backbone.`` (a whole classifier or a
-    bare backbone) against the arch; another input channel count is a
-    shape mismatch of the patch embedding."""
     converted, arch = ok.convert_official_to_mmpretrain(tiny_sd)
     cf.check_converted(converted, arch, 'x')
     cf.check_converted(
@@ -818,8 +801,6 @@ def test_load_checkpoint_file_contract(tmp_path):
     the refused globals (not the Namespace) and ``--trust-checkpoint``;
     trusted, it unpickles anything, and a failure is one line (its
     exception's first line)."""
-    import argparse
-    import pickle
     with pytest.raises(ConversionError) as exc:
         cf.load_checkpoint_file(str(tmp_path / 'gone.pth'))
     assert str(exc.value) == f"checkpoint {str(tmp_path / 'gone.pth')!r} " \
@@ -912,8 +893,6 @@ def test_find_official_state_dict_needs_half_the_keys():
 
 
 def test_converter_parser_arguments():
-    """Both converters' arguments: their help texts as given, the stage-4
-    heads type, ``--trust-checkpoint`` off unless given."""
     p = cf.converter_parser('DESC-TEXT', 'SRC-HELP', 'DST-HELP', 'HEADS-HELP',
                             int)
     text = p.format_help()
@@ -935,8 +914,6 @@ def test_check_output_path_refusals(tmp_path, monkeypatch):
     """An output that is a folder (a file name in it suggested), a device,
     a FIFO, a socket or the input itself (a hard link too) is refused in
     one line."""
-    import socket
-    import stat as st
     src = tmp_path / 'in.pth'
     src.write_bytes(b'x')
 
@@ -1033,9 +1010,6 @@ def test_infer_arch_refusals(tiny_sd):
 
 
 def test_infer_official_arch_values(tiny_sd):
-    """The inferred arch's values and their types: integer MLP ratios as
-    ints, a fractional one as a float; the input channels; whether stage-4
-    heads were given; stage-4 heads of at least 1; the official name."""
     arch = ok.infer_official_arch(tiny_sd)
     assert all(type(r) is int for r in arch['mlp_ratios'])
     assert arch['stage4_heads_given'] is False
@@ -1055,7 +1029,6 @@ def test_infer_official_arch_values(tiny_sd):
 def test_state_dict_plumbing_messages():
     """One-line refusals of the state-dict helpers, the key list cut at 20
     names."""
-    from mmsoft.utils.strict_load import check_state_dict
     with pytest.raises(ConversionError) as exc:
         ok.extract_state_dict([1])
     assert str(exc.value) == 'checkpoint is a list, not a dict'
@@ -1091,27 +1064,19 @@ def test_mmsoft_checkpoint_needs_no_conversion(tmp_path, tiny_sd, capsys,
     _, done = _convert(tmp_path, tiny_sd)
     mm = torch.load(done)['state_dict']
     sd = {
-        'converted': None,
-        'training': {
-            'meta': {
-                'epoch': 2
-            },
-            'state_dict': mm,
-            'optimizer': {
-                'state': {},
-                'param_groups': []
-            }
-        },
-        'bare-backbone': backbone_part(mm),
-        'ddp': {
-            'state_dict': {
-                'module.' + k: v
-                for k, v in mm.items()
-            }
-        },
-        'version-1': {
-            'state_dict': _old_keys(mm, 1)
-        },
+        'converted':
+        None,
+        'training':
+        dict(
+            meta=dict(epoch=2),
+            state_dict=mm,
+            optimizer=dict(state={}, param_groups=[])),
+        'bare-backbone':
+        backbone_part(mm),
+        'ddp':
+        dict(state_dict=prefixed(mm)),
+        'version-1':
+        dict(state_dict=_old_keys(mm, 1)),
     }[layout]
     src = done
     if sd is not None:
