@@ -527,8 +527,6 @@ def test_save_atomic_cleans_up(tmp_path):
 
 
 def test_sigterm_during_save_removes_temp(tmp_path):
-    """SIGTERM while writing: the temporary file is removed, the old file
-    stays, the process exits 143."""
     dst = tmp_path / 'ckpt.pth'
     cf.save_atomic({'a': torch.ones(2)}, str(dst))
     before = dst.read_bytes()
@@ -831,6 +829,9 @@ class _Runner(SimpleNamespace):
         torch.save(checkpoint, osp.join(out_dir, filename))
 
 
+SCRATCH = 'mmsoft: no checkpoint to resume from in {}; training from scratch'
+
+
 def _ckpt_meta(**meta):
     return dict(meta=meta, state_dict={})
 
@@ -900,10 +901,7 @@ def test_resume_search_says_what_it_found(tmp_path):
     hook = SafeCheckpointHook(out_dir=str(out), filename_tmpl='ckpt_{}.pth')
     runner = _Runner(work, loop=_Loop(), _resume=True)
     hook.before_run(runner)
-    assert runner.logger.ours() == [
-        f'mmsoft: no checkpoint to resume from in {work}; training from '
-        f'scratch'
-    ]
+    assert runner.logger.ours() == [SCRATCH.format(work)]
     assert not runner._resume
     ckpt = out / 'run' / 'ckpt_4.pth'
     torch.save(_ckpt_meta(iter=4), ckpt)
@@ -927,10 +925,7 @@ def test_runner_without_private_attributes(tmp_path):
     assert runner.logger.lines == [] and not hasattr(runner, '_resume')
     runner = _Runner(work, loop=_Loop(), drop=('_load_from', ), _resume=True)
     SafeCheckpointHook().before_run(runner)  # resume=True: the search
-    assert runner.logger.ours() == [
-        f'mmsoft: no checkpoint to resume from in {work}; training from '
-        f'scratch'
-    ]
+    assert runner.logger.ours() == [SCRATCH.format(work)]
     bad = work / 'bad.pth'
     bad.write_bytes(b'PK\x03\x04 truncated')
     runner = _Runner(
@@ -1367,6 +1362,15 @@ def test_validation_without_training(tmp_path):
     assert os.listdir(tmp_path) == []
 
 
+def _strictly_resumed(work, by_epoch):
+    """A finished run in ``work``, to resume (``train()``) with
+    StrictLoadHook."""
+    _runner(work, 'first', by_epoch).train()
+    resumed = _runner(work, 'again', by_epoch, resume=True)
+    resumed.register_hook(dict(type='StrictLoadHook'))
+    return resumed
+
+
 @pytest.mark.parametrize('by_epoch,limit,refused', [(False, 4, True),
                                                     (False, 10, False),
                                                     (True, 2, True)])
@@ -1376,11 +1380,8 @@ def test_resume_past_the_schedule_is_refused(tmp_path, by_epoch, limit,
     max_iters / max_epochs trained nothing and exited 0; StrictLoadHook
     (named by the configs: host tools too) refuses it with the fix. At the
     end exactly it is a finished run, resumed as mmengine does."""
-    work = tmp_path / 'work'
-    _runner(work, 'first', by_epoch).train()
-    resumed = _runner(work, 'again', by_epoch, resume=True)
+    resumed = _strictly_resumed(tmp_path / 'work', by_epoch)
     resumed._train_loop['max_epochs' if by_epoch else 'max_iters'] = limit
-    resumed.register_hook(dict(type='StrictLoadHook'))
     if not refused:
         resumed.train()
         return
@@ -1409,11 +1410,9 @@ def test_resume_with_new_optimizer_settings_is_refused(tmp_path, option, value,
     word (mmengine loads the saved param groups over the config's);
     StrictLoadHook refuses it naming both values and the fix."""
     work = tmp_path / 'work'
-    _runner(work, 'first', True).train()  # SGD lr 0.1, no weight decay
-    resumed = _runner(work, 'again', True, resume=True)
+    resumed = _strictly_resumed(work, True)  # SGD lr 0.1, no weight decay
     resumed.optim_wrapper['optimizer'][option] = value
     resumed._train_loop['max_epochs'] = 4
-    resumed.register_hook(dict(type='StrictLoadHook'))
     if not refused:
         resumed.train()
         assert resumed.epoch == 4
