@@ -908,6 +908,17 @@ def test_compile_refusal():
         assert launch.compile_refusal(Config(dict(compile=True)), new) is None
 
 
+def _to_gloo(backend):
+    return (logging.INFO, 'CUDA is not available: distributed backend '
+            f"'{backend}' -> 'gloo'")
+
+
+def _sync_bn_replaced(n):
+    return (logging.WARNING,
+            f'CUDA is not available: {n} SyncBN setting(s) of the config '
+            'replaced by BN (SyncBatchNorm has no CPU implementation)')
+
+
 def test_setup_cpu_distributed(monkeypatch, logged):
     cfg = Config(dict(model=dict(norm_cfg=dict(type='SyncBN'))))
     assert launch.setup_cpu_distributed(cfg, 'none') is False
@@ -923,13 +934,7 @@ def test_setup_cpu_distributed(monkeypatch, logged):
             sync_bn='torch',
             env_cfg=dict(dist_cfg=dict(backend='nccl'))))
     assert launch.setup_cpu_distributed(cfg, 'pytorch') is True
-    assert logged == [
-        (logging.INFO,
-         "CUDA is not available: distributed backend 'nccl' -> 'gloo'"),
-        (logging.WARNING,
-         'CUDA is not available: 2 SyncBN setting(s) of the config replaced '
-         'by BN (SyncBatchNorm has no CPU implementation)')
-    ]
+    assert logged == [_to_gloo('nccl'), _sync_bn_replaced(2)]
     assert cfg.env_cfg.dist_cfg.backend == 'gloo'
     assert cfg.model.norm_cfg.type == 'BN'
     assert cfg.sync_bn is None
@@ -967,10 +972,7 @@ def test_setup_cpu_distributed(monkeypatch, logged):
     assert partial.env_cfg == dict(
         cudnn_benchmark=False, dist_cfg=dict(backend='gloo'))
     # (no backend given: mmengine's default, nccl)
-    assert logged == [
-        (logging.INFO,
-         "CUDA is not available: distributed backend 'nccl' -> 'gloo'")
-    ]
+    assert logged == [_to_gloo('nccl')]
     # the rest of dist_cfg is kept; gloo already: nothing to say
     del logged[:]
     kept = Config(
@@ -983,10 +985,7 @@ def test_setup_cpu_distributed(monkeypatch, logged):
     mpi = Config(
         dict(model=dict(), env_cfg=dict(dist_cfg=dict(backend='mpi'))))
     launch.setup_cpu_distributed(mpi, 'mpi')
-    assert logged == [
-        (logging.INFO,
-         "CUDA is not available: distributed backend 'mpi' -> 'gloo'")
-    ]
+    assert logged == [_to_gloo('mpi')]
 
 
 def test_log_rank0(logged, monkeypatch):
@@ -1039,11 +1038,7 @@ def test_setup_cpu_distributed_wrappers_and_sync_bn(monkeypatch, logged):
     launch.setup_cpu_distributed(one, 'pytorch')
     assert one.model.neck.norm_cfg.type == 'BN'
     assert 'sync_bn' not in one
-    assert logged == [
-        (logging.WARNING,
-         'CUDA is not available: 1 SyncBN setting(s) of the config replaced '
-         'by BN (SyncBatchNorm has no CPU implementation)')
-    ]
+    assert logged == [_sync_bn_replaced(1)]
     del logged[:]
     none = Config(
         dict(model=dict(), env_cfg=dict(dist_cfg=dict(backend='gloo'))))
