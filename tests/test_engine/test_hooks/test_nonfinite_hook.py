@@ -2,7 +2,6 @@
 epoch / iteration, exits non-zero and never saves NaN weights over the last
 good checkpoint (a real mmengine Runner, lr exploding to 1e6)."""
 import glob
-import logging
 import os.path as osp
 import re
 import types
@@ -14,7 +13,6 @@ import torch.nn as nn
 from conftest import ROOT, run_python
 from mmengine.dist.dist import _get_reduce_op
 from mmengine.evaluator import BaseMetric
-from mmengine.logging import MMLogger
 from mmengine.model import BaseModel
 from mmengine.optim import OptimWrapper, OptimWrapperDict
 from mmengine.runner import Runner
@@ -220,12 +218,7 @@ def test_stop_message_is_the_documented_line(tmp_path, max_skipped_steps):
     (when skipping is on), that nothing was applied or saved, and every fix
     of docs/en/faq.md, including the one to skip steps."""
     hook = NonFiniteLossHook(max_skipped_steps=max_skipped_steps)
-    hook._runner = types.SimpleNamespace(
-        logger=logging.getLogger('test_nonfinite_hook'),
-        train_loop=types.SimpleNamespace(max_iters=24),
-        iter=11,
-        epoch=1,
-        work_dir=str(tmp_path))
+    hook._runner = _stub_runner(str(tmp_path), max_iters=24, it=11)
     nan = torch.tensor(float('nan'))
     for _ in range(max_skipped_steps):
         assert hook._check(nan)  # skipped
@@ -240,6 +233,8 @@ def test_stop_message_is_the_documented_line(tmp_path, max_skipped_steps):
         f'(optim_wrapper.clip_grad), or allow skipped steps with '
         f"custom_hooks=[dict(type='NonFiniteLossHook', "
         f'max_skipped_steps=N)].')
+    assert hook._runner.logger.errors == [str(e.value)]
+    assert len(hook._runner.logger.warnings) == max_skipped_steps
 
 
 SCRIPT = '''
@@ -274,14 +269,8 @@ def _guarded_wrapper(hook):
         return original(loss, *args, **kwargs)
 
     wrapper.update_params = record
-    runner = types.SimpleNamespace(
-        model=model,
-        optim_wrapper=wrapper,
-        logger=MMLogger.get_current_instance(),
-        train_loop=types.SimpleNamespace(max_iters=4),
-        iter=0,
-        epoch=0,
-        work_dir=None)
+    runner = _stub_runner(max_iters=4, it=0)
+    runner.model, runner.optim_wrapper = model, wrapper
     hook.before_train(runner)
     hook.before_train_iter(runner, 0)
     return runner, model, calls
@@ -321,10 +310,13 @@ def test_step_that_breaks_another_ranks_parameters_stops(monkeypatch):
 class _Logger:
 
     def __init__(self):
-        self.errors = []
+        self.errors, self.warnings = [], []
 
     def error(self, msg):
         self.errors.append(msg)
+
+    def warning(self, msg):
+        self.warnings.append(msg)
 
 
 def _stub_runner(work_dir=None, max_iters=10, it=2):
@@ -411,10 +403,8 @@ def test_skipped_step_warning_and_every_wrapper_guarded():
     wrappers = OptimWrapperDict(
         a=OptimWrapper(torch.optim.SGD(model.parameters(), lr=0.1)),
         b=OptimWrapper(torch.optim.SGD(model.parameters(), lr=0.1)))
-    warnings = []
     runner = _stub_runner(max_iters=10, it=4)
     runner.model, runner.optim_wrapper = model, wrappers
-    runner.logger = types.SimpleNamespace(warning=warnings.append)
     hook = NonFiniteLossHook(max_skipped_steps=2)
     hook.before_train(runner)
     before = model.weight.detach().clone()
@@ -423,7 +413,7 @@ def test_skipped_step_warning_and_every_wrapper_guarded():
         loss = model(torch.ones(1, 2)).sum() * float('nan')
         assert wrappers[name].update_params(loss) is None
     assert torch.equal(model.weight, before)
-    assert warnings == [
+    assert runner.logger.warnings == [
         f'NonFiniteLossHook: non-finite loss (nan) at iteration 5/10: step '
         f'skipped ({n}/2 in a row)' for n in (1, 2)
     ]
@@ -438,7 +428,6 @@ def test_skipped_step_drops_the_accumulated_gradients():
         torch.optim.SGD(model.parameters(), lr=0.1), accumulative_counts=2)
     runner = _stub_runner(max_iters=10, it=0)
     runner.model, runner.optim_wrapper = model, wrapper
-    runner.logger = types.SimpleNamespace(warning=lambda msg: None)
     hook = NonFiniteLossHook(max_skipped_steps=1)
     hook.before_train(runner)
     hook.before_train_iter(runner, 0)
