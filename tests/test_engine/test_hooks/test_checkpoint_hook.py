@@ -250,37 +250,31 @@ def _refused_by_hook(tmp_path, path, match):
 
 
 def test_flipped_bytes_are_detected(tmp_path):
+    """Flipped bytes in fc.weight's record, or in the RNG states of
+    ``meta`` (through ``--resume PATH`` they loaded silently: "RNG states
+    restored", the resumed run no longer bit-exact): torch.load (what
+    mmengine calls) loads the damage; the hook and mmsoft's reader refuse
+    the file, naming it and the CRC error."""
     work = tmp_path / 'work'
     _runner(work, 'train').train()
-    path = work / 'iter_10.pth'
-    good = _load(path)
-    flip_tensor_bytes(path, 4, FC_RECORD)
-    # the fault: torch.load (what mmengine calls) loads the damage silently
-    bad = _load(path)
-    assert not _bitwise_equal(bad['state_dict'], good['state_dict'])
-    # now: the hook and mmsoft's reader refuse the file, naming it
-    _refused_by_hook(tmp_path, path, str(path))
-    with pytest.raises(cio.CheckpointError, match='CRC error'):
-        cio.load_verified(str(path))
-    assert 'CRC error' in cio.describe_damage(str(path))
-
-
-def test_flipped_bytes_in_rng_states_are_detected(tmp_path):
-    """The RNG states in ``meta`` are tensor records too: flipped bytes
-    there loaded silently through ``--resume PATH`` ("RNG states restored",
-    the resumed run no longer bit-exact); the CRC-32 check covers them."""
-    work = tmp_path / 'work'
-    _runner(work, 'train').train()
-    path = work / 'iter_10.pth'
-    good = _load(path)
+    good = _load(work / 'iter_10.pth')
     state = good['meta']['mmsoft_rng']['states'][0]['torch']
-    flip_tensor_bytes(path, 4, state.numel() * state.element_size())
-    bad = _load(path)  # torch.load does not check the zip's CRC
-    assert not torch.equal(bad['meta']['mmsoft_rng']['states'][0]['torch'],
-                           state)
-    assert torch.equal(bad['state_dict']['fc.weight'],
-                       good['state_dict']['fc.weight'])
-    _refused_by_hook(tmp_path, path, 'CRC error')
+    for record, size in (('fc', FC_RECORD),
+                         ('rng', state.numel() * state.element_size())):
+        path = tmp_path / f'{record}.pth'
+        shutil.copy(work / 'iter_10.pth', path)
+        flip_tensor_bytes(path, 4, size)
+        bad = _load(path)
+        assert _bitwise_equal(bad['state_dict'], good['state_dict']) == (
+            record == 'rng')
+        assert torch.equal(bad['meta']['mmsoft_rng']['states'][0]['torch'],
+                           state) == (
+                               record == 'fc')
+        damage = re.escape(f'{path} is corrupt (CRC error')
+        _refused_by_hook(tmp_path / record, path, damage)
+        with pytest.raises(cio.CheckpointError, match=damage):
+            cio.load_verified(str(path))
+        assert 'CRC error' in cio.describe_damage(str(path))
 
 
 # --------------------------------------- newest complete checkpoint wins
@@ -1450,41 +1444,32 @@ def _with_missing_file(runner, **strict_load):
     return runner
 
 
-@pytest.mark.parametrize('how', ['resume-path', 'resume-auto', 'load_from'])
+@pytest.mark.parametrize(
+    'how', ['resume-path', 'resume-auto', 'load_from', 'scratch', 'partial'])
 def test_a_strict_load_reads_no_pretrained_file(tmp_path, how):
     """Issue 52, item 4: `--resume` of a config whose backbone names a
     missing ImageNet file was refused (with the advice to train from
     scratch, norm_eval=False) although every weight comes from the
-    checkpoint; a strict load (StrictLoadHook) skips the file."""
+    checkpoint; a strict load (StrictLoadHook) skips the file. What still
+    needs it: training from scratch (auto-resume with no checkpoint) and a
+    partial load (allow_partial)."""
     work = tmp_path / 'work'
     _runner(work, 'first', True).train()
-    kwargs = dict(resume=True) if how.startswith('resume') else {}
-    if how != 'resume-auto':
+    kwargs = {} if how in ('load_from', 'partial') else dict(resume=True)
+    if how in ('resume-path', 'load_from', 'partial'):
         kwargs['load_from'] = str(work / 'epoch_3.pth')
     runner = _with_missing_file(
-        _runner(tmp_path / 'again' if how == 'load_from' else work, 'again',
-                True, **kwargs))
+        _runner(
+            work if how.startswith('resume') else tmp_path / 'again', 'again',
+            True, **kwargs),
+        **(dict(allow_partial=True) if how == 'partial' else {}))
     runner._train_loop['max_epochs'] = 4
-    runner.train()
-    assert runner.epoch == 4 and runner.model.fc.weight.abs().sum() > 0
-
-
-def test_pretrained_file_is_read_without_a_strict_load(tmp_path):
-    """What still needs the file: training from scratch (auto-resume with
-    no checkpoint) and a partial load (allow_partial)."""
-    work = tmp_path / 'work'
-    _runner(work, 'first', True).train()
-    for runner in (_with_missing_file(
-            _runner(tmp_path / 'empty', 'scratch', True, resume=True)),
-                   _with_missing_file(
-                       _runner(
-                           tmp_path / 'partial',
-                           'partial',
-                           True,
-                           load_from=str(work / 'epoch_3.pth')),
-                       allow_partial=True)):
+    if how in ('scratch', 'partial'):
         with pytest.raises(FileNotFoundError, match='no.pth'):
             runner.train()
+        return
+    runner.train()
+    assert runner.epoch == 4 and runner.model.fc.weight.abs().sum() > 0
 
 
 class _StopInVal(Hook):
@@ -1505,39 +1490,29 @@ class _StopInVal(Hook):
         self.validated.append(self._step(runner))
 
 
-@pytest.mark.parametrize('by_epoch,stop_at,after', [
-    (True, 2, [2, 3]),
-    (False, 6, [6, 9, 10]),
-])
+@pytest.mark.parametrize(
+    'by_epoch,stop_at,crash,after',
+    [
+        (True, 2, None, [2, 3]),
+        (False, 6, None, [6, 9, 10]),
+        (True, None, 25, [3]),  # stopped after epoch 2's validation
+    ])
 def test_validation_stopped_after_a_checkpoint_runs_on_resume(
-        tmp_path, by_epoch, stop_at, after):
+        tmp_path, by_epoch, stop_at, crash, after):
     """Issue 52, item 4: the checkpoint of epoch N is saved before its
     validation; a run stopped (SIGTERM) during that validation resumed at
     epoch N+1, and epoch N was never validated. The resume validates it
-    first; the uninterrupted run's validations all happen once."""
+    first (a finished validation is not repeated); the uninterrupted run's
+    validations all happen once."""
     work = tmp_path / 'work'
-    first = _runner(work, 'first', by_epoch)
+    first = _runner(work, 'first', by_epoch, stop_after=crash)
     first.register_hook(_StopInVal(by_epoch, stop_at))
     with pytest.raises(Interrupted):
         first.train()
-    assert osp.isfile(work / '.mmsoft-val-pending')
+    assert osp.isfile(work / '.mmsoft-val-pending') == (crash is None)
     resumed = _runner(work, 'again', by_epoch, resume=True)
     record = _StopInVal(by_epoch)
     resumed.register_hook(record)
     resumed.train()
     assert record.validated == after
     assert not osp.exists(work / '.mmsoft-val-pending')
-
-
-def test_finished_validation_is_not_repeated_on_resume(tmp_path):
-    """A run stopped after the validation of epoch 2 (during epoch 3)
-    resumes from epoch_2.pth without validating it again."""
-    work = tmp_path / 'work'
-    with pytest.raises(Interrupted):
-        _runner(work, 'first', True, stop_after=25).train()
-    assert not osp.exists(work / '.mmsoft-val-pending')
-    resumed = _runner(work, 'again', True, resume=True)
-    record = _StopInVal(True)
-    resumed.register_hook(record)
-    resumed.train()
-    assert record.validated == [3]
