@@ -1,36 +1,17 @@
-"""One line at every door (issue 36): each entry point, given an expected
-bad input, exits non-zero with one line on stderr that names the problem
-(the last non-empty line: the launch scripts and the data check print a
-heading first), shows no Python traceback and does no heavy work (no
-checkpoint, no Runner run dir) where the input can be checked first.
-
-:data:`CASES` is the table (door x bad input); each row runs the tool as
-a user does, ``python tools/X.py ...`` in a child process from another
-working directory. Its ``message`` is the start of the line as
-docs/en/faq.md lists it (``<...>`` stands for a part naming the user's
-files); :func:`test_every_message_is_in_the_faq` checks the FAQ's table.
-The rows' Python children are forked from one process that has
-imported the stacks (torch, mmengine, mmcv, mmpretrain, mmsoft) and
-nothing else: each row is then ``python tools/X.py ...`` as a user runs it
-(``__main__``, the script's folder first on ``sys.path``, its own working
-directory, environment, stdout and stderr files, exit code and interpreter
-exit) without paying the imports once per row (conftest's
-``script_server``); the
-launch scripts run as ``bash`` children. Inputs that other tests already
-drive through a door are left out here to keep the file fast: a missing
-checkpoint (test_missing_checkpoint.py), another model's weights
-(test_strict_load_tools.py, test_chain.py), a damaged checkpoint in
-image_demo.py (tests/test_demo/test_image_demo.py).
-"""
+"""One line at every door (issue 36): each entry point (:data:`CASES`, run
+as a user runs it, through conftest's ``script_server``) given a bad input
+exits non-zero, its last stderr line starts as docs/en/faq.md lists it, no
+traceback, no checkpoint or Runner run dir where the input can be checked
+first. Inputs other tests drive through a door (a missing checkpoint,
+another model's weights, image_demo's damaged checkpoint) are left out."""
 import inspect
 import os
 import os.path as osp
 import re
-import subprocess
 
 import pytest
 import torch
-from conftest import ROOT, child_env, cls_demo_config, random_model
+from conftest import ROOT, child_env, cls_demo_config, random_model, run
 
 pytest.importorskip('mmpretrain')
 
@@ -45,168 +26,136 @@ DAMAGED = 'error: checkpoint <path> is truncated or corrupt'
 OFFLINE = 'error: checkpoint <url> cannot be downloaded'
 FULL = 'error: <path> (not replaced): No space left on device (errno 28'
 LIST = '<file> [<key>]: cannot be loaded: <error>'  # the data check's line
-INIT = [
-    '--cfg-options', 'model.backbone.init_cfg._delete_=True',
-    'model.backbone.init_cfg.type=Pretrained'
-]
-
-#: (id, door, arguments, message, what ran). Placeholders of the
-#: arguments: {cfg} (the classifier demo config on tiny data), {ckpt} (a
-#: training checkpoint of it), {trunc} (that file cut short),
-#: {legacy_trunc} (it in torch's legacy format, cut short), {syntax} (a
-#: config with a syntax error), {syntax_child} (one whose _base_ is that),
-#: {dir},
-#: {file}, {ro} (a directory that cannot be written), {url} (nothing
-#: listens there), {work} (the row's work dir), {out} (an existing result
-#: file), {shared} (a checkpoint out_dir; :data:`PREPARE` fills it),
-#: {bad_line} / {empty_line} / {label_9} / {empty_list} (annotation
-#: lists). ``ran``: what the row may do before it fails: 'nothing' (no
-#: Runner run dir, no checkpoint), 'runner' (the Runner was built, no
-#: checkpoint written)
+#: (id, door, arguments (split at spaces, then formatted), message, what
+#: ran: 'nothing' (no Runner run dir, no checkpoint) or 'runner' (the
+#: Runner was built, no checkpoint written)). Placeholders: {cfg} (the
+#: classifier demo config on tiny data), {ckpt} (a training checkpoint of
+#: it), {trunc} (that file cut short), {legacy_trunc} (it in torch's legacy
+#: format, cut short), {syntax} (a config with a syntax error),
+#: {syntax_child} (one whose _base_ is that), {dir}, {file}, {ro} (a
+#: directory that cannot be written), {url} (nothing listens there), {work}
+#: (the row's work dir), {out} (an existing result file), {shared} (a
+#: checkpoint out_dir; :data:`PREPARE` fills it), {bad_line} /
+#: {empty_line} / {label_9} / {empty_list} (annotation lists)
+W = '{cfg} --work-dir {work} '
+OPT = W + '--cfg-options '
+INIT = (
+    OPT + 'model.backbone.init_cfg._delete_=True '
+    'model.backbone.init_cfg.type=Pretrained ')
 CASES = [
     # tools/train.py
-    ('train-cfg-typo', 'train.py', [
-        '{cfg}', '--work-dir', '{work}', '--cfg-options',
-        'train_cfg.max_epoch=1'
-    ], TYPO, 'nothing'),
-    ('train-config-syntax-in-base', 'train.py',
-     ['{syntax_child}', '--work-dir', '{work}'], SYNTAX, 'nothing'),
-    ('train-cfg-options-not-a-number', 'train.py', [
-        '{cfg}', '--work-dir', '{work}', '--cfg-options',
-        'train_cfg.max_epochs=abc'
-    ], "error: --cfg-options <key>=<value>: the config's <key> is <kind>",
+    ('train-cfg-typo', 'train.py', OPT + 'train_cfg.max_epoch=1', TYPO,
      'nothing'),
-    ('train-cfg-options-dict', 'train.py', [
-        '{cfg}', '--work-dir', '{work}', '--cfg-options',
-        'model.head.loss=dict(type=CrossEntropyLoss,loss_weight=1.0)'
-    ], 'error: --cfg-options <key>=<value>: a dict is no --cfg-options '
+    ('train-config-syntax-in-base', 'train.py',
+     '{syntax_child} --work-dir {work}', SYNTAX, 'nothing'),
+    ('train-cfg-options-not-a-number', 'train.py',
+     OPT + 'train_cfg.max_epochs=abc',
+     "error: --cfg-options <key>=<value>: the config's <key> is <kind>",
+     'nothing'),
+    ('train-cfg-options-dict', 'train.py',
+     OPT + 'model.head.loss=dict(type=CrossEntropyLoss,loss_weight=1.0)',
+     'error: --cfg-options <key>=<value>: a dict is no --cfg-options '
      'value', 'nothing'),
-    ('train-amp-optim-wrapper-no-gpu', 'train.py', [
-        '{cfg}', '--work-dir', '{work}', '--cfg-options',
-        'optim_wrapper.type=AmpOptimWrapper'
-    ], 'error: optim_wrapper.type=AmpOptimWrapper (mmengine\'s fp16 AMP) '
+    ('train-amp-optim-wrapper-no-gpu', 'train.py',
+     OPT + 'optim_wrapper.type=AmpOptimWrapper',
+     'error: optim_wrapper.type=AmpOptimWrapper (mmengine\'s fp16 AMP) '
      'needs a GPU', 'nothing'),
-    ('train-launcher-without-torchrun', 'train.py',
-     ['{cfg}', '--work-dir', '{work}', '--launcher', 'pytorch'],
+    ('train-launcher-without-torchrun', 'train.py', W + '--launcher pytorch',
      'error: --launcher pytorch: RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT '
      'not set (the process was not started by torchrun)', 'nothing'),
-    ('train-work-dir-file', 'train.py', ['{cfg}', '--work-dir', '{file}'],
+    ('train-work-dir-file', 'train.py', '{cfg} --work-dir {file}',
      'error: --work-dir <path>: exists and is not a directory', 'nothing'),
-    ('train-work-dir-read-only', 'train.py', ['{cfg}', '--work-dir', '{ro}'],
+    ('train-work-dir-read-only', 'train.py', '{cfg} --work-dir {ro}',
      'error: --work-dir <path>: cannot write there', 'nothing'),
     ('train-init-cfg-directory', 'train.py',
-     ['{cfg}', '--work-dir', '{work}'] + INIT +
-     ['model.backbone.init_cfg.checkpoint={dir}'], IS_DIR, 'nothing'),
+     INIT + 'model.backbone.init_cfg.checkpoint={dir}', IS_DIR, 'nothing'),
     ('train-init-cfg-offline-url', 'train.py',
-     ['{cfg}', '--work-dir', '{work}'] + INIT +
-     ['model.backbone.init_cfg.checkpoint={url}'], OFFLINE, 'nothing'),
-    ('train-resume-other-optimizer', 'train.py', [
-        '{cfg}', '--work-dir', '{work}', '--resume', '{ckpt}', '--cfg-options',
-        'optim_wrapper.optimizer.type=SGD', 'train_cfg.max_epochs=2'
-    ], 'error: --resume <path>: the checkpoint was trained with another '
+     INIT + 'model.backbone.init_cfg.checkpoint={url}', OFFLINE, 'nothing'),
+    ('train-resume-other-optimizer', 'train.py',
+     W + '--resume {ckpt} --cfg-options optim_wrapper.optimizer.type=SGD '
+     'train_cfg.max_epochs=2',
+     'error: --resume <path>: the checkpoint was trained with another '
      "optimizer than the config's optim_wrapper.optimizer", 'runner'),
     # the checkpoint files of a training run: checked before the Runner
-    ('train-load-from-missing', 'train.py', [
-        '{cfg}', '--work-dir', '{work}', '--cfg-options',
-        'load_from={work}/no.pth'
-    ], 'error: load_from <path>: no such file;', 'nothing'),
-    ('train-resume-missing', 'train.py',
-     ['{cfg}', '--work-dir', '{work}', '--resume',
-      '{work}/no.pth'], 'error: --resume <path>: no such file', 'nothing'),
-    ('train-resume-truncated', 'train.py',
-     ['{cfg}', '--work-dir', '{work}', '--resume',
-      '{trunc}'], DAMAGED, 'nothing'),
-    ('train-resume-all-damaged', 'train.py',
-     ['{cfg}', '--work-dir', '{work}', '--resume'],
+    ('train-load-from-missing', 'train.py', OPT + 'load_from={work}/no.pth',
+     'error: load_from <path>: no such file;', 'nothing'),
+    ('train-resume-missing', 'train.py', W + '--resume {work}/no.pth',
+     'error: --resume <path>: no such file', 'nothing'),
+    ('train-resume-truncated', 'train.py', W + '--resume {trunc}', DAMAGED,
+     'nothing'),
+    ('train-resume-all-damaged', 'train.py', W + '--resume',
      'error: resume: no complete checkpoint in <path>; damaged:', 'nothing'),
-    ('train-shared-out-dir', 'train.py', [
-        '{cfg}', '--work-dir', '{work}', '--cfg-options',
-        'default_hooks.checkpoint.out_dir={shared}'
-    ], 'error: checkpoint directory <path> (default_hooks.checkpoint.out_dir'
+    ('train-shared-out-dir', 'train.py',
+     OPT + 'default_hooks.checkpoint.out_dir={shared}',
+     'error: checkpoint directory <path> (default_hooks.checkpoint.out_dir'
      ' / the work dir\'s name) belongs to the run in work dir', 'nothing'),
-    ('train-empty-list-line', 'train.py', [
-        '{cfg}', '--work-dir', '{work}', '--cfg-options',
-        'train_dataloader.dataset.ann_file={empty_line}'
-    ], LIST, 'nothing'),
-    ('train-class-index-out-of-range', 'train.py', [
-        '{cfg}', '--work-dir', '{work}', '--cfg-options',
-        'train_dataloader.dataset.ann_file={label_9}'
-    ], '<file> [<key>]: class index <n> of <image> is out of range: the '
+    ('train-empty-list-line', 'train.py',
+     OPT + 'train_dataloader.dataset.ann_file={empty_line}', LIST, 'nothing'),
+    ('train-class-index-out-of-range', 'train.py',
+     OPT + 'train_dataloader.dataset.ann_file={label_9}',
+     '<file> [<key>]: class index <n> of <image> is out of range: the '
      'model has <n> classes', 'nothing'),
-    ('train-empty-list', 'train.py', [
-        '{cfg}', '--work-dir', '{work}', '--cfg-options',
-        'train_dataloader.dataset.ann_file={empty_list}'
-    ], '<file> [<key>]: has no samples', 'nothing'),
-    ('train-non-finite-loss', 'train.py', [
-        '{cfg}', '--work-dir', '{work}', '--cfg-options',
-        'model.data_preprocessor.std=[0,0,0]'
-    ], 'error: NonFiniteLossHook: non-finite training loss', 'runner'),
+    ('train-empty-list', 'train.py',
+     OPT + 'train_dataloader.dataset.ann_file={empty_list}',
+     '<file> [<key>]: has no samples', 'nothing'),
+    ('train-non-finite-loss', 'train.py',
+     OPT + 'model.data_preprocessor.std=[0,0,0]',
+     'error: NonFiniteLossHook: non-finite training loss', 'runner'),
     # tools/test.py
-    ('test-checkpoint-directory', 'test.py',
-     ['{cfg}', '{dir}', '--work-dir', '{work}'], IS_DIR, 'nothing'),
-    ('test-truncated-checkpoint', 'test.py',
-     ['{cfg}', '{trunc}', '--work-dir', '{work}'], DAMAGED, 'nothing'),
+    ('test-checkpoint-directory', 'test.py', '{cfg} {dir} --work-dir {work}',
+     IS_DIR, 'nothing'),
+    ('test-truncated-checkpoint', 'test.py', '{cfg} {trunc} --work-dir {work}',
+     DAMAGED, 'nothing'),
     ('test-truncated-legacy-checkpoint', 'test.py',
-     ['{cfg}', '{legacy_trunc}', '--work-dir', '{work}'], DAMAGED, 'nothing'),
-    ('test-config-syntax', 'test.py',
-     ['{syntax}', '{ckpt}', '--work-dir', '{work}'], SYNTAX, 'nothing'),
-    ('test-offline-url', 'test.py', ['{cfg}', '{url}', '--work-dir',
-                                     '{work}'], OFFLINE, 'nothing'),
-    ('test-malformed-list-line', 'test.py', [
-        '{cfg}', '{ckpt}', '--work-dir', '{work}', '--cfg-options',
-        'test_dataloader.dataset.ann_file={bad_line}'
-    ], LIST, 'nothing'),
+     '{cfg} {legacy_trunc} --work-dir {work}', DAMAGED, 'nothing'),
+    ('test-config-syntax', 'test.py', '{syntax} {ckpt} --work-dir {work}',
+     SYNTAX, 'nothing'),
+    ('test-offline-url', 'test.py', '{cfg} {url} --work-dir {work}', OFFLINE,
+     'nothing'),
+    ('test-malformed-list-line', 'test.py',
+     '{cfg} {ckpt} --work-dir {work} --cfg-options '
+     'test_dataloader.dataset.ann_file={bad_line}', LIST, 'nothing'),
     ('test-out-disk-full', 'test.py',
-     ['{cfg}', '{ckpt}', '--work-dir', '{work}', '--out',
-      '{out}'], FULL, 'runner'),
-    # the launch scripts
-    ('dist_train-no-gpus', 'dist_train.sh', ['{cfg}', '--work-dir', '{work}'],
+     '{cfg} {ckpt} --work-dir {work} --out {out}', FULL, 'runner'),
+    # the launch scripts (the typo: once, before torchrun starts the ranks)
+    ('dist_train-no-gpus', 'dist_train.sh', '{cfg} --work-dir {work}',
      'error: dist_train.sh: GPUS must be the number of processes', 'nothing'),
-    ('dist_train-cfg-typo', 'dist_train.sh', [
-        '{cfg}', '2', '--work-dir', '{work}', '--cfg-options',
-        'train_cfg.max_epoch=1'
-    ], TYPO, 'nothing'),  # once, before torchrun starts the ranks
+    ('dist_train-cfg-typo', 'dist_train.sh',
+     '{cfg} 2 --work-dir {work} --cfg-options train_cfg.max_epoch=1', TYPO,
+     'nothing'),
     ('dist_train-config-syntax', 'dist_train.sh',
-     ['{syntax}', '2', '--work-dir', '{work}'], SYNTAX, 'nothing'),
-    ('dist_train-port-in-use', 'dist_train.sh',
-     ['{cfg}', '2', '--work-dir', '{work}'], PORT, 'nothing'),
-    ('dist_test-cfg-typo', 'dist_test.sh', [
-        '{cfg}', '{ckpt}', '2', '--work-dir', '{work}', '--cfg-options',
-        'test_dataloader.batch_sizes=1'
-    ], TYPO, 'nothing'),  # once, before torchrun starts the ranks
+     '{syntax} 2 --work-dir {work}', SYNTAX, 'nothing'),
+    ('dist_train-port-in-use', 'dist_train.sh', '{cfg} 2 --work-dir {work}',
+     PORT, 'nothing'),
+    ('dist_test-cfg-typo', 'dist_test.sh', '{cfg} {ckpt} 2 --work-dir {work} '
+     '--cfg-options test_dataloader.batch_sizes=1', TYPO, 'nothing'),
     ('dist_test-port-in-use', 'dist_test.sh',
-     ['{cfg}', '{ckpt}', '2', '--work-dir', '{work}'], PORT, 'nothing'),
-    ('dist_test-no-gpus', 'dist_test.sh',
-     ['{cfg}', '{ckpt}', '--work-dir', '{work}'],
+     '{cfg} {ckpt} 2 --work-dir {work}', PORT, 'nothing'),
+    ('dist_test-no-gpus', 'dist_test.sh', '{cfg} {ckpt} --work-dir {work}',
      'error: dist_test.sh: GPUS must be the number of processes', 'nothing'),
     # demo/image_demo.py
     ('image_demo-no-cuda', 'image_demo.py',
-     ['{data}', '{cfg}', '{ckpt}', '--device', 'cuda', '--out-dir', '{work}'
-      ], 'image_demo.py: error: --device <device>: CUDA is not available',
+     '{data} {cfg} {ckpt} --device cuda --out-dir {work}',
+     'image_demo.py: error: --device <device>: CUDA is not available',
      'nothing'),
     ('image_demo-config-syntax', 'image_demo.py',
-     ['{data}', '{syntax}', '{ckpt}', '--out-dir',
-      '{work}'], SYNTAX, 'nothing'),
+     '{data} {syntax} {ckpt} --out-dir {work}', SYNTAX, 'nothing'),
     # the analysis tools that read a config
     ('get_flops-config-syntax', 'get_flops.py',
-     ['--config', '{syntax}', '--out', '{work}'], SYNTAX, 'nothing'),
+     '--config {syntax} --out {work}', SYNTAX, 'nothing'),
     # the converters, the ONNX export, the demo data
-    ('soft2mmsoft-truncated', 'soft2mmsoft.py', ['{trunc}', '{work}/o.pth'],
+    ('soft2mmsoft-truncated', 'soft2mmsoft.py', '{trunc} {work}/o.pth',
      "error: checkpoint '<path>' is truncated or corrupt", 'nothing'),
-    ('mmsoft2soft-file-too-large', 'mmsoft2soft.py',
-     ['{ckpt}', '{work}/o.pth'
-      ], 'error: cannot write <path>: File too large', 'nothing'),
-    ('pytorch2onnx-cfg-typo', 'pytorch2onnx.py', [
-        '{cfg}', '{ckpt}', '--shape', '64', '64', '--out', '{work}/m.onnx',
-        '--cfg-options', 'model.backbone.attn_cfg.atn_norm=True'
-    ], TYPO, 'nothing'),
+    ('mmsoft2soft-file-too-large', 'mmsoft2soft.py', '{ckpt} {work}/o.pth',
+     'error: cannot write <path>: File too large', 'nothing'),
+    ('pytorch2onnx-cfg-typo', 'pytorch2onnx.py',
+     '{cfg} {ckpt} --shape 64 64 --out {work}/m.onnx --cfg-options '
+     'model.backbone.attn_cfg.atn_norm=True', TYPO, 'nothing'),
     ('pytorch2onnx-config-syntax', 'pytorch2onnx.py',
-     ['{syntax}', '{ckpt}', '--shape', '64', '64', '--out',
-      '{work}/m.onnx'], SYNTAX, 'nothing'),
-    ('make_demo_data-out-file', 'make_demo_data.py', [
-        '--out', '{file}', '--tasks', 'cls', '--num-train', '1', '--num-val',
-        '1'
-    ], 'error: --out <path>: exists and is not a directory', 'nothing'),
+     '{syntax} {ckpt} --shape 64 64 --out {work}/m.onnx', SYNTAX, 'nothing'),
+    ('make_demo_data-out-file', 'make_demo_data.py',
+     '--out {file} --tasks cls --num-train 1 --num-val 1',
+     'error: --out <path>: exists and is not a directory', 'nothing'),
 ]
 
 DOORS = {
@@ -247,8 +196,7 @@ def _damaged_work_dir(row_dir, doors):
 
 
 def _other_runs_out_dir(row_dir, doors):
-    """``shared/work/``: the checkpoint directory of another work dir's
-    run (its owner file)."""
+    """``shared/work/``: another work dir's checkpoint directory."""
     os.makedirs(osp.join(row_dir, 'shared', 'work'))
     with open(osp.join(row_dir, 'shared', 'work', '.mmsoft-work-dir'),
               'w') as f:
@@ -292,8 +240,7 @@ def pattern(message):
 
 @pytest.fixture(scope='session')
 def doors(tmp_path_factory):
-    """The files of the table's placeholders (tiny: 2 training and 4
-    validation images, a randomly initialised model's checkpoint)."""
+    """The files of the table's placeholders (tiny data, random weights)."""
     tmp = tmp_path_factory.mktemp('doors')
     cfg = cls_demo_config(tmp, val=4, test=4)
     with open(cfg, 'a') as f:
@@ -388,7 +335,7 @@ def test_door(case, doors, script_server, tmp_path):
         for d, _, fs in os.walk(tmp_path)
         for f in fs if f.endswith('.pth')
     }
-    argv = [a.format(**values) for a in args]
+    argv = [a.format(**values) for a in args.split()]
     script = osp.join(ROOT, DOORS[door])
     setup = ''
     if name == 'test-out-disk-full':
@@ -398,16 +345,9 @@ def test_door(case, doors, script_server, tmp_path):
         setup = inspect.getsource(_file_size_limit) + '_file_size_limit()\n'
         work.mkdir()
     try:
-        if script.endswith('.sh'):
-            proc = subprocess.run(
-                ['bash', script] + argv,
-                cwd=str(tmp_path),
-                env=env,
-                capture_output=True,
-                text=True,
-                timeout=300)
-        else:
-            proc = script_server(script, argv, str(tmp_path), env, setup)
+        proc = run(['bash', script] + argv, tmp_path, 300, env) \
+            if script.endswith('.sh') else script_server(
+                script, argv, str(tmp_path), env, setup)
     finally:
         while _HELD:
             _HELD.pop().close()
@@ -442,8 +382,7 @@ def test_every_door_is_in_the_table():
 
 
 def test_every_message_is_in_the_faq():
-    """docs/en/faq.md's table lists each message of :data:`CASES` (its
-    first column, in backquotes) with the doors, cause and fix."""
+    """docs/en/faq.md's table: each message with its doors, cause, fix."""
     text = open(FAQ).read()
     table = text[text.index('| Message (start of the line) |'):]
     rows = {}
@@ -457,44 +396,3 @@ def test_every_message_is_in_the_faq():
     assert not missing, f'messages not in the FAQ table: {missing}'
     for case in CASES:
         assert case[1] in rows[case[3]][1], (case[0], rows[case[3]][1])
-
-
-def test_run_main_maps_only_the_expected(capsys, monkeypatch):
-    """:func:`mmsoft_tools.cli.run_main`: an expected failure is one line
-    and exit 1 (an atomic write's temporary named by its target), an
-    unexpected one keeps its traceback (the exception propagates), and
-    ``MMSOFT_TRACEBACK=1`` re-raises the expected ones too."""
-    import errno
-
-    from mmsoft_tools.cli import ToolError, run_main
-
-    def fail(exc):
-
-        def main(argv=None):
-            raise exc
-
-        return main
-
-    tmp = '/data/.out.pkl.123.0123abcd.mmsoft-tmp.pkl'
-    for exc, line in [
-        (ToolError('--x y: bad'), 'error: --x y: bad'),
-        (OSError(errno.ENOSPC, 'No space left on device', tmp),
-         'error: /data/out.pkl (not replaced): No space left on device '
-         '(errno 28 ENOSPC); free some space or write somewhere else'),
-        (FileNotFoundError('checkpoint x does not exist'),
-         'error: checkpoint x does not exist'),
-    ]:
-        with pytest.raises(SystemExit) as e:
-            run_main(fail(exc))
-        assert e.value.code == 1
-        assert capsys.readouterr().err == line + '\n'
-    for exc in (ValueError('a bug'), OSError(errno.EIO, 'I/O error')):
-        with pytest.raises(type(exc)):
-            run_main(fail(exc))
-    monkeypatch.setenv('MMSOFT_TRACEBACK', '1')
-    with pytest.raises(ToolError):
-        run_main(fail(ToolError('x')))
-    with pytest.raises(SystemExit) as e:  # a return value that is no code
-        monkeypatch.delenv('MMSOFT_TRACEBACK')
-        run_main(lambda argv=None: {'accuracy/top1': 1.0})
-    assert e.value.code == 0
