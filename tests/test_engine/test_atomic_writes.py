@@ -71,11 +71,10 @@ def test_chain_search_ends_on_a_cycle():
         assert os_error_in_chain(a) is disk
 
 
-def test_a_live_writers_temporary_is_kept_and_the_writer_undisturbed(tmp_path):
-    """The stale-temporary sweep only looks whether the writer runs (here
-    this process: a save in progress): its file stays, and no signal that
-    would end a run is sent to it (CPython runs the handler of a signal
-    sent to its own process before ``os.kill`` returns)."""
+def test_a_live_writers_temporary_is_kept_and_the_writer_undisturbed(
+        tmp_path, monkeypatch):
+    """The sweep keeps the temporary of a running writer (this process, or
+    one ``kill(pid, 0)`` may not signal: EPERM) and sends it no signal."""
     received = []
     stops = (signal.SIGHUP, signal.SIGINT, signal.SIGTERM)
     old = {s: signal.signal(s, lambda s, f: received.append(s)) for s in stops}
@@ -89,18 +88,28 @@ def test_a_live_writers_temporary_is_kept_and_the_writer_undisturbed(tmp_path):
     assert tmp.read_bytes() == b'half'
     assert received == []
 
+    def kill(pid, sig):  # a process of another user
+        raise PermissionError(1, 'Operation not permitted')
+
+    monkeypatch.setattr(atomic.os, 'kill', kill)
+    pid = dead_pid()
+    theirs = tmp_path / f'.epoch_3.pth.{pid}.0123abcd{TMP_SUFFIX}'
+    theirs.write_bytes(b'x')
+    assert atomic.pid_alive(pid) and remove_stale_temps(str(tmp_path)) == []
+    assert theirs.is_file()
+
 
 def test_a_killed_writers_temporary_is_found_next_to_the_target(tmp_path):
-    """Temporaries are made in the target's directory (one file system:
-    the rename is atomic) under a name that the next run's sweep knows:
-    once the writer is gone (SIGKILL), the sweep removes it."""
+    """A temporary is made next to its target under a name the sweep knows:
+    removed once its writer is gone; other names are never touched."""
     target = tmp_path / 'iter_4.pth'
     tmp = temp_path_for(str(target))
     assert osp.dirname(tmp) == str(tmp_path)
     stale = tmp.replace(f'.{os.getpid()}.', f'.{dead_pid()}.')
     open(stale, 'wb').close()
+    (tmp_path / '.iter_4.pth.tmp').write_bytes(b'x')  # not ours
     assert remove_stale_temps(str(tmp_path)) == [stale]
-    assert os.listdir(tmp_path) == []
+    assert os.listdir(tmp_path) == ['.iter_4.pth.tmp']
 
 
 def test_sweep_of_a_missing_or_stubborn_directory_reports_nothing(
