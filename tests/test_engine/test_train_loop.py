@@ -1,17 +1,8 @@
-"""A real mmengine ``Runner`` loop with torch 2.14 + mmengine 0.10.7 (CPU).
-
-Train a tiny SOFT classifier for a few iterations, save checkpoints, resume
-from them (``resume=True`` and ``load_from`` + ``resume``), then val / test,
-also from a test-only ``Runner(load_from=...)``, with the shipped configs'
-``SafeCheckpointHook``. Without its allow-list context (around the Runner's
-loads only) every resume / ``load_from`` raised ``UnpicklingError: Weights
-only load failed ... Unsupported global:
-mmengine.logging.history_buffer.HistoryBuffer``.
-
-Two model flavours: an mmpretrain ``ImageClassifier`` with the SOFT backbone
-(skipped if mmpretrain is missing) and a plain mmengine ``BaseModel`` around
-the same backbone (mmengine only).
-"""
+"""A real mmengine Runner (CPU) with the configs' SafeCheckpointHook: train
+a tiny SOFT classifier (mmpretrain's ImageClassifier through mmcv's
+RandomFlip, or a plain BaseModel), interrupt, resume (``resume=True``,
+``load_from`` + ``resume``) bit-exactly, then val / test, also from a
+test-only ``Runner(load_from=...)``."""
 import numpy as np
 import pytest
 import torch
@@ -30,7 +21,11 @@ from mmsoft.compat import mmengine_checkpoints_allowed
 
 ARCH = tiny_arch()
 BACKBONE = dict(
-    type='mmsoft.SOFT', arch=ARCH, out_type='cls_token', out_indices=(3, ))
+    type='mmsoft.SOFT',
+    arch=ARCH,
+    out_type='cls_token',
+    out_indices=(3, ),
+    drop_path_rate=0.3)  # torch RNG in training
 NUM_CLASSES, SIZE, N = 3, 64, 12  # 6 iterations of 2: one epoch
 MAX_ITERS = 6
 MILESTONE = 5  # the lr drops x0.1 from iteration index 5 on
@@ -39,12 +34,23 @@ pytestmark = pytest.mark.usefixtures('one_thread')
 
 
 class RandomImages(Dataset):
-    """n random 64 x 64 images, deterministic, labels i % 3."""
+    """n random 64 x 64 images, labels i % 3; mmpretrain's through
+    RandomFlip (numpy RNG) and PackInputs."""
 
     metainfo = dict(classes=('a', 'b', 'c'))
 
     def __init__(self, flavour, n=N):
         self.flavour, self.n = flavour, n
+        if flavour == 'mmpretrain':
+            import mmpretrain.datasets  # noqa: F401  (the transforms)
+            from mmcv.transforms import Compose
+            self.pipeline = Compose([
+                dict(
+                    type='mmpretrain.RandomFlip',
+                    prob=[0.3, 0.3],
+                    direction=['horizontal', 'vertical']),
+                dict(type='mmpretrain.PackInputs')
+            ])
 
     def __len__(self):
         return self.n
@@ -53,12 +59,10 @@ class RandomImages(Dataset):
         g = torch.Generator().manual_seed(i)
         img = torch.randint(
             0, 256, (3, SIZE, SIZE), generator=g, dtype=torch.uint8)
-        label = i % NUM_CLASSES
         if self.flavour == 'mmpretrain':
-            from mmpretrain.structures import DataSample
-            return dict(
-                inputs=img, data_samples=DataSample().set_gt_label(label))
-        return dict(inputs=img, data_samples=label)
+            return self.pipeline(
+                dict(img=img.permute(1, 2, 0).numpy(), gt_label=i % 3))
+        return dict(inputs=img, data_samples=i % NUM_CLASSES)
 
 
 class TinySOFTClassifier(BaseModel):
@@ -209,13 +213,12 @@ def test_train_checkpoint_resume_test(flavour, tmp_path):
     assert (work_dir / f'iter_{MAX_ITERS}.pth').is_file()
     assert runner2.message_hub.get_info('best_score') is not None
 
-    # an uninterrupted run ends with the same weights as 4 + resumed 2
+    # an uninterrupted run ends with the same weights (bitwise: the RNG
+    # states of the flips and drop path were restored)
     ref, rec_ref, _ = _runner(flavour, tmp_path / 'ref', 'reference')
     ref.train()
     assert rec_ref.lrs == pytest.approx([0.1] * 5 + [0.01])
-    final = model_weights(runner2)
-    for k, v in model_weights(ref).items():
-        torch.testing.assert_close(final[k], v, msg=k)
+    _assert_same(model_weights(runner2), model_weights(ref))
 
     assert key in runner2.val()
     assert key in runner2.test()

@@ -21,7 +21,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 from conftest import (ROOT, TOOLS, Crash, Interrupted, dead_pid,
-                      flip_tensor_bytes, model_weights, run_python, tiny_arch)
+                      flip_tensor_bytes, model_weights, run_python)
 from mmengine.config import Config
 from mmengine.dataset import DefaultSampler, InfiniteSampler
 from mmengine.evaluator import BaseMetric
@@ -485,79 +485,6 @@ def test_sigterm_during_save_removes_temp(tmp_path):
     assert res.returncode == 128 + signal.SIGTERM, res.stderr
     assert dst.read_bytes() == before
     assert os.listdir(tmp_path) == ['ckpt.pth']
-
-
-# ------------------------- a SOFT classifier with mmcv's RandomFlip (real)
-class FlipPipelineImages(Dataset):
-    """Random 32 x 32 images through mmcv's RandomFlip + PackInputs."""
-
-    metainfo = dict(classes=('a', 'b'))
-
-    def __init__(self):
-        from mmcv.transforms import Compose
-        self.pipeline = Compose([
-            dict(
-                type='mmpretrain.RandomFlip',
-                prob=[0.3, 0.3],
-                direction=['horizontal', 'vertical']),
-            dict(type='mmpretrain.PackInputs')
-        ])
-
-    def __len__(self):
-        return 12
-
-    def __getitem__(self, i):
-        g = np.random.default_rng(i)  # fixed content, random flips
-        img = g.integers(0, 256, (32, 32, 3), dtype=np.uint8)
-        return self.pipeline(dict(img=img, gt_label=i % 2))
-
-
-def _soft_runner(work_dir, stop_after=None, **kwargs):
-    model = dict(
-        type='ImageClassifier',
-        backbone=dict(
-            type='mmsoft.SOFT',
-            out_type='cls_token',
-            out_indices=(3, ),
-            drop_path_rate=0.3,
-            pretrain_img_size=32,
-            arch=tiny_arch([8, 16, 16, 32], sampling_ratios=[2, 2, 1, 1])),
-        neck=None,
-        head=dict(type='LinearClsHead', num_classes=2, in_channels=32),
-        data_preprocessor=dict(mean=[127.5] * 3, std=[127.5] * 3))
-    return Runner(
-        model=model,
-        work_dir=str(work_dir),
-        default_scope='mmpretrain',
-        experiment_name=f'soft_{uuid.uuid4().hex[:8]}',
-        train_dataloader=dict(
-            dataset=FlipPipelineImages(),
-            batch_size=2,
-            num_workers=0,
-            sampler=dict(type='DefaultSampler', shuffle=True)),
-        optim_wrapper=dict(optimizer=dict(type='AdamW', lr=1e-3)),
-        train_cfg=dict(by_epoch=False, max_iters=6),
-        default_hooks=dict(
-            checkpoint=dict(
-                type='SafeCheckpointHook',
-                interval=2,
-                by_epoch=False,
-                max_keep_ckpts=1)),
-        custom_hooks=[Crash(stop_after)] if stop_after else None,
-        randomness=dict(seed=1),
-        **kwargs)
-
-
-def test_soft_classifier_random_flip_resume_is_bit_exact(tmp_path):
-    pytest.importorskip('mmpretrain')
-    import mmpretrain.datasets  # noqa: F401  (registers the transforms)
-    ref = _soft_runner(tmp_path / 'ref')
-    ref.train()
-    with pytest.raises(Interrupted):
-        _soft_runner(tmp_path / 'work', stop_after=4).train()
-    resumed = _soft_runner(tmp_path / 'work', resume=True)
-    resumed.train()
-    assert _bitwise_equal(model_weights(resumed), model_weights(ref))
 
 
 # ------------------------------------------------------------ RNG states
