@@ -1,20 +1,19 @@
-"""Issue 13: wrong weights are an error, not a WARNING.
-
-``init_cfg=dict(type='Pretrained', ...)`` on the SOFT backbone and
-``tools/test.py`` refuse checkpoints that do not match the model, naming
-the missing / unexpected / mis-shaped keys (and the converter command for
-an unconverted official SOFT checkpoint for whole-model loads; the
-backbone's init_cfg converts it); partial loads are an explicit opt-in."""
+"""Issue 13: weights that do not match the model are an error naming the
+keys (the converter command for an authors' file); a partial load is an
+explicit opt-in (``strict=False``, StrictLoadHook's ``allow_partial``)."""
 import functools
 import logging
 import os.path as osp
+import types
 
 import pytest
 import torch
 from conftest import (ROOT, current_log, load_module,
                       save_classifier_checkpoint, tiny_arch)
 
+from mmsoft.engine.hooks.strict_load_hook import StrictLoadHook as _hook
 from mmsoft.models.backbones import SOFT
+from mmsoft.models.loading import check_attn_norm, check_checkpoint_for_model
 from mmsoft.utils.strict_load import (CheckpointMismatchError,
                                       check_state_dict, compare_state_dicts)
 
@@ -40,7 +39,6 @@ def _pretrained(path, **kw):
 
 
 def test_full_classifier_checkpoint_with_prefix_loads_silently(tmp_path):
-    """The normal case: the head keys are expected extras."""
     src = _classifier_ckpt(tmp_path / 'cls.pth', classes=1000)
     dst = _pretrained(tmp_path / 'cls.pth', prefix='backbone.')
     dst.init_weights()
@@ -64,13 +62,10 @@ def test_other_arch_is_an_error_naming_keys(tmp_path):
 
 def test_other_model_loads_nothing_and_is_an_error(tmp_path):
     """A detector checkpoint: no key under backbone. matches."""
-    torch.save(
-        {
-            'state_dict': {
-                'neck.conv.weight': torch.zeros(4, 4),
-                'bbox_head.cls.weight': torch.zeros(9, 4)
-            }
-        }, tmp_path / 'det.pth')
+    det = dict(
+        zip(['neck.conv.weight', 'bbox_head.cls.weight'],
+            [torch.zeros(4, 4), torch.zeros(9, 4)]))
+    torch.save(dict(state_dict=det), tmp_path / 'det.pth')
     with pytest.raises(
             CheckpointMismatchError,
             match="no tensor under the "
@@ -83,8 +78,7 @@ def test_other_model_loads_nothing_and_is_an_error(tmp_path):
 
 
 def test_authors_checkpoint_loads_directly(tmp_path):
-    """An unconverted official (authors') checkpoint is converted on the
-    fly, with or without prefix; strict=False changes nothing."""
+    """An authors' checkpoint is converted on the fly (any prefix)."""
     src = SOFT(ARCH, out_type='cls_token')
     src.init_weights()
     sd = {f'backbone.{k}': v for k, v in src.state_dict().items()}
@@ -116,26 +110,18 @@ def test_partial_load_is_an_explicit_opt_in(tmp_path):
 
 
 def test_compare_counts():
+    z = torch.zeros
     r = compare_state_dicts(
-        {
-            'a': torch.zeros(2),
-            'b': torch.zeros(3),
-            'bn.num_batches_tracked': torch.tensor(0)
-        }, {
-            'a': torch.zeros(2),
-            'b': torch.zeros(4),
-            'c': torch.zeros(1)
-        })
+        dict(a=z(2), b=z(3), **{'bn.num_batches_tracked': torch.tensor(0)}),
+        dict(a=z(2), b=z(4), c=z(1)))
     assert r.missing == () and r.unexpected == ('c', )
     assert r.mismatched == (('b', (4, ), (3, )), ) and r.matched == 1
 
 
 def test_pretrained_runs_the_registered_initializer_once(
         tmp_path, monkeypatch):
-    """init_cfg Pretrained on SOFT runs the strict 'SOFTPretrained'
-    initializer (registered in mmengine's root WEIGHT_INITIALIZERS) once,
-    without calling init_weights again; the same initializer works on any
-    module by name, as strictly."""
+    """init_cfg Pretrained on SOFT runs the strict, registered
+    'SOFTPretrained' initializer once (any module may name it)."""
     from mmengine.model import BaseModule
     from mmengine.registry import WEIGHT_INITIALIZERS
 
@@ -167,13 +153,8 @@ def test_pretrained_runs_the_registered_initializer_once(
             super().__init__(**kw)
             self.fc = torch.nn.Linear(ARCH['embed_dims'][3], out)
 
-    torch.save(
-        {
-            'state_dict': {
-                'head.fc.weight': torch.ones(3, 32),
-                'head.fc.bias': torch.ones(3)
-            }
-        }, tmp_path / 'head.pth')
+    head = {'head.fc.weight': torch.ones(3, 32), 'head.fc.bias': torch.ones(3)}
+    torch.save(dict(state_dict=head), tmp_path / 'head.pth')
     cfg = dict(
         type='SOFTPretrained',
         checkpoint=str(tmp_path / 'head.pth'),
@@ -188,9 +169,7 @@ def test_pretrained_runs_the_registered_initializer_once(
 @pytest.mark.parametrize('kind', ['directory', 'missing', 'offline_url'])
 def test_unreadable_init_cfg_checkpoint_is_one_line(tmp_path, kind,
                                                     monkeypatch):
-    """Issue 36: a directory, a mistyped path or an unreachable URL as
-    ``init_cfg.checkpoint`` gave a raw traceback from deep in the loader;
-    now one line naming the checkpoint and the cause."""
+    """Issue 36: an unreadable ``init_cfg.checkpoint`` is one line."""
     path = {
         'directory': str(tmp_path),
         'missing': str(tmp_path / 'nope.pth'),
@@ -210,40 +189,48 @@ def test_unreadable_init_cfg_checkpoint_is_one_line(tmp_path, kind,
     }[kind] in msg
 
 
-def _attn_norm_refusal(model, checkpoint, *args):
-    """The message of check_attn_norm's refusal (it must refuse)."""
-    from mmsoft.models.loading import check_attn_norm
+WRONG = (' (its SOFT attention): the weights would load and give wrong '
+         'results. ')
+
+
+@pytest.mark.parametrize('attn_norm,meta,args,msg', [
+    (False, dict(attn_norm=True, official_model='soft_norm_tiny'),
+     ('n.pth', 'c.py'), 'checkpoint n.pth holds soft_norm_tiny weights '
+     '(converted with attn_norm=True, --norm), but the model of c.py has '
+     'attn_norm=False' + WRONG + 'Use a soft_norm_* config or --cfg-options '
+     'model.backbone.attn_cfg.attn_norm=True; if the weights are soft_* '
+     'ones, convert them again without --norm.'),
+    (False, dict(mmsoft_attn_norm=[True]), ('t.pth', ),
+     'checkpoint t.pth was trained with attn_norm=True (recorded in its '
+     'meta), but the model has attn_norm=False' + WRONG + 'Use the config '
+     'it was trained with or --cfg-options model.backbone.attn_cfg.'
+     'attn_norm=True.'),
+    (True, dict(attn_norm=False),
+     ('n.pth', ), 'checkpoint n.pth holds soft_* weights (converted with '
+     'attn_norm=False, no --norm), but the model has attn_norm=True' + WRONG +
+     'Use a soft_* config or --cfg-options model.backbone.attn_cfg.'
+     'attn_norm=False; if the weights are soft_norm_* ones, convert them '
+     'again with --norm.'),
+    (True, dict(mmsoft_attn_norm=[False, True]), ('t.pth', ),
+     'checkpoint t.pth was trained with attn_norm=False / attn_norm=True '
+     '(recorded in its meta), but the model has attn_norm=True' + WRONG +
+     'Use the config it was trained with or its attn_cfg settings.'),
+])
+def test_attn_norm_of_converted_or_trained_weights_is_checked(
+        attn_norm, meta, args, msg):
+    """``meta['attn_norm']`` (converted) or ``meta['mmsoft_attn_norm']``
+    (SafeCheckpointHook's, per attention) against the model; a matching
+    setting or none (the stored config text is not read) passes."""
+    model = SOFT(
+        ARCH, attn_cfg=dict(type='SOFTAttention', attn_norm=attn_norm))
     with pytest.raises(CheckpointMismatchError) as exc:
-        check_attn_norm(model, checkpoint, *args)
-    return str(exc.value)
-
-
-def test_attn_norm_of_converted_or_trained_weights_is_checked():
-    """One check, two sources: ``meta['attn_norm']`` of a converted file
-    and ``meta['mmsoft_attn_norm']`` that SafeCheckpointHook records in a
-    training checkpoint (the stored config text is not read); a matching
-    setting or none passes."""
-    from mmsoft.models.loading import check_attn_norm
-    model = SOFT(ARCH, attn_cfg=dict(type='SOFTAttention', attn_norm=False))
-    conv = dict(meta=dict(attn_norm=True, official_model='soft_norm_tiny'))
-    assert _attn_norm_refusal(model, conv, 'n.pth', 'c.py') == (
-        'checkpoint n.pth holds soft_norm_tiny weights (converted with '
-        'attn_norm=True, --norm), but the model of c.py has attn_norm=False '
-        '(its SOFT attention): the weights would load and give wrong '
-        'results. Use a soft_norm_* config or --cfg-options model.backbone.'
-        'attn_cfg.attn_norm=True; if the weights are soft_* ones, convert '
-        'them again without --norm.')
-    trained = dict(meta=dict(mmsoft_attn_norm=[True]))
-    assert _attn_norm_refusal(model, trained, 't.pth') == (
-        'checkpoint t.pth was trained with attn_norm=True (recorded in its '
-        'meta), but the model has attn_norm=False (its SOFT attention): the '
-        'weights would load and give wrong results. Use the config it was '
-        'trained with or --cfg-options model.backbone.attn_cfg.'
-        'attn_norm=True.')
-    cfg = "model = dict(backbone=dict(attn_cfg=dict(attn_norm=True)))\n"
-    for ok in (dict(meta=dict(attn_norm=False)),
-               dict(meta=dict(mmsoft_attn_norm=[False])),
-               dict(meta=dict(mmsoft_attn_norm=['True'])),
+        check_attn_norm(model, dict(meta=meta), *args)
+    assert str(exc.value) == msg
+    cfg = 'model = dict(backbone=dict(attn_cfg=dict(attn_norm=%s)))\n' % (
+        not attn_norm)
+    for ok in (dict(meta=dict(attn_norm=attn_norm)),
+               dict(meta=dict(mmsoft_attn_norm=[attn_norm])),
+               dict(meta=dict(mmsoft_attn_norm=[str(not attn_norm)])),
                dict(meta=dict(cfg=cfg)), {}, [1]):
         check_attn_norm(model, ok, 'ok.pth')
 
@@ -263,20 +250,13 @@ class _Whole(torch.nn.Module):
 
 
 def _runner(model, **attrs):
-    """What StrictLoadHook reads of a Runner: its model and, where given,
-    ``_load_from``, ``_resume`` and ``cfg``."""
-    import types
+    """What StrictLoadHook reads of a Runner."""
     return types.SimpleNamespace(model=model, **attrs)
 
 
-def _hook(**kw):
-    from mmsoft.engine.hooks.strict_load_hook import StrictLoadHook
-    return StrictLoadHook(**kw)
-
-
 def test_strict_load_hook_names_the_loaded_file():
-    """A mismatch names the Runner's ``load_from`` (``checkpoint`` when it
-    has none), the model and how to allow a partial load."""
+    """A mismatch names ``load_from`` (or ``checkpoint``), the model and
+    the opt-in."""
     other = {'state_dict': _Whole(ARCH2).state_dict()}
     for attrs, source in ((dict(_load_from='w/e.pth'), 'w/e.pth'),
                           ({}, 'checkpoint'), (dict(_load_from=None),
@@ -294,8 +274,8 @@ def test_strict_load_hook_names_the_loaded_file():
 
 
 def test_strict_load_hook_refuses_weights_for_resume():
-    """``--resume`` of a weights-only file: the refusal names the file;
-    the same file as ``load_from`` (no ``_resume``, or False) loads."""
+    """``--resume`` of a weights-only file is refused; ``load_from``
+    loads it."""
     model = _Whole()
     weights = {'state_dict': model.state_dict()}
     with pytest.raises(CheckpointMismatchError) as exc:
@@ -319,22 +299,15 @@ def _training_checkpoint(model, optimizer):
 
 
 def test_strict_load_hook_refuses_another_optimizer_for_resume():
-    """``--resume`` after the config changed ``optim_wrapper.optimizer``:
-    the saved state's settings name what differs (mmengine would load
-    AdamW's hyperparameters into SGD); the same optimizer resumes, and the
-    check needs no config text."""
-    import types
+    """``--resume`` with another optimizer names the settings that differ
+    (mmengine would load AdamW's into SGD); the same optimizer resumes."""
     model = _Whole()
 
-    def runner(optimizer, **attrs):
+    def runner(optimizer):
         wrapper = types.SimpleNamespace(
             optimizer=optimizer(model.parameters(), lr=0.1))
         return _runner(
-            model,
-            _load_from='e.pth',
-            _resume=True,
-            optim_wrapper=wrapper,
-            **attrs)
+            model, _load_from='e.pth', _resume=True, optim_wrapper=wrapper)
 
     adamw = _training_checkpoint(model, torch.optim.AdamW)
     adamw['optimizer']['param_groups'][0].update(
@@ -358,12 +331,9 @@ def test_strict_load_hook_refuses_another_optimizer_for_resume():
     older['optimizer']['param_groups'][0].pop('decoupled_weight_decay')
     _hook().after_load_checkpoint(runner(torch.optim.AdamW), older)
     # load_from (no resume) is no resume: nothing to continue
+    sgd = runner(torch.optim.SGD).optim_wrapper
     _hook().after_load_checkpoint(
-        _runner(
-            model,
-            _load_from='e.pth',
-            optim_wrapper=types.SimpleNamespace(
-                optimizer=torch.optim.SGD(model.parameters(), lr=0.1))), adamw)
+        _runner(model, _load_from='e.pth', optim_wrapper=sgd), adamw)
     sgd = _training_checkpoint(model, torch.optim.SGD)
     _hook().after_load_checkpoint(runner(torch.optim.SGD), sgd)
     with pytest.raises(
@@ -375,7 +345,6 @@ def test_strict_load_hook_refuses_another_optimizer_for_resume():
 
 def test_strict_load_hook_names_the_config_in_the_attn_norm_refusal():
     """The attention-normalisation refusal names the Runner's config."""
-    import types
     model = _Whole(attn_norm=False)
     ckpt = {'state_dict': model.state_dict(), 'meta': {'attn_norm': True}}
     with pytest.raises(CheckpointMismatchError) as exc:
@@ -388,12 +357,12 @@ def test_strict_load_hook_names_the_config_in_the_attn_norm_refusal():
     assert str(exc.value).startswith('checkpoint n.pth ')
 
 
-def test_check_checkpoint_for_model_defaults_and_wrappers():
-    """Strict by default (no partial-load sentence without ``opt_in``);
-    a test-time-augmentation wrapper is checked as its model."""
+def test_check_checkpoint_for_model_inputs():
+    """Strict by default (no opt-in sentence); a TTA or DataParallel wrapper
+    is checked as its model, ``module.`` keys too; a file that is no state
+    dict is one line; an authors' file gets the converter command."""
     from mmengine.model import BaseTTAModel
-
-    from mmsoft.models.loading import check_checkpoint_for_model
+    from reference import official_soft_ref as ref
 
     class TTA(BaseTTAModel):
 
@@ -409,18 +378,6 @@ def test_check_checkpoint_for_model_defaults_and_wrappers():
     assert 'If a partial load' not in str(exc.value)
     report = check_checkpoint_for_model(TTA(module=model), sd, 'w.pth')
     assert report.ok and report.matched == len(sd)
-
-
-def test_check_checkpoint_for_model_inputs(tmp_path):
-    """What a whole-model check accepts: a DataParallel-wrapped model,
-    ``module.`` keys (a file saved from a wrapper); a file that is no state
-    dict is one line; an authors' file gets the converter command for that
-    very file."""
-    from reference import official_soft_ref as ref
-
-    from mmsoft.models.loading import check_checkpoint_for_model
-    model = _Whole()
-    sd = model.state_dict()
     wrapped = torch.nn.DataParallel(model)
     assert check_checkpoint_for_model(wrapped, {'state_dict': sd}, 'w.pth').ok
     ddp_keys = {f'module.{k}': v for k, v in sd.items()}
@@ -438,31 +395,9 @@ def test_check_checkpoint_for_model_inputs(tmp_path):
     assert 'soft2mmsoft.py a/o.pth weights/o.pth [--norm' in str(exc.value)
 
 
-def test_attn_norm_refusal_the_other_way_and_mixed_settings():
-    """soft_* weights in a soft_norm_* model name ``--norm`` as the fix the
-    other way round; a training checkpoint of both settings (per stage)
-    names no single option."""
-    model = SOFT(ARCH, attn_cfg=dict(type='SOFTAttention', attn_norm=True))
-    assert _attn_norm_refusal(
-        model, dict(meta=dict(attn_norm=False)), 'n.pth'
-    ) == ('checkpoint n.pth holds soft_* weights (converted with '
-          'attn_norm=False, no --norm), but the model has attn_norm=True (its '
-          'SOFT attention): the weights would load and give wrong results. '
-          'Use a soft_* config or --cfg-options model.backbone.attn_cfg.'
-          'attn_norm=False; if the weights are soft_norm_* ones, convert them '
-          'again with --norm.')
-    mixed = dict(meta=dict(mmsoft_attn_norm=[False, True]))
-    assert _attn_norm_refusal(model, mixed, 't.pth') == (
-        'checkpoint t.pth was trained with attn_norm=False / attn_norm=True '
-        '(recorded in its meta), but the model has attn_norm=True (its '
-        'SOFT attention): the weights would load and give wrong results. Use '
-        'the config it was trained with or its attn_cfg settings.')
-
-
 def _sds(matched):
-    """A model state dict and a checkpoint that shares ``matched`` of its
-    tensors with it (the other checkpoint tensor is unexpected, the
-    other model tensor missing)."""
+    """A model's and a checkpoint's state dicts sharing ``matched`` keys
+    (and one missing, one unexpected)."""
     model = {f'm{i}': torch.zeros(1) for i in range(matched)}
     ckpt = dict(model)
     model['only_model'] = torch.zeros(1)
@@ -472,10 +407,8 @@ def _sds(matched):
 
 @pytest.mark.parametrize('matched', [0, 1, 2])
 def test_check_state_dict_error_is_the_documented_line(matched):
-    """The refusal names the source, the default target ``the model``, how
-    many tensors would load (``none`` marked as another model's), each kind
-    of mismatch with its keys; the opt-in is offered only when some tensor
-    would load, and no fix at all without an opt-in."""
+    """The refusal: the source, the target, how many tensors would load,
+    each mismatch's keys; the opt-in only if some tensor would load."""
     model, ckpt = _sds(matched)
     none = ' (none: a checkpoint of another model?)' if not matched else ''
     head = (f'checkpoint ck.pth does not match the model: {matched} of its '
@@ -496,9 +429,8 @@ def test_check_state_dict_error_is_the_documented_line(matched):
 
 @pytest.mark.parametrize('matched', [1, 2])
 def test_allowed_partial_load_is_one_warning(matched):
-    """``allow_partial`` with at least one tensor loading: a WARNING to the
-    current logger, ``partial load (allowed):`` then the refusal's parts,
-    one per indented line; the report is returned."""
+    """``allow_partial`` with a tensor loading: one WARNING (the refusal's
+    parts indented); the report is returned."""
     model, ckpt = _sds(matched)
     with current_log() as records:
         r = check_state_dict(
