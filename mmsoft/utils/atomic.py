@@ -37,8 +37,7 @@ def signals_raise() -> Iterator[None]:
 
 
 def temp_path_for(path: str, suffix: str = '') -> str:
-    """A fresh temporary name next to ``path``
-    (``.<name>.<pid>.<random>.mmsoft-tmp<suffix>``)."""
+    """``.<name>.<pid>.<random>.mmsoft-tmp<suffix>`` next to ``path``."""
     d, name = osp.split(osp.abspath(path))
     return osp.join(
         d, f'.{name}.{os.getpid()}.{os.urandom(4).hex()}{TMP_SUFFIX}{suffix}')
@@ -69,16 +68,9 @@ def atomic_path(path: str,
                 makedirs: bool = False,
                 durable: bool = False,
                 missing_ok: bool = False) -> Iterator[str]:
-    """Yield a temporary path next to ``path``, renamed onto ``path`` when
-    the block succeeds; removed on any exception, SIGINT or SIGTERM.
-
-    Args:
-        path (str): the target.
-        suffix (str): for writers that infer the format from the name.
-        makedirs (bool): create the target's directory.
-        durable (bool): ``fsync`` the file and its directory.
-        missing_ok (bool): a block that wrote nothing leaves ``path`` alone.
-    """
+    """A temporary path renamed onto ``path`` when the block succeeds,
+    removed on an exception or SIGTERM; ``durable``: ``fsync`` it and its
+    directory; ``missing_ok``: a block that wrote nothing changes nothing."""
     path = osp.abspath(path)
     if makedirs:
         os.makedirs(osp.dirname(path), exist_ok=True)
@@ -130,8 +122,9 @@ def pid_alive(pid: int) -> bool:
 
 def remove_stale_temps(directory: str,
                        name: Optional[str] = None) -> List[str]:
-    """Delete the temporaries (of target ``name``) in ``directory`` whose
-    writer no longer runs (a SIGKILL); returns their paths."""
+    """Delete the temporaries (of ``name``) in ``directory`` whose writer
+    no longer runs (a SIGKILL); returns their paths."""
+
     removed = []
     with contextlib.suppress(OSError):
         for entry in os.listdir(directory):

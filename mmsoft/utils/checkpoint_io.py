@@ -33,8 +33,7 @@ class CheckpointRefused(pickle.UnpicklingError):
 
 
 def describe_damage(path: str) -> Optional[str]:
-    """Why ``path`` cannot be a complete torch checkpoint (empty, not one,
-    truncated, a record failing its CRC-32, unchecked by ``torch.load``)."""
+    """Why ``path`` is no complete torch checkpoint (truncated, CRC ...)."""
     try:
         with open(path, 'rb') as f:
             size, head = os.fstat(f.fileno()).st_size, f.read(4)
@@ -57,8 +56,7 @@ _LEGACY_MAGIC = 0x1950a86a20f9469cfc6c
 
 
 def _element_size(storage_type) -> Optional[int]:
-    """Bytes per element of a legacy file's storage type (``FloatStorage``
-    ...), or None when this torch does not know it."""
+    """Bytes per element of a legacy storage type, None if unknown."""
     import torch
     if storage_type == 'UntypedStorage':
         return 1
@@ -71,12 +69,8 @@ def _element_size(storage_type) -> Optional[int]:
 
 
 def _legacy_damage(path: str, size: int) -> Optional[str]:
-    """Why the legacy-format (non-zip) torch file ``path`` is not complete
-    (cut short in its pickles or in its storages, a storage of another
-    size than its record says), or None: its pickles are read with
-    :class:`~.safe_load.PickleWalker`, each storage's size header checked
-    and its bytes skipped. A plain pickle (no torch magic number) gets no
-    verdict."""
+    """Why the legacy (non-zip) torch file ``path`` is not complete (its
+    pickles walked, each storage's size header checked), or None."""
     truncated = f'is truncated or corrupt ({size} bytes; torch\'s legacy ' \
         f'(non-zip) format, cut short in its'
     try:
@@ -113,8 +107,7 @@ def _legacy_damage(path: str, size: int) -> Optional[str]:
 
 def refusal_message(path: str, refused: List[str], fix: str = '') -> str:
     """One line for a refused checkpoint: the file, what it holds and the
-    safe ``fix`` (never ``weights_only=False``). A file that names code
-    (:func:`~.safe_load.code_globals`) gets no fix that unpickles it."""
+    safe ``fix`` (none for a file that names code)."""
     legacy = osp.isfile(path) and not zipfile.is_zipfile(path)
     kind = "a plain / legacy pickle (not torch's zip format) with " \
         if legacy else ''
@@ -134,9 +127,9 @@ def refusal_message(path: str, refused: List[str], fix: str = '') -> str:
 
 
 def load_verified(path: str, map_location='cpu'):
-    """Load ``path`` without running code from it. A damaged file raises
-    :class:`CheckpointError`, one that pickles code
-    :class:`CheckpointRefused`: one line naming the file and the fix."""
+    """Load ``path`` without running code from it; a damaged file raises
+    :class:`CheckpointError`, one pickling code :class:`CheckpointRefused`."""
+
     damage = describe_damage(path)
     if damage:
         raise CheckpointError(f'checkpoint {path} {damage}; it was not '

@@ -1,11 +1,9 @@
-"""``torch.load`` that never runs code from a checkpoint, on every torch.
-
-torch >= 2.6: torch's weights-only unpickler with mmsoft's allow-list
-(``safe_globals``); before (no ``(obj, name)`` entries, no ``BUILD`` of
-allow-listed classes): :class:`RestrictedUnpickler`. Why each entry is
-safe: docs/en/advanced_guides/compatibility.md.
+"""``torch.load`` that never runs code from a checkpoint, on every torch:
+torch's weights-only unpickler with mmsoft's allow-list (torch >= 2.6),
+else :class:`RestrictedUnpickler` (docs/en/advanced_guides/compatibility.md).
 """
 import codecs
+import contextlib
 import importlib
 import pickle
 import types
@@ -34,8 +32,7 @@ def _refuse(what, allowed):
 
 
 class _LoadedHistoryBuffer(HistoryBuffer):
-    """Restores the instance only: mmengine's ``__setstate__`` copies the
-    pickled method table into the class."""
+    """Restores the instance only (not the pickled class method table)."""
 
     def __setstate__(self, state):
         state = dict(state)
@@ -59,8 +56,7 @@ _LoadedHistoryBuffer.__qualname__ = 'HistoryBuffer(loading)'
 
 
 def _checkpoint_getattr(obj, name):
-    """``getattr`` limited to public functions of HistoryBuffer (protocol 2
-    pickles ``HistoryBuffer.min`` as a ``getattr``)."""
+    """``getattr`` limited to public functions of HistoryBuffer."""
     if (obj is HistoryBuffer or obj is _LoadedHistoryBuffer) and isinstance(
             name, str) and not name.startswith('_') and isinstance(
                 vars(HistoryBuffer).get(name), types.FunctionType):
@@ -88,8 +84,7 @@ def _checkpoint_codecs_encode(obj, encoding='utf-8', errors='strict'):
 
 
 def _numpy_safe_globals():
-    """What numeric numpy arrays / scalars / dtypes pickle to, under
-    ``numpy.core`` (1.x) and ``numpy._core`` (2.x)."""
+    """What numeric numpy arrays / scalars / dtypes pickle to (1.x, 2.x)."""
     import numpy as np
     try:
         from numpy._core import multiarray
@@ -108,8 +103,7 @@ def _numpy_safe_globals():
 
 
 def mmengine_safe_globals():
-    """The allow-list of mmengine's training checkpoints (objects and
-    ``(object, 'module.name')`` pairs)."""
+    """The allow-list of mmengine's training checkpoints."""
     return [(_LoadedHistoryBuffer,
              'mmengine.logging.history_buffer.HistoryBuffer'),
             (_checkpoint_getattr, 'builtins.getattr'),
@@ -124,8 +118,7 @@ def torch_version(version=None):
 
 
 def native_allow_list():
-    """True when torch's weights-only unpickler takes mmsoft's allow-list
-    (torch >= 2.6)."""
+    """Whether torch's weights-only unpickler takes the allow-list."""
     return torch_version() >= (2, 6)
 
 
@@ -150,10 +143,7 @@ _NEWER_TORCH_ALLOWED = ('builtins.set', 'builtins.complex',
 
 
 def _allow_list(extra=()):
-    """``'module.name'`` -> object: torch's weights-only list (at least
-    torch 2.14's; before torch 2.6 ``_codecs.encode`` only for latin1),
-    mmengine's checkpoint objects and ``extra``: what
-    :func:`safe_torch_load` allows on this torch."""
+    """``'module.name'`` -> object that :func:`safe_torch_load` allows."""
     from torch._weights_only_unpickler import _get_allowed_globals
     out = dict(_get_allowed_globals())
     for full in _NEWER_TORCH_ALLOWED:
@@ -176,8 +166,7 @@ def _allow_list(extra=()):
 
 
 class RestrictedUnpickler(pickle.Unpickler):
-    """Resolves only the globals of :attr:`allowed` (anything else raises
-    :class:`RefusedGlobal`); used on torch < 2.6."""
+    """Resolves only the globals of :attr:`allowed` (torch < 2.6)."""
 
     allowed = {}
 
@@ -193,8 +182,6 @@ class RestrictedUnpickler(pickle.Unpickler):
 
 
 def _restricted_load(f, map_location, extra):
-    """``torch.load`` with :class:`RestrictedUnpickler` as its pickle
-    module."""
     Unpickler = type('Unpickler', (RestrictedUnpickler, ),
                      dict(allowed=_allow_list(extra)))
     mod = types.ModuleType('mmsoft_restricted_pickle')
@@ -205,17 +192,8 @@ def _restricted_load(f, map_location, extra):
 
 
 def safe_torch_load(f, map_location=None, extra=()):
-    """``torch.load`` that never runs code from the file.
-
-    Args:
-        f: a path or file object.
-        map_location: as for ``torch.load``.
-        extra: more allowed globals (objects or ``(object, 'module.name')``).
-
-    Raises:
-        pickle.UnpicklingError: the file pickles another global. The
-        process-wide allow-list is left as it was.
-    """
+    """``torch.load`` that never runs code from the file (``extra``: more
+    allowed globals); another global raises ``pickle.UnpicklingError``."""
     if not native_allow_list():
         return _restricted_load(f, map_location, extra)
     with mmengine_checkpoints_allowed(extra):
@@ -223,11 +201,7 @@ def safe_torch_load(f, map_location=None, extra=()):
 
 
 def mmengine_checkpoints_allowed(extra=()):
-    """``torch.serialization.safe_globals`` of :func:`mmengine_safe_globals`
-    and ``extra`` (torch >= 2.6; a no-op before): mmengine's training
-    checkpoints load weights-only inside it; on leaving, torch's list is
-    what it was. SafeCheckpointHook enters it around its Runner's loads."""
-    import contextlib
+    """Inside: mmengine's training checkpoints load weights-only."""
     if not native_allow_list():
         return contextlib.nullcontext()
     have = torch.serialization.get_safe_globals()
@@ -236,8 +210,7 @@ def mmengine_checkpoints_allowed(extra=()):
 
 
 def unsafe_globals(path, extra=()):
-    """Globals of the checkpoint ``path`` that :func:`safe_torch_load`
-    refuses (``module.name``; only the first one on torch < 2.5)."""
+    """Globals of ``path`` that :func:`safe_torch_load` refuses."""
     allowed = _allow_list(extra)
     find = getattr(torch.serialization, 'get_unsafe_globals_in_checkpoint',
                    None)
@@ -262,8 +235,7 @@ def unsafe_globals(path, extra=()):
 
 
 def _py3_name(module, name):
-    """``module.name`` under Python 3's names (as unpickling resolves a
-    protocol 0-2 pickle's Python 2 names)."""
+    """``module.name`` under Python 3's names."""
     import _compat_pickle
     module, name = _compat_pickle.NAME_MAPPING.get((module, name),
                                                    (module, name))
@@ -271,33 +243,18 @@ def _py3_name(module, name):
 
 
 class _Stub:
-    """Any global of a pickle that :class:`PickleWalker` reads: calls,
-    items and states are taken and dropped (nothing of the file runs)."""
+    """Any global of a pickle that :class:`PickleWalker` reads."""
 
-    def __init__(self, *args, **kwargs):
-        pass
+    __init__ = __setitem__ = __setstate__ = append = extend = \
+        lambda *args, **kwargs: None
 
     def __call__(self, *args, **kwargs):
         return _Stub()
 
-    def __setitem__(self, key, value):
-        pass
-
-    def __setstate__(self, state):
-        pass
-
-    def append(self, value):
-        pass
-
-    def extend(self, values):
-        pass
-
 
 class PickleWalker(pickle.Unpickler):
-    """Reads one pickle with every global a :class:`_Stub` (no code is
-    imported or run); records the globals it names in ``names``
-    (``module.name``, Python 3's names) and the storages of a legacy torch
-    file in ``storages``: ``{key: (storage type, numel)}``."""
+    """Reads one pickle, every global a :class:`_Stub` (nothing runs),
+    recording ``names`` and ``storages`` (``{key: (type, numel)}``)."""
 
     def __init__(self, f, names=None):
         super().__init__(f)
@@ -316,10 +273,7 @@ class PickleWalker(pickle.Unpickler):
 
 
 def _pickled_globals(path, max_pickles=5):
-    """``module.name`` of every global named by the pickles at the start of
-    ``path`` (torch's legacy format: 5 pickles, then raw storages), read
-    with :class:`PickleWalker` (nothing is run); a damaged pickle
-    raises."""
+    """The globals named by the pickles at the start of ``path``."""
     names = []
     with open(path, 'rb') as f:
         for _ in range(max_pickles):
@@ -349,13 +303,9 @@ _REBUILDERS = frozenset(
 
 
 def code_globals(names):
-    """The globals of ``names`` (``module.name``, as :func:`unsafe_globals`
-    returns them) that would run code when unpickled, beyond building an
-    object of a class: a function or other callable (``posix.system``,
-    ``builtins.eval``, ``torch.load``), anything of a module that reaches
-    the system (:data:`_CODE_MODULES`), a name that is not a class by its
-    spelling where its module is not imported. A file that names one is
-    refused even where the user trusts it (no advice to trust it)."""
+    """The ``names`` that would run code when unpickled (a callable other
+    than a class, anything of :data:`_CODE_MODULES`)."""
+
     import sys
     out = []
     for full in names:

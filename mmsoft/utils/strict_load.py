@@ -30,8 +30,7 @@ class LoadReport(NamedTuple):
 
 
 def compare_state_dicts(model_sd: Mapping, ckpt_sd: Mapping) -> LoadReport:
-    """Keys and shapes of a checkpoint state dict against a model's (BN
-    ``num_batches_tracked`` may be absent, as in mmengine)."""
+    """Keys and shapes of ``ckpt_sd`` against ``model_sd``'s."""
     own = [k for k in model_sd if not k.endswith('num_batches_tracked')]
     bad = tuple((k, tuple(v.shape), tuple(model_sd[k].shape))
                 for k, v in ckpt_sd.items()
@@ -58,9 +57,9 @@ def check_state_dict(model_sd: Mapping,
                      hint: Optional[Callable[[], Optional[str]]] = None
                      ) -> LoadReport:
     """Raise :class:`CheckpointMismatchError` (one line) unless ``ckpt_sd``
-    matches ``model_sd``; ``allow_partial`` logs a mismatch instead, unless
-    no tensor loads. ``opt_in`` names that switch; ``hint()`` may explain a
-    mismatch (then it is an error)."""
+    matches ``model_sd``; ``allow_partial`` logs it unless nothing loads
+    (``opt_in``: how to allow it; ``hint()``: an explanation, an error)."""
+
     r = compare_state_dicts(model_sd, ckpt_sd)
     if r.ok:
         return r

@@ -52,8 +52,7 @@ class _DeferredRemoval:
 
 
 def _restore_after(loop, inner, n, callback):
-    """``inner``; after its ``n``-th batch (mmengine's replay of a resumed
-    iteration-based loop) ``callback()`` and ``inner`` back on ``loop``."""
+    """``inner``; ``callback()`` after mmengine's replay of ``n`` batches."""
     for _ in range(n - 1):
         yield next(inner)
     data = next(inner)
@@ -70,7 +69,6 @@ class SafeCheckpointHook(CheckpointHook):
     Args:
         save_rng (bool): save every rank's RNG states and restore them on
             resume. Defaults to True.
-        **kwargs: the arguments of mmengine's ``CheckpointHook``.
     """
 
     def __init__(self, *args, save_rng: bool = True, **kwargs):
@@ -88,11 +86,8 @@ class SafeCheckpointHook(CheckpointHook):
         return checkpoint_dir_of(runner.work_dir, self.out_dir)
 
     def before_run(self, runner) -> None:
-        """Claim the checkpoint directory (training); check the file to
-        load; ``resume=True`` without a path: pick the newest complete
-        checkpoint (mmengine trusts ``last_checkpoint``); the Runner's
-        ``load_checkpoint`` (load_from, resume) reads mmengine's training
-        checkpoints (``_allow_training_checkpoints``)."""
+        """Claim the checkpoint dir; check the file to load, or pick the
+        newest complete one (mmengine trusts ``last_checkpoint``)."""
         _allow_training_checkpoints(runner)
         trains = training(runner)
         auto = getattr(runner, '_resume', False) and \
@@ -142,9 +137,8 @@ class SafeCheckpointHook(CheckpointHook):
         vars(runner).pop('load_checkpoint', None)
 
     def _forget_other_dirs(self, runner) -> None:
-        """After resuming from another directory's file: drop the restored
-        checkpoint names of that directory, so that ``max_keep_ckpts`` and
-        a new best checkpoint never delete files this run did not write."""
+        """Forget the restored checkpoint names of another directory (so
+        that no file this run did not write is deleted)."""
         if not (getattr(runner, '_resume', False)
                 and getattr(runner, '_has_loaded', False)):
             return
@@ -186,9 +180,8 @@ class SafeCheckpointHook(CheckpointHook):
             self._validate_first(runner, *pending)
 
     def _unfinished_validation(self, runner):
-        """``(marker, what)`` when the resumed checkpoint's validation was
-        started and did not finish (its :data:`VAL_MARKER`), else None
-        (rank 0 decides, every rank follows)."""
+        """``(marker, what)`` if the resumed checkpoint's validation did not
+        finish (its :data:`VAL_MARKER`), else None (rank 0 decides)."""
         found = None
         loaded = str(getattr(runner, '_load_from', None) or '')
         if is_main_process() and self._is_local() and '://' not in loaded:
@@ -213,8 +206,7 @@ class SafeCheckpointHook(CheckpointHook):
         return found
 
     def _validate_first(self, runner, marker, what):
-        """Run the validation of the resumed checkpoint that a stopped run
-        did not finish (mmengine's loop resumes after it)."""
+        """Run the validation a stopped run did not finish."""
         if getattr(runner, 'val_loop', None) is None:
             return
         runner.logger.info(
@@ -260,12 +252,11 @@ class SafeCheckpointHook(CheckpointHook):
             runner.logger.info('mmsoft: RNG states restored')
 
         loop = runner.train_loop
-        if getattr(loop, 'iter', 0) > 0 and hasattr(loop,
-                                                    'dataloader_iterator'):
+        it = getattr(loop, 'dataloader_iterator', None)
+        if getattr(loop, 'iter', 0) > 0 and it is not None:
             # IterBasedTrainLoop replays `iter` batches after before_train
-            loop.dataloader_iterator = _restore_after(loop,
-                                                      loop.dataloader_iterator,
-                                                      loop.iter, restore)
+            loop.dataloader_iterator = _restore_after(loop, it, loop.iter,
+                                                      restore)
         else:
             restore()
 
@@ -278,13 +269,8 @@ class SafeCheckpointHook(CheckpointHook):
             # the validation of the checkpoint just saved: until it has
             # finished, a resume from that checkpoint validates it first
             marker = osp.join(osp.dirname(saved[0]), VAL_MARKER)
-            atomic_write(
-                marker,
-                json.dumps(
-                    dict(
-                        checkpoint=osp.basename(saved[0]),
-                        epoch=saved[1],
-                        iter=saved[2])))
+            rec = dict(checkpoint=osp.basename(saved[0]), epoch=saved[1])
+            atomic_write(marker, json.dumps(dict(rec, iter=saved[2])))
             self._val_marker = marker
 
     def after_val(self, runner) -> None:
@@ -341,8 +327,7 @@ class SafeCheckpointHook(CheckpointHook):
 
     @contextlib.contextmanager
     def _atomic(self, runner):
-        """Inside: ``runner.save_checkpoint`` writes atomically; removals of
-        old checkpoints wait until the block has finished."""
+        """Atomic ``runner.save_checkpoint``; removals wait until the end."""
         if self._atomic_depth or not self._is_local():
             yield
             return
@@ -393,10 +378,8 @@ class SafeCheckpointHook(CheckpointHook):
 
 
 def _allow_training_checkpoints(runner) -> None:
-    """This Runner's ``load_checkpoint`` (``load_or_resume``, ``resume``)
-    reads inside :func:`~mmsoft.utils.safe_load.mmengine_checkpoints_allowed`
-    (torch >= 2.6 refuses mmengine's ``HistoryBuffer`` otherwise);
-    ``after_run`` drops the wrapper."""
+    """The Runner's ``load_checkpoint`` inside
+    ``mmengine_checkpoints_allowed`` (until ``after_run``)."""
     load = getattr(type(runner), 'load_checkpoint', None)
     if load is None or 'load_checkpoint' in vars(runner):
         return
@@ -409,9 +392,7 @@ def _allow_training_checkpoints(runner) -> None:
 
 
 def _write_failure(runner, path: str, error: OSError) -> str:
-    """The one-line report of a checkpoint that could not be written: the
-    fix named by the error (a full disk, the file size limit, a read-only
-    or forbidden dir) and ``--resume`` only where a checkpoint exists."""
+    """One line: the write failure, its fix, and what to resume."""
     code = f' (errno {error.errno})' if error.errno else ''
     prev = read_line(osp.join(runner.work_dir, 'last_checkpoint'))
     kept = (f'the previous checkpoint {prev} was kept (last_checkpoint '
@@ -425,6 +406,7 @@ def _write_failure(runner, path: str, error: OSError) -> str:
         errno.EACCES: f'Check the permissions of {where} (ls -ld)',
         errno.EPERM: f'Check the permissions of {where} (ls -ld)',
     }.get(error.errno, f'Free space in {where}')
+
     then = ('continue with tools/train.py ... --resume' if prev else
             'start the training again (there is nothing to resume)')
     return (f'cannot write checkpoint {path}: {error.strerror or error}'

@@ -42,8 +42,7 @@ def _any_rank(flag: bool) -> bool:
 
 @torch.no_grad()
 def _nonfinite_params(model, params) -> str:
-    """'N parameter tensor(s) (names)' of ``params`` that hold a nan / inf
-    (one max-abs reduction per device and dtype), or ''."""
+    """'N parameter tensor(s) (names)' of ``params`` holding nan / inf."""
     groups = {}
     for p in params:
         if p is not None and (p.is_floating_point() or p.is_complex()) \
@@ -60,9 +59,8 @@ def _nonfinite_params(model, params) -> str:
 
 
 def _nonfinite_fields(value, name: str = '') -> List[str]:
-    """The names of the floating-point tensors / arrays in a model output
-    (data samples: their data fields, ground truth ``gt_*`` left out) that
-    hold a nan / inf."""
+    """Names of the float tensors / arrays of an output (no ``gt_*``) that
+    hold nan / inf."""
     from mmengine.structures import BaseDataElement
     if isinstance(value, BaseDataElement):
         value = dict(value.items())
@@ -84,21 +82,11 @@ def _nonfinite_fields(value, name: str = '') -> List[str]:
     return [name or 'output'] if bad else []
 
 
-def _nonfinite_inputs(data_batch) -> bool:
-    """Whether the batch the data pipeline gave holds a nan / inf."""
-    inputs = data_batch.get('inputs') if isinstance(data_batch,
-                                                    dict) else data_batch
-    return bool(_nonfinite_fields(inputs))
-
-
 @HOOKS.register_module()
 class NonFiniteLossHook(Hook):
-    """Stop (or skip) training steps whose loss is not finite; stop a
-    validation or test whose outputs are not finite (its metrics would be
-    meaningless: mmpretrain reports top-1 0.0), naming the cause.
-
-    The loss is checked in the optim wrapper's ``update_params`` before the
-    backward pass, the parameters after the step; every rank decides alike.
+    """Stop (or skip) training steps whose loss is not finite (checked
+    before the backward pass, the parameters after the step); stop a
+    validation or test whose outputs are not finite, naming the cause.
 
     Args:
         max_skipped_steps (int): consecutive non-finite steps to skip (no
@@ -139,7 +127,6 @@ class NonFiniteLossHook(Hook):
         return model.module if is_model_wrapper(model) else model
 
     def _fail(self, runner, what: str, fix: str = _FIX):
-        """Log and raise ``NonFiniteLossHook: <what>; ... <fix>.``."""
         work_dir = getattr(runner, 'work_dir', None)
         kept = (f'; the checkpoints in {work_dir} are from before the fault'
                 if work_dir else '')
@@ -174,8 +161,7 @@ class NonFiniteLossHook(Hook):
         return True
 
     def _guard(self, optim_wrapper) -> None:
-        """Wrap ``optim_wrapper.update_params`` with the checks, once: the
-        loss before the step, the parameters the step wrote after it."""
+        """Check the loss before ``update_params``, the parameters after."""
         if getattr(optim_wrapper, '_nonfinite_guarded', False):
             return
         original = optim_wrapper.update_params
@@ -241,11 +227,8 @@ class NonFiniteLossHook(Hook):
                     data_batch=None,
                     outputs=None,
                     mode: str = 'train') -> None:
-        """(mmengine's ``after_val_iter`` / ``after_test_iter``) Stop the
-        loop at the first batch whose outputs hold a nan / inf (every rank
-        alike), naming the fields, the images and the cause: the weights,
-        the inputs, a zero in the data preprocessor's ``std``, else an
-        overflow."""
+        """Stop validation / test at outputs holding nan / inf, naming the
+        cause: the weights, the inputs, a 0 in ``std``, else an overflow."""
         if mode == 'train' or not self.check_outputs:
             return
         bad = _nonfinite_fields(outputs)
@@ -267,10 +250,13 @@ class NonFiniteLossHook(Hook):
         params = _nonfinite_params(model, model.parameters())
         pre = getattr(model, 'data_preprocessor', None)
         std = getattr(pre, 'std', None)
+        inputs = data_batch.get('inputs') if isinstance(data_batch,
+                                                        dict) else data_batch
         if params:
             cause = (f'the model\'s weights hold nan / inf: {params}',
                      'The checkpoint is broken: test an earlier one')
-        elif _nonfinite_inputs(data_batch):
+        elif _nonfinite_fields(inputs):
+
             cause = ('the inputs from the data pipeline hold nan / inf',
                      'Check the data pipeline and the image files')
         elif isinstance(std, torch.Tensor) and bool((std == 0).any()):

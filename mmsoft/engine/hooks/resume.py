@@ -10,7 +10,8 @@ from typing import Iterable, List, Optional, Tuple
 from mmengine.logging import print_log
 
 from mmsoft.utils.atomic import atomic_write
-from mmsoft.utils.checkpoint_io import CheckpointError, load_verified
+from mmsoft.utils.checkpoint_io import (CheckpointError, describe_damage,
+                                        load_verified)
 
 __all__ = [
     'CheckpointDirInUse', 'OWNER_FILE', 'checkpoint_candidates',
@@ -35,8 +36,7 @@ def training(runner) -> bool:
 
 
 def read_line(path: str) -> Optional[str]:
-    """The stripped text of a small file (``last_checkpoint``, the owner
-    file), or None if it is missing, unreadable or empty."""
+    """The stripped text of a small file, or None (missing, empty)."""
     try:
         with open(path) as f:
             return f.read().strip() or None
@@ -46,8 +46,8 @@ def read_line(path: str) -> Optional[str]:
 
 def checkpoint_candidates(dirs: Iterable[str],
                           extra: Iterable[str] = ()) -> List[str]:
-    """``epoch_N.pth`` / ``iter_N.pth`` of ``dirs`` plus the ``extra``
-    files, newest first (by N, then by modification time)."""
+    """``epoch_N.pth`` / ``iter_N.pth`` of ``dirs`` and ``extra``, newest
+    first (by N, then by modification time)."""
     found = {
         osp.abspath(osp.join(d, e))
         for d in dirs
@@ -64,8 +64,7 @@ def checkpoint_candidates(dirs: Iterable[str],
 
 
 def check_complete(path: str) -> Optional[str]:
-    """None if ``path`` is an undamaged training checkpoint that loads
-    safely, else the reason."""
+    """None if ``path`` is a training checkpoint that loads, else why."""
     try:
         ckpt = load_verified(path)
     except CheckpointError as e:
@@ -79,11 +78,7 @@ def check_complete(path: str) -> Optional[str]:
 
 
 def check_undamaged(path: str) -> Optional[str]:
-    """None if ``path`` is not damaged (its size and structure, the CRCs
-    of a zip file: :func:`~mmsoft.utils.checkpoint_io.describe_damage`;
-    nothing is unpickled), else the reason: the quick form of
-    :func:`check_complete` for a check before the Runner is built."""
-    from mmsoft.utils.checkpoint_io import describe_damage
+    """The quick :func:`check_complete` (nothing is unpickled)."""
     damage = describe_damage(path)
     return damage and f'checkpoint {path} {damage}'
 
@@ -93,12 +88,9 @@ def find_newest_complete(work_dir: str,
                          check=check_complete,
                          quiet: bool = False
                          ) -> Tuple[Optional[str], List[Tuple[str, str]]]:
-    """The newest complete training checkpoint of ``work_dir`` and
-    ``out_dir``, or None, and the ``(path, reason)`` of the damaged newer
-    ones (logged unless ``quiet``). A ``last_checkpoint`` naming a file
-    elsewhere (a copied work dir) is ignored. ``check(path)``: the reason
-    a file is not complete, or None (:func:`check_complete`, or the quick
-    :func:`check_undamaged`)."""
+    """The newest complete checkpoint of ``work_dir`` and ``out_dir`` (or
+    None) and the ``(path, reason)`` of the newer damaged ones; a
+    ``last_checkpoint`` naming a file elsewhere is ignored."""
 
     def warn(msg):
         if not quiet:
@@ -128,8 +120,7 @@ def find_newest_complete(work_dir: str,
 
 
 def no_complete_checkpoint(work_dir: str, damaged: List[str]) -> str:
-    """The refusal of a resume without a path where every checkpoint of
-    the run (``damaged``) is damaged."""
+    """The refusal of a resume where every checkpoint is damaged."""
     return (f'resume: no complete checkpoint in {work_dir}; damaged: '
             f'{damaged}. Remove them to train from scratch.')
 
@@ -141,17 +132,14 @@ def missing_resume_file(path: str) -> str:
 
 
 def checkpoint_dir_of(work_dir: str, out_dir: Optional[str] = None) -> str:
-    """Where the run of ``work_dir`` writes its checkpoints: the work dir,
-    or ``<out_dir>/<work dir name>`` with the checkpoint hook's
-    ``out_dir`` (as mmengine's ``CheckpointHook``)."""
+    """The work dir, or ``<out_dir>/<work dir name>`` (as mmengine's)."""
     if out_dir is None or out_dir == work_dir:
         return work_dir
     return osp.join(out_dir, osp.basename(str(work_dir).rstrip(osp.sep)))
 
 
 def checkpoint_dir_refusal(ckpt_dir: str, work_dir: str) -> Optional[str]:
-    """Why the run of ``work_dir`` may not write ``ckpt_dir`` (the run of
-    another work dir holds it: its owner file), or None; reads only."""
+    """Why ``work_dir``'s run may not write ``ckpt_dir`` (another owns it)."""
     me = osp.realpath(work_dir)
     if osp.realpath(ckpt_dir) == me:
         return None
@@ -169,9 +157,9 @@ def checkpoint_dir_refusal(ckpt_dir: str, work_dir: str) -> Optional[str]:
 
 
 def claim_checkpoint_dir(ckpt_dir: str, work_dir: str) -> None:
-    """Record ``work_dir`` as the run writing ``ckpt_dir`` (``out_dir`` /
-    ``<work dir name>``), or raise :class:`CheckpointDirInUse` when the run
-    of another work dir holds it (:func:`checkpoint_dir_refusal`)."""
+    """Record ``work_dir`` as the owner of ``ckpt_dir``, or raise
+    :class:`CheckpointDirInUse`."""
+
     me = osp.realpath(work_dir)
     if osp.realpath(ckpt_dir) == me:
         return

@@ -16,13 +16,9 @@ __all__ = [
 
 @HOOKS.register_module()
 class StrictLoadHook(Hook):
-    """Check every checkpoint the Runner loads against its model before
-    the Runner copies it: a key / shape mismatch, the other ``attn_norm``
-    and, with ``resume``, the ``*_refusal`` cases of this module raise
-    :class:`~mmsoft.utils.strict_load.CheckpointMismatchError`; a strict
-    load replaces every tensor, so ``init_cfg``'s ``Pretrained`` files are
-    not read (``skip_pretrained_init``). The shipped configs name it in
-    ``custom_hooks``: the host codebases' tools check as mmsoft's do.
+    """Refuse (``CheckpointMismatchError``) a checkpoint the Runner loads
+    that does not match its model (keys, shapes, ``attn_norm``) or, with
+    ``resume``, cannot continue the run (the ``*_refusal`` functions).
 
     Args:
         allow_partial (bool): log a mismatch instead of raising (loading no
@@ -40,9 +36,7 @@ class StrictLoadHook(Hook):
         self.opt_in = opt_in
 
     def before_run(self, runner) -> None:
-        """``skip_pretrained_init`` for the checkpoint to load (mmengine's
-        resume without a path: the work dir's latest; ``SafeCheckpointHook``
-        picks its own and calls it itself)."""
+        """``skip_pretrained_init`` for the checkpoint to load."""
         from mmengine.runner import find_latest_checkpoint
         safe = HOOKS.get('SafeCheckpointHook')  # (imports this module)
         path = getattr(runner, '_load_from', None)
@@ -72,8 +66,7 @@ class StrictLoadHook(Hook):
 
 
 def resume_refusal(checkpoint, source: str) -> str:
-    """The one-line refusal of ``--resume source`` when ``checkpoint`` (a
-    loaded dict) lacks what ``Runner.resume`` reads, else ''."""
+    """Why ``checkpoint`` lacks what ``Runner.resume`` reads, else ''."""
     if not isinstance(checkpoint, dict):
         problem = f'it holds a {type(checkpoint).__name__}, not a dict'
     else:
@@ -90,15 +83,17 @@ def resume_refusal(checkpoint, source: str) -> str:
             f'weights, pass --cfg-options load_from={source} instead')
 
 
-def optimizer_refusal(runner, checkpoint, source: str) -> str:
-    """The refusal of ``--resume source`` when ``checkpoint`` holds another
-    optimizer's state than the Runner's (mmengine would load its settings
-    into this one), else '': the saved param groups lack settings the
-    optimizer has *and* have others (a newer torch adds keys one way)."""
+def _saved_groups(runner, checkpoint):
+    """The Runner's optimizer and the param groups saved in ``checkpoint``."""
     opt = getattr(getattr(runner, 'optim_wrapper', None), 'optimizer', None)
-    saved = checkpoint.get('optimizer') if isinstance(checkpoint,
-                                                      dict) else None
-    groups = saved.get('param_groups') if isinstance(saved, dict) else None
+    saved = checkpoint.get('optimizer') if isinstance(checkpoint, dict) else 0
+    return opt, saved.get('param_groups') if isinstance(saved, dict) else None
+
+
+def optimizer_refusal(runner, checkpoint, source: str) -> str:
+    """Why ``checkpoint`` holds another optimizer's state (its param
+    groups lack settings the optimizer has *and* have others), else ''."""
+    opt, groups = _saved_groups(runner, checkpoint)
     if not hasattr(opt, 'defaults') or not groups or not isinstance(
             groups[0], dict):
         return ''
@@ -118,12 +113,7 @@ def optimizer_refusal(runner, checkpoint, source: str) -> str:
 
 
 def progress_refusal(runner, checkpoint, source: str) -> str:
-    """The refusal of ``--resume source`` when ``checkpoint`` is past the
-    end of the Runner's schedule (its epoch above ``max_epochs`` of an
-    epoch-based loop, its iteration above ``max_iters`` of an iteration-
-    based one): nothing would train and the run would end at once, exit 0.
-    Else '' (at the end exactly: a finished run, resumed as mmengine
-    does)."""
+    """Why ``checkpoint`` is past the end of the schedule, else ''."""
     from mmengine.runner import EpochBasedTrainLoop, IterBasedTrainLoop
     loop = getattr(runner, '_train_loop', None)
     meta = checkpoint.get('meta') if isinstance(checkpoint, dict) else None
@@ -142,24 +132,10 @@ def progress_refusal(runner, checkpoint, source: str) -> str:
             f'an earlier checkpoint')
 
 
-#: optimizer settings a resume restores from the checkpoint (its saved param
-#: groups), whatever the config says; a scheduler keeps the base value in
-#: ``initial_<name>``
-RESUMED_SETTINGS = ('lr', 'weight_decay')
-
-
 def settings_refusal(runner, checkpoint, source: str) -> str:
-    """The refusal of ``--resume source`` when the config's optimizer
-    settings (:data:`RESUMED_SETTINGS`: ``optim_wrapper.optimizer.lr``, ...)
-    differ from those the checkpoint was trained with: mmengine loads the
-    saved param groups (and the schedulers' base values) over them, and the
-    run would continue at the checkpoint's values without a word. Else ''.
-    Compared group by group (``paramwise_cfg`` multipliers alike), the base
-    value (``initial_<name>``) where a scheduler keeps one."""
-    opt = getattr(getattr(runner, 'optim_wrapper', None), 'optimizer', None)
-    saved = checkpoint.get('optimizer') if isinstance(checkpoint,
-                                                      dict) else None
-    groups = saved.get('param_groups') if isinstance(saved, dict) else None
+    """Why the config's lr / weight_decay differ from the checkpoint's
+    (which a resume restores), group by group, else ''."""
+    opt, groups = _saved_groups(runner, checkpoint)
     have = getattr(opt, 'param_groups', None)
     if not groups or not have or len(groups) != len(have):
         return ''  # another optimizer / model: refused or reported elsewhere
@@ -168,7 +144,7 @@ def settings_refusal(runner, checkpoint, source: str) -> str:
         v = group.get(f'initial_{key}', group.get(key))
         return float(v) if isinstance(v, (int, float)) else None
 
-    for key in RESUMED_SETTINGS:
+    for key in ('lr', 'weight_decay'):
         for new, old in zip(have, groups):
             a, b = value(new, key), value(old, key)
             if a is None or b is None or math.isclose(
@@ -189,12 +165,9 @@ def settings_refusal(runner, checkpoint, source: str) -> str:
 
 
 def skip_pretrained_init(runner, source: str) -> None:
-    """Drop the ``Pretrained`` entries of the model's ``init_cfg`` (the
-    backbone's ImageNet file, ...) before a training Runner initialises the
-    weights, when ``source`` (``load_from`` / the file to resume) replaces
-    every tensor: the Runner has a :class:`StrictLoadHook` without
-    ``allow_partial`` (a missing tensor is an error). One log line per
-    dropped file; nothing when it keeps a pretrained load."""
+    """Drop the ``Pretrained`` entries of ``init_cfg`` when ``source``
+    replaces every tensor (a strict :class:`StrictLoadHook`), one log line
+    per dropped file."""
     from mmengine.model import is_model_wrapper
 
     from mmsoft.models.loading import PRETRAINED
