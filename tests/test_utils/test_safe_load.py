@@ -1,10 +1,6 @@
-"""Contracts of :mod:`mmsoft.utils.safe_load` that the end-to-end tests
-(tests/test_compat.py, tests/test_checkpoint_safety.py) leave open: the
-exact one-line refusals of the restricted stand-ins, that they defer to
-what the user allow-listed in torch, what :func:`unsafe_globals` names
-(every refused global of a zip file; the first one of a legacy file, also
-one saved on a device this machine lacks, while mmengine's training
-checkpoints name none), and how a pickled HistoryBuffer is restored."""
+""":mod:`mmsoft.utils.safe_load` in detail: the one-line refusals of the
+restricted stand-ins, :func:`unsafe_globals` (zip, legacy, plain pickles),
+the restricted unpickler of torch < 2.6 and HistoryBuffer's restoring."""
 import codecs
 import os
 import pickle
@@ -20,22 +16,18 @@ from mmengine.logging import HistoryBuffer
 
 from mmsoft.utils import safe_load
 
-#: where a storage of this machine's tensors is tagged in a pickle
-#: (protocol 2, as torch.save writes it)
-_CPU_TAG = b'X\x03\x00\x00\x00cpu'
+_CPU_TAG = b'X\x03\x00\x00\x00cpu'  # a CPU storage's tag in a pickle
 
 
-def retag(path, tag='mmsoft_absent_device'):
-    """Make the legacy-format checkpoint ``path`` look saved on device
-    ``tag`` (as a GPU-saved file looks on a CPU-only machine)."""
+def retag(path, tag=b'mmsoft_absent_device'):
+    """The legacy file ``path`` as if saved on a device this machine lacks."""
     with open(path, 'rb') as f:
         data = f.read()
     assert _CPU_TAG in data
-    new = tag.encode()
     with open(path, 'wb') as f:
         f.write(
             data.replace(_CPU_TAG,
-                         b'X' + len(new).to_bytes(4, 'little') + new))
+                         b'X' + len(tag).to_bytes(4, 'little') + tag))
 
 
 class _Getattr:
@@ -58,9 +50,7 @@ def _refusal(what, allowed):
 
 
 def test_getattr_of_another_owner_is_refused_in_one_line(tmp_path):
-    """Only ``getattr(HistoryBuffer, <public method>)`` is built: the same
-    method name on another class is refused, with the one line naming
-    the call and what is allowed."""
+    """Only ``getattr(HistoryBuffer, <public method>)`` is built."""
     path = tmp_path / 'gadget.pth'
     torch.save({'x': _Getattr(np.ndarray, 'mean')}, path)
     want = _refusal("getattr(<class 'numpy.ndarray'>, 'mean')",
@@ -79,9 +69,8 @@ def test_bytes_refusal_is_one_line():
 
 @needs_torch('2.5', 'torch.serialization.safe_globals (a user allow-list)')
 def test_stand_ins_defer_to_the_users_allow_list():
-    """A user who allow-listed ``getattr`` / ``bytes`` in torch gets them
-    unrestricted from mmsoft's stand-ins too (which one of the two torch
-    resolves a name to is not fixed)."""
+    """``getattr`` / ``bytes`` allow-listed by the user in torch are
+    unrestricted in mmsoft's stand-ins too."""
     getattr_, bytes_ = (
         safe_load.mmengine_safe_globals()[i][0] for i in (1, 2))
     with pytest.raises(pickle.UnpicklingError):
@@ -96,8 +85,7 @@ def test_stand_ins_defer_to_the_users_allow_list():
 
 @needs_torch('2.5', 'torch.serialization.get_unsafe_globals_in_checkpoint')
 def test_unsafe_globals_names_every_refused_global(tmp_path):
-    """A zip checkpoint: every global outside the allow-list, none of
-    mmengine's (HistoryBuffer, numpy), none of ``extra``."""
+    """A zip file: every global but mmengine's and ``extra``."""
     path = str(tmp_path / 'two.pth')
     torch.save(
         dict(
@@ -115,9 +103,7 @@ def test_unsafe_globals_names_every_refused_global(tmp_path):
 
 
 def _training_checkpoint(path, **more):
-    """A legacy-format (``_use_new_zipfile_serialization=False``) file as
-    mmengine's Runner saves one: tensors, HistoryBuffers, numpy arrays
-    (their data pickled through ``_codecs.encode``)."""
+    """A legacy-format file as mmengine's Runner saves one."""
     buf = HistoryBuffer()
     for v in (1.0, 0.5):
         buf.update(v)
@@ -133,11 +119,9 @@ def _training_checkpoint(path, **more):
 
 
 def test_unsafe_globals_of_legacy_files(tmp_path):
-    """torch's scanner reads zip files only; a legacy file is scanned by
-    the restricted unpickler: a training checkpoint names nothing, a file
-    with other globals the first one after its tensors, ``extra`` is
-    allowed, and a file saved on a device this machine lacks is still
-    scanned (its tensors are read to the CPU)."""
+    """A legacy file (restricted unpickler): a training checkpoint names
+    nothing, another the first refused global, also from an absent
+    device."""
     ok = _training_checkpoint(tmp_path / 'iter_2.pth', allowed=_Allowed)
     assert safe_load.unsafe_globals(ok, extra=[_Allowed]) == []
     assert safe_load.unsafe_globals(ok) == [f'{__name__}._Allowed']
@@ -156,22 +140,14 @@ class _Rot13:
 
 @needs_torch('2.6', "torch's unpickler loads checkpoints (any _codecs.encode)")
 def test_unsafe_globals_of_a_legacy_file_follow_this_torch(tmp_path):
-    """The legacy-file scan allows what :func:`safe_torch_load` allows on
-    this torch: torch >= 2.6 runs any ``_codecs.encode`` (no code), so the
-    scan goes on to the global it refuses. Before: ``[]``, and the refusal
-    named nothing."""
+    """The scan allows what :func:`safe_torch_load` allows (any
+    ``_codecs.encode``) and goes on to the global it refuses."""
     for zipped in (True, False):
         path = str(tmp_path / f'rot13_{zipped}.pth')
-        torch.save({'a': _Rot13()},
-                   path,
-                   _use_new_zipfile_serialization=zipped)
+        kw = dict(_use_new_zipfile_serialization=zipped)
+        torch.save(dict(a=_Rot13()), path, **kw)
         assert safe_load.safe_torch_load(path) == {'a': 'nop'}
-        torch.save({
-            'a': _Rot13(),
-            'b': os.getcwd
-        },
-                   path,
-                   _use_new_zipfile_serialization=zipped)
+        torch.save(dict(a=_Rot13(), b=os.getcwd), path, **kw)
         with pytest.raises(pickle.UnpicklingError, match='getcwd'):
             safe_load.safe_torch_load(path)
         assert safe_load.unsafe_globals(path) == [
@@ -180,20 +156,17 @@ def test_unsafe_globals_of_a_legacy_file_follow_this_torch(tmp_path):
 
 
 def _history_buffer(**state):
-    """A HistoryBuffer whose pickled state is its fields and ``state``
-    (mmengine pickles its statistics-method table with it)."""
+    """A HistoryBuffer pickling its fields but the method table, and
+    ``state``."""
     hb = HistoryBuffer([5.0, 7.0], [1, 1])
-    fields = {
-        k: v
-        for k, v in hb.__dict__.items() if k != 'statistics_methods'
-    }
+    fields = dict(hb.__dict__)
+    fields.pop('statistics_methods', None)
     hb.__getstate__ = lambda: dict(fields, **state)
     return hb
 
 
 def test_history_buffer_without_method_table_is_restored(tmp_path):
-    """A HistoryBuffer pickled without its method table (mmengine's own
-    ``__setstate__`` accepts one) loads as a working HistoryBuffer."""
+    """Pickled without its method table: a working HistoryBuffer."""
     path = tmp_path / 'hb.pth'
     torch.save({'x': _history_buffer()}, path)
     with warnings.catch_warnings():
@@ -205,8 +178,7 @@ def test_history_buffer_without_method_table_is_restored(tmp_path):
 
 
 def test_foreign_method_table_warning_is_one_line(tmp_path):
-    """The warning for a pickled method table that differs from this
-    process's: exactly what is ignored and why."""
+    """A pickled method table unlike this process's: one warning."""
     table = dict(HistoryBuffer._statistics_methods)
     path = tmp_path / 'hb.pth'
     torch.save(
@@ -237,28 +209,16 @@ def test_refusal_message_names_the_global():
 
 
 def test_python2_names_of_protocol_2_are_mapped(tmp_path):
-    """Protocol 2 writes ``builtins`` objects under their Python 2 names
-    (``__builtin__.set``): they load as the allowed ``builtins`` ones, and
-    the check of a legacy file reads past them to a refused global."""
+    """Protocol 2's Python 2 names (``__builtin__.set``) load as the
+    ``builtins`` ones; the scan reads past them to a refused global."""
     path = tmp_path / 'p2.pth'
-    torch.save({
-        's': {1, 2},
-        'w': torch.ones(1)
-    },
-               str(path),
-               pickle_protocol=2,
-               _use_new_zipfile_serialization=False)
+    kw = dict(pickle_protocol=2, _use_new_zipfile_serialization=False)
+    torch.save(dict(s={1, 2}, w=torch.ones(1)), str(path), **kw)
     with open(path, 'rb') as f:
         assert b'__builtin__' in f.read()
     got = safe_load.safe_torch_load(str(path))
     assert got['s'] == {1, 2} and got['w'].tolist() == [1.]
-    torch.save({
-        's': {1, 2},
-        'f': os.getcwd
-    },
-               str(path),
-               pickle_protocol=2,
-               _use_new_zipfile_serialization=False)
+    torch.save(dict(s={1, 2}, f=os.getcwd), str(path), **kw)
     assert safe_load.unsafe_globals(str(path)) == \
         [f'{os.getcwd.__module__}.getcwd']
 
@@ -272,16 +232,13 @@ def test_python2_names_of_protocol_2_are_mapped(tmp_path):
     ('2.x', (2, 0)),
 ])
 def test_torch_version_is_major_minor(version, want):
-    """(major, minor) as numbers: a local build tag (after ``+``) and a
-    pre-release suffix are dropped, a part without digits is 0."""
+    """(major, minor); local tags, pre-release suffixes dropped."""
     assert safe_load.torch_version(version) == want
 
 
 @pytest.mark.parametrize('version, native', [('2.5.1', False), ('2.6.0', True),
                                              ('2.7.0+cpu', True)])
 def test_native_allow_list_from_torch_2_6(monkeypatch, version, native):
-    """torch's own weights-only unpickler takes mmsoft's allow-list from
-    torch 2.6 on (``add_safe_globals`` of ``(obj, name)`` pairs)."""
     monkeypatch.setattr(torch, '__version__', version)
     assert safe_load.torch_version() == safe_load.torch_version(version)
     assert safe_load.native_allow_list() is native
@@ -299,24 +256,17 @@ class _Encode:
 
 @pytest.fixture
 def restricted(monkeypatch):
-    """What torch < 2.6 runs (:class:`safe_load.RestrictedUnpickler`), on
-    this torch."""
+    """What torch < 2.6 runs (the restricted unpickler)."""
     monkeypatch.setattr(safe_load, 'native_allow_list', lambda: False)
 
 
 def test_restricted_loader_loads_what_torch_loads(tmp_path, restricted):
-    """Tensors, a protocol-2 numpy array (its bytes are
-    ``_codecs.encode(str, 'latin1')``) and an ``extra`` object load as
-    torch's own loader gives them; ``map_location`` is applied."""
+    """Tensors, a protocol-2 numpy array and an ``extra`` object load;
+    ``map_location`` is applied."""
     path = str(tmp_path / 'p2.pth')
-    torch.save(
-        {
-            'w': torch.arange(3.),
-            'a': np.arange(4, dtype=np.int16),
-            'x': _Allowed()
-        },
-        path,
-        pickle_protocol=2)
+    obj = dict(
+        w=torch.arange(3.), a=np.arange(4, dtype=np.int16), x=_Allowed())
+    torch.save(obj, path, pickle_protocol=2)
     seen = []
 
     def where(storage, location):
@@ -325,11 +275,7 @@ def test_restricted_loader_loads_what_torch_loads(tmp_path, restricted):
 
     got = safe_load.safe_torch_load(path, map_location=where, extra=[_Allowed])
     assert seen == ['cpu']
-    assert got['w'].tolist() == [
-        0.,
-        1.,
-        2.,
-    ]
+    assert got['w'].tolist() == [0., 1., 2.]
     assert got['a'].dtype == np.int16 and got['a'].tolist() == [0, 1, 2, 3]
     assert isinstance(got['x'], _Allowed)
     with pytest.raises(safe_load.RefusedGlobal, match='_Allowed'):
@@ -338,9 +284,8 @@ def test_restricted_loader_loads_what_torch_loads(tmp_path, restricted):
 
 def test_restricted_codecs_encode_is_latin1_of_a_str_only(
         tmp_path, restricted):
-    """Before torch 2.6, ``_codecs.encode`` is allowed as protocol 2 uses
-    it (a str, latin1 or latin-1, strict): anything else is one refusal
-    line naming the call. torch >= 2.6 allows every codec itself."""
+    """Before torch 2.6 only protocol 2's ``_codecs.encode`` (a str,
+    latin1, strict) is allowed; else one refusal line."""
     path = str(tmp_path / 'enc.pth')
     for args, want in [(('\xff', 'latin1'), b'\xff'),
                        (('\xff', 'latin-1'), b'\xff'),
@@ -371,9 +316,8 @@ def test_native_loader_takes_every_codec(tmp_path):
 @pytest.mark.parametrize(
     'dtype', ['u1', 'u2', 'u4', 'u8', 'i2', 'f2', 'c8', 'c16', '?'])
 def test_numpy_scalars_and_arrays_of_every_numeric_dtype_load(tmp_path, dtype):
-    """mmengine's checkpoints may hold numpy scalars and arrays of any
-    numeric dtype (unsigned and complex too): safe_torch_load's own list
-    allows them (torch's process-wide list emptied for the call)."""
+    """Numpy scalars / arrays of any numeric dtype load (by mmsoft's own
+    list: torch's emptied for the call)."""
     path = str(tmp_path / 'np.pth')
     a = np.arange(3).astype(dtype)
     torch.save({'a': a, 's': a[1]}, path)
@@ -403,9 +347,8 @@ class _Runs:
 @pytest.mark.parametrize('protocol', [0, 1, 2, 4, 5])
 def test_pickled_globals_reads_every_global_without_running(
         tmp_path, protocol):
-    """Every global of a plain pickle in its Python 3 name, whatever the
-    protocol (memoised STACK_GLOBAL strings included), the code after an
-    object of a class too; a refusal names it."""
+    """Every global of a plain pickle once, in its Python 3 name, any
+    protocol; code after an object of a class too."""
     from mmsoft.utils.safe_load import _pickled_globals, unsafe_globals
     path = tmp_path / 'p.pkl'
     obj = {'a': _Obj(), 'b': [_Obj(), _Runs()], 'c': _Runs()}
