@@ -1,15 +1,6 @@
-"""ONNX export (tools/deployment/pytorch2onnx.py,
-mmsoft_tools.deploy).
-
-* the plain-op export path (``amp.is_exporting``: Gaussian kernel, unrolled
-  Newton-Raphson, alpha selection in the graph) computes the same function
-  as the normal forward, which on the CPU uses the spectral path (eigh) for
-  m >= 80, and never calls eigh;
-* export + onnxruntime parity (1e-4 relative) for a classifier, a
-  single-stage detector, a two-stage detector (features + RPN) and a
-  segmentor, tiny architectures at small sizes;
-* one clear error line for what cannot be exported.
-"""
+"""ONNX export (tools/deployment/pytorch2onnx.py, mmsoft_tools.deploy): the
+plain-op export path equals the normal forward without eigh; onnxruntime
+parity (1e-4) per task; one error line for what cannot be exported."""
 import contextlib
 import io
 import os
@@ -46,15 +37,11 @@ def _tool():
         'pytorch2onnx')
 
 
-@pytest.fixture
-def exporting(monkeypatch):
-    """Run the export dispatch without exporting; eigh must not be hit."""
-    monkeypatch.setattr(amp, 'is_exporting', lambda: True)
-
-    def no_eigh(*a, **k):
-        raise AssertionError('torch.linalg.eigh called on the export path')
-
-    monkeypatch.setattr(torch.linalg, 'eigh', no_eigh)
+def exporting(mp):
+    """The export dispatch without exporting; eigh must not be hit."""
+    mp.setattr(amp, 'is_exporting', lambda: True)
+    mp.setattr(torch.linalg, 'eigh',
+               lambda *a, **k: pytest.fail('eigh on the export path'))
 
 
 def _spd_gram(b, h, m, d=8, seed=0):
@@ -70,16 +57,12 @@ def test_export_path_equal_functions(init, monkeypatch):
     ref = newton_inverse_apply(A, W, 20, init, 'auto')
     it = newton_inverse_apply(A, W, 20, init, 'iterative')
     with monkeypatch.context() as mp:  # the export path, plain ops, no eigh
-        mp.setattr(amp, 'is_exporting', lambda: True)
-        mp.setattr(torch.linalg, 'eigh',
-                   lambda *a, **k: pytest.fail('eigh on the export path'))
+        exporting(mp)
         out = newton_inverse_apply(A, W, 20, init, 'auto')
     assert (out - ref).abs().max() / ref.abs().max() < 1e-4
     torch.testing.assert_close(out, it, rtol=1e-5, atol=1e-6)
     g = torch.Generator().manual_seed(1)
-    x, y = torch.randn(
-        2, 40, 8, generator=g), torch.randn(
-            2, 9, 8, generator=g)
+    x, y = (torch.randn(2, n, 8, generator=g) for n in (40, 9))
     torch.testing.assert_close(kernel_forward(x, y), gaussian_kernel(x, y))
     # large-norm tokens (a shared offset): stable like the autograd kernel,
     # unit diagonal for the self-kernel
@@ -92,24 +75,21 @@ def test_export_path_equal_functions(init, monkeypatch):
 
 
 def test_export_path_equals_normal_forward(monkeypatch):
-    """The whole backbone on the export path (iterative, plain ops) == the
-    normal forward (spectral at m = 96 >= 80 on the CPU)."""
+    """The backbone on the export path == its normal (spectral) forward."""
     torch.manual_seed(0)
     model = SOFT(TINY, pretrain_img_size=64).eval()
     model.init_weights()
     x = torch.randn(2, 3, 96, 128)  # stage 1: 24 x 32 tokens, m = 6 x 8
     with torch.no_grad():
         ref = model(x)
-        monkeypatch.setattr(amp, 'is_exporting', lambda: True)
-        monkeypatch.setattr(
-            torch.linalg, 'eigh',
-            lambda *a, **k: pytest.fail('eigh on the export path'))
+        exporting(monkeypatch)
         out = model(x)
     for o, r in zip(out, ref):
         assert (o - r).abs().max() / r.abs().max() < 1e-4
 
 
-def test_export_path_refuses_spectral(exporting):
+def test_export_path_refuses_spectral(monkeypatch):
+    exporting(monkeypatch)
     A, W = _spd_gram(1, 1, 16)
     with pytest.raises(amp.ExportError, match="nr_method='auto'"):
         newton_inverse_apply(A, W, 5, 'soft_norm_per_matrix', 'spectral')
@@ -128,8 +108,7 @@ CASES = [
     CASES,
     ids=[c[0].split('_')[0] for c in CASES])
 def test_export_parity(tmp_path, capsys, config, shape, options, names):
-    """Export with random weights saved as a checkpoint, run onnxruntime,
-    compare with PyTorch (the tool's --verify), 1e-4 relative."""
+    """Random weights as a checkpoint, the tool's --verify: 1e-4."""
     cfg_path = osp.join(DEMO, config)
     model, _, _ = deploy.build_model(cfg_path, None)
     ckpt = str(tmp_path / 'model.pth')
@@ -183,10 +162,8 @@ def _error_line(capsys, argv):
 
 
 def without_logging_errors(text):
-    """The lines of ``text`` less the reports of :mod:`logging` on a
-    failed emit ('--- Logging error ---' ... 'Arguments: ...'): an earlier
-    test's mmengine logger may still hold a closed captured stream, and its
-    report is not the tool's output."""
+    """``text``'s lines less :mod:`logging`'s reports of a failed emit (an
+    earlier test's logger may hold a closed captured stream)."""
     lines, inside = [], False
     for ln in text.strip().splitlines():
         if ln == '--- Logging error ---':
@@ -200,7 +177,6 @@ def without_logging_errors(text):
 
 
 def test_without_logging_errors():
-    import io
     import logging
 
     class Closed(io.StringIO):
@@ -211,7 +187,6 @@ def test_without_logging_errors():
     stream, log = io.StringIO(), logging.getLogger('t20x_noise')
     log.addHandler(logging.StreamHandler(Closed()))
     log.propagate = False
-    import contextlib
     with contextlib.redirect_stderr(stream):
         log.warning('noise %s', 1)  # logging's report goes to sys.stderr
     print('error: the one line', file=stream)
@@ -219,85 +194,75 @@ def test_without_logging_errors():
     assert without_logging_errors(stream.getvalue()) == ['error: the one line']
 
 
-def _cls_option_error(capsys, tmp_path, option):
-    """The error line for the demo classifier with one --cfg-options."""
-    return _error_line(capsys, [
-        osp.join(DEMO, 'soft_cls_demo.py'), 'none', '--shape', '64', '64',
-        '--out',
-        str(tmp_path / 'x.onnx'), '--cfg-options', option
-    ])
+CLS = '{demo}/soft_cls_demo.py none --shape 64 64 --out {tmp}/x.onnx '
+ATTN = CLS + '--cfg-options model.backbone.attn_cfg.'
 
 
-def test_error_spectral(tmp_path, capsys):
-    line = _cls_option_error(capsys, tmp_path,
-                             'model.backbone.attn_cfg.nr_method=spectral')
-    assert "nr_method='spectral'" in line and \
-        'model.backbone.attn_cfg.nr_method=auto' in line
+@pytest.mark.parametrize('args, parts', [
+    (ATTN + 'nr_method=spectral',
+     ["nr_method='spectral'", 'model.backbone.attn_cfg.nr_method=auto']),
+    (ATTN + 'max_landmarks=7', ['max_landmarks', '--dynamo']),
+    (ATTN + 'landmark_hw=[2,2]', ['landmark_hw=(2, 2)', '--dynamo']),
+    ('{demo}/retinanet_soft_demo.py {tmp}/cls.pth --shape 160 160 --out '
+     '{tmp}/x.onnx', [
+         'does not match the model (RetinaNet)', 'missing from the checkpoint',
+         '--partial-load'
+     ]),
+    ('{demo}/soft_cls_demo.py {tmp}/nope.pth --shape 64 64',
+     ['does not exist']),
+    ('{demo}/retinanet_soft_demo.py none --shape 150 160 --out {tmp}/x.onnx',
+     ['--shape 160 160']),
+    ('{demo}/soft_cls_demo.py none --shape 64 64 --dynamic',
+     ['dynamic input shapes are not supported']),
+])
+def test_error_line(tmp_path, capsys, args, parts):
+    """What cannot be exported: one line naming it, nothing written."""
+    if 'cls.pth' in args:  # the classifier's weights
+        model, _, _ = deploy.build_model(f'{DEMO}/soft_cls_demo.py', None)
+        torch.save({'state_dict': model.state_dict()}, tmp_path / 'cls.pth')
+    line = _error_line(
+        capsys, [a.format(demo=DEMO, tmp=tmp_path) for a in args.split()])
+    assert all(p in line for p in parts), (line, parts)
     assert not (tmp_path / 'x.onnx').exists()
 
 
-def test_error_checkpoint_mismatch(tmp_path, capsys):
-    model, _, _ = deploy.build_model(osp.join(DEMO, 'soft_cls_demo.py'), None)
-    ckpt = str(tmp_path / 'cls.pth')
-    torch.save({'state_dict': model.state_dict()}, ckpt)
-    line = _error_line(capsys, [
-        osp.join(DEMO, 'retinanet_soft_demo.py'), ckpt, '--shape', '160',
-        '160', '--out',
-        str(tmp_path / 'x.onnx')
-    ])
-    assert 'does not match the model (RetinaNet)' in line and \
-        'missing from the checkpoint' in line and '--partial-load' in line
-    line = _error_line(capsys, [
-        osp.join(DEMO, 'soft_cls_demo.py'),
-        str(tmp_path / 'nope.pth'), '--shape', '64', '64'
-    ])
-    assert 'does not exist' in line
-
-
-def test_weights_load_as_in_the_other_tools(tmp_path):
-    """Issue 36: the export loads weights through mmsoft's loading code,
-    as tools/test.py does: an mmsoft checkpoint loads, and an authors'
-    file is refused with the converter command."""
+def _authors_file(cfg, path):
+    """The weights of ``cfg``'s random model as the authors' file."""
     to_official = load_module(
         osp.join(ROOT, 'tools', 'model_converters', 'mmsoft2soft.py'),
         'mmsoft2soft').convert_mmpretrain_to_official
-    cfg = osp.join(DEMO, 'soft_cls_demo.py')
     src, _, _ = deploy.build_model(cfg, None)
-    torch.save({'state_dict': src.state_dict()}, tmp_path / 'mine.pth')
-    model, _, _ = deploy.build_model(cfg, str(tmp_path / 'mine.pth'))
-    for k, v in src.state_dict().items():
-        assert torch.equal(model.state_dict()[k], v), k
     official, _ = to_official({
         k: v
         for k, v in src.state_dict().items()
         if k.startswith(('backbone.', 'head.fc.'))
     })
-    torch.save({'model': official}, tmp_path / 'soft_demo.pth')
+    torch.save({'model': official}, path)
+    return src, str(path)
+
+
+def test_weights_load_as_in_the_other_tools(tmp_path):
+    """Issue 36: mmsoft's loading code, as tools/test.py: an mmsoft
+    checkpoint loads, an authors' file is refused with the converter."""
+    cfg = osp.join(DEMO, 'soft_cls_demo.py')
+    src, authors = _authors_file(cfg, tmp_path / 'soft_demo.pth')
+    torch.save({'state_dict': src.state_dict()}, tmp_path / 'mine.pth')
+    model, _, _ = deploy.build_model(cfg, str(tmp_path / 'mine.pth'))
+    for k, v in src.state_dict().items():
+        assert torch.equal(model.state_dict()[k], v), k
     with pytest.raises(deploy.ExportError) as info:
-        deploy.build_model(cfg, str(tmp_path / 'soft_demo.pth'))
+        deploy.build_model(cfg, authors)
     msg = str(info.value)
     assert '\n' not in msg and 'official SOFT checkpoint' in msg
     assert 'python tools/model_converters/soft2mmsoft.py' in msg
 
 
 def test_authors_file_gets_the_line_of_tools_test(tmp_path, capsys):
-    """Issue 52, item 5: pytorch2onnx.py on an authors' (unconverted)
-    file prints the one line tools/test.py prints, converter command
-    included."""
+    """Issue 52: an authors' file: tools/test.py's line (the converter)."""
     from conftest import cls_demo_config
     from conftest import tool_namespace as tool
-    to_official = load_module(
-        osp.join(ROOT, 'tools', 'model_converters', 'mmsoft2soft.py'),
-        'mmsoft2soft').convert_mmpretrain_to_official
     cfg = cls_demo_config(tmp_path, test=4)
-    src, _, _ = deploy.build_model(cfg, None)
-    official, _ = to_official({
-        k: v
-        for k, v in src.state_dict().items()
-        if k.startswith(('backbone.', 'head.fc.'))
-    })
-    path = str(tmp_path / 'soft_demo.pth')
-    torch.save({'model': official}, path)
+    _, path = _authors_file(cfg, tmp_path / 'soft_demo.pth')
     line = _error_line(
         capsys,
         [cfg, path, '--shape', '64', '64', '--out',
@@ -315,35 +280,17 @@ def test_authors_file_gets_the_line_of_tools_test(tmp_path, capsys):
         f'{path} weights/soft_demo.pth' in line
 
 
-def test_error_shapes(tmp_path, capsys):
-    line = _error_line(capsys, [
-        osp.join(DEMO, 'retinanet_soft_demo.py'), 'none', '--shape', '150',
-        '160', '--out',
-        str(tmp_path / 'x.onnx')
-    ])
-    assert '--shape 160 160' in line
-    line = _error_line(capsys, [
-        osp.join(DEMO, 'soft_cls_demo.py'), 'none', '--shape', '64', '64',
-        '--dynamic'
-    ])
-    assert 'dynamic input shapes are not supported' in line
-
-
-def test_error_max_landmarks(tmp_path, capsys):
-    line = _cls_option_error(capsys, tmp_path,
-                             'model.backbone.attn_cfg.max_landmarks=7')
-    assert 'max_landmarks' in line and '--dynamo' in line
-    line = _cls_option_error(capsys, tmp_path,
-                             'model.backbone.attn_cfg.landmark_hw=[2,2]')
-    assert 'landmark_hw=(2, 2)' in line and '--dynamo' in line
-
-
-def test_onnx_model_wrong_shape(tmp_path):
+@pytest.fixture(scope='module')
+def cls_wrapper():
+    """The demo classifier's export wrapper at 64 x 64."""
     model, scope, _ = deploy.build_model(
         osp.join(DEMO, 'soft_cls_demo.py'), None)
-    wrapper = deploy.ExportWrapper(model, scope, (64, 64))
+    return deploy.ExportWrapper(model, scope, (64, 64))
+
+
+def test_onnx_model_wrong_shape(tmp_path, cls_wrapper):
     out = str(tmp_path / 'cls.onnx')
-    deploy.export_onnx(wrapper, out)
+    deploy.export_onnx(cls_wrapper, out)
     with pytest.raises(deploy.ExportError, match='--shape 96 64'):
         deploy.OnnxModel(out)(torch.zeros(1, 3, 96, 64))
 
@@ -357,10 +304,7 @@ def test_matmul_adaptive_pool_equals_torch():
 
 
 def test_error_is_all_the_output_with_random_weights(tmp_path):
-    """``CHECKPOINT none`` (random weights, the README's way to try the
-    export path) must not bury the one error line under mmengine's
-    parameter-initialisation log (one entry per tensor: ~700 lines for
-    SOFT-Tiny)."""
+    """``CHECKPOINT none``: no parameter-initialisation log (~700 lines)."""
     import sys
     proc = run([
         sys.executable,
@@ -379,9 +323,7 @@ def test_error_is_all_the_output_with_random_weights(tmp_path):
 
 def test_out_directory_and_opset_refused_up_front(tmp_path, capsys,
                                                   monkeypatch):
-    """Issue 27, item 8: ``--out <a directory>`` failed only after the
-    export, naming the temporary file; ``--opset 5`` with a deep
-    ``SymbolicValueError``. Both are refused before any model is built."""
+    """Issue 27: --out a directory, --opset 5: refused before the model."""
     built = []
     monkeypatch.setattr(deploy, 'build_model',
                         lambda *a, **k: built.append(a) or 1 / 0)
@@ -405,29 +347,21 @@ def test_out_directory_and_opset_refused_up_front(tmp_path, capsys,
     assert not built and os.listdir(tmp_path) == []
 
 
-def test_min_opset_exports(tmp_path):
-    """The oldest opset the check accepts does export (and one below does
-    not: the bound is measured, not guessed)."""
-    model, scope, _ = deploy.build_model(
-        osp.join(DEMO, 'soft_cls_demo.py'), None)
-    wrapper = deploy.ExportWrapper(model, scope, (64, 64))
-    deploy.export_onnx(wrapper, str(tmp_path / 'a.onnx'), deploy.MIN_OPSET)
+def test_min_opset_exports(tmp_path, cls_wrapper):
+    """MIN_OPSET exports, one below does not (measured, not guessed)."""
+    deploy.export_onnx(cls_wrapper, str(tmp_path / 'a.onnx'), deploy.MIN_OPSET)
     with pytest.raises(Exception):
-        deploy.export_onnx(wrapper, str(tmp_path / 'b.onnx'),
+        deploy.export_onnx(cls_wrapper, str(tmp_path / 'b.onnx'),
                            deploy.MIN_OPSET - 1)
 
 
-def test_dynamo_export_refused_without_the_exporter(tmp_path, monkeypatch):
-    """torch < 2.5: ``torch.onnx.export`` has no ``dynamo`` argument;
-    ``--dynamo`` stops with one line and writes nothing (simulated on a
-    newer torch)."""
-    model, scope, _ = deploy.build_model(
-        osp.join(DEMO, 'soft_cls_demo.py'), None)
-    wrapper = deploy.ExportWrapper(model, scope, (64, 64))
+def test_dynamo_export_refused_without_the_exporter(tmp_path, monkeypatch,
+                                                    cls_wrapper):
+    """torch < 2.5 (simulated): --dynamo stops in one line, nothing written."""
     out = tmp_path / 'cls.onnx'
     monkeypatch.setattr(deploy, 'onnx_export_takes_dynamo', lambda: False)
     with pytest.raises(deploy.ExportError) as info:
-        deploy.export_onnx(wrapper, str(out), dynamo=True)
+        deploy.export_onnx(cls_wrapper, str(out), dynamo=True)
     msg = str(info.value)
     assert '\n' not in msg and '--dynamo needs torch >= 2.5' in msg
     assert list(tmp_path.iterdir()) == []
