@@ -1,11 +1,8 @@
-"""The tools' argument handling, in process: the documented contract of
-each helper of ``mmsoft_tools.cli`` and ``mmsoft_tools.launch`` (the
-tools themselves run end to end in test_tool_cli.py, test_train_test.py
-and test_launch.py; these tests pin what a helper promises, one step to
-the side of the paths those runs take)."""
+"""The contract of each helper of ``mmsoft_tools.cli`` / ``launch``."""
 import argparse
 import builtins
 import errno
+import io
 import itertools
 import logging
 import os
@@ -55,23 +52,17 @@ from mmsoft_tools import cli, launch
          'and the network, or download the file and pass its path'),
         # an HTTP error keeps mmengine's own handling
         (HTTPError('http://x', 500, 'boom', {}, None), None),
+        # an atomic write's temporary is named by its target
+        (OSError(errno.ENOSPC, 'No space left on device',
+                 temp_path_for('/w/epoch_3.pth')),
+         'error: /w/epoch_3.pth (not replaced): No space left on device '
+         '(errno 28 ENOSPC); free some space or write somewhere else'),
+        (OSError(errno.EACCES, 'Permission denied', '/x/y.pth'),
+         'error: /x/y.pth: Permission denied (errno 13 EACCES); check the '
+         'permissions (ls -l) or choose another path'),
     ])
 def test_one_line(exc, line):
     assert cli.one_line(exc) == line
-
-
-def test_one_line_os_errors(tmp_path):
-    target = str(tmp_path / 'epoch_3.pth')
-    full = OSError(errno.ENOSPC, 'No space left on device',
-                   temp_path_for(target))
-    line = cli.one_line(full)
-    assert line == (f'error: {target} (not replaced): No space left on '
-                    'device (errno 28 ENOSPC); free some space or write '
-                    'somewhere else')
-    plain = OSError(errno.EACCES, 'Permission denied', '/x/y.pth')
-    assert cli.one_line(plain).startswith(
-        'error: /x/y.pth: Permission denied (errno 13 EACCES); check the '
-        'permissions')
 
 
 @pytest.mark.parametrize('err, what', [
@@ -80,9 +71,7 @@ def test_one_line_os_errors(tmp_path):
     (errno.EACCES, 'a file operation'),
 ])
 def test_one_line_os_error_without_a_file(err, what):
-    """An OSError the system raised without a file name (a full disk
-    found on flush / close): no empty path before the reason (issue 52:
-    ``error: : No space left on device``)."""
+    """No file name (a full disk on close): no ``error: :`` (issue 52)."""
     strerror = os.strerror(err)
     for filename in (None, ''):
         line = cli.one_line(OSError(err, strerror, filename))
@@ -94,14 +83,14 @@ def test_one_line_os_error_without_a_file(err, what):
     assert 'failed: [Errno 28] None' not in line and 'None (' not in line
 
 
-def test_target_of_temp(tmp_path):
-    target = str(tmp_path / 'a.b.pth')
-    assert cli._target_of_temp(temp_path_for(target)) == \
-        f'{target} (not replaced)'
-    assert cli._target_of_temp(temp_path_for(target, '.zip')) == \
-        f'{target} (not replaced)'
-    assert cli._target_of_temp('/x/.hidden.pth') == '/x/.hidden.pth'
-    assert cli._target_of_temp(None) == ''
+@pytest.mark.parametrize('path, target', [
+    (temp_path_for('/w/a.b.pth'), '/w/a.b.pth (not replaced)'),
+    (temp_path_for('/w/a.b.pth', '.zip'), '/w/a.b.pth (not replaced)'),
+    ('/x/.hidden.pth', '/x/.hidden.pth'),
+    (None, ''),
+])
+def test_target_of_temp(path, target):
+    assert cli._target_of_temp(path) == target
 
 
 # ------------------------------------------------------------- run_main
@@ -184,29 +173,17 @@ def test_check_readable_reads_one_byte(tmp_path, monkeypatch):
     """A checkpoint of gigabytes is probed, not read."""
     big = tmp_path / 'big.pth'
     big.write_bytes(b'x' * 4096)
-    sizes = []
-    real_open = builtins.open
+    sizes, real_open = [], builtins.open
 
-    class Probe:
-
-        def __init__(self, f):
-            self.f = f
-
-        def __enter__(self):
-            return self
-
-        def __exit__(self, *exc):
-            self.f.close()
+    class Probe(io.FileIO):
 
         def read(self, size=-1):
             sizes.append(size)
-            return self.f.read(size)
+            return super().read(size)
 
-    def probing(path, *args, **kwargs):
-        f = real_open(path, *args, **kwargs)
-        return Probe(f) if str(path) == str(big) else f
-
-    monkeypatch.setattr(builtins, 'open', probing)
+    monkeypatch.setattr(
+        builtins, 'open', lambda path, *a, **k: Probe(path)
+        if str(path) == str(big) else real_open(path, *a, **k))
     cli.check_readable(str(big))
     assert sizes and all(s is not None and 0 < s <= 64 for s in sizes)
 
@@ -388,8 +365,7 @@ def test_init_checkpoints_and_their_problems(tmp_path):
 
 
 def test_set_partial_load():
-    """--partial-load sets the config's own StrictLoadHook (the shipped
-    configs name it); a config without one gets none added."""
+    """--partial-load sets the config's StrictLoadHook, adds none."""
     hooks = [dict(type='EMAHook'), dict(type='mmsoft.StrictLoadHook')]
     cfg = Config(dict(custom_hooks=hooks))
     cli.set_partial_load(cfg, partial_load=True)
@@ -481,10 +457,7 @@ def test_runner_parser_and_args(tmp_path, monkeypatch):
                                       ('-1', False), ('4294967296', False),
                                       ('abc', False), ('True', False)])
 def test_cfg_options_seed_range(seed, ok, monkeypatch):
-    """``randomness.seed`` outside numpy's 0 .. 2**32 - 1 (``--seed -1``
-    in issue 52: numpy's ValueError as a traceback once the Runner seeds
-    everything) is one line at argument parsing naming the option and the
-    range; ``seed_int`` is the same check as an argparse type."""
+    """A seed outside numpy's 0 .. 2**32 - 1: one line (issue 52)."""
     monkeypatch.setenv('LOCAL_RANK', '0')
     parser = cli.runner_parser('T.', dict(config='c'), 'w', 'ckpt')
     argv = ['a.py', '--cfg-options', f'randomness.seed={seed}']
@@ -520,12 +493,8 @@ def test_cfg_options_seed_range(seed, ok, monkeypatch):
 ])
 def test_cfg_options_value_that_lost_spaces(typed, refused, monkeypatch,
                                             tmp_path):
-    """mmengine's DictAction removes every space of a --cfg-options value:
-    ``out_dir=/path/with a space`` would save under ``/path/withaspace``
-    (issue 52). The typed value is compared with the parsed one: a space
-    inside a word is refused with one line naming the key; spaces after
-    a list's commas lose nothing. The raw command line is sys.argv when
-    no argv is given (as the tools call it)."""
+    """A space mmengine's DictAction would drop is refused (issue 52);
+    spaces after a list's commas lose nothing; argv None: sys.argv."""
     monkeypatch.setenv('LOCAL_RANK', '0')
     parser = cli.runner_parser('T.', dict(config='c'), 'w', 'ckpt')
     key = 'default_hooks.checkpoint.out_dir'
@@ -551,37 +520,30 @@ def test_cfg_options_value_that_lost_spaces(typed, refused, monkeypatch,
     'files, where',
     [
         # the config itself; its line, not mmengine's "<unknown>"
-        ({
-            'c.py': 'a = 1\nb = dict(\n    x=1,,\n)\n'
-        }, 'c.py:3'),
-        ({
-            'c.py': 'a = dict(\n'
-        }, 'c.py:1'),  # '(' was never closed
+        ([('c.py', 'a = 1\nb = dict(\n    x=1,,\n)\n')], 'c.py:3'),
+        ([('c.py', 'a = dict(\n')], 'c.py:1'),  # '(' was never closed
         # a file of its _base_ (a string or a list; mmdet:: bases skipped)
-        ({
-            'c.py':
-            "_base_ = ['mmdet::_base_/default_runtime.py', './b/base.py']\n",
-            'b/base.py': '_base_ = "base2.py"\n',
-            'b/base2.py': 'x = = 1\n'
-        }, 'b/base2.py:1'),
+        ([('c.py', "_base_ = ['mmdet::_base_/default_runtime.py', "
+           "'./b/base.py']\n"), ('b/base.py', '_base_ = "base2.py"\n'),
+          ('b/base2.py', 'x = = 1\n')], 'b/base2.py:1'),
+        ([('c.py', 'a = dict(x=1)\n')], None),  # valid
     ])
 def test_load_config_names_a_syntax_error(tmp_path, files, where):
-    for name, text in files.items():
+    for name, text in files:
         (tmp_path / name).parent.mkdir(exist_ok=True)
         (tmp_path / name).write_text(text)
+    path = str(tmp_path / 'c.py')
+    if where is None:
+        assert cli.load_config(path).a.x == 1
+        assert cli.config_syntax_error(path) is None
+        return
     with pytest.raises(cli.ToolError) as e:
-        cli.load_config(str(tmp_path / 'c.py'))
+        cli.load_config(path)
     assert str(
         e.value).startswith(f'config {tmp_path / where}: syntax error: '), str(
             e.value)
-    assert cli.config_syntax_error(str(
-        tmp_path / 'c.py')).startswith(f'{tmp_path / where}: syntax error')
-
-
-def test_load_config_of_a_valid_config(tmp_path):
-    (tmp_path / 'c.py').write_text('a = dict(x=1)\n')
-    assert cli.load_config(str(tmp_path / 'c.py')).a.x == 1
-    assert cli.config_syntax_error(str(tmp_path / 'c.py')) is None
+    assert cli.config_syntax_error(path).startswith(
+        f'{tmp_path / where}: syntax error')
 
 
 @pytest.mark.parametrize(
@@ -868,8 +830,6 @@ def test_enable_amp(monkeypatch, logged):
     ('OptimWrapper', False, False),
 ])
 def test_amp_refusal(monkeypatch, wrapper, cuda, refused):
-    """mmengine's fp16 AmpOptimWrapper without a GPU: one line naming
-    --amp (CPUAmpOptimWrapper) and fp32, before the Runner."""
     for name in ('is_cuda_available', 'is_npu_available', 'is_mlu_available',
                  'is_musa_available'):
         monkeypatch.setattr(device, name, lambda: False)
@@ -919,6 +879,13 @@ def _sync_bn_replaced(n):
             'replaced by BN (SyncBatchNorm has no CPU implementation)')
 
 
+def _dist(backend=None, **cfg):
+    """A config with ``model=dict()`` and, given, a dist_cfg backend."""
+    if backend:
+        cfg['env_cfg'] = dict(dist_cfg=dict(backend=backend))
+    return Config(dict(model=dict(), **cfg))
+
+
 def test_setup_cpu_distributed(monkeypatch, logged):
     cfg = Config(dict(model=dict(norm_cfg=dict(type='SyncBN'))))
     assert launch.setup_cpu_distributed(cfg, 'none') is False
@@ -943,31 +910,24 @@ def test_setup_cpu_distributed(monkeypatch, logged):
         broadcast_buffers=False,
         find_unused_parameters=False,
         device_ids=None)
-    unused = Config(dict(model=dict(), find_unused_parameters=True))
+    unused = _dist(find_unused_parameters=True)
     launch.setup_cpu_distributed(unused, 'pytorch')
     assert unused.model_wrapper_cfg.find_unused_parameters is True
-    own = Config(
-        dict(
-            model=dict(),
-            find_unused_parameters=True,
-            model_wrapper_cfg=dict(
-                type='MMDistributedDataParallel',
-                broadcast_buffers=True,
-                device_ids=[0])))
+    wrapper = dict(type='MMDistributedDataParallel', broadcast_buffers=True)
+    own = _dist(
+        find_unused_parameters=True,
+        model_wrapper_cfg=dict(wrapper, device_ids=[0]))
     del logged[:]
     monkeypatch.setenv('SLURM_PROCID', '1')  # rank 1 logs nothing
     launch.setup_cpu_distributed(own, 'slurm')
     assert logged == []
     assert own.model_wrapper_cfg.device_ids is None
     # the config's own wrapper is kept, only device_ids changes
-    assert own.model_wrapper_cfg == dict(
-        type='MMDistributedDataParallel',
-        broadcast_buffers=True,
-        device_ids=None)
+    assert own.model_wrapper_cfg == dict(wrapper, device_ids=None)
     # a config without env_cfg / dist_cfg gets them (the Runner reads them)
     assert own.env_cfg.dist_cfg.backend == 'gloo'
     monkeypatch.delenv('SLURM_PROCID')
-    partial = Config(dict(model=dict(), env_cfg=dict(cudnn_benchmark=False)))
+    partial = _dist(env_cfg=dict(cudnn_benchmark=False))
     launch.setup_cpu_distributed(partial, 'pytorch')
     assert partial.env_cfg == dict(
         cudnn_benchmark=False, dist_cfg=dict(backend='gloo'))
@@ -975,15 +935,11 @@ def test_setup_cpu_distributed(monkeypatch, logged):
     assert logged == [_to_gloo('nccl')]
     # the rest of dist_cfg is kept; gloo already: nothing to say
     del logged[:]
-    kept = Config(
-        dict(
-            model=dict(),
-            env_cfg=dict(dist_cfg=dict(backend='gloo', timeout=600))))
+    kept = _dist(env_cfg=dict(dist_cfg=dict(backend='gloo', timeout=600)))
     launch.setup_cpu_distributed(kept, 'pytorch')
     assert kept.env_cfg.dist_cfg == dict(backend='gloo', timeout=600)
     assert logged == []
-    mpi = Config(
-        dict(model=dict(), env_cfg=dict(dist_cfg=dict(backend='mpi'))))
+    mpi = _dist('mpi')
     launch.setup_cpu_distributed(mpi, 'mpi')
     assert logged == [_to_gloo('mpi')]
 
@@ -1031,24 +987,20 @@ def test_setup_cpu_distributed_wrappers_and_sync_bn(monkeypatch, logged):
     assert other.model_wrapper_cfg == dict(type='MMFullyShardedDataParallel')
     # one SyncBN, no sync_bn key: one replaced, the count in the warning
     del logged[:]
-    one = Config(
-        dict(
-            model=dict(neck=dict(norm_cfg=dict(type='MMSyncBN'))),
-            env_cfg=dict(dist_cfg=dict(backend='gloo'))))
+    one = _dist('gloo')
+    one.model = dict(neck=dict(norm_cfg=dict(type='MMSyncBN')))
     launch.setup_cpu_distributed(one, 'pytorch')
     assert one.model.neck.norm_cfg.type == 'BN'
     assert 'sync_bn' not in one
     assert logged == [_sync_bn_replaced(1)]
     del logged[:]
-    none = Config(
-        dict(model=dict(), env_cfg=dict(dist_cfg=dict(backend='gloo'))))
+    none = _dist('gloo')
     launch.setup_cpu_distributed(none, 'pytorch')
     assert logged == []  # nothing replaced, nothing said
 
 
 def test_setup_cpu_distributed_starts_the_group(monkeypatch):
-    """Without a process group: mmengine's init_dist with the gloo
-    dist_cfg, while torch.cuda.set_device does nothing (and only then)."""
+    """No process group: init_dist (gloo), torch.cuda.set_device a no-op."""
     monkeypatch.setattr(torch.cuda, 'is_available', lambda: False)
     monkeypatch.setattr(mmengine.dist, 'is_distributed', lambda: False)
     calls = []
@@ -1062,19 +1014,17 @@ def test_setup_cpu_distributed_starts_the_group(monkeypatch):
     monkeypatch.setattr(
         mmengine.utils.dl_utils, 'set_multi_processing',
         lambda **kwargs: calls.append(('set_multi_processing', kwargs)))
-    cfg = Config(
-        dict(
-            model=dict(),
-            env_cfg=dict(
-                mp_cfg=dict(mp_start_method='fork'),
-                dist_cfg=dict(backend='nccl', timeout=60))))
+    cfg = _dist(
+        env_cfg=dict(
+            mp_cfg=dict(mp_start_method='fork'),
+            dist_cfg=dict(backend='nccl', timeout=60)))
     assert launch.setup_cpu_distributed(cfg, 'slurm') is True
     assert calls == [('set_multi_processing',
                       dict(mp_start_method='fork', distributed=True)),
                      ('init_dist', 'slurm', dict(backend='gloo', timeout=60))]
     assert torch.cuda.set_device is real_set_device  # restored
     del calls[:]
-    launch.setup_cpu_distributed(Config(dict(model=dict())), 'pytorch')
+    launch.setup_cpu_distributed(_dist(), 'pytorch')
     assert calls == [('set_multi_processing', dict(distributed=True)),
                      ('init_dist', 'pytorch', dict(backend='gloo'))]
     with launch._cuda_set_device_disabled():
@@ -1083,9 +1033,7 @@ def test_setup_cpu_distributed_starts_the_group(monkeypatch):
 
 
 def test_import_codebase_leaves_the_default_scope(monkeypatch):
-    """The Runner sets the default scope; the tools only register. Under
-    another scope (set here, so that an 'mmdet' scope left by an earlier
-    test cannot hide a change) it stays the current one."""
+    """The tools only register; the default scope stays as it was."""
     before = DefaultScope.get_current_instance()
     assert launch.import_codebase(Config(dict(default_scope='mmdet'))) == \
         'mmdet'
@@ -1122,8 +1070,7 @@ def test_shutdown_dist(monkeypatch, logged):
 
 
 def test_demo_seed_is_checked(capsys):
-    """tools/demo.py --seed -1: argparse's one line naming --seed and the
-    range, not numpy's ValueError after the data generator started."""
+    """tools/demo.py --seed -1: argparse's one line, not numpy's error."""
     demo = load_module(osp.join(ROOT, 'tools', 'demo.py'), 'demo_seed52')
     for bad in ('-1', str(2**32)):
         with pytest.raises(SystemExit):
