@@ -1,12 +1,7 @@
-"""Tests of :mod:`mmsoft.compat` (torch >= 2.6 + mmengine 0.10.7 fixes).
-
-Each fix has a test that fails without it: the baseline failure is shown in a
-fresh interpreter, before and after ``import mmsoft`` (which widens nothing),
-and in this process outside the allow-list's context; inside
-:func:`~mmsoft.compat.mmengine_checkpoints_allowed` (what SafeCheckpointHook
-enters around the Runner's loads) the same files load, through mmengine's
-own, unpatched loaders.
-"""
+""":mod:`mmsoft.compat`: inside ``mmengine_checkpoints_allowed`` (what
+SafeCheckpointHook enters around the Runner's loads) mmengine's training
+checkpoints load weights-only on torch >= 2.6; outside it, and in a fresh
+process before and after ``import mmsoft``, they fail as without mmsoft."""
 import json
 import os
 import pickle
@@ -25,9 +20,6 @@ from mmengine.logging import HistoryBuffer, MessageHub
 from mmsoft import compat
 from mmsoft.utils import safe_load
 
-# torch 2.6 made weights_only=True the default of torch.load, and only its
-# allow-list takes (obj, name) entries: the fix applies there (mmsoft's own
-# loaders are safe on every torch: tests/test_checkpoint_safety.py)
 needs_weights_only = needs_torch(
     '2.6', 'torch.load weights-only by default, allow-list with names')
 
@@ -66,8 +58,8 @@ def allowed():
 
 @needs_weights_only
 def test_allow_list_is_scoped():
-    """The context adds mmengine's entries and removes exactly those on
-    leaving (nested too); entries the user added stay theirs."""
+    """The context adds mmengine's entries and removes exactly those
+    (nested too); entries the user added stay."""
 
     def get():  # torch keeps a set: its order is no property
         return set(torch.serialization.get_safe_globals())
@@ -98,13 +90,10 @@ def test_torch_load_fails_outside_the_context(tmp_path):
     _mmengine_checkpoint(path)
     with pytest.raises(pickle.UnpicklingError, match='HistoryBuffer'):
         torch.load(path)
-    # what such a checkpoint needs beyond torch's defaults
     unsafe = set(torch.serialization.get_unsafe_globals_in_checkpoint(path))
-    assert {
-        'mmengine.logging.history_buffer.HistoryBuffer',
-        'builtins.getattr',  # HistoryBuffer.statistics_methods
-        'numpy.ndarray',
-        'numpy.dtype'
+    assert {  # getattr: HistoryBuffer.statistics_methods
+        'mmengine.logging.history_buffer.HistoryBuffer', 'builtins.getattr',
+        'numpy.ndarray', 'numpy.dtype'
     } <= unsafe
     assert any(g.endswith('multiarray._reconstruct') for g in unsafe)
     assert any(g.endswith('multiarray.scalar') for g in unsafe)
@@ -211,18 +200,10 @@ def test_weights_only_still_refuses_other_globals(tmp_path, allowed, make,
 
 @needs_weights_only
 def test_fresh_process_before_and_after_import(tmp_path):
-    """One fresh interpreter, three facts checked in turn.
-
-    1. Without mmsoft it reproduces the reported failure: ``torch.load`` and
-       mmengine's ``CheckpointLoader`` refuse a Runner checkpoint.
-    2. ``import mmsoft`` changes nothing of that (issue 50: no process-wide
-       allow-list); inside :func:`compat.mmengine_checkpoints_allowed` a
-       process that never built a HistoryBuffer (the class's method table
-       is still empty) loads it without warnings, and its buffers work.
-    3. Leaving the context restores torch's list: the same load fails again;
-       mmengine's own loader, unpatched, loads inside the context, also
-       after a SOFT model is built (the rest of the process state:
-       tests/test_process_state.py)."""
+    """A fresh interpreter: torch.load / CheckpointLoader refuse a Runner
+    checkpoint before and after ``import mmsoft`` (issue 50) and after the
+    context; inside it (an empty method table) it loads quietly, working;
+    mmengine's loader stays unpatched."""
     path = tmp_path / 'iter_3.pth'
     _mmengine_checkpoint(path)
     code = textwrap.dedent(f"""
@@ -273,29 +254,21 @@ def test_fresh_process_before_and_after_import(tmp_path):
     res = run_python(code, timeout=120)
     assert res.returncode == 0, res.stderr[-2000:]
     out = json.loads(res.stdout.strip().splitlines()[-1])
-    # 1. the baseline failure, in a process without mmsoft ...
     assert out.pop('mmsoft_imported') is False
     before = out.pop('before')
     assert set(before) == {'torch.load', 'CheckpointLoader'}
     for name, msg in before.items():
         assert 'Unsupported global' in msg and \
             'mmengine.logging.history_buffer.HistoryBuffer' in msg, (name, msg)
-    # 2. ... the same after the import and after leaving the context
-    assert out.pop('imported') == before
-    assert out.pop('after') == before
-    # inside the context: a quiet load (warnings were errors), working
-    # buffers, in a process whose method table was empty
+    assert out.pop('imported') == before and out.pop('after') == before
     assert out.pop('table_empty') is True
     assert out.pop('mean') == pytest.approx((1 + .5 + 1 / 3) / 3)
-    # 3. torch's list restored; mmengine's loader unpatched and working
     assert out == dict(list_restored=True, same_loader=True, iter=3)
 
 
 # ---------------------------------------------- loading mutates nothing
 def _crafted_history_buffer(methods):
-    """A HistoryBuffer that pickles a chosen statistics-method table (what a
-    crafted checkpoint can hold: ``getattr(HistoryBuffer, 'max')`` under
-    'mean')."""
+    """A HistoryBuffer pickling the method table ``methods``."""
     hb = HistoryBuffer([5.0], [1])
     state = dict(hb.__dict__)
     hb.__getstate__ = lambda: dict(state, statistics_methods=methods)
@@ -304,24 +277,17 @@ def _crafted_history_buffer(methods):
 
 @needs_weights_only
 def test_loading_does_not_mutate_history_buffer_class(tmp_path, allowed):
-    """Before: loading this file made every HistoryBuffer's 'mean' return
-    the max (``HistoryBuffer([1, 2, 3]).statistics('mean') == 3``) for the
-    rest of the process."""
+    """Before: every HistoryBuffer's 'mean' became the max afterwards."""
     path = tmp_path / 'crafted.pth'
     torch.save({'x': _crafted_history_buffer({'mean': HistoryBuffer.max})},
                path)
-    # after the first HistoryBuffer of the process (it fills the table): in
-    # a random order this test may be the first to build one
     table = dict(HistoryBuffer._statistics_methods)
+    ignored = r"ignoring the statistics methods \['mean'\]"
     try:
-        with pytest.warns(
-                UserWarning,
-                match=r"ignoring the statistics "
-                r"methods \['mean'\]"):
+        with pytest.warns(UserWarning, match=ignored):
             got = torch.load(path)['x']
         assert HistoryBuffer._statistics_methods == table
         assert HistoryBuffer([1, 2, 3], [1, 1, 1]).statistics('mean') == 2
-        # the loaded object is a plain, working HistoryBuffer
         assert type(got) is HistoryBuffer
         assert got.statistics('mean') == 5.0 and got.current() == 5.0
     finally:  # never leave a broken table behind for other tests
@@ -356,9 +322,7 @@ def test_regular_history_buffer_loads_without_warning(tmp_path, allowed):
         lambda: HistoryBuffer(),  # never updated: empty arrays inside
     ])
 def test_empty_arrays_load(tmp_path, make, allowed):
-    """Before: ``Unsupported global: GLOBAL builtins.bytes`` (an empty
-    array's data is pickled as ``bytes()``), so a checkpoint with a
-    never-updated HistoryBuffer could not resume."""
+    """Before: ``Unsupported global: GLOBAL builtins.bytes``."""
     path = tmp_path / 'empty.pth'
     obj = make()
     torch.save({'x': obj}, path)
@@ -371,9 +335,8 @@ def test_empty_arrays_load(tmp_path, make, allowed):
 
 
 def test_import_mmsoft_prints_nothing():
-    """``import mmsoft`` writes nothing to stderr and leaves
-    ``warnings.showwarning`` alone (on torch 2.4, mmengine's import of
-    torch.distributed.optim prints torch's deprecation: not mmsoft's)."""
+    """Nothing on stderr (torch 2.4's own deprecation aside), and
+    ``warnings.showwarning`` left alone."""
     proc = run_python('import warnings; show = warnings.showwarning; '
                       'import mmsoft; assert warnings.showwarning is show')
     assert proc.returncode == 0, proc.stderr
@@ -383,12 +346,8 @@ def test_import_mmsoft_prints_nothing():
 
 @pytest.mark.parametrize('tool', ['train', 'test'])
 def test_tools_print_only_their_own_output(tool):
-    """The tools' first line of output is their own (torch 2.4 alone prints
-    its deprecation of torch.distributed.optim when mmengine imports it)."""
-    proc = run(
-        [sys.executable,
-         os.path.join(ROOT, 'tools', f'{tool}.py'), '--help'],
-        timeout=120)
+    tool = os.path.join(ROOT, 'tools', f'{tool}.py')
+    proc = run([sys.executable, tool, '--help'], timeout=120)
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.startswith('usage:'), proc.stdout
     if compat.torch_version() != (2, 4):
@@ -396,8 +355,7 @@ def test_tools_print_only_their_own_output(tool):
 
 
 def test_allow_list_context_is_a_no_op_before_torch_2_6(monkeypatch):
-    """Before torch 2.6 there is no allow-list to extend (mmsoft's loader
-    is the restricted unpickler): the context adds nothing."""
+    """Before torch 2.6 the context adds nothing."""
     get = getattr(torch.serialization, 'get_safe_globals', None)
     before = list(map(str, get())) if get else None
     monkeypatch.setattr(safe_load, 'native_allow_list', lambda: False)
