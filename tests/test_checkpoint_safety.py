@@ -1,24 +1,10 @@
-"""No mmsoft loading path runs code from a checkpoint, on every torch.
-
-Before torch 2.6 ``torch.load`` unpickles anything by default, and torch
-< 2.5 has no allow-list API; mmsoft loads every checkpoint through
-:func:`mmsoft.utils.safe_load.safe_torch_load` (torch's weights-only
-unpickler with mmsoft's allow-list on torch >= 2.6, a restricted unpickler
-before). A crafted checkpoint whose unpickling would create a marker file
-(``builtins.open(marker, 'w')``; the test first shows that plain
-``torch.load(weights_only=False)`` does create it) goes through every entry
-point: ``Runner(load_from / resume)`` with mmsoft's ``SafeCheckpointHook``
-(its ``before_run`` reads the file with mmsoft's reader before mmengine's
-``torch.load``; mmengine's loaders themselves are not patched), the resume
-search, ``init_cfg`` ``Pretrained`` (the
-loader of :mod:`mmsoft.models.loading` and the backbone's
-``init_weights``), the
-ONNX export's loader, both converters, ``tools/test.py`` and
-``demo/image_demo.py``. Each refuses it with one line that names the file
-and the safe fix (never torch's "weights_only=False" advice), and the
-marker is never created. ``make compat`` runs this on each stack of the
-support matrix.
+"""No mmsoft loading path runs code from a checkpoint, on every torch: a
+crafted file whose unpickling creates a marker goes through every entry
+point (the hook's Runner loads, the resume search, init_cfg, the ONNX
+loader, both converters, tools/test.py, demo/image_demo.py); each refuses it
+in one line naming the file and the safe fix, and the marker never exists.
 """
+import codecs
 import os.path as osp
 import pickle
 import sys
@@ -69,8 +55,7 @@ KINDS = ('zip', 'legacy', 'raw')
 
 @pytest.mark.parametrize('kind', KINDS)
 def test_payload_runs_when_unpickled_unsafely(tmp_path, kind):
-    """The crafted files are real: an unrestricted load creates the
-    marker (so the refusals below are what keeps it away)."""
+    """The crafted files are real: an unrestricted load runs them."""
     path, marker = _crafted(tmp_path, kind)
     if kind == 'raw':
         with open(path, 'rb') as f:
@@ -81,10 +66,7 @@ def test_payload_runs_when_unpickled_unsafely(tmp_path, kind):
 
 
 def _hook_before_run(resume):
-    """What ``Runner.train / val / test`` run before ``load_or_resume``:
-    the ``before_run`` of a config's ``SafeCheckpointHook``
-    (tests/test_engine/test_hooks/test_checkpoint_hook.py runs it in a
-    real Runner)."""
+    """SafeCheckpointHook's ``before_run`` (before ``load_or_resume``)."""
 
     def check(path):
         from types import SimpleNamespace
@@ -112,12 +94,10 @@ def _init_cfg_pretrained(path):
 def _soft_init_weights(path):
     # init_cfg Pretrained on the backbone: mmsoft.models.loading end to end
     from mmsoft.models import SOFT
+    arch = dict(embed_dims=[8] * 4, num_heads=[1] * 4, depths=[1] * 4)
     SOFT(
-        dict(
-            embed_dims=[8, 8, 8, 8],
-            num_heads=[1, 1, 1, 1],
-            depths=[1, 1, 1, 1]),
-        init_cfg=dict(type='Pretrained', checkpoint=path)).init_weights()
+        arch, init_cfg=dict(type='Pretrained',
+                            checkpoint=path)).init_weights()
 
 
 def _onnx_export_loader(path):
@@ -162,9 +142,7 @@ def test_crafted_checkpoint_is_refused(tmp_path, kind, entry, capsys):
     msg = str(info.value) + capsys.readouterr().err
     assert 'weights_only=False' not in msg, msg
     if entry not in ('safe_torch_load', 'resume_search'):
-        # one line naming the file and the code; never advice that would
-        # unpickle it (before: "... add --trust-checkpoint there", which
-        # ran the payload)
+        # one line naming the file and the code; no --trust-checkpoint
         line = [ln for ln in msg.splitlines() if path in ln]
         assert line and 'refused' in line[0] and 'pickled code (' in \
             line[0] and 'trust' not in line[0], msg
@@ -196,8 +174,7 @@ def test_message_is_one_line_with_the_safe_fix(tmp_path):
 
 @pytest.mark.parametrize('kind', ['zip', 'legacy'])
 def test_code_hidden_behind_an_object_is_still_code(tmp_path, kind):
-    """A file whose first refused global is a class and a later one code is
-    refused for the code (all globals are read, the legacy format too)."""
+    """Code after a refused class is still refused as code."""
     marker = tmp_path / 'MARKER'
     path = str(tmp_path / 'mixed.pth')
     torch.save(
@@ -214,8 +191,7 @@ def test_code_hidden_behind_an_object_is_still_code(tmp_path, kind):
 
 
 def test_training_checkpoints_still_load(tmp_path):
-    """The allow-list keeps what mmengine's Runner writes loadable: the
-    message hub's HistoryBuffers, numpy arrays and scalars."""
+    """HistoryBuffers, numpy arrays and scalars still load."""
     from mmengine.logging import HistoryBuffer, MessageHub
     hub = MessageHub.get_instance('mmsoft_test_checkpoint_safety')
     for v in (1.0, 0.5):
@@ -240,10 +216,8 @@ def test_training_checkpoints_still_load(tmp_path):
     'gadget', ['getattr', 'bytes'] +
     ([] if mmsoft.compat.native_allow_list() else ['codecs']))
 def test_restricted_helpers_refuse_other_uses(tmp_path, gadget):
-    """The allow-listed stand-ins for getattr / bytes (and, with the
-    restricted unpickler of torch < 2.6, _codecs.encode, which torch >= 2.6
-    allows itself) build only what mmengine checkpoints need."""
-    import codecs
+    """The stand-ins for getattr / bytes (and _codecs.encode before torch
+    2.6) build only what mmengine checkpoints need."""
 
     class Gadget:
 
@@ -294,12 +268,9 @@ def test_tools_refuse_crafted_checkpoint(cls_setup, tmp_path, script):
 
 
 def test_loading_keeps_the_process_allow_list(tmp_path):
-    """mmsoft's loaders leave the process-wide allow-list (torch >= 2.6:
-    :mod:`mmsoft.compat`'s fix) as it was."""
-    # a set in torch: its order may change when it is rebuilt (a shuffled
-    # run showed it), its content must not
+    """mmsoft's loaders leave torch's process-wide allow-list as it was."""
     get = getattr(torch.serialization, 'get_safe_globals', lambda: [])
-    before = sorted(map(str, get()))
+    before = sorted(map(str, get()))  # a set: its order may change
     path = str(tmp_path / 'plain.pth')
     torch.save({'state_dict': _state()}, path)
     cio.load_verified(path)
