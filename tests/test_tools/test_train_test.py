@@ -1,16 +1,6 @@
-"""tools/train.py, tools/test.py and the launch scripts, on CPU.
-
-* ``tools/dist_train.sh`` with 2 CPU processes (gloo) on a tiny UperNet
-  and a generated ADE20K-layout folder (:func:`make_ade`,
-  :func:`seg_config`): killed, resumed bit-identical to an uninterrupted
-  run, then ``tools/dist_test.sh``, in tests/test_tools/test_chain.py
-  (``test_dist_train_kill_resume_dist_test``);
-* ``--launcher slurm`` + ``--amp`` without CUDA (bfloat16 autocast);
-* a RetinaNet config through ``tools/train.py`` / ``tools/test.py`` on a
-  generated COCO-format folder;
-* config errors surface as MMEngine's messages;
-* the slurm scripts compose the expected ``srun`` command.
-"""
+"""tools/train.py, tools/test.py and the launch scripts on the CPU (the
+2-process dist_train.sh chain: test_chain.py, with :func:`make_ade` and
+:func:`seg_config` of this file)."""
 import json
 import os
 import os.path as osp
@@ -48,8 +38,7 @@ test_dataloader = val_dataloader"""
 
 # ------------------------------------------------------------ data
 def make_ade(root, n_train=4, n_val=2, h=64, w=96):
-    """ADE20K layout: images/{training,validation}/*.jpg and
-    annotations/{training,validation}/*.png (0 = ignore, 1..150)."""
+    """ADE20K layout: images/ (jpg) and annotations/ (png, 0 = ignore)."""
     rng = np.random.RandomState(0)
     for split, n in (('training', n_train), ('validation', n_val)):
         os.makedirs(osp.join(root, 'images', split))
@@ -68,6 +57,11 @@ def make_ade(root, n_train=4, n_val=2, h=64, w=96):
     return root
 
 
+KEYS = ('id', 'image_id', 'category_id', 'bbox', 'area', 'iscrowd',
+        'segmentation')
+CATEGORIES = ('person', 'bicycle', 'car')
+
+
 def make_coco(root, n=2, h=64, w=96):
     """COCO layout: train2017/, val2017/ and annotations/instances_*.json."""
     rng = np.random.RandomState(0)
@@ -82,32 +76,20 @@ def make_coco(root, n=2, h=64, w=96):
             images.append(dict(id=i + 1, file_name=fname, height=h, width=w))
             for j, (x, y, bw, bh) in enumerate(
                 ((4, 4, 30, 20), (40, 20, 40, 36))):  # noqa: E125
+                poly = [x, y, x + bw, y, x + bw, y + bh, x, y + bh]
                 anns.append(
                     dict(
-                        id=len(anns) + 1,
-                        image_id=i + 1,
-                        category_id=1 + j,
-                        bbox=[x, y, bw, bh],
-                        area=bw * bh,
-                        iscrowd=0,
-                        segmentation=[[
-                            x, y, x + bw, y, x + bw, y + bh, x, y + bh
-                        ]]))
-        cats = [
-            dict(id=k, name=name)
-            for k, name in enumerate(('person', 'bicycle', 'car'), 1)
-        ]
-        with open(
-                osp.join(root, 'annotations', f'instances_{split}.json'),
-                'w') as f:
+                        zip(KEYS, (len(anns) + 1, i + 1, 1 + j, [x, y, bw, bh],
+                                   bw * bh, 0, [poly]))))
+        cats = [dict(id=k, name=n) for k, n in enumerate(CATEGORIES, 1)]
+        with open(f'{root}/annotations/instances_{split}.json', 'w') as f:
             json.dump(
                 dict(images=images, annotations=anns, categories=cats), f)
     return root
 
 
 def seg_config(tmp_path, data_root):
-    """The real UperNet SOFT-Small config with a tiny SOFT, 64 x 64 crops
-    and a generated ADE20K-layout data_root."""
+    """The UperNet config, a tiny SOFT, 64 x 64 crops, ``data_root``."""
     path = tmp_path / 'upernet_tiny_ade.py'
     path.write_text(f"""
 _base_ = {osp.join(ROOT, 'configs',
@@ -144,8 +126,7 @@ default_hooks = dict(
 
 
 def det_config(tmp_path, data_root):
-    """The real RetinaNet SOFT-Tiny config with a tiny SOFT, small images
-    and a generated COCO-format data_root."""
+    """The RetinaNet config, a tiny SOFT, small images, ``data_root``."""
     path = tmp_path / 'retinanet_tiny_coco.py'
     path.write_text(f"""
 _base_ = {osp.join(ROOT, 'configs', 'retinanet_soft_tiny_1x.py')!r}
@@ -190,16 +171,13 @@ def test_script_syntax_and_usage(script):
     assert proc.returncode == 2 and 'usage' in proc.stderr
 
 
-def test_first_command_config_exists():
-    # `tools/dist_train.sh configs/retinanet_soft_small_1x.py 8`
-    assert osp.isfile(osp.join(ROOT, 'configs', 'retinanet_soft_small_1x.py'))
-
-
 @pytest.mark.parametrize('script,extra', [
     ('slurm_train.sh', ['/tmp/wd']),
     ('slurm_test.sh', ['ckpt.pth']),
 ])
 def test_slurm_scripts_compose_srun(tmp_path, script, extra):
+    # the README's first command's config
+    assert osp.isfile(osp.join(ROOT, 'configs', 'retinanet_soft_small_1x.py'))
     if script == 'slurm_test.sh':  # the script checks that it exists
         (tmp_path / 'ckpt.pth').write_bytes(b'')
         extra = [str(tmp_path / 'ckpt.pth')]
@@ -208,18 +186,14 @@ def test_slurm_scripts_compose_srun(tmp_path, script, extra):
     out = tmp_path / 'srun_args'
     (bindir / 'srun').write_text(f'#!/bin/sh\necho "$@" > {out}\n')
     (bindir / 'srun').chmod(0o755)
-    proc = subprocess.run([
+    env = dict(os.environ, GPUS='16', PYTHON='python')
+    env['PATH'] = f'{bindir}:{env["PATH"]}'
+    proc = run([
         'bash',
         osp.join(TOOLS, script), 'part', 'job',
         'configs/retinanet_soft_small_1x.py', *extra, '--cfg-options', 'a=1'
     ],
-                          env=dict(
-                              os.environ,
-                              PATH=f'{bindir}:{os.environ["PATH"]}',
-                              GPUS='16',
-                              PYTHON='python'),
-                          capture_output=True,
-                          text=True)
+               env=env)
     assert proc.returncode == 0, proc.stderr
     args = out.read_text()
     assert '-p part' in args and '--job-name=job' in args
@@ -281,8 +255,7 @@ def test_test_tool_options(name, tta_type, tmp_path):
 
 
 def test_cpu_distributed_settings():
-    """What mmsoft_tools.launch changes for a CPU distributed run
-    (a 1-process gloo group stands in for torchrun)."""
+    """launch's CPU distributed changes (a 1-process gloo group)."""
     import torch.distributed as dist
     from mmengine.config import Config
 
@@ -294,12 +267,8 @@ def test_cpu_distributed_settings():
     assert cfg.env_cfg.dist_cfg.backend == 'nccl'
     assert cfg.model.decode_head.norm_cfg.type == 'SyncBN'
     assert launch.setup_cpu_distributed(cfg, 'none') is False
-    dist.init_process_group(
-        'gloo',
-        init_method=f'tcp://127.0.0.1:'
-        f'{free_port()}',
-        rank=0,
-        world_size=1)
+    url = f'tcp://127.0.0.1:{free_port()}'
+    dist.init_process_group('gloo', url, rank=0, world_size=1)
     try:
         assert launch.setup_cpu_distributed(cfg, 'pytorch') is True
     finally:
@@ -340,9 +309,6 @@ def _assert_not_from_mmsoft(exc_info):
 
 
 def test_missing_config_file_message():
-    """A config path that does not exist (mmengine's ``Config.fromfile``
-    raises FileNotFoundError): one line naming it (the tools' door,
-    :func:`mmsoft_tools.cli.run_main`), no traceback."""
     proc = run([
         sys.executable,
         osp.join(TOOLS, 'train.py'), 'configs/no_such_config.py'
@@ -385,6 +351,7 @@ def test_slurm_launcher_and_amp_on_cpu(tmp_path):
         str(tmp_path / 'ade' / 'ADEChallengeData2016'), n_train=2, n_val=1)
     cfg = seg_config(tmp_path, data)
     work = str(tmp_path / 'work')
+    slurm = dict(SLURM_PROCID='0', SLURM_NTASKS='1', SLURM_LOCALID='0')
     out = check(
         run([
             sys.executable,
@@ -392,12 +359,10 @@ def test_slurm_launcher_and_amp_on_cpu(tmp_path):
             '--work-dir', work, '--cfg-options', 'train_cfg.max_iters=1',
             'default_hooks.checkpoint.interval=1'
         ],
-            SLURM_PROCID='0',
-            SLURM_NTASKS='1',
-            SLURM_LOCALID='0',
             SLURM_NODELIST='localhost',
             MASTER_ADDR='127.0.0.1',
-            MASTER_PORT=str(free_port())))
+            MASTER_PORT=str(free_port()),
+            **slurm))
     assert "backend 'nccl' -> 'gloo'" in out
     assert 'bfloat16' in out
     assert 'CPUAmpOptimWrapper' in out
@@ -438,9 +403,7 @@ def test_det_train_and_test_tools(tmp_path):
 
 
 def test_test_out_logs_where_the_results_are(tmp_path):
-    """Issue 52, item 5: ``tools/test.py --out results.pkl`` logged the
-    temporary file it dumps into (``.results.pkl.<pid>.<random>.mmsoft-tmp
-    .pkl``, renamed afterwards) as where the results went."""
+    """Issue 52: --out logs the result file, not its temporary."""
     import glob
     import pickle
 
@@ -461,9 +424,7 @@ def test_test_out_logs_where_the_results_are(tmp_path):
 
 
 def coco_eval_stats(pkl, ann_file):
-    """COCOeval (pycocotools) of mmdet's dumped predictions (``--out``):
-    the first 6 numbers of the summary (mAP, @50, @75, small, medium,
-    large)."""
+    """The first 6 numbers of pycocotools' COCOeval of ``--out``'s dump."""
     import contextlib
     import io
     import pickle
@@ -482,12 +443,11 @@ def coco_eval_stats(pkl, ann_file):
                                          inst['scores'].tolist(),
                                          inst['labels'].tolist()):
                 x1, y1, x2, y2 = box
+                bbox = [x1, y1, x2 - x1, y2 - y1]
                 dets.append(
                     dict(
-                        image_id=p['img_id'],
-                        category_id=cat_ids[label],
-                        bbox=[x1, y1, x2 - x1, y2 - y1],
-                        score=score))
+                        zip(('image_id', 'category_id', 'bbox', 'score'),
+                            (p['img_id'], cat_ids[label], bbox, score))))
         assert dets, 'no detections dumped'
         ev = COCOeval(gt, gt.loadRes(dets), 'bbox')
         ev.evaluate()
