@@ -5,6 +5,7 @@ import glob
 import os.path as osp
 import re
 import types
+import uuid
 
 import pytest
 import torch
@@ -24,10 +25,9 @@ from mmsoft.engine.hooks import nonfinite_hook as nf
 
 
 class ToyModel(BaseModel):
-    """Linear regression; ``nan_at``: batch indices (x[0, 0] values) whose
-    loss is NaN (a bad sample); ``nan_grad_at``: training iterations
-    (1-based) whose loss is finite but whose gradient is NaN (an overflow
-    in the backward pass), so that the optimizer step writes NaN weights."""
+    """Linear regression; NaN loss at the batches ``nan_at`` (x[0, 0]); a
+    finite loss but NaN gradients at the (1-based) iterations
+    ``nan_grad_at``."""
 
     def __init__(self, nan_at=(), nan_grad_at=()):
         super().__init__()
@@ -66,24 +66,12 @@ class ToyData(torch.utils.data.Dataset):
         return dict(inputs=self.x[i], targets=self.y[i])
 
 
-_RUNS = 0
-
-
-def make_runner(work_dir,
-                gamma=1e8,
-                max_epochs=3,
-                hooks=True,
-                nan_at=(),
-                max_skipped_steps=0,
-                nan_grad_at=()):
-    custom_hooks = [dict(type='NonFiniteLossHook',
-                         max_skipped_steps=max_skipped_steps)] if hooks \
-        else []
-    global _RUNS
-    _RUNS += 1
+def make_runner(work_dir, gamma=1e8, max_epochs=3, hooks=True, **kw):
+    """``kw``: the hook's ``max_skipped_steps``, ToyModel's arguments."""
+    skip = kw.pop('max_skipped_steps', 0)
     return Runner(
-        model=ToyModel(nan_at, nan_grad_at),
-        experiment_name=f'nonfinite_{_RUNS}',
+        model=ToyModel(**kw),
+        experiment_name=f'nonfinite_{uuid.uuid4().hex[:8]}',
         work_dir=str(work_dir),
         train_dataloader=dict(
             dataset=ToyData(),
@@ -99,7 +87,8 @@ def make_runner(work_dir,
         default_hooks=dict(
             checkpoint=dict(
                 type='CheckpointHook', interval=1, max_keep_ckpts=1)),
-        custom_hooks=custom_hooks,
+        custom_hooks=[dict(type='NonFiniteLossHook', max_skipped_steps=skip)]
+        if hooks else [],
         default_scope='mmengine',
         randomness=dict(seed=0),
         log_level='WARNING')
@@ -111,24 +100,21 @@ def _finite_ckpt(path):
 
 
 def stop_message(runner):
-    """``runner.train()`` stops with a ``NonFiniteLossError``: its
-    message."""
+    """The message of the NonFiniteLossError that stops training."""
     with pytest.raises(NonFiniteLossError) as exc:
         runner.train()
     return str(exc.value)
 
 
 def assert_one_checkpoint(work_dir, name, finite):
-    """``work_dir`` holds one epoch checkpoint, ``name``: with finite
-    weights or (``finite=False``) not."""
+    """``name`` is the one epoch checkpoint; its weights ``finite``?"""
     ckpts = sorted(glob.glob(str(work_dir / 'epoch_*.pth')))
     assert [osp.basename(c) for c in ckpts] == [name]
     assert _finite_ckpt(ckpts[0]) == finite
 
 
 def test_without_the_hook_the_fault_happens(tmp_path):
-    """The fault being guarded against: a NaN run finishes and replaces the
-    good checkpoint by a NaN one."""
+    """The fault: a NaN run replaces the good checkpoint by a NaN one."""
     runner = make_runner(tmp_path, hooks=False)
     runner.train()
     assert_one_checkpoint(tmp_path, 'epoch_3.pth', finite=False)
@@ -168,13 +154,9 @@ def test_skipped_steps(tmp_path):
 @pytest.mark.parametrize('hooks', [False, True])
 def test_finite_loss_with_nan_step_never_replaces_the_good_checkpoint(
         tmp_path, hooks):
-    """The last iteration of epoch 2 has a finite loss but NaN gradients
-    (e.g. an exploding learning rate: loss 5e9, gradients inf): its
-    optimizer step writes NaN weights, which the epoch-2 checkpoint saved
-    over the good epoch-1 one (max_keep_ckpts=1) before the next, NaN loss
-    stopped the run (seen with tools/train.py on the demo classifier at lr
-    1e4). Now the run stops at that step, naming it, and epoch_1.pth
-    stays."""
+    """A finite loss with NaN gradients at epoch 2's last step: without
+    the hook its NaN checkpoint replaced epoch_1.pth; now the run stops at
+    that step, naming it."""
     runner = make_runner(tmp_path, gamma=1., hooks=hooks, nan_grad_at=(16, ))
     if not hooks:  # the fault: a NaN checkpoint replaces the good one
         runner.train()
@@ -188,9 +170,8 @@ def test_finite_loss_with_nan_step_never_replaces_the_good_checkpoint(
 
 @pytest.mark.parametrize('value, wrap', [('inf', False), ('nan', True)])
 def test_no_checkpoint_with_nonfinite_parameters(value, wrap):
-    """Second line of defence (a train_step that bypasses update_params):
-    ``before_save_checkpoint`` refuses non-finite parameters, named as in
-    the model's own state dict (without a wrapper's ``module.``)."""
+    """``before_save_checkpoint`` refuses non-finite parameters, named
+    without a wrapper's ``module.``."""
     hook = NonFiniteLossHook()
     runner = _stub_runner(max_iters=24, it=4)
     runner.model = ToyModel()
@@ -214,9 +195,8 @@ def test_priority_before_checkpoint_hook(tmp_path):
 
 @pytest.mark.parametrize('max_skipped_steps', [0, 2])
 def test_stop_message_is_the_documented_line(tmp_path, max_skipped_steps):
-    """The stop is one line: the loss, where, how many steps were skipped
-    (when skipping is on), that nothing was applied or saved, and every fix
-    of docs/en/faq.md, including the one to skip steps."""
+    """The stop is one line: the loss, where, the skipped steps, what was
+    kept, every fix of docs/en/faq.md."""
     hook = NonFiniteLossHook(max_skipped_steps=max_skipped_steps)
     hook._runner = _stub_runner(str(tmp_path), max_iters=24, it=11)
     nan = torch.tensor(float('nan'))
@@ -257,9 +237,8 @@ def test_process_exits_nonzero(tmp_path):
 
 
 def _guarded_wrapper(hook):
-    """A real OptimWrapper over a Linear, guarded by ``hook``'s
-    ``before_train`` on a stand-in runner; its original ``update_params``
-    records the arguments it gets."""
+    """An OptimWrapper guarded by ``hook`` (its original ``update_params``
+    records its arguments) on a stand-in runner."""
     model = nn.Linear(2, 1)
     wrapper = OptimWrapper(torch.optim.SGD(model.parameters(), lr=0.1))
     calls, original = [], wrapper.update_params
@@ -277,9 +256,7 @@ def _guarded_wrapper(hook):
 
 
 def test_guard_wraps_once_and_passes_every_argument_on():
-    """``update_params`` is wrapped once, however often ``before_train``
-    runs (a second ``train()``); the wrapper hands the step / zero_grad
-    arguments to the original as given."""
+    """Wrapped once (``before_train`` twice); arguments passed on."""
     hook = NonFiniteLossHook()
     runner, model, calls = _guarded_wrapper(hook)
     guarded = runner.optim_wrapper.update_params
@@ -292,8 +269,7 @@ def test_guard_wraps_once_and_passes_every_argument_on():
 
 
 def test_step_that_breaks_another_ranks_parameters_stops(monkeypatch):
-    """With several ranks, a finite loss whose step made nan / inf
-    parameters on another rank stops this one too, saying so."""
+    """nan / inf parameters on another rank stop this one too."""
     runner, model, _ = _guarded_wrapper(NonFiniteLossHook())
     flags = []  # 1: the loss was finite everywhere, 2: the parameters not
     monkeypatch.setattr(nf, '_any_rank',
@@ -334,10 +310,8 @@ def _stub_runner(work_dir=None, max_iters=10, it=2):
 @pytest.mark.parametrize('work_dir, max_iters', [(None, None),
                                                  ('work_dirs/x', 10)])
 def test_logged_loss_is_checked_after_the_iteration(work_dir, max_iters):
-    """A train step that bypasses ``update_params`` (its loss only in the
-    outputs) is stopped after the iteration: the line names the loss and
-    where (iteration I/N, or I without a known length), and the kept
-    checkpoints only with a work dir; it goes to the runner's log too."""
+    """A loss only in the outputs is checked after the iteration: the line
+    (logged too) names where and, with a work dir, what was kept."""
     hook = NonFiniteLossHook()
     runner = _stub_runner(work_dir, max_iters)
     for outputs in (None, {}, dict(loss=torch.tensor(1.5)), ['not a dict']):
@@ -361,9 +335,8 @@ def test_logged_loss_is_checked_after_the_iteration(work_dir, max_iters):
 @pytest.mark.parametrize('mine, other', [(False, False), (True, False),
                                          (False, True), (True, True)])
 def test_any_rank_is_true_if_any_rank_says_so(monkeypatch, mine, other):
-    """With several ranks, the flag goes through one all_reduce (a tensor
-    on the communication device, mmengine's op semantics; here a stand-in
-    for a second rank with ``other``): True if any rank's flag is."""
+    """One all_reduce on the communication device: True if any rank's
+    flag is (a stand-in second rank says ``other``)."""
     assert nf._any_rank(mine) is mine  # one rank: the flag itself
     ops = {
         torch_dist.ReduceOp.SUM: torch.add,
@@ -386,8 +359,7 @@ def test_any_rank_is_true_if_any_rank_says_so(monkeypatch, mine, other):
 
 
 def test_loss_value_of_any_kind():
-    """The loss as a float: a tensor's mean (0 for an empty one), a
-    number, or 0 for what is no number."""
+    """A tensor's mean (0 if empty), a number, or 0."""
     value = nf._value
     assert value(torch.tensor([1., 2.])) == 1.5
     assert value(torch.tensor([])) == 0.
@@ -396,9 +368,8 @@ def test_loss_value_of_any_kind():
 
 
 def test_skipped_step_warning_and_every_wrapper_guarded():
-    """Every optimizer of an OptimWrapperDict is guarded; a skipped step
-    (``max_skipped_steps``) is one WARNING naming the loss, where, and the
-    count in a row; the parameters keep their values."""
+    """Each wrapper of an OptimWrapperDict is guarded; a skipped step is
+    one WARNING and changes no parameter."""
     model = nn.Linear(2, 1)
     wrappers = OptimWrapperDict(
         a=OptimWrapper(torch.optim.SGD(model.parameters(), lr=0.1)),
@@ -420,9 +391,7 @@ def test_skipped_step_warning_and_every_wrapper_guarded():
 
 
 def test_skipped_step_drops_the_accumulated_gradients():
-    """Under gradient accumulation (``accumulative_counts=2``) a skipped
-    step also drops the gradients accumulated before it ("no step,
-    gradients zeroed"), so no later step applies a partial sum."""
+    """A skipped step drops the gradients accumulated before it."""
     model = nn.Linear(2, 1)
     wrapper = OptimWrapper(
         torch.optim.SGD(model.parameters(), lr=0.1), accumulative_counts=2)
@@ -441,8 +410,6 @@ def test_skipped_step_drops_the_accumulated_gradients():
 
 @pytest.mark.parametrize('value', [-1, 1.5, '3', True, None])
 def test_max_skipped_steps_must_be_an_int_of_at_least_zero(value):
-    """``max_skipped_steps`` is an int >= 0 (not a bool, a float or a
-    string), refused with one line that names it and the value."""
     with pytest.raises(
             ValueError,
             match=r'^NonFiniteLossHook: max_skipped_steps must be an int '
@@ -451,8 +418,6 @@ def test_max_skipped_steps_must_be_an_int_of_at_least_zero(value):
 
 
 def test_overflowing_step_names_the_finite_loss_value():
-    """A step that overflows the parameters although the loss was finite
-    names that loss's value in the stop message."""
     runner, model, _ = _guarded_wrapper(NonFiniteLossHook())
     runner.optim_wrapper.optimizer.param_groups[0]['lr'] = 3e38
     loss = model(torch.full((1, 2), 2.)).sum()  # weight gradients 2: inf
@@ -464,8 +429,7 @@ def test_overflowing_step_names_the_finite_loss_value():
 
 
 class _Scorer(BaseModel):
-    """Scores of 2 classes from a 2 x 2 image (``data_preprocessor``
-    normalises it); ``scale`` multiplies the scores (1e38 twice: inf)."""
+    """2 class scores of a 2 x 2 image, times ``scale`` twice."""
 
     def __init__(self, std=1., scale=1.):
         super().__init__(
@@ -506,11 +470,9 @@ def _test_runner(work_dir, nan_inputs=False, check_outputs=True, **model):
         def compute_metrics(self, results):
             return dict(n=len(results))
 
-    global _RUNS
-    _RUNS += 1
     return Runner(
         model=_Scorer(**model),
-        experiment_name=f'nonfinite_test_{_RUNS}',
+        experiment_name=f'nonfinite_test_{uuid.uuid4().hex[:8]}',
         work_dir=str(work_dir),
         test_dataloader=dict(
             dataset=_Images(nan_inputs),
@@ -548,9 +510,8 @@ def test_output_check_can_be_turned_off(tmp_path):
     ('finite', None),
 ])
 def test_nonfinite_test_outputs_stop_naming_the_cause(tmp_path, case, cause):
-    """Issue 52, item 4: NaN inputs in tools/test.py reported top-1 0.0
-    and exit 0; the hook the configs name stops the test at the first
-    batch whose outputs are not finite, naming the cause."""
+    """Issue 52, item 4: a test stops at the first non-finite outputs,
+    naming the cause."""
     runner = _test_runner(
         tmp_path,
         nan_inputs=case == 'inputs',
