@@ -1,7 +1,5 @@
-""":mod:`mmsoft.utils.atomic`: the target is either the complete new file
-or untouched, and a full disk that a writer reports as another exception
-is still an ``OSError`` with its errno (what ``SafeCheckpointHook``'s
-full-disk message reads; docs/en/advanced_guides/fault_tolerance.md)."""
+""":mod:`mmsoft.utils.atomic`: the target is the complete new file or
+untouched; a full disk behind another exception is an ``OSError``."""
 import errno
 import os
 import os.path as osp
@@ -17,8 +15,7 @@ from mmsoft.utils.atomic import (TMP_SUFFIX, atomic_path, atomic_write,
 
 
 def _full_disk(how):
-    """What torch.save raises on a full disk: a RuntimeError caused by (or
-    raised while handling) the OSError."""
+    """torch.save's error on a full disk (the OSError its cause / context)."""
     disk = OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), 'w.pth')
     if how == 'cause':
         return RuntimeError('PytorchStreamWriter failed writing file'), disk
@@ -59,8 +56,7 @@ def test_other_errors_pass_through_unchanged(tmp_path):
 
 
 def test_chain_search_ends_on_a_cycle():
-    """A chain whose causes / contexts form a loop (set by hand) is
-    searched once: no OSError found, no endless loop."""
+    """A chain whose causes / contexts loop is searched once."""
     a, b = RuntimeError('a'), ValueError('b')
     a.__cause__, b.__context__ = b, a
     with deadline(5):
@@ -114,8 +110,7 @@ def test_a_killed_writers_temporary_is_found_next_to_the_target(tmp_path):
 
 def test_sweep_of_a_missing_or_stubborn_directory_reports_nothing(
         tmp_path, monkeypatch):
-    """No checkpoint directory yet, or a temporary that cannot be removed
-    (permissions): nothing removed, nothing raised."""
+    """No directory, or a temporary that cannot be removed: no error."""
     assert remove_stale_temps(str(tmp_path / 'not yet')) == []
     stale = tmp_path / f'.iter_4.pth.{dead_pid()}.0123abcd{TMP_SUFFIX}'
     stale.write_bytes(b'half')
@@ -145,8 +140,8 @@ def test_atomic_write_directories_only_on_request(tmp_path):
 
 
 def test_atomic_write_is_durable_on_request(tmp_path, monkeypatch):
-    """``durable=True`` (how ``last_checkpoint`` is written) fsyncs the
-    file and its directory; the default does not pay for it."""
+    """``durable=True`` fsyncs the file and its directory; the default
+    does not."""
     synced = []
     real = os.fsync
     monkeypatch.setattr(os, 'fsync', lambda fd: synced.append(fd) or real(fd))

@@ -1,7 +1,5 @@
-""":mod:`mmsoft.utils.checkpoint_io` on small files: what makes a file no
-complete checkpoint, and the one line of a refused one (the loading paths
-that use them: ``test_hooks/test_checkpoint_hook.py``,
-``tests/test_checkpoint_safety.py``)."""
+""":mod:`mmsoft.utils.checkpoint_io` on small files: what is no complete
+checkpoint, and the one line of a refused one."""
 import pickle
 
 import pytest
@@ -89,9 +87,8 @@ def test_refusal_is_one_line_naming_what_and_the_fix(tmp_path):
 
 
 def _legacy_checkpoint(path):
-    """A training checkpoint as mmengine writes it (tensors of two dtypes,
-    an optimizer state, numpy arrays and a HistoryBuffer) in torch's
-    legacy (non-zip) format; returns its bytes."""
+    """A training checkpoint as mmengine writes it, in torch's legacy
+    (non-zip) format; returns its bytes."""
     import numpy as np
     from mmengine.logging import HistoryBuffer
     model = torch.nn.Linear(64, 32)
@@ -121,8 +118,7 @@ def test_describe_damage_reads_a_whole_legacy_file(tmp_path):
         (-1, 'tensor data'),
     ])
 def test_describe_damage_of_a_cut_legacy_file(tmp_path, keep, where):
-    """A legacy file cut short (torch.load: ``RuntimeError: unexpected
-    EOF`` or ``EOFError``) is truncated, where in the file it ends."""
+    """A legacy file cut short: truncated, and where it ends."""
     data = _legacy_checkpoint(tmp_path / 'whole.pth')
     n = keep % len(data)
     cut = tmp_path / 'cut.pth'
@@ -135,8 +131,7 @@ def test_describe_damage_of_a_cut_legacy_file(tmp_path, keep, where):
 
 
 def test_load_verified_names_a_damaged_legacy_file(tmp_path, monkeypatch):
-    """What torch.load finds in a legacy file that describe_damage let
-    through is a CheckpointError (one line), not ``RuntimeError``."""
+    """torch.load's error in a legacy file is a CheckpointError."""
     data = _legacy_checkpoint(tmp_path / 'whole.pth')
     cut = tmp_path / 'cut.pth'
     cut.write_bytes(data[:-100])

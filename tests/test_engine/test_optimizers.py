@@ -7,9 +7,8 @@ from mmsoft.engine.optimizers import CPUAmpOptimWrapper
 
 
 def test_cpu_amp_optim_wrapper_is_registered_and_autocasts():
-    """Registered by ``import mmsoft`` under its name in mmengine's root
-    OPTIM_WRAPPERS (what ``--amp`` without CUDA sets): the forward runs
-    under bfloat16 CPU autocast; only bfloat16 is accepted."""
+    """Registered in mmengine's root OPTIM_WRAPPERS; bfloat16 CPU autocast
+    only."""
     assert OPTIM_WRAPPERS.get('CPUAmpOptimWrapper') is CPUAmpOptimWrapper
     model = torch.nn.Linear(4, 2)
     sgd = dict(type='SGD', lr=0.1)
@@ -28,8 +27,7 @@ def test_cpu_amp_optim_wrapper_is_registered_and_autocasts():
 
 
 def test_cpu_amp_optim_wrapper_casts_to_bfloat16_whatever_the_outer_dtype():
-    """The forward runs under bfloat16 autocast (``cast_dtype``), not the
-    dtype of an enclosing CPU autocast."""
+    """bfloat16, whatever an enclosing CPU autocast's dtype."""
     model = torch.nn.Linear(4, 2)
     wrapper = CPUAmpOptimWrapper(
         optimizer=torch.optim.SGD(model.parameters(), lr=0.1))

@@ -1,8 +1,5 @@
-"""The checkpoint directory of a run (:mod:`mmsoft.engine.hooks.resume`),
-on small files: which file ``resume=True`` picks (the newest complete one
-of this run's directories) and which work dir owns a checkpoint directory
-(docs/en/advanced_guides/fault_tolerance.md). The Runner-level behaviour:
-``test_hooks/test_checkpoint_hook.py``."""
+""":mod:`mmsoft.engine.hooks.resume` on small files: the file
+``resume=True`` picks and the work dir owning a checkpoint directory."""
 import logging
 import os
 import os.path as osp
@@ -36,11 +33,8 @@ def logged():
 
 
 def test_candidates_are_this_runs_checkpoints_newest_first(tmp_path):
-    """By N (not by name: iter_10 after iter_9), then the newer file of
-    two with one N (work dir and out_dir); an ``extra`` file without an N
-    (``last_checkpoint`` naming a renamed file) comes after every numbered
-    one; other names, missing directories and a missing extra file are
-    left out."""
+    """By N, then the newer of two with one N; an ``extra`` file after the
+    numbered ones; other names, missing directories / files left out."""
     work, out = tmp_path / 'work', tmp_path / 'out'
     work.mkdir()
     out.mkdir()
@@ -84,8 +78,7 @@ def test_check_complete_names_what_is_wrong(tmp_path):
 
 
 def test_check_complete_names_a_load_error_in_one_line(tmp_path, monkeypatch):
-    """A file that is a zip but no torch checkpoint: the error's type and
-    first line; an error without a message does not stop the search."""
+    """A zip but no checkpoint: the error's type and first line."""
     path = str(tmp_path / 'iter_2.pth')
     with zipfile.ZipFile(path, 'w') as z:
         z.writestr('notes.txt', 'not a checkpoint')
@@ -103,9 +96,8 @@ def test_check_complete_names_a_load_error_in_one_line(tmp_path, monkeypatch):
 
 
 def test_newest_complete_skips_damaged_and_foreign_files(tmp_path):
-    """The newest file that loads completely; the damaged newer ones are
-    returned with their reasons; a ``last_checkpoint`` naming a file in
-    another directory (a copied work dir) is not used."""
+    """The newest complete file, the damaged newer ones with their
+    reasons; a foreign ``last_checkpoint`` is not used."""
     work, other = tmp_path / 'work', tmp_path / 'other'
     work.mkdir()
     other.mkdir()
@@ -127,9 +119,8 @@ def test_newest_complete_skips_damaged_and_foreign_files(tmp_path):
 
 
 def test_checkpoint_dir_belongs_to_the_first_work_dir(tmp_path):
-    """The first run records its work dir; it may claim again, another
-    work dir is refused with one line naming the owner; an owner file left
-    empty (a crash while writing it) is claimed."""
+    """The first run owns it; another is refused in one line; an empty
+    owner file (a crash) is claimed."""
     ckpt_dir = str(tmp_path / 'out' / 'run')
     a, b = str(tmp_path / 'a' / 'run'), str(tmp_path / 'b' / 'run')
     marker = osp.join(ckpt_dir, resume.OWNER_FILE)
@@ -153,9 +144,8 @@ def test_checkpoint_dir_belongs_to_the_first_work_dir(tmp_path):
 
 
 def test_last_checkpoint_names_a_file_without_a_number(tmp_path):
-    """``last_checkpoint`` is read from the work dir: a checkpoint of this
-    run under another name (renamed by hand) is found through it, also
-    when the numbered ones are damaged; the out_dir is searched too."""
+    """A renamed checkpoint is found through ``last_checkpoint`` (the
+    numbered ones damaged); the out_dir is searched too."""
     work, out = tmp_path / 'work', tmp_path / 'out'
     work.mkdir()
     out.mkdir()
@@ -172,9 +162,7 @@ def test_last_checkpoint_names_a_file_without_a_number(tmp_path):
 
 def test_last_checkpoint_through_another_spelling_of_the_work_dir(
         tmp_path, logged):
-    """A work dir reached through a symlink is the same directory:
-    ``last_checkpoint`` naming its file through the link (the run started
-    with that spelling) is this run's, used without a warning."""
+    """``last_checkpoint`` naming the file through a symlink: no warning."""
     work = tmp_path / 'real'
     work.mkdir()
     link = tmp_path / 'link'
@@ -187,10 +175,8 @@ def test_last_checkpoint_through_another_spelling_of_the_work_dir(
 
 
 def test_resume_search_warnings(tmp_path, logged):
-    """What the run's log says (one warning each): a foreign
-    ``last_checkpoint`` ignored (naming the directories searched), every
-    damaged file skipped with its reason, a ``last_checkpoint`` naming a
-    missing file."""
+    """One warning each: a foreign ``last_checkpoint``, each damaged file,
+    a ``last_checkpoint`` naming a missing file."""
     work, out, other = (tmp_path / d for d in ('work', 'out', 'other'))
     for d in (work, out, other):
         d.mkdir()

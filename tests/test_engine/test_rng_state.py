@@ -1,7 +1,5 @@
-""":mod:`mmsoft.utils.rng_state`: the CUDA RNG states go into a
-checkpoint when CUDA is in use and come back on resume with the same
-number of GPUs (CUDA faked: runs on a CPU machine; the real round trip of
-every state: ``test_hooks/test_checkpoint_hook.py``)."""
+""":mod:`mmsoft.utils.rng_state`: CUDA's RNG states saved when in use and
+restored with the same number of GPUs (CUDA faked)."""
 import torch
 
 from mmsoft.utils.rng_state import get_rng_state, set_rng_state
