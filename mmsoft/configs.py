@@ -1,8 +1,5 @@
-"""Find mmsoft's shipped configs (``<checkout>/configs``; installed:
-``<package>/.mim/configs``, where ``mim`` looks). To list or copy them:
-``mim run mmsoft configs list | copy NAME --dest DIR`` (in a checkout:
-``python tools/misc/configs.py ...``; docs/en/user_guides/own_config.md).
-"""
+"""Find mmsoft's shipped configs (``<checkout>/configs`` or, installed,
+``<package>/.mim/configs``; docs/en/user_guides/own_config.md)."""
 import difflib
 import glob
 import os
@@ -16,8 +13,7 @@ _PKG_DIR = osp.dirname(osp.abspath(__file__))
 
 
 def configs_root() -> str:
-    """The folder of mmsoft's configs (a checkout: ``setup.py`` next to the
-    package, never an unrelated ``configs`` folder in site-packages)."""
+    """The folder of mmsoft's configs."""
     repo = osp.dirname(_PKG_DIR)
     candidates = [osp.join(_PKG_DIR, '.mim', 'configs')]
     if osp.isfile(osp.join(repo, 'setup.py')):
@@ -32,8 +28,7 @@ def configs_root() -> str:
 
 
 def list_configs(include_base: bool = False) -> List[str]:
-    """Config names relative to :func:`configs_root`, sorted; ``_base_``
-    fragments only if asked."""
+    """Config names relative to :func:`configs_root`, sorted."""
     root = configs_root()
     names = (
         osp.relpath(p, root).replace(os.sep, '/')
@@ -43,9 +38,8 @@ def list_configs(include_base: bool = False) -> List[str]:
 
 
 def get_config_path(name: str) -> str:
-    """Absolute path of a shipped config ``name`` (``.py`` and a leading
-    ``configs/`` optional; a bare file name is also looked up in the
-    sub-folders); else one-line ``FileNotFoundError`` with close names."""
+    """Absolute path of a shipped config ``name`` (``.py``, ``configs/``
+    and the sub-folder optional); else a ``FileNotFoundError``."""
     root = configs_root()
     rel = name.replace('\\', '/')
     rel = rel[len('configs/'):] if rel.startswith('configs/') else rel
@@ -64,8 +58,8 @@ def get_config_path(name: str) -> str:
 
 
 def get_config(name: str):
-    """A shipped config (see :func:`get_config_path` for ``name``) as an
-    ``mmengine.config.Config``."""
+    """A shipped config (:func:`get_config_path`) as a ``Config``."""
+
     from mmengine.config import Config
     return Config.fromfile(get_config_path(name))
 

@@ -47,10 +47,8 @@ def mmsoft_to_official_key(key: str) -> Optional[str]:
 
 def extract_state_dict(ckpt,
                        prefer_ema: bool = True) -> Tuple['OrderedDict', str]:
-    """``(state_dict, entry)`` of a loaded timm / OpenMMLab checkpoint:
-    ``state_dict_ema`` / ``model_ema`` (first if ``prefer_ema``),
-    ``state_dict``, ``model`` or the dict itself (``'<bare>'``), without
-    ``module.`` prefixes."""
+    """``(state_dict, entry)`` of a loaded timm / OpenMMLab checkpoint
+    (``'<bare>'``: the dict itself; EMA first if ``prefer_ema``)."""
     order = ['state_dict', 'model', 'state_dict_ema', 'model_ema']
     order = order[2:] + order[:2] if prefer_ema else order
     if not isinstance(ckpt, Mapping):
@@ -93,8 +91,7 @@ def find_official_state_dict(checkpoint) -> Optional[Tuple[Dict, str]]:
 
 
 def official_soft_hint(checkpoint, source: str = 'SRC') -> Optional[str]:
-    """The converter command for an authors' file loaded as a whole model
-    (the backbone's ``init_cfg`` converts it itself), else None."""
+    """The converter command for an authors' file, else None."""
     found = find_official_state_dict(checkpoint)
     if not found:
         return None
@@ -109,8 +106,7 @@ def official_soft_hint(checkpoint, source: str = 'SRC') -> Optional[str]:
 
 
 def common_shape(sd: Mapping, key: str) -> Tuple[int, ...]:
-    """The most common shape of ``key`` (``*``: any block): a damaged block
-    is reported by the strict check, not taken as the architecture."""
+    """The most common shape of ``key`` (``*``: any block)."""
     rx = re.compile(re.escape(key).replace(r'\*', r'\d+'))
     found = Counter(tuple(v.shape) for k, v in sd.items() if rx.fullmatch(k))
     if not found:
@@ -121,11 +117,9 @@ def common_shape(sd: Mapping, key: str) -> Tuple[int, ...]:
 
 def infer_official_arch(sd: Mapping[str, torch.Tensor],
                         stage4_heads: Optional[int] = None) -> Dict:
-    """The architecture of an authors' state dict, read off its shapes
-    (the converter tools check them): mmsoft's arch entries,
-    ``in_channels``, ``num_classes`` (0: no head), ``pretrain_img_size``,
-    ``stage4_heads_given``. ``stage4_heads``: the heads of the softmax
-    stage 4, not in the weights (default: stage 3's head width)."""
+    """The arch entries, ``in_channels``, ``num_classes`` (0: no head),
+    ``pretrain_img_size`` of an authors' state dict, read off its shapes;
+    ``stage4_heads``: not in the weights (default: stage 3's head width)."""
     C = [common_shape(sd, f'pos_embed{s}')[-1] for s in range(1, 5)]
     lm, dw, ff = ([
         common_shape(sd, f'block{s}.*.att.{n}.weight') for s in (1, 2, 3)
@@ -173,8 +167,7 @@ def describe_arch(arch: Mapping) -> str:
 
 def official_model_name(arch: Mapping,
                         attn_norm: Optional[bool] = None) -> Optional[str]:
-    """``soft_tiny`` / ``soft_norm_tiny`` ... (``soft[_norm]_tiny`` for
-    ``attn_norm=None``) of an official model size, else None."""
+    """``soft_tiny`` / ``soft_norm_tiny`` / (None) ``soft[_norm]_tiny``."""
     name = match_arch_preset(arch)
     size = next((s for s, p in OFFICIAL_PRESETS.items() if p == name), None)
     infix = {None: '[_norm]', True: '_norm', False: ''}[attn_norm]
@@ -185,10 +178,9 @@ def convert_official_to_mmpretrain(sd: Mapping[str, torch.Tensor],
                                    stage4_heads: Optional[int] = None,
                                    prefix: str = 'backbone.'
                                    ) -> Tuple['OrderedDict', Dict]:
-    """An authors' state dict -> an mmpretrain ``ImageClassifier``'s (the
-    authors' ``head`` as ``head.fc``; ``prefix``: of the backbone keys) and
-    its arch (:func:`infer_official_arch`). Keys with no mmsoft counterpart
-    raise one :class:`ConversionError` naming them."""
+    """An authors' state dict -> an mmpretrain ``ImageClassifier``'s and
+    its arch (:func:`infer_official_arch`)."""
+
     sd = strip_module_prefix(sd)
     arch = infer_official_arch(sd, stage4_heads)
     new = {k: official_to_mmsoft_key(k) for k in sd}

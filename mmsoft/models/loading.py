@@ -18,19 +18,12 @@ from mmsoft.utils.strict_load import (CheckpointMismatchError, LoadReport,
 from . import converters as cv
 from .layers.soft_attention import SOFTAttention
 
-__all__ = [
-    'read_checkpoint', 'load_pretrained', 'attn_norms', 'check_attn_norm',
-    'check_checkpoint_for_model', 'SOFTPretrainedInit', 'pretrained_init_cfg',
-    'missing_weights_message'
-]
-
 PRETRAINED = ('Pretrained', 'SOFTPretrained')
 
 
 def read_checkpoint(filename, map_location='cpu', mmap: bool = False):
-    """``filename`` (a path, or an ``http(s)://`` URL cached as torch.hub
-    does) read safely; other schemes are mmengine's. ``mmap``: the tensors
-    of a zip file stay on disk."""
+    """``filename`` (a path or ``http(s)://`` URL, cached as torch.hub
+    does) read safely; ``mmap``: a zip file's tensors stay on disk."""
     from mmsoft.utils.checkpoint_io import load_verified
     path = osp.expanduser(str(filename))
     if path.startswith(('http://', 'https://')):
@@ -70,9 +63,8 @@ def check_attn_norm(model: torch.nn.Module,
                     checkpoint,
                     source: str,
                     config: Optional[str] = None) -> None:
-    """Refuse weights converted (``meta['attn_norm']``, ``soft2mmsoft.py
-    --norm``) or trained (``meta['mmsoft_attn_norm']``, recorded by
-    SafeCheckpointHook) with another attention normalisation than
+    """Refuse weights converted (``meta['attn_norm']``) or trained
+    (``meta['mmsoft_attn_norm']``) with another ``attn_norm`` than
     ``model``'s."""
     meta = checkpoint.get('meta') if isinstance(checkpoint, Mapping) else 0
     meta = meta if isinstance(meta, Mapping) else {}
@@ -107,10 +99,10 @@ def check_checkpoint_for_model(model: torch.nn.Module,
                                allow_partial: bool = False,
                                opt_in: str = '',
                                config: Optional[str] = None) -> LoadReport:
-    """Check a ``checkpoint`` (``source``: its file) loaded into a whole
-    ``model`` (wrappers unwrapped): keys and shapes (an authors' file gets
-    the converter command), attn_norm. ``allow_partial`` logs a mismatch;
-    ``opt_in`` (how to allow that) and ``config`` are named in the errors."""
+    """Check the keys, shapes and attn_norm of ``checkpoint`` (from
+    ``source``) against a whole ``model``; ``allow_partial`` logs a
+    mismatch; ``opt_in`` (how to allow that) and ``config`` are named in
+    the errors."""
     while is_model_wrapper(model) or isinstance(model, BaseTTAModel):
         model = model.module
     sd = checkpoint.get('state_dict', checkpoint) \
@@ -133,13 +125,10 @@ def load_pretrained(module: torch.nn.Module,
                     map_location='cpu',
                     strict: bool = True,
                     opt_in: str = '') -> LoadReport:
-    """Load ``checkpoint`` (a file or ``http(s)://`` URL) of any layout (an
-    authors' file is converted; one of another arch than the module's SOFT
-    is one line naming the preset) into ``module``; log the one-line report.
-    ``prefix``: load the keys under it (default: a whole-model file's
-    ``backbone.`` keys if none of its keys is the module's). ``strict=False``
-    loads the matching tensors (none is an error even then); ``opt_in``:
-    how to allow that, named in the error."""
+    """Load ``checkpoint`` (a file or URL; an authors' file is converted)
+    into ``module`` and log one line. ``prefix``: load the keys under it
+    (default: ``backbone.`` of a whole-model file); ``strict=False`` loads
+    the matching tensors; ``opt_in``: how to allow that, in the error."""
     source, ckpt = str(checkpoint), read_checkpoint(checkpoint, map_location)
     found, name = cv.find_official_state_dict(ckpt), cv.describe_arch
     soft = [m for m in module.modules() if hasattr(m, 'arch_settings')][:1]
@@ -204,8 +193,7 @@ def load_pretrained(module: torch.nn.Module,
 
 @WEIGHT_INITIALIZERS.register_module(name='SOFTPretrained')
 class SOFTPretrainedInit(PretrainedInit):
-    """mmengine's ``Pretrained`` initialiser, strict: :func:`load_pretrained`
-    with its arguments."""
+    """mmengine's ``Pretrained``, strict: :func:`load_pretrained`."""
 
     def __init__(self,
                  checkpoint: str,
@@ -229,10 +217,9 @@ class SOFTPretrainedInit(PretrainedInit):
 def pretrained_init_cfg(init_cfg: Union[Dict, List[Dict], None],
                         owner: str = 'SOFT'
                         ) -> Tuple[Union[Dict, List[Dict], None], bool]:
-    """``init_cfg`` with its ``Pretrained`` entries run by
-    :class:`SOFTPretrainedInit` (last, as mmengine orders them), and whether
-    a strict load replaces every tensor. ``checkpoint=None`` ("no weights
-    yet") drops the entry, with a log line."""
+    """``init_cfg`` with its ``Pretrained`` entries (last) run by
+    :class:`SOFTPretrainedInit` (``checkpoint=None``: dropped), and whether
+    a strict load replaces every tensor."""
     one = isinstance(init_cfg, Mapping)
     cfgs = [init_cfg] if one else list(init_cfg or [])
     loads = [
@@ -252,9 +239,8 @@ def pretrained_init_cfg(init_cfg: Union[Dict, List[Dict], None],
 def missing_weights_message(checkpoint,
                             backbone: str = 'model.backbone',
                             key: str = 'init_cfg.checkpoint') -> str:
-    """The one line for a backbone's ``init_cfg`` checkpoint that is not on
-    disk: where the authors publish it, another path, training from
-    scratch."""
+    """The one line for a backbone's ``init_cfg`` file that is not there."""
+
     name = osp.splitext(osp.basename(str(checkpoint)))[0]
     known, key, page = cv.OFFICIAL_FILES.get(name), f'{backbone}.{key}', \
         cv.OFFICIAL_PAGE

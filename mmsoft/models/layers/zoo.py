@@ -1,9 +1,6 @@
-"""The attention zoo: the token mixers SOFT is compared with in Table 1 of
-the NeurIPS paper, registered in :data:`mmsoft.registry.ATTENTIONS`. Each
-keeps SOFT's :class:`~mmsoft.models.layers.AttentionBase` (the per-head
-depthwise conv of V and ``proj``), so only the token mixer changes between
-the rows of Table 1.
-"""
+"""The token mixers SOFT is compared with in Table 1 of the NeurIPS paper,
+on SOFT's :class:`~mmsoft.models.layers.AttentionBase` (only the mixer
+changes between the rows)."""
 import math
 from typing import Optional, Tuple
 
@@ -22,10 +19,6 @@ __all__ = [
     'orthogonal_gaussian', 'NystromformerAttention', 'iterative_pinv',
     'SimAAttention', 'l1_normalize_tokens', 'sima_order'
 ]
-
-SR_MODES = ('conv', 'avgpool')
-PINV_MODES = ('iterative', 'exact')
-ORDERS = ('auto', 'quadratic', 'linear')
 
 
 def spread_to_tokens(w, hw, ratio, max_landmarks=None, landmark_hw=None):
@@ -50,9 +43,8 @@ def spread_to_tokens(w, hw, ratio, max_landmarks=None, landmark_hw=None):
 
 
 class ZooAttention(AttentionBase):
-    """q / k / v projections (biases: ``qkv_bias``) on
-    :class:`~mmsoft.models.layers.AttentionBase`, whose arguments it and
-    its subclasses take as ``*args, **kwargs``."""
+    """q / k / v projections on :class:`~mmsoft.models.layers.AttentionBase`
+    (its arguments as ``*args, **kwargs``)."""
 
     def __init__(self, *args, qkv_bias: bool = True, **kwargs):
         super().__init__(*args, **kwargs)
@@ -81,8 +73,7 @@ class ReducedGridAttention(ZooAttention):
 @ATTENTIONS.register_module(name=['SoftmaxZooAttention', 'softmax'])
 class SoftmaxZooAttention(ZooAttention):
     """Full softmax attention, softmax(Q K^T / sqrt(d)) V (the
-    "Transformer" row), by torch's ``scaled_dot_product_attention``
-    (``sdpa_kernel(SDPBackend.MATH)`` materialises the n x n matrix)."""
+    "Transformer" row), by ``scaled_dot_product_attention``."""
 
     def _mix(self, x: torch.Tensor, hw: Tuple[int, int]):
         vt = self.v(x)
@@ -113,7 +104,7 @@ class LinformerAttention(ReducedGridAttention):
 
     def __init__(self, *args, sr_mode: str = 'conv', **kwargs):
         super().__init__(*args, **kwargs)
-        self.sr_mode = check_choice('sr_mode', sr_mode, SR_MODES)
+        self.sr_mode = check_choice('sr_mode', sr_mode, ('conv', 'avgpool'))
         r, C = self.sampling_ratio, self.embed_dims
         if sr_mode == 'conv' and r > 1:
             self.sr = SafeConv2d(C, C, r, r)
@@ -271,7 +262,7 @@ class NystromformerAttention(ReducedGridAttention):
 
     def __init__(self, *args, pinv='iterative', pinv_iters=6, **kwargs):
         super().__init__(*args, **kwargs)
-        self.pinv = check_choice('pinv', pinv, PINV_MODES)
+        self.pinv = check_choice('pinv', pinv, ('iterative', 'exact'))
         self.pinv_iters = pinv_iters
 
     def _landmarks(self, t: torch.Tensor, hw: Tuple[int, int]):
@@ -318,7 +309,8 @@ def l1_normalize_tokens(t: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
 
 def sima_order(n: int, d: int, order: str = 'auto') -> str:
     """``'linear'`` (Q^ (K^^T V)) or ``'quadratic'`` ((Q^ K^^T) V)."""
-    if check_choice('order', order, ORDERS) != 'auto':
+    if check_choice('order', order, ('auto', 'quadratic', 'linear')) != 'auto':
+
         return order
     return 'linear' if n > d else 'quadratic'
 
