@@ -1,7 +1,5 @@
-"""The tools' command line: argparse types, the arguments and pre-flight
-checks of ``tools/train.py`` / ``tools/test.py``, and :func:`run_main`, the
-door of every tool: an expected failure (:data:`EXPECTED`) is one line
-``error: ...`` and exit status 1 (docs/en/faq.md lists them)."""
+"""The tools' arguments, pre-flight checks and :func:`run_main`: an expected
+failure is one line ``error: ...``, exit 1 (docs/en/faq.md lists them)."""
 import argparse
 import errno
 import os
@@ -9,24 +7,12 @@ import os.path as osp
 import sys
 from typing import Callable, Dict, Iterable, Optional
 
-__all__ = [
-    'ToolError', 'EXPECTED', 'run_main', 'one_line', 'positive_int',
-    'check_readable', 'runner_parser', 'parse_runner_args',
-    'apply_runner_args', 'cfg_option_problem', 'merge_cfg_options',
-    'check_work_dir', 'seed_int', 'seed_problem', 'init_checkpoints',
-    'checkpoint_problem', 'check_device', 'set_partial_load',
-    'unwritable_reason', 'check_runner_checkpoints', 'load_config',
-    'config_syntax_error', 'cfg_options_action', 'launcher_problem'
-]
-
 
 class ToolError(Exception):
     """A user error found by a tool's own checks: one line, exit 1."""
 
 
-#: (module, class): the failures a user can cause and fix, which
-#: :func:`run_main` turns into one line. Looked up in ``sys.modules`` only
-#: (an exception of a module that was never imported cannot be raised)
+#: (module, class) of the failures a user can fix (looked up in sys.modules)
 EXPECTED = (
     ('mmsoft_tools.cli', 'ToolError'),
     ('mmsoft.utils.checkpoint_io', 'CheckpointError'),  # damaged file
@@ -40,8 +26,7 @@ EXPECTED = (
     ('mmsoft_tools.demo_synthetic', 'NotDemoDataError'),
 )
 
-#: errno of an OSError -> what to do (a full disk, a path that is not
-#: there / not writable); other OSErrors keep their traceback
+#: errno -> what to do; other OSErrors keep their traceback
 _OS_FIXES = {
     errno.ENOSPC: 'free some space or write somewhere else',
     errno.EDQUOT: 'free some space or write somewhere else',
@@ -95,8 +80,7 @@ def one_line(exc: BaseException) -> Optional[str]:
 
 
 def _target_of_temp(path) -> str:
-    """The file an atomic write's temporary (``mmsoft.utils.atomic``)
-    stands for, ``(not replaced)``; other paths as they are."""
+    """An atomic write's temporary as ``<its target> (not replaced)``."""
     import re
     path = '' if path is None else str(path)
     m = re.match(r'^\.(.+)\.\d+\.[0-9a-f]{8}\.mmsoft-tmp', osp.basename(path))
@@ -106,9 +90,8 @@ def _target_of_temp(path) -> str:
 
 
 def run_main(main: Callable, argv=None):
-    """``sys.exit(main(argv))``; an expected failure (:func:`one_line`)
-    exits 1 with its line on stderr (``MMSOFT_TRACEBACK=1``: re-raised,
-    with the traceback). Every tool ends with ``cli.run_main(main)``."""
+    """``sys.exit(main(argv))``, an expected failure as its one line, exit 1
+    (``MMSOFT_TRACEBACK=1``: re-raised)."""
     try:
         code = main(argv)
     except Exception as e:  # noqa: BLE001 - the table decides
@@ -122,9 +105,8 @@ def run_main(main: Callable, argv=None):
 
 
 def config_syntax_error(path: str, _seen=None) -> Optional[str]:
-    """``<file>:<line>: syntax error: <what>`` of the first syntax error
-    in the config ``path`` or in the local files of its ``_base_``
-    (mmengine reports it as ``File "<unknown>"``), or None."""
+    """``<file>:<line>: syntax error: <what>`` in ``path`` or its local
+    ``_base_`` files (mmengine names ``<unknown>``), or None."""
     import ast
     _seen = set() if _seen is None else _seen
     if path in _seen:
@@ -154,9 +136,7 @@ def config_syntax_error(path: str, _seen=None) -> Optional[str]:
 
 
 def load_config(path: str):
-    """``Config.fromfile(path)``; a syntax error in the config (or in a
-    file of its ``_base_``) is a one-line :class:`ToolError` naming the
-    file and line (mmengine's traceback names ``<unknown>``)."""
+    """``Config.fromfile(path)``; a syntax error is a :class:`ToolError`."""
     from mmengine.config import Config
     try:
         return Config.fromfile(path)
@@ -180,10 +160,7 @@ def positive_int(text: str) -> int:
 
 
 def check_readable(path: str) -> None:
-    """An existing input file that cannot be opened (permissions, ...)
-    raises a one-line ``ConversionError`` naming it and the reason, instead
-    of a ``PermissionError`` traceback; a missing file or a directory is
-    left to the loader's own message."""
+    """An existing file that cannot be read: a one-line ConversionError."""
     from mmsoft.models.converters import ConversionError
     if not osp.isfile(path):
         return
@@ -206,10 +183,8 @@ def _existing(path: str) -> str:
 
 
 def unwritable_reason(path: str, directory: bool = False):
-    """Why a file (``directory``: a directory) cannot be written at
-    ``path``, or None: checked before heavy work. Missing parents are fine
-    (writers create them) unless the nearest existing one is a file or not
-    writable."""
+    """Why a file (or ``directory``) cannot be written at ``path``, or
+    None (missing parents are fine)."""
     path = osp.abspath(path)
     if not directory and osp.isdir(path):
         return 'is a directory; give a file name'
@@ -226,10 +201,7 @@ def unwritable_reason(path: str, directory: bool = False):
 def runner_parser(description: str, positionals: Dict[str,
                                                       str], work_dir_help: str,
                   checkpoint: str) -> argparse.ArgumentParser:
-    """The parser of ``tools/train.py`` and ``tools/test.py`` (parsed by
-    :func:`parse_runner_args`): ``positionals`` (``{name: help}``),
-    ``--work-dir``, ``--partial-load`` (``checkpoint``: what it applies
-    to), ``--cfg-options``, ``--launcher`` and ``--local-rank``."""
+    """The parser of ``tools/train.py`` and ``tools/test.py``."""
     parser = argparse.ArgumentParser(description=description)
     for name, text in positionals.items():
         parser.add_argument(name, help=text)
@@ -256,26 +228,18 @@ def runner_parser(description: str, positionals: Dict[str,
         choices=['none', 'pytorch', 'slurm', 'mpi'],
         default='none',
         help='job launcher')
-    # torch.distributed.launch passes --local-rank (torch >= 2.0; before:
-    # --local_rank), torchrun the LOCAL_RANK variable
     parser.add_argument('--local_rank', '--local-rank', type=int, default=0)
     return parser
 
 
 def parse_runner_args(parser: argparse.ArgumentParser,
                       argv=None) -> argparse.Namespace:
-    """``parser.parse_args(argv)`` with the launcher, spaces lost from
-    ``--cfg-options`` values and the seed checked; sets ``LOCAL_RANK``
-    from ``--local-rank`` where the launcher did not."""
-    raw = sys.argv[1:] if argv is None else list(argv)
+    """``parser.parse_args(argv)``, launcher, ``--cfg-options`` spaces and
+    seed checked; ``LOCAL_RANK`` set from ``--local-rank`` if unset."""
     args = parser.parse_args(argv)
     problem = launcher_problem(args.launcher, parser.prog)
     if problem:
         raise ToolError(problem)
-    for key, typed in _typed_cfg_options(raw):
-        problem = _lost_whitespace(key, typed, (args.cfg_options or {}))
-        if problem:
-            raise ToolError(problem)
     seed = (args.cfg_options or {}).get('randomness.seed', None)
     if seed is not None and seed_problem(seed):
         raise ToolError(f'--cfg-options randomness.seed={seed!r}: '
@@ -285,8 +249,7 @@ def parse_runner_args(parser: argparse.ArgumentParser,
     return args
 
 
-#: launcher -> (the environment variables it sets, what starts it, the
-#: launch script of tools/train.py and tools/test.py)
+#: launcher -> (its environment variables, its starter, the launch scripts)
 _LAUNCHERS = {
     'pytorch':
     (('RANK', 'WORLD_SIZE', 'MASTER_ADDR', 'MASTER_PORT'), 'torchrun', {
@@ -304,10 +267,7 @@ _LAUNCHERS = {
 
 
 def launcher_problem(launcher: str, prog: str = '') -> Optional[str]:
-    """Why ``--launcher launcher`` cannot start here (``pytorch`` run
-    without torchrun, ``slurm`` outside ``srun``: mmengine's ``init_dist``
-    fails with ``KeyError: 'RANK'``), or None. ``prog``: the tool
-    (``train.py``), whose launch script the message names."""
+    """Why ``--launcher`` cannot start here (no torchrun / srun), or None."""
     if launcher not in _LAUNCHERS:
         return None
     names, starter, scripts = _LAUNCHERS[launcher]
@@ -321,13 +281,11 @@ def launcher_problem(launcher: str, prog: str = '') -> Optional[str]:
             f'with {how}, or leave --launcher out for one process')
 
 
-#: the largest seed numpy accepts (np.random.seed: 0 .. 2**32 - 1)
 MAX_SEED = 2**32 - 1
 
 
 def seed_problem(value) -> Optional[str]:
-    """Why ``value`` is no random seed (numpy, which mmengine seeds too,
-    takes integers 0 .. 2**32 - 1), or None."""
+    """Why ``value`` is no numpy seed, or None."""
     if isinstance(value, bool) or not isinstance(value, int) or \
             not 0 <= value <= MAX_SEED:
         return (f'a seed must be an integer from 0 to {MAX_SEED} '
@@ -336,7 +294,7 @@ def seed_problem(value) -> Optional[str]:
 
 
 def seed_int(text: str) -> int:
-    """argparse type of ``--seed``: an integer 0 .. :data:`MAX_SEED`."""
+    """argparse type of ``--seed``."""
     try:
         value = int(text)
     except (TypeError, ValueError):
@@ -347,31 +305,8 @@ def seed_int(text: str) -> int:
     return value
 
 
-def _typed_cfg_options(argv) -> Iterable:
-    """``(key, value as typed)`` of every ``--cfg-options key=value`` in
-    the raw command line ``argv`` (``--cfg-options=k=v`` too)."""
-    taking = False
-    for token in map(str, argv):
-        if token.startswith('--cfg-options='):
-            token, taking = token[len('--cfg-options='):], False
-        elif token == '--cfg-options':
-            taking = True
-            continue
-        elif taking and token.startswith('-') and not token[1:2].isdigit():
-            taking = False
-            continue
-        elif not taking:
-            continue
-        key, sep, value = token.partition('=')
-        if sep:
-            yield key, value
-
-
 def _lost_whitespace(key: str, typed: str, parsed: dict) -> Optional[str]:
-    """Why the ``--cfg-options`` value ``typed`` of ``key`` is not what
-    mmengine's ``DictAction`` made of it (``parsed[key]``): it removes
-    every space, so ``out_dir=/a b`` becomes ``/ab``. Spaces next to a
-    list's ``, [ ] ( )`` or around the value lose nothing."""
+    """Why ``typed`` lost its inner spaces to mmengine's DictAction."""
     import re
     value = parsed.get(key, typed)
     inner = typed.strip().strip('\'"').strip()
@@ -384,10 +319,7 @@ def _lost_whitespace(key: str, typed: str, parsed: dict) -> Optional[str]:
 
 
 def apply_runner_args(cfg, args: argparse.Namespace):
-    """``cfg`` (the config file ``args.config``, loaded by the tool) with
-    the arguments of a :func:`runner_parser`: ``--launcher``,
-    ``--cfg-options`` and the work dir (``--work-dir``, else the config's
-    ``work_dir``, else ``./work_dirs/<config name>``). Returns ``cfg``."""
+    """``cfg`` with a :func:`runner_parser`'s arguments applied."""
     cfg.launcher = args.launcher
     merge_cfg_options(cfg, args.cfg_options)
     if args.work_dir is not None:
@@ -399,9 +331,7 @@ def apply_runner_args(cfg, args: argparse.Namespace):
 
 
 def _unsupported_value(key: str, value: str) -> Optional[str]:
-    """Why ``key=value`` is a ``--cfg-options`` item mmengine's parser
-    cannot take (a ``dict(...)`` / ``{...}`` value: a string, or a
-    RecursionError), or None."""
+    """Why ``key=value`` (a dict) is no --cfg-options item, or None."""
     text = value.strip().strip('\'"').strip()
     if text.startswith(('dict(', '{')):
         return (f'--cfg-options {key}={value}: a dict is no --cfg-options '
@@ -413,37 +343,34 @@ def _unsupported_value(key: str, value: str) -> Optional[str]:
 
 
 def cfg_options_action():
-    """The argparse action of ``--cfg-options``: mmengine's
-    ``DictAction``, where a value it cannot take (a ``dict(...)``,
-    unbalanced brackets: a string, a RecursionError or an AssertionError
-    there) is a one-line :class:`ToolError` naming the item."""
+    """mmengine's ``DictAction``; an item it cannot read: a ToolError."""
     from mmengine.config import DictAction
 
     class CfgOptions(DictAction):
 
         def __call__(self, parser, namespace, values, option_string=None):
             for item in values:
-                key, _, value = item.partition('=')
-                problem = _unsupported_value(key, value)
+                key, _, typed = item.partition('=')
+                problem, one = _unsupported_value(key, typed), None
+                try:
+                    if not problem:
+                        one = argparse.Namespace()
+                        super().__call__(parser, one, [item], option_string)
+                except (RecursionError, AssertionError, ValueError) as e:
+                    problem = (f'--cfg-options {item}: mmengine\'s parser '
+                               f'cannot read it ({type(e).__name__}: '
+                               f'{" ".join(str(e).split())}); check the '
+                               f'brackets and quotes')
+                problem = problem or _lost_whitespace(key, typed,
+                                                      getattr(one, self.dest))
                 if problem:
                     raise ToolError(problem)
-            for item in values:  # the first item it cannot read
-                try:
-                    super().__call__(parser, argparse.Namespace(), [item],
-                                     option_string)
-                except (RecursionError, AssertionError, ValueError) as e:
-                    raise ToolError(
-                        f'--cfg-options {item}: mmengine\'s parser cannot '
-                        f'read it ({type(e).__name__}: '
-                        f'{" ".join(str(e).split())}); check the brackets '
-                        f'and quotes') from None
             super().__call__(parser, namespace, values, option_string)
 
     return CfgOptions
 
 
-#: the kinds of a config value and what a --cfg-options value replacing
-#: it must be (mmengine's parser makes a string of anything else)
+#: a config value's kind -> what may replace it
 _VALUE_KINDS = (
     (bool, (bool, ), 'true or false'),
     ((int, float), (int, float), 'a number'),
@@ -451,12 +378,8 @@ _VALUE_KINDS = (
 
 
 def cfg_option_problem(cfg, key: str, value=None) -> Optional[str]:
-    """Why the ``--cfg-options`` item ``key=value`` (as mmengine parsed it)
-    looks wrong, or None: a part of ``key`` that ``cfg`` lacks where a key
-    of nearly the same name exists (``train_cfg.max_epoch``), or a value
-    that cannot replace the config's number / boolean there
-    (``max_epochs=abc``: a string, which fails deep inside the Runner).
-    New keys without such a neighbour are allowed."""
+    """Why ``key=value`` looks wrong (a near-miss key, a wrong kind), or
+    None."""
     import difflib
     node, done = cfg, []
     for part in key.split('.'):
@@ -491,9 +414,7 @@ def cfg_option_problem(cfg, key: str, value=None) -> Optional[str]:
 
 
 def merge_cfg_options(cfg, options: Optional[dict]) -> None:
-    """``cfg.merge_from_dict(options)`` after :func:`cfg_option_problem`;
-    a mistyped key or an option mmengine cannot merge (a dict over a
-    None) raises a one-line :class:`ToolError` naming it."""
+    """``cfg.merge_from_dict(options)``; problems as a :class:`ToolError`."""
     if not options:
         return
     for key, value in options.items():
@@ -508,11 +429,8 @@ def merge_cfg_options(cfg, options: Optional[dict]) -> None:
 
 
 def check_work_dir(path: Optional[str], option: str = '--work-dir') -> None:
-    """An output directory (``option``, e.g. ``--work-dir``) that cannot be
-    created or written (a file, a read-only place): a one-line
-    :class:`ToolError` before anything is built. Probes with a temporary
-    directory in the nearest existing folder (permission bits do not stop
-    root, a read-only file system does), removed at once."""
+    """An output directory that cannot be written: a :class:`ToolError`
+    (probed with a temporary directory)."""
     if not path:
         return
     import tempfile
@@ -534,10 +452,8 @@ def check_work_dir(path: Optional[str], option: str = '--work-dir') -> None:
 
 
 def checkpoint_problem(path: str) -> Optional[str]:
-    """Why the checkpoint ``path`` cannot be loaded, checked before
-    anything is built: a directory, a damaged local file (missing files
-    get their tool's own message), or an ``http(s)://`` URL that is neither
-    in torch's download cache nor reachable. None when it looks fine."""
+    """Why ``path`` cannot be loaded (a directory, damaged, an unreachable
+    URL), or None."""
     path = str(path)
     if path.startswith(('http://', 'https://')):
         return _url_problem(path)
@@ -578,8 +494,7 @@ def _url_problem(url: str) -> Optional[str]:
 
 
 def check_device(device: Optional[str]) -> None:
-    """``--device cuda[:N]`` on a machine without CUDA (or N out of range):
-    a one-line :class:`ToolError` before the model is built."""
+    """``--device cuda[:N]`` that this machine lacks: a ToolError."""
     if not device or not str(device).startswith('cuda'):
         return
     import torch
@@ -595,8 +510,7 @@ def check_device(device: Optional[str]) -> None:
 
 
 def init_checkpoints(cfg, key: str = 'model') -> Iterable:
-    """``(config key, checkpoint)`` of every ``Pretrained`` init_cfg under
-    ``cfg[key]`` (the backbone's ImageNet file, ...)."""
+    """``(config key, checkpoint)`` of each Pretrained init_cfg."""
 
     def walk(node, path):
         if isinstance(node, (list, tuple)):
@@ -620,10 +534,7 @@ def init_checkpoints(cfg, key: str = 'model') -> Iterable:
 
 
 def set_partial_load(cfg, partial_load: bool) -> None:
-    """``--partial-load`` on the ``StrictLoadHook`` that the config names
-    (the shipped configs do, in ``custom_hooks``): ``allow_partial`` when
-    given, and its refusal names the option. A config without the hook
-    loads as mmengine does (``strict=False``)."""
+    """``--partial-load`` onto the config's ``StrictLoadHook``."""
     for hook in cfg.get('custom_hooks', None) or []:
         if hasattr(hook, 'get') and str(
                 hook.get('type')).split('.')[-1] == 'StrictLoadHook':
@@ -633,9 +544,7 @@ def set_partial_load(cfg, partial_load: bool) -> None:
 
 
 def check_init_checkpoints(cfg) -> None:
-    """An ``init_cfg`` checkpoint of ``cfg.model`` with a
-    :func:`checkpoint_problem`: a :class:`ToolError` naming its key (a
-    missing file stops ``init_weights``: ``SOFTPretrained``)."""
+    """An ``init_cfg`` checkpoint with a problem: a :class:`ToolError`."""
     for key, path in init_checkpoints(cfg):
         problem = checkpoint_problem(path)
         if problem:
@@ -643,11 +552,8 @@ def check_init_checkpoints(cfg) -> None:
 
 
 def check_runner_checkpoints(cfg) -> None:
-    """A training run's checkpoint files before the Runner writes anything
-    (``SafeCheckpointHook`` checks them again in the Runner, too late for
-    that): ``load_from`` / ``--resume PATH`` missing, a directory or
-    damaged, a resume where every checkpoint is damaged, an ``out_dir``
-    that another work dir's run holds: a :class:`ToolError`."""
+    """Bad ``load_from`` / resume files or a held ``out_dir``, before the
+    Runner writes anything: a :class:`ToolError`."""
     from mmsoft.engine.hooks import resume as R
     work_dir, load_from = cfg.work_dir, cfg.get('load_from', None)
     resumes = bool(cfg.get('resume', False))
