@@ -4,7 +4,6 @@ point (the hook's Runner loads, the resume search, init_cfg, the ONNX
 loader, both converters, tools/test.py, demo/image_demo.py); each refuses it
 in one line naming the file and the safe fix, and the marker never exists.
 """
-import codecs
 import os.path as osp
 import pickle
 import sys
@@ -210,28 +209,6 @@ def test_training_checkpoints_still_load(tmp_path):
     assert got['message_hub']['runtime_info']['best_score'] == 0.75
     np.testing.assert_array_equal(got['arrays'][0], [0, 1, 2])
     assert find_newest_complete(str(tmp_path))[0] == path
-
-
-@pytest.mark.parametrize(
-    'gadget', ['getattr', 'bytes'] +
-    ([] if mmsoft.compat.native_allow_list() else ['codecs']))
-def test_restricted_helpers_refuse_other_uses(tmp_path, gadget):
-    """The stand-ins for getattr / bytes (and _codecs.encode before torch
-    2.6) build only what mmengine checkpoints need."""
-
-    class Gadget:
-
-        def __reduce__(self):
-            if gadget == 'getattr':
-                return getattr, (np.ndarray, 'tofile')
-            if gadget == 'bytes':
-                return bytes, (10**6, )
-            return codecs.encode, (b'x', 'base64')
-
-    path = str(tmp_path / 'gadget.pth')
-    torch.save({'x': Gadget()}, path)
-    with pytest.raises(pickle.UnpicklingError):
-        mmsoft.compat.safe_torch_load(path)
 
 
 @pytest.fixture(scope='module')

@@ -30,14 +30,14 @@ def retag(path, tag=b'mmsoft_absent_device'):
                          b'X' + len(tag).to_bytes(4, 'little') + tag))
 
 
-class _Getattr:
-    """Pickles to ``getattr(owner, name)``."""
+class _Call:
+    """Pickles to ``fn(*args)``."""
 
-    def __init__(self, owner, name):
-        self.owner, self.name = owner, name
+    def __init__(self, fn, *args):
+        self.fn, self.args = fn, args
 
     def __reduce__(self):
-        return getattr, (self.owner, self.name)
+        return self.fn, self.args
 
 
 class _Allowed:
@@ -52,13 +52,27 @@ def _refusal(what, allowed):
 def test_getattr_of_another_owner_is_refused_in_one_line(tmp_path):
     """Only ``getattr(HistoryBuffer, <public method>)`` is built."""
     path = tmp_path / 'gadget.pth'
-    torch.save({'x': _Getattr(np.ndarray, 'mean')}, path)
+    torch.save({'x': _Call(getattr, np.ndarray, 'mean')}, path)
     want = _refusal("getattr(<class 'numpy.ndarray'>, 'mean')",
                     'a public method of HistoryBuffer')
     with pytest.raises(pickle.UnpicklingError, match=re.escape(want)):
         safe_load.safe_torch_load(path)
-    torch.save({'x': _Getattr(HistoryBuffer, 'mean')}, path)
+    torch.save({'x': _Call(getattr, HistoryBuffer, 'mean')}, path)
     assert safe_load.safe_torch_load(path)['x'] is HistoryBuffer.mean
+
+
+@pytest.mark.parametrize('fn,args', [(getattr, (np.ndarray, 'tofile')),
+                                     (bytes, (10**6, )),
+                                     (codecs.encode, (b'x', 'base64'))])
+def test_stand_ins_build_only_what_mmengine_needs(tmp_path, fn, args):
+    """getattr / bytes (and _codecs.encode before torch 2.6, which allows
+    any codec itself) refuse other uses."""
+    if fn is codecs.encode and safe_load.native_allow_list():
+        pytest.skip('torch >= 2.6 allows every codec')
+    path = str(tmp_path / 'gadget.pth')
+    torch.save({'x': _Call(fn, *args)}, path)
+    with pytest.raises(pickle.UnpicklingError):
+        safe_load.safe_torch_load(path)
 
 
 def test_bytes_refusal_is_one_line():
@@ -131,13 +145,6 @@ def test_unsafe_globals_of_legacy_files(tmp_path):
     assert safe_load.unsafe_globals(bad) == [f'{os.getcwd.__module__}.getcwd']
 
 
-class _Rot13:
-    """Pickles to ``_codecs.encode('abc', 'rot13')``."""
-
-    def __reduce__(self):
-        return codecs.encode, ('abc', 'rot13')
-
-
 @needs_torch('2.6', "torch's unpickler loads checkpoints (any _codecs.encode)")
 def test_unsafe_globals_of_a_legacy_file_follow_this_torch(tmp_path):
     """The scan allows what :func:`safe_torch_load` allows (any
@@ -145,9 +152,11 @@ def test_unsafe_globals_of_a_legacy_file_follow_this_torch(tmp_path):
     for zipped in (True, False):
         path = str(tmp_path / f'rot13_{zipped}.pth')
         kw = dict(_use_new_zipfile_serialization=zipped)
-        torch.save(dict(a=_Rot13()), path, **kw)
+        torch.save(dict(a=_Call(codecs.encode, 'abc', 'rot13')), path, **kw)
         assert safe_load.safe_torch_load(path) == {'a': 'nop'}
-        torch.save(dict(a=_Rot13(), b=os.getcwd), path, **kw)
+        torch.save(
+            dict(a=_Call(codecs.encode, 'abc', 'rot13'), b=os.getcwd), path,
+            **kw)
         with pytest.raises(pickle.UnpicklingError, match='getcwd'):
             safe_load.safe_torch_load(path)
         assert safe_load.unsafe_globals(path) == [
@@ -244,16 +253,6 @@ def test_native_allow_list_from_torch_2_6(monkeypatch, version, native):
     assert safe_load.native_allow_list() is native
 
 
-class _Encode:
-    """Pickles to ``_codecs.encode(*args)`` (protocol 2's ``bytes``)."""
-
-    def __init__(self, *args):
-        self.args = args
-
-    def __reduce__(self):
-        return codecs.encode, self.args
-
-
 @pytest.fixture
 def restricted(monkeypatch):
     """What torch < 2.6 runs (the restricted unpickler)."""
@@ -290,17 +289,17 @@ def test_restricted_codecs_encode_is_latin1_of_a_str_only(
     for args, want in [(('\xff', 'latin1'), b'\xff'),
                        (('\xff', 'latin-1'), b'\xff'),
                        (('a', 'latin1', 'strict'), b'a')]:
-        torch.save({'b': _Encode(*args)}, path)
+        torch.save({'b': _Call(codecs.encode, *args)}, path)
         assert safe_load.safe_torch_load(path) == {'b': want}
     for args, what in [(('a', ), "a str with 'utf-8'"),
                        (('a', 'utf-8'), "a str with 'utf-8'"),
                        ((b'a', 'latin1'), "a bytes with 'latin1'")]:
-        torch.save({'b': _Encode(*args)}, path)
+        torch.save({'b': _Call(codecs.encode, *args)}, path)
         with pytest.raises(pickle.UnpicklingError) as info:
             safe_load.safe_torch_load(path)
         assert str(info.value) == _refusal(f'_codecs.encode of {what}',
                                            "encode(str, 'latin1')")
-    torch.save({'b': _Encode('\u0100', 'latin1')}, path)
+    torch.save({'b': _Call(codecs.encode, '\u0100', 'latin1')}, path)
     with pytest.raises(UnicodeEncodeError):  # strict, as protocol 2 asks
         safe_load.safe_torch_load(path)
 
@@ -309,7 +308,7 @@ def test_restricted_codecs_encode_is_latin1_of_a_str_only(
              'entries')
 def test_native_loader_takes_every_codec(tmp_path):
     path = str(tmp_path / 'enc.pth')
-    torch.save({'b': _Encode('a', 'utf-8')}, path)
+    torch.save({'b': _Call(codecs.encode, 'a', 'utf-8')}, path)
     assert safe_load.safe_torch_load(path) == {'b': b'a'}
 
 
@@ -334,16 +333,6 @@ def test_numpy_scalars_and_arrays_of_every_numeric_dtype_load(tmp_path, dtype):
     assert got['s'].dtype == np.dtype(dtype) and got['s'] == a[1]
 
 
-class _Obj:
-    pass
-
-
-class _Runs:
-
-    def __reduce__(self):
-        return os.system, ('true', )
-
-
 @pytest.mark.parametrize('protocol', [0, 1, 2, 4, 5])
 def test_pickled_globals_reads_every_global_without_running(
         tmp_path, protocol):
@@ -351,10 +340,11 @@ def test_pickled_globals_reads_every_global_without_running(
     protocol; code after an object of a class too."""
     from mmsoft.utils.safe_load import _pickled_globals, unsafe_globals
     path = tmp_path / 'p.pkl'
-    obj = {'a': _Obj(), 'b': [_Obj(), _Runs()], 'c': _Runs()}
+    runs = _Call(os.system, 'true')
+    obj = {'a': _Allowed(), 'b': [_Allowed(), runs], 'c': runs}
     path.write_bytes(pickle.dumps(obj, protocol=protocol))
     names = _pickled_globals(str(path))
-    assert f'{__name__}._Obj' in names
+    assert f'{__name__}._Allowed' in names
     assert f'{os.system.__module__}.system' in names
     assert names == list(dict.fromkeys(names))  # each once
     assert all(not n.startswith(('copy_reg.', '__builtin__.')) for n in names)
@@ -365,14 +355,14 @@ def test_code_globals_are_functions_and_system_modules():
     from mmsoft.utils.safe_load import code_globals
     data = [
         'argparse.Namespace', 'collections.OrderedDict', 'builtins.set',
-        'builtins.object', 'copyreg._reconstructor', f'{__name__}._Obj',
+        'builtins.object', 'copyreg._reconstructor', f'{__name__}._Allowed',
         'not_imported.SomeClass', 'numpy.ndarray'
     ]
     code = [
         'posix.system', 'os.system', 'builtins.eval', 'builtins.getattr',
         'subprocess.Popen', 'io.open', 'torch.load',
         'torch.storage._load_from_bytes', 'numpy.testing.run_module_suite',
-        'not_imported.helper', 'nodots', f'{__name__}._Obj.__reduce__'
+        'not_imported.helper', 'nodots', f'{__name__}._Allowed.__reduce__'
     ]
     assert code_globals(data) == []
     assert code_globals(code + data) == code
