@@ -7,8 +7,6 @@ import os.path as osp
 import sys
 from typing import List
 
-__all__ = ['configs_root', 'get_config', 'get_config_path', 'list_configs']
-
 _PKG_DIR = osp.dirname(osp.abspath(__file__))
 
 

@@ -2,12 +2,6 @@
 authors' checkpoint key map, as data read by the backbone and the
 converters (which must not import it)."""
 
-__all__ = [
-    'ARCH_ZOO', 'ARCH_DEFAULTS', 'NUM_STAGES', 'OFFICIAL_FILES',
-    'OFFICIAL_PAGE', 'OFFICIAL_PRESETS', 'OFFICIAL_SOFT_BLOCK',
-    'OFFICIAL_SOFTMAX_BLOCK', 'OFFICIAL_STEM', 'KEY_MAP'
-]
-
 #: levels of the pyramid
 NUM_STAGES = 4
 

@@ -8,11 +8,6 @@ import signal
 import threading
 from typing import Iterator, List, Optional, Union
 
-__all__ = [
-    'atomic_path', 'atomic_write', 'temp_path_for', 'remove_stale_temps',
-    'signals_raise', 'os_error_in_chain', 'pid_alive', 'TMP_SUFFIX'
-]
-
 #: what every temporary name ends with (before an optional ``suffix``)
 TMP_SUFFIX = '.mmsoft-tmp'
 _TMP_RE = re.compile(r'^\.(?P<name>.+)\.(?P<pid>\d+)\.[0-9a-f]{8}' +

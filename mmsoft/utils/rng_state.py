@@ -6,8 +6,6 @@ from typing import Dict
 import numpy as np
 import torch
 
-__all__ = ['get_rng_state', 'set_rng_state']
-
 
 def get_rng_state() -> Dict:
     """The RNG states of this process."""

@@ -12,13 +12,6 @@ import warnings
 import torch
 from mmengine.logging.history_buffer import HistoryBuffer
 
-__all__ = [
-    'safe_torch_load', 'unsafe_globals', 'RefusedGlobal',
-    'RestrictedUnpickler', 'native_allow_list', 'torch_version',
-    'mmengine_safe_globals', 'code_globals', 'mmengine_checkpoints_allowed',
-    'PickleWalker'
-]
-
 
 def _user_allows(obj):
     """Whether the user allow-listed ``obj`` in torch (>= 2.4)."""

@@ -6,11 +6,6 @@ from typing import Callable, Mapping, NamedTuple, Optional, Sequence, Tuple
 import torch
 from mmengine.logging import print_log
 
-__all__ = [
-    'CheckpointMismatchError', 'LoadReport', 'compare_state_dicts',
-    'check_state_dict', 'few_keys'
-]
-
 
 class CheckpointMismatchError(RuntimeError):
     """A checkpoint's tensors do not match the model they are loaded into."""

@@ -23,8 +23,6 @@ from .resume import (CheckpointDirInUse, checkpoint_dir_of,
                      missing_resume_file, no_complete_checkpoint, read_line,
                      training)
 
-__all__ = ['SafeCheckpointHook', 'VAL_MARKER']
-
 #: in the checkpoint directory while the validation after a checkpoint runs:
 #: ``{"checkpoint": <file name>, "epoch": E, "iter": I}``; a resume from
 #: that checkpoint validates it first (the run was stopped during it)

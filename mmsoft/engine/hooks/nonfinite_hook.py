@@ -11,8 +11,6 @@ from mmengine.hooks import Hook
 from mmengine.model import is_model_wrapper
 from mmengine.registry import HOOKS
 
-__all__ = ['NonFiniteLossHook', 'NonFiniteLossError']
-
 _FIX = ('Lower the learning rate or enable gradient clipping '
         '(optim_wrapper.clip_grad)')
 

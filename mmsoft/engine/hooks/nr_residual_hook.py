@@ -8,8 +8,6 @@ from mmengine.hooks import Hook
 from mmengine.logging import print_log
 from mmengine.registry import HOOKS
 
-__all__ = ['NRResidualHook']
-
 
 @HOOKS.register_module()
 class NRResidualHook(Hook):

@@ -13,13 +13,6 @@ from mmsoft.utils.atomic import atomic_write
 from mmsoft.utils.checkpoint_io import (CheckpointError, describe_damage,
                                         load_verified)
 
-__all__ = [
-    'CheckpointDirInUse', 'OWNER_FILE', 'checkpoint_candidates',
-    'check_complete', 'check_undamaged', 'find_newest_complete',
-    'claim_checkpoint_dir', 'checkpoint_dir_of', 'checkpoint_dir_refusal',
-    'no_complete_checkpoint', 'missing_resume_file', 'training'
-]
-
 _CKPT_RE = re.compile(r'^(?:epoch|iter)_(\d+)\.pth$')
 #: in a checkpoint directory outside the work dir: the work dir writing it
 OWNER_FILE = '.mmsoft-work-dir'

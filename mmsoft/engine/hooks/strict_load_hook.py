@@ -8,11 +8,6 @@ from mmengine.registry import HOOKS
 
 from mmsoft.utils.strict_load import CheckpointMismatchError
 
-__all__ = [
-    'StrictLoadHook', 'resume_refusal', 'optimizer_refusal',
-    'progress_refusal', 'settings_refusal', 'skip_pretrained_init'
-]
-
 
 @HOOKS.register_module()
 class StrictLoadHook(Hook):

@@ -13,13 +13,6 @@ from .amp import (SafeConv2d, autocast_off, check_choice, check_int,
                   compute_dtype)
 from .soft_attention import AttentionBase, query_index, reduce_map
 
-__all__ = [
-    'ZooAttention', 'ReducedGridAttention', 'spread_to_tokens',
-    'SoftmaxZooAttention', 'LinformerAttention', 'PerformerAttention',
-    'orthogonal_gaussian', 'NystromformerAttention', 'iterative_pinv',
-    'SimAAttention', 'l1_normalize_tokens', 'sima_order'
-]
-
 
 def spread_to_tokens(w, hw, ratio, max_landmarks=None, landmark_hw=None):
     """``w`` (..., m) on the reduced tokens -> (..., H*W) by the transpose
