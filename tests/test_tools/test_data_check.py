@@ -1,19 +1,7 @@
-"""The data check of tools/train.py, tools/test.py and tools/dist_*.sh
-(``tools/mmsoft_tools/data_check.py``: the datasets built from the
-registry).
-
-* every shipped config family, resolved as the tools resolve it, names its
-  missing data root, the expected layout and the ``--cfg-options`` keys;
-  following either remedy of the message (the symlink or the overrides)
-  on a generated layout makes the check pass;
-* dataset wrappers (``RepeatDataset``, ``ConcatDataset``) are looked
-  through; remote storage is not checked;
-* annotations the dataset cannot load and listed images that are missing,
-  empty, truncated or not decodable are named with the file;
-* ``tools/train.py`` / ``tools/test.py`` and ``tools/dist_train.sh CONFIG 2``
-  exit non-zero with one short message (once, before any worker starts);
-* configs whose data exists (the generated demo data) pass.
-"""
+"""The data check of the tools (``mmsoft_tools/data_check.py``): missing
+data roots with the layout and both remedies, wrappers, remote storage,
+damaged annotations and images named with the file, one message from
+tools/train.py, tools/test.py and dist_train.sh; existing data passes."""
 import copy
 import glob
 import os
@@ -44,15 +32,13 @@ FAMILIES = [
 
 
 def _run_checked(cmd, tmp_path, **env):
-    """Run ``cmd`` in tmp_path with the data check on (the variable that
-    skips it unset)."""
+    """Run ``cmd`` in tmp_path with the data check on."""
     return run(
         cmd, cwd=tmp_path, timeout=300, MMSOFT_SKIP_DATA_CHECK=None, **env)
 
 
 def _make_layout(line, base):
-    """Create the files / folders of an 'expected ... layout: R/{a, b/}'
-    line under ``base`` (R is replaced by ``base``)."""
+    """The files / folders of a 'layout: R/{a, b/}' line under ``base``."""
     m = re.search(r'layout: (\S+?)/\{([^}]*)\}', line)
     assert m, line
     for item in m.group(2).split(', '):
@@ -69,20 +55,17 @@ def _make_layout(line, base):
 @pytest.mark.parametrize('mode', ['train', 'test'])
 def test_shipped_configs_message_and_remedies(name, dataset, mode, tmp_path,
                                               monkeypatch):
-    pytest.importorskip({
-        'ImageNet': 'mmpretrain',
-        'CocoDataset': 'mmdet'
-    }.get(dataset, 'mmseg'))
+    pytest.importorskip(
+        dict(ImageNet='mmpretrain', CocoDataset='mmdet').get(dataset, 'mmseg'))
     monkeypatch.chdir(tmp_path)  # no data/ here
     cfg = Config.fromfile(osp.join(CONFIGS, name))
     msg = dc.missing_data_message(cfg, mode)
     assert msg is not None
     lines = msg.splitlines()
     assert len(lines) <= 6, msg
-    root = {
-        'ImageNet': 'data/imagenet',
-        'CocoDataset': 'data/coco/',
-    }.get(dataset, 'data/ade/ADEChallengeData2016')
+    root = dict(
+        ImageNet='data/imagenet',
+        CocoDataset='data/coco/').get(dataset, 'data/ade/ADEChallengeData2016')
     purpose = 'training' if mode == 'train' else 'testing'
     assert lines[0].startswith(f'mmsoft: data for {purpose} not found: '
                                f'{root} ')
@@ -201,8 +184,7 @@ def _coco_test(**dataset):
 
 
 def test_remote_and_imagenet_split(tmp_path):
-    """Remote storage is not checked (not even built: its client may be
-    missing here); mmpretrain's ImageNet resolves ``split`` itself."""
+    """Remote storage is not checked (nor built); ImageNet's ``split``."""
     remote = _coco_test(
         data_root='s3://bucket/coco/',
         ann_file='annotations/x.json',
@@ -281,15 +263,21 @@ def _assert_one_message(proc, purpose):
     assert 'CocoDataset layout' in proc.stderr
 
 
-def test_train_tool_exits_with_one_message(tmp_path):
+@pytest.mark.parametrize('cmd', [
+    [sys.executable, osp.join(TOOLS, 'train.py'), '{cfg}'],
+    ['bash', osp.join(TOOLS, 'dist_train.sh'), '{cfg}', '2'],
+])
+def test_train_tools_exit_with_one_message(tmp_path, cmd):
+    """train.py, and dist_train.sh's 2 ranks: one message, no worker."""
     cfg = _missing_cfg(tmp_path)
-    proc = _run_checked([
-        sys.executable,
-        osp.join(ROOT, 'tools', 'train.py'), cfg, '--work-dir',
-        str(tmp_path / 'w')
-    ], tmp_path)
+    proc = _run_checked(
+        [c.format(cfg=cfg)
+         for c in cmd] + ['--work-dir', str(tmp_path / 'w')],
+        tmp_path,
+        PORT=str(free_port()))
     _assert_one_message(proc, 'training')
     assert not osp.exists(tmp_path / 'w')  # stopped before the Runner
+    assert 'ChildFailedError' not in proc.stderr  # no worker started
 
 
 def test_test_tool_exits_with_one_message(tmp_path, monkeypatch, capsys):
@@ -298,11 +286,7 @@ def test_test_tool_exits_with_one_message(tmp_path, monkeypatch, capsys):
     (tmp_path / 'ckpt.pth').write_bytes(b'')  # checked first
     main = tool_namespace('test')['main']
     with pytest.raises(SystemExit) as exc:
-        main([
-            cfg,
-            str(tmp_path / 'ckpt.pth'), '--work-dir',
-            str(tmp_path / 'w')
-        ])
+        main([cfg, str(tmp_path / 'ckpt.pth'), '--work-dir', 'w'])
     assert exc.value.code == 1
     err = capsys.readouterr().err
     assert err.startswith('mmsoft: data for testing not found: '
@@ -313,22 +297,7 @@ def test_test_tool_exits_with_one_message(tmp_path, monkeypatch, capsys):
     assert not osp.exists(tmp_path / 'w')
 
 
-def test_dist_train_two_ranks_one_message(tmp_path):
-    cfg = _missing_cfg(tmp_path)
-    proc = _run_checked([
-        'bash',
-        osp.join(ROOT, 'tools', 'dist_train.sh'), cfg, '2', '--work-dir',
-        str(tmp_path / 'w')
-    ],
-                        tmp_path,
-                        PORT=str(free_port()))
-    _assert_one_message(proc, 'training')
-    assert 'ChildFailedError' not in proc.stderr  # no worker started
-
-
 def test_existing_data_passes(tmp_path, monkeypatch, capsys):
-    """The demo configs on generated demo data pass the check (module and
-    command line with --cfg-options)."""
     S, T = demo_support()
     report = S.make_demo_data(
         str(tmp_path / 'demo'),
@@ -375,19 +344,12 @@ def test_existing_data_passes(tmp_path, monkeypatch, capsys):
         'mmsoft: config file not found: no_such_config.py'
 
 
-def test_message_command_quoting():
-    # the overrides are shell words: no spaces or quotes inside
-    cfg = _coco_test(**_coco_ds('data/x/'))
-    msg = dc.missing_data_message(cfg, 'test')
+def test_message_quoting_and_docs_page():
+    """The overrides are shell words; the last line names the docs page."""
+    msg = dc.missing_data_message(_coco_test(**_coco_ds('data/x/')), 'test')
     over = msg.split('--cfg-options ', 1)[1].splitlines()[0]
     assert shlex.split(over) == over.split()
-
-
-def test_message_points_at_the_docs_page():
-    """The message's last line names the page with the layouts, and that
-    page exists in this checkout (it moved out of README.md)."""
-    cfg = _coco_test(**_coco_ds('data/x/'))
-    last = dc.missing_data_message(cfg, 'test').splitlines()[-1]
+    last = msg.splitlines()[-1]
     page = re.search(r'see (\S+\.md)', last).group(1)
     assert osp.isfile(osp.join(ROOT, page)), last
     with open(osp.join(ROOT, page)) as f:
@@ -397,15 +359,11 @@ def test_message_points_at_the_docs_page():
 # ------------------------------------------------------------ docs page
 DATA_PAGE = osp.join(ROOT, 'docs', 'en', 'user_guides', 'data_preparation.md')
 LAYOUTS = {
-    'coco': [
-        'annotations/instances_train2017.json',
-        'annotations/instances_val2017.json', 'train2017/', 'val2017/'
-    ],
-    'ADEChallengeData2016': [
-        'images/training/', 'images/validation/', 'annotations/training/',
-        'annotations/validation/'
-    ],
-    'imagenet': ['train/', 'val/'],
+    'coco': 'annotations/instances_train2017.json train2017/ '
+    'annotations/instances_val2017.json val2017/',
+    'ADEChallengeData2016': 'images/training/ images/validation/ '
+    'annotations/training/ annotations/validation/',
+    'imagenet': 'train/ val/',
 }
 
 
@@ -426,16 +384,13 @@ def _readme_rows():
 
 
 def test_readme_data_overrides(tmp_path, monkeypatch):
-    """The README's layouts and --cfg-options, for every config family of
-    configs/ (each config is matched by a row): on the layout the README
-    draws, its overrides make both the training and the testing check pass
-    (and without them, they fail)."""
+    """The docs' layouts and overrides pass every config family's check."""
     import fnmatch
     pytest.importorskip('mmdet')
     pytest.importorskip('mmseg')
     pytest.importorskip('mmpretrain')
     for name, items in LAYOUTS.items():
-        for item in items:
+        for item in items.split():
             path = tmp_path / name / item
             if item.endswith('/'):
                 path.mkdir(parents=True, exist_ok=True)
@@ -484,17 +439,11 @@ def test_readme_data_overrides(tmp_path, monkeypatch):
     ('test', 'upernet_soft_small_512x512_160k_ade20k.py'),
 ])
 def test_tools_message_is_all_a_newcomer_sees(tool, name, tmp_path):
-    """A shipped config run as the README shows, without the data and with
-    Python's default warning filters (no PYTHONWARNINGS): stderr is the
-    data check's message and nothing else - in particular not mmengine's
-    'pkg_resources is deprecated' warnings, repeated once per codebase
-    import, which used to double the output. Each codebase once, each tool
-    at least once (a fresh interpreter each: the costly part)."""
-    pytest.importorskip({
-        'retinanet': 'mmdet',
-        'upernet': 'mmseg',
-        'soft': 'mmpretrain'
-    }[name.split('_')[0]])
+    """Default warning filters: stderr is the message alone (no
+    'pkg_resources is deprecated' per codebase import)."""
+    pytest.importorskip(
+        dict(retinanet='mmdet', upernet='mmseg',
+             soft='mmpretrain')[name.split('_')[0]])
     env = child_env()
     env.pop('PYTHONWARNINGS')
     if tool == 'test':  # a checkpoint that exists: the data is what is not
@@ -515,16 +464,14 @@ def test_tools_message_is_all_a_newcomer_sees(tool, name, tmp_path):
 # ------------------------------------------- the files the data lists
 @pytest.fixture
 def demo_det(tmp_path):
-    """The demo detection config on 3 generated training images."""
     pytest.importorskip('mmdet')
     from mmsoft_tools import demo_synthetic as S
     from mmsoft_tools import demo_tasks as T
     report = S.make_demo_data(
         str(tmp_path / 'demo'),
         tasks=('det', ),
-        overrides={
-            'det': dict(num_train=3, num_val=2, size=64, radius=(6, 16))
-        },
+        overrides=dict(
+            det=dict(num_train=3, num_val=2, size=64, radius=(6, 16))),
         workers=1,
         log=None)
     cfg = T.load_demo_config('det')
@@ -536,15 +483,12 @@ def demo_det(tmp_path):
 
 
 def _check_message(cfg, capsys):
-    """The lines the data check's command line prints (exit code 1)."""
     capsys.readouterr()
     assert dc.main(['train', cfg]) == 1
     return capsys.readouterr().err.rstrip().splitlines()
 
 
 def test_truncated_annotation_json_is_named_with_position(demo_det, capsys):
-    """Issue 27, item 7: a truncated annotation json gave ``JSONDecodeError
-    ... column 25513`` from pycocotools, without the file."""
     cfg, root = demo_det
     ann = osp.join(root, 'annotations', 'instances_train.json')
     data = open(ann, 'rb').read()
@@ -558,9 +502,6 @@ def test_truncated_annotation_json_is_named_with_position(demo_det, capsys):
 
 def test_empty_training_image_is_named(demo_det, monkeypatch, capsys,
                                        tmp_path):
-    """Issue 27, item 7: a 0-byte training image gave ``cv2.error ...
-    !buf.empty()`` without the file; the data check of tools/train.py
-    names it (the files the annotations list, not only the folders)."""
     cfg, root = demo_det
     img = sorted(glob.glob(osp.join(root, 'train', '*.jpg')))[1]
     open(img, 'wb').close()
@@ -593,9 +534,7 @@ def test_empty_training_image_is_named(demo_det, monkeypatch, capsys,
 
 # ----------------------------------------- decoding: all, or a sample
 def _list_dataset(tmp_path, n, bad=None):
-    """An ImageNet-style list of ``n`` images (hard links of one 8 x 8
-    PNG; ``bad``: the index of a file that is not an image) and the config
-    of a dataset that reads it."""
+    """A list of ``n`` 8 x 8 PNGs (``bad``: not decodable) and its config."""
     import cv2
     import numpy as np
     root = tmp_path / 'imgs'
@@ -606,9 +545,8 @@ def _list_dataset(tmp_path, n, bad=None):
     for i in range(n):
         name = f'{i:05d}.png'
         if i == bad:  # a PNG header, then garbage: not decodable
-            open(
-                root / 'train' / name,
-                'wb').write(open(png, 'rb').read()[:16] + b'x' * 64 + b'IEND')
+            (root / 'train' / name
+             ).write_bytes(open(png, 'rb').read()[:16] + b'x' * 64 + b'IEND')
         else:
             os.link(png, root / 'train' / name)
         lines.append(f'{name} 0')
@@ -639,9 +577,7 @@ def _count_decodes(monkeypatch):
 
 
 def test_small_set_every_image_decoded(tmp_path, monkeypatch):
-    """Up to DECODE_ALL (2,000) images every one is decoded: a corrupt
-    image in the last place of 40 is named (the check decoded the first 8
-    before)."""
+    """Up to DECODE_ALL images each is decoded (the last of 40 named)."""
     cfg, root = _list_dataset(tmp_path, 40, bad=39)
     decoded = _count_decodes(monkeypatch)
     msg = dc.damaged_data_message(cfg, 'train')
@@ -653,10 +589,7 @@ def test_small_set_every_image_decoded(tmp_path, monkeypatch):
 
 
 def test_large_set_seeded_sample_decoded(tmp_path, monkeypatch):
-    """Above DECODE_ALL, SAMPLE_FILES images drawn with a fixed seed are
-    decoded (the same ones at every start), every one is still checked to
-    exist. Sizes shrunk by 100x to keep the test fast (the rule, not the
-    numbers, is under test)."""
+    """Above DECODE_ALL a seeded sample is decoded, all checked to exist."""
     monkeypatch.setattr(dc, 'DECODE_ALL', 20)
     monkeypatch.setattr(dc, 'SAMPLE_FILES', 5)
     cfg, root = _list_dataset(tmp_path, 25)
@@ -672,9 +605,6 @@ def test_large_set_seeded_sample_decoded(tmp_path, monkeypatch):
 
 
 def test_a_long_list_is_checked_along_its_whole_length(tmp_path, monkeypatch):
-    """Above SAMPLE_STAT listed files, the ones checked to exist are
-    spread over the whole list (evenly spaced), not its first lines: a
-    file missing near the end is named. Sizes shrunk as above."""
     monkeypatch.setattr(dc, 'SAMPLE_STAT', 5)
     cfg, root = _list_dataset(tmp_path, 25)
     assert dc.damaged_data_message(cfg, 'train') is None
@@ -684,38 +614,25 @@ def test_a_long_list_is_checked_along_its_whole_length(tmp_path, monkeypatch):
         'dataset): cannot be read (No such file or directory)')
 
 
-@pytest.mark.parametrize(
-    'trailer', [b'', b'\0' * 300, b'Exif-trailer' * 50, b'\xffxy' * 3000])
-def test_jpeg_with_data_after_its_end_marker_is_whole(tmp_path, trailer):
-    """A JPEG is truncated when its end-of-image marker is missing, not
-    when bytes follow it (padding, or data a camera appends): such a file
-    decodes and is not reported."""
+@pytest.mark.parametrize('ext, end, trailer', [
+    *(('jpg', 2, t)
+      for t in (b'', b'\0' * 300, b'Exif-trailer' * 50, b'\xffxy' * 3000)),
+    *(('png', 12, t) for t in (b'', b'\0' * 300, b'trailer' * 1000)),
+])
+def test_image_with_data_after_its_end_is_whole(tmp_path, ext, end, trailer):
+    """Bytes after a JPEG's end-of-image marker / a PNG's IEND (padding,
+    camera data) are no truncation; a file cut before it is."""
     import cv2
     import numpy as np
-    path = str(tmp_path / 'a.jpg')
+    path = str(tmp_path / f'a.{ext}')
     cv2.imwrite(path, np.full((16, 16, 3), 90, np.uint8))
     data = open(path, 'rb').read()
     open(path, 'wb').write(data + trailer)
     assert dc.image_damage(path, decode=True) is None
-    open(path, 'wb').write(data[:-2] + trailer)
-    assert dc.image_damage(path).startswith('truncated JPEG')
-    open(path, 'wb').write(data[:len(data) // 2])
-    assert dc.image_damage(path).startswith('truncated JPEG')
-
-
-@pytest.mark.parametrize('trailer', [b'', b'\0' * 300, b'trailer' * 1000])
-def test_png_with_data_after_its_iend_is_whole(tmp_path, trailer):
-    """The same for a PNG: bytes after IEND (a long trailer too) are not
-    truncation; a file cut before IEND is."""
-    import cv2
-    import numpy as np
-    path = str(tmp_path / 'a.png')
-    cv2.imwrite(path, np.full((16, 16, 3), 90, np.uint8))
-    data = open(path, 'rb').read()
-    open(path, 'wb').write(data + trailer)
-    assert dc.image_damage(path, decode=True) is None
-    open(path, 'wb').write(data[:-12] + trailer)
-    assert dc.image_damage(path).startswith('truncated PNG')
+    for cut in (data[:-end] + trailer, data[:len(data) // 2]):
+        open(path, 'wb').write(cut)
+        assert dc.image_damage(path).startswith(
+            'truncated ' + dict(jpg='JPEG', png='PNG')[ext])
 
 
 @pytest.mark.parametrize('line,why', [
@@ -725,8 +642,6 @@ def test_png_with_data_after_its_iend_is_whole(tmp_path, trailer):
     ('x.png cat', "ValueError: invalid literal for int() with base 10: 'cat'"),
 ])
 def test_bad_list_line_named_with_file(tmp_path, line, why):
-    """A list line mmpretrain cannot read (a ValueError without the file
-    in the training log) is named with the file and the dataset's error."""
     cfg, root = _list_dataset(tmp_path, 3)
     ann = root / 'train.txt'
     lines = ann.read_text().splitlines()
@@ -780,10 +695,7 @@ def test_empty_list_and_class_index_out_of_range(tmp_path, lines, num_classes,
 ])
 def test_missing_imagenet_file_and_a_checkpoint_to_load(
         demo_det, capsys, extra, refused):
-    """Issue 52, item 4: the launch scripts' pre-flight refused `--resume`
-    of a config whose ImageNet file is missing; a run that loads a
-    checkpoint leaves it to the Runner (StrictLoadHook skips the file)."""
-    from mmengine.config import Config
+    """Issue 52: a run that loads a checkpoint needs no ImageNet file."""
     path, _ = demo_det
     cfg = Config.fromfile(path)
     cfg.model.backbone.init_cfg = dict(
