@@ -1,12 +1,6 @@
 """Check that the data a config needs is there and loads, before a run
-(docs/en/user_guides/data_preparation.md): the datasets are built from the
-registry, as mmpretrain's ``tools/misc/verify_dataset.py`` does, by
-``tools/train.py`` / ``test.py`` (:func:`exit_if_missing`) and once before
-the workers of ``dist_train.sh`` / ``dist_test.sh`` start (:func:`main`).
-:func:`missing_data_message`: the paths the datasets resolved with
-``lazy_init=True`` (and the evaluators' ``ann_file``) exist;
-:func:`damaged_data_message`: each dataset loads, its images are whole and
-a sample of them decodes. Remote storage is not checked;
+(docs/en/user_guides/data_preparation.md); the datasets are built from the
+registry as mmpretrain's ``verify_dataset.py`` does.
 ``MMSOFT_SKIP_DATA_CHECK=1`` skips the check."""
 import contextlib
 import io
@@ -16,15 +10,7 @@ import random
 import sys
 import warnings
 
-__all__ = [
-    'built_datasets', 'missing_data_message', 'damaged_data_message',
-    'image_damage', 'decode_sample', 'exit_if_missing', 'launcher_rank',
-    'pretrained_message', 'main'
-]
-
-#: decode every image of a data set of up to DECODE_ALL, else a sample of
-#: SAMPLE_FILES (seeded: the same files at every start); check at most
-#: SAMPLE_STAT files (evenly spaced) to be whole
+#: decode all up to DECODE_ALL images, else SAMPLE_FILES; check SAMPLE_STAT
 DECODE_ALL, SAMPLE_FILES, SAMPLE_SEED, SAMPLE_STAT = 2000, 500, 0, 200000
 
 #: mode -> [(dataloader, evaluator, what it is for)]
@@ -66,8 +52,7 @@ def _remote(ds):
 
 
 def built_datasets(cfg, mode):
-    """``[(key, purpose, dataset)]``: the local datasets ``mode`` reads,
-    built from the registry (the config's ``default_scope``), not loaded."""
+    """``[(key, purpose, dataset)]`` ``mode`` reads, built lazily."""
     from mmengine.registry import DATASETS, DefaultScope
     out = []
     # the Runner's own build shows the datasets' warnings, once
@@ -84,8 +69,7 @@ def built_datasets(cfg, mode):
 
 
 def _paths(ds):
-    """[(path, attribute)]: a built dataset's ``data_root``, ``ann_file``
-    and ``data_prefix`` paths."""
+    """[(path, attribute)]: data_root, ann_file, data_prefix of a dataset."""
     root = ds.data_root or ''
     return [(p, attr)
             for p, attr in [(root, 'data_root'), (ds.ann_file, 'ann_file')] +
@@ -95,8 +79,7 @@ def _paths(ds):
 
 
 def _evaluator_files(cfg, mode):
-    """[(path, config key, purpose)]: the evaluators' ``ann_file`` (mmdet's
-    ``CocoMetric`` reads the annotations itself)."""
+    """[(path, config key, purpose)] of the evaluators' ``ann_file``."""
     out = []
     for _, ev, purpose in _loaders(cfg, mode):
         evs = cfg.get(ev) if ev else None
@@ -109,9 +92,7 @@ def _evaluator_files(cfg, mode):
 
 
 def missing_data_message(cfg, mode):
-    """None when every path ``mode`` ('train' = train + val, 'val',
-    'test') needs exists, else a short message: the first missing path,
-    the expected layout and how to point the config at the data."""
+    """The first missing path of ``mode``, with the fix, or None."""
     local = built_datasets(cfg, mode)
     evaluated = _evaluator_files(cfg, mode)
     needs = [(p, f'{k}.{attr}', purpose) for k, purpose, ds in local
@@ -158,9 +139,7 @@ def missing_data_message(cfg, mode):
 
 
 def _jpeg_ends(path):
-    """Whether the JPEG ``path`` has its end-of-image marker (FF D9) where
-    its segments and scans end (walked by their lengths: an embedded
-    thumbnail's FF D9 or bytes after the end do not count)."""
+    """Whether the JPEG's segments end in its end-of-image marker."""
     with open(path, 'rb') as f:
         data = f.read()
     i, n = 2, len(data)
@@ -201,9 +180,7 @@ def _png_ends(path):
 
 
 def image_damage(path, decode=False):
-    """Why the image file ``path`` cannot be used, or None: missing, empty
-    (0 bytes), truncated (a JPEG without its end marker, a PNG without its
-    IEND chunk) or, with ``decode``, not decodable by OpenCV."""
+    """Why an image file cannot be used (empty, truncated...), or None."""
     try:
         size = osp.getsize(path)
         with open(path, 'rb') as f:
@@ -233,8 +210,7 @@ def image_damage(path, decode=False):
 
 
 def decode_sample(files):
-    """The files to decode: all of up to :data:`DECODE_ALL`, else a
-    seeded sample of :data:`SAMPLE_FILES` in their listed order."""
+    """All files up to :data:`DECODE_ALL`, else a seeded sample."""
     if len(files) <= DECODE_ALL:
         return list(files)
     pick = set(
@@ -262,8 +238,7 @@ def _blank(path) -> bool:
 
 
 def _num_classes(cfg):
-    """(number of classes, config key) of the model's classification head
-    (mmpretrain), or (None, None)."""
+    """(classes, config key) of the model's classification head."""
     model = cfg.get('model', None) or {}
     for key in ('head', 'data_preprocessor'):
         node = model.get(key, None) if hasattr(model, 'get') else None
@@ -274,10 +249,7 @@ def _num_classes(cfg):
 
 
 def _label_problem(cfg, infos):
-    """Why the class indices (``gt_label``) of a classification data set
-    do not fit the model (an index >= its number of classes: the loss
-    fails at the first batch with a CUDA assert or an AssertionError), or
-    None."""
+    """A class index out of the model's range, or None."""
     import numpy as np
     n, where = _num_classes(cfg)
     if n is None:
@@ -301,8 +273,7 @@ def _label_problem(cfg, infos):
 
 
 def damaged_data_message(cfg, mode):
-    """None when every dataset loads and its files are whole, else one
-    line per problem (at most 5) naming the file and the config key."""
+    """One line per problem (at most 5) of the loaded datasets."""
     problems = []
     for key, purpose, ds in built_datasets(cfg, mode):
         what = ds.ann_file or ', '.join(map(str, ds.data_prefix.values()))
@@ -345,8 +316,7 @@ def damaged_data_message(cfg, mode):
 
 
 def launcher_rank(launcher: str) -> int:
-    """This process's rank from the launcher's environment variable, before
-    any process group exists (0 for ``none`` or an unreadable value)."""
+    """This process's rank from the launcher's environment variable."""
     env = {
         'pytorch': 'RANK',
         'slurm': 'SLURM_PROCID',
@@ -359,8 +329,7 @@ def launcher_rank(launcher: str) -> int:
 
 
 def exit_if_missing(cfg, mode, launcher='none'):
-    """Exit 1 with the message (printed by rank 0) when data is missing or
-    damaged."""
+    """Exit 1 (rank 0 prints why) when data is missing or damaged."""
     if os.environ.get('MMSOFT_SKIP_DATA_CHECK', '0') not in ('', '0'):
         return
     msg = missing_data_message(cfg, mode) or damaged_data_message(cfg, mode)
@@ -372,11 +341,7 @@ def exit_if_missing(cfg, mode, launcher='none'):
 
 
 def pretrained_message(cfg, resume=None):
-    """Why the ``Pretrained`` files of the config's ``init_cfg`` (the
-    ImageNet weights) cannot be read (missing, a folder, damaged, offline),
-    or None: checked once by the launch scripts' pre-flight. A run that
-    loads a checkpoint (``--resume``'s value, ``load_from``) may not read
-    them (StrictLoadHook): its Runner decides."""
+    """Why the ``Pretrained`` init_cfg files cannot be read, or None."""
     if resume is not None or cfg.get('load_from', None):
         return None
     cli, files = _tools()
@@ -391,8 +356,7 @@ def pretrained_message(cfg, resume=None):
 
 
 def _tools():
-    """The tools' ``cli`` and ``checkpoint_files`` (run as a script, this
-    file's folder is on ``sys.path`` instead of the package)."""
+    """The tools' ``cli`` and ``checkpoint_files`` (also as a script)."""
     try:
         from mmsoft_tools import checkpoint_files, cli
     except ImportError:
@@ -402,9 +366,7 @@ def _tools():
 
 
 def main(argv=None):
-    """``python tools/mmsoft_tools/data_check.py {train,val,test} CONFIG
-    [--cfg-options k=v ...] [other tool arguments, ignored]``: exit code 0
-    when the data is there, else the message and 1."""
+    """``data_check.py {train,val,test} CONFIG [--cfg-options ...]``."""
     import argparse
     cli, _ = _tools()  # a syntax error, a mistyped key: one line
     parser = argparse.ArgumentParser(

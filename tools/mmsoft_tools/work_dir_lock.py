@@ -1,12 +1,5 @@
-"""One training run per work dir (``tools/train.py``, ``dist_train.sh``;
-docs/en/advanced_guides/fault_tolerance.md): two runs there delete each
-other's checkpoints and a later ``--resume`` continues the wrong one.
-Rank 0 holds ``<work_dir>/.mmsoft-train.lock.flock`` (``filelock``: the
-kernel releases it when the process dies, also on ``kill -9``) and records
-the holder in ``.mmsoft-train.lock``; a second run stops with one line
-naming it. A dead holder's record is taken over, one of another host
-(which cannot be checked from here) is not. Both files go when the run
-ends."""
+"""One training run per work dir (docs/en/advanced_guides/fault_tolerance.md):
+rank 0 holds a ``filelock``; ``.mmsoft-train.lock`` names the holder."""
 import json
 import os
 import os.path as osp
@@ -16,9 +9,6 @@ import time
 
 from filelock import FileLock, Timeout
 
-__all__ = ['WorkDirLock', 'WorkDirLockedError', 'LOCK_NAME']
-
-#: the holder record's name inside the work dir
 LOCK_NAME = '.mmsoft-train.lock'
 
 
@@ -35,8 +25,7 @@ def _describe(info: dict) -> str:
 
 
 class WorkDirLock:
-    """Exclusive use of ``work_dir`` (created if needed) by one training
-    run; ``log`` reports the take-over of a stale lock."""
+    """Exclusive use of ``work_dir`` by one training run."""
 
     def __init__(self, work_dir: str, log=None):
         self.work_dir = work_dir
