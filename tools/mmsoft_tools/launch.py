@@ -1,9 +1,5 @@
-"""What ``tools/train.py`` / ``tools/test.py`` do to a config of any of
-the three codebases before the Runner is built: import the codebase of its
-``default_scope``, ``--launcher pytorch`` / ``slurm`` without CUDA
-(:func:`setup_cpu_distributed`), ``--amp`` (:func:`enable_amp`), a run name
-of its own (:func:`name_run`), one run per work dir (:func:`lock_work_dir`)
-and the process group's tear-down (:func:`shutdown_dist`)."""
+"""What ``tools/train.py`` / ``tools/test.py`` do to a config before the
+Runner is built: codebase, CPU distributed, ``--amp``, run name, lock."""
 import importlib
 import itertools
 import logging
@@ -17,12 +13,6 @@ from mmengine.logging import print_log
 
 from mmsoft.engine.optimizers import \
     CPUAmpOptimWrapper  # noqa: F401  (registers what enable_amp sets)
-
-__all__ = [
-    'quiet_init_weights', 'lock_work_dir', 'CODEBASES', 'codebase_of',
-    'import_codebase', 'setup_cpu_distributed', 'enable_amp', 'name_run',
-    'compile_refusal', 'COMPILE_MIN_TORCH', 'prepare_cfg', 'amp_refusal'
-]
 
 #: the codebases (``default_scope`` = the python package)
 CODEBASES = {'mmpretrain': 'mmpretrain', 'mmdet': 'mmdet', 'mmseg': 'mmseg'}
@@ -39,9 +29,7 @@ def _dicts(node):
 
 
 def lock_work_dir(cfg, launcher: str = 'none'):
-    """The work dir's lock (:class:`mmsoft_tools.work_dir_lock.WorkDirLock`,
-    taken on rank 0; None on the others): another live run there raises
-    ``WorkDirLockedError``."""
+    """The work dir's lock, taken on rank 0 (None on the others)."""
     from mmsoft_tools.data_check import launcher_rank
     from mmsoft_tools.work_dir_lock import WorkDirLock
     if launcher_rank(launcher) != 0:
@@ -50,8 +38,7 @@ def lock_work_dir(cfg, launcher: str = 'none'):
 
 
 def quiet_init_weights(model) -> None:
-    """``model.init_weights()`` without mmengine's INFO line per parameter
-    (hundreds, burying a tool's output); warnings still show."""
+    """``model.init_weights()`` without its INFO line per parameter."""
     from mmengine.logging import MMLogger
     logger = MMLogger.get_current_instance()
     level = logger.level
@@ -82,10 +69,7 @@ def import_codebase(cfg) -> str:
 
 
 def _sync_bn_to_bn(node) -> int:
-    """Every ``SyncBN`` / ``MMSyncBN`` of a config node -> ``BN``, in place;
-    returns how many. In the config: the Runner builds and wraps the model
-    in DDP in one go (DDP refuses SyncBatchNorm on CPU), too early for
-    mmengine's ``revert_sync_batchnorm``."""
+    """Every ``SyncBN`` / ``MMSyncBN`` of a config node -> ``BN``; a count."""
     count = 0
     for sub in _dicts(node):
         if sub.get('type') in ('SyncBN', 'MMSyncBN'):
@@ -108,21 +92,15 @@ def _cuda_set_device_disabled():
 
 
 def setup_cpu_distributed(cfg, launcher: str) -> bool:
-    """``--launcher pytorch`` / ``slurm`` without CUDA, where mmengine
-    0.10.7 assumes a GPU per process (``init_dist`` calls
-    ``torch.cuda.set_device``; DDP gets ``device_ids=[local_rank]``): the
-    gloo backend, the process group initialised here while ``set_device``
-    is a no-op, a CPU DDP (``device_ids=None``) and ``BN`` for ``SyncBN``
-    (no CPU kernel; each process keeps its statistics). Returns True when
-    applied (never with CUDA or ``launcher='none'``)."""
+    """``--launcher`` without CUDA (mmengine assumes a GPU per process):
+    gloo, CPU DDP, BN for SyncBN. True when applied."""
     if launcher == 'none' or torch.cuda.is_available():
         return False
     from mmengine.dist import init_dist, is_distributed
     from mmengine.registry import MODEL_WRAPPERS
     from mmengine.utils.dl_utils import set_multi_processing
 
-    # (ConfigDict.setdefault returns the plain dict it was given, not the
-    # ConfigDict it stores: assign, then read back)
+    # (ConfigDict.setdefault returns the plain dict: assign, read back)
     if cfg.get('env_cfg', None) is None:
         cfg.env_cfg = dict()
     env_cfg = cfg.env_cfg
@@ -165,8 +143,7 @@ def setup_cpu_distributed(cfg, launcher: str) -> bool:
     return True
 
 
-#: mmcv ops whose CPU kernels reject bfloat16 inputs (RoI-based detectors:
-#: Mask / Cascade Mask / Sparse R-CNN)
+#: mmcv ops whose CPU kernels reject bfloat16 inputs
 _NO_BF16_CPU_OPS = {'RoIAlign'}
 
 
@@ -175,11 +152,7 @@ def _types_in(node) -> set:
 
 
 def enable_amp(cfg) -> str:
-    """What ``--amp`` does (returns the optim wrapper type set): mmengine's
-    ``AmpOptimWrapper`` with a dynamic loss scale on CUDA, as in mmdet;
-    without CUDA (no fp16 autocast there) mmsoft's ``CPUAmpOptimWrapper``
-    under bfloat16 autocast, refused for mmcv ops without a bfloat16 CPU
-    kernel."""
+    """``--amp``: AmpOptimWrapper on CUDA, else CPUAmpOptimWrapper (bf16)."""
     optim_wrapper = cfg.optim_wrapper.get('type', 'OptimWrapper')
     if optim_wrapper == 'CPUAmpOptimWrapper' or (
             optim_wrapper == 'AmpOptimWrapper' and torch.cuda.is_available()):
@@ -214,9 +187,7 @@ def enable_amp(cfg) -> str:
 
 
 def amp_refusal(cfg) -> Optional[str]:
-    """Why the config's ``optim_wrapper`` (mmengine's fp16
-    ``AmpOptimWrapper``) cannot train here, without a GPU, or None (its own
-    assertion comes after the Runner's log)."""
+    """Why the fp16 ``AmpOptimWrapper`` cannot train here (no GPU), or None."""
     from mmengine.device import (is_cuda_available, is_mlu_available,
                                  is_musa_available, is_npu_available)
     wrapper = cfg.get('optim_wrapper', None) or {}
@@ -237,11 +208,7 @@ _RUNS = itertools.count(1)
 
 
 def name_run(cfg) -> str:
-    """``cfg.experiment_name`` (returned): the config's (or its file's)
-    name, ``_<n>`` appended for the n-th run of this process. mmengine
-    fetches a run's logger, message hub and visualizer by
-    ``<name>_<timestamp>``: two runs in one second of one process (a
-    sweep, a test) shared them. Every rank counts alike."""
+    """``cfg.experiment_name``, with ``_<n>`` for the n-th run of a process."""
     n = next(_RUNS)
     base = cfg.get('experiment_name', None) or osp.splitext(
         osp.basename(cfg.filename or 'run'))[0]
@@ -249,14 +216,12 @@ def name_run(cfg) -> str:
     return cfg.experiment_name
 
 
-#: the oldest torch whose ``torch.compile`` of mmengine's ``train_step``
-#: the support matrix ran (torch 2.1 crashes in ``stack_batch``)
+#: the oldest torch whose compiled ``train_step`` runs (2.1 crashes)
 COMPILE_MIN_TORCH = '2.4'
 
 
 def compile_refusal(cfg, torch_version: Optional[str] = None) -> Optional[str]:
-    """One line when ``cfg`` asks mmengine to ``compile`` on a torch
-    (default: the installed one) older than :data:`COMPILE_MIN_TORCH`."""
+    """A line when ``compile`` needs a newer torch, else None."""
     from mmsoft.compat import torch_version as version_of
     comp = cfg.get('compile', False)
     if not comp:
@@ -272,9 +237,7 @@ def compile_refusal(cfg, torch_version: Optional[str] = None) -> Optional[str]:
 
 
 def prepare_cfg(cfg, launcher: str = 'none') -> str:
-    """:func:`compile_refusal`, :func:`import_codebase`,
-    :func:`setup_cpu_distributed` and :func:`name_run`; returns the
-    codebase (default scope)."""
+    """Check compile, import the codebase, set up CPU DDP, name the run."""
     refusal = compile_refusal(cfg)
     if refusal is not None:
         sys.exit(refusal)
@@ -285,13 +248,7 @@ def prepare_cfg(cfg, launcher: str = 'none') -> str:
 
 
 def shutdown_dist():
-    """Tear the process groups down before the interpreter exits: left to
-    finalization, gloo's threads can abort the process ("terminate called
-    without an active exception") after a finished run. A barrier first on
-    success (no rank leaves another in the last collective; skipped while
-    an exception propagates: a peer may be gone), then
-    ``destroy_process_group()`` and a garbage collection (DDP wrappers and
-    work handles freed with the interpreter alive)."""
+    """Tear the process groups down (a barrier first, on success)."""
     import gc
 
     import torch.distributed as dist
