@@ -35,15 +35,11 @@ ARCH_DEFAULTS = dict(
 
 #: where the authors publish their ImageNet-1k files (README, Main results)
 OFFICIAL_PAGE = 'https://github.com/fudan-zvg/SOFT#main-results'
-#: The authors' ImageNet-1k models (docs/gen_tables.py reads this literal;
-#: tests/test_configs/test_official_files.py checks it). ``link``: the
-#: README's link text (None: no file published); ``readme``: its parameter
-#: count; ``arch`` / ``depths`` / ``params`` (millions, 1000 classes): the
-#: preset the paper ``configs`` load it into; ``code_arch``: the authors'
-#: model function's preset, depths and params where they differ;
-#: ``more_links``: the README's other files of the same model (SOFT_Tiny_cuda:
-#: trained with their CUDA Gaussian kernel, ``kernel_method: cuda``, the
-#: same modules and key names).
+#: The authors' ImageNet-1k models (a literal: docs/gen_tables.py reads it).
+#: ``link`` / ``readme``: the README's link text (None: no file) and its
+#: parameter count; ``arch`` / ``depths`` / ``params`` (M): the preset the
+#: ``configs`` load it into; ``code_arch``: the authors' code's, if other;
+#: ``more_links``: the README's other files of it (their CUDA kernel's).
 # yapf: disable
 OFFICIAL_FILES = {
     'soft_tiny': {
@@ -122,15 +118,11 @@ OFFICIAL_SOFT_BLOCK = (
     ('att.norm2.', 'norm2.'),
 )
 #: a block of stage 4 (timm's pre-norm softmax attention block)
-OFFICIAL_SOFTMAX_BLOCK = (
-    ('norm1.', 'norm1.'),
-    ('attn.q.', 'attn.q.'),
-    ('attn.kv.', 'attn.kv.'),
-    ('attn.proj.', 'attn.proj.'),
-    ('norm2.', 'norm2.'),
-    ('mlp.fc1.', 'ffn.layers.0.0.'),
-    ('mlp.fc2.', 'ffn.layers.1.'),
-)
+OFFICIAL_SOFTMAX_BLOCK = tuple(
+    (k, k)
+    for k in ('norm1.', 'attn.q.', 'attn.kv.', 'attn.proj.', 'norm2.')) + (
+        ('mlp.fc1.', 'ffn.layers.0.0.'), ('mlp.fc2.', 'ffn.layers.1.'))
+
 #: (stage, conv) of the patch embeddings: the official (conv, BN, ReLU)
 #: x 3 stem, x 1 later (``proj.{3 conv}`` / ``proj.{3 conv + 1}``)
 OFFICIAL_STEM = ((0, 0), (0, 1), (0, 2), (1, 0), (2, 0), (3, 0))

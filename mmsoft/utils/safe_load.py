@@ -164,14 +164,10 @@ class RestrictedUnpickler(pickle.Unpickler):
     allowed = {}
 
     def find_class(self, module, name):
-        import _compat_pickle  # protocol < 3: Python 2 names, as fix_imports
-        if (module, name) in _compat_pickle.NAME_MAPPING:
-            module, name = _compat_pickle.NAME_MAPPING[(module, name)]
-        module = _compat_pickle.IMPORT_MAPPING.get(module, module)
-        obj = self.allowed.get(f'{module}.{name}')
-        if obj is None:
-            raise RefusedGlobal(f'{module}.{name}')
-        return obj
+        full = _py3_name(module, name)  # protocol < 3: as fix_imports
+        if self.allowed.get(full) is None:
+            raise RefusedGlobal(full)
+        return self.allowed[full]
 
 
 def _restricted_load(f, map_location, extra):
