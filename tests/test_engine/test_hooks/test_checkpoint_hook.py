@@ -2,7 +2,6 @@
 states) and are never silently corrupt (CRC checked), as mmengine's plain
 CheckpointHook's were not."""
 import errno
-import glob
 import os
 import os.path as osp
 import posixpath
@@ -23,7 +22,6 @@ import torch.nn as nn
 import torch.nn.functional as F
 from conftest import (ROOT, TOOLS, Crash, Interrupted, dead_pid,
                       flip_tensor_bytes, model_weights, run_python)
-from mmengine.config import Config
 from mmengine.dataset import DefaultSampler, InfiniteSampler
 from mmengine.evaluator import BaseMetric
 from mmengine.hooks import Hook
@@ -379,30 +377,7 @@ def test_kill_during_checkpoint_write_keeps_previous(tmp_path):
     assert [n for n in names if n.endswith('.pth')] == ['iter_10.pth']
 
 
-# ------------------------------------------------ configs and tools/train.py
-def test_every_config_sets_safe_checkpoint_hook():
-    """Each config inheriting a codebase's runtime sets the hook itself."""
-    files = glob.glob(osp.join(ROOT, 'configs', '**', '*.py'), recursive=True)
-    roots = [
-        f for f in files
-        if re.search(r"_base_\s*=.*'(mmdet|mmseg|mmpretrain)::",
-                     open(f).read(), re.S)
-    ]
-    assert len(roots) >= 10
-    for f in roots:
-        assert "type='SafeCheckpointHook'" in open(f).read(), f
-
-
-@pytest.mark.parametrize('name', [
-    'soft_tiny_in1k.py', 'retinanet_soft_tiny_1x.py',
-    'sparse_rcnn_soft_small_3x_ms.py',
-    'upernet_soft_small_512x512_160k_ade20k.py', 'demo/soft_cls_demo.py'
-])
-def test_configs_use_safe_checkpoint_hook(name):
-    cfg = Config.fromfile(osp.join(ROOT, 'configs', name))
-    assert cfg.default_hooks.checkpoint.type == 'SafeCheckpointHook'
-
-
+# ------------------------------------------------ mmsoft's allow-list
 def test_runner_loads_see_the_allow_list_only_inside(tmp_path):
     """The Runner's resume loads inside mmsoft's allow-list; torch's list is
     unchanged before, during training and after (issue 50)."""
@@ -410,6 +385,9 @@ def test_runner_loads_see_the_allow_list_only_inside(tmp_path):
     def get():  # a set in torch: its order is no property
         return set(getattr(torch.serialization, 'get_safe_globals', list)())
 
+    # torch's own entries, added when the Runner's environment report first
+    # imports torchvision (and it torch._dynamo): added before the snapshot
+    import torch._dynamo  # noqa: F401
     before = get()
     seen = []
 
