@@ -1,17 +1,6 @@
-"""Every tool script answers ``--help`` and runs one real invocation.
-
-``--help``: all scripts in one child process (each run as Python runs a
-script: ``__main__``, its folder first on ``sys.path``) from a copy of
-``tools/`` outside the checkout, as an install ships them in
-``mmsoft/.mim/tools`` (what ``mim run`` starts): the scripts find mmsoft as
-an installed package (here: the checkout on ``PYTHONPATH``), never through
-the folders around them; their own package, ``tools/mmsoft_tools``, beside
-them.
-
-Real invocations: :data:`INVOCATIONS` names the test that runs each tool
-with its documented options on a tiny case (most live beside the code
-they exercise); the tools that had none are run here.
-"""
+"""Every tool script answers ``--help`` (all in one child process, from a
+copy of ``tools/`` outside the checkout, as ``mmsoft/.mim/tools`` ships
+them) and has a real invocation: :data:`INVOCATIONS` names its test."""
 import ast
 import csv
 import glob
@@ -25,66 +14,48 @@ import sys
 from types import SimpleNamespace
 
 import pytest
-from conftest import ROOT, TOOLS, child_env, load_module, load_tool
+from conftest import ROOT, TOOLS, child_env, load_module, load_tool, run
 
 #: tool script (relative to tools/) -> the test that runs it for real
+_CLI, _TA = 'test_tools/test_tool_cli.py::', 'test_tools/test_analysis/test_'
+_TT = 'test_tools/test_'
 INVOCATIONS = {
-    'train.py':
-    'test_tools/test_train_test.py::test_det_train_and_test_tools',
-    'test.py':
-    'test_tools/test_train_test.py::test_det_train_and_test_tools',
-    'demo.py':
-    'test_configs/test_demo_configs.py::test_demo_smoke',
-    'analysis/benchmark.py':
-    'test_tools/test_analysis/test_benchmark.py::test_tiny_run_writes_ratios',
-    'analysis/benchmark_amp.py':
-    'test_tools/test_tool_cli.py::test_benchmark_amp_smoke_table',
+    'train.py': _TT + 'train_test.py::test_det_train_and_test_tools',
+    'test.py': _TT + 'train_test.py::test_det_train_and_test_tools',
+    'demo.py': 'test_configs/test_demo_configs.py::test_demo_smoke',
+    'analysis/benchmark.py': _TA + 'benchmark.py::test_tiny_run_writes_ratios',
+    'analysis/benchmark_amp.py': _CLI + 'test_benchmark_amp_smoke_table',
     'analysis/benchmark_attention.py':
-    'test_tools/test_tool_cli.py::test_benchmark_attention_tiny_run',
-    'analysis/benchmark_compile.py':
-    'test_tools/test_tool_cli.py::test_benchmark_compile_smoke',
-    'analysis/get_flops.py':
-    'test_tools/test_analysis/test_analysis_tools.py::'
+    _CLI + 'test_benchmark_attention_tiny_run',
+    'analysis/benchmark_compile.py': _CLI + 'test_benchmark_compile_smoke',
+    'analysis/get_flops.py': _TA + 'analysis_tools.py::'
     'test_get_flops_counts_attention_products_and_nr',
     'analysis/draw_architecture.py':
-    'test_tools/test_analysis/test_figures.py::test_architecture_figure',
-    'analysis/gpu_check.py':
-    'test_tools/test_tool_cli.py::test_gpu_check_smoke',
+    _TA + 'figures.py::test_architecture_figure',
+    'analysis/gpu_check.py': _CLI + 'test_gpu_check_smoke',
     'analysis/memory_vs_length.py':
-    'test_tools/test_analysis/test_analysis_tools.py::'
-    'test_memory_vs_length_fixed_m_and_outputs',
-    'analysis/nr_accuracy.py':
-    'test_tools/test_analysis/test_benchmark.py::test_nr_accuracy_tool',
+    _TA + 'analysis_tools.py::test_memory_vs_length_fixed_m_and_outputs',
+    'analysis/nr_accuracy.py': _TA + 'benchmark.py::test_nr_accuracy_tool',
     'analysis/nr_backward_compare.py':
-    'test_tools/test_tool_cli.py::test_nr_backward_compare_train_demo',
+    _CLI + 'test_nr_backward_compare_train_demo',
     'analysis/nr_convergence.py':
-    'test_tools/test_analysis/test_analysis_tools.py::'
-    'test_nr_convergence_on_an_image_folder',
+    _TA + 'analysis_tools.py::test_nr_convergence_on_an_image_folder',
     'analysis/nr_method_crossover.py':
-    'test_tools/test_analysis/test_benchmark.py::'
-    'test_nr_method_crossover_tool',
-    'analysis/spectral_norm.py':
-    'test_tools/test_analysis/test_analysis_tools.py::'
+    _TA + 'benchmark.py::test_nr_method_crossover_tool',
+    'analysis/spectral_norm.py': _TA + 'analysis_tools.py::'
     'test_spectral_norm_field_normalisation_lowers_the_norm',
     'analysis/visualize_attention.py':
-    'test_tools/test_analysis/test_analysis_tools.py::'
-    'test_visualize_attention_rows',
-    'deployment/pytorch2onnx.py':
-    'test_tools/test_deploy.py::test_export_parity',
-    'deployment/benchmark_onnx.py':
-    'test_tools/test_tool_cli.py::test_benchmark_onnx_tiny_run',
-    'misc/configs.py':
-    'test_packaging.py::test_configs_cli',
-    'misc/make_demo_data.py':
-    'test_demo/test_synthetic.py::test_tool_cli',
+    _TA + 'analysis_tools.py::test_visualize_attention_rows',
+    'deployment/pytorch2onnx.py': _TT + 'deploy.py::test_export_parity',
+    'deployment/benchmark_onnx.py': _CLI + 'test_benchmark_onnx_tiny_run',
+    'misc/configs.py': 'test_packaging.py::test_configs_cli',
+    'misc/make_demo_data.py': 'test_demo/test_synthetic.py::test_tool_cli',
     'model_converters/soft2mmsoft.py':
-    'test_tools/test_model_converters.py::test_cli_round_trip',
+    _TT + 'model_converters.py::test_cli_round_trip',
     'model_converters/mmsoft2soft.py':
-    'test_tools/test_model_converters.py::test_cli_round_trip',
-    'compat/matrix.py':
-    'test_compat_matrix.py::test_table_writer',
-    'compat/check_env.py':
-    'test_tools/test_check_env.py::test_this_environment',
+    _TT + 'model_converters.py::test_cli_round_trip',
+    'compat/matrix.py': 'test_compat_matrix.py::test_table_writer',
+    'compat/check_env.py': _TT + 'check_env.py::test_this_environment',
 }
 #: helpers of the scripts, not tools (files, or folders ending in /)
 HELPERS = ('compat/stacks.py', 'mmsoft_tools/')
@@ -149,9 +120,7 @@ BOOTSTRAP = (
 
 
 def test_tools_edit_sys_path_only_for_their_package():
-    """No tool puts the checkout (or anything but tools/) on sys.path;
-    every script in a sub-folder that uses mmsoft_tools puts tools/ there
-    (a script in tools/ itself has it as its folder)."""
+    """Only a sub-folder's script that uses mmsoft_tools adds tools/."""
     everything = glob.glob(osp.join(TOOLS, '**', '*.py'), recursive=True)
     for script in [osp.relpath(p, TOOLS) for p in everything]:
         with open(osp.join(TOOLS, script)) as f:
@@ -166,8 +135,7 @@ def test_tools_edit_sys_path_only_for_their_package():
 
 @pytest.fixture(scope='module')
 def helps(tmp_path_factory):
-    """{script: (exit code, output)} of ``--help``, run from a copy of
-    tools/ outside the checkout."""
+    """{script: (exit code, output)} of ``--help``."""
     tmp = tmp_path_factory.mktemp('installed')
     copy = tmp / 'tools'
     shutil.copytree(
@@ -195,32 +163,19 @@ def test_help(helps, script):
 
 
 def test_python_sh_runs_a_tool_with_this_checkout(tmp_path):
-    """``bash tools/python.sh SCRIPT``: the checkout's mmsoft without an
-    install (no PYTHONPATH given)."""
-    env = child_env(PYTHONPATH=None)
-    code = ("import importlib.util as u; print(u.find_spec('mmsoft')"
-            '.origin)')
-    proc = subprocess.run(['bash',
-                           osp.join(TOOLS, 'python.sh'), '-c', code],
-                          cwd=str(tmp_path),
-                          env=env,
-                          capture_output=True,
-                          text=True,
-                          timeout=120)
+    """``bash tools/python.sh``: the checkout's mmsoft, no PYTHONPATH."""
+    code = "import importlib.util as u; print(u.find_spec('mmsoft').origin)"
+    sh = ['bash', osp.join(TOOLS, 'python.sh')]
+    proc = run(sh + ['-c', code], tmp_path, 120, PYTHONPATH=None)
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.strip() == osp.join(ROOT, 'mmsoft', '__init__.py')
-    proc = subprocess.run(['bash', osp.join(TOOLS, 'python.sh')],
-                          env=env,
-                          capture_output=True,
-                          text=True)
+    proc = run(sh, PYTHONPATH=None)
     assert proc.returncode == 2 and 'usage: bash' in proc.stderr
 
 
 # ----------------------------------------------- invocations of this file
 def _isolated_runs_in(script_server, monkeypatch):
-    """``run_isolated``'s ``python script args`` children run in the
-    :func:`script_server` (the same script as ``__main__``, its exit code
-    and output, forked from a process with the stacks imported)."""
+    """``run_isolated``'s ``python script`` children: in the script server."""
     from mmsoft_tools import analysis
 
     def run(cmd, env, **kwargs):
@@ -231,8 +186,7 @@ def _isolated_runs_in(script_server, monkeypatch):
 
 
 def _md_rows(text):
-    """The cells of the rows of the markdown table in ``text`` (header
-    first, the ``|---|`` line left out)."""
+    """The cells of the markdown table's rows (no ``|---|`` line)."""
     return [[c.strip() for c in ln.strip().strip('|').split('|')]
             for ln in text.splitlines()
             if ln.startswith('|') and not ln.startswith('|---')]
@@ -240,8 +194,7 @@ def _md_rows(text):
 
 @pytest.fixture
 def replaced(monkeypatch):
-    """The paths ``mmsoft.utils.atomic`` renames a finished temp file to
-    (an atomic write), in order."""
+    """The paths ``mmsoft.utils.atomic`` renames a temp file to, in order."""
     from mmsoft.utils import atomic
     done, replace = [], atomic.os.replace
 
@@ -255,10 +208,7 @@ def replaced(monkeypatch):
 
 def test_benchmark_attention_tiny_run(tmp_path, capsys, replaced,
                                       script_server, monkeypatch):
-    """n = 784, SOFT: one CSV row per (method, mode), one markdown row per
-    method whose cells are the CSV's values; every file written
-    atomically. (One method: each configuration is a child process, here
-    run by the script server.)"""
+    """One CSV row per (method, mode), the markdown rows its values."""
     _isolated_runs_in(script_server, monkeypatch)
     tool = load_tool('analysis/benchmark_attention.py')
     rows = tool.main([
@@ -332,10 +282,6 @@ def test_benchmark_amp_smoke_table(tmp_path, capsys):
 
 
 def test_benchmark_onnx_tiny_run(tmp_path, capsys, replaced):
-    """Two specs (a shipped config by name, two sizes): one row each, the
-    columns of the README table, positive times, the speed-up column equal
-    to the ratio of the times, the file atomically written and equal to the
-    printed table."""
     pytest.importorskip('onnxruntime')
     tool = load_tool('deployment/benchmark_onnx.py')
     md = tmp_path / 'table.md'
@@ -373,15 +319,9 @@ def test_benchmark_onnx_tiny_run(tmp_path, capsys, replaced):
 
 
 def test_nr_backward_compare_train_demo(tmp_path, capsys, monkeypatch):
-    """--train-demo trains the demo detector with both backward passes
-    (the option reaches the backbone's attn_cfg); --smoke keeps it small.
-
-    The smoke run is too short for a non-zero mAP, so the real training
-    and COCO evaluation run and are checked (both mAP keys from mmdet's
-    evaluator), then their metrics are replaced by distinct known values
-    on the way back: the table must carry each value in its column and
-    row (a swapped or misread column shows). --smoke's shrink runs, with 2
-    iterations instead of 3 here (each is seconds of CPU)."""
+    """--train-demo --smoke: both backward passes train (2 iterations
+    here); their real metrics are replaced by distinct known values on
+    the way back, which the table must carry in their columns."""
     from mmsoft_tools import demo_tasks
     tasks = demo_tasks
     real_run_task, calls = tasks.run_task, []
@@ -398,13 +338,9 @@ def test_nr_backward_compare_train_demo(tmp_path, capsys, monkeypatch):
         m = res['metrics']
         assert 0 <= m['coco/bbox_mAP'] <= m['coco/bbox_mAP_50'] <= 1, m
         k = len(calls)
-        calls.append(
-            dict(
-                res,
-                metrics={
-                    'coco/bbox_mAP': 0.125 + k / 8,
-                    'coco/bbox_mAP_50': 0.5 + k / 8
-                }))
+        metrics = [('coco/bbox_mAP', .125 + k / 8),
+                   ('coco/bbox_mAP_50', .5 + k / 8)]
+        calls.append(dict(res, metrics=dict(metrics)))
         return calls[-1]
 
     monkeypatch.setattr(tasks, 'run_task', run_task)
@@ -434,9 +370,7 @@ def test_nr_backward_compare_train_demo(tmp_path, capsys, monkeypatch):
 
 
 def test_benchmark_compile_smoke(tmp_path, capsys):
-    """--smoke: the tiny arch at 64x64, forward and train step, eager vs
-    compiled (the aot_eager backend: Dynamo + AOT autograd without
-    inductor's code generation, seconds on a small CPU)."""
+    """--smoke, aot_eager (no inductor code generation): 64x64 rows."""
     tool = load_tool('analysis/benchmark_compile.py')
     rows = tool.main(
         ['--smoke', '--backend', 'aot_eager', '--out-dir',
@@ -458,9 +392,6 @@ def test_benchmark_compile_smoke(tmp_path, capsys):
 
 
 def test_gpu_check_smoke(tmp_path, capsys):
-    """--smoke: the CPU subset (one config's fp32 and bf16 steps, the NR
-    methods, SOFT vs softmax at 64x64); the CUDA part is reported as not
-    run, exit code 0."""
     tool = load_tool('analysis/gpu_check.py')
     assert tool.main(['--smoke', '--out-dir', str(tmp_path)]) == 0
     out = capsys.readouterr().out
@@ -488,8 +419,6 @@ def test_gpu_check_smoke(tmp_path, capsys):
 
 
 def test_gpu_check_sections(tmp_path, capsys):
-    """--sections runs only the named sections; the others are reported as
-    not selected, and the environment line names torch and mmcv's ops."""
     tool = load_tool('analysis/gpu_check.py')
     assert tool.main(
         ['--smoke', '--sections', 'nr', '--out-dir',
@@ -504,11 +433,8 @@ def test_gpu_check_sections(tmp_path, capsys):
 
 
 def test_gpu_check_dry_run_fills_the_model_zoo(tmp_path, capsys):
-    """--dry-run rehearses the recipe section on the CPU through the code
-    the GPU runs (the config's model, optimizer and batch size replaced by
-    two 64 x 64 images): well-formed rows of recipe_gpu.csv's columns, the
-    gpu column saying it was no GPU, which docs/gen_tables.py turns into
-    the model zoo's estimates (labelled estimated, naming that GPU)."""
+    """--dry-run: recipe_gpu.csv rows from the CPU, the model zoo's
+    estimates (docs/gen_tables.py)."""
     tool = load_tool('analysis/gpu_check.py')
     names = [  # one recipe of each family the GPU run times
         'retinanet_soft_tiny_1x', 'mask_rcnn_soft_tiny_1x',
@@ -548,19 +474,13 @@ def test_gpu_check_dry_run_fills_the_model_zoo(tmp_path, capsys):
 
 
 def test_gpu_check_recipe_rows_merge(tmp_path):
-    """A recipe row replaces the one of its config and GPU, keeps the
-    others; a CSV of other columns is refused in one line, untouched."""
     tool = load_tool('analysis/gpu_check.py')
     path = tmp_path / 'recipe_gpu.csv'
 
     def row(config, gpu, s):
         return dict(
-            config=config,
-            gpu=gpu,
-            s_per_iter=s,
-            peak_mib='100',
-            date='2026-12-07',
-            note='')
+            zip(('config', 'gpu', 's_per_iter', 'peak_mib', 'date', 'note'),
+                (config, gpu, s, '100', '2026-12-07', '')))
 
     tool.merge_recipe_rows(
         str(path), [row('a', 'H100', '0.5'),
@@ -584,9 +504,7 @@ def test_gpu_check_recipe_rows_merge(tmp_path):
 
 def test_gpu_check_recipe_out_of_memory_is_reported_not_failed(
         tmp_path, monkeypatch):
-    """A recipe whose batch does not fit the GPU: a row saying so (the
-    check passes: it is a fact about the recipe), nothing in the CSV; a
-    recipe that raises anything else is a failed check."""
+    """Out of memory: a passing row, nothing in the CSV; else a failure."""
     import torch
     tool = load_tool('analysis/gpu_check.py')
 
@@ -600,10 +518,8 @@ def test_gpu_check_recipe_out_of_memory_is_reported_not_failed(
                         lambda i: SimpleNamespace(total_memory=80 * 2**30))
     report = tool.Report()
     csv_path = tmp_path / 'recipe_gpu.csv'
-    tool.run_recipes(report, {
-        'big': 'big.py',
-        'bad': 'bad.py'
-    }, 'cpu', 'NVIDIA H100', 5, str(csv_path))
+    tool.run_recipes(report, dict(big='big.py', bad='bad.py'), 'cpu',
+                     'NVIDIA H100', 5, str(csv_path))
     big, bad = report.rows
     assert (big['value'], big['ok']) == ('out of memory', True)
     assert 'does not fit NVIDIA H100 (80 GiB)' in big['note']
@@ -626,8 +542,6 @@ def test_gpu_check_dry_run_never_writes_the_docs_csv(tmp_path, capsys):
 
 
 def test_gpu_check_recipe_families():
-    """The recipe section's default configs: RetinaNet, Mask R-CNN,
-    UperNet and the classifiers of configs/, no other detector."""
     tool = load_tool('analysis/gpu_check.py')
     got = set(tool.recipe_configs(tool.shipped_configs()))
     assert got and all(
@@ -642,8 +556,7 @@ def test_gpu_check_recipe_families():
 
 
 def test_gpu_check_steps_need_no_imagenet_file(tmp_path, monkeypatch):
-    """A paper detection config (its backbone names the authors' ImageNet
-    file, absent here) trains one step with random weights."""
+    """A paper config trains a step without its (absent) ImageNet file."""
     monkeypatch.chdir(tmp_path)
     tool = load_tool('analysis/gpu_check.py')
     tool.main([
