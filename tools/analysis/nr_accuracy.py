@@ -7,7 +7,10 @@ layer and method (``--methods``; ``auto`` is the default dispatch) prints
 
 * ``out``: max |out - ref| / max |ref| of the attention output P A^+_n P^T V
   in float32 against a float64 evaluation of the official 20 steps
-  (``method='iterative'`` in float64: the authors' ``newton_inv``);
+  (``method='iterative'`` in float64: the authors' ``newton_inv``), by the
+  training path (with a gradient: ``KernelAttention``);
+* ``eval``: the same for the output without a gradient (inference: P
+  never formed above ``FUSED_MIN_ENTRIES``);
 * ``grad``: the same for the gradient of <G, out> (G fixed random) with
   respect to q, landmarks and v, against float64 autograd through the 20
   steps with alpha differentiated as in the official code (the default
@@ -35,7 +38,7 @@ from mmsoft_tools.analysis import (build_model, image_sets, load_rgb,
 
 FIELDS = [
     'size', 'layer', 'm', 'matrices', 'method', 'resolved', 'krylov',
-    'out_err', 'grad_err', 'ms'
+    'out_err', 'eval_err', 'grad_err', 'ms'
 ]
 
 
@@ -145,6 +148,7 @@ def main(argv=None):
                     nr.iters) if resolved == 'lanczos' else None
                 out, grads, sec = evaluate([q, lm, v], attn_norm, run, G,
                                            not args.no_grad)
+                inference = evaluate([q, lm, v], attn_norm, run, G, False)[0]
                 row = dict(
                     size=size,
                     layer=i,
@@ -154,6 +158,7 @@ def main(argv=None):
                     resolved=resolved,
                     krylov=basis.Q.shape[-1] if basis else '',
                     out_err=f'{rel(out, ref):.2e}',
+                    eval_err=f'{rel(inference, ref):.2e}',
                     grad_err=
                     f'{max(rel(a, b) for a, b in zip(grads, ref_grads)):.2e}'  # noqa: E501
                     if grads else '',

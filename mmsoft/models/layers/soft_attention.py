@@ -29,9 +29,9 @@ from .nr_config import NRConfig
 
 __all__ = [
     'AttentionBase', 'query_index', 'landmark_grid', 'reduce_map',
-    'gaussian_kernel', 'kernel_forward', 'GaussianKernel', 'BottleneckSampler',
-    'SOFTAttention', 'soft_attention', 'bottleneck_inverse',
-    'bottleneck_apply', 'SAMPLING_MODES', 'with_nr'
+    'gaussian_kernel', 'kernel_forward', 'kernel_product', 'GaussianKernel',
+    'BottleneckSampler', 'SOFTAttention', 'soft_attention',
+    'bottleneck_inverse', 'bottleneck_apply', 'SAMPLING_MODES', 'with_nr'
 ]
 
 SAMPLING_MODES = ('conv', 'avgpool', 'random', 'biased')
@@ -207,6 +207,41 @@ def kernel_forward(x, y, self_kernel=False) -> torch.Tensor:
     return K
 
 
+#: below this many kernel entries per head (n m) the kernel is formed (the
+#: fused products cost more than they save; measured on the CPU)
+FUSED_MIN_ENTRIES = 1 << 21
+
+
+def kernel_product(x, y, w) -> torch.Tensor:
+    """K w = sum_j exp(-||x_i - y_j||^2 / 2) w_j (..., n, e) for x (..., n,
+    d), y and w (..., m, d | e) without the (n, m) kernel: one fused
+    softmax attention (torch's ``scaled_dot_product_attention``, flash on
+    the CPU) of the queries [x, 1, ||x||^2 / 2] over the keys [y, -||y||^2
+    / 2, 0] and one key [0, 0, 1], whose score ||x_i||^2 / 2 is each row's
+    largest (K_i0 = 1, a landmark at x_i); the values [w, 0] and [0, 1]
+    give (K w)_i / (1 + sum_j K_ij) and 1 / (1 + sum_j K_ij), and their
+    quotient is K w. Divided by a number in [1, m + 1]: no cancellation.
+    Pass tokens translated as in :func:`kernel_forward` (the norms cancel
+    relative to their spread)."""
+    *batch, n, d = x.shape
+    m, e = y.shape[-2], w.shape[-1]
+    size = max(d + 2, e + 1)
+    size += -size % 8 if x.device.type != 'cpu' else 0  # aligned for CUDA
+    q = x.new_zeros(*batch, n, size)
+    q[..., :d] = x
+    q[..., d] = 1
+    q[..., d + 1] = x.square().sum(-1).mul_(0.5)
+    k = y.new_zeros(*batch, m + 1, size)
+    k[..., :m, :d] = y
+    k[..., :m, d] = y.square().sum(-1).mul_(-0.5)
+    k[..., m, d + 1] = 1
+    v = w.new_zeros(*batch, m + 1, size)
+    v[..., :m, :e] = w
+    v[..., m, e] = 1
+    out = F.scaled_dot_product_attention(q, k, v, scale=1.0)
+    return out[..., :e] / out[..., e:e + 1]
+
+
 class GaussianKernel(torch.autograd.Function):
     """K with G' = grad * K: grad_x = G' y - rowsum(G') x, grad_y = G'^T x -
     colsum(G') y (on the translated tokens, recomputed in the backward)."""
@@ -351,6 +386,14 @@ def soft_attention(q, landmarks, v, attn_norm=True, nr=None, nr_stats=None):
             # the self-kernel (m = n): one tensor in both roles
             x = y if q is landmarks else q.to(dtype)
             out = KernelAttention.apply(x, y, v.to(dtype), inner)
+        elif (q.shape[-2] * landmarks.shape[-2] >= FUSED_MIN_ENTRIES
+              and compute_dtype(q, landmarks) == torch.float32
+              and q is not landmarks and not compiling()
+              and not amp.is_exporting()):  # P never formed
+            c = landmarks.float().mean(-2, keepdim=True)
+            x, y = q.float() - c, landmarks.float() - c
+            PtV = kernel_product(y, x, v.float())
+            out = kernel_product(x, y, inner(landmarks, PtV))
         else:
             P = gaussian_kernel(q, landmarks)  # (B, h, n, m)
             PtV = torch.matmul(P.transpose(-1, -2), v.to(P.dtype))

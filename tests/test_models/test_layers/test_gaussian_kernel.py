@@ -1,10 +1,14 @@
 """Issue 13: the Gaussian kernel keeps its unit diagonal for large-norm
 tokens (no ||x||^2 + ||y||^2 - 2 x.y cancellation), in fp32 and under
 bf16 / fp16 autocast, and SOFT attention stays finite and accurate."""
+import importlib
+
 import pytest
 import torch
 
 from mmsoft.models.layers import gaussian_kernel, soft_attention
+
+sa_module = importlib.import_module('mmsoft.models.layers.soft_attention')
 
 NORMS = [1e2, 1e3, 3e3, 1e4]
 
@@ -132,3 +136,54 @@ def test_gradient_of_one_side_only(needs):
             torch.testing.assert_close(got, want)
         else:
             assert got is None
+
+
+@pytest.mark.parametrize('spread', [0.05, 1.0, 4.0])
+@pytest.mark.parametrize('norm', [0.0, 1e3])
+def test_kernel_product_without_the_kernel(norm, spread):
+    """K w by the fused softmax attention is as accurate as the formed
+    fp32 kernel times w, against the float64 kernel (tokens nearly equal,
+    unit spread, and far apart where most entries underflow); a sample's
+    rows do not depend on the other samples."""
+    g = torch.Generator().manual_seed(5)
+    off = norm * torch.ones(8, dtype=torch.float64) / 8**0.5
+    x = off + spread * torch.randn(
+        2, 3, 300, 8, generator=g, dtype=torch.float64)
+    y = x[:, :, ::10] + 0.01 * torch.randn(
+        2, 3, 30, 8, generator=g, dtype=torch.float64)
+    w = torch.randn(2, 3, 30, 5, generator=g, dtype=torch.float64)
+    c = y.float().mean(-2, keepdim=True)
+    xc, yc = x.float() - c, y.float() - c
+    got = sa_module.kernel_product(xc, yc, w.float())
+    want = _ref(x.float(), y.float()) @ w
+    formed = gaussian_kernel(x.float(), y.float()).double() @ w
+    assert got.shape == want.shape and got.dtype == torch.float32
+    bound = 2 * (formed - want).abs().max() + 1e-6 * want.abs().max()
+    assert (got.double() - want).abs().max() <= bound
+    assert torch.equal(got[1:],
+                       sa_module.kernel_product(xc[1:], yc[1:], w[1:].float()))
+
+
+@pytest.mark.parametrize('attn_norm', [True, False])
+def test_fused_products_equal_the_formed_kernel(monkeypatch, attn_norm):
+    """Without a gradient and above FUSED_MIN_ENTRIES, P is never formed
+    (no (n, m) buffer: gaussian_kernel is called for A only); the output
+    equals the formed path's, in fp32 and under bf16 autocast."""
+    q = _tokens(1e2, 2, 2, 64, 8).float() * 0.3
+    lm = q[:, :, ::8] + 0.1
+    v = torch.randn(2, 2, 64, 8)
+    with torch.no_grad():
+        formed = soft_attention(q, lm, v, attn_norm)
+        monkeypatch.setattr(sa_module, 'FUSED_MIN_ENTRIES', 64 * 8)
+        shapes = []
+        kernel = sa_module.gaussian_kernel
+        monkeypatch.setattr(
+            sa_module, 'gaussian_kernel',
+            lambda a, b: shapes.append(tuple(a.shape)) or kernel(a, b))
+        fused = soft_attention(q, lm, v, attn_norm)
+        with torch.autocast('cpu', dtype=torch.bfloat16):
+            half = soft_attention(q, lm, v.bfloat16(), attn_norm)
+    assert shapes == [(2, 2, 8, 8)] * 2  # A, twice: no (64, 8) kernel P
+    torch.testing.assert_close(fused, formed, atol=2e-6, rtol=1e-5)
+    assert half.dtype == torch.bfloat16
+    torch.testing.assert_close(half.float(), formed, atol=2e-2, rtol=2e-2)

@@ -128,6 +128,7 @@ def test_nr_accuracy_tool(tmp_path, capsys):
             for r in rows} == {'auto', 'lanczos', 'spectral', 'iterative'}
     for r in rows:
         assert float(r['out_err']) < 1e-5, r
+        assert float(r['eval_err']) < 1e-5, r
         assert float(r['grad_err']) < 1e-4, r
     assert all(int(r['krylov']) > 1 for r in rows if r['method'] == 'lanczos')
     assert (tmp_path / 'nr_accuracy.csv').read_text().count('\n') == 9
