@@ -1,6 +1,5 @@
-"""What both converter tools do with files and arguments (errors: one-line
-:class:`~mmsoft.models.converters.ConversionError`) and the check for a
-config's missing ImageNet weights."""
+"""The converter tools' files and arguments (errors: one-line
+:class:`~mmsoft.models.converters.ConversionError`), missing ImageNet files."""
 import argparse
 import os
 import os.path as osp
@@ -20,9 +19,7 @@ from mmsoft.models.converters import (ConversionError, arch_for_mmsoft,
 
 
 def load_checkpoint_file(path: str, trust: bool = False):
-    """The checkpoint ``path`` on the CPU, weights only (and timm's
-    ``args`` Namespace) unless ``trust``; a file that pickles code is
-    refused either way, and never advised to be trusted."""
+    """The checkpoint on the CPU, weights only unless ``trust``."""
     from mmsoft.utils.checkpoint_io import describe_damage, refusal_message
     from mmsoft.utils.safe_load import (code_globals, safe_torch_load,
                                         unsafe_globals)
@@ -61,8 +58,7 @@ def load_checkpoint_file(path: str, trust: bool = False):
 
 
 def infer_arch(sd: Mapping, stage4_heads: Optional[int] = None) -> dict:
-    """:func:`~mmsoft.models.converters.infer_official_arch`, refusing
-    linear landmark ops and heads that do not divide the embed dims."""
+    """``infer_official_arch``, refusing linear landmarks and odd heads."""
     if stage4_heads is not None and (isinstance(stage4_heads, bool)
                                      or not isinstance(stage4_heads, int)
                                      or stage4_heads < 1):
@@ -95,9 +91,7 @@ def infer_arch(sd: Mapping, stage4_heads: Optional[int] = None) -> dict:
 
 
 def official_weights(ckpt, src: str, ema: Optional[bool] = None):
-    """``(state_dict, entry)`` of an authors' checkpoint: the EMA weights
-    when present (``ema=None``), required (``--ema``) or refused
-    (``--no-ema``)."""
+    """``(state_dict, entry)`` of an authors' checkpoint (EMA choice)."""
     sd, entry = extract_state_dict(ckpt, prefer_ema=ema is not False)
     emas = ('state_dict_ema', 'model_ema')
     if ema is False and entry in emas:
@@ -110,15 +104,12 @@ def official_weights(ckpt, src: str, ema: Optional[bool] = None):
     return sd, entry
 
 
-#: keys of mmsoft's SOFT (any ``_version``; ``backbone.`` prefix removed)
 _MMSOFT_KEY = re.compile(
     r'(stages\.\d+\.|patch_embeds\.\d+\.|pos_embeds\.\d+$)')
 
 
 def already_mmsoft(ckpt, src: str) -> Optional[str]:
-    """The one line for a ``src`` that is already an mmsoft checkpoint
-    (mostly ``[backbone.]stages...`` keys): it needs no conversion; else
-    None."""
+    """The line for a ``src`` already in mmsoft's layout, else None."""
     from mmsoft.models.converters import find_official_state_dict
     if find_official_state_dict(ckpt):
         return None
@@ -142,8 +133,7 @@ def already_mmsoft(ckpt, src: str) -> Optional[str]:
 
 
 def _special(path: str) -> Optional[str]:
-    """What ``path`` is if it exists and is not a regular file or a
-    directory (a device such as /dev/full, a FIFO, a socket)."""
+    """What ``path`` is if a device, FIFO or socket, else None."""
     try:
         mode = os.stat(path).st_mode
     except OSError:
@@ -157,9 +147,7 @@ def _special(path: str) -> Optional[str]:
 
 
 def check_output_path(src: str, dst: str) -> None:
-    """Refuse an output that is a directory, a device / FIFO / socket (the
-    atomic rename would replace it), or the input itself (also through a
-    symlink or another relative path)."""
+    """Refuse an output that is a directory, special, or the input."""
     if os.path.isdir(dst):
         raise ConversionError(
             f'output {dst!r} is a directory; give a file name, e.g. '
@@ -178,8 +166,7 @@ def check_output_path(src: str, dst: str) -> None:
 
 
 def save_atomic(obj, path: str, writer=None) -> None:
-    """``writer(obj, file)`` (default ``torch.save``) into ``path``
-    atomically and durably."""
+    """``writer(obj, file)`` (default ``torch.save``) atomically, durably."""
     from mmsoft.utils.atomic import atomic_path
     with atomic_path(path, durable=True) as tmp:
         with open(tmp, 'xb') as f:
@@ -187,8 +174,7 @@ def save_atomic(obj, path: str, writer=None) -> None:
 
 
 def save_checkpoint_atomic(obj, path: str) -> None:
-    """``torch.save`` ``obj`` atomically (temporaries of a killed earlier
-    run removed); OS errors (full disk ...) are a :class:`ConversionError`."""
+    """``torch.save`` atomically; OS errors as ConversionError."""
     from mmsoft.utils.atomic import remove_stale_temps
     path = os.path.abspath(path)
     d = os.path.dirname(path)
@@ -208,8 +194,7 @@ def save_checkpoint_atomic(obj, path: str) -> None:
 
 
 def missing_output_dirs(dst):
-    """The folders above ``dst`` that do not exist yet, deepest first; a
-    file in their place is a :class:`ConversionError`."""
+    """The missing folders above ``dst``, deepest first."""
     missing, d = [], osp.dirname(osp.abspath(dst))
     while not osp.lexists(d):
         missing.append(d)
@@ -222,8 +207,7 @@ def missing_output_dirs(dst):
 
 
 def save_creating_dirs(obj, dst, log=print):
-    """``save_checkpoint_atomic(obj, dst)`` after creating the
-    missing folders above ``dst`` (removed again if the write fails)."""
+    """Save, creating missing folders (removed again on failure)."""
     created = missing_output_dirs(dst)
 
     def remove_created():
@@ -249,8 +233,7 @@ def save_creating_dirs(obj, dst, log=print):
 
 def converter_parser(description: str, src: str, dst: str, stage4_heads: str,
                      heads_type: Callable) -> argparse.ArgumentParser:
-    """The arguments of both tools: ``src``, ``dst``, ``--stage4-heads``,
-    ``--trust-checkpoint``."""
+    """``src``, ``dst``, ``--stage4-heads``, ``--trust-checkpoint``."""
     p = argparse.ArgumentParser(description=description)
     p.add_argument('src', help=src)
     p.add_argument('dst', help=dst)
@@ -277,9 +260,7 @@ def check_converted(sd: Mapping,
                     arch: Mapping,
                     src: str,
                     official: bool = False) -> None:
-    """Missing, unexpected or mis-shaped tensors of ``sd`` (the authors'
-    keys if ``official``) against mmsoft's SOFT of ``arch`` and its head:
-    one :class:`ConversionError`, as a strict load would."""
+    """Missing, unexpected or mis-shaped tensors: a ConversionError."""
     from mmsoft.models.backbones import SOFT
     from mmsoft.utils.strict_load import (CheckpointMismatchError,
                                           check_state_dict)
@@ -306,9 +287,7 @@ def check_converted(sd: Mapping,
 
 
 def missing_pretrained(cfg, key: str = 'model') -> Optional[str]:
-    """:func:`~mmsoft.models.loading.missing_weights_message` of the first
-    SOFT backbone under ``cfg[key]`` whose ``Pretrained`` file is missing,
-    else None."""
+    """The missing-weights message of the first SOFT init_cfg, or None."""
     from mmsoft.models.loading import PRETRAINED, missing_weights_message
     todo = [(key, cfg.get(key))]
     while todo:
