@@ -118,9 +118,7 @@ def _log(runner):
 
 
 def _runner(work_dir, name, by_epoch=False, stop_after=None, seed=0, **kw):
-    """By epoch: 3 epochs of 10 iterations, a checkpoint per epoch; else 10
-    iterations, a checkpoint every 2, validation every 3; ``kw``: the hook's
-    (``type``, ``max_keep_ckpts``, ...) and the Runner's arguments."""
+    """``kw``: the hook's (CKPT_ARGS) and the Runner's arguments."""
     torch.manual_seed(0)  # the model is built before the Runner seeds
     ckpt = dict(type=SAFE, max_keep_ckpts=-1)
     ckpt.update((k, kw.pop(k)) for k in CKPT_ARGS if k in kw)
@@ -196,8 +194,7 @@ def _refused_by_hook(tmp_path, path, match):
 
 
 def test_flipped_bytes_are_detected(tmp_path):
-    """Flipped bytes in fc.weight's or the RNG states' record: torch.load
-    loads the damage; the hook and mmsoft's reader refuse the file."""
+    """Flipped record bytes: torch.load takes them, mmsoft refuses."""
     work = tmp_path / 'work'
     _runner(work, 'train').train()
     good = _load(work / 'iter_10.pth')
@@ -265,9 +262,7 @@ def _mtimes(d, names=None):
 
 
 def test_copied_work_dir_resumes_its_own_run(tmp_path):
-    """Issue 36 (1): a ``cp -r`` copy resumes from its own newest checkpoint
-    (not the original's, named by its last_checkpoint); the original is
-    untouched."""
+    """Issue 36 (1): a ``cp -r`` copy resumes its own newest checkpoint."""
     orig, copy = tmp_path / 'orig', tmp_path / 'copy'
     with pytest.raises(Interrupted):
         _runner(orig, 'orig', stop_after=4, max_keep_ckpts=3).train()
@@ -287,8 +282,7 @@ def test_copied_work_dir_resumes_its_own_run(tmp_path):
 
 
 def test_resume_of_another_runs_file_deletes_nothing_here(tmp_path):
-    """``resume`` of another directory's file: its restored
-    ``max_keep_ckpts`` ids delete none of this work dir's files."""
+    """Another directory's restored checkpoint ids delete nothing here."""
     other, work = tmp_path / 'other', tmp_path / 'work'
     with pytest.raises(Interrupted):
         _runner(other, 'other', stop_after=8, max_keep_ckpts=2).train()
@@ -306,9 +300,7 @@ def test_resume_of_another_runs_file_deletes_nothing_here(tmp_path):
 
 
 def test_shared_out_dir_of_two_runs_is_refused(tmp_path):
-    """Issue 36 (2): a second work dir of the same name and ``out_dir``
-    stops before training with one line naming the directory, the owner
-    and the fix."""
+    """Issue 36 (2): a second run in one ``out_dir`` stops in one line."""
     out = str(tmp_path / 'out')
     a, b = tmp_path / 'a' / 'run', tmp_path / 'b' / 'run'
     _runner(a, 'a', max_keep_ckpts=2, out_dir=out).train()
@@ -354,8 +346,7 @@ KILL_CHILD = textwrap.dedent("""
 
 
 def test_kill_during_checkpoint_write_keeps_previous(tmp_path):
-    """A real SIGKILL while iter_4.pth is written (``max_keep_ckpts=1``):
-    iter_2.pth is kept and resumed from; the temporary is cleaned."""
+    """SIGKILL while iter_4.pth is written: iter_2.pth is resumed."""
     work = tmp_path / 'work'
     code = KILL_CHILD.format(
         paths=[osp.dirname(osp.abspath(__file__)),
@@ -379,8 +370,7 @@ def test_kill_during_checkpoint_write_keeps_previous(tmp_path):
 
 # ------------------------------------------------ mmsoft's allow-list
 def test_runner_loads_see_the_allow_list_only_inside(tmp_path):
-    """The Runner's resume loads inside mmsoft's allow-list; torch's list is
-    unchanged before, during training and after (issue 50)."""
+    """The Runner's loads alone see mmsoft's allow-list (issue 50)."""
 
     def get():  # a set in torch: its order is no property
         return set(getattr(torch.serialization, 'get_safe_globals', list)())
@@ -480,8 +470,7 @@ def test_rng_state_round_trip_is_weights_only_loadable(tmp_path):
 
 
 def test_full_disk_names_the_file_and_what_was_kept(tmp_path, monkeypatch):
-    """Issue 27, item 8: ENOSPC while writing iter_4.pth names the file,
-    that nothing was written and the kept previous checkpoint."""
+    """Issue 27, item 8: ENOSPC names the file and the kept checkpoint."""
     runner = _runner(tmp_path, 'enospc')
     real_save = torch.save
     calls = []
@@ -521,8 +510,7 @@ def test_full_disk_names_the_file_and_what_was_kept(tmp_path, monkeypatch):
 @pytest.mark.parametrize('earlier', [False, True])
 def test_write_failure_names_the_fix_and_resumes_only_a_checkpoint(
         tmp_path, code, fix, earlier):
-    """Issue 52, item 5: the advice follows the error; a kept checkpoint,
-    an errno and ``--resume`` are named only where they exist."""
+    """Issue 52, item 5: the advice follows the error and what exists."""
     work = str(tmp_path)
     prev = osp.join(work, 'iter_2.pth')
     if earlier:
@@ -576,10 +564,7 @@ class _Loop(BaseLoop):
 
 
 class _Runner(SimpleNamespace):
-    """What the hook reads of a Runner (``drop``: private attributes it
-    lacks), a ``train_loop`` if ``loop`` is given, and mmengine's
-    ``save_checkpoint`` (master only, ``meta`` defaults, the hooks'
-    ``before_save_checkpoint``, one file)."""
+    """What the hook reads of a Runner; ``save_checkpoint`` as mmengine's."""
 
     def __init__(self, work_dir, loop=None, drop=(), **attrs):
         from mmengine.logging import MessageHub
@@ -644,9 +629,7 @@ def test_hook_takes_the_arguments_of_checkpoint_hook():
 
 
 def test_only_training_claims_a_local_checkpoint_dir(tmp_path, monkeypatch):
-    """Training records the work dir (a trailing ``/`` does not count) in
-    ``out_dir/<name>``; an evaluation or a remote ``out_dir`` creates
-    nothing."""
+    """Training alone claims ``out_dir/<work dir name>``, if local."""
     monkeypatch.chdir(tmp_path)
     out, work = tmp_path / 'out', tmp_path / 'a' / 'run'
     work.mkdir(parents=True)
@@ -687,9 +670,7 @@ def test_other_ranks_follow_rank_0(tmp_path, monkeypatch):
 
 
 def test_resume_search_says_what_it_found(tmp_path):
-    """``resume=True``: one line names the checkpoint taken (also another
-    ``filename_tmpl``'s, through ``last_checkpoint``, in ``out_dir``) or
-    says training starts from scratch."""
+    """``resume=True``: one line names the file found, or scratch."""
     out, work = tmp_path / 'out', tmp_path / 'run'
     (out / 'run').mkdir(parents=True)
     work.mkdir()
@@ -738,9 +719,7 @@ def test_a_loaded_file_is_not_read_again(tmp_path):
 
 
 def test_resume_from_another_dir_forgets_its_checkpoint_names(tmp_path):
-    """Resumed from another directory's file: its ``max_keep_ckpts`` ids
-    are dropped, a best checkpoint elsewhere becomes this directory's of
-    that name (or None); the rest stays."""
+    """Resumed from elsewhere: its checkpoint names are dropped."""
     other, work = tmp_path / 'other', tmp_path / 'run'
     work.mkdir()
     (work / 'best_acc_iter_4.pth').write_bytes(b'x')
@@ -763,9 +742,7 @@ def test_resume_from_another_dir_forgets_its_checkpoint_names(tmp_path):
 
 
 def test_one_fixed_checkpoint_name_is_replaced_not_removed(tmp_path):
-    """``filename_tmpl`` without ``{}``, ``max_keep_ckpts=1``: each save
-    replaces the file (the queued removal spares it); a killed run
-    resumes from it."""
+    """``filename_tmpl`` without ``{}``: replaced, never removed."""
     work = tmp_path / 'work'
     fixed = dict(max_keep_ckpts=1, filename_tmpl='latest.pth')
     with pytest.raises(Interrupted):
@@ -868,8 +845,7 @@ class _Prefetching:
 
 
 def test_resume_restores_infinite_sampler_indices(tmp_path):
-    """An ``InfiniteSampler`` whose iterator was built before the hook:
-    after resume the batches follow the checkpoint's seed."""
+    """A prefetched InfiniteSampler follows the checkpoint's seed."""
     data = list(range(16))
 
     def loader(seed):
@@ -889,8 +865,7 @@ def test_resume_restores_infinite_sampler_indices(tmp_path):
 
 
 def test_sampler_seed_is_found_where_the_loader_keeps_it(tmp_path):
-    """The seed is saved from and restored to the loader's sampler or its
-    batch sampler's (mmdet's); none without one or without training."""
+    """The seed of the loader's sampler or batch sampler (mmdet's)."""
     data = list(range(8))
     seeded = DefaultSampler(data, seed=5)
     mmdet_like = DataLoader(data, batch_sampler=BatchSampler(seeded, 2, False))
@@ -916,8 +891,7 @@ def test_sampler_seed_is_found_where_the_loader_keeps_it(tmp_path):
 
 
 def test_checkpoint_records_the_attn_norm_it_was_trained_with(tmp_path):
-    """``meta['mmsoft_attn_norm']``: each SOFT attention's ``attn_norm``
-    (what check_attn_norm reads: test_strict_load.py); none without."""
+    """``meta['mmsoft_attn_norm']``: each SOFT attention's setting."""
     model = nn.Sequential(
         SOFTAttention(8, 1, 1, attn_norm=True),
         SOFTAttention(8, 1, 1, attn_norm=False))
@@ -952,8 +926,7 @@ def test_sampler_seed_left_alone_when_unchanged_or_unknown(
 
 
 def test_rng_states_of_another_world_size_are_not_restored(tmp_path):
-    """RNG states of another number of processes (or none): a warning, not
-    restored; ``save_rng=False`` restores none."""
+    """Another world size's RNG states: a warning, not restored."""
     state = get_rng_state()
     want = _draws()
     for info, n in ((dict(world_size=2,
@@ -974,9 +947,7 @@ def test_rng_states_of_another_world_size_are_not_restored(tmp_path):
 
 
 def test_rng_states_restored_after_mmengines_replay(tmp_path):
-    """Resumed at iteration n > 0, the states come back after mmengine's
-    replay of n batches (at once for n = 0 or a loop without ``iter``); the
-    loop gets its iterator back."""
+    """RNG states come back after mmengine replays the batches."""
     state = get_rng_state()
     want = _draws()
     meta = dict(mmsoft_rng=dict(world_size=1, states=[state]))
@@ -998,9 +969,7 @@ def test_rng_states_restored_after_mmengines_replay(tmp_path):
 
 
 def test_best_checkpoint_is_atomic_and_holds_the_training_rng(tmp_path):
-    """A new best checkpoint and the periodic one saved with it hold the
-    training RNG states (from before validation) and that epoch; the
-    previous best is removed."""
+    """Best checkpoints hold the training (pre-validation) RNG states."""
     hook = SafeCheckpointHook(interval=1, save_best='acc', rule='greater')
     runner = _Runner(tmp_path, loop=_Loop(), epoch=1, iter=10)
     runner.hooks = [hook]
@@ -1027,8 +996,7 @@ def test_best_checkpoint_is_atomic_and_holds_the_training_rng(tmp_path):
 
 
 def test_checkpoint_and_last_checkpoint_are_durable(tmp_path, monkeypatch):
-    """Both files (and their directory) are fsynced around their rename;
-    nothing else is written."""
+    """Both files and their directory are fsynced around the rename."""
     synced, fsync = [], atomic._fsync
 
     def spy(path):
@@ -1113,8 +1081,7 @@ def _strictly_resumed(work, by_epoch):
                                                     (True, 2, True)])
 def test_resume_past_the_schedule_is_refused(tmp_path, by_epoch, limit,
                                              refused):
-    """Issue 52, item 6: ``--resume`` past max_iters / max_epochs is
-    refused with the fix; exactly at the end it is a finished run."""
+    """Issue 52, item 6: ``--resume`` past the schedule's end is refused."""
     resumed = _strictly_resumed(tmp_path / 'work', by_epoch)
     key = 'max_epochs' if by_epoch else 'max_iters'
     resumed._train_loop[key] = limit
@@ -1140,8 +1107,7 @@ def test_resume_past_the_schedule_is_refused(tmp_path, by_epoch, limit,
     ])
 def test_resume_with_new_optimizer_settings_is_refused(tmp_path, option, value,
                                                        refused):
-    """Issue 52, item 4: ``--resume`` with a new lr / weight_decay is
-    refused naming both values and the fix."""
+    """Issue 52, item 4: ``--resume`` with a new lr / weight_decay."""
     work = tmp_path / 'work'
     resumed = _strictly_resumed(work, True)  # SGD lr 0.1, no weight decay
     resumed.optim_wrapper['optimizer'][option] = value
@@ -1179,8 +1145,7 @@ class _NoFile(Hook):
 @pytest.mark.parametrize(
     'how', ['resume-path', 'resume-auto', 'load_from', 'scratch', 'partial'])
 def test_a_strict_load_reads_no_pretrained_file(tmp_path, how):
-    """Issue 52, item 4: a strict load (StrictLoadHook) skips a missing
-    ImageNet file; training from scratch and a partial load still need it."""
+    """Issue 52, item 4: a strict load skips a missing ImageNet file."""
     work = tmp_path / 'work'
     _runner(work, 'first', True).train()
     kwargs = {} if how in ('load_from', 'partial') else dict(resume=True)
@@ -1202,8 +1167,7 @@ def test_a_strict_load_reads_no_pretrained_file(tmp_path, how):
 
 
 class _StopInVal(Hook):
-    """Stops in one validation (a SIGTERM there); records the step of
-    every finished validation."""
+    """Stops in one validation; records each finished validation."""
 
     def __init__(self, by_epoch, stop_at=None):
         self.by_epoch, self.stop_at, self.validated = by_epoch, stop_at, []
@@ -1228,8 +1192,7 @@ class _StopInVal(Hook):
     ])
 def test_validation_stopped_after_a_checkpoint_runs_on_resume(
         tmp_path, by_epoch, stop_at, crash, after):
-    """Issue 52, item 4: a validation stopped after its checkpoint runs
-    first on resume; a finished one is not repeated."""
+    """Issue 52, item 4: a stopped validation runs first on resume."""
     work = tmp_path / 'work'
     first = _runner(work, 'first', by_epoch, stop_after=crash)
     first.register_hook(_StopInVal(by_epoch, stop_at))
