@@ -248,69 +248,60 @@ def doors(tmp_path_factory):
     from mmengine.config import Config
     config = Config.fromfile(cfg)
     model = random_model(config)
-    sd = model.state_dict()
-    ckpt = str(tmp / 'epoch_1.pth')
+    p = {k: str(tmp / f'{k}.pth') for k in ('trunc', 'legacy', 'legacy_trunc')}
+    ckpt = p['ckpt'] = str(tmp / 'epoch_1.pth')
+    meta = dict(epoch=1, iter=1, cfg=config.pretty_text)
+    optimizer = torch.optim.AdamW(model.parameters()).state_dict()
     torch.save(
         dict(
-            state_dict=sd,
-            meta=dict(epoch=1, iter=1, cfg=config.pretty_text),
-            message_hub=dict(),
-            optimizer=torch.optim.AdamW(model.parameters()).state_dict()),
-        ckpt)
-    trunc = str(tmp / 'trunc.pth')
-    with open(ckpt, 'rb') as f, open(trunc, 'wb') as g:
-        g.write(f.read(4000))
-    # torch's legacy (non-zip) format, its last tensor cut short
-    legacy = tmp / 'legacy.pth'
+            state_dict=model.state_dict(),
+            meta=meta,
+            optimizer=optimizer,
+            message_hub={}), ckpt)
+    # it cut short; in torch's legacy (non-zip) format, its end cut short
     torch.save(
         torch.load(ckpt, weights_only=False),
-        legacy,
+        p['legacy'],
         _use_new_zipfile_serialization=False)
-    legacy_trunc = str(tmp / 'legacy_trunc.pth')
-    with open(legacy_trunc, 'wb') as g:
-        g.write(legacy.read_bytes()[:-1000])
-    lists = {}
-    val = tmp / 'data' / 'imagenet' / 'meta' / 'val.txt'
-    lines = val.read_text().splitlines()
-    for name, extra in (('bad_line', 'a_file_without_label'), ('empty_line',
-                                                               '')):
-        lists[name] = str(tmp / f'{name}.txt')
-        with open(lists[name], 'w') as f:
-            f.write('\n'.join(lines[:1] + [extra] + lines[1:]) + '\n')
-    # a class index the model (5 classes) has no output for; no line at all
-    train = (tmp / 'data' / 'imagenet' / 'meta' /
-             'train.txt').read_text().splitlines()
-    lists['label_9'] = str(tmp / 'label_9.txt')
-    with open(lists['label_9'], 'w') as f:
-        f.write('\n'.join([train[0].rsplit(' ', 1)[0] + ' 9'] + train[1:]) +
-                '\n')
-    lists['empty_list'] = str(tmp / 'empty_list.txt')
-    open(lists['empty_list'], 'w').close()
-    # a config with a syntax error (line 3), one whose _base_ has it
-    (tmp / 'syntax.py').write_text(
-        "_base_ = ['./cfg.py']\nx = dict(\n    a=1,,\n)\n".replace(
-            './cfg.py', osp.basename(cfg)))
-    (tmp / 'syntax_child.py').write_text("_base_ = ['./syntax.py']\n")
+    (tmp / 'trunc.pth').write_bytes((tmp / 'epoch_1.pth').read_bytes()[:4000])
+    (tmp / 'legacy_trunc.pth').write_bytes(
+        (tmp / 'legacy.pth').read_bytes()[:-1000])
+    meta_dir = tmp / 'data' / 'imagenet' / 'meta'
+    val = (meta_dir / 'val.txt').read_text().splitlines()
+    train = (meta_dir / 'train.txt').read_text().splitlines()
+    texts = [
+        # a malformed line, an empty line, a class index the model (5
+        # classes) has no output for
+        ('bad_line.txt', val[:1] + ['a_file_without_label'] + val[1:]),
+        ('empty_line.txt', val[:1] + [''] + val[1:]),
+        ('label_9.txt', [train[0].rsplit(' ', 1)[0] + ' 9'] + train[1:]),
+        # a config with a syntax error (line 3), one whose _base_ has it
+        ('syntax.py', [
+            f"_base_ = ['./{osp.basename(cfg)}']", 'x = dict(', '    a=1,,',
+            ')'
+        ]),
+        ('syntax_child.py', ["_base_ = ['./syntax.py']"]),
+    ]
+    for name, lines in texts:
+        (tmp / name).write_text('\n'.join(lines) + '\n')
+        p[name.rsplit('.', 1)[0]] = str(tmp / name)
+    for name in ('empty_list.txt', 'a_file'):  # no line at all; a file
+        (tmp / name).write_text('')
     (tmp / 'a_dir').mkdir()
-    (tmp / 'a_file').write_text('')
     if os.geteuid() == 0:  # permission bits do not stop root
         ro = '/sys/mmsoft-read-only'
     else:
         (tmp / 'ro').mkdir(mode=0o555)
         ro = str(tmp / 'ro' / 'work')
     return dict(
+        p,
         cfg=cfg,
-        ckpt=ckpt,
-        trunc=trunc,
-        legacy_trunc=legacy_trunc,
-        syntax=str(tmp / 'syntax.py'),
-        syntax_child=str(tmp / 'syntax_child.py'),
+        empty_list=str(tmp / 'empty_list.txt'),
         dir=str(tmp / 'a_dir'),
         file=str(tmp / 'a_file'),
         ro=ro,
         url='http://127.0.0.1:9/soft_norm_small.pth',
-        data=str(tmp / 'data' / 'imagenet' / 'val'),
-        **lists)
+        data=str(tmp / 'data' / 'imagenet' / 'val'))
 
 
 @pytest.mark.parametrize('case', CASES, ids=[c[0] for c in CASES])
