@@ -58,8 +58,7 @@ def allowed():
 
 @needs_weights_only
 def test_allow_list_is_scoped():
-    """The context adds mmengine's entries and removes exactly those
-    (nested too); entries the user added stay."""
+    """The context adds and removes exactly mmengine's entries."""
 
     def get():  # torch keeps a set: its order is no property
         return set(torch.serialization.get_safe_globals())
@@ -200,10 +199,7 @@ def test_weights_only_still_refuses_other_globals(tmp_path, allowed, make,
 
 @needs_weights_only
 def test_fresh_process_before_and_after_import(tmp_path):
-    """A fresh interpreter: torch.load / CheckpointLoader refuse a Runner
-    checkpoint before and after ``import mmsoft`` (issue 50) and after the
-    context; inside it (an empty method table) it loads quietly, working;
-    mmengine's loader stays unpatched."""
+    """A fresh interpreter: refused before / after import, loads inside."""
     path = tmp_path / 'iter_3.pth'
     _mmengine_checkpoint(path)
     code = textwrap.dedent(f"""
@@ -335,8 +331,7 @@ def test_empty_arrays_load(tmp_path, make, allowed):
 
 
 def test_import_mmsoft_prints_nothing():
-    """Nothing on stderr (torch 2.4's own deprecation aside), and
-    ``warnings.showwarning`` left alone."""
+    """Nothing on stderr; ``warnings.showwarning`` left alone."""
     proc = run_python('import warnings; show = warnings.showwarning; '
                       'import mmsoft; assert warnings.showwarning is show')
     assert proc.returncode == 0, proc.stderr

@@ -69,8 +69,7 @@ def test_chain_search_ends_on_a_cycle():
 
 def test_a_live_writers_temporary_is_kept_and_the_writer_undisturbed(
         tmp_path, monkeypatch):
-    """The sweep keeps the temporary of a running writer (this process, or
-    one ``kill(pid, 0)`` may not signal: EPERM) and sends it no signal."""
+    """A running writer's temporary is kept; no signal is sent."""
     received = []
     stops = (signal.SIGHUP, signal.SIGINT, signal.SIGTERM)
     old = {s: signal.signal(s, lambda s, f: received.append(s)) for s in stops}
@@ -96,8 +95,7 @@ def test_a_live_writers_temporary_is_kept_and_the_writer_undisturbed(
 
 
 def test_a_killed_writers_temporary_is_found_next_to_the_target(tmp_path):
-    """A temporary is made next to its target under a name the sweep knows:
-    removed once its writer is gone; other names are never touched."""
+    """A killed writer's temporary next to the target is removed."""
     target = tmp_path / 'iter_4.pth'
     tmp = temp_path_for(str(target))
     assert osp.dirname(tmp) == str(tmp_path)
@@ -140,8 +138,7 @@ def test_atomic_write_directories_only_on_request(tmp_path):
 
 
 def test_atomic_write_is_durable_on_request(tmp_path, monkeypatch):
-    """``durable=True`` fsyncs the file and its directory; the default
-    does not."""
+    """``durable=True`` fsyncs file and directory; the default does not."""
     synced = []
     real = os.fsync
     monkeypatch.setattr(os, 'fsync', lambda fd: synced.append(fd) or real(fd))

@@ -87,8 +87,7 @@ def test_refusal_is_one_line_naming_what_and_the_fix(tmp_path):
 
 
 def _legacy_checkpoint(path):
-    """A training checkpoint as mmengine writes it, in torch's legacy
-    (non-zip) format; returns its bytes."""
+    """An mmengine training checkpoint in torch's legacy format; its bytes."""
     import numpy as np
     from mmengine.logging import HistoryBuffer
     model = torch.nn.Linear(64, 32)

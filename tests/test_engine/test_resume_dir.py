@@ -33,8 +33,7 @@ def logged():
 
 
 def test_candidates_are_this_runs_checkpoints_newest_first(tmp_path):
-    """By N, then the newer of two with one N; an ``extra`` file after the
-    numbered ones; other names, missing directories / files left out."""
+    """By N, then mtime; ``extra`` last; other names left out."""
     work, out = tmp_path / 'work', tmp_path / 'out'
     work.mkdir()
     out.mkdir()
@@ -96,8 +95,7 @@ def test_check_complete_names_a_load_error_in_one_line(tmp_path, monkeypatch):
 
 
 def test_newest_complete_skips_damaged_and_foreign_files(tmp_path):
-    """The newest complete file, the damaged newer ones with their
-    reasons; a foreign ``last_checkpoint`` is not used."""
+    """The newest complete file; damaged newer ones with reasons."""
     work, other = tmp_path / 'work', tmp_path / 'other'
     work.mkdir()
     other.mkdir()
@@ -119,8 +117,7 @@ def test_newest_complete_skips_damaged_and_foreign_files(tmp_path):
 
 
 def test_checkpoint_dir_belongs_to_the_first_work_dir(tmp_path):
-    """The first run owns it; another is refused in one line; an empty
-    owner file (a crash) is claimed."""
+    """The first run owns it; another is refused in one line."""
     ckpt_dir = str(tmp_path / 'out' / 'run')
     a, b = str(tmp_path / 'a' / 'run'), str(tmp_path / 'b' / 'run')
     marker = osp.join(ckpt_dir, resume.OWNER_FILE)
@@ -144,8 +141,7 @@ def test_checkpoint_dir_belongs_to_the_first_work_dir(tmp_path):
 
 
 def test_last_checkpoint_names_a_file_without_a_number(tmp_path):
-    """A renamed checkpoint is found through ``last_checkpoint`` (the
-    numbered ones damaged); the out_dir is searched too."""
+    """A renamed checkpoint is found through ``last_checkpoint``."""
     work, out = tmp_path / 'work', tmp_path / 'out'
     work.mkdir()
     out.mkdir()
@@ -175,8 +171,7 @@ def test_last_checkpoint_through_another_spelling_of_the_work_dir(
 
 
 def test_resume_search_warnings(tmp_path, logged):
-    """One warning each: a foreign ``last_checkpoint``, each damaged file,
-    a ``last_checkpoint`` naming a missing file."""
+    """One warning per foreign, damaged or missing file."""
     work, out, other = (tmp_path / d for d in ('work', 'out', 'other'))
     for d in (work, out, other):
         d.mkdir()

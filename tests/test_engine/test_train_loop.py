@@ -34,8 +34,7 @@ pytestmark = pytest.mark.usefixtures('one_thread')
 
 
 class RandomImages(Dataset):
-    """n random 64 x 64 images, labels i % 3; mmpretrain's through
-    RandomFlip (numpy RNG) and PackInputs."""
+    """n random images; mmpretrain's through RandomFlip, PackInputs."""
 
     metainfo = dict(classes=('a', 'b', 'c'))
 

@@ -65,8 +65,7 @@ def test_getattr_of_another_owner_is_refused_in_one_line(tmp_path):
                                      (bytes, (10**6, )),
                                      (codecs.encode, (b'x', 'base64'))])
 def test_stand_ins_build_only_what_mmengine_needs(tmp_path, fn, args):
-    """getattr / bytes (and _codecs.encode before torch 2.6, which allows
-    any codec itself) refuse other uses."""
+    """The getattr / bytes / _codecs.encode stand-ins refuse other uses."""
     if fn is codecs.encode and safe_load.native_allow_list():
         pytest.skip('torch >= 2.6 allows every codec')
     path = str(tmp_path / 'gadget.pth')
@@ -83,8 +82,7 @@ def test_bytes_refusal_is_one_line():
 
 @needs_torch('2.5', 'torch.serialization.safe_globals (a user allow-list)')
 def test_stand_ins_defer_to_the_users_allow_list():
-    """``getattr`` / ``bytes`` allow-listed by the user in torch are
-    unrestricted in mmsoft's stand-ins too."""
+    """What the user allow-listed in torch the stand-ins allow too."""
     getattr_, bytes_ = (
         safe_load.mmengine_safe_globals()[i][0] for i in (1, 2))
     with pytest.raises(pickle.UnpicklingError):
@@ -133,9 +131,7 @@ def _training_checkpoint(path, **more):
 
 
 def test_unsafe_globals_of_legacy_files(tmp_path):
-    """A legacy file (restricted unpickler): a training checkpoint names
-    nothing, another the first refused global, also from an absent
-    device."""
+    """A legacy file's first refused global, also from an absent device."""
     ok = _training_checkpoint(tmp_path / 'iter_2.pth', allowed=_Allowed)
     assert safe_load.unsafe_globals(ok, extra=[_Allowed]) == []
     assert safe_load.unsafe_globals(ok) == [f'{__name__}._Allowed']
@@ -147,8 +143,7 @@ def test_unsafe_globals_of_legacy_files(tmp_path):
 
 @needs_torch('2.6', "torch's unpickler loads checkpoints (any _codecs.encode)")
 def test_unsafe_globals_of_a_legacy_file_follow_this_torch(tmp_path):
-    """The scan allows what :func:`safe_torch_load` allows (any
-    ``_codecs.encode``) and goes on to the global it refuses."""
+    """The scan allows what safe_torch_load allows on this torch."""
     for zipped in (True, False):
         path = str(tmp_path / f'rot13_{zipped}.pth')
         kw = dict(_use_new_zipfile_serialization=zipped)
@@ -165,8 +160,7 @@ def test_unsafe_globals_of_a_legacy_file_follow_this_torch(tmp_path):
 
 
 def _history_buffer(**state):
-    """A HistoryBuffer pickling its fields but the method table, and
-    ``state``."""
+    """A HistoryBuffer pickling its fields, no method table, and ``state``."""
     hb = HistoryBuffer([5.0, 7.0], [1, 1])
     fields = dict(hb.__dict__)
     fields.pop('statistics_methods', None)
@@ -218,8 +212,7 @@ def test_refusal_message_names_the_global():
 
 
 def test_python2_names_of_protocol_2_are_mapped(tmp_path):
-    """Protocol 2's Python 2 names (``__builtin__.set``) load as the
-    ``builtins`` ones; the scan reads past them to a refused global."""
+    """Protocol 2's ``__builtin__`` names load as ``builtins``' ones."""
     path = tmp_path / 'p2.pth'
     kw = dict(pickle_protocol=2, _use_new_zipfile_serialization=False)
     torch.save(dict(s={1, 2}, w=torch.ones(1)), str(path), **kw)
@@ -260,8 +253,7 @@ def restricted(monkeypatch):
 
 
 def test_restricted_loader_loads_what_torch_loads(tmp_path, restricted):
-    """Tensors, a protocol-2 numpy array and an ``extra`` object load;
-    ``map_location`` is applied."""
+    """Tensors, a protocol-2 array, ``extra``; ``map_location`` applied."""
     path = str(tmp_path / 'p2.pth')
     obj = dict(
         w=torch.arange(3.), a=np.arange(4, dtype=np.int16), x=_Allowed())
@@ -283,8 +275,7 @@ def test_restricted_loader_loads_what_torch_loads(tmp_path, restricted):
 
 def test_restricted_codecs_encode_is_latin1_of_a_str_only(
         tmp_path, restricted):
-    """Before torch 2.6 only protocol 2's ``_codecs.encode`` (a str,
-    latin1, strict) is allowed; else one refusal line."""
+    """Before torch 2.6: only ``_codecs.encode(str, 'latin1')``."""
     path = str(tmp_path / 'enc.pth')
     for args, want in [(('\xff', 'latin1'), b'\xff'),
                        (('\xff', 'latin-1'), b'\xff'),
@@ -315,8 +306,7 @@ def test_native_loader_takes_every_codec(tmp_path):
 @pytest.mark.parametrize(
     'dtype', ['u1', 'u2', 'u4', 'u8', 'i2', 'f2', 'c8', 'c16', '?'])
 def test_numpy_scalars_and_arrays_of_every_numeric_dtype_load(tmp_path, dtype):
-    """Numpy scalars / arrays of any numeric dtype load (by mmsoft's own
-    list: torch's emptied for the call)."""
+    """Numpy scalars and arrays of every numeric dtype load."""
     path = str(tmp_path / 'np.pth')
     a = np.arange(3).astype(dtype)
     torch.save({'a': a, 's': a[1]}, path)
@@ -336,8 +326,7 @@ def test_numpy_scalars_and_arrays_of_every_numeric_dtype_load(tmp_path, dtype):
 @pytest.mark.parametrize('protocol', [0, 1, 2, 4, 5])
 def test_pickled_globals_reads_every_global_without_running(
         tmp_path, protocol):
-    """Every global of a plain pickle once, in its Python 3 name, any
-    protocol; code after an object of a class too."""
+    """Every global of a plain pickle once, in its Python 3 name."""
     from mmsoft.utils.safe_load import _pickled_globals, unsafe_globals
     path = tmp_path / 'p.pkl'
     runs = _Call(os.system, 'true')

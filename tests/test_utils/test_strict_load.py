@@ -120,8 +120,7 @@ def test_compare_counts():
 
 def test_pretrained_runs_the_registered_initializer_once(
         tmp_path, monkeypatch):
-    """init_cfg Pretrained on SOFT runs the strict, registered
-    'SOFTPretrained' initializer once (any module may name it)."""
+    """init_cfg Pretrained runs the strict 'SOFTPretrained' init once."""
     from mmengine.model import BaseModule
     from mmengine.registry import WEIGHT_INITIALIZERS
 
@@ -218,9 +217,7 @@ WRONG = (' (its SOFT attention): the weights would load and give wrong '
 ])
 def test_attn_norm_of_converted_or_trained_weights_is_checked(
         attn_norm, meta, args, msg):
-    """``meta['attn_norm']`` (converted) or ``meta['mmsoft_attn_norm']``
-    (SafeCheckpointHook's, per attention) against the model; a matching
-    setting or none (the stored config text is not read) passes."""
+    """The recorded attn_norm against the model's; matching / none passes."""
     model = SOFT(
         ARCH, attn_cfg=dict(type='SOFTAttention', attn_norm=attn_norm))
     with pytest.raises(CheckpointMismatchError) as exc:
@@ -255,8 +252,7 @@ def _runner(model, **attrs):
 
 
 def test_strict_load_hook_names_the_loaded_file():
-    """A mismatch names ``load_from`` (or ``checkpoint``), the model and
-    the opt-in."""
+    """A mismatch names ``load_from`` (or ``checkpoint``) and the opt-in."""
     other = {'state_dict': _Whole(ARCH2).state_dict()}
     for attrs, source in ((dict(_load_from='w/e.pth'), 'w/e.pth'),
                           ({}, 'checkpoint'), (dict(_load_from=None),
@@ -274,8 +270,7 @@ def test_strict_load_hook_names_the_loaded_file():
 
 
 def test_strict_load_hook_refuses_weights_for_resume():
-    """``--resume`` of a weights-only file is refused; ``load_from``
-    loads it."""
+    """``--resume`` of a weights-only file is refused, ``load_from`` not."""
     model = _Whole()
     weights = {'state_dict': model.state_dict()}
     with pytest.raises(CheckpointMismatchError) as exc:
@@ -299,8 +294,7 @@ def _training_checkpoint(model, optimizer):
 
 
 def test_strict_load_hook_refuses_another_optimizer_for_resume():
-    """``--resume`` with another optimizer names the settings that differ
-    (mmengine would load AdamW's into SGD); the same optimizer resumes."""
+    """``--resume`` with another optimizer names the differing settings."""
     model = _Whole()
 
     def runner(optimizer):
@@ -358,9 +352,7 @@ def test_strict_load_hook_names_the_config_in_the_attn_norm_refusal():
 
 
 def test_check_checkpoint_for_model_inputs():
-    """Strict by default (no opt-in sentence); a TTA or DataParallel wrapper
-    is checked as its model, ``module.`` keys too; a file that is no state
-    dict is one line; an authors' file gets the converter command."""
+    """Strict; wrappers and ``module.`` keys; non-dicts; authors' files."""
     from mmengine.model import BaseTTAModel
     from reference import official_soft_ref as ref
 
@@ -396,8 +388,7 @@ def test_check_checkpoint_for_model_inputs():
 
 
 def _sds(matched):
-    """A model's and a checkpoint's state dicts sharing ``matched`` keys
-    (and one missing, one unexpected)."""
+    """State dicts sharing ``matched`` keys, one missing, one unexpected."""
     model = {f'm{i}': torch.zeros(1) for i in range(matched)}
     ckpt = dict(model)
     model['only_model'] = torch.zeros(1)
@@ -407,8 +398,7 @@ def _sds(matched):
 
 @pytest.mark.parametrize('matched', [0, 1, 2])
 def test_check_state_dict_error_is_the_documented_line(matched):
-    """The refusal: the source, the target, how many tensors would load,
-    each mismatch's keys; the opt-in only if some tensor would load."""
+    """The refusal; the opt-in only if some tensor would load."""
     model, ckpt = _sds(matched)
     none = ' (none: a checkpoint of another model?)' if not matched else ''
     head = (f'checkpoint ck.pth does not match the model: {matched} of its '
@@ -429,8 +419,7 @@ def test_check_state_dict_error_is_the_documented_line(matched):
 
 @pytest.mark.parametrize('matched', [1, 2])
 def test_allowed_partial_load_is_one_warning(matched):
-    """``allow_partial`` with a tensor loading: one WARNING (the refusal's
-    parts indented); the report is returned."""
+    """``allow_partial``: one WARNING (the parts indented), the report."""
     model, ckpt = _sds(matched)
     with current_log() as records:
         r = check_state_dict(

@@ -24,9 +24,7 @@ from mmsoft.engine.hooks import nonfinite_hook as nf
 
 
 class ToyModel(BaseModel):
-    """Linear regression; NaN loss at the batches ``nan_at`` (x[0, 0]); a
-    finite loss but NaN gradients at the (1-based) iterations
-    ``nan_grad_at``."""
+    """NaN loss at batches ``nan_at``, NaN gradients at ``nan_grad_at``."""
 
     def __init__(self, nan_at=(), nan_grad_at=()):
         super().__init__()
@@ -153,9 +151,7 @@ def test_skipped_steps(tmp_path):
 @pytest.mark.parametrize('hooks', [False, True])
 def test_finite_loss_with_nan_step_never_replaces_the_good_checkpoint(
         tmp_path, hooks):
-    """A finite loss with NaN gradients at epoch 2's last step: without
-    the hook its NaN checkpoint replaced epoch_1.pth; now the run stops at
-    that step, naming it."""
+    """A finite loss with NaN gradients stops before the NaN checkpoint."""
     runner = make_runner(tmp_path, gamma=1., hooks=hooks, nan_grad_at=(16, ))
     if not hooks:  # the fault: a NaN checkpoint replaces the good one
         runner.train()
@@ -169,8 +165,7 @@ def test_finite_loss_with_nan_step_never_replaces_the_good_checkpoint(
 
 @pytest.mark.parametrize('value, wrap', [('inf', False), ('nan', True)])
 def test_no_checkpoint_with_nonfinite_parameters(value, wrap):
-    """``before_save_checkpoint`` refuses non-finite parameters, named
-    without a wrapper's ``module.``."""
+    """No checkpoint of nan / inf parameters (named without ``module.``)."""
     hook = NonFiniteLossHook()
     runner = _stub_runner(max_iters=24, it=4)
     runner.model = ToyModel()
@@ -194,8 +189,7 @@ def test_priority_before_checkpoint_hook(tmp_path):
 
 @pytest.mark.parametrize('max_skipped_steps', [0, 2])
 def test_stop_message_is_the_documented_line(tmp_path, max_skipped_steps):
-    """The stop is one line: the loss, where, the skipped steps, what was
-    kept, every fix of docs/en/faq.md."""
+    """The stop is one line with every fix of docs/en/faq.md."""
     hook = NonFiniteLossHook(max_skipped_steps=max_skipped_steps)
     hook._runner = _stub_runner(str(tmp_path), max_iters=24, it=11)
     nan = torch.tensor(float('nan'))
@@ -217,8 +211,7 @@ def test_stop_message_is_the_documented_line(tmp_path, max_skipped_steps):
 
 
 def _guarded_wrapper(hook):
-    """An OptimWrapper guarded by ``hook`` (its original ``update_params``
-    records its arguments) on a stand-in runner."""
+    """A guarded OptimWrapper whose original update_params records calls."""
     model = nn.Linear(2, 1)
     wrapper = OptimWrapper(torch.optim.SGD(model.parameters(), lr=0.1))
     calls, original = [], wrapper.update_params
@@ -290,8 +283,7 @@ def _stub_runner(work_dir=None, max_iters=10, it=2):
 @pytest.mark.parametrize('work_dir, max_iters', [(None, None),
                                                  ('work_dirs/x', 10)])
 def test_logged_loss_is_checked_after_the_iteration(work_dir, max_iters):
-    """A loss only in the outputs is checked after the iteration: the line
-    (logged too) names where and, with a work dir, what was kept."""
+    """A loss only in the outputs is checked after the iteration."""
     hook = NonFiniteLossHook()
     runner = _stub_runner(work_dir, max_iters)
     for outputs in (None, {}, dict(loss=torch.tensor(1.5)), ['not a dict']):
@@ -315,8 +307,7 @@ def test_logged_loss_is_checked_after_the_iteration(work_dir, max_iters):
 @pytest.mark.parametrize('mine, other', [(False, False), (True, False),
                                          (False, True), (True, True)])
 def test_any_rank_is_true_if_any_rank_says_so(monkeypatch, mine, other):
-    """One all_reduce on the communication device: True if any rank's
-    flag is (a stand-in second rank says ``other``)."""
+    """One all_reduce on the communication device; True if any rank's."""
     assert nf._any_rank(mine) is mine  # one rank: the flag itself
     ops = {
         torch_dist.ReduceOp.SUM: torch.add,
@@ -348,8 +339,7 @@ def test_loss_value_of_any_kind():
 
 
 def test_skipped_step_warning_and_every_wrapper_guarded():
-    """Each wrapper of an OptimWrapperDict is guarded; a skipped step is
-    one WARNING and changes no parameter."""
+    """Every wrapper guarded; a skipped step warns and changes nothing."""
     model = nn.Linear(2, 1)
     wrappers = OptimWrapperDict(
         a=OptimWrapper(torch.optim.SGD(model.parameters(), lr=0.1)),
@@ -490,8 +480,7 @@ def test_output_check_can_be_turned_off(tmp_path):
     ('finite', None),
 ])
 def test_nonfinite_test_outputs_stop_naming_the_cause(tmp_path, case, cause):
-    """Issue 52, item 4: a test stops at the first non-finite outputs,
-    naming the cause."""
+    """Issue 52, item 4: non-finite test outputs stop naming the cause."""
     runner = _test_runner(
         tmp_path,
         nan_inputs=case == 'inputs',
