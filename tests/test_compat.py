@@ -143,36 +143,6 @@ def test_mmengine_loaders(tmp_path, allowed):
     torch.testing.assert_close(fresh.state_dict(), model.state_dict())
 
 
-class _Gadget:
-    """Pickles to ``getattr(owner, name)``."""
-
-    def __init__(self, owner, name):
-        self.owner, self.name = owner, name
-
-    def __reduce__(self):
-        return getattr, (self.owner, self.name)
-
-
-@needs_weights_only
-@pytest.mark.parametrize(
-    'owner,name',
-    [
-        (HistoryBuffer, '_set_default_statistics'),  # private
-        (HistoryBuffer, '__init__'),
-        (HistoryBuffer, '_statistics_methods'),  # not a function
-        (np.ndarray, 'tofile'),  # not an allow-listed owner
-        (torch.Tensor, 'new_empty'),
-    ])
-def test_getattr_is_restricted(tmp_path, owner, name, allowed):
-    path = tmp_path / 'gadget.pth'
-    torch.save({'x': _Gadget(owner, name)}, path)
-    with pytest.raises(pickle.UnpicklingError):
-        torch.load(path)
-    # the allowed form still works
-    torch.save({'x': _Gadget(HistoryBuffer, 'mean')}, path)
-    assert torch.load(path)['x'] is HistoryBuffer.mean
-
-
 class _Alloc:
     """Pickles to ``bytes(10)`` (the allow-list takes only ``bytes()``)."""
 
