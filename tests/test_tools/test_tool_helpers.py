@@ -878,21 +878,16 @@ def test_setup_cpu_distributed(monkeypatch, logged):
     monkeypatch.setattr(torch.cuda, 'is_available', lambda: False)
     # a process group that exists already is kept (no init_dist)
     monkeypatch.setattr(mmengine.dist, 'is_distributed', lambda: True)
-    cfg = Config(
-        dict(
-            model=dict(norm_cfg=dict(type='SyncBN')),
-            sync_bn='torch',
-            env_cfg=dict(dist_cfg=dict(backend='nccl'))))
+    cfg = _dist('nccl', sync_bn='torch')
+    cfg.model.norm_cfg = dict(type='SyncBN')
     assert launch.setup_cpu_distributed(cfg, 'pytorch') is True
     assert logged == [_to_gloo('nccl'), _sync_bn_replaced(2)]
     assert cfg.env_cfg.dist_cfg.backend == 'gloo'
     assert cfg.model.norm_cfg.type == 'BN'
     assert cfg.sync_bn is None
+    ddp = dict(type='MMDistributedDataParallel', device_ids=None)
     assert cfg.model_wrapper_cfg == dict(
-        type='MMDistributedDataParallel',
-        broadcast_buffers=False,
-        find_unused_parameters=False,
-        device_ids=None)
+        ddp, broadcast_buffers=False, find_unused_parameters=False)
     unused = _dist(find_unused_parameters=True)
     launch.setup_cpu_distributed(unused, 'pytorch')
     assert unused.model_wrapper_cfg.find_unused_parameters is True
