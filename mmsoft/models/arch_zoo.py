@@ -1,6 +1,5 @@
 """The SOFT architectures (NeurIPS 2021 Table 2, IJCV 2024 Table 2) and the
-authors' checkpoint key map, as data read by the backbone and the
-converters (which must not import it)."""
+authors' checkpoint key map (data for the backbone and the converters)."""
 
 #: levels of the pyramid
 NUM_STAGES = 4

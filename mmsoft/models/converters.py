@@ -1,6 +1,5 @@
-"""The authors' SOFT checkpoints (fudan-zvg/SOFT), renamed by the tables of
-:mod:`mmsoft.models.arch_zoo`; shapes are the strict load's to check
-(docs/en/user_guides/official_weights.md)."""
+"""The authors' SOFT checkpoints renamed by :mod:`mmsoft.models.arch_zoo`'s
+tables (docs/en/user_guides/official_weights.md)."""
 import os.path as osp
 import re
 from collections import Counter, OrderedDict

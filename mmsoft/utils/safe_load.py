@@ -1,7 +1,6 @@
-"""``torch.load`` that never runs code from a checkpoint, on every torch:
-torch's weights-only unpickler with mmsoft's allow-list (torch >= 2.6),
-else :class:`RestrictedUnpickler` (docs/en/advanced_guides/compatibility.md).
-"""
+"""``torch.load`` that never runs code from a checkpoint: torch's
+weights-only unpickler with mmsoft's allow-list (torch >= 2.6), else
+:class:`RestrictedUnpickler` (docs/en/advanced_guides/compatibility.md)."""
 import codecs
 import contextlib
 import importlib

@@ -1,6 +1,5 @@
-"""mmengine's ``CheckpointHook`` with checkpoints that survive a kill and a
-full disk, resume bit-exactly and are read safely; what each part guards:
-docs/en/advanced_guides/fault_tolerance.md."""
+"""mmengine's ``CheckpointHook``, its checkpoints surviving a kill, resumed
+bit-exactly, read safely (docs/en/advanced_guides/fault_tolerance.md)."""
 import contextlib
 import errno
 import json

@@ -1,6 +1,5 @@
-"""Stop training at the first non-finite loss, before the step and before
-any checkpoint; stop a validation / test whose outputs are not finite
-(docs/en/advanced_guides/fault_tolerance.md)."""
+"""Stop at the first non-finite loss (before the step and any checkpoint)
+or output (docs/en/advanced_guides/fault_tolerance.md)."""
 import math
 from typing import List, Optional
 

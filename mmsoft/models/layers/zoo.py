@@ -1,6 +1,5 @@
 """The token mixers SOFT is compared with in Table 1 of the NeurIPS paper,
-on SOFT's :class:`~mmsoft.models.layers.AttentionBase` (only the mixer
-changes between the rows)."""
+each on SOFT's :class:`~mmsoft.models.layers.AttentionBase`."""
 import math
 from typing import Optional, Tuple
 
