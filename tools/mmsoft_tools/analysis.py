@@ -1,8 +1,5 @@
-"""What the scripts in ``tools/analysis`` share: model names
-(:func:`parse_model_name`) and models, images, measuring (time and peak
-memory of a step, one measurement per fresh process: :func:`run_isolated`),
-their command-line options and their outputs (CSV, markdown, figures),
-written atomically. Torch is imported only where needed."""
+"""What the scripts in ``tools/analysis`` share: model names, images,
+measuring (one per fresh process: :func:`run_isolated`), options, outputs."""
 import argparse
 import csv
 import io
@@ -16,11 +13,8 @@ import time
 from collections import namedtuple
 from typing import Callable, Dict, List, Optional
 
-# ------------------------------------------------------------- model names
 NR_METHODS = ('iterative', 'spectral', 'lanczos')
-#: the attentions a name can use: the short registry names
-#: (:data:`mmsoft.registry.ATTENTIONS`) and ``soft_norm`` = SOFT with the
-#: IJCV normalisation
+#: registry names, and ``soft_norm`` = SOFT with the IJCV normalisation
 ATTENTION_NAMES = ('soft', 'soft_norm', 'softmax', 'linformer', 'performer',
                    'nystromformer', 'sima')
 
@@ -28,13 +22,7 @@ ModelName = namedtuple('ModelName', 'attn arch norm nr_method max_landmarks')
 
 
 def parse_model_name(name: str) -> ModelName:
-    """``<attn>_<arch>[_norm][_iterative|_spectral][_ml<N>]``.
-
-    ``attn`` one of :data:`ATTENTION_NAMES`, ``arch`` a key of
-    ``SOFT.arch_zoo`` (``_`` for ``-``). ``soft_<arch>`` is the NeurIPS
-    model, ``soft_<arch>_norm`` = ``soft_norm_<arch>`` the IJCV one; SOFT
-    also takes the pseudo-inverse method (default ``auto``) and ``_ml<N>``
-    (``max_landmarks=N``)."""
+    """``<attn>_<arch>[_norm][_iterative|_spectral][_ml<N>]`` parsed."""
     from mmsoft.models.backbones import SOFT
     archs = tuple(SOFT.arch_zoo)
     usage = (f'use <attn>_<arch>[_norm][_iterative|_spectral][_ml<N>] with '
@@ -64,8 +52,7 @@ def parse_model_name(name: str) -> ModelName:
 
 
 def attn_cfg_of(attn: str, norm: bool = False) -> dict:
-    """The backbone's ``attn_cfg`` for a name of :data:`ATTENTION_NAMES`
-    (``soft``: the NeurIPS model unless ``norm``)."""
+    """The backbone's ``attn_cfg`` of a name of :data:`ATTENTION_NAMES`."""
     if attn not in ATTENTION_NAMES:
         raise ValueError(f'unknown attention {attn!r}; choose one of '
                          f'{ATTENTION_NAMES}')
@@ -85,7 +72,6 @@ def soft_model_kwargs(name: str) -> dict:
     return dict(arch=m.arch, attn_cfg=attn_cfg)
 
 
-# -------------------------------------------------------- images, models
 IMG_EXTS = ('.jpg', '.jpeg', '.png', '.bmp', '.webp')
 #: ImageNet mean / std (RGB), as the configs' data preprocessors
 MEAN = (123.675, 116.28, 103.53)
@@ -95,24 +81,19 @@ DEMO_SETS = (('imagenet', 'imagenet/val'), ('coco', 'coco/val'),
 
 
 def demo_data_root() -> str:
-    """``data/demo`` (``make demo``'s data) of the checkout, or of the
-    working directory when mmsoft is installed."""
+    """``data/demo`` of the checkout, else of the working directory."""
     from mmsoft_tools import checkout_root
     return osp.join(checkout_root() or os.getcwd(), 'data', 'demo')
 
 
 def list_images(folder: str) -> List[str]:
-    out = []
-    for root, _, files in os.walk(folder):
-        out += [
-            osp.join(root, f) for f in files if f.lower().endswith(IMG_EXTS)
-        ]
-    return sorted(out)
+    return sorted(
+        osp.join(root, f) for root, _, files in os.walk(folder) for f in files
+        if f.lower().endswith(IMG_EXTS))
 
 
 def image_sets(specs, num_images: int, demo_root=None):
-    """[(name, [paths or RGB arrays])] of the folders ``specs`` (``DIR`` or
-    ``name=DIR``), else of the demo data, else synthetic scenes."""
+    """[(name, images)] of ``specs`` (``[name=]DIR``), demo or synthetic."""
     sets = []
     for spec in specs or []:
         name, _, path = spec.rpartition('=')
@@ -169,8 +150,7 @@ def to_tensor(rgb, size):
 
 
 def build_model(name=None, config=None, checkpoint=None, **overrides):
-    """A SOFT backbone (eval mode) of a model name or a config's
-    ``model.backbone``, with ``checkpoint``'s weights or random ones."""
+    """A SOFT backbone (eval mode) of a model name or a config."""
     from mmsoft.models.backbones import SOFT
     if config:
         from mmsoft_tools.cli import load_config
@@ -217,8 +197,7 @@ def random_batch(scope: str,
                  size: int,
                  batch_size: int = 2,
                  seg_classes: int = 150):
-    """A seeded random batch of ``scope``'s data samples (masks when
-    ``name`` has 'mask'), the input of a model's data preprocessor."""
+    """A seeded random batch of ``scope``'s data samples."""
     import torch
     g = torch.Generator().manual_seed(0)
     inputs = [
@@ -258,7 +237,6 @@ def random_batch(scope: str,
     return dict(inputs=inputs, data_samples=samples)
 
 
-# --------------------------------------------------------------- measuring
 RESULT_PREFIX = 'RESULT '
 
 
@@ -273,10 +251,7 @@ def measure_step(step: Callable[[], None],
                  device: str = 'cpu',
                  repeats: int = 3,
                  warmup: Optional[Callable] = None) -> Dict[str, float]:
-    """Peak memory of the first ``step()`` (after ``warmup``: lazy
-    initialisation is not the step's) and median / min time of the next
-    ``repeats``. On the CPU the peak is the growth of the process's peak
-    RSS: one measurement per fresh process (:func:`run_isolated`)."""
+    """Peak memory of the first ``step()``, median / min time of the rest."""
     import resource
 
     import torch
@@ -319,9 +294,7 @@ def print_result(res: dict):
 
 
 def run_isolated(argv: List[str], threads: Optional[int] = None) -> Dict:
-    """The :func:`print_result` dict of ``python argv...`` (``--threads
-    N`` added) in a fresh process that imports the same mmsoft; a failure
-    raises RuntimeError with the child's last error line."""
+    """The :func:`print_result` dict of ``python argv...`` in a new process."""
     from mmsoft_tools import import_root
     if threads:
         argv = list(argv) + ['--threads', str(threads)]
@@ -342,10 +315,8 @@ def run_isolated(argv: List[str], threads: Optional[int] = None) -> Dict:
     return json.loads(lines[-1][len(RESULT_PREFIX):])
 
 
-# ------------------------------------------------------------ command line
 def make_parser(doc: str) -> argparse.ArgumentParser:
-    """A parser described by the docstring's first line, all of it in
-    ``--help``."""
+    """A parser with the docstring as description and epilog."""
     return argparse.ArgumentParser(
         description=doc.split('\n')[0],
         formatter_class=argparse.RawDescriptionHelpFormatter,
@@ -382,14 +353,14 @@ def add_timing_arguments(parser: argparse.ArgumentParser,
                          threads: Optional[int] = None,
                          with_device: bool = True,
                          helps: Optional[Dict[str, str]] = None):
-    """``--repeats``, ``--warmup`` (if given), ``--device`` (None: CUDA if
-    any) and ``--threads`` with these defaults; ``helps``: {option: help}."""
-    helps = dict(
-        dict(
-            repeats='timed repeats',
-            warmup='untimed steps first',
-            device='default: cuda if any' if device is None else None,
-            threads='intra-op threads (default: torch\'s)'), **(helps or {}))
+    """``--repeats``, ``--warmup``, ``--device``, ``--threads``."""
+    helps = {
+        'repeats': 'timed repeats',
+        'warmup': 'untimed steps first',
+        'device': 'default: cuda if any' if device is None else None,
+        'threads': 'intra-op threads (default: torch\'s)',
+        **(helps or {})
+    }
     parser.add_argument(
         '--repeats', type=int, default=repeats, help=helps['repeats'])
     if warmup is not None:
@@ -411,15 +382,14 @@ def add_stage_argument(parser: argparse.ArgumentParser, default: int,
 def add_model_arguments(parser: argparse.ArgumentParser,
                         model: str = 'soft_tiny_norm',
                         helps: Optional[Dict[str, str]] = None):
-    """The inputs of :func:`build_model` and :func:`image_sets`:
-    ``--model``, ``--config``, ``--checkpoint``, ``--images``; ``helps``:
-    {option: help}."""
-    helps = dict(
-        dict(
-            model=f'a model name (default {model})',
-            config='take model.backbone of this config instead',
-            checkpoint='weights to load',
-            images='image folders, optionally name=DIR'), **(helps or {}))
+    """``--model``, ``--config``, ``--checkpoint``, ``--images``."""
+    helps = {
+        'model': f'a model name (default {model})',
+        'config': 'take model.backbone of this config instead',
+        'checkpoint': 'weights to load',
+        'images': 'image folders, optionally name=DIR',
+        **(helps or {})
+    }
     parser.add_argument('--model', default=model, help=helps['model'])
     parser.add_argument('--config', default=None, help=helps['config'])
     parser.add_argument('--checkpoint', default=None, help=helps['checkpoint'])
@@ -427,7 +397,6 @@ def add_model_arguments(parser: argparse.ArgumentParser,
         '--images', nargs='+', default=None, help=helps['images'])
 
 
-# ----------------------------------------------------------------- outputs
 def pyplot():
     """``matplotlib.pyplot`` on the non-interactive Agg backend."""
     import matplotlib
@@ -469,9 +438,7 @@ def write_results(out: str,
                   md: str,
                   fig=None,
                   figure_name: Optional[str] = None) -> List[str]:
-    """``<out>/<stem>.csv`` (the rows), ``.md`` (``md``) and ``fig`` (as
-    ``figure_name``, default ``<stem>.png``); prints ``md``; returns the
-    paths."""
+    """``<out>/<stem>.csv``, ``.md`` and the figure; returns the paths."""
     paths = [osp.join(out, f'{stem}.csv'), osp.join(out, f'{stem}.md')]
     write_csv(paths[0], rows, fields)
     write_text(paths[1], md)

@@ -7,16 +7,12 @@ __all__ = ['onnx_export_takes_dynamo', 'sdpa_math', 'grad_scaler']
 
 
 def onnx_export_takes_dynamo():
-    """True when ``torch.onnx.export`` has the ``dynamo`` argument (the
-    torch.export-based exporter; torch >= 2.5)."""
+    """Whether ``torch.onnx.export`` takes ``dynamo`` (torch >= 2.5)."""
     return 'dynamo' in inspect.signature(torch.onnx.export).parameters
 
 
 def sdpa_math():
-    """A context in which ``F.scaled_dot_product_attention`` runs its math
-    kernel (it materialises the n x n matrix): ``torch.nn.attention
-    .sdpa_kernel(SDPBackend.MATH)`` (torch >= 2.3), before: the
-    ``torch.backends.cuda.sdp_kernel`` flags (the CPU had no other kernel)."""
+    """A context where SDPA runs its math kernel (any torch)."""
     try:
         from torch.nn.attention import SDPBackend, sdpa_kernel
     except ImportError:
@@ -26,8 +22,7 @@ def sdpa_math():
 
 
 def grad_scaler(device_type, **kwargs):
-    """``torch.amp.GradScaler(device_type, ...)`` (torch >= 2.3); before:
-    ``torch.cuda.amp.GradScaler`` (CUDA's, the only one)."""
+    """``torch.amp.GradScaler`` (torch >= 2.3), else CUDA's."""
     if hasattr(torch.amp, 'GradScaler'):
         return torch.amp.GradScaler(device_type, **kwargs)
     return torch.cuda.amp.GradScaler(**kwargs)
