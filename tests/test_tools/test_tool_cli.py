@@ -211,11 +211,8 @@ def test_benchmark_attention_tiny_run(tmp_path, capsys, replaced,
     """One CSV row per (method, mode), the markdown rows its values."""
     _isolated_runs_in(script_server, monkeypatch)
     tool = load_tool('analysis/benchmark_attention.py')
-    rows = tool.main([
-        '--max-p', '1', '--methods', 'soft', '--repeats', '1', '--devices',
-        'cpu', '--threads', '1', '--out',
-        str(tmp_path)
-    ])
+    rows = tool.main('--max-p 1 --methods soft --repeats 1 --devices cpu '
+                     '--threads 1 --out'.split() + [str(tmp_path)])
     configs = [('soft', 'forward'), ('soft', 'forward_backward')]
     assert [(r['method'], r['mode']) for r in rows] == configs
     with open(tmp_path / 'results.csv') as f:
@@ -233,10 +230,8 @@ def test_benchmark_attention_tiny_run(tmp_path, capsys, replaced,
                                   ret['peak_mb'])
     md = (tmp_path / 'results.md').read_text()
     table = _md_rows(md)
-    assert table[0] == [
-        'device', 'n', 'method', 'fwd ms', 'fwd MiB', 'fwd+bwd ms',
-        'fwd+bwd MiB'
-    ]
+    assert ' | '.join(table[0]) == ('device | n | method | fwd ms | fwd MiB '
+                                    '| fwd+bwd ms | fwd+bwd MiB')
     by = {(r['method'], r['mode']): r for r in written}
     assert [row[:3] for row in table[1:]] == [['cpu', '784', 'soft']]
     for row in table[1:]:
@@ -286,11 +281,8 @@ def test_benchmark_onnx_tiny_run(tmp_path, capsys, replaced):
     tool = load_tool('deployment/benchmark_onnx.py')
     md = tmp_path / 'table.md'
     specs = ['demo/soft_cls_demo.py:64x64', 'demo/soft_cls_demo.py:64x96']
-    assert tool.main([
-        *specs, '--repeats', '1', '--warmup', '0', '--onnx-dir',
-        str(tmp_path), '--out',
-        str(md)
-    ]) == 0
+    assert tool.main(specs + '--repeats 1 --warmup 0 --onnx-dir'.split() +
+                     [str(tmp_path), '--out', str(md)]) == 0
     for hw in ('64x64', '64x96'):
         assert osp.getsize(tmp_path / f'soft_cls_demo_{hw}.onnx') > 0
     text = md.read_text()
@@ -299,10 +291,9 @@ def test_benchmark_onnx_tiny_run(tmp_path, capsys, replaced):
     ] + [str(md)]
     assert text in capsys.readouterr().out
     table = _md_rows(text)
-    assert table[0] == [
-        'model', 'input', 'torch ms', 'torch iterative ms', 'onnxruntime ms',
-        'torch / ort', 'max rel. err'
-    ]
+    assert ' | '.join(table[0]) == (
+        'model | input | torch ms | torch iterative ms | onnxruntime ms | '
+        'torch / ort | max rel. err')
     assert [r[:2] for r in table[1:]] == [['soft_cls_demo', '64x64'],
                                           ['soft_cls_demo', '64x96']]
     for cells in table[1:]:
@@ -346,11 +337,9 @@ def test_nr_backward_compare_train_demo(tmp_path, capsys, monkeypatch):
     monkeypatch.setattr(tasks, 'run_task', run_task)
     tool = load_tool('analysis/nr_backward_compare.py')
     work = tmp_path / 'work'
-    rows = tool.main([
-        '--sizes', '--train-demo', '--smoke', '--data',
-        str(tmp_path / 'demo'), '--work-dir',
-        str(work)
-    ])
+    rows = tool.main('--sizes --train-demo --smoke --data'.split() +
+                     [str(tmp_path / 'demo'), '--work-dir',
+                      str(work)])
     assert shrunk == [3]  # --smoke: the 3-iteration demo config
     assert [r[0] for r in rows] == ['eq16', 'exact']
     assert rows == [(b, c['metrics']['coco/bbox_mAP'],
@@ -440,10 +429,8 @@ def test_gpu_check_dry_run_fills_the_model_zoo(tmp_path, capsys):
         'retinanet_soft_tiny_1x', 'mask_rcnn_soft_tiny_1x',
         'upernet_soft_small_512x512_160k_ade20k', 'soft_tiny_in1k'
     ]
-    assert tool.main([
-        '--dry-run', '--sections', 'recipe', '--configs', *names, '--out-dir',
-        str(tmp_path)
-    ]) == 0
+    assert tool.main(['--dry-run', '--sections', 'recipe', '--configs'] +
+                     names + ['--out-dir', str(tmp_path)]) == 0
     out = capsys.readouterr().out
     assert f'wrote {tmp_path}/recipe_gpu.csv' in out
     with open(tmp_path / 'recipe_gpu.csv', newline='') as f:
@@ -559,11 +546,8 @@ def test_gpu_check_steps_need_no_imagenet_file(tmp_path, monkeypatch):
     """A paper config trains a step without its (absent) ImageNet file."""
     monkeypatch.chdir(tmp_path)
     tool = load_tool('analysis/gpu_check.py')
-    tool.main([
-        '--cpu', '--sections', 'steps', '--repeats', '1', '--configs',
-        'retinanet_soft_tiny_1x', '--out-dir',
-        str(tmp_path)
-    ])
+    tool.main('--cpu --sections steps --repeats 1 --configs '
+              'retinanet_soft_tiny_1x --out-dir'.split() + [str(tmp_path)])
     with open(tmp_path / 'gpu_check.csv') as f:
         rows = list(csv.DictReader(f))
     assert [r['item'] for r in rows] == [
