@@ -1,10 +1,6 @@
-"""Deterministic synthetic data sets in the real formats: ``coco/`` (mmdet
-``CocoDataset``), ``ade/`` (mmseg ``ADE20KDataset``), ``imagenet/``
-(mmpretrain ``ImageNet``); configs/demo/README.md describes them. Each
-image has its own random stream: byte-identical output whatever the worker
-count. A set is written into a temporary folder that replaces the target
-in one ``os.replace``, with a ``demo_data.json`` manifest: an up-to-date
-set is skipped, a folder without one (a user's data) never replaced."""
+"""Deterministic synthetic data sets in the real formats (coco/, ade/,
+imagenet/; configs/demo/README.md), one random stream per image, written
+atomically with a ``demo_data.json`` manifest (a user's folder: never)."""
 import itertools
 import json
 import os
@@ -21,8 +17,7 @@ DET_CLASSES = ('circle', 'square', 'triangle')  # COCO category ids 1..3
 SEG_CLASSES = ('wall', 'ball', 'box', 'tent')
 SEG_ADE_INDEX = dict(wall=1, ball=120, box=42, tent=115)
 CLS_CLASSES = ('circle', 'square', 'triangle', 'star', 'cross')
-#: each class's hue (OpenCV, 0-180), taken (+- HUE_JITTER) by a share
-#: ``colour_cue`` of the objects (the rest: any hue)
+#: each class's hue (OpenCV, 0-180), for a share ``colour_cue`` of objects
 CLASS_HUES = dict(circle=0, square=108, triangle=54, star=27, cross=144)
 HUE_JITTER = 10
 MIN_VISIBLE = 0.6  # the least visible share of an object's area
@@ -50,7 +45,6 @@ _COCO_HEAD = dict(
     licenses=[dict(id=1, name='CC0', url='')])
 
 
-# ---------------------------------------------------------------- drawing
 def shape_polygon(kind, cx, cy, r, angle, rng):
     """Vertices (N, 2) of a jittered shape in the circle (cx, cy, r)."""
     if kind == 'circle':
@@ -114,8 +108,7 @@ def _ramp(rng, xx, yy, h, w):
 
 
 def _background(rng, h, w):
-    """Colour ramp + sinusoidal grating + smooth blotches + sometimes a
-    checker + pixel noise: float32 (h, w, 3) BGR."""
+    """Ramp, grating, blotches, a checker, noise: float32 BGR."""
     yy, xx = np.mgrid[0:h, 0:w].astype(np.float32)
     c0 = _hsv_colour(rng, (0.0, 0.35), (0.35, 0.85))
     c1 = _hsv_colour(rng, (0.0, 0.35), (0.35, 0.85))
@@ -196,10 +189,8 @@ def _composite(img, poly, rng, kind, colour_cue):
 
 
 def render_scene(rng, size, objects=(2, 6), radius=(10, 38), colour_cue=0.):
-    """A scene of several objects: ``(img, objs, other)``, a uint8 BGR
-    image, dicts ``label`` / ``mask`` (the visible pixels, disjoint,
-    slivers removed) in drawing order, and the bool mask of clutter and
-    slivers (ADE20K "other")."""
+    """``(img, objs, other)``: a BGR scene, its objects' visible masks
+    (label, mask) and the ADE20K "other" mask."""
     img = _background(rng, size, size)
     clutter = _clutter(rng, img, size, size)
     objs = []
@@ -245,8 +236,7 @@ def render_scene(rng, size, objects=(2, 6), radius=(10, 38), colour_cue=0.):
 
 
 def render_cls_image(rng, size, label, colour_cue=0.0):
-    """One dominant shape of class ``label`` and 0-2 small ones of other
-    classes on a textured background (uint8 BGR)."""
+    """One dominant shape of class ``label`` and 0-2 small others."""
     img = _background(rng, size, size)
     _clutter(rng, img, size, size)
     for _ in range(int(rng.integers(0, 3))):
@@ -267,7 +257,6 @@ def render_cls_image(rng, size, label, colour_cue=0.0):
     return np.clip(img, 0, 255).astype(np.uint8)
 
 
-# ---------------------------------------------------------------- writers
 def _imwrite(path, img):
     os.makedirs(osp.dirname(path), exist_ok=True)
     if not cv2.imwrite(path, img):  # JPEG quality 95: OpenCV's default
@@ -291,8 +280,7 @@ def _map(fn, items, workers):
 
 
 def _item(args):
-    """Render and write image ``i`` of a split; returns its list line (cls)
-    or its COCO annotations (det)."""
+    """Render and write image ``i``: its list line (cls) or its annotations."""
     task, root, split, i, seed, cfg = args
     rng = np.random.default_rng([seed, _TASK_IDS[task], _SPLIT_IDS[split], i])
     if task == 'cls':
@@ -373,14 +361,12 @@ def _write(root, task, num_train, num_val, seed=0, workers=1, **cfg):
             '\n'.join(CLS_CLASSES) + '\n')
 
 
-# ---------------------------------------------------------------- driver
 class NotDemoDataError(Exception):
     """A folder the demo data would replace holds something else."""
 
 
 def _check_ours(folder):
-    """Refuse to replace ``folder`` unless it is missing, empty or marked
-    as demo data (its :data:`MANIFEST`): never a user's real data set."""
+    """Refuse to replace ``folder`` unless missing, empty or demo data."""
     ours = osp.isdir(folder) and not osp.islink(folder) and (
         not os.listdir(folder) or osp.isfile(osp.join(folder, MANIFEST)))
     if ours or not osp.lexists(folder):
@@ -399,11 +385,8 @@ def make_demo_data(out,
                    overrides=None,
                    workers=None,
                    log=print):
-    """Generate the data sets of ``tasks`` ('det': COCO, 'seg': ADE20K,
-    'cls': ImageNet) under ``out``, skipping up-to-date ones (unless
-    ``force``); ``overrides``: ``{task: {key: value}}`` over
-    :data:`DEFAULTS`; ``workers``: rendering processes (default: CPU count,
-    at most 4). Returns ``{task: dict(path, generated, seconds)}``."""
+    """Generate the data sets of ``tasks`` under ``out`` (up-to-date ones
+    skipped unless ``force``): ``{task: dict(path, generated, seconds)}``."""
     log = log or (lambda *a, **k: None)
     workers = workers or min(os.cpu_count() or 1, 4)
     for task in tasks:  # before anything is written
