@@ -320,18 +320,14 @@ def test_existing_data_passes(tmp_path, monkeypatch, capsys):
         f'val_dataloader.dataset.data_root={root}',
         f'val_evaluator.ann_file={root}annotations/instances_val.json'
     ]
-    proc = _run_checked([
-        sys.executable,
-        osp.join(TOOLS, 'mmsoft_tools', 'data_check.py'), 'train', det,
-        '--work-dir', 'x', '--resume', '--cfg-options'
-    ] + over, tmp_path)
+    script = [sys.executable, f'{TOOLS}/mmsoft_tools/data_check.py', 'train']
+    proc = _run_checked(
+        script + [det, '--work-dir', 'x', '--resume', '--cfg-options'] + over,
+        tmp_path)
     assert proc.returncode == 0, proc.stderr
     # run as a script too, the tools' --cfg-options check (before: merged)
-    proc = _run_checked([
-        sys.executable,
-        osp.join(TOOLS, 'mmsoft_tools', 'data_check.py'), 'train', det,
-        '--cfg-options', 'train_cfg.max_epoch=1'
-    ], tmp_path)
+    proc = _run_checked(
+        script + [det, '--cfg-options', 'train_cfg.max_epoch=1'], tmp_path)
     assert proc.returncode == 1
     assert proc.stderr.strip().splitlines()[-1].startswith(
         "error: --cfg-options train_cfg.max_epoch: the config has no key "

@@ -300,10 +300,8 @@ def test_amp_settings():
 
 # ------------------------------------------------------------ errors
 def test_missing_config_file_message():
-    proc = run([
-        sys.executable,
-        osp.join(TOOLS, 'train.py'), 'configs/no_such_config.py'
-    ])
+    proc = run(
+        [sys.executable, f'{TOOLS}/train.py', 'configs/no_such_config.py'])
     assert proc.returncode == 1
     assert proc.stderr == ('error: configs/no_such_config.py: No such file '
                            'or directory (errno 2 ENOENT); check the path\n')
