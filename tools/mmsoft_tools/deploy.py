@@ -1,8 +1,5 @@
 """ONNX export of SOFT models built from mmpretrain / mmdet / mmseg configs
-(``tools/deployment/pytorch2onnx.py``, ``benchmark_onnx.py``): one fixed
-input shape per file, the preprocessed image in, the raw outputs of
-:class:`ExportWrapper` out (docs/en/user_guides/deployment.md). What
-cannot be exported raises a one-line :class:`ExportError`."""
+(docs/en/user_guides/deployment.md): one fixed input shape per file."""
 import importlib
 import os.path as osp
 import time
@@ -15,29 +12,17 @@ from mmsoft.models.layers.amp import ExportError
 from mmsoft.utils.atomic import atomic_path
 from mmsoft_tools.torch_compat import onnx_export_takes_dynamo
 
-__all__ = [
-    'ExportError', 'build_model', 'load_weights', 'check_exportable',
-    'ExportWrapper', 'export_onnx', 'OnnxModel', 'relative_error', 'verify',
-    'check_opset', 'check_out', 'opset_range', 'DEFAULT_OPSET', 'MIN_OPSET'
-]
-
 DEFAULT_OPSET = 17
-#: the oldest opsets that export SOFT: 14 for the TorchScript exporter
-#: (stage 4's softmax attention, ``aten::scaled_dot_product_attention``,
-#: has no symbolic below 14; measured with torch 2.14 on the three demo
-#: configs: tests/test_tools/test_deploy.py), 18 for torch.export
-#: (--dynamo; its onnxscript functions start there)
+#: the oldest opsets that export SOFT: TorchScript (SDPA needs 14), dynamo
 MIN_OPSET = 14
 MIN_OPSET_DYNAMO = 18
 
 
-# ---------------------------------------------------------------- building
 def build_model(config,
                 checkpoint: Optional[str],
                 cfg_options: Optional[dict] = None,
                 partial_load: bool = False):
-    """(model in eval mode on the CPU, codebase scope, cfg) of a config
-    (path or ``Config``); ``checkpoint`` None / ``'none'``: random."""
+    """(model in eval mode on the CPU, scope, cfg) of a config."""
     from mmengine.config import Config
     from mmengine.model import revert_sync_batchnorm
     from mmengine.registry import init_default_scope
@@ -73,10 +58,7 @@ def build_model(config,
 def load_weights(model: nn.Module,
                  checkpoint: str,
                  partial_load: bool = False) -> None:
-    """Load ``checkpoint`` into ``model`` after the checks of
-    ``tools/test.py`` (:func:`mmsoft.models.loading
-    .check_checkpoint_for_model`; ``partial_load``: ``--partial-load``).
-    Errors: one-line :class:`ExportError`."""
+    """Load ``checkpoint`` after ``tools/test.py``'s checks."""
     from mmengine.runner.checkpoint import _load_checkpoint_to_model
 
     from mmsoft.models.loading import (check_checkpoint_for_model,
@@ -116,8 +98,7 @@ def check_exportable(model: nn.Module, dynamo: bool = False) -> None:
 
 
 def opset_range(dynamo: bool = False) -> Tuple[int, int]:
-    """The ONNX opsets the export supports: from :data:`MIN_OPSET` to the
-    newest the installed torch exporter writes."""
+    """The ONNX opsets the export supports (lowest, highest)."""
     hi = DEFAULT_OPSET
     try:
         from torch.onnx import _constants
@@ -131,8 +112,7 @@ def opset_range(dynamo: bool = False) -> Tuple[int, int]:
 
 
 def check_opset(opset: int, dynamo: bool = False) -> None:
-    """``--opset`` outside :func:`opset_range`: one line before any model
-    is built (not a deep ``SymbolicValueError``)."""
+    """``--opset`` outside :func:`opset_range`: one line before building."""
     lo, hi = opset_range(dynamo)
     if not lo <= opset <= hi:
         raise ExportError(
@@ -151,12 +131,8 @@ def check_out(out: str, config: str, shape: Sequence[int]) -> None:
             f'{osp.join(out, name)}')
 
 
-# ---------------------------------------------------------------- wrappers
 class ExportWrapper(nn.Module):
-    """Image tensor -> the exported tensors (``output_names``): classifier
-    logits; a single-stage detector's raw head outputs per level; a
-    two-stage detector's FPN features and RPN outputs; segmentation logits
-    at the input size."""
+    """Image tensor -> the exported tensors (``output_names``)."""
 
     def __init__(self, model: nn.Module, scope: str, shape: Tuple[int, int]):
         super().__init__()
@@ -234,16 +210,9 @@ class ExportWrapper(nn.Module):
         return tuple(t for group in raw for t in group)
 
 
-# ---------------------------------------------------------------- export
 class MatmulAdaptiveAvgPool2d(nn.Module):
-    """``nn.AdaptiveAvgPool2d`` as two averaging matrices, for export.
-
-    The TorchScript exporter has no ``adaptive_avg_pool2d`` whose output
-    size does not divide the input size (UperNet's pyramid pooling: scales
-    3 and 6 of a 16 x 16 map at 512 x 512). For a fixed input size the
-    pooling is linear: out = P_h x P_w^T with P_h[i, h] = 1 / |bin i| for h
-    in bin i = [floor(i H / o), ceil((i + 1) H / o)) (PyTorch's bins).
-    """
+    """``nn.AdaptiveAvgPool2d`` as two averaging matrices, for export
+    (the TorchScript exporter has no pooling to non-dividing sizes)."""
 
     def __init__(self, output_size):
         super().__init__()
@@ -349,8 +318,7 @@ def verify(wrapper: ExportWrapper,
            onnx_path: str,
            seed: int = 0,
            batch: int = 1) -> Dict[str, float]:
-    """Relative error of every onnxruntime output against PyTorch's
-    normal forward on a seeded random input."""
+    """Relative error of every onnxruntime output against PyTorch's."""
     g = torch.Generator().manual_seed(seed)
     x = torch.randn(batch, 3, *wrapper.shape, generator=g)
     with torch.no_grad():
