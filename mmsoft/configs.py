@@ -57,7 +57,6 @@ def get_config_path(name: str) -> str:
 
 def get_config(name: str):
     """A shipped config (:func:`get_config_path`) as a ``Config``."""
-
     from mmengine.config import Config
     return Config.fromfile(get_config_path(name))
 

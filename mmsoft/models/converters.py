@@ -179,7 +179,6 @@ def convert_official_to_mmpretrain(sd: Mapping[str, torch.Tensor],
                                    ) -> Tuple['OrderedDict', Dict]:
     """An authors' state dict -> an mmpretrain ``ImageClassifier``'s and
     its arch (:func:`infer_official_arch`)."""
-
     sd = strip_module_prefix(sd)
     arch = infer_official_arch(sd, stage4_heads)
     new = {k: official_to_mmsoft_key(k) for k in sd}

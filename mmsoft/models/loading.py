@@ -240,7 +240,6 @@ def missing_weights_message(checkpoint,
                             backbone: str = 'model.backbone',
                             key: str = 'init_cfg.checkpoint') -> str:
     """The one line for a backbone's ``init_cfg`` file that is not there."""
-
     name = osp.splitext(osp.basename(str(checkpoint)))[0]
     known, key, page = cv.OFFICIAL_FILES.get(name), f'{backbone}.{key}', \
         cv.OFFICIAL_PAGE

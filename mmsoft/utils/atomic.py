@@ -119,7 +119,6 @@ def remove_stale_temps(directory: str,
                        name: Optional[str] = None) -> List[str]:
     """Delete the temporaries (of ``name``) in ``directory`` whose writer
     no longer runs (a SIGKILL); returns their paths."""
-
     removed = []
     with contextlib.suppress(OSError):
         for entry in os.listdir(directory):

@@ -129,7 +129,6 @@ def refusal_message(path: str, refused: List[str], fix: str = '') -> str:
 def load_verified(path: str, map_location='cpu'):
     """Load ``path`` without running code from it; a damaged file raises
     :class:`CheckpointError`, one pickling code :class:`CheckpointRefused`."""
-
     damage = describe_damage(path)
     if damage:
         raise CheckpointError(f'checkpoint {path} {damage}; it was not '

@@ -293,7 +293,6 @@ _REBUILDERS = frozenset(
 def code_globals(names):
     """The ``names`` that would run code when unpickled (a callable other
     than a class, anything of :data:`_CODE_MODULES`)."""
-
     import sys
     out = []
     for full in names:

@@ -54,7 +54,6 @@ def check_state_dict(model_sd: Mapping,
     """Raise :class:`CheckpointMismatchError` (one line) unless ``ckpt_sd``
     matches ``model_sd``; ``allow_partial`` logs it unless nothing loads
     (``opt_in``: how to allow it; ``hint()``: an explanation, an error)."""
-
     r = compare_state_dicts(model_sd, ckpt_sd)
     if r.ok:
         return r

@@ -1,5 +1,6 @@
 """The checkpoint directory of a training run: which file resumes it and
 which run owns it (docs/en/advanced_guides/fault_tolerance.md)."""
+import contextlib
 import logging
 import os
 import os.path as osp
@@ -152,18 +153,14 @@ def checkpoint_dir_refusal(ckpt_dir: str, work_dir: str) -> Optional[str]:
 def claim_checkpoint_dir(ckpt_dir: str, work_dir: str) -> None:
     """Record ``work_dir`` as the owner of ``ckpt_dir``, or raise
     :class:`CheckpointDirInUse`."""
-
     me = osp.realpath(work_dir)
     if osp.realpath(ckpt_dir) == me:
         return
     marker = osp.join(ckpt_dir, OWNER_FILE)
     os.makedirs(ckpt_dir, exist_ok=True)
-    try:
-        with open(marker, 'x') as f:  # exclusive: the first run wins
-            f.write(me + '\n')
+    with contextlib.suppress(FileExistsError), open(marker, 'x') as f:
+        f.write(me + '\n')  # exclusive: the first run wins
         return
-    except FileExistsError:
-        pass
     refusal = checkpoint_dir_refusal(ckpt_dir, work_dir)
     if refusal:
         raise CheckpointDirInUse(refusal)
