@@ -196,11 +196,10 @@ class SafeCheckpointHook(CheckpointHook):
                 by_epoch = isinstance(runner.train_loop, EpochBasedTrainLoop)
                 found = (marker, f'epoch {meta.get("epoch")}'
                          if by_epoch else f'iteration {meta.get("iter")}')
+        box = [found]
         if is_distributed():
-            box = [found]
             broadcast_object_list(box)
-            found = box[0]
-        return found
+        return box[0]
 
     def _validate_first(self, runner, marker, what):
         """Run the validation a stopped run did not finish."""
@@ -308,10 +307,8 @@ class SafeCheckpointHook(CheckpointHook):
             with self._atomic(runner):
                 super()._save_checkpoint_with_step(runner, step, meta)
                 if is_main_process() and self._is_local():
-                    atomic_write(
-                        osp.join(runner.work_dir, 'last_checkpoint'),
-                        self.last_ckpt,
-                        durable=True)
+                    last = osp.join(runner.work_dir, 'last_checkpoint')
+                    atomic_write(last, self.last_ckpt, durable=True)
                     if self._saving:
                         self._saved = (osp.abspath(self.last_ckpt),
                                        *self._saving)
@@ -341,9 +338,8 @@ class SafeCheckpointHook(CheckpointHook):
                     cls_save(runner, osp.dirname(tmp), osp.basename(tmp),
                              *args, **kwargs)
             except OSError as e:
-                raise CheckpointWriteError(e.errno,
-                                           _write_failure(runner, final,
-                                                          e)) from e
+                msg = _write_failure(runner, final, e)
+                raise CheckpointWriteError(e.errno, msg) from e
             written.add(final)
 
         self._atomic_depth += 1

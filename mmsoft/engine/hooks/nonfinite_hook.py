@@ -95,9 +95,7 @@ class NonFiniteLossHook(Hook):
     priority = 'VERY_HIGH'  # after_train_iter before the CheckpointHook's
 
     def __init__(self, max_skipped_steps: int = 0, check_outputs: bool = True):
-        if isinstance(max_skipped_steps, bool) or \
-                not isinstance(max_skipped_steps, int) or \
-                max_skipped_steps < 0:
+        if type(max_skipped_steps) is not int or max_skipped_steps < 0:
             raise ValueError(f'NonFiniteLossHook: max_skipped_steps must be '
                              f'an int >= 0, got {max_skipped_steps!r}')
         self.max_skipped_steps = max_skipped_steps

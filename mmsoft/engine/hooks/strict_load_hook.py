@@ -51,13 +51,9 @@ class StrictLoadHook(Hook):
                               or settings_refusal(runner, checkpoint, source))
         if refusal:
             raise CheckpointMismatchError(refusal)
-        check_checkpoint_for_model(
-            runner.model,
-            checkpoint,
-            source,
-            allow_partial=self.allow_partial,
-            opt_in=self.opt_in,
-            config=getattr(getattr(runner, 'cfg', None), 'filename', None))
+        config = getattr(getattr(runner, 'cfg', None), 'filename', None)
+        check_checkpoint_for_model(runner.model, checkpoint, source,
+                                   self.allow_partial, self.opt_in, config)
 
 
 def resume_refusal(checkpoint, source: str) -> str:
