@@ -139,8 +139,7 @@ def _runner(flavour, work_dir, name, stop_after=None, train=True, **kwargs):
     else:
         torch.manual_seed(0)  # built before Runner seeds: seed it here
         model, scope = TinySOFTClassifier(), None
-        evaluator, key = SimpleAccuracy(), 'simple/accuracy'
-        evaluator = [evaluator]
+        evaluator, key = [SimpleAccuracy()], 'simple/accuracy'
     recorder = Recorder()
     train_kw = dict(
         train_dataloader=data,
