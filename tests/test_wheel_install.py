@@ -1,26 +1,13 @@
 """CI: mmsoft as a user gets it - a built wheel, installed non-editable.
 
-The wheel is built from a copy of the sources (the checkout is left as it
-is) and installed without dependencies into a throwaway virtualenv that
-reuses this interpreter's torch / mmcv / mmdet / mmpretrain (its
-site-packages is appended through a ``.pth`` line, so the checkout's
-editable mmsoft cannot shadow the wheel: the test checks where ``mmsoft``
-is imported from). Then, from a directory outside the checkout:
-
-(a) a user's own config inherits a shipped config copied with
-    ``python -m mim run mmsoft configs copy``, sets its own tiny SOFT
-    arch, loads mmsoft through ``custom_imports`` and trains with
-    **mmpretrain's** train tool (``python -m mim train mmpretrain``:
-    nothing but ``custom_imports`` brings mmsoft in);
-(b) a shipped config trains and tests through ``python -m mim train /
-    test mmsoft`` (the installed ``mmsoft/.mim/tools``) in an environment
-    where mmseg and mmpretrain cannot be imported (an "mmdet only" user);
-(c) ``python -m mim search mmsoft`` lists the models;
-(d) the inference quick-start, the shipped ``demo/image_demo.py``, runs a
-    shipped config with a checkpoint.
-
-All data are generated (the shipped ``tools/misc/make_demo_data.py``).
-A missing prerequisite fails the test with a message; nothing is skipped.
+The wheel (built from a copy of the sources) is installed without
+dependencies into a throwaway virtualenv reusing this interpreter's packages
+through a ``.pth`` path line (the checkout's editable mmsoft cannot shadow
+it). Then, outside the checkout: (a) a user's config inheriting a shipped one
+(``mim run mmsoft configs copy``) trains with ``mim train mmpretrain``,
+mmsoft brought in by ``custom_imports`` only; (b) ``mim train / test mmsoft``
+with mmseg / mmpretrain unimportable; (c) ``mim search mmsoft``; (d) the
+shipped ``demo/image_demo.py``. A missing prerequisite fails; nothing skips.
 """
 import glob
 import importlib.util
@@ -119,37 +106,31 @@ def env(tmp_path_factory):
             f'{mod} is not installed ({why}); run bash tools/setup_env.sh')
     tmp = tmp_path_factory.mktemp('wheel_install')
     src = tmp / 'src'
+    os.makedirs(src)
     for name in SOURCES:
         s = osp.join(ROOT, name)
         if osp.isdir(s):
             shutil.copytree(s, src / name, ignore=_ignore)
         else:
-            os.makedirs(src, exist_ok=True)
             shutil.copyfile(s, src / name)
     clean = dict(os.environ)
     clean.pop('PYTHONPATH', None)
     _run([
         sys.executable, '-m', 'pip', 'wheel', '.', '--no-deps',
         '--no-build-isolation', '-q', '-w', tmp / 'dist'
-    ],
-         cwd=src,
-         env=clean)
+    ], src, clean)
     wheels = glob.glob(str(tmp / 'dist' / 'mmsoft-*.whl'))
     _fail_unless(len(wheels) == 1, f'expected one wheel, got {wheels}')
     venv = tmp / 'venv'
     _run([
         sys.executable, '-m', 'venv', '--system-site-packages',
         '--without-pip', venv
-    ],
-         cwd=tmp,
-         env=clean)
+    ], tmp, clean)
     vpy = venv / 'bin' / 'python'
     site = _run([
         vpy, '-c', 'import sysconfig; '
         'print(sysconfig.get_paths()["purelib"])'
-    ],
-                cwd=tmp,
-                env=clean).stdout.strip()
+    ], tmp, clean).stdout.strip()
     # reuse this interpreter's packages (torch, mm*, pip); a plain path
     # line: the .pth files there (the editable mmsoft) are not run
     paths = dict.fromkeys(sysconfig.get_paths()[k]
@@ -158,13 +139,18 @@ def env(tmp_path_factory):
         f.write('\n'.join(paths) + '\n')
     _run([
         vpy, '-m', 'pip', 'install', '-q', '--no-deps', '--no-index', wheels[0]
-    ],
-         cwd=tmp,
-         env=clean)
+    ], tmp, clean)
     work = tmp / 'project'
     work.mkdir()
     return dict(
         tmp=tmp, vpy=vpy, site=site, wheel=wheels[0], work=work, env=clean)
+
+
+def _vrun(env, *args, environ=None):
+    """The venv's python with ``args``, in the project folder; its output
+    (joined) and the process."""
+    proc = _run([env['vpy'], *args], env['work'], environ or env['env'])
+    return proc.stdout + proc.stderr, proc
 
 
 def test_wheel_contents(env):
@@ -212,9 +198,7 @@ def test_installed_mmsoft_is_the_wheel(env):
             '    configs=paths.configs_root(),\n'
             '    link=os.path.islink(paths.configs_root()),\n'
             '    cfg=mmsoft.get_config_path("retinanet_soft_small_1x"))))\n')
-    out = json.loads(
-        _run([env['vpy'], '-c', code], cwd=env['work'],
-             env=env['env']).stdout.strip().splitlines()[-1])
+    out = json.loads(_vrun(env, '-c', code)[1].stdout.splitlines()[-1])
     pkg = osp.join(env['site'], 'mmsoft')
     assert out['file'] == osp.join(pkg, '__init__.py')
     assert out['configs'] == osp.join(pkg, '.mim', 'configs')
@@ -226,12 +210,8 @@ def test_installed_mmsoft_is_the_wheel(env):
 def _make_data(env, task, num_train, num_val):
     tool = osp.join(env['site'], 'mmsoft', '.mim', 'tools', 'misc',
                     'make_demo_data.py')
-    _run([
-        env['vpy'], tool, '--tasks', task, '--num-train', num_train,
-        '--num-val', num_val, '--workers', 1
-    ],
-         cwd=env['work'],
-         env=env['env'])
+    _vrun(env, tool, '--tasks', task, '--num-train', num_train, '--num-val',
+          num_val, '--workers', 1)
     # the installed tool writes under the working directory
     assert osp.isdir(osp.join(env['work'], 'data', 'demo'))
 
@@ -245,26 +225,16 @@ def cls_data(env):
 def test_user_config_with_custom_imports_trains(env, cls_data):
     """(a) the user's own config, mmpretrain's train tool."""
     work = env['work']
-    _run([
-        env['vpy'], '-m', 'mim', 'run', 'mmsoft', 'configs', 'copy',
-        'demo/soft_cls_demo.py', '--dest', 'mmsoft_configs'
-    ],
-         cwd=work,
-         env=env['env'])
+    _vrun(env, '-m', 'mim', 'run', 'mmsoft', 'configs', 'copy',
+          'demo/soft_cls_demo.py', '--dest', 'mmsoft_configs')
     (work / 'my_soft_cls.py').write_text(USER_CONFIG)
-    proc = _run([
-        env['vpy'], '-m', 'mim', 'train', 'mmpretrain', 'my_soft_cls.py',
-        '--work-dir', 'work_dirs/my_soft_cls'
-    ],
-                cwd=work,
-                env=env['env'])
-    log = proc.stdout + proc.stderr
+    log, _ = _vrun(env, '-m', 'mim', 'train', 'mmpretrain', 'my_soft_cls.py',
+                   '--work-dir', 'work_dirs/my_soft_cls')
     assert 'Epoch(train) [1][1/1]' in log, log[-3000:]
     assert 'accuracy/top1' in log
     assert osp.isfile(work / 'work_dirs' / 'my_soft_cls' / 'epoch_1.pth')
     # the dumped config is the user's: tiny arch, plain type, custom_imports
-    dumped = (work / 'work_dirs' / 'my_soft_cls' / 'my_soft_cls.py')
-    text = dumped.read_text()
+    text = (work / 'work_dirs' / 'my_soft_cls' / 'my_soft_cls.py').read_text()
     assert "embed_dims=[\n" in text or 'embed_dims=[16, 32, 48, 64]' in text
     assert "imports=[\n" in text or "imports=['mmsoft']" in text
 
@@ -272,58 +242,61 @@ def test_user_config_with_custom_imports_trains(env, cls_data):
 def test_shipped_config_through_mim_with_mmdet_only(env):
     """(b) mim train / mim test mmsoft <shipped config>, no mmseg and no
     mmpretrain importable."""
-    work = env['work']
     _make_data(env, 'det', 2, 2)
     block = env['tmp'] / 'only_mmdet'
     block.mkdir(exist_ok=True)
     (block / 'sitecustomize.py').write_text(BLOCKER)
     only_det = dict(env['env'], PYTHONPATH=str(block))
     proc = subprocess.run([str(env['vpy']), '-c', 'import mmseg'],
-                          cwd=str(work),
+                          cwd=str(env['work']),
                           env=only_det,
                           capture_output=True,
                           text=True)
     assert proc.returncode != 0 and 'blocked by the test' in proc.stderr
-    opts = [
-        '--cfg-options',
-        'train_cfg.max_epochs=1',
-        'train_cfg.val_interval=1',
-        'train_dataloader.batch_size=2',
-        'val_dataloader.batch_size=2',
-        'test_dataloader.batch_size=2',
-        'default_hooks.checkpoint.interval=1',
-        'model.test_cfg.score_thr=0.0'  # an untrained detector scores low
-    ]
+    # an untrained detector scores low: score_thr=0
+    opts = (
+        'test_dataloader.batch_size=2 model.test_cfg.score_thr=0.0').split()
     wd = 'work_dirs/retinanet_soft_demo'
-    proc = _run([
-        env['vpy'], '-m', 'mim', 'train', 'mmsoft', 'retinanet_soft_demo.py',
-        '--work-dir', wd, *opts
-    ],
-                cwd=work,
-                env=only_det)
-    log = proc.stdout + proc.stderr
+    log, _ = _vrun(
+        env,
+        '-m',
+        'mim',
+        'train',
+        'mmsoft',
+        'retinanet_soft_demo.py',
+        '--work-dir',
+        wd,
+        '--cfg-options',
+        *opts,
+        *('train_cfg.max_epochs=1 train_cfg.val_interval=1 '
+          'train_dataloader.batch_size=2 val_dataloader.batch_size=2 '
+          'default_hooks.checkpoint.interval=1').split(),
+        environ=only_det)
     assert 'Epoch(train) [1][1/1]' in log, log[-3000:]
     assert 'coco/bbox_mAP' in log
-    ckpt = work / wd / 'epoch_1.pth'
+    ckpt = env['work'] / wd / 'epoch_1.pth'
     assert ckpt.is_file()
-    proc = _run([
-        env['vpy'], '-m', 'mim', 'test', 'mmsoft', 'retinanet_soft_demo.py',
-        '--checkpoint', ckpt, '--work-dir', wd + '_test', '--cfg-options',
-        'test_dataloader.batch_size=2', 'model.test_cfg.score_thr=0.0'
-    ],
-                cwd=work,
-                env=only_det)
-    log = proc.stdout + proc.stderr
+    log, _ = _vrun(
+        env,
+        '-m',
+        'mim',
+        'test',
+        'mmsoft',
+        'retinanet_soft_demo.py',
+        '--checkpoint',
+        ckpt,
+        '--work-dir',
+        wd + '_test',
+        '--cfg-options',
+        *opts,
+        environ=only_det)
     assert 'Epoch(test) [1/1]' in log, log[-3000:]
     assert 'coco/bbox_mAP' in log
 
 
 def test_mim_search_lists_the_models(env):
-    proc = _run(
-        [env['vpy'], '-m', 'mim', 'search', 'mmsoft', '--field', 'config'],
-        cwd=env['work'],
-        env=env['env'])
-    out = proc.stdout
+    out = _vrun(env, '-m', 'mim', 'search', 'mmsoft', '--field',
+                'config')[1].stdout
     for name in ('soft_tiny_in1k', 'retinanet_soft_small_1x',
                  'mask_rcnn_soft_large_1x', 'sparse_rcnn_soft_small_3x_ms',
                  'upernet_soft_medium_512x512_160k_ade20k'):
@@ -343,18 +316,12 @@ def test_installed_image_demo_runs(env, cls_data):
         str(work / 'cls_random.pth'))
     demo = osp.join(mim, 'demo', 'image_demo.py')
     _fail_unless(osp.isfile(demo), f'{demo} is not installed')
-    proc = _run([
-        env['vpy'], demo, 'data/demo/imagenet/val', cfg, 'cls_random.pth',
-        '--out-dir', 'outputs/cls'
-    ],
-                cwd=work,
-                env=env['env'])
-    assert 'classification: ' in proc.stdout, proc.stdout
-    preds = glob.glob(
-        str(work / 'outputs' / 'cls' / 'preds' / '**' / '*.json'),
-        recursive=True)
-    vis = glob.glob(
-        str(work / 'outputs' / 'cls' / 'vis' / '**' / '*.png'), recursive=True)
+    out = _vrun(env, demo, 'data/demo/imagenet/val', cfg, 'cls_random.pth',
+                '--out-dir', 'outputs/cls')[1].stdout
+    assert 'classification: ' in out, out
+    preds, vis = (glob.glob(
+        str(work / 'outputs' / 'cls' / d / '**' / f'*.{e}'), recursive=True)
+                  for d, e in (('preds', 'json'), ('vis', 'png')))
     assert preds and len(preds) == len(vis)
     with open(preds[0]) as f:
         pred = json.load(f)
