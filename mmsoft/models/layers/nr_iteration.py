@@ -168,25 +168,32 @@ def leibniz_divided_difference(a, b, alpha, iters) -> torch.Tensor:
     return D
 
 
-def eigh(A: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
-    """``torch.linalg.eigh``; on the CPU with one intra-op thread (the
-    caller's count restored after, as :func:`~.amp.tf32_off` restores
-    TF32; as is under ``torch.compile`` or elsewhere). LAPACK's
-    tridiagonal reduction synchronises its threads at every column: where
-    the cores are shared it waits for a descheduled thread each time
-    (2-core AMD EPYC, load 3-4: batched 10 x 950 x 950 float32 9.5 s with
-    2 threads, 1.8 s with one; 10 x 192 x 192 float64 0.55-4.3 s against
-    47-77 ms; quiet: 5-8% of a Lanczos layer's forward)."""
-    if A.device.type != 'cpu' or compiling():  # no graph break
-        return torch.linalg.eigh(A)
+def lapack(fn, *args, **kwargs):
+    """``fn(*args, **kwargs)``, a LAPACK call of small or batched matrices;
+    on the CPU with one intra-op thread (the caller's count restored
+    after, as :func:`~.amp.tf32_off` restores TF32; as is under
+    ``torch.compile`` or elsewhere). LAPACK synchronises its threads at
+    every column (and a batch is one call per matrix): where the cores
+    are shared it waits for a descheduled thread each time (2-core AMD
+    EPYC, load 3-4: batched 10 x 950 x 950 float32 ``eigh`` 9.5 s with 2
+    threads, 1.8 s with one; 10 x 192 x 192 float64 0.55-4.3 s against
+    47-77 ms; load 6: a 10 x 32 x 32 triangular solve 126 ms)."""
+    tensor = next(a for a in args if isinstance(a, torch.Tensor))
+    if tensor.device.type != 'cpu' or compiling():  # no graph break
+        return fn(*args, **kwargs)
     threads = torch.get_num_threads()
     if threads == 1:
-        return torch.linalg.eigh(A)
+        return fn(*args, **kwargs)
     torch.set_num_threads(1)
     try:
-        return torch.linalg.eigh(A)
+        return fn(*args, **kwargs)
     finally:
         torch.set_num_threads(threads)
+
+
+def eigh(A: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
+    """``torch.linalg.eigh`` through :func:`lapack`."""
+    return lapack(torch.linalg.eigh, A)
 
 
 def spectral_factors(A, alpha, iters):

@@ -34,7 +34,7 @@ from typing import NamedTuple, Optional
 import torch
 
 from .amp import autocast_off
-from .nr_iteration import eigh, leibniz_divided_difference
+from .nr_iteration import eigh, lapack, leibniz_divided_difference
 
 __all__ = [
     'MAX_DIM', 'TOL', 'TOL_FLOAT64', 'KrylovBasis', 'krylov_basis',
@@ -117,7 +117,7 @@ def _orthonormal(Z, scale):
     X = Z.double()
     for _ in range(2):
         G = X.mT @ X
-        L, info = torch.linalg.cholesky_ex(G)
+        L, info = lapack(torch.linalg.cholesky_ex, G)
         weak = (info > 0) | (L.diagonal(dim1=-2, dim2=-1) <= scale).any(-1)
         if bool(weak.any()):
             lam, V = eigh(G)
@@ -130,8 +130,11 @@ def _orthonormal(Z, scale):
             # triangular solve of X is one BLAS call (and parallel region)
             # per matrix, 50x slower than the product on a loaded CPU
             eye = torch.eye(L.shape[-1], dtype=L.dtype, device=L.device)
-            X = X @ torch.linalg.solve_triangular(
-                L, eye.expand_as(L), upper=False).mT
+            X = X @ lapack(
+                torch.linalg.solve_triangular,
+                L,
+                eye.expand_as(L),
+                upper=False).mT
         scale = torch.full_like(scale, 0.5)  # columns of norm 1 or 0
     return X.to(Z.dtype)
 
