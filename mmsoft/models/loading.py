@@ -230,8 +230,7 @@ def pretrained_init_cfg(init_cfg: Union[Dict, List[Dict], None],
     if len(out) < len(cfgs):
         print_log(
             f'{owner}: init_cfg has no checkpoint; using random '
-            'initialisation',
-            logger='current')
+            'initialisation', 'current')
     strict = any(c.get('strict', True) is not False for c in loads)
     return ((out[0] if one else out) if out else None), strict and bool(out)
 

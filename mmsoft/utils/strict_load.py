@@ -70,10 +70,8 @@ def check_state_dict(model_sd: Mapping,
     ])
     parts = [f'{len(k)} {w}: {few_keys(k)}' for k, w in zip(keys, what) if k]
     if hint is None and allow_partial and r.matched > 0:
-        print_log(
-            'partial load (allowed): ' + '\n  '.join([head] + parts),
-            logger='current',
-            level=logging.WARNING)
+        msg = 'partial load (allowed): ' + '\n  '.join([head] + parts)
+        print_log(msg, logger='current', level=logging.WARNING)
         return r
     fix = hint or (f'If a partial load is intended (e.g. another head), '
                    f'{opt_in}.' if opt_in and r.matched > 0 else '')

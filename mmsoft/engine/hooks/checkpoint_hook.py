@@ -31,10 +31,8 @@ VAL_MARKER = '.mmsoft-val-pending'
 def _train_sampler(runner):
     loader = runner.train_loop.dataloader if training(runner) else None
     batch = getattr(loader, 'batch_sampler', None)
-    return next(
-        (s for s in (getattr(loader, 'sampler', None),
-                     getattr(batch, 'sampler', None)) if hasattr(s, 'seed')),
-        None)
+    found = (getattr(loader, 'sampler', None), getattr(batch, 'sampler', None))
+    return next((s for s in found if hasattr(s, 'seed')), None)
 
 
 class _DeferredRemoval:

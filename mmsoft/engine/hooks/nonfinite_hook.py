@@ -168,11 +168,9 @@ class NonFiniteLossHook(Hook):
                 return None
             result = original(loss, *args, **kwargs)
             runner = self._runner
+            groups = optim_wrapper.optimizer.param_groups
             bad = _nonfinite_params(
-                self._model(runner), [
-                    p for g in optim_wrapper.optimizer.param_groups
-                    for p in g['params']
-                ])
+                self._model(runner), [p for g in groups for p in g['params']])
             if _any_rank(bool(bad)):
                 self._fail(
                     runner, f'the optimizer step at {self._where(runner)} '
