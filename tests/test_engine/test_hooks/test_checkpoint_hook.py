@@ -840,26 +840,38 @@ def _resume_with(runner, meta, **kwargs):
     return hook
 
 
-def test_load_from_restores_no_rng_states_or_sampler_seed(tmp_path):
-    """RNG states and the sampler seed come back on resume only."""
+RESTORED = 'mmsoft: RNG states restored'
+SEEDED = 'mmsoft: train sampler seed 5 -> 7 (from the checkpoint)'
+BOTH = [SEEDED, RESTORED]
+WORLD = ('mmsoft: the checkpoint holds RNG states of {} process(es), this '
+         'run has 1: RNG states not restored')
+
+
+@pytest.mark.parametrize(
+    'attrs,seed,world,n,kw,lines',
+    [
+        (dict(drop=('_resume', ), _has_loaded=True), 7, 1, 1, {}, []),
+        (dict(_resume=False, _has_loaded=True), 7, 1, 1, {}, []),  # load_from
+        (dict(_resume=True, _has_loaded=True), 7, 1, 1, {}, BOTH),
+        (dict(_resume=True), None, 2, 2, {}, [WORLD.format(2)]),
+        (dict(_resume=True), None, 1, 0, {}, [WORLD.format(1)]),  # no states
+        (dict(_resume=True), None, 1, 1, dict(save_rng=False), []),
+    ])
+def test_rng_states_and_seed_come_back_on_a_resume_of_as_many_ranks(
+        tmp_path, attrs, seed, world, n, kw, lines):
     state = get_rng_state()
     want = _draws()
-    meta = dict(
-        mmsoft_sampler_seed=7, mmsoft_rng=dict(world_size=1, states=[state]))
-    for attrs in (dict(drop=('_resume', )), dict(_resume=False)):
-        sampler, loop = _seeded_loop()
-        runner = _Runner(tmp_path, loop=loop, _has_loaded=True, **attrs)
-        _resume_with(runner, meta)
-        assert sampler.seed == 5 and runner.logger.ours() == []
-        assert _draws() != want
-    sampler, loop = _seeded_loop()
-    runner = _Runner(tmp_path, loop=loop, _has_loaded=True, _resume=True)
-    _resume_with(runner, meta)
-    assert _draws() == want and sampler.seed == 7
-    assert runner.logger.ours() == [
-        'mmsoft: train sampler seed 5 -> 7 (from the checkpoint)',
-        'mmsoft: RNG states restored'
-    ]
+    rng = dict(world_size=world, **(dict(states=[state] * n) if n else {}))
+    meta = dict(mmsoft_rng=rng)
+    if seed is not None:
+        meta['mmsoft_sampler_seed'] = seed
+    sampler, loop = _seeded_loop() if seed else (None, _Loop())
+    runner = _Runner(tmp_path, loop=loop, **attrs)
+    _resume_with(runner, meta, **kw)
+    assert runner.logger.ours() == lines
+    assert (_draws() == want) == (RESTORED in lines)
+    if sampler is not None:
+        assert sampler.seed == (7 if lines else 5)
 
 
 class _Prefetching:
@@ -888,9 +900,7 @@ def test_resume_restores_infinite_sampler_indices(tmp_path):
     want = iter(loader(7))
     assert [next(loop.dataloader_iterator).tolist() for _ in range(3)] == \
         [next(want).tolist() for _ in range(3)]
-    assert runner.logger.ours() == [
-        'mmsoft: train sampler seed 5 -> 7 (from the checkpoint)'
-    ]
+    assert runner.logger.ours() == [SEEDED]
 
 
 def test_sampler_seed_is_found_where_the_loader_keeps_it(tmp_path):
@@ -954,27 +964,6 @@ def test_sampler_seed_left_alone_when_unchanged_or_unknown(
     assert runner.logger.ours() == []
 
 
-def test_rng_states_of_another_world_size_are_not_restored(tmp_path):
-    """Another world size's RNG states: a warning, not restored."""
-    state = get_rng_state()
-    want = _draws()
-    for info, n in ((dict(world_size=2,
-                          states=[state, state]), 2), (dict(world_size=1), 1)):
-        runner = _Runner(tmp_path, loop=_Loop(), _resume=True)
-        _resume_with(runner, dict(mmsoft_rng=info))
-        assert runner.logger.ours() == [
-            f'mmsoft: the checkpoint holds RNG states of {n} process(es), '
-            f'this run has 1: RNG states not restored'
-        ]
-        assert _draws() != want
-    runner = _Runner(tmp_path, loop=_Loop(), _resume=True)
-    _resume_with(
-        runner,
-        dict(mmsoft_rng=dict(world_size=1, states=[state])),
-        save_rng=False)
-    assert runner.logger.ours() == [] and _draws() != want
-
-
 def test_rng_states_restored_after_mmengines_replay(tmp_path):
     """RNG states come back after mmengine replays the batches."""
     state = get_rng_state()
@@ -986,14 +975,14 @@ def test_rng_states_restored_after_mmengines_replay(tmp_path):
     _resume_with(runner, meta)
     assert runner.logger.ours() == []
     assert next(loop.dataloader_iterator) == ['b1']  # the replayed batch
-    assert runner.logger.ours() == ['mmsoft: RNG states restored']
+    assert runner.logger.ours() == [RESTORED]
     assert _draws() == want and loop.dataloader_iterator is inner
     for attrs in (dict(iter=0), {}):
         loop = _Loop(
             SimpleNamespace(), dataloader_iterator=iter([['b1']]), **attrs)
         runner = _Runner(tmp_path, loop=loop, _resume=True)
         _resume_with(runner, meta)
-        assert runner.logger.ours() == ['mmsoft: RNG states restored']
+        assert runner.logger.ours() == [RESTORED]
         assert _draws() == want
 
 
