@@ -341,12 +341,10 @@ def test_strict_load_hook_names_the_config_in_the_attn_norm_refusal():
     """The attention-normalisation refusal names the Runner's config."""
     model = _Whole(attn_norm=False)
     ckpt = {'state_dict': model.state_dict(), 'meta': {'attn_norm': True}}
+    cfg = types.SimpleNamespace(filename='my_cfg.py')
     with pytest.raises(CheckpointMismatchError) as exc:
         _hook().after_load_checkpoint(
-            _runner(
-                model,
-                _load_from='n.pth',
-                cfg=types.SimpleNamespace(filename='my_cfg.py')), ckpt)
+            _runner(model, _load_from='n.pth', cfg=cfg), ckpt)
     assert 'but the model of my_cfg.py has attn_norm=False' in str(exc.value)
     assert str(exc.value).startswith('checkpoint n.pth ')
 
