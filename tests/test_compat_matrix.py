@@ -1,11 +1,6 @@
-"""The claimed version ranges equal the support matrix that is run.
-
-``make compat`` runs the suite on each stack of tools/compat/stacks.py and
-writes docs/en/compat/matrix.md / matrix.csv; the ranges of
-``requirements/*.txt`` must be the hull of those stacks, the verified stack
-(``requirements/constraints.txt``) one of them, and the committed table
-must show every stack run with no failure.
-"""
+"""The claimed version ranges (``requirements/*.txt``) are the hull of the
+stacks ``make compat`` runs (tools/compat/stacks.py), the verified stack one
+of them, and the committed table shows every stack passing."""
 import csv
 import os
 import os.path as osp
@@ -31,19 +26,13 @@ def test_verified_stack_is_in_the_matrix():
     verified = [s for s in stacks.STACKS.values() if s.get('setup_env')]
     assert len(verified) == 1
     pins = GEN.verified_versions()
-    assert {
-        dist: verified[0][key]
-        for key, dist in stacks.DISTS.items()
-    } == {
-        dist: pins[dist]
-        for dist in stacks.DISTS.values()
-    }
+    want = {d: verified[0][k] for k, d in stacks.DISTS.items()}
+    assert want == {d: pins[d] for d in stacks.DISTS.values()}
 
 
 @pytest.mark.skipif(
     bool(os.environ.get('MMSOFT_COMPAT_STACK')),
-    reason='make compat is making this table now (this test reads the '
-    'committed one)')
+    reason='make compat is making this table now')
 def test_committed_table_shows_every_stack_passing():
     with open(TABLE) as f:
         rows = {r['stack']: r for r in csv.DictReader(f)}
@@ -64,16 +53,16 @@ def test_table_writer(tmp_path):
     res.mkdir()
     name = next(iter(stacks.STACKS))
     stack = stacks.STACKS[name]
-    json.dump(
-        dict({k: stack[k]
-              for k in stacks.DISTS},
-             stack=name,
-             python='3.11.2',
-             passed=10,
-             skipped=2,
-             failed=0,
-             seconds=90,
-             date='2026-01-01'), open(res / f'{name}.json', 'w'))
+    result = dict(
+        stack=name,
+        python='3.11.2',
+        passed=10,
+        skipped=2,
+        failed=0,
+        seconds=90,
+        date='2026-01-01')
+    result.update((k, stack[k]) for k in stacks.DISTS)
+    (res / f'{name}.json').write_text(json.dumps(result))
     out = tmp_path / 'out'
     rc = matrix.main(['--results', str(res), '--out-dir', str(out)])
     assert rc == (0 if len(stacks.STACKS) == 1 else 1)

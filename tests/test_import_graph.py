@@ -1,30 +1,9 @@
 """The import rules of mmsoft/ and tools/mmsoft_tools: the import-linter
-contracts of ``setup.cfg`` (``[importlinter]``, also run by
-``tools/lint.sh``) and the one rule they cannot state.
-
-The contracts, on the graph import-linter reads from the source (every
-``import`` statement, at module level or in a function, absolute or
-relative; nothing is imported):
-
-* ``acyclic``: no import cycle between the sibling packages and modules of
-  any package (``acyclic_siblings``; a package counts with everything below
-  it, so a cycle through the ``__init__`` of two sibling packages shows);
-* ``layers``: ``mmsoft.engine`` > ``mmsoft.models`` > ``mmsoft.utils``; a
-  layer imports no higher one, not even through other modules (the utils
-  know no model code, the models do not import the training engine);
-* ``plugin``: nothing in mmsoft imports ``mmsoft_tools`` (the rest of that
-  rule, paths into tools/ and files loaded by path: tests/test_packaging.py).
-
-What import-linter cannot state: a module that imports an enclosing
-package's ``__init__`` (directly or through other modules) while that
-``__init__`` imports the module, so that Python meets the half-imported
-package. ``acyclic_siblings`` compares siblings only, and a ``forbidden``
-contract per package would also forbid such imports where the ``__init__``
-does not import back. :func:`init_cycles` checks it on import-linter's own
-graph (grimp).
-
-Each contract and the check also run on small packages that break them:
-none of them passes for want of looking.
+contracts of ``setup.cfg`` (``acyclic``: no cycle between siblings;
+``layers``: engine > models > utils; ``plugin``: mmsoft imports no
+mmsoft_tools) and what they cannot state: a module importing an enclosing
+package's ``__init__`` that imports it back (:func:`init_cycles`, on grimp's
+graph). Each also runs on small packages that break it.
 """
 import configparser
 import inspect
@@ -39,9 +18,7 @@ CONTRACTS = ('acyclic', 'layers', 'plugin')
 
 
 def packages_env(root):
-    """What a child process needs to find mmsoft and mmsoft_tools of the
-    checkout ``root`` first on the path (and import-linter's report
-    unwrapped)."""
+    """A child's env: mmsoft and mmsoft_tools of ``root`` first."""
     path = [
         str(root),
         os.path.join(root, 'tools'),
@@ -63,9 +40,8 @@ def contract_names():
 
 
 def lint_imports(root):
-    """``(exit code, {contract name: 'KEPT' or 'BROKEN'}, report)`` of
-    import-linter with ``setup.cfg`` of this checkout on the packages of
-    ``root``."""
+    """(exit code, {contract: 'KEPT' / 'BROKEN'}, report) of import-linter
+    with this checkout's ``setup.cfg`` on the packages of ``root``."""
     code = ('import sys\nfrom importlinter.cli import lint_imports\n'
             'sys.exit(lint_imports(sys.argv[1], no_cache=True, '
             'no_logo=True))\n')
@@ -83,8 +59,7 @@ def lint_imports(root):
 
 
 def init_cycles(*packages):
-    """The cycles through an enclosing package's ``__init__`` in
-    ``packages``, each a list of modules (first == last)."""
+    """The cycles through an enclosing ``__init__`` (first == last)."""
     import grimp
     graph = grimp.build_graph(*packages, cache_dir=None)
     cycles = set()
@@ -101,8 +76,7 @@ def init_cycles(*packages):
 
 
 def run_init_cycles(root):
-    """:func:`init_cycles` of mmsoft and mmsoft_tools of ``root``, run in a
-    child process (this one has imported the checkout's mmsoft)."""
+    """:func:`init_cycles` of ``root``'s packages, in a child process."""
     code = (
         inspect.getsource(init_cycles) +
         'print(init_cycles("mmsoft", "mmsoft_tools"))\n')
@@ -152,10 +126,8 @@ TREE = {
 
 #: edits of TREE -> the contracts they break
 BREAKS = {
-    # nets.loading imports only convert.keys and convert.arch only
-    # nets.net, but importing convert.keys runs convert/__init__, which
-    # imports arch, whose import of nets.net runs nets/__init__, which
-    # imports loading: a cycle between the sibling packages
+    # convert.keys runs convert/__init__ -> arch -> nets.net runs
+    # nets/__init__ -> loading -> convert.keys: a sibling-package cycle
     'package-init cycle': ({
         'mmsoft/models/convert/__init__.py':
         'from .arch import arch_of\nfrom .keys import key_map\n',
@@ -205,10 +177,8 @@ def test_contracts_break_on_their_violations(tmp_path, edit):
 
 
 def test_init_cycle_check_sees_an_import_of_the_own_package(tmp_path):
-    """``nets.net`` takes a name from ``mmsoft.models``, whose
-    ``__init__`` imports ``nets`` (so ``nets.net``): no contract breaks,
-    the check reports the cycle; it is none once the ``__init__`` no longer
-    imports ``nets``."""
+    """``nets.net`` imports ``mmsoft.models``, whose ``__init__`` imports
+    ``nets``: no contract breaks, the check reports it (until it does not)."""
     write_tree(tmp_path, TREE)
     assert run_init_cycles(tmp_path) == []
     write_tree(

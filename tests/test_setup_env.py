@@ -1,16 +1,7 @@
-"""tools/setup_env.sh: which torch build, and when mmcv's ops are built
-with their CUDA kernels.
-
-The decision functions of the script (``want_cuda_ops``,
-``mmcv_has_cuda_ops``, ``cuda_ops_ok``, ``driver_hint``) run in bash
-against a fake ``nvidia-smi`` and a fake Python whose answers the test
-sets: a CPU machine never asks torch and keeps the CPU-only build; a GPU
-machine with a CPU-only mmcv is not up to date (the ops are rebuilt with
-CUDA); ``MMSOFT_MMCV_CUDA`` forces either way; a driver torch cannot use
-gets one note. ``MMSOFT_TORCH_CUDA`` (``torch_index``, ``torch_build_ok``,
-the CUDA major of mmcv's ops) runs against a real Python with fake
-distributions and modules first on its path.
-"""
+"""tools/setup_env.sh: which torch build, and when mmcv's ops are built with
+their CUDA kernels. The script's decision functions run in bash against a
+fake ``nvidia-smi`` and a fake Python (a CPU machine never asks torch), or a
+real Python with fake distributions / modules first on its path."""
 import os
 import re
 import subprocess
@@ -76,10 +67,7 @@ def run(tmp_path):
             FAKE_STATE=state)
         if force is not None:
             env['MMSOFT_MMCV_CUDA'] = force
-        proc = subprocess.run(['bash', '-c', f'{LOG}\n{functions()}\n{call}'],
-                              env=env,
-                              capture_output=True,
-                              text=True)
+        proc = bash_with(env, call)
         calls = log.read_text().splitlines()
         if out:
             return proc.returncode, calls, proc.stdout
@@ -117,10 +105,8 @@ def test_forced_either_way(run):
 
 
 def test_driver_torch_cannot_use_gets_one_note(run):
-    """A driver older than torch's CUDA (torch sees no GPU): one note naming
-    the driver, the minimum for CUDA 13.0 and the CUDA 12 route; nothing
-    when torch sees the GPU, for a CPU torch, without a driver or with
-    MMSOFT_MMCV_CUDA set."""
+    """A driver older than torch's CUDA: one note (driver, minimum, CUDA 12
+    route); none if torch sees the GPU, a CPU torch, no driver or forced."""
     rc, _, out = run('driver_hint', gpu=True, state='0 13.0', out=True)
     assert rc == 0 and len(out.splitlines()) == 1, out
     assert 'NVIDIA driver 550.54.14 found' in out
@@ -140,7 +126,10 @@ def test_driver_torch_cannot_use_gets_one_note(run):
 def bash_with(env, call):
     """``call`` after the script's functions, with ``env`` only."""
     return subprocess.run(['bash', '-c', f'{LOG}\n{functions()}\n{call}'],
-                          env=dict(PATH='/usr/bin:/bin', **env),
+                          env={
+                              'PATH': '/usr/bin:/bin',
+                              **env
+                          },
                           capture_output=True,
                           text=True)
 
@@ -154,10 +143,8 @@ def test_torch_index_of_each_build(value):
 
 @pytest.mark.parametrize('value', ['cu118', '12.6', 'cuda'])
 def test_unknown_torch_build_is_one_line_before_anything(value, tmp_path):
-    """The whole script stops with one line (exit 2) naming the value and
-    the ones it takes, before it looks for Python or creates the venv
-    (before: the variable did not exist and the PyPI torch was installed
-    whatever it said)."""
+    """The script stops with one line (exit 2) naming the value and the ones
+    it takes, before it looks for Python or creates the venv."""
     venv = tmp_path / 'venv'
     proc = subprocess.run(['bash', SCRIPT],
                           env=dict(
@@ -222,8 +209,7 @@ def test_unset_build_never_asks_python():
         ('13.0', 'None', False),  # a CPU torch
     ])
 def test_mmcv_cuda_ops_match_torchs_cuda_major(ops, torch_cuda, has, tmp_path):
-    """A switch of MMSOFT_TORCH_CUDA between CUDA 12 and 13 rebuilds mmcv's
-    CUDA ops (before: any CUDA ops passed)."""
+    """A switch between CUDA 12 and 13 rebuilds mmcv's CUDA ops."""
     site = tmp_path / 'site'
     (site / 'mmcv' / 'ops').mkdir(parents=True)
     (site / 'mmcv' / '__init__.py').write_text('')
