@@ -22,6 +22,7 @@ layer and method (``--methods``; ``auto`` is the default dispatch) prints
     python tools/analysis/nr_accuracy.py --sizes 224x224 512x512 800x1216
     python tools/analysis/nr_accuracy.py --sizes 800x1216 --layers 0 4 \\
         --methods auto lanczos spectral --out work_dirs/nr_accuracy
+    python tools/analysis/nr_accuracy.py --config CFG --checkpoint CKPT
 
 Writes ``<out>/nr_accuracy.csv`` / ``.md`` with ``--out``. The issue's
 bounds: out <= 1e-5, grad <= 1e-4 (docs/en/benchmarks.md).
@@ -46,6 +47,11 @@ def parse_args(argv=None):
     p = make_parser(__doc__)
     p.add_argument('--model', default='soft_small_norm')
     p.add_argument('--checkpoint', default=None)
+    p.add_argument(
+        '--config',
+        default=None,
+        help='take the backbone of this config instead of --model (e.g. '
+        'a demo work dir\'s config, with its --checkpoint)')
     p.add_argument('--sizes', nargs='+', default=['224x224', '512x512'])
     p.add_argument(
         '--methods',
@@ -117,7 +123,10 @@ def main(argv=None):
     from mmsoft.models.layers.nr_lanczos import krylov_basis
     if args.threads:
         torch.set_num_threads(args.threads)
-    model = build_model(args.model, checkpoint=args.checkpoint)
+    model = build_model(
+        None if args.config else args.model,
+        config=args.config,
+        checkpoint=args.checkpoint)
     rgb = load_rgb(image_sets([], 1)[0][1][0])
     rows = []
     for size in args.sizes:

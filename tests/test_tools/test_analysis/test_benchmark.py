@@ -134,6 +134,36 @@ def test_nr_accuracy_tool(tmp_path, capsys):
     assert (tmp_path / 'nr_accuracy.csv').read_text().count('\n') == 9
 
 
+def test_nr_accuracy_of_a_config_and_its_checkpoint(tmp_path, capsys):
+    """``--config`` with ``--checkpoint`` (a detector's training file):
+    the config's backbone with the checkpoint's weights, within the
+    bounds."""
+    import torch
+
+    from mmsoft.models.backbones import SOFT
+    from mmsoft_tools.cli import load_config
+    mod = load_tool('analysis/nr_accuracy.py', '_nr_accuracy')
+    cfg = os.path.join(
+        os.path.dirname(__file__), *['..'] * 3, 'configs', 'demo',
+        'retinanet_soft_demo.py')
+    bb = dict(load_config(cfg).model.backbone)
+    for key in ('type', 'init_cfg'):
+        bb.pop(key, None)
+    torch.manual_seed(0)
+    state = {f'backbone.{k}': v for k, v in SOFT(**bb).state_dict().items()}
+    ckpt = tmp_path / 'det.pth'
+    torch.save(dict(state_dict=state, meta={}), ckpt)
+    args = ['--config', cfg, '--sizes', '64x96', '--layers', '0',
+            '--methods', 'auto', '--threads', '1']  # yapf: disable
+    assert mod.main(args + ['--checkpoint', str(ckpt)]) == 0
+    out = capsys.readouterr().out
+    assert 'randomly initialised' not in out
+    rows = [line for line in out.splitlines() if line.startswith('size=')]
+    assert len(rows) == 1 and 'layer=0' in rows[0], out
+    errs = dict(kv.split('=') for kv in rows[0].split())
+    assert float(errs['out_err']) < 1e-5 and float(errs['eval_err']) < 1e-5
+
+
 def test_alternate_rounds_and_the_no_inverse_floor(tmp_path, capsys):
     """``--alternate``: every model timed in each round in this process,
     ratios to the baseline; ``_floor`` is the same SOFT with A_T W
