@@ -1,7 +1,4 @@
-"""Contracts of ``SOFT``'s ``arch`` argument and of the checks it shares with
-the other options: the defaults (``'tiny'`` at 224), each refusal's exact
-message (what is wrong and what to write), and that the model keeps its
-own copy of the arch, ``stage_cfgs`` and ``attn_cfg`` it was given."""
+"""``SOFT``'s ``arch``: defaults, exact refusals, own copies of its configs."""
 import re
 
 import pytest
@@ -15,12 +12,6 @@ from mmsoft.models.backbones.soft import check_norm_cfg
 ARCH = tiny_arch((8, 8, 8, 16), (1, 1, 1, 2))
 
 
-def refused(error, message, **kwargs):
-    kwargs.setdefault('arch', ARCH)
-    with pytest.raises(error, match=re.escape(message)):
-        SOFT(**kwargs)
-
-
 def test_defaults_are_tiny_at_224():
     model = SOFT()
     tiny = SOFT.arch_zoo['tiny']
@@ -30,53 +21,29 @@ def test_defaults_are_tiny_at_224():
     assert model.stages[0].pos_embed.shape[1] == 56 * 56
 
 
-def test_arch_of_another_type():
-    refused(TypeError, 'SOFT arch must be a str or dict, got int', arch=3)
-
-
-def test_arch_dict_missing_a_key_lists_what_it_needs():
-    refused(
-        ValueError, "SOFT arch dict is missing 'depths'; it needs embed_dims, "
-        'num_heads, depths',
-        arch=dict(embed_dims=[8] * 4, num_heads=[1] * 4))
-
-
-def test_arch_dict_unknown_key_lists_the_valid_ones():
-    refused(
-        ValueError,
-        "SOFT arch dict has unknown keys ['bogus']; valid keys are "
-        'embed_dims, num_heads, depths, sampling_ratios, mlp_ratios, '
-        'dw_kernel_sizes',
-        arch=dict(ARCH, bogus=1))
-
-
-def test_zero_heads_is_a_value_error():
-    refused(
-        ValueError,
-        'SOFT arch: num_heads[1]=0 does not divide embed_dims[1]=8',
-        arch=tiny_arch((8, 8, 8, 16), (1, 0, 1, 2)))
-
-
-def test_depth_zero_names_the_depths():
-    refused(
-        ValueError,
-        'SOFT arch: every depth must be >= 1, got [1, 0, 1, 1]',
-        arch=tiny_arch((8, 8, 8, 16), (1, 1, 1, 2), (1, 0, 1, 1)))
-
-
-def test_sampling_ratio_names_its_stage():
-    refused(
-        ValueError,
-        'SOFT arch: sampling_ratios[2] must be an int >= 1, got 2.5',
-        arch=dict(ARCH, sampling_ratios=[8, 4, 2.5, 1]))
-
-
-@pytest.mark.parametrize('ratio', [True, 0, -1, '4'])
-def test_mlp_ratio_must_be_a_positive_number(ratio):
-    refused(
-        ValueError, f'SOFT arch: mlp_ratios[1] must be a positive number, got '
-        f'{ratio!r}',
-        arch=dict(ARCH, mlp_ratios=[4, ratio, 4, 4]))
+@pytest.mark.parametrize('error, message, arch', [
+    (TypeError, 'SOFT arch must be a str or dict, got int', 3),
+    (ValueError, "SOFT arch dict is missing 'depths'; it needs embed_dims, "
+     'num_heads, depths', dict(embed_dims=[8] * 4, num_heads=[1] * 4)),
+    (ValueError, "SOFT arch dict has unknown keys ['bogus']; valid keys are "
+     'embed_dims, num_heads, depths, sampling_ratios, mlp_ratios, '
+     'dw_kernel_sizes', dict(ARCH, bogus=1)),
+    (ValueError, 'SOFT arch: num_heads[1]=0 does not divide embed_dims[1]=8',
+     tiny_arch((8, 8, 8, 16), (1, 0, 1, 2))),
+    (ValueError, 'SOFT arch: every depth must be >= 1, got [1, 0, 1, 1]',
+     tiny_arch((8, 8, 8, 16), (1, 1, 1, 2), (1, 0, 1, 1))),
+    (ValueError, 'SOFT arch: sampling_ratios[2] must be an int >= 1, got 2.5',
+     dict(ARCH, sampling_ratios=[8, 4, 2.5, 1])),
+    *[(ValueError, 'SOFT arch: mlp_ratios[1] must be a positive number, got '
+       f'{ratio!r}', dict(ARCH, mlp_ratios=[4, ratio, 4, 4]))
+      for ratio in (True, 0, -1, '4')],
+    (ValueError, "SOFT arch['dw_kernel_sizes'][3] must be None: stage 4 is a "
+     'ClsTokenStage, which takes no dw_kernel_size; got 7',
+     dict(ARCH, dw_kernel_sizes=[9, 5, 3, 7])),
+])
+def test_arch_refusal_is_one_exact_message(error, message, arch):
+    with pytest.raises(error, match=re.escape(message)):
+        SOFT(arch=arch)
 
 
 def test_mlp_ratio_of_one_or_less_is_allowed():
@@ -85,17 +52,8 @@ def test_mlp_ratio_of_one_or_less_is_allowed():
     assert model.stages[1].blocks[0].ffn.layers[0][0].out_features == 4
 
 
-def test_soft_only_setting_names_the_value_given_for_stage_4():
-    refused(
-        ValueError,
-        "SOFT arch['dw_kernel_sizes'][3] must be None: stage 4 is a "
-        'ClsTokenStage, which takes no dw_kernel_size; got 7',
-        arch=dict(ARCH, dw_kernel_sizes=[9, 5, 3, 7]))
-
-
 def test_arch_is_copied_not_shared():
-    """Editing the dict given as ``arch`` after the build, or a model's
-    ``arch_settings``, changes neither the model nor ``arch_zoo``."""
+    """Editing ``arch`` or ``arch_settings`` changes no model / arch_zoo."""
     arch = tiny_arch((8, 8, 8, 16), (1, 1, 1, 2))
     model = SOFT(arch)
     arch['embed_dims'][0] = 999
@@ -106,8 +64,7 @@ def test_arch_is_copied_not_shared():
 
 
 def test_stage_cfgs_are_copied_not_shared():
-    """The model keeps its own copy: editing the user's nested dicts after
-    the build changes neither ``stage_cfgs`` nor a later build."""
+    """Editing the user's nested dicts after the build changes nothing."""
     user = [{}, dict(attn_cfg=dict(type='SOFTAttention')), {}, {}]
     model = SOFT(ARCH, pretrain_img_size=32, stage_cfgs=user)
     user[1]['attn_cfg']['type'] = 'Bogus'
@@ -115,8 +72,7 @@ def test_stage_cfgs_are_copied_not_shared():
 
 
 def test_attn_cfg_for_all_stages_is_copied_not_shared():
-    """One ``attn_cfg`` for every stage: each stage gets its own deep copy,
-    so editing the user's nested ``nr`` dict afterwards changes nothing."""
+    """Each stage gets its own deep copy of one ``attn_cfg``."""
     attn = dict(type='SOFTAttention', nr=dict(iters=10))
     model = SOFT(ARCH, pretrain_img_size=32, attn_cfg=attn)
     attn['nr']['iters'] = 3
@@ -125,9 +81,7 @@ def test_attn_cfg_for_all_stages_is_copied_not_shared():
 
 
 def test_known_norms_are_the_norm_layers_only():
-    """The unknown-norm error lists the registered norm layers: the torch
-    norms (mmcv's names) and any registered module named ``*Norm*``
-    (mmcv's own ``MMSyncBN`` when mmcv has its ops), not other modules."""
+    """The unknown-norm error lists registered ``*Norm*`` modules only."""
     with pytest.raises(KeyError) as e:
         check_norm_cfg('norm_cfg', dict(type='BogusNorm'))
     known = e.value.args[0].split('known norms: ')[1].split(', ')
