@@ -1,9 +1,5 @@
-"""The three demo tasks of ``tools/demo.py``: each trains one
-``configs/demo`` config with mmengine's ``Runner`` (``train()``, then
-``test()`` on the validation split), reads the codebase's own metric and
-draws predictions with the config's visualizer (mmdet's
-``DetLocalVisualizer``, mmseg's ``SegLocalVisualizer``, mmpretrain's
-``UniversalVisualizer``)."""
+"""The three demo tasks of ``tools/demo.py``: train a ``configs/demo`` config
+with mmengine's Runner, test it, draw with the config's visualizer."""
 import copy
 import logging
 import os
@@ -20,9 +16,8 @@ from mmengine.runner import Runner
 from mmsoft.configs import get_config_path
 from mmsoft.utils.atomic import atomic_write
 
-#: task -> name, model, config, the metric (the codebase's key), its
-#: label, the scale that makes it a fraction, the target and more metrics
-#: shown ([(key, label, scale)])
+#: task -> (name, model, config, metric key, label, scale to a fraction,
+#: target, [(extra key, label, scale)])
 _KEYS = ('name', 'model', 'config', 'metric', 'label', 'scale', 'target',
          'extra')
 TASKS = {
@@ -52,8 +47,7 @@ def load_demo_config(task, root=None):
 
 
 def set_data_root(cfg, data_root):
-    """Point the dataloaders (and the evaluators' ``ann_file``) of ``cfg``
-    at ``data_root`` (the task's folder, e.g. ``data/demo/coco``)."""
+    """Point the dataloaders and evaluators of ``cfg`` at ``data_root``."""
     root = cfg.data_root = osp.abspath(data_root).rstrip('/') + '/'
     for key in ('train_dataloader', 'val_dataloader', 'test_dataloader'):
         if cfg.get(key) is not None:
@@ -67,8 +61,7 @@ def set_data_root(cfg, data_root):
 
 
 def shrink_for_smoke(cfg, iters=3, batch_size=2):
-    """``iters`` iterations at a constant learning rate, no checkpoint,
-    every detection kept (tests, ``--smoke``)."""
+    """``iters`` iterations, constant lr, no checkpoint (``--smoke``)."""
     cfg.train_cfg = dict(
         type='IterBasedTrainLoop', max_iters=iters, val_interval=iters + 1)
     cfg.param_scheduler = [
@@ -113,8 +106,7 @@ def format_table(rows):
 
 
 def draw_predictions(runner, task, n, out_png):
-    """The first ``n`` validation images with their ground truth and
-    predictions, drawn by the config's visualizer into one PNG."""
+    """The first ``n`` validation images, truth and predictions, in a PNG."""
     from mmengine.registry import VISUALIZERS
     name = f'mmsoft_demo_{task}_{time.time_ns()}'
     vis_cfg = dict(runner.cfg.visualizer, name=name, vis_backends=None)
@@ -173,10 +165,7 @@ def run_task(task,
              seed=0,
              runner_cls=None,
              cfg_options=None):
-    """Train, evaluate and draw (``n_draw`` images, default 8, 24 for cls)
-    ``task`` on ``data_root`` in ``work_dir``. Returns ``metrics`` (the
-    codebase's), ``value`` (the target metric as a fraction), ``train_s``,
-    ``test_s`` and ``png``."""
+    """Train, test and draw ``task``: metrics, value, train_s, test_s, png."""
     from mmsoft_tools.launch import name_run
     spec = TASKS[task]
     cfg = copy.deepcopy(cfg if cfg is not None else load_demo_config(task))

@@ -99,15 +99,12 @@ def check_exportable(model: nn.Module, dynamo: bool = False) -> None:
 
 def opset_range(dynamo: bool = False) -> Tuple[int, int]:
     """The ONNX opsets the export supports (lowest, highest)."""
-    hi = DEFAULT_OPSET
-    try:
-        from torch.onnx import _constants
-        hi = max(
-            getattr(_constants, 'ONNX_TORCHSCRIPT_EXPORTER_MAX_OPSET', hi), hi)
-        if dynamo:
-            hi = max(getattr(_constants, 'ONNX_MAX_OPSET', hi), hi)
-    except ImportError:  # pragma: no cover - other torch versions
-        pass
+    from torch.onnx import _constants  # torch >= 1.13
+    hi = max(
+        getattr(_constants, 'ONNX_TORCHSCRIPT_EXPORTER_MAX_OPSET', 0),
+        DEFAULT_OPSET)
+    if dynamo:
+        hi = max(getattr(_constants, 'ONNX_MAX_OPSET', hi), hi)
     return (MIN_OPSET_DYNAMO if dynamo else MIN_OPSET), hi
 
 
