@@ -1,14 +1,5 @@
-"""SOFT's options against what their docstrings promise (issue 30).
-
-* every dropout / drop-path option (and the random bottleneck sampler)
-  acts in training mode only: eval outputs are bitwise repeatable;
-* ``frozen_stages=k`` freezes exactly the parameters its docstring lists,
-  and keeps those modules (their BatchNorms, dropouts) in eval mode;
-* ``norm_eval`` keeps every BatchNorm of the backbone in eval mode (its
-  running statistics do not move) and nothing else;
-* ``nr_stats`` / ``NRResidualHook``: the largest value over the samples,
-  heads and blocks of each stage, per stage.
-"""
+"""SOFT's dropout, frozen_stages, norm_eval and nr_stats options against
+their docstrings (issue 30)."""
 import types
 
 import pytest
@@ -93,10 +84,9 @@ def test_frozen_stages_freezes_the_documented_parameters(k):
     assert frozen == documented_frozen(model, k)
     if k == 4:  # stage 4 includes its cls token and final norm
         assert {'stages.3.cls_token', 'stages.3.norm.weight'} <= frozen
-    # the frozen modules are in eval mode, the others train
-    # (modules with parameters of their own, less the stages that hold
-    # pos_embed beside their blocks; every module of a frozen stage, its
-    # dropouts included)
+    # frozen modules (all of a frozen stage) are in eval mode, others train
+    assert [s.patch_embed.training for s in model.stages
+            ] == [i >= k and not i == k == 0 for i in range(4)]
     for name, m in model.named_modules():
         params = [f'{name}.{n}' for n, _ in m.named_parameters(recurse=False)]
         if name.count('.') == 1 and name.startswith('stages.'):
@@ -172,9 +162,7 @@ def _soft_attns(stage):
 
 
 def test_nr_stats_per_matrix_and_their_maximum():
-    """A real forward: ``last_nr_stats`` holds one value per matrix (B,
-    heads) and ``nr_stats`` is the largest over samples, heads and blocks
-    of each stage."""
+    """``last_nr_stats``: one value per matrix; ``nr_stats``: stage max."""
     model = _nr_model()
     model.set_nr_diagnostics(True)
     with torch.no_grad():
@@ -192,8 +180,7 @@ def test_nr_stats_per_matrix_and_their_maximum():
 
 
 def test_nr_stats_reduce_over_every_matrix():
-    """Crafted per-matrix values whose maximum sits in another sample, head
-    and block in every stage: each stage reports its own maximum."""
+    """Crafted maxima in another sample / head / block in every stage."""
     model = _nr_model()
     model.set_nr_diagnostics(True)
     with torch.no_grad():
@@ -243,9 +230,7 @@ def test_nr_stats_reduce_over_every_matrix():
 
 
 def test_set_nr_diagnostics_switches_on_by_default_and_off_clears():
-    """``set_nr_diagnostics()`` (enabled defaults to True) switches the
-    recording on; switching on again keeps the last forward's stats;
-    ``set_nr_diagnostics(False)`` stops it and drops them."""
+    """On by default, on again keeps the stats, off drops them."""
     model = _nr_model()
     model.set_nr_diagnostics()
     attns = _soft_attns(model)

@@ -170,35 +170,6 @@ def test_with_cp_same_gradients():
         torch.testing.assert_close(p.grad, q.grad, rtol=1e-4, atol=1e-5, msg=n)
 
 
-def test_frozen_stages():
-    model = SOFT(TINY, frozen_stages=2)
-    model.train()
-    frozen = [n for n, p in model.named_parameters() if not p.requires_grad]
-    assert any(n.startswith('stages.0.patch_embed') for n in frozen)
-    assert any(n.startswith('stages.1.blocks') for n in frozen)
-    assert 'stages.1.pos_embed' in frozen
-    assert not any(n.startswith('stages.2') for n in frozen)
-    assert not model.stages[1].patch_embed.training
-    assert model.stages[2].patch_embed.training
-    stem_only = SOFT(TINY, frozen_stages=0)
-    names = [n for n, p in stem_only.named_parameters() if not p.requires_grad]
-    assert names and all(
-        n.startswith(('stages.0.patch_embed', 'stages.0.pos_embed'))
-        for n in names)
-    assert not stem_only.train().stages[0].patch_embed.training
-    assert stem_only.stages[0].blocks[0].training
-    everything = SOFT(TINY, frozen_stages=4)
-    assert not any(p.requires_grad for p in everything.parameters())
-    assert not everything.train().stages[3].norm.training
-
-
-def test_norm_eval():
-    model = SOFT(TINY, norm_eval=True).train()
-    bns = [m for m in model.modules() if isinstance(m, torch.nn.BatchNorm2d)]
-    assert bns and not any(m.training for m in bns)
-    assert model.stages[0].blocks[0].training
-
-
 def test_drop_path_rate_schedule():
     model = SOFT(dict(TINY, depths=[1, 1, 1, 2]), drop_path_rate=0.3)
     assert model.stages[0].blocks[0].drop.__class__.__name__ == 'Identity'
