@@ -1,9 +1,6 @@
 """Packaging: where configs / tools are found, the tested version ranges,
-the model index, and building on a shipped config from another directory.
-
-The wheel itself (built, installed non-editable, used from outside the
-checkout) is tested in ``tests/test_wheel_install.py``.
-"""
+the model index, building on a shipped config from another directory (the
+wheel itself: ``tests/test_wheel_install.py``)."""
 import json
 import os
 import os.path as osp
@@ -50,14 +47,6 @@ def test_unknown_config_names_the_closest():
     assert '\n' not in msg
 
 
-def _load_paths_at(pkg_dir):
-    """mmsoft/configs.py loaded from a copy at ``pkg_dir``."""
-    os.makedirs(pkg_dir, exist_ok=True)
-    dst = osp.join(pkg_dir, 'configs.py')
-    shutil.copyfile(osp.join(ROOT, 'mmsoft', 'configs.py'), dst)
-    return load_module(dst, '_paths_copy')
-
-
 def test_paths_in_site_packages_layout(tmp_path):
     """Installed: <site>/mmsoft/.mim/configs, not a stray <site>/configs."""
     site = tmp_path / 'site-packages'
@@ -65,7 +54,9 @@ def test_paths_in_site_packages_layout(tmp_path):
     # another distribution's top-level folders must not be taken for ours
     (site / 'configs').mkdir(parents=True)
     (site / 'configs' / 'retinanet_soft_small_1x.py').write_text('x = 0\n')
-    mod = _load_paths_at(str(pkg))
+    pkg.mkdir()
+    shutil.copyfile(osp.join(ROOT, 'mmsoft', 'configs.py'), pkg / 'configs.py')
+    mod = load_module(str(pkg / 'configs.py'), '_paths_copy')
     with pytest.raises(FileNotFoundError, match='reinstall mmsoft'):
         mod.configs_root()
     (pkg / '.mim' / 'configs' / 'demo').mkdir(parents=True)
@@ -79,7 +70,7 @@ def test_paths_in_site_packages_layout(tmp_path):
 
 def test_tools_package_paths(tmp_path):
     """The tools' package finds the checkout beside ``tools/`` (None in an
-    installed ``mmsoft/.mim/tools``) and the mmsoft it imports."""
+    installed ``mmsoft/.mim/tools``) and its mmsoft."""
     import mmsoft_tools
     from mmsoft_tools import demo_tasks
     assert mmsoft_tools.TOOLS_DIR == osp.join(ROOT, 'tools')
@@ -96,8 +87,7 @@ def test_tools_package_paths(tmp_path):
     mim = tmp_path / 'mmsoft' / '.mim' / 'tools' / 'mmsoft_tools'
     mim.mkdir(parents=True)
     shutil.copyfile(
-        osp.join(ROOT, 'tools', 'mmsoft_tools', '__init__.py'),
-        mim / '__init__.py')
+        osp.join(ROOT, 'tools/mmsoft_tools/__init__.py'), mim / '__init__.py')
     code = ('import sys; sys.path.insert(0, sys.argv[1]); '
             'import mmsoft_tools as t; print(t.TOOLS_DIR, t.checkout_root())')
     proc = run([sys.executable, '-c', code, mim.parent], PYTHONPATH=None)
@@ -112,10 +102,8 @@ _LOADERS = ('spec_from_file_location', 'run_path', 'SourceFileLoader')
 
 
 def tool_references(source):
-    """What in a module's ``source`` knows ``tools/``: imports of the tools'
-    package, string constants that are a path into ``tools`` (docstrings
-    and messages that name a tool command are fine) and loaders of files
-    by path."""
+    """What in ``source`` knows ``tools/``: imports of the tools' package,
+    a path constant ``tools``, loaders of files by path (not messages)."""
     import ast
     found = []
     for node in ast.walk(ast.parse(source)):
@@ -138,10 +126,8 @@ def tool_references(source):
 
 
 def test_package_does_not_know_tools():
-    """Only the model and what configs register live in mmsoft/: the
-    tools' code is ``tools/mmsoft_tools`` (shipped in ``mmsoft/.mim``),
-    imported by the tools only; nothing in mmsoft/ imports it, joins a path
-    to tools/ or loads a Python file by path."""
+    """Nothing in mmsoft/ imports ``tools/mmsoft_tools``, joins a path to
+    tools/ or loads a Python file by path."""
     for bad in ('from mmsoft_tools import launch\n',
                 'import mmsoft.tools_support.cli\n',
                 'p = osp.join(ROOT, "tools", "train.py")\n',
@@ -165,9 +151,8 @@ def test_package_does_not_know_tools():
 
 # ---------------------------------------------------------------- versions
 def test_pip_checks_the_tested_ranges():
-    """The tested ranges (requirements/*.txt, the docs' table) are the
-    installed package's requirements, so pip (install, ``pip check``)
-    names an installed version outside them: mmsoft keeps no copy."""
+    """The tested ranges are the installed package's requirements (pip
+    checks them; mmsoft keeps no copy)."""
     from importlib import metadata
 
     from packaging.requirements import Requirement
@@ -280,9 +265,8 @@ def test_configs_cli(tmp_path, capsys):
 
 
 def test_python_m_mmsoft_configs_removed(tmp_path):
-    """``python -m mmsoft.configs`` (deprecated in 0.4's cycle, removed in
-    issue 50): ``list`` / ``path`` / ``copy`` are one line naming ``mim
-    run mmsoft configs`` with the same arguments, exit 1, nothing written."""
+    """``python -m mmsoft.configs`` (removed, issue 50): one line naming
+    ``mim run mmsoft configs`` with the same arguments, nothing written."""
     for args in (['path', 'soft_tiny_in1k'], ['copy', 'soft_tiny_in1k']):
         res = run([sys.executable, '-m', 'mmsoft.configs', *args],
                   cwd=tmp_path)

@@ -1,18 +1,10 @@
 """The host codebases' own tools on mmsoft's configs (issue 50): the
-guarantees come from what the configs name (``StrictLoadHook``,
-``SafeCheckpointHook``, ``NonFiniteLossHook``, the backbone's
-``SOFTPretrained`` init), so mmpretrain's / mmdet's / mmseg's
-``tools/train.py`` / ``tools/test.py`` (as pip installs them, under
-``<package>/.mim/tools``) and ``mim test`` stop on bad weights as
-mmsoft's tools do.
-
-:data:`CASES` is the fault table (tool x input): each row runs the host
-tool on a demo config (tiny generated data) as a user does, in a child
-process, and checks its exit status and its last line (the exception's:
-the host tools print a traceback, whose last line is mmsoft's one-line
-message). mmpretrain 1.2.0's package ships no ``train.py`` (``mim train
-mmpretrain`` cannot run); the classifier's training rows run mmdet's,
-which drives any config's Runner.
+guarantees come from what the configs name (hooks, the backbone's init), so
+the installed ``<package>/.mim/tools`` train / test and ``mim test`` stop on
+bad weights as mmsoft's tools do. :data:`CASES` is the fault table: each row
+runs a host tool on a demo config in a child process and checks the exit
+status and the last line (a traceback's: mmsoft's one-line message).
+mmpretrain 1.2.0 ships no ``train.py``: the classifier trains with mmdet's.
 """
 import glob
 import importlib.util
@@ -21,7 +13,7 @@ import sys
 
 import pytest
 import torch
-from conftest import (CONFIGS, ROOT, child_env, cls_demo_config, load_module,
+from conftest import (CONFIGS, child_env, cls_demo_config, load_tool,
                       random_model, run, tiny_demo_data)
 
 for _codebase in ('mmpretrain', 'mmdet', 'mmseg'):
@@ -45,11 +37,8 @@ def host_tool(codebase, name):
 
 @pytest.fixture(scope='module')
 def files(tmp_path_factory, script_server):
-    """The classifier demo config on tiny data, the det / seg demo data
-    (``data/demo`` of the rows' working directory), and checkpoints: the
-    model's weights (``good``), another architecture's, the same weights
-    in the authors' layout, and ``trained``: an ``epoch_1.pth`` written by
-    mmdet's ``tools/train.py`` (the first row that must run)."""
+    """The demo configs on tiny data and checkpoints: ``good``, another
+    arch's, the authors' layout and ``trained`` (mmdet's tools/train.py)."""
     tmp = tmp_path_factory.mktemp('host_tools')
     cfg = cls_demo_config(tmp, val=4, test=4)
     from mmsoft_tools import demo_synthetic
@@ -61,17 +50,12 @@ def files(tmp_path_factory, script_server):
         log=None)
     sd = random_model(cfg).state_dict()
     out = dict(cfg=cfg, cwd=str(tmp))
-    for name, state_dict, key in (
-        ('good', sd, 'state_dict'),
-        ('other_arch', {
-            k: v
-            for k, v in sd.items() if '.stages.2.blocks.1.' not in k
-        }, 'state_dict'),
-        ('official',
-         load_module(
-             osp.join(ROOT, 'tools', 'model_converters', 'mmsoft2soft.py'),
-             'mmsoft2soft').convert_mmpretrain_to_official(sd)[0], 'model'),
-    ):
+    other = {k: v for k, v in sd.items() if '.stages.2.blocks.1.' not in k}
+    official = load_tool('model_converters/mmsoft2soft.py'
+                         ).convert_mmpretrain_to_official(sd)[0]
+    for name, state_dict, key in (('good', sd, 'state_dict'),
+                                  ('other_arch', other, 'state_dict'),
+                                  ('official', official, 'model')):
         out[name] = str(tmp / f'{name}.pth')
         torch.save({key: state_dict}, out[name])
     missing = tmp / 'missing.py'
@@ -94,56 +78,53 @@ def files(tmp_path_factory, script_server):
     return out
 
 
-#: (id, codebase, tool, arguments, exit 0?, start of the last line). The
-#: placeholders are :func:`files`' names; each row gets its own work dir
+#: (id, codebase, tool, arguments (split), exit 0?, start of the last line);
+#: the placeholders are :func:`files`' names; each row its own work dir
 CASES = [
     # faults: one line naming the problem and the fix, non-zero exit
-    ('other-arch', 'mmpretrain', 'test', ['{cfg}', '{other_arch}'], False,
+    ('other-arch', 'mmpretrain', 'test', '{cfg} {other_arch}', False,
      MISMATCH + 'checkpoint {other_arch} does not match the model '
      '(ImageClassifier): '),
-    ('weights-to-resume', 'mmdet', 'train', ['{cfg}', '--resume', '{good}'],
-     False, MISMATCH + '--resume {good}: not a training checkpoint (it has '
+    ('weights-to-resume', 'mmdet', 'train', '{cfg} --resume {good}', False,
+     MISMATCH + '--resume {good}: not a training checkpoint (it has '
      'no meta, message_hub)'),
-    ('other-optimizer-resume', 'mmdet', 'train', [
-        '{cfg}', '--resume', '{trained}', '--cfg-options',
-        'optim_wrapper.optimizer.type=SGD', 'train_cfg.max_epochs=2'
-    ], False, MISMATCH + '--resume {trained}: the checkpoint was trained '
+    ('other-optimizer-resume', 'mmdet', 'train',
+     '{cfg} --resume {trained} --cfg-options '
+     'optim_wrapper.optimizer.type=SGD train_cfg.max_epochs=2', False,
+     MISMATCH + '--resume {trained}: the checkpoint was trained '
      "with another optimizer than the config's optim_wrapper.optimizer "
      '(SGD): '),
-    ('new-lr-resume', 'mmdet', 'train', [
-        '{cfg}', '--resume', '{trained}', '--cfg-options',
-        'optim_wrapper.optimizer.lr=0.01', 'train_cfg.max_epochs=2'
-    ], False, MISMATCH + "--resume {trained}: the config's "
+    ('new-lr-resume', 'mmdet', 'train',
+     '{cfg} --resume {trained} --cfg-options '
+     'optim_wrapper.optimizer.lr=0.01 train_cfg.max_epochs=2', False,
+     MISMATCH + "--resume {trained}: the config's "
      'optim_wrapper.optimizer.lr is 0.01, the checkpoint was trained with '
      '0.001: '),
-    ('missing-imagenet-file', 'mmdet', 'train', ['{missing_cfg}'], False,
+    ('missing-imagenet-file', 'mmdet', 'train', '{missing_cfg}', False,
      'FileNotFoundError: checkpoints/soft_norm_tiny.pth '
      "(model.backbone.init_cfg.checkpoint) does not exist: download the "
      "authors' soft_norm_tiny ImageNet file"),
-    ('nonfinite-test-outputs', 'mmpretrain', 'test', [
-        '{cfg}', '{trained}', '--cfg-options',
-        'model.data_preprocessor.std=[0,0,0]'
-    ], False, 'mmsoft.engine.hooks.nonfinite_hook.NonFiniteLossError: '
+    ('nonfinite-test-outputs', 'mmpretrain', 'test',
+     '{cfg} {trained} --cfg-options '
+     'model.data_preprocessor.std=[0,0,0]', False,
+     'mmsoft.engine.hooks.nonfinite_hook.NonFiniteLossError: '
      'NonFiniteLossHook: the test outputs of batch 1 hold nan / inf '
      '(pred_score; first image '),
-    ('det-authors-file', 'mmdet', 'test', ['{det_cfg}', '{official}'], False,
+    ('det-authors-file', 'mmdet', 'test', '{det_cfg} {official}', False,
      MISMATCH + 'checkpoint {official} does not match the model '
      '(RetinaNet): 0 of its 1 tensors would load'),
-    ('seg-authors-file', 'mmseg', 'test', ['{seg_cfg}', '{official}'], False,
+    ('seg-authors-file', 'mmseg', 'test', '{seg_cfg} {official}', False,
      MISMATCH + 'checkpoint {official} does not match the model '
      '(EncoderDecoder): 0 of its 1 tensors would load'),
     # the right files run: a training checkpoint tested (mmengine's objects
     # allowed for the Runner's load only) and resumed
-    ('trained-test', 'mmpretrain', 'test', ['{cfg}', '{trained}'], True, None),
-    ('resume', 'mmdet', 'train', [
-        '{cfg}', '--resume', '{trained}', '--cfg-options',
-        'train_cfg.max_epochs=2'
-    ], True, None),
+    ('trained-test', 'mmpretrain', 'test', '{cfg} {trained}', True, None),
+    ('resume', 'mmdet', 'train', '{cfg} --resume {trained} --cfg-options '
+     'train_cfg.max_epochs=2', True, None),
     # a resume replaces every weight: the ImageNet file is not needed
-    ('resume-missing-imagenet-file', 'mmdet', 'train', [
-        '{missing_cfg}', '--resume', '{trained}', '--cfg-options',
-        'train_cfg.max_epochs=2'
-    ], True, None),
+    ('resume-missing-imagenet-file', 'mmdet', 'train',
+     '{missing_cfg} --resume {trained} --cfg-options '
+     'train_cfg.max_epochs=2', True, None),
 ]
 
 
@@ -151,7 +132,7 @@ CASES = [
     'name, codebase, tool, args, ok, line', CASES, ids=[c[0] for c in CASES])
 def test_host_tool(files, script_server, tmp_path, name, codebase, tool, args,
                    ok, line):
-    argv = [a.format(**files) for a in args]
+    argv = [a.format(**files) for a in args.split()]
     work = tmp_path / 'work'
     proc = script_server(
         host_tool(codebase, tool), argv + ['--work-dir', work], files['cwd'],
@@ -176,9 +157,8 @@ def test_host_tool(files, script_server, tmp_path, name, codebase, tool, args,
 
 
 def test_mim_test_refuses_the_authors_file(files):
-    """The issue's case: ``mim test mmpretrain CONFIG --checkpoint <the
-    authors' unconverted file>`` loaded 0 tensors, warned once and exited
-    0 with top-1 at chance; it stops with mmsoft's line."""
+    """The issue's case: ``mim test mmpretrain`` of the authors' file (was:
+    0 tensors loaded, exit 0, top-1 at chance) stops with mmsoft's line."""
     pytest.importorskip('mim')
     proc = run([
         sys.executable, '-m', 'mim', 'test', 'mmpretrain', files['cfg'],
@@ -203,9 +183,7 @@ SHIPPED = sorted(
 
 @pytest.mark.parametrize('path', SHIPPED, ids=osp.basename)
 def test_shipped_configs_name_the_hooks(path):
-    """What the host tools get: every shipped config names mmsoft's hooks
-    (a derived config that replaces ``custom_hooks`` must name them
-    again: docs/en/user_guides/own_config.md)."""
+    """What the host tools get: every shipped config names mmsoft's hooks."""
     from mmengine.config import Config
     cfg = Config.fromfile(path)
     hooks = [h['type'] for h in cfg.custom_hooks]

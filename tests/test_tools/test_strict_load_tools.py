@@ -1,20 +1,18 @@
 """Issue 13: ``tools/test.py`` refuses a checkpoint that does not match the
-config's model (no metric, non-zero exit) unless ``--partial-load``.
-
-The checkpoints that are tested carry a constant head (zero weights, a
-one-hot bias): the model predicts one class for every image, so the
-expected top-1 accuracy follows from the data set's labels alone and shows
-that the checkpoint's weights (not a random initialisation) were tested."""
+config's model unless ``--partial-load``. The tested checkpoints carry a
+constant head (one class for every image): the expected top-1 follows from
+the labels alone and shows the checkpoint's weights were tested."""
 import contextlib
 import glob
 import io
 import os.path as osp
 import time
+import types
 
 import pytest
 import torch
-from conftest import (CONFIGS, ROOT, cls_demo_config, load_module,
-                      random_model, tool_namespace)
+from conftest import (CONFIGS, cls_demo_config, load_tool, random_model,
+                      tool_namespace)
 
 pytest.importorskip('mmpretrain')
 
@@ -32,21 +30,15 @@ def setup(tmp_path_factory):
         torch.tensor(labels[0]), 5).float() * 10
     ckpts = {}
 
-    def save(name, state_dict, wrap='state_dict'):
+    def save(name, state_dict, wrap='state_dict', **meta):
         path = str(tmp / f'{name}.pth')
-        torch.save({wrap: state_dict, 'meta': {}}, path)
+        torch.save({wrap: state_dict, 'meta': meta}, path)
         ckpts[name] = path
 
     save('good', sd)
     # a checkpoint of tools/train.py: SafeCheckpointHook records the
     # model's attn_norm (the demo config: False; test_chain checks it)
-    torch.save({
-        'state_dict': sd,
-        'meta': {
-            'mmsoft_attn_norm': [False]
-        }
-    }, str(tmp / 'trained.pth'))
-    ckpts['trained'] = str(tmp / 'trained.pth')
+    save('trained', sd, mmsoft_attn_norm=[False])
     head1000 = dict(sd)
     head1000['head.fc.weight'] = torch.zeros(1000, 192)
     head1000['head.fc.bias'] = torch.zeros(1000)
@@ -62,9 +54,8 @@ def setup(tmp_path_factory):
     other = {k: v for k, v in sd.items() if '.stages.2.blocks.1.' not in k}
     save('other_arch', other)
     # an unconverted official checkpoint (fudan-zvg/SOFT layout)
-    official, _ = load_module(
-        osp.join(ROOT, 'tools', 'model_converters', 'mmsoft2soft.py'),
-        'mmsoft2soft').convert_mmpretrain_to_official(sd)
+    official, _ = load_tool(
+        'model_converters/mmsoft2soft.py').convert_mmpretrain_to_official(sd)
     save('official', official, wrap='model')
     return cfg, ckpts, tmp
 
@@ -88,8 +79,7 @@ def _test(setup, name, *extra, work='work'):
 
 
 def _error(setup, name, *extra):
-    """The line tools/test.py stops with, before any metric, as a user
-    runs it (``run_main``: the message on stderr, exit status 1)."""
+    """The line tools/test.py stops with (``run_main``: stderr, exit 1)."""
     from mmsoft_tools.cli import run_main
     cfg, ckpts, tmp = setup
     err = io.StringIO()
@@ -123,9 +113,8 @@ def test_matching_checkpoint_is_tested(setup):
 
 
 def test_trained_checkpoint_of_the_other_attn_norm(setup):
-    """Issue 36 (4): a tools/train.py checkpoint (attn_norm=False in its
-    meta) tested with attn_norm=True exited 0 with a wrong top-1;
-    now an error naming both settings and the fix."""
+    """Issue 36 (4): attn_norm=False in the meta, tested with True: one
+    line naming both and the fix (was: exit 0, a wrong top-1)."""
     msg = _error(setup, 'trained', '--cfg-options',
                  'model.backbone.attn_cfg.attn_norm=True')
     assert '\n' not in msg
@@ -138,9 +127,8 @@ def test_trained_checkpoint_of_the_other_attn_norm(setup):
 
 
 def test_out_is_written_atomically(setup, monkeypatch):
-    """Issue 36 (3): a full disk while the predictions are dumped truncated
-    an existing ``--out`` file; now it keeps its content and no temporary
-    file is left."""
+    """Issue 36 (3): a full disk while dumping keeps an existing ``--out``
+    (it was truncated); no temporary file is left."""
     import errno
     import os
 
@@ -186,33 +174,28 @@ def test_out_that_cannot_be_written_stops_before_inference(
     assert problem in exc.value.code and '\n' not in exc.value.code
 
 
-def test_1000_class_head_on_5_class_config(setup):
-    msg = _error(setup, 'head1000')
-    assert 'does not match the model (ImageClassifier)' in msg
-    assert 'head.fc.weight (checkpoint [1000, 192] vs model [5, 192])' in msg
-    assert '2 tensors have another shape' in msg
-    assert '--partial-load' in msg
-    assert '\n' not in msg  # one line at the door (issue 36)
-
-
-def test_other_model_loads_nothing(setup):
-    msg = _error(setup, 'retinanet')
-    assert '0 of its 3 tensors would load' in msg
-    assert 'bbox_head.retina_cls.weight' in msg
-    assert 'missing from the checkpoint' in msg
-    # loading nothing is an error even with the opt-in
-    assert '0 of its 3' in _error(setup, 'retinanet', '--partial-load')
-
-
-def test_other_arch(setup):
-    msg = _error(setup, 'other_arch')
-    assert 'missing from the checkpoint: backbone.stages.2.blocks.1.' in msg
-
-
-def test_unconverted_official_checkpoint(setup):
-    msg = _error(setup, 'official')
-    assert 'official SOFT checkpoint' in msg
-    assert 'python tools/model_converters/soft2mmsoft.py' in msg
+@pytest.mark.parametrize(
+    'name,extra,parts',
+    [
+        ('head1000', (),
+         ('does not match the model (ImageClassifier)', '--partial-load',
+          'head.fc.weight (checkpoint [1000, 192] vs model [5, 192])',
+          '2 tensors have another shape')),
+        ('retinanet', (),
+         ('0 of its 3 tensors would load', 'bbox_head.retina_cls.weight',
+          'missing from the checkpoint')),
+        # loading nothing is an error even with the opt-in
+        ('retinanet', ('--partial-load', ), ('0 of its 3', )),
+        ('other_arch', (),
+         ('missing from the checkpoint: backbone.stages.2.blocks.1.', )),
+        ('official', (), ('official SOFT checkpoint',
+                          'python tools/model_converters/soft2mmsoft.py')),
+    ])
+def test_mismatch_stops_with_one_line(setup, name, extra, parts):
+    """A 1000-class head, another model / arch, an unconverted official
+    file: one line at the door (issue 36)."""
+    msg = _error(setup, name, *extra)
+    assert '\n' not in msg and all(p in msg for p in parts), msg
 
 
 def test_partial_load_opt_in(setup):
@@ -229,19 +212,6 @@ def test_partial_load_opt_in(setup):
     assert 'head.fc.weight (checkpoint [1000, 192] vs model [5, 192])' in log
 
 
-class FrozenClock:
-    """The ``time`` module with a clock that stands still (``time()``)."""
-
-    def __init__(self, t):
-        self._t = t
-
-    def __getattr__(self, name):
-        return getattr(time, name)
-
-    def time(self):
-        return self._t
-
-
 def _read_logs(tmp, work):
     logs = glob.glob(osp.join(tmp, work, '*', '*.log'))
     assert len(logs) == 1, (work, logs)
@@ -250,14 +220,16 @@ def _read_logs(tmp, work):
 
 
 def test_runs_within_one_second_log_apart(setup, monkeypatch):
-    """Issue 30: mmengine names a run (and its MMLogger, MessageHub,
-    Visualizer) ``<config>_<YYYYmmdd_HHMMSS>``; two tool runs of one process
-    within the same second shared the logger, and the second run logged
-    into the first run's work dir. With the Runner's clock frozen, two
-    tools/test.py runs each log into their own work dir
-    (mmsoft_tools.launch.name_run)."""
+    """Issue 30: two runs of one process in the same second (mmengine's run
+    name ``<config>_<YYYYmmdd_HHMMSS>``) shared the logger; with the
+    Runner's clock frozen each logs into its own work dir (launch.name_run)."""
     import mmengine.runner.runner as runner_module
-    monkeypatch.setattr(runner_module, 'time', FrozenClock(time.time()))
+    now = time.time()
+    monkeypatch.setattr(
+        runner_module, 'time',
+        types.SimpleNamespace(**{
+            **vars(time), 'time': lambda: now
+        }))
     _test(setup, 'good', work='second_a')
     _test(setup, 'head1000', '--partial-load', work='second_b')
     tmp = setup[2]
@@ -285,37 +257,16 @@ def test_name_run_is_unique_per_process():
 
 @pytest.mark.parametrize('ckpt,problem', [
     ([1, 2], 'it holds a list, not a dict'),
-    ({
-        'state_dict': {}
-    }, 'it has no meta, message_hub'),
-    ({
-        'state_dict': {},
-        'meta': {
-            'attn_norm': False
-        },
-        'message_hub': {}
-    }, 'it has no meta.epoch, meta.iter'),
-    ({
-        'meta': {
-            'epoch': 1
-        },
-        'message_hub': {}
-    }, 'it has no meta.iter'),
-    ({
-        'meta': {}
-    }, 'it has no message_hub, meta.epoch, meta.iter'),
-    ({
-        'meta': {
-            'epoch': 1,
-            'iter': 9
-        },
-        'message_hub': {}
-    }, None),
+    (dict(state_dict={}), 'it has no meta, message_hub'),
+    (dict(state_dict={}, meta=dict(attn_norm=False),
+          message_hub={}), 'it has no meta.epoch, meta.iter'),
+    (dict(meta=dict(epoch=1), message_hub={}), 'it has no meta.iter'),
+    (dict(meta={}), 'it has no message_hub, meta.epoch, meta.iter'),
+    (dict(meta=dict(epoch=1, iter=9), message_hub={}), None),
 ])
 def test_resume_refusal(ckpt, problem):
-    """``--resume`` of a file that lacks what ``Runner.resume`` reads: one
-    line naming what is absent and ``load_from`` instead (the tools print
-    it: test_chain.py); a training checkpoint: ''."""
+    """``--resume`` of a file lacking what ``Runner.resume`` reads: one line
+    naming it and ``load_from`` (printed: test_chain.py); a training one ''."""
     from mmsoft.engine.hooks.strict_load_hook import resume_refusal
     msg = resume_refusal(ckpt, 'w.pth')
     assert msg == ('' if problem is None else (
