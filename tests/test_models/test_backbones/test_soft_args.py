@@ -145,12 +145,6 @@ def test_empty_batch_returns_empty_outputs(out_type, out_indices, hw):
             assert e.dtype == o.dtype
 
 
-def test_list_input_is_a_clear_type_error():
-    model = SOFT(ARCH)
-    with pytest.raises(TypeError, match='stack'):
-        model([torch.zeros(3, 32, 32)])
-
-
 # ------------------------------------------------- per-stage spec, bricks
 def test_stages_built_from_per_stage_spec():
     """Each level is built from its spec in ``stage_cfgs``: the stage type
