@@ -226,23 +226,6 @@ def test_default_init_is_truncated_normal():
     assert 0.018 < model.stages[0].pos_embed.std() < 0.022
 
 
-@pytest.mark.parametrize('kwargs, match', [
-    (dict(arch='gigantic'), "valid presets: .*'tiny'"),
-    (dict(arch=dict(embed_dims=[8] * 4, num_heads=[1] * 4)), "'depths'"),
-    (dict(arch=dict(TINY, depth=[1] * 4)), "unknown keys \\['depth'\\]"),
-    (dict(arch=dict(TINY, depths=[1, 1, 1])), "arch\\['depths'\\]"),
-    (dict(arch=dict(TINY, num_heads=[3, 1, 1, 1])), 'num_heads\\[0\\]=3'),
-    (dict(arch=TINY, out_indices=(4, )), 'out_indices entry 4'),
-    (dict(arch=TINY, out_type='tokens'), 'out_type'),
-    (dict(arch=TINY, attn_cfg=dict(type='soft',
-                                   sampling='nearest')), 'sampling'),
-    (dict(arch=TINY, frozen_stages=7), 'frozen_stages'),
-])
-def test_clear_errors(kwargs, match):
-    with pytest.raises(ValueError, match=match):
-        SOFT(**kwargs)
-
-
 def test_wrong_input_rank():
     with pytest.raises(ValueError, match='B, C, H, W'):
         SOFT(TINY)(torch.randn(3, 64, 64))
