@@ -1,28 +1,9 @@
-"""The whole model against an independent re-derivation of the official
-SOFT classifier (issue 20).
+"""The converted official weights in an mmpretrain classifier give the
+logits of an independent re-derivation of the official SOFT (issue 20).
 
-Random weights in the OFFICIAL key layout (``tests/reference``) go through
-mmsoft's public converter (:func:`convert_official_to_mmpretrain`, what
-``tools/model_converters/soft2mmsoft.py`` runs), load strictly into an
-mmpretrain ``ImageClassifier`` with the SOFT backbone and a linear head,
-and the logits are compared with :func:`official_soft_ref.forward` on the
-original official state dict. This checks the stem / patch embeddings, the
-position embeddings (resized: pretraining size 64, inputs 96 x 128 and
-288 x 320, i.e. 12 and 90 landmarks: both evaluation methods), the
-conv landmark sampler, the Gaussian kernel, both Newton-Raphson rules, the
-depthwise conv on V, the post-norm SOFT blocks, stage 4 (softmax attention,
-cls token, MLP), the final norm, the head, and every converter mapping
-(a consistent swap of same-shape tensors, e.g. ``norm1`` / ``norm2``, fails
-here although it round-trips).
-
-Tolerances: float64 on both sides agrees to rounding (<= 1e-10, measured
-~2e-15); the float32 model is compared with the float64 reference at 1e-5
-relative (the issue's bar; measured 3e-7 to 3e-6). The float64 check is
-the one that matters for the Newton-Raphson constants: with 12 landmarks
-the iterations have nearly converged, and e.g. the scale 0.9 -> 1.0 of the
-``soft`` rule moves the logits by only ~1e-6 there, below the float32
-rounding of the model (``test_nr_official_soft.py`` checks that rule
-directly, unconverged).
+Every part and converter mapping (a swap of same-shape tensors fails here)
+at 12 and 90 landmarks (both NR evaluations); float64 to rounding (1e-10),
+float32 at the issue's 1e-5 relative.
 """
 import pytest
 import torch
@@ -37,10 +18,8 @@ pytestmark = pytest.mark.usefixtures('one_thread')
 # head width 8 in every stage; two blocks in stages 2 and 4
 EMBED_DIMS, NUM_HEADS, DEPTHS = [16, 32, 48, 64], [2, 4, 6, 8], [1, 2, 1, 2]
 NUM_CLASSES, PRETRAIN = 10, 64
-# (batch, (H, W)): the pos grids 16/8/4/2 are resized; stages 1-3 have
-# (H / 32) (W / 32) landmarks (sampling ratios 8, 4, 2 at strides 4, 8, 16),
-# 12 / 90: below / above SPECTRAL_MIN_M (nr_method='auto' iterates / goes
-# spectral on the CPU)
+# (batch, (H, W)): (H / 32) (W / 32) = 12 / 90 landmarks, below / above
+# SPECTRAL_MIN_M (nr_method='auto' iterates / goes spectral)
 SIZES = {'m12': (2, (96, 128)), 'm90': (1, (288, 320))}
 
 
@@ -68,8 +47,7 @@ def images(batch, size, seed=1, dtype=torch.float64):
 
 
 def classifier(arch, state_dict, attn_norm, dtype, **attn_options):
-    """The converted weights, loaded strictly into an ImageClassifier
-    (``attn_options``: more SOFT-attention options)."""
+    """The converted weights, loaded strictly into an ImageClassifier."""
     pytest.importorskip('mmpretrain')
     from mmengine.registry import DefaultScope
     from mmpretrain.registry import MODELS
@@ -104,14 +82,8 @@ def rel(a, b):
 @pytest.mark.parametrize('size', sorted(SIZES))
 @pytest.mark.parametrize('attn_norm', [False, True], ids=['soft', 'soft_norm'])
 def test_logits_match_official_reference(official, attn_norm, size):
-    """Converted weights in mmsoft == the official model's logits.
-
-    ``soft_norm``: the official code shares one alpha over its whole batch;
-    mmsoft's default rule is per sample, i.e. the official model at batch
-    size 1, so the reference runs image by image (the batch-wide rule is a
-    different function on these inputs; mmsoft's opt-in
-    ``nr_init='soft_norm_per_batch'`` reproduces it).
-    """
+    """``soft_norm``: mmsoft's alpha is per sample (the official model at
+    batch 1); ``nr_init='soft_norm_per_batch'`` is the official batch rule."""
     sd, converted, arch = official
     batch, hw = SIZES[size]
     m = (hw[0] // 32) * (hw[1] // 32)
