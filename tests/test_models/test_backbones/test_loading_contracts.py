@@ -1,18 +1,5 @@
-"""Contracts of :mod:`mmsoft.models.loading` beyond the SOFT round trips
-(test_pretrained_loading.py), on tiny modules and files:
-
-* ``read_checkpoint``: CPU by default, ``map_location`` honoured; ``mmap``
-  keeps a zip file's tensors on disk (also of a file saved on a device
-  this machine lacks) and never runs code from the file; a legacy file is
-  read whole; ``http(s)://`` is downloaded quietly into torch.hub's cache
-  and read safely; other schemes are mmengine's; a missing path is one
-  line;
-* ``load_pretrained``: strict and on the CPU by default, the error names
-  no opt-in unless given one, an mmsoft-layout file gives its
-  ``state_dict`` (as mmengine's loaders), an authors' file that cannot be
-  converted or does not fit a module is one error;
-* ``missing_weights_message``: the line documented in
-  docs/en/user_guides/official_weights.md and its other two forms.
+"""Contracts of :mod:`mmsoft.models.loading` (read_checkpoint,
+load_pretrained, missing_weights_message, pretrained_init_cfg) on tiny files.
 """
 import functools
 import http.server
@@ -46,8 +33,7 @@ class Payload:
 
 
 def _linear_file(path, **entries):
-    """A checkpoint of ``nn.Linear(2, 3)``'s keys (``entries`` replace
-    the top level)."""
+    """``nn.Linear(2, 3)``'s keys (or ``entries``) saved to ``path``."""
     sd = {'weight': torch.arange(6.).reshape(3, 2), 'bias': torch.ones(3)}
     torch.save(entries or sd, str(path))
     return sd
@@ -67,8 +53,7 @@ def _mapped_from(t, path):
 
 
 def _retag_zip(path, tag='mmsoft_absent_device'):
-    """Make the zip checkpoint ``path`` look saved on device ``tag`` (as a
-    GPU-saved file looks on a CPU-only machine)."""
+    """Make zip checkpoint ``path`` look saved on a device this lacks."""
     new = tag.encode()
     new = b'X' + len(new).to_bytes(4, 'little') + new
     with zipfile.ZipFile(path) as z:
@@ -81,17 +66,18 @@ def _retag_zip(path, tag='mmsoft_absent_device'):
             z.writestr(info, data)
 
 
+def _locations():
+    """A ``map_location`` recording the locations it is called with."""
+    seen = []
+    return seen, lambda storage, location: seen.append(location) or storage
+
+
 # ------------------------------------------------------ read_checkpoint
 def test_read_checkpoint_cpu_by_default_and_map_location(tmp_path):
     path = tmp_path / 'w.pth'
     _linear_file(path)
     assert loading.read_checkpoint(path)['bias'].device.type == 'cpu'
-    seen = []
-
-    def keep(storage, location):
-        seen.append(location)
-        return storage
-
+    seen, keep = _locations()
     loading.read_checkpoint(path, map_location=keep)
     assert seen and set(seen) == {'cpu'}
 
@@ -99,9 +85,7 @@ def test_read_checkpoint_cpu_by_default_and_map_location(tmp_path):
 @pytest.mark.skipif(
     not osp.exists('/proc/self/maps'), reason='reads /proc/self/maps')
 def test_read_checkpoint_mmap_keeps_tensors_on_disk(tmp_path):
-    """``mmap=True``: a zip file's tensors are mapped from the file, on the
-    CPU also when the file was saved on a device this machine lacks;
-    without it they are read into memory."""
+    """Mapped from the file (also one of an absent device), else read."""
     path = str(tmp_path / 'w.pth')
     want = _linear_file(path)
     got = loading.read_checkpoint(path, mmap=True)
@@ -117,8 +101,7 @@ def test_read_checkpoint_mmap_keeps_tensors_on_disk(tmp_path):
 @pytest.mark.parametrize('force_unsafe', [False, True])
 def test_read_checkpoint_mmap_never_runs_code(tmp_path, monkeypatch,
                                               force_unsafe):
-    """Also where the environment asks torch for unsafe loads by default
-    (``TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD``)."""
+    """Also under ``TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD``."""
     if force_unsafe:
         monkeypatch.setenv('TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD', '1')
     marker, path = tmp_path / 'MARKER', str(tmp_path / 'crafted.pth')
@@ -149,8 +132,7 @@ def test_read_checkpoint_missing_path_is_one_line(tmp_path):
 
 @pytest.fixture
 def hub(tmp_path, monkeypatch):
-    """torch.hub's directory in ``tmp_path`` (its ``checkpoints/`` already
-    holds another file); the working directory is another one."""
+    """torch.hub's dir (holding another file), away from the cwd."""
     import torch.hub
     d = tmp_path / 'hub'
     (d / 'checkpoints').mkdir(parents=True)
@@ -163,8 +145,7 @@ def hub(tmp_path, monkeypatch):
 
 def test_read_checkpoint_https_cached_and_read_safely(tmp_path, monkeypatch,
                                                       hub):
-    """An ``https://`` file goes to ``<torch.hub dir>/checkpoints/<name>``
-    once, and is read as safely as a local file."""
+    """Downloaded once to ``<hub>/checkpoints/<name>``, read safely."""
     import torch.hub
     marker, calls = tmp_path / 'MARKER', []
 
@@ -184,8 +165,7 @@ def test_read_checkpoint_https_cached_and_read_safely(tmp_path, monkeypatch,
 
 
 def test_read_checkpoint_http_download_is_quiet(tmp_path, hub, capfd):
-    """A real download (a local server): no progress bar on stderr (the
-    load logs one line), then read from the cache with the server gone."""
+    """A local server: no progress bar; then read from the cache."""
     served = tmp_path / 'served'
     served.mkdir()
     want = _linear_file(served / 'w.pth')
@@ -208,8 +188,7 @@ def test_read_checkpoint_http_download_is_quiet(tmp_path, hub, capfd):
 
 
 def test_read_checkpoint_other_schemes_are_mmengines(monkeypatch):
-    """``s3://``, ``open-mmlab://``, ...: mmengine's CheckpointLoader with
-    the path and ``map_location`` (CPU by default)."""
+    """mmengine's CheckpointLoader, with ``map_location`` (CPU default)."""
     from mmengine.runner import CheckpointLoader
     calls = []
 
@@ -230,8 +209,7 @@ def test_read_checkpoint_other_schemes_are_mmengines(monkeypatch):
 
 # ------------------------------------------------------ load_pretrained
 def test_load_pretrained_defaults(tmp_path):
-    """Strict and read to the CPU by default; the error of a partial file
-    names no opt-in unless the caller gives one."""
+    """Strict, CPU; a partial file's error names no opt-in unless given."""
     path = tmp_path / 'w.pth'
     want = _linear_file(path)
     m = nn.Linear(2, 3)
@@ -252,20 +230,13 @@ def test_load_pretrained_reads_with_map_location(tmp_path):
     """``map_location`` (``init_cfg``'s) is what reads the file."""
     path = tmp_path / 'w.pth'
     _linear_file(path)
-    seen = []
-
-    def to_cpu(storage, location):
-        seen.append(location)
-        return storage
-
+    seen, to_cpu = _locations()
     loading.load_pretrained(nn.Linear(2, 3), str(path), map_location=to_cpu)
     assert seen and set(seen) == {'cpu'}
 
 
 def test_load_pretrained_mmsoft_layout_takes_state_dict(tmp_path):
-    """An mmsoft-layout file with an EMA copy gives its ``state_dict``, the
-    tensors mmengine's ``load_checkpoint`` / ``load_from`` give (only the
-    authors' files are EMA first, as their evaluation)."""
+    """Not the EMA copy (as mmengine's loaders; authors' files: EMA)."""
     path = tmp_path / 'w.pth'
     raw = {'weight': torch.zeros(3, 2), 'bias': torch.zeros(3)}
     ema = {'weight': torch.ones(3, 2), 'bias': torch.ones(3)}
@@ -303,8 +274,7 @@ def test_load_pretrained_unconvertible_files_are_one_error(tmp_path):
 
 
 def test_load_pretrained_authors_file_into_another_module(tmp_path):
-    """An authors' file for a module without a SOFT backbone: converted,
-    then the usual mismatch error (not a crash on the missing SOFT)."""
+    """Converted, then the usual mismatch error (not a crash)."""
     path = str(tmp_path / 'w.pth')
     torch.save(_authors_state_dict(), path)
     with pytest.raises(CheckpointMismatchError, match=re.escape(path)):
@@ -313,8 +283,7 @@ def test_load_pretrained_authors_file_into_another_module(tmp_path):
 
 # ---------------------------------------------- missing_weights_message
 def test_missing_weights_message_documented_line():
-    """The line of docs/en/user_guides/official_weights.md (a file the
-    authors publish)."""
+    """The line of docs/en/user_guides/official_weights.md."""
     doc = osp.join(
         osp.dirname(__file__), *[os.pardir] * 3, 'docs', 'en', 'user_guides',
         'official_weights.md')
@@ -325,8 +294,7 @@ def test_missing_weights_message_documented_line():
 
 
 def test_missing_weights_message_other_forms():
-    """A file the authors do not publish (the config that trains it), an
-    unknown file, another config key."""
+    """An unpublished size, an unknown file, another config key."""
     tail = ('or use another file with --cfg-options {key}=PATH; to train '
             'from scratch on purpose: --cfg-options {b}.init_cfg=None '
             '{b}.norm_eval=False')
@@ -361,8 +329,7 @@ _NORMAL = dict(type='TruncNormal', layer='Linear', std=.02)
          dict(type='SOFTPretrained', checkpoint='a.pth'), True),
         (dict(type='Pretrained', checkpoint='a.pth', strict=False),
          dict(type='SOFTPretrained', checkpoint='a.pth', strict=False), False),
-        # a one-entry list stays a list; the load runs last, as mmengine
-        # orders Pretrained entries
+        # a list stays a list; the load runs last (mmengine's order)
         ([dict(type='Pretrained', checkpoint='a.pth')
           ], [dict(type='SOFTPretrained', checkpoint='a.pth')], True),
         ([dict(type='Pretrained', checkpoint='a.pth', strict=True), _NORMAL], [
@@ -378,9 +345,7 @@ _NORMAL = dict(type='TruncNormal', layer='Linear', std=.02)
         ], True),
     ])
 def test_pretrained_init_cfg(init_cfg, want, loads_all):
-    """``init_cfg`` with its Pretrained entries run by the strict loader,
-    the shape kept (dict / list), and whether a strict load replaces every
-    tensor (any entry not ``strict=False``)."""
+    """Pretrained -> the strict loader, shape kept, whether it loads all."""
     from conftest import current_log
     with current_log() as records:
         got = loading.pretrained_init_cfg(init_cfg)
@@ -393,8 +358,7 @@ def test_pretrained_init_cfg(init_cfg, want, loads_all):
     ([_NORMAL, dict(type='Pretrained', checkpoint=None)], [_NORMAL]),
 ])
 def test_pretrained_init_cfg_without_checkpoint(init_cfg, want):
-    """``checkpoint=None`` ("no weights yet") drops the entry with one line
-    in the training log, naming the owner."""
+    """``checkpoint=None`` drops the entry, logging one line (the owner)."""
     from conftest import current_log
     with current_log() as records:
         assert loading.pretrained_init_cfg(init_cfg) == (want, False)
@@ -406,9 +370,7 @@ def test_pretrained_init_cfg_without_checkpoint(init_cfg, want):
 
 
 def test_pretrained_load_is_named_in_the_init_info(tmp_path):
-    """mmengine's record of who initialised each parameter (the init-info
-    dump at the end of ``init_weights``) names the strict loader and the
-    file, as mmengine's own ``Pretrained`` does."""
+    """mmengine's init-info dump names the strict loader and the file."""
     import logging
 
     from conftest import current_log
@@ -425,14 +387,12 @@ def test_pretrained_load_is_named_in_the_init_info(tmp_path):
     with current_log(logging.DEBUG) as records:
         model.init_weights()
     dump = '\n'.join(r.getMessage() for r in records)
-    # mmengine names the initialiser of each tensor the load changed
     assert f'ffn.layers.1.weight - torch.Size([8, 32]): \n' \
         f'SOFTPretrainedInit: load from {path}' in dump, dump[-2000:]
 
 
 def test_init_cfg_loader_defaults_and_map_location(tmp_path, monkeypatch):
-    """``SOFTPretrainedInit`` passes its checkpoint, prefix, map_location
-    and the strict defaults on to :func:`load_pretrained`."""
+    """Checkpoint, prefix, map_location and strict defaults passed on."""
     calls = []
     monkeypatch.setattr(loading, 'load_pretrained',
                         lambda *a, **k: calls.append((a, k)))
@@ -448,10 +408,7 @@ def test_init_cfg_loader_defaults_and_map_location(tmp_path, monkeypatch):
 
 
 def test_official_soft_hint():
-    """The converter command for an authors' file loaded as a whole model:
-    the file's first authors' key as the example, the output file under
-    ``weights/`` (``soft.pth`` where the source names no file); None for
-    any other file."""
+    """The converter command for an authors' file; None for another."""
     from mmsoft.models import converters as cv
     sd = ref.random_official_state_dict([8, 8, 8, 8], [1, 1, 1, 1],
                                         [1, 1, 1, 1],
@@ -476,7 +433,6 @@ def test_official_soft_hint():
 
 
 def test_few_keys():
-    """The first five keys of a list, and how many more there are."""
     from mmsoft.utils.strict_load import few_keys
     keys = [f'k{i}' for i in range(8)]
     assert few_keys(keys[:5]) == 'k0, k1, k2, k3, k4'
