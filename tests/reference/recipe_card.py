@@ -1,42 +1,15 @@
-"""The SOFT training / testing recipes, written from the papers and the
-official repository, as data (issue 30).
+"""The SOFT training / testing recipes from the papers and the official
+repository, as data (issue 30); ``tests/test_configs/test_recipe_card.py``
+compares every config's effective values with :attr:`V.expected`.
 
-Every value is a :class:`V`: what the source says (``value``), where it
-says it (``source``) and, where mmsoft's configs deliberately do something
-else, what they do (``ours``) and why (``why``).
-``tests/test_configs/test_recipe_card.py`` builds every config of
-``configs/`` through the real mmengine / codebase machinery (optimizer
-constructor, parameter schedulers, EMA, model, transforms, metrics) and
-compares the effective values with :attr:`V.expected`.
-
-Written from, not copied from our configs:
-
-* NeurIPS 2021 (``shared/papers/soft-neurips2021.md``, beside the
-  checkout) Sec. 4.1 "Implementation details" and IJCV 2024
-  (``soft-ijcv2024.md``) Sec. 4.1 (ImageNet), Sec. 4.2 (COCO), Sec. 4.3
-  (ADE20K), Table 3 caption (test crop);
-* the official repository github fudan-zvg/SOFT, branch master:
-  ``main.py`` (its argparse defaults, timm 0.3.2's ``create_optimizer`` /
-  ``create_scheduler`` / ``ModelEma``), ``config/SOFT_*.yaml``,
-  ``models/softmax_free_vision_transformer.py`` (``no_weight_decay``:
-  ``{'cls_token'}`` only). The repository has no detection / segmentation
-  code (branches master and normalization); for those the papers say
-  "Following the practices of MMDetection" (IJCV Sec. 4.2), so the
-  recipes are those of mmdet's / mmseg's shipped configs for the
-  comparable transformer backbones (PVT for detection, whose numbers IJCV
-  Table 4 compares with; Swin-UperNet 160k for segmentation).
-
-Units: a warm-up ``length`` is in the unit the source uses (``unit``:
-``'epoch'`` for ImageNet, ``'iter'`` for COCO / ADE20K). EMA: mmengine's
-convention, ``averaged = (1 - momentum) * averaged + momentum * source``
-per iteration, i.e. ``momentum = 1 - decay`` of timm's ``ModelEma``
-(``ema = decay * ema + (1 - decay) * model``); its averaging horizon is
-``1 / momentum`` iterations.
-
-Parameter categories of the weight-decay exemptions (``decay_exempt``):
-``'norm'`` (weights and biases of LayerNorm / BatchNorm), ``'bias'`` (the
-biases of convs and linears), ``'pos_embed'``, ``'cls_token'``; every
-other parameter decays with the base weight decay.
+Sources: NeurIPS 2021 / IJCV 2024 Sec. 4.1-4.3 (``shared/papers``); the
+official repository fudan-zvg/SOFT master (``main.py`` with timm 0.3.2,
+``config/SOFT_*.yaml``, ``no_weight_decay`` = ``{'cls_token'}``); for
+detection / segmentation ("Following the practices of MMDetection"), mmdet's
+PVT and mmseg's Swin-UperNet 160k configs. Warm-up ``length`` is in the
+source's ``unit``; EMA ``momentum`` is mmengine's (``1 - decay`` of timm's
+``ModelEma``). ``decay_exempt`` categories: ``'norm'``, ``'bias'``,
+``'pos_embed'``, ``'cls_token'``.
 """
 from typing import Any, NamedTuple
 
@@ -289,6 +262,15 @@ def _det(schedule, with_mask, extra=None):
 
 
 # --------------------------------------------------------------- ADE20K
+def _seg_train(resize):
+    """mmseg's ADE20K training pipeline with the ``resize`` step."""
+    return [('LoadImageFromFile', {}),
+            ('LoadAnnotations', dict(reduce_zero_label=True)), resize,
+            ('RandomCrop', dict(crop_size=(512, 512), cat_max_ratio=0.75)),
+            ('RandomFlip', dict(prob=0.5)), ('PhotoMetricDistortion', {}),
+            ('PackSegInputs', {})]
+
+
 SEG_160K = dict(
     optimizer=V('AdamW', IJCV_SEG),
     lr=V(6e-4, f'{IJCV_SEG} ("AdamW optimizer with 6x10^-4 learning '
@@ -329,26 +311,12 @@ SEG_160K = dict(
         '0.3 belongs to a deeper, window-attention backbone'),
     residual_drop=V('dropout', 'as the ImageNet pretraining'),
     train_pipeline=V(
-        [
-            ('LoadImageFromFile', {}),
-            ('LoadAnnotations', dict(reduce_zero_label=True)),
+        _seg_train(
             ('RandomResize',
-             dict(scale=(2048, 512), ratio_range=(0.5, 2.0), keep_ratio=True)),
-            ('RandomCrop', dict(crop_size=(512, 512), cat_max_ratio=0.75)),
-            ('RandomFlip', dict(prob=0.5)),
-            ('PhotoMetricDistortion', {}),
-            ('PackSegInputs', {}),
-        ],
+             dict(scale=(2048, 512), ratio_range=(0.5, 2.0),
+                  keep_ratio=True))),
         MMSEG_DATA,
-        ours=[
-            ('LoadImageFromFile', {}),
-            ('LoadAnnotations', dict(reduce_zero_label=True)),
-            ('Resize', dict(scale=(2048, 512), keep_ratio=True)),
-            ('RandomCrop', dict(crop_size=(512, 512), cat_max_ratio=0.75)),
-            ('RandomFlip', dict(prob=0.5)),
-            ('PhotoMetricDistortion', {}),
-            ('PackSegInputs', {}),
-        ],
+        ours=_seg_train(('Resize', dict(scale=(2048, 512), keep_ratio=True))),
         why=f'{IJCV_SEG}: "Multi-scale training and test time augmentation '
         'are not used": mmseg\'s 0.5-2.0 random rescaling becomes a fixed '
         'short side of 512'),
@@ -364,29 +332,20 @@ SEG_160K = dict(
 )
 
 #: configuration family -> its card
-FAMILIES = {
-    'cls_in1k':
-    CLS_IN1K,
-    'det_1x':
-    _det('1x', with_mask=False),
-    'det_mask_1x':
-    _det('1x', with_mask=True),
-    'det_3x_ms':
-    _det('3x', with_mask=False),
-    'det_mask_3x_ms':
-    _det('3x', with_mask=True),
-    # mmdet's Sparse R-CNN recipe clips gradients (max_norm 1, L2)
-    'det_sparse_3x_ms':
-    _det(
-        '3x',
-        with_mask=False,
-        extra=dict(
-            clip_grad=V(
-                1.0, 'mmdet configs/sparse_rcnn/sparse-rcnn_r50_fpn_1x_coco'
-                '.py (clip_grad max_norm 1, norm_type 2)'))),
-    'seg_160k':
-    SEG_160K,
-}
+#: mmdet's Sparse R-CNN recipe clips gradients (max_norm 1, L2)
+_SPARSE = dict(
+    clip_grad=V(
+        1.0, 'mmdet configs/sparse_rcnn/sparse-rcnn_r50_fpn_1x_coco.py '
+        '(clip_grad max_norm 1, norm_type 2)'))
+FAMILIES = dict(
+    cls_in1k=CLS_IN1K,
+    det_1x=_det('1x', with_mask=False),
+    det_mask_1x=_det('1x', with_mask=True),
+    det_3x_ms=_det('3x', with_mask=False),
+    det_mask_3x_ms=_det('3x', with_mask=True),
+    det_sparse_3x_ms=_det('3x', with_mask=False, extra=_SPARSE),
+    seg_160k=SEG_160K,
+)
 
 
 def family_of(config_name: str) -> str:

@@ -1,18 +1,5 @@
-"""The demo configs (``configs/demo``) and the main job (``tools/demo.py``).
-
-* each config composes from the codebase's shipped configs, keeps the
-  codebase's dataset / head / metric types, and its SOFT backbone keeps
-  several bottleneck tokens per stage at the demo resolution;
-* each config trains a handful of iterations with mmengine's Runner on tiny
-  generated data, is evaluated with the codebase's metric and draws its
-  prediction PNG (``tools/mmsoft_tools/demo_tasks.py``: ``run_task``);
-* ``tools/demo.py --smoke`` runs end to end (data, training, results table,
-  results.json, PNG) for one task;
-* the results table.
-
-The targets of the full demo (minutes of training) are measured by
-``tools/demo.py`` itself, not here.
-"""
+"""The demo configs (``configs/demo``): contents, a short run of each task
+(``demo_tasks.run_task``), the results table and ``tools/demo.py --smoke``."""
 import json
 import os.path as osp
 
@@ -26,25 +13,11 @@ S, T = demo_support()
 
 TINY_DATA = tiny_demo_data(num_train=4)
 
+#: task: (model, dataset, metric, demo image size)
 EXPECTED = {
-    'det':
-    dict(
-        model='RetinaNet',
-        dataset='CocoDataset',
-        metric='CocoMetric',
-        size=160),
-    'seg':
-    dict(
-        model='EncoderDecoder',
-        dataset='ADE20KDataset',
-        metric='IoUMetric',
-        size=160),
-    'cls':
-    dict(
-        model='ImageClassifier',
-        dataset='ImageNet',
-        metric='Accuracy',
-        size=64),
+    'det': ('RetinaNet', 'CocoDataset', 'CocoMetric', 160),
+    'seg': ('EncoderDecoder', 'ADE20KDataset', 'IoUMetric', 160),
+    'cls': ('ImageClassifier', 'ImageNet', 'Accuracy', 64),
 }
 
 
@@ -61,16 +34,16 @@ def _type(x):
 @pytest.mark.parametrize('task', sorted(T.TASKS))
 def test_config_contents(task):
     cfg = T.load_demo_config(task)
-    exp = EXPECTED[task]
-    assert _type(cfg.model) == exp['model']
+    model, dataset, metric, size = EXPECTED[task]
+    assert _type(cfg.model) == model
     assert cfg.model.backbone.type in ('SOFT', 'mmsoft.SOFT')
     assert 'mmsoft' in cfg.custom_imports['imports']
     for key in ('train_dataloader', 'val_dataloader', 'test_dataloader'):
-        assert _type(cfg[key].dataset) == exp['dataset']
-    assert _type(cfg.test_evaluator) == exp['metric']
+        assert _type(cfg[key].dataset) == dataset
+    assert _type(cfg.test_evaluator) == metric
     # every SOFT stage keeps >= 4 bottleneck tokens at the demo size
     arch = cfg.model.backbone.arch
-    hw = exp['size'] // 4
+    hw = size // 4
     for i, r in enumerate(arch['sampling_ratios'][:3]):
         gh, gw = landmark_grid((hw, hw), r)
         assert gh * gw >= 4, (task, i, hw, r)
@@ -109,21 +82,13 @@ def test_set_data_root(tmp_path):
 
 
 def test_format_table():
+    row = ('task', 'metric', 'value', 'target', 'seconds')
     text = T.format_table([
-        dict(
-            task='detection',
-            metric='bbox mAP@0.5',
-            value=0.61,
-            target=0.5,
-            seconds=200.0),
-        dict(task='detection', metric='bbox mAP', value=0.3, target=None),
-        dict(
-            task='classification',
-            metric='top-1',
-            value=0.85,
-            target=0.9,
-            seconds=150.0),
-        dict(task='segmentation', metric='mIoU', value=None, target=0.6),
+        dict(zip(row, r))
+        for r in (('detection', 'bbox mAP@0.5', 0.61, 0.5,
+                   200.0), ('detection', 'bbox mAP', 0.3, None),
+                  ('classification', 'top-1', 0.85, 0.9,
+                   150.0), ('segmentation', 'mIoU', None, 0.6))
     ])
     lines = text.splitlines()
     assert lines[0].startswith('| task') and len(lines) == 6
@@ -133,18 +98,15 @@ def test_format_table():
     assert 'ERROR' in lines[5]
     # a value equal to its target passes ('>='), one just below fails
     edge = T.format_table([
-        dict(task='t', metric='m', value=0.5, target=0.5),
-        dict(task='t', metric='m', value=0.4999, target=0.5)
+        dict(zip(row, ('t', 'm', v, 0.5))) for v in (0.5, 0.4999)
     ]).splitlines()
     assert '| PASS ' in edge[2] and '| FAIL ' in edge[3]
 
 
 @pytest.mark.parametrize('amp', [False, True])
 def test_demo_smoke(tmp_path, capsys, amp):
-    """tools/demo.py end to end (one task; 3 iterations on tiny data).
-    ``--amp``: the tasks train with the AMP optim wrapper that
-    ``tools/train.py --amp`` sets (bfloat16 autocast on the CPU), results in
-    ``<work-dir>-amp`` beside the float32 ones."""
+    """tools/demo.py end to end (one task, tiny data); ``--amp``: the AMP
+    optim wrapper of ``tools/train.py --amp``, results in ``<wd>-amp``."""
     import torch
     demo = tool_namespace('demo', run_name='demo')
     rc = demo['main'](

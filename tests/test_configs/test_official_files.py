@@ -1,18 +1,7 @@
-"""Issue 35: which authors' ImageNet file fits which paper config, checked.
-
-``OFFICIAL_FILES`` (``mmsoft/models/arch_zoo.py``) is the
-one source of the docs' table (``docs/gen_tables.py``), of the paper
-configs' checkpoints and of the message for a missing file. Here every
-paper config (not the demos) is built with a file in the authors' layout
-(written from the independent re-derivation ``tests/reference``) for the
-arch its entry names, at the path the config names, and loads it strictly;
-a detection / segmentation config without its file stops before the
-Runner with one line; an authors' file of another arch is one line naming
-the arch found and the option to use.
-
-The files hold zeros expanded to the real shapes (a few bytes on disk): the
-check is of keys and shapes, and a loaded backbone is all zeros.
-"""
+"""Issue 35: which authors' ImageNet file (``OFFICIAL_FILES``) fits which
+paper config: each paper config loads a file in the authors' layout (zeros
+of the real shapes, from ``tests/reference``) strictly; a missing file or one
+of another arch stops with one line."""
 import functools
 import glob
 import importlib
@@ -63,8 +52,7 @@ def load(name):
 
 @pytest.fixture
 def no_default_init(monkeypatch):
-    """Full-size backbones without torch's default initialisation of their
-    linear / conv layers (seconds of CPU): every tensor is loaded after."""
+    """No default init of linear / conv layers (every tensor is loaded)."""
     for cls in (torch.nn.Linear, torch.nn.modules.conv._ConvNd):
         monkeypatch.setattr(cls, 'reset_parameters', lambda self: None)
 
@@ -79,8 +67,7 @@ def build_backbone(cfg):
 
 @functools.lru_cache()
 def n_params(arch):
-    """Parameters of the authors' model of ``arch`` (1000-class head):
-    mmsoft's SOFT, which loads their files strictly, and the head."""
+    """Parameters of the authors' model of ``arch`` (1000-class head)."""
     from mmsoft.models import SOFT
     c = ARCH_ZOO[arch]['embed_dims'][3]
     return sum(p.numel() for p in SOFT(arch).parameters()) + 1000 * (c + 1)
@@ -96,9 +83,8 @@ def test_every_paper_config_expects_one_file():
 
 @pytest.mark.parametrize('name', list(OFFICIAL_FILES))
 def test_table_facts_match_the_code(name):
-    """Depths and parameters of the table are the presets'; the authors'
-    model function (OFFICIAL_PRESETS) is the arch or ``code_arch``; their
-    README's count is the arch's, not the code's, for SOFT-Small."""
+    """Depths / parameters are the presets'; OFFICIAL_PRESETS is the arch
+    or ``code_arch`` (SOFT-Small: the README counts the arch's)."""
     e = OFFICIAL_FILES[name]
     size = name.split('_')[-1]
     assert name in (f'soft_{size}', f'soft_norm_{size}')
@@ -144,10 +130,8 @@ def test_paper_config_names_its_file(name):
 def test_paper_configs_load_the_authors_file_strictly(name, tmp_path,
                                                       monkeypatch,
                                                       no_default_init):
-    """Each paper config of the entry, with the authors' file of the
-    entry's arch at its path (classification: given as the override), loads
-    every backbone tensor strictly; configs with the same backbone dict are
-    built once."""
+    """Each paper config of the entry loads the authors' file at its path
+    (classification: as the override) strictly; one build per backbone."""
     monkeypatch.chdir(tmp_path)
     path = f'checkpoints/{name}.pth'
     n = authors_file(tmp_path / path, OFFICIAL_FILES[name]['arch'])
@@ -178,10 +162,8 @@ def test_demo_configs_opt_out(path):
 
 # ------------------------------------------------------- a missing file
 def test_train_stops_at_init_without_the_file(tmp_path):
-    """``python tools/train.py CONFIG`` in a directory without
-    ``checkpoints/``: exit 1 and the line the docs show, from the backbone's
-    own ``SOFTPretrained`` initialiser (what the config names: the host
-    codebases' tools stop alike, tests/test_tools/test_host_tools.py)."""
+    """tools/train.py without ``checkpoints/``: exit 1 and the docs' line
+    (from the backbone's own initialiser; host tools: test_host_tools)."""
     config = tmp_path / 'missing.py'
     config.write_text(
         f'_base_ = {cls_demo_config(tmp_path, val=4)!r}\n'
@@ -190,25 +172,20 @@ def test_train_stops_at_init_without_the_file(tmp_path):
         "checkpoint='checkpoints/soft_norm_small.pth')))\n")
     proc = run([
         sys.executable,
-        osp.join(ROOT, 'tools', 'train.py'),
-        str(config), '--work-dir',
-        str(tmp_path / 'work')
+        osp.join(ROOT, 'tools', 'train.py'), config, '--work-dir',
+        tmp_path / 'work'
     ],
                cwd=tmp_path)
     assert proc.returncode == 1, proc.stderr[-3000:]
     assert proc.stderr.splitlines()[-1] == f'error: {MISSING}'
     assert 'Traceback' not in proc.stderr
-    with open(
-            osp.join(ROOT, 'docs', 'en', 'user_guides',
-                     'official_weights.md')) as f:
+    with open(osp.join(ROOT, 'docs/en/user_guides/official_weights.md')) as f:
         assert f'error: {MISSING}\n' in f.read()
 
 
 def test_backbone_load_without_the_file_is_one_line(tmp_path, monkeypatch,
                                                     no_default_init):
-    """mmdet's / mmseg's / mim's tools do not run tools/train.py: the
-    backbone's own init_cfg load says the same (not mmengine's
-    '... can not be found.' from deep inside its loader)."""
+    """The backbone's own init_cfg load (the host tools) says the same."""
     monkeypatch.chdir(tmp_path)
     cfg = load('retinanet_soft_small_1x')
     with pytest.raises(FileNotFoundError) as exc:
@@ -217,8 +194,7 @@ def test_backbone_load_without_the_file_is_one_line(tmp_path, monkeypatch,
 
 
 def test_missing_pretrained_finds_nested_and_listed_entries(tmp_path):
-    """A SOFT anywhere in the model (here a teacher's) and ``init_cfg``
-    lists; URLs and existing files are not reported."""
+    """A SOFT anywhere (a teacher's), init_cfg lists; URLs, files: fine."""
     here = tmp_path / 'w.pth'
     here.write_bytes(b'')
     ok = dict(type='Pretrained', checkpoint=str(here))
@@ -251,9 +227,8 @@ def test_missing_pretrained_finds_nested_and_listed_entries(tmp_path):
 # ----------------------------------------------------------- wrong arch
 def test_authors_file_of_the_other_small_is_one_line(tmp_path, monkeypatch,
                                                      no_default_init):
-    """SOFT-Small: a file of the authors' code's depths [1, 3, 20, 4] in a
-    Small config stops with one line naming the arch found and the option;
-    with that option it loads."""
+    """SOFT-Small: the authors' code's depths [1, 3, 20, 4] in a Small
+    config: one line naming the arch and the option; with it, it loads."""
     monkeypatch.chdir(tmp_path)
     n = authors_file(tmp_path / 'checkpoints' / 'soft_norm_small.pth',
                      'small-official')
@@ -261,13 +236,11 @@ def test_authors_file_of_the_other_small_is_one_line(tmp_path, monkeypatch,
     with pytest.raises(CheckpointMismatchError) as exc:
         build_backbone(cfg).init_weights()
     assert str(exc.value) == WRONG_ARCH
+    path = 'checkpoints/soft_norm_small.pth'
     for page in ('docs/en/user_guides/official_weights.md', 'docs/en/faq.md'):
         with open(osp.join(ROOT, page)) as f:
-            text = f.read()
-        assert WRONG_ARCH.replace('checkpoints/soft_norm_small.pth',
-                                  'C') in text.replace(
-                                      'checkpoints/soft_norm_small.pth',
-                                      'C'), page
+            text = f.read().replace(path, 'C')
+        assert WRONG_ARCH.replace(path, 'C') in text, page
     cfg.merge_from_dict({'model.backbone.arch': 'small-official'})
     backbone = build_backbone(cfg)
     backbone.init_weights()

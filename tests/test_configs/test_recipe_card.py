@@ -1,28 +1,9 @@
-"""Every config of ``configs/`` against the recipe card of the papers and
-the official repository (``tests/reference/recipe_card.py``, issue 30).
-
-The values compared are the EFFECTIVE ones, built through the real
-machinery, not read from the config dicts:
-
-* weight decay: the param groups of mmengine's optimizer-wrapper
-  constructor (``build_optim_wrapper``), per parameter category of the
-  backbone (norms, biases, position embeddings, cls token, other weights);
-* learning rate: mmengine's parameter schedulers, built as the Runner
-  builds them (``Runner._build_param_scheduler``) and stepped as
-  ``ParamSchedulerHook`` steps them (iteration-based after every
-  iteration, epoch-based after every epoch), read at iteration 0, the end
-  of the warm-up, around each milestone and at the last iteration;
-* EMA: the config's ``EMAHook`` built from the hook registry, its
-  averaged model built as the hook builds it, one update measured;
-* the model (a tiny arch with the same parameter names and rules):
-  every norm layer's ``training`` flag after ``model.train()``, the frozen
-  parameters, the residual-drop modules, the batch augments and the loss;
-* the train / test pipelines built with the codebase's ``TRANSFORMS``;
-* the test metric built with the codebase's ``METRICS``.
-
-Batch sizes and epoch / iteration counts are read from the config (no data
-set can be built here).
-"""
+"""Every config of ``configs/`` against the recipe card
+(``tests/reference/recipe_card.py``, issue 30), comparing EFFECTIVE values
+built by the real machinery: the optimizer constructor's param groups, the
+Runner's schedulers stepped as ``ParamSchedulerHook`` does, the EMAHook, a
+tiny model (norms, frozen parameters, drops, augments, loss), the pipelines
+(``TRANSFORMS``) and the metric (``METRICS``)."""
 import copy
 import math
 import types
@@ -57,8 +38,7 @@ def category(backbone, name):
 
 
 def effective_decay(model, wrapper, base_wd):
-    """(categories without decay, categories with another decay than the
-    base or mixed); every backbone parameter counted."""
+    """(categories without decay, those with another / mixed decay)."""
     decay = {}
     for group in wrapper.optimizer.param_groups:
         for p in group['params']:
@@ -73,8 +53,7 @@ def effective_decay(model, wrapper, base_wd):
 
 
 def build_schedulers(cfg, wrapper, epoch_len):
-    """The config's parameter schedulers, built by the Runner's own
-    method (default ``end`` / ``convert_to_iter_based`` handled there)."""
+    """The config's parameter schedulers, built by the Runner's method."""
     from mmengine.runner import Runner
     fake = types.SimpleNamespace(
         _train_loop=None, train_dataloader=range(epoch_len))
@@ -85,8 +64,7 @@ _LR_CACHE = {}
 
 
 def lr_curve(cfg, base_lr, epoch_len, total):
-    """The lr of every training iteration (the one the iteration uses), the
-    schedulers stepped as ``ParamSchedulerHook`` does."""
+    """The lr of every iteration, stepped as ``ParamSchedulerHook`` does."""
     key = (repr(cfg.param_scheduler), base_lr, epoch_len, total)
     if key in _LR_CACHE:
         return _LR_CACHE[key]
@@ -159,8 +137,7 @@ def schedule_values(cfg, card, family):
 
 
 def ema_values(cfg):
-    """The EMA of the config's EMAHook: its per-iteration momentum in
-    mmengine's convention and its horizon (1 / momentum iterations)."""
+    """The EMAHook's per-iteration momentum and horizon (1 / momentum)."""
     from mmengine.registry import HOOKS, MODELS
     hooks = [h for h in cfg.get('custom_hooks', []) if 'EMA' in h['type']]
     if not hooks:
@@ -196,34 +173,26 @@ def drop_values(backbone):
 
 
 def norm_values(model):
-    """norm_eval of the backbone's BatchNorms after model.train(); every
-    other norm layer of the model must train."""
+    """norm_eval of the backbone's BNs after train(); other norms train."""
     from torch.nn.modules.batchnorm import _BatchNorm
     model.train()
-    bn = [
-        m.training for m in model.backbone.modules()
-        if isinstance(m, _BatchNorm)
-    ]
-    assert bn and len(set(bn)) == 1, 'mixed BatchNorm modes in the backbone'
-    bb_bn = {
-        id(m)
-        for m in model.backbone.modules() if isinstance(m, _BatchNorm)
-    }
+    bn = [m for m in model.backbone.modules() if isinstance(m, _BatchNorm)]
+    modes = {m.training for m in bn}
+    assert len(modes) == 1, 'mixed BatchNorm modes in the backbone'
     others = [
         n for n, m in model.named_modules()
-        if isinstance(m, (_BatchNorm, torch.nn.LayerNorm, torch.nn.GroupNorm))
-        and id(m) not in bb_bn and not m.training
+        if isinstance(m, (_BatchNorm, torch.nn.LayerNorm,
+                          torch.nn.GroupNorm)) and all(
+                              m is not b for b in bn) and not m.training
     ]
     assert not others, f'norm layers in eval after train(): {others}'
     frozen = frozenset(n for n, p in model.named_parameters()
                        if not p.requires_grad)
-    return dict(norm_eval=not bn[0], frozen=frozen)
+    return dict(norm_eval=not modes.pop(), frozen=frozen)
 
 
 def _attr(t, key):
-    """A transform's setting: its attribute, else that of the resize it
-    wraps (``RandomChoiceResize`` / ``RandomResize`` keep ``keep_ratio`` in
-    ``resize_cfg``)."""
+    """A transform's setting, else that of its ``resize_cfg``."""
     if hasattr(t, key):
         return getattr(t, key)
     cfg = getattr(t, 'resize_cfg', None) or {}
@@ -241,8 +210,7 @@ def _norm(v):
 
 
 def pipeline_values(pipeline, card_pipeline, scope):
-    """[(type, {key: value})] of the built transforms, the keys those of
-    the card."""
+    """[(type, {card key: value})] of the built transforms."""
     import importlib
     transforms = importlib.import_module(f'{scope}.registry').TRANSFORMS
     built = [transforms.build(copy.deepcopy(t)) for t in pipeline]
@@ -271,9 +239,8 @@ def metric_values(cfg, scope):
     m = metrics.build(ev)
     if scope == 'mmpretrain':
         return (type(m).__name__, dict(topk=tuple(m.topk)))
-    if scope == 'mmdet':
-        return (type(m).__name__, dict(metric=list(m.metrics)))
-    return (type(m).__name__, dict(iou_metrics=list(m.metrics)))
+    key = 'metric' if scope == 'mmdet' else 'iou_metrics'
+    return (type(m).__name__, {key: list(m.metrics)})
 
 
 def effective(name):
@@ -341,9 +308,7 @@ def _close(a, b):
 
 
 def compare(name):
-    """[(key, card value, effective value)] of the mismatches, and the
-    number of values compared (a pipeline step counts as one value per
-    checked setting plus its type)."""
+    """[(key, card, effective)] of the mismatches; the values compared."""
     card = FAMILIES[family_of(name)]
     got = effective(name)
     bad, n = [], 0

@@ -1,13 +1,7 @@
-"""Every config under ``configs/`` (not ``_base_``): its settings (the
-recipe: ``test_recipe_card.py``), one training step and one prediction
-with its own codebase, on CPU.
-
-The SOFT backbone of each config is replaced by a tiny arch (the full archs
-are not the point, see ``TINY_ARCH``) and the neck / heads' in_channels by
-its channels; :func:`test_real_channels_agree` and
-:func:`test_real_backbone_feeds_neck` keep the real configs' channels
-honest.
-"""
+"""Every config under ``configs/`` (not ``_base_``): its settings, one
+training step and one prediction with its own codebase on CPU, the SOFT arch
+replaced by a tiny one (the real channels: ``test_common_settings``,
+``test_real_backbone_feeds_neck``)."""
 import copy
 import glob
 import os.path as osp
@@ -55,11 +49,7 @@ def load(name):
 
 
 def scope_of(name):
-    if name in CLS:
-        return 'mmpretrain'
-    if name in SEG:
-        return 'mmseg'
-    return 'mmdet'
+    return 'mmpretrain' if name in CLS else 'mmseg' if name in SEG else 'mmdet'
 
 
 def arch_dims(cfg):
@@ -87,34 +77,23 @@ def test_common_settings(name):
     else:  # the total batch the lr refers to, for --auto-scale-lr
         assert cfg.auto_scale_lr.base_batch_size == \
             8 * cfg.train_dataloader.batch_size
-    # the ImageNet weights (init_cfg): test_official_files.py
-    bb = cfg.model.backbone
-    assert bb.type == 'SOFT'
-    assert bb.arch in ARCHS
+    # the ImageNet weights (init_cfg): test_official_files.py; the real
+    # channels (the other tests narrow them)
+    bb, m, dims = cfg.model.backbone, cfg.model, list(arch_dims(cfg))
+    assert bb.type == 'SOFT' and bb.arch in ARCHS and bb.arch in name
     if name in CLS:
         assert bb.attn_cfg.attn_norm == name.startswith('soft_norm_')
         assert bb.out_type == 'cls_token' and tuple(bb.out_indices) == (3, )
+        assert m.head.in_channels == dims[3] and m.head.num_classes == 1000
     else:
         assert bb.attn_cfg.attn_norm is True
         assert bb.out_type == 'featmap'
         assert tuple(bb.out_indices) == (0, 1, 2, 3)
-    assert bb.arch in name
-
-
-@pytest.mark.parametrize('name', CONFIGS)
-def test_real_channels_agree(name):
-    cfg = load(name)
-    dims = list(arch_dims(cfg))
-    m = cfg.model
-    if name in CLS:
-        assert m.head.in_channels == dims[3]
-        assert m.head.num_classes == 1000
-    elif name in SEG:
+    if name in SEG:
         assert list(m.decode_head.in_channels) == dims
         assert m.auxiliary_head.in_channels == dims[m.auxiliary_head.in_index]
-        assert m.decode_head.num_classes == 150
-        assert m.auxiliary_head.num_classes == 150
-    else:
+        assert m.decode_head.num_classes == m.auxiliary_head.num_classes == 150
+    elif name not in CLS:
         assert list(m.neck.in_channels) == dims
 
 
@@ -167,8 +146,7 @@ _CHANNEL_KEYS = ('in_channels', 'out_channels', 'feat_channels',
 
 
 def _narrow(node):
-    """Narrow the FPN and the heads of a detector (CPU time); the model
-    types and their wiring stay those of the config."""
+    """Narrow a detector's FPN and heads (types, wiring: the config's)."""
     if isinstance(node, dict):
         for key, val in node.items():
             if key == 'backbone':
@@ -183,8 +161,7 @@ def _narrow(node):
 
 
 def _few_proposals(m):
-    """Tens instead of thousands of proposals / RoIs (CPU time), and
-    score_thr 0 so that randomly initialised detectors still predict."""
+    """Tens of proposals / RoIs; score_thr 0 (random detectors predict)."""
     train_cfg, test_cfg = m.get('train_cfg', None), m.get('test_cfg', None)
     if train_cfg and train_cfg.get('rpn_proposal', None):
         train_cfg.rpn_proposal.update(nms_pre=200, max_per_img=50)
@@ -270,8 +247,7 @@ def test_train_step_and_predict(name):
     'upernet_soft_small_512x512_160k_ade20k'
 ])
 def test_pretrained_override_loads_weights(name, tmp_path):
-    """``--cfg-options model.backbone.init_cfg.checkpoint=PATH`` loads the
-    ``backbone.*`` tensors of an mmpretrain-format checkpoint."""
+    """``model.backbone.init_cfg.checkpoint=PATH`` loads ``backbone.*``."""
     cfg = load(name)
     scope = launch.import_codebase(cfg)
     src = SOFT(arch=copy.deepcopy(TINY_ARCH))
@@ -290,8 +266,7 @@ def test_pretrained_override_loads_weights(name, tmp_path):
 
 
 def test_backbone_pretrained_without_checkpoint_is_random_init():
-    """The configs' ``init_cfg=dict(type='Pretrained', checkpoint=None)``
-    means random initialisation (SOFT.init_weights handles it)."""
+    """``init_cfg=dict(type='Pretrained', checkpoint=None)``: random."""
     model = SOFT(
         arch=copy.deepcopy(TINY_ARCH),
         init_cfg=dict(type='Pretrained', checkpoint=None, prefix='backbone.'))
@@ -305,9 +280,8 @@ def test_backbone_pretrained_without_checkpoint_is_random_init():
         'demo/soft_cls_demo'
     ])
 def test_no_decay_keys_reach_the_backbone_parameters(name):
-    """Every ``paramwise_cfg.custom_keys`` entry names real parameters of
-    the SOFT backbone (a renamed parameter would silently get weight
-    decay), and the position embeddings / cls token get none."""
+    """Every ``custom_keys`` entry names real SOFT parameters; the position
+    embeddings / cls token get no weight decay."""
     from mmengine.optim import DefaultOptimWrapperConstructor
     cfg = load(name)
     keys = cfg.optim_wrapper.get('paramwise_cfg', {}).get('custom_keys', {})

@@ -1,11 +1,6 @@
-"""The tools' options against what they promise (issue 30).
-
-* ``tools/test.py --tta`` builds exactly the documented views;
-* inference and ONNX export on inputs that are not square (H != W), for
-  every task, with output shapes checked against the input;
-* every config name the README / configs README / demo README show
-  builds from a config.
-"""
+"""The tools' options against what they promise (issue 30): the views of
+``tools/test.py --tta``, inference and ONNX export of H != W inputs for every
+task, every config name the READMEs / docs show."""
 import copy
 import glob
 import os.path as osp
@@ -30,6 +25,8 @@ pytestmark = pytest.mark.usefixtures('one_thread')
 DEMO = osp.join(CONFIGS, 'demo')
 TINY = tiny_arch([16, 32, 64, 64], [1, 2, 2, 2], sampling_ratios=[4, 2, 2, 1])
 H, W = 64, 96  # not square; both multiples of 32 (mmdet's padding)
+NON_SQUARE = ('demo/soft_cls_demo', 'demo/retinanet_soft_demo',
+              'mask_rcnn_soft_tiny_1x', 'demo/upernet_soft_demo')
 
 
 # ------------------------------------------------------------------ --tta
@@ -44,9 +41,8 @@ def _image_files(tmp_path, h=40, w=56):
 
 
 def _tta_views(name, tmp_path):
-    """The views ``tools/test.py --tta`` makes of one image: the config's
-    TTA pipeline after ``enable_tta``, built with the codebase's
-    TRANSFORMS and run."""
+    """The views ``tools/test.py --tta`` makes of one image (the config's TTA
+    pipeline after ``enable_tta``, built and run)."""
     import importlib
     cfg = Config.fromfile(osp.join(CONFIGS, name + '.py'))
     scope = launch.import_codebase(cfg)
@@ -94,37 +90,29 @@ def test_tta_flip_views(name, tmp_path):
         assert a.shape[1:] == (224, 224)
 
 
-def test_tta_retinanet_views(tmp_path):
-    """RetinaNet: mmdet's own RetinaNet TTA (inherited): shorter sides
-    800, 400, 1200 (longer <= 1333, 666, 2000) x (flipped, not flipped) =
-    6 views, merged by DetTTAModel."""
-    img, out, cfg = _tta_views('retinanet_soft_tiny_1x', tmp_path)
+@pytest.mark.parametrize(
+    'name,model_type,flips,shorts',
+    [
+        # mmdet's own RetinaNet TTA (inherited): shorter sides 800, 400, 1200
+        ('retinanet_soft_tiny_1x', 'DetTTAModel', [True, False] * 3,
+         [800, 400, 1200]),
+        # the config's own TTA (mmseg's ADE20K): 6 scales (0.5 .. 1.75), rising
+        ('upernet_soft_small_512x512_160k_ade20k', 'SegTTAModel',
+         [False, True] * 6, None),
+    ])
+def test_tta_multiscale_views(name, model_type, flips, shorts, tmp_path):
+    """Multi-scale TTA: each scale flipped and not, merged by the TTA model."""
+    img, out, cfg = _tta_views(name, tmp_path)
     inputs, samples = out['inputs'], out['data_samples']
-    assert len(inputs) == 6
-    assert [bool(s.flip) for s in samples] == [True, False] * 3
-    sizes = [tuple(t.shape[1:]) for t in inputs]
-    assert [min(s) for s in sizes[0::2]] == [800, 400, 1200]
-    for a, b in zip(inputs[0::2], inputs[1::2]):
-        np.testing.assert_array_equal(a.numpy(), b.numpy()[:, :, ::-1])
-    assert cfg.model.type == 'DetTTAModel'
-
-
-def test_tta_seg_views(tmp_path):
-    """mmseg: the config's own TTA (mmseg's ADE20K): 6 scales (0.5 ..
-    1.75 of the test scale) x (no flip, flip) = 12 views."""
-    img, out, cfg = _tta_views('upernet_soft_small_512x512_160k_ade20k',
-                               tmp_path)
-    inputs, samples = out['inputs'], out['data_samples']
-    assert len(inputs) == 12
-    flips = [bool(s.flip) for s in samples]
-    assert flips == [False, True] * 6
+    assert len(inputs) == len(flips)
+    assert [bool(s.flip) for s in samples] == flips
     sizes = [tuple(t.shape[1:]) for t in inputs]
     assert sizes[0::2] == sizes[1::2]
-    shorts = [min(s) for s in sizes[0::2]]
-    assert shorts == sorted(shorts) and len(set(shorts)) == 6
+    got = [min(s) for s in sizes[0::2]]
+    assert got == (shorts or sorted(set(got))) and len(got) == len(flips) // 2
     for a, b in zip(inputs[0::2], inputs[1::2]):
         np.testing.assert_array_equal(a.numpy(), b.numpy()[:, :, ::-1])
-    assert cfg.model.type == 'SegTTAModel'
+    assert cfg.model.type == model_type
 
 
 # ------------------------------------------------------ H != W inference
@@ -147,38 +135,27 @@ def _fmap_hw(h, w, stride):
 
 
 def _predict(model, scope, h, w):
+    from mmdet.structures import DetDataSample
+    from mmpretrain.structures import DataSample
+    from mmseg.structures import SegDataSample
     g = torch.Generator().manual_seed(0)
     img = torch.randint(0, 256, (3, h, w), generator=g, dtype=torch.uint8)
-    if scope == 'mmpretrain':
-        from mmpretrain.structures import DataSample
-        data = dict(inputs=[img], data_samples=[DataSample()])
-    elif scope == 'mmdet':
-        from mmdet.structures import DetDataSample
-        s = DetDataSample()
+    s = dict(
+        mmpretrain=DataSample, mmdet=DetDataSample,
+        mmseg=SegDataSample)[scope]()
+    meta = dict(img_shape=(h, w), ori_shape=(h, w))
+    if scope == 'mmdet':
         s.set_metainfo(
-            dict(
-                img_shape=(h, w),
-                ori_shape=(h, w),
-                scale_factor=(1.0, 1.0),
-                batch_input_shape=(h, w)))
-        data = dict(inputs=[img], data_samples=[s])
-    else:
-        from mmseg.structures import SegDataSample
-        s = SegDataSample()
-        s.set_metainfo(
-            dict(img_shape=(h, w), ori_shape=(h, w), pad_shape=(h, w)))
-        data = dict(inputs=[img], data_samples=[s])
+            dict(meta, scale_factor=(1., 1.), batch_input_shape=(h, w)))
+    elif scope == 'mmseg':
+        s.set_metainfo(dict(meta, pad_shape=(h, w)))
     with torch.no_grad():
-        return model.test_step(data)[0]
+        return model.test_step(dict(inputs=[img], data_samples=[s]))[0]
 
 
-@pytest.mark.parametrize('name', [
-    'demo/soft_cls_demo', 'demo/retinanet_soft_demo', 'mask_rcnn_soft_tiny_1x',
-    'demo/upernet_soft_demo'
-])
+@pytest.mark.parametrize('name', NON_SQUARE)
 def test_inference_non_square(name):
-    """Predictions of an H x W image are in its frame (H != W, both
-    orientations)."""
+    """Predictions of an H x W image (H != W, both ways) are in its frame."""
     cfg = _cfg(name)
     scope = launch.import_codebase(cfg)
     if scope == 'mmdet':  # random weights: keep every box
@@ -220,13 +197,10 @@ def _expected_shapes(kind, wrapper, h, w):
     }
 
 
-@pytest.mark.parametrize('name', [
-    'demo/soft_cls_demo', 'demo/retinanet_soft_demo', 'mask_rcnn_soft_tiny_1x',
-    'demo/upernet_soft_demo'
-])
+@pytest.mark.parametrize('name', NON_SQUARE)
 def test_export_non_square(name, tmp_path):
-    """The exported graph of an H x W input (H != W) has the outputs of
-    that input (maps H/s x W/s, seg logits H x W) and matches PyTorch."""
+    """The ONNX graph of an H x W input (H != W) has its output shapes and
+    matches PyTorch."""
     pytest.importorskip('onnxruntime')
     from mmsoft_tools import deploy
     cfg = _cfg(name)
@@ -261,11 +235,8 @@ def _doc_names():
     texts = {}
     pages = sorted(
         glob.glob(osp.join(ROOT, 'docs', 'en', '**', '*.md'), recursive=True))
-    for path in [
-            osp.join(ROOT, 'README.md'),
-            osp.join(CONFIGS, 'README.md'),
-            osp.join(DEMO, 'README.md')
-    ] + pages:
+    for path in [osp.join(d, 'README.md')
+                 for d in (ROOT, CONFIGS, DEMO)] + pages:
         if osp.isfile(path):
             with open(path, encoding='utf-8') as f:
                 texts[osp.relpath(path, ROOT)] = f.read()
@@ -277,9 +248,8 @@ def _doc_names():
 
 
 def test_every_config_name_in_the_docs_builds():
-    """Each name is a config: a shipped one (``mmsoft.configs`` finds it
-    and every local base it inherits; tests/test_configs builds and runs
-    each of them) or a demo config, built here."""
+    """Each name is a shipped config (found with its local bases) or a demo
+    config (built here)."""
     from mmsoft.configs import get_config_path, list_configs
     base_files = load_module(
         osp.join(ROOT, 'tools', 'misc', 'configs.py'), '_configs').base_files
