@@ -1,14 +1,6 @@
-"""Issue 29: the authors' checkpoints load directly through
-``init_cfg=dict(type='Pretrained', checkpoint=...)`` on the SOFT backbone
-of a classifier, a detector and a segmentor (:mod:`mmsoft.models.loading`:
-file -> layout -> conversion -> strict load -> one-line report), as
-mmdet's Swin / PVT take their authors' files.
-
-The authors' files are written here as the official repository saves them
-(``{'model': state_dict}`` or a bare state dict) from the independent
-re-derivation of the official model (``tests/reference``); the backbone
-must hold exactly what ``soft2mmsoft.py``'s conversion gives.
-"""
+"""Issue 29: the authors' files (from ``tests/reference``) load through
+``init_cfg`` Pretrained into the SOFT of a classifier, detector, segmentor,
+holding what ``soft2mmsoft.py``'s conversion gives; the one-line report."""
 import pytest
 import torch
 from conftest import CONFIGS
@@ -30,8 +22,7 @@ TASKS = {
 
 
 def authors_file(path, img_size, depths=(1, 1, 2, 1), wrap='model'):
-    """An authors'-layout checkpoint of the demo SOFT; returns the
-    backbone state dict the converter makes of it."""
+    """Saves an authors' file of the demo SOFT; returns its conversion."""
     sd = ref.random_official_state_dict(
         DEMO['embed_dims'],
         DEMO['num_heads'],
@@ -49,8 +40,7 @@ def authors_file(path, img_size, depths=(1, 1, 2, 1), wrap='model'):
 
 
 def build(task, checkpoint, **init):
-    """The demo model of ``task`` with ``init_cfg`` Pretrained on its
-    backbone, built in its codebase's scope (not yet initialised)."""
+    """``task``'s demo model, ``init_cfg`` Pretrained on its backbone."""
     import importlib
     import os.path as osp
 
@@ -107,8 +97,7 @@ def test_authors_checkpoint_through_init_cfg(tmp_path, task, reports):
 
 
 def test_bare_authors_state_dict_and_report_names_the_model(tmp_path, reports):
-    """A bare authors' state dict; an official model size is named by the
-    backbone's attention normalisation (soft_* / soft_norm_*)."""
+    """An official size is named by attn_norm (soft_* / soft_norm_*)."""
     from mmsoft.models import SOFT
     path = tmp_path / 'soft_tiny.pth'
     sd = ref.random_official_state_dict([64, 128, 320, 512], [2, 4, 10, 16],
@@ -142,9 +131,10 @@ def test_wrong_arch_authors_checkpoint_is_an_error(tmp_path):
     assert msg.endswith(' in the config') and len(msg.splitlines()) == 1
 
 
-def test_backbone_keys_of_a_whole_model_file_without_prefix(tmp_path, reports):
-    """A whole classifier checkpoint (mmsoft layout) without ``prefix``:
-    its ``backbone.`` keys are the backbone's."""
+@pytest.mark.parametrize('prefix', [None, 'backbone.'])
+def test_backbone_keys_of_a_whole_model_file(tmp_path, reports, prefix):
+    """A whole classifier (mmsoft layout): ``backbone.`` keys, prefix given
+    (with ``prefix='backbone.'``) or not."""
     from mmsoft.models import SOFT
     src = SOFT(dict(DEMO, depths=[1, 1, 2, 1]), pretrain_img_size=64)
     src.init_weights()
@@ -155,7 +145,7 @@ def test_backbone_keys_of_a_whole_model_file_without_prefix(tmp_path, reports):
     dst = SOFT(
         dict(DEMO, depths=[1, 1, 2, 1]),
         pretrain_img_size=64,
-        init_cfg=dict(type='Pretrained', checkpoint=str(path)))
+        init_cfg=dict(type='Pretrained', checkpoint=str(path), prefix=prefix))
     dst.init_weights()
     for k, v in src.state_dict().items():
         assert torch.equal(dst.state_dict()[k], v), k
@@ -166,8 +156,7 @@ def test_backbone_keys_of_a_whole_model_file_without_prefix(tmp_path, reports):
 
 
 def test_init_weights_sets_no_private_state():
-    """SOFT.init_weights goes through mmengine's BaseModule.init_weights
-    (the strict loader is a registered initializer), not ``_is_init``."""
+    """init_weights is mmengine's (a registered initializer)."""
     import inspect
 
     from mmsoft.models import SOFT
@@ -175,9 +164,7 @@ def test_init_weights_sets_no_private_state():
 
 
 def test_partial_authors_load_and_second_init_weights(tmp_path, reports):
-    """``strict=False`` loads an authors' file of another pretraining size
-    but the position embeddings (they keep the official initialisation);
-    a second ``init_weights`` changes nothing (mmengine warns)."""
+    """Another pretraining size: all but pos_embed; a 2nd init is a no-op."""
     from mmsoft.models import SOFT
     path = tmp_path / 'authors_64.pth'
     want = authors_file(path, 64)
@@ -201,16 +188,14 @@ def test_partial_authors_load_and_second_init_weights(tmp_path, reports):
         assert torch.equal(v, before[k]), k
 
 
-# ------------------------------------------------------------------
-# the one-line report and the errors of load_pretrained, case by case
+# ------------------------------ load_pretrained's report and errors
 def _tiny(**kw):
     from mmsoft.models import SOFT
     return SOFT(dict(DEMO, depths=[1, 1, 2, 1]), pretrain_img_size=64, **kw)
 
 
 def _filled(model, value):
-    """``model``'s state dict with every floating tensor set to ``value``
-    (so that which file's tensors were loaded is visible)."""
+    """``model``'s state dict, every floating tensor set to ``value``."""
     return {
         k: torch.full_like(v, value) if v.is_floating_point() else v
         for k, v in model.state_dict().items()
@@ -218,8 +203,7 @@ def _filled(model, value):
 
 
 def test_the_given_prefix_wins_over_backbone_keys(tmp_path, reports):
-    """``prefix`` (with or without its dot) selects the keys even where the
-    file also has ``backbone.`` ones (an EMA copy beside the model)."""
+    """``prefix`` (with or without its dot) over ``backbone.`` keys."""
     model = _tiny()
     sd = {f'backbone.{k}': v for k, v in _filled(model, 0.).items()}
     sd.update({f'ema.{k}': v for k, v in _filled(model, 1.).items()})
@@ -238,26 +222,21 @@ def test_the_given_prefix_wins_over_backbone_keys(tmp_path, reports):
 
 
 def test_a_mismatch_names_the_module_and_the_prefix(tmp_path):
-    """The strict refusal names what was loaded into and, when a prefix
-    was applied, which keys were compared."""
+    """The strict refusal names the module and the prefix applied."""
     sd = _tiny_other().state_dict()
     bare, whole = tmp_path / 'bare.pth', tmp_path / 'whole.pth'
     torch.save(sd, str(bare))
     torch.save({f'backbone.{k}': v for k, v in sd.items()}, str(whole))
-    with pytest.raises(CheckpointMismatchError) as exc:
-        loading.load_pretrained(_tiny(), str(bare))
-    assert str(exc.value).startswith(f'checkpoint {bare} does not match '
-                                     f'SOFT: ')
-    with pytest.raises(CheckpointMismatchError) as exc:
-        loading.load_pretrained(_tiny(), str(whole))
-    assert str(exc.value).startswith(
-        f'checkpoint {whole} does not match SOFT (checkpoint keys under '
-        f"'backbone.'): ")
+    for path, under in ((bare, ''), (whole,
+                                     " (checkpoint keys under 'backbone.')")):
+        with pytest.raises(CheckpointMismatchError) as exc:
+            loading.load_pretrained(_tiny(), str(path))
+        assert str(exc.value).startswith(
+            f'checkpoint {path} does not match SOFT{under}: ')
 
 
 def test_a_whole_model_is_compared_key_for_key(tmp_path):
-    """Into a whole model (its own keys under ``backbone.``), the keys of a
-    whole-model file are compared as they are: no prefix is taken off."""
+    """Into a whole model, a whole-model file's keys are compared as is."""
     for backbone in (_tiny(), torch.nn.Linear(2, 2)):  # some keys / none
         whole = torch.nn.Module()
         whole.backbone = backbone
@@ -279,8 +258,7 @@ def _tiny_other():
 
 
 def test_attention_normalisation_of_the_file_is_checked(tmp_path):
-    """A file converted with another attention normalisation is refused
-    by the load itself, naming the file."""
+    """A file of another attn_norm is refused, naming the file."""
     src = _tiny()
     path = tmp_path / 'norm.pth'
     torch.save({
@@ -296,8 +274,7 @@ def test_attention_normalisation_of_the_file_is_checked(tmp_path):
 
 
 def test_the_report_goes_to_the_current_logger(tmp_path):
-    """The report is a log record of mmengine's current logger (the
-    training log), not a print."""
+    """A record of mmengine's current logger, not a print."""
     from conftest import current_log
     model = _tiny()
     path = tmp_path / 'own.pth'
@@ -311,8 +288,7 @@ def test_the_report_goes_to_the_current_logger(tmp_path):
 
 
 def test_a_preset_arch_is_named_in_the_wrong_arch_error(tmp_path):
-    """The authors' file of an official size, into another size: the fix
-    is the preset name."""
+    """An official size's file into another: the fix is the preset."""
     path = tmp_path / 'soft_tiny.pth'
     torch.save(
         ref.random_official_state_dict([64, 128, 320, 512], [2, 4, 10, 16],
