@@ -1,8 +1,4 @@
-"""Contracts of the pyramid's public building blocks used on their own
-(``SoftmaxBlock``, ``SoftmaxAttention``, ``PyramidStage``, ``SOFTStage``)
-and of ``SOFT``'s ``stage_cfgs`` merge: the documented defaults, where each
-dropout rate goes, and that the model keeps its own copy of the user's
-configuration."""
+"""The pyramid's blocks and stages on their own: defaults, dropout places."""
 import logging
 import warnings
 
@@ -11,7 +7,6 @@ import torch
 import torch.nn as nn
 from conftest import tiny_arch
 from mmcv.cnn.bricks import DropPath
-from mmengine.logging import MMLogger
 from mmengine.registry import DefaultScope
 
 from mmsoft.models.backbones import SOFT
@@ -32,8 +27,7 @@ def dropouts(module):
 
 # --------------------------------------------------------------- SOFTBlock
 def test_soft_block_defaults():
-    """SOFTBlock's own defaults: SOFT attention with q / v bias, a 3 x 3
-    depth-wise conv, an MLP of 4 x the width with the tanh GELU, LN."""
+    """SOFT attention (q / v bias, 3 x 3 dw conv), 4 x tanh-GELU MLP, LN."""
     blk = SOFTBlock(8, 1, 2)
     assert type(blk.attn).__name__ == 'SOFTAttention'
     assert blk.attn.q.bias is not None and blk.attn.v.bias is not None
@@ -63,8 +57,7 @@ def test_norm_cfg_without_a_type_is_refused_by_name(cfg):
 
 # ------------------------------------------------------------ SoftmaxBlock
 def test_softmax_block_defaults():
-    """The docstring's defaults: LN with eps 1e-6, exact GELU, an MLP of
-    4 x the width, q / kv with bias, no dropout anywhere."""
+    """LN eps 1e-6, exact GELU, 4 x MLP, q / kv bias, no dropout."""
     blk = SoftmaxBlock(8, 2)
     for norm in (blk.norm1, blk.norm2):
         assert isinstance(norm, nn.LayerNorm) and norm.eps == 1e-6
@@ -78,7 +71,7 @@ def test_softmax_block_defaults():
 
 
 def test_softmax_block_is_pre_norm_with_both_residuals():
-    """x += Attn(LN(x)); x += MLP(LN(x)), computed from the parts."""
+    """x += Attn(LN(x)); x += MLP(LN(x))."""
     torch.manual_seed(0)
     blk = SoftmaxBlock(8, 2).eval()
     x = torch.randn(2, 5, 8)
@@ -91,9 +84,7 @@ def test_softmax_block_is_pre_norm_with_both_residuals():
 
 
 def test_softmax_block_places_each_rate():
-    """drop_rate after the attention projection and in the MLP,
-    attn_drop_rate on the attention weights, drop_path_rate as DropPath on
-    both residual branches."""
+    """drop_rate: projection, MLP; attn_drop: weights; drop_path: both."""
     blk = SoftmaxBlock(
         8, 2, drop_rate=0.1, attn_drop_rate=0.2, drop_path_rate=0.3)
     assert isinstance(blk.attn.proj_drop, nn.Dropout)
@@ -117,8 +108,7 @@ def test_softmax_attention_proj_drop_only_when_positive():
 
 # ------------------------------------------------------------ PyramidStage
 def test_pyramid_stage_defaults():
-    """No stem (one stride-2 conv), no extra token, no position dropout,
-    no activation checkpointing."""
+    """No stem, token, position dropout or checkpointing."""
     stage = PyramidStage(3, 8, pos_grid=4)
     assert stage.with_cp is False
     assert isinstance(stage.pos_drop, nn.Identity)
@@ -128,8 +118,7 @@ def test_pyramid_stage_defaults():
 
 
 def test_pyramid_stage_runs_each_block_once_by_default():
-    """Without ``with_cp`` a training step runs each block once (with it,
-    the backward pass runs it again)."""
+    """Once without ``with_cp``, twice with it (the backward re-runs)."""
     calls = []
 
     class Count(nn.Module):
@@ -176,8 +165,7 @@ def test_unknown_key_for_all_stages_is_named():
 
 # ------------------------------------------------ attn_cfg -> the attention
 def test_attention_is_built_from_the_block_settings_and_attn_cfg():
-    """Swin's merge: the block's settings, then ``attn_cfg`` over them
-    (one of its keys may set a stage setting for the attention alone)."""
+    """The block's settings, ``attn_cfg`` over them (Swin's merge)."""
     blk = SOFTBlock(8, 2, 2, attn_cfg=dict(type='linformer', num_heads=1))
     assert type(blk.attn).__name__ == 'LinformerAttention'
     assert (blk.attn.embed_dims, blk.attn.num_heads) == (8, 1)
@@ -191,8 +179,7 @@ def test_attn_cfg_without_a_type_is_refused_by_the_registry():
 
 
 def test_attention_class_as_type_takes_the_nr_keys():
-    """``type`` may be the class itself; the ``nr_*`` keys are SOFT
-    attention's own arguments."""
+    """``type`` may be the class; ``nr_*`` keys are its arguments."""
     attn = SOFTBlock(
         8, 1, 2, attn_cfg=dict(type=SOFTAttention, nr_iters=3,
                                nr_init='soft')).attn
@@ -201,19 +188,11 @@ def test_attention_class_as_type_takes_the_nr_keys():
 
 
 def test_building_under_a_detectors_scope_logs_no_registry_warning():
-    """A SOFT backbone built by mmdet / mmseg runs under their default
-    scope; the attentions are built in mmsoft's own, so mmengine has no
-    "Failed to search registry" warning to log."""
-    records = []
-    handler = logging.Handler()
-    handler.emit = records.append
-    logger = MMLogger.get_current_instance()
-    logger.addHandler(handler)
-    try:
-        with DefaultScope.overwrite_default_scope('mmdet'):
-            SOFTBlock(8, 1, 2, attn_cfg=dict(type='SOFTAttention'))
-    finally:
-        logger.removeHandler(handler)
+    """Built in mmsoft's scope: no "Failed to search registry" warning."""
+    from conftest import current_log
+    with current_log(logging.DEBUG) as records, \
+            DefaultScope.overwrite_default_scope('mmdet'):
+        SOFTBlock(8, 1, 2, attn_cfg=dict(type='SOFTAttention'))
     assert not [
         r.getMessage() for r in records if r.levelno >= logging.WARNING
     ]
@@ -222,9 +201,7 @@ def test_building_under_a_detectors_scope_logs_no_registry_warning():
 # ---------------------------------------------------------- ConvPatchEmbed
 @pytest.mark.parametrize('stem', [True, False])
 def test_patch_embed_convs_are_safe_and_build_quietly(stem):
-    """Every conv is a ``SafeConv2d`` (the CPU half-precision guard), and
-    ConvModule's "Unnecessary conv bias" warning (bias before BatchNorm,
-    kept for the official weights) is not shown."""
+    """``SafeConv2d`` convs; no "Unnecessary conv bias" warning."""
     with warnings.catch_warnings():
         warnings.simplefilter('error')
         embed = ConvPatchEmbed(3, 8, stem)
