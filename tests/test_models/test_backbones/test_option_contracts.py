@@ -146,7 +146,7 @@ def test_norm_eval(norm_eval):
 
 
 # ------------------------------------------------------- NR diagnostics
-def _nr_model():
+def _nr_model(forward=False):
     torch.manual_seed(0)
     arch = tiny_arch(
         embed_dims=(16, 32, 32, 64),
@@ -154,6 +154,10 @@ def _nr_model():
         depths=(2, 2, 1, 1))
     model = SOFT(arch, attn_cfg=dict(type='SOFTAttention', nr_iters=3))
     model.init_weights()
+    if forward:
+        model.eval().set_nr_diagnostics(True)
+        with torch.no_grad():
+            model(_x(64, 96, b=2))
     return model.eval()
 
 
@@ -163,10 +167,7 @@ def _soft_attns(stage):
 
 def test_nr_stats_per_matrix_and_their_maximum():
     """``last_nr_stats``: one value per matrix; ``nr_stats``: stage max."""
-    model = _nr_model()
-    model.set_nr_diagnostics(True)
-    with torch.no_grad():
-        model(_x(64, 96, b=2))
+    model = _nr_model(forward=True)
     stats = model.nr_stats()
     assert sorted(stats) == ['stage1', 'stage2', 'stage3']
     for i in range(3):
@@ -181,10 +182,7 @@ def test_nr_stats_per_matrix_and_their_maximum():
 
 def test_nr_stats_reduce_over_every_matrix():
     """Crafted maxima in another sample / head / block in every stage."""
-    model = _nr_model()
-    model.set_nr_diagnostics(True)
-    with torch.no_grad():
-        model(_x(64, 96, b=2))
+    model = _nr_model(forward=True)
     where = {0: (1, 0, 1), 1: (0, 1, 1), 2: (0, 1, 0)}  # block, sample, head
     for i, (blk, b, h) in where.items():
         attns = _soft_attns(model.stages[i])

@@ -86,6 +86,7 @@ def test_options_reach_each_stage():
 @pytest.mark.parametrize('name, value', [
     ('act_cfg', [dict(type='GELU')] * 4),
     ('norm_cfg', 'LN'),
+    ('norm_cfg', [dict(type='LN')] * 3),
     ('attn_cfg', [dict(type='SOFTAttention')] * 3 + [None]),
 ])
 def test_config_of_the_wrong_shape_names_the_option(name, value):

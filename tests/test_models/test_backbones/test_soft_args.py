@@ -260,8 +260,6 @@ def test_norm_and_act_cfgs():
     default = SOFT(ARCH)
     assert default.stages[0].blocks[0].norm1.eps == 1e-5
     assert default.stages[3].norm.eps == 1e-6
-    with pytest.raises(TypeError, match='norm_cfg must be a dict'):
-        SOFT(ARCH, norm_cfg=[dict(type='LN')] * 3)
 
 
 @pytest.mark.parametrize('key', ['norm_cfg', 'patch_norm_cfg'])
