@@ -3,6 +3,7 @@ load_pretrained, missing_weights_message, pretrained_init_cfg) on tiny files.
 """
 import functools
 import http.server
+import logging
 import os
 import os.path as osp
 import re
@@ -12,9 +13,10 @@ import zipfile
 import pytest
 import torch
 import torch.nn as nn
+from conftest import current_log
 from reference import official_soft_ref as ref
 
-from mmsoft.models import loading
+from mmsoft.models import SOFT, loading
 from mmsoft.models.converters import OFFICIAL_PAGE
 from mmsoft.utils.checkpoint_io import CheckpointRefused
 from mmsoft.utils.strict_load import CheckpointMismatchError
@@ -320,46 +322,38 @@ def test_missing_weights_message_other_forms():
 _NORMAL = dict(type='TruncNormal', layer='Linear', std=.02)
 
 
-@pytest.mark.parametrize(
-    'init_cfg, want, loads_all',
-    [
-        (None, None, False),
-        (_NORMAL, _NORMAL, False),
-        (dict(type='Pretrained', checkpoint='a.pth'),
-         dict(type='SOFTPretrained', checkpoint='a.pth'), True),
-        (dict(type='Pretrained', checkpoint='a.pth', strict=False),
-         dict(type='SOFTPretrained', checkpoint='a.pth', strict=False), False),
-        # a list stays a list; the load runs last (mmengine's order)
-        ([dict(type='Pretrained', checkpoint='a.pth')
-          ], [dict(type='SOFTPretrained', checkpoint='a.pth')], True),
-        ([dict(type='Pretrained', checkpoint='a.pth', strict=True), _NORMAL], [
-            _NORMAL,
-            dict(type='SOFTPretrained', checkpoint='a.pth', strict=True)
-        ], True),
-        ([
-            dict(type='Pretrained', checkpoint='a.pth', strict=False),
-            dict(type='Pretrained', checkpoint='b.pth')
-        ], [
-            dict(type='SOFTPretrained', checkpoint='a.pth', strict=False),
-            dict(type='SOFTPretrained', checkpoint='b.pth')
-        ], True),
-    ])
+def _pre(checkpoint='a.pth', type='Pretrained', **kw):
+    return dict(type=type, checkpoint=checkpoint, **kw)
+
+
+def _soft(checkpoint='a.pth', **kw):
+    return _pre(checkpoint, 'SOFTPretrained', **kw)
+
+
+# a list stays a list; the load runs last (mmengine's order)
+@pytest.mark.parametrize('init_cfg, want, loads_all', [
+    (None, None, False),
+    (_NORMAL, _NORMAL, False),
+    (_pre(), _soft(), True),
+    (_pre(strict=False), _soft(strict=False), False),
+    ([_pre()], [_soft()], True),
+    ([_pre(strict=True), _NORMAL], [_NORMAL, _soft(strict=True)], True),
+    ([_pre(strict=False), _pre('b.pth')
+      ], [_soft(strict=False), _soft('b.pth')], True),
+])
 def test_pretrained_init_cfg(init_cfg, want, loads_all):
     """Pretrained -> the strict loader, shape kept, whether it loads all."""
-    from conftest import current_log
     with current_log() as records:
         got = loading.pretrained_init_cfg(init_cfg)
     assert got == (want, loads_all)
     assert records == []  # nothing dropped, nothing logged
 
 
-@pytest.mark.parametrize('init_cfg, want', [
-    (dict(type='Pretrained', checkpoint=None), None),
-    ([_NORMAL, dict(type='Pretrained', checkpoint=None)], [_NORMAL]),
-])
+@pytest.mark.parametrize('init_cfg, want',
+                         [(_pre(None), None),
+                          ([_NORMAL, _pre(None)], [_NORMAL])])
 def test_pretrained_init_cfg_without_checkpoint(init_cfg, want):
     """``checkpoint=None`` drops the entry, logging one line (the owner)."""
-    from conftest import current_log
     with current_log() as records:
         assert loading.pretrained_init_cfg(init_cfg) == (want, False)
         loading.pretrained_init_cfg(init_cfg, owner='MyNet')
@@ -371,11 +365,6 @@ def test_pretrained_init_cfg_without_checkpoint(init_cfg, want):
 
 def test_pretrained_load_is_named_in_the_init_info(tmp_path):
     """mmengine's init-info dump names the strict loader and the file."""
-    import logging
-
-    from conftest import current_log
-
-    from mmsoft.models import SOFT
     arch = dict(
         embed_dims=[8, 8, 8, 8], num_heads=[1, 1, 1, 1], depths=[1, 1, 1, 1])
     path = tmp_path / 'own.pth'
