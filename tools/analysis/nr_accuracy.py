@@ -184,5 +184,6 @@ def main(argv=None):
     return 0
 
 
-if __name__ == '__main__':
-    sys.exit(main())
+if __name__ == '__main__':  # a refused file: one line
+    from mmsoft_tools.cli import run_main
+    run_main(main)

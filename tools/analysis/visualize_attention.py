@@ -244,5 +244,6 @@ def main(argv=None):
     return rows
 
 
-if __name__ == '__main__':
-    main()
+if __name__ == '__main__':  # a refused file: one line
+    from mmsoft_tools.cli import run_main
+    run_main(main)

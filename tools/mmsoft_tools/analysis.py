@@ -160,17 +160,9 @@ def build_model(name=None, config=None, checkpoint=None, **overrides):
     else:
         bb = soft_model_kwargs(name)
     model = SOFT(**dict(bb, **overrides))
-    if checkpoint:
-        from mmengine.runner import load_checkpoint
-
-        from mmsoft.compat import mmengine_checkpoints_allowed
-        with mmengine_checkpoints_allowed():  # a training checkpoint too
-            load_checkpoint(
-                model,
-                checkpoint,
-                map_location='cpu',
-                strict=False,
-                revise_keys=[(r'^module\.', ''), (r'^backbone\.', '')])
+    if checkpoint:  # strict: a file of another model is an error
+        from mmsoft.models.loading import load_pretrained
+        load_pretrained(model, checkpoint)
     else:
         print(
             'warning: no --checkpoint, the model is randomly initialised',

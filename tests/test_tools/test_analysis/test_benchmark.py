@@ -137,10 +137,11 @@ def test_nr_accuracy_tool(tmp_path, capsys):
 def test_nr_accuracy_of_a_config_and_its_checkpoint(tmp_path, capsys):
     """``--config`` with ``--checkpoint`` (a detector's training file):
     the config's backbone with the checkpoint's weights, within the
-    bounds."""
+    bounds; a file that lacks a backbone tensor is refused."""
     import torch
 
     from mmsoft.models.backbones import SOFT
+    from mmsoft.utils.strict_load import CheckpointMismatchError
     from mmsoft_tools.cli import load_config
     mod = load_tool('analysis/nr_accuracy.py', '_nr_accuracy')
     cfg = os.path.join(
@@ -162,6 +163,10 @@ def test_nr_accuracy_of_a_config_and_its_checkpoint(tmp_path, capsys):
     assert len(rows) == 1 and 'layer=0' in rows[0], out
     errs = dict(kv.split('=') for kv in rows[0].split())
     assert float(errs['out_err']) < 1e-5 and float(errs['eval_err']) < 1e-5
+    del state['backbone.stages.0.pos_embed']  # a file of another model
+    torch.save(dict(state_dict=state, meta={}), ckpt)
+    with pytest.raises(CheckpointMismatchError, match='pos_embed'):
+        mod.main(args + ['--checkpoint', str(ckpt)])
 
 
 def test_alternate_rounds_and_the_no_inverse_floor(tmp_path, capsys):
