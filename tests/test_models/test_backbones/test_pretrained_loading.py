@@ -1,12 +1,15 @@
 """Issue 29: the authors' files (from ``tests/reference``) load through
 ``init_cfg`` Pretrained into the SOFT of a classifier, detector, segmentor,
 holding what ``soft2mmsoft.py``'s conversion gives; the one-line report."""
+import importlib
+import os.path as osp
+
 import pytest
 import torch
-from conftest import CONFIGS
+from conftest import CONFIGS, current_log
 from reference import official_soft_ref as ref
 
-from mmsoft.models import loading
+from mmsoft.models import SOFT, loading
 from mmsoft.models.converters import convert_official_to_mmpretrain
 from mmsoft.utils.strict_load import CheckpointMismatchError
 
@@ -41,9 +44,6 @@ def authors_file(path, img_size, depths=(1, 1, 2, 1), wrap='model'):
 
 def build(task, checkpoint, **init):
     """``task``'s demo model, ``init_cfg`` Pretrained on its backbone."""
-    import importlib
-    import os.path as osp
-
     from mmengine.config import Config
     from mmengine.registry import DefaultScope
 
@@ -56,6 +56,15 @@ def build(task, checkpoint, **init):
     registry = importlib.import_module(f'{scope}.registry')
     with DefaultScope.overwrite_default_scope(scope):
         return registry.MODELS.build(cfg.model)
+
+
+def _official_tiny_file(path):
+    """A bare authors' state dict of SOFT-Tiny at 224 saved to ``path``."""
+    torch.save(
+        ref.random_official_state_dict([64, 128, 320, 512], [2, 4, 10, 16],
+                                       [1, 2, 3, 2],
+                                       pretrain_img_size=224,
+                                       dtype=torch.float32), str(path))
 
 
 @pytest.fixture
@@ -98,13 +107,8 @@ def test_authors_checkpoint_through_init_cfg(tmp_path, task, reports):
 
 def test_bare_authors_state_dict_and_report_names_the_model(tmp_path, reports):
     """An official size is named by attn_norm (soft_* / soft_norm_*)."""
-    from mmsoft.models import SOFT
     path = tmp_path / 'soft_tiny.pth'
-    sd = ref.random_official_state_dict([64, 128, 320, 512], [2, 4, 10, 16],
-                                        [1, 2, 3, 2],
-                                        pretrain_img_size=224,
-                                        dtype=torch.float32)
-    torch.save(sd, str(path))
+    _official_tiny_file(path)
     for norm, name in ((True, 'soft_norm_tiny'), (False, 'soft_tiny')):
         reports.clear()
         SOFT(
@@ -133,18 +137,14 @@ def test_wrong_arch_authors_checkpoint_is_an_error(tmp_path):
 
 @pytest.mark.parametrize('prefix', [None, 'backbone.'])
 def test_backbone_keys_of_a_whole_model_file(tmp_path, reports, prefix):
-    """A whole classifier (mmsoft layout): ``backbone.`` keys, prefix given
-    (with ``prefix='backbone.'``) or not."""
-    from mmsoft.models import SOFT
-    src = SOFT(dict(DEMO, depths=[1, 1, 2, 1]), pretrain_img_size=64)
+    """A whole classifier (mmsoft layout): its ``backbone.`` keys."""
+    src = _tiny()
     src.init_weights()
     sd = {f'backbone.{k}': v for k, v in src.state_dict().items()}
     sd['head.fc.weight'] = torch.zeros(5, 192)
     path = tmp_path / 'cls.pth'
     torch.save({'state_dict': sd, 'meta': {}}, str(path))
-    dst = SOFT(
-        dict(DEMO, depths=[1, 1, 2, 1]),
-        pretrain_img_size=64,
+    dst = _tiny(
         init_cfg=dict(type='Pretrained', checkpoint=str(path), prefix=prefix))
     dst.init_weights()
     for k, v in src.state_dict().items():
@@ -158,14 +158,11 @@ def test_backbone_keys_of_a_whole_model_file(tmp_path, reports, prefix):
 def test_init_weights_sets_no_private_state():
     """init_weights is mmengine's (a registered initializer)."""
     import inspect
-
-    from mmsoft.models import SOFT
     assert '_is_init' not in inspect.getsource(SOFT)
 
 
 def test_partial_authors_load_and_second_init_weights(tmp_path, reports):
     """Another pretraining size: all but pos_embed; a 2nd init is a no-op."""
-    from mmsoft.models import SOFT
     path = tmp_path / 'authors_64.pth'
     want = authors_file(path, 64)
     model = SOFT(
@@ -189,9 +186,8 @@ def test_partial_authors_load_and_second_init_weights(tmp_path, reports):
 
 
 # ------------------------------ load_pretrained's report and errors
-def _tiny(**kw):
-    from mmsoft.models import SOFT
-    return SOFT(dict(DEMO, depths=[1, 1, 2, 1]), pretrain_img_size=64, **kw)
+def _tiny(depths=(1, 1, 2, 1), **kw):
+    return SOFT(dict(DEMO, depths=list(depths)), pretrain_img_size=64, **kw)
 
 
 def _filled(model, value):
@@ -223,7 +219,7 @@ def test_the_given_prefix_wins_over_backbone_keys(tmp_path, reports):
 
 def test_a_mismatch_names_the_module_and_the_prefix(tmp_path):
     """The strict refusal names the module and the prefix applied."""
-    sd = _tiny_other().state_dict()
+    sd = _tiny(depths=[1, 1, 3, 1]).state_dict()
     bare, whole = tmp_path / 'bare.pth', tmp_path / 'whole.pth'
     torch.save(sd, str(bare))
     torch.save({f'backbone.{k}': v for k, v in sd.items()}, str(whole))
@@ -244,17 +240,12 @@ def test_a_whole_model_is_compared_key_for_key(tmp_path):
         torch.save(
             {
                 f'backbone.{k}': v
-                for k, v in _tiny_other().state_dict().items()
+                for k, v in _tiny(depths=[1, 1, 3, 1]).state_dict().items()
             }, str(path))
         with pytest.raises(CheckpointMismatchError) as exc:
             loading.load_pretrained(whole, str(path))
         assert str(exc.value).startswith(f'checkpoint {path} does not match '
                                          f'Module: ')
-
-
-def _tiny_other():
-    from mmsoft.models import SOFT
-    return SOFT(dict(DEMO, depths=[1, 1, 3, 1]), pretrain_img_size=64)
 
 
 def test_attention_normalisation_of_the_file_is_checked(tmp_path):
@@ -275,7 +266,6 @@ def test_attention_normalisation_of_the_file_is_checked(tmp_path):
 
 def test_the_report_goes_to_the_current_logger(tmp_path):
     """A record of mmengine's current logger, not a print."""
-    from conftest import current_log
     model = _tiny()
     path = tmp_path / 'own.pth'
     torch.save(model.state_dict(), str(path))
@@ -290,12 +280,7 @@ def test_the_report_goes_to_the_current_logger(tmp_path):
 def test_a_preset_arch_is_named_in_the_wrong_arch_error(tmp_path):
     """An official size's file into another: the fix is the preset."""
     path = tmp_path / 'soft_tiny.pth'
-    torch.save(
-        ref.random_official_state_dict([64, 128, 320, 512], [2, 4, 10, 16],
-                                       [1, 2, 3, 2],
-                                       pretrain_img_size=224,
-                                       dtype=torch.float32), str(path))
-    from mmsoft.models import SOFT
+    _official_tiny_file(path)
     with pytest.raises(CheckpointMismatchError) as exc:
         loading.load_pretrained(
             SOFT(
