@@ -1,23 +1,9 @@
 """The user's chain on real artifacts (issue 27): what one tool writes, the
-next one reads.
-
-For each task (mmdet RetinaNet, mmseg UperNet, mmpretrain classifier: the
-demo configs of ``configs/demo`` on small synthetic data of
-:mod:`mmsoft_tools.demo_synthetic`) a module-scoped fixture trains a
-few iterations with ``tools/train.py``; each test then feeds *that* checkpoint
-(with mmengine's message hub, optimizer, RNG states) to the next tool:
-
-* ``tools/test.py`` (the task's metric);
-* the codebase's inferencer API in a fresh interpreter (``DetInferencer``,
-  ``init_detector``, ``MMSegInferencer``, ``ImageClassificationInferencer``
-  inside ``mmsoft.compat.mmengine_checkpoints_allowed()``: they load the
-  checkpoint before any SOFT model is built) and ``demo/image_demo.py``;
-* ``tools/deployment/pytorch2onnx.py --verify``;
-* the converters both ways (classification; a detector / segmentor
-  checkpoint is refused with one line);
-* ``tools/dist_train.sh`` -> ``kill -9`` -> ``--resume`` (bit-identical to
-  an uninterrupted run) -> ``tools/dist_test.sh`` on the CPU (2 processes,
-  gloo), on test_train_test.py's UperNet config.
+next one reads. Per task (the demo configs on small synthetic data) a
+module-scoped fixture trains a few iterations with ``tools/train.py``; the
+tests feed that checkpoint to ``tools/test.py``, the codebase's inferencers
+and ``demo/image_demo.py``, ONNX export, the converters; and
+``dist_train.sh`` -> ``kill -9`` -> ``--resume`` -> ``dist_test.sh`` on CPU.
 """
 import contextlib
 import glob
@@ -30,6 +16,7 @@ import signal
 import subprocess
 import textwrap
 import time
+import types
 
 import pytest
 import torch
@@ -111,24 +98,16 @@ param_scheduler = [dict(type='ConstantLR', factor=1.0, by_epoch=False)]
 default_hooks = dict(logger=dict(interval=1),
                      checkpoint=dict(interval={n}, max_keep_ckpts=1))
 """
-DATA = {
-    'det': dict(num_train=4, num_val=2, size=64, radius=(6, 16)),
-    'seg': dict(num_train=4, num_val=2, size=64, radius=(6, 16)),
-    'cls': dict(num_train=10, num_val=5),
-}
-SCOPE = {'det': 'mmdet', 'seg': 'mmseg', 'cls': 'mmpretrain'}
+DENSE = dict(num_train=4, num_val=2, size=64, radius=(6, 16))
+DATA = dict(det=DENSE, seg=DENSE, cls=dict(num_train=10, num_val=5))
 
 
 def small_config(tmp, task):
     """The demo config of ``task`` on freshly generated data in ``tmp``."""
     from mmsoft_tools import demo_synthetic
     base, folder, body, (loop, n) = SMALL[task]
-    demo_synthetic.make_demo_data(
-        str(tmp / 'data'),
-        tasks=(task, ),
-        workers=1,
-        overrides={task: DATA[task]},
-        log=None)
+    kw = dict(tasks=(task, ), overrides={task: dict(DATA[task])}, log=None)
+    demo_synthetic.make_demo_data(str(tmp / 'data'), workers=1, **kw)
     root = str(tmp / 'data' / folder)
     path = tmp / f'{task}.py'
     path.write_text(f'_base_ = {osp.join(DEMO_CFGS, base)!r}\n' +
@@ -145,41 +124,27 @@ def train(cfg, work, *extra):
         return f.read().strip()
 
 
-class Trained:
-    """One task's config, data and the checkpoint tools/train.py wrote."""
-
-    def __init__(self, tmp, task):
-        self.task, self.tmp = task, tmp
-        self.cfg, self.root = small_config(tmp, task)
-        self.work = str(tmp / 'work')
-        self.ckpt = train(self.cfg, self.work)
-
-    @property
-    def val_images(self):
-        sub = {
-            'det': 'val',
-            'seg': 'images/validation',
-            'cls': 'val'
-        }[self.task]
-        return osp.join(self.root, sub)
-
-
-_TRAINED = {}
-
-
 @pytest.fixture(scope='module')
 def trained(tmp_path_factory):
-    """``trained(task)``: the task's :class:`Trained`, trained once per
-    module."""
+    """``trained(task)``: the task's config, data root, validation images,
+    work dir and checkpoint of tools/train.py, once per module."""
+    done = {}
 
     def get(task):
-        if task not in _TRAINED:
-            _TRAINED[task] = Trained(
-                tmp_path_factory.mktemp(f'chain_{task}'), task)
-        return _TRAINED[task]
+        if task not in done:
+            tmp = tmp_path_factory.mktemp(f'chain_{task}')
+            cfg, root = small_config(tmp, task)
+            sub = 'images/validation' if task == 'seg' else 'val'
+            work = str(tmp / 'work')
+            done[task] = types.SimpleNamespace(
+                cfg=cfg,
+                root=root,
+                val_images=osp.join(root, sub),
+                work=work,
+                ckpt=train(cfg, work))
+        return done[task]
 
-    yield get
-    _TRAINED.clear()
+    return get
 
 
 # ------------------------------------------------------------ the chain
@@ -243,13 +208,9 @@ out['n'] = len(res[0]['pred_scores'])
 
 @pytest.mark.parametrize('task', ['det', 'seg', 'cls'])
 def test_inferencer_api_and_image_demo(trained, task, tmp_path):
-    """Issue 27, item 1: mmengine's inferencers load the checkpoint before
-    anything builds a SOFT model; a checkpoint of tools/train.py (message
-    hub: HistoryBuffer) fails with "Unsupported global: GLOBAL
-    mmengine.logging.history_buffer.HistoryBuffer" outside mmsoft's
-    allow-list context, which ``import mmsoft`` no longer widens process-wide
-    (issue 50). Then demo/image_demo.py on the validation folder, in the
-    same process."""
+    """Issue 27 (1): the inferencers load a tools/train.py checkpoint inside
+    mmsoft's allow-list context (``import mmsoft`` widens nothing, issue
+    50); then demo/image_demo.py on the validation folder."""
     t = trained(task)
     imgs = sorted(
         glob.glob(osp.join(t.val_images, '**', '*.*'), recursive=True))
@@ -285,18 +246,14 @@ def test_inferencer_api_and_image_demo(trained, task, tmp_path):
         assert json.load(f)['checkpoint'] == t.ckpt
 
 
-@pytest.mark.parametrize('task,shape', [('det', (64, 64)), ('seg', (64, 64)),
-                                        ('cls', (64, 64))])
-def test_onnx_export_verify(trained, task, shape, tmp_path, capsys):
+@pytest.mark.parametrize('task', ['det', 'seg', 'cls'])
+def test_onnx_export_verify(trained, task, tmp_path, capsys):
     pytest.importorskip('onnx')
     pytest.importorskip('onnxruntime')
     t = trained(task)
     out = str(tmp_path / f'{task}.onnx')
-    rc = load_tool('deployment/pytorch2onnx.py').main([
-        t.cfg, t.ckpt, '--shape',
-        str(shape[0]),
-        str(shape[1]), '--out', out, '--verify'
-    ])
+    rc = load_tool('deployment/pytorch2onnx.py').main(
+        [t.cfg, t.ckpt, '--shape', '64', '64', '--out', out, '--verify'])
     text = capsys.readouterr().out
     assert rc == 0, text
     assert 'verify: max relative error' in text and 'PASS' in text
@@ -308,8 +265,7 @@ def _convert(script, *args):
 
 
 def _stop_line(name, argv):
-    """The line ``tools/<name>.py`` stops with, as a user runs it
-    (``run_main``: exit status 1, the message last on stderr)."""
+    """The line ``tools/<name>.py`` stops with (``run_main``: exit 1)."""
     from mmsoft_tools.cli import run_main
     err = io.StringIO()
     with pytest.raises(SystemExit) as e, contextlib.redirect_stderr(err):
@@ -321,10 +277,8 @@ def _stop_line(name, argv):
 
 
 def test_converters_both_ways_classifier(trained, tmp_path, capsys):
-    """Trained classifier -> official layout -> mmsoft: the same tensors,
-    and tools/test.py gives the same metric on the round-tripped file. The
-    converter records attn_norm: a --norm conversion of these soft_*
-    weights is refused under the soft_* config, naming both (item 4)."""
+    """Trained -> official -> mmsoft: the same tensors and metric; a --norm
+    conversion is refused under the soft_* config, naming both (item 4)."""
     t = trained('cls')
     official = str(tmp_path / 'official.pth')
     back = str(tmp_path / 'back.pth')
@@ -354,8 +308,7 @@ def test_converters_both_ways_classifier(trained, tmp_path, capsys):
 
 @pytest.mark.parametrize('task', ['det', 'seg'])
 def test_converter_refuses_dense_checkpoint(trained, task, tmp_path, capsys):
-    """A detector / segmentor checkpoint is not a classifier: one line
-    naming the keys, nothing written."""
+    """A detector / segmentor checkpoint: one line, nothing written."""
     t = trained(task)
     out = str(tmp_path / 'official.pth')
     assert _convert('mmsoft2soft', t.ckpt, out) == 1
@@ -392,17 +345,19 @@ def _process_tree(pid):
     return out
 
 
+def _launch(script, *args):
+    """``tools/<script>.sh args`` on a free port; its output (exit 0)."""
+    res = run(['bash', f'tools/{script}.sh', *args], PORT=str(free_port()))
+    out = res.stdout + res.stderr
+    assert res.returncode == 0, out[-4000:]
+    return out
+
+
 def test_dist_train_kill_resume_dist_test(tmp_path):
-    """2 CPU processes on the real UperNet SOFT-Small config (tiny SOFT,
-    SyncBN -> BN, random resize / crop / flip; test_train_test.py's
-    ``seg_config``): the run (launcher and workers) is SIGKILLed after its
-    first checkpoint; ``--resume`` takes over the dead run's work-dir
-    lock, continues from its newest checkpoint to the end, and ends
-    bit-identical to an uninterrupted run (each rank's RNG states restored:
-    with diff_rank_seed each rank draws its own random resize / crop /
-    flip); ``tools/dist_test.sh`` evaluates the result. One killed run, its
-    resumption, the uninterrupted reference and the test: four launches
-    (test_train_test.py's resume test and this chain test, merged)."""
+    """2 CPU processes (test_train_test's ``seg_config``) SIGKILLed after the
+    first checkpoint; ``--resume`` takes over the dead run's lock and ends
+    bit-identical to an uninterrupted run (each rank's RNG restored, with
+    diff_rank_seed); ``tools/dist_test.sh`` evaluates it."""
     from test_train_test import make_ade, seg_config
     data = make_ade(str(tmp_path / 'ade' / 'ADEChallengeData2016'))
     cfg = seg_config(tmp_path, data)
@@ -457,13 +412,8 @@ def test_dist_train_kill_resume_dist_test(tmp_path):
         for p in glob.glob(osp.join(work, 'iter_*.pth')))
     assert done and done[-1] < 40
     end = done[-1] + 2
-    res = run([
-        'bash', 'tools/dist_train.sh', cfg, '2', '--work-dir', work,
-        '--resume', '--cfg-options', f'train_cfg.max_iters={end}'
-    ],
-              PORT=str(free_port()))
-    out = res.stdout + res.stderr
-    assert res.returncode == 0, out[-4000:]
+    out = _launch('dist_train', cfg, '2', '--work-dir', work, '--resume',
+                  '--cfg-options', f'train_cfg.max_iters={end}')
     assert 'taking over the work dir lock of a run that is gone' in out
     assert 'resumed' in out.lower()
     import re
@@ -474,33 +424,22 @@ def test_dist_train_kill_resume_dist_test(tmp_path):
     assert osp.isfile(ckpt) and not osp.exists(lock)
     # the uninterrupted run to the same iteration
     ref = str(tmp_path / 'ref')
-    res = run([
-        'bash', 'tools/dist_train.sh', cfg, '2', '--work-dir', ref,
-        '--cfg-options', *seed, f'train_cfg.max_iters={end}'
-    ],
-              PORT=str(free_port()))
-    out = res.stdout + res.stderr
-    assert res.returncode == 0, out[-4000:]
+    out = _launch('dist_train', cfg, '2', '--work-dir', ref, '--cfg-options',
+                  *seed, f'train_cfg.max_iters={end}')
     assert f'Iter(train) [{end}/{end}]' in out
     resumed = _load(ckpt)['state_dict']
     uninterrupted = _load(osp.join(ref, f'iter_{end}.pth'))['state_dict']
     assert resumed.keys() == uninterrupted.keys()
     assert all(torch.equal(resumed[k], uninterrupted[k]) for k in resumed)
-    res = run([
-        'bash', 'tools/dist_test.sh', cfg, ckpt, '2', '--work-dir',
-        str(tmp_path / 'test')
-    ],
-              PORT=str(free_port()))
-    out = res.stdout + res.stderr
-    assert res.returncode == 0, out[-4000:]
+    out = _launch('dist_test', cfg, ckpt, '2', '--work-dir', tmp_path / 'test')
     assert 'per class results' in out and re.search(r'\|\s+wall\s+\|', out)
     assert re.search(r'mIoU: \d', out), out[-3000:]
 
 
 # ----------------------------------------------- strict loads in train
 def test_load_from_other_arch_fails_partial_opt_in(trained, tmp_path, capsys):
-    """Item 2: load_from = a checkpoint of another model used to train
-    from random weights after 109 INFO lines (exit 0)."""
+    """Item 2: load_from of another model stops (was: trained from random
+    weights, exit 0); a headless classifier loads with --partial-load."""
     det, cls = trained('det'), trained('cls')
     work = str(tmp_path / 'w')
     msg = _stop_line('train', [
@@ -512,13 +451,8 @@ def test_load_from_other_arch_fails_partial_opt_in(trained, tmp_path, capsys):
     # a classifier without its head: partial with --partial-load
     sd = _load(cls.ckpt)['state_dict']
     headless = str(tmp_path / 'headless.pth')
-    torch.save(
-        {
-            'state_dict': {
-                k: v
-                for k, v in sd.items() if not k.startswith('head.')
-            }
-        }, headless)
+    sd = {k: v for k, v in sd.items() if not k.startswith('head.')}
+    torch.save({'state_dict': sd}, headless)
     assert 'pass --partial-load' in _stop_line('train', [
         cls.cfg, '--work-dir', work, '--cfg-options', f'load_from={headless}'
     ])
@@ -530,9 +464,8 @@ def test_load_from_other_arch_fails_partial_opt_in(trained, tmp_path, capsys):
 
 
 def test_resume_from_weights_only_file_is_refused_first(trained, tmp_path):
-    """Item 2: ``--resume <a non-training checkpoint>`` half-loaded it and
-    failed with KeyError: 'epoch'; now one line from the config's
-    StrictLoadHook before anything is trained or saved."""
+    """Item 2: ``--resume`` of a weights-only file: one line from the
+    config's StrictLoadHook before anything is trained or saved."""
     cls = trained('cls')
     weights = str(tmp_path / 'weights.pth')
     sd = _load(cls.ckpt)['state_dict']
@@ -550,9 +483,8 @@ def test_resume_from_weights_only_file_is_refused_first(trained, tmp_path):
 
 
 def test_second_run_in_work_dir_is_refused(trained, tmp_path):
-    """Item 3: a second run in a work dir that a live run holds stops with
-    one line naming the holder (pid, host) and the fix; nothing of the
-    first run is touched."""
+    """Item 3: a second run in a live run's work dir: one line naming the
+    holder (pid, host) and the fix; nothing of the first run touched."""
     import socket
     cls = trained('cls')
     work = str(tmp_path / 'w')
