@@ -25,11 +25,22 @@ def n_params(model):
 
 
 @pytest.mark.parametrize('arch', sorted(PAPER_PARAMS))
-def test_param_counts_match_paper(arch):
+def test_preset_param_counts_and_shapes(arch):
     model = SOFT(arch)
     head = 512 * 1000 + 1000  # the 1000-class linear head on the cls token
     total = n_params(model) + head
     assert abs(total - PAPER_PARAMS[arch]) / PAPER_PARAMS[arch] < 0.05
+    # the preset's widths / heads with depth 1 per stage (for speed)
+    a = copy.deepcopy(SOFT.arch_zoo[arch])
+    a['depths'] = [1, 1, 1, 1]
+    model = SOFT(a).eval()
+    with torch.no_grad():
+        outs = model(torch.randn(1, 3, 96, 128))
+    dims = SOFT.arch_zoo[arch]['embed_dims']
+    assert [tuple(o.shape) for o in outs] == [
+        (1, d, 96 // s, 128 // s) for d, s in zip(dims, (4, 8, 16, 32))
+    ]
+    assert model.out_channels == dims
 
 
 def test_official_small_depths_expressible():
@@ -42,22 +53,6 @@ def test_official_small_depths_expressible():
             num_heads=[2, 4, 10, 16],
             depths=[1, 3, 20, 4]))
     assert n_params(custom) == n_params(model)
-
-
-@pytest.mark.parametrize('arch', sorted(PAPER_PARAMS))
-def test_preset_structure_shapes(arch):
-    """Every preset's widths / heads with depth 1 per stage (for speed)."""
-    a = copy.deepcopy(SOFT.arch_zoo[arch])
-    a['depths'] = [1, 1, 1, 1]
-    model = SOFT(a).eval()
-    with torch.no_grad():
-        outs = model(torch.randn(1, 3, 96, 128))
-    dims = SOFT.arch_zoo[arch]['embed_dims']
-    assert [tuple(o.shape) for o in outs] == [(1, dims[0], 24, 32),
-                                              (1, dims[1], 12, 16),
-                                              (1, dims[2], 6, 8),
-                                              (1, dims[3], 3, 4)]
-    assert model.out_channels == dims
 
 
 def test_official_block_details():
