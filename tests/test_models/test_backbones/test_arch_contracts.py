@@ -40,6 +40,12 @@ def test_defaults_are_tiny_at_224():
     (ValueError, "SOFT arch['dw_kernel_sizes'][3] must be None: stage 4 is a "
      'ClsTokenStage, which takes no dw_kernel_size; got 7',
      dict(ARCH, dw_kernel_sizes=[9, 5, 3, 7])),
+    (ValueError, "arch['dw_kernel_sizes'] must be a list of 4 values (one per "
+     'stage), got [9, 5, 3]', dict(ARCH, dw_kernel_sizes=[9, 5, 3])),
+    (ValueError, "arch['dw_kernel_sizes'][3] must be None: stage 4 is a "
+     'ClsTokenStage', dict(ARCH, dw_kernel_sizes=[9, 5, 3, 3])),
+    (ValueError, "arch['sampling_ratios'] must be a list of 4 values",
+     dict(ARCH, sampling_ratios=[8, 4, 2])),
 ])
 def test_arch_refusal_is_one_exact_message(error, message, arch):
     with pytest.raises(error, match=re.escape(message)):
