@@ -442,11 +442,24 @@ def why_table():
             'iterations, before `nr_method=\'auto\'` took block Lanczos on '
             'CUDA; the GPU rerun with it is pending a lent GPU (`make '
             'gpu-check` has the rows).\n')
+    # the newest run with memory reused: the first such row of the runs
+    runs = read_csv('detection_resolution_cpu_runs.csv')
+    label = next(r['note'] for r in runs if r['memory'] == 'reused')
+    reused = {(r['model'], r['mode']): float(r['time_ms'])
+              for r in runs if (r['memory'], r['note']) == ('reused', label)}
+
+    def reused_x(mode):
+        return _x(reused[('soft_small_norm', mode)] /
+                  reused[('pvtv2_b2', mode)])
+
     note += (f'\nAt detection resolution ({_dims(size)}) SOFT-Small-Norm\'s '
              f'backbone forward takes **{_x(on_cpu)}** PVTv2-b2\'s time on '
              f'the 2-core CPU (batch 1, block Lanczos, the default '
-             f'`nr_method=\'auto\'`); a CPU training step takes '
-             f'{_x(step_cpu)}. On the {H200} (batch 2) it took '
+             f'`nr_method=\'auto\'`, glibc\'s default allocator; '
+             f'{reused_x("forward")} with freed memory reused); a CPU '
+             f'training step takes {_x(step_cpu)} '
+             f'({reused_x("forward_backward")}). On the {H200} (batch 2) '
+             f'it took '
              f'**{_x(on_gpu)}**, measured before that fast path: the 20 '
              f'Newton–Raphson iterations on the m × m matrices (m = 950 '
              f'landmarks in each of the first three stages) dominate there, '
