@@ -74,7 +74,6 @@ def test_official_block_details():
                                                                 (1, 784, 128),
                                                                 (1, 196, 320),
                                                                 (1, 50, 512)]
-    assert model.stages[3].norm.eps == 1e-6
     # m = 49 bottleneck tokens at 224 x 224 in every SOFT stage
     with torch.no_grad():
         model.eval()(torch.randn(1, 3, 224, 224))
@@ -198,8 +197,11 @@ def test_drop_path_rate_means_stochastic_depth(residual_drop):
         SOFT(TINY, residual_drop='dropblock')
 
 
-def test_default_init_is_truncated_normal():
-    model = SOFT(TINY)
+@pytest.mark.parametrize(  # also for a Pretrained init with no checkpoint
+    'init_cfg',
+    [None, dict(type='Pretrained', checkpoint=None, prefix='backbone.')])
+def test_default_init_is_truncated_normal(init_cfg):
+    model = SOFT(TINY, init_cfg=init_cfg)
     model.init_weights()
     # std 0.02 as the official timm init (truncation bounds are +-2 absolute)
     w = torch.cat([
@@ -230,14 +232,6 @@ def test_max_landmarks_backbone():
         attn = capped.stages[i].blocks[0].attn
         q = torch.randn(1, 1, hw[0] * hw[1], attn.head_dims)
         assert attn.sampler(q, hw).shape[2] <= 16
-
-
-def test_pretrained_without_checkpoint_is_random_init():
-    model = SOFT(
-        TINY,
-        init_cfg=dict(type='Pretrained', checkpoint=None, prefix='backbone.'))
-    model.init_weights()
-    assert 0.018 < model.stages[0].pos_embed.std() < 0.022
 
 
 @pytest.mark.parametrize('attn_norm', [True, False])
