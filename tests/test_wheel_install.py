@@ -28,6 +28,9 @@ from conftest import ROOT, random_model
 SOURCES = ('setup.py', 'MANIFEST.in', 'README.md', 'model-index.yml',
            'requirements', 'mmsoft', 'configs', 'tools', 'demo')
 
+IGNORE = shutil.ignore_patterns('__pycache__', '.mim', '*.pyc', '*.png',
+                                '*.jpg')
+
 BLOCKER = '''\
 # simulate an environment with only mmdet: mmseg and mmpretrain are absent
 import sys
@@ -45,9 +48,7 @@ sys.meta_path.insert(0, _Absent())
 '''
 
 USER_CONFIG = '''\
-# A user's own config, outside the mmsoft checkout: it builds on a shipped
-# config (copied with `mim run mmsoft configs copy`) and brings mmsoft in
-# through custom_imports only.
+# A user's config outside the checkout: a copied shipped base, custom_imports
 _base_ = ['./mmsoft_configs/demo/soft_cls_demo.py']
 
 custom_imports = dict(imports=['mmsoft'], allow_failed_imports=False)
@@ -86,14 +87,6 @@ def _run(cmd, cwd, env=None, timeout=600):
     return proc
 
 
-def _ignore(src, names):
-    return {
-        n
-        for n in names
-        if n in ('__pycache__', '.mim') or n.endswith(('.pyc', '.png', '.jpg'))
-    }
-
-
 @pytest.fixture(scope='module')
 def env(tmp_path_factory):
     for mod, why in (('setuptools',
@@ -110,7 +103,7 @@ def env(tmp_path_factory):
     for name in SOURCES:
         s = osp.join(ROOT, name)
         if osp.isdir(s):
-            shutil.copytree(s, src / name, ignore=_ignore)
+            shutil.copytree(s, src / name, ignore=IGNORE)
         else:
             shutil.copyfile(s, src / name)
     clean = dict(os.environ)
