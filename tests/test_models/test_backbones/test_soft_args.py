@@ -235,6 +235,23 @@ def test_norm_and_act_cfgs():
     assert all(torch.isfinite(o).all() for o in outs)
 
 
+def test_classifier_checkpoint_loads_through_init_cfg(tmp_path):
+    """A classifier file (the backbone under ``backbone.``, a head)."""
+    src = SOFT(ARCH)
+    src.init_weights()
+    sd = {'backbone.' + k: v for k, v in src.state_dict().items()}
+    sd['head.fc.weight'] = torch.zeros(3, ARCH['embed_dims'][-1])
+    path = tmp_path / 'classifier.pth'
+    torch.save({'state_dict': sd, 'meta': {}}, path)
+    model = SOFT(
+        ARCH,
+        init_cfg=dict(
+            type='Pretrained', checkpoint=str(path), prefix='backbone.'))
+    model.init_weights()
+    for k, v in src.state_dict().items():
+        assert torch.equal(model.state_dict()[k], v), k
+
+
 @pytest.mark.parametrize('key', ['norm_cfg', 'patch_norm_cfg'])
 def test_unknown_norm_names_it_and_the_known_norms(key):
     """Issue 27: not mmcv's "Cannot find None in registry"."""
