@@ -38,6 +38,7 @@ STRICT = 'tests/test_tools/test_strict_load_tools.py::'
 NR_SOFT = ('tests/test_models/test_layers/test_nr_official_soft.py::'
            'test_soft_rule_matches_official')
 AMP = 'tests/test_models/test_device_amp.py::'
+GK = 'tests/test_models/test_layers/test_gaussian_kernel.py::'
 CLI = 'tests/test_tools/test_tool_cli.py::'
 SAFE_CONV = 'tests/test_models/test_layers/test_safe_conv.py::'
 #: issue 30: the effective recipe of a config against the recipe card
@@ -163,6 +164,20 @@ MUTATIONS = (
       new='',
       tests=(AMP + 'test_pinv_alone_runs_in_fp32_under_autocast'
              '[cpu-iterative-bfloat16]', )),
+    M(name='fused_products_uncentered',
+      what=('inference without P: the tokens are not translated by the '
+            'mean landmark (the norms no longer cancel in float32)'),
+      path='mmsoft/models/layers/soft_attention.py',
+      old='            c = landmarks.float().mean(-2, keepdim=True)\n',
+      new='            c = landmarks.float()[..., :1, :] * 0\n',
+      tests=(GK + 'test_fused_products_equal_the_formed_kernel[True]', )),
+    M(name='fused_products_unnormalised',
+      what=('inference without P: the fused attention output taken as K w '
+            '(the quotient by 1 / (1 + sum K) dropped)'),
+      path='mmsoft/models/layers/soft_attention.py',
+      old='    return out[..., :e] / out[..., e:e + 1]\n',
+      new='    return out[..., :e]\n',
+      tests=(GK + 'test_kernel_product_without_the_kernel[0.0-1.0]', )),
     M(name='compile_graph_break',
       what=('soft_attention validates its queries with a data-dependent '
             'Python branch (a graph break)'),
