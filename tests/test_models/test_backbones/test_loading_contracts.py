@@ -12,14 +12,16 @@ import zipfile
 
 import pytest
 import torch
+import torch.hub
 import torch.nn as nn
 from conftest import current_log
+from mmengine.runner import CheckpointLoader
 from reference import official_soft_ref as ref
 
 from mmsoft.models import SOFT, loading
-from mmsoft.models.converters import OFFICIAL_PAGE
+from mmsoft.models.converters import OFFICIAL_PAGE, official_soft_hint
 from mmsoft.utils.checkpoint_io import CheckpointRefused
-from mmsoft.utils.strict_load import CheckpointMismatchError
+from mmsoft.utils.strict_load import CheckpointMismatchError, few_keys
 
 _CPU_TAG = b'X\x03\x00\x00\x00cpu'
 
@@ -135,7 +137,6 @@ def test_read_checkpoint_missing_path_is_one_line(tmp_path):
 @pytest.fixture
 def hub(tmp_path, monkeypatch):
     """torch.hub's dir (holding another file), away from the cwd."""
-    import torch.hub
     d = tmp_path / 'hub'
     (d / 'checkpoints').mkdir(parents=True)
     (d / 'checkpoints' / 'other.pth').write_bytes(b'')
@@ -148,7 +149,6 @@ def hub(tmp_path, monkeypatch):
 def test_read_checkpoint_https_cached_and_read_safely(tmp_path, monkeypatch,
                                                       hub):
     """Downloaded once to ``<hub>/checkpoints/<name>``, read safely."""
-    import torch.hub
     marker, calls = tmp_path / 'MARKER', []
 
     def download(url, dst, *args, **kwargs):
@@ -191,7 +191,6 @@ def test_read_checkpoint_http_download_is_quiet(tmp_path, hub, capfd):
 
 def test_read_checkpoint_other_schemes_are_mmengines(monkeypatch):
     """mmengine's CheckpointLoader, with ``map_location`` (CPU default)."""
-    from mmengine.runner import CheckpointLoader
     calls = []
 
     def loader(filename, map_location):
@@ -398,13 +397,12 @@ def test_init_cfg_loader_defaults_and_map_location(tmp_path, monkeypatch):
 
 def test_official_soft_hint():
     """The converter command for an authors' file; None for another."""
-    from mmsoft.models import converters as cv
     sd = ref.random_official_state_dict([8, 8, 8, 8], [1, 1, 1, 1],
                                         [1, 1, 1, 1],
                                         pretrain_img_size=32,
                                         dtype=torch.float32)
     ckpt = {'model': dict(head_extra=torch.zeros(1), **sd)}
-    assert cv.official_soft_hint(ckpt, '/data/w/soft_tiny.pth') == (
+    assert official_soft_hint(ckpt, '/data/w/soft_tiny.pth') == (
         '/data/w/soft_tiny.pth is an official SOFT checkpoint '
         "(fudan-zvg/SOFT key layout, e.g. 'pos_embed1'); convert it first: "
         'python tools/model_converters/soft2mmsoft.py /data/w/soft_tiny.pth '
@@ -412,17 +410,16 @@ def test_official_soft_hint():
         'the converted file (the SOFT backbone alone reads it directly: '
         "init_cfg=dict(type='Pretrained', "
         'checkpoint=/data/w/soft_tiny.pth)).')
-    assert cv.official_soft_hint(sd).startswith(
+    assert official_soft_hint(sd).startswith(
         'SRC is an official SOFT checkpoint')
-    assert 'soft2mmsoft.py SRC weights/SRC [' in cv.official_soft_hint(sd)
+    assert 'soft2mmsoft.py SRC weights/SRC [' in official_soft_hint(sd)
     assert 'soft2mmsoft.py /data/ weights/soft.pth [' in \
-        cv.official_soft_hint(sd, '/data/')
-    assert cv.official_soft_hint({'state_dict': {'w': torch.zeros(1)}}) \
+        official_soft_hint(sd, '/data/')
+    assert official_soft_hint({'state_dict': {'w': torch.zeros(1)}}) \
         is None
 
 
 def test_few_keys():
-    from mmsoft.utils.strict_load import few_keys
     keys = [f'k{i}' for i in range(8)]
     assert few_keys(keys[:5]) == 'k0, k1, k2, k3, k4'
     assert few_keys(keys[:6]) == 'k0, k1, k2, k3, k4, ... (+1 more)'

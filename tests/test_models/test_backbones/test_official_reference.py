@@ -1,10 +1,6 @@
-"""The converted official weights in an mmpretrain classifier give the
-logits of an independent re-derivation of the official SOFT (issue 20).
-
-Every part and converter mapping (a swap of same-shape tensors fails here)
-at 12 and 90 landmarks (both NR evaluations); float64 to rounding (1e-10),
-float32 at the issue's 1e-5 relative.
-"""
+"""Issue 20: converted official weights in an mmpretrain classifier give the
+logits of a re-derived official SOFT (every part and converter mapping), at
+12 / 90 landmarks; float64 to 1e-10, float32 to the issue's 1e-5 relative."""
 import pytest
 import torch
 from reference import official_soft_ref as ref

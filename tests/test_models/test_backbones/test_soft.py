@@ -7,6 +7,8 @@ from conftest import tiny_arch
 
 from mmsoft.models.backbones import SOFT
 from mmsoft.models.backbones.soft import SOFTBlock, SoftmaxBlock
+from mmsoft.models.layers import SOFTAttention
+from mmsoft.models.layers.nr_autograd import SPECTRAL_MIN_M
 
 TINY = tiny_arch(num_heads=[1, 1, 2, 2])
 
@@ -237,8 +239,6 @@ def test_max_landmarks_backbone():
 @pytest.mark.parametrize('attn_norm', [True, False])
 def test_fast_path_equals_reference_nr_end_to_end(attn_norm):
     """m = 100: 'auto' (spectral) == iterative NR (issue #8 tolerances)."""
-    from mmsoft.models.layers import SOFTAttention
-    from mmsoft.models.layers.nr_autograd import SPECTRAL_MIN_M
     torch.manual_seed(0)
     fast = SOFT(TINY, attn_cfg=dict(type='soft', attn_norm=attn_norm))
     ref = SOFT(
