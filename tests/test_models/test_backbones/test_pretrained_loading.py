@@ -24,22 +24,20 @@ TASKS = {
 }
 
 
-def authors_file(path, img_size, depths=(1, 1, 2, 1), wrap='model'):
+def authors_file(path, img_size, depths=(1, 1, 2, 1)):
     """Saves an authors' file of the demo SOFT; returns its conversion."""
     sd = ref.random_official_state_dict(
         DEMO['embed_dims'],
         DEMO['num_heads'],
         list(depths),
         num_classes=5,
-        pretrain_img_size=img_size,
         ratios=RATIOS,
+        pretrain_img_size=img_size,
         dtype=torch.float32)
-    torch.save({wrap: sd} if wrap else sd, str(path))
+    torch.save({'model': sd}, str(path))
     converted, _ = convert_official_to_mmpretrain(sd)
-    return {
-        k[len('backbone.'):]: v
-        for k, v in converted.items() if k.startswith('backbone.')
-    }
+    n = len('backbone.')
+    return {k[n:]: v for k, v in converted.items() if k[:n] == 'backbone.'}
 
 
 def build(task, checkpoint, **init):
