@@ -11,6 +11,7 @@ import io
 import json
 import os
 import os.path as osp
+import re
 import shutil
 import signal
 import subprocess
@@ -20,7 +21,7 @@ import types
 
 import pytest
 import torch
-from conftest import ROOT, free_port, load_tool, run, run_python
+from conftest import ROOT, child_env, free_port, load_tool, run, run_python
 from conftest import tool_namespace as tool
 from conftest import work_dir_holder
 
@@ -170,9 +171,8 @@ def test_train_writes_a_full_training_checkpoint(trained):
 ])
 def test_test_tool_on_trained_checkpoint(trained, task, keys, tmp_path):
     t = trained(task)
-    metrics = tool('test')['main'](
-        [t.cfg, t.ckpt, '--work-dir',
-         str(tmp_path / 'test')])
+    work = str(tmp_path / 'test')
+    metrics = tool('test')['main']([t.cfg, t.ckpt, '--work-dir', work])
     assert set(keys) <= set(metrics), sorted(metrics)
 
 
@@ -234,7 +234,6 @@ def test_inferencer_api_and_image_demo(trained, task, tmp_path):
     """)
     res = run_python(code, timeout=600)
     assert res.returncode == 0, res.stderr[-4000:]
-    import re
     found = re.search(r'API (\{.*?\})\n', res.stdout)
     assert found, res.stdout[-3000:]
     out = json.loads(found.group(1))
@@ -362,7 +361,6 @@ def test_dist_train_kill_resume_dist_test(tmp_path):
     data = make_ade(str(tmp_path / 'ade' / 'ADEChallengeData2016'))
     cfg = seg_config(tmp_path, data)
     work = str(tmp_path / 'work')
-    from conftest import child_env
     seed = ['randomness.seed=0', 'randomness.diff_rank_seed=True']
     cmd = [
         'bash', 'tools/dist_train.sh', cfg, '2', '--work-dir', work,
@@ -416,7 +414,6 @@ def test_dist_train_kill_resume_dist_test(tmp_path):
                   '--cfg-options', f'train_cfg.max_iters={end}')
     assert 'taking over the work dir lock of a run that is gone' in out
     assert 'resumed' in out.lower()
-    import re
     assert re.search(rf'Iter\(train\) \[\s*{done[-1] + 1}/{end}\]',
                      out), out[-3000:]
     assert 'Iter(train) [1/' not in out
