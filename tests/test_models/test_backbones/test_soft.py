@@ -50,10 +50,7 @@ def test_official_small_depths_expressible():
     assert model.depths == [1, 3, 20, 4]
     assert abs(n_params(model) + 513000 - 38.9e6) / 38.9e6 < 0.01
     custom = SOFT(
-        dict(
-            embed_dims=[64, 128, 320, 512],
-            num_heads=[2, 4, 10, 16],
-            depths=[1, 3, 20, 4]))
+        tiny_arch((64, 128, 320, 512), (2, 4, 10, 16), (1, 3, 20, 4)))
     assert n_params(custom) == n_params(model)
 
 
