@@ -257,7 +257,7 @@ def _authors_state_dict(**drop):
     return {k: v for k, v in sd.items() if not k.startswith(tuple(drop))}
 
 
-def test_load_pretrained_unconvertible_files_are_one_error(tmp_path):
+def test_load_pretrained_files_it_cannot_use_are_one_error(tmp_path):
     path = str(tmp_path / 'w.pth')
     torch.save({'model': _authors_state_dict(pos_embed2=1)}, path)
     with pytest.raises(CheckpointMismatchError) as info:
@@ -272,11 +272,8 @@ def test_load_pretrained_unconvertible_files_are_one_error(tmp_path):
             match=f'^checkpoint {re.escape(path)}: no state dict '
             'found in the checkpoint'):
         loading.load_pretrained(nn.Linear(2, 3), path)
-
-
-def test_load_pretrained_authors_file_into_another_module(tmp_path):
-    """Converted, then the usual mismatch error (not a crash)."""
-    path = str(tmp_path / 'w.pth')
+    # an authors' file for a module without a SOFT backbone: converted, then
+    # the usual mismatch error (not a crash on the missing SOFT)
     torch.save(_authors_state_dict(), path)
     with pytest.raises(CheckpointMismatchError, match=re.escape(path)):
         loading.load_pretrained(nn.Linear(2, 3), path)
