@@ -83,12 +83,17 @@ def test_one_line_os_error_without_a_file(err, what):
     assert 'failed: [Errno 28] None' not in line and 'None (' not in line
 
 
-@pytest.mark.parametrize('path, target', [
-    (temp_path_for('/w/a.b.pth'), '/w/a.b.pth (not replaced)'),
-    (temp_path_for('/w/a.b.pth', '.zip'), '/w/a.b.pth (not replaced)'),
-    ('/x/.hidden.pth', '/x/.hidden.pth'),
-    (None, ''),
-])
+@pytest.mark.parametrize(
+    'path, target',
+    [
+        (temp_path_for('/w/a.b.pth'), '/w/a.b.pth (not replaced)'),
+        (temp_path_for('/w/a.b.pth', '.zip'), '/w/a.b.pth (not replaced)'),
+        ('/x/.hidden.pth', '/x/.hidden.pth'),
+        (None, ''),
+    ],
+    # the temp names hold the pid and a random part: ids that are the same
+    # in every xdist worker
+    ids=['temp', 'temp-zip', 'hidden', 'none'])
 def test_target_of_temp(path, target):
     assert cli._target_of_temp(path) == target
 
