@@ -1,148 +1,111 @@
-"""The official SOFT classifier's forward pass, re-derived independently.
+"""The official SOFT classifier's forward pass, re-derived independently:
+plain torch functions over a state dict in the OFFICIAL key layout (timm
+``soft_*`` / ``soft_norm_*`` of fudan-zvg/SOFT master), written from the
+semantics of the official files, not copied, using nothing of mmsoft.
 
-A numerical reference for the whole model: plain torch functions over a
-state dict in the OFFICIAL key layout (the timm ``soft_*`` /
-``soft_norm_*`` models of github fudan-zvg/SOFT, branch master), written
-from the semantics of the official files, not copied from them and not
-using anything of :mod:`mmsoft`:
+* ``softmax_free_vision_transformer.py``: ``PatchEmbed`` (stage 1: conv3x3
+  s2 / s1 / s2, 32 hidden channels; stages 2-4: one conv3x3 s2; each conv +
+  BN + ReLU), square-grid position embeddings resized bilinearly
+  (``align_corners=False``; stage 4 keeps the cls entry aside), stage 4 of
+  pre-norm ViT blocks (softmax, ``q`` / fused ``kv``, scale d^-1/2, GELU
+  MLP, LayerNorm eps 1e-6), cls token, final LayerNorm (1e-6), linear head.
+* ``softmax_free_transformer.py``: post-norm SOFT blocks (``x = norm1(x +
+  mha(x))``, ``x = norm2(x + ff2(gelu_tanh(ff1(x))))``, LN eps 1e-5, width
+  4 C), ``W_q`` (Q = K) and ``W_v``, Q scaled by d^-1/4, the conv landmark
+  sampler (r x r conv of stride r, no bias, on each head's (d, H, W) map,
+  then LN + exact GELU), the Gaussian kernel exp(-(|a|^2 + |b|^2 - 2 a.b) /
+  2), X = (P A^+) (P^T V), the depthwise conv on V (one k x k filter per
+  head, shared by its channels), the output ``ff``; for ``soft_norm_*``
+  A^+ -> D^-1/2 A^+ D^-1/2 with D = diag(A 1).
+* ``SOFT/kernel/inverse.py`` ``newton_inv`` (``soft_*``) and
+  ``SoftmaxFreeNormAttentionKernel.newton_inv`` (``soft_norm_*``).
 
-* ``models/softmax_free_vision_transformer.py``: ``PatchEmbed`` (stage 1:
-  conv3x3 s2 / conv3x3 s1 / conv3x3 s2, 32 hidden channels; stages 2-4:
-  one conv3x3 s2; each conv followed by BatchNorm and ReLU), the position
-  embeddings (a square grid, bilinearly resized with
-  ``align_corners=False``; stage 4 keeps the cls entry aside), stages 1-3
-  of ``SoftmaxFreeTransformerBlock``, stage 4 of pre-norm ViT ``Block``
-  (softmax attention with ``q`` / fused ``kv``, scale d^-1/2, GELU MLP,
-  LayerNorm eps 1e-6), the cls token, the final LayerNorm (eps 1e-6) and
-  the linear head on the cls token;
-* ``models/softmax_free_transformer.py``: post-norm SOFT blocks
-  (``x = norm1(x + mha(x))``, ``x = norm2(x + ff2(gelu_tanh(ff1(x))))``,
-  LayerNorm eps 1e-5, hidden width 4 C, the tanh GELU approximation),
-  ``W_q`` (Q = K) and ``W_v``, Q scaled by d^-1/4, the conv landmark
-  sampler (r x r conv of stride r without bias on the (d, H, W) map of
-  each head, then LayerNorm + exact GELU), the Gaussian kernel
-  exp(-(|a|^2 + |b|^2 - 2 a.b) / 2), X = (P A^+) (P^T V), the depthwise
-  conv on V (one k x k filter per head, shared by the head's channels),
-  the output projection ``ff``; ``SoftmaxFreeNormAttentionKernel`` for
-  ``soft_norm_*``: A^+ -> D^-1/2 A^+ D^-1/2 with D = diag(A 1);
-* ``SOFT/kernel/inverse.py`` (``newton_inv``, the ``soft_*`` rule) and
-  ``SoftmaxFreeNormAttentionKernel.newton_inv`` (the ``soft_norm_*``
-  rule): see :func:`nr_pinv_soft` and :func:`nr_pinv_norm`.
-
-Dropout / drop path are identities (eval). Everything runs in the dtype of
-the state dict and the input (the tests use float64).
+Dropout / drop path are identities (eval); everything runs in the dtype of
+the state dict and input (the tests use float64).
 """
 import math
 from collections import OrderedDict
-from typing import Dict, Sequence
 
 import torch
 import torch.nn.functional as F
-
-Tensor = torch.Tensor
-StateDict = Dict[str, Tensor]
 
 STEM_CHANNELS = 32  # hidden width of the official stage-1 stem
 NR_ITERS = 20  # the official newton_max_iter
 
 
-# ------------------------------------------------------------ primitives
-def _linear(sd: StateDict, name: str, x: Tensor) -> Tensor:
+def _linear(sd, name, x):
     return F.linear(x, sd[name + '.weight'], sd.get(name + '.bias'))
 
 
-def _layer_norm(sd: StateDict, name: str, x: Tensor, eps: float) -> Tensor:
+def _layer_norm(sd, name, x, eps):
     return F.layer_norm(x, x.shape[-1:], sd[name + '.weight'],
                         sd[name + '.bias'], eps)
 
 
-def gelu_tanh(x: Tensor) -> Tensor:
+def gelu_tanh(x):
     """The official ``Approx_GeLU`` (FFN of the SOFT blocks)."""
     c = math.sqrt(2.0 / math.pi)
     return 0.5 * x * (1.0 + torch.tanh(c * (x + 0.044715 * x**3)))
 
 
-def gelu_erf(x: Tensor) -> Tensor:
+def gelu_erf(x):
     """``nn.GELU()`` (sampler, stage-4 MLP): x Phi(x)."""
     return 0.5 * x * (1.0 + torch.erf(x / math.sqrt(2.0)))
 
 
-def gaussian_kernel(a: Tensor, b: Tensor) -> Tensor:
-    """exp(-||a_i - b_j||^2 / 2) for a (..., n, d), b (..., m, d), the
-    squared distance expanded as the official torch kernel does."""
+def gaussian_kernel(a, b):
+    """exp(-||a_i - b_j||^2 / 2), the square expanded as the official."""
     sq = (a * a).sum(-1, keepdim=True) + (b * b).sum(-1).unsqueeze(-2) \
         - 2.0 * a @ b.transpose(-1, -2)
     return torch.exp(-sq / 2.0)
 
 
-# --------------------------------------------------- NR pseudo-inverses
-def nr_pinv_soft(A: Tensor, iters: int = NR_ITERS) -> Tensor:
-    """``soft_*`` (NeurIPS): per matrix, alpha = 0.9 * 2 / (max row sum of
-    A)^2 (A before the shift), then the iterations V <- 2V - V P V on
-    P = A + 0.01 I from V_0 = alpha P."""
+def nr_pinv_soft(A, iters=NR_ITERS):
+    """``soft_*``: per matrix alpha = 0.9 * 2 / (max row sum of A)^2, then
+    V <- 2V - V P V on P = A + 0.01 I from V_0 = alpha P."""
     alpha = 1.8 / A.sum(-1).amax(-1)**2
-    eye = torch.eye(A.shape[-1], dtype=A.dtype, device=A.device)
-    P = A + 0.01 * eye
+    P = A + 0.01 * torch.eye(A.shape[-1], dtype=A.dtype, device=A.device)
     V = alpha[..., None, None] * P
     for _ in range(iters):
         V = 2 * V - V @ P @ V
     return V
 
 
-def nr_pinv_norm(A: Tensor, iters: int = NR_ITERS) -> Tensor:
-    """``soft_norm_*`` (IJCV): one alpha for the whole stack A (the
-    official batch; the tests call it on one sample's heads, i.e. the
-    official model at batch size 1): alpha = 2 / (largest row sum)^2,
-    halved while the largest column abs sum of I - A (alpha A) exceeds
-    1.01, at most 10 times; then V <- 2V - V A V from V_0 = alpha A."""
+def nr_pinv_norm(A, iters=NR_ITERS):
+    """``soft_norm_*``: one alpha for the whole stack (the official batch;
+    the tests pass one sample's heads) = 2 / (largest row sum)^2, halved
+    (at most 10 times) while the largest column abs sum of I - A (alpha A)
+    exceeds 1.01; then V <- 2V - V A V from V_0 = alpha A."""
     eye = torch.eye(A.shape[-1], dtype=A.dtype, device=A.device)
     alpha = 2.0 / A.sum(-1).max()**2
-
-    def residual(a):
-        return (eye - A @ (a * A)).abs().sum(-2).max()
-
-    halvings = 0
-    while halvings < 10 and residual(alpha) > 1.01:
+    for _ in range(10):
+        if not (eye - A @ (alpha * A)).abs().sum(-2).max() > 1.01:
+            break
         alpha = alpha / 2
-        halvings += 1
     V = alpha * A
     for _ in range(iters):
         V = 2 * V - V @ A @ V
     return V
 
 
-# ------------------------------------------------------------ embeddings
-def _conv_bn_relu(sd: StateDict, pre: str, conv: int, x: Tensor,
-                  stride: int) -> Tensor:
-    x = F.conv2d(
-        x,
-        sd[f'{pre}.{conv}.weight'],
-        sd[f'{pre}.{conv}.bias'],
-        stride=stride,
-        padding=1)
+def _conv_bn_relu(sd, pre, conv, x, stride):
+    x = F.conv2d(x, sd[f'{pre}.{conv}.weight'], sd[f'{pre}.{conv}.bias'],
+                 stride, 1)
     bn = f'{pre}.{conv + 1}.'
-    x = F.batch_norm(
-        x,
-        sd[bn + 'running_mean'],
-        sd[bn + 'running_var'],
-        sd[bn + 'weight'],
-        sd[bn + 'bias'],
-        training=False,
-        eps=1e-5)
+    x = F.batch_norm(x, sd[bn + 'running_mean'], sd[bn + 'running_var'],
+                     sd[bn + 'weight'], sd[bn + 'bias'], False, 0.1, 1e-5)
     return F.relu(x)
 
 
-def patch_embed(sd: StateDict, stage: int, x: Tensor) -> Tensor:
-    """``patch_embed{stage}`` (1-based) on (B, C, H, W) maps."""
+def patch_embed(sd, stage, x):
+    """``patch_embed{stage}`` (1-based); stage 1: convs at 0, 3, 6."""
     pre = f'patch_embed{stage}.proj'
-    if stage == 1:  # Conv-BN-ReLU x 3 at Sequential indices 0, 3, 6
-        for conv, stride in ((0, 2), (3, 1), (6, 2)):
-            x = _conv_bn_relu(sd, pre, conv, x, stride)
-        return x
-    return _conv_bn_relu(sd, pre, 0, x, 2)
+    for conv, stride in ((0, 2), (3, 1), (6, 2)) if stage == 1 else [(0, 2)]:
+        x = _conv_bn_relu(sd, pre, conv, x, stride)
+    return x
 
 
-def resize_pos(grid_pos: Tensor, H: int, W: int) -> Tensor:
+def resize_pos(grid_pos, H, W):
     """(1, g*g, C) table on a square grid -> (1, H*W, C), bilinear."""
     n, C = grid_pos.shape[1:]
     g = int(n**0.5)
@@ -151,30 +114,24 @@ def resize_pos(grid_pos: Tensor, H: int, W: int) -> Tensor:
     return img.flatten(2).transpose(1, 2)
 
 
-# ----------------------------------------------------------- SOFT blocks
-def soft_attention(sd: StateDict, pre: str, x: Tensor, H: int, W: int,
-                   attn_norm: bool, iters: int) -> Tensor:
+def soft_attention(sd, pre, x, H, W, attn_norm, iters):
     """``{pre}.mha`` (SoftmaxFree[Norm]Attention) on (B, N, C) tokens."""
     B, N, C = x.shape
     dw = sd[pre + '.attn.conv.weight']  # (heads, 1, k, k)
     heads, k = dw.shape[0], dw.shape[-1]
     d = C // heads
     lm_w = sd[pre + '.attn.Qlandmark_op.weight']  # (d, d, r, r)
-    r = lm_w.shape[-1]
 
     def heads_first(t):  # (B, N, C) -> (B, heads, N, d)
         return t.reshape(B, N, heads, d).transpose(1, 2)
 
     q = heads_first(_linear(sd, pre + '.W_q', x)) / d**0.25
     v = heads_first(_linear(sd, pre + '.W_v', x))
-    # landmarks: conv over each head's (d, H, W) map, then LN + GELU
     qmap = q.reshape(B * heads, H, W, d).permute(0, 3, 1, 2)
-    lm = F.conv2d(qmap, lm_w, stride=r)  # (B*heads, d, H/r, W/r)
+    lm = F.conv2d(qmap, lm_w, stride=lm_w.shape[-1])  # (B*h, d, H/r, W/r)
     lm = lm.flatten(2).transpose(1, 2).reshape(B, heads, -1, d)
     lm = gelu_erf(_layer_norm(sd, pre + '.attn.Qnorm_act.0', lm, 1e-5))
-
-    P = gaussian_kernel(q, lm)  # (B, heads, N, m)
-    A = gaussian_kernel(lm, lm)  # (B, heads, m, m)
+    P, A = gaussian_kernel(q, lm), gaussian_kernel(lm, lm)
     if attn_norm:
         Dm = A.sum(-1, keepdim=True).rsqrt()
         A_inv = Dm * nr_pinv_norm(A, iters) * Dm.transpose(-1, -2)
@@ -183,29 +140,24 @@ def soft_attention(sd: StateDict, pre: str, x: Tensor, H: int, W: int,
     out = (P @ A_inv) @ (P.transpose(-1, -2) @ v)
     # depthwise conv on V: channels = heads, batch = (B, d)
     vmap = v.reshape(B, heads, H, W, d).permute(0, 4, 1, 2, 3)
-    vmap = vmap.reshape(B * d, heads, H, W)
-    conv = F.conv2d(vmap, dw, padding=k // 2, groups=heads)
+    conv = F.conv2d(
+        vmap.reshape(B * d, heads, H, W), dw, padding=k // 2, groups=heads)
     out = out + conv.reshape(B, d, heads, H * W).permute(0, 2, 3, 1)
-    out = out.transpose(1, 2).reshape(B, N, C)
-    return _linear(sd, pre + '.ff', out)
+    return _linear(sd, pre + '.ff', out.transpose(1, 2).reshape(B, N, C))
 
 
-def soft_block(sd: StateDict, pre: str, x: Tensor, H: int, W: int,
-               attn_norm: bool, iters: int) -> Tensor:
-    """``{pre}`` = ``block{s}.{j}``: the post-norm SoftmaxFreeTransformer
-    (held as ``.att``)."""
+def soft_block(sd, pre, x, H, W, attn_norm, iters):
+    """``block{s}.{j}``: the post-norm SoftmaxFreeTransformer (``.att``)."""
     p = pre + '.att'
-    x = _layer_norm(
-        sd, p + '.norm1',
-        x + soft_attention(sd, p + '.mha', x, H, W, attn_norm, iters), 1e-5)
+    mha = soft_attention(sd, p + '.mha', x, H, W, attn_norm, iters)
+    x = _layer_norm(sd, p + '.norm1', x + mha, 1e-5)
     hidden = gelu_tanh(_linear(sd, p + '.ff1', x))
     return _layer_norm(sd, p + '.norm2', x + _linear(sd, p + '.ff2', hidden),
                        1e-5)
 
 
-# -------------------------------------------------------------- stage 4
-def softmax_block(sd: StateDict, pre: str, x: Tensor, heads: int) -> Tensor:
-    """``{pre}`` = ``block4.{j}``: pre-norm ViT block, softmax attention."""
+def softmax_block(sd, pre, x, heads):
+    """``block4.{j}``: pre-norm ViT block, softmax attention."""
     B, N, C = x.shape
     d = C // heads
     y = _layer_norm(sd, pre + '.norm1', x, 1e-6)
@@ -217,33 +169,22 @@ def softmax_block(sd: StateDict, pre: str, x: Tensor, heads: int) -> Tensor:
     att = (weights @ v).transpose(1, 2).reshape(B, N, C)
     x = x + _linear(sd, pre + '.attn.proj', att)
     y = _layer_norm(sd, pre + '.norm2', x, 1e-6)
-    y = _linear(sd, pre + '.mlp.fc2',
-                gelu_erf(_linear(sd, pre + '.mlp.fc1', y)))
-    return x + y
+    return x + _linear(sd, pre + '.mlp.fc2',
+                       gelu_erf(_linear(sd, pre + '.mlp.fc1', y)))
 
 
-# ----------------------------------------------------------- the model
-def depth(sd: StateDict, stage: int) -> int:
+def depth(sd, stage):
     """Blocks of ``stage`` (1-based), from the ``block{stage}.{j}`` keys."""
     head = f'block{stage}.'
     return 1 + max(
         int(k[len(head):].split('.')[0]) for k in sd if k.startswith(head))
 
 
-def forward(sd: StateDict,
-            img: Tensor,
-            stage4_heads: int,
-            attn_norm: bool,
-            iters: int = NR_ITERS) -> Tensor:
-    """Logits of the official model with state dict ``sd`` on ``img``.
-
-    The official code computes the ``soft_norm_*`` alpha over its whole
-    batch; call this with one image at a time for the official model at
-    batch size 1. ``stage4_heads``: the heads of stage 4 (not visible in
-    the weights).
-    """
-    B = img.shape[0]
-    x = img
+def forward(sd, img, stage4_heads, attn_norm, iters=NR_ITERS):
+    """Logits of the official model with state dict ``sd`` on ``img``. The
+    official ``soft_norm_*`` alpha spans its batch: pass one image at a time
+    for batch size 1. ``stage4_heads``: not visible in the weights."""
+    B, x = img.shape[0], img
     for s in (1, 2, 3):
         x = patch_embed(sd, s, x)
         H, W = x.shape[-2:]
@@ -260,28 +201,19 @@ def forward(sd: StateDict,
     x = torch.cat([cls, x.flatten(2).transpose(1, 2)], 1) + pos
     for j in range(depth(sd, 4)):
         x = softmax_block(sd, f'block4.{j}', x, stage4_heads)
-    x = _layer_norm(sd, 'norm', x, 1e-6)
-    return _linear(sd, 'head', x[:, 0])
+    return _linear(sd, 'head', _layer_norm(sd, 'norm', x, 1e-6)[:, 0])
 
 
-# ------------------------------------------------ random official weights
-def random_official_state_dict(embed_dims: Sequence[int],
-                               num_heads: Sequence[int],
-                               depths: Sequence[int],
-                               num_classes: int = 10,
-                               pretrain_img_size: int = 64,
-                               in_chans: int = 3,
-                               ratios: Sequence[int] = (8, 4, 2),
-                               convs: Sequence[int] = (9, 5, 3),
-                               seed: int = 0,
-                               dtype: torch.dtype = torch.float64
-                               ) -> 'OrderedDict[str, Tensor]':
-    """Random tensors under the official names and shapes (module
-    registration order), scaled so that every part moves the logits:
-    fan-in scaled weights, norms and BN away from the identity, position
-    embeddings and the cls token of unit scale."""
+def random_official_state_dict(embed_dims, num_heads, depths, num_classes=10,
+                               pretrain_img_size=64, in_chans=3,
+                               ratios=(8, 4, 2), convs=(9, 5, 3), seed=0,
+                               dtype=torch.float64):  # yapf: disable
+    """Random tensors under the official names and shapes (registration
+    order), scaled so that every part moves the logits: fan-in scaled
+    weights, norms and BN away from the identity, unit-scale position
+    embeddings and cls token."""
     g = torch.Generator().manual_seed(seed)
-    sd: 'OrderedDict[str, Tensor]' = OrderedDict()
+    sd = OrderedDict()
 
     def rnd(*shape, scale=1.0, shift=0.0):
         return torch.randn(*shape, generator=g, dtype=dtype) * scale + shift
@@ -300,35 +232,32 @@ def random_official_state_dict(embed_dims: Sequence[int],
     def conv_bn(pre, idx, cin, cout):
         sd[f'{pre}.{idx}.weight'] = fan_in(cout, cin, 3, 3)
         sd[f'{pre}.{idx}.bias'] = rnd(cout, scale=0.1)
-        bn = f'{pre}.{idx + 1}.'
-        norm(bn[:-1], cout)
-        sd[bn + 'running_mean'] = rnd(cout, scale=0.2)
-        sd[bn + 'running_var'] = 0.5 + torch.rand(
+        bn = f'{pre}.{idx + 1}'
+        norm(bn, cout)
+        sd[bn + '.running_mean'] = rnd(cout, scale=0.2)
+        sd[bn + '.running_var'] = 0.5 + torch.rand(
             cout, generator=g, dtype=dtype)
-        sd[bn + 'num_batches_tracked'] = torch.tensor(1, dtype=torch.long)
+        sd[bn + '.num_batches_tracked'] = torch.tensor(1, dtype=torch.long)
 
-    C = list(embed_dims)
-    grid = pretrain_img_size // 4
+    C, grid = list(embed_dims), pretrain_img_size // 4
     for i in range(4):
-        g_i = grid // 2**i
-        sd[f'pos_embed{i + 1}'] = rnd(1, g_i * g_i + (i == 3), C[i])
-    conv_bn('patch_embed1.proj', 0, in_chans, STEM_CHANNELS)
-    conv_bn('patch_embed1.proj', 3, STEM_CHANNELS, STEM_CHANNELS)
-    conv_bn('patch_embed1.proj', 6, STEM_CHANNELS, C[0])
+        sd[f'pos_embed{i + 1}'] = rnd(1, (grid >> i)**2 + (i == 3), C[i])
+    stem = 'patch_embed1.proj'
+    conv_bn(stem, 0, in_chans, STEM_CHANNELS)
+    conv_bn(stem, 3, STEM_CHANNELS, STEM_CHANNELS)
+    conv_bn(stem, 6, STEM_CHANNELS, C[0])
     for i in range(1, 4):
         conv_bn(f'patch_embed{i + 1}.proj', 0, C[i - 1], C[i])
     for s in range(3):
-        c, h = C[s], num_heads[s]
-        d = c // h
+        c, h, r, k = C[s], num_heads[s], ratios[s], convs[s]
         for j in range(depths[s]):
             p = f'block{s + 1}.{j}.att.'
             linear(p + 'mha.W_q', c, c)
             linear(p + 'mha.W_v', c, c)
-            sd[p + 'mha.attn.Qlandmark_op.weight'] = fan_in(
-                d, d, ratios[s], ratios[s])
-            norm(p + 'mha.attn.Qnorm_act.0', d)
-            sd[p + 'mha.attn.conv.weight'] = rnd(
-                h, 1, convs[s], convs[s], scale=1 / convs[s])
+            sd[p +
+               'mha.attn.Qlandmark_op.weight'] = fan_in(c // h, c // h, r, r)
+            norm(p + 'mha.attn.Qnorm_act.0', c // h)
+            sd[p + 'mha.attn.conv.weight'] = rnd(h, 1, k, k, scale=1 / k)
             linear(p + 'mha.ff', c, c)
             norm(p + 'norm1', c)
             linear(p + 'ff1', c, 4 * c)
