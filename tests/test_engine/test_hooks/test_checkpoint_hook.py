@@ -9,7 +9,6 @@ import random
 import re
 import shutil
 import signal
-import textwrap
 import uuid
 from contextlib import nullcontext
 from types import SimpleNamespace
@@ -20,11 +19,13 @@ import pytest
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
-from conftest import (ROOT, TOOLS, Crash, Interrupted, dead_pid,
-                      flip_tensor_bytes, model_weights, run_python)
+from conftest import (Crash, Interrupted, dead_pid, flip_tensor_bytes,
+                      model_weights)
 from mmengine.dataset import DefaultSampler, InfiniteSampler
 from mmengine.evaluator import BaseMetric
+from mmengine.fileio import LocalBackend
 from mmengine.hooks import Hook
+from mmengine.logging import MessageHub
 from mmengine.model import BaseModel
 from mmengine.runner import BaseLoop, Runner
 from torch.utils.data import BatchSampler, DataLoader, Dataset
@@ -34,7 +35,6 @@ from mmsoft.compat import mmengine_checkpoints_allowed
 from mmsoft.engine import SafeCheckpointHook
 from mmsoft.engine.hooks import checkpoint_hook as ch
 from mmsoft.engine.hooks import resume
-from mmsoft.engine.hooks.checkpoint_hook import _write_failure
 from mmsoft.models.layers import SOFTAttention
 from mmsoft.utils import atomic
 from mmsoft.utils import checkpoint_io as cio
@@ -50,7 +50,6 @@ pytestmark = pytest.mark.usefixtures('one_thread')
 
 
 def _load(path):
-    """torch.load (weights only) with mmengine's objects allowed."""
     with mmengine_checkpoints_allowed():
         return torch.load(path)
 
@@ -76,41 +75,38 @@ class DropoutNet(BaseModel):
 
     def __init__(self):
         super().__init__()
-        self.fc = nn.Linear(SIZE * SIZE, 2)
-        self.drop = nn.Dropout(0.5)
+        self.fc, self.drop = nn.Linear(SIZE * SIZE, 2), nn.Dropout(0.5)
 
     def forward(self, inputs, data_samples=None, mode='tensor'):
         logits = self.fc(self.drop(torch.stack(inputs).flatten(1)))
         if mode == 'loss':
             return dict(
                 loss=F.cross_entropy(logits, torch.tensor(data_samples)))
-        if mode == 'predict':
-            return [dict(pred=int(p)) for p in logits.argmax(1)]
-        return logits
+        return [dict(pred=int(p)) for p in logits.argmax(1)]
 
 
 class Count(BaseMetric):
 
     def process(self, data_batch, data_samples):
-        self.results.extend(s['pred'] for s in data_samples)
+        self.results.extend(data_samples)
 
     def compute_metrics(self, results):
         return dict(n=len(results))
 
 
-class StartIter(Hook):
-    iter = None
+class _On(Hook):
+    """A hook of the given callbacks (``before_train=fn``...)."""
 
-    def before_train(self, runner):
-        self.iter = runner.iter
+    def __init__(self, **callbacks):
+        vars(self).update(callbacks)
 
 
 def _trained_from(runner):
     """Trains ``runner``; the iteration it started from."""
-    start = StartIter()
-    runner.register_hook(start)
+    start = []
+    runner.register_hook(_On(before_train=lambda r: start.append(r.iter)))
     runner.train()
-    return start.iter
+    return start[0]
 
 
 def _log(runner):
@@ -150,6 +146,11 @@ def _runner(work_dir, name, by_epoch=False, stop_after=None, seed=0, **kw):
         **kw)
 
 
+def _interrupted(work, stop_after=6, **kw):
+    with pytest.raises(Interrupted):
+        _runner(work, 'first', stop_after=stop_after, **kw).train()
+
+
 def _bitwise_equal(a, b):
     return a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
 
@@ -171,8 +172,12 @@ def test_resume_equals_uninterrupted_run(tmp_path, by_epoch, stop_after, seed,
     with nullcontext() if hook == SAFE else mmengine_checkpoints_allowed():
         resumed.train()  # mmengine's hook reads no others
     ckpt = _load(work / ('epoch_2.pth' if by_epoch else 'iter_6.pth'))
-    seed = ckpt['meta']['seed']
-    ref = _runner(tmp_path / 'ref', 'ref', by_epoch, seed=seed, type=hook)
+    ref = _runner(
+        tmp_path / 'ref',
+        'ref',
+        by_epoch,
+        seed=ckpt['meta']['seed'],
+        type=hook)
     ref.train()
     same = _bitwise_equal(model_weights(resumed), model_weights(ref))
     assert same == (hook == SAFE)
@@ -183,16 +188,6 @@ def test_resume_equals_uninterrupted_run(tmp_path, by_epoch, stop_after, seed,
 
 
 # ------------------------------------------------------------- damage
-def _refused_by_hook(tmp_path, path, match):
-    """``load_from`` (train, val) and ``resume`` stop before torch.load."""
-    for name, kwargs, run in (('load_from', {}, 'train'), ('val', {}, 'val'),
-                              ('resumed', dict(resume=True), 'train')):
-        runner = _runner(
-            tmp_path / f'w_{name}', name, load_from=str(path), **kwargs)
-        with pytest.raises(cio.CheckpointError, match=match):
-            getattr(runner, run)()
-
-
 def test_flipped_bytes_are_detected(tmp_path):
     """Flipped record bytes: torch.load takes them, mmsoft refuses."""
     work = tmp_path / 'work'
@@ -211,7 +206,13 @@ def test_flipped_bytes_are_detected(tmp_path):
                            state) == (
                                record == 'fc')
         damage = re.escape(f'{path} is corrupt (CRC error')
-        _refused_by_hook(tmp_path / record, path, damage)
+        # load_from (train, val) and resume stop before torch.load
+        for name, run, kw in (('load_from', 'train', {}), ('val', 'val', {}),
+                              ('resumed', 'train', dict(resume=True))):
+            runner = _runner(
+                tmp_path / record / name, name, load_from=str(path), **kw)
+            with pytest.raises(cio.CheckpointError, match=damage):
+                getattr(runner, run)()
         with pytest.raises(cio.CheckpointError, match=damage):
             cio.load_verified(str(path))
         assert 'CRC error' in cio.describe_damage(str(path))
@@ -221,15 +222,13 @@ def test_flipped_bytes_are_detected(tmp_path):
 @pytest.mark.parametrize('damage', ['truncate', 'empty', 'flip'])
 def test_resume_skips_damaged_newest(tmp_path, damage):
     work = tmp_path / 'work'
-    with pytest.raises(Interrupted):
-        _runner(work, 'first', stop_after=6).train()
+    _interrupted(work)
     newest = work / 'iter_6.pth'
-    if damage == 'truncate':
-        newest.write_bytes(newest.read_bytes()[:newest.stat().st_size // 2])
-    elif damage == 'empty':
-        newest.write_bytes(b'')
-    else:
+    size = dict(truncate=newest.stat().st_size // 2, empty=0).get(damage)
+    if size is None:
         flip_tensor_bytes(newest, 4, FC_RECORD)
+    else:
+        newest.write_bytes(newest.read_bytes()[:size])
     path, skipped = resume.find_newest_complete(str(work))
     assert path == str(work / 'iter_4.pth')
     assert [p for p, _ in skipped] == [str(newest)]
@@ -264,13 +263,9 @@ def _mtimes(d, names=None):
 def test_copied_work_dir_resumes_its_own_run(tmp_path):
     """Issue 36 (1): a ``cp -r`` copy resumes its own newest checkpoint."""
     orig, copy = tmp_path / 'orig', tmp_path / 'copy'
-    with pytest.raises(Interrupted):
-        _runner(orig, 'orig', stop_after=4, max_keep_ckpts=3).train()
+    _interrupted(orig, 4, max_keep_ckpts=3)
     shutil.copytree(orig, copy)
-    with pytest.raises(Interrupted):
-        _runner(
-            orig, 'orig8', stop_after=8, max_keep_ckpts=3,
-            resume=True).train()
+    _interrupted(orig, 8, max_keep_ckpts=3, resume=True)
     before = _mtimes(orig)
     assert list(before) == ['iter_4.pth', 'iter_6.pth', 'iter_8.pth']
     runner = _runner(copy, 'copy', max_keep_ckpts=3, resume=True)
@@ -284,14 +279,15 @@ def test_copied_work_dir_resumes_its_own_run(tmp_path):
 def test_resume_of_another_runs_file_deletes_nothing_here(tmp_path):
     """Another directory's restored checkpoint ids delete nothing here."""
     other, work = tmp_path / 'other', tmp_path / 'work'
-    with pytest.raises(Interrupted):
-        _runner(other, 'other', stop_after=8, max_keep_ckpts=2).train()
-    with pytest.raises(Interrupted):
-        _runner(work, 'own', stop_after=6).train()
+    _interrupted(other, 8, max_keep_ckpts=2)
+    _interrupted(work)
     own = _mtimes(work)
-    src = str(other / 'iter_8.pth')
     _runner(
-        work, 'again', max_keep_ckpts=2, resume=True, load_from=src).train()
+        work,
+        'again',
+        max_keep_ckpts=2,
+        resume=True,
+        load_from=str(other / 'iter_8.pth')).train()
     assert _files(other) == ['iter_6.pth', 'iter_8.pth']
     assert _files(work) == [
         'iter_10.pth', 'iter_2.pth', 'iter_4.pth', 'iter_6.pth'
@@ -321,51 +317,84 @@ def test_shared_out_dir_of_two_runs_is_refused(tmp_path):
     assert 'iter_10.pth' in _files(tmp_path / 'out' / 'run2')
 
 
-# ------------------------------------------------------- kill -9 mid-write
-KILL_CHILD = textwrap.dedent("""
-    import os, signal, sys
-    sys.path[:0] = {paths!r}  # this file's folder, conftest's
-    from mmengine.fileio.backends.local_backend import LocalBackend
-    import test_checkpoint_hook as t
+def test_one_fixed_checkpoint_name_is_replaced_not_removed(tmp_path):
+    """``filename_tmpl`` without ``{}``: replaced, never removed."""
+    work, path = tmp_path / 'work', tmp_path / 'work' / 'latest.pth'
+    fixed = dict(max_keep_ckpts=1, filename_tmpl='latest.pth')
+    _interrupted(work, 4, **fixed)
+    assert _load(path)['meta']['iter'] == 4
+    assert (work / 'last_checkpoint').read_text() == str(path)
+    resumed = _runner(work, 'resumed', resume=True, **fixed)
+    resumed.train()
+    assert resumed.iter == 10 and _load(path)['meta']['iter'] == 10
 
-    put = LocalBackend.put
 
-    def dying_put(self, obj, filepath):
-        # the checkpoint of iteration 4: write half of it, then SIGKILL
-        if 'iter_4.pth' in os.path.basename(str(filepath)):
-            with open(filepath, 'wb') as f:
-                f.write(obj[:len(obj) // 2])
-                f.flush()
-                os.fsync(f.fileno())
-            os.kill(os.getpid(), signal.SIGKILL)
-        return put(self, obj, filepath)
-
-    LocalBackend.put = dying_put
-    t._runner({work!r}, 'killed', max_keep_ckpts=1).train()
-""")
+# ------------------------------------------- kill -9 / SIGTERM mid-write
+def _in_child(fn):
+    """``fn()`` in a forked child: its exit status (a signal: negative)."""
+    pid = os.fork()
+    if pid == 0:  # the child: never back into pytest
+        code = 1
+        signal.alarm(120)  # a hung child ends
+        try:
+            fn()
+            code = 0
+        except SystemExit as e:
+            code = e.code
+        finally:
+            os._exit(code)
+    return os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1])
 
 
 def test_kill_during_checkpoint_write_keeps_previous(tmp_path):
     """SIGKILL while iter_4.pth is written: iter_2.pth is resumed."""
-    work = tmp_path / 'work'
-    code = KILL_CHILD.format(
-        paths=[osp.dirname(osp.abspath(__file__)),
-               osp.join(ROOT, 'tests')],
-        work=str(work))
-    res = run_python(code, timeout=300)
-    assert res.returncode == -signal.SIGKILL, res.stderr[-3000:]
+    work, put = tmp_path / 'work', LocalBackend.put
+
+    def dying_put(self, obj, filepath):  # half of iter_4.pth, then SIGKILL
+        if 'iter_4.pth' in osp.basename(str(filepath)):
+            with open(filepath, 'wb') as f:
+                f.write(obj[:len(obj) // 2])
+            os.kill(os.getpid(), signal.SIGKILL)
+        return put(self, obj, filepath)
+
+    def killed():
+        LocalBackend.put = dying_put  # in the child only
+        _runner(work, 'killed', max_keep_ckpts=1).train()
+
+    assert _in_child(killed) == -signal.SIGKILL
     names = sorted(os.listdir(work))
     temps = [n for n in names if n.endswith(cio.TMP_SUFFIX)]
     assert 'iter_2.pth' in names and 'iter_4.pth' not in names
     assert len(temps) == 1 and temps[0].startswith('.iter_4.pth.')
     assert resume.check_complete(str(work / 'iter_2.pth')) is None
     assert (work / 'last_checkpoint').read_text() == str(work / 'iter_2.pth')
-
     runner = _runner(work, 'resumed', max_keep_ckpts=1, resume=True)
     assert _trained_from(runner) == 2 and runner.iter == 10
-    names = sorted(os.listdir(work))
-    assert not [n for n in names if n.endswith(cio.TMP_SUFFIX)]  # cleaned
-    assert [n for n in names if n.endswith('.pth')] == ['iter_10.pth']
+    assert [n for n in os.listdir(work) if '.pth' in n] == ['iter_10.pth']
+
+
+def test_save_atomic_cleans_up(tmp_path):
+    """An error, Ctrl-C or SIGTERM in the writer: the old file, no temp."""
+    dst = tmp_path / 'ckpt.pth'
+    cf.save_atomic({'a': torch.ones(2)}, str(dst))
+    before = dst.read_bytes()
+
+    def writer(obj, f):
+        f.write(b'partial')
+        f.flush()
+        if exc is None:
+            os.kill(os.getpid(), signal.SIGTERM)
+        raise exc('boom')
+
+    for exc in (OSError, KeyboardInterrupt, None):
+        if exc is None:  # atomic.signals_raise: SystemExit(143)
+            assert _in_child(lambda: cf.save_atomic(
+                {'a': torch.zeros(2)}, str(dst), writer=writer)) == 143
+        else:
+            with pytest.raises(exc):
+                cf.save_atomic({'a': torch.zeros(2)}, str(dst), writer=writer)
+        assert dst.read_bytes() == before
+        assert os.listdir(tmp_path) == ['ckpt.pth']
 
 
 # ------------------------------------------------ mmsoft's allow-list
@@ -378,67 +407,19 @@ def test_runner_loads_see_the_allow_list_only_inside(tmp_path):
     # torch's own entries, added when the Runner's environment report first
     # imports torchvision (and it torch._dynamo): added before the snapshot
     import torch._dynamo  # noqa: F401
-    before = get()
-    seen = []
-
-    class Watch(Hook):
-
-        def after_load_checkpoint(self, runner, checkpoint):
-            seen.append(len(get()))
-
-        def before_train(self, runner):
-            seen.append(get())
-
-    work = tmp_path / 'work'
-    with pytest.raises(Interrupted):
-        _runner(work, 'first', stop_after=4).train()
+    before, seen, work = get(), [], tmp_path / 'work'
+    _interrupted(work, 4)
     resumed = _runner(work, 'resumed', resume=True)
-    resumed.register_hook(Watch())
+    resumed.register_hook(
+        _On(after_load_checkpoint=lambda r, checkpoint: seen.append(
+            len(get())),
+            before_train=lambda r: seen.append(get())))
     resumed.train()
     assert resumed.iter == 10 and len(seen) == 2
     assert seen[1] == before and get() == before
     assert seen[0] > len(before) or not hasattr(torch.serialization,
                                                 'safe_globals')
     assert 'load_checkpoint' not in vars(resumed)  # after_run: unwrapped
-
-
-# --------------------------------------------------- atomic save, temps
-def test_save_atomic_cleans_up(tmp_path):
-    dst = tmp_path / 'ckpt.pth'
-    cf.save_atomic({'a': torch.ones(2)}, str(dst))
-    before = dst.read_bytes()
-
-    for exc in (OSError, KeyboardInterrupt):
-
-        def writer(obj, f, exc=exc):
-            f.write(b'partial')
-            raise exc('boom')
-
-        with pytest.raises(exc):
-            cf.save_atomic({'a': torch.zeros(2)}, str(dst), writer=writer)
-        assert dst.read_bytes() == before
-        assert os.listdir(tmp_path) == ['ckpt.pth']
-
-
-def test_sigterm_during_save_removes_temp(tmp_path):
-    dst = tmp_path / 'ckpt.pth'
-    cf.save_atomic({'a': torch.ones(2)}, str(dst))
-    before = dst.read_bytes()
-    code = textwrap.dedent(f"""
-        import os, signal, sys, torch
-        sys.path.insert(0, {TOOLS!r})
-        from mmsoft_tools import checkpoint_files as cf
-        def writer(obj, f):
-            f.write(b'partial')
-            f.flush()
-            os.kill(os.getpid(), signal.SIGTERM)
-            torch.save(obj, f)
-        cf.save_atomic({{'a': torch.zeros(2)}}, {str(dst)!r}, writer=writer)
-    """)
-    res = run_python(code, timeout=120)
-    assert res.returncode == 128 + signal.SIGTERM, res.stderr
-    assert dst.read_bytes() == before
-    assert os.listdir(tmp_path) == ['ckpt.pth']
 
 
 # ------------------------------------------------------------ RNG states
@@ -472,11 +453,10 @@ def test_rng_state_round_trip_is_weights_only_loadable(tmp_path):
 def test_cuda_rng_states_round_trip(monkeypatch):
     """CUDA faked: its states saved when in use, restored on as many GPUs."""
     gpus = [torch.tensor([1, 2], dtype=torch.uint8), torch.tensor([3, 4])]
-    restored, count = [], [len(gpus)]
-    cuda = torch.cuda
-    monkeypatch.setattr(cuda, 'is_available', lambda: True)
-    monkeypatch.setattr(cuda, 'is_initialized', lambda: True)
-    monkeypatch.setattr(cuda, 'get_rng_state_all', lambda: gpus)
+    restored, count, cuda = [], [len(gpus)], torch.cuda
+    for name, value in (('is_available', True), ('is_initialized', True),
+                        ('get_rng_state_all', gpus)):
+        monkeypatch.setattr(cuda, name, lambda v=value: v)
     monkeypatch.setattr(cuda, 'device_count', lambda: count[0])
     monkeypatch.setattr(cuda, 'set_rng_state_all', restored.append)
     state = get_rng_state()
@@ -486,7 +466,6 @@ def test_cuda_rng_states_round_trip(monkeypatch):
     assert all(torch.equal(a, b) for a, b in zip(restored[0], gpus))
     count[0] = 4  # resumed on another number of GPUs: CPU states only
     set_rng_state(state)
-    assert len(restored) == 1
     # a checkpoint of a CPU run: nothing to restore on the GPUs
     set_rng_state({k: v for k, v in state.items() if k != 'cuda'})
     assert len(restored) == 1
@@ -498,11 +477,10 @@ def test_cuda_rng_states_round_trip(monkeypatch):
     assert 'cuda' not in get_rng_state()
 
 
+# --------------------------------------------------------- write failures
 def test_full_disk_names_the_file_and_what_was_kept(tmp_path, monkeypatch):
     """Issue 27, item 8: ENOSPC names the file and the kept checkpoint."""
-    runner = _runner(tmp_path, 'enospc')
-    real_save = torch.save
-    calls = []
+    runner, real_save, calls = _runner(tmp_path, 'enospc'), torch.save, []
 
     def save(obj, f, *args, **kwargs):
         calls.append(1)
@@ -521,8 +499,7 @@ def test_full_disk_names_the_file_and_what_was_kept(tmp_path, monkeypatch):
         f'checkpoint {osp.join(work, "iter_2.pth")} was kept '
         f'(last_checkpoint still names it). Free space in {work} and '
         f'continue with tools/train.py ... --resume')
-    assert e.value.errno == 28
-    assert _files(tmp_path) == ['iter_2.pth']
+    assert e.value.errno == 28 and _files(tmp_path) == ['iter_2.pth']
     assert not [f for f in os.listdir(work) if 'mmsoft-tmp' in f]
 
 
@@ -555,28 +532,24 @@ def test_write_failure_names_the_fix_and_resumes_only_a_checkpoint(
                          'start the training again (there is nothing to '
                          'resume)')
     path = osp.join(work, 'iter_4.pth')
-    assert _write_failure(SimpleNamespace(work_dir=work), path, error) == (
+    assert ch._write_failure(SimpleNamespace(work_dir=work), path, error) == (
         f'cannot write checkpoint {path}: {reason}; nothing was written, '
         f'{kept}. {fix.format(work=work)} and {then}')
 
 
 # ------------------------------------ the hook's rules, on stand-in runners
-class _Log:
-    """A stand-in logger that keeps its lines."""
+class _Log(list):
+    """A stand-in logger keeping its ``(level, line)`` s."""
 
-    def __init__(self):
-        self.lines = []
-
-    def info(self, msg):
-        self.lines.append(('info', msg))
-
-    def warning(self, msg):
-        self.lines.append(('warning', msg))
+    def __getattr__(self, level):  # info, warning
+        if level.startswith('_'):
+            raise AttributeError(level)
+        return lambda msg: self.append((level, msg))
 
     def ours(self, level=None):
         """mmsoft's lines (not mmengine's) of ``level`` (any: None)."""
         return [
-            m for lv, m in self.lines
+            m for lv, m in self
             if m.startswith('mmsoft: ') and level in (None, lv)
         ]
 
@@ -586,7 +559,7 @@ class _Loop(BaseLoop):
 
     def __init__(self, dataloader=None, **attrs):
         self.dataloader = dataloader
-        self.__dict__.update(attrs)
+        vars(self).update(attrs)
 
     def run(self):
         pass
@@ -596,7 +569,6 @@ class _Runner(SimpleNamespace):
     """What the hook reads of a Runner; ``save_checkpoint`` as mmengine's."""
 
     def __init__(self, work_dir, loop=None, drop=(), **attrs):
-        from mmengine.logging import MessageHub
         fields = dict(
             work_dir=str(work_dir),
             model=nn.Module(),
@@ -612,12 +584,9 @@ class _Runner(SimpleNamespace):
             _has_loaded=False,
             _load_from=None,
             _train_loop=loop)
-        if loop is not None:
-            fields['train_loop'] = loop
-        fields.update(attrs)
-        for name in drop:
-            del fields[name]
-        super().__init__(**fields)
+        fields.update(
+            dict(train_loop=loop) if loop is not None else {}, **attrs)
+        super().__init__(**{k: v for k, v in fields.items() if k not in drop})
 
     def save_checkpoint(self,
                         out_dir,
@@ -635,16 +604,6 @@ class _Runner(SimpleNamespace):
         for hook in self.hooks:
             hook.before_save_checkpoint(self, checkpoint)
         torch.save(checkpoint, osp.join(out_dir, filename))
-
-
-def _resumed_from(work, other):
-    """A training runner in ``work`` resumed from ``other/iter_8.pth``."""
-    return _Runner(
-        work,
-        loop=_Loop(),
-        _resume=True,
-        _has_loaded=True,
-        _load_from=str(other / 'iter_8.pth'))
 
 
 SCRATCH = 'mmsoft: no checkpoint to resume from in {}; training from scratch'
@@ -677,13 +636,10 @@ def test_only_training_claims_a_local_checkpoint_dir(tmp_path, monkeypatch):
 def test_other_ranks_follow_rank_0(tmp_path, monkeypatch):
     """Other ranks take rank 0's broadcast: the same file or refusal."""
     sent = []
-
-    def broadcast(objs):  # what rank 0 sends arrives
-        objs[:] = sent
-
     monkeypatch.setattr(ch, 'is_main_process', lambda: False)
     monkeypatch.setattr(ch, 'is_distributed', lambda: True)
-    monkeypatch.setattr(ch, 'broadcast_object_list', broadcast)
+    monkeypatch.setattr(ch, 'broadcast_object_list',
+                        lambda objs: objs.__setitem__(slice(None), sent))
     out, work = tmp_path / 'out', tmp_path / 'run'
     path = str(out / 'run' / 'iter_4.pth')
     sent[:] = [path, [], None]
@@ -724,7 +680,7 @@ def test_runner_without_private_attributes(tmp_path):
     runner = _Runner(
         work, loop=_Loop(), drop=('_resume', '_load_from', '_has_loaded'))
     SafeCheckpointHook().before_run(runner)
-    assert runner.logger.lines == [] and not hasattr(runner, '_resume')
+    assert runner.logger == [] and not hasattr(runner, '_resume')
     runner = _Runner(work, loop=_Loop(), drop=('_load_from', ), _resume=True)
     SafeCheckpointHook().before_run(runner)  # resume=True: the search
     assert runner.logger.ours() == [SCRATCH.format(work)]
@@ -745,6 +701,16 @@ def test_a_loaded_file_is_not_read_again(tmp_path):
     runner._has_loaded = False
     with pytest.raises(cio.CheckpointError, match='is empty'):
         SafeCheckpointHook().before_run(runner)
+
+
+def _resumed_from(work, other):
+    """A training runner in ``work`` resumed from ``other/iter_8.pth``."""
+    return _Runner(
+        work,
+        loop=_Loop(),
+        _resume=True,
+        _has_loaded=True,
+        _load_from=str(other / 'iter_8.pth'))
 
 
 def test_resume_from_another_dir_forgets_its_checkpoint_names(tmp_path):
@@ -768,22 +734,6 @@ def test_resume_from_another_dir_forgets_its_checkpoint_names(tmp_path):
         keep_ckpt_ids=[],
         best_ckpt=str(work / 'best_acc_iter_4.pth'),
         best_ckpt_loss=None)
-
-
-def test_one_fixed_checkpoint_name_is_replaced_not_removed(tmp_path):
-    """``filename_tmpl`` without ``{}``: replaced, never removed."""
-    work = tmp_path / 'work'
-    fixed = dict(max_keep_ckpts=1, filename_tmpl='latest.pth')
-    with pytest.raises(Interrupted):
-        _runner(work, 'fixed', stop_after=4, **fixed).train()
-    path = work / 'latest.pth'
-    assert path.is_file()
-    assert torch.load(path, weights_only=False)['meta']['iter'] == 4
-    assert (work / 'last_checkpoint').read_text() == str(path)
-    resumed = _runner(work, 'resumed', resume=True, **fixed)
-    resumed.train()
-    assert resumed.iter == 10
-    assert torch.load(path, weights_only=False)['meta']['iter'] == 10
 
 
 @pytest.mark.parametrize('attrs', [
@@ -837,12 +787,10 @@ def _resume_with(runner, meta, **kwargs):
     hook = SafeCheckpointHook(**kwargs)
     hook.after_load_checkpoint(runner, dict(meta=meta, state_dict={}))
     hook.before_train(runner)
-    return hook
 
 
 RESTORED = 'mmsoft: RNG states restored'
 SEEDED = 'mmsoft: train sampler seed 5 -> 7 (from the checkpoint)'
-BOTH = [SEEDED, RESTORED]
 WORLD = ('mmsoft: the checkpoint holds RNG states of {} process(es), this '
          'run has 1: RNG states not restored')
 
@@ -852,7 +800,8 @@ WORLD = ('mmsoft: the checkpoint holds RNG states of {} process(es), this '
     [
         (dict(drop=('_resume', ), _has_loaded=True), 7, 1, 1, {}, []),
         (dict(_resume=False, _has_loaded=True), 7, 1, 1, {}, []),  # load_from
-        (dict(_resume=True, _has_loaded=True), 7, 1, 1, {}, BOTH),
+        (dict(_resume=True, _has_loaded=True), 7, 1, 1, {}, [SEEDED, RESTORED
+                                                             ]),
         (dict(_resume=True), None, 2, 2, {}, [WORLD.format(2)]),
         (dict(_resume=True), None, 1, 0, {}, [WORLD.format(1)]),  # no states
         (dict(_resume=True), None, 1, 1, dict(save_rng=False), []),
@@ -934,13 +883,13 @@ def test_checkpoint_records_the_attn_norm_it_was_trained_with(tmp_path):
     model = nn.Sequential(
         SOFTAttention(8, 1, 1, attn_norm=True),
         SOFTAttention(8, 1, 1, attn_norm=False))
-    for net, want in ((model, dict(mmsoft_attn_norm=[False, True])),
-                      (model[:1],
-                       dict(mmsoft_attn_norm=[True])), (nn.Linear(1, 1), {})):
+    for net, want in ((model, [False, True]), (model[:1], [True]),
+                      (nn.Linear(1, 1), None)):
         checkpoint = dict(meta={})
         SafeCheckpointHook(save_rng=False).before_save_checkpoint(
             _Runner(tmp_path, model=net), checkpoint)
-        assert checkpoint == dict(meta=want)
+        assert checkpoint == dict(
+            meta=dict(mmsoft_attn_norm=want) if want else {})
 
 
 @pytest.mark.parametrize(
@@ -1016,12 +965,8 @@ def test_best_checkpoint_is_atomic_and_holds_the_training_rng(tmp_path):
 def test_checkpoint_and_last_checkpoint_are_durable(tmp_path, monkeypatch):
     """Both files and their directory are fsynced around the rename."""
     synced, fsync = [], atomic._fsync
-
-    def spy(path):
-        synced.append(path)
-        fsync(path)
-
-    monkeypatch.setattr(atomic, '_fsync', spy)
+    monkeypatch.setattr(atomic, '_fsync',
+                        lambda path: synced.append(path) or fsync(path))
     monkeypatch.chdir(tmp_path)
     work = tmp_path / 'run'
     work.mkdir()
@@ -1043,15 +988,10 @@ def test_checkpoint_and_last_checkpoint_are_durable(tmp_path, monkeypatch):
 def test_every_ranks_rng_states_are_saved(tmp_path, monkeypatch):
     """Distributed: all ranks gather every rank's RNG states at a save."""
     _draws()
-    other = get_rng_state()  # another rank's
-    sent = []
-
-    def all_gather(obj):
-        sent.append(obj)
-        return [obj, other]
-
+    other, sent = get_rng_state(), []  # another rank's
     monkeypatch.setattr(ch, 'is_distributed', lambda: True)
-    monkeypatch.setattr(ch, 'all_gather_object', all_gather)
+    monkeypatch.setattr(ch, 'all_gather_object',
+                        lambda obj: sent.append(obj) or [obj, other])
     hook = SafeCheckpointHook(interval=1, by_epoch=False)
     runner = _Runner(tmp_path, loop=_Loop())
     runner.hooks = [hook]
@@ -1086,58 +1026,62 @@ def test_validation_without_training(tmp_path):
     assert os.listdir(tmp_path) == []
 
 
-def _strictly_resumed(work, by_epoch):
-    """A finished run in ``work``, resumed with StrictLoadHook."""
-    _runner(work, 'first', by_epoch).train()
-    resumed = _runner(work, 'again', by_epoch, resume=True)
-    resumed.register_hook(dict(type='StrictLoadHook'))
-    return resumed
+# ------------------------------------------- resume refusals (issue 52)
+@pytest.fixture(scope='module')
+def finished(tmp_path_factory):
+    """``copy(dst, by_epoch)``: a finished run's work dir copied to dst."""
+    runs = {}
 
+    def copy(dst, by_epoch=True):
+        if by_epoch not in runs:
+            runs[by_epoch] = tmp_path_factory.mktemp('finished') / 'work'
+            _runner(runs[by_epoch], 'first', by_epoch).train()
+        shutil.copytree(runs[by_epoch], dst)
+        last = dst / 'last_checkpoint'
+        last.write_text(last.read_text().replace(
+            str(runs[by_epoch]), str(dst)))
+        return dst
 
-@pytest.mark.parametrize('by_epoch,limit,refused', [(False, 4, True),
-                                                    (False, 10, False),
-                                                    (True, 2, True)])
-def test_resume_past_the_schedule_is_refused(tmp_path, by_epoch, limit,
-                                             refused):
-    """Issue 52, item 6: ``--resume`` past the schedule's end is refused."""
-    resumed = _strictly_resumed(tmp_path / 'work', by_epoch)
-    key = 'max_epochs' if by_epoch else 'max_iters'
-    resumed._train_loop[key] = limit
-    if not refused:
-        resumed.train()
-        return
-    unit = 'epoch 3' if by_epoch else 'iter 10'
-    with pytest.raises(CheckpointMismatchError) as e:
-        resumed.train()
-    assert str(e.value).endswith(
-        f'the checkpoint is at {unit}, past the schedule\'s end '
-        f'(train_cfg.{key}={limit}): nothing would train. Raise it '
-        f'(--cfg-options train_cfg.{key}=...) or resume an earlier '
-        f'checkpoint')
+    return copy
 
 
 @pytest.mark.parametrize(
-    'option,value,refused',
+    'by_epoch,limit,option,value,refused',
     [
-        ('lr', 0.01, True),
-        ('weight_decay', 0.05, True),
-        ('lr', 0.1, False),  # the checkpoint's: continues
+        (False, 4, None, None, True),  # past the schedule's end
+        (False, 10, None, None, False),
+        (True, 2, None, None, True),
+        (True, 4, 'lr', 0.01, True),  # new optimizer settings
+        (True, 4, 'weight_decay', 0.05, True),
+        (True, 4, 'lr', 0.1, False),  # the checkpoint's: continues
     ])
-def test_resume_with_new_optimizer_settings_is_refused(tmp_path, option, value,
-                                                       refused):
-    """Issue 52, item 4: ``--resume`` with a new lr / weight_decay."""
-    work = tmp_path / 'work'
-    resumed = _strictly_resumed(work, True)  # SGD lr 0.1, no weight decay
-    resumed.optim_wrapper['optimizer'][option] = value
-    resumed._train_loop['max_epochs'] = 4
+def test_resume_past_the_schedule_or_with_new_settings_is_refused(
+        tmp_path, finished, by_epoch, limit, option, value, refused):
+    """Issue 52, items 4, 6: ``--resume`` past the end, or with a new lr /
+    weight_decay (the finished run: SGD lr 0.1, no weight decay)."""
+    work = finished(tmp_path / 'work', by_epoch)
+    key = 'max_epochs' if by_epoch else 'max_iters'
+    resumed = _runner(work, 'again', by_epoch, resume=True)
+    resumed.register_hook(dict(type='StrictLoadHook'))
+    resumed._train_loop[key] = limit
+    if option:
+        resumed.optim_wrapper['optimizer'][option] = value
     if not refused:
         resumed.train()
-        assert resumed.epoch == 4
+        assert (resumed.iter, resumed.epoch)[by_epoch] == limit
         return
-    was = 0.1 if option == 'lr' else 0
     with pytest.raises(CheckpointMismatchError) as e:
         resumed.train()
-    assert str(e.value) == (
+    msg, was = str(e.value), 0.1 if option == 'lr' else 0
+    if not option:
+        unit = 'epoch 3' if by_epoch else 'iter 10'
+        assert msg.endswith(
+            f'the checkpoint is at {unit}, past the schedule\'s end '
+            f'(train_cfg.{key}={limit}): nothing would train. Raise it '
+            f'(--cfg-options train_cfg.{key}=...) or resume an earlier '
+            f'checkpoint')
+        return
+    assert msg == (
         f'--resume {work}/epoch_3.pth: the config\'s optim_wrapper.optimizer.'
         f'{option} is {value:g}, the checkpoint was trained with {was:g}: a '
         f'resume restores the saved optimizer and schedule, so the run '
@@ -1147,32 +1091,25 @@ def test_resume_with_new_optimizer_settings_is_refused(tmp_path, option, value,
         f'the new {option}')
 
 
-class _NoFile(Hook):
-    """Gives the model an ``init_cfg`` naming a missing pretrained file."""
-
-    priority = 'HIGHEST'
-
-    def before_run(self, runner):
-        runner.model.init_cfg = [
-            dict(type='Constant', layer='Linear', val=0.),
-            dict(
-                type='Pretrained', checkpoint=str(runner.work_dir) + '/no.pth')
-        ]
-
-
 @pytest.mark.parametrize(
     'how', ['resume-path', 'resume-auto', 'load_from', 'scratch', 'partial'])
-def test_a_strict_load_reads_no_pretrained_file(tmp_path, how):
+def test_a_strict_load_reads_no_pretrained_file(tmp_path, finished, how):
     """Issue 52, item 4: a strict load skips a missing ImageNet file."""
-    work = tmp_path / 'work'
-    _runner(work, 'first', True).train()
+    work = finished(tmp_path / 'work')
     kwargs = {} if how in ('load_from', 'partial') else dict(resume=True)
     if how in ('resume-path', 'load_from', 'partial'):
         kwargs['load_from'] = str(work / 'epoch_3.pth')
     runner = _runner(
         work if how.startswith('resume') else tmp_path / 'again', 'again',
         True, **kwargs)
-    runner.register_hook(_NoFile())
+
+    def no_file(runner):  # an init_cfg naming a missing pretrained file
+        runner.model.init_cfg = [
+            dict(type='Constant', layer='Linear', val=0.),
+            dict(type='Pretrained', checkpoint=f'{runner.work_dir}/no.pth')
+        ]
+
+    runner.register_hook(_On(before_run=no_file), priority='HIGHEST')
     runner.register_hook(
         dict(type='StrictLoadHook', allow_partial=how == 'partial'))
     runner._train_loop['max_epochs'] = 4
@@ -1182,23 +1119,6 @@ def test_a_strict_load_reads_no_pretrained_file(tmp_path, how):
         return
     runner.train()
     assert runner.epoch == 4 and runner.model.fc.weight.abs().sum() > 0
-
-
-class _StopInVal(Hook):
-    """Stops in one validation; records each finished validation."""
-
-    def __init__(self, by_epoch, stop_at=None):
-        self.by_epoch, self.stop_at, self.validated = by_epoch, stop_at, []
-
-    def _step(self, runner):
-        return runner.epoch if self.by_epoch else runner.iter
-
-    def after_val_iter(self, runner, batch_idx, data_batch=None, outputs=None):
-        if self._step(runner) == self.stop_at and batch_idx == 1:
-            raise Interrupted()
-
-    def after_val_epoch(self, runner, metrics=None):
-        self.validated.append(self._step(runner))
 
 
 @pytest.mark.parametrize(
@@ -1211,15 +1131,23 @@ class _StopInVal(Hook):
 def test_validation_stopped_after_a_checkpoint_runs_on_resume(
         tmp_path, by_epoch, stop_at, crash, after):
     """Issue 52, item 4: a stopped validation runs first on resume."""
-    work = tmp_path / 'work'
+    work, validated = tmp_path / 'work', []
+
+    def step(runner):
+        return runner.epoch if by_epoch else runner.iter
+
+    def stop(runner, batch_idx, data_batch=None, outputs=None):
+        if step(runner) == stop_at and batch_idx == 1:
+            raise Interrupted()
+
     first = _runner(work, 'first', by_epoch, stop_after=crash)
-    first.register_hook(_StopInVal(by_epoch, stop_at))
+    first.register_hook(_On(after_val_iter=stop))
     with pytest.raises(Interrupted):
         first.train()
     assert osp.isfile(work / '.mmsoft-val-pending') == (crash is None)
     resumed = _runner(work, 'again', by_epoch, resume=True)
-    record = _StopInVal(by_epoch)
-    resumed.register_hook(record)
+    resumed.register_hook(
+        _On(after_val_epoch=lambda r, metrics=None: validated.append(step(r))))
     resumed.train()
-    assert record.validated == after
+    assert validated == after
     assert not osp.exists(work / '.mmsoft-val-pending')
