@@ -38,7 +38,7 @@ STRICT = 'tests/test_tools/test_strict_load_tools.py::'
 NR_SOFT = ('tests/test_models/test_layers/test_nr_official_soft.py::'
            'test_soft_rule_matches_official')
 AMP = 'tests/test_models/test_device_amp.py::'
-GK = 'tests/test_models/test_layers/test_gaussian_kernel.py::'
+GK = 'tests/test_models/test_layers/test_soft_attention.py::'
 CLI = 'tests/test_tools/test_tool_cli.py::'
 SAFE_CONV = 'tests/test_models/test_layers/test_safe_conv.py::'
 #: issue 30: the effective recipe of a config against the recipe card
