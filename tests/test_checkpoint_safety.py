@@ -6,17 +6,20 @@ in one line naming the file and the safe fix, and the marker never exists.
 """
 import os.path as osp
 import pickle
-import sys
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
 import torch
 import torch.nn as nn
-from conftest import ROOT, cls_demo_config, load_module, run
+from conftest import ROOT, cls_demo_config, load_module
+from mmengine.logging import HistoryBuffer, MessageHub
 
-import mmsoft
 import mmsoft.compat
+from mmsoft.engine import SafeCheckpointHook
 from mmsoft.engine.hooks.resume import find_newest_complete
+from mmsoft.models import SOFT
+from mmsoft.models.loading import load_pretrained
 from mmsoft.utils import checkpoint_io as cio
 
 
@@ -30,22 +33,23 @@ class Payload:
         return open, (self.marker, 'w')
 
 
+class Opaque:
+    """An object of a class: no code of the file's choosing runs."""
+
+
 def _state():
     return {'backbone.w': torch.ones(2), 'head.b': torch.zeros(1)}
 
 
-def _crafted(tmp_path, kind):
-    """(checkpoint path, marker path) of one kind of crafted file."""
+def _crafted(tmp_path, kind, obj=None):
+    """(path, marker) of a crafted file: zip, legacy or a plain pickle."""
     marker = tmp_path / f'MARKER_{kind}'
     path = tmp_path / f'crafted_{kind}.pth'
-    obj = dict(state_dict=_state(), meta=dict(x=Payload(marker)))
-    if kind == 'zip':
-        torch.save(obj, path)
-    elif kind == 'legacy':
-        torch.save(obj, path, _use_new_zipfile_serialization=False)
-    else:  # a plain pickle, as pickle.dump writes it
-        with open(path, 'wb') as f:
-            pickle.dump(obj, f)
+    obj = obj or dict(state_dict=_state(), meta=dict(x=Payload(marker)))
+    if kind == 'raw':
+        path.write_bytes(pickle.dumps(obj))
+    else:
+        torch.save(obj, path, _use_new_zipfile_serialization=kind == 'zip')
     return str(path), marker
 
 
@@ -66,16 +70,8 @@ def test_payload_runs_when_unpickled_unsafely(tmp_path, kind):
 
 def _hook_before_run(resume):
     """SafeCheckpointHook's ``before_run`` (before ``load_or_resume``)."""
-
-    def check(path):
-        from types import SimpleNamespace
-
-        from mmsoft.engine import SafeCheckpointHook
-        runner = SimpleNamespace(
-            _load_from=path, _resume=resume, _has_loaded=False)
-        SafeCheckpointHook().before_run(runner)
-
-    return check
+    return lambda path: SafeCheckpointHook().before_run(
+        SimpleNamespace(_load_from=path, _resume=resume, _has_loaded=False))
 
 
 def _resume_search(path):
@@ -83,20 +79,6 @@ def _resume_search(path):
     found, skipped = find_newest_complete(osp.dirname(path))
     assert found is None and skipped, (found, skipped)
     raise pickle.UnpicklingError(skipped[0][1])
-
-
-def _init_cfg_pretrained(path):
-    from mmsoft.models.loading import load_pretrained
-    load_pretrained(nn.Linear(2, 1), path, prefix='backbone.')
-
-
-def _soft_init_weights(path):
-    # init_cfg Pretrained on the backbone: mmsoft.models.loading end to end
-    from mmsoft.models import SOFT
-    arch = dict(embed_dims=[8] * 4, num_heads=[1] * 4, depths=[1] * 4)
-    SOFT(
-        arch, init_cfg=dict(type='Pretrained',
-                            checkpoint=path)).init_weights()
 
 
 def _onnx_export_loader(path):
@@ -109,25 +91,39 @@ def _converter(name, *options):
     def convert(path):
         tool = load_module(
             osp.join(ROOT, 'tools', 'model_converters', name + '.py'), name)
-        rc = tool.main([path, path + '.out.pth', *options])
-        assert rc == 1 and not osp.exists(path + '.out.pth')
+        assert tool.main([path, path + '.out.pth', *options]) == 1
+        assert not osp.exists(path + '.out.pth')
         raise pickle.UnpicklingError('refused by ' + name)
 
     return convert
 
 
 ENTRY_POINTS = {
-    'Runner_load_from': _hook_before_run(resume=False),
-    'Runner_resume': _hook_before_run(resume=True),
-    'resume_search': _resume_search,
-    'init_cfg_Pretrained': _init_cfg_pretrained,
-    'SOFT.init_weights': _soft_init_weights,
-    'onnx_export_loader': _onnx_export_loader,
-    'soft2mmsoft': _converter('soft2mmsoft'),
-    'mmsoft2soft': _converter('mmsoft2soft'),
-    'soft2mmsoft_trusted': _converter('soft2mmsoft', '--trust-checkpoint'),
-    'mmsoft2soft_trusted': _converter('mmsoft2soft', '--trust-checkpoint'),
-    'safe_torch_load': lambda p: mmsoft.compat.safe_torch_load(p),
+    'Runner_load_from':
+    _hook_before_run(resume=False),
+    'Runner_resume':
+    _hook_before_run(resume=True),
+    'resume_search':
+    _resume_search,
+    'init_cfg_Pretrained':
+    lambda p: load_pretrained(nn.Linear(2, 1), p, prefix='backbone.'),
+    # init_cfg Pretrained on the backbone: mmsoft.models.loading end to end
+    'SOFT.init_weights':
+    lambda p: SOFT(
+        dict(embed_dims=[8] * 4, num_heads=[1] * 4, depths=[1] * 4),
+        init_cfg=dict(type='Pretrained', checkpoint=p)).init_weights(),
+    'onnx_export_loader':
+    _onnx_export_loader,
+    'soft2mmsoft':
+    _converter('soft2mmsoft'),
+    'mmsoft2soft':
+    _converter('mmsoft2soft'),
+    'soft2mmsoft_trusted':
+    _converter('soft2mmsoft', '--trust-checkpoint'),
+    'mmsoft2soft_trusted':
+    _converter('mmsoft2soft', '--trust-checkpoint'),
+    'safe_torch_load':
+    lambda p: mmsoft.compat.safe_torch_load(p),
 }
 
 
@@ -145,10 +141,6 @@ def test_crafted_checkpoint_is_refused(tmp_path, kind, entry, capsys):
         line = [ln for ln in msg.splitlines() if path in ln]
         assert line and 'refused' in line[0] and 'pickled code (' in \
             line[0] and 'trust' not in line[0], msg
-
-
-class Opaque:
-    """An object of a class: no code of the file's choosing runs."""
 
 
 def test_message_is_one_line_with_the_safe_fix(tmp_path):
@@ -175,11 +167,8 @@ def test_message_is_one_line_with_the_safe_fix(tmp_path):
 def test_code_hidden_behind_an_object_is_still_code(tmp_path, kind):
     """Code after a refused class is still refused as code."""
     marker = tmp_path / 'MARKER'
-    path = str(tmp_path / 'mixed.pth')
-    torch.save(
-        dict(a=Opaque(), b=[Opaque(), Payload(marker)]),
-        path,
-        _use_new_zipfile_serialization=kind == 'zip')
+    path, _ = _crafted(tmp_path, kind,
+                       dict(a=Opaque(), b=[Opaque(), Payload(marker)]))
     for options in ([], ['--trust-checkpoint']):
         with pytest.raises(pickle.UnpicklingError, match='refused by'):
             _converter('soft2mmsoft', *options)(path)
@@ -190,8 +179,10 @@ def test_code_hidden_behind_an_object_is_still_code(tmp_path, kind):
 
 
 def test_training_checkpoints_still_load(tmp_path):
-    """HistoryBuffers, numpy arrays and scalars still load."""
-    from mmengine.logging import HistoryBuffer, MessageHub
+    """HistoryBuffers, numpy arrays and scalars still load; mmsoft's
+    loaders leave torch's process-wide allow-list as it was."""
+    get = getattr(torch.serialization, 'get_safe_globals', lambda: [])
+    before = sorted(map(str, get()))  # a set: its order may change
     hub = MessageHub.get_instance('mmsoft_test_checkpoint_safety')
     for v in (1.0, 0.5):
         hub.update_scalar('train/loss', v)
@@ -209,47 +200,27 @@ def test_training_checkpoints_still_load(tmp_path):
     assert got['message_hub']['runtime_info']['best_score'] == 0.75
     np.testing.assert_array_equal(got['arrays'][0], [0, 1, 2])
     assert find_newest_complete(str(tmp_path))[0] == path
-
-
-@pytest.fixture(scope='module')
-def cls_setup(tmp_path_factory):
-    """A tiny classification demo config on generated data."""
-    tmp = tmp_path_factory.mktemp('cls')
-    cfg = cls_demo_config(tmp, val=2)
-    with open(cfg, 'a') as f:
-        f.write('test_dataloader = val_dataloader\n')
-    return cfg, tmp
+    mmsoft.compat.safe_torch_load(path, extra=[pickle.PickleError])
+    assert sorted(map(str, get())) == before
 
 
 @pytest.mark.parametrize('script', ['tools/test.py', 'demo/image_demo.py'])
-def test_tools_refuse_crafted_checkpoint(cls_setup, tmp_path, script):
-    cfg, data = cls_setup
+def test_tools_refuse_crafted_checkpoint(tmp_path, script, script_server):
+    cfg = cls_demo_config(tmp_path, val=2)
+    with open(cfg, 'a') as f:
+        f.write('test_dataloader = val_dataloader\n')
     path, marker = _crafted(tmp_path, 'zip')
     if script == 'tools/test.py':
         args = [cfg, path, '--work-dir', str(tmp_path / 'work')]
     else:
         img = sorted(
-            p for p in (data / 'data').rglob('*')
+            p for p in (tmp_path / 'data').rglob('*')
             if p.suffix.lower() in ('.jpg', '.jpeg', '.png'))[0]
         args = [str(img), cfg, path, '--out-dir', str(tmp_path / 'out')]
-    proc = run(
-        [sys.executable, osp.join(ROOT, script)] + args,
-        cwd=tmp_path,
-        timeout=300)
+    proc = script_server(osp.join(ROOT, script), args, cwd=tmp_path)
     assert proc.returncode != 0
     assert not marker.exists(), f'{script} ran code from {path}'
     out = proc.stdout + proc.stderr
     assert 'weights_only=False' not in out, out[-3000:]
     assert any(path in ln and 'refused' in ln
                for ln in out.splitlines()), out[-3000:]
-
-
-def test_loading_keeps_the_process_allow_list(tmp_path):
-    """mmsoft's loaders leave torch's process-wide allow-list as it was."""
-    get = getattr(torch.serialization, 'get_safe_globals', lambda: [])
-    before = sorted(map(str, get()))  # a set: its order may change
-    path = str(tmp_path / 'plain.pth')
-    torch.save({'state_dict': _state()}, path)
-    cio.load_verified(path)
-    mmsoft.compat.safe_torch_load(path, extra=[pickle.PickleError])
-    assert sorted(map(str, get())) == before
