@@ -3,16 +3,18 @@ config's model unless ``--partial-load``. The tested checkpoints carry a
 constant head (one class for every image): the expected top-1 follows from
 the labels alone and shows the checkpoint's weights were tested."""
 import contextlib
+import errno
 import glob
 import io
+import os
 import os.path as osp
+import pickle
 import time
 import types
 
 import pytest
 import torch
-from conftest import (CONFIGS, cls_demo_config, load_tool, random_model,
-                      tool_namespace)
+from conftest import cls_demo_config, load_tool, random_model, tool_namespace
 
 pytest.importorskip('mmpretrain')
 
@@ -24,39 +26,37 @@ def setup(tmp_path_factory):
     cfg = cls_demo_config(tmp, val=4, test=4)
     sd = random_model(cfg).state_dict()
     # a constant classifier: always the class of the first val image
-    labels = val_labels(tmp)
     sd['head.fc.weight'] = torch.zeros_like(sd['head.fc.weight'])
     sd['head.fc.bias'] = torch.nn.functional.one_hot(
-        torch.tensor(labels[0]), 5).float() * 10
-    ckpts = {}
-
-    def save(name, state_dict, wrap='state_dict', **meta):
-        path = str(tmp / f'{name}.pth')
-        torch.save({wrap: state_dict, 'meta': meta}, path)
-        ckpts[name] = path
-
-    save('good', sd)
-    # a checkpoint of tools/train.py: SafeCheckpointHook records the
-    # model's attn_norm (the demo config: False; test_chain checks it)
-    save('trained', sd, mmsoft_attn_norm=[False])
-    head1000 = dict(sd)
-    head1000['head.fc.weight'] = torch.zeros(1000, 192)
-    head1000['head.fc.bias'] = torch.zeros(1000)
-    save('head1000', head1000)
-    # another model: a detector's keys (0 tensors load)
-    save(
-        'retinanet', {
-            'backbone.layer1.0.conv1.weight': torch.zeros(64, 64, 1, 1),
-            'neck.fpn_convs.0.conv.weight': torch.zeros(256, 256, 3, 3),
-            'bbox_head.retina_cls.weight': torch.zeros(9, 256, 3, 3)
+        torch.tensor(val_labels(tmp)[0]), 5).float() * 10
+    head1000 = dict(
+        sd, **{
+            'head.fc.weight': torch.zeros(1000, 192),
+            'head.fc.bias': torch.zeros(1000)
         })
+    retinanet = {  # another model: a detector's keys (0 tensors load)
+        'backbone.layer1.0.conv1.weight': torch.zeros(64, 64, 1, 1),
+        'neck.fpn_convs.0.conv.weight': torch.zeros(256, 256, 3, 3),
+        'bbox_head.retina_cls.weight': torch.zeros(9, 256, 3, 3)
+    }
     # another arch: one more block in stage 3
     other = {k: v for k, v in sd.items() if '.stages.2.blocks.1.' not in k}
-    save('other_arch', other)
     # an unconverted official checkpoint (fudan-zvg/SOFT layout)
     official, _ = load_tool(
         'model_converters/mmsoft2soft.py').convert_mmpretrain_to_official(sd)
-    save('official', official, wrap='model')
+    ckpts = {}
+    # trained: a checkpoint of tools/train.py (SafeCheckpointHook records
+    # the model's attn_norm: the demo config's False; test_chain checks it)
+    for name, state_dict, wrap, meta in (
+        ('good', sd, 'state_dict', {}),
+        ('trained', sd, 'state_dict', dict(mmsoft_attn_norm=[False])),
+        ('head1000', head1000, 'state_dict', {}),
+        ('retinanet', retinanet, 'state_dict', {}),
+        ('other_arch', other, 'state_dict', {}),
+        ('official', official, 'model', {}),
+    ):
+        ckpts[name] = str(tmp / f'{name}.pth')
+        torch.save({wrap: state_dict, 'meta': meta}, ckpts[name])
     return cfg, ckpts, tmp
 
 
@@ -81,19 +81,22 @@ def _test(setup, name, *extra, work='work'):
 def _error(setup, name, *extra):
     """The line tools/test.py stops with (``run_main``: stderr, exit 1)."""
     from mmsoft_tools.cli import run_main
-    cfg, ckpts, tmp = setup
     err = io.StringIO()
     with pytest.raises(SystemExit) as exc, contextlib.redirect_stderr(err):
-        run_main(
-            tool_namespace('test')['main'],
-            [cfg, ckpts[name], '--work-dir',
-             str(tmp / 'work'), *extra])
+        run_main(lambda argv: _test(setup, name, *extra), [])
     msg = exc.value.code  # sys.exit('error: ...') of the pre-flight
     if not isinstance(msg, str):
         assert msg == 1, err.getvalue()
         msg = [ln for ln in err.getvalue().splitlines() if ln.strip()][-1]
-    assert msg.startswith('error: checkpoint ')
+    assert msg.startswith('error: checkpoint ') and '\n' not in msg, msg
     return msg
+
+
+def _read_logs(tmp, work):
+    logs = glob.glob(osp.join(tmp, work, '*', '*.log'))
+    assert len(logs) == 1, (work, logs)
+    with open(logs[0]) as f:
+        return f.read()
 
 
 def test_matching_checkpoint_is_tested(setup):
@@ -103,7 +106,6 @@ def test_matching_checkpoint_is_tested(setup):
     assert set(metrics) == {'accuracy/top1'}, metrics
     assert metrics['accuracy/top1'] == pytest.approx(expected_top1(tmp))
     # every image scored by the checkpoint's constant head: softmax(bias)
-    import pickle
     with open(out, 'rb') as f:
         preds = pickle.load(f)
     assert [int(p['gt_label']) for p in preds] == val_labels(tmp)
@@ -114,27 +116,44 @@ def test_matching_checkpoint_is_tested(setup):
 
 def test_trained_checkpoint_of_the_other_attn_norm(setup):
     """Issue 36 (4): attn_norm=False in the meta, tested with True: one
-    line naming both and the fix (was: exit 0, a wrong top-1)."""
+    line naming both and the fix (was: exit 0, a wrong top-1); tested with
+    the setting it was trained with: test_partial_load_opt_in."""
     msg = _error(setup, 'trained', '--cfg-options',
                  'model.backbone.attn_cfg.attn_norm=True')
-    assert '\n' not in msg
-    assert 'trained with attn_norm=False' in msg
-    assert 'has attn_norm=True' in msg
-    assert '--cfg-options model.backbone.attn_cfg.attn_norm=False' in msg
-    # the setting it was trained with: tested
-    metrics = _test(setup, 'trained')
-    assert metrics['accuracy/top1'] == pytest.approx(expected_top1(setup[2]))
+    for part in ('trained with attn_norm=False', 'has attn_norm=True',
+                 '--cfg-options model.backbone.attn_cfg.attn_norm=False'):
+        assert part in msg, msg
+
+
+def test_partial_load_opt_in(setup, monkeypatch):
+    """Loads the backbone, logs the two skipped head tensors, tests. Issue
+    30: two runs of one process in the same second (mmengine's run name
+    ``<config>_<YYYYmmdd_HHMMSS>``) shared the logger; with the Runner's
+    clock frozen each logs into its own work dir (launch.name_run)."""
+    import mmengine.runner.runner as runner_module
+    now = time.time()
+    monkeypatch.setattr(
+        runner_module, 'time',
+        types.SimpleNamespace(**{
+            **vars(time), 'time': lambda: now
+        }))
+    tmp = setup[2]
+    metrics = _test(setup, 'trained', work='second_a')
+    assert metrics['accuracy/top1'] == pytest.approx(expected_top1(tmp))
+    metrics = _test(setup, 'head1000', '--partial-load', work='second_b')
+    assert set(metrics) == {'accuracy/top1'}, metrics
+    assert metrics['accuracy/top1'] in [25.0 * k for k in range(5)]  # 4 images
+    log_a, log = _read_logs(tmp, 'second_a'), _read_logs(tmp, 'second_b')
+    assert 'partial load (allowed)' in log
+    assert 'head.fc.weight (checkpoint [1000, 192] vs model [5, 192])' in log
+    assert 'partial load (allowed)' not in log_a and 'second_b' not in log_a
 
 
 def test_out_is_written_atomically(setup, monkeypatch):
     """Issue 36 (3): a full disk while dumping keeps an existing ``--out``
     (it was truncated); no temporary file is left."""
-    import errno
-    import os
-
     import mmengine.evaluator.metric as metric
-    tmp = setup[2]
-    out = tmp / 'kept' / 'preds.pkl'
+    out = setup[2] / 'kept' / 'preds.pkl'
     out.parent.mkdir()
     out.write_bytes(b'earlier results')
 
@@ -195,60 +214,7 @@ def test_mismatch_stops_with_one_line(setup, name, extra, parts):
     """A 1000-class head, another model / arch, an unconverted official
     file: one line at the door (issue 36)."""
     msg = _error(setup, name, *extra)
-    assert '\n' not in msg and all(p in msg for p in parts), msg
-
-
-def _read_logs(tmp, work):
-    logs = glob.glob(osp.join(tmp, work, '*', '*.log'))
-    assert len(logs) == 1, (work, logs)
-    with open(logs[0]) as f:
-        return f.read()
-
-
-def test_partial_load_opt_in(setup):
-    """Loads the backbone, logs the two skipped head tensors, tests."""
-    metrics = _test(setup, 'head1000', '--partial-load', work='partial')
-    assert set(metrics) == {'accuracy/top1'}, metrics
-    assert metrics['accuracy/top1'] in [25.0 * k for k in range(5)]  # 4 images
-    log = _read_logs(setup[2], 'partial')
-    assert 'partial load (allowed)' in log
-    assert 'head.fc.weight (checkpoint [1000, 192] vs model [5, 192])' in log
-
-
-def test_runs_within_one_second_log_apart(setup, monkeypatch):
-    """Issue 30: two runs of one process in the same second (mmengine's run
-    name ``<config>_<YYYYmmdd_HHMMSS>``) shared the logger; with the
-    Runner's clock frozen each logs into its own work dir (launch.name_run)."""
-    import mmengine.runner.runner as runner_module
-    now = time.time()
-    monkeypatch.setattr(
-        runner_module, 'time',
-        types.SimpleNamespace(**{
-            **vars(time), 'time': lambda: now
-        }))
-    _test(setup, 'good', work='second_a')
-    _test(setup, 'head1000', '--partial-load', work='second_b')
-    tmp = setup[2]
-    log_a, log_b = _read_logs(tmp, 'second_a'), _read_logs(tmp, 'second_b')
-    assert 'partial load (allowed)' in log_b
-    assert 'partial load (allowed)' not in log_a
-    assert 'second_b' not in log_a
-
-
-def test_name_run_is_unique_per_process():
-    from mmengine.config import Config
-
-    from mmsoft_tools import launch
-    names = []
-    for extra in ({}, {}, dict(experiment_name='mine')):
-        cfg = Config(
-            dict(extra),
-            filename=osp.join(CONFIGS, 'retinanet_soft_small_1x.py'))
-        names.append(launch.name_run(cfg))
-        assert cfg.experiment_name == names[-1]
-    assert len(set(names)) == 3, names
-    assert all(n.startswith('retinanet_soft_small_1x') for n in names[:2])
-    assert names[2].startswith('mine')
+    assert all(p in msg for p in parts), msg
 
 
 @pytest.mark.parametrize('ckpt,problem', [
@@ -264,8 +230,7 @@ def test_resume_refusal(ckpt, problem):
     """``--resume`` of a file lacking what ``Runner.resume`` reads: one line
     naming it and ``load_from`` (printed: test_chain.py); a training one ''."""
     from mmsoft.engine.hooks.strict_load_hook import resume_refusal
-    msg = resume_refusal(ckpt, 'w.pth')
-    assert msg == ('' if problem is None else (
+    assert resume_refusal(ckpt, 'w.pth') == ('' if problem is None else (
         f'--resume w.pth: not a training checkpoint ({problem}); --resume '
         'continues a run from an epoch_N.pth / iter_N.pth written by '
         'tools/train.py. To start training from these weights, pass '
