@@ -1,20 +1,25 @@
-""":mod:`mmsoft.compat`: inside ``mmengine_checkpoints_allowed`` (what
-SafeCheckpointHook enters around the Runner's loads) mmengine's training
-checkpoints load weights-only on torch >= 2.6; outside it, and in a fresh
-process before and after ``import mmsoft``, they fail as without mmsoft."""
+""":mod:`mmsoft.compat` / :mod:`mmsoft.utils.safe_load`: inside
+``mmengine_checkpoints_allowed`` (what SafeCheckpointHook enters around the
+Runner's loads) and through ``safe_torch_load`` mmengine's training
+checkpoints load weights-only; outside it, and in a fresh process before and
+after ``import mmsoft``, they fail as without mmsoft; the restricted
+stand-ins refuse in one line; ``unsafe_globals`` names what is refused."""
+import codecs
 import json
 import os
 import pickle
+import shutil
 import sys
 import textwrap
 import uuid
 import warnings
+import zipfile
 
 import numpy as np
 import pytest
 import torch
 import torch.nn as nn
-from conftest import ROOT, needs_torch, run, run_python
+from conftest import TOOLS, needs_torch, run
 from mmengine.logging import HistoryBuffer, MessageHub
 
 from mmsoft import compat
@@ -22,6 +27,8 @@ from mmsoft.utils import safe_load
 
 needs_weights_only = needs_torch(
     '2.6', 'torch.load weights-only by default, allow-list with names')
+_CPU_TAG = b'X\x03\x00\x00\x00cpu'  # a CPU storage's tag in a pickle
+CWD = f'{os.getcwd.__module__}.getcwd'
 
 
 def _mmengine_checkpoint(path):
@@ -49,11 +56,51 @@ def _mmengine_checkpoint(path):
     return ckpt, model
 
 
+class _Call:
+    """Pickles to ``fn(*args)``."""
+
+    def __init__(self, fn, *args):
+        self.fn, self.args = fn, args
+
+    def __reduce__(self):
+        return self.fn, self.args
+
+
+class _Allowed:
+    """A class a caller allows through ``extra``."""
+
+
+def _refusal(what, allowed):
+    return (f'mmsoft: refusing {what} while loading a checkpoint with '
+            f'weights_only=True; only {allowed} is allowed.')
+
+
+def _runner_load(path):
+    """torch.load in the Runner's context (SafeCheckpointHook enters it)."""
+    with compat.mmengine_checkpoints_allowed():
+        return torch.load(path)
+
+
+LOADERS = [
+    safe_load.safe_torch_load,
+    pytest.param(_runner_load, marks=needs_weights_only)
+]
+
+
 @pytest.fixture
 def allowed():
     """Inside mmsoft's allow-list context (as the Runner's loads are)."""
     with compat.mmengine_checkpoints_allowed():
         yield
+
+
+@pytest.fixture
+def table():
+    """HistoryBuffer's method table, put back afterwards."""
+    table = dict(HistoryBuffer._statistics_methods)
+    yield table
+    HistoryBuffer._statistics_methods.clear()
+    HistoryBuffer._statistics_methods.update(table)
 
 
 @needs_weights_only
@@ -83,6 +130,15 @@ def test_allow_list_is_scoped():
     assert get() == before
 
 
+def test_allow_list_context_is_a_no_op_before_torch_2_6(monkeypatch):
+    get = getattr(torch.serialization, 'get_safe_globals', None)
+    before = list(map(str, get())) if get else None
+    monkeypatch.setattr(safe_load, 'native_allow_list', lambda: False)
+    with compat.mmengine_checkpoints_allowed():
+        if get is not None:
+            assert list(map(str, get())) == before
+
+
 @needs_weights_only
 def test_torch_load_fails_outside_the_context(tmp_path):
     path = tmp_path / 'iter_3.pth'
@@ -102,9 +158,8 @@ def test_torch_load_fails_outside_the_context(tmp_path):
 def test_mmengine_checkpoint_loads_weights_only(tmp_path, allowed):
     path = tmp_path / 'iter_3.pth'
     ckpt, _ = _mmengine_checkpoint(path)
-    loaded = torch.load(path)  # weights_only=True is torch's default
-    loaded_wo = torch.load(path, weights_only=True)
-    for got in (loaded, loaded_wo):
+    # weights_only=True is torch's default
+    for got in (torch.load(path), torch.load(path, weights_only=True)):
         assert got['meta'] == ckpt['meta']
         for k, v in ckpt['state_dict'].items():
             torch.testing.assert_close(got['state_dict'][k], v)
@@ -128,26 +183,16 @@ def test_mmengine_loaders(tmp_path, allowed):
     from mmengine.runner import load_checkpoint
     from mmengine.runner.checkpoint import CheckpointLoader
 
-    path = tmp_path / 'iter_3.pth'
+    path, plain = tmp_path / 'iter_3.pth', tmp_path / 'plain.pth'
     ckpt, model = _mmengine_checkpoint(path)
     got = CheckpointLoader.load_checkpoint(str(path), map_location='cpu')
     assert got['meta']['iter'] == 3
-    fresh = nn.Linear(4, 3)
-    load_checkpoint(fresh, str(path), map_location='cpu')
-    torch.testing.assert_close(fresh.state_dict(), model.state_dict())
-    # a plain state dict (e.g. official SOFT weights) loads with or without
-    plain = tmp_path / 'plain.pth'
+    # a plain state dict (e.g. official SOFT weights) loads too
     torch.save(model.state_dict(), plain)
-    fresh = nn.Linear(4, 3)
-    load_checkpoint(fresh, str(plain), map_location='cpu')
-    torch.testing.assert_close(fresh.state_dict(), model.state_dict())
-
-
-class _Alloc:
-    """Pickles to ``bytes(10)`` (the allow-list takes only ``bytes()``)."""
-
-    def __reduce__(self):
-        return bytes, (10, )
+    for src in (path, plain):
+        fresh = nn.Linear(4, 3)
+        load_checkpoint(fresh, str(src), map_location='cpu')
+        torch.testing.assert_close(fresh.state_dict(), model.state_dict())
 
 
 @needs_weights_only
@@ -155,8 +200,8 @@ class _Alloc:
     'make,match',
     [
         (lambda: os.getcwd, 'getcwd'),  # any other global
-        (lambda: np.array([1, 2], dtype=object), ''),  # an object array
-        (_Alloc, 'only bytes'),
+        (lambda: np.array([1, 2], dtype=object), None),  # an object array
+        (lambda: _Call(bytes, 10), 'only bytes'),  # only bytes() allowed
     ])
 def test_weights_only_still_refuses_other_globals(tmp_path, allowed, make,
                                                   match):
@@ -167,26 +212,23 @@ def test_weights_only_still_refuses_other_globals(tmp_path, allowed, make,
         torch.load(path)
 
 
-@needs_weights_only
-def test_fresh_process_before_and_after_import(tmp_path):
-    """A fresh interpreter: refused before / after import, loads inside."""
-    path = tmp_path / 'iter_3.pth'
-    _mmengine_checkpoint(path)
-    code = textwrap.dedent(f"""
-        import json, pickle, sys, warnings, torch
+FRESH = textwrap.dedent("""
+    import contextlib, io, json, pickle, runpy, sys, warnings, torch
+    path, native, tools = sys.argv[1], sys.argv[2] == '1', sys.argv[3]
+    out = {'mmsoft_imported': 'mmsoft' in sys.modules}
+    if native:
         from mmengine.logging import HistoryBuffer
         from mmengine.registry import MODELS
         from mmengine.runner.checkpoint import CheckpointLoader
-        before = sorted(map(str, torch.serialization.get_safe_globals()))
-        loader = CheckpointLoader._schemes['']
-        out = {{'mmsoft_imported': 'mmsoft' in sys.modules}}
+        get = torch.serialization.get_safe_globals
+        before, loader = sorted(map(str, get())), CheckpointLoader._schemes['']
 
         def attempts(key):
-            out[key] = {{}}
+            out[key] = {}
             for name, fn in [
-                ('torch.load', lambda: torch.load({str(path)!r})),
+                ('torch.load', lambda: torch.load(path)),
                 ('CheckpointLoader', lambda: CheckpointLoader.load_checkpoint(
-                    {str(path)!r}, map_location='cpu')),
+                    path, map_location='cpu')),
             ]:
                 try:
                     fn()
@@ -195,18 +237,20 @@ def test_fresh_process_before_and_after_import(tmp_path):
                     out[key][name] = str(e)
 
         attempts('before')
-        import mmsoft
-        from mmsoft import compat
+    show = warnings.showwarning
+    import mmsoft
+    from mmsoft import compat
+    out['showwarning_kept'] = warnings.showwarning is show
+    if native:
         attempts('imported')
         out['table_empty'] = not HistoryBuffer._statistics_methods
         with compat.mmengine_checkpoints_allowed():
             with warnings.catch_warnings():
                 warnings.simplefilter('error')
-                ckpt = torch.load({str(path)!r})
+                ckpt = torch.load(path)
         buf = ckpt['message_hub']['log_scalars']['train/loss']
         out['mean'] = buf.statistics('mean')
-        out['list_restored'] = sorted(
-            map(str, torch.serialization.get_safe_globals())) == before
+        out['list_restored'] = sorted(map(str, get())) == before
         attempts('after')
         MODELS.build(dict(type='SOFT', arch=dict(
             embed_dims=[8, 16, 16, 32], num_heads=[1, 2, 2, 2],
@@ -214,13 +258,39 @@ def test_fresh_process_before_and_after_import(tmp_path):
         out['same_loader'] = CheckpointLoader._schemes[''] is loader
         with compat.mmengine_checkpoints_allowed():
             out['iter'] = CheckpointLoader.load_checkpoint(
-                {str(path)!r}, map_location='cpu')['meta']['iter']
-        print(json.dumps(out))
-    """)
-    res = run_python(code, timeout=120)
+                path, map_location='cpu')['meta']['iter']
+    sys.path.insert(0, tools)  # as `python tools/<tool>.py --help`
+    for tool in ('train', 'test'):
+        sys.argv, code = [f'{tool}.py', '--help'], None
+        with contextlib.redirect_stdout(io.StringIO()) as f:
+            try:
+                runpy.run_path(f'{tools}/{tool}.py', run_name='__main__')
+            except SystemExit as e:
+                code = e.code
+        out[tool] = [code, f.getvalue()[:6]]
+    print(json.dumps(out))
+""")
+
+
+def test_fresh_process_before_and_after_import(tmp_path):
+    """A fresh interpreter: checkpoints refused before / after import, load
+    inside the context; ``import mmsoft`` and the tools' ``--help`` print
+    nothing else (``warnings.showwarning`` left alone)."""
+    path, native = tmp_path / 'iter_3.pth', safe_load.native_allow_list()
+    _mmengine_checkpoint(path)
+    res = run([sys.executable, '-c', FRESH, path,
+               int(native), TOOLS],
+              timeout=120)
     assert res.returncode == 0, res.stderr[-2000:]
+    if compat.torch_version() != (2, 4):
+        assert res.stderr == '', res.stderr
     out = json.loads(res.stdout.strip().splitlines()[-1])
     assert out.pop('mmsoft_imported') is False
+    assert out.pop('train') == out.pop('test') == [0, 'usage:']
+    assert out.pop('showwarning_kept') is True
+    if not native:
+        assert out == {}
+        return
     before = out.pop('before')
     assert set(before) == {'torch.load', 'CheckpointLoader'}
     for name, msg in before.items():
@@ -232,54 +302,62 @@ def test_fresh_process_before_and_after_import(tmp_path):
     assert out == dict(list_restored=True, same_loader=True, iter=3)
 
 
-# ---------------------------------------------- loading mutates nothing
-def _crafted_history_buffer(methods):
-    """A HistoryBuffer pickling the method table ``methods``."""
-    hb = HistoryBuffer([5.0], [1])
-    state = dict(hb.__dict__)
-    hb.__getstate__ = lambda: dict(state, statistics_methods=methods)
+# ------------------------------------------------------ HistoryBuffer
+def _history_buffer(**state):
+    """A HistoryBuffer pickling its fields, no method table, and ``state``."""
+    hb = HistoryBuffer([5.0, 7.0], [1, 1])
+    fields = dict(hb.__dict__)
+    fields.pop('statistics_methods', None)
+    hb.__getstate__ = lambda: dict(fields, **state)
     return hb
 
 
-@needs_weights_only
-def test_loading_does_not_mutate_history_buffer_class(tmp_path, allowed):
-    """Before: every HistoryBuffer's 'mean' became the max afterwards."""
-    path = tmp_path / 'crafted.pth'
-    torch.save({'x': _crafted_history_buffer({'mean': HistoryBuffer.max})},
-               path)
-    table = dict(HistoryBuffer._statistics_methods)
-    ignored = r"ignoring the statistics methods \['mean'\]"
-    try:
-        with pytest.warns(UserWarning, match=ignored):
-            got = torch.load(path)['x']
-        assert HistoryBuffer._statistics_methods == table
-        assert HistoryBuffer([1, 2, 3], [1, 1, 1]).statistics('mean') == 2
-        assert type(got) is HistoryBuffer
-        assert got.statistics('mean') == 5.0 and got.current() == 5.0
-    finally:  # never leave a broken table behind for other tests
-        HistoryBuffer._statistics_methods.clear()
-        HistoryBuffer._statistics_methods.update(table)
-
-
-@needs_weights_only
-def test_regular_history_buffer_loads_without_warning(tmp_path, allowed):
+@pytest.mark.parametrize('load', LOADERS)
+@pytest.mark.parametrize('crafted', [False, True])
+def test_history_buffer_loads_and_changes_no_class(tmp_path, table, load,
+                                                   crafted):
+    """A pickled method table unlike this process's: one warning, and not
+    applied (before: every HistoryBuffer's 'mean' became the max)."""
     path = tmp_path / 'hb.pth'
-    torch.save({'x': HistoryBuffer([1.0, 3.0], [1, 1])}, path)
-    with warnings.catch_warnings():
-        warnings.simplefilter('error')
-        got = torch.load(path)['x']
-    assert type(got) is HistoryBuffer and got.statistics('mean') == 2.0
+    torch.save(
+        {
+            'x':
+            _history_buffer(statistics_methods={'mean': HistoryBuffer.max})
+            if crafted else HistoryBuffer([5.0, 7.0], [1, 1])
+        }, path)
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter('always')
+        got = load(path)['x']
+    assert [str(w.message) for w in seen] == [
+        "mmsoft.compat: ignoring the statistics methods ['mean'] pickled "
+        'with a HistoryBuffer: they differ from the ones registered in '
+        'this process (loading a checkpoint does not change HistoryBuffer)'
+    ][:crafted]
+    assert HistoryBuffer._statistics_methods == table
+    assert HistoryBuffer([1, 2, 3], [1, 1, 1]).statistics('mean') == 2
+    assert type(got) is HistoryBuffer and got.mean() == 6.0
+    assert got.current() == 7.0 and got.statistics('max') == 7.0
     # and it pickles again under mmengine's own name (no mmsoft class)
-    path2 = tmp_path / 'again.pth'
-    torch.save({'x': got}, path2)
-    import zipfile
-    with zipfile.ZipFile(path2) as z:
+    torch.save({'x': got}, tmp_path / 'again.pth')
+    with zipfile.ZipFile(tmp_path / 'again.pth') as z:
         pkl = z.read(next(n for n in z.namelist() if n.endswith('data.pkl')))
     assert b'mmengine.logging.history_buffer\nHistoryBuffer' in pkl
     assert b'mmsoft' not in pkl
 
 
-@needs_weights_only
+def test_history_buffer_without_method_table_is_restored(tmp_path):
+    """Pickled without its method table: a working HistoryBuffer."""
+    path = tmp_path / 'hb.pth'
+    torch.save({'x': _history_buffer()}, path)
+    with warnings.catch_warnings():
+        warnings.simplefilter('error')
+        got = safe_load.safe_torch_load(path)['x']
+    assert type(got) is HistoryBuffer
+    assert got.mean() == 6.0 and got.statistics('max') == 7.0
+    assert 'statistics_methods' not in got.__dict__
+
+
+@pytest.mark.parametrize('load', LOADERS)
 @pytest.mark.parametrize(
     'make',
     [
@@ -287,12 +365,12 @@ def test_regular_history_buffer_loads_without_warning(tmp_path, allowed):
         lambda: np.zeros((0, 3), dtype=np.float32),
         lambda: HistoryBuffer(),  # never updated: empty arrays inside
     ])
-def test_empty_arrays_load(tmp_path, make, allowed):
+def test_empty_arrays_load(tmp_path, make, load):
     """Before: ``Unsupported global: GLOBAL builtins.bytes``."""
     path = tmp_path / 'empty.pth'
     obj = make()
     torch.save({'x': obj}, path)
-    got = torch.load(path)['x']
+    got = load(path)['x']
     assert type(got) is type(obj)
     if isinstance(obj, np.ndarray):
         assert got.shape == obj.shape and got.dtype == obj.dtype
@@ -300,30 +378,280 @@ def test_empty_arrays_load(tmp_path, make, allowed):
         assert len(got.data[0]) == 0
 
 
-def test_import_mmsoft_prints_nothing():
-    """Nothing on stderr; ``warnings.showwarning`` left alone."""
-    proc = run_python('import warnings; show = warnings.showwarning; '
-                      'import mmsoft; assert warnings.showwarning is show')
-    assert proc.returncode == 0, proc.stderr
-    if compat.torch_version() != (2, 4):
-        assert proc.stderr == '', proc.stderr
+# ------------------------------------------ the stand-ins, the refusals
+@pytest.mark.parametrize('load', LOADERS)
+@pytest.mark.parametrize(
+    'owner,name',
+    [
+        (np.ndarray, 'mean'),  # not an allow-listed owner
+        (np.ndarray, 'tofile'),
+        (torch.Tensor, 'new_empty'),
+        (HistoryBuffer, '_set_default_statistics'),  # private
+        (HistoryBuffer, '__init__'),
+        (HistoryBuffer, '_statistics_methods'),  # not a function
+    ])
+def test_getattr_is_only_a_public_method_of_history_buffer(
+        tmp_path, load, owner, name):
+    """Refused in one line naming the call (another owner's); the allowed
+    form loads."""
+    path = tmp_path / 'gadget.pth'
+    torch.save({'x': _Call(getattr, owner, name)}, path)
+    want = _refusal(f'getattr({owner!r}, {name!r})',
+                    'a public method of HistoryBuffer')
+    with pytest.raises(pickle.UnpicklingError) as info:
+        load(path)
+    assert owner is HistoryBuffer or want in str(info.value)
+    torch.save({'x': _Call(getattr, HistoryBuffer, 'mean')}, path)
+    assert load(path)['x'] is HistoryBuffer.mean
 
 
-@pytest.mark.parametrize('tool', ['train', 'test'])
-def test_tools_print_only_their_own_output(tool):
-    tool = os.path.join(ROOT, 'tools', f'{tool}.py')
-    proc = run([sys.executable, tool, '--help'], timeout=120)
-    assert proc.returncode == 0, proc.stderr
-    assert proc.stdout.startswith('usage:'), proc.stdout
-    if compat.torch_version() != (2, 4):
-        assert proc.stderr == '', proc.stderr
+@pytest.mark.parametrize('fn,args', [(getattr, (np.ndarray, 'tofile')),
+                                     (bytes, (10**6, )),
+                                     (codecs.encode, (b'x', 'base64'))])
+def test_stand_ins_build_only_what_mmengine_needs(tmp_path, fn, args):
+    """The getattr / bytes / _codecs.encode stand-ins refuse other uses."""
+    if fn is codecs.encode and safe_load.native_allow_list():
+        pytest.skip('torch >= 2.6 allows every codec')
+    path = str(tmp_path / 'gadget.pth')
+    torch.save({'x': _Call(fn, *args)}, path)
+    with pytest.raises(pickle.UnpicklingError):
+        safe_load.safe_torch_load(path)
 
 
-def test_allow_list_context_is_a_no_op_before_torch_2_6(monkeypatch):
-    """Before torch 2.6 the context adds nothing."""
-    get = getattr(torch.serialization, 'get_safe_globals', None)
-    before = list(map(str, get())) if get else None
+def test_refusals_are_one_line():
+    with pytest.raises(pickle.UnpicklingError) as info:
+        safe_load.mmengine_safe_globals()[2][0](10)
+    assert str(info.value) == _refusal('bytes(10,)', 'bytes()')
+    e = safe_load.RefusedGlobal('posix.getcwd')
+    assert isinstance(e, pickle.UnpicklingError) and e.name == 'posix.getcwd'
+    assert str(e) == (
+        'mmsoft: refusing the pickled global posix.getcwd: only tensors, '
+        'plain containers and allow-listed objects are unpickled')
+
+
+@needs_torch('2.5', 'torch.serialization.safe_globals (a user allow-list)')
+def test_stand_ins_defer_to_the_users_allow_list():
+    """What the user allow-listed in torch the stand-ins allow too."""
+    getattr_, bytes_ = (
+        safe_load.mmengine_safe_globals()[i][0] for i in (1, 2))
+    with pytest.raises(pickle.UnpicklingError):
+        getattr_(np.ndarray, 'tofile')
+    with pytest.raises(pickle.UnpicklingError):
+        bytes_(3)
+    with torch.serialization.safe_globals([getattr, bytes]):
+        assert getattr_(np.ndarray, 'tofile') is np.ndarray.tofile
+        assert bytes_(3) == b'\0\0\0'
+    assert bytes_() == b''  # an empty array's data: always
+
+
+# --------------------------------------------------------- unsafe_globals
+@needs_torch('2.5', 'torch.serialization.get_unsafe_globals_in_checkpoint')
+def test_unsafe_globals_names_every_refused_global(tmp_path):
+    """A zip file: every global but mmengine's and ``extra``."""
+    path = str(tmp_path / 'two.pth')
+    torch.save(
+        dict(
+            state_dict={'w': torch.ones(2)},
+            hub=HistoryBuffer([1.0], [1]),
+            arrays=[np.arange(3)],
+            a=os.getcwd,
+            b=_Allowed,
+            c=shutil.rmtree), path)
+    assert sorted(safe_load.unsafe_globals(path)) == sorted(
+        [CWD, f'{__name__}._Allowed', 'shutil.rmtree'])
+    assert sorted(safe_load.unsafe_globals(path, extra=[_Allowed])) == sorted(
+        [CWD, 'shutil.rmtree'])
+
+
+def _training_checkpoint(path, **more):
+    """A legacy-format file as mmengine's Runner saves one."""
+    buf = HistoryBuffer()
+    for v in (1.0, 0.5):
+        buf.update(v)
+    torch.save(
+        dict(
+            state_dict={'w': torch.arange(4.)},
+            message_hub=dict(log_scalars={'loss': buf}),
+            arrays=[np.arange(3), np.zeros(0)],
+            **more),
+        str(path),
+        _use_new_zipfile_serialization=False)
+    return str(path)
+
+
+def test_unsafe_globals_of_legacy_files(tmp_path):
+    """A legacy file's first refused global, also from an absent device."""
+    ok = _training_checkpoint(tmp_path / 'iter_2.pth', allowed=_Allowed)
+    assert safe_load.unsafe_globals(ok, extra=[_Allowed]) == []
+    assert safe_load.unsafe_globals(ok) == [f'{__name__}._Allowed']
+    bad = _training_checkpoint(tmp_path / 'bad.pth', x=os.getcwd)
+    assert safe_load.unsafe_globals(bad) == [CWD]
+    with open(bad, 'rb') as f:  # as if saved on a device this machine lacks
+        data = f.read()
+    assert _CPU_TAG in data
+    with open(bad, 'wb') as f:
+        tag = b'mmsoft_absent_device'
+        f.write(
+            data.replace(_CPU_TAG,
+                         b'X' + len(tag).to_bytes(4, 'little') + tag))
+    assert safe_load.unsafe_globals(bad) == [CWD]
+
+
+@needs_torch('2.6', "torch's unpickler loads checkpoints (any _codecs.encode)")
+def test_unsafe_globals_of_a_legacy_file_follow_this_torch(tmp_path):
+    """The scan allows what safe_torch_load allows on this torch."""
+    for zipped in (True, False):
+        path = str(tmp_path / f'rot13_{zipped}.pth')
+        kw = dict(_use_new_zipfile_serialization=zipped)
+        torch.save(dict(a=_Call(codecs.encode, 'abc', 'rot13')), path, **kw)
+        assert safe_load.safe_torch_load(path) == {'a': 'nop'}
+        torch.save(
+            dict(a=_Call(codecs.encode, 'abc', 'rot13'), b=os.getcwd), path,
+            **kw)
+        with pytest.raises(pickle.UnpicklingError, match='getcwd'):
+            safe_load.safe_torch_load(path)
+        assert safe_load.unsafe_globals(path) == [CWD], zipped
+
+
+def test_python2_names_of_protocol_2_are_mapped(tmp_path):
+    """Protocol 2's ``__builtin__`` names load as ``builtins``' ones."""
+    path = tmp_path / 'p2.pth'
+    kw = dict(pickle_protocol=2, _use_new_zipfile_serialization=False)
+    torch.save(dict(s={1, 2}, w=torch.ones(1)), str(path), **kw)
+    with open(path, 'rb') as f:
+        assert b'__builtin__' in f.read()
+    got = safe_load.safe_torch_load(str(path))
+    assert got['s'] == {1, 2} and got['w'].tolist() == [1.]
+    torch.save(dict(s={1, 2}, f=os.getcwd), str(path), **kw)
+    assert safe_load.unsafe_globals(str(path)) == [CWD]
+
+
+@pytest.mark.parametrize('protocol', [0, 1, 2, 4, 5])
+def test_pickled_globals_reads_every_global_without_running(
+        tmp_path, protocol):
+    """Every global of a plain pickle once, in its Python 3 name."""
+    path = tmp_path / 'p.pkl'
+    runs = _Call(os.system, 'true')
+    obj = {'a': _Allowed(), 'b': [_Allowed(), runs], 'c': runs}
+    path.write_bytes(pickle.dumps(obj, protocol=protocol))
+    names = safe_load._pickled_globals(str(path))
+    assert f'{__name__}._Allowed' in names
+    assert f'{os.system.__module__}.system' in names
+    assert names == list(dict.fromkeys(names))  # each once
+    assert all(not n.startswith(('copy_reg.', '__builtin__.')) for n in names)
+    assert f'{os.system.__module__}.system' in safe_load.unsafe_globals(
+        str(path))
+
+
+def test_code_globals_are_functions_and_system_modules():
+    data = [
+        'argparse.Namespace', 'collections.OrderedDict', 'builtins.set',
+        'builtins.object', 'copyreg._reconstructor', f'{__name__}._Allowed',
+        'not_imported.SomeClass', 'numpy.ndarray'
+    ]
+    code = [
+        'posix.system', 'os.system', 'builtins.eval', 'builtins.getattr',
+        'subprocess.Popen', 'io.open', 'torch.load',
+        'torch.storage._load_from_bytes', 'numpy.testing.run_module_suite',
+        'not_imported.helper', 'nodots', f'{__name__}._Allowed.__reduce__'
+    ]
+    assert safe_load.code_globals(data) == []
+    assert safe_load.code_globals(code + data) == code
+
+
+# ------------------------------------------- versions, torch < 2.6 path
+@pytest.mark.parametrize('version, want', [
+    ('2.6.0', (2, 6)),
+    ('2.5.1+cu124', (2, 5)),
+    ('2.6+cu124', (2, 6)),
+    ('2.10.0a0+git1234', (2, 10)),
+    ('3.0.0.dev20270101', (3, 0)),
+    ('2.x', (2, 0)),
+])
+def test_torch_version_is_major_minor(version, want):
+    """(major, minor); local tags, pre-release suffixes dropped."""
+    assert safe_load.torch_version(version) == want
+
+
+@pytest.mark.parametrize('version, native', [('2.5.1', False), ('2.6.0', True),
+                                             ('2.7.0+cpu', True)])
+def test_native_allow_list_from_torch_2_6(monkeypatch, version, native):
+    monkeypatch.setattr(torch, '__version__', version)
+    assert safe_load.torch_version() == safe_load.torch_version(version)
+    assert safe_load.native_allow_list() is native
+
+
+@pytest.fixture
+def restricted(monkeypatch):
+    """What torch < 2.6 runs (the restricted unpickler)."""
     monkeypatch.setattr(safe_load, 'native_allow_list', lambda: False)
-    with compat.mmengine_checkpoints_allowed():
-        if get is not None:
-            assert list(map(str, get())) == before
+
+
+def test_restricted_loader_loads_what_torch_loads(tmp_path, restricted):
+    """Tensors, a protocol-2 array, ``extra``; ``map_location`` applied."""
+    path = str(tmp_path / 'p2.pth')
+    obj = dict(
+        w=torch.arange(3.), a=np.arange(4, dtype=np.int16), x=_Allowed())
+    torch.save(obj, path, pickle_protocol=2)
+    seen = []
+
+    def where(storage, location):
+        seen.append(location)
+        return storage
+
+    got = safe_load.safe_torch_load(path, map_location=where, extra=[_Allowed])
+    assert seen == ['cpu']
+    assert got['w'].tolist() == [0., 1., 2.]
+    assert got['a'].dtype == np.int16 and got['a'].tolist() == [0, 1, 2, 3]
+    assert isinstance(got['x'], _Allowed)
+    with pytest.raises(safe_load.RefusedGlobal, match='_Allowed'):
+        safe_load.safe_torch_load(path)
+
+
+def test_restricted_codecs_encode_is_latin1_of_a_str_only(
+        tmp_path, restricted):
+    """Before torch 2.6: only ``_codecs.encode(str, 'latin1')``."""
+    path = str(tmp_path / 'enc.pth')
+    for args, want in [(('\xff', 'latin1'), b'\xff'),
+                       (('\xff', 'latin-1'), b'\xff'),
+                       (('a', 'latin1', 'strict'), b'a')]:
+        torch.save({'b': _Call(codecs.encode, *args)}, path)
+        assert safe_load.safe_torch_load(path) == {'b': want}
+    for args, what in [(('a', ), "a str with 'utf-8'"),
+                       (('a', 'utf-8'), "a str with 'utf-8'"),
+                       ((b'a', 'latin1'), "a bytes with 'latin1'")]:
+        torch.save({'b': _Call(codecs.encode, *args)}, path)
+        with pytest.raises(pickle.UnpicklingError) as info:
+            safe_load.safe_torch_load(path)
+        assert str(info.value) == _refusal(f'_codecs.encode of {what}',
+                                           "encode(str, 'latin1')")
+    torch.save({'b': _Call(codecs.encode, '\u0100', 'latin1')}, path)
+    with pytest.raises(UnicodeEncodeError):  # strict, as protocol 2 asks
+        safe_load.safe_torch_load(path)
+
+
+@needs_torch('2.6', "torch's weights-only unpickler with (obj, name) "
+             'entries')
+def test_native_loader_takes_every_codec(tmp_path):
+    path = str(tmp_path / 'enc.pth')
+    torch.save({'b': _Call(codecs.encode, 'a', 'utf-8')}, path)
+    assert safe_load.safe_torch_load(path) == {'b': b'a'}
+
+
+@pytest.mark.parametrize(
+    'dtype', ['u1', 'u2', 'u4', 'u8', 'i2', 'f2', 'c8', 'c16', '?'])
+def test_numpy_scalars_and_arrays_of_every_numeric_dtype_load(tmp_path, dtype):
+    path = str(tmp_path / 'np.pth')
+    a = np.arange(3).astype(dtype)
+    torch.save({'a': a, 's': a[1]}, path)
+    listed = getattr(torch.serialization, 'get_safe_globals', list)()
+    if listed:
+        torch.serialization.clear_safe_globals()
+    try:
+        got = safe_load.safe_torch_load(path)
+    finally:
+        if listed:
+            torch.serialization.add_safe_globals(listed)
+    assert got['a'].dtype == np.dtype(dtype) and got['a'].tolist() == \
+        a.tolist()
+    assert got['s'].dtype == np.dtype(dtype) and got['s'] == a[1]
