@@ -1,87 +1,203 @@
-"""Issue 13: SOFT's argument checks (naming the option), empty batches."""
+"""SOFT's arguments: refusals naming the option, value and fix (issues 13,
+27, 30); what accepted options build (arch, stage_cfgs, attn_cfg, norms)."""
+import logging
 import re
 
 import pytest
 import torch
-from conftest import tiny_arch
+import torch.nn as nn
+from conftest import current_log, tiny_arch
+from mmengine.registry import MODELS, DefaultScope
 
 from mmsoft.models.backbones import SOFT
+from mmsoft.models.backbones.soft import SOFTBlock, check_norm_cfg
 from mmsoft.models.layers import SOFTAttention
 
-ARCH = tiny_arch([8, 16, 16, 32], [1, 2, 2, 2])
+ARCH = tiny_arch((8, 8, 8, 16), (1, 1, 1, 2))
 TINY = tiny_arch(num_heads=[1, 1, 2, 2])
+V, T, K = ValueError, TypeError, KeyError
+RATE = 'must be a number in [0, 1), got '
+E = re.escape  # a part of the message
+
+
+def X(message):  # the whole message
+    return '^' + re.escape(message) + '$'
 
 
 def soft(**options):
     return dict(attn_cfg=dict(type='SOFTAttention', **options))
 
 
-@pytest.mark.parametrize('kwargs, match', [
-    (soft(nr_iters=0), 'nr_iters'),
-    (soft(nr_iters=2.5), 'nr_iters'),
-    (soft(nr_iters='20'), 'nr_iters'),
-    (soft(nr_iters=True), 'nr_iters'),
-    (soft(max_landmarks=2.5), 'max_landmarks'),
-    (soft(max_landmarks='49'), 'max_landmarks'),
-    (soft(max_landmarks=0), 'max_landmarks'),
-    (soft(attn_norm='yes'), 'attn_norm'),
-    (dict(pretrain_img_size=224.0), 'pretrain_img_size'),
-    (dict(out_indices=[]), 'out_indices'),
-    (dict(arch=dict(ARCH, dw_kernel_sizes=[4, 5, 3, None])),
-     'dw_kernel_sizes'),
-    (dict(arch=dict(ARCH, dw_kernel_sizes=[9, -5, 3, None])),
-     'dw_kernel_sizes'),
-    (dict(arch=dict(ARCH, dw_kernel_sizes=[9, 5, 2.5, None])),
-     'dw_kernel_sizes'),
-    (dict(frozen_stages=2.5), 'frozen_stages'),
-    (dict(arch=dict(ARCH, mlp_ratios=[4, 0, 4, 4])), 'mlp_ratios\\[1\\]'),
-    (dict(arch='gigantic'), "valid presets: .*'tiny'"),
-    (dict(arch=dict(embed_dims=[8] * 4, num_heads=[1] * 4)), "'depths'"),
-    (dict(arch=dict(TINY, depth=[1] * 4)), "unknown keys \\['depth'\\]"),
-    (dict(arch=dict(TINY, depths=[1, 1, 1])), "arch\\['depths'\\]"),
-    (dict(arch=dict(TINY, num_heads=[3, 1, 1, 1])), 'num_heads\\[0\\]=3'),
-    (dict(arch=TINY, out_indices=(4, )), 'out_indices entry 4'),
-    (dict(arch=TINY, out_type='tokens'), 'out_type'),
-    (dict(arch=TINY, attn_cfg=dict(type='soft',
-                                   sampling='nearest')), 'sampling'),
-    (dict(arch=TINY, frozen_stages=7), 'frozen_stages'),
-])
-def test_bad_arguments_are_rejected_naming_the_option(kwargs, match):
-    kwargs.setdefault('arch', ARCH)
-    with pytest.raises(ValueError, match=match):
-        SOFT(**kwargs)
+def arch(**kw):
+    return dict(arch=dict(ARCH, **kw))
 
 
-@pytest.mark.parametrize('attn_cfg, error, match', [
-    (dict(type='softmax', nr_iters=5), TypeError, 'nr_iters'),
-    (dict(type='performer', attn_norm=False), TypeError, 'attn_norm'),
-    (dict(type='sima', sampling='avgpool'), TypeError, 'sampling'),
-    (dict(type='softmax', max_landmarks=16), TypeError, 'max_landmarks'),
-    (dict(type='linformer', nr_method='spectral'), TypeError, 'nr_method'),
-    (dict(type='SOFTAttention', sr_mode='conv'), TypeError, 'sr_mode'),
-    ('soft', TypeError, 'attn_cfg must be a dict'),
-    ([dict(type='soft')] * 4, TypeError, 'attn_cfg must be a dict'),
-    (dict(norm=True), KeyError, 'must contain the key "type"'),
-    (dict(type='transformer'), KeyError, 'transformer'),
-])
-def test_malformed_attn_cfg_or_an_option_it_does_not_take(
-        attn_cfg, error, match):
+def shape_msg(name, value):  # mmsoft 0.3's per-stage list, or a name
+    return X(f"SOFT: {name} must be a dict (one stage's own: "
+             f'stage_cfgs[i][{name!r}]), got {value!r}')
+
+
+REFUSALS = [
+    *[(soft(nr_iters=v), V, 'nr_iters') for v in (0, 2.5, '20', True)],
+    *[(soft(max_landmarks=v), V, 'max_landmarks') for v in (2.5, '49', 0)],
+    (soft(attn_norm='yes'), V, 'attn_norm'),
+    (dict(attn_cfg=dict(type='soft', sampling='nearest')), V, 'sampling'),
+    (dict(pretrain_img_size=224.0), V, 'pretrain_img_size'),
+    (dict(out_indices=[]), V, 'out_indices'),
+    *[(arch(dw_kernel_sizes=k), V, 'dw_kernel_sizes')
+      for k in ([4, 5, 3, None], [9, -5, 3, None], [9, 5, 2.5, None])],
+    (dict(frozen_stages=2.5), V, 'frozen_stages'),
+    (dict(frozen_stages=7), V, 'frozen_stages'),
+    (dict(arch='gigantic'), V, "valid presets: .*'tiny'"),
+    (dict(arch=dict(TINY, depth=[1] * 4)), V, E("unknown keys ['depth']")),
+    (dict(arch=dict(TINY, depths=[1, 1, 1])), V, E("arch['depths']")),
+    (dict(arch=dict(TINY, num_heads=[3, 1, 1, 1])), V, E('num_heads[0]=3')),
+    (dict(out_indices=(4, )), V, 'out_indices entry 4'),
+    (dict(out_type='tokens'), V, 'out_type'),
+    # attn_cfg malformed, or an option its attention does not take
+    (dict(attn_cfg=dict(type='softmax', nr_iters=5)), T, 'nr_iters'),
+    (dict(attn_cfg=dict(type='performer', attn_norm=False)), T, 'attn_norm'),
+    (dict(attn_cfg=dict(type='sima', sampling='avgpool')), T, 'sampling'),
+    (dict(attn_cfg=dict(type='softmax', max_landmarks=16)), T,
+     'max_landmarks'),
+    (dict(attn_cfg=dict(type='linformer', nr_method='spectral')), T,
+     'nr_method'),
+    (dict(attn_cfg=dict(type='SOFTAttention', sr_mode='conv')), T, 'sr_mode'),
+    (dict(attn_cfg='soft'), T, 'attn_cfg must be a dict'),
+    (dict(attn_cfg=[dict(type='soft')] * 4), T, 'attn_cfg must be a dict'),
+    (dict(attn_cfg=dict(norm=True)), K, 'must contain the key "type"'),
+    (dict(attn_cfg=dict(type='transformer')), K, 'transformer'),
+    # stage_cfgs: the key and the fix
+    (dict(stage_cfgs=[{}] * 3), V, E('or a list of 4 dicts (one per stage)')),
+    (dict(stage_cfgs='dropout'), V, E('must be a dict (for every stage)')),
+    (dict(stage_cfgs=[{}, {}, {}, dict(dw_kernel_size=3)]), V,
+     E("stage_cfgs[3] has unknown keys ['dw_kernel_size']; a ClsTokenStage "
+       'takes act_cfg, attn_drop_rate')),
+    (dict(stage_cfgs=dict(window_size=7)), V,
+     E("stage_cfgs has unknown keys ['window_size']")),
+    (dict(stage_cfgs=dict(depth=3)), V,
+     E("stage_cfgs sets 'depth', which comes from arch; set it there")),
+    (dict(stage_cfgs=[{}, dict(drop_path_rates=[0.1, 0.2]), {}, {}]), V,
+     E('drop_path_rates of stage 2 needs one value per block (1)')),
+    (dict(stage_cfgs=dict(bogus=1)), V,
+     X("SOFT: stage_cfgs has unknown keys ['bogus']; no stage takes them")),
+    *[(dict(stage_cfgs=[{}, {}, {}, dict(pos_grid=g)]), V,
+       E('SOFT: stage_cfgs[3]: pos_grid of stage 4 must be an int >= 1, got'))
+      for g in (0, -2, 1.5)],  # 0 crashed in forward, < 0 acted as abs
+    # the whole message: the option, the value and the rule
+    (dict(in_channels=0), V,
+     X('SOFT: in_channels must be an int >= 1, got 0 (int)')),
+    (dict(pretrain_img_size=16), V,
+     X('SOFT: pretrain_img_size must be an int >= 32, got 16 (int)')),
+    (dict(drop_rate=1.5), V, X(f'SOFT: drop_rate {RATE}1.5')),
+    (dict(attn_drop_rate=-0.1), V, X(f'SOFT: attn_drop_rate {RATE}-0.1')),
+    *[(dict(drop_path_rate=v), V, X(f'SOFT: drop_path_rate {RATE}{v}'))
+      for v in (1.0, 1, -0.1, False, True)],
+    (dict(out_type='bogus'), V,
+     X("unknown out_type 'bogus'; choose one of ('featmap', 'cls_token')")),
+    (dict(frozen_stages=-2), V,
+     X('SOFT: frozen_stages must be an int >= -1, got -2 (int)')),
+    (dict(frozen_stages=5), V, X('frozen_stages must be in [-1, 4], got 5')),
+    (dict(out_indices=()), V,
+     X('out_indices is empty; SOFT needs at least one output stage (0-3)')),
+    *[(dict(out_indices=i), V,
+       X(f'out_indices entry {i[-1]} is out of range; SOFT has stages 0..3'))
+      for i in ((0, 4), (-5, ))],
+    *[({
+        k: 1
+    }, T, X(f"SOFT.__init__() got an unexpected keyword argument '{k}'"))
+      for k in ('bogus', 'attn_nrom')],
+    *[({
+        k: v
+    }, T, shape_msg(k, v))
+      for k, v in (('act_cfg', [dict(type='GELU')] * 4), ('norm_cfg', 'LN'),
+                   ('norm_cfg', [dict(type='LN')] * 3),
+                   ('attn_cfg', [dict(type='SOFTAttention')] * 3 + [None]))],
+    # arch: one exact message
+    (dict(arch=3), T, E('SOFT arch must be a str or dict, got int')),
+    (dict(arch=dict(embed_dims=[8] * 4, num_heads=[1] * 4)), V,
+     E("SOFT arch dict is missing 'depths'; it needs embed_dims, num_heads, "
+       'depths')),
+    (arch(bogus=1), V,
+     E("SOFT arch dict has unknown keys ['bogus']; valid keys are embed_dims,"
+       ' num_heads, depths, sampling_ratios, mlp_ratios, dw_kernel_sizes')),
+    (dict(arch=tiny_arch((8, 8, 8, 16), (1, 0, 1, 2))), V,
+     E('SOFT arch: num_heads[1]=0 does not divide embed_dims[1]=8')),
+    (dict(arch=tiny_arch((8, 8, 8, 16), (1, 1, 1, 2), (1, 0, 1, 1))), V,
+     E('SOFT arch: every depth must be >= 1, got [1, 0, 1, 1]')),
+    (arch(sampling_ratios=[8, 4, 2.5, 1]), V,
+     E('SOFT arch: sampling_ratios[2] must be an int >= 1, got 2.5')),
+    *[(arch(mlp_ratios=[4, r, 4, 4]), V,
+       E(f'SOFT arch: mlp_ratios[1] must be a positive number, got {r!r}'))
+      for r in (True, 0, -1, '4')],
+    (arch(dw_kernel_sizes=[9, 5, 3, 7]), V,
+     E("SOFT arch['dw_kernel_sizes'][3] must be None: stage 4 is a "
+       'ClsTokenStage, which takes no dw_kernel_size; got 7')),
+    (arch(dw_kernel_sizes=[9, 5, 3]), V,
+     E("arch['dw_kernel_sizes'] must be a list of 4 values (one per stage), "
+       'got [9, 5, 3]')),
+    (arch(dw_kernel_sizes=[9, 5, 3, 3]), V,
+     E("arch['dw_kernel_sizes'][3] must be None: stage 4 is a ClsTokenStage")),
+    (arch(sampling_ratios=[8, 4, 2]), V,
+     E("arch['sampling_ratios'] must be a list of 4 values")),
+]
+
+
+@pytest.mark.parametrize('kwargs, error, match', REFUSALS)
+def test_refusal_names_the_option(kwargs, error, match):
     with pytest.raises(error, match=match):
-        SOFT(ARCH, attn_cfg=attn_cfg)
+        SOFT(**{'arch': ARCH, **kwargs})
+
+
+def test_other_refusals():
+    """SOFTAttention's own checks; a norm_cfg without a type."""
+    with pytest.raises(ValueError, match='nr_iters'):
+        SOFTAttention(16, 2, 2, nr=dict(iters=0))
+    with pytest.raises(ValueError, match='dw_kernel_size'):
+        SOFTAttention(16, 2, 2, dw_kernel_size=4)
+    for cfg in (dict(eps=1e-6), 'LN'):
+        with pytest.raises(
+                TypeError,
+                match=E('SOFT: norm_cfg must be a dict with a "type" (e.g. '
+                        "dict(type='LN')), got")):
+            check_norm_cfg('norm_cfg', cfg)
+    with pytest.raises(KeyError, match='must contain the key "type"'):
+        SOFTBlock(8, 1, 2, attn_cfg=dict(nr_iters=3))
+
+
+@pytest.mark.parametrize('key', ['norm_cfg', 'patch_norm_cfg'])
+def test_unknown_norm_names_it_and_the_known_norms(key):
+    """Issue 27: not mmcv's "Cannot find None"; registered norms only."""
+    with pytest.raises(KeyError) as e:
+        SOFT(ARCH, **{key: dict(type='BogusNorm')})
+    msg = e.value.args[0]
+    assert msg.startswith(f"SOFT: {key} has type 'BogusNorm', which is not a "
+                          'registered norm layer; known norms: ')
+    known = msg.split('known norms: ')[1].split(', ')
+    assert {'BN', 'GN', 'LN', 'IN', 'SyncBN'
+            } <= set(known) and 'None' not in msg
+    for name in known:
+        cls = MODELS.get(name)
+        assert isinstance(cls, type) and issubclass(cls, nn.Module)
+        assert 'Norm' in cls.__name__, name
+    assert not {'Conv2d', 'ReLU', 'Linear', 'GELU'} & set(known)
+    if 'MMSyncBN' in MODELS.module_dict:  # not a torch norm's subclass
+        assert 'MMSyncBN' in known
 
 
 @pytest.mark.parametrize('kwargs', [
     soft(nr_iters=1),
     soft(max_landmarks=16),
     soft(max_landmarks=None),
+    soft(attn_norm=False, nr_iters=5, sampling='avgpool'),
     dict(pretrain_img_size=32),
     dict(drop_path_rate=0.5),
-    dict(arch=dict(ARCH, dw_kernel_sizes=[7, 0, 1, None])),
+    arch(dw_kernel_sizes=[7, 0, 1, None]),
+    arch(mlp_ratios=[1, 0.5, 4, 4]),
     dict(attn_cfg=dict(type='linformer', max_landmarks=16)),
     dict(attn_cfg=dict(type='nystromformer', max_landmarks=16)),
     dict(attn_cfg=dict(type='softmax')),
     dict(attn_cfg=dict(type='PerformerAttention', num_features=8)),
-    soft(attn_norm=False, nr_iters=5, sampling='avgpool'),
     dict(stage_cfgs=[
         dict(attn_cfg=dict(type='soft', attn_norm=False)),
         dict(attn_cfg=dict(type='linformer', sr_mode='avgpool')),
@@ -89,87 +205,121 @@ def test_malformed_attn_cfg_or_an_option_it_does_not_take(
     ]),
 ])
 def test_valid_arguments_are_accepted(kwargs):
-    kwargs.setdefault('arch', ARCH)
-    model = SOFT(**kwargs).eval()
-    outs = model(torch.randn(1, 3, 64, 64))
-    assert all(torch.isfinite(o).all() for o in outs)
+    model = SOFT(**{'arch': ARCH, **kwargs}).eval()
+    assert all(
+        torch.isfinite(o).all() for o in model(torch.randn(1, 3, 64, 64)))
+    if 'mlp_ratios' in kwargs.get('arch', {}):  # a ratio <= 1 is allowed
+        fc1 = [s.blocks[0].ffn.layers[0][0] for s in model.stages[:2]]
+        assert [f.out_features for f in fc1] == [8, 4]
 
 
-def test_per_stage_attn_cfg():
-    """``stage_cfgs[i]['attn_cfg']`` replaces ``attn_cfg`` for stage i."""
+def test_defaults_and_arch_aliases():
+    model, tiny = SOFT(), SOFT.arch_zoo['tiny']
+    assert (model.embed_dims, model.depths) == (tiny['embed_dims'],
+                                                tiny['depths'])
+    assert model.pretrain_img_size == 224
+    assert model.stages[0].pos_embed.shape[1] == 56 * 56
+    for full in ('tiny', 'small', 'medium', 'large', 'huge'):
+        assert SOFT.arch_zoo[full[0]] is SOFT.arch_zoo[full]
+    a, b = SOFT('s'), SOFT('small')
+    assert a.arch_settings == b.arch_settings
+    assert a.state_dict().keys() == b.state_dict().keys()
+
+
+def test_arch_stage_cfgs_and_attn_cfg_are_copied_not_shared():
+    """Editing the user's dicts (or arch_settings) later changes nothing."""
+    arch_ = tiny_arch((8, 8, 8, 16), (1, 1, 1, 2))
+    model = SOFT(arch_)
+    arch_['embed_dims'][0] = 999
+    assert model.embed_dims == [8, 8, 8, 16]
+    zoo = [list(v) for v in SOFT.arch_zoo['tiny'].values()]
+    SOFT('tiny').arch_settings['depths'][0] = 99
+    assert [list(v) for v in SOFT.arch_zoo['tiny'].values()] == zoo
+    user = [{}, dict(attn_cfg=dict(type='SOFTAttention')), {}, {}]
+    attn = dict(type='SOFTAttention', nr=dict(iters=10))
+    model = SOFT(ARCH, pretrain_img_size=32, stage_cfgs=user, attn_cfg=attn)
+    user[1]['attn_cfg']['type'] = 'Bogus'
+    attn['nr']['iters'] = 3  # each stage: its own deep copy
+    assert model.stage_cfgs[1]['attn_cfg']['type'] == 'SOFTAttention'
+    assert [
+        model.stage_cfgs[i]['attn_cfg'].get('nr', {}).get('iters')
+        for i in (0, 2)
+    ] == [10, 10]
+
+
+def test_options_reach_each_stage():
+    """pos grids, stem, linear drop-path rates and the shared options."""
     model = SOFT(
         ARCH,
-        attn_cfg=dict(type='soft', nr_iters=7),
-        stage_cfgs=[
-            dict(attn_cfg=dict(type='soft', attn_norm=False)),
-            dict(attn_cfg=dict(type='linformer')), {}, {}
-        ])
-    attns = [s.blocks[0].attn for s in model.stages[:3]]
-    assert attns[0].attn_norm is False and attns[2].attn_norm is True
-    assert type(attns[1]).__name__ == 'LinformerAttention'
-    assert attns[2].nr_iters == 7
-
-
-def test_layer_checks():
-    with pytest.raises(ValueError, match='nr_iters'):
-        SOFTAttention(16, 2, 2, nr=dict(iters=0))
-    with pytest.raises(ValueError, match='dw_kernel_size'):
-        SOFTAttention(16, 2, 2, dw_kernel_size=4)
-
-
-@pytest.mark.parametrize('out_type, out_indices', [('featmap', (0, 1, 2, 3)),
-                                                   ('cls_token', (1, 3)),
-                                                   ('featmap', (2, ))])
-@pytest.mark.parametrize('hw', [(64, 64), (37, 53)])
-def test_empty_batch_returns_empty_outputs(out_type, out_indices, hw):
-    model = SOFT(ARCH, out_type=out_type, out_indices=out_indices)
-    for mode in (False, True):
-        model.train(mode)
-        empty = model(torch.zeros(0, 3, *hw))
-        one = model(torch.zeros(1, 3, *hw))
-        assert len(empty) == len(one)
-        for e, o in zip(empty, one):
-            assert e.shape == (0, ) + o.shape[1:]
-            assert e.dtype == o.dtype
-
-
-# ------------------------------------------------- per-stage spec, bricks
-def test_stages_built_from_per_stage_spec():
-    """Each stage's type and settings come from its ``stage_cfgs`` spec."""
-    model = SOFT(
-        ARCH,
-        stage_cfgs=[{}, dict(attn_cfg=dict(type='linformer')), {}, {}],
-        attn_drop_rate=0.1)
+        pretrain_img_size=64,
+        in_channels=1,
+        qkv_bias=False,
+        drop_rate=0.1,
+        attn_drop_rate=0.2,
+        drop_path_rate=0.3,
+        residual_drop='dropout')
     cfgs = model.stage_cfgs
-    assert [c['type'] for c in cfgs] == list(SOFT.stage_types)
-    assert [type(s).__name__ for s in model.stages] == list(SOFT.stage_types)
-    assert [c['sampling_ratio'] for c in cfgs[:3]] == [8, 4, 2]
-    assert [c['dw_kernel_size'] for c in cfgs[:3]] == [9, 5, 3]
-    assert cfgs[1]['attn_cfg'] == dict(type='linformer')
-    assert 'attn_cfg' not in cfgs[3] and cfgs[3]['attn_drop_rate'] == 0.1
-    assert [c['in_channels'] for c in cfgs] == [3] + ARCH['embed_dims'][:3]
+    assert model.pretrain_img_size == 64
+    assert [c['pos_grid'] for c in cfgs] == [16, 8, 4, 2]
     assert [c['stem'] for c in cfgs] == [True, False, False, False]
-    assert type(model.stages[1].blocks[0].attn).__name__ == \
-        'LinformerAttention'
+    assert [c['in_channels'] for c in cfgs] == [1, 8, 8, 8]
+    assert [r for c in cfgs for r in c['drop_path_rates']
+            ] == pytest.approx([0., 0.1, 0.2, 0.3])
+    assert [len(c['drop_path_rates']) for c in cfgs] == [1, 1, 1, 1]
+    assert {c['qkv_bias'] for c in cfgs} == {False}
+    assert {c['drop_rate'] for c in cfgs} == {0.1}
+    assert [c.get('residual_drop') for c in cfgs] == ['dropout'] * 3 + [None]
+    assert [c.get('attn_drop_rate') for c in cfgs] == [None] * 3 + [0.2]
+    assert [c['type'] for c in cfgs] == ['SOFTStage'] * 3 + ['ClsTokenStage']
+    assert [type(s).__name__ for s in model.stages] == list(SOFT.stage_types)
+    for with_cp in (False, True):
+        model = SOFT(ARCH, pretrain_img_size=32, with_cp=with_cp)
+        assert [s.with_cp for s in model.stages] == [with_cp] * 4
+        assert all(type(s.with_cp) is bool for s in model.stages)
 
 
-def test_stage_cfgs_override_the_computed_stage_config():
-    """Per stage, merged over the computed config; or one for every stage."""
+@pytest.mark.parametrize('out_indices, want', [(2, (2, )), (-4, (0, )),
+                                               ((3, -1, 0), (0, 3))])
+def test_out_indices_int_negative_and_repeated(out_indices, want):
+    model = SOFT(ARCH, pretrain_img_size=32, out_indices=out_indices)
+    assert model.out_indices == want
+
+
+def test_stage_cfgs_and_attn_cfg_per_stage():
+    """stage_cfgs[i] merged over the computed stage config (its attn_cfg
+    replaces attn_cfg), or one dict for every stage."""
     plain = SOFT(ARCH, drop_path_rate=0.1)
     model = SOFT(
         ARCH,
         drop_path_rate=0.1,
-        stage_cfgs=[{}, {},
-                    dict(dw_kernel_size=7, residual_drop='dropout'),
-                    dict(attn_drop_rate=0.2)])
+        attn_drop_rate=0.1,
+        attn_cfg=dict(type='soft', nr_iters=7),
+        stage_cfgs=[
+            dict(attn_cfg=dict(type='soft', attn_norm=False)),
+            dict(attn_cfg=dict(type='linformer')),
+            dict(dw_kernel_size=7, residual_drop='dropout'),
+            dict(attn_drop_rate=0.2)
+        ])
     cfgs = model.stage_cfgs
+    assert [c['sampling_ratio'] for c in cfgs[:3]] == [8, 4, 2]
     assert [c.get('dw_kernel_size') for c in cfgs] == [9, 5, 7, None]
-    assert model.stages[2].blocks[0].attn.dw_conv.kernel_size == (7, 7)
-    assert isinstance(model.stages[2].blocks[0].drop, torch.nn.Dropout)
-    assert not isinstance(model.stages[1].blocks[0].drop, torch.nn.Dropout)
-    assert cfgs[3]['attn_drop_rate'] == 0.2
+    assert cfgs[1]['attn_cfg'] == dict(type='linformer')
+    assert 'attn_cfg' not in cfgs[3] and cfgs[3]['attn_drop_rate'] == 0.2
     assert plain.stage_cfgs[3]['attn_drop_rate'] == 0
-    assert cfgs[:2] == plain.stage_cfgs[:2]  # the other stages unchanged
+    assert [c.get('dw_kernel_size')
+            for c in plain.stage_cfgs] == [9, 5, 3, None]
+    assert [c['in_channels'] for c in cfgs] == [3] + ARCH['embed_dims'][:3]
+    attns = [s.blocks[0].attn for s in model.stages[:3]]
+    assert attns[0].attn_norm is False and attns[2].attn_norm is True
+    assert type(attns[1]).__name__ == 'LinformerAttention'
+    assert attns[2].nr_iters == 7 and attns[2].dw_conv.kernel_size == (7, 7)
+    assert isinstance(model.stages[2].blocks[0].drop, nn.Dropout)
+    assert not isinstance(model.stages[0].blocks[0].drop, nn.Dropout)
+    same = SOFT(
+        ARCH,
+        drop_path_rate=0.1,
+        stage_cfgs=[{}, {}, dict(dw_kernel_size=7), {}])
+    assert same.stage_cfgs[:2] == plain.stage_cfgs[:2]  # others unchanged
     every = SOFT(ARCH, stage_cfgs=dict(sampling_ratio=1, qkv_bias=False))
     assert [c.get('sampling_ratio') for c in every.stage_cfgs] == \
         [1, 1, 1, None]
@@ -179,31 +329,25 @@ def test_stage_cfgs_override_the_computed_stage_config():
         plain.state_dict().keys()
 
 
-UNKNOWN_KEY = ("stage_cfgs[3] has unknown keys ['dw_kernel_size']; a "
-               'ClsTokenStage takes act_cfg, attn_drop_rate')
-FROM_ARCH = "stage_cfgs sets 'depth', which comes from arch"
-
-
-@pytest.mark.parametrize('stage_cfgs, match', [
-    ([{}] * 3, 'or a list of 4 dicts (one per stage)'),
-    ('dropout', 'must be a dict (for every stage)'),
-    ([{}, {}, {}, dict(dw_kernel_size=3)], UNKNOWN_KEY),
-    (dict(window_size=7), "stage_cfgs has unknown keys ['window_size']"),
-    (dict(depth=3), FROM_ARCH + '; set it there'),
-    ([{}, dict(drop_path_rates=[0.1, 0.2]), {}, {}
-      ], 'drop_path_rates of stage 2 needs one value per block (1)'),
-])
-def test_bad_stage_cfgs_name_the_key_and_the_fix(stage_cfgs, match):
-    with pytest.raises(ValueError, match=re.escape(match)):
-        SOFT(ARCH, stage_cfgs=stage_cfgs)
-
-
-def test_arch_aliases():
-    for full in ('tiny', 'small', 'medium', 'large', 'huge'):
-        assert SOFT.arch_zoo[full[0]] is SOFT.arch_zoo[full]
-    a, b = SOFT('s'), SOFT('small')
-    assert a.arch_settings == b.arch_settings
-    assert a.state_dict().keys() == b.state_dict().keys()
+def test_attention_from_the_block_settings_and_attn_cfg():
+    """``{**block settings, **attn_cfg}`` (Swin's merge); ``type`` may be
+    the class; built in mmsoft's scope (no registry warning under mmdet)."""
+    blk = SOFTBlock(8, 2, 2, attn_cfg=dict(type='linformer', num_heads=1))
+    assert type(blk.attn).__name__ == 'LinformerAttention'
+    assert (blk.attn.embed_dims, blk.attn.num_heads) == (8, 1)
+    assert blk.attn.sampling_ratio == 2
+    assert blk.attn.dw_conv.kernel_size == (3, 3)
+    attn = SOFTBlock(
+        8, 1, 2, attn_cfg=dict(type=SOFTAttention, nr_iters=3,
+                               nr_init='soft')).attn
+    assert isinstance(attn, SOFTAttention)
+    assert attn.nr.iters == 3 and attn.nr.init == 'soft'
+    with current_log(logging.DEBUG) as records, \
+            DefaultScope.overwrite_default_scope('mmdet'):
+        SOFTBlock(8, 1, 2, attn_cfg=dict(type='SOFTAttention'))
+    assert not [
+        r.getMessage() for r in records if r.levelno >= logging.WARNING
+    ]
 
 
 def test_norm_and_act_cfgs():
@@ -219,59 +363,15 @@ def test_norm_and_act_cfgs():
         patch_act_cfg=dict(type='GELU'))
     lns = [
         m for n, m in model.named_modules()
-        if isinstance(m, torch.nn.LayerNorm) and '.sampler.' not in n
+        if isinstance(m, nn.LayerNorm) and '.sampler.' not in n
     ]
     assert len(lns) == 2 * sum(ARCH['depths']) + 1  # + stage 4's final norm
     assert {m.eps for m in lns} == {1e-3}
     acts = [b.ffn.layers[0][1] for s in model.stages for b in s.blocks]
-    assert isinstance(acts[0], torch.nn.ReLU)
+    assert isinstance(acts[0], nn.ReLU)
     assert all(a.approximate == 'tanh' for a in acts[1:])
     pe = model.stages[0].patch_embed.proj
-    assert all(isinstance(layer.gn, torch.nn.GroupNorm) for layer in pe)
-    assert all(isinstance(layer.activate, torch.nn.GELU) for layer in pe)
-    outs = model(torch.randn(1, 3, 64, 64))
-    assert all(torch.isfinite(o).all() for o in outs)
-
-
-def test_classifier_checkpoint_loads_through_init_cfg(tmp_path):
-    """A classifier file (the backbone under ``backbone.``, a head)."""
-    src = SOFT(ARCH)
-    src.init_weights()
-    sd = {'backbone.' + k: v for k, v in src.state_dict().items()}
-    sd['head.fc.weight'] = torch.zeros(3, ARCH['embed_dims'][-1])
-    path = tmp_path / 'classifier.pth'
-    torch.save({'state_dict': sd, 'meta': {}}, path)
-    model = SOFT(
-        ARCH,
-        init_cfg=dict(
-            type='Pretrained', checkpoint=str(path), prefix='backbone.'))
-    model.init_weights()
-    for k, v in src.state_dict().items():
-        assert torch.equal(model.state_dict()[k], v), k
-
-
-@pytest.mark.parametrize('key', ['norm_cfg', 'patch_norm_cfg'])
-def test_unknown_norm_names_it_and_the_known_norms(key):
-    """Issue 27: not mmcv's "Cannot find None in registry"."""
-    with pytest.raises(KeyError) as e:
-        SOFT(ARCH, **{key: dict(type='BogusNorm')})
-    msg = e.value.args[0]
-    assert msg.startswith(f"SOFT: {key} has type 'BogusNorm', which is not a "
-                          'registered norm layer; known norms: ')
-    known = msg.split('known norms: ')[1].split(', ')
-    assert {'BN', 'GN', 'LN', 'SyncBN'} <= set(known), known
-    assert 'None' not in msg
-
-
-def test_batch_one_batchnorm_message():
-    """Issue 27: stage 4's 1 x 1 map: the stage, the cause and the fixes."""
-    model = SOFT(ARCH, pretrain_img_size=32).train()
-    with pytest.raises(ValueError) as e:
-        model(torch.randn(1, 3, 32, 32))
-    msg = str(e.value)
-    assert msg.startswith('SOFT stage 4: in training mode its '
-                          'patch-embedding BatchNorm sees one value per '
-                          'channel (batch size 1, a 1 x 1 map'), msg
-    assert 'batch size >= 2' in msg and 'norm_eval=True' in msg
-    model(torch.randn(2, 3, 32, 32))  # batch 2 trains
-    model.eval()(torch.randn(1, 3, 32, 32))  # eval: running statistics
+    assert all(isinstance(layer.gn, nn.GroupNorm) for layer in pe)
+    assert all(isinstance(layer.activate, nn.GELU) for layer in pe)
+    assert all(
+        torch.isfinite(o).all() for o in model(torch.randn(1, 3, 64, 64)))

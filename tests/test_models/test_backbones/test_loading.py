@@ -1,0 +1,650 @@
+"""Weights into SOFT (:mod:`mmsoft.models.loading`): reading files safely,
+``load_pretrained``, ``init_cfg`` Pretrained, the authors' files (issue 29,
+from ``tests/reference``) in a classifier, detector, segmentor, the one-line
+report and errors."""
+import functools
+import http.server
+import importlib
+import inspect
+import logging
+import os
+import os.path as osp
+import re
+import threading
+import zipfile
+
+import pytest
+import torch
+import torch.hub
+import torch.nn as nn
+from conftest import CONFIGS, current_log
+from mmengine.runner import CheckpointLoader
+from reference import official_soft_ref as ref
+
+from mmsoft.models import SOFT, loading
+from mmsoft.models.converters import (OFFICIAL_PAGE,
+                                      convert_official_to_mmpretrain,
+                                      official_soft_hint)
+from mmsoft.utils.checkpoint_io import CheckpointRefused
+from mmsoft.utils.strict_load import CheckpointMismatchError, few_keys
+
+#: the SOFT of the demo configs (configs/demo/*.py)
+DEMO = dict(embed_dims=[32, 64, 128, 192], num_heads=[1, 2, 4, 6])
+#: codebase: demo config, pretrain_img_size of its backbone
+TASKS = {
+    'mmpretrain': ('soft_cls_demo.py', 64),
+    'mmdet': ('retinanet_soft_demo.py', 160),
+    'mmseg': ('upernet_soft_demo.py', 160),
+}
+Mismatch = CheckpointMismatchError
+
+
+class Payload:
+    """Creates ``marker`` when unpickled by an unsafe loader."""
+
+    def __init__(self, marker):
+        self.marker = str(marker)
+
+    def __reduce__(self):
+        return open, (self.marker, 'w')
+
+
+def _linear_file(path, **entries):
+    """``nn.Linear(2, 3)``'s keys (or ``entries``) saved to ``path``."""
+    sd = {'weight': torch.arange(6.).reshape(3, 2), 'bias': torch.ones(3)}
+    torch.save(entries or sd, str(path))
+    return sd
+
+
+def _same(sd, want):
+    return all(torch.equal(sd[k], v) for k, v in want.items())
+
+
+def _mapped_from(t, path):
+    """Whether the data of tensor ``t`` is memory-mapped from ``path``."""
+    ptr, path = t.untyped_storage().data_ptr(), osp.realpath(path)
+    with open('/proc/self/maps') as f:
+        for line in f:
+            parts = line.split(maxsplit=5)
+            if len(parts) == 6 and osp.realpath(parts[5].strip()) == path:
+                lo, hi = (int(x, 16) for x in parts[0].split('-'))
+                if lo <= ptr < hi:
+                    return True
+    return False
+
+
+def _retag_zip(path, tag=b'mmsoft_absent_device'):
+    """Make zip checkpoint ``path`` look saved on a device this lacks."""
+    cpu, new = b'X\x03\x00\x00\x00cpu', b'X' + len(tag).to_bytes(
+        4, 'little') + tag
+    with zipfile.ZipFile(path) as z:
+        items = [(i, z.read(i.filename)) for i in z.infolist()]
+    with zipfile.ZipFile(path, 'w', zipfile.ZIP_STORED) as z:
+        for info, data in items:
+            if info.filename.endswith('/data.pkl'):
+                assert cpu in data
+                data = data.replace(cpu, new)
+            z.writestr(info, data)
+
+
+def _locations():
+    """A ``map_location`` recording the locations it is called with."""
+    seen = []
+    return seen, lambda storage, location: seen.append(location) or storage
+
+
+def authors_sd(img_size=64, depths=(1, 1, 2, 1), dims=DEMO, **drop):
+    """An authors' state dict (5 classes), without the keys in ``drop``."""
+    sd = ref.random_official_state_dict(
+        dims['embed_dims'],
+        dims['num_heads'],
+        list(depths),
+        num_classes=5,
+        ratios=(4, 2, 2),
+        pretrain_img_size=img_size,
+        dtype=torch.float32)
+    return {k: v for k, v in sd.items() if not k.startswith(tuple(drop))}
+
+
+def authors_file(path, img_size, depths=(1, 1, 2, 1)):
+    """Saves an authors' file of the demo SOFT; returns its conversion."""
+    sd = authors_sd(img_size, depths)
+    torch.save({'model': sd}, str(path))
+    converted, n = convert_official_to_mmpretrain(sd)[0], len('backbone.')
+    return {k[n:]: v for k, v in converted.items() if k[:n] == 'backbone.'}
+
+
+def _official_tiny_file(path):
+    """A bare authors' state dict of SOFT-Tiny at 224 saved to ``path``."""
+    torch.save(
+        ref.random_official_state_dict([64, 128, 320, 512], [2, 4, 10, 16],
+                                       [1, 2, 3, 2],
+                                       pretrain_img_size=224,
+                                       dtype=torch.float32), str(path))
+
+
+def _tiny(depths=(1, 1, 2, 1), **kw):
+    return SOFT(dict(DEMO, depths=list(depths)), pretrain_img_size=64, **kw)
+
+
+@pytest.fixture
+def reports(monkeypatch):
+    """The report lines :mod:`mmsoft.models.loading` logs."""
+    lines, log = [], loading.print_log
+
+    def record(msg, *a, **k):
+        if str(msg).startswith('mmsoft: loaded '):
+            lines.append(str(msg))
+        return log(msg, *a, **k)
+
+    monkeypatch.setattr(loading, 'print_log', record)
+    return lines
+
+
+@pytest.fixture
+def hub(tmp_path, monkeypatch):
+    """torch.hub's dir (holding another file), away from the cwd."""
+    d = tmp_path / 'hub'
+    (d / 'checkpoints').mkdir(parents=True)
+    (d / 'checkpoints' / 'other.pth').write_bytes(b'')
+    monkeypatch.setattr(torch.hub, 'get_dir', lambda: str(d))
+    (tmp_path / 'cwd').mkdir()
+    monkeypatch.chdir(tmp_path / 'cwd')
+    return d / 'checkpoints'
+
+
+# ------------------------------------------------------ read_checkpoint
+def test_read_checkpoint_cpu_by_default_and_map_location(tmp_path):
+    path = tmp_path / 'w.pth'
+    _linear_file(path)
+    assert loading.read_checkpoint(path)['bias'].device.type == 'cpu'
+    seen, keep = _locations()
+    loading.read_checkpoint(path, map_location=keep)
+    assert seen and set(seen) == {'cpu'}
+
+
+@pytest.mark.skipif(
+    not osp.exists('/proc/self/maps'), reason='reads /proc/self/maps')
+def test_read_checkpoint_mmap_keeps_tensors_on_disk(tmp_path):
+    """Mapped from the file (also one of an absent device), else read; a
+    legacy (non-zip) file is read whole."""
+    path = str(tmp_path / 'w.pth')
+    want = _linear_file(path)
+    got = loading.read_checkpoint(path, mmap=True)
+    assert all(_mapped_from(v, path) for v in got.values())
+    assert not _mapped_from(loading.read_checkpoint(path)['weight'], path)
+    _retag_zip(path)
+    got = loading.read_checkpoint(path, mmap=True)
+    assert all(_mapped_from(v, path) for v in got.values())
+    assert _same(got, want) and {v.device.type
+                                 for v in got.values()} == {'cpu'}
+    torch.save({'w': torch.arange(3.)},
+               path,
+               _use_new_zipfile_serialization=False)
+    got = loading.read_checkpoint(path, mmap=True)
+    assert torch.equal(got['w'], torch.arange(3.))
+
+
+@pytest.mark.parametrize('force_unsafe', [False, True])
+def test_read_checkpoint_mmap_never_runs_code(tmp_path, monkeypatch,
+                                              force_unsafe):
+    """Also under ``TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD``."""
+    if force_unsafe:
+        monkeypatch.setenv('TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD', '1')
+    marker, path = tmp_path / 'MARKER', str(tmp_path / 'crafted.pth')
+    torch.save({'w': torch.ones(1), 'x': Payload(marker)}, path)
+    with pytest.raises(CheckpointRefused, match=re.escape(path)):
+        loading.read_checkpoint(path, mmap=True)
+    assert not marker.exists()
+
+
+def test_read_checkpoint_missing_path_is_one_line(tmp_path):
+    for path, what in ((tmp_path, 'is a directory, not a file'),
+                       (tmp_path / 'nope.pth', 'does not exist')):
+        with pytest.raises(FileNotFoundError) as info:
+            loading.read_checkpoint(path)
+        assert str(info.value) == (
+            f'checkpoint {path} {what}; pass a .pth checkpoint file')
+
+
+def test_read_checkpoint_https_cached_and_read_safely(tmp_path, monkeypatch,
+                                                      hub):
+    """Downloaded once to ``<hub>/checkpoints/<name>``, read safely."""
+    marker, calls = tmp_path / 'MARKER', []
+
+    def download(url, dst, *args, **kwargs):
+        calls.append((url, dst))
+        torch.save({'x': Payload(marker)}
+                   if 'crafted' in url else {'w': torch.ones(2)}, dst)
+
+    monkeypatch.setattr(torch.hub, 'download_url_to_file', download)
+    url = 'https://example.com/weights/soft_demo.pth'
+    for _ in range(2):
+        assert torch.equal(loading.read_checkpoint(url)['w'], torch.ones(2))
+    assert calls == [(url, str(hub / 'soft_demo.pth'))]
+    with pytest.raises(CheckpointRefused):
+        loading.read_checkpoint('https://example.com/crafted.pth')
+    assert not marker.exists()
+
+
+def test_read_checkpoint_http_download_is_quiet(tmp_path, hub, capfd):
+    """A local server: no progress bar; then read from the cache."""
+    served = tmp_path / 'served'
+    served.mkdir()
+    want = _linear_file(served / 'w.pth')
+    handler = functools.partial(
+        type('Quiet', (http.server.SimpleHTTPRequestHandler, ),
+             dict(log_message=lambda *a: None)),
+        directory=str(served))
+    server = http.server.ThreadingHTTPServer(('127.0.0.1', 0), handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    url = f'http://127.0.0.1:{server.server_address[1]}/w.pth'
+    try:
+        got = loading.read_checkpoint(url)
+    finally:
+        server.shutdown()
+        server.server_close()
+    assert capfd.readouterr().err == ''
+    assert sorted(os.listdir(hub)) == ['other.pth', 'w.pth']
+    assert _same(got, want) and _same(loading.read_checkpoint(url), want)
+
+
+def test_read_checkpoint_other_schemes_are_mmengines(monkeypatch):
+    """mmengine's CheckpointLoader, with ``map_location`` (CPU default)."""
+    calls = []
+
+    def loader(filename, map_location):
+        calls.append((filename, map_location))
+        return {'w': torch.ones(1)}
+
+    loader.__name__ = 'load_from_mmsofttest'
+    monkeypatch.setattr(CheckpointLoader, '_schemes', {
+        'mmsofttest://': loader,
+        **CheckpointLoader._schemes
+    })
+    assert list(loading.read_checkpoint('mmsofttest://a/b.pth')) == ['w']
+    loading.read_checkpoint('mmsofttest://c.pth', map_location='meta')
+    assert calls == [('mmsofttest://a/b.pth', 'cpu'),
+                     ('mmsofttest://c.pth', 'meta')]
+
+
+# ------------------------------------------------------ load_pretrained
+def test_load_pretrained_defaults(tmp_path):
+    """Strict, read with ``map_location`` (CPU); a partial file's error names
+    no opt-in unless given; mmsoft's layout: ``state_dict``, not the EMA
+    copy (as mmengine's loaders; authors' files: EMA)."""
+    path = tmp_path / 'w.pth'
+    want = _linear_file(path)
+    m = nn.Linear(2, 3)
+    seen, to_cpu = _locations()
+    r = loading.load_pretrained(m, str(path), map_location=to_cpu)
+    assert r.ok and r.matched == 2 and _same(m.state_dict(), want)
+    assert seen and set(seen) == {'cpu'}
+    _linear_file(path, weight=want['weight'], other=torch.ones(1))
+    with pytest.raises(Mismatch) as info:
+        loading.load_pretrained(nn.Linear(2, 3), str(path))
+    assert 'partial load is intended' not in str(info.value)
+    with pytest.raises(
+            Mismatch, match=r'intended \(e\.g\. another head\), set X\.$'):
+        loading.load_pretrained(nn.Linear(2, 3), str(path), opt_in='set X')
+    raw = {'weight': torch.zeros(3, 2), 'bias': torch.zeros(3)}
+    ema = {'weight': torch.ones(3, 2), 'bias': torch.ones(3)}
+    _linear_file(path, state_dict_ema=ema, state_dict=raw)
+    loading.load_pretrained(m, str(path))
+    assert _same(m.state_dict(), raw)
+
+
+def test_load_pretrained_files_it_cannot_use_are_one_error(tmp_path):
+    path = str(tmp_path / 'w.pth')
+    torch.save({'model': authors_sd(pos_embed2=1)}, path)
+    with pytest.raises(Mismatch) as info:
+        loading.load_pretrained(nn.Linear(2, 3), path)
+    assert str(info.value) == (
+        f"checkpoint {path} has the authors' SOFT key layout (fudan-zvg/SOFT)"
+        " but cannot be converted: cannot infer the architecture: key "
+        "'pos_embed2' is missing")
+    torch.save({'meta': {}}, path)
+    with pytest.raises(
+            Mismatch,
+            match=f'^checkpoint {re.escape(path)}: no '
+            'state dict found in the checkpoint'):
+        loading.load_pretrained(nn.Linear(2, 3), path)
+    # an authors' file for a module without a SOFT backbone: converted, then
+    # the usual mismatch error (not a crash on the missing SOFT)
+    torch.save(authors_sd(), path)
+    with pytest.raises(Mismatch, match=re.escape(path)):
+        loading.load_pretrained(nn.Linear(2, 3), path)
+
+
+def test_the_given_prefix_wins_over_backbone_keys(tmp_path, reports):
+    """``prefix`` (with or without its dot) over ``backbone.`` keys."""
+    model = _tiny()
+    sd = {}
+    for prefix, value in (('backbone.', 0.), ('ema.', 1.)):
+        sd.update({
+            prefix + k:
+            torch.full_like(v, value) if v.is_floating_point() else v
+            for k, v in model.state_dict().items()
+        })
+    path = tmp_path / 'ema.pth'
+    torch.save(sd, str(path))
+    for prefix in ('ema', 'ema.'):
+        reports.clear()
+        loading.load_pretrained(model, str(path), prefix=prefix)
+        assert all(
+            torch.all(v == 1.) for v in model.state_dict().values()
+            if v.is_floating_point())
+        assert reports == [
+            f"mmsoft: loaded {path}: mmsoft layout, keys under 'ema.', "
+            f'{len(sd) // 2} tensors, strict'
+        ]
+
+
+def test_a_mismatch_names_the_module_and_the_prefix(tmp_path):
+    """Into the backbone: the prefix applied; into a whole model (with some
+    or no backbone keys): a whole-model file's keys compared as they are."""
+    sd = _tiny(depths=[1, 1, 3, 1]).state_dict()
+    bare, whole = tmp_path / 'bare.pth', tmp_path / 'whole.pth'
+    torch.save(sd, str(bare))
+    torch.save({f'backbone.{k}': v for k, v in sd.items()}, str(whole))
+    for path, under in ((bare, ''), (whole,
+                                     " (checkpoint keys under 'backbone.')")):
+        with pytest.raises(Mismatch) as exc:
+            loading.load_pretrained(_tiny(), str(path))
+        assert str(exc.value).startswith(
+            f'checkpoint {path} does not match SOFT{under}: ')
+    for backbone in (_tiny(), nn.Linear(2, 2)):
+        model = nn.Module()
+        model.backbone = backbone
+        with pytest.raises(Mismatch) as exc:
+            loading.load_pretrained(model, str(whole))
+        assert str(exc.value).startswith(
+            f'checkpoint {whole} does not match Module: ')
+
+
+def test_attention_normalisation_of_the_file_is_checked(tmp_path):
+    """A file of another attn_norm is refused, naming the file."""
+    path = tmp_path / 'norm.pth'
+    torch.save(
+        {
+            'state_dict': _tiny().state_dict(),
+            'meta': {
+                'attn_norm': True
+            }
+        }, str(path))
+    dst = _tiny(attn_cfg=dict(type='SOFTAttention', attn_norm=False))
+    with pytest.raises(Mismatch, match='attn_norm') as exc:
+        loading.load_pretrained(dst, str(path))
+    assert str(path) in str(exc.value)
+
+
+def test_the_report_goes_to_the_current_logger(tmp_path):
+    """A record of mmengine's current logger, not a print."""
+    model = _tiny()
+    path = tmp_path / 'own.pth'
+    torch.save(model.state_dict(), str(path))
+    with current_log() as records:
+        loading.load_pretrained(model, str(path))
+    assert [r.getMessage() for r in records] == [
+        f'mmsoft: loaded {path}: mmsoft layout, '
+        f'{len(model.state_dict())} tensors, strict'
+    ]
+
+
+def test_a_preset_arch_is_named_in_the_wrong_arch_error(tmp_path):
+    """An official size's file into another (stage-4 heads as the file's):
+    the fix is the preset; the neck / head follow."""
+    path = tmp_path / 'soft_tiny.pth'
+    _official_tiny_file(path)
+    model = SOFT(
+        dict(
+            embed_dims=[32, 64, 128, 256],
+            num_heads=[1, 2, 4, 16],
+            depths=[1, 1, 1, 1]),
+        pretrain_img_size=32)
+    with pytest.raises(Mismatch) as exc:
+        loading.load_pretrained(model, str(path))
+    assert str(exc.value).endswith(
+        ': use --cfg-options model.backbone.arch=tiny and neck / head '
+        'in_channels [64, 128, 320, 512]')
+
+
+# ---------------------------------------------- missing_weights_message
+def test_missing_weights_message():
+    """The line of docs/en/user_guides/official_weights.md; an unpublished
+    size, an unknown file, another config key."""
+    doc = osp.join(
+        osp.dirname(__file__), *[os.pardir] * 3, 'docs', 'en', 'user_guides',
+        'official_weights.md')
+    with open(doc) as f:
+        line = next(ln for ln in f if ln.startswith('error: checkpoints/'))
+    msg = loading.missing_weights_message('checkpoints/soft_norm_small.pth')
+    assert line.rstrip('\n') == f'error: {msg}'
+    tail = ('or use another file with --cfg-options {key}=PATH; to train '
+            'from scratch on purpose: --cfg-options {b}.init_cfg=None '
+            '{b}.norm_eval=False')
+    key = 'model.backbone.init_cfg.checkpoint'
+    assert loading.missing_weights_message('w/soft_small.pth') == (
+        f'w/soft_small.pth ({key}) does not exist: the authors publish no '
+        f'soft_small file ({OFFICIAL_PAGE}): train configs/soft_small_in1k'
+        f'.py and give its checkpoint, ' +
+        tail.format(key=key, b='model.backbone'))
+    assert loading.missing_weights_message('mine.pth') == (
+        f"mine.pth ({key}) does not exist: download the authors' ImageNet "
+        f'file from {OFFICIAL_PAGE}, ' +
+        tail.format(key=key, b='model.backbone'))
+    key = 'model.img_backbone.init_cfg.ckpt'
+    assert loading.missing_weights_message(
+        'soft_tiny.pth', 'model.img_backbone', 'init_cfg.ckpt') == (
+            f"soft_tiny.pth ({key}) does not exist: download the authors' "
+            f"soft_tiny ImageNet file ('SOFT_Tiny' on {OFFICIAL_PAGE}) to "
+            'that path, ' + tail.format(key=key, b='model.img_backbone'))
+
+
+# ------------------------------------------------ pretrained_init_cfg
+_NORMAL = dict(type='TruncNormal', layer='Linear', std=.02)
+
+
+def _pre(checkpoint='a.pth', type='Pretrained', **kw):
+    return dict(type=type, checkpoint=checkpoint, **kw)
+
+
+def _soft(checkpoint='a.pth', **kw):
+    return _pre(checkpoint, 'SOFTPretrained', **kw)
+
+
+# a list stays a list; the load runs last (mmengine's order)
+@pytest.mark.parametrize('init_cfg, want, loads_all', [
+    (None, None, False),
+    (_NORMAL, _NORMAL, False),
+    (_pre(), _soft(), True),
+    (_pre(strict=False), _soft(strict=False), False),
+    ([_pre()], [_soft()], True),
+    ([_pre(strict=True), _NORMAL], [_NORMAL, _soft(strict=True)], True),
+    ([_pre(strict=False), _pre('b.pth')
+      ], [_soft(strict=False), _soft('b.pth')], True),
+])
+def test_pretrained_init_cfg(init_cfg, want, loads_all):
+    """Pretrained -> the strict loader, shape kept, whether it loads all."""
+    with current_log() as records:
+        assert loading.pretrained_init_cfg(init_cfg) == (want, loads_all)
+    assert records == []  # nothing dropped, nothing logged
+
+
+@pytest.mark.parametrize('init_cfg, want',
+                         [(_pre(None), None),
+                          ([_NORMAL, _pre(None)], [_NORMAL])])
+def test_pretrained_init_cfg_without_checkpoint(init_cfg, want):
+    """``checkpoint=None`` drops the entry, logging one line (the owner)."""
+    with current_log() as records:
+        assert loading.pretrained_init_cfg(init_cfg) == (want, False)
+        loading.pretrained_init_cfg(init_cfg, owner='MyNet')
+    assert [r.getMessage() for r in records] == [
+        f'{o}: init_cfg has no checkpoint; using random initialisation'
+        for o in ('SOFT', 'MyNet')
+    ]
+
+
+def test_init_cfg_loader_defaults_and_init_info(tmp_path, monkeypatch):
+    """mmengine's init-info dump names the strict loader and the file;
+    checkpoint, prefix, map_location and strict defaults passed on."""
+    arch = dict(embed_dims=[8] * 4, num_heads=[1] * 4, depths=[1] * 4)
+    path = tmp_path / 'own.pth'
+    torch.save(SOFT(arch, pretrain_img_size=32).state_dict(), str(path))
+    model = SOFT(
+        arch,
+        pretrain_img_size=32,
+        init_cfg=dict(type='Pretrained', checkpoint=str(path)))
+    with current_log(logging.DEBUG) as records:
+        model.init_weights()
+    dump = '\n'.join(r.getMessage() for r in records)
+    assert f'ffn.layers.1.weight - torch.Size([8, 32]): \n' \
+        f'SOFTPretrainedInit: load from {path}' in dump, dump[-2000:]
+    calls = []
+    monkeypatch.setattr(loading, 'load_pretrained',
+                        lambda *a, **k: calls.append((a, k)))
+    init = loading.SOFTPretrainedInit(str(path), 'backbone.', 'meta')
+    assert init.map_location == 'meta'
+    init(nn.Linear(2, 2))
+    assert calls == [
+        ((calls[0][0][0], str(path), 'backbone.', 'meta'),
+         dict(strict=True, opt_in='set model.backbone.init_cfg.strict=False'))
+    ]
+
+
+# ------------------------------------------- the authors' files, SOFT's
+def build(task, checkpoint, **init):
+    """``task``'s demo model, ``init_cfg`` Pretrained on its backbone."""
+    from mmengine.config import Config
+    from mmengine.registry import DefaultScope
+
+    from mmsoft_tools import launch
+    pytest.importorskip(task)
+    cfg = Config.fromfile(osp.join(CONFIGS, 'demo', TASKS[task][0]))
+    cfg.model.backbone.init_cfg = dict(
+        type='Pretrained', checkpoint=str(checkpoint), **init)
+    scope = launch.import_codebase(cfg)
+    registry = importlib.import_module(f'{scope}.registry')
+    with DefaultScope.overwrite_default_scope(scope):
+        return registry.MODELS.build(cfg.model)
+
+
+@pytest.mark.parametrize('task', list(TASKS))
+def test_authors_checkpoint_through_init_cfg(tmp_path, task, reports):
+    path = tmp_path / 'soft_demo_authors.pth'
+    want = authors_file(path, TASKS[task][1])
+    model = build(task, path, prefix='backbone.' if task == 'mmdet' else None)
+    model.init_weights()
+    got = model.backbone.state_dict()
+    assert set(got) == set(want) and _same(got, want)
+    assert reports == [
+        f"mmsoft: loaded {path}: authors' SOFT arch=dict(embed_dims=[32, 64, "
+        f'128, 192], num_heads=[1, 2, 4, 6], depths=[1, 1, 2, 1], '
+        f"sampling_ratios=[4, 2, 2, 1]) layout ('model'), converted, keys "
+        f"under 'backbone.', {len(want)} tensors, strict"
+    ]
+
+
+def test_bare_authors_state_dict_and_report_names_the_model(tmp_path, reports):
+    """An official size is named by attn_norm (soft_* / soft_norm_*)."""
+    path = tmp_path / 'soft_tiny.pth'
+    _official_tiny_file(path)
+    for norm, name in ((True, 'soft_norm_tiny'), (False, 'soft_tiny')):
+        reports.clear()
+        SOFT(
+            'tiny',
+            attn_cfg=dict(type='SOFTAttention', attn_norm=norm),
+            init_cfg=dict(type='Pretrained',
+                          checkpoint=str(path))).init_weights()
+        assert reports == [
+            f"mmsoft: loaded {path}: authors' {name} layout, converted, "
+            f"keys under 'backbone.', 185 tensors, strict"
+        ]
+
+
+def test_wrong_arch_authors_checkpoint_is_an_error(tmp_path):
+    path = tmp_path / 'deeper.pth'
+    authors_file(path, 64, depths=(1, 1, 3, 1))
+    with pytest.raises(Mismatch) as exc:
+        build('mmpretrain', path).init_weights()
+    msg = str(exc.value)  # one line: the arch found and where to set it
+    assert msg.startswith(f"checkpoint {path} holds the authors' weights of "
+                          'arch=dict(embed_dims=[32, 64, 128, 192], ')
+    assert '(depths [1, 1, 3, 1]), not of the configured arch=dict(' in msg
+    assert msg.endswith(' in the config') and len(msg.splitlines()) == 1
+
+
+@pytest.mark.parametrize('prefix', [None, 'backbone.'])
+def test_backbone_keys_of_a_whole_model_file(tmp_path, reports, prefix):
+    """A whole classifier (mmsoft layout): its ``backbone.`` keys."""
+    src = _tiny()
+    src.init_weights()
+    sd = {f'backbone.{k}': v for k, v in src.state_dict().items()}
+    sd['head.fc.weight'] = torch.zeros(5, 192)
+    path = tmp_path / 'cls.pth'
+    torch.save({'state_dict': sd, 'meta': {}}, str(path))
+    dst = _tiny(
+        init_cfg=dict(type='Pretrained', checkpoint=str(path), prefix=prefix))
+    dst.init_weights()
+    assert _same(dst.state_dict(), src.state_dict())
+    assert reports == [
+        f"mmsoft: loaded {path}: mmsoft layout ('state_dict'), keys under "
+        f"'backbone.', {len(src.state_dict())} tensors, strict"
+    ]
+
+
+def test_partial_authors_load_and_second_init_weights(tmp_path, reports):
+    """Another pretraining size: all but pos_embed; a 2nd init is a no-op
+    (mmengine's: a registered initializer, no private state)."""
+    assert '_is_init' not in inspect.getsource(SOFT)
+    path = tmp_path / 'authors_64.pth'
+    want = authors_file(path, 64)
+    model = SOFT(
+        dict(DEMO, depths=[1, 1, 2, 1], sampling_ratios=[4, 2, 2, 1]),
+        pretrain_img_size=96,
+        init_cfg=dict(type='Pretrained', checkpoint=str(path), strict=False))
+    model.init_weights()
+    got = model.state_dict()
+    for k, v in want.items():
+        if k.endswith('pos_embed'):
+            assert got[k].shape != v.shape and got[k].abs().sum() > 0, k
+        else:
+            assert torch.equal(got[k], v), k
+    assert reports[0].endswith(f', {len(want) - 4} tensors, strict=False, '
+                               f'partial')
+    before = {k: v.clone() for k, v in got.items()}
+    model.init_weights()
+    assert len(reports) == 1 and _same(model.state_dict(), before)
+
+
+# ------------------------------------------------- converters, few_keys
+def test_official_soft_hint():
+    """The converter command for an authors' file; None for another."""
+    sd = ref.random_official_state_dict([8, 8, 8, 8], [1, 1, 1, 1],
+                                        [1, 1, 1, 1],
+                                        pretrain_img_size=32,
+                                        dtype=torch.float32)
+    ckpt = {'model': dict(head_extra=torch.zeros(1), **sd)}
+    assert official_soft_hint(ckpt, '/data/w/soft_tiny.pth') == (
+        '/data/w/soft_tiny.pth is an official SOFT checkpoint '
+        "(fudan-zvg/SOFT key layout, e.g. 'pos_embed1'); convert it first: "
+        'python tools/model_converters/soft2mmsoft.py /data/w/soft_tiny.pth '
+        'weights/soft_tiny.pth [--norm for soft_norm_* weights], and load '
+        'the converted file (the SOFT backbone alone reads it directly: '
+        "init_cfg=dict(type='Pretrained', "
+        'checkpoint=/data/w/soft_tiny.pth)).')
+    assert official_soft_hint(sd).startswith(
+        'SRC is an official SOFT checkpoint')
+    assert 'soft2mmsoft.py SRC weights/SRC [' in official_soft_hint(sd)
+    assert 'soft2mmsoft.py /data/ weights/soft.pth [' in \
+        official_soft_hint(sd, '/data/')
+    assert official_soft_hint({'state_dict': {'w': torch.zeros(1)}}) is None
+
+
+def test_few_keys():
+    keys = [f'k{i}' for i in range(8)]
+    assert few_keys(keys[:5]) == 'k0, k1, k2, k3, k4'
+    assert few_keys(keys[:6]) == 'k0, k1, k2, k3, k4, ... (+1 more)'
+    assert few_keys(keys) == 'k0, k1, k2, k3, k4, ... (+3 more)'
+    assert few_keys(keys, 2) == 'k0, k1, ... (+6 more)'
+    assert few_keys([]) == ''
