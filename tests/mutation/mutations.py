@@ -44,7 +44,7 @@ SAFE_CONV = 'tests/test_models/test_layers/test_safe_conv.py::'
 #: issue 30: the effective recipe of a config against the recipe card
 CARD = ('tests/test_configs/test_recipe_card.py::'
         'test_config_matches_recipe_card')
-OPTS = 'tests/test_models/test_backbones/test_option_contracts.py::'
+OPTS = 'tests/test_models/test_backbones/test_soft.py::'
 TOOLC = 'tests/test_tools/test_tool_contracts.py::'
 HOOK = 'tests/test_engine/test_hooks/test_checkpoint_hook.py::'
 

@@ -91,9 +91,7 @@ MODEL_TESTS = (
     '--ignore',
     'tests/test_models/test_compile.py',
     '--ignore',
-    'tests/test_models/test_backbones/test_pretrained_loading.py',
-    '--ignore',
-    'tests/test_models/test_backbones/test_loading_contracts.py')
+    'tests/test_models/test_backbones/test_loading.py')
 GROUPS: Dict[str, Group] = {
     'numerics':
     Group(
@@ -116,8 +114,7 @@ GROUPS: Dict[str, Group] = {
          M + 'models/arch_zoo.py', M + 'utils/strict_load.py',
          M + 'utils/safe_load.py', M + 'compat.py', H + 'strict_load_hook.py',
          'src/mmsoft_tools/checkpoint_files.py'),
-        ('tests/test_models/test_backbones/test_pretrained_loading.py',
-         'tests/test_models/test_backbones/test_loading_contracts.py',
+        ('tests/test_models/test_backbones/test_loading.py',
          'tests/test_models/test_backbones/test_official_reference.py',
          'tests/test_utils', 'tests/test_compat.py',
          'tests/test_tools/test_model_converters.py',
