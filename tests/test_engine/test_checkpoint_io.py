@@ -1,41 +1,51 @@
-""":mod:`mmsoft.utils.checkpoint_io` on small files: what is no complete
-checkpoint, and the one line of a refused one."""
+""":mod:`mmsoft.utils.checkpoint_io` and :mod:`mmsoft.utils.atomic` on small
+files: what is no complete checkpoint, the one line of a refused one; the
+target of a write is the complete new file or untouched, a full disk behind
+another exception is an ``OSError``."""
+import errno
+import os
+import os.path as osp
 import pickle
+import signal
 
+import numpy as np
 import pytest
 import torch
+from conftest import dead_pid, deadline
+from mmengine.logging import HistoryBuffer
 
+from mmsoft.utils import atomic
 from mmsoft.utils import checkpoint_io as cio
+from mmsoft.utils.atomic import (TMP_SUFFIX, atomic_path, atomic_write,
+                                 os_error_in_chain, remove_stale_temps)
 
 
 def test_describe_damage_names_each_kind(tmp_path):
     good = tmp_path / 'good.pth'
     torch.save(dict(w=torch.zeros(256)), good)
-    assert cio.describe_damage(str(good)) is None
     legacy = tmp_path / 'legacy.pth'
     torch.save(dict(w=1), legacy, _use_new_zipfile_serialization=False)
-    assert cio.describe_damage(str(legacy)) is None  # torch.load checks it
-    empty = tmp_path / 'empty.pth'
-    empty.write_bytes(b'')
-    assert cio.describe_damage(str(empty)) == 'is empty (0 bytes)'
-    gif = tmp_path / 'image.pth'
-    gif.write_bytes(b'GIF89a' + bytes(100))
-    assert cio.describe_damage(str(gif)) == \
-        "is not a torch checkpoint (starts with b'GIF8')"
     data = bytearray(good.read_bytes())
-    cut = tmp_path / 'cut.pth'
-    cut.write_bytes(bytes(data[:len(data) // 2]))
-    assert cio.describe_damage(str(cut)).startswith(
+    (tmp_path / 'empty.pth').write_bytes(b'')
+    (tmp_path / 'image.pth').write_bytes(b'GIF89a' + bytes(100))
+    (tmp_path / 'cut.pth').write_bytes(bytes(data[:len(data) // 2]))
+    data[data.index(bytes(1024))] ^= 0xFF  # inside the tensor's record
+    (tmp_path / 'flipped.pth').write_bytes(bytes(data))
+    got = {
+        f[:-4]: cio.describe_damage(str(tmp_path / f))
+        for f in ('good.pth', 'legacy.pth', 'empty.pth', 'image.pth',
+                  'cut.pth', 'flipped.pth', 'gone.pth')
+    }
+    assert got.pop('good') is None and got.pop('legacy') is None
+    assert got.pop('cut').startswith(
         f'is truncated or corrupt ({len(data) // 2} bytes; ')
-    at = data.index(bytes(1024))  # inside the tensor's record
-    data[at] ^= 0xFF
-    flipped = tmp_path / 'flipped.pth'
-    flipped.write_bytes(bytes(data))
-    reason = cio.describe_damage(str(flipped))
-    assert reason.startswith("is corrupt (CRC error in record '") and \
-        reason.endswith("/data/0')")
-    assert cio.describe_damage(str(tmp_path / 'gone.pth')) == \
-        'cannot be read (No such file or directory)'
+    flipped = got.pop('flipped')
+    assert flipped.startswith("is corrupt (CRC error in record '") and \
+        flipped.endswith("/data/0')")
+    assert got == dict(
+        empty='is empty (0 bytes)',
+        image="is not a torch checkpoint (starts with b'GIF8')",
+        gone='cannot be read (No such file or directory)')
 
 
 def test_load_verified_honours_map_location(tmp_path):
@@ -86,11 +96,10 @@ def test_refusal_is_one_line_naming_what_and_the_fix(tmp_path):
     assert 'legacy' not in cio.refusal_message(gone, [])
 
 
-def _legacy_checkpoint(path):
-    """An mmengine training checkpoint in torch's legacy format; its bytes."""
-    import numpy as np
-    from mmengine.logging import HistoryBuffer
-    model = torch.nn.Linear(64, 32)
+@pytest.fixture(scope='module')
+def legacy(tmp_path_factory):
+    """An mmengine training checkpoint in torch's legacy format: bytes."""
+    model, path = torch.nn.Linear(64, 32), tmp_path_factory.mktemp('l') / 'w'
     torch.save(
         dict(
             state_dict=dict(model.state_dict(), idx=torch.arange(5)),
@@ -102,41 +111,145 @@ def _legacy_checkpoint(path):
     return path.read_bytes()
 
 
-def test_describe_damage_reads_a_whole_legacy_file(tmp_path):
-    """An undamaged legacy file: no verdict (and nothing of it runs)."""
-    _legacy_checkpoint(tmp_path / 'whole.pth')
-    assert cio.describe_damage(str(tmp_path / 'whole.pth')) is None
-
-
 @pytest.mark.parametrize(
     'keep, where',
     [
+        (None, None),  # whole: no verdict (and nothing of it runs)
         (40, 'pickles'),  # in the system info
         (300, 'pickles'),  # in the checkpoint's pickle
         (-200, 'tensor data'),  # in the last storage
         (-1, 'tensor data'),
     ])
-def test_describe_damage_of_a_cut_legacy_file(tmp_path, keep, where):
+def test_describe_damage_of_a_cut_legacy_file(tmp_path, legacy, keep, where):
     """A legacy file cut short: truncated, and where it ends."""
-    data = _legacy_checkpoint(tmp_path / 'whole.pth')
-    n = keep % len(data)
+    n = len(legacy) if keep is None else keep % len(legacy)
     cut = tmp_path / 'cut.pth'
-    cut.write_bytes(data[:n])
+    cut.write_bytes(legacy[:n])
     assert cio.describe_damage(str(cut)) == (
-        f"is truncated or corrupt ({n} bytes; torch's legacy (non-zip) "
-        f'format, cut short in its {where})')
-    with pytest.raises(cio.CheckpointError, match='is truncated or corrupt'):
-        cio.load_verified(str(cut))
+        where
+        and (f"is truncated or corrupt ({n} bytes; torch's legacy (non-zip) "
+             f'format, cut short in its {where})'))
+    if where:
+        with pytest.raises(cio.CheckpointError, match='is truncated or'):
+            cio.load_verified(str(cut))
 
 
-def test_load_verified_names_a_damaged_legacy_file(tmp_path, monkeypatch):
+def test_load_verified_names_a_damaged_legacy_file(tmp_path, monkeypatch,
+                                                   legacy):
     """torch.load's error in a legacy file is a CheckpointError."""
-    data = _legacy_checkpoint(tmp_path / 'whole.pth')
     cut = tmp_path / 'cut.pth'
-    cut.write_bytes(data[:-100])
+    cut.write_bytes(legacy[:-100])
     monkeypatch.setattr(cio, 'describe_damage', lambda path: None)
     with pytest.raises(cio.CheckpointError) as e:
         cio.load_verified(str(cut))
     assert str(e.value).startswith(
         f"checkpoint {cut} is truncated or corrupt (torch's legacy (non-zip) "
         'format: RuntimeError: unexpected EOF')
+
+
+# ------------------------------------------------------------ atomic
+@pytest.mark.parametrize('how', ['cause', 'context', 'other'])
+def test_full_disk_behind_another_exception_is_an_os_error(tmp_path, how):
+    """torch.save's error on a full disk (an OSError its cause / context):
+    an OSError; other errors pass unchanged; the target untouched."""
+    target = tmp_path / 'w.pth'
+    target.write_bytes(b'previous')
+    disk = OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), 'w.pth')
+    error = RuntimeError('PytorchStreamWriter failed writing file')
+    if how == 'other':
+        error, disk = ValueError('not a state dict'), KeyError('state_dict')
+    with pytest.raises(OSError if how != 'other' else ValueError) as e:
+        with atomic_path(str(target)) as tmp:
+            with open(tmp, 'wb') as f:
+                f.write(b'half')
+            if how == 'context':
+                try:
+                    raise disk
+                except OSError:
+                    raise error
+            raise error from disk
+    if how == 'other':
+        assert e.value is error
+    else:
+        assert (e.value.errno, e.value.strerror) == (errno.ENOSPC,
+                                                     os.strerror(errno.ENOSPC))
+        assert e.value.__cause__ is error  # the writer's report is kept
+    assert target.read_bytes() == b'previous'
+    assert os.listdir(tmp_path) == ['w.pth']  # no temporary
+
+
+def test_chain_search_ends_on_a_cycle():
+    """A chain whose causes / contexts loop is searched once."""
+    a, b = RuntimeError('a'), ValueError('b')
+    a.__cause__, b.__context__ = b, a
+    with deadline(5):
+        assert os_error_in_chain(a) is None
+    disk = OSError(errno.ENOSPC, 'No space left on device')
+    b.__cause__ = disk
+    with deadline(5):
+        assert os_error_in_chain(a) is disk
+
+
+def test_a_live_writers_temporary_is_kept_and_the_writer_undisturbed(
+        tmp_path, monkeypatch):
+    """A running writer's temporary is kept; no signal is sent."""
+    received = []
+    stops = (signal.SIGHUP, signal.SIGINT, signal.SIGTERM)
+    old = {s: signal.signal(s, lambda s, f: received.append(s)) for s in stops}
+    try:
+        tmp = tmp_path / f'.epoch_3.pth.{os.getpid()}.0123abcd{TMP_SUFFIX}'
+        tmp.write_bytes(b'half')
+        assert remove_stale_temps(str(tmp_path)) == []
+    finally:
+        for s, handler in old.items():
+            signal.signal(s, handler)
+    assert tmp.read_bytes() == b'half' and received == []
+
+    def kill(pid, sig):  # a process of another user
+        raise PermissionError(1, 'Operation not permitted')
+
+    monkeypatch.setattr(atomic.os, 'kill', kill)
+    pid = dead_pid()
+    theirs = tmp_path / f'.epoch_3.pth.{pid}.0123abcd{TMP_SUFFIX}'
+    theirs.write_bytes(b'x')
+    assert atomic.pid_alive(pid) and remove_stale_temps(str(tmp_path)) == []
+    assert theirs.is_file()
+
+
+def test_a_killed_writers_temporary_is_found_next_to_the_target(
+        tmp_path, monkeypatch):
+    """A killed writer's temporary next to the target is removed; no
+    directory, or one that cannot be removed: no error."""
+    assert remove_stale_temps(str(tmp_path / 'not yet')) == []
+    tmp = atomic.temp_path_for(str(tmp_path / 'iter_4.pth'))
+    assert osp.dirname(tmp) == str(tmp_path)
+    stale = tmp.replace(f'.{os.getpid()}.', f'.{dead_pid()}.')
+    open(stale, 'wb').close()
+    (tmp_path / '.iter_4.pth.tmp').write_bytes(b'x')  # not ours
+
+    def unlink(path, *args, **kwargs):
+        raise PermissionError(13, 'Permission denied', path)
+
+    monkeypatch.setattr(atomic.os, 'unlink', unlink)
+    assert remove_stale_temps(str(tmp_path)) == []  # cannot be removed
+    monkeypatch.undo()
+    assert remove_stale_temps(str(tmp_path)) == [stale]
+    assert os.listdir(tmp_path) == ['.iter_4.pth.tmp']
+
+
+def test_atomic_write_text_or_bytes_dirs_and_fsync(tmp_path, monkeypatch):
+    """Text or bytes; directories only on request; ``durable=True`` fsyncs
+    file and directory, the default does not."""
+    synced, real = [], os.fsync
+    monkeypatch.setattr(os, 'fsync', lambda fd: synced.append(fd) or real(fd))
+    for name, data in (('a', 'iter_4.pth'), ('b', b'\x00\x01')):
+        atomic_write(str(tmp_path / name), data)
+        assert (tmp_path / name).read_bytes() == (
+            data.encode() if isinstance(data, str) else data)
+    assert synced == []
+    target = tmp_path / 'new' / 'last_checkpoint'
+    with pytest.raises(FileNotFoundError):
+        atomic_write(str(target), 'x')
+    assert sorted(os.listdir(tmp_path)) == ['a', 'b']
+    atomic_write(str(target), 'x', makedirs=True, durable=True)
+    assert target.read_text() == 'x' and len(synced) == 2
