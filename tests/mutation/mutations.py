@@ -35,7 +35,7 @@ REF = ('tests/test_models/test_backbones/test_official_reference.py::'
 #: the whole-model parity with the official model, soft_norm_* at 96 x 128
 REF_NORM = REF + '[soft_norm-m12]'
 STRICT = 'tests/test_tools/test_strict_load_tools.py::'
-NR_SOFT = ('tests/test_models/test_layers/test_nr_official_soft.py::'
+NR_SOFT = ('tests/test_models/test_layers/test_pinv.py::'
            'test_soft_rule_matches_official')
 AMP = 'tests/test_models/test_device_amp.py::'
 GK = 'tests/test_models/test_layers/test_soft_attention.py::'

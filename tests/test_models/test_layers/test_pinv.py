@@ -1,201 +1,210 @@
-"""Newton-Raphson Moore-Penrose inverse (Alg. 2, Eq. 10/16) and its init."""
+"""The Newton-Raphson pseudo-inverse (Alg. 2, Eq. 10 / 16): NRConfig, the
+alpha rules, the iterative / spectral / Lanczos methods, the exact and Eq.
+16 gradients, the convergence stats, the export path, and the official
+rules written out independently: the IJCV (Norm) per-sample rule and the
+NeurIPS ``soft`` rule (fudan-zvg/SOFT ``newton_inv``), for whole backbones
+too."""
+import importlib
+import re
 import sys
+import types
 
+import numpy as np
 import pytest
 import torch
-from conftest import smooth_kernel
+from conftest import load_tool, smooth_kernel, tiny_arch
 
-from mmsoft.models.layers import gaussian_kernel
-from mmsoft.models.layers.nr_config import NRConfig
-from mmsoft.models.layers.nr_iteration import nr_init_alpha, pinv_convergence
+from mmsoft.models.backbones import SOFT
+from mmsoft.models.layers import (NRConfig, SOFTAttention, amp,
+                                  bottleneck_apply, gaussian_kernel, with_nr)
+from mmsoft.models.layers.nr_autograd import (_DD_RTOL, SPECTRAL_MIN_M,
+                                              NewtonInverse, _close_pairs,
+                                              _divided_differences,
+                                              resolve_method)
+from mmsoft.models.layers.nr_config import default_init
+from mmsoft.models.layers.nr_iteration import (_SOFT_SHIFT, INIT_MODES,
+                                               _scalar_iterate_impl,
+                                               canonical_init, newton_iterate,
+                                               nr_init_alpha, nr_residual,
+                                               pinv_convergence,
+                                               record_residual, scalar_iterate,
+                                               traced_alpha)
+
+pytestmark = pytest.mark.usefixtures('one_thread')  # tiny ops
+F64 = torch.float64
+sa = importlib.import_module('mmsoft.models.layers.soft_attention')
+LZ = importlib.import_module('mmsoft.models.layers.nr_lanczos')
+SOLVER = importlib.import_module('mmsoft.models.layers.nr_autograd')
 
 
-def newton_inverse(A, *args, stats=None, **kwargs):
-    """``NRConfig(*args, **kwargs).inverse(A, stats)``."""
+def inverse(A, *args, stats=None, **kwargs):
     return NRConfig(*args, **kwargs).inverse(A, stats)
 
 
-def newton_inverse_apply(A, W, *args, stats=None, **kwargs):
-    """``NRConfig(*args, **kwargs).apply(A, W, stats)``."""
+def apply(A, W, *args, stats=None, **kwargs):
     return NRConfig(*args, **kwargs).apply(A, W, stats)
 
 
 def kernel_matrix(*batch, m=49, d=32, scale=1.0, seed=0, dtype=torch.float32):
     g = torch.Generator().manual_seed(seed)
-    x = torch.randn(*batch, m, d, generator=g, dtype=torch.float64) * scale
-    x = x / d**0.25
+    x = torch.randn(*batch, m, d, generator=g, dtype=F64) * scale / d**0.25
     return gaussian_kernel(x, x).to(dtype)
 
 
-def test_matches_torch_pinv():
+def randn(*shape, seed=0, dtype=F64):
+    g = torch.Generator().manual_seed(seed)
+    return torch.randn(*shape, generator=g, dtype=dtype)
+
+
+def rel(a, b):
+    return float((a.detach().double() - b).abs().max() / b.abs().max())
+
+
+def rel2(a, b):
+    return float((a.double() - b).norm() / b.norm())
+
+
+def sym(a):  # eigh reads one triangle
+    return (a + a.mT) / 2
+
+
+def exact(message):
+    return '^' + re.escape(message) + '$'
+
+
+# ---------------------------------------------------------- the inverse
+def test_matches_pinv_and_the_shifted_inverse():
     A = kernel_matrix(2, 3)
-    Y = newton_inverse(A, 20, 'soft_norm_per_matrix')
-    ref = torch.linalg.pinv(A.double())
-    rel = (Y.double() - ref).norm() / ref.norm()
-    assert rel < 1e-4
-
-
-def test_float64_close_to_pinv():
-    A = kernel_matrix(4, dtype=torch.float64)
-    Y = newton_inverse(A, 30, 'soft_norm_per_matrix')
-    assert Y.dtype == torch.float64
+    assert rel2(
+        inverse(A, 20, 'soft_norm_per_matrix'),
+        torch.linalg.pinv(A.double())) < 1e-4
+    A = kernel_matrix(4, dtype=F64)
+    Y = inverse(A, 30, 'soft_norm_per_matrix')
+    assert Y.dtype == F64
     torch.testing.assert_close(Y, torch.linalg.pinv(A), rtol=1e-8, atol=1e-8)
-
-
-def test_soft_init_inverts_shifted_matrix():
-    """The NeurIPS variant iterates on A + 0.01 I (official soft_* weights)."""
-    A = kernel_matrix(3, dtype=torch.float64)
-    Y = newton_inverse(A, 40, 'soft')
-    shifted = A + 0.01 * torch.eye(A.shape[-1], dtype=A.dtype)
+    A = kernel_matrix(3, dtype=F64)  # NeurIPS: A + 0.01 I
     torch.testing.assert_close(
-        Y, torch.linalg.inv(shifted), rtol=1e-6, atol=1e-6)
+        inverse(A, 40, 'soft'),
+        torch.linalg.inv(A + 0.01 * torch.eye(49, dtype=F64)),
+        rtol=1e-6,
+        atol=1e-6)
 
 
 def test_convergence_metric_decreases():
-    """||A A_k A - A||_2 / ||A||_2 decreases towards 0 (Prop. 2, Fig. 4)."""
-    A = kernel_matrix(2, 2)
-    curve = torch.stack(pinv_convergence(A, 20))  # (21, 2, 2)
-    diffs = curve[1:] - curve[:-1]
-    assert (diffs <= 1e-12).all()
-    assert curve[0].min() > 0.5
-    assert curve[-1].max() < 1e-6
-
-
-def test_norm_alpha_follows_official_halving_rule():
-    """alpha = 2 * 0.5^n / ||A||_1^2 with n the first passing the test."""
-    A = kernel_matrix(5, dtype=torch.float64, scale=0.3)  # dense, large norm
-    alpha = nr_init_alpha(A, 'soft_norm_per_matrix')
-    eye = torch.eye(A.shape[-1], dtype=A.dtype)
-    for b in range(A.shape[0]):
-        a = 2 / A[b].sum(-1).max()**2
-        n = 0
-        while (eye - a * A[b] @ A[b]).abs().sum(-2).max() > 1.01 and n < 10:
-            a, n = a * 0.5, n + 1
-        torch.testing.assert_close(alpha[b], a)
-
-
-def test_soft_alpha():
-    A = kernel_matrix(3, dtype=torch.float64)
-    expect = 0.9 * 2 / A.sum(-1).amax(-1)**2
-    torch.testing.assert_close(nr_init_alpha(A, 'soft'), expect)
-
-
-def test_alpha_is_chosen_per_matrix():
-    """A matrix's inverse must not depend on the other matrices of a batch."""
-    small = kernel_matrix(1, m=16, seed=1)
-    big = kernel_matrix(
-        1, m=16, scale=0.05, seed=2)  # near all-ones: large norm
-    alone = newton_inverse(small, 20)
-    together = newton_inverse(torch.cat([small, big]), 20)[:1]
-    torch.testing.assert_close(alone, together, rtol=0, atol=0)
-
-
-@pytest.mark.parametrize('init', ['soft_norm_per_matrix', 'soft'])
-def test_gradcheck_eq16(init):
-    """The closed-form backward (Eq. 16) is the gradient of the inverse."""
-    A = kernel_matrix(2, m=6, d=4, dtype=torch.float64, seed=3)
-    A.requires_grad_(True)
-    assert torch.autograd.gradcheck(
-        lambda a: newton_inverse(a, 60, init), (A, ), eps=1e-6, atol=1e-5)
-
-
-def test_no_autograd_graph_through_iterations():
-    A = kernel_matrix(1, 2).requires_grad_(True)
-    Y = newton_inverse(A, 20, backward='eq16')
-    assert Y.grad_fn is not None
-    assert type(Y.grad_fn).__name__.startswith('NewtonInverse')
-    # the graph has a single node above A (no per-iteration nodes)
-    assert all(
-        fn is None or fn[0] is None or 'AccumulateGrad' in type(fn[0]).__name__
-        for fn in Y.grad_fn.next_functions)
-
-
-@pytest.mark.parametrize('dtype', [torch.float16, torch.bfloat16])
-def test_runs_in_fp32_under_autocast(dtype):
-    A = kernel_matrix(2, 2)
-    with torch.autocast('cpu', dtype=dtype):
-        Y = newton_inverse(A.to(dtype), 20)
-    assert Y.dtype == torch.float32
-    assert torch.isfinite(Y).all()
+    """||A A_k A - A||_2 / ||A||_2 decreases towards 0 (Prop. 2)."""
+    curve = torch.stack(pinv_convergence(kernel_matrix(2, 2), 20))
+    assert ((curve[1:] - curve[:-1]) <= 1e-12).all()
+    assert curve[0].min() > 0.5 and curve[-1].max() < 1e-6
 
 
 def test_bad_input_errors():
     with pytest.raises(ValueError, match='m, m'):
-        newton_inverse(torch.ones(3, 4))
+        inverse(torch.ones(3, 4))
     with pytest.raises(ValueError, match='soft_norm_per_matrix'):
-        newton_inverse(torch.eye(3), init='svd')
+        inverse(torch.eye(3), init='svd')
+    with pytest.raises(ValueError, match="'eq16', 'exact'"):
+        inverse(torch.eye(4), backward='autograd')
+    with pytest.raises(ValueError, match=r'W of shape \(2, 129, 8\)'):
+        apply(kernel_matrix(2, m=130), torch.randn(2, 129, 8))
 
 
-@pytest.mark.parametrize('init', ['soft_norm_per_matrix', 'soft'])
-@pytest.mark.parametrize('m', [49, 200])
-def test_spectral_equals_iterative(init, m):
-    """Same T iterations evaluated on eigenvalues (float64 and float32)."""
-    A64 = kernel_matrix(3, m=m, dtype=torch.float64, seed=4)
-    it = newton_inverse(A64, 20, init, method='iterative')
-    sp = newton_inverse(A64, 20, init, method='spectral')
-    assert ((sp - it).norm() / it.norm()) < 1e-9
-    A32 = A64.float()
-    sp32 = newton_inverse(A32, 20, init, method='spectral')
-    it32 = newton_inverse(A32, 20, init, method='iterative')
-    assert ((sp32.double() - it).norm() / it.norm()) < 1e-4
-    assert ((it32.double() - it).norm() / it.norm()) < 1e-4
+@pytest.mark.parametrize('field, value, message', [
+    ('iters', 0,
+     'Newton-Raphson iters (nr_iters) must be an int >= 1, got 0 (int)'),
+    ('method', 'svd', "unknown pseudo-inverse method (nr_method) 'svd'; "
+     "choose one of ('auto', 'iterative', 'spectral', 'lanczos')"),
+    ('backward', 'fd', "unknown Newton-Raphson backward (nr_backward) "
+     "'fd'; choose one of ('eq16', 'exact')"),
+])
+def test_bad_settings_name_the_attn_cfg_key(field, value, message):
+    with pytest.raises(ValueError, match=exact(message)):
+        NRConfig(**{field: value})
 
 
-def test_spectral_gradcheck_and_batch_independence():
-    # eigh reads one triangle: check along symmetric directions, which is
-    # where the Gram matrix A lives
-    A = kernel_matrix(2, m=6, d=4, dtype=torch.float64, seed=5)
-    A.requires_grad_(True)
-    assert torch.autograd.gradcheck(
-        lambda a: newton_inverse(
-            (a + a.transpose(-1, -2)) / 2, 60, method='spectral'), (A, ),
-        eps=1e-6,
-        atol=1e-5)
-    B = kernel_matrix(3, m=150)
-    alone = newton_inverse(B[:1], 20, method='spectral')
-    together = newton_inverse(B, 20, method='spectral')[:1]
-    torch.testing.assert_close(alone, together, rtol=1e-5, atol=1e-6)
+def test_nrconfig_fields_and_of():
+    cfg = NRConfig(iters=np.int64(3))  # any integral number, stored as int
+    assert cfg.iters == 3 and type(cfg.iters) is int
+    with pytest.raises(
+            TypeError,
+            match=exact("nr must be an NRConfig, a dict of its fields "
+                        "('iters', 'init', 'method', 'backward') or None, "
+                        'got 3')):
+        NRConfig.of(3, True)
+    with pytest.raises(ValueError, match="'soft_norm'"):
+        NRConfig(init='soft_norm')  # the name before 0.3: removed
 
 
-def test_auto_method_choice():
-    from mmsoft.models.layers.nr_autograd import SPECTRAL_MIN_M, resolve_method
-    small = torch.eye(8)
-    big = torch.eye(SPECTRAL_MIN_M)
-    assert resolve_method('auto', small) == 'iterative'
-    assert resolve_method('auto', big) == 'spectral'
-    assert resolve_method('iterative', big) == 'iterative'
-    with pytest.raises(ValueError, match='spectral'):
-        resolve_method('svd', big)
+def test_no_autograd_graph_through_iterations():
+    Y = inverse(kernel_matrix(1, 2).requires_grad_(True), 20, backward='eq16')
+    assert type(Y.grad_fn).__name__.startswith('NewtonInverse')
+    assert all(  # a single node above A
+        fn is None or fn[0] is None or 'AccumulateGrad' in type(fn[0]).__name__
+        for fn in Y.grad_fn.next_functions)
+    nr = NRConfig(iters=2, method='iterative', backward='exact')
+    with pytest.raises(
+            AssertionError, match='^exact iterative backward uses autograd$'):
+        NewtonInverse.apply(
+            kernel_matrix(4, m=3, d=3), None, torch.ones(()), nr)
 
 
-def test_per_batch_matches_official_batch_rule():
-    """Opt-in official rule: one alpha for the stack, all must pass."""
-    A = torch.cat([
-        kernel_matrix(1, m=16, dtype=torch.float64, seed=1),
-        kernel_matrix(1, m=16, scale=0.05, dtype=torch.float64, seed=2)
+@pytest.mark.parametrize('dtype', [torch.float16, torch.bfloat16])
+def test_runs_in_fp32_under_autocast(dtype):
+    A = kernel_matrix(2, 2, m=130)
+    W = torch.randn(2, 2, 130, 8)
+    with torch.autocast('cpu', dtype=dtype):
+        Y = inverse(A.to(dtype), 20)
+        Z = apply(A.to(dtype), W.to(dtype), 20)
+    assert Y.dtype == Z.dtype == torch.float32
+    assert torch.isfinite(Y).all() and torch.isfinite(Z).all()
+
+
+# ---------------------------------------------------------- alpha rules
+def official_alpha(A, batch=False):
+    """alpha = 2 0.5^n / ||A||_1^2, n the first (<= 10) with max_j sum_i
+    |I - alpha A A|_ij <= 1.01, for A or (batch) all matrices of A."""
+    eye = torch.eye(A.shape[-1], dtype=A.dtype)
+    a, n = 2 / A.sum(-1).max()**2, 0
+    while (eye - a * A @ A).abs().sum(-2).max() > 1.01 and n < 10:
+        a, n = a * 0.5, n + 1
+    return a
+
+
+def test_norm_alpha_rules_follow_the_official_halving():
+    A = kernel_matrix(5, dtype=F64, scale=0.3)  # dense, large norm
+    alpha = nr_init_alpha(A, 'soft_norm_per_matrix')
+    for b in range(5):
+        torch.testing.assert_close(alpha[b], official_alpha(A[b]))
+    A = torch.cat([  # per batch: one alpha for the stack, all must pass
+        kernel_matrix(1, m=16, dtype=F64, seed=1),
+        kernel_matrix(1, m=16, scale=0.05, dtype=F64, seed=2)
     ])
     alpha = nr_init_alpha(A, 'soft_norm_per_batch')
     assert alpha[0] == alpha[1]
-    eye = torch.eye(16, dtype=A.dtype)
-    a = 2 / A.sum(-1).max()**2
-    n = 0
-    while max((eye - a * M @ M).abs().sum(-2).max() for M in A) > 1.01 \
-            and n < 10:
-        a, n = a * 0.5, n + 1
-    torch.testing.assert_close(alpha[0], a)
-    # differs from the per-matrix default, which does not couple samples
+    torch.testing.assert_close(alpha[0], official_alpha(A))
     assert not torch.equal(nr_init_alpha(A, 'soft_norm_per_matrix'), alpha)
+    A = kernel_matrix(3, dtype=F64)
+    torch.testing.assert_close(
+        nr_init_alpha(A, 'soft'), 0.9 * 2 / A.sum(-1).amax(-1)**2)
 
 
-def _alpha_by_explicit_residual(A, init):
+def test_alpha_is_chosen_per_matrix():
+    small = kernel_matrix(1, m=16, seed=1)
+    big = kernel_matrix(1, m=16, scale=0.05, seed=2)  # large norm
+    torch.testing.assert_close(
+        inverse(small, 20),
+        inverse(torch.cat([small, big]), 20)[:1],
+        rtol=0,
+        atol=0)
+
+
+def alpha_by_explicit_residual(A, init):
     """The official rule with the m x m residual I - alpha A A formed."""
     norm1 = A.sum(-1).amax(-1)
     if init == 'soft_norm_per_batch':
         norm1 = norm1.amax().expand_as(norm1)
     alphas = (2 / norm1.square())[..., None] * 0.5**torch.arange(
         11, dtype=A.dtype)
-    eye = torch.eye(A.shape[-1], dtype=A.dtype)
-    AA = A @ A
+    eye, AA = torch.eye(A.shape[-1], dtype=A.dtype), A @ A
     res = torch.stack([
         (eye - alphas[..., k, None, None] * AA).abs().sum(-2).amax(-1)
         for k in range(11)
@@ -212,80 +221,24 @@ def _alpha_by_explicit_residual(A, init):
 def test_alpha_residual_test_without_forming_AA(init):
     """The O(m^2) residual (A >= 0, symmetric) picks the official alpha."""
     A = torch.cat([
-        kernel_matrix(3, m=m, scale=s, seed=k,
-                      dtype=torch.float64)[:, :40, :40]
-        for k, (m, s) in enumerate([(40, 0.1), (60, 0.5), (49, 1.0), (80,
-                                                                      2.0)])
+        kernel_matrix(3, m=m, scale=s, seed=k, dtype=F64)[:, :40, :40]
+        for k, (m, s) in enumerate([(40, .1), (60, .5), (49, 1.), (80, 2.)])
     ])
     alpha = nr_init_alpha(A, init)
-    ref = _alpha_by_explicit_residual(A, init)
-    torch.testing.assert_close(alpha, ref, rtol=0, atol=0)
+    torch.testing.assert_close(
+        alpha, alpha_by_explicit_residual(A, init), rtol=0, atol=0)
     halvings = torch.log2(2 / A.sum(-1).amax(-1).square() / alpha).round()
-    if init == 'soft_norm_per_matrix':  # the set exercises several halvings
+    if init == 'soft_norm_per_matrix':  # several halvings exercised
         assert len(halvings.unique()) >= 3, halvings
 
 
-@pytest.mark.parametrize('method', ['iterative', 'spectral'])
-@pytest.mark.parametrize('init', ['soft_norm_per_matrix', 'soft'])
-def test_apply_equals_inverse_times_w(method, init):
-    """newton_inverse_apply(A, W) == newton_inverse(A) @ W, values and
-    gradients (float64 tight, float32 within 1e-5 relative)."""
-    for dtype, tol in ((torch.float64, 1e-12), (torch.float32, 1e-5)):
-        A = kernel_matrix(2, 3, m=150, seed=7, dtype=dtype)
-        W = torch.randn(2, 3, 150, 16, dtype=dtype)
-        G = torch.randn(2, 3, 150, 16, dtype=dtype)
-        outs = []
-        for fn in (lambda a, w: newton_inverse(a, 20, init, method) @ w,
-                   lambda a, w: newton_inverse_apply(a, w, 20, init, method)):
-            a = A.clone().requires_grad_()
-            w = W.clone().requires_grad_()
-            z = fn(a, w)
-            outs.append((z, *torch.autograd.grad((z * G).sum(), (a, w))))
-        for ref, got in zip(*outs):
-            assert got.dtype == dtype
-            rel = (got - ref).abs().max() / ref.abs().max()
-            assert rel < tol, (dtype, rel)
-
-
-@pytest.mark.parametrize('method', ['iterative', 'spectral'])
-def test_apply_gradcheck_and_batch_independence(method):
-    A = kernel_matrix(2, m=6, d=4, dtype=torch.float64, seed=8)
-    W = torch.randn(2, 6, 3, dtype=torch.float64)
-    A.requires_grad_(True)
-    W.requires_grad_(True)
-    # 60 iterations: converged, where Eq. (16) is the exact derivative
-    assert torch.autograd.gradcheck(
-        lambda a, w: newton_inverse_apply(
-            (a + a.mT) / 2, w, 60, method=method), (A, W),
-        eps=1e-6,
-        atol=1e-5)
-    B = kernel_matrix(3, m=150, seed=9)
-    V = torch.randn(3, 150, 8)
-    B[1:] = B[1:]**0.1  # very different co-samples
-    alone = newton_inverse_apply(B[:1], V[:1], 20, method=method)
-    together = newton_inverse_apply(B, V, 20, method=method)[:1]
-    torch.testing.assert_close(alone, together, rtol=1e-5, atol=1e-6)
-
-
-def test_apply_fp32_under_autocast_and_errors():
-    A = kernel_matrix(2, m=130)
-    W = torch.randn(2, 130, 8)
-    with torch.autocast('cpu', dtype=torch.bfloat16):
-        Z = newton_inverse_apply(A.bfloat16(), W.bfloat16(), 20)
-    assert Z.dtype == torch.float32 and torch.isfinite(Z).all()
-    with pytest.raises(ValueError, match=r'W of shape \(2, 129, 8\)'):
-        newton_inverse_apply(A, torch.randn(2, 129, 8))
-
-
-def test_per_sample_shared_alpha():
-    """'soft_norm_per_sample': the official rule within a sample (one alpha for
-    its heads), independent of the other samples of the batch."""
+def test_per_sample_alpha_is_shared_by_the_heads_and_the_default():
     A = torch.cat([
-        kernel_matrix(1, 4, m=40, scale=s, seed=k, dtype=torch.float64)
+        kernel_matrix(1, 4, m=40, scale=s, seed=k, dtype=F64)
         for k, s in enumerate([0.1, 0.5, 2.0])
     ])  # (3, 4, m, m)
     a = nr_init_alpha(A, 'soft_norm_per_sample')
-    assert (a == a[:, :1]).all()  # shared by the heads of a sample
+    assert (a == a[:, :1]).all()
     for b in range(3):
         torch.testing.assert_close(
             a[b],
@@ -297,15 +250,30 @@ def test_per_sample_shared_alpha():
             nr_init_alpha(A[b:b + 1], 'soft_norm_per_sample'),
             rtol=0,
             atol=0)
-    # it differs from the per-matrix choice (the heads' alphas differ)
     assert not torch.equal(a, nr_init_alpha(A, 'soft_norm_per_matrix'))
+    assert torch.equal(nr_init_alpha(A), a)  # the default rule
+    assert default_init(True) == 'soft_norm_per_sample'
+    assert default_init(False) == 'soft'
+    assert SOFTAttention(16, 2, 2).nr_init == 'soft_norm_per_sample'
+    assert SOFTAttention(16, 2, 2, attn_norm=False).nr_init == 'soft'
+    A = kernel_matrix(2, 4, m=30, dtype=F64)
+    torch.testing.assert_close(
+        inverse(A, 20), inverse(A, 20, 'soft_norm_per_sample'), rtol=0, atol=0)
 
 
-# ------------------------------------------------- names of the alpha rules
+@pytest.mark.parametrize('q, alpha', [(0.005578077527412351, 2.0),
+                                      (0.0056, 1.0)])
+def test_nr_init_alpha_tolerance_is_inclusive(q, alpha):
+    """A = [[1 - q, q], [q, t - q]], t = 1/32 (||A||_1 = 1): this q's
+    float64 residual at n = 0 is exactly 1.01 (all sums exact): it passes,
+    alpha_0 = 2; a larger q takes alpha_1 = 1."""
+    t = 1 / 32
+    A = torch.tensor([[1 - q, q], [q, t - q]], dtype=F64)
+    assert A.sum(-1).tolist() == [1.0, t]
+    assert nr_init_alpha(A, 'soft_norm_per_matrix').item() == alpha
+
+
 def test_init_names_before_0_3_are_refused():
-    """The old alpha-rule names (renamed in 0.3) were removed with the
-    compatibility layers: a ValueError naming the rules to choose."""
-    from mmsoft.models.layers.nr_iteration import INIT_MODES, canonical_init
     for mode in INIT_MODES:
         assert canonical_init(mode) == mode
     for old in ('soft_norm_sample', 'soft_norm_global', 'soft_norm',
@@ -316,42 +284,150 @@ def test_init_names_before_0_3_are_refused():
             nr_init_alpha(torch.eye(3), old)
 
 
-def test_default_init_is_official_rule_per_sample():
-    from mmsoft.models.layers.nr_config import default_init
-    from mmsoft.models.layers.soft_attention import SOFTAttention
-    assert default_init(True) == 'soft_norm_per_sample'
-    assert default_init(False) == 'soft'
-    assert SOFTAttention(16, 2, 2).nr_init == 'soft_norm_per_sample'
-    assert SOFTAttention(16, 2, 2, attn_norm=False).nr_init == 'soft'
-    A = kernel_matrix(2, 4, m=30, dtype=torch.float64)
+# ------------------------------------------------------------ methods
+@pytest.mark.parametrize('init', ['soft_norm_per_matrix', 'soft'])
+@pytest.mark.parametrize('m', [49, 200])
+def test_spectral_equals_iterative(init, m):
+    A64 = kernel_matrix(3, m=m, dtype=F64, seed=4)
+    it = inverse(A64, 20, init, method='iterative')
+    assert rel2(inverse(A64, 20, init, method='spectral'), it) < 1e-9
+    for method in ('spectral', 'iterative'):
+        assert rel2(inverse(A64.float(), 20, init, method=method), it) < 1e-4
+
+
+def test_auto_dispatch_by_size_and_device():
+    """'auto': Lanczos for A_T W from LANCZOS_MIN_M of the device on, never
+    for the inverse itself; below it spectral from SPECTRAL_MIN_M on the
+    CPU, else iterative."""
+    assert resolve_method('auto', torch.eye(8)) == 'iterative'
+    big = torch.eye(SPECTRAL_MIN_M)
+    assert resolve_method('auto', big) == 'spectral'
+    assert resolve_method('iterative', big) == 'iterative'
+    with pytest.raises(ValueError, match="'svd'.*spectral"):
+        resolve_method('svd', big)
+    assert set(SOLVER.LANCZOS_MIN_M) == {'cpu', 'cuda'}
+    for device, m_min in SOLVER.LANCZOS_MIN_M.items():
+        fake, fake_small = (
+            type('A', (),
+                 dict(shape=torch.Size([m, m]), device=torch.device(device)))
+            for m in (m_min, m_min - 1))
+        assert resolve_method('auto', fake) == 'lanczos'
+        assert resolve_method('auto', fake_small) != 'lanczos'
+        assert resolve_method('auto', fake, apply=False) != 'lanczos'
+        assert resolve_method('lanczos', fake_small) == 'lanczos'  # opt-in
+        assert resolve_method('lanczos', fake, apply=False) == \
+            resolve_method('auto', fake, apply=False)
+    m = SOLVER.LANCZOS_MIN_M['cpu']  # inference and a training step
+    A = smooth_kernel(1, m=m, d=16, dtype=torch.float32, freq=2, stretch=4)
+    W = torch.randn(1, m, 3, generator=torch.Generator().manual_seed(0))
+    seen, real = [], SOLVER.resolve_method
+    try:
+        SOLVER.resolve_method = lambda *a: seen.append(real(*a)) or seen[-1]
+        with torch.no_grad():
+            NRConfig().apply(A, W)
+        NRConfig().apply(A.requires_grad_(), W)
+    finally:
+        SOLVER.resolve_method = real
+    assert seen == ['lanczos', 'lanczos']
+
+
+@pytest.mark.parametrize('method', ['iterative', 'spectral'])
+@pytest.mark.parametrize('init', ['soft_norm_per_matrix', 'soft'])
+def test_apply_equals_inverse_times_w(method, init):
+    """Values and gradients; float64 tight, float32 within 1e-5."""
+    for dtype, tol in ((F64, 1e-12), (torch.float32, 1e-5)):
+        A = kernel_matrix(2, 3, m=150, seed=7, dtype=dtype)
+        W, G = torch.randn(2, 2, 3, 150, 16, dtype=dtype)
+        outs = []
+        for fn in (lambda a, w: inverse(a, 20, init, method) @ w,
+                   lambda a, w: apply(a, w, 20, init, method)):
+            a, w = A.clone().requires_grad_(), W.clone().requires_grad_()
+            z = fn(a, w)
+            outs.append((z, *torch.autograd.grad((z * G).sum(), (a, w))))
+        for ref, got in zip(*outs):
+            assert got.dtype == dtype
+            assert (got - ref).abs().max() / ref.abs().max() < tol, dtype
+
+
+@pytest.mark.parametrize('method', ['iterative', 'spectral'])
+def test_apply_gradcheck_and_batch_independence(method):
+    """60 iterations: converged, where Eq. (16) is the exact derivative."""
+    A = kernel_matrix(2, m=6, d=4, dtype=F64, seed=8).requires_grad_()
+    W = torch.randn(2, 6, 3, dtype=F64, requires_grad=True)
+    assert torch.autograd.gradcheck(
+        lambda a, w: apply(sym(a), w, 60, method=method), (A, W),
+        eps=1e-6,
+        atol=1e-5)
+    assert method == 'iterative' or torch.autograd.gradcheck(
+        lambda a: inverse(sym(a), 60, method=method), (A, ),
+        eps=1e-6,
+        atol=1e-5)
+    B, V = kernel_matrix(3, m=150, seed=9), torch.randn(3, 150, 8)
+    B[1:] = B[1:]**0.1  # very different co-samples
     torch.testing.assert_close(
-        newton_inverse(A, 20),
-        newton_inverse(A, 20, 'soft_norm_per_sample'),
-        rtol=0,
-        atol=0)
+        apply(B[:1], V[:1], 20, method=method),
+        apply(B, V, 20, method=method)[:1],
+        rtol=1e-5,
+        atol=1e-6)
+    torch.testing.assert_close(
+        inverse(B[:1], 20, method=method),
+        inverse(B, 20, method=method)[:1],
+        rtol=1e-5,
+        atol=1e-6)
 
 
-# ------------------------------------------------------ exact NR gradient
+@pytest.mark.parametrize('init', ['soft_norm_per_matrix', 'soft'])
+def test_gradcheck_eq16(init):
+    A = kernel_matrix(2, m=6, d=4, dtype=F64, seed=3).requires_grad_(True)
+    assert torch.autograd.gradcheck(
+        lambda a: inverse(a, 60, init), (A, ), eps=1e-6, atol=1e-5)
+
+
+@pytest.mark.parametrize('batch', [(), (1, )])
+@pytest.mark.parametrize('inverse_only', [True, False])
+def test_eq16_backward_uses_transposes(batch, inverse_only):
+    """grad_A = -Y^T grad_Y Y^T; for W: grad_W = Y^T grad_Z, grad_A =
+    -grad_W Z^T; a non-symmetric A tells Y^T from Y."""
+    g = torch.Generator().manual_seed(0)
+    A0 = torch.eye(
+        4, dtype=F64) + 0.3 * torch.rand(
+            4, 4, generator=g, dtype=F64)
+    A0 = A0.expand(*batch, 4, 4).clone()
+    W0 = torch.randn(*batch, 4, 3, generator=g, dtype=F64)
+    nr = NRConfig(30, method='iterative', backward='eq16')
+    Y = nr.inverse(A0)
+    torch.testing.assert_close(Y, torch.linalg.inv(A0))
+    assert not torch.allclose(Y, Y.mT)
+    A, Ar = A0.clone().requires_grad_(), A0.clone().requires_grad_()
+    if inverse_only:
+        out, ref, grads, ref_grads = nr.inverse(A), torch.linalg.inv(Ar), (
+            A, ), (Ar, )
+    else:
+        W, Wr = W0.clone().requires_grad_(), W0.clone().requires_grad_()
+        out, ref = nr.apply(A, W), torch.linalg.inv(Ar) @ Wr
+        grads, ref_grads = (A, W), (Ar, Wr)
+    gout = torch.randn(out.shape, generator=g, dtype=F64)
+    for a, b in zip(
+            torch.autograd.grad(out, grads, gout),
+            torch.autograd.grad(ref, ref_grads, gout)):
+        torch.testing.assert_close(a, b)
+
+
+# ------------------------------------------------- the exact NR gradient
 def matrix_with_spectrum(lam, seed=0):
-    """Q diag(lam) Q^T with a random orthogonal Q (float64, symmetric)."""
-    g = torch.Generator().manual_seed(seed)
-    Q, _ = torch.linalg.qr(
-        torch.randn(len(lam), len(lam), generator=g, dtype=torch.float64))
-    A = (Q * lam) @ Q.T
-    return (A + A.T) / 2
+    """Q diag(lam) Q^T, Q random orthogonal (float64, symmetric)."""
+    lam = torch.tensor(lam, dtype=F64)
+    Q, _ = torch.linalg.qr(randn(len(lam), len(lam), seed=seed))
+    return sym((Q * lam) @ Q.T)
 
 
 def autograd_through_iterations(A, W, G, iters, init, attn_norm=False):
-    """Reference: grad_A (and grad_W) by autograd through the explicit
-    iterations of Eq. (10), alpha differentiated as the official code does
-    (2 0.5^n / ||A||_1^2, the halvings n fixed)."""
-    from mmsoft.models.layers.nr_iteration import _SOFT_SHIFT
-    a = A.clone().requires_grad_()
-    w = W.clone().requires_grad_()
-    alpha = nr_init_alpha(a, init)
+    """grad_A, grad_W by autograd through Eq. (10), alpha differentiated as
+    the official code does (the halvings fixed)."""
+    a, w = A.clone().requires_grad_(), W.clone().requires_grad_()
     Aw = a + _SOFT_SHIFT * torch.eye(a.shape[-1], dtype=a.dtype) \
         if init == 'soft' else a
-    V = alpha[..., None, None] * Aw
+    V = nr_init_alpha(a, init)[..., None, None] * Aw
     for _ in range(iters):
         V = 2 * V - V @ Aw @ V
     if attn_norm:
@@ -367,131 +443,153 @@ def autograd_through_iterations(A, W, G, iters, init, attn_norm=False):
 def test_exact_backward_equals_autograd_through_iterations(init, method):
     """Not converged (smooth landmarks, m = 60): Eq. (16) is off, 'exact'
     is the gradient of the 20 iterations (alpha included), also through
-    the normalisation D^-1/2 of the apply path ('lanczos' forms the
-    inverse itself as 'auto')."""
-    from mmsoft.models.layers.soft_attention import bottleneck_apply
+    D^-1/2 of the apply path ('lanczos' forms the inverse as 'auto')."""
     A = smooth_kernel(2, 3)
-    W = torch.randn(2, 3, 60, 5, dtype=torch.float64)
-    G = torch.randn(2, 3, 60, 5, dtype=torch.float64)
+    W, G = randn(2, 2, 3, 60, 5, seed=1)
     for attn_norm in (False, True):
         ref = autograd_through_iterations(A, W, G, 20, init, attn_norm)
         got = {}
         for bwd in ('exact', 'eq16'):
-            a = A.clone().requires_grad_()
-            w = W.clone().requires_grad_()
-            if attn_norm:
-                z = bottleneck_apply(a, w, True,
-                                     NRConfig(20, init, method, bwd))
-            else:
-                z = newton_inverse_apply(a, w, 20, init, method, bwd)
+            a, w = A.clone().requires_grad_(), W.clone().requires_grad_()
+            nr = NRConfig(20, init, method, bwd)
+            z = bottleneck_apply(a, w, True, nr) if attn_norm else \
+                nr.apply(a, w)
             got[bwd] = torch.autograd.grad((z * G).sum(), (a, w))
-        tol = 1e-7 if method == 'lanczos' else 1e-9  # its stopping rule: 1e-6
+        tol = 1e-7 if method == 'lanczos' else 1e-9  # its stopping rule
         for r, e in zip(ref, got['exact']):
-            assert ((e - r).norm() / r.norm()) < tol
+            assert rel2(e, r) < tol
         torch.testing.assert_close(got['eq16'][1], ref[1])  # grad_W exact
         if init != 'soft':  # A + 0.01 I is well conditioned: converged
-            assert ((got['eq16'][0] - ref[0]).norm() / ref[0].norm()) > 1e-3
-        # the full-inverse path
-        a = A.clone().requires_grad_()
-        y = newton_inverse(a, 20, init, method, 'exact')
+            assert rel2(got['eq16'][0], ref[0]) > 1e-3
+        a = A.clone().requires_grad_()  # the full-inverse path
+        y = inverse(a, 20, init, method, 'exact')
         g = torch.autograd.grad(((y @ W) * G).sum(), a)[0]
         if not attn_norm:
-            assert ((g - ref[0]).norm() / ref[0].norm()) < 1e-9
-
-
-def _fixed_alpha(monkeypatch, value):
-    import mmsoft.models.layers.nr_autograd as solver
-    import mmsoft.models.layers.nr_iteration as pinv
-    for module in (pinv, solver):
-        monkeypatch.setattr(
-            module,
-            'nr_init_alpha',
-            lambda A, init='': torch.full(A.shape[:-2], value, dtype=A.dtype))
+            assert rel2(g, ref[0]) < 1e-9
 
 
 @pytest.mark.parametrize('spectrum', ['distinct', 'repeated', 'near_equal'])
-def test_exact_backward_gradcheck(monkeypatch, spectrum):
-    """gradcheck (finite differences of the forward itself, alpha a
-    function of A as in the official code) with distinct, repeated and
-    near-equal eigenvalues, unconverged ones included (10 iterations)."""
+def test_exact_backward_gradcheck(spectrum):
+    """Finite differences of the forward (alpha a function of A), distinct,
+    repeated and near-equal eigenvalues, unconverged (10 iterations)."""
     lam = {
         'distinct': [3.0, 1.5, 0.7, 0.2, 0.03, 0.004],
         'repeated': [2.0, 2.0, 0.5, 0.05, 0.05, 0.05],
         'near_equal':
         [2.0, 2.0 + 1e-9, 0.5, 0.05, 0.05 * (1 + 1e-7), 0.05 * (1 - 1e-8)]
     }[spectrum]
-    A = matrix_with_spectrum(torch.tensor(lam, dtype=torch.float64))
-    W = torch.randn(6, 3, dtype=torch.float64)
-    sym = lambda a: (a + a.mT) / 2  # noqa: E731  (eigh reads one triangle)
+    A = matrix_with_spectrum(lam).requires_grad_()
+    W = torch.randn(6, 3, dtype=F64, requires_grad=True)
     for method in ('spectral', 'iterative'):
         assert torch.autograd.gradcheck(
-            lambda a, w: newton_inverse_apply(
-                sym(a), w, 10, 'soft', method, 'exact'),
-            (A.clone().requires_grad_(), W.clone().requires_grad_()),
+            lambda a, w: apply(sym(a), w, 10, 'soft', method, 'exact'), (A, W),
             eps=1e-6,
             atol=1e-6)
         assert torch.autograd.gradcheck(
-            lambda a: newton_inverse(
-                sym(a), 10, 'soft_norm_per_sample', method, 'exact'),
-            (A.clone().requires_grad_(), ),
+            lambda a: inverse(
+                sym(a), 10, 'soft_norm_per_sample', method, 'exact'), (A, ),
             eps=1e-6,
             atol=1e-6)
 
 
 def test_divided_differences_close_eigenvalues():
-    """The Daleckii-Krein kernel for (near-)equal eigenvalues: the
-    recurrence form agrees with the quotient where that is accurate, and
-    with the derivative f'(l) at l_i = l_j (float64 autograd)."""
-    from mmsoft.models.layers.nr_autograd import _divided_differences
-    from mmsoft.models.layers.nr_iteration import _scalar_iterate_impl
-    from mmsoft.models.layers.nr_iteration import \
-        scalar_iterate as _scalar_iterate
+    """The Daleckii-Krein kernel: the quotient where that is accurate, the
+    derivative f'(l) at l_i = l_j (float64 autograd)."""
     lam = torch.tensor([1e-3, 1e-3 * (1 + 1e-12), 0.3, 0.3, 0.31, 1.7],
-                       dtype=torch.float64)
-    alpha = torch.tensor(0.3, dtype=torch.float64)
-    v = _scalar_iterate(lam, alpha, 20)
+                       dtype=F64)
+    alpha = torch.tensor(0.3, dtype=F64)
+    v = scalar_iterate(lam, alpha, 20)
     F = _divided_differences(lam, v, alpha, 20)
     lg = lam.clone().requires_grad_()
-    fprime = torch.autograd.grad(
-        _scalar_iterate_impl(lg, alpha, 20).sum(), lg)[0]
-    torch.testing.assert_close(F.diagonal(), fprime, rtol=1e-12, atol=0)
-    torch.testing.assert_close(F[0, 1], fprime[0], rtol=1e-9, atol=0)
-    torch.testing.assert_close(F[2, 3], fprime[2], rtol=1e-12, atol=0)
-    quotient = (v[2] - v[4]) / (lam[2] - lam[4])  # well separated pair
-    torch.testing.assert_close(F[2, 4], quotient, rtol=1e-12, atol=0)
+    fp = torch.autograd.grad(_scalar_iterate_impl(lg, alpha, 20).sum(), lg)[0]
+    torch.testing.assert_close(F.diagonal(), fp, rtol=1e-12, atol=0)
+    torch.testing.assert_close(F[0, 1], fp[0], rtol=1e-9, atol=0)
+    torch.testing.assert_close(F[2, 3], fp[2], rtol=1e-12, atol=0)
+    torch.testing.assert_close(
+        F[2, 4], (v[2] - v[4]) / (lam[2] - lam[4]), rtol=1e-12, atol=0)
     torch.testing.assert_close(F, F.T, rtol=1e-12, atol=0)
 
 
 def test_exact_backward_float32_close_to_float64():
     A = smooth_kernel(2, 2, m=120)
-    W = torch.randn(2, 2, 120, 4, dtype=torch.float64)
-    G = torch.randn(2, 2, 120, 4, dtype=torch.float64)
+    W, G = randn(2, 2, 2, 120, 4)
     grads = []
-    for dt in (torch.float64, torch.float32):
+    for dt in (F64, torch.float32):
         a = A.to(dt).requires_grad_()
-        z = newton_inverse_apply(
-            a, W.to(dt), 20, method='spectral', backward='exact')
+        z = apply(a, W.to(dt), 20, method='spectral', backward='exact')
         grads.append(torch.autograd.grad((z * G.to(dt)).sum(), a)[0])
-    rel = (grads[1].double() - grads[0]).norm() / grads[0].norm()
-    assert rel < 1e-3, rel
+    assert rel2(grads[1], grads[0]) < 1e-3
 
 
-def test_backward_bad_name():
-    with pytest.raises(ValueError, match="'eq16', 'exact'"):
-        newton_inverse(torch.eye(4), backward='autograd')
+def close_mask(lam):
+    li, lj = lam.unsqueeze(-1), lam.unsqueeze(-2)
+    mask = (li - lj).abs() <= _DD_RTOL * torch.maximum(li.abs(), lj.abs())
+    got = torch.zeros_like(mask)
+    got[_close_pairs(lam)] = True
+    assert torch.equal(got, mask)
+    return mask
+
+
+def test_close_pairs_match_the_mask():
+    """|l_i - l_j| <= r max(|l_i|, |l_j|) over sorted spectra with
+    clusters, zeros and signs; on lam's device whatever the default."""
+    g = torch.Generator().manual_seed(0)
+    lam = torch.cat([
+        torch.randn(2, 3, 20, generator=g, dtype=F64) * 1e-6,
+        torch.rand(2, 3, 20, generator=g, dtype=F64).exp(),
+        torch.full((2, 3, 3), 0.5, dtype=F64),
+        torch.zeros(2, 3, 2, dtype=F64)
+    ], -1).sort(-1).values
+    mask = close_mask(lam)
+    assert mask.sum() > mask[0, 0].diagonal().numel() * 6 + 6 * 8
+    lam = torch.tensor([[0.01, 0.0101, 0.5, 0.5, 2.0],
+                        [0.1, 0.2, 0.2, 0.2, 1.0]],
+                       dtype=F64)
+    ref = _close_pairs(lam)
+    with torch.device('meta'):
+        got = _close_pairs(lam)
+    assert len(got) == len(ref) == 3
+    for g, r in zip(got, ref):
+        assert g.device == lam.device and torch.equal(g, r)
+    assert got[0].tolist() == [0] * 9 + [1] * 11  # 0.01 ~ 0.0101, 0.2 x 3
+
+
+def test_exact_backward_stack_equals_each_matrix(monkeypatch):
+    """'exact' on a (b, m, m) stack: each matrix's gradient as if alone,
+    repeated eigenvalues (close pairs of a 2-D batch) included."""
+    for module in (
+            importlib.import_module('mmsoft.models.layers.nr_iteration'),
+            SOLVER):
+        monkeypatch.setattr(
+            module,
+            'nr_init_alpha',
+            lambda A, init='': torch.full(A.shape[:-2], 0.2, dtype=A.dtype))
+    A = torch.stack([
+        matrix_with_spectrum(lam, seed=k) for k, lam in enumerate([[
+            2.0, 2.0, 0.5, 0.05, 0.05, 0.01
+        ], [3.0, 1.5, 0.7, 0.2, 0.2, 0.004], [1.0, 0.9, 0.9, 0.3, 0.03, 0.03]])
+    ])
+    W, G = randn(3, 6, 2, seed=1), randn(3, 6, 2, seed=2)
+
+    def grad(a, w, g):
+        a = a.clone().requires_grad_()
+        z = apply(a, w, 10, 'soft', 'spectral', 'exact')
+        return torch.autograd.grad((z * g).sum(), a)[0]
+
+    stacked = grad(A, W, G)
+    for b in range(3):
+        torch.testing.assert_close(
+            stacked[b], grad(A[b], W[b], G[b]), rtol=1e-10, atol=1e-12)
+    close_mask(torch.linalg.eigvalsh(A))
 
 
 # ------------------------------------------------------- convergence stats
 @pytest.mark.parametrize('method', ['spectral', 'iterative', 'lanczos'])
 def test_stats_report_convergence(method, monkeypatch):
-    """'residual' is the paper's ||A A_T A - A||_2 / ||A||_2 (as
-    pinv_convergence) and 'unconverged' grows when the iterations are cut
-    short, for every method; the spectral one takes them from its own
-    eigenvalues (one eigendecomposition per call, not two)."""
-    from mmsoft.models.layers.nr_iteration import nr_residual
-    A = smooth_kernel(2, m=60)
-    W = torch.randn(2, 60, 3, dtype=torch.float64)
-    stats, calls = {}, []
+    """'residual' is ||A A_T A - A||_2 / ||A||_2 (as pinv_convergence),
+    'unconverged' grows when the iterations are cut short; the spectral
+    method takes them from its own eigenvalues (one eigh per call)."""
+    A, W, stats, calls = smooth_kernel(2, m=60), randn(2, 60, 3), {}, []
 
     def of_A(M):  # not Lanczos' T = Q^T A Q, nor its Gram matrices
         frame, callers = sys._getframe(2), []  # through nr_iteration.eigh
@@ -510,108 +608,576 @@ def test_stats_report_convergence(method, monkeypatch):
             name,
             lambda M, *a, fn=fn, **k:
             (of_A(M) and calls.append(1)) or fn(M, *a, **k))
-    newton_inverse_apply(A, W, 20, method=method, stats=stats)
+    apply(A, W, 20, method=method, stats=stats)
     assert len(calls) == 1  # the diagnostics' or the spectral method's
     monkeypatch.undo()
-    ref = pinv_convergence(A, 20)[-1]
-    torch.testing.assert_close(stats['residual'], ref, rtol=1e-6, atol=1e-15)
+    torch.testing.assert_close(
+        stats['residual'], pinv_convergence(A, 20)[-1], rtol=1e-6, atol=1e-15)
     for k, v in nr_residual(A, 20).items():
         torch.testing.assert_close(stats[k], v)
     few = nr_residual(A, 3)
     assert (few['residual'] > stats['residual']).all()
     assert (few['unconverged'] > stats['unconverged']).all()
-    converged = nr_residual(kernel_matrix(2, m=12, dtype=torch.float64), 40)
+    converged = nr_residual(kernel_matrix(2, m=12, dtype=F64), 40)
     assert (converged['unconverged'] == 0).all()
 
 
-def test_close_pairs_match_the_mask():
-    """The binary-search pairs are exactly |l_i - l_j| <= r max(|l_i|,
-    |l_j|) over a batch of sorted spectra with clusters, zeros and signs."""
-    from mmsoft.models.layers.nr_autograd import _DD_RTOL, _close_pairs
-    g = torch.Generator().manual_seed(0)
-    lam = torch.cat([
-        torch.randn(2, 3, 20, generator=g, dtype=torch.float64) * 1e-6,
-        torch.rand(2, 3, 20, generator=g, dtype=torch.float64).exp(),
-        torch.full((2, 3, 3), 0.5, dtype=torch.float64),
-        torch.zeros(2, 3, 2, dtype=torch.float64)
-    ], -1)
-    lam = lam.sort(-1).values
-    li, lj = lam.unsqueeze(-1), lam.unsqueeze(-2)
-    mask = (li - lj).abs() <= _DD_RTOL * torch.maximum(li.abs(), lj.abs())
-    got = torch.zeros_like(mask)
-    got[_close_pairs(lam)] = True
-    assert torch.equal(got, mask)
-    assert mask.sum() > mask[0, 0].diagonal().numel() * 6 + 6 * 8
-
-
-@pytest.mark.parametrize('method', ['spectral', 'iterative'])
-def test_inverse_fills_stats(method):
-    """NRConfig.inverse(A, stats) fills ``stats`` as NRConfig.apply does
-    (``'residual'``, ``'unconverged'``, as nr_residual)."""
-    from mmsoft.models.layers.nr_iteration import nr_residual
+@pytest.mark.parametrize('method, backward', [('spectral', None),
+                                              ('iterative', None),
+                                              ('iterative', 'exact')])
+def test_inverse_fills_stats(method, backward):
+    """NRConfig.inverse(A, stats) fills the stats of nr_residual, the exact
+    iterative backward (autograd through the iterations) included."""
     A = smooth_kernel(2, m=30)
     stats = {}
-    newton_inverse(A, 5, method=method, stats=stats)
+    nr = NRConfig(5, method=method, backward=backward)
+    nr.inverse(A, stats)
     assert sorted(stats) == ['residual', 'unconverged']
-    for k, v in nr_residual(A, 5).items():
+    for k, v in nr_residual(A, 5, nr.init).items():
         torch.testing.assert_close(stats[k], v)
 
 
-def test_exact_backward_stack_equals_each_matrix(monkeypatch):
-    """'exact' on a (b, m, m) stack: the gradient of each matrix as if it
-    were alone (m, m), also with repeated eigenvalues (close pairs)."""
-    from mmsoft.models.layers.nr_autograd import _DD_RTOL, _close_pairs
-    _fixed_alpha(monkeypatch, 0.2)
-    A = torch.stack([
-        matrix_with_spectrum(torch.tensor(lam, dtype=torch.float64), seed=k)
-        for k, lam in enumerate([[2.0, 2.0, 0.5, 0.05, 0.05, 0.01],
-                                 [3.0, 1.5, 0.7, 0.2, 0.2, 0.004],
-                                 [1.0, 0.9, 0.9, 0.3, 0.03, 0.03]])
+def test_record_residual_on_known_spectra():
+    """Per matrix: max |l (l v - 1)| / max |l|, and the unconverged share
+    of the numerical rank (l > m eps max |l|, strictly) with |1 - l v| >
+    0.5 (strictly), for any batch shape."""
+    eps = torch.finfo(F64).eps
+    lam = torch.tensor([1., 0.5, 0.25, 4 * eps], dtype=F64).expand(2, 3, 4)
+    v = torch.tensor([1., 1., 4., 0.], dtype=F64).expand(2, 3, 4)
+    stats = {}  # 1 - l v: 0, 0.5 (not > 0.5), 0, 1 (outside the rank)
+    record_residual(stats, lam, v)
+    assert sorted(stats) == ['residual', 'unconverged']
+    assert stats['residual'].shape == stats['unconverged'].shape == (2, 3)
+    assert stats['unconverged'].dtype == F64
+    torch.testing.assert_close(stats['residual'],
+                               torch.full((2, 3), 0.25, dtype=F64))
+    assert (stats['unconverged'] == 0).all()
+    v = torch.tensor([1., 0., 4., 0.]).expand(2, 3, 4)  # 1 - l v: 1
+    record_residual(stats, lam.float(), v)
+    assert stats['unconverged'].dtype == torch.float32
+    assert torch.equal(stats['unconverged'], torch.full((2, 3), 1 / 3))
+    record_residual(stats, torch.tensor([[2., 0., 0.]]),
+                    torch.tensor([[0., 9., 9.]]))  # rank 1, unconverged
+    assert stats['unconverged'].tolist() == [1.]
+    record_residual(None, lam, v)  # no stats asked for
+
+
+# ------------------------------------------------------------- exporting
+SPECTRAL_EXPORT_ERROR = (
+    "nr_method='spectral' cannot be exported (torch.linalg.eigh has no ONNX "
+    "operator); set model.backbone.attn_cfg.nr_method='auto' or 'iterative' "
+    '(same function) before exporting')
+
+
+@pytest.mark.parametrize('method', ['auto', 'iterative', 'spectral'])
+def test_export_takes_auto_and_iterative_refuses_spectral(monkeypatch, method):
+    """While exporting 'auto' / 'iterative' give the eager A_T W and A_T;
+    'spectral' is an ExportError naming the fix, word for word."""
+    x = randn(2, 6, 4, seed=1, dtype=torch.float32)
+    A, W = gaussian_kernel(x, x), randn(2, 6, 3, seed=2, dtype=torch.float32)
+    nr = NRConfig(iters=6, method=method)
+    want = nr.apply(A, W), nr.inverse(A)
+    monkeypatch.setattr(amp, 'is_exporting', lambda: True)
+    if method == 'spectral':
+        for call in (lambda: nr.apply(A, W), lambda: nr.inverse(A)):
+            with pytest.raises(
+                    amp.ExportError, match=exact(SPECTRAL_EXPORT_ERROR)):
+                call()
+        return
+    got = nr.apply(A, W), nr.inverse(A)
+    assert got[0].shape == (2, 6, 3) and got[1].shape == (2, 6, 6)
+    for a, b in zip(got, want):
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.filterwarnings('ignore:`torch.jit.trace` is deprecated')
+def test_is_exporting_under_jit_trace_or_onnx_export(monkeypatch):
+    seen = []
+
+    def f(x):
+        seen.append(amp.is_exporting())
+        return x + 1
+
+    assert not amp.is_exporting()
+    torch.jit.trace(f, torch.zeros(2), check_trace=False)
+    assert seen == [True]
+    monkeypatch.setattr(torch.onnx, 'is_in_onnx_export', lambda: True)
+    monkeypatch.setattr(torch.jit, 'is_tracing', lambda: False)
+    assert amp.is_exporting()
+
+
+# ------------------------------------------------------------- Lanczos
+def landmarks_kernel(*batch, **kw):
+    """SOFT-like: ~15 eigenvalues above the transition (2^T alpha)^-1/2 of
+    f_T (SOFT-Small-Norm's at 800 x 1216: 15-24 of 950)."""
+    kw = dict(dict(m=200, d=16, dtype=torch.float32, freq=2, stretch=4), **kw)
+    return smooth_kernel(*batch, **kw)
+
+
+def official_norm(A, W, iters=20, G=None):
+    """The official 20 steps in float64 (per-sample alpha); with G also the
+    gradients of <G, out> by autograd through them."""
+    A = A.double().requires_grad_(G is not None)
+    W = W.double().requires_grad_(G is not None)
+    alpha = traced_alpha(A, nr_init_alpha(A.detach()), 'soft_norm_per_sample')
+    out = newton_iterate(A, alpha[..., None, None] * A, iters) @ W
+    if G is None:
+        return out.detach()
+    return (out.detach(), ) + torch.autograd.grad((out * G).sum(), (A, W))
+
+
+def krylov_dims(A, W):
+    """Whether each matrix converged, and the Krylov dimension it used."""
+    m, k = A.shape[-1], W.shape[-1]
+    basis = LZ.krylov_basis(
+        A.reshape(-1, m, m), W.reshape(-1, m, k),
+        nr_init_alpha(A).reshape(-1), 20)
+    return basis.converged, (basis.U.abs().sum(-2) > 0).sum(-1)
+
+
+def test_lanczos_is_the_official_function_and_its_exact_gradient():
+    """Unconverged float32 kernels (m = 200): values within 5e-5 of the
+    float64 official iterations (the float32 floor here; the spectral
+    method is further off), grad A (alpha's share included) within 1e-5;
+    each matrix stopped far below m dimensions; no grad: the same values."""
+    A = landmarks_kernel(2, 3)
+    W, G = torch.randn(
+        2, 2, 3, 200, 8, generator=torch.Generator().manual_seed(1))
+    ref, ref_A, ref_W = official_norm(A, W, G=G.double())
+    converged, used = krylov_dims(A, W)
+    assert converged.all() and 16 <= int(used.min()) and int(used.max()) < 100
+    a, w = A.clone().requires_grad_(), W.clone().requires_grad_()
+    out = NRConfig(method='lanczos').apply(a, w)
+    grad_A, grad_W = torch.autograd.grad((out * G).sum(), (a, w))
+    assert out.dtype == torch.float32 and rel(out, ref) < 5e-5
+    assert rel(out, ref) < rel(NRConfig(method='spectral').apply(A, W), ref)
+    assert rel(grad_A, ref_A) < 1e-5
+    assert rel(grad_W, ref_W) < 5e-5  # f_T(A) G: the floor of the values
+    with torch.no_grad():
+        assert torch.equal(NRConfig(method='lanczos').apply(A, W), out)
+
+
+def two_kernels(heads=()):
+    """33 and 57 Krylov dimensions (d = 3)."""
+    return torch.cat([
+        landmarks_kernel(1, *heads, seed=0),
+        landmarks_kernel(1, *heads, seed=5, freq=3, stretch=8)
     ])
-    W = torch.randn(
-        3,
-        6,
-        2,
-        dtype=torch.float64,
-        generator=torch.Generator().manual_seed(1))
-    G = torch.randn(
-        3,
-        6,
-        2,
-        dtype=torch.float64,
-        generator=torch.Generator().manual_seed(2))
 
-    def grad(a, w, g):
+
+def test_guard_falls_back_where_the_steps_run_out(monkeypatch):
+    """A matrix not converged within MAX_DIM is computed by the spectral
+    method, each on its own: the others keep Lanczos' values."""
+    A = two_kernels()
+    W = torch.randn(2, 200, 3, generator=torch.Generator().manual_seed(0))
+    assert krylov_dims(A, W)[0].all()
+    lanczos = NRConfig(method='lanczos').apply(A, W)
+    spectral = NRConfig(method='spectral').apply(A, W)
+    assert rel(lanczos, spectral) > 1e-7  # different roundings: visible
+    monkeypatch.setattr(LZ, 'MAX_DIM', 45)
+    assert krylov_dims(A, W)[0].tolist() == [True, False]
+    got = NRConfig(method='lanczos').apply(A, W)
+    assert torch.equal(got[0], lanczos[0]) and torch.equal(got[1], spectral[1])
+    monkeypatch.setattr(LZ, 'MAX_DIM', 9)
+    torch.testing.assert_close(
+        NRConfig(method='lanczos').apply(A, W), spectral)
+
+
+def test_unconverged_gradient_space_takes_the_spectral_gradient(monkeypatch):
+    """The backward's Krylov space of G gets twice the forward's
+    dimensions: a matrix not converged there takes the spectral gradient,
+    the other keeps Lanczos' bitwise."""
+    A = two_kernels()
+    W, G = torch.randn(
+        2, 2, 200, 3, generator=torch.Generator().manual_seed(0))
+
+    def grads(method, max_dim=None):
+        a, w = A.clone().requires_grad_(), W.clone().requires_grad_()
+        out = NRConfig(method=method).apply(a, w)
+        if max_dim:  # the forward converged: limit the backward's space
+            monkeypatch.setattr(LZ, 'MAX_DIM', max_dim)
+        return torch.autograd.grad((out * G).sum(), (a, w))
+
+    assert LZ.krylov_basis(
+        A, G, nr_init_alpha(A), 20,
+        max_dim=44).converged.tolist() == [True, False]
+    lanczos, spectral = grads('lanczos'), grads('spectral')
+    assert rel(lanczos[0][1], spectral[0][1].double()) > 1e-7  # visible
+    got = grads('lanczos', max_dim=22)  # 2 x 22 = 44 dimensions
+    for i, (full, lz, sp) in enumerate(zip(got, lanczos, spectral)):
+        assert torch.equal(full[0], lz[0]), i
+        torch.testing.assert_close(full[1], sp[1], rtol=1e-5, atol=1e-6)
+
+
+def test_a_sample_does_not_depend_on_its_batch():
+    """Each matrix stops at its own dimension: values and gradient of a
+    sample alone equal those beside one that needs more."""
+    A = two_kernels((2, ))
+    W = torch.randn(2, 2, 200, 4, generator=torch.Generator().manual_seed(2))
+    used = krylov_dims(A, W)[1].reshape(2, -1)
+    assert used[0].max() != used[1].max()
+
+    def run(a, w):
         a = a.clone().requires_grad_()
-        z = newton_inverse_apply(a, w, 10, 'soft', 'spectral', 'exact')
-        return torch.autograd.grad((z * g).sum(), a)[0]
+        z = NRConfig(method='lanczos').apply(a, w)
+        return z.detach(), torch.autograd.grad(z.square().sum(), a)[0]
 
-    stacked = grad(A, W, G)
-    for b in range(3):
-        torch.testing.assert_close(
-            stacked[b], grad(A[b], W[b], G[b]), rtol=1e-10, atol=1e-12)
-    # the close pairs of a 2-D (b, m) batch of spectra
-    lam = torch.linalg.eigvalsh(A)
-    li, lj = lam.unsqueeze(-1), lam.unsqueeze(-2)
-    mask = (li - lj).abs() <= _DD_RTOL * torch.maximum(li.abs(), lj.abs())
-    got = torch.zeros_like(mask)
-    got[_close_pairs(lam)] = True
-    assert torch.equal(got, mask)
+    both = run(A, W)
+    for i in range(2):
+        alone = run(A[i:i + 1], W[i:i + 1])
+        assert rel(alone[0][0], both[0][i]) < 1e-6  # float32 rounding
+        assert rel(alone[1][0], both[1][i]) < 2e-5
 
 
-def test_close_pairs_on_the_device_of_lam():
-    """The pair indices are built on lam's device, whatever the default
-    device (``torch.device`` context / set_default_device): the same
-    indices, usable on lam, under a 'meta' default."""
-    from mmsoft.models.layers.nr_autograd import _close_pairs
-    lam = torch.tensor([[0.01, 0.0101, 0.5, 0.5, 2.0],
-                        [0.1, 0.2, 0.2, 0.2, 1.0]],
-                       dtype=torch.float64)
-    ref = _close_pairs(lam)
-    with torch.device('meta'):
-        got = _close_pairs(lam)
-    assert len(got) == len(ref) == 3
-    for g, r in zip(got, ref):
-        assert g.device == lam.device
-        assert torch.equal(g, r)
-    assert got[0].tolist() == [0] * 9 + [1] * 11  # 0.01 ~ 0.0101, 0.2 x 3
+def test_an_invariant_subspace_ends_a_column_exactly():
+    """A nearly rank-one kernel (NeurIPS rule, alpha ||A||^2 near 2): a
+    breakdown on a tiny invariant subspace, exact there."""
+    x = 0.01 * torch.randn(
+        2, 64, 4, generator=torch.Generator().manual_seed(0))
+    A = gaussian_kernel(x, x).double()
+    W = torch.randn(2, 64, 3, dtype=A.dtype)
+    got = NRConfig(init='soft', method='lanczos').apply(A, W)
+    assert torch.isfinite(got).all()
+    assert rel(got, NRConfig(init='soft', method='iterative').apply(A, W)) \
+        < 1e-6
+
+
+@pytest.mark.parametrize('which', ['W', 'G', 'both'])
+def test_rank_one_inputs_and_gradients(which):
+    """W of rank one or a loss summing the outputs: T gets zero rows whose
+    repeated eigenvalue made LAPACK's eigh fail; out, grad A, grad W stay
+    within 1e-4 of the official ones and below the spectral errors."""
+    A = landmarks_kernel(1, 2)
+    g = torch.Generator().manual_seed(2)
+    W, G = torch.randn(2, 1, 2, 200, 4, generator=g)
+    if which in ('W', 'both'):
+        W = torch.randn(1, 2, 200, 1, generator=g).expand(-1, -1, -1, 4)
+    if which in ('G', 'both'):
+        G = torch.ones_like(G)
+    refs = official_norm(A, W, G=G.double())
+
+    def errors(method):
+        a, w = A.clone().requires_grad_(), W.clone().requires_grad_()
+        out = NRConfig(method=method).apply(a, w)
+        got = (out.detach(), ) + torch.autograd.grad((out * G).sum(), (a, w))
+        return [rel(x, ref) for x, ref in zip(got, refs)]
+
+    for lanczos, spectral in zip(errors('lanczos'), errors('spectral')):
+        assert lanczos < min(1e-4, spectral)
+
+
+def test_backward_defaults_per_variant_and_eq16_with_lanczos():
+    """Norm variants: the gradient of the iterations; NeurIPS: Eq. 16;
+    'eq16' on the Lanczos forward equals it on the spectral one."""
+    assert NRConfig().backward == 'exact'
+    assert NRConfig(init='soft').backward == 'eq16'
+    assert NRConfig(init='soft', backward='exact').backward == 'exact'
+    assert SOFTAttention(16, 2, 2).nr_backward == 'exact'
+    assert SOFTAttention(16, 2, 2, attn_norm=False).nr_backward == 'eq16'
+    assert SOFTAttention(
+        16, 2, 2, nr=dict(backward='eq16')).nr_backward == 'eq16'
+    A = landmarks_kernel(2, m=120, dtype=F64)
+    W, G = torch.randn(2, 2, 120, 3, dtype=F64)
+    grads = {}
+    for method in ('lanczos', 'spectral'):
+        a, w = A.clone().requires_grad_(), W.clone().requires_grad_()
+        z = NRConfig(method=method, backward='eq16').apply(a, w)
+        grads[method] = torch.autograd.grad((z * G).sum(), (a, w))
+    for x, y in zip(grads['lanczos'], grads['spectral']):
+        assert rel(x, y) < 1e-6
+
+
+def spy_threads(monkeypatch, names, seen, fail_on_nan=False):
+    for name in names:
+        real = getattr(torch.linalg, name)
+
+        def spy(M, *a, _real=real, _name=name, **k):
+            seen.append((_name, torch.get_num_threads()))
+            if fail_on_nan and M.isnan().any():
+                raise RuntimeError('eigh failed')
+            return _real(M, *a, **k)
+
+        monkeypatch.setattr(torch.linalg, name, spy)
+
+
+def test_lapack_calls_take_one_thread_and_give_the_count_back(monkeypatch):
+    """``nr_iteration.eigh`` and the Cholesky QR of the Krylov blocks run
+    with one intra-op thread (shared cores made them 5x slower), the
+    caller's count restored, also after an error; the same values, an
+    orthonormal basis of the same column space."""
+    from mmsoft.models.layers.nr_iteration import eigh
+    real_eigh, seen = torch.linalg.eigh, []
+    X = sym(torch.randn(3, 6, 6, generator=torch.Generator().manual_seed(0)))
+    Z = torch.randn(3, 40, 8, generator=torch.Generator().manual_seed(2))
+    spy_threads(monkeypatch, ('eigh', ), seen, fail_on_nan=True)
+    spy_threads(monkeypatch, ('cholesky_ex', 'solve_triangular'), seen)
+    before = torch.get_num_threads()
+    try:
+        torch.set_num_threads(2)
+        got = eigh(X)
+        assert seen == [('eigh', 1)] and torch.get_num_threads() == 2
+        with pytest.raises(RuntimeError, match='eigh failed'):
+            eigh(torch.full_like(X, float('nan')))
+        assert torch.get_num_threads() == 2
+        seen.clear()
+        Q = LZ._orthonormal(Z, torch.full((3, 1), 1e-6, dtype=F64))
+        assert torch.get_num_threads() == 2
+    finally:
+        torch.set_num_threads(before)
+    assert seen == [('cholesky_ex', 1), ('solve_triangular', 1)] * 2
+    for a, b in zip(got, real_eigh(X)):
+        assert torch.equal(a, b)
+    torch.testing.assert_close(
+        Q.mT @ Q, torch.eye(8).expand(3, 8, 8), atol=1e-6, rtol=0)
+    torch.testing.assert_close(Q @ (Q.mT @ Z), Z, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize('user_tf32', [False, True])
+def test_tf32_off_inside_the_inverse_only(user_tf32):
+    """On CUDA full float32 products even where the user turned TF32 on;
+    the setting back after (an error too); other devices untouched."""
+    flags = torch.backends.cuda.matmul
+    before, flags.allow_tf32 = flags.allow_tf32, user_tf32
+    try:
+        with amp.tf32_off('cuda'):
+            assert flags.allow_tf32 is False
+        assert flags.allow_tf32 is user_tf32
+        with pytest.raises(RuntimeError):
+            with amp.tf32_off('cuda'):
+                raise RuntimeError
+        assert flags.allow_tf32 is user_tf32
+        with amp.tf32_off('cpu'):
+            assert flags.allow_tf32 is user_tf32
+    finally:
+        flags.allow_tf32 = before
+
+
+# ------------------------------------ the official NeurIPS ``soft`` rule
+def official_soft_inverse(A, iters=20, shift=0.01, scale=0.9):
+    """fudan-zvg/SOFT ``newton_inv``, matrix by matrix: alpha = 0.9 * 2 /
+    s^2 (s the largest row sum of A), P = A + 0.01 I, V_0 = alpha P, then V
+    <- 2 V - V P V (``shift`` / ``scale``: to show the data tells them)."""
+    out = []
+    for M in A.reshape(-1, *A.shape[-2:]):
+        s = max(float(row.sum()) for row in M)
+        P = M + shift * torch.eye(M.shape[-1], dtype=M.dtype)
+        V = (scale * 2 / s**2) * P
+        for _ in range(iters):
+            V = 2 * V - V @ P @ V
+        out.append(V)
+    return torch.stack(out).reshape(A.shape)
+
+
+def gram(batch, heads, m, spread=0.4, seed=0):
+    """Kernels of clustered landmarks: nearly singular, so the shift, the
+    scale and the 20 iterations all matter."""
+    x = spread * randn(batch, heads, m, 8, seed=seed)
+    return torch.exp(-torch.cdist(x, x).square() / 2)
+
+
+@pytest.mark.parametrize('m', [12, 100])
+@pytest.mark.parametrize('method', ['iterative', 'spectral', 'auto'])
+def test_soft_rule_matches_official(m, method):
+    """float64: init='soft' == the official function (1e-9), after 20 and
+    after 4 iterations; another shift, scale or count would be caught."""
+    A = gram(2, 3, m)
+    A[1, 2] = gram(1, 1, m, spread=1.5, seed=1)[0, 0]  # row sums differ
+    for iters in (20, 4):
+        assert rel(
+            inverse(A, iters, init='soft', method=method),
+            official_soft_inverse(A, iters)) < 1e-9
+    official, short = official_soft_inverse(A), official_soft_inverse(A, 4)
+    assert rel(official_soft_inverse(A, shift=0.0), official) > 1e-3
+    assert rel(official_soft_inverse(A, shift=0.02), official) > 1e-3
+    assert rel(official_soft_inverse(A, 3), short) > 1e-3
+    assert rel(official_soft_inverse(A, 4, scale=1.0), short) > 1e-3
+
+
+def test_bottleneck_apply_default_is_official_soft():
+    """attn_norm=False, default settings: the official inverse times W (no
+    D^-1/2), at both sides of SPECTRAL_MIN_M."""
+    for m in (SPECTRAL_MIN_M - 1, SPECTRAL_MIN_M + 20):
+        A, W = gram(2, 2, m, seed=m), randn(2, 2, m, 8, seed=2)
+        assert rel(
+            bottleneck_apply(A, W, attn_norm=False),
+            official_soft_inverse(A) @ W) < 1e-9
+
+
+# ------------------------------ whole backbones against the official rules
+def official_norm_apply(A, W, attn_norm=True, nr=None, nr_stats=None):
+    """The official normalized model's bottleneck (newton_inv + D^-1/2),
+    each sample alone (batch size 1): alpha with its gradient."""
+    assert attn_norm
+    out = []
+    for P, w in zip(A, W):
+        V = official_alpha(P) * P
+        for _ in range(20 if nr is None else nr.iters):
+            V = 2 * V - V @ P @ V
+        d = P.sum(-1, keepdim=True).rsqrt()
+        out.append((d * V * d.transpose(-1, -2)) @ w)
+    return torch.stack(out)
+
+
+CALLS = []
+
+
+def official_soft_apply(A, W, attn_norm=True, nr=None, nr_stats=None):
+    assert not attn_norm and nr.init == 'soft' and nr.iters == 20
+    CALLS.append(A.shape)
+    return official_soft_inverse(A) @ W
+
+
+def images(batch=2, size=224, seed=0, low=7, noise=0.1):
+    """Smooth, image-like inputs (random low-frequency patterns)."""
+    g = torch.Generator().manual_seed(seed)
+    x = torch.nn.functional.interpolate(
+        torch.randn(batch, 3, low, low, generator=g, dtype=F64),
+        size=(size, size),
+        mode='bicubic',
+        align_corners=False)
+    return x + noise * torch.randn(
+        batch, 3, size, size, generator=g, dtype=F64)
+
+
+def tiny_model(seed=0, embed=(16, 32, 32, 32), heads=(1, 2, 2, 2), **attn):
+    torch.manual_seed(seed)
+    model = SOFT(
+        tiny_arch(embed, heads),
+        attn_cfg=dict(dict(type='SOFTAttention', attn_norm=True), **attn),
+        out_indices=(2, ))
+    model.init_weights()
+    return model.eval()
+
+
+@pytest.mark.parametrize('size', [224, 384])
+def test_default_reproduces_official_rule_per_sample(monkeypatch, size):
+    """float64: the default backbone == the official per-sample function
+    (1e-10) at m = 49 and at m = 144 (> SPECTRAL_MIN_M: 'auto' is the
+    spectral path, unconverged); the per-matrix rule differs; float32 as
+    close to the float64 reference as the official function in float32
+    (and within 2e-6 at m = 49); a sample ignores its batch."""
+    assert 144 > SPECTRAL_MIN_M
+    x, model = images(size=size), tiny_model().double()
+    with torch.no_grad():
+        default = model(x)[0]
+        default32 = tiny_model()(x.float())[0].double()
+        per_matrix = tiny_model(nr_init='soft_norm_per_matrix').double()(x)[0]
+        if size == 224:
+            alone = torch.cat([model(x[i:i + 1])[0] for i in range(2)])
+            assert rel(alone, default) < 1e-12
+        else:
+            spectral = tiny_model(nr_method='spectral').double()(x)[0]
+            assert torch.equal(default, spectral)
+        monkeypatch.setattr(sa, 'bottleneck_apply', official_norm_apply)
+        official = model(x)[0]
+        official32 = tiny_model()(x.float())[0].double()
+    assert rel(default, official) < 1e-10
+    assert rel(per_matrix, official) > (1e-8 if size == 224 else 1e-3)
+    floor = rel(official32, official)
+    assert floor < 1e-5 and rel(default32, official) <= 1.5 * floor
+    if size == 224:  # float32 roundoff, ~10 eps
+        assert rel(default32, official) < 2e-6
+
+
+@pytest.mark.parametrize('method', ['spectral', 'iterative', 'lanczos'])
+def test_backbone_exact_gradient(monkeypatch, method):
+    """nr_backward='exact': whole-backbone parameter gradients equal
+    autograd through the explicit official iterations (float64)."""
+    x = images(size=96)
+    grads = {}
+    for name, bwd in (('exact', 'exact'), ('eq16', 'eq16'), ('reference',
+                                                             'eq16')):
+        model = tiny_model(nr_method=method, nr_backward=bwd).double()
+        with monkeypatch.context() as mp:
+            if name == 'reference':
+                mp.setattr(sa, 'bottleneck_apply', official_norm_apply)
+            out = model(x)[0]
+            (out * torch.linspace(-1, 1, out.numel(),
+                                  dtype=F64).view_as(out)).sum().backward()
+        grads[name] = torch.cat([
+            p.grad.flatten() for p in model.parameters() if p.grad is not None
+        ])
+    ref = grads['reference']
+    tol = 1e-7 if method == 'lanczos' else 1e-9  # its stopping rule: 1e-6
+    assert rel2(grads['exact'], ref) < tol
+    assert rel2(grads['eq16'], ref) > 1e-9
+
+
+def test_backbone_soft_variant_is_official(monkeypatch):
+    """attn_norm=False (float64) at 320 x 320: m = 100 in the three SOFT
+    stages (the spectral path of 'auto'), the official rule swapped in."""
+    model = tiny_model(
+        embed=(16, 32, 32, 32), heads=(2, 4, 4, 4), attn_norm=False).double()
+    x = images(1, 320, seed=3, low=5, noise=0)
+    assert 100 >= SPECTRAL_MIN_M
+    CALLS.clear()
+    with torch.no_grad():
+        mine = model(x)[0]
+        monkeypatch.setattr(sa, 'bottleneck_apply', official_soft_apply)
+        official = model(x)[0]
+    assert [shape[-1] for shape in CALLS] == [100, 100, 100]
+    assert rel(mine, official) < 1e-9
+
+
+def test_backbone_rejects_bad_nr_options():
+    arch = tiny_arch((16, 32, 32, 32), (1, 2, 2, 2))
+    for key, value, match in [
+        ('nr_backward', 'autograd', 'nr_backward'),
+        ('nr_init', 'per_sample', 'soft_norm_per_sample'),
+        ('nr_init', 'soft_norm_sample', "'soft_norm_sample'")
+    ]:
+        with pytest.raises(ValueError, match=match):
+            SOFT(arch, attn_cfg={'type': 'soft', key: value})
+
+
+def test_nr_stats_and_hook():
+    from mmengine.logging import MessageHub
+
+    from mmsoft.engine.hooks import NRResidualHook
+    model, x = tiny_model(), images(1, size=96).float()
+    with torch.no_grad():
+        model(x)
+    assert model.nr_stats() == {}  # off by default
+    hook = NRResidualHook(interval=1, warn_unconverged=None)
+    hub = MessageHub.get_instance('test_nr_residual_hook')
+    runner = types.SimpleNamespace(
+        model=torch.nn.Sequential(model), message_hub=hub, iter=0)
+    hook.before_run(runner)
+    with torch.no_grad():
+        model(x)
+    stats = model.nr_stats()
+    assert sorted(stats) == ['stage1', 'stage2', 'stage3']
+    # 20 iterations converge on every stage of the tiny model
+    for vals in stats.values():
+        assert vals['residual'] < 0.05 and vals['unconverged'] == 0, stats
+    assert stats['stage2']['residual'] < 1e-4, stats
+    hook.after_train_iter(runner, 0)
+    for s in '123':
+        assert hub.get_scalar(f'train/nr_residual_s{s}').current() == \
+            stats[f'stage{s}']['residual']
+    hook.after_run(runner)
+    assert model.nr_stats() == {}
+    few_model = with_nr(model, iters=2)  # further from converged
+    runner.model = torch.nn.Sequential(few_model)
+    hook.before_run(runner)
+    with torch.no_grad():
+        few_model(x)
+    hook.after_train_iter(runner, 1)
+    few = hub.get_scalar('train/nr_residual_s1').current()
+    assert few > 10 * stats['stage1']['residual']
+    hook.after_run(runner)
+    assert few_model.nr_stats() == {}
+
+
+def test_nr_backward_compare_tool(capsys):
+    """tools/analysis/nr_backward_compare.py (tiny preset, small image)."""
+    mod = load_tool('analysis/nr_backward_compare.py', 'nr_backward_compare')
+    x = mod.natural_image(40, 56)
+    assert x.shape == (1, 3, 40, 56) and x.std() > 0.3
+    mod.main(
+        ['--arch', 'tiny', '--sizes', '64x96', '--repeats', '1', '--parity'])
+    out = capsys.readouterr().out
+    assert 'backbone  rel. error' in out and 'ratio' in out
+    assert 'soft_norm_per_sample (float64)' in out
+    assert float(
+        out.split('soft_norm_per_sample (float64) ')[1].split()[0]) < 1e-10
