@@ -4,6 +4,7 @@ replaced by a tiny one (the real channels: ``test_common_settings``,
 ``test_real_backbone_feeds_neck``)."""
 import copy
 import glob
+import importlib
 import os.path as osp
 
 import pytest
@@ -18,27 +19,25 @@ from mmsoft_tools import launch
 from mmsoft_tools.analysis import random_batch
 
 ARCHS = ('tiny', 'small', 'medium', 'large', 'huge')
-DET_ARCHS = ('tiny', 'small', 'medium', 'large')
-
 CLS = [f'soft_{n}{a}_in1k' for a in ARCHS for n in ('', 'norm_')]
-DET_1X = [
-    f'{d}_soft_{a}_1x' for d in ('retinanet', 'mask_rcnn') for a in DET_ARCHS
-]
-DET_3X = [
-    f'{d}_soft_small_3x_ms'
-    for d in ('mask_rcnn', 'cascade_mask_rcnn', 'atss', 'gfl', 'sparse_rcnn')
-]
 SEG = [f'upernet_soft_{a}_512x512_160k_ade20k' for a in ('small', 'medium')]
-EXPECTED = CLS + DET_1X + DET_3X + SEG
+DET = [f'{d}_soft_{a}_1x' for d in ('retinanet', 'mask_rcnn')
+       for a in ARCHS[:4]] + [
+           f'{d}_soft_small_3x_ms' for d in ('mask_rcnn', 'cascade_mask_rcnn',
+                                             'atss', 'gfl', 'sparse_rcnn')
+       ]  # yapf: disable
 CONFIGS = sorted(
     osp.splitext(osp.basename(p))[0]
     for p in glob.glob(osp.join(CONFIG_DIR, '*.py')))
-
 DATASETS = dict(
     mmpretrain='ImageNet', mmdet='CocoDataset', mmseg='ADE20KDataset')
 TINY_ARCH = tiny_arch()
 SIZE = 64
-
+#: detector widths -> test widths (FPN / head channels 256, FC layers)
+NARROW = {256: 64, 1024: 64, 2048: 64}
+CHANNEL_KEYS = ('in_channels', 'out_channels', 'feat_channels',
+                'conv_out_channels', 'fc_out_channels', 'feedforward_channels',
+                'proposal_feature_channel')
 _CFG_CACHE = {}
 
 
@@ -52,42 +51,39 @@ def scope_of(name):
     return 'mmpretrain' if name in CLS else 'mmseg' if name in SEG else 'mmdet'
 
 
-def arch_dims(cfg):
-    return SOFT.arch_zoo[cfg.model.backbone.arch]['embed_dims']
+def registry(scope, name='MODELS'):
+    return getattr(importlib.import_module(f'{scope}.registry'), name)
 
 
-# ----------------------------------------------------------------- static
 def test_expected_configs_exist():
-    assert sorted(EXPECTED) == CONFIGS
+    assert sorted(CLS + DET + SEG) == CONFIGS
 
 
 @pytest.mark.parametrize('name', CONFIGS)
 def test_common_settings(name):
-    cfg = load(name)
-    assert cfg.default_scope == scope_of(name)
-    assert launch.codebase_of(cfg) == scope_of(name)
+    """What the recipe card does not compare; the real channels (the
+    ImageNet weights: test_official_files.py)."""
+    cfg, scope = load(name), scope_of(name)
+    assert cfg.default_scope == launch.codebase_of(cfg) == scope
     assert cfg.custom_imports == dict(
         imports=['mmsoft'], allow_failed_imports=False)
-    # what the recipe card (test_recipe_card.py) does not compare
     assert cfg.optim_wrapper.type == 'OptimWrapper'
-    assert cfg.train_dataloader.dataset.type == DATASETS[scope_of(name)]
+    assert cfg.train_dataloader.dataset.type == DATASETS[scope]
     if name in SEG:
         assert cfg.train_cfg.type == 'IterBasedTrainLoop'
         assert tuple(cfg.model.data_preprocessor.size) == (512, 512)
     else:  # the total batch the lr refers to, for --auto-scale-lr
         assert cfg.auto_scale_lr.base_batch_size == \
             8 * cfg.train_dataloader.batch_size
-    # the ImageNet weights (init_cfg): test_official_files.py; the real
-    # channels (the other tests narrow them)
-    bb, m, dims = cfg.model.backbone, cfg.model, list(arch_dims(cfg))
+    bb, m = cfg.model.backbone, cfg.model
+    dims = list(SOFT.arch_zoo[bb.arch]['embed_dims'])
     assert bb.type == 'SOFT' and bb.arch in ARCHS and bb.arch in name
     if name in CLS:
         assert bb.attn_cfg.attn_norm == name.startswith('soft_norm_')
         assert bb.out_type == 'cls_token' and tuple(bb.out_indices) == (3, )
         assert m.head.in_channels == dims[3] and m.head.num_classes == 1000
     else:
-        assert bb.attn_cfg.attn_norm is True
-        assert bb.out_type == 'featmap'
+        assert bb.attn_cfg.attn_norm is True and bb.out_type == 'featmap'
         assert tuple(bb.out_indices) == (0, 1, 2, 3)
     if name in SEG:
         assert list(m.decode_head.in_channels) == dims
@@ -99,24 +95,34 @@ def test_common_settings(name):
 
 def test_real_backbone_feeds_neck():
     """The real SOFT-Medium backbone + FPN of a config run end to end."""
-    from mmdet.registry import MODELS
     cfg = load('retinanet_soft_medium_1x')
     launch.import_codebase(cfg)
     with DefaultScope.overwrite_default_scope('mmdet'):
-        backbone = MODELS.build(cfg.model.backbone)
-        neck = MODELS.build(cfg.model.neck)
+        backbone, neck = map(
+            registry('mmdet').build, (cfg.model.backbone, cfg.model.neck))
     assert backbone.out_channels == list(cfg.model.neck.in_channels)
     backbone.eval()
     with torch.no_grad():
         feats = backbone(torch.randn(1, 3, SIZE, SIZE))
         assert [f.shape[1] for f in feats] == backbone.out_channels
-        outs = neck(feats)
-    assert len(outs) == cfg.model.neck.num_outs
+        assert len(neck(feats)) == cfg.model.neck.num_outs
 
 
-# ------------------------------------------------------------- build + run
+def _narrow(node):
+    """Narrow a detector's FPN and heads (types, wiring: the config's)."""
+    items = node.items() if isinstance(node, dict) else enumerate(node) \
+        if isinstance(node, (list, tuple)) else ()
+    for key, val in items:
+        if key in CHANNEL_KEYS and isinstance(val, int):
+            node[key] = NARROW.get(val, val)
+        elif key != 'backbone':
+            _narrow(val)
+
+
 def tiny_model_cfg(cfg, scope):
-    """cfg.model with a tiny SOFT and matching neck / head channels."""
+    """cfg.model with a tiny SOFT and matching neck / head channels; a
+    detector with tens of proposals / RoIs and score_thr 0 (random
+    detectors predict)."""
     m = copy.deepcopy(cfg.model)
     if 'data_preprocessor' not in m and cfg.get('data_preprocessor'):
         m.data_preprocessor = copy.deepcopy(cfg.data_preprocessor)
@@ -124,83 +130,45 @@ def tiny_model_cfg(cfg, scope):
     dims = TINY_ARCH['embed_dims']
     if scope == 'mmpretrain':
         m.head.in_channels = dims[3]
-    elif scope == 'mmdet':
-        neck_in = list(dims)
-        _narrow(m)
-        m.neck.in_channels = neck_in
-        _few_proposals(m)
-    else:
-        m.decode_head.in_channels = list(dims)
-        m.decode_head.channels = 32
-        m.auxiliary_head.in_channels = dims[m.auxiliary_head.in_index]
-        m.auxiliary_head.channels = 16
+        return m
+    if scope == 'mmseg':
+        m.decode_head.update(in_channels=list(dims), channels=32)
+        m.auxiliary_head.update(
+            in_channels=dims[m.auxiliary_head.in_index], channels=16)
         m.data_preprocessor.size = (SIZE, SIZE)
-    return m
-
-
-#: detector widths -> test widths (FPN / head channels 256, FC layers)
-_NARROW = {256: 64, 1024: 64, 2048: 64}
-_CHANNEL_KEYS = ('in_channels', 'out_channels', 'feat_channels',
-                 'conv_out_channels', 'fc_out_channels',
-                 'feedforward_channels', 'proposal_feature_channel')
-
-
-def _narrow(node):
-    """Narrow a detector's FPN and heads (types, wiring: the config's)."""
-    if isinstance(node, dict):
-        for key, val in node.items():
-            if key == 'backbone':
-                continue
-            if key in _CHANNEL_KEYS and isinstance(val, int):
-                node[key] = _NARROW.get(val, val)
-            else:
-                _narrow(val)
-    elif isinstance(node, (list, tuple)):
-        for val in node:
-            _narrow(val)
-
-
-def _few_proposals(m):
-    """Tens of proposals / RoIs; score_thr 0 (random detectors predict)."""
-    train_cfg, test_cfg = m.get('train_cfg', None), m.get('test_cfg', None)
-    if train_cfg and train_cfg.get('rpn_proposal', None):
-        train_cfg.rpn_proposal.update(nms_pre=200, max_per_img=50)
-    if train_cfg and train_cfg.get('rcnn', None):
-        stages = train_cfg.rcnn if isinstance(train_cfg.rcnn, list) \
-            else [train_cfg.rcnn]
-        for stage in stages:
-            if 'sampler' in stage and 'num' in stage.sampler:
-                stage.sampler.num = 32
-    if test_cfg and test_cfg.get('rpn', None):
-        test_cfg.rpn.update(nms_pre=100, max_per_img=20)
-    if test_cfg and 'rcnn' in test_cfg:
-        test_cfg.rcnn.update(score_thr=0.0, max_per_img=10)
-    elif test_cfg:  # one-stage
-        test_cfg.update(nms_pre=100, max_per_img=10)
-    if m.get('rpn_head', {}).get('type') == 'EmbeddingRPNHead':  # Sparse R-CNN
+        return m
+    _narrow(m)
+    m.neck.in_channels = list(dims)
+    train, test = m.get('train_cfg') or {}, m.get('test_cfg') or {}
+    if train.get('rpn_proposal'):
+        train.rpn_proposal.update(nms_pre=200, max_per_img=50)
+    rcnn = train.get('rcnn') or []
+    for stage in rcnn if isinstance(rcnn, list) else [rcnn]:
+        if 'num' in stage.get('sampler', {}):
+            stage.sampler.num = 32
+    if test.get('rpn'):
+        test.rpn.update(nms_pre=100, max_per_img=20)
+    if 'rcnn' in test:
+        test.rcnn.update(score_thr=0.0, max_per_img=10)
+    elif test:  # one-stage
+        test.update(nms_pre=100, max_per_img=10)
+    if m.get('rpn_head', {}).get('type') == 'EmbeddingRPNHead':  # Sparse
         m.rpn_head.num_proposals = 10
-
-
-def _registry(scope):
-    import importlib
-    return importlib.import_module(f'{scope}.registry').MODELS
+    return m
 
 
 @pytest.mark.parametrize('name', CONFIGS)
 def test_train_step_and_predict(name):
     from mmengine.model import revert_sync_batchnorm
     from mmengine.optim import build_optim_wrapper
-
     cfg = load(name)
     cfg.model.backbone.init_cfg = None  # a tiny arch: no ImageNet file
     scope = launch.import_codebase(cfg)
     with DefaultScope.overwrite_default_scope(scope):
-        model = _registry(scope).build(tiny_model_cfg(cfg, scope))
-        model = revert_sync_batchnorm(model)
+        model = revert_sync_batchnorm(
+            registry(scope).build(tiny_model_cfg(cfg, scope)))
         model.init_weights()
         optim_wrapper = build_optim_wrapper(model, cfg.optim_wrapper)
-
-        # ---- one training step
         torch.manual_seed(0)
         model.train()
         data = model.data_preprocessor(random_batch(scope, name, SIZE), True)
@@ -212,19 +180,15 @@ def test_train_step_and_predict(name):
             n: p.grad
             for n, p in model.backbone.named_parameters() if p.requires_grad
         }
-        assert all(g is not None for g in grads.values()), \
-            [n for n, g in grads.items() if g is None]
+        assert [n for n, g in grads.items() if g is None] == []
         assert all(torch.isfinite(g).all() for g in grads.values())
         stem = model.backbone.stages[0].patch_embed.proj[0].conv.weight.grad
         assert stem.abs().sum() > 0  # gradients reach the first conv
         optim_wrapper.step()
         optim_wrapper.zero_grad()
-
-        # ---- one prediction
         model.eval()
         with torch.no_grad():
-            preds = model.test_step(
-                random_batch(scope, name, SIZE, batch_size=1))
+            preds = model.test_step(random_batch(scope, name, SIZE, 1))
     assert len(preds) == 1
     pred = preds[0]
     if scope == 'mmpretrain':
@@ -232,8 +196,7 @@ def test_train_step_and_predict(name):
         assert torch.isfinite(pred.pred_score).all()
     elif scope == 'mmdet':
         inst = pred.pred_instances
-        assert inst.bboxes.shape[1] == 4
-        assert torch.isfinite(inst.scores).all()
+        assert inst.bboxes.shape[1] == 4 and torch.isfinite(inst.scores).all()
         if 'mask_rcnn' in name:
             assert len(inst) > 0
             assert inst.masks.shape == (len(inst), SIZE, SIZE)
@@ -252,33 +215,23 @@ def test_pretrained_override_loads_weights(name, tmp_path):
     scope = launch.import_codebase(cfg)
     src = SOFT(arch=copy.deepcopy(TINY_ARCH))
     src.init_weights()
-    ckpt = tmp_path / 'soft_tiny.pth'
+    ckpt = str(tmp_path / 'soft_tiny.pth')
     save_classifier_checkpoint(ckpt, src, meta=dict())
-    cfg.merge_from_dict({'model.backbone.init_cfg.checkpoint': str(ckpt)})
+    cfg.merge_from_dict({'model.backbone.init_cfg.checkpoint': ckpt})
     model_cfg = tiny_model_cfg(cfg, scope)
-    assert model_cfg.backbone.init_cfg.checkpoint == str(ckpt)
+    assert model_cfg.backbone.init_cfg.checkpoint == ckpt
     with DefaultScope.overwrite_default_scope(scope):
-        model = _registry(scope).build(model_cfg)
+        model = registry(scope).build(model_cfg)
         model.init_weights()
     got = model.backbone.state_dict()
     for k, v in src.state_dict().items():
         assert torch.equal(got[k], v), k
 
 
-def test_backbone_pretrained_without_checkpoint_is_random_init():
-    """``init_cfg=dict(type='Pretrained', checkpoint=None)``: random."""
-    model = SOFT(
-        arch=copy.deepcopy(TINY_ARCH),
-        init_cfg=dict(type='Pretrained', checkpoint=None, prefix='backbone.'))
-    model.init_weights()
-    assert model.stages[3].cls_token.abs().sum() > 0  # trunc_normal_ init ran
-
-
 @pytest.mark.parametrize(
-    'name', CONFIGS + [
-        'demo/retinanet_soft_demo', 'demo/upernet_soft_demo',
-        'demo/soft_cls_demo'
-    ])
+    'name',
+    CONFIGS + [f'demo/{n}_demo' for n in ('retinanet_soft', 'upernet_soft',
+                                          'soft_cls')])  # yapf: disable
 def test_no_decay_keys_reach_the_backbone_parameters(name):
     """Every ``custom_keys`` entry names real SOFT parameters; the position
     embeddings / cls token get no weight decay."""
@@ -294,20 +247,16 @@ def test_no_decay_keys_reach_the_backbone_parameters(name):
     names = [f'backbone.{n}' for n, _ in model.backbone.named_parameters()]
     for key in keys:
         assert any(key in n for n in names), f'{name}: {key!r} matches none'
-    ow = dict(cfg.optim_wrapper)
-    ow['optimizer'] = dict(ow['optimizer'], type='AdamW')
-    ow.pop('type', None)
-    ow.pop('clip_grad', None)
+    optimizer = dict(cfg.optim_wrapper.optimizer, type='AdamW')
     wrapper = DefaultOptimWrapperConstructor(
-        dict(type='OptimWrapper', optimizer=ow['optimizer']),
-        ow.get('paramwise_cfg'))(
-            model)
-    decay = {}
-    for group in wrapper.optimizer.param_groups:
-        for p in group['params']:
-            decay[id(p)] = group['weight_decay']
-    for stage in model.backbone.stages:
-        assert decay[id(stage.pos_embed)] == 0
-    assert decay[id(model.backbone.stages[3].cls_token)] == 0
-    q = model.backbone.stages[0].blocks[0].attn.q.weight
-    assert decay[id(q)] > 0
+        dict(type='OptimWrapper', optimizer=optimizer),
+        cfg.optim_wrapper.get('paramwise_cfg'))(model)  # yapf: disable
+    decay = {
+        id(p): g['weight_decay']
+        for g in wrapper.optimizer.param_groups
+        for p in g['params']
+    }
+    bb = model.backbone
+    assert [decay[id(s.pos_embed)] for s in bb.stages] == [0] * 4
+    assert decay[id(bb.stages[3].cls_token)] == 0
+    assert decay[id(bb.stages[0].blocks[0].attn.q.weight)] > 0
