@@ -12,19 +12,22 @@ from mmengine.logging import MMLogger
 from mmsoft.engine.hooks import resume
 
 
-def _ckpt(path, meta=True, mtime=None):
+def _ckpt(path, meta=True):
     sd = dict(w=torch.zeros(2))
     torch.save(dict(meta={}, state_dict=sd) if meta else sd, path)
-    if mtime is not None:
-        os.utime(path, (mtime, mtime))
     return str(path)
+
+
+def _dirs(tmp_path, *names):
+    for name in names:
+        (tmp_path / name).mkdir()
+    return (tmp_path / name for name in names)
 
 
 @pytest.fixture
 def logged():
     """The warnings of the current MMLogger (the Runner's log)."""
-    records = []
-    handler = logging.Handler(logging.WARNING)
+    records, handler = [], logging.Handler(logging.WARNING)
     handler.emit = lambda r: records.append(r.getMessage())
     logger = MMLogger.get_current_instance()
     logger.addHandler(handler)
@@ -34,9 +37,7 @@ def logged():
 
 def test_candidates_are_this_runs_checkpoints_newest_first(tmp_path):
     """By N, then mtime; ``extra`` last; other names left out."""
-    work, out = tmp_path / 'work', tmp_path / 'out'
-    work.mkdir()
-    out.mkdir()
+    work, out = _dirs(tmp_path, 'work', 'out')
     for name in ('iter_9.pth', 'iter_10.pth', 'iter_2.pth.bak',
                  '.iter_12.pth.99.0123abcd.mmsoft-tmp', 'best.pth',
                  'iter_1.pth'):
@@ -63,22 +64,17 @@ def test_candidates_are_this_runs_checkpoints_newest_first(tmp_path):
         [str(work / 'iter_10.pth'), str(out / 'iter_10.pth')]
 
 
-def test_check_complete_names_what_is_wrong(tmp_path):
-    good = _ckpt(tmp_path / 'iter_2.pth')
-    assert resume.check_complete(good) is None
-    weights = _ckpt(tmp_path / 'w.pth', meta=False)
-    assert resume.check_complete(weights) == \
+def test_check_complete_names_what_is_wrong(tmp_path, monkeypatch):
+    assert resume.check_complete(_ckpt(tmp_path / 'iter_2.pth')) is None
+    assert resume.check_complete(_ckpt(tmp_path / 'w.pth', meta=False)) == \
         'is not a training checkpoint (no meta)'
     empty = tmp_path / 'iter_4.pth'
     empty.write_bytes(b'')
     assert resume.check_complete(str(empty)) == (
         f'checkpoint {empty} is empty (0 bytes); it was not loaded (use an '
         f'earlier or a fresh copy)')
-
-
-def test_check_complete_names_a_load_error_in_one_line(tmp_path, monkeypatch):
-    """A zip but no checkpoint: the error's type and first line."""
-    path = str(tmp_path / 'iter_2.pth')
+    # a zip but no checkpoint: the load error's type and first line
+    path = str(tmp_path / 'notes.pth')
     with zipfile.ZipFile(path, 'w') as z:
         z.writestr('notes.txt', 'not a checkpoint')
     with pytest.raises(Exception) as e:
@@ -96,9 +92,7 @@ def test_check_complete_names_a_load_error_in_one_line(tmp_path, monkeypatch):
 
 def test_newest_complete_skips_damaged_and_foreign_files(tmp_path):
     """The newest complete file; damaged newer ones with reasons."""
-    work, other = tmp_path / 'work', tmp_path / 'other'
-    work.mkdir()
-    other.mkdir()
+    work, other, out = _dirs(tmp_path, 'work', 'other', 'out')
     good = _ckpt(work / 'iter_2.pth')
     (work / 'iter_4.pth').write_bytes(b'')
     (work / 'last_checkpoint').write_text(_ckpt(other / 'iter_8.pth'))
@@ -114,6 +108,16 @@ def test_newest_complete_skips_damaged_and_foreign_files(tmp_path):
     for f in os.listdir(work):
         os.unlink(work / f)
     assert resume.find_newest_complete(str(work)) == (None, [])
+    # a renamed checkpoint is found through last_checkpoint
+    (work / 'iter_4.pth').write_bytes(b'')
+    renamed = _ckpt(work / 'final.pth')
+    (work / 'last_checkpoint').write_text(renamed)
+    path, skipped = resume.find_newest_complete(str(work))
+    assert path == renamed
+    assert [p for p, _ in skipped] == [str(work / 'iter_4.pth')]
+    os.unlink(renamed)
+    in_out = _ckpt(out / 'iter_2.pth')
+    assert resume.find_newest_complete(str(work), str(out))[0] == in_out
 
 
 def test_checkpoint_dir_belongs_to_the_first_work_dir(tmp_path):
@@ -140,27 +144,10 @@ def test_checkpoint_dir_belongs_to_the_first_work_dir(tmp_path):
     assert not osp.exists(osp.join(a, resume.OWNER_FILE))
 
 
-def test_last_checkpoint_names_a_file_without_a_number(tmp_path):
-    """A renamed checkpoint is found through ``last_checkpoint``."""
-    work, out = tmp_path / 'work', tmp_path / 'out'
-    work.mkdir()
-    out.mkdir()
-    (work / 'iter_4.pth').write_bytes(b'')
-    renamed = _ckpt(work / 'final.pth')
-    (work / 'last_checkpoint').write_text(renamed)
-    path, skipped = resume.find_newest_complete(str(work))
-    assert path == renamed
-    assert [p for p, _ in skipped] == [str(work / 'iter_4.pth')]
-    os.unlink(renamed)
-    in_out = _ckpt(out / 'iter_2.pth')
-    assert resume.find_newest_complete(str(work), str(out))[0] == in_out
-
-
 def test_last_checkpoint_through_another_spelling_of_the_work_dir(
         tmp_path, logged):
     """``last_checkpoint`` naming the file through a symlink: no warning."""
-    work = tmp_path / 'real'
-    work.mkdir()
+    work, = _dirs(tmp_path, 'real')
     link = tmp_path / 'link'
     link.symlink_to(work, target_is_directory=True)
     _ckpt(work / 'final.pth')
@@ -172,9 +159,7 @@ def test_last_checkpoint_through_another_spelling_of_the_work_dir(
 
 def test_resume_search_warnings(tmp_path, logged):
     """One warning per foreign, damaged or missing file."""
-    work, out, other = (tmp_path / d for d in ('work', 'out', 'other'))
-    for d in (work, out, other):
-        d.mkdir()
+    work, out, other = _dirs(tmp_path, 'work', 'out', 'other')
     last = osp.join(work, 'last_checkpoint')
     foreign = _ckpt(other / 'iter_8.pth')
     (work / 'last_checkpoint').write_text(foreign)
