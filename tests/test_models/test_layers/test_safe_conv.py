@@ -1,26 +1,11 @@
-"""The CPU half-precision convolution guard (``mmsoft.models.layers.
-amp``).
+"""The CPU half-precision convolution guard (``mmsoft.models.layers.amp``).
 
-On CPUs with AMX, torch 2.14.1's bfloat16 convolution is wrong for narrow
-convs such as SOFT's landmark sampler ``Conv2d(C, C, k, stride=k)``
-(relative error 1.1-1.4 for C <= 24). Two kinds of test:
-
-* On the machine that runs the suite: every convolution configuration of
-  the SOFT backbone (the samplers of several widths and ratios, the
-  depthwise convs of the heads, the stem and down-sampling convs), run
-  through the module that owns it under CPU autocast, is within half
-  rounding of float32 on the same rounded inputs. With plain ``nn.Conv2d``
-  (the old code) this fails on an AMX CPU and passes elsewhere; with the
-  guard it passes on both.
-* With a stand-in kernel (``safe_conv._raw_conv2d``) that is wrong in half
-  precision, as the AMX kernel is: the guard detects it, warns once per
-  configuration and computes the right result in float32; with a correct
-  stand-in it keeps the half kernel bit for bit. This proves the guard on
-  any CPU.
-
-Also the torch-version shims of ``amp``, ``autocast_dtype`` and
-``unravel_index``, on this torch and with the newer torch functions hidden.
-"""
+With AMX, torch's bfloat16 conv is wrong for narrow convs such as SOFT's
+sampler ``Conv2d(C, C, k, stride=k)`` (relative error 1.1-1.4, C <= 24).
+Every conv configuration of the backbone under CPU autocast is within half
+rounding of float32 on this machine's kernel; with stand-in kernels that
+are wrong (or right) in half precision the guard is proven on any CPU.
+Also the torch-version shims ``autocast_dtype`` and ``unravel_index``."""
 import contextlib
 import functools
 import importlib
@@ -32,15 +17,13 @@ import torch
 import torch.nn.functional as F
 
 from mmsoft.models.backbones.soft import ConvPatchEmbed
-from mmsoft.models.layers import BottleneckSampler, SafeConv2d
+from mmsoft.models.layers import BottleneckSampler, SafeConv2d, SOFTAttention
 from mmsoft.models.layers.amp import autocast_dtype, autocast_off
 
 SAFE = importlib.import_module('mmsoft.models.layers.amp')
-
 HALF = (torch.bfloat16, torch.float16)
-#: relative L2 error of a module's output under autocast against float32 on
-#: the same half-rounded inputs and weights: one rounding of the conv output
-#: (2^-9 / 2^-12) plus that of the ops after it (LayerNorm + GELU)
+IDS = ['bf16', 'fp16']
+#: one rounding of the conv output (2^-9 / 2^-12) plus LayerNorm + GELU's
 RTOL = {torch.bfloat16: 2e-2, torch.float16: 4e-3}
 
 
@@ -59,45 +42,44 @@ def fresh_verdicts():
 
 
 def round_params(module, dtype):
-    """Round every parameter to ``dtype`` (kept in float32), so that the
-    float32 reference sees the values autocast gives the half kernel."""
+    """Parameters rounded to ``dtype`` (kept in float32)."""
     with torch.no_grad():
         for p in module.parameters():
             p.copy_(p.to(dtype).float())
 
 
-def autocast_vs_fp32(module, x, dtype, *args):
-    """(autocast output, float32 output) of ``module`` on half-rounded
-    ``x`` and parameters."""
+def autocast_vs_fp32(fn, module, x, dtype, *args):
+    """(autocast output, float32 output) of ``fn`` on half-rounded ``x``
+    and parameters of ``module``."""
     torch.manual_seed(0)
     round_params(module, dtype)
     x = x.to(dtype).float()
     with torch.no_grad():
         with torch.autocast('cpu', dtype=dtype):
-            out = module(x, *args)
-        ref = module(x, *args)
-    if isinstance(out, tuple):
-        out, ref = out[0], ref[0]
-    return out, ref
+            out = fn(x, *args)
+        ref = fn(x, *args)
+    return (out[0], ref[0]) if isinstance(out, tuple) else (out, ref)
+
+
+def randn(*shape, seed):
+    return torch.randn(*shape, generator=torch.Generator().manual_seed(seed))
 
 
 # ------------------------------------------------ on this machine's kernel
-@pytest.mark.parametrize('dtype', HALF, ids=['bf16', 'fp16'])
+@pytest.mark.parametrize('dtype', HALF, ids=IDS)
 @pytest.mark.parametrize('channels,ratio', [(8, 8), (16, 4), (16, 8), (24, 4),
                                             (24, 8), (32, 4), (32, 2), (64, 2),
                                             (40, 4), (8, 2), (64, 1)])
 def test_sampler_under_autocast_is_fp32_within_rounding(
         channels, ratio, dtype):
-    sampler = BottleneckSampler(channels, ratio).eval()
-    side = 4 * ratio
-    g = torch.Generator().manual_seed(channels * 10 + ratio)
-    q = torch.randn(2, 3, side * side, channels, generator=g)
-    out, ref = autocast_vs_fp32(sampler, q, dtype, (side, side))
-    assert out.dtype == dtype or out.dtype == torch.float32
+    sampler, side = BottleneckSampler(channels, ratio).eval(), 4 * ratio
+    q = randn(2, 3, side * side, channels, seed=channels * 10 + ratio)
+    out, ref = autocast_vs_fp32(sampler, sampler, q, dtype, (side, side))
+    assert out.dtype in (dtype, torch.float32)
     assert rel_err(out, ref) < RTOL[dtype]
 
 
-@pytest.mark.parametrize('dtype', HALF, ids=['bf16', 'fp16'])
+@pytest.mark.parametrize('dtype', HALF, ids=IDS)
 @pytest.mark.parametrize('stem,cin,cout,side', [(True, 3, 16, 32),
                                                 (True, 3, 64, 32),
                                                 (False, 16, 24, 16),
@@ -105,28 +87,19 @@ def test_sampler_under_autocast_is_fp32_within_rounding(
 def test_patch_embed_under_autocast_is_fp32_within_rounding(
         stem, cin, cout, side, dtype):
     embed = ConvPatchEmbed(cin, cout, stem).eval()
-    g = torch.Generator().manual_seed(cin + cout)
-    x = torch.randn(2, cin, side, side, generator=g)
-    out, ref = autocast_vs_fp32(embed, x, dtype)
-    assert rel_err(out, ref) < RTOL[dtype]
+    x = randn(2, cin, side, side, seed=cin + cout)
+    assert rel_err(*autocast_vs_fp32(embed, embed, x, dtype)) < RTOL[dtype]
 
 
-@pytest.mark.parametrize('dtype', HALF, ids=['bf16', 'fp16'])
+@pytest.mark.parametrize('dtype', HALF, ids=IDS)
 @pytest.mark.parametrize('heads,channels,k', [(1, 8, 3), (2, 16, 3),
                                               (5, 40, 5), (8, 64, 3)])
 def test_depthwise_conv_under_autocast_is_fp32_within_rounding(
         heads, channels, k, dtype):
-    from mmsoft.models.layers import SOFTAttention
     attn = SOFTAttention(
         channels, heads, sampling_ratio=2, dw_kernel_size=k).eval()
-    g = torch.Generator().manual_seed(heads * 100 + k)
-    v = torch.randn(2, 64, channels, generator=g)
-    round_params(attn, dtype)
-    v = v.to(dtype).float()
-    with torch.no_grad():
-        with torch.autocast('cpu', dtype=dtype):
-            out = attn.dw_conv_tokens(v, (8, 8))
-        ref = attn.dw_conv_tokens(v, (8, 8))
+    v = randn(2, 64, channels, seed=heads * 100 + k)
+    out, ref = autocast_vs_fp32(attn.dw_conv_tokens, attn, v, dtype, (8, 8))
     assert rel_err(out, ref) < RTOL[dtype]
 
 
@@ -139,9 +112,7 @@ def _half(x):
 def broken_half_kernel(x, w, b, *args):
     """F.conv2d, but wrong in half precision (as the AMX bf16 kernel)."""
     out = F.conv2d(x, w, b, *args)
-    if _half(x) in HALF:
-        out = out.flip(-1) * 0.5 + 1.0
-    return out
+    return out.flip(-1) * 0.5 + 1.0 if _half(x) in HALF else out
 
 
 def rounding_half_kernel(x, w, b, *args):
@@ -151,13 +122,12 @@ def rounding_half_kernel(x, w, b, *args):
         return F.conv2d(x, w, b, *args)
     with autocast_off('cpu'):
         out = F.conv2d(
-            x.to(dtype).float(),
-            w.to(dtype).float(), None if b is None else b.to(dtype).float(),
+            *(None if t is None else t.to(dtype).float() for t in (x, w, b)),
             *args)
     return out.to(dtype)
 
 
-@pytest.mark.parametrize('dtype', HALF, ids=['bf16', 'fp16'])
+@pytest.mark.parametrize('dtype', HALF, ids=IDS)
 def test_broken_half_kernel_is_detected_and_bypassed(monkeypatch, dtype):
     monkeypatch.setattr(SAFE, '_raw_conv2d', broken_half_kernel)
     torch.manual_seed(0)
@@ -167,21 +137,47 @@ def test_broken_half_kernel_is_detected_and_bypassed(monkeypatch, dtype):
     ref = F.conv2d(x, conv.weight, None, 8)
     with torch.autocast('cpu', dtype=dtype):
         with pytest.warns(
-                SAFE.HalfConvWarning, match='runs this convolution '
-                'in float32'):
+                SAFE.HalfConvWarning,
+                match='runs this convolution in float32'):
             out = conv(x)
-        # the verdict is remembered: no second probe, no second warning
-        with warnings.catch_warnings():
+        with warnings.catch_warnings():  # remembered: no second probe
             warnings.simplefilter('error')
             out2 = conv(x)
     assert out.dtype == dtype  # what autocast promises the next layer
-    assert rel_err(out, ref) < RTOL[dtype]
-    assert torch.equal(out, out2)
+    assert rel_err(out, ref) < RTOL[dtype] and torch.equal(out, out2)
     assert list(SAFE._verdicts.values()) == [False]
-    # without the guard the stand-in kernel is wrong: the test is not vacuous
-    with torch.autocast('cpu', dtype=dtype):
+    with torch.autocast('cpu', dtype=dtype):  # not vacuous
         bad = broken_half_kernel(x.to(dtype), conv.weight.to(dtype), None, 8)
     assert rel_err(bad, ref) > 0.5
+
+
+@pytest.mark.parametrize('groups, dilation', [(4, 1), (1, 2)])
+def test_float32_fallback_keeps_groups_and_dilation(monkeypatch, groups,
+                                                    dilation):
+    monkeypatch.setattr(SAFE, '_raw_conv2d', broken_half_kernel)
+    torch.manual_seed(0)
+    conv = SafeConv2d(
+        4, 4, 3, padding=dilation, dilation=dilation, groups=groups)
+    x = torch.randn(1, 4, 8, 8)
+    ref = F.conv2d(x, conv.weight, conv.bias, 1, dilation, dilation, groups)
+    with torch.no_grad(), torch.autocast('cpu', dtype=torch.bfloat16):
+        with pytest.warns(SAFE.HalfConvWarning):
+            out = conv(x)
+    assert out.dtype == torch.bfloat16 and rel_err(out, ref) < 2e-2
+
+
+def test_unprobed_conv_under_compile_runs_in_float32(monkeypatch):
+    """Under torch.compile no probe runs: an unprobed half configuration
+    runs in float32."""
+    monkeypatch.setattr(SAFE, 'compiling', lambda: True)
+    monkeypatch.setattr(SAFE, '_raw_conv2d', broken_half_kernel)
+    torch.manual_seed(0)
+    conv = SafeConv2d(4, 4, 2, 2, bias=False)
+    x = torch.randn(1, 4, 8, 8)
+    with torch.no_grad(), torch.autocast('cpu', dtype=torch.bfloat16):
+        out = conv(x)
+    assert out.dtype == torch.bfloat16 and SAFE._verdicts == {}
+    assert rel_err(out, F.conv2d(x, conv.weight, None, 2)) < 2e-2
 
 
 def zero_half_kernel(x, w, b, *args):
@@ -190,17 +186,15 @@ def zero_half_kernel(x, w, b, *args):
     return out.zero_().to(x.dtype) if x.dtype in HALF else out
 
 
-@pytest.mark.parametrize('dtype', HALF, ids=['bf16', 'fp16'])
+@pytest.mark.parametrize('dtype', HALF, ids=IDS)
 def test_warning_names_the_dtype_configuration_and_relative_error(
         monkeypatch, dtype):
-    """The one-line warning: which dtype, weight, stride, groups, input, and
-    the error relative to float32. A 1 x 1 convolution whose float32 output
-    is below 1 in norm: the error is still relative (1 for zeros)."""
+    """A 1 x 1 conv whose float32 output is below 1 in norm: the error is
+    still relative (1 for zeros)."""
     monkeypatch.setattr(SAFE, '_raw_conv2d', zero_half_kernel)
     x = torch.full((1, 1, 1, 1), 0.5, dtype=dtype)
-    w = torch.full((1, 1, 1, 1), 0.5, dtype=dtype)
     with pytest.warns(SAFE.HalfConvWarning) as record:
-        SAFE.conv2d(x, w)
+        SAFE.conv2d(x, x)
     name = {torch.bfloat16: 'bfloat16', torch.float16: 'float16'}[dtype]
     assert str(record[0].message).startswith(
         f"mmsoft: this CPU's {name} convolution is wrong for weight "
@@ -208,44 +202,42 @@ def test_warning_names_the_dtype_configuration_and_relative_error(
         '(relative error 1 against float32')
 
 
-@pytest.mark.parametrize('dtype', HALF, ids=['bf16', 'fp16'])
-def test_bf16_model_input_is_guarded_too(monkeypatch, dtype):
+@pytest.mark.parametrize('dtype', HALF, ids=IDS)
+def test_half_model_input_is_guarded_or_kept_bit_for_bit(monkeypatch, dtype):
     """A model cast to the half type (no autocast) goes through the same
-    check."""
+    check; a correct half kernel is kept bit for bit, its verdict
+    remembered (the second call runs it alone)."""
     monkeypatch.setattr(SAFE, '_raw_conv2d', broken_half_kernel)
     torch.manual_seed(0)
     conv = SafeConv2d(16, 16, 4, 4, bias=True)
-    x = torch.randn(1, 16, 16, 16)
+    x = torch.randn(2, 16, 16, 16)
     ref = conv(x)  # float32: no probe
     assert not SAFE._verdicts
     with pytest.warns(SAFE.HalfConvWarning):
         out = conv.to(dtype)(x.to(dtype))
-    assert out.dtype == dtype
-    assert rel_err(out, ref) < 3 * RTOL[dtype]
-
-
-@pytest.mark.parametrize('dtype', HALF, ids=['bf16', 'fp16'])
-def test_correct_half_kernel_is_kept_bit_for_bit(monkeypatch, dtype):
-    monkeypatch.setattr(SAFE, '_raw_conv2d', rounding_half_kernel)
-    torch.manual_seed(0)
-    conv = SafeConv2d(16, 16, 4, 4, bias=True)
-    x = torch.randn(2, 16, 16, 16)
-    with torch.autocast('cpu', dtype=dtype):
-        with warnings.catch_warnings():
+    assert out.dtype == dtype and rel_err(out, ref) < 3 * RTOL[dtype]
+    SAFE._verdicts.clear()
+    calls = []
+    monkeypatch.setattr(
+        SAFE, '_raw_conv2d',
+        lambda x, *a: calls.append(x.dtype) or rounding_half_kernel(x, *a))
+    conv = conv.float()
+    for _ in range(2):
+        calls.clear()
+        with torch.autocast('cpu', dtype=dtype), warnings.catch_warnings():
             warnings.simplefilter('error')
             out = conv(x)
     expect = rounding_half_kernel(
         x.to(dtype), conv.weight.to(dtype), conv.bias.to(dtype), (4, 4),
         (0, 0), (1, 1), 1)
-    assert torch.equal(out, expect)
+    assert torch.equal(out, expect) and calls == [torch.float32]
     assert list(SAFE._verdicts.values()) == [True]
 
 
 def test_float32_and_other_devices_are_not_probed(monkeypatch):
     calls = []
     monkeypatch.setattr(SAFE, '_probe', lambda key: calls.append(key) or True)
-    conv = SafeConv2d(4, 4, 2, 2)
-    x = torch.randn(1, 4, 8, 8)
+    conv, x = SafeConv2d(4, 4, 2, 2), torch.randn(1, 4, 8, 8)
     conv(x)
     conv.double()(x.double())
     meta = SafeConv2d(4, 4, 2, 2).to('meta').to(torch.bfloat16)
@@ -258,8 +250,7 @@ def test_float32_and_other_devices_are_not_probed(monkeypatch):
 
 def test_same_state_dict_as_conv2d():
     torch.manual_seed(0)
-    plain = torch.nn.Conv2d(8, 8, 4, 4)
-    safe = SafeConv2d(8, 8, 4, 4)
+    plain, safe = torch.nn.Conv2d(8, 8, 4, 4), SafeConv2d(8, 8, 4, 4)
     safe.load_state_dict(plain.state_dict())
     x = torch.randn(1, 8, 16, 16)
     assert set(safe.state_dict()) == set(plain.state_dict())
@@ -268,8 +259,8 @@ def test_same_state_dict_as_conv2d():
 
 def test_cpu_amp_wrapper_guards_every_conv_of_the_model(monkeypatch):
     """``--amp`` on the CPU: the neck's / heads' plain convs are checked
-    too (here a broken kernel: the step computes the float32 result), and
-    the user's modules keep their class (no SafeConv2d swapped in)."""
+    too (a broken kernel: the step computes the float32 result); the
+    user's modules keep their class and state."""
     from mmsoft.engine.optimizers import CPUAmpOptimWrapper
     monkeypatch.setattr(SAFE, '_raw_conv2d', broken_half_kernel)
     torch.manual_seed(0)
@@ -293,10 +284,8 @@ def test_cpu_amp_wrapper_guards_every_conv_of_the_model(monkeypatch):
 
 @pytest.mark.parametrize('dtype', HALF)
 def test_probe_runs_seeded_unit_scale_inputs(monkeypatch, dtype):
-    """The probe runs the configuration on one sample of unit-variance
-    inputs and weights of variance 1 / fan_in (so a correct kernel's
-    output stays well inside the half range), the same ones every time
-    (a verdict is reproducible), in ``dtype`` and in float32."""
+    """One sample of unit-variance inputs and weights of variance 1 /
+    fan_in, the same every time, in ``dtype`` and in float32."""
     seen = []
 
     def record(x, w, *args):
@@ -319,10 +308,10 @@ def test_probe_runs_seeded_unit_scale_inputs(monkeypatch, dtype):
     assert abs(w.float().std().item() * (64 * 3 * 2)**0.5 - 1) < 0.05
 
 
+# ------------------------------------------------------- torch shims
 @pytest.mark.parametrize('native', [True, False])
 def test_unravel_index(monkeypatch, native):
-    """``torch.unravel_index`` on every torch: the same indices as numpy's,
-    also where torch lacks it (torch < 2.2: hidden here)."""
+    """numpy's indices, also where torch lacks it (torch < 2.2)."""
     if not native:
         monkeypatch.delattr(torch, 'unravel_index', raising=False)
     flat = torch.tensor([0, 5, 7, 23])
@@ -335,8 +324,7 @@ def test_unravel_index(monkeypatch, native):
 
 @contextlib.contextmanager
 def _cuda_autocast_flag():
-    """CUDA autocast switched on as torch.autocast('cuda') does (the
-    thread-local flag; no CUDA device needed)."""
+    """CUDA autocast's thread-local flag on (no CUDA device needed)."""
     set_on = torch.set_autocast_enabled
     try:
         set_on('cuda', True)
@@ -353,9 +341,7 @@ def _cuda_autocast_flag():
 @pytest.mark.parametrize('native', [True, False])
 def test_autocast_dtype(native):
     """The autocast dtype of a device while autocast is on there, else
-    None, on every torch (``native=False``: torch < 2.4's functions, with
-    ``torch.get_autocast_dtype`` hidden while mmsoft asks; torch.autocast
-    itself needs it)."""
+    None (native=False: torch < 2.4's functions)."""
     if not native and not hasattr(torch, 'get_autocast_cpu_dtype'):
         pytest.skip('this torch has only the >= 2.4 functions')
 
