@@ -265,19 +265,6 @@ def test_convert_loads_strictly_and_runs(tiny_sd, attn_norm):
     assert cls.shape == (1, 512) and torch.isfinite(cls).all()
 
 
-def test_round_trip(tiny_sd):
-    mm, _ = ok.convert_official_to_mmpretrain(tiny_sd)
-    back, arch = to_official(mm)
-    assert list(back) == list(tiny_sd)
-    assert all(torch.equal(back[k], tiny_sd[k]) for k in tiny_sd)
-    assert ok.official_model_name(arch, True) == 'soft_norm_tiny'
-    assert ok.official_model_name(arch, False) == 'soft_tiny'
-    # a bare backbone state dict (no prefix, no head) converts too
-    back2, arch2 = to_official(backbone_part(mm))
-    assert arch2['num_classes'] == 0 and 'head.weight' not in back2
-    assert len(back2) == len(tiny_sd) - 2
-
-
 def _old_keys(mm, version):
     """The keys of an mmsoft 0.2 (``fc1`` / ``fc2``) or 0.1 checkpoint."""
     rules = [(r'\.ffn\.layers\.0\.0\.', '.ffn.fc1.'),
@@ -440,15 +427,14 @@ def test_extract_state_dict_layouts_and_messages(tiny_sd):
 def test_find_official_state_dict_needs_half_the_keys():
     """At least half the keys are the authors' (not a head or norm alone)."""
     authors = ['pos_embed1', 'patch_embed1.proj.0.weight']
-
-    def find(*keys):
-        return ok.find_official_state_dict(dict.fromkeys(keys, torch.zeros(1)))
-
-    assert find(*authors, 'a', 'b') is not None  # 2 of 4
-    assert find(*authors, 'a', 'b', 'c') is not None  # 2 of 5
-    assert find(*authors, 'a', 'b', 'c', 'd') is None
-    assert find('x') is None
-    assert find('cls_token', 'norm.weight', 'head.weight', 'x') is None
+    for keys, found in ((authors + ['a', 'b'],
+                         True), (authors + ['a', 'b', 'c'],
+                                 True), (authors + ['a', 'b', 'c', 'd'],
+                                         False), (['x'], False),
+                        (['cls_token', 'norm.weight', 'head.weight',
+                          'x'], False)):
+        sd = dict.fromkeys(keys, torch.zeros(1))
+        assert (ok.find_official_state_dict(sd) is not None) == found, keys
 
 
 @pytest.mark.parametrize('entry', ['state_dict_ema', 'model_ema'])
@@ -482,8 +468,8 @@ def test_cli_round_trip(tmp_path, tiny_sd, capsys):
     dst = tmp_path / 'mmsoft.pth'
     assert tool('soft2mmsoft', src, dst, '--norm') == 0
     log = capsys.readouterr().out
-    for part in ("reading 'state_dict_ema'", "arch='tiny'", 'soft_norm_tiny',
-                 'not visible in the weights'):
+    for part in ("reading 'state_dict_ema'", "arch='tiny'",
+                 '(official soft_norm_tiny)', 'not visible in the weights'):
         assert part in log, part
     ckpt = torch.load(dst, weights_only=True)
     assert set(ckpt) == {'state_dict', 'meta'}
@@ -494,6 +480,7 @@ def test_cli_round_trip(tmp_path, tiny_sd, capsys):
     assert torch.equal(model.stages[3].cls_token, ema['cls_token'])
     # --no-ema takes the raw weights
     assert tool('soft2mmsoft', src, tmp_path / 'raw.pth', '--no-ema') == 0
+    assert '(official soft_tiny)' in capsys.readouterr().out
     raw = torch.load(tmp_path / 'raw.pth', weights_only=True)
     assert raw['meta']['attn_norm'] is False
     assert torch.equal(raw['state_dict']['backbone.stages.3.cls_token'],
@@ -503,6 +490,10 @@ def test_cli_round_trip(tmp_path, tiny_sd, capsys):
     official = torch.load(tmp_path / 'back.pth', weights_only=True)
     assert list(official['state_dict']) == list(tiny_sd)
     assert all(torch.equal(official['state_dict_ema'][k], ema[k]) for k in ema)
+    # a bare backbone state dict (no prefix, no head) converts too
+    back, arch = to_official(backbone_part(ckpt['state_dict']))
+    assert arch['num_classes'] == 0 and 'head.weight' not in back
+    assert len(back) == len(tiny_sd) - 2
 
 
 def test_cli_errors_write_nothing(tmp_path, files, capsys):
@@ -558,18 +549,34 @@ def test_mmsoft_checkpoint_needs_no_conversion(tmp_path, files, capsys,
     assert cf.already_mmsoft(torch.load(official), 'x') is None
 
 
-@pytest.mark.parametrize('damage', ['empty', 'truncated', 'flipped'])
-def test_damaged_input_is_reported_as_damaged(tmp_path, src, capsys, damage):
+@pytest.mark.parametrize('damage',
+                         ['empty', 'truncated', 'flipped', 'unreadable'])
+def test_damaged_or_unreadable_input_is_one_line(tmp_path, src, capsys,
+                                                 monkeypatch, damage):
+    """Issue 27: no PermissionError traceback (injected: root reads)."""
+    real_open = builtins.open
+
+    def no_read(file, *a, **k):
+        if str(file) == str(src):
+            raise PermissionError(13, 'Permission denied', str(file))
+        return real_open(file, *a, **k)
+
     if damage == 'empty':
         src.write_bytes(b'')
     elif damage == 'truncated':
         src.write_bytes(src.read_bytes()[:src.stat().st_size * 2 // 3])
-    else:
+    elif damage == 'flipped':
         flip_tensor_bytes(src, 8)  # in the largest tensor
+    else:
+        monkeypatch.setattr(builtins, 'open', no_read)
     for script in BOTH:
         assert tool(script, src, tmp_path / 'out.pth') == 1
         err = one_line_error(capsys)
-        assert 'damaged' in err and str(src) in err and 'trust' not in err
+        assert err == (
+            f"error: cannot read {str(src)!r}: Permission denied (errno 13); "
+            'check its permissions (ls -l) or copy it somewhere readable'
+        ) if damage == 'unreadable' else ('damaged' in err and str(src) in err
+                                          and 'trust' not in err), err
     assert sorted(os.listdir(tmp_path)) == ['official.pth']
 
 
@@ -635,18 +642,6 @@ def test_output_errors_are_one_line(tmp_path, src, capsys, monkeypatch):
     assert sorted(os.listdir(tmp_path)) == ['official.pth']
 
 
-def test_output_that_is_not_a_regular_file_is_refused(tmp_path, src, capsys):
-    fifo = tmp_path / 'fifo'
-    os.mkfifo(fifo)
-    for script in BOTH:
-        assert tool(script, src, fifo) == 1
-        assert 'is a FIFO, not a regular file: refusing to replace it' in \
-            one_line_error(capsys)
-        assert osp.exists(fifo) and not osp.isfile(fifo)
-    assert 'a FIFO' in raised(cf.save_checkpoint_atomic, {'a': 1}, str(fifo))
-    assert sorted(os.listdir(tmp_path)) == ['fifo', 'official.pth']
-
-
 @pytest.mark.parametrize('value', ['0', '-16', '2.5', 'x'])
 def test_stage4_heads_validated(tmp_path, src, capsys, value):
     for script in BOTH:
@@ -659,24 +654,6 @@ def test_stage4_heads_validated(tmp_path, src, capsys, value):
             value,
             exc=SystemExit) == '2'
         assert 'expected a positive integer' in capsys.readouterr().err
-
-
-def test_unreadable_source_is_one_line(tmp_path, src, capsys, monkeypatch):
-    """Issue 27: no PermissionError traceback (injected: root reads)."""
-    real_open = builtins.open
-
-    def no_read(file, mode='r', *a, **k):
-        if str(file) == str(src):
-            raise PermissionError(13, 'Permission denied', str(file))
-        return real_open(file, mode, *a, **k)
-
-    monkeypatch.setattr(builtins, 'open', no_read)
-    for script in BOTH:
-        assert tool(script, src, tmp_path / 'o.pth') == 1
-        assert one_line_error(capsys) == (
-            f"error: cannot read {str(src)!r}: Permission denied (errno 13); "
-            f"check its permissions (ls -l) or copy it somewhere readable")
-    assert sorted(os.listdir(tmp_path)) == ['official.pth']
 
 
 # ------------------------------------------- the output's folders (issue 51)
@@ -938,6 +915,10 @@ def test_check_output_path_refusals(tmp_path, monkeypatch):
             assert refused(dst) == (
                 f'output {str(dst)!r} is {kind}, not a regular file: '
                 'refusing to replace it; give a file name')
+        assert raised(cf.save_checkpoint_atomic, {}, str(fifo)) == (
+            f'output {str(fifo)!r} is a FIFO, not a regular file: refusing '
+            'to replace it')
+        assert osp.exists(fifo) and not osp.isfile(fifo)
     finally:
         s.close()
     real_stat, blk = os.stat, tmp_path / 'blk'
