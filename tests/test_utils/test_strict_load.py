@@ -38,19 +38,22 @@ def _pretrained(path, **kw):
         ARCH, init_cfg=dict(type='Pretrained', checkpoint=str(path), **kw))
 
 
+def _same(a, b):
+    torch.testing.assert_close(a.state_dict(), b.state_dict(), rtol=0, atol=0)
+
+
 def test_full_classifier_checkpoint_with_prefix_loads_silently(tmp_path):
     src = _classifier_ckpt(tmp_path / 'cls.pth', classes=1000)
     dst = _pretrained(tmp_path / 'cls.pth', prefix='backbone.')
     dst.init_weights()
-    for k, v in src.state_dict().items():
-        assert torch.equal(dst.state_dict()[k], v), k
+    _same(dst, src)
 
 
-def test_other_arch_is_an_error_naming_keys(tmp_path):
-    _classifier_ckpt(tmp_path / 'other.pth', arch=ARCH2)
-    dst = _pretrained(tmp_path / 'other.pth', prefix='backbone.')
+def test_other_arch_is_an_error_naming_keys_or_an_opted_in_partial_load(
+        tmp_path):
+    src = _classifier_ckpt(tmp_path / 'other.pth', arch=ARCH2)
     with pytest.raises(CheckpointMismatchError) as exc:
-        dst.init_weights()
+        _pretrained(tmp_path / 'other.pth', prefix='backbone.').init_weights()
     msg = str(exc.value)
     assert 'other.pth' in msg
     assert ('tensors are not in the model (unexpected): stages.2.blocks.1.'
@@ -58,6 +61,15 @@ def test_other_arch_is_an_error_naming_keys(tmp_path):
     assert 'have another shape' in msg and \
         '(checkpoint [24, 16, 3, 3] vs model [16, 16, 3, 3])' in msg
     assert 'model.backbone.init_cfg.strict=False' in msg
+    dst = _pretrained(tmp_path / 'other.pth', prefix='backbone.', strict=False)
+    dst.init_weights()
+    got, want = dst.state_dict(), src.state_dict()
+    # matching tensors loaded, mis-shaped ones kept their initialisation
+    k = 'stages.0.blocks.0.attn.q.weight'
+    assert torch.equal(got[k], want[k])
+    k = 'stages.2.pos_embed'
+    assert got[k].shape != want[k].shape
+    assert got[k].abs().sum() > 0  # official trunc-normal init ran
 
 
 def test_other_model_loads_nothing_and_is_an_error(tmp_path):
@@ -92,21 +104,7 @@ def test_authors_checkpoint_loads_directly(tmp_path):
     for kw in (dict(prefix='backbone.'), dict(), dict(strict=False)):
         dst = _pretrained(path, **kw)
         dst.init_weights()
-        for k, v in src.state_dict().items():
-            assert torch.equal(dst.state_dict()[k], v), k
-
-
-def test_partial_load_is_an_explicit_opt_in(tmp_path):
-    src = _classifier_ckpt(tmp_path / 'other.pth', arch=ARCH2)
-    dst = _pretrained(tmp_path / 'other.pth', prefix='backbone.', strict=False)
-    dst.init_weights()
-    got = dst.state_dict()
-    # matching tensors loaded, mis-shaped ones kept their initialisation
-    k = 'stages.0.blocks.0.attn.q.weight'
-    assert torch.equal(got[k], src.state_dict()[k])
-    k = 'stages.2.pos_embed'
-    assert got[k].shape != src.state_dict()[k].shape
-    assert got[k].abs().sum() > 0  # official trunc-normal init ran
+        _same(dst, src)
 
 
 def test_compare_counts():
@@ -141,10 +139,8 @@ def test_pretrained_runs_the_registered_initializer_once(
             tmp_path / 'cls.pth', prefix='backbone.', strict=strict)
         dst.init_weights()
         assert len(inits) == 1 and len(loads) == 1
-        assert loads[0]['strict'] is strict
-        for k, v in src.state_dict().items():
-            assert torch.equal(dst.state_dict()[k], v), k
-        assert dst.is_init
+        assert loads[0]['strict'] is strict and dst.is_init
+        _same(dst, src)
 
     class Head(BaseModule):
 
@@ -165,27 +161,25 @@ def test_pretrained_runs_the_registered_initializer_once(
         Head(5, init_cfg=cfg).init_weights()
 
 
-@pytest.mark.parametrize('kind', ['directory', 'missing', 'offline_url'])
-def test_unreadable_init_cfg_checkpoint_is_one_line(tmp_path, kind,
-                                                    monkeypatch):
+@pytest.mark.parametrize(
+    'name,head,what',
+    [
+        ('', 'checkpoint {} ', 'is a directory'),
+        # a missing file gets the ImageNet-weights line (where to download)
+        ('nope.pth', '{} (', 'does not exist'),
+        ('http://127.0.0.1:9/soft_tiny.pth', 'checkpoint {} ',
+         'could not be downloaded'),  # port 9: closed
+    ])
+def test_unreadable_init_cfg_checkpoint_is_one_line(tmp_path, monkeypatch,
+                                                    name, head, what):
     """Issue 36: an unreadable ``init_cfg.checkpoint`` is one line."""
-    path = {
-        'directory': str(tmp_path),
-        'missing': str(tmp_path / 'nope.pth'),
-        'offline_url': 'http://127.0.0.1:9/soft_tiny.pth',  # port 9: closed
-    }[kind]
+    path = name if '://' in name else str(tmp_path / name).rstrip('/')
     monkeypatch.setenv('TORCH_HOME', str(tmp_path / 'torch'))  # no cache
     with pytest.raises(FileNotFoundError) as exc:
         _pretrained(path).init_weights()
     msg = str(exc.value)
-    # a missing file gets the ImageNet-weights line (where to download it)
-    assert '\n' not in msg and msg.startswith(
-        f'{path} (' if kind == 'missing' else f'checkpoint {path} ')
-    assert {
-        'directory': 'is a directory',
-        'missing': 'does not exist',
-        'offline_url': 'could not be downloaded'
-    }[kind] in msg
+    assert '\n' not in msg and msg.startswith(head.format(path)), msg
+    assert what in msg
 
 
 WRONG = (' (its SOFT attention): the weights would load and give wrong '
