@@ -30,6 +30,8 @@ from mmsoft_tools import cli, launch
 
 DEMO = load_module(osp.join(ROOT, 'tools', 'demo.py'), 'demo_seed52')
 NO_SPACE = 'No space left on device'
+FREE = 'free some space or write somewhere else'
+WARN, INFO = logging.WARNING, logging.INFO
 
 
 def raised(fn, *args, exc=cli.ToolError, **kwargs):
@@ -52,9 +54,8 @@ def parser(prog=None):
         (cli.ToolError('bad\n   value  here'), 'error: bad value here'),
         (CheckpointMismatchError('x'), 'error: x'),
         # SafeCheckpointHook's full disk: its own line
-        (CheckpointWriteError(errno.ENOSPC,
-                              'cannot save epoch_2.pth: kept epoch_1.pth'),
-         'error: cannot save epoch_2.pth: kept epoch_1.pth'),
+        (CheckpointWriteError(errno.ENOSPC, 'cannot save b.pth: kept a.pth'),
+         'error: cannot save b.pth: kept a.pth'),
         (ValueError('x'), None),  # a bug: its traceback
         (KeyError('x'), None),
         (OSError(errno.EIO, 'I/O error', '/x'), None),  # no known fix
@@ -67,70 +68,58 @@ def parser(prog=None):
         # an atomic write's temporary is named by its target
         (OSError(errno.ENOSPC, NO_SPACE, temp_path_for('/w/epoch_3.pth')),
          f'error: /w/epoch_3.pth (not replaced): {NO_SPACE} (errno 28 '
-         'ENOSPC); free some space or write somewhere else'),
+         f'ENOSPC); {FREE}'),
         (OSError(errno.EACCES, 'Permission denied', '/x/y.pth'),
          'error: /x/y.pth: Permission denied (errno 13 EACCES); check the '
          'permissions (ls -l) or choose another path'),
         (OSError(errno.ENOSPC, None), f'error: a write failed: {NO_SPACE} '
-         '(errno 28 ENOSPC; the system named no file); free some space or '
-         'write somewhere else'),
+         f'(errno 28 ENOSPC; the system named no file); {FREE}'),
     ])
 def test_one_line(exc, line):
     assert cli.one_line(exc) == line
 
 
-@pytest.mark.parametrize('err, what', [(errno.ENOSPC, 'a write'),
-                                       (errno.EFBIG, 'a write'),
-                                       (errno.EACCES, 'a file operation')])
-def test_one_line_os_error_without_a_file(err, what):
+def test_one_line_without_a_file_and_temp_names():
     """No file name (a full disk on close): no ``error: :`` (issue 52)."""
-    why = os.strerror(err)
-    for filename in (None, ''):
-        assert cli.one_line(OSError(err, why, filename)).startswith(
-            f'error: {what} failed: {why} (errno {err} '
-            f'{errno.errorcode[err]}; the system named no file); ')
+    for err, what in ((errno.ENOSPC, 'a write'), (errno.EFBIG, 'a write'),
+                      (errno.EACCES, 'a file operation')):
+        why = os.strerror(err)
+        for name in (None, ''):
+            assert cli.one_line(OSError(err, why, name)).startswith(
+                f'error: {what} failed: {why} (errno {err} '
+                f'{errno.errorcode[err]}; the system named no file); ')
+    for path, target in ((temp_path_for('/w/a.b.pth'), '/w/a.b.pth'),
+                         (temp_path_for('/w/a.b.pth', '.zip'), '/w/a.b.pth')):
+        assert cli._target_of_temp(path) == f'{target} (not replaced)'
+    assert cli._target_of_temp('/x/.hidden.pth') == '/x/.hidden.pth'
+    assert cli._target_of_temp(None) == ''
 
 
-@pytest.mark.parametrize(
-    'path, target',
-    [(temp_path_for('/w/a.b.pth'), '/w/a.b.pth (not replaced)'),
-     (temp_path_for('/w/a.b.pth', '.zip'), '/w/a.b.pth (not replaced)'),
-     ('/x/.hidden.pth', '/x/.hidden.pth'), (None, '')],
-    ids=['temp', 'temp-zip', 'hidden', 'none'])  # the same in every worker
-def test_target_of_temp(path, target):
-    assert cli._target_of_temp(path) == target
-
-
-def test_run_main_exit_codes(capsys, monkeypatch):
+def test_run_main_and_positive_int(capsys, monkeypatch):
     monkeypatch.delenv('MMSOFT_TRACEBACK', raising=False)
 
     def exits(main, argv=()):
-        with pytest.raises(SystemExit) as e:
-            cli.run_main(main, list(argv))
-        return e.value.code
+        return raised(cli.run_main, main, list(argv), exc=SystemExit)
 
     def fails(argv):
         raise cli.ToolError('the config has no key x')
 
     # main gets the arguments; test.py returns metrics
     assert [
-        exits(lambda argv: 3),
+        exits(lambda a: 3),
         exits(len, 'ab'),
-        exits(lambda argv: dict(acc=1.0)),
-        exits(lambda argv: None)
-    ] == [3, 2, 0, 0]
+        exits(lambda a: {'a': 1}),
+        exits(lambda a: None)
+    ] == ['3', '2', '0', '0']
     capsys.readouterr()
-    assert exits(fails) == 1
+    assert exits(fails) == '1'
     assert capsys.readouterr().err == 'error: the config has no key x\n'
     monkeypatch.setenv('MMSOFT_TRACEBACK', '1')
     raised(cli.run_main, fails, [])
     for off in ('0', ''):
         monkeypatch.setenv('MMSOFT_TRACEBACK', off)
-        assert exits(fails) == 1
+        assert exits(fails) == '1'
     raised(cli.run_main, lambda argv: 1 / 0, [], exc=ZeroDivisionError)
-
-
-def test_positive_int():
     assert [cli.positive_int('1'), cli.positive_int('12')] == [1, 12]
     for text in ('0', '-2', 'two', '1.5', None):
         assert raised(
@@ -152,33 +141,31 @@ def test_check_readable(tmp_path, monkeypatch):
             sizes.append(size)
             return super().read(size)
 
-    def opener(error=None):
-
-        def open_(path, *args, **kwargs):
-            if str(path) != str(good):
-                return real_open(path, *args, **kwargs)
-            if error:
-                raise error
-            return Probe(path)
-
-        return open_
-
-    monkeypatch.setattr(builtins, 'open', opener())
-    cli.check_readable(str(good))
-    assert sizes and all(s is not None and 0 < s <= 64 for s in sizes)
     for error, reason in (
+        (None, None),
         (PermissionError(errno.EACCES,
                          'Permission denied'), 'Permission denied (errno 13)'),
         (OSError('the file system refused'), 'the file system refused'),
     ):
-        monkeypatch.setattr(builtins, 'open', opener(error))
+
+        def open_(path, *a, error=error, **k):
+            if str(path) == str(good) and error:
+                raise error
+            return (Probe if str(path) == str(good) else real_open)(path, *a,
+                                                                    **k)
+
+        monkeypatch.setattr(builtins, 'open', open_)
+        if error is None:
+            cli.check_readable(str(good))
+            assert sizes and all(s is not None and 0 < s <= 64 for s in sizes)
+            continue
         assert raised(
             cli.check_readable, str(good), exc=ConversionError) == (
                 f'cannot read {str(good)!r}: {reason}; check its permissions '
                 '(ls -l) or copy it somewhere readable')
 
 
-def test_unwritable_reason(tmp_path, monkeypatch):
+def test_unwritable_reason_and_check_work_dir(tmp_path, monkeypatch):
     f = tmp_path / 'file'
     f.write_text('')
     why = cli.unwritable_reason
@@ -187,20 +174,10 @@ def test_unwritable_reason(tmp_path, monkeypatch):
     assert why(str(tmp_path), directory=True) is None
     assert why(str(f), directory=True) == 'exists and is not a directory'
     assert why(str(f / 'sub' / 'out.pth')) == f'{f} is a file, not a directory'
-    # (write permission missing; the directory exists and can be entered)
-    monkeypatch.setattr(os, 'access', lambda path, mode: not mode & os.W_OK)
-    assert why(str(tmp_path / 'new' / 'out.pth')) == \
-        f'directory {tmp_path} is not writable'
-
-
-def test_check_work_dir(tmp_path, monkeypatch):
     cli.check_work_dir(None)
     cli.check_work_dir('')
-    before = sorted(os.listdir(tmp_path))
     cli.check_work_dir(str(tmp_path / 'new' / 'run'))
-    assert sorted(os.listdir(tmp_path)) == before  # the probe is gone
-    f = tmp_path / 'file'
-    f.write_text('')
+    assert sorted(os.listdir(tmp_path)) == ['file']  # the probe is gone
     assert raised(cli.check_work_dir, str(f)) == (
         f'--work-dir {f}: exists and is not a directory; give a directory '
         '(it is created if needed)')
@@ -208,6 +185,10 @@ def test_check_work_dir(tmp_path, monkeypatch):
         cli.check_work_dir, str(f / 'run'), option='--out-dir') == (
             f'--out-dir {f / "run"}: {f} is a file, not a directory; give '
             'another path')
+    # (write permission missing; the directory exists and can be entered)
+    monkeypatch.setattr(os, 'access', lambda path, mode: not mode & os.W_OK)
+    assert why(str(tmp_path / 'new' / 'out.pth')) == \
+        f'directory {tmp_path} is not writable'
 
     def read_only(**kwargs):
         raise OSError(errno.EROFS, 'Read-only file system')
@@ -250,9 +231,8 @@ def test_checkpoint_problem_local(tmp_path, monkeypatch):
     torch.save(dict(state_dict=dict(w=torch.ones(2))), good)
     bad.write_bytes(good.read_bytes()[:-200])
     problem = cli.checkpoint_problem(bad)
-    assert problem.startswith(f'checkpoint {bad} ')
-    assert problem.endswith('it was not loaded (use an earlier or a fresh '
-                            'copy)')
+    assert problem.startswith(f'checkpoint {bad} ') and problem.endswith(
+        'it was not loaded (use an earlier or a fresh copy)')
     for fine in ('open-mmlab://resnet50', good, tmp_path / 'missing.pth',
                  's3://bucket/a.pth'):
         assert cli.checkpoint_problem(fine) is None, fine
@@ -299,19 +279,14 @@ def test_url_problem(tmp_path, monkeypatch):
     assert cli.checkpoint_problem(url) is None and requests == []
 
 
-def test_init_checkpoints_and_their_problems(tmp_path):
+def test_init_checkpoints_and_partial_load(tmp_path):
     pre = dict(type='Pretrained', checkpoint='a.pth')
+    neck = [dict(type='Normal', std=0.01), dict(pre, checkpoint=str(tmp_path))]
     cfg = Config(
         dict(
             model=dict(
                 backbone=dict(type='SOFT', init_cfg=pre),
-                neck=[
-                    dict(init_cfg=[
-                        dict(type='Normal', std=0.01),
-                        dict(pre, checkpoint=str(tmp_path)),
-                        dict(pre, checkpoint=None),
-                    ])
-                ],
+                neck=[dict(init_cfg=neck + [dict(pre, checkpoint=None)])],
                 head=dict(init_cfg=dict(type='Kaiming')))))
     assert list(cli.init_checkpoints(cfg)) == [
         ('model.backbone.init_cfg.checkpoint', 'a.pth'),
@@ -321,10 +296,7 @@ def test_init_checkpoints_and_their_problems(tmp_path):
     msg = raised(cli.check_init_checkpoints, cfg)
     assert msg.endswith('[model.neck.0.init_cfg.1.checkpoint]')
     assert 'is a directory' in msg
-
-
-def test_set_partial_load():
-    """--partial-load sets the config's StrictLoadHook, adds none."""
+    # --partial-load sets the config's StrictLoadHook, adds none
     hooks = [dict(type='EMAHook'), dict(type='mmsoft.StrictLoadHook')]
 
     def hooks_after(partial_load, *hooks):
@@ -349,10 +321,9 @@ def test_set_partial_load():
 
 # ---------------------------------------------------- runner arguments
 def test_runner_parser_and_args(tmp_path, monkeypatch):
-    p = cli.runner_parser(
-        'Train a model.',
-        dict(config='the config file', checkpoint='the weights'),
-        'where to write', 'the checkpoint')
+    p = cli.runner_parser('Train a model.', dict(config='the config file',
+                          checkpoint='the weights'), 'where to write',
+                          'the checkpoint')  # yapf: disable
     text = ' '.join(p.format_help().split())
     for part in ('Train a model.', 'config the config file',
                  'checkpoint the weights',
@@ -376,9 +347,9 @@ def test_runner_parser_and_args(tmp_path, monkeypatch):
     monkeypatch.delenv('LOCAL_RANK', raising=False)
     args = cli.parse_runner_args(p, ['a.py', 'b.pth', '--local-rank', '3'])
     assert (args.config, args.checkpoint, args.launcher, args.work_dir,
-            args.partial_load, args.cfg_options,
-            args.local_rank) == ('a.py', 'b.pth', 'none', None, False, None, 3)
-    assert os.environ['LOCAL_RANK'] == '3'
+            args.partial_load, args.cfg_options, args.local_rank,
+            os.environ['LOCAL_RANK']) == ('a.py', 'b.pth', 'none', None, False,
+                                          None, 3, '3')
     monkeypatch.delenv('LOCAL_RANK')
     assert cli.parse_runner_args(p, ['a.py', 'b.pth']).local_rank == 0
     assert os.environ['LOCAL_RANK'] == '0'
@@ -397,11 +368,11 @@ def test_runner_parser_and_args(tmp_path, monkeypatch):
     assert (cfg.launcher, cfg.train_cfg.max_epochs,
             cfg.work_dir) == ('pytorch', 5, './work_dirs/my_cfg')
     # --work-dir wins over --cfg-options work_dir=... (as mmdet's train.py)
-    cfg = Config(dict(work_dir='from_cfg'))
+    cfg, opt = Config(dict(work_dir='from_cfg')), dict(work_dir='opt')
     for work_dir, options, want in ((None, None, 'from_cfg'), ('given', None,
                                                                'given'),
-                                    ('given', dict(work_dir='opt'), 'given'),
-                                    (None, dict(work_dir='opt'), 'opt')):
+                                    ('given', opt, 'given'), (None, opt,
+                                                              'opt')):
         args.work_dir, args.cfg_options = work_dir, options
         assert cli.apply_runner_args(cfg, args).work_dir == want
 
@@ -517,14 +488,11 @@ def test_load_config_names_a_syntax_error(tmp_path, files, where):
         ('model.x=[1,2', "--cfg-options model.x=[1,2: mmengine's parser "
          'cannot read it (AssertionError: Imbalanced brackets'),
         # accepted: what the config's value can be, new keys, structures
-        ('train_cfg.max_epochs=3', None),
-        ('optim.lr=1e-3', None),
-        ('train_cfg.max_epochs=2.5', None),
-        ('model.frozen=false', None),
-        ('model.frozen=None', None),
-        ('model.name=abc', None),
-        ('model.new_key=abc', None),
-        ('pipeline.0.scale=[1,2]', None),
+        *[(item, None)
+          for item in ('train_cfg.max_epochs=3', 'optim.lr=1e-3',
+                       'train_cfg.max_epochs=2.5', 'model.frozen=false',
+                       'model.frozen=None', 'model.name=abc',
+                       'model.new_key=abc', 'pipeline.0.scale=[1,2]')],
     ])
 def test_cfg_options_values(item, error):
     cfg = Config(
@@ -542,14 +510,15 @@ def test_cfg_options_values(item, error):
         assert error is None, item
 
 
+UNSET = '--launcher pytorch: RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT not ' \
+    'set (the process was not started by torchrun): start the processes with '
+
+
 @pytest.mark.parametrize(
     'launcher, env, prog, problem',
     [
-        ('pytorch', {}, 'train.py', '--launcher pytorch: RANK, WORLD_SIZE, '
-         'MASTER_ADDR, MASTER_PORT not set (the process was not started by '
-         'torchrun): start the processes with tools/dist_train.sh CONFIG '
-         'GPUS [options] (or torchrun), or leave --launcher out for one '
-         'process'),
+        ('pytorch', {}, 'train.py', UNSET + 'tools/dist_train.sh CONFIG GPUS '
+         '[options] (or torchrun), or leave --launcher out for one process'),
         ('pytorch', dict(RANK='0', WORLD_SIZE='2'), 'test.py',
          '--launcher pytorch: MASTER_ADDR, MASTER_PORT not set (the process '
          'was not started by torchrun): start the processes with '
@@ -557,16 +526,13 @@ def test_cfg_options_values(item, error):
         ('slurm', dict(SLURM_PROCID='0'), 'train.py', '--launcher slurm: '
          'SLURM_NTASKS, SLURM_NODELIST not set (the process was not started '
          'by srun): start the processes with tools/slurm_train.sh PARTITION'),
-        ('pytorch', {}, 'other.py', '--launcher pytorch: RANK, WORLD_SIZE, '
-         'MASTER_ADDR, MASTER_PORT not set (the process was not started by '
-         'torchrun): start the processes with torchrun, or'),
+        ('pytorch', {}, 'other.py', UNSET + 'torchrun, or'),
         # started as it should be / no launcher / mpi (not checked)
-        ('pytorch',
-         dict(RANK='0', WORLD_SIZE='2', MASTER_ADDR='h',
-              MASTER_PORT='1'), 'train.py', None),
+        ('pytorch', dict(RANK='0', WORLD_SIZE='2', MASTER_ADDR='h',
+                         MASTER_PORT='1'), 'train.py', None),
         ('none', {}, 'train.py', None),
         ('mpi', {}, 'train.py', None),
-    ])
+    ])  # yapf: disable
 def test_launcher_problem(monkeypatch, launcher, env, prog, problem):
     for name in ('RANK', 'WORLD_SIZE', 'MASTER_ADDR', 'MASTER_PORT',
                  'SLURM_PROCID', 'SLURM_NTASKS', 'SLURM_NODELIST'):
@@ -583,23 +549,24 @@ def test_launcher_problem(monkeypatch, launcher, env, prog, problem):
         assert raised(cli.parse_runner_args, parser(prog), argv) == line
 
 
-def test_cfg_option_problem():
+def test_cfg_option_problem_and_merge():
     cfg = Config(
         dict(
             train_cfg=dict(max_epochs=12),
             model=dict(backbone=dict(depth=50, num_stages=4)),
             pipeline=[dict(type='A', scale=1)]))
     problem = cli.cfg_option_problem
-    assert problem(cfg, 'train_cfg.max_epoch') == (
-        "--cfg-options train_cfg.max_epoch: the config has no key "
-        "'max_epoch' under train_cfg; did you mean train_cfg.max_epochs?")
-    assert 'under the top level; did you mean train_cfg?' in problem(
-        cfg, 'train_cfgs.max_epochs')
-    assert problem(cfg, 'model.backbone.depths') == (
-        "--cfg-options model.backbone.depths: the config has no key "
-        "'depths' under model.backbone; did you mean model.backbone.depth?")
-    assert 'did you mean pipeline.0.scale?' in problem(cfg,
-                                                       'pipeline.0.scales')
+    for key, name, where, mean in (
+        ('train_cfg.max_epoch', 'max_epoch', 'train_cfg',
+         'train_cfg.max_epochs'),
+        ('model.backbone.depths', 'depths', 'model.backbone',
+         'model.backbone.depth'),
+        ('train_cfgs.max_epochs', 'train_cfgs', 'the top level', 'train_cfg'),
+        ('pipeline.0.scales', 'scales', 'pipeline.0', 'pipeline.0.scale'),
+    ):
+        assert problem(cfg, key) == (
+            f'--cfg-options {key}: the config has no key {name!r} under '
+            f'{where}; did you mean {mean}?')
     # one suggestion, the closest; a name only somewhat like a key is new
     two = Config(dict(train_cfg=dict(max_epochs=1, max_epoch_s=2)))
     assert problem(
@@ -615,9 +582,6 @@ def test_cfg_option_problem():
                  'model._scope_', 'train_cfg.max_epochs.x', 'model.backbone.0',
                  'train_cfg.1'):
         assert problem(cfg, fine) is None, fine
-
-
-def test_merge_cfg_options():
     cfg = Config(dict(train_cfg=dict(max_epochs=12), neck=None))
     for nothing in (None, {}):
         cli.merge_cfg_options(cfg, nothing)
@@ -648,7 +612,7 @@ def test_expected_types_only_of_imported_modules(monkeypatch):
 
 
 # =================================================================== launch
-def test_dicts_and_sync_bn():
+def test_dicts_codebase_and_compile_refusal():
     node = dict(
         type='A',
         norm=dict(type='SyncBN'),
@@ -657,9 +621,26 @@ def test_dicts_and_sync_bn():
     assert [d.get('type') for d in launch._dicts(node)] == \
         ['A', 'SyncBN', 'MMSyncBN', 'BN']
     assert launch._sync_bn_to_bn(node) == 2
-    assert [d.get('type') for d in launch._dicts(node)] == \
-        ['A', 'BN', 'BN', 'BN']
+    assert [d.get('type') for d in launch._dicts(node)] == ['A'] + ['BN'] * 3
     assert launch._types_in(dict(type='X', sub=[dict(type=dict)])) == {'X'}
+    for scope in ('mmpretrain', 'mmdet', 'mmseg'):
+        assert launch.codebase_of(Config(dict(default_scope=scope))) == scope
+    for cfg, scope in ((dict(default_scope='mmengine'), "'mmengine'"),
+                       (dict(), 'None')):
+        assert f'default_scope is {scope}' in raised(
+            launch.codebase_of, Config(cfg), exc=ValueError)
+    refusal = launch.compile_refusal
+    for cfg, version in ((dict(), None), (dict(), '2.1.2'),
+                         (dict(compile=False), '2.1.2'),
+                         (dict(compile=True), '2.4.0'), (dict(compile=True),
+                                                         '2.14.1+cpu')):
+        assert refusal(Config(cfg), version) is None, (cfg, version)
+    assert refusal(Config(dict(compile=True)), '2.1.2').startswith(
+        'error: compile=True needs torch >= 2.4: with torch 2.1.2')
+    assert refusal(Config(dict(compile=dict(backend='inductor'))),
+                   '2.3.1').startswith(
+                       "error: compile={'backend': 'inductor'} needs torch "
+                       '>= 2.4')
 
 
 def test_lock_work_dir(tmp_path, monkeypatch):
@@ -680,15 +661,6 @@ def test_lock_work_dir(tmp_path, monkeypatch):
     launch.lock_work_dir(cfg).release()  # free again
 
 
-def test_codebase_of():
-    for scope in ('mmpretrain', 'mmdet', 'mmseg'):
-        assert launch.codebase_of(Config(dict(default_scope=scope))) == scope
-    for cfg, scope in ((dict(default_scope='mmengine'), "'mmengine'"),
-                       (dict(), 'None')):
-        assert f'default_scope is {scope}' in raised(
-            launch.codebase_of, Config(cfg), exc=ValueError)
-
-
 def _amp_cfg(wrapper='OptimWrapper', roi=False):
     model = dict(type='M', roi_head=dict(type='RoIAlign')) if roi else \
         dict(type='M')
@@ -703,7 +675,7 @@ def logged(monkeypatch):
     """The tools' log lines (``print_log``) as ``(level, message)``."""
     lines = []
 
-    def print_log(msg, logger=None, level=logging.INFO):
+    def print_log(msg, logger=None, level=INFO):
         assert logger == 'current'
         lines.append((level, msg))
 
@@ -714,21 +686,18 @@ def logged(monkeypatch):
 
 
 def test_enable_amp(monkeypatch, logged):
-    already = [(logging.WARNING,
-                'AMP training is already enabled in your config.')]
+    already = [(WARN, 'AMP training is already enabled in your config.')]
 
     def amp(cfg, want, log):
         del logged[:]
         assert launch.enable_amp(cfg) == want == cfg.optim_wrapper.type
         assert logged == log
-        return cfg
+        return cfg.optim_wrapper
 
     monkeypatch.setattr(torch.cuda, 'is_available', lambda: False)
-    cpu = [(logging.WARNING,
-            '--amp without CUDA: training under bfloat16 CPU autocast '
+    cpu = [(WARN, '--amp without CUDA: training under bfloat16 CPU autocast '
             '(CPUAmpOptimWrapper, no loss scaling); fp16 AMP needs a GPU.')]
-    assert 'loss_scale' not in amp(_amp_cfg(), 'CPUAmpOptimWrapper',
-                                   cpu).optim_wrapper
+    assert 'loss_scale' not in amp(_amp_cfg(), 'CPUAmpOptimWrapper', cpu)
     # a wrapper without a type is mmengine's OptimWrapper
     amp(
         Config(dict(model=dict(), optim_wrapper=dict(optimizer=dict()))),
@@ -737,8 +706,7 @@ def test_enable_amp(monkeypatch, logged):
     # the config's fp16 AMP cannot run here: --amp makes it bfloat16's
     cfg = _amp_cfg('AmpOptimWrapper')
     cfg.optim_wrapper.loss_scale = 'dynamic'
-    assert 'loss_scale' not in amp(cfg, 'CPUAmpOptimWrapper',
-                                   cpu).optim_wrapper
+    assert 'loss_scale' not in amp(cfg, 'CPUAmpOptimWrapper', cpu)
     assert raised(
         launch.enable_amp, _amp_cfg('OtherWrapper'), exc=ValueError) == (
             '`--amp` is only supported when the optimizer wrapper '
@@ -751,7 +719,7 @@ def test_enable_amp(monkeypatch, logged):
     monkeypatch.setattr(torch.cuda, 'is_available', lambda: True)
     # fp16 RoIAlign exists on CUDA
     assert amp(_amp_cfg(roi=True), 'AmpOptimWrapper',
-               []).optim_wrapper.loss_scale == 'dynamic'
+               []).loss_scale == 'dynamic'
     amp(_amp_cfg('AmpOptimWrapper'), 'AmpOptimWrapper', already)
 
 
@@ -788,30 +756,15 @@ def test_name_run(monkeypatch, tmp_path):
     assert launch.name_run(Config(dict())) == 'run'
 
 
-def test_compile_refusal():
-    refusal = launch.compile_refusal
-    assert refusal(Config(dict())) is None
-    assert refusal(Config(dict()), '2.1.2') is None
-    assert refusal(Config(dict(compile=False)), '2.1.2') is None
-    assert refusal(Config(dict(compile=True)), '2.1.2').startswith(
-        'error: compile=True needs torch >= 2.4: with torch 2.1.2')
-    assert refusal(Config(dict(compile=dict(backend='inductor'))),
-                   '2.3.1').startswith(
-                       "error: compile={'backend': 'inductor'} needs torch "
-                       '>= 2.4')
-    for new in ('2.4.0', '2.14.1+cpu'):
-        assert refusal(Config(dict(compile=True)), new) is None
-
-
 def _to_gloo(backend):
-    return (logging.INFO, 'CUDA is not available: distributed backend '
-            f"'{backend}' -> 'gloo'")
+    return INFO, ("CUDA is not available: distributed backend "
+                  f"'{backend}' -> 'gloo'")
 
 
 def _sync_bn_replaced(n):
-    return (logging.WARNING,
-            f'CUDA is not available: {n} SyncBN setting(s) of the config '
-            'replaced by BN (SyncBatchNorm has no CPU implementation)')
+    return WARN, (
+        f'CUDA is not available: {n} SyncBN setting(s) of the config '
+        'replaced by BN (SyncBatchNorm has no CPU implementation)')
 
 
 def _dist(backend=None, **cfg):
@@ -822,6 +775,13 @@ def _dist(backend=None, **cfg):
 
 
 def test_setup_cpu_distributed(monkeypatch, logged):
+
+    def setup(cfg, launcher='pytorch', log=None):
+        del logged[:]
+        assert launch.setup_cpu_distributed(cfg, launcher) is True
+        assert log is None or logged == log
+        return cfg
+
     cfg = Config(dict(model=dict(norm_cfg=dict(type='SyncBN'))))
     assert launch.setup_cpu_distributed(cfg, 'none') is False
     monkeypatch.setattr(torch.cuda, 'is_available', lambda: True)
@@ -832,8 +792,7 @@ def test_setup_cpu_distributed(monkeypatch, logged):
     monkeypatch.setattr(mmengine.dist, 'is_distributed', lambda: True)
     cfg = _dist('nccl', sync_bn='torch')
     cfg.model.norm_cfg = dict(type='SyncBN')
-    assert launch.setup_cpu_distributed(cfg, 'pytorch') is True
-    assert logged == [_to_gloo('nccl'), _sync_bn_replaced(2)]
+    setup(cfg, log=[_to_gloo('nccl'), _sync_bn_replaced(2)])
     assert (cfg.env_cfg.dist_cfg.backend, cfg.model.norm_cfg.type,
             cfg.sync_bn) == ('gloo', 'BN', None)
     assert cfg.model_wrapper_cfg == dict(
@@ -841,55 +800,46 @@ def test_setup_cpu_distributed(monkeypatch, logged):
         device_ids=None,
         broadcast_buffers=False,
         find_unused_parameters=False)
-    unused = _dist(find_unused_parameters=True)
-    launch.setup_cpu_distributed(unused, 'pytorch')
+    unused = setup(_dist(find_unused_parameters=True))
     assert unused.model_wrapper_cfg.find_unused_parameters is True
     wrapper = dict(type='MMDistributedDataParallel', broadcast_buffers=True)
-    own = _dist(
-        find_unused_parameters=True,
-        model_wrapper_cfg=dict(wrapper, device_ids=[0]))
-    del logged[:]
     monkeypatch.setenv('SLURM_PROCID', '1')  # rank 1 logs nothing
-    launch.setup_cpu_distributed(own, 'slurm')
-    assert logged == []
+    own = setup(
+        _dist(
+            find_unused_parameters=True,
+            model_wrapper_cfg=dict(wrapper, device_ids=[0])),
+        'slurm',
+        log=[])
     # the config's own wrapper is kept, only device_ids changes
     assert own.model_wrapper_cfg == dict(wrapper, device_ids=None)
     # a config without env_cfg / dist_cfg gets them (the Runner reads them)
     assert own.env_cfg.dist_cfg.backend == 'gloo'
     monkeypatch.delenv('SLURM_PROCID')
-    partial = _dist(env_cfg=dict(cudnn_benchmark=False))
-    launch.setup_cpu_distributed(partial, 'pytorch')
+    # (no backend given: mmengine's default, nccl)
+    partial = setup(
+        _dist(env_cfg=dict(cudnn_benchmark=False)), log=[_to_gloo('nccl')])
     assert partial.env_cfg == dict(
         cudnn_benchmark=False, dist_cfg=dict(backend='gloo'))
-    assert logged == [_to_gloo('nccl')]  # no backend given: mmengine's nccl
     # the rest of dist_cfg is kept; gloo already: nothing to say
-    del logged[:]
-    kept = _dist(env_cfg=dict(dist_cfg=dict(backend='gloo', timeout=600)))
-    launch.setup_cpu_distributed(kept, 'pytorch')
+    kept = setup(
+        _dist(env_cfg=dict(dist_cfg=dict(backend='gloo', timeout=600))),
+        log=[])
     assert kept.env_cfg.dist_cfg == dict(backend='gloo', timeout=600)
-    assert logged == []
-    launch.setup_cpu_distributed(_dist('mpi'), 'mpi')
-    assert logged == [_to_gloo('mpi')]
-    # a wrapper without a type is mmengine's DDP: device_ids=None
-    untyped = Config(dict(model_wrapper_cfg=dict(broadcast_buffers=True)))
-    launch.setup_cpu_distributed(untyped, 'pytorch')
-    assert untyped.model_wrapper_cfg == dict(
-        broadcast_buffers=True, device_ids=None)
-    # a wrapper that is not a DistributedDataParallel takes no device_ids
-    other = Config(
-        dict(model_wrapper_cfg=dict(type='MMFullyShardedDataParallel')))
-    launch.setup_cpu_distributed(other, 'pytorch')
-    assert other.model_wrapper_cfg == dict(type='MMFullyShardedDataParallel')
+    setup(_dist('mpi'), 'mpi', log=[_to_gloo('mpi')])
+    # a wrapper without a type is mmengine's DDP: device_ids=None; one that
+    # is not a DistributedDataParallel takes no device_ids
+    for wrapper, want in ((dict(broadcast_buffers=True),
+                           dict(broadcast_buffers=True, device_ids=None)),
+                          (dict(type='MMFullyShardedDataParallel'),
+                           dict(type='MMFullyShardedDataParallel'))):
+        assert setup(Config(dict(
+            model_wrapper_cfg=wrapper))).model_wrapper_cfg == want
     # one SyncBN, no sync_bn key: one replaced, the count in the warning
-    del logged[:]
     one = _dist('gloo')
     one.model = dict(neck=dict(norm_cfg=dict(type='MMSyncBN')))
-    launch.setup_cpu_distributed(one, 'pytorch')
+    setup(one, log=[_sync_bn_replaced(1)])
     assert one.model.neck.norm_cfg.type == 'BN' and 'sync_bn' not in one
-    assert logged == [_sync_bn_replaced(1)]
-    del logged[:]
-    launch.setup_cpu_distributed(_dist('gloo'), 'pytorch')
-    assert logged == []  # nothing replaced, nothing said
+    setup(_dist('gloo'), log=[])  # nothing replaced, nothing said
 
 
 def test_setup_cpu_distributed_starts_the_group(monkeypatch):
@@ -912,14 +862,13 @@ def test_setup_cpu_distributed_starts_the_group(monkeypatch):
             mp_cfg=dict(mp_start_method='fork'),
             dist_cfg=dict(backend='nccl', timeout=60)))
     assert launch.setup_cpu_distributed(cfg, 'slurm') is True
+    launch.setup_cpu_distributed(_dist(), 'pytorch')
     assert calls == [('set_multi_processing',
                       dict(mp_start_method='fork', distributed=True)),
-                     ('init_dist', 'slurm', dict(backend='gloo', timeout=60))]
-    assert torch.cuda.set_device is real_set_device  # restored
-    del calls[:]
-    launch.setup_cpu_distributed(_dist(), 'pytorch')
-    assert calls == [('set_multi_processing', dict(distributed=True)),
+                     ('init_dist', 'slurm', dict(backend='gloo', timeout=60)),
+                     ('set_multi_processing', dict(distributed=True)),
                      ('init_dist', 'pytorch', dict(backend='gloo'))]
+    assert torch.cuda.set_device is real_set_device  # restored
     with launch._cuda_set_device_disabled():
         assert torch.cuda.set_device('cuda:7') is None
     assert torch.cuda.set_device is real_set_device
@@ -931,10 +880,10 @@ def test_log_rank0(logged, monkeypatch):
     launch._log_rank0('b')
     monkeypatch.setenv('RANK', '0')
     monkeypatch.setenv('SLURM_PROCID', '3')  # RANK wins
-    launch._log_rank0('c', level=logging.WARNING)
+    launch._log_rank0('c', level=WARN)
     monkeypatch.delenv('RANK')
     launch._log_rank0('d')
-    assert logged == [(logging.INFO, 'a'), (logging.WARNING, 'c')]
+    assert logged == [(INFO, 'a'), (WARN, 'c')]
 
 
 def test_prepare_cfg_and_import_codebase(monkeypatch):
@@ -975,9 +924,8 @@ def test_shutdown_dist(monkeypatch, logged):
     monkeypatch.setattr(dist, 'barrier', barrier)
     launch.shutdown_dist()
     assert calls == ['barrier', 'destroy']
-    assert logged == [(logging.WARNING,
-                       'shutdown_dist: barrier failed (peer gone); tearing '
-                       'the process group down anyway')]
+    assert logged == [(WARN, 'shutdown_dist: barrier failed (peer gone); '
+                       'tearing the process group down anyway')]
     del calls[:]
     try:  # an exception on its way out: no barrier (a peer may be gone)
         raise ValueError('x')
