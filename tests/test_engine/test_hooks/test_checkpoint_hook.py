@@ -54,8 +54,7 @@ def _load(path):
         return torch.load(path)
 
 
-class FlipDataset(Dataset):
-    """Fixed images, flipped with numpy and python ``random``."""
+class FlipDataset(Dataset):  # flipped with numpy and python random
 
     def __len__(self):
         return N
@@ -70,8 +69,7 @@ class FlipDataset(Dataset):
         return dict(inputs=torch.from_numpy(img.copy()), data_samples=i % 2)
 
 
-class DropoutNet(BaseModel):
-    """A linear classifier with dropout (torch RNG)."""
+class DropoutNet(BaseModel):  # dropout: torch RNG
 
     def __init__(self):
         super().__init__()
@@ -95,7 +93,6 @@ class Count(BaseMetric):
 
 
 class _On(Hook):
-    """A hook of the given callbacks (``before_train=fn``...)."""
 
     def __init__(self, **callbacks):
         vars(self).update(callbacks)
@@ -555,7 +552,6 @@ class _Log(list):
 
 
 class _Loop(BaseLoop):
-    """A built train loop (mmengine builds the real ones)."""
 
     def __init__(self, dataloader=None, **attrs):
         self.dataloader = dataloader
@@ -569,32 +565,17 @@ class _Runner(SimpleNamespace):
     """What the hook reads of a Runner; ``save_checkpoint`` as mmengine's."""
 
     def __init__(self, work_dir, loop=None, drop=(), **attrs):
-        fields = dict(
-            work_dir=str(work_dir),
-            model=nn.Module(),
-            logger=_Log(),
-            message_hub=MessageHub(f'hub_{uuid.uuid4().hex}'),
-            epoch=0,
-            iter=0,
-            max_iters=100,
-            max_epochs=100,
-            rank=0,
-            hooks=[],
-            _resume=False,
-            _has_loaded=False,
-            _load_from=None,
-            _train_loop=loop)
+        fields = dict(work_dir=str(work_dir), model=nn.Module(), logger=_Log())
+        fields.update(epoch=0, iter=0, max_iters=100, max_epochs=100, rank=0)
+        fields.update(hooks=[], _resume=False, _has_loaded=False)
+        fields.update(_load_from=None, _train_loop=loop)
+        fields.update(message_hub=MessageHub(f'hub_{uuid.uuid4().hex}'))
         fields.update(
             dict(train_loop=loop) if loop is not None else {}, **attrs)
         super().__init__(**{k: v for k, v in fields.items() if k not in drop})
 
-    def save_checkpoint(self,
-                        out_dir,
-                        filename,
-                        *a,
-                        meta=None,
-                        by_epoch=True,
-                        **k):
+    def save_checkpoint(self, out_dir, filename, *a, meta=None, **k):
+        by_epoch = k.get('by_epoch', True)
         if self.rank:
             return
         meta = dict(meta or {})
@@ -608,12 +589,6 @@ class _Runner(SimpleNamespace):
 
 SCRATCH = 'mmsoft: no checkpoint to resume from in {}; training from scratch'
 RESUMING = 'mmsoft: resuming from the newest complete checkpoint {}'
-
-
-def test_hook_takes_the_arguments_of_checkpoint_hook():
-    hook = SafeCheckpointHook(3, False, save_rng=False)
-    assert (hook.interval, hook.by_epoch, hook.save_rng) == (3, False, False)
-    assert SafeCheckpointHook().save_rng is True
 
 
 def test_only_training_claims_a_local_checkpoint_dir(tmp_path, monkeypatch):
@@ -690,13 +665,9 @@ def test_runner_without_private_attributes(tmp_path):
         work, drop=('_has_loaded', '_resume'), _load_from=str(bad))
     with pytest.raises(cio.CheckpointError, match=re.escape(str(bad))):
         SafeCheckpointHook().before_run(runner)
-
-
-def test_a_loaded_file_is_not_read_again(tmp_path):
-    """``before_run`` after ``load_from`` was loaded does not read it."""
-    bad = tmp_path / 'bad.pth'
-    bad.write_bytes(b'')  # damaged since it was loaded
-    runner = _Runner(tmp_path, _load_from=str(bad), _has_loaded=True)
+    # a loaded file is not read again (damaged since it was loaded)
+    bad.write_bytes(b'')
+    runner = _Runner(work, _load_from=str(bad), _has_loaded=True)
     SafeCheckpointHook().before_run(runner)
     runner._has_loaded = False
     with pytest.raises(cio.CheckpointError, match='is empty'):
@@ -704,7 +675,6 @@ def test_a_loaded_file_is_not_read_again(tmp_path):
 
 
 def _resumed_from(work, other):
-    """A training runner in ``work`` resumed from ``other/iter_8.pth``."""
     return _Runner(
         work,
         loop=_Loop(),
@@ -714,7 +684,6 @@ def _resumed_from(work, other):
 
 
 def test_resume_from_another_dir_forgets_its_checkpoint_names(tmp_path):
-    """Resumed from elsewhere: its checkpoint names are dropped."""
     other, work = tmp_path / 'other', tmp_path / 'run'
     work.mkdir()
     (work / 'best_acc_iter_4.pth').write_bytes(b'x')
@@ -751,7 +720,8 @@ def test_checkpoint_names_kept_unless_resumed_from_elsewhere(tmp_path, attrs):
     assert dict(runner.message_hub.runtime_info) == dict(keep_ckpt_ids=[6, 8])
 
 
-def test_partial_checkpoint_of_a_killed_run_is_removed_with_a_line(tmp_path):
+def test_partial_checkpoint_removed_with_a_line_or_remote_left_to_mmengine(
+        tmp_path, monkeypatch):
     stale = tmp_path / f'.iter_4.pth.{dead_pid()}.0123abcd{cio.TMP_SUFFIX}'
     stale.write_bytes(b'x')
     runner = _Runner(tmp_path)
@@ -760,10 +730,7 @@ def test_partial_checkpoint_of_a_killed_run_is_removed_with_a_line(tmp_path):
         f'mmsoft: removed {stale}, a partial checkpoint left by a killed run'
     ]
     assert os.listdir(tmp_path) == []
-
-
-def test_remote_checkpoints_are_left_to_mmengine(tmp_path, monkeypatch):
-    """A remote ``out_dir``: one warning; mmengine's rules apply there."""
+    # a remote out_dir: one warning; mmengine's rules apply there
     remote = SimpleNamespace(join_path=posixpath.join)
     monkeypatch.setattr(mm.FileClient, 'infer_client', lambda *a: remote)
     monkeypatch.setattr(mm, 'get_file_backend', lambda *a, **k: remote)
@@ -835,7 +802,6 @@ class _Prefetching:
 
 
 def test_resume_restores_infinite_sampler_indices(tmp_path):
-    """A prefetched InfiniteSampler follows the checkpoint's seed."""
     data = list(range(16))
 
     def loader(seed):
@@ -914,7 +880,6 @@ def test_sampler_seed_left_alone_when_unchanged_or_unknown(
 
 
 def test_rng_states_restored_after_mmengines_replay(tmp_path):
-    """RNG states come back after mmengine replays the batches."""
     state = get_rng_state()
     want = _draws()
     meta = dict(mmsoft_rng=dict(world_size=1, states=[state]))
@@ -936,7 +901,6 @@ def test_rng_states_restored_after_mmengines_replay(tmp_path):
 
 
 def test_best_checkpoint_is_atomic_and_holds_the_training_rng(tmp_path):
-    """Best checkpoints hold the training (pre-validation) RNG states."""
     hook = SafeCheckpointHook(interval=1, save_best='acc', rule='greater')
     runner = _Runner(tmp_path, loop=_Loop(), epoch=1, iter=10)
     runner.hooks = [hook]
@@ -986,7 +950,6 @@ def test_checkpoint_and_last_checkpoint_are_durable(tmp_path, monkeypatch):
 
 
 def test_every_ranks_rng_states_are_saved(tmp_path, monkeypatch):
-    """Distributed: all ranks gather every rank's RNG states at a save."""
     _draws()
     other, sent = get_rng_state(), []  # another rank's
     monkeypatch.setattr(ch, 'is_distributed', lambda: True)
@@ -1017,7 +980,10 @@ def test_other_ranks_write_no_last_checkpoint(tmp_path, monkeypatch):
 
 def test_validation_without_training(tmp_path):
     """``runner.val()`` twice (no ``before_train``): nothing saved."""
-    for hook in (SafeCheckpointHook(), SafeCheckpointHook(save_rng=False)):
+    hook = SafeCheckpointHook(3, False, save_rng=False)  # CheckpointHook's
+    assert (hook.interval, hook.by_epoch, hook.save_rng) == (3, False, False)
+    assert SafeCheckpointHook().save_rng is True
+    for hook in (SafeCheckpointHook(), hook):
         runner = _Runner(tmp_path)
         for _ in range(2):
             hook.before_val(runner)
