@@ -1,18 +1,23 @@
-"""The mutation catalogue (``tests/mutation/mutations.py``, run by
-``make mutations``) stays applicable: every mutation's text occurs exactly
-once in its file and changes it, and every test it names exists, so that a
-refactor cannot silently retire a mutation."""
+"""``make mutations`` stays applicable and scores right: every hand-written
+mutation's text occurs once in its file and every test it names exists (a
+refactor cannot silently retire one); the mutmut groups' files and tests
+exist; the runner's config, table, equivalents, re-test and child-process
+bridge (``tests/mutation``)."""
 import ast
 import json
 import os
 import os.path as osp
+import subprocess
 import sys
 
 import pytest
 from conftest import ROOT
 
+SITE = osp.join(ROOT, 'tests', 'mutation', 'site')
 sys.path.insert(0, osp.join(ROOT, 'tests', 'mutation'))
+import run_mutmut  # noqa: E402
 from mutations import MUTATIONS, by_name  # noqa: E402
+from run_mutmut import GROUPS, TOOLS_PKG  # noqa: E402
 
 
 def test_names_are_unique():
@@ -22,39 +27,27 @@ def test_names_are_unique():
 @pytest.mark.parametrize('m', MUTATIONS, ids=lambda m: m.name)
 def test_mutation_applies_and_names_real_tests(m):
     with open(osp.join(ROOT, m.path)) as f:
-        text = f.read()
-    assert text.count(m.old) == 1, f'{m.name}: old text not found once'
-    assert m.old != m.new
-    assert m.tests
+        assert f.read().count(m.old) == 1, f'{m.name}: old text not found once'
+    assert m.old != m.new and m.tests
     for sel in m.tests:
         path, _, name = sel.partition('::')
-        name = name.split('[')[0]
         with open(osp.join(ROOT, path)) as f:
             tree = ast.parse(f.read())
         defined = {
             n.name
             for n in ast.walk(tree) if isinstance(n, ast.FunctionDef)
         }
-        assert not name or name in defined, f'{m.name}: no test {sel}'
-
-
-# ------------------------------------------- the generated mutants' groups
-from run_mutmut import GROUPS, TOOLS_PKG  # noqa: E402
-
-
-def _repo_path(path):
-    """A group path as it is in the repository (mutmut's copy has the
-    tools' package under src/)."""
-    return (TOOLS_PKG + path[len('src/mmsoft_tools/'):]
-            if path.startswith('src/mmsoft_tools/') else path)
+        assert not name or name.split('[')[0] in defined, f'no test {sel}'
 
 
 @pytest.mark.parametrize('name', list(GROUPS))
 def test_group_files_and_tests_exist(name):
     group = GROUPS[name]
     assert group.mutate and group.budget > 0
-    for path in group.mutate:
-        assert osp.isfile(osp.join(ROOT, _repo_path(path))), path
+    for path in group.mutate:  # mutmut's copy has the tools under src/
+        if path.startswith('src/mmsoft_tools/'):
+            path = TOOLS_PKG + path[len('src/mmsoft_tools/'):]
+        assert osp.isfile(osp.join(ROOT, path)), path
     for sel in group.tests:
         if not sel.startswith('-'):
             path, _, test = sel.partition('::')
@@ -64,21 +57,22 @@ def test_group_files_and_tests_exist(name):
                     assert f'def {test}(' in f.read(), sel
 
 
-def test_groups_do_not_overlap():
+def test_groups_are_disjoint_and_the_model_groups_share_tests():
+    """mutmut keeps results across a change of the mutated files, not of
+    the tests: numerics and backbone share one selection."""
     seen = {}
     for name, group in GROUPS.items():
         for path in group.mutate:
             assert path not in seen, f'{path} in {seen.get(path)} and {name}'
             seen[path] = name
+    assert GROUPS['numerics'].tests == GROUPS['backbone'].tests
 
 
 def test_config_section_reads_as_mutmut_reads_it(tmp_path, monkeypatch):
-    """The [mutmut] section written into the copy: lists one value per line
-    (mutmut splits a multi-line value on newlines, a one-line value is a
-    one-element list), the repository's setup.cfg kept above it."""
+    """Lists one value per line (mutmut splits a multi-line value on
+    newlines, a one-line value is a one-element list) below the
+    repository's setup.cfg."""
     import configparser
-
-    import run_mutmut
     monkeypatch.setattr(run_mutmut, 'checkout_files',
                         lambda: ['mmsoft/a.py', 'tests/t.py', 'setup.cfg'])
     group = GROUPS['loading']
@@ -103,9 +97,9 @@ def test_config_section_reads_as_mutmut_reads_it(tmp_path, monkeypatch):
 
 def test_table_scores_each_group(tmp_path, monkeypatch):
     """killed + timeout over mutants - equivalent; survivors, mutants with
-    no test and the ones a spent budget left are not caught. The results
-    are not committed: a group without one keeps the guide's row."""
-    import run_mutmut
+    no test and the ones a spent budget left are not caught; a group
+    without local results keeps the guide's row; an equivalent needs a
+    reason."""
     monkeypatch.setattr(run_mutmut, 'RESULTS', str(tmp_path))
     doc = tmp_path / 'doc.md'
     kept = '| safety | 1 | 2 | 3 | 3 | 0 | 0 | 0 | 0 | 0 | 100.0% | 100.0% |'
@@ -124,19 +118,19 @@ def test_table_scores_each_group(tmp_path, monkeypatch):
     run_mutmut.write_results('loading', status, 12.4)
     back, seconds = run_mutmut.read_results('loading')
     assert seconds == 12 and back['mmsoft.a.x_f__mutmut_4'] == 'equivalent'
-    row = next(r for r in run_mutmut.table().splitlines()
-               if r.startswith('| loading |'))
-    cells = [c.strip() for c in row.strip('|').split('|')]
+
+    def cells():
+        row = next(r for r in run_mutmut.table().splitlines()
+                   if r.startswith('| loading |'))
+        return [c.strip() for c in row.strip('|').split('|')]
+
     # group budget ran mutants killed timeout survived no-tests not-run eq
-    assert cells[2:] == [
+    assert cells()[2:] == [
         '12', '11', '5', '1', '2', '1', '1', '1', '60.0%', '66.6%'
     ]
     # a mutant found equivalent after the run counts in the next table
     eq.write_text(eq.read_text() + 'mmsoft.a.x_f__mutmut_7 same value\n')
-    row = next(r for r in run_mutmut.table().splitlines()
-               if r.startswith('| loading |'))
-    cells = [c.strip() for c in row.strip('|').split('|')]
-    assert cells[4:] == ['5', '1', '1', '1', '1', '2', '66.6%', '75.0%']
+    assert cells()[4:] == ['5', '1', '1', '1', '1', '2', '66.6%', '75.0%']
     rows = run_mutmut.table().splitlines()
     assert kept in rows and '| tools | 2400 | not run |' + ' |' * 9 in rows
     run_mutmut.update_doc()  # the loading row replaces the table's
@@ -145,81 +139,64 @@ def test_table_scores_each_group(tmp_path, monkeypatch):
         for row in rows
         for name in GROUPS if row.startswith(f'| {name} |')
     }
-
-
-def test_listed_equivalents_are_skipped_and_groups_share_a_copy(
-        tmp_path, monkeypatch):
-    """Before a run the listed equivalents that have not run are marked
-    skipped (mutmut's code 34: it does not run them), a mutant taken off
-    the list goes back to mutmut, a result stands; the status of a group
-    comes from its own files' ``.meta`` only (two groups share a copy)."""
-    pytest.importorskip('mutmut')
-    import run_mutmut
-    eq = tmp_path / 'equivalent.txt'
-    eq.write_text('mmsoft.a.x_f__mutmut_1 same\nmmsoft.a.x_f__mutmut_2 same\n')
-    monkeypatch.setattr(run_mutmut, 'EQUIVALENT', str(eq))
-    (tmp_path / 'mutants' / 'mmsoft').mkdir(parents=True)
-    codes = {
-        'a': {
-            'mmsoft.a.x_f__mutmut_1': None,  # listed, not run: skipped
-            'mmsoft.a.x_f__mutmut_2': 0,  # listed, ran: stays
-            'mmsoft.a.x_f__mutmut_3': 34,  # off the list: runs again
-            'mmsoft.a.x_f__mutmut_4': 1
-        },
-        'b': {
-            'mmsoft.b.x_g__mutmut_1': None
-        }
-    }
-    for mod, by_key in codes.items():
-        (tmp_path / 'mutants' / 'mmsoft' / f'{mod}.py.meta').write_text(
-            json.dumps(dict(exit_code_by_key=by_key, other=1)))
-    group = run_mutmut.Group('a', ('mmsoft/a.py', ), ('tests', ), 1)
-    assert run_mutmut.skip_equivalents(str(tmp_path), group) == 1
-    meta = json.loads(
-        (tmp_path / 'mutants' / 'mmsoft' / 'a.py.meta').read_text())
-    assert meta['other'] == 1 and meta['exit_code_by_key'] == {
-        'mmsoft.a.x_f__mutmut_1': 34,
-        'mmsoft.a.x_f__mutmut_2': 0,
-        'mmsoft.a.x_f__mutmut_3': None,
-        'mmsoft.a.x_f__mutmut_4': 1
-    }
-    assert run_mutmut.mutant_status(str(tmp_path), group) == {
-        'mmsoft.a.x_f__mutmut_1': 'skipped',
-        'mmsoft.a.x_f__mutmut_2': 'survived',
-        'mmsoft.a.x_f__mutmut_3': 'not run',
-        'mmsoft.a.x_f__mutmut_4': 'killed'
-    }
-    assert len(run_mutmut.mutant_status(str(tmp_path))) == 5
-
-
-def test_model_groups_share_one_test_selection():
-    """numerics and backbone mutate disjoint files (test_groups_do_not_overlap)
-    under one selection of tests (mutmut keeps results across a change of
-    the mutated files, not of the tests)."""
-    assert GROUPS['numerics'].tests == GROUPS['backbone'].tests
-
-
-def test_equivalent_needs_a_reason(tmp_path, monkeypatch):
-    import run_mutmut
-    eq = tmp_path / 'equivalent.txt'
     eq.write_text('mmsoft.a.x_f__mutmut_4\n')
-    monkeypatch.setattr(run_mutmut, 'EQUIVALENT', str(eq))
     with pytest.raises(SystemExit, match='has no reason'):
         run_mutmut.equivalents()
 
 
-def test_child_process_hits_count_for_the_test(tmp_path, monkeypatch):
-    """The bridge of tests/mutation/site: in mutmut's stats run, a child
-    process writes the mutated functions it ran, and the plugin adds them
-    to the running test's record (mutmut alone sees its own process)."""
+def test_listed_equivalents_are_skipped_and_groups_share_a_copy(
+        tmp_path, monkeypatch):
+    """Listed equivalents not yet run are marked skipped (mutmut's code 34),
+    a mutant taken off the list goes back to mutmut, a result stands; a
+    group's status comes from its own files' ``.meta`` only."""
     pytest.importorskip('mutmut')
-    import subprocess
-    site = osp.join(ROOT, 'tests', 'mutation', 'site')
+    eq = tmp_path / 'equivalent.txt'
+    eq.write_text('mmsoft.a.x_f__mutmut_1 same\nmmsoft.a.x_f__mutmut_2 same\n')
+    monkeypatch.setattr(run_mutmut, 'EQUIVALENT', str(eq))
+    (tmp_path / 'mutants' / 'mmsoft').mkdir(parents=True)
+    # listed, not run: skipped; listed, ran: stays; off the list: runs again
+    codes = dict(a=[None, 0, 34, 1], b=[None])
+    for mod, by_key in codes.items():
+        (tmp_path / 'mutants' / 'mmsoft' / f'{mod}.py.meta').write_text(
+            json.dumps(
+                dict(
+                    exit_code_by_key={
+                        f'mmsoft.{mod}.x_f__mutmut_{i}': c
+                        for i, c in enumerate(by_key, 1)
+                    },
+                    other=1)))
+    group = run_mutmut.Group('a', ('mmsoft/a.py', ), ('tests', ), 1)
+    assert run_mutmut.skip_equivalents(str(tmp_path), group) == 1
+    meta = json.loads(
+        (tmp_path / 'mutants' / 'mmsoft' / 'a.py.meta').read_text())
+    assert meta['other'] == 1 and list(
+        meta['exit_code_by_key'].values()) == [34, 0, None, 1]
+    assert list(run_mutmut.mutant_status(str(tmp_path), group).items()) == [
+        (f'mmsoft.a.x_f__mutmut_{i}', s)
+        for i, s in enumerate(['skipped', 'survived', 'not run', 'killed'], 1)
+    ]
+    assert len(run_mutmut.mutant_status(str(tmp_path))) == 5
+
+
+def _plugin():
+    sys.path.insert(0, SITE)
+    try:
+        import mmsoft_mutmut_stats
+    finally:
+        sys.path.remove(SITE)
+    return mmsoft_mutmut_stats
+
+
+def test_child_process_hits_count_for_the_test(tmp_path, monkeypatch):
+    """In mutmut's stats run a child process writes the mutated functions
+    it ran (site/sitecustomize.py); the plugin adds them to the running
+    test's record, in that run only."""
+    pytest.importorskip('mutmut')
     env = dict(
         os.environ,
         MUTANT_UNDER_TEST='stats',
         MMSOFT_MUTMUT_HITS=str(tmp_path),
-        PYTHONPATH=site)
+        PYTHONPATH=SITE)
     code = ('from mutmut.mutation import trampoline; '
             "trampoline.record_trampoline_hit('mmsoft.a.x_f')")
     subprocess.run([sys.executable, '-c', code],
@@ -227,41 +204,30 @@ def test_child_process_hits_count_for_the_test(tmp_path, monkeypatch):
                    check=True,
                    cwd=str(tmp_path))
     assert [p.read_text() for p in tmp_path.glob('*.txt')] == ['mmsoft.a.x_f']
-    sys.path.insert(0, site)
-    try:
-        import mmsoft_mutmut_stats
-    finally:
-        sys.path.remove(site)
+    plugin = _plugin()
     from mutmut.state import state
     monkeypatch.setenv('MMSOFT_MUTMUT_HITS', str(tmp_path))
     monkeypatch.setenv('MUTANT_UNDER_TEST', 'other')
-    mmsoft_mutmut_stats.pytest_runtest_teardown(None, None)
-    assert list(tmp_path.glob('*.txt'))  # only the stats run reads them
+    plugin.pytest_runtest_teardown(None, None)
+    assert list(tmp_path.glob('*.txt'))
     monkeypatch.setenv('MUTANT_UNDER_TEST', 'stats')
-    mmsoft_mutmut_stats.pytest_runtest_teardown(None, None)
+    plugin.pytest_runtest_teardown(None, None)
     assert 'mmsoft.a.x_f' in state()._stats
     assert not list(tmp_path.glob('*.txt'))
     state()._stats.discard('mmsoft.a.x_f')
 
 
 def test_a_mutant_runs_its_fastest_tests_first(tmp_path, monkeypatch):
-    """mutmut 3.8 passes a mutant's tests as a set (no order) and stops at
-    the first failure: the plugin sorts them by mutmut's recorded
-    durations; the clean and stats runs keep pytest's order."""
-    site = osp.join(ROOT, 'tests', 'mutation', 'site')
-    sys.path.insert(0, site)
-    try:
-        import mmsoft_mutmut_stats as plugin
-    finally:
-        sys.path.remove(site)
-    stats = tmp_path / 'mutmut-stats.json'
-    stats.write_text(
+    """By mutmut's recorded durations (in the folder it runs the tests in);
+    the clean and stats runs keep pytest's order."""
+    plugin = _plugin()
+    (tmp_path / 'mutmut-stats.json').write_text(
         json.dumps(dict(duration_by_test={
             't::slow': 9.0,
             't::fast': 0.01
         })))
     monkeypatch.setattr(plugin, '_durations', None)
-    monkeypatch.chdir(tmp_path)  # mutmut runs the tests in mutants/
+    monkeypatch.chdir(tmp_path)
 
     class Item:
 
@@ -281,23 +247,18 @@ def test_a_mutant_runs_its_fastest_tests_first(tmp_path, monkeypatch):
 
 def test_retest_runs_only_last_survivors(tmp_path, monkeypatch):
     """--retest names to mutmut the mutants that survived, had no test or
-    did not run, and are not listed as equivalent since (mutmut re-tests
-    changed functions, not changed tests)."""
-    import run_mutmut
+    did not run, less those listed as equivalent since; a fresh copy first
+    makes the mutants only."""
     monkeypatch.setattr(run_mutmut, 'RESULTS', str(tmp_path))
     monkeypatch.setattr(run_mutmut, 'EQUIVALENT', str(tmp_path / 'none'))
     monkeypatch.setattr(run_mutmut, 'sync_copy', lambda ws: None)
     monkeypatch.setattr(run_mutmut, 'write_config', lambda ws, g: None)
-    run_mutmut.write_results(
-        'loading', {
-            'm.x_f__mutmut_1': 'killed',
-            'm.x_f__mutmut_2': 'survived',
-            'm.x_f__mutmut_3': 'no tests',
-            'm.x_f__mutmut_4': 'timeout',
-            'm.x_f__mutmut_5': 'survived',
-            'm.x_f__mutmut_6': 'not run'
-        }, 3)
-    # listed as equivalent after that run: not re-tested
+    states = ('killed', 'survived', 'no tests', 'timeout', 'survived',
+              'not run')
+    run_mutmut.write_results('loading', {
+        f'm.x_f__mutmut_{i}': s
+        for i, s in enumerate(states, 1)
+    }, 3)
     (tmp_path / 'none').write_text('m.x_f__mutmut_5 same value\n')
     cmds = []
 
@@ -313,11 +274,10 @@ def test_retest_runs_only_last_survivors(tmp_path, monkeypatch):
     monkeypatch.setattr(run_mutmut.subprocess, 'Popen', Proc)
     group = GROUPS['loading']
     run_mutmut.run_group('loading', group, str(tmp_path), 2, retest=True)
-    assert cmds[-1][-3:] == [
-        'm.x_f__mutmut_2', 'm.x_f__mutmut_3', 'm.x_f__mutmut_6'
+    assert cmds[-1][3:] == [
+        'run', '--max-children=2', 'm.x_f__mutmut_2', 'm.x_f__mutmut_3',
+        'm.x_f__mutmut_6'
     ]
-    assert cmds[-1][3:5] == ['run', '--max-children=2']
     run_mutmut.run_group('loading', group, str(tmp_path), 2)
-    assert cmds[-1][-1] == '--max-children=2'
-    # a fresh copy (no mutants yet): one pass that only makes them first
+    assert cmds[-1][3:] == ['run', '--max-children=2']
     assert cmds[-2][3:] == ['run', '--max-children=2', run_mutmut.NO_MUTANT]

@@ -1,38 +1,19 @@
-"""Generated mutants (issue 37): mutmut, one run per module group.
+"""Generated mutants (issue 37): mutmut, once per group of :data:`GROUPS`
+(``make mutations [GROUPS='loading safety']``). Per group: the checkout is
+synced into ``work_dirs/mutation/<group>/`` (kept: mutmut resumes there;
+``tools/mmsoft_tools`` as ``src/mmsoft_tools``, so that mutants are named
+after the module the tests import), the group's ``[mutmut]`` section is
+added to its ``setup.cfg``, ``mutmut run`` runs within the group's budget
+(seconds of a 2-core machine; what a cut run did not finish is ``not
+run``), the mutants of ``equivalent.txt`` (name, reason) count as
+equivalent, and the statuses go to ``results/<group>.csv`` (local) and the
+table of ``docs/en/contributing.md`` (``--table``: from the local results; a
+group without one keeps its row). Score = (killed + timeout) / (mutants -
+equivalent). ``site/`` (on ``PYTHONPATH`` in these runs only) makes the
+functions that a test's child processes ran count for that test.
 
-``make mutations`` (all groups) or ``make mutations GROUPS='loading'``.
-For each group of :data:`GROUPS` this
-
-1. copies the checkout (tracked and untracked, non-ignored files) into
-   ``work_dirs/mutation/<group>/`` (kept: mutmut resumes there and re-tests
-   only the functions that changed); ``tools/mmsoft_tools`` goes to
-   ``src/mmsoft_tools`` so that mutmut names its mutants after the module
-   the tests import (``mmsoft_tools.cli``, not ``tools.mmsoft_tools.cli``);
-2. writes the group's ``[mutmut]`` section (the files to mutate, the tests
-   to run) into that copy's ``setup.cfg``;
-3. runs ``mutmut run`` there within the group's time budget (seconds of a
-   2-core machine, both cores for mutmut, one torch thread per worker); a
-   run cut by its budget keeps what it finished, the rest is ``not run``;
-4. counts killed / survived / timeout / no tests / not run, takes the
-   mutants listed in ``tests/mutation/equivalent.txt`` (name, then the
-   reason) out as equivalent, and writes the group's result to
-   ``tests/mutation/results/<group>.csv`` (local, not committed) and the
-   table (group, mutants, killed, equivalent, score) into
-   ``docs/en/contributing.md``: the committed record; a group without a
-   local result keeps its row there.
-
-Score = (killed + timeout) / (mutants - equivalent): a mutant that makes a
-test hang is caught. ``no tests`` (no test reaches the function) and ``not
-run`` count as not caught.
-
-    python tests/mutation/run_mutmut.py                  # every group
-    python tests/mutation/run_mutmut.py loading safety   # some
-    python tests/mutation/run_mutmut.py --table          # table from CSVs
-    python tests/mutation/run_mutmut.py --survivors loading   # diffs
-
-Child processes: mutmut sees the functions that ran in its own process
-only; ``tests/mutation/site`` (on ``PYTHONPATH`` in these runs alone) makes
-a tool run by a test in a child process count for that test.
+    python tests/mutation/run_mutmut.py [GROUP ...] [--retest] [--table]
+    python tests/mutation/run_mutmut.py --survivors loading   # as diffs
 """
 import argparse
 import csv
@@ -60,11 +41,8 @@ TABLE_END = '<!-- end of mutmut table -->'
 TOOLS_PKG = 'tools/mmsoft_tools/'
 if HERE not in sys.path:
     sys.path.insert(0, HERE)
-# the checkout's files (tracked and untracked, non-ignored), as the
-# hand-written catalogue's runner copies them
 from run_mutations import checkout_files  # noqa: E402
 
-CAUGHT = ('killed', 'timeout')
 SKIPPED = 34  # mutmut's exit code for a mutant it was told to skip
 NO_MUTANT = 'mmsoft-generate-only'  # a filter that matches no mutant
 
@@ -149,10 +127,8 @@ GROUPS: Dict[str, Group] = {
 }
 
 
-# ------------------------------------------------------------- the copy
 def sync_copy(ws: str) -> None:
-    """The checkout into ``ws`` (``tools/mmsoft_tools`` as
-    ``src/mmsoft_tools``); unchanged files keep their time stamps."""
+    """The checkout into ``ws``; unchanged files keep their time stamps."""
     for rel in checkout_files():
         src = osp.join(ROOT, rel)
         if not osp.isfile(src):
@@ -160,92 +136,83 @@ def sync_copy(ws: str) -> None:
         if rel.startswith(TOOLS_PKG):
             rel = 'src/mmsoft_tools/' + rel[len(TOOLS_PKG):]
         dst = osp.join(ws, rel)
-        if osp.isfile(dst) and _same(src, dst):
-            continue
+        if osp.isfile(dst):
+            with open(src, 'rb') as a, open(dst, 'rb') as b:
+                if a.read() == b.read():
+                    continue
         os.makedirs(osp.dirname(dst), exist_ok=True)
         shutil.copy2(src, dst)
 
 
-def _same(a: str, b: str) -> bool:
-    with open(a, 'rb') as fa, open(b, 'rb') as fb:
-        return fa.read() == fb.read()
-
-
 def write_config(ws: str, group: Group) -> None:
-    """The repository's ``setup.cfg`` plus the group's ``[mutmut]``."""
+    """The repository's ``setup.cfg`` plus the group's ``[mutmut]`` (a list:
+    one value per line; mutmut reads a one-line value as a one-item list)."""
     with open(osp.join(ROOT, 'setup.cfg')) as f:
         text = f.read()
-    top = sorted({
-        p.split('/')[0]
-        for p in checkout_files()
-        if p.split('/')[0] not in ('mmsoft', 'src', 'setup.cfg')
-    })
-    lines = dict(
+    top = sorted({p.split('/')[0]
+                  for p in checkout_files()} - {'mmsoft', 'src', 'setup.cfg'})
+    lists = dict(
         source_paths=['mmsoft', 'src'],
         only_mutate=list(group.mutate),
         also_copy=top,
         pytest_add_cli_args=[
             '-p', 'no:cacheprovider', '-p', 'mmsoft_mutmut_stats'
         ],
-        pytest_add_cli_args_test_selection=list(group.tests),
-        process_isolation=['forkserver'],
-        use_git_change_detection=['false'],
-        log_to_file=['true'],
-        timeout_multiplier=['3'],
-        timeout_constant=['30'])
-    section = '\n[mutmut]\n' + ''.join(
-        f'{k}=\n' + ''.join(f'    {v}\n'
-                            for v in vals) if len(vals) > 1 or k in
-        ('source_paths', 'only_mutate', 'also_copy') else f'{k}={vals[0]}\n'
-        for k, vals in lines.items())
+        pytest_add_cli_args_test_selection=list(group.tests))
+    text += '\n[mutmut]\n' + ''.join(f'{k}=\n' + ''.join(f'    {v}\n'
+                                                         for v in vals)
+                                     for k, vals in lists.items())
+    text += ('process_isolation=forkserver\nuse_git_change_detection=false\n'
+             'log_to_file=true\ntimeout_multiplier=3\ntimeout_constant=30\n')
     with open(osp.join(ws, 'setup.cfg'), 'w') as f:
-        f.write(text + section)
+        f.write(text)
 
 
-# --------------------------------------------------------------- a run
 def run_group(name: str,
               group: Group,
               work: str,
               children: int,
               retest: bool = False) -> float:
+    """mutmut on ``group`` in ``work/name`` within its budget: seconds."""
     ws = osp.join(work, name)
-    os.makedirs(ws, exist_ok=True)
+    os.makedirs(osp.join(ws, 'hits'), exist_ok=True)
     sync_copy(ws)
     write_config(ws, group)
-    hits = osp.join(ws, 'hits')
-    os.makedirs(hits, exist_ok=True)
     env = dict(
         os.environ,
         PYTHONPATH=os.pathsep.join([
             osp.join(ws, 'mutants', 'src'),
             osp.join(ws, 'tests', 'mutation', 'site')
         ]),
-        MMSOFT_MUTMUT_HITS=hits,
+        MMSOFT_MUTMUT_HITS=osp.join(ws, 'hits'),
         OMP_NUM_THREADS='1',
         MKL_NUM_THREADS='1',
         PYTHONDONTWRITEBYTECODE='1',
         MPLBACKEND='Agg')
     cmd = [sys.executable, '-m', 'mutmut', 'run', f'--max-children={children}']
     if retest:  # mutmut re-tests changed functions, not changed tests
-        status, _ = read_results(name)
-        eq = equivalents()  # listed since that run: not again
+        eq = equivalents()
         again = sorted(
-            k for k, v in (status or {}).items()
+            k for k, v in (read_results(name)[0] or {}).items()
             if v in ('survived', 'no tests', 'not run') and k not in eq)
         if not again:
             print(f'[{name}] no survivor to re-test', flush=True)
             return 0.0
-        print(f'[{name}] re-testing {len(again)} survivors', flush=True)
         cmd += again
     print(
         f'[{name}] {group.what}: {len(group.mutate)} files, budget '
-        f'{group.budget} s, in {ws}',
+        f'{group.budget} s, {len(cmd) - 5 or "no"} survivors re-tested, '
+        f'in {ws}',
         flush=True)
     start = time.time()
-    if not retest and not any(_metas(ws, group)):
-        # a fresh copy: mutmut makes the mutants (and collects its stats)
-        # first, stopped by a filter that matches none of them, so that
-        # the listed equivalents can be skipped in the run proper
+
+    def left():
+        return max(1, group.budget - (time.time() - start))
+
+    if not retest and not _metas(ws, group):
+        # a fresh copy: mutmut makes the mutants (and its stats) first,
+        # stopped by a filter that matches none, so that the listed
+        # equivalents can be skipped in the run proper
         with open(osp.join(ws, 'generate.log'), 'w') as log:
             subprocess.Popen(
                 cmd[:5] + [NO_MUTANT],
@@ -254,26 +221,23 @@ def run_group(name: str,
                 stdout=log,
                 stderr=subprocess.STDOUT).wait(timeout=group.budget)
     print(
-        f'[{name}] {skip_equivalents(ws, group)} mutants listed as '
-        'equivalent are skipped',
+        f'[{name}] {skip_equivalents(ws, group)} listed equivalents '
+        'skipped',
         flush=True)
     proc = subprocess.Popen(cmd, cwd=ws, env=env, start_new_session=True)
     try:
-        proc.wait(timeout=max(1, group.budget - (time.time() - start)))
+        proc.wait(timeout=left())
         if proc.returncode == 1 and not osp.isfile(
                 osp.join(ws, 'mutants', 'mutmut-stats.json')):
-            # a first run under load has failed its stats run (a test with
-            # a time limit, cold caches); the second has not, so far
-            print(
-                f'[{name}] mutmut could not collect its stats: once more',
-                flush=True)
+            # a first run under load can fail its stats run: once more
+            print(f'[{name}] no stats collected: once more', flush=True)
             proc = subprocess.Popen(
                 cmd, cwd=ws, env=env, start_new_session=True)
-            proc.wait(timeout=max(1, group.budget - (time.time() - start)))
+            proc.wait(timeout=left())
     except subprocess.TimeoutExpired:
         print(
-            f'[{name}] budget of {group.budget} s spent: stopping '
-            '(finished mutants keep their result)',
+            f'[{name}] budget spent: stopping (finished mutants keep '
+            'their result)',
             flush=True)
         os.killpg(proc.pid, signal.SIGINT)
         try:
@@ -282,17 +246,16 @@ def run_group(name: str,
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait()
     if proc.returncode not in (0, -signal.SIGINT, 130):
-        log = osp.join(ws, 'mutants', 'mutmut-debug.log')
         print(
             f'[{name}] mutmut stopped with exit status {proc.returncode} '
-            f'(its log: {log}); the results below are what it finished',
+            f'(log: {ws}/mutants/mutmut-debug.log)',
             flush=True)
     return time.time() - start
 
 
 def _metas(ws: str, group: Group = None):
-    """mutmut's ``.meta`` files in ``ws`` (one per mutated file; those of
-    ``group``'s files only, when given: two groups can share a copy)."""
+    """mutmut's ``.meta`` files in ``ws`` (of ``group``'s files, if given:
+    two groups can share a copy)."""
     root = osp.join(ws, 'mutants')
     if group is None:
         return sorted(
@@ -307,33 +270,30 @@ def mutant_status(ws: str, group: Group = None) -> Dict[str, str]:
     found = {}
     for meta in _metas(ws, group):
         with open(meta) as f:
-            codes = json.load(f)['exit_code_by_key']
-        for key, code in codes.items():
-            status = status_by_exit_code[code]
-            found[key] = 'not run' if code is None else status
+            for key, code in json.load(f)['exit_code_by_key'].items():
+                found[key] = ('not run'
+                              if code is None else status_by_exit_code[code])
     return found
 
 
 def skip_equivalents(ws: str, group: Group) -> int:
-    """Mark the listed equivalents that mutmut has not run as skipped
-    (mutmut's exit code 34), so that a run does not spend a surviving
-    mutant's time (every test of its function) on them, and give a mutant
-    taken off the list back to mutmut (not run). mutmut itself resets the
-    mutants of a function that changed, so a stale entry runs again."""
+    """Mark the listed equivalents not yet run as skipped (mutmut's code
+    34: a survivor costs every test of its function) and give a mutant
+    taken off the list back to mutmut. Returns how many are skipped."""
     eq = equivalents()
     marked = 0
     for meta in _metas(ws, group):
         with open(meta) as f:
             data = json.load(f)
         codes = data['exit_code_by_key']
-        changed = False
+        before = dict(codes)
         for key, code in codes.items():
             if code is None and key in eq:
-                codes[key], changed = SKIPPED, True
+                codes[key] = SKIPPED
             elif code == SKIPPED and key not in eq:
-                codes[key], changed = None, True
+                codes[key] = None
             marked += codes[key] == SKIPPED
-        if changed:
+        if codes != before:
             with open(meta + '.part', 'w') as f:
                 json.dump(data, f, indent=4)
             os.replace(meta + '.part', meta)
@@ -346,9 +306,8 @@ def equivalents() -> Dict[str, str]:
     if osp.isfile(EQUIVALENT):
         with open(EQUIVALENT) as f:
             for line in f:
-                line = line.strip()
-                if line and not line.startswith('#'):
-                    key, _, reason = line.partition(' ')
+                key, _, reason = line.strip().partition(' ')
+                if key and not key.startswith('#'):
                     if not reason.strip():
                         sys.exit(f'{EQUIVALENT}: {key} has no reason')
                     out[key] = reason.strip()
@@ -370,13 +329,13 @@ def write_results(name: str, status: Dict[str, str], seconds: float) -> None:
 
 
 def read_results(name: str):
+    """(mutant -> status, seconds) of ``results/<name>.csv``, or Nones."""
     path = osp.join(RESULTS, f'{name}.csv')
     if not osp.isfile(path):
         return None, None
     with open(path) as f:
         rows = list(csv.reader(f))
-    seconds = int(rows[0][2].split('=')[1])
-    return {r[0]: r[1] for r in rows[1:]}, seconds
+    return {r[0]: r[1] for r in rows[1:]}, int(rows[0][2].split('=')[1])
 
 
 def doc_rows() -> Dict[str, str]:
@@ -387,24 +346,23 @@ def doc_rows() -> Dict[str, str]:
         block = f.read().partition(TABLE_START)[2].partition(TABLE_END)[0]
     rows = {}
     for line in block.splitlines():
-        name = line.split(' | ')[0][2:]
-        if name in GROUPS:
-            rows[name] = line + '\n'
+        if line.split(' | ')[0][2:] in GROUPS:
+            rows[line.split(' | ')[0][2:]] = line + '\n'
     return rows
 
 
 def table() -> str:
-    """One row per group from ``results/<group>.csv``; the mutants of
-    ``equivalent.txt`` count as equivalent even if listed after the run.
-    ``score``: caught / (mutants - equivalent); ``of those run``: the same
-    over the mutants that ran (the budget's cut left out). The results are
-    not committed: a group without one keeps its row of the guide."""
+    """One row per group from its results (``equivalent.txt`` applied even
+    if listed after the run); ``of those run``: the score without the
+    mutants that a budget left out. A group without results keeps the
+    guide's row."""
     eq = equivalents()
     kept = doc_rows()
-    head = ('| group | budget (s) | ran (s) | mutants | killed | timeout | '
-            'survived | no tests | not run | equivalent | score | '
-            'of those run |\n' + '|---' * 12 + '|\n')
-    rows = []
+    rows = [
+        '| group | budget (s) | ran (s) | mutants | killed | timeout | '
+        'survived | no tests | not run | equivalent | score | '
+        'of those run |\n' + '|---' * 12 + '|\n'
+    ]
     for name, group in GROUPS.items():
         status, seconds = read_results(name)
         if status is None:
@@ -414,21 +372,21 @@ def table() -> str:
                     '\n'))
             continue
         status = {k: 'equivalent' if k in eq else v for k, v in status.items()}
-        count = {
+        n = {
             s: sum(v == s for v in status.values())
             for s in ('killed', 'timeout', 'survived', 'no tests', 'not run',
                       'equivalent')
         }
-        other = len(status) - sum(count.values())
-        caught = count['killed'] + count['timeout']
-        live = len(status) - count['equivalent']
-        ran = live - count['not run']
+        other = len(status) - sum(n.values())
+        caught = n['killed'] + n['timeout']
+        live = len(status) - n['equivalent']
         rows.append(f'| {name} | {group.budget} | {seconds} | {len(status)} '
-                    f'| {count["killed"]} | {count["timeout"]} | '
-                    f'{count["survived"] + other} | {count["no tests"]} | '
-                    f'{count["not run"]} | {count["equivalent"]} | '
-                    f'{_percent(caught, live)} | {_percent(caught, ran)} |\n')
-    return head + ''.join(rows)
+                    f'| {n["killed"]} | {n["timeout"]} | '
+                    f'{n["survived"] + other} | {n["no tests"]} | '
+                    f'{n["not run"]} | {n["equivalent"]} | '
+                    f'{_percent(caught, live)} | '
+                    f'{_percent(caught, live - n["not run"])} |\n')
+    return ''.join(rows)
 
 
 def _percent(part: int, whole: int) -> str:
@@ -450,41 +408,25 @@ def update_doc() -> None:
     os.replace(DOC + '.part', DOC)
 
 
-def show_survivors(name: str, work: str) -> None:
-    status, _ = read_results(name)
-    ws = osp.join(work, name)
-    for key, s in sorted((status or {}).items()):
-        if s in ('survived', 'no tests'):
-            print(f'--- {key} ({s})', flush=True)
-            subprocess.run([sys.executable, '-m', 'mutmut', 'show', key],
-                           cwd=ws)
-
-
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split('\n')[0])
     p.add_argument('groups', nargs='*', help=f'of {", ".join(GROUPS)}')
     p.add_argument(
         '--table',
         action='store_true',
-        help='only rewrite the table from tests/mutation/results (a '
-        'group without a local result keeps its row)')
+        help='only rewrite the table from tests/mutation/results')
     p.add_argument(
-        '--survivors',
-        action='store_true',
-        help="print the groups' surviving mutants as diffs")
+        '--survivors', action='store_true', help='print survivors as diffs')
     p.add_argument(
         '--work-dir', default=osp.join(ROOT, 'work_dirs', 'mutation'))
     p.add_argument(
         '--retest',
         action='store_true',
-        help='run only the mutants that survived, had no test or '
-        'were not run last time, e.g. after adding tests')
+        help='run only the mutants that survived, had no test or did not '
+        'run last time (e.g. after adding tests)')
     p.add_argument('--max-children', type=int, default=os.cpu_count() or 2)
     p.add_argument(
-        '--budget-scale',
-        type=float,
-        default=1.0,
-        help='multiply every budget (a slower or faster machine)')
+        '--budget-scale', type=float, default=1.0, help='times each budget')
     args = p.parse_args(argv)
     unknown = [g for g in args.groups if g not in GROUPS]
     if unknown:
@@ -496,28 +438,29 @@ def parse_args(argv=None):
 
 def main(argv=None) -> int:
     args = parse_args(argv)
-    if args.table:
-        update_doc()
-        print(table(), end='')
-        return 0
     if args.survivors:
         for name in args.groups:
-            show_survivors(name, args.work_dir)
+            for key, s in sorted((read_results(name)[0] or {}).items()):
+                if s in ('survived', 'no tests'):
+                    print(f'--- {key} ({s})', flush=True)
+                    subprocess.run(
+                        [sys.executable, '-m', 'mutmut', 'show', key],
+                        cwd=osp.join(args.work_dir, name))
         return 0
-    try:
-        import mutmut  # noqa: F401
-    except ImportError:
-        sys.exit('mutmut is not installed in this interpreter: run '
-                 '`make mutations` (installs requirements/mutation.txt)')
-    for name in args.groups:
-        group = GROUPS[name]
+    if not args.table:
+        try:
+            import mutmut  # noqa: F401
+        except ImportError:
+            sys.exit('mutmut is not installed in this interpreter: run '
+                     '`make mutations` (installs requirements/mutation.txt)')
+    for name in args.groups * (not args.table):
         group = dataclasses.replace(
-            group, budget=int(group.budget * args.budget_scale))
-        _, ran = read_results(name)
+            GROUPS[name], budget=int(GROUPS[name].budget * args.budget_scale))
+        ran = read_results(name)[1] or 0
         seconds = run_group(name, group, args.work_dir, args.max_children,
                             args.retest)
         status = mutant_status(osp.join(args.work_dir, name), group)
-        write_results(name, status, seconds + (ran or 0) * args.retest)
+        write_results(name, status, seconds + ran * args.retest)
     update_doc()
     print(table(), end='')
     return 0

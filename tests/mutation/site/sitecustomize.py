@@ -1,14 +1,8 @@
-"""Imported by every interpreter that ``make mutations`` starts (this folder
-is on ``PYTHONPATH`` there, nowhere else).
-
-During mutmut's stats run (``MUTANT_UNDER_TEST=stats``) the tests that run a
-tool in a child process (the script server, ``tools/dist_train.sh``) call
-mutated functions in that child, where mutmut does not see them. Here such
-a child records the names itself and writes them, at exit, to
-``$MMSOFT_MUTMUT_HITS/<pid>.txt``; :mod:`mmsoft_mutmut_stats` adds them to
-the test that started the child. Without it, a function that only the
-tools' tests reach has no test for mutmut ("no tests").
-"""
+"""On ``PYTHONPATH`` of ``make mutations`` only: in mutmut's stats run a
+tool's child process (the script server, ``tools/dist_train.sh``) records
+the mutated functions it ran and writes them at exit to
+``$MMSOFT_MUTMUT_HITS/<pid>.txt``, which :mod:`mmsoft_mutmut_stats` credits
+to the running test (mutmut sees its own process only)."""
 import os
 
 if (os.environ.get('MUTANT_UNDER_TEST') == 'stats'
@@ -22,18 +16,15 @@ if (os.environ.get('MUTANT_UNDER_TEST') == 'stats'
     if trampoline is not None:
         _hits = set()
 
-        def _record(name, caller=None):
-            _hits.add(name)
-
         def _dump(folder=os.environ['MMSOFT_MUTMUT_HITS']):
-            if not _hits:
-                return
-            path = os.path.join(folder, f'{os.getpid()}.txt')
-            with open(path + '.part', 'w') as f:
-                f.write('\n'.join(sorted(_hits)))
-            os.replace(path + '.part', path)
+            if _hits:
+                path = os.path.join(folder, f'{os.getpid()}.txt')
+                with open(path + '.part', 'w') as f:
+                    f.write('\n'.join(sorted(_hits)))
+                os.replace(path + '.part', path)
 
         # mutmut's own recorder reads its configuration from the working
         # directory, which a tool's child does not share
-        trampoline.record_trampoline_hit = _record
+        trampoline.record_trampoline_hit = lambda name, caller=None: _hits.add(
+            name)
         atexit.register(_dump)
