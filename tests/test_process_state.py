@@ -1,35 +1,40 @@
-"""``import mmsoft`` registers; building, initialising and running a SOFT
-model changes nothing else in the process (issue 34).
+"""``import mmsoft`` registers and is light; building, initialising and
+running a SOFT model changes nothing else in the process (issues 34, 50).
 
-A fresh interpreter snapshots what a plugin could change behind its user's
-back: mmengine's checkpoint loaders (``CheckpointLoader._schemes``, by
-identity), ``torch.load``, the warning filters and ``showwarning``, the
-handlers of the root and ``mmengine`` loggers, torch's default dtype and
-thread count, and torch's weights-only allow-list. The snapshots before
-``import mmsoft``, after it, after ``MODELS.build(dict(type='mmsoft.SOFT',
-...))``, after ``init_weights`` with an ``init_cfg`` ``Pretrained`` and after
-a forward must be equal, the allow-list included (issue 50: mmsoft widens it
-only inside :func:`mmsoft.compat.mmengine_checkpoints_allowed`, around the
-Runner's checkpoint loads).
+One fresh interpreter snapshots what a plugin could change behind its
+user's back (mmengine's checkpoint loaders by identity, ``torch.load``, the
+warning filters and ``showwarning``, the root and ``mmengine`` loggers'
+handlers, torch's default dtype, thread count and weights-only allow-list)
+before ``import mmsoft``, after it, after a build, an ``init_weights`` from
+a ``Pretrained`` file and a forward; and loads a ``.pth`` holding a numpy
+array with ``weights_only=True`` before and after the import.
 """
 import json
+import os.path as osp
 import textwrap
 
-from conftest import run_python
+import pytest
+from conftest import ROOT, run_python
 
 from mmsoft import compat
 
 SCRIPT = textwrap.dedent('''
-    import json, logging, os, sys, tempfile, warnings
+    import json, logging, os, pickle, sys, tempfile, warnings
+    import numpy as np
     import torch
     # what mmsoft imports from its stack, imported (and mmengine's current
-    # logger made) before the first snapshot: their import-time state is
-    # theirs, not mmsoft's
+    # logger made) before the first snapshot: their state is theirs
     import mmengine.hooks, mmengine.model, mmengine.optim, mmengine.runner
     from mmengine.logging import MMLogger
     from mmengine.registry import MODELS
     from mmengine.runner.checkpoint import CheckpointLoader
     MMLogger.get_current_instance()
+    warnings.simplefilter('always')
+    caught = []
+    warnings.showwarning = lambda msg, *a, **k: caught.append(str(msg))
+    tmp = tempfile.mkdtemp()
+    array = os.path.join(tmp, 'array.pth')
+    torch.save({'x': np.arange(3)}, array)
 
     def snapshot():
         get = getattr(torch.serialization, 'get_safe_globals', list)
@@ -45,14 +50,25 @@ SCRIPT = textwrap.dedent('''
             threads=torch.get_num_threads(),
             allow_list=sorted(map(str, get())))
 
-    snaps = dict(before=snapshot())
+    def load_array():
+        try:
+            got = torch.load(array, weights_only=True)
+            return 'loaded ' + repr(got['x'].tolist())
+        except pickle.UnpicklingError as e:
+            return 'refused: ' + str(e).splitlines()[0]
+
+    snaps, loads = dict(before=snapshot()), [load_array()]
     import mmsoft  # noqa
+    at_import = list(caught)
+    heavy = [m for m in ('mmdet', 'mmseg', 'mmpretrain', 'mmcv')
+             if m in sys.modules]
     snaps['import'] = snapshot()
+    loads.append(load_array())
     arch = dict(embed_dims=[8, 8, 8, 8], num_heads=[1, 1, 1, 1],
                 depths=[1, 1, 1, 1])
     model = MODELS.build(dict(type='mmsoft.SOFT', arch=arch))
     snaps['build'] = snapshot()
-    path = os.path.join(tempfile.mkdtemp(), 'soft.pth')
+    path = os.path.join(tmp, 'soft.pth')
     torch.save(dict(state_dict=model.state_dict()), path)
     model = MODELS.build(dict(
         type='mmsoft.SOFT', arch=arch,
@@ -62,49 +78,38 @@ SCRIPT = textwrap.dedent('''
     with torch.no_grad():
         model.eval()(torch.rand(1, 3, 64, 64))
     snaps['forward'] = snapshot()
-    print(json.dumps(dict(snaps=snaps)))
+    print(json.dumps(dict(snaps=snaps, loads=loads, file=mmsoft.__file__,
+                          heavy=heavy, at_import=at_import)))
 ''')
 
 
-def test_only_import_changes_the_process():
-    res = run_python(SCRIPT, timeout=300)
+@pytest.fixture(scope='module')
+def out(tmp_path_factory):
+    res = run_python(
+        SCRIPT, cwd=tmp_path_factory.mktemp('cwd'), PYTHONPATH=ROOT)
     assert res.returncode == 0, res.stderr[-3000:]
-    out = json.loads(res.stdout.strip().splitlines()[-1])
-    snaps = out['snaps']
+    return json.loads(res.stdout.strip().splitlines()[-1])
+
+
+def test_only_import_changes_the_process(out):
+    snaps = dict(out['snaps'])
     before = snaps.pop('before')
     for stage, snap in snaps.items():
         for key, value in snap.items():
             assert value == before[key], (stage, key, before[key], value)
 
 
-NUMPY_LOAD = textwrap.dedent('''
-    import json, os, pickle, sys, tempfile
-    import numpy as np
-    import torch
-    path = os.path.join(tempfile.mkdtemp(), 'array.pth')
-    torch.save({'x': np.arange(3)}, path)
-
-    def attempt():
-        try:
-            got = torch.load(path, weights_only=True)
-            return 'loaded ' + repr(got['x'].tolist())
-        except pickle.UnpicklingError as e:
-            return 'refused: ' + str(e).splitlines()[0]
-
-    out = dict(before=attempt())
-    import mmsoft  # noqa
-    out['after'] = attempt()
-    print(json.dumps(out))
-''')
+def test_import_mmsoft_is_light(out):
+    """From another folder: this checkout's mmsoft, no codebase import, no
+    warning of its own."""
+    assert out['file'] == osp.join(ROOT, 'mmsoft', '__init__.py')
+    assert out['heavy'] == []
+    assert not [w for w in out['at_import'] if 'mmsoft' in w], out
 
 
-def test_unrelated_weights_only_load_is_the_same_after_import():
-    """A ``.pth`` holding a numpy array, which torch's weights-only unpickler
-    refuses (torch >= 2.6), is refused alike after ``import mmsoft``: the
-    import leaves torch's allow-list alone (issue 50)."""
-    res = run_python(NUMPY_LOAD, timeout=300)
-    assert res.returncode == 0, res.stderr[-3000:]
-    out = json.loads(res.stdout.strip().splitlines()[-1])
-    assert out['after'] == out['before']
-    refused = out['before'].startswith('refused: ')
-    assert refused == compat.native_allow_list(), out
+def test_unrelated_weights_only_load_is_the_same_after_import(out):
+    """The numpy array, which torch's weights-only unpickler refuses (torch
+    >= 2.6), is refused alike after ``import mmsoft`` (issue 50)."""
+    before, after = out['loads']
+    assert after == before
+    assert before.startswith('refused: ') == compat.native_allow_list(), out
