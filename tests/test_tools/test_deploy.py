@@ -1,6 +1,7 @@
 """ONNX export (tools/deployment/pytorch2onnx.py, mmsoft_tools.deploy): the
-plain-op export path equals the normal forward without eigh; onnxruntime
-parity (1e-4) per task; one error line for what cannot be exported."""
+plain-op export path equals the normal forward without eigh; one error line
+for what cannot be exported (onnxruntime parity per task: test_chain.py and
+test_tool_contracts.py)."""
 import contextlib
 import io
 import os
@@ -8,7 +9,7 @@ import os.path as osp
 
 import pytest
 import torch
-from conftest import ROOT, load_module, run, tiny_arch
+from conftest import ROOT, load_module, tiny_arch
 
 pytest.importorskip('onnx')
 pytest.importorskip('onnxruntime')
@@ -95,63 +96,6 @@ def test_export_path_refuses_spectral(monkeypatch):
         newton_inverse_apply(A, W, 5, 'soft_norm_per_matrix', 'spectral')
 
 
-CASES = [
-    # config, shape, cfg options, expected outputs
-    ('soft_cls_demo.py', (64, 64), {}, ['cls_score']),
-    ('retinanet_soft_demo.py', (160, 160), {}, ['cls_score_0', 'bbox_pred_3']),
-    ('upernet_soft_demo.py', (96, 96), {}, ['seg_logits']),
-]
-
-
-@pytest.mark.parametrize(
-    'config,shape,options,names',
-    CASES,
-    ids=[c[0].split('_')[0] for c in CASES])
-def test_export_parity(tmp_path, capsys, config, shape, options, names):
-    """Random weights as a checkpoint, the tool's --verify: 1e-4."""
-    cfg_path = osp.join(DEMO, config)
-    model, _, _ = deploy.build_model(cfg_path, None)
-    ckpt = str(tmp_path / 'model.pth')
-    torch.save({'state_dict': model.state_dict()}, ckpt)
-    out = str(tmp_path / 'model.onnx')
-    rc = _tool().main([
-        cfg_path, ckpt, '--shape', *map(str, shape), '--out', out, '--verify'
-    ])
-    text = capsys.readouterr().out
-    assert rc == 0, text
-    assert 'PASS' in text
-    errs = [
-        float(line.rsplit('=', 1)[1]) for line in text.splitlines()
-        if 'max|onnx - torch|' in line
-    ]
-    assert errs and max(errs) < 1e-4
-    import onnx
-    graph = onnx.load(out).graph
-    got = [o.name for o in graph.output]
-    for name in names:
-        assert name in got
-    ops = {n.op_type for n in graph.node}
-    assert 'MatMul' in ops and not any('Eig' in op for op in ops)
-
-
-def test_export_two_stage(tmp_path):
-    """Mask R-CNN (tiny SOFT): FPN features + RPN outputs."""
-    from mmengine.config import Config
-    cfg = Config.fromfile(
-        osp.join(ROOT, 'configs', 'mask_rcnn_soft_tiny_1x.py'))
-    cfg.model.backbone.arch = TINY
-    cfg.model.neck.in_channels = TINY['embed_dims']
-    model, scope, cfg = deploy.build_model(cfg, None)
-    wrapper = deploy.ExportWrapper(model, scope, (128, 128))
-    assert wrapper.output_names[0] == 'feat_0'
-    assert 'rpn_cls_score_0' in wrapper.output_names
-    out = str(tmp_path / 'mrcnn.onnx')
-    deploy.export_onnx(wrapper, out)
-    errs = deploy.verify(wrapper, out)
-    assert len(errs) == len(wrapper.output_names)
-    assert max(errs.values()) < 1e-4, errs
-
-
 def _error_line(capsys, argv):
     rc = _tool().main(argv)
     err = without_logging_errors(capsys.readouterr().err)
@@ -174,24 +118,6 @@ def without_logging_errors(text):
             lines.append(ln)
     assert not inside, text  # a report is complete
     return lines
-
-
-def test_without_logging_errors():
-    import logging
-
-    class Closed(io.StringIO):
-
-        def write(self, s):
-            raise ValueError('I/O operation on closed file.')
-
-    stream, log = io.StringIO(), logging.getLogger('t20x_noise')
-    log.addHandler(logging.StreamHandler(Closed()))
-    log.propagate = False
-    with contextlib.redirect_stderr(stream):
-        log.warning('noise %s', 1)  # logging's report goes to sys.stderr
-    print('error: the one line', file=stream)
-    assert '--- Logging error ---' in stream.getvalue()
-    assert without_logging_errors(stream.getvalue()) == ['error: the one line']
 
 
 CLS = '{demo}/soft_cls_demo.py none --shape 64 64 --out {tmp}/x.onnx '
@@ -226,56 +152,43 @@ def test_error_line(tmp_path, capsys, args, parts):
     assert not (tmp_path / 'x.onnx').exists()
 
 
-def _authors_file(cfg, path):
-    """The weights of ``cfg``'s random model as the authors' file."""
+def test_authors_file_gets_the_line_of_tools_test(tmp_path, capsys):
+    """Issues 36, 52: mmsoft's loading code, as tools/test.py: an mmsoft
+    checkpoint loads; an authors' file is refused with tools/test.py's line
+    (the converter)."""
+    from conftest import cls_demo_config
+    from conftest import tool_namespace as tool
+
+    from mmsoft_tools.cli import run_main  # tools/test.py's door
+    cfg = cls_demo_config(tmp_path, test=4)
+    src, _, _ = deploy.build_model(cfg, None)
+    sd = src.state_dict()
+    mine, path = str(tmp_path / 'mine.pth'), str(tmp_path / 'soft_demo.pth')
+    torch.save({'state_dict': sd}, mine)
+    model, _, _ = deploy.build_model(cfg, mine)
+    assert all(torch.equal(model.state_dict()[k], v) for k, v in sd.items())
     to_official = load_module(
         osp.join(ROOT, 'tools', 'model_converters', 'mmsoft2soft.py'),
         'mmsoft2soft').convert_mmpretrain_to_official
-    src, _, _ = deploy.build_model(cfg, None)
-    official, _ = to_official({
-        k: v
-        for k, v in src.state_dict().items()
-        if k.startswith(('backbone.', 'head.fc.'))
-    })
-    torch.save({'model': official}, path)
-    return src, str(path)
-
-
-def test_weights_load_as_in_the_other_tools(tmp_path):
-    """Issue 36: mmsoft's loading code, as tools/test.py: an mmsoft
-    checkpoint loads, an authors' file is refused with the converter."""
-    cfg = osp.join(DEMO, 'soft_cls_demo.py')
-    src, authors = _authors_file(cfg, tmp_path / 'soft_demo.pth')
-    torch.save({'state_dict': src.state_dict()}, tmp_path / 'mine.pth')
-    model, _, _ = deploy.build_model(cfg, str(tmp_path / 'mine.pth'))
-    for k, v in src.state_dict().items():
-        assert torch.equal(model.state_dict()[k], v), k
+    keep = ('backbone.', 'head.fc.')
+    official = to_official({k: v for k, v in sd.items() if k.startswith(keep)})
+    torch.save({'model': official[0]}, path)
     with pytest.raises(deploy.ExportError) as info:
-        deploy.build_model(cfg, authors)
-    msg = str(info.value)
-    assert '\n' not in msg and 'official SOFT checkpoint' in msg
-    assert 'python tools/model_converters/soft2mmsoft.py' in msg
-
-
-def test_authors_file_gets_the_line_of_tools_test(tmp_path, capsys):
-    """Issue 52: an authors' file: tools/test.py's line (the converter)."""
-    from conftest import cls_demo_config
-    from conftest import tool_namespace as tool
-    cfg = cls_demo_config(tmp_path, test=4)
-    _, path = _authors_file(cfg, tmp_path / 'soft_demo.pth')
+        deploy.build_model(cfg, path)
+    assert '\n' not in str(info.value)
     line = _error_line(
         capsys,
         [cfg, path, '--shape', '64', '64', '--out',
          str(tmp_path / 'x.onnx')])
-    from mmsoft_tools.cli import run_main  # tools/test.py's door
+    assert line == f'error: {info.value}'
     err = io.StringIO()
     with pytest.raises(SystemExit) as exit_, contextlib.redirect_stderr(err):
         run_main(
             tool('test')['main'],
-            [cfg, path, '--work-dir',
-             str(tmp_path / 'w')])
+            [cfg, path, '--work-dir', str(tmp_path)])
     assert exit_.value.code == 1
     assert line == [ln for ln in err.getvalue().splitlines() if ln.strip()][-1]
+    assert 'official SOFT checkpoint' in line
     assert f'convert it first: python tools/model_converters/soft2mmsoft.py ' \
         f'{path} weights/soft_demo.pth' in line
 
@@ -303,20 +216,16 @@ def test_matmul_adaptive_pool_equals_torch():
         torch.testing.assert_close(out, ref)
 
 
-def test_error_is_all_the_output_with_random_weights(tmp_path):
+def test_error_is_all_the_output_with_random_weights(tmp_path, script_server):
     """``CHECKPOINT none``: no parameter-initialisation log (~700 lines)."""
-    import sys
-    proc = run([
-        sys.executable,
-        osp.join(ROOT, 'tools', 'deployment', 'pytorch2onnx.py'),
-        osp.join(DEMO, 'soft_cls_demo.py'), 'none', '--shape', '64', '64',
-        '--out', tmp_path / 'x.onnx', '--cfg-options',
-        'model.backbone.attn_cfg.nr_method=spectral'
-    ],
-               cwd=tmp_path,
-               timeout=300)
-    assert proc.returncode == 2, proc.stdout + proc.stderr
+    proc = script_server(
+        osp.join(ROOT, 'tools', 'deployment', 'pytorch2onnx.py'), [
+            osp.join(DEMO, 'soft_cls_demo.py'), 'none', '--shape', '64', '64',
+            '--out', tmp_path / 'x.onnx', '--cfg-options',
+            'model.backbone.attn_cfg.nr_method=spectral'
+        ], tmp_path)
     out = (proc.stdout + proc.stderr).strip().splitlines()
+    assert proc.returncode == 2, out
     assert out[-1].startswith('error: ') and 'nr_method' in out[-1]
     assert len(out) <= 3, '\n'.join(out[:20])
 

@@ -3,6 +3,7 @@
 task, every config name the READMEs / docs show."""
 import copy
 import glob
+import importlib
 import os.path as osp
 import re
 
@@ -30,50 +31,51 @@ NON_SQUARE = ('demo/soft_cls_demo', 'demo/retinanet_soft_demo',
 
 
 # ------------------------------------------------------------------ --tta
-def _image_files(tmp_path, h=40, w=56):
-    import mmcv
-    g = np.random.default_rng(0)
-    img = g.integers(0, 256, (h, w, 3), dtype=np.uint8)
-    seg = g.integers(0, 150, (h, w), dtype=np.uint8)
-    mmcv.imwrite(img, str(tmp_path / 'img.png'))
-    mmcv.imwrite(seg, str(tmp_path / 'seg.png'))
-    return img
-
-
 def _tta_views(name, tmp_path):
-    """The views ``tools/test.py --tta`` makes of one image (the config's TTA
-    pipeline after ``enable_tta``, built and run)."""
-    import importlib
-    cfg = Config.fromfile(osp.join(CONFIGS, name + '.py'))
-    scope = launch.import_codebase(cfg)
-    enable_tta = tool_namespace('test')['enable_tta']
-    enable_tta(cfg, scope)
-    assert cfg.model.module.type == Config.fromfile(
-        osp.join(CONFIGS, name + '.py')).model.type
-    img = _image_files(tmp_path)
-    results = dict(
-        img_path=str(tmp_path / 'img.png'),
-        seg_map_path=str(tmp_path / 'seg.png'),
-        reduce_zero_label=True,
-        seg_fields=[],
-        instances=[],
-        img_id=0,
-        gt_label=0)
-    transforms = importlib.import_module(f'{scope}.registry').TRANSFORMS
+    """The views ``tools/test.py --tta`` makes of one 40 x 56 image (the
+    config's TTA pipeline after ``enable_tta``, built and run)."""
+    import mmcv
     from mmengine.dataset import Compose
+    test = tool_namespace('test')
+    path = osp.join(CONFIGS, name + '.py')
+    args = test['parse_args']([path, 'c.pth', '--tta', '--show-dir', 'v'])
+    cfg = test['build_cfg'](args)
+    scope = launch.import_codebase(cfg)
+    test['enable_tta'](cfg, scope)
+    assert cfg.model.module.type == Config.fromfile(path).model.type
+    assert cfg.model.module.backbone.type == 'SOFT'
+    assert cfg.test_dataloader.dataset.pipeline[-1].type == 'TestTimeAug'
+    assert cfg.test_dataloader.dataset.pipeline == cfg.tta_pipeline
+    test['trigger_visualization_hook'](cfg, args, scope)
+    hook = cfg.default_hooks.visualization
+    assert hook.get('enable', hook.get('draw')) is True
+    g = np.random.default_rng(0)
+    mmcv.imwrite(
+        g.integers(0, 256, (40, 56, 3), dtype=np.uint8),
+        str(tmp_path / 'img.png'))
+    mmcv.imwrite(
+        g.integers(0, 150, (40, 56), dtype=np.uint8),
+        str(tmp_path / 'seg.png'))
+    transforms = importlib.import_module(f'{scope}.registry').TRANSFORMS
     with DefaultScope.overwrite_default_scope(scope):
         pipeline = Compose(
             [transforms.build(copy.deepcopy(t)) for t in cfg.tta_pipeline])
-        out = pipeline(results)
-    assert cfg.test_dataloader.dataset.pipeline == cfg.tta_pipeline
-    return img, out, cfg
+        return pipeline(
+            dict(
+                img_path=str(tmp_path / 'img.png'),
+                img_id=0,
+                seg_map_path=str(tmp_path / 'seg.png'),
+                reduce_zero_label=True,
+                seg_fields=[],
+                instances=[],
+                gt_label=0)), cfg
 
 
 @pytest.mark.parametrize('name', ['soft_tiny_in1k', 'mask_rcnn_soft_tiny_1x'])
 def test_tta_flip_views(name, tmp_path):
     """mmpretrain / mmdet configs without a TTA of their own: two views,
     the test image flipped horizontally, then as it is (enable_tta)."""
-    img, out, cfg = _tta_views(name, tmp_path)
+    out, cfg = _tta_views(name, tmp_path)
     inputs, samples = out['inputs'], out['data_samples']
     assert len(inputs) == len(samples) == 2
     a, b = (t.numpy() for t in inputs)
@@ -102,7 +104,7 @@ def test_tta_flip_views(name, tmp_path):
     ])
 def test_tta_multiscale_views(name, model_type, flips, shorts, tmp_path):
     """Multi-scale TTA: each scale flipped and not, merged by the TTA model."""
-    img, out, cfg = _tta_views(name, tmp_path)
+    out, cfg = _tta_views(name, tmp_path)
     inputs, samples = out['inputs'], out['data_samples']
     assert len(inputs) == len(flips)
     assert [bool(s.flip) for s in samples] == flips
@@ -208,6 +210,9 @@ def test_export_non_square(name, tmp_path):
     for h, w in ((H, W), (W, H)):
         wrapper = deploy.ExportWrapper(model, scope, (h, w))
         expected = _expected_shapes(wrapper.kind, wrapper, h, w)
+        if wrapper.kind == 'two_stage':  # FPN features, then the RPN's
+            assert wrapper.output_names[0] == 'feat_0'
+            assert 'rpn_cls_score_0' in wrapper.output_names
         with torch.no_grad():
             outs = dict(
                 zip(wrapper.output_names, wrapper(torch.zeros(1, 3, h, w))))
@@ -221,6 +226,7 @@ def test_export_non_square(name, tmp_path):
             deploy.export_onnx(wrapper, out)
             errs = deploy.verify(wrapper, out)
             assert max(errs.values()) < 1e-4, errs
+            assert len(errs) == len(wrapper.output_names)
             onnx_out = deploy.OnnxModel(out)(torch.zeros(1, 3, h, w))
             for name_, o in zip(wrapper.output_names, onnx_out):
                 assert tuple(o.shape) == tuple(outs[name_].shape), name_
