@@ -140,9 +140,9 @@ def test_allow_list_context_is_a_no_op_before_torch_2_6(monkeypatch):
 
 
 @needs_weights_only
-def test_torch_load_fails_outside_the_context(tmp_path):
+def test_mmengine_checkpoint_loads_weights_only_inside_the_context(tmp_path):
     path = tmp_path / 'iter_3.pth'
-    _mmengine_checkpoint(path)
+    ckpt, _ = _mmengine_checkpoint(path)
     with pytest.raises(pickle.UnpicklingError, match='HistoryBuffer'):
         torch.load(path)
     unsafe = set(torch.serialization.get_unsafe_globals_in_checkpoint(path))
@@ -152,14 +152,9 @@ def test_torch_load_fails_outside_the_context(tmp_path):
     } <= unsafe
     assert any(g.endswith('multiarray._reconstruct') for g in unsafe)
     assert any(g.endswith('multiarray.scalar') for g in unsafe)
-
-
-@needs_weights_only
-def test_mmengine_checkpoint_loads_weights_only(tmp_path, allowed):
-    path = tmp_path / 'iter_3.pth'
-    ckpt, _ = _mmengine_checkpoint(path)
-    # weights_only=True is torch's default
-    for got in (torch.load(path), torch.load(path, weights_only=True)):
+    with compat.mmengine_checkpoints_allowed():  # weights_only: the default
+        loaded = torch.load(path), torch.load(path, weights_only=True)
+    for got in loaded:
         assert got['meta'] == ckpt['meta']
         for k, v in ckpt['state_dict'].items():
             torch.testing.assert_close(got['state_dict'][k], v)
@@ -407,13 +402,16 @@ def test_getattr_is_only_a_public_method_of_history_buffer(
 
 @pytest.mark.parametrize('fn,args', [(getattr, (np.ndarray, 'tofile')),
                                      (bytes, (10**6, )),
-                                     (codecs.encode, (b'x', 'base64'))])
+                                     (codecs.encode, (b'x', 'base64')),
+                                     (codecs.encode, ('a', 'utf-8'))])
 def test_stand_ins_build_only_what_mmengine_needs(tmp_path, fn, args):
-    """The getattr / bytes / _codecs.encode stand-ins refuse other uses."""
-    if fn is codecs.encode and safe_load.native_allow_list():
-        pytest.skip('torch >= 2.6 allows every codec')
+    """The getattr / bytes / _codecs.encode stand-ins refuse other uses
+    (torch >= 2.6's own unpickler, with (obj, name) entries: any codec)."""
     path = str(tmp_path / 'gadget.pth')
     torch.save({'x': _Call(fn, *args)}, path)
+    if fn is codecs.encode and safe_load.native_allow_list():
+        assert safe_load.safe_torch_load(path) == {'x': fn(*args)}
+        return
     with pytest.raises(pickle.UnpicklingError):
         safe_load.safe_torch_load(path)
 
@@ -560,24 +558,23 @@ def test_code_globals_are_functions_and_system_modules():
 
 
 # ------------------------------------------- versions, torch < 2.6 path
-@pytest.mark.parametrize('version, want', [
-    ('2.6.0', (2, 6)),
-    ('2.5.1+cu124', (2, 5)),
-    ('2.6+cu124', (2, 6)),
-    ('2.10.0a0+git1234', (2, 10)),
-    ('3.0.0.dev20270101', (3, 0)),
-    ('2.x', (2, 0)),
+@pytest.mark.parametrize('version, want, native', [
+    ('2.6.0', (2, 6), True),
+    ('2.5.1+cu124', (2, 5), False),
+    ('2.6+cu124', (2, 6), True),
+    ('2.10.0a0+git1234', (2, 10), True),
+    ('3.0.0.dev20270101', (3, 0), True),
+    ('2.x', (2, 0), False),
+    ('2.5.1', (2, 5), False),
+    ('2.7.0+cpu', (2, 7), True),
 ])
-def test_torch_version_is_major_minor(version, want):
-    """(major, minor); local tags, pre-release suffixes dropped."""
+def test_torch_version_and_the_native_allow_list(monkeypatch, version, want,
+                                                 native):
+    """(major, minor), local tags and pre-release suffixes dropped; torch's
+    own allow-list from 2.6 on."""
     assert safe_load.torch_version(version) == want
-
-
-@pytest.mark.parametrize('version, native', [('2.5.1', False), ('2.6.0', True),
-                                             ('2.7.0+cpu', True)])
-def test_native_allow_list_from_torch_2_6(monkeypatch, version, native):
     monkeypatch.setattr(torch, '__version__', version)
-    assert safe_load.torch_version() == safe_load.torch_version(version)
+    assert safe_load.torch_version() == want
     assert safe_load.native_allow_list() is native
 
 
@@ -628,14 +625,6 @@ def test_restricted_codecs_encode_is_latin1_of_a_str_only(
     torch.save({'b': _Call(codecs.encode, '\u0100', 'latin1')}, path)
     with pytest.raises(UnicodeEncodeError):  # strict, as protocol 2 asks
         safe_load.safe_torch_load(path)
-
-
-@needs_torch('2.6', "torch's weights-only unpickler with (obj, name) "
-             'entries')
-def test_native_loader_takes_every_codec(tmp_path):
-    path = str(tmp_path / 'enc.pth')
-    torch.save({'b': _Call(codecs.encode, 'a', 'utf-8')}, path)
-    assert safe_load.safe_torch_load(path) == {'b': b'a'}
 
 
 @pytest.mark.parametrize(
