@@ -46,6 +46,7 @@ N, SIZE = 20, 6  # 20 samples of 6 x 6: 10 iterations of 2 per epoch
 FC_RECORD = SIZE * SIZE * 2 * 4  # fc.weight's tensor record (bytes)
 SAFE = 'SafeCheckpointHook'
 CKPT_ARGS = ('type', 'max_keep_ckpts', 'out_dir', 'filename_tmpl')
+SAMPLER = 'DefaultSampler'  # shuffled for training
 pytestmark = pytest.mark.usefixtures('one_thread')
 
 
@@ -115,30 +116,24 @@ def _runner(work_dir, name, by_epoch=False, stop_after=None, seed=0, **kw):
     torch.manual_seed(0)  # the model is built before the Runner seeds
     ckpt = dict(type=SAFE, max_keep_ckpts=-1)
     ckpt.update((k, kw.pop(k)) for k in CKPT_ARGS if k in kw)
-    loader = dict(
-        dataset=FlipDataset(),
-        sampler=dict(type='DefaultSampler', shuffle=True),
-        batch_size=2,
-        num_workers=0)
-    step = dict(by_epoch=True, max_epochs=3, val_interval=1) if by_epoch \
-        else dict(by_epoch=False, max_iters=10, val_interval=3)
+    ckpt.update(interval=1 if by_epoch else 2, by_epoch=by_epoch)
+    loader = dict(dataset=FlipDataset(), batch_size=2, num_workers=0)
+    kw.update(train_dataloader=dict(loader, sampler=dict(type=SAMPLER)))
+    kw.update(
+        val_dataloader=dict(loader, sampler=dict(type=SAMPLER, shuffle=False)))
+    kw.update(val_evaluator=[Count()], val_cfg=dict(), model=DropoutNet())
+    kw.update(
+        optim_wrapper=dict(optimizer=dict(type='SGD', lr=0.1, momentum=0.9)))
+    kw.update(
+        train_cfg=dict(by_epoch=True, max_epochs=3, val_interval=1)
+        if by_epoch else dict(by_epoch=False, max_iters=10, val_interval=3))
+    logger = dict(type='LoggerHook', interval=1)
+    kw.update(default_hooks=dict(checkpoint=ckpt, logger=logger))
+    kw.update(custom_hooks=[Crash(stop_after)] if stop_after else None)
+    kw.update(log_processor=dict(by_epoch=by_epoch))
     return Runner(
-        model=DropoutNet(),
         work_dir=str(work_dir),
         experiment_name=f'{name}_{uuid.uuid4().hex[:8]}',
-        train_dataloader=loader,
-        val_dataloader=dict(
-            loader, sampler=dict(type='DefaultSampler', shuffle=False)),
-        val_evaluator=[Count()],
-        val_cfg=dict(),
-        optim_wrapper=dict(optimizer=dict(type='SGD', lr=0.1, momentum=0.9)),
-        train_cfg=step,
-        default_hooks=dict(
-            checkpoint=dict(
-                ckpt, interval=1 if by_epoch else 2, by_epoch=by_epoch),
-            logger=dict(type='LoggerHook', interval=1)),
-        custom_hooks=[Crash(stop_after)] if stop_after else None,
-        log_processor=dict(by_epoch=by_epoch),
         randomness=dict(seed=seed),
         **kw)
 
@@ -169,12 +164,8 @@ def test_resume_equals_uninterrupted_run(tmp_path, by_epoch, stop_after, seed,
     with nullcontext() if hook == SAFE else mmengine_checkpoints_allowed():
         resumed.train()  # mmengine's hook reads no others
     ckpt = _load(work / ('epoch_2.pth' if by_epoch else 'iter_6.pth'))
-    ref = _runner(
-        tmp_path / 'ref',
-        'ref',
-        by_epoch,
-        seed=ckpt['meta']['seed'],
-        type=hook)
+    seed = ckpt['meta']['seed']
+    ref = _runner(tmp_path / 'ref', 'ref', by_epoch, seed=seed, type=hook)
     ref.train()
     same = _bitwise_equal(model_weights(resumed), model_weights(ref))
     assert same == (hook == SAFE)
@@ -196,12 +187,10 @@ def test_flipped_bytes_are_detected(tmp_path):
         path = tmp_path / f'{record}.pth'
         shutil.copy(work / 'iter_10.pth', path)
         flip_tensor_bytes(path, 4, size)
-        bad = _load(path)
-        assert _bitwise_equal(bad['state_dict'], good['state_dict']) == (
-            record == 'rng')
+        bad, fc = _load(path), record == 'fc'
+        assert _bitwise_equal(bad['state_dict'], good['state_dict']) != fc
         assert torch.equal(bad['meta']['mmsoft_rng']['states'][0]['torch'],
-                           state) == (
-                               record == 'fc')
+                           state) == fc
         damage = re.escape(f'{path} is corrupt (CRC error')
         # load_from (train, val) and resume stop before torch.load
         for name, run, kw in (('load_from', 'train', {}), ('val', 'val', {}),
