@@ -1,11 +1,6 @@
-"""What several test files share: the checkout's paths, child processes
-run with this interpreter and checkout, tiny SOFT archs and checkpoints,
-tool scripts loaded as modules, and a few training-loop parts.
-
-pytest loads this file before the test files (and puts ``tests/`` on
-``sys.path``): use the fixtures by name, import the rest with
-``from conftest import ...``.
-"""
+"""What several test files share (fixtures by name, the rest ``from
+conftest import ...``): paths, child processes with this interpreter and
+checkout, tiny archs and checkpoints, tools loaded as modules."""
 import contextlib
 import importlib
 import importlib.util
@@ -24,7 +19,6 @@ import pytest
 import torch
 from mmengine.hooks import Hook
 
-#: the checkout under test (``tests/`` is right below it)
 ROOT = osp.dirname(osp.dirname(osp.abspath(__file__)))
 CONFIGS = osp.join(ROOT, 'configs')
 TOOLS = osp.join(ROOT, 'tools')
@@ -33,9 +27,7 @@ sys.path.append(TOOLS)  # the tools' own package, mmsoft_tools
 
 # ------------------------------------------------------------ test order
 def pytest_terminal_summary(terminalreporter, config):
-    """The seed of pytest-randomly's test order, at the end of the run and
-    also under ``-q`` (which hides the header where pytest-randomly prints
-    it): ``make test SEED=<seed>`` replays the order."""
+    """pytest-randomly's seed, also under ``-q`` (which hides its header)."""
     seed = getattr(config.option, 'randomly_seed', None)
     if config.pluginmanager.hasplugin('randomly') and isinstance(seed, int):
         terminalreporter.write_line(
@@ -45,10 +37,9 @@ def pytest_terminal_summary(terminalreporter, config):
 
 # ------------------------------------------------------ child processes
 def child_env(**extra):
-    """``os.environ`` for a child process that runs this checkout's mmsoft
-    with this interpreter: ``PYTHON`` (what the launch scripts run) is
-    ``sys.executable``, ``PYTHONPATH`` starts with the checkout, one OpenMP
-    thread, no warnings. ``extra`` sets variables; ``None`` removes one."""
+    """``os.environ`` for a child running this checkout's mmsoft with this
+    interpreter (``PYTHON``, the launch scripts'), one OpenMP thread, no
+    warnings; ``extra`` sets variables (``None``: removes one)."""
     env = dict(
         os.environ,
         PYTHON=sys.executable,
@@ -65,8 +56,7 @@ def child_env(**extra):
 
 
 def run(cmd, cwd=ROOT, timeout=600, env=None, **extra_env):
-    """Run ``cmd`` (a list) with text output captured; in
-    ``child_env(**extra_env)`` unless ``env`` is given."""
+    """``cmd`` with text output captured, in ``child_env(**extra_env)``."""
     return subprocess.run([str(c) for c in cmd],
                           cwd=str(cwd),
                           env=child_env(**extra_env) if env is None else env,
@@ -76,7 +66,7 @@ def run(cmd, cwd=ROOT, timeout=600, env=None, **extra_env):
 
 
 def run_python(code, **kwargs):
-    """``python -c code`` with this interpreter (see :func:`run`)."""
+    """``python -c code`` (see :func:`run`)."""
     return run([sys.executable, '-c', code], **kwargs)
 
 
@@ -87,9 +77,8 @@ def dead_pid():
 
 @contextlib.contextmanager
 def work_dir_holder(work, seconds=120):
-    """A child process that holds the :class:`WorkDirLock` of ``work``
-    (taken before the block starts) until the block ends: a live training
-    run in ``work``. Yields its ``Popen``."""
+    """A child holding ``work``'s ``WorkDirLock`` during the block (a live
+    training run); yields its ``Popen``."""
     holder = subprocess.Popen([
         sys.executable, '-c',
         f'import sys, time; sys.path.insert(0, {TOOLS!r}); '
@@ -109,12 +98,8 @@ def work_dir_holder(work, seconds=120):
         holder.wait()
 
 
-#: the script server: imports the stacks, then for each request line
-#: (json: script, argv, cwd, env, stdout / stderr files, setup code) forks
-#: a child that runs the script as ``python script argv`` would (``__main__``,
-#: the script's folder first on ``sys.path``) and exits with its exit code
-#: (SystemExit's rules; an uncaught exception: traceback, 1); the server
-#: answers ``rc <code>`` (negative: killed by that signal)
+#: imports the stacks, then per json request line forks a child that runs
+#: the script as ``python script argv`` would; answers ``rc <code>``
 SCRIPT_SERVER = r"""
 import atexit, json, os, runpy, signal, sys, traceback
 import torch, mmcv, mmengine.runner, mmpretrain.models, mmpretrain.datasets
@@ -125,13 +110,13 @@ for line in sys.stdin:
     req = json.loads(line)
     pid = os.fork()
     if pid == 0:
-        for fd, path in ((1, req['stdout']), (2, req['stderr'])):
-            f = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+        write = os.O_WRONLY | os.O_CREAT | os.O_TRUNC
+        for fd, path, mode in ((0, os.devnull, os.O_RDONLY),
+                               (1, req['stdout'], write),
+                               (2, req['stderr'], write)):
+            f = os.open(path, mode, 0o644)
             os.dup2(f, fd)
             os.close(f)
-        null = os.open(os.devnull, os.O_RDONLY)
-        os.dup2(null, 0)
-        os.close(null)
         os.chdir(req['cwd'])
         os.environ.clear()
         os.environ.update(req['env'])
@@ -149,9 +134,8 @@ for line in sys.stdin:
         except BaseException:
             traceback.print_exc()
             code = 1
-        # leave without the C++ static destructors: a library thread of the
-        # parent (onnxruntime's) does not exist here, and destroying what it
-        # waits on hangs (torch 2.1 stack); Python's atexit handlers run
+        # no C++ static destructors: a parent's library thread (onnxruntime)
+        # is missing here and destroying what it waits on hangs (torch 2.1)
         atexit._run_exitfuncs()
         sys.stdout.flush()
         sys.stderr.flush()
@@ -164,15 +148,9 @@ for line in sys.stdin:
 @pytest.fixture(scope='session')
 def script_server(tmp_path_factory):
     """``run(script, argv, cwd=ROOT, env=None, setup='', timeout=300)``:
-    ``python script argv`` in ``cwd`` with ``env`` (default
-    :func:`child_env`), killed after ``timeout`` seconds, as a
-    ``subprocess.CompletedProcess`` (text stdout / stderr), without the
-    cost of a fresh interpreter: the child is forked from a process that
-    has imported the stacks (torch, mmengine, mmcv, mmpretrain, mmsoft) and
-    nothing else (:data:`SCRIPT_SERVER`). ``setup``: Python code run in the
-    child first (a ``sitecustomize.py``, a resource limit). For many short
-    runs of the tools on bad input; a test of what a fresh interpreter
-    prints or imports runs a real one (:func:`run`)."""
+    ``python script argv`` as a ``CompletedProcess``, forked from a process
+    that imported the stacks (no fresh interpreter's cost); ``setup``: code
+    run first. What a fresh interpreter prints or imports: :func:`run`."""
     pytest.importorskip('mmpretrain')
     server = subprocess.Popen([sys.executable, '-c', SCRIPT_SERVER],
                               cwd=ROOT,
@@ -186,26 +164,22 @@ def script_server(tmp_path_factory):
 
     def run_script(script, argv, cwd=ROOT, env=None, setup='', timeout=300):
         count[0] += 1
-        out, err = (str(tmp / f'{count[0]}.{s}') for s in ('out', 'err'))
+        out, err = (tmp / f'{count[0]}.{s}' for s in ('out', 'err'))
         req = dict(
             script=str(script),
             argv=[str(a) for a in argv],
             cwd=str(cwd),
             env=child_env() if env is None else env,
-            stdout=out,
-            stderr=err,
+            stdout=str(out),
+            stderr=str(err),
             setup=setup,
             timeout=timeout)
         server.stdin.write(json.dumps(req) + '\n')
         server.stdin.flush()
         answer = server.stdout.readline().split()
         assert answer[:1] == ['rc'], f'the script server stopped: {answer}'
-        texts = []
-        for path in (out, err):
-            with open(path) as f:
-                texts.append(f.read())
         return subprocess.CompletedProcess([script] + argv, int(answer[1]),
-                                           *texts)
+                                           out.read_text(), err.read_text())
 
     yield run_script
     server.stdin.close()
@@ -214,11 +188,8 @@ def script_server(tmp_path_factory):
 
 @contextlib.contextmanager
 def current_log(level=None):
-    """The records that mmengine's current logger (``print_log(...,
-    logger='current')``) receives inside the block: a fresh MMLogger is the
-    current one there (so an earlier Runner's file handler cannot take the
-    records), and the previous one is current again after it. ``level``:
-    the logger's level (default INFO; e.g. ``logging.DEBUG``)."""
+    """The records of mmengine's current logger in the block (a fresh
+    MMLogger is current there; ``level``: default INFO)."""
     import logging
 
     from mmengine.logging import MMLogger
@@ -239,9 +210,7 @@ def current_log(level=None):
 
 @contextlib.contextmanager
 def deadline(seconds=2.0):
-    """``TimeoutError`` in the block after ``seconds`` of wall time
-    (SIGALRM, main thread): a Python loop that never ends fails instead of
-    hanging the suite."""
+    """``TimeoutError`` in the block after ``seconds`` (SIGALRM)."""
 
     def _expire(signum, frame):
         raise TimeoutError(f'still running after {seconds} s')
@@ -264,8 +233,7 @@ def free_port():
 
 # ------------------------------------------------------------ scripts
 def load_module(path, name):
-    """The file at ``path`` imported as a module called ``name`` (not put
-    in ``sys.modules``): a tool's ``main()`` and helpers become callable."""
+    """The file at ``path`` as a module ``name`` (not in ``sys.modules``)."""
     spec = importlib.util.spec_from_file_location(name, path)
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
@@ -273,9 +241,8 @@ def load_module(path, name):
 
 
 def load_tool(relpath, name=None):
-    """``tools/<relpath>`` (e.g. ``'analysis/get_flops.py'``) loaded as by
-    :func:`load_module`, with its folder first on ``sys.path`` as when
-    Python runs the script (``tools/analysis`` imports ``utils``)."""
+    """``tools/<relpath>`` by :func:`load_module`, its folder first on
+    ``sys.path`` as when run (``tools/analysis`` imports ``utils``)."""
     path = osp.join(TOOLS, relpath)
     folder = osp.dirname(path)
     if folder not in sys.path:
@@ -284,8 +251,7 @@ def load_tool(relpath, name=None):
 
 
 def tool_namespace(name, run_name='tools'):
-    """The namespace of ``tools/<name>.py`` run as a module (not as
-    ``__main__``): its ``main()`` is callable."""
+    """The namespace of ``tools/<name>.py`` run, not as ``__main__``."""
     return runpy.run_path(osp.join(TOOLS, name + '.py'), run_name=run_name)
 
 
@@ -295,8 +261,7 @@ def tiny_arch(
         num_heads=(1, 1, 1, 2),
         depths=(1, 1, 1, 1),
         **extra):
-    """A tiny SOFT ``arch`` dict (lists, as a config writes them);
-    ``extra``: more arch keys (``sampling_ratios``, ...)."""
+    """A tiny SOFT ``arch`` dict (lists, as a config writes them)."""
     return dict(
         embed_dims=list(embed_dims),
         num_heads=list(num_heads),
@@ -305,9 +270,7 @@ def tiny_arch(
 
 
 def save_classifier_checkpoint(path, backbone, head=None, **extra):
-    """Save ``backbone``'s weights under ``backbone.`` (and the ``head``
-    tensors under their own keys) as mmengine lays a checkpoint out:
-    ``{'state_dict': ..., **extra}``. Returns the state dict."""
+    """``{'state_dict': backbone.* + head, **extra}`` saved; the dict."""
     sd = {f'backbone.{k}': v for k, v in backbone.state_dict().items()}
     sd.update(head or {})
     torch.save(dict(state_dict=sd, **extra), str(path))
@@ -315,8 +278,7 @@ def save_classifier_checkpoint(path, backbone, head=None, **extra):
 
 
 def random_model(cfg):
-    """The model of a config (a path or a ``Config``), built in its
-    codebase's registry and randomly initialised (``init_weights``)."""
+    """A config's model, built in its codebase and ``init_weights``-ed."""
     from mmengine.config import Config
     from mmengine.registry import DefaultScope
 
@@ -332,9 +294,7 @@ def random_model(cfg):
 
 
 def demo_support():
-    """``(synthetic, tasks)``: the demo's data generator and tasks
-    (:mod:`mmsoft_tools`); skips the test (or module) where mmdet,
-    mmseg or mmpretrain is missing."""
+    """``(demo_synthetic, demo_tasks)``; skips without the codebases."""
     for codebase in ('mmdet', 'mmseg', 'mmpretrain'):
         pytest.importorskip(codebase)
     from mmsoft_tools import demo_synthetic, demo_tasks
@@ -342,19 +302,16 @@ def demo_support():
 
 
 def tiny_demo_data(num_train):
-    """``make_demo_data`` overrides for tiny demo data sets: ``num_train``
-    training and 2 validation images for detection and segmentation, 5 and
-    5 (one image per class) for classification."""
+    """``make_demo_data`` overrides: det / seg ``num_train`` and 2, cls 5
+    and 5 (one image per class)."""
     tiny = {t: dict(num_train=num_train, num_val=2) for t in ('det', 'seg')}
     tiny['cls'] = dict(num_train=5, num_val=5)
     return tiny
 
 
 def cls_demo_config(tmp, **batch_size):
-    """``configs/demo/soft_cls_demo.py`` on generated data (5 classes, 2
-    training and 4 validation images under ``tmp/data``), written to
-    ``tmp/cls.py``; ``batch_size``: per dataloader (``val=4``). Returns
-    the config's path."""
+    """``tmp/cls.py``: the cls demo config on 2 + 4 generated images under
+    ``tmp/data``; ``batch_size``: per dataloader (``val=4``)."""
     from mmsoft_tools import demo_synthetic
     demo_synthetic.make_demo_data(
         str(tmp / 'data'),
@@ -381,10 +338,9 @@ _AUTHORS_FILES = {}
 
 
 def authors_file(path, arch):
-    """An authors'-layout file (``{'model': state_dict}``, written from the
-    re-derivation ``tests/reference``) of the preset ``arch``, 224 x 224,
-    1000 classes, at ``path``: zeros expanded to the real shapes (a few
-    bytes on disk). Returns its number of tensors."""
+    """An authors'-layout file (``{'model': ...}``, ``tests/reference``) of
+    the preset ``arch`` (224, 1000 classes): expanded zeros, a few bytes.
+    Returns its number of tensors."""
     if arch not in _AUTHORS_FILES:
         from reference.official_soft_ref import random_official_state_dict
 
@@ -411,10 +367,8 @@ def authors_file(path, arch):
 
 
 def flip_tensor_bytes(path, n, size=None):
-    """Flip ``n`` bytes in the middle of tensor records of the
-    ``torch.save`` file at ``path`` (those of ``size`` bytes, else the
-    largest) and fix nothing else: the zip's CRC no longer matches, which
-    ``torch.load`` does not check."""
+    """Flip ``n`` bytes mid-record of the tensors of ``size`` bytes (else
+    the largest) in a ``torch.save`` zip (``torch.load`` skips the CRC)."""
     with zipfile.ZipFile(path) as z:
         records = [i for i in z.infolist() if '/data/' in i.filename]
     if size is None:
@@ -435,9 +389,8 @@ def flip_tensor_bytes(path, n, size=None):
 # ------------------------------------------------------ training loops
 @pytest.fixture
 def one_thread():
-    """Tiny ops gain nothing from intra-op threads, and on a shared 2-core
-    machine their spin-waits made a Runner test ~20x slower (98 s vs 5 s).
-    Use with ``pytestmark = pytest.mark.usefixtures('one_thread')``."""
+    """One intra-op thread: on a shared 2-core machine tiny ops' spin-waits
+    made a Runner test ~20x slower (98 s vs 5 s)."""
     n = torch.get_num_threads()
     torch.set_num_threads(1)
     yield
@@ -445,13 +398,12 @@ def one_thread():
 
 
 class Interrupted(Exception):
-    """Raised by :class:`Crash`."""
+    pass
 
 
 class Crash(Hook):
-    """Interrupts training after ``stop_after`` iterations, after the
-    checkpoint of that iteration was saved (like a killed job); the same
-    config then resumes."""
+    """Interrupts training after iteration ``stop_after`` and its checkpoint
+    (a killed job)."""
 
     priority = 'LOWEST'
 
@@ -476,23 +428,13 @@ def model_weights(runner):
 
 
 # ------------------------------------------------------- torch versions
-def _version(text):
-    """(major, minor) of a version string."""
-    from mmsoft.compat import torch_version
-    return torch_version(text)
-
-
-#: what a test may need of a newer torch, per kind of test: added to the
-#: collected tests by :func:`pytest_collection_modifyitems` (float16 CPU
-#: autocast and CPU half-precision kernels: torch 2.1 has neither)
+#: added to the collected float16 CPU tests (torch 2.1 has neither)
 CPU_FLOAT16 = ('2.4', 'float16 autocast and float16 kernels on the CPU')
 
 
 def needs_torch(version, reason):
-    """The one marker of tests that need a newer torch: on an older one
-    they are skipped and ``pytest -rs`` prints ``needs torch >= <version>:
-    <reason> (this is torch <x>)``. ``make compat`` runs the suite on the
-    oldest stack of the support matrix, where these skips show."""
+    """Skipped on an older torch, ``pytest -rs`` printing why (``make
+    compat`` runs the oldest stack, where these skips show)."""
     return pytest.mark.needs_torch(version, reason)
 
 
@@ -512,6 +454,7 @@ def _is_cpu_float16(item):
 
 
 def pytest_collection_modifyitems(config, items):
+    from mmsoft.compat import torch_version as _version
     have = _version(torch.__version__)
     for item in items:
         if _is_cpu_float16(item):
@@ -528,9 +471,7 @@ def pytest_collection_modifyitems(config, items):
 
 # ------------------------------------------------------------- devices
 def device_types():
-    """The devices of the :func:`device` fixture: ``cpu``, plus ``cuda``
-    where CUDA is available; ``MMSOFT_TEST_DEVICE=cuda`` (or ``cpu``)
-    selects that one only (a GPU check runs the device tests on cuda)."""
+    """``cpu``, and ``cuda`` where available; ``MMSOFT_TEST_DEVICE``: one."""
     want = os.environ.get('MMSOFT_TEST_DEVICE', '')
     if want not in ('', 'cpu', 'cuda'):
         raise ValueError(f'MMSOFT_TEST_DEVICE={want!r}: use cpu or cuda '
@@ -543,7 +484,6 @@ def device_types():
 
 @pytest.fixture(params=device_types())
 def device(request):
-    """A device type the test runs on (see :func:`device_types`)."""
     if request.param == 'cuda' and not torch.cuda.is_available():
         pytest.fail('MMSOFT_TEST_DEVICE=cuda, but torch.cuda.is_available() '
                     'is False: run on a CUDA machine or unset it')
@@ -557,9 +497,9 @@ def smooth_kernel(*batch,
                   dtype=torch.float64,
                   freq=4,
                   stretch=6):
-    """A SOFT-like bottleneck kernel (float64 before ``dtype``): landmarks
-    varying smoothly along a curve, as conv-sampled features do, so many
-    small eigenvalues on which the 20 iterations do not converge."""
+    """A SOFT-like kernel of landmarks varying smoothly along a curve (as
+    conv-sampled features do): many small eigenvalues on which 20 NR
+    iterations do not converge."""
     from mmsoft.models.layers import gaussian_kernel
     g = torch.Generator().manual_seed(seed)
     t = torch.linspace(0, 1, m, dtype=torch.float64)[:, None]
