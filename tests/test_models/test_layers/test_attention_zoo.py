@@ -131,7 +131,7 @@ def test_every_entry_forward_backward_dw_conv_matrix_and_rows(attn_type):
         M = attn.attention_matrix(x, HW)
         v, = split(attn, x, 'v')
         ref = attn.proj(merge(M @ v) + attn.dw_conv_tokens(merge(v), HW))
-        close(attn(x, HW), ref, rtol=1e-9, atol=1e-9)
+        close(attn(x, HW), ref, 1e-9, 1e-9)
     assert M.shape == (2, HEADS, N, N)
     attn = build(attn_type)
     M = attn.attention_matrix(x, HW)
@@ -271,7 +271,7 @@ def test_linformer_rows_follow_the_landmark_cap(kw, m):
         M = attn.attention_matrix(x, hw)
         v, = split(attn, x, 'v')
         ref = attn.proj(merge(M @ v) + attn.dw_conv_tokens(merge(v), hw))
-        close(attn(x, hw), ref, rtol=1e-9, atol=1e-9)
+        close(attn(x, hw), ref, 1e-9, 1e-9)
     lin = LinformerAttention(C, HEADS, 1, **kw).double()  # r = 1 on HW
     assert lin.reduced_attention_row(tokens(), HW, 0).shape[-1] == m
     lin = LinformerAttention(
@@ -327,13 +327,13 @@ def test_performer_weights_positive_normalised_saved_and_stable():
     attn = build('performer')
     M = attn.attention_matrix(tokens(), HW)
     assert (M > 0).all()  # positive features: no negative weights
-    close(M.sum(-1), ones(M), rtol=0, atol=1e-4)  # eps in D
+    close(M.sum(-1), ones(M), 0, 1e-4)  # eps in D
     assert 'features' in attn.state_dict()
     before = attn.features.clone()
     attn.redraw()
     assert not torch.equal(before, attn.features)
     gram = attn.features[:D] @ attn.features[:D].t()  # orthogonal block
-    close(gram - torch.diag(torch.diagonal(gram)), 0 * gram, rtol=0, atol=1e-5)
+    close(gram - torch.diag(torch.diagonal(gram)), 0 * gram, 0, 1e-5)
     attn = PerformerAttention(C, HEADS, 1, dw_kernel_size=0).eval()
     with torch.no_grad():
         assert torch.isfinite(attn(torch.randn(2, N, C) * 30, HW)).all()
@@ -445,8 +445,7 @@ def test_orthogonal_gaussian_reproducible_dtype_orthogonal_and_lean(
     u = w / n
     for b in range(0, M, d):
         blk = u[b:b + d]
-        close(
-            blk @ blk.t(), torch.eye(len(blk), dtype=F64), rtol=0, atol=1e-12)
+        close(blk @ blk.t(), torch.eye(len(blk), dtype=F64), 0, 1e-12)
     assert ((n - n.float().double()).abs() / n > 1e-13).all()  # float64 norms
     calls, qr = [], torch.linalg.qr
     monkeypatch.setattr(torch.linalg, 'qr',
@@ -464,7 +463,7 @@ def test_nystromformer_is_softmax_with_all_tokens_and_rows_sum_to_one():
     attn, x = build(
         'nystromformer', ratio=1, pinv='exact', dw_kernel_size=0), tokens()
     S = softmax_matrix(*split(attn, x, 'q', 'k'))
-    close(attn.attention_matrix(x, HW), S, rtol=1e-6, atol=1e-8)
+    close(attn.attention_matrix(x, HW), S, 1e-6, 1e-8)
     attn = build('nystromformer', ratio=2, pinv='exact')
     M = attn.attention_matrix(x, HW)
     close(M.sum(-1), ones(M))
@@ -581,7 +580,7 @@ def test_sima_no_softmax_eps_and_channel_scale():
         attn.q.bias[3] *= 50
         attn.k.weight[:4] *= 0.01
         attn.k.bias[:4] *= 0.01
-        close(attn(x, HW), ref, rtol=1e-4, atol=1e-6)
+        close(attn(x, HW), ref, 1e-4, 1e-6)
 
 
 @pytest.mark.parametrize('order, hw, linear', [('linear', (7, 5), True),

@@ -27,11 +27,15 @@ from mmsoft.models.layers.soft_attention import (SAMPLING_MODES,
 
 pytestmark = pytest.mark.usefixtures('one_thread')  # tiny ops
 sa = importlib.import_module('mmsoft.models.layers.soft_attention')
-F64 = torch.float64
+F64, F32 = torch.float64, torch.float32
 HALF = [torch.bfloat16, torch.float16]
 NORMS = [1e2, 1e3, 3e3, 1e4]
 MODES = ('conv', 'avgpool', 'random', 'biased')
 BIG = 2**53 + 1  # the first int that a float64 cannot hold
+
+
+def close(a, b, rtol=None, atol=None):
+    torch.testing.assert_close(a, b, rtol=rtol, atol=atol)
 
 
 def randn(*shape, seed=0, dtype=F64):
@@ -83,51 +87,49 @@ def path(request, monkeypatch):
 
 
 # ------------------------------------------------------ the Gaussian kernel
-@pytest.mark.parametrize('x_shape, y_shape, self_kernel',
-                         [((2, 4, 3), (2, 5, 3), False),
-                          ((2, 5, 3), (2, 5, 3), True),
-                          ((2, 3, 50, 8), (2, 3, 7, 8), False)])
-def test_kernel_is_eq5_on_both_paths(path, x_shape, y_shape, self_kernel):
-    y = randn(*y_shape, seed=3)
-    x = y if self_kernel else randn(*x_shape, seed=4)
+@pytest.mark.parametrize('xs, ys, self_kernel, dx, dy, dtype, atol', [
+    ((2, 4, 3), (2, 5, 3), False, F64, F64, F64, 1e-14),
+    ((2, 5, 3), (2, 5, 3), True, F64, F64, F64, 1e-14),
+    ((2, 3, 50, 8), (2, 3, 7, 8), False, F64, F64, F64, 1e-14),
+    ((2, 4, 3), (2, 5, 3), False, F64, F32, F64, 1e-14),
+    ((2, 4, 3), (2, 5, 3), False, F32, F64, F64, 1e-14),
+] + [((1, 2, 5, 4), (1, 2, 6, 4), s, h, h, F32, 1e-6) for s in (False, True)
+     for h in HALF])
+def test_kernel_is_eq5_on_both_paths(path, xs, ys, self_kernel, dx, dy, dtype,
+                                     atol):
+    """exp(-||x_i - y_j||^2 / 2) in float64 if either side is (not rounded
+    to float32), else in float32 (half inputs: from the rounded values)."""
+    y = randn(*ys, seed=3, dtype=dy)
+    x = y if self_kernel else randn(*xs, seed=4, dtype=dx)
     K = gaussian_kernel(x, y)
-    assert K.shape == x_shape[:-1] + y_shape[-2:-1]
-    torch.testing.assert_close(K, ref_kernel(x, y), rtol=1e-12, atol=1e-14)
-    torch.testing.assert_close(K, torch.exp(-torch.cdist(x, y)**2 / 2))
+    assert K.shape == x.shape[:-1] + ys[-2:-1] and K.dtype == dtype
+    close(K.double(), ref_kernel(x, y), 1e-12 if dtype == F64 else 0, atol)
+    if dtype == F64:
+        close(K, torch.exp(-torch.cdist(x.double(), y.double())**2 / 2))
     raises(ValueError, 'gaussian_kernel: feature sizes differ (3 vs 4)',
            gaussian_kernel, randn(2, 5, 3), randn(2, 6, 4))
 
 
-@pytest.mark.parametrize('dx, dy', [(F64, torch.float32),
-                                    (torch.float32, F64)])
-def test_float64_on_either_side_computes_in_float64(path, dx, dy):
-    x, y = randn(2, 4, 3, seed=1, dtype=dx), randn(2, 5, 3, seed=2, dtype=dy)
-    K = gaussian_kernel(x, y)
-    assert K.dtype == F64
-    torch.testing.assert_close(K, ref_kernel(x, y), rtol=1e-12, atol=1e-14)
-
-
-def test_kernel_forward_and_function_default_to_the_cross_kernel():
+def test_kernel_function_defaults_and_gradcheck():
+    """kernel_forward / GaussianKernel.apply default to the cross kernel;
+    gradcheck plain, translated (values kept > 0), y broadcast, y = x."""
     x = randn(2, 4, 3, seed=10).requires_grad_()
     y = randn(2, 6, 3, seed=11).requires_grad_()
     for fn in (kernel_forward, GaussianKernel.apply):
         K = fn(x, y)
         assert K.shape == (2, 4, 6)
-        torch.testing.assert_close(K, ref_kernel(x, y), rtol=1e-12, atol=1e-14)
+        close(K, ref_kernel(x, y), 1e-12, 1e-14)
     assert torch.autograd.gradcheck(GaussianKernel.apply, (x, y))
-
-
-def test_gaussian_kernel_gradcheck_plain_offset_and_broadcast():
     x = randn(2, 9, 4, seed=20).requires_grad_()
     y = randn(2, 5, 4, seed=21).requires_grad_()
     assert torch.autograd.gradcheck(gaussian_kernel, (x, y))
     assert torch.autograd.gradcheck(lambda a: gaussian_kernel(a, a), (y, ))
-    off = 50 * randn(4, seed=1)  # translated tokens, the kernel kept > 0
+    off = 50 * randn(4, seed=1)
     x, y, y1 = [(off + randn(*s, seed=k)).requires_grad_()
                 for k, s in enumerate([(2, 9, 4), (2, 5, 4), (5, 4)], 2)]
     f = lambda a, b: gaussian_kernel(0.3 * a, 0.3 * b)  # noqa: E731
     assert torch.autograd.gradcheck(f, (x, y))
-    assert torch.autograd.gradcheck(f, (x, y1))  # y broadcast over batch
+    assert torch.autograd.gradcheck(f, (x, y1))
     assert torch.autograd.gradcheck(lambda a: gaussian_kernel(a, a), (y, ))
 
 
@@ -140,15 +142,9 @@ def test_self_kernel_diagonal_is_exactly_one_fp32(path, norm, offset):
     y = (randn(2, 3, 16, 8, seed=5) * norm if offset is None else tokens(
         norm, 2, 3, 16, 8, offset=offset)).float()
     A = gaussian_kernel(y, y)
-    assert A.dtype == torch.float32 and torch.isfinite(A).all()
+    assert A.dtype == F32 and torch.isfinite(A).all()
     assert torch.equal(A.diagonal(dim1=-2, dim2=-1), torch.ones(2, 3, 16))
-    torch.testing.assert_close(A.double(), ref_kernel(y, y), rtol=0, atol=2e-5)
-
-
-def test_gaussian_kernel_large_inputs_are_finite_and_bounded():
-    x = torch.randn(1, 64, 16) * 1e4
-    K = gaussian_kernel(x, x[:, :8])
-    assert torch.isfinite(K).all() and (K >= 0).all() and (K <= 1).all()
+    close(A.double(), ref_kernel(y, y), 0, 2e-5)
 
 
 @pytest.mark.parametrize('norm', NORMS)
@@ -158,33 +154,22 @@ def test_cross_kernel_large_offset_fp32(norm):
     q = tokens(norm, 3, 2, 64, 8).float()
     lm = q[:, :, ::8]
     P = gaussian_kernel(q, lm)
-    torch.testing.assert_close(
-        P[:, :, ::8].diagonal(dim1=-2, dim2=-1),
-        torch.ones(3, 2, 8),
-        atol=1e-5,
-        rtol=0)
-    torch.testing.assert_close(
-        P.double(), ref_kernel(q, lm), atol=2e-5, rtol=0)
+    close(P[:, :, ::8].diagonal(dim1=-2, dim2=-1), torch.ones(3, 2, 8), 0,
+          1e-5)
+    close(P.double(), ref_kernel(q, lm), 0, 2e-5)
     for b in range(3):
         assert torch.equal(P[b:b + 1], gaussian_kernel(q[b:b + 1],
                                                        lm[b:b + 1]))
-
-
-@pytest.mark.parametrize('self_kernel', [False, True])
-@pytest.mark.parametrize('dtype', HALF)
-def test_half_inputs_are_computed_in_float32(path, dtype, self_kernel):
-    y = randn(1, 2, 6, 4, seed=6, dtype=dtype)
-    x = y if self_kernel else randn(1, 2, 5, 4, seed=7, dtype=dtype)
-    K = gaussian_kernel(x, y)
-    assert K.dtype == torch.float32
-    torch.testing.assert_close(K.double(), ref_kernel(x, y), rtol=0, atol=1e-6)
+    x = torch.randn(1, 64, 16) * norm  # random directions: finite, bounded
+    K = gaussian_kernel(x, x[:, :8])
+    assert torch.isfinite(K).all() and (K >= 0).all() and (K <= 1).all()
 
 
 @pytest.mark.parametrize('dtype', HALF)
 def test_half_self_kernel_gradient_is_rounded_once(dtype):
     """Both uses of y summed in float32, rounded to y's dtype once."""
     y = randn(2, 2, 16, 8, seed=18, dtype=dtype).requires_grad_()
-    w = randn(2, 2, 16, 16, seed=19, dtype=torch.float32)
+    w = randn(2, 2, 16, 16, seed=19, dtype=F32)
     (gaussian_kernel(y, y) * w).sum().backward()
     y32 = y.detach().float().requires_grad_()
     (gaussian_kernel(y32, y32) * w).sum().backward()
@@ -210,7 +195,7 @@ def test_gradients_with_large_per_sample_offsets_fp32():
             grads(gaussian_kernel, x, y),
             grads(ref_kernel, x.double(), y.double())):
         assert r.abs().max() > 0.1  # the gradients are not ~0
-        torch.testing.assert_close(g, r, rtol=0, atol=1e-6)
+        close(g, r, 0, 1e-6)
 
 
 @pytest.mark.parametrize('needs', [(True, False), (False, True)])
@@ -223,7 +208,7 @@ def test_gradient_of_one_side_only(needs):
     (ref_kernel(*want) * w).sum().backward()
     for a, b, need in zip(got, want, needs):
         if need:
-            torch.testing.assert_close(a.grad, b.grad)
+            close(a.grad, b.grad)
         else:
             assert a.grad is None
 
@@ -243,7 +228,7 @@ def test_kernel_product_without_the_kernel(norm, spread):
     got = sa.kernel_product(xc, yc, w.float())
     want = ref_kernel(x.float(), y.float()) @ w
     formed = gaussian_kernel(x.float(), y.float()).double() @ w
-    assert got.shape == want.shape and got.dtype == torch.float32
+    assert got.shape == want.shape and got.dtype == F32
     bound = 2 * (formed - want).abs().max() + 1e-6 * want.abs().max()
     assert (got.double() - want).abs().max() <= bound
     assert torch.equal(got[1:], sa.kernel_product(xc[1:], yc[1:],
@@ -269,9 +254,9 @@ def test_fused_products_equal_the_formed_kernel(monkeypatch, attn_norm):
         with torch.autocast('cpu', dtype=torch.bfloat16):
             half = soft_attention(q, lm, v.bfloat16(), attn_norm)
     assert shapes == [(2, 2, 8, 8)] * 2  # A, twice: no (64, 8) kernel P
-    torch.testing.assert_close(fused, formed, atol=2e-6, rtol=1e-5)
+    close(fused, formed, 1e-5, 2e-6)
     assert half.dtype == torch.bfloat16
-    torch.testing.assert_close(half.float(), formed, atol=2e-2, rtol=2e-2)
+    close(half.float(), formed, 2e-2, 2e-2)
 
 
 # --------------------------------------------------------- soft_attention
@@ -294,8 +279,7 @@ def test_soft_attention_equals_dense_formula(attn_norm):
     lm, v = q[:, :, ::8], randn(2, 2, 64, 8, seed=1)
     init = 'soft_norm_per_sample' if attn_norm else 'soft'
     out = soft_attention(q, lm, v, attn_norm, NRConfig(40, init))
-    torch.testing.assert_close(
-        out, dense_soft(q, lm, v, attn_norm, init), rtol=1e-6, atol=1e-6)
+    close(out, dense_soft(q, lm, v, attn_norm, init), 1e-6, 1e-6)
 
 
 def test_soft_attention_default_is_ijcv():
@@ -305,7 +289,7 @@ def test_soft_attention_default_is_ijcv():
     P, A = gaussian_kernel(q, lm), gaussian_kernel(lm, lm)
     nr = NRConfig(3)
     want = P @ ijcv(A, P.transpose(-1, -2) @ v, nr)
-    torch.testing.assert_close(soft_attention(q, lm, v, nr=nr), want)
+    close(soft_attention(q, lm, v, nr=nr), want)
     assert not torch.allclose(
         soft_attention(q, lm, v, False, nr), want, rtol=1e-3)
 
@@ -331,11 +315,11 @@ def test_training_path_gradients_equal_autograds(attn_norm, landmarks):
     out = soft_attention(q, lm_of(q), v, attn_norm)
     assert out.grad_fn.name() == 'KernelAttentionBackward'
     ref = plain(q, lm_of(q), v)
-    torch.testing.assert_close(out, ref, rtol=1e-12, atol=1e-12)
+    close(out, ref, 1e-12, 1e-12)
     for a, b in zip(
             torch.autograd.grad(out, (q, v), G),
             torch.autograd.grad(ref, (q, v), G)):
-        torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-12)
+        close(a, b, 1e-10, 1e-12)
     if attn_norm:
         assert torch.autograd.gradcheck(
             lambda q, v: soft_attention(q, lm_of(q), v, attn_norm), (q, v))
@@ -349,7 +333,7 @@ def test_soft_attention_large_norm_fp32(attn_norm, norm):
     out = soft_attention(q, lm, v, attn_norm)
     assert torch.isfinite(out).all()
     ref = soft_attention(q.double(), lm.double(), v.double(), attn_norm)
-    torch.testing.assert_close(out.double(), ref, atol=1e-3, rtol=1e-3)
+    close(out.double(), ref, 1e-3, 1e-3)
 
 
 @pytest.mark.parametrize('dtype', HALF)
@@ -362,11 +346,9 @@ def test_kernel_and_attention_under_autocast(norm, dtype):
     with torch.autocast('cpu', dtype=dtype):
         A, P = gaussian_kernel(lm, lm), gaussian_kernel(q, lm)
         out = soft_attention(q, lm, v, True)
-    assert A.dtype == P.dtype == torch.float32
-    torch.testing.assert_close(
-        A.diagonal(dim1=-2, dim2=-1), torch.ones(1, 2, 8))
-    torch.testing.assert_close(
-        P.double(), ref_kernel(q, lm), atol=2e-5, rtol=0)
+    assert A.dtype == P.dtype == F32
+    close(A.diagonal(dim1=-2, dim2=-1), torch.ones(1, 2, 8))
+    close(P.double(), ref_kernel(q, lm), 0, 2e-5)
     assert out.dtype == dtype and torch.isfinite(out).all()
 
 
@@ -398,12 +380,10 @@ def test_bottleneck_apply_equals_inverse_product(attn_norm, method):
     nr = NRConfig.of(dict(method=method), attn_norm)
     ref = bottleneck_inverse(A, attn_norm, nr) @ W
     got = bottleneck_apply(A, W, attn_norm, nr)
-    torch.testing.assert_close(got, ref, rtol=1e-10, atol=1e-12)
-    torch.testing.assert_close(
+    close(got, ref, 1e-10, 1e-12)
+    close(
         torch.autograd.grad(got.square().sum(), A)[0],
-        torch.autograd.grad(ref.square().sum(), A)[0],
-        rtol=1e-9,
-        atol=1e-12)
+        torch.autograd.grad(ref.square().sum(), A)[0], 1e-9, 1e-12)
 
 
 @pytest.mark.parametrize('batch', [(), (3, ), (2, 2)])
@@ -416,21 +396,15 @@ def test_bottleneck_inverse_default_is_eq25(batch):
         d[..., :, None] * d[..., None, :]).sqrt()
     got = bottleneck_inverse(A)
     assert got.shape == A.shape
-    torch.testing.assert_close(got, ref, rtol=1e-12, atol=1e-14)
-    torch.testing.assert_close(
-        bottleneck_inverse(A, False),
-        newton_inverse(A, 20, 'soft'),
-        rtol=0,
-        atol=0)
+    close(got, ref, 1e-12, 1e-14)
+    close(bottleneck_inverse(A, False), newton_inverse(A, 20, 'soft'), 0, 0)
 
 
 def test_bottleneck_inverse_normalises_half_input_in_float32():
-    A = kernel_of(
-        2, m=16, d=8, seed=6, dtype=torch.float32, scale=0.5).bfloat16()
+    A = kernel_of(2, m=16, d=8, seed=6, dtype=F32, scale=0.5).bfloat16()
     got = bottleneck_inverse(A)
-    assert got.dtype == torch.float32
-    torch.testing.assert_close(
-        got, bottleneck_inverse(A.float()), rtol=1e-6, atol=1e-7)
+    assert got.dtype == F32
+    close(got, bottleneck_inverse(A.float()), 1e-6, 1e-7)
 
 
 @pytest.mark.parametrize('nr', [None, dict(iters=3)])
@@ -440,7 +414,7 @@ def test_bottleneck_apply_defaults_are_ijcv(nr):
     A, W = kernel_of(1, 2), randn(1, 2, 5, 3, seed=1)
     iters = 20 if nr is None else nr['iters']
     want = ijcv(A, W, NRConfig(iters, 'soft_norm_per_sample'))
-    torch.testing.assert_close(bottleneck_apply(A, W, nr=nr), want)
+    close(bottleneck_apply(A, W, nr=nr), want)
     assert not torch.allclose(
         bottleneck_apply(A, W, False, nr), want, rtol=1e-3)
     assert not torch.allclose(
@@ -456,26 +430,22 @@ def test_bottleneck_apply_fills_nr_stats(attn_norm):
     want = nr_residual(A, 4, nr.init)
     assert set(stats) == {'residual', 'unconverged'}
     for key in want:
-        torch.testing.assert_close(stats[key], want[key])
+        close(stats[key], want[key])
 
 
 @pytest.mark.parametrize('half', HALF)
 def test_bottleneck_apply_half_inputs_compute_in_float32(half):
     """D, A^+ and the products in float32 (D not rounded to half); a
     float64 W with a float32 A: W cast to float32 first."""
-    A = kernel_of(1, 2, dtype=torch.float32)
-    W = randn(1, 2, 5, 3, seed=1, dtype=torch.float32)
+    A = kernel_of(1, 2, dtype=F32)
+    W = randn(1, 2, 5, 3, seed=1, dtype=F32)
     out = bottleneck_apply(A.to(half), W.to(half))
-    assert out.dtype == torch.float32
-    torch.testing.assert_close(
-        out,
-        bottleneck_apply(A.to(half).float(),
-                         W.to(half).float()),
-        rtol=1e-6,
-        atol=1e-6)
+    assert out.dtype == F32
+    close(out, bottleneck_apply(A.to(half).float(),
+                                W.to(half).float()), 1e-6, 1e-6)
     out = bottleneck_apply(A, W.double())
-    assert out.dtype == torch.float32
-    torch.testing.assert_close(out, bottleneck_apply(A, W), rtol=0, atol=0)
+    assert out.dtype == F32
+    close(out, bottleneck_apply(A, W), 0, 0)
 
 
 # ------------------------------------------------------- grid and samplers
@@ -529,7 +499,7 @@ def test_landmark_hw_fixes_the_grid_never_up_sampled(hw, r, fixed, want):
     the strided grid pooled to it); never up-sampled, so m <= n / r^2
     (issue 27: 24 x 24 on a 16 x 16 map gave m = 576 > n = 256)."""
     assert landmark_grid(hw, r, landmark_hw=fixed) == want
-    q = randn(1, 2, hw[0] * hw[1], 8, dtype=torch.float32)
+    q = randn(1, 2, hw[0] * hw[1], 8, dtype=F32)
     for mode in MODES:
         s = BottleneckSampler(8, r, mode, landmark_hw=fixed).eval()
         assert s(q, hw).shape == (1, 2, want[0] * want[1], 8)
@@ -537,7 +507,7 @@ def test_landmark_hw_fixes_the_grid_never_up_sampled(hw, r, fixed, want):
     gh, gw = landmark_grid(hw, r)
     pooled = F.adaptive_avg_pool2d(
         grid.reshape(2, gh, gw, 8).permute(0, 3, 1, 2), want)
-    torch.testing.assert_close(
+    close(
         BottleneckSampler(8, r, 'avgpool', landmark_hw=list(fixed))(q, hw),
         pooled.flatten(2).transpose(1, 2)[None])
 
@@ -567,10 +537,8 @@ def test_max_landmarks_caps_m(hw, cap):
 def test_samplers_take_windows_first_tokens_or_spaced_tokens():
     q = torch.randn(1, 2, 16, 4)
     lm = BottleneckSampler(4, 2, 'avgpool')(q, (4, 4))
-    torch.testing.assert_close(lm[0, 0, 0],
-                               q[0, 0].reshape(4, 4, 4)[:2, :2].mean((0, 1)))
-    torch.testing.assert_close(
-        BottleneckSampler(4, 2, 'biased')(q, (4, 4)), q[:, :, :4])
+    close(lm[0, 0, 0], q[0, 0].reshape(4, 4, 4)[:2, :2].mean((0, 1)))
+    close(BottleneckSampler(4, 2, 'biased')(q, (4, 4)), q[:, :, :4])
     s = BottleneckSampler(4, 2, 'random')
     q = torch.arange(64.).reshape(1, 1, 64, 1).expand(1, 1, 64, 4)
     torch.manual_seed(0)
@@ -672,7 +640,7 @@ def test_reduce_map_small_side_is_zero_padded_bottom_right(hw):
     x = torch.arange(1., 1 + hw[0] * hw[1]).reshape(1, 1, *hw)
     out = reduce_map(x, 2)
     assert tuple(out.shape[-2:]) == (max(1, hw[0] // 2), max(1, hw[1] // 2))
-    torch.testing.assert_close(out, zero_padded_cells(x, 2))
+    close(out, zero_padded_cells(x, 2))
     if hw == (1, 3):  # two values and two zeros, the partial cell dropped
         assert out.item() == (1. + 2.) / 4
     if 4 in hw:  # conv: the map zero-padded at the bottom / right only
@@ -680,16 +648,14 @@ def test_reduce_map_small_side_is_zero_padded_bottom_right(hw):
         with torch.no_grad():
             conv.weight.copy_(torch.tensor([[[[1., 2.], [3., 4.]]]]))
         padded = F.pad(x, (0, 2 - min(hw[1], 2), 0, 2 - min(hw[0], 2)))
-        torch.testing.assert_close(reduce_map(x, 2, conv=conv), conv(padded))
+        close(reduce_map(x, 2, conv=conv), conv(padded))
 
 
 def test_reduce_map_means_cells_and_pools_to_the_capped_grid():
     x = randn(2, 3, 4, 6)
-    torch.testing.assert_close(
-        reduce_map(x, 2),
-        x.reshape(2, 3, 2, 2, 3, 2).mean((3, 5)))
+    close(reduce_map(x, 2), x.reshape(2, 3, 2, 2, 3, 2).mean((3, 5)))
     x = randn(1, 2, 8, 8)  # 4 x 4 grid, capped to 2 x 2
-    torch.testing.assert_close(
+    close(
         reduce_map(x, 2, max_landmarks=4),
         x.reshape(1, 2, 2, 4, 2, 4).mean((3, 5)))
 
@@ -720,7 +686,7 @@ def same_pair(**kw):
 def test_grid_options_that_do_not_bind_are_plain_soft(kw, hw):
     a, b = same_pair(**kw)
     x = torch.randn(2, hw[0] * hw[1], 32)
-    torch.testing.assert_close(a(x, hw), b(x, hw))
+    close(a(x, hw), b(x, hw))
     assert a.sampler.landmark_hw is None
     if kw == dict(landmark_hw=(7, 7)):
         assert 'landmark_hw=(7, 7)' in repr(b)
@@ -739,7 +705,7 @@ def test_attention_module_shapes_dw_conv_and_official_layout():
     ref = ref.reshape(B, 16, 4, H * W).permute(0, 2, 3, 1)
     got = attn.dw_conv_tokens(v.transpose(1, 2).reshape(B, H * W, 64),
                               (H, W)).view(B, H * W, 4, 16)
-    torch.testing.assert_close(got.transpose(1, 2), ref)
+    close(got.transpose(1, 2), ref)
 
 
 @pytest.mark.parametrize('dtype', HALF)
@@ -763,7 +729,7 @@ def test_soft_attention_biases_and_diagnostics():
             assert (lin.bias is not None) is qkv_bias
     default = SOFTAttention(8, 2, 2)
     assert default.q.bias is not None and default.v.bias is not None
-    x, hw = randn(1, 16, 8, seed=3, dtype=torch.float32), (4, 4)
+    x, hw = randn(1, 16, 8, seed=3, dtype=F32), (4, 4)
     attn = SOFTAttention(8, 2, 2, nr=dict(iters=4), nr_diagnostics=True)
     assert attn.nr_diagnostics is True and attn.last_nr_stats is None
     attn(x, hw)
@@ -837,7 +803,7 @@ def test_with_nr_builds_a_copy_with_other_settings():
         assert torch.equal(copy.state_dict()[k], v), k
     x = torch.randn(2, 16, 16, dtype=F64)
     same = with_nr(model[0], method='spectral', iters=20)
-    torch.testing.assert_close(same(x, (4, 4)), model[0](x, (4, 4)))
+    close(same(x, (4, 4)), model[0](x, (4, 4)))
     assert with_nr(model, nr=NRConfig(5, 'soft'))[0].nr == NRConfig(5, 'soft')
 
 
@@ -866,8 +832,8 @@ def test_softmax_attention_biases_and_no_dropout_by_default():
     attn = SoftmaxAttention(8, 2)
     assert attn.q.bias is not None and attn.kv.bias is not None
     assert attn.attn_drop == 0. and isinstance(attn.proj_drop, nn.Identity)
-    x = randn(2, 5, 8, seed=4, dtype=torch.float32)
-    torch.testing.assert_close(attn.train()(x), attn.eval()(x))
+    x = randn(2, 5, 8, seed=4, dtype=F32)
+    close(attn.train()(x), attn.eval()(x))
     attn = SoftmaxAttention(8, 2, qkv_bias=False)
     assert attn.q.bias is None and attn.kv.bias is None
     assert attn.proj.bias is not None
