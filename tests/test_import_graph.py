@@ -1,10 +1,8 @@
-"""The import rules of mmsoft/ and tools/mmsoft_tools: the import-linter
-contracts of ``setup.cfg`` (``acyclic``: no cycle between siblings;
-``layers``: engine > models > utils; ``plugin``: mmsoft imports no
-mmsoft_tools) and what they cannot state: a module importing an enclosing
-package's ``__init__`` that imports it back (:func:`init_cycles`, on grimp's
-graph). Each also runs on small packages that break it.
-"""
+"""The import rules of mmsoft/ and tools/mmsoft_tools: setup.cfg's
+import-linter contracts (``acyclic`` siblings; ``layers``: engine > models >
+utils; ``plugin``: mmsoft imports no mmsoft_tools) and what they cannot
+state, a module importing an enclosing ``__init__`` that imports it back
+(:func:`init_cycles`). Each also runs on small packages that break it."""
 import configparser
 import inspect
 import os
@@ -17,26 +15,15 @@ from conftest import ROOT, run
 CONTRACTS = ('acyclic', 'layers', 'plugin')
 
 
-def packages_env(root):
-    """A child's env: mmsoft and mmsoft_tools of ``root`` first."""
-    path = [
-        str(root),
-        os.path.join(root, 'tools'),
-        os.environ.get('PYTHONPATH')
-    ]
-    return dict(
-        PYTHONPATH=os.pathsep.join(p for p in path if p), COLUMNS='200')
-
-
-def contract_names():
-    """{contract name: id} of ``setup.cfg`` (the report names them)."""
-    cfg = configparser.ConfigParser()
-    cfg.read(os.path.join(ROOT, 'setup.cfg'))
-    prefix = 'importlinter:contract:'
-    return {
-        cfg[s]['name']: s[len(prefix):]
-        for s in cfg.sections() if s.startswith(prefix)
-    }
+def run_in(root, code, *args):
+    """``python -c code args`` with ``root``'s mmsoft and mmsoft_tools."""
+    path = os.pathsep.join(
+        p for p in (str(root), os.path.join(root, 'tools'),
+                    os.environ.get('PYTHONPATH')) if p)
+    return run([sys.executable, '-c', code, *args],
+               cwd=root,
+               PYTHONPATH=path,
+               COLUMNS='200')
 
 
 def lint_imports(root):
@@ -45,11 +32,14 @@ def lint_imports(root):
     code = ('import sys\nfrom importlinter.cli import lint_imports\n'
             'sys.exit(lint_imports(sys.argv[1], no_cache=True, '
             'no_logo=True))\n')
-    proc = run([sys.executable, '-c', code,
-                os.path.join(ROOT, 'setup.cfg')],
-               cwd=root,
-               **packages_env(root))
-    names = contract_names()
+    proc = run_in(root, code, os.path.join(ROOT, 'setup.cfg'))
+    cfg = configparser.ConfigParser()
+    cfg.read(os.path.join(ROOT, 'setup.cfg'))
+    prefix = 'importlinter:contract:'
+    names = {  # the report names the contracts
+        cfg[s]['name']: s[len(prefix):]
+        for s in cfg.sections() if s.startswith(prefix)
+    }
     status = {}
     for line in proc.stdout.splitlines():
         m = re.match(r'(.+) (KEPT|BROKEN)\b', line)
@@ -77,10 +67,10 @@ def init_cycles(*packages):
 
 def run_init_cycles(root):
     """:func:`init_cycles` of ``root``'s packages, in a child process."""
-    code = (
+    proc = run_in(
+        root,
         inspect.getsource(init_cycles) +
         'print(init_cycles("mmsoft", "mmsoft_tools"))\n')
-    proc = run([sys.executable, '-c', code], cwd=root, **packages_env(root))
     assert proc.returncode == 0, proc.stderr[-2000:]
     return eval(proc.stdout.strip().splitlines()[-1])
 
@@ -156,7 +146,6 @@ BREAKS = {
 
 
 def write_tree(root, files):
-    """Write ``{relative path: source}`` below ``root``."""
     for rel, text in files.items():
         path = root / rel
         path.parent.mkdir(parents=True, exist_ok=True)
