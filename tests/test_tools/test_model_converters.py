@@ -165,7 +165,7 @@ def test_infer_arch_and_preset(depths, preset):
         'depths=[1, 1, 2, 1])')
 
 
-def test_infer_medium_and_non_default_entries():
+def test_infer_official_arch_entries(tiny_sd):
     sd = official_state_dict([64, 128, 288, 512], [2, 4, 9, 16], [1, 1, 1, 1],
                              ratios=(4, 4, 2),
                              convs=(7, 5, 3),
@@ -182,9 +182,6 @@ def test_infer_medium_and_non_default_entries():
     model.load_state_dict(backbone_part(out), strict=True)
     assert out['head.fc.weight'].shape == (10, 512)
     assert ok.infer_official_arch(sd, stage4_heads=8)['num_heads'][3] == 8
-
-
-def test_infer_official_arch_values(tiny_sd):
     arch = ok.infer_official_arch(tiny_sd)
     assert all(type(r) is int for r in arch['mlp_ratios'])
     assert ok.infer_official_arch(tiny_sd, 16)['stage4_heads_given'] is True
@@ -698,10 +695,26 @@ def test_folder_that_cannot_be_made_is_one_line(files, tmp_path, monkeypatch,
 
 
 # ------------------------------------------ checkpoint_files contracts
-def test_atomic_write(tmp_path, monkeypatch):
+def test_save_checkpoint_atomic(tmp_path, monkeypatch):
+    """Durable; a killed conversion's temporary goes at the next run (its
+    own only); a failed write leaves the old file and no temporary."""
+    pid, synced, real = dead_pid(), [], os.fsync
+    mine = tmp_path / f'.ckpt.pth.{pid}.0123abcd{cio.TMP_SUFFIX}'
+    other = tmp_path / f'.other.pth.{pid}.0123abcd{cio.TMP_SUFFIX}'
+    mine.write_bytes(b'half')
+    other.write_bytes(b'half')
+
+    def fsync(fd):
+        synced.append(os.readlink(f'/proc/self/fd/{fd}'))
+        return real(fd)
+
+    monkeypatch.setattr(os, 'fsync', fsync)
     dst = tmp_path / 'ckpt.pth'
     cf.save_checkpoint_atomic({'a': torch.ones(2)}, str(dst))
     assert torch.load(dst)['a'].equal(torch.ones(2))
+    assert len(synced) >= 2 and str(tmp_path) in synced, synced
+    assert not mine.exists() and other.exists()
+    other.unlink()
     before = dst.read_bytes()
 
     def failing_save(obj, f, *args, **kwargs):
@@ -709,39 +722,20 @@ def test_atomic_write(tmp_path, monkeypatch):
         raise RuntimeError('disk full')
 
     monkeypatch.setattr(torch, 'save', failing_save)
-    for obj, path in (({
-            'a': torch.zeros(2)
-    }, dst), ({
-            'a': 1
-    }, tmp_path / 'new.pth')):
+    for path in (dst, tmp_path / 'new.pth'):
         assert raised(
-            cf.save_checkpoint_atomic, obj, str(path),
+            cf.save_checkpoint_atomic, {'a': torch.zeros(2)},
+            str(path),
             exc=RuntimeError) == 'disk full'
         assert os.listdir(tmp_path) == ['ckpt.pth']  # no temporary left
     assert dst.read_bytes() == before  # old file untouched
-    assert 'does not exist' in raised(cf.save_checkpoint_atomic, {},
-                                      str(tmp_path / 'no' / 'x.pth'))
-
-
-def test_save_atomic_is_durable(tmp_path, monkeypatch):
-    synced, real = [], os.fsync
-
-    def fsync(fd):
-        synced.append(os.readlink(f'/proc/self/fd/{fd}'))
-        return real(fd)
-
-    monkeypatch.setattr(os, 'fsync', fsync)
-    cf.save_atomic({'w': torch.ones(2)}, str(tmp_path / 'out.pth'))
-    assert torch.load(str(tmp_path / 'out.pth'))['w'].tolist() == [1., 1.]
-    assert len(synced) >= 2 and str(tmp_path) in synced, synced
-
-
-def test_save_checkpoint_atomic_refusals_and_errors(tmp_path, monkeypatch):
+    assert raised(cf.save_checkpoint_atomic, {}, str(
+        tmp_path / 'no' / 'x.pth')) == (
+            f"output directory {str(tmp_path / 'no')!r} does not exist")
     (tmp_path / 'd.pth').mkdir()
     assert raised(cf.save_checkpoint_atomic, {}, str(tmp_path / 'd.pth')) == (
         f"output {str(tmp_path / 'd.pth')!r} is a directory, not a regular "
         'file: refusing to replace it')
-    out = tmp_path / 'o.pth'
     for err, tail in ((OSError(28, 'No space left on device'),
                        'No space left on device (errno 28)'),
                       (OSError('quota'), 'quota')):
@@ -750,21 +744,9 @@ def test_save_checkpoint_atomic_refusals_and_errors(tmp_path, monkeypatch):
             raise err
 
         monkeypatch.setattr(cf, 'save_atomic', fail)
-        assert raised(cf.save_checkpoint_atomic, {}, str(out)) == \
-            f'cannot write {str(out)!r}: {tail}; nothing was written'
-        assert not out.exists()
-
-
-def test_save_checkpoint_atomic_removes_only_its_own_stale_temps(tmp_path):
-    """A killed conversion's temporary goes at the next run."""
-    pid = dead_pid()
-    mine = tmp_path / f'.out.pth.{pid}.0123abcd{cio.TMP_SUFFIX}'
-    other = tmp_path / f'.other.pth.{pid}.0123abcd{cio.TMP_SUFFIX}'
-    mine.write_bytes(b'half')
-    other.write_bytes(b'half')
-    cf.save_checkpoint_atomic({'w': torch.zeros(1)}, str(tmp_path / 'out.pth'))
-    assert not mine.exists() and other.exists()
-    assert (tmp_path / 'out.pth').exists()
+        assert raised(cf.save_checkpoint_atomic, {}, str(dst)) == \
+            f'cannot write {str(dst)!r}: {tail}; nothing was written'
+        assert dst.read_bytes() == before
 
 
 def test_missing_pretrained_walks_every_node():
