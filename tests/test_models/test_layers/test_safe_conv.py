@@ -66,40 +66,39 @@ def randn(*shape, seed):
 
 
 # ------------------------------------------------ on this machine's kernel
-@pytest.mark.parametrize('dtype', HALF, ids=IDS)
-@pytest.mark.parametrize('channels,ratio', [(8, 8), (16, 4), (16, 8), (24, 4),
-                                            (24, 8), (32, 4), (32, 2), (64, 2),
-                                            (40, 4), (8, 2), (64, 1)])
-def test_sampler_under_autocast_is_fp32_within_rounding(
-        channels, ratio, dtype):
-    sampler, side = BottleneckSampler(channels, ratio).eval(), 4 * ratio
+def sampler(channels, ratio):
+    side = 4 * ratio
     q = randn(2, 3, side * side, channels, seed=channels * 10 + ratio)
-    out, ref = autocast_vs_fp32(sampler, sampler, q, dtype, (side, side))
-    assert out.dtype in (dtype, torch.float32)
-    assert rel_err(out, ref) < RTOL[dtype]
+    return BottleneckSampler(channels, ratio), q, (side, side)
 
 
-@pytest.mark.parametrize('dtype', HALF, ids=IDS)
-@pytest.mark.parametrize('stem,cin,cout,side', [(True, 3, 16, 32),
-                                                (True, 3, 64, 32),
-                                                (False, 16, 24, 16),
-                                                (False, 64, 128, 8)])
-def test_patch_embed_under_autocast_is_fp32_within_rounding(
-        stem, cin, cout, side, dtype):
-    embed = ConvPatchEmbed(cin, cout, stem).eval()
+def embed(stem, cin, cout, side):
     x = randn(2, cin, side, side, seed=cin + cout)
-    assert rel_err(*autocast_vs_fp32(embed, embed, x, dtype)) < RTOL[dtype]
+    return ConvPatchEmbed(cin, cout, stem), x
+
+
+def dw_conv(heads, channels, k):
+    attn = SOFTAttention(channels, heads, sampling_ratio=2, dw_kernel_size=k)
+    v = randn(2, 64, channels, seed=heads * 100 + k)
+    return attn.dw_conv_tokens, v, (8, 8), attn
 
 
 @pytest.mark.parametrize('dtype', HALF, ids=IDS)
-@pytest.mark.parametrize('heads,channels,k', [(1, 8, 3), (2, 16, 3),
-                                              (5, 40, 5), (8, 64, 3)])
-def test_depthwise_conv_under_autocast_is_fp32_within_rounding(
-        heads, channels, k, dtype):
-    attn = SOFTAttention(
-        channels, heads, sampling_ratio=2, dw_kernel_size=k).eval()
-    v = randn(2, 64, channels, seed=heads * 100 + k)
-    out, ref = autocast_vs_fp32(attn.dw_conv_tokens, attn, v, dtype, (8, 8))
+@pytest.mark.parametrize(
+    'make, args',
+    [(sampler, a)
+     for a in [(8, 8), (16, 4), (16, 8), (24, 4), (24, 8), (32, 4), (32, 2),
+               (64, 2), (40, 4), (8, 2), (64, 1)]] +
+    [(embed, a) for a in [(True, 3, 16, 32), (True, 3, 64, 32),
+                          (False, 16, 24, 16), (False, 64, 128, 8)]] +
+    [(dw_conv, a) for a in [(1, 8, 3), (2, 16, 3), (5, 40, 5), (8, 64, 3)]])
+def test_convs_under_autocast_are_fp32_within_rounding(make, args, dtype):
+    """The samplers (widths, ratios), the stem / down-sampling convs and
+    the heads' depthwise convs, through the module that owns them."""
+    fn, x, *rest = make(*args)
+    module = rest.pop() if make is dw_conv else fn.eval()
+    out, ref = autocast_vs_fp32(fn, module.eval(), x, dtype, *rest)
+    assert out.dtype in (dtype, torch.float32)
     assert rel_err(out, ref) < RTOL[dtype]
 
 
@@ -151,33 +150,28 @@ def test_broken_half_kernel_is_detected_and_bypassed(monkeypatch, dtype):
     assert rel_err(bad, ref) > 0.5
 
 
-@pytest.mark.parametrize('groups, dilation', [(4, 1), (1, 2)])
+@pytest.mark.parametrize('groups, dilation, compiling', [(4, 1, False),
+                                                         (1, 2, False),
+                                                         (1, 1, True)])
 def test_float32_fallback_keeps_groups_and_dilation(monkeypatch, groups,
-                                                    dilation):
+                                                    dilation, compiling):
+    """A wrong half kernel: float32 with the conv's own arguments; under
+    torch.compile no probe runs, unprobed configurations run in float32."""
     monkeypatch.setattr(SAFE, '_raw_conv2d', broken_half_kernel)
+    monkeypatch.setattr(SAFE, 'compiling', lambda: compiling)
     torch.manual_seed(0)
     conv = SafeConv2d(
         4, 4, 3, padding=dilation, dilation=dilation, groups=groups)
     x = torch.randn(1, 4, 8, 8)
     ref = F.conv2d(x, conv.weight, conv.bias, 1, dilation, dilation, groups)
     with torch.no_grad(), torch.autocast('cpu', dtype=torch.bfloat16):
-        with pytest.warns(SAFE.HalfConvWarning):
+        with warnings.catch_warnings(record=True) as record:
+            warnings.simplefilter('always')
             out = conv(x)
+    assert [r.category
+            for r in record] == [SAFE.HalfConvWarning] * (not compiling)
+    assert list(SAFE._verdicts.values()) == ([] if compiling else [False])
     assert out.dtype == torch.bfloat16 and rel_err(out, ref) < 2e-2
-
-
-def test_unprobed_conv_under_compile_runs_in_float32(monkeypatch):
-    """Under torch.compile no probe runs: an unprobed half configuration
-    runs in float32."""
-    monkeypatch.setattr(SAFE, 'compiling', lambda: True)
-    monkeypatch.setattr(SAFE, '_raw_conv2d', broken_half_kernel)
-    torch.manual_seed(0)
-    conv = SafeConv2d(4, 4, 2, 2, bias=False)
-    x = torch.randn(1, 4, 8, 8)
-    with torch.no_grad(), torch.autocast('cpu', dtype=torch.bfloat16):
-        out = conv(x)
-    assert out.dtype == torch.bfloat16 and SAFE._verdicts == {}
-    assert rel_err(out, F.conv2d(x, conv.weight, None, 2)) < 2e-2
 
 
 def zero_half_kernel(x, w, b, *args):
@@ -234,7 +228,7 @@ def test_half_model_input_is_guarded_or_kept_bit_for_bit(monkeypatch, dtype):
     assert list(SAFE._verdicts.values()) == [True]
 
 
-def test_float32_and_other_devices_are_not_probed(monkeypatch):
+def test_float32_and_other_devices_are_not_probed_state_dict_kept(monkeypatch):
     calls = []
     monkeypatch.setattr(SAFE, '_probe', lambda key: calls.append(key) or True)
     conv, x = SafeConv2d(4, 4, 2, 2), torch.randn(1, 4, 8, 8)
@@ -246,10 +240,7 @@ def test_float32_and_other_devices_are_not_probed(monkeypatch):
     with torch.autocast('cpu', dtype=torch.bfloat16):
         conv.float()(x)
     assert len(calls) == 1
-
-
-def test_same_state_dict_as_conv2d():
-    torch.manual_seed(0)
+    torch.manual_seed(0)  # the same state dict and function as Conv2d
     plain, safe = torch.nn.Conv2d(8, 8, 4, 4), SafeConv2d(8, 8, 4, 4)
     safe.load_state_dict(plain.state_dict())
     x = torch.randn(1, 8, 16, 16)
