@@ -747,6 +747,7 @@ def _resume_with(runner, meta, **kwargs):
 
 RESTORED = 'mmsoft: RNG states restored'
 SEEDED = 'mmsoft: train sampler seed 5 -> 7 (from the checkpoint)'
+BOTH = [SEEDED, RESTORED]
 WORLD = ('mmsoft: the checkpoint holds RNG states of {} process(es), this '
          'run has 1: RNG states not restored')
 
@@ -756,8 +757,7 @@ WORLD = ('mmsoft: the checkpoint holds RNG states of {} process(es), this '
     [
         (dict(drop=('_resume', ), _has_loaded=True), 7, 1, 1, {}, []),
         (dict(_resume=False, _has_loaded=True), 7, 1, 1, {}, []),  # load_from
-        (dict(_resume=True, _has_loaded=True), 7, 1, 1, {}, [SEEDED, RESTORED
-                                                             ]),
+        (dict(_resume=True, _has_loaded=True), 7, 1, 1, {}, BOTH),
         (dict(_resume=True), None, 2, 2, {}, [WORLD.format(2)]),
         (dict(_resume=True), None, 1, 0, {}, [WORLD.format(1)]),  # no states
         (dict(_resume=True), None, 1, 1, dict(save_rng=False), []),
@@ -815,10 +815,9 @@ def test_sampler_seed_is_found_where_the_loader_keeps_it(tmp_path):
     plain = SimpleNamespace(sampler=SimpleNamespace(seed=5))
     unseeded = SimpleNamespace(
         sampler=SimpleNamespace(), batch_sampler=SimpleNamespace())
-    for loop, sampler, saved in ((_Loop(mmdet_like), seeded,
-                                  5), (_Loop(plain), plain.sampler,
-                                       5), (_Loop(unseeded), None, None),
-                                 (None, None, None)):  # not training
+    cases = [(_Loop(mmdet_like), seeded, 5), (_Loop(plain), plain.sampler, 5),
+             (_Loop(unseeded), None, None), (None, None, None)]  # None: val
+    for loop, sampler, saved in cases:
         runner = _Runner(tmp_path, loop=loop)
         checkpoint = dict(meta={})
         SafeCheckpointHook(
