@@ -10,9 +10,6 @@ from conftest import demo_support, random_model, tiny_demo_data, tool_namespace
 from mmsoft.models.layers.soft_attention import landmark_grid
 
 S, T = demo_support()
-
-TINY_DATA = tiny_demo_data(num_train=4)
-
 #: task: (model, dataset, metric, demo image size)
 EXPECTED = {
     'det': ('RetinaNet', 'CocoDataset', 'CocoMetric', 160),
@@ -24,44 +21,42 @@ EXPECTED = {
 @pytest.fixture(scope='module')
 def tiny_data(tmp_path_factory):
     root = str(tmp_path_factory.mktemp('demo_tiny'))
-    return S.make_demo_data(root, overrides=TINY_DATA, workers=1, log=None)
-
-
-def _type(x):
-    return x['type'].split('.')[-1]
+    return S.make_demo_data(
+        root, overrides=tiny_demo_data(num_train=4), workers=1, log=None)
 
 
 @pytest.mark.parametrize('task', sorted(T.TASKS))
 def test_config_contents(task):
     cfg = T.load_demo_config(task)
     model, dataset, metric, size = EXPECTED[task]
-    assert _type(cfg.model) == model
+    types = [
+        x['type'].split('.')[-1]
+        for x in (cfg.model, cfg.train_dataloader.dataset,
+                  cfg.val_dataloader.dataset, cfg.test_dataloader.dataset,
+                  cfg.test_evaluator)
+    ]
+    assert types == [model, dataset, dataset, dataset, metric]
     assert cfg.model.backbone.type in ('SOFT', 'mmsoft.SOFT')
     assert 'mmsoft' in cfg.custom_imports['imports']
-    for key in ('train_dataloader', 'val_dataloader', 'test_dataloader'):
-        assert _type(cfg[key].dataset) == dataset
-    assert _type(cfg.test_evaluator) == metric
     # every SOFT stage keeps >= 4 bottleneck tokens at the demo size
-    arch = cfg.model.backbone.arch
     hw = size // 4
-    for i, r in enumerate(arch['sampling_ratios'][:3]):
+    for i, r in enumerate(cfg.model.backbone.arch['sampling_ratios'][:3]):
         gh, gw = landmark_grid((hw, hw), r)
         assert gh * gw >= 4, (task, i, hw, r)
         hw = (hw + 1) // 2
-    # the model builds and its heads match the backbone's channels
-    model = random_model(cfg)
-    n_params = sum(p.numel() for p in model.parameters())
-    assert n_params < 5e6, n_params  # small enough to train on a CPU
+    # the model builds (heads match the backbone's channels), CPU-sized
+    n_params = sum(p.numel() for p in random_model(cfg).parameters())
+    assert n_params < 5e6, n_params
 
 
 @pytest.mark.parametrize('task', sorted(T.TASKS))
 def test_short_training_run(task, tiny_data, tmp_path):
     cfg = T.load_demo_config(task)
     T.shrink_for_smoke(cfg, iters=2, batch_size=2)
-    data = tiny_data[task]['path']
-    r = T.run_task(task, data, str(tmp_path / task), cfg=cfg, n_draw=2)
+    r = T.run_task(
+        task, tiny_data[task]['path'], str(tmp_path / task), cfg=cfg,
+        n_draw=2)  # yapf: disable
     spec = T.TASKS[task]
-    assert spec['metric'] in r['metrics']
     # the reported value is the evaluator's metric (as a fraction)
     assert r['value'] == r['metrics'][spec['metric']] * spec['scale']
     assert r['train_s'] > 0 and r['test_s'] > 0
@@ -73,8 +68,8 @@ def test_short_training_run(task, tiny_data, tmp_path):
 
 def test_set_data_root(tmp_path):
     cfg = T.load_demo_config('det')
-    T.set_data_root(cfg, str(tmp_path / 'x'))
     root = str(tmp_path / 'x') + '/'
+    T.set_data_root(cfg, root[:-1])
     assert cfg.train_dataloader.dataset.data_root == root
     assert cfg.test_dataloader.dataset.data_root == root
     assert cfg.val_evaluator.ann_file == \
@@ -82,25 +77,22 @@ def test_set_data_root(tmp_path):
 
 
 def test_format_table():
+    """PASS / FAIL / no target / ERROR rows; a value equal to its target
+    passes ('>='), one just below fails."""
     row = ('task', 'metric', 'value', 'target', 'seconds')
-    text = T.format_table([
+    lines = T.format_table([
         dict(zip(row, r))
         for r in (('detection', 'bbox mAP@0.5', 0.61, 0.5,
                    200.0), ('detection', 'bbox mAP', 0.3, None),
                   ('classification', 'top-1', 0.85, 0.9,
-                   150.0), ('segmentation', 'mIoU', None, 0.6))
-    ])
-    lines = text.splitlines()
-    assert lines[0].startswith('| task') and len(lines) == 6
+                   150.0), ('segmentation', 'mIoU', None, 0.6),
+                  ('t', 'm', 0.5, 0.5), ('t', 'm', 0.4999, 0.5))
+    ]).splitlines()
+    assert lines[0].startswith('| task') and len(lines) == 8
     assert 'PASS' in lines[2] and '0.610' in lines[2] and '>= 0.5' in lines[2]
     assert 'PASS' not in lines[3] and 'FAIL' not in lines[3]
-    assert 'FAIL' in lines[4]
-    assert 'ERROR' in lines[5]
-    # a value equal to its target passes ('>='), one just below fails
-    edge = T.format_table([
-        dict(zip(row, ('t', 'm', v, 0.5))) for v in (0.5, 0.4999)
-    ]).splitlines()
-    assert '| PASS ' in edge[2] and '| FAIL ' in edge[3]
+    assert 'FAIL' in lines[4] and 'ERROR' in lines[5]
+    assert '| PASS ' in lines[6] and '| FAIL ' in lines[7]
 
 
 @pytest.mark.parametrize('amp', [False, True])
@@ -108,12 +100,12 @@ def test_demo_smoke(tmp_path, capsys, amp):
     """tools/demo.py end to end (one task, tiny data); ``--amp``: the AMP
     optim wrapper of ``tools/train.py --amp``, results in ``<wd>-amp``."""
     import torch
-    demo = tool_namespace('demo', run_name='demo')
-    rc = demo['main'](
-        ['--smoke', '--tasks', 'cls', '--threads', '1'] + ['--amp'] * amp +
-        ['--data',
-         str(tmp_path / 'data'), '--work-dir',
-         str(tmp_path / 'wd')])
+    rc = tool_namespace(
+        'demo', run_name='demo')['main']([
+            '--smoke', '--tasks', 'cls', '--threads', '1', '--data',
+            str(tmp_path / 'data'), '--work-dir',
+            str(tmp_path / 'wd')
+        ] + ['--amp'] * amp)
     out = capsys.readouterr().out
     assert rc == 0, out
     assert '| classification | top-1' in out
@@ -123,10 +115,11 @@ def test_demo_smoke(tmp_path, capsys, amp):
     with open(wd / 'results.json') as f:
         res = json.load(f)
     assert res['smoke'] and res['tasks'] == ['cls'] and res['amp'] == amp
-    assert res['results']['cls']['optim_wrapper'] == (
-        'OptimWrapper' if not amp else 'AmpOptimWrapper'
-        if torch.cuda.is_available() else 'CPUAmpOptimWrapper')
-    assert 'accuracy/top1' in res['results']['cls']['metrics']
-    assert osp.isfile(res['results']['cls']['png'])
+    cls = res['results']['cls']
+    assert cls['optim_wrapper'] == (
+        'OptimWrapper' if not amp else
+        'AmpOptimWrapper' if torch.cuda.is_available() else
+        'CPUAmpOptimWrapper')  # yapf: disable
+    assert 'accuracy/top1' in cls['metrics'] and osp.isfile(cls['png'])
     assert (wd / 'results.md').read_text().startswith('| task')
     assert (tmp_path / 'data-smoke' / 'imagenet' / S.MANIFEST).is_file()
