@@ -1,9 +1,10 @@
 """Issue 13: 2-process CPU (gloo) runs end cleanly - exit status 0 and no
 "terminate called without an active exception" (SIGABRT at interpreter
-exit). The end of a distributed test is repeated 3 times (the failure is
-intermittent: 1 run in 5 before the fix); ``tools/dist_test.sh`` runs once,
-through torchrun, and its metric is checked."""
+exit). The end of a distributed test runs in 3 groups at once (the failure
+is intermittent: 1 run in 5 before the fix); ``tools/dist_test.sh`` runs
+once, through torchrun, and its metric is checked."""
 import os.path as osp
+import pickle
 import subprocess
 import sys
 
@@ -37,34 +38,26 @@ print('rank', dist_rank, 'done')
 '''
 
 
-def two_ranks(script, timeout=300):
-    """``script`` as the 2 ranks of a group, each a fresh interpreter with
-    the environment torchrun gives its workers (env:// rendezvous), without
-    torchrun's own process (tools/dist_test.sh's run has one); the ranks'
-    ``CompletedProcess``es."""
-    port = str(free_port())
-    procs = [
-        subprocess.Popen([sys.executable, str(script)],
-                         cwd=ROOT,
-                         env=child_env(
-                             RANK=str(rank),
-                             LOCAL_RANK=str(rank),
-                             WORLD_SIZE='2',
-                             LOCAL_WORLD_SIZE='2',
-                             MASTER_ADDR='127.0.0.1',
-                             MASTER_PORT=port),
-                         stdout=subprocess.PIPE,
-                         stderr=subprocess.PIPE,
-                         text=True) for rank in range(2)
-    ]
+def ranks(script, groups=1, timeout=300):
+    """``script`` as the 2 ranks of each of ``groups`` groups, all at once,
+    each a fresh interpreter with the environment torchrun gives its workers
+    (env:// rendezvous), without torchrun's own process (tools/dist_test.sh's
+    run has one); ``(rank, CompletedProcess)`` of each."""
+    procs = []
+    for port in [str(free_port()) for _ in range(groups)]:
+        procs += [(rank, subprocess.Popen(
+            [sys.executable, str(script)], cwd=ROOT, text=True,
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+            env=child_env(RANK=str(rank), LOCAL_RANK=str(rank),
+                          WORLD_SIZE='2', LOCAL_WORLD_SIZE='2',
+                          MASTER_ADDR='127.0.0.1', MASTER_PORT=port)))
+                  for rank in range(2)]  # yapf: disable
     try:
-        outs = [p.communicate(timeout=timeout) for p in procs]
-        return [
-            subprocess.CompletedProcess(p.args, p.returncode, *out)
-            for p, out in zip(procs, outs)
-        ]
+        outs = [p.communicate(timeout=timeout) for _, p in procs]
+        return [(rank, subprocess.CompletedProcess(p.args, p.returncode, *out))
+                for (rank, p), out in zip(procs, outs)]  # yapf: disable
     finally:
-        for p in procs:
+        for _, p in procs:
             if p.poll() is None:
                 p.kill()
                 p.wait()
@@ -80,10 +73,9 @@ def assert_clean(proc):
 def test_teardown_repeated(tmp_path):
     script = tmp_path / 'end_of_test.py'
     script.write_text(SCRIPT.format(root=ROOT, tools=TOOLS))
-    for _ in range(3):
-        for rank, proc in enumerate(two_ranks(script)):
-            out = assert_clean(proc)
-            assert out.count(f'rank {rank} done') == 1, out[-4000:]
+    for rank, proc in ranks(script, groups=3):
+        out = assert_clean(proc)
+        assert out.count(f'rank {rank} done') == 1, out[-4000:]
 
 
 def test_shutdown_dist_without_group_is_a_no_op(monkeypatch):
@@ -106,11 +98,8 @@ def test_shutdown_dist_destroys_a_group(monkeypatch):
     calls, barrier = [], dist.barrier
     monkeypatch.setattr(dist, 'barrier',
                         lambda *a, **k: calls.append(barrier(*a, **k)))
-    dist.init_process_group(
-        'gloo',
-        init_method=f'tcp://127.0.0.1:{free_port()}',
-        rank=0,
-        world_size=1)
+    dist.init_process_group('gloo', f'tcp://127.0.0.1:{free_port()}', rank=0,
+                            world_size=1)  # yapf: disable
     try:
         assert dist.is_initialized()
         launch.shutdown_dist()
@@ -136,21 +125,15 @@ def test_dist_test_sh_exits_cleanly(tmp_path):
     ckpt = str(tmp_path / 'cls.pth')
     torch.save({'state_dict': sd, 'meta': {}}, ckpt)
     # one run (the teardown itself is repeated in test_teardown_repeated)
-    proc = run([
-        'bash',
-        osp.join(ROOT, 'tools', 'dist_test.sh'), cfg, ckpt, '2', '--work-dir',
-        str(tmp_path / 'work'), '--out',
-        str(tmp_path / 'preds.pkl')
-    ],
-               cwd=tmp_path,
-               timeout=300,
-               PORT=str(free_port()))
+    proc = run(['bash', osp.join(ROOT, 'tools', 'dist_test.sh'), cfg, ckpt,
+                '2', '--work-dir', tmp_path / 'work', '--out',
+                tmp_path / 'preds.pkl'], tmp_path, 300,
+               PORT=str(free_port()))  # yapf: disable
     out = assert_clean(proc)
     top1 = 100 * labels.count(labels[0]) / len(labels)
     # all 4 images once (the 2 ranks' results gathered), printed by rank 0
     assert out.count(f'accuracy/top1: {top1:.4f}') == 1, out[-3000:]
     # ... scored by the checkpoint's head: softmax(bias) for each of them
-    import pickle
     with open(tmp_path / 'preds.pkl', 'rb') as f:
         preds = pickle.load(f)
     assert [int(p['gt_label']) for p in preds] == labels

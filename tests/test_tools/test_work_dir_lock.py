@@ -1,7 +1,6 @@
 """One training run per work dir (issue 27, item 3):
-:mod:`mmsoft_tools.work_dir_lock`. The whole tool is tested in
-``tests/test_tools/test_chain.py`` (a second ``tools/train.py``, and
-``dist_train.sh`` killed then resumed)."""
+:mod:`mmsoft_tools.work_dir_lock` (the whole tool: test_chain.py, a second
+``tools/train.py`` and ``dist_train.sh`` killed then resumed)."""
 import datetime
 import json
 import os
@@ -17,6 +16,9 @@ from conftest import dead_pid, work_dir_holder
 from mmsoft_tools.work_dir_lock import (LOCK_NAME, WorkDirLock,
                                         WorkDirLockedError)
 
+HOST = socket.gethostname()
+TAKE_OVER = 'mmsoft: taking over the work dir lock of a run that is gone ('
+
 
 def _write(work, **info):
     os.makedirs(work, exist_ok=True)
@@ -24,21 +26,17 @@ def _write(work, **info):
         json.dump(info, f)
 
 
-def test_acquire_release(tmp_path):
-    work = str(tmp_path / 'w')
-    with WorkDirLock(work) as lock:
-        with open(lock.path) as f:
-            info = json.load(f)
-        assert info['pid'] == os.getpid()
-        assert info['host'] == socket.gethostname()
-    assert os.listdir(work) == []  # released: the file is gone
+def _refusal(work):
+    with pytest.raises(WorkDirLockedError) as e:
+        WorkDirLock(work).acquire()
+    return str(e.value)
 
 
 def test_record_and_flock_are_the_documented_files(tmp_path, monkeypatch):
-    """While held: ``.mmsoft-train.lock`` records pid, host, start time
-    and command, and ``.mmsoft-train.lock.flock`` is flock-ed (the user
-    guide's names: what a user inspects, and what any other flock on that
-    file, such as another run's, collides with)."""
+    """While held: ``.mmsoft-train.lock`` records pid, host, start time and
+    command, ``.mmsoft-train.lock.flock`` is flock-ed (the user guide's
+    names: what a user inspects, what another run's flock collides with);
+    released: both gone."""
     fcntl = pytest.importorskip('fcntl')  # flock: Unix
     work = str(tmp_path / 'w')
     argv = ['tools/train.py', 'configs/soft_tiny.py', '--work-dir', work]
@@ -51,7 +49,7 @@ def test_record_and_flock_are_the_documented_files(tmp_path, monkeypatch):
             info = json.load(f)
         assert info == dict(
             pid=os.getpid(),
-            host=socket.gethostname(),
+            host=HOST,
             started=info['started'],
             command=' '.join(argv))
         assert before <= info['started'] <= after
@@ -61,28 +59,16 @@ def test_record_and_flock_are_the_documented_files(tmp_path, monkeypatch):
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         finally:
             os.close(fd)
-
-
-def test_second_run_is_refused_at_once(tmp_path):
-    """The second run stops at once; it does not wait for the first one
-    (which may train for days)."""
-    work = str(tmp_path / 'w')
-    with WorkDirLock(work):
-        start = time.monotonic()
-        with pytest.raises(WorkDirLockedError):
-            WorkDirLock(work).acquire()
-        assert time.monotonic() - start < 0.9
+    assert os.listdir(work) == []
 
 
 def test_live_holder_is_named(tmp_path):
     work = str(tmp_path / 'w')
     with work_dir_holder(work, seconds=60) as holder:
-        with pytest.raises(WorkDirLockedError) as e:
-            WorkDirLock(work).acquire()
-        msg = str(e.value)
+        msg = _refusal(work)
         assert msg.startswith(
             f'work dir {work} is in use by another training run (pid '
-            f'{holder.pid} on host {socket.gethostname()}, started ')
+            f'{holder.pid} on host {HOST}, started ')
         assert msg.endswith(
             f'Wait for it to finish, or pass another --work-dir; if that '
             f'run is gone, remove {osp.join(work, LOCK_NAME)}')
@@ -90,18 +76,27 @@ def test_live_holder_is_named(tmp_path):
     logged = []
     WorkDirLock(work, log=logged.append).acquire().release()
     assert logged and logged[0].startswith(
-        'mmsoft: taking over the work dir lock of a run that is gone (pid '
-        f'{holder.pid} on host {socket.gethostname()}')
+        f'{TAKE_OVER}pid {holder.pid} on host {HOST}')
 
 
-def test_stale_lock_of_dead_pid_is_taken_over(tmp_path):
+@pytest.mark.parametrize('started', [0, None], ids=['epoch', 'unset'])
+def test_stale_lock_of_dead_pid_is_taken_over_on_stderr(
+        tmp_path, capsys, started):
+    """Without ``log`` the take-over is one line on stderr (stdout may be
+    piped into another tool); start time 0 is a time, not '?'."""
     work = str(tmp_path / 'w')
     pid = int(dead_pid())
-    _write(work, pid=pid, host=socket.gethostname(), started=0)
-    logged = []
-    lock = WorkDirLock(work, log=logged.append).acquire()
-    assert f'pid {pid} on host' in logged[0]
-    lock.release()
+    _write(
+        work,
+        pid=pid,
+        host=HOST,
+        **({} if started is None else dict(started=started)))
+    WorkDirLock(work).acquire().release()
+    when = '?' if started is None else time.strftime('%Y-%m-%d %H:%M:%S',
+                                                     time.localtime(0))
+    assert capsys.readouterr() == (
+        '', f'{TAKE_OVER}pid {pid} on host {HOST}, started {when}): '
+        f'{osp.join(work, LOCK_NAME)}\n')
 
 
 def test_holder_on_another_host_is_not_guessed(tmp_path):
@@ -109,9 +104,7 @@ def test_holder_on_another_host_is_not_guessed(tmp_path):
     to remove the file if that run is gone."""
     work = str(tmp_path / 'w')
     _write(work, pid=1234, host='other-node-7', started=0)
-    with pytest.raises(WorkDirLockedError) as e:
-        WorkDirLock(work).acquire()
-    msg = str(e.value)
+    msg = _refusal(work)
     assert '(pid 1234 on host other-node-7, started ' in msg
     assert 'on another machine, which cannot be checked from here' in msg
     assert msg.endswith(f'remove {osp.join(work, LOCK_NAME)}')
@@ -126,21 +119,23 @@ def _holder(msg: str) -> str:
 
 @pytest.mark.parametrize('where', ['this host', 'another host'])
 def test_refusal_names_the_holders_start_time(tmp_path, where):
-    """The holder's start time, to the second in local time, as the user
-    guide shows it ('started 2026-11-25 16:08:50'): a live run held by this
-    host's flock, or a record of another host."""
+    """The holder's start time, to the second in local time ('started
+    2026-11-25 16:08:50' in the user guide): a live run held by this host's
+    flock (refused at once: the first run may train for days), or a record
+    of another host."""
     work = str(tmp_path / 'w')
     started = 1500000000.7  # 2017, far from now
-    host = socket.gethostname() if where == 'this host' else 'node-7'
+    host = HOST if where == 'this host' else 'node-7'
     live = WorkDirLock(work).acquire() if where == 'this host' else None
     try:
         _write(work, pid=4321, host=host, started=started)
-        with pytest.raises(WorkDirLockedError) as e:
-            WorkDirLock(work).acquire()
+        start = time.monotonic()
+        msg = _refusal(work)
+        assert time.monotonic() - start < 0.9
     finally:
         if live:
             live.release()
-    holder = _holder(str(e.value)).split('; on another machine')[0]
+    holder = _holder(msg).split('; on another machine')[0]
     prefix = f'pid 4321 on host {host}, started '
     assert holder.startswith(prefix), holder
     when = datetime.datetime.strptime(holder[len(prefix):],
@@ -150,42 +145,23 @@ def test_refusal_names_the_holders_start_time(tmp_path, where):
 
 @pytest.mark.parametrize('record', ['{"pid": 12', '[20438, "vm"]'])
 def test_unreadable_record_names_an_unknown_holder(tmp_path, record):
-    """A live holder whose record cannot be read (it is between taking the
-    flock and writing the record, or the file is cut short or not a JSON
-    object) is not described with made-up fields."""
+    """A live holder whose record cannot be read (between taking the flock
+    and writing the record, cut short, not a JSON object): no made-up
+    fields."""
     work = str(tmp_path / 'w')
     with WorkDirLock(work) as live:
         with open(live.path, 'w') as f:
             f.write(record)
-        with pytest.raises(WorkDirLockedError) as e:
-            WorkDirLock(work).acquire()
-    assert _holder(str(e.value)) == 'an unknown process'
+        assert _holder(_refusal(work)) == 'an unknown process'
 
 
 def test_fields_missing_from_the_record_are_question_marks(tmp_path):
     """A record without pid / host / start time (hand-written, an older
-    mmsoft) names each unknown field '?' instead of inventing one (no
-    'None', no start time of now)."""
+    mmsoft): each unknown field '?' (no 'None', no start time of now)."""
     work = str(tmp_path / 'w')
     _write(work, command='python tools/train.py cfg.py')
     logged = []
     WorkDirLock(work, log=logged.append).acquire().release()
     assert logged == [
-        'mmsoft: taking over the work dir lock of a run that is gone (pid ? '
-        f'on host ?, started ?): {osp.join(work, LOCK_NAME)}'
+        f'{TAKE_OVER}pid ? on host ?, started ?): {osp.join(work, LOCK_NAME)}'
     ]
-
-
-def test_take_over_is_reported_on_stderr_by_default(tmp_path, capsys):
-    """Without ``log`` the take-over is one line on stderr (stdout may be
-    piped into another tool)."""
-    work = str(tmp_path / 'w')
-    pid = int(dead_pid())
-    _write(work, pid=pid, host=socket.gethostname())
-    WorkDirLock(work).acquire().release()
-    out, err = capsys.readouterr()
-    assert out == ''
-    assert err == (
-        'mmsoft: taking over the work dir lock of a run that is gone (pid '
-        f'{pid} on host {socket.gethostname()}, started ?): '
-        f'{osp.join(work, LOCK_NAME)}\n')
