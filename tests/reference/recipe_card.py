@@ -1,19 +1,13 @@
-"""The SOFT training / testing recipes from the papers and the official
-repository, as data (issue 30); ``tests/test_configs/test_recipe_card.py``
-compares every config's effective values with :attr:`V.expected`.
-
-Sources: NeurIPS 2021 / IJCV 2024 Sec. 4.1-4.3 (``shared/papers``); the
-official repository fudan-zvg/SOFT master (``main.py`` with timm 0.3.2,
-``config/SOFT_*.yaml``, ``no_weight_decay`` = ``{'cls_token'}``); for
-detection / segmentation ("Following the practices of MMDetection"), mmdet's
-PVT and mmseg's Swin-UperNet 160k configs. Warm-up ``length`` is in the
-source's ``unit``; EMA ``momentum`` is mmengine's (``1 - decay`` of timm's
-``ModelEma``). ``decay_exempt`` categories: ``'norm'``, ``'bias'``,
-``'pos_embed'``, ``'cls_token'``.
-"""
+"""The SOFT training / testing recipes of the papers and the official
+repository, as data (issue 30), compared by
+``tests/test_configs/test_recipe_card.py`` with every config's effective
+values. Sources: NeurIPS 2021 / IJCV 2024 Sec. 4.1-4.3 (``shared/papers``);
+fudan-zvg/SOFT master (``main.py``, timm 0.3.2, ``config/SOFT_*.yaml``);
+for detection / segmentation mmdet's PVT and mmseg's Swin-UperNet configs.
+Warm-up ``length`` in the source's ``unit``; EMA ``momentum`` is mmengine's
+(``1 - decay`` of timm's ``ModelEma``); ``decay_exempt``: ``'norm'``,
+``'bias'``, ``'pos_embed'``, ``'cls_token'``."""
 from typing import Any, NamedTuple
-
-__all__ = ['V', 'FAMILIES', 'family_of']
 
 _SAME = object()
 
@@ -40,8 +34,7 @@ MMSEG_R50 = 'mmseg configs/_base_/models/upernet_r50.py'
 
 
 class V(NamedTuple):
-    """One recipe value, its source and, where mmsoft deliberately differs,
-    mmsoft's value and the reason."""
+    """A recipe value, its source; where mmsoft differs: ours and why."""
     value: Any
     source: str
     ours: Any = _SAME
@@ -49,8 +42,6 @@ class V(NamedTuple):
 
     @property
     def expected(self):
-        """The value the configs must have: ``ours`` where given, else the
-        source's."""
         return self.value if self.ours is _SAME else self.ours
 
     @property
@@ -208,57 +199,34 @@ _DET_COMMON = dict(
     ], f'{IJCV_DET} (shorter side 800, longer <= 1333); {MMDET_DATA}'),
 )
 
-_DET_1X_TRAIN = [
-    ('LoadImageFromFile', {}),
-    ('LoadAnnotations', dict(with_bbox=True, with_mask=False)),
-    ('Resize', dict(scale=(1333, 800), keep_ratio=True)),
-    ('RandomFlip', dict(prob=0.5)),
-    ('PackDetInputs', {}),
-]
-_MS_SCALES = [(1333, s) for s in range(480, 801, 32)]
-_DET_3X_TRAIN = [
-    ('LoadImageFromFile', {}),
-    ('LoadAnnotations', dict(with_bbox=True, with_mask=False)),
-    ('RandomChoiceResize', dict(scales=_MS_SCALES, keep_ratio=True)),
-    ('RandomFlip', dict(prob=0.5)),
-    ('PackDetInputs', {}),
-]
 _MS_SOURCE = (f'{IJCV_DET} ("the shorter sides of images are randomly '
               f'resized between 480 to 800"); {MMDET_SPARSE} (480..800, '
               'step 32, longer side 1333)')
 
 
-def _with_mask(pipeline):
-    return [(t, dict(p, with_mask=True)) if t == 'LoadAnnotations' else (t, p)
-            for t, p in pipeline]
-
-
 def _det(schedule, with_mask, extra=None):
-    card = dict(_DET_COMMON)
-    if schedule == '1x':
-        train = _DET_1X_TRAIN
-        card.update(
-            max_epochs=V(12, f'{IJCV_DET} ("1x"); {MMDET_1X}'),
-            milestones=V([8, 11], MMDET_1X),
-            final_lr=V(1e-6, f'{MMDET_1X} (x0.1 at epochs 8 and 11)'),
-            train_pipeline=V(
-                _with_mask(train) if with_mask else train,
-                f'{IJCV_DET} (shorter side 800, longer <= 1333); '
-                f'{MMDET_DATA}'))
-    else:
-        train = _DET_3X_TRAIN
-        card.update(
-            max_epochs=V(36, f'{IJCV_DET} ("3x"); {MMDET_SPARSE}'),
-            milestones=V([27, 33], MMDET_SPARSE),
-            final_lr=V(1e-6, f'{MMDET_SPARSE} (x0.1 at epochs 27 and 33)'),
-            train_pipeline=V(
-                _with_mask(train) if with_mask else train, _MS_SOURCE))
-    card['metric'] = V(
-        ('CocoMetric',
-         dict(metric=['bbox', 'segm'] if with_mask else ['bbox'])),
-        f'{IJCV_DET} Table 4 / 5 (box AP; mask AP for Mask R-CNN)')
-    card.update(extra or {})
-    return card
+    one_x = schedule == '1x'
+    resize = ('Resize', dict(scale=(1333, 800), keep_ratio=True)) if one_x \
+        else ('RandomChoiceResize',
+              dict(scales=[(1333, s) for s in range(480, 801, 32)],
+                   keep_ratio=True))
+    train = [('LoadImageFromFile', {}),
+             ('LoadAnnotations', dict(with_bbox=True, with_mask=with_mask)),
+             resize, ('RandomFlip', dict(prob=0.5)), ('PackDetInputs', {})]
+    src, epochs, steps = (MMDET_1X, 12, [8, 11]) if one_x else (MMDET_SPARSE,
+                                                                36, [27, 33])
+    return dict(
+        _DET_COMMON,
+        max_epochs=V(epochs, f'{IJCV_DET} ("{schedule}"); {src}'),
+        milestones=V(steps, src),
+        final_lr=V(1e-6, f'{src} (x0.1 at epochs {steps[0]} and {steps[1]})'),
+        train_pipeline=V(
+            train, f'{IJCV_DET} (shorter side 800, longer <= 1333); '
+            f'{MMDET_DATA}' if one_x else _MS_SOURCE),
+        metric=V(('CocoMetric',
+                  dict(metric=['bbox', 'segm'] if with_mask else ['bbox'])),
+                 f'{IJCV_DET} Table 4 / 5 (box AP; mask AP for Mask R-CNN)'),
+        **(extra or {}))
 
 
 # --------------------------------------------------------------- ADE20K
@@ -348,18 +316,17 @@ FAMILIES = dict(
 )
 
 
-def family_of(config_name: str) -> str:
+def family_of(name):
     """The card of a config of ``configs/`` (by its file name)."""
-    if config_name.startswith('soft_') and config_name.endswith('_in1k'):
+    if name.startswith('soft_') and name.endswith('_in1k'):
         return 'cls_in1k'
-    if config_name.startswith('upernet_') and '160k_ade20k' in config_name:
+    if name.startswith('upernet_') and '160k_ade20k' in name:
         return 'seg_160k'
-    mask = 'mask_rcnn' in config_name
-    if config_name.endswith('_1x'):
-        return 'det_mask_1x' if mask else 'det_1x'
-    if config_name.endswith('_3x_ms'):
-        if config_name.startswith('sparse_rcnn'):
-            return 'det_sparse_3x_ms'
-        return 'det_mask_3x_ms' if mask else 'det_3x_ms'
-    raise KeyError(f'{config_name}: no recipe card for this config; add its '
+    mask = '_mask' if 'mask_rcnn' in name else ''
+    if name.endswith('_1x'):
+        return f'det{mask}_1x'
+    if name.endswith('_3x_ms'):
+        return 'det_sparse_3x_ms' if name.startswith('sparse_rcnn') \
+            else f'det{mask}_3x_ms'
+    raise KeyError(f'{name}: no recipe card for this config; add its '
                    f'family to tests/reference/recipe_card.py')
