@@ -85,12 +85,7 @@ def tool_scripts():
     found = sorted(
         osp.relpath(p, TOOLS)
         for p in glob.glob(osp.join(TOOLS, '**', '*.py'), recursive=True))
-    return [p for p in found if not is_helper(p)]
-
-
-def is_helper(path):
-    return any(path == h or (h.endswith('/') and path.startswith(h))
-               for h in HELPERS)
+    return [p for p in found if not p.startswith(HELPERS)]
 
 
 def test_every_tool_has_an_invocation_test():
@@ -100,14 +95,12 @@ def test_every_tool_has_an_invocation_test():
         path, name = node.split('::')
         with open(osp.join(ROOT, 'tests', path)) as f:
             text = f.read()
-        tests = {
+        assert name in {
             n.name
             for n in ast.walk(ast.parse(text))
             if isinstance(n, ast.FunctionDef)
-        }
-        assert name in tests, node
-        stem = osp.splitext(osp.basename(script))[0]
-        assert stem in text, f'{node} does not run {script}'
+        }, node
+        assert osp.basename(script)[:-3] in text, f'{node} runs no {script}'
 
 
 #: the one ``sys.path`` edit a tool may make: a script in a sub-folder of
@@ -121,9 +114,9 @@ BOOTSTRAP = (
 
 def test_tools_edit_sys_path_only_for_their_package():
     """Only a sub-folder's script that uses mmsoft_tools adds tools/."""
-    everything = glob.glob(osp.join(TOOLS, '**', '*.py'), recursive=True)
-    for script in [osp.relpath(p, TOOLS) for p in everything]:
-        with open(osp.join(TOOLS, script)) as f:
+    for path in glob.glob(osp.join(TOOLS, '**', '*.py'), recursive=True):
+        script = osp.relpath(path, TOOLS)
+        with open(path) as f:
             code = f.read()
         uses = re.search(r'^ *(from|import) mmsoft_tools', code, re.M)
         if uses and osp.dirname(script) not in ('', 'mmsoft_tools'):
@@ -150,8 +143,10 @@ def helps(tmp_path_factory):
         timeout=600)
     line = [ln for ln in proc.stdout.splitlines() if ln.startswith('HELP ')]
     assert line, proc.stdout[-2000:] + proc.stderr[-2000:]
-    got = json.loads(line[-1][5:])
-    return {osp.relpath(k, str(copy)): v for k, v in got.items()}
+    return {
+        osp.relpath(k, str(copy)): v
+        for k, v in json.loads(line[-1][5:]).items()
+    }
 
 
 @pytest.mark.parametrize('script', sorted(INVOCATIONS))
@@ -185,6 +180,13 @@ def _isolated_runs_in(script_server, monkeypatch):
     monkeypatch.setattr(analysis, 'subprocess', SimpleNamespace(run=run))
 
 
+def _csv(path):
+    """(rows, field names) of a CSV file."""
+    with open(path, newline='') as f:
+        reader = csv.DictReader(f)
+        return list(reader), reader.fieldnames
+
+
 def _md_rows(text):
     """The cells of the markdown table's rows (no ``|---|`` line)."""
     return [[c.strip() for c in ln.strip().strip('|').split('|')]
@@ -215,10 +217,8 @@ def test_benchmark_attention_tiny_run(tmp_path, capsys, replaced,
                      '--threads 1 --out'.split() + [str(tmp_path)])
     configs = [('soft', 'forward'), ('soft', 'forward_backward')]
     assert [(r['method'], r['mode']) for r in rows] == configs
-    with open(tmp_path / 'results.csv') as f:
-        reader = csv.DictReader(f)
-        written = list(reader)
-    assert reader.fieldnames == [
+    written, fields = _csv(tmp_path / 'results.csv')
+    assert fields == [
         'device', 'n', 'method', 'mode', 'time_ms', 'min_ms', 'peak_mb'
     ]
     assert [(r['device'], r['n'], r['method'], r['mode']) for r in written
@@ -229,17 +229,14 @@ def test_benchmark_attention_tiny_run(tmp_path, capsys, replaced,
         assert (t, t_min, mb) == (ret['time_ms'], ret['min_ms'],
                                   ret['peak_mb'])
     md = (tmp_path / 'results.md').read_text()
-    table = _md_rows(md)
-    assert ' | '.join(table[0]) == ('device | n | method | fwd ms | fwd MiB '
-                                    '| fwd+bwd ms | fwd+bwd MiB')
-    by = {(r['method'], r['mode']): r for r in written}
-    assert [row[:3] for row in table[1:]] == [['cpu', '784', 'soft']]
-    for row in table[1:]:
-        f, b = by[(row[2], 'forward')], by[(row[2], 'forward_backward')]
-        assert row[3:] == [
-            f"{float(r[k]):.1f}" for r in (f, b)
+    # one row per method: its forward, then forward_backward ms and MiB
+    assert _md_rows(md) == [
+        'device | n | method | fwd ms | fwd MiB | fwd+bwd ms | fwd+bwd '
+        'MiB'.split(' | '), ['cpu', '784', 'soft'] + [
+            f"{float(r[k]):.1f}" for r in written
             for k in ('time_ms', 'peak_mb')
         ]
+    ]
     assert md in capsys.readouterr().out  # printed as written
     png = tmp_path / 'memory_time_vs_tokens.png'
     assert png.read_bytes()[:4] == b'\x89PNG'
@@ -263,13 +260,12 @@ def test_benchmark_amp_smoke_table(tmp_path, capsys):
     assert row['speedup'] == pytest.approx(row['fp32_ms'] / row['bf16_ms'])
     # the same weights and input: the bf16 loss is the float32 one, rounded
     assert row['bf16_loss'] == pytest.approx(row['fp32_loss'], rel=5e-2)
-    with open(tmp_path / 'results_amp.csv') as f:
-        (written, ) = list(csv.DictReader(f))
+    (written, ), _ = _csv(tmp_path / 'results_amp.csv')
     assert float(written['speedup']) == pytest.approx(row['speedup'])
     md = (tmp_path / 'results_amp.md').read_text()
     assert '| input HxWxB | fp32 ms | bf16 ms |' in md
-    assert (f'| 64x64x2 | {row["fp32_ms"]:.1f} | {row["bf16_ms"]:.1f} |' in md)
-    assert f'{row["speedup"]:.2f}x |' in md
+    assert f'| 64x64x2 | {row["fp32_ms"]:.1f} | {row["bf16_ms"]:.1f} |' in md
+    assert f' | {row["speedup"]:.2f}x |' in md
     assert md in capsys.readouterr().out
     with pytest.raises(SystemExit):
         tool.main(['--sizes', '224x224', '--out', str(tmp_path)])
@@ -280,22 +276,20 @@ def test_benchmark_onnx_tiny_run(tmp_path, capsys, replaced):
     pytest.importorskip('onnxruntime')
     tool = load_tool('deployment/benchmark_onnx.py')
     md = tmp_path / 'table.md'
-    specs = ['demo/soft_cls_demo.py:64x64', 'demo/soft_cls_demo.py:64x96']
+    HW = ('64x64', '64x96')
+    specs = [f'demo/soft_cls_demo.py:{hw}' for hw in HW]
     assert tool.main(specs + '--repeats 1 --warmup 0 --onnx-dir'.split() +
                      [str(tmp_path), '--out', str(md)]) == 0
-    for hw in ('64x64', '64x96'):
-        assert osp.getsize(tmp_path / f'soft_cls_demo_{hw}.onnx') > 0
+    onnx = [str(tmp_path / f'soft_cls_demo_{hw}.onnx') for hw in HW]
+    assert all(osp.getsize(p) > 0 for p in onnx)
     text = md.read_text()
-    assert replaced == [
-        str(tmp_path / f'soft_cls_demo_{hw}.onnx') for hw in ('64x64', '64x96')
-    ] + [str(md)]
+    assert replaced == onnx + [str(md)]
     assert text in capsys.readouterr().out
     table = _md_rows(text)
     assert ' | '.join(table[0]) == (
         'model | input | torch ms | torch iterative ms | onnxruntime ms | '
         'torch / ort | max rel. err')
-    assert [r[:2] for r in table[1:]] == [['soft_cls_demo', '64x64'],
-                                          ['soft_cls_demo', '64x96']]
+    assert [r[:2] for r in table[1:]] == [['soft_cls_demo', hw] for hw in HW]
     for cells in table[1:]:
         assert len(cells) == 7
         torch_ms, iter_ms, ort_ms = (float(c) for c in cells[2:5])
@@ -310,11 +304,10 @@ def test_benchmark_onnx_tiny_run(tmp_path, capsys, replaced):
 
 
 def test_nr_backward_compare_train_demo(tmp_path, capsys, monkeypatch):
-    """--train-demo --smoke: both backward passes train (2 iterations
-    here); their real metrics are replaced by distinct known values on
-    the way back, which the table must carry in their columns."""
-    from mmsoft_tools import demo_tasks
-    tasks = demo_tasks
+    """--train-demo --smoke: both backward passes train (2 iterations on
+    4 + 2 images here); their real metrics are replaced by distinct known
+    values on the way back, which the table must carry in their columns."""
+    from mmsoft_tools import demo_tasks as tasks
     real_run_task, calls = tasks.run_task, []
     real_shrink, shrunk = tasks.shrink_for_smoke, []
 
@@ -336,6 +329,7 @@ def test_nr_backward_compare_train_demo(tmp_path, capsys, monkeypatch):
 
     monkeypatch.setattr(tasks, 'run_task', run_task)
     tool = load_tool('analysis/nr_backward_compare.py')
+    monkeypatch.setattr(tool, 'SMOKE_DATA', dict(num_train=4, num_val=2))
     work = tmp_path / 'work'
     rows = tool.main('--sizes --train-demo --smoke --data'.split() +
                      [str(tmp_path / 'demo'), '--work-dir',
@@ -351,11 +345,9 @@ def test_nr_backward_compare_train_demo(tmp_path, capsys, monkeypatch):
         assert f'| {b} | {ap:.3f} | {ap50:.3f} | {t:.0f} |' in out
     assert osp.isdir(tmp_path / 'demo-smoke' / 'coco')
     for b in ('eq16', 'exact'):
-        dumped = glob.glob(str(work / b / '*.py'))
-        assert dumped, os.listdir(work / b)
-        with open(dumped[0]) as f:
-            text = f.read()
-        assert f"nr_backward='{b}'" in text
+        (dumped, ) = glob.glob(str(work / b / '*.py'))
+        with open(dumped) as f:
+            assert f"nr_backward='{b}'" in f.read()
 
 
 def test_benchmark_compile_smoke(tmp_path, capsys):
@@ -373,8 +365,7 @@ def test_benchmark_compile_smoke(tmp_path, capsys):
     assert ('| size | batch | mode | eager ms | compiled ms | speed-up | '
             'compile s |') in out
     assert '| 64x64 | 2 | train |' in out
-    with open(tmp_path / 'benchmark_compile.csv') as f:
-        written = list(csv.DictReader(f))
+    written, _ = _csv(tmp_path / 'benchmark_compile.csv')
     assert [w['mode'] for w in written] == ['forward', 'train']
     assert (tmp_path /
             'benchmark_compile.md').read_text().count('| 64x64 | 2 |') == 2
@@ -392,8 +383,7 @@ def test_gpu_check_smoke(tmp_path, capsys):
     assert '| soft_norm_tiny_in1k bf16 | loss |' in md
     assert '| 64x64x1 inference | SOFT / softmax |' in md
     assert 'FAIL' not in md and '**all checks passed**' in md
-    with open(tmp_path / 'gpu_check.csv') as f:
-        rows = list(csv.DictReader(f))
+    rows, _ = _csv(tmp_path / 'gpu_check.csv')
     nr = [
         r for r in rows if r['section'] == 'NR methods'
         and r['metric'].endswith('vs iterative: max rel diff (out / grad)')
@@ -413,9 +403,8 @@ def test_gpu_check_sections(tmp_path, capsys):
         ['--smoke', '--sections', 'nr', '--out-dir',
          str(tmp_path)]) == 0
     md = (tmp_path / 'gpu_check.md').read_text()
-    with open(tmp_path / 'gpu_check.csv') as f:
-        sections = {r['section'] for r in csv.DictReader(f)}
-    assert sections == {'NR methods'}
+    rows, _ = _csv(tmp_path / 'gpu_check.csv')
+    assert {r['section'] for r in rows} == {'NR methods'}
     assert md.count('not run: not selected (--sections)') == 2  # steps, sm
     assert 'torch ' in md and 'mmcv ops: CPU only' in md
     assert 'PARTIAL' not in md
@@ -433,12 +422,9 @@ def test_gpu_check_dry_run_fills_the_model_zoo(tmp_path, capsys):
                      names + ['--out-dir', str(tmp_path)]) == 0
     out = capsys.readouterr().out
     assert f'wrote {tmp_path}/recipe_gpu.csv' in out
-    with open(tmp_path / 'recipe_gpu.csv', newline='') as f:
-        reader = csv.DictReader(f)
-        rows = list(reader)
-    with open(osp.join(ROOT, 'docs', 'en', 'benchmarks',
-                       'recipe_gpu.csv')) as f:
-        assert reader.fieldnames == next(csv.reader(f))  # the docs' columns
+    rows, fields = _csv(tmp_path / 'recipe_gpu.csv')
+    docs = osp.join(ROOT, 'docs', 'en', 'benchmarks', 'recipe_gpu.csv')
+    assert fields == _csv(docs)[1]  # the docs' columns
     assert [r['config'] for r in rows] == names
     for r in rows:
         assert r['gpu'] == tool.DRY_RUN_GPU
@@ -475,17 +461,16 @@ def test_gpu_check_recipe_rows_merge(tmp_path):
     tool.merge_recipe_rows(
         str(path), [row('a', 'H100', '0.4'),
                     row('a', 'H200', '0.3')])
-    with open(path, newline='') as f:
-        got = [(r['config'], r['gpu'], r['s_per_iter'])
-               for r in csv.DictReader(f)]
-    assert got == [('b', 'H100', '0.6'), ('a', 'H100', '0.4'),
-                   ('a', 'H200', '0.3')]
+    assert [(r['config'], r['gpu'], r['s_per_iter'])
+            for r in _csv(path)[0]] == [('b', 'H100', '0.6'),
+                                        ('a', 'H100', '0.4'),
+                                        ('a', 'H200', '0.3')]
     other = tmp_path / 'other.csv'
     other.write_text('model,ms\nx,1\n')
     with pytest.raises(SystemExit) as e:
         tool.merge_recipe_rows(str(other), [row('a', 'H100', '0.4')])
-    assert 'has the columns' in str(e.value) and '--recipe-csv' in str(
-        e.value) and '\n' not in str(e.value)
+    assert re.fullmatch('[^\n]*has the columns[^\n]*--recipe-csv[^\n]*',
+                        str(e.value)), e.value
     assert other.read_text() == 'model,ms\nx,1\n'
 
 
@@ -548,8 +533,7 @@ def test_gpu_check_steps_need_no_imagenet_file(tmp_path, monkeypatch):
     tool = load_tool('analysis/gpu_check.py')
     tool.main('--cpu --sections steps --repeats 1 --configs '
               'retinanet_soft_tiny_1x --out-dir'.split() + [str(tmp_path)])
-    with open(tmp_path / 'gpu_check.csv') as f:
-        rows = list(csv.DictReader(f))
+    rows, _ = _csv(tmp_path / 'gpu_check.csv')
     assert [r['item'] for r in rows] == [
         'retinanet_soft_tiny_1x fp32', 'retinanet_soft_tiny_1x bf16'
     ]
