@@ -7,6 +7,7 @@ import io
 import os
 import os.path as osp
 import random
+import re
 import sys
 import warnings
 
@@ -105,25 +106,23 @@ def missing_data_message(cfg, mode):
         f' (relative to the current directory {os.getcwd()})'
     lines = [f'mmsoft: data for {purpose} not found: {path}{where} [{key}]']
     roots = {}  # data_root -> what it holds, in the config's order
-    for _, _, ds in local:
-        items = roots.setdefault(ds.data_root, []) if ds.data_root else []
-        for p, attr in _paths(ds)[1:]:
-            rel = osp.relpath(p, ds.data_root) + (
-                '/' if osp.isdir(p) or not osp.splitext(p)[1] else '')
-            items += [] if rel in items else [rel]
+    for _, _, ds in (d for d in local if d[2].data_root):
+        items = roots.setdefault(ds.data_root, {})
+        for p, _ in _paths(ds)[1:]:
+            items[osp.relpath(p, ds.data_root) +
+                  ('/' if osp.isdir(p) or not osp.splitext(p)[1] else '')] = 1
     if roots:
-        kind = type(local[0][2]).__name__
-        lines.append(f'  expected {kind} layout: ' +
+        lines.append(f'  expected {type(local[0][2]).__name__} layout: ' +
                      '; '.join(f'{r.rstrip("/")}/{{{", ".join(items)}}}'
                                for r, items in roots.items()))
-        links = []
-        for root in roots:
-            target = root.rstrip('/')
-            links.append(('mkdir -p ' + osp.dirname(target) +
-                          ' && ' if osp.dirname(target) else '') +
-                         f'ln -s /path/to/{osp.basename(target)} {target}')
-        lines.append('  link your copy there: ' + ' ; '.join(links))
-        new = {r: '/path/to/' + osp.basename(r.rstrip('/')) for r in roots}
+        targets = [r.rstrip('/') for r in roots]
+        lines.append('  link your copy there: ' + ' ; '.join(
+            (f'mkdir -p {osp.dirname(t)} && ' if osp.dirname(t) else '') +
+            f'ln -s /path/to/{osp.basename(t)} {t}' for t in targets))
+        new = {
+            r: '/path/to/' + osp.basename(t)
+            for r, t in zip(roots, targets)
+        }
         overrides = [
             f'{k}.data_root={new[ds.data_root]}' +
             ('/' if ds.data_root.endswith('/') else '')
@@ -156,14 +155,10 @@ def _jpeg_ends(path):
             return False
         i += 2 + int.from_bytes(data[i + 2:i + 4], 'big')
         if marker == 0xDA:  # a scan: its data runs to the next marker
-            while True:
-                i = data.find(b'\xff', i)
-                if i < 0 or i + 1 >= n:
-                    return False
-                if data[i + 1] == 0 or 0xD0 <= data[i + 1] <= 0xD7:
-                    i += 2
-                else:
-                    break
+            m = re.compile(rb'\xff(?![\x00\xd0-\xd7])').search(data, i)
+            if m is None:
+                return False
+            i = m.start()
     return False
 
 
@@ -252,17 +247,10 @@ def _label_problem(cfg, infos):
     """A class index out of the model's range, or None."""
     import numpy as np
     n, where = _num_classes(cfg)
-    if n is None:
-        return None
-    bad = []
-    for info in infos:
-        label = info.get('gt_label', None)
-        if label is None:
-            continue
-        labels = np.asarray(label).reshape(-1)
-        if labels.size and np.issubdtype(labels.dtype, np.integer) and \
-                labels.max() >= n:
-            bad.append((int(labels.max()), info.get('img_path', '?')))
+    labels = [(np.asarray(i['gt_label']).reshape(-1), i.get('img_path', '?'))
+              for i in infos if n and i.get('gt_label', None) is not None]
+    bad = [(int(a.max()), img) for a, img in labels
+           if a.size and np.issubdtype(a.dtype, np.integer) and a.max() >= n]
     if not bad:
         return None
     label, img = bad[0]
@@ -317,13 +305,11 @@ def damaged_data_message(cfg, mode):
 
 def launcher_rank(launcher: str) -> int:
     """This process's rank from the launcher's environment variable."""
-    env = {
-        'pytorch': 'RANK',
-        'slurm': 'SLURM_PROCID',
-        'mpi': 'OMPI_COMM_WORLD_RANK'
-    }.get(launcher)
+    env = dict(
+        pytorch='RANK', slurm='SLURM_PROCID',
+        mpi='OMPI_COMM_WORLD_RANK').get(launcher, '')
     try:
-        return int(os.environ.get(env, 0)) if env else 0
+        return int(os.environ.get(env, 0))
     except ValueError:
         return 0
 
