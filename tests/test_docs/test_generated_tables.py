@@ -1,55 +1,64 @@
-"""The documentation's generated tables equal their sources
-(``docs/gen_tables.py``: the model index, the benchmark CSVs,
-``requirements/*.txt``)."""
+"""``docs/gen_tables.py``: the documentation's generated tables equal their
+sources (the model index, the benchmark CSVs, ``requirements/*.txt``);
+``make docs`` needs only the docs requirements (not the torch / mmcv stack
+of ``make env``), honours ``VENV=`` and installs only what is missing."""
+import importlib.metadata as metadata
 import math
 import os.path as osp
 import shutil
+import subprocess
+import sys
 
+import pytest
 from conftest import ROOT, load_module
 
 GEN = load_module(osp.join(ROOT, 'docs', 'gen_tables.py'), '_docs_gen')
+DOCS, API = 'requirements/docs.txt', 'requirements/docs_api.txt'
 
 
-def test_every_source_is_on_a_page():
+@pytest.fixture
+def bench(tmp_path, monkeypatch):
+    """A copy of the benchmark CSVs the generator reads."""
+    shutil.copytree(GEN.BENCH, tmp_path / 'benchmarks')
+    monkeypatch.setattr(GEN, 'BENCH', str(tmp_path / 'benchmarks'))
+    return tmp_path / 'benchmarks'
+
+
+def test_every_source_is_on_a_page_and_pages_equal_their_sources():
     names = set()
     for rel in GEN.PAGES:
         with open(osp.join(ROOT, rel)) as f:
             names.update(GEN.blocks(f.read()))
     assert names == set(GEN.SOURCES)
-
-
-def test_pages_equal_their_sources():
     assert GEN.stale_pages() == [], \
         'run python docs/gen_tables.py (or make docs)'
 
 
-def test_a_changed_source_number_is_caught(tmp_path, monkeypatch):
+def test_a_changed_source_number_is_caught(bench, monkeypatch):
     """A number changed in a CSV (or the model index) makes its page
-    stale: the check compares every cell, not just the table's shape."""
-    bench = tmp_path / 'benchmarks'
-    shutil.copytree(GEN.BENCH, bench)
-    csv = bench / 'benchmark_backbones.csv'
-    csv.write_text(csv.read_text().replace('419.8', '418.8', 1))
-    monkeypatch.setattr(GEN, 'BENCH', str(bench))
-    assert GEN.stale_pages() == ['docs/en/benchmarks.md']
-    csv = bench / 'benchmark_attention.csv'  # a figure of README's table
-    csv.write_text(csv.read_text().replace('147.1', '157.1', 1))
-    assert GEN.stale_pages() == ['README.md', 'docs/en/benchmarks.md']
+    stale: every cell is compared, not just the table's shape."""
+    for name, old, new, stale in (
+        ('benchmark_backbones.csv', '419.8', '418.8',
+         ['docs/en/benchmarks.md']),
+        (
+            'benchmark_attention.csv',
+            '147.1',
+            '157.1',  # README's table too
+            ['README.md', 'docs/en/benchmarks.md'])):
+        csv = bench / name
+        csv.write_text(csv.read_text().replace(old, new, 1))
+        assert GEN.stale_pages() == stale
     monkeypatch.setattr(GEN, '_metrics', lambda m: {'box AP (paper)': 0.0})
-    assert 'docs/en/model_zoo.md' in GEN.stale_pages()
-    assert 'README.md' in GEN.stale_pages()
+    assert {'docs/en/model_zoo.md', 'README.md'} <= set(GEN.stale_pages())
 
 
-def test_a_measured_recipe_becomes_an_estimate(tmp_path, monkeypatch):
+def test_a_measured_recipe_becomes_an_estimate(bench):
     """A row of recipe_gpu.csv (a recipe's s/iter and memory on a GPU)
     turns the model zoo's "not measured yet" into iterations x s/iter,
     labelled estimated and naming the GPU."""
-    bench = tmp_path / 'benchmarks'
-    shutil.copytree(GEN.BENCH, bench)
     csv = bench / 'recipe_gpu.csv'
     csv.write_text(csv.read_text() + 'retinanet_soft_tiny_1x,NVIDIA H100,'
                    '0.500,7000,2026-12-07,first 100 iterations\n')
-    monkeypatch.setattr(GEN, 'BENCH', str(bench))
     assert GEN.stale_pages() == ['docs/en/model_zoo.md']
     rows = {r.split(' | ')[0]: r for r in GEN.recipe_times().splitlines()}
     row = rows['| `retinanet_soft_tiny_1x`']
@@ -58,3 +67,58 @@ def test_a_measured_recipe_becomes_an_estimate(tmp_path, monkeypatch):
             '0.500 s/iter, NVIDIA H100)') in row
     assert '7,000 MiB (NVIDIA H100)' in row and 'not measured' not in row
     assert 'not measured yet' in rows['| `retinanet_soft_medium_1x`']
+
+
+@pytest.mark.skipif(shutil.which('make') is None, reason='no make')
+def test_make_docs_does_not_build_the_stack(tmp_path):
+    venv = tmp_path / 'docsvenv'
+    proc = subprocess.run(['make', '-n', 'docs', f'VENV={venv}'],
+                          cwd=ROOT,
+                          capture_output=True,
+                          text=True)
+    assert proc.returncode == 0, proc.stderr
+    assert 'setup_env.sh' not in proc.stdout  # no mmcv build
+    # VENV= honoured, as one shell word; created when missing
+    assert f"'{venv}/bin/python' -m sphinx" in proc.stdout
+    assert f"-m venv '{venv}'" in proc.stdout
+    assert f'{DOCS} {API}' in proc.stdout
+
+
+@pytest.mark.parametrize(
+    'installed,missing',
+    [
+        ({}, []),
+        (dict(torch='2.14.1+cpu'), []),  # the CPU wheel of docs_api.txt
+        (dict(torch='2.14.1+cu130'), []),  # the project venv's
+        (dict(torch='2.1.2'), [API]),
+        (dict(sphinx=None), [DOCS]),
+        (dict(sphinx=None, mmengine=None), [DOCS, API]),
+    ])
+def test_docs_env_lists_what_is_missing(installed, missing, monkeypatch):
+    versions = {}
+    for name in (DOCS, API):
+        with open(osp.join(ROOT, name)) as f:
+            pins = [ln.split('#')[0].strip().split('==') for ln in f]
+        versions.update(p for p in pins if len(p) == 2)
+    versions.update(installed)
+    assert 'torch' in versions and 'sphinx' in versions
+
+    def version(name):
+        if versions.get(name) is None:
+            raise metadata.PackageNotFoundError(name)
+        return versions[name]
+
+    monkeypatch.setattr(metadata, 'version', version)
+    assert GEN.docs_env_missing() == missing
+
+
+def test_docs_env_command_prints_the_missing_files():
+    proc = subprocess.run([
+        sys.executable,
+        osp.join(ROOT, 'docs', 'gen_tables.py'), '--docs-env'
+    ],
+                          capture_output=True,
+                          text=True)
+    missing = GEN.docs_env_missing()
+    assert proc.returncode == (1 if missing else 0)
+    assert proc.stdout.split() == missing
