@@ -160,7 +160,8 @@ def test_cross_kernel_large_offset_fp32(norm):
     for b in range(3):
         assert torch.equal(P[b:b + 1], gaussian_kernel(q[b:b + 1],
                                                        lm[b:b + 1]))
-    x = torch.randn(1, 64, 16) * norm  # random directions: finite, bounded
+    x = randn(
+        1, 64, 16, dtype=F32) * norm  # random directions: finite, bounded
     K = gaussian_kernel(x, x[:, :8])
     assert torch.isfinite(K).all() and (K >= 0).all() and (K <= 1).all()
 
@@ -242,7 +243,7 @@ def test_fused_products_equal_the_formed_kernel(monkeypatch, attn_norm):
     and under bf16 autocast."""
     q = tokens(1e2, 2, 2, 64, 8).float() * 0.3
     lm = q[:, :, ::8] + 0.1
-    v = torch.randn(2, 2, 64, 8)
+    v = randn(2, 2, 64, 8, seed=1, dtype=F32)
     with torch.no_grad():
         formed = soft_attention(q, lm, v, attn_norm)
         monkeypatch.setattr(sa, 'FUSED_MIN_ENTRIES', 64 * 8)
@@ -274,20 +275,17 @@ def dense_soft(q, lm, v, attn_norm, init):
 
 
 @pytest.mark.parametrize('attn_norm', [True, False])
-def test_soft_attention_equals_dense_formula(attn_norm):
+def test_soft_attention_equals_dense_formula_default_ijcv(attn_norm):
+    """P A_n^+ P^T V formed; by default attn_norm=True: P (D^-1/2 A^+
+    D^-1/2 (P^T V)) with the per-sample alpha."""
     q = randn(2, 2, 64, 8) / 8**.25
     lm, v = q[:, :, ::8], randn(2, 2, 64, 8, seed=1)
     init = 'soft_norm_per_sample' if attn_norm else 'soft'
     out = soft_attention(q, lm, v, attn_norm, NRConfig(40, init))
     close(out, dense_soft(q, lm, v, attn_norm, init), 1e-6, 1e-6)
-
-
-def test_soft_attention_default_is_ijcv():
-    """attn_norm=True by default: P (D^-1/2 A^+ D^-1/2 (P^T V))."""
     q = randn(1, 2, 16, 4, seed=1) * 0.6
     lm, v = q[:, :, ::4], randn(1, 2, 16, 4, seed=2)
-    P, A = gaussian_kernel(q, lm), gaussian_kernel(lm, lm)
-    nr = NRConfig(3)
+    P, A, nr = gaussian_kernel(q, lm), gaussian_kernel(lm, lm), NRConfig(3)
     want = P @ ijcv(A, P.transpose(-1, -2) @ v, nr)
     close(soft_attention(q, lm, v, nr=nr), want)
     assert not torch.allclose(
@@ -326,30 +324,26 @@ def test_training_path_gradients_equal_autograds(attn_norm, landmarks):
 
 
 @pytest.mark.parametrize('norm', NORMS)
-@pytest.mark.parametrize('attn_norm', [True, False])
-def test_soft_attention_large_norm_fp32(attn_norm, norm):
+def test_soft_attention_large_norm_fp32_and_under_autocast(norm):
+    """Finite and float64-accurate in fp32; half inputs under CPU autocast:
+    the kernel in fp32 from the rounded inputs, diagonal 1, finite."""
     q = tokens(norm, 2, 2, 64, 8).float()
-    lm, v = q[:, :, ::8] + 0.1, torch.randn(2, 2, 64, 8)
-    out = soft_attention(q, lm, v, attn_norm)
-    assert torch.isfinite(out).all()
-    ref = soft_attention(q.double(), lm.double(), v.double(), attn_norm)
-    close(out.double(), ref, 1e-3, 1e-3)
-
-
-@pytest.mark.parametrize('dtype', HALF)
-@pytest.mark.parametrize('norm', NORMS)
-def test_kernel_and_attention_under_autocast(norm, dtype):
-    """Half inputs under CPU autocast: the kernel in fp32 from the rounded
-    inputs, diagonal 1, outputs finite."""
-    q = tokens(norm, 1, 2, 64, 8).to(dtype)
-    lm, v = q[:, :, ::8], torch.randn(1, 2, 64, 8).to(dtype)
-    with torch.autocast('cpu', dtype=dtype):
-        A, P = gaussian_kernel(lm, lm), gaussian_kernel(q, lm)
-        out = soft_attention(q, lm, v, True)
-    assert A.dtype == P.dtype == F32
-    close(A.diagonal(dim1=-2, dim2=-1), torch.ones(1, 2, 8))
-    close(P.double(), ref_kernel(q, lm), 0, 2e-5)
-    assert out.dtype == dtype and torch.isfinite(out).all()
+    lm, v = q[:, :, ::8] + 0.1, randn(2, 2, 64, 8, seed=1, dtype=F32)
+    for attn_norm in (True, False):
+        out = soft_attention(q, lm, v, attn_norm)
+        assert torch.isfinite(out).all()
+        ref = soft_attention(q.double(), lm.double(), v.double(), attn_norm)
+        close(out.double(), ref, 1e-3, 1e-3)
+    for dtype in HALF:
+        q = tokens(norm, 1, 2, 64, 8).to(dtype)
+        lm, v = q[:, :, ::8], randn(1, 2, 64, 8, seed=2, dtype=dtype)
+        with torch.autocast('cpu', dtype=dtype):
+            A, P = gaussian_kernel(lm, lm), gaussian_kernel(q, lm)
+            out = soft_attention(q, lm, v, True)
+        assert A.dtype == P.dtype == F32
+        close(A.diagonal(dim1=-2, dim2=-1), torch.ones(1, 2, 8))
+        close(P.double(), ref_kernel(q, lm), 0, 2e-5)
+        assert out.dtype == dtype and torch.isfinite(out).all()
 
 
 # ---------------------------------------------- bottleneck inverse / apply
@@ -400,13 +394,6 @@ def test_bottleneck_inverse_default_is_eq25(batch):
     close(bottleneck_inverse(A, False), newton_inverse(A, 20, 'soft'), 0, 0)
 
 
-def test_bottleneck_inverse_normalises_half_input_in_float32():
-    A = kernel_of(2, m=16, d=8, seed=6, dtype=F32, scale=0.5).bfloat16()
-    got = bottleneck_inverse(A)
-    assert got.dtype == F32
-    close(got, bottleneck_inverse(A.float()), 1e-6, 1e-7)
-
-
 @pytest.mark.parametrize('nr', [None, dict(iters=3)])
 def test_bottleneck_apply_defaults_are_ijcv(nr):
     """attn_norm=True and an ``nr`` without init: 'soft_norm_per_sample';
@@ -446,6 +433,10 @@ def test_bottleneck_apply_half_inputs_compute_in_float32(half):
     out = bottleneck_apply(A, W.double())
     assert out.dtype == F32
     close(out, bottleneck_apply(A, W), 0, 0)
+    A = kernel_of(2, m=16, d=8, seed=6, dtype=F32, scale=0.5).to(half)
+    got = bottleneck_inverse(A)  # A^+ and D^-1/2 in float32 too
+    assert got.dtype == F32
+    close(got, bottleneck_inverse(A.float()), 1e-6, 1e-7)
 
 
 # ------------------------------------------------------- grid and samplers
@@ -692,8 +683,18 @@ def test_grid_options_that_do_not_bind_are_plain_soft(kw, hw):
         assert 'landmark_hw=(7, 7)' in repr(b)
 
 
-def test_attention_module_shapes_dw_conv_and_official_layout():
-    """Per-head filter on V, as the official (B*d, h, H, W) grouped conv."""
+def test_attention_module_shapes_dw_conv_and_autocast():
+    """Per-head filter on V, as the official (B*d, h, H, W) grouped conv;
+    finite under autocast, gradients too."""
+    for dtype in HALF:
+        attn = SOFTAttention(64, 2, 4)
+        with torch.autocast('cpu', dtype=dtype):
+            out = attn(randn(2, 256, 64, dtype=F32) * 100, (16, 16))
+        assert out.dtype == dtype and torch.isfinite(out.float()).all()
+        out.float().sum().backward()
+        assert all(
+            torch.isfinite(p.grad).all() for p in attn.parameters()
+            if p.grad is not None)
     attn = SOFTAttention(64, 2, 4, dw_kernel_size=5)
     assert tuple(attn.dw_conv.weight.shape) == (2, 1, 5, 5)
     x = torch.randn(2, 12 * 20, 64)
@@ -706,18 +707,6 @@ def test_attention_module_shapes_dw_conv_and_official_layout():
     got = attn.dw_conv_tokens(v.transpose(1, 2).reshape(B, H * W, 64),
                               (H, W)).view(B, H * W, 4, 16)
     close(got.transpose(1, 2), ref)
-
-
-@pytest.mark.parametrize('dtype', HALF)
-def test_attention_autocast_finite(dtype):
-    attn = SOFTAttention(64, 2, 4)
-    with torch.autocast('cpu', dtype=dtype):
-        out = attn(torch.randn(2, 256, 64) * 100, (16, 16))
-    assert out.dtype == dtype and torch.isfinite(out.float()).all()
-    out.float().sum().backward()
-    assert all(
-        torch.isfinite(p.grad).all() for p in attn.parameters()
-        if p.grad is not None)
 
 
 def test_soft_attention_biases_and_diagnostics():
@@ -805,11 +794,8 @@ def test_with_nr_builds_a_copy_with_other_settings():
     same = with_nr(model[0], method='spectral', iters=20)
     close(same(x, (4, 4)), model[0](x, (4, 4)))
     assert with_nr(model, nr=NRConfig(5, 'soft'))[0].nr == NRConfig(5, 'soft')
-
-
-def test_with_nr_starts_from_each_attentions_own_settings():
-    """No ``nr``: each one's own settings with the changes; a dict without
-    init: the variant's rule; an NRConfig: that very one."""
+    # no ``nr``: each one's own settings with the changes; a dict without
+    # init: the variant's rule; an NRConfig: that very one
     own = NRConfig(7, 'soft_norm_per_matrix', 'iterative', 'exact')
     model = torch.nn.Sequential(
         SOFTAttention(16, 2, 2, nr=own),
@@ -828,7 +814,7 @@ def test_with_nr_starts_from_each_attentions_own_settings():
 
 
 # ------------------------------------------------------ stage 4 (softmax)
-def test_softmax_attention_biases_and_no_dropout_by_default():
+def test_softmax_attention_and_cls_token_stage_defaults():
     attn = SoftmaxAttention(8, 2)
     assert attn.q.bias is not None and attn.kv.bias is not None
     assert attn.attn_drop == 0. and isinstance(attn.proj_drop, nn.Identity)
@@ -837,9 +823,6 @@ def test_softmax_attention_biases_and_no_dropout_by_default():
     attn = SoftmaxAttention(8, 2, qkv_bias=False)
     assert attn.q.bias is None and attn.kv.bias is None
     assert attn.proj.bias is not None
-
-
-def test_cls_token_stage_drop_rate_default_and_pass_through():
     kw = dict(
         embed_dims=8,
         num_heads=2,
@@ -850,7 +833,7 @@ def test_cls_token_stage_drop_rate_default_and_pass_through():
         drop_path_rates=[0.],
         in_channels=4,
         pos_grid=2)
-    stage = ClsTokenStage(**kw)
+    stage = ClsTokenStage(**kw)  # drop_rate: default 0, or the pos_drop's
     assert isinstance(stage.pos_drop, nn.Identity)
     assert isinstance(stage.blocks[0].attn.proj_drop, nn.Identity)
     stage = ClsTokenStage(**kw, drop_rate=0.25)
