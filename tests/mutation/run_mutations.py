@@ -7,7 +7,9 @@ them: this baseline must pass with nothing skipped. A markdown table goes to
 ``--out`` (pytest's output to ``logs/`` beside it); exit 1 unless every
 mutation is killed.
 
-    python tests/mutation/run_mutations.py [NAME ...] [--list] [--check]
+    python tests/mutation/run_mutations.py [NAME ...] [--list]
+
+(that each applies: tests/test_mutation_catalogue.py)
 """
 import argparse
 import os
@@ -30,8 +32,6 @@ def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split('\n')[0])
     p.add_argument('names', nargs='*', help='mutations (default: all)')
     p.add_argument('--list', action='store_true', help='list them, exit')
-    p.add_argument(
-        '--check', action='store_true', help='only check that each applies')
     p.add_argument('--python', default=sys.executable, help='runs pytest')
     p.add_argument(
         '--out',
@@ -39,7 +39,6 @@ def parse_args(argv=None):
     p.add_argument('--timeout', type=float, default=1200, help='per run (s)')
     p.add_argument(
         '--no-baseline', action='store_true', help='skip the unmutated run')
-    p.add_argument('--keep', action='store_true', help='keep the copy')
     return p.parse_args(argv)
 
 
@@ -141,18 +140,6 @@ def main(argv=None):
                     osp.join(ROOT, rel),
                     osp.join(copy, rel),
                     follow_symlinks=False)
-        if args.check:
-            bad = 0
-            for m in mutations:
-                try:
-                    original = apply(copy, m)
-                    with open(osp.join(copy, m.path), 'wb') as f:
-                        f.write(original)
-                except ValueError as e:
-                    print(f'error: {e}')
-                    bad += 1
-            print(f'{len(mutations) - bad} of {len(mutations)} apply')
-            return int(bad > 0)
         where = subprocess.run(
             [args.python, '-c', 'import mmsoft; print(mmsoft.__file__)'],
             cwd=copy,
@@ -204,10 +191,7 @@ def main(argv=None):
               f'{logs}')
         return int(killed < len(mutations))
     finally:
-        if args.keep:
-            print(f'copy kept: {copy}')
-        else:
-            shutil.rmtree(copy, ignore_errors=True)
+        shutil.rmtree(copy, ignore_errors=True)
 
 
 if __name__ == '__main__':
