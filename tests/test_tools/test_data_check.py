@@ -97,6 +97,9 @@ def test_shipped_configs_message_and_remedies(name, mode, tmp_path,
     root, purpose = ROOTS[dataset], dict(
         train='training', test='testing')[mode]
     assert len(lines) <= 6, lines
+    page = re.fullmatch(r'  \(see (\S+\.md)\)', lines[-1])[1]
+    with open(osp.join(ROOT, page)) as f:
+        assert f.read().startswith('# Data preparation')
     assert lines[0].startswith(f'mmsoft: data for {purpose} not found: '
                                f'{root} ')
     assert f'[{mode}_dataloader.dataset.data_root]' in lines[0]
@@ -105,8 +108,9 @@ def test_shipped_configs_message_and_remedies(name, mode, tmp_path,
                       f'{{{EXPECTED[dataset, mode]}}}')
     # remedy 1: the --cfg-options of the message, on a generated layout
     over = next(ln for ln in lines if '--cfg-options' in ln)
-    options = dict(
-        kv.split('=', 1) for kv in over.split('--cfg-options ', 1)[1].split())
+    over = over.split('--cfg-options ', 1)[1]
+    assert shlex.split(over) == over.split()  # shell words, no quoting
+    options = dict(kv.split('=', 1) for kv in over.split())
     loaders = (['train_dataloader', 'val_dataloader']
                if mode == 'train' else ['test_dataloader'])
     assert {k for k in options if k.endswith('.data_root')} == \
@@ -376,16 +380,6 @@ def test_existing_data_passes(tmp_path, monkeypatch, capsys):
     assert proc.stderr.strip().splitlines()[-1].startswith(
         "error: --cfg-options train_cfg.max_epoch: the config has no key "
         "'max_epoch' under train_cfg; did you mean train_cfg.max_epochs?")
-
-
-def test_message_quoting_and_docs_page():
-    """The overrides are shell words; the last line names the docs page."""
-    msg = dc.missing_data_message(_coco_test(**_coco_ds('data/x/')), 'test')
-    over = msg.split('--cfg-options ', 1)[1].splitlines()[0]
-    assert shlex.split(over) == over.split()
-    page = re.search(r'see (\S+\.md)', msg.splitlines()[-1]).group(1)
-    with open(osp.join(ROOT, page)) as f:
-        assert f.read().startswith('# Data preparation')
 
 
 # ------------------------------------------- the files the data lists
