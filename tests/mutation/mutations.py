@@ -60,8 +60,9 @@ MUTATIONS = (
       ('                '
        'runner.test_evaluator.metrics.append(dump_metric(scope, out))'),
       ('                runner.test_evaluator.metrics = '
-       '[dump_metric(scope, out)]'), ('tests/test_tools/test_train_test.py::'
-                                      'test_det_train_and_test_tools')),
+       '[dump_metric(scope, out)]'),
+      ('tests/test_tools/test_chain.py::'
+       'test_test_tool_on_trained_checkpoint[det-keys0]')),
     # Newton-Raphson
     M('nr_soft_shift',
       "the 'soft' NR rule iterates on A + 0.1 I instead of A + 0.01 I",
