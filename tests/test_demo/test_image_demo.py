@@ -225,47 +225,39 @@ def test_readme_python_api_in_one_process(models, images, tmp_path,
                 assert ns['feats'][-1].shape == (1, DIMS[3])
 
 
-def test_same_name_other_extension_both_kept(models, tmp_path, capsys):
-    """Issue 27 (5): x.jpg and x.png reported "2 image(s)" and wrote one
-    result; issue 52 (5): valid images with bytes after their end marker
-    (beyond the data check's tail window; OpenCV decodes them) were
-    skipped as truncated."""
+@pytest.mark.parametrize('out', ['out', '.'])
+def test_out_dir_inside_input_is_not_input(models, tmp_path, capsys,
+                                           monkeypatch, out):
+    """Issue 36 (5): ``--out-dir`` inside INPUT ``.``: the second run took
+    its outputs as inputs, wrote out/vis/out/...; issue 27 (5): x.jpg and
+    x.png wrote one result; issue 52 (5): valid images with bytes after
+    their end marker (beyond the data check's tail window; OpenCV decodes
+    them) were skipped as truncated."""
     cfg, ckpt, classes = models['cls']
-    for name, seed in (('x.jpg', 1), ('x.png', 2), ('y.jpg', 3)):
+    names = ('x.jpg', 'x.png', 'y.jpg', 'sub/c.jpg')
+    for seed, name in enumerate(names):
         path = _image(tmp_path / 'in' / name, seed=seed)
         if name.startswith('x'):  # a camera's trailer
             with open(path, 'ab') as f:
                 f.write(b'\0' * 70000 + b'TRAILER')
-            data = np.fromfile(path, np.uint8)
-            assert cv2.imdecode(data, 1) is not None
-    out = str(tmp_path / 'out')
-    assert _main([str(tmp_path / 'in'), cfg, ckpt, '--out-dir', out]) == 0
-    assert sorted(os.listdir(osp.join(
-        out, 'preds'))) == ['x.jpg.json', 'x.png.json', 'y.json']
-    assert len(os.listdir(osp.join(out, 'vis'))) == 3
-    for name in ('x.jpg', 'x.png'):
-        _check_outputs('cls', out, str(tmp_path / 'in' / name), name, classes)
-    std = capsys.readouterr()
-    assert 'classification: 3 image(s)' in std.out
-    assert 'skipped' not in std.err
-
-
-@pytest.mark.parametrize('out', ['out', '.'])
-def test_out_dir_inside_input_is_not_input(models, tmp_path, capsys,
-                                           monkeypatch, out):
-    """Issue 36 (5): ``--out-dir`` inside INPUT (also INPUT ``.``): the
-    second run took its own outputs as inputs and wrote out/vis/out/..."""
-    cfg, ckpt, _ = models['cls']
-    for i, name in enumerate(('a.jpg', 'b.png', 'sub/c.jpg')):
-        _image(tmp_path / 'in' / name, seed=i)
+            assert cv2.imdecode(np.fromfile(path, np.uint8), 1) is not None
     monkeypatch.chdir(tmp_path / 'in')
     for _ in range(2):
         assert _main(['.', cfg, ckpt, '--out-dir', out]) == 0
-        assert 'classification: 3 image(s)' in capsys.readouterr().out
-    vis = sorted(
-        osp.relpath(osp.join(d, f), osp.join(out, 'vis'))
-        for d, _, files in os.walk(osp.join(out, 'vis')) for f in files)
-    assert [osp.splitext(v)[0] for v in vis] == ['a', 'b', 'sub/c']
+        std = capsys.readouterr()
+        assert 'classification: 4 image(s)' in std.out
+        assert 'skipped' not in std.err
+    found = {
+        sub:
+        sorted(
+            osp.splitext(osp.relpath(osp.join(d, f), osp.join(out, sub)))[0]
+            for d, _, files in os.walk(osp.join(out, sub)) for f in files)
+        for sub in ('preds', 'vis')
+    }
+    stems = ['sub/c', 'x.jpg', 'x.png', 'y']
+    assert found == dict(preds=stems, vis=stems)
+    for name in names[:2]:
+        _check_outputs('cls', out, str(tmp_path / 'in' / name), name, classes)
 
 
 def test_unreadable_images_in_folder_are_skipped(models, tmp_path, capsys):
