@@ -17,17 +17,15 @@ def tool(name):
     return load_tool(f'analysis/{name}.py', f'_analysis_{name}')
 
 
-def read_csv(path):
-    with open(path) as f:
-        return list(csv.DictReader(f))
-
-
-def outputs_written(out, stem, table='md'):
-    for ext in ('png', 'csv', table):
-        path = osp.join(out, f'{stem}.{ext}')
-        assert osp.getsize(path) > 0, path
+def outputs_written(out, stem):
+    """The figure (a PNG), the markdown table and the CSV's rows."""
+    assert osp.getsize(osp.join(out, f'{stem}.md')) > 0
     with open(osp.join(out, f'{stem}.png'), 'rb') as f:
         assert f.read(8) == b'\x89PNG\r\n\x1a\n'
+    with open(osp.join(out, f'{stem}.csv')) as f:
+        rows = list(csv.DictReader(f))
+    assert rows
+    return rows
 
 
 # ------------------------------------------------------------ get_flops
@@ -37,13 +35,12 @@ def outputs_written(out, stem, table='md'):
     'expected > 2x)')
 def test_get_flops_counts_attention_products_and_nr(tmp_path):
     gf = tool('get_flops')
-    rows = gf.main([
-        '--models', 'soft_tiny', 'softmax_tiny', '--arch',
-        json.dumps(TINY), '--shape', '64', '--backbone-only', '--out',
-        str(tmp_path)
-    ])
-    outputs_written(tmp_path, 'flops')
-    by = {r['model']: r for r in read_csv(tmp_path / 'flops.csv')}
+    rows = gf.main(
+        '--models soft_tiny softmax_tiny --shape 64 '
+        '--backbone-only'.split() +
+        ['--arch', json.dumps(TINY), '--out',
+         str(tmp_path)])
+    by = {r['model']: r for r in outputs_written(tmp_path, 'flops')}
     assert set(by) == {'soft_tiny', 'softmax_tiny'}
     for r in rows:
         assert r['flops_g'] == pytest.approx(r['layers_g'] + r['attention_g'] +
@@ -108,10 +105,9 @@ def test_get_flops_any_config(tmp_path):
     pytest.importorskip('mmpretrain')
     gf = tool('get_flops')
     cfg = osp.join(ROOT, 'configs', 'soft_tiny_in1k.py')
-    rows = gf.main([
-        '--config', cfg, '--attn-type', 'performer', '--shape', '64', '--out',
-        str(tmp_path)
-    ])
+    rows = gf.main(
+        ['--config', cfg, '--out', str(tmp_path)] +
+        '--attn-type performer --shape 64'.split())
     assert rows[0]['counted'] == 'model (tensor mode)'
     assert rows[0]['nr_g'] == 0 and rows[0]['params_m'] > 12
 
@@ -137,13 +133,10 @@ def test_memory_vs_length_fixed_m_and_outputs(tmp_path):
             with torch.no_grad():
                 assert model(x, hw).shape == x.shape
     # one real (subprocess) measurement; softmax:math skipped by budget
-    rows = mv.main([
-        '--attns', 'sima', 'softmax:math', '--p', '1', '--layers', '1',
-        '--dims', '24', '--heads', '2', '--max-mem-gb', '1e-6', '--out',
-        str(tmp_path)
-    ])
-    outputs_written(tmp_path, 'memory')
-    by = {r['attn']: r for r in read_csv(tmp_path / 'memory.csv')}
+    rows = mv.main('--attns sima softmax:math --p 1 --layers 1 --dims 24 '
+                   '--heads 2 --max-mem-gb 1e-6 --out'.split() +
+                   [str(tmp_path)])
+    by = {r['attn']: r for r in outputs_written(tmp_path, 'memory')}
     assert by['sima']['status'] == 'ok' and float(by['sima']['time_ms']) > 0
     assert by['softmax:math']['status'].startswith('skipped')
     assert len(rows) == 2
@@ -163,11 +156,9 @@ def test_nr_convergence_on_an_image_folder(tmp_path):
     out = tmp_path / 'out'
     rows = nc.main([
         '--arch',
-        json.dumps(TINY), '--images', f'mine={tmp_path / "imgs"}',
-        '--num-images', '2', '--size', '64', '--iters', '6', '--batch-size',
-        '2', '--out',
+        json.dumps(TINY), '--images', f'mine={tmp_path / "imgs"}', '--out',
         str(out)
-    ])
+    ] + '--num-images 2 --size 64 --iters 6 --batch-size 2'.split())
     outputs_written(out, 'nr_convergence')
     assert {r['dataset'] for r in rows} == {'mine'}
     assert {r['stage'] for r in rows} == {1, 2, 3}
@@ -210,12 +201,9 @@ def test_nr_convergence_loads_checkpoints(tmp_path):
 # ------------------------------------------------------------ spectral
 def test_spectral_norm_field_normalisation_lowers_the_norm(tmp_path):
     sn = tool('spectral_norm')
-    rows = sn.main([
-        '--lengths', '4', '16', '36', '--samples', '2', '--out',
-        str(tmp_path)
-    ])
-    outputs_written(tmp_path, 'spectral_norm')
-    assert len(read_csv(tmp_path / 'spectral_norm.csv')) == 6
+    rows = sn.main('--lengths 4 16 36 --samples 2 --out'.split() +
+                   [str(tmp_path)])
+    assert len(outputs_written(tmp_path, 'spectral_norm')) == 6
     for m in (4, 16, 36):
         rs = [r for r in rows if r['m'] == m]
         # Prop. 6: D^-1/2 A^+ D^-1/2 has the smaller norm
@@ -233,11 +221,8 @@ def test_spectral_norm_field_normalisation_lowers_the_norm(tmp_path):
 
 def test_spectral_norm_from_model_landmarks(tmp_path):
     sn = tool('spectral_norm')
-    rows = sn.main([
-        '--source', 'model', '--model', 'soft_tiny_norm', '--lengths', '4',
-        '--samples', '1', '--out',
-        str(tmp_path)
-    ])
+    rows = sn.main('--source model --model soft_tiny_norm --lengths 4 '
+                   '--samples 1 --out'.split() + [str(tmp_path)])
     # one synthetic image -> one sample per head of stage 3 (10 heads)
     assert len(rows) == 10 and all(r['m'] == 4 for r in rows)
     outputs_written(tmp_path, 'spectral_norm')
@@ -246,13 +231,10 @@ def test_spectral_norm_from_model_landmarks(tmp_path):
 # ------------------------------------------------------------ heatmaps
 def test_visualize_attention_rows(tmp_path):
     va = tool('visualize_attention')
-    rows = va.main([
-        '--models', 'softmax_tiny', 'linformer_tiny', 'soft_tiny_norm',
-        '--size', '64', '--stage', '0', '--query', '0.25', '0.75', '--out',
-        str(tmp_path)
-    ])
-    outputs_written(tmp_path, 'attention')
-    csv_rows = read_csv(tmp_path / 'attention.csv')
+    rows = va.main('--models softmax_tiny linformer_tiny soft_tiny_norm '
+                   '--size 64 --stage 0 --query 0.25 0.75 --out'.split() +
+                   [str(tmp_path)])
+    csv_rows = outputs_written(tmp_path, 'attention')
     assert len(csv_rows) == len(rows) == 2 + 2 + 2  # 2 heads in stage 1
     for r in rows:
         assert (r['query_y'], r['query_x']) == (4, 12)  # of a 16 x 16 map

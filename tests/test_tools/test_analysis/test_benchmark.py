@@ -70,12 +70,9 @@ def test_tiny_run_writes_ratios(tmp_path, capsys, script_server, monkeypatch):
     # the tool in this process, its 4 measurements as 4 scripts
     isolated_runs_in(script_server, monkeypatch)
     out = tmp_path / 'bench'
-    load().main([
-        '--models', 'soft_tiny_norm_ml16', 'pvtv2_b1', '--sizes', '64x64x1',
-        '--modes', 'forward', 'forward_backward', '--repeats', '1',
-        '--threads', '1', '--out',
-        str(out)
-    ])
+    load().main('--models soft_tiny_norm_ml16 pvtv2_b1 --sizes 64x64x1 '
+                '--modes forward forward_backward --repeats 1 --threads 1 '
+                '--out'.split() + [str(out)])
     assert 'FAILED' not in capsys.readouterr().out
     rows = list(csv.DictReader(open(out / 'results.csv')))
     assert {(r['model'], r['mode'])
@@ -97,10 +94,8 @@ def test_nr_method_crossover_tool(capsys):
     assert mod.crossover([(49, 1, 2), (81, 2, 1), (128, 5, 1)]) == 81
     assert mod.crossover([(49, 2, 1), (81, 1, 2), (128, 5, 1)]) == 128
     assert mod.crossover([(49, 1, 2), (81, 1, 2)]) is None
-    rows, best = mod.main([
-        '--ms', '12', '24', '--batch', '2', '--head-dims', '8', '--repeats',
-        '1', '--backward', '--threads', '1'
-    ])
+    rows, best = mod.main('--ms 12 24 --batch 2 --head-dims 8 --repeats 1 '
+                          '--backward --threads 1'.split())
     assert [r[0] for r in rows] == [12, 24]
     assert all(r[1] > 0 and r[2] > 0 for r in rows)
     out = capsys.readouterr().out
@@ -113,11 +108,8 @@ def test_nr_accuracy_tool(tmp_path, capsys):
     tiny SOFT-Norm at 64 x 64: outputs and gradients within the bounds of
     docs/en/benchmarks.md; the table written."""
     mod = load_tool('analysis/nr_accuracy.py', '_nr_accuracy')
-    assert mod.main([
-        '--model', 'soft_tiny_norm', '--sizes', '64x96', '--layers', '0', '1',
-        '--threads', '1', '--out',
-        str(tmp_path)
-    ]) == 0
+    assert mod.main('--model soft_tiny_norm --sizes 64x96 --layers 0 1 '
+                    '--threads 1 --out'.split() + [str(tmp_path)]) == 0
     out = capsys.readouterr().out
     rows = [
         dict(kv.split('=') for kv in line.split())
@@ -154,8 +146,8 @@ def test_nr_accuracy_of_a_config_and_its_checkpoint(tmp_path, capsys):
     state = {f'backbone.{k}': v for k, v in SOFT(**bb).state_dict().items()}
     ckpt = tmp_path / 'det.pth'
     torch.save(dict(state_dict=state, meta={}), ckpt)
-    args = ['--config', cfg, '--sizes', '64x96', '--layers', '0',
-            '--methods', 'auto', '--threads', '1']  # yapf: disable
+    args = ['--config', cfg] + \
+        '--sizes 64x96 --layers 0 --methods auto --threads 1'.split()
     assert mod.main(args + ['--checkpoint', str(ckpt)]) == 0
     out = capsys.readouterr().out
     assert 'randomly initialised' not in out
@@ -184,12 +176,10 @@ def test_alternate_rounds_and_the_no_inverse_floor(tmp_path, capsys):
     assert [t.shape for t in a] == [t.shape for t in b]
     assert not torch.allclose(a[0], b[0])
     out = tmp_path / 'alt'
-    assert bench.main([
-        '--alternate', '--models', 'soft_tiny_norm', 'soft_tiny_norm_floor',
-        'pvtv2_b1', '--sizes', '64x64x1', '--modes', 'forward', '--repeats',
-        '2', '--threads', '1', '--out',
-        str(out)
-    ]) == 0
+    assert bench.main(
+        '--alternate --models soft_tiny_norm soft_tiny_norm_floor'
+        ' pvtv2_b1 --sizes 64x64x1 --modes forward --repeats 2 '
+        '--threads 1 --out'.split() + [str(out)]) == 0
     printed = capsys.readouterr().out
     assert printed.count('round ') == 2
     rows = list(csv.DictReader(open(out / 'alternate.csv')))
