@@ -48,7 +48,7 @@ mutations: env
 	@$(PY) -c 'import mutmut' 2>/dev/null || $(PY) -m pip install -q \
 	    -c requirements/constraints.txt -r requirements/mutation.txt
 	$(if $(MUTATIONS),,$(PY) tests/mutation/run_mutmut.py $(GROUPS))
-	$(if $(GROUPS),,$(PY) tests/mutation/run_mutations.py --python $(PY) $(MUTATIONS))
+	$(if $(GROUPS),,$(PY) tests/mutation/run_mutmut.py --hand --python $(PY) $(MUTATIONS))
 
 # the documentation site (docs/en, Sphinx + MyST) -> docs/_build/html,
 # warnings are errors

@@ -3,7 +3,7 @@ generate, which the suite must still catch: device / precision / compile
 (mutmut's mutants of those lines change nothing on a CPU), module-level data
 (the NR constants, ``arch_zoo``'s key table, the shipped configs' recipes),
 code run as a script or not in Python, and the tools' helpers outside the
-groups. ``run_mutations.py`` applies each alone (``old``, found exactly
+groups. ``run_mutmut.py --hand`` applies each alone (``old``, found exactly
 once in ``path``, becomes ``new``) and runs its ``tests`` (selectors from
 the repository root), which must fail.
 """
