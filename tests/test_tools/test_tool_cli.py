@@ -19,9 +19,10 @@ from conftest import ROOT, TOOLS, child_env, load_module, load_tool, run
 #: tool script (relative to tools/) -> the test that runs it for real
 _CLI, _TA = 'test_tools/test_tool_cli.py::', 'test_tools/test_analysis/test_'
 _TT = 'test_tools/test_'
+_CH, _CE = _TT + 'chain.py::', _TT + 'check_env.py::'
 INVOCATIONS = {
-    'train.py': _TT + 'train_test.py::test_det_train_and_test_tools',
-    'test.py': _TT + 'train_test.py::test_det_train_and_test_tools',
+    'train.py': _CH + 'test_train_writes_a_full_training_checkpoint',
+    'test.py': _CH + 'test_test_tool_on_trained_checkpoint',
     'demo.py': 'test_configs/test_demo_configs.py::test_demo_smoke',
     'analysis/benchmark.py': _TA + 'benchmark.py::test_tiny_run_writes_ratios',
     'analysis/benchmark_amp.py': _CLI + 'test_benchmark_amp_smoke_table',
@@ -46,7 +47,7 @@ INVOCATIONS = {
     'test_spectral_norm_field_normalisation_lowers_the_norm',
     'analysis/visualize_attention.py':
     _TA + 'analysis_tools.py::test_visualize_attention_rows',
-    'deployment/pytorch2onnx.py': _TT + 'deploy.py::test_export_parity',
+    'deployment/pytorch2onnx.py': _CH + 'test_onnx_export_verify',
     'deployment/benchmark_onnx.py': _CLI + 'test_benchmark_onnx_tiny_run',
     'misc/configs.py': 'test_packaging.py::test_configs_cli',
     'misc/make_demo_data.py': 'test_demo/test_synthetic.py::test_tool_cli',
@@ -55,7 +56,7 @@ INVOCATIONS = {
     'model_converters/mmsoft2soft.py':
     _TT + 'model_converters.py::test_cli_round_trip',
     'compat/matrix.py': 'test_compat_matrix.py::test_table_writer',
-    'compat/check_env.py': _TT + 'check_env.py::test_this_environment',
+    'compat/check_env.py': _CE + 'test_the_verified_stack_is_one_line',
 }
 #: helpers of the scripts, not tools (files, or folders ending in /)
 HELPERS = ('compat/stacks.py', 'mmsoft_tools/')
