@@ -9,7 +9,7 @@ import sys
 import warnings
 
 import pytest
-from conftest import ROOT, load_module, run
+from conftest import ROOT, load_module
 
 import mmsoft
 from mmsoft import configs as paths
@@ -88,40 +88,34 @@ def test_tools_package_paths(tmp_path):
     mim.mkdir(parents=True)
     shutil.copyfile(
         osp.join(ROOT, 'tools/mmsoft_tools/__init__.py'), mim / '__init__.py')
-    code = ('import sys; sys.path.insert(0, sys.argv[1]); '
-            'import mmsoft_tools as t; print(t.TOOLS_DIR, t.checkout_root())')
-    proc = run([sys.executable, '-c', code, mim.parent], PYTHONPATH=None)
-    assert proc.returncode == 0, proc.stderr[-2000:]
-    assert proc.stdout.split() == [str(mim.parent), 'None']
-
-
-#: what would make mmsoft/ depend on tools/: importing the tools' package
-#: (or its old name), a path to tools/, loading a Python file by path
-_TOOL_IMPORTS = ('mmsoft_tools', 'tools_support', 'tools')
-_LOADERS = ('spec_from_file_location', 'run_path', 'SourceFileLoader')
+    copy = load_module(str(mim / '__init__.py'), '_mmsoft_tools_copy')
+    assert (copy.TOOLS_DIR, copy.checkout_root()) == (str(mim.parent), None)
 
 
 def tool_references(source):
-    """What in ``source`` knows ``tools/``: imports of the tools' package,
-    a path constant ``tools``, loaders of files by path (not messages)."""
+    """What in ``source`` knows ``tools/``: imports of the tools' package
+    (or its old name), a path constant ``tools``, loaders of files by path
+    (not messages)."""
     import ast
     found = []
     for node in ast.walk(ast.parse(source)):
         if isinstance(node, (ast.Import, ast.ImportFrom)):
-            names = [a.name for a in node.names]
-            if isinstance(node, ast.ImportFrom) and node.module:
-                names = [node.module]
+            names = [
+                getattr(node, 'module', None) or a.name for a in node.names
+            ]
             found += [
                 n for n in names
-                if n.split('.')[0] in _TOOL_IMPORTS or '.tools_support' in n
+                if n.split('.')[0] in ('mmsoft_tools', 'tools_support',
+                                       'tools') or '.tools_support' in n
             ]
         elif isinstance(node, ast.Constant) and isinstance(node.value, str):
             if node.value.strip('/\\') in ('tools', 'mmsoft_tools'):
                 found.append(repr(node.value))
-        elif isinstance(node, (ast.Attribute, ast.Name)):
-            name = getattr(node, 'attr', getattr(node, 'id', None))
-            if name in _LOADERS:
-                found.append(name)
+        elif getattr(node, 'attr',
+                     getattr(node, 'id',
+                             None)) in ('spec_from_file_location', 'run_path',
+                                        'SourceFileLoader'):
+            found.append(ast.dump(node))
     return found
 
 
