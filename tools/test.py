@@ -18,9 +18,7 @@ import os.path as osp
 import sys
 import warnings
 
-# mmengine 0.10 imports (and reloads) the deprecated pkg_resources at every
-# codebase import: a warning the user cannot act on, repeated up to six
-# times before the tool's own output (e.g. the data check's message)
+# mmengine 0.10's pkg_resources import, repeated per codebase import
 warnings.filterwarnings('ignore', message='pkg_resources is deprecated')
 
 from mmengine.config import ConfigDict  # noqa: E402
@@ -214,10 +212,7 @@ def main(argv=None):
             runner.logger.info(
                 f'Results has been saved to {osp.abspath(args.out)}.')
     finally:
-        # tear the process group down before interpreter exit: left to
-        # atexit, gloo can abort ("terminate called without an active
-        # exception") after a finished run
-        launch.shutdown_dist()
+        launch.shutdown_dist()  # not left to atexit (gloo can abort)
     return metrics
 
 

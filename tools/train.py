@@ -19,9 +19,7 @@ expected failures as one line (docs/en/faq.md).
 import os
 import warnings
 
-# mmengine 0.10 imports (and reloads) the deprecated pkg_resources at every
-# codebase import: a warning the user cannot act on, repeated up to six
-# times before the tool's own output (e.g. the data check's message)
+# mmengine 0.10's pkg_resources import, repeated per codebase import
 warnings.filterwarnings('ignore', message='pkg_resources is deprecated')
 
 from mmengine.registry import RUNNERS  # noqa: E402
@@ -88,8 +86,9 @@ def build_cfg(args):
 def main(argv=None):
     args = parse_args(argv)
     cfg = build_cfg(args)
-    if launch.amp_refusal(cfg):  # fp16 AMP without a GPU
-        raise cli.ToolError(launch.amp_refusal(cfg))
+    refusal = launch.amp_refusal(cfg)  # fp16 AMP without a GPU
+    if refusal:
+        raise cli.ToolError(refusal)
     cli.check_work_dir(cfg.work_dir)  # a file, read-only?
     cli.check_runner_checkpoints(cfg)  # load_from, --resume, out_dir
     data_check.exit_if_missing(cfg, 'train', args.launcher)  # data on disk?
@@ -115,10 +114,7 @@ def main(argv=None):
         try:
             runner.train()  # wrong weights, full disk: run_main's one line
         finally:
-            # tear the process group down before interpreter exit: left to
-            # atexit, gloo can abort ("terminate called without an active
-            # exception") after a finished run
-            launch.shutdown_dist()
+            launch.shutdown_dist()  # not left to atexit (gloo can abort)
     finally:
         if lock is not None:
             lock.release()
