@@ -338,7 +338,7 @@ def test_test_tool_exits_with_one_message(tmp_path, monkeypatch, capsys):
     assert not osp.exists(tmp_path / 'w')
 
 
-def test_existing_data_passes(tmp_path, monkeypatch, capsys):
+def test_existing_data_passes(tmp_path, monkeypatch, capsys, script_server):
     S, T = demo_support()
     report = S.make_demo_data(
         str(tmp_path / 'demo'),
@@ -369,13 +369,10 @@ def test_existing_data_passes(tmp_path, monkeypatch, capsys):
     assert capsys.readouterr().err.strip() == \
         'mmsoft: config file not found: no_such_config.py'
     # run as a script, the tools' --cfg-options check (before: merged)
-    proc = run([
-        sys.executable, f'{TOOLS}/mmsoft_tools/data_check.py', 'train', det,
-        '--cfg-options', 'train_cfg.max_epoch=1'
-    ],
-               tmp_path,
-               300,
-               MMSOFT_SKIP_DATA_CHECK=None)
+    proc = script_server(
+        f'{TOOLS}/mmsoft_tools/data_check.py',
+        ['train', det, '--cfg-options', 'train_cfg.max_epoch=1'],
+        cwd=tmp_path)
     assert proc.returncode == 1
     assert proc.stderr.strip().splitlines()[-1].startswith(
         "error: --cfg-options train_cfg.max_epoch: the config has no key "
