@@ -105,10 +105,7 @@ def test_registry_and_attn_cfg_errors():
 
 @pytest.mark.parametrize('attn_type', ATTENTION_TYPES)
 def test_every_entry_forward_backward_dw_conv_matrix_and_rows(attn_type):
-    """Forward / backward reach every parameter; the per-head dw conv on V
-    is SOFT's; proj(M V + dwconv(V)) == forward (the rows given to
-    visualize_attention are the real mixing weights; linformer: the
-    average-pooling reduction); attention_row is a row of M."""
+    """Gradients, SOFT's dw conv, proj(M V + dwconv V) == forward, rows."""
     attn = build(attn_type).train()
     x = tokens().requires_grad_()
     out = attn(x, HW)
@@ -282,9 +279,7 @@ def test_linformer_rows_follow_the_landmark_cap(kw, m):
 @pytest.mark.parametrize('kw, m', [({}, 12), (dict(max_landmarks=6), 4),
                                    (dict(landmark_hw=(1, 3)), 3)])
 def test_spread_to_tokens_is_the_transpose_of_pooling(kw, m):
-    """The transpose of the r x r pooling (of the capped grid:
-    ``reduce_map``), each row's total kept; weights of another length are
-    one line."""
+    """The transpose of the r x r (capped) pooling; bad lengths: one line."""
     w, z = torch.rand(3, m, dtype=F64), torch.randn(6, 8, dtype=F64)
     spread = spread_to_tokens(w, (6, 8), 2, **kw)
     pooled = reduce_map(z[None, None], 2, **kw).flatten()
@@ -344,10 +339,7 @@ def test_performer_weights_positive_normalised_saved_and_stable():
 
 
 def test_favor_features_are_exp_features_up_to_a_cancelling_factor():
-    """phi(x) = exp(W x - |x|^2 / 2) / sqrt(M), times exp(-max) (one per
-    query row, one per (batch, head) for the keys) that cancels in D^-1:
-    the largest feature is M^-1/2 for any scale; x's dtype for a float32
-    W."""
+    """exp(W x - |x|^2 / 2) / sqrt(M) up to a factor cancelling in D^-1."""
     M, d = 12, 4
     w = orthogonal_gaussian(M, d, torch.Generator().manual_seed(1))
     x = torch.randn(
@@ -425,9 +417,7 @@ def test_performer_redraws_every_interval_training_forwards(interval, redraws):
 
 def test_orthogonal_gaussian_reproducible_dtype_orthogonal_and_lean(
         monkeypatch):
-    """The same generator seed gives the same features whatever the global
-    RNG; float64, cast to ``dtype`` (default float32); each block of d rows
-    exactly orthogonal; ceil(M / d) d x d QRs."""
+    """Seeded, float64 cast to dtype, orthogonal blocks, ceil(M / d) QRs."""
     M, d = 10, 4
 
     def draw(dtype=torch.float32, global_seed=0):
@@ -483,9 +473,7 @@ def test_nystromformer_softmax_with_all_tokens_rows_and_pinv_iters():
 
 
 def test_iterative_pinv_start_step_default_precision_and_convergence():
-    """Z_0 = A^T / (||A||_1 ||A||_inf) per matrix, one step is the
-    docstring's update, 6 steps by default, a half A inverted in float32;
-    it converges to the pseudo-inverse (rectangular A: A^T's shape)."""
+    """Z_0, one step, 6 by default, float32 for half A, converges."""
     g = torch.Generator().manual_seed(0)
     A = torch.randn(3, 5, 5, generator=g, dtype=F64)
     A[1] *= 10  # matrices of different norms in one batch
@@ -579,9 +567,7 @@ def test_sima_no_softmax_eps_and_channel_scale():
                                                ('auto', (10, 10), True),
                                                ('auto', (4, 4), False)])
 def test_sima_multiplies_in_the_chosen_order(order, hw, linear):
-    """'linear': Q^ (K^^T V); 'quadratic': (Q^ K^^T) V; 'auto': linear
-    when n > d (sima_order(100, 32) linear, (16, 32) quadratic). The
-    orders round differently in float32."""
+    """'linear': Q (K^T V); 'quadratic': (Q K^T) V; 'auto': by n > d."""
     want = 'linear' if linear else 'quadratic'
     if hw in ((10, 10), (4, 4)):  # d = 32, the default order
         assert sima_order(hw[0] * hw[1], 32) == want

@@ -107,9 +107,7 @@ def test_matches_pinv_the_shifted_inverse_and_converges():
 
 
 def test_errors_name_the_problem():
-    """Bad inputs and settings (the attn_cfg key nr_<field> named), the
-    alpha-rule names before 0.3 (removed), the Function's refusal of the
-    exact iterative backward (autograd's); ``iters`` stored as an int."""
+    """Bad inputs / settings (naming nr_<field>), pre-0.3 rule names."""
     cfg = NRConfig(iters=np.int64(3))
     assert cfg.iters == 3 and type(cfg.iters) is int
     arch = tiny_arch((16, 32, 32, 32), (1, 2, 2, 2))
@@ -169,8 +167,9 @@ def test_eq16_is_one_node_its_gradcheck_and_fp32_under_autocast(init):
         for fn in Y.grad_fn.next_functions)
     gradcheck(lambda a: inverse(a, 60, init),
               kernel_matrix(2, m=6, d=4, dtype=F64, seed=3))
-    A, W = kernel_matrix(2, 2, m=130), torch.randn(2, 2, 130, 8)
-    for dtype in (torch.float16, torch.bfloat16):
+    for m, dtype in [(m, d) for m in (49, 130)
+                     for d in (torch.float16, torch.bfloat16)]:
+        A, W = kernel_matrix(2, 2, m=m), torch.randn(2, 2, m, 8)
         with torch.autocast('cpu', dtype=dtype):
             Y = inverse(A.to(dtype), 20)
             Z = apply(A.to(dtype), W.to(dtype), 20)
@@ -287,9 +286,7 @@ def test_spectral_equals_iterative(init, m):
 
 
 def test_auto_dispatch_by_size_and_device():
-    """'auto': Lanczos for A_T W from LANCZOS_MIN_M of the device on, never
-    for the inverse itself; below it spectral from SPECTRAL_MIN_M on the
-    CPU, else iterative."""
+    """'auto': Lanczos for A_T W from LANCZOS_MIN_M, else spectral / NR."""
     big = torch.eye(SPECTRAL_MIN_M)
     assert resolve_method('auto', torch.eye(8)) == 'iterative'
     assert resolve_method('auto', big) == 'spectral'
@@ -401,9 +398,7 @@ def through_iterations(a, w, iters, init, attn_norm=False):
 @pytest.mark.parametrize('init', ['soft_norm_per_sample', 'soft'])
 @pytest.mark.parametrize('method', ['spectral', 'iterative', 'lanczos'])
 def test_exact_backward_equals_autograd_through_iterations(init, method):
-    """Not converged (smooth landmarks, m = 60): Eq. (16) is off, 'exact'
-    is the gradient of the 20 iterations (alpha included), also through
-    D^-1/2 of the apply path ('lanczos' forms the inverse as 'auto')."""
+    """Unconverged (m = 60): 'exact' is the iterations' gradient."""
     A = smooth_kernel(2, 3)
     W, G = randn(2, 2, 3, 60, 5, seed=1)
     for norm in (False, True):
@@ -504,9 +499,7 @@ def test_close_pairs_match_the_mask_on_lams_device():
 
 
 def test_exact_backward_stack_equals_each_matrix_and_float32(monkeypatch):
-    """'exact' on a (b, m, m) stack: each matrix's gradient as if alone,
-    repeated eigenvalues (close pairs of a 2-D batch) included; float32
-    within 1e-3 of float64."""
+    """A stack's gradients are each matrix's alone; float32 ~ float64."""
     A = smooth_kernel(2, 2, m=120)
     W, G = randn(2, 2, 2, 120, 4)
     g64, g32 = (
@@ -537,9 +530,7 @@ def test_exact_backward_stack_equals_each_matrix_and_float32(monkeypatch):
 # ------------------------------------------------------- convergence stats
 @pytest.mark.parametrize('method', ['spectral', 'iterative', 'lanczos'])
 def test_stats_report_convergence(method, monkeypatch):
-    """'residual' is ||A A_T A - A||_2 / ||A||_2 (as pinv_convergence),
-    'unconverged' grows when the iterations are cut short; the spectral
-    method takes them from its own eigenvalues (one eigh per call)."""
+    """residual / unconverged as nr_residual; spectral: one eigh per call."""
     A, W, stats, calls = smooth_kernel(2, m=60), randn(2, 60, 3), {}, []
 
     def of_A(M):  # not Lanczos' T = Q^T A Q, nor its Gram matrices
@@ -587,9 +578,7 @@ def test_inverse_fills_stats(method, backward):
 
 
 def test_record_residual_on_known_spectra():
-    """Per matrix: max |l (l v - 1)| / max |l|, and the unconverged share
-    of the numerical rank (l > m eps max |l|, strictly) with |1 - l v| >
-    0.5 (strictly), for any batch shape."""
+    """Residual and unconverged share of the numerical rank (strict bounds)."""
     eps = torch.finfo(F64).eps
     lam = torch.tensor([1., 0.5, 0.25, 4 * eps], dtype=F64).expand(2, 3, 4)
     v = torch.tensor([1., 1., 4., 0.], dtype=F64).expand(2, 3, 4)
@@ -614,9 +603,7 @@ def test_record_residual_on_known_spectra():
 @pytest.mark.filterwarnings('ignore:`torch.jit.trace` is deprecated')
 @pytest.mark.parametrize('method', ['auto', 'iterative', 'spectral'])
 def test_export_takes_auto_and_iterative_refuses_spectral(monkeypatch, method):
-    """While exporting (jit trace, or an ONNX export alone) 'auto' /
-    'iterative' give the eager values; 'spectral' is an ExportError
-    naming the fix, word for word."""
+    """Exporting: 'auto' / 'iterative' the eager values, 'spectral' refused."""
     seen = []
     torch.jit.trace(
         lambda x: seen.append(amp.is_exporting()) or x + 1,
@@ -685,12 +672,7 @@ def spectral(a, w):
 
 
 def test_lanczos_is_the_official_function_and_its_exact_gradient():
-    """Unconverged float32 kernels (m = 200): values within 5e-5 of the
-    float64 official iterations (the float32 floor; the spectral method is
-    further off), grad A (alpha's share included) within 1e-5, each
-    matrix stopped far below m; no grad: the same values. A nearly
-    rank-one kernel (NeurIPS rule) breaks down on a tiny invariant
-    subspace, exact there."""
+    """m = 200 float32: values and exact gradient at the float32 floor."""
     A = landmarks_kernel(2, 3)
     W, G = torch.randn(
         2, 2, 3, 200, 8, generator=torch.Generator().manual_seed(1))
@@ -713,10 +695,7 @@ def test_lanczos_is_the_official_function_and_its_exact_gradient():
 
 
 def test_guard_takes_the_spectral_method_where_the_steps_run_out(monkeypatch):
-    """A matrix not converged within MAX_DIM is computed by the spectral
-    method, each on its own (the other keeps Lanczos' values); the
-    backward's Krylov space of G (twice the forward's dimensions) the
-    same for the gradient."""
+    """Not converged within MAX_DIM (either pass): spectral, per matrix."""
     A = torch.cat([
         landmarks_kernel(1, seed=0),  # 33 dimensions (d = 3)
         landmarks_kernel(1, seed=5, freq=3, stretch=8)  # 57
@@ -767,9 +746,7 @@ def test_a_sample_does_not_depend_on_its_batch():
 
 @pytest.mark.parametrize('which', ['W', 'G', 'both'])
 def test_rank_one_inputs_and_gradients(which):
-    """W of rank one or a loss summing the outputs: T gets zero rows whose
-    repeated eigenvalue made LAPACK's eigh fail; out, grad A, grad W stay
-    within 1e-4 of the official ones and below the spectral errors."""
+    """Rank-one W or G (zero rows of T made LAPACK's eigh fail) stay exact."""
     A = landmarks_kernel(1, 2)
     g = torch.Generator().manual_seed(2)
     W, G = torch.randn(2, 1, 2, 200, 4, generator=g)
@@ -803,10 +780,7 @@ def test_backward_defaults_per_variant_and_eq16_with_lanczos():
 
 
 def test_lapack_calls_take_one_thread_and_give_the_count_back(monkeypatch):
-    """``nr_iteration.eigh`` and the Cholesky QR of the Krylov blocks run
-    with one intra-op thread (shared cores made them 5x slower), the
-    caller's count restored, also after an error; the same values, an
-    orthonormal basis of the same column space."""
+    """eigh / Cholesky QR on one thread (5x faster shared), count kept."""
     real_eigh, seen = torch.linalg.eigh, []
     X = sym(randn(3, 6, 6, dtype=F32))
     Z = randn(3, 40, 8, seed=2, dtype=F32)
@@ -950,11 +924,7 @@ def tiny_model(seed=0, heads=(1, 2, 2, 2), **attn):
 
 @pytest.mark.parametrize('size', [224, 384])
 def test_default_reproduces_official_rule_per_sample(monkeypatch, size):
-    """float64: the default backbone == the official per-sample function
-    (1e-10) at m = 49 and at m = 144 (> SPECTRAL_MIN_M: 'auto' is the
-    spectral path, unconverged); the per-matrix rule differs; float32 as
-    close to the float64 reference as the official function in float32
-    (and within 2e-6 at m = 49); a sample ignores its batch."""
+    """The default backbone is the official per-sample rule (m = 49, 144)."""
     assert 144 > SPECTRAL_MIN_M
     x, model = images(size=size), tiny_model().double()
     with torch.no_grad():
@@ -1003,9 +973,7 @@ def test_backbone_exact_gradient(monkeypatch, method):
 
 
 def test_backbone_soft_variant_is_official(monkeypatch):
-    """attn_norm=False (float64) at 320 x 320: m = 100 in the three SOFT
-    stages (the spectral path of 'auto'), the official rule swapped in;
-    bottleneck_apply's default is it at both sides of SPECTRAL_MIN_M."""
+    """attn_norm=False: the official soft rule (m = 100, spectral path)."""
     for m in (SPECTRAL_MIN_M - 1, SPECTRAL_MIN_M + 20):
         A, W = gram(2, 2, m, seed=m), randn(2, 2, m, 8, seed=2)
         assert rel(

@@ -198,9 +198,7 @@ def test_warning_names_the_dtype_configuration_and_relative_error(
 
 @pytest.mark.parametrize('dtype', HALF, ids=IDS)
 def test_half_model_input_is_guarded_or_kept_bit_for_bit(monkeypatch, dtype):
-    """A model cast to the half type (no autocast) goes through the same
-    check; a correct half kernel is kept bit for bit, its verdict
-    remembered (the second call runs it alone)."""
+    """A half model is guarded too; a correct half kernel kept bit for bit."""
     monkeypatch.setattr(SAFE, '_raw_conv2d', broken_half_kernel)
     torch.manual_seed(0)
     conv = SafeConv2d(16, 16, 4, 4, bias=True)
@@ -249,9 +247,7 @@ def test_float32_and_other_devices_are_not_probed_state_dict_kept(monkeypatch):
 
 
 def test_cpu_amp_wrapper_guards_every_conv_of_the_model(monkeypatch):
-    """``--amp`` on the CPU: the neck's / heads' plain convs are checked
-    too (a broken kernel: the step computes the float32 result); the
-    user's modules keep their class and state."""
+    """--amp on the CPU guards the neck / head convs, classes kept."""
     from mmsoft.engine.optimizers import CPUAmpOptimWrapper
     monkeypatch.setattr(SAFE, '_raw_conv2d', broken_half_kernel)
     torch.manual_seed(0)

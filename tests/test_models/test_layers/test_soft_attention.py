@@ -217,9 +217,7 @@ def test_gradient_of_one_side_only(needs):
 @pytest.mark.parametrize('spread', [0.05, 1.0, 4.0])
 @pytest.mark.parametrize('norm', [0.0, 1e3])
 def test_kernel_product_without_the_kernel(norm, spread):
-    """K w by the fused softmax is as accurate as the formed fp32 kernel
-    times w (against float64), also where most entries underflow; a
-    sample's rows do not depend on the other samples."""
+    """Fused K w as accurate as the formed fp32 kernel, per sample."""
     off = norm * torch.ones(8, dtype=F64) / 8**0.5
     x = off + spread * randn(2, 3, 300, 8, seed=5)
     y = x[:, :, ::10] + 0.01 * randn(2, 3, 30, 8, seed=6)
@@ -238,9 +236,7 @@ def test_kernel_product_without_the_kernel(norm, spread):
 
 @pytest.mark.parametrize('attn_norm', [True, False])
 def test_fused_products_equal_the_formed_kernel(monkeypatch, attn_norm):
-    """No gradient and above FUSED_MIN_ENTRIES: P is never formed
-    (gaussian_kernel for A only); the output is the formed path's, in fp32
-    and under bf16 autocast."""
+    """Above FUSED_MIN_ENTRIES without grad P is never formed; same output."""
     q = tokens(1e2, 2, 2, 64, 8).float() * 0.3
     lm = q[:, :, ::8] + 0.1
     v = randn(2, 2, 64, 8, seed=1, dtype=F32)
@@ -295,10 +291,7 @@ def test_soft_attention_equals_dense_formula_default_ijcv(attn_norm):
 @pytest.mark.parametrize('attn_norm', [True, False])
 @pytest.mark.parametrize('landmarks', ['strided', 'the queries'])
 def test_training_path_gradients_equal_autograds(attn_norm, landmarks):
-    """With a gradient, out = P Z(P^T V) runs as one Function
-    (KernelAttention): its gradients equal plain autograd through the same
-    ops, float64 (the self-kernel m = n included); gradcheck passes where
-    the default gradient is exact (attn_norm; Eq. 16 without)."""
+    """KernelAttention's gradients equal autograd's (float64, m = n too)."""
     q = (randn(2, 1, 12, 3) / 2).requires_grad_()
     v = randn(2, 1, 12, 3, seed=1).requires_grad_()
     G = randn(2, 1, 12, 3, seed=2)
@@ -467,9 +460,7 @@ def test_bottleneck_apply_half_inputs_compute_in_float32(half):
         ((3, 5), 4, None, (1, 1)),
     ])
 def test_landmark_grid_documented_sizes(hw, r, cap, want):
-    """max(1, H // r) x max(1, W // r); over ``max_landmarks``: floor(gh s)
-    x floor(gw s), each side >= 1, then one side > 1 at a time is cut while
-    the product is over the cap."""
+    """max(1, H // r) x max(1, W // r), shrunk (aspect kept) under the cap."""
     with deadline():
         got = landmark_grid(hw, r, cap)
     assert got == want
@@ -486,9 +477,7 @@ def test_landmark_grid_documented_sizes(hw, r, cap, want):
                           ((16, 16), 1, (24, 24), (16, 16)),
                           ((16, 16), 4, (24, 24), (4, 4))])
 def test_landmark_hw_fixes_the_grid_never_up_sampled(hw, r, fixed, want):
-    """m = gh gw where the strided grid is at least that large (avgpool:
-    the strided grid pooled to it); never up-sampled, so m <= n / r^2
-    (issue 27: 24 x 24 on a 16 x 16 map gave m = 576 > n = 256)."""
+    """landmark_hw fixes the grid, never up-sampled (issue 27: m > n)."""
     assert landmark_grid(hw, r, landmark_hw=fixed) == want
     q = randn(1, 2, hw[0] * hw[1], 8, dtype=F32)
     for mode in MODES:
