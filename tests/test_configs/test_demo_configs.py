@@ -49,21 +49,26 @@ def test_config_contents(task):
     assert n_params < 5e6, n_params
 
 
-@pytest.mark.parametrize('task', sorted(T.TASKS))
+def _check_run(task, r, work_dir, iters):
+    """A run_task result: the reported value is the evaluator's metric (as
+    a fraction), timings, a drawing of the predictions, the training log."""
+    spec = T.TASKS[task]
+    assert r['value'] == r['metrics'][spec['metric']] * spec['scale']
+    assert r['train_s'] > 0 and r['test_s'] > 0
+    img = cv2.imread(r['png'])
+    assert img is not None and img.shape[0] > 100 and img.shape[1] > 100
+    logs = list(work_dir.glob('*/*.log'))
+    assert logs and f'Iter(train) [{iters}/{iters}]' in logs[0].read_text()
+
+
+@pytest.mark.parametrize('task', ['det', 'seg'])  # cls: test_demo_smoke
 def test_short_training_run(task, tiny_data, tmp_path):
     cfg = T.load_demo_config(task)
     T.shrink_for_smoke(cfg, iters=2, batch_size=2)
     r = T.run_task(
         task, tiny_data[task]['path'], str(tmp_path / task), cfg=cfg,
         n_draw=2)  # yapf: disable
-    spec = T.TASKS[task]
-    # the reported value is the evaluator's metric (as a fraction)
-    assert r['value'] == r['metrics'][spec['metric']] * spec['scale']
-    assert r['train_s'] > 0 and r['test_s'] > 0
-    img = cv2.imread(r['png'])
-    assert img is not None and img.shape[0] > 100 and img.shape[1] > 100
-    logs = list((tmp_path / task).glob('*/*.log'))
-    assert logs and 'Iter(train) [2/2]' in logs[0].read_text()
+    _check_run(task, r, tmp_path / task, 2)
 
 
 def test_set_data_root(tmp_path):
@@ -97,8 +102,9 @@ def test_format_table():
 
 @pytest.mark.parametrize('amp', [False, True])
 def test_demo_smoke(tmp_path, capsys, amp):
-    """tools/demo.py end to end (one task, tiny data); ``--amp``: the AMP
-    optim wrapper of ``tools/train.py --amp``, results in ``<wd>-amp``."""
+    """tools/demo.py end to end (one task, tiny data; the classifier's
+    run_task checks); ``--amp``: the AMP optim wrapper of ``tools/train.py
+    --amp``, results in ``<wd>-amp``."""
     import torch
     rc = tool_namespace(
         'demo', run_name='demo')['main']([
@@ -121,5 +127,6 @@ def test_demo_smoke(tmp_path, capsys, amp):
         'AmpOptimWrapper' if torch.cuda.is_available() else
         'CPUAmpOptimWrapper')  # yapf: disable
     assert 'accuracy/top1' in cls['metrics'] and osp.isfile(cls['png'])
+    _check_run('cls', cls, wd / 'cls', 3)
     assert (wd / 'results.md').read_text().startswith('| task')
     assert (tmp_path / 'data-smoke' / 'imagenet' / S.MANIFEST).is_file()
