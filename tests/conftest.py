@@ -79,13 +79,11 @@ def dead_pid():
 def work_dir_holder(work, seconds=120):
     """A child holding ``work``'s ``WorkDirLock`` during the block (a live
     training run); yields its ``Popen``."""
-    holder = subprocess.Popen([
-        sys.executable, '-c',
-        f'import sys, time; sys.path.insert(0, {TOOLS!r}); '
-        'from mmsoft_tools.work_dir_lock import WorkDirLock; '
-        f'lock = WorkDirLock({work!r}).acquire(); print("held", flush=True); '
-        f'time.sleep({seconds})'
-    ],
+    code = (f'import sys, time; sys.path.insert(0, {TOOLS!r}); '
+            'from mmsoft_tools.work_dir_lock import WorkDirLock; '
+            f'lock = WorkDirLock({work!r}).acquire(); '
+            f'print("held", flush=True); time.sleep({seconds})')
+    holder = subprocess.Popen([sys.executable, '-c', code],
                               cwd=ROOT,
                               env=child_env(),
                               stdout=subprocess.PIPE,
@@ -347,9 +345,7 @@ def authors_file(path, arch):
         from mmsoft.models.arch_zoo import ARCH_ZOO
         a = ARCH_ZOO[arch]
         sd = random_official_state_dict(
-            a['embed_dims'],
-            a['num_heads'],
-            a['depths'],
+            *(a[k] for k in ('embed_dims', 'num_heads', 'depths')),
             num_classes=1000,
             pretrain_img_size=224,
             dtype=torch.float32)
@@ -410,11 +406,7 @@ class Crash(Hook):
     def __init__(self, stop_after):
         self.stop_after = stop_after
 
-    def after_train_iter(self,
-                         runner,
-                         batch_idx,
-                         data_batch=None,
-                         outputs=None):
+    def after_train_iter(self, runner, batch_idx, **kwargs):
         if runner.iter + 1 == self.stop_after:
             raise Interrupted(self.stop_after)
 
