@@ -1,11 +1,9 @@
-"""The host codebases' own tools on mmsoft's configs (issue 50): the
-guarantees come from what the configs name (hooks, the backbone's init), so
-the installed ``<package>/.mim/tools`` train / test and ``mim test`` stop on
-bad weights as mmsoft's tools do. :data:`CASES` is the fault table: each row
-runs a host tool on a demo config in a child process and checks the exit
-status and the last line (a traceback's: mmsoft's one-line message).
-mmpretrain 1.2.0 ships no ``train.py``: the classifier trains with mmdet's.
-"""
+"""The host codebases' own tools on mmsoft's configs (issue 50): what the
+configs name (hooks, the backbone's init) makes the installed
+``<package>/.mim/tools`` train / test and ``mim test`` stop on bad weights as
+mmsoft's tools do. :data:`CASES`, the fault table: a host tool on a demo
+config in a child process; its exit status and last line (a traceback's:
+mmsoft's message). mmpretrain 1.2.0 has no ``train.py``: mmdet's trains."""
 import glob
 import importlib.util
 import os.path as osp
@@ -50,12 +48,12 @@ def files(tmp_path_factory, script_server):
         log=None)
     sd = random_model(cfg).state_dict()
     out = dict(cfg=cfg, cwd=str(tmp))
-    other = {k: v for k, v in sd.items() if '.stages.2.blocks.1.' not in k}
     official = load_tool('model_converters/mmsoft2soft.py'
                          ).convert_mmpretrain_to_official(sd)[0]
-    for name, state_dict, key in (('good', sd, 'state_dict'),
-                                  ('other_arch', other, 'state_dict'),
-                                  ('official', official, 'model')):
+    other = {k: v for k, v in sd.items() if '.stages.2.blocks.1.' not in k}
+    for name, key, state_dict in (('good', 'state_dict',
+                                   sd), ('other_arch', 'state_dict', other),
+                                  ('official', 'model', official)):
         out[name] = str(tmp / f'{name}.pth')
         torch.save({key: state_dict}, out[name])
     missing = tmp / 'missing.py'
@@ -67,11 +65,11 @@ def files(tmp_path_factory, script_server):
     out['missing_cfg'] = str(missing)
     out['det_cfg'] = osp.join(CONFIGS, 'demo', 'retinanet_soft_demo.py')
     out['seg_cfg'] = osp.join(CONFIGS, 'demo', 'upernet_soft_demo.py')
-    proc = script_server(
-        host_tool('mmdet', 'train'), [
-            cfg, '--work-dir', tmp / 'trained', '--cfg-options',
-            'train_cfg.max_epochs=1'
-        ], tmp, child_env())
+    argv = [
+        cfg, '--work-dir', tmp / 'trained', '--cfg-options',
+        'train_cfg.max_epochs=1'
+    ]
+    proc = script_server(host_tool('mmdet', 'train'), argv, tmp)
     assert proc.returncode == 0, proc.stderr[-3000:]
     out['trained'] = str(tmp / 'trained' / 'epoch_1.pth')
     assert osp.isfile(out['trained'])
@@ -160,12 +158,9 @@ def test_mim_test_refuses_the_authors_file(files):
     """The issue's case: ``mim test mmpretrain`` of the authors' file (was:
     0 tensors loaded, exit 0, top-1 at chance) stops with mmsoft's line."""
     pytest.importorskip('mim')
-    proc = run([
-        sys.executable, '-m', 'mim', 'test', 'mmpretrain', files['cfg'],
-        '--checkpoint', files['official'], '--work-dir',
-        osp.join(files['cwd'], 'mim')
-    ],
-               cwd=files['cwd'])
+    proc = run([sys.executable, '-m', 'mim', 'test', 'mmpretrain',
+                files['cfg'], '--checkpoint', files['official'], '--work-dir',
+                osp.join(files['cwd'], 'mim')], files['cwd'])  # yapf: disable
     assert proc.returncode != 0, proc.stderr[-3000:]
     lines = [ln for ln in proc.stderr.splitlines() if ln.startswith(MISMATCH)]
     assert len(lines) == 1, proc.stderr[-3000:]
