@@ -22,7 +22,11 @@ EXPECTED = {
 def tiny_data(tmp_path_factory):
     root = str(tmp_path_factory.mktemp('demo_tiny'))
     return S.make_demo_data(
-        root, overrides=tiny_demo_data(num_train=4), workers=1, log=None)
+        root,
+        tasks=['det', 'seg'],
+        overrides=tiny_demo_data(num_train=4),
+        workers=1,
+        log=None)
 
 
 @pytest.mark.parametrize('task', sorted(T.TASKS))
