@@ -6,11 +6,12 @@ import hashlib
 import json
 import os
 import os.path as osp
+import runpy
 
 import cv2
 import numpy as np
 import pytest
-from conftest import ROOT, run_python
+from conftest import ROOT
 
 from mmsoft_tools import demo_synthetic as S
 
@@ -220,17 +221,16 @@ def test_mmpretrain_datasets(demo_root):
     assert cv2.imread(info['img_path']).shape == (64, 64, 3)
 
 
-def _tool(argv, cwd, run_main=False):
-    """make_demo_data.py's main() in a child interpreter (through the
-    tools' ``run_main``: its exit code / one-line errors)."""
-    call = ('from mmsoft_tools.cli import run_main\nrun_main(ns["main"], '
-            f'{argv!r})' if run_main else f'assert ns["main"]({argv!r}) == 0')
-    return run_python(
-        f'import runpy\nns = runpy.run_path({TOOL!r}, run_name="tool")\n' +
-        call + '\n', timeout=300, cwd=cwd)  # yapf: disable
+def _tool(*argv):
+    """make_demo_data.py's main() through the tools' ``run_main`` (its exit
+    code, one-line errors), in this process."""
+    from mmsoft_tools.cli import run_main
+    with pytest.raises(SystemExit) as exit:
+        run_main(runpy.run_path(TOOL, run_name='tool')['main'], list(argv))
+    return exit.value.code
 
 
-def test_tool_cli(tmp_path):
+def test_tool_cli(tmp_path, capsys):
     """tools/misc/make_demo_data.py writes the chosen data sets; the
     generator needs only numpy and OpenCV (its imports)."""
     import ast
@@ -247,13 +247,11 @@ def test_tool_cli(tmp_path):
         'numpy'
     }, imported
     out = tmp_path / 'cli'
-    proc = _tool([
-        '--out',
-        str(out), '--tasks', 'det', 'cls', '--num-train', '5', '--num-val',
-        '2', '--workers', '1'
-    ], tmp_path)
-    assert proc.returncode == 0, proc.stdout + proc.stderr
-    assert '[data] det: wrote' in proc.stdout
+    rc = _tool('--out', str(out), '--tasks', 'det', 'cls', '--num-train', '5',
+               '--num-val', '2', '--workers', '1')
+    std = capsys.readouterr()
+    assert rc == 0, std.out + std.err
+    assert '[data] det: wrote' in std.out
     assert osp.isfile(out / 'coco' / 'annotations' / 'instances_val.json')
     assert len(os.listdir(out / 'imagenet' / 'train')) == 5
     assert not osp.exists(out / 'ade')
@@ -264,7 +262,7 @@ def test_tool_cli(tmp_path):
 
 @pytest.mark.parametrize('force', [False, True])
 @pytest.mark.parametrize('kind', ['data', 'file', 'link'])
-def test_a_users_data_is_never_replaced(tmp_path, force, kind):
+def test_a_users_data_is_never_replaced(tmp_path, force, kind, capsys):
     """``--out data`` whose ``data/coco`` holds the user's data set (or is a
     file, or a link to one) stops with one line before writing anything,
     ``--force`` included; an empty folder or one marked as demo data is
@@ -282,24 +280,20 @@ def test_a_users_data_is_never_replaced(tmp_path, force, kind):
         (out / 'coco').symlink_to(real, target_is_directory=True)
     (out / 'imagenet').mkdir()  # empty: may be filled
     before = _tree_hashes(tmp_path)
-    proc = _tool(
-        [
-            '--out',
-            str(out), '--tasks', 'cls', 'det', '--num-train', '2', '--num-val',
-            '1', '--workers', '1'
-        ] + ['--force'] * force,
-        tmp_path,
-        run_main=True)
-    err = proc.stderr.strip().splitlines()
-    assert proc.returncode == 1 and len(err) == 1, proc.stdout + proc.stderr
+    rc = _tool('--out', str(out), '--tasks', 'cls', 'det', '--num-train', '2',
+               '--num-val', '1', '--workers', '1', *['--force'] * force)
+    std = capsys.readouterr()
+    err = std.err.strip().splitlines()
+    assert rc == 1 and len(err) == 1, std.out + std.err
     assert err[0].startswith(f'error: {out / "coco"} exists and is ')
     assert 'choose another --out' in err[0]
     assert _tree_hashes(tmp_path) == before
     assert sorted(os.listdir(out)) == ['coco', 'imagenet']
     assert os.listdir(out / 'imagenet') == []
-    if kind == 'data':  # its own marked folder and an empty one
-        S.make_demo_data(str(out), tasks=['cls'], overrides=SMALL, log=None)
+    if kind == 'data' and not force:  # its marked folder, an empty one
+        few = dict(cls=dict(num_train=5, num_val=5))
+        S.make_demo_data(str(out), tasks=['cls'], overrides=few, log=None)
         assert osp.isfile(out / 'imagenet' / S.MANIFEST)
         report = S.make_demo_data(
-            str(out), seed=3, tasks=['cls'], overrides=SMALL, log=None)
+            str(out), seed=3, tasks=['cls'], overrides=few, log=None)
         assert report['cls']['generated']
