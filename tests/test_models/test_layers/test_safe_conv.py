@@ -126,6 +126,12 @@ def rounding_half_kernel(x, w, b, *args):
     return out.to(dtype)
 
 
+def zero_half_kernel(x, w, b, *args):
+    """A half kernel that is all wrong: zeros (relative error exactly 1)."""
+    out = F.conv2d(x.float(), w.float(), None, *args)
+    return out.zero_().to(x.dtype) if x.dtype in HALF else out
+
+
 @pytest.mark.parametrize('dtype', HALF, ids=IDS)
 def test_broken_half_kernel_is_detected_and_bypassed(monkeypatch, dtype):
     monkeypatch.setattr(SAFE, '_raw_conv2d', broken_half_kernel)
@@ -148,6 +154,17 @@ def test_broken_half_kernel_is_detected_and_bypassed(monkeypatch, dtype):
     with torch.autocast('cpu', dtype=dtype):  # not vacuous
         bad = broken_half_kernel(x.to(dtype), conv.weight.to(dtype), None, 8)
     assert rel_err(bad, ref) > 0.5
+    # the one-line warning: the error relative to float32 (1 for zeros of
+    # a 1 x 1 conv whose float32 output is below 1 in norm)
+    monkeypatch.setattr(SAFE, '_raw_conv2d', zero_half_kernel)
+    x = torch.full((1, 1, 1, 1), 0.5, dtype=dtype)
+    with pytest.warns(SAFE.HalfConvWarning) as record:
+        SAFE.conv2d(x, x)
+    name = {torch.bfloat16: 'bfloat16', torch.float16: 'float16'}[dtype]
+    assert str(record[0].message).startswith(
+        f"mmsoft: this CPU's {name} convolution is wrong for weight "
+        '(1, 1, 1, 1), stride (1, 1), groups 1 on a (1, 1, 1) input '
+        '(relative error 1 against float32')
 
 
 @pytest.mark.parametrize('groups, dilation, compiling', [(4, 1, False),
@@ -172,28 +189,6 @@ def test_float32_fallback_keeps_groups_and_dilation(monkeypatch, groups,
             for r in record] == [SAFE.HalfConvWarning] * (not compiling)
     assert list(SAFE._verdicts.values()) == ([] if compiling else [False])
     assert out.dtype == torch.bfloat16 and rel_err(out, ref) < 2e-2
-
-
-def zero_half_kernel(x, w, b, *args):
-    """A half kernel that is all wrong: zeros (relative error exactly 1)."""
-    out = F.conv2d(x.float(), w.float(), None, *args)
-    return out.zero_().to(x.dtype) if x.dtype in HALF else out
-
-
-@pytest.mark.parametrize('dtype', HALF, ids=IDS)
-def test_warning_names_the_dtype_configuration_and_relative_error(
-        monkeypatch, dtype):
-    """A 1 x 1 conv whose float32 output is below 1 in norm: the error is
-    still relative (1 for zeros)."""
-    monkeypatch.setattr(SAFE, '_raw_conv2d', zero_half_kernel)
-    x = torch.full((1, 1, 1, 1), 0.5, dtype=dtype)
-    with pytest.warns(SAFE.HalfConvWarning) as record:
-        SAFE.conv2d(x, x)
-    name = {torch.bfloat16: 'bfloat16', torch.float16: 'float16'}[dtype]
-    assert str(record[0].message).startswith(
-        f"mmsoft: this CPU's {name} convolution is wrong for weight "
-        '(1, 1, 1, 1), stride (1, 1), groups 1 on a (1, 1, 1) input '
-        '(relative error 1 against float32')
 
 
 @pytest.mark.parametrize('dtype', HALF, ids=IDS)
@@ -296,19 +291,6 @@ def test_probe_runs_seeded_unit_scale_inputs(monkeypatch, dtype):
 
 
 # ------------------------------------------------------- torch shims
-@pytest.mark.parametrize('native', [True, False])
-def test_unravel_index(monkeypatch, native):
-    """numpy's indices, also where torch lacks it (torch < 2.2)."""
-    if not native:
-        monkeypatch.delattr(torch, 'unravel_index', raising=False)
-    flat = torch.tensor([0, 5, 7, 23])
-    for shape in ((24, ), (4, 6), torch.Size([2, 3, 4]), [2, 1, 3, 4]):
-        got = SAFE.unravel_index(flat, shape)
-        assert isinstance(got, tuple) and len(got) == len(shape)
-        for g, want in zip(got, np.unravel_index(flat.numpy(), tuple(shape))):
-            assert g.dtype == flat.dtype and g.tolist() == want.tolist()
-
-
 @contextlib.contextmanager
 def _cuda_autocast_flag():
     """CUDA autocast's thread-local flag on (no CUDA device needed)."""
@@ -326,9 +308,18 @@ def _cuda_autocast_flag():
 
 
 @pytest.mark.parametrize('native', [True, False])
-def test_autocast_dtype(native):
-    """The autocast dtype of a device while autocast is on there, else
-    None (native=False: torch < 2.4's functions)."""
+def test_unravel_index_and_autocast_dtype(monkeypatch, native):
+    """numpy's unravel indices, also where torch lacks it (torch < 2.2);
+    the autocast dtype of a device while autocast is on there, else None
+    (native=False: torch < 2.4's functions)."""
+    if not native:
+        monkeypatch.delattr(torch, 'unravel_index', raising=False)
+    flat = torch.tensor([0, 5, 7, 23])
+    for shape in ((24, ), (4, 6), torch.Size([2, 3, 4]), [2, 1, 3, 4]):
+        got = SAFE.unravel_index(flat, shape)
+        assert isinstance(got, tuple) and len(got) == len(shape)
+        for g, want in zip(got, np.unravel_index(flat.numpy(), tuple(shape))):
+            assert g.dtype == flat.dtype and g.tolist() == want.tolist()
     if not native and not hasattr(torch, 'get_autocast_cpu_dtype'):
         pytest.skip('this torch has only the >= 2.4 functions')
 

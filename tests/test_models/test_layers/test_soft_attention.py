@@ -388,9 +388,10 @@ def test_bottleneck_inverse_default_is_eq25(batch):
 
 
 @pytest.mark.parametrize('nr', [None, dict(iters=3)])
-def test_bottleneck_apply_defaults_are_ijcv(nr):
+def test_bottleneck_apply_defaults_are_ijcv_and_fill_nr_stats(nr):
     """attn_norm=True and an ``nr`` without init: 'soft_norm_per_sample';
-    the NeurIPS model and the NeurIPS alpha differ."""
+    the NeurIPS model and the NeurIPS alpha differ; ``nr_stats`` gets the
+    NR convergence of A (as nr_residual) for both variants."""
     A, W = kernel_of(1, 2), randn(1, 2, 5, 3, seed=1)
     iters = 20 if nr is None else nr['iters']
     want = ijcv(A, W, NRConfig(iters, 'soft_norm_per_sample'))
@@ -399,18 +400,12 @@ def test_bottleneck_apply_defaults_are_ijcv(nr):
         bottleneck_apply(A, W, False, nr), want, rtol=1e-3)
     assert not torch.allclose(
         ijcv(A, W, NRConfig(iters, 'soft')), want, rtol=1e-3)
-
-
-@pytest.mark.parametrize('attn_norm', [True, False])
-def test_bottleneck_apply_fills_nr_stats(attn_norm):
-    A, W = kernel_of(1, 2), randn(1, 2, 5, 3, seed=1)
-    nr = NRConfig(4, 'soft_norm_per_sample' if attn_norm else 'soft')
-    stats = {}
-    bottleneck_apply(A, W, attn_norm, nr, stats)
-    want = nr_residual(A, 4, nr.init)
-    assert set(stats) == {'residual', 'unconverged'}
-    for key in want:
-        close(stats[key], want[key])
+    for attn_norm, init in ((True, 'soft_norm_per_sample'), (False, 'soft')):
+        stats, cfg = {}, NRConfig(iters, init)
+        bottleneck_apply(A, W, attn_norm, cfg, stats)
+        assert set(stats) == {'residual', 'unconverged'}
+        for key, value in nr_residual(A, iters, init).items():
+            close(stats[key], value)
 
 
 @pytest.mark.parametrize('half', HALF)
@@ -631,8 +626,16 @@ def test_reduce_map_small_side_is_zero_padded_bottom_right(hw):
         close(reduce_map(x, 2, conv=conv), conv(padded))
 
 
-def test_reduce_map_means_cells_and_pools_to_the_capped_grid():
-    x = randn(2, 3, 4, 6)
+@pytest.mark.parametrize(
+    'kw', [dict(), dict(max_landmarks=12),
+           dict(landmark_hw=(9, 9))])
+def test_reduce_map_means_cells_and_leaves_a_grid_map_unchanged(kw):
+    """A map that is its own grid comes back bit for bit (signed zeros)."""
+    x = torch.tensor([[-0., 1.5, -2.], [3., -0., 0.25], [-1., 2., -0.]])
+    x = x.expand(2, 1, 3, 3)
+    out = reduce_map(x, 1, **kw)
+    assert torch.equal(out, x) and torch.equal(out.signbit(), x.signbit())
+    x = randn(2, 3, 4, 6)  # the mean of each r x r cell
     close(reduce_map(x, 2), x.reshape(2, 3, 2, 2, 3, 2).mean((3, 5)))
     x = randn(1, 2, 8, 8)  # 4 x 4 grid, capped to 2 x 2
     close(
@@ -640,31 +643,14 @@ def test_reduce_map_means_cells_and_pools_to_the_capped_grid():
         x.reshape(1, 2, 2, 4, 2, 4).mean((3, 5)))
 
 
-@pytest.mark.parametrize(
-    'kw', [dict(), dict(max_landmarks=12),
-           dict(landmark_hw=(9, 9))])
-def test_reduce_map_leaves_a_map_that_is_its_grid_unchanged(kw):
-    """Bit for bit, signed zeros too."""
-    x = torch.tensor([[-0., 1.5, -2.], [3., -0., 0.25], [-1., 2., -0.]])
-    x = x.expand(2, 1, 3, 3)
-    out = reduce_map(x, 1, **kw)
-    assert torch.equal(out, x) and torch.equal(out.signbit(), x.signbit())
-
-
 # --------------------------------------------------------- SOFTAttention
-def same_pair(**kw):
-    torch.manual_seed(0)
-    a = SOFTAttention(32, 1, 4).eval()
-    b = SOFTAttention(32, 1, 4, **kw).eval()
-    b.load_state_dict(a.state_dict())
-    return a, b
-
-
 @pytest.mark.parametrize('kw, hw', [(dict(max_landmarks=49), (28, 28)),
                                     (dict(landmark_hw=(7, 7)), (28, 28)),
                                     (dict(landmark_hw=(24, 24)), (16, 16))])
 def test_grid_options_that_do_not_bind_are_plain_soft(kw, hw):
-    a, b = same_pair(**kw)
+    torch.manual_seed(0)
+    a, b = SOFTAttention(32, 1, 4).eval(), SOFTAttention(32, 1, 4, **kw).eval()
+    b.load_state_dict(a.state_dict())
     x = torch.randn(2, hw[0] * hw[1], 32)
     close(a(x, hw), b(x, hw))
     assert a.sampler.landmark_hw is None
