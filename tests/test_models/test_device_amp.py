@@ -1,40 +1,23 @@
-"""Device- and precision-agnostic SOFT, proved without a GPU.
+"""Device- and precision-agnostic SOFT, proved without a GPU (the ``device``
+fixture of tests/conftest.py adds cuda where available).
 
-* Mixed precision: forward + backward of the SOFT backbone, of a RetinaNet
-  and of an UperNet with SOFT (the demo configs' models, at 64 x 64) under
-  ``torch.autocast(device, dtype=bfloat16 / float16)`` are finite and close
-  to float32: relative L2 error ``||amp - fp32|| / ||fp32||`` of every
-  output (loss term) <= ``OUT_RTOL[dtype]`` and of all gradients together
-  <= ``GRAD_RTOL[dtype]``. Why these limits: autocast rounds the inputs of
-  every matmul / conv to the half type, unit roundoff 2^-9 = 2e-3 for
-  bfloat16 (8 significand bits) and 2^-12 = 2.4e-4 for float16 (11 bits);
-  the SOFT kernel and pseudo-inverse stay float32. Over the few layers the
-  outputs drift by ~10 roundoffs (measured: bfloat16 <= 1.7e-2, float16
-  <= 2.4e-3 -> limits 5e-2 and 1e-2). Gradients run back through every
-  layer; the weight gradient of a conv sums products of rounded values over
-  all positions with cancellation (the patch-embedding convs), and the
-  gradient of the values V passes A^+ (whose large entries cancel in
-  P A^+ P^T), so they drift more (measured: bfloat16 0.05-0.14, float16
-  0.007-0.10 -> limits 0.3 and 0.2; a wrong or missing gradient is off by
-  ~1). The
-  comparison runs in eval mode: with BatchNorm batch statistics the
-  weight gradient of a conv followed by BN is the small remainder of a
-  projection, and its relative error at random init (0.3-0.8 measured)
-  says nothing about SOFT; train mode is checked for finite values.
-  float16 scales the loss by ``LOSS_SCALE`` as AMP does (gradients below
-  6e-8 would flush to zero).
-* Every tensor the model creates follows the input's device and dtype:
-  a forward + backward on the ``meta`` device records every op (a
-  ``TorchDispatchMode``) whose result is on another device (e.g. a
-  ``torch.zeros(n)`` without ``device=``, which lands on the CPU); with a
-  float64 model and input, every floating result of every op is float64.
-* The Gaussian kernel and the Newton-Raphson iterations run in float32
-  with autocast disabled inside an autocast region (bf16 and fp16): spies
-  on their autograd Functions record the dtypes they see and produce.
-
-The ``device`` fixture (``tests/conftest.py``) runs the device-parametrized
-tests on ``cpu`` and, where available, ``cuda`` (``MMSOFT_TEST_DEVICE=cuda``:
-cuda only).
+* Mixed precision: forward + backward of the tiny SOFT backbone and of the
+  demo RetinaNet / UperNet (64 x 64) under ``torch.autocast`` (bf16 / fp16)
+  are finite (train mode) and close to float32 (eval mode: with batch
+  statistics a conv + BN weight gradient is a small remainder whose error
+  at random init says nothing about SOFT): relative L2 error of every
+  output (loss term) <= OUT_RTOL, of all gradients together <= GRAD_RTOL.
+  Why: autocast rounds matmul / conv inputs (unit roundoff bf16 2e-3, fp16
+  2.4e-4; the kernel and pseudo-inverse stay fp32); outputs drift ~10
+  roundoffs (measured bf16 <= 1.7e-2, fp16 <= 2.4e-3), gradients more
+  (conv weight gradients sum rounded products with cancellation, the
+  gradient of V passes A^+: measured bf16 0.05-0.14, fp16 0.007-0.10); a
+  wrong gradient is off by ~1. fp16 scales the loss as AMP does.
+* Every tensor the model creates follows the input's device (recorded on
+  ``meta``: a ``torch.zeros(n)`` without ``device=`` lands on the CPU) and
+  dtype (a float64 model computes in float64 only).
+* The Gaussian kernel and the NR iterations run in float32 with autocast
+  off inside an autocast region (spies on their autograd Functions).
 """
 import contextlib
 import importlib
@@ -54,14 +37,10 @@ from mmsoft.models.layers.amp import autocast_dtype
 pytestmark = pytest.mark.usefixtures('one_thread')
 
 HALF = (torch.bfloat16, torch.float16)
-#: relative L2 error limits vs float32 (see the module docstring)
 OUT_RTOL = {torch.bfloat16: 5e-2, torch.float16: 1e-2}
 GRAD_RTOL = {torch.bfloat16: 0.3, torch.float16: 0.2}
-SIZE = 64
-LOSS_SCALE = 2.0**12
-
-# the modules (``mmsoft.models.layers`` re-exports functions of the same
-# names, so ``import ... as`` would give the functions)
+SIZE, LOSS_SCALE = 64, 2.0**12
+# the modules (mmsoft.models.layers re-exports functions of these names)
 KERNEL = importlib.import_module('mmsoft.models.layers.soft_attention')
 PINV = importlib.import_module('mmsoft.models.layers.nr_autograd')
 LZ = importlib.import_module('mmsoft.models.layers.nr_lanczos')
@@ -88,25 +67,72 @@ def rel_err(a, b):
 
 
 def forward_backward(model, loss_fn, device, dtype=None):
-    """(outputs, grads) of one forward + backward, under autocast with
-    ``dtype`` (None: float32); grads: {parameter name: grad}."""
+    """(outputs, {parameter name: grad}) of one forward + backward under
+    autocast with ``dtype`` (None: float32, no autocast context: torch
+    2.1's CPU autocast refuses float32 even with enabled=False)."""
     model.zero_grad(set_to_none=True)
     torch.manual_seed(0)  # the same dropout masks in both runs
-    # float32: no autocast context (torch 2.1's CPU autocast refuses a
-    # float32 dtype even with enabled=False)
     ctx = contextlib.nullcontext() if dtype is None else torch.autocast(
         device, dtype=dtype)
     with ctx:
         outs, loss = loss_fn(model)
-    # float16 AMP scales the loss (as GradScaler / AmpOptimWrapper do):
-    # small gradients would otherwise flush to zero in half precision
     scale = LOSS_SCALE if dtype == torch.float16 else 1.0
     (loss * scale).backward()
-    grads = {
+    return [o.detach() for o in outs], {
         n: p.grad.detach() / scale
         for n, p in model.named_parameters() if p.grad is not None
     }
-    return [o.detach() for o in outs], grads
+
+
+def backbone_loss(model, device):
+    g = torch.Generator().manual_seed(1)
+    x = torch.randn(2, 3, SIZE, SIZE, generator=g).to(device)
+    # a fixed random readout: every output element gets a gradient
+    w = [
+        torch.randn(2, c, SIZE // s, SIZE // s, generator=g).to(device)
+        for c, s in zip(model.out_channels, (4, 8, 16, 32))
+    ]
+
+    def loss_fn(m):
+        outs = m(x)
+        return outs, sum((o.float() * wi).mean() for o, wi in zip(outs, w))
+
+    return loss_fn
+
+
+def task_loss(model, device):
+    if model.__class__.__name__ == 'RetinaNet':
+        from mmdet.testing import demo_mm_inputs
+        torch.manual_seed(0)
+        data = demo_mm_inputs(
+            batch_size=2,
+            image_shapes=[(3, SIZE, SIZE)] * 2,
+            num_items=[3, 3],
+            num_classes=3)
+    else:
+        from mmsoft_tools.analysis import random_batch
+        data = random_batch('mmseg', 'upernet', SIZE, seg_classes=4)
+    data = model.data_preprocessor(data, True)
+
+    def loss_fn(m):  # the loss and each loss term
+        loss, log_vars = m.parse_losses(m(**data, mode='loss'))
+        terms = [
+            v for k, v in sorted(log_vars.items())
+            if 'loss' in k and k != 'loss'
+        ]
+        return [loss.detach().float().reshape(1)] + [
+            torch.as_tensor(float(t.detach())).reshape(1) for t in terms
+        ], loss
+
+    return loss_fn
+
+
+def demo_model(name, device):
+    cfg = Config.fromfile(osp.join(CONFIGS, 'demo', name + '.py'))
+    if 'size' in cfg.model.data_preprocessor:
+        cfg.model.data_preprocessor.size = (SIZE, SIZE)
+    torch.manual_seed(0)
+    return random_model(cfg).to(device).train()
 
 
 def assert_close_to_fp32(model, loss_fn, device, dtype):
@@ -134,69 +160,15 @@ def assert_close_to_fp32(model, loss_fn, device, dtype):
 @pytest.mark.parametrize('attn_norm', [True, False])
 def test_backbone_autocast_close_to_fp32(device, dtype, attn_norm):
     model = backbone(attn_norm=attn_norm).to(device)
-    g = torch.Generator().manual_seed(1)
-    x = torch.randn(2, 3, SIZE, SIZE, generator=g).to(device)
-    # a fixed random readout: every output element gets a gradient
-    w = [
-        torch.randn(2, c, SIZE // s, SIZE // s, generator=g).to(device)
-        for c, s in zip(model.out_channels, (4, 8, 16, 32))
-    ]
-
-    def loss_fn(m):
-        outs = m(x)
-        return outs, sum((o.float() * wi).mean() for o, wi in zip(outs, w))
-
-    assert_close_to_fp32(model, loss_fn, device, dtype)
-
-
-def demo_model(name, device):
-    cfg = Config.fromfile(osp.join(CONFIGS, 'demo', name + '.py'))
-    if 'size' in cfg.model.data_preprocessor:
-        cfg.model.data_preprocessor.size = (SIZE, SIZE)
-    torch.manual_seed(0)
-    return random_model(cfg).to(device).train()
-
-
-def det_batch(model):
-    from mmdet.testing import demo_mm_inputs
-    torch.manual_seed(0)
-    data = demo_mm_inputs(
-        batch_size=2,
-        image_shapes=[(3, SIZE, SIZE)] * 2,
-        num_items=[3, 3],
-        num_classes=3)
-    return model.data_preprocessor(data, True)
-
-
-def seg_batch(model):
-    from mmsoft_tools.analysis import random_batch
-    return model.data_preprocessor(
-        random_batch('mmseg', 'upernet', SIZE, seg_classes=4), True)
+    assert_close_to_fp32(model, backbone_loss(model, device), device, dtype)
 
 
 @pytest.mark.parametrize('dtype', HALF, ids=dtype_id)
-@pytest.mark.parametrize(
-    'name, batch', [('retinanet_soft_demo', det_batch),
-                    ('upernet_soft_demo', seg_batch)],
-    ids=['retinanet', 'upernet'])
-def test_detector_segmentor_autocast_close_to_fp32(device, dtype, name, batch):
-    """The loss (and each loss term) and all gradients of a RetinaNet /
-    UperNet with SOFT under autocast."""
-    model = demo_model(name, device)
-    data = batch(model)
-
-    def loss_fn(m):
-        losses = m(**data, mode='loss')
-        loss, log_vars = m.parse_losses(losses)
-        terms = [
-            v for k, v in sorted(log_vars.items())
-            if 'loss' in k and k != 'loss'
-        ]
-        return [loss.detach().float().reshape(1)] + [
-            torch.as_tensor(float(t.detach())).reshape(1) for t in terms
-        ], loss
-
-    assert_close_to_fp32(model, loss_fn, device, dtype)
+@pytest.mark.parametrize('name', ['retinanet', 'upernet'])
+def test_detector_segmentor_autocast_close_to_fp32(device, dtype, name):
+    """The loss (and each loss term) and all gradients."""
+    model = demo_model(name + '_soft_demo', device)
+    assert_close_to_fp32(model, task_loss(model, device), device, dtype)
 
 
 # ------------------------------------- kernel and pseudo-inverse in fp32
@@ -206,15 +178,16 @@ def spy(monkeypatch):
     call of the Gaussian kernel's and the NR iterations' Functions."""
     calls = []
 
+    def record(what, tensors, out):
+        calls.append((what, [t.dtype for t in tensors], out.dtype,
+                      autocast_dtype(tensors[0].device.type) is not None))
+
     def wrap(cls, what):
         forward = cls.forward
 
         def spied(ctx, *args):
             out = forward(ctx, *args)
-            tensors = [a for a in args if isinstance(a, torch.Tensor)]
-            dev = tensors[0].device.type
-            calls.append((what, [t.dtype for t in tensors], out.dtype,
-                          autocast_dtype(dev) is not None))
+            record(what, [a for a in args if isinstance(a, torch.Tensor)], out)
             return out
 
         monkeypatch.setattr(cls, 'forward', staticmethod(spied))
@@ -228,8 +201,7 @@ def spy(monkeypatch):
     def spied_iterate(A, V, iters):  # the exact iterative path: autograd
         out = iterate(A, V, iters)
         if torch.is_grad_enabled():  # not inside NewtonInverse's forward
-            calls.append(('pinv', [A.dtype, V.dtype], out.dtype,
-                          autocast_dtype(A.device.type) is not None))
+            record('pinv', [A, V], out)
         return out
 
     monkeypatch.setattr(PINV, 'newton_iterate', spied_iterate)
@@ -248,12 +220,10 @@ def test_kernel_and_pinv_run_in_fp32_under_autocast(device, spy, dtype,
     x = torch.randn(2, 3, SIZE, SIZE, device=device)
     with torch.autocast(device, dtype=dtype):
         assert autocast_dtype(device) is not None
-        outs = model(x)
-        sum(o.float().mean() for o in outs).backward()
+        sum(o.float().mean() for o in model(x)).backward()
     n_attn = sum(isinstance(m, SOFTAttention) for m in model.modules())
     kinds = [w for w, *_ in spy]
-    # per SOFT attention (stages 1-3) the kernels P (n x m), A (m x m) and
-    # one inverse
+    # per SOFT attention (stages 1-3): the kernels P, A and one inverse
     assert kinds.count('pinv') == n_attn == 3
     assert kinds.count('kernel') == 2 * n_attn
     for what, ins, out, autocast_on in spy:
@@ -266,7 +236,7 @@ def test_kernel_and_pinv_run_in_fp32_under_autocast(device, spy, dtype,
 @pytest.mark.parametrize('method', ['iterative', 'spectral'])
 def test_pinv_alone_runs_in_fp32_under_autocast(device, spy, dtype, method):
     """The pseudo-inverse leaves autocast by itself (not only inside the
-    attention, which disables it around it): half inputs, float32 result."""
+    attention): half inputs, float32 result."""
     lm = torch.randn(2, 3, 12, 8, device=device) / 8**.25
     A = torch.exp(-torch.cdist(lm, lm)**2 / 2).to(dtype)
     W = torch.randn(2, 3, 12, 8, device=device, dtype=dtype)
@@ -294,16 +264,15 @@ class OpRecorder(TorchDispatchMode):
 
     def __init__(self, bad):
         super().__init__()
-        self.bad = bad
-        self.found = []
-        self.ops = 0
+        self.bad, self.found, self.ops = bad, [], 0
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         out = func(*args, **(kwargs or {}))
         self.ops += 1
-        for t in tree_flatten(out)[0]:
-            if isinstance(t, torch.Tensor) and self.bad(t):
-                self.found.append(f'{func} -> {t.device} {t.dtype}')
+        self.found += [
+            f'{func} -> {t.device} {t.dtype}' for t in tree_flatten(out)[0]
+            if isinstance(t, torch.Tensor) and self.bad(t)
+        ]
         return out
 
 
@@ -323,10 +292,8 @@ ATTN_VARIANTS = {
         for z in ('softmax', 'linformer', 'performer', 'nystromformer', 'sima')
     },
 }
-
 #: the exact spectral backward sizes a tensor by the data (the number of
-#: close eigenvalue pairs), which the meta device cannot know; it runs in
-#: the float64 and cuda checks
+#: close eigenvalue pairs), which meta cannot know: float64 / cuda only
 META_VARIANTS = {k: v for k, v in ATTN_VARIANTS.items() if k != 'exact_bw'}
 
 
@@ -343,7 +310,6 @@ def run_recorded(model, x, bad, train):
 @pytest.mark.parametrize('train', [True, False], ids=['train', 'eval'])
 @pytest.mark.parametrize('attn', META_VARIANTS.values(), ids=META_VARIANTS)
 def test_creates_tensors_only_on_the_input_device(attn, train):
-    """On ``meta``, a tensor created without ``device=`` lands elsewhere."""
     model = backbone(**attn).to('meta')
     x = torch.empty(2, 3, SIZE, SIZE, device='meta')
     outs, found = run_recorded(model, x, off_meta, train)
@@ -367,34 +333,23 @@ def test_attention_rows_created_on_the_input_device(attn):
         'sampling_ratio': 2,
         **attn
     }).to('meta').eval()
-    x = torch.empty(2, 64, 16, device='meta')
     with OpRecorder(off_meta) as rec:
-        row = module.attention_row(x, (8, 8), 5)
+        row = module.attention_row(
+            torch.empty(2, 64, 16, device='meta'), (8, 8), 5)
     assert not rec.found, rec.found[:10]
     assert row.device.type == 'meta' and row.shape == (2, 2, 64)
 
 
 @pytest.mark.parametrize('attn', ATTN_VARIANTS.values(), ids=ATTN_VARIANTS)
-def test_creates_tensors_only_on_the_input_device_cuda(device, attn):
-    """The same check for real on a GPU (skipped on the CPU: a CPU tensor
-    cannot be told from one created without ``device=``)."""
-    if device == 'cpu':
-        pytest.skip('the meta-device test covers the CPU')
-    model = backbone(**attn).to(device)
-    x = torch.randn(2, 3, SIZE, SIZE, device=device)
-    _, found = run_recorded(model, x,
-                            lambda t: t.device.type != device and t.dim() > 0,
-                            True)
-    assert not found, found[:10]
-
-
-@pytest.mark.parametrize('attn', ATTN_VARIANTS.values(), ids=ATTN_VARIANTS)
 def test_float64_model_computes_in_float64(device, attn):
-    """Every floating tensor of a float64 forward + backward is float64
-    (no float32 default dtype slips in, e.g. from ``torch.arange``)."""
+    """Every floating tensor of a float64 forward + backward is float64 (no
+    float32 default dtype, e.g. from ``torch.arange``); on a GPU, every
+    tensor is on it too (on the CPU: the meta-device test)."""
     model = backbone(**attn).to(device, torch.float64)
     x = torch.randn(2, 3, SIZE, SIZE, device=device, dtype=torch.float64)
-    outs, found = run_recorded(model, x, not_float64, True)
+    outs, found = run_recorded(
+        model, x, lambda t: not_float64(t) or
+        (device != 'cpu' and t.device.type != device and t.dim() > 0), True)
     assert not found, found[:10]
     assert all(o.dtype == torch.float64 for o in outs)
     assert all(p.grad.dtype == torch.float64 for p in model.parameters()
@@ -402,15 +357,14 @@ def test_float64_model_computes_in_float64(device, attn):
 
 
 def test_recorder_catches_a_foreign_tensor():
-    """The recorder itself: a CPU ``zeros`` among meta tensors, a float32
-    ``arange`` among float64 ones."""
+    """A CPU ``zeros`` among meta tensors, a float32 ``arange`` among
+    float64 ones."""
     x = torch.empty(3, device='meta')
     with OpRecorder(off_meta) as rec:
         x + torch.zeros(()) + x
     assert any('zeros' in f for f in rec.found)
-    y = torch.ones(3, dtype=torch.float64)
     with OpRecorder(not_float64) as rec:
-        y * 0.5**torch.arange(3)
+        torch.ones(3, dtype=torch.float64) * 0.5**torch.arange(3)
     assert any('pow' in f for f in rec.found)
 
 

@@ -1,7 +1,6 @@
-"""NRResidualHook's contract (docs/en/advanced_guides/soft_attention.md),
-with stand-in backbones that report fixed NR statistics; the hook on a real
-SOFT model: tests/test_models/test_layers/test_nr_faithful.py. It sits with
-the model tests because it reads the model's NR diagnostics."""
+"""NRResidualHook's contract (docs/en/advanced_guides/soft_attention.md)
+with stand-in backbones reporting fixed NR statistics (on a real SOFT:
+test_backbones/test_soft.py, test_layers/test_nr_faithful.py)."""
 import logging
 import types
 
@@ -14,8 +13,7 @@ from mmsoft.engine.hooks import NRResidualHook
 
 
 class _Backbone(torch.nn.Module):
-    """Reports ``stats`` as :meth:`SOFT.nr_stats` does; records the
-    switch."""
+    """Reports ``stats`` as :meth:`SOFT.nr_stats`; records the switch."""
 
     def __init__(self, stats):
         super().__init__()
@@ -34,11 +32,19 @@ def _runner(*backbones, it=0):
     return types.SimpleNamespace(model=model, message_hub=hub, iter=it)
 
 
-def _messages(records):
+def _logged(hook, runner, *iters, run=False):
+    """(level, message) of what ``hook`` logs in those iterations."""
+    with current_log() as records:
+        if run:
+            hook.before_run(runner)
+        for it in iters:
+            hook.after_train_iter(runner, it)
+        if run:
+            hook.after_run(runner)
     return [(r.levelno, r.getMessage()) for r in records]
 
 
-def test_defaults_and_interval_check():
+def test_defaults_switch_and_no_soft_backbone():
     hook = NRResidualHook()
     assert (hook.interval, hook.warn_unconverged) == (50, 0.1)
     assert hook.collect() == {}  # no backbone before the run
@@ -46,32 +52,21 @@ def test_defaults_and_interval_check():
     with pytest.raises(ValueError) as info:
         NRResidualHook(interval=0)
     assert str(info.value) == 'NRResidualHook: interval must be >= 1, got 0'
-
-
-def test_switches_every_backbone_on_and_off_again():
     a, b = _Backbone({}), _Backbone({})
     runner = _runner(a, b)
     runner.model = torch.nn.DataParallel(runner.model)  # a model wrapper
-    hook = NRResidualHook()
     with current_log() as records:
         hook.before_run(runner)
     assert records == [] and a.switched == [True] and b.switched == [True]
     hook.after_run(runner)
-    assert a.switched == [True, False] and b.switched == [True, False]
+    assert a.switched == b.switched == [True, False]
     assert all(type(s) is bool for s in a.switched)
-
-
-def test_a_model_without_soft_backbone_is_one_warning():
-    hook = NRResidualHook(interval=1)
-    runner = _runner()
-    with current_log() as records:
-        hook.before_run(runner)
-        hook.after_train_iter(runner, 0)  # nothing to log either
-        hook.after_run(runner)
-    assert _messages(records) == [
-        (logging.WARNING,
-         'NRResidualHook: the model has no SOFT backbone; nothing to log')
-    ]
+    # nothing to log in an iteration either: one warning
+    assert _logged(
+        NRResidualHook(interval=1), _runner(), 0, run=True) == [
+            (logging.WARNING,
+             'NRResidualHook: the model has no SOFT backbone; nothing to log')
+        ]
 
 
 def test_scalars_are_the_largest_value_per_stage():
@@ -80,17 +75,14 @@ def test_scalars_are_the_largest_value_per_stage():
         'stage3': dict(residual=2e-5, unconverged=0.05)
     })
     b = _Backbone({'stage1': dict(residual=4e-3, unconverged=0.0)})
-    runner = _runner(a, b)
-    hook = NRResidualHook(interval=100)
+    runner, hook = _runner(a, b), NRResidualHook(interval=100)
     hook.before_run(runner)
-    with current_log() as records:
-        hook.after_train_iter(runner, 0)
-    assert records == []  # not at the interval, nothing unconverged
-    scalars = {
+    # not at the interval, nothing unconverged: nothing logged
+    assert _logged(hook, runner, 0) == []
+    assert {
         k: v.current()
         for k, v in runner.message_hub.log_scalars.items()
-    }
-    assert scalars == {
+    } == {
         'train/nr_residual_s1': 4e-3,
         'train/nr_unconverged_s1': 0.0,
         'train/nr_residual_s3': 2e-5,
@@ -105,42 +97,33 @@ def test_the_table_every_interval_iterations():
         'stage3': dict(unconverged=0.0)
     })
     hook = NRResidualHook(interval=3)
+    want = [(logging.INFO, 'NR convergence (last forward): stage1 residual '
+             '1.50e-03 unconverged 0.0%, stage2 residual 2.00e-07 unconverged'
+             ' nan%, stage3 residual nan unconverged 0.0%')]
     for it, logged in [(0, False), (1, False), (2, True), (5, True)]:
         runner = _runner(a, it=it)
         hook.before_run(runner)
-        with current_log() as records:
-            hook.after_train_iter(runner, it)
-        want = [(logging.INFO, 'NR convergence (last forward): stage1 '
-                 'residual 1.50e-03 unconverged 0.0%, stage2 residual '
-                 '2.00e-07 unconverged nan%, stage3 residual nan '
-                 'unconverged 0.0%')]
-        assert _messages(records) == (want if logged else []), it
+        assert _logged(hook, runner, it) == (want if logged else []), it
 
 
 @pytest.mark.parametrize('frac, warned', [(0.1, False), (0.25, True)])
 def test_unconverged_stage_warns_once(frac, warned):
-    """Above ``warn_unconverged`` (not at it): one WARNING per stage for
-    the whole run, naming the stage, the fraction, the residual and the
-    remedies."""
-    a = _Backbone({
-        'stage2': dict(residual=3e-2, unconverged=frac),
-        'stage3': dict(residual=1e-6)  # no fraction: converged
-    })
-    runner = _runner(a)
+    """Above ``warn_unconverged`` (not at it): one WARNING per stage for the
+    run: the stage, the fraction, the residual and the remedies."""
+    runner = _runner(
+        _Backbone({
+            'stage2': dict(residual=3e-2, unconverged=frac),
+            'stage3': dict(residual=1e-6)  # no fraction: converged
+        }))
     hook = NRResidualHook(interval=1000)
     hook.before_run(runner)
-    with current_log() as records:
-        hook.after_train_iter(runner, 0)
-        hook.after_train_iter(runner, 1)
     want = (logging.WARNING,
             'NRResidualHook: in stage2 the Newton-Raphson iterations have '
-            'not converged on 25% of the bottleneck matrix\'s numerical rank '
+            "not converged on 25% of the bottleneck matrix's numerical rank "
             '(residual 3.00e-02): the forward differs from A^+ there. '
             "Consider model.backbone.attn_cfg.nr_backward='exact', more "
             'nr_iters or max_landmarks.')
-    assert _messages(records) == ([want] if warned else [])
+    assert _logged(hook, runner, 0, 1) == ([want] if warned else [])
     quiet = NRResidualHook(interval=1000, warn_unconverged=None)
     quiet.before_run(runner)
-    with current_log() as records:
-        quiet.after_train_iter(runner, 0)
-    assert records == []
+    assert _logged(quiet, runner, 0) == []
