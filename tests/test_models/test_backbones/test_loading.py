@@ -154,13 +154,36 @@ def hub(tmp_path, monkeypatch):
 
 
 # ------------------------------------------------------ read_checkpoint
-def test_read_checkpoint_cpu_by_default_and_map_location(tmp_path):
+def test_read_checkpoint_paths_and_schemes(tmp_path, monkeypatch):
+    """CPU by default, else ``map_location``; a missing path is one line;
+    other schemes are mmengine's CheckpointLoader's (CPU default too)."""
     path = tmp_path / 'w.pth'
     _linear_file(path)
     assert loading.read_checkpoint(path)['bias'].device.type == 'cpu'
     seen, keep = _locations()
     loading.read_checkpoint(path, map_location=keep)
     assert seen and set(seen) == {'cpu'}
+    for path, what in ((tmp_path, 'is a directory, not a file'),
+                       (tmp_path / 'nope.pth', 'does not exist')):
+        with pytest.raises(FileNotFoundError) as info:
+            loading.read_checkpoint(path)
+        assert str(info.value) == (
+            f'checkpoint {path} {what}; pass a .pth checkpoint file')
+    calls = []
+
+    def loader(filename, map_location):
+        calls.append((filename, map_location))
+        return {'w': torch.ones(1)}
+
+    loader.__name__ = 'load_from_mmsofttest'
+    monkeypatch.setattr(CheckpointLoader, '_schemes', {
+        'mmsofttest://': loader,
+        **CheckpointLoader._schemes
+    })
+    assert list(loading.read_checkpoint('mmsofttest://a/b.pth')) == ['w']
+    loading.read_checkpoint('mmsofttest://c.pth', map_location='meta')
+    assert calls == [('mmsofttest://a/b.pth', 'cpu'),
+                     ('mmsofttest://c.pth', 'meta')]
 
 
 @pytest.mark.skipif(
@@ -196,15 +219,6 @@ def test_read_checkpoint_mmap_never_runs_code(tmp_path, monkeypatch,
     with pytest.raises(CheckpointRefused, match=re.escape(path)):
         loading.read_checkpoint(path, mmap=True)
     assert not marker.exists()
-
-
-def test_read_checkpoint_missing_path_is_one_line(tmp_path):
-    for path, what in ((tmp_path, 'is a directory, not a file'),
-                       (tmp_path / 'nope.pth', 'does not exist')):
-        with pytest.raises(FileNotFoundError) as info:
-            loading.read_checkpoint(path)
-        assert str(info.value) == (
-            f'checkpoint {path} {what}; pass a .pth checkpoint file')
 
 
 def test_read_checkpoint_https_cached_and_read_safely(tmp_path, monkeypatch,
@@ -247,25 +261,6 @@ def test_read_checkpoint_http_download_is_quiet(tmp_path, hub, capfd):
     assert capfd.readouterr().err == ''
     assert sorted(os.listdir(hub)) == ['other.pth', 'w.pth']
     assert _same(got, want) and _same(loading.read_checkpoint(url), want)
-
-
-def test_read_checkpoint_other_schemes_are_mmengines(monkeypatch):
-    """mmengine's CheckpointLoader, with ``map_location`` (CPU default)."""
-    calls = []
-
-    def loader(filename, map_location):
-        calls.append((filename, map_location))
-        return {'w': torch.ones(1)}
-
-    loader.__name__ = 'load_from_mmsofttest'
-    monkeypatch.setattr(CheckpointLoader, '_schemes', {
-        'mmsofttest://': loader,
-        **CheckpointLoader._schemes
-    })
-    assert list(loading.read_checkpoint('mmsofttest://a/b.pth')) == ['w']
-    loading.read_checkpoint('mmsofttest://c.pth', map_location='meta')
-    assert calls == [('mmsofttest://a/b.pth', 'cpu'),
-                     ('mmsofttest://c.pth', 'meta')]
 
 
 # ------------------------------------------------------ load_pretrained
