@@ -2,7 +2,7 @@
 fixture trains the demo config a few iterations with ``tools/train.py``; its
 checkpoint feeds ``tools/test.py``, the inferencers, ``demo/image_demo.py``,
 ONNX export, the converters; ``dist_train.sh`` -> ``kill -9`` -> ``--resume``
--> ``dist_test.sh`` on CPU."""
+on CPU."""
 import contextlib
 import glob
 import io
@@ -376,29 +376,18 @@ def _process_tree(pid):
     return out
 
 
-def _launch(script, *args, **env):
-    """``tools/<script>.sh args`` on a free port; its output (exit 0)."""
-    res = run(['bash', f'tools/{script}.sh', *args],
-              PORT=str(free_port()),
-              **env)
-    out = res.stdout + res.stderr
-    assert res.returncode == 0, out[-4000:]
-    return out
-
-
 def _iters(work):
     return sorted(
         int(osp.basename(p)[5:-4])
         for p in glob.glob(osp.join(work, 'iter_*.pth')))
 
 
-def test_dist_train_kill_resume_dist_test(tmp_path):
+def test_dist_train_kill_resume(tmp_path):
     """2 CPU processes (test_train_test's ``seg_config``) SIGKILLed once
     iter_4.pth is written; its iter_4 is the uninterrupted reference, the
     later checkpoints go (the kill landed before they were saved). ``--resume``
     takes over the dead run's lock, continues from iter_2 and ends
-    bit-identical (each rank's RNG restored, diff_rank_seed);
-    ``tools/dist_test.sh`` evaluates it."""
+    bit-identical (each rank's RNG restored, diff_rank_seed)."""
     from test_train_test import make_ade, seg_config
     cfg = seg_config(tmp_path,
                      make_ade(str(tmp_path / 'ade' / 'ADEChallengeData2016')))
@@ -414,12 +403,9 @@ def test_dist_train_kill_resume_dist_test(tmp_path):
     for attempt in range(2):
         with open(log, 'w') as out:
             proc = subprocess.Popen(
-                cmd,
-                cwd=ROOT,
-                env=child_env(PORT=str(free_port())),
-                stdout=out,
-                stderr=subprocess.STDOUT,
-                start_new_session=True)
+                cmd, cwd=ROOT, env=child_env(PORT=str(free_port())),
+                stdout=out, stderr=subprocess.STDOUT,
+                start_new_session=True)  # yapf: disable
         t0 = time.time()
         while not osp.exists(osp.join(work, 'iter_4.pth')) and \
                 proc.poll() is None and time.time() - t0 < 400:
@@ -451,27 +437,24 @@ def test_dist_train_kill_resume_dist_test(tmp_path):
     assert rng['world_size'] == 2 and len(rng['states']) == 2
     lock = osp.join(work, '.mmsoft-train.lock')
     assert osp.exists(lock)  # left behind by the killed rank 0
-    out = _launch('dist_train', cfg, '2', '--work-dir', work, '--resume',
-                  '--cfg-options', 'train_cfg.max_iters=4')
+    res = run(['bash', 'tools/dist_train.sh', cfg, '2', '--work-dir', work,
+               '--resume', '--cfg-options', 'train_cfg.max_iters=4'],
+              PORT=str(free_port()))  # yapf: disable
+    out = res.stdout + res.stderr
+    assert res.returncode == 0, out[-4000:]
     assert 'taking over the work dir lock of a run that is gone' in out
     assert 'resumed' in out.lower()
     assert re.search(r'Iter\(train\) \[\s*3/4\]', out), out[-3000:]
     assert 'Iter(train) [1/' not in out
+    # the run's last iteration validates it on both ranks (dist_test.sh:
+    # test_launch.py::test_dist_test_sh_exits_cleanly)
+    assert 'per class results' in out and re.search(r'\|\s+wall\s+\|', out)
+    assert re.search(r'mIoU: \d', out), out[-3000:]
     ckpt = osp.join(work, 'iter_4.pth')
     assert osp.isfile(ckpt) and not osp.exists(lock)
     resumed, uninterrupted = (_load(p)['state_dict'] for p in (ckpt, ref))
     assert resumed.keys() == uninterrupted.keys()
     assert all(torch.equal(resumed[k], uninterrupted[k]) for k in resumed)
-    out = _launch(
-        'dist_test',
-        cfg,
-        ckpt,
-        '2',
-        '--work-dir',
-        tmp_path / 'test',
-        MMSOFT_SKIP_DATA_CHECK='1')
-    assert 'per class results' in out and re.search(r'\|\s+wall\s+\|', out)
-    assert re.search(r'mIoU: \d', out), out[-3000:]
 
 
 def test_load_from_other_arch_fails_partial_opt_in(trained, tmp_path):

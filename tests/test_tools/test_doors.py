@@ -2,12 +2,12 @@
 as a user runs it, through conftest's ``script_server``) given a bad input
 exits non-zero, its last stderr line starts as docs/en/faq.md lists it, no
 traceback, no checkpoint or Runner run dir where the input can be checked
-first. Inputs other tests drive through a door (a missing checkpoint,
-another model's weights, image_demo's damaged checkpoint) are left out."""
+first (inputs other tests drive through a door are left out)."""
 import inspect
 import os
 import os.path as osp
 import re
+import shutil
 
 import pytest
 import torch
@@ -159,16 +159,13 @@ CASES = [
 ]
 
 DOORS = {
-    'train.py': 'tools/train.py',
-    'test.py': 'tools/test.py',
-    'dist_train.sh': 'tools/dist_train.sh',
-    'dist_test.sh': 'tools/dist_test.sh',
-    'image_demo.py': 'demo/image_demo.py',
-    'soft2mmsoft.py': 'tools/model_converters/soft2mmsoft.py',
-    'mmsoft2soft.py': 'tools/model_converters/mmsoft2soft.py',
-    'pytorch2onnx.py': 'tools/deployment/pytorch2onnx.py',
-    'make_demo_data.py': 'tools/misc/make_demo_data.py',
-    'get_flops.py': 'tools/analysis/get_flops.py',
+    osp.basename(p): p
+    for p in ('tools/train.py', 'tools/test.py', 'tools/dist_train.sh',
+              'tools/dist_test.sh', 'demo/image_demo.py',
+              'tools/model_converters/soft2mmsoft.py',
+              'tools/model_converters/mmsoft2soft.py',
+              'tools/deployment/pytorch2onnx.py',
+              'tools/misc/make_demo_data.py', 'tools/analysis/get_flops.py')
 }
 
 #: a full disk for the result file of tools/test.py --out: writing an
@@ -190,16 +187,14 @@ def _damaged_work_dir(row_dir, doors):
     """``work/``: two checkpoints of a run, both cut short."""
     os.makedirs(osp.join(row_dir, 'work'))
     for n in (1, 2):
-        with open(doors['trunc'], 'rb') as f, \
-                open(osp.join(row_dir, 'work', f'epoch_{n}.pth'), 'wb') as g:
-            g.write(f.read())
+        shutil.copy(doors['trunc'], osp.join(row_dir, 'work',
+                                             f'epoch_{n}.pth'))
 
 
 def _other_runs_out_dir(row_dir, doors):
     """``shared/work/``: another work dir's checkpoint directory."""
     os.makedirs(osp.join(row_dir, 'shared', 'work'))
-    with open(osp.join(row_dir, 'shared', 'work', '.mmsoft-work-dir'),
-              'w') as f:
+    with open(osp.join(row_dir, 'shared/work/.mmsoft-work-dir'), 'w') as f:
         f.write(osp.join(row_dir, 'other', 'work') + '\n')
 
 
@@ -248,22 +243,22 @@ def doors(tmp_path_factory):
     from mmengine.config import Config
     config = Config.fromfile(cfg)
     model = random_model(config)
-    p = {k: str(tmp / f'{k}.pth') for k in ('trunc', 'legacy', 'legacy_trunc')}
-    ckpt = p['ckpt'] = str(tmp / 'epoch_1.pth')
-    meta = dict(epoch=1, iter=1, cfg=config.pretty_text)
-    optimizer = torch.optim.AdamW(model.parameters()).state_dict()
+    p = dict(
+        ckpt=str(tmp / 'epoch_1.pth'),
+        trunc=str(tmp / 'trunc.pth'),
+        legacy_trunc=str(tmp / 'legacy_trunc.pth'))
     torch.save(
-        dict(
-            state_dict=model.state_dict(),
-            meta=meta,
-            optimizer=optimizer,
-            message_hub={}), ckpt)
+        dict(state_dict=model.state_dict(), message_hub={},
+             meta=dict(epoch=1, iter=1, cfg=config.pretty_text),
+             optimizer=torch.optim.AdamW(model.parameters()).state_dict()),
+        p['ckpt'])  # yapf: disable
     # it cut short; in torch's legacy (non-zip) format, its end cut short
+    data = open(p['ckpt'], 'rb').read()
+    (tmp / 'trunc.pth').write_bytes(data[:4000])
     torch.save(
-        torch.load(ckpt, weights_only=False),
-        p['legacy'],
+        torch.load(p['ckpt'], weights_only=False),
+        tmp / 'legacy.pth',
         _use_new_zipfile_serialization=False)
-    (tmp / 'trunc.pth').write_bytes((tmp / 'epoch_1.pth').read_bytes()[:4000])
     (tmp / 'legacy_trunc.pth').write_bytes(
         (tmp / 'legacy.pth').read_bytes()[:-1000])
     meta_dir = tmp / 'data' / 'imagenet' / 'meta'
@@ -293,15 +288,10 @@ def doors(tmp_path_factory):
     else:
         (tmp / 'ro').mkdir(mode=0o555)
         ro = str(tmp / 'ro' / 'work')
-    return dict(
-        p,
-        cfg=cfg,
-        empty_list=str(tmp / 'empty_list.txt'),
-        dir=str(tmp / 'a_dir'),
-        file=str(tmp / 'a_file'),
-        ro=ro,
-        url='http://127.0.0.1:9/soft_norm_small.pth',
-        data=str(tmp / 'data' / 'imagenet' / 'val'))
+    return dict(p, cfg=cfg, empty_list=str(tmp / 'empty_list.txt'), ro=ro,
+                dir=str(tmp / 'a_dir'), file=str(tmp / 'a_file'),
+                url='http://127.0.0.1:9/soft_norm_small.pth',
+                data=str(tmp / 'data' / 'imagenet' / 'val'))  # yapf: disable
 
 
 @pytest.mark.parametrize('case', CASES, ids=[c[0] for c in CASES])
