@@ -578,7 +578,12 @@ def _soft_attns(module):
 
 
 def test_nr_stats_per_matrix_and_their_maximum():
-    """``last_nr_stats``: one value per matrix; ``nr_stats``: stage max."""
+    """``last_nr_stats``: one value per matrix; ``nr_stats``: the stage max,
+    also of crafted maxima in another sample / head / block; the hook logs
+    per stage the largest over the backbones."""
+    from mmengine.logging import MessageHub
+
+    from mmsoft.engine.hooks import NRResidualHook
     model = _nr_model(forward=True)
     stats = model.nr_stats()
     assert sorted(stats) == ['stage1', 'stage2', 'stage3']
@@ -590,15 +595,6 @@ def test_nr_stats_per_matrix_and_their_maximum():
             assert stats[f'stage{i + 1}'][key] == float(vals.max())
         res = torch.stack([p['residual'] for p in per])
         assert len(set(res.flatten().tolist())) > 1  # matrices differ
-
-
-def test_nr_stats_reduce_over_every_matrix():
-    """Crafted maxima in another sample / head / block in every stage; the
-    hook logs per stage the largest over the backbones."""
-    from mmengine.logging import MessageHub
-
-    from mmsoft.engine.hooks import NRResidualHook
-    model = _nr_model(forward=True)
     where = {0: (1, 0, 1), 1: (0, 1, 1), 2: (0, 1, 0)}  # block, sample, head
     for i, (blk, b, h) in where.items():
         attns = _soft_attns(model.stages[i])
