@@ -14,6 +14,7 @@ import torch
 from conftest import dead_pid, deadline
 from mmengine.logging import HistoryBuffer
 
+from mmsoft.engine.hooks import resume
 from mmsoft.utils import atomic
 from mmsoft.utils import checkpoint_io as cio
 from mmsoft.utils.atomic import (TMP_SUFFIX, atomic_path, atomic_write,
@@ -132,6 +133,24 @@ def test_describe_damage_of_a_cut_legacy_file(tmp_path, legacy, keep, where):
     if where:
         with pytest.raises(cio.CheckpointError, match='is truncated or'):
             cio.load_verified(str(cut))
+
+
+def test_legacy_untyped_storage_is_checked_in_bytes(tmp_path):
+    """An UntypedStorage's size header counts bytes: the whole file has no
+    verdict, one cut short is named (also by resume's quick check)."""
+    path = tmp_path / 'raw.pth'
+    torch.save(
+        dict(s=torch.UntypedStorage(64)),
+        path,
+        _use_new_zipfile_serialization=False)
+    data = path.read_bytes()
+    assert cio.describe_damage(str(path)) is None
+    assert resume.check_undamaged(str(path)) is None
+    path.write_bytes(data[:-10])
+    damage = (f"is truncated or corrupt ({len(data) - 10} bytes; torch's "
+              'legacy (non-zip) format, cut short in its tensor data)')
+    assert cio.describe_damage(str(path)) == damage
+    assert resume.check_undamaged(str(path)) == f'checkpoint {path} {damage}'
 
 
 def test_load_verified_names_a_damaged_legacy_file(tmp_path, monkeypatch,

@@ -219,10 +219,12 @@ class NonFiniteLossHook(Hook):
                     batch_idx: int,
                     data_batch=None,
                     outputs=None,
-                    mode: str = 'train') -> None:
-        """Stop validation / test at outputs holding nan / inf, naming the
-        cause: the weights, the inputs, a 0 in ``std``, else an overflow."""
-        if mode == 'train' or not self.check_outputs:
+                    mode: str = None) -> None:
+        """Stop validation / test (``mode``: ``'val'`` / ``'test'``; the
+        training iterations have :meth:`after_train_iter`) at outputs holding
+        nan / inf, naming the cause: the weights, the inputs, a 0 in
+        ``std``, else an overflow."""
+        if not self.check_outputs:
             return
         bad = _nonfinite_fields(outputs)
         if not _any_rank(bool(bad)):

@@ -7,6 +7,7 @@ import re
 import uuid
 from types import SimpleNamespace
 
+import numpy as np
 import pytest
 import torch
 import torch.distributed as torch_dist
@@ -386,31 +387,41 @@ class _Count(BaseMetric):
          'the inputs, the weights and the preprocessing are finite: '
          'the computation overflowed; test stopped, its metrics would be '
          'meaningless. Evaluate in float32 (without --amp / fp16).'),
+        ('val', 'model.data_preprocessor.std [0.0] has a 0 (a division by '
+         'zero); validation stopped, its metrics would be meaningless. Give '
+         'the std of the data the model was trained with.'),
         ('finite', None),
         ('off', None),  # check_outputs=False: std 0 passes
     ])
 def test_nonfinite_test_outputs_stop_naming_the_cause(tmp_path, case, cause):
-    """Issue 52, item 4: non-finite test outputs stop naming the cause."""
+    """Issue 52, item 4: non-finite test (and validation: ``val``)
+    outputs stop naming the cause."""
     images = [
         dict(
             inputs=torch.full((1, 2, 2),
                               float('nan') if case == 'inputs' else i + 1.),
             data_samples=f'img_{i}.png') for i in range(4)
     ]
+    what = 'validation' if case == 'val' else 'test'
+    loop = 'val' if case == 'val' else 'test'
     runner = Runner(
         model=_Scorer(
-            std=0. if case in ('std', 'off') else 1.,
+            std=0. if case in ('std', 'off', 'val') else 1.,
             scale=1e38 if case == 'overflow' else 1.),
         experiment_name=f'nonfinite_test_{uuid.uuid4().hex[:8]}',
         work_dir=str(tmp_path),
-        test_dataloader=dict(
-            dataset=images,
-            batch_size=2,
-            num_workers=0,
-            sampler=dict(type='DefaultSampler', shuffle=False),
-            collate_fn=dict(type='pseudo_collate')),
-        test_evaluator=[_Count()],
-        test_cfg=dict(),
+        **{
+            f'{loop}_dataloader':
+            dict(
+                dataset=images,
+                batch_size=2,
+                num_workers=0,
+                sampler=dict(type='DefaultSampler', shuffle=False),
+                collate_fn=dict(type='pseudo_collate')),
+            f'{loop}_evaluator': [_Count()],
+            f'{loop}_cfg':
+            dict()
+        },
         custom_hooks=[
             dict(type='NonFiniteLossHook', check_outputs=case != 'off')
         ],
@@ -419,11 +430,38 @@ def test_nonfinite_test_outputs_stop_naming_the_cause(tmp_path, case, cause):
     if case == 'weights':
         with torch.no_grad():
             runner.model.fc.weight[0, 0] = float('nan')
+    run = runner.val if case == 'val' else runner.test
     if cause is None:
-        assert runner.test() == dict(n=4)
+        assert run() == dict(n=4)
         return
     with pytest.raises(NonFiniteLossError) as e:
-        runner.test()
+        run()
     assert str(e.value) == (
-        'NonFiniteLossHook: the test outputs of batch 1 hold nan / inf '
+        f'NonFiniteLossHook: the {what} outputs of batch 1 hold nan / inf '
         f'(pred_score; first image img_0.png): {cause}')
+
+
+NAN, ONE = float('nan'), torch.ones(2)
+#: an output and the names of its fields that hold nan / inf
+FIELDS = [
+    (torch.tensor([1., NAN]), ['output']),  # a bare tensor
+    (torch.tensor([1, 2]), []),  # integers are always finite
+    (torch.tensor([1j, complex(NAN, 0)]), ['output']),
+    (np.array([1., np.inf]), ['output']),
+    (np.array([1., 2.]), []),
+    (np.array([1, 2]), []),
+    (np.array([1j, complex(0, np.inf)]), ['output']),
+    ('nan', []),  # neither tensor nor array
+    (dict(gt_label=NAN * ONE, ignored_mask=NAN * ONE, score=ONE), []),
+    (dict(a=dict(b=NAN * ONE, c=ONE)), ['a.b']),
+    (dict(a=[ONE, np.array([NAN])]), ['a']),  # a list keeps its name
+    ([ONE, NAN * ONE], ['output']),
+    (BaseDataElement(pred_score=NAN * ONE,
+                     gt_score=NAN * ONE), ['pred_score']),
+]
+
+
+@pytest.mark.parametrize('i', range(len(FIELDS)))
+def test_nonfinite_fields_names_the_outputs_holding_nan(i):
+    output, fields = FIELDS[i]
+    assert nf._nonfinite_fields(output) == fields
