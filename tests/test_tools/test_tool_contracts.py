@@ -238,18 +238,14 @@ _NAME = re.compile(r'\b((?:[a-z0-9]+_)*soft(?:_[a-z0-9]+)*_(?:in1k|1x|3x_ms|'
 
 
 def _doc_names():
-    texts = {}
-    pages = sorted(
-        glob.glob(osp.join(ROOT, 'docs', 'en', '**', '*.md'), recursive=True))
-    for path in [osp.join(d, 'README.md')
-                 for d in (ROOT, CONFIGS, DEMO)] + pages:
+    """{config name: the first file (README / docs page) that names it}."""
+    names = {}
+    for path in [osp.join(d, 'README.md') for d in (ROOT, CONFIGS, DEMO)] + \
+            sorted(glob.glob(f'{ROOT}/docs/en/**/*.md', recursive=True)):
         if osp.isfile(path):
             with open(path, encoding='utf-8') as f:
-                texts[osp.relpath(path, ROOT)] = f.read()
-    names = {}
-    for rel, text in texts.items():
-        for name in _NAME.findall(text):
-            names.setdefault(name, rel)
+                for name in _NAME.findall(f.read()):
+                    names.setdefault(name, osp.relpath(path, ROOT))
     return names
 
 

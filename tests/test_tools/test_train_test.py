@@ -11,7 +11,10 @@ import pytest
 import torch
 from conftest import ROOT, TOOLS, child_env, free_port, run, tiny_arch
 from conftest import tool_namespace as tool
+from mmengine.config import Config
 from PIL import Image
+
+from mmsoft_tools import launch
 
 TINY = repr(dict(_delete_=True, **tiny_arch()))
 
@@ -117,37 +120,29 @@ def test_slurm_scripts_compose_srun(tmp_path, script, extra, tool_py):
 
 # ------------------------------------------------------------ arguments
 def test_resume_and_work_dir_arguments():
-    train = tool('train')
-    cfg_path = osp.join(ROOT, 'configs', 'retinanet_soft_tiny_1x.py')
-    cfg = train['build_cfg'](train['parse_args']([cfg_path]))
-    assert cfg.work_dir == osp.join('./work_dirs', 'retinanet_soft_tiny_1x')
-    assert not cfg.resume
-    cfg = train['build_cfg'](
-        train['parse_args']([cfg_path, '--resume', '--work-dir', 'w']))
-    assert cfg.resume is True and cfg.load_from is None
-    assert cfg.work_dir == 'w'
-    cfg = train['build_cfg'](
-        train['parse_args']([
-            cfg_path, '--resume', 'x.pth', '--auto-scale-lr', '--cfg-options',
-            'model.backbone.init_cfg.checkpoint=weights/soft_norm_tiny.pth'
-        ]))
-    assert cfg.resume is True and cfg.load_from == 'x.pth'
-    assert cfg.auto_scale_lr.enable is True
-    assert cfg.model.backbone.init_cfg.checkpoint == \
-        'weights/soft_norm_tiny.pth'
-    test = tool('test')
-    cfg = test['build_cfg'](test['parse_args']([cfg_path, 'c.pth']))
-    assert cfg.load_from == 'c.pth'
+    path = osp.join(ROOT, 'configs', 'retinanet_soft_tiny_1x.py')
+
+    def cfg(name, *argv):
+        t = tool(name)
+        return t['build_cfg'](t['parse_args']([path, *argv]))
+
+    c = cfg('train')
+    assert c.work_dir == './work_dirs/retinanet_soft_tiny_1x' and not c.resume
+    c = cfg('train', '--resume', '--work-dir', 'w')
+    assert c.resume is True and c.load_from is None and c.work_dir == 'w'
+    init = 'weights/soft_norm_tiny.pth'
+    c = cfg('train', '--resume', 'x.pth', '--auto-scale-lr', '--cfg-options',
+            f'model.backbone.init_cfg.checkpoint={init}')
+    assert c.resume is True and c.load_from == 'x.pth'
+    assert c.auto_scale_lr.enable is True
+    assert c.model.backbone.init_cfg.checkpoint == init
+    assert cfg('test', 'c.pth').load_from == 'c.pth'
 
 
+@pytest.mark.skipif(torch.cuda.is_available(), reason='the CPU fall-back')
 def test_cpu_distributed_settings():
     """launch's CPU distributed changes (a 1-process gloo group)."""
     import torch.distributed as dist
-    from mmengine.config import Config
-
-    from mmsoft_tools import launch
-    if torch.cuda.is_available():
-        pytest.skip('the CPU fall-back only applies without CUDA')
     cfg = Config.fromfile(
         osp.join(ROOT, 'configs', 'upernet_soft_small_512x512_160k_ade20k.py'))
     assert cfg.env_cfg.dist_cfg.backend == 'nccl'
@@ -167,13 +162,9 @@ def test_cpu_distributed_settings():
 
 
 def test_amp_settings():
-    from mmengine.config import Config
-
-    from mmsoft_tools import launch
-    cfg = Config.fromfile(
-        osp.join(ROOT, 'configs', 'retinanet_soft_tiny_1x.py'))
-    mask = Config.fromfile(
-        osp.join(ROOT, 'configs', 'mask_rcnn_soft_tiny_1x.py'))
+    cfg, mask = (
+        Config.fromfile(f'{ROOT}/configs/{n}_soft_tiny_1x.py')
+        for n in ('retinanet', 'mask_rcnn'))
     if torch.cuda.is_available():
         assert launch.enable_amp(cfg) == 'AmpOptimWrapper'
         assert cfg.optim_wrapper.loss_scale == 'dynamic'
