@@ -465,3 +465,39 @@ FIELDS = [
 def test_nonfinite_fields_names_the_outputs_holding_nan(i):
     output, fields = FIELDS[i]
     assert nf._nonfinite_fields(output) == fields
+
+
+@pytest.mark.parametrize('case', ['no paths', 'no preprocessor', 'no std'])
+def test_outputs_check_of_a_bare_model(case):
+    """At most three fields are named; outputs without ``img_path``, a
+    model without ``data_preprocessor`` or ``std``: no image, no std."""
+    model = nn.Linear(2, 2)
+    if case == 'no std':
+        model.data_preprocessor = nn.Identity()
+    elif case == 'no paths':
+        model.data_preprocessor = SimpleNamespace(std=[0.])  # not a tensor
+    logged = []
+    runner = SimpleNamespace(
+        model=model, logger=SimpleNamespace(error=logged.append))
+    nan = torch.tensor([NAN])
+    outputs = [dict(d=nan, c=nan, b=nan, a=nan), dict(e=ONE)]
+    with pytest.raises(NonFiniteLossError) as e:
+        NonFiniteLossHook().after_test_iter(runner, 4, dict(inputs=ONE),
+                                            outputs)
+    assert logged == [str(e.value)] and str(e.value) == (
+        'NonFiniteLossHook: the test outputs of batch 5 hold nan / inf (a, '
+        'b, c): the inputs, the weights and the preprocessing are finite: the '
+        'computation overflowed; test stopped, its metrics would be '
+        'meaningless. Evaluate in float32 (without --amp / fp16).')
+
+
+def test_outputs_of_another_rank_stop_this_one(monkeypatch):
+    monkeypatch.setattr(nf, '_any_rank', lambda flag: True)
+    runner = SimpleNamespace(model=nn.Linear(2, 2))
+    with pytest.raises(NonFiniteLossError) as e:
+        NonFiniteLossHook().after_val_iter(runner, 0, None, [dict(s=ONE)])
+    assert str(e.value) == ('NonFiniteLossHook: the validation outputs of '
+                            'another rank hold nan / inf; validation stopped')
+    assert NonFiniteLossHook(
+        check_outputs=False).after_val_iter(runner, 0, None,
+                                            [dict(s=NAN * ONE)]) is None
