@@ -9,6 +9,7 @@ import pytest
 import torch
 from conftest import (ROOT, load_tool, needs_torch, save_classifier_checkpoint,
                       tiny_arch)
+from test_benchmark import isolated_runs_in
 
 TINY = tiny_arch(num_heads=[1, 2, 2, 2])
 
@@ -113,7 +114,8 @@ def test_get_flops_any_config(tmp_path):
 
 
 # ------------------------------------------------------------ memory
-def test_memory_vs_length_fixed_m_and_outputs(tmp_path):
+def test_memory_vs_length_fixed_m_and_outputs(tmp_path, script_server,
+                                              monkeypatch):
     mv = tool('memory_vs_length')
     # every reduced attention keeps m = 49 at every n (Fig. 1b setting)
     for attn in ('soft', 'linformer', 'nystromformer'):
@@ -132,7 +134,9 @@ def test_memory_vs_length_fixed_m_and_outputs(tmp_path):
             assert m == 49
             with torch.no_grad():
                 assert model(x, hw).shape == x.shape
-    # one real (subprocess) measurement; softmax:math skipped by budget
+    # one real measurement (a script_server child, as in test_benchmark);
+    # softmax:math skipped by budget
+    isolated_runs_in(script_server, monkeypatch)
     rows = mv.main('--attns sima softmax:math --p 1 --layers 1 --dims 24 '
                    '--heads 2 --max-mem-gb 1e-6 --out'.split() +
                    [str(tmp_path)])
