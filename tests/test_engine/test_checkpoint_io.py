@@ -151,6 +151,11 @@ def test_legacy_untyped_storage_is_checked_in_bytes(tmp_path):
               'legacy (non-zip) format, cut short in its tensor data)')
     assert cio.describe_damage(str(path)) == damage
     assert resume.check_undamaged(str(path)) == f'checkpoint {path} {damage}'
+    # an invalid opcode (not a cut) in the protocol pickle: torch.load's to
+    # judge, no verdict
+    protocol = data.index(b'\x80\x02M')
+    path.write_bytes(data[:protocol + 2] + b'\xfe' + data[protocol + 3:])
+    assert cio.describe_damage(str(path)) is None
 
 
 def test_load_verified_names_a_damaged_legacy_file(tmp_path, monkeypatch,

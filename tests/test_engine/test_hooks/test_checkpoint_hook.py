@@ -1076,16 +1076,19 @@ def test_a_strict_load_reads_no_pretrained_file(tmp_path, finished, how):
 
 
 @pytest.mark.parametrize(
-    'by_epoch,stop_at,crash,after',
+    'by_epoch,stop_at,crash,after,elsewhere',
     [
-        (True, 2, None, [2, 3]),
-        (False, 6, None, [6, 9, 10]),
-        (True, None, 25, [3]),  # stopped after epoch 2's validation
+        (True, 2, None, [2, 3], False),
+        (False, 6, None, [6, 9, 10], False),
+        (True, None, 25, [3], False),  # stopped after epoch 2's validation
+        (True, 2, None, [2, 3], True),  # resumed into another work dir
     ])
 def test_validation_stopped_after_a_checkpoint_runs_on_resume(
-        tmp_path, by_epoch, stop_at, crash, after):
-    """Issue 52, item 4: a stopped validation runs first on resume."""
-    work, validated = tmp_path / 'work', []
+        tmp_path, by_epoch, stop_at, crash, after, elsewhere):
+    """Issue 52, item 4: a stopped validation runs first on resume; the
+    marker is removed once it has run (another work dir's is kept)."""
+    work, validated, pending = tmp_path / 'work', [], []
+    marker = work / '.mmsoft-val-pending'
 
     def step(runner):
         return runner.epoch if by_epoch else runner.iter
@@ -1098,10 +1101,20 @@ def test_validation_stopped_after_a_checkpoint_runs_on_resume(
     first.register_hook(_On(after_val_iter=stop))
     with pytest.raises(Interrupted):
         first.train()
-    assert osp.isfile(work / '.mmsoft-val-pending') == (crash is None)
-    resumed = _runner(work, 'again', by_epoch, resume=True)
+    assert osp.isfile(marker) == (crash is None)
+    if elsewhere:
+        ckpt = open(work / 'last_checkpoint').read().strip()
+        resumed = _runner(
+            tmp_path / 'copy', 'again', by_epoch, resume=True, load_from=ckpt)
+    else:
+        resumed = _runner(work, 'again', by_epoch, resume=True)
     resumed.register_hook(
-        _On(after_val_epoch=lambda r, metrics=None: validated.append(step(r))))
+        _On(after_val_epoch=lambda r, metrics=None: validated.append(step(r)),
+            before_train_iter=lambda r, batch_idx, data_batch=None: pending.
+            append(osp.exists(marker))))
     resumed.train()
     assert validated == after
-    assert not osp.exists(work / '.mmsoft-val-pending')
+    assert pending[0] is elsewhere and osp.exists(marker) is elsewhere
+    stopped = ('did not finish (the run was stopped during it): validating '
+               'it now, before training goes on')
+    assert (stopped in _log(resumed)) is (crash is None)
