@@ -1115,6 +1115,9 @@ def test_validation_stopped_after_a_checkpoint_runs_on_resume(
     resumed.train()
     assert validated == after
     assert pending[0] is elsewhere and osp.exists(marker) is elsewhere
-    stopped = ('did not finish (the run was stopped during it): validating '
-               'it now, before training goes on')
-    assert (stopped in _log(resumed)) is (crash is None)
+    unit = 'epoch' if by_epoch else 'iteration'
+    stopped = re.findall(
+        rf'the validation of {unit} (\d+) \(\S+\) did not finish \(the '
+        r'run was stopped during it\): validating it now, before training '
+        r'goes on', _log(resumed))
+    assert stopped == ([] if crash else [str(stop_at)])
