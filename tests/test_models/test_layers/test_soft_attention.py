@@ -234,6 +234,13 @@ def test_kernel_product_without_the_kernel(norm, spread):
                                                   w[1:].float()))
 
 
+def test_kernel_product_of_one_batch_dim_and_wide_values():
+    """(B, n, d) tokens and values wider than d + 1 (e = 7, d = 2)."""
+    x, y, w = randn(2, 40, 2, seed=8), randn(2, 6, 2, seed=9), randn(2, 6, 7)
+    got = sa.kernel_product(x.float(), y.float(), w.float())
+    close(got.double(), ref_kernel(x, y) @ w, 0, 1e-5)
+
+
 @pytest.mark.parametrize('attn_norm', [True, False])
 def test_fused_products_equal_the_formed_kernel(monkeypatch, attn_norm):
     """Above FUSED_MIN_ENTRIES without grad P is never formed; same output."""
