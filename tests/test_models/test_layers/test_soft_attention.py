@@ -323,6 +323,24 @@ def test_training_path_gradients_equal_autograds(attn_norm, landmarks):
             lambda q, v: soft_attention(q, lm_of(q), v, attn_norm), (q, v))
 
 
+def test_training_path_gradient_through_the_landmarks_alone():
+    """(B, n, d) tokens, V without a gradient: the landmarks' part of the
+    query gradient (through A and the pseudo-inverse) is kept."""
+    q, v = (randn(2, 12, 3) / 2).requires_grad_(), randn(2, 12, 3, seed=1)
+
+    def plain(q, lm, v):
+        P, A = gaussian_kernel(q, lm), gaussian_kernel(lm, lm)
+        return P @ bottleneck_apply(A, P.transpose(-1, -2) @ v, True)
+
+    out = soft_attention(q, q[:, ::3] * 1.1, v, True)
+    assert out.grad_fn.name() == 'KernelAttentionBackward'
+    G = randn(2, 12, 3, seed=2)
+    close(
+        torch.autograd.grad(out, q, G)[0],
+        torch.autograd.grad(plain(q, q[:, ::3] * 1.1, v), q, G)[0], 1e-10,
+        1e-12)
+
+
 @pytest.mark.parametrize('norm', NORMS)
 def test_soft_attention_large_norm_fp32_and_under_autocast(norm):
     """Finite and float64-accurate in fp32; half inputs under CPU autocast:
