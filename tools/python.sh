@@ -41,7 +41,9 @@ fi
 # MMSOFT_PREFLIGHT=1; else print one short message and return 1.
 # MMSOFT_SKIP_DATA_CHECK=1 skips the data check.
 mmsoft_check_data() {
-    PYTHONPATH="$ROOT:$ROOT/tools${PYTHONPATH:+:$PYTHONPATH}" "$PYTHON" - "$@" <<'PY'
+    MMSOFT_TRAIN_PY="$ROOT/tools/train.py" \
+        PYTHONPATH="$ROOT:$ROOT/tools${PYTHONPATH:+:$PYTHONPATH}" \
+        "$PYTHON" - "$@" <<'PY'
 import os
 import sys
 import warnings
@@ -58,12 +60,9 @@ mode, rest = sys.argv[1], sys.argv[2:]
 if mode == 'train':  # tools/train.py's own pre-flight (MMSOFT_PREFLIGHT)
     if '-h' in rest or '--help' in rest:
         sys.exit(0)  # the ranks print it
-    import os.path as osp
     import runpy
-    import mmsoft_tools
     os.environ['MMSOFT_PREFLIGHT'] = '1'
-    train = osp.join(osp.dirname(osp.dirname(mmsoft_tools.__file__)),
-                     'train.py')
+    train = os.environ.pop('MMSOFT_TRAIN_PY')  # beside this script
     sys.argv = [train, rest[0], '--launcher', 'none'] + rest[1:]
     runpy.run_path(train, run_name='__main__')  # exits
 if os.environ.get('MMSOFT_SKIP_DATA_CHECK', '0') not in ('', '0'):
