@@ -98,17 +98,22 @@ GROUPS: Dict[str, Group] = {
          M + 'models/arch_zoo.py', M + 'utils/strict_load.py',
          M + 'utils/safe_load.py', M + 'compat.py', H + 'strict_load_hook.py',
          'src/mmsoft_tools/checkpoint_files.py'),
-        ('tests/test_models/test_backbones/test_loading.py',
-         'tests/test_models/test_backbones/test_official_reference.py',
-         'tests/test_utils', 'tests/test_compat.py',
-         'tests/test_tools/test_model_converters.py',
-         'tests/test_tools/test_strict_load_tools.py',
-         'tests/test_tools/test_missing_checkpoint.py',
-         'tests/test_tools/test_doors.py',
-         'tests/test_configs/test_official_files.py::'
-         'test_missing_pretrained_finds_nested_and_listed_entries',
-         'tests/test_configs/test_official_files.py::'
-         'test_demo_configs_opt_out'),
+        (
+            'tests/test_models/test_backbones/test_loading.py',
+            'tests/test_models/test_backbones/test_official_reference.py',
+            'tests/test_utils',
+            'tests/test_compat.py',
+            'tests/test_tools/test_model_converters.py',
+            'tests/test_tools/test_strict_load_tools.py',
+            'tests/test_tools/test_missing_checkpoint.py',
+            'tests/test_tools/test_doors.py',
+            'tests/test_configs/test_official_files.py::'
+            'test_missing_pretrained_finds_nested_and_listed_entries',
+            'tests/test_configs/test_official_files.py::'
+            'test_demo_configs_opt_out',
+            # strict_load_hook's resume refusals, safe_load's code checks
+            'tests/test_engine/test_hooks/test_checkpoint_hook.py',
+            'tests/test_checkpoint_safety.py'),
         budget=3600),
     'safety':
     Group(
