@@ -362,6 +362,16 @@ def authors_file(path, arch):
     return _AUTHORS_FILES[arch][1]
 
 
+class Reduce:
+    """Pickles as ``fn(*args)``: what a crafted checkpoint runs at load."""
+
+    def __init__(self, fn, *args):
+        self.fn, self.args = fn, args
+
+    def __reduce__(self):
+        return self.fn, self.args
+
+
 def flip_tensor_bytes(path, n, size=None):
     """Flip ``n`` bytes mid-record of the tensors of ``size`` bytes (else
     the largest) in a ``torch.save`` zip (``torch.load`` skips the CRC)."""

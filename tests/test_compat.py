@@ -19,7 +19,7 @@ import numpy as np
 import pytest
 import torch
 import torch.nn as nn
-from conftest import TOOLS, needs_torch, run
+from conftest import TOOLS, Reduce, needs_torch, run
 from mmengine.logging import HistoryBuffer, MessageHub
 
 from mmsoft import compat
@@ -54,16 +54,6 @@ def _mmengine_checkpoint(path):
     )
     torch.save(ckpt, path)
     return ckpt, model
-
-
-class _Call:
-    """Pickles to ``fn(*args)``."""
-
-    def __init__(self, fn, *args):
-        self.fn, self.args = fn, args
-
-    def __reduce__(self):
-        return self.fn, self.args
 
 
 class _Allowed:
@@ -196,7 +186,7 @@ def test_mmengine_loaders(tmp_path, allowed):
     [
         (lambda: os.getcwd, 'getcwd'),  # any other global
         (lambda: np.array([1, 2], dtype=object), None),  # an object array
-        (lambda: _Call(bytes, 10), 'only bytes'),  # only bytes() allowed
+        (lambda: Reduce(bytes, 10), 'only bytes'),  # only bytes() allowed
     ])
 def test_weights_only_still_refuses_other_globals(tmp_path, allowed, make,
                                                   match):
@@ -390,13 +380,13 @@ def test_getattr_is_only_a_public_method_of_history_buffer(
     """Refused in one line naming the call (another owner's); the allowed
     form loads."""
     path = tmp_path / 'gadget.pth'
-    torch.save({'x': _Call(getattr, owner, name)}, path)
+    torch.save({'x': Reduce(getattr, owner, name)}, path)
     want = _refusal(f'getattr({owner!r}, {name!r})',
                     'a public method of HistoryBuffer')
     with pytest.raises(pickle.UnpicklingError) as info:
         load(path)
     assert owner is HistoryBuffer or want in str(info.value)
-    torch.save({'x': _Call(getattr, HistoryBuffer, 'mean')}, path)
+    torch.save({'x': Reduce(getattr, HistoryBuffer, 'mean')}, path)
     assert load(path)['x'] is HistoryBuffer.mean
 
 
@@ -408,7 +398,7 @@ def test_stand_ins_build_only_what_mmengine_needs(tmp_path, fn, args):
     """The getattr / bytes / _codecs.encode stand-ins refuse other uses
     (torch >= 2.6's own unpickler, with (obj, name) entries: any codec)."""
     path = str(tmp_path / 'gadget.pth')
-    torch.save({'x': _Call(fn, *args)}, path)
+    torch.save({'x': Reduce(fn, *args)}, path)
     if fn is codecs.encode and safe_load.native_allow_list():
         assert safe_load.safe_torch_load(path) == {'x': fn(*args)}
         return
@@ -501,10 +491,10 @@ def test_unsafe_globals_of_a_legacy_file_follow_this_torch(tmp_path):
     for zipped in (True, False):
         path = str(tmp_path / f'rot13_{zipped}.pth')
         kw = dict(_use_new_zipfile_serialization=zipped)
-        torch.save(dict(a=_Call(codecs.encode, 'abc', 'rot13')), path, **kw)
+        torch.save(dict(a=Reduce(codecs.encode, 'abc', 'rot13')), path, **kw)
         assert safe_load.safe_torch_load(path) == {'a': 'nop'}
         torch.save(
-            dict(a=_Call(codecs.encode, 'abc', 'rot13'), b=os.getcwd), path,
+            dict(a=Reduce(codecs.encode, 'abc', 'rot13'), b=os.getcwd), path,
             **kw)
         with pytest.raises(pickle.UnpicklingError, match='getcwd'):
             safe_load.safe_torch_load(path)
@@ -529,7 +519,7 @@ def test_pickled_globals_reads_every_global_without_running(
         tmp_path, protocol):
     """Every global of a plain pickle once, in its Python 3 name."""
     path = tmp_path / 'p.pkl'
-    runs = _Call(os.system, 'true')
+    runs = Reduce(os.system, 'true')
     obj = {'a': _Allowed(), 'b': [_Allowed(), runs], 'c': runs}
     path.write_bytes(pickle.dumps(obj, protocol=protocol))
     names = safe_load._pickled_globals(str(path))
@@ -612,17 +602,17 @@ def test_restricted_codecs_encode_is_latin1_of_a_str_only(
     for args, want in [(('\xff', 'latin1'), b'\xff'),
                        (('\xff', 'latin-1'), b'\xff'),
                        (('a', 'latin1', 'strict'), b'a')]:
-        torch.save({'b': _Call(codecs.encode, *args)}, path)
+        torch.save({'b': Reduce(codecs.encode, *args)}, path)
         assert safe_load.safe_torch_load(path) == {'b': want}
     for args, what in [(('a', ), "a str with 'utf-8'"),
                        (('a', 'utf-8'), "a str with 'utf-8'"),
                        ((b'a', 'latin1'), "a bytes with 'latin1'")]:
-        torch.save({'b': _Call(codecs.encode, *args)}, path)
+        torch.save({'b': Reduce(codecs.encode, *args)}, path)
         with pytest.raises(pickle.UnpicklingError) as info:
             safe_load.safe_torch_load(path)
         assert str(info.value) == _refusal(f'_codecs.encode of {what}',
                                            "encode(str, 'latin1')")
-    torch.save({'b': _Call(codecs.encode, '\u0100', 'latin1')}, path)
+    torch.save({'b': Reduce(codecs.encode, '\u0100', 'latin1')}, path)
     with pytest.raises(UnicodeEncodeError):  # strict, as protocol 2 asks
         safe_load.safe_torch_load(path)
 

@@ -16,8 +16,8 @@ from collections import OrderedDict
 
 import pytest
 import torch
-from conftest import (CONFIGS, ROOT, dead_pid, flip_tensor_bytes, load_module,
-                      random_model, tiny_arch)
+from conftest import (CONFIGS, ROOT, Reduce, dead_pid, flip_tensor_bytes,
+                      load_module, random_model, tiny_arch)
 from reference import official_soft_ref as ref
 
 from mmsoft.models import converters as ok
@@ -770,16 +770,6 @@ def test_missing_pretrained_walks_every_node():
             f'gone.pth ({where}.checkpoint) does not exist')
 
 
-class _Reduce:
-    """Pickles as ``fn(*args)`` (run at load time)."""
-
-    def __init__(self, fn, *args):
-        self.fn, self.args = fn, args
-
-    def __reduce__(self):
-        return self.fn, self.args
-
-
 class _FailingState:
     """An object whose unpickling raises ValueError(text)."""
 
@@ -817,7 +807,7 @@ def test_load_checkpoint_file_contract(tmp_path):
     for fn, args in [(os.getcwd, ()), (exec, (opens, )),
                      (pickle.loads, (b'garbage', ))]:
         code = tmp_path / 'code.pth'
-        torch.save({'x': _Reduce(fn, *args), 'o': Opaque()}, str(code))
+        torch.save({'x': Reduce(fn, *args), 'o': Opaque()}, str(code))
         for trust in (False, True):
             msg = raised(load, str(code), trust=trust)
             assert msg.startswith(f'checkpoint {code} was refused: it holds '
