@@ -1,7 +1,6 @@
-"""Issue 35: which authors' ImageNet file (``OFFICIAL_FILES``) fits which
-paper config: each loads a file in the authors' layout (zeros of the real
-shapes, from ``tests/reference``) strictly; a missing file or one of
-another arch stops with one line."""
+"""Which authors' ImageNet file (``OFFICIAL_FILES``) fits which paper
+config: each loads an authors'-layout file (zeros of the real shapes)
+strictly; a missing file or one of another arch stops with one line."""
 import functools
 import glob
 import importlib
@@ -9,17 +8,16 @@ import os.path as osp
 
 import pytest
 import torch
-from conftest import CONFIGS, ROOT, authors_file, cls_demo_config
+from conftest import CONFIGS, ROOT, authors_file
 from mmengine.config import Config
 from mmengine.registry import DefaultScope
 
-from mmsoft.models import SOFT, loading
+from mmsoft.models import SOFT
 from mmsoft.models.arch_zoo import ARCH_ZOO
 from mmsoft.models.converters import (OFFICIAL_FILES, OFFICIAL_PAGE,
                                       OFFICIAL_PRESETS)
 from mmsoft.utils.strict_load import CheckpointMismatchError
-from mmsoft_tools import checkpoint_files as cf
-from mmsoft_tools import launch
+from mmsoft_tools import cli, launch
 
 PAPER = sorted(
     osp.splitext(osp.basename(p))[0]
@@ -50,15 +48,13 @@ def read(rel):
 
 @pytest.fixture
 def no_default_init(monkeypatch, tmp_path):
-    """No default init of linear / conv layers (every tensor is loaded);
-    in ``tmp_path``."""
+    """No default init of linear / conv layers; in ``tmp_path``."""
     monkeypatch.chdir(tmp_path)
     for cls in (torch.nn.Linear, torch.nn.modules.conv._ConvNd):
         monkeypatch.setattr(cls, 'reset_parameters', lambda self: None)
 
 
 def build_backbone(cfg):
-    """``cfg.model.backbone`` built in the config's codebase registry."""
     scope = launch.import_codebase(cfg)
     with DefaultScope.overwrite_default_scope(scope):
         return importlib.import_module(f'{scope}.registry').MODELS.build(
@@ -88,7 +84,7 @@ def test_every_paper_config_expects_one_file():
 @pytest.mark.parametrize('name', list(OFFICIAL_FILES))
 def test_table_facts_match_the_code(name):
     """Depths / parameters are the presets'; OFFICIAL_PRESETS is the arch
-    or ``code_arch`` (SOFT-Small: the README counts the arch's)."""
+    or ``code_arch``."""
     e = OFFICIAL_FILES[name]
     size = name.split('_')[-1]
     assert name in (f'soft_{size}', f'soft_norm_{size}')
@@ -125,8 +121,8 @@ def test_paper_config_names_its_file(name):
 
 @pytest.mark.parametrize('name', list(OFFICIAL_FILES))
 def test_paper_configs_load_the_authors_file_strictly(name, no_default_init):
-    """Each paper config of the entry loads the authors' file at its path
-    (classification: as the override) strictly; one build per backbone."""
+    """At its path (classification: as the override); one build per
+    backbone."""
     path = f'checkpoints/{name}.pth'
     n = authors_file(path, OFFICIAL_FILES[name]['arch'])
     built = set()
@@ -152,30 +148,10 @@ def test_paper_configs_load_the_authors_file_strictly(name, no_default_init):
 def test_demo_configs_opt_out(path):
     cfg = Config.fromfile(path)
     assert cfg.model.backbone.init_cfg is None
-    assert cf.missing_pretrained(cfg) is None
-
-
-def test_train_stops_at_init_without_the_file(tmp_path, script_server):
-    """tools/train.py without ``checkpoints/``: exit 1 and the docs' line
-    (from the backbone's own initialiser; host tools: test_host_tools)."""
-    config = tmp_path / 'missing.py'
-    config.write_text(
-        f'_base_ = {cls_demo_config(tmp_path, val=4)!r}\n'
-        "model = dict(backbone=dict(init_cfg=dict(_delete_=True, "
-        f"type='Pretrained', prefix='backbone.', checkpoint='{SMALL}')))\n")
-    proc = script_server(
-        osp.join(ROOT, 'tools', 'train.py'),
-        [config, '--work-dir', tmp_path / 'work'],
-        cwd=tmp_path)
-    assert proc.returncode == 1, proc.stderr[-3000:]
-    assert proc.stderr.splitlines()[-1] == f'error: {MISSING}'
-    assert 'Traceback' not in proc.stderr
-    assert f'error: {MISSING}\n' in read(
-        'docs/en/user_guides/official_weights.md')
+    assert cli.missing_pretrained(cfg) is None
 
 
 def test_backbone_load_without_the_file_is_one_line(no_default_init):
-    """The backbone's own init_cfg load (the host tools) says the same."""
     with pytest.raises(FileNotFoundError) as exc:
         build_backbone(load('retinanet_soft_small_1x')).init_weights()
     assert str(exc.value) == MISSING
@@ -200,22 +176,18 @@ def test_missing_pretrained_finds_nested_and_listed_entries(tmp_path):
                 type='SOFT',
                 init_cfg=dict(type='Pretrained', checkpoint=str(here))),
             teacher=teacher))
-    msg = cf.missing_pretrained(cfg)
+    msg = cli.missing_pretrained(cfg)
     assert msg.startswith('gone.pth (model.teacher.backbone.init_cfg[2]'
                           '.checkpoint) does not exist: download')
     assert msg.endswith('--cfg-options model.teacher.backbone.init_cfg=None '
                         'model.teacher.backbone.norm_eval=False')
     cfg['model']['teacher'] = None
-    assert cf.missing_pretrained(cfg) is None
-    # a file the authors do not publish: train its config first
-    msg = loading.missing_weights_message('checkpoints/soft_norm_huge.pth')
-    assert 'the authors publish no soft_norm_huge file' in msg
-    assert 'train configs/soft_norm_huge_in1k.py' in msg
+    assert cli.missing_pretrained(cfg) is None
 
 
 def test_authors_file_of_the_other_small_is_one_line(no_default_init):
-    """SOFT-Small: the authors' code's depths [1, 3, 20, 4] in a Small
-    config: one line naming the arch and the option; with it, it loads."""
+    """SOFT-Small's file (depths [1, 3, 20, 4]) in a Small config: one line
+    naming the arch and the option (as the docs say); with it, it loads."""
     n = authors_file(SMALL, 'small-official')
     cfg = load('retinanet_soft_small_1x')
     with pytest.raises(CheckpointMismatchError) as exc:

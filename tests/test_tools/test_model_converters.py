@@ -26,6 +26,7 @@ from mmsoft.models.converters import ConversionError
 from mmsoft.utils import checkpoint_io as cio
 from mmsoft.utils.strict_load import check_state_dict
 from mmsoft_tools import checkpoint_files as cf
+from mmsoft_tools import cli
 
 TINY = dict(
     embed_dims=[64, 128, 320, 512],
@@ -766,7 +767,7 @@ def test_missing_pretrained_walks_every_node():
               parts=[3, dict(type='SOFT',
                              init_cfg=gone)]), 'model.parts[1].init_cfg'),
     ):
-        assert cf.missing_pretrained(dict(model=model)).startswith(
+        assert cli.missing_pretrained(dict(model=model)).startswith(
             f'gone.pth ({where}.checkpoint) does not exist')
 
 

@@ -284,30 +284,3 @@ def check_converted(sd: Mapping,
                          f'the SOFT of its shapes ({describe_arch(arch)})')
     except CheckpointMismatchError as e:
         raise ConversionError(str(e)) from None
-
-
-def missing_pretrained(cfg, key: str = 'model') -> Optional[str]:
-    """The missing-weights message of the first SOFT init_cfg, or None."""
-    from mmsoft.models.loading import PRETRAINED, missing_weights_message
-    todo = [(key, cfg.get(key))]
-    while todo:
-        path, node = todo.pop(0)
-        if isinstance(node, (list, tuple)):
-            todo[:0] = [(f'{path}[{i}]', v) for i, v in enumerate(node)]
-            continue
-        if not isinstance(node, Mapping):
-            continue
-        t = node.get('type')
-        init = node.get('init_cfg')
-        if getattr(t, '__name__', str(t)).split('.')[-1] == 'SOFT':
-            inits = [init] if isinstance(init, Mapping) else list(init or [])
-            for i, c in enumerate(inits):
-                ckpt = c.get('checkpoint')
-                path_ = os.path.expanduser(str(ckpt))
-                if c.get('type') in PRETRAINED and ckpt is not None and \
-                        '://' not in path_ and not os.path.exists(path_):
-                    where = '' if isinstance(init, Mapping) else f'[{i}]'
-                    return missing_weights_message(
-                        ckpt, path, f'init_cfg{where}.checkpoint')
-        todo[:0] = [(f'{path}.{k}', v) for k, v in node.items()]
-    return None

@@ -5,6 +5,7 @@ import errno
 import os
 import os.path as osp
 import sys
+from collections.abc import Mapping
 from typing import Callable, Dict, Iterable, Optional
 
 
@@ -509,28 +510,48 @@ def check_device(device: Optional[str]) -> None:
                         f'device(s) (cuda:0 .. cuda:{n - 1})')
 
 
+def init_cfg_entries(cfg, key: str = 'model') -> Iterable:
+    """``(path parts, node, i, entry)`` of each init_cfg entry, depth first
+    (``i``: None for a single dict)."""
+    todo = [((key, ), cfg.get(key))]
+    while todo:
+        parts, node = todo.pop(0)
+        if isinstance(node, (list, tuple)):
+            todo[:0] = [(parts + (i, ), v) for i, v in enumerate(node)]
+        elif isinstance(node, Mapping):
+            init = node.get('init_cfg')
+            listed = isinstance(init, (list, tuple))
+            for i, c in enumerate(init if listed else [init]):
+                if isinstance(c, Mapping):
+                    yield parts, node, i if listed else None, c
+            todo[:0] = [(parts + (k, ), v) for k, v in node.items()
+                        if k != 'init_cfg']
+
+
 def init_checkpoints(cfg, key: str = 'model') -> Iterable:
     """``(config key, checkpoint)`` of each Pretrained init_cfg."""
+    for parts, _, i, c in init_cfg_entries(cfg, key):
+        if 'Pretrained' in str(c.get('type')) and c.get('checkpoint'):
+            where = '' if i is None else f'.{i}'
+            yield (f'{".".join(map(str, parts))}.init_cfg{where}.checkpoint',
+                   c['checkpoint'])
 
-    def walk(node, path):
-        if isinstance(node, (list, tuple)):
-            for i, v in enumerate(node):
-                yield from walk(v, f'{path}.{i}')
-        elif hasattr(node, 'items'):
-            init = node.get('init_cfg')
-            entries = [init] if hasattr(init, 'get') else \
-                [e for e in init or [] if hasattr(e, 'get')] \
-                if isinstance(init, (list, tuple)) else []
-            for i, c in enumerate(entries):
-                if 'Pretrained' in str(c.get('type')) and c.get('checkpoint'):
-                    where = '' if hasattr(init, 'get') else f'.{i}'
-                    yield (f'{path}.init_cfg{where}.checkpoint',
-                           c['checkpoint'])
-            for k, v in node.items():
-                if k != 'init_cfg':
-                    yield from walk(v, f'{path}.{k}')
 
-    yield from walk(cfg.get(key), key)
+def missing_pretrained(cfg, key: str = 'model') -> Optional[str]:
+    """The missing-weights message of the first SOFT init_cfg, or None."""
+    from mmsoft.models.loading import PRETRAINED, missing_weights_message
+    for parts, node, i, c in init_cfg_entries(cfg, key):
+        t, ckpt = node.get('type'), c.get('checkpoint')
+        path = osp.expanduser(str(ckpt))
+        if getattr(t, '__name__', str(t)).split('.')[-1] == 'SOFT' and \
+                c.get('type') in PRETRAINED and ckpt is not None and \
+                '://' not in path and not osp.exists(path):
+            owner = ''.join(f'[{p}]' if isinstance(p, int) else f'.{p}'
+                            for p in parts)[1:]
+            where = '' if i is None else f'[{i}]'
+            return missing_weights_message(ckpt, owner,
+                                           f'init_cfg{where}.checkpoint')
+    return None
 
 
 def set_partial_load(cfg, partial_load: bool) -> None:

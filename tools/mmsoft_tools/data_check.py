@@ -330,8 +330,8 @@ def pretrained_message(cfg, resume=None):
     """Why the ``Pretrained`` init_cfg files cannot be read, or None."""
     if resume is not None or cfg.get('load_from', None):
         return None
-    cli, files = _tools()
-    msg = files.missing_pretrained(cfg)
+    cli = _cli()
+    msg = cli.missing_pretrained(cfg)
     if msg:
         return msg
     try:  # a folder, damaged, offline
@@ -341,20 +341,19 @@ def pretrained_message(cfg, resume=None):
     return None
 
 
-def _tools():
-    """The tools' ``cli`` and ``checkpoint_files`` (also as a script)."""
+def _cli():
+    """The tools' ``cli`` (also when run as a script)."""
     try:
-        from mmsoft_tools import checkpoint_files, cli
+        from mmsoft_tools import cli
     except ImportError:
-        import checkpoint_files
         import cli
-    return cli, checkpoint_files
+    return cli
 
 
 def main(argv=None):
     """``data_check.py {train,val,test} CONFIG [--cfg-options ...]``."""
     import argparse
-    cli, _ = _tools()  # a syntax error, a mistyped key: one line
+    cli = _cli()  # a syntax error, a mistyped key: one line
     parser = argparse.ArgumentParser(
         description='check that the data a config needs exists',
         add_help=False)  # the tools' own --help goes through
