@@ -1,8 +1,6 @@
-"""``make mutations`` stays applicable and scores right: every hand-written
-mutation's text occurs once in its file and every test it names exists (a
-refactor cannot silently retire one); the mutmut groups' files and tests
-exist; the runner's config, table, equivalents, re-test and child-process
-bridge (``tests/mutation``)."""
+"""``make mutations`` stays applicable and scores right: each hand-written
+mutation applies once and names real tests; the groups' files exist; the
+runner's config, table, equivalents, re-test and child-process bridge."""
 import ast
 import json
 import os
@@ -20,58 +18,45 @@ from mutations import MUTATIONS, by_name  # noqa: E402
 from run_mutmut import GROUPS, TOOLS_PKG  # noqa: E402
 
 
-def test_names_are_unique():
-    assert len(by_name()) == len(MUTATIONS) > 0
+def _read(path):
+    with open(osp.join(ROOT, path)) as f:
+        return f.read()
 
 
 @pytest.mark.parametrize('m', MUTATIONS, ids=lambda m: m.name)
 def test_mutation_applies_and_names_real_tests(m):
-    with open(osp.join(ROOT, m.path)) as f:
-        assert f.read().count(m.old) == 1, f'{m.name}: old text not found once'
+    assert by_name()[m.name] is m
+    assert _read(m.path).count(m.old) == 1, f'{m.name}: old text not once'
     assert m.old != m.new and m.tests
     for sel in m.tests:
         path, _, name = sel.partition('::')
-        with open(osp.join(ROOT, path)) as f:
-            tree = ast.parse(f.read())
         defined = {
             n.name
-            for n in ast.walk(tree) if isinstance(n, ast.FunctionDef)
+            for n in ast.walk(ast.parse(_read(path)))
+            if isinstance(n, ast.FunctionDef)
         }
         assert not name or name.split('[')[0] in defined, f'no test {sel}'
 
 
-@pytest.mark.parametrize('name', list(GROUPS))
-def test_group_files_and_tests_exist(name):
-    group = GROUPS[name]
-    assert group.mutate and group.budget > 0
-    for path in group.mutate:  # mutmut's copy has the tools under src/
-        if path.startswith('src/mmsoft_tools/'):
-            path = TOOLS_PKG + path[len('src/mmsoft_tools/'):]
-        assert osp.isfile(osp.join(ROOT, path)), path
-    for sel in group.tests:
-        if not sel.startswith('-'):
-            path, _, test = sel.partition('::')
-            assert osp.exists(osp.join(ROOT, path)), sel
-            if test:
-                with open(osp.join(ROOT, path)) as f:
-                    assert f'def {test}(' in f.read(), sel
-
-
-def test_groups_are_disjoint_and_the_model_groups_share_tests():
-    """mutmut keeps results across a change of the mutated files, not of
-    the tests: numerics and backbone share one selection."""
+def test_group_files_exist_and_the_groups_are_disjoint():
+    """numerics and backbone share one test selection (one stats run)."""
     seen = {}
     for name, group in GROUPS.items():
-        for path in group.mutate:
+        assert group.mutate and group.budget > 0
+        for path in group.mutate:  # mutmut's copy has the tools under src/
             assert path not in seen, f'{path} in {seen.get(path)} and {name}'
             seen[path] = name
+            path = path.replace('src/mmsoft_tools/', TOOLS_PKG)
+            assert osp.isfile(osp.join(ROOT, path)), path
+        for sel in (s for s in group.tests if not s.startswith('-')):
+            path, _, test = sel.partition('::')
+            assert osp.exists(osp.join(ROOT, path)), sel
+            assert not test or f'def {test}(' in _read(path), sel
     assert GROUPS['numerics'].tests == GROUPS['backbone'].tests
 
 
 def test_config_section_reads_as_mutmut_reads_it(tmp_path, monkeypatch):
-    """Lists one value per line (mutmut splits a multi-line value on
-    newlines, a one-line value is a one-element list) below the
-    repository's setup.cfg."""
+    """One value per line (mutmut reads one line as a one-item list)."""
     import configparser
     monkeypatch.setattr(run_mutmut, 'checkout_files',
                         lambda: ['mmsoft/a.py', 'tests/t.py', 'setup.cfg'])
@@ -96,10 +81,8 @@ def test_config_section_reads_as_mutmut_reads_it(tmp_path, monkeypatch):
 
 
 def test_table_scores_each_group(tmp_path, monkeypatch):
-    """killed + timeout over mutants - equivalent; survivors, mutants with
-    no test and the ones a spent budget left are not caught; a group
-    without local results keeps the guide's row; an equivalent needs a
-    reason."""
+    """killed + timeout over mutants - equivalent; a group without results
+    keeps the guide's row; an equivalent needs a reason."""
     monkeypatch.setattr(run_mutmut, 'RESULTS', str(tmp_path))
     doc = tmp_path / 'doc.md'
     kept = '| safety | 1 | 2 | 3 | 3 | 0 | 0 | 0 | 0 | 0 | 100.0% | 100.0% |'
@@ -146,9 +129,8 @@ def test_table_scores_each_group(tmp_path, monkeypatch):
 
 def test_listed_equivalents_are_skipped_and_groups_share_a_copy(
         tmp_path, monkeypatch):
-    """Listed equivalents not yet run are marked skipped (mutmut's code 34),
-    a mutant taken off the list goes back to mutmut, a result stands; a
-    group's status comes from its own files' ``.meta`` only."""
+    """Listed, not run: skipped (34); off the list: back to mutmut; a
+    result stands; a group's status from its own files' ``.meta``."""
     pytest.importorskip('mutmut')
     eq = tmp_path / 'equivalent.txt'
     eq.write_text('mmsoft.a.x_f__mutmut_1 same\nmmsoft.a.x_f__mutmut_2 same\n')
@@ -188,9 +170,7 @@ def _plugin():
 
 
 def test_child_process_hits_count_for_the_test(tmp_path, monkeypatch):
-    """In mutmut's stats run a child process writes the mutated functions
-    it ran (site/sitecustomize.py); the plugin adds them to the running
-    test's record, in that run only."""
+    """In the stats run only (site/)."""
     pytest.importorskip('mutmut')
     env = dict(
         os.environ,
@@ -218,8 +198,7 @@ def test_child_process_hits_count_for_the_test(tmp_path, monkeypatch):
 
 
 def test_a_mutant_runs_its_fastest_tests_first(tmp_path, monkeypatch):
-    """By mutmut's recorded durations (in the folder it runs the tests in);
-    the clean and stats runs keep pytest's order."""
+    """The clean and stats runs keep pytest's order."""
     plugin = _plugin()
     (tmp_path / 'mutmut-stats.json').write_text(
         json.dumps(dict(duration_by_test={
@@ -246,9 +225,8 @@ def test_a_mutant_runs_its_fastest_tests_first(tmp_path, monkeypatch):
 
 
 def test_retest_runs_only_last_survivors(tmp_path, monkeypatch):
-    """--retest names to mutmut the mutants that survived, had no test or
-    did not run, less those listed as equivalent since; a fresh copy first
-    makes the mutants only."""
+    """Survived, no tests, not run, less equivalents listed since; a fresh
+    copy first makes the mutants only."""
     monkeypatch.setattr(run_mutmut, 'RESULTS', str(tmp_path))
     monkeypatch.setattr(run_mutmut, 'EQUIVALENT', str(tmp_path / 'none'))
     monkeypatch.setattr(run_mutmut, 'sync_copy', lambda ws: None)

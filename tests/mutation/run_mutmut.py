@@ -1,25 +1,20 @@
-"""Generated mutants (issue 37): mutmut, once per group of :data:`GROUPS`
-(``make mutations [GROUPS='loading safety']``). Per group: the checkout is
-synced into ``work_dirs/mutation/<group>/`` (kept: mutmut resumes there;
-``tools/mmsoft_tools`` as ``src/mmsoft_tools``, so that mutants are named
-after the module the tests import), the group's ``[mutmut]`` section is
-added to its ``setup.cfg``, ``mutmut run`` runs within the group's budget
-(seconds of a 2-core machine; what a cut run did not finish is ``not
-run``), the mutants of ``equivalent.txt`` (name, reason) count as
-equivalent, and the statuses go to ``results/<group>.csv`` (local) and the
-table of ``docs/en/contributing.md`` (``--table``: from the local results; a
-group without one keeps its row). Score = (killed + timeout) / (mutants -
-equivalent). ``site/`` (on ``PYTHONPATH`` in these runs only) makes the
-functions that a test's child processes ran count for that test.
+"""Generated mutants: mutmut once per group of :data:`GROUPS` (``make
+mutations [GROUPS='loading safety']``), in ``work_dirs/mutation/<group>/``
+(kept: mutmut resumes; ``tools/mmsoft_tools`` as ``src/mmsoft_tools``) with
+the group's ``[mutmut]`` section, within its budget (what a cut run did not
+finish is ``not run``); ``equivalent.txt`` (name, reason) counts as
+equivalent; statuses to ``results/<group>.csv`` and the table of
+``docs/en/contributing.md`` (``--table``: from the local results). Score =
+(killed + timeout) / (mutants - equivalent). ``site/`` (on ``PYTHONPATH``
+here only) credits a test with what its child processes ran.
 
     python tests/mutation/run_mutmut.py [GROUP ...] [--retest] [--table]
     python tests/mutation/run_mutmut.py --survivors loading   # as diffs
 
-``--hand [NAME ...]``: the hand-written mutations (``mutations.py``; that
-each applies: ``tests/test_mutation_catalogue.py``), each applied alone to
-a copy of the checkout, its tests run with ``pytest -x`` (exit 1: killed,
-0: SURVIVED, else error) after they passed unmutated with nothing skipped;
-a table to ``work_dirs/mutation/hand.md``, pytest's output in ``logs/``.
+``--hand [NAME ...]``: each mutation of ``mutations.py`` applied alone to a
+copy of the checkout, its tests run with ``pytest -x`` (exit 1: killed, 0:
+SURVIVED, else error) after they passed unmutated with nothing skipped; a
+table to ``work_dirs/mutation/hand.md``, pytest's output in ``logs/``.
 """
 import argparse
 import csv
@@ -64,77 +59,57 @@ class Group:
 M = 'mmsoft/'
 L = M + 'models/layers/'
 H = M + 'engine/hooks/'
-# the model's tests, for both model groups (one selection: the two groups
-# can share one stats run's mapping of tests to functions)
-MODEL_TESTS = (
-    'tests/test_models',
-    'tests/test_engine/test_optimizers.py',
-    # torch.compile's tests stay out: a mutated function is wrapped in a
-    # trampoline that dynamo traces differently (the compile cases are
-    # hand-written, tests/mutation/mutations.py)
-    '--ignore',
-    'tests/test_models/test_compile.py',
-    '--ignore',
-    'tests/test_models/test_backbones/test_loading.py')
+T = 'tests/'
+# both model groups' tests (one selection: one stats run serves both);
+# test_compile stays out: dynamo traces mutmut's trampolines differently
+MODEL_TESTS = tuple(f"""{T}test_models {T}test_engine/test_optimizers.py
+    --ignore {T}test_models/test_compile.py
+    --ignore {T}test_models/test_backbones/test_loading.py""".split())
 GROUPS: Dict[str, Group] = {
     'numerics':
     Group(
         'attention, kernel, inverse',
-        tuple(L + f for f in ('nr_iteration.py', 'nr_autograd.py',
-                              'nr_config.py', 'soft_attention.py', 'zoo.py')) +
-        (H + 'nr_residual_hook.py',
-         M + 'engine/optimizers/cpu_amp_optim_wrapper.py'),
-        MODEL_TESTS,
-        budget=5400),
+        tuple(f"""{L}nr_iteration.py {L}nr_autograd.py {L}nr_config.py
+        {L}soft_attention.py {L}zoo.py {H}nr_residual_hook.py
+        {M}engine/optimizers/cpu_amp_optim_wrapper.py""".split()), MODEL_TESTS,
+        5400),
     'backbone':
-    Group(
-        'blocks, backbone', (L + 'amp.py', M + 'models/backbones/soft.py'),
-        MODEL_TESTS,
-        budget=5400),
+    Group('blocks, backbone', (L + 'amp.py', M + 'models/backbones/soft.py'),
+          MODEL_TESTS, 5400),
     'loading':
     Group(
         'weight loading and conversion',
-        (M + 'models/loading.py', M + 'models/converters.py',
-         M + 'models/arch_zoo.py', M + 'utils/strict_load.py',
-         M + 'utils/safe_load.py', M + 'compat.py', H + 'strict_load_hook.py',
-         'src/mmsoft_tools/checkpoint_files.py'),
-        (
-            'tests/test_models/test_backbones/test_loading.py',
-            'tests/test_models/test_backbones/test_official_reference.py',
-            'tests/test_utils',
-            'tests/test_compat.py',
-            'tests/test_tools/test_model_converters.py',
-            'tests/test_tools/test_strict_load_tools.py',
-            'tests/test_tools/test_missing_checkpoint.py',
-            'tests/test_tools/test_doors.py',
-            'tests/test_configs/test_official_files.py::'
-            'test_missing_pretrained_finds_nested_and_listed_entries',
-            'tests/test_configs/test_official_files.py::'
-            'test_demo_configs_opt_out',
-            # strict_load_hook's resume refusals, safe_load's code checks
-            'tests/test_engine/test_hooks/test_checkpoint_hook.py',
-            'tests/test_checkpoint_safety.py'),
-        budget=3600),
+        tuple(f"""{M}models/loading.py {M}models/converters.py
+        {M}models/arch_zoo.py {M}utils/strict_load.py {M}utils/safe_load.py
+        {M}compat.py {H}strict_load_hook.py
+        src/mmsoft_tools/checkpoint_files.py""".split()),
+        tuple(f"""{T}test_models/test_backbones/test_loading.py
+        {T}test_models/test_backbones/test_official_reference.py
+        {T}test_utils {T}test_compat.py
+        {T}test_tools/test_model_converters.py
+        {T}test_tools/test_strict_load_tools.py
+        {T}test_tools/test_missing_checkpoint.py {T}test_tools/test_doors.py
+        {T}test_configs/test_official_files.py::test_missing_pretrained_finds_nested_and_listed_entries
+        {T}test_configs/test_official_files.py::test_demo_configs_opt_out
+        {T}test_engine/test_hooks/test_checkpoint_hook.py
+        {T}test_checkpoint_safety.py""".split()),  # noqa: E501
+        3600),
     'safety':
     Group(
         'checkpoints, resume, lock, non-finite stop',
-        (H + 'checkpoint_hook.py', H + 'resume.py', H + 'nonfinite_hook.py',
-         M + 'utils/atomic.py', M + 'utils/checkpoint_io.py',
-         M + 'utils/rng_state.py', 'src/mmsoft_tools/work_dir_lock.py'),
-        ('tests/test_engine', 'tests/test_checkpoint_safety.py',
-         'tests/test_tools/test_work_dir_lock.py'),
-        budget=2400),
+        tuple(f"""{H}checkpoint_hook.py {H}resume.py {H}nonfinite_hook.py
+        {M}utils/atomic.py {M}utils/checkpoint_io.py {M}utils/rng_state.py
+        src/mmsoft_tools/work_dir_lock.py""".split()),
+        tuple(f"""{T}test_engine {T}test_checkpoint_safety.py
+        {T}test_tools/test_work_dir_lock.py""".split()), 2400),
     'tools':
     Group(
         "the tools' argument handling",
         ('src/mmsoft_tools/cli.py', 'src/mmsoft_tools/launch.py'),
-        ('tests/test_tools/test_tool_helpers.py',
-         'tests/test_tools/test_tool_cli.py',
-         'tests/test_tools/test_tool_contracts.py',
-         'tests/test_tools/test_launch.py',
-         'tests/test_tools/test_missing_checkpoint.py',
-         'tests/test_tools/test_doors.py'),
-        budget=2400),
+        tuple(f"""{T}test_tools/test_tool_helpers.py
+        {T}test_tools/test_tool_cli.py {T}test_tools/test_tool_contracts.py
+        {T}test_tools/test_launch.py {T}test_tools/test_missing_checkpoint.py
+        {T}test_tools/test_doors.py""".split()), 2400),
 }
 
 
@@ -149,8 +124,8 @@ def checkout_files():
 
 
 def sync_copy(ws: str, src_layout: bool = True) -> None:
-    """The checkout into ``ws`` (``src_layout``: the tools' package as
-    ``src/mmsoft_tools``); unchanged files keep their time stamps."""
+    """The checkout into ``ws`` (``src_layout``: tools' package in src/);
+    unchanged files keep their time stamps."""
     for rel in checkout_files():
         src = osp.join(ROOT, rel)
         if not osp.isfile(src):
@@ -167,8 +142,7 @@ def sync_copy(ws: str, src_layout: bool = True) -> None:
 
 
 def write_config(ws: str, group: Group) -> None:
-    """The repository's ``setup.cfg`` plus the group's ``[mutmut]`` (a list:
-    one value per line; mutmut reads a one-line value as a one-item list)."""
+    """``setup.cfg`` plus the group's ``[mutmut]`` (lists one per line)."""
     with open(osp.join(ROOT, 'setup.cfg')) as f:
         text = f.read()
     top = sorted({p.split('/')[0]
@@ -232,9 +206,8 @@ def run_group(name: str,
         return max(1, group.budget - (time.time() - start))
 
     if not retest and not _metas(ws, group):
-        # a fresh copy: mutmut makes the mutants (and its stats) first,
-        # stopped by a filter that matches none, so that the listed
-        # equivalents can be skipped in the run proper
+        # a fresh copy: make the mutants (a filter matching none) first,
+        # so that the listed equivalents can be skipped
         with open(osp.join(ws, 'generate.log'), 'w') as log:
             subprocess.Popen(
                 cmd[:5] + [NO_MUTANT],
@@ -276,8 +249,7 @@ def run_group(name: str,
 
 
 def _metas(ws: str, group: Group = None):
-    """mutmut's ``.meta`` files in ``ws`` (of ``group``'s files, if given:
-    two groups can share a copy)."""
+    """mutmut's ``.meta`` files in ``ws`` (of ``group``'s files, if given)."""
     root = osp.join(ws, 'mutants')
     if group is None:
         return sorted(
@@ -299,9 +271,8 @@ def mutant_status(ws: str, group: Group = None) -> Dict[str, str]:
 
 
 def skip_equivalents(ws: str, group: Group) -> int:
-    """Mark the listed equivalents not yet run as skipped (mutmut's code
-    34: a survivor costs every test of its function) and give a mutant
-    taken off the list back to mutmut. Returns how many are skipped."""
+    """Listed equivalents not yet run: skipped (mutmut's code 34); one
+    taken off the list: back to mutmut. Returns how many are skipped."""
     eq = equivalents()
     marked = 0
     for meta in _metas(ws, group):
@@ -374,10 +345,8 @@ def doc_rows() -> Dict[str, str]:
 
 
 def table() -> str:
-    """One row per group from its results (``equivalent.txt`` applied even
-    if listed after the run); ``of those run``: the score without the
-    mutants that a budget left out. A group without results keeps the
-    guide's row."""
+    """One row per group from its results (``equivalent.txt`` applied now;
+    ``of those run``: without ``not run``), else the guide's row."""
     eq = equivalents()
     kept = doc_rows()
     rows = [
@@ -439,7 +408,6 @@ def run_pytest(copy, python, tests, log):
         PYTHON=python,
         PYTHONDONTWRITEBYTECODE='1',
         MPLBACKEND='Agg')
-    # a session of its own: a timeout ends the launch scripts' children too
     proc = subprocess.Popen(
         cmd + list(tests),
         cwd=copy,

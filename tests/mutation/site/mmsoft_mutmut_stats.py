@@ -1,8 +1,6 @@
-"""pytest plugin of ``make mutations`` (``-p mmsoft_mutmut_stats``): in the
-stats run, the functions that a test's child processes ran (written by
-``sitecustomize.py``) count for that test; in a mutant's run, its tests run
-fastest first by mutmut's recorded durations (mutmut 3.8 passes them as a
-set and stops at the first failure)."""
+"""pytest plugin of ``make mutations``: in the stats run, the functions a
+test's child processes ran (``sitecustomize.py``) count for the test; in a
+mutant's run, its tests run fastest first (mutmut's recorded durations)."""
 import glob
 import json
 import os

@@ -1,8 +1,6 @@
-"""On ``PYTHONPATH`` of ``make mutations`` only: in mutmut's stats run a
-tool's child process (the script server, ``tools/dist_train.sh``) records
-the mutated functions it ran and writes them at exit to
-``$MMSOFT_MUTMUT_HITS/<pid>.txt``, which :mod:`mmsoft_mutmut_stats` credits
-to the running test (mutmut sees its own process only)."""
+"""``make mutations`` only: in mutmut's stats run a child process records
+the mutated functions it ran to ``$MMSOFT_MUTMUT_HITS/<pid>.txt`` at exit,
+credited to the running test by :mod:`mmsoft_mutmut_stats`."""
 import os
 
 if (os.environ.get('MUTANT_UNDER_TEST') == 'stats'
@@ -23,8 +21,7 @@ if (os.environ.get('MUTANT_UNDER_TEST') == 'stats'
                     f.write('\n'.join(sorted(_hits)))
                 os.replace(path + '.part', path)
 
-        # mutmut's own recorder reads its configuration from the working
-        # directory, which a tool's child does not share
+        # mutmut's recorder reads its config from the working directory
         trampoline.record_trampoline_hit = lambda name, caller=None: _hits.add(
             name)
         atexit.register(_dump)
