@@ -9,21 +9,15 @@ from mmsoft.models.backbones import SOFT
 TINY = tiny_arch(num_heads=[1, 1, 2, 2])
 
 
-def test_mmsoft_registry():
+# a plain type: mmengine's root registry; 'mmsoft.SOFT': mmsoft's scope
+@pytest.mark.parametrize('codebase, type_name', [('mmpretrain', 'SOFT'),
+                                                 ('mmseg', 'mmsoft.SOFT')])
+def test_build_from_codebase_registry(codebase, type_name, monkeypatch):
+    """Attentions too (mmsoft's ATTENTIONS), without mmengine's "Failed to
+    search registry with scope ..." warning."""
+    import mmengine.logging as mm_logging
     assert mmsoft.MODELS.get('SOFT') is SOFT
     assert mmsoft.MODELS.scope == 'mmsoft'
-
-
-@pytest.mark.parametrize('codebase, scope', [('mmpretrain', 'mmpretrain'),
-                                             ('mmdet', 'mmdet'),
-                                             ('mmseg', 'mmseg')])
-@pytest.mark.parametrize('type_name', ['SOFT', 'mmsoft.SOFT'])
-def test_build_from_codebase_registry(codebase, scope, type_name, monkeypatch):
-    """Built under the codebase's default scope, the attentions too
-    (mmsoft's ATTENTIONS registry), without mmengine's "Failed to search
-    registry with scope ..." warning (the attentions build in mmsoft's
-    scope)."""
-    import mmengine.logging as mm_logging
     logged = []
     real_print_log = mm_logging.print_log
 
@@ -33,7 +27,7 @@ def test_build_from_codebase_registry(codebase, scope, type_name, monkeypatch):
 
     monkeypatch.setattr(mm_logging, 'print_log', print_log)
     registry = pytest.importorskip(f'{codebase}.registry')
-    with DefaultScope.overwrite_default_scope(scope):
+    with DefaultScope.overwrite_default_scope(codebase):
         model = registry.MODELS.build(dict(type=type_name, arch=TINY))
     assert isinstance(model, SOFT)
     assert type(model.stages[0].blocks[0].attn).__name__ == 'SOFTAttention'
