@@ -133,14 +133,15 @@ def already_mmsoft(ckpt, src: str) -> Optional[str]:
 
 
 def _special(path: str) -> Optional[str]:
-    """What ``path`` is if a device, FIFO or socket, else None."""
+    """What ``path`` is if a directory, device, FIFO or socket, else None."""
     try:
         mode = os.stat(path).st_mode
     except OSError:
         return None
     return next(
         (what
-         for test, what in ((stat.S_ISCHR, 'a character device'),
+         for test, what in ((stat.S_ISDIR, 'a directory'),
+                            (stat.S_ISCHR, 'a character device'),
                             (stat.S_ISBLK, 'a block device'),
                             (stat.S_ISFIFO, 'a FIFO'),
                             (stat.S_ISSOCK, 'a socket')) if test(mode)), None)
@@ -148,11 +149,11 @@ def _special(path: str) -> Optional[str]:
 
 def check_output_path(src: str, dst: str) -> None:
     """Refuse an output that is a directory, special, or the input."""
-    if os.path.isdir(dst):
+    kind = _special(dst)
+    if kind == 'a directory':
         raise ConversionError(
             f'output {dst!r} is a directory; give a file name, e.g. '
             f'{os.path.join(dst, os.path.basename(src))!r}')
-    kind = _special(dst)
     if kind is not None:
         raise ConversionError(
             f'output {dst!r} is {kind}, not a regular file: refusing to '
@@ -178,10 +179,9 @@ def save_checkpoint_atomic(obj, path: str) -> None:
     from mmsoft.utils.atomic import remove_stale_temps
     path = os.path.abspath(path)
     d = os.path.dirname(path)
-    if os.path.isdir(path) or _special(path):
-        raise ConversionError(f'output {path!r} is ' +
-                              (_special(path) or 'a directory') +
-                              ', not a regular file: refusing to replace it')
+    if _special(path):
+        raise ConversionError(f'output {path!r} is {_special(path)}, not a '
+                              'regular file: refusing to replace it')
     if not os.path.isdir(d):
         raise ConversionError(f'output directory {d!r} does not exist')
     remove_stale_temps(d, name=os.path.basename(path))
