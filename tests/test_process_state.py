@@ -1,19 +1,13 @@
 """``import mmsoft`` registers and is light; building, initialising and
-running a SOFT model changes nothing else in the process (issues 34, 50).
-
-One fresh interpreter snapshots what a plugin could change behind its
-user's back (mmengine's checkpoint loaders by identity, ``torch.load``, the
-warning filters and ``showwarning``, the root and ``mmengine`` loggers'
-handlers, torch's default dtype, thread count and weights-only allow-list)
-before ``import mmsoft``, after it, after a build, an ``init_weights`` from
-a ``Pretrained`` file and a forward; and loads a ``.pth`` holding a numpy
-array with ``weights_only=True`` before and after the import.
-"""
+running a SOFT model changes nothing else in the process (issues 34, 50):
+one fresh interpreter snapshots what a plugin could change behind its
+user's back before ``import mmsoft``, after it, a build, a ``Pretrained``
+``init_weights`` and a forward, and loads a ``.pth`` holding a numpy array
+with ``weights_only=True`` before and after the import."""
 import json
 import os.path as osp
 import textwrap
 
-import pytest
 from conftest import ROOT, run_python
 
 from mmsoft import compat
@@ -83,33 +77,21 @@ SCRIPT = textwrap.dedent('''
 ''')
 
 
-@pytest.fixture(scope='module')
-def out(tmp_path_factory):
-    res = run_python(
-        SCRIPT, cwd=tmp_path_factory.mktemp('cwd'), PYTHONPATH=ROOT)
+def test_import_changes_nothing_process_wide(tmp_path):
+    """From another folder: this checkout's mmsoft, no codebase import, no
+    warning of its own; the numpy array, which torch's weights-only
+    unpickler refuses (torch >= 2.6), is refused alike after the import."""
+    res = run_python(SCRIPT, cwd=tmp_path, PYTHONPATH=ROOT)
     assert res.returncode == 0, res.stderr[-3000:]
-    return json.loads(res.stdout.strip().splitlines()[-1])
-
-
-def test_only_import_changes_the_process(out):
+    out = json.loads(res.stdout.strip().splitlines()[-1])
     snaps = dict(out['snaps'])
     before = snaps.pop('before')
     for stage, snap in snaps.items():
         for key, value in snap.items():
             assert value == before[key], (stage, key, before[key], value)
-
-
-def test_import_mmsoft_is_light(out):
-    """From another folder: this checkout's mmsoft, no codebase import, no
-    warning of its own."""
     assert out['file'] == osp.join(ROOT, 'mmsoft', '__init__.py')
     assert out['heavy'] == []
     assert not [w for w in out['at_import'] if 'mmsoft' in w], out
-
-
-def test_unrelated_weights_only_load_is_the_same_after_import(out):
-    """The numpy array, which torch's weights-only unpickler refuses (torch
-    >= 2.6), is refused alike after ``import mmsoft`` (issue 50)."""
     before, after = out['loads']
     assert after == before
     assert before.startswith('refused: ') == compat.native_allow_list(), out
