@@ -1,18 +1,9 @@
-"""A real mmengine Runner (CPU) with the configs' SafeCheckpointHook: train
-a tiny SOFT classifier (mmpretrain's ImageClassifier through mmcv's
-RandomFlip, or a plain BaseModel), interrupt, resume (``resume=True``,
-``load_from`` + ``resume``) bit-exactly, then val / test, also from a
-test-only ``Runner(load_from=...)``."""
-import numpy as np
+"""A tiny SOFT ImageClassifier (mmpretrain, mmcv's RandomFlip) trained,
+interrupted and resumed bit-exactly by a Runner with SafeCheckpointHook."""
 import pytest
 import torch
-import torch.nn as nn
-import torch.nn.functional as F
 from conftest import Crash, Interrupted, model_weights, tiny_arch
-from mmengine.evaluator import BaseMetric
 from mmengine.hooks import Hook
-from mmengine.model import BaseModel
-from mmengine.registry import MODELS
 from mmengine.runner import Runner
 from torch.utils.data import Dataset
 
@@ -38,18 +29,17 @@ class RandomImages(Dataset):
 
     metainfo = dict(classes=('a', 'b', 'c'))
 
-    def __init__(self, flavour, n=N):
-        self.flavour, self.n = flavour, n
-        if flavour == 'mmpretrain':
-            import mmpretrain.datasets  # noqa: F401  (the transforms)
-            from mmcv.transforms import Compose
-            self.pipeline = Compose([
-                dict(
-                    type='mmpretrain.RandomFlip',
-                    prob=[0.3, 0.3],
-                    direction=['horizontal', 'vertical']),
-                dict(type='mmpretrain.PackInputs')
-            ])
+    def __init__(self, n=N):
+        import mmpretrain.datasets  # noqa: F401  (the transforms)
+        from mmcv.transforms import Compose
+        self.n = n
+        self.pipeline = Compose([
+            dict(
+                type='mmpretrain.RandomFlip',
+                prob=[0.3, 0.3],
+                direction=['horizontal', 'vertical']),
+            dict(type='mmpretrain.PackInputs')
+        ])
 
     def __len__(self):
         return self.n
@@ -58,42 +48,8 @@ class RandomImages(Dataset):
         g = torch.Generator().manual_seed(i)
         img = torch.randint(
             0, 256, (3, SIZE, SIZE), generator=g, dtype=torch.uint8)
-        if self.flavour == 'mmpretrain':
-            return self.pipeline(
-                dict(img=img.permute(1, 2, 0).numpy(), gt_label=i % 3))
-        return dict(inputs=img, data_samples=i % NUM_CLASSES)
-
-
-class TinySOFTClassifier(BaseModel):
-    """mmengine-only classifier: SOFT backbone + linear head."""
-
-    def __init__(self):
-        super().__init__()
-        self.backbone = MODELS.build(BACKBONE)
-        self.head = nn.Linear(ARCH['embed_dims'][-1], NUM_CLASSES)
-
-    def forward(self, inputs, data_samples=None, mode='tensor'):
-        x = torch.stack(inputs).float() / 255.
-        logits = self.head(self.backbone(x)[-1])
-        if mode == 'loss':
-            return dict(
-                loss=F.cross_entropy(logits, torch.tensor(data_samples)))
-        if mode == 'predict':
-            return [
-                dict(pred=int(p), gt=int(t))
-                for p, t in zip(logits.argmax(1), data_samples)
-            ]
-        return logits
-
-
-class SimpleAccuracy(BaseMetric):
-    default_prefix = 'simple'
-
-    def process(self, data_batch, data_samples):
-        self.results.extend(s['pred'] == s['gt'] for s in data_samples)
-
-    def compute_metrics(self, results):
-        return dict(accuracy=np.float64(np.mean(results)))  # a numpy scalar
+        return self.pipeline(
+            dict(img=img.permute(1, 2, 0).numpy(), gt_label=i % 3))
 
 
 class Recorder(Hook):
@@ -110,33 +66,27 @@ class Recorder(Hook):
         self.lrs.append(runner.optim_wrapper.get_lr()['lr'][0])
 
 
-def _runner(flavour, work_dir, name, stop_after=None, train=True, **kwargs):
+def _runner(work_dir, name, stop_after=None, train=True, **kwargs):
     data = dict(
-        dataset=RandomImages(flavour),
+        dataset=RandomImages(),
         sampler=dict(type='DefaultSampler', shuffle=True),
         batch_size=2,
         num_workers=0)
     eval_data = dict(
-        dataset=RandomImages(flavour, n=4),
+        dataset=RandomImages(n=4),
         sampler=dict(type='DefaultSampler', shuffle=False),
         batch_size=4,
         num_workers=0)
-    if flavour == 'mmpretrain':
-        model = dict(
-            type='ImageClassifier',
-            backbone=BACKBONE,
-            neck=None,
-            head=dict(
-                type='LinearClsHead',
-                num_classes=NUM_CLASSES,
-                in_channels=ARCH['embed_dims'][-1]),
-            data_preprocessor=dict(mean=[127.5] * 3, std=[127.5] * 3))
-        evaluator, key = dict(type='Accuracy', topk=(1, )), 'accuracy/top1'
-        scope = 'mmpretrain'
-    else:
-        torch.manual_seed(0)  # built before Runner seeds: seed it here
-        model, scope = TinySOFTClassifier(), None
-        evaluator, key = [SimpleAccuracy()], 'simple/accuracy'
+    model = dict(
+        type='ImageClassifier',
+        backbone=BACKBONE,
+        neck=None,
+        head=dict(
+            type='LinearClsHead',
+            num_classes=NUM_CLASSES,
+            in_channels=ARCH['embed_dims'][-1]),
+        data_preprocessor=dict(mean=[127.5] * 3, std=[127.5] * 3))
+    evaluator, key = dict(type='Accuracy', topk=(1, )), 'accuracy/top1'
     recorder = Recorder()
     train_kw = dict(
         train_dataloader=data,
@@ -149,7 +99,7 @@ def _runner(flavour, work_dir, name, stop_after=None, train=True, **kwargs):
         model=model,
         work_dir=str(work_dir),
         experiment_name=name,
-        default_scope=scope,
+        default_scope='mmpretrain',
         val_dataloader=eval_data,
         val_evaluator=evaluator,
         val_cfg=dict(),
@@ -181,14 +131,13 @@ def _saved(path):
         return torch.load(path, map_location='cpu')
 
 
-@pytest.mark.parametrize('flavour', ['mmpretrain', 'mmengine'])
-def test_train_checkpoint_resume_test(flavour, tmp_path):
-    if flavour == 'mmpretrain':
-        pytest.importorskip('mmpretrain')
+def test_train_checkpoint_resume_test(tmp_path):
+    """Then val / test, also from a test-only ``Runner(load_from=...)``."""
+    pytest.importorskip('mmpretrain')
     work_dir = tmp_path / 'work_dir'
 
     # 1. train, interrupted after 4 of 6 iterations; checkpoints at 2 and 4
-    runner, rec, key = _runner(flavour, work_dir, 'first', stop_after=4)
+    runner, rec, key = _runner(work_dir, 'first', stop_after=4)
     with pytest.raises(Interrupted):
         runner.train()
     assert rec.iters == [0, 1, 2, 3]
@@ -200,7 +149,7 @@ def test_train_checkpoint_resume_test(flavour, tmp_path):
     _assert_same(ckpt['state_dict'], model_weights(runner))
 
     # 2. the same config with resume=True picks iter_4.pth and finishes
-    runner2, rec2, _ = _runner(flavour, work_dir, 'resumed', resume=True)
+    runner2, rec2, _ = _runner(work_dir, 'resumed', resume=True)
     runner2.train()
     assert rec2.start[0] == 4  # the iteration counter continued
     _assert_same(rec2.start[1], ckpt['state_dict'])  # from the checkpoint
@@ -212,7 +161,7 @@ def test_train_checkpoint_resume_test(flavour, tmp_path):
 
     # an uninterrupted run ends with the same weights (bitwise: the RNG
     # states of the flips and drop path were restored)
-    ref, rec_ref, _ = _runner(flavour, tmp_path / 'ref', 'reference')
+    ref, rec_ref, _ = _runner(tmp_path / 'ref', 'reference')
     ref.train()
     assert rec_ref.lrs == pytest.approx([0.1] * 5 + [0.01])
     _assert_same(model_weights(runner2), model_weights(ref))
@@ -222,7 +171,6 @@ def test_train_checkpoint_resume_test(flavour, tmp_path):
 
     # 3. load_from + resume=True: resume from an explicit, older checkpoint
     runner3, rec3, _ = _runner(
-        flavour,
         work_dir,
         'from_iter_2',
         stop_after=3,
@@ -236,6 +184,6 @@ def test_train_checkpoint_resume_test(flavour, tmp_path):
     # 4. a test-only runner loading a full training checkpoint (tools/test.py)
     last = work_dir / f'iter_{MAX_ITERS}.pth'
     runner4, _, _ = _runner(
-        flavour, work_dir, 'test_only', train=False, load_from=str(last))
+        work_dir, 'test_only', train=False, load_from=str(last))
     assert key in runner4.test()
     _assert_same(model_weights(runner4), _saved(last)['state_dict'])
