@@ -48,49 +48,38 @@ def parser(prog=None):
 
 
 # ------------------------------------------------------------- one_line
-@pytest.mark.parametrize(
-    'exc, line',
-    [
-        (cli.ToolError('bad\n   value  here'), 'error: bad value here'),
-        (CheckpointMismatchError('x'), 'error: x'),
-        # SafeCheckpointHook's full disk: its own line
-        (CheckpointWriteError(errno.ENOSPC, 'cannot save b.pth: kept a.pth'),
-         'error: cannot save b.pth: kept a.pth'),
-        (ValueError('x'), None),  # a bug: its traceback
-        (KeyError('x'), None),
-        (OSError(errno.EIO, 'I/O error', '/x'), None),  # no known fix
-        (FileNotFoundError('no file a.pth'), 'error: no file a.pth'),
-        (OSError('something odd'), None),
-        (URLError('Name or service not known'),
-         'error: a download failed (Name or service not known): check the URL '
-         'and the network, or download the file and pass its path'),
-        (HTTPError('http://x', 500, 'boom', {}, None), None),  # mmengine's
-        # an atomic write's temporary is named by its target
-        (OSError(errno.ENOSPC, NO_SPACE, temp_path_for('/w/epoch_3.pth')),
-         f'error: /w/epoch_3.pth (not replaced): {NO_SPACE} (errno 28 '
-         f'ENOSPC); {FREE}'),
-        (OSError(errno.EACCES, 'Permission denied', '/x/y.pth'),
-         'error: /x/y.pth: Permission denied (errno 13 EACCES); check the '
-         'permissions (ls -l) or choose another path'),
-        (OSError(errno.ENOSPC, None), f'error: a write failed: {NO_SPACE} '
-         f'(errno 28 ENOSPC; the system named no file); {FREE}'),
-    ])
+@pytest.mark.parametrize('exc, line', [
+    (cli.ToolError('bad\n   value  here'), 'error: bad value here'),
+    (CheckpointMismatchError('x'), 'error: x'),
+    (CheckpointWriteError(errno.ENOSPC, 'cannot save b.pth'),
+     'error: cannot save b.pth'),
+    (ValueError('x'), None),
+    (OSError(errno.EIO, 'I/O error', '/x'), None),  # no known fix
+    (FileNotFoundError('no file a.pth'), 'error: no file a.pth'),
+    (OSError('something odd'), None),
+    (URLError('Name or service not known'),
+     'error: a download failed (Name or service not known): check the URL '
+     'and the network, or download the file and pass its path'),
+    (HTTPError('http://x', 500, 'boom', {}, None), None),  # mmengine's
+    (OSError(errno.ENOSPC, NO_SPACE, temp_path_for('/w/epoch_3.pth')),
+     f'error: /w/epoch_3.pth (not replaced): {NO_SPACE} (errno 28 '
+     f'ENOSPC); {FREE}'),
+    (OSError(errno.EACCES, 'Permission denied', '/x/y.pth'),
+     'error: /x/y.pth: Permission denied (errno 13 EACCES); check the '
+     'permissions (ls -l) or choose another path'),
+    (OSError(errno.ENOSPC, None), f'error: a write failed: {NO_SPACE} '
+     f'(errno 28 ENOSPC; the system named no file); {FREE}'),
+    (OSError(errno.EACCES, 'Permission denied', ''), 'error: a file '
+     'operation failed: Permission denied (errno 13 EACCES; the system '
+     'named no file); check the permissions (ls -l) or choose another path'),
+])  # yapf: disable
 def test_one_line(exc, line):
     assert cli.one_line(exc) == line
 
 
-def test_one_line_without_a_file_and_temp_names():
-    """No file name (a full disk on close): no ``error: :`` (issue 52)."""
-    for err, what in ((errno.ENOSPC, 'a write'), (errno.EFBIG, 'a write'),
-                      (errno.EACCES, 'a file operation')):
-        why = os.strerror(err)
-        for name in (None, ''):
-            assert cli.one_line(OSError(err, why, name)).startswith(
-                f'error: {what} failed: {why} (errno {err} '
-                f'{errno.errorcode[err]}; the system named no file); ')
-    for path, target in ((temp_path_for('/w/a.b.pth'), '/w/a.b.pth'),
-                         (temp_path_for('/w/a.b.pth', '.zip'), '/w/a.b.pth')):
-        assert cli._target_of_temp(path) == f'{target} (not replaced)'
+def test_target_of_temp():
+    assert cli._target_of_temp(temp_path_for('/w/a.b.pth', '.zip')) == \
+        '/w/a.b.pth (not replaced)'
     assert cli._target_of_temp('/x/.hidden.pth') == '/x/.hidden.pth'
     assert cli._target_of_temp(None) == ''
 
@@ -105,12 +94,7 @@ def test_run_main_and_positive_int(capsys, monkeypatch):
         raise cli.ToolError('the config has no key x')
 
     # main gets the arguments; test.py returns metrics
-    assert [
-        exits(lambda a: 3),
-        exits(len, 'ab'),
-        exits(lambda a: {'a': 1}),
-        exits(lambda a: None)
-    ] == ['3', '2', '0', '0']
+    assert [exits(len, 'ab'), exits(lambda a: {'a': 1})] == ['2', '0']
     capsys.readouterr()
     assert exits(fails) == '1'
     assert capsys.readouterr().err == 'error: the config has no key x\n'
@@ -120,8 +104,8 @@ def test_run_main_and_positive_int(capsys, monkeypatch):
         monkeypatch.setenv('MMSOFT_TRACEBACK', off)
         assert exits(fails) == '1'
     raised(cli.run_main, lambda argv: 1 / 0, [], exc=ZeroDivisionError)
-    assert [cli.positive_int('1'), cli.positive_int('12')] == [1, 12]
-    for text in ('0', '-2', 'two', '1.5', None):
+    assert cli.positive_int('12') == 12
+    for text in ('0', 'two', None):
         assert raised(
             cli.positive_int, text, exc=argparse.ArgumentTypeError
         ) == f'expected a positive integer, got {text!r}'
@@ -174,7 +158,6 @@ def test_unwritable_reason_and_check_work_dir(tmp_path, monkeypatch):
     assert why(str(tmp_path), directory=True) is None
     assert why(str(f), directory=True) == 'exists and is not a directory'
     assert why(str(f / 'sub' / 'out.pth')) == f'{f} is a file, not a directory'
-    cli.check_work_dir(None)
     cli.check_work_dir('')
     cli.check_work_dir(str(tmp_path / 'new' / 'run'))
     assert sorted(os.listdir(tmp_path)) == ['file']  # the probe is gone
@@ -222,8 +205,7 @@ def test_checkpoint_problem_local(tmp_path, monkeypatch):
     assert cli.checkpoint_problem(tmp_path) == (
         f'checkpoint {tmp_path} is a directory, not a file; pass a .pth '
         'checkpoint file (e.g. <work_dir>/epoch_N.pth)')
-    # another scheme is MMEngine's to load, even where the same text
-    # names a local path ('open-mmlab:/resnet50')
+    # another scheme is MMEngine's, even where the text names a local path
     monkeypatch.chdir(tmp_path)
     (tmp_path / 'open-mmlab:').mkdir()
     (tmp_path / 'open-mmlab:' / 'resnet50').write_bytes(b'not a zip')
@@ -233,14 +215,12 @@ def test_checkpoint_problem_local(tmp_path, monkeypatch):
     problem = cli.checkpoint_problem(bad)
     assert problem.startswith(f'checkpoint {bad} ') and problem.endswith(
         'it was not loaded (use an earlier or a fresh copy)')
-    for fine in ('open-mmlab://resnet50', good, tmp_path / 'missing.pth',
-                 's3://bucket/a.pth'):
+    for fine in ('open-mmlab://resnet50', good, tmp_path / 'missing.pth'):
         assert cli.checkpoint_problem(fine) is None, fine
 
 
 def test_url_problem(tmp_path, monkeypatch):
-    """torch.hub's cache in ``tmp_path``; ``urlopen`` records the requests
-    and raises ``answer[0]`` (None: success)."""
+    """``urlopen`` records the requests and raises ``answer[0]``."""
     monkeypatch.setattr(torch.hub, 'get_dir', lambda: str(tmp_path / 'hub'))
     requests, timeouts, answer = [], [], [None]
 
@@ -263,14 +243,11 @@ def test_url_problem(tmp_path, monkeypatch):
         f'checkpoint {url} cannot be downloaded (HTTP 404); check the URL '
         'and the network, or download the file and pass its path')
     assert '(HTTP 410)' in problem(HTTPError(url, 410, 'Gone', {}, None))
-    for code in (403, 405):  # HEAD refused: the download decides
-        assert problem(HTTPError(url, code, 'x', {}, None)) is None
+    assert problem(HTTPError(url, 405, 'x', {}, None)) is None  # the GET's
     assert '(Name or service not known)' in problem(
         URLError('Name or service not known'), 'http://example.org/a.pth')
-    # an OSError without .reason
-    assert problem(TimeoutError('timed out')).startswith(
+    assert problem(TimeoutError('timed out')).startswith(  # no .reason
         f'checkpoint {url} cannot be downloaded (timed out); ')
-    # a check never waits for ever on a silent server
     assert all(t is not None and 0 < t <= 30 for t in timeouts)
     # downloaded before (torch.hub's cache, by file name): no request
     (tmp_path / 'hub' / 'checkpoints').mkdir(parents=True)
@@ -279,7 +256,7 @@ def test_url_problem(tmp_path, monkeypatch):
     assert cli.checkpoint_problem(url) is None and requests == []
 
 
-def test_init_checkpoints_and_partial_load(tmp_path):
+def test_init_checkpoints_missing_pretrained_and_partial_load(tmp_path):
     pre = dict(type='Pretrained', checkpoint='a.pth')
     neck = [dict(type='Normal', std=0.01), dict(pre, checkpoint=str(tmp_path))]
     cfg = Config(
@@ -296,6 +273,16 @@ def test_init_checkpoints_and_partial_load(tmp_path):
     msg = raised(cli.check_init_checkpoints, cfg)
     assert msg.endswith('[model.neck.0.init_cfg.1.checkpoint]')
     assert 'is a directory' in msg
+    # missing_pretrained: the first missing local file of a SOFT's init_cfg
+    assert cli.missing_pretrained(cfg).startswith(
+        'a.pth (model.backbone.init_cfg.checkpoint) does not exist: ')
+    soft = [dict(type='mmsoft.SOFT', init_cfg=[pre]), dict(type='X')]
+    cfg = dict(model=dict(parts=[3, dict(teacher=soft)], other=dict(pre)))
+    assert cli.missing_pretrained(cfg).startswith(
+        'a.pth (model.parts[1].teacher[0].init_cfg[0].checkpoint) does not')
+    for fine in ('https://x/a.pth', str(tmp_path), None):
+        pre['checkpoint'] = fine
+        assert cli.missing_pretrained(cfg) is None, fine
     # --partial-load sets the config's StrictLoadHook, adds none
     hooks = [dict(type='EMAHook'), dict(type='mmsoft.StrictLoadHook')]
 
@@ -310,10 +297,9 @@ def test_init_checkpoints_and_partial_load(tmp_path):
     ] and hooks[1] == dict(type='mmsoft.StrictLoadHook')
     strict = dict(type='StrictLoadHook')
     assert hooks_after(False, strict)[0]['allow_partial'] is False
-    # the config's choice
-    assert hooks_after(False,
-                       dict(strict,
-                            allow_partial=True))[0]['allow_partial'] is True
+    assert hooks_after(False, dict(
+        strict,
+        allow_partial=True))[0]['allow_partial'] is True  # the config's choice
     cfg = Config(dict())
     cli.set_partial_load(cfg, partial_load=True)
     assert 'custom_hooks' not in cfg
@@ -325,8 +311,7 @@ def test_runner_parser_and_args(tmp_path, monkeypatch):
                           checkpoint='the weights'), 'where to write',
                           'the checkpoint')  # yapf: disable
     text = ' '.join(p.format_help().split())
-    for part in ('Train a model.', 'config the config file',
-                 'checkpoint the weights',
+    for part in ('Train a model.', 'checkpoint the weights',
                  '--work-dir WORK_DIR where to write',
                  '--launcher {none,pytorch,slurm,mpi} job launcher',
                  '--local_rank LOCAL_RANK, --local-rank LOCAL_RANK'):
@@ -350,14 +335,11 @@ def test_runner_parser_and_args(tmp_path, monkeypatch):
             args.partial_load, args.cfg_options, args.local_rank,
             os.environ['LOCAL_RANK']) == ('a.py', 'b.pth', 'none', None, False,
                                           None, 3, '3')
-    monkeypatch.delenv('LOCAL_RANK')
-    assert cli.parse_runner_args(p, ['a.py', 'b.pth']).local_rank == 0
-    assert os.environ['LOCAL_RANK'] == '0'
     monkeypatch.setenv('LOCAL_RANK', '1')  # torchrun's wins
     cli.parse_runner_args(p, ['a.py', 'b.pth', '--local_rank', '2'])
     assert os.environ['LOCAL_RANK'] == '1'
-    for bad in (['--local-rank', 'x'], ['--launcher', 'ssh']):
-        raised(p.parse_args, ['a.py', 'b.pth', *bad], exc=SystemExit)
+    raised(
+        p.parse_args, ['a.py', 'b.pth', '--launcher', 'ssh'], exc=SystemExit)
     cfg_file = tmp_path / 'my_cfg.py'
     cfg_file.write_text('train_cfg = dict(max_epochs=2)\n')
     args = p.parse_args([
@@ -369,69 +351,55 @@ def test_runner_parser_and_args(tmp_path, monkeypatch):
             cfg.work_dir) == ('pytorch', 5, './work_dirs/my_cfg')
     # --work-dir wins over --cfg-options work_dir=... (as mmdet's train.py)
     cfg, opt = Config(dict(work_dir='from_cfg')), dict(work_dir='opt')
-    for work_dir, options, want in ((None, None, 'from_cfg'), ('given', None,
-                                                               'given'),
+    for work_dir, options, want in ((None, None, 'from_cfg'),
                                     ('given', opt, 'given'), (None, opt,
                                                               'opt')):
         args.work_dir, args.cfg_options = work_dir, options
         assert cli.apply_runner_args(cfg, args).work_dir == want
 
 
-@pytest.mark.parametrize('seed, ok', [('0', True), ('4294967295', True),
-                                      ('-1', False), ('4294967296', False),
-                                      ('abc', False), ('True', False)])
-def test_seed_range(seed, ok, monkeypatch, capsys):
-    """A seed outside numpy's 0 .. 2**32 - 1: one line (issue 52), in
-    --cfg-options and in a tool's own --seed (tools/demo.py)."""
+@pytest.mark.parametrize('seed, value', [('4294967295', None), ('-1', -1),
+                                         ('4294967296', 4294967296),
+                                         ('abc', 'abc'), ('True', True)])
+def test_seed_range(seed, value, monkeypatch, capsys):
+    """numpy's 0 .. 2**32 - 1 in --cfg-options and tools/demo.py's --seed."""
     monkeypatch.setenv('LOCAL_RANK', '0')
     argv = ['a.py', '--cfg-options', f'randomness.seed={seed}']
-    if ok:
+    if value is None:
         assert cli.parse_runner_args(
             parser(), argv).cfg_options['randomness.seed'] == int(seed)
-        assert cli.seed_int(seed) == int(seed)
         assert DEMO.parse_args(['--seed', seed]).seed == int(seed)
         return
-    msg = raised(cli.parse_runner_args, parser(), argv)
-    assert msg.startswith('--cfg-options randomness.seed='), msg
-    assert ': a seed must be an integer from 0 to 4294967295 (2**32 - 1, ' \
-        "numpy's limit), got " in msg
-    assert 'from 0 to' in raised(
-        cli.seed_int, seed, exc=argparse.ArgumentTypeError)
-    # argparse's one usage error, not numpy's
+    why = ('a seed must be an integer from 0 to 4294967295 (2**32 - 1, '
+           "numpy's limit), got ")
+    assert raised(cli.parse_runner_args, parser(), argv) == \
+        f'--cfg-options randomness.seed={value!r}: {why}{value!r}'
     raised(DEMO.parse_args, ['--seed', seed], exc=SystemExit)
-    assert ('error: argument --seed: a seed must be an integer from 0 to '
-            '4294967295') in capsys.readouterr().err
+    assert f'error: argument --seed: {why}' in capsys.readouterr().err
 
 
 @pytest.mark.parametrize('typed, refused', [
-    ('/path/with a space', True),
     ("'/path/with a space'", True),
     ('/path/with\ta\ttab', True),
-    ('[a b, c]', True),
-    ('/plain/path', False),
     (' /padded ', False),
-    ('[1, 2, 3]', False),
     ('[(1, 2), (3, 4)]', False),
 ])
 def test_cfg_options_value_that_lost_spaces(typed, refused, monkeypatch):
-    """A space mmengine's DictAction would drop is refused (issue 52);
-    spaces after a list's commas lose nothing; argv None: sys.argv."""
+    """A space DictAction would drop is refused; argv None: sys.argv."""
     monkeypatch.setenv('LOCAL_RANK', '0')
     key = 'default_hooks.checkpoint.out_dir'
-    for argv in (['a.py', '--cfg-options', 'x=1',
-                  f'{key}={typed}'], ['a.py', f'--cfg-options={key}={typed}']):
-        monkeypatch.setattr(sys, 'argv', ['train.py'] + argv)
-        for given in (argv, None):
-            if not refused:
-                cli.parse_runner_args(parser(), given)
-                continue
-            msg = raised(cli.parse_runner_args, parser(), given)
-            assert msg.startswith(
-                f'--cfg-options {key}: the value {typed!r} contains spaces, '
-                "which mmengine's --cfg-options parser removes (it would be "
-            ), msg
-            assert f'set {key} in a config file instead' in msg
-            assert '\n' not in msg
+    monkeypatch.setattr(
+        sys, 'argv',
+        ['train.py', 'a.py', '--cfg-options', 'x=1', f'{key}={typed}'])
+    if not refused:
+        cli.parse_runner_args(parser(), None)
+        return
+    msg = raised(cli.parse_runner_args, parser(), None)
+    assert msg.startswith(
+        f'--cfg-options {key}: the value {typed!r} contains spaces, '
+        "which mmengine's --cfg-options parser removes (it would be "), msg
+    assert msg.endswith(f'set {key} in a config file instead (a small '
+                        'config with _base_ = [<your config>])')
 
 
 @pytest.mark.parametrize(
@@ -439,7 +407,6 @@ def test_cfg_options_value_that_lost_spaces(typed, refused, monkeypatch):
     [
         # the config itself; its line, not mmengine's "<unknown>"
         ([('c.py', 'a = 1\nb = dict(\n    x=1,,\n)\n')], 'c.py:3'),
-        ([('c.py', 'a = dict(\n')], 'c.py:1'),  # '(' was never closed
         # a file of its _base_ (a string or a list; mmdet:: bases skipped)
         ([('c.py', "_base_ = ['mmdet::_base_/default_runtime.py', "
            "'./b/base.py']\n"), ('b/base.py', '_base_ = "base2.py"\n'),
@@ -458,40 +425,35 @@ def test_load_config_names_a_syntax_error(tmp_path, files, where):
     assert raised(
         cli.load_config,
         path).startswith(f'config {tmp_path / where}: syntax error: ')
-    assert cli.config_syntax_error(path).startswith(
-        f'{tmp_path / where}: syntax error')
 
 
 @pytest.mark.parametrize(
     'item, error',
     [
         # a number / boolean of the config replaced by what is none
-        ('train_cfg.max_epochs=abc', "--cfg-options train_cfg.max_epochs="
-         "'abc': the config's train_cfg.max_epochs is a number (12); give a "
-         'number (e.g. train_cfg.max_epochs=12)'),
         ('optim.lr=abc', "--cfg-options optim.lr='abc': the config's "
          'optim.lr is a number (0.01); give a number (e.g. optim.lr=0.01)'),
         ('train_cfg.max_epochs=true', '--cfg-options train_cfg.max_epochs='
          "True: the config's train_cfg.max_epochs is a number (12)"),
         ('model.frozen=yes', "--cfg-options model.frozen='yes': the "
          "config's model.frozen is true or false (False); give true or "
-         'false'),
+         'false (e.g. model.frozen=False)'),
         ('pipeline.0.scale=big', "--cfg-options pipeline.0.scale='big': "
          "the config's pipeline.0.scale is a number (1)"),
         # mmengine's parser: a dict is a string or a RecursionError
-        ('model.loss=dict(type=CE)', '--cfg-options model.loss=dict(type=CE)'
-         ': a dict is no --cfg-options value'),
         ('model.loss=dict(a=1,b=[1,2])', '--cfg-options model.loss=dict(a=1,'
-         'b=[1,2]): a dict is no --cfg-options value'),
+         "b=[1,2]): a dict is no --cfg-options value (mmengine's parser "
+         'takes numbers, strings, true / false / None and lists or tuples: '
+         'key=a,b or key="[a,(b,c)]"); set its keys one by one '
+         '(model.loss.type=... model.loss.<name>=...) or write the dict in a '
+         'config file'),
         ("model.loss={'a':1}", "--cfg-options model.loss={'a':1}: a dict is "
          'no --cfg-options value'),
         ('model.x=[1,2', "--cfg-options model.x=[1,2: mmengine's parser "
          'cannot read it (AssertionError: Imbalanced brackets'),
         # accepted: what the config's value can be, new keys, structures
         *[(item, None)
-          for item in ('train_cfg.max_epochs=3', 'optim.lr=1e-3',
-                       'train_cfg.max_epochs=2.5', 'model.frozen=false',
-                       'model.frozen=None', 'model.name=abc',
+          for item in ('train_cfg.max_epochs=2.5', 'model.frozen=None',
                        'model.new_key=abc', 'pipeline.0.scale=[1,2]')],
     ])
 def test_cfg_options_values(item, error):
@@ -527,10 +489,9 @@ UNSET = '--launcher pytorch: RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT not ' \
          'SLURM_NTASKS, SLURM_NODELIST not set (the process was not started '
          'by srun): start the processes with tools/slurm_train.sh PARTITION'),
         ('pytorch', {}, 'other.py', UNSET + 'torchrun, or'),
-        # started as it should be / no launcher / mpi (not checked)
+        # started as it should be / mpi (not checked)
         ('pytorch', dict(RANK='0', WORLD_SIZE='2', MASTER_ADDR='h',
                          MASTER_PORT='1'), 'train.py', None),
-        ('none', {}, 'train.py', None),
         ('mpi', {}, 'train.py', None),
     ])  # yapf: disable
 def test_launcher_problem(monkeypatch, launcher, env, prog, problem):
@@ -557,8 +518,6 @@ def test_cfg_option_problem_and_merge():
             pipeline=[dict(type='A', scale=1)]))
     problem = cli.cfg_option_problem
     for key, name, where, mean in (
-        ('train_cfg.max_epoch', 'max_epoch', 'train_cfg',
-         'train_cfg.max_epochs'),
         ('model.backbone.depths', 'depths', 'model.backbone',
          'model.backbone.depth'),
         ('train_cfgs.max_epochs', 'train_cfgs', 'the top level', 'train_cfg'),
@@ -574,17 +533,13 @@ def test_cfg_option_problem_and_merge():
         'train_cfg.max_epoc').endswith('did you mean train_cfg.max_epochs?')
     assert problem(two, 'train_cfg.epochs') is None  # 0.75
     # mmengine's own keys (_delete_, _scope_) are never a typo
-    scoped = Config(dict(model=dict(scope='x', delete=True)))
-    assert problem(scoped, 'model._scope_') is None
-    assert problem(scoped, 'model._delete_') is None
-    for fine in ('train_cfg.max_epochs', 'train_cfg.val_interval',
-                 'model.neck', 'pipeline.5.scales', 'pipeline.1.scale',
-                 'model._scope_', 'train_cfg.max_epochs.x', 'model.backbone.0',
-                 'train_cfg.1'):
+    assert problem(Config(dict(model=dict(scope='x'))), 'model._scope_') \
+        is None
+    for fine in ('train_cfg.max_epochs', 'pipeline.5.scales',
+                 'train_cfg.max_epochs.x', 'model.backbone.0'):
         assert problem(cfg, fine) is None, fine
     cfg = Config(dict(train_cfg=dict(max_epochs=12), neck=None))
-    for nothing in (None, {}):
-        cli.merge_cfg_options(cfg, nothing)
+    cli.merge_cfg_options(cfg, {})
     cli.merge_cfg_options(cfg, {'train_cfg.max_epochs': 3})
     assert cfg.train_cfg.max_epochs == 3
     assert 'did you mean' in raised(cli.merge_cfg_options, cfg,
@@ -595,10 +550,6 @@ def test_cfg_option_problem_and_merge():
     assert msg.startswith(
         "--cfg-options: neck={'type': 'FPN'} in child "
         'config cannot inherit from base') and '\n' not in msg
-    assert raised(cli.merge_cfg_options, Config(dict(scales=[1, 2])),
-                  {'scales.5': 3
-                   }) == ("--cfg-options: 'Index 5 exceeds the length of list "
-                          "[1, 2]'")
 
 
 def test_expected_types_only_of_imported_modules(monkeypatch):
@@ -606,8 +557,6 @@ def test_expected_types_only_of_imported_modules(monkeypatch):
         sys.modules, 'mmsoft_tools.work_dir_lock', raising=False)
     types = cli._expected_types()
     assert cli.ToolError in types
-    assert all(
-        isinstance(t, type) and issubclass(t, BaseException) for t in types)
     assert 'WorkDirLockedError' not in {t.__name__ for t in types}
 
 
@@ -623,24 +572,23 @@ def test_dicts_codebase_and_compile_refusal():
     assert launch._sync_bn_to_bn(node) == 2
     assert [d.get('type') for d in launch._dicts(node)] == ['A'] + ['BN'] * 3
     assert launch._types_in(dict(type='X', sub=[dict(type=dict)])) == {'X'}
-    for scope in ('mmpretrain', 'mmdet', 'mmseg'):
-        assert launch.codebase_of(Config(dict(default_scope=scope))) == scope
-    for cfg, scope in ((dict(default_scope='mmengine'), "'mmengine'"),
-                       (dict(), 'None')):
-        assert f'default_scope is {scope}' in raised(
-            launch.codebase_of, Config(cfg), exc=ValueError)
+    assert launch.codebase_of(Config(dict(default_scope='mmseg'))) == 'mmseg'
+    assert raised(
+        launch.codebase_of, Config(dict()), exc=ValueError) == (
+            "cannot tell which codebase runs this config: default_scope is "
+            "None, expected one of ['mmdet', 'mmpretrain', 'mmseg'] (configs "
+            "inherit it from e.g. 'mmdet::_base_/default_runtime.py')")
     refusal = launch.compile_refusal
-    for cfg, version in ((dict(), None), (dict(), '2.1.2'),
-                         (dict(compile=False), '2.1.2'),
+    for cfg, version in ((dict(), '2.1.2'), (dict(compile=False), '2.1.2'),
                          (dict(compile=True), '2.4.0'), (dict(compile=True),
                                                          '2.14.1+cpu')):
         assert refusal(Config(cfg), version) is None, (cfg, version)
-    assert refusal(Config(dict(compile=True)), '2.1.2').startswith(
-        'error: compile=True needs torch >= 2.4: with torch 2.1.2')
-    assert refusal(Config(dict(compile=dict(backend='inductor'))),
-                   '2.3.1').startswith(
-                       "error: compile={'backend': 'inductor'} needs torch "
-                       '>= 2.4')
+    assert refusal(
+        Config(dict(compile=dict(backend='inductor'))),
+        '2.3.1') == ("error: compile={'backend': 'inductor'} needs torch "
+                     ">= 2.4: with torch 2.3.1 mmengine's compiled "
+                     'train_step crashes (a torch bug); remove compile from '
+                     'the config (or its --cfg-options) or upgrade torch')
 
 
 def test_lock_work_dir(tmp_path, monkeypatch):
@@ -654,11 +602,8 @@ def test_lock_work_dir(tmp_path, monkeypatch):
             f'error: work dir {cfg.work_dir} is in use by another training ')
         monkeypatch.setenv('RANK', '1')  # another rank takes no lock
         assert launch.lock_work_dir(cfg, 'pytorch') is None
-        monkeypatch.setenv('RANK', '0')
-        raised(launch.lock_work_dir, cfg, 'pytorch', exc=WorkDirLockedError)
     finally:
         lock.release()
-    launch.lock_work_dir(cfg).release()  # free again
 
 
 def _amp_cfg(wrapper='OptimWrapper', roi=False):
@@ -697,7 +642,6 @@ def test_enable_amp(monkeypatch, logged):
     monkeypatch.setattr(torch.cuda, 'is_available', lambda: False)
     cpu = [(WARN, '--amp without CUDA: training under bfloat16 CPU autocast '
             '(CPUAmpOptimWrapper, no loss scaling); fp16 AMP needs a GPU.')]
-    assert 'loss_scale' not in amp(_amp_cfg(), 'CPUAmpOptimWrapper', cpu)
     # a wrapper without a type is mmengine's OptimWrapper
     amp(
         Config(dict(model=dict(), optim_wrapper=dict(optimizer=dict()))),
@@ -724,34 +668,32 @@ def test_enable_amp(monkeypatch, logged):
 
 
 @pytest.mark.parametrize('wrapper, cuda, refused', [
-    ('AmpOptimWrapper', False, True),
     ('mmengine.AmpOptimWrapper', False, True),
     ('AmpOptimWrapper', True, False),
     ('CPUAmpOptimWrapper', False, False),
-    ('OptimWrapper', False, False),
 ])
 def test_amp_refusal(monkeypatch, wrapper, cuda, refused):
     for name in ('is_npu_available', 'is_mlu_available', 'is_musa_available'):
         monkeypatch.setattr(device, name, lambda: False)
     monkeypatch.setattr(device, 'is_cuda_available', lambda: cuda)
     line = launch.amp_refusal(_amp_cfg(wrapper))
-    assert (line is not None) == refused
-    if refused:
-        assert line.startswith(f"optim_wrapper.type={wrapper} (mmengine's "
-                               'fp16 AMP) needs a GPU and this machine has '
-                               'none')
-        assert 'pass --amp instead' in line and 'CPUAmpOptimWrapper' in line
+    assert line == (None if not refused else (
+        f"optim_wrapper.type={wrapper} (mmengine's fp16 AMP) needs a GPU "
+        'and this machine has none (torch.cuda.is_available() is False): '
+        "pass --amp instead (without CUDA: mmsoft's CPUAmpOptimWrapper, "
+        'bfloat16 autocast), or train in fp32 '
+        '(optim_wrapper.type=OptimWrapper)'))
 
 
 def test_name_run(monkeypatch, tmp_path):
     monkeypatch.setattr(launch, '_RUNS', itertools.count(1))
     cfg_file = tmp_path / 'retina_cfg.py'
     cfg_file.write_text('a = 1\n')
-    cfgs = [Config.fromfile(str(cfg_file)) for _ in range(3)]
-    names = [launch.name_run(cfg) for cfg in cfgs]
-    assert names == ['retina_cfg', 'retina_cfg_2', 'retina_cfg_3']
-    assert [cfg.experiment_name for cfg in cfgs] == names
-    assert launch.name_run(Config(dict(experiment_name='exp'))) == 'exp_4'
+    cfgs = [Config.fromfile(str(cfg_file)) for _ in range(2)]
+    assert [launch.name_run(cfg) for cfg in cfgs] == \
+        ['retina_cfg', 'retina_cfg_2']
+    assert cfgs[1].experiment_name == 'retina_cfg_2'
+    assert launch.name_run(Config(dict(experiment_name='exp'))) == 'exp_3'
     monkeypatch.setattr(launch, '_RUNS', itertools.count(1))
     assert launch.name_run(Config(dict())) == 'run'
 
@@ -805,15 +747,11 @@ def test_setup_cpu_distributed(monkeypatch, logged):
     wrapper = dict(type='MMDistributedDataParallel', broadcast_buffers=True)
     monkeypatch.setenv('SLURM_PROCID', '1')  # rank 1 logs nothing
     own = setup(
-        _dist(
-            find_unused_parameters=True,
-            model_wrapper_cfg=dict(wrapper, device_ids=[0])),
+        _dist(model_wrapper_cfg=dict(wrapper, device_ids=[0])),
         'slurm',
         log=[])
     # the config's own wrapper is kept, only device_ids changes
     assert own.model_wrapper_cfg == dict(wrapper, device_ids=None)
-    # a config without env_cfg / dist_cfg gets them (the Runner reads them)
-    assert own.env_cfg.dist_cfg.backend == 'gloo'
     monkeypatch.delenv('SLURM_PROCID')
     # (no backend given: mmengine's default, nccl)
     partial = setup(
@@ -825,7 +763,6 @@ def test_setup_cpu_distributed(monkeypatch, logged):
         _dist(env_cfg=dict(dist_cfg=dict(backend='gloo', timeout=600))),
         log=[])
     assert kept.env_cfg.dist_cfg == dict(backend='gloo', timeout=600)
-    setup(_dist('mpi'), 'mpi', log=[_to_gloo('mpi')])
     # a wrapper without a type is mmengine's DDP: device_ids=None; one that
     # is not a DistributedDataParallel takes no device_ids
     for wrapper, want in ((dict(broadcast_buffers=True),
@@ -839,7 +776,6 @@ def test_setup_cpu_distributed(monkeypatch, logged):
     one.model = dict(neck=dict(norm_cfg=dict(type='MMSyncBN')))
     setup(one, log=[_sync_bn_replaced(1)])
     assert one.model.neck.norm_cfg.type == 'BN' and 'sync_bn' not in one
-    setup(_dist('gloo'), log=[])  # nothing replaced, nothing said
 
 
 def test_setup_cpu_distributed_starts_the_group(monkeypatch):
@@ -869,9 +805,6 @@ def test_setup_cpu_distributed_starts_the_group(monkeypatch):
                      ('set_multi_processing', dict(distributed=True)),
                      ('init_dist', 'pytorch', dict(backend='gloo'))]
     assert torch.cuda.set_device is real_set_device  # restored
-    with launch._cuda_set_device_disabled():
-        assert torch.cuda.set_device('cuda:7') is None
-    assert torch.cuda.set_device is real_set_device
 
 
 def test_log_rank0(logged, monkeypatch):
