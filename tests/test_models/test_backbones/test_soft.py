@@ -1,7 +1,5 @@
 """The SOFT backbone: presets, shapes, blocks, dropouts, init, frozen stages,
 norm_eval, NR statistics, with_cp, forward errors; amp's convs."""
-import copy
-import re
 import warnings
 
 import pytest
