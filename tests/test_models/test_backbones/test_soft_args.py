@@ -14,9 +14,10 @@ from mmsoft.models.backbones.soft import SOFTBlock, check_norm_cfg
 from mmsoft.models.layers import SOFTAttention
 
 ARCH = tiny_arch((8, 8, 8, 16), (1, 1, 1, 2))
-TINY = tiny_arch(num_heads=[1, 1, 2, 2])
 V, T, K = ValueError, TypeError, KeyError
 RATE = 'must be a number in [0, 1), got '
+KERNEL = ('must be an odd positive int (or 0 to disable the conv), got {}: '
+          'an even kernel changes the token map size')
 E = re.escape  # a part of the message
 
 
@@ -32,114 +33,90 @@ def arch(**kw):
     return dict(arch=dict(ARCH, **kw))
 
 
-def shape_msg(name, value):  # mmsoft 0.3's per-stage list, or a name
-    return X(f"SOFT: {name} must be a dict (one stage's own: "
-             f'stage_cfgs[i][{name!r}]), got {value!r}')
-
-
 REFUSALS = [
-    *[(soft(nr_iters=v), V, 'nr_iters') for v in (0, 2.5, '20', True)],
-    *[(soft(max_landmarks=v), V, 'max_landmarks') for v in (2.5, '49', 0)],
-    (soft(attn_norm='yes'), V, 'attn_norm'),
-    (dict(attn_cfg=dict(type='soft', sampling='nearest')), V, 'sampling'),
-    (dict(pretrain_img_size=224.0), V, 'pretrain_img_size'),
-    (dict(out_indices=[]), V, 'out_indices'),
-    *[(arch(dw_kernel_sizes=k), V, 'dw_kernel_sizes')
-      for k in ([4, 5, 3, None], [9, -5, 3, None], [9, 5, 2.5, None])],
-    (dict(frozen_stages=2.5), V, 'frozen_stages'),
-    (dict(frozen_stages=7), V, 'frozen_stages'),
-    (dict(arch='gigantic'), V, "valid presets: .*'tiny'"),
-    (dict(arch=dict(TINY, depth=[1] * 4)), V, E("unknown keys ['depth']")),
-    (dict(arch=dict(TINY, depths=[1, 1, 1])), V, E("arch['depths']")),
-    (dict(arch=dict(TINY, num_heads=[3, 1, 1, 1])), V, E('num_heads[0]=3')),
-    (dict(out_indices=(4, )), V, 'out_indices entry 4'),
-    (dict(out_type='tokens'), V, 'out_type'),
-    # attn_cfg malformed, or an option its attention does not take
-    (dict(attn_cfg=dict(type='softmax', nr_iters=5)), T, 'nr_iters'),
-    (dict(attn_cfg=dict(type='performer', attn_norm=False)), T, 'attn_norm'),
-    (dict(attn_cfg=dict(type='sima', sampling='avgpool')), T, 'sampling'),
-    (dict(attn_cfg=dict(type='softmax', max_landmarks=16)), T,
-     'max_landmarks'),
-    (dict(attn_cfg=dict(type='linformer', nr_method='spectral')), T,
-     'nr_method'),
-    (dict(attn_cfg=dict(type='SOFTAttention', sr_mode='conv')), T, 'sr_mode'),
-    (dict(attn_cfg='soft'), T, 'attn_cfg must be a dict'),
-    (dict(attn_cfg=[dict(type='soft')] * 4), T, 'attn_cfg must be a dict'),
-    (dict(attn_cfg=dict(norm=True)), K, 'must contain the key "type"'),
-    (dict(attn_cfg=dict(type='transformer')), K, 'transformer'),
-    # stage_cfgs: the key and the fix
-    (dict(stage_cfgs=[{}] * 3), V, E('or a list of 4 dicts (one per stage)')),
-    (dict(stage_cfgs='dropout'), V, E('must be a dict (for every stage)')),
-    (dict(stage_cfgs=[{}, {}, {}, dict(dw_kernel_size=3)]), V,
-     E("stage_cfgs[3] has unknown keys ['dw_kernel_size']; a ClsTokenStage "
-       'takes act_cfg, attn_drop_rate')),
-    (dict(stage_cfgs=dict(window_size=7)), V,
-     E("stage_cfgs has unknown keys ['window_size']")),
-    (dict(stage_cfgs=dict(depth=3)), V,
-     E("stage_cfgs sets 'depth', which comes from arch; set it there")),
-    (dict(stage_cfgs=[{}, dict(drop_path_rates=[0.1, 0.2]), {}, {}]), V,
-     E('drop_path_rates of stage 2 needs one value per block (1)')),
-    (dict(stage_cfgs=dict(bogus=1)), V,
-     X("SOFT: stage_cfgs has unknown keys ['bogus']; no stage takes them")),
-    *[(dict(stage_cfgs=[{}, {}, {}, dict(pos_grid=g)]), V,
-       E('SOFT: stage_cfgs[3]: pos_grid of stage 4 must be an int >= 1, got'))
-      for g in (0, -2, 1.5)],  # 0 crashed in forward, < 0 acted as abs
-    # the whole message: the option, the value and the rule
+    # amp's check_int / check_rate / check_kernel_size / check_choice
     (dict(in_channels=0), V,
      X('SOFT: in_channels must be an int >= 1, got 0 (int)')),
-    (dict(pretrain_img_size=16), V,
-     X('SOFT: pretrain_img_size must be an int >= 32, got 16 (int)')),
+    (dict(pretrain_img_size=224.0), V,
+     X('SOFT: pretrain_img_size must be an int >= 32, got 224.0 (float)')),
+    (dict(frozen_stages=-2), V,
+     X('SOFT: frozen_stages must be an int >= -1, got -2 (int)')),
+    (soft(nr_iters=True), V, E('nr_iters) must be an int >= 1, got True')),
+    (soft(max_landmarks=2.5), V,
+     X('max_landmarks must be an int >= 1 or None, got 2.5 (float)')),
+    (soft(attn_norm='yes'), V,
+     X("attn_norm must be True or False, got 'yes'")),
     (dict(drop_rate=1.5), V, X(f'SOFT: drop_rate {RATE}1.5')),
     (dict(attn_drop_rate=-0.1), V, X(f'SOFT: attn_drop_rate {RATE}-0.1')),
     *[(dict(drop_path_rate=v), V, X(f'SOFT: drop_path_rate {RATE}{v}'))
-      for v in (1.0, 1, -0.1, False, True)],
+      for v in (1.0, True)],
+    *[(arch(dw_kernel_sizes=[9, k, 3, None]), V,
+       X(f'SOFT arch: dw_kernel_sizes[1] {KERNEL.format(k)}'))
+      for k in (4, -5, 2.5)],
     (dict(out_type='bogus'), V,
      X("unknown out_type 'bogus'; choose one of ('featmap', 'cls_token')")),
-    (dict(frozen_stages=-2), V,
-     X('SOFT: frozen_stages must be an int >= -1, got -2 (int)')),
+    # SOFT's own
     (dict(frozen_stages=5), V, X('frozen_stages must be in [-1, 4], got 5')),
     (dict(out_indices=()), V,
      X('out_indices is empty; SOFT needs at least one output stage (0-3)')),
     *[(dict(out_indices=i), V,
        X(f'out_indices entry {i[-1]} is out of range; SOFT has stages 0..3'))
       for i in ((0, 4), (-5, ))],
-    *[({
-        k: 1
-    }, T, X(f"SOFT.__init__() got an unexpected keyword argument '{k}'"))
-      for k in ('bogus', 'attn_nrom')],
-    *[({
-        k: v
-    }, T, shape_msg(k, v))
-      for k, v in (('act_cfg', [dict(type='GELU')] * 4), ('norm_cfg', 'LN'),
-                   ('norm_cfg', [dict(type='LN')] * 3),
-                   ('attn_cfg', [dict(type='SOFTAttention')] * 3 + [None]))],
-    # arch: one exact message
-    (dict(arch=3), T, E('SOFT arch must be a str or dict, got int')),
+    (dict(bogus=1), T,
+     X("SOFT.__init__() got an unexpected keyword argument 'bogus'")),
+    (dict(norm_cfg='LN'), T,
+     X("SOFT: norm_cfg must be a dict (one stage's own: "
+       "stage_cfgs[i]['norm_cfg']), got 'LN'")),
+    (dict(attn_cfg=dict(type='SOFTAttention', sr_mode='conv')), T, 'sr_mode'),
+    (dict(attn_cfg=dict(type='softmax', nr_iters=5)), T, 'nr_iters'),
+    (dict(attn_cfg=dict(norm=True)), K, 'must contain the key "type"'),
+    (dict(attn_cfg=dict(type='transformer')), K, 'transformer'),
+    # stage_cfgs: the key and the fix
+    (dict(stage_cfgs='dropout'), V,
+     X('SOFT: stage_cfgs must be a dict (for every stage) or a list of 4 '
+       "dicts (one per stage), got 'dropout'")),
+    (dict(stage_cfgs=[{}, {}, {}, dict(dw_kernel_size=3)]), V,
+     X("SOFT: stage_cfgs[3] has unknown keys ['dw_kernel_size']; a "
+       'ClsTokenStage takes act_cfg, attn_drop_rate, drop_path_rates, '
+       'drop_rate, mlp_ratio, norm_cfg, patch_act_cfg, patch_norm_cfg, '
+       'pos_grid, qkv_bias, stem')),
+    (dict(stage_cfgs=dict(depth=3)), V,
+     X("SOFT: stage_cfgs sets 'depth', which comes from arch; set it there")),
+    (dict(stage_cfgs=[{}, dict(drop_path_rates=[0.1, 0.2]), {}, {}]), V,
+     X('SOFT: stage_cfgs[1]: drop_path_rates of stage 2 needs one value per '
+       'block (1), got [0.1, 0.2]')),
+    (dict(stage_cfgs=dict(bogus=1)), V,
+     X("SOFT: stage_cfgs has unknown keys ['bogus']; no stage takes them")),
+    (dict(stage_cfgs=[{}, {}, {}, dict(pos_grid=0)]), V,
+     X('SOFT: stage_cfgs[3]: pos_grid of stage 4 must be an int >= 1, '
+       'got 0 (int)')),  # 0 crashed in forward, < 0 acted as abs
+    # arch
+    (dict(arch='gigantic'), V,
+     X("unknown SOFT arch 'gigantic'; valid presets: ['h', 'huge', 'l', "
+       "'large', 'm', 'medium', 's', 'small', 'small-official', 't', 'tiny']"
+       ' (or pass a dict)')),
+    (dict(arch=3), T, X('SOFT arch must be a str or dict, got int')),
     (dict(arch=dict(embed_dims=[8] * 4, num_heads=[1] * 4)), V,
-     E("SOFT arch dict is missing 'depths'; it needs embed_dims, num_heads, "
+     X("SOFT arch dict is missing 'depths'; it needs embed_dims, num_heads, "
        'depths')),
     (arch(bogus=1), V,
-     E("SOFT arch dict has unknown keys ['bogus']; valid keys are embed_dims,"
+     X("SOFT arch dict has unknown keys ['bogus']; valid keys are embed_dims,"
        ' num_heads, depths, sampling_ratios, mlp_ratios, dw_kernel_sizes')),
     (dict(arch=tiny_arch((8, 8, 8, 16), (1, 0, 1, 2))), V,
-     E('SOFT arch: num_heads[1]=0 does not divide embed_dims[1]=8')),
+     X('SOFT arch: num_heads[1]=0 does not divide embed_dims[1]=8')),
     (dict(arch=tiny_arch((8, 8, 8, 16), (1, 1, 1, 2), (1, 0, 1, 1))), V,
-     E('SOFT arch: every depth must be >= 1, got [1, 0, 1, 1]')),
+     X('SOFT arch: every depth must be >= 1, got [1, 0, 1, 1]')),
     (arch(sampling_ratios=[8, 4, 2.5, 1]), V,
-     E('SOFT arch: sampling_ratios[2] must be an int >= 1, got 2.5')),
+     X('SOFT arch: sampling_ratios[2] must be an int >= 1, got 2.5 (float)')),
     *[(arch(mlp_ratios=[4, r, 4, 4]), V,
-       E(f'SOFT arch: mlp_ratios[1] must be a positive number, got {r!r}'))
-      for r in (True, 0, -1, '4')],
+       X(f'SOFT arch: mlp_ratios[1] must be a positive number, got {r!r}'))
+      for r in (True, 0, '4')],
     (arch(dw_kernel_sizes=[9, 5, 3, 7]), V,
-     E("SOFT arch['dw_kernel_sizes'][3] must be None: stage 4 is a "
+     X("SOFT arch['dw_kernel_sizes'][3] must be None: stage 4 is a "
        'ClsTokenStage, which takes no dw_kernel_size; got 7')),
     (arch(dw_kernel_sizes=[9, 5, 3]), V,
-     E("arch['dw_kernel_sizes'] must be a list of 4 values (one per stage), "
-       'got [9, 5, 3]')),
-    (arch(dw_kernel_sizes=[9, 5, 3, 3]), V,
-     E("arch['dw_kernel_sizes'][3] must be None: stage 4 is a ClsTokenStage")),
-    (arch(sampling_ratios=[8, 4, 2]), V,
-     E("arch['sampling_ratios'] must be a list of 4 values")),
+     X("SOFT arch['dw_kernel_sizes'] must be a list of 4 values (one per "
+       'stage), got [9, 5, 3]')),
 ]
 
 
@@ -155,14 +132,11 @@ def test_other_refusals():
         SOFTAttention(16, 2, 2, nr=dict(iters=0))
     with pytest.raises(ValueError, match='dw_kernel_size'):
         SOFTAttention(16, 2, 2, dw_kernel_size=4)
-    for cfg in (dict(eps=1e-6), 'LN'):
-        with pytest.raises(
-                TypeError,
-                match=E('SOFT: norm_cfg must be a dict with a "type" (e.g. '
-                        "dict(type='LN')), got")):
-            check_norm_cfg('norm_cfg', cfg)
-    with pytest.raises(KeyError, match='must contain the key "type"'):
-        SOFTBlock(8, 1, 2, attn_cfg=dict(nr_iters=3))
+    with pytest.raises(TypeError) as e:
+        check_norm_cfg('norm_cfg', dict(eps=1e-6))
+    assert str(
+        e.value) == ('SOFT: norm_cfg must be a dict with a "type" (e.g. '
+                     "dict(type='LN')), got {'eps': 1e-06}")
 
 
 @pytest.mark.parametrize('key', ['norm_cfg', 'patch_norm_cfg'])
@@ -174,30 +148,25 @@ def test_unknown_norm_names_it_and_the_known_norms(key):
     assert msg.startswith(f"SOFT: {key} has type 'BogusNorm', which is not a "
                           'registered norm layer; known norms: ')
     known = msg.split('known norms: ')[1].split(', ')
-    assert {'BN', 'GN', 'LN', 'IN', 'SyncBN'
-            } <= set(known) and 'None' not in msg
+    assert {'BN', 'GN', 'LN', 'IN', 'SyncBN'} <= set(known)
     for name in known:
         cls = MODELS.get(name)
         assert isinstance(cls, type) and issubclass(cls, nn.Module)
         assert 'Norm' in cls.__name__, name
-    assert not {'Conv2d', 'ReLU', 'Linear', 'GELU'} & set(known)
     if 'MMSyncBN' in MODELS.module_dict:  # not a torch norm's subclass
         assert 'MMSyncBN' in known
 
 
 @pytest.mark.parametrize('kwargs', [
-    soft(nr_iters=1),
-    soft(max_landmarks=16),
-    soft(max_landmarks=None),
-    soft(attn_norm=False, nr_iters=5, sampling='avgpool'),
-    dict(pretrain_img_size=32),
-    dict(drop_path_rate=0.5),
-    arch(dw_kernel_sizes=[7, 0, 1, None]),
-    arch(mlp_ratios=[1, 0.5, 4, 4]),
-    dict(attn_cfg=dict(type='linformer', max_landmarks=16)),
-    dict(attn_cfg=dict(type='nystromformer', max_landmarks=16)),
-    dict(attn_cfg=dict(type='softmax')),
-    dict(attn_cfg=dict(type='PerformerAttention', num_features=8)),
+    dict(
+        pretrain_img_size=32,
+        drop_path_rate=0.,
+        **soft(
+            nr_iters=1,
+            max_landmarks=None,
+            attn_norm=False,
+            sampling='avgpool')),
+    arch(dw_kernel_sizes=[7, 0, 1, None], mlp_ratios=[1, 0.5, 4, 4]),
     dict(stage_cfgs=[
         dict(attn_cfg=dict(type='soft', attn_norm=False)),
         dict(attn_cfg=dict(type='linformer', sr_mode='avgpool')),
@@ -213,7 +182,7 @@ def test_valid_arguments_are_accepted(kwargs):
         assert [f.out_features for f in fc1] == [8, 4]
 
 
-def test_defaults_and_arch_aliases():
+def test_defaults_aliases_and_out_indices():
     model, tiny = SOFT(), SOFT.arch_zoo['tiny']
     assert (model.embed_dims, model.depths) == (tiny['embed_dims'],
                                                 tiny['depths'])
@@ -221,9 +190,9 @@ def test_defaults_and_arch_aliases():
     assert model.stages[0].pos_embed.shape[1] == 56 * 56
     for full in ('tiny', 'small', 'medium', 'large', 'huge'):
         assert SOFT.arch_zoo[full[0]] is SOFT.arch_zoo[full]
-    a, b = SOFT('s'), SOFT('small')
-    assert a.arch_settings == b.arch_settings
-    assert a.state_dict().keys() == b.state_dict().keys()
+    for out_indices, want in ((2, (2, )), (-4, (0, )), ((3, -1, 0), (0, 3))):
+        model = SOFT(ARCH, pretrain_img_size=32, out_indices=out_indices)
+        assert model.out_indices == want
 
 
 def test_arch_stage_cfgs_and_attn_cfg_are_copied_not_shared():
@@ -241,10 +210,8 @@ def test_arch_stage_cfgs_and_attn_cfg_are_copied_not_shared():
     user[1]['attn_cfg']['type'] = 'Bogus'
     attn['nr']['iters'] = 3  # each stage: its own deep copy
     assert model.stage_cfgs[1]['attn_cfg']['type'] == 'SOFTAttention'
-    assert [
-        model.stage_cfgs[i]['attn_cfg'].get('nr', {}).get('iters')
-        for i in (0, 2)
-    ] == [10, 10]
+    assert [model.stage_cfgs[i]['attn_cfg']['nr']['iters']
+            for i in (0, 2)] == [10, 10]
 
 
 def test_options_reach_each_stage():
@@ -264,8 +231,7 @@ def test_options_reach_each_stage():
     assert [c['stem'] for c in cfgs] == [True, False, False, False]
     assert [c['in_channels'] for c in cfgs] == [1, 8, 8, 8]
     assert [r for c in cfgs for r in c['drop_path_rates']
-            ] == pytest.approx([0., 0.1, 0.2, 0.3])
-    assert [len(c['drop_path_rates']) for c in cfgs] == [1, 1, 1, 1]
+            ] == pytest.approx([0., 0.1, 0.2, 0.3])  # one per block
     assert {c['qkv_bias'] for c in cfgs} == {False}
     assert {c['drop_rate'] for c in cfgs} == {0.1}
     assert [c.get('residual_drop') for c in cfgs] == ['dropout'] * 3 + [None]
@@ -275,20 +241,13 @@ def test_options_reach_each_stage():
     for with_cp in (False, True):
         model = SOFT(ARCH, pretrain_img_size=32, with_cp=with_cp)
         assert [s.with_cp for s in model.stages] == [with_cp] * 4
-        assert all(type(s.with_cp) is bool for s in model.stages)
-
-
-@pytest.mark.parametrize('out_indices, want', [(2, (2, )), (-4, (0, )),
-                                               ((3, -1, 0), (0, 3))])
-def test_out_indices_int_negative_and_repeated(out_indices, want):
-    model = SOFT(ARCH, pretrain_img_size=32, out_indices=out_indices)
-    assert model.out_indices == want
 
 
 def test_stage_cfgs_and_attn_cfg_per_stage():
     """stage_cfgs[i] merged over the computed stage config (its attn_cfg
     replaces attn_cfg), or one dict for every stage."""
     plain = SOFT(ARCH, drop_path_rate=0.1)
+    own = dict(type='SOFTAttention', nr_iters=3)
     model = SOFT(
         ARCH,
         drop_path_rate=0.1,
@@ -296,47 +255,36 @@ def test_stage_cfgs_and_attn_cfg_per_stage():
         attn_cfg=dict(type='soft', nr_iters=7),
         stage_cfgs=[
             dict(attn_cfg=dict(type='soft', attn_norm=False)),
-            dict(attn_cfg=dict(type='linformer')),
+            dict(attn_cfg=own),
             dict(dw_kernel_size=7, residual_drop='dropout'),
             dict(attn_drop_rate=0.2)
         ])
     cfgs = model.stage_cfgs
-    assert [c['sampling_ratio'] for c in cfgs[:3]] == [8, 4, 2]
     assert [c.get('dw_kernel_size') for c in cfgs] == [9, 5, 7, None]
-    assert cfgs[1]['attn_cfg'] == dict(type='linformer')
+    assert [c['sampling_ratio'] for c in cfgs[:3]] == [8, 4, 2]
+    assert cfgs[1]['attn_cfg'] == own
     assert 'attn_cfg' not in cfgs[3] and cfgs[3]['attn_drop_rate'] == 0.2
     assert plain.stage_cfgs[3]['attn_drop_rate'] == 0
-    assert [c.get('dw_kernel_size')
-            for c in plain.stage_cfgs] == [9, 5, 3, None]
     assert [c['in_channels'] for c in cfgs] == [3] + ARCH['embed_dims'][:3]
     attns = [s.blocks[0].attn for s in model.stages[:3]]
     assert attns[0].attn_norm is False and attns[2].attn_norm is True
-    assert type(attns[1]).__name__ == 'LinformerAttention'
-    assert attns[2].nr_iters == 7 and attns[2].dw_conv.kernel_size == (7, 7)
+    assert [a.nr_iters for a in attns] == [20, 3, 7]
+    assert attns[2].dw_conv.kernel_size == (7, 7)
     assert isinstance(model.stages[2].blocks[0].drop, nn.Dropout)
     assert not isinstance(model.stages[0].blocks[0].drop, nn.Dropout)
-    same = SOFT(
-        ARCH,
-        drop_path_rate=0.1,
-        stage_cfgs=[{}, {}, dict(dw_kernel_size=7), {}])
-    assert same.stage_cfgs[:2] == plain.stage_cfgs[:2]  # others unchanged
     every = SOFT(ARCH, stage_cfgs=dict(sampling_ratio=1, qkv_bias=False))
     assert [c.get('sampling_ratio') for c in every.stage_cfgs] == \
         [1, 1, 1, None]
-    assert not any(c['qkv_bias'] for c in every.stage_cfgs)
     assert every.stages[3].blocks[0].attn.q.bias is None
-    assert SOFT(ARCH, stage_cfgs=[{}] * 4).state_dict().keys() == \
-        plain.state_dict().keys()
+    assert SOFT(ARCH, stage_cfgs=[{}] * 4).stage_cfgs == SOFT(ARCH).stage_cfgs
 
 
 def test_attention_from_the_block_settings_and_attn_cfg():
     """``{**block settings, **attn_cfg}`` (Swin's merge); ``type`` may be
     the class; built in mmsoft's scope (no registry warning under mmdet)."""
-    blk = SOFTBlock(8, 2, 2, attn_cfg=dict(type='linformer', num_heads=1))
-    assert type(blk.attn).__name__ == 'LinformerAttention'
-    assert (blk.attn.embed_dims, blk.attn.num_heads) == (8, 1)
-    assert blk.attn.sampling_ratio == 2
-    assert blk.attn.dw_conv.kernel_size == (3, 3)
+    attn = SOFTBlock(8, 2, 2, attn_cfg=dict(type='soft', num_heads=1)).attn
+    assert (attn.embed_dims, attn.num_heads) == (8, 1)
+    assert attn.sampler.ratio == 2 and attn.dw_conv.kernel_size == (3, 3)
     attn = SOFTBlock(
         8, 1, 2, attn_cfg=dict(type=SOFTAttention, nr_iters=3,
                                nr_init='soft')).attn
