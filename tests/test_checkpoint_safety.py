@@ -1,9 +1,5 @@
-"""No mmsoft loading path runs code from a checkpoint, on every torch: a
-crafted file whose unpickling creates a marker goes through every entry
-point (the hook's Runner loads, the resume search, init_cfg, the ONNX
-loader, both converters, tools/test.py, demo/image_demo.py); each refuses it
-in one line naming the file and the safe fix, and the marker never exists.
-"""
+"""No loading path runs code from a crafted checkpoint (creating a marker):
+each entry point refuses it in one line naming the file and the safe fix."""
 import os.path as osp
 import pickle
 from types import SimpleNamespace
@@ -99,10 +95,8 @@ def _converter(name, *options):
 
 
 ENTRY_POINTS = {
-    'Runner_load_from':
+    'Runner_load_from':  # resume=True: the same branch
     _hook_before_run(resume=False),
-    'Runner_resume':
-    _hook_before_run(resume=True),
     'resume_search':
     _resume_search,
     'init_cfg_Pretrained':

@@ -207,7 +207,17 @@ def test_flipped_bytes_are_detected(tmp_path, run_copy):
             getattr(runner, run)()
 
 
-def test_resume_skips_damaged_newest(tmp_path, run_copy):
+def test_resume_skips_damaged_newest_seeing_the_allow_list_inside(
+        tmp_path, run_copy):
+    """The Runner's loads alone see mmsoft's allow-list (issue 50)."""
+
+    def get():  # a set in torch: its order is no property
+        return set(getattr(torch.serialization, 'get_safe_globals', list)())
+
+    # torch's own entries, added when the Runner's environment report first
+    # imports torchvision (and it torch._dynamo): added before the snapshot
+    import torch._dynamo  # noqa: F401
+    before, seen = get(), []
     work = run_copy(tmp_path / 'work', 6)
     newest = work / 'iter_6.pth'
     flip_tensor_bytes(newest, 4, FC_RECORD)
@@ -215,8 +225,16 @@ def test_resume_skips_damaged_newest(tmp_path, run_copy):
     assert path == str(work / 'iter_4.pth')
     assert [p for p, _ in skipped] == [str(newest)]
     runner = _runner(work, 'resumed', resume=True)
+    runner.register_hook(
+        _On(after_load_checkpoint=lambda r, checkpoint: seen.append(
+            len(get())),
+            before_train=lambda r: seen.append(get())))
     assert _trained_from(runner) == 4 and runner.iter == 10
     assert f'skipping checkpoint {newest}' in _log(runner)
+    assert len(seen) == 2 and seen[1] == before and get() == before
+    assert seen[0] > len(before) or not hasattr(torch.serialization,
+                                                'safe_globals')
+    assert 'load_checkpoint' not in vars(runner)  # after_run: unwrapped
 
 
 def test_resume_without_any_complete_checkpoint(tmp_path):
@@ -363,30 +381,6 @@ def test_save_atomic_cleans_up(tmp_path):
                 cf.save_atomic({'a': torch.zeros(2)}, str(dst), writer=writer)
         assert dst.read_bytes() == before
         assert os.listdir(tmp_path) == ['ckpt.pth']
-
-
-def test_runner_loads_see_the_allow_list_only_inside(tmp_path, run_copy):
-    """The Runner's loads alone see mmsoft's allow-list (issue 50)."""
-
-    def get():  # a set in torch: its order is no property
-        return set(getattr(torch.serialization, 'get_safe_globals', list)())
-
-    # torch's own entries, added when the Runner's environment report first
-    # imports torchvision (and it torch._dynamo): added before the snapshot
-    import torch._dynamo  # noqa: F401
-    before, seen = get(), []
-    work = run_copy(tmp_path / 'work', 6)
-    resumed = _runner(work, 'resumed', resume=True)
-    resumed.register_hook(
-        _On(after_load_checkpoint=lambda r, checkpoint: seen.append(
-            len(get())),
-            before_train=lambda r: seen.append(get())))
-    resumed.train()
-    assert resumed.iter == 10 and len(seen) == 2
-    assert seen[1] == before and get() == before
-    assert seen[0] > len(before) or not hasattr(torch.serialization,
-                                                'safe_globals')
-    assert 'load_checkpoint' not in vars(resumed)  # after_run: unwrapped
 
 
 def _draws():
@@ -668,19 +662,16 @@ def test_resume_from_another_dir_forgets_its_checkpoint_names(tmp_path):
         keep_ckpt_ids=[],
         best_ckpt=str(work / 'best_acc_iter_4.pth'),
         best_ckpt_loss=None)
-
-
-@pytest.mark.parametrize('attrs', [
-    dict(drop=('_resume', ), _has_loaded=True),
-    dict(drop=('_has_loaded', ), _resume=True),
-    dict(drop=('_load_from', ), _resume=True, _has_loaded=True),
-])
-def test_checkpoint_names_kept_unless_resumed_from_elsewhere(tmp_path, attrs):
-    elsewhere = str(tmp_path / 'o' / 'iter_8.pth')
-    runner = _Runner(tmp_path, loop=_Loop(), _load_from=elsewhere, **attrs)
-    runner.message_hub.update_info('keep_ckpt_ids', [6, 8])
-    SafeCheckpointHook().before_train(runner)
-    assert dict(runner.message_hub.runtime_info) == dict(keep_ckpt_ids=[6, 8])
+    # kept unless resumed (both set) from elsewhere
+    for attrs in (dict(drop=('_resume', ), _has_loaded=True),
+                  dict(drop=('_has_loaded', ), _resume=True),
+                  dict(drop=('_load_from', ), _resume=True, _has_loaded=True)):
+        runner = _Runner(
+            work, loop=_Loop(), _load_from=info['best_ckpt'], **attrs)
+        runner.message_hub.update_info('keep_ckpt_ids', [6, 8])
+        SafeCheckpointHook().before_train(runner)
+        assert dict(runner.message_hub.runtime_info) == dict(
+            keep_ckpt_ids=[6, 8])
 
 
 def test_partial_checkpoint_removed_with_a_line_or_remote_left_to_mmengine(
