@@ -91,8 +91,7 @@ def _target_of_temp(path) -> str:
 
 
 def run_main(main: Callable, argv=None):
-    """``sys.exit(main(argv))``, an expected failure as its one line, exit 1
-    (``MMSOFT_TRACEBACK=1``: re-raised)."""
+    """``sys.exit(main(argv))``; an expected failure: one line, exit 1."""
     try:
         code = main(argv)
     except Exception as e:  # noqa: BLE001 - the table decides
@@ -106,8 +105,7 @@ def run_main(main: Callable, argv=None):
 
 
 def config_syntax_error(path: str, _seen=None) -> Optional[str]:
-    """``<file>:<line>: syntax error: <what>`` in ``path`` or its local
-    ``_base_`` files (mmengine names ``<unknown>``), or None."""
+    """``<file>:<line>: syntax error: <what>`` in ``path`` or its bases."""
     import ast
     _seen = set() if _seen is None else _seen
     if path in _seen:
@@ -184,8 +182,7 @@ def _existing(path: str) -> str:
 
 
 def unwritable_reason(path: str, directory: bool = False):
-    """Why a file (or ``directory``) cannot be written at ``path``, or
-    None (missing parents are fine)."""
+    """Why a file (or ``directory``) cannot be written at ``path``, or None."""
     path = osp.abspath(path)
     if not directory and osp.isdir(path):
         return 'is a directory; give a file name'
@@ -235,8 +232,7 @@ def runner_parser(description: str, positionals: Dict[str,
 
 def parse_runner_args(parser: argparse.ArgumentParser,
                       argv=None) -> argparse.Namespace:
-    """``parser.parse_args(argv)``, launcher, ``--cfg-options`` spaces and
-    seed checked; ``LOCAL_RANK`` set from ``--local-rank`` if unset."""
+    """``parser.parse_args(argv)`` checked; ``LOCAL_RANK`` set if unset."""
     args = parser.parse_args(argv)
     problem = launcher_problem(args.launcher, parser.prog)
     if problem:
@@ -379,8 +375,7 @@ _VALUE_KINDS = (
 
 
 def cfg_option_problem(cfg, key: str, value=None) -> Optional[str]:
-    """Why ``key=value`` looks wrong (a near-miss key, a wrong kind), or
-    None."""
+    """Why ``key=value`` looks wrong (a near-miss key, a wrong kind)."""
     import difflib
     node, done = cfg, []
     for part in key.split('.'):
@@ -430,8 +425,7 @@ def merge_cfg_options(cfg, options: Optional[dict]) -> None:
 
 
 def check_work_dir(path: Optional[str], option: str = '--work-dir') -> None:
-    """An output directory that cannot be written: a :class:`ToolError`
-    (probed with a temporary directory)."""
+    """An output directory that cannot be written: a :class:`ToolError`."""
     if not path:
         return
     import tempfile
@@ -453,8 +447,7 @@ def check_work_dir(path: Optional[str], option: str = '--work-dir') -> None:
 
 
 def checkpoint_problem(path: str) -> Optional[str]:
-    """Why ``path`` cannot be loaded (a directory, damaged, an unreachable
-    URL), or None."""
+    """Why ``path`` cannot be loaded (a folder, damaged, unreachable)."""
     path = str(path)
     if path.startswith(('http://', 'https://')):
         return _url_problem(path)
@@ -511,8 +504,7 @@ def check_device(device: Optional[str]) -> None:
 
 
 def init_cfg_entries(cfg, key: str = 'model') -> Iterable:
-    """``(path parts, node, i, entry)`` of each init_cfg entry, depth first
-    (``i``: None for a single dict)."""
+    """``(path parts, node, index or None, entry)`` of each init_cfg entry."""
     todo = [((key, ), cfg.get(key))]
     while todo:
         parts, node = todo.pop(0)
@@ -573,8 +565,7 @@ def check_init_checkpoints(cfg) -> None:
 
 
 def check_runner_checkpoints(cfg) -> None:
-    """Bad ``load_from`` / resume files or a held ``out_dir``, before the
-    Runner writes anything: a :class:`ToolError`."""
+    """Bad ``load_from`` / resume files or a held ``out_dir``: a ToolError."""
     from mmsoft.engine.hooks import resume as R
     work_dir, load_from = cfg.work_dir, cfg.get('load_from', None)
     resumes = bool(cfg.get('resume', False))

@@ -1,7 +1,5 @@
-"""Check that the data a config needs is there and loads, before a run
-(docs/en/user_guides/data_preparation.md); the datasets are built from the
-registry as mmpretrain's ``verify_dataset.py`` does.
-``MMSOFT_SKIP_DATA_CHECK=1`` skips the check."""
+"""The data a config needs is there and loads (docs/en/user_guides/
+data_preparation.md); ``MMSOFT_SKIP_DATA_CHECK=1`` skips the check."""
 import contextlib
 import io
 import os

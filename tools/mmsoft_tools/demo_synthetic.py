@@ -189,8 +189,7 @@ def _composite(img, poly, rng, kind, colour_cue):
 
 
 def render_scene(rng, size, objects=(2, 6), radius=(10, 38), colour_cue=0.):
-    """``(img, objs, other)``: a BGR scene, its objects' visible masks
-    (label, mask) and the ADE20K "other" mask."""
+    """``(BGR img, [dict(label, visible mask)], ADE20K "other" mask)``."""
     img = _background(rng, size, size)
     clutter = _clutter(rng, img, size, size)
     objs = []
@@ -385,8 +384,7 @@ def make_demo_data(out,
                    overrides=None,
                    workers=None,
                    log=print):
-    """Generate the data sets of ``tasks`` under ``out`` (up-to-date ones
-    skipped unless ``force``): ``{task: dict(path, generated, seconds)}``."""
+    """``{task: dict(path, generated, seconds)}``; up-to-date sets kept."""
     log = log or (lambda *a, **k: None)
     workers = workers or min(os.cpu_count() or 1, 4)
     for task in tasks:  # before anything is written

@@ -208,8 +208,7 @@ class ExportWrapper(nn.Module):
 
 
 class MatmulAdaptiveAvgPool2d(nn.Module):
-    """``nn.AdaptiveAvgPool2d`` as two averaging matrices, for export
-    (the TorchScript exporter has no pooling to non-dividing sizes)."""
+    """``nn.AdaptiveAvgPool2d`` as two averaging matrices (exportable)."""
 
     def __init__(self, output_size):
         super().__init__()

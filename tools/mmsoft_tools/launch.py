@@ -92,8 +92,7 @@ def _cuda_set_device_disabled():
 
 
 def setup_cpu_distributed(cfg, launcher: str) -> bool:
-    """``--launcher`` without CUDA (mmengine assumes a GPU per process):
-    gloo, CPU DDP, BN for SyncBN. True when applied."""
+    """``--launcher`` without CUDA: gloo, CPU DDP, BN for SyncBN; applied?"""
     if launcher == 'none' or torch.cuda.is_available():
         return False
     from mmengine.dist import init_dist, is_distributed
