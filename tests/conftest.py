@@ -1,6 +1,5 @@
 """What several test files share (fixtures by name, the rest ``from
-conftest import ...``): paths, child processes with this interpreter and
-checkout, tiny archs and checkpoints, tools loaded as modules."""
+conftest import ...``)."""
 import contextlib
 import importlib
 import importlib.util
@@ -25,7 +24,6 @@ TOOLS = osp.join(ROOT, 'tools')
 sys.path.append(TOOLS)  # the tools' own package, mmsoft_tools
 
 
-# ------------------------------------------------------------ test order
 def pytest_terminal_summary(terminalreporter, config):
     """pytest-randomly's seed, also under ``-q`` (which hides its header)."""
     seed = getattr(config.option, 'randomly_seed', None)
@@ -35,11 +33,10 @@ def pytest_terminal_summary(terminalreporter, config):
             f'SEED={seed} replays it)')
 
 
-# ------------------------------------------------------ child processes
 def child_env(**extra):
     """``os.environ`` for a child running this checkout's mmsoft with this
-    interpreter (``PYTHON``, the launch scripts'), one OpenMP thread, no
-    warnings; ``extra`` sets variables (``None``: removes one)."""
+    interpreter, one OpenMP thread, no warnings; ``extra``: set (None:
+    removed)."""
     env = dict(
         os.environ,
         PYTHON=sys.executable,
@@ -56,7 +53,7 @@ def child_env(**extra):
 
 
 def run(cmd, cwd=ROOT, timeout=600, env=None, **extra_env):
-    """``cmd`` with text output captured, in ``child_env(**extra_env)``."""
+    """``cmd``, text output captured, in ``child_env(**extra_env)``."""
     return subprocess.run([str(c) for c in cmd],
                           cwd=str(cwd),
                           env=child_env(**extra_env) if env is None else env,
@@ -71,14 +68,13 @@ def run_python(code, **kwargs):
 
 
 def dead_pid():
-    """The id of a process that has exited (a writer that is gone)."""
+    """The id of a process that has exited."""
     return run_python('import os; print(os.getpid())').stdout.strip()
 
 
 @contextlib.contextmanager
 def work_dir_holder(work, seconds=120):
-    """A child holding ``work``'s ``WorkDirLock`` during the block (a live
-    training run); yields its ``Popen``."""
+    """A child holding ``work``'s ``WorkDirLock`` in the block."""
     code = (f'import sys, time; sys.path.insert(0, {TOOLS!r}); '
             'from mmsoft_tools.work_dir_lock import WorkDirLock; '
             f'lock = WorkDirLock({work!r}).acquire(); '
@@ -146,9 +142,8 @@ for line in sys.stdin:
 @pytest.fixture(scope='session')
 def script_server(tmp_path_factory):
     """``run(script, argv, cwd=ROOT, env=None, setup='', timeout=300)``:
-    ``python script argv`` as a ``CompletedProcess``, forked from a process
-    that imported the stacks (no fresh interpreter's cost); ``setup``: code
-    run first. What a fresh interpreter prints or imports: :func:`run`."""
+    ``python script argv`` (a ``CompletedProcess``) forked from a process
+    that imported the stacks; ``setup``: code run first."""
     pytest.importorskip('mmpretrain')
     server = subprocess.Popen([sys.executable, '-c', SCRIPT_SERVER],
                               cwd=ROOT,
@@ -186,8 +181,7 @@ def script_server(tmp_path_factory):
 
 @contextlib.contextmanager
 def current_log(level=None):
-    """The records of mmengine's current logger in the block (a fresh
-    MMLogger is current there; ``level``: default INFO)."""
+    """The records of a fresh current MMLogger in the block."""
     import logging
 
     from mmengine.logging import MMLogger
@@ -223,13 +217,12 @@ def deadline(seconds=2.0):
 
 
 def free_port():
-    """A TCP port on 127.0.0.1 that nothing listens on now."""
+    """A free TCP port on 127.0.0.1."""
     with socket.socket() as s:
         s.bind(('127.0.0.1', 0))
         return s.getsockname()[1]
 
 
-# ------------------------------------------------------------ scripts
 def load_module(path, name):
     """The file at ``path`` as a module ``name`` (not in ``sys.modules``)."""
     spec = importlib.util.spec_from_file_location(name, path)
@@ -239,8 +232,8 @@ def load_module(path, name):
 
 
 def load_tool(relpath, name=None):
-    """``tools/<relpath>`` by :func:`load_module`, its folder first on
-    ``sys.path`` as when run (``tools/analysis`` imports ``utils``)."""
+    """``tools/<relpath>`` by :func:`load_module`, its folder on
+    ``sys.path`` as when run."""
     path = osp.join(TOOLS, relpath)
     folder = osp.dirname(path)
     if folder not in sys.path:
@@ -253,7 +246,6 @@ def tool_namespace(name, run_name='tools'):
     return runpy.run_path(osp.join(TOOLS, name + '.py'), run_name=run_name)
 
 
-# -------------------------------------------------- models, checkpoints
 def tiny_arch(
         embed_dims=(16, 32, 32, 64),
         num_heads=(1, 1, 1, 2),
@@ -276,7 +268,7 @@ def save_classifier_checkpoint(path, backbone, head=None, **extra):
 
 
 def random_model(cfg):
-    """A config's model, built in its codebase and ``init_weights``-ed."""
+    """A config's model, built in its codebase, ``init_weights``-ed."""
     from mmengine.config import Config
     from mmengine.registry import DefaultScope
 
@@ -301,7 +293,7 @@ def demo_support():
 
 def tiny_demo_data(num_train):
     """``make_demo_data`` overrides: det / seg ``num_train`` and 2, cls 5
-    and 5 (one image per class)."""
+    and 5."""
     tiny = {t: dict(num_train=num_train, num_val=2) for t in ('det', 'seg')}
     tiny['cls'] = dict(num_train=5, num_val=5)
     return tiny
@@ -336,9 +328,8 @@ _AUTHORS_FILES = {}
 
 
 def authors_file(path, arch):
-    """An authors'-layout file (``{'model': ...}``, ``tests/reference``) of
-    the preset ``arch`` (224, 1000 classes): expanded zeros, a few bytes.
-    Returns its number of tensors."""
+    """An authors'-layout file of the preset ``arch`` (224, 1000 classes;
+    expanded zeros, a few bytes); its number of tensors."""
     if arch not in _AUTHORS_FILES:
         from reference.official_soft_ref import random_official_state_dict
 
@@ -374,7 +365,7 @@ class Reduce:
 
 def flip_tensor_bytes(path, n, size=None):
     """Flip ``n`` bytes mid-record of the tensors of ``size`` bytes (else
-    the largest) in a ``torch.save`` zip (``torch.load`` skips the CRC)."""
+    the largest) in a ``torch.save`` zip."""
     with zipfile.ZipFile(path) as z:
         records = [i for i in z.infolist() if '/data/' in i.filename]
     if size is None:
@@ -392,11 +383,9 @@ def flip_tensor_bytes(path, n, size=None):
     open(path, 'wb').write(bytes(raw))
 
 
-# ------------------------------------------------------ training loops
 @pytest.fixture
 def one_thread():
-    """One intra-op thread: on a shared 2-core machine tiny ops' spin-waits
-    made a Runner test ~20x slower (98 s vs 5 s)."""
+    """One intra-op thread (spin-waits made a Runner test 20x slower)."""
     n = torch.get_num_threads()
     torch.set_num_threads(1)
     yield
@@ -408,8 +397,7 @@ class Interrupted(Exception):
 
 
 class Crash(Hook):
-    """Interrupts training after iteration ``stop_after`` and its checkpoint
-    (a killed job)."""
+    """Interrupts training after iteration ``stop_after`` (a killed job)."""
 
     priority = 'LOWEST'
 
@@ -429,14 +417,12 @@ def model_weights(runner):
     }
 
 
-# ------------------------------------------------------- torch versions
 #: added to the collected float16 CPU tests (torch 2.1 has neither)
 CPU_FLOAT16 = ('2.4', 'float16 autocast and float16 kernels on the CPU')
 
 
 def needs_torch(version, reason):
-    """Skipped on an older torch, ``pytest -rs`` printing why (``make
-    compat`` runs the oldest stack, where these skips show)."""
+    """Skipped on an older torch, ``pytest -rs`` printing why."""
     return pytest.mark.needs_torch(version, reason)
 
 
@@ -471,7 +457,6 @@ def pytest_collection_modifyitems(config, items):
                 break
 
 
-# ------------------------------------------------------------- devices
 def device_types():
     """``cpu``, and ``cuda`` where available; ``MMSOFT_TEST_DEVICE``: one."""
     want = os.environ.get('MMSOFT_TEST_DEVICE', '')
@@ -499,9 +484,8 @@ def smooth_kernel(*batch,
                   dtype=torch.float64,
                   freq=4,
                   stretch=6):
-    """A SOFT-like kernel of landmarks varying smoothly along a curve (as
-    conv-sampled features do): many small eigenvalues on which 20 NR
-    iterations do not converge."""
+    """A SOFT-like kernel of landmarks varying smoothly along a curve: many
+    small eigenvalues on which 20 NR iterations do not converge."""
     from mmsoft.models.layers import gaussian_kernel
     g = torch.Generator().manual_seed(seed)
     t = torch.linspace(0, 1, m, dtype=torch.float64)[:, None]

@@ -1,5 +1,7 @@
-"""Generated mutants: mutmut once per group of :data:`GROUPS` (``make
-mutations [GROUPS='loading safety']``), in ``work_dirs/mutation/<group>/``
+"""mutmut's generated mutants per group, or the hand-written ones.
+
+mutmut runs once per group of :data:`GROUPS` (``make mutations
+[GROUPS='loading safety']``), in ``work_dirs/mutation/<group>/``
 (kept: mutmut resumes; ``tools/mmsoft_tools`` as ``src/mmsoft_tools``) with
 the group's ``[mutmut]`` section, within its budget (what a cut run did not
 finish is ``not run``); ``equivalent.txt`` (name, reason) counts as
@@ -486,22 +488,17 @@ def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split('\n')[0])
     p.add_argument(
         'groups', nargs='*', help=f'of {", ".join(GROUPS)} (--hand: names)')
-    p.add_argument(
-        '--hand', action='store_true', help='the hand-written mutations')
+    for flag, text in (('--hand', 'the hand-written mutations'),
+                       ('--table',
+                        'only rewrite the table from tests/mutation/results'),
+                       ('--survivors', 'print survivors as diffs'),
+                       ('--retest',
+                        'run only the mutants that survived, had no test or '
+                        'did not run last time (e.g. after adding tests)')):
+        p.add_argument(flag, action='store_true', help=text)
     p.add_argument('--python', default=sys.executable, help='--hand: pytest')
     p.add_argument(
-        '--table',
-        action='store_true',
-        help='only rewrite the table from tests/mutation/results')
-    p.add_argument(
-        '--survivors', action='store_true', help='print survivors as diffs')
-    p.add_argument(
         '--work-dir', default=osp.join(ROOT, 'work_dirs', 'mutation'))
-    p.add_argument(
-        '--retest',
-        action='store_true',
-        help='run only the mutants that survived, had no test or did not '
-        'run last time (e.g. after adding tests)')
     p.add_argument('--max-children', type=int, default=os.cpu_count() or 2)
     p.add_argument(
         '--budget-scale', type=float, default=1.0, help='times each budget')
