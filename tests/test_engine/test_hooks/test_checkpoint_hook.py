@@ -183,28 +183,18 @@ def test_resume_equals_uninterrupted_run(tmp_path, run_copy, by_epoch,
 
 
 def test_flipped_bytes_are_detected(tmp_path, run_copy):
-    """Flipped record bytes: torch.load takes them, mmsoft refuses."""
-    work = run_copy(tmp_path / 'work')
-    good = _load(work / 'iter_10.pth')
-    state = good['meta']['mmsoft_rng']['states'][0]['torch']
-    for record, size in (('rng', state.numel() * state.element_size()),
-                         ('fc', FC_RECORD)):
-        path = tmp_path / f'{record}.pth'
-        shutil.copy(work / 'iter_10.pth', path)
-        flip_tensor_bytes(path, 4, size)
-        bad, fc = _load(path), record == 'fc'
-        assert _bitwise_equal(bad['state_dict'], good['state_dict']) != fc
-        assert torch.equal(bad['meta']['mmsoft_rng']['states'][0]['torch'],
-                           state) == fc
-        damage = re.escape(f'{path} is corrupt (CRC error')
-        with pytest.raises(cio.CheckpointError, match=damage):
-            cio.load_verified(str(path))
-    # resume (train) and val stop before torch.load
-    for name, run, kw in (('val', 'val', {}), ('resumed', 'train',
-                                               dict(resume=True))):
-        runner = _runner(tmp_path / name, name, load_from=str(path), **kw)
-        with pytest.raises(cio.CheckpointError, match=damage):
-            getattr(runner, run)()
+    """A flipped RNG state byte: torch.load takes it, mmsoft refuses."""
+    path = run_copy(tmp_path / 'work') / 'iter_10.pth'
+    state = _load(path)['meta']['mmsoft_rng']['states'][0]['torch']
+    flip_tensor_bytes(path, 4, state.numel() * state.element_size())
+    assert not torch.equal(
+        _load(path)['meta']['mmsoft_rng']['states'][0]['torch'], state)
+    damage = re.escape(f'{path} is corrupt (CRC error')
+    with pytest.raises(cio.CheckpointError, match=damage):
+        cio.load_verified(str(path))
+    runner = _runner(tmp_path / 'val', 'val', load_from=str(path))
+    with pytest.raises(cio.CheckpointError, match=damage):
+        runner.val()  # stopped before mmengine's torch.load
 
 
 def test_resume_skips_damaged_newest_seeing_the_allow_list_inside(
