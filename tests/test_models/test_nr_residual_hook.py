@@ -32,15 +32,11 @@ def _runner(*backbones, it=0):
     return types.SimpleNamespace(model=model, message_hub=hub, iter=it)
 
 
-def _logged(hook, runner, *iters, run=False):
+def _logged(hook, runner, *iters):
     """(level, message) of what ``hook`` logs in those iterations."""
     with current_log() as records:
-        if run:
-            hook.before_run(runner)
         for it in iters:
             hook.after_train_iter(runner, it)
-        if run:
-            hook.after_run(runner)
     return [(r.levelno, r.getMessage()) for r in records]
 
 
@@ -48,7 +44,6 @@ def test_defaults_switch_and_no_soft_backbone():
     hook = NRResidualHook()
     assert (hook.interval, hook.warn_unconverged) == (50, 0.1)
     assert hook.collect() == {}  # no backbone before the run
-    assert NRResidualHook(interval=1).interval == 1
     with pytest.raises(ValueError) as info:
         NRResidualHook(interval=0)
     assert str(info.value) == 'NRResidualHook: interval must be >= 1, got 0'
@@ -57,53 +52,49 @@ def test_defaults_switch_and_no_soft_backbone():
     runner.model = torch.nn.DataParallel(runner.model)  # a model wrapper
     with current_log() as records:
         hook.before_run(runner)
-    assert records == [] and a.switched == [True] and b.switched == [True]
+    assert records == [] and a.switched == b.switched == [True]
     hook.after_run(runner)
     assert a.switched == b.switched == [True, False]
-    assert all(type(s) is bool for s in a.switched)
-    # nothing to log in an iteration either: one warning
-    assert _logged(
-        NRResidualHook(interval=1), _runner(), 0, run=True) == [
-            (logging.WARNING,
-             'NRResidualHook: the model has no SOFT backbone; nothing to log')
-        ]
+    hook = NRResidualHook(interval=1)
+    with current_log() as records:  # nothing to log in an iteration either
+        hook.before_run(_runner())
+    assert _logged(hook, _runner(), 0) == []
+    assert [(r.levelno, r.getMessage()) for r in records] == [
+        (logging.WARNING,
+         'NRResidualHook: the model has no SOFT backbone; nothing to log')
+    ]
 
 
-def test_scalars_are_the_largest_value_per_stage():
+def test_scalars_are_the_largest_per_stage_and_the_table_every_interval():
     a = _Backbone({
         'stage1': dict(residual=1e-3, unconverged=0.0),
+        'stage2': dict(residual=2e-7),
         'stage3': dict(residual=2e-5, unconverged=0.05)
     })
-    b = _Backbone({'stage1': dict(residual=4e-3, unconverged=0.0)})
-    runner, hook = _runner(a, b), NRResidualHook(interval=100)
-    hook.before_run(runner)
-    # not at the interval, nothing unconverged: nothing logged
-    assert _logged(hook, runner, 0) == []
+    b = _Backbone({
+        'stage1': dict(residual=4e-3, unconverged=0.0),
+        'stage4': dict(unconverged=0.0)
+    })
+    hook = NRResidualHook(interval=3)
+    want = [(logging.INFO, 'NR convergence (last forward): stage1 residual '
+             '4.00e-03 unconverged 0.0%, stage2 residual 2.00e-07 unconverged'
+             ' nan%, stage3 residual 2.00e-05 unconverged 5.0%, stage4 '
+             'residual nan unconverged 0.0%')]
+    for it, logged in [(1, False), (2, True), (5, True)]:
+        runner = _runner(a, b, it=it)
+        hook.before_run(runner)
+        assert _logged(hook, runner, it) == (want if logged else []), it
     assert {
         k: v.current()
         for k, v in runner.message_hub.log_scalars.items()
     } == {
         'train/nr_residual_s1': 4e-3,
         'train/nr_unconverged_s1': 0.0,
+        'train/nr_residual_s2': 2e-7,
         'train/nr_residual_s3': 2e-5,
-        'train/nr_unconverged_s3': 0.05
+        'train/nr_unconverged_s3': 0.05,
+        'train/nr_unconverged_s4': 0.0
     }
-
-
-def test_the_table_every_interval_iterations():
-    a = _Backbone({
-        'stage1': dict(residual=1.5e-3, unconverged=0.0),
-        'stage2': dict(residual=2e-7),
-        'stage3': dict(unconverged=0.0)
-    })
-    hook = NRResidualHook(interval=3)
-    want = [(logging.INFO, 'NR convergence (last forward): stage1 residual '
-             '1.50e-03 unconverged 0.0%, stage2 residual 2.00e-07 unconverged'
-             ' nan%, stage3 residual nan unconverged 0.0%')]
-    for it, logged in [(0, False), (1, False), (2, True), (5, True)]:
-        runner = _runner(a, it=it)
-        hook.before_run(runner)
-        assert _logged(hook, runner, it) == (want if logged else []), it
 
 
 @pytest.mark.parametrize('frac, warned', [(0.1, False), (0.25, True)])
