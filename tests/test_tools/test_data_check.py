@@ -27,28 +27,21 @@ def raised(exc, fn, *args):
     return e.value
 
 
-ROOTS = dict(
-    ImageNet='data/imagenet',
-    CocoDataset='data/coco/',
-    ADE20KDataset='data/ade/ADEChallengeData2016')
 _COCO = 'annotations/instances_val2017.json, val2017/'
 _ADE = 'images/validation/, annotations/validation/'
-#: (dataset, mode) -> the items of the 'expected ... layout' line
-EXPECTED = {
-    ('ImageNet', 'train'):
-    'train/, val/',
-    ('ImageNet', 'test'):
-    'val/',
-    ('CocoDataset', 'train'):
-    'annotations/instances_train2017.json, '
-    'train2017/, ' + _COCO,
-    ('CocoDataset', 'test'):
-    _COCO,
-    ('ADE20KDataset', 'train'):
-    'images/training/, annotations/training/, ' + _ADE,
-    ('ADE20KDataset', 'test'):
-    _ADE,
-}
+#: one config per data set (a row of the docs' table): its codebase, data
+#: root and the items of the 'expected ... layout' line per mode
+SHIPPED = [
+    ('soft_tiny_in1k.py', 'mmpretrain', 'ImageNet', 'data/imagenet',
+     dict(train='train/, val/', test='val/')),
+    ('mask_rcnn_soft_small_3x_ms.py', 'mmdet', 'CocoDataset', 'data/coco/',
+     dict(train='annotations/instances_train2017.json, train2017/, ' + _COCO,
+          test=_COCO)),
+    ('upernet_soft_small_512x512_160k_ade20k.py', 'mmseg', 'ADE20KDataset',
+     'data/ade/ADEChallengeData2016',
+     dict(train='images/training/, annotations/training/, ' + _ADE,
+          test=_ADE)),
+]  # yapf: disable
 
 
 def _make_layout(line, base):
@@ -60,9 +53,6 @@ def _make_layout(line, base):
 
 
 CONFIG_NAMES = sorted(f for f in os.listdir(CONFIGS) if f.endswith('.py'))
-#: one config per data set (a row of the docs' table)
-DATASET_CONFIGS = ('soft_tiny_in1k.py', 'mask_rcnn_soft_small_3x_ms.py',
-                   'upernet_soft_small_512x512_160k_ade20k.py')
 
 
 def _docs_rows():
@@ -86,31 +76,31 @@ def test_docs_rows_cover_every_config():
     assert all(any(_in_row(c, r) for r in rows) for c in CONFIG_NAMES)
 
 
-@pytest.mark.parametrize('name', DATASET_CONFIGS)
+@pytest.mark.parametrize(
+    'name, codebase, dataset, root, items',
+    SHIPPED,
+    ids=[r[0] for r in SHIPPED])
 @pytest.mark.parametrize('mode', ['train', 'test'])
-def test_shipped_configs_message_and_remedies(name, mode, tmp_path,
+def test_shipped_configs_message_and_remedies(name, codebase, dataset, root,
+                                              items, mode, tmp_path,
                                               monkeypatch):
     """The message's layout, its two remedies and the docs' overrides."""
-    dataset = 'ImageNet' if name.endswith('_in1k.py') else \
-        'ADE20KDataset' if name.startswith('upernet') else 'CocoDataset'
-    pytest.importorskip(
-        dict(ImageNet='mmpretrain', CocoDataset='mmdet').get(dataset, 'mmseg'))
+    pytest.importorskip(codebase)
     monkeypatch.chdir(tmp_path)  # no data/ here
     cfg = Config.fromfile(osp.join(CONFIGS, name))
     cfg2, docs = copy.deepcopy(cfg), copy.deepcopy(cfg)
     lines = dc.missing_data_message(cfg, mode).splitlines()
-    root, purpose = ROOTS[dataset], dict(
-        train='training', test='testing')[mode]
-    assert len(lines) <= 6, lines
-    page = re.fullmatch(r'  \(see (\S+\.md)\)', lines[-1])[1]
-    with open(osp.join(ROOT, page)) as f:
-        assert f.read().startswith('# Data preparation')
-    assert lines[0].startswith(f'mmsoft: data for {purpose} not found: '
-                               f'{root} ')
-    assert f'[{mode}_dataloader.dataset.data_root]' in lines[0]
+    purpose = dict(train='training', test='testing')[mode]
+    assert len(lines) == 5, lines
+    assert lines[0] == (
+        f'mmsoft: data for {purpose} not found: {root} (relative to the '
+        f'current directory {tmp_path}) [{mode}_dataloader.dataset.data_root]')
     layout = lines[1]
     assert layout == (f'  expected {dataset} layout: {root.rstrip("/")}/'
-                      f'{{{EXPECTED[dataset, mode]}}}')
+                      f'{{{items[mode]}}}')
+    assert lines[-1] == '  (see docs/en/user_guides/data_preparation.md)'
+    with open(osp.join(ROOT, 'docs/en/user_guides/data_preparation.md')) as f:
+        assert f.read().startswith('# Data preparation')
     # remedy 1: the --cfg-options of the message, on a generated layout
     over = next(ln for ln in lines if '--cfg-options' in ln)
     over = over.split('--cfg-options ', 1)[1]
@@ -120,7 +110,7 @@ def test_shipped_configs_message_and_remedies(name, mode, tmp_path,
                if mode == 'train' else ['test_dataloader'])
     assert {k for k in options if k.endswith('.data_root')} == \
         {f'{k}.dataset.data_root' for k in loaders}
-    if dataset == 'CocoDataset':  # CocoMetric reads the annotations itself
+    if codebase == 'mmdet':  # CocoMetric reads the annotations itself
         ev = 'val_evaluator' if mode == 'train' else 'test_evaluator'
         assert options[f'{ev}.ann_file'].endswith(
             '/annotations/instances_val2017.json')
@@ -328,22 +318,33 @@ def test_test_tool_exits_with_one_message(tmp_path, monkeypatch, capsys):
     assert not osp.exists(tmp_path / 'w')
 
 
-def test_existing_data_passes(tmp_path, monkeypatch, capsys, script_server):
+@pytest.fixture(scope='module')
+def demo_data(tmp_path_factory):
+    """Tiny demo data of the three tasks: ``{task: (config, root)}``."""
     S, T = demo_support()
     report = S.make_demo_data(
-        str(tmp_path / 'demo'),
-        overrides=tiny_demo_data(num_train=2),
+        str(tmp_path_factory.mktemp('demo')),
+        overrides=tiny_demo_data(num_train=3),
         workers=1,
         log=None)
+    return {
+        t: (T.set_data_root(T.load_demo_config(t), r['path']), r['path'])
+        for t, r in report.items()
+    }
+
+
+def test_existing_data_passes(demo_data, tmp_path, monkeypatch, capsys,
+                              script_server):
+    from mmsoft_tools import demo_tasks as T
     monkeypatch.chdir(tmp_path)
-    for task in ('det', 'seg', 'cls'):
-        cfg = T.load_demo_config(task)
-        assert dc.missing_data_message(cfg, 'train') is not None  # data/demo
-        T.set_data_root(cfg, report[task]['path'])
+    assert dc.missing_data_message(T.load_demo_config('seg'), 'train') \
+        is not None  # data/demo
+    for task, (cfg, _) in demo_data.items():
         for mode in ('train', 'test'):
             assert dc.missing_data_message(cfg, mode) is None, (task, mode)
+            assert dc.damaged_data_message(cfg, mode) is None, (task, mode)
     # the command line, with the overrides a user would type
-    det, root = T.config_path('det'), report['det']['path'].rstrip('/') + '/'
+    det, root = T.config_path('det'), demo_data['det'][1].rstrip('/') + '/'
     over = [
         f'train_dataloader.dataset.data_root={root}',
         f'val_dataloader.dataset.data_root={root}',
@@ -356,46 +357,26 @@ def test_existing_data_passes(tmp_path, monkeypatch, capsys, script_server):
     assert capsys.readouterr().err.startswith(
         'mmsoft: data for validation not found')
     assert dc.main(['test', 'no_such_config.py', '--help']) == 1
-    assert capsys.readouterr().err.strip() == \
-        'mmsoft: config file not found: no_such_config.py'
+    assert capsys.readouterr().err == \
+        'mmsoft: config file not found: no_such_config.py\n'
     # run as a script, the tools' --cfg-options check (before: merged)
     proc = script_server(
         f'{TOOLS}/mmsoft_tools/data_check.py',
         ['train', det, '--cfg-options', 'train_cfg.max_epoch=1'],
         cwd=tmp_path)
     assert proc.returncode == 1
-    assert proc.stderr.strip().splitlines()[-1].startswith(
+    assert proc.stderr.strip().splitlines()[-1] == (
         "error: --cfg-options train_cfg.max_epoch: the config has no key "
         "'max_epoch' under train_cfg; did you mean train_cfg.max_epochs?")
 
 
 # ------------------------------------------- the files the data lists
-@pytest.fixture(scope='module')
-def demo_det_data(tmp_path_factory):
-    """Tiny detection demo data and its config (checked: it passes)."""
-    pytest.importorskip('mmdet')
-    from mmsoft_tools import demo_synthetic as S
-    from mmsoft_tools import demo_tasks as T
-    tmp = tmp_path_factory.mktemp('demo_det')
-    report = S.make_demo_data(
-        str(tmp / 'demo'),
-        tasks=('det', ),
-        overrides=dict(
-            det=dict(num_train=3, num_val=2, size=64, radius=(6, 16))),
-        workers=1,
-        log=None)
-    cfg = T.set_data_root(T.load_demo_config('det'), report['det']['path'])
-    cfg.dump(str(tmp / 'det.py'))
-    assert dc.main(['train', str(tmp / 'det.py')]) == 0
-    return cfg, report['det']['path']
-
-
 @pytest.fixture
-def demo_det(demo_det_data, tmp_path):
-    """A copy of the demo data (a test may damage it) and its config."""
+def demo_det(demo_data, tmp_path):
+    """A copy of the detection demo data (to damage) and its config file."""
     from mmsoft_tools.demo_tasks import set_data_root
-    cfg, root = copy.deepcopy(demo_det_data[0]), str(tmp_path / 'det')
-    shutil.copytree(demo_det_data[1], root)
+    cfg, root = copy.deepcopy(demo_data['det'][0]), str(tmp_path / 'det')
+    shutil.copytree(demo_data['det'][1], root)
     set_data_root(cfg, root)
     cfg.dump(str(tmp_path / 'det.py'))
     return str(tmp_path / 'det.py'), root
@@ -413,7 +394,8 @@ def test_truncated_annotation_json_is_named_with_position(demo_det, capsys):
     data = open(ann, 'rb').read()
     open(ann, 'wb').write(data[:len(data) // 2])
     lines = _check_message(cfg, capsys)
-    assert lines[0].startswith('mmsoft: damaged data (fix or remove')
+    assert lines[0] == ('mmsoft: damaged data (fix or remove these files, or '
+                        'set MMSOFT_SKIP_DATA_CHECK=1):')
     assert re.fullmatch(
         re.escape(f'  {ann} [train_dataloader.dataset]: cannot be loaded: '
                   'JSONDecodeError: ') + r'.*line 1 column \d+ \(char \d+\)',
@@ -422,16 +404,12 @@ def test_truncated_annotation_json_is_named_with_position(demo_det, capsys):
 
 def test_empty_training_image_is_named(demo_det, monkeypatch, capsys,
                                        tmp_path):
+    """By train.py, before the Runner; then a missing and a truncated one."""
     cfg, root = demo_det
     img = sorted(glob.glob(osp.join(root, 'train', '*.jpg')))[1]
     open(img, 'wb').close()
     line = f'  {img} (for training, train_dataloader.dataset): the file is ' \
         'empty (0 bytes)'
-    assert _check_message(cfg, capsys)[1] == line
-    # every listed file is checked for that, not only the deep sample
-    monkeypatch.setattr(dc, 'SAMPLE_FILES', 1)
-    assert _check_message(cfg, capsys)[1] == line
-    monkeypatch.undo()
     monkeypatch.delenv('MMSOFT_SKIP_DATA_CHECK', raising=False)
     with pytest.raises(SystemExit) as e:
         tool_namespace('train')['main'](
@@ -439,7 +417,6 @@ def test_empty_training_image_is_named(demo_det, monkeypatch, capsys,
     assert e.value.code == 1
     assert line in capsys.readouterr().err.splitlines()
     assert not osp.exists(tmp_path / 'w')
-    # a listed image that is missing, and a truncated one
     os.remove(img)
     jpg = sorted(glob.glob(osp.join(root, 'train', '*.jpg')))[0]
     data = open(jpg, 'rb').read()
@@ -459,9 +436,7 @@ def test_missing_imagenet_file_and_a_checkpoint_to_load(demo_det, capsys):
     cfg.model.backbone.init_cfg = dict(
         type='Pretrained', checkpoint='checkpoints/soft_norm_tiny.pth')
     cfg.dump(path)
-    for extra, refused in (([],
-                            True), (['--resume', 'work_dirs/det/epoch_1.pth'],
-                                    False), (['--resume'], False),
+    for extra, refused in (([], True), (['--resume'], False),
                            (['--cfg-options', 'load_from=det.pth'], False)):
         capsys.readouterr()
         assert dc.main(['train', path] + extra) == int(refused), extra
