@@ -1,28 +1,12 @@
-"""The official SOFT classifier's forward pass, re-derived independently:
-plain torch functions over a state dict in the OFFICIAL key layout (timm
-``soft_*`` / ``soft_norm_*`` of fudan-zvg/SOFT master), written from the
-semantics of the official files, not copied, using nothing of mmsoft.
-
-* ``softmax_free_vision_transformer.py``: ``PatchEmbed`` (stage 1: conv3x3
-  s2 / s1 / s2, 32 hidden channels; stages 2-4: one conv3x3 s2; each conv +
-  BN + ReLU), square-grid position embeddings resized bilinearly
-  (``align_corners=False``; stage 4 keeps the cls entry aside), stage 4 of
-  pre-norm ViT blocks (softmax, ``q`` / fused ``kv``, scale d^-1/2, GELU
-  MLP, LayerNorm eps 1e-6), cls token, final LayerNorm (1e-6), linear head.
-* ``softmax_free_transformer.py``: post-norm SOFT blocks (``x = norm1(x +
-  mha(x))``, ``x = norm2(x + ff2(gelu_tanh(ff1(x))))``, LN eps 1e-5, width
-  4 C), ``W_q`` (Q = K) and ``W_v``, Q scaled by d^-1/4, the conv landmark
-  sampler (r x r conv of stride r, no bias, on each head's (d, H, W) map,
-  then LN + exact GELU), the Gaussian kernel exp(-(|a|^2 + |b|^2 - 2 a.b) /
-  2), X = (P A^+) (P^T V), the depthwise conv on V (one k x k filter per
-  head, shared by its channels), the output ``ff``; for ``soft_norm_*``
-  A^+ -> D^-1/2 A^+ D^-1/2 with D = diag(A 1).
-* ``SOFT/kernel/inverse.py`` ``newton_inv`` (``soft_*``) and
-  ``SoftmaxFreeNormAttentionKernel.newton_inv`` (``soft_norm_*``).
-
-Dropout / drop path are identities (eval); everything runs in the dtype of
-the state dict and input (the tests use float64).
-"""
+"""The official SOFT classifier's forward pass (fudan-zvg/SOFT master, timm
+``soft_*`` / ``soft_norm_*``), re-derived independently of mmsoft as plain
+torch functions over a state dict in the OFFICIAL key layout: the conv
+patch embeddings (stage 1: a 3-conv stem), bilinearly resized square-grid
+position embeddings, post-norm SOFT blocks (Gaussian kernel on conv-sampled
+landmarks, ``newton_inv`` of ``SOFT/kernel/inverse.py``, the depthwise conv
+on V; ``soft_norm_*``: D^-1/2 A^+ D^-1/2), stage 4 of pre-norm softmax ViT
+blocks, the cls token, final LayerNorm and head. Dropouts are identities
+(eval); all in the dtype of the state dict and input (tests: float64)."""
 import math
 from collections import OrderedDict
 
