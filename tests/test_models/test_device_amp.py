@@ -1,23 +1,17 @@
 """Device- and precision-agnostic SOFT, proved without a GPU (the ``device``
-fixture of tests/conftest.py adds cuda where available).
+fixture adds cuda where available).
 
-* Mixed precision: forward + backward of the tiny SOFT backbone and of the
-  demo RetinaNet / UperNet (64 x 64) under ``torch.autocast`` (bf16 / fp16)
-  are finite (train mode) and close to float32 (eval mode: with batch
-  statistics a conv + BN weight gradient is a small remainder whose error
-  at random init says nothing about SOFT): relative L2 error of every
-  output (loss term) <= OUT_RTOL, of all gradients together <= GRAD_RTOL.
-  Why: autocast rounds matmul / conv inputs (unit roundoff bf16 2e-3, fp16
-  2.4e-4; the kernel and pseudo-inverse stay fp32); outputs drift ~10
-  roundoffs (measured bf16 <= 1.7e-2, fp16 <= 2.4e-3), gradients more
-  (conv weight gradients sum rounded products with cancellation, the
-  gradient of V passes A^+: measured bf16 0.05-0.14, fp16 0.007-0.10); a
-  wrong gradient is off by ~1. fp16 scales the loss as AMP does.
-* Every tensor the model creates follows the input's device (recorded on
-  ``meta``: a ``torch.zeros(n)`` without ``device=`` lands on the CPU) and
-  dtype (a float64 model computes in float64 only).
-* The Gaussian kernel and the NR iterations run in float32 with autocast
-  off inside an autocast region (spies on their autograd Functions).
+* Mixed precision: forward + backward of the tiny backbone and the demo
+  RetinaNet / UperNet under bf16 / fp16 autocast are finite (train mode)
+  and close to float32 (eval mode): every output within OUT_RTOL, all
+  gradients within GRAD_RTOL (relative L2). Autocast rounds matmul / conv
+  inputs (unit roundoff bf16 2e-3, fp16 2.4e-4; kernel and pinv stay
+  fp32): outputs drift ~10 roundoffs (measured bf16 <= 1.7e-2, fp16 <=
+  2.4e-3), gradients more (cancellation; V's gradient passes A^+: bf16
+  0.05-0.14, fp16 0.007-0.10); a wrong gradient is off by ~1.
+* Tensors the model creates follow the input's device (recorded on
+  ``meta``) and dtype (a float64 model computes in float64 only).
+* The kernel and the NR iterations run in float32 with autocast off.
 """
 import contextlib
 import importlib
@@ -67,9 +61,7 @@ def rel_err(a, b):
 
 
 def forward_backward(model, loss_fn, device, dtype=None):
-    """(outputs, {parameter name: grad}) of one forward + backward under
-    autocast with ``dtype`` (None: float32, no autocast context: torch
-    2.1's CPU autocast refuses float32 even with enabled=False)."""
+    """(outputs, {name: grad}) under autocast (``dtype`` None: float32)."""
     model.zero_grad(set_to_none=True)
     torch.manual_seed(0)  # the same dropout masks in both runs
     ctx = contextlib.nullcontext() if dtype is None else torch.autocast(
@@ -174,8 +166,7 @@ def test_detector_segmentor_autocast_close_to_fp32(device, dtype, name):
 # ------------------------------------- kernel and pseudo-inverse in fp32
 @pytest.fixture
 def spy(monkeypatch):
-    """[(what, input dtypes, output dtype, autocast on inside)] of every
-    call of the Gaussian kernel's and the NR iterations' Functions."""
+    """[(what, input dtypes, output dtype, autocast on)] of each call."""
     calls = []
 
     def record(what, tensors, out):
@@ -235,8 +226,7 @@ def test_kernel_and_pinv_run_in_fp32_under_autocast(device, spy, dtype,
 @pytest.mark.parametrize('dtype', HALF, ids=dtype_id)
 @pytest.mark.parametrize('method', ['iterative', 'spectral'])
 def test_pinv_alone_runs_in_fp32_under_autocast(device, spy, dtype, method):
-    """The pseudo-inverse leaves autocast by itself (not only inside the
-    attention): half inputs, float32 result."""
+    """The pseudo-inverse leaves autocast by itself (not only in SOFT)."""
     lm = torch.randn(2, 3, 12, 8, device=device) / 8**.25
     A = torch.exp(-torch.cdist(lm, lm)**2 / 2).to(dtype)
     W = torch.randn(2, 3, 12, 8, device=device, dtype=dtype)
@@ -322,8 +312,7 @@ def test_creates_tensors_only_on_the_input_device(attn, train):
 
 @pytest.mark.parametrize('attn', META_VARIANTS.values(), ids=META_VARIANTS)
 def test_attention_rows_created_on_the_input_device(attn):
-    """``attention_row`` (the visualisation path, e.g. Linformer spreading
-    its reduced row back onto the tokens) on ``meta`` too."""
+    """``attention_row`` (the visualisation path) on ``meta`` too."""
     from mmsoft.registry import ATTENTIONS
     torch.manual_seed(0)
     module = ATTENTIONS.build({
@@ -342,9 +331,7 @@ def test_attention_rows_created_on_the_input_device(attn):
 
 @pytest.mark.parametrize('attn', ATTN_VARIANTS.values(), ids=ATTN_VARIANTS)
 def test_float64_model_computes_in_float64(device, attn):
-    """Every floating tensor of a float64 forward + backward is float64 (no
-    float32 default dtype, e.g. from ``torch.arange``); on a GPU, every
-    tensor is on it too (on the CPU: the meta-device test)."""
+    """Every floating tensor is float64; on a GPU every tensor is on it."""
     model = backbone(**attn).to(device, torch.float64)
     x = torch.randn(2, 3, SIZE, SIZE, device=device, dtype=torch.float64)
     outs, found = run_recorded(
@@ -357,8 +344,7 @@ def test_float64_model_computes_in_float64(device, attn):
 
 
 def test_recorder_catches_a_foreign_tensor():
-    """A CPU ``zeros`` among meta tensors, a float32 ``arange`` among
-    float64 ones."""
+    """A CPU ``zeros`` among meta tensors, a float32 ``arange``."""
     x = torch.empty(3, device='meta')
     with OpRecorder(off_meta) as rec:
         x + torch.zeros(()) + x

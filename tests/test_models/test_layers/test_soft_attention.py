@@ -1,7 +1,5 @@
-"""SOFT attention (Alg. 1, Eq. 5 / 25): the Gaussian kernel (its Function,
-its export path, large norms, half precision), the landmark grid and
-samplers, the bottleneck inverse / apply, the NR settings of the module,
-the stage-4 softmax attention and the cls-token stage."""
+"""SOFT attention (Alg. 1, Eq. 5 / 25): the Gaussian kernel, the landmark
+grid and samplers, the bottleneck, the module, the stage-4 attention."""
 import dataclasses
 import importlib
 import math
@@ -90,15 +88,13 @@ def path(request, monkeypatch):
 @pytest.mark.parametrize('xs, ys, self_kernel, dx, dy, dtype, atol', [
     ((2, 4, 3), (2, 5, 3), False, F64, F64, F64, 1e-14),
     ((2, 5, 3), (2, 5, 3), True, F64, F64, F64, 1e-14),
-    ((2, 3, 50, 8), (2, 3, 7, 8), False, F64, F64, F64, 1e-14),
     ((2, 4, 3), (2, 5, 3), False, F64, F32, F64, 1e-14),
     ((2, 4, 3), (2, 5, 3), False, F32, F64, F64, 1e-14),
 ] + [((1, 2, 5, 4), (1, 2, 6, 4), s, h, h, F32, 1e-6) for s in (False, True)
      for h in HALF])
 def test_kernel_is_eq5_on_both_paths(path, xs, ys, self_kernel, dx, dy, dtype,
                                      atol):
-    """exp(-||x_i - y_j||^2 / 2) in float64 if either side is (not rounded
-    to float32), else in float32 (half inputs: from the rounded values)."""
+    """In float64 if either side is, else float32 (half: rounded inputs)."""
     y = randn(*ys, seed=3, dtype=dy)
     x = y if self_kernel else randn(*xs, seed=4, dtype=dx)
     K = gaussian_kernel(x, y)
@@ -111,19 +107,10 @@ def test_kernel_is_eq5_on_both_paths(path, xs, ys, self_kernel, dx, dy, dtype,
 
 
 def test_kernel_function_defaults_and_gradcheck():
-    """kernel_forward / GaussianKernel.apply default to the cross kernel;
-    gradcheck plain, translated (values kept > 0), y broadcast, y = x."""
-    x = randn(2, 4, 3, seed=10).requires_grad_()
-    y = randn(2, 6, 3, seed=11).requires_grad_()
-    for fn in (kernel_forward, GaussianKernel.apply):
-        K = fn(x, y)
-        assert K.shape == (2, 4, 6)
-        close(K, ref_kernel(x, y), 1e-12, 1e-14)
-    assert torch.autograd.gradcheck(GaussianKernel.apply, (x, y))
-    x = randn(2, 9, 4, seed=20).requires_grad_()
-    y = randn(2, 5, 4, seed=21).requires_grad_()
-    assert torch.autograd.gradcheck(gaussian_kernel, (x, y))
-    assert torch.autograd.gradcheck(lambda a: gaussian_kernel(a, a), (y, ))
+    """Gradcheck translated (values kept > 0), y broadcast, y = x."""
+    x, y = randn(2, 4, 3, seed=10), randn(2, 6, 3, seed=11)
+    for fn in (kernel_forward, GaussianKernel.apply):  # the cross kernel
+        close(fn(x, y), ref_kernel(x, y), 1e-12, 1e-14)
     off = 50 * randn(4, seed=1)
     x, y, y1 = [(off + randn(*s, seed=k)).requires_grad_()
                 for k, s in enumerate([(2, 9, 4), (2, 5, 4), (5, 4)], 2)]
@@ -137,8 +124,7 @@ def test_kernel_function_defaults_and_gradcheck():
                          [(3, None)] + [(n, o) for n in NORMS
                                         for o in (True, False)])
 def test_self_kernel_diagonal_is_exactly_one_fp32(path, norm, offset):
-    """float32 ||y||^2 - 2 y.y + ||y||^2 need not cancel: the diagonal is
-    set, the rest is the float64 kernel of the same tokens."""
+    """The diagonal set, the rest the float64 kernel of the same tokens."""
     y = (randn(2, 3, 16, 8, seed=5) * norm if offset is None else tokens(
         norm, 2, 3, 16, 8, offset=offset)).float()
     A = gaussian_kernel(y, y)
@@ -149,8 +135,7 @@ def test_self_kernel_diagonal_is_exactly_one_fp32(path, norm, offset):
 
 @pytest.mark.parametrize('norm', NORMS)
 def test_cross_kernel_large_offset_fp32(norm):
-    """A token that is also a landmark has self-similarity 1; the offset is
-    per sample and head (a sample ignores its batch)."""
+    """Self-similarity 1; the offset per sample and head."""
     q = tokens(norm, 3, 2, 64, 8).float()
     lm = q[:, :, ::8]
     P = gaussian_kernel(q, lm)
@@ -178,38 +163,22 @@ def test_half_self_kernel_gradient_is_rounded_once(dtype):
     assert torch.equal(y.grad, y32.grad.to(dtype))
 
 
-def test_gradients_with_large_per_sample_offsets_fp32():
-    """Samples with large opposite offsets (a global mean near 0) keep
-    float32 gradients at float32 accuracy."""
+@pytest.mark.parametrize('needs', [(True, True), (True, False), (False, True)])
+def test_gradients_fp32_with_large_per_sample_offsets(needs):
+    """Opposite offsets (a global mean near 0); frozen x or y: no grad."""
     u = randn(4, seed=12)
     off = torch.stack([u / u.norm() * 1e4, -u / u.norm() * 1e4])[:, None, :]
-    x = (off + randn(2, 5, 4, seed=13)).float()
-    y = (off + 0.5 * randn(2, 3, 4, seed=14)).float()
+    xy = (off + randn(2, 5, 4, seed=13)).float(), (
+        off + 0.5 * randn(2, 3, 4, seed=14)).float()
     w = randn(2, 5, 3, seed=15)
-
-    def grads(f, x, y):
-        x, y = x.clone().requires_grad_(), y.clone().requires_grad_()
-        (f(x, y).double() * w).sum().backward()
-        return x.grad.double(), y.grad.double()
-
-    for g, r in zip(
-            grads(gaussian_kernel, x, y),
-            grads(ref_kernel, x.double(), y.double())):
-        assert r.abs().max() > 0.1  # the gradients are not ~0
-        close(g, r, 0, 1e-6)
-
-
-@pytest.mark.parametrize('needs', [(True, False), (False, True)])
-def test_gradient_of_one_side_only(needs):
-    """Only the operand that requires grad gets one (frozen x or y)."""
-    x0, y0, w = randn(2, 5, 4, seed=3), randn(2, 3, 4, seed=4), randn(2, 5, 3)
-    got = [t.clone().requires_grad_(n) for t, n in zip((x0, y0), needs)]
-    want = [t.clone().requires_grad_(n) for t, n in zip((x0, y0), needs)]
-    (gaussian_kernel(*got) * w).sum().backward()
+    got = [t.clone().requires_grad_(n) for t, n in zip(xy, needs)]
+    want = [t.double().requires_grad_(n) for t, n in zip(xy, needs)]
+    (gaussian_kernel(*got).double() * w).sum().backward()
     (ref_kernel(*want) * w).sum().backward()
     for a, b, need in zip(got, want, needs):
         if need:
-            close(a.grad, b.grad)
+            assert b.grad.abs().max() > 0.1  # the gradients are not ~0
+            close(a.grad.double(), b.grad, 0, 1e-6)
         else:
             assert a.grad is None
 
@@ -243,7 +212,7 @@ def test_kernel_product_of_one_batch_dim_and_wide_values():
 
 @pytest.mark.parametrize('attn_norm', [True, False])
 def test_fused_products_equal_the_formed_kernel(monkeypatch, attn_norm):
-    """Above FUSED_MIN_ENTRIES without grad P is never formed; same output."""
+    """Above FUSED_MIN_ENTRIES without grad P is never formed."""
     q = tokens(1e2, 2, 2, 64, 8).float() * 0.3
     lm = q[:, :, ::8] + 0.1
     v = randn(2, 2, 64, 8, seed=1, dtype=F32)
@@ -295,56 +264,38 @@ def test_soft_attention_equals_dense_formula_default_ijcv(attn_norm):
         soft_attention(q, lm, v, False, nr), want, rtol=1e-3)
 
 
-@pytest.mark.parametrize('attn_norm', [True, False])
-@pytest.mark.parametrize('landmarks', ['strided', 'the queries'])
-def test_training_path_gradients_equal_autograds(attn_norm, landmarks):
-    """KernelAttention's gradients equal autograd's (float64, m = n too)."""
-    q = (randn(2, 1, 12, 3) / 2).requires_grad_()
-    v = randn(2, 1, 12, 3, seed=1).requires_grad_()
-    G = randn(2, 1, 12, 3, seed=2)
+@pytest.mark.parametrize('attn_norm, landmarks, heads',
+                         [(True, 'strided', True), (False, 'strided', True),
+                          (True, 'the queries', True),
+                          (False, 'the queries', True),
+                          (True, 'strided', False)])
+def test_training_path_gradients_equal_autograds(attn_norm, landmarks, heads):
+    """float64, m = n too; (B, n, d) tokens with V without a gradient."""
+    shape = (2, 1, 12, 3) if heads else (2, 12, 3)
+    q = (randn(*shape) / 2).requires_grad_()
+    v = randn(*shape, seed=1).requires_grad_(heads)
+    G, inputs = randn(*shape, seed=2), (q, v) if heads else (q, )
 
     def lm_of(q):
-        return q if landmarks == 'the queries' else q[:, :, ::3] * 1.1
+        return q if landmarks == 'the queries' else q[..., ::3, :] * 1.1
 
-    def plain(q, lm, v):
-        P, A = gaussian_kernel(q, lm), gaussian_kernel(lm, lm)
-        return P @ bottleneck_apply(A, P.transpose(-1, -2) @ v, attn_norm)
-
+    P, A = gaussian_kernel(q, lm_of(q)), gaussian_kernel(lm_of(q), lm_of(q))
+    ref = P @ bottleneck_apply(A, P.transpose(-1, -2) @ v, attn_norm)
     out = soft_attention(q, lm_of(q), v, attn_norm)
     assert out.grad_fn.name() == 'KernelAttentionBackward'
-    ref = plain(q, lm_of(q), v)
     close(out, ref, 1e-12, 1e-12)
     for a, b in zip(
-            torch.autograd.grad(out, (q, v), G),
-            torch.autograd.grad(ref, (q, v), G)):
+            torch.autograd.grad(out, inputs, G),
+            torch.autograd.grad(ref, inputs, G)):
         close(a, b, 1e-10, 1e-12)
-    if attn_norm:
+    if attn_norm and heads:
         assert torch.autograd.gradcheck(
             lambda q, v: soft_attention(q, lm_of(q), v, attn_norm), (q, v))
 
 
-def test_training_path_gradient_through_the_landmarks_alone():
-    """(B, n, d) tokens, V without a gradient: the landmarks' part of the
-    query gradient (through A and the pseudo-inverse) is kept."""
-    q, v = (randn(2, 12, 3) / 2).requires_grad_(), randn(2, 12, 3, seed=1)
-
-    def plain(q, lm, v):
-        P, A = gaussian_kernel(q, lm), gaussian_kernel(lm, lm)
-        return P @ bottleneck_apply(A, P.transpose(-1, -2) @ v, True)
-
-    out = soft_attention(q, q[:, ::3] * 1.1, v, True)
-    assert out.grad_fn.name() == 'KernelAttentionBackward'
-    G = randn(2, 12, 3, seed=2)
-    close(
-        torch.autograd.grad(out, q, G)[0],
-        torch.autograd.grad(plain(q, q[:, ::3] * 1.1, v), q, G)[0], 1e-10,
-        1e-12)
-
-
 @pytest.mark.parametrize('norm', NORMS)
 def test_soft_attention_large_norm_fp32_and_under_autocast(norm):
-    """Finite and float64-accurate in fp32; half inputs under CPU autocast:
-    the kernel in fp32 from the rounded inputs, diagonal 1, finite."""
+    """fp32 float64-accurate; under autocast the kernel in fp32, finite."""
     q = tokens(norm, 2, 2, 64, 8).float()
     lm, v = q[:, :, ::8] + 0.1, randn(2, 2, 64, 8, seed=1, dtype=F32)
     for attn_norm in (True, False):
@@ -370,19 +321,6 @@ def kernel_of(*batch, m=5, seed=0, dtype=F64, scale=0.7, d=4):
     return gaussian_kernel(lm, lm)
 
 
-def test_normalisation_lowers_spectral_norm():
-    """Prop. 6: ||D^-1/2 A^+ D^-1/2||_2 <= ||D^-1||_2 ||A^+||_2 < ||A^+||."""
-    for m in (16, 49, 100):
-        A = kernel_of(8, m=m, d=32, scale=0.3 / 32**0.25)
-        A_inv = newton_inverse(A, 30)
-        d = A.sum(-1).rsqrt()
-        normed = d[..., :, None] * A_inv * d[..., None, :]
-        s_plain = torch.linalg.matrix_norm(A_inv, ord=2)
-        s_norm = torch.linalg.matrix_norm(normed, ord=2)
-        assert (s_norm <= s_plain / A.sum(-1).amin(-1) * (1 + 1e-9)).all()
-        assert (s_norm < s_plain).all()
-
-
 @pytest.mark.parametrize('attn_norm', [True, False])
 @pytest.mark.parametrize('method', ['iterative', 'spectral'])
 def test_bottleneck_apply_equals_inverse_product(attn_norm, method):
@@ -400,8 +338,7 @@ def test_bottleneck_apply_equals_inverse_product(attn_norm, method):
 
 @pytest.mark.parametrize('batch', [(), (3, ), (2, 2)])
 def test_bottleneck_inverse_default_is_eq25(batch):
-    """Default: D^-1/2 A^+ D^-1/2 with 'soft_norm_per_sample', unbatched
-    and batched; attn_norm=False: A^+ alone with 'soft'."""
+    """D^-1/2 A^+ D^-1/2 (per sample); attn_norm=False: A^+ ('soft')."""
     A = kernel_of(*batch, m=12, d=8, seed=5, scale=0.5)
     d = A.sum(-1)
     ref = newton_inverse(A, 20, 'soft_norm_per_sample') / (
@@ -414,9 +351,7 @@ def test_bottleneck_inverse_default_is_eq25(batch):
 
 @pytest.mark.parametrize('nr', [None, dict(iters=3)])
 def test_bottleneck_apply_defaults_are_ijcv_and_fill_nr_stats(nr):
-    """attn_norm=True and an ``nr`` without init: 'soft_norm_per_sample';
-    the NeurIPS model and the NeurIPS alpha differ; ``nr_stats`` gets the
-    NR convergence of A (as nr_residual) for both variants."""
+    """``nr`` without init: per sample; ``nr_stats`` as nr_residual."""
     A, W = kernel_of(1, 2), randn(1, 2, 5, 3, seed=1)
     iters = 20 if nr is None else nr['iters']
     want = ijcv(A, W, NRConfig(iters, 'soft_norm_per_sample'))
@@ -435,8 +370,7 @@ def test_bottleneck_apply_defaults_are_ijcv_and_fill_nr_stats(nr):
 
 @pytest.mark.parametrize('half', HALF)
 def test_bottleneck_apply_half_inputs_compute_in_float32(half):
-    """D, A^+ and the products in float32 (D not rounded to half); a
-    float64 W with a float32 A: W cast to float32 first."""
+    """D not rounded to half; a float64 W with a float32 A: float32."""
     A = kernel_of(1, 2, dtype=F32)
     W = randn(1, 2, 5, 3, seed=1, dtype=F32)
     out = bottleneck_apply(A.to(half), W.to(half))
@@ -453,34 +387,26 @@ def test_bottleneck_apply_half_inputs_compute_in_float32(half):
 
 
 # ------------------------------------------------------- grid and samplers
-@pytest.mark.parametrize(
-    'hw, r, cap, want',
-    [
-        ((13, 40), 4, None, (3, 10)),  # no cap: max(1, H // r) x ...
-        ((3, 2), 4, None, (1, 1)),
-        ((8, 8), 2, 16, (4, 4)),  # within the cap (equal included)
-        ((BIG, 1), 1, BIG, (BIG, 1)),  # exact (a float trip loses 1)
-        # s = sqrt(cap / (gh gw)) = 1/2 lands exactly on the cap
-        ((4, 4), 1, 4, (2, 2)),
-        ((12, 8), 1, 24, (6, 4)),
-        # gh s a whole number: exactly that, not one below it
-        ((100, 100), 4, 49, (7, 7)),
-        ((17, 17), 1, 36, (6, 6)),
-        ((68, 68), 4, 9, (3, 3)),
-        ((30, 20), 1, 10, (3, 2)),  # s = 1 / sqrt(60)
-        # 1-wide maps: 5 x 0 -> 5 x 1 (8 x 0 -> 8 x 1), over the cap: the
-        # long side shrinks to it; the loop ends
-        ((8, 1), 1, 4, (4, 1)),
-        ((1, 8), 1, 4, (1, 4)),
-        ((64, 4), 4, 4, (4, 1)),
-        ((4, 64), 4, 4, (1, 4)),
-        ((1, 100), 1, 5, (1, 5)),
-        ((100, 1), 1, 5, (5, 1)),
-        ((16, 16), 4, None, (4, 4)),
-        ((3, 5), 4, None, (1, 1)),
-    ])
+@pytest.mark.parametrize('hw, r, cap, want', [((13, 40), 4, None, (3, 10)),
+                                              ((3, 2), 4, None, (1, 1)),
+                                              ((8, 8), 2, 16, (4, 4)),
+                                              ((BIG, 1), 1, BIG, (BIG, 1)),
+                                              ((4, 4), 1, 4, (2, 2)),
+                                              ((12, 8), 1, 24, (6, 4)),
+                                              ((100, 100), 4, 49, (7, 7)),
+                                              ((17, 17), 1, 36, (6, 6)),
+                                              ((68, 68), 4, 9, (3, 3)),
+                                              ((30, 20), 1, 10, (3, 2)),
+                                              ((8, 1), 1, 4, (4, 1)),
+                                              ((1, 8), 1, 4, (1, 4)),
+                                              ((64, 4), 4, 4, (4, 1)),
+                                              ((4, 64), 4, 4, (1, 4)),
+                                              ((1, 100), 1, 5, (1, 5)),
+                                              ((100, 1), 1, 5, (5, 1))])
 def test_landmark_grid_documented_sizes(hw, r, cap, want):
-    """max(1, H // r) x max(1, W // r), shrunk (aspect kept) under the cap."""
+    """max(1, H // r) x max(1, W // r), shrunk (aspect kept) under the cap:
+    exact (BIG: a float trip loses 1), s = 1/2 or gh s whole exactly on
+    the cap, 1-wide maps (the long side shrinks, the loop ends)."""
     with deadline():
         got = landmark_grid(hw, r, cap)
     assert got == want
@@ -512,17 +438,6 @@ def test_landmark_hw_fixes_the_grid_never_up_sampled(hw, r, fixed, want):
         pooled.flatten(2).transpose(1, 2)[None])
 
 
-@pytest.mark.parametrize('mode', MODES)
-@pytest.mark.parametrize('hw', [(16, 16), (13, 22), (3, 5)])
-def test_sampler_counts(mode, hw):
-    lm = BottleneckSampler(8, 4,
-                           mode).eval()(torch.randn(2, 3, hw[0] * hw[1], 8),
-                                        hw)
-    gh, gw = landmark_grid(hw, 4)
-    assert lm.shape == (2, 3, gh * gw, 8)
-    assert (gh, gw) == (max(1, hw[0] // 4), max(1, hw[1] // 4))
-
-
 @pytest.mark.parametrize('hw, cap', [((200, 304), 49), ((13, 400), 49),
                                      ((64, 64), 49), ((40, 40), 7)])
 def test_max_landmarks_caps_m(hw, cap):
@@ -552,7 +467,6 @@ def test_samplers_take_windows_first_tokens_or_spaced_tokens():
 
 
 def test_conv_sampler_official_layout_and_repr():
-    """An r x r conv of stride r without a bias, then LayerNorm."""
     for c, r in ((32, 8), (4, 2)):
         s = BottleneckSampler(c, r, 'conv')
         assert tuple(s.conv.weight.shape) == (c, c, r, r)
@@ -584,15 +498,8 @@ def test_sampler_and_attention_errors_name_the_argument():
         (ValueError, 'set either max_landmarks or landmark_hw (a fixed '
          'grid), not both',
          lambda: BottleneckSampler(4, 2, max_landmarks=4, landmark_hw=(2, 2))),
-        (ValueError, 'set either max_landmarks or landmark_hw (a fixed '
-         'grid), not both',
-         lambda: SOFTAttention(32, 1, 4, max_landmarks=49, landmark_hw=(7, 7))
-         ),
         (ValueError, '10 tokens do not form a 3x3 map',
          lambda: BottleneckSampler(8, 2)(torch.randn(1, 1, 10, 8), (3, 3))),
-        (ValueError, '16 tokens do not form a 3x5 map',
-         lambda: BottleneckSampler(2, 2, 'avgpool')(torch.zeros(1, 1, 16, 2),
-                                                    (3, 5))),
         (ValueError, 'expected (B, 2*3, C) tokens, got shape (1, 5, 4)',
          lambda: AttentionBase._check(torch.zeros(1, 5, 4), (2, 3))),
         (ValueError, 'num_heads (3) must divide embed_dims (8)',
@@ -602,8 +509,11 @@ def test_sampler_and_attention_errors_name_the_argument():
     for bad in (7, (7, ), (7, 0), (7.0, 7)):
         with pytest.raises(ValueError, match='landmark_hw'):
             BottleneckSampler(8, 4, landmark_hw=bad)
-    with pytest.raises(ValueError, match='divide'):
-        SOFTAttention(64, 3, 4)
+    for make in (lambda: SOFTAttention(64, 3, 4),
+                 lambda: BottleneckSampler(2, 2, 'avgpool')
+                 (torch.zeros(1, 1, 16, 2), (3, 5))):
+        with pytest.raises(ValueError, match='divide|16 tokens do not form'):
+            make()
     AttentionBase._check(torch.zeros(1, 6, 4), (2, 3))  # only 3-D, n = H W
     for shape in ((1, 7, 4), (1, 6), (1, 6, 2, 2)):
         with pytest.raises(ValueError, match='expected'):
@@ -683,18 +593,8 @@ def test_grid_options_that_do_not_bind_are_plain_soft(kw, hw):
         assert 'landmark_hw=(7, 7)' in repr(b)
 
 
-def test_attention_module_shapes_dw_conv_and_autocast():
-    """Per-head filter on V, as the official (B*d, h, H, W) grouped conv;
-    finite under autocast, gradients too."""
-    for dtype in HALF:
-        attn = SOFTAttention(64, 2, 4)
-        with torch.autocast('cpu', dtype=dtype):
-            out = attn(randn(2, 256, 64, dtype=F32) * 100, (16, 16))
-        assert out.dtype == dtype and torch.isfinite(out.float()).all()
-        out.float().sum().backward()
-        assert all(
-            torch.isfinite(p.grad).all() for p in attn.parameters()
-            if p.grad is not None)
+def test_attention_module_shapes_and_dw_conv():
+    """Per-head filter on V, as the official (B*d, h, H, W) grouped conv."""
     attn = SOFTAttention(64, 2, 4, dw_kernel_size=5)
     assert tuple(attn.dw_conv.weight.shape) == (2, 1, 5, 5)
     x = torch.randn(2, 12 * 20, 64)
@@ -710,14 +610,11 @@ def test_attention_module_shapes_dw_conv_and_autocast():
 
 
 def test_soft_attention_biases_and_diagnostics():
-    """q / v biases follow qkv_bias (default True, as the official model);
-    ``nr_diagnostics`` fills ``last_nr_stats`` after a forward."""
-    for qkv_bias in (True, False):
-        attn = SOFTAttention(8, 2, 2, qkv_bias=qkv_bias)
-        for lin in (attn.q, attn.v):
-            assert (lin.bias is not None) is qkv_bias
-    default = SOFTAttention(8, 2, 2)
-    assert default.q.bias is not None and default.v.bias is not None
+    """q / v biases follow qkv_bias (default True, as the official model)."""
+    for kw, bias in ((dict(), True), (dict(qkv_bias=False), False)):
+        attn = SOFTAttention(8, 2, 2, **kw)
+        assert (attn.q.bias is not None, attn.v.bias
+                is not None) == (bias, ) * 2
     x, hw = randn(1, 16, 8, seed=3, dtype=F32), (4, 4)
     attn = SOFTAttention(8, 2, 2, nr=dict(iters=4), nr_diagnostics=True)
     assert attn.nr_diagnostics is True and attn.last_nr_stats is None
@@ -731,8 +628,7 @@ def test_soft_attention_biases_and_diagnostics():
 
 
 def test_nr_settings_built_once_and_frozen(monkeypatch):
-    """One frozen NRConfig at construction, checked once whatever the
-    spelling; the forward passes it down; nothing changes it later."""
+    """Checked once whatever the spelling; the forward passes it down."""
     from mmsoft.models.layers import nr_config
     checks, post_init = [], nr_config.NRConfig.__post_init__
     monkeypatch.setattr(nr_config.NRConfig, '__post_init__',
@@ -774,8 +670,7 @@ def test_nr_settings_built_once_and_frozen(monkeypatch):
 
 
 def test_with_nr_builds_a_copy_with_other_settings():
-    """Same weights, mode and requires_grad; the model given and the global
-    random state unchanged."""
+    """Same weights, mode and requires_grad; model and RNG unchanged."""
     model = torch.nn.Sequential(
         SOFTAttention(16, 2, 2, nr=dict(method='iterative')),
         torch.nn.Identity()).double().eval()
@@ -794,8 +689,7 @@ def test_with_nr_builds_a_copy_with_other_settings():
     same = with_nr(model[0], method='spectral', iters=20)
     close(same(x, (4, 4)), model[0](x, (4, 4)))
     assert with_nr(model, nr=NRConfig(5, 'soft'))[0].nr == NRConfig(5, 'soft')
-    # no ``nr``: each one's own settings with the changes; a dict without
-    # init: the variant's rule; an NRConfig: that very one
+    # no nr: each one's own; a dict without init: the variant's rule
     own = NRConfig(7, 'soft_norm_per_matrix', 'iterative', 'exact')
     model = torch.nn.Sequential(
         SOFTAttention(16, 2, 2, nr=own),
