@@ -39,8 +39,6 @@ def setup(tmp_path_factory):
         'neck.fpn_convs.0.conv.weight': torch.zeros(256, 256, 3, 3),
         'bbox_head.retina_cls.weight': torch.zeros(9, 256, 3, 3)
     }
-    # another arch: one more block in stage 3
-    other = {k: v for k, v in sd.items() if '.stages.2.blocks.1.' not in k}
     # an unconverted official checkpoint (fudan-zvg/SOFT layout)
     official, _ = load_tool(
         'model_converters/mmsoft2soft.py').convert_mmpretrain_to_official(sd)
@@ -48,11 +46,9 @@ def setup(tmp_path_factory):
     # trained: a checkpoint of tools/train.py (SafeCheckpointHook records
     # the model's attn_norm: the demo config's False; test_chain checks it)
     for name, state_dict, wrap, meta in (
-        ('good', sd, 'state_dict', {}),
         ('trained', sd, 'state_dict', dict(mmsoft_attn_norm=[False])),
         ('head1000', head1000, 'state_dict', {}),
         ('retinanet', retinanet, 'state_dict', {}),
-        ('other_arch', other, 'state_dict', {}),
         ('official', official, 'model', {}),
     ):
         ckpts[name] = str(tmp / f'{name}.pth')
@@ -99,37 +95,12 @@ def _read_logs(tmp, work):
         return f.read()
 
 
-def test_matching_checkpoint_is_tested(setup):
-    tmp = setup[2]
-    out = str(tmp / 'good_preds.pkl')
-    metrics = _test(setup, 'good', '--out', out)
-    assert set(metrics) == {'accuracy/top1'}, metrics
-    assert metrics['accuracy/top1'] == pytest.approx(expected_top1(tmp))
-    # every image scored by the checkpoint's constant head: softmax(bias)
-    with open(out, 'rb') as f:
-        preds = pickle.load(f)
-    assert [int(p['gt_label']) for p in preds] == val_labels(tmp)
-    bias = torch.load(setup[1]['good'])['state_dict']['head.fc.bias']
-    for p in preds:
-        torch.testing.assert_close(p['pred_score'], bias.softmax(0))
-
-
-def test_trained_checkpoint_of_the_other_attn_norm(setup):
-    """Issue 36 (4): attn_norm=False in the meta, tested with True: one
-    line naming both and the fix (was: exit 0, a wrong top-1); tested with
-    the setting it was trained with: test_partial_load_opt_in."""
-    msg = _error(setup, 'trained', '--cfg-options',
-                 'model.backbone.attn_cfg.attn_norm=True')
-    for part in ('trained with attn_norm=False', 'has attn_norm=True',
-                 '--cfg-options model.backbone.attn_cfg.attn_norm=False'):
-        assert part in msg, msg
-
-
 def test_partial_load_opt_in(setup, monkeypatch):
-    """Loads the backbone, logs the two skipped head tensors, tests. Issue
-    30: two runs of one process in the same second (mmengine's run name
-    ``<config>_<YYYYmmdd_HHMMSS>``) shared the logger; with the Runner's
-    clock frozen each logs into its own work dir (launch.name_run)."""
+    """A matching checkpoint is tested (its constant head scored every
+    image); ``--partial-load`` loads the backbone, logs the two skipped head
+    tensors, tests. Issue 30: two runs of one process in the same second
+    (mmengine's run name ``<config>_<YYYYmmdd_HHMMSS>``) shared the logger;
+    with the Runner's clock frozen each logs into its own work dir."""
     import mmengine.runner.runner as runner_module
     now = time.time()
     monkeypatch.setattr(
@@ -138,8 +109,15 @@ def test_partial_load_opt_in(setup, monkeypatch):
             **vars(time), 'time': lambda: now
         }))
     tmp = setup[2]
-    metrics = _test(setup, 'trained', work='second_a')
-    assert metrics['accuracy/top1'] == pytest.approx(expected_top1(tmp))
+    out = str(tmp / 'trained_preds.pkl')
+    metrics = _test(setup, 'trained', '--out', out, work='second_a')
+    assert metrics == {'accuracy/top1': pytest.approx(expected_top1(tmp))}
+    with open(out, 'rb') as f:
+        preds = pickle.load(f)
+    assert [int(p['gt_label']) for p in preds] == val_labels(tmp)
+    bias = torch.load(setup[1]['trained'])['state_dict']['head.fc.bias']
+    for p in preds:
+        torch.testing.assert_close(p['pred_score'], bias.softmax(0))
     metrics = _test(setup, 'head1000', '--partial-load', work='second_b')
     assert set(metrics) == {'accuracy/top1'}, metrics
     assert metrics['accuracy/top1'] in [25.0 * k for k in range(5)]  # 4 images
@@ -164,7 +142,7 @@ def test_out_is_written_atomically(setup, monkeypatch):
 
     monkeypatch.setattr(metric, 'dump', full_disk)
     with pytest.raises(OSError, match='No space left'):
-        _test(setup, 'good', '--out', str(out))
+        _test(setup, 'trained', '--out', str(out))
     assert out.read_bytes() == b'earlier results'
     assert os.listdir(out.parent) == ['preds.pkl']
 
@@ -188,7 +166,7 @@ def test_out_that_cannot_be_written_stops_before_inference(
     out = str(tmp / 'a_file' / 'preds.pkl') if make == 'file_parent' \
         else str(tmp / 'a_dir.pkl')
     with pytest.raises(SystemExit) as exc:
-        _test(setup, 'good', '--out', out)
+        _test(setup, 'trained', '--out', out)
     assert exc.value.code.startswith(f'error: --out {out}: ')
     assert problem in exc.value.code and '\n' not in exc.value.code
 
@@ -200,38 +178,20 @@ def test_out_that_cannot_be_written_stops_before_inference(
          ('does not match the model (ImageClassifier)', '--partial-load',
           'head.fc.weight (checkpoint [1000, 192] vs model [5, 192])',
           '2 tensors have another shape')),
-        ('retinanet', (),
-         ('0 of its 3 tensors would load', 'bbox_head.retina_cls.weight',
-          'missing from the checkpoint')),
         # loading nothing is an error even with the opt-in
-        ('retinanet', ('--partial-load', ), ('0 of its 3', )),
-        ('other_arch', (),
-         ('missing from the checkpoint: backbone.stages.2.blocks.1.', )),
+        ('retinanet', ('--partial-load', ),
+         ('0 of its 3 tensors would load', 'bbox_head.retina_cls.weight')),
         ('official', (), ('official SOFT checkpoint',
                           'python tools/model_converters/soft2mmsoft.py')),
-    ])
+        # issue 36 (4): was exit 0 and a wrong top-1
+        ('trained',
+         ('--cfg-options', 'model.backbone.attn_cfg.attn_norm=True'),
+         ('trained with attn_norm=False', 'has attn_norm=True',
+          '--cfg-options model.backbone.attn_cfg.attn_norm=False')),
+    ],
+    ids=['head', 'other-model', 'official', 'attn-norm'])
 def test_mismatch_stops_with_one_line(setup, name, extra, parts):
-    """A 1000-class head, another model / arch, an unconverted official
-    file: one line at the door (issue 36)."""
+    """A 1000-class head, another model, an unconverted official file, the
+    other attn_norm: one line at the door (issue 36)."""
     msg = _error(setup, name, *extra)
     assert all(p in msg for p in parts), msg
-
-
-@pytest.mark.parametrize('ckpt,problem', [
-    ([1, 2], 'it holds a list, not a dict'),
-    (dict(state_dict={}), 'it has no meta, message_hub'),
-    (dict(state_dict={}, meta=dict(attn_norm=False),
-          message_hub={}), 'it has no meta.epoch, meta.iter'),
-    (dict(meta=dict(epoch=1), message_hub={}), 'it has no meta.iter'),
-    (dict(meta={}), 'it has no message_hub, meta.epoch, meta.iter'),
-    (dict(meta=dict(epoch=1, iter=9), message_hub={}), None),
-])
-def test_resume_refusal(ckpt, problem):
-    """``--resume`` of a file lacking what ``Runner.resume`` reads: one line
-    naming it and ``load_from`` (printed: test_chain.py); a training one ''."""
-    from mmsoft.engine.hooks.strict_load_hook import resume_refusal
-    assert resume_refusal(ckpt, 'w.pth') == ('' if problem is None else (
-        f'--resume w.pth: not a training checkpoint ({problem}); --resume '
-        'continues a run from an epoch_N.pth / iter_N.pth written by '
-        'tools/train.py. To start training from these weights, pass '
-        '--cfg-options load_from=w.pth instead'))
