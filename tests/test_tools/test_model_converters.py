@@ -1,13 +1,8 @@
 """Official <-> mmsoft checkpoint conversion (tools/model_converters/*),
-checked against the re-derivation of the official model (fudan-zvg/SOFT
-naming) in ``tests/reference``, written independently of the converters;
-the official ``soft_tiny``: 187 entries, 13,069,056 parameters. The file
-tests run on a smaller SOFT (:data:`SMALL`)."""
+against ``tests/reference``'s official naming (written independently)."""
 import argparse
-import builtins
 import os
 import os.path as osp
-import pickle
 import re
 import shutil
 import socket
@@ -16,15 +11,14 @@ from collections import OrderedDict
 
 import pytest
 import torch
-from conftest import (CONFIGS, ROOT, Reduce, dead_pid, flip_tensor_bytes,
-                      load_module, random_model, tiny_arch)
+from conftest import (CONFIGS, ROOT, dead_pid, flip_tensor_bytes, load_module,
+                      tiny_arch)
 from reference import official_soft_ref as ref
 
 from mmsoft.models import converters as ok
 from mmsoft.models.backbones.soft import SOFT
 from mmsoft.models.converters import ConversionError
 from mmsoft.utils import checkpoint_io as cio
-from mmsoft.utils.strict_load import check_state_dict
 from mmsoft_tools import checkpoint_files as cf
 from mmsoft_tools import cli
 
@@ -144,7 +138,6 @@ def test_key_mapping_is_a_bijection(tiny_sd):
 
 
 @pytest.mark.parametrize('depths,preset', [([1, 2, 3, 2], 'tiny'),
-                                           ([1, 3, 20, 4], 'small-official'),
                                            ([1, 1, 2, 1], None)])
 def test_infer_arch_and_preset(depths, preset):
     sd = official_state_dict(TINY['embed_dims'], TINY['num_heads'], depths)
@@ -160,6 +153,8 @@ def test_infer_arch_and_preset(depths, preset):
         pretrain_img_size=224,
         stage4_heads_given=False)
     assert ok.match_arch_preset(arch) == preset
+    assert ok.match_arch_preset(dict(arch, depths=[1, 3, 20, 4])) == \
+        'small-official'
     assert ok.describe_arch(arch) == (
         f"arch='{preset}'" if preset else
         'arch=dict(embed_dims=[64, 128, 320, 512], num_heads=[2, 4, 10, 16], '
@@ -203,13 +198,11 @@ def test_infer_arch_refusals(tiny_sd):
     del no_pos3['pos_embed3']
     stage2 = ('inconsistent stage 2: 3 heads (block2.*.att.mha.attn.conv.'
               'weight (3, 1, 5, 5)) x head width 32 (Qlandmark_op (32, 32, '
-              '4, 4)) != embed dim 128')
+              '4, 4)) != embed dim 128')  # block 0 of 2: the first shape
     for sd, heads, msg in (
         (no_pos3, None, "cannot infer the architecture: key 'pos_embed3' is "
          'missing'),
             # every block of stage 2, or its block 0 alone
-        (_with(tiny_sd, conv2 % r'\d+', torch.zeros(3, 1, 5,
-                                                    5)), None, stage2),
         (_with(tiny_sd, conv2 % '0', torch.zeros(3, 1, 5, 5)), None, stage2),
         (_with(tiny_sd, r'block1\.\d+\.att\.mha\.attn\.Qlandmark_op\.weight',
                torch.zeros(32, 32)), None,
@@ -217,13 +210,8 @@ def test_infer_arch_refusals(tiny_sd):
          'Qlandmark_op.weight should be (d, d, r, r) and .conv.weight (heads, '
          '1, k, k); found (32, 32) and (2, 1, 9, 9) (linear landmark ops, '
          'sr_ratio 1, are not supported)'),
-        (_with(tiny_sd, r'block1\.\d+\.att\.mha\.attn\.conv\.weight',
-               torch.zeros(3, 1, 9, 9)), None,
-         'inconsistent stage 1: 3 heads (block1.*.att.mha.attn.conv.weight '
-         '(3, 1, 9, 9)) x head width 32 (Qlandmark_op (32, 32, 8, 8)) != '
-         'embed dim 64'),
             *[(tiny_sd, bad, 'stage-4 heads must be a positive integer, got '
-               f'{bad!r}') for bad in (True, 2.5, 0, -1)],
+               f'{bad!r}') for bad in (True, 2.5, 0)],
         (tiny_sd, 7, 'stage-4 heads 7 do not divide its embed dim 512'),
         (official_state_dict([64, 128, 320, 496], [2, 4, 10, 16],
                              [1, 2, 3, 2]), None,
@@ -236,19 +224,17 @@ def test_infer_arch_refusals(tiny_sd):
 
 
 # ------------------------------------------------------------ conversion
-def _old_keys(mm, version):
-    """The keys of an mmsoft 0.2 (``fc1`` / ``fc2``) or 0.1 checkpoint."""
+def _old_keys(mm):
+    """The keys of an mmsoft 0.1 checkpoint."""
     rules = [(r'\.ffn\.layers\.0\.0\.', '.ffn.fc1.'),
-             (r'\.ffn\.layers\.1\.', '.ffn.fc2.')]
-    if version == 1:
-        rules += [(r'^backbone\.stages\.(\d)\.patch_embed\.',
-                   r'backbone.patch_embeds.\1.'),
-                  (r'^backbone\.stages\.(\d)\.pos_embed$',
-                   r'backbone.pos_embeds.\1'),
-                  (r'^backbone\.stages\.(\d)\.blocks\.(\d+)\.',
-                   r'backbone.stages.\1.\2.'),
-                  (r'^backbone\.stages\.3\.(cls_token|norm\.)', r'backbone.\1')
-                  ]
+             (r'\.ffn\.layers\.1\.', '.ffn.fc2.'),
+             (r'^backbone\.stages\.(\d)\.patch_embed\.',
+              r'backbone.patch_embeds.\1.'),
+             (r'^backbone\.stages\.(\d)\.pos_embed$',
+              r'backbone.pos_embeds.\1'),
+             (r'^backbone\.stages\.(\d)\.blocks\.(\d+)\.',
+              r'backbone.stages.\1.\2.'),
+             (r'^backbone\.stages\.3\.(cls_token|norm\.)', r'backbone.\1')]
     old = OrderedDict()
     for k, v in mm.items():
         for a, b in rules:
@@ -257,42 +243,18 @@ def _old_keys(mm, version):
     return old
 
 
-@pytest.mark.parametrize('version', [1, 2])
-def test_old_mmsoft_checkpoints_are_refused(tiny_sd, version):
-    """mmsoft 0.1 / 0.2 keys: refused in one line naming them (issue 50)."""
-    mm, _ = ok.convert_official_to_mmpretrain(tiny_sd)
-    msg = raised(to_official, _old_keys(mm, version))
+def test_old_mmsoft_checkpoints_are_refused(tiny_sd):
+    """mmsoft 0.1 keys: refused in one line naming them (issue 50)."""
+    msg = raised(to_official,
+                 _old_keys(ok.convert_official_to_mmpretrain(tiny_sd)[0]))
     assert '\n' not in msg and 'no official counterpart' in msg
-    assert ('backbone.pos_embeds.0 ' if version == 1 else
-            'backbone.stages.0.blocks.0.ffn.fc1.weight') in msg
-
-
-def test_missing_bn_counters_are_not_a_mismatch(tiny_sd):
-    """Files without BN counters convert, pass the check, load strictly."""
-    sd = {
-        k: v
-        for k, v in tiny_sd.items() if not k.endswith('num_batches_tracked')
-    }
-    assert len(sd) == len(tiny_sd) - 6
-    cf.check_converted(sd, ok.infer_official_arch(sd), 'x', official=True)
-    out, _ = ok.convert_official_to_mmpretrain(sd)
-    SOFT(arch='tiny').load_state_dict(backbone_part(out), strict=True)
-
-
-def _tool_error(tmp_path, capsys, script, sd):
-    """The one line of ``script`` converting ``sd`` (nothing written)."""
-    src = tmp_path / 'src.pth'
-    torch.save({'state_dict': sd}, src)
-    assert tool(script, src, tmp_path / 'o.pth') == 1
-    err = one_line_error(capsys)
-    assert err.startswith(f"error: checkpoint '{src}' does not match the "
-                          "SOFT of its shapes (arch='tiny'): 185 of its ")
-    assert sorted(os.listdir(tmp_path)) == ['src.pth']
-    return err
+    assert 'backbone.pos_embeds.0 ' in msg
 
 
 def test_unknown_missing_and_mismatched_keys_are_named(tmp_path, capsys,
                                                        tiny_sd):
+    """Either tool: one line naming them (the odd block 0 of stage 3's three
+    is reported, not taken as the arch), nothing written."""
     sd = OrderedDict(tiny_sd)
     sd['block4.0.attn.sr.weight'] = torch.zeros(512, 512, 1, 1)
     del sd['block2.1.att.ff2.bias']
@@ -300,16 +262,6 @@ def test_unknown_missing_and_mismatched_keys_are_named(tmp_path, capsys,
     assert raised(ok.convert_official_to_mmpretrain, sd) == (
         "1 keys have no counterpart in mmsoft's SOFT: block4.0.attn.sr.weight "
         '(512, 512, 1, 1)')
-    err = _tool_error(tmp_path, capsys, 'soft2mmsoft', sd)
-    for part in ('185 of its 187 tensors would load.',
-                 'missing from the checkpoint: block2.1.att.ff2.bias;',
-                 '(unexpected): block4.0.attn.sr.weight;',
-                 '1 tensors have another shape: block3.2.att.mha.W_v.weight '
-                 '(checkpoint [320, 321] vs model [320, 320])'):
-        assert part in err, part
-
-
-def test_mmsoft_side_errors(tmp_path, capsys, tiny_sd):
     mm, _ = ok.convert_official_to_mmpretrain(tiny_sd)
     assert raised(to_official,
                   dict(mm, **{'neck.proj.weight': torch.zeros(
@@ -317,17 +269,31 @@ def test_mmsoft_side_errors(tmp_path, capsys, tiny_sd):
                           'the mmsoft checkpoint has keys with no official '
                           'counterpart (1: neck.proj.weight (2, 2)); only an ')
     bad = OrderedDict(mm)
-    # stage 3 has 3 blocks: the odd block 0 is reported, not taken as truth
     bad['backbone.stages.2.blocks.0.ffn.layers.0.0.weight'] = torch.zeros(
         1279, 320)
     del bad['backbone.stages.2.blocks.1.attn.sampler.norm.bias']
-    err = _tool_error(tmp_path, capsys, 'mmsoft2soft', bad)
-    for part in ('185 of its 186 tensors would load.',
-                 '1 tensors have another shape: backbone.stages.2.blocks.0.'
-                 'ffn.layers.0.0.weight (checkpoint [1279, 320] vs model '
-                 '[1280, 320])', 'missing from the checkpoint: '
-                 'backbone.stages.2.blocks.1.attn.sampler.norm.bias;'):
-        assert part in err, part
+    src = tmp_path / 'src.pth'
+    for script, sd, parts in (
+        ('soft2mmsoft', sd,
+         ('185 of its 187 tensors would load.',
+          'missing from the checkpoint: block2.1.att.ff2.bias;',
+          '(unexpected): block4.0.attn.sr.weight;',
+          '1 tensors have another shape: block3.2.att.mha.W_v.weight '
+          '(checkpoint [320, 321] vs model [320, 320])')),
+        ('mmsoft2soft', bad,
+         ('185 of its 186 tensors would load.',
+          '1 tensors have another shape: backbone.stages.2.blocks.0.ffn.'
+          'layers.0.0.weight (checkpoint [1279, 320] vs model [1280, 320])',
+          'missing from the checkpoint: '
+          'backbone.stages.2.blocks.1.attn.sampler.norm.bias;')),
+    ):
+        torch.save({'state_dict': sd}, src)
+        assert tool(script, src, tmp_path / 'o.pth') == 1
+        err = one_line_error(capsys)
+        assert err.startswith(f"error: checkpoint '{src}' does not match "
+                              "the SOFT of its shapes (arch='tiny'): ")
+        assert all(part in err for part in parts), err
+        assert sorted(os.listdir(tmp_path)) == ['src.pth']
 
 
 def test_check_converted_mmsoft_keys(tiny_sd):
@@ -340,10 +306,15 @@ def test_check_converted_mmsoft_keys(tiny_sd):
 
 
 def test_mmpretrain_classifier_loads(tiny_sd):
-    """The converted file loads into the ImageClassifier of the configs."""
+    """The converted keys and shapes are the configs' ImageClassifier's."""
     pytest.importorskip('mmpretrain')
+    from mmengine.config import Config
+    from mmengine.registry import DefaultScope
+    from mmpretrain.registry import MODELS
     out, _ = ok.convert_official_to_mmpretrain(tiny_sd)
-    clf = random_model(osp.join(CONFIGS, 'soft_tiny_in1k.py'))
+    cfg = Config.fromfile(osp.join(CONFIGS, 'soft_tiny_in1k.py'))
+    with DefaultScope.overwrite_default_scope('mmpretrain'):
+        clf = MODELS.build(cfg.model)  # not init_weights-ed: keys only
     missing, unexpected = clf.load_state_dict(out, strict=False)
     assert unexpected == []
     # the data preprocessor's buffers are not part of checkpoints
@@ -378,32 +349,17 @@ def test_extract_state_dict_layouts_and_messages(tiny_sd):
            "['state_dict_ema', 'model_ema', 'state_dict', 'model'] "
            'holding tensors, or a bare state dict; top-level keys '
            f'are {[f"k{i:02d}" for i in range(20)]}')
-    assert 'no state dict found' in raised(ok.extract_state_dict, {
-        'epoch': 1,
-        'optimizer': {}
-    })
     assert raised(ok.strip_module_prefix, {'module.a': 1, 'a': 2}) == \
         'keys occur twice after stripping "module." prefixes'
-    assert raised(
-        check_state_dict,
-        dict(a=torch.zeros(1), b=torch.zeros(1)),
-        dict(a=torch.zeros(1)),
-        'src',
-        exc=Exception) == (
-            'checkpoint src does not match the model: 1 of its 1 tensors '
-            "would load. 1 of the model's 2 tensors are missing from the "
-            'checkpoint: b.')
 
 
 def test_find_official_state_dict_needs_half_the_keys():
     """At least half the keys are the authors' (not a head or norm alone)."""
     authors = ['pos_embed1', 'patch_embed1.proj.0.weight']
-    for keys, found in ((authors + ['a', 'b'],
-                         True), (authors + ['a', 'b', 'c'],
-                                 True), (authors + ['a', 'b', 'c', 'd'],
-                                         False), (['x'], False),
-                        (['cls_token', 'norm.weight', 'head.weight',
-                          'x'], False)):
+    for keys, found in [(authors + ['a', 'b', 'c'], True),
+                        (authors + ['a', 'b', 'c', 'd'], False),
+                        (['x'], False),
+                        (['cls_token', 'norm.weight', 'head.weight'], False)]:
         sd = dict.fromkeys(keys, torch.zeros(1))
         assert (ok.find_official_state_dict(sd) is not None) == found, keys
 
@@ -469,41 +425,28 @@ def test_cli_round_trip(tmp_path, tiny_sd, capsys):
 
 def test_cli_errors_write_nothing(tmp_path, files, capsys):
     sd = torch.load(files[0])['state_dict']
-    bad = dict(sd, **{'block1.0.att.mha.W_q.weight': torch.zeros(16, 15)})
-    torch.save(bad, tmp_path / 'bad.pth')
-    dst = tmp_path / 'out.pth'
     torch.save({'state_dict': sd}, tmp_path / 'good.pth')
     # untrusted pickled objects are refused, naming them, with a hint
     torch.save({'state_dict': sd, 'obj': Opaque()}, tmp_path / 'weird.pth')
     for name, argv, parts in (
-        ('bad.pth', (), [
-            'block1.0.att.mha.W_q.weight (checkpoint [16, 15] '
-            'vs model [16, 16])'
-        ]),
         ('good.pth', ('--ema', ), ['no state_dict_ema']),  # no EMA weights
         ('weird.pth', (), [f'{__name__}.Opaque', '--trust-checkpoint']),
-        ('nope.pth', (), ['does not exist']),
     ):
-        assert tool('soft2mmsoft', tmp_path / name, dst, *argv) == 1
+        assert tool('soft2mmsoft', tmp_path / name, tmp_path / 'o.pth',
+                    *argv) == 1
         err = capsys.readouterr().err
         assert all(p in err for p in parts), err
-    assert sorted(os.listdir(tmp_path)) == ['bad.pth', 'good.pth', 'weird.pth']
+    assert sorted(os.listdir(tmp_path)) == ['good.pth', 'weird.pth']
 
 
-@pytest.mark.parametrize(
-    'layout', ['converted', 'training', 'bare-backbone', 'ddp', 'version-1'])
+@pytest.mark.parametrize('layout', ['converted', 'bare-backbone', 'version-1'])
 def test_mmsoft_checkpoint_needs_no_conversion(tmp_path, files, capsys,
                                                layout):
     """Already mmsoft's: one line saying so, not "cannot infer" (issue 52)."""
     official, src = files
     mm = torch.load(src)['state_dict']
     sd = dict(
-        training=dict(
-            meta=dict(epoch=2),
-            state_dict=mm,
-            optimizer=dict(state={}, param_groups=[])),
-        ddp=dict(state_dict=prefixed(mm)),
-        version_1=dict(state_dict=_old_keys(mm, 1)),
+        version_1=dict(state_dict=_old_keys(mm)),
         bare_backbone=backbone_part(mm)).get(layout.replace('-', '_'))
     if sd is not None:
         src = tmp_path / 'in.pth'
@@ -520,34 +463,12 @@ def test_mmsoft_checkpoint_needs_no_conversion(tmp_path, files, capsys,
     assert cf.already_mmsoft(torch.load(official), 'x') is None
 
 
-@pytest.mark.parametrize('damage',
-                         ['empty', 'truncated', 'flipped', 'unreadable'])
-def test_damaged_or_unreadable_input_is_one_line(tmp_path, src, capsys,
-                                                 monkeypatch, damage):
-    """Issue 27: no PermissionError traceback (injected: root reads)."""
-    real_open = builtins.open
-
-    def no_read(file, *a, **k):
-        if str(file) == str(src):
-            raise PermissionError(13, 'Permission denied', str(file))
-        return real_open(file, *a, **k)
-
-    if damage == 'empty':
-        src.write_bytes(b'')
-    elif damage == 'truncated':
-        src.write_bytes(src.read_bytes()[:src.stat().st_size * 2 // 3])
-    elif damage == 'flipped':
-        flip_tensor_bytes(src, 8)  # in the largest tensor
-    else:
-        monkeypatch.setattr(builtins, 'open', no_read)
+def test_damaged_input_is_one_line(tmp_path, src, capsys):
+    src.write_bytes(src.read_bytes()[:src.stat().st_size * 2 // 3])
     for script in BOTH:
         assert tool(script, src, tmp_path / 'out.pth') == 1
         err = one_line_error(capsys)
-        assert err == (
-            f"error: cannot read {str(src)!r}: Permission denied (errno 13); "
-            'check its permissions (ls -l) or copy it somewhere readable'
-        ) if damage == 'unreadable' else ('damaged' in err and str(src) in err
-                                          and 'trust' not in err), err
+        assert 'damaged' in err and str(src) in err and 'trust' not in err
     assert sorted(os.listdir(tmp_path)) == ['official.pth']
 
 
@@ -574,10 +495,7 @@ def test_output_replacing_input_is_refused(tmp_path, src, files, capsys,
     (tmp_path / 'link.pth').symlink_to(src)
     monkeypatch.chdir(tmp_path)
     for script, inp, out in (
-        ('soft2mmsoft', src, src),
-        ('soft2mmsoft', src, tmp_path / 'link.pth'),
-        ('soft2mmsoft', src, 'official.pth'),
-        ('soft2mmsoft', src, './sub/../official.pth'),
+        ('soft2mmsoft', src, 'link.pth'),
         ('mmsoft2soft', dst, dst),  # its input: the converted file
     ):
         assert tool(script, inp, out) == 1
@@ -585,58 +503,28 @@ def test_output_replacing_input_is_refused(tmp_path, src, files, capsys,
     assert src.read_bytes() == before
 
 
-def test_output_errors_are_one_line(tmp_path, src, capsys, monkeypatch):
-    assert tool('soft2mmsoft', src, tmp_path) == 1  # a directory as DST
-    assert 'is a directory' in one_line_error(capsys)
-    # an unwritable directory (as root, chmod does not stop writes: the
-    # refusal is injected where the temporary file is created)
-    real_open = builtins.open
-
-    def no_write(file, mode='r', *a, **k):
-        if str(file).endswith(cio.TMP_SUFFIX):
-            raise PermissionError(13, 'Permission denied', str(file))
-        return real_open(file, mode, *a, **k)
-
-    monkeypatch.setattr(builtins, 'open', no_write)
-    assert tool('soft2mmsoft', src, tmp_path / 'out.pth') == 1
-    assert 'Permission denied' in one_line_error(capsys)
-    monkeypatch.undo()
-
-    def full(obj, f, *a, **k):  # ENOSPC half-way
-        f.write(b'x' * 1000)
-        raise OSError(28, 'No space left on device')
-
-    monkeypatch.setattr(torch, 'save', full)
-    assert tool('soft2mmsoft', src, tmp_path / 'out.pth') == 1
-    err = one_line_error(capsys)
-    assert 'No space left on device' in err and 'nothing was written' in err
-    assert sorted(os.listdir(tmp_path)) == ['official.pth']
-
-
-@pytest.mark.parametrize('value', ['0', '-16', '2.5', 'x'])
-def test_stage4_heads_validated(tmp_path, src, capsys, value):
-    for script in BOTH:
-        assert raised(
-            tool,
-            script,
-            src,
-            tmp_path / 'o.pth',
-            '--stage4-heads',
-            value,
-            exc=SystemExit) == '2'
-        assert 'expected a positive integer' in capsys.readouterr().err
+def test_stage4_heads_validated(tmp_path, src, capsys):
+    assert raised(
+        tool,
+        'soft2mmsoft',
+        src,
+        tmp_path / 'o.pth',
+        '--stage4-heads',
+        '0',
+        exc=SystemExit) == '2'
+    assert "expected a positive integer, got '0'" in capsys.readouterr().err
 
 
 # ------------------------------------------- the output's folders (issue 51)
-@pytest.mark.parametrize('name', BOTH)
-def test_output_folders_created(name, files, tmp_path, capsys, monkeypatch):
+def test_output_folders_created(files, tmp_path, capsys, monkeypatch):
     """The command of README.md / get_started.md (``soft2mmsoft.py SRC
     weights/SRC``) from a folder without ``weights/``; nested folders."""
     monkeypatch.chdir(tmp_path)
-    src = files[0] if name == 'soft2mmsoft' else files[1]
-    for dst, made in (('weights/x.pth', 'weights'),
-                      (tmp_path / 'a' / 'b' / 'out.pth',
-                       tmp_path / 'a' / 'b')):
+    for name, src, dst, made in (('soft2mmsoft', files[0], 'weights/x.pth',
+                                  'weights'),
+                                 ('mmsoft2soft', files[1],
+                                  tmp_path / 'a' / 'b' / 'out.pth',
+                                  tmp_path / 'a' / 'b')):
         assert tool(name, src, dst) == 0 and osp.isfile(tmp_path / dst)
         assert f'created the output directory {made}\n' in \
             capsys.readouterr().out
@@ -645,12 +533,11 @@ def test_output_folders_created(name, files, tmp_path, capsys, monkeypatch):
         assert 'created the output' not in capsys.readouterr().out
 
 
-@pytest.mark.parametrize('name', BOTH)
-def test_a_file_in_the_way_is_one_line(name, files, tmp_path, capsys):
+def test_a_file_in_the_way_is_one_line(files, tmp_path, capsys):
     blocker = tmp_path / 'weights'
     blocker.write_text('not a folder')
     for dst in (blocker / 'x.pth', blocker / 'sub' / 'x.pth'):
-        assert tool(name, files[0], dst) == 1
+        assert tool('soft2mmsoft', files[0], dst) == 1
         out, err = capsys.readouterr()
         assert err.strip().splitlines() == [
             f'error: cannot create the output directory of {str(dst)!r}: '
@@ -723,12 +610,11 @@ def test_save_checkpoint_atomic(tmp_path, monkeypatch):
         raise RuntimeError('disk full')
 
     monkeypatch.setattr(torch, 'save', failing_save)
-    for path in (dst, tmp_path / 'new.pth'):
-        assert raised(
-            cf.save_checkpoint_atomic, {'a': torch.zeros(2)},
-            str(path),
-            exc=RuntimeError) == 'disk full'
-        assert os.listdir(tmp_path) == ['ckpt.pth']  # no temporary left
+    assert raised(
+        cf.save_checkpoint_atomic, {'a': torch.zeros(2)},
+        str(dst),
+        exc=RuntimeError) == 'disk full'
+    assert os.listdir(tmp_path) == ['ckpt.pth']  # no temporary left
     assert dst.read_bytes() == before  # old file untouched
     assert raised(cf.save_checkpoint_atomic, {}, str(
         tmp_path / 'no' / 'x.pth')) == (
@@ -752,23 +638,10 @@ def test_save_checkpoint_atomic(tmp_path, monkeypatch):
 
 def test_missing_pretrained_walks_every_node():
     gone = dict(type='Pretrained', checkpoint='gone.pth')
-    for model, where in (
-        (dict(
-            type='X',
-            extra=[1, 'two'],
-            backbone=dict(type=SOFT,
-                          init_cfg=gone)), 'model.backbone.init_cfg'),
-        (dict(
-            type='X',
-            backbone=dict(
-                type=SOFT, init_cfg=[dict(type='TruncNormal'),
-                                     gone])), 'model.backbone.init_cfg[1]'),
-        (dict(type='X',
-              parts=[3, dict(type='SOFT',
-                             init_cfg=gone)]), 'model.parts[1].init_cfg'),
-    ):
-        assert cli.missing_pretrained(dict(model=model)).startswith(
-            f'gone.pth ({where}.checkpoint) does not exist')
+    soft = dict(type=SOFT, init_cfg=[dict(type='TruncNormal'), gone])
+    cfg = dict(model=dict(type='X', extra=[1, 'two'], parts=[3, soft]))
+    assert cli.missing_pretrained(cfg).startswith(
+        'gone.pth (model.parts[1].init_cfg[1].checkpoint) does not exist')
 
 
 class _FailingState:
@@ -801,21 +674,6 @@ def test_load_checkpoint_file_contract(tmp_path):
                         '--trust-checkpoint')
     trusted = load(str(objs), trust=True)
     assert type(trusted['o']) is Opaque and trusted['w'].device.type == 'cpu'
-    # code (a function, not a class): refused, trusted or not, with no
-    # advice to trust it; nothing of it runs
-    marker = tmp_path / 'MARKER'
-    opens = f'open({str(marker)!r}, "w")'
-    for fn, args in [(os.getcwd, ()), (exec, (opens, )),
-                     (pickle.loads, (b'garbage', ))]:
-        code = tmp_path / 'code.pth'
-        torch.save({'x': Reduce(fn, *args), 'o': Opaque()}, str(code))
-        for trust in (False, True):
-            msg = raised(load, str(code), trust=trust)
-            assert msg.startswith(f'checkpoint {code} was refused: it holds '
-                                  f'pickled code ('), msg
-            assert f'.{fn.__name__}) that would run when unpickled; ' in msg
-            assert 'trust' not in msg
-    assert not marker.exists()
     # trusted objects whose unpickling fails: one line, the first line
     for text, first in (('', ''), ('first\nsecond', 'first')):
         bad = tmp_path / 'bad_state.pth'
