@@ -47,7 +47,7 @@ M = Mutation
 MUTATIONS = (
     M('test_main_returns_none', 'tools/test.py main() returns None',
       'tools/test.py', '(gloo can abort)\n    return metrics\n',
-      '(gloo can abort)\n', STRICT + 'test_matching_checkpoint_is_tested'),
+      '(gloo can abort)\n', STRICT + 'test_partial_load_opt_in'),
     M('partial_load_not_passed', '--partial-load not passed to the hook',
       'tools/test.py', 'cli.set_partial_load(cfg, args.partial_load)',
       'cli.set_partial_load(cfg, False)', STRICT + 'test_partial_load_opt_in'),
