@@ -1,30 +1,24 @@
 """The SOFT training / testing recipes of the papers and the official
-repository, as data (issue 30), compared by
-``tests/test_configs/test_recipe_card.py`` with every config's effective
-values. Sources: NeurIPS 2021 / IJCV 2024 Sec. 4.1-4.3 (``shared/papers``);
-fudan-zvg/SOFT master (``main.py``, timm 0.3.2, ``config/SOFT_*.yaml``);
-for detection / segmentation mmdet's PVT and mmseg's Swin-UperNet configs.
-Warm-up ``length`` in the source's ``unit``; EMA ``momentum`` is mmengine's
-(``1 - decay`` of timm's ``ModelEma``); ``decay_exempt``: ``'norm'``,
-``'bias'``, ``'pos_embed'``, ``'cls_token'``."""
+repository as data (issue 30), compared with every config's effective values
+by ``tests/test_configs/test_recipe_card.py``. Sources: NeurIPS 2021 / IJCV
+2024 Sec. 4.1-4.3 (``shared/papers``); fudan-zvg/SOFT master (``main.py``,
+timm 0.3.2, ``config/SOFT_*.yaml``); mmdet's PVT and mmseg's Swin-UperNet
+configs. Warm-up ``length`` in the source's ``unit``; EMA ``momentum`` is
+mmengine's (``1 - decay`` of timm's ``ModelEma``); ``decay_exempt``:
+``'norm'``, ``'bias'``, ``'pos_embed'``, ``'cls_token'``."""
 from typing import Any, NamedTuple
 
 _SAME = object()
-
 NEURIPS = 'NeurIPS 2021 Sec. 4.1 (Implementation details)'
-IJCV_CLS = 'IJCV 2024 Sec. 4.1 (Implementation details)'
 IJCV_DET = 'IJCV 2024 Sec. 4.2 (Implementation details)'
 IJCV_SEG = 'IJCV 2024 Sec. 4.3 (Implementation details)'
 MAIN = 'fudan-zvg/SOFT master: main.py'
 YAML = 'fudan-zvg/SOFT master: config/SOFT_*.yaml'
-TIMM_OPT = ('fudan-zvg/SOFT master: main.py -> timm 0.3.2 create_optimizer '
-            '(filter_bias_and_bn: 1-D parameters and .bias skip decay) + '
-            'models/softmax_free_vision_transformer.py no_weight_decay() = '
-            "{'cls_token'}")
+TIMM_OPT = (f'{MAIN} -> timm 0.3.2 create_optimizer (1-D parameters and '
+            '.bias skip decay) + no_weight_decay() = {cls_token}')
 MMDET_PVT = 'mmdet configs/pvt/retinanet_pvt-t_fpn_1x_coco.py'
 MMDET_1X = 'mmdet configs/_base_/schedules/schedule_1x.py'
 MMDET_DATA = 'mmdet configs/_base_/datasets/coco_detection.py'
-MMDET_R50 = 'mmdet configs/_base_/models/retinanet_r50_fpn.py'
 MMDET_SPARSE = ('mmdet configs/sparse_rcnn/'
                 'sparse-rcnn_r50_fpn_ms-480-800-3x_coco.py')
 MMSEG_SWIN = ('mmseg configs/swin/swin-tiny-patch4-window7-in1k-pre_'
@@ -49,34 +43,22 @@ class V(NamedTuple):
         return self.ours is not _SAME
 
 
-# ------------------------------------------------------------- ImageNet
-#: the ImageNet training augmentations of the official recipe (timm), in
-#: mmpretrain's steps
+#: the official ImageNet augmentations (timm) in mmpretrain's steps: scale
+#: (0.08, 1), ratio (3/4, 4/3); rand-m9-mstd0.5-inc1; --reprob 0.25
 _IN1K_AUGMENT = [
-    # timm: scale (0.08, 1), ratio (3/4, 4/3)
     ('RandomResizedCrop',
-     dict(
-         scale=(224, 224),
-         crop_ratio_range=(0.08, 1.0),
-         aspect_ratio_range=(3. / 4., 4. / 3.))),
+     dict(scale=(224, 224), crop_ratio_range=(0.08, 1.0),
+          aspect_ratio_range=(3. / 4., 4. / 3.))),
     ('RandomFlip', dict(prob=0.5, direction='horizontal')),
-    # rand-m9-mstd0.5-inc1: 2 ops, magnitude 9 (of 10), std 0.5
     ('RandAugment',
-     dict(
-         num_policies=2, magnitude_level=9, magnitude_std=0.5,
-         total_level=10)),
-]
-#: timm --reprob 0.25 --remode pixel (timm: after packing the image)
+     dict(num_policies=2, magnitude_level=9, magnitude_std=0.5,
+          total_level=10)),
+]  # yapf: disable
 _IN1K_ERASE = ('RandomErasing', dict(erase_prob=0.25, mode='rand'))
-
-_NORM_BN_EVAL = ('the papers give no value; the official recipe trains '
-                 'the patch-embedding BatchNorms (model.train())')
 
 CLS_IN1K = dict(
     optimizer=V('AdamW', f'{NEURIPS}; {MAIN} --opt adamw'),
-    lr=V(
-        1e-3, f'{YAML} lr: 1e-3 (main.py scales it by batch/1024: 1e-3 at '
-        'the total batch of 1024)'),
+    lr=V(1e-3, f'{YAML} lr: 1e-3 (main.py: x batch/1024)'),
     betas=V((0.9, 0.999), f'{MAIN} --opt-betas None -> AdamW default'),
     eps=V(1e-8, f'{MAIN} --opt-eps 1e-8'),
     weight_decay=V(0.05, f'{NEURIPS}; {MAIN} --weight-decay 0.05'),
@@ -84,124 +66,90 @@ CLS_IN1K = dict(
         frozenset({'norm', 'bias', 'cls_token'}),
         TIMM_OPT,
         ours=frozenset({'norm', 'bias', 'cls_token', 'pos_embed'}),
-        why='the official model leaves its 4 position embeddings out of '
-        'no_weight_decay() (they decay with 0.05); mmsoft exempts them as '
-        'PVT / DeiT (which SOFT builds on) and mmpretrain\'s Swin / ViT '
-        'recipes do: they are interpolated to every input size and shared '
-        'by the detection / segmentation configs, whose recipe exempts '
-        'them too'),
+        why='the official model decays its 4 position embeddings; mmsoft '
+        'exempts them as PVT / DeiT and mmpretrain\'s Swin / ViT do (and '
+        'the dense configs sharing them)'),
     clip_grad=V(1.0, f'{YAML} clip_grad: 1.0 (timm: clip_grad_norm_, L2)'),
-    batch_size=V(
-        1024, f'{NEURIPS} ("a batch size of 1024"); {YAML} '
-        'batch_size: 128 x 8 GPUs'),
+    batch_size=V(1024, f'{NEURIPS}; {YAML} batch_size: 128 x 8 GPUs'),
     batch_per_gpu=V(128, f'{YAML} batch_size: 128'),
     max_epochs=V(
-        300, f'{NEURIPS} (300 epochs); {YAML} epochs: 300; timm 0.3.2 '
-        'create_scheduler adds --cooldown-epochs 10 at min_lr (310)',
+        300, f'{NEURIPS}; {YAML} epochs: 300 (+ timm 0.3.2\'s 10 cool-down '
+        'epochs: 310)',
         ours=300,
-        why='the 10 cool-down epochs at the minimum lr of timm 0.3.2 are '
-        'left out (the papers report 300 epochs)'),
+        why='timm\'s 10 cool-down epochs at the minimum lr are left out '
+        '(the papers report 300 epochs)'),
     warmup=V(
         dict(unit='epoch', length=10, start_lr=1e-6),
-        f'{NEURIPS} ("10 epochs of linear warm-up"); {YAML} '
-        'warmup_epochs: 10; main.py --warmup-lr 1e-6'),
-    final_lr=V(5e-5, f'{YAML} min_lr: 5e-5 (cosine annealing: {NEURIPS})'),
-    # lr in the middle of the cosine: ours anneals over epochs 10..300
-    # (mmpretrain's convention), timm's CosineLRScheduler over 0..300
-    # with the warm-up replacing its first 10 epochs
+        f'{NEURIPS} (10 epochs linear); {YAML} warmup_epochs: 10; '
+        'main.py --warmup-lr 1e-6'),
+    final_lr=V(5e-5, f'{YAML} min_lr: 5e-5 (cosine: {NEURIPS})'),
     mid_cosine_epoch=V(
-        150, 'timm 0.3.2 CosineLRScheduler(t_initial=300): lr = min_lr + '
-        '(lr - min_lr) / 2 at epoch 150',
+        150, 'timm 0.3.2 CosineLRScheduler(t_initial=300): the midpoint at '
+        'epoch 150',
         ours=155,
         why='mmpretrain\'s CosineAnnealingLR after the warm-up (begin=10, '
-        'T_max=290) reaches the midpoint at epoch 155; the two curves '
-        'differ by < 3 % of the base lr over the whole schedule'),
+        'T_max=290): the midpoint at 155; < 3 % of the base lr apart'),
     ema_momentum=V(
-        4e-5, f'{MAIN} --model-ema (True) --model-ema-decay 0.99996 '
-        '(timm ModelEma, updated after every iteration): momentum = '
-        '1 - 0.99996'),
+        4e-5, f'{MAIN} --model-ema --model-ema-decay 0.99996 (per '
+        'iteration): 1 - 0.99996'),
     ema_horizon_iters=V(25000, 'from ema_momentum: 1 / 4e-5 iterations'),
-    norm_eval=V(False, _NORM_BN_EVAL),
+    norm_eval=V(
+        False, 'the papers give none; the official recipe trains the '
+        'patch-embedding BatchNorms'),
     frozen=V(frozenset(), f'{MAIN} (every parameter trains)'),
     drop_path_rate=V(0.1, f'{MAIN} --drop-path 0.1'),
     residual_drop=V(
-        'dropout', 'fudan-zvg/SOFT master: models/softmax_free_transformer'
-        '.py (stages 1-3 apply drop_path as an element-wise Dropout of '
-        'their residual branches); stage 4 uses timm DropPath'),
-    label_smoothing=V(
-        0.1, f'{NEURIPS} (label smoothing); {MAIN} '
-        '--smoothing 0.1'),
-    mixup=V(0.8, f'{NEURIPS} (mixup); {MAIN} --mixup 0.8'),
-    cutmix=V(1.0, f'{NEURIPS} (cutmix); {MAIN} --cutmix 1.0'),
+        'dropout', 'fudan-zvg/SOFT models/softmax_free_transformer.py: '
+        'stages 1-3 drop their residual branches element-wise (Dropout)'),
+    label_smoothing=V(0.1, f'{NEURIPS}; {MAIN} --smoothing 0.1'),
+    mixup=V(0.8, f'{NEURIPS}; {MAIN} --mixup 0.8'),
+    cutmix=V(1.0, f'{NEURIPS}; {MAIN} --cutmix 1.0'),
     train_pipeline=V(
         [('LoadImageFromFile', {}), *_IN1K_AUGMENT,
          ('PackInputs', {}), _IN1K_ERASE],
-        f'{NEURIPS} (random flipping); {MAIN} --img-size 224 --scale '
-        '0.08 1 --ratio 3/4 4/3 --hflip 0.5 --aa rand-m9-mstd0.5-inc1 '
-        '--reprob 0.25 --remode pixel',
+        f'{NEURIPS}; {MAIN} --scale 0.08 1 --ratio 3/4 '
+        '4/3 --hflip 0.5 --aa rand-m9-mstd0.5-inc1 --reprob 0.25',
         ours=[('LoadImageFromFile', {}), *_IN1K_AUGMENT, _IN1K_ERASE,
               ('PackInputs', {})],
-        why='the same steps in mmpretrain\'s order (random erasing on the '
-        'uint8 image before packing instead of timm\'s on the normalised '
-        'tensor; mmpretrain\'s imagenet_bs64_swin_224.py)'),
+        why='mmpretrain\'s order: random erasing on the uint8 image before '
+        'packing (imagenet_bs64_swin_224.py)'),
     test_pipeline=V([
         ('LoadImageFromFile', {}),
         ('ResizeEdge', dict(scale=256, edge='short', interpolation='bicubic')),
-        ('CenterCrop', dict(crop_size=(224, 224))),
-        ('PackInputs', {}),
-    ], 'NeurIPS 2021 / IJCV 2024 Table 3 caption ("224x224 pixels '
-                    'center cropped from resized images with 256x256"); timm '
-                    'crop_pct 0.875, bicubic'),
-    metric=V(('Accuracy', dict(topk=(1, 5))),
-             f'{NEURIPS} Metrics ("top-1 accuracy on a single crop")'),
+        ('CenterCrop', dict(crop_size=(224, 224))), ('PackInputs', {})
+    ], 'Table 3 caption (224 center crop of 256); timm crop_pct 0.875'),
+    metric=V(('Accuracy', dict(topk=(1, 5))), f'{NEURIPS} Metrics'),
 )
-
-# ---------------------------------------------------------------- COCO
-_DET_DECAY = V(
-    frozenset(), f'{IJCV_DET} (AdamW, weight decay 0.01, no exemption named); '
-    f'{MMDET_PVT} (no paramwise_cfg: every parameter decays)',
-    ours=frozenset({'norm', 'pos_embed', 'cls_token'}),
-    why='the norms, position embeddings and cls token never decayed in the '
-    'ImageNet pretraining (timm\'s 1-D rule, see the ImageNet card) and '
-    'fine-tuning should not pull them to 0; the biases decay as in mmdet')
 
 _DET_COMMON = dict(
     optimizer=V('AdamW', IJCV_DET),
-    lr=V(1e-4, f'{IJCV_DET} ("base learning rate of 1x10^-4")'),
+    lr=V(1e-4, f'{IJCV_DET} (base learning rate 1x10^-4)'),
     betas=V((0.9, 0.999), f'{MMDET_PVT} (AdamW defaults)'),
-    weight_decay=V(0.01, f'{IJCV_DET} ("weight decay of 0.01")'),
-    decay_exempt=_DET_DECAY,
+    weight_decay=V(0.01, f'{IJCV_DET} (weight decay 0.01)'),
+    decay_exempt=V(
+        frozenset(),
+        f'{IJCV_DET} (no exemption named); {MMDET_PVT}',
+        ours=frozenset({'norm', 'pos_embed', 'cls_token'}),
+        why='never decayed in the ImageNet pretraining (timm\'s 1-D rule): '
+        'fine-tuning should not pull them to 0; biases decay as in mmdet'),
     clip_grad=V(None, f'{MMDET_PVT} (no clip_grad)'),
-    batch_size=V(16, f'{IJCV_DET} ("batch size 16 on 8 V100 GPUs")'),
+    batch_size=V(16, f'{IJCV_DET} (16 on 8 V100 GPUs)'),
     batch_per_gpu=V(2, f'{IJCV_DET} (16 on 8 GPUs)'),
     warmup=V(
         dict(unit='iter', length=500, start_lr=1e-7),
-        f'{MMDET_1X} (LinearLR start_factor 0.001, by_epoch=False, 500 '
-        'iterations)'),
+        f'{MMDET_1X} (LinearLR start_factor 0.001, 500 iterations)'),
     gamma=V(0.1, MMDET_1X),
     ema_momentum=V(None, f'{IJCV_DET} / {MMDET_PVT} (no EMA)'),
-    norm_eval=V(
-        True, f'{MMDET_R50} (norm_eval=True: the BatchNorms of the '
-        'backbone the SOFT configs replace keep their ImageNet statistics)'),
-    frozen=V(frozenset(), f'{MMDET_PVT} (PyramidVisionTransformer: no frozen '
-             'stages)'),
-    drop_path_rate=V(
-        0.1, 'mmdet PyramidVisionTransformer default drop_path_rate=0.1 '
-        f'({MMDET_PVT})'),
-    residual_drop=V(
-        'dropout', 'as the ImageNet pretraining (official '
-        'models/softmax_free_transformer.py)'),
-    test_pipeline=V([
-        ('LoadImageFromFile', {}),
-        ('Resize', dict(scale=(1333, 800), keep_ratio=True)),
-        ('LoadAnnotations', dict(with_bbox=True)),
-        ('PackDetInputs', {}),
-    ], f'{IJCV_DET} (shorter side 800, longer <= 1333); {MMDET_DATA}'),
+    norm_eval=V(True, 'mmdet configs/_base_/models/retinanet_r50_fpn.py'),
+    frozen=V(frozenset(), f'{MMDET_PVT} (no frozen stages)'),
+    drop_path_rate=V(0.1, f'{MMDET_PVT} (PVT default drop_path_rate)'),
+    residual_drop=V('dropout', 'as the ImageNet pretraining'),
+    test_pipeline=V([('LoadImageFromFile', {}),
+                     ('Resize', dict(scale=(1333, 800), keep_ratio=True)),
+                     ('LoadAnnotations', dict(with_bbox=True)),
+                     ('PackDetInputs', {})],
+                    f'{IJCV_DET} (800, <= 1333); {MMDET_DATA}'),
 )
-
-_MS_SOURCE = (f'{IJCV_DET} ("the shorter sides of images are randomly '
-              f'resized between 480 to 800"); {MMDET_SPARSE} (480..800, '
-              'step 32, longer side 1333)')
 
 
 def _det(schedule, with_mask, extra=None):
@@ -217,19 +165,18 @@ def _det(schedule, with_mask, extra=None):
                                                                 36, [27, 33])
     return dict(
         _DET_COMMON,
-        max_epochs=V(epochs, f'{IJCV_DET} ("{schedule}"); {src}'),
+        max_epochs=V(epochs, f'{IJCV_DET} ({schedule}); {src}'),
         milestones=V(steps, src),
-        final_lr=V(1e-6, f'{src} (x0.1 at epochs {steps[0]} and {steps[1]})'),
+        final_lr=V(1e-6, f'{src} (x0.1 at epochs {steps[0]}, {steps[1]})'),
         train_pipeline=V(
-            train, f'{IJCV_DET} (shorter side 800, longer <= 1333); '
-            f'{MMDET_DATA}' if one_x else _MS_SOURCE),
+            train, f'{IJCV_DET}; {MMDET_DATA}' if one_x else
+            f'{IJCV_DET} (shorter sides 480 to 800); {MMDET_SPARSE}'),
         metric=V(('CocoMetric',
                   dict(metric=['bbox', 'segm'] if with_mask else ['bbox'])),
-                 f'{IJCV_DET} Table 4 / 5 (box AP; mask AP for Mask R-CNN)'),
+                 f'{IJCV_DET} Table 4 / 5'),
         **(extra or {}))
 
 
-# --------------------------------------------------------------- ADE20K
 def _seg_train(resize):
     """mmseg's ADE20K training pipeline with the ``resize`` step."""
     return [('LoadImageFromFile', {}),
@@ -241,21 +188,19 @@ def _seg_train(resize):
 
 SEG_160K = dict(
     optimizer=V('AdamW', IJCV_SEG),
-    lr=V(6e-4, f'{IJCV_SEG} ("AdamW optimizer with 6x10^-4 learning '
-         'rate")'),
+    lr=V(6e-4, f'{IJCV_SEG} (AdamW, 6x10^-4)'),
     betas=V((0.9, 0.999), MMSEG_SWIN),
     weight_decay=V(0.01, f'{MMSEG_SWIN} (the paper gives none)'),
     decay_exempt=V(
         frozenset({'norm', 'pos_embed'}),
-        f'{MMSEG_SWIN} (custom_keys: absolute_pos_embed, '
-        'relative_position_bias_table, norm -> decay_mult 0)',
+        f'{MMSEG_SWIN} (custom_keys absolute_pos_embed, norm: decay_mult 0)',
         ours=frozenset({'norm', 'pos_embed', 'cls_token'}),
-        why='SOFT\'s stage-4 cls token (unused by UperNet, but a parameter '
-        'of the backbone) is exempt as in the ImageNet recipe'),
+        why='SOFT\'s stage-4 cls token (a backbone parameter UperNet does '
+        'not use) is exempt as in the ImageNet recipe'),
     clip_grad=V(None, f'{MMSEG_SWIN} (no clip_grad)'),
-    batch_size=V(16, f'{MMSEG_SWIN} (8 GPUs x 2 images, "8xb2")'),
+    batch_size=V(16, f'{MMSEG_SWIN} (8xb2)'),
     batch_per_gpu=V(2, MMSEG_SWIN),
-    max_iters=V(160000, f'{IJCV_SEG} ("160k iterations")'),
+    max_iters=V(160000, f'{IJCV_SEG} (160k iterations)'),
     warmup=V(
         dict(unit='iter', length=1500, start_lr=6e-4 * 1e-6),
         f'{MMSEG_SWIN} (LinearLR start_factor 1e-6, 1500 iterations)'),
@@ -266,17 +211,15 @@ SEG_160K = dict(
         False,
         f'{MMSEG_R50} (norm_eval=False with SyncBN)',
         ours=True,
-        why='SOFT\'s only BatchNorms are those of the patch-embedding convs; '
-        'with 2 images per GPU and no SyncBN their statistics would be '
-        'noise, so they keep the ImageNet ones (as the detection configs)'),
+        why='SOFT\'s only BatchNorms (patch embeddings) would see 2 images '
+        'per GPU without SyncBN: they keep the ImageNet statistics'),
     frozen=V(frozenset(), f'{MMSEG_SWIN} (no frozen stages)'),
     drop_path_rate=V(
         0.3,
-        f'{MMSEG_SWIN} (Swin-T drop_path_rate 0.3; the paper gives none)',
+        f'{MMSEG_SWIN} (Swin-T; the paper gives none)',
         ours=0.1,
-        why='one backbone setting for every dense config (soft_dense.py): '
-        'the 0.1 of the ImageNet pretraining and of mmdet\'s PVT; Swin-T\'s '
-        '0.3 belongs to a deeper, window-attention backbone'),
+        why='one setting for every dense config (soft_dense.py): the 0.1 '
+        'of the pretraining and of mmdet\'s PVT'),
     residual_drop=V('dropout', 'as the ImageNet pretraining'),
     train_pipeline=V(
         _seg_train(
@@ -285,33 +228,30 @@ SEG_160K = dict(
                   keep_ratio=True))),
         MMSEG_DATA,
         ours=_seg_train(('Resize', dict(scale=(2048, 512), keep_ratio=True))),
-        why=f'{IJCV_SEG}: "Multi-scale training and test time augmentation '
-        'are not used": mmseg\'s 0.5-2.0 random rescaling becomes a fixed '
-        'short side of 512'),
-    test_pipeline=V([
-        ('LoadImageFromFile', {}),
-        ('Resize', dict(scale=(2048, 512), keep_ratio=True)),
-        ('LoadAnnotations', dict(reduce_zero_label=True)),
-        ('PackSegInputs', {}),
-    ], f'{MMSEG_DATA}; {IJCV_SEG} (no test-time augmentation)'),
-    test_mode=V('whole', f'{MMSEG_R50} (test_cfg mode whole); {IJCV_SEG}'),
-    metric=V(('IoUMetric', dict(iou_metrics=['mIoU'])),
-             f'{IJCV_SEG} Table 6 (mIoU)'),
+        why=f'{IJCV_SEG}: no multi-scale training: a fixed short side 512'),
+    test_pipeline=V([('LoadImageFromFile', {}),
+                     ('Resize', dict(scale=(2048, 512), keep_ratio=True)),
+                     ('LoadAnnotations', dict(reduce_zero_label=True)),
+                     ('PackSegInputs', {})], f'{MMSEG_DATA}; {IJCV_SEG}'),
+    test_mode=V('whole', f'{MMSEG_R50} (test_cfg mode whole)'),
+    metric=V(('IoUMetric', dict(iou_metrics=['mIoU'])), f'{IJCV_SEG} Table 6'),
 )
 
-#: configuration family -> its card
-#: mmdet's Sparse R-CNN recipe clips gradients (max_norm 1, L2)
-_SPARSE = dict(
-    clip_grad=V(
-        1.0, 'mmdet configs/sparse_rcnn/sparse-rcnn_r50_fpn_1x_coco.py '
-        '(clip_grad max_norm 1, norm_type 2)'))
+#: configuration family -> its card (mmdet's Sparse R-CNN clips gradients)
 FAMILIES = dict(
     cls_in1k=CLS_IN1K,
     det_1x=_det('1x', with_mask=False),
     det_mask_1x=_det('1x', with_mask=True),
     det_3x_ms=_det('3x', with_mask=False),
     det_mask_3x_ms=_det('3x', with_mask=True),
-    det_sparse_3x_ms=_det('3x', with_mask=False, extra=_SPARSE),
+    det_sparse_3x_ms=_det(
+        '3x',
+        with_mask=False,
+        extra=dict(
+            clip_grad=V(
+                1.0,
+                'mmdet configs/sparse_rcnn/sparse-rcnn_r50_fpn_1x_coco.py '
+                '(max_norm 1, L2)'))),
     seg_160k=SEG_160K,
 )
 

@@ -1,23 +1,121 @@
-"""Every config of ``configs/`` against the recipe card
-(``tests/reference/recipe_card.py``, issue 30): EFFECTIVE values built by
-the real machinery (optimizer param groups, the Runner's schedulers stepped
-as ``ParamSchedulerHook`` does, the EMAHook, a tiny model, the pipelines'
-``TRANSFORMS``, the ``METRICS``)."""
+"""Every config of ``configs/`` built in its codebase with a tiny SOFT: its
+EFFECTIVE values (optimizer groups, the schedulers stepped as
+``ParamSchedulerHook`` does, the EMAHook, the ``TRANSFORMS``, the
+``METRICS``) against the recipe card (``tests/reference/recipe_card.py``),
+one training step and one prediction on CPU."""
 import copy
+import glob
+import importlib
 import math
+import os.path as osp
 import types
 
 import pytest
 import torch
+from conftest import CONFIGS as CONFIG_DIR
+from conftest import tiny_arch
+from mmengine.config import Config
 from mmengine.registry import DefaultScope
 from reference.recipe_card import FAMILIES, family_of
-from test_shipped_configs import CONFIGS, load, registry, tiny_model_cfg
 from torch.nn.modules.batchnorm import _BatchNorm
 
+from mmsoft.models import SOFT
 from mmsoft_tools import launch
+from mmsoft_tools.analysis import random_batch
 
+CONFIGS = sorted(
+    osp.splitext(osp.basename(p))[0]
+    for p in glob.glob(osp.join(CONFIG_DIR, '*.py')))
+DATASETS = dict(
+    mmpretrain='ImageNet', mmdet='CocoDataset', mmseg='ADE20KDataset')
+TINY_ARCH, SIZE = tiny_arch(), 64
+#: detector widths -> test widths (FPN / head channels 256, FC layers)
+NARROW = {256: 64, 1024: 64, 2048: 64}
+CHANNEL_KEYS = ('in_channels', 'out_channels', 'feat_channels',
+                'conv_out_channels', 'fc_out_channels', 'feedforward_channels',
+                'proposal_feature_channel')
 EPOCH_LEN = {'cls_in1k': 20}  # simulated epochs (> the 500-iter warm-up)
 NORMS = (_BatchNorm, torch.nn.LayerNorm, torch.nn.GroupNorm)
+
+
+def scope_of(name):
+    return 'mmpretrain' if name.endswith('_in1k') else \
+        'mmseg' if name.startswith('upernet_') else 'mmdet'
+
+
+def registry(scope, name='MODELS'):
+    return getattr(importlib.import_module(f'{scope}.registry'), name)
+
+
+def _narrow(node):
+    """Narrow a detector's FPN and heads (types, wiring: the config's)."""
+    items = node.items() if isinstance(node, dict) else enumerate(node) \
+        if isinstance(node, (list, tuple)) else ()
+    for key, val in items:
+        if key in CHANNEL_KEYS and isinstance(val, int):
+            node[key] = NARROW.get(val, val)
+        elif key != 'backbone':
+            _narrow(val)
+
+
+def tiny_model_cfg(cfg, scope):
+    """cfg.model with a tiny SOFT and matching neck / head channels; a
+    detector with tens of proposals / RoIs, score_thr 0 (random detectors
+    predict)."""
+    m = copy.deepcopy(cfg.model)
+    if 'data_preprocessor' not in m and cfg.get('data_preprocessor'):
+        m.data_preprocessor = copy.deepcopy(cfg.data_preprocessor)
+    m.backbone.update(arch=copy.deepcopy(TINY_ARCH), init_cfg=None)
+    dims = TINY_ARCH['embed_dims']
+    if scope == 'mmpretrain':
+        m.head.in_channels = dims[3]
+        return m
+    if scope == 'mmseg':
+        m.decode_head.update(in_channels=list(dims), channels=32)
+        m.auxiliary_head.update(
+            in_channels=dims[m.auxiliary_head.in_index], channels=16)
+        m.data_preprocessor.size = (SIZE, SIZE)
+        return m
+    _narrow(m)
+    m.neck.in_channels = list(dims)
+    train, test = m.get('train_cfg') or {}, m.get('test_cfg') or {}
+    if train.get('rpn_proposal'):
+        train.rpn_proposal.update(nms_pre=200, max_per_img=50)
+    rcnn = train.get('rcnn') or []
+    for stage in rcnn if isinstance(rcnn, list) else [rcnn]:
+        if 'num' in stage.get('sampler', {}):
+            stage.sampler.num = 32
+    if test.get('rpn'):
+        test.rpn.update(nms_pre=100, max_per_img=20)
+    if 'rcnn' in test:
+        test.rcnn.update(score_thr=0.0, max_per_img=10)
+    elif test:  # one-stage
+        test.update(nms_pre=100, max_per_img=10)
+    if m.get('rpn_head', {}).get('type') == 'EmbeddingRPNHead':  # Sparse
+        m.rpn_head.num_proposals = 10
+    return m
+
+
+def check_settings(name, cfg, scope):
+    """What the card does not compare; the real channels."""
+    assert cfg.default_scope == launch.codebase_of(cfg) == scope
+    assert cfg.custom_imports == dict(
+        imports=['mmsoft'], allow_failed_imports=False)
+    assert cfg.optim_wrapper.type == 'OptimWrapper'
+    assert cfg.train_dataloader.dataset.type == DATASETS[scope]
+    bb, m = cfg.model.backbone, cfg.model
+    dims = list(SOFT.arch_zoo[bb.arch]['embed_dims'])
+    assert bb.type == 'SOFT' and bb.arch in name
+    if scope == 'mmpretrain':
+        assert bb.out_type == 'cls_token' and tuple(bb.out_indices) == (3, )
+        assert m.head.in_channels == dims[3]
+        return
+    assert bb.out_type == 'featmap' and tuple(bb.out_indices) == (0, 1, 2, 3)
+    if scope == 'mmseg':
+        assert cfg.train_cfg.type == 'IterBasedTrainLoop'
+        assert tuple(m.data_preprocessor.size) == (512, 512)
+        assert m.auxiliary_head.in_channels == dims[m.auxiliary_head.in_index]
+    assert list((m.get('neck') or m.decode_head).in_channels) == dims
 
 
 def category(backbone, name):
@@ -179,10 +277,9 @@ def _norm(v):
 def pipeline_values(pipeline, card_pipeline, scope):
     """[(type, {card key: value})] of the built transforms; a setting not
     on the transform is read from its ``resize_cfg``."""
-    transforms = registry(scope, 'TRANSFORMS')
     out = []
-    for i, t in enumerate(
-            transforms.build(copy.deepcopy(p)) for p in pipeline):
+    for i, p in enumerate(pipeline):
+        t = registry(scope, 'TRANSFORMS').build(copy.deepcopy(p))
         keys = card_pipeline[i][1] if i < len(card_pipeline) else {}
         resize = getattr(t, 'resize_cfg', None) or {}
         for k in keys:
@@ -212,43 +309,37 @@ def metric_values(cfg, scope):
     return (type(m).__name__, {key: list(m.metrics)})
 
 
-def effective(name):
+def effective(name, cfg, scope, model, wrapper):
     """Every value of the card, as the machinery builds it for ``name``."""
-    from mmengine.optim import build_optim_wrapper
     family = family_of(name)
-    card, cfg = FAMILIES[family], load(name)
-    scope = launch.import_codebase(cfg)
-    with DefaultScope.overwrite_default_scope(scope):
-        model = registry(scope).build(tiny_model_cfg(cfg, scope))
-        wrapper = build_optim_wrapper(model, copy.deepcopy(cfg.optim_wrapper))
-        opt = wrapper.optimizer
-        lrs = {g['lr'] for g in opt.param_groups}
-        assert len(lrs) == 1, lrs  # no lr multiplier anywhere
-        out = dict(
-            optimizer=type(opt).__name__,
-            lr=lrs.pop(),
-            betas=tuple(opt.defaults['betas']),
-            eps=opt.defaults['eps'],
-            weight_decay=opt.defaults['weight_decay'])
-        exempt, odd = effective_decay(model, wrapper, out['weight_decay'])
-        assert not odd, f'{name}: categories with an unexpected decay {odd}'
-        out['decay_exempt'] = exempt
-        clip = getattr(wrapper, 'clip_grad_kwargs', None)
-        assert not clip or clip.get('norm_type', 2) == 2, clip
-        out['clip_grad'] = clip['max_norm'] if clip else None
-        out.update(model_values(model))
-        if scope == 'mmpretrain':
-            augs = model.data_preprocessor.batch_augments.augments
-            alphas = {type(a).__name__: a.alpha for a in augs}
-            out['mixup'], out['cutmix'] = alphas['Mixup'], alphas['CutMix']
-            out['label_smoothing'] = model.head.loss_module.label_smooth_val
-        if scope == 'mmseg':
-            out['test_mode'] = model.test_cfg['mode']
-        for split in ('train', 'test'):
-            out[f'{split}_pipeline'] = pipeline_values(
-                cfg[f'{split}_dataloader'].dataset.pipeline,
-                card[f'{split}_pipeline'].expected, scope)
-        out['metric'] = metric_values(cfg, scope)
+    card, opt = FAMILIES[family], wrapper.optimizer
+    lrs = {g['lr'] for g in opt.param_groups}
+    assert len(lrs) == 1, lrs  # no lr multiplier anywhere
+    out = dict(
+        optimizer=type(opt).__name__,
+        lr=lrs.pop(),
+        betas=tuple(opt.defaults['betas']),
+        eps=opt.defaults['eps'],
+        weight_decay=opt.defaults['weight_decay'])
+    exempt, odd = effective_decay(model, wrapper, out['weight_decay'])
+    assert not odd, f'{name}: categories with an unexpected decay {odd}'
+    out['decay_exempt'] = exempt
+    clip = getattr(wrapper, 'clip_grad_kwargs', None)
+    assert not clip or clip.get('norm_type', 2) == 2, clip
+    out['clip_grad'] = clip['max_norm'] if clip else None
+    out.update(model_values(model))
+    if scope == 'mmpretrain':
+        augs = model.data_preprocessor.batch_augments.augments
+        alphas = {type(a).__name__: a.alpha for a in augs}
+        out['mixup'], out['cutmix'] = alphas['Mixup'], alphas['CutMix']
+        out['label_smoothing'] = model.head.loss_module.label_smooth_val
+    if scope == 'mmseg':
+        out['test_mode'] = model.test_cfg['mode']
+    for split in ('train', 'test'):
+        out[f'{split}_pipeline'] = pipeline_values(
+            cfg[f'{split}_dataloader'].dataset.pipeline,
+            card[f'{split}_pipeline'].expected, scope)
+    out['metric'] = metric_values(cfg, scope)
     out.update(schedule_values(cfg, card, family))
     out.update(ema_values(cfg))
     out['batch_per_gpu'] = per_gpu = cfg.train_dataloader.batch_size
@@ -270,19 +361,9 @@ def _close(a, b):
     return a == b
 
 
-def test_every_config_has_a_card_citing_a_source_for_every_value():
-    assert {family_of(n) for n in CONFIGS} == set(FAMILIES)
-    for family, card in FAMILIES.items():
-        for key, v in card.items():
-            assert v.source.strip(), (family, key)
-            assert not v.deviates or len(v.why) > 20, (family, key)
-
-
-@pytest.mark.parametrize('name', CONFIGS)
-def test_config_matches_recipe_card(name):
-    card, got = FAMILIES[family_of(name)], effective(name)
+def compare_with_the_card(name, got):
     bad, n = [], 0
-    for key, v in card.items():
+    for key, v in FAMILIES[family_of(name)].items():
         assert key in got, f'{name}: no effective value for {key!r}'
         want = v.expected
         if key == 'mid_cosine_epoch':
@@ -299,3 +380,70 @@ def test_config_matches_recipe_card(name):
             bad.append(f'{key}: card {want!r}, effective {got[key]!r}')
     assert not bad, f'{name} differs from the recipe card ' + '; '.join(bad)
     assert n >= 30, n  # every value compared (pipelines: each setting)
+
+
+def train_step_and_predict(name, scope, model, wrapper):
+    """Finite loss, a gradient for every backbone parameter (the first
+    conv's included), a step; one prediction of the task's shapes."""
+    torch.manual_seed(0)
+    model.train()
+    data = model.data_preprocessor(random_batch(scope, name, SIZE), True)
+    losses = model(**data, mode='loss')
+    loss, _ = model.parse_losses(losses)
+    assert torch.isfinite(loss), losses
+    wrapper.backward(loss)
+    grads = {
+        n: p.grad
+        for n, p in model.backbone.named_parameters() if p.requires_grad
+    }
+    assert [n for n, g in grads.items() if g is None] == []
+    assert all(torch.isfinite(g).all() for g in grads.values())
+    stem = model.backbone.stages[0].patch_embed.proj[0].conv.weight.grad
+    assert stem.abs().sum() > 0
+    wrapper.step()
+    wrapper.zero_grad()
+    model.eval()
+    with torch.no_grad():
+        pred, = model.test_step(random_batch(scope, name, SIZE, 1))
+    if scope == 'mmpretrain':
+        assert pred.pred_score.shape == (1000, )
+        assert torch.isfinite(pred.pred_score).all()
+    elif scope == 'mmdet':
+        inst = pred.pred_instances
+        assert inst.bboxes.shape[1] == 4 and torch.isfinite(inst.scores).all()
+        if 'mask_rcnn' in name:
+            assert len(inst) > 0
+            assert inst.masks.shape == (len(inst), SIZE, SIZE)
+    else:
+        assert pred.pred_sem_seg.data.shape == (1, SIZE, SIZE)
+        assert pred.seg_logits.data.shape == (150, SIZE, SIZE)
+
+
+def test_every_config_has_a_card_citing_a_source_for_every_value():
+    assert {family_of(n) for n in CONFIGS} == set(FAMILIES)
+    for family, card in FAMILIES.items():
+        for key, v in card.items():
+            assert v.source.strip(), (family, key)
+            assert not v.deviates or len(v.why) > 20, (family, key)
+
+
+@pytest.mark.parametrize('name', CONFIGS)
+def test_config_matches_recipe_card(name):
+    """Every ``custom_keys`` entry names real SOFT parameters."""
+    from mmengine.model import revert_sync_batchnorm
+    from mmengine.optim import build_optim_wrapper
+    cfg, scope = Config.fromfile(osp.join(CONFIG_DIR, name + '.py')), \
+        scope_of(name)
+    check_settings(name, cfg, scope)
+    launch.import_codebase(cfg)
+    with DefaultScope.overwrite_default_scope(scope):
+        model = revert_sync_batchnorm(
+            registry(scope).build(tiny_model_cfg(cfg, scope)))
+        model.init_weights()
+        wrapper = build_optim_wrapper(model, copy.deepcopy(cfg.optim_wrapper))
+        names = [f'backbone.{n}' for n, _ in model.backbone.named_parameters()]
+        keys = cfg.optim_wrapper.paramwise_cfg.custom_keys
+        assert [k for k in keys if not any(k in n for n in names)] == []
+        compare_with_the_card(name, effective(name, cfg, scope, model,
+                                              wrapper))
+        train_step_and_predict(name, scope, model, wrapper)
