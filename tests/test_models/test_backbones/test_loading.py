@@ -17,7 +17,9 @@ import pytest
 import torch
 import torch.hub
 import torch.nn as nn
-from conftest import CONFIGS, Reduce, current_log
+from conftest import CONFIGS, Reduce
+from conftest import authors_file as preset_file
+from conftest import current_log
 from mmengine.runner import CheckpointLoader
 from reference import official_soft_ref as ref
 
@@ -86,15 +88,6 @@ def authors_file(path, img_size, depths=(1, 1, 2, 1)):
     torch.save({'model': sd}, str(path))
     converted, n = convert_official_to_mmpretrain(sd)[0], len('backbone.')
     return {k[n:]: v for k, v in converted.items() if k[:n] == 'backbone.'}
-
-
-def _official_tiny_file(path):
-    """A bare authors' state dict of SOFT-Tiny at 224 saved to ``path``."""
-    torch.save(
-        ref.random_official_state_dict([64, 128, 320, 512], [2, 4, 10, 16],
-                                       [1, 2, 3, 2],
-                                       pretrain_img_size=224,
-                                       dtype=torch.float32), str(path))
 
 
 def _tiny(depths=(1, 1, 2, 1), **kw):
@@ -300,7 +293,8 @@ def test_the_given_prefix_wins_over_backbone_keys(tmp_path, reports):
 
 def test_a_mismatch_names_the_module_and_the_prefix(tmp_path):
     """Into the backbone: the prefix applied; into a whole model (with some
-    or no backbone keys): a whole-model file's keys compared as they are."""
+    or no backbone keys): a whole-model file's keys compared as they are;
+    a file of another attn_norm is refused."""
     sd = _tiny(depths=[1, 1, 3, 1]).state_dict()
     bare, whole = tmp_path / 'bare.pth', tmp_path / 'whole.pth'
     torch.save(sd, str(bare))
@@ -318,19 +312,13 @@ def test_a_mismatch_names_the_module_and_the_prefix(tmp_path):
             loading.load_pretrained(model, str(whole))
         assert str(exc.value).startswith(
             f'checkpoint {whole} does not match Module: ')
-
-
-def test_attention_normalisation_of_the_file_is_checked(tmp_path):
-    """A file of another attn_norm is refused, naming the file."""
-    path = tmp_path / 'norm.pth'
-    torch.save(
-        dict(state_dict=_tiny().state_dict(), meta=dict(attn_norm=True)),
-        str(path))
-    dst = _tiny(attn_cfg=dict(type='SOFTAttention', attn_norm=False))
-    with pytest.raises(Mismatch) as exc:
-        loading.load_pretrained(dst, str(path))
+    torch.save(dict(state_dict=sd, meta=dict(attn_norm=True)), str(bare))
+    with pytest.raises(Mismatch) as exc:  # a file of another attn_norm
+        loading.load_pretrained(
+            _tiny([1, 1, 3, 1], attn_cfg=dict(type='soft', attn_norm=False)),
+            str(bare))
     assert str(exc.value).startswith(
-        f'checkpoint {path} holds soft_norm_* weights (converted with '
+        f'checkpoint {bare} holds soft_norm_* weights (converted with '
         'attn_norm=True, --norm), but the model has attn_norm=False')
 
 
@@ -468,7 +456,7 @@ def test_bare_authors_state_dict_and_report_names_the_model(tmp_path, reports):
     """An official size is named by attn_norm (soft_* / soft_norm_*); into
     another size: the fix is the preset; the neck / head follow."""
     path = tmp_path / 'soft_tiny.pth'
-    _official_tiny_file(path)
+    n = preset_file(path, 'tiny')
     for norm, name in ((True, 'soft_norm_tiny'), (False, 'soft_tiny')):
         reports.clear()
         SOFT(
@@ -477,8 +465,8 @@ def test_bare_authors_state_dict_and_report_names_the_model(tmp_path, reports):
             init_cfg=dict(type='Pretrained',
                           checkpoint=str(path))).init_weights()
         assert reports == [
-            f"mmsoft: loaded {path}: authors' {name} layout, converted, "
-            f"keys under 'backbone.', 185 tensors, strict"
+            f"mmsoft: loaded {path}: authors' {name} layout ('model'), "
+            f"converted, keys under 'backbone.', {n - 2} tensors, strict"
         ]
     model = SOFT(
         dict(
@@ -491,25 +479,6 @@ def test_bare_authors_state_dict_and_report_names_the_model(tmp_path, reports):
     assert str(exc.value).endswith(
         ': use --cfg-options model.backbone.arch=tiny and neck / head '
         'in_channels [64, 128, 320, 512]')
-
-
-def test_wrong_arch_authors_checkpoint_is_an_error(tmp_path):
-    path = tmp_path / 'deeper.pth'
-    authors_file(path, 64, depths=(1, 1, 3, 1))
-    with pytest.raises(Mismatch) as exc:
-        loading.load_pretrained(
-            SOFT(
-                dict(DEMO, depths=[1, 1, 2, 1], sampling_ratios=[4, 2, 2, 1]),
-                pretrain_img_size=64), str(path))
-    assert str(exc.value) == (
-        f"checkpoint {path} holds the authors' weights of arch=dict("
-        'embed_dims=[32, 64, 128, 192], num_heads=[1, 2, 4, 6], depths=[1, '
-        '1, 3, 1], sampling_ratios=[4, 2, 2, 1]) (depths [1, 1, 3, 1]), not '
-        'of the configured arch=dict(embed_dims=[32, 64, 128, 192], '
-        'num_heads=[1, 2, 4, 6], depths=[1, 1, 2, 1], sampling_ratios=[4, 2,'
-        ' 2, 1]): use model.backbone.arch=dict(embed_dims=[32, 64, 128, 192]'
-        ', num_heads=[1, 2, 4, 6], depths=[1, 1, 3, 1], sampling_ratios=[4, '
-        '2, 2, 1]) in the config')
 
 
 def test_backbone_keys_of_a_whole_model_file(tmp_path, reports):
@@ -535,7 +504,8 @@ def test_backbone_keys_of_a_whole_model_file(tmp_path, reports):
 
 def test_partial_authors_load_and_second_init_weights(tmp_path, reports):
     """Another pretraining size: all but pos_embed; a 2nd init is a no-op
-    (mmengine's: a registered initializer, no private state)."""
+    (mmengine's: a registered initializer, no private state); another
+    depth is refused (one line: the arch found and where to set it)."""
     assert '_is_init' not in inspect.getsource(SOFT)
     path = tmp_path / 'authors_64.pth'
     want = authors_file(path, 64)
@@ -555,6 +525,18 @@ def test_partial_authors_load_and_second_init_weights(tmp_path, reports):
     before = {k: v.clone() for k, v in got.items()}
     model.init_weights()
     assert len(reports) == 1 and _same(model.state_dict(), before)
+    authors_file(path, 64, depths=(1, 1, 3, 1))  # another arch: refused
+    with pytest.raises(Mismatch) as exc:
+        loading.load_pretrained(model, str(path))
+    assert str(exc.value) == (
+        f"checkpoint {path} holds the authors' weights of arch=dict("
+        'embed_dims=[32, 64, 128, 192], num_heads=[1, 2, 4, 6], depths=[1, '
+        '1, 3, 1], sampling_ratios=[4, 2, 2, 1]) (depths [1, 1, 3, 1]), not '
+        'of the configured arch=dict(embed_dims=[32, 64, 128, 192], '
+        'num_heads=[1, 2, 4, 6], depths=[1, 1, 2, 1], sampling_ratios=[4, 2,'
+        ' 2, 1]): use model.backbone.arch=dict(embed_dims=[32, 64, 128, 192]'
+        ', num_heads=[1, 2, 4, 6], depths=[1, 1, 3, 1], sampling_ratios=[4, '
+        '2, 2, 1]) in the config')
 
 
 # ------------------------------------------------- converters, few_keys
