@@ -147,18 +147,9 @@ def test_soft_block_and_stage_defaults():
     assert residual_drop_cfg(0.1, 'dropout') == dict(
         type='Dropout', drop_prob=0.1)
     assert residual_drop_cfg(0) is None
-    stage = SOFTStage(
-        8,
-        1,
-        1,
-        2,
-        3,
-        4.,
-        dict(type='SOFTAttention'),
-        True,
-        drop_path_rates=[0.25],
-        in_channels=3,
-        pos_grid=4)
+    cfg = dict(in_channels=3, pos_grid=4, drop_path_rates=[0.25])
+    stage = SOFTStage(8, 1, 1, 2, 3, 4., dict(type='SOFTAttention'), True,
+                      **cfg)
     assert isinstance(stage.blocks[0].drop, DropPath)
     assert stage.blocks[0].drop.drop_prob == pytest.approx(0.25)
     stage = PyramidStage(3, 8, pos_grid=4)  # no stem, token, dropout, cp
@@ -210,17 +201,9 @@ def test_patch_embed_convs_are_safe_and_build_quietly():
 
 
 # ---------------------------------------------------------- dropouts
-def test_drop_path_rate_schedule():
-    model = SOFT(dict(TINY, depths=[1, 1, 1, 2]), drop_path_rate=0.3)
-    assert isinstance(model.stages[0].blocks[0].drop, nn.Identity)
-    assert model.stages[3].blocks[1].drop_path.drop_prob == pytest.approx(0.3)
-    rates = [b.drop.drop_prob for s in model.stages[1:3] for b in s.blocks]
-    assert rates == pytest.approx([0.075, 0.15])  # linspace(0, .3, 5)
-
-
 def test_residual_drop_reaches_both_residuals_of_every_soft_block():
-    """Whole branches of a sample (DropPath) by default; 'dropout':
-    element-wise (nn.Dropout)."""
+    """drop_path_rate: linspace(0, rate, blocks); whole branches of a
+    sample (DropPath) by default, 'dropout': element-wise (nn.Dropout)."""
     for residual_drop, kind in (('drop_path', DropPath), ('dropout',
                                                           nn.Dropout)):
         model = SOFT(
@@ -231,6 +214,9 @@ def test_residual_drop_reaches_both_residuals_of_every_soft_block():
                  for b in s.blocks]
         assert all(isinstance(d, kind) for pair in drops for d in pair)
         assert dropouts(model.stages[1]) == [0.125, 0, 0, 0.125]
+        assert isinstance(model.stages[0].blocks[0].drop, nn.Identity)
+        assert [dropouts(d)[0] for d, _ in drops] == [.125, .25, .375]
+        assert model.stages[3].blocks[0].drop_path.drop_prob == 0.5
     with pytest.raises(ValueError) as e:
         SOFT(TINY, residual_drop='dropblock')
     assert str(e.value) == ("residual_drop must be one of ('drop_path', "
