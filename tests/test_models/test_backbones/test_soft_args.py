@@ -157,15 +157,11 @@ def test_unknown_norm_names_it_and_the_known_norms(key):
         assert 'MMSyncBN' in known
 
 
+LOW = soft(nr_iters=1, max_landmarks=None, attn_norm=False, sampling='avgpool')
+
+
 @pytest.mark.parametrize('kwargs', [
-    dict(
-        pretrain_img_size=32,
-        drop_path_rate=0.,
-        **soft(
-            nr_iters=1,
-            max_landmarks=None,
-            attn_norm=False,
-            sampling='avgpool')),
+    dict(pretrain_img_size=32, drop_path_rate=0., **LOW),
     arch(dw_kernel_sizes=[7, 0, 1, None], mlp_ratios=[1, 0.5, 4, 4]),
     dict(stage_cfgs=[
         dict(attn_cfg=dict(type='soft', attn_norm=False)),
