@@ -1,7 +1,7 @@
 """Weights into SOFT (:mod:`mmsoft.models.loading`): reading files safely,
 ``load_pretrained``, ``init_cfg`` Pretrained, the authors' files (issue 29,
-from ``tests/reference``) in a classifier, detector, segmentor, the one-line
-report and errors."""
+from ``tests/reference``) in SOFT and a detector, the one-line report and
+errors."""
 import functools
 import http.server
 import importlib
@@ -33,11 +33,6 @@ from mmsoft.utils.strict_load import few_keys
 
 #: the SOFT of the demo configs (configs/demo/*.py)
 DEMO = dict(embed_dims=[32, 64, 128, 192], num_heads=[1, 2, 4, 6])
-#: codebase: demo config, pretrain_img_size of its backbone
-TASKS = {
-    'mmpretrain': ('soft_cls_demo.py', 64),
-    'mmdet': ('retinanet_soft_demo.py', 160),
-}
 
 
 def _linear_file(path, **entries):
@@ -419,28 +414,22 @@ def test_init_cfg_loader_defaults_and_init_info(tmp_path, monkeypatch):
 
 
 # ------------------------------------------- the authors' files, SOFT's
-def build(task, checkpoint, **init):
-    """``task``'s demo model, ``init_cfg`` Pretrained on its backbone."""
+def test_authors_checkpoint_through_a_detectors_init_cfg(tmp_path, reports):
+    """The demo RetinaNet's backbone, ``init_cfg`` Pretrained (prefix)."""
     from mmengine.config import Config
     from mmengine.registry import DefaultScope
 
     from mmsoft_tools import launch
-    pytest.importorskip(task)
-    cfg = Config.fromfile(osp.join(CONFIGS, 'demo', TASKS[task][0]))
-    cfg.model.backbone.init_cfg = dict(
-        type='Pretrained', checkpoint=str(checkpoint), **init)
-    scope = launch.import_codebase(cfg)
-    registry = importlib.import_module(f'{scope}.registry')
-    with DefaultScope.overwrite_default_scope(scope):
-        return registry.MODELS.build(cfg.model)
-
-
-@pytest.mark.parametrize('task', list(TASKS))
-def test_authors_checkpoint_through_init_cfg(tmp_path, task, reports):
-    """In a classifier; in a detector (prefix given)."""
+    pytest.importorskip('mmdet')
     path = tmp_path / 'soft_demo_authors.pth'
-    want = authors_file(path, TASKS[task][1])
-    model = build(task, path, prefix='backbone.' if task == 'mmdet' else None)
+    want = authors_file(path, 160)
+    cfg = Config.fromfile(osp.join(CONFIGS, 'demo', 'retinanet_soft_demo.py'))
+    cfg.model.backbone.init_cfg = dict(
+        type='Pretrained', checkpoint=str(path), prefix='backbone.')
+    scope = launch.import_codebase(cfg)
+    with DefaultScope.overwrite_default_scope(scope):
+        model = importlib.import_module(f'{scope}.registry').MODELS.build(
+            cfg.model)
     model.init_weights()
     got = model.backbone.state_dict()
     assert set(got) == set(want) and _same(got, want)
