@@ -11,8 +11,8 @@ from collections import OrderedDict
 
 import pytest
 import torch
-from conftest import (CONFIGS, ROOT, dead_pid, flip_tensor_bytes, load_module,
-                      tiny_arch)
+from conftest import (CONFIGS, ROOT, Reduce, dead_pid, flip_tensor_bytes,
+                      load_module, tiny_arch)
 from reference import official_soft_ref as ref
 
 from mmsoft.models import converters as ok
@@ -137,14 +137,10 @@ def test_key_mapping_is_a_bijection(tiny_sd):
         assert ok.mmsoft_to_official_key(bad) is None, bad
 
 
-@pytest.mark.parametrize('depths,preset', [([1, 2, 3, 2], 'tiny'),
-                                           ([1, 1, 2, 1], None)])
-def test_infer_arch_and_preset(depths, preset):
-    sd = official_state_dict(TINY['embed_dims'], TINY['num_heads'], depths)
-    arch = ok.infer_official_arch(sd)
+def test_infer_arch_and_preset(tiny_sd):
+    arch = ok.infer_official_arch(tiny_sd)
     assert arch == dict(
         TINY,
-        depths=depths,
         sampling_ratios=[8, 4, 2, 1],
         dw_kernel_sizes=[9, 5, 3, None],
         mlp_ratios=[4, 4, 4, 4],
@@ -152,11 +148,12 @@ def test_infer_arch_and_preset(depths, preset):
         num_classes=1000,
         pretrain_img_size=224,
         stage4_heads_given=False)
-    assert ok.match_arch_preset(arch) == preset
+    assert ok.describe_arch(arch) == "arch='tiny'"
     assert ok.match_arch_preset(dict(arch, depths=[1, 3, 20, 4])) == \
         'small-official'
-    assert ok.describe_arch(arch) == (
-        f"arch='{preset}'" if preset else
+    other = dict(arch, depths=[1, 1, 2, 1])
+    assert ok.match_arch_preset(other) is None
+    assert ok.describe_arch(other) == (
         'arch=dict(embed_dims=[64, 128, 320, 512], num_heads=[2, 4, 10, 16], '
         'depths=[1, 1, 2, 1])')
 
@@ -202,7 +199,6 @@ def test_infer_arch_refusals(tiny_sd):
     for sd, heads, msg in (
         (no_pos3, None, "cannot infer the architecture: key 'pos_embed3' is "
          'missing'),
-            # every block of stage 2, or its block 0 alone
         (_with(tiny_sd, conv2 % '0', torch.zeros(3, 1, 5, 5)), None, stage2),
         (_with(tiny_sd, r'block1\.\d+\.att\.mha\.attn\.Qlandmark_op\.weight',
                torch.zeros(32, 32)), None,
@@ -333,11 +329,10 @@ def test_extract_state_dict_layouts_and_messages(tiny_sd):
     assert ok.extract_state_dict(tiny_sd)[1] == '<bare>'
     # 'module.' prefixes (DataParallel inside DDP: every one goes); an
     # empty EMA entry (a placeholder) is passed over
-    for ckpt in (dict(model=prefixed(tiny_sd)),
-                 dict(model=prefixed(tiny_sd, 'module.module.')), {
-                     'state_dict_ema': {},
-                     'model': tiny_sd
-                 }):
+    for ckpt in (dict(model=prefixed(tiny_sd, 'module.module.')), {
+            'state_dict_ema': {},
+            'model': tiny_sd
+    }):
         sd, src = ok.extract_state_dict(ckpt)
         assert src == 'model' and list(sd) == list(tiny_sd)
     assert raised(ok.extract_state_dict,
@@ -463,29 +458,19 @@ def test_mmsoft_checkpoint_needs_no_conversion(tmp_path, files, capsys,
     assert cf.already_mmsoft(torch.load(official), 'x') is None
 
 
-def test_damaged_input_is_one_line(tmp_path, src, capsys):
-    src.write_bytes(src.read_bytes()[:src.stat().st_size * 2 // 3])
-    for script in BOTH:
+def test_damaged_input_is_one_line(tmp_path, files, capsys):
+    """A converted file is whole; a flipped or a truncated one: one line."""
+    assert cio.describe_damage(str(files[1])) is None
+    flipped = shutil.copy(files[1], tmp_path / 'flipped.pth')
+    flip_tensor_bytes(flipped, 4)
+    torch.load(flipped)  # the fault: loads silently
+    short = tmp_path / 'short.pth'
+    short.write_bytes(files[0].read_bytes()[:files[0].stat().st_size // 2])
+    for script, src in (('mmsoft2soft', flipped), ('soft2mmsoft', short)):
         assert tool(script, src, tmp_path / 'out.pth') == 1
         err = one_line_error(capsys)
         assert 'damaged' in err and str(src) in err and 'trust' not in err
-    assert sorted(os.listdir(tmp_path)) == ['official.pth']
-
-
-def test_damaged_converted_file_is_refused(tmp_path, files):
-    assert tool('mmsoft2soft', files[1], tmp_path / 'back.pth') == 0
-    assert cio.describe_damage(str(files[1])) is None
-    assert cio.describe_damage(str(tmp_path / 'back.pth')) is None
-    bad = shutil.copy(files[1], tmp_path / 'bad.pth')
-    flip_tensor_bytes(bad, 4)
-    torch.load(bad)  # the fault: loads silently
-    backbone = SOFT(
-        arch=SMALL,
-        init_cfg=dict(
-            type='Pretrained', checkpoint=str(bad), prefix='backbone.'))
-    with pytest.raises(cio.CheckpointError, match=str(bad)):
-        backbone.init_weights()
-    assert 'corrupt' in raised(cf.load_checkpoint_file, str(bad))
+    assert sorted(os.listdir(tmp_path)) == ['flipped.pth', 'short.pth']
 
 
 def test_output_replacing_input_is_refused(tmp_path, src, files, capsys,
@@ -674,6 +659,14 @@ def test_load_checkpoint_file_contract(tmp_path):
                         '--trust-checkpoint')
     trusted = load(str(objs), trust=True)
     assert type(trusted['o']) is Opaque and trusted['w'].device.type == 'cpu'
+    code = tmp_path / 'code.pth'  # refused, trusted or not, not trustable
+    torch.save({'x': Reduce(os.getcwd), 'o': Opaque()}, str(code))
+    for trust in (False, True):
+        msg = raised(load, str(code), trust=trust)
+        assert msg.startswith(
+            f'checkpoint {code} was refused: it holds pickled code '
+            f'({os.getcwd.__module__}.getcwd) that would run when unpickled'
+        ) and 'trust' not in msg, msg
     # trusted objects whose unpickling fails: one line, the first line
     for text, first in (('', ''), ('first\nsecond', 'first')):
         bad = tmp_path / 'bad_state.pth'
@@ -683,20 +676,21 @@ def test_load_checkpoint_file_contract(tmp_path):
 
 
 def test_converter_parser_arguments():
-    p = cf.converter_parser('DESC-TEXT', 'SRC-HELP', 'DST-HELP', 'HEADS-HELP',
-                            int)
+    p = cf.converter_parser('DESC', 'SRC-HELP', 'DST-HELP', 'HEADS-HELP', int)
     text = ' '.join(p.format_help().split())
-    trust = 'unpickle arbitrary objects in SRC (only for files you trust)'
-    for part in ('DESC-TEXT', 'SRC-HELP', 'DST-HELP', 'HEADS-HELP', trust):
+    for part in ('DESC', 'SRC-HELP', 'DST-HELP', 'HEADS-HELP',
+                 'unpickle arbitrary objects in SRC (only for files you '
+                 'trust)'):
         assert part in text, part
-    assert [a.help for a in p._actions
-            if a.dest == 'trust_checkpoint'] == [trust]
-    args = p.parse_args(['a.pth', 'b.pth'])
-    assert (args.src, args.dst, args.stage4_heads,
-            args.trust_checkpoint) == ('a.pth', 'b.pth', None, False)
-    args = p.parse_args(
-        ['a', 'b', '--stage4-heads', '8', '--trust-checkpoint'])
-    assert args.stage4_heads == 8 and args.trust_checkpoint is True
+    assert vars(p.parse_args(['a', 'b'])) == dict(
+        src='a', dst='b', stage4_heads=None, trust_checkpoint=False)
+    assert vars(
+        p.parse_args(['a', 'b', '--stage4-heads', '8',
+                      '--trust-checkpoint'])) == dict(
+                          src='a',
+                          dst='b',
+                          stage4_heads=8,
+                          trust_checkpoint=True)
 
 
 def test_check_output_path_refusals(tmp_path, monkeypatch):
