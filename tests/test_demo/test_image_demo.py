@@ -6,13 +6,12 @@ import os
 import os.path as osp
 import re
 import runpy
-import sys
 
 import cv2
 import numpy as np
 import pytest
 import torch
-from conftest import ROOT, random_model, run, tiny_arch
+from conftest import ROOT, random_model, tiny_arch
 
 for _cb in ('mmdet', 'mmseg', 'mmpretrain'):
     pytest.importorskip(_cb)
@@ -104,8 +103,7 @@ def _check_outputs(task, out_dir, img, name, classes, cfg_ckpt=None):
         assert 0 < n <= 20  # score_thr 0: every box up to max_per_img
         assert len(pred['bboxes']) == len(pred['labels']) == n
         assert all(len(b) == 4 for b in pred['bboxes'])
-        # the model's boxes (inference_detector, not the demo's
-        # DetInferencer) on the same image, same order, best first
+        # inference_detector's boxes, same order, best first
         ref = _det_reference(cfg_ckpt, img)
         assert pred['scores'] == sorted(pred['scores'], reverse=True)
         assert pred['labels'] == ref.labels.tolist()
@@ -127,8 +125,8 @@ def _check_outputs(task, out_dir, img, name, classes, cfg_ckpt=None):
 
 @pytest.mark.parametrize('task', ['det', 'seg', 'cls'])
 def test_image_demo_image_and_folder(task, models, images, tmp_path, capsys):
-    """An image, then a folder (recursive; other files skipped); outputs
-    written atomically (no temporary files left)."""
+    """An image, then a folder (recursive; other files skipped); no
+    temporary files left."""
     cfg, ckpt, classes = models[task]
     out, out2 = str(tmp_path / 'out'), str(tmp_path / 'out2')
     common = [cfg, ckpt, '--device', 'cpu', '--out-dir']
@@ -149,24 +147,16 @@ def test_image_demo_image_and_folder(task, models, images, tmp_path, capsys):
     assert not left, left
 
 
-def test_image_demo_command_line(models, images, tmp_path):
-    """The script as a user runs it, from another directory (the
-    classifier: the cheapest; det / seg outputs: in process above)."""
+def test_image_demo_command_line(models, images, tmp_path, script_server):
+    """The script as a user runs it, from another directory; each bad
+    input: exit 2, one line on stderr, nothing written."""
     cfg, ckpt, classes = models['cls']
     out = str(tmp_path / 'cli_out')
-    proc = run([
-        sys.executable, DEMO, images['single'], cfg, ckpt, '--out-dir', out,
-        '--device', 'cpu'
-    ], cwd=tmp_path, timeout=300)  # yapf: disable
+    proc = script_server(
+        DEMO, [images['single'], cfg, ckpt, '--out-dir', out],
+        cwd=tmp_path, timeout=300)  # yapf: disable
     assert proc.returncode == 0, proc.stderr[-3000:]
     _check_outputs('cls', out, images['single'], 'one', classes)
-
-
-def test_image_demo_errors(models, images, tmp_path, script_server):
-    """Each bad input: exit 2, one line on stderr, nothing written. The
-    first case in a fresh interpreter, the others forked from conftest's
-    script server (the same script, without the imports' cost)."""
-    cfg, ckpt, _ = models['cls']
     bad, empty = tmp_path / 'bad.jpg', tmp_path / 'empty'
     bad.write_text('not a jpeg')
     empty.mkdir()
@@ -177,10 +167,8 @@ def test_image_demo_errors(models, images, tmp_path, script_server):
              ([img, cfg, f'{no}.pth'], f'checkpoint file not found: {no}.pth'),
              ([bad, cfg, ckpt], f'cannot read image: {bad}'),
              ([empty, cfg, ckpt], 'no images (.jpg, .jpeg')]
-    for i, (args, msg) in enumerate(cases):
-        argv = [*args, '--out-dir', tmp_path / 'o']
-        proc = run([sys.executable, DEMO, *argv], timeout=120) if i == 0 \
-            else script_server(DEMO, argv, timeout=120)
+    for args, msg in cases:
+        proc = script_server(DEMO, [*args, '--out-dir', tmp_path / 'o'])
         err = proc.stderr.strip().splitlines()
         assert proc.returncode == 2 and len(err) == 1, proc.stderr
         assert err[0].startswith(f'image_demo.py: error: {msg}'), err
@@ -189,11 +177,9 @@ def test_image_demo_errors(models, images, tmp_path, script_server):
 
 def test_readme_python_api_in_one_process(models, images, tmp_path,
                                           monkeypatch):
-    """The three snippets of the inference page one after the other in one
-    interpreter (as a notebook), only the config / checkpoint / image names
-    (and the tiny classifier's input size) replaced: mmpretrain's
-    inferencer builds its pipeline in the *current* default scope, which
-    mmdet's / mmseg's APIs leave at theirs unless the snippet selects it."""
+    """The inference page's three snippets in one interpreter (as a
+    notebook; mmpretrain's inferencer uses the *current* default scope,
+    which mmdet's / mmseg's APIs leave at theirs), names replaced."""
     from mmengine.registry import DefaultScope
     with open(osp.join(ROOT, 'docs/en/user_guides/inference.md')) as f:
         snippets = re.findall(r'```python\n(.*?)```', f.read(), flags=re.S)
@@ -229,11 +215,8 @@ def test_readme_python_api_in_one_process(models, images, tmp_path,
 @pytest.mark.parametrize('out', ['out', '.'])
 def test_out_dir_inside_input_is_not_input(models, tmp_path, capsys,
                                            monkeypatch, out):
-    """Issue 36 (5): ``--out-dir`` inside INPUT ``.``: the second run took
-    its outputs as inputs, wrote out/vis/out/...; issue 27 (5): x.jpg and
-    x.png wrote one result; issue 52 (5): valid images with bytes after
-    their end marker (beyond the data check's tail window; OpenCV decodes
-    them) were skipped as truncated."""
+    """A second run does not take its outputs as inputs; x.jpg and x.png
+    are two results; images with bytes after their end marker are read."""
     cfg, ckpt, classes = models['cls']
     names = ('x.jpg', 'x.png', 'y.jpg', 'sub/c.jpg')
     for seed, name in enumerate(names):
@@ -262,8 +245,7 @@ def test_out_dir_inside_input_is_not_input(models, tmp_path, capsys,
 
 
 def test_unreadable_images_in_folder_are_skipped(models, tmp_path, capsys):
-    """Issue 27 (7): one truncated JPEG aborted the rest; each bad image is
-    reported, the others processed, exit 1 at the end."""
+    """Each bad image reported, the others processed, exit 1 at the end."""
     cfg, ckpt, _ = models['cls']
     folder = tmp_path / 'in'
     whole = open(_image(folder / 'a.jpg', seed=1), 'rb').read()
@@ -285,8 +267,6 @@ def test_unreadable_images_in_folder_are_skipped(models, tmp_path, capsys):
 
 def test_checkpoint_of_another_model_is_refused(models, images, tmp_path,
                                                 capsys):
-    """Strict inference: a classifier checkpoint under the detector config
-    gave random-weight boxes after mmengine's WARNING."""
     cfg, cls_ckpt = models['det'][0], models['cls'][1]
     rc = _main([images['single'], cfg, cls_ckpt, '--out-dir', f'{tmp_path}/o'])
     stderr = capsys.readouterr().err

@@ -1,7 +1,6 @@
 """The synthetic demo data (``mmsoft_tools.demo_synthetic``,
-``tools/misc/make_demo_data.py``): deterministic and cached; scenes with
-several, partly occluded objects; COCO / ADE20K / ImageNet layouts valid
-and loaded by mmdet / mmseg / mmpretrain; the command line tool."""
+``tools/misc/make_demo_data.py``): deterministic, cached, non-trivial
+scenes; COCO / ADE20K / ImageNet layouts loaded by the codebases."""
 import hashlib
 import json
 import os
@@ -41,9 +40,8 @@ def demo_root(tmp_path_factory):
 
 
 def test_deterministic_and_cached(demo_root, tmp_path):
-    """Byte-identical for a seed whatever the worker count; up to date:
-    nothing rewritten; another seed: regenerated, other images; no
-    temporary folders left."""
+    """Byte-identical whatever the worker count; up to date: nothing
+    rewritten; another seed: other images; no temporary folders left."""
     other, msgs = str(tmp_path / 'again'), []
     S.make_demo_data(other, seed=0, overrides=SMALL, workers=2, log=None)
     ref = _tree_hashes(demo_root)
@@ -60,8 +58,8 @@ def test_deterministic_and_cached(demo_root, tmp_path):
 
 
 def test_scenes_are_not_trivial():
-    """Several objects of every class, textured, at least 16 visible
-    pixels each, disjoint visible masks, clutter outside them."""
+    """Several textured objects of every class, >= 16 visible pixels each,
+    disjoint visible masks, clutter outside them."""
     n_obj, classes = [], set()
     for i in range(20):
         img, objs, clutter = S.render_scene(
@@ -88,9 +86,9 @@ def test_every_shape_renders():
         S.shape_polygon('hexagon', 0, 0, 1, 0, rng)
 
 
-def test_coco_annotations_and_mmdet_dataset(demo_root):
-    """Valid boxes / polygons / areas / iscrowd, consistent with
-    pycocotools' rasterisation; loaded by mmdet's ``CocoDataset``."""
+def test_coco_annotations(demo_root):
+    """Boxes / polygons / areas consistent with pycocotools' rasterisation
+    (mmdet's CocoDataset: test_demo_configs::test_short_training_run)."""
     from pycocotools import mask as mask_utils
     from pycocotools.coco import COCO
     for split, n in (('train', 6), ('val', 3)):
@@ -122,40 +120,11 @@ def test_coco_annotations_and_mmdet_dataset(demo_root):
                 mask_utils.encode(np.asfortranarray(m)))
             assert abs(bx - x) <= 1.5 and abs(by - y) <= 1.5
             assert abs(bw - w) <= 2 and abs(bh - h) <= 2
-    pytest.importorskip('mmdet')
-    from mmdet.datasets import CocoDataset
-    from mmdet.utils import register_all_modules
-    register_all_modules()
-    ds = CocoDataset(
-        data_root=osp.join(demo_root, 'coco'),
-        ann_file='annotations/instances_train.json',
-        data_prefix=dict(img='train/'),
-        metainfo=dict(classes=S.DET_CLASSES),
-        filter_cfg=dict(filter_empty_gt=True, min_size=4),
-        pipeline=[
-            dict(type='LoadImageFromFile'),
-            dict(type='LoadAnnotations', with_bbox=True, with_mask=True),
-            dict(type='PackDetInputs')
-        ])
-    assert len(ds) == 6
-    with open(osp.join(demo_root, 'coco/annotations/instances_train.json')) \
-            as f:
-        anns = json.load(f)['annotations']
-    labels = set()
-    for sample in (ds[i] for i in range(len(ds))):
-        gt = sample['data_samples'].gt_instances
-        n_ann = sum(a['image_id'] == sample['data_samples'].img_id
-                    for a in anns)
-        assert len(gt) == n_ann > 0
-        assert sample['inputs'].shape == (3, 160, 160)
-        assert gt.masks.masks.shape == (n_ann, 160, 160)
-        labels |= set(gt.labels.tolist())
-    assert labels <= {0, 1, 2} and len(labels) >= 2
 
 
 def test_ade20k_labels_and_mmseg_dataset(demo_root):
-    """ADE20K label values (wall mostly), loaded by mmseg's
-    ``ADE20KDataset`` (reduce_zero_label + label map to the 4 classes)."""
+    """ADE20K label values (wall mostly) through mmseg's ``ADE20KDataset``
+    (reduce_zero_label + label map to the 4 classes)."""
     allowed = {0} | set(S.SEG_ADE_INDEX.values())
     for folder, n in (('training', 6), ('validation', 3)):
         ann_dir = osp.join(demo_root, 'ade', 'annotations', folder)
@@ -222,8 +191,7 @@ def test_mmpretrain_datasets(demo_root):
 
 
 def _tool(*argv):
-    """make_demo_data.py's main() through the tools' ``run_main`` (its exit
-    code, one-line errors), in this process."""
+    """make_demo_data.py's main() through ``run_main``, in this process."""
     from mmsoft_tools.cli import run_main
     with pytest.raises(SystemExit) as exit:
         run_main(runpy.run_path(TOOL, run_name='tool')['main'], list(argv))
@@ -260,13 +228,12 @@ def test_tool_cli(tmp_path, capsys):
     assert params['num_train'] == 5 and params['seed'] == 0
 
 
-@pytest.mark.parametrize('force', [False, True])
-@pytest.mark.parametrize('kind', ['data', 'file', 'link'])
+@pytest.mark.parametrize('kind,force', [('data', False), ('file', True),
+                                        ('link', False)])
 def test_a_users_data_is_never_replaced(tmp_path, force, kind, capsys):
-    """``--out data`` whose ``data/coco`` holds the user's data set (or is a
-    file, or a link to one) stops with one line before writing anything,
-    ``--force`` included; an empty folder or one marked as demo data is
-    (re)generated."""
+    """``data/coco`` holding the user's data (a file, a link): one line,
+    nothing written, ``--force`` included; an empty folder or one marked
+    as demo data is (re)generated."""
     out, real = tmp_path / 'data', tmp_path / 'real_coco'
     real.mkdir()
     (real / 'instances_train2017.json').write_text('{"mine": 1}')

@@ -1,7 +1,6 @@
-"""Statements of the README and the docs checked against what they describe
-(issue 51): usage snippets set the backbone / optimizer of the shipped
-configs they stand for, a snippet's ``arch`` fits the authors' file it
-loads, the pages count ``OFFICIAL_FILES``, ratios are the CSVs'."""
+"""Statements of the README and the docs against what they describe: usage
+snippets are the shipped recipes, a snippet's ``arch`` fits its authors'
+file, the pages count ``OFFICIAL_FILES``, ratios are the CSVs'."""
 import glob
 import os.path as osp
 import re
@@ -43,9 +42,6 @@ def python_blocks(rel):
      'upernet_soft_small_512x512_160k_ade20k'),
 ])
 def test_usage_snippet_is_the_shipped_recipe(rel, base, name, tmp_path):
-    """Pasted into a ResNet config, the snippet trains as the shipped
-    config: the same backbone settings (drop path included), authors' file
-    and the papers' AdamW, not the base's SGD."""
     pytest.importorskip(base.split('::')[0])
     found = [b for b in python_blocks(rel) if f"_base_ = '{base}'" in b]
     assert len(found) == 1, (rel, base, len(found))
@@ -72,9 +68,7 @@ def snippets_loading_an_authors_file():
 
 @pytest.mark.parametrize('rel,code', snippets_loading_an_authors_file())
 def test_snippet_arch_fits_its_authors_file(rel, code):
-    """An ``arch`` with the authors' file of another arch stops the run
-    (the own-config page set arch='tiny' over the Small file); the values
-    not in the snippet are those of the shipped config it copies."""
+    """Values not in the snippet: the shipped config's it copies."""
     arch = re.search(r"\barch='([\w-]+)'", code)
     ckpt = re.search(r"checkpoint='([^']+\.pth)'", code)
     copied = re.search(r"mmsoft_configs/(\w+)\.py", code)
@@ -88,17 +82,9 @@ def test_snippet_arch_fits_its_authors_file(rel, code):
         assert arch in fits, f'{rel}: arch={arch!r} with {ckpt} ({fits})'
 
 
-def test_the_copied_config_case_is_checked():
-    """The own-config page's copied-config snippet is among the cases."""
-    assert any('mmsoft_configs/retinanet_soft_small_1x.py' in p.values[1]
-               for p in snippets_loading_an_authors_file())
-
-
 @pytest.mark.parametrize(
     'rel', ['docs/en/user_guides/official_weights.md', 'docs/en/model_zoo.md'])
 def test_pages_count_the_authors_files(rel):
-    """As many published files as the README of fudan-zvg/SOFT links
-    (``link`` and ``more_links``: six, two of them SOFT-Tiny's)."""
     n = sum(1 + len(e.get('more_links', [])) for e in OFFICIAL_FILES.values()
             if e['link'])
     assert n == 6
@@ -108,9 +94,7 @@ def test_pages_count_the_authors_files(rel):
 
 
 def test_readme_names_the_machine_of_its_figures():
-    """No "no GPU figures" left, and the GPU rows name their GPU."""
     text = read('README.md')
-    assert 'no GPU figures' not in ' '.join(text.split())
     why = text[text.index('<!-- generated: why -->'):]
     rows = [
         r for r in why[:why.index('<!-- end generated -->')].splitlines()
@@ -223,9 +207,8 @@ def contradicted(rel, text, known):
 
 @pytest.mark.parametrize('rel', ['README.md', 'docs/en/benchmarks.md'])
 def test_stated_ratios_match_the_csvs(rel):
-    """Every "N.NNx PVTv2-bK" of the page is a CSV row's ratio at a size its
-    paragraph names, a pre-Lanczos one said to be (the README's 800 x 1216
-    CPU row said 1.40x, the old table's, after the CSV said 0.90x)."""
+    """Every "N.NNx PVTv2-bK" is a CSV row's ratio at a size its paragraph
+    names (a pre-Lanczos one: said to be)."""
     text = read(rel)
     assert stated_ratios(text), rel
     wrong = contradicted(rel, text, csv_ratios())
@@ -233,8 +216,8 @@ def test_stated_ratios_match_the_csvs(rel):
 
 
 def test_a_contradicted_ratio_is_caught(monkeypatch):
-    """An invented ratio, a pre-Lanczos one not said to be, and a CSV
-    re-measured under a page are each reported."""
+    """An invented ratio, a pre-Lanczos one not said to be, a CSV
+    re-measured under a page."""
     known = csv_ratios()
     now = GEN.detection_cpu_rows()[('soft_small_norm', '800x1216x1',
                                     'forward')]['ratio']  # the current run
@@ -247,7 +230,6 @@ def test_a_contradicted_ratio_is_caught(monkeypatch):
         (page(now, ''), []),
         (page('1.40', ''), [(['800x1216'], '1.40x PVTv2-b2')]),
         (page('1.40', ' (measured before block Lanczos)'), []),
-        (page('1.11', ''), [(['800x1216'], '1.11x PVTv2-b2')]),
         ('512 x 512: 1.40x PVTv2-b2', [(['512x512'], '1.40x PVTv2-b2')]),
         (row(''), [(['800x1216'], '(1.40x)')]),
         (row(' ²') + '\n² measured before block Lanczos\n', []),
@@ -264,8 +246,6 @@ def test_a_contradicted_ratio_is_caught(monkeypatch):
 
 
 def test_no_page_says_there_are_no_gpu_figures():
-    """GPU rows exist (``gpu_h200.csv``, ``gpu_h100.csv``): no page says
-    there are none (the README said "no GPU figures yet")."""
     assert sum(len(GEN.read_csv(name)) for _, name in GEN.GPU_CSVS) > 0
     no_gpu = re.compile(r'no GPU (figures|numbers|measurements|results|rows)',
                         re.I)
@@ -276,8 +256,7 @@ def test_no_page_says_there_are_no_gpu_figures():
 
 @pytest.mark.parametrize('model', GEN.load_models(), ids=lambda m: m['Name'])
 def test_model_index_schedule_is_the_configs(model):
-    """The schedule the model zoo's training-time table multiplies (the
-    metafile's ``Epochs`` / ``Iterations``, ``Batch Size`` on 8 GPUs)."""
+    """What the model zoo's training-time table multiplies."""
     name, meta = model['Name'], model['Metadata']
     pytest.importorskip(
         dict(in1k='mmpretrain',

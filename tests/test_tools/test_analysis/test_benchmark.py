@@ -10,10 +10,8 @@ from conftest import load_tool
 
 
 def isolated_runs_in(script_server, monkeypatch):
-    """``run_isolated``'s ``python script args`` children run in the
-    :func:`script_server` (forked from a process with the stacks imported:
-    the same script as ``__main__``, its exit code and output, without a
-    fresh interpreter's import cost)."""
+    """``run_isolated``'s ``python script args`` children in the
+    :func:`script_server` (a fork with the stacks imported)."""
     from mmsoft_tools import analysis
 
     def run(cmd, env, **kwargs):
@@ -44,9 +42,8 @@ def test_model_names():
 
 
 def test_training_step_builds_the_detection_recipes_backbone():
-    """A training step times SOFT as the detection configs train it:
-    BatchNorms in eval mode (norm_eval), their drop path and residual
-    dropout, read from configs/_base_/soft_dense.py; inference as built."""
+    """A training step times SOFT as configs/_base_/soft_dense.py trains it
+    (norm_eval, drop path, residual dropout); inference as built."""
     import torch.nn as nn
     from mmengine.config import Config
 
@@ -104,9 +101,8 @@ def test_nr_method_crossover_tool(capsys):
 
 
 def test_nr_accuracy_tool(tmp_path, capsys):
-    """Every method against the float64 official 20 steps, per layer, on a
-    tiny SOFT-Norm at 64 x 64: outputs and gradients within the bounds of
-    docs/en/benchmarks.md; the table written."""
+    """Every method against the float64 official 20 steps, per layer:
+    within the bounds of docs/en/benchmarks.md; the table written."""
     mod = load_tool('analysis/nr_accuracy.py', '_nr_accuracy')
     assert mod.main('--model soft_tiny_norm --sizes 64x96 --layers 0 1 '
                     '--threads 1 --out'.split() + [str(tmp_path)]) == 0
@@ -127,9 +123,8 @@ def test_nr_accuracy_tool(tmp_path, capsys):
 
 
 def test_nr_accuracy_of_a_config_and_its_checkpoint(tmp_path, capsys):
-    """``--config`` with ``--checkpoint`` (a detector's training file):
-    the config's backbone with the checkpoint's weights, within the
-    bounds; a file that lacks a backbone tensor is refused."""
+    """``--config`` with a detector's ``--checkpoint``: within the bounds;
+    a file that lacks a backbone tensor is refused."""
     import torch
 
     from mmsoft.models.backbones import SOFT
@@ -162,9 +157,8 @@ def test_nr_accuracy_of_a_config_and_its_checkpoint(tmp_path, capsys):
 
 
 def test_alternate_rounds_and_the_no_inverse_floor(tmp_path, capsys):
-    """``--alternate``: every model timed in each round in this process,
-    ratios to the baseline; ``_floor`` is the same SOFT with A_T W
-    replaced by W (the same outputs' shapes, different values)."""
+    """``--alternate``: every model in each round, ratios to the baseline;
+    ``_floor``: A_T W replaced by W (same shapes, other values)."""
     import torch
     bench = load()
     floor = bench.build_backbone('soft_tiny_norm_floor').eval()
@@ -190,9 +184,8 @@ def test_alternate_rounds_and_the_no_inverse_floor(tmp_path, capsys):
 
 
 def test_reuse_memory_reruns_with_the_allocator_settings(monkeypatch):
-    """``--reuse-memory`` runs the same command again with glibc's
-    settings that keep freed memory (not inherited: the rows say which);
-    a process that has them goes on."""
+    """``--reuse-memory`` reruns the command with glibc's settings that
+    keep freed memory; a process that has them goes on."""
     bm = load()
     for k in bm.REUSE_MEMORY:
         monkeypatch.delenv(k, raising=False)

@@ -90,12 +90,3 @@ def test_benchmark_panels_name_their_device():
     bare = [{k: v for k, v in r.items() if k != 'device'} for r in rows[:2]]
     title = mod.plot(bare, [rows[0]['size']]).axes[0].get_title()
     assert title.endswith('on a device the CSV does not name')
-
-
-def test_benchmark_device_label():
-    """The device column the tool writes: the CUDA device's name, or the
-    CPU's model and the threads."""
-    mod = tool('benchmark')
-    assert mod.device_label('cpu', 2) == f'CPU: {mod.cpu_name()}, 2 threads'
-    assert mod.device_label('cpu', 1) == f'CPU: {mod.cpu_name()}, 1 thread'
-    assert mod.cpu_name()
