@@ -350,9 +350,8 @@ def test_existing_data_passes(demo_data, tmp_path, monkeypatch, capsys,
         f'val_dataloader.dataset.data_root={root}',
         f'val_evaluator.ann_file={root}annotations/instances_val.json'
     ]
-    assert dc.main(
-        ['train', det, '--work-dir', 'x', '--resume', '--cfg-options'] +
-        over) == 0
+    assert dc.main(['train', det, '--work-dir', 'x', '--cfg-options'] +
+                   over) == 0  # the data and the init_cfg checked
     assert dc.main(['train', det, '--cfg-options'] + over[:1]) == 1
     assert capsys.readouterr().err.startswith(
         'mmsoft: data for validation not found')
