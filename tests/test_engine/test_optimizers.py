@@ -8,8 +8,7 @@ from mmsoft.engine.optimizers import CPUAmpOptimWrapper
 
 
 def test_cpu_amp_optim_wrapper_is_registered_and_autocasts():
-    """Registered in mmengine's root OPTIM_WRAPPERS; bfloat16 CPU autocast
-    only, whatever an enclosing CPU autocast's dtype."""
+    """Registered; bfloat16 CPU autocast only, whatever encloses it."""
     assert OPTIM_WRAPPERS.get('CPUAmpOptimWrapper') is CPUAmpOptimWrapper
     model, x = torch.nn.Linear(4, 2), torch.randn(3, 4)
     wrapper = build_optim_wrapper(

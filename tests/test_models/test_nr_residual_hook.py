@@ -99,8 +99,7 @@ def test_scalars_are_the_largest_per_stage_and_the_table_every_interval():
 
 @pytest.mark.parametrize('frac, warned', [(0.1, False), (0.25, True)])
 def test_unconverged_stage_warns_once(frac, warned):
-    """Above ``warn_unconverged`` (not at it): one WARNING per stage for the
-    run: the stage, the fraction, the residual and the remedies."""
+    """Above warn_unconverged (not at it): one WARNING per stage."""
     runner = _runner(
         _Backbone({
             'stage2': dict(residual=3e-2, unconverged=frac),

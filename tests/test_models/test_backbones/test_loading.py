@@ -105,8 +105,7 @@ def reports(monkeypatch):
 
 # ------------------------------------------------------ read_checkpoint
 def test_read_checkpoint_paths_and_schemes(tmp_path, monkeypatch):
-    """CPU by default, else ``map_location``; a missing path is one line;
-    other schemes are mmengine's CheckpointLoader's (CPU default too)."""
+    """CPU default; a missing path: one line; mmengine's schemes."""
     path = tmp_path / 'w.pth'
     _linear_file(path)
     assert loading.read_checkpoint(path)['bias'].device.type == 'cpu'
@@ -139,9 +138,7 @@ def test_read_checkpoint_paths_and_schemes(tmp_path, monkeypatch):
 @pytest.mark.skipif(
     not osp.exists('/proc/self/maps'), reason='reads /proc/self/maps')
 def test_read_checkpoint_mmap(tmp_path, monkeypatch):
-    """Mapped from the file (also one of an absent device), else read; a
-    legacy (non-zip) file is read whole; a crafted file is refused, also
-    under ``TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD``."""
+    """Mapped (absent device too); legacy read whole; crafted refused."""
     path = str(tmp_path / 'w.pth')
     want = _linear_file(path)
     assert not _mapped_from(loading.read_checkpoint(path)['weight'], path)
@@ -172,8 +169,7 @@ def test_read_checkpoint_mmap(tmp_path, monkeypatch):
 
 def test_read_checkpoint_http_cached_quiet_and_safe(tmp_path, monkeypatch,
                                                     capfd):
-    """A local server: to ``<hub>/checkpoints/<name>`` once, no progress
-    bar, read safely; a failed download is one line."""
+    """To <hub>/checkpoints once, no progress bar; failure: one line."""
     hub = tmp_path / 'hub'
     monkeypatch.setattr(torch.hub, 'get_dir', lambda: str(hub))
     served, marker = tmp_path / 'served', tmp_path / 'MARKER'
@@ -209,9 +205,7 @@ def test_read_checkpoint_http_cached_quiet_and_safe(tmp_path, monkeypatch,
 
 # ------------------------------------------------------ load_pretrained
 def test_load_pretrained_defaults(tmp_path):
-    """Strict, read with ``map_location`` (CPU); a partial file's error names
-    no opt-in unless given; mmsoft's layout: ``state_dict``, not the EMA
-    copy (as mmengine's loaders; authors' files: EMA)."""
+    """Strict, map_location, opt-in named if given; state_dict over EMA."""
     path = tmp_path / 'w.pth'
     want = _linear_file(path)
     m = nn.Linear(2, 3)
@@ -256,8 +250,7 @@ def test_load_pretrained_files_it_cannot_use_are_one_error(tmp_path):
 
 
 def test_the_given_prefix_wins_over_backbone_keys(tmp_path, reports):
-    """``prefix`` (with or without its dot) over ``backbone.`` keys; the
-    report is a record of mmengine's current logger."""
+    """prefix (with or without its dot); the report to the logger."""
     model = _tiny()
     sd = {}
     for prefix, value in (('backbone.', 0.), ('ema.', 1.)):
@@ -287,9 +280,7 @@ def test_the_given_prefix_wins_over_backbone_keys(tmp_path, reports):
 
 
 def test_a_mismatch_names_the_module_and_the_prefix(tmp_path):
-    """Into the backbone: the prefix applied; into a whole model (with some
-    or no backbone keys): a whole-model file's keys compared as they are;
-    a file of another attn_norm is refused."""
+    """Also a whole-model file into a whole model; another attn_norm."""
     sd = _tiny(depths=[1, 1, 3, 1]).state_dict()
     bare, whole = tmp_path / 'bare.pth', tmp_path / 'whole.pth'
     torch.save(sd, str(bare))
@@ -319,8 +310,7 @@ def test_a_mismatch_names_the_module_and_the_prefix(tmp_path):
 
 # ---------------------------------------------- missing_weights_message
 def test_missing_weights_message():
-    """The line of docs/en/user_guides/official_weights.md; an unpublished
-    size, an unknown file, another config key."""
+    """The docs' line; unpublished size, unknown file, other key."""
     doc = osp.join(
         osp.dirname(__file__), *[os.pardir] * 3, 'docs', 'en', 'user_guides',
         'official_weights.md')
@@ -387,8 +377,7 @@ def test_pretrained_init_cfg(init_cfg, want, loads_all):
 
 
 def test_init_cfg_loader_defaults_and_init_info(tmp_path, monkeypatch):
-    """mmengine's init-info dump names the strict loader and the file;
-    checkpoint, prefix, map_location and strict defaults passed on."""
+    """mmengine's init-info names the strict loader; defaults passed."""
     arch = dict(embed_dims=[8] * 4, num_heads=[1] * 4, depths=[1] * 4)
     path = tmp_path / 'own.pth'
     torch.save(SOFT(arch, pretrain_img_size=32).state_dict(), str(path))
@@ -442,8 +431,7 @@ def test_authors_checkpoint_through_a_detectors_init_cfg(tmp_path, reports):
 
 
 def test_bare_authors_state_dict_and_report_names_the_model(tmp_path, reports):
-    """An official size is named by attn_norm (soft_* / soft_norm_*); into
-    another size: the fix is the preset; the neck / head follow."""
+    """Named by attn_norm; into another size: the preset as the fix."""
     path = tmp_path / 'soft_tiny.pth'
     n = preset_file(path, 'tiny')
     for norm, name in ((True, 'soft_norm_tiny'), (False, 'soft_tiny')):
@@ -471,8 +459,7 @@ def test_bare_authors_state_dict_and_report_names_the_model(tmp_path, reports):
 
 
 def test_backbone_keys_of_a_whole_model_file(tmp_path, reports):
-    """A whole classifier (mmsoft layout): its ``backbone.`` keys, found or
-    given."""
+    """A classifier file's backbone. keys, found or given."""
     src = _tiny()
     src.init_weights()
     sd = {f'backbone.{k}': v for k, v in src.state_dict().items()}
@@ -492,9 +479,7 @@ def test_backbone_keys_of_a_whole_model_file(tmp_path, reports):
 
 
 def test_partial_authors_load_and_second_init_weights(tmp_path, reports):
-    """Another pretraining size: all but pos_embed; a 2nd init is a no-op
-    (mmengine's: a registered initializer, no private state); another
-    depth is refused (one line: the arch found and where to set it)."""
+    """strict=False: all but pos_embed; 2nd init a no-op; other arch."""
     assert '_is_init' not in inspect.getsource(SOFT)
     path = tmp_path / 'authors_64.pth'
     want = authors_file(path, 64)

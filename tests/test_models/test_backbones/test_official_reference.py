@@ -72,8 +72,7 @@ def rel(a, b):
 @pytest.mark.parametrize('size', sorted(SIZES))
 @pytest.mark.parametrize('attn_norm', [False, True], ids=['soft', 'soft_norm'])
 def test_logits_match_official_reference(official, attn_norm, size):
-    """``soft_norm``: mmsoft's alpha is per sample (the official model at
-    batch 1); ``nr_init='soft_norm_per_batch'`` is the official batch rule."""
+    """soft_norm: alpha per sample; soft_norm_per_batch: per batch."""
     sd, converted, arch = official
     batch, hw = SIZES[size]
     m = (hw[0] // 32) * (hw[1] // 32)

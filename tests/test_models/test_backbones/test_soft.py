@@ -132,8 +132,7 @@ def test_batch_one_batchnorm_message(stage_cfgs, hw, stage, k):
 
 
 def test_soft_block_and_stage_defaults():
-    """SOFT attention (q / v bias, 3 x 3 dw conv), 4 x tanh-GELU MLP, LN;
-    drop_path_rate -> DropPath unless residual_drop says dropout."""
+    """SOFT attention, 4 x tanh-GELU MLP, LN 1e-5; rate -> DropPath."""
     blk = SOFTBlock(8, 1, 2)
     assert type(blk.attn).__name__ == 'SOFTAttention'
     assert blk.attn.q.bias is not None and blk.attn.v.bias is not None
@@ -160,9 +159,7 @@ def test_soft_block_and_stage_defaults():
 
 
 def test_softmax_block():
-    """Pre-norm x += Attn(LN(x)); x += MLP(LN(x)); LN eps 1e-6, exact GELU,
-    4 x MLP, q / kv bias, no dropout; drop_rate: projection, MLP;
-    attn_drop: weights; drop_path: both residuals."""
+    """Pre-norm ViT block (LN 1e-6, exact GELU); where each rate goes."""
     torch.manual_seed(0)
     blk = SoftmaxBlock(8, 2).eval()
     assert blk.norm1.eps == blk.norm2.eps == 1e-6
@@ -202,8 +199,7 @@ def test_patch_embed_convs_are_safe_and_build_quietly():
 
 # ---------------------------------------------------------- dropouts
 def test_residual_drop_reaches_both_residuals_of_every_soft_block():
-    """drop_path_rate: linspace(0, rate, blocks); whole branches of a
-    sample (DropPath) by default, 'dropout': element-wise (nn.Dropout)."""
+    """linspace(0, rate) over the blocks; DropPath or nn.Dropout."""
     for residual_drop, kind in (('drop_path', DropPath), ('dropout',
                                                           nn.Dropout)):
         model = SOFT(
@@ -368,8 +364,7 @@ def test_with_cp_reruns_each_block_in_the_backward():
 
 # ------------------------------------------------------- NR diagnostics
 def test_nr_stats_and_set_nr_diagnostics():
-    """``nr_stats``: per stage the max over matrices; switching on keeps the
-    stats, off clears them."""
+    """Per stage the max over matrices; on keeps them, off clears."""
     torch.manual_seed(0)
     model = SOFT(
         tiny_arch((16, 32, 32, 64), (2, 2, 2, 2), (2, 2, 1, 1)),
@@ -403,8 +398,7 @@ def test_nr_stats_and_set_nr_diagnostics():
 # ------------------------------------------------- amp's conv2d, SafeConv2d
 @pytest.mark.parametrize('padding', ['same', [1, 2]])
 def test_conv2d_half_path_any_padding(monkeypatch, padding):
-    """The CPU half path takes F.conv2d's paddings and gives its result;
-    ``conv2d(x, w)`` is ``F.conv2d(x, w)``."""
+    """The CPU half path is F.conv2d's, for str and tuple paddings."""
     monkeypatch.setattr(safe_conv, '_verdicts', {})
     g = torch.Generator().manual_seed(0)
     x = torch.randn(1, 4, 8, 8, generator=g)

@@ -240,8 +240,7 @@ def test_options_reach_each_stage():
 
 
 def test_stage_cfgs_and_attn_cfg_per_stage():
-    """stage_cfgs[i] merged over the computed stage config (its attn_cfg
-    replaces attn_cfg), or one dict for every stage."""
+    """stage_cfgs[i] merged over the computed config, or one dict."""
     plain = SOFT(ARCH, drop_path_rate=0.1)
     own = dict(type='SOFTAttention', nr_iters=3)
     model = SOFT(
@@ -276,8 +275,7 @@ def test_stage_cfgs_and_attn_cfg_per_stage():
 
 
 def test_attention_from_the_block_settings_and_attn_cfg():
-    """``{**block settings, **attn_cfg}`` (Swin's merge); ``type`` may be
-    the class; built in mmsoft's scope (no registry warning under mmdet)."""
+    """Swin's merge; type may be the class; no warning under mmdet."""
     attn = SOFTBlock(8, 2, 2, attn_cfg=dict(type='soft', num_heads=1)).attn
     assert (attn.embed_dims, attn.num_heads) == (8, 1)
     assert attn.sampler.ratio == 2 and attn.dw_conv.kernel_size == (3, 3)
