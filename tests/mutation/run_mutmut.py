@@ -172,6 +172,10 @@ def run_group(name: str,
               children: int,
               retest: bool = False) -> float:
     """mutmut on ``group`` in ``work/name`` within its budget: seconds."""
+
+    def say(text):
+        print(f'[{name}] {text}', flush=True)
+
     ws = osp.join(work, name)
     os.makedirs(osp.join(ws, 'hits'), exist_ok=True)
     sync_copy(ws)
@@ -194,14 +198,11 @@ def run_group(name: str,
             k for k, v in (read_results(name)[0] or {}).items()
             if v in ('survived', 'no tests', 'not run') and k not in eq)
         if not again:
-            print(f'[{name}] no survivor to re-test', flush=True)
+            say('no survivor to re-test')
             return 0.0
         cmd += again
-    print(
-        f'[{name}] {group.what}: {len(group.mutate)} files, budget '
-        f'{group.budget} s, {len(cmd) - 5 or "no"} survivors re-tested, '
-        f'in {ws}',
-        flush=True)
+    say(f'{group.what}: {len(group.mutate)} files, budget {group.budget} s, '
+        f'{len(cmd) - 5 or "no"} survivors re-tested, in {ws}')
     start = time.time()
 
     def left():
@@ -217,25 +218,19 @@ def run_group(name: str,
                 env=env,
                 stdout=log,
                 stderr=subprocess.STDOUT).wait(timeout=group.budget)
-    print(
-        f'[{name}] {skip_equivalents(ws, group)} listed equivalents '
-        'skipped',
-        flush=True)
+    say(f'{skip_equivalents(ws, group)} listed equivalents skipped')
     proc = subprocess.Popen(cmd, cwd=ws, env=env, start_new_session=True)
     try:
         proc.wait(timeout=left())
         if proc.returncode == 1 and not osp.isfile(
                 osp.join(ws, 'mutants', 'mutmut-stats.json')):
             # a first run under load can fail its stats run: once more
-            print(f'[{name}] no stats collected: once more', flush=True)
+            say('no stats collected: once more')
             proc = subprocess.Popen(
                 cmd, cwd=ws, env=env, start_new_session=True)
             proc.wait(timeout=left())
     except subprocess.TimeoutExpired:
-        print(
-            f'[{name}] budget spent: stopping (finished mutants keep '
-            'their result)',
-            flush=True)
+        say('budget spent: stopping (finished mutants keep their result)')
         os.killpg(proc.pid, signal.SIGINT)
         try:
             proc.wait(timeout=60)
@@ -243,10 +238,8 @@ def run_group(name: str,
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait()
     if proc.returncode not in (0, -signal.SIGINT, 130):
-        print(
-            f'[{name}] mutmut stopped with exit status {proc.returncode} '
-            f'(log: {ws}/mutants/mutmut-debug.log)',
-            flush=True)
+        say(f'mutmut stopped with exit status {proc.returncode} (log: '
+            f'{ws}/mutants/mutmut-debug.log)')
     return time.time() - start
 
 
