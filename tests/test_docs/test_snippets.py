@@ -1,10 +1,7 @@
 """Every snippet of ``docs/en/**/*.md`` and README.md: Python blocks run
-(a block preceded by ``<!-- snippet: skip (reason) -->`` is counted); SOFT
-config blocks work where users paste them (a block with its own ``_base_``
-is built, runs and loads the authors' file it names; one without is pasted
-under the three codebases' ResNet configs); shell blocks' tool invocations
-pass the tool's own argparse (nothing runs), configs and make targets
-exist; internal links and anchors resolve."""
+(``<!-- snippet: skip (reason) -->`` ones are counted); SOFT config blocks
+work where users paste them; shell blocks' tool invocations pass the tool's
+argparse, configs and make targets exist; links and anchors resolve."""
 import argparse
 import glob
 import importlib
@@ -19,9 +16,8 @@ from conftest import ROOT, authors_file, load_module, load_tool
 PAGES = sorted(
     glob.glob(osp.join(ROOT, 'docs', 'en', '**', '*.md'),
               recursive=True)) + [osp.join(ROOT, 'README.md')]
-#: skipped Python blocks (the inference APIs need trained models:
-#: tests/test_demo/test_image_demo.py runs those three with tiny ones;
-#: compatibility.md's load of a run's checkpoint: tests/test_compat.py)
+#: skipped Python blocks (inference: test_image_demo.py; compatibility.md's
+#: load of a run's checkpoint: tests/test_compat.py)
 EXPECTED_SKIPS = 4
 FENCE = re.compile(
     r'(?P<marker><!-- snippet: skip \((?P<reason>[^)]*)\) -->\n\n)?'
@@ -86,8 +82,7 @@ def test_python_blocks_found_and_skips_counted():
 @pytest.mark.parametrize('where,code',
                          [(w, c) for w, c, r in PY_BLOCKS if r is None])
 def test_python_block_runs(where, code, tmp_path, monkeypatch):
-    """A snippet may register a module (the architecture guide's attention):
-    the registries are restored after it (order-independent suite)."""
+    """The registries are restored after it (a snippet may register)."""
     from mmsoft import registry
     monkeypatch.chdir(tmp_path)
     saved = {
@@ -150,8 +145,7 @@ class _Parsed(Exception):
 
 
 def parse_with_tool_argparse(module, argv):
-    """``module``'s argument parsing on ``argv``, stopped right after
-    ``parse_args`` (the tool's work never starts)."""
+    """``module``'s argument parsing on ``argv``, stopped after it."""
     original = argparse.ArgumentParser.parse_args
 
     def parse_and_stop(self, args=None, namespace=None):
@@ -172,8 +166,7 @@ def parse_with_tool_argparse(module, argv):
 
 def invocations():
     """(where, kind, target, argv) of every tool invocation of the shell
-    blocks: continuations joined, comments and leading VAR=value dropped
-    (lines with ``$(`` skipped)."""
+    blocks (lines with ``$(`` skipped)."""
     out = []
     for where, body, _ in blocks({'bash', 'shell', 'sh', 'console'}):
         for line in body.replace('\\\n', ' ').splitlines():
@@ -212,8 +205,6 @@ def test_shell_invocations_found():
 
 @pytest.mark.parametrize('where,kind,target,argv', INVOCATIONS)
 def test_shell_invocation(where, kind, target, argv):
-    """``python -m mmsoft...`` commands: none (the configs CLI is
-    ``tools/misc/configs.py``)."""
     assert kind != 'module', f'{where}: unknown module {target}'
     assert osp.isfile(osp.join(ROOT, target)), f'{where}: no {target}'
     if kind == 'make':
@@ -236,8 +227,7 @@ def test_shell_invocation(where, kind, target, argv):
 
 
 def slug(heading):
-    """MyST's heading anchor (myst_heading_anchors; GitHub's is the same
-    for these headings)."""
+    """MyST's heading anchor (GitHub's for these headings)."""
     text = re.sub(r'[`*]', '', heading.strip()).lower()
     return re.sub(r'[^\w\- ]', '', text).replace(' ', '-')
 

@@ -1,5 +1,4 @@
-"""tools/analysis: FLOPs, memory vs length, NR convergence, spectral norm
-and attention heatmaps, each run on tiny settings into tmp_path."""
+"""tools/analysis tools run on tiny settings into tmp_path."""
 import csv
 import json
 import os.path as osp
@@ -29,7 +28,6 @@ def outputs_written(out, stem):
     return rows
 
 
-# ------------------------------------------------------------ get_flops
 @needs_torch(
     '2.4', 'FlopCounterMode counts the softmax attention products as on '
     'torch >= 2.4 (torch 2.1: 95.6 M for softmax vs 58.4 M for SimA, '
@@ -113,7 +111,6 @@ def test_get_flops_any_config(tmp_path):
     assert rows[0]['nr_g'] == 0 and rows[0]['params_m'] > 12
 
 
-# ------------------------------------------------------------ memory
 def test_memory_vs_length_fixed_m_and_outputs(tmp_path, script_server,
                                               monkeypatch):
     mv = tool('memory_vs_length')
@@ -134,8 +131,7 @@ def test_memory_vs_length_fixed_m_and_outputs(tmp_path, script_server,
             assert m == 49
             with torch.no_grad():
                 assert model(x, hw).shape == x.shape
-    # one real measurement (a script_server child, as in test_benchmark);
-    # softmax:math skipped by budget
+    # one measurement (a script_server child); softmax:math over budget
     isolated_runs_in(script_server, monkeypatch)
     rows = mv.main('--attns sima softmax:math --p 1 --layers 1 --dims 24 '
                    '--heads 2 --max-mem-gb 1e-6 --out'.split() +
@@ -146,7 +142,6 @@ def test_memory_vs_length_fixed_m_and_outputs(tmp_path, script_server,
     assert len(rows) == 2
 
 
-# ------------------------------------------------------------ NR
 def test_nr_convergence_on_an_image_folder(tmp_path):
     import cv2
     nc = tool('nr_convergence')
@@ -202,7 +197,6 @@ def test_nr_convergence_loads_checkpoints(tmp_path):
         torch.testing.assert_close(model.state_dict()[k], v)
 
 
-# ------------------------------------------------------------ spectral
 def test_spectral_norm_field_normalisation_lowers_the_norm(tmp_path):
     sn = tool('spectral_norm')
     rows = sn.main('--lengths 4 16 36 --samples 2 --out'.split() +
@@ -232,7 +226,6 @@ def test_spectral_norm_from_model_landmarks(tmp_path):
     outputs_written(tmp_path, 'spectral_norm')
 
 
-# ------------------------------------------------------------ heatmaps
 def test_visualize_attention_rows(tmp_path):
     va = tool('visualize_attention')
     rows = va.main('--models softmax_tiny linformer_tiny soft_tiny_norm '
