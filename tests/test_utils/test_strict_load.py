@@ -132,6 +132,14 @@ def test_pretrained_runs_the_registered_initializer_once(
         assert len(inits) == 1 and len(loads) == 1
         assert loads[0]['strict'] is strict and dst.is_init
         _same(dst, src)
+    loads.clear()
+    with current_log() as records:  # no checkpoint (yet): dropped, said so
+        SOFT(
+            ARCH, init_cfg=dict(type='Pretrained',
+                                checkpoint=None)).init_weights()
+    assert not loads and [
+        r.getMessage() for r in records if 'init_cfg' in r.getMessage()
+    ] == ['SOFT: init_cfg has no checkpoint; using random initialisation']
 
 
 def test_unreadable_init_cfg_checkpoint_is_one_line(tmp_path, monkeypatch):
