@@ -127,6 +127,31 @@ def test_table_scores_each_group(tmp_path, monkeypatch):
         run_mutmut.equivalents()
 
 
+def test_an_edited_function_unpins_its_equivalents(tmp_path, monkeypatch,
+                                                   capsys):
+    (tmp_path / 'mmsoft').mkdir()
+    src = tmp_path / 'mmsoft' / 'a.py'
+    src.write_text('class C:\n    def f(self):\n        """d"""\n'
+                   '        return 1\n')
+    monkeypatch.setattr(run_mutmut, 'ROOT', str(tmp_path))
+    key = 'mmsoft.a.xǁCǁf__mutmut_2'
+    assert run_mutmut.function_of(key) == ('mmsoft.a', 'C.f')
+    eq = tmp_path / 'equivalent.txt'
+    monkeypatch.setattr(run_mutmut, 'EQUIVALENT', str(eq))
+    pin = f'= {run_mutmut.fingerprint("mmsoft.a", "C.f")} mmsoft.a C.f\n'
+    eq.write_text(f'{pin}{key} same\n')
+    assert run_mutmut.equivalents() == {key: 'same'}
+    # comments and docstrings do not count; code does (said once)
+    src.write_text('class C:\n    def f(self):  # c\n        """e"""\n'
+                   '        return 1\n')
+    assert run_mutmut.equivalents() == {key: 'same'}
+    src.write_text('class C:\n    def f(self):\n        return 2\n')
+    assert run_mutmut.equivalents() == {} == run_mutmut.equivalents()
+    assert capsys.readouterr().err.count('mmsoft.a.C.f changed since') == 1
+    eq.write_text(f'{key} same\n')  # never pinned
+    assert run_mutmut.equivalents() == {}
+
+
 def test_listed_equivalents_are_skipped_and_groups_share_a_copy(
         tmp_path, monkeypatch):
     """Listed, not run: skipped (34); off the list: back to mutmut; a

@@ -19,9 +19,11 @@ SURVIVED, else error) after they passed unmutated with nothing skipped; a
 table to ``work_dirs/mutation/hand.md``, pytest's output in ``logs/``.
 """
 import argparse
+import ast
 import csv
 import dataclasses
 import glob
+import hashlib
 import io
 import json
 import os
@@ -288,17 +290,69 @@ def skip_equivalents(ws: str, group: Group) -> int:
     return marked
 
 
+def function_of(key: str) -> Tuple[str, str]:
+    """A mutant's module and function: ``m.x_f__mutmut_3`` -> ('m', 'f'),
+    ``m.xǁCǁf__mutmut_3`` -> ('m', 'C.f')."""
+    mod, _, fn = re.sub(r'__mutmut_\d+$', '', key).rpartition('.')
+    return mod, fn[2:].replace('ǁ', '.').strip('.')
+
+
+def fingerprint(mod: str, qual: str):
+    """A hash of the function's code (its ``ast`` without the docstring:
+    comments, docstrings and layout do not count); None if not found."""
+    rel = mod.replace('.', '/') + '.py'
+    path = osp.join(ROOT,
+                    'tools/' + rel if mod.startswith('mmsoft_tools') else rel)
+    if not osp.isfile(path):
+        return None
+    with open(path) as f:
+        node = ast.parse(f.read())
+    for name in qual.split('.'):
+        node = next((n for n in node.body if getattr(n, 'name', '') == name),
+                    None)
+        if node is None:
+            return None
+    if ast.get_docstring(node, clean=False) is not None:
+        node.body = node.body[1:]
+    return hashlib.sha1(ast.dump(node).encode()).hexdigest()[:10]
+
+
+_STALE_SAID = set()
+
+
 def equivalents() -> Dict[str, str]:
-    """``equivalent.txt``: ``mutant name  reason`` per line, ``#`` comments."""
-    out = {}
+    """``equivalent.txt``: ``mutant name  reason`` per line, ``#`` comments,
+    ``= HASH module function`` pins the code its entries were checked on
+    (:func:`fingerprint`). The entries of a function edited since (mutmut
+    numbers a function's mutants in order: an edit shifts them) or never
+    pinned are stale: not counted, reported once."""
+    out, pins = {}, {}
     if osp.isfile(EQUIVALENT):
         with open(EQUIVALENT) as f:
             for line in f:
                 key, _, reason = line.strip().partition(' ')
-                if key and not key.startswith('#'):
+                if key == '=':
+                    digest, mod, qual = reason.split()
+                    pins[mod, qual] = digest
+                elif key and not key.startswith('#'):
                     if not reason.strip():
                         sys.exit(f'{EQUIVALENT}: {key} has no reason')
                     out[key] = reason.strip()
+    stale = {}
+    for key in list(out):
+        now = fingerprint(*function_of(key))
+        if now is not None and pins.get(function_of(key)) != now:
+            stale[function_of(key)] = now
+            del out[key]
+    for (mod, qual), now in sorted(stale.items()):
+        if (mod, qual, now) not in _STALE_SAID:
+            _STALE_SAID.add((mod, qual, now))
+            print(
+                f'{EQUIVALENT}: {mod}.{qual} changed since its equivalents '
+                'were checked: they count as mutants again; check them '
+                f'(--survivors) and pin the new code with "= {now} {mod} '
+                f'{qual}"',
+                file=sys.stderr)
     return out
 
 
