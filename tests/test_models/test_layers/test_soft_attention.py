@@ -387,22 +387,17 @@ def test_bottleneck_apply_half_inputs_compute_in_float32(half):
 
 
 # ------------------------------------------------------- grid and samplers
-@pytest.mark.parametrize('hw, r, cap, want', [((13, 40), 4, None, (3, 10)),
-                                              ((3, 2), 4, None, (1, 1)),
-                                              ((8, 8), 2, 16, (4, 4)),
-                                              ((BIG, 1), 1, BIG, (BIG, 1)),
-                                              ((4, 4), 1, 4, (2, 2)),
-                                              ((12, 8), 1, 24, (6, 4)),
-                                              ((100, 100), 4, 49, (7, 7)),
-                                              ((17, 17), 1, 36, (6, 6)),
-                                              ((68, 68), 4, 9, (3, 3)),
-                                              ((30, 20), 1, 10, (3, 2)),
-                                              ((8, 1), 1, 4, (4, 1)),
-                                              ((1, 8), 1, 4, (1, 4)),
-                                              ((64, 4), 4, 4, (4, 1)),
-                                              ((4, 64), 4, 4, (1, 4)),
-                                              ((1, 100), 1, 5, (1, 5)),
-                                              ((100, 1), 1, 5, (5, 1))])
+# yapf: disable
+@pytest.mark.parametrize('hw, r, cap, want', [
+    ((13, 40), 4, None, (3, 10)), ((3, 2), 4, None, (1, 1)),
+    ((8, 8), 2, 16, (4, 4)), ((BIG, 1), 1, BIG, (BIG, 1)),
+    ((4, 4), 1, 4, (2, 2)), ((12, 8), 1, 24, (6, 4)),
+    ((100, 100), 4, 49, (7, 7)), ((17, 17), 1, 36, (6, 6)),
+    ((68, 68), 4, 9, (3, 3)), ((30, 20), 1, 10, (3, 2)),
+    ((8, 1), 1, 4, (4, 1)), ((1, 8), 1, 4, (1, 4)), ((64, 4), 4, 4, (4, 1)),
+    ((4, 64), 4, 4, (1, 4)), ((1, 100), 1, 5, (1, 5)),
+    ((100, 1), 1, 5, (5, 1))])
+# yapf: enable
 def test_landmark_grid_documented_sizes(hw, r, cap, want):
     """max(1, H // r) x max(1, W // r), shrunk (aspect kept) under the cap:
     exact (BIG: a float trip loses 1), s = 1/2 or gh s whole exactly on
@@ -414,14 +409,13 @@ def test_landmark_grid_documented_sizes(hw, r, cap, want):
         assert got[0] * got[1] <= cap
 
 
-@pytest.mark.parametrize('hw, r, fixed, want',
-                         [((28, 28), 4, (7, 5), (7, 5)),
-                          ((28, 84), 4, (7, 5), (7, 5)),
-                          ((13, 40), 4, (7, 5), (3, 5)),
-                          ((6, 6), 4, (7, 5), (1, 1)),
-                          ((6, 6), 4, (24, 24), (1, 1)),
-                          ((16, 16), 1, (24, 24), (16, 16)),
-                          ((16, 16), 4, (24, 24), (4, 4))])
+# yapf: disable
+@pytest.mark.parametrize('hw, r, fixed, want', [
+    ((28, 28), 4, (7, 5), (7, 5)), ((28, 84), 4, (7, 5), (7, 5)),
+    ((13, 40), 4, (7, 5), (3, 5)), ((6, 6), 4, (7, 5), (1, 1)),
+    ((6, 6), 4, (24, 24), (1, 1)), ((16, 16), 1, (24, 24), (16, 16)),
+    ((16, 16), 4, (24, 24), (4, 4))])
+# yapf: enable
 def test_landmark_hw_fixes_the_grid_never_up_sampled(hw, r, fixed, want):
     """landmark_hw fixes the grid, never up-sampled (issue 27: m > n)."""
     assert landmark_grid(hw, r, landmark_hw=fixed) == want
@@ -664,7 +658,6 @@ def test_nr_settings_built_once_and_frozen(monkeypatch):
         SOFTAttention(16, 2, 2, nr=dict(iter=3))
     assert SOFTAttention(16, 2, 2, nr_iters=3, nr_init='soft').nr == \
         NRConfig(3, 'soft')
-    assert SOFTAttention(16, 2, 2, attn_norm=False).nr.init == 'soft'
     assert SOFTAttention(
         16, 2, 2, attn_norm=False, nr=dict(iters=5)).nr == NRConfig(5, 'soft')
 
