@@ -14,7 +14,7 @@ import types
 
 import pytest
 import torch
-from conftest import cls_demo_config, load_tool, random_model, tool_namespace
+from conftest import cls_demo_config, random_model, tool_namespace
 
 pytest.importorskip('mmpretrain')
 
@@ -29,30 +29,21 @@ def setup(tmp_path_factory):
     sd['head.fc.weight'] = torch.zeros_like(sd['head.fc.weight'])
     sd['head.fc.bias'] = torch.nn.functional.one_hot(
         torch.tensor(val_labels(tmp)[0]), 5).float() * 10
-    head1000 = dict(
-        sd, **{
-            'head.fc.weight': torch.zeros(1000, 192),
-            'head.fc.bias': torch.zeros(1000)
-        })
-    retinanet = {  # another model: a detector's keys (0 tensors load)
-        'backbone.layer1.0.conv1.weight': torch.zeros(64, 64, 1, 1),
-        'neck.fpn_convs.0.conv.weight': torch.zeros(256, 256, 3, 3),
-        'bbox_head.retina_cls.weight': torch.zeros(9, 256, 3, 3)
+    head1000 = dict(sd)
+    head1000.update({
+        'head.fc.weight': torch.zeros(1000, 192),
+        'head.fc.bias': torch.zeros(1000)
+    })
+    ckpts = {
+        name: str(tmp / f'{name}.pth')
+        for name in ('trained', 'head1000')
     }
-    # an unconverted official checkpoint (fudan-zvg/SOFT layout)
-    official, _ = load_tool(
-        'model_converters/mmsoft2soft.py').convert_mmpretrain_to_official(sd)
-    ckpts = {}
     # trained: a checkpoint of tools/train.py (SafeCheckpointHook records
     # the model's attn_norm: the demo config's False; test_chain checks it)
-    for name, state_dict, wrap, meta in (
-        ('trained', sd, 'state_dict', dict(mmsoft_attn_norm=[False])),
-        ('head1000', head1000, 'state_dict', {}),
-        ('retinanet', retinanet, 'state_dict', {}),
-        ('official', official, 'model', {}),
-    ):
-        ckpts[name] = str(tmp / f'{name}.pth')
-        torch.save({wrap: state_dict, 'meta': meta}, ckpts[name])
+    torch.save(
+        dict(state_dict=sd, meta=dict(mmsoft_attn_norm=[False])),
+        ckpts['trained'])
+    torch.save(dict(state_dict=head1000, meta={}), ckpts['head1000'])
     return cfg, ckpts, tmp
 
 
@@ -178,20 +169,16 @@ def test_out_that_cannot_be_written_stops_before_inference(
          ('does not match the model (ImageClassifier)', '--partial-load',
           'head.fc.weight (checkpoint [1000, 192] vs model [5, 192])',
           '2 tensors have another shape')),
-        # loading nothing is an error even with the opt-in
-        ('retinanet', ('--partial-load', ),
-         ('0 of its 3 tensors would load', 'bbox_head.retina_cls.weight')),
-        ('official', (), ('official SOFT checkpoint',
-                          'python tools/model_converters/soft2mmsoft.py')),
         # issue 36 (4): was exit 0 and a wrong top-1
         ('trained',
          ('--cfg-options', 'model.backbone.attn_cfg.attn_norm=True'),
          ('trained with attn_norm=False', 'has attn_norm=True',
           '--cfg-options model.backbone.attn_cfg.attn_norm=False')),
     ],
-    ids=['head', 'other-model', 'official', 'attn-norm'])
+    ids=['head', 'attn-norm'])
 def test_mismatch_stops_with_one_line(setup, name, extra, parts):
-    """A 1000-class head, another model, an unconverted official file, the
-    other attn_norm: one line at the door (issue 36)."""
+    """Keys / shapes, the other attn_norm: one line at the door naming the
+    opt-in (issue 36; the other templates: tests/test_utils/
+    test_strict_load.py)."""
     msg = _error(setup, name, *extra)
     assert all(p in msg for p in parts), msg
