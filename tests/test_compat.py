@@ -341,12 +341,20 @@ def _training_checkpoint(path, **more):
 
 
 def test_unsafe_globals_of_legacy_files(tmp_path):
-    """A legacy file's first refused global."""
+    """A legacy file's first refused global; protocol 2's ``__builtin__``
+    names load and are scanned as ``builtins``' ones."""
     ok = _training_checkpoint(tmp_path / 'iter_2.pth', allowed=_Allowed)
     assert safe_load.unsafe_globals(ok, extra=[_Allowed]) == []
     assert safe_load.unsafe_globals(ok) == [f'{__name__}._Allowed']
-    bad = _training_checkpoint(tmp_path / 'bad.pth', x=os.getcwd)
-    assert safe_load.unsafe_globals(bad) == [CWD]
+    path = str(tmp_path / 'p2.pth')
+    kw = dict(pickle_protocol=2, _use_new_zipfile_serialization=False)
+    torch.save(dict(s={1, 2}, w=torch.ones(1)), path, **kw)
+    with open(path, 'rb') as f:
+        assert b'__builtin__' in f.read()
+    got = safe_load.safe_torch_load(path)
+    assert got['s'] == {1, 2} and got['w'].tolist() == [1.]
+    torch.save(dict(s={1, 2}, f=os.getcwd), path, **kw)
+    assert safe_load.unsafe_globals(path) == [CWD]
 
 
 @needs_torch('2.6', "torch's unpickler loads checkpoints (any _codecs.encode)")
@@ -363,19 +371,6 @@ def test_unsafe_globals_of_a_legacy_file_follow_this_torch(tmp_path):
         with pytest.raises(pickle.UnpicklingError, match='getcwd'):
             safe_load.safe_torch_load(path)
         assert safe_load.unsafe_globals(path) == [CWD], zipped
-
-
-def test_python2_names_of_protocol_2_are_mapped(tmp_path):
-    """Protocol 2's ``__builtin__`` names load as ``builtins``' ones."""
-    path = tmp_path / 'p2.pth'
-    kw = dict(pickle_protocol=2, _use_new_zipfile_serialization=False)
-    torch.save(dict(s={1, 2}, w=torch.ones(1)), str(path), **kw)
-    with open(path, 'rb') as f:
-        assert b'__builtin__' in f.read()
-    got = safe_load.safe_torch_load(str(path))
-    assert got['s'] == {1, 2} and got['w'].tolist() == [1.]
-    torch.save(dict(s={1, 2}, f=os.getcwd), str(path), **kw)
-    assert safe_load.unsafe_globals(str(path)) == [CWD]
 
 
 @pytest.mark.parametrize('protocol', [0, 2, 5])
