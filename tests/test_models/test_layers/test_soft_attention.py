@@ -702,26 +702,16 @@ def test_with_nr_builds_a_copy_with_other_settings():
 
 # ------------------------------------------------------ stage 4 (softmax)
 def test_softmax_attention_and_cls_token_stage_defaults():
-    attn = SoftmaxAttention(8, 2)
-    assert attn.q.bias is not None and attn.kv.bias is not None
-    assert attn.attn_drop == 0. and isinstance(attn.proj_drop, nn.Identity)
-    x = randn(2, 5, 8, seed=4, dtype=F32)
-    close(attn.train()(x), attn.eval()(x))
+    """No dropout by default (biases: test_soft.py::test_softmax_block)."""
     attn = SoftmaxAttention(8, 2, qkv_bias=False)
     assert attn.q.bias is None and attn.kv.bias is None
     assert attn.proj.bias is not None
-    kw = dict(
-        embed_dims=8,
-        num_heads=2,
-        depth=1,
-        mlp_ratio=2.,
-        qkv_bias=True,
-        attn_drop_rate=0.,
-        drop_path_rates=[0.],
-        in_channels=4,
-        pos_grid=2)
-    stage = ClsTokenStage(**kw)  # drop_rate: default 0, or the pos_drop's
+    x = randn(2, 5, 8, seed=4, dtype=F32)
+    close(attn.train()(x), attn.eval()(x))
+    kw = dict(embed_dims=8, num_heads=2, depth=1, mlp_ratio=2., qkv_bias=True)
+    kw.update(attn_drop_rate=0., drop_path_rates=[0.], in_channels=4)
+    stage = ClsTokenStage(**kw, pos_grid=2)  # drop_rate: default 0
     assert isinstance(stage.pos_drop, nn.Identity)
     assert isinstance(stage.blocks[0].attn.proj_drop, nn.Identity)
-    stage = ClsTokenStage(**kw, drop_rate=0.25)
+    stage = ClsTokenStage(**kw, pos_grid=2, drop_rate=0.25)
     assert isinstance(stage.pos_drop, nn.Dropout) and stage.pos_drop.p == 0.25
