@@ -8,7 +8,7 @@ import os.path as osp
 
 import pytest
 import torch
-from conftest import CONFIGS, ROOT, authors_file
+from conftest import CONFIGS, ROOT, authors_file, cls_demo_config
 from mmengine.config import Config
 from mmengine.registry import DefaultScope
 
@@ -150,6 +150,23 @@ def test_demo_configs_opt_out(path):
     cfg = Config.fromfile(path)
     assert cfg.model.backbone.init_cfg is None
     assert cli.missing_pretrained(cfg) is None
+
+
+def test_train_stops_at_init_without_the_file(tmp_path, script_server):
+    """tools/train.py without ``checkpoints/``: exit 1 and the line of the
+    backbone's own initialiser (the docs' line: test_loading.py)."""
+    config = tmp_path / 'missing.py'
+    config.write_text(
+        f'_base_ = {cls_demo_config(tmp_path, val=4)!r}\n'
+        "model = dict(backbone=dict(init_cfg=dict(_delete_=True, "
+        f"type='Pretrained', prefix='backbone.', checkpoint='{SMALL}')))\n")
+    proc = script_server(
+        osp.join(ROOT, 'tools', 'train.py'),
+        [config, '--work-dir', tmp_path / 'work'],
+        cwd=tmp_path)
+    assert proc.returncode == 1, proc.stderr[-3000:]
+    assert proc.stderr.splitlines()[-1] == f'error: {MISSING}'
+    assert 'Traceback' not in proc.stderr
 
 
 def test_backbone_load_without_the_file_is_one_line(no_default_init):
