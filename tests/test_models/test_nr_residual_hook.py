@@ -1,6 +1,6 @@
 """NRResidualHook's contract (docs/en/advanced_guides/soft_attention.md)
 with stand-in backbones reporting fixed NR statistics (on a real SOFT:
-test_backbones/test_soft.py, test_layers/test_pinv.py)."""
+test_backbones/test_soft.py)."""
 import logging
 import types
 
