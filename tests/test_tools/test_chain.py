@@ -191,9 +191,7 @@ DET_KEYS = [f'coco/bbox_mAP{s}' for s in ('', '_50', '_75', '_s', '_m', '_l')]
                                        ('seg', ['mIoU', 'aAcc']),
                                        ('cls', ['accuracy/top1'])])
 def test_test_tool_on_trained_checkpoint(trained, task, keys, tmp_path):
-    """tools/test.py in the training work dir; det: the metrics are
-    COCOeval's of the ``--out`` dump (rounded to 3 decimals by CocoMetric),
-    every box kept (score_thr 0, 100 an image) so that not all are 0."""
+    """det: the metrics are COCOeval's of the --out dump (3 decimals)."""
     t = trained(task)
     pkl = str(tmp_path / 'preds.pkl')
     det = ['--cfg-options', 'model.test_cfg.max_per_img=100']
@@ -203,6 +201,10 @@ def test_test_tool_on_trained_checkpoint(trained, task, keys, tmp_path):
     assert set(keys) <= set(metrics), sorted(metrics)
     runs = [f for f in os.listdir(t.work) if osp.isdir(osp.join(t.work, f))]
     assert len(runs) == 2  # the timestamped log dirs of train and test
+    if task != 'seg':  # issue 52: --out's file logged (mmseg: a folder)
+        log = ''.join(open(p).read() for p in glob.glob(f'{t.work}/*/*.log'))
+        assert f'Results has been saved to {pkl}.' in log
+        assert 'mmsoft-tmp' not in log and 'prefix is not set' not in log
     if task == 'det':
         stats = coco_eval_stats(
             pkl, osp.join(t.root, 'annotations', 'instances_val.json'))
@@ -244,10 +246,7 @@ out['boxes'] = tuple(inference_model(model, IMG).pred_sem_seg.data.shape)
 
 
 def test_inferencer_api_and_image_demo(trained, tmp_path):
-    """Issue 27 (1), in one fresh interpreter: each codebase's inferencers
-    load a tools/train.py checkpoint inside mmsoft's allow-list context
-    (``import mmsoft`` widens nothing, issue 50); then demo/image_demo.py on
-    the validation folder."""
+    """Issue 27 (1): inferencers, image_demo; import mmsoft widens nothing."""
     code = textwrap.dedent("""
         import json, runpy, sys
         print('BEFORE', 'mmsoft' in sys.modules, flush=True)
@@ -288,15 +287,12 @@ def test_inferencer_api_and_image_demo(trained, tmp_path):
             assert json.load(f)['checkpoint'] == trained(task).ckpt
 
 
-@pytest.mark.parametrize('task,names',
-                         [('det', ['cls_score_0', 'bbox_pred_3']),
-                          ('seg', ['seg_logits']), ('cls', ['cls_score'])])
-def test_onnx_export_verify(trained, task, names, tmp_path, capsys):
-    """The trained checkpoint exported, --verify within 1e-4; plain ops."""
+def test_onnx_export_verify(trained, tmp_path, capsys):
+    """--verify within 1e-4, plain ops (other tasks: test_tool_contracts)."""
     onnx = pytest.importorskip('onnx')
     pytest.importorskip('onnxruntime')
-    t = trained(task)
-    out = str(tmp_path / f'{task}.onnx')
+    t = trained('cls')
+    out = str(tmp_path / 'cls.onnx')
     rc = load_tool('deployment/pytorch2onnx.py').main(
         [t.cfg, t.ckpt, '--shape', '64', '64', '--out', out, '--verify'])
     text = capsys.readouterr().out
@@ -306,7 +302,7 @@ def test_onnx_export_verify(trained, task, names, tmp_path, capsys):
             if 'max|onnx - torch|' in ln]  # yapf: disable
     assert errs and max(errs) < 1e-4
     graph = onnx.load(out).graph
-    assert set(names) <= {o.name for o in graph.output}
+    assert 'cls_score' in {o.name for o in graph.output}
     ops = {n.op_type for n in graph.node}
     assert 'MatMul' in ops and not any('Eig' in op for op in ops)
 
@@ -328,8 +324,7 @@ def _stop_line(name, argv):
 
 
 def test_converters_both_ways_classifier(trained, tmp_path, capsys):
-    """Trained -> official -> mmsoft: the same tensors and metric; a --norm
-    conversion is refused under the soft_* config, naming both (item 4)."""
+    """Same tensors and metric back; a --norm file refused (item 4)."""
     t = trained('cls')
     official, back, norm = (
         str(tmp_path / f'{n}.pth') for n in ('official', 'back', 'norm'))
@@ -353,17 +348,6 @@ def test_converters_both_ways_classifier(trained, tmp_path, capsys):
     assert len(msg.splitlines()) == 1
 
 
-@pytest.mark.parametrize('task', ['det', 'seg'])
-def test_converter_refuses_dense_checkpoint(trained, task, tmp_path, capsys):
-    """A detector / segmentor checkpoint: one line, nothing written."""
-    out = str(tmp_path / 'official.pth')
-    assert _convert('mmsoft2soft', trained(task).ckpt, out) == 1
-    err = capsys.readouterr().err
-    assert err.startswith('error: the mmsoft checkpoint has keys with no '
-                          'official counterpart'), err
-    assert 'Traceback' not in err and not osp.exists(out)
-
-
 def _process_tree(pid):
     """``pid`` and all its descendants (from /proc), parents first."""
     out, todo = [], [pid]
@@ -383,11 +367,7 @@ def _iters(work):
 
 
 def test_dist_train_kill_resume(tmp_path):
-    """2 CPU processes (test_train_test's ``seg_config``) SIGKILLed once
-    iter_4.pth is written; its iter_4 is the uninterrupted reference, the
-    later checkpoints go (the kill landed before they were saved). ``--resume``
-    takes over the dead run's lock, continues from iter_2 and ends
-    bit-identical (each rank's RNG restored, diff_rank_seed)."""
+    """iter_4 of the killed run == iter_4 of --resume from iter_2 (RNG)."""
     from test_train_test import make_ade, seg_config
     cfg = seg_config(tmp_path,
                      make_ade(str(tmp_path / 'ade' / 'ADEChallengeData2016')))
@@ -458,8 +438,6 @@ def test_dist_train_kill_resume(tmp_path):
 
 
 def test_load_from_other_arch_fails_partial_opt_in(trained, tmp_path):
-    """Item 2: load_from of another model stops (was: trained from random
-    weights, exit 0); a headless classifier loads with --partial-load."""
     det, cls = trained('det'), trained('cls')
     work = str(tmp_path / 'w')
 
@@ -488,27 +466,8 @@ def test_load_from_other_arch_fails_partial_opt_in(trained, tmp_path):
     assert 'partial load (allowed)' in log and 'head.fc.weight' in log
 
 
-def test_resume_from_weights_only_file_is_refused_first(trained, tmp_path):
-    """Item 2: ``--resume`` of a weights-only file: one line from the
-    config's StrictLoadHook before anything is trained or saved."""
-    cls = trained('cls')
-    weights, work = str(tmp_path / 'weights.pth'), str(tmp_path / 'w')
-    torch.save({'state_dict': _load(cls.ckpt)['state_dict'],
-                'meta': {'attn_norm': False}}, weights)  # yapf: disable
-    msg = _stop_line('train',
-                     [cls.cfg, '--work-dir', work, '--resume', weights])
-    assert msg == (
-        f'error: --resume {weights}: not a training checkpoint (it has no '
-        f'message_hub, meta.epoch, meta.iter); --resume continues a run from '
-        f'an epoch_N.pth / iter_N.pth written by tools/train.py. To start '
-        f'training from these weights, pass --cfg-options '
-        f'load_from={weights} instead')
-    assert not glob.glob(osp.join(work, '*.pth'))
-
-
 def test_second_run_in_work_dir_is_refused(trained, tmp_path):
-    """Item 3: a second run in a live run's work dir: one line naming the
-    holder (pid, host) and the fix; nothing of the first run touched."""
+    """Item 3: one line naming the live holder; nothing touched."""
     import socket
     cls = trained('cls')
     work = str(tmp_path / 'w')
@@ -520,4 +479,3 @@ def test_second_run_in_work_dir_is_refused(trained, tmp_path):
             f'{holder.pid} on host {socket.gethostname()}, started '), msg
         assert 'pass another --work-dir' in msg and len(msg.splitlines()) == 1
         assert sorted(os.listdir(work)) == before
-    assert osp.isfile(train(cls.cfg, work))  # the killed holder's lock

@@ -1,7 +1,8 @@
 """ONNX export (tools/deployment/pytorch2onnx.py, mmsoft_tools.deploy): the
 plain-op export path equals the normal forward without eigh; one error line
-for what cannot be exported (onnxruntime parity per task: test_chain.py and
-test_tool_contracts.py)."""
+for what cannot be exported (onnxruntime parity per task:
+test_tool_contracts.py; the export path's functions: test_pinv.py,
+test_soft_attention.py)."""
 import contextlib
 import io
 import os
@@ -19,17 +20,11 @@ pytest.importorskip('mmpretrain')
 
 import mmsoft  # noqa: E402,F401
 from mmsoft.models.backbones.soft import SOFT  # noqa: E402
-from mmsoft.models.layers import gaussian_kernel  # noqa: E402
-from mmsoft.models.layers import NRConfig, amp  # noqa: E402
-from mmsoft.models.layers.soft_attention import kernel_forward  # noqa: E402
+from mmsoft.models.layers import amp  # noqa: E402
 from mmsoft_tools import deploy  # noqa: E402
 
 DEMO = osp.join(ROOT, 'configs', 'demo')
 TINY = tiny_arch([16, 32, 64, 64], [1, 2, 2, 2], sampling_ratios=[4, 2, 2, 1])
-
-
-def newton_inverse_apply(A, W, iters, init, method):
-    return NRConfig(iters, init, method).apply(A, W)
 
 
 def _tool():
@@ -38,62 +33,21 @@ def _tool():
         'pytorch2onnx')
 
 
-def exporting(mp):
-    """The export dispatch without exporting; eigh must not be hit."""
-    mp.setattr(amp, 'is_exporting', lambda: True)
-    mp.setattr(torch.linalg, 'eigh',
-               lambda *a, **k: pytest.fail('eigh on the export path'))
-
-
-def _spd_gram(b, h, m, d=8, seed=0):
-    g = torch.Generator().manual_seed(seed)
-    x = torch.randn(b, h, m, d, generator=g) * 0.5
-    return gaussian_kernel(x, x), torch.randn(b, h, m, 5, generator=g)
-
-
-@pytest.mark.parametrize(
-    'init', ['soft_norm_per_matrix', 'soft', 'soft_norm_per_sample'])
-def test_export_path_equal_functions(init, monkeypatch):
-    A, W = _spd_gram(2, 3, 96)  # m >= 80: 'auto' is spectral on the CPU
-    ref = newton_inverse_apply(A, W, 20, init, 'auto')
-    it = newton_inverse_apply(A, W, 20, init, 'iterative')
-    with monkeypatch.context() as mp:  # the export path, plain ops, no eigh
-        exporting(mp)
-        out = newton_inverse_apply(A, W, 20, init, 'auto')
-    assert (out - ref).abs().max() / ref.abs().max() < 1e-4
-    torch.testing.assert_close(out, it, rtol=1e-5, atol=1e-6)
-    g = torch.Generator().manual_seed(1)
-    x, y = (torch.randn(2, n, 8, generator=g) for n in (40, 9))
-    torch.testing.assert_close(kernel_forward(x, y), gaussian_kernel(x, y))
-    # large-norm tokens (a shared offset): stable like the autograd kernel,
-    # unit diagonal for the self-kernel
-    off = 1e4 * torch.randn(8, generator=g)
-    x, y = x + off, y + off
-    torch.testing.assert_close(kernel_forward(x, y), gaussian_kernel(x, y))
-    A = kernel_forward(y, y, self_kernel=True)
-    torch.testing.assert_close(A, gaussian_kernel(y, y))
-    assert torch.equal(A.diagonal(dim1=-2, dim2=-1), torch.ones(2, 9))
-
-
 def test_export_path_equals_normal_forward(monkeypatch):
-    """The backbone on the export path == its normal (spectral) forward."""
+    """The backbone on the export path (no eigh) == its spectral forward."""
     torch.manual_seed(0)
     model = SOFT(TINY, pretrain_img_size=64).eval()
     model.init_weights()
     x = torch.randn(2, 3, 96, 128)  # stage 1: 24 x 32 tokens, m = 6 x 8
     with torch.no_grad():
         ref = model(x)
-        exporting(monkeypatch)
+        monkeypatch.setattr(amp, 'is_exporting', lambda: True)
+        monkeypatch.setattr(
+            torch.linalg, 'eigh',
+            lambda *a, **k: pytest.fail('eigh on the export path'))
         out = model(x)
     for o, r in zip(out, ref):
         assert (o - r).abs().max() / r.abs().max() < 1e-4
-
-
-def test_export_path_refuses_spectral(monkeypatch):
-    exporting(monkeypatch)
-    A, W = _spd_gram(1, 1, 16)
-    with pytest.raises(amp.ExportError, match="nr_method='auto'"):
-        newton_inverse_apply(A, W, 5, 'soft_norm_per_matrix', 'spectral')
 
 
 def _error_line(capsys, argv):
@@ -153,9 +107,6 @@ def test_error_line(tmp_path, capsys, args, parts):
 
 
 def test_authors_file_gets_the_line_of_tools_test(tmp_path, capsys):
-    """Issues 36, 52: mmsoft's loading code, as tools/test.py: an mmsoft
-    checkpoint loads; an authors' file is refused with tools/test.py's line
-    (the converter)."""
     from conftest import cls_demo_config
     from conftest import tool_namespace as tool
 
@@ -199,13 +150,6 @@ def cls_wrapper():
     model, scope, _ = deploy.build_model(
         osp.join(DEMO, 'soft_cls_demo.py'), None)
     return deploy.ExportWrapper(model, scope, (64, 64))
-
-
-def test_onnx_model_wrong_shape(tmp_path, cls_wrapper):
-    out = str(tmp_path / 'cls.onnx')
-    deploy.export_onnx(cls_wrapper, out)
-    with pytest.raises(deploy.ExportError, match='--shape 96 64'):
-        deploy.OnnxModel(out)(torch.zeros(1, 3, 96, 64))
 
 
 def test_matmul_adaptive_pool_equals_torch():
@@ -256,21 +200,20 @@ def test_out_directory_and_opset_refused_up_front(tmp_path, capsys,
     assert not built and os.listdir(tmp_path) == []
 
 
-def test_min_opset_exports(tmp_path, cls_wrapper):
-    """MIN_OPSET exports, one below does not (measured, not guessed)."""
-    deploy.export_onnx(cls_wrapper, str(tmp_path / 'a.onnx'), deploy.MIN_OPSET)
+def test_min_opset_wrong_shape_and_dynamo(tmp_path, monkeypatch, cls_wrapper):
+    """MIN_OPSET - 1 fails; another shape, --dynamo on torch < 2.5: refused."""
+    out = str(tmp_path / 'a.onnx')
+    deploy.export_onnx(cls_wrapper, out, deploy.MIN_OPSET)
+    with pytest.raises(deploy.ExportError, match='--shape 96 64'):
+        deploy.OnnxModel(out)(torch.zeros(1, 3, 96, 64))
     with pytest.raises(Exception):
         deploy.export_onnx(cls_wrapper, str(tmp_path / 'b.onnx'),
                            deploy.MIN_OPSET - 1)
-
-
-def test_dynamo_export_refused_without_the_exporter(tmp_path, monkeypatch,
-                                                    cls_wrapper):
-    """torch < 2.5 (simulated): --dynamo stops in one line, nothing written."""
-    out = tmp_path / 'cls.onnx'
+    empty = tmp_path / 'dynamo'
+    empty.mkdir()
     monkeypatch.setattr(deploy, 'onnx_export_takes_dynamo', lambda: False)
     with pytest.raises(deploy.ExportError) as info:
-        deploy.export_onnx(cls_wrapper, str(out), dynamo=True)
+        deploy.export_onnx(cls_wrapper, str(empty / 'cls.onnx'), dynamo=True)
     msg = str(info.value)
     assert '\n' not in msg and '--dynamo needs torch >= 2.5' in msg
-    assert list(tmp_path.iterdir()) == []
+    assert list(empty.iterdir()) == []

@@ -118,9 +118,7 @@ def test_explicit_python_wins(repo, tmp_path):
 
 
 def test_active_venv_is_respected_and_bad_python_explained(repo):
-    """Another virtualenv is active: its `python` (here without torch) is
-    used, and the one-line hint says what to do; the same without a project
-    venv (make demo not run)."""
+    """An active venv's python without torch; no project venv: one hint."""
     proc = _dist_train(repo, VIRTUAL_ENV='/some/other/venv')
     assert proc.returncode != 0
     assert 'dist_train.sh: python: python' in proc.stderr
@@ -137,14 +135,8 @@ def test_active_venv_is_respected_and_bad_python_explained(repo):
 def test_dist_test_and_slurm_scripts_use_venv(repo, tmp_path):
     for ckpt in ('ckpt.pth', 'c'):  # the scripts check that it exists
         (tmp_path / ckpt).write_bytes(b'')
-    proc = _script(
-        repo,
-        'dist_test.sh',
-        repo['cfg'],
-        'ckpt.pth',
-        '1',
-        '--help',
-        VENV_DRY='1')
+    proc = _script(repo, 'dist_test.sh', repo['cfg'], 'ckpt.pth', '1',
+                   '--help', VENV_DRY='1')  # yapf: disable
     assert proc.returncode == 0, proc.stderr
     assert f'dist_test.sh: python: {repo["venv_py"]}' in proc.stderr
     calls = repo['log'].read_text().splitlines()
@@ -152,12 +144,18 @@ def test_dist_test_and_slurm_scripts_use_venv(repo, tmp_path):
     assert calls[1].startswith('-m torch.distributed.run')
     assert calls[1].endswith(f'tools/test.py {repo["cfg"]} ckpt.pth '
                              '--launcher pytorch --help')
-    # slurm: the srun command line names the venv's python, or PYTHON
     _exe(tmp_path / 'bin' / 'srun', f'echo "$@" > {tmp_path}/srun_args\n')
-    for script, extra in (('slurm_train.sh', 'wd'), ('slurm_test.sh', 'c')):
+    for script, arg in (('slurm_train.sh', 'wd'), ('slurm_test.sh', 'c')):
         for python, env in ((repo['venv_py'], {}),
                             ('/opt/py/bin/python3',
                              dict(PYTHON='/opt/py/bin/python3'))):
-            proc = _script(repo, script, 'p', 'j', repo['cfg'], extra, **env)
+            argv = ('part', 'job', repo['cfg'], arg, '--cfg-options', 'a=1')
+            proc = _script(repo, script, *argv, GPUS='16', **env)
             assert proc.returncode == 0, proc.stderr
-            assert f'{python} -u ' in (tmp_path / 'srun_args').read_text()
+            tool = script[6:-3]
+            value = '--work-dir=wd' if tool == 'train' else 'c'
+            assert (tmp_path / 'srun_args').read_text() == (
+                '-p part --job-name=job --gres=gpu:8 --ntasks=16 '
+                '--ntasks-per-node=8 --cpus-per-task=5 --kill-on-bad-exit=1 '
+                f'{python} -u {repo["clone"]}/tools/{tool}.py {repo["cfg"]} '
+                f'{value} --launcher=slurm --cfg-options a=1\n')

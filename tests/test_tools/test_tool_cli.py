@@ -9,12 +9,11 @@ import os
 import os.path as osp
 import re
 import shutil
-import subprocess
 import sys
 from types import SimpleNamespace
 
 import pytest
-from conftest import ROOT, TOOLS, child_env, load_module, load_tool, run
+from conftest import ROOT, TOOLS, load_module, load_tool, run
 
 #: tool script (relative to tools/) -> the test that runs it for real
 _CLI, _TA = 'test_tools/test_tool_cli.py::', 'test_tools/test_analysis/test_'
@@ -128,20 +127,15 @@ def test_tools_edit_sys_path_only_for_their_package():
 
 
 @pytest.fixture(scope='module')
-def helps(tmp_path_factory):
+def helps(tmp_path_factory, script_server):
     """{script: (exit code, output)} of ``--help``."""
     tmp = tmp_path_factory.mktemp('installed')
     copy = tmp / 'tools'
     shutil.copytree(
         TOOLS, copy, ignore=shutil.ignore_patterns('__pycache__', 'figures'))
-    proc = subprocess.run(
-        [sys.executable, '-c', HELP_CHILD] +
-        [str(copy / s) for s in tool_scripts()],
-        cwd=str(tmp),
-        env=child_env(),
-        capture_output=True,
-        text=True,
-        timeout=600)
+    (tmp / 'help_child.py').write_text(HELP_CHILD)
+    proc = script_server(tmp / 'help_child.py',
+                         [copy / s for s in tool_scripts()], tmp)
     line = [ln for ln in proc.stdout.splitlines() if ln.startswith('HELP ')]
     assert line, proc.stdout[-2000:] + proc.stderr[-2000:]
     return {
@@ -169,7 +163,6 @@ def test_python_sh_runs_a_tool_with_this_checkout(tmp_path):
     assert proc.returncode == 2 and 'usage: bash' in proc.stderr
 
 
-# ----------------------------------------------- invocations of this file
 def _isolated_runs_in(script_server, monkeypatch):
     """``run_isolated``'s ``python script`` children: in the script server."""
     from mmsoft_tools import analysis
@@ -305,9 +298,7 @@ def test_benchmark_onnx_tiny_run(tmp_path, capsys, replaced):
 
 
 def test_nr_backward_compare_train_demo(tmp_path, capsys, monkeypatch):
-    """--train-demo --smoke: both backward passes train (2 iterations on
-    4 + 2 images here); their real metrics are replaced by distinct known
-    values on the way back, which the table must carry in their columns."""
+    """The table carries the (replaced, distinct) metrics of each run."""
     from mmsoft_tools import demo_tasks as tasks
     real_run_task, calls = tasks.run_task, []
     real_shrink, shrunk = tasks.shrink_for_smoke, []
@@ -396,15 +387,12 @@ def test_gpu_check_smoke(tmp_path, capsys):
     assert {r['metric'].split()[0] for r in timed} == set(tool.NR_METHODS)
     ratio = [r for r in rows if r['metric'] == 'SOFT / softmax']
     assert len(ratio) == 1 and float(ratio[0]['value']) > 0
-
-
-def test_gpu_check_sections(tmp_path, capsys):
-    tool = load_tool('analysis/gpu_check.py')
-    assert tool.main(
-        ['--smoke', '--sections', 'nr', '--out-dir',
-         str(tmp_path)]) == 0
-    md = (tmp_path / 'gpu_check.md').read_text()
-    rows, _ = _csv(tmp_path / 'gpu_check.csv')
+    # --sections: the others not run
+    out = tmp_path / 'nr'
+    assert tool.main(['--smoke', '--sections', 'nr', '--out-dir',
+                      str(out)]) == 0
+    md = (out / 'gpu_check.md').read_text()
+    rows, _ = _csv(out / 'gpu_check.csv')
     assert {r['section'] for r in rows} == {'NR methods'}
     assert md.count('not run: not selected (--sections)') == 2  # steps, sm
     assert 'torch ' in md and 'mmcv ops: CPU only' in md
@@ -412,8 +400,7 @@ def test_gpu_check_sections(tmp_path, capsys):
 
 
 def test_gpu_check_dry_run_fills_the_model_zoo(tmp_path, capsys):
-    """--dry-run: recipe_gpu.csv rows from the CPU, the model zoo's
-    estimates (docs/gen_tables.py)."""
+    """recipe_gpu.csv rows from the CPU: the model zoo's estimates."""
     tool = load_tool('analysis/gpu_check.py')
     names = [  # one recipe of each family the GPU run times
         'retinanet_soft_tiny_1x', 'mask_rcnn_soft_tiny_1x',
@@ -447,7 +434,7 @@ def test_gpu_check_dry_run_fills_the_model_zoo(tmp_path, capsys):
     assert '³' not in gen.recipe_times([])
 
 
-def test_gpu_check_recipe_rows_merge(tmp_path):
+def test_gpu_check_recipe_rows_merge(tmp_path, capsys):
     tool = load_tool('analysis/gpu_check.py')
     path = tmp_path / 'recipe_gpu.csv'
 
@@ -473,6 +460,27 @@ def test_gpu_check_recipe_rows_merge(tmp_path):
     assert re.fullmatch('[^\n]*has the columns[^\n]*--recipe-csv[^\n]*',
                         str(e.value)), e.value
     assert other.read_text() == 'model,ms\nx,1\n'
+    # --dry-run never writes the docs' CSV
+    with pytest.raises(SystemExit) as e:
+        tool.parse_args(['--dry-run', '--recipe-csv', str(tmp_path / 'x')])
+    assert e.value.code == 2
+    err = capsys.readouterr().err.strip().splitlines()[-1]
+    assert err.endswith("--dry-run writes <out-dir>/recipe_gpu.csv only: "
+                        "its CPU rows are no GPU's estimates; leave "
+                        '--recipe-csv out')
+    args = tool.parse_args(['--out-dir', str(tmp_path)])
+    assert args.recipe_csv == osp.join(str(tmp_path), 'recipe_gpu.csv')
+    # the recipe families of the shipped configs
+    got = set(tool.recipe_configs(tool.shipped_configs()))
+    assert got and all(
+        n.startswith(('retinanet_', 'mask_rcnn_',
+                      'upernet_')) or n.endswith('_in1k') for n in got)
+    assert {
+        'retinanet_soft_tiny_1x', 'mask_rcnn_soft_tiny_1x',
+        'upernet_soft_small_512x512_160k_ade20k', 'soft_tiny_in1k'
+    } <= got
+    assert not any(
+        n.startswith(('atss_', 'gfl_', 'cascade_', 'sparse_')) for n in got)
 
 
 def test_gpu_check_recipe_out_of_memory_is_reported_not_failed(
@@ -499,33 +507,6 @@ def test_gpu_check_recipe_out_of_memory_is_reported_not_failed(
     assert (bad['value'], bad['ok'], bad['note']) == ('error', False,
                                                       'RuntimeError: broken')
     assert not csv_path.exists()
-
-
-def test_gpu_check_dry_run_never_writes_the_docs_csv(tmp_path, capsys):
-    tool = load_tool('analysis/gpu_check.py')
-    with pytest.raises(SystemExit) as e:
-        tool.parse_args(['--dry-run', '--recipe-csv', str(tmp_path / 'x')])
-    assert e.value.code == 2
-    err = capsys.readouterr().err.strip().splitlines()[-1]
-    assert err.endswith("--dry-run writes <out-dir>/recipe_gpu.csv only: "
-                        "its CPU rows are no GPU's estimates; leave "
-                        '--recipe-csv out')
-    args = tool.parse_args(['--out-dir', str(tmp_path)])
-    assert args.recipe_csv == osp.join(str(tmp_path), 'recipe_gpu.csv')
-
-
-def test_gpu_check_recipe_families():
-    tool = load_tool('analysis/gpu_check.py')
-    got = set(tool.recipe_configs(tool.shipped_configs()))
-    assert got and all(
-        n.startswith(('retinanet_', 'mask_rcnn_',
-                      'upernet_')) or n.endswith('_in1k') for n in got)
-    assert {
-        'retinanet_soft_tiny_1x', 'mask_rcnn_soft_tiny_1x',
-        'upernet_soft_small_512x512_160k_ade20k', 'soft_tiny_in1k'
-    } <= got
-    assert not any(
-        n.startswith(('atss_', 'gfl_', 'cascade_', 'sparse_')) for n in got)
 
 
 def test_gpu_check_steps_need_no_imagenet_file(tmp_path, monkeypatch):

@@ -10,8 +10,7 @@ import re
 import numpy as np
 import pytest
 import torch
-from conftest import (CONFIGS, ROOT, load_module, random_model, tiny_arch,
-                      tool_namespace)
+from conftest import CONFIGS, ROOT, load_module, tiny_arch, tool_namespace
 from mmengine.config import Config
 from mmengine.registry import DefaultScope
 
@@ -30,7 +29,6 @@ NON_SQUARE = ('demo/soft_cls_demo', 'demo/retinanet_soft_demo',
               'mask_rcnn_soft_tiny_1x', 'demo/upernet_soft_demo')
 
 
-# ------------------------------------------------------------------ --tta
 def _tta_views(name, tmp_path):
     """The views ``tools/test.py --tta`` makes of one 40 x 56 image (the
     config's TTA pipeline after ``enable_tta``, built and run)."""
@@ -73,8 +71,7 @@ def _tta_views(name, tmp_path):
 
 @pytest.mark.parametrize('name', ['soft_tiny_in1k', 'mask_rcnn_soft_tiny_1x'])
 def test_tta_flip_views(name, tmp_path):
-    """mmpretrain / mmdet configs without a TTA of their own: two views,
-    the test image flipped horizontally, then as it is (enable_tta)."""
+    """No TTA of their own: the image flipped, then as it is."""
     out, cfg = _tta_views(name, tmp_path)
     inputs, samples = out['inputs'], out['data_samples']
     assert len(inputs) == len(samples) == 2
@@ -117,7 +114,6 @@ def test_tta_multiscale_views(name, model_type, flips, shorts, tmp_path):
     assert cfg.model.type == model_type
 
 
-# ------------------------------------------------------ H != W inference
 def _cfg(name):
     if name.startswith('demo/'):
         return Config.fromfile(osp.join(CONFIGS, name + '.py'))
@@ -155,34 +151,6 @@ def _predict(model, scope, h, w):
         return model.test_step(dict(inputs=[img], data_samples=[s]))[0]
 
 
-@pytest.mark.parametrize('name', NON_SQUARE)
-def test_inference_non_square(name):
-    """Predictions of an H x W image (H != W, both ways) are in its frame."""
-    cfg = _cfg(name)
-    scope = launch.import_codebase(cfg)
-    if scope == 'mmdet':  # random weights: keep every box
-        tc = cfg.model.test_cfg
-        (tc.rcnn if 'rcnn' in tc else tc).update(score_thr=0.0)
-    model = random_model(cfg).eval()
-    for h, w in ((H, W), (W, H)):
-        with DefaultScope.overwrite_default_scope(scope):
-            pred = _predict(model, scope, h, w)
-        if scope == 'mmpretrain':
-            assert pred.pred_score.shape == (cfg.model.head.num_classes, )
-        elif scope == 'mmseg':
-            assert pred.pred_sem_seg.data.shape == (1, h, w)
-            assert pred.seg_logits.data.shape[1:] == (h, w)
-        else:
-            boxes = pred.pred_instances.bboxes
-            assert len(boxes) > 0
-            assert (boxes[:, 0::2] <= w + 1e-3).all()
-            assert (boxes[:, 1::2] <= h + 1e-3).all()
-            assert (boxes >= -1e-3).all()
-            if 'masks' in pred.pred_instances:
-                assert pred.pred_instances.masks.shape[1:] == (h, w)
-
-
-# --------------------------------------------------------- H != W export
 def _expected_shapes(kind, wrapper, h, w):
     m = wrapper.model
     if kind == 'cls':
@@ -201,13 +169,30 @@ def _expected_shapes(kind, wrapper, h, w):
 
 @pytest.mark.parametrize('name', NON_SQUARE)
 def test_export_non_square(name, tmp_path):
-    """The ONNX graph of an H x W input (H != W) has its output shapes and
-    matches PyTorch."""
+    """H != W: predictions in its frame, export shapes, ONNX parity."""
     pytest.importorskip('onnxruntime')
     from mmsoft_tools import deploy
     cfg = _cfg(name)
+    if launch.import_codebase(cfg) == 'mmdet':  # random weights: all boxes
+        tc = cfg.model.test_cfg
+        (tc.rcnn if 'rcnn' in tc else tc).update(score_thr=0.0)
     model, scope, cfg = deploy.build_model(cfg, None)
     for h, w in ((H, W), (W, H)):
+        with DefaultScope.overwrite_default_scope(scope):
+            pred = _predict(model, scope, h, w)
+        if scope == 'mmpretrain':
+            assert pred.pred_score.shape == (cfg.model.head.num_classes, )
+        elif scope == 'mmseg':
+            assert pred.pred_sem_seg.data.shape == (1, h, w)
+            assert pred.seg_logits.data.shape[1:] == (h, w)
+        else:
+            boxes = pred.pred_instances.bboxes
+            assert len(boxes) > 0
+            assert (boxes[:, 0::2] <= w + 1e-3).all()
+            assert (boxes[:, 1::2] <= h + 1e-3).all()
+            assert (boxes >= -1e-3).all()
+            if 'masks' in pred.pred_instances:
+                assert pred.pred_instances.masks.shape[1:] == (h, w)
         wrapper = deploy.ExportWrapper(model, scope, (h, w))
         expected = _expected_shapes(wrapper.kind, wrapper, h, w)
         if wrapper.kind == 'two_stage':  # FPN features, then the RPN's
@@ -232,7 +217,6 @@ def test_export_non_square(name, tmp_path):
                 assert tuple(o.shape) == tuple(outs[name_].shape), name_
 
 
-# ------------------------------------------------------- names in the docs
 _NAME = re.compile(r'\b((?:[a-z0-9]+_)*soft(?:_[a-z0-9]+)*_(?:in1k|1x|3x_ms|'
                    r'ade20k|demo))\b(?!\.yml)')
 
@@ -250,8 +234,6 @@ def _doc_names():
 
 
 def test_every_config_name_in_the_docs_builds():
-    """Each name is a shipped config (found with its local bases) or a demo
-    config (built here)."""
     from mmsoft.configs import get_config_path, list_configs
     base_files = load_module(
         osp.join(ROOT, 'tools', 'misc', 'configs.py'), '_configs').base_files

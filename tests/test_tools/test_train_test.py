@@ -1,6 +1,7 @@
 """tools/train.py, tools/test.py and the launch scripts on the CPU (the
 2-process dist_train.sh chain: test_chain.py, with :func:`make_ade` and
-:func:`seg_config` of this file)."""
+:func:`seg_config` of this file; the slurm scripts' srun line and launch's
+helpers: test_launch_python.py, test_tool_helpers.py)."""
 import os
 import os.path as osp
 import subprocess
@@ -9,17 +10,13 @@ import traceback
 import numpy as np
 import pytest
 import torch
-from conftest import ROOT, TOOLS, child_env, free_port, run, tiny_arch
+from conftest import ROOT, TOOLS, child_env, free_port, tiny_arch
 from conftest import tool_namespace as tool
-from mmengine.config import Config
 from PIL import Image
-
-from mmsoft_tools import launch
 
 TINY = repr(dict(_delete_=True, **tiny_arch()))
 
 
-# ------------------------------------------------------------ data
 def make_ade(root, n_train=4, n_val=2, h=64, w=96):
     """ADE20K layout: images/ (jpg) and annotations/ (png, 0 = ignore)."""
     rng = np.random.RandomState(0)
@@ -83,42 +80,15 @@ default_hooks = dict(
     return str(path)
 
 
-@pytest.mark.parametrize(
-    'script',
-    ['dist_train.sh', 'dist_test.sh', 'slurm_train.sh', 'slurm_test.sh'])
-def test_script_syntax_and_usage(script):
-    path = osp.join(TOOLS, script)
-    assert os.access(path, os.X_OK)
-    assert subprocess.run(['bash', '-n', path]).returncode == 0
-    proc = subprocess.run(['bash', path], capture_output=True, text=True)
-    assert proc.returncode == 2 and 'usage' in proc.stderr
+def test_script_syntax_and_usage():
+    for script in ('dist_train', 'dist_test', 'slurm_train', 'slurm_test'):
+        path = osp.join(TOOLS, script + '.sh')
+        assert os.access(path, os.X_OK)
+        assert subprocess.run(['bash', '-n', path]).returncode == 0
+        proc = subprocess.run(['bash', path], capture_output=True, text=True)
+        assert proc.returncode == 2 and 'usage' in proc.stderr, script
 
 
-@pytest.mark.parametrize('script,extra,tool_py', [
-    ('slurm_train.sh', '--work-dir=/tmp/wd', 'train.py'),
-    ('slurm_test.sh', 'ckpt.pth', 'test.py'),
-])
-def test_slurm_scripts_compose_srun(tmp_path, script, extra, tool_py):
-    """The README's first config; slurm_test.sh checks the file exists."""
-    cfg = 'configs/retinanet_soft_small_1x.py'
-    assert osp.isfile(osp.join(ROOT, cfg))
-    (tmp_path / 'ckpt.pth').write_bytes(b'')
-    last = '/tmp/wd' if 'train' in script else str(tmp_path / 'ckpt.pth')
-    (tmp_path / 'srun').write_text(f'#!/bin/sh\necho "$@" > {tmp_path}/a\n')
-    (tmp_path / 'srun').chmod(0o755)
-    env = dict(os.environ, GPUS='16', PYTHON='python')
-    env['PATH'] = f'{tmp_path}:{env["PATH"]}'
-    proc = run(['bash', osp.join(TOOLS, script), 'part', 'job', cfg, last,
-                '--cfg-options', 'a=1'], env=env)  # yapf: disable
-    assert proc.returncode == 0, proc.stderr
-    args = (tmp_path / 'a').read_text()
-    assert '-p part' in args and '--job-name=job' in args
-    assert '--ntasks=16' in args and '--ntasks-per-node=8' in args
-    assert f'tools/{tool_py} {cfg}' in args and extra in args
-    assert args.strip().endswith('--launcher=slurm --cfg-options a=1')
-
-
-# ------------------------------------------------------------ arguments
 def test_resume_and_work_dir_arguments():
     path = osp.join(ROOT, 'configs', 'retinanet_soft_tiny_1x.py')
 
@@ -139,43 +109,6 @@ def test_resume_and_work_dir_arguments():
     assert cfg('test', 'c.pth').load_from == 'c.pth'
 
 
-@pytest.mark.skipif(torch.cuda.is_available(), reason='the CPU fall-back')
-def test_cpu_distributed_settings():
-    """launch's CPU distributed changes (a 1-process gloo group)."""
-    import torch.distributed as dist
-    cfg = Config.fromfile(
-        osp.join(ROOT, 'configs', 'upernet_soft_small_512x512_160k_ade20k.py'))
-    assert cfg.env_cfg.dist_cfg.backend == 'nccl'
-    assert cfg.model.decode_head.norm_cfg.type == 'SyncBN'
-    assert launch.setup_cpu_distributed(cfg, 'none') is False
-    url = f'tcp://127.0.0.1:{free_port()}'
-    dist.init_process_group('gloo', url, rank=0, world_size=1)
-    try:
-        assert launch.setup_cpu_distributed(cfg, 'pytorch') is True
-    finally:
-        dist.destroy_process_group()
-    assert cfg.env_cfg.dist_cfg.backend == 'gloo'
-    assert cfg.model_wrapper_cfg.type == 'MMDistributedDataParallel'
-    assert cfg.model_wrapper_cfg.device_ids is None
-    assert cfg.model.decode_head.norm_cfg.type == 'BN'
-    assert cfg.model.auxiliary_head.norm_cfg.type == 'BN'
-
-
-def test_amp_settings():
-    cfg, mask = (
-        Config.fromfile(f'{ROOT}/configs/{n}_soft_tiny_1x.py')
-        for n in ('retinanet', 'mask_rcnn'))
-    if torch.cuda.is_available():
-        assert launch.enable_amp(cfg) == 'AmpOptimWrapper'
-        assert cfg.optim_wrapper.loss_scale == 'dynamic'
-        return
-    assert launch.enable_amp(cfg) == 'CPUAmpOptimWrapper'
-    # mmcv's CPU RoIAlign has no bfloat16 kernel: a clear error up front
-    with pytest.raises(ValueError, match='RoIAlign'):
-        launch.enable_amp(mask)
-
-
-# ------------------------------------------------------------ errors
 def test_missing_config_file_message(script_server):
     proc = script_server(f'{TOOLS}/train.py', ['configs/no_such_config.py'])
     assert proc.returncode == 1
@@ -192,8 +125,7 @@ def test_missing_config_file_message(script_server):
 ])
 def test_config_errors_are_mmengines(tmp_path, monkeypatch, text, error,
                                      match):
-    """A missing _base_, a type typo: mmengine's error, raised outside
-    mmsoft (the data check skipped: it would stop before the model)."""
+    """mmengine's error, raised outside mmsoft (data check skipped)."""
     monkeypatch.setenv('MMSOFT_SKIP_DATA_CHECK', '1')
     cfg = tmp_path / 'bad.py'
     cfg.write_text(text)
@@ -205,7 +137,6 @@ def test_config_errors_are_mmengines(tmp_path, monkeypatch, text, error,
     assert not inside, inside
 
 
-# ------------------------------------------------------------ runs
 @pytest.mark.skipif(torch.cuda.is_available(), reason='the CPU fall-back')
 def test_slurm_launcher_and_amp_on_cpu(tmp_path, script_server):
     """``--launcher slurm`` (one task) and ``--amp`` without CUDA."""
@@ -230,24 +161,3 @@ def test_slurm_launcher_and_amp_on_cpu(tmp_path, script_server):
     assert "backend 'nccl' -> 'gloo'" in out and 'bfloat16' in out
     assert 'CPUAmpOptimWrapper' in out
     assert osp.isfile(osp.join(work, 'iter_1.pth'))
-
-
-def test_test_out_logs_where_the_results_are(tmp_path):
-    """Issue 52: --out logs the result file, not its temporary."""
-    import glob
-    import pickle
-
-    from conftest import cls_demo_config, random_model
-    cfg = cls_demo_config(tmp_path, test=4)
-    ckpt = str(tmp_path / 'model.pth')
-    torch.save(dict(state_dict=random_model(cfg).state_dict()), ckpt)
-    out, work = tmp_path / 'res' / 'results.pkl', tmp_path / 'work'
-    tool('test')['main'](
-        [cfg, ckpt, '--work-dir',
-         str(work), '--out',
-         str(out)])
-    with open(out, 'rb') as f:
-        assert len(pickle.load(f)) == 4
-    log = open(glob.glob(str(work / '*' / '*.log'))[0]).read()
-    assert f'Results has been saved to {out}.' in log
-    assert 'mmsoft-tmp' not in log and 'prefix is not set' not in log
