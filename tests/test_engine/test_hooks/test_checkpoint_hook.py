@@ -232,8 +232,11 @@ def test_resume_without_any_complete_checkpoint(tmp_path):
     work.mkdir()
     (work / 'iter_2.pth').write_bytes(b'PK\x03\x04 truncated')
     (work / 'last_checkpoint').write_text(str(work / 'iter_2.pth'))
-    with pytest.raises(cio.CheckpointError, match='no complete checkpoint'):
+    with pytest.raises(cio.CheckpointError) as e:
         _runner(work, 'resumed', resume=True).train()
+    assert str(e.value) == (
+        f"resume: no complete checkpoint in {work}; damaged: "
+        f"['{work / 'iter_2.pth'}']. Remove them to train from scratch.")
 
 
 def _files(d):
@@ -608,6 +611,16 @@ def test_runner_without_private_attributes(tmp_path):
     runner = _Runner(work, loop=_Loop(), drop=('_load_from', ), _resume=True)
     SafeCheckpointHook().before_run(runner)  # resume=True: the search
     assert runner.logger.ours() == [SCRATCH.format(work)]
+    assert runner._resume is False  # a stale last_checkpoint: not trusted
+    gone = work / 'gone.pth'  # a named file that is not there (not a URL)
+    runner = _Runner(work, _resume=True, _load_from=str(gone))
+    with pytest.raises(FileNotFoundError) as e:
+        SafeCheckpointHook().before_run(runner)
+    assert str(e.value) == (f'--resume {gone}: no such file (omit the path '
+                            'to resume from the newest checkpoint of the '
+                            'work dir)')
+    runner._load_from = 'https://host/gone.pth'  # mmengine downloads it
+    SafeCheckpointHook().before_run(runner)
     bad = work / 'bad.pth'
     bad.write_bytes(b'PK\x03\x04 truncated')
     runner = _Runner(
