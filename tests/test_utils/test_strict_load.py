@@ -270,6 +270,37 @@ def _training_checkpoint(model, optimizer):
         optimizer=optimizer(model.parameters(), lr=0.1).state_dict())
 
 
+@pytest.mark.parametrize('kw, key, was',
+                         [(dict(lr=0.01), 'lr', '0.1'),
+                          (dict(weight_decay=0.05), 'weight_decay', '0')])
+def test_strict_load_hook_refuses_other_settings_for_resume(kw, key, was):
+    """A resume keeps the saved lr / weight_decay: a new one is refused."""
+    model = _Whole()
+    ckpt = _training_checkpoint(model, torch.optim.SGD)
+    ckpt['optimizer']['param_groups'][0]['initial_lr'] = 0.1
+
+    def runner(**kw):
+        wrapper = types.SimpleNamespace(
+            optimizer=torch.optim.SGD(model.parameters(), **{
+                'lr': 0.1,
+                **kw
+            }))
+        return _runner(
+            model, _load_from='e.pth', _resume=True, optim_wrapper=wrapper)
+
+    _hook().after_load_checkpoint(runner(), ckpt)  # the same: it resumes
+    with pytest.raises(CheckpointMismatchError) as exc:
+        _hook().after_load_checkpoint(runner(**kw), ckpt)
+    new = kw[key]
+    assert str(exc.value) == (
+        f"--resume e.pth: the config's optim_wrapper.optimizer.{key} is "
+        f'{new:g}, the checkpoint was trained with {was}: a resume restores '
+        f'the saved optimizer and schedule, so the run would continue at '
+        f'{was}. To train these weights with {key} {new:g} in a new '
+        'schedule, pass --cfg-options load_from=e.pth instead of --resume; '
+        f'to continue the run, drop the new {key}')
+
+
 def test_strict_load_hook_refuses_another_optimizer_for_resume():
     """``--resume`` with another optimizer names the differing settings."""
     model = _Whole()
