@@ -104,7 +104,7 @@ def test_run_main_and_positive_int(capsys, monkeypatch):
         monkeypatch.setenv('MMSOFT_TRACEBACK', off)
         assert exits(fails) == '1'
     raised(cli.run_main, lambda argv: 1 / 0, [], exc=ZeroDivisionError)
-    assert cli.positive_int('12') == 12
+    assert [cli.positive_int('1'), cli.positive_int('12')] == [1, 12]
     for text in ('0', 'two', None):
         assert raised(
             cli.positive_int, text, exc=argparse.ArgumentTypeError
@@ -358,7 +358,8 @@ def test_runner_parser_and_args(tmp_path, monkeypatch):
         assert cli.apply_runner_args(cfg, args).work_dir == want
 
 
-@pytest.mark.parametrize('seed, value', [('4294967295', None), ('-1', -1),
+@pytest.mark.parametrize('seed, value', [('0', None), ('4294967295', None),
+                                         ('-1', -1),
                                          ('4294967296', 4294967296),
                                          ('abc', 'abc'), ('True', True)])
 def test_seed_range(seed, value, monkeypatch, capsys):
@@ -369,6 +370,7 @@ def test_seed_range(seed, value, monkeypatch, capsys):
         assert cli.parse_runner_args(
             parser(), argv).cfg_options['randomness.seed'] == int(seed)
         assert DEMO.parse_args(['--seed', seed]).seed == int(seed)
+        assert cli.seed_int(seed) == int(seed)  # both ends accepted
         return
     why = ('a seed must be an integer from 0 to 4294967295 (2**32 - 1, '
            "numpy's limit), got ")
@@ -407,6 +409,7 @@ def test_cfg_options_value_that_lost_spaces(typed, refused, monkeypatch):
     [
         # the config itself; its line, not mmengine's "<unknown>"
         ([('c.py', 'a = 1\nb = dict(\n    x=1,,\n)\n')], 'c.py:3'),
+        ([('c.py', 'a = dict(\n')], 'c.py:1'),  # '(' was never closed
         # a file of its _base_ (a string or a list; mmdet:: bases skipped)
         ([('c.py', "_base_ = ['mmdet::_base_/default_runtime.py', "
            "'./b/base.py']\n"), ('b/base.py', '_base_ = "base2.py"\n'),
@@ -421,10 +424,16 @@ def test_load_config_names_a_syntax_error(tmp_path, files, where):
     if where is None:
         assert cli.load_config(path).a.x == 1
         assert cli.config_syntax_error(path) is None
+        # a base of itself, a statement, an attribute target: no error
+        loop = tmp_path / 'loop.py'
+        loop.write_text("_base_ = 'loop.py'\nimport os\nos.x = 1\n")
+        assert cli.config_syntax_error(str(loop)) is None
         return
     assert raised(
         cli.load_config,
         path).startswith(f'config {tmp_path / where}: syntax error: ')
+    assert cli.config_syntax_error(path).startswith(
+        f'{tmp_path / where}: syntax error')
 
 
 @pytest.mark.parametrize(
