@@ -270,6 +270,17 @@ def _training_checkpoint(model, optimizer):
         optimizer=optimizer(model.parameters(), lr=0.1).state_dict())
 
 
+def _resuming(model, optimizer, **kw):
+    """A Runner resuming ``e.pth`` with ``optimizer`` (lr 0.1, ``kw``)."""
+    wrapper = types.SimpleNamespace(
+        optimizer=optimizer(model.parameters(), **{
+            'lr': 0.1,
+            **kw
+        }))
+    return _runner(
+        model, _load_from='e.pth', _resume=True, optim_wrapper=wrapper)
+
+
 @pytest.mark.parametrize('kw, key, was',
                          [(dict(lr=0.01), 'lr', '0.1'),
                           (dict(weight_decay=0.05), 'weight_decay', '0')])
@@ -278,19 +289,11 @@ def test_strict_load_hook_refuses_other_settings_for_resume(kw, key, was):
     model = _Whole()
     ckpt = _training_checkpoint(model, torch.optim.SGD)
     ckpt['optimizer']['param_groups'][0]['initial_lr'] = 0.1
-
-    def runner(**kw):
-        wrapper = types.SimpleNamespace(
-            optimizer=torch.optim.SGD(model.parameters(), **{
-                'lr': 0.1,
-                **kw
-            }))
-        return _runner(
-            model, _load_from='e.pth', _resume=True, optim_wrapper=wrapper)
-
-    _hook().after_load_checkpoint(runner(), ckpt)  # the same: it resumes
+    same = _resuming(model, torch.optim.SGD)
+    _hook().after_load_checkpoint(same, ckpt)  # the same: it resumes
     with pytest.raises(CheckpointMismatchError) as exc:
-        _hook().after_load_checkpoint(runner(**kw), ckpt)
+        _hook().after_load_checkpoint(
+            _resuming(model, torch.optim.SGD, **kw), ckpt)
     new = kw[key]
     assert str(exc.value) == (
         f"--resume e.pth: the config's optim_wrapper.optimizer.{key} is "
@@ -304,18 +307,11 @@ def test_strict_load_hook_refuses_other_settings_for_resume(kw, key, was):
 def test_strict_load_hook_refuses_another_optimizer_for_resume():
     """``--resume`` with another optimizer names the differing settings."""
     model = _Whole()
-
-    def runner(optimizer):
-        wrapper = types.SimpleNamespace(
-            optimizer=optimizer(model.parameters(), lr=0.1))
-        return _runner(
-            model, _load_from='e.pth', _resume=True, optim_wrapper=wrapper)
-
     adamw = _training_checkpoint(model, torch.optim.AdamW)
     adamw['optimizer']['param_groups'][0].update(
         initial_lr=0.1, decay_mult=0.0)  # added by mmengine, not torch
     with pytest.raises(CheckpointMismatchError) as exc:
-        _hook().after_load_checkpoint(runner(torch.optim.SGD), adamw)
+        _hook().after_load_checkpoint(_resuming(model, torch.optim.SGD), adamw)
     assert str(exc.value) == (
         "--resume e.pth: the checkpoint was trained with another optimizer "
         "than the config's optim_wrapper.optimizer (SGD): its state has "
@@ -323,13 +319,14 @@ def test_strict_load_hook_refuses_another_optimizer_for_resume():
         'dampening, momentum, nesterov, so it cannot continue in SGD. Resume '
         'with the optimizer it was trained with, or start a new run from '
         'these weights with --cfg-options load_from=e.pth (without --resume)')
-    _hook().after_load_checkpoint(runner(torch.optim.AdamW), adamw)  # same
+    _hook().after_load_checkpoint(_resuming(model, torch.optim.AdamW),
+                                  adamw)  # same
     # a torch that added a setting: one way only, not another optimizer
     older = _training_checkpoint(model, torch.optim.AdamW)
     older['optimizer']['param_groups'][0].pop('decoupled_weight_decay')
-    _hook().after_load_checkpoint(runner(torch.optim.AdamW), older)
+    _hook().after_load_checkpoint(_resuming(model, torch.optim.AdamW), older)
     # load_from (no resume) is no resume: nothing to continue
-    sgd = runner(torch.optim.SGD).optim_wrapper
+    sgd = _resuming(model, torch.optim.SGD).optim_wrapper
     _hook().after_load_checkpoint(
         _runner(model, _load_from='e.pth', optim_wrapper=sgd), adamw)
 
