@@ -61,7 +61,9 @@ def _refusal(what, allowed):
 
 @pytest.fixture
 def table():
-    """HistoryBuffer's method table, put back afterwards."""
+    """HistoryBuffer's method table, put back afterwards (mmengine fills
+    it on the first HistoryBuffer: made here, so the test runs alone)."""
+    HistoryBuffer()
     table = dict(HistoryBuffer._statistics_methods)
     yield table
     HistoryBuffer._statistics_methods.clear()
