@@ -1,11 +1,5 @@
-"""mmsoft: SOFT (softmax-free linear transformers) for OpenMMLab.
-
-``import mmsoft`` registers mmsoft's models, hooks and optim wrappers;
-nothing else in the process changes, torch's weights-only allow-list
-included (SafeCheckpointHook widens it around the Runner's checkpoint
-loads only: :func:`mmsoft.compat.mmengine_checkpoints_allowed`;
-docs/en/advanced_guides/compatibility.md).
-"""
+"""SOFT (softmax-free linear transformers) for OpenMMLab; the import
+registers models, hooks and optim wrappers and changes nothing else."""
 from .engine import SafeCheckpointHook  # noqa: F401 (registers the hooks)
 from .models import SOFT
 from .registry import MODELS

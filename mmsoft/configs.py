@@ -1,5 +1,4 @@
-"""Find mmsoft's shipped configs (``<checkout>/configs`` or, installed,
-``<package>/.mim/configs``; docs/en/user_guides/own_config.md)."""
+"""mmsoft's shipped configs (docs/en/user_guides/own_config.md)."""
 import difflib
 import glob
 import os
@@ -11,7 +10,7 @@ _PKG_DIR = osp.dirname(osp.abspath(__file__))
 
 
 def configs_root() -> str:
-    """The folder of mmsoft's configs."""
+    """``<checkout>/configs`` or, installed, ``<package>/.mim/configs``."""
     repo = osp.dirname(_PKG_DIR)
     candidates = [osp.join(_PKG_DIR, '.mim', 'configs')]
     if osp.isfile(osp.join(repo, 'setup.py')):
@@ -36,8 +35,8 @@ def list_configs(include_base: bool = False) -> List[str]:
 
 
 def get_config_path(name: str) -> str:
-    """Absolute path of a shipped config ``name`` (``.py``, ``configs/``
-    and the sub-folder optional); else a ``FileNotFoundError``."""
+    """A shipped config's path (``.py``, ``configs/``, sub-folder
+    optional)."""
     root = configs_root()
     rel = name.replace('\\', '/')
     rel = rel[len('configs/'):] if rel.startswith('configs/') else rel
@@ -56,7 +55,7 @@ def get_config_path(name: str) -> str:
 
 
 def get_config(name: str):
-    """A shipped config (:func:`get_config_path`) as a ``Config``."""
+    """A shipped config as a ``Config``."""
     from mmengine.config import Config
     return Config.fromfile(get_config_path(name))
 

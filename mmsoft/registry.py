@@ -1,6 +1,5 @@
-"""mmsoft's registries: ``MODELS`` (a child of mmengine's root MODELS with
-scope ``'mmsoft'``: ``type='mmsoft.SOFT'`` resolves from any codebase) and
-``ATTENTIONS`` (the token mixers of a SOFT stage's ``attn_cfg``)."""
+"""``MODELS`` (``type='mmsoft.SOFT'`` from any codebase) and ``ATTENTIONS``
+(a SOFT stage's ``attn_cfg``)."""
 from mmengine.registry import MODELS as MMENGINE_MODELS
 from mmengine.registry import Registry
 
@@ -15,9 +14,7 @@ ATTENTIONS = Registry(
 
 
 def register_model(cls):
-    """Class decorator: register a model in mmsoft's MODELS and, once, in
-    mmengine's root MODELS (a plain ``type='X'`` from the mmpretrain /
-    mmdet / mmseg scopes)."""
+    """Register ``cls`` in mmsoft's and mmengine's root ``MODELS``."""
     MODELS.register_module(module=cls)
     if MMENGINE_MODELS.get(cls.__name__) is not cls:
         MMENGINE_MODELS.register_module(module=cls)

@@ -1,5 +1,4 @@
-"""mmsoft's hooks and optim wrappers (registered in mmengine's root
-``HOOKS`` / ``OPTIM_WRAPPERS``: usable by name from any codebase's config)."""
+"""Hooks and optim wrappers, registered in mmengine's root registries."""
 from .hooks import *  # noqa: F401,F403
 from .hooks import __all__ as _hooks
 from .optimizers import CPUAmpOptimWrapper

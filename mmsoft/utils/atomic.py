@@ -1,5 +1,4 @@
-"""Atomic file writes: the target is either the complete new file or
-untouched (docs/en/advanced_guides/fault_tolerance.md)."""
+"""Atomic file writes: the complete new file or the old one untouched."""
 import contextlib
 import os
 import os.path as osp
@@ -8,7 +7,6 @@ import signal
 import threading
 from typing import Iterator, List, Optional, Union
 
-#: what every temporary name ends with (before an optional ``suffix``)
 TMP_SUFFIX = '.mmsoft-tmp'
 _TMP_RE = re.compile(r'^\.(?P<name>.+)\.(?P<pid>\d+)\.[0-9a-f]{8}' +
                      re.escape(TMP_SUFFIX) + '$')
@@ -47,7 +45,7 @@ def _fsync(path: str) -> None:
 
 
 def os_error_in_chain(exc: BaseException) -> Optional[OSError]:
-    """The first ``OSError`` in ``exc`` and its causes / contexts."""
+    """The first ``OSError`` of ``exc`` and its causes / contexts."""
     seen = set()
     while exc is not None and id(exc) not in seen:
         if isinstance(exc, OSError):
@@ -63,9 +61,9 @@ def atomic_path(path: str,
                 makedirs: bool = False,
                 durable: bool = False,
                 missing_ok: bool = False) -> Iterator[str]:
-    """A temporary path renamed onto ``path`` when the block succeeds,
-    removed on an exception or SIGTERM; ``durable``: ``fsync`` it and its
-    directory; ``missing_ok``: a block that wrote nothing changes nothing."""
+    """A temporary path renamed onto ``path`` after the block, removed on an
+    exception or SIGTERM; ``durable``: ``fsync`` it and its directory;
+    ``missing_ok``: a block that wrote nothing changes nothing."""
     path = osp.abspath(path)
     if makedirs:
         os.makedirs(osp.dirname(path), exist_ok=True)
@@ -117,8 +115,8 @@ def pid_alive(pid: int) -> bool:
 
 def remove_stale_temps(directory: str,
                        name: Optional[str] = None) -> List[str]:
-    """Delete the temporaries (of ``name``) in ``directory`` whose writer
-    no longer runs (a SIGKILL); returns their paths."""
+    """Delete (and return) the temporaries (of ``name``) in ``directory``
+    whose writer is gone."""
     removed = []
     with contextlib.suppress(OSError):
         for entry in os.listdir(directory):

@@ -1,11 +1,14 @@
-"""mmengine's ``CheckpointHook``, its checkpoints surviving a kill, resumed
-bit-exactly, read safely (docs/en/advanced_guides/fault_tolerance.md)."""
+"""Kill-safe, bit-exact ``CheckpointHook``
+(docs/en/advanced_guides/fault_tolerance.md)."""
 import contextlib
 import errno
 import json
 import os
 import os.path as osp
+import random
 
+import numpy as np
+import torch
 from mmengine.dist import (all_gather_object, broadcast_object_list, get_rank,
                            get_world_size, is_distributed, is_main_process)
 from mmengine.fileio import LocalBackend
@@ -15,17 +18,40 @@ from mmengine.registry import HOOKS
 from mmsoft.utils.atomic import atomic_path, atomic_write
 from mmsoft.utils.checkpoint_io import (CheckpointError, CheckpointWriteError,
                                         load_verified, remove_stale_temps)
-from mmsoft.utils.rng_state import get_rng_state, set_rng_state
 from mmsoft.utils.safe_load import mmengine_checkpoints_allowed
 from .resume import (CheckpointDirInUse, checkpoint_dir_of,
                      claim_checkpoint_dir, find_newest_complete,
                      missing_resume_file, no_complete_checkpoint, read_line,
                      training)
 
-#: in the checkpoint directory while the validation after a checkpoint runs:
-#: ``{"checkpoint": <file name>, "epoch": E, "iter": I}``; a resume from
-#: that checkpoint validates it first (the run was stopped during it)
+#: ``{"checkpoint", "epoch", "iter"}`` while a checkpoint's validation runs
 VAL_MARKER = '.mmsoft-val-pending'
+
+
+def get_rng_state() -> dict:
+    """This process's RNG states, loadable with ``weights_only=True``."""
+    name, keys, pos, has_gauss, cached = np.random.get_state(legacy=True)
+    state = dict(
+        python=random.getstate(),
+        numpy=(name, torch.from_numpy(keys.astype(np.int64)), int(pos),
+               int(has_gauss), float(cached)),
+        torch=torch.get_rng_state())
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        state['cuda'] = torch.cuda.get_rng_state_all()
+    return state
+
+
+def set_rng_state(state: dict) -> None:
+    version, internal, gauss = state['python']
+    random.setstate((version, tuple(internal), gauss))
+    name, keys, pos, has_gauss, cached = state['numpy']
+    np.random.set_state((name, np.asarray(keys).astype(np.uint32), int(pos),
+                         int(has_gauss), float(cached)))
+    torch.set_rng_state(state['torch'].cpu())
+    cuda = state.get('cuda')
+    if cuda is not None and torch.cuda.is_available() and \
+            len(cuda) == torch.cuda.device_count():
+        torch.cuda.set_rng_state_all([s.cpu() for s in cuda])
 
 
 def _train_sampler(runner):
@@ -36,7 +62,7 @@ def _train_sampler(runner):
 
 
 class _DeferredRemoval:
-    """A file backend whose ``remove`` / ``rmtree`` are queued."""
+    """A file backend queueing ``remove`` / ``rmtree``."""
 
     def __init__(self, backend, queue):
         self._backend = backend
@@ -58,31 +84,26 @@ def _restore_after(loop, inner, n, callback):
 
 @HOOKS.register_module()
 class SafeCheckpointHook(CheckpointHook):
-    """``CheckpointHook`` with atomic writes, RNG states, safe reads and
-    resume from the newest complete checkpoint of this run's directory.
-
-    Args:
-        save_rng (bool): save every rank's RNG states and restore them on
-            resume. Defaults to True.
-    """
+    """``CheckpointHook`` with atomic writes, safe reads, every rank's RNG
+    states (``save_rng``) and resume from the newest complete checkpoint."""
 
     def __init__(self, *args, save_rng: bool = True, **kwargs):
         super().__init__(*args, **kwargs)
         self.save_rng = save_rng
         self._atomic_depth = 0
-        self._pending_rng = None  # gathered states for the current save
-        self._val_rng = None  # states at the start of a validation run
-        self._loaded_meta = None  # meta of the checkpoint last loaded
-        self._saving = None  # (epoch, iter) of the checkpoint being saved
+        self._pending_rng = None  # every rank's states for this save
+        self._val_rng = None  # the training states during a validation
+        self._loaded_meta = None
+        self._saving = None  # (epoch, iter)
         self._saved = None  # (path, epoch, iter) of the last checkpoint
-        self._val_marker = None  # VAL_MARKER written for this validation
+        self._val_marker = None
 
     def _checkpoint_dir(self, runner):
         return checkpoint_dir_of(runner.work_dir, self.out_dir)
 
     def before_run(self, runner) -> None:
-        """Claim the checkpoint dir; check the file to load, or pick the
-        newest complete one (mmengine trusts ``last_checkpoint``)."""
+        """Claim the checkpoint dir; check the file to load or find the
+        newest complete one."""
         _allow_training_checkpoints(runner)
         trains = training(runner)
         auto = getattr(runner, '_resume', False) and \
@@ -116,8 +137,6 @@ class SafeCheckpointHook(CheckpointHook):
             runner.logger.info('mmsoft: resuming from the newest complete '
                                f'checkpoint {path}')
             runner._load_from = path
-            # it replaces every weight: no ImageNet file needed (as for a
-            # path, StrictLoadHook.before_run)
             from .strict_load_hook import skip_pretrained_init
             skip_pretrained_init(runner, path)
         elif skipped:
@@ -132,8 +151,7 @@ class SafeCheckpointHook(CheckpointHook):
         vars(runner).pop('load_checkpoint', None)
 
     def _forget_other_dirs(self, runner) -> None:
-        """Forget the restored checkpoint names of another directory (so
-        that no file this run did not write is deleted)."""
+        """Forget another directory's restored checkpoint names."""
         if not (getattr(runner, '_resume', False)
                 and getattr(runner, '_has_loaded', False)):
             return
@@ -176,7 +194,7 @@ class SafeCheckpointHook(CheckpointHook):
 
     def _unfinished_validation(self, runner):
         """``(marker, what)`` if the resumed checkpoint's validation did not
-        finish (its :data:`VAL_MARKER`), else None (rank 0 decides)."""
+        finish, else None (rank 0 decides)."""
         found = None
         loaded = str(getattr(runner, '_load_from', None) or '')
         if is_main_process() and self._is_local() and '://' not in loaded:
@@ -200,14 +218,12 @@ class SafeCheckpointHook(CheckpointHook):
         return box[0]
 
     def _validate_first(self, runner, marker, what):
-        """Run the validation a stopped run did not finish."""
         if getattr(runner, 'val_loop', None) is None:
             return
         runner.logger.info(
             f'mmsoft: the validation of {what} ({runner._load_from}) did not '
             f'finish (the run was stopped during it): validating it now, '
             f'before training goes on')
-        # this run's own marker is removed once it has finished
         own = osp.realpath(osp.dirname(marker)) == osp.realpath(
             self._checkpoint_dir(runner))
         self._val_marker = marker if own else None
@@ -248,20 +264,19 @@ class SafeCheckpointHook(CheckpointHook):
         loop = runner.train_loop
         it = getattr(loop, 'dataloader_iterator', None)
         if getattr(loop, 'iter', 0) > 0 and it is not None:
-            # IterBasedTrainLoop replays `iter` batches after before_train
+            # after IterBasedTrainLoop's replay of `iter` batches
             loop.dataloader_iterator = _restore_after(loop, it, loop.iter,
                                                       restore)
         else:
             restore()
 
     def before_val(self, runner) -> None:
-        if self.save_rng:  # validation leaves the training RNG streams alone
+        if self.save_rng:  # validation draws leave training's alone
             self._val_rng = get_rng_state()
         saved = self._saved
         if saved and training(runner) and is_main_process() and \
                 self._is_local() and saved[1:] == (runner.epoch, runner.iter):
-            # the validation of the checkpoint just saved: until it has
-            # finished, a resume from that checkpoint validates it first
+            # a resume before its end validates this checkpoint first
             marker = osp.join(osp.dirname(saved[0]), VAL_MARKER)
             rec = dict(checkpoint=osp.basename(saved[0]), epoch=saved[1])
             atomic_write(marker, json.dumps(dict(rec, iter=saved[2])))
@@ -319,7 +334,7 @@ class SafeCheckpointHook(CheckpointHook):
 
     @contextlib.contextmanager
     def _atomic(self, runner):
-        """Atomic ``runner.save_checkpoint``; removals wait until the end."""
+        """Atomic ``runner.save_checkpoint``; removals deferred to the end."""
         if self._atomic_depth or not self._is_local():
             yield
             return
@@ -349,7 +364,7 @@ class SafeCheckpointHook(CheckpointHook):
             self._atomic_depth -= 1
             self.file_backend = backend
             runner.__dict__.pop('save_checkpoint', None)
-        # the new files are complete: drop the outdated ones (own dir only)
+        # the new files are complete: drop outdated ones (own dir only)
         own = osp.realpath(self.out_dir)
         for path in removals:
             if osp.abspath(path) in written:
@@ -369,8 +384,7 @@ class SafeCheckpointHook(CheckpointHook):
 
 
 def _allow_training_checkpoints(runner) -> None:
-    """The Runner's ``load_checkpoint`` inside
-    ``mmengine_checkpoints_allowed`` (until ``after_run``)."""
+    """The Runner's ``load_checkpoint`` in ``mmengine_checkpoints_allowed``."""
     load = getattr(type(runner), 'load_checkpoint', None)
     if load is None or 'load_checkpoint' in vars(runner):
         return
@@ -383,7 +397,7 @@ def _allow_training_checkpoints(runner) -> None:
 
 
 def _write_failure(runner, path: str, error: OSError) -> str:
-    """One line: the write failure, its fix, and what to resume."""
+    """One line: the failure, its fix, and what to resume."""
     code = f' (errno {error.errno})' if error.errno else ''
     prev = read_line(osp.join(runner.work_dir, 'last_checkpoint'))
     kept = (f'the previous checkpoint {prev} was kept (last_checkpoint '
@@ -397,7 +411,6 @@ def _write_failure(runner, path: str, error: OSError) -> str:
         errno.EACCES: f'Check the permissions of {where} (ls -ld)',
         errno.EPERM: f'Check the permissions of {where} (ls -ld)',
     }.get(error.errno, f'Free space in {where}')
-
     then = ('continue with tools/train.py ... --resume' if prev else
             'start the training again (there is nothing to resume)')
     return (f'cannot write checkpoint {path}: {error.strerror or error}'

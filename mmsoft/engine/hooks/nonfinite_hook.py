@@ -1,5 +1,5 @@
-"""Stop at the first non-finite loss (before the step and any checkpoint)
-or output (docs/en/advanced_guides/fault_tolerance.md)."""
+"""Stop at the first non-finite loss, step or output
+(docs/en/advanced_guides/fault_tolerance.md)."""
 import math
 from typing import List, Optional
 
@@ -15,11 +15,11 @@ _FIX = ('Lower the learning rate or enable gradient clipping '
 
 
 class NonFiniteLossError(RuntimeError):
-    """The training loss became nan / inf; the run was stopped."""
+    """Stopped at a non-finite loss, step or output."""
 
 
 def _value(loss) -> float:
-    """A loss (a tensor: its mean) as a float; 0.0 if it is no number."""
+    """A loss (a tensor's mean) as a float; 0.0 if it is no number."""
     if isinstance(loss, torch.Tensor):
         return loss.detach().float().mean().item() if loss.numel() else 0.
     try:
@@ -29,7 +29,6 @@ def _value(loss) -> float:
 
 
 def _any_rank(flag: bool) -> bool:
-    """True if ``flag`` is True on any rank."""
     if get_world_size() == 1:
         return flag
     t = torch.tensor([float(flag)], device=get_comm_device())
@@ -56,8 +55,7 @@ def _nonfinite_params(model, params) -> str:
 
 
 def _nonfinite_fields(value, name: str = '') -> List[str]:
-    """Names of the float tensors / arrays of an output (no ``gt_*``) that
-    hold nan / inf."""
+    """The fields of an output (no ``gt_*``) holding nan / inf."""
     from mmengine.structures import BaseDataElement
     if isinstance(value, BaseDataElement):
         value = dict(value.items())
@@ -81,16 +79,9 @@ def _nonfinite_fields(value, name: str = '') -> List[str]:
 
 @HOOKS.register_module()
 class NonFiniteLossHook(Hook):
-    """Stop (or skip) training steps whose loss is not finite (checked
-    before the backward pass, the parameters after the step); stop a
-    validation or test whose outputs are not finite, naming the cause.
-
-    Args:
-        max_skipped_steps (int): consecutive non-finite steps to skip (no
-            step, gradients zeroed) before stopping. Defaults to 0.
-        check_outputs (bool): check the outputs of every validation and
-            test batch. Defaults to True.
-    """
+    """Stop at (or skip ``max_skipped_steps`` consecutive) non-finite
+    losses before the step, and at non-finite parameters after it; with
+    ``check_outputs``, stop a validation / test at non-finite outputs."""
 
     priority = 'VERY_HIGH'  # after_train_iter before the CheckpointHook's
 
@@ -107,7 +98,7 @@ class NonFiniteLossHook(Hook):
 
     @staticmethod
     def _where(runner) -> str:
-        """'epoch E, iteration I/N' (1-based; I counts from the start)."""
+        """'epoch E, iteration I/N' (1-based)."""
         from mmengine.runner import EpochBasedTrainLoop
         max_iters = getattr(runner.train_loop, 'max_iters', None)
         it = f'iteration {runner.iter + 1}' + (f'/{max_iters}'
@@ -140,7 +131,7 @@ class NonFiniteLossHook(Hook):
             f'max_skipped_steps=N)]')
 
     def _check(self, loss) -> bool:
-        """True if this step must be skipped; raises if training stops."""
+        """Whether to skip this step; raises to stop."""
         value, runner = _value(loss), self._runner
         if not _any_rank(not math.isfinite(value)):
             self.skipped = 0
@@ -156,7 +147,6 @@ class NonFiniteLossHook(Hook):
         return True
 
     def _guard(self, optim_wrapper) -> None:
-        """Check the loss before ``update_params``, the parameters after."""
         if getattr(optim_wrapper, '_nonfinite_guarded', False):
             return
         original = optim_wrapper.update_params
@@ -205,7 +195,6 @@ class NonFiniteLossHook(Hook):
             self._stop(runner, _value(loss))
 
     def before_save_checkpoint(self, runner, checkpoint: dict) -> None:
-        """Never save non-finite parameters (the same on every rank)."""
         model = self._model(runner)
         bad = _nonfinite_params(model, model.parameters())
         if bad:
@@ -220,10 +209,8 @@ class NonFiniteLossHook(Hook):
                     data_batch=None,
                     outputs=None,
                     mode: str = None) -> None:
-        """Stop validation / test (``mode``: ``'val'`` / ``'test'``; the
-        training iterations have :meth:`after_train_iter`) at outputs holding
-        nan / inf, naming the cause: the weights, the inputs, a 0 in
-        ``std``, else an overflow."""
+        """Stop a validation / test at non-finite outputs, naming the
+        cause: the weights, the inputs, a 0 in ``std``, else an overflow."""
         if not self.check_outputs:
             return
         bad = _nonfinite_fields(outputs)
@@ -251,7 +238,6 @@ class NonFiniteLossHook(Hook):
             cause = (f'the model\'s weights hold nan / inf: {params}',
                      'The checkpoint is broken: test an earlier one')
         elif _nonfinite_fields(inputs):
-
             cause = ('the inputs from the data pipeline hold nan / inf',
                      'Check the data pipeline and the image files')
         elif isinstance(std, torch.Tensor) and bool((std == 0).any()):

@@ -1,4 +1,4 @@
-"""Log how far SOFT's Newton-Raphson iterations are from converged
+"""SOFT's Newton-Raphson convergence in the training log
 (docs/en/advanced_guides/soft_attention.md)."""
 import logging
 from math import nan
@@ -11,16 +11,11 @@ from mmengine.registry import HOOKS
 
 @HOOKS.register_module()
 class NRResidualHook(Hook):
-    """Log, per SOFT stage, the NR convergence of the last forward: the
-    largest ``nr_residual`` (||A A_T A - A|| / ||A||, paper Fig. 4) and
-    ``nr_unconverged`` (fraction of A's rank where A_T is far from A^+) as
-    ``train/nr_*_s<i>`` message-hub scalars.
-
-    Args:
-        interval (int): log a table every ``interval`` iterations.
-        warn_unconverged (float, optional): warn once per stage when its
-            unconverged fraction exceeds this; None: never.
-    """
+    """Per SOFT stage, the largest ``nr_residual`` (||A A_T A - A|| / ||A||,
+    paper Fig. 4) and ``nr_unconverged`` (fraction of A's rank where A_T is
+    far from A^+) of the last forward as ``train/nr_*_s<i>`` scalars, a
+    table every ``interval`` iterations, a warning once per stage above
+    ``warn_unconverged`` (None: never)."""
 
     priority = 'NORMAL'  # before LoggerHook (BELOW_NORMAL) reads the hub
 
@@ -36,7 +31,6 @@ class NRResidualHook(Hook):
         self._backbones = []
 
     def before_run(self, runner) -> None:
-        # a model wrapper's modules() include the wrapped model's
         self._backbones = [
             m for m in runner.model.modules()
             if hasattr(m, 'set_nr_diagnostics')
@@ -49,7 +43,7 @@ class NRResidualHook(Hook):
             bb.set_nr_diagnostics(True)
 
     def collect(self) -> Dict[str, Dict[str, float]]:
-        """Per stage, the largest value over all SOFT backbones."""
+        """Per stage, the largest value of all SOFT backbones."""
         out = {}
         for bb in self._backbones:
             for stage, stats in bb.nr_stats().items():

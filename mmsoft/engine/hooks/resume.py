@@ -1,5 +1,4 @@
-"""The checkpoint directory of a training run: which file resumes it and
-which run owns it (docs/en/advanced_guides/fault_tolerance.md)."""
+"""A run's checkpoint directory: the file to resume, the run owning it."""
 import contextlib
 import logging
 import os
@@ -15,22 +14,22 @@ from mmsoft.utils.checkpoint_io import (CheckpointError, describe_damage,
                                         load_verified)
 
 _CKPT_RE = re.compile(r'^(?:epoch|iter)_(\d+)\.pth$')
-#: in a checkpoint directory outside the work dir: the work dir writing it
+#: the owning work dir, in a checkpoint directory outside it
 OWNER_FILE = '.mmsoft-work-dir'
 
 
 class CheckpointDirInUse(CheckpointError):
-    """A checkpoint directory belongs to the run of another work dir."""
+    """The checkpoint directory belongs to another work dir's run."""
 
 
 def training(runner) -> bool:
-    """Whether ``runner`` trains (its train loop is built)."""
+    """Whether the train loop is built."""
     from mmengine.runner import BaseLoop
     return isinstance(getattr(runner, '_train_loop', None), BaseLoop)
 
 
 def read_line(path: str) -> Optional[str]:
-    """The stripped text of a small file, or None (missing, empty)."""
+    """The stripped text of a file, or None (missing, empty)."""
     try:
         with open(path) as f:
             return f.read().strip() or None
@@ -41,7 +40,7 @@ def read_line(path: str) -> Optional[str]:
 def checkpoint_candidates(dirs: Iterable[str],
                           extra: Iterable[str] = ()) -> List[str]:
     """``epoch_N.pth`` / ``iter_N.pth`` of ``dirs`` and ``extra``, newest
-    first (by N, then by modification time)."""
+    (by N, then mtime) first."""
     found = {
         osp.abspath(osp.join(d, e))
         for d in dirs
@@ -72,7 +71,7 @@ def check_complete(path: str) -> Optional[str]:
 
 
 def check_undamaged(path: str) -> Optional[str]:
-    """The quick :func:`check_complete` (nothing is unpickled)."""
+    """:func:`check_complete` without unpickling."""
     damage = describe_damage(path)
     return damage and f'checkpoint {path} {damage}'
 
@@ -83,7 +82,7 @@ def find_newest_complete(work_dir: str,
                          quiet: bool = False
                          ) -> Tuple[Optional[str], List[Tuple[str, str]]]:
     """The newest complete checkpoint of ``work_dir`` and ``out_dir`` (or
-    None) and the ``(path, reason)`` of the newer damaged ones; a
+    None), the ``(path, reason)`` of newer damaged ones; a
     ``last_checkpoint`` naming a file elsewhere is ignored."""
 
     def warn(msg):
@@ -114,26 +113,24 @@ def find_newest_complete(work_dir: str,
 
 
 def no_complete_checkpoint(work_dir: str, damaged: List[str]) -> str:
-    """The refusal of a resume where every checkpoint is damaged."""
     return (f'resume: no complete checkpoint in {work_dir}; damaged: '
             f'{damaged}. Remove them to train from scratch.')
 
 
 def missing_resume_file(path: str) -> str:
-    """The refusal of ``--resume path`` where ``path`` does not exist."""
     return (f'--resume {path}: no such file (omit the path to resume from '
             f'the newest checkpoint of the work dir)')
 
 
 def checkpoint_dir_of(work_dir: str, out_dir: Optional[str] = None) -> str:
-    """The work dir, or ``<out_dir>/<work dir name>`` (as mmengine's)."""
+    """The work dir, or mmengine's ``<out_dir>/<work dir name>``."""
     if out_dir is None or out_dir == work_dir:
         return work_dir
     return osp.join(out_dir, osp.basename(str(work_dir).rstrip(osp.sep)))
 
 
 def checkpoint_dir_refusal(ckpt_dir: str, work_dir: str) -> Optional[str]:
-    """Why ``work_dir``'s run may not write ``ckpt_dir`` (another owns it)."""
+    """Why ``work_dir``'s run may not write ``ckpt_dir``, or None."""
     me = osp.realpath(work_dir)
     if osp.realpath(ckpt_dir) == me:
         return None
@@ -151,7 +148,7 @@ def checkpoint_dir_refusal(ckpt_dir: str, work_dir: str) -> Optional[str]:
 
 
 def claim_checkpoint_dir(ckpt_dir: str, work_dir: str) -> None:
-    """Record ``work_dir`` as the owner of ``ckpt_dir``, or raise
+    """Make ``work_dir`` the owner of ``ckpt_dir`` or raise
     :class:`CheckpointDirInUse`."""
     me = osp.realpath(work_dir)
     if osp.realpath(ckpt_dir) == me:

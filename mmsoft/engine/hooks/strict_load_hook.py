@@ -1,5 +1,4 @@
-"""Refuse checkpoints that do not match the model, which mmengine's Runner
-loads with ``strict=False`` (a WARNING and a metric of wrong weights)."""
+"""Refuse checkpoints the Runner would load with ``strict=False``."""
 import math
 
 from mmengine.hooks import Hook
@@ -11,15 +10,10 @@ from mmsoft.utils.strict_load import CheckpointMismatchError
 
 @HOOKS.register_module()
 class StrictLoadHook(Hook):
-    """Refuse (``CheckpointMismatchError``) a checkpoint the Runner loads
-    that does not match its model (keys, shapes, ``attn_norm``) or, with
-    ``resume``, cannot continue the run (the ``*_refusal`` functions).
-
-    Args:
-        allow_partial (bool): log a mismatch instead of raising (loading no
-            tensor at all is an error even then).
-        opt_in (str): how to allow partial loads, shown in the error.
-    """
+    """Raise ``CheckpointMismatchError`` for a checkpoint that does not
+    match the model (keys, shapes, ``attn_norm``) or cannot be resumed;
+    ``allow_partial``: log a mismatch (no tensor loaded still raises);
+    ``opt_in``: how to allow partial loads, in the error."""
 
     priority = 'VERY_HIGH'  # before EMAHook copies the weights
 
@@ -31,7 +25,6 @@ class StrictLoadHook(Hook):
         self.opt_in = opt_in
 
     def before_run(self, runner) -> None:
-        """``skip_pretrained_init`` for the checkpoint to load."""
         from mmengine.runner import find_latest_checkpoint
         safe = HOOKS.get('SafeCheckpointHook')  # (imports this module)
         path = getattr(runner, '_load_from', None)
@@ -57,7 +50,7 @@ class StrictLoadHook(Hook):
 
 
 def resume_refusal(checkpoint, source: str) -> str:
-    """Why ``checkpoint`` lacks what ``Runner.resume`` reads, else ''."""
+    """What ``checkpoint`` lacks for ``Runner.resume``, else ''."""
     if not isinstance(checkpoint, dict):
         problem = f'it holds a {type(checkpoint).__name__}, not a dict'
     else:
@@ -75,15 +68,14 @@ def resume_refusal(checkpoint, source: str) -> str:
 
 
 def _saved_groups(runner, checkpoint):
-    """The Runner's optimizer and the param groups saved in ``checkpoint``."""
     opt = getattr(getattr(runner, 'optim_wrapper', None), 'optimizer', None)
     saved = checkpoint.get('optimizer') if isinstance(checkpoint, dict) else 0
     return opt, saved.get('param_groups') if isinstance(saved, dict) else None
 
 
 def optimizer_refusal(runner, checkpoint, source: str) -> str:
-    """Why ``checkpoint`` holds another optimizer's state (its param
-    groups lack settings the optimizer has *and* have others), else ''."""
+    """Why ``checkpoint`` is another optimizer's (its groups lack settings
+    the optimizer has *and* have others), else ''."""
     opt, groups = _saved_groups(runner, checkpoint)
     if not hasattr(opt, 'defaults') or not groups or not isinstance(
             groups[0], dict):
@@ -104,7 +96,7 @@ def optimizer_refusal(runner, checkpoint, source: str) -> str:
 
 
 def progress_refusal(runner, checkpoint, source: str) -> str:
-    """Why ``checkpoint`` is past the end of the schedule, else ''."""
+    """Why ``checkpoint`` is past the schedule's end, else ''."""
     from mmengine.runner import EpochBasedTrainLoop, IterBasedTrainLoop
     loop = getattr(runner, '_train_loop', None)
     meta = checkpoint.get('meta') if isinstance(checkpoint, dict) else None
@@ -125,7 +117,7 @@ def progress_refusal(runner, checkpoint, source: str) -> str:
 
 def settings_refusal(runner, checkpoint, source: str) -> str:
     """Why the config's lr / weight_decay differ from the checkpoint's
-    (which a resume restores), group by group, else ''."""
+    (which a resume restores), else ''."""
     opt, groups = _saved_groups(runner, checkpoint)
     have = getattr(opt, 'param_groups', None)
     if not groups or not have or len(groups) != len(have):
@@ -141,7 +133,7 @@ def settings_refusal(runner, checkpoint, source: str) -> str:
             if a is None or b is None or math.isclose(
                     a, b, rel_tol=1e-6, abs_tol=1e-12):
                 continue
-            # the config's value, and the checkpoint's at the same scale
+            # the config's value; the checkpoint's at the same scale
             base = getattr(opt, 'defaults', {}).get(key, a)
             was = b * base / a if a else b
             return (f'--resume {source}: the config\'s '
@@ -156,9 +148,8 @@ def settings_refusal(runner, checkpoint, source: str) -> str:
 
 
 def skip_pretrained_init(runner, source: str) -> None:
-    """Drop the ``Pretrained`` entries of ``init_cfg`` when ``source``
-    replaces every tensor (a strict :class:`StrictLoadHook`), one log line
-    per dropped file."""
+    """Drop ``init_cfg``'s ``Pretrained`` entries (one log line each) when
+    ``source`` replaces every tensor (a strict :class:`StrictLoadHook`)."""
     from mmengine.model import is_model_wrapper
 
     from mmsoft.models.loading import PRETRAINED

@@ -32,10 +32,10 @@ from mmsoft.compat import mmengine_checkpoints_allowed
 from mmsoft.engine import SafeCheckpointHook
 from mmsoft.engine.hooks import checkpoint_hook as ch
 from mmsoft.engine.hooks import resume
+from mmsoft.engine.hooks.checkpoint_hook import get_rng_state, set_rng_state
 from mmsoft.models.layers import SOFTAttention
 from mmsoft.utils import atomic
 from mmsoft.utils import checkpoint_io as cio
-from mmsoft.utils.rng_state import get_rng_state, set_rng_state
 from mmsoft.utils.strict_load import CheckpointMismatchError
 from mmsoft_tools import checkpoint_files as cf  # save_atomic: the tools'
 

@@ -1,4 +1,4 @@
-"""``--amp`` without CUDA: an optim wrapper with bfloat16 CPU autocast."""
+"""``--amp`` without CUDA."""
 import contextlib
 
 import torch
@@ -12,14 +12,8 @@ __all__ = ['CPUAmpOptimWrapper']
 
 @OPTIM_WRAPPERS.register_module()
 class CPUAmpOptimWrapper(OptimWrapper):
-    """The forward under bfloat16 CPU autocast (no loss scaling) and
-    :class:`~mmsoft.models.layers.amp.CheckedConvs` (float32 convolutions
-    where this CPU's bfloat16 kernel is wrong).
-
-    Args:
-        dtype (str): only ``'bfloat16'``.
-        **kwargs: the arguments of ``OptimWrapper``.
-    """
+    """The forward under bfloat16 (the only ``dtype``) CPU autocast, no loss
+    scaling, with :class:`~mmsoft.models.layers.amp.CheckedConvs`."""
 
     def __init__(self, dtype: str = 'bfloat16', **kwargs):
         super().__init__(**kwargs)
