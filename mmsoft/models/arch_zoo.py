@@ -9,8 +9,7 @@ def _arch(embed_dims, num_heads, depths):
     return dict(embed_dims=embed_dims, num_heads=num_heads, depths=depths)
 
 
-#: presets and aliases (one dict each, as Swin's ``arch_zoo``);
-#: ``'small-official'``: the depths of the authors' ``soft_small`` weights
+#: presets and aliases, as Swin's; ``'small-official'``: the authors' code
 ARCH_ZOO = {
     **dict.fromkeys(['tiny', 't'],
                     _arch([64, 128, 320, 512], [2, 4, 10, 16], [1, 2, 3, 2])),
@@ -34,11 +33,9 @@ ARCH_DEFAULTS = dict(
 
 #: where the authors publish their ImageNet-1k files (README, Main results)
 OFFICIAL_PAGE = 'https://github.com/fudan-zvg/SOFT#main-results'
-#: The authors' ImageNet-1k models (a literal: docs/gen_tables.py reads it).
-#: ``link`` / ``readme``: the README's link text (None: no file) and its
-#: parameter count; ``arch`` / ``depths`` / ``params`` (M): the preset the
-#: ``configs`` load it into; ``code_arch``: the authors' code's, if other;
-#: ``more_links``: the README's other files of it (their CUDA kernel's).
+#: The authors' ImageNet-1k models (a literal: docs/gen_tables.py reads it):
+#: README link text (None: no file) and size; the preset, its depths and
+#: params (M) the ``configs`` load it into; ``code_arch``: the code's.
 # yapf: disable
 OFFICIAL_FILES = {
     'soft_tiny': {
@@ -96,14 +93,13 @@ OFFICIAL_FILES = {
 }
 # yapf: enable
 
-#: the official model sizes and the mmsoft presets with their architecture
+#: the official model sizes and their mmsoft presets
 OFFICIAL_PRESETS = dict(
     tiny='tiny', small='small-official', medium='medium', large='large',
     huge='huge')  # yapf: disable
 
 #: The authors' key map (fudan-zvg/SOFT): official -> mmsoft key prefix in
-#: a block of stages 1-3; the tensor name after it (weight, bias, BN
-#: statistics) is kept, and shapes are checked against the model
+#: a block of stages 1-3 (the tensor name after it is kept)
 OFFICIAL_SOFT_BLOCK = (
     ('att.mha.W_q.', 'attn.q.'),
     ('att.mha.W_v.', 'attn.v.'),
@@ -122,12 +118,10 @@ OFFICIAL_SOFTMAX_BLOCK = tuple(
     for k in ('norm1.', 'attn.q.', 'attn.kv.', 'attn.proj.', 'norm2.')) + (
         ('mlp.fc1.', 'ffn.layers.0.0.'), ('mlp.fc2.', 'ffn.layers.1.'))
 
-#: (stage, conv) of the patch embeddings: the official (conv, BN, ReLU)
-#: x 3 stem, x 1 later (``proj.{3 conv}`` / ``proj.{3 conv + 1}``)
+#: (stage, conv) of the official (conv, BN, ReLU) patch embeddings
 OFFICIAL_STEM = ((0, 0), (0, 1), (0, 2), (1, 0), (2, 0), (3, 0))
 
-#: official -> mmsoft key template (``{j}``: block index); a template
-#: ending in '.' takes a tensor name (``weight``, ``bias``, BN statistics)
+#: official -> mmsoft key template (``{j}``: block; '.': + tensor name)
 KEY_MAP = [
     (f'pos_embed{s + 1}', f'stages.{s}.pos_embed') for s in range(NUM_STAGES)
 ] + [('cls_token', 'stages.3.cls_token'), ('norm.', 'stages.3.norm.'),

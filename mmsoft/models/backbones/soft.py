@@ -1,10 +1,6 @@
-"""The SOFT backbone (NeurIPS 2021 Table 2, IJCV 2024 Table 2) from mmcv
-bricks: three :class:`SOFTStage` (post-norm :class:`SOFTBlock`, the token
-mixer of ``attn_cfg``) and a :class:`ClsTokenStage` (pre-norm softmax
-:class:`SoftmaxBlock`, a cls token) at strides 4 to 32. Each stage is built
-from its computed settings with ``stage_cfgs[i]`` merged over them, and
-each attention from the block's settings with ``attn_cfg`` merged over
-them, as mmpretrain's Swin (``{**defaults, **cfg}``)."""
+"""The SOFT backbone (NeurIPS 2021 Table 2, IJCV 2024 Table 2): three
+:class:`SOFTStage` (post-norm blocks, the ``attn_cfg`` mixer) and a
+:class:`ClsTokenStage` (pre-norm softmax blocks, a cls token)."""
 import copy
 import functools
 import math
@@ -26,19 +22,13 @@ from ..layers.amp import (SafeConv2d, check_choice, check_int,
                           check_kernel_size, check_rate)
 from ..loading import pretrained_init_cfg
 
-__all__ = [
-    'SOFT', 'PyramidStage', 'SOFTStage', 'ClsTokenStage', 'SOFTBlock',
-    'SoftmaxBlock', 'SoftmaxAttention', 'ConvPatchEmbed', 'residual_drop_cfg'
-]
-
 #: how ``drop_path_rate`` is applied to a residual branch
 RESIDUAL_DROPS = ('drop_path', 'dropout')
 
 
 @functools.lru_cache(maxsize=None)
 def mmcv_bricks() -> types.SimpleNamespace:
-    """mmcv's bricks, imported at the first build (``import mmsoft`` stays
-    free of mmcv) without mmcv.cnn's ``ImportWarning``."""
+    """mmcv's bricks, imported at the first build, quietly."""
     with warnings.catch_warnings():
         warnings.simplefilter('ignore', ImportWarning)
         from mmcv.cnn import ConvModule, build_norm_layer  # noqa: F401
@@ -48,8 +38,7 @@ def mmcv_bricks() -> types.SimpleNamespace:
 
 
 def check_norm_cfg(name: str, cfg: Optional[Dict]) -> None:
-    """A norm config whose ``type`` is not a registered layer is an error
-    naming it and the known norms (mmcv says "Cannot find None")."""
+    """An unregistered norm ``type`` names the known norms."""
     if cfg is None:
         return
     if not hasattr(cfg, 'get') or 'type' not in cfg:
@@ -77,8 +66,7 @@ def build_norm(cfg: Dict, num_features: int) -> nn.Module:
 
 
 def residual_drop_cfg(rate, residual_drop='drop_path') -> Optional[Dict]:
-    """The ``build_dropout`` config of a residual branch: ``DropPath``
-    or element-wise ``Dropout`` of ``rate``; None for rate 0."""
+    """``DropPath`` or ``Dropout`` of ``rate`` (None for 0)."""
     if residual_drop not in RESIDUAL_DROPS:
         raise ValueError(f'residual_drop must be one of {RESIDUAL_DROPS}, '
                          f'got {residual_drop!r}')
@@ -105,9 +93,8 @@ def _drop(cfg: Optional[Dict]) -> nn.Module:
 
 
 class ConvPatchEmbed(nn.Module):
-    """3x3 ``ConvModule`` layers (conv with bias, norm, act): the C33 stem
-    (strides 2, 1, 2; ``stem_channels``) or one C31 of stride 2, with
-    PyTorch's default conv initialisation (the official model's)."""
+    """3x3 conv-norm-act layers: the C33 stem (strides 2, 1, 2) or one of
+    stride 2, with PyTorch's default conv init (the official model's)."""
 
     def __init__(self,
                  in_channels: int,
@@ -131,8 +118,7 @@ class ConvPatchEmbed(nn.Module):
             norm_cfg=norm_cfg,
             act_cfg=act_cfg)
         for cin, cout, stride in plan:
-            # ConvModule's Kaiming init on a forked RNG: reset_parameters
-            # draws the default init from the stream an nn.Conv2d would
+            # the default init from the stream an nn.Conv2d would draw
             with warnings.catch_warnings(), torch.random.fork_rng(devices=[]):
                 warnings.filterwarnings('ignore', 'Unnecessary conv bias',
                                         UserWarning)
@@ -146,14 +132,8 @@ class ConvPatchEmbed(nn.Module):
 
 
 class SOFTBlock(nn.Module):
-    """Post-norm: x = LN(x + drop(Attn(x))); x = LN(x + drop(FFN(x))).
-    The attention is ``ATTENTIONS.build({**block settings, **attn_cfg})``
-    (:data:`mmsoft.registry.ATTENTIONS`, in mmsoft's scope): every
-    attention takes ``embed_dims``, ``num_heads``, ``sampling_ratio``,
-    ``dw_kernel_size`` and ``qkv_bias``, and its own options from
-    ``attn_cfg`` (None: ``SOFTAttention``). ``residual_drop``:
-    ``'drop_path'`` or ``'dropout'`` of ``drop_path_rate``; defaults: LN,
-    the official tanh GELU."""
+    """Post-norm: x = LN(x + drop(Attn(x))); x = LN(x + drop(FFN(x))), the
+    attention ``ATTENTIONS.build({**block settings, **attn_cfg})``."""
 
     def __init__(self,
                  embed_dims: int,
@@ -224,9 +204,7 @@ class SoftmaxAttention(nn.Module):
 
 
 class SoftmaxBlock(nn.Module):
-    """Pre-norm: x += DP(Attn(LN(x))); x += DP(MLP(LN(x))). ``drop_rate``
-    after the attention projection and in the MLP, ``attn_drop_rate`` on
-    the attention weights; defaults: LN with eps 1e-6, GELU."""
+    """Pre-norm: x += DP(Attn(LN(x))); x += DP(MLP(LN(x)))."""
 
     def __init__(self,
                  embed_dims: int,
@@ -255,10 +233,8 @@ class SoftmaxBlock(nn.Module):
 
 
 class PyramidStage(nn.Module):
-    """One pyramid level: patch embedding, cls token (if any), position
-    embedding (``pos_grid`` squared, resized to the input), blocks, norm.
-    ``forward``: (B, C_in, H, W) -> (B, C, H', W') and the (B, C) cls token
-    (None without one)."""
+    """Patch embedding, cls token, position embedding (resized to the
+    input), blocks, norm: -> (B, C, H', W') and the cls token or None."""
 
     def __init__(self,
                  in_channels: int,
@@ -308,9 +284,7 @@ class PyramidStage(nn.Module):
 
 
 class SOFTStage(PyramidStage):
-    """Stages 1-3: ``depth`` :class:`SOFTBlock` with the ``attn_cfg``
-    attention (``drop_path_rates``: one per block; ``**kwargs``:
-    :class:`PyramidStage`'s arguments)."""
+    """Stages 1-3: ``depth`` :class:`SOFTBlock`."""
 
     def __init__(self,
                  embed_dims: int,
@@ -334,8 +308,8 @@ class SOFTStage(PyramidStage):
 
 
 class ClsTokenStage(PyramidStage):
-    """Stage 4 ("sp. 1x1, w. cls token"): a cls token, ``depth``
-    :class:`SoftmaxBlock` and a final ``norm`` (default LN, eps 1e-6)."""
+    """Stage 4 ("sp. 1x1, w. cls token"): ``depth`` :class:`SoftmaxBlock`
+    and a final norm."""
 
     def __init__(self,
                  embed_dims: int,
@@ -361,10 +335,8 @@ class ClsTokenStage(PyramidStage):
         self.norm = build_norm(norm_cfg, embed_dims)
 
 
-#: the stage types of :attr:`SOFT.stage_types`
 STAGE_TYPES = {'SOFTStage': SOFTStage, 'ClsTokenStage': ClsTokenStage}
-#: the stage settings that come from ``arch`` (and the stage types), not
-#: from ``stage_cfgs``
+#: the stage settings from ``arch``, not ``stage_cfgs``
 ARCH_KEYS = ('type', 'in_channels', 'embed_dims', 'num_heads', 'depth')
 
 
@@ -373,58 +345,26 @@ class SOFT(BaseModule):
     """SOFT: softmax-free vision transformer with a 4-stage pyramid.
 
     Args:
-        arch (str | dict): a preset of ``arch_zoo`` (``'tiny'``,
-            ``'small'`` ... ``'huge'``, ``'small-official'``) or a dict of
-            ``embed_dims``, ``num_heads``, ``depths`` and optionally the
-            ``arch_defaults`` keys, 4 entries each. Default: 'tiny'.
-        attn_cfg (dict): the token mixer of stages 1-3, a type of
-            :data:`mmsoft.registry.ATTENTIONS` and its options (one stage's
-            own: ``stage_cfgs``). Default: ``dict(type='SOFTAttention')``.
-        in_channels (int): image channels. Default: 3.
-        out_indices (int | Sequence[int]): stages to return. Default: all.
-        out_type (str): ``'featmap'`` or ``'cls_token'`` (stage 4 returns
-            its normalised cls token). Default: 'featmap'.
-        pretrain_img_size (int): the size of the learned position
-            embeddings (resized to any input). Default: 224.
-        qkv_bias (bool): biases of the q / k / v projections. Default: True.
-        drop_rate (float): dropout after the position embeddings and in the
-            stage-4 attention / MLP. Default: 0.
-        attn_drop_rate (float): stage-4 attention dropout. Default: 0.
-        drop_path_rate (float): stochastic depth, rising linearly from 0
-            over the blocks. Default: 0.
-        residual_drop (str): how stages 1-3 apply it: ``'drop_path'`` or
-            ``'dropout'`` (the official recipe). Default: 'drop_path'.
-        norm_cfg (dict, optional): block norms (None: ``LN``; stage 4
-            ``LN`` with eps 1e-6).
-        act_cfg (dict, optional): FFN activations (None: tanh ``GELU``;
-            stage 4 ``GELU``).
-        patch_norm_cfg (dict, optional): norm of the patch-embedding convs
-            (None: ``BN``); ``patch_act_cfg`` their activation (ReLU).
+        arch (str | dict): an ``arch_zoo`` preset or a dict of
+            ``embed_dims``, ``num_heads``, ``depths`` (+ ``arch_defaults``).
+        attn_cfg (dict): the mixer of stages 1-3 (``ATTENTIONS``).
+        out_type (str): ``'featmap'`` or ``'cls_token'`` (stage 4).
+        pretrain_img_size (int): size of the position embeddings.
+        drop_rate / attn_drop_rate (float): stage 4's dropouts.
+        drop_path_rate (float): rising linearly over the blocks, applied
+            by stages 1-3 as ``residual_drop`` (``'drop_path'`` /
+            ``'dropout'``).
+        norm_cfg / act_cfg / patch_norm_cfg / patch_act_cfg (dict): None:
+            LN / tanh GELU (stage 4: LN eps 1e-6 / GELU) / BN / ReLU.
         frozen_stages (int): -1 none; 0 the stem (``stages.0.patch_embed``
-            and ``stages.0.pos_embed``); k >= 1 stages 1..k. Default: -1.
-        norm_eval (bool): keep the BatchNorms in eval mode. Default: False.
-        with_cp (bool): gradient checkpointing of the blocks. Default: False.
-        stage_cfgs (dict | Sequence[dict]): merged over each stage's
-            computed settings (:attr:`stage_cfgs`), as Swin's: four dicts,
-            one per stage, or one dict for every stage that takes its keys.
-            Default: ``dict()``.
-        init_cfg (dict | list[dict], optional): e.g. ``dict(type=
-            'Pretrained', checkpoint=..., prefix='backbone.')``.
-
-    Examples:
-        >>> import torch
-        >>> from mmsoft.models import SOFT
-        >>> # stage 3: 7 x 7 depthwise convs, dropout on its residuals
-        >>> model = SOFT('tiny', stage_cfgs=[
-        ...     {}, {}, dict(dw_kernel_size=7, residual_drop='dropout'), {}])
-        >>> [o.shape[1] for o in model(torch.rand(1, 3, 224, 224))]
-        [64, 128, 320, 512]
+            and ``stages.0.pos_embed``); k >= 1 stages 1..k.
+        stage_cfgs (dict | list[dict]): merged over each stage's computed
+            settings as Swin's: one dict per stage, or one for all.
     """
 
-    arch_zoo = ARCH_ZOO  # presets and aliases (mmsoft.models.arch_zoo)
+    arch_zoo = ARCH_ZOO
     arch_defaults = ARCH_DEFAULTS
     num_stages = NUM_STAGES
-    #: the stage type of each pyramid level (keys of :data:`STAGE_TYPES`)
     stage_types = ('SOFTStage', 'SOFTStage', 'SOFTStage', 'ClsTokenStage')
     OUT_TYPES = ('featmap', 'cls_token')
 
@@ -559,7 +499,6 @@ class SOFT(BaseModule):
         self._freeze_stages()
 
     def _parse_arch(self, arch) -> Dict:
-        """The checked settings of ``arch``, with ``arch_defaults``."""
         required, n = ('embed_dims', 'num_heads', 'depths'), self.num_stages
         if isinstance(arch, str):
             if arch.lower() not in self.arch_zoo:
@@ -611,13 +550,11 @@ class SOFT(BaseModule):
 
     @property
     def out_channels(self) -> List[int]:
-        """Channels of each requested output (for necks' in_channels)."""
+        """Channels of each output (necks' in_channels)."""
         return [self.embed_dims[i] for i in self.out_indices]
 
     def init_weights(self):
-        """The official init (truncated normal 0.02), then ``init_cfg``:
-        ``Pretrained`` loads any layout strictly (``checkpoint=None``: no
-        weights yet; :func:`mmsoft.models.loading.pretrained_init_cfg`)."""
+        """The official init (truncated normal 0.02), then ``init_cfg``."""
         if self.is_init:  # mmengine warns and does nothing
             return super().init_weights()
         self.init_cfg, loads_all = pretrained_init_cfg(self.init_cfg)
@@ -685,8 +622,6 @@ class SOFT(BaseModule):
             except ValueError as e:
                 if 'Expected more than 1 value per channel' not in str(e):
                     raise
-                # BatchNorm's message, explained: one value per channel is
-                # batch 1 of a 1 x 1 map, whatever the stage's stride
                 B, _, H, W = x.shape
                 raise ValueError(
                     f'SOFT stage {i + 1}: in training mode its patch-'
@@ -703,7 +638,7 @@ class SOFT(BaseModule):
         return tuple(outs)
 
     def set_nr_diagnostics(self, enabled: bool = True) -> None:
-        """Switch the NR convergence recording of every SOFT attention."""
+        """Switch the NR statistics of every SOFT attention."""
         for m in self.modules():
             if hasattr(m, 'last_nr_stats'):
                 m.nr_diagnostics = enabled
@@ -711,10 +646,8 @@ class SOFT(BaseModule):
 
     @torch.no_grad()
     def nr_stats(self) -> Dict[str, Dict[str, float]]:
-        """Per SOFT stage, the largest ``residual`` ||A A_T A - A||_2 /
-        ||A||_2 (Fig. 4) and ``unconverged`` fraction of A's rank (``|1 - l
-        v_T(l)| > 0.5``) of the last forward, with :meth:`set_nr_diagnostics`
-        on: ``{'stage1': {'residual': ..., 'unconverged': ...}, ...}``."""
+        """Per stage, the largest ``residual`` (Fig. 4) and ``unconverged``
+        of the last forward: ``{'stage1': {'residual': ...}, ...}``."""
         out: Dict[str, Dict[str, float]] = {}
         for i, stage in enumerate(self.stages):
             per_key: Dict[str, List[torch.Tensor]] = {}

@@ -1,26 +1,8 @@
-"""The precision of SOFT's computations under autocast: the kernel,
-pseudo-inverse and attention products in float32 (float64 stays) with
-autocast off, on every device; and convolutions that stay correct where a
-CPU's half-precision kernel is not.
-
-With AMX, torch 2.14.1's oneDNN bfloat16 convolution is wrong for narrow
-ones such as SOFT's sampler ``Conv2d(C, C, k, stride=k)``. :func:`conv2d`
-probes each CPU half-precision configuration once against float32; one
-above :data:`PROBE_RTOL` runs in float32 (:class:`HalfConvWarning`). Under
-``torch.compile`` no probe runs (an unprobed one runs in float32). SOFT's
-own convs are :class:`SafeConv2d`; :class:`CheckedConvs` routes every
-other ``F.conv2d`` inside a block (a detector's neck and heads under
-``--amp``) through the same check, without touching their modules.
-
-Also what every layer asks of the run: the torch-version shims
-(:func:`autocast_dtype`, :func:`unravel_index`), whether a model is being
-exported (:func:`is_exporting`: the Gaussian kernel and the NR inverse then
-run their forward code as plain ops, with no autograd Function; the
-iterative method, as ``eigh`` has no ONNX operator; inference graphs only)
-and the argument checks of the backbone and its layers (``check_*``: one
-``ValueError`` at construction naming the option, the value and what is
-accepted).
-"""
+"""Precision of SOFT under autocast: the kernel, pseudo-inverse and attention
+products in float32 (float64 stays) with autocast off; CPU half-precision
+convolutions checked against float32 (torch 2.14.1's oneDNN bf16 conv is
+wrong with AMX for narrow convs such as the sampler's); torch-version shims,
+the export switch and the argument checks of the backbone and its layers."""
 import contextlib
 import numbers
 import warnings
@@ -31,18 +13,10 @@ import torch.nn as nn
 import torch.nn.functional as F
 from torch.overrides import TorchFunctionMode
 
-__all__ = [
-    'autocast_off', 'compute_dtype', 'tf32_off', 'compiling', 'SafeConv2d',
-    'conv2d', 'CheckedConvs', 'PROBE_RTOL', 'HalfConvWarning',
-    'autocast_dtype', 'unravel_index', 'is_exporting', 'ExportError',
-    'check_int', 'check_rate', 'check_kernel_size', 'check_choice'
-]
-
 
 def autocast_dtype(device_type):
-    """The autocast dtype of ``device_type`` ('cpu', 'cuda') if autocast is
-    on there, else None, on every torch (chosen by the version: a caught
-    ``TypeError`` breaks Dynamo on torch 2.1)."""
+    """The autocast dtype of ``device_type`` if autocast is on there, else
+    None (by the torch version: a caught TypeError breaks Dynamo on 2.1)."""
     if hasattr(torch, 'get_autocast_dtype'):  # torch >= 2.4
         on = torch.is_autocast_enabled(device_type)
         return torch.get_autocast_dtype(device_type) if on else None
@@ -65,8 +39,7 @@ def unravel_index(indices, shape):
 
 
 def autocast_off(device_type: str):
-    """``torch.autocast(device_type, enabled=False)``; a no-op context on
-    ``'meta'``, where ``torch.autocast`` raises."""
+    """Autocast off on ``device_type`` (a no-op on 'meta', where it raises)."""
     if device_type == 'meta':
         return contextlib.nullcontext()
     return torch.autocast(device_type=device_type, enabled=False)
@@ -81,10 +54,8 @@ def compute_dtype(*tensors: torch.Tensor) -> torch.dtype:
 
 @contextlib.contextmanager
 def tf32_off(device_type: str):
-    """Full float32 matrix products on CUDA inside the block: TF32 (10-bit
-    mantissas) turned off where the user turned it on, and back after.
-    The pseudo-inverse needs it: TF32 operands move its result by 4e-4 to
-    divergence. Other devices: nothing to do."""
+    """No TF32 matrix products on CUDA inside the block (they move the
+    pseudo-inverse by 4e-4 to divergence); the user's setting back after."""
     flags = torch.backends.cuda.matmul
     if device_type != 'cuda' or not flags.allow_tf32:
         yield
@@ -102,7 +73,7 @@ PROBE_RTOL = {torch.bfloat16: 1e-2, torch.float16: 5e-3}
 _HALF = (torch.bfloat16, torch.float16)
 #: the verdict of each configuration probed: (dtype, shapes, conv args) -> ok
 _verdicts: Dict[tuple, bool] = {}
-#: whether torch.compile is tracing (its graphs keep no Python side effects)
+#: whether torch.compile is tracing (no probe then: unprobed runs float32)
 compiling = getattr(getattr(torch, 'compiler', None), 'is_compiling',
                     None) or torch._dynamo.is_compiling  # torch < 2.3
 #: the convolution checked (a test stands in a broken kernel)
@@ -110,7 +81,8 @@ _raw_conv2d = F.conv2d
 
 
 def is_exporting() -> bool:
-    """True while ``torch.onnx.export`` (or ``torch.jit.trace``) runs."""
+    """True while ``torch.onnx.export`` (or ``torch.jit.trace``) runs: the
+    kernel and the NR inverse then run as plain ops (iterative only)."""
     return torch.onnx.is_in_onnx_export() or torch.jit.is_tracing()
 
 
@@ -119,8 +91,7 @@ class ExportError(RuntimeError):
 
 
 class HalfConvWarning(UserWarning):
-    """A half-precision convolution kernel of this CPU computes wrong
-    values; mmsoft runs that convolution in float32."""
+    """This CPU's half-precision conv kernel is wrong; run in float32."""
 
 
 def _pair(v):
@@ -128,9 +99,8 @@ def _pair(v):
 
 
 def _probe(key: tuple) -> bool:
-    """Whether the half kernel of ``key`` is correct on random inputs,
-    against float32 on the same rounded inputs; remembered in
-    ``_verdicts``."""
+    """Whether the half kernel of ``key`` matches float32 on seeded random
+    inputs (the same rounded values); remembered in ``_verdicts``."""
     dtype, in_shape, w_shape, stride, padding, dilation, groups = key
     g = torch.Generator().manual_seed(0)
     x = torch.randn((1, ) + in_shape, generator=g).to(dtype)
@@ -155,7 +125,7 @@ def _probe(key: tuple) -> bool:
 
 def conv2d(x, weight, bias=None, stride=1, padding=0, dilation=1, groups=1):
     """``F.conv2d``, in float32 where this CPU's half kernel is wrong for
-    the configuration."""
+    the configuration (probed once per configuration)."""
     dtype = x.dtype if x.device.type == 'cpu' else None  # half inputs or
     if dtype == torch.float32 and weight.dtype in (torch.float32, ) + _HALF:
         dtype = autocast_dtype('cpu')  # float32 ones under CPU autocast
@@ -175,9 +145,7 @@ def conv2d(x, weight, bias=None, stride=1, padding=0, dilation=1, groups=1):
 
 
 class SafeConv2d(nn.Conv2d):
-    """``nn.Conv2d`` with the checked CPU half-precision forward
-    (:func:`~mmsoft.models.layers.amp.conv2d`); the same parameters,
-    state dict and results wherever the half kernel is correct."""
+    """``nn.Conv2d`` whose forward is the checked :func:`conv2d`."""
 
     def _conv_forward(self, input, weight, bias) -> torch.Tensor:
         if self.padding_mode != 'zeros':
@@ -187,9 +155,8 @@ class SafeConv2d(nn.Conv2d):
 
 
 class CheckedConvs(TorchFunctionMode):
-    """Inside ``with CheckedConvs():`` every ``F.conv2d`` / ``torch.conv2d``
-    call runs as :func:`conv2d` (a ``TorchFunctionMode``: the modules that
-    make the calls are not changed)."""
+    """Every ``F.conv2d`` inside the block runs as :func:`conv2d` (the
+    modules that make the calls are not changed)."""
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         if func is F.conv2d:
@@ -221,8 +188,7 @@ def check_rate(name: str, value: Any) -> float:
 
 
 def check_kernel_size(name: str, value: Any) -> int:
-    """An odd positive int (``'same'`` padding keeps the map only for odd
-    k), or 0 (no conv)."""
+    """An odd positive int ('same' padding keeps the map), or 0 (no conv)."""
     if _is_int(value) and (value % 2 == 1 or value == 0) and value >= 0:
         return int(value)
     raise ValueError(f'{name} must be an odd positive int (or 0 to disable '

@@ -1,7 +1,5 @@
-"""SOFT's NR pseudo-inverse with closed-form backwards, and dispatch: the
-T iterations (``'iterative'``), one ``eigh`` (``'spectral'``) or, for
-A_T W, the same function on Krylov spaces (``'lanczos'``,
-``nr_lanczos``)."""
+"""The NR pseudo-inverse (Alg. 2) with the Eq. 16 / exact backwards and
+its dispatch: the iterations, one ``eigh`` or (A_T W) block Lanczos."""
 from typing import Tuple
 
 import torch
@@ -13,33 +11,21 @@ from .nr_iteration import (iterative_stats, leibniz_divided_difference,
                            record_residual, spectral_factors, traced_alpha)
 from .nr_lanczos import LanczosApply, filter_and_slope, krylov_basis
 
-__all__ = [
-    'NewtonInverse', 'NR_METHODS', 'SPECTRAL_MIN_M', 'LANCZOS_MIN_M',
-    'resolve_method', 'solve'
-]
-
 NR_METHODS = ('auto', 'iterative', 'spectral', 'lanczos')
-#: smallest m for which ``'auto'`` is spectral on the CPU (measured
-#: crossover: ``tools/analysis/nr_method_crossover.py``)
+#: smallest m for which ``'auto'`` is spectral on the CPU (measured:
+#: ``tools/analysis/nr_method_crossover.py``)
 SPECTRAL_MIN_M = 80
-#: smallest m for which ``'auto'`` applies A_T to W by block Lanczos, per
-#: device type (others never do): 6-12 products m x m by m x d against
-#: 40 m^3 for the iterations or one ``eigh``. CPU from m = 600 (SOFT-Small-
-#: Norm forward, Lanczos / spectral: m = 256 1.60x, 486 1.15x, 726 0.65x,
-#: 950 0.63x; a training step at 800 x 1216 with the detection recipe's
-#: backbone on a 2-core AMD EPYC: 24.9 s against the spectral method's
-#: 37.9 s, docs/en/benchmarks.md). CUDA: not measured yet (no GPU lent),
-#: from m = 200 by the multiply-adds
+#: smallest m for which ``'auto'`` applies A_T to W by Lanczos, per device
+#: (CPU measured, docs/en/benchmarks.md; CUDA by the multiply-adds)
 LANCZOS_MIN_M = {'cpu': 600, 'cuda': 200}
 #: pairs with |l_i - l_j| <= _DD_RTOL max(|l_i|, |l_j|) take F_ij from the
-#: differentiated recurrence (the quotient loses ~T eps / _DD_RTOL)
+#: Leibniz rule (the quotient loses ~T eps / _DD_RTOL)
 _DD_RTOL = 0.05
 
 
 def _close_pairs(lam: torch.Tensor) -> Tuple[torch.Tensor, ...]:
-    """Indices (batch..., i, j) of the pairs |l_i - l_j| <= _DD_RTOL
-    max(|l_i|, |l_j|), the diagonal included: a run [lo_i, hi_i) of the
-    ascending l per i, by binary search (no m x m mask)."""
+    """Indices (batch..., i, j) of the close pairs of ascending l, the
+    diagonal included, by binary search (no m x m mask)."""
     m = lam.shape[-1]
     flat = lam.reshape(-1, m).contiguous()
     keep = 1.0 - _DD_RTOL
@@ -60,10 +46,8 @@ def _close_pairs(lam: torch.Tensor) -> Tuple[torch.Tensor, ...]:
 
 
 def _divided_differences(lam, v, alpha, iters) -> torch.Tensor:
-    """The Daleckii-Krein kernel F of f = v_T: the quotient, overwritten on
-    the close pairs (a, b) by [a, b] v_T without cancellation (Leibniz
-    rule): D_0 = alpha, D_{k+1} = D_k (2 - (v_a + v_b)(a + b) / 2) -
-    (v_a^2 + v_b^2) / 2 (f'(a) for a = b)."""
+    """The Daleckii-Krein kernel F of f = v_T: the quotient, the Leibniz
+    rule on the close pairs."""
     F = v.unsqueeze(-1) - v.unsqueeze(-2)
     F.div_(lam.unsqueeze(-1) - lam.unsqueeze(-2))  # inf / nan where close
     idx = _close_pairs(lam)
@@ -74,11 +58,9 @@ def _divided_differences(lam, v, alpha, iters) -> torch.Tensor:
 
 
 def resolve_method(method: str, A: torch.Tensor, apply: bool = True) -> str:
-    """``'auto'``: for A_T W (``apply``) Lanczos from :data:`LANCZOS_MIN_M`
-    of the device on, else
-    spectral for m >= :data:`SPECTRAL_MIN_M` on the CPU, else the
-    iterations. The inverse itself (not ``apply``) is never Lanczos (a
-    basis per column of I): ``'lanczos'`` resolves as ``'auto'`` there."""
+    """``'auto'``: Lanczos for A_T W from :data:`LANCZOS_MIN_M`, else
+    spectral from :data:`SPECTRAL_MIN_M` on the CPU, else iterative. The
+    inverse itself is never Lanczos (``'lanczos'`` is ``'auto'`` there)."""
     if method not in NR_METHODS:
         raise ValueError(f'unknown pseudo-inverse method {method!r}; choose '
                          f'one of {NR_METHODS}')
@@ -93,24 +75,16 @@ def resolve_method(method: str, A: torch.Tensor, apply: bool = True) -> str:
 
 
 def _iterative(A, W, alpha, nr) -> Tuple[torch.Tensor, torch.Tensor]:
-    """(A_T, A_T or A_T W) by the iterations (autograd through them if A
-    or alpha require grad)."""
+    """(A_T, A_T or A_T W) by the iterations (autograd through them)."""
     Aw = nr_iteration_matrix(A, nr.init)
     Y = newton_iterate(Aw, alpha[..., None, None] * Aw, nr.iters)
     return Y, Y if W is None else Y @ W
 
 
 class NewtonInverse(torch.autograd.Function):
-    """Y = A_T (``W`` None) or Z = A_T W (spectral: U (v * (U^T W)), A_T not
-    formed): ``apply(A, W, alpha, nr)``, ``nr.method`` resolved.
-
-    ``'eq16'``: grad_A = -Y^T grad_Y Y^T (Eq. 16) as G = Y^T grad_Z, grad_A =
-    -G Z^T, grad_W = G. ``'exact'`` (spectral; iterative: autograd): with
-    A_T = U diag(f(l)) U^T, f = v_T, Daleckii-Krein grad_A = U (F o ((U^T
-    grad_Z) (U^T W)^T)) U^T, F_ij = (f(l_i) - f(l_j)) / (l_i - l_j) (f'(l_i)
-    if equal; U^T W = U^T for the inverse), and grad_alpha = sum (U^T
-    grad_Z) o (u (U^T W)) with u = d f / d alpha at l.
-    """
+    """Y = A_T or Z = A_T W: ``apply(A, W, alpha, nr)``. ``'eq16'``: grad_A
+    = -Y^T grad_Y Y^T (Eq. 16). ``'exact'`` (spectral): Daleckii-Krein,
+    grad_A = U (F o ((U^T grad_Z)(U^T W)^T)) U^T, F_ij = f[l_i, l_j]."""
 
     @staticmethod
     def forward(ctx, A, W, alpha, nr, stats=None):
@@ -172,9 +146,8 @@ class NewtonInverse(torch.autograd.Function):
 
 
 def _lanczos(A, W, alpha, alpha_in, nr):
-    """A_T W by Lanczos; the matrices with a column not converged in
-    ``MAX_STEPS`` (the guard: alpha ||A||^2 near 2) by the spectral method
-    (CPU) or the iterations, each matrix on its own."""
+    """A_T W by Lanczos; a matrix not converged in ``MAX_DIM`` by the
+    spectral method (CPU) or the iterations."""
     Aw = nr_iteration_matrix(A, nr.init)
     m, d = W.shape[-2:]
     A3, W3 = Aw.reshape(-1, m, m), W.reshape(-1, m, d)
@@ -186,8 +159,7 @@ def _lanczos(A, W, alpha, alpha_in, nr):
     A0 = A.reshape(-1, m, m)
 
     def gradient_fallback(index, grad):
-        """(grad_A, grad_W, grad_alpha) of the matrices ``index`` by the
-        spectral method (any device), whose backward is the same."""
+        """The spectral gradients of the matrices ``index``."""
         A_, W_, a_ = (
             t.detach()[index].requires_grad_() for t in (A0, W3, alpha_in3))
         with torch.enable_grad():
@@ -221,9 +193,7 @@ def _direct(method, A, W, alpha_in, nr, stats):
 
 
 def solve(A, W, nr, stats) -> torch.Tensor:
-    """A_T (``W`` None) or A_T W with the settings ``nr`` (an
-    :class:`~.nr_config.NRConfig`). With ``backward='exact'`` alpha is
-    differentiated as the official code does (``traced_alpha``)."""
+    """A_T (``W`` None) or A_T W with the settings ``nr`` (NRConfig)."""
     if A.dim() < 2 or A.shape[-1] != A.shape[-2]:
         raise ValueError(f'the Newton-Raphson inverse expects (..., m, m) '
                          f'matrices, got shape {tuple(A.shape)}')

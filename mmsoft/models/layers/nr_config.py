@@ -8,25 +8,20 @@ from .amp import check_choice, check_int
 from .nr_autograd import NR_METHODS, solve
 from .nr_iteration import canonical_init
 
-__all__ = [
-    'NRConfig', 'NR_BACKWARDS', 'NR_FIELDS', 'default_init', 'default_backward'
-]
-
 NR_BACKWARDS = ('eq16', 'exact')
 #: the fields of :class:`NRConfig` (the ``attn_cfg`` keys ``nr_<field>``)
 NR_FIELDS = ('iters', 'init', 'method', 'backward')
 
 
 def default_init(attn_norm: bool) -> str:
-    """The alpha rule of the official variant: per sample with
-    ``attn_norm`` (IJCV), else ``'soft'`` (NeurIPS)."""
+    """The official alpha rule: per sample with ``attn_norm`` (IJCV), else
+    ``'soft'`` (NeurIPS)."""
     return 'soft_norm_per_sample' if attn_norm else 'soft'
 
 
 def default_backward(init: str) -> str:
-    """The official variant's gradient: ``'eq16'`` for the NeurIPS model
-    (``init='soft'``, its CUDA kernel), else ``'exact'`` (the Norm code's
-    autograd through the iterations)."""
+    """The official gradient: Eq. 16 for ``'soft'`` (the NeurIPS CUDA
+    kernel), else ``'exact'`` (the Norm code's autograd)."""
     return 'eq16' if init == 'soft' else 'exact'
 
 
@@ -34,31 +29,10 @@ def default_backward(init: str) -> str:
 class NRConfig:
     """A^+ as A_T, the T-th Newton-Raphson iterate (Alg. 2, Eq. 10).
 
-    Args:
-        iters (int): T >= 1. Default: 20.
-        init (str): the alpha of A_0 = alpha A (:data:`INIT_MODES`):
-            ``'soft_norm_per_sample'`` / ``_per_matrix`` /
-            ``_per_batch`` (the official search, one
-            alpha per sample / matrix / batch) or ``'soft'`` (NeurIPS).
-            Default: 'soft_norm_per_sample'.
-        method (str): ``'iterative'`` (2T batched products), ``'spectral'``
-            (one ``eigh``), ``'lanczos'`` (A_T W on Krylov spaces of the
-            same function, ``nr_lanczos``; the inverse itself as
-            ``'auto'``) or ``'auto'`` (for A_T W Lanczos from
-            ``LANCZOS_MIN_M[(device, with gradient)]`` (CPU: inference
-            only), else spectral for m >=
-            ``SPECTRAL_MIN_M`` on the CPU, else iterative). All compute
-            the official function. Default: 'auto'.
-        backward (str | None): ``'exact'`` (the gradient of the T
-            iterations, alpha included: what the official Norm code trains
-            with, autograd through its ``newton_inv``) or ``'eq16'`` (Eq.
-            16, the gradient of a true inverse: the official NeurIPS CUDA
-            kernel's). Default: None, the variant's official one:
-            ``'eq16'`` for ``init='soft'``, else ``'exact'``.
-
-    Frozen; the ``attn_cfg`` keys are ``nr_<field>``. :meth:`inverse` /
-    :meth:`apply`: float32 (float64 stays), autocast off; ``stats``: a dict
-    for ``'residual'`` and ``'unconverged'`` (``nr_diagnostics``).
+    ``iters``: T; ``init``: the alpha rule of A_0 = alpha A
+    (``INIT_MODES``); ``method``: ``NR_METHODS`` (all the same function);
+    ``backward``: ``'exact'`` (the gradient of the T iterations) or
+    ``'eq16'`` (Eq. 16), None: :func:`default_backward`.
     """
     iters: int = 20
     init: str = 'soft_norm_per_sample'
@@ -78,8 +52,8 @@ class NRConfig:
 
     @classmethod
     def of(cls, nr, attn_norm) -> 'NRConfig':
-        """``nr`` as it is, or from a dict of the fields / None: ``init``
-        missing or None is :func:`default_init`."""
+        """``nr``, or one from a dict of the fields / None (``init`` None:
+        :func:`default_init`)."""
         if isinstance(nr, NRConfig):
             return nr
         if nr is not None and not isinstance(nr, Mapping):
@@ -95,14 +69,12 @@ class NRConfig:
         return cls(**nr)
 
     def replace(self, **changes) -> 'NRConfig':
-        """A copy with some settings changed (validated again)."""
         return dataclasses.replace(self, **changes)
 
     def inverse(self, A: torch.Tensor, stats=None) -> torch.Tensor:
-        """A_T for (..., m, m) symmetric non-negative A."""
+        """A_T of (..., m, m) symmetric non-negative A (float32 or 64)."""
         return solve(A, None, self, stats)
 
     def apply(self, A: torch.Tensor, W: torch.Tensor, stats=None):
-        """A_T W for W (..., m, d), ``inverse(A) @ W`` up to rounding
-        without forming A_T with the spectral method."""
+        """A_T W for W (..., m, d) (A_T not formed where avoidable)."""
         return solve(A, W, self, stats)

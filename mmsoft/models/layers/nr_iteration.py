@@ -1,24 +1,11 @@
-"""SOFT's Newton-Raphson iteration (Alg. 2, Eq. 10) and its alpha rules:
-A_0 = alpha A, A_{k+1} = 2 A_k - A_k A A_k, as 2T batched products
-(:func:`newton_iterate`) or on the eigenvalues l of the symmetric A,
-v_{k+1} = 2 v_k - v_k^2 l (:func:`spectral_factors`). The model, the exact
-backward, the diagnostics and the ONNX export all run these functions.
-
-The diagnostics: how far the iterate A_T is from A^+ (the paper's Fig. 4),
-the ``stats`` of ``NRConfig.inverse`` / ``apply`` (``last_nr_stats``):
-:func:`record_residual`, :func:`nr_residual`, :func:`pinv_convergence`."""
+"""SOFT's Newton-Raphson iteration (Alg. 2, Eq. 10): A_0 = alpha A,
+A_{k+1} = 2 A_k - A_k A A_k, as batched products or on the eigenvalues l,
+v_{k+1} = 2 v_k - v_k^2 l; the alpha rules; the residual of Fig. 4."""
 from typing import Dict, Tuple
 
 import torch
 
 from .amp import compiling
-
-__all__ = [
-    'INIT_MODES', 'canonical_init', 'nr_init_alpha', 'nr_iteration_matrix',
-    'init_iteration', 'newton_iterate', 'scalar_iterate', 'spectral_factors',
-    'traced_alpha', 'leibniz_divided_difference', 'eigh', 'record_residual',
-    'iterative_stats', 'nr_residual', 'pinv_convergence'
-]
 
 INIT_MODES = ('soft_norm_per_sample', 'soft_norm_per_matrix',
               'soft_norm_per_batch', 'soft')
@@ -30,9 +17,7 @@ _SOFT_SCALE = 0.9
 
 
 def canonical_init(init: str) -> str:
-    """``init`` if it is one of :data:`INIT_MODES`, else a ValueError naming
-    them (the names before 0.3, e.g. ``'soft_norm_sample'``, were removed:
-    docs/en/changelog.md)."""
+    """``init`` if it is one of :data:`INIT_MODES`, else a ValueError."""
     if init not in INIT_MODES:
         raise ValueError(
             f'unknown Newton-Raphson init (nr_init) {init!r}; choose one of '
@@ -41,8 +26,8 @@ def canonical_init(init: str) -> str:
 
 
 def _shared_max(t: torch.Tensor, init: str, trailing: int = 0):
-    """Max of per-matrix values (batch dims of A, then ``trailing`` own
-    dims) over the matrices that share one alpha: a sample or the batch."""
+    """Max of per-matrix values (then ``trailing`` dims) over the matrices
+    sharing one alpha: a sample or the batch."""
     lead = t.dim() - trailing
     if lead == 0 or init not in ('soft_norm_per_batch',
                                  'soft_norm_per_sample'):
@@ -55,14 +40,10 @@ def _shared_max(t: torch.Tensor, init: str, trailing: int = 0):
 
 
 def nr_init_alpha(A, init='soft_norm_per_sample') -> torch.Tensor:
-    """alpha of A_0 = alpha A per matrix (shape ``A.shape[:-2]``).
-
-    ``'soft'``: 0.9 * 2 / ||A||_1^2. ``'soft_norm_per_*'``: the official
-    search, the first alpha_n = 2 * 0.5^n / ||A||_1^2 (n = 0..10) with
-    ``max_j sum_i |I - alpha A A|_ij <= 1.01`` (n = 10 when none passes),
-    all n at once; ||A||_1 and the test shared by the matrices of a sample /
-    the batch (``_per_sample`` / ``_per_batch``).
-    """
+    """alpha of A_0 = alpha A per matrix. ``'soft'``: 0.9 * 2 / ||A||_1^2;
+    ``'soft_norm_per_*'``: the official search, the first alpha_n = 2 0.5^n /
+    ||A||_1^2 (n <= 10) with max_j sum_i |I - alpha A A|_ij <= 1.01, shared
+    by a matrix / sample / the batch."""
     init = canonical_init(init)
     norm1 = A.sum(-1).amax(-1)  # A is non-negative: row sums = abs row sums
     norm1 = _shared_max(norm1, init)
@@ -88,10 +69,8 @@ def nr_init_alpha(A, init='soft_norm_per_sample') -> torch.Tensor:
 
 
 def traced_alpha(A, alpha, init) -> torch.Tensor:
-    """``alpha`` (from :func:`nr_init_alpha`) as the function of A that the
-    official code differentiates: alpha = c / ||A||_1^2 with the halving
-    factor c fixed (the search's comparisons have no gradient) and
-    ||A||_1 the max row sum shared by the sample / the batch."""
+    """``alpha`` as the official code differentiates it: c / ||A||_1^2,
+    the halving factor c fixed."""
     norm1 = _shared_max(A.sum(-1).amax(-1), canonical_init(init))
     return alpha.detach() * (norm1.detach() / norm1).square()
 
@@ -105,8 +84,7 @@ def nr_iteration_matrix(A: torch.Tensor, init: str) -> torch.Tensor:
 
 
 def init_iteration(A, init) -> Tuple[torch.Tensor, torch.Tensor]:
-    """(matrix iterated on, alpha); alpha without autograd: both backward
-    passes hold it fixed."""
+    """(matrix iterated on, alpha without autograd)."""
     with torch.no_grad():
         alpha = nr_init_alpha(A, init)
     return nr_iteration_matrix(A, init), alpha
@@ -125,17 +103,15 @@ def newton_iterate(A, V, iters) -> torch.Tensor:
 
 
 def _scalar_iterate_impl(lam, alpha, iters) -> torch.Tensor:
-    """v_T(l): v_0 = alpha l, v_{k+1} = 2 v_k - v_k^2 l (Eq. 10 on the
-    eigenvalues; ``alpha`` of shape ``lam.shape[:-1]``)."""
+    """v_T(l): v_0 = alpha l, v_{k+1} = 2 v_k - v_k^2 l (Eq. 10)."""
     v = alpha[..., None] * lam
     for _ in range(iters):
         v = 2 * v - v * v * lam
     return v
 
 
-#: :func:`_scalar_iterate_impl` as the opaque custom op
-#: ``torch.ops.mmsoft.nr_scalar_iterate`` (torch >= 2.4; before: the plain
-#: function): inductor would inline the T steps, compile time ~3^T
+#: the opaque op ``mmsoft::nr_scalar_iterate`` (torch >= 2.4): inductor
+#: would inline the T steps, compile time ~3^T
 scalar_iterate = _scalar_iterate_impl
 if hasattr(torch.library, 'custom_op'):
 
@@ -153,12 +129,9 @@ if hasattr(torch.library, 'custom_op'):
 
 
 def leibniz_divided_difference(a, b, alpha, iters) -> torch.Tensor:
-    """[a, b] v_T (the divided difference of the T-step function at the
-    pairs a, b, alpha per pair) without the quotient's cancellation: the
-    Leibniz rule on Eq. 10, D_0 = alpha, D_{k+1} = D_k (2 - (v_a + v_b)
-    (a + b) / 2) - (v_a^2 + v_b^2) / 2 (v_T'(a) where a = b). For close
-    pairs only: far apart it amplifies rounding by (a - b)^2 / 2ab per
-    step."""
+    """[a, b] v_T without cancellation (Leibniz rule on Eq. 10): D_0 =
+    alpha, D_{k+1} = D_k (2 - (v_a + v_b)(a + b) / 2) - (v_a^2 + v_b^2) / 2.
+    For close pairs only (far apart it amplifies rounding)."""
     D = alpha
     va, vb = D * a, D * b
     for _ in range(iters):
@@ -169,15 +142,9 @@ def leibniz_divided_difference(a, b, alpha, iters) -> torch.Tensor:
 
 
 def lapack(fn, *args, **kwargs):
-    """``fn(*args, **kwargs)``, a LAPACK call of small or batched matrices;
-    on the CPU with one intra-op thread (the caller's count restored
-    after, as :func:`~.amp.tf32_off` restores TF32; as is under
-    ``torch.compile`` or elsewhere). LAPACK synchronises its threads at
-    every column (and a batch is one call per matrix): where the cores
-    are shared it waits for a descheduled thread each time (2-core AMD
-    EPYC, load 3-4: batched 10 x 950 x 950 float32 ``eigh`` 9.5 s with 2
-    threads, 1.8 s with one; 10 x 192 x 192 float64 0.55-4.3 s against
-    47-77 ms; load 6: a 10 x 32 x 32 triangular solve 126 ms)."""
+    """``fn(*args, **kwargs)`` on one intra-op thread on the CPU (the count
+    restored after): LAPACK syncs its threads per column, 5x slower on
+    shared cores (docs/en/benchmarks.md)."""
     tensor = next(a for a in args if isinstance(a, torch.Tensor))
     if tensor.device.type != 'cpu' or compiling():  # no graph break
         return fn(*args, **kwargs)
@@ -197,17 +164,15 @@ def eigh(A: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
 
 
 def spectral_factors(A, alpha, iters):
-    """(U, v, l) with A = U diag(l) U^T and A_T = U diag(v) U^T: every
-    iterate is the same polynomial of A, so Eq. (10) acts on l alone."""
+    """(U, v, l): A = U diag(l) U^T, A_T = U diag(v) U^T (Eq. 10 on l)."""
     lam, U = eigh(A)
     return U, scalar_iterate(lam, alpha, iters), lam
 
 
 def record_residual(stats, lam, v) -> None:
-    """Fill ``stats`` from the eigenvalues l of the matrix iterated on and
-    v = v_T(l), per matrix: ``'residual'`` ||A A_T A - A||_2 / ||A||_2 =
-    max |l (l v - 1)| / max |l|; ``'unconverged'`` the fraction of the
-    numerical rank (l > m eps max |l|) with |1 - l v| > 0.5."""
+    """``stats`` per matrix from l and v = v_T(l): ``'residual'`` ||A A_T A
+    - A||_2 / ||A||_2 (Fig. 4), ``'unconverged'`` the share of the
+    numerical rank with |1 - l v| > 0.5."""
     if stats is None:
         return
     lam, v = lam.detach(), v.detach()
@@ -233,8 +198,7 @@ def iterative_stats(stats, A, init, iters) -> None:
 
 @torch.no_grad()
 def nr_residual(A, iters=20, init='soft_norm_per_sample'):
-    """``{'residual', 'unconverged'}`` of T iterations on (..., m, m) A,
-    each of shape ``A.shape[:-2]`` (see :func:`record_residual`)."""
+    """:func:`record_residual`'s stats of T iterations on A."""
     if A.dim() < 2 or A.shape[-1] != A.shape[-2]:
         raise ValueError(f'nr_residual expects (..., m, m) matrices, got '
                          f'shape {tuple(A.shape)}')
@@ -245,8 +209,7 @@ def nr_residual(A, iters=20, init='soft_norm_per_sample'):
 
 @torch.no_grad()
 def pinv_convergence(A, iters=20, init='soft_norm_per_sample'):
-    """||A A_k A - A||_2 / ||A||_2 for k = 0..iters (Fig. 4), each of shape
-    ``A.shape[:-2]``."""
+    """||A A_k A - A||_2 / ||A||_2 for k = 0..iters (Fig. 4)."""
     A = A.double()
     Aw, alpha = init_iteration(A, init)
     V = alpha[..., None, None] * Aw

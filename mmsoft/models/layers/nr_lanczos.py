@@ -1,34 +1,9 @@
-"""The official T-step Newton-Raphson function applied to a thin matrix by
-block Lanczos: Z = f_T(A) W from ~6 products of m x m by m x d.
-
-Every NR iterate is a polynomial of the symmetric A (Alg. 2, Eq. 10), so
-A_T = f_T(A) with f_T(l) = (1 - (1 - alpha l^2)^(2^T)) / l. Block Lanczos
-builds an orthonormal basis Q of the block Krylov space span{W, A W, ...,
-A^(J-1) W} (J blocks of d columns, each orthogonalised twice against all
-before it) and T = Q^T A Q = U diag(theta) U^T (J d x J d), and
-
-    f_T(A) W ~ Q U diag(f_T(theta)) U^T Q^T W        (Rayleigh-Ritz).
-
-At detection sizes (m ~ 1000) the official alpha leaves all but the 10-25
-largest eigenvalues where f_T(l) ~ 2^T alpha l is linear: a block of d = 32
-columns captures those in a few steps, and J = 5-6 blocks reach float32
-accuracy (single-vector Lanczos needs 24-28 products, a Chebyshev
-expansion on the whole interval ~110). J is chosen per matrix: it stops
-once f_T(T) Q^T W moved by less than :data:`TOL` (relative) over one
-block. A matrix not converged within :data:`MAX_DIM` dimensions
-is the guard (``converged`` False): the caller falls back for it.
-
-The backward is the exact gradient of f_T (the official Norm code's
-autograd through the T steps), on the Krylov spaces of W and of the
-incoming gradient G (bivariate Lanczos; Kressner, "A Krylov subspace
-method for the approximation of bivariate matrix functions", 2019):
-
-    grad W = f_T(A) G,
-    grad A = Q_g U_g (F o (U_g^T Q_g^T G)(U_w^T Q_w^T W)^T) U_w^T Q_w^T,
-             F_ij = f_T[theta^g_i, theta^w_j] (divided differences: the
-             Daleckii-Krein kernel of the spectral path on Ritz values),
-    grad alpha = <G, Q_w U_w diag(d f_T / d alpha) U_w^T Q_w^T W>.
-"""
+"""f_T(A) W, the official T-step NR function (Alg. 2, Eq. 10: f_T(l) = (1 -
+(1 - alpha l^2)^(2^T)) / l) on a thin W by block Lanczos: Q spans {W, A W,
+...}, Q^T A Q = U diag(theta) U^T, f_T(A) W ~ Q U f_T(theta) U^T Q^T W
+(Rayleigh-Ritz), J blocks per matrix until converged. The backward is the
+exact gradient of f_T on the Krylov spaces of W and of the gradient
+(Kressner 2019, bivariate Lanczos; F: Daleckii-Krein on Ritz values)."""
 from typing import NamedTuple, Optional
 
 import torch
@@ -36,30 +11,22 @@ import torch
 from .amp import autocast_off
 from .nr_iteration import eigh, lapack, leibniz_divided_difference
 
-__all__ = [
-    'MAX_DIM', 'TOL', 'TOL_FLOAT64', 'KrylovBasis', 'krylov_basis',
-    'filter_and_slope', 'divided_differences', 'LanczosApply'
-]
-
-#: the largest Krylov space of the forward (12 blocks of d = 32) before
-#: the guard falls back
+#: the largest Krylov space of the forward before the guard falls back
 MAX_DIM = 384
-#: a matrix has converged when f_T(T) Q^T W moved by at most TOL
-#: (relative, Frobenius; float64 inputs: TOL_FLOAT64) over the last block;
-#: convergence is superlinear (~25x per block on SOFT's kernels), so the
-#: result taken is well inside TOL
+#: converged when f_T(T) Q^T W moved by at most TOL (relative; float64
+#: TOL_FLOAT64) over the last block (superlinear: ~25x per block)
 TOL = 3e-5
 TOL_FLOAT64 = 1e-12
 #: the first check compares _FIRST_CHECK blocks with one more
 _FIRST_CHECK = 5
-#: directions of a new block below this fraction of ||A||_1 (of ||W|| for
-#: the first) are dropped: an invariant subspace, the rest is rounding
+#: directions of a new block below this fraction of ||A||_1 (||W||: the
+#: first) are dropped (an invariant subspace)
 _DROP = {torch.float32: 1e-6, torch.float64: 1e-12}
 
 
 def filter_and_slope(lam, alpha, iters):
-    """f_T(l) and d f_T / d alpha at ``lam``: v_0 = alpha l, v_{k+1} =
-    2 v_k - v_k^2 l (Eq. 10), u_0 = l, u_{k+1} = 2 u_k (1 - v_k l)."""
+    """f_T(l) and d f_T / d alpha: v_{k+1} = 2 v_k - v_k^2 l (Eq. 10),
+    u_0 = l, u_{k+1} = 2 u_k (1 - v_k l)."""
     v = alpha[..., None] * lam
     u = lam.clone()
     for _ in range(iters):
@@ -69,13 +36,8 @@ def filter_and_slope(lam, alpha, iters):
 
 
 def divided_differences(a, b, alpha, iters):
-    """f_T[a_i, b_j] for every pair (float64, shape a[..., :, None] x
-    b[..., None, :]): the quotient (f_T(a) - f_T(b)) / (a - b), and on the
-    close pairs (|a - b| <= 0.05 max(|a|, |b|), where it cancels) the
-    Leibniz rule on Eq. 10: D_0 = alpha, D_{k+1} = D_k (2 - (v_a + v_b)
-    (a + b) / 2) - (v_a^2 + v_b^2) / 2 (f_T'(a) where a = b). Far apart
-    the rule multiplies rounding by up to (a - b)^2 / 2ab per step; the
-    quotient does not."""
+    """f_T[a_i, b_j] for every pair: the quotient, the Leibniz rule on the
+    close pairs (|a - b| <= 0.05 max(|a|, |b|))."""
     fa = filter_and_slope(a, alpha, iters)[0].unsqueeze(-1)
     fb = filter_and_slope(b, alpha, iters)[0].unsqueeze(-2)
     a, b = a.unsqueeze(-1), b.unsqueeze(-2)
@@ -89,10 +51,8 @@ def divided_differences(a, b, alpha, iters):
 
 
 class KrylovBasis(NamedTuple):
-    """Per matrix of the (N, m, d) input: the orthonormal basis Q (N, m, K)
-    (zero columns where a direction was dropped), the Ritz values theta
-    (N, K) and vectors U (N, K, K) of its own T (zero-padded past its J d,
-    float64), E = Q^T W (N, K, d) and whether it converged (N,)."""
+    """Per matrix: Q (N, m, K), Ritz values theta (N, K) and vectors U (N,
+    K, K) (float64, zero-padded), E = Q^T W and whether it converged."""
     Q: torch.Tensor
     theta: torch.Tensor
     U: torch.Tensor
@@ -100,20 +60,18 @@ class KrylovBasis(NamedTuple):
     converged: torch.Tensor
 
     def coefficients(self, values: torch.Tensor) -> torch.Tensor:
-        """U diag(values) U^T E (N, K, d) for values (N, K)."""
+        """U diag(values) U^T E."""
         return self.U @ (values.unsqueeze(-1) * (self.U.mT @ self.E))
 
     def apply(self, values: torch.Tensor) -> torch.Tensor:
-        """Q U diag(values) U^T Q^T W (N, m, d): f(A) W for f(theta)."""
+        """f(A) W = Q U diag(f(theta)) U^T Q^T W."""
         return self.Q @ self.coefficients(values).to(self.Q.dtype)
 
 
 def _orthonormal(Z, scale):
-    """An orthonormal basis (Z's dtype) of the columns of Z (N, m, d):
-    Cholesky QR twice in float64 (float32 would lose the weak directions:
-    cond(Z)^2 eps). Where Z^T Z is singular or a direction's singular value
-    is at most ``scale`` (N, 1), the eigenvectors of Z^T Z instead,
-    those directions zero columns."""
+    """An orthonormal basis of the columns of Z: Cholesky QR twice in
+    float64; where a singular value is <= ``scale``, the eigenvectors of
+    Z^T Z, those directions zero columns."""
     X = Z.double()
     for _ in range(2):
         G = X.mT @ X
@@ -145,11 +103,8 @@ def krylov_basis(A: torch.Tensor,
                  alpha: torch.Tensor,
                  iters: int,
                  max_dim: Optional[int] = None) -> Optional[KrylovBasis]:
-    """The block Lanczos basis of W (N, m, d) under A (N, m, m), each
-    matrix stopped at its own converged J (for f_T with ``alpha`` (N,)) or
-    at ``max_dim`` columns (default :data:`MAX_DIM`; ``converged`` False,
-    the last iterate), or None on ``meta`` (no values to decide from). A
-    matrix's basis depends on that matrix alone."""
+    """The block Lanczos basis of W (N, m, d) under A, each matrix stopped
+    at its own converged J or ``max_dim`` (not converged); None on meta."""
     if A.device.type == 'meta':
         return None
     N, m, d = W.shape
@@ -159,15 +114,12 @@ def krylov_basis(A: torch.Tensor,
     norm1 = A.sum(-1).amax(-1, keepdim=True).double()  # ||A||_1, (N, 1)
     Q = W.new_zeros(N, m, J * d)
     Q[..., :d] = _orthonormal(W, drop * W.norm(dim=1).amax(-1, True).double())
-    # a dropped direction is a zero column of Q and a zero row and column
-    # of T: its diagonal gets a distinct value near 0 (f_T finite there,
-    # the column of Q^T W is zero) so that no eigenvalue repeats hundreds
-    # of times (LAPACK's eigh can fail to converge on those)
+    # a dropped direction (zero row / column of T) gets a distinct value
+    # near 0 on the diagonal: LAPACK's eigh can fail on repeated ones
     ramp = torch.linspace(
         1e-3, 2e-3, J * d, device=W.device, dtype=torch.float64)
     E = (Q[..., :d].mT @ W).double()  # (N, d, d); Q^T W is zero below
-    # T = Q^T A Q, symmetric by construction: block column j above the
-    # diagonal, its transpose, the symmetrised diagonal block
+    # T = Q^T A Q: block column j, its transpose, the symmetrised diagonal
     T = torch.zeros(N, J * d, J * d, dtype=torch.float64, device=W.device)
     dead = torch.zeros(N, J * d, dtype=torch.bool, device=W.device)
     dead[:, :d] = (Q[..., :d] == 0).all(1)
@@ -226,13 +178,9 @@ def krylov_basis(A: torch.Tensor,
 
 
 class LanczosApply(torch.autograd.Function):
-    """Z = f_T(A) W: ``apply(A, W, alpha, basis, iters, exact, fallback)``
-    with ``basis = krylov_basis(A, W, alpha, iters)``. The backward:
-    ``exact`` the gradient of f_T in A, W and alpha (module docstring), else
-    Eq. 16 (G = f_T(A) grad_Z, grad_A = -G Z^T); the matrices whose
-    gradient's Krylov space does not converge in twice the forward's
-    dimensions take ``fallback(index, grad[index])`` -> (grad_A, grad_W,
-    grad_alpha) of those matrices instead (the spectral gradient)."""
+    """Z = f_T(A) W (``basis`` from :func:`krylov_basis`). Backward: the
+    exact gradient of f_T, or Eq. 16; matrices whose gradient's space does
+    not converge in 2 ``MAX_DIM`` take ``fallback(index, grad[index])``."""
 
     @staticmethod
     def forward(ctx, A, W, alpha, basis, iters, exact, fallback):
