@@ -124,9 +124,10 @@ setup(
     keywords='computer vision, vision transformer, linear attention, '
     'OpenMMLab',
     # tools/ (and its mmsoft_tools) ships as data in mmsoft/.mim, not as a
-    # top-level package
+    # top-level package; projects/ (as mmdet's) stays in the checkout
     packages=find_packages(
-        exclude=('configs', 'tools', 'tools.*', 'tests', 'tests.*')),
+        exclude=('configs', 'tools', 'tools.*', 'tests', 'tests.*', 'projects',
+                 'projects.*')),
     python_requires='>=3.8',
     install_requires=read_requirements('runtime.txt'),
     extras_require=extras,

@@ -24,6 +24,7 @@ from mmengine.config import Config
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
+import projects.attention_zoo  # noqa: F401 (the zoo variants)
 from mmsoft.models import SOFT
 from mmsoft.models.layers import NRConfig, SOFTAttention
 from mmsoft.models.layers.amp import autocast_dtype

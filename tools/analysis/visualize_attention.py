@@ -2,11 +2,11 @@
 
 For each model, the tokens entering the attention of one layer (``--stage``,
 ``--layer``) are captured, and the row of the query token (``--query``, the
-cross) is computed with :func:`mmsoft.models.layers.attention_zoo
-.attention_row`: the weights with which the query mixes all H x W value
-tokens (SOFT: row i of P A_n^+ P^T, computed in O(n m) without the n x n
-matrix; Linformer: its weights over the reduced tokens spread over their
-cells). Each head's row is upsampled to the image and overlaid on it.
+cross) is computed with ``AttentionBase.attention_row``: the weights with
+which the query mixes all H x W value tokens (SOFT: row i of P A_n^+ P^T,
+computed in O(n m) without the n x n matrix; Linformer: its weights over
+the reduced tokens spread over their cells). Each head's row is upsampled
+to the image and overlaid on it.
 
     python tools/analysis/visualize_attention.py --image cat.jpg \\
         --models softmax_tiny performer_tiny nystromformer_tiny \\
@@ -37,6 +37,11 @@ if osp.dirname(osp.dirname(osp.abspath(__file__))) not in sys.path:  # tools/
 
 from mmsoft_tools.analysis import (add_hw_argument, add_stage_argument,
                                    make_parser, pyplot, write_results)
+
+ROOT = osp.dirname(osp.dirname(osp.dirname(osp.abspath(__file__))))
+if osp.isdir(osp.join(ROOT, 'projects')):  # a checkout: the attention zoo
+    sys.path.append(ROOT)
+    import projects.attention_zoo  # noqa: E402,F401
 
 DEFAULT_MODELS = [
     'softmax_tiny', 'performer_tiny', 'nystromformer_tiny', 'soft_tiny_norm'

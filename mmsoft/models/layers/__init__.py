@@ -6,14 +6,11 @@ from .soft_attention import (SAMPLING_MODES, AttentionBase, BottleneckSampler,
                              bottleneck_inverse, gaussian_kernel,
                              landmark_grid, query_index, reduce_map,
                              soft_attention, with_nr)
-from .zoo import (LinformerAttention, NystromformerAttention,
-                  PerformerAttention, SimAAttention, SoftmaxZooAttention)
 
 __all__ = [
     'AttentionBase', 'query_index', 'gaussian_kernel', 'NRConfig',
     'nr_init_alpha', 'bottleneck_apply', 'bottleneck_inverse',
     'pinv_convergence', 'SAMPLING_MODES', 'BottleneckSampler', 'SOFTAttention',
-    'landmark_grid', 'reduce_map', 'soft_attention', 'LinformerAttention',
-    'NystromformerAttention', 'PerformerAttention', 'SimAAttention',
-    'SoftmaxZooAttention', 'SafeConv2d', 'CheckedConvs', 'with_nr'
+    'landmark_grid', 'reduce_map', 'soft_attention', 'SafeConv2d',
+    'CheckedConvs', 'with_nr'
 ]

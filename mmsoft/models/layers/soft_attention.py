@@ -56,12 +56,9 @@ class AttentionBase(nn.Module):
     """Multi-head token mixer (C = ``embed_dims``, h = ``num_heads``) with
     SOFT's per-head depthwise conv on V (odd ``dw_kernel_size``, 0: none)
     and ``proj``; ``sampling_ratio`` r: the stage's bottleneck ratio.
-    Subclasses (SOFT and the zoo) build their projections, call
-    ``_build_output_layers()`` and implement ``_mix(x, hw) -> (out (B,
-    h, n, d), v_tokens (B, n, C) | None)`` and ``_row(x, hw, i) -> (B, h,
-    n)``, query ``i``'s weights over V."""
-    #: the attributes ``extra_repr`` shows after the heads and ratio
-    repr_keys: Tuple[str, ...] = ()
+    Subclasses call ``_build_output_layers()`` and implement ``_mix(x, hw)
+    -> (out (B, h, n, d), v_tokens (B, n, C) | None)`` and, for
+    :meth:`attention_row`, ``_row(x, hw, i) -> (B, h, n)``."""
 
     def __init__(self,
                  embed_dims: int,
@@ -94,9 +91,8 @@ class AttentionBase(nn.Module):
         return x.view(B, N, self.num_heads, self.head_dims).transpose(1, 2)
 
     def dw_conv_tokens(self, v: torch.Tensor, hw: Tuple[int, int]):
-        """Per-head k x k conv of the (B, n, C) value tokens: one depthwise
-        conv, head g's filter repeated for its d channels (the official
-        (B*d, h, H, W) grouped conv without its permuted copies)."""
+        """Per-head k x k conv of the (B, n, C) value tokens (the official
+        (B*d, h, H, W) grouped conv as one depthwise conv)."""
         B, N, C = v.shape
         x = v.transpose(1, 2).reshape(B, C, *hw)  # a channels-last view
         w = self.dw_conv.weight.repeat_interleave(self.head_dims, 0)
@@ -121,35 +117,17 @@ class AttentionBase(nn.Module):
 
     @torch.no_grad()
     def attention_row(self, x, hw, index) -> torch.Tensor:
-        """(B, h, n) weights of query ``index`` (flat or (row, col)) over
-        the value tokens, for the (B, n, C) input ``x`` (without the dw conv
-        branch and the projections)."""
+        """(B, h, n) weights over V of query ``index`` (flat or (row, col))
+        for the (B, n, C) input ``x`` (no dw conv, no projections)."""
         self._check(x, hw)
         return self._row(x, hw, query_index(index, hw))
-
-    def _row(self, x, hw, i) -> torch.Tensor:
-        """:meth:`attention_row` for the flat query index ``i``."""
-        raise NotImplementedError
-
-    @torch.no_grad()
-    def attention_matrix(self, x, hw) -> torch.Tensor:
-        """The (B, h, n, n) token-mixing matrix, row by row (small n)."""
-        n = hw[0] * hw[1]
-        return torch.stack([self.attention_row(x, hw, i) for i in range(n)],
-                           dim=-2)
-
-    def extra_repr(self) -> str:
-        extra = ''.join(f', {k}={getattr(self, k)}' for k in self.repr_keys)
-        return f'heads={self.num_heads}, ratio={self.sampling_ratio}{extra}'
 
 
 # ------------------ the bottleneck grid: r x r cells, stride r (Sec. 3.2)
 def landmark_grid(hw, ratio, max_landmarks=None, landmark_hw=None):
-    """The grid of an H x W map: ``max(1, H // r) x max(1, W // r)`` (as
-    the official strided conv); ``landmark_hw`` clamped to it (never
-    up-sampled); or shrunk, aspect kept, to at most ``max_landmarks``:
-    ``floor(gh * s) x floor(gw * s)``, ``s = sqrt(max_landmarks / (gh gw))``.
-    """
+    """``max(1, H // r) x max(1, W // r)``; ``landmark_hw`` clamped to it;
+    or at most ``max_landmarks``: ``floor(gh s) x floor(gw s)``, ``s =
+    sqrt(max_landmarks / (gh gw))``."""
     H, W = hw
     gh, gw = max(1, H // ratio), max(1, W // ratio)
     if landmark_hw is not None:
@@ -168,9 +146,8 @@ def landmark_grid(hw, ratio, max_landmarks=None, landmark_hw=None):
 
 
 def reduce_map(x, ratio, max_landmarks=None, landmark_hw=None, conv=None):
-    """A (N, C, H, W) map reduced to its :func:`landmark_grid`: r x r
-    average pooling (or ``conv``, an r x r stride-r convolution), then
-    adaptive average pooling down to ``landmark_hw`` / ``max_landmarks``."""
+    """(N, C, H, W) -> its :func:`landmark_grid`: r x r average pooling (or
+    ``conv``), then adaptive average pooling to the capped grid."""
     H, W = x.shape[-2:]
     r = ratio
     if H < r or W < r:
@@ -186,14 +163,11 @@ def reduce_map(x, ratio, max_landmarks=None, landmark_hw=None, conv=None):
 
 
 # ------------------------------------------- the Gaussian kernel (Eq. 5)
-# Tokens come scaled by d^(-1/4): K_ij = exp(-||x_i - y_j||^2 / 2). Both
-# sets are translated by the mean landmark c (per sample and head), so that
-# ||x||^2 + ||y||^2 - 2 x.y cancels relative to the tokens' spread, not
-# their norm. float32 (float64 stays), autocast off.
+# K_ij = exp(-||x_i - y_j||^2 / 2) of tokens scaled by d^(-1/4), both
+# translated by the mean landmark (the norms cancel relative to the spread)
 def kernel_forward(x, y, self_kernel=False) -> torch.Tensor:
-    """K for x (..., n, d), y (..., m, d) without autograd, in one (n, m)
-    buffer updated in place: the Function's forward and the export path.
-    The self-kernel's diagonal is exactly 1."""
+    """K (..., n, m) without autograd, in place; the self-kernel's
+    diagonal is exactly 1."""
     c = y.mean(-2, keepdim=True)
     yc = y - c
     xc = yc if self_kernel else x - c
@@ -207,24 +181,16 @@ def kernel_forward(x, y, self_kernel=False) -> torch.Tensor:
     return K
 
 
-#: from this many kernel entries per head (n m) on, inference on the CPU
-#: does not form P (below, the fused products cost more than they save).
-#: CUDA keeps the formed kernel: its fp32 fused attention is not yet
-#: measured against the 1e-5 bound (it may round through TF32)
+#: from this many entries n m per head on, CPU inference does not form P
 FUSED_MIN_ENTRIES = 1 << 21
 
 
 def kernel_product(x, y, w) -> torch.Tensor:
-    """K w = sum_j exp(-||x_i - y_j||^2 / 2) w_j (..., n, e) for x (..., n,
-    d), y and w (..., m, d | e) without the (n, m) kernel: one fused
-    softmax attention (torch's ``scaled_dot_product_attention``, flash on
-    the CPU) of the queries [x, 1, ||x||^2 / 2] over the keys [y, -||y||^2
-    / 2, 0] and one key [0, 0, 1], whose score ||x_i||^2 / 2 is each row's
-    largest (K_i0 = 1, a landmark at x_i); the values [w, 0] and [0, 1]
-    give (K w)_i / (1 + sum_j K_ij) and 1 / (1 + sum_j K_ij), and their
-    quotient is K w. Divided by a number in [1, m + 1]: no cancellation.
-    Pass tokens translated as in :func:`kernel_forward` (the norms cancel
-    relative to their spread)."""
+    """K w (..., n, e) without the (n, m) kernel: one fused softmax attention
+    of queries [x, 1, |x|^2 / 2] over keys [y, -|y|^2 / 2, 0] and [0, 0, 1]
+    (score |x_i|^2 / 2, each row's largest), values [w, 0] and [0, 1]; the
+    quotient of the two outputs is K w. Tokens translated as in
+    :func:`kernel_forward`."""
     *batch, n, d = x.shape
     m, e = y.shape[-2], w.shape[-1]
     size = max(d + 2, e + 1)
@@ -244,8 +210,8 @@ def kernel_product(x, y, w) -> torch.Tensor:
 
 
 class GaussianKernel(torch.autograd.Function):
-    """K with G' = grad * K: grad_x = G' y - rowsum(G') x, grad_y = G'^T x -
-    colsum(G') y (on the translated tokens, recomputed in the backward)."""
+    """K; G' = grad * K: grad_x = G' y - rowsum(G') x, grad_y = G'^T x -
+    colsum(G') y (translated tokens)."""
 
     @staticmethod
     def forward(ctx, x, y, self_kernel=False):
@@ -272,8 +238,8 @@ class GaussianKernel(torch.autograd.Function):
 
 
 def gaussian_kernel(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-    """K_ij = exp(-||x_i - y_j||^2 / 2), (..., n, m), for x (..., n, d) and
-    y (..., m, d); ``gaussian_kernel(y, y)`` is the self-kernel A."""
+    """K_ij = exp(-||x_i - y_j||^2 / 2) (..., n, m) (Eq. 5), float32+;
+    ``gaussian_kernel(y, y)`` is the self-kernel A."""
     if x.shape[-1] != y.shape[-1]:
         raise ValueError(f'gaussian_kernel: feature sizes differ '
                          f'({x.shape[-1]} vs {y.shape[-1]})')
@@ -283,16 +249,15 @@ def gaussian_kernel(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         if amp.is_exporting():  # ONNX: no autograd Function
             return kernel_forward(x.to(dtype), y.to(dtype), self_kernel)
         y = y.to(dtype)
-        # the self-kernel passes a view of y as x (torch.compile refuses one
-        # tensor given twice to a Function); both gradients reach y
+        # a view of y as x: torch.compile refuses one tensor given twice
         return GaussianKernel.apply(
             y.view_as(y) if self_kernel else x.to(dtype), y, self_kernel)
 
 
 # ---------------------------------------------------------------- SOFT
 def bottleneck_inverse(A, attn_norm=True, nr=None):
-    """A^+, or A^+_n = D^-1/2 A^+ D^-1/2 with ``attn_norm`` (Eq. 25), in
-    float32 (float64 stays); ``nr``: :class:`NRConfig` or its fields."""
+    """A^+, or A^+_n = D^-1/2 A^+ D^-1/2 with ``attn_norm`` (Eq. 25),
+    float32+; ``nr``: :class:`NRConfig` or its fields."""
     A_inv = NRConfig.of(nr, attn_norm).inverse(A)
     if not attn_norm:
         return A_inv
@@ -302,8 +267,7 @@ def bottleneck_inverse(A, attn_norm=True, nr=None):
 
 
 def bottleneck_apply(A, W, attn_norm=True, nr=None, nr_stats=None):
-    """``bottleneck_inverse(A, ...) @ W`` without the m x m inverse (D^-1/2
-    applied to the m x d operands); ``nr_stats``: see :class:`NRConfig`."""
+    """``bottleneck_inverse(A, ...) @ W`` without forming the inverse."""
     nr = NRConfig.of(nr, attn_norm)
     if not attn_norm:
         return nr.apply(A, W, nr_stats)
@@ -314,12 +278,9 @@ def bottleneck_apply(A, W, attn_norm=True, nr=None, nr_stats=None):
 
 
 class KernelAttention(torch.autograd.Function):
-    """out = P Z, Z = ``inner(y, P^T V)``, P = kernel(x, y) (Eq. 5), for
-    training: grad P = G Z^T + V H^T (H: the gradient reaching P^T V) as
-    one product into one n x m buffer, G' = grad P * P in place. Autograd
-    would add two n x m gradients (one transposed) and multiply into a
-    third. ``inner`` (A and the pseudo-inverse) runs with autograd inside
-    the forward; its graph is kept for the backward."""
+    """out = P Z, Z = ``inner(y, P^T V)``, P = kernel(x, y), for training:
+    grad P = G Z^T + V H^T (H: the gradient of P^T V) in one n x m buffer;
+    ``inner`` keeps its autograd graph for the backward."""
 
     @staticmethod
     def forward(ctx, x, y, v, inner):
@@ -367,10 +328,8 @@ class KernelAttention(torch.autograd.Function):
 
 
 def soft_attention(q, landmarks, v, attn_norm=True, nr=None, nr_stats=None):
-    """out = P (A^+_n (P^T V)) (v's dtype) for q, v (B, h, n, d) and
-    landmarks (B, h, m, d), q and landmarks scaled by d^(-1/4) (Eq. 5);
-    with a gradient, by ``KernelAttention`` (outside torch.compile
-    and ONNX export)."""
+    """out = P (A^+_n (P^T V)) (Alg. 1) for q, v (B, h, n, d), landmarks
+    (B, h, m, d), q and landmarks scaled by d^(-1/4)."""
 
     def inner(y, PtV):  # A^+_n (P^T V), A = exp(Q~ (-) Q~)
         A = gaussian_kernel(y, y)  # (B, h, m, m)
@@ -404,20 +363,11 @@ def soft_attention(q, landmarks, v, attn_norm=True, nr=None, nr_stats=None):
 
 
 class BottleneckSampler(nn.Module):
-    """f_s: the m bottleneck tokens Q~ from the n tokens Q (Table 4b / 8).
-
-    Args:
-        head_dims (int): channels per head (one sampler for all heads).
-        ratio (int): r, the stride; m = n / r^2 (:func:`landmark_grid`).
-        mode (str): ``'conv'`` (r x r conv, stride r, LayerNorm, GELU: the
-            official one), ``'avgpool'``, ``'random'`` (evenly spaced in
-            eval) or ``'biased'`` (the first m tokens). Default: 'conv'.
-        max_landmarks (int | None): opt-in cap on m (adaptive average
-            pooling of the grid). Default: None.
-        landmark_hw (tuple[int, int] | None): opt-in fixed grid (never
-            larger than the strided one), not with ``max_landmarks``.
-            Default: None.
-    """
+    """f_s: the m bottleneck tokens Q~ of the n tokens Q (Table 4b / 8):
+    ``mode`` ``'conv'`` (r x r, stride r, LayerNorm, GELU: official),
+    ``'avgpool'``, ``'random'`` (evenly spaced in eval) or ``'biased'``
+    (the first m); ``max_landmarks`` / ``landmark_hw``: a capped / fixed
+    :func:`landmark_grid`."""
 
     def __init__(self,
                  head_dims: int,
@@ -493,25 +443,17 @@ def _fixed(attn: nn.Module, value) -> None:
 
 @ATTENTIONS.register_module(name=['SOFTAttention', 'soft'])
 class SOFTAttention(AttentionBase):
-    """Multi-head SOFT attention with the official block details:
-    out = P A^+_n P^T V (:func:`soft_attention`), Q = K (projection ``q``),
-    the per-head depthwise conv of V and ``proj`` (:class:`AttentionBase`).
+    """SOFT attention, out = P A^+_n P^T V (:func:`soft_attention`), Q = K
+    (projection ``q``), on :class:`AttentionBase`.
 
     Args:
-        embed_dims, num_heads, sampling_ratio, dw_kernel_size, qkv_bias: the
-            stage's (:class:`AttentionBase`; biases of ``q`` / ``v``).
-        attn_norm (bool): D^-1/2 A^+ D^-1/2 (IJCV, Eq. 25); False is the
-            NeurIPS model. Default: True.
-        sampling (str): f_s, one of ``SAMPLING_MODES``. Default: 'conv'.
-        nr (NRConfig | dict | None): the Newton-Raphson settings (a dict of
-            the fields; ``init`` missing: the variant's official rule),
-            fixed at construction (:func:`with_nr` copies a model with
-            other ones). Default: None.
-        nr_iters, nr_init, nr_method, nr_backward: the same settings one by
-            one, as configs write them (None: the default), not with
-            ``nr``.
-        nr_diagnostics (bool): keep the NR convergence of every forward
-            in ``last_nr_stats`` (see :class:`NRConfig`). Default: False.
+        attn_norm (bool): D^-1/2 A^+ D^-1/2 (IJCV, Eq. 25); False: NeurIPS.
+        sampling (str): f_s, one of ``SAMPLING_MODES``.
+        nr (NRConfig | dict | None): the Newton-Raphson settings, fixed at
+            construction (:func:`with_nr` copies a model with others); or
+            ``nr_iters``, ``nr_init``, ``nr_method``, ``nr_backward``.
+        nr_diagnostics (bool): the NR convergence of each forward in
+            ``last_nr_stats``.
         max_landmarks, landmark_hw: see :class:`BottleneckSampler`.
     """
 
@@ -601,8 +543,7 @@ class SOFTAttention(AttentionBase):
 
 def with_nr(model, nr=None, **changes) -> nn.Module:
     """A deep copy of ``model`` whose :class:`SOFTAttention` s use ``nr``
-    (default: their own) with ``changes``, e.g. ``with_nr(model,
-    method='iterative')``; ``model`` and the random state unchanged."""
+    (default: their own) with ``changes``, e.g. ``method='iterative'``."""
     model = copy.deepcopy(model)
     for mod in model.modules():
         if isinstance(mod, SOFTAttention):

@@ -9,6 +9,7 @@ import torch.nn as nn
 from conftest import current_log, tiny_arch
 from mmengine.registry import MODELS, DefaultScope
 
+import projects.attention_zoo  # noqa: F401 (softmax, linformer)
 from mmsoft.models.backbones import SOFT
 from mmsoft.models.backbones.soft import SOFTBlock, check_norm_cfg
 from mmsoft.models.layers import SOFTAttention

@@ -698,6 +698,47 @@ def test_with_nr_builds_a_copy_with_other_settings():
     assert given[0].nr is cfg and given[1].nr is cfg
 
 
+def test_query_index_of_a_pair_or_a_flat_index():
+    """(row, col) -> row * W + col; nothing outside the H x W map."""
+    assert [
+        sa.query_index(i, (3, 4))
+        for i in [(0, 0), (0, 3), (2, 0), (2, 3), [1, 2], 0, 11,
+                  torch.tensor(5)]
+    ] == [0, 3, 8, 11, 6, 0, 11, 5]
+    for bad, msg in [((3, 0), 'query (3, 0)'), ((0, 4), 'query (0, 4)'),
+                     ((-1, 0), 'query (-1, 0)'), ((0, -1), 'query (0, -1)'),
+                     (12, 'query index 12'), (-1, 'query index -1')]:
+        raises(IndexError, msg + ' outside the 3x4 map', sa.query_index, bad,
+               (3, 4))
+
+
+@pytest.mark.parametrize('attn_norm', [True, False])
+def test_rows_and_matrix_are_p_ainv_pt_and_give_the_forward(attn_norm):
+    """S^ = P A^+_n P^T (symmetric); forward = proj(S^ V + dwconv V)."""
+    attn = SOFTAttention(
+        16, 2, 2, attn_norm=attn_norm, sampling='avgpool').double().eval()
+    x, hw = randn(2, 35, 16), (7, 5)
+    q = attn._split(attn.q(x)) * 8**-0.25
+    lm = F.avg_pool2d(q.reshape(4, *hw, 8).permute(0, 3, 1, 2), 2)
+    lm = lm.flatten(2).transpose(1, 2).reshape(2, 2, -1, 8)
+    P, A = gaussian_kernel(q, lm), gaussian_kernel(lm, lm)
+    A_inv = newton_inverse(A, 20,
+                           'soft_norm_per_sample' if attn_norm else 'soft')
+    if attn_norm:
+        d = A.sum(-1).rsqrt()
+        A_inv = d[..., :, None] * A_inv * d[..., None, :]
+    S = P @ A_inv @ P.mT
+    close(attn.attention_row(x, hw, (2, 3)), S[:, :, 13], 1e-7, 1e-9)
+    M = attn.attention_matrix(x, hw)
+    close(M, S, 1e-7, 1e-9)
+    assert S.mT.allclose(S)  # symmetric, unlike softmax
+    with torch.no_grad():
+        v = attn.v(x)
+        ref = attn.proj((M @ attn._split(v)).transpose(1, 2).flatten(2) +
+                        attn.dw_conv_tokens(v, hw))
+        close(attn(x, hw), ref, 1e-9, 1e-9)
+
+
 # ------------------------------------------------------ stage 4 (softmax)
 def test_softmax_attention_and_cls_token_stage_defaults():
     """No dropout by default (biases: test_soft.py::test_softmax_block)."""

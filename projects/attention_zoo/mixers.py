@@ -1,5 +1,5 @@
-"""The token mixers SOFT is compared with in Table 1 of the NeurIPS paper,
-each on SOFT's :class:`~mmsoft.models.layers.AttentionBase`."""
+"""The token mixers SOFT is compared with in NeurIPS Table 1, each on
+SOFT's :class:`~mmsoft.models.layers.AttentionBase`."""
 import math
 from typing import Optional, Tuple
 
@@ -7,10 +7,10 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from mmsoft.models.layers import AttentionBase, query_index, reduce_map
+from mmsoft.models.layers.amp import (SafeConv2d, autocast_off, check_choice,
+                                      check_int, compute_dtype)
 from mmsoft.registry import ATTENTIONS
-from .amp import (SafeConv2d, autocast_off, check_choice, check_int,
-                  compute_dtype)
-from .soft_attention import AttentionBase, query_index, reduce_map
 
 
 def spread_to_tokens(w, hw, ratio, max_landmarks=None, landmark_hw=None):
@@ -37,6 +37,8 @@ def spread_to_tokens(w, hw, ratio, max_landmarks=None, landmark_hw=None):
 class ZooAttention(AttentionBase):
     """q / k / v projections on :class:`~mmsoft.models.layers.AttentionBase`
     (its arguments as ``*args, **kwargs``)."""
+    #: the attributes ``extra_repr`` shows after the heads and ratio
+    repr_keys: Tuple[str, ...] = ()
 
     def __init__(self, *args, qkv_bias: bool = True, **kwargs):
         super().__init__(*args, **kwargs)
@@ -45,6 +47,17 @@ class ZooAttention(AttentionBase):
         C = self.embed_dims
         self.q, self.k, self.v = (
             nn.Linear(C, C, bias=qkv_bias) for _ in range(3))
+
+    @torch.no_grad()
+    def attention_matrix(self, x, hw) -> torch.Tensor:
+        """The (B, h, n, n) token-mixing matrix, row by row (small n)."""
+        n = hw[0] * hw[1]
+        return torch.stack([self.attention_row(x, hw, i) for i in range(n)],
+                           dim=-2)
+
+    def extra_repr(self) -> str:
+        extra = ''.join(f', {k}={getattr(self, k)}' for k in self.repr_keys)
+        return f'heads={self.num_heads}, ratio={self.sampling_ratio}{extra}'
 
 
 class ReducedGridAttention(ZooAttention):
@@ -222,7 +235,7 @@ class PerformerAttention(ZooAttention):
         return row / (row.sum(-1, keepdim=True) + self.eps)
 
 
-def iterative_pinv(A: torch.Tensor, iters: int = 6) -> torch.Tensor:
+def iterative_pinv(A: torch.Tensor, iters: int) -> torch.Tensor:
     """Nystromformer's iteration for A^+ in float32+: Z_0 = A^T /
     (||A||_1 ||A||_inf) per matrix (the reference: over the batch),
     Z_{k+1} = Z_k (13 I - A Z_k (15 I - A Z_k (7 I - A Z_k))) / 4, with
@@ -294,15 +307,14 @@ class NystromformerAttention(ReducedGridAttention):
         return ((F_[:, :, i:i + 1].to(dt) @ A_inv) @ B_.to(dt)).squeeze(-2)
 
 
-def l1_normalize_tokens(t: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
+def l1_normalize_tokens(t: torch.Tensor, eps: float) -> torch.Tensor:
     """Divide each channel of t (..., n, d) by its l1 norm over tokens."""
     return t / (t.abs().sum(-2, keepdim=True) + eps)
 
 
-def sima_order(n: int, d: int, order: str = 'auto') -> str:
+def sima_order(n: int, d: int, order: str) -> str:
     """``'linear'`` (Q^ (K^^T V)) or ``'quadratic'`` ((Q^ K^^T) V)."""
     if check_choice('order', order, ('auto', 'quadratic', 'linear')) != 'auto':
-
         return order
     return 'linear' if n > d else 'quadratic'
 
