@@ -1,12 +1,11 @@
 """The SOFT backbone: presets, shapes, blocks, dropouts, init, frozen stages,
-norm_eval, NR statistics, with_cp, forward errors; amp's convs."""
+norm_eval, NR statistics, with_cp, forward errors."""
 import warnings
 from unittest import mock
 
 import pytest
 import torch
 import torch.nn as nn
-import torch.nn.functional as F
 from conftest import tiny_arch
 from mmcv.cnn.bricks import DropPath
 from torch.nn.modules.batchnorm import _BatchNorm
@@ -16,8 +15,7 @@ from mmsoft.models.backbones.soft import (ConvPatchEmbed, PyramidStage,
                                           SOFTBlock, SoftmaxAttention,
                                           SoftmaxBlock, SOFTStage,
                                           residual_drop_cfg)
-from mmsoft.models.layers import amp as safe_conv
-from mmsoft.models.layers.amp import SafeConv2d, conv2d
+from mmsoft.models.layers.amp import SafeConv2d
 
 pytestmark = pytest.mark.usefixtures('one_thread')
 
@@ -400,36 +398,3 @@ def test_nr_stats_and_set_nr_diagnostics():
     assert not any(m.nr_diagnostics for m in attns)
     assert all(m.last_nr_stats is None for m in attns)
     assert model.nr_stats() == {}
-
-
-# ------------------------------------------------- amp's conv2d, SafeConv2d
-@pytest.mark.parametrize('padding', ['same', [1, 2]])
-def test_conv2d_half_path_any_padding(monkeypatch, padding):
-    """The CPU half path is F.conv2d's, for str and tuple paddings."""
-    monkeypatch.setattr(safe_conv, '_verdicts', {})
-    g = torch.Generator().manual_seed(0)
-    x = torch.randn(1, 4, 8, 8, generator=g)
-    w = torch.randn(4, 4, 3, 3, generator=g) / 6
-    torch.testing.assert_close(conv2d(x, w), F.conv2d(x, w))
-    with warnings.catch_warnings():
-        warnings.simplefilter('ignore', safe_conv.HalfConvWarning)
-        out = conv2d(x.bfloat16(), w.bfloat16(), None, 1, padding)
-    ref = F.conv2d(x.bfloat16().float(),
-                   w.bfloat16().float(), None, 1, padding)
-    assert out.dtype == torch.bfloat16
-    torch.testing.assert_close(out.float(), ref, rtol=2e-2, atol=2e-2)
-
-
-@pytest.mark.parametrize('kwargs', [
-    dict(dilation=(2, 1), groups=4, padding='same'),
-    dict(padding_mode='circular', padding=(1, 2)),
-])
-def test_safe_conv2d_equals_nn_conv2d(kwargs):
-    """Any dilation, groups, padding mode (float32)."""
-    torch.manual_seed(0)
-    ref = nn.Conv2d(4, 4, 3, **kwargs)
-    nn.init.normal_(ref.bias)
-    safe = SafeConv2d(4, 4, 3, **kwargs)
-    safe.load_state_dict(ref.state_dict())
-    x = torch.randn(2, 4, 9, 9)
-    torch.testing.assert_close(safe(x), ref(x))

@@ -225,12 +225,41 @@ def test_float32_and_other_devices_are_not_probed_state_dict_kept(monkeypatch):
     with torch.autocast('cpu', dtype=torch.bfloat16):
         conv.float()(x)
     assert len(calls) == 1
-    torch.manual_seed(0)  # the same state dict and function as Conv2d
-    plain, safe = torch.nn.Conv2d(8, 8, 4, 4), SafeConv2d(8, 8, 4, 4)
+
+
+@pytest.mark.parametrize(
+    'kwargs', [
+        dict(stride=4),
+        dict(dilation=(2, 1), groups=4, padding='same'),
+        dict(padding_mode='circular', padding=(1, 2)),
+    ],
+    ids=['stride', 'dilation-groups', 'circular'])
+def test_safe_conv2d_equals_nn_conv2d(kwargs):
+    """The same state dict and function as Conv2d (float32)."""
+    torch.manual_seed(0)
+    plain = torch.nn.Conv2d(4, 4, 3, **kwargs)
+    torch.nn.init.normal_(plain.bias)
+    safe = SafeConv2d(4, 4, 3, **kwargs)
     safe.load_state_dict(plain.state_dict())
-    x = torch.randn(1, 8, 16, 16)
     assert set(safe.state_dict()) == set(plain.state_dict())
+    x = torch.randn(2, 4, 9, 9)
     assert torch.equal(safe(x), plain(x))
+
+
+@pytest.mark.parametrize('padding', ['same', [1, 2]])
+def test_conv2d_half_path_any_padding(padding):
+    """The CPU half path is F.conv2d's, for str and tuple paddings."""
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(1, 4, 8, 8, generator=g)
+    w = torch.randn(4, 4, 3, 3, generator=g) / 6
+    torch.testing.assert_close(SAFE.conv2d(x, w), F.conv2d(x, w))
+    with warnings.catch_warnings():
+        warnings.simplefilter('ignore', SAFE.HalfConvWarning)
+        out = SAFE.conv2d(x.bfloat16(), w.bfloat16(), None, 1, padding)
+    ref = F.conv2d(x.bfloat16().float(),
+                   w.bfloat16().float(), None, 1, padding)
+    assert out.dtype == torch.bfloat16
+    torch.testing.assert_close(out.float(), ref, rtol=2e-2, atol=2e-2)
 
 
 def test_cpu_amp_wrapper_guards_every_conv_of_the_model(monkeypatch):
