@@ -1,16 +1,9 @@
-"""Softmax-free attention (SOFT), NeurIPS 2021 Alg. 1 + IJCV 2024 Eq. (25),
-and the frame of every token mixer (:class:`AttentionBase`).
+"""SOFT (NeurIPS 2021 Alg. 1, IJCV 2024 Eq. 25) and :class:`AttentionBase`.
+Q = K, Q~ = f_s(Q) (Sec. 3.2), P = exp(Q (-) Q~), A = exp(Q~ (-) Q~) (Eq. 5),
+A^+ by Newton-Raphson (Alg. 2), D = diag(A 1_m)::
 
-Q = K shared, Q~ = f_s(Q) the m bottleneck tokens (Sec. 3.2) on the
-strided grid of :func:`landmark_grid`, P = exp(Q (-) Q~) (n x m) and A =
-exp(Q~ (-) Q~) (m x m) the Gaussian kernel (Eq. 5, :func:`gaussian_kernel`),
-A^+ by Newton-Raphson (Alg. 2, :class:`NRConfig`), D = diag(A 1_m)::
-
-    S^ = P A^+ P^T                 (NeurIPS, attn_norm=False)
-    S^ = P D^-1/2 A^+ D^-1/2 P^T   (IJCV, attn_norm=True)
-    out = S^ V = P (A^+_n (P^T V))
-
-S^ (n x n) is never formed; A, A^+, D and P are float32 under autocast.
+    S^ = P A^+ P^T  (NeurIPS),  P D^-1/2 A^+ D^-1/2 P^T  (IJCV, attn_norm)
+    out = S^ V = P (A^+_n (P^T V)), S^ never formed; float32 under autocast
 """
 import copy
 import math
@@ -27,17 +20,9 @@ from .amp import (SafeConv2d, autocast_off, check_choice, check_int,
                   check_kernel_size, compiling, compute_dtype, conv2d)
 from .nr_config import NRConfig
 
-__all__ = [
-    'AttentionBase', 'query_index', 'landmark_grid', 'reduce_map',
-    'gaussian_kernel', 'kernel_forward', 'kernel_product', 'GaussianKernel',
-    'BottleneckSampler', 'SOFTAttention', 'soft_attention',
-    'bottleneck_inverse', 'bottleneck_apply', 'SAMPLING_MODES', 'with_nr'
-]
-
 SAMPLING_MODES = ('conv', 'avgpool', 'random', 'biased')
 
 
-# --------------------------------------- the frame of every token mixer
 def query_index(index, hw: Tuple[int, int]) -> int:
     """A flat token index from an int or a (row, col) pair."""
     H, W = hw
@@ -123,7 +108,6 @@ class AttentionBase(nn.Module):
         return self._row(x, hw, query_index(index, hw))
 
 
-# ------------------ the bottleneck grid: r x r cells, stride r (Sec. 3.2)
 def landmark_grid(hw, ratio, max_landmarks=None, landmark_hw=None):
     """``max(1, H // r) x max(1, W // r)``; ``landmark_hw`` clamped to it;
     or at most ``max_landmarks``: ``floor(gh s) x floor(gw s)``, ``s =
@@ -133,8 +117,7 @@ def landmark_grid(hw, ratio, max_landmarks=None, landmark_hw=None):
     if landmark_hw is not None:
         return min(int(landmark_hw[0]), gh), min(int(landmark_hw[1]), gw)
     if max_landmarks is not None and gh * gw > max_landmarks:
-        # floor(gh s) = floor(sqrt(gh max_landmarks / gw)), in integers (a
-        # float gh * s can fall just below a whole number)
+        # floor(gh s) = floor(sqrt(gh max_landmarks / gw)) in integers
         gh, gw = (max(1, math.isqrt(gh * max_landmarks // gw)),
                   max(1, math.isqrt(gw * max_landmarks // gh)))
         while gh * gw > max_landmarks:  # only when one side is clamped to 1
@@ -162,7 +145,6 @@ def reduce_map(x, ratio, max_landmarks=None, landmark_hw=None, conv=None):
     return x
 
 
-# ------------------------------------------- the Gaussian kernel (Eq. 5)
 # K_ij = exp(-||x_i - y_j||^2 / 2) of tokens scaled by d^(-1/4), both
 # translated by the mean landmark (the norms cancel relative to the spread)
 def kernel_forward(x, y, self_kernel=False) -> torch.Tensor:
@@ -186,11 +168,9 @@ FUSED_MIN_ENTRIES = 1 << 21
 
 
 def kernel_product(x, y, w) -> torch.Tensor:
-    """K w (..., n, e) without the (n, m) kernel: one fused softmax attention
-    of queries [x, 1, |x|^2 / 2] over keys [y, -|y|^2 / 2, 0] and [0, 0, 1]
-    (score |x_i|^2 / 2, each row's largest), values [w, 0] and [0, 1]; the
-    quotient of the two outputs is K w. Tokens translated as in
-    :func:`kernel_forward`."""
+    """K w without the (n, m) kernel: one fused softmax attention of queries
+    [x, 1, |x|^2 / 2] over keys [y, -|y|^2 / 2, 0], [0, 0, 1], values [w, 0],
+    [0, 1]; the quotient of the two outputs is K w (translated tokens)."""
     *batch, n, d = x.shape
     m, e = y.shape[-2], w.shape[-1]
     size = max(d + 2, e + 1)
@@ -254,7 +234,6 @@ def gaussian_kernel(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
             y.view_as(y) if self_kernel else x.to(dtype), y, self_kernel)
 
 
-# ---------------------------------------------------------------- SOFT
 def bottleneck_inverse(A, attn_norm=True, nr=None):
     """A^+, or A^+_n = D^-1/2 A^+ D^-1/2 with ``attn_norm`` (Eq. 25),
     float32+; ``nr``: :class:`NRConfig` or its fields."""
@@ -404,12 +383,9 @@ class BottleneckSampler(nn.Module):
             raise ValueError(f'{n} tokens do not form a {hw[0]}x{hw[1]} map')
         if self.mode in ('conv', 'avgpool'):
             x = q.reshape(B * h, *hw, d).permute(0, 3, 1, 2)
-            x = reduce_map(
-                x,
-                self.ratio,
-                self.max_landmarks,
-                self.landmark_hw,
-                conv=self.conv if self.mode == 'conv' else None)
+            conv = self.conv if self.mode == 'conv' else None
+            x = reduce_map(x, self.ratio, self.max_landmarks, self.landmark_hw,
+                           conv)
             x = x.flatten(2).transpose(1, 2)
             if self.mode == 'conv':
                 x = F.gelu(self.norm(x))
@@ -443,19 +419,12 @@ def _fixed(attn: nn.Module, value) -> None:
 
 @ATTENTIONS.register_module(name=['SOFTAttention', 'soft'])
 class SOFTAttention(AttentionBase):
-    """SOFT attention, out = P A^+_n P^T V (:func:`soft_attention`), Q = K
-    (projection ``q``), on :class:`AttentionBase`.
-
-    Args:
-        attn_norm (bool): D^-1/2 A^+ D^-1/2 (IJCV, Eq. 25); False: NeurIPS.
-        sampling (str): f_s, one of ``SAMPLING_MODES``.
-        nr (NRConfig | dict | None): the Newton-Raphson settings, fixed at
-            construction (:func:`with_nr` copies a model with others); or
-            ``nr_iters``, ``nr_init``, ``nr_method``, ``nr_backward``.
-        nr_diagnostics (bool): the NR convergence of each forward in
-            ``last_nr_stats``.
-        max_landmarks, landmark_hw: see :class:`BottleneckSampler`.
-    """
+    """out = P A^+_n P^T V (:func:`soft_attention`), Q = K; ``attn_norm``:
+    IJCV Eq. 25 (False: NeurIPS); ``sampling``: f_s (``SAMPLING_MODES``);
+    ``nr`` (:class:`NRConfig` or dict) or ``nr_iters`` / ``nr_init`` /
+    ``nr_method`` / ``nr_backward``: fixed at construction (:func:`with_nr`
+    copies with others); ``nr_diagnostics``: NR stats in ``last_nr_stats``;
+    ``max_landmarks``, ``landmark_hw``: :class:`BottleneckSampler`."""
 
     def __init__(self,
                  embed_dims: int,
@@ -495,7 +464,6 @@ class SOFTAttention(AttentionBase):
                                          sampling, max_landmarks, landmark_hw)
         self._build_output_layers()
 
-    #: the NR settings and their fields, read-only
     nr = property(lambda self: self._nr, _fixed)
     nr_iters = property(lambda self: self._nr.iters, _fixed)
     nr_init = property(lambda self: self._nr.init, _fixed)
@@ -516,24 +484,13 @@ class SOFTAttention(AttentionBase):
         self.last_nr_stats = stats
         return out, v_tokens
 
-    def _kernels(self, x: torch.Tensor, hw: Tuple[int, int]):
-        """P (B, h, n, m) and A^+_n (B, h, m, m)."""
-        q, landmarks = self._queries(x, hw)
-        A = gaussian_kernel(landmarks, landmarks)
-        return gaussian_kernel(q, landmarks), bottleneck_inverse(
-            A, self.attn_norm, self._nr)
-
     def _row(self, x, hw, i) -> torch.Tensor:
         """Row ``i`` of S^, P_i A^+_n P^T (B, h, n), in O(n m)."""
-        P, A_inv = self._kernels(x, hw)
+        q, landmarks = self._queries(x, hw)
+        A = gaussian_kernel(landmarks, landmarks)
+        P = gaussian_kernel(q, landmarks)
+        A_inv = bottleneck_inverse(A, self.attn_norm, self._nr)
         return ((P[:, :, i:i + 1] @ A_inv) @ P.transpose(-1, -2)).squeeze(-2)
-
-    @torch.no_grad()
-    def attention_matrix(self, x, hw) -> torch.Tensor:
-        """S^ = P A^+_n P^T (B, h, n, n) itself (small inputs only)."""
-        self._check(x, hw)
-        P, A_inv = self._kernels(x, hw)
-        return P @ A_inv @ P.transpose(-1, -2)
 
     def extra_repr(self) -> str:
         return (f'heads={self.num_heads}, attn_norm={self.attn_norm}, '

@@ -593,7 +593,7 @@ def test_nr_settings_built_once_and_frozen(monkeypatch):
     assert attn.nr == NRConfig(7, 'soft_norm_per_sample', 'iterative', 'exact')
     checks.clear()
     attn(torch.randn(2, 16, 16), (4, 4))
-    attn.attention_matrix(torch.randn(1, 16, 16), (4, 4))
+    attn.attention_row(torch.randn(1, 16, 16), (4, 4), 0)
     assert checks == []
     assert SOFTAttention(16, 2, 2, nr=attn.nr).nr is attn.nr
     cfg = dict(type='SOFTAttention', nr_iters=7, nr_method='iterative')
@@ -691,7 +691,7 @@ def test_rows_and_matrix_are_p_ainv_pt_and_give_the_forward(attn_norm):
         A_inv = d[..., :, None] * A_inv * d[..., None, :]
     S = P @ A_inv @ P.mT
     close(attn.attention_row(x, hw, (2, 3)), S[:, :, 13], 1e-7, 1e-9)
-    M = attn.attention_matrix(x, hw)
+    M = torch.stack([attn.attention_row(x, hw, i) for i in range(35)], -2)
     close(M, S, 1e-7, 1e-9)
     assert S.mT.allclose(S)  # symmetric, unlike softmax
     with torch.no_grad():
