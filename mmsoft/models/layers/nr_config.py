@@ -19,12 +19,6 @@ def default_init(attn_norm: bool) -> str:
     return 'soft_norm_per_sample' if attn_norm else 'soft'
 
 
-def default_backward(init: str) -> str:
-    """The official gradient: Eq. 16 for ``'soft'`` (the NeurIPS CUDA
-    kernel), else ``'exact'`` (the Norm code's autograd)."""
-    return 'eq16' if init == 'soft' else 'exact'
-
-
 @dataclasses.dataclass(frozen=True)
 class NRConfig:
     """A^+ as A_T, the T-th Newton-Raphson iterate (Alg. 2, Eq. 10).
@@ -32,7 +26,8 @@ class NRConfig:
     ``iters``: T; ``init``: the alpha rule of A_0 = alpha A
     (``INIT_MODES``); ``method``: ``NR_METHODS`` (all the same function);
     ``backward``: ``'exact'`` (the gradient of the T iterations) or
-    ``'eq16'`` (Eq. 16), None: :func:`default_backward`.
+    ``'eq16'`` (Eq. 16), None: the official one (Eq. 16 for ``'soft'``,
+    the NeurIPS CUDA kernel's; else the Norm code's autograd, exact).
     """
     iters: int = 20
     init: str = 'soft_norm_per_sample'
@@ -44,7 +39,8 @@ class NRConfig:
         object.__setattr__(self, 'iters', iters)
         object.__setattr__(self, 'init', canonical_init(self.init))
         if self.backward is None:
-            object.__setattr__(self, 'backward', default_backward(self.init))
+            object.__setattr__(self, 'backward',
+                               'eq16' if self.init == 'soft' else 'exact')
         check_choice('pseudo-inverse method (nr_method)', self.method,
                      NR_METHODS)
         check_choice('Newton-Raphson backward (nr_backward)', self.backward,
