@@ -11,15 +11,6 @@ from mmsoft.utils.strict_load import few_keys
 from .arch_zoo import (ARCH_DEFAULTS, ARCH_ZOO, KEY_MAP, OFFICIAL_FILES,
                        OFFICIAL_PAGE, OFFICIAL_PRESETS)
 
-__all__ = [
-    'ConversionError', 'KEY_MAP', 'official_to_mmsoft_key',
-    'mmsoft_to_official_key', 'extract_state_dict', 'strip_module_prefix',
-    'find_official_state_dict', 'official_soft_hint', 'common_shape',
-    'infer_official_arch', 'arch_for_mmsoft', 'match_arch_preset',
-    'describe_arch', 'official_model_name', 'convert_official_to_mmpretrain',
-    'OFFICIAL_FILES', 'OFFICIAL_PAGE'
-]
-
 
 class ConversionError(ValueError):
     """A checkpoint does not have the expected layout."""
@@ -46,8 +37,8 @@ def mmsoft_to_official_key(key: str) -> Optional[str]:
 
 def extract_state_dict(ckpt,
                        prefer_ema: bool = True) -> Tuple['OrderedDict', str]:
-    """``(state_dict, entry)`` of a loaded timm / OpenMMLab checkpoint
-    (``'<bare>'``: the dict itself; EMA first if ``prefer_ema``)."""
+    """``(state_dict, entry)`` of a timm / OpenMMLab checkpoint (``'<bare>'``:
+    the dict itself; EMA first if ``prefer_ema``)."""
     order = ['state_dict', 'model', 'state_dict_ema', 'model_ema']
     order = order[2:] + order[:2] if prefer_ema else order
     if not isinstance(ckpt, Mapping):
@@ -116,9 +107,9 @@ def common_shape(sd: Mapping, key: str) -> Tuple[int, ...]:
 
 def infer_official_arch(sd: Mapping[str, torch.Tensor],
                         stage4_heads: Optional[int] = None) -> Dict:
-    """The arch entries, ``in_channels``, ``num_classes`` (0: no head),
-    ``pretrain_img_size`` of an authors' state dict, read off its shapes;
-    ``stage4_heads``: not in the weights (default: stage 3's head width)."""
+    """The arch, ``in_channels``, ``num_classes`` (0: no head) and
+    ``pretrain_img_size`` of an authors' state dict, read off its shapes
+    (``stage4_heads``: default stage 3's head width)."""
     C = [common_shape(sd, f'pos_embed{s}')[-1] for s in range(1, 5)]
     lm, dw, ff = ([
         common_shape(sd, f'block{s}.*.att.{n}.weight') for s in (1, 2, 3)
@@ -177,8 +168,8 @@ def convert_official_to_mmpretrain(sd: Mapping[str, torch.Tensor],
                                    stage4_heads: Optional[int] = None,
                                    prefix: str = 'backbone.'
                                    ) -> Tuple['OrderedDict', Dict]:
-    """An authors' state dict -> an mmpretrain ``ImageClassifier``'s and
-    its arch (:func:`infer_official_arch`)."""
+    """An authors' state dict as an mmpretrain ``ImageClassifier``'s, and its
+    arch (:func:`infer_official_arch`)."""
     sd = strip_module_prefix(sd)
     arch = infer_official_arch(sd, stage4_heads)
     new = {k: official_to_mmsoft_key(k) for k in sd}
@@ -188,3 +179,21 @@ def convert_official_to_mmpretrain(sd: Mapping[str, torch.Tensor],
                               f"mmsoft's SOFT: {few_keys(bad)}")
     return OrderedDict((n if n.startswith('head.') else prefix + n, sd[k])
                        for k, n in new.items()), arch
+
+
+def missing_weights_message(checkpoint,
+                            backbone: str = 'model.backbone',
+                            key: str = 'init_cfg.checkpoint') -> str:
+    """The line for a backbone's missing ``init_cfg`` file."""
+    name = osp.splitext(osp.basename(str(checkpoint)))[0]
+    known, key, page = OFFICIAL_FILES.get(name), f'{backbone}.{key}', \
+        OFFICIAL_PAGE
+    get = (f"download the authors' {name} ImageNet file ('{known['link']}' "
+           f'on {page}) to that path' if known and known['link'] else
+           f'the authors publish no {name} file ({page}): train configs/'
+           f"{known['configs'][0]}.py and give its checkpoint"
+           if known else f"download the authors' ImageNet file from {page}")
+    return (f'{checkpoint} ({key}) does not exist: {get}, or use another '
+            f'file with --cfg-options {key}=PATH; to train from scratch on '
+            f'purpose: --cfg-options {backbone}.init_cfg=None '
+            f'{backbone}.norm_eval=False')

@@ -1,5 +1,5 @@
-"""Weights into mmsoft models: file -> layout -> conversion -> strict load
--> a one-line report (docs/en/user_guides/official_weights.md)."""
+"""Weights into mmsoft models: file, layout, conversion, strict load, one
+report line (docs/en/user_guides/official_weights.md)."""
 import contextlib
 import os
 import os.path as osp
@@ -16,14 +16,15 @@ from mmengine.registry import WEIGHT_INITIALIZERS
 from mmsoft.utils.strict_load import (CheckpointMismatchError, LoadReport,
                                       check_state_dict, few_keys)
 from . import converters as cv
+from .converters import missing_weights_message
 from .layers.soft_attention import SOFTAttention
 
 PRETRAINED = ('Pretrained', 'SOFTPretrained')
 
 
 def read_checkpoint(filename, map_location='cpu', mmap: bool = False):
-    """``filename`` (a path or ``http(s)://`` URL, cached as torch.hub
-    does) read safely; ``mmap``: a zip file's tensors stay on disk."""
+    """A path or ``http(s)://`` URL (cached as torch.hub does) read safely;
+    ``mmap``: a zip file's tensors stay on disk."""
     from mmsoft.utils.checkpoint_io import load_verified
     path = osp.expanduser(str(filename))
     if path.startswith(('http://', 'https://')):
@@ -42,19 +43,16 @@ def read_checkpoint(filename, map_location='cpu', mmap: bool = False):
         from mmengine.runner import CheckpointLoader
         return CheckpointLoader.load_checkpoint(path, map_location)
     if not osp.isfile(path):
-        what = 'is a directory, not a file' if osp.isdir(path) else 'does ' \
-            'not exist'
-        raise FileNotFoundError(
-            f'checkpoint {path} {what}; pass a .pth checkpoint file')
+        raise FileNotFoundError(f'checkpoint {path} ' + (
+            'is a directory, not a file' if osp.isdir(path) else 'does not '
+            'exist') + '; pass a .pth checkpoint file')
     with contextlib.suppress(Exception):  # legacy format: read it whole
         if mmap:  # weights only: nothing runs from the file
-            return torch.load(
-                path, map_location='cpu', weights_only=True, mmap=True)
+            return torch.load(path, 'cpu', weights_only=True, mmap=True)
     return load_verified(path, map_location=map_location)
 
 
 def attn_norms(model: torch.nn.Module) -> set:
-    """The ``attn_norm`` settings of ``model``'s SOFT attentions."""
     return set(m.attn_norm for m in model.modules()
                if isinstance(m, SOFTAttention))
 
@@ -64,8 +62,7 @@ def check_attn_norm(model: torch.nn.Module,
                     source: str,
                     config: Optional[str] = None) -> None:
     """Refuse weights converted (``meta['attn_norm']``) or trained
-    (``meta['mmsoft_attn_norm']``) with another ``attn_norm`` than
-    ``model``'s."""
+    (``meta['mmsoft_attn_norm']``) with another ``attn_norm``."""
     meta = checkpoint.get('meta') if isinstance(checkpoint, Mapping) else 0
     meta = meta if isinstance(meta, Mapping) else {}
     conv, have = meta.get('attn_norm'), attn_norms(model)
@@ -99,10 +96,9 @@ def check_checkpoint_for_model(model: torch.nn.Module,
                                allow_partial: bool = False,
                                opt_in: str = '',
                                config: Optional[str] = None) -> LoadReport:
-    """Check the keys, shapes and attn_norm of ``checkpoint`` (from
-    ``source``) against a whole ``model``; ``allow_partial`` logs a
-    mismatch; ``opt_in`` (how to allow that) and ``config`` are named in
-    the errors."""
+    """Check ``checkpoint``'s keys, shapes and attn_norm against a whole
+    ``model``; ``allow_partial``: log a mismatch; ``opt_in`` (how to allow
+    that) and ``config`` are named in the errors."""
     while is_model_wrapper(model) or isinstance(model, BaseTTAModel):
         model = model.module
     sd = checkpoint.get('state_dict', checkpoint) \
@@ -126,9 +122,8 @@ def load_pretrained(module: torch.nn.Module,
                     strict: bool = True,
                     opt_in: str = '') -> LoadReport:
     """Load ``checkpoint`` (a file or URL; an authors' file is converted)
-    into ``module`` and log one line. ``prefix``: load the keys under it
-    (default: ``backbone.`` of a whole-model file); ``strict=False`` loads
-    the matching tensors; ``opt_in``: how to allow that, in the error."""
+    into ``module``, log one line; ``prefix``: the keys under it (default:
+    ``backbone.`` of a whole-model file); ``opt_in``: in the error."""
     source, ckpt = str(checkpoint), read_checkpoint(checkpoint, map_location)
     found, name = cv.find_official_state_dict(ckpt), cv.describe_arch
     soft = [m for m in module.modules() if hasattr(m, 'arch_settings')][:1]
@@ -154,13 +149,12 @@ def load_pretrained(module: torch.nn.Module,
              if preset else f'model.backbone.{name(arch)} in the config') +
             ('' if list(have['embed_dims']) ==
              dims else f' and neck / head in_channels {dims}'))
-    norms, entry = attn_norms(module), '' if entry == '<bare>' else \
-        f' ({entry!r})'
-    layout = "authors' " + (
-        cv.official_model_name(arch,
-                               norms.pop() if len(norms) == 1 else None)
-        or f'SOFT {name(arch)}') if found else 'mmsoft'
-    layout += f' layout{entry}'
+    norms = attn_norms(module)
+    layout = ("authors' " +
+              (cv.official_model_name(arch,
+                                      norms.pop() if len(norms) == 1 else None)
+               or f'SOFT {name(arch)}') if found else 'mmsoft') + ' layout' + (
+                   '' if entry == '<bare>' else f' ({entry!r})')
     own, keys = module.state_dict(), list(map(str, sd))
     if not (prefix or any(k in own for k in sd)) and any(
             k.startswith('backbone.')
@@ -193,7 +187,7 @@ def load_pretrained(module: torch.nn.Module,
 
 @WEIGHT_INITIALIZERS.register_module(name='SOFTPretrained')
 class SOFTPretrainedInit(PretrainedInit):
-    """mmengine's ``Pretrained``, strict: :func:`load_pretrained`."""
+    """mmengine's ``Pretrained``, strict (:func:`load_pretrained`)."""
 
     def __init__(self,
                  checkpoint: str,
@@ -217,9 +211,8 @@ class SOFTPretrainedInit(PretrainedInit):
 def pretrained_init_cfg(init_cfg: Union[Dict, List[Dict], None],
                         owner: str = 'SOFT'
                         ) -> Tuple[Union[Dict, List[Dict], None], bool]:
-    """``init_cfg`` with its ``Pretrained`` entries (last) run by
-    :class:`SOFTPretrainedInit` (``checkpoint=None``: dropped), and whether
-    a strict load replaces every tensor."""
+    """``init_cfg``, its ``Pretrained`` entries last as ``SOFTPretrained``
+    (``checkpoint=None``: dropped); whether a strict load sets all."""
     one = isinstance(init_cfg, Mapping)
     cfgs = [init_cfg] if one else list(init_cfg or [])
     loads = [
@@ -233,21 +226,3 @@ def pretrained_init_cfg(init_cfg: Union[Dict, List[Dict], None],
             'initialisation', 'current')
     strict = any(c.get('strict', True) is not False for c in loads)
     return ((out[0] if one else out) if out else None), strict and bool(out)
-
-
-def missing_weights_message(checkpoint,
-                            backbone: str = 'model.backbone',
-                            key: str = 'init_cfg.checkpoint') -> str:
-    """The one line for a backbone's ``init_cfg`` file that is not there."""
-    name = osp.splitext(osp.basename(str(checkpoint)))[0]
-    known, key, page = cv.OFFICIAL_FILES.get(name), f'{backbone}.{key}', \
-        cv.OFFICIAL_PAGE
-    get = (f"download the authors' {name} ImageNet file ('{known['link']}' "
-           f'on {page}) to that path' if known and known['link'] else
-           f'the authors publish no {name} file ({page}): train configs/'
-           f"{known['configs'][0]}.py and give its checkpoint"
-           if known else f"download the authors' ImageNet file from {page}")
-    return (f'{checkpoint} ({key}) does not exist: {get}, or use another '
-            f'file with --cfg-options {key}=PATH; to train from scratch on '
-            f'purpose: --cfg-options {backbone}.init_cfg=None '
-            f'{backbone}.norm_eval=False')

@@ -6,15 +6,9 @@ import pickle
 import zipfile
 from typing import List, Optional
 
-from .atomic import TMP_SUFFIX, remove_stale_temps
+from .atomic import TMP_SUFFIX, remove_stale_temps  # noqa: F401
 from .safe_load import (PickleWalker, code_globals, safe_torch_load,
                         unsafe_globals)
-
-__all__ = [
-    'CheckpointError', 'CheckpointWriteError', 'CheckpointRefused',
-    'describe_damage', 'load_verified', 'remove_stale_temps',
-    'refusal_message', 'TMP_SUFFIX'
-]
 
 
 class CheckpointError(RuntimeError):

@@ -5,6 +5,7 @@ import codecs
 import contextlib
 import importlib
 import pickle
+import sys
 import types
 import warnings
 
@@ -13,7 +14,6 @@ from mmengine.logging.history_buffer import HistoryBuffer
 
 
 def _user_allows(obj):
-    """Whether the user allow-listed ``obj`` in torch (>= 2.4)."""
     return obj in getattr(torch.serialization, 'get_safe_globals', list)()
 
 
@@ -75,31 +75,24 @@ def _checkpoint_codecs_encode(obj, encoding='utf-8', errors='strict'):
     return codecs.encode(obj, encoding, errors)
 
 
-def _numpy_safe_globals():
-    """What numeric numpy arrays / scalars / dtypes pickle to (1.x, 2.x)."""
+def mmengine_safe_globals():
+    """The allow-list of mmengine's training checkpoints: HistoryBuffer,
+    getattr, bytes, numeric numpy arrays / scalars / dtypes (1.x, 2.x)."""
     import numpy as np
     try:
-        from numpy._core import multiarray
-        multiarray._reconstruct, multiarray.scalar
+        from numpy._core import multiarray as ma
+        ma._reconstruct, ma.scalar
     except (ImportError, AttributeError):  # numpy < 1.26
-        from numpy.core import multiarray
-    out = [np.ndarray, np.dtype
-           ] + [(fn, f'{mod}.{fn.__name__}')
-                for fn in (multiarray._reconstruct, multiarray.scalar)
-                for mod in ('numpy.core.multiarray', 'numpy._core.multiarray')]
-    for code in '?bhilqBHILQefdgFDG':  # numpy >= 1.25: dtype classes
-        cls = type(np.dtype(code))
-        if cls is not np.dtype and cls not in out:
-            out.append(cls)
-    return out
-
-
-def mmengine_safe_globals():
-    """The allow-list of mmengine's training checkpoints."""
+        from numpy.core import multiarray as ma
+    dtypes = dict.fromkeys(type(np.dtype(c)) for c in '?bhilqBHILQefdgFDG')
     return [(_LoadedHistoryBuffer,
              'mmengine.logging.history_buffer.HistoryBuffer'),
             (_checkpoint_getattr, 'builtins.getattr'),
-            (_checkpoint_bytes, 'builtins.bytes')] + _numpy_safe_globals()
+            (_checkpoint_bytes, 'builtins.bytes'), np.ndarray, np.dtype] + [
+                (fn, f'{mod}.{fn.__name__}')
+                for fn in (ma._reconstruct, ma.scalar)
+                for mod in ('numpy.core.multiarray', 'numpy._core.multiarray')
+            ] + [c for c in dtypes if c is not np.dtype]  # numpy >= 1.25
 
 
 def torch_version(version=None):
@@ -137,22 +130,22 @@ _NEWER_TORCH_ALLOWED = ('builtins.set', 'builtins.complex',
 def _allow_list(extra=()):
     """``'module.name'`` -> object that :func:`safe_torch_load` allows."""
     from torch._weights_only_unpickler import _get_allowed_globals
-    out = dict(_get_allowed_globals())
+    out = {  # every dtype and quantisation scheme
+        f'torch.{n}': o
+        for n, o in vars(torch).items()
+        if isinstance(o, (torch.dtype, torch.qscheme))
+    }
     for full in _NEWER_TORCH_ALLOWED:
         mod, _, name = full.rpartition('.')
         obj = getattr(importlib.import_module(mod), name, None)
         if obj is not None:
-            out.setdefault(full, obj)
-    for name in dir(torch):  # every dtype and quantisation scheme
-        obj = getattr(torch, name, None)
-        if isinstance(obj, (torch.dtype, torch.qscheme)):
-            out.setdefault(f'torch.{name}', obj)
+            out[full] = obj
+    out.update(_get_allowed_globals())
     if not native_allow_list():  # torch >= 2.6 allows every codec itself
         out['_codecs.encode'] = _checkpoint_codecs_encode
-    for entry in mmengine_safe_globals() + list(extra):
-        obj, name = entry if isinstance(
-            entry, tuple) else (entry,
-                                f'{entry.__module__}.{entry.__qualname__}')
+    for e in mmengine_safe_globals() + list(extra):
+        obj, name = e if isinstance(
+            e, tuple) else (e, f'{e.__module__}.{e.__qualname__}')
         out[name] = obj
     return out
 
@@ -202,10 +195,8 @@ def unsafe_globals(path, extra=()):
     allowed = _allow_list(extra)
     find = getattr(torch.serialization, 'get_unsafe_globals_in_checkpoint',
                    None)
-    try:
+    with contextlib.suppress(Exception):  # torch < 2.5, a legacy file
         return [g for g in find(path) if g not in allowed]
-    except Exception:  # noqa: BLE001 - torch < 2.5, a legacy (non-zip) file
-        pass
     try:  # a legacy (non-zip) file: the globals of its pickles, unrun
         names = _pickled_globals(path)
     except Exception:  # noqa: BLE001 - damaged files: not our question
@@ -260,14 +251,14 @@ class PickleWalker(pickle.Unpickler):
         return _Stub()
 
 
-def _pickled_globals(path, max_pickles=5):
-    """The globals named by the pickles at the start of ``path``."""
+def _pickled_globals(path):
+    """The globals named by the (at most 5) pickles at the start of
+    ``path``, each once."""
     names = []
     with open(path, 'rb') as f:
-        for _ in range(max_pickles):
-            if not f.read(1):
+        for _ in range(5):
+            if not f.peek(1):
                 break
-            f.seek(-1, 1)
             PickleWalker(f, names).load()
     return list(dict.fromkeys(names))
 
@@ -284,32 +275,25 @@ _CODE_MODULES = frozenset(
 _DATA_BUILTINS = frozenset(
     'set frozenset complex slice bytearray range dict list tuple bytes str '
     'int float bool object'.split())
-#: how pickle protocols 0-2 rebuild an object of a class (the class itself
-#: is a global of its own, checked as any other)
-_REBUILDERS = frozenset(
-    ('copyreg._reconstructor', 'copyreg.__newobj__', 'copyreg.__newobj_ex__'))
+#: how pickle protocols 0-2 rebuild an object of a class
+_REBUILDERS = ('copyreg._reconstructor', 'copyreg.__newobj__',
+               'copyreg.__newobj_ex__')
 
 
 def code_globals(names):
     """The ``names`` that would run code when unpickled (a callable other
     than a class, anything of :data:`_CODE_MODULES`)."""
-    import sys
     out = []
     for full in names:
         mod, _, name = str(full).rpartition('.')
-        root = mod.split('.')[0]
+        root, obj = mod.split('.')[0], sys.modules.get(mod)
         if root in ('builtins', '__builtin__') and name in _DATA_BUILTINS or \
                 full in _REBUILDERS:
             continue
-        if root in _CODE_MODULES or not mod:
-            out.append(full)
-            continue
-        obj = sys.modules.get(mod)
         for part in name.split('.') if obj is not None else ():
             obj = getattr(obj, part, None)
-        if obj is None or obj is sys.modules.get(mod):  # not imported
-            if not name[:1].isupper():
-                out.append(full)
-        elif not isinstance(obj, type):
+        if root in _CODE_MODULES or not mod or (
+                not name[:1].isupper() if obj is None
+                or obj is sys.modules.get(mod) else not isinstance(obj, type)):
             out.append(full)
     return out

@@ -25,7 +25,6 @@ class LoadReport(NamedTuple):
 
 
 def compare_state_dicts(model_sd: Mapping, ckpt_sd: Mapping) -> LoadReport:
-    """Keys and shapes of ``ckpt_sd`` against ``model_sd``'s."""
     own = [k for k in model_sd if not k.endswith('num_batches_tracked')]
     bad = tuple((k, tuple(v.shape), tuple(model_sd[k].shape))
                 for k, v in ckpt_sd.items()
@@ -38,7 +37,6 @@ def compare_state_dicts(model_sd: Mapping, ckpt_sd: Mapping) -> LoadReport:
 
 
 def few_keys(keys: Sequence[str], n: int = 5) -> str:
-    """The first ``n`` keys, and how many more."""
     more = f', ... (+{len(keys) - n} more)' if len(keys) > n else ''
     return ', '.join(keys[:n]) + more
 
@@ -52,8 +50,8 @@ def check_state_dict(model_sd: Mapping,
                      hint: Optional[Callable[[], Optional[str]]] = None
                      ) -> LoadReport:
     """Raise :class:`CheckpointMismatchError` (one line) unless ``ckpt_sd``
-    matches ``model_sd``; ``allow_partial`` logs it unless nothing loads
-    (``opt_in``: how to allow it; ``hint()``: an explanation, an error)."""
+    matches; ``allow_partial``: log it unless nothing loads (``opt_in``: how
+    to allow it; ``hint()``: an explanation, always an error)."""
     r = compare_state_dicts(model_sd, ckpt_sd)
     if r.ok:
         return r
@@ -75,5 +73,4 @@ def check_state_dict(model_sd: Mapping,
         return r
     fix = hint or (f'If a partial load is intended (e.g. another head), '
                    f'{opt_in}.' if opt_in and r.matched > 0 else '')
-    # one line: the tools print it as their only line (issue 36)
     raise CheckpointMismatchError(f"{head} {'; '.join(parts)}. {fix}".strip())
