@@ -1,21 +1,27 @@
 """Which authors' ImageNet file (``OFFICIAL_FILES``) fits which paper
 config: each loads an authors'-layout file (zeros of the real shapes)
 strictly; a missing file or one of another arch stops with one line."""
+import copy
 import functools
 import glob
 import importlib
+import os
 import os.path as osp
+import warnings
 
 import pytest
 import torch
-from conftest import CONFIGS, ROOT, authors_file, cls_demo_config
+from conftest import CONFIGS, ROOT, cls_demo_config, current_log
 from mmengine.config import Config
+from mmengine.model.weight_init import initialize
 from mmengine.registry import DefaultScope
+from reference import official_soft_ref as ref
 
 from mmsoft.models import SOFT
 from mmsoft.models.arch_zoo import ARCH_ZOO
 from mmsoft.models.converters import (OFFICIAL_FILES, OFFICIAL_PAGE,
                                       OFFICIAL_PRESETS)
+from mmsoft.models.loading import pretrained_init_cfg
 from mmsoft.utils.strict_load import CheckpointMismatchError
 from mmsoft_tools import cli, launch
 
@@ -38,6 +44,11 @@ WRONG_ARCH = ("checkpoint C holds the authors' weights of "
 
 
 def load(name):
+    return copy.deepcopy(_load(name))
+
+
+@functools.lru_cache(maxsize=None)
+def _load(name):
     return Config.fromfile(osp.join(CONFIGS, name + '.py'))
 
 
@@ -59,6 +70,40 @@ def build_backbone(cfg):
     with DefaultScope.overwrite_default_scope(scope):
         return importlib.import_module(f'{scope}.registry').MODELS.build(
             cfg.model.backbone)
+
+
+def authors_file(path, arch):
+    """An authors'-layout file of the preset ``arch`` (224, 1000 classes):
+    expanded zeros of the reference's shapes (a few bytes); its size."""
+    a, meta = ARCH_ZOO[arch], lambda *shape, generator, dtype: torch.empty(
+        shape, dtype=dtype, device='meta')
+    with pytest.MonkeyPatch.context() as m:  # shapes only: no random data
+        m.setattr(torch, 'randn', meta)
+        m.setattr(torch, 'rand', meta)
+        sd = ref.random_official_state_dict(
+            *(a[k] for k in ('embed_dims', 'num_heads', 'depths')),
+            num_classes=1000,
+            pretrain_img_size=224,
+            dtype=torch.float32)
+    zeros = {
+        k: torch.zeros((), dtype=v.dtype).expand(v.shape)
+        for k, v in sd.items()
+    }
+    os.makedirs(osp.dirname(path), exist_ok=True)
+    torch.save({'model': zeros}, path)
+    return len(sd)
+
+
+def load_on_meta(cfg):
+    """``cfg``'s backbone, its tensors on the meta device (nothing copied),
+    initialised as ``init_weights`` does: the lines logged."""
+    backbone = build_backbone(cfg).to_empty(device='meta')
+    init_cfg, loads_all = pretrained_init_cfg(backbone.init_cfg)
+    assert loads_all
+    with current_log() as records, warnings.catch_warnings():
+        warnings.simplefilter('ignore')  # copying into meta tensors: no-op
+        initialize(backbone, init_cfg)
+    return [r.getMessage() for r in records]
 
 
 @functools.lru_cache()
@@ -121,8 +166,8 @@ def test_paper_config_names_its_file(name):
 
 def test_paper_configs_load_the_authors_file_strictly(no_default_init):
     """Each paper config loads its entry's file at its path (classification:
-    as the override); one build per arch and output (attn_norm: the same
-    tensors)."""
+    as the override) strictly, all but the head; one build per arch and
+    output (attn_norm: the same tensors)."""
     built = {}
     for name, e in OFFICIAL_FILES.items():
         path = f'checkpoints/{name}.pth'
@@ -134,11 +179,10 @@ def test_paper_configs_load_the_authors_file_strictly(no_default_init):
                     {'model.backbone.init_cfg.checkpoint': path})
             key = (cfg.model.backbone.arch, cfg.model.backbone.out_type)
             if key not in built:
-                backbone = build_backbone(cfg)
-                backbone.init_weights()
-                sd, built[key] = backbone.state_dict(), config
-                assert len(sd) == n - 2, config  # all but the head
-                assert not any(v.any() for v in sd.values()), config
+                built[key] = line = load_on_meta(cfg)[-1]
+                assert line.startswith(f"mmsoft: loaded {path}: authors' ")
+                assert line.endswith(f"('model'), converted, keys under "
+                                     f"'backbone.', {n - 2} tensors, strict")
     assert len(built) == 9
 
 
@@ -214,6 +258,4 @@ def test_authors_file_of_the_other_small_is_one_line(no_default_init):
     for page in ('docs/en/user_guides/official_weights.md', 'docs/en/faq.md'):
         assert WRONG_ARCH in read(page).replace(SMALL, 'C'), page
     cfg.merge_from_dict({'model.backbone.arch': 'small-official'})
-    backbone = build_backbone(cfg)
-    backbone.init_weights()
-    assert len(backbone.state_dict()) == n - 2  # all but the head
+    assert load_on_meta(cfg)[-1].endswith(f', {n - 2} tensors, strict')
