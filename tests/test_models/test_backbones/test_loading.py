@@ -189,8 +189,8 @@ def test_read_checkpoint_http_cached_quiet_and_safe(tmp_path, monkeypatch,
         assert _same(loading.read_checkpoint(url + 'w.pth'), want)
         with pytest.raises(CheckpointRefused):
             loading.read_checkpoint(url + 'crafted.pth')
-        with pytest.raises(FileNotFoundError) as info:
-            loading.read_checkpoint(url + 'gone.pth')
+        with pytest.raises(FileNotFoundError) as info:  # init_cfg's too
+            loading.SOFTPretrainedInit(url + 'gone.pth')(nn.Linear(2, 3))
     finally:
         server.shutdown()
         server.server_close()
