@@ -259,7 +259,7 @@ class OpRecorder(TorchDispatchMode):
 
 
 ATTN_VARIANTS = {
-    'norm': dict(),
+    'norm': dict(),  # = iterative, exact backward at this size
     'neurips': dict(attn_norm=False),
     'spectral': dict(nr_method='spectral', nr_backward='eq16'),
     'lanczos': dict(nr_method='lanczos'),
@@ -267,7 +267,6 @@ ATTN_VARIANTS = {
     'random': dict(sampling='random'),
     'avgpool_ml': dict(sampling='avgpool', max_landmarks=4),
     'exact_bw': dict(nr_method='spectral', nr_backward='exact'),
-    'exact_bw_iter': dict(nr_method='iterative', nr_backward='exact'),
     # the attention zoo in the same backbone
     **{
         z: dict(type=z)

@@ -357,26 +357,6 @@ def test_exact_backward_equals_autograd_through_iterations(init, method):
             assert rel2(g, ref[0]) < 1e-9
 
 
-@pytest.mark.parametrize(
-    'lam',
-    [[3.0, 1.5, 0.7, 0.2, 0.03, 0.004], [2.0, 2.0, 0.5, 0.05, 0.05, 0.05],
-     [2.0, 2.0 + 1e-9, 0.5, 0.05, 0.05 * (1 + 1e-7), 0.05 * (1 - 1e-8)]],
-    ids=['distinct', 'repeated', 'near_equal'])
-def test_exact_backward_gradcheck(lam):
-    """Unconverged (10 iterations), alpha a function of A."""
-    A, W = matrix_with_spectrum(lam), torch.randn(6, 3, dtype=F64)
-    for method in ('spectral', 'iterative'):
-        gradcheck(
-            lambda a, w: apply(sym(a), w, 10, 'soft', method, 'exact'),
-            A,
-            W,
-            atol=1e-6)
-        gradcheck(
-            lambda a: inverse(sym(a), 10, method=method, backward='exact'),
-            A,
-            atol=1e-6)
-
-
 def test_divided_differences_close_eigenvalues():
     """The quotient where accurate, else f'(l) (float64 autograd)."""
     lam = torch.tensor([1e-3, 1e-3 * (1 + 1e-12), 0.3, 0.3, 0.31, 1.7],
