@@ -78,7 +78,7 @@ def _resume_search(path):
 
 
 def _onnx_export_loader(path):
-    from mmsoft_tools.deploy import load_weights
+    from deployment.deploy import load_weights
     load_weights(nn.Linear(2, 1), path)
 
 

@@ -69,8 +69,8 @@ def test_paths_in_site_packages_layout(tmp_path):
 def test_tools_package_paths(tmp_path):
     """The tools' package finds the checkout beside ``tools/`` (None in an
     installed ``mmsoft/.mim/tools``) and its mmsoft."""
+    import demo_tasks
     import mmsoft_tools
-    from mmsoft_tools import demo_tasks
     assert mmsoft_tools.TOOLS_DIR == osp.join(ROOT, 'tools')
     assert mmsoft_tools.checkout_root() == ROOT
     assert mmsoft_tools.import_root() == osp.dirname(
@@ -119,10 +119,9 @@ def test_package_does_not_know_tools():
             if f.endswith('.py') and '.mim' not in d:
                 with open(osp.join(d, f)) as fh:
                     assert tool_references(fh.read()) == [], (d, f)
-    from mmsoft_tools import demo_synthetic
-    assert osp.samefile(
-        demo_synthetic.__file__,
-        osp.join(ROOT, 'tools', 'mmsoft_tools', 'demo_synthetic.py'))
+    import demo_synthetic
+    assert osp.samefile(demo_synthetic.__file__,
+                        osp.join(ROOT, 'tools', 'demo_synthetic.py'))
     tool = load_module(
         osp.join(ROOT, 'tools', 'misc', 'make_demo_data.py'), '_mkdemo')
     assert tool.demo_synthetic is demo_synthetic

@@ -149,8 +149,9 @@ def test_wheel_contents(env):
               'tools/misc/make_demo_data.py', 'demo/image_demo.py'):
         assert f'mmsoft/.mim/{f}' in names, f
     # the tools' own package ships with the tools, not in mmsoft
-    for mod in ('__init__', 'demo_synthetic', 'launch', 'work_dir_lock'):
-        assert f'mmsoft/.mim/tools/mmsoft_tools/{mod}.py' in names, mod
+    for mod in ('mmsoft_tools/__init__', 'demo_synthetic',
+                'mmsoft_tools/work_dir_lock', 'model_converters/__init__'):
+        assert f'mmsoft/.mim/tools/{mod}.py' in names, mod
     assert not [n for n in names if n.startswith('mmsoft_tools')]
     # checkout-only tools stay out
     assert 'mmsoft/.mim/tools/setup_env.sh' not in names

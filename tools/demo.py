@@ -3,7 +3,7 @@
 Generates the synthetic data sets (``data/demo``, skipped when up to date),
 trains RetinaNet + SOFT (bbox mAP), UperNet + SOFT (mIoU) and a SOFT
 classifier (top-1) from scratch with the codebases' own datasets, heads
-and metrics (:mod:`mmsoft_tools.demo_tasks`), draws validation predictions
+and metrics (:mod:`demo_tasks`), draws validation predictions
 (``work_dirs/demo/<task>/<task>_predictions.png``) and prints the results
 table (``work_dirs/demo/results.{json,md}``); the logs are in
 ``work_dirs/demo/<task>/<timestamp>/``. ``--tasks cls``: one task;
@@ -55,9 +55,9 @@ def main(argv=None):
     from mmengine.runner import Runner
     load = os.getloadavg()[0] if hasattr(os, 'getloadavg') else 0
     torch.set_num_threads(args.threads or max(1, os.cpu_count() - int(load)))
+    import demo_synthetic as S
+    import demo_tasks as T
     from mmsoft.utils.atomic import atomic_write
-    from mmsoft_tools import demo_synthetic as S
-    from mmsoft_tools import demo_tasks as T
     from mmsoft_tools.launch import enable_amp
     log(f'tasks {" ".join(args.tasks)}; torch {torch.__version__}, '
         f'{torch.get_num_threads()} thread(s), {os.cpu_count()} CPU cores')

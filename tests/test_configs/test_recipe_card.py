@@ -19,9 +19,9 @@ from mmengine.registry import DefaultScope
 from reference.recipe_card import FAMILIES, family_of
 from torch.nn.modules.batchnorm import _BatchNorm
 
+from analysis.common import random_batch
 from mmsoft.models import SOFT
 from mmsoft_tools import launch
-from mmsoft_tools.analysis import random_batch
 
 CONFIGS = sorted(
     osp.splitext(osp.basename(p))[0]

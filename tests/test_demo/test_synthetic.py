@@ -1,4 +1,4 @@
-"""The synthetic demo data (``mmsoft_tools.demo_synthetic``,
+"""The synthetic demo data (``tools/demo_synthetic.py``,
 ``tools/misc/make_demo_data.py``): deterministic, cached, non-trivial
 scenes; COCO / ADE20K / ImageNet layouts loaded by the codebases."""
 import hashlib
@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 from conftest import ROOT
 
-from mmsoft_tools import demo_synthetic as S
+import demo_synthetic as S
 
 TOOL = osp.join(ROOT, 'tools', 'misc', 'make_demo_data.py')
 SMALL = dict(

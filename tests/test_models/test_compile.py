@@ -129,7 +129,7 @@ def test_train_tool_compile_switch(tmp_path, capsys):
 
     from conftest import CONFIGS, tool_namespace
 
-    from mmsoft_tools import demo_synthetic as synthetic
+    import demo_synthetic as synthetic
     data = tmp_path / 'imagenet'
     synthetic.make_demo_data(
         str(tmp_path),

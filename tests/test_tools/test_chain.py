@@ -104,7 +104,7 @@ DATA = dict(det=DENSE, seg=DENSE, cls=dict(num_train=10, num_val=5))
 
 def small_config(tmp, task):
     """The demo config of ``task`` on freshly generated data in ``tmp``."""
-    from mmsoft_tools import demo_synthetic
+    import demo_synthetic
     base, folder, body, (loop, n) = SMALL[task]
     kw = dict(tasks=(task, ), overrides={task: dict(DATA[task])}, log=None)
     demo_synthetic.make_demo_data(str(tmp / 'data'), workers=1, **kw)

@@ -335,7 +335,7 @@ def demo_data(tmp_path_factory):
 
 def test_existing_data_passes(demo_data, tmp_path, monkeypatch, capsys,
                               script_server):
-    from mmsoft_tools import demo_tasks as T
+    import demo_tasks as T
     monkeypatch.chdir(tmp_path)
     assert dc.missing_data_message(T.load_demo_config('seg'), 'train') \
         is not None  # data/demo
@@ -373,7 +373,7 @@ def test_existing_data_passes(demo_data, tmp_path, monkeypatch, capsys,
 @pytest.fixture
 def demo_det(demo_data, tmp_path):
     """A copy of the detection demo data (to damage) and its config file."""
-    from mmsoft_tools.demo_tasks import set_data_root
+    from demo_tasks import set_data_root
     cfg, root = copy.deepcopy(demo_data['det'][0]), str(tmp_path / 'det')
     shutil.copytree(demo_data['det'][1], root)
     set_data_root(cfg, root)

@@ -1,4 +1,4 @@
-"""ONNX export (tools/deployment/pytorch2onnx.py, mmsoft_tools.deploy): the
+"""ONNX export (tools/deployment/pytorch2onnx.py, deploy.py): the
 plain-op export path equals the normal forward without eigh; one error line
 for what cannot be exported (onnxruntime parity per task:
 test_tool_contracts.py; the export path's functions: test_pinv.py,
@@ -19,9 +19,9 @@ pytest.importorskip('mmseg')
 pytest.importorskip('mmpretrain')
 
 import mmsoft  # noqa: E402,F401
+from deployment import deploy  # noqa: E402
 from mmsoft.models.backbones.soft import SOFT  # noqa: E402
 from mmsoft.models.layers import amp  # noqa: E402
-from mmsoft_tools import deploy  # noqa: E402
 
 DEMO = osp.join(ROOT, 'configs', 'demo')
 TINY = tiny_arch([16, 32, 64, 64], [1, 2, 2, 2], sampling_ratios=[4, 2, 2, 1])

@@ -39,7 +39,7 @@ def files(tmp_path_factory, script_server):
     arch's, the authors' layout and ``trained`` (mmdet's tools/train.py)."""
     tmp = tmp_path_factory.mktemp('host_tools')
     cfg = cls_demo_config(tmp, val=4, test=4)
-    from mmsoft_tools import demo_synthetic
+    import demo_synthetic
     demo_synthetic.make_demo_data(
         str(tmp / 'data' / 'demo'),
         tasks=('det', 'seg'),

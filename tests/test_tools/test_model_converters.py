@@ -19,8 +19,8 @@ from mmsoft.models import converters as ok
 from mmsoft.models.backbones.soft import SOFT
 from mmsoft.models.converters import ConversionError
 from mmsoft.utils import checkpoint_io as cio
-from mmsoft_tools import checkpoint_files as cf
 from mmsoft_tools import cli
+from model_converters import checkpoint_files as cf
 
 TINY = dict(
     embed_dims=[64, 128, 320, 512],

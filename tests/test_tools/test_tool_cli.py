@@ -58,7 +58,11 @@ INVOCATIONS = {
     'compat/check_env.py': _CE + 'test_the_verified_stack_is_one_line',
 }
 #: helpers of the scripts, not tools (files, or folders ending in /)
-HELPERS = ('compat/stacks.py', 'mmsoft_tools/')
+HELPERS = ('compat/stacks.py', 'mmsoft_tools/', 'demo_synthetic.py',
+           'demo_tasks.py', 'analysis/__init__.py', 'analysis/common.py',
+           'deployment/__init__.py', 'deployment/deploy.py',
+           'model_converters/__init__.py',
+           'model_converters/checkpoint_files.py')
 
 # run each path given as if `python PATH --help`; print {path: [rc, text]}
 HELP_CHILD = '''
@@ -104,7 +108,7 @@ def test_every_tool_has_an_invocation_test():
 
 
 #: the one ``sys.path`` edit a tool may make: a script in a sub-folder of
-#: tools/ puts tools/ first, for the tools' own package (mmsoft_tools)
+#: tools/ puts tools/ first, for the tools' own packages and modules
 BOOTSTRAP = (
     'if osp.dirname(osp.dirname(osp.abspath(__file__))) not in sys.path:'
     '  # tools/\n'
@@ -113,13 +117,15 @@ BOOTSTRAP = (
 
 
 def test_tools_edit_sys_path_only_for_their_package():
-    """Only a sub-folder's script that uses mmsoft_tools adds tools/."""
+    """Only a sub-folder's script that uses tools/ modules adds tools/."""
     for path in glob.glob(osp.join(TOOLS, '**', '*.py'), recursive=True):
         script = osp.relpath(path, TOOLS)
         with open(path) as f:
             code = f.read()
-        uses = re.search(r'^ *(from|import) mmsoft_tools', code, re.M)
-        if uses and osp.dirname(script) not in ('', 'mmsoft_tools'):
+        uses = re.search(
+            r'^ *(from|import) (mmsoft_tools|analysis|deployment|'
+            r'model_converters|demo_synthetic|demo_tasks)\b', code, re.M)
+        if uses and osp.dirname(script) and not script.startswith(HELPERS):
             assert code.count(BOOTSTRAP) == 1, script
         rest = code.replace(BOOTSTRAP, '')
         assert 'sys.path.insert' not in rest and 'sys.path[' not in rest, \
@@ -165,7 +171,7 @@ def test_python_sh_runs_a_tool_with_this_checkout(tmp_path):
 
 def _isolated_runs_in(script_server, monkeypatch):
     """``run_isolated``'s ``python script`` children: in the script server."""
-    from mmsoft_tools import analysis
+    from analysis import common as analysis
 
     def run(cmd, env, **kwargs):
         assert cmd[0] == sys.executable, cmd
@@ -299,7 +305,7 @@ def test_benchmark_onnx_tiny_run(tmp_path, capsys, replaced):
 
 def test_nr_backward_compare_train_demo(tmp_path, capsys, monkeypatch):
     """The table carries the (replaced, distinct) metrics of each run."""
-    from mmsoft_tools import demo_tasks as tasks
+    import demo_tasks as tasks
     real_run_task, calls = tasks.run_task, []
     real_shrink, shrunk = tasks.shrink_for_smoke, []
 

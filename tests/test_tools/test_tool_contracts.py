@@ -171,7 +171,7 @@ def _expected_shapes(kind, wrapper, h, w):
 def test_export_non_square(name, tmp_path):
     """H != W: predictions in its frame, export shapes, ONNX parity."""
     pytest.importorskip('onnxruntime')
-    from mmsoft_tools import deploy
+    from deployment import deploy
     cfg = _cfg(name)
     if launch.import_codebase(cfg) == 'mmdet':  # random weights: all boxes
         tc = cfg.model.test_cfg

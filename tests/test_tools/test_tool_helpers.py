@@ -27,6 +27,7 @@ from mmsoft.utils.atomic import temp_path_for
 from mmsoft.utils.checkpoint_io import CheckpointWriteError
 from mmsoft.utils.strict_load import CheckpointMismatchError
 from mmsoft_tools import cli, launch
+from model_converters import checkpoint_files as cf
 
 DEMO = load_module(osp.join(ROOT, 'tools', 'demo.py'), 'demo_seed52')
 NO_SPACE = 'No space left on device'
@@ -104,17 +105,17 @@ def test_run_main_and_positive_int(capsys, monkeypatch):
         monkeypatch.setenv('MMSOFT_TRACEBACK', off)
         assert exits(fails) == '1'
     raised(cli.run_main, lambda argv: 1 / 0, [], exc=ZeroDivisionError)
-    assert [cli.positive_int('1'), cli.positive_int('12')] == [1, 12]
+    assert [cf.positive_int('1'), cf.positive_int('12')] == [1, 12]
     for text in ('0', 'two', None):
         assert raised(
-            cli.positive_int, text, exc=argparse.ArgumentTypeError
+            cf.positive_int, text, exc=argparse.ArgumentTypeError
         ) == f'expected a positive integer, got {text!r}'
 
 
 # ------------------------------------------------------- input checks
 def test_check_readable(tmp_path, monkeypatch):
-    cli.check_readable(str(tmp_path / 'missing.pth'))  # the loader's
-    cli.check_readable(str(tmp_path))  # message
+    cf.check_readable(str(tmp_path / 'missing.pth'))  # the loader's
+    cf.check_readable(str(tmp_path))  # message
     good = tmp_path / 'good.pth'
     good.write_bytes(b'x' * 4096)
     sizes, real_open = [], builtins.open
@@ -140,11 +141,11 @@ def test_check_readable(tmp_path, monkeypatch):
 
         monkeypatch.setattr(builtins, 'open', open_)
         if error is None:
-            cli.check_readable(str(good))
+            cf.check_readable(str(good))
             assert sizes and all(s is not None and 0 < s <= 64 for s in sizes)
             continue
         assert raised(
-            cli.check_readable, str(good), exc=ConversionError) == (
+            cf.check_readable, str(good), exc=ConversionError) == (
                 f'cannot read {str(good)!r}: {reason}; check its permissions '
                 '(ls -l) or copy it somewhere readable')
 

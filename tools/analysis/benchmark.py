@@ -24,7 +24,7 @@ Models: soft_{tiny,small,...}[_norm][_iterative|_spectral|_lanczos][_ml<N>]
 ``_lanczos`` force the pseudo-inverse method, ``_ml<N>`` sets
 ``max_landmarks=N``, ``_floor`` replaces A_T W by W: the network without
 its pseudo-inverse; see
-:func:`mmsoft_tools.analysis.parse_model_name`),
+:func:`analysis.common.parse_model_name`),
 {softmax,linformer,performer,nystromformer,sima}_<arch> (the attention zoo in
 the SOFT architecture, Table 1), pvtv2_b0..b2 (mmdet
 PyramidVisionTransformerV2), swin_t (mmdet SwinTransformer), or ``--config``
@@ -45,10 +45,9 @@ import time
 if osp.dirname(osp.dirname(osp.abspath(__file__))) not in sys.path:  # tools/
     sys.path.insert(0, osp.dirname(osp.dirname(osp.abspath(__file__))))
 
-from mmsoft_tools.analysis import (add_timing_arguments, make_parser,
-                                   measure_step, print_result, pyplot,
-                                   run_isolated, soft_model_kwargs,
-                                   write_results)
+from analysis.common import (add_timing_arguments, make_parser, measure_step,
+                             print_result, pyplot, run_isolated,
+                             soft_model_kwargs, write_results)
 
 ROOT = osp.dirname(osp.dirname(osp.dirname(osp.abspath(__file__))))
 if osp.isdir(osp.join(ROOT, 'projects')):  # a checkout: the attention zoo
@@ -144,7 +143,7 @@ def make_input(kind, B, H, W, device):
     import torch
     if kind == 'noise':
         return torch.randn(B, 3, H, W, device=device)
-    from mmsoft_tools.analysis import image_sets, load_rgb, to_tensor
+    from analysis.common import image_sets, load_rgb, to_tensor
     x = to_tensor(load_rgb(image_sets([], 1)[0][1][0]), (H, W))
     return x[None].expand(B, -1, -1, -1).contiguous().to(device)
 
@@ -400,7 +399,7 @@ def main(argv=None):
                 **REUSE_MEMORY
             })
     if args.plot:
-        from mmsoft_tools.analysis import save_figure
+        from analysis.common import save_figure
         rows = read_rows(args.plot)
         sizes = list(dict.fromkeys(r['size'] for r in rows))
         save_figure(plot(rows, sizes), args.figure)

@@ -31,8 +31,8 @@ import time
 if osp.dirname(osp.dirname(osp.abspath(__file__))) not in sys.path:  # tools/
     sys.path.insert(0, osp.dirname(osp.dirname(osp.abspath(__file__))))
 
-from mmsoft_tools.analysis import (add_timing_arguments, make_parser,
-                                   soft_model_kwargs, write_results)
+from analysis.common import (add_timing_arguments, make_parser,
+                             soft_model_kwargs, write_results)
 
 DEFAULT_SIZES = ['224x224x8', '800x1216x1']
 SMOKE = dict(model='soft_tiny_norm', sizes=['64x64x2'], repeats=2, warmup=1)
@@ -51,9 +51,9 @@ def build_wrappers(model_name, device):
     import torch
     from mmengine.optim import AmpOptimWrapper, OptimWrapper
 
+    from analysis.common import quiet_init_weights
     from mmsoft.engine.optimizers import CPUAmpOptimWrapper
     from mmsoft.models.backbones import SOFT
-    from mmsoft_tools.launch import quiet_init_weights
     torch.manual_seed(0)
     model = SOFT(**soft_model_kwargs(model_name))
     quiet_init_weights(model)

@@ -35,8 +35,8 @@ import time
 if osp.dirname(osp.dirname(osp.abspath(__file__))) not in sys.path:  # tools/
     sys.path.insert(0, osp.dirname(osp.dirname(osp.abspath(__file__))))
 
-from mmsoft_tools.analysis import (make_parser, measure_step, print_result,
-                                   pyplot, run_isolated, write_results)
+from analysis.common import (make_parser, measure_step, print_result, pyplot,
+                             run_isolated, write_results)
 
 METHODS = ('soft', 'soft_norm', 'softmax', 'softmax_naive')
 MODES = ('forward', 'forward_backward')
@@ -226,7 +226,7 @@ def main(argv=None):
         help='the PNG that --plot writes')
     args = parser.parse_args(argv)
     if args.plot:
-        from mmsoft_tools.analysis import save_figure
+        from analysis.common import save_figure
         save_figure(plot(read_rows(args.plot)), args.figure)
         print(f'wrote {args.figure}')
         return []

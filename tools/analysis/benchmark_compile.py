@@ -27,7 +27,7 @@ import time
 if osp.dirname(osp.dirname(osp.abspath(__file__))) not in sys.path:  # tools/
     sys.path.insert(0, osp.dirname(osp.dirname(osp.abspath(__file__))))
 
-from mmsoft_tools import analysis
+from analysis import common as analysis
 
 FIELDS = ('size', 'batch', 'mode', 'eager_ms', 'compiled_ms', 'speedup',
           'compile_s')

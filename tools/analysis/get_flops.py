@@ -38,7 +38,7 @@ metainfo-only data samples, so their RoI-head FLOPs depend on the number of
 proposals, as with mmdet's own counter).
 
 Model names: ``<attn>_<arch>[_norm]`` (see
-:func:`mmsoft_tools.analysis.parse_model_name`): attn one of
+:func:`analysis.common.parse_model_name`): attn one of
 soft, soft_norm, softmax, linformer, performer, nystromformer, sima;
 arch one of the SOFT presets. ``soft_<arch>`` is the NeurIPS model (no
 normalisation), ``soft_<arch>_norm`` = ``soft_norm_<arch>`` the IJCV one.
@@ -59,9 +59,9 @@ import torch.nn as nn
 if osp.dirname(osp.dirname(osp.abspath(__file__))) not in sys.path:  # tools/
     sys.path.insert(0, osp.dirname(osp.dirname(osp.abspath(__file__))))
 
-from mmsoft_tools.analysis import (ATTENTION_NAMES, add_hw_argument,
-                                   attn_cfg_of, make_parser, pyplot,
-                                   soft_model_kwargs, write_results)
+from analysis.common import (ATTENTION_NAMES, add_hw_argument, attn_cfg_of,
+                             make_parser, pyplot, soft_model_kwargs,
+                             write_results)
 from mmsoft_tools.cli import load_config, run_main
 
 ROOT = osp.dirname(osp.dirname(osp.dirname(osp.abspath(__file__))))
@@ -203,8 +203,8 @@ def count(model: nn.Module, x: torch.Tensor, call=None) -> dict:
     """
     from torch.utils.flop_counter import FlopCounterMode
 
+    from analysis.common import sdpa_math
     from mmsoft.models.layers import with_nr
-    from mmsoft_tools.torch_compat import sdpa_math
 
     # counted on a copy whose SOFT attentions iterate (the same function;
     # the eigendecomposition of 'spectral' has no FLOP formula)
@@ -454,7 +454,7 @@ def parse_args(argv=None):
 def main(argv=None):
     args = parse_args(argv)
     if args.plot:
-        from mmsoft_tools.analysis import save_figure
+        from analysis.common import save_figure
         save_figure(plot(read_rows(args.plot)), args.figure)
         print(f'wrote {args.figure}')
         return []

@@ -62,7 +62,7 @@ import warnings
 if osp.dirname(osp.dirname(osp.abspath(__file__))) not in sys.path:  # tools/
     sys.path.insert(0, osp.dirname(osp.dirname(osp.abspath(__file__))))
 
-from mmsoft_tools import analysis
+from analysis import common as analysis
 
 # mmengine imports pkg_resources once per codebase (one warning each)
 warnings.filterwarnings('ignore', message='pkg_resources is deprecated')
@@ -255,7 +255,7 @@ def build_model(path, device, edit=None):
     torch.manual_seed(0)
     with DefaultScope.overwrite_default_scope(scope):
         model = revert_sync_batchnorm(registry.build(cfg.model))
-        launch.quiet_init_weights(model)  # no per-parameter INFO log
+        analysis.quiet_init_weights(model)  # no per-parameter INFO log
     return cfg, scope, model.to(device).train()
 
 
@@ -264,7 +264,7 @@ def train_step(path, name, precision, device, size):
     import torch
     from mmengine.registry import DefaultScope
 
-    from mmsoft_tools.torch_compat import grad_scaler
+    from analysis.common import grad_scaler
     _, scope, model = build_model(path, device)
     with DefaultScope.overwrite_default_scope(scope):
         params = [p for p in model.parameters() if p.requires_grad]

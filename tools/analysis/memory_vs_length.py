@@ -38,10 +38,9 @@ import time
 if osp.dirname(osp.dirname(osp.abspath(__file__))) not in sys.path:  # tools/
     sys.path.insert(0, osp.dirname(osp.dirname(osp.abspath(__file__))))
 
-from mmsoft_tools.analysis import (ATTENTION_NAMES, add_timing_arguments,
-                                   attn_cfg_of, make_parser, measure_step,
-                                   print_result, pyplot, run_isolated,
-                                   write_results)
+from analysis.common import (ATTENTION_NAMES, add_timing_arguments,
+                             attn_cfg_of, make_parser, measure_step,
+                             print_result, pyplot, run_isolated, write_results)
 
 ROOT = osp.dirname(osp.dirname(osp.dirname(osp.abspath(__file__))))
 if osp.isdir(osp.join(ROOT, 'projects')):  # a checkout: the attention zoo
@@ -114,7 +113,7 @@ def child(args):
 
     def ctx():  # softmax:math materialises the n x n matrix
         if args.attn == 'softmax:math':
-            from mmsoft_tools.torch_compat import sdpa_math
+            from analysis.common import sdpa_math
             return sdpa_math()
         return contextlib.nullcontext()
 

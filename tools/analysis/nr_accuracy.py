@@ -34,8 +34,8 @@ import time
 if osp.dirname(osp.dirname(osp.abspath(__file__))) not in sys.path:  # tools/
     sys.path.insert(0, osp.dirname(osp.dirname(osp.abspath(__file__))))
 
-from mmsoft_tools.analysis import (build_model, image_sets, load_rgb,
-                                   make_parser, to_tensor, write_results)
+from analysis.common import (build_model, image_sets, load_rgb, make_parser,
+                             to_tensor, write_results)
 
 FIELDS = [
     'size', 'layer', 'm', 'matrices', 'method', 'resolved', 'krylov',

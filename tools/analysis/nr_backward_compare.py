@@ -2,7 +2,7 @@
 
 For a SOFT backbone (default SOFT-Small-Norm, random initialisation: no
 trained weights offline) on a natural-looking synthetic image (a rendered
-scene of :mod:`mmsoft_tools.demo_synthetic`: textured background,
+scene of :mod:`demo_synthetic`: textured background,
 clutter and shaded objects) at each ``--sizes`` entry, prints
 
 * the NR convergence per stage (:meth:`SOFT.nr_stats`: the paper's
@@ -46,8 +46,8 @@ import time
 if osp.dirname(osp.dirname(osp.abspath(__file__))) not in sys.path:  # tools/
     sys.path.insert(0, osp.dirname(osp.dirname(osp.abspath(__file__))))
 
-from mmsoft_tools.analysis import (add_timing_arguments, attn_cfg_of,
-                                   demo_data_root, make_parser, normalize)
+from analysis.common import (add_timing_arguments, attn_cfg_of, demo_data_root,
+                             make_parser, normalize)
 
 #: ``--smoke`` demo data (images per split), as ``tools/demo.py --smoke``
 SMOKE_DATA = dict(num_train=16, num_val=8)
@@ -112,7 +112,7 @@ def natural_image(h, w, seed=0):
     """(1, 3, h, w) normalised float image of a rendered synthetic scene."""
     import numpy as np
 
-    from mmsoft_tools import demo_synthetic
+    import demo_synthetic
     render_scene = demo_synthetic.render_scene
     side = max(h, w)
     scale = side / 160
@@ -126,8 +126,8 @@ def build(arch, seed, **attn_options):
     """SOFT-Norm ``arch`` with seeded weights and SOFT-attention options."""
     import torch
 
+    from analysis.common import quiet_init_weights
     from mmsoft.models.backbones import SOFT
-    from mmsoft_tools.launch import quiet_init_weights
     torch.manual_seed(seed)
     model = SOFT(arch, attn_cfg=dict(attn_cfg_of('soft_norm'), **attn_options))
     quiet_init_weights(model)
@@ -309,7 +309,8 @@ def main(argv=None):
 def train_demo(args):
     """Demo detection, same seed, Eq. 16 vs exact backward; returns the
     rows (nr_backward, bbox mAP, bbox mAP@0.5, train s)."""
-    from mmsoft_tools import demo_synthetic, demo_tasks
+    import demo_synthetic
+    import demo_tasks
     make_demo_data, T = demo_synthetic.make_demo_data, demo_tasks
     data = args.data + ('-smoke' if args.smoke else '')
     made = make_demo_data(

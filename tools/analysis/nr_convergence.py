@@ -41,10 +41,9 @@ import torch
 if osp.dirname(osp.dirname(osp.abspath(__file__))) not in sys.path:  # tools/
     sys.path.insert(0, osp.dirname(osp.dirname(osp.abspath(__file__))))
 
-from mmsoft_tools.analysis import (add_hw_argument, add_model_arguments,
-                                   build_model, image_sets, load_rgb,
-                                   make_parser, pyplot, soft_attention_modules,
-                                   to_tensor, write_results)
+from analysis.common import (add_hw_argument, add_model_arguments, build_model,
+                             image_sets, load_rgb, make_parser, pyplot,
+                             soft_attention_modules, to_tensor, write_results)
 
 
 def batches(items, size, batch_size):

@@ -26,7 +26,7 @@ import time
 if osp.dirname(osp.dirname(osp.abspath(__file__))) not in sys.path:  # tools/
     sys.path.insert(0, osp.dirname(osp.dirname(osp.abspath(__file__))))
 
-from mmsoft_tools.analysis import add_timing_arguments
+from analysis.common import add_timing_arguments
 
 METHODS = ('iterative', 'spectral')
 

@@ -45,8 +45,8 @@ import torch
 if osp.dirname(osp.dirname(osp.abspath(__file__))) not in sys.path:  # tools/
     sys.path.insert(0, osp.dirname(osp.dirname(osp.abspath(__file__))))
 
-from mmsoft_tools.analysis import (add_model_arguments, add_stage_argument,
-                                   make_parser, pyplot, write_results)
+from analysis.common import (add_model_arguments, add_stage_argument,
+                             make_parser, pyplot, write_results)
 
 
 # ------------------------------------------------------------------ sources
@@ -70,8 +70,8 @@ def field_landmarks(g: int, dims: int, spread: float, bandwidth: float,
 def model_landmarks(args, g: int):
     """[(m, d) landmarks] from a SOFT model on images sized for a g x g
     bottleneck grid in stage ``args.stage``."""
-    from mmsoft_tools.analysis import (build_model, image_sets, load_rgb,
-                                       soft_attention_modules, to_tensor)
+    from analysis.common import (build_model, image_sets, load_rgb,
+                                 soft_attention_modules, to_tensor)
     if not hasattr(model_landmarks, 'cache'):
         model_landmarks.cache = build_model(
             args.model,

@@ -35,8 +35,8 @@ import torch
 if osp.dirname(osp.dirname(osp.abspath(__file__))) not in sys.path:  # tools/
     sys.path.insert(0, osp.dirname(osp.dirname(osp.abspath(__file__))))
 
-from mmsoft_tools.analysis import (add_hw_argument, add_stage_argument,
-                                   make_parser, pyplot, write_results)
+from analysis.common import (add_hw_argument, add_stage_argument, make_parser,
+                             pyplot, write_results)
 
 ROOT = osp.dirname(osp.dirname(osp.dirname(osp.abspath(__file__))))
 if osp.isdir(osp.join(ROOT, 'projects')):  # a checkout: the attention zoo
@@ -149,8 +149,8 @@ def parse_args(argv=None):
 
 def main(argv=None):
     args = parse_args(argv)
+    from analysis.common import build_model, load_rgb, to_tensor
     from mmsoft.utils.atomic import atomic_path
-    from mmsoft_tools.analysis import build_model, load_rgb, to_tensor
     ckpts = {}
     for spec in args.checkpoints:
         name, sep, path = spec.partition('=')
@@ -160,7 +160,7 @@ def main(argv=None):
     if args.image:
         rgb = load_rgb(args.image)
     else:
-        from mmsoft_tools import demo_synthetic
+        import demo_synthetic
         render_scene = demo_synthetic.render_scene
         rgb = render_scene(np.random.default_rng([args.seed, 3]),
                            224)[0][..., ::-1].copy()

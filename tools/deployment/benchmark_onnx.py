@@ -28,7 +28,7 @@ import warnings
 if osp.dirname(osp.dirname(osp.abspath(__file__))) not in sys.path:  # tools/
     sys.path.insert(0, osp.dirname(osp.dirname(osp.abspath(__file__))))
 
-from mmsoft_tools.analysis import add_timing_arguments
+from analysis.common import add_timing_arguments
 
 DEFAULT_SPECS = [
     'configs/soft_tiny_in1k.py:224x224',
@@ -78,9 +78,9 @@ def _time(fn, repeats, warmup):
 def bench_one(spec, args, onnx_dir):
     import torch
 
+    from deployment import deploy
     from mmsoft.configs import get_config_path
     from mmsoft.models.layers import with_nr
-    from mmsoft_tools import deploy
     config, _, size = spec.rpartition(':')
     if not osp.isfile(config):  # a shipped config, e.g. 'configs/x.py'
         config = get_config_path(config)

@@ -15,7 +15,7 @@ Outputs: classifier logits (``cls_score``); single-stage detector head
 outputs per FPN level (``cls_score_i``, ``bbox_pred_i``; decoding and NMS
 stay in Python); two-stage detectors the FPN features and RPN outputs;
 segmentor ``seg_logits`` at the input size. See
-``tools/mmsoft_tools/deploy.py``.
+``tools/deployment/deploy.py``.
 
 ``--verify`` runs the file with onnxruntime (CPU) on a seeded random input
 and prints max |onnx - torch| / max |torch| per output; it exits with
@@ -99,7 +99,7 @@ def parse_args(argv=None):
 
 def main(argv=None) -> int:
     args = parse_args(argv)
-    from mmsoft_tools.deploy import ExportError
+    from deployment.deploy import ExportError
     try:
         return run(args)
     except ExportError as e:
@@ -109,7 +109,7 @@ def main(argv=None) -> int:
 
 def run(args) -> int:
     import mmsoft  # noqa: F401  (registers SOFT, applies compat fixes)
-    from mmsoft_tools import deploy
+    from deployment import deploy
     if args.dynamic:
         raise deploy.ExportError(
             'dynamic input shapes are not supported (the landmark grids, '

@@ -6,7 +6,7 @@
 
 Writes ``<out>/coco`` (mmdet CocoDataset), ``<out>/ade`` (mmseg
 ADE20KDataset) and ``<out>/imagenet`` (mmpretrain CustomDataset / ImageNet);
-see :mod:`mmsoft_tools.demo_synthetic` for the formats.
+see :mod:`demo_synthetic` for the formats.
 Deterministic for a given seed; data sets whose manifest already matches are
 skipped (``--force`` regenerates).
 """
@@ -18,7 +18,7 @@ import time
 if osp.dirname(osp.dirname(osp.abspath(__file__))) not in sys.path:  # tools/
     sys.path.insert(0, osp.dirname(osp.dirname(osp.abspath(__file__))))
 
-from mmsoft_tools import demo_synthetic
+import demo_synthetic
 from mmsoft_tools.cli import check_work_dir, run_main
 
 ROOT = osp.dirname(osp.dirname(osp.dirname(osp.abspath(__file__))))

@@ -24,7 +24,7 @@ EXPECTED = (
     ('mmsoft.models.converters', 'ConversionError'),
     ('mmsoft.models.layers.amp', 'ExportError'),
     ('mmsoft_tools.work_dir_lock', 'WorkDirLockedError'),
-    ('mmsoft_tools.demo_synthetic', 'NotDemoDataError'),
+    ('demo_synthetic', 'NotDemoDataError'),
 )
 
 #: errno -> what to do; other OSErrors keep their traceback
@@ -144,34 +144,6 @@ def load_config(path: str):
             f'{path} (or a file of its _base_):{e.lineno}: syntax error: '
             f'{e.msg}')
         raise ToolError(f'config {where}') from None
-
-
-def positive_int(text: str) -> int:
-    """argparse type of counts such as ``--stage4-heads``."""
-    try:
-        value = int(text)
-    except (TypeError, ValueError):
-        value = None
-    if value is None or value < 1:
-        raise argparse.ArgumentTypeError(
-            f'expected a positive integer, got {text!r}')
-    return value
-
-
-def check_readable(path: str) -> None:
-    """An existing file that cannot be read: a one-line ConversionError."""
-    from mmsoft.models.converters import ConversionError
-    if not osp.isfile(path):
-        return
-    try:
-        with open(path, 'rb') as f:
-            f.read(1)
-    except OSError as e:
-        raise ConversionError(
-            f'cannot read {path!r}: {e.strerror or e}' +
-            (f' (errno {e.errno})' if e.errno else '') +
-            '; check its permissions (ls -l) or copy it somewhere readable'
-        ) from None
 
 
 def _existing(path: str) -> str:

@@ -37,18 +37,6 @@ def lock_work_dir(cfg, launcher: str = 'none'):
     return WorkDirLock(cfg.work_dir).acquire()
 
 
-def quiet_init_weights(model) -> None:
-    """``model.init_weights()`` without its INFO line per parameter."""
-    from mmengine.logging import MMLogger
-    logger = MMLogger.get_current_instance()
-    level = logger.level
-    logger.setLevel(logging.WARNING)
-    try:
-        model.init_weights()
-    finally:
-        logger.setLevel(level)
-
-
 def codebase_of(cfg) -> str:
     """The codebase of a config, from its ``default_scope``."""
     scope = cfg.get('default_scope', None)

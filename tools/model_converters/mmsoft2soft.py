@@ -29,8 +29,8 @@ from mmsoft.models.converters import (ConversionError, describe_arch,
                                       mmsoft_to_official_key,
                                       official_model_name, strip_module_prefix)
 from mmsoft.utils.strict_load import few_keys
-from mmsoft_tools import checkpoint_files as files
-from mmsoft_tools.cli import check_readable, positive_int, run_main
+from mmsoft_tools.cli import run_main
+from model_converters import checkpoint_files as files
 
 
 def convert_mmpretrain_to_official(sd, stage4_heads=None, prefix='backbone.'):
@@ -67,13 +67,13 @@ def parse_args(argv=None):
         dst='output official checkpoint (.pth)',
         stage4_heads='heads of stage 4 (only used for the printed '
         'architecture; default: stage 3\'s head width)',
-        heads_type=positive_int).parse_args(argv)
+        heads_type=files.positive_int).parse_args(argv)
 
 
 def convert(args, log=print):
     files.check_output_path(args.src, args.dst)
     files.missing_output_dirs(args.dst)  # created just before writing
-    check_readable(args.src)
+    files.check_readable(args.src)
     ckpt = files.load_checkpoint_file(args.src, trust=args.trust_checkpoint)
     sd, source = extract_state_dict(ckpt, prefer_ema=False)
     log(f'reading {source!r} of {args.src} ({len(sd)} tensors)')

@@ -36,8 +36,8 @@ from mmsoft.models.converters import (ConversionError, arch_for_mmsoft,
                                       convert_official_to_mmpretrain,
                                       describe_arch, match_arch_preset,
                                       official_model_name)
-from mmsoft_tools import checkpoint_files as files
-from mmsoft_tools.cli import check_readable, positive_int, run_main
+from mmsoft_tools.cli import run_main
+from model_converters import checkpoint_files as files
 
 
 def parse_args(argv=None):
@@ -49,7 +49,7 @@ def parse_args(argv=None):
         stage4_heads='heads of the softmax stage 4 (not visible in the '
         'weights; default: keep stage 3\'s head width, 16 for every '
         'official model)',
-        heads_type=positive_int)
+        heads_type=files.positive_int)
     ema = p.add_mutually_exclusive_group()
     ema.add_argument(
         '--ema',
@@ -73,7 +73,7 @@ def parse_args(argv=None):
 def convert(args, log=print):
     files.check_output_path(args.src, args.dst)
     files.missing_output_dirs(args.dst)  # created just before writing
-    check_readable(args.src)
+    files.check_readable(args.src)
     ckpt = files.load_checkpoint_file(args.src, trust=args.trust_checkpoint)
     done = files.already_mmsoft(ckpt, args.src)
     if done:

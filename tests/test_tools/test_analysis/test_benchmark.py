@@ -12,7 +12,7 @@ from conftest import load_tool
 def isolated_runs_in(script_server, monkeypatch):
     """``run_isolated``'s ``python script args`` children in the
     :func:`script_server` (a fork with the stacks imported)."""
-    from mmsoft_tools import analysis
+    from analysis import common as analysis
 
     def run(cmd, env, **kwargs):
         assert cmd[0] == sys.executable, cmd

@@ -18,6 +18,34 @@ from mmsoft.models.converters import (ConversionError, arch_for_mmsoft,
                                       mmsoft_to_official_key)
 
 
+def positive_int(text: str) -> int:
+    """argparse type of counts such as ``--stage4-heads``."""
+    try:
+        value = int(text)
+    except (TypeError, ValueError):
+        value = None
+    if value is None or value < 1:
+        raise argparse.ArgumentTypeError(
+            f'expected a positive integer, got {text!r}')
+    return value
+
+
+def check_readable(path: str) -> None:
+    """An existing file that cannot be read: a one-line ConversionError."""
+    from mmsoft.models.converters import ConversionError
+    if not osp.isfile(path):
+        return
+    try:
+        with open(path, 'rb') as f:
+            f.read(1)
+    except OSError as e:
+        raise ConversionError(
+            f'cannot read {path!r}: {e.strerror or e}' +
+            (f' (errno {e.errno})' if e.errno else '') +
+            '; check its permissions (ls -l) or copy it somewhere readable'
+        ) from None
+
+
 def load_checkpoint_file(path: str, trust: bool = False):
     """The checkpoint on the CPU, weights only unless ``trust``."""
     from mmsoft.utils.checkpoint_io import describe_damage, refusal_message

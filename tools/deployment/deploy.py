@@ -10,12 +10,17 @@ import torch.nn as nn
 
 from mmsoft.models.layers.amp import ExportError
 from mmsoft.utils.atomic import atomic_path
-from mmsoft_tools.torch_compat import onnx_export_takes_dynamo
 
 DEFAULT_OPSET = 17
 #: the oldest opsets that export SOFT: TorchScript (SDPA needs 14), dynamo
 MIN_OPSET = 14
 MIN_OPSET_DYNAMO = 18
+
+
+def onnx_export_takes_dynamo():
+    """Whether ``torch.onnx.export`` takes ``dynamo`` (torch >= 2.5)."""
+    import inspect
+    return 'dynamo' in inspect.signature(torch.onnx.export).parameters
 
 
 def build_model(config,
@@ -27,6 +32,7 @@ def build_model(config,
     from mmengine.model import revert_sync_batchnorm
     from mmengine.registry import init_default_scope
 
+    from analysis.common import quiet_init_weights
     from mmsoft_tools import launch
     if not isinstance(config, Config):
         if not osp.isfile(config):
@@ -49,7 +55,7 @@ def build_model(config,
     # SyncBN has no CPU kernel: BN (same statistics) for the export
     model = revert_sync_batchnorm(registry.MODELS.build(cfg.model))
     if random:
-        launch.quiet_init_weights(model)
+        quiet_init_weights(model)
     else:
         load_weights(model, checkpoint, partial_load)
     return model.eval(), scope, cfg

@@ -113,7 +113,7 @@ def image_sets(specs, num_images: int, demo_root=None):
         return sets
     import numpy as np
 
-    from mmsoft_tools import demo_synthetic
+    import demo_synthetic
     render_scene = demo_synthetic.render_scene
     imgs = [
         render_scene(np.random.default_rng([7, i]), 224)[0][..., ::-1]
@@ -167,7 +167,6 @@ def build_model(name=None, config=None, checkpoint=None, **overrides):
         print(
             'warning: no --checkpoint, the model is randomly initialised',
             flush=True)
-        from mmsoft_tools.launch import quiet_init_weights
         quiet_init_weights(model)
     return model.eval()
 
@@ -440,3 +439,36 @@ def write_results(out: str,
     print(md)
     print('wrote ' + ', '.join(paths), flush=True)
     return paths
+
+
+def quiet_init_weights(model) -> None:
+    """``model.init_weights()`` without its INFO line per parameter."""
+    import logging
+
+    from mmengine.logging import MMLogger
+    logger = MMLogger.get_current_instance()
+    level = logger.level
+    logger.setLevel(logging.WARNING)
+    try:
+        model.init_weights()
+    finally:
+        logger.setLevel(level)
+
+
+def sdpa_math():
+    """A context where SDPA runs its math kernel (any torch)."""
+    import torch
+    try:
+        from torch.nn.attention import SDPBackend, sdpa_kernel
+    except ImportError:
+        return torch.backends.cuda.sdp_kernel(
+            enable_flash=False, enable_math=True, enable_mem_efficient=False)
+    return sdpa_kernel(SDPBackend.MATH)
+
+
+def grad_scaler(device_type, **kwargs):
+    """``torch.amp.GradScaler`` (torch >= 2.3), else CUDA's."""
+    import torch
+    if hasattr(torch.amp, 'GradScaler'):
+        return torch.amp.GradScaler(device_type, **kwargs)
+    return torch.cuda.amp.GradScaler(**kwargs)

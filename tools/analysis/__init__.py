@@ -1,0 +1,1 @@
+"""The analysis scripts' shared helpers: :mod:`analysis.common`."""

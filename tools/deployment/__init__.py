@@ -1,0 +1,1 @@
+"""The deployment scripts' ONNX export: :mod:`deployment.deploy`."""

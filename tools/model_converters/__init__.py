@@ -1,0 +1,1 @@
+"""The converters' helpers: :mod:`model_converters.checkpoint_files`."""
