@@ -27,7 +27,7 @@ fi
 if [[ $# -gt 0 ]]; then
     TARGETS=("$@")
 else
-    TARGETS=(mmsoft tools tests configs demo setup.py)
+    TARGETS=(mmsoft tools tests configs demo projects setup.py)
 fi
 EXCL=(--exclude 'mmsoft/.mim/**')
 rc=0
