@@ -1,7 +1,6 @@
-"""``make mutations`` stays applicable and scores right: each hand-written
-mutation applies once and names real tests; the groups' files exist; the
-runner's config, table, equivalents, re-test and child-process bridge."""
-import ast
+"""``make mutations`` stays applicable and scores right: the groups' files
+exist; the runner's config, table, equivalents, re-test and child-process
+bridge."""
 import json
 import os
 import os.path as osp
@@ -14,28 +13,12 @@ from conftest import ROOT
 SITE = osp.join(ROOT, 'tests', 'mutation', 'site')
 sys.path.insert(0, osp.join(ROOT, 'tests', 'mutation'))
 import run_mutmut  # noqa: E402
-from mutations import MUTATIONS, by_name  # noqa: E402
 from run_mutmut import GROUPS, TOOLS_PKG  # noqa: E402
 
 
 def _read(path):
     with open(osp.join(ROOT, path)) as f:
         return f.read()
-
-
-@pytest.mark.parametrize('m', MUTATIONS, ids=lambda m: m.name)
-def test_mutation_applies_and_names_real_tests(m):
-    assert by_name()[m.name] is m
-    assert _read(m.path).count(m.old) == 1, f'{m.name}: old text not once'
-    assert m.old != m.new and m.tests
-    for sel in m.tests:
-        path, _, name = sel.partition('::')
-        defined = {
-            n.name
-            for n in ast.walk(ast.parse(_read(path)))
-            if isinstance(n, ast.FunctionDef)
-        }
-        assert not name or name.split('[')[0] in defined, f'no test {sel}'
 
 
 def test_group_files_exist_and_the_groups_are_disjoint():

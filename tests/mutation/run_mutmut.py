@@ -1,4 +1,4 @@
-"""mutmut's generated mutants per group, or the hand-written ones.
+"""mutmut's generated mutants per group.
 
 mutmut runs once per group of :data:`GROUPS` (``make mutations
 [GROUPS='loading safety']``), in ``work_dirs/mutation/<group>/``
@@ -12,11 +12,6 @@ here only) credits a test with what its child processes ran.
 
     python tests/mutation/run_mutmut.py [GROUP ...] [--retest] [--table]
     python tests/mutation/run_mutmut.py --survivors loading   # as diffs
-
-``--hand [NAME ...]``: each mutation of ``mutations.py`` applied alone to a
-copy of the checkout, its tests run with ``pytest -x`` (exit 1: killed, 0:
-SURVIVED, else error) after they passed unmutated with nothing skipped; a
-table to ``work_dirs/mutation/hand.md``, pytest's output in ``logs/``.
 """
 import argparse
 import ast
@@ -33,7 +28,6 @@ import shutil
 import signal
 import subprocess
 import sys
-import tempfile
 import time
 from typing import Dict, Tuple
 
@@ -45,8 +39,6 @@ DOC = osp.join(ROOT, 'docs', 'en', 'contributing.md')
 TABLE_START = '<!-- mutmut table: tests/mutation/run_mutmut.py --table -->'
 TABLE_END = '<!-- end of mutmut table -->'
 TOOLS_PKG = 'tools/mmsoft_tools/'
-if HERE not in sys.path:
-    sys.path.insert(0, HERE)
 
 SKIPPED = 34  # mutmut's exit code for a mutant it was told to skip
 NO_MUTANT = 'mmsoft-generate-only'  # a filter that matches no mutant
@@ -127,14 +119,14 @@ def checkout_files():
     return sorted(p for p in out.decode().split('\0') if p)
 
 
-def sync_copy(ws: str, src_layout: bool = True) -> None:
-    """The checkout into ``ws`` (``src_layout``: tools' package in src/);
+def sync_copy(ws: str) -> None:
+    """The checkout into ``ws`` (the tools' package in src/);
     unchanged files keep their time stamps."""
     for rel in checkout_files():
         src = osp.join(ROOT, rel)
         if not osp.isfile(src):
             continue
-        if src_layout and rel.startswith(TOOLS_PKG):
+        if rel.startswith(TOOLS_PKG):
             rel = 'src/mmsoft_tools/' + rel[len(TOOLS_PKG):]
         dst = osp.join(ws, rel)
         if osp.isfile(dst):
@@ -448,102 +440,16 @@ def update_doc() -> None:
     os.replace(DOC + '.part', DOC)
 
 
-def run_pytest(copy, python, tests, log):
-    """(pytest's exit status, None on a timeout; its output) in ``copy``."""
-    cmd = [python, '-m', 'pytest', '-q', '-x', '-p', 'no:cacheprovider']
-    env = dict(
-        os.environ,
-        PYTHONPATH=copy,
-        PYTHON=python,
-        PYTHONDONTWRITEBYTECODE='1',
-        MPLBACKEND='Agg')
-    proc = subprocess.Popen(
-        cmd + list(tests),
-        cwd=copy,
-        env=env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-        start_new_session=True)
-    try:
-        out, rc = proc.communicate(timeout=1200)[0], proc.returncode
-    except BaseException as e:  # a timeout, Ctrl-C
-        os.killpg(proc.pid, signal.SIGKILL)
-        out, rc = proc.communicate()[0], None
-        if not isinstance(e, subprocess.TimeoutExpired):
-            raise
-    os.makedirs(osp.dirname(log), exist_ok=True)
-    with open(log, 'w') as f:
-        f.write(' '.join(cmd + list(tests)) + '\n\n' + out)
-    return rc, out
-
-
-def run_hand(names, python, work) -> int:
-    from mutations import MUTATIONS, by_name
-    known = by_name()
-    unknown = [n for n in names if n not in known]
-    if unknown:
-        sys.exit(f'unknown mutation(s): {", ".join(unknown)}; they are '
-                 f'{", ".join(known)}')
-    todo = [known[n] for n in names] or list(MUTATIONS)
-    logs = osp.join(work, 'logs')
-    rows = ['| mutation | what | file | caught by | result | s |',
-            '|---|---|---|---|---|---|']  # yapf: disable
-    with tempfile.TemporaryDirectory(prefix='mmsoft_mutation_') as copy:
-        sync_copy(copy, src_layout=False)
-        for i, tests in enumerate(dict.fromkeys(m.tests for m in todo)):
-            rc, out = run_pytest(copy, python, tests,
-                                 osp.join(logs, f'_baseline_{i}.log'))
-            last = (out.strip().splitlines() or [''])[-1]
-            if rc != 0 or 'skipped' in last:
-                print(f'baseline FAILED: {" ".join(tests)} ({last}; '
-                      f'{logs}/_baseline_{i}.log)')
-                return 1
-        for m in todo:
-            path = osp.join(copy, m.path)
-            with open(path, encoding='utf-8', newline='') as f:
-                original = f.read()
-            assert original.count(m.old) == 1, f'{m.name}: old text not once'
-            with open(path, 'w', encoding='utf-8', newline='') as f:
-                f.write(original.replace(m.old, m.new))
-            start = time.time()
-            try:
-                rc, out = run_pytest(copy, python, m.tests,
-                                     osp.join(logs, m.name + '.log'))
-            finally:
-                with open(path, 'w', encoding='utf-8', newline='') as f:
-                    f.write(original)
-            result = {1: 'killed', 0: 'SURVIVED'}.get(rc, f'error ({rc})')
-            caught = [  # file::test[params], without the folders
-                osp.basename(n.split('::')[0]) + n[len(n.split('::')[0]):]
-                for n in re.findall(r'^(?:FAILED|ERROR) (\S+)', out, re.M)
-            ]
-            what = m.what.replace('|', '\\|')
-            rows.append(f'| {m.name} | {what} | `{m.path}` | '
-                        f'{", ".join(caught) or "-"} | {result} | '
-                        f'{time.time() - start:.0f} |')
-            print(rows[-1], flush=True)
-    killed = sum('| killed |' in r for r in rows)
-    rows.append(f'\n{killed} of {len(todo)} mutations killed')
-    with open(osp.join(work, 'hand.md'), 'w') as f:
-        f.write('\n'.join(rows) + '\n')
-    print(rows[-1].strip())
-    return int(killed < len(todo))
-
-
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split('\n')[0])
-    p.add_argument(
-        'groups', nargs='*', help=f'of {", ".join(GROUPS)} (--hand: names)')
-    for flag, text in (('--hand', 'the hand-written mutations'),
-                       ('--table',
+    p.add_argument('groups', nargs='*', help=f'of {", ".join(GROUPS)}')
+    for flag, text in (('--table',
                         'only rewrite the table from tests/mutation/results'),
                        ('--survivors', 'print survivors as diffs'),
                        ('--retest',
                         'run only the mutants that survived, had no test or '
                         'did not run last time (e.g. after adding tests)')):
         p.add_argument(flag, action='store_true', help=text)
-    p.add_argument('--python', default=sys.executable, help='--hand: pytest')
     p.add_argument(
         '--work-dir', default=osp.join(ROOT, 'work_dirs', 'mutation'))
     p.add_argument('--max-children', type=int, default=os.cpu_count() or 2)
@@ -551,21 +457,15 @@ def parse_args(argv=None):
         '--budget-scale', type=float, default=1.0, help='times each budget')
     args = p.parse_args(argv)
     unknown = [g for g in args.groups if g not in GROUPS]
-    if unknown and not args.hand:
+    if unknown:
         p.error(f'unknown group(s) {", ".join(unknown)}; the groups are '
                 f'{", ".join(GROUPS)}')
-    args.groups = args.groups or ([] if args.hand else list(GROUPS))
+    args.groups = args.groups or list(GROUPS)
     return args
 
 
 def main(argv=None) -> int:
     args = parse_args(argv)
-    if args.hand:  # a relative --python: from here (a venv's link kept)
-        os.makedirs(args.work_dir, exist_ok=True)
-        return run_hand(
-            args.groups,
-            osp.abspath(args.python) if os.sep in args.python else args.python,
-            args.work_dir)
     if args.survivors:
         for name in args.groups:
             for key, s in sorted((read_results(name)[0] or {}).items()):
