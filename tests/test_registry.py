@@ -32,16 +32,3 @@ def test_build_from_codebase_registry(codebase, type_name, monkeypatch):
     assert isinstance(model, SOFT)
     assert type(model.stages[0].blocks[0].attn).__name__ == 'SOFTAttention'
     assert not [m for m in logged if 'Failed to search registry' in m]
-
-
-def test_custom_imports_in_config(tmp_path):
-    """The documented route: custom_imports + a codebase's config."""
-    pytest.importorskip('mmdet')
-    from mmdet.registry import MODELS
-    from mmengine.config import Config
-    cfg_file = tmp_path / 'cfg.py'
-    cfg_file.write_text("custom_imports = dict(imports=['mmsoft'], "
-                        "allow_failed_imports=False)\n"
-                        f"backbone = dict(type='SOFT', arch={TINY!r})\n")
-    cfg = Config.fromfile(str(cfg_file))
-    assert isinstance(MODELS.build(cfg.backbone), SOFT)

@@ -11,14 +11,6 @@ def line_of(changes, ops='13.0'):
     return TOOL.check({**WANT, **changes}, ops)
 
 
-def test_verified_stack_comes_from_stacks_py():
-    stack = next(s for s in TOOL.stacks.STACKS.values() if s.get('setup_env'))
-    assert (WANT['torch'], WANT['mmcv'],
-            WANT['mmsegmentation']) == (stack['torch'], stack['mmcv'],
-                                        stack['mmseg'])
-    assert list(WANT)[:3] == ['torch', 'torchvision', 'numpy']
-
-
 def test_the_verified_stack_is_one_line(capsys):
     line, rc = line_of({'torch': WANT['torch'] + '+cu130'})
     assert rc == 0 and '\n' not in line
