@@ -1,11 +1,11 @@
 """mmsoft as a user gets it: a wheel built from a copy of the sources,
 installed without dependencies into a venv that reuses this interpreter's
 packages through a ``.pth`` path line (the checkout's editable mmsoft cannot
-shadow it). Outside the checkout: (a) a user's config inheriting a copied
-shipped one trains with ``mim train mmpretrain`` (mmsoft by
-``custom_imports`` only) and the installed ``demo/image_demo.py`` runs its
-checkpoint; (b) ``mim train mmsoft`` with mmseg / mmpretrain unimportable.
-A missing prerequisite fails; nothing skips."""
+shadow it). Outside the checkout, with mmseg / mmpretrain unimportable:
+``mim train mmsoft`` on a shipped config by name, then the installed
+``demo/image_demo.py`` on its checkpoint (a user's config copied from a
+shipped one: test_packaging.py; the host tools: test_host_tools.py). A
+missing prerequisite fails; nothing skips."""
 import glob
 import importlib.util
 import json
@@ -18,7 +18,7 @@ import sysconfig
 import zipfile
 
 import pytest
-from conftest import ROOT, load_module
+from conftest import ROOT
 
 SOURCES = ('setup.py', 'MANIFEST.in', 'README.md', 'model-index.yml',
            'requirements', 'mmsoft', 'configs', 'tools', 'demo')
@@ -35,19 +35,6 @@ class _Absent:
 
 
 sys.meta_path.insert(0, _Absent())
-'''
-
-USER_CONFIG = '''_base_ = ['./mmsoft_configs/demo/soft_cls_demo.py']
-custom_imports = dict(imports=['mmsoft'], allow_failed_imports=False)
-my_arch = dict(embed_dims=[16, 32, 48, 64], num_heads=[1, 1, 2, 2],
-               depths=[1, 1, 1, 1], sampling_ratios=[4, 2, 2, 1])
-model = dict(backbone=dict(type='SOFT', arch=my_arch),
-             head=dict(in_channels=64))
-train_dataloader = dict(batch_size=2)
-val_dataloader = dict(batch_size=2)
-test_dataloader = val_dataloader
-train_cfg = dict(max_epochs=1, val_interval=1)
-default_hooks = dict(logger=dict(interval=1), checkpoint=dict(interval=1))
 '''
 
 #: where mmsoft is, read without importing it (no torch: a cheap process)
@@ -78,7 +65,7 @@ def _run(cmd, cwd, env, check=True):
 
 @pytest.fixture(scope='module')
 def env(tmp_path_factory):
-    for mod in ('setuptools', 'wheel', 'mmdet', 'mmpretrain', 'mim'):
+    for mod in ('setuptools', 'wheel', 'mmdet', 'mim'):
         if importlib.util.find_spec(mod) is None:
             pytest.fail(
                 f'{mod} is not installed; run bash tools/setup_env.sh',
@@ -121,8 +108,8 @@ def env(tmp_path_factory):
     # the installed data tool writes under the working directory
     mim = osp.join(site, 'mmsoft', '.mim')
     _vrun(e, osp.join(mim, 'tools', 'misc', 'make_demo_data.py'), '--tasks',
-          'cls', 'det', '--num-train', 2, '--num-val', 2, '--workers', 1)
-    assert sorted(os.listdir(work / 'data' / 'demo')) == ['coco', 'imagenet']
+          'det', '--num-train', 2, '--num-val', 2, '--workers', 1)
+    assert os.listdir(work / 'data' / 'demo') == ['coco']
     return e
 
 
@@ -177,39 +164,8 @@ def test_installed_mmsoft_is_the_wheel(env):
     ]
 
 
-def test_user_config_trains_with_mim_and_runs_in_the_image_demo(env):
-    """(a); the demo installed as mmdet ships demo/ (mmsoft/.mim/demo)."""
-    work = env['work']
-    configs = load_module(
-        osp.join(ROOT, 'tools', 'misc', 'configs.py'), '_wheel_configs')
-    configs.copy_config('demo/soft_cls_demo.py', str(work / 'mmsoft_configs'))
-    (work / 'my_soft_cls.py').write_text(USER_CONFIG)
-    log = _vrun(
-        env, *'-m mim train mmpretrain my_soft_cls.py --work-dir '
-        'work_dirs/my_soft_cls'.split())
-    assert 'Epoch(train) [1][1/1]' in log, log[-3000:]
-    assert 'accuracy/top1' in log
-    ckpt = work / 'work_dirs' / 'my_soft_cls' / 'epoch_1.pth'
-    assert ckpt.is_file()
-    # the dumped config is the user's: tiny arch, plain type, custom_imports
-    text = (work / 'work_dirs' / 'my_soft_cls' / 'my_soft_cls.py').read_text()
-    assert "embed_dims=[\n" in text or 'embed_dims=[16, 32, 48, 64]' in text
-    assert "imports=[\n" in text or "imports=['mmsoft']" in text
-    demo = osp.join(env['site'], 'mmsoft', '.mim', 'demo', 'image_demo.py')
-    out = _vrun(env, demo, 'data/demo/imagenet/val', 'my_soft_cls.py', ckpt,
-                '--out-dir', 'outputs/cls')
-    assert 'classification: ' in out, out
-    preds, vis = (glob.glob(
-        str(work / 'outputs' / 'cls' / d / '**' / f'*.{e}'), recursive=True)
-                  for d, e in (('preds', 'json'), ('vis', 'png')))
-    assert preds and len(preds) == len(vis)
-    with open(preds[0]) as f:
-        pred = json.load(f)
-    assert pred['task'] == 'classification' and 'pred_score' in pred
-
-
-def test_shipped_config_through_mim_with_mmdet_only(env):
-    """(b) (evaluation through a host tool: (a))."""
+def test_mim_train_with_mmdet_only_and_the_installed_image_demo(env):
+    """The demo installed as mmdet ships demo/ (mmsoft/.mim/demo)."""
     block = env['work'].parent / 'only_mmdet'
     block.mkdir(exist_ok=True)
     (block / 'sitecustomize.py').write_text(BLOCKER)
@@ -228,4 +184,17 @@ def test_shipped_config_through_mim_with_mmdet_only(env):
           'default_hooks.checkpoint.interval=1').split(),
         environ=only_det)
     assert 'Epoch(train) [1][1/1]' in log, log[-3000:]
-    assert (env['work'] / wd / 'epoch_1.pth').is_file()
+    ckpt = env['work'] / wd / 'epoch_1.pth'
+    assert ckpt.is_file()
+    demo = osp.join(env['site'], 'mmsoft', '.mim', 'demo', 'image_demo.py')
+    args = ('data/demo/coco/val', f'{wd}/retinanet_soft_demo.py', ckpt,
+            '--out-dir', 'outputs/det')  # the config the run dumped
+    out = _vrun(env, demo, *args, environ=only_det)
+    assert 'detection: ' in out, out
+    preds, vis = (glob.glob(
+        str(env['work'] / 'outputs' / 'det' / d / '**' / f'*.{e}'),
+        recursive=True) for d, e in (('preds', 'json'), ('vis', '*')))
+    assert preds and len(preds) == len(vis)
+    with open(preds[0]) as f:
+        pred = json.load(f)
+    assert pred['task'] == 'detection' and 'bboxes' in pred
