@@ -239,14 +239,6 @@ def _old_keys(mm):
     return old
 
 
-def test_old_mmsoft_checkpoints_are_refused(tiny_sd):
-    """mmsoft 0.1 keys: refused in one line naming them (issue 50)."""
-    msg = raised(to_official,
-                 _old_keys(ok.convert_official_to_mmpretrain(tiny_sd)[0]))
-    assert '\n' not in msg and 'no official counterpart' in msg
-    assert 'backbone.pos_embeds.0 ' in msg
-
-
 def test_unknown_missing_and_mismatched_keys_are_named(tmp_path, capsys,
                                                        tiny_sd):
     """Either tool: one line naming them (the odd block 0 of stage 3's three
