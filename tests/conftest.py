@@ -283,11 +283,19 @@ def random_model(cfg):
     return model
 
 
+def check_hooks(cfg):
+    """mmsoft's hooks in a shipped config: what the host tools get."""
+    hooks = {h['type'] for h in cfg.custom_hooks}
+    assert {'StrictLoadHook', 'NonFiniteLossHook'} <= hooks, hooks
+    assert cfg.default_hooks.checkpoint.type == 'SafeCheckpointHook'
+
+
 def demo_support():
     """``(demo_synthetic, demo_tasks)``; skips without the codebases."""
     for codebase in ('mmdet', 'mmseg', 'mmpretrain'):
         pytest.importorskip(codebase)
-    from mmsoft_tools import demo_synthetic, demo_tasks
+    import demo_synthetic
+    import demo_tasks
     return demo_synthetic, demo_tasks
 
 
@@ -302,7 +310,7 @@ def tiny_demo_data(num_train):
 def cls_demo_config(tmp, **batch_size):
     """``tmp/cls.py``: the cls demo config on 2 + 4 generated images under
     ``tmp/data``; ``batch_size``: per dataloader (``val=4``)."""
-    from mmsoft_tools import demo_synthetic
+    import demo_synthetic
     demo_synthetic.make_demo_data(
         str(tmp / 'data'),
         tasks=('cls', ),

@@ -5,7 +5,8 @@ import os.path as osp
 
 import cv2
 import pytest
-from conftest import demo_support, random_model, tiny_demo_data, tool_namespace
+from conftest import (check_hooks, demo_support, random_model, tiny_demo_data,
+                      tool_namespace)
 from mmengine.optim import build_optim_wrapper
 
 from mmsoft.models.layers.soft_attention import landmark_grid
@@ -43,6 +44,7 @@ def test_config_contents(task):
     assert types == [model, dataset, dataset, dataset, metric]
     assert cfg.model.backbone.type in ('SOFT', 'mmsoft.SOFT')
     assert 'mmsoft' in cfg.custom_imports['imports']
+    check_hooks(cfg)
     # every SOFT stage keeps >= 4 bottleneck tokens at the demo size
     hw = size // 4
     for i, r in enumerate(cfg.model.backbone.arch['sampling_ratios'][:3]):

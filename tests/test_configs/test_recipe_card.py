@@ -13,7 +13,7 @@ import types
 import pytest
 import torch
 from conftest import CONFIGS as CONFIG_DIR
-from conftest import tiny_arch
+from conftest import check_hooks, tiny_arch
 from mmengine.config import Config
 from mmengine.registry import DefaultScope
 from reference.recipe_card import FAMILIES, family_of
@@ -102,6 +102,7 @@ def check_settings(name, cfg, scope):
     assert cfg.custom_imports == dict(
         imports=['mmsoft'], allow_failed_imports=False)
     assert cfg.optim_wrapper.type == 'OptimWrapper'
+    check_hooks(cfg)
     assert cfg.train_dataloader.dataset.type == DATASETS[scope]
     bb, m = cfg.model.backbone, cfg.model
     dims = list(SOFT.arch_zoo[bb.arch]['embed_dims'])
