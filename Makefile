@@ -42,13 +42,11 @@ gpu-check: env
 
 # the mutation check: generated mutants (mutmut, per module group of
 # tests/mutation/run_mutmut.py, each within its budget; GROUPS='loading'
-# runs some) and the hand-written device / precision / compile / config
-# cases of tests/mutation/mutations.py (MUTATIONS='name ...' runs some)
+# runs some)
 mutations: env
 	@$(PY) -c 'import mutmut' 2>/dev/null || $(PY) -m pip install -q \
 	    -c requirements/constraints.txt -r requirements/mutation.txt
-	$(if $(MUTATIONS),,$(PY) tests/mutation/run_mutmut.py $(GROUPS))
-	$(if $(GROUPS),,$(PY) tests/mutation/run_mutmut.py --hand --python $(PY) $(MUTATIONS))
+	$(PY) tests/mutation/run_mutmut.py $(GROUPS)
 
 # the documentation site (docs/en, Sphinx + MyST) -> docs/_build/html,
 # warnings are errors

@@ -3,7 +3,6 @@ import difflib
 import glob
 import os
 import os.path as osp
-import sys
 from typing import List
 
 _PKG_DIR = osp.dirname(osp.abspath(__file__))
@@ -58,9 +57,3 @@ def get_config(name: str):
     """A shipped config as a ``Config``."""
     from mmengine.config import Config
     return Config.fromfile(get_config_path(name))
-
-
-if __name__ == '__main__':  # the CLI moved to a tool (removed in 0.4)
-    sys.exit(f'error: python -m mmsoft.configs was removed: run mim run '
-             f'mmsoft configs {" ".join(sys.argv[1:])} (in a checkout: '
-             f'python tools/misc/configs.py)')

@@ -3,10 +3,7 @@ the model index, building on a shipped config from another directory (the
 wheel itself: ``tests/test_wheel_install.py``)."""
 import os
 import os.path as osp
-import runpy
 import shutil
-import sys
-import warnings
 
 import pytest
 from conftest import ROOT, load_module
@@ -210,19 +207,3 @@ def test_configs_cli(tmp_path, capsys):
     assert sorted(os.listdir(tmp_path / 'c' / '_base_')) == [
         'retinanet_soft_fpn_1x_coco.py', 'soft_dense.py'
     ]
-
-
-def test_python_m_mmsoft_configs_removed(tmp_path, monkeypatch, capsys):
-    """``python -m mmsoft.configs`` (removed, issue 50): one line naming
-    ``mim run mmsoft configs`` with the same arguments, nothing written."""
-    monkeypatch.chdir(tmp_path)
-    monkeypatch.setattr(sys, 'argv', ['-m', 'copy', 'soft_tiny_in1k'])
-    with warnings.catch_warnings():  # already imported: runpy warns
-        warnings.simplefilter('ignore', RuntimeWarning)
-        with pytest.raises(SystemExit) as e:
-            runpy.run_module('mmsoft.configs', run_name='__main__')
-    assert e.value.code == (
-        'error: python -m mmsoft.configs was removed: run mim run mmsoft '
-        'configs copy soft_tiny_in1k (in a checkout: python '
-        'tools/misc/configs.py)')
-    assert capsys.readouterr() == ('', '') and not os.listdir(tmp_path)
