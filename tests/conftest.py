@@ -22,6 +22,7 @@ ROOT = osp.dirname(osp.dirname(osp.abspath(__file__)))
 CONFIGS = osp.join(ROOT, 'configs')
 TOOLS = osp.join(ROOT, 'tools')
 sys.path.append(TOOLS)  # the tools' own package, mmsoft_tools
+sys.path.append(ROOT)  # projects/ (projects.attention_zoo), from any cwd
 
 
 def pytest_terminal_summary(terminalreporter, config):
