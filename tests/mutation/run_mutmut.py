@@ -58,7 +58,8 @@ H = M + 'engine/hooks/'
 T = 'tests/'
 # both model groups' tests (one selection: one stats run serves both);
 # test_compile stays out: dynamo traces mutmut's trampolines differently
-MODEL_TESTS = tuple(f"""{T}test_models {T}test_engine/test_optimizers.py
+MODEL_TESTS = tuple(f"""{T}test_models {T}test_projects
+    {T}test_engine/test_optimizers.py
     --ignore {T}test_models/test_compile.py
     --ignore {T}test_models/test_backbones/test_loading.py""".split())
 GROUPS: Dict[str, Group] = {
@@ -66,8 +67,8 @@ GROUPS: Dict[str, Group] = {
     Group(
         'attention, kernel, inverse',
         tuple(f"""{L}nr_iteration.py {L}nr_autograd.py {L}nr_config.py
-        {L}soft_attention.py {L}zoo.py {H}nr_residual_hook.py
-        {M}engine/optimizers/cpu_amp_optim_wrapper.py""".split()), MODEL_TESTS,
+        {L}soft_attention.py {H}nr_residual_hook.py
+        {M}engine/optimizers.py""".split()), MODEL_TESTS,
         5400),
     'backbone':
     Group('blocks, backbone', (L + 'amp.py', M + 'models/backbones/soft.py'),
@@ -94,7 +95,7 @@ GROUPS: Dict[str, Group] = {
     Group(
         'checkpoints, resume, lock, non-finite stop',
         tuple(f"""{H}checkpoint_hook.py {H}resume.py {H}nonfinite_hook.py
-        {M}utils/atomic.py {M}utils/checkpoint_io.py {M}utils/rng_state.py
+        {M}utils/atomic.py {M}utils/checkpoint_io.py
         src/mmsoft_tools/work_dir_lock.py""".split()),
         tuple(f"""{T}test_engine {T}test_checkpoint_safety.py
         {T}test_tools/test_work_dir_lock.py""".split()), 2400),
