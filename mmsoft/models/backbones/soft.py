@@ -350,12 +350,15 @@ class SOFT(BaseModule):
         attn_cfg (dict): the mixer of stages 1-3 (``ATTENTIONS``).
         out_type (str): ``'featmap'`` or ``'cls_token'`` (stage 4).
         pretrain_img_size (int): size of the position embeddings.
-        drop_rate / attn_drop_rate (float): stage 4's dropouts.
+        drop_rate (float): after the position embeddings and in stage 4.
+        attn_drop_rate (float): stage 4's attention dropout.
         drop_path_rate (float): rising linearly over the blocks, applied
             by stages 1-3 as ``residual_drop`` (``'drop_path'`` /
             ``'dropout'``).
-        norm_cfg / act_cfg / patch_norm_cfg / patch_act_cfg (dict): None:
-            LN / tanh GELU (stage 4: LN eps 1e-6 / GELU) / BN / ReLU.
+        norm_cfg (dict): block norms; None: LN (stage 4: LN eps 1e-6).
+        act_cfg (dict): FFN activations; None: tanh GELU (stage 4: GELU).
+        patch_norm_cfg (dict): the patch-embedding convs' norm; None: BN.
+        patch_act_cfg (dict): their activation; None: ReLU.
         frozen_stages (int): -1 none; 0 the stem (``stages.0.patch_embed``
             and ``stages.0.pos_embed``); k >= 1 stages 1..k.
         stage_cfgs (dict | list[dict]): merged over each stage's computed

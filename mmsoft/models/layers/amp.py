@@ -145,7 +145,7 @@ def conv2d(x, weight, bias=None, stride=1, padding=0, dilation=1, groups=1):
 
 
 class SafeConv2d(nn.Conv2d):
-    """``nn.Conv2d`` whose forward is the checked :func:`conv2d`."""
+    """``nn.Conv2d`` whose forward is the checked ``amp.conv2d``."""
 
     def _conv_forward(self, input, weight, bias) -> torch.Tensor:
         if self.padding_mode != 'zeros':
