@@ -305,15 +305,26 @@ def test_benchmark_onnx_tiny_run(tmp_path, capsys, replaced):
 
 def test_nr_backward_compare_train_demo(tmp_path, capsys, monkeypatch):
     """The two runs get the demo config (3 iterations) and their
-    nr_backward; the table is their metrics (a real demo run:
-    test_configs/test_demo_configs.py::test_demo_smoke)."""
+    nr_backward; the table is their metrics. The first one is real (the
+    demo's detection run_task: train, test, draw), the second stubbed."""
     import demo_tasks as tasks
-    calls = []
+    calls, real_run_task = [], tasks.run_task
 
     def run_task(task, data_root, work_dir, cfg, seed, cfg_options):
         k = len(calls)
         calls.append((task, data_root, work_dir, cfg.train_cfg.max_iters, seed,
                       cfg_options))
+        if k == 0:
+            res = real_run_task(
+                task,
+                data_root,
+                work_dir,
+                cfg=cfg,
+                seed=seed,
+                cfg_options=cfg_options)
+            m = res['metrics']
+            assert 0 <= m['coco/bbox_mAP'] <= m['coco/bbox_mAP_50'] <= 1, m
+            assert osp.isfile(res['png']) and res['train_s'] > 0
         metrics = {'coco/bbox_mAP': .125 + k / 8, 'coco/bbox_mAP_50': .5}
         return dict(metrics=metrics, train_s=3.0 + k)
 
