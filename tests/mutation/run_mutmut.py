@@ -68,8 +68,7 @@ GROUPS: Dict[str, Group] = {
         'attention, kernel, inverse',
         tuple(f"""{L}nr_iteration.py {L}nr_autograd.py {L}nr_config.py
         {L}soft_attention.py {H}nr_residual_hook.py
-        {M}engine/optimizers.py""".split()), MODEL_TESTS,
-        5400),
+        {M}engine/optimizers.py""".split()), MODEL_TESTS, 5400),
     'backbone':
     Group('blocks, backbone', (L + 'amp.py', M + 'models/backbones/soft.py'),
           MODEL_TESTS, 5400),
@@ -78,8 +77,7 @@ GROUPS: Dict[str, Group] = {
         'weight loading and conversion',
         tuple(f"""{M}models/loading.py {M}models/converters.py
         {M}models/arch_zoo.py {M}utils/strict_load.py {M}utils/safe_load.py
-        {M}compat.py {H}strict_load_hook.py
-        src/mmsoft_tools/checkpoint_files.py""".split()),
+        {M}compat.py {H}strict_load_hook.py""".split()),
         tuple(f"""{T}test_models/test_backbones/test_loading.py
         {T}test_models/test_backbones/test_official_reference.py
         {T}test_utils {T}test_compat.py
