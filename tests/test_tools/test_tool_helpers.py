@@ -875,3 +875,43 @@ def test_shutdown_dist(monkeypatch, logged):
     except ValueError:
         launch.shutdown_dist()
     assert calls == ['destroy']
+
+
+def test_check_runner_checkpoints(tmp_path):
+    """tools/train.py's pre-flight of load_from / --resume / out_dir."""
+    from mmsoft.engine.hooks.resume import OWNER_FILE
+    work, out = str(tmp_path / 'run'), tmp_path / 'shared'
+    (out / 'run').mkdir(parents=True)  # out_dir's folder of another run
+    (out / 'run' / OWNER_FILE).write_text('/elsewhere/run\n')
+
+    def check(hook_type=None, resume=False, load_from=None):
+        hooks = {} if hook_type is None else dict(
+            checkpoint=dict(type=hook_type, out_dir=str(out)))
+        cli.check_runner_checkpoints(
+            Config(
+                dict(
+                    work_dir=work,
+                    resume=resume,
+                    load_from=load_from,
+                    default_hooks=hooks)))
+
+    check()  # no checkpoint hook: nothing to check
+    check('CheckpointHook')  # mmengine's hook: its out_dir is not ours
+    with pytest.raises(
+            cli.ToolError,
+            match='belongs to the run in work dir '
+            '/elsewhere/run'):
+        check('mmsoft.SafeCheckpointHook')  # a scoped type is ours too
+    missing = str(tmp_path / 'nope.pth')
+    with pytest.raises(cli.ToolError) as e:
+        check(resume=True, load_from=missing)
+    assert str(e.value) == (f'--resume {missing}: no such file (omit the '
+                            'path to resume from the newest checkpoint of '
+                            'the work dir)')
+    os.makedirs(work)
+    with open(osp.join(work, 'epoch_1.pth'), 'wb') as f:
+        f.write(b'damaged')
+    (out / 'run' / OWNER_FILE).unlink()
+    check('SafeCheckpointHook')  # not resuming: no search
+    with pytest.raises(cli.ToolError, match='^resume: no complete checkpoint'):
+        check('SafeCheckpointHook', resume=True)
