@@ -343,12 +343,16 @@ def authors_file(path, arch):
         from reference.official_soft_ref import random_official_state_dict
 
         from mmsoft.models.arch_zoo import ARCH_ZOO
-        a = ARCH_ZOO[arch]
-        sd = random_official_state_dict(
-            *(a[k] for k in ('embed_dims', 'num_heads', 'depths')),
-            num_classes=1000,
-            pretrain_img_size=224,
-            dtype=torch.float32)
+        a, meta = ARCH_ZOO[arch], lambda *shape, generator, dtype: torch.empty(
+            shape, dtype=dtype, device='meta')
+        with pytest.MonkeyPatch.context() as m:  # shapes only: no random data
+            m.setattr(torch, 'randn', meta)
+            m.setattr(torch, 'rand', meta)
+            sd = random_official_state_dict(
+                *(a[k] for k in ('embed_dims', 'num_heads', 'depths')),
+                num_classes=1000,
+                pretrain_img_size=224,
+                dtype=torch.float32)
         zeros = {
             k: torch.zeros((), dtype=v.dtype).expand(v.shape)
             for k, v in sd.items()

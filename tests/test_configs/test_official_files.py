@@ -5,17 +5,15 @@ import copy
 import functools
 import glob
 import importlib
-import os
 import os.path as osp
 import warnings
 
 import pytest
 import torch
-from conftest import CONFIGS, ROOT, cls_demo_config, current_log
+from conftest import CONFIGS, ROOT, authors_file, cls_demo_config, current_log
 from mmengine.config import Config
 from mmengine.model.weight_init import initialize
 from mmengine.registry import DefaultScope
-from reference import official_soft_ref as ref
 
 from mmsoft.models import SOFT
 from mmsoft.models.arch_zoo import ARCH_ZOO
@@ -70,28 +68,6 @@ def build_backbone(cfg):
     with DefaultScope.overwrite_default_scope(scope):
         return importlib.import_module(f'{scope}.registry').MODELS.build(
             cfg.model.backbone)
-
-
-def authors_file(path, arch):
-    """An authors'-layout file of the preset ``arch`` (224, 1000 classes):
-    expanded zeros of the reference's shapes (a few bytes); its size."""
-    a, meta = ARCH_ZOO[arch], lambda *shape, generator, dtype: torch.empty(
-        shape, dtype=dtype, device='meta')
-    with pytest.MonkeyPatch.context() as m:  # shapes only: no random data
-        m.setattr(torch, 'randn', meta)
-        m.setattr(torch, 'rand', meta)
-        sd = ref.random_official_state_dict(
-            *(a[k] for k in ('embed_dims', 'num_heads', 'depths')),
-            num_classes=1000,
-            pretrain_img_size=224,
-            dtype=torch.float32)
-    zeros = {
-        k: torch.zeros((), dtype=v.dtype).expand(v.shape)
-        for k, v in sd.items()
-    }
-    os.makedirs(osp.dirname(path), exist_ok=True)
-    torch.save({'model': zeros}, path)
-    return len(sd)
 
 
 def load_on_meta(cfg):
