@@ -49,11 +49,6 @@ from analysis.common import (add_timing_arguments, make_parser, measure_step,
                              print_result, pyplot, run_isolated,
                              soft_model_kwargs, write_results)
 
-ROOT = osp.dirname(osp.dirname(osp.dirname(osp.abspath(__file__))))
-if osp.isdir(osp.join(ROOT, 'projects')):  # a checkout: the attention zoo
-    sys.path.append(ROOT)
-    import projects.attention_zoo  # noqa: E402,F401
-
 DEFAULT_MODELS = [
     'soft_tiny', 'soft_tiny_norm', 'soft_small', 'soft_small_norm', 'pvtv2_b1',
     'pvtv2_b2', 'swin_t'

@@ -13,6 +13,11 @@ import time
 from collections import namedtuple
 from typing import Callable, Dict, List, Optional
 
+ROOT = osp.dirname(osp.dirname(osp.dirname(osp.abspath(__file__))))
+if osp.isdir(osp.join(ROOT, 'projects')):  # a checkout: the attention zoo
+    sys.path.append(ROOT)
+    import projects.attention_zoo  # noqa: E402,F401
+
 NR_METHODS = ('iterative', 'spectral', 'lanczos')
 #: registry names, and ``soft_norm`` = SOFT with the IJCV normalisation
 ATTENTION_NAMES = ('soft', 'soft_norm', 'softmax', 'linformer', 'performer',

@@ -64,11 +64,6 @@ from analysis.common import (ATTENTION_NAMES, add_hw_argument, attn_cfg_of,
                              write_results)
 from mmsoft_tools.cli import load_config, run_main
 
-ROOT = osp.dirname(osp.dirname(osp.dirname(osp.abspath(__file__))))
-if osp.isdir(osp.join(ROOT, 'projects')):  # a checkout: the attention zoo
-    sys.path.append(ROOT)
-    import projects.attention_zoo  # noqa: E402,F401
-
 # NeurIPS Table 3 (SOFT, no normalisation): params (M), FLOPs (G)
 PAPER_PRESETS = dict(
     zip(('tiny', 'small', 'medium', 'large', 'huge'),

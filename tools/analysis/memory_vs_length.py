@@ -42,11 +42,6 @@ from analysis.common import (ATTENTION_NAMES, add_timing_arguments,
                              attn_cfg_of, make_parser, measure_step,
                              print_result, pyplot, run_isolated, write_results)
 
-ROOT = osp.dirname(osp.dirname(osp.dirname(osp.abspath(__file__))))
-if osp.isdir(osp.join(ROOT, 'projects')):  # a checkout: the attention zoo
-    sys.path.append(ROOT)
-    import projects.attention_zoo  # noqa: E402,F401
-
 DEFAULT_ATTNS = [
     'soft', 'soft_norm', 'softmax', 'softmax:math', 'linformer', 'performer',
     'nystromformer', 'sima'

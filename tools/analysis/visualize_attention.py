@@ -38,11 +38,6 @@ if osp.dirname(osp.dirname(osp.abspath(__file__))) not in sys.path:  # tools/
 from analysis.common import (add_hw_argument, add_stage_argument, make_parser,
                              pyplot, write_results)
 
-ROOT = osp.dirname(osp.dirname(osp.dirname(osp.abspath(__file__))))
-if osp.isdir(osp.join(ROOT, 'projects')):  # a checkout: the attention zoo
-    sys.path.append(ROOT)
-    import projects.attention_zoo  # noqa: E402,F401
-
 DEFAULT_MODELS = [
     'softmax_tiny', 'performer_tiny', 'nystromformer_tiny', 'soft_tiny_norm'
 ]
