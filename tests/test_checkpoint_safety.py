@@ -13,7 +13,7 @@ from mmengine.logging import HistoryBuffer, MessageHub
 
 import mmsoft.compat
 from mmsoft.engine import SafeCheckpointHook
-from mmsoft.engine.hooks.resume import find_newest_complete
+from mmsoft.engine.hooks.checkpoint_hook import find_newest_complete
 from mmsoft.models import SOFT
 from mmsoft.models.loading import load_pretrained
 from mmsoft.utils import checkpoint_io as cio

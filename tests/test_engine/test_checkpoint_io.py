@@ -11,7 +11,7 @@ import torch
 from conftest import dead_pid, deadline
 from mmengine.logging import HistoryBuffer
 
-from mmsoft.engine.hooks import resume
+from mmsoft.engine.hooks import checkpoint_hook as resume
 from mmsoft.utils import atomic
 from mmsoft.utils import checkpoint_io as cio
 from mmsoft.utils.atomic import (TMP_SUFFIX, atomic_path, atomic_write,

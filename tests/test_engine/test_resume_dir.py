@@ -8,7 +8,7 @@ import pytest
 import torch
 from mmengine.logging import MMLogger
 
-from mmsoft.engine.hooks import resume
+from mmsoft.engine.hooks import checkpoint_hook as resume
 
 
 def _ckpt(path, meta=True):

@@ -879,7 +879,7 @@ def test_shutdown_dist(monkeypatch, logged):
 
 def test_check_runner_checkpoints(tmp_path):
     """tools/train.py's pre-flight of load_from / --resume / out_dir."""
-    from mmsoft.engine.hooks.resume import OWNER_FILE
+    from mmsoft.engine.hooks.checkpoint_hook import OWNER_FILE
     work, out = str(tmp_path / 'run'), tmp_path / 'shared'
     (out / 'run').mkdir(parents=True)  # out_dir's folder of another run
     (out / 'run' / OWNER_FILE).write_text('/elsewhere/run\n')

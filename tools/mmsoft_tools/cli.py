@@ -538,7 +538,7 @@ def check_init_checkpoints(cfg) -> None:
 
 def check_runner_checkpoints(cfg) -> None:
     """Bad ``load_from`` / resume files or a held ``out_dir``: a ToolError."""
-    from mmsoft.engine.hooks import resume as R
+    from mmsoft.engine.hooks import checkpoint_hook as R
     work_dir, load_from = cfg.work_dir, cfg.get('load_from', None)
     resumes = bool(cfg.get('resume', False))
     hook = (cfg.get('default_hooks', None) or {}).get('checkpoint', None)

@@ -151,10 +151,10 @@ def skip_pretrained_init(runner, source: str) -> None:
     """Drop ``init_cfg``'s ``Pretrained`` entries (one log line each) when
     ``source`` replaces every tensor (a strict :class:`StrictLoadHook`)."""
     from mmengine.model import is_model_wrapper
+    from mmengine.runner import BaseLoop
 
     from mmsoft.models.loading import PRETRAINED
-    from .resume import training
-    if not training(runner):
+    if not isinstance(getattr(runner, '_train_loop', None), BaseLoop):
         return  # no init_weights
     if not any(
             isinstance(h, StrictLoadHook) and not h.allow_partial

@@ -31,7 +31,7 @@ import mmsoft  # noqa: F401  (registers SafeCheckpointHook)
 from mmsoft.compat import mmengine_checkpoints_allowed
 from mmsoft.engine import SafeCheckpointHook
 from mmsoft.engine.hooks import checkpoint_hook as ch
-from mmsoft.engine.hooks import resume
+from mmsoft.engine.hooks import checkpoint_hook as resume
 from mmsoft.engine.hooks.checkpoint_hook import get_rng_state, set_rng_state
 from mmsoft.models.layers import SOFTAttention
 from mmsoft.utils import atomic
