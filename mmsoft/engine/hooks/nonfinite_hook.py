@@ -1,7 +1,7 @@
 """Stop at the first non-finite loss, step or output
 (docs/en/advanced_guides/fault_tolerance.md)."""
 import math
-from typing import List, Optional
+from typing import List
 
 import numpy as np
 import torch
@@ -77,6 +77,10 @@ def _nonfinite_fields(value, name: str = '') -> List[str]:
     return [name or 'output'] if bad else []
 
 
+def _unwrap(model):
+    return model.module if is_model_wrapper(model) else model
+
+
 @HOOKS.register_module()
 class NonFiniteLossHook(Hook):
     """Stop at (or skip ``max_skipped_steps`` consecutive) non-finite
@@ -107,16 +111,11 @@ class NonFiniteLossHook(Hook):
             return f'epoch {runner.epoch + 1}, {it}'
         return it
 
-    @staticmethod
-    def _model(runner):
-        model = runner.model
-        return model.module if is_model_wrapper(model) else model
-
     def _fail(self, runner, what: str, fix: str = _FIX):
         work_dir = getattr(runner, 'work_dir', None)
-        kept = (f'; the checkpoints in {work_dir} are from before the fault'
-                if work_dir else '')
-        msg = f'NonFiniteLossHook: {what}{kept}. {fix}.'
+        kept = work_dir and f'; the checkpoints in {work_dir} are from ' \
+            'before the fault'
+        msg = f'NonFiniteLossHook: {what}{kept or ""}. {fix}.'
         runner.logger.error(msg)
         raise NonFiniteLossError(msg)
 
@@ -160,7 +159,8 @@ class NonFiniteLossHook(Hook):
             runner = self._runner
             groups = optim_wrapper.optimizer.param_groups
             bad = _nonfinite_params(
-                self._model(runner), [p for g in groups for p in g['params']])
+                _unwrap(runner.model),
+                [p for g in groups for p in g['params']])
             if _any_rank(bool(bad)):
                 self._fail(
                     runner, f'the optimizer step at {self._where(runner)} '
@@ -186,16 +186,16 @@ class NonFiniteLossHook(Hook):
 
     def after_train_iter(self,
                          runner,
-                         batch_idx: int,
+                         batch_idx,
                          data_batch=None,
-                         outputs: Optional[dict] = None) -> None:
+                         outputs=None) -> None:
         loss = outputs.get('loss') if isinstance(outputs, dict) else None
         if loss is not None and not self._step_skipped and _any_rank(
                 not math.isfinite(_value(loss))):
             self._stop(runner, _value(loss))
 
     def before_save_checkpoint(self, runner, checkpoint: dict) -> None:
-        model = self._model(runner)
+        model = _unwrap(runner.model)
         bad = _nonfinite_params(model, model.parameters())
         if bad:
             self._fail(
@@ -205,10 +205,10 @@ class NonFiniteLossHook(Hook):
 
     def _after_iter(self,
                     runner,
-                    batch_idx: int,
+                    batch_idx,
                     data_batch=None,
                     outputs=None,
-                    mode: str = None) -> None:
+                    mode=None) -> None:
         """Stop a validation / test at non-finite outputs, naming the
         cause: the weights, the inputs, a 0 in ``std``, else an overflow."""
         if not self.check_outputs:
@@ -223,12 +223,10 @@ class NonFiniteLossHook(Hook):
                 f'hold nan / inf; {what} stopped')
         fields = ', '.join(sorted(set(bad))[:3])
         samples = outputs if isinstance(outputs, (list, tuple)) else []
-        paths = [
-            str(p) for p in (getattr(s, 'img_path', None) for s in samples)
-            if p is not None
-        ]
-        where = f'; first image {paths[0]}' if paths else ''
-        model = self._model(runner)
+        path = next((p for p in (getattr(s, 'img_path', None)
+                                 for s in samples) if p is not None), None)
+        where = f'; first image {path}' if path is not None else ''
+        model = _unwrap(runner.model)
         params = _nonfinite_params(model, model.parameters())
         pre = getattr(model, 'data_preprocessor', None)
         std = getattr(pre, 'std', None)

@@ -39,9 +39,7 @@ class StrictLoadHook(Hook):
         source = str(getattr(runner, '_load_from', None) or 'checkpoint')
         resume = getattr(runner, '_resume', False)
         refusal = resume and (resume_refusal(checkpoint, source)
-                              or optimizer_refusal(runner, checkpoint, source)
-                              or progress_refusal(runner, checkpoint, source)
-                              or settings_refusal(runner, checkpoint, source))
+                              or continue_refusal(runner, checkpoint, source))
         if refusal:
             raise CheckpointMismatchError(refusal)
         config = getattr(getattr(runner, 'cfg', None), 'filename', None)
@@ -67,58 +65,41 @@ def resume_refusal(checkpoint, source: str) -> str:
             f'weights, pass --cfg-options load_from={source} instead')
 
 
-def _saved_groups(runner, checkpoint):
-    opt = getattr(getattr(runner, 'optim_wrapper', None), 'optimizer', None)
-    saved = checkpoint.get('optimizer') if isinstance(checkpoint, dict) else 0
-    return opt, saved.get('param_groups') if isinstance(saved, dict) else None
-
-
-def optimizer_refusal(runner, checkpoint, source: str) -> str:
-    """Why ``checkpoint`` is another optimizer's (its groups lack settings
-    the optimizer has *and* have others), else ''."""
-    opt, groups = _saved_groups(runner, checkpoint)
-    if not hasattr(opt, 'defaults') or not groups or not isinstance(
-            groups[0], dict):
-        return ''
-    have = set(groups[0]) - {'params'}
-    lacks = sorted(set(opt.defaults) - have)
-    extra = sorted(k for k in have - set(opt.defaults)
-                   if not k.startswith('initial_') and not k.endswith('_mult'))
-    if not (lacks and extra):
-        return ''
-    name = type(opt).__name__
-    return (f'--resume {source}: the checkpoint was trained with another '
-            f'optimizer than the config\'s optim_wrapper.optimizer ({name}): '
-            f'its state has {", ".join(extra)} and no {", ".join(lacks)}, '
-            f'so it cannot continue in {name}. Resume with the optimizer it '
-            f'was trained with, or start a new run from these weights with '
-            f'--cfg-options load_from={source} (without --resume)')
-
-
-def progress_refusal(runner, checkpoint, source: str) -> str:
-    """Why ``checkpoint`` is past the schedule's end, else ''."""
+def continue_refusal(runner, checkpoint: dict, source: str) -> str:
+    """Why the training ``checkpoint`` cannot continue the config's run:
+    another optimizer (its groups lack settings the optimizer has *and* have
+    others), past the schedule's end, another lr / weight_decay; else ''."""
     from mmengine.runner import EpochBasedTrainLoop, IterBasedTrainLoop
-    loop = getattr(runner, '_train_loop', None)
-    meta = checkpoint.get('meta') if isinstance(checkpoint, dict) else None
-    if isinstance(loop, EpochBasedTrainLoop):
-        unit, key, limit = 'epoch', 'max_epochs', loop.max_epochs
-    elif isinstance(loop, IterBasedTrainLoop):
-        unit, key, limit = 'iter', 'max_iters', loop.max_iters
-    else:
-        return ''
+    opt = getattr(getattr(runner, 'optim_wrapper', None), 'optimizer', None)
+    saved = checkpoint.get('optimizer')
+    groups = saved.get('param_groups') if isinstance(saved, dict) else None
+    name, defaults = type(opt).__name__, getattr(opt, 'defaults', None)
+    if defaults is not None and groups and isinstance(groups[0], dict):
+        have = set(groups[0]) - {'params'}
+        lacks = sorted(set(defaults) - have)
+        extra = sorted(
+            k for k in have - set(defaults)
+            if not k.startswith('initial_') and not k.endswith('_mult'))
+        if lacks and extra:
+            return (f'--resume {source}: the checkpoint was trained with '
+                    f'another optimizer than the config\'s '
+                    f'optim_wrapper.optimizer ({name}): its state has '
+                    f'{", ".join(extra)} and no {", ".join(lacks)}, so it '
+                    f'cannot continue in {name}. Resume with the optimizer '
+                    f'it was trained with, or start a new run from these '
+                    f'weights with --cfg-options load_from={source} (without '
+                    f'--resume)')
+    loop, meta = getattr(runner, '_train_loop', None), checkpoint.get('meta')
+    unit = 'epoch' if isinstance(loop, EpochBasedTrainLoop) else 'iter'
+    key = f'max_{unit}s'
+    limit = getattr(loop, key, None)
     done = meta.get(unit) if isinstance(meta, dict) else None
-    if not isinstance(done, int) or done <= limit:
-        return ''
-    return (f'--resume {source}: the checkpoint is at {unit} {done}, past '
-            f'the schedule\'s end (train_cfg.{key}={limit}): nothing would '
-            f'train. Raise it (--cfg-options train_cfg.{key}=...) or resume '
-            f'an earlier checkpoint')
-
-
-def settings_refusal(runner, checkpoint, source: str) -> str:
-    """Why the config's lr / weight_decay differ from the checkpoint's
-    (which a resume restores), else ''."""
-    opt, groups = _saved_groups(runner, checkpoint)
+    if isinstance(loop, (EpochBasedTrainLoop, IterBasedTrainLoop)) and \
+            isinstance(done, int) and done > limit:
+        return (f'--resume {source}: the checkpoint is at {unit} {done}, '
+                f'past the schedule\'s end (train_cfg.{key}={limit}): '
+                f'nothing would train. Raise it (--cfg-options '
+                f'train_cfg.{key}=...) or resume an earlier checkpoint')
     have = getattr(opt, 'param_groups', None)
     if not groups or not have or len(groups) != len(have):
         return ''  # another optimizer / model: refused or reported elsewhere
@@ -134,7 +115,7 @@ def settings_refusal(runner, checkpoint, source: str) -> str:
                     a, b, rel_tol=1e-6, abs_tol=1e-12):
                 continue
             # the config's value; the checkpoint's at the same scale
-            base = getattr(opt, 'defaults', {}).get(key, a)
+            base = (defaults or {}).get(key, a)
             was = b * base / a if a else b
             return (f'--resume {source}: the config\'s '
                     f'optim_wrapper.optimizer.{key} is {base:g}, the '
