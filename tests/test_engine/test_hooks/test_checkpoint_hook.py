@@ -1,5 +1,7 @@
-"""SafeCheckpointHook: kill-safe, bit-exact resumes, checked reads."""
+"""SafeCheckpointHook: kill-safe, bit-exact resumes, checked reads; the
+checkpoint directory's resume search and owner."""
 import errno
+import logging
 import os
 import os.path as osp
 import posixpath
@@ -8,6 +10,7 @@ import re
 import shutil
 import signal
 import uuid
+import zipfile
 from types import SimpleNamespace
 
 import mmengine.hooks.checkpoint_hook as mm
@@ -22,7 +25,7 @@ from mmengine.dataset import DefaultSampler, InfiniteSampler
 from mmengine.evaluator import BaseMetric
 from mmengine.fileio import LocalBackend
 from mmengine.hooks import Hook
-from mmengine.logging import MessageHub
+from mmengine.logging import MessageHub, MMLogger
 from mmengine.model import BaseModel
 from mmengine.runner import BaseLoop, Runner
 from torch.utils.data import BatchSampler, DataLoader, Dataset
@@ -31,7 +34,6 @@ import mmsoft  # noqa: F401  (registers SafeCheckpointHook)
 from mmsoft.compat import mmengine_checkpoints_allowed
 from mmsoft.engine import SafeCheckpointHook
 from mmsoft.engine.hooks import checkpoint_hook as ch
-from mmsoft.engine.hooks import checkpoint_hook as resume
 from mmsoft.engine.hooks.checkpoint_hook import get_rng_state, set_rng_state
 from mmsoft.models.layers import SOFTAttention
 from mmsoft.utils import atomic
@@ -41,9 +43,7 @@ from model_converters import checkpoint_files as cf  # save_atomic: the tools'
 
 N, SIZE = 20, 6  # 20 samples of 6 x 6: 10 iterations of 2 per epoch
 FC_RECORD = SIZE * SIZE * 2 * 4  # fc.weight's tensor record (bytes)
-SAFE = 'SafeCheckpointHook'
-CKPT_ARGS = ('type', 'max_keep_ckpts', 'out_dir', 'filename_tmpl')
-SAMPLER = 'DefaultSampler'  # shuffled for training
+CKPT_ARGS = ('max_keep_ckpts', 'out_dir', 'filename_tmpl')
 pytestmark = pytest.mark.usefixtures('one_thread')
 
 
@@ -147,31 +147,33 @@ def _runner(work_dir, name, by_epoch=False, stop_after=None, cls=False, **kw):
     """``kw``: the hook's (CKPT_ARGS) and the Runner's arguments; ``cls``:
     :data:`CLASSIFIER` on :class:`Images`."""
     torch.manual_seed(0)  # the model is built before the Runner seeds
-    ckpt = dict(type=SAFE, max_keep_ckpts=-1)
+    ckpt = dict(
+        type='SafeCheckpointHook',
+        max_keep_ckpts=-1,
+        interval=1 if by_epoch else 2,
+        by_epoch=by_epoch)
     ckpt.update((k, kw.pop(k)) for k in CKPT_ARGS if k in kw)
-    ckpt.update(interval=1 if by_epoch else 2, by_epoch=by_epoch)
     loader = dict(dataset=Images() if cls else FlipDataset(), batch_size=2)
-    kw.update(train_dataloader=dict(loader, sampler=dict(type=SAMPLER)))
     val = dict(loader, dataset=Images(4)) if cls else loader  # 2 batches
-    kw.update(
-        val_dataloader=dict(val, sampler=dict(type=SAMPLER, shuffle=False)))
-    kw.update(val_evaluator=[Count()], val_cfg=dict())
     kw.update(
         dict(model=CLASSIFIER, default_scope='mmpretrain') if cls else dict(
             model=DropoutNet()))
-    kw.update(
-        optim_wrapper=dict(optimizer=dict(type='SGD', lr=0.1, momentum=0.9)))
-    kw.update(
-        train_cfg=dict(by_epoch=True, max_epochs=3, val_interval=1)
-        if by_epoch else dict(by_epoch=False, max_iters=10, val_interval=3))
-    logger = dict(type='LoggerHook', interval=1)
-    kw.update(default_hooks=dict(checkpoint=ckpt, logger=logger))
-    kw.update(custom_hooks=[Crash(stop_after)] if stop_after else None)
-    kw.update(log_processor=dict(by_epoch=by_epoch))
     return Runner(
         work_dir=str(work_dir),
         experiment_name=f'{name}_{uuid.uuid4().hex[:8]}',
         randomness=dict(seed=0),
+        train_dataloader=dict(loader, sampler=dict(type='DefaultSampler')),
+        val_dataloader=dict(
+            val, sampler=dict(type='DefaultSampler', shuffle=False)),
+        val_evaluator=[Count()],
+        val_cfg=dict(),
+        optim_wrapper=dict(optimizer=dict(type='SGD', lr=0.1, momentum=0.9)),
+        train_cfg=dict(by_epoch=True, max_epochs=3, val_interval=1)
+        if by_epoch else dict(by_epoch=False, max_iters=10, val_interval=3),
+        default_hooks=dict(
+            checkpoint=ckpt, logger=dict(type='LoggerHook', interval=1)),
+        custom_hooks=[Crash(stop_after)] if stop_after else None,
+        log_processor=dict(by_epoch=by_epoch),
         **kw)
 
 
@@ -204,10 +206,6 @@ def run_copy(tmp_path_factory):
     return copy
 
 
-def _bitwise_equal(a, b):
-    return a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
-
-
 @pytest.mark.parametrize(
     'by_epoch,stop_after,cls', [(False, 6, False), (True, 20, False),
                                 (False, 6, True)],
@@ -221,7 +219,9 @@ def test_resume_equals_uninterrupted_run(tmp_path, run_copy, by_epoch,
     resumed.train()
     last = 'epoch_3.pth' if by_epoch else 'iter_10.pth'
     ref = _load(run_copy(tmp_path / 'ref', None, by_epoch, cls) / last)
-    assert _bitwise_equal(model_weights(resumed), ref['state_dict'])
+    weights = model_weights(resumed)
+    assert weights.keys() == ref['state_dict'].keys() and all(
+        torch.equal(weights[k], ref['state_dict'][k]) for k in weights)
     rng = _load(work / ('epoch_2.pth' if by_epoch else 'iter_6.pth'))
     rng = rng['meta']['mmsoft_rng']
     assert rng['world_size'] == 1 and set(
@@ -291,38 +291,19 @@ def test_copied_work_dir_resumes_its_own_run(tmp_path):
     assert f'names {orig / "iter_4.pth"}, outside' in _log(runner)
 
 
-def test_resume_of_another_runs_file_deletes_nothing_here(tmp_path, run_copy):
-    """Another directory's restored checkpoint ids delete nothing here."""
-    other, work = tmp_path / 'other', run_copy(tmp_path / 'work', 6)
-    _interrupted(other, 8, max_keep_ckpts=2)
-    own = _mtimes(work)
-    _runner(
-        work,
-        'again',
-        max_keep_ckpts=2,
-        resume=True,
-        load_from=str(other / 'iter_8.pth')).train()
-    assert _files(other) == ['iter_6.pth', 'iter_8.pth']
-    assert _files(work) == [
-        'iter_10.pth', 'iter_2.pth', 'iter_4.pth', 'iter_6.pth'
-    ]
-    assert _mtimes(work, own) == own
-
-
 def test_shared_out_dir_of_two_runs_is_refused(tmp_path):
-    """Issue 36 (2): a second run in one ``out_dir`` stops in one line."""
-    out = str(tmp_path / 'out')
+    """Issue 36 (2): a second run in one ``out_dir`` stops (the line:
+    test_checkpoint_dir_belongs_to_the_first_work_dir)."""
+    out = tmp_path / 'out'
     a, b = tmp_path / 'a' / 'run', tmp_path / 'b' / 'run'
-    _runner(a, 'a', max_keep_ckpts=2, out_dir=out).train()
-    assert _files(tmp_path / 'out' / 'run') == ['iter_10.pth', 'iter_8.pth']
-    runner = _runner(b, 'b', max_keep_ckpts=2, out_dir=out, resume=True)
+    _runner(a, 'a', max_keep_ckpts=2, out_dir=str(out)).train()
+    assert _files(out / 'run') == ['iter_10.pth', 'iter_8.pth']
+    runner = _runner(b, 'b', max_keep_ckpts=2, out_dir=str(out), resume=True)
     with pytest.raises(cio.CheckpointError) as e:  # DirInUse
         runner.train()
-    assert runner.iter == 0
-    msg = str(e.value)
-    assert '\n' not in msg and osp.join(out, 'run') in msg and \
-        str(a) in msg and 'another out_dir' in msg
-    assert _files(tmp_path / 'out' / 'run') == ['iter_10.pth', 'iter_8.pth']
+    assert runner.iter == 0 and str(e.value) == ch.checkpoint_dir_refusal(
+        str(out / 'run'), str(b)) and str(a) in str(e.value)
+    assert _files(out / 'run') == ['iter_10.pth', 'iter_8.pth']
 
 
 def test_one_fixed_checkpoint_name_is_replaced_not_removed(tmp_path):
@@ -373,7 +354,7 @@ def test_kill_during_checkpoint_write_keeps_previous(tmp_path):
     temps = [n for n in names if n.endswith(cio.TMP_SUFFIX)]
     assert 'iter_2.pth' in names and 'iter_4.pth' not in names
     assert len(temps) == 1 and temps[0].startswith('.iter_4.pth.')
-    assert resume.check_complete(str(work / 'iter_2.pth')) is None
+    assert ch.check_complete(str(work / 'iter_2.pth')) is None
     assert (work / 'last_checkpoint').read_text() == str(work / 'iter_2.pth')
     runner = _runner(work, 'resumed', max_keep_ckpts=1, resume=True)
     assert _trained_from(runner) == 2 and runner.iter == 10
@@ -411,10 +392,12 @@ def _draws():
     return out
 
 
-def test_rng_state_round_trip_is_weights_only_loadable(tmp_path):
+def test_rng_states_round_trip_weights_only(tmp_path, monkeypatch):
+    """CUDA's states (faked) saved when in use, restored on as many GPUs."""
     if torch.cuda.is_available():
         torch.rand(1, device='cuda')  # initialise CUDA: its state is saved
     state, first = get_rng_state(), _draws()
+    assert ('cuda' in state) == torch.cuda.is_available()
     torch.save(state, tmp_path / 'rng.pth')
     saved = getattr(torch.serialization, 'get_safe_globals', list)()
     if saved:  # no allow-list needed (torch < 2.4 has none)
@@ -425,11 +408,6 @@ def test_rng_state_round_trip_is_weights_only_loadable(tmp_path):
         if saved:
             torch.serialization.add_safe_globals(saved)
     assert _draws() == first
-    assert ('cuda' in state) == torch.cuda.is_available()
-
-
-def test_cuda_rng_states_round_trip(monkeypatch):
-    """CUDA faked: its states saved when in use, restored on as many GPUs."""
     gpus = [torch.tensor([1, 2], dtype=torch.uint8), torch.tensor([3, 4])]
     restored, count, cuda = [], [len(gpus)], torch.cuda
     for name, value in (('is_available', True), ('is_initialized', True),
@@ -566,14 +544,25 @@ RESUMING = 'mmsoft: resuming from the newest complete checkpoint {}'
 
 
 def test_only_training_claims_a_local_checkpoint_dir(tmp_path, monkeypatch):
-    """Training alone claims ``out_dir/<work dir name>``, if local."""
+    """Training alone claims ``out_dir/<work dir name>``, if local; the
+    search names the file found, or scratch."""
     monkeypatch.chdir(tmp_path)
     out, work = tmp_path / 'out', tmp_path / 'a' / 'run'
     work.mkdir(parents=True)
-    hook = SafeCheckpointHook(out_dir=str(out))
-    hook.before_run(_Runner(str(work) + os.sep, loop=_Loop()))
-    assert (out / 'run' / resume.OWNER_FILE).read_text() == \
+    hook = SafeCheckpointHook(out_dir=str(out), filename_tmpl='ckpt_{}.pth')
+    runner = _Runner(str(work) + os.sep, loop=_Loop(), _resume=True)
+    hook.before_run(runner)
+    assert (out / 'run' / ch.OWNER_FILE).read_text() == \
         osp.realpath(work) + '\n'
+    assert runner.logger.ours() == [SCRATCH.format(str(work) + os.sep)]
+    assert runner._resume is False  # a stale last_checkpoint: not trusted
+    ckpt = out / 'run' / 'ckpt_4.pth'
+    torch.save(dict(meta=dict(iter=4), state_dict={}), ckpt)
+    (work / 'last_checkpoint').write_text(str(ckpt))
+    runner = _Runner(work, loop=_Loop(), _resume=True)
+    hook.before_run(runner)
+    assert runner._load_from == str(ckpt) and runner._resume
+    assert runner.logger.ours() == [RESUMING.format(ckpt)]
     runner = _Runner(tmp_path / 'a' / 'eval', _resume=True)  # not training
     hook.before_run(runner)
     assert runner._resume is not True and os.listdir(out) == ['run']
@@ -598,32 +587,14 @@ def test_other_ranks_follow_rank_0(tmp_path, monkeypatch):
     assert runner.logger.ours() == [RESUMING.format(path)]
     assert not out.exists()  # rank 0's work
     sent[:] = [None, None, f'checkpoint directory {out} belongs to X']
-    with pytest.raises(resume.CheckpointDirInUse, match='belongs to X'):
+    with pytest.raises(ch.CheckpointDirInUse, match='belongs to X'):
         SafeCheckpointHook(
             out_dir=str(out)).before_run(_Runner(work, loop=_Loop()))
 
 
-def test_resume_search_says_what_it_found(tmp_path):
-    """``resume=True``: one line names the file found, or scratch."""
-    out, work = tmp_path / 'out', tmp_path / 'run'
-    (out / 'run').mkdir(parents=True)
-    work.mkdir()
-    hook = SafeCheckpointHook(out_dir=str(out), filename_tmpl='ckpt_{}.pth')
-    runner = _Runner(work, loop=_Loop(), _resume=True)
-    hook.before_run(runner)
-    assert runner.logger.ours() == [SCRATCH.format(work)]
-    assert not runner._resume
-    ckpt = out / 'run' / 'ckpt_4.pth'
-    torch.save(dict(meta=dict(iter=4), state_dict={}), ckpt)
-    (work / 'last_checkpoint').write_text(str(ckpt))
-    runner = _Runner(work, loop=_Loop(), _resume=True)
-    hook.before_run(runner)
-    assert runner._load_from == str(ckpt) and runner._resume
-    assert runner.logger.ours() == [RESUMING.format(ckpt)]
-
-
 def test_runner_without_private_attributes(tmp_path):
-    """A runner without ``_resume`` / ``_load_from`` / ``_has_loaded``."""
+    """A runner without ``_resume`` / ``_load_from`` / ``_has_loaded``; the
+    file to load checked before mmengine reads it."""
     work = tmp_path / 'run'
     work.mkdir()
     runner = _Runner(
@@ -633,7 +604,6 @@ def test_runner_without_private_attributes(tmp_path):
     runner = _Runner(work, loop=_Loop(), drop=('_load_from', ), _resume=True)
     SafeCheckpointHook().before_run(runner)  # resume=True: the search
     assert runner.logger.ours() == [SCRATCH.format(work)]
-    assert runner._resume is False  # a stale last_checkpoint: not trusted
     gone = work / 'gone.pth'  # a named file that is not there (not a URL)
     runner = _Runner(work, _resume=True, _load_from=str(gone))
     with pytest.raises(FileNotFoundError) as e:
@@ -723,11 +693,6 @@ def test_partial_checkpoint_removed_with_a_line_or_remote_left_to_mmengine(
     assert runner.message_hub.get_info('keep_ckpt_ids') == [6, 8]
 
 
-def _seeded_loop(seed=5, **attrs):
-    sampler = SimpleNamespace(seed=seed)
-    return sampler, _Loop(SimpleNamespace(sampler=sampler), **attrs)
-
-
 def _resume_with(runner, meta, **kwargs):
     """``after_load_checkpoint`` of ``{'meta': meta}``, ``before_train``."""
     hook = SafeCheckpointHook(**kwargs)
@@ -737,7 +702,6 @@ def _resume_with(runner, meta, **kwargs):
 
 RESTORED = 'mmsoft: RNG states restored'
 SEEDED = 'mmsoft: train sampler seed 5 -> 7 (from the checkpoint)'
-BOTH = [SEEDED, RESTORED]
 WORLD = ('mmsoft: the checkpoint holds RNG states of {} process(es), this '
          'run has 1: RNG states not restored')
 
@@ -746,7 +710,10 @@ WORLD = ('mmsoft: the checkpoint holds RNG states of {} process(es), this '
     'attrs,seed,world,n,kw,lines',
     [
         (dict(drop=('_resume', ), _has_loaded=True), 7, 1, 1, {}, []),
-        (dict(_resume=True, _has_loaded=True), 7, 1, 1, {}, BOTH),
+        (dict(_resume=True, _has_loaded=True), 7, 1, 1, {}, [SEEDED, RESTORED
+                                                             ]),
+        (dict(_resume=True), 5, None, 0, {}, []),  # the seed unchanged
+        (dict(_resume=True), None, None, 0, {}, []),  # neither saved
         (dict(_resume=True), None, 2, 2, {}, [WORLD.format(2)]),
         (dict(_resume=True), None, 1, 0, {}, [WORLD.format(1)]),  # no states
         (dict(_resume=True), None, 1, 1, dict(save_rng=False), []),
@@ -756,16 +723,31 @@ def test_rng_states_and_seed_come_back_on_a_resume_of_as_many_ranks(
     state = get_rng_state()
     want = _draws()
     rng = dict(world_size=world, **(dict(states=[state] * n) if n else {}))
-    meta = dict(mmsoft_rng=rng)
+    meta = dict(iter=4, **(dict(mmsoft_rng=rng) if world else {}))
     if seed is not None:
         meta['mmsoft_sampler_seed'] = seed
-    sampler, loop = _seeded_loop() if seed else (None, _Loop())
-    runner = _Runner(tmp_path, loop=loop, **attrs)
+    sampler = SimpleNamespace(seed=5)
+    runner = _Runner(
+        tmp_path, loop=_Loop(SimpleNamespace(sampler=sampler)), **attrs)
     _resume_with(runner, meta, **kw)
     assert runner.logger.ours() == lines
     assert (_draws() == want) == (RESTORED in lines)
-    if sampler is not None:
-        assert sampler.seed == (7 if lines else 5)
+    assert sampler.seed == (7 if SEEDED in lines else 5)
+
+
+@pytest.mark.parametrize('checkpoint', [[torch.ones(1)], dict(meta=['x'])])
+def test_a_checkpoint_without_a_meta_dict_restores_nothing(
+        tmp_path, checkpoint):
+    sampler = SimpleNamespace(seed=5)
+    runner = _Runner(
+        tmp_path,
+        loop=_Loop(SimpleNamespace(sampler=sampler)),
+        _resume=True,
+        _has_loaded=True)
+    hook = SafeCheckpointHook()
+    hook.after_load_checkpoint(runner, checkpoint)
+    hook.before_train(runner)
+    assert sampler.seed == 5 and runner.logger.ours() == []
 
 
 class _Prefetching:
@@ -796,8 +778,9 @@ def test_resume_restores_infinite_sampler_indices(tmp_path):
     assert runner.logger.ours() == [SEEDED]
 
 
-def test_sampler_seed_is_found_where_the_loader_keeps_it(tmp_path):
-    """The seed of the loader's sampler or batch sampler (mmdet's)."""
+def test_sampler_seed_and_attn_norm_saved_where_found(tmp_path):
+    """The seed of the loader's sampler or batch sampler (mmdet's); each
+    SOFT attention's ``attn_norm`` (``meta['mmsoft_attn_norm']``)."""
     data = list(range(8))
     seeded = DefaultSampler(data, seed=5)
     mmdet_like = DataLoader(data, batch_sampler=BatchSampler(seeded, 2, False))
@@ -819,39 +802,13 @@ def test_sampler_seed_is_found_where_the_loader_keeps_it(tmp_path):
             assert sampler.seed == 7
         else:
             assert runner.logger.ours() == []
-
-
-def test_checkpoint_records_the_attn_norm_it_was_trained_with(tmp_path):
-    """``meta['mmsoft_attn_norm']``: each SOFT attention's setting."""
     model = nn.Sequential(
         SOFTAttention(8, 1, 1, attn_norm=True),
         SOFTAttention(8, 1, 1, attn_norm=False))
-    for net, want in ((model, [False, True]), (nn.Linear(1, 1), None)):
-        checkpoint = dict(meta={})
-        SafeCheckpointHook(save_rng=False).before_save_checkpoint(
-            _Runner(tmp_path, model=net), checkpoint)
-        assert checkpoint == dict(
-            meta=dict(mmsoft_attn_norm=want) if want else {})
-
-
-@pytest.mark.parametrize(
-    'checkpoint',
-    [
-        dict(meta=dict(mmsoft_sampler_seed=5)),  # the seed unchanged
-        dict(meta=dict(iter=4)),  # no seed, no RNG states
-        [torch.ones(1)],  # no meta dict
-        dict(meta=['x']),
-    ])
-def test_sampler_seed_left_alone_when_unchanged_or_unknown(
-        tmp_path, checkpoint):
-    iterator = iter([])
-    sampler, loop = _seeded_loop(dataloader_iterator=iterator)
-    runner = _Runner(tmp_path, loop=loop, _resume=True, _has_loaded=True)
-    hook = SafeCheckpointHook()
-    hook.after_load_checkpoint(runner, checkpoint)
-    hook.before_train(runner)
-    assert sampler.seed == 5 and loop.dataloader_iterator is iterator
-    assert runner.logger.ours() == []
+    checkpoint = dict(meta={})
+    SafeCheckpointHook(save_rng=False).before_save_checkpoint(
+        _Runner(tmp_path, model=model), checkpoint)
+    assert checkpoint == dict(meta=dict(mmsoft_attn_norm=[False, True]))
 
 
 def test_rng_states_restored_after_mmengines_replay(tmp_path):
@@ -875,11 +832,23 @@ def test_rng_states_restored_after_mmengines_replay(tmp_path):
         assert _draws() == want
 
 
-def test_best_checkpoint_is_atomic_and_holds_the_training_rng(tmp_path):
-    hook = SafeCheckpointHook(interval=1, save_best='acc', rule='greater')
-    runner = _Runner(tmp_path, loop=_Loop(), epoch=1, iter=10)
-    runner.hooks = [hook]
+def _saving(work_dir, epoch=0, iter=0, rank=0, **kwargs):
+    """A hook (``interval=1``, ``kwargs``) saving for a stand-in runner."""
+    hook = SafeCheckpointHook(**dict(dict(interval=1), **kwargs))
+    runner = _Runner(
+        work_dir,
+        loop=_Loop(),
+        epoch=epoch,
+        iter=iter,
+        rank=rank,
+        hooks=[hook])
     hook.before_train(runner)
+    return hook, runner
+
+
+def test_best_checkpoint_is_atomic_and_holds_the_training_rng(tmp_path):
+    hook, runner = _saving(
+        tmp_path, epoch=1, iter=10, save_best='acc', rule='greater')
     for epoch, acc in ((2, 0.5), (3, 0.7)):
         hook.after_train_epoch(runner)  # epoch_<epoch>.pth
         runner.epoch, runner.iter = epoch, epoch * 10
@@ -909,10 +878,7 @@ def test_checkpoint_and_last_checkpoint_are_durable(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     work = tmp_path / 'run'
     work.mkdir()
-    hook = SafeCheckpointHook(interval=2, by_epoch=False)
-    runner = _Runner(work, loop=_Loop(), iter=3)
-    runner.hooks = [hook]
-    hook.before_train(runner)
+    hook, runner = _saving(work, iter=3, interval=2, by_epoch=False)
     hook.after_train_iter(runner, 0)
     assert _load(work / 'iter_4.pth')['meta']['iter'] == 4
     assert (work / 'last_checkpoint').read_text() == str(work / 'iter_4.pth')
@@ -930,10 +896,7 @@ def test_every_ranks_rng_states_are_saved(tmp_path, monkeypatch):
     monkeypatch.setattr(ch, 'is_distributed', lambda: True)
     monkeypatch.setattr(ch, 'all_gather_object',
                         lambda obj: sent.append(obj) or [obj, other])
-    hook = SafeCheckpointHook(interval=1, by_epoch=False)
-    runner = _Runner(tmp_path, loop=_Loop())
-    runner.hooks = [hook]
-    hook.before_train(runner)
+    hook, runner = _saving(tmp_path, by_epoch=False)
     _draws()
     hook.after_train_iter(runner, 0)
     rng = _load(tmp_path / 'iter_1.pth')['meta']['mmsoft_rng']
@@ -946,9 +909,7 @@ def test_every_ranks_rng_states_are_saved(tmp_path, monkeypatch):
 def test_other_ranks_write_no_last_checkpoint(tmp_path, monkeypatch):
     for module in (mm, ch):
         monkeypatch.setattr(module, 'is_main_process', lambda: False)
-    hook = SafeCheckpointHook(interval=1, by_epoch=False, save_rng=False)
-    runner = _Runner(tmp_path, loop=_Loop(), rank=1)
-    hook.before_train(runner)
+    hook, runner = _saving(tmp_path, rank=1, by_epoch=False, save_rng=False)
     hook.after_train_iter(runner, 0)
     assert os.listdir(tmp_path) == []
 
@@ -992,22 +953,18 @@ def test_resume_past_the_schedule_or_with_new_settings_is_refused(
         return
     with pytest.raises(CheckpointMismatchError) as e:
         resumed.train()
-    msg = str(e.value)
-    if not option:
-        unit = 'epoch 3' if by_epoch else 'iter 10'
-        assert msg.endswith(
-            f'the checkpoint is at {unit}, past the schedule\'s end '
-            f'(train_cfg.{key}={limit}): nothing would train. Raise it '
-            f'(--cfg-options train_cfg.{key}=...) or resume an earlier '
-            f'checkpoint')
-        return
-    assert msg == (  # weight_decay: test_strict_load.py
+    unit = 'epoch 3' if by_epoch else 'iter 10'
+    assert str(e.value) == (
         f'--resume {work}/epoch_3.pth: the config\'s optim_wrapper.optimizer.'
         f'lr is 0.01, the checkpoint was trained with 0.1: a resume restores '
         f'the saved optimizer and schedule, so the run would continue at 0.1.'
         f' To train these weights with lr 0.01 in a new schedule, pass '
         f'--cfg-options load_from={work}/epoch_3.pth instead of --resume; to '
-        f'continue the run, drop the new lr')
+        f'continue the run, drop the new lr' if option else
+        f'--resume {work}/{unit.replace(" ", "_")}.pth: the checkpoint is at '
+        f'{unit}, past the schedule\'s end (train_cfg.{key}={limit}): '
+        f'nothing would train. Raise it (--cfg-options train_cfg.{key}=...) '
+        f'or resume an earlier checkpoint')
 
 
 @pytest.mark.parametrize(
@@ -1084,3 +1041,157 @@ def test_validation_stopped_after_a_checkpoint_runs_on_resume(
         r'run was stopped during it\): validating it now, before training '
         r'goes on', _log(resumed))
     assert stopped == ([] if crash else [str(stop_at)])
+
+
+# ------------------------------- the checkpoint directory: search, owner
+def _ckpt(path, meta=True):
+    sd = dict(w=torch.zeros(2))
+    torch.save(dict(meta={}, state_dict=sd) if meta else sd, path)
+    return str(path)
+
+
+def _dirs(tmp_path, *names):
+    for name in names:
+        (tmp_path / name).mkdir()
+    return (tmp_path / name for name in names)
+
+
+@pytest.fixture
+def logged():
+    """The warnings of the current MMLogger (the Runner's log)."""
+    records, handler = [], logging.Handler(logging.WARNING)
+    handler.emit = lambda r: records.append(r.getMessage())
+    logger = MMLogger.get_current_instance()
+    logger.addHandler(handler)
+    yield records
+    logger.removeHandler(handler)
+
+
+def test_candidates_are_this_runs_checkpoints_newest_first(tmp_path):
+    """By N, then mtime; ``extra`` last; other names left out."""
+    work, out = _dirs(tmp_path, 'work', 'out')
+    for name in ('iter_9.pth', 'iter_10.pth', 'iter_2.pth.bak',
+                 '.iter_12.pth.99.0123abcd.mmsoft-tmp', 'best.pth',
+                 'iter_1.pth'):
+        (work / name).write_bytes(b'x')
+    os.utime(work / 'iter_1.pth', (1e9, 1e9))  # older than best.pth
+    (out / 'iter_10.pth').write_bytes(b'x')
+    os.utime(work / 'iter_10.pth', (1e9, 1e9))
+    os.utime(out / 'iter_10.pth', (2e9, 2e9))  # the newer of the two
+    (out / 'epoch_3.pth').write_bytes(b'x')
+    found = ch.checkpoint_candidates(
+        [str(work), str(out), str(tmp_path / 'gone')],
+        [str(work / 'best.pth'),
+         str(tmp_path / 'missing.pth'), None])
+    assert found == [
+        str(out / 'iter_10.pth'),
+        str(work / 'iter_10.pth'),
+        str(work / 'iter_9.pth'),
+        str(out / 'epoch_3.pth'),
+        str(work / 'iter_1.pth'),
+        str(work / 'best.pth'),
+    ]
+    os.utime(work / 'iter_10.pth', (3e9, 3e9))  # now the work dir's
+    assert ch.checkpoint_candidates([str(work), str(out)])[:2] == \
+        [str(work / 'iter_10.pth'), str(out / 'iter_10.pth')]
+
+
+def test_check_complete_names_what_is_wrong(tmp_path, monkeypatch):
+    assert ch.check_complete(_ckpt(tmp_path / 'w.pth', meta=False)) == \
+        'is not a training checkpoint (no meta)'
+    empty = tmp_path / 'iter_4.pth'
+    empty.write_bytes(b'')
+    assert ch.check_complete(str(empty)) == (
+        f'checkpoint {empty} is empty (0 bytes); it was not loaded (use an '
+        f'earlier or a fresh copy)')
+    # a zip but no checkpoint: the load error's type and first line
+    path = str(tmp_path / 'notes.pth')
+    with zipfile.ZipFile(path, 'w') as z:
+        z.writestr('notes.txt', 'not a checkpoint')
+    with pytest.raises(Exception) as e:
+        ch.load_verified(path)
+    first = str(e.value).splitlines()[0]
+    assert first and ch.check_complete(path) == \
+        f'cannot be loaded ({type(e.value).__name__}: {first})'
+
+    def load(path):
+        raise EOFError()
+
+    monkeypatch.setattr(ch, 'load_verified', load)
+    assert ch.check_complete(path) == 'cannot be loaded (EOFError: )'
+
+
+def test_newest_complete_through_last_checkpoint(tmp_path, logged):
+    """Naming an older file: the newest wins; a renamed file: found; named
+    through a symlink: no warning."""
+    work, = _dirs(tmp_path, 'work')
+    good, newest = _ckpt(work / 'iter_2.pth'), _ckpt(work / 'iter_6.pth')
+    (work / 'last_checkpoint').write_text(good + '\n')
+    assert ch.find_newest_complete(str(work)) == (newest, [])
+    os.unlink(newest)
+    (work / 'iter_4.pth').write_bytes(b'')
+    os.rename(good, work / 'final.pth')
+    (tmp_path / 'link').symlink_to(work, target_is_directory=True)
+    named = str(tmp_path / 'link' / 'final.pth')
+    (work / 'last_checkpoint').write_text(named)
+    path, skipped = ch.find_newest_complete(str(work))
+    assert path == named and not [m for m in logged if 'outside' in m]
+    assert [p for p, _ in skipped] == [str(work / 'iter_4.pth')]
+
+
+def test_checkpoint_dir_belongs_to_the_first_work_dir(tmp_path):
+    """The first run owns it; another is refused in one line."""
+    ckpt_dir = str(tmp_path / 'out' / 'run')
+    a, b = str(tmp_path / 'a' / 'run'), str(tmp_path / 'b' / 'run')
+    marker = osp.join(ckpt_dir, ch.OWNER_FILE)
+    ch.claim_checkpoint_dir(ckpt_dir, a)
+    assert open(marker).read() == osp.realpath(a) + '\n'
+    ch.claim_checkpoint_dir(ckpt_dir, a)
+    with pytest.raises(ch.CheckpointDirInUse) as e:
+        ch.claim_checkpoint_dir(ckpt_dir, b)
+    assert str(e.value) == (
+        f'checkpoint directory {ckpt_dir} (default_hooks.checkpoint.out_dir '
+        f'/ the work dir\'s name) belongs to the run in work dir '
+        f'{osp.realpath(a)} ({marker}), not to this one ({osp.realpath(b)}):'
+        f' its max_keep_ckpts would delete the other run\'s checkpoints and '
+        f'--resume would continue it. Give this run another out_dir or a '
+        f'work dir of another name (if you moved that work dir here, delete '
+        f'{marker})')
+    open(marker, 'w').close()
+    ch.claim_checkpoint_dir(ckpt_dir, b)
+    assert open(marker).read() == osp.realpath(b) + '\n'
+    # the work dir itself needs no owner file
+    ch.claim_checkpoint_dir(a, a)
+    assert not osp.exists(osp.join(a, ch.OWNER_FILE))
+
+
+def test_resume_search_warnings(tmp_path, logged):
+    """One warning per foreign, damaged or missing file."""
+    work, out, other = _dirs(tmp_path, 'work', 'out', 'other')
+    last = osp.join(work, 'last_checkpoint')
+    foreign = _ckpt(other / 'iter_8.pth')
+    (work / 'last_checkpoint').write_text(foreign)
+    (out / 'iter_6.pth').write_bytes(b'')
+    _ckpt(work / 'iter_4.pth', meta=False)
+    good = _ckpt(work / 'iter_2.pth')
+    assert ch.find_newest_complete(str(work), str(out))[0] == good
+    assert logged == [
+        f'mmsoft: {last} names {foreign}, outside this run\'s checkpoint '
+        f'directory (a copied or moved work dir?): ignored; resuming from '
+        f'the newest checkpoint of {work} / {out}',
+        f'mmsoft: skipping checkpoint {out / "iter_6.pth"} is empty (0 '
+        f'bytes); it was not loaded (use an earlier or a fresh copy)',
+        f'mmsoft: skipping checkpoint {work / "iter_4.pth"}: it is not a '
+        f'training checkpoint (no meta)',
+    ]
+    logged.clear()
+    gone = str(work / 'iter_10.pth')
+    (work / 'last_checkpoint').write_text(gone)
+    for f in ('iter_4.pth', 'iter_2.pth'):
+        os.unlink(work / f)
+    os.unlink(out / 'iter_6.pth')
+    assert ch.find_newest_complete(str(work), str(out)) == (None, [])
+    ch.find_newest_complete(str(work), str(out), quiet=True)
+    assert logged == [
+        f'mmsoft: last_checkpoint names {gone}, which does not exist'
+    ]
