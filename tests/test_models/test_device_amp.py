@@ -26,8 +26,8 @@ OUT_RTOL = {torch.bfloat16: 5e-2, torch.float16: 1e-2}
 GRAD_RTOL = {torch.bfloat16: 0.3, torch.float16: 0.2}
 SIZE, LOSS_SCALE = 64, 2.0**12
 KERNEL = importlib.import_module('mmsoft.models.layers.soft_attention')
-PINV = importlib.import_module('mmsoft.models.layers.nr_autograd')
-LZ = importlib.import_module('mmsoft.models.layers.nr_lanczos')
+PINV = importlib.import_module('mmsoft.models.layers.nr')
+LZ = importlib.import_module('mmsoft.models.layers.nr_spectral')
 
 
 def dtype_id(dtype):

@@ -523,7 +523,7 @@ def run_nr_methods(report, device, shapes, repeats):
     import torch
 
     from mmsoft.models.layers import gaussian_kernel
-    from mmsoft.models.layers.nr_config import NRConfig
+    from mmsoft.models.layers.nr import NRConfig
 
     def timed(fn):
         fn()  # warm-up

@@ -117,10 +117,9 @@ def main(argv=None):
     import torch
 
     from mmsoft.models.layers import gaussian_kernel
-    from mmsoft.models.layers.nr_autograd import resolve_method
-    from mmsoft.models.layers.nr_iteration import (nr_init_alpha,
-                                                   nr_iteration_matrix)
-    from mmsoft.models.layers.nr_lanczos import krylov_basis
+    from mmsoft.models.layers.nr import (nr_init_alpha, nr_iteration_matrix,
+                                         resolve_method)
+    from mmsoft.models.layers.nr_spectral import krylov_basis
     if args.threads:
         torch.set_num_threads(args.threads)
     model = build_model(

@@ -177,13 +177,13 @@ def official_alpha(A):
 
 
 def official_reference(iters):
-    """An NR setting (:class:`~mmsoft.models.layers.nr_config.NRConfig`) whose
+    """An NR setting (:class:`~mmsoft.models.layers.nr.NRConfig`) whose
     ``apply`` is the float64 official rule per sample: alpha from the
     official loop, A_T W from the T iterations on the eigenvalues of A.
     Built into a model's SOFT attentions (``nr=``), it makes the model the
     reference of :func:`parity` (``attn_norm`` applies D^-1/2 around
     it, as for any setting)."""
-    from mmsoft.models.layers.nr_config import NRConfig
+    from mmsoft.models.layers.nr import NRConfig
 
     class OfficialReference(NRConfig):
 

@@ -7,7 +7,7 @@ bottleneck sampler), and the convergence metric of the papers
     ||A A_k A - A||_2 / ||A||_2,     k = 0 .. T
 
 (the values of
-:func:`mmsoft.models.layers.nr_iteration.pinv_convergence`, with
+:func:`mmsoft.models.layers.nr.pinv_convergence`, with
 the model's own alpha initialisation; the symmetric residuals' 2-norms are
 taken from eigenvalues instead of SVDs, which is 10x faster) is recorded.
 The plot shows, per stage, the mean over
@@ -63,12 +63,11 @@ def _sym_norm2(M: torch.Tensor) -> torch.Tensor:
 @torch.no_grad()
 def convergence(A: torch.Tensor, iters: int, init: str):
     """Same values as
-    :func:`mmsoft.models.layers.nr_iteration.pinv_convergence`
+    :func:`mmsoft.models.layers.nr.pinv_convergence`
     (float64, the model's alpha initialisation and iteration), with the
     2-norms of the symmetric residuals A A_k A - A taken from eigenvalues.
     Returns a tensor (..., iters + 1)."""
-    from mmsoft.models.layers.nr_iteration import (nr_init_alpha,
-                                                   nr_iteration_matrix)
+    from mmsoft.models.layers.nr import nr_init_alpha, nr_iteration_matrix
     A = A.double()
     Aw = nr_iteration_matrix(A, init)
     V = nr_init_alpha(A, init)[..., None, None] * Aw

@@ -1,11 +1,11 @@
 """When is the spectral pseudo-inverse faster than the NR iterations?
 
-Times :meth:`mmsoft.models.layers.nr_config.NRConfig.apply` (A^+ W, the
+Times :meth:`mmsoft.models.layers.nr.NRConfig.apply` (A^+ W, the
 product SOFT attention needs) with ``method='iterative'`` (2T batched
 m x m products) and ``method='spectral'`` (one ``eigh`` and a scalar
 recurrence) for a range of bottleneck sizes m, on one device, and prints the
 smallest m from which spectral wins at every larger size measured: the value
-for :data:`mmsoft.models.layers.nr_autograd.SPECTRAL_MIN_M` (the ``'auto'``
+for :data:`mmsoft.models.layers.nr.SPECTRAL_MIN_M` (the ``'auto'``
 rule)
 on that machine. Both methods compute the same function; only speed
 differs.
@@ -64,7 +64,7 @@ def time_method(A, W, method, iters, backward, repeats):
     """Median seconds of one ``NRConfig.apply`` call (+ backward)."""
     import torch
 
-    from mmsoft.models.layers.nr_config import NRConfig
+    from mmsoft.models.layers.nr import NRConfig
     nr = NRConfig(iters, 'soft_norm_per_sample', method)
 
     def call():
@@ -106,7 +106,7 @@ def main(argv=None):
     import torch
 
     from mmsoft.models.layers import gaussian_kernel
-    from mmsoft.models.layers.nr_autograd import SPECTRAL_MIN_M
+    from mmsoft.models.layers.nr import SPECTRAL_MIN_M
     if args.threads:
         torch.set_num_threads(args.threads)
     device = torch.device(args.device)

@@ -25,10 +25,8 @@ class NRResidualHook(Hook):
         if interval < 1:
             raise ValueError(f'NRResidualHook: interval must be >= 1, got '
                              f'{interval}')
-        self.interval = interval
-        self.warn_unconverged = warn_unconverged
-        self._warned = set()
-        self._backbones = []
+        self.interval, self.warn_unconverged = interval, warn_unconverged
+        self._warned, self._backbones = set(), []
 
     def before_run(self, runner) -> None:
         self._backbones = [
@@ -54,7 +52,7 @@ class NRResidualHook(Hook):
 
     def after_train_iter(self,
                          runner,
-                         batch_idx: int,
+                         batch_idx,
                          data_batch=None,
                          outputs=None) -> None:
         stats = self.collect()

@@ -1,6 +1,5 @@
 from .amp import CheckedConvs, SafeConv2d
-from .nr_config import NRConfig
-from .nr_iteration import nr_init_alpha, pinv_convergence
+from .nr import NRConfig, nr_init_alpha, pinv_convergence
 from .soft_attention import (SAMPLING_MODES, AttentionBase, BottleneckSampler,
                              SOFTAttention, bottleneck_apply,
                              bottleneck_inverse, gaussian_kernel,

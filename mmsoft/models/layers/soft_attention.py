@@ -18,7 +18,7 @@ from mmsoft.registry import ATTENTIONS
 from . import amp
 from .amp import (SafeConv2d, autocast_off, check_choice, check_int,
                   check_kernel_size, compiling, compute_dtype, conv2d)
-from .nr_config import NRConfig
+from .nr import NRConfig
 
 SAMPLING_MODES = ('conv', 'avgpool', 'random', 'biased')
 

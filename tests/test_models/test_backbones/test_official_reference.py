@@ -7,7 +7,7 @@ from reference import official_soft_ref as ref
 
 from mmsoft.models.converters import (arch_for_mmsoft,
                                       convert_official_to_mmpretrain)
-from mmsoft.models.layers.nr_autograd import SPECTRAL_MIN_M
+from mmsoft.models.layers.nr import SPECTRAL_MIN_M
 
 pytestmark = pytest.mark.usefixtures('one_thread')
 

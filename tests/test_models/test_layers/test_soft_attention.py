@@ -17,7 +17,7 @@ from mmsoft.models.layers import (AttentionBase, BottleneckSampler, NRConfig,
                                   SOFTAttention, amp, bottleneck_apply,
                                   gaussian_kernel, landmark_grid, reduce_map,
                                   soft_attention, with_nr)
-from mmsoft.models.layers.nr_iteration import nr_residual
+from mmsoft.models.layers.nr import nr_residual
 from mmsoft.models.layers.soft_attention import (SAMPLING_MODES,
                                                  GaussianKernel,
                                                  bottleneck_inverse,
@@ -581,7 +581,7 @@ def test_soft_attention_biases_and_diagnostics_off_by_default():
 
 def test_nr_settings_built_once_and_frozen(monkeypatch):
     """Checked once whatever the spelling; the forward passes it down."""
-    from mmsoft.models.layers import nr_config
+    from mmsoft.models.layers import nr as nr_config
     checks, post_init = [], nr_config.NRConfig.__post_init__
     monkeypatch.setattr(nr_config.NRConfig, '__post_init__',
                         lambda self: checks.append(1) or post_init(self))

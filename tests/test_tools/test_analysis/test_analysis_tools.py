@@ -174,7 +174,7 @@ def test_nr_convergence_on_an_image_folder(tmp_path):
 @pytest.mark.parametrize('init', ['soft', 'soft_norm_per_sample'])
 def test_nr_convergence_metric_is_pinv_convergence(init):
     from mmsoft.models.layers import gaussian_kernel
-    from mmsoft.models.layers.nr_iteration import pinv_convergence
+    from mmsoft.models.layers.nr import pinv_convergence
     nc = tool('nr_convergence')
     g = torch.Generator().manual_seed(0)
     lm = torch.randn(3, 2, 12, 4, generator=g, dtype=torch.float64) * 0.5

@@ -1,15 +1,14 @@
-"""f_T(A) W, the official T-step NR function (Alg. 2, Eq. 10: f_T(l) = (1 -
-(1 - alpha l^2)^(2^T)) / l) on a thin W by block Lanczos: Q spans {W, A W,
-...}, Q^T A Q = U diag(theta) U^T, f_T(A) W ~ Q U f_T(theta) U^T Q^T W
-(Rayleigh-Ritz), J blocks per matrix until converged. The backward is the
-exact gradient of f_T on the Krylov spaces of W and of the gradient
-(Kressner 2019, bivariate Lanczos; F: Daleckii-Krein on Ritz values)."""
+"""The T-step NR function as a filter on eigenvalues (Alg. 2, Eq. 10: f_T(l)
+= (1 - (1 - alpha l^2)^(2^T)) / l), its divided differences (Daleckii-Krein)
+and f_T(A) W on a thin W by block Lanczos: Q spans {W, A W, ...}, Q^T A Q =
+U diag(theta) U^T, f_T(A) W ~ Q U f_T(theta) U^T Q^T W, J blocks per matrix
+until converged; its backward the exact gradient of f_T on the Krylov spaces
+of W and of the gradient (Kressner 2019, bivariate Lanczos)."""
 from typing import NamedTuple, Optional
 
 import torch
 
-from .amp import autocast_off
-from .nr_iteration import eigh, lapack, leibniz_divided_difference
+from .amp import autocast_off, compiling
 
 #: the largest Krylov space of the forward before the guard falls back
 MAX_DIM = 384
@@ -22,32 +21,78 @@ _FIRST_CHECK = 5
 #: directions of a new block below this fraction of ||A||_1 (||W||: the
 #: first) are dropped (an invariant subspace)
 _DROP = {torch.float32: 1e-6, torch.float64: 1e-12}
+#: pairs with |a - b| <= _DD_RTOL max(|a|, |b|) take f[a, b] from the
+#: Leibniz rule (the quotient loses ~T eps / _DD_RTOL)
+_DD_RTOL = 0.05
 
 
-def filter_and_slope(lam, alpha, iters):
-    """f_T(l) and d f_T / d alpha: v_{k+1} = 2 v_k - v_k^2 l (Eq. 10),
-    u_0 = l, u_{k+1} = 2 u_k (1 - v_k l)."""
-    v = alpha[..., None] * lam
-    u = lam.clone()
+def filter_and_slope(lam, alpha, iters, slope=True):
+    """v_T(l) (and d v_T / d alpha): v_0 = alpha l, v_{k+1} = 2 v_k - v_k^2
+    l (Eq. 10), u_0 = l, u_{k+1} = 2 u_k (1 - v_k l)."""
+    v, u = alpha[..., None] * lam, lam
     for _ in range(iters):
-        u = 2 * u * (1 - v * lam)
+        if slope:
+            u = 2 * u * (1 - v * lam)
         v = 2 * v - v * v * lam
-    return v, u
+    return (v, u) if slope else v
+
+
+def nr_scalar_iterate(lam: torch.Tensor, alpha: torch.Tensor,
+                      iters: int) -> torch.Tensor:
+    """v_T(l); the opaque op ``mmsoft::nr_scalar_iterate`` (torch >= 2.4):
+    inductor would inline the T steps, compile time ~3^T."""
+    return filter_and_slope(lam, alpha, iters, slope=False)
+
+
+scalar_iterate = nr_scalar_iterate
+if hasattr(torch.library, 'custom_op'):
+    scalar_iterate = torch.library.custom_op(
+        'mmsoft::nr_scalar_iterate', nr_scalar_iterate, mutates_args=())
+    scalar_iterate.register_fake(lambda lam, alpha, iters: lam.new_empty(
+        torch.broadcast_shapes(alpha.shape + (1, ), lam.shape),
+        dtype=torch.result_type(alpha, lam)))
 
 
 def divided_differences(a, b, alpha, iters):
-    """f_T[a_i, b_j] for every pair: the quotient, the Leibniz rule on the
-    close pairs (|a - b| <= 0.05 max(|a|, |b|))."""
-    fa = filter_and_slope(a, alpha, iters)[0].unsqueeze(-1)
-    fb = filter_and_slope(b, alpha, iters)[0].unsqueeze(-2)
+    """f_T[a_i, b_j] for every pair: the quotient; on the close pairs the
+    Leibniz rule on Eq. 10, D_0 = alpha, D_{k+1} = D_k (2 - (v_a + v_b)(a
+    + b) / 2) - (v_a^2 + v_b^2) / 2 (f_T'(a) at a = b)."""
+    fa = filter_and_slope(a, alpha, iters, False).unsqueeze(-1)
+    fb = filter_and_slope(b, alpha, iters, False).unsqueeze(-2)
     a, b = a.unsqueeze(-1), b.unsqueeze(-2)
-    close = (a - b).abs() <= 0.05 * torch.maximum(a.abs(), b.abs())
+    close = (a - b).abs() <= _DD_RTOL * torch.maximum(a.abs(), b.abs())
     F = (fa - fb) / torch.where(close, 1, a - b)
     idx = close.nonzero(as_tuple=True)  # few: the rule on these only
-    ai = a.expand_as(close)[idx]
-    bi = b.expand_as(close)[idx]
-    F[idx] = leibniz_divided_difference(ai, bi, alpha[idx[:-2]], iters)
+    a, b = a.expand_as(close)[idx], b.expand_as(close)[idx]
+    D = alpha[idx[:-2]]
+    va, vb = D * a, D * b
+    for _ in range(iters):
+        D = D * (2 - 0.5 * (va + vb) * (a + b)) - 0.5 * (va * va + vb * vb)
+        va = 2 * va - va * va * a
+        vb = 2 * vb - vb * vb * b
+    F[idx] = D
     return F
+
+
+def lapack(fn, *args, **kwargs):
+    """``fn(*args, **kwargs)`` on one intra-op thread on the CPU (the count
+    restored): LAPACK syncs its threads per column, 5x slower on shared
+    cores (docs/en/benchmarks.md)."""
+    tensor = next(a for a in args if isinstance(a, torch.Tensor))
+    threads = 1 if tensor.device.type != 'cpu' or compiling() else \
+        torch.get_num_threads()  # compiling: no graph break
+    if threads == 1:
+        return fn(*args, **kwargs)
+    torch.set_num_threads(1)
+    try:
+        return fn(*args, **kwargs)
+    finally:
+        torch.set_num_threads(threads)
+
+
+def eigh(A: torch.Tensor):
+    """``torch.linalg.eigh`` through :func:`lapack`."""
+    return lapack(torch.linalg.eigh, A)
 
 
 class KrylovBasis(NamedTuple):
@@ -59,13 +104,10 @@ class KrylovBasis(NamedTuple):
     E: torch.Tensor
     converged: torch.Tensor
 
-    def coefficients(self, values: torch.Tensor) -> torch.Tensor:
-        """U diag(values) U^T E."""
-        return self.U @ (values.unsqueeze(-1) * (self.U.mT @ self.E))
-
     def apply(self, values: torch.Tensor) -> torch.Tensor:
         """f(A) W = Q U diag(f(theta)) U^T Q^T W."""
-        return self.Q @ self.coefficients(values).to(self.Q.dtype)
+        C = self.U @ (values.unsqueeze(-1) * (self.U.mT @ self.E))
+        return self.Q @ C.to(self.Q.dtype)
 
 
 def _orthonormal(Z, scale):
@@ -83,10 +125,7 @@ def _orthonormal(Z, scale):
             S = V * torch.where(keep,
                                 lam.clamp_min(1e-300).rsqrt(), 0).unsqueeze(-2)
             X = X @ S
-        else:
-            # X L^-T as one product with the d x d inverse: a batched
-            # triangular solve of X is one BLAS call (and parallel region)
-            # per matrix, 50x slower than the product on a loaded CPU
+        else:  # X L^-T via the d x d inverse: one product, 50x faster
             eye = torch.eye(L.shape[-1], dtype=L.dtype, device=L.device)
             X = X @ lapack(
                 torch.linalg.solve_triangular,
@@ -130,7 +169,7 @@ def krylov_basis(A: torch.Tensor,
         K = (j + 1) * d
         Qp = Q[..., :K]
         Z = torch.bmm(A, Q[..., K - d:K])
-        # two passes of orthogonalisation against every block so far; the
+        # orthogonalised twice against every block so far; the
         # coefficients are block column j of T = Q^T A Q
         C = torch.bmm(Qp.mT, Z)
         Z = torch.baddbmm(Z, Qp, C, alpha=-1)
@@ -149,7 +188,7 @@ def krylov_basis(A: torch.Tensor,
         Ts.diagonal(dim1=-2, dim2=-1).sub_(dead[:, :K] * ramp[:K] * norm1)
         th, U = eigh(Ts)
         Ek = torch.nn.functional.pad(E, (0, 0, 0, K - d))
-        y = U @ (filter_and_slope(th, alpha64, iters)[0].unsqueeze(-1) *
+        y = U @ (filter_and_slope(th, alpha64, iters, False).unsqueeze(-1) *
                  (U.mT @ Ek))  # f_T(T) Q^T W, (N, K, d)
         new = None
         if K >= m:  # the whole space: exact
@@ -166,9 +205,7 @@ def krylov_basis(A: torch.Tensor,
             if bool(done.all()):
                 break
     found.append((~done, th, U))  # the guard's: the last iterate
-    K = (j + 1) * d
-    theta = T.new_zeros(N, K)
-    Uall = T.new_zeros(N, K, K)
+    theta, Uall = T.new_zeros(N, K), T.new_zeros(N, K, K)
     for rows, th, U in found:
         k = th.shape[-1]
         theta[rows, :k] = th[rows]
@@ -185,7 +222,7 @@ class LanczosApply(torch.autograd.Function):
     @staticmethod
     def forward(ctx, A, W, alpha, basis, iters, exact, fallback):
         alpha64 = alpha.detach().to(torch.float64).reshape(-1)
-        Z = basis.apply(filter_and_slope(basis.theta, alpha64, iters)[0])
+        Z = basis.apply(filter_and_slope(basis.theta, alpha64, iters, False))
         ctx.iters, ctx.exact, ctx.fallback = iters, exact, fallback
         ctx.save_for_backward(A, alpha, Z, *basis)
         return Z
@@ -193,37 +230,29 @@ class LanczosApply(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad):
         with autocast_off(grad.device.type):
-            return LanczosApply._backward(ctx, grad)
-
-    @staticmethod
-    def _backward(ctx, grad):
-        A, alpha, Z, *saved = ctx.saved_tensors
-        w = KrylovBasis(*saved)
-        iters = ctx.iters
-        alpha64 = alpha.detach().to(torch.float64).reshape(-1)
-        G = grad.to(Z.dtype)
-        # f_T(A) G, in up to twice the forward's dimensions
-        g = krylov_basis(A, G, alpha, iters, max_dim=2 * MAX_DIM)
-        grad_W = g.apply(filter_and_slope(g.theta, alpha64, iters)[0])
-        grad_A = grad_alpha = None
-        if not ctx.exact:
-            if ctx.needs_input_grad[0]:
+            A, alpha, Z, *saved = ctx.saved_tensors
+            w, iters = KrylovBasis(*saved), ctx.iters
+            alpha64 = alpha.detach().to(torch.float64).reshape(-1)
+            G = grad.to(Z.dtype)
+            # f_T(A) G, in up to twice the forward's dimensions
+            g = krylov_basis(A, G, alpha, iters, max_dim=2 * MAX_DIM)
+            grad_W = g.apply(filter_and_slope(g.theta, alpha64, iters, False))
+            grad_A = grad_alpha = None
+            if ctx.needs_input_grad[0] and not ctx.exact:
                 grad_A = -(grad_W @ Z.transpose(-1, -2))
-        else:
-            if ctx.needs_input_grad[0]:
-                F = divided_differences(g.theta, w.theta, alpha64,
-                                        iters)  # (N, Kg, Kw)
-                X = F * ((g.U.mT @ g.E) @ (w.U.mT @ w.E).mT)
+            elif ctx.needs_input_grad[0]:
+                F = divided_differences(g.theta, w.theta, alpha64, iters)
+                X = F * ((g.U.mT @ g.E) @ (w.U.mT @ w.E).mT)  # (N, Kg, Kw)
                 left = g.Q @ (g.U @ X @ w.U.mT).to(Z.dtype)  # (N, m, Kw)
                 grad_A = left @ w.Q.mT
-            if ctx.needs_input_grad[2]:
+            if ctx.needs_input_grad[2] and ctx.exact:
                 slope = filter_and_slope(w.theta, alpha64, iters)[1]
                 grad_alpha = (G * w.apply(slope)).sum((-2, -1)).to(alpha.dtype)
-        if not bool(g.converged.all()):  # the guard of the gradient
-            bad = (~g.converged).nonzero().squeeze(1)
-            sub = ctx.fallback(bad, grad[bad])
-            grad_A, grad_W, grad_alpha = (
-                None if full is None else full.index_copy(
-                    0, bad, part.to(full.dtype))
-                for full, part in zip((grad_A, grad_W, grad_alpha), sub))
+            if not bool(g.converged.all()):  # the guard of the gradient
+                bad = (~g.converged).nonzero().squeeze(1)
+                sub = ctx.fallback(bad, grad[bad])
+                grad_A, grad_W, grad_alpha = (
+                    None if full is None else full.index_copy(
+                        0, bad, part.to(full.dtype))
+                    for full, part in zip((grad_A, grad_W, grad_alpha), sub))
         return grad_A, grad_W, grad_alpha, None, None, None, None
