@@ -2,14 +2,14 @@
 each entry point refuses it in one line naming the file and the safe fix."""
 import os.path as osp
 import pickle
+import runpy
 from types import SimpleNamespace
 
-import numpy as np
 import pytest
 import torch
 import torch.nn as nn
-from conftest import ROOT, cls_demo_config, load_module
-from mmengine.logging import HistoryBuffer, MessageHub
+from conftest import (CONFIGS, ROOT, cls_demo_config, load_module,
+                      tool_namespace)
 
 import mmsoft.compat
 from mmsoft.engine import SafeCheckpointHook
@@ -17,6 +17,14 @@ from mmsoft.engine.hooks.checkpoint_hook import find_newest_complete
 from mmsoft.models import SOFT
 from mmsoft.models.loading import load_pretrained
 from mmsoft.utils import checkpoint_io as cio
+
+KINDS = ('zip', 'legacy', 'raw')
+CODE = ('pickled code (io.open) that would run when unpickled; mmsoft never '
+        'unpickles such a file, whatever the options: get the weights again '
+        'from their original source')
+#: a plain pickle's tensors: torch.storage._load_from_bytes
+RAW = CODE.replace('(', '(torch.storage._load_from_bytes, ', 1)
+PLAIN = "a plain / legacy pickle (not torch's zip format) with "
 
 
 class Payload:
@@ -33,41 +41,20 @@ class Opaque:
     """An object of a class: no code of the file's choosing runs."""
 
 
-def _state():
-    return {'backbone.w': torch.ones(2), 'head.b': torch.zeros(1)}
-
-
-def _crafted(tmp_path, kind, obj=None):
-    """(path, marker) of a crafted file: zip, legacy or a plain pickle."""
+def _crafted(tmp_path, kind, make=None):
+    """(path, marker) of a crafted file: zip, legacy or a plain pickle
+    (``make(marker)``: what it holds)."""
     marker = tmp_path / f'MARKER_{kind}'
     path = tmp_path / f'crafted_{kind}.pth'
-    obj = obj or dict(state_dict=_state(), meta=dict(x=Payload(marker)))
+    state = {'backbone.w': torch.ones(2), 'head.b': torch.zeros(1)}
+    obj = (make
+           or (lambda m: dict(state_dict=state, meta=dict(x=Payload(m)))))(
+               marker)
     if kind == 'raw':
         path.write_bytes(pickle.dumps(obj))
     else:
         torch.save(obj, path, _use_new_zipfile_serialization=kind == 'zip')
     return str(path), marker
-
-
-KINDS = ('zip', 'legacy', 'raw')
-
-
-@pytest.mark.parametrize('kind', KINDS)
-def test_payload_runs_when_unpickled_unsafely(tmp_path, kind):
-    """The crafted files are real: an unrestricted load runs them."""
-    path, marker = _crafted(tmp_path, kind)
-    if kind == 'raw':
-        with open(path, 'rb') as f:
-            pickle.load(f)
-    else:
-        torch.load(path, weights_only=False)
-    assert marker.exists()
-
-
-def _hook_before_run(resume):
-    """SafeCheckpointHook's ``before_run`` (before ``load_or_resume``)."""
-    return lambda path: SafeCheckpointHook().before_run(
-        SimpleNamespace(_load_from=path, _resume=resume, _has_loaded=False))
 
 
 def _resume_search(path):
@@ -94,9 +81,37 @@ def _converter(name, *options):
     return convert
 
 
+@pytest.fixture(scope='module')
+def demo_cfg(tmp_path_factory):
+    """The cls demo config on generated data (tools/test.py checks it)."""
+    cfg = cls_demo_config(tmp_path_factory.mktemp('safety'), val=2)
+    with open(cfg, 'a') as f:
+        f.write('test_dataloader = val_dataloader\n')
+    return cfg
+
+
+def _test_tool(path, request):
+    work = osp.join(osp.dirname(path), 'work')
+    tool_namespace('test')['main'](
+        [request.getfixturevalue('demo_cfg'), path, '--work-dir', work])
+
+
+def _image_demo(path, request):
+    import cv2
+    import numpy as np
+    img = osp.join(osp.dirname(path), 'img.png')
+    cv2.imwrite(img, np.zeros((8, 8, 3), np.uint8))
+    cfg = osp.join(CONFIGS, 'demo', 'soft_cls_demo.py')
+    main = runpy.run_path(
+        osp.join(ROOT, 'demo', 'image_demo.py'), run_name='image_demo')['main']
+    assert main([img, cfg, path, '--out-dir', img + '.out']) == 2
+    raise pickle.UnpicklingError('refused by image_demo')
+
+
 ENTRY_POINTS = {
     'Runner_load_from':  # resume=True: the same branch
-    _hook_before_run(resume=False),
+    lambda p: SafeCheckpointHook().before_run(
+        SimpleNamespace(_load_from=p, _resume=False, _has_loaded=False)),
     'resume_search':
     _resume_search,
     'init_cfg_Pretrained':
@@ -108,6 +123,10 @@ ENTRY_POINTS = {
         init_cfg=dict(type='Pretrained', checkpoint=p)).init_weights(),
     'onnx_export_loader':
     _onnx_export_loader,
+    'tools/test.py':
+    _test_tool,
+    'demo/image_demo.py':
+    _image_demo,
     'soft2mmsoft':
     _converter('soft2mmsoft'),
     'mmsoft2soft':
@@ -120,13 +139,19 @@ ENTRY_POINTS = {
     lambda p: mmsoft.compat.safe_torch_load(p),
 }
 
+#: the tools' scripts read the file as the others: one kind each
+CASES = [(e, k) for e in ENTRY_POINTS for k in KINDS
+         if k == 'zip' or e not in ('tools/test.py', 'demo/image_demo.py')]
 
-@pytest.mark.parametrize('kind', KINDS)
-@pytest.mark.parametrize('entry', list(ENTRY_POINTS))
-def test_crafted_checkpoint_is_refused(tmp_path, kind, entry, capsys):
+
+@pytest.mark.parametrize(
+    'entry, kind', CASES, ids=[f'{e}-{k}' for e, k in CASES])
+def test_crafted_checkpoint_is_refused(tmp_path, kind, entry, capsys, request):
     path, marker = _crafted(tmp_path, kind)
-    with pytest.raises(Exception) as info:
-        ENTRY_POINTS[entry](path)
+    with pytest.raises((Exception, SystemExit)) as info:
+        call = ENTRY_POINTS[entry]
+        call(path, request) if call in (_test_tool, _image_demo) else \
+            call(path)
     assert not marker.exists(), f'{entry} ran code from {path}'
     msg = str(info.value) + capsys.readouterr().err
     assert 'weights_only=False' not in msg, msg
@@ -137,84 +162,44 @@ def test_crafted_checkpoint_is_refused(tmp_path, kind, entry, capsys):
             line[0] and 'trust' not in line[0], msg
 
 
-def test_message_is_one_line_with_the_safe_fix(tmp_path):
-    path, _ = _crafted(tmp_path, 'raw')
-    with pytest.raises(cio.CheckpointRefused) as info:
-        cio.load_verified(path)
-    msg = str(info.value)
-    assert '\n' not in msg and path in msg
-    assert 'plain / legacy pickle' in msg
-    assert 'soft2mmsoft' not in msg and 'trust' not in msg
-    path, _ = _crafted(tmp_path, 'zip')
-    with pytest.raises(cio.CheckpointRefused, match=r'\(io\.open\)'):
-        cio.load_verified(path)
+#: (file kind, what it holds, the one line of load_verified after "it holds")
+FAULTS = [
+    ('zip', 'code', CODE),
+    ('legacy', 'code', PLAIN + CODE),
+    ('raw', 'code', PLAIN + RAW),
+    # code after a refused class is still code
+    ('zip', 'object-then-code', CODE),
+    ('legacy', 'object-then-code', PLAIN + CODE),
     # only objects of classes: the converter is the way, trusted
-    objs = str(tmp_path / 'objects.pth')
-    torch.save(dict(state_dict=_state(), meta=Opaque()), objs)
-    with pytest.raises(cio.CheckpointRefused) as info:
-        cio.load_verified(objs)
-    assert f'({__name__}.Opaque)' in str(info.value)
-    assert 'soft2mmsoft.py SRC DST (add --trust-checkpoint' in str(info.value)
+    ('zip', 'object',
+     f'pickled objects other than tensors and plain containers ({__name__}'
+     '.Opaque), which could run code when unpickled; convert it with '
+     'tools/model_converters/soft2mmsoft.py SRC DST (add --trust-checkpoint '
+     'there only if you trust the file)'),
+]
 
 
-@pytest.mark.parametrize('kind', ['zip', 'legacy'])
-def test_code_hidden_behind_an_object_is_still_code(tmp_path, kind):
-    """Code after a refused class is still refused as code."""
-    marker = tmp_path / 'MARKER'
-    path, _ = _crafted(tmp_path, kind,
-                       dict(a=Opaque(), b=[Opaque(), Payload(marker)]))
-    for options in ([], ['--trust-checkpoint']):
-        with pytest.raises(pickle.UnpicklingError, match='refused by'):
-            _converter('soft2mmsoft', *options)(path)
-    assert not marker.exists()
+@pytest.mark.parametrize(
+    'kind, holds, line', FAULTS, ids=[f'{k}-{h}' for k, h, _ in FAULTS])
+def test_refusal_is_one_line_with_the_safe_fix(tmp_path, kind, holds, line):
+    """The crafted files are real (an unrestricted load runs them)."""
+    make = {
+        'code': None,
+        'object': lambda m: dict(w=torch.ones(1), meta=Opaque()),
+        'object-then-code':
+        lambda m: dict(a=Opaque(), b=[Opaque(), Payload(m)])
+    }[holds]
+    path, marker = _crafted(tmp_path, kind, make)
     with pytest.raises(cio.CheckpointRefused) as info:
         cio.load_verified(path)
-    assert '(io.open)' in str(info.value) and 'trust' not in str(info.value)
-
-
-def test_training_checkpoints_still_load(tmp_path):
-    """HistoryBuffers, numpy arrays and scalars still load; mmsoft's
-    loaders leave torch's process-wide allow-list as it was."""
-    get = getattr(torch.serialization, 'get_safe_globals', lambda: [])
-    before = sorted(map(str, get()))  # a set: its order may change
-    hub = MessageHub.get_instance('mmsoft_test_checkpoint_safety')
-    for v in (1.0, 0.5):
-        hub.update_scalar('train/loss', v)
-    hub.update_info('best_score', np.float64(0.75))
-    path = str(tmp_path / 'iter_2.pth')
-    torch.save(
-        dict(
-            meta=dict(iter=2),
-            state_dict=_state(),
-            message_hub=hub.state_dict(),
-            arrays=[np.arange(3), np.zeros(0)]), path)
-    got = cio.load_verified(path)
-    buf = got['message_hub']['log_scalars']['train/loss']
-    assert type(buf) is HistoryBuffer and buf.mean() == pytest.approx(0.75)
-    assert got['message_hub']['runtime_info']['best_score'] == 0.75
-    np.testing.assert_array_equal(got['arrays'][0], [0, 1, 2])
-    assert find_newest_complete(str(tmp_path))[0] == path
-    mmsoft.compat.safe_torch_load(path, extra=[pickle.PickleError])
-    assert sorted(map(str, get())) == before
-
-
-@pytest.mark.parametrize('script', ['tools/test.py', 'demo/image_demo.py'])
-def test_tools_refuse_crafted_checkpoint(tmp_path, script, script_server):
-    cfg = cls_demo_config(tmp_path, val=2)
-    with open(cfg, 'a') as f:
-        f.write('test_dataloader = val_dataloader\n')
-    path, marker = _crafted(tmp_path, 'zip')
-    if script == 'tools/test.py':
-        args = [cfg, path, '--work-dir', str(tmp_path / 'work')]
-    else:
-        img = sorted(
-            p for p in (tmp_path / 'data').rglob('*')
-            if p.suffix.lower() in ('.jpg', '.jpeg', '.png'))[0]
-        args = [str(img), cfg, path, '--out-dir', str(tmp_path / 'out')]
-    proc = script_server(osp.join(ROOT, script), args, cwd=tmp_path)
-    assert proc.returncode != 0
-    assert not marker.exists(), f'{script} ran code from {path}'
-    out = proc.stdout + proc.stderr
-    assert 'weights_only=False' not in out, out[-3000:]
-    assert any(path in ln and 'refused' in ln
-               for ln in out.splitlines()), out[-3000:]
+    assert str(info.value) == f'checkpoint {path} was refused: it holds {line}'
+    if holds == 'object-then-code':  # the converters, trusted or not
+        for options in ([], ['--trust-checkpoint']):
+            with pytest.raises(pickle.UnpicklingError, match='refused by'):
+                _converter('soft2mmsoft', *options)(path)
+    assert not marker.exists()
+    if holds == 'code':
+        with open(path, 'rb') as f:
+            pickle.load(f) if kind == 'raw' else torch.load(
+                f, weights_only=False)
+        assert marker.exists()

@@ -1,12 +1,10 @@
 """:mod:`mmsoft.compat` / :mod:`mmsoft.utils.safe_load`: mmengine's training
-checkpoints load weights-only, nothing else runs from a pickle."""
+checkpoints load weights-only, nothing else runs from a pickle (before and
+after ``import mmsoft`` in a fresh process: tests/test_process_state.py)."""
 import codecs
-import json
 import os
 import pickle
 import shutil
-import sys
-import textwrap
 import uuid
 import warnings
 
@@ -14,7 +12,7 @@ import numpy as np
 import pytest
 import torch
 import torch.nn as nn
-from conftest import Reduce, needs_torch, run
+from conftest import Reduce, needs_torch
 from mmengine.logging import HistoryBuffer, MessageHub
 
 from mmsoft import compat
@@ -23,31 +21,7 @@ from mmsoft.utils import safe_load
 needs_weights_only = needs_torch(
     '2.6', 'torch.load weights-only by default, allow-list with names')
 CWD = f'{os.getcwd.__module__}.getcwd'
-
-
-def _mmengine_checkpoint(path):
-    """A checkpoint laid out like ``Runner.save_checkpoint`` writes it."""
-    model = nn.Linear(4, 3)
-    hub = MessageHub.get_instance(f'mmsoft_test_compat_{uuid.uuid4().hex}')
-    for i in range(3):
-        hub.update_scalar('train/loss', 1.0 / (i + 1))
-        hub.update_scalar('train/lr', 0.1)
-    hub.update_scalar('val/acc', 0.5)
-    hub.update_info('iter', 3)
-    hub.update_info('best_score', np.float64(0.75))  # a numpy scalar
-    ckpt = dict(
-        meta=dict(epoch=0, iter=3, cfg='', seed=0, mmengine_version='0.10.7'),
-        state_dict=model.state_dict(),
-        message_hub=hub.state_dict(),
-        optimizer=torch.optim.SGD(model.parameters(), lr=0.1).state_dict(),
-        param_schedulers=[],
-        extra=dict(arrays=[
-            np.array([0, 1, 2]).astype(dt)
-            for dt in ('int32', 'int64', 'float32', 'float64', 'bool')
-        ]),
-    )
-    torch.save(ckpt, path)
-    return ckpt
+LOADED = repr(safe_load._LoadedHistoryBuffer)  # HistoryBuffer at load time
 
 
 class _Allowed:
@@ -59,6 +33,11 @@ def _refusal(what, allowed):
             f'weights_only=True; only {allowed} is allowed.')
 
 
+def _save(path, obj, **kw):
+    torch.save(obj, str(path), **kw)
+    return str(path)
+
+
 @pytest.fixture
 def table():
     """HistoryBuffer's method table, put back afterwards (mmengine fills
@@ -68,6 +47,15 @@ def table():
     yield table
     HistoryBuffer._statistics_methods.clear()
     HistoryBuffer._statistics_methods.update(table)
+
+
+@pytest.fixture(params=[True, False], ids=['native', 'restricted'])
+def allow_list(request, monkeypatch):
+    """torch's allow-list (torch >= 2.6) or the restricted unpickler."""
+    if request.param and not safe_load.native_allow_list():
+        pytest.skip('torch < 2.6: no allow-list in the weights-only loader')
+    monkeypatch.setattr(safe_load, 'native_allow_list', lambda: request.param)
+    return request.param
 
 
 @needs_weights_only
@@ -107,18 +95,41 @@ def test_allow_list_context_is_a_no_op_before_torch_2_6(monkeypatch):
 
 
 @needs_weights_only
-def test_mmengine_checkpoint_loads_weights_only_inside_the_context(tmp_path):
-    path = tmp_path / 'iter_3.pth'
-    ckpt = _mmengine_checkpoint(path)
+def test_mmengine_checkpoint_loads_weights_only_inside_the_context(
+        tmp_path, table):
+    """Refused outside; inside, torch.load and mmengine's loader read it
+    without a warning, HistoryBuffer's method table empty (a fresh
+    process's) or not."""
+    from mmengine.runner.checkpoint import CheckpointLoader
+    model = nn.Linear(4, 3)
+    hub = MessageHub.get_instance(f'mmsoft_test_compat_{uuid.uuid4().hex}')
+    for i in range(3):
+        hub.update_scalar('train/loss', 1.0 / (i + 1))
+    hub.update_scalar('val/acc', 0.5)
+    hub.update_info('best_score', np.float64(0.75))  # a numpy scalar
+    arrays = [
+        np.array([0, 1, 2]).astype(dt)
+        for dt in ('int32', 'int64', 'float32', 'float64', 'bool')
+    ]
+    ckpt = dict(
+        meta=dict(epoch=0, iter=3, cfg='', seed=0),
+        state_dict=model.state_dict(),
+        message_hub=hub.state_dict(),
+        optimizer=torch.optim.SGD(model.parameters(), lr=0.1).state_dict(),
+        extra=dict(arrays=arrays))
+    path = _save(tmp_path / 'iter_3.pth', ckpt)
     with pytest.raises(pickle.UnpicklingError, match='HistoryBuffer'):
         torch.load(path)
-    with compat.mmengine_checkpoints_allowed():  # weights_only: the default
-        loaded = torch.load(path), torch.load(path, weights_only=True)
+    HistoryBuffer._statistics_methods.clear()
+    with compat.mmengine_checkpoints_allowed(), warnings.catch_warnings():
+        warnings.simplefilter('error')
+        loaded = (torch.load(path), torch.load(path, weights_only=True),
+                  CheckpointLoader.load_checkpoint(path, map_location='cpu'))
     for got in loaded:
         assert got['meta'] == ckpt['meta']
         for k, v in ckpt['state_dict'].items():
             torch.testing.assert_close(got['state_dict'][k], v)
-        for a, b in zip(got['extra']['arrays'], ckpt['extra']['arrays']):
+        for a, b in zip(got['extra']['arrays'], arrays):
             assert a.dtype == b.dtype and np.array_equal(a, b)
         best = got['message_hub']['runtime_info']['best_score']
         assert type(best) is np.float64 and best == 0.75
@@ -133,66 +144,13 @@ def test_mmengine_checkpoint_loads_weights_only_inside_the_context(tmp_path):
         assert hub.get_scalar('val/acc').current() == 0.5
 
 
-FRESH = textwrap.dedent("""
-    import json, pickle, sys, warnings, torch
-    from mmengine.logging import HistoryBuffer
-    from mmengine.runner.checkpoint import CheckpointLoader
-    path, out = sys.argv[1], {'mmsoft_imported': 'mmsoft' in sys.modules}
-    get = torch.serialization.get_safe_globals
-    before = sorted(map(str, get()))
-
-    def attempt():
-        try:
-            return torch.load(path) and 'ok'
-        except pickle.UnpicklingError as e:
-            return str(e)
-
-    out['before'] = attempt()
-    from mmsoft import compat
-    out['imported'] = attempt()
-    out['table_empty'] = not HistoryBuffer._statistics_methods
-    with compat.mmengine_checkpoints_allowed():
-        with warnings.catch_warnings():
-            warnings.simplefilter('error')
-            ckpt = torch.load(path)
-        out['iter'] = CheckpointLoader.load_checkpoint(
-            path, map_location='cpu')['meta']['iter']
-    buf = ckpt['message_hub']['log_scalars']['train/loss']
-    out['mean'] = buf.statistics('mean')
-    out['list_restored'] = sorted(map(str, get())) == before
-    out['after'] = attempt()
-    print(json.dumps(out))
-""")
-
-
-@needs_weights_only
-def test_fresh_process_before_and_after_import(tmp_path):
-    """A fresh interpreter (HistoryBuffer's method table still empty): a
-    training checkpoint refused before / after ``import mmsoft``, loaded
-    inside the context (torch.load, mmengine's loader) without a warning
-    (the rest of the process: tests/test_process_state.py)."""
-    path = tmp_path / 'iter_3.pth'
-    _mmengine_checkpoint(path)
-    res = run([sys.executable, '-c', FRESH, path], timeout=120)
-    assert res.returncode == 0, res.stderr[-2000:]
-    if compat.torch_version() != (2, 4):
-        assert res.stderr == '', res.stderr
-    out = json.loads(res.stdout.strip().splitlines()[-1])
-    before = out.pop('before')
-    assert 'Unsupported global' in before and \
-        'mmengine.logging.history_buffer.HistoryBuffer' in before, before
-    assert out.pop('imported') == before and out.pop('after') == before
-    assert out.pop('mean') == pytest.approx((1 + .5 + 1 / 3) / 3)
-    assert out == dict(
-        mmsoft_imported=False, table_empty=True, list_restored=True, iter=3)
-
-
 # ------------------------------------------------------ HistoryBuffer
 @pytest.mark.parametrize('methods', ['absent', 'same', 'other'])
-def test_history_buffer_loads_and_changes_no_class(tmp_path, table, methods):
+def test_history_buffer_loads_and_changes_no_class(tmp_path, table, methods,
+                                                   allow_list):
     """A pickled method table unlike this process's: one warning, and not
     applied (before: every HistoryBuffer's 'mean' became the max)."""
-    hb, path = HistoryBuffer([5.0, 7.0], [1, 1]), tmp_path / 'hb.pth'
+    hb = HistoryBuffer([5.0, 7.0], [1, 1])
     if methods != 'absent':  # a pickled method table (crafted)
         fields = dict(
             vars(hb),
@@ -203,7 +161,7 @@ def test_history_buffer_loads_and_changes_no_class(tmp_path, table, methods):
         hb.__getstate__ = lambda: fields
     mean = Reduce(getattr, HistoryBuffer, 'mean')  # the allowed getattr
     empty = HistoryBuffer()  # its arrays: bytes() (before: refused)
-    torch.save({'x': hb, 'm': mean, 'e': empty}, path)
+    path = _save(tmp_path / 'hb.pth', {'x': hb, 'm': mean, 'e': empty})
     with warnings.catch_warnings(record=True) as seen:
         warnings.simplefilter('always')
         got = safe_load.safe_torch_load(path)
@@ -222,14 +180,14 @@ def test_history_buffer_loads_and_changes_no_class(tmp_path, table, methods):
 
 
 # ------------------------------------------ the stand-ins, the refusals
-LOADED = repr(safe_load._LoadedHistoryBuffer)  # HistoryBuffer at load time
-
-
 @pytest.mark.parametrize(
     'make,want',
     [
         (lambda: Reduce(getattr, np.ndarray, 'mean'),
          _refusal("getattr(<class 'numpy.ndarray'>, 'mean')",
+                  'a public method of HistoryBuffer')),
+        (lambda: Reduce(getattr, np.arange(2), 'mean'),
+         _refusal("getattr(array([0, 1]), 'mean')",
                   'a public method of HistoryBuffer')),
         (lambda: Reduce(getattr, HistoryBuffer, '_set_default_statistics'),
          _refusal(f"getattr({LOADED}, '_set_default_statistics')",
@@ -239,33 +197,20 @@ LOADED = repr(safe_load._LoadedHistoryBuffer)  # HistoryBuffer at load time
                   'a public method of HistoryBuffer')),  # a classmethod
         (lambda: Reduce(bytes, 10), _refusal('bytes(10,)', 'bytes()')),
         (lambda: os.getcwd, 'getcwd'),  # any other global
-        pytest.param(
-            lambda: np.array([1, 2], dtype=object),
-            '',
-            marks=needs_weights_only),
+        (lambda: np.array([1, 2], dtype=object), ''),
     ],
     ids=[
-        'other-owner', 'private', 'not-a-function', 'bytes', 'global',
-        'object-array'
+        'other-owner', 'an-instance', 'private', 'not-a-function', 'bytes',
+        'global', 'object-array'
     ])
-def test_crafted_pickles_are_refused(tmp_path, make, want):
+def test_crafted_pickles_are_refused(tmp_path, make, want, allow_list):
     """The fix is an allow-list, not ``weights_only=False``."""
-    path = tmp_path / 'gadget.pth'
-    torch.save({'x': make()}, path)
+    if not (want or allow_list):
+        pytest.skip('an object array of allowed objects: no code runs')
+    path = _save(tmp_path / 'gadget.pth', {'x': make()})
     with pytest.raises(pickle.UnpicklingError) as info:
         safe_load.safe_torch_load(path)
     assert want in str(info.value)
-
-
-def test_refusals_are_one_line():
-    with pytest.raises(pickle.UnpicklingError) as info:
-        safe_load.mmengine_safe_globals()[2][0](10)
-    assert str(info.value) == _refusal('bytes(10,)', 'bytes()')
-    e = safe_load.RefusedGlobal('posix.getcwd')
-    assert isinstance(e, pickle.UnpicklingError) and e.name == 'posix.getcwd'
-    assert str(e) == (
-        'mmsoft: refusing the pickled global posix.getcwd: only tensors, '
-        'plain containers and allow-listed objects are unpickled')
 
 
 @needs_torch('2.5', 'torch.serialization.safe_globals (a user allow-list)')
@@ -275,8 +220,9 @@ def test_stand_ins_defer_to_the_users_allow_list():
         safe_load.mmengine_safe_globals()[i][0] for i in (1, 2))
     with pytest.raises(pickle.UnpicklingError):
         getattr_(np.ndarray, 'tofile')
-    with pytest.raises(pickle.UnpicklingError):
+    with pytest.raises(pickle.UnpicklingError) as info:
         bytes_(3)
+    assert str(info.value) == _refusal('bytes(3,)', 'bytes()')
     with torch.serialization.safe_globals([getattr, bytes]):
         assert getattr_(np.ndarray, 'tofile') is np.ndarray.tofile
         assert bytes_(3) == b'\0\0\0'
@@ -284,71 +230,87 @@ def test_stand_ins_defer_to_the_users_allow_list():
 
 
 # --------------------------------------------------------- unsafe_globals
-@needs_torch('2.5', 'torch.serialization.get_unsafe_globals_in_checkpoint')
-def test_unsafe_globals_names_every_refused_global(tmp_path):
-    """A zip file: every global but mmengine's and ``extra``."""
-    path = str(tmp_path / 'two.pth')
-    torch.save(
+@pytest.mark.parametrize('scan', ['torch', 'walk'])
+def test_unsafe_globals_names_every_refused_global(tmp_path, monkeypatch,
+                                                   scan):
+    """A zip file: every global but mmengine's and ``extra`` (torch's scan,
+    or the walk of its data.pkl before torch 2.5)."""
+    if scan == 'walk':
+        monkeypatch.delattr(torch.serialization,
+                            'get_unsafe_globals_in_checkpoint', False)
+    elif not hasattr(torch.serialization, 'get_unsafe_globals_in_checkpoint'):
+        pytest.skip('torch < 2.5: no get_unsafe_globals_in_checkpoint')
+    path = _save(
+        tmp_path / 'two.pth',
         dict(
             state_dict={'w': torch.ones(2)},
             hub=HistoryBuffer([1.0], [1]),
             arrays=[np.arange(3)],
             a=os.getcwd,
             b=_Allowed,
-            c=shutil.rmtree), path)
+            c=shutil.rmtree))
     assert sorted(safe_load.unsafe_globals(path)) == sorted(
         [CWD, f'{__name__}._Allowed', 'shutil.rmtree'])
     assert sorted(safe_load.unsafe_globals(path, extra=[_Allowed])) == sorted(
         [CWD, 'shutil.rmtree'])
 
 
-def _training_checkpoint(path, **more):
-    """A legacy-format file as mmengine's Runner saves one."""
+def test_legacy_files_load_and_are_scanned(tmp_path, allow_list):
+    """A legacy training checkpoint loads (``extra``, ``map_location``
+    applied); its refused globals; protocol 2's ``__builtin__`` names load
+    and are scanned as ``builtins``' ones; a damaged file: none."""
     buf = HistoryBuffer()
     for v in (1.0, 0.5):
         buf.update(v)
-    torch.save(
+    kw = dict(_use_new_zipfile_serialization=False)
+    ok = _save(
+        tmp_path / 'iter_2.pth',
         dict(
             state_dict={'w': torch.arange(4.)},
             message_hub=dict(log_scalars={'loss': buf}),
-            arrays=[np.arange(3), np.zeros(0)],
-            **more),
-        str(path),
-        _use_new_zipfile_serialization=False)
-    return str(path)
-
-
-def test_unsafe_globals_of_legacy_files(tmp_path):
-    """A legacy file's first refused global; protocol 2's ``__builtin__``
-    names load and are scanned as ``builtins``' ones."""
-    ok = _training_checkpoint(tmp_path / 'iter_2.pth', allowed=_Allowed)
+            arrays=[np.arange(3, dtype=np.int16),
+                    np.zeros(0)],
+            allowed=_Allowed), **kw)
+    seen = []
+    got = safe_load.safe_torch_load(
+        ok,
+        map_location=lambda s, loc: seen.append(loc) or s,
+        extra=[_Allowed])
+    assert seen == ['cpu'] and got['state_dict']['w'].tolist() == [0, 1, 2, 3]
+    assert got['arrays'][0].dtype == np.int16 and got['allowed'] is _Allowed
+    assert got['message_hub']['log_scalars']['loss'].mean() == 0.75
+    with pytest.raises(pickle.UnpicklingError) as info:
+        safe_load.safe_torch_load(ok)
+    assert allow_list or str(info.value) == (
+        f'mmsoft: refusing the pickled global {__name__}._Allowed: only '
+        'tensors, plain containers and allow-listed objects are unpickled')
+    assert '_Allowed' in str(info.value)
     assert safe_load.unsafe_globals(ok, extra=[_Allowed]) == []
     assert safe_load.unsafe_globals(ok) == [f'{__name__}._Allowed']
-    path = str(tmp_path / 'p2.pth')
-    kw = dict(pickle_protocol=2, _use_new_zipfile_serialization=False)
-    torch.save(dict(s={1, 2}, w=torch.ones(1)), path, **kw)
+    kw['pickle_protocol'] = 2
+    path = _save(tmp_path / 'p2.pth', dict(s={1, 2}, w=torch.ones(1)), **kw)
     with open(path, 'rb') as f:
         assert b'__builtin__' in f.read()
     got = safe_load.safe_torch_load(path)
     assert got['s'] == {1, 2} and got['w'].tolist() == [1.]
-    torch.save(dict(s={1, 2}, f=os.getcwd), path, **kw)
+    _save(path, dict(s={1, 2}, f=os.getcwd), **kw)
     assert safe_load.unsafe_globals(path) == [CWD]
+    (tmp_path / 'cut.pth').write_bytes(b'\x80\x02}q\x00(X')
+    assert safe_load.unsafe_globals(str(tmp_path / 'cut.pth')) == []
 
 
 @needs_torch('2.6', "torch's unpickler loads checkpoints (any _codecs.encode)")
-def test_unsafe_globals_of_a_legacy_file_follow_this_torch(tmp_path):
+@pytest.mark.parametrize('zipped', [True, False])
+def test_unsafe_globals_of_a_file_follow_this_torch(tmp_path, zipped):
     """The scan allows what safe_torch_load allows on this torch."""
-    for zipped in (True, False):
-        path = str(tmp_path / f'rot13_{zipped}.pth')
-        kw = dict(_use_new_zipfile_serialization=zipped)
-        torch.save(dict(a=Reduce(codecs.encode, 'abc', 'rot13')), path, **kw)
-        assert safe_load.safe_torch_load(path) == {'a': 'nop'}
-        torch.save(
-            dict(a=Reduce(codecs.encode, 'abc', 'rot13'), b=os.getcwd), path,
-            **kw)
-        with pytest.raises(pickle.UnpicklingError, match='getcwd'):
-            safe_load.safe_torch_load(path)
-        assert safe_load.unsafe_globals(path) == [CWD], zipped
+    kw = dict(_use_new_zipfile_serialization=zipped)
+    rot13 = Reduce(codecs.encode, 'abc', 'rot13')
+    path = _save(tmp_path / 'rot13.pth', dict(a=rot13), **kw)
+    assert safe_load.safe_torch_load(path) == {'a': 'nop'}
+    _save(path, dict(a=rot13, b=os.getcwd), **kw)
+    with pytest.raises(pickle.UnpicklingError, match='getcwd'):
+        safe_load.safe_torch_load(path)
+    assert safe_load.unsafe_globals(path) == [CWD]
 
 
 @pytest.mark.parametrize('protocol', [0, 2, 5])
@@ -371,8 +333,8 @@ def test_pickled_globals_reads_every_global_without_running(
 def test_code_globals_are_functions_and_system_modules():
     data = [
         'argparse.Namespace', 'collections.OrderedDict', 'builtins.set',
-        'builtins.object', 'copyreg._reconstructor', f'{__name__}._Allowed',
-        'not_imported.SomeClass', 'numpy.ndarray'
+        '__builtin__.set', 'builtins.object', 'copyreg._reconstructor',
+        f'{__name__}._Allowed', 'not_imported.SomeClass', 'numpy.ndarray'
     ]
     code = [
         'posix.system', 'os.system', 'builtins.eval', 'builtins.getattr',
@@ -402,54 +364,30 @@ def test_torch_version_and_the_native_allow_list(monkeypatch, version, want,
     assert safe_load.native_allow_list() is native
 
 
-@pytest.fixture
-def restricted(monkeypatch):
-    """What torch < 2.6 runs (the restricted unpickler)."""
-    monkeypatch.setattr(safe_load, 'native_allow_list', lambda: False)
-
-
-def test_restricted_loader_loads_what_torch_loads(tmp_path, restricted):
-    """Tensors, a protocol-2 array, ``extra``; ``map_location`` applied."""
-    path = str(tmp_path / 'p2.pth')
-    obj = dict(
-        w=torch.arange(3.), a=np.arange(4, dtype=np.int16), x=_Allowed())
-    torch.save(obj, path, pickle_protocol=2)
-    seen = []
-
-    def where(storage, location):
-        seen.append(location)
-        return storage
-
-    got = safe_load.safe_torch_load(path, map_location=where, extra=[_Allowed])
-    assert seen == ['cpu']
-    assert got['w'].tolist() == [0., 1., 2.]
-    assert got['a'].dtype == np.int16 and got['a'].tolist() == [0, 1, 2, 3]
-    assert isinstance(got['x'], _Allowed)
-    with pytest.raises(safe_load.RefusedGlobal, match='_Allowed'):
-        safe_load.safe_torch_load(path)
-
-
 def test_restricted_codecs_encode_is_latin1_of_a_str_only(
-        tmp_path, restricted):
+        tmp_path, monkeypatch):
     """Before torch 2.6: only ``_codecs.encode(str, 'latin1')``."""
-    path = str(tmp_path / 'enc.pth')
-    for args, want in [(('\xff', 'latin-1'), b'\xff'),
-                       (('a', 'latin1', 'strict'), b'a')]:
-        torch.save({'b': Reduce(codecs.encode, *args)}, path)
-        assert safe_load.safe_torch_load(path) == {'b': want}
-    for args, what in [(('a', ), "a str with 'utf-8'"),
-                       ((b'a', 'latin1'), "a bytes with 'latin1'")]:
-        torch.save({'b': Reduce(codecs.encode, *args)}, path)
-        with pytest.raises(pickle.UnpicklingError) as info:
-            safe_load.safe_torch_load(path)
-        assert str(info.value) == _refusal(f'_codecs.encode of {what}',
-                                           "encode(str, 'latin1')")
-    torch.save({'b': Reduce(codecs.encode, '\u0100', 'latin1')}, path)
-    with pytest.raises(UnicodeEncodeError):  # strict, as protocol 2 asks
+    monkeypatch.setattr(safe_load, 'native_allow_list', lambda: False)
+    path = _save(tmp_path / 'enc.pth',
+                 {'b': Reduce(codecs.encode, '\xff', 'latin-1')})
+    assert safe_load.safe_torch_load(path) == {'b': b'\xff'}
+    _save(path, {'b': Reduce(codecs.encode, 'a')})
+    with pytest.raises(pickle.UnpicklingError) as info:
         safe_load.safe_torch_load(path)
+    assert str(info.value) == _refusal("_codecs.encode of a str with 'utf-8'",
+                                       "encode(str, 'latin1')")
+    encode = safe_load._checkpoint_codecs_encode
+    assert encode('a', 'latin1', 'strict') == b'a'
+    with pytest.raises(pickle.UnpicklingError) as info:
+        encode(b'a', 'latin1')
+    assert str(info.value) == _refusal(
+        "_codecs.encode of a bytes with 'latin1'", "encode(str, 'latin1')")
+    with pytest.raises(UnicodeEncodeError):  # strict, as protocol 2 asks
+        encode('\u0100', 'latin1')
 
 
-def test_numpy_scalars_and_arrays_of_every_numeric_dtype_load(tmp_path):
+def test_numpy_scalars_and_arrays_of_every_numeric_dtype_load(
+        tmp_path, allow_list):
     path, dtypes = str(tmp_path / 'np.pth'), 'u1 u2 u4 u8 i2 f2 c8 c16 ?'
     arrays = {dt: np.arange(3).astype(dt) for dt in dtypes.split()}
     torch.save({dt: (a, a[1]) for dt, a in arrays.items()}, path)

@@ -25,7 +25,7 @@ _RULES = [[(re.compile(
 
 
 def official_to_mmsoft_key(key: str, rules=_RULES[0]) -> Optional[str]:
-    """mmsoft's name of one official key (None: no counterpart)."""
+    """mmsoft's name of an official key (None: no counterpart)."""
     return next((t.format(**m.groupdict()) for r, t in rules
                  for m in [r.fullmatch(key)] if m), None)
 
@@ -37,8 +37,7 @@ def mmsoft_to_official_key(key: str) -> Optional[str]:
 
 def extract_state_dict(ckpt,
                        prefer_ema: bool = True) -> Tuple['OrderedDict', str]:
-    """``(state_dict, entry)`` of a timm / OpenMMLab checkpoint (``'<bare>'``:
-    the dict itself; EMA first if ``prefer_ema``)."""
+    """``(state_dict, entry)`` of a checkpoint (``'<bare>'``: the dict)."""
     order = ['state_dict', 'model', 'state_dict_ema', 'model_ema']
     order = order[2:] + order[:2] if prefer_ema else order
     if not isinstance(ckpt, Mapping):
@@ -108,8 +107,7 @@ def common_shape(sd: Mapping, key: str) -> Tuple[int, ...]:
 def infer_official_arch(sd: Mapping[str, torch.Tensor],
                         stage4_heads: Optional[int] = None) -> Dict:
     """The arch, ``in_channels``, ``num_classes`` (0: no head) and
-    ``pretrain_img_size`` of an authors' state dict, read off its shapes
-    (``stage4_heads``: default stage 3's head width)."""
+    ``pretrain_img_size`` of an authors' state dict, from its shapes."""
     C = [common_shape(sd, f'pos_embed{s}')[-1] for s in range(1, 5)]
     lm, dw, ff = ([
         common_shape(sd, f'block{s}.*.att.{n}.weight') for s in (1, 2, 3)
@@ -135,41 +133,39 @@ def infer_official_arch(sd: Mapping[str, torch.Tensor],
 
 def arch_for_mmsoft(arch: Mapping) -> Dict:
     """The minimal mmsoft arch dict (optional entries that differ only)."""
-    keys = ['embed_dims', 'num_heads', 'depths'] + [
-        k for k, v in ARCH_DEFAULTS.items() if list(arch.get(k, v)) != v
-    ]
-    return {k: list(arch[k]) for k in keys}
+    return {
+        k: list(arch[k])
+        for k in ['embed_dims', 'num_heads', 'depths'] +
+        [k for k, v in ARCH_DEFAULTS.items() if list(arch.get(k, v)) != v]
+    }
 
 
 def match_arch_preset(arch: Mapping) -> Optional[str]:
     """The ``SOFT.arch_zoo`` preset equal to ``arch``, or None."""
-    want = arch_for_mmsoft(arch)
     return next((name for name, preset in ARCH_ZOO.items()
-                 if arch_for_mmsoft(preset) == want), None)
+                 if arch_for_mmsoft(preset) == arch_for_mmsoft(arch)), None)
 
 
 def describe_arch(arch: Mapping) -> str:
     """``arch='tiny'`` or ``arch=dict(...)``, as in a config file."""
-    name = match_arch_preset(arch)
-    items = ', '.join(f'{k}={v}' for k, v in arch_for_mmsoft(arch).items())
-    return f"arch='{name}'" if name else f'arch=dict({items})'
+    name, items = match_arch_preset(arch), arch_for_mmsoft(arch).items()
+    return f"arch='{name}'" if name else 'arch=dict(%s)' % ', '.join(
+        f'{k}={v}' for k, v in items)
 
 
-def official_model_name(arch: Mapping,
-                        attn_norm: Optional[bool] = None) -> Optional[str]:
+def official_model_name(arch: Mapping, attn_norm=None) -> Optional[str]:
     """``soft_tiny`` / ``soft_norm_tiny`` / (None) ``soft[_norm]_tiny``."""
     name = match_arch_preset(arch)
-    size = next((s for s, p in OFFICIAL_PRESETS.items() if p == name), None)
     infix = {None: '[_norm]', True: '_norm', False: ''}[attn_norm]
-    return None if size is None else f'soft{infix}_{size}'
+    return next((f'soft{infix}_{s}'
+                 for s, p in OFFICIAL_PRESETS.items() if p == name), None)
 
 
 def convert_official_to_mmpretrain(sd: Mapping[str, torch.Tensor],
                                    stage4_heads: Optional[int] = None,
                                    prefix: str = 'backbone.'
                                    ) -> Tuple['OrderedDict', Dict]:
-    """An authors' state dict as an mmpretrain ``ImageClassifier``'s, and its
-    arch (:func:`infer_official_arch`)."""
+    """An authors' state dict as an mmpretrain classifier's, and its arch."""
     sd = strip_module_prefix(sd)
     arch = infer_official_arch(sd, stage4_heads)
     new = {k: official_to_mmsoft_key(k) for k in sd}

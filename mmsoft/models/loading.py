@@ -23,8 +23,7 @@ PRETRAINED = ('Pretrained', 'SOFTPretrained')
 
 
 def read_checkpoint(filename, map_location='cpu', mmap: bool = False):
-    """A path or ``http(s)://`` URL (cached as torch.hub does) read safely;
-    ``mmap``: a zip file's tensors stay on disk."""
+    """A path or URL (cached as torch.hub does) read safely (``mmap``)."""
     from mmsoft.utils.checkpoint_io import load_verified
     path = osp.expanduser(str(filename))
     if path.startswith(('http://', 'https://')):
@@ -57,19 +56,18 @@ def attn_norms(model: torch.nn.Module) -> set:
                if isinstance(m, SOFTAttention))
 
 
-def check_attn_norm(model: torch.nn.Module,
-                    checkpoint,
-                    source: str,
-                    config: Optional[str] = None) -> None:
+def check_attn_norm(model, checkpoint, source: str, config=None) -> None:
     """Refuse weights converted (``meta['attn_norm']``) or trained
     (``meta['mmsoft_attn_norm']``) with another ``attn_norm``."""
     meta = checkpoint.get('meta') if isinstance(checkpoint, Mapping) else 0
     meta = meta if isinstance(meta, Mapping) else {}
-    conv, have = meta.get('attn_norm'), attn_norms(model)
-    trained = meta.get('mmsoft_attn_norm')
-    trained = trained if isinstance(trained, (list, tuple)) else ()
-    want = {conv} if isinstance(conv, bool) else \
-        {v for v in trained if isinstance(v, bool)}
+    conv, have, trained = meta.get('attn_norm'), attn_norms(model), \
+        meta.get('mmsoft_attn_norm')
+    want = {conv} if isinstance(conv, bool) else {
+        v
+        for v in (trained if isinstance(trained, (list, tuple)) else ())
+        if isinstance(v, bool)
+    }
     if not want or not have or want == have:
         return
     s = [' / '.join(f'attn_norm={v}' for v in sorted(x)) for x in (want, have)]
@@ -96,9 +94,7 @@ def check_checkpoint_for_model(model: torch.nn.Module,
                                allow_partial: bool = False,
                                opt_in: str = '',
                                config: Optional[str] = None) -> LoadReport:
-    """Check ``checkpoint``'s keys, shapes and attn_norm against a whole
-    ``model``; ``allow_partial``: log a mismatch; ``opt_in`` (how to allow
-    that) and ``config`` are named in the errors."""
+    """Check keys, shapes and attn_norm against a whole ``model``."""
     while is_model_wrapper(model) or isinstance(model, BaseTTAModel):
         model = model.module
     sd = checkpoint.get('state_dict', checkpoint) \
@@ -121,9 +117,8 @@ def load_pretrained(module: torch.nn.Module,
                     map_location='cpu',
                     strict: bool = True,
                     opt_in: str = '') -> LoadReport:
-    """Load ``checkpoint`` (a file or URL; an authors' file is converted)
-    into ``module``, log one line; ``prefix``: the keys under it (default:
-    ``backbone.`` of a whole-model file); ``opt_in``: in the error."""
+    """Load ``checkpoint`` (an authors' file converted) into ``module``, log
+    one line; ``prefix`` (default: ``backbone.`` of a whole-model file)."""
     source, ckpt = str(checkpoint), read_checkpoint(checkpoint, map_location)
     found, name = cv.find_official_state_dict(ckpt), cv.describe_arch
     soft = [m for m in module.modules() if hasattr(m, 'arch_settings')][:1]

@@ -12,21 +12,8 @@ _TMP_RE = re.compile(r'^\.(?P<name>.+)\.(?P<pid>\d+)\.[0-9a-f]{8}' +
                      re.escape(TMP_SUFFIX) + '$')
 
 
-@contextlib.contextmanager
-def signals_raise() -> Iterator[None]:
-    """SIGTERM raises ``SystemExit(143)`` inside (main thread only)."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-
-    def handler(signum, frame):
-        raise SystemExit(128 + signum)
-
-    old = signal.signal(signal.SIGTERM, handler)
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGTERM, old)
+def _sigterm(signum, frame):
+    raise SystemExit(128 + signum)
 
 
 def temp_path_for(path: str, suffix: str = '') -> str:
@@ -68,25 +55,29 @@ def atomic_path(path: str,
     if makedirs:
         os.makedirs(osp.dirname(path), exist_ok=True)
     tmp = temp_path_for(path, suffix)
-    with signals_raise():
-        try:
-            yield tmp
-            if missing_ok and not osp.lexists(tmp):
-                return
-            if durable:
-                _fsync(tmp)
-            umask = os.umask(0)  # open()'s permissions, not mkstemp's 0600
-            os.umask(umask)
-            os.chmod(tmp, 0o666 & ~umask)
-            os.replace(tmp, path)
-        except BaseException as e:
-            with contextlib.suppress(OSError):
-                os.unlink(tmp)
-            # torch.save reports a full disk as a RuntimeError from OSError
-            err = os_error_in_chain(e) if isinstance(e, Exception) else None
-            if err is not None and err is not e:
-                raise OSError(err.errno, err.strerror, err.filename) from e
-            raise
+    main = threading.current_thread() is threading.main_thread()
+    old = main and signal.signal(signal.SIGTERM, _sigterm)  # SystemExit(143)
+    try:
+        yield tmp
+        if missing_ok and not osp.lexists(tmp):
+            return
+        if durable:
+            _fsync(tmp)
+        umask = os.umask(0)  # open()'s permissions, not mkstemp's 0600
+        os.umask(umask)
+        os.chmod(tmp, 0o666 & ~umask)
+        os.replace(tmp, path)
+    except BaseException as e:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        # torch.save reports a full disk as a RuntimeError from OSError
+        err = os_error_in_chain(e) if isinstance(e, Exception) else None
+        if err is not None and err is not e:
+            raise OSError(err.errno, err.strerror, err.filename) from e
+        raise
+    finally:
+        if main:
+            signal.signal(signal.SIGTERM, old)
     if durable:
         with contextlib.suppress(OSError):
             _fsync(osp.dirname(path))

@@ -6,8 +6,10 @@ import pickle
 import zipfile
 from typing import List, Optional
 
+import torch
+
 from .atomic import TMP_SUFFIX, remove_stale_temps  # noqa: F401
-from .safe_load import (PickleWalker, code_globals, safe_torch_load,
+from .safe_load import (RestrictedUnpickler, code_globals, safe_torch_load,
                         unsafe_globals)
 
 
@@ -49,51 +51,37 @@ def describe_damage(path: str) -> Optional[str]:
 _LEGACY_MAGIC = 0x1950a86a20f9469cfc6c
 
 
-def _element_size(storage_type) -> Optional[int]:
-    """Bytes per element of a legacy storage type, None if unknown."""
-    import torch
-    if storage_type == 'UntypedStorage':
-        return 1
-    try:
-        from torch.storage import _get_dtype_from_pickle_storage_type
-        return torch._utils._element_size(
-            _get_dtype_from_pickle_storage_type(storage_type))
-    except Exception:  # noqa: BLE001 - a newer / older torch
-        return None
-
-
 def _legacy_damage(path: str, size: int) -> Optional[str]:
     """Why the legacy (non-zip) torch file ``path`` is not complete (its
     pickles walked, each storage's size header checked), or None."""
-    truncated = f'is truncated or corrupt ({size} bytes; torch\'s legacy ' \
-        f'(non-zip) format, cut short in its'
-    try:
+    cut = f"is truncated or corrupt ({size} bytes; torch's legacy (non-zip) " \
+        'format, cut short in its '
+    try:  # a newer / older torch may lack the dtype of a storage type
+        from torch.storage import _get_dtype_from_pickle_storage_type as dtype
         with open(path, 'rb') as f:
-            if PickleWalker(f).load() != _LEGACY_MAGIC:
+            if RestrictedUnpickler(f, []).load() != _LEGACY_MAGIC:
                 return None
             # protocol, system info, the object (naming its storages), keys
-            walkers = [PickleWalker(f) for _ in range(4)]
+            walkers = [RestrictedUnpickler(f, []) for _ in range(4)]
             keys = [w.load() for w in walkers][3]
             for key in keys if isinstance(keys, list) else ():
                 kind, numel = walkers[2].storages.get(str(key), (None, None))
-                element = _element_size(kind)
-                if element is None or not isinstance(numel, int):
+                if not isinstance(numel, int):
                     return None
+                element = 1 if kind == 'UntypedStorage' else \
+                    torch._utils._element_size(dtype(kind))
                 header = f.read(8)
-                if len(header) < 8:
-                    return f'{truncated} tensor data)'
-                if int.from_bytes(header, 'little') != numel:
-                    return (f'is corrupt ({size} bytes; torch\'s legacy '
+                if len(header) == 8 and int.from_bytes(header,
+                                                       'little') != numel:
+                    return (f"is corrupt ({size} bytes; torch's legacy "
                             f'(non-zip) format: storage {key} records '
                             f'another size than its tensor)')
                 f.seek(numel * element, 1)
-                if f.tell() > size:
-                    return f'{truncated} tensor data)'
-    except EOFError:
-        return f'{truncated} pickles)'
-    except pickle.UnpicklingError as e:
-        return f'{truncated} pickles)' if 'truncated' in str(e) \
-            else None
+                if len(header) < 8 or f.tell() > size:
+                    return cut + 'tensor data)'
+    except (EOFError, pickle.UnpicklingError) as e:
+        return cut + 'pickles)' if 'truncated' in str(e) or isinstance(
+            e, EOFError) else None
     except Exception:  # noqa: BLE001 - not ours to judge: torch.load's
         return None
     return None

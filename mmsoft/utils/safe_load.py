@@ -4,17 +4,15 @@ weights-only unpickler with mmsoft's allow-list (torch >= 2.6), else
 import codecs
 import contextlib
 import importlib
+import io
 import pickle
 import sys
 import types
 import warnings
+import zipfile
 
 import torch
 from mmengine.logging.history_buffer import HistoryBuffer
-
-
-def _user_allows(obj):
-    return obj in getattr(torch.serialization, 'get_safe_globals', list)()
 
 
 def _refuse(what, allowed):
@@ -25,6 +23,8 @@ def _refuse(what, allowed):
 
 class _LoadedHistoryBuffer(HistoryBuffer):
     """Restores the instance only (not the pickled class method table)."""
+
+    __qualname__ = 'HistoryBuffer(loading)'
 
     def __setstate__(self, state):
         state = dict(state)
@@ -44,27 +44,30 @@ class _LoadedHistoryBuffer(HistoryBuffer):
         self.__class__ = HistoryBuffer
 
 
-_LoadedHistoryBuffer.__qualname__ = 'HistoryBuffer(loading)'
+def _limited(real, ok, what, allowed):
+    """``real`` for the calls ``ok`` accepts (any if the user allow-listed
+    ``real`` in torch); else a one-line refusal."""
+
+    def call(*args):
+        if ok(*args) or real in getattr(torch.serialization,
+                                        'get_safe_globals', list)():
+            return real(*args)
+        _refuse(what(*args), allowed)
+
+    return call
 
 
-def _checkpoint_getattr(obj, name):
-    """``getattr`` limited to public functions of HistoryBuffer."""
-    if (obj is HistoryBuffer or obj is _LoadedHistoryBuffer) and isinstance(
-            name, str) and not name.startswith('_') and isinstance(
-                vars(HistoryBuffer).get(name), types.FunctionType):
-        return getattr(HistoryBuffer, name)
-    if _user_allows(getattr):
-        return getattr(obj, name)
-    _refuse(f'getattr({obj!r}, {name!r})', 'a public method of HistoryBuffer')
-
-
-def _checkpoint_bytes(*args):
-    """``bytes`` limited to ``bytes()`` (an empty array's data)."""
-    if not args:
-        return b''
-    if _user_allows(bytes):
-        return bytes(*args)
-    _refuse(f'bytes{args!r}', 'bytes()')
+#: ``getattr`` limited to public functions of HistoryBuffer
+_checkpoint_getattr = _limited(
+    getattr, lambda obj, name: any(
+        obj is c for c in (HistoryBuffer, _LoadedHistoryBuffer)
+    ) and isinstance(name, str) and not name.startswith('_') and isinstance(
+        vars(HistoryBuffer).get(name), types.FunctionType),
+    lambda obj, name: f'getattr({obj!r}, {name!r})',
+    'a public method of HistoryBuffer')
+#: ``bytes`` limited to ``bytes()`` (an empty array's data)
+_checkpoint_bytes = _limited(bytes, lambda *args: not args,
+                             lambda *args: f'bytes{args!r}', 'bytes()')
 
 
 def _checkpoint_codecs_encode(obj, encoding='utf-8', errors='strict'):
@@ -108,13 +111,7 @@ def native_allow_list():
 
 
 class RefusedGlobal(pickle.UnpicklingError):
-    """A checkpoint names a global outside the allow-list (``name``)."""
-
-    def __init__(self, name):
-        self.name = name
-        super().__init__(
-            f'mmsoft: refusing the pickled global {name}: only tensors, '
-            'plain containers and allow-listed objects are unpickled')
+    """A checkpoint names a global outside the allow-list."""
 
 
 #: what torch 2.14's weights-only unpickler allows beyond torch 2.1's
@@ -150,19 +147,53 @@ def _allow_list(extra=()):
     return out
 
 
+class _Stub:
+    """Any global of a pickle that :class:`RestrictedUnpickler` walks."""
+    __init__ = __setitem__ = __setstate__ = append = extend = \
+        lambda *args, **kwargs: None
+    __call__ = lambda *args, **kwargs: _Stub()  # noqa: E731
+
+
 class RestrictedUnpickler(pickle.Unpickler):
-    """Resolves only the globals of :attr:`allowed` (torch < 2.6)."""
+    """Resolves only the globals of :attr:`allowed` (torch < 2.6); given a
+    list ``names``, walks a pickle (every global a :class:`_Stub`, nothing
+    runs) recording them and ``storages`` (``{key: (type, numel)}``)."""
 
     allowed = {}
 
+    def __init__(self, f, names=None, **kwargs):
+        super().__init__(f, **kwargs)
+        self.names, self.storages = names, {}
+        if names is not None:
+            self.persistent_load = self._storage
+
     def find_class(self, module, name):
-        full = _py3_name(module, name)  # protocol < 3: as fix_imports
+        import _compat_pickle  # protocol < 3: Python 3's names
+        module, name = _compat_pickle.NAME_MAPPING.get((module, name),
+                                                       (module, name))
+        full = f'{_compat_pickle.IMPORT_MAPPING.get(module, module)}.{name}'
+        if self.names is not None:
+            self.names.append(full)
+            return type('Stub', (_Stub, ), dict(global_name=name))
         if self.allowed.get(full) is None:
-            raise RefusedGlobal(full)
+            raise RefusedGlobal(
+                f'mmsoft: refusing the pickled global {full}: only tensors, '
+                'plain containers and allow-listed objects are unpickled')
         return self.allowed[full]
 
+    def _storage(self, pid):
+        if isinstance(pid, tuple) and len(pid) >= 5 and pid[0] == 'storage':
+            self.storages[str(pid[2])] = (getattr(pid[1], 'global_name',
+                                                  None), pid[4])
+        return _Stub()
 
-def _restricted_load(f, map_location, extra):
+
+def safe_torch_load(f, map_location=None, extra=()):
+    """``torch.load`` that never runs code from the file (``extra``: more
+    allowed globals); another global raises ``pickle.UnpicklingError``."""
+    if native_allow_list():
+        with mmengine_checkpoints_allowed(extra):
+            return torch.load(f, map_location=map_location, weights_only=True)
     Unpickler = type('Unpickler', (RestrictedUnpickler, ),
                      dict(allowed=_allow_list(extra)))
     mod = types.ModuleType('mmsoft_restricted_pickle')
@@ -170,15 +201,6 @@ def _restricted_load(f, map_location, extra):
     mod.load = lambda file, **kwargs: Unpickler(file, **kwargs).load()
     return torch.load(
         f, map_location=map_location, weights_only=False, pickle_module=mod)
-
-
-def safe_torch_load(f, map_location=None, extra=()):
-    """``torch.load`` that never runs code from the file (``extra``: more
-    allowed globals); another global raises ``pickle.UnpicklingError``."""
-    if not native_allow_list():
-        return _restricted_load(f, map_location, extra)
-    with mmengine_checkpoints_allowed(extra):
-        return torch.load(f, map_location=map_location, weights_only=True)
 
 
 def mmengine_checkpoints_allowed(extra=()):
@@ -195,71 +217,25 @@ def unsafe_globals(path, extra=()):
     allowed = _allow_list(extra)
     find = getattr(torch.serialization, 'get_unsafe_globals_in_checkpoint',
                    None)
-    with contextlib.suppress(Exception):  # torch < 2.5, a legacy file
-        return [g for g in find(path) if g not in allowed]
-    try:  # a legacy (non-zip) file: the globals of its pickles, unrun
-        names = _pickled_globals(path)
-    except Exception:  # noqa: BLE001 - damaged files: not our question
-        names = []
-    refused = [g for g in names if g not in allowed]
-    if refused:
-        return refused
-    try:
-        _restricted_load(path, 'cpu', extra)
-    except RefusedGlobal as e:
-        return [e.name]
-    except Exception:  # noqa: BLE001 - damaged files: not our question
-        pass
-    return []
-
-
-def _py3_name(module, name):
-    """``module.name`` under Python 3's names."""
-    import _compat_pickle
-    module, name = _compat_pickle.NAME_MAPPING.get((module, name),
-                                                   (module, name))
-    return f'{_compat_pickle.IMPORT_MAPPING.get(module, module)}.{name}'
-
-
-class _Stub:
-    """Any global of a pickle that :class:`PickleWalker` reads."""
-
-    __init__ = __setitem__ = __setstate__ = append = extend = \
-        lambda *args, **kwargs: None
-
-    def __call__(self, *args, **kwargs):
-        return _Stub()
-
-
-class PickleWalker(pickle.Unpickler):
-    """Reads one pickle, every global a :class:`_Stub` (nothing runs),
-    recording ``names`` and ``storages`` (``{key: (type, numel)}``)."""
-
-    def __init__(self, f, names=None):
-        super().__init__(f)
-        self.names = [] if names is None else names
-        self.storages = {}
-
-    def find_class(self, module, name):
-        self.names.append(_py3_name(module, name))
-        return type('Stub', (_Stub, ), dict(global_name=name))
-
-    def persistent_load(self, pid):
-        if isinstance(pid, tuple) and len(pid) >= 5 and pid[0] == 'storage':
-            self.storages[str(pid[2])] = (getattr(pid[1], 'global_name',
-                                                  None), pid[4])
-        return _Stub()
+    for scan in (find, _pickled_globals):  # torch < 2.5, a legacy file
+        with contextlib.suppress(Exception):
+            return [g for g in scan(path) if g not in allowed]
+    return []  # damaged files: not our question
 
 
 def _pickled_globals(path):
     """The globals named by the (at most 5) pickles at the start of
-    ``path``, each once."""
+    ``path`` (a zip file's ``data.pkl``), each once."""
     names = []
     with open(path, 'rb') as f:
+        if zipfile.is_zipfile(path):
+            with zipfile.ZipFile(f) as z:
+                pkl = next(n for n in z.namelist() if n.endswith('/data.pkl'))
+                f = io.BufferedReader(io.BytesIO(z.read(pkl)))
         for _ in range(5):
             if not f.peek(1):
                 break
-            PickleWalker(f, names).load()
+            RestrictedUnpickler(f, names).load()
     return list(dict.fromkeys(names))
 
 
@@ -271,13 +247,12 @@ _CODE_MODULES = frozenset(
     'multiprocessing threading signal asyncio platform commands posixpath '
     'ntpath pdb bdb timeit cProfile profile trace sqlite3 urllib http '
     'ftplib smtplib telnetlib zipimport pkgutil inspect gc'.split())
-#: the plain data types of builtins
-_DATA_BUILTINS = frozenset(
-    'set frozenset complex slice bytearray range dict list tuple bytes str '
-    'int float bool object'.split())
-#: how pickle protocols 0-2 rebuild an object of a class
-_REBUILDERS = ('copyreg._reconstructor', 'copyreg.__newobj__',
-               'copyreg.__newobj_ex__')
+#: the plain data types of builtins; how protocols 0-2 rebuild an object
+_DATA = frozenset([
+    f'builtins.{n}' for n in
+    ('set frozenset complex slice bytearray range dict list tuple bytes str '
+     'int float bool object').split()
+] + ['copyreg._reconstructor', 'copyreg.__newobj__', 'copyreg.__newobj_ex__'])
 
 
 def code_globals(names):
@@ -286,13 +261,12 @@ def code_globals(names):
     out = []
     for full in names:
         mod, _, name = str(full).rpartition('.')
-        root, obj = mod.split('.')[0], sys.modules.get(mod)
-        if root in ('builtins', '__builtin__') and name in _DATA_BUILTINS or \
-                full in _REBUILDERS:
+        obj = sys.modules.get(mod)
+        if full.replace('__builtin__.', 'builtins.', 1) in _DATA:
             continue
         for part in name.split('.') if obj is not None else ():
             obj = getattr(obj, part, None)
-        if root in _CODE_MODULES or not mod or (
+        if mod.split('.')[0] in _CODE_MODULES or not mod or (
                 not name[:1].isupper() if obj is None
                 or obj is sys.modules.get(mod) else not isinstance(obj, type)):
             out.append(full)

@@ -1,5 +1,4 @@
-"""Strict weight loading: a mismatch is one error naming the keys (not
-mmengine's ``strict=False`` WARNING); a partial load is an opt-in."""
+"""Strict weight loading: a mismatch is one error naming the keys."""
 import logging
 from typing import Callable, Mapping, NamedTuple, Optional, Sequence, Tuple
 
@@ -12,10 +11,12 @@ class CheckpointMismatchError(RuntimeError):
 
 
 class LoadReport(NamedTuple):
-    missing: Tuple[str, ...]  # in the model, not in the checkpoint
-    unexpected: Tuple[str, ...]  # in the checkpoint, not in the model
-    mismatched: Tuple[Tuple[str, tuple, tuple], ...]  # key, ckpt, model
-    matched: int  # tensors that load
+    """Keys of the model only, of the checkpoint only, (key, ckpt shape,
+    model shape); tensors that load; tensors of the model, the checkpoint."""
+    missing: Tuple[str, ...]
+    unexpected: Tuple[str, ...]
+    mismatched: Tuple[Tuple[str, tuple, tuple], ...]
+    matched: int
     n_model: int
     n_ckpt: int
 
@@ -49,9 +50,8 @@ def check_state_dict(model_sd: Mapping,
                      opt_in: str = '',
                      hint: Optional[Callable[[], Optional[str]]] = None
                      ) -> LoadReport:
-    """Raise :class:`CheckpointMismatchError` (one line) unless ``ckpt_sd``
-    matches; ``allow_partial``: log it unless nothing loads (``opt_in``: how
-    to allow it; ``hint()``: an explanation, always an error)."""
+    """One :class:`CheckpointMismatchError` line unless ``ckpt_sd`` matches
+    (``allow_partial``: a warning unless nothing loads or ``hint()``)."""
     r = compare_state_dicts(model_sd, ckpt_sd)
     if r.ok:
         return r

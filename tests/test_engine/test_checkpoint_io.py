@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import torch
 from conftest import dead_pid, deadline
-from mmengine.logging import HistoryBuffer
+from mmengine.logging import HistoryBuffer, MessageHub
 
 from mmsoft.engine.hooks import checkpoint_hook as resume
 from mmsoft.utils import atomic
@@ -46,19 +46,33 @@ def test_describe_damage_names_each_kind(tmp_path):
         gone='cannot be read (No such file or directory)')
 
 
-def test_load_verified_honours_map_location(tmp_path):
-    path = tmp_path / 'w.pth'
-    torch.save(dict(w=torch.ones(2)), path)
+def test_training_checkpoint_loads_verified(tmp_path):
+    """HistoryBuffers, numpy arrays and scalars load (``map_location``
+    applied); torch's process-wide allow-list is left as it was."""
+    get = getattr(torch.serialization, 'get_safe_globals', lambda: [])
+    before = sorted(map(str, get()))  # a set: its order may change
+    hub = MessageHub.get_instance('mmsoft_test_checkpoint_io')
+    for v in (1.0, 0.5):
+        hub.update_scalar('train/loss', v)
+    hub.update_info('best_score', np.float64(0.75))
+    path = str(tmp_path / 'iter_2.pth')
+    torch.save(
+        dict(
+            meta=dict(iter=2),
+            state_dict=dict(w=torch.ones(2)),
+            message_hub=hub.state_dict(),
+            arrays=[np.arange(3), np.zeros(0)]), path)
     seen = []
-
-    def where(storage, location):
-        seen.append(location)
-        return storage
-
-    assert torch.equal(
-        cio.load_verified(str(path), map_location=where)['w'], torch.ones(2))
-    assert seen == ['cpu']
-    assert cio.load_verified(str(path))['w'].device == torch.device('cpu')
+    got = cio.load_verified(path, lambda s, loc: seen.append(loc) or s)
+    assert seen == ['cpu'] and torch.equal(got['state_dict']['w'],
+                                           torch.ones(2))
+    buf = got['message_hub']['log_scalars']['train/loss']
+    assert type(buf) is HistoryBuffer and buf.mean() == pytest.approx(0.75)
+    assert got['message_hub']['runtime_info']['best_score'] == 0.75
+    np.testing.assert_array_equal(got['arrays'][0], [0, 1, 2])
+    assert cio.load_verified(path)['state_dict']['w'].device.type == 'cpu'
+    assert resume.find_newest_complete(str(tmp_path))[0] == path
+    assert sorted(map(str, get())) == before
 
 
 def test_refusal_is_one_line_naming_what_and_the_fix(tmp_path):
