@@ -32,9 +32,11 @@ def _runner(*backbones, it=0):
     return types.SimpleNamespace(model=model, message_hub=hub, iter=it)
 
 
-def _logged(hook, runner, *iters):
+def _logged(hook, runner, *iters, before_run=False):
     """(level, message) of what ``hook`` logs in those iterations."""
     with current_log() as records:
+        if before_run:
+            hook.before_run(runner)
         for it in iters:
             hook.after_train_iter(runner, it)
     return [(r.levelno, r.getMessage()) for r in records]
@@ -50,19 +52,16 @@ def test_defaults_switch_and_no_soft_backbone():
     a, b = _Backbone({}), _Backbone({})
     runner = _runner(a, b)
     runner.model = torch.nn.DataParallel(runner.model)  # a model wrapper
-    with current_log() as records:
-        hook.before_run(runner)
-    assert records == [] and a.switched == b.switched == [True]
+    assert _logged(hook, runner, before_run=True) == []
+    assert a.switched == b.switched == [True]
     hook.after_run(runner)
     assert a.switched == b.switched == [True, False]
-    hook = NRResidualHook(interval=1)
-    with current_log() as records:  # nothing to log in an iteration either
-        hook.before_run(_runner())
-    assert _logged(hook, _runner(), 0) == []
-    assert [(r.levelno, r.getMessage()) for r in records] == [
-        (logging.WARNING,
-         'NRResidualHook: the model has no SOFT backbone; nothing to log')
-    ]
+    hook = NRResidualHook(interval=1)  # nothing in an iteration either
+    assert _logged(
+        hook, _runner(), 0, before_run=True) == [
+            (logging.WARNING,
+             'NRResidualHook: the model has no SOFT backbone; nothing to log')
+        ]
 
 
 def test_scalars_are_the_largest_per_stage_and_the_table_every_interval():

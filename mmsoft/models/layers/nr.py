@@ -1,8 +1,6 @@
-"""SOFT's Newton-Raphson pseudo-inverse (Alg. 2, Eq. 10): A_0 = alpha A,
-A_{k+1} = 2 A_k - A_k A A_k; its settings (:class:`NRConfig`), alpha rules,
-the Eq. 16 / exact backwards and the dispatch: the iterations, one ``eigh``
-(:mod:`nr_spectral`'s filter) or (A_T W) block Lanczos; the residual of
-Fig. 4."""
+"""SOFT's Newton-Raphson pseudo-inverse (Alg. 2, Eq. 10): :class:`NRConfig`,
+the alpha rules, the Eq. 16 / exact backwards, the residual of Fig. 4 and
+the dispatch: the iterations, one ``eigh`` or (A_T W) block Lanczos."""
 import dataclasses
 from typing import Mapping, Optional
 
@@ -19,11 +17,10 @@ NR_METHODS = ('auto', 'iterative', 'spectral', 'lanczos')
 NR_BACKWARDS = ('eq16', 'exact')
 #: the fields of :class:`NRConfig` (the ``attn_cfg`` keys ``nr_<field>``)
 NR_FIELDS = ('iters', 'init', 'method', 'backward')
-#: smallest m for which ``'auto'`` is spectral on the CPU (measured:
-#: ``tools/analysis/nr_method_crossover.py``)
+#: smallest m of ``'auto'``'s spectral method on the CPU (measured:
+#: tools/analysis/nr_method_crossover.py) and of its Lanczos A_T W per
+#: device (CPU measured, docs/en/benchmarks.md; CUDA by the multiply-adds)
 SPECTRAL_MIN_M = 80
-#: smallest m for which ``'auto'`` applies A_T to W by Lanczos, per device
-#: (CPU measured, docs/en/benchmarks.md; CUDA by the multiply-adds)
 LANCZOS_MIN_M = {'cpu': 600, 'cuda': 200}
 _NORM_BETA, _NORM_MAX_HALVINGS, _NORM_TOL = 0.5, 10, 1.01
 _SOFT_SHIFT, _SOFT_SCALE = 0.01, 0.9
@@ -33,12 +30,10 @@ _SOFT_SHIFT, _SOFT_SCALE = 0.01, 0.9
 class NRConfig:
     """A^+ as A_T, the T-th Newton-Raphson iterate (Alg. 2, Eq. 10).
 
-    ``iters``: T; ``init``: the alpha rule of A_0 = alpha A
-    (``INIT_MODES``); ``method``: ``NR_METHODS`` (all the same function);
-    ``backward``: ``'exact'`` (the gradient of the T iterations) or
-    ``'eq16'`` (Eq. 16), None: the official one (Eq. 16 for ``'soft'``,
-    the NeurIPS CUDA kernel's; else the Norm code's autograd, exact).
-    """
+    ``iters``: T; ``init``: the alpha rule of A_0 = alpha A (``INIT_MODES``);
+    ``method``: ``NR_METHODS`` (one function); ``backward``: ``'exact'`` (of
+    the T iterations) or ``'eq16'`` (Eq. 16), None: the official one (Eq. 16
+    for ``'soft'``, the NeurIPS CUDA kernel's; else exact, the Norm code's)."""
     iters: int = 20
     init: str = 'soft_norm_per_sample'
     method: str = 'auto'
@@ -103,21 +98,18 @@ def _shared_max(t: torch.Tensor, init: str, trailing: int = 0):
 
 def nr_init_alpha(A, init='soft_norm_per_sample') -> torch.Tensor:
     """alpha of A_0 = alpha A per matrix. ``'soft'``: 0.9 * 2 / ||A||_1^2;
-    ``'soft_norm_per_*'``: the official search, the first alpha_n = 2 0.5^n /
-    ||A||_1^2 (n <= 10) with max_j sum_i |I - alpha A A|_ij <= 1.01, shared
-    by a matrix / sample / the batch."""
+    ``'soft_norm_per_*'``: the first alpha_n = 2 0.5^n / ||A||_1^2 (n <= 10)
+    with max_j sum_i |I - alpha A A|_ij <= 1.01, per matrix/sample/batch."""
     check_choice('Newton-Raphson init (nr_init)', init, INIT_MODES)
-    norm1 = A.sum(-1).amax(-1)  # A is non-negative: row sums = abs row sums
-    norm1 = _shared_max(norm1, init)
+    norm1 = _shared_max(A.sum(-1).amax(-1), init)  # A >= 0: ||A||_1
     alpha0 = 2.0 / norm1.clamp_min(torch.finfo(A.dtype).tiny).square()
     if init == 'soft':
         return _SOFT_SCALE * alpha0
     n = torch.arange(_NORM_MAX_HALVINGS + 1, device=A.device, dtype=A.dtype)
     alphas = alpha0[..., None] * _NORM_BETA**n  # (..., K)
-    # column j of I - alpha A A (A symmetric, >= 0) has abs sum
-    # |1 - alpha (AA)_jj| + alpha sum_{i!=j} (AA)_ij: O(m^2), no A A
+    # column j of I - alpha A A has abs sum |1 - alpha (AA)_jj| + alpha
+    # sum_{i!=j} (AA)_ij (A symmetric, >= 0): O(m^2); (A A)_jj = ||row j||^2
     colsum = torch.matmul(A, A.sum(-1, keepdim=True)).squeeze(-1)  # (..., m)
-    # (A A)_jj = ||row j||^2 (A symmetric; contiguous rows: 20x faster)
     diag = torch.linalg.vector_norm(A, dim=-1).square()
     off = (colsum - diag).clamp_min(0)
     a = alphas[..., :, None]  # (..., K, 1)
@@ -132,10 +124,10 @@ def nr_init_alpha(A, init='soft_norm_per_sample') -> torch.Tensor:
 
 def nr_iteration_matrix(A: torch.Tensor, init: str) -> torch.Tensor:
     """The matrix iterated on: A, or A + 0.01 I for ``'soft'`` (NeurIPS)."""
-    if init == 'soft':
-        m = A.shape[-1]
-        A = A + _SOFT_SHIFT * torch.eye(m, device=A.device, dtype=A.dtype)
-    return A
+    if init != 'soft':
+        return A
+    return A + _SOFT_SHIFT * torch.eye(
+        A.shape[-1], device=A.device, dtype=A.dtype)
 
 
 def newton_iterate(A, V, iters) -> torch.Tensor:
@@ -148,9 +140,8 @@ def newton_iterate(A, V, iters) -> torch.Tensor:
 
 
 def record_residual(stats, lam, v) -> None:
-    """``stats`` per matrix from l and v = v_T(l): ``'residual'`` ||A A_T A
-    - A||_2 / ||A||_2 (Fig. 4), ``'unconverged'`` the share of the
-    numerical rank with |1 - l v| > 0.5."""
+    """``stats`` from l, v = v_T(l): ``'residual'`` ||A A_T A - A||_2 /
+    ||A||_2 (Fig. 4), ``'unconverged'`` the rank's share with |1-lv| > 0.5."""
     if stats is None:
         return
     lam, v = lam.detach(), v.detach()
@@ -166,8 +157,7 @@ def record_residual(stats, lam, v) -> None:
 
 @torch.no_grad()
 def nr_residual(A, iters=20, init='soft_norm_per_sample', stats=None):
-    """:func:`record_residual`'s stats of T iterations on A (one
-    ``eigvalsh``), into ``stats`` (a new dict if None)."""
+    """:func:`record_residual`'s stats (one ``eigvalsh``) into ``stats``."""
     stats = {} if stats is None else stats
     lam = torch.linalg.eigvalsh(nr_iteration_matrix(A, init))
     record_residual(stats, lam,
@@ -194,9 +184,8 @@ def pinv_convergence(A, iters=20, init='soft_norm_per_sample'):
 
 
 def resolve_method(method: str, A: torch.Tensor, apply: bool = True) -> str:
-    """``'auto'``: Lanczos for A_T W from :data:`LANCZOS_MIN_M`, else
-    spectral from :data:`SPECTRAL_MIN_M` on the CPU, else iterative. The
-    inverse itself is never Lanczos (``'lanczos'`` is ``'auto'`` there)."""
+    """``'auto'``: Lanczos (A_T W only), spectral (CPU) or iterative by m;
+    the inverse is never Lanczos (``'lanczos'`` is ``'auto'`` there)."""
     check_choice('pseudo-inverse method', method, NR_METHODS)
     if method not in ('auto', 'lanczos') or (method == 'lanczos' and apply):
         return method
@@ -274,8 +263,7 @@ class NewtonInverse(torch.autograd.Function):
 
 
 def _lanczos(A, W, alpha, alpha_in, nr):
-    """A_T W by Lanczos; a matrix not converged in ``MAX_DIM`` by the
-    spectral method (CPU) or the iterations."""
+    """A_T W by Lanczos; unconverged matrices spectral (CPU) / iterative."""
     m, d = W.shape[-2:]
     A0 = A.reshape(-1, m, m)
     A3 = nr_iteration_matrix(A, nr.init).reshape(-1, m, m)
@@ -285,8 +273,7 @@ def _lanczos(A, W, alpha, alpha_in, nr):
     if basis is None:  # no values (meta)
         return _direct(fallback, A, W, alpha_in, nr, None)
 
-    def gradient_fallback(index, grad):
-        """The spectral gradients of the matrices ``index``."""
+    def gradient_fallback(index, grad):  # spectral, of matrices ``index``
         A_, W_, a_ = (
             t.detach()[index].requires_grad_() for t in (A0, W3, alpha_in3))
         with torch.enable_grad():

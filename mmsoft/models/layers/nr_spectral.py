@@ -1,28 +1,22 @@
-"""The T-step NR function as a filter on eigenvalues (Alg. 2, Eq. 10: f_T(l)
-= (1 - (1 - alpha l^2)^(2^T)) / l), its divided differences (Daleckii-Krein)
-and f_T(A) W on a thin W by block Lanczos: Q spans {W, A W, ...}, Q^T A Q =
-U diag(theta) U^T, f_T(A) W ~ Q U f_T(theta) U^T Q^T W, J blocks per matrix
-until converged; its backward the exact gradient of f_T on the Krylov spaces
-of W and of the gradient (Kressner 2019, bivariate Lanczos)."""
-from typing import NamedTuple, Optional
+"""The T-step NR function f_T as a filter on eigenvalues (Alg. 2, Eq. 10),
+its divided differences (Daleckii-Krein) and f_T(A) W by block Lanczos:
+f_T(A) W ~ Q U f_T(theta) U^T Q^T W (Q^T A Q = U diag(theta) U^T), the
+backward on the Krylov spaces of W and the gradient (Kressner 2019)."""
+from typing import NamedTuple
 
 import torch
+from torch.nn.functional import pad
 
 from .amp import autocast_off, compiling
 
-#: the largest Krylov space of the forward before the guard falls back
-MAX_DIM = 384
-#: converged when f_T(T) Q^T W moved by at most TOL (relative; float64
-#: TOL_FLOAT64) over the last block (superlinear: ~25x per block)
-TOL = 3e-5
-TOL_FLOAT64 = 1e-12
-#: the first check compares _FIRST_CHECK blocks with one more
-_FIRST_CHECK = 5
-#: directions of a new block below this fraction of ||A||_1 (||W||: the
-#: first) are dropped (an invariant subspace)
+#: the largest Krylov space of the forward before the guard falls back;
+#: converged when f_T(T) Q^T W moved by at most TOL (relative) over the
+#: last block, checked from _FIRST_CHECK blocks; new directions below _DROP
+#: ||A||_1 (||W||: the first) dropped (an invariant subspace)
+MAX_DIM, TOL, TOL_FLOAT64, _FIRST_CHECK = 384, 3e-5, 1e-12, 5
 _DROP = {torch.float32: 1e-6, torch.float64: 1e-12}
-#: pairs with |a - b| <= _DD_RTOL max(|a|, |b|) take f[a, b] from the
-#: Leibniz rule (the quotient loses ~T eps / _DD_RTOL)
+#: |a - b| <= _DD_RTOL max(|a|, |b|): f[a, b] by the Leibniz rule (the
+#: quotient loses ~T eps / _DD_RTOL)
 _DD_RTOL = 0.05
 
 
@@ -75,9 +69,8 @@ def divided_differences(a, b, alpha, iters):
 
 
 def lapack(fn, *args, **kwargs):
-    """``fn(*args, **kwargs)`` on one intra-op thread on the CPU (the count
-    restored): LAPACK syncs its threads per column, 5x slower on shared
-    cores (docs/en/benchmarks.md)."""
+    """``fn(*args, **kwargs)`` on one CPU thread (the count restored): LAPACK
+    syncs per column, 5x slower on shared cores (docs/en/benchmarks.md)."""
     tensor = next(a for a in args if isinstance(a, torch.Tensor))
     threads = 1 if tensor.device.type != 'cpu' or compiling() else \
         torch.get_num_threads()  # compiling: no graph break
@@ -96,8 +89,8 @@ def eigh(A: torch.Tensor):
 
 
 class KrylovBasis(NamedTuple):
-    """Per matrix: Q (N, m, K), Ritz values theta (N, K) and vectors U (N,
-    K, K) (float64, zero-padded), E = Q^T W and whether it converged."""
+    """Q (N, m, K), Ritz values theta (N, K), vectors U (N, K, K) (float64,
+    zero-padded), E = Q^T W, converged (N)."""
     Q: torch.Tensor
     theta: torch.Tensor
     U: torch.Tensor
@@ -111,9 +104,8 @@ class KrylovBasis(NamedTuple):
 
 
 def _orthonormal(Z, scale):
-    """An orthonormal basis of the columns of Z: Cholesky QR twice in
-    float64; where a singular value is <= ``scale``, the eigenvectors of
-    Z^T Z, those directions zero columns."""
+    """Orthonormal columns spanning Z: Cholesky QR twice (float64); with a
+    singular value <= ``scale``, Z^T Z's eigenvectors (those columns 0)."""
     X = Z.double()
     for _ in range(2):
         G = X.mT @ X
@@ -137,11 +129,7 @@ def _orthonormal(Z, scale):
 
 
 @torch.no_grad()
-def krylov_basis(A: torch.Tensor,
-                 W: torch.Tensor,
-                 alpha: torch.Tensor,
-                 iters: int,
-                 max_dim: Optional[int] = None) -> Optional[KrylovBasis]:
+def krylov_basis(A, W, alpha, iters, max_dim=None):
     """The block Lanczos basis of W (N, m, d) under A, each matrix stopped
     at its own converged J or ``max_dim`` (not converged); None on meta."""
     if A.device.type == 'meta':
@@ -155,11 +143,11 @@ def krylov_basis(A: torch.Tensor,
     Q[..., :d] = _orthonormal(W, drop * W.norm(dim=1).amax(-1, True).double())
     # a dropped direction (zero row / column of T) gets a distinct value
     # near 0 on the diagonal: LAPACK's eigh can fail on repeated ones
-    ramp = torch.linspace(
-        1e-3, 2e-3, J * d, device=W.device, dtype=torch.float64)
+    f64 = dict(dtype=torch.float64, device=W.device)
+    ramp = torch.linspace(1e-3, 2e-3, J * d, **f64)
     E = (Q[..., :d].mT @ W).double()  # (N, d, d); Q^T W is zero below
     # T = Q^T A Q: block column j, its transpose, the symmetrised diagonal
-    T = torch.zeros(N, J * d, J * d, dtype=torch.float64, device=W.device)
+    T = torch.zeros(N, J * d, J * d, **f64)
     dead = torch.zeros(N, J * d, dtype=torch.bool, device=W.device)
     dead[:, :d] = (Q[..., :d] == 0).all(1)
     alpha64 = alpha.to(torch.float64).reshape(N)
@@ -187,16 +175,13 @@ def krylov_basis(A: torch.Tensor,
         Ts = T[:, :K, :K].clone()
         Ts.diagonal(dim1=-2, dim2=-1).sub_(dead[:, :K] * ramp[:K] * norm1)
         th, U = eigh(Ts)
-        Ek = torch.nn.functional.pad(E, (0, 0, 0, K - d))
         y = U @ (filter_and_slope(th, alpha64, iters, False).unsqueeze(-1) *
-                 (U.mT @ Ek))  # f_T(T) Q^T W, (N, K, d)
+                 (U.mT @ pad(E, (0, 0, 0, K - d))))  # f_T(T) Q^T W (N, K, d)
         new = None
         if K >= m:  # the whole space: exact
             new = ~done
         elif y_prev is not None:
-            moved = (y -
-                     torch.nn.functional.pad(y_prev,
-                                             (0, 0, 0, d))).norm(dim=(-2, -1))
+            moved = (y - pad(y_prev, (0, 0, 0, d))).norm(dim=(-2, -1))
             new = ~done & (moved <= tol * y.norm(dim=(-2, -1)))
         y_prev = y
         if new is not None:
@@ -210,8 +195,8 @@ def krylov_basis(A: torch.Tensor,
         k = th.shape[-1]
         theta[rows, :k] = th[rows]
         Uall[rows, :k, :k] = U[rows]
-    E = torch.nn.functional.pad(E, (0, 0, 0, K - d))
-    return KrylovBasis(Q[..., :K].contiguous(), theta, Uall, E, done)
+    return KrylovBasis(Q[..., :K].contiguous(), theta, Uall,
+                       pad(E, (0, 0, 0, K - d)), done)
 
 
 class LanczosApply(torch.autograd.Function):
