@@ -1,6 +1,7 @@
 """Which authors' ImageNet file (``OFFICIAL_FILES``) fits which paper
 config: each loads an authors'-layout file (zeros of the real shapes)
-strictly; a missing file or one of another arch stops with one line."""
+strictly; a missing file or one of another arch stops with one line (the
+tools' line: tests/test_tools/test_strict_load_tools.py)."""
 import copy
 import functools
 import glob
@@ -10,7 +11,7 @@ import warnings
 
 import pytest
 import torch
-from conftest import CONFIGS, ROOT, authors_file, cls_demo_config, current_log
+from conftest import CONFIGS, ROOT, authors_file, current_log
 from mmengine.config import Config
 from mmengine.model.weight_init import initialize
 from mmengine.registry import DefaultScope
@@ -172,23 +173,6 @@ def test_demo_configs_opt_out(path):
     assert cli.missing_pretrained(cfg) is None
 
 
-def test_train_stops_at_init_without_the_file(tmp_path, script_server):
-    """tools/train.py without ``checkpoints/``: exit 1 and the line of the
-    backbone's own initialiser (the docs' line: test_loading.py)."""
-    config = tmp_path / 'missing.py'
-    config.write_text(
-        f'_base_ = {cls_demo_config(tmp_path, val=4)!r}\n'
-        "model = dict(backbone=dict(init_cfg=dict(_delete_=True, "
-        f"type='Pretrained', prefix='backbone.', checkpoint='{SMALL}')))\n")
-    proc = script_server(
-        osp.join(ROOT, 'tools', 'train.py'),
-        [config, '--work-dir', tmp_path / 'work'],
-        cwd=tmp_path)
-    assert proc.returncode == 1, proc.stderr[-3000:]
-    assert proc.stderr.splitlines()[-1] == f'error: {MISSING}'
-    assert 'Traceback' not in proc.stderr
-
-
 def test_backbone_load_without_the_file_is_one_line(no_default_init):
     with pytest.raises(FileNotFoundError) as exc:
         build_backbone(load('retinanet_soft_small_1x')).init_weights()
@@ -221,6 +205,12 @@ def test_missing_pretrained_finds_nested_and_listed_entries(tmp_path):
                         'model.teacher.backbone.norm_eval=False')
     cfg['model']['teacher'] = None
     assert cli.missing_pretrained(cfg) is None
+    # a class as the type, any node of lists
+    gone = dict(type='Pretrained', checkpoint='gone.pth')
+    soft = dict(type=SOFT, init_cfg=[dict(type='TruncNormal'), gone])
+    cfg = dict(model=dict(type='X', extra=[1, 'two'], parts=[3, soft]))
+    assert cli.missing_pretrained(cfg).startswith(
+        'gone.pth (model.parts[1].init_cfg[1].checkpoint) does not exist')
 
 
 def test_authors_file_of_the_other_small_is_one_line(no_default_init):

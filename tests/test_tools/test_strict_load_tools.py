@@ -1,11 +1,10 @@
 """Issue 13: ``tools/test.py`` refuses a checkpoint that does not match the
-config's model unless ``--partial-load``. The tested checkpoints carry a
-constant head (one class for every image): the expected top-1 follows from
-the labels alone and shows the checkpoint's weights were tested."""
-import contextlib
+config's model unless ``--partial-load``; the tools' fault table (one line,
+exit 1). The tested checkpoints carry a constant head (one class for every
+image): the expected top-1 follows from the labels alone and shows the
+checkpoint's weights were tested."""
 import errno
 import glob
-import io
 import os
 import os.path as osp
 import pickle
@@ -14,9 +13,13 @@ import types
 
 import pytest
 import torch
-from conftest import cls_demo_config, random_model, tool_namespace
+from conftest import (TOOLS, cls_demo_config, random_model, run,
+                      tool_namespace)
+
+from mmsoft.models.loading import missing_weights_message
 
 pytest.importorskip('mmpretrain')
+CONFIG = 'configs/upernet_soft_small_512x512_160k_ade20k.py'
 
 
 @pytest.fixture(scope='module')
@@ -44,7 +47,13 @@ def setup(tmp_path_factory):
         dict(state_dict=sd, meta=dict(mmsoft_attn_norm=[False])),
         ckpts['trained'])
     torch.save(dict(state_dict=head1000, meta={}), ckpts['head1000'])
-    return cfg, ckpts, tmp
+    missing = tmp / 'missing.py'  # an ImageNet file not downloaded
+    missing.write_text(
+        f'_base_ = {cfg!r}\n'
+        "model = dict(backbone=dict(init_cfg=dict(_delete_=True, "
+        "type='Pretrained', prefix='backbone.', "
+        "checkpoint='checkpoints/soft_norm_small.pth')))\n")
+    return cfg, ckpts, tmp, str(missing)
 
 
 def val_labels(tmp):
@@ -60,23 +69,9 @@ def expected_top1(tmp):
 
 
 def _test(setup, name, *extra, work='work'):
-    cfg, ckpts, tmp = setup
+    cfg, ckpts, tmp, _ = setup
     main = tool_namespace('test')['main']
     return main([cfg, ckpts[name], '--work-dir', str(tmp / work), *extra])
-
-
-def _error(setup, name, *extra):
-    """The line tools/test.py stops with (``run_main``: stderr, exit 1)."""
-    from mmsoft_tools.cli import run_main
-    err = io.StringIO()
-    with pytest.raises(SystemExit) as exc, contextlib.redirect_stderr(err):
-        run_main(lambda argv: _test(setup, name, *extra), [])
-    msg = exc.value.code  # sys.exit('error: ...') of the pre-flight
-    if not isinstance(msg, str):
-        assert msg == 1, err.getvalue()
-        msg = [ln for ln in err.getvalue().splitlines() if ln.strip()][-1]
-    assert msg.startswith('error: checkpoint ') and '\n' not in msg, msg
-    return msg
 
 
 def _read_logs(tmp, work):
@@ -138,47 +133,87 @@ def test_out_is_written_atomically(setup, monkeypatch):
     assert os.listdir(out.parent) == ['preds.pkl']
 
 
-@pytest.mark.parametrize('make,problem', [
-    ('file_parent', 'is a file, not a directory'),
-    ('directory', 'is a directory; give a file name'),
-])
-def test_out_that_cannot_be_written_stops_before_inference(
-        setup, make, problem, monkeypatch):
-    """Issue 36 (3): ``--out`` under a file failed after the inference."""
-    from mmengine.runner import Runner
-
-    def no_test(self):
-        raise AssertionError('inference ran')
-
-    monkeypatch.setattr(Runner, 'test', no_test)
-    tmp = setup[2]
-    (tmp / 'a_file').write_text('x')
-    (tmp / 'a_dir.pkl').mkdir(exist_ok=True)
-    out = str(tmp / 'a_file' / 'preds.pkl') if make == 'file_parent' \
-        else str(tmp / 'a_dir.pkl')
-    with pytest.raises(SystemExit) as exc:
-        _test(setup, 'trained', '--out', out)
-    assert exc.value.code.startswith(f'error: --out {out}: ')
-    assert problem in exc.value.code and '\n' not in exc.value.code
+NOT_FOUND = (
+    "error: checkpoint '{}' not found: give the path of a trained model "
+    '(work_dirs/<config>/epoch_N.pth or iter_N.pth); mmsoft releases no '
+    "trained weights (the authors' ImageNet classifiers, converted: "
+    'docs/en/user_guides/official_weights.md)')
+#: (id, tool, arguments (split; placeholders: setup's names, {tmp}), parts
+#: of the one line: 'error: ...' the start, else contained)
+FAULTS = [
+    ('head', 'test', '{cfg} {head1000}', [
+        'error: checkpoint {head1000} does not match the model '
+        '(ImageClassifier)', '--partial-load',
+        'head.fc.weight (checkpoint [1000, 192] vs model [5, 192])',
+        '2 tensors have another shape'
+    ]),
+    # issue 36 (4): was exit 0 and a wrong top-1
+    ('attn-norm', 'test',
+     '{cfg} {trained} --cfg-options model.backbone.attn_cfg.attn_norm=True', [
+         'error: checkpoint {trained} ', 'trained with attn_norm=False',
+         'has attn_norm=True',
+         '--cfg-options model.backbone.attn_cfg.attn_norm=False'
+     ]),
+    # before the config is loaded or any worker starts; no model zoo
+    # (issue 51): the authors' ImageNet files are on the official page
+    ('missing-checkpoint', 'test', '{cfg} {tmp}/no_such_dir/epoch_12.pth',
+     [NOT_FOUND.format('{tmp}/no_such_dir/epoch_12.pth')]),
+    # issue 36 (3): --out that cannot be written: before the inference
+    ('out-under-a-file', 'test', '{cfg} {trained} --out {tmp}/a_file/p.pkl',
+     ['error: --out {tmp}/a_file/p.pkl: ', 'is a file, not a directory']),
+    ('out-is-a-folder', 'test', '{cfg} {trained} --out {tmp}/a_dir.pkl',
+     ['error: --out {tmp}/a_dir.pkl: ', 'is a directory; give a file name']),
+    # the backbone's own initialiser, as mmdet's tools/train.py shows it
+    ('missing-imagenet-file', 'train', '{missing}',
+     ['error: ' + missing_weights_message('checkpoints/soft_norm_small.pth')]),
+]
 
 
 @pytest.mark.parametrize(
-    'name,extra,parts',
-    [
-        ('head1000', (),
-         ('does not match the model (ImageClassifier)', '--partial-load',
-          'head.fc.weight (checkpoint [1000, 192] vs model [5, 192])',
-          '2 tensors have another shape')),
-        # issue 36 (4): was exit 0 and a wrong top-1
-        ('trained',
-         ('--cfg-options', 'model.backbone.attn_cfg.attn_norm=True'),
-         ('trained with attn_norm=False', 'has attn_norm=True',
-          '--cfg-options model.backbone.attn_cfg.attn_norm=False')),
-    ],
-    ids=['head', 'attn-norm'])
-def test_mismatch_stops_with_one_line(setup, name, extra, parts):
-    """Keys / shapes, the other attn_norm: one line at the door naming the
-    opt-in (issue 36; the other templates: tests/test_utils/
-    test_strict_load.py)."""
-    msg = _error(setup, name, *extra)
-    assert all(p in msg for p in parts), msg
+    'name, script, args, parts', FAULTS, ids=[f[0] for f in FAULTS])
+def test_fault_stops_with_one_line(setup, tmp_path, monkeypatch, capsys, name,
+                                   script, args, parts):
+    """Exit 1 and one line (the other templates: tests/test_utils/
+    test_strict_load.py); nothing tested, nothing in the work dir."""
+    from mmengine.runner import Runner
+
+    from mmsoft_tools.cli import run_main
+    monkeypatch.chdir(tmp_path)  # no checkpoints/ here
+    (tmp_path / 'a_file').write_text('x')
+    (tmp_path / 'a_dir.pkl').mkdir()
+    if name.startswith('out-'):  # refused before the inference
+        monkeypatch.setattr(Runner, 'test', lambda self: 1 / 0)
+    names = dict(setup[1], cfg=setup[0], tmp=tmp_path, missing=setup[3])
+    argv = [a.format(**names) for a in args.split()]
+    work = tmp_path / 'work'
+    with pytest.raises(SystemExit) as exc:
+        run_main(
+            tool_namespace(script)['main'],
+            argv + ['--work-dir', str(work)])
+    msg = exc.value.code  # sys.exit('error: ...') of the pre-flight
+    out, err = capsys.readouterr()
+    if not isinstance(msg, str):
+        assert msg == 1, err
+        msg = [ln for ln in err.splitlines() if ln.strip()][-1]
+    assert '\n' not in msg and 'Traceback' not in err, err
+    for part in (p.format(**names) for p in parts):
+        assert msg.startswith(part) if part.startswith('error: ') else \
+            part in msg, msg
+    assert not glob.glob(str(work / '**' / '*.pth'), recursive=True)
+    if name == 'missing-checkpoint':
+        assert out == '' and not osp.exists(work)
+
+
+@pytest.mark.parametrize('tool', ['dist_test.sh', 'slurm_test.sh'])
+def test_shell_tools_stop_on_a_missing_checkpoint(tool, tmp_path):
+    """The launchers' own line, before any worker starts."""
+    ckpt, work = str(tmp_path / 'no_such_dir' / 'epoch_12.pth'), tmp_path / 'w'
+    part = ['part', 'job'] if tool == 'slurm_test.sh' else []
+    args = [CONFIG, ckpt, '8'] if tool == 'dist_test.sh' else [CONFIG, ckpt]
+    proc = run(
+        ['bash',
+         osp.join(TOOLS, tool), *part, *args, '--work-dir',
+         str(work)],
+        timeout=300)
+    assert proc.returncode == 1 and proc.stdout == '' and not osp.exists(work)
+    assert proc.stderr.strip() == NOT_FOUND.format(ckpt)
