@@ -332,20 +332,16 @@ class SafeCheckpointHook(CheckpointHook):
             for p in remove_stale_temps(self.out_dir):
                 runner.logger.warning(f'mmsoft: removed {p}, a partial '
                                       'checkpoint left by a killed run')
-        pending = None
-        if getattr(runner, '_resume', False) and self._loaded_meta:
-            self._restore_sampler_seed(runner)
-            self._schedule_rng_restore(runner)
-            pending = self._unfinished_validation(runner)
-        self._loaded_meta = None
-        if pending:
-            self._validate_first(runner, *pending)
+        meta, self._loaded_meta = self._loaded_meta, None
+        if getattr(runner, '_resume', False) and meta:
+            self._restore_sampler_seed(runner, meta)
+            self._schedule_rng_restore(runner, meta)
+            self._validate_unfinished(runner, meta)
 
-    def _unfinished_validation(self, runner):
-        """``(marker, what)`` if the resumed checkpoint's validation did not
-        finish, else None (rank 0 decides)."""
-        found = None
-        loaded = str(getattr(runner, '_load_from', None) or '')
+    def _validate_unfinished(self, runner, meta):
+        """Validate the resumed checkpoint first if its validation did not
+        finish (rank 0 decides)."""
+        box, loaded = [None], str(getattr(runner, '_load_from', None) or '')
         if is_main_process() and self._is_local() and '://' not in loaded:
             marker = osp.join(osp.dirname(osp.abspath(loaded)), VAL_MARKER)
             try:
@@ -353,33 +349,30 @@ class SafeCheckpointHook(CheckpointHook):
                     rec = json.load(f)
             except (OSError, ValueError):
                 rec = None
-            meta = self._loaded_meta
-            if isinstance(rec, dict) and rec.get('checkpoint') == \
-                    osp.basename(loaded) and (rec.get('epoch'), rec.get(
-                        'iter')) == (meta.get('epoch'), meta.get('iter')):
-                from mmengine.runner import EpochBasedTrainLoop
-                by_epoch = isinstance(runner.train_loop, EpochBasedTrainLoop)
-                found = (marker, f'epoch {meta.get("epoch")}'
-                         if by_epoch else f'iteration {meta.get("iter")}')
-        box = [found]
+            if rec == dict(
+                    checkpoint=osp.basename(loaded),
+                    epoch=meta.get('epoch'),
+                    iter=meta.get('iter')):
+                box = [marker]
         if is_distributed():
             broadcast_object_list(box)
-        return box[0]
-
-    def _validate_first(self, runner, marker, what):
-        if getattr(runner, 'val_loop', None) is None:
+        if box[0] is None or getattr(runner, 'val_loop', None) is None:
             return
+        from mmengine.runner import EpochBasedTrainLoop
+        what = f'epoch {meta.get("epoch")}' if isinstance(
+            runner.train_loop, EpochBasedTrainLoop) else \
+            f'iteration {meta.get("iter")}'
         runner.logger.info(
             f'mmsoft: the validation of {what} ({runner._load_from}) did not '
             f'finish (the run was stopped during it): validating it now, '
             f'before training goes on')
-        own = osp.realpath(osp.dirname(marker)) == osp.realpath(
+        own = osp.realpath(osp.dirname(box[0])) == osp.realpath(
             self._checkpoint_dir(runner))
-        self._val_marker = marker if own else None
+        self._val_marker = box[0] if own else None
         runner.val_loop.run()
 
-    def _restore_sampler_seed(self, runner):
-        seed = self._loaded_meta.get('mmsoft_sampler_seed')
+    def _restore_sampler_seed(self, runner, meta):
+        seed = meta.get('mmsoft_sampler_seed')
         sampler = _train_sampler(runner)
         if seed is None or sampler is None or sampler.seed == seed:
             return
@@ -393,8 +386,8 @@ class SafeCheckpointHook(CheckpointHook):
             loop.dataloader_iterator = type(loop.dataloader_iterator)(
                 loop.dataloader)
 
-    def _schedule_rng_restore(self, runner):
-        info = self._loaded_meta.get('mmsoft_rng')
+    def _schedule_rng_restore(self, runner, meta):
+        info = meta.get('mmsoft_rng')
         if not self.save_rng or not info:
             return
         states, world = info.get('states', []), get_world_size()
