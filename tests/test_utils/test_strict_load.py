@@ -6,7 +6,7 @@ import types
 
 import pytest
 import torch
-from conftest import current_log, save_classifier_checkpoint, tiny_arch
+from conftest import current_log, tiny_arch
 
 from mmsoft.engine.hooks.strict_load_hook import StrictLoadHook as _hook
 from mmsoft.engine.hooks.strict_load_hook import resume_refusal
@@ -19,27 +19,6 @@ ARCH = tiny_arch([8, 16, 16, 32], [1, 2, 2, 2])
 ARCH2 = tiny_arch([8, 16, 24, 32], [1, 2, 2, 2], [1, 1, 2, 1])
 
 
-def _classifier_ckpt(path, arch=ARCH, classes=3):
-    torch.manual_seed(0)
-    src = SOFT(arch, out_type='cls_token')
-    src.init_weights()
-    head = {
-        'head.fc.weight': torch.randn(classes, arch['embed_dims'][3]),
-        'head.fc.bias': torch.randn(classes)
-    }
-    save_classifier_checkpoint(path, src, head, meta={})
-    return src
-
-
-def _pretrained(path, **kw):
-    return SOFT(
-        ARCH, init_cfg=dict(type='Pretrained', checkpoint=str(path), **kw))
-
-
-def _same(a, b):
-    torch.testing.assert_close(a.state_dict(), b.state_dict(), rtol=0, atol=0)
-
-
 def test_compare_counts():
     z = torch.zeros
     r = compare_state_dicts(
@@ -47,41 +26,6 @@ def test_compare_counts():
         dict(a=z(2), b=z(4), c=z(1)))
     assert r.missing == () and r.unexpected == ('c', )
     assert r.mismatched == (('b', (4, ), (3, )), ) and r.matched == 1
-
-
-def test_pretrained_runs_the_registered_initializer_once(
-        tmp_path, monkeypatch):
-    """init_cfg Pretrained runs the strict 'SOFTPretrained' init once (the
-    backbone of a full classifier checkpoint, 1000 classes)."""
-    from mmengine.registry import WEIGHT_INITIALIZERS
-
-    from mmsoft.models import loading
-    assert WEIGHT_INITIALIZERS.get('SOFTPretrained') is \
-        loading.SOFTPretrainedInit
-    src = _classifier_ckpt(tmp_path / 'cls.pth', classes=1000)
-    loads, inits = [], []
-    load = loading.load_pretrained
-    monkeypatch.setattr(loading, 'load_pretrained',
-                        lambda *a, **k: loads.append(k) or load(*a, **k))
-    init = SOFT.init_weights
-    monkeypatch.setattr(SOFT, 'init_weights',
-                        lambda self: inits.append(1) or init(self))
-    for strict in (True, False):
-        loads.clear(), inits.clear()
-        dst = _pretrained(
-            tmp_path / 'cls.pth', prefix='backbone.', strict=strict)
-        dst.init_weights()
-        assert len(inits) == 1 and len(loads) == 1
-        assert loads[0]['strict'] is strict and dst.is_init
-        _same(dst, src)
-    loads.clear()
-    with current_log() as records:  # no checkpoint (yet): dropped, said so
-        SOFT(
-            ARCH, init_cfg=dict(type='Pretrained',
-                                checkpoint=None)).init_weights()
-    assert not loads and [
-        r.getMessage() for r in records if 'init_cfg' in r.getMessage()
-    ] == ['SOFT: init_cfg has no checkpoint; using random initialisation']
 
 
 WRONG = (' (its SOFT attention): the weights would load and give wrong '
@@ -148,7 +92,8 @@ def _runner(model, **attrs):
 
 
 def test_strict_load_hook_names_the_loaded_file():
-    """A mismatch names ``load_from`` (or ``checkpoint``) and the opt-in."""
+    """A mismatch names ``load_from`` (or ``checkpoint``), the opt-in and
+    the config."""
     other = {'state_dict': _Whole(ARCH2).state_dict()}
     for attrs, source in ((dict(_load_from='w/e.pth'), 'w/e.pth'),
                           (dict(_load_from=None), 'checkpoint')):
@@ -162,6 +107,16 @@ def test_strict_load_hook_names_the_loaded_file():
                             'StrictLoadHook (custom_hooks).')
     _hook(allow_partial=True).after_load_checkpoint(
         _runner(_Whole(), _load_from='w/e.pth'), other)  # logged only
+    # the attention-normalisation refusal names the Runner's config
+    model, cfg = _Whole(), types.SimpleNamespace(filename='my_cfg.py')
+    ckpt = {'state_dict': model.state_dict(), 'meta': {'attn_norm': True}}
+    with pytest.raises(CheckpointMismatchError) as exc:
+        _hook().after_load_checkpoint(
+            _runner(model, _load_from='n.pth', cfg=cfg), ckpt)
+    assert str(exc.value).startswith('checkpoint n.pth holds soft_norm_* '
+                                     'weights (converted with attn_norm=True,'
+                                     ' --norm), but the model of my_cfg.py '
+                                     'has attn_norm=False')
 
 
 @pytest.mark.parametrize('ckpt,problem', [
@@ -254,18 +209,6 @@ def test_strict_load_hook_refuses_another_optimizer_for_resume():
     sgd = _resuming(model, torch.optim.SGD).optim_wrapper
     _hook().after_load_checkpoint(
         _runner(model, _load_from='e.pth', optim_wrapper=sgd), adamw)
-
-
-def test_strict_load_hook_names_the_config_in_the_attn_norm_refusal():
-    """The attention-normalisation refusal names the Runner's config."""
-    model = _Whole(attn_norm=False)
-    ckpt = {'state_dict': model.state_dict(), 'meta': {'attn_norm': True}}
-    cfg = types.SimpleNamespace(filename='my_cfg.py')
-    with pytest.raises(CheckpointMismatchError) as exc:
-        _hook().after_load_checkpoint(
-            _runner(model, _load_from='n.pth', cfg=cfg), ckpt)
-    assert 'but the model of my_cfg.py has attn_norm=False' in str(exc.value)
-    assert str(exc.value).startswith('checkpoint n.pth ')
 
 
 def test_check_checkpoint_for_model_inputs():

@@ -1,10 +1,8 @@
 """Weights into SOFT (:mod:`mmsoft.models.loading`): reading files safely,
 ``load_pretrained``, ``init_cfg`` Pretrained, the authors' files (issue 29,
-from ``tests/reference``) in SOFT and a detector, the one-line report and
-errors."""
+from ``tests/reference``), the one-line report and errors."""
 import functools
 import http.server
-import importlib
 import inspect
 import logging
 import os
@@ -17,7 +15,7 @@ import pytest
 import torch
 import torch.hub
 import torch.nn as nn
-from conftest import CONFIGS, Reduce
+from conftest import Reduce
 from conftest import authors_file as preset_file
 from conftest import current_log
 from mmengine.runner import CheckpointLoader
@@ -403,33 +401,6 @@ def test_init_cfg_loader_defaults_and_init_info(tmp_path, monkeypatch):
 
 
 # ------------------------------------------- the authors' files, SOFT's
-def test_authors_checkpoint_through_a_detectors_init_cfg(tmp_path, reports):
-    """The demo RetinaNet's backbone, ``init_cfg`` Pretrained (prefix)."""
-    from mmengine.config import Config
-    from mmengine.registry import DefaultScope
-
-    from mmsoft_tools import launch
-    pytest.importorskip('mmdet')
-    path = tmp_path / 'soft_demo_authors.pth'
-    want = authors_file(path, 160)
-    cfg = Config.fromfile(osp.join(CONFIGS, 'demo', 'retinanet_soft_demo.py'))
-    cfg.model.backbone.init_cfg = dict(
-        type='Pretrained', checkpoint=str(path), prefix='backbone.')
-    scope = launch.import_codebase(cfg)
-    with DefaultScope.overwrite_default_scope(scope):
-        model = importlib.import_module(f'{scope}.registry').MODELS.build(
-            cfg.model)
-    model.init_weights()
-    got = model.backbone.state_dict()
-    assert set(got) == set(want) and _same(got, want)
-    assert reports == [
-        f"mmsoft: loaded {path}: authors' SOFT arch=dict(embed_dims=[32, 64, "
-        f'128, 192], num_heads=[1, 2, 4, 6], depths=[1, 1, 2, 1], '
-        f"sampling_ratios=[4, 2, 2, 1]) layout ('model'), converted, keys "
-        f"under 'backbone.', {len(want)} tensors, strict"
-    ]
-
-
 def test_bare_authors_state_dict_and_report_names_the_model(tmp_path, reports):
     """Named by attn_norm; into another size: the preset as the fix."""
     path = tmp_path / 'soft_tiny.pth'
@@ -494,8 +465,12 @@ def test_partial_authors_load_and_second_init_weights(tmp_path, reports):
             assert got[k].shape != v.shape and got[k].abs().sum() > 0, k
         else:
             assert torch.equal(got[k], v), k
-    assert reports[0].endswith(f', {len(want) - 4} tensors, strict=False, '
-                               f'partial')
+    assert reports == [
+        f"mmsoft: loaded {path}: authors' SOFT arch=dict(embed_dims=[32, 64, "
+        f'128, 192], num_heads=[1, 2, 4, 6], depths=[1, 1, 2, 1], '
+        f"sampling_ratios=[4, 2, 2, 1]) layout ('model'), converted, keys "
+        f"under 'backbone.', {len(want) - 4} tensors, strict=False, partial"
+    ]
     before = {k: v.clone() for k, v in got.items()}
     model.init_weights()
     assert len(reports) == 1 and _same(model.state_dict(), before)
@@ -541,6 +516,4 @@ def test_official_soft_hint():
 def test_few_keys():
     keys = [f'k{i}' for i in range(8)]
     assert few_keys(keys[:5]) == 'k0, k1, k2, k3, k4'
-    assert few_keys(keys[:6]) == 'k0, k1, k2, k3, k4, ... (+1 more)'
     assert few_keys(keys, 2) == 'k0, k1, ... (+6 more)'
-    assert few_keys([]) == ''
