@@ -12,7 +12,6 @@ import torch
 import torch.distributed as torch_dist
 import torch.nn as nn
 from mmengine.dist.dist import _get_reduce_op
-from mmengine.evaluator import BaseMetric
 from mmengine.model import BaseModel
 from mmengine.optim import OptimWrapper, OptimWrapperDict
 from mmengine.runner import Runner
@@ -319,86 +318,6 @@ def test_max_skipped_steps_must_be_an_int_of_at_least_zero(value):
         NonFiniteLossHook(max_skipped_steps=value)
 
 
-# ------------------------------------------------ test outputs (a Runner)
-class _Scorer(BaseModel):
-    """2 class scores of a 2 x 2 image."""
-
-    def __init__(self, std=1.):
-        super().__init__(
-            data_preprocessor=dict(
-                type='ImgDataPreprocessor', mean=[0.], std=[std]))
-        self.fc = nn.Linear(4, 2)
-
-    def forward(self, inputs, data_samples=None, mode='predict'):
-        scores = self.fc(inputs.flatten(1))
-        return [
-            BaseDataElement(
-                pred_score=s, gt_score=s * 0, metainfo=dict(img_path=p))
-            for s, p in zip(scores, data_samples)
-        ]
-
-
-class _Count(BaseMetric):
-
-    def process(self, data_batch, data_samples):
-        self.results.extend(data_samples)
-
-    def compute_metrics(self, results):
-        return dict(n=len(results))
-
-
-@pytest.mark.parametrize(
-    'case,cause',
-    [
-        (
-            'weights',  # first tested with finite weights: no stop
-            "the model's weights hold nan / inf: 1 parameter tensor(s) "
-            '(fc.weight); test stopped, its metrics would be meaningless. The '
-            'checkpoint is broken: test an earlier one.'),
-        ('inputs', 'the inputs from the data pipeline hold nan / inf; test '
-         'stopped, its metrics would be meaningless. Check the data pipeline '
-         'and the image files.'),
-        ('val', 'model.data_preprocessor.std [0.0] has a 0 (a division by '
-         'zero); validation stopped, its metrics would be meaningless. Give '
-         'the std of the data the model was trained with.'),
-    ])
-def test_nonfinite_test_outputs_stop_naming_the_cause(tmp_path, case, cause):
-    """Issue 52, item 4 (``val``: validation, a 0 in std)."""
-    images = [
-        dict(
-            inputs=torch.full((1, 2, 2),
-                              float('nan') if case == 'inputs' else i + 1.),
-            data_samples=f'img_{i}.png') for i in range(4)
-    ]
-    what, loop = ('validation', 'val') if case == 'val' else ('test', 'test')
-    loader = dict(
-        dataset=images,
-        batch_size=2,
-        sampler=dict(type='DefaultSampler', shuffle=False))
-    runner = Runner(
-        model=_Scorer(std=0. if case == 'val' else 1.),
-        experiment_name=f'nonfinite_test_{uuid.uuid4().hex[:8]}',
-        work_dir=str(tmp_path),
-        **{
-            f'{loop}_dataloader': loader,
-            f'{loop}_evaluator': [_Count()],
-            f'{loop}_cfg': dict()
-        },
-        custom_hooks=[dict(type='NonFiniteLossHook')],
-        default_scope='mmengine',
-        log_level='WARNING')
-    run = runner.val if case == 'val' else runner.test
-    if case == 'weights':
-        assert run() == dict(n=4)
-        with torch.no_grad():
-            runner.model.fc.weight[0, 0] = float('nan')
-    with pytest.raises(NonFiniteLossError) as e:
-        run()
-    assert str(e.value) == (
-        f'NonFiniteLossHook: the {what} outputs of batch 1 hold nan / inf '
-        f'(pred_score; first image img_0.png): {cause}')
-
-
 NAN, ONE = float('nan'), torch.ones(2)
 #: an output and the names of its fields that hold nan / inf
 FIELDS = [
@@ -423,27 +342,56 @@ def test_nonfinite_fields_names_the_outputs_holding_nan(i):
     assert nf._nonfinite_fields(output) == fields
 
 
-@pytest.mark.parametrize('std', ['list', 'tensor', None])
-def test_outputs_check_of_a_bare_model(std):
-    """At most three fields are named; no ``img_path``: no image; a std
-    that is no tensor, without a 0, or none: an overflow."""
-    model = nn.Linear(2, 2)
-    if std:
-        model.data_preprocessor = SimpleNamespace(
-            std=[0.] if std == 'list' else torch.ones(1))  # no 0 in a tensor
-    logged = []
+#: cause -> the end of the stop line (``{}``: test / validation)
+CAUSES = dict(
+    weights="the model's weights hold nan / inf: 1 parameter tensor(s) "
+    '(weight); {} stopped, its metrics would be meaningless. The checkpoint '
+    'is broken: test an earlier one.',
+    inputs='the inputs from the data pipeline hold nan / inf; {} stopped, '
+    'its metrics would be meaningless. Check the data pipeline and the image '
+    'files.',
+    std='model.data_preprocessor.std [0.0] has a 0 (a division by zero); {} '
+    'stopped, its metrics would be meaningless. Give the std of the data the '
+    'model was trained with.',
+    overflow='the inputs, the weights and the preprocessing are finite: the '
+    'computation overflowed; {} stopped, its metrics would be meaningless. '
+    'Evaluate in float32 (without --amp / fp16).')
+
+
+@pytest.mark.parametrize(
+    'cause,std,mode',
+    [('weights', None, 'test'), ('inputs', [1.], 'test'),
+     ('std', torch.zeros(1), 'val'), ('overflow', torch.ones(1), 'test'),
+     ('overflow', [0.], 'test')],  # a std that is no tensor: not read
+    ids=['weights', 'inputs', 'std', 'overflow', 'list-std'])
+def test_nonfinite_outputs_stop_naming_the_cause(cause, std, mode):
+    """Issue 52, item 4: finite outputs pass; the first image, at most
+    three fields (sorted) and the cause are named, in the log too."""
+    model, logged = nn.Linear(2, 2), []
+    if std is not None:
+        model.data_preprocessor = SimpleNamespace(std=std)
     runner = SimpleNamespace(
         model=model, logger=SimpleNamespace(error=logged.append))
+    inputs = torch.full((2, 2), NAN if cause == 'inputs' else 1.)
+    check = getattr(NonFiniteLossHook(), f'after_{mode}_iter')
+    assert check(runner, 4, dict(inputs=inputs), [dict(s=ONE)]) is None
+    if cause == 'weights':
+        with torch.no_grad():
+            model.weight[0, 0] = NAN
     nan = torch.tensor([NAN])
-    outputs = [dict(d=nan, c=nan, b=nan, a=nan), dict(e=ONE)]
+    images = cause in ('weights', 'std')  # data samples with img_path
+    outputs = [
+        BaseDataElement(
+            pred_score=nan, gt_score=nan, metainfo=dict(img_path='img_4.png'))
+    ] if images else [dict(d=nan, c=nan, b=nan, a=nan),
+                      dict(e=ONE)]
     with pytest.raises(NonFiniteLossError) as e:
-        NonFiniteLossHook().after_test_iter(runner, 4, dict(inputs=ONE),
-                                            outputs)
+        check(runner, 4, dict(inputs=inputs), outputs)
+    fields = 'pred_score; first image img_4.png' if images else 'a, b, c'
+    what = 'validation' if mode == 'val' else 'test'
     assert logged == [str(e.value)] and str(e.value) == (
-        'NonFiniteLossHook: the test outputs of batch 5 hold nan / inf (a, '
-        'b, c): the inputs, the weights and the preprocessing are finite: the '
-        'computation overflowed; test stopped, its metrics would be '
-        'meaningless. Evaluate in float32 (without --amp / fp16).')
+        f'NonFiniteLossHook: the {what} outputs of batch 5 hold nan / inf '
+        f'({fields}): {CAUSES[cause].format(what)}')
 
 
 def test_outputs_of_another_rank_stop_this_one(monkeypatch):
