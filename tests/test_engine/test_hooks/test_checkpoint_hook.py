@@ -811,27 +811,6 @@ def test_sampler_seed_and_attn_norm_saved_where_found(tmp_path):
     assert checkpoint == dict(meta=dict(mmsoft_attn_norm=[False, True]))
 
 
-def test_rng_states_restored_after_mmengines_replay(tmp_path):
-    state = get_rng_state()
-    want = _draws()
-    meta = dict(mmsoft_rng=dict(world_size=1, states=[state]))
-    inner = iter([['b1'], ['b2']])
-    loop = _Loop(SimpleNamespace(), iter=1, dataloader_iterator=inner)
-    runner = _Runner(tmp_path, loop=loop, _resume=True)
-    _resume_with(runner, meta)
-    assert runner.logger.ours() == []
-    assert next(loop.dataloader_iterator) == ['b1']  # the replayed batch
-    assert runner.logger.ours() == [RESTORED]
-    assert _draws() == want and loop.dataloader_iterator is inner
-    for attrs in (dict(iter=0), {}):
-        loop = _Loop(
-            SimpleNamespace(), dataloader_iterator=iter([['b1']]), **attrs)
-        runner = _Runner(tmp_path, loop=loop, _resume=True)
-        _resume_with(runner, meta)
-        assert runner.logger.ours() == [RESTORED]
-        assert _draws() == want
-
-
 def _saving(work_dir, epoch=0, iter=0, rank=0, **kwargs):
     """A hook (``interval=1``, ``kwargs``) saving for a stand-in runner."""
     hook = SafeCheckpointHook(**dict(dict(interval=1), **kwargs))
