@@ -92,31 +92,25 @@ def _check_outputs(task, out_dir, img, name, classes, cfg_ckpt=None):
     with open(osp.join(out_dir, 'preds', name + '.json')) as f:
         pred = json.load(f)
     assert pred['img_path'] == osp.abspath(img) and pred['task'] == TASK[task]
-    vis = cv2.imread(osp.join(out_dir, pred['vis']))
-    assert vis is not None and vis.ndim == 3
     assert pred['vis'].startswith('vis' + os.sep + name + '.')
-    if task != 'cls':
-        assert vis.shape[:2] == (h, w)
+    vis = cv2.imread(osp.join(out_dir, pred['vis']))
+    assert vis.ndim == 3 and (task == 'cls' or vis.shape[:2] == (h, w))
+    if task == 'det':  # inference_detector's boxes, same order, best first
+        assert 0 < len(pred['scores']) <= 20  # score_thr 0: max_per_img
         assert pred['label_names'] == [classes[i] for i in pred['labels']]
-    if task == 'det':
-        n = len(pred['scores'])
-        assert 0 < n <= 20  # score_thr 0: every box up to max_per_img
-        assert len(pred['bboxes']) == len(pred['labels']) == n
-        assert all(len(b) == 4 for b in pred['bboxes'])
-        # inference_detector's boxes, same order, best first
         ref = _det_reference(cfg_ckpt, img)
         assert pred['scores'] == sorted(pred['scores'], reverse=True)
         assert pred['labels'] == ref.labels.tolist()
         np.testing.assert_allclose(pred['scores'], ref.scores, rtol=1e-4)
         np.testing.assert_allclose(pred['bboxes'], ref.bboxes, 1e-4, 1e-3)
     elif task == 'seg':
+        assert pred['label_names'] == [classes[i] for i in pred['labels']]
         label_map = cv2.imread(
             osp.join(out_dir, pred['sem_seg']), cv2.IMREAD_UNCHANGED)
         assert label_map.shape == (h, w) == (pred['height'], pred['width'])
         assert sorted(np.unique(label_map).tolist()) == pred['labels']
         assert abs(sum(pred['pixel_fractions']) - 1) < 1e-6
     else:
-        assert 0 <= pred['pred_label'] < len(classes)
         assert pred['pred_class'] == classes[pred['pred_label']]
         assert len(pred['pred_scores']) == len(classes)
         assert abs(sum(pred['pred_scores']) - 1) < 1e-4
@@ -125,26 +119,22 @@ def _check_outputs(task, out_dir, img, name, classes, cfg_ckpt=None):
 
 @pytest.mark.parametrize('task', ['det', 'seg', 'cls'])
 def test_image_demo_image_and_folder(task, models, images, tmp_path, capsys):
-    """An image, then a folder (recursive; other files skipped); no
-    temporary files left."""
+    """A folder (recursive; other files skipped; a single image:
+    test_image_demo_command_line); no temporary files left."""
     cfg, ckpt, classes = models[task]
-    out, out2 = str(tmp_path / 'out'), str(tmp_path / 'out2')
-    common = [cfg, ckpt, '--device', 'cpu', '--out-dir']
-    assert _main([images['single'], *common, out, '--score-thr', '0.01']) == 0
-    _check_outputs(task, out, images['single'], 'one', classes, (cfg, ckpt))
-    assert 'one.jpg -> ' in capsys.readouterr().out
-    assert _main([images['folder'], *common, out2]) == 0
+    out = str(tmp_path / 'out')
+    assert _main([
+        images['folder'], cfg, ckpt, '--device', 'cpu', '--out-dir', out,
+        '--score-thr', '0.01'
+    ]) == 0
+    assert 'a.jpg -> ' in capsys.readouterr().out
     for rel, name in (('a.jpg', 'a'), ('sub/b.png', osp.join('sub', 'b'))):
-        _check_outputs(task, out2, osp.join(images['folder'], rel), name,
+        _check_outputs(task, out, osp.join(images['folder'], rel), name,
                        classes, (cfg, ckpt))
-    assert sum(f.endswith('.json')
-               for _, _, fs in os.walk(osp.join(out2, 'preds'))
-               for f in fs) == 2  # yapf: disable
-    left = [
-        f for d in (out, out2) for _, dirs, fs in os.walk(d) for f in fs + dirs
-        if f.startswith('.') or 'tmp' in f
-    ]
-    assert not left, left
+    found = [osp.relpath(osp.join(d, f), out) for d, dirs, fs in os.walk(out)
+             for f in fs + dirs]  # yapf: disable
+    assert sum(f.endswith('.json') for f in found) == 2
+    assert not [f for f in found if '.' in f.split(os.sep)[0] or 'tmp' in f]
 
 
 def test_image_demo_command_line(models, images, tmp_path, script_server):
@@ -212,11 +202,12 @@ def test_readme_python_api_in_one_process(models, images, tmp_path,
                 assert ns['feats'][-1].shape == (1, DIMS[3])
 
 
-@pytest.mark.parametrize('out', ['out', '.'])
-def test_out_dir_inside_input_is_not_input(models, tmp_path, capsys,
-                                           monkeypatch, out):
-    """A second run does not take its outputs as inputs; x.jpg and x.png
-    are two results; images with bytes after their end marker are read."""
+def test_out_dir_inside_input_and_unreadable_images(models, tmp_path, capsys,
+                                                    monkeypatch):
+    """A second run does not take its outputs as inputs (``--out-dir`` in
+    INPUT, or INPUT itself); x.jpg and x.png are two results; bytes after
+    an image's end marker are read; each bad image reported, the others
+    processed, exit 1 at the end."""
     cfg, ckpt, classes = models['cls']
     names = ('x.jpg', 'x.png', 'y.jpg', 'sub/c.jpg')
     for seed, name in enumerate(names):
@@ -224,45 +215,36 @@ def test_out_dir_inside_input_is_not_input(models, tmp_path, capsys,
         if name.startswith('x'):  # a camera's trailer
             with open(path, 'ab') as f:
                 f.write(b'\0' * 70000 + b'TRAILER')
-            assert cv2.imdecode(np.fromfile(path, np.uint8), 1) is not None
+    whole = open(tmp_path / 'in' / 'y.jpg', 'rb').read()
+    b, d = tmp_path / 'in' / 'b.jpg', tmp_path / 'in' / 'd.png'
+    b.write_bytes(whole[:len(whole) // 2])  # truncated
+    d.write_bytes(b'')
     monkeypatch.chdir(tmp_path / 'in')
     for _ in range(2):
-        assert _main(['.', cfg, ckpt, '--out-dir', out]) == 0
+        assert _main(['.', cfg, ckpt, '--out-dir', 'out']) == 1
         std = capsys.readouterr()
         assert 'classification: 4 image(s)' in std.out
-        assert 'skipped' not in std.err
-    found = {
-        sub:
-        sorted(
-            osp.splitext(osp.relpath(osp.join(d, f), osp.join(out, sub)))[0]
-            for d, _, files in os.walk(osp.join(out, sub)) for f in files)
-        for sub in ('preds', 'vis')
-    }
+        err = std.err.strip().splitlines()
+        assert err[0].startswith(
+            'image_demo.py: skipped ./b.jpg: truncated JPEG'), err
+        assert err[1:] == [
+            'image_demo.py: skipped ./d.png: the file is empty (0 bytes)',
+            'image_demo.py: error: 2 of 6 image(s) could not be read and '
+            'were skipped: ./b.jpg, ./d.png'
+        ]
     stems = ['sub/c', 'x.jpg', 'x.png', 'y']
-    assert found == dict(preds=stems, vis=stems)
+    for sub in ('preds', 'vis'):
+        assert sorted(
+            osp.splitext(osp.relpath(osp.join(dp, f), osp.join('out', sub)))[0]
+            for dp, _, files in os.walk(osp.join('out', sub))
+            for f in files) == stems  # yapf: disable
     for name in names[:2]:
-        _check_outputs('cls', out, str(tmp_path / 'in' / name), name, classes)
-
-
-def test_unreadable_images_in_folder_are_skipped(models, tmp_path, capsys):
-    """Each bad image reported, the others processed, exit 1 at the end."""
-    cfg, ckpt, _ = models['cls']
-    folder = tmp_path / 'in'
-    whole = open(_image(folder / 'a.jpg', seed=1), 'rb').read()
-    _image(folder / 'c.jpg', seed=2)
-    (folder / 'b.jpg').write_bytes(whole[:len(whole) // 2])  # truncated
-    (folder / 'd.png').write_bytes(b'')
-    out = str(tmp_path / 'out')
-    assert _main([str(folder), cfg, ckpt, '--out-dir', out]) == 1
-    err = capsys.readouterr().err.strip().splitlines()
-    b, d = folder / 'b.jpg', folder / 'd.png'
-    assert err[0].startswith(f'image_demo.py: skipped {b}: truncated JPEG')
-    assert err[1:] == [
-        f'image_demo.py: skipped {d}: the file is empty (0 bytes)',
-        'image_demo.py: error: 2 of 4 image(s) could not be read and were '
-        f'skipped: {b}, {d}'
-    ]
-    assert sorted(os.listdir(osp.join(out, 'preds'))) == ['a.json', 'c.json']
+        _check_outputs('cls', 'out', str(tmp_path / 'in' / name), name,
+                       classes)
+    # INPUT is --out-dir: its vis / preds are not inputs, its images are
+    os.link('y.jpg', 'out/z.jpg')
+    listed = runpy.run_path(DEMO)['list_images']('out', 'out')
+    assert listed == [('out/z.jpg', 'z')]
 
 
 def test_checkpoint_of_another_model_is_refused(models, images, tmp_path,
