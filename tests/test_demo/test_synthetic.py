@@ -59,24 +59,19 @@ def test_deterministic_and_cached(demo_root, tmp_path):
 
 def test_scenes_are_not_trivial():
     """Several textured objects of every class, >= 16 visible pixels each,
-    disjoint visible masks, clutter outside them."""
+    disjoint visible masks, clutter outside them; every shape renders."""
     n_obj, classes = [], set()
     for i in range(20):
         img, objs, clutter = S.render_scene(
             np.random.default_rng([7, i]), 160, colour_cue=0.9)
         assert img.shape == (160, 160, 3) and img.dtype == np.uint8
-        assert img.std() > 20
+        assert img.std() > 20 and all(o['mask'].sum() >= 16 for o in objs)
         n_obj.append(len(objs))
         classes |= {o['label'] for o in objs}
-        assert all(o['mask'].sum() >= 16 for o in objs)
         total = sum(o['mask'].astype(int) for o in objs)
-        assert np.max(total) <= 1, 'visible masks must be disjoint'
-        assert not (clutter & (total > 0)).any()
+        assert np.max(total) <= 1 and not (clutter & (total > 0)).any()
     assert min(n_obj) >= 1 and max(n_obj) >= 4 and np.mean(n_obj) >= 2.5
     assert classes == set(range(len(S.DET_CLASSES)))
-
-
-def test_every_shape_renders():
     rng = np.random.default_rng(0)
     for kind in S.CLS_CLASSES:
         poly = S.shape_polygon(kind, 32, 32, 20, 0.3, rng)
@@ -107,38 +102,37 @@ def test_coco_annotations(demo_root):
         api = COCO(path)
         for a in coco['annotations']:
             x, y, w, h = a['bbox']
-            assert w > 0 and h > 0 and x >= 0 and y >= 0
-            assert x + w <= 160 and y + h <= 160
+            assert 0 <= x < x + w <= 160 and 0 <= y < y + h <= 160
             assert a['iscrowd'] == 0 and a['category_id'] in (1, 2, 3)
-            assert a['area'] > 0
             assert all(
                 len(p) >= 6 and len(p) % 2 == 0 for p in a['segmentation'])
             m = api.annToMask(a)
             # polygons run through pixel centres: slightly smaller masks
-            assert 0.6 * a['area'] <= m.sum() <= 1.05 * a['area']
-            bx, by, bw, bh = mask_utils.toBbox(
-                mask_utils.encode(np.asfortranarray(m)))
-            assert abs(bx - x) <= 1.5 and abs(by - y) <= 1.5
-            assert abs(bw - w) <= 2 and abs(bh - h) <= 2
+            assert 0 < 0.6 * a['area'] <= m.sum() <= 1.05 * a['area']
+            box = mask_utils.toBbox(mask_utils.encode(np.asfortranarray(m)))
+            np.testing.assert_allclose(box, a['bbox'], atol=2)
+            np.testing.assert_allclose(box[:2], a['bbox'][:2], atol=1.5)
 
 
-def test_ade20k_labels_and_mmseg_dataset(demo_root):
+def test_codebase_datasets(demo_root):
     """ADE20K label values (wall mostly) through mmseg's ``ADE20KDataset``
-    (reduce_zero_label + label map to the 4 classes)."""
+    (reduce_zero_label + label map to the 4 classes); mmpretrain's
+    ``ImageNet`` (annotation files) and ``CustomDataset`` (the class
+    folders alone)."""
     allowed = {0} | set(S.SEG_ADE_INDEX.values())
     for folder, n in (('training', 6), ('validation', 3)):
         ann_dir = osp.join(demo_root, 'ade', 'annotations', folder)
-        names = sorted(os.listdir(ann_dir))
-        assert len(names) == n
-        for name in names:
+        assert len(os.listdir(ann_dir)) == n
+        for name in os.listdir(ann_dir):
             lab = cv2.imread(osp.join(ann_dir, name), cv2.IMREAD_UNCHANGED)
             assert lab.dtype == np.uint8 and lab.shape == (160, 160)
             assert set(np.unique(lab).tolist()) <= allowed
             assert (lab == S.SEG_ADE_INDEX['wall']).mean() > 0.3
             assert osp.isfile(
-                osp.join(demo_root, 'ade', 'images', folder,
-                         name[:-4] + '.jpg'))
-    pytest.importorskip('mmseg')
+                f'{demo_root}/ade/images/{folder}/{name[:-4]}.jpg')
+    for cb in ('mmseg', 'mmpretrain'):
+        pytest.importorskip(cb)
+    from mmpretrain.datasets import CustomDataset, ImageNet
     from mmseg.datasets import ADE20KDataset
     from mmseg.utils import register_all_modules
     register_all_modules()
@@ -163,31 +157,18 @@ def test_ade20k_labels_and_mmseg_dataset(demo_root):
         assert (seg[raw == 0] == 255).all()  # "other" is ignored
         seen |= set(np.unique(seg).tolist())
     assert seen <= {0, 1, 2, 3, 255} and len(seen - {255}) >= 3
-
-
-def test_mmpretrain_datasets(demo_root):
-    """``ImageNet`` (annotation files) and ``CustomDataset`` (the class
-    folders alone)."""
-    pytest.importorskip('mmpretrain')
-    from mmpretrain.datasets import CustomDataset, ImageNet
-    root = osp.join(demo_root, 'imagenet')
-    for split, n in (('train', 10), ('val', 5)):
-        ds = ImageNet(
-            data_root=root, split=split, metainfo=dict(classes=S.CLS_CLASSES))
-        assert len(ds) == n and ds.CLASSES == S.CLS_CLASSES
+    root, meta = osp.join(demo_root, 'imagenet'), dict(classes=S.CLS_CLASSES)
+    for ds, n in ((ImageNet(root, split='train', metainfo=meta),
+                   10), (ImageNet(root, split='val', metainfo=meta), 5),
+                  (CustomDataset(root, data_prefix='val',
+                                 with_label=True), 5)):
+        assert len(ds) == n and sorted(ds.CLASSES) == sorted(S.CLS_CLASSES)
         infos = [ds.get_data_info(i) for i in range(n)]
+        assert {i['gt_label'] for i in infos} == set(range(len(ds.CLASSES)))
         for info in infos:
-            cls = osp.basename(osp.dirname(info['img_path']))
-            assert S.CLS_CLASSES[info['gt_label']] == cls
-            assert osp.isfile(info['img_path'])
-        assert {i['gt_label'] for i in infos} == set(range(len(S.CLS_CLASSES)))
-    ds = CustomDataset(data_root=root, data_prefix='val', with_label=True)
-    assert len(ds) == 5 and sorted(ds.CLASSES) == sorted(S.CLS_CLASSES)
-    for i in range(len(ds)):
-        info = ds.get_data_info(i)
-        assert ds.CLASSES[info['gt_label']] == \
-            osp.basename(osp.dirname(info['img_path']))
-    assert cv2.imread(info['img_path']).shape == (64, 64, 3)
+            assert ds.CLASSES[info['gt_label']] == \
+                osp.basename(osp.dirname(info['img_path']))
+            assert cv2.imread(info['img_path']).shape == (64, 64, 3)
 
 
 def _tool(*argv):
@@ -202,18 +183,15 @@ def test_tool_cli(tmp_path, capsys):
     """tools/misc/make_demo_data.py writes the chosen data sets; the
     generator needs only numpy and OpenCV (its imports)."""
     import ast
-    tree = ast.parse(open(S.__file__).read())
-    imported = {
-        a.name.split('.')[0]
-        for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names
-    } | {
-        n.module.split('.')[0]
-        for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)
-    }
-    assert imported <= {
-        'itertools', 'json', 'os', 'shutil', 'time', 'multiprocessing', 'cv2',
-        'numpy'
-    }, imported
+    imported = {(n.module if isinstance(n, ast.ImportFrom) else a.name)
+                for n in ast.walk(ast.parse(open(S.__file__).read()))
+                if isinstance(n, (ast.Import, ast.ImportFrom))
+                for a in n.names}  # yapf: disable
+    assert {m.split('.')[0]
+            for m in imported} <= {
+                'itertools', 'json', 'os', 'shutil', 'time', 'multiprocessing',
+                'cv2', 'numpy'
+            }, imported
     out = tmp_path / 'cli'
     rc = _tool('--out', str(out), '--tasks', 'det', 'cls', '--num-train', '5',
                '--num-val', '2', '--workers', '1')
