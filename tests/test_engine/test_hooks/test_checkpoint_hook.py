@@ -255,24 +255,13 @@ def test_resume_skips_damaged_newest_seeing_the_allow_list_inside(
     assert 'load_checkpoint' not in vars(runner)  # after_run: unwrapped
 
 
-def test_resume_without_any_complete_checkpoint(tmp_path):
-    work = tmp_path / 'work'
-    work.mkdir()
-    (work / 'iter_2.pth').write_bytes(b'PK\x03\x04 truncated')
-    (work / 'last_checkpoint').write_text(str(work / 'iter_2.pth'))
-    with pytest.raises(cio.CheckpointError) as e:
-        _runner(work, 'resumed', resume=True).train()
-    assert str(e.value) == (
-        f"resume: no complete checkpoint in {work}; damaged: "
-        f"['{work / 'iter_2.pth'}']. Remove them to train from scratch.")
-
-
 def _files(d):
     return sorted(f for f in os.listdir(d) if f.endswith('.pth'))
 
 
 def _mtimes(d, names=None):
-    return {f: os.stat(d / f).st_mtime_ns for f in names or _files(d)}
+    names = _files(d) if names is None else names
+    return {f: os.stat(d / f).st_mtime_ns for f in names}
 
 
 def test_copied_work_dir_resumes_its_own_run(tmp_path):
@@ -289,21 +278,6 @@ def test_copied_work_dir_resumes_its_own_run(tmp_path):
     assert _files(copy) == ['iter_10.pth', 'iter_6.pth', 'iter_8.pth']
     assert open(copy / 'last_checkpoint').read() == str(copy / 'iter_10.pth')
     assert f'names {orig / "iter_4.pth"}, outside' in _log(runner)
-
-
-def test_shared_out_dir_of_two_runs_is_refused(tmp_path):
-    """Issue 36 (2): a second run in one ``out_dir`` stops (the line:
-    test_checkpoint_dir_belongs_to_the_first_work_dir)."""
-    out = tmp_path / 'out'
-    a, b = tmp_path / 'a' / 'run', tmp_path / 'b' / 'run'
-    _runner(a, 'a', max_keep_ckpts=2, out_dir=str(out)).train()
-    assert _files(out / 'run') == ['iter_10.pth', 'iter_8.pth']
-    runner = _runner(b, 'b', max_keep_ckpts=2, out_dir=str(out), resume=True)
-    with pytest.raises(cio.CheckpointError) as e:  # DirInUse
-        runner.train()
-    assert runner.iter == 0 and str(e.value) == ch.checkpoint_dir_refusal(
-        str(out / 'run'), str(b)) and str(a) in str(e.value)
-    assert _files(out / 'run') == ['iter_10.pth', 'iter_8.pth']
 
 
 def test_one_fixed_checkpoint_name_is_replaced_not_removed(tmp_path):
@@ -428,31 +402,6 @@ def test_rng_states_round_trip_weights_only(tmp_path, monkeypatch):
         monkeypatch.setattr(cuda, 'is_available', lambda: available)
         monkeypatch.setattr(cuda, 'is_initialized', lambda: initialised)
         assert 'cuda' not in get_rng_state()
-
-
-def test_full_disk_names_the_file_and_what_was_kept(tmp_path, monkeypatch):
-    """Issue 27, item 8: ENOSPC names the file and the kept checkpoint."""
-    runner, real_save, calls = _runner(tmp_path, 'enospc'), torch.save, []
-
-    def save(obj, f, *args, **kwargs):
-        calls.append(1)
-        if len(calls) == 2:  # the second checkpoint: the disk is full
-            f.write(b'x' * 100)
-            raise OSError(28, 'No space left on device')
-        return real_save(obj, f, *args, **kwargs)
-
-    monkeypatch.setattr(torch, 'save', save)
-    with pytest.raises(cio.CheckpointWriteError) as e:
-        runner.train()
-    work = str(tmp_path)
-    assert str(e.value) == (
-        f'cannot write checkpoint {osp.join(work, "iter_4.pth")}: No space '
-        f'left on device (errno 28); nothing was written, the previous '
-        f'checkpoint {osp.join(work, "iter_2.pth")} was kept '
-        f'(last_checkpoint still names it). Free space in {work} and '
-        f'continue with tools/train.py ... --resume')
-    assert e.value.errno == 28 and _files(tmp_path) == ['iter_2.pth']
-    assert not [f for f in os.listdir(work) if 'mmsoft-tmp' in f]
 
 
 @pytest.mark.parametrize(
@@ -594,7 +543,7 @@ def test_other_ranks_follow_rank_0(tmp_path, monkeypatch):
 
 def test_runner_without_private_attributes(tmp_path):
     """A runner without ``_resume`` / ``_load_from`` / ``_has_loaded``; the
-    file to load checked before mmengine reads it."""
+    file to load checked before mmengine reads it (a missing one: FAULTS)."""
     work = tmp_path / 'run'
     work.mkdir()
     runner = _Runner(
@@ -604,15 +553,8 @@ def test_runner_without_private_attributes(tmp_path):
     runner = _Runner(work, loop=_Loop(), drop=('_load_from', ), _resume=True)
     SafeCheckpointHook().before_run(runner)  # resume=True: the search
     assert runner.logger.ours() == [SCRATCH.format(work)]
-    gone = work / 'gone.pth'  # a named file that is not there (not a URL)
-    runner = _Runner(work, _resume=True, _load_from=str(gone))
-    with pytest.raises(FileNotFoundError) as e:
-        SafeCheckpointHook().before_run(runner)
-    assert str(e.value) == (f'--resume {gone}: no such file (omit the path '
-                            'to resume from the newest checkpoint of the '
-                            'work dir)')
-    runner._load_from = 'https://host/gone.pth'  # mmengine downloads it
-    SafeCheckpointHook().before_run(runner)
+    runner = _Runner(work, _resume=True, _load_from='https://host/gone.pth')
+    SafeCheckpointHook().before_run(runner)  # mmengine downloads it
     bad = work / 'bad.pth'
     bad.write_bytes(b'PK\x03\x04 truncated')
     runner = _Runner(
@@ -907,43 +849,121 @@ def test_validation_without_training(tmp_path):
     assert os.listdir(tmp_path) == []
 
 
-@pytest.mark.parametrize(
-    'by_epoch,limit,option,value,refused',
-    [
-        (False, 4, None, None, True),  # past the schedule's end
-        (False, 10, None, None, False),
-        (True, 2, None, None, True),
-        (True, 4, 'lr', 0.01, True),  # new optimizer settings
-        (True, 4, 'lr', 0.1, False),  # the checkpoint's: continues
-    ])
-def test_resume_past_the_schedule_or_with_new_settings_is_refused(
-        tmp_path, run_copy, by_epoch, limit, option, value, refused):
-    """Issue 52, items 4, 6 (the finished run: SGD lr 0.1, no decay)."""
-    work = run_copy(tmp_path / 'work', None, by_epoch)
-    key = 'max_epochs' if by_epoch else 'max_iters'
-    resumed = _runner(work, 'again', by_epoch, resume=True)
-    resumed.register_hook(dict(type='StrictLoadHook'))
-    resumed._train_loop[key] = limit
-    if option:
-        resumed.optim_wrapper['optimizer'][option] = value
-    if not refused:
-        resumed.train()
-        assert (resumed.iter, resumed.epoch)[by_epoch] == limit
-        return
-    with pytest.raises(CheckpointMismatchError) as e:
-        resumed.train()
-    unit = 'epoch 3' if by_epoch else 'iter 10'
-    assert str(e.value) == (
-        f'--resume {work}/epoch_3.pth: the config\'s optim_wrapper.optimizer.'
-        f'lr is 0.01, the checkpoint was trained with 0.1: a resume restores '
-        f'the saved optimizer and schedule, so the run would continue at 0.1.'
-        f' To train these weights with lr 0.01 in a new schedule, pass '
-        f'--cfg-options load_from={work}/epoch_3.pth instead of --resume; to '
-        f'continue the run, drop the new lr' if option else
-        f'--resume {work}/{unit.replace(" ", "_")}.pth: the checkpoint is at '
-        f'{unit}, past the schedule\'s end (train_cfg.{key}={limit}): '
-        f'nothing would train. Raise it (--cfg-options train_cfg.{key}=...) '
-        f'or resume an earlier checkpoint')
+def _damaged(tmp_path, run_copy, monkeypatch):
+    work = tmp_path / 'work'
+    work.mkdir()
+    (work / 'iter_2.pth').write_bytes(b'PK\x03\x04 truncated')
+    (work / 'last_checkpoint').write_text(str(work / 'iter_2.pth'))
+    return _runner(
+        work, 'resumed', resume=True), work, (
+            f"resume: no complete checkpoint in {work}; damaged: "
+            f"['{work / 'iter_2.pth'}']. Remove them to train from scratch.")
+
+
+def _shared_out_dir(tmp_path, run_copy, monkeypatch):
+    """Issue 36 (2): a second run in one ``out_dir``."""
+    out, a, b = tmp_path / 'out', tmp_path / 'a' / 'run', tmp_path / 'b/run'
+    _runner(a, 'a', max_keep_ckpts=2, out_dir=str(out)).train()
+    runner = _runner(b, 'b', max_keep_ckpts=2, out_dir=str(out), resume=True)
+    return runner, out / 'run', ch.checkpoint_dir_refusal(  # its line: below
+        str(out / 'run'), str(b))
+
+
+def _full_disk(tmp_path, run_copy, monkeypatch):
+    """Issue 27, item 8: ENOSPC names the file and the kept checkpoint."""
+    real_save, calls, work = torch.save, [], str(tmp_path)
+
+    def save(obj, f, *args, **kwargs):
+        calls.append(1)
+        if len(calls) == 2:  # the second checkpoint: the disk is full
+            f.write(b'x' * 100)
+            raise OSError(28, 'No space left on device')
+        return real_save(obj, f, *args, **kwargs)
+
+    monkeypatch.setattr(torch, 'save', save)
+    return _runner(tmp_path, 'enospc'), tmp_path, (
+        f'cannot write checkpoint {osp.join(work, "iter_4.pth")}: No space '
+        f'left on device (errno 28); nothing was written, the previous '
+        f'checkpoint {osp.join(work, "iter_2.pth")} was kept '
+        f'(last_checkpoint still names it). Free space in {work} and '
+        f'continue with tools/train.py ... --resume')
+
+
+def _resumed(by_epoch, limit, lr=0.1):
+    """A finished run (SGD lr 0.1, no decay) resumed with ``max_*`` =
+    ``limit`` and ``lr`` (issue 52, items 4, 6)."""
+
+    def prepare(tmp_path, run_copy, monkeypatch):
+        work = run_copy(tmp_path / 'work', None, by_epoch)
+        runner = _runner(work, 'again', by_epoch, resume=True)
+        runner.register_hook(dict(type='StrictLoadHook'))
+        unit, key = ('epoch', 'max_epochs') if by_epoch else ('iter',
+                                                              'max_iters')
+        runner._train_loop[key] = limit
+        runner.optim_wrapper['optimizer']['lr'] = lr
+        done = 3 if by_epoch else 10
+        source = f'--resume {work}/{unit}_{done}.pth: '
+        return runner, work, source + (
+            f'the checkpoint is at {unit} {done}, past the schedule\'s end '
+            f'(train_cfg.{key}={limit}): nothing would train. Raise it '
+            f'(--cfg-options train_cfg.{key}=...) or resume an earlier '
+            f'checkpoint' if lr == 0.1 else
+            f'the config\'s optim_wrapper.optimizer.lr is {lr:g}, the '
+            f'checkpoint was trained with 0.1: a resume restores the saved '
+            f'optimizer and schedule, so the run would continue at 0.1. To '
+            f'train these weights with lr {lr:g} in a new schedule, pass '
+            f'--cfg-options load_from={work}/{unit}_{done}.pth instead of '
+            f'--resume; to continue the run, drop the new lr')
+
+    return prepare
+
+
+def _missing_file(tmp_path, run_copy, monkeypatch):
+    gone = tmp_path / 'gone.pth'  # a named file that is not there
+    return _runner(
+        tmp_path / 'work', 'gone', resume=True, load_from=str(gone)), \
+        tmp_path / 'work', (f'--resume {gone}: no such file (omit the path '
+                            'to resume from the newest checkpoint of the '
+                            'work dir)')
+
+
+#: a fault -> (what prepares it, the error)
+FAULTS = {
+    'damaged': (_damaged, cio.CheckpointError),
+    'shared-out-dir': (_shared_out_dir, ch.CheckpointDirInUse),
+    'full-disk': (_full_disk, cio.CheckpointWriteError),
+    'past-the-end-iter': (_resumed(False, 4), CheckpointMismatchError),
+    'past-the-end-epoch': (_resumed(True, 2), CheckpointMismatchError),
+    'new-lr': (_resumed(True, 4, lr=0.01), CheckpointMismatchError),
+    'missing-file': (_missing_file, FileNotFoundError),
+}
+
+
+@pytest.mark.parametrize('fault', list(FAULTS))
+def test_fault_stops_in_one_line_keeping_the_checkpoints(
+        tmp_path, run_copy, monkeypatch, fault):
+    """The Runner stops with the fault's line; the checkpoints there before
+    are unchanged and no temporary is left."""
+    prepare, error = FAULTS[fault]
+    runner, ckpt_dir, message = prepare(tmp_path, run_copy, monkeypatch)
+    before = _mtimes(ckpt_dir) if ckpt_dir.is_dir() else {}
+    with pytest.raises(error) as e:
+        runner.train()
+    assert type(e.value) is error and str(e.value) == message
+    assert error is not cio.CheckpointWriteError or e.value.errno == 28
+    assert _mtimes(ckpt_dir, before) == before
+    assert _files(ckpt_dir) == (['iter_2.pth']
+                                if fault == 'full-disk' else sorted(before))
+    assert not [f for f in os.listdir(ckpt_dir) if cio.TMP_SUFFIX in f]
+
+
+@pytest.mark.parametrize('by_epoch,limit', [(False, 10), (True, 4)])
+def test_resume_to_the_schedules_end_or_beyond_continues(
+        tmp_path, run_copy, by_epoch, limit):
+    """At the end (nothing to train) or past it, with the same lr."""
+    resumed, _, _ = _resumed(by_epoch, limit)(tmp_path, run_copy, None)
+    resumed.train()
+    assert (resumed.iter, resumed.epoch)[by_epoch] == limit
 
 
 @pytest.mark.parametrize(
