@@ -7,7 +7,6 @@ import math
 import os.path as osp
 import shutil
 import subprocess
-import sys
 
 import pytest
 from conftest import ROOT, load_module
@@ -30,23 +29,26 @@ def test_every_source_is_on_a_page_and_pages_equal_their_sources():
         with open(osp.join(ROOT, rel)) as f:
             names.update(GEN.blocks(f.read()))
     assert names == set(GEN.SOURCES)
-    assert GEN.stale_pages() == [], \
-        'run python docs/gen_tables.py (or make docs)'
+    assert GEN.main(['--check']) == 0, 'run python docs/gen_tables.py'
 
 
-def test_a_changed_source_number_is_caught(bench, monkeypatch):
-    """Every cell is compared, not just the table's shape."""
+def test_a_changed_source_number_is_caught(bench, monkeypatch, capsys):
+    """Every cell is compared, not just the table's shape; ``--check``
+    names each stale page, exit 1."""
     for name, old, new, stale in (
-        ('benchmark_backbones.csv', '419.8', '418.8',
-         ['docs/en/benchmarks.md']),
-        (
-            'benchmark_attention.csv',
-            '147.1',
-            '157.1',  # README's table too
-            ['README.md', 'docs/en/benchmarks.md'])):
+        ('benchmark_backbones.csv', '419.8', '418.8', ['benchmarks.md']),
+        ('benchmark_attention.csv', '147.1', '157.1',  # README's too
+         ['README.md', 'benchmarks.md'])):  # yapf: disable
         csv = bench / name
         csv.write_text(csv.read_text().replace(old, new, 1))
+        stale = [p if p == 'README.md' else 'docs/en/' + p for p in stale]
         assert GEN.stale_pages() == stale
+    capsys.readouterr()
+    assert GEN.main(['--check']) == 1
+    assert capsys.readouterr().out.splitlines() == [
+        f'{p}: generated tables differ from their sources; run python '
+        'docs/gen_tables.py' for p in stale
+    ]
     monkeypatch.setattr(GEN, '_metrics', lambda m: {'box AP (paper)': 0.0})
     assert {'docs/en/model_zoo.md', 'README.md'} <= set(GEN.stale_pages())
 
@@ -90,7 +92,9 @@ def test_make_docs_does_not_build_the_stack(tmp_path):
         (dict(torch='2.1.2'), [API]),
         (dict(sphinx=None, mmengine=None), [DOCS, API]),
     ])
-def test_docs_env_lists_what_is_missing(installed, missing, monkeypatch):
+def test_docs_env_lists_what_is_missing(installed, missing, monkeypatch,
+                                        capsys):
+    """``--docs-env``: the missing files on one line, exit 1; or nothing."""
     versions = {}
     for name in (DOCS, API):
         with open(osp.join(ROOT, name)) as f:
@@ -106,15 +110,5 @@ def test_docs_env_lists_what_is_missing(installed, missing, monkeypatch):
 
     monkeypatch.setattr(metadata, 'version', version)
     assert GEN.docs_env_missing() == missing
-
-
-def test_docs_env_command_prints_the_missing_files():
-    proc = subprocess.run([
-        sys.executable,
-        osp.join(ROOT, 'docs', 'gen_tables.py'), '--docs-env'
-    ],
-                          capture_output=True,
-                          text=True)
-    missing = GEN.docs_env_missing()
-    assert proc.returncode == (1 if missing else 0)
-    assert proc.stdout.split() == missing
+    assert GEN.main(['--docs-env']) == (1 if missing else 0)
+    assert capsys.readouterr().out == ' '.join(missing) + '\n'
