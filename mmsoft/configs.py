@@ -11,16 +11,15 @@ _PKG_DIR = osp.dirname(osp.abspath(__file__))
 def configs_root() -> str:
     """``<checkout>/configs`` or, installed, ``<package>/.mim/configs``."""
     repo = osp.dirname(_PKG_DIR)
-    candidates = [osp.join(_PKG_DIR, '.mim', 'configs')]
-    if osp.isfile(osp.join(repo, 'setup.py')):
-        candidates.insert(0, osp.join(repo, 'configs'))
-    found = next((c for c in candidates if osp.isdir(c)), None)
-    if found is None:
-        raise FileNotFoundError(
-            f'mmsoft configs/ not found (looked in {" and ".join(candidates)})'
-            '; reinstall mmsoft (pip install mmsoft / pip install -e '
-            '<checkout>) so that its configs are shipped')
-    return found
+    candidates = [osp.join(repo, 'configs')] * osp.isfile(
+        osp.join(repo, 'setup.py')) + [osp.join(_PKG_DIR, '.mim', 'configs')]
+    for found in candidates:
+        if osp.isdir(found):
+            return found
+    raise FileNotFoundError(
+        f'mmsoft configs/ not found (looked in {" and ".join(candidates)})'
+        '; reinstall mmsoft (pip install mmsoft / pip install -e '
+        '<checkout>) so that its configs are shipped')
 
 
 def list_configs(include_base: bool = False) -> List[str]:
@@ -36,18 +35,17 @@ def list_configs(include_base: bool = False) -> List[str]:
 def get_config_path(name: str) -> str:
     """A shipped config's path (``.py``, ``configs/``, sub-folder
     optional)."""
-    root = configs_root()
-    rel = name.replace('\\', '/')
+    root, rel = configs_root(), name.replace('\\', '/')
     rel = rel[len('configs/'):] if rel.startswith('configs/') else rel
     rel += '' if rel.endswith('.py') else '.py'
-    path = osp.join(root, *rel.split('/'))
-    if osp.isfile(path):
-        return path
-    known = list_configs(include_base=True)
-    by_base = [k for k in known if k.rsplit('/', 1)[-1] == rel]
-    if len(by_base) == 1:
-        return osp.join(root, *by_base[0].split('/'))
-    close = difflib.get_close_matches(rel, known, n=3, cutoff=0.5)
+    known = [rel] if osp.isfile(osp.join(root, rel)) else [
+        k for k in list_configs(include_base=True)
+        if k.rsplit('/', 1)[-1] == rel
+    ]
+    if len(known) == 1:
+        return osp.join(root, *known[0].split('/'))
+    close = difflib.get_close_matches(
+        rel, list_configs(include_base=True), n=3, cutoff=0.5)
     hint = (f'; did you mean {", ".join(close)}?'
             if close else '; list them with: mim run mmsoft configs list')
     raise FileNotFoundError(f'mmsoft has no config {name!r} in {root}{hint}')

@@ -1,6 +1,5 @@
-"""The SOFT backbone (NeurIPS 2021 Table 2, IJCV 2024 Table 2): three
-:class:`SOFTStage` (post-norm blocks, the ``attn_cfg`` mixer) and a
-:class:`ClsTokenStage` (pre-norm softmax blocks, a cls token)."""
+"""The SOFT backbone (NeurIPS 2021 / IJCV 2024 Table 2): three
+:class:`SOFTStage` and a :class:`ClsTokenStage`."""
 import copy
 import functools
 import math
@@ -39,23 +38,19 @@ def mmcv_bricks() -> types.SimpleNamespace:
 
 def check_norm_cfg(name: str, cfg: Optional[Dict]) -> None:
     """An unregistered norm ``type`` names the known norms."""
-    if cfg is None:
-        return
-    if not hasattr(cfg, 'get') or 'type' not in cfg:
+    if cfg is not None and (not hasattr(cfg, 'get') or 'type' not in cfg):
         raise TypeError(f'SOFT: {name} must be a dict with a "type" (e.g. '
                         f"dict(type='LN')), got {cfg!r}")
-    if not isinstance(cfg['type'], str):
+    if cfg is None or not isinstance(cfg['type'], str):
         return  # a class: mmcv checks it when building
     mmcv_bricks()  # registers mmcv's norms
     from mmengine.registry import MODELS
     with MODELS.switch_scope_and_registry(None) as registry:
         if registry.get(cfg['type']) is not None:
             return
-    bases = (nn.modules.batchnorm._NormBase, nn.GroupNorm, nn.LayerNorm,
-             nn.LocalResponseNorm)
-    known = sorted(key for key, cls in MODELS.module_dict.items()
-                   if isinstance(cls, type) and (issubclass(cls, bases) or (
-                       issubclass(cls, nn.Module) and 'Norm' in cls.__name__)))
+    known = sorted(k for k, c in MODELS.module_dict.items()
+                   if isinstance(c, type) and issubclass(c, nn.Module)
+                   and 'Norm' in c.__name__)
     raise KeyError(f'SOFT: {name} has type {cfg["type"]!r}, which is not a '
                    f'registered norm layer; known norms: {", ".join(known)}')
 
@@ -349,16 +344,12 @@ class SOFT(BaseModule):
             ``embed_dims``, ``num_heads``, ``depths`` (+ ``arch_defaults``).
         attn_cfg (dict): the mixer of stages 1-3 (``ATTENTIONS``).
         out_type (str): ``'featmap'`` or ``'cls_token'`` (stage 4).
-        pretrain_img_size (int): size of the position embeddings.
         drop_rate (float): after the position embeddings and in stage 4.
-        attn_drop_rate (float): stage 4's attention dropout.
-        drop_path_rate (float): rising linearly over the blocks, applied
-            by stages 1-3 as ``residual_drop`` (``'drop_path'`` /
-            ``'dropout'``).
-        norm_cfg (dict): block norms; None: LN (stage 4: LN eps 1e-6).
-        act_cfg (dict): FFN activations; None: tanh GELU (stage 4: GELU).
-        patch_norm_cfg (dict): the patch-embedding convs' norm; None: BN.
-        patch_act_cfg (dict): their activation; None: ReLU.
+        drop_path_rate (float): rising linearly over the blocks; stages 1-3
+            apply it as ``residual_drop`` (``'drop_path'`` / ``'dropout'``).
+        norm_cfg, act_cfg (dict): the blocks'; None: LN, tanh GELU (stage
+            4: LN eps 1e-6, GELU); ``patch_*``: the patch embeddings' (BN,
+            ReLU).
         frozen_stages (int): -1 none; 0 the stem (``stages.0.patch_embed``
             and ``stages.0.pos_embed``); k >= 1 stages 1..k.
         stage_cfgs (dict | list[dict]): merged over each stage's computed
@@ -401,8 +392,7 @@ class SOFT(BaseModule):
                                           ('attn_drop_rate', attn_drop_rate),
                                           ('drop_path_rate', drop_path_rate)))
         self.out_type = check_choice('out_type', out_type, self.OUT_TYPES)
-        check_int('SOFT: frozen_stages', frozen_stages, minimum=-1)
-        if frozen_stages > n:
+        if check_int('SOFT: frozen_stages', frozen_stages, minimum=-1) > n:
             raise ValueError(f'frozen_stages must be in [-1, {n}], got '
                              f'{frozen_stages}')
         self.frozen_stages, self.norm_eval = frozen_stages, norm_eval
@@ -437,10 +427,9 @@ class SOFT(BaseModule):
                              f'stage) or a list of {n} dicts (one per '
                              f'stage), got {stage_cfgs!r}')
         dpr = torch.linspace(0, drop_path_rate, sum(self.depths)).tolist()
-        self.stage_cfgs, self.stages = [], nn.ModuleList()
-        prev, cur = in_channels, 0
+        self.stage_cfgs, self.stages, prev = [], nn.ModuleList(), in_channels
         for i, kind in enumerate(self.stage_types):
-            depth = self.depths[i]
+            depth, cur = self.depths[i], sum(self.depths[:i])
             cfg = dict(
                 type=kind,
                 in_channels=prev,
@@ -456,21 +445,16 @@ class SOFT(BaseModule):
                 norm_cfg=norm_cfg,
                 act_cfg=act_cfg,
                 patch_norm_cfg=patch_norm_cfg,
-                patch_act_cfg=patch_act_cfg)
-            if kind == 'SOFTStage':
-                cfg.update(
+                patch_act_cfg=patch_act_cfg,
+                **(dict(
                     sampling_ratio=a['sampling_ratios'][i],
                     dw_kernel_size=a['dw_kernel_sizes'][i],
                     attn_cfg=attn_cfg,
-                    residual_drop=residual_drop)
-            else:
-                cfg.update(attn_drop_rate=attn_drop_rate)
+                    residual_drop=residual_drop) if kind == 'SOFTStage' else
+                   dict(attn_drop_rate=attn_drop_rate)))
             name = 'stage_cfgs' if shared else f'stage_cfgs[{i}]'
-            user = {
-                k: v
-                for k, v in (stage_cfgs if shared else stage_cfgs[i]).items()
-                if k in cfg or not shared
-            }
+            user = stage_cfgs if shared else stage_cfgs[i]
+            user = {k: v for k, v in user.items() if k in cfg or not shared}
             fixed = [k for k in user if k in ARCH_KEYS]
             if fixed:
                 raise ValueError(f'SOFT: {name} sets {fixed[0]!r}, which '
@@ -488,7 +472,7 @@ class SOFT(BaseModule):
             check_int(f'SOFT: {name}: pos_grid of stage {i + 1}',
                       cfg['pos_grid'])
             self.stage_cfgs.append(cfg)
-            prev, cur = cfg['embed_dims'], cur + depth
+            prev = cfg['embed_dims']
         unknown = sorted(set(stage_cfgs) - set().union(*self.stage_cfgs)) \
             if shared else []
         if unknown:
@@ -496,9 +480,8 @@ class SOFT(BaseModule):
                              f'no stage takes them')
         for cfg in self.stage_cfgs:
             cfg = dict(cfg)
-            stage = STAGE_TYPES[cfg.pop('type')](**cfg)
-            stage.with_cp = with_cp
-            self.stages.append(stage)
+            self.stages.append(STAGE_TYPES[cfg.pop('type')](**cfg))
+            self.stages[-1].with_cp = with_cp
         self._freeze_stages()
 
     def _parse_arch(self, arch) -> Dict:
@@ -527,16 +510,16 @@ class SOFT(BaseModule):
             if not isinstance(val, (list, tuple)) or len(val) != n:
                 raise ValueError(f'SOFT arch[{key!r}] must be a list of {n} '
                                  f'values (one per stage), got {val!r}')
-        for i, (c, h) in enumerate(zip(a['embed_dims'], a['num_heads'])):
-            if h <= 0 or c % h != 0:
-                raise ValueError(f'SOFT arch: num_heads[{i}]={h} does not '
-                                 f'divide embed_dims[{i}]={c}')
         if any(d < 1 for d in a['depths']):
             raise ValueError(f'SOFT arch: every depth must be >= 1, got '
                              f'{a["depths"]}')
-        for i, (k, r, e) in enumerate(
-                zip(a['dw_kernel_sizes'], a['sampling_ratios'],
-                    a['mlp_ratios'])):
+        for i, (c, h, k, r, e) in enumerate(
+                zip(*(a[key]
+                      for key in ('embed_dims', 'num_heads', 'dw_kernel_sizes',
+                                  'sampling_ratios', 'mlp_ratios')))):
+            if h <= 0 or c % h != 0:
+                raise ValueError(f'SOFT arch: num_heads[{i}]={h} does not '
+                                 f'divide embed_dims[{i}]={c}')
             if self.stage_types[i] != 'SOFTStage' and k is not None:
                 raise ValueError(f"SOFT arch['dw_kernel_sizes'][{i}] must "
                                  f'be None: stage {i + 1} is a '
@@ -606,19 +589,17 @@ class SOFT(BaseModule):
         if x.dim() != 4:
             raise ValueError(f'SOFT expects (B, C, H, W) images, got shape '
                              f'{tuple(x.shape)}')
-        if x.shape[0] == 0:  # ceil(H / 2) rows per stride-2 conv
-            H, W = x.shape[2:]
-            outs = []
-            for i, cfg in enumerate(self.stage_cfgs):
-                for _ in range(2 if cfg['stem'] else 1):
-                    H, W = (H + 1) // 2, (W + 1) // 2
-                if i in self.out_indices:
-                    C = self.embed_dims[i]
-                    cls = self.stages[i].num_extra_tokens and \
-                        self.out_type == 'cls_token'
-                    outs.append(x.new_zeros((0, C) if cls else (0, C, H, W)))
+        outs, hw = [], x.shape[2:]
+        for i, cfg in enumerate(self.stage_cfgs if not len(x) else ()):
+            for _ in range(1 + cfg['stem']):  # ceil(H / 2) per stride 2
+                hw = [(side + 1) // 2 for side in hw]
+            cls = self.stages[i].num_extra_tokens and \
+                self.out_type == 'cls_token'
+            if i in self.out_indices:  # an empty batch: empty outputs
+                outs.append(
+                    x.new_zeros(0, self.embed_dims[i], *[] if cls else hw))
+        if outs:
             return tuple(outs)
-        outs = []
         for i in range(self.out_indices[-1] + 1):  # later stages unneeded
             try:
                 x, cls = self.stages[i](x)
@@ -653,13 +634,10 @@ class SOFT(BaseModule):
         of the last forward: ``{'stage1': {'residual': ...}, ...}``."""
         out: Dict[str, Dict[str, float]] = {}
         for i, stage in enumerate(self.stages):
-            per_key: Dict[str, List[torch.Tensor]] = {}
+            top: Dict[str, torch.Tensor] = {}
             for m in stage.modules():
                 for k, v in (getattr(m, 'last_nr_stats', None) or {}).items():
-                    per_key.setdefault(k, []).append(v.amax())
-            if per_key:
-                out[f'stage{i + 1}'] = {
-                    k: float(torch.stack(v).amax())
-                    for k, v in per_key.items()
-                }
+                    top[k] = torch.maximum(top.get(k, v.amax()), v.amax())
+            if top:
+                out[f'stage{i + 1}'] = {k: float(v) for k, v in top.items()}
         return out

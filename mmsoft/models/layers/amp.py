@@ -1,8 +1,6 @@
-"""Precision of SOFT under autocast: the kernel, pseudo-inverse and attention
-products in float32 (float64 stays) with autocast off; CPU half-precision
-convolutions checked against float32 (torch 2.14.1's oneDNN bf16 conv is
-wrong with AMX for narrow convs such as the sampler's); torch-version shims,
-the export switch and the argument checks of the backbone and its layers."""
+"""SOFT under autocast (float32 products, CPU half convolutions checked
+against float32: oneDNN's AMX bf16 conv is wrong for narrow convs), torch
+shims, the export switch and the argument checks of the model."""
 import contextlib
 import numbers
 import warnings
@@ -27,17 +25,6 @@ def autocast_dtype(device_type):
         else None
 
 
-def unravel_index(indices, shape):
-    """``torch.unravel_index`` (torch >= 2.2) on every torch."""
-    if hasattr(torch, 'unravel_index'):
-        return tuple(torch.unravel_index(indices, tuple(shape)))
-    out = []
-    for size in reversed(tuple(shape)):
-        out.append(torch.remainder(indices, size))
-        indices = torch.div(indices, size, rounding_mode='floor')
-    return tuple(reversed(out))
-
-
 def autocast_off(device_type: str):
     """Autocast off on ``device_type`` (a no-op on 'meta', where it raises)."""
     if device_type == 'meta':
@@ -47,9 +34,8 @@ def autocast_off(device_type: str):
 
 def compute_dtype(*tensors: torch.Tensor) -> torch.dtype:
     """float64 if any of ``tensors`` is, else float32."""
-    if any(t.dtype == torch.float64 for t in tensors):
-        return torch.float64
-    return torch.float32
+    return torch.float64 if any(t.dtype == torch.float64
+                                for t in tensors) else torch.float32
 
 
 @contextlib.contextmanager
@@ -164,32 +150,32 @@ class CheckedConvs(TorchFunctionMode):
         return func(*args, **(kwargs or {}))
 
 
-def _is_int(value: Any) -> bool:
-    return isinstance(value, numbers.Integral) and not isinstance(value, bool)
+def _is(value: Any, kind) -> bool:
+    """``value`` is a ``kind`` (numbers.Integral / Real), not a bool."""
+    return isinstance(value, kind) and not isinstance(value, bool)
 
 
 def check_int(name, value, minimum=1, allow_none=False) -> Optional[int]:
     """An int >= ``minimum`` (or None with ``allow_none``), as an int."""
-    if value is None and allow_none:
-        return None
-    if not _is_int(value) or value < minimum:
-        what = f'an int >= {minimum}' + (' or None' if allow_none else '')
-        raise ValueError(f'{name} must be {what}, got {value!r} '
-                         f'({type(value).__name__})')
-    return int(value)
+    if (value is None and allow_none) or (_is(value, numbers.Integral)
+                                          and value >= minimum):
+        return value if value is None else int(value)
+    raise ValueError(f'{name} must be an int >= {minimum}'
+                     f'{" or None" if allow_none else ""}, got {value!r} '
+                     f'({type(value).__name__})')
 
 
 def check_rate(name: str, value: Any) -> float:
     """A dropout / drop-path probability in [0, 1)."""
-    if isinstance(value, bool) or not isinstance(value, numbers.Real) or \
-            not 0 <= value < 1:
-        raise ValueError(f'{name} must be a number in [0, 1), got {value!r}')
-    return float(value)
+    if _is(value, numbers.Real) and 0 <= value < 1:
+        return float(value)
+    raise ValueError(f'{name} must be a number in [0, 1), got {value!r}')
 
 
 def check_kernel_size(name: str, value: Any) -> int:
     """An odd positive int ('same' padding keeps the map), or 0 (no conv)."""
-    if _is_int(value) and (value % 2 == 1 or value == 0) and value >= 0:
+    if _is(value, numbers.Integral) and value >= 0 and (value % 2 == 1
+                                                        or value == 0):
         return int(value)
     raise ValueError(f'{name} must be an odd positive int (or 0 to disable '
                      f'the conv), got {value!r}: an even kernel changes the '

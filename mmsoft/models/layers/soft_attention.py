@@ -28,22 +28,20 @@ def query_index(index, hw: Tuple[int, int]) -> int:
     H, W = hw
     if isinstance(index, (tuple, list)):
         r, c = index
-        if not (0 <= r < H and 0 <= c < W):
-            raise IndexError(f'query {tuple(index)} outside the {H}x{W} map')
-        return int(r) * W + int(c)
-    i = int(index)
-    if not 0 <= i < H * W:
-        raise IndexError(f'query index {i} outside the {H}x{W} map')
-    return i
+        if 0 <= r < H and 0 <= c < W:
+            return int(r) * W + int(c)
+        raise IndexError(f'query {tuple(index)} outside the {H}x{W} map')
+    if 0 <= int(index) < H * W:
+        return int(index)
+    raise IndexError(f'query index {int(index)} outside the {H}x{W} map')
 
 
 class AttentionBase(nn.Module):
-    """Multi-head token mixer (C = ``embed_dims``, h = ``num_heads``) with
-    SOFT's per-head depthwise conv on V (odd ``dw_kernel_size``, 0: none)
-    and ``proj``; ``sampling_ratio`` r: the stage's bottleneck ratio.
-    Subclasses call ``_build_output_layers()`` and implement ``_mix(x, hw)
-    -> (out (B, h, n, d), v_tokens (B, n, C) | None)`` and, for
-    :meth:`attention_row`, ``_row(x, hw, i) -> (B, h, n)``."""
+    """Multi-head token mixer with SOFT's per-head depthwise conv on V (odd
+    ``dw_kernel_size``, 0: none) and ``proj``. Subclasses call
+    ``_build_output_layers()`` and implement ``_mix(x, hw) -> (out (B, h,
+    n, d), v_tokens (B, n, C) | None)`` and ``_row(x, hw, i) -> (B, h, n)``
+    (:meth:`attention_row`)."""
 
     def __init__(self,
                  embed_dims: int,
@@ -121,10 +119,7 @@ def landmark_grid(hw, ratio, max_landmarks=None, landmark_hw=None):
         gh, gw = (max(1, math.isqrt(gh * max_landmarks // gw)),
                   max(1, math.isqrt(gw * max_landmarks // gh)))
         while gh * gw > max_landmarks:  # only when one side is clamped to 1
-            if gh >= gw:
-                gh -= 1
-            else:
-                gw -= 1
+            gh, gw = (gh - 1, gw) if gh >= gw else (gh, gw - 1)
     return gh, gw
 
 
@@ -190,31 +185,39 @@ def kernel_product(x, y, w) -> torch.Tensor:
 
 
 class GaussianKernel(torch.autograd.Function):
-    """K; G' = grad * K: grad_x = G' y - rowsum(G') x, grad_y = G'^T x -
-    colsum(G') y (translated tokens)."""
+    """K, its gradients by :func:`kernel_grads`."""
 
     @staticmethod
     def forward(ctx, x, y, self_kernel=False):
         K = kernel_forward(x, y, self_kernel)
         ctx.self_kernel = self_kernel
-        ctx.save_for_backward(y if self_kernel else x, y,
-                              y.mean(-2, keepdim=True), K)
+        ctx.save_for_backward(y if self_kernel else x, y, K)
         return K
 
     @staticmethod
     def backward(ctx, grad: torch.Tensor):
-        x, y, c, K = ctx.saved_tensors
-        yc = y - c
-        xc = yc if ctx.self_kernel else x - c
-        GK = grad * K
-        grad_x = grad_y = None
-        if ctx.needs_input_grad[0]:  # sum_to_size: x, y may be broadcast
-            grad_x = (torch.matmul(GK, yc) -
-                      GK.sum(-1, keepdim=True) * xc).sum_to_size(x.shape)
-        if ctx.needs_input_grad[1]:
-            grad_y = (torch.matmul(GK.transpose(-1, -2), xc) -
-                      GK.sum(-2).unsqueeze(-1) * yc).sum_to_size(y.shape)
-        return grad_x, grad_y, None
+        x, y, K = ctx.saved_tensors
+        return (*kernel_grads(ctx, grad * K, x, y), None)
+
+
+def kernel_grads(ctx, GK, x, y, extra_y=None):
+    """(grad_x, grad_y) of K from G' = grad * K (None where not needed):
+    G' y - rowsum(G') x, G'^T x - colsum(G') y (+ ``extra_y``), translated
+    tokens, summed to the shapes of x, y (which may be broadcast)."""
+    c = y.mean(-2, keepdim=True)
+    yc = y - c
+    xc = yc if ctx.self_kernel else x - c
+    grad_x = grad_y = None
+    if ctx.needs_input_grad[0]:
+        grad_x = (torch.matmul(GK, yc) -
+                  GK.sum(-1, keepdim=True) * xc).sum_to_size(x.shape)
+    if ctx.needs_input_grad[1]:
+        grad_y = (
+            torch.matmul(GK.transpose(-1, -2), xc) -
+            GK.sum(-2).unsqueeze(-1) * yc)
+        grad_y = (grad_y if extra_y is None else grad_y +
+                  extra_y).sum_to_size(y.shape)
+    return grad_x, grad_y
 
 
 def gaussian_kernel(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
@@ -234,26 +237,23 @@ def gaussian_kernel(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
             y.view_as(y) if self_kernel else x.to(dtype), y, self_kernel)
 
 
-def bottleneck_inverse(A, attn_norm=True, nr=None):
-    """A^+, or A^+_n = D^-1/2 A^+ D^-1/2 with ``attn_norm`` (Eq. 25),
-    float32+; ``nr``: :class:`NRConfig` or its fields."""
-    A_inv = NRConfig.of(nr, attn_norm).inverse(A)
-    if not attn_norm:
-        return A_inv
-    with autocast_off(A.device.type):
-        d = A.to(A_inv.dtype).sum(-1).rsqrt()  # entries of A are in (0, 1]
-        return d.unsqueeze(-1) * A_inv * d.unsqueeze(-2)
-
-
-def bottleneck_apply(A, W, attn_norm=True, nr=None, nr_stats=None):
-    """``bottleneck_inverse(A, ...) @ W`` without forming the inverse."""
+def bottleneck_apply(A, W=None, attn_norm=True, nr=None, nr_stats=None):
+    """A^+_n W = D^-1/2 A^+ D^-1/2 W (Eq. 25; A^+ W without ``attn_norm``)
+    without forming A^+_n, float32+; W None: A^+_n; ``nr``:
+    :class:`NRConfig` or its fields."""
     nr = NRConfig.of(nr, attn_norm)
     if not attn_norm:
         return nr.apply(A, W, nr_stats)
     with autocast_off(A.device.type):
-        dtype = compute_dtype(A)
-        d = A.to(dtype).sum(-1, keepdim=True).rsqrt()  # entries in (0, 1]
-        return d * nr.apply(A, d * W.to(dtype), nr_stats)
+        d = A.to(compute_dtype(A)).sum(-1, keepdim=True).rsqrt()  # A in (0, 1]
+        if W is None:
+            return d * nr.apply(A, None, nr_stats) * d.transpose(-1, -2)
+        return d * nr.apply(A, d * W.to(d.dtype), nr_stats)
+
+
+def bottleneck_inverse(A, attn_norm=True, nr=None):
+    """A^+_n (:func:`bottleneck_apply` without W)."""
+    return bottleneck_apply(A, None, attn_norm, nr)
 
 
 class KernelAttention(torch.autograd.Function):
@@ -290,19 +290,9 @@ class KernelAttention(torch.autograd.Function):
             GK = torch.matmul(
                 torch.cat([grad, v.expand_as(grad)], -1),
                 torch.cat([Z, H], -1).transpose(-1, -2)).mul_(P)
-            yc = y - y.mean(-2, keepdim=True)
-            xc = yc if ctx.self_kernel else x - y.mean(-2, keepdim=True)
-            grad_x = grad_y = grad_v = None
-            if ctx.needs_input_grad[0]:
-                grad_x = (torch.matmul(GK, yc) -
-                          GK.sum(-1, keepdim=True) * xc).sum_to_size(x.shape)
-            if ctx.needs_input_grad[1]:
-                grad_y = (
-                    torch.matmul(GK.transpose(-1, -2), xc) -
-                    GK.sum(-2).unsqueeze(-1) * yc + grads[1])
-                grad_y = grad_y.sum_to_size(y.shape)
-            if ctx.needs_input_grad[2]:
-                grad_v = torch.matmul(P, H).sum_to_size(v.shape)
+            grad_x, grad_y = kernel_grads(ctx, GK, x, y, *grads[1:])
+            grad_v = torch.matmul(P, H).sum_to_size(v.shape) \
+                if ctx.needs_input_grad[2] else None
         return grad_x, grad_y, grad_v, None
 
 
@@ -314,10 +304,9 @@ def soft_attention(q, landmarks, v, attn_norm=True, nr=None, nr_stats=None):
         A = gaussian_kernel(y, y)  # (B, h, m, m)
         return bottleneck_apply(A, PtV, attn_norm, nr, nr_stats)
 
-    fused = (
-        torch.is_grad_enabled()
-        and any(t.requires_grad for t in (q, landmarks, v))
-        and not compiling() and not amp.is_exporting())
+    plain = not compiling() and not amp.is_exporting()  # may use Functions
+    fused = plain and torch.is_grad_enabled() and any(
+        t.requires_grad for t in (q, landmarks, v))
     with autocast_off(v.device.type):
         if fused:
             dtype = compute_dtype(q, landmarks)
@@ -325,11 +314,9 @@ def soft_attention(q, landmarks, v, attn_norm=True, nr=None, nr_stats=None):
             # the self-kernel (m = n): one tensor in both roles
             x = y if q is landmarks else q.to(dtype)
             out = KernelAttention.apply(x, y, v.to(dtype), inner)
-        elif (q.shape[-2] * landmarks.shape[-2] >= FUSED_MIN_ENTRIES
-              and q.device.type == 'cpu'
-              and compute_dtype(q, landmarks) == torch.float32
-              and q is not landmarks and not compiling()
-              and not amp.is_exporting()):  # P never formed
+        elif (plain and q is not landmarks and q.device.type == 'cpu'
+              and q.shape[-2] * landmarks.shape[-2] >= FUSED_MIN_ENTRIES
+              and compute_dtype(q, landmarks) == torch.float32):  # no P
             c = landmarks.float().mean(-2, keepdim=True)
             x, y = q.float() - c, landmarks.float() - c
             PtV = kernel_product(y, x, v.float())
@@ -402,11 +389,13 @@ class BottleneckSampler(nn.Module):
         return q.index_select(2, idx)
 
     def extra_repr(self) -> str:
-        cap = f', max_landmarks={self.max_landmarks}' \
-            if self.max_landmarks else ''
-        if self.landmark_hw:
-            cap = f', landmark_hw={self.landmark_hw}'
+        cap = f', landmark_hw={self.landmark_hw}' if self.landmark_hw else (
+            f', max_landmarks={self.max_landmarks}' * bool(self.max_landmarks))
         return f'mode={self.mode}, ratio={self.ratio}{cap}'
+
+
+#: the ``nr_*`` keys of :class:`SOFTAttention`: the fields of ``NRConfig``
+NR_KEYS = ('iters', 'init', 'method', 'backward')
 
 
 def _fixed(attn: nn.Module, value) -> None:
@@ -447,9 +436,8 @@ class SOFTAttention(AttentionBase):
             raise ValueError(f'attn_norm must be True or False, got '
                              f'{attn_norm!r}')
         self.attn_norm = attn_norm
-        keys = dict(iters=nr_iters, init=nr_init, method=nr_method,
-                    backward=nr_backward)  # yapf: disable
-        keys = {k: v for k, v in keys.items() if v is not None}
+        keys = zip(NR_KEYS, (nr_iters, nr_init, nr_method, nr_backward))
+        keys = {k: v for k, v in keys if v is not None}
         if keys and nr is not None:
             raise ValueError(
                 f'SOFTAttention got both nr and '
@@ -465,10 +453,9 @@ class SOFTAttention(AttentionBase):
         self._build_output_layers()
 
     nr = property(lambda self: self._nr, _fixed)
-    nr_iters = property(lambda self: self._nr.iters, _fixed)
-    nr_init = property(lambda self: self._nr.init, _fixed)
-    nr_method = property(lambda self: self._nr.method, _fixed)
-    nr_backward = property(lambda self: self._nr.backward, _fixed)
+    nr_iters, nr_init, nr_method, nr_backward = (
+        property(lambda self, k=k: getattr(self._nr, k), _fixed)
+        for k in NR_KEYS)
 
     def _queries(self, x: torch.Tensor, hw: Tuple[int, int]):
         """q (B, h, n, d) scaled by d^(-1/4) (Eq. 5), and its landmarks."""

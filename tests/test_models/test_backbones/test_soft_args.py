@@ -9,9 +9,10 @@ import torch.nn as nn
 from conftest import current_log, tiny_arch
 from mmengine.registry import MODELS, DefaultScope
 
+import mmsoft
 import projects.attention_zoo  # noqa: F401 (softmax, linformer)
 from mmsoft.models.backbones import SOFT
-from mmsoft.models.backbones.soft import SOFTBlock, check_norm_cfg
+from mmsoft.models.backbones.soft import SOFTBlock
 from mmsoft.models.layers import SOFTAttention
 
 ARCH = tiny_arch((8, 8, 8, 16), (1, 1, 1, 2))
@@ -68,6 +69,9 @@ REFUSALS = [
     (dict(norm_cfg='LN'), T,
      X("SOFT: norm_cfg must be a dict (one stage's own: "
        "stage_cfgs[i]['norm_cfg']), got 'LN'")),
+    (dict(norm_cfg=dict(eps=1e-6)), T,
+     X('SOFT: norm_cfg must be a dict with a "type" (e.g. '
+       "dict(type='LN')), got {'eps': 1e-06}")),
     (dict(attn_cfg=dict(type='SOFTAttention', sr_mode='conv')), T, 'sr_mode'),
     (dict(attn_cfg=dict(type='softmax', nr_iters=5)), T, 'nr_iters'),
     (dict(attn_cfg=dict(norm=True)), K, 'must contain the key "type"'),
@@ -125,18 +129,6 @@ REFUSALS = [
 def test_refusal_names_the_option(kwargs, error, match):
     with pytest.raises(error, match=match):
         SOFT(**{'arch': ARCH, **kwargs})
-
-
-def test_other_refusals():
-    """SOFTAttention's own check; a norm_cfg without a type (nr_iters:
-    REFUSALS and test_pinv's test_errors_name_the_problem)."""
-    with pytest.raises(ValueError, match='dw_kernel_size'):
-        SOFTAttention(16, 2, 2, dw_kernel_size=4)
-    with pytest.raises(TypeError) as e:
-        check_norm_cfg('norm_cfg', dict(eps=1e-6))
-    assert str(
-        e.value) == ('SOFT: norm_cfg must be a dict with a "type" (e.g. '
-                     "dict(type='LN')), got {'eps': 1e-06}")
 
 
 @pytest.mark.parametrize('key', ['norm_cfg', 'patch_norm_cfg'])
@@ -317,3 +309,25 @@ def test_norm_and_act_cfgs():
     assert all(isinstance(layer.activate, nn.GELU) for layer in pe)
     assert all(
         torch.isfinite(o).all() for o in model(torch.randn(1, 3, 64, 64)))
+
+
+# a plain type: mmengine's root registry; 'mmsoft.SOFT': mmsoft's scope
+@pytest.mark.parametrize('codebase, type_name', [('mmpretrain', 'SOFT'),
+                                                 ('mmseg', 'mmsoft.SOFT')])
+def test_build_from_codebase_registry(codebase, type_name, monkeypatch):
+    """Attentions too (mmsoft's ATTENTIONS), without mmengine's "Failed to
+    search registry with scope ..." warning."""
+    import mmengine.logging as mm_logging
+    assert mmsoft.MODELS.get(
+        'SOFT') is SOFT and mmsoft.MODELS.scope == 'mmsoft'
+    logged, real_print_log = [], mm_logging.print_log
+    monkeypatch.setattr(
+        mm_logging, 'print_log',
+        lambda msg, *a, **kw: logged.append(str(msg)) or real_print_log(
+            msg, *a, **kw))
+    registry = pytest.importorskip(f'{codebase}.registry')
+    with DefaultScope.overwrite_default_scope(codebase):
+        model = registry.MODELS.build(dict(type=type_name, arch=ARCH))
+    assert isinstance(model, SOFT)
+    assert type(model.stages[0].blocks[0].attn).__name__ == 'SOFTAttention'
+    assert not [m for m in logged if 'Failed to search registry' in m]

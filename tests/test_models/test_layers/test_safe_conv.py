@@ -1,13 +1,12 @@
 """The CPU half-precision convolution guard (``mmsoft.models.layers.amp``):
 the backbone's convs on this machine's kernel (AMX's bf16 conv is wrong for
 SOFT's narrow sampler convs), stand-in wrong / right half kernels proving
-the guard on any CPU; the shims ``autocast_dtype`` and ``unravel_index``."""
+the guard on any CPU; the shim ``autocast_dtype``."""
 import contextlib
 import functools
 import importlib
 import warnings
 
-import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
@@ -21,10 +20,15 @@ HALF = (torch.bfloat16, torch.float16)
 IDS = ['bf16', 'fp16']
 #: one rounding of the conv output (2^-9 / 2^-12) plus LayerNorm + GELU's
 RTOL = {torch.bfloat16: 2e-2, torch.float16: 4e-3}
+BF16 = torch.bfloat16
 
 
 def rel_err(a, b):
     return ((a.float() - b.float()).norm() / b.float().norm()).item()
+
+
+def randn(*shape, seed=0):
+    return torch.randn(*shape, generator=torch.Generator().manual_seed(seed))
 
 
 @pytest.fixture(autouse=True)
@@ -44,39 +48,22 @@ def round_params(module, dtype):
             p.copy_(p.to(dtype).float())
 
 
-def autocast_vs_fp32(fn, module, x, dtype, *args):
-    """(autocast output, float32 output) of ``fn`` on half-rounded ``x``
-    and parameters of ``module``."""
-    torch.manual_seed(0)
-    round_params(module, dtype)
-    x = x.to(dtype).float()
-    with torch.no_grad():
-        with torch.autocast('cpu', dtype=dtype):
-            out = fn(x, *args)
-        ref = fn(x, *args)
-    return (out[0], ref[0]) if isinstance(out, tuple) else (out, ref)
-
-
-def randn(*shape, seed):
-    return torch.randn(*shape, generator=torch.Generator().manual_seed(seed))
-
-
 # ------------------------------------------------ on this machine's kernel
 def sampler(channels, ratio):
-    side = 4 * ratio
+    s, side = BottleneckSampler(channels, ratio), 4 * ratio
     q = randn(2, 3, side * side, channels, seed=channels * 10 + ratio)
-    return BottleneckSampler(channels, ratio), q, (side, side)
+    return s, s, q, (side, side)
 
 
 def embed(stem, cin, cout, side):
-    x = randn(2, cin, side, side, seed=cin + cout)
-    return ConvPatchEmbed(cin, cout, stem), x
+    e = ConvPatchEmbed(cin, cout, stem)
+    return e, e, randn(2, cin, side, side, seed=cin + cout)
 
 
 def dw_conv(heads, channels, k):
     attn = SOFTAttention(channels, heads, sampling_ratio=2, dw_kernel_size=k)
     v = randn(2, 64, channels, seed=heads * 100 + k)
-    return attn.dw_conv_tokens, v, (8, 8), attn
+    return attn, attn.dw_conv_tokens, v, (8, 8)
 
 
 @pytest.mark.parametrize('dtype', HALF, ids=IDS)
@@ -87,10 +74,17 @@ def dw_conv(heads, channels, k):
      (dw_conv, (2, 16, 3)), (dw_conv, (5, 40, 5))])
 def test_convs_under_autocast_are_fp32_within_rounding(make, args, dtype):
     """The samplers AMX gets wrong, the stem / down-sampling and the
-    depthwise convs, through the module that owns them."""
-    fn, x, *rest = make(*args)
-    module = rest.pop() if make is dw_conv else fn.eval()
-    out, ref = autocast_vs_fp32(fn, module.eval(), x, dtype, *rest)
+    depthwise convs, through the module that owns them, on half-rounded
+    inputs and parameters."""
+    module, fn, x, *rest = make(*args)
+    torch.manual_seed(0)
+    round_params(module.eval(), dtype)
+    x = x.to(dtype).float()
+    with torch.no_grad():
+        with torch.autocast('cpu', dtype=dtype):
+            out = fn(x, *rest)
+        ref = fn(x, *rest)
+    out, ref = (out[0], ref[0]) if isinstance(out, tuple) else (out, ref)
     assert out.dtype in (dtype, torch.float32)
     assert rel_err(out, ref) < RTOL[dtype]
 
@@ -119,12 +113,6 @@ def rounding_half_kernel(x, w, b, *args):
     return out.to(dtype)
 
 
-def zero_half_kernel(x, w, b, *args):
-    """A half kernel that is all wrong: zeros (relative error exactly 1)."""
-    out = F.conv2d(x.float(), w.float(), None, *args)
-    return out.zero_().to(x.dtype) if x.dtype in HALF else out
-
-
 @pytest.mark.parametrize('dtype', HALF, ids=IDS)
 def test_broken_half_kernel_is_detected_and_bypassed(monkeypatch, dtype):
     monkeypatch.setattr(SAFE, '_raw_conv2d', broken_half_kernel)
@@ -141,15 +129,17 @@ def test_broken_half_kernel_is_detected_and_bypassed(monkeypatch, dtype):
         with warnings.catch_warnings():  # remembered: no second probe
             warnings.simplefilter('error')
             out2 = conv(x)
+        bad = broken_half_kernel(x.to(dtype), conv.weight.to(dtype), None, 8)
     assert out.dtype == dtype  # what autocast promises the next layer
     assert rel_err(out, ref) < RTOL[dtype] and torch.equal(out, out2)
     assert list(SAFE._verdicts.values()) == [False]
-    with torch.autocast('cpu', dtype=dtype):  # not vacuous
-        bad = broken_half_kernel(x.to(dtype), conv.weight.to(dtype), None, 8)
-    assert rel_err(bad, ref) > 0.5
+    assert rel_err(bad, ref) > 0.5  # not vacuous
     # the one-line warning: the error relative to float32 (1 for zeros of
     # a 1 x 1 conv whose float32 output is below 1 in norm)
-    monkeypatch.setattr(SAFE, '_raw_conv2d', zero_half_kernel)
+    monkeypatch.setattr(  # a half kernel all wrong: zeros
+        SAFE, '_raw_conv2d', lambda x, w, b, *a: F.conv2d(
+            x.float(), w.float(), None, *a).to(x.dtype) *
+        (x.dtype not in HALF))
     x = torch.full((1, 1, 1, 1), 0.5, dtype=dtype)
     with pytest.warns(SAFE.HalfConvWarning) as record:
         SAFE.conv2d(x, x)
@@ -173,14 +163,14 @@ def test_float32_fallback_keeps_groups_and_dilation(monkeypatch, groups,
         4, 4, 3, padding=dilation, dilation=dilation, groups=groups)
     x = torch.randn(1, 4, 8, 8)
     ref = F.conv2d(x, conv.weight, conv.bias, 1, dilation, dilation, groups)
-    with torch.no_grad(), torch.autocast('cpu', dtype=torch.bfloat16):
+    with torch.no_grad(), torch.autocast('cpu', dtype=BF16):
         with warnings.catch_warnings(record=True) as record:
             warnings.simplefilter('always')
             out = conv(x)
     assert [r.category
             for r in record] == [SAFE.HalfConvWarning] * (not compiling)
     assert list(SAFE._verdicts.values()) == ([] if compiling else [False])
-    assert out.dtype == torch.bfloat16 and rel_err(out, ref) < 2e-2
+    assert out.dtype == BF16 and rel_err(out, ref) < 2e-2
 
 
 @pytest.mark.parametrize('dtype', HALF, ids=IDS)
@@ -213,16 +203,16 @@ def test_half_model_input_is_guarded_or_kept_bit_for_bit(monkeypatch, dtype):
     assert list(SAFE._verdicts.values()) == [True]
 
 
-def test_float32_and_other_devices_are_not_probed_state_dict_kept(monkeypatch):
+def test_float32_and_other_devices_are_not_probed(monkeypatch):
     calls = []
     monkeypatch.setattr(SAFE, '_probe', lambda key: calls.append(key) or True)
     conv, x = SafeConv2d(4, 4, 2, 2), torch.randn(1, 4, 8, 8)
     conv(x)
     conv.double()(x.double())
-    meta = SafeConv2d(4, 4, 2, 2).to('meta').to(torch.bfloat16)
-    meta(torch.empty(1, 4, 8, 8, device='meta', dtype=torch.bfloat16))
+    meta = SafeConv2d(4, 4, 2, 2).to('meta').to(BF16)
+    meta(torch.empty(1, 4, 8, 8, device='meta', dtype=BF16))
     assert calls == []
-    with torch.autocast('cpu', dtype=torch.bfloat16):
+    with torch.autocast('cpu', dtype=BF16):
         conv.float()(x)
     assert len(calls) == 1
 
@@ -249,16 +239,13 @@ def test_safe_conv2d_equals_nn_conv2d(kwargs):
 @pytest.mark.parametrize('padding', ['same', [1, 2]])
 def test_conv2d_half_path_any_padding(padding):
     """The CPU half path is F.conv2d's, for str and tuple paddings."""
-    g = torch.Generator().manual_seed(0)
-    x = torch.randn(1, 4, 8, 8, generator=g)
-    w = torch.randn(4, 4, 3, 3, generator=g) / 6
+    x, w = randn(1, 4, 8, 8), randn(4, 4, 3, 3, seed=1) / 6
     torch.testing.assert_close(SAFE.conv2d(x, w), F.conv2d(x, w))
     with warnings.catch_warnings():
         warnings.simplefilter('ignore', SAFE.HalfConvWarning)
-        out = SAFE.conv2d(x.bfloat16(), w.bfloat16(), None, 1, padding)
-    ref = F.conv2d(x.bfloat16().float(),
-                   w.bfloat16().float(), None, 1, padding)
-    assert out.dtype == torch.bfloat16
+        out = SAFE.conv2d(x.to(BF16), w.to(BF16), None, 1, padding)
+    ref = F.conv2d(x.to(BF16).float(), w.to(BF16).float(), None, 1, padding)
+    assert out.dtype == BF16
     torch.testing.assert_close(out.float(), ref, rtol=2e-2, atol=2e-2)
 
 
@@ -270,8 +257,8 @@ def test_cpu_amp_wrapper_guards_every_conv_of_the_model(monkeypatch):
     model = torch.nn.Sequential(
         torch.nn.Conv2d(8, 8, 3, padding=1), torch.nn.ReLU(),
         torch.nn.Conv2d(8, 4, 1))
-    round_params(model, torch.bfloat16)
-    x = torch.randn(2, 8, 16, 16).bfloat16().float()
+    round_params(model, BF16)
+    x = torch.randn(2, 8, 16, 16).to(BF16).float()
     ref = model(x)
     state = {k: v.clone() for k, v in model.state_dict().items()}
     wrapper = CPUAmpOptimWrapper(
@@ -281,20 +268,16 @@ def test_cpu_amp_wrapper_guards_every_conv_of_the_model(monkeypatch):
             out = model(x)
     assert [type(m).__name__ for m in model] == ['Conv2d', 'ReLU', 'Conv2d']
     assert all(torch.equal(state[k], v) for k, v in model.state_dict().items())
-    assert out.dtype == torch.bfloat16
-    assert rel_err(out, ref) < RTOL[torch.bfloat16]
+    assert out.dtype == BF16 and rel_err(out, ref) < RTOL[BF16]
 
 
 @pytest.mark.parametrize('dtype', HALF)
 def test_probe_runs_seeded_unit_scale_inputs(monkeypatch, dtype):
     """Unit-variance inputs, weights of variance 1 / fan_in, repeatable."""
     seen = []
-
-    def record(x, w, *args):
-        seen.append((x.clone(), w.clone()))
-        return F.conv2d(x, w, *args)
-
-    monkeypatch.setattr(SAFE, '_raw_conv2d', record)
+    monkeypatch.setattr(
+        SAFE, '_raw_conv2d', lambda x, w, *a: seen.append(
+            (x.clone(), w.clone())) or F.conv2d(x, w, *a))
     in_shape, w_shape = (64, 10, 12), (32, 64, 3, 2)  # fan_in 64 * 3 * 2
     key = (dtype, in_shape, w_shape, (1, 1), (1, 1), (1, 1), 1)
     assert SAFE._probe(key) is True  # F.conv2d: correct
@@ -328,16 +311,8 @@ def _cuda_autocast_flag():
 
 
 @pytest.mark.parametrize('native', [True, False])
-def test_unravel_index_and_autocast_dtype(monkeypatch, native):
-    """native=False: torch < 2.2 / 2.4 without these functions."""
-    if not native:
-        monkeypatch.delattr(torch, 'unravel_index', raising=False)
-    flat = torch.tensor([0, 5, 7, 23])
-    for shape in ((24, ), (4, 6), torch.Size([2, 3, 4]), [2, 1, 3, 4]):
-        got = SAFE.unravel_index(flat, shape)
-        assert isinstance(got, tuple) and len(got) == len(shape)
-        for g, want in zip(got, np.unravel_index(flat.numpy(), tuple(shape))):
-            assert g.dtype == flat.dtype and g.tolist() == want.tolist()
+def test_autocast_dtype(native):
+    """native=False: torch < 2.4 without ``torch.get_autocast_dtype``."""
     if not native and not hasattr(torch, 'get_autocast_cpu_dtype'):
         pytest.skip('this torch has only the >= 2.4 functions')
 
@@ -350,7 +325,7 @@ def test_unravel_index_and_autocast_dtype(monkeypatch, native):
             return SAFE.autocast_dtype(device)
 
     assert ask('cpu') is None and ask('cuda') is None
-    with torch.autocast('cpu', dtype=torch.bfloat16):
-        assert ask('cpu') == torch.bfloat16 and ask('cuda') is None
+    with torch.autocast('cpu', dtype=BF16):
+        assert ask('cpu') == BF16 and ask('cuda') is None
     with _cuda_autocast_flag():
         assert ask('cuda') == torch.float16 and ask('cpu') is None

@@ -1,5 +1,5 @@
 """SOFT attention (Alg. 1, Eq. 5 / 25): the Gaussian kernel, the landmark
-grid and samplers, the bottleneck, the module, the stage-4 attention."""
+grid and samplers, the bottleneck, the module, its refusals."""
 import dataclasses
 import importlib
 import math
@@ -7,12 +7,10 @@ import re
 
 import pytest
 import torch
-import torch.nn as nn
 import torch.nn.functional as F
 from conftest import deadline
 
-from mmsoft.models.backbones.soft import (ClsTokenStage, SOFTBlock,
-                                          SoftmaxAttention)
+from mmsoft.models.backbones.soft import SOFTBlock, SoftmaxAttention
 from mmsoft.models.layers import (AttentionBase, BottleneckSampler, NRConfig,
                                   SOFTAttention, amp, bottleneck_apply,
                                   gaussian_kernel, landmark_grid, reduce_map,
@@ -27,7 +25,6 @@ pytestmark = pytest.mark.usefixtures('one_thread')  # tiny ops
 sa = importlib.import_module('mmsoft.models.layers.soft_attention')
 F64, F32 = torch.float64, torch.float32
 HALF = [torch.bfloat16, torch.float16]
-MODES = ('conv', 'avgpool', 'random', 'biased')
 BIG = 2**53 + 1  # the first int that a float64 cannot hold
 
 
@@ -57,16 +54,6 @@ def tokens(norm, *shape, offset=True, seed=0):
             *shape, generator=g, dtype=F64)
     x = torch.randn(*shape, generator=g, dtype=F64)
     return x / x.norm(dim=-1, keepdim=True) * norm
-
-
-def raises(exc, message, fn, *args, **kwargs):
-    """``fn(*args, **kwargs)`` raises ``exc`` with exactly ``message``."""
-    with pytest.raises(exc, match='^' + re.escape(message) + '$'):
-        fn(*args, **kwargs)
-
-
-def newton_inverse(A, *args, **kwargs):
-    return NRConfig(*args, **kwargs).inverse(A)
 
 
 def ijcv(A, W, nr):
@@ -99,8 +86,6 @@ def test_kernel_is_eq5_on_both_paths(path, xs, ys, self_kernel, dx, dy, dtype,
     K = gaussian_kernel(x, y)
     assert K.shape == x.shape[:-1] + ys[-2:-1] and K.dtype == dtype
     close(K.double(), ref_kernel(x, y), 1e-12 if dtype == F64 else 0, atol)
-    raises(ValueError, 'gaussian_kernel: feature sizes differ (3 vs 4)',
-           gaussian_kernel, randn(2, 5, 3), randn(2, 6, 4))
 
 
 def test_kernel_function_defaults_and_gradcheck():
@@ -140,8 +125,7 @@ def test_cross_kernel_large_offset_fp32(norm=1e4):
     for b in range(3):
         assert torch.equal(P[b:b + 1], gaussian_kernel(q[b:b + 1],
                                                        lm[b:b + 1]))
-    x = randn(
-        1, 64, 16, dtype=F32) * norm  # random directions: finite, bounded
+    x = randn(1, 64, 16, dtype=F32) * norm  # random directions: bounded
     K = gaussian_kernel(x, x[:, :8])
     assert torch.isfinite(K).all() and (K >= 0).all() and (K <= 1).all()
 
@@ -179,7 +163,8 @@ def test_gradients_fp32_with_large_per_sample_offsets(needs):
 
 @pytest.mark.parametrize('norm, spread', [(0.0, 4.0), (1e3, 0.05)])
 def test_kernel_product_without_the_kernel(norm, spread):
-    """Fused K w as accurate as the formed fp32 kernel, per sample."""
+    """Fused K w as accurate as the formed fp32 kernel, per sample; (B, n,
+    d) tokens and values wider than d + 1 (e = 7, d = 2)."""
     off = norm * torch.ones(8, dtype=F64) / 8**0.5
     x = off + spread * randn(2, 3, 300, 8, seed=5)
     y = x[:, :, ::10] + 0.01 * randn(2, 3, 30, 8, seed=6)
@@ -194,10 +179,6 @@ def test_kernel_product_without_the_kernel(norm, spread):
     assert (got.double() - want).abs().max() <= bound
     assert torch.equal(got[1:], sa.kernel_product(xc[1:], yc[1:],
                                                   w[1:].float()))
-
-
-def test_kernel_product_of_one_batch_dim_and_wide_values():
-    """(B, n, d) tokens and values wider than d + 1 (e = 7, d = 2)."""
     x, y, w = randn(2, 40, 2, seed=8), randn(2, 6, 2, seed=9), randn(2, 6, 7)
     got = sa.kernel_product(x.float(), y.float(), w.float())
     close(got.double(), ref_kernel(x, y) @ w, 0, 1e-5)
@@ -225,28 +206,22 @@ def test_fused_products_equal_the_formed_kernel(monkeypatch, attn_norm=True):
 
 
 # --------------------------------------------------------- soft_attention
-def dense_soft(q, lm, v, attn_norm, init):
-    """Reference: the n x n matrix S^ = P A_n^+ P^T formed."""
-    P, A = ref_kernel(q, lm), ref_kernel(lm, lm)
-    if init == 'soft':
-        A_inv = torch.linalg.inv(A + 0.01 * torch.eye(A.shape[-1], dtype=F64))
-    else:
-        A_inv = torch.linalg.pinv(A)
-    if attn_norm:
-        d = A.sum(-1).rsqrt()
-        A_inv = d[..., :, None] * A_inv * d[..., None, :]
-    return P @ A_inv @ P.transpose(-1, -2) @ v
-
-
 @pytest.mark.parametrize('attn_norm', [True, False])
 def test_soft_attention_equals_dense_formula_default_ijcv(attn_norm):
     """P A_n^+ P^T V formed; by default attn_norm=True: P (D^-1/2 A^+
     D^-1/2 (P^T V)) with the per-sample alpha."""
     q = randn(2, 2, 64, 8) / 8**.25
     lm, v = q[:, :, ::8], randn(2, 2, 64, 8, seed=1)
-    init = 'soft_norm_per_sample' if attn_norm else 'soft'
+    P, A = ref_kernel(q, lm), ref_kernel(lm, lm)
+    if attn_norm:
+        d = A.sum(-1).rsqrt()
+        A_inv = d[..., :, None] * torch.linalg.pinv(A) * d[..., None, :]
+        init = 'soft_norm_per_sample'
+    else:
+        A_inv = torch.linalg.inv(A + 0.01 * torch.eye(A.shape[-1], dtype=F64))
+        init = 'soft'
     out = soft_attention(q, lm, v, attn_norm, NRConfig(40, init))
-    close(out, dense_soft(q, lm, v, attn_norm, init), 1e-6, 1e-6)
+    close(out, P @ A_inv @ P.transpose(-1, -2) @ v, 1e-6, 1e-6)
     q = randn(1, 2, 16, 4, seed=1) * 0.6
     lm, v = q[:, :, ::4], randn(1, 2, 16, 4, seed=2)
     P, A, nr = gaussian_kernel(q, lm), gaussian_kernel(lm, lm), NRConfig(3)
@@ -322,12 +297,12 @@ def test_bottleneck_inverse_default_is_eq25(batch):
     """D^-1/2 A^+ D^-1/2 (per sample); attn_norm=False: A^+ ('soft')."""
     A = kernel_of(*batch, m=12, d=8, seed=5, scale=0.5)
     d = A.sum(-1)
-    ref = newton_inverse(A, 20, 'soft_norm_per_sample') / (
+    ref = NRConfig(20, 'soft_norm_per_sample').inverse(A) / (
         d[..., :, None] * d[..., None, :]).sqrt()
     got = bottleneck_inverse(A)
     assert got.shape == A.shape
     close(got, ref, 1e-12, 1e-14)
-    close(bottleneck_inverse(A, False), newton_inverse(A, 20, 'soft'), 0, 0)
+    close(bottleneck_inverse(A, False), NRConfig(20, 'soft').inverse(A), 0, 0)
 
 
 @pytest.mark.parametrize('nr', [None, dict(iters=3)])
@@ -397,7 +372,7 @@ def test_landmark_hw_fixes_the_grid_never_up_sampled(hw, r, fixed, want):
     """landmark_hw fixes the grid, never up-sampled (issue 27: m > n)."""
     assert landmark_grid(hw, r, landmark_hw=fixed) == want
     q = randn(1, 2, hw[0] * hw[1], 8, dtype=F32)
-    for mode in MODES:
+    for mode in SAMPLING_MODES:
         s = BottleneckSampler(8, r, mode, landmark_hw=fixed).eval()
         assert s(q, hw).shape == (1, 2, want[0] * want[1], 8)
     grid = BottleneckSampler(8, r, 'avgpool')(q, hw)
@@ -411,7 +386,7 @@ def test_landmark_hw_fixes_the_grid_never_up_sampled(hw, r, fixed, want):
 
 @pytest.mark.parametrize('hw, cap', [((200, 304), 49), ((40, 40), 7)])
 def test_max_landmarks_caps_m(hw, cap):
-    for mode in MODES:
+    for mode in SAMPLING_MODES:
         s = BottleneckSampler(8, 4, mode, max_landmarks=cap).eval()
         m = s(torch.randn(1, 1, hw[0] * hw[1], 8), hw).shape[2]
         assert m <= cap and m == math.prod(landmark_grid(hw, 4, cap))
@@ -419,7 +394,13 @@ def test_max_landmarks_caps_m(hw, cap):
         assert m == gh * gw if gh * gw <= cap else m >= cap // 4
 
 
-def test_samplers_take_windows_first_tokens_or_spaced_tokens():
+def test_samplers_layout_tokens_and_repr():
+    """conv: the official layout; avgpool: window means; biased: the first
+    m; random: varies in training, evenly spaced in eval."""
+    s = BottleneckSampler(32, 8, 'conv')
+    assert tuple(s.conv.weight.shape) == (32, 32, 8, 8)
+    assert s.conv.bias is None and s.conv.stride == (8, 8)
+    assert isinstance(s.norm, torch.nn.LayerNorm)
     q = torch.randn(1, 2, 16, 4)
     lm = BottleneckSampler(4, 2, 'avgpool')(q, (4, 4))
     close(lm[0, 0, 0], q[0, 0].reshape(4, 4, 4)[:2, :2].mean((0, 1)))
@@ -429,18 +410,9 @@ def test_samplers_take_windows_first_tokens_or_spaced_tokens():
     torch.manual_seed(0)
     assert len({tuple(s(q, (8, 8))[0, 0, :, 0].tolist())
                 for _ in range(5)}) > 1
-    s.eval()  # evenly spaced from the first token to the last
-    assert s(q, (8, 8)).equal(s(q, (8, 8)))
     s = BottleneckSampler(1, 2, 'random').eval()
     assert s(torch.arange(16.).reshape(1, 1, 16, 1),
              (4, 4)).flatten().tolist() == [0., 5., 10., 15.]
-
-
-def test_conv_sampler_official_layout_and_repr():
-    s = BottleneckSampler(32, 8, 'conv')
-    assert tuple(s.conv.weight.shape) == (32, 32, 8, 8)
-    assert s.conv.bias is None and s.conv.stride == (8, 8)
-    assert isinstance(s.norm, torch.nn.LayerNorm)
     for r, m, kw, want in [
         (4, 'conv', {}, 'mode=conv, ratio=4'),
         (2, 'avgpool', dict(max_landmarks=49),
@@ -448,51 +420,6 @@ def test_conv_sampler_official_layout_and_repr():
         (4, 'biased', dict(landmark_hw=(3, 5)),
          'mode=biased, ratio=4, landmark_hw=(3, 5)')]:  # yapf: disable
         assert BottleneckSampler(8, r, m, **kw).extra_repr() == want
-
-
-def test_sampler_and_attention_errors_name_the_argument():
-    for exc, message, make in [
-        (ValueError, f"unknown sampling 'nearest'; choose one of "
-         f'{SAMPLING_MODES}', lambda: BottleneckSampler(8, 2, 'nearest')),
-        (ValueError, 'sampling ratio must be an int >= 1, got 0 (int)',
-         lambda: BottleneckSampler(4, 0)),
-        (ValueError, 'max_landmarks must be an int >= 1 or None, got 0 '
-         '(int)', lambda: BottleneckSampler(4, 2, max_landmarks=0)),
-        (ValueError, 'set either max_landmarks or landmark_hw (a fixed '
-         'grid), not both',
-         lambda: BottleneckSampler(4, 2, max_landmarks=4, landmark_hw=(2, 2))),
-        (ValueError, '10 tokens do not form a 3x3 map',
-         lambda: BottleneckSampler(8, 2)(torch.randn(1, 1, 10, 8), (3, 3))),
-        (ValueError, 'expected (B, 2*3, C) tokens, got shape (1, 5, 4)',
-         lambda: AttentionBase._check(torch.zeros(1, 5, 4), (2, 3))),
-        (ValueError, 'num_heads (3) must divide embed_dims (8)',
-         lambda: SoftmaxAttention(8, 3)),
-        (ValueError, 'num_heads (3) must divide embed_dims (64)',
-         lambda: SOFTAttention(64, 3, 4)),
-    ]:
-        raises(exc, message, make)
-    for bad in (7, (7, ), (7, 0), (7.0, 7)):
-        with pytest.raises(ValueError, match='landmark_hw'):
-            BottleneckSampler(8, 4, landmark_hw=bad)
-    AttentionBase._check(torch.zeros(1, 6, 4), (2, 3))  # only 3-D, n = H W
-    for shape in ((1, 7, 4), (1, 6), (1, 6, 2, 2)):
-        with pytest.raises(ValueError, match='expected'):
-            AttentionBase._check(torch.zeros(shape), (2, 3))
-
-
-@pytest.mark.parametrize('key, value, message', [
-    ('embed_dims', 0, 'embed_dims must be an int >= 1, got 0 (int)'),
-    ('num_heads', 0, 'num_heads must be an int >= 1, got 0 (int)'),
-    ('sampling_ratio', 0, 'sampling_ratio must be an int >= 1, got 0 (int)'),
-    ('dw_kernel_size', 2, 'dw_kernel_size must be an odd positive int (or 0 '
-     'to disable the conv), got 2: an even kernel changes the token map '
-     'size'),
-])
-def test_attention_arguments_are_refused_by_name(key, value, message):
-    raises(
-        ValueError, message, AttentionBase,
-        **dict(
-            dict(embed_dims=8, num_heads=2, sampling_ratio=2), **{key: value}))
 
 
 def zero_padded_cells(x, r):
@@ -538,10 +465,82 @@ def test_reduce_map_means_cells_and_leaves_a_grid_map_unchanged(kw):
         x.reshape(1, 2, 2, 4, 2, 4).mean((3, 5)))
 
 
+# ------------------------------------------------------ refusals
+def _sampler_forward():
+    BottleneckSampler(8, 2)(torch.randn(1, 1, 10, 8), (3, 3))
+
+
+FIXED = ('the Newton-Raphson settings of SOFTAttention are fixed at '
+         'construction: build the attention with the settings (nr=NRConfig('
+         '...), or the attn_cfg keys nr_*), or copy a model with other ones '
+         '(mmsoft.models.layers.with_nr)')
+ATTN = dict(embed_dims=8, num_heads=2, sampling_ratio=2)
+# yapf: disable
+REFUSALS = [
+    (ValueError, 'gaussian_kernel: feature sizes differ (3 vs 4)',
+     lambda: gaussian_kernel(randn(2, 5, 3), randn(2, 6, 4))),
+    (ValueError, f"unknown sampling 'nearest'; choose one of "
+     f'{SAMPLING_MODES}', lambda: BottleneckSampler(8, 2, 'nearest')),
+    (ValueError, 'sampling ratio must be an int >= 1, got 0 (int)',
+     lambda: BottleneckSampler(4, 0)),
+    (ValueError, 'max_landmarks must be an int >= 1 or None, got 0 (int)',
+     lambda: BottleneckSampler(4, 2, max_landmarks=0)),
+    (ValueError, 'set either max_landmarks or landmark_hw (a fixed grid), '
+     'not both',
+     lambda: BottleneckSampler(4, 2, max_landmarks=4, landmark_hw=(2, 2))),
+    *[(ValueError, f'landmark_hw must be a pair (gh, gw) of ints >= 1, got '
+       f'{bad!r}', lambda bad=bad: BottleneckSampler(8, 4, landmark_hw=bad))
+      for bad in (7, (7, ))],
+    *[(ValueError, f'landmark_hw[{i}] must be an int >= 1, got {v!r} '
+       f'({type(v).__name__})',
+       lambda bad=bad: BottleneckSampler(8, 4, landmark_hw=bad))
+      for bad, i, v in (((7, 0), 1, 0), ((7.0, 7), 0, 7.0))],
+    (ValueError, '10 tokens do not form a 3x3 map', _sampler_forward),
+    *[(ValueError, f'expected (B, 2*3, C) tokens, got shape {shape}',
+       lambda shape=shape: AttentionBase._check(torch.zeros(shape), (2, 3)))
+      for shape in ((1, 5, 4), (1, 7, 4), (1, 6), (1, 6, 2, 2))],
+    (ValueError, 'num_heads (3) must divide embed_dims (8)',
+     lambda: SoftmaxAttention(8, 3)),
+    (ValueError, 'num_heads (3) must divide embed_dims (64)',
+     lambda: SOFTAttention(64, 3, 4)),
+    *[(ValueError, message, lambda kw=kw: AttentionBase(**dict(ATTN, **kw)))
+      for kw, message in [
+          (dict(embed_dims=0), 'embed_dims must be an int >= 1, got 0 (int)'),
+          (dict(num_heads=0), 'num_heads must be an int >= 1, got 0 (int)'),
+          (dict(sampling_ratio=0),
+           'sampling_ratio must be an int >= 1, got 0 (int)'),
+          (dict(dw_kernel_size=2), 'dw_kernel_size must be an odd positive '
+           'int (or 0 to disable the conv), got 2: an even kernel changes '
+           'the token map size')]],
+    *[(IndexError, f'{msg} outside the 3x4 map',
+       lambda bad=bad: sa.query_index(bad, (3, 4)))
+      for bad, msg in [((3, 0), 'query (3, 0)'), ((0, 4), 'query (0, 4)'),
+                       ((-1, 0), 'query (-1, 0)'), ((0, -1), 'query (0, -1)'),
+                       (12, 'query index 12'), (-1, 'query index -1')]],
+    *[(AttributeError, FIXED,
+       lambda name=name: setattr(SOFTAttention(16, 2, 2), name, None))
+      for name in ('nr', 'nr_method', 'nr_iters', 'nr_init', 'nr_backward')],
+    (ValueError, "SOFTAttention got both nr and ['nr_iters']; give the "
+     'Newton-Raphson settings once (the nr_* keys, or nr=dict(...))',
+     lambda: SOFTBlock(16, 2, 2, attn_cfg=dict(
+         type='SOFTAttention', nr_iters=7, nr=dict(iters=7)))),
+]
+# yapf: enable
+
+
+@pytest.mark.parametrize(
+    'exc, message, make', REFUSALS, ids=[m for _, m, _ in REFUSALS])
+def test_refusal_names_the_argument(exc, message, make):
+    with pytest.raises(exc, match='^' + re.escape(message) + '$'):
+        make()
+
+
 # --------------------------------------------------------- SOFTAttention
-def test_grid_options_reach_the_sampler_and_the_repr():
-    """(A grid that does not bind: test_reduce_map_means_cells_and_leaves_a_
-    grid_map_unchanged, test_landmark_hw_fixes_the_grid_never_up_sampled.)"""
+def test_attention_module_options_shapes_and_dw_conv():
+    """Grid options reach the sampler, the repr; q / v biases follow
+    qkv_bias (default True, as the official model); no diagnostics by
+    default; the per-head dw filter on V, as the official (B*d, h, H, W)
+    grouped conv."""
     s = SOFTAttention(32, 1, 4, landmark_hw=(7, 7)).sampler
     assert (s.landmark_hw, s.max_landmarks) == ((7, 7), None)
     s = SOFTAttention(32, 1, 4, max_landmarks=49).sampler
@@ -550,16 +549,17 @@ def test_grid_options_reach_the_sampler_and_the_repr():
         32, 2, 4, attn_norm=False).extra_repr() == (
             'heads=2, attn_norm=False, nr_iters=20, nr_init=soft, '
             'nr_backward=eq16')
-
-
-def test_attention_module_shapes_and_dw_conv():
-    """Per-head filter on V, as the official (B*d, h, H, W) grouped conv."""
-    attn = SOFTAttention(64, 2, 4, dw_kernel_size=5)
-    assert tuple(attn.dw_conv.weight.shape) == (2, 1, 5, 5)
-    x = torch.randn(2, 12 * 20, 64)
-    assert attn(x, (12, 20)).shape == x.shape
+    for kw, bias in ((dict(), True), (dict(qkv_bias=False), False)):
+        attn = SOFTAttention(8, 2, 2, **kw)
+        assert (attn.q.bias is not None, attn.v.bias
+                is not None) == (bias, ) * 2
+    attn(randn(1, 16, 8, seed=3, dtype=F32), (4, 4))
+    assert attn.nr_diagnostics is False and attn.last_nr_stats is None
     attn = SOFTAttention(64, 4, 4, dw_kernel_size=5)
+    assert tuple(attn.dw_conv.weight.shape) == (4, 1, 5, 5)
     B, (H, W) = 2, (6, 10)
+    x = torch.randn(2, H * W, 64)
+    assert attn(x, (H, W)).shape == x.shape
     v = torch.randn(B, 4, H * W, 16)
     ref = attn.dw_conv(v.permute(0, 3, 1, 2).reshape(B * 16, 4, H, W))
     ref = ref.reshape(B, 16, 4, H * W).permute(0, 2, 3, 1)
@@ -568,22 +568,10 @@ def test_attention_module_shapes_and_dw_conv():
     close(got.transpose(1, 2), ref)
 
 
-def test_soft_attention_biases_and_diagnostics_off_by_default():
-    """q / v biases follow qkv_bias (default True, as the official model);
-    diagnostics on: test_soft.py::test_nr_stats_and_set_nr_diagnostics."""
-    for kw, bias in ((dict(), True), (dict(qkv_bias=False), False)):
-        attn = SOFTAttention(8, 2, 2, **kw)
-        assert (attn.q.bias is not None, attn.v.bias
-                is not None) == (bias, ) * 2
-    attn(randn(1, 16, 8, seed=3, dtype=F32), (4, 4))
-    assert attn.nr_diagnostics is False and attn.last_nr_stats is None
-
-
 def test_nr_settings_built_once_and_frozen(monkeypatch):
     """Checked once whatever the spelling; the forward passes it down."""
-    from mmsoft.models.layers import nr as nr_config
-    checks, post_init = [], nr_config.NRConfig.__post_init__
-    monkeypatch.setattr(nr_config.NRConfig, '__post_init__',
+    checks, post_init = [], NRConfig.__post_init__
+    monkeypatch.setattr(NRConfig, '__post_init__',
                         lambda self: checks.append(1) or post_init(self))
     attn = SOFTAttention(16, 2, 2, nr=dict(iters=7, method='iterative'))
     assert attn.nr == NRConfig(7, 'soft_norm_per_sample', 'iterative', 'exact')
@@ -594,18 +582,9 @@ def test_nr_settings_built_once_and_frozen(monkeypatch):
     assert SOFTAttention(16, 2, 2, nr=attn.nr).nr is attn.nr
     cfg = dict(type='SOFTAttention', nr_iters=7, nr_method='iterative')
     assert SOFTBlock(16, 2, 2, attn_cfg=cfg).attn.nr == attn.nr
-    with pytest.raises(ValueError, match='nr_iters'):
-        SOFTBlock(16, 2, 2, attn_cfg=dict(cfg, nr=dict(iters=7)))
     with pytest.raises(dataclasses.FrozenInstanceError):
         attn.nr.iters = 3
-    fixed = ('the Newton-Raphson settings of SOFTAttention are fixed at '
-             'construction: build the attention with the settings (nr=NRConf'
-             'ig(...), or the attn_cfg keys nr_*), or copy a model with other '
-             'ones (mmsoft.models.layers.with_nr)')
-    for name in ('nr', 'nr_method', 'nr_iters', 'nr_init', 'nr_backward'):
-        raises(AttributeError, fixed, setattr, attn, name, None)
-    assert attn.nr_method == attn.nr.method == 'iterative'
-    assert attn.nr.iters == attn.nr_iters == 7
+    assert (attn.nr_iters, attn.nr_method) == (7, 'iterative')
     # (a bad field: test_pinv.py::test_errors_name_the_problem)
     with pytest.raises(TypeError, match='unknown Newton-Raphson settings'):
         SOFTAttention(16, 2, 2, nr=dict(iter=3))
@@ -616,31 +595,27 @@ def test_nr_settings_built_once_and_frozen(monkeypatch):
 
 
 def test_with_nr_builds_a_copy_with_other_settings():
-    """Same weights, mode and requires_grad; model and RNG unchanged."""
+    """Same weights, mode and requires_grad; model and RNG unchanged; no nr:
+    each one's own; a dict without init: the variant's rule."""
+    own = NRConfig(7, 'soft_norm_per_matrix', 'iterative', 'exact')
     model = torch.nn.Sequential(
-        SOFTAttention(16, 2, 2, nr=dict(method='iterative')),
-        torch.nn.Identity()).double().eval()
+        SOFTAttention(16, 2, 2, nr=own),
+        SOFTAttention(16, 2, 2, attn_norm=False,
+                      nr=dict(iters=4))).double().eval()
     model[0].q.weight.requires_grad_(False)
     state = torch.random.get_rng_state()
     copy = with_nr(model, method='spectral', iters=30)
     assert torch.equal(torch.random.get_rng_state(), state)
-    assert model[0].nr.method == 'iterative' and model[0].nr.iters == 20
-    assert copy[0].nr == NRConfig(30, 'soft_norm_per_sample', 'spectral')
+    assert model[0].nr == own
+    assert copy[0].nr == own.replace(method='spectral', iters=30)
+    assert copy[1].nr == NRConfig(30, 'soft', 'spectral')
     assert copy[0] is not model[0] and not copy.training
     assert copy[0].q.weight.dtype == F64
     assert not copy[0].q.weight.requires_grad
     for k, v in model.state_dict().items():
         assert torch.equal(copy.state_dict()[k], v), k
-    # no nr: each one's own; a dict without init: the variant's rule
-    own = NRConfig(7, 'soft_norm_per_matrix', 'iterative', 'exact')
-    model = torch.nn.Sequential(
-        SOFTAttention(16, 2, 2, nr=own),
-        SOFTAttention(16, 2, 2, attn_norm=False, nr=dict(iters=4)))
     same = with_nr(model)
     assert same[0].nr == own and same[1].nr == NRConfig(4, 'soft')
-    changed = with_nr(model, iters=9)
-    assert changed[0].nr == own.replace(iters=9)
-    assert changed[1].nr == NRConfig(9, 'soft')
     by_dict = with_nr(model, nr=dict(iters=5))
     assert by_dict[0].nr == NRConfig(5, 'soft_norm_per_sample')
     assert by_dict[1].nr == NRConfig(5, 'soft')
@@ -649,24 +624,15 @@ def test_with_nr_builds_a_copy_with_other_settings():
     assert given[0].nr is cfg and given[1].nr is cfg
 
 
-def test_query_index_of_a_pair_or_a_flat_index():
-    """(row, col) -> row * W + col; nothing outside the H x W map."""
+@pytest.mark.parametrize('attn_norm', [True, False])
+def test_rows_and_matrix_are_p_ainv_pt_and_give_the_forward(attn_norm):
+    """S^ = P A^+_n P^T (symmetric); forward = proj(S^ V + dwconv V), no
+    dw conv in the NeurIPS case here; a row by (row, col) or flat index."""
     assert [
         sa.query_index(i, (3, 4))
         for i in [(0, 0), (0, 3), (2, 0), (2, 3), [1, 2], 0, 11,
                   torch.tensor(5)]
     ] == [0, 3, 8, 11, 6, 0, 11, 5]
-    for bad, msg in [((3, 0), 'query (3, 0)'), ((0, 4), 'query (0, 4)'),
-                     ((-1, 0), 'query (-1, 0)'), ((0, -1), 'query (0, -1)'),
-                     (12, 'query index 12'), (-1, 'query index -1')]:
-        raises(IndexError, msg + ' outside the 3x4 map', sa.query_index, bad,
-               (3, 4))
-
-
-@pytest.mark.parametrize('attn_norm', [True, False])
-def test_rows_and_matrix_are_p_ainv_pt_and_give_the_forward(attn_norm):
-    """S^ = P A^+_n P^T (symmetric); forward = proj(S^ V + dwconv V), no
-    dw conv in the NeurIPS case here."""
     attn = SOFTAttention(
         16,
         2,
@@ -679,8 +645,8 @@ def test_rows_and_matrix_are_p_ainv_pt_and_give_the_forward(attn_norm):
     lm = F.avg_pool2d(q.reshape(4, *hw, 8).permute(0, 3, 1, 2), 2)
     lm = lm.flatten(2).transpose(1, 2).reshape(2, 2, -1, 8)
     P, A = gaussian_kernel(q, lm), gaussian_kernel(lm, lm)
-    A_inv = newton_inverse(A, 20,
-                           'soft_norm_per_sample' if attn_norm else 'soft')
+    A_inv = NRConfig(
+        20, 'soft_norm_per_sample' if attn_norm else 'soft').inverse(A)
     if attn_norm:
         d = A.sum(-1).rsqrt()
         A_inv = d[..., :, None] * A_inv * d[..., None, :]
@@ -695,20 +661,3 @@ def test_rows_and_matrix_are_p_ainv_pt_and_give_the_forward(attn_norm):
         if attn_norm:
             ref = ref + attn.dw_conv_tokens(v, hw)
         close(attn(x, hw), attn.proj(ref), 1e-9, 1e-9)
-
-
-# ------------------------------------------------------ stage 4 (softmax)
-def test_softmax_attention_and_cls_token_stage_defaults():
-    """No dropout by default (biases: test_soft.py::test_softmax_block)."""
-    attn = SoftmaxAttention(8, 2, qkv_bias=False)
-    assert attn.q.bias is None and attn.kv.bias is None
-    assert attn.proj.bias is not None
-    x = randn(2, 5, 8, seed=4, dtype=F32)
-    close(attn.train()(x), attn.eval()(x))
-    kw = dict(embed_dims=8, num_heads=2, depth=1, mlp_ratio=2., qkv_bias=True)
-    kw.update(attn_drop_rate=0., drop_path_rates=[0.], in_channels=4)
-    stage = ClsTokenStage(**kw, pos_grid=2)  # drop_rate: default 0
-    assert isinstance(stage.pos_drop, nn.Identity)
-    assert isinstance(stage.blocks[0].attn.proj_drop, nn.Identity)
-    stage = ClsTokenStage(**kw, pos_grid=2, drop_rate=0.25)
-    assert isinstance(stage.pos_drop, nn.Dropout) and stage.pos_drop.p == 0.25
