@@ -85,15 +85,12 @@ class NRConfig:
 def _shared_max(t: torch.Tensor, init: str, trailing: int = 0):
     """Max of per-matrix values (then ``trailing`` dims) over the matrices
     sharing one alpha: a sample or the batch."""
-    lead = t.dim() - trailing
-    if lead == 0 or init not in ('soft_norm_per_batch',
-                                 'soft_norm_per_sample'):
+    lead, tail = t.dim() - trailing, t.shape[t.dim() - trailing:]
+    if lead == 0 or init in ('soft', 'soft_norm_per_matrix'):
         return t
-    tail = t.shape[lead:]
-    if init == 'soft_norm_per_batch':
-        return t.reshape(-1, *tail).amax(0).expand_as(t)
-    shared = t.reshape(t.shape[0], -1, *tail).amax(1)  # per sample
-    return shared.view(t.shape[0], *([1] * (lead - 1)), *tail).expand_as(t)
+    n = 1 if init == 'soft_norm_per_batch' else t.shape[0]
+    shared = t.reshape(n, -1, *tail).amax(1)
+    return shared.view(n, *([1] * (lead - 1)), *tail).expand_as(t)
 
 
 def nr_init_alpha(A, init='soft_norm_per_sample') -> torch.Tensor:
@@ -322,10 +319,9 @@ def solve(A, W, nr, stats) -> torch.Tensor:
         alpha = nr_init_alpha(A, nr.init)
     if amp.is_exporting():  # ONNX: the iterations as plain products
         if nr.method in ('spectral', 'lanczos'):
-            why = dict(
-                spectral='torch.linalg.eigh has no ONNX operator',
-                lanczos='its steps are chosen from the data at run time')[
-                    nr.method]
+            why = ('torch.linalg.eigh has no ONNX operator'
+                   if nr.method == 'spectral' else
+                   'its steps are chosen from the data at run time')
             raise amp.ExportError(
                 f"nr_method={nr.method!r} cannot be exported ({why}); set "
                 f"model.backbone.attn_cfg.nr_method='auto' or 'iterative' "

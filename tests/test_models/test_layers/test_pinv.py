@@ -416,9 +416,9 @@ def test_record_residual_on_known_spectra():
 
 # ------------------------------------------------------------- exporting
 @pytest.mark.filterwarnings('ignore:`torch.jit.trace` is deprecated')
-def test_export_takes_auto_and_refuses_spectral(monkeypatch):
-    """Exporting: 'auto' (as 'iterative') the eager values, 'spectral'
-    refused (the message names the switch)."""
+def test_export_takes_auto_and_refuses_eigh_and_lanczos(monkeypatch):
+    """Exporting: 'auto' (as 'iterative') the eager values, 'spectral' and
+    'lanczos' refused (the message names the switch)."""
     seen = []
     torch.jit.trace(
         lambda x: seen.append(amp.is_exporting()) or x + 1,
@@ -432,13 +432,16 @@ def test_export_takes_auto_and_refuses_spectral(monkeypatch):
     monkeypatch.setattr(torch.onnx, 'is_in_onnx_export', lambda: True)
     monkeypatch.setattr(torch.jit, 'is_tracing', lambda: False)
     assert amp.is_exporting()
-    with pytest.raises(
-            amp.ExportError,
-            match=exact("nr_method='spectral' cannot be exported (torch."
-                        'linalg.eigh has no ONNX operator); set model.'
-                        "backbone.attn_cfg.nr_method='auto' or 'iterative' "
-                        '(same function) before exporting')):
-        nr.replace(method='spectral').inverse(A)
+    for method, why in [('spectral', 'torch.linalg.eigh has no ONNX operator'),
+                        ('lanczos', 'its steps are chosen from the data at '
+                         'run time')]:
+        with pytest.raises(
+                amp.ExportError,
+                match=exact(
+                    f"nr_method='{method}' cannot be exported ({why})"
+                    "; set model.backbone.attn_cfg.nr_method='auto' "
+                    "or 'iterative' (same function) before exporting")):
+            nr.replace(method=method).apply(A, W)
     got = nr.apply(A, W), nr.inverse(A)
     assert got[0].shape == (2, 6, 3) and got[1].shape == (2, 6, 6)
     for a, b in zip(got, want):
