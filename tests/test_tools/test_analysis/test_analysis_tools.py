@@ -1,5 +1,6 @@
 """tools/analysis tools run on tiny settings into tmp_path."""
 import csv
+import importlib
 import json
 import os.path as osp
 
@@ -56,6 +57,13 @@ def test_get_flops_counts_attention_products_and_nr(tmp_path):
         for t in ('softmax', 'sima')
     }
     assert att['softmax'] > 2 * att['sima']
+    if importlib.util.find_spec('mmpretrain'):  # any config's whole model
+        cfg = osp.join(ROOT, 'configs', 'soft_tiny_in1k.py')
+        row, = gf.main(
+            ['--config', cfg, '--out', str(tmp_path)] +
+            '--attn-type performer --shape 64'.split())
+        assert row['counted'] == 'model (tensor mode)'
+        assert row['nr_g'] == 0 and row['params_m'] > 12
 
 
 def test_get_flops_nr_term_is_the_newton_iterations():
@@ -100,17 +108,6 @@ def test_get_flops_bottleneck_settings_give_m_landmarks():
         assert seen and set(seen) == {m}
 
 
-def test_get_flops_any_config(tmp_path):
-    pytest.importorskip('mmpretrain')
-    gf = tool('get_flops')
-    cfg = osp.join(ROOT, 'configs', 'soft_tiny_in1k.py')
-    rows = gf.main(
-        ['--config', cfg, '--out', str(tmp_path)] +
-        '--attn-type performer --shape 64'.split())
-    assert rows[0]['counted'] == 'model (tensor mode)'
-    assert rows[0]['nr_g'] == 0 and rows[0]['params_m'] > 12
-
-
 def test_memory_vs_length_fixed_m_and_outputs(tmp_path, script_server,
                                               monkeypatch):
     mv = tool('memory_vs_length')
@@ -143,22 +140,32 @@ def test_memory_vs_length_fixed_m_and_outputs(tmp_path, script_server,
 
 
 def test_nr_convergence_on_an_image_folder(tmp_path):
+    """Per stage and k, over an image folder, with a checkpoint's weights
+    (loaded: the same tensors)."""
     import cv2
+
+    from mmsoft.models.backbones import SOFT
     nc = tool('nr_convergence')
-    img_dir = tmp_path / 'imgs' / 'sub'
-    img_dir.mkdir(parents=True)
+    (tmp_path / 'imgs' / 'sub').mkdir(parents=True)
     rng = np.random.default_rng(0)
     for i in range(3):
         cv2.imwrite(
-            str(img_dir / f'{i}.png'),
+            str(tmp_path / 'imgs' / 'sub' / f'{i}.png'),
             rng.integers(0, 255, (40, 50, 3), dtype=np.uint8))
-    out = tmp_path / 'out'
+    torch.manual_seed(3)
+    src, ckpt = SOFT(TINY), str(tmp_path / 'w.pth')
+    src.init_weights()
+    save_classifier_checkpoint(ckpt, src)
+    model = nc.build_model('soft_tiny', checkpoint=ckpt, arch=TINY)
+    for k, v in src.state_dict().items():
+        torch.testing.assert_close(model.state_dict()[k], v)
     rows = nc.main([
         '--arch',
-        json.dumps(TINY), '--images', f'mine={tmp_path / "imgs"}', '--out',
-        str(out)
+        json.dumps(TINY), '--images', f'mine={tmp_path / "imgs"}',
+        '--checkpoint', ckpt, '--out',
+        str(tmp_path / 'out')
     ] + '--num-images 2 --size 64 --iters 6 --batch-size 2'.split())
-    outputs_written(out, 'nr_convergence')
+    outputs_written(tmp_path / 'out', 'nr_convergence')
     assert {r['dataset'] for r in rows} == {'mine'}
     assert {r['stage'] for r in rows} == {1, 2, 3}
     for st in (1, 2, 3):
@@ -184,19 +191,6 @@ def test_nr_convergence_metric_is_pinv_convergence(init):
         nc.convergence(A, 8, init), ref, rtol=1e-8, atol=1e-12)
 
 
-def test_nr_convergence_loads_checkpoints(tmp_path):
-    nc = tool('nr_convergence')
-    from mmsoft.models.backbones import SOFT
-    torch.manual_seed(3)
-    src = SOFT(TINY)
-    src.init_weights()
-    path = str(tmp_path / 'w.pth')
-    save_classifier_checkpoint(path, src)
-    model = nc.build_model('soft_tiny', checkpoint=path, arch=TINY)
-    for k, v in src.state_dict().items():
-        torch.testing.assert_close(model.state_dict()[k], v)
-
-
 def test_spectral_norm_field_normalisation_lowers_the_norm(tmp_path):
     sn = tool('spectral_norm')
     rows = sn.main('--lengths 4 16 36 --samples 2 --out'.split() +
@@ -215,15 +209,11 @@ def test_spectral_norm_field_normalisation_lowers_the_norm(tmp_path):
     L = sn.field_landmarks(6, 8, 4.0, 2.0, 64, g)
     assert L.shape == (36, 8)
     assert ((L[:, None] - L[None]).square().sum(-1) / 2).mean() < 8
-
-
-def test_spectral_norm_from_model_landmarks(tmp_path):
-    sn = tool('spectral_norm')
+    # --source model: one synthetic image, one sample per head of stage 3
     rows = sn.main('--source model --model soft_tiny_norm --lengths 4 '
-                   '--samples 1 --out'.split() + [str(tmp_path)])
-    # one synthetic image -> one sample per head of stage 3 (10 heads)
+                   '--samples 1 --out'.split() + [str(tmp_path / 'model')])
     assert len(rows) == 10 and all(r['m'] == 4 for r in rows)
-    outputs_written(tmp_path, 'spectral_norm')
+    outputs_written(tmp_path / 'model', 'spectral_norm')
 
 
 def test_visualize_attention_rows(tmp_path):
