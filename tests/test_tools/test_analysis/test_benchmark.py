@@ -6,7 +6,7 @@ import sys
 from types import SimpleNamespace
 
 import pytest
-from conftest import load_tool
+from conftest import ROOT, load_tool
 
 
 def isolated_runs_in(script_server, monkeypatch):
@@ -25,7 +25,14 @@ def load():
     return load_tool('analysis/benchmark.py', '_benchmark')
 
 
-def test_model_names():
+def test_model_names_and_the_training_step_backbone():
+    """Names -> backbones; a training step times SOFT as
+    configs/_base_/soft_dense.py trains it (norm_eval, drop path, residual
+    dropout), inference as built."""
+    import torch.nn as nn
+    from mmengine.config import Config
+
+    from mmsoft.configs import configs_root
     from mmsoft.models.layers import SOFTAttention
     bench = load()
     m = bench.build_backbone('soft_tiny_norm_spectral_ml16')
@@ -39,16 +46,6 @@ def test_model_names():
         'pvtv2_b2'
     with pytest.raises(ValueError, match='unknown model'):
         bench.build_backbone('resnet50')
-
-
-def test_training_step_builds_the_detection_recipes_backbone():
-    """A training step times SOFT as configs/_base_/soft_dense.py trains it
-    (norm_eval, drop path, residual dropout); inference as built."""
-    import torch.nn as nn
-    from mmengine.config import Config
-
-    from mmsoft.configs import configs_root
-    bench = load()
     dense = Config.fromfile(f'{configs_root()}/_base_/soft_dense.py')
     assert bench.recipe_settings() == {
         k: dense.soft_backbone[k]
@@ -59,8 +56,7 @@ def test_training_step_builds_the_detection_recipes_backbone():
     assert all(not m.training for m in train.modules()
                if isinstance(m, nn.BatchNorm2d))
     assert any(isinstance(m, nn.Dropout) and m.p > 0 for m in train.modules())
-    infer = bench.build_backbone('soft_tiny_norm_floor').train()
-    assert infer.norm_eval is False
+    assert bench.build_backbone('soft_tiny_norm_floor').norm_eval is False
 
 
 def test_tiny_run_writes_ratios(tmp_path, capsys, script_server, monkeypatch):
@@ -100,40 +96,33 @@ def test_nr_method_crossover_tool(capsys):
                                 or 'not faster' in out)
 
 
-def test_nr_accuracy_tool(tmp_path, capsys):
-    """Every method against the float64 official 20 steps, per layer:
-    within the bounds of docs/en/benchmarks.md; the table written."""
-    mod = load_tool('analysis/nr_accuracy.py', '_nr_accuracy')
-    assert mod.main('--model soft_tiny_norm --sizes 64x96 --layers 0 1 '
-                    '--threads 1 --out'.split() + [str(tmp_path)]) == 0
-    out = capsys.readouterr().out
-    rows = [
+def parsed_rows(out):
+    return [
         dict(kv.split('=') for kv in line.split())
         for line in out.splitlines() if line.startswith('size=')
     ]
-    assert len(rows) == 2 * 4  # two layers, four methods
-    assert {r['method']
-            for r in rows} == {'auto', 'lanczos', 'spectral', 'iterative'}
-    for r in rows:
-        assert float(r['out_err']) < 1e-5, r
-        assert float(r['eval_err']) < 1e-5, r
-        assert float(r['grad_err']) < 1e-4, r
-    assert all(int(r['krylov']) > 1 for r in rows if r['method'] == 'lanczos')
-    assert (tmp_path / 'nr_accuracy.csv').read_text().count('\n') == 9
 
 
-def test_nr_accuracy_of_a_config_and_its_checkpoint(tmp_path, capsys):
-    """``--config`` with a detector's ``--checkpoint``: within the bounds;
-    a file that lacks a backbone tensor is refused."""
+def test_nr_accuracy_tool(tmp_path, capsys):
+    """Every method against the float64 official 20 steps, per layer:
+    within the bounds of docs/en/benchmarks.md; the table written;
+    ``--config`` with a detector's ``--checkpoint`` too; a file that lacks
+    a backbone tensor is refused."""
     import torch
 
     from mmsoft.models.backbones import SOFT
     from mmsoft.utils.strict_load import CheckpointMismatchError
     from mmsoft_tools.cli import load_config
     mod = load_tool('analysis/nr_accuracy.py', '_nr_accuracy')
-    cfg = os.path.join(
-        os.path.dirname(__file__), *['..'] * 3, 'configs', 'demo',
-        'retinanet_soft_demo.py')
+    assert mod.main('--model soft_tiny_norm --sizes 64x96 --layers 0 1 '
+                    '--threads 1 --out'.split() + [str(tmp_path)]) == 0
+    rows = parsed_rows(capsys.readouterr().out)
+    assert len(rows) == 2 * 4  # two layers, four methods
+    assert {r['method']
+            for r in rows} == {'auto', 'lanczos', 'spectral', 'iterative'}
+    assert all(int(r['krylov']) > 1 for r in rows if r['method'] == 'lanczos')
+    assert (tmp_path / 'nr_accuracy.csv').read_text().count('\n') == 9
+    cfg = os.path.join(ROOT, 'configs', 'demo', 'retinanet_soft_demo.py')
     bb = dict(load_config(cfg).model.backbone)
     for key in ('type', 'init_cfg'):
         bb.pop(key, None)
@@ -141,19 +130,21 @@ def test_nr_accuracy_of_a_config_and_its_checkpoint(tmp_path, capsys):
     state = {f'backbone.{k}': v for k, v in SOFT(**bb).state_dict().items()}
     ckpt = tmp_path / 'det.pth'
     torch.save(dict(state_dict=state, meta={}), ckpt)
-    args = ['--config', cfg] + \
+    args = ['--config', cfg, '--checkpoint', str(ckpt)] + \
         '--sizes 64x96 --layers 0 --methods auto --threads 1'.split()
-    assert mod.main(args + ['--checkpoint', str(ckpt)]) == 0
+    assert mod.main(args) == 0
     out = capsys.readouterr().out
     assert 'randomly initialised' not in out
-    rows = [line for line in out.splitlines() if line.startswith('size=')]
-    assert len(rows) == 1 and 'layer=0' in rows[0], out
-    errs = dict(kv.split('=') for kv in rows[0].split())
-    assert float(errs['out_err']) < 1e-5 and float(errs['eval_err']) < 1e-5
+    rows += parsed_rows(out)
+    assert len(rows) == 9 and rows[-1]['layer'] == '0', out
+    for r in rows:
+        assert float(r['out_err']) < 1e-5, r
+        assert float(r['eval_err']) < 1e-5, r
+        assert float(r['grad_err']) < 1e-4, r
     del state['backbone.stages.0.pos_embed']  # a file of another model
     torch.save(dict(state_dict=state, meta={}), ckpt)
     with pytest.raises(CheckpointMismatchError, match='pos_embed'):
-        mod.main(args + ['--checkpoint', str(ckpt)])
+        mod.main(args)
 
 
 def test_alternate_rounds_and_the_no_inverse_floor(tmp_path, capsys):
