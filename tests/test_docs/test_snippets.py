@@ -66,19 +66,6 @@ SOFT_CASES = [(where, code, scope) for where, code, reason in PY_BLOCKS
                             search(code) else RESNET_BASES)]  # yapf: disable
 
 
-def test_python_blocks_found_and_skips_counted():
-    assert len(PY_BLOCKS) >= 8
-    skipped = [(w, reason) for w, _, reason in PY_BLOCKS if reason is not None]
-    assert all(reason.strip() for _, reason in skipped), skipped
-    assert len(skipped) == EXPECTED_SKIPS, skipped
-    # SOFT blocks: the README's usage block, a whole config per codebase
-    whole = {(w.split(':')[0], s)
-             for w, c, s in SOFT_CASES if OWN_BASE.search(c)}
-    assert ('README.md', 'mmdet') in whole
-    assert {s for _, s in whole} == set(RESNET_BASES)
-    assert len(SOFT_CASES) >= 8
-
-
 @pytest.mark.parametrize('where,code',
                          [(w, c) for w, c, r in PY_BLOCKS if r is None])
 def test_python_block_runs(where, code, tmp_path, monkeypatch):
@@ -196,13 +183,6 @@ def invocations():
 INVOCATIONS = invocations()
 
 
-def test_shell_invocations_found():
-    assert {'tool', 'script', 'make',
-            'config'} <= {k
-                          for _, k, _, _ in INVOCATIONS}
-    assert len(INVOCATIONS) >= 40
-
-
 @pytest.mark.parametrize('where,kind,target,argv', INVOCATIONS)
 def test_shell_invocation(where, kind, target, argv):
     assert kind != 'module', f'{where}: unknown module {target}'
@@ -237,7 +217,22 @@ LINKS = [(rel(page), target) for page in PAGES
          if not re.match(r'^(https?|mailto):', target)]
 
 
-def test_links_found_and_slug_matches_myst():
+def test_the_scan_finds_what_it_checks():
+    """Python blocks (the skipped ones counted, each with its reason; a
+    whole SOFT config per codebase), tool invocations of every kind, links;
+    MyST's anchors."""
+    assert len(PY_BLOCKS) >= 8
+    skipped = [(w, reason) for w, _, reason in PY_BLOCKS if reason is not None]
+    assert all(reason.strip() for _, reason in skipped), skipped
+    assert len(skipped) == EXPECTED_SKIPS, skipped
+    whole = {(w.split(':')[0], s)
+             for w, c, s in SOFT_CASES if OWN_BASE.search(c)}
+    assert ('README.md', 'mmdet') in whole
+    assert {s for _, s in whole} == set(RESNET_BASES)
+    assert len(SOFT_CASES) >= 8
+    assert {'tool', 'script', 'make', 'config'
+            } <= {k
+                  for _, k, _, _ in INVOCATIONS} and len(INVOCATIONS) >= 40
     assert len(LINKS) >= 50
     assert slug('The alpha rule (`nr_init`) in plain words') == \
         'the-alpha-rule-nr_init-in-plain-words'
