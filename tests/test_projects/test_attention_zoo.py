@@ -247,18 +247,14 @@ def test_orthogonal_gaussian_seeded_orthogonal_float64_norms(monkeypatch):
                                       4).shape == (9, 4) and calls == [1] * 3
 
 
-def test_nystromformer_exact_limit():
-    """r = 1, exact inverse: F A^+ B = S S^+ S = S; 6 iterations by
-    default."""
+def test_iterative_pinv_start_step_convergence_and_exact_limit():
+    """Z_0 = A^T / (||A||_1 ||A||_inf) per matrix, one step, to A^+ (float32
+    for half A: test_nystromformer_in_bfloat16_inverts_in_float32); r = 1,
+    exact inverse: F A^+ B = S S^+ S = S; 6 iterations by default."""
     attn, x = build('nystromformer', ratio=1, pinv='exact'), tokens()
     S = softmax_matrix(*split(attn, x, 'q', 'k'))
     close(attn.attention_matrix(x, HW), S, 1e-6, 1e-8)
     assert NYS(C, HEADS, 2).pinv_iters == 6
-
-
-def test_iterative_pinv_start_step_precision_and_convergence():
-    """Z_0 = A^T / (||A||_1 ||A||_inf) per matrix, one step, to A^+ (float32
-    for half A: test_nystromformer_in_bfloat16_inverts_in_float32)."""
     A = tokens(3, 5, 5, seed=0) * torch.tensor([1., 10., 1.])[:, None, None]
     norms = A.abs().sum(-2).amax(-1) * A.abs().sum(-1).amax(-1)
     Z0, eye = A.transpose(-1, -2) / norms[:, None, None], torch.eye(5)
