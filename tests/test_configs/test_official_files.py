@@ -42,6 +42,16 @@ WRONG_ARCH = ("checkpoint C holds the authors' weights of "
               'model.backbone.arch=small-official')
 
 
+@pytest.fixture(scope='module', autouse=True)
+def metafiles_read_once():
+    """mmengine reads every codebase metafile per ``mmdet::`` base (most of
+    this module's time): each once here."""
+    from mmengine.config import utils
+    with pytest.MonkeyPatch.context() as m:
+        m.setattr(utils, 'load', functools.lru_cache(None)(utils.load))
+        yield
+
+
 def load(name):
     return copy.deepcopy(_load(name))
 
