@@ -85,15 +85,6 @@ def test_allow_list_is_scoped():
     assert get() == before
 
 
-def test_allow_list_context_is_a_no_op_before_torch_2_6(monkeypatch):
-    get = getattr(torch.serialization, 'get_safe_globals', None)
-    before = list(map(str, get())) if get else None
-    monkeypatch.setattr(safe_load, 'native_allow_list', lambda: False)
-    with compat.mmengine_checkpoints_allowed():
-        if get is not None:
-            assert list(map(str, get())) == before
-
-
 @needs_weights_only
 def test_mmengine_checkpoint_loads_weights_only_inside_the_context(
         tmp_path, table):
@@ -366,8 +357,13 @@ def test_torch_version_and_the_native_allow_list(monkeypatch, version, want,
 
 def test_restricted_codecs_encode_is_latin1_of_a_str_only(
         tmp_path, monkeypatch):
-    """Before torch 2.6: only ``_codecs.encode(str, 'latin1')``."""
+    """Before torch 2.6: only ``_codecs.encode(str, 'latin1')``; the
+    allow-list context is a no-op."""
+    get = getattr(torch.serialization, 'get_safe_globals', list)
+    before = list(map(str, get()))
     monkeypatch.setattr(safe_load, 'native_allow_list', lambda: False)
+    with compat.mmengine_checkpoints_allowed():
+        assert list(map(str, get())) == before
     path = _save(tmp_path / 'enc.pth',
                  {'b': Reduce(codecs.encode, '\xff', 'latin-1')})
     assert safe_load.safe_torch_load(path) == {'b': b'\xff'}
