@@ -2,7 +2,6 @@
 their CUDA kernels. The script's decision functions run in bash against a
 fake ``nvidia-smi`` and a fake Python (a CPU machine never asks torch), or a
 real Python with fake distributions / modules first on its path."""
-import os
 import re
 import subprocess
 import sys
@@ -10,7 +9,7 @@ import sys
 import pytest
 from conftest import ROOT
 
-SCRIPT = os.path.join(ROOT, 'tools', 'setup_env.sh')
+SCRIPT = f'{ROOT}/tools/setup_env.sh'
 # a Python that answers from the environment and logs every call
 FAKE_PY = r'''#!/usr/bin/env bash
 echo "$*" >> "$FAKE_LOG"
@@ -23,90 +22,83 @@ exit 3
 '''
 FUNCS = ('want_cuda_ops', 'mmcv_has_cuda_ops', 'cuda_ops_ok', 'torch_index',
          'torch_build_ok', 'driver_hint')
+NOTE = ("note: NVIDIA driver 550.54.14 found, but torch (CUDA {}) sees no "
+        "GPU, so mmcv's ops are CPU-only: {} (docs/en/get_started.md, 'On a "
+        "GPU machine')\n").format
 
 
 def bash_with(env, call):
     """``call`` after the script's decision functions, with ``env`` only."""
-    with open(SCRIPT) as f:
-        text = f.read()
+    text = open(SCRIPT).read()
     funcs = [re.search(rf'^{n}\(\) {{.*?^}}', text, re.S | re.M)[0]
              for n in FUNCS]  # yapf: disable
     script = 'log() { echo "$*"; }\n' + '\n'.join(funcs) + '\n' + call
     return subprocess.run(['bash', '-c', script],
+                          capture_output=True,
+                          text=True,
                           env={
                               'PATH': '/usr/bin:/bin',
                               **env
-                          },
-                          capture_output=True,
-                          text=True)
+                          })
 
 
-@pytest.fixture
-def run(tmp_path):
-    """``run(call, gpu, cuda=0, ops=1, force=None, state='')``: (exit code,
-    the fake Python's calls, stdout)."""
+# (call, with a GPU driver, env) -> (exit code, asks Python, stdout); env:
+# FAKE_CUDA 0/1 (torch sees the GPU), FAKE_OPS 0/1 (mmcv's ops have CUDA),
+# FAKE_STATE (torch's "is_available cuda"), MMSOFT_MMCV_CUDA (forced)
+FAKE_CASES = [
+    # a CPU machine keeps CPU ops without importing torch
+    ('want_cuda_ops', 0, {}, (1, 0, '')),
+    ('cuda_ops_ok', 0, {}, (0, 0, '')),
+    ('want_cuda_ops', 1, {}, (0, 1, '')),
+    # a driver but torch sees no GPU (e.g. a CPU torch): CPU-only ops
+    ('want_cuda_ops', 1, dict(FAKE_CUDA='1'), (1, 1, '')),
+    # a GPU machine: ops without CUDA are rebuilt, with CUDA kept
+    ('cuda_ops_ok', 1, dict(FAKE_OPS='1'), (1, 2, '')),
+    ('cuda_ops_ok', 1, dict(FAKE_OPS='0'), (0, 2, '')),
+    # forced either way
+    ('want_cuda_ops', 0, dict(MMSOFT_MMCV_CUDA='1'), (0, 0, '')),
+    ('want_cuda_ops', 1, dict(MMSOFT_MMCV_CUDA='0'), (1, 0, '')),
+    # a driver torch cannot use: one note; none if torch sees the GPU, a
+    # CPU torch, no driver or forced
+    ('driver_hint', 1, dict(FAKE_STATE='0 13.0'), (0, 1, NOTE(
+        '13.0', 'CUDA 13.0 needs driver >= 580.65.06; on a CUDA 12 driver '
+        'rerun with MMSOFT_TORCH_CUDA=cu126'))),
+    # a CUDA 12 torch (MMSOFT_TORCH_CUDA) on a still older driver
+    ('driver_hint', 1, dict(FAKE_STATE='0 12.6'), (0, 1, NOTE(
+        '12.6', "CUDA 12.6 needs a newer driver (NVIDIA's CUDA release "
+        "notes, 'CUDA Driver')"))),
+    ('driver_hint', 1, dict(FAKE_STATE='1 13.0'), (0, 1, '')),
+    ('driver_hint', 1, dict(FAKE_STATE='0 None'), (0, 1, '')),
+    ('driver_hint', 1, dict(FAKE_STATE='0 13.0', MMSOFT_MMCV_CUDA='1'),
+     (0, 0, '')),
+    ('driver_hint', 0, {}, (0, 0, '')),
+]  # yapf: disable
+
+
+@pytest.mark.parametrize('call,gpu,env,want', FAKE_CASES)
+def test_cuda_ops_and_driver_decisions(tmp_path, call, gpu, env, want):
     (tmp_path / 'bin').mkdir()
     py, log = tmp_path / 'python', tmp_path / 'calls.log'
     py.write_text(FAKE_PY)
-    py.chmod(0o755)
-
-    def _run(call, gpu, cuda=0, ops=1, force=None, state=''):
-        smi = tmp_path / 'bin' / 'nvidia-smi'
-        if gpu:  # prints its driver version when asked
-            smi.write_text('#!/bin/sh\necho 550.54.14\n')
-            smi.chmod(0o755)
-        elif smi.exists():
-            smi.unlink()
-        log.write_text('')
-        env = dict(PATH=f'{tmp_path / "bin"}:/usr/bin:/bin', PY=str(py),
-                   FAKE_LOG=str(log), FAKE_CUDA=str(cuda), FAKE_OPS=str(ops),
-                   FAKE_STATE=state)  # yapf: disable
-        if force is not None:
-            env['MMSOFT_MMCV_CUDA'] = force
-        proc = bash_with(env, call)
-        return proc.returncode, log.read_text().splitlines(), proc.stdout
-
-    return _run
-
-
-def test_cuda_ops_wanted_and_up_to_date(run):
-    # a CPU machine keeps CPU ops without importing torch
-    assert run('want_cuda_ops', gpu=False) == (1, [], '')
-    assert run('cuda_ops_ok', gpu=False) == (0, [], '')
-    rc, calls, _ = run('want_cuda_ops', gpu=True, cuda=0)
-    assert rc == 0 and 'torch.cuda.is_available' in calls[0]
-    # a driver but torch sees no GPU (e.g. a CPU torch): CPU-only ops
-    assert run('want_cuda_ops', gpu=True, cuda=1)[0] == 1
-    # a GPU machine: ops without CUDA are rebuilt, with CUDA kept
-    assert run('cuda_ops_ok', gpu=True, cuda=0, ops=1)[0] == 1
-    assert run('cuda_ops_ok', gpu=True, cuda=0, ops=0)[0] == 0
-    # forced either way
-    assert run('want_cuda_ops', gpu=False, force='1') == (0, [], '')
-    assert run('want_cuda_ops', gpu=True, force='0') == (1, [], '')
-
-
-def test_driver_torch_cannot_use_gets_one_note(run):
-    """None if torch sees the GPU, a CPU torch, no driver or forced."""
-    assert run(
-        'driver_hint', gpu=True, state='0 13.0'
-    )[::2] == (
-        0, 'note: NVIDIA driver 550.54.14 found, but torch (CUDA 13.0) sees '
-        "no GPU, so mmcv's ops are CPU-only: CUDA 13.0 needs driver >= "
-        '580.65.06; on a CUDA 12 driver rerun with MMSOFT_TORCH_CUDA=cu126 '
-        "(docs/en/get_started.md, 'On a GPU machine')\n")
-    # a CUDA 12 torch (MMSOFT_TORCH_CUDA) on a still older driver
-    out = run('driver_hint', gpu=True, state='0 12.6')[2]
-    assert 'torch (CUDA 12.6) sees no GPU' in out and 'newer driver' in out
-    assert 'cu126' not in out and len(out.splitlines()) == 1
-    for kw in (dict(state='1 13.0'), dict(state='0 None'),
-               dict(state='0 13.0', force='1')):
-        assert run('driver_hint', gpu=True, **kw)[::2] == (0, ''), kw
-    assert run('driver_hint', gpu=False) == (0, [], '')
+    log.write_text('')
+    if gpu:  # prints its driver version when asked
+        (tmp_path / 'bin' /
+         'nvidia-smi').write_text('#!/bin/sh\necho 550.54.14\n')
+    for exe in tmp_path.glob('**/*'):
+        exe.chmod(0o755)
+    env = dict(dict(PATH=f'{tmp_path / "bin"}:/usr/bin:/bin', PY=str(py),
+                    FAKE_LOG=str(log), FAKE_CUDA='0', FAKE_OPS='1',
+                    FAKE_STATE=''), **env)  # yapf: disable
+    proc = bash_with(env, call)
+    calls = log.read_text().splitlines()
+    assert (proc.returncode, len(calls), proc.stdout) == want
+    if call == 'want_cuda_ops' and calls:
+        assert 'torch.cuda.is_available' in calls[0]
 
 
 def test_torch_index_or_one_line_before_anything(tmp_path):
     """An unknown build: exit 2 with one line, before looking for Python or
-    making the venv."""
+    making the venv; unset: any build, never asks Python."""
     proc = bash_with({}, 'torch_index cu128')
     assert (proc.returncode, proc.stdout,
             proc.stderr) == (0, 'https://download.pytorch.org/whl/cu128\n', '')
@@ -115,8 +107,7 @@ def test_torch_index_or_one_line_before_anything(tmp_path):
                                    MMSOFT_TORCH_CUDA='12.6',
                                    MMSOFT_VENV=str(tmp_path / 'venv'),
                                    MMSOFT_PYTHON=str(tmp_path / 'no-python')),
-                          capture_output=True,
-                          text=True)  # yapf: disable
+                          capture_output=True, text=True)  # yapf: disable
     assert (proc.returncode, proc.stdout) == (2, '')
     assert proc.stderr.splitlines() == [
         'MMSOFT_TORCH_CUDA=12.6 is not a torch build this script '
@@ -124,38 +115,31 @@ def test_torch_index_or_one_line_before_anything(tmp_path):
         'leave it unset (PyPI\'s torch, CUDA 13.0)'
     ]
     assert not (tmp_path / 'venv').exists()
-    # unset: any build, never asks Python
     proc = bash_with(dict(PY='/nonexistent', TORCH_CUDA=''), 'torch_build_ok')
     assert (proc.returncode, proc.stderr) == (0, '')
 
 
 # a real Python, fake torch / torchvision distributions or modules
-@pytest.mark.parametrize(
-    'call,versions,rc',
-    [
-        ('torch_build_ok', ('2.14.1+cu126', '0.29.1+cu126'), 0),
-        ('torch_build_ok', ('2.14.1', '0.29.1'), 1),  # PyPI's build
-        ('torch_build_ok', ('2.14.1+cu126', '0.29.1'), 1),  # torchvision
-        # mmcv's ops, torch's CUDA: one major is the same runtime ABI
-        ('mmcv_has_cuda_ops', ('12.8', '12.6'), 0),
-        ('mmcv_has_cuda_ops', ('13.0', '12.6'), 1),
-        ('mmcv_has_cuda_ops', ('not available', '13.0'), 1),
-    ])
-def test_installed_builds(call, versions, rc, tmp_path):
-    a, b = versions
-    if call == 'torch_build_ok':
-        files = {
-            f'{n}-{v}.dist-info/METADATA':
-            f'Metadata-Version: 2.1\nName: {n}\nVersion: {v}\n'
-            for n, v in (('torch', a), ('torchvision', b))
-        }
-    else:
-        files = {
-            'mmcv/__init__.py': '',
-            'mmcv/ops/__init__.py':
-            f'def get_compiling_cuda_version():\n    return {a!r}\n',
-            'torch/__init__.py': f'class version:\n    cuda = {b!r}\n'
-        }
+@pytest.mark.parametrize('call,a,b,rc', [
+    ('torch_build_ok', '2.14.1+cu126', '0.29.1+cu126', 0),
+    ('torch_build_ok', '2.14.1', '0.29.1', 1),  # PyPI's build
+    ('torch_build_ok', '2.14.1+cu126', '0.29.1', 1),  # torchvision
+    # mmcv's ops, torch's CUDA: one major is the same runtime ABI
+    ('mmcv_has_cuda_ops', '12.8', '12.6', 0),
+    ('mmcv_has_cuda_ops', '13.0', '12.6', 1),
+    ('mmcv_has_cuda_ops', 'not available', '13.0', 1),
+])  # yapf: disable
+def test_installed_builds(call, a, b, rc, tmp_path):
+    files = {
+        f'{n}-{v}.dist-info/METADATA':
+        f'Metadata-Version: 2.1\nName: {n}\nVersion: {v}\n'
+        for n, v in (('torch', a), ('torchvision', b))
+    } if call == 'torch_build_ok' else {
+        'mmcv/__init__.py': '',
+        'mmcv/ops/__init__.py':
+        f'def get_compiling_cuda_version():\n    return {a!r}\n',
+        'torch/__init__.py': f'class version:\n    cuda = {b!r}\n'
+    }
     for rel, text in files.items():
         (tmp_path / rel).parent.mkdir(parents=True, exist_ok=True)
         (tmp_path / rel).write_text(text)
