@@ -1,23 +1,25 @@
-"""The Makefile's paths: ``VENV`` is one path in every recipe (spaces and
-quotes included), and ``make clean-env`` deletes a virtualenv, never a
-folder that is not one."""
+"""The Makefile: ``VENV`` is one path in every recipe (spaces and quotes
+included), ``make clean-env`` deletes a virtualenv, never a folder that is
+not one; ``make test`` runs in a random order (pytest-randomly;
+docs/en/contributing.md) whose seed alone gives the order and is printed at
+the end also under ``-q`` (``tests/conftest.py``)."""
+import inspect
 import os
 import shutil
 import subprocess
+import sys
 
+import conftest
 import pytest
-from conftest import ROOT
+from conftest import ROOT, run
 
 pytestmark = pytest.mark.skipif(
     shutil.which('make') is None, reason='needs GNU make')
 
 
 def _make(cwd, *args):
-    return subprocess.run(['make', '-s', *args],
-                          cwd=cwd,
-                          capture_output=True,
-                          text=True,
-                          timeout=60)
+    return subprocess.run(['make', '-s', *args], cwd=cwd, capture_output=True,
+                          text=True, timeout=60)  # yapf: disable
 
 
 @pytest.fixture
@@ -36,12 +38,10 @@ def test_clean_env_removes_exactly_the_virtualenv(tree, name):
     (tree / name / 'pyvenv.cfg').write_text('home = /usr/bin\n')
     proc = _make(tree, 'clean-env', f'VENV={name}')
     assert proc.returncode == 0, proc.stderr
-    assert not (tree / name).exists()
     assert sorted(os.listdir(tree)) == ['Makefile', 'env', 'keep', 'my']
     assert all((tree / d / 'mine.txt').read_text() == d
                for d in ('my', 'env', 'keep'))
-    again = _make(tree, 'clean-env', f'VENV={name}')
-    assert again.stdout == (
+    assert _make(tree, 'clean-env', f'VENV={name}').stdout == (
         f'clean-env: {name} does not exist: nothing to remove\n')
 
 
@@ -70,3 +70,55 @@ def test_every_recipe_quotes_the_venv(tree, target):
     assert "a b's" not in text.replace("'a b'\\''s", '')  # never bare
     assert "'a b'\\''s/bin/python'" in text or \
         "MMSOFT_VENV='a b'\\''s'" in text
+
+
+def test_make_test_runs_in_a_random_order():
+    """On two pytest-xdist workers, a module's tests on one worker (its
+    module fixtures are built once); JOBS=0: in one process."""
+
+    def make_test(*args):
+        proc = _make(ROOT, '-n', 'test', *args)
+        assert proc.returncode == 0, proc.stderr
+        return ' '.join(proc.stdout.replace('\\\n', ' ').split())
+
+    assert '-p randomly' in make_test()
+    assert '--randomly-seed' not in make_test()
+    assert '--randomly-seed=3' in make_test('SEED=3')
+    assert '-n 2 --dist loadfile' in make_test()
+    assert '-n 0 ' in make_test('JOBS=0')
+
+
+#: ``pytest -q --co`` of two files, once per argument (one interpreter)
+COLLECT = '''import sys, pytest
+for args in sys.argv[1:]:
+    print('=== run', flush=True)
+    pytest.main(['test_a.py', 'test_b.py', '-q', '--co',
+                 '-p', 'no:cacheprovider', *args.split()])
+'''
+
+
+def test_the_seed_gives_the_order_and_is_printed(tmp_path):
+    """conftest's summary hook on two small files; a module's tests stay
+    together (module fixtures are built once)."""
+    (tmp_path / 'conftest.py').write_text(
+        inspect.getsource(conftest.pytest_terminal_summary))
+    for f in 'ab':
+        (tmp_path /
+         f'test_{f}.py').write_text(''.join(f'def test_{f}{i}():\n    pass\n'
+                                            for i in range(6)))
+    seven = '-p randomly --randomly-seed=7'
+    proc = run([sys.executable, '-c', COLLECT, seven, seven, '-p no:randomly'],
+               cwd=tmp_path)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    (order, printed), again, (plain, unprinted) = (([
+        ln for ln in out.splitlines() if '::' in ln
+    ], [ln for ln in out.splitlines() if ln.startswith('test order:')
+        ]) for out in proc.stdout.split('=== run\n')[1:])
+    assert printed == [
+        'test order: random, --randomly-seed=7 (make test SEED=7 replays it)'
+    ]
+    assert again == (order, printed) and unprinted == []
+    assert order != plain and sorted(order) == sorted(plain)
+    files = [i.split('::')[0] for i in order]
+    assert len(files) == 12
+    assert sum(a != b for a, b in zip(files, files[1:])) == 1, order
