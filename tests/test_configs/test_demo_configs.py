@@ -1,10 +1,12 @@
-"""The demo configs (``configs/demo``): contents, a short run of each task
-(``demo_tasks.run_task``), the results table and ``tools/demo.py --smoke``."""
+"""The demo configs (``configs/demo``): contents, a short run
+(``demo_tasks.run_task``; det: test_tool_cli.py's nr_backward_compare), the
+results table and ``tools/demo.py --smoke``."""
 import json
 import os.path as osp
 
 import cv2
 import pytest
+import torch
 from conftest import (check_hooks, demo_support, random_model, tiny_demo_data,
                       tool_namespace)
 from mmengine.optim import build_optim_wrapper
@@ -20,27 +22,14 @@ EXPECTED = {
 }
 
 
-@pytest.fixture(scope='module')
-def tiny_data(tmp_path_factory):
-    root = str(tmp_path_factory.mktemp('demo_tiny'))
-    return S.make_demo_data(
-        root,
-        tasks=['det', 'seg'],
-        overrides=tiny_demo_data(num_train=4),
-        workers=1,
-        log=None)
-
-
 @pytest.mark.parametrize('task', sorted(T.TASKS))
 def test_config_contents(task):
     cfg = T.load_demo_config(task)
     model, dataset, metric, size = EXPECTED[task]
-    types = [
-        x['type'].split('.')[-1]
-        for x in (cfg.model, cfg.train_dataloader.dataset,
-                  cfg.val_dataloader.dataset, cfg.test_dataloader.dataset,
-                  cfg.test_evaluator)
+    parts = [cfg.model] + [
+        cfg[f'{s}_dataloader'].dataset for s in ('train', 'val', 'test')
     ]
+    types = [x['type'].split('.')[-1] for x in parts + [cfg.test_evaluator]]
     assert types == [model, dataset, dataset, dataset, metric]
     assert cfg.model.backbone.type in ('SOFT', 'mmsoft.SOFT')
     assert 'mmsoft' in cfg.custom_imports['imports']
@@ -55,11 +44,9 @@ def test_config_contents(task):
     model = random_model(cfg)
     assert sum(p.numel() for p in model.parameters()) < 5e6
     # no weight decay on the position embeddings / cls token
-    decay = {
-        id(p): g['weight_decay']
-        for g in build_optim_wrapper(model, cfg.optim_wrapper).optimizer.
-        param_groups for p in g['params']
-    }  # yapf: disable
+    opt = build_optim_wrapper(model, cfg.optim_wrapper).optimizer
+    decay = {id(p): g['weight_decay']
+             for g in opt.param_groups for p in g['params']}  # yapf: disable
     bb = model.backbone
     assert [decay[id(s.pos_embed)] for s in bb.stages] == [0] * 4
     assert decay[id(bb.stages[3].cls_token)] == 0
@@ -78,17 +65,18 @@ def _check_run(task, r, work_dir, iters):
     assert logs and f'Iter(train) [{iters}/{iters}]' in logs[0].read_text()
 
 
-@pytest.mark.parametrize('task', ['det', 'seg'])  # cls: test_demo_smoke
-def test_short_training_run(task, tiny_data, tmp_path):
-    cfg = T.load_demo_config(task)
-    T.shrink_for_smoke(cfg, iters=2, batch_size=2)
-    r = T.run_task(
-        task, tiny_data[task]['path'], str(tmp_path / task), cfg=cfg,
-        n_draw=2)  # yapf: disable
-    _check_run(task, r, tmp_path / task, 2)
-
-
-def test_set_data_root(tmp_path):
+def test_short_training_run_and_data_root(tmp_path):
+    """seg (det: test_tool_cli.py, cls: test_demo_smoke); set_data_root."""
+    data = S.make_demo_data(
+        str(tmp_path / 'data'),
+        tasks=['seg'],
+        workers=1,
+        overrides=tiny_demo_data(num_train=4),
+        log=None)
+    cfg = T.shrink_for_smoke(T.load_demo_config('seg'), iters=2, batch_size=2)
+    r = T.run_task('seg', data['seg']['path'], str(tmp_path / 'seg'),
+                   cfg=cfg, n_draw=2)  # yapf: disable
+    _check_run('seg', r, tmp_path / 'seg', 2)
     cfg = T.load_demo_config('det')
     root = str(tmp_path / 'x') + '/'
     T.set_data_root(cfg, root[:-1])
@@ -101,14 +89,12 @@ def test_set_data_root(tmp_path):
 def test_format_table():
     """PASS / FAIL / no target / ERROR rows; a value equal to its target
     passes ('>='), one just below fails."""
-    row = ('task', 'metric', 'value', 'target', 'seconds')
-    lines = T.format_table([
-        dict(zip(row, r))
-        for r in (('detection', 'bbox mAP@0.5', 0.61, 0.5,
-                   200.0), ('detection', 'bbox mAP', 0.3,
-                            None), ('segmentation', 'mIoU', None, 0.6),
-                  ('t', 'm', 0.5, 0.5), ('t', 'm', 0.4999, 0.5))
-    ]).splitlines()
+    rows = (('detection', 'bbox mAP@0.5', 0.61, 0.5,
+             200.0), ('detection', 'bbox mAP', 0.3, None), ('segmentation',
+                                                            'mIoU', None, 0.6),
+            ('t', 'm', 0.5, 0.5), ('t', 'm', 0.4999, 0.5))
+    keys = ('task', 'metric', 'value', 'target', 'seconds')
+    lines = T.format_table([dict(zip(keys, r)) for r in rows]).splitlines()
     assert lines[0].startswith('| task') and len(lines) == 7
     assert 'PASS' in lines[2] and '0.610' in lines[2] and '>= 0.5' in lines[2]
     assert 'PASS' not in lines[3] and 'FAIL' not in lines[3]
@@ -116,33 +102,42 @@ def test_format_table():
     assert '| PASS ' in lines[5] and '| FAIL ' in lines[6]
 
 
-@pytest.mark.parametrize('amp', [False, True])
-def test_demo_smoke(tmp_path, capsys, amp):
-    """tools/demo.py end to end (one task, tiny data; the classifier's
-    run_task checks); ``--amp``: the AMP optim wrapper of ``tools/train.py
-    --amp``, results in ``<wd>-amp``."""
-    import torch
-    rc = tool_namespace(
-        'demo', run_name='demo')['main']([
-            '--smoke', '--tasks', 'cls', '--threads', '1', '--data',
-            str(tmp_path / 'data'), '--work-dir',
-            str(tmp_path / 'wd')
-        ] + ['--amp'] * amp)
-    out = capsys.readouterr().out
+def _demo(tmp_path, capsys, *args):
+    rc = tool_namespace('demo', run_name='demo')['main'](
+        ['--smoke', '--threads', '1', '--data', str(tmp_path / 'data'),
+         '--work-dir', str(tmp_path / 'wd'), *args])  # yapf: disable
+    return rc, capsys.readouterr().out
+
+
+def test_demo_smoke(tmp_path, capsys):
+    """tools/demo.py end to end (cls, tiny data; the classifier's run_task
+    checks); ``--amp``: the AMP optim wrapper of ``tools/train.py --amp``,
+    results in ``<wd>-amp``."""
+    rc, out = _demo(tmp_path, capsys, '--tasks', 'cls', '--amp')
     assert rc == 0, out
     assert '| classification | top-1' in out
     assert 'predictions:' in out and 'cls_predictions.png' in out
-    assert ('mixed precision (--amp)' in out) == amp
-    wd = tmp_path / ('wd-smoke-amp' if amp else 'wd-smoke')
-    with open(wd / 'results.json') as f:
-        res = json.load(f)
-    assert res['smoke'] and res['tasks'] == ['cls'] and res['amp'] == amp
+    assert 'mixed precision (--amp)' in out
+    wd = tmp_path / 'wd-smoke-amp'
+    res = json.loads((wd / 'results.json').read_text())
+    assert res['smoke'] and res['tasks'] == ['cls'] and res['amp']
     cls = res['results']['cls']
-    assert cls['optim_wrapper'] == (
-        'OptimWrapper' if not amp else
-        'AmpOptimWrapper' if torch.cuda.is_available() else
-        'CPUAmpOptimWrapper')  # yapf: disable
+    assert cls['optim_wrapper'] == ('AmpOptimWrapper'
+                                    if torch.cuda.is_available() else
+                                    'CPUAmpOptimWrapper')
     assert 'accuracy/top1' in cls['metrics'] and osp.isfile(cls['png'])
     _check_run('cls', cls, wd / 'cls', 3)
     assert (wd / 'results.md').read_text().startswith('| task')
     assert (tmp_path / 'data-smoke' / 'imagenet' / S.MANIFEST).is_file()
+
+
+def test_demo_without_amp(tmp_path, capsys, monkeypatch):
+    """run_task stubbed: the plain optim wrapper, results in ``<wd>``."""
+    monkeypatch.setattr(
+        T, 'run_task', lambda *a, **k: dict(
+            metrics={'accuracy/top1': 95.0}, value=0.95, train_s=1, test_s=1))
+    rc, out = _demo(tmp_path, capsys, '--tasks', 'cls')
+    assert rc == 0 and 'mixed precision' not in out, out
+    res = json.loads((tmp_path / 'wd-smoke' / 'results.json').read_text())
+    assert not res['amp']
+    assert res['results']['cls']['optim_wrapper'] == 'OptimWrapper'
