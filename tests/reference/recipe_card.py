@@ -34,13 +34,8 @@ class V(NamedTuple):
     ours: Any = _SAME
     why: str = ''
 
-    @property
-    def expected(self):
-        return self.value if self.ours is _SAME else self.ours
-
-    @property
-    def deviates(self) -> bool:
-        return self.ours is not _SAME
+    expected = property(lambda v: v.value if v.ours is _SAME else v.ours)
+    deviates = property(lambda v: v.ours is not _SAME)
 
 
 #: the official ImageNet augmentations (timm) in mmpretrain's steps: scale
