@@ -78,58 +78,56 @@ def test_mmsoft_keeps_the_import_rules():
     rc, status, report = lint_imports(ROOT)
     assert rc == 0 and status == dict.fromkeys(CONTRACTS, 'KEPT'), report
     # the report names the packages it read (mmsoft and mmsoft_tools)
-    files = int(re.search(r'Analyzed (\d+) files', report).group(1))
-    assert files > 30, report
+    assert int(re.search(r'Analyzed (\d+) files', report)[1]) > 30, report
     cycles = run_init_cycles(ROOT)
     assert cycles == [], 'import cycles through an __init__: ' + '; '.join(
         ' -> '.join(c) for c in cycles)
 
 
+def files(text):
+    """``path: line | line`` per line -> {path: its text}."""
+    return {
+        path: code.strip().replace(' | ', '\n') + '\n'
+        for path, _, code in (ln.partition(':') for ln in text.splitlines())
+        if path
+    }
+
+
 #: a small mmsoft and mmsoft_tools that keep every rule
-TREE = {
-    'mmsoft/__init__.py':
-    'from .engine import Hook\nfrom .models import Net\n',
-    'mmsoft/engine/__init__.py': 'from .hook import Hook\n',
-    'mmsoft/engine/hook.py':
-    'from mmsoft.models import Net\n\n\nclass Hook:\n    pass\n',
-    'mmsoft/models/__init__.py': 'from .nets import Net\n',
-    'mmsoft/models/nets/__init__.py':
-    'from .loading import load\nfrom .net import Net\n',
-    'mmsoft/models/nets/net.py':
-    'from ...utils.atomic import save\n\n\nclass Net:\n    pass\n',
-    'mmsoft/models/nets/loading.py':
-    'def load():\n    from mmsoft.models.convert.keys import key_map\n',
-    'mmsoft/models/convert/__init__.py': 'from .keys import key_map\n',
-    'mmsoft/models/convert/keys.py': 'def key_map():\n    pass\n',
-    'mmsoft/utils/__init__.py': '',
-    'mmsoft/utils/atomic.py': 'def save():\n    pass\n',
-    'tools/mmsoft_tools/__init__.py': 'import mmsoft\n',
-    'tools/mmsoft_tools/launch.py': 'from . import cli\n',
-    'tools/mmsoft_tools/cli.py': 'import mmsoft.models\n',
-}
+TREE = files("""
+mmsoft/__init__.py: from .engine import Hook | from .models import Net
+mmsoft/engine/__init__.py: from .hook import Hook
+mmsoft/engine/hook.py: from mmsoft.models import Net | class Hook: pass
+mmsoft/models/__init__.py: from .nets import Net
+mmsoft/models/nets/__init__.py: from .loading import load | from .net import Net
+mmsoft/models/nets/net.py: from ...utils.atomic import save | class Net: pass
+mmsoft/models/nets/loading.py: def load(): from mmsoft.models.convert.keys import key_map
+mmsoft/models/convert/__init__.py: from .keys import key_map
+mmsoft/models/convert/keys.py: def key_map(): pass
+mmsoft/utils/__init__.py:
+mmsoft/utils/atomic.py: def save(): pass
+tools/mmsoft_tools/__init__.py: import mmsoft
+tools/mmsoft_tools/launch.py: from . import cli
+tools/mmsoft_tools/cli.py: import mmsoft.models
+""")  # noqa: E501
 
 #: edits of TREE -> the contracts they break
 BREAKS = {
     # convert.keys runs convert/__init__ -> arch -> nets.net runs
     # nets/__init__ -> loading -> convert.keys: a sibling-package cycle
-    'package-init cycle': ({
-        'mmsoft/models/convert/__init__.py':
-        'from .arch import arch_of\nfrom .keys import key_map\n',
-        'mmsoft/models/convert/arch.py':
-        'from ..nets.net import Net\n\n\ndef arch_of():\n    return Net\n',
-    }, {'acyclic'}),
-    'module cycle in the tools': ({
-        'tools/mmsoft_tools/cli.py':
-        'def main():\n    from .launch import x\n'
-    }, {'acyclic'}),
-    'utils import a model (relative, in a function)': ({
-        'mmsoft/utils/atomic.py':
-        'def save():\n    from ..models import Net\n'
-    }, {'layers', 'acyclic'}),
-    'mmsoft imports the tools': ({
-        'mmsoft/models/nets/loading.py':
-        'def load():\n    from mmsoft_tools import launch\n',
-    }, {'plugin'}),
+    'package-init cycle': ("""
+mmsoft/models/convert/__init__.py: from .arch import arch_of | from .keys import key_map
+mmsoft/models/convert/arch.py: from ..nets.net import Net | def arch_of(): return Net
+""", {'acyclic'}),  # noqa: E501
+    'module cycle in the tools':
+    ('tools/mmsoft_tools/cli.py: def main(): from .launch import x',
+     {'acyclic'}),
+    'utils import a model (relative, in a function)':
+    ('mmsoft/utils/atomic.py: def save(): from ..models import Net',
+     {'layers', 'acyclic'}),
+    'mmsoft imports the tools':
+    ('mmsoft/models/nets/loading.py: def load(): from mmsoft_tools import '
+     'launch', {'plugin'}),
 }
 
 
@@ -143,8 +141,8 @@ def write_tree(root, files):
 @pytest.mark.parametrize('edit', [None] + list(BREAKS))
 def test_contracts_break_on_their_violations(tmp_path, edit):
     write_tree(tmp_path, TREE)
-    files, broken = BREAKS[edit] if edit else ({}, set())
-    write_tree(tmp_path, files)
+    edits, broken = BREAKS[edit] if edit else ('', set())
+    write_tree(tmp_path, files(edits))
     rc, status, report = lint_imports(tmp_path)
     assert status == {
         c: 'BROKEN' if c in broken else 'KEPT'
@@ -158,19 +156,17 @@ def test_init_cycle_check_sees_an_import_of_the_own_package(tmp_path):
     ``nets``: no contract breaks, the check reports it."""
     write_tree(tmp_path, TREE)
     assert run_init_cycles(tmp_path) == []
-    write_tree(
-        tmp_path, {
-            'mmsoft/models/nets/net.py':
-            'from mmsoft.models import convert\nfrom .. import key_map\n\n\n'
-            'class Net:\n    pass\n',
-            'mmsoft/models/__init__.py':
-            'from .convert import key_map\nfrom .nets import Net\n',
-        })
+    write_tree(tmp_path,
+               files("""
+mmsoft/models/nets/net.py: from mmsoft.models import convert | from .. import key_map | class Net: pass
+mmsoft/models/__init__.py: from .convert import key_map | from .nets import Net
+"""))  # noqa: E501
     assert lint_imports(tmp_path)[1] == dict.fromkeys(CONTRACTS, 'KEPT')
     assert run_init_cycles(tmp_path) == [[
         'mmsoft.models', 'mmsoft.models.nets', 'mmsoft.models.nets.net',
         'mmsoft.models'
     ]]
-    write_tree(tmp_path,
-               {'mmsoft/models/__init__.py': 'from .convert import key_map\n'})
+    write_tree(
+        tmp_path,
+        files('mmsoft/models/__init__.py: from .convert import key_map'))
     assert run_init_cycles(tmp_path) == []

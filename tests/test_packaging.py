@@ -17,40 +17,59 @@ C = load_module(osp.join(ROOT, 'tools', 'misc', 'configs.py'), '_configs')
 GEN = load_module(osp.join(ROOT, 'docs', 'gen_tables.py'), '_gen_pkg')
 
 
-def test_paths_in_checkout():
-    assert osp.samefile(paths.configs_root(), osp.join(ROOT, 'configs'))
+def test_paths_in_checkout_and_the_configs_cli(tmp_path, capsys):
+    """A bare file name is found in the sub-folders too; an unknown one
+    names the closest; ``configs list / path / copy``."""
     want = osp.join(ROOT, 'configs', 'retinanet_soft_small_1x.py')
-    for name in ('retinanet_soft_small_1x', 'retinanet_soft_small_1x.py',
-                 'configs/retinanet_soft_small_1x.py'):
-        assert osp.samefile(mmsoft.get_config_path(name), want)
+    assert osp.samefile(paths.configs_root(), osp.join(ROOT, 'configs'))
     demo = osp.join(ROOT, 'configs', 'demo', 'retinanet_soft_demo.py')
-    # a bare file name is found in the sub-folders too
-    for name in ('demo/retinanet_soft_demo.py', 'retinanet_soft_demo'):
-        assert osp.samefile(paths.get_config_path(name), demo)
+    for name, path in (('retinanet_soft_small_1x',
+                        want), ('retinanet_soft_small_1x.py', want),
+                       ('configs/retinanet_soft_small_1x.py',
+                        want), ('demo/retinanet_soft_demo.py',
+                                demo), ('retinanet_soft_demo', demo)):
+        assert osp.samefile(mmsoft.get_config_path(name), path)
     names = paths.list_configs()
     assert 'retinanet_soft_small_1x.py' in names
     assert 'demo/soft_cls_demo.py' in names
     assert not any(n.startswith('_base_/') for n in names)
     assert '_base_/soft_dense.py' in paths.list_configs(include_base=True)
-
-
-def test_unknown_config_names_the_closest():
     with pytest.raises(FileNotFoundError) as e:
         paths.get_config_path('retina_soft_small_1x')
     assert str(e.value).startswith(
         f"mmsoft has no config 'retina_soft_small_1x' in "
         f'{paths.configs_root()}; did you mean retinanet_soft_small_1x.py, ')
+    assert C.main(['list']) == 0
+    assert capsys.readouterr().out.split() == names
+    up = 'upernet_soft_small_512x512_160k_ade20k'
+    assert C.main(['path', up]) == 0
+    assert capsys.readouterr().out.strip() == paths.get_config_path(up)
+    assert C.main(['path', 'nope']) == 1
+    assert capsys.readouterr().err == (
+        f"error: mmsoft has no config 'nope' in {paths.configs_root()}; list "
+        'them with: mim run mmsoft configs list\n')
+    dest = str(tmp_path / 'c')
+    assert C.main(['copy', 'retinanet_soft_tiny_1x', '--dest', dest]) == 0
+    assert sorted(os.listdir(tmp_path / 'c' / '_base_')) == [
+        'retinanet_soft_fpn_1x_coco.py', 'soft_dense.py'
+    ]
 
 
-def test_paths_in_site_packages_layout(tmp_path):
-    """Installed: <site>/mmsoft/.mim/configs, not a stray <site>/configs."""
-    site = tmp_path / 'site-packages'
-    pkg = site / 'mmsoft'
+def test_installed_layout_and_the_tools_package(tmp_path):
+    """Installed: <site>/mmsoft/.mim/configs, not a stray <site>/configs;
+    the tools' package finds the checkout beside ``tools/`` (None in an
+    installed ``mmsoft/.mim/tools``) and its mmsoft."""
+    import demo_tasks
+    import mmsoft_tools
+    pkg = tmp_path / 'mmsoft'
     # another distribution's top-level folders must not be taken for ours
-    (site / 'configs').mkdir(parents=True)
-    (site / 'configs' / 'retinanet_soft_small_1x.py').write_text('x = 0\n')
-    pkg.mkdir()
-    shutil.copyfile(osp.join(ROOT, 'mmsoft', 'configs.py'), pkg / 'configs.py')
+    (tmp_path / 'configs').mkdir()
+    (tmp_path / 'configs' / 'retinanet_soft_small_1x.py').write_text('x = 0')
+    mim = pkg / '.mim' / 'tools' / 'mmsoft_tools'
+    mim.mkdir(parents=True)
+    for src, dst in (('mmsoft/configs.py', pkg / 'configs.py'),
+                     ('tools/mmsoft_tools/__init__.py', mim / '__init__.py')):
+        shutil.copyfile(osp.join(ROOT, src), dst)
     mod = load_module(str(pkg / 'configs.py'), '_paths_copy')
     with pytest.raises(FileNotFoundError, match='reinstall mmsoft'):
         mod.configs_root()
@@ -61,47 +80,28 @@ def test_paths_in_site_packages_layout(tmp_path):
     assert mod.configs_root() == str(pkg / '.mim' / 'configs')
     assert mod.get_config_path('retinanet_soft_small_1x') == str(cfg)
     assert mod.list_configs() == ['demo/d.py', 'retinanet_soft_small_1x.py']
-
-
-def test_tools_package_paths(tmp_path):
-    """The tools' package finds the checkout beside ``tools/`` (None in an
-    installed ``mmsoft/.mim/tools``) and its mmsoft."""
-    import demo_tasks
-    import mmsoft_tools
+    copy = load_module(str(mim / '__init__.py'), '_mmsoft_tools_copy')
+    assert (copy.TOOLS_DIR, copy.checkout_root()) == (str(mim.parent), None)
     assert mmsoft_tools.TOOLS_DIR == osp.join(ROOT, 'tools')
     assert mmsoft_tools.checkout_root() == ROOT
     assert mmsoft_tools.import_root() == osp.dirname(
         osp.dirname(mmsoft.__file__))
-    assert osp.samefile(
-        demo_tasks.config_path('det'),
-        osp.join(ROOT, 'configs', 'demo', 'retinanet_soft_demo.py'))
-    assert demo_tasks.config_path(
-        'det', root='/x') == osp.join('/x', 'configs', 'demo',
-                                      'retinanet_soft_demo.py')
-    # a copy at <site>/mmsoft/.mim/tools: no checkout
-    mim = tmp_path / 'mmsoft' / '.mim' / 'tools' / 'mmsoft_tools'
-    mim.mkdir(parents=True)
-    shutil.copyfile(
-        osp.join(ROOT, 'tools/mmsoft_tools/__init__.py'), mim / '__init__.py')
-    copy = load_module(str(mim / '__init__.py'), '_mmsoft_tools_copy')
-    assert (copy.TOOLS_DIR, copy.checkout_root()) == (str(mim.parent), None)
+    demo = ('configs', 'demo', 'retinanet_soft_demo.py')
+    assert osp.samefile(demo_tasks.config_path('det'), osp.join(ROOT, *demo))
+    assert demo_tasks.config_path('det', root='/x') == osp.join('/x', *demo)
 
 
 def tool_references(source):
     """A path constant ``tools`` or a loader of files by path in ``source``
     (its imports: the ``plugin`` contract, test_import_graph.py)."""
     import ast
-    found = []
-    for node in ast.walk(ast.parse(source)):
-        if isinstance(node, ast.Constant) and isinstance(node.value, str):
-            if node.value.strip('/\\') in ('tools', 'mmsoft_tools'):
-                found.append(repr(node.value))
-        elif getattr(node, 'attr',
-                     getattr(node, 'id',
-                             None)) in ('spec_from_file_location', 'run_path',
-                                        'SourceFileLoader'):
-            found.append(ast.dump(node))
-    return found
+    loaders = ('spec_from_file_location', 'run_path', 'SourceFileLoader')
+    return [
+        ast.dump(node) for node in ast.walk(ast.parse(source))
+        if isinstance(getattr(node, 'value', None), str)
+        and node.value.strip('/\\') in ('tools', 'mmsoft_tools')
+        or getattr(node, 'attr', getattr(node, 'id', None)) in loaders
+    ]
 
 
 def test_package_does_not_know_tools():
@@ -188,22 +188,3 @@ def test_copy_config_and_inherit_from_another_directory(tmp_path):
         C.copy_config('soft_tiny_in1k', str(proj / 'mmsoft_configs'))
     C.copy_config('soft_tiny_in1k', str(proj / 'mmsoft_configs'), force=True)
     assert not [p for p in os.listdir(proj / 'mmsoft_configs') if '.tmp' in p]
-
-
-def test_configs_cli(tmp_path, capsys):
-    assert C.main(['list']) == 0
-    out = capsys.readouterr().out.split()
-    assert out == paths.list_configs()
-    assert C.main(['path', 'upernet_soft_small_512x512_160k_ade20k']) == 0
-    assert capsys.readouterr().out.strip() == paths.get_config_path(
-        'upernet_soft_small_512x512_160k_ade20k')
-    assert C.main(['path', 'nope']) == 1
-    assert capsys.readouterr().err == (
-        f"error: mmsoft has no config 'nope' in {paths.configs_root()}; list "
-        'them with: mim run mmsoft configs list\n')
-    assert C.main(
-        ['copy', 'retinanet_soft_tiny_1x', '--dest',
-         str(tmp_path / 'c')]) == 0
-    assert sorted(os.listdir(tmp_path / 'c' / '_base_')) == [
-        'retinanet_soft_fpn_1x_coco.py', 'soft_dense.py'
-    ]
