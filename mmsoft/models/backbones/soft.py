@@ -99,20 +99,13 @@ class ConvPatchEmbed(nn.Module):
                  norm_cfg: Optional[Dict] = None,
                  act_cfg: Optional[Dict] = None):
         super().__init__()
-        norm_cfg = dict(type='BN') if norm_cfg is None else norm_cfg
-        act_cfg = dict(type='ReLU') if act_cfg is None else act_cfg
-        if stem:
-            plan = [(in_channels, stem_channels, 2),
-                    (stem_channels, stem_channels, 1),
-                    (stem_channels, embed_dims, 2)]
-        else:
-            plan = [(in_channels, embed_dims, 2)]
-        self.proj, kw = nn.Sequential(), dict(
-            bias=True,
-            conv_cfg=dict(type=SafeConv2d),
-            norm_cfg=norm_cfg,
-            act_cfg=act_cfg)
-        for cin, cout, stride in plan:
+        kw = dict(norm_cfg=dict(type='BN') if norm_cfg is None else norm_cfg,
+                  act_cfg=dict(type='ReLU') if act_cfg is None else act_cfg,
+                  conv_cfg=dict(type=SafeConv2d), bias=True)  # yapf: disable
+        chans = [in_channels] + [stem_channels] * 2 * stem + [embed_dims]
+        self.proj = nn.Sequential()
+        strides = (2, 1, 2) if stem else (2, )
+        for cin, cout, stride in zip(chans, chans[1:], strides):
             # the default init from the stream an nn.Conv2d would draw
             with warnings.catch_warnings(), torch.random.fork_rng(devices=[]):
                 warnings.filterwarnings('ignore', 'Unnecessary conv bias',
@@ -430,28 +423,21 @@ class SOFT(BaseModule):
         self.stage_cfgs, self.stages, prev = [], nn.ModuleList(), in_channels
         for i, kind in enumerate(self.stage_types):
             depth, cur = self.depths[i], sum(self.depths[:i])
+            # yapf: disable
             cfg = dict(
-                type=kind,
-                in_channels=prev,
-                embed_dims=self.embed_dims[i],
+                type=kind, in_channels=prev, embed_dims=self.embed_dims[i],
                 pos_grid=pretrain_img_size // (4 * 2**i),
-                num_heads=self.num_heads[i],
-                depth=depth,
-                mlp_ratio=a['mlp_ratios'][i],
-                qkv_bias=qkv_bias,
-                drop_path_rates=dpr[cur:cur + depth],
-                stem=i == 0,
-                drop_rate=drop_rate,
-                norm_cfg=norm_cfg,
-                act_cfg=act_cfg,
-                patch_norm_cfg=patch_norm_cfg,
-                patch_act_cfg=patch_act_cfg,
-                **(dict(
-                    sampling_ratio=a['sampling_ratios'][i],
-                    dw_kernel_size=a['dw_kernel_sizes'][i],
-                    attn_cfg=attn_cfg,
-                    residual_drop=residual_drop) if kind == 'SOFTStage' else
+                num_heads=self.num_heads[i], depth=depth,
+                mlp_ratio=a['mlp_ratios'][i], qkv_bias=qkv_bias,
+                drop_path_rates=dpr[cur:cur + depth], stem=i == 0,
+                drop_rate=drop_rate, norm_cfg=norm_cfg, act_cfg=act_cfg,
+                patch_norm_cfg=patch_norm_cfg, patch_act_cfg=patch_act_cfg,
+                **(dict(sampling_ratio=a['sampling_ratios'][i],
+                        dw_kernel_size=a['dw_kernel_sizes'][i],
+                        attn_cfg=attn_cfg, residual_drop=residual_drop)
+                   if kind == 'SOFTStage' else
                    dict(attn_drop_rate=attn_drop_rate)))
+            # yapf: enable
             name = 'stage_cfgs' if shared else f'stage_cfgs[{i}]'
             user = stage_cfgs if shared else stage_cfgs[i]
             user = {k: v for k, v in user.items() if k in cfg or not shared}
@@ -560,12 +546,9 @@ class SOFT(BaseModule):
         super().init_weights()  # init_cfg, the pretrained load last
 
     def _freeze_stages(self):
-        if self.frozen_stages == 0:  # the stem alone
-            frozen = [self.stages[0].patch_embed]
-            params = [self.stages[0].pos_embed]
-        else:
-            frozen = list(self.stages[:max(self.frozen_stages, 0)])
-            params = []
+        first, k = self.stages[0], self.frozen_stages  # 0: the stem alone
+        frozen, params = ([first.patch_embed], [first.pos_embed]) if k == 0 \
+            else (list(self.stages[:max(k, 0)]), [])
         for m in frozen:
             m.eval()
             params += list(m.parameters())
