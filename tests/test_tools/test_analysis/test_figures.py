@@ -56,6 +56,28 @@ def test_plot_redraws_from_the_committed_csv(name, csv, n_bars, tmp_path):
         t.get_fontsize() for ax in fig.axes for t in ax.get_yticklabels()
     ]
     assert labels and min(labels) >= 9  # legible, unlike the 7 pt ones
+    if name == 'benchmark':
+        panels_name_their_device(mod, rows, fig)
+
+
+def panels_name_their_device(mod, rows, fig):
+    """Each panel of benchmark.png names the machine its rows were measured
+    on, from the CSV's device column (the committed one: every row has it);
+    rows of two devices at one size name both; a CSV without the column
+    says so instead of naming none."""
+    assert all(r['device'] for r in rows)
+    sizes = sorted({r['size'] for r in rows})
+    titles = [ax.get_title() for ax in fig.axes]
+    assert len(titles) == len(sizes) >= 2
+    for size, title in zip(sizes, titles):
+        devices = {r['device'] for r in rows if r['size'] == size}
+        assert size in title and all(d in title for d in devices), title
+    gpu = [dict(r, device='NVIDIA H100 80GB HBM3') for r in rows[:2]]
+    title = mod.plot(rows[:2] + gpu, [rows[0]['size']]).axes[0].get_title()
+    assert 'NVIDIA H100 80GB HBM3' in title and rows[0]['device'] in title
+    bare = [{k: v for k, v in r.items() if k != 'device'} for r in rows[:2]]
+    title = mod.plot(bare, [rows[0]['size']]).axes[0].get_title()
+    assert title.endswith('on a device the CSV does not name')
 
 
 def test_committed_figures_are_page_width():
@@ -66,27 +88,3 @@ def test_committed_figures_are_page_width():
     for name in names:
         with Image.open(osp.join(FIGURES, name)) as im:
             assert im.size[0] <= 1000, (name, im.size)
-
-
-def test_benchmark_panels_name_their_device():
-    """Each panel of benchmark.png names the machine its rows were measured
-    on, from the CSV's device column (the committed one: every row has it);
-    rows of two devices at one size name both; a CSV without the column
-    says so instead of naming none."""
-    mod = tool('benchmark')
-    rows = mod.read_rows(osp.join(BENCH, 'benchmark_backbones.csv'))
-    assert all(r['device'] for r in rows)
-    sizes = list(dict.fromkeys(r['size'] for r in rows))
-    fig = mod.plot(rows, sizes)
-    titles = [ax.get_title() for ax in fig.axes]
-    assert len(titles) == len(sizes) >= 2
-    for size, title in zip(sizes, titles):
-        devices = {r['device'] for r in rows if r['size'] == size}
-        assert size in title and all(d in title for d in devices), title
-    gpu = [dict(r, device='NVIDIA H100 80GB HBM3') for r in rows[:2]]
-    mixed = mod.plot(rows[:2] + gpu, [rows[0]['size']])
-    title = mixed.axes[0].get_title()
-    assert 'NVIDIA H100 80GB HBM3' in title and rows[0]['device'] in title
-    bare = [{k: v for k, v in r.items() if k != 'device'} for r in rows[:2]]
-    title = mod.plot(bare, [rows[0]['size']]).axes[0].get_title()
-    assert title.endswith('on a device the CSV does not name')
