@@ -38,19 +38,16 @@ def child_env(**extra):
     """``os.environ`` for a child running this checkout's mmsoft with this
     interpreter, one OpenMP thread, no warnings; ``extra``: set (None:
     removed)."""
+    path = os.pathsep.join(
+        p for p in (ROOT, os.environ.get('PYTHONPATH')) if p)
     env = dict(
         os.environ,
         PYTHON=sys.executable,
         OMP_NUM_THREADS='1',
-        PYTHONWARNINGS='ignore')
-    env['PYTHONPATH'] = os.pathsep.join(
-        p for p in (ROOT, os.environ.get('PYTHONPATH')) if p)
-    for key, value in extra.items():
-        if value is None:
-            env.pop(key, None)
-        else:
-            env[key] = value
-    return env
+        PYTHONWARNINGS='ignore',
+        PYTHONPATH=path)
+    env.update(extra)
+    return {k: v for k, v in env.items() if v is not None}
 
 
 def run(cmd, cwd=ROOT, timeout=600, env=None, **extra_env):
@@ -247,17 +244,11 @@ def tool_namespace(name, run_name='tools'):
     return runpy.run_path(osp.join(TOOLS, name + '.py'), run_name=run_name)
 
 
-def tiny_arch(
-        embed_dims=(16, 32, 32, 64),
-        num_heads=(1, 1, 1, 2),
-        depths=(1, 1, 1, 1),
-        **extra):
+def tiny_arch(embed_dims=(16, 32, 32, 64), num_heads=(1, 1, 1, 2),
+              depths=(1, 1, 1, 1), **extra):  # yapf: disable
     """A tiny SOFT ``arch`` dict (lists, as a config writes them)."""
-    return dict(
-        embed_dims=list(embed_dims),
-        num_heads=list(num_heads),
-        depths=list(depths),
-        **extra)
+    return dict(embed_dims=list(embed_dims), num_heads=list(num_heads),
+                depths=list(depths), **extra)  # yapf: disable
 
 
 def save_classifier_checkpoint(path, backbone, head=None, **extra):
@@ -445,28 +436,22 @@ def pytest_configure(config):
         'torch, with the reason printed (see conftest.needs_torch)')
 
 
-def _is_cpu_float16(item):
-    params = getattr(getattr(item, 'callspec', None), 'params', {})
-    half = any(
-        v is torch.float16 or v in ('float16', 'fp16')
-        for v in params.values())
-    cpu = params.get('device', 'cpu') == 'cpu'
-    return half and cpu
-
-
 def pytest_collection_modifyitems(config, items):
     from mmsoft.compat import torch_version as _version
     have = _version(torch.__version__)
     for item in items:
-        if _is_cpu_float16(item):
+        params = getattr(getattr(item, 'callspec', None), 'params', {})
+        if params.get('device', 'cpu') == 'cpu' and any(
+                v is torch.float16 or v in ('float16', 'fp16')
+                for v in params.values()):
             item.add_marker(needs_torch(*CPU_FLOAT16))
         for mark in item.iter_markers('needs_torch'):
             version, reason = mark.args
             if have < _version(version):
                 item.add_marker(
                     pytest.mark.skip(
-                        reason=f'needs torch >= {version}: {reason} (this '
-                        f'is torch {torch.__version__})'))
+                        reason=f'needs torch >= {version}: {reason} (this is '
+                        f'torch {torch.__version__})'))
                 break
 
 

@@ -12,28 +12,23 @@ import json
 import os
 import os.path as osp
 import shutil
-import subprocess
 import sys
 import sysconfig
 import zipfile
 
 import pytest
-from conftest import ROOT
+from conftest import ROOT, run
 
 SOURCES = ('setup.py', 'MANIFEST.in', 'README.md', 'model-index.yml',
            'requirements', 'mmsoft', 'configs', 'tools', 'demo')
 
 # simulate an environment with only mmdet: mmseg and mmpretrain are absent
 BLOCKER = '''import sys
-
-
 class _Absent:
     def find_spec(self, name, path=None, target=None):
         if name.split('.')[0] in ('mmseg', 'mmpretrain'):
             raise ModuleNotFoundError(
                 f'No module named {name!r} (blocked by the test)', name=name)
-
-
 sys.meta_path.insert(0, _Absent())
 '''
 
@@ -49,12 +44,7 @@ print(json.dumps([pkg, c.configs_root(), os.path.islink(c.configs_root()),
 
 
 def _run(cmd, cwd, env, check=True):
-    proc = subprocess.run([str(c) for c in cmd],
-                          cwd=str(cwd),
-                          env=env,
-                          capture_output=True,
-                          text=True,
-                          timeout=600)
+    proc = run(cmd, cwd=cwd, env=env)
     if check and proc.returncode != 0:
         pytest.fail(
             f'command failed ({proc.returncode}): {cmd}\n--- stdout\n'
@@ -119,7 +109,7 @@ def _vrun(env, *args, environ=None):
     return proc.stdout + proc.stderr
 
 
-def test_wheel_contents(env):
+def test_wheel_contents_and_the_installed_package(env):
     with zipfile.ZipFile(env['wheel']) as z:
         names = set(z.namelist())
         meta = next(n for n in names if n.endswith('.dist-info/METADATA'))
@@ -151,13 +141,10 @@ def test_wheel_contents(env):
         for r in requires if 'extra ==' in r
     }
     assert {'det', 'seg', 'cls', 'all', 'tests', 'lint'} <= extras
-
-
-def test_installed_mmsoft_is_the_wheel(env):
+    # installed: the wheel's copy, not a link into a checkout
     out = json.loads(_vrun(env, '-c', WHERE).splitlines()[-1])
     pkg = osp.join(env['site'], 'mmsoft')
     cfgs = osp.join(pkg, '.mim', 'configs')
-    # a copy, not a link into a checkout
     assert out == [
         pkg, cfgs, False,
         osp.join(cfgs, 'retinanet_soft_small_1x.py')

@@ -28,8 +28,8 @@ def _layer_norm(sd, name, x, eps):
 
 def gelu_tanh(x):
     """The official ``Approx_GeLU`` (FFN of the SOFT blocks)."""
-    c = math.sqrt(2.0 / math.pi)
-    return 0.5 * x * (1.0 + torch.tanh(c * (x + 0.044715 * x**3)))
+    return 0.5 * x * (
+        1.0 + torch.tanh(math.sqrt(2.0 / math.pi) * (x + 0.044715 * x**3)))
 
 
 def gelu_erf(x):
@@ -72,20 +72,15 @@ def nr_pinv_norm(A, iters=NR_ITERS):
     return V
 
 
-def _conv_bn_relu(sd, pre, conv, x, stride):
-    x = F.conv2d(x, sd[f'{pre}.{conv}.weight'], sd[f'{pre}.{conv}.bias'],
-                 stride, 1)
-    bn = f'{pre}.{conv + 1}.'
-    x = F.batch_norm(x, sd[bn + 'running_mean'], sd[bn + 'running_var'],
-                     sd[bn + 'weight'], sd[bn + 'bias'], False, 0.1, 1e-5)
-    return F.relu(x)
-
-
 def patch_embed(sd, stage, x):
-    """``patch_embed{stage}`` (1-based); stage 1: convs at 0, 3, 6."""
-    pre = f'patch_embed{stage}.proj'
+    """``patch_embed{stage}`` (1-based): conv, BN, ReLU; stage 1: convs at
+    0, 3, 6."""
     for conv, stride in ((0, 2), (3, 1), (6, 2)) if stage == 1 else [(0, 2)]:
-        x = _conv_bn_relu(sd, pre, conv, x, stride)
+        c, bn = (f'patch_embed{stage}.proj.{i}.' for i in (conv, conv + 1))
+        x = F.conv2d(x, sd[c + 'weight'], sd[c + 'bias'], stride, 1)
+        x = F.relu(
+            F.batch_norm(x, sd[bn + 'running_mean'], sd[bn + 'running_var'],
+                         sd[bn + 'weight'], sd[bn + 'bias'], False, 0.1, 1e-5))
     return x
 
 
@@ -147,8 +142,7 @@ def softmax_block(sd, pre, x, heads):
     y = _layer_norm(sd, pre + '.norm1', x, 1e-6)
     q = _linear(sd, pre + '.attn.q', y).reshape(B, N, heads, d)
     kv = _linear(sd, pre + '.attn.kv', y).reshape(B, N, 2, heads, d)
-    q = q.permute(0, 2, 1, 3)
-    k_, v = kv[:, :, 0].permute(0, 2, 1, 3), kv[:, :, 1].permute(0, 2, 1, 3)
+    q, k_, v = (t.transpose(1, 2) for t in (q, kv[:, :, 0], kv[:, :, 1]))
     weights = torch.softmax(q @ k_.transpose(-1, -2) * d**-0.5, dim=-1)
     att = (weights @ v).transpose(1, 2).reshape(B, N, C)
     x = x + _linear(sd, pre + '.attn.proj', att)
@@ -213,6 +207,10 @@ def random_official_state_dict(embed_dims, num_heads, depths, num_classes=10,
         sd[name + '.weight'] = rnd(c, scale=0.2, shift=1.0)
         sd[name + '.bias'] = rnd(c, scale=0.2)
 
+    def add(pre, *layers):  # (name, c): a norm; (name, cin, cout): linear
+        for name, *shape in layers:
+            (norm if len(shape) == 1 else linear)(pre + name, *shape)
+
     def conv_bn(pre, idx, cin, cout):
         sd[f'{pre}.{idx}.weight'] = fan_in(cout, cin, 3, 3)
         sd[f'{pre}.{idx}.bias'] = rnd(cout, scale=0.1)
@@ -236,27 +234,18 @@ def random_official_state_dict(embed_dims, num_heads, depths, num_classes=10,
         c, h, r, k = C[s], num_heads[s], ratios[s], convs[s]
         for j in range(depths[s]):
             p = f'block{s + 1}.{j}.att.'
-            linear(p + 'mha.W_q', c, c)
-            linear(p + 'mha.W_v', c, c)
-            sd[p +
-               'mha.attn.Qlandmark_op.weight'] = fan_in(c // h, c // h, r, r)
-            norm(p + 'mha.attn.Qnorm_act.0', c // h)
-            sd[p + 'mha.attn.conv.weight'] = rnd(h, 1, k, k, scale=1 / k)
-            linear(p + 'mha.ff', c, c)
-            norm(p + 'norm1', c)
-            linear(p + 'ff1', c, 4 * c)
-            linear(p + 'ff2', 4 * c, c)
-            norm(p + 'norm2', c)
+            add(p, ('mha.W_q', c, c), ('mha.W_v', c, c))
+            a = p + 'mha.attn.'
+            sd[a + 'Qlandmark_op.weight'] = fan_in(c // h, c // h, r, r)
+            norm(a + 'Qnorm_act.0', c // h)
+            sd[a + 'conv.weight'] = rnd(h, 1, k, k, scale=1 / k)
+            add(p, ('mha.ff', c, c), ('norm1', c), ('ff1', c, 4 * c),
+                ('ff2', 4 * c, c), ('norm2', c))
     c = C[3]
     for j in range(depths[3]):
-        p = f'block4.{j}.'
-        norm(p + 'norm1', c)
-        linear(p + 'attn.q', c, c)
-        linear(p + 'attn.kv', c, 2 * c)
-        linear(p + 'attn.proj', c, c)
-        norm(p + 'norm2', c)
-        linear(p + 'mlp.fc1', c, 4 * c)
-        linear(p + 'mlp.fc2', 4 * c, c)
+        add(f'block4.{j}.', ('norm1', c), ('attn.q', c, c),
+            ('attn.kv', c, 2 * c), ('attn.proj', c, c), ('norm2', c),
+            ('mlp.fc1', c, 4 * c), ('mlp.fc2', 4 * c, c))
     norm('norm', c)
     sd['cls_token'] = rnd(1, 1, c)
     linear('head', c, num_classes)
