@@ -13,8 +13,7 @@ import types
 
 import pytest
 import torch
-from conftest import (TOOLS, cls_demo_config, random_model, run,
-                      tool_namespace)
+from conftest import TOOLS, cls_demo_config, random_model, run, tool_namespace
 
 from mmsoft.models.loading import missing_weights_message
 
