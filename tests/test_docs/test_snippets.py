@@ -60,10 +60,12 @@ def blocks(langs):
 
 
 PY_BLOCKS = blocks({'python'})
-SOFT_CASES = [(where, code, scope) for where, code, reason in PY_BLOCKS
-              if reason is None and re.search(r"type='(mmsoft\.)?SOFT'", code)
-              for scope in ([OWN_BASE.search(code).group(1)] if OWN_BASE.
-                            search(code) else RESNET_BASES)]  # yapf: disable
+#: SOFT blocks: a whole config in its codebase; a backbone dict pasted into
+#: mmdet's ResNet config (the three codebases' registries resolve ``SOFT``
+#: in the whole configs: one scope per fragment)
+SOFT_CASES = [(where, code, (OWN_BASE.search(code) or [0, 'mmdet'])[1])
+              for where, code, reason in PY_BLOCKS if reason is None
+              and re.search(r"type='(mmsoft\.)?SOFT'", code)]  # yapf: disable
 
 
 @pytest.mark.parametrize('where,code',
@@ -229,7 +231,7 @@ def test_the_scan_finds_what_it_checks():
              for w, c, s in SOFT_CASES if OWN_BASE.search(c)}
     assert ('README.md', 'mmdet') in whole
     assert {s for _, s in whole} == set(RESNET_BASES)
-    assert len(SOFT_CASES) >= 8
+    assert len(SOFT_CASES) >= 6
     assert {'tool', 'script', 'make', 'config'
             } <= {k
                   for _, k, _, _ in INVOCATIONS} and len(INVOCATIONS) >= 40
