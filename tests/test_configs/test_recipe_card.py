@@ -121,32 +121,25 @@ def check_settings(name, cfg, scope):
     assert list((m.get('neck') or m.decode_head).in_channels) == dims
 
 
-def category(backbone, name):
-    """The weight-decay category of a backbone parameter (see the card)."""
-    for cat in ('pos_embed', 'cls_token'):
-        if name.endswith(cat):
-            return cat
-    if isinstance(backbone.get_submodule(name.rsplit('.', 1)[0]), NORMS):
-        return 'norm'
-    return 'bias' if name.endswith('.bias') else 'weight'
-
-
 def effective_decay(model, wrapper, base_wd):
-    """(categories without decay, those with another / mixed decay)."""
+    """(categories without decay, those with another / mixed decay); a
+    backbone parameter's category as the card's: pos_embed, cls_token,
+    norm, bias, weight."""
     decay = {
         id(p): g['weight_decay']
         for g in wrapper.optimizer.param_groups
         for p in g['params']
     }
-    per_cat = {}
-    for name, p in model.backbone.named_parameters():
-        per_cat.setdefault(category(model.backbone, name),
-                           set()).add(decay[id(p)])
+    per_cat, bb = {}, model.backbone
+    for name, p in bb.named_parameters():
+        owner, leaf = name.rsplit('.', 1)
+        cat = leaf if leaf in ('pos_embed', 'cls_token') else 'norm' \
+            if isinstance(bb.get_submodule(owner), NORMS) else \
+            'bias' if leaf == 'bias' else 'weight'
+        per_cat.setdefault(cat, set()).add(decay[id(p)])
     exempt = frozenset(c for c, v in per_cat.items() if v == {0.0})
-    return exempt, {
-        c: v
-        for c, v in per_cat.items() if v not in ({0.0}, {base_wd})
-    }
+    return exempt, {c: v for c, v in per_cat.items()
+                    if v not in ({0.0}, {base_wd})}  # yapf: disable
 
 
 _LR_CACHE = {}
@@ -246,12 +239,11 @@ def model_values(model):
     the frozen parameters."""
     rates, kinds = [], set()
     for i, stage in enumerate(model.backbone.stages):
-        for blk in stage.blocks:
-            m = blk.drop if i < 3 else blk.drop_path
+        for m in (b.drop if i < 3 else b.drop_path for b in stage.blocks):
             rates.append(getattr(m, 'p', getattr(m, 'drop_prob', 0.0)))
             if i < 3 and rates[-1] > 0:
-                kinds.add('dropout' if isinstance(m, torch.nn.Dropout
-                                                  ) else 'drop_path')
+                kinds.add('dropout' if isinstance(m, torch.nn.Dropout) else
+                          'drop_path')  # yapf: disable
     assert len(kinds) == 1, kinds
     model.train()
     bn = [m for m in model.backbone.modules() if isinstance(m, _BatchNorm)]
@@ -259,16 +251,14 @@ def model_values(model):
     assert len(modes) == 1, 'mixed BatchNorm modes in the backbone'
     others = [
         n for n, m in model.named_modules()
-        if isinstance(m, NORMS) and all(m is not b
-                                        for b in bn) and not m.training
+        if isinstance(m, NORMS) and not m.training and all(m is not b
+                                                           for b in bn)
     ]
     assert not others, f'norm layers in eval after train(): {others}'
-    return dict(
-        drop_path_rate=max(rates),
-        residual_drop=kinds.pop(),
-        norm_eval=not modes.pop(),
-        frozen=frozenset(n for n, p in model.named_parameters()
-                         if not p.requires_grad))
+    return dict(drop_path_rate=max(rates), residual_drop=kinds.pop(),
+                norm_eval=not modes.pop(),
+                frozen=frozenset(n for n, p in model.named_parameters()
+                                 if not p.requires_grad))  # yapf: disable
 
 
 def _norm(v):
@@ -318,12 +308,9 @@ def effective(name, cfg, scope, model, wrapper):
     card, opt = FAMILIES[family], wrapper.optimizer
     lrs = {g['lr'] for g in opt.param_groups}
     assert len(lrs) == 1, lrs  # no lr multiplier anywhere
-    out = dict(
-        optimizer=type(opt).__name__,
-        lr=lrs.pop(),
-        betas=tuple(opt.defaults['betas']),
-        eps=opt.defaults['eps'],
-        weight_decay=opt.defaults['weight_decay'])
+    out = dict(optimizer=type(opt).__name__, lr=lrs.pop(),
+               betas=tuple(opt.defaults['betas']), eps=opt.defaults['eps'],
+               weight_decay=opt.defaults['weight_decay'])  # yapf: disable
     exempt, odd = effective_decay(model, wrapper, out['weight_decay'])
     assert not odd, f'{name}: categories with an unexpected decay {odd}'
     out['decay_exempt'] = exempt
@@ -393,10 +380,8 @@ def train_step_and_predict(name, scope, model, wrapper):
     loss, _ = model.parse_losses(losses)
     assert torch.isfinite(loss), losses
     wrapper.backward(loss)
-    grads = {
-        n: p.grad
-        for n, p in model.backbone.named_parameters() if p.requires_grad
-    }
+    grads = {n: p.grad for n, p in model.backbone.named_parameters()
+             if p.requires_grad}  # yapf: disable
     assert [n for n, g in grads.items() if g is None] == []
     assert all(torch.isfinite(g).all() for g in grads.values())
     stem = model.backbone.stages[0].patch_embed.proj[0].conv.weight.grad
