@@ -30,7 +30,6 @@ TOOLS = {
         osp.join(ROOT, 'tools', 'model_converters', name + '.py'), name)
     for name in ('soft2mmsoft', 'mmsoft2soft')
 }
-BOTH = sorted(TOOLS)
 #: the reverse conversion (tools only)
 to_official = TOOLS['mmsoft2soft'].convert_mmpretrain_to_official
 
@@ -77,12 +76,6 @@ def files(tmp_path_factory):
                tmp / 'official.pth')
     assert tool('soft2mmsoft', tmp / 'official.pth', tmp / 'mmsoft.pth') == 0
     return tmp / 'official.pth', tmp / 'mmsoft.pth'
-
-
-@pytest.fixture
-def src(tmp_path, files):
-    """The authors' file as ``tmp_path / 'official.pth'``."""
-    return shutil.copy(files[0], tmp_path / 'official.pth')
 
 
 def prefixed(sd, prefix='module.'):
