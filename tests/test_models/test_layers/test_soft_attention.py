@@ -466,10 +466,6 @@ def test_reduce_map_means_cells_and_leaves_a_grid_map_unchanged(kw):
 
 
 # ------------------------------------------------------ refusals
-def _sampler_forward():
-    BottleneckSampler(8, 2)(torch.randn(1, 1, 10, 8), (3, 3))
-
-
 FIXED = ('the Newton-Raphson settings of SOFTAttention are fixed at '
          'construction: build the attention with the settings (nr=NRConfig('
          '...), or the attn_cfg keys nr_*), or copy a model with other ones '
@@ -495,7 +491,8 @@ REFUSALS = [
        f'({type(v).__name__})',
        lambda bad=bad: BottleneckSampler(8, 4, landmark_hw=bad))
       for bad, i, v in (((7, 0), 1, 0), ((7.0, 7), 0, 7.0))],
-    (ValueError, '10 tokens do not form a 3x3 map', _sampler_forward),
+    (ValueError, '10 tokens do not form a 3x3 map',
+     lambda: BottleneckSampler(8, 2)(torch.randn(1, 1, 10, 8), (3, 3))),
     *[(ValueError, f'expected (B, 2*3, C) tokens, got shape {shape}',
        lambda shape=shape: AttentionBase._check(torch.zeros(shape), (2, 3)))
       for shape in ((1, 5, 4), (1, 7, 4), (1, 6), (1, 6, 2, 2))],
