@@ -11,11 +11,10 @@ import re
 import shlex
 import shutil
 import subprocess
-import sys
 
 import pytest
-from conftest import (CONFIGS, ROOT, TOOLS, demo_support, free_port, run,
-                      tiny_demo_data, tool_namespace)
+from conftest import (CONFIGS, ROOT, TOOLS, demo_support, tiny_demo_data,
+                      tool_namespace)
 from mmengine.config import Config, ConfigDict
 
 from mmsoft_tools import data_check as dc
@@ -257,67 +256,7 @@ def test_rank_and_skip(tmp_path, monkeypatch, capsys):
 
 
 # ------------------------------------------------------------ the tools
-def _missing_cfg(tmp_path):
-    """A tiny RetinaNet whose data_root does not exist."""
-    path = tmp_path / 'retinanet_nodata.py'
-    path.write_text(
-        f"_base_ = {osp.join(CONFIGS, 'retinanet_soft_tiny_1x.py')!r}\n"
-        "data_root = 'data/no_coco/'\n"
-        "train_dataloader = dict(dataset=dict(data_root=data_root))\n"
-        "val_dataloader = dict(dataset=dict(data_root=data_root))\n"
-        "test_dataloader = val_dataloader\n"
-        "val_evaluator = dict(ann_file=data_root + "
-        "'annotations/instances_val2017.json')\n"
-        "test_evaluator = val_evaluator\n")
-    return str(path)
-
-
-@pytest.mark.parametrize('tool', ['train.py', 'dist_train.sh'])
-def test_tools_message_is_all_a_newcomer_sees(tool, tmp_path):
-    """train.py, dist_train.sh's 2 ranks (once, no worker started); default
-    warning filters: stderr is the message alone, no work dir (test.py:
-    test_test_tool_exits_with_one_message)."""
-    pytest.importorskip('mmdet')
-    cfg = _missing_cfg(tmp_path)
-    (tmp_path / 'ckpt.pth').write_bytes(b'')  # the data is what is not
-    cmd = [sys.executable] if tool.endswith('.py') else ['bash']
-    args = ['2'] if tool == 'dist_train.sh' else []
-    proc = run(
-        cmd + [osp.join(TOOLS, tool), cfg] + args +
-        ['--work-dir', tmp_path / 'w'],
-        cwd=tmp_path,
-        timeout=300,
-        MMSOFT_SKIP_DATA_CHECK=None,
-        PYTHONWARNINGS=None,
-        PORT=str(free_port()))
-    err = proc.stderr.strip().splitlines()
-    assert (proc.returncode, proc.stdout) == (1, ''), proc.stderr
-    if tool == 'dist_train.sh':  # its first line names the interpreter
-        assert err.pop(0).startswith('dist_train.sh: python: ')
-    assert err[0].startswith('mmsoft: data for training not found: '
-                             'data/no_coco/ ')
-    assert len(err) == 5 and '--cfg-options' in err[3], proc.stderr
-    assert 'CocoDataset layout' in err[1]
-    assert not osp.exists(tmp_path / 'w')  # stopped before the Runner
-
-
-def test_test_tool_exits_with_one_message(tmp_path, monkeypatch, capsys):
-    pytest.importorskip('mmdet')
-    cfg = _missing_cfg(tmp_path)
-    monkeypatch.chdir(tmp_path)
-    (tmp_path / 'ckpt.pth').write_bytes(b'')  # checked first
-    with pytest.raises(SystemExit) as exc:
-        tool_namespace('test')['main']([cfg, 'ckpt.pth', '--work-dir', 'w'])
-    assert exc.value.code == 1
-    err = capsys.readouterr().err
-    assert err.startswith('mmsoft: data for testing not found: '
-                          'data/no_coco/ ')
-    assert 'test_dataloader.dataset.data_root=/path/to/no_coco/ ' in err
-    assert 'test_evaluator.ann_file=/path/to/no_coco/annotations/' \
-        'instances_val2017.json' in err
-    assert not osp.exists(tmp_path / 'w')
-
-
+# (the tools' message: test_faults.py's *-missing-data rows)
 @pytest.fixture(scope='module')
 def demo_data(tmp_path_factory):
     """Tiny demo data of the three tasks: ``{task: (config, root)}``."""

@@ -1,16 +1,18 @@
 """ONNX export (tools/deployment/pytorch2onnx.py, deploy.py): the
-plain-op export path equals the normal forward without eigh; one error line
-for what cannot be exported (onnxruntime parity per task:
-test_tool_contracts.py; the export path's functions: test_pinv.py,
+plain-op export path equals the normal forward without eigh; H != W inputs
+of each task family exported with onnxruntime parity; one error line for
+what cannot be exported (the export path's functions: test_pinv.py,
 test_soft_attention.py)."""
-import contextlib
-import io
+import copy
 import os
 import os.path as osp
 
+import numpy as np
 import pytest
 import torch
-from conftest import ROOT, load_module, tiny_arch
+from conftest import CONFIGS, ROOT, load_module, tiny_arch
+from mmengine.config import Config
+from mmengine.registry import DefaultScope
 
 pytest.importorskip('onnx')
 pytest.importorskip('onnxruntime')
@@ -22,6 +24,7 @@ import mmsoft  # noqa: E402,F401
 from deployment import deploy  # noqa: E402
 from mmsoft.models.backbones.soft import SOFT  # noqa: E402
 from mmsoft.models.layers import amp  # noqa: E402
+from mmsoft_tools import launch  # noqa: E402
 
 DEMO = osp.join(ROOT, 'configs', 'demo')
 TINY = tiny_arch([16, 32, 64, 64], [1, 2, 2, 2], sampling_ratios=[4, 2, 2, 1])
@@ -97,51 +100,17 @@ ATTN = CLS + '--cfg-options model.backbone.attn_cfg.'
 ])
 def test_error_line(tmp_path, capsys, args, parts):
     """What cannot be exported: one line naming it, nothing written."""
-    if 'cls.pth' in args:  # the classifier's weights
-        model, _, _ = deploy.build_model(f'{DEMO}/soft_cls_demo.py', None)
-        torch.save({'state_dict': model.state_dict()}, tmp_path / 'cls.pth')
+    if 'cls.pth' in args:  # the classifier's weights (they load exactly)
+        cls = f'{DEMO}/soft_cls_demo.py'
+        sd = deploy.build_model(cls, None)[0].state_dict()
+        torch.save({'state_dict': sd}, tmp_path / 'cls.pth')
+        loaded = deploy.build_model(cls, str(tmp_path / 'cls.pth'))[0]
+        assert all(
+            torch.equal(loaded.state_dict()[k], v) for k, v in sd.items())
     line = _error_line(
         capsys, [a.format(demo=DEMO, tmp=tmp_path) for a in args.split()])
     assert all(p in line for p in parts), (line, parts)
     assert not (tmp_path / 'x.onnx').exists()
-
-
-def test_authors_file_gets_the_line_of_tools_test(tmp_path, capsys):
-    from conftest import cls_demo_config
-    from conftest import tool_namespace as tool
-
-    from mmsoft_tools.cli import run_main  # tools/test.py's door
-    cfg = cls_demo_config(tmp_path, test=4)
-    src, _, _ = deploy.build_model(cfg, None)
-    sd = src.state_dict()
-    mine, path = str(tmp_path / 'mine.pth'), str(tmp_path / 'soft_demo.pth')
-    torch.save({'state_dict': sd}, mine)
-    model, _, _ = deploy.build_model(cfg, mine)
-    assert all(torch.equal(model.state_dict()[k], v) for k, v in sd.items())
-    to_official = load_module(
-        osp.join(ROOT, 'tools', 'model_converters', 'mmsoft2soft.py'),
-        'mmsoft2soft').convert_mmpretrain_to_official
-    keep = ('backbone.', 'head.fc.')
-    official = to_official({k: v for k, v in sd.items() if k.startswith(keep)})
-    torch.save({'model': official[0]}, path)
-    with pytest.raises(deploy.ExportError) as info:
-        deploy.build_model(cfg, path)
-    assert '\n' not in str(info.value)
-    line = _error_line(
-        capsys,
-        [cfg, path, '--shape', '64', '64', '--out',
-         str(tmp_path / 'x.onnx')])
-    assert line == f'error: {info.value}'
-    err = io.StringIO()
-    with pytest.raises(SystemExit) as exit_, contextlib.redirect_stderr(err):
-        run_main(
-            tool('test')['main'],
-            [cfg, path, '--work-dir', str(tmp_path)])
-    assert exit_.value.code == 1
-    assert line == [ln for ln in err.getvalue().splitlines() if ln.strip()][-1]
-    assert 'official SOFT checkpoint' in line
-    assert f'convert it first: python tools/model_converters/soft2mmsoft.py ' \
-        f'{path} weights/soft_demo.pth' in line
 
 
 @pytest.fixture(scope='module')
@@ -217,3 +186,110 @@ def test_min_opset_wrong_shape_and_dynamo(tmp_path, monkeypatch, cls_wrapper):
     msg = str(info.value)
     assert '\n' not in msg and '--dynamo needs torch >= 2.5' in msg
     assert list(empty.iterdir()) == []
+
+
+def _cfg(name):
+    if name.startswith('demo/'):
+        return Config.fromfile(osp.join(CONFIGS, name + '.py'))
+    cfg = Config.fromfile(osp.join(CONFIGS, name + '.py'))
+    cfg.model.backbone.arch = copy.deepcopy(TINY)
+    cfg.model.backbone.init_cfg = None  # a tiny arch: no ImageNet file
+    cfg.model.neck.in_channels = TINY['embed_dims']
+    return cfg
+
+
+def _fmap_hw(h, w, stride):
+    """SOFT / FPN map size at ``stride``: each stride-2 conv (kernel 3,
+    padding 1) takes ceil(n / 2)."""
+    for _ in range(int(np.log2(stride))):
+        h, w = -(-h // 2), -(-w // 2)
+    return h, w
+
+
+def _predict(model, scope, h, w):
+    from mmdet.structures import DetDataSample
+    from mmpretrain.structures import DataSample
+    from mmseg.structures import SegDataSample
+    g = torch.Generator().manual_seed(0)
+    img = torch.randint(0, 256, (3, h, w), generator=g, dtype=torch.uint8)
+    s = dict(
+        mmpretrain=DataSample, mmdet=DetDataSample,
+        mmseg=SegDataSample)[scope]()
+    meta = dict(img_shape=(h, w), ori_shape=(h, w))
+    if scope == 'mmdet':
+        s.set_metainfo(
+            dict(meta, scale_factor=(1., 1.), batch_input_shape=(h, w)))
+    elif scope == 'mmseg':
+        s.set_metainfo(dict(meta, pad_shape=(h, w)))
+    with torch.no_grad():
+        return model.test_step(dict(inputs=[img], data_samples=[s]))[0]
+
+
+def _expected_shapes(kind, wrapper, h, w):
+    m = wrapper.model
+    if kind == 'cls':
+        return {'cls_score': (1, m.head.num_classes)}
+    if kind == 'seg':
+        return {'seg_logits': (1, m.decode_head.num_classes, h, w)}
+    # FPN output i: the backbone map of neck input start_level + i (stride
+    # 4 * 2**stage), the extra levels each a stride-2 step further
+    first = 4 * 2**m.backbone.out_indices[m.neck.start_level]
+    prefix = 'feat' if kind == 'two_stage' else 'cls_score'
+    return {
+        f'{prefix}_{i}': _fmap_hw(h, w, first * 2**i)
+        for i in range(m.neck.num_outs)
+    }
+
+
+H, W = 64, 96  # not square; both multiples of 32 (mmdet's padding)
+
+
+@pytest.mark.parametrize('name', [
+    'demo/retinanet_soft_demo', 'mask_rcnn_soft_tiny_1x',
+    'demo/upernet_soft_demo'
+])
+def test_export_non_square(name, tmp_path):
+    """H != W: predictions in its frame, export shapes, ONNX parity (the
+    classifier's: test_tool_cli.py::test_benchmark_onnx_tiny_run)."""
+    cfg = _cfg(name)
+    if launch.import_codebase(cfg) == 'mmdet':  # random weights: 5 boxes
+        tc = cfg.model.test_cfg
+        (tc.rcnn if 'rcnn' in tc else tc).update(score_thr=0., max_per_img=5)
+    model, scope, cfg = deploy.build_model(cfg, None)
+    h, w = H, W
+    with DefaultScope.overwrite_default_scope(scope):
+        pred = _predict(model, scope, h, w)
+    if scope == 'mmpretrain':
+        assert pred.pred_score.shape == (cfg.model.head.num_classes, )
+    elif scope == 'mmseg':
+        assert pred.pred_sem_seg.data.shape == (1, h, w)
+        assert pred.seg_logits.data.shape[1:] == (h, w)
+    else:
+        boxes = pred.pred_instances.bboxes
+        assert len(boxes) > 0
+        assert (boxes[:, 0::2] <= w + 1e-3).all()
+        assert (boxes[:, 1::2] <= h + 1e-3).all()
+        assert (boxes >= -1e-3).all()
+        if 'masks' in pred.pred_instances:
+            assert pred.pred_instances.masks.shape[1:] == (h, w)
+    wrapper = deploy.ExportWrapper(model, scope, (h, w))
+    expected = _expected_shapes(wrapper.kind, wrapper, h, w)
+    if wrapper.kind == 'two_stage':  # FPN features, then the RPN's
+        assert wrapper.output_names[0] == 'feat_0'
+        assert 'rpn_cls_score_0' in wrapper.output_names
+    with torch.no_grad():
+        outs = dict(
+            zip(wrapper.output_names, wrapper(torch.zeros(1, 3, h, w))))
+    for key, shape in expected.items():
+        got = tuple(outs[key].shape)
+        if len(shape) == 2 and wrapper.kind not in ('cls', ):
+            got = got[2:]
+        assert got == shape, (key, got, shape)
+    out = str(tmp_path / 'm.onnx')
+    deploy.export_onnx(wrapper, out)
+    errs = deploy.verify(wrapper, out)
+    assert max(errs.values()) < 1e-4, errs
+    assert len(errs) == len(wrapper.output_names)
+    onnx_out = deploy.OnnxModel(out)(torch.zeros(1, 3, h, w))
+    for name_, o in zip(wrapper.output_names, onnx_out):
+        assert tuple(o.shape) == tuple(outs[name_].shape), name_

@@ -48,7 +48,8 @@ INVOCATIONS = {
     _TA + 'analysis_tools.py::test_visualize_attention_rows',
     'deployment/pytorch2onnx.py': _CH + 'test_onnx_export_verify',
     'deployment/benchmark_onnx.py': _CLI + 'test_benchmark_onnx_tiny_run',
-    'misc/configs.py': 'test_packaging.py::test_configs_cli',
+    'misc/configs.py':
+    'test_packaging.py::test_paths_in_checkout_and_the_configs_cli',
     'misc/make_demo_data.py': 'test_demo/test_synthetic.py::test_tool_cli',
     'model_converters/soft2mmsoft.py':
     _TT + 'model_converters.py::test_cli_round_trip',
@@ -276,7 +277,7 @@ def test_benchmark_onnx_tiny_run(tmp_path, capsys, replaced):
     pytest.importorskip('onnxruntime')
     tool = load_tool('deployment/benchmark_onnx.py')
     md = tmp_path / 'table.md'
-    HW = ('64x64', '64x96')
+    HW = ('64x96', )  # H != W
     specs = [f'demo/soft_cls_demo.py:{hw}' for hw in HW]
     assert tool.main(specs + '--repeats 1 --warmup 0 --onnx-dir'.split() +
                      [str(tmp_path), '--out', str(md)]) == 0
@@ -400,20 +401,13 @@ def test_gpu_check_smoke(tmp_path, capsys):
     assert {r['metric'].split()[0] for r in timed} == set(tool.NR_METHODS)
     ratio = [r for r in rows if r['metric'] == 'SOFT / softmax']
     assert len(ratio) == 1 and float(ratio[0]['value']) > 0
-    # --sections: the others not run
-    out = tmp_path / 'nr'
-    assert tool.main(['--smoke', '--sections', 'nr', '--out-dir',
-                      str(out)]) == 0
-    md = (out / 'gpu_check.md').read_text()
-    rows, _ = _csv(out / 'gpu_check.csv')
-    assert {r['section'] for r in rows} == {'NR methods'}
-    assert md.count('not run: not selected (--sections)') == 2  # steps, sm
-    assert 'torch ' in md and 'mmcv ops: CPU only' in md
-    assert 'PARTIAL' not in md
 
 
-def test_gpu_check_dry_run_fills_the_model_zoo(tmp_path, capsys):
-    """recipe_gpu.csv rows from the CPU: the model zoo's estimates."""
+def test_gpu_check_dry_run_fills_the_model_zoo(tmp_path, capsys, monkeypatch):
+    """recipe_gpu.csv rows from the CPU: the model zoo's estimates; the
+    paper configs run without their (absent) ImageNet file; --sections: the
+    others not run."""
+    monkeypatch.chdir(tmp_path)  # no checkpoints/ here
     tool = load_tool('analysis/gpu_check.py')
     names = [  # one recipe of each family the GPU run times
         'retinanet_soft_tiny_1x', 'mask_rcnn_soft_tiny_1x',
@@ -434,6 +428,12 @@ def test_gpu_check_dry_run_fills_the_model_zoo(tmp_path, capsys):
         assert '2 x 64x64 per GPU' in r['note']
     md = (tmp_path / 'gpu_check.md').read_text()
     assert '| retinanet_soft_tiny_1x | s/iter |' in md and 'FAIL' not in md
+    assert md.count('not run: not selected (--sections)') == 4
+    assert 'torch ' in md and 'mmcv ops: CPU only' in md
+    assert 'PARTIAL' not in md and 'does not exist' not in md
+    assert {r['section']
+            for r in _csv(tmp_path / 'gpu_check.csv')[0]
+            } == {'recipe iterations'}
     gen = load_module(osp.join(ROOT, 'docs', 'gen_tables.py'), '_gen_dry')
     table = {r.split(' | ')[0]: r for r in gen.recipe_times(rows).splitlines()}
     for r in rows:
@@ -520,19 +520,3 @@ def test_gpu_check_recipe_out_of_memory_is_reported_not_failed(
     assert (bad['value'], bad['ok'], bad['note']) == ('error', False,
                                                       'RuntimeError: broken')
     assert not csv_path.exists()
-
-
-def test_gpu_check_steps_need_no_imagenet_file(tmp_path, monkeypatch):
-    """A paper config trains a step without its (absent) ImageNet file."""
-    monkeypatch.chdir(tmp_path)
-    tool = load_tool('analysis/gpu_check.py')
-    tool.main('--cpu --sections steps --repeats 1 --configs '
-              'retinanet_soft_tiny_1x --out-dir'.split() + [str(tmp_path)])
-    rows, _ = _csv(tmp_path / 'gpu_check.csv')
-    assert [r['item'] for r in rows] == [
-        'retinanet_soft_tiny_1x fp32', 'retinanet_soft_tiny_1x bf16'
-    ]
-    # fp32 must train; the CPU bf16 step's finiteness is not this test's
-    # contract (it is the AMP tests'), but no step may miss the file
-    assert rows[0]['ok'] == 'True', rows
-    assert not any('does not exist' in r['note'] for r in rows), rows

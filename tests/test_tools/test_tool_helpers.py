@@ -359,52 +359,6 @@ def test_runner_parser_and_args(tmp_path, monkeypatch):
         assert cli.apply_runner_args(cfg, args).work_dir == want
 
 
-@pytest.mark.parametrize('seed, value', [('0', None), ('4294967295', None),
-                                         ('-1', -1),
-                                         ('4294967296', 4294967296),
-                                         ('abc', 'abc'), ('True', True)])
-def test_seed_range(seed, value, monkeypatch, capsys):
-    """numpy's 0 .. 2**32 - 1 in --cfg-options and tools/demo.py's --seed."""
-    monkeypatch.setenv('LOCAL_RANK', '0')
-    argv = ['a.py', '--cfg-options', f'randomness.seed={seed}']
-    if value is None:
-        assert cli.parse_runner_args(
-            parser(), argv).cfg_options['randomness.seed'] == int(seed)
-        assert DEMO.parse_args(['--seed', seed]).seed == int(seed)
-        assert cli.seed_int(seed) == int(seed)  # both ends accepted
-        return
-    why = ('a seed must be an integer from 0 to 4294967295 (2**32 - 1, '
-           "numpy's limit), got ")
-    assert raised(cli.parse_runner_args, parser(), argv) == \
-        f'--cfg-options randomness.seed={value!r}: {why}{value!r}'
-    raised(DEMO.parse_args, ['--seed', seed], exc=SystemExit)
-    assert f'error: argument --seed: {why}' in capsys.readouterr().err
-
-
-@pytest.mark.parametrize('typed, refused', [
-    ("'/path/with a space'", True),
-    ('/path/with\ta\ttab', True),
-    (' /padded ', False),
-    ('[(1, 2), (3, 4)]', False),
-])
-def test_cfg_options_value_that_lost_spaces(typed, refused, monkeypatch):
-    """A space DictAction would drop is refused; argv None: sys.argv."""
-    monkeypatch.setenv('LOCAL_RANK', '0')
-    key = 'default_hooks.checkpoint.out_dir'
-    monkeypatch.setattr(
-        sys, 'argv',
-        ['train.py', 'a.py', '--cfg-options', 'x=1', f'{key}={typed}'])
-    if not refused:
-        cli.parse_runner_args(parser(), None)
-        return
-    msg = raised(cli.parse_runner_args, parser(), None)
-    assert msg.startswith(
-        f'--cfg-options {key}: the value {typed!r} contains spaces, '
-        "which mmengine's --cfg-options parser removes (it would be "), msg
-    assert msg.endswith(f'set {key} in a config file instead (a small '
-                        'config with _base_ = [<your config>])')
-
-
 @pytest.mark.parametrize(
     'files, where',
     [
@@ -437,36 +391,98 @@ def test_load_config_names_a_syntax_error(tmp_path, files, where):
         f'{tmp_path / where}: syntax error')
 
 
-@pytest.mark.parametrize(
-    'item, error',
-    [
-        # a number / boolean of the config replaced by what is none
-        ('optim.lr=abc', "--cfg-options optim.lr='abc': the config's "
-         'optim.lr is a number (0.01); give a number (e.g. optim.lr=0.01)'),
-        ('train_cfg.max_epochs=true', '--cfg-options train_cfg.max_epochs='
-         "True: the config's train_cfg.max_epochs is a number (12)"),
-        ('model.frozen=yes', "--cfg-options model.frozen='yes': the "
-         "config's model.frozen is true or false (False); give true or "
-         'false (e.g. model.frozen=False)'),
-        ('pipeline.0.scale=big', "--cfg-options pipeline.0.scale='big': "
-         "the config's pipeline.0.scale is a number (1)"),
-        # mmengine's parser: a dict is a string or a RecursionError
-        ('model.loss=dict(a=1,b=[1,2])', '--cfg-options model.loss=dict(a=1,'
-         "b=[1,2]): a dict is no --cfg-options value (mmengine's parser "
-         'takes numbers, strings, true / false / None and lists or tuples: '
-         'key=a,b or key="[a,(b,c)]"); set its keys one by one '
-         '(model.loss.type=... model.loss.<name>=...) or write the dict in a '
-         'config file'),
-        ("model.loss={'a':1}", "--cfg-options model.loss={'a':1}: a dict is "
-         'no --cfg-options value'),
-        ('model.x=[1,2', "--cfg-options model.x=[1,2: mmengine's parser "
-         'cannot read it (AssertionError: Imbalanced brackets'),
-        # accepted: what the config's value can be, new keys, structures
-        *[(item, None)
-          for item in ('train_cfg.max_epochs=2.5', 'model.frozen=None',
-                       'model.new_key=abc', 'pipeline.0.scale=[1,2]')],
-    ])
-def test_cfg_options_values(item, error):
+def test_seed_range(capsys):
+    """numpy's 0 .. 2**32 - 1 in tools/demo.py's --seed (--cfg-options:
+    :data:`RUNNER_ARGS`)."""
+    for seed in ('0', '4294967295'):  # both ends accepted
+        assert DEMO.parse_args(['--seed', seed]).seed == int(seed)
+        assert cli.seed_int(seed) == int(seed)
+    for seed in ('-1', '4294967296', 'abc'):
+        raised(DEMO.parse_args, ['--seed', seed], exc=SystemExit)
+        assert f'error: argument --seed: {SEED}' in capsys.readouterr().err
+
+
+UNSET = '--launcher pytorch: RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT not ' \
+    'set (the process was not started by torchrun): start the processes with '
+ONE = ', or leave --launcher out for one process'
+SEED = ('a seed must be an integer from 0 to 4294967295 (2**32 - 1, numpy\'s '
+        'limit), got ')
+OUT = 'default_hooks.checkpoint.out_dir'
+SPACES = ("contains spaces, which mmengine's --cfg-options parser removes "
+          '(it would be ')
+#: (arguments after the config, environment, the tool, the start of the
+#: ToolError's line (None: accepted)) of ``parse_runner_args`` (argv from
+#: sys.argv) and ``merge_cfg_options`` into :func:`_values_cfg`
+RUNNER_ARGS = [
+    # --launcher outside its starter (torchrun / srun); mpi: not checked
+    (['--launcher', 'pytorch'], {}, 'train.py', UNSET + 'tools/dist_train.sh'
+     ' CONFIG GPUS [options] (or torchrun)' + ONE),
+    (['--launcher', 'pytorch'], dict(RANK='0', WORLD_SIZE='2'), 'test.py',
+     '--launcher pytorch: MASTER_ADDR, MASTER_PORT not set (the process was '
+     'not started by torchrun): start the processes with tools/dist_test.sh '
+     'CONFIG CHECKPOINT GPUS [options] (or torchrun)' + ONE),
+    (['--launcher', 'slurm'], dict(SLURM_PROCID='0'), 'train.py',
+     '--launcher slurm: SLURM_NTASKS, SLURM_NODELIST not set (the process '
+     'was not started by srun): start the processes with '
+     'tools/slurm_train.sh PARTITION JOB_NAME CONFIG WORK_DIR (or srun)' +
+     ONE),
+    (['--launcher', 'pytorch'], {}, 'other.py', UNSET + 'torchrun' + ONE),
+    (['--launcher', 'pytorch'],
+     dict(RANK='0', WORLD_SIZE='2', MASTER_ADDR='h', MASTER_PORT='1'),
+     'train.py', None),
+    (['--launcher', 'mpi'], {}, 'train.py', None),
+    # randomness.seed: numpy's 0 .. 2**32 - 1
+    *[(['--cfg-options', f'randomness.seed={v}'], {}, 't', None)
+      for v in ('0', '4294967295')],
+    *[(['--cfg-options', f'randomness.seed={v}'], {}, 't',
+       f'--cfg-options randomness.seed={value!r}: {SEED}{value!r}')
+      for v, value in (('-1', -1), ('4294967296', 4294967296),
+                       ('abc', 'abc'), ('True', True))],
+    # a space DictAction would drop
+    *[(['--cfg-options', 'x=1', f'{OUT}={v}'], {}, 't',
+       f'--cfg-options {OUT}: the value {v!r} {SPACES}')
+      for v in ("'/path/with a space'", '/path/with\ta\ttab')],
+    *[(['--cfg-options', f'{OUT}={v}'], {}, 't', None)
+      for v in (' /padded ', '[(1, 2), (3, 4)]')],
+    # a number / boolean of the config replaced by what is none
+    (['--cfg-options', 'optim.lr=abc'], {}, 't', "--cfg-options optim.lr="
+     "'abc': the config's optim.lr is a number (0.01); give a number (e.g. "
+     'optim.lr=0.01)'),
+    (['--cfg-options', 'train_cfg.max_epochs=true'], {}, 't',
+     "--cfg-options train_cfg.max_epochs=True: the config's "
+     'train_cfg.max_epochs is a number (12)'),
+    (['--cfg-options', 'model.frozen=yes'], {}, 't', "--cfg-options "
+     "model.frozen='yes': the config's model.frozen is true or false "
+     '(False); give true or false (e.g. model.frozen=False)'),
+    (['--cfg-options', 'pipeline.0.scale=big'], {}, 't', "--cfg-options "
+     "pipeline.0.scale='big': the config's pipeline.0.scale is a number (1)"),
+    # mmengine's parser: a dict is a string or a RecursionError
+    (['--cfg-options', 'model.loss=dict(a=1,b=[1,2])'], {}, 't',
+     "--cfg-options model.loss=dict(a=1,b=[1,2]): a dict is no --cfg-options "
+     "value (mmengine's parser takes numbers, strings, true / false / None "
+     'and lists or tuples: key=a,b or key="[a,(b,c)]"); set its keys one by '
+     'one (model.loss.type=... model.loss.<name>=...) or write the dict in a '
+     'config file'),
+    (['--cfg-options', "model.loss={'a':1}"], {}, 't',
+     "--cfg-options model.loss={'a':1}: a dict is no --cfg-options value"),
+    (['--cfg-options', 'model.x=[1,2'], {}, 't', "--cfg-options model.x=[1,2"
+     ": mmengine's parser cannot read it (AssertionError: Imbalanced "
+     'brackets'),
+    # what the config's value can be, new keys, structures
+    *[(['--cfg-options', item], {}, 't', None)
+      for item in ('train_cfg.max_epochs=2.5', 'model.frozen=None',
+                   'model.new_key=abc', 'pipeline.0.scale=[1,2]')],
+]  # yapf: disable
+
+
+@pytest.mark.parametrize('argv, env, prog, line', RUNNER_ARGS)
+def test_runner_args_refused(monkeypatch, argv, env, prog, line):
+    for name in ('RANK', 'WORLD_SIZE', 'MASTER_ADDR', 'MASTER_PORT',
+                 'SLURM_PROCID', 'SLURM_NTASKS', 'SLURM_NODELIST'):
+        monkeypatch.delenv(name, raising=False)
+    for name, value in dict(env, LOCAL_RANK='0').items():
+        monkeypatch.setenv(name, value)
+    monkeypatch.setattr(sys, 'argv', [prog, 'c.py'] + argv)
     cfg = Config(
         dict(
             train_cfg=dict(max_epochs=12),
@@ -474,50 +490,20 @@ def test_cfg_options_values(item, error):
             model=dict(frozen=False, name='m', loss=None, x=None),
             pipeline=[dict(type='A', scale=1)]))
     try:
-        args = cli.parse_runner_args(parser(), ['c.py', '--cfg-options', item])
+        args = cli.parse_runner_args(parser(prog), None)
         cli.merge_cfg_options(cfg, args.cfg_options)
     except cli.ToolError as e:
-        assert error is not None and str(e).startswith(error), str(e)
+        assert line is not None and str(e).startswith(line), str(e)
+        if '--launcher' in argv:  # launcher_problem's line
+            assert cli.launcher_problem(argv[1], prog) == str(e)
+        if SPACES in line:
+            assert str(e).endswith(f'set {OUT} in a config file instead (a '
+                                   'small config with _base_ = [<your '
+                                   'config>])')
     else:
-        assert error is None, item
-
-
-UNSET = '--launcher pytorch: RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT not ' \
-    'set (the process was not started by torchrun): start the processes with '
-
-
-@pytest.mark.parametrize(
-    'launcher, env, prog, problem',
-    [
-        ('pytorch', {}, 'train.py', UNSET + 'tools/dist_train.sh CONFIG GPUS '
-         '[options] (or torchrun), or leave --launcher out for one process'),
-        ('pytorch', dict(RANK='0', WORLD_SIZE='2'), 'test.py',
-         '--launcher pytorch: MASTER_ADDR, MASTER_PORT not set (the process '
-         'was not started by torchrun): start the processes with '
-         'tools/dist_test.sh CONFIG CHECKPOINT GPUS [options] (or torchrun)'),
-        ('slurm', dict(SLURM_PROCID='0'), 'train.py', '--launcher slurm: '
-         'SLURM_NTASKS, SLURM_NODELIST not set (the process was not started '
-         'by srun): start the processes with tools/slurm_train.sh PARTITION'),
-        ('pytorch', {}, 'other.py', UNSET + 'torchrun, or'),
-        # started as it should be / mpi (not checked)
-        ('pytorch', dict(RANK='0', WORLD_SIZE='2', MASTER_ADDR='h',
-                         MASTER_PORT='1'), 'train.py', None),
-        ('mpi', {}, 'train.py', None),
-    ])  # yapf: disable
-def test_launcher_problem(monkeypatch, launcher, env, prog, problem):
-    for name in ('RANK', 'WORLD_SIZE', 'MASTER_ADDR', 'MASTER_PORT',
-                 'SLURM_PROCID', 'SLURM_NTASKS', 'SLURM_NODELIST'):
-        monkeypatch.delenv(name, raising=False)
-    for name, value in env.items():
-        monkeypatch.setenv(name, value)
-    line = cli.launcher_problem(launcher, prog)
-    argv = ['c.py', '--launcher', launcher]
-    if problem is None:
-        assert line is None
-        cli.parse_runner_args(parser(prog), argv)
-    else:  # the tools' parser refuses it before anything else
-        assert line is not None and line.startswith(problem), line
-        assert raised(cli.parse_runner_args, parser(prog), argv) == line
+        assert line is None, argv
+        if argv[-1].startswith('randomness.seed='):
+            assert args.cfg_options['randomness.seed'] == int(argv[-1][16:])
 
 
 def test_cfg_option_problem_and_merge():

@@ -1,17 +1,28 @@
-"""tools/train.py, tools/test.py and the launch scripts on the CPU (the
-2-process dist_train.sh chain: test_chain.py, with :func:`make_ade` and
-:func:`seg_config` of this file; the slurm scripts' srun line and launch's
-helpers: test_launch_python.py, test_tool_helpers.py)."""
+"""tools/train.py, tools/test.py and the launch scripts on the CPU: their
+arguments, ``--tta``'s views, the Python the scripts use (``tools/python.sh``),
+a 2-process ``dist_test.sh`` that ends cleanly (issue 13); the 2-process
+dist_train.sh chain: test_chain.py (with :func:`make_ade` and
+:func:`seg_config` of this file); the faults: test_faults.py."""
+import copy
+import glob
+import importlib
 import os
 import os.path as osp
+import pickle
+import re
+import shutil
 import subprocess
+import sys
 import traceback
 
 import numpy as np
 import pytest
 import torch
-from conftest import ROOT, TOOLS, child_env, free_port, tiny_arch
+from conftest import (CONFIGS, ROOT, TOOLS, child_env, cls_demo_config,
+                      free_port, load_module, random_model, run, tiny_arch)
 from conftest import tool_namespace as tool
+from mmengine.config import Config
+from mmengine.registry import DefaultScope
 from PIL import Image
 
 TINY = repr(dict(_delete_=True, **tiny_arch()))
@@ -109,13 +120,6 @@ def test_resume_and_work_dir_arguments():
     assert cfg('test', 'c.pth').load_from == 'c.pth'
 
 
-def test_missing_config_file_message(script_server):
-    proc = script_server(f'{TOOLS}/train.py', ['configs/no_such_config.py'])
-    assert proc.returncode == 1
-    assert proc.stderr == ('error: configs/no_such_config.py: No such file '
-                           'or directory (errno 2 ENOENT); check the path\n')
-
-
 @pytest.mark.parametrize('text, error, match', [
     ("_base_ = './_base_/no_such_base.py'\n", FileNotFoundError,
      'no_such_base.py'),
@@ -140,14 +144,11 @@ def test_config_errors_are_mmengines(tmp_path, monkeypatch, text, error,
 @pytest.mark.skipif(torch.cuda.is_available(), reason='the CPU fall-back')
 def test_slurm_launcher_and_amp_on_cpu(tmp_path, script_server):
     """``--launcher slurm`` (one task) and ``--amp`` without CUDA."""
-    data = make_ade(
-        str(tmp_path / 'ade' / 'ADEChallengeData2016'), n_train=2, n_val=1)
     work = str(tmp_path / 'work')
     proc = script_server(
         osp.join(TOOLS, 'train.py'), [
-            seg_config(tmp_path, data), '--launcher', 'slurm', '--amp',
-            '--work-dir', work, '--cfg-options', 'train_cfg.max_iters=1',
-            'default_hooks.checkpoint.interval=1'
+            cls_demo_config(tmp_path, val=4), '--launcher', 'slurm', '--amp',
+            '--work-dir', work, '--cfg-options', 'train_cfg.max_epochs=1'
         ],
         env=child_env(
             SLURM_NODELIST='localhost',
@@ -160,4 +161,312 @@ def test_slurm_launcher_and_amp_on_cpu(tmp_path, script_server):
     assert proc.returncode == 0, out[-6000:]
     assert "backend 'nccl' -> 'gloo'" in out and 'bfloat16' in out
     assert 'CPUAmpOptimWrapper' in out
-    assert osp.isfile(osp.join(work, 'iter_1.pth'))
+    assert osp.isfile(osp.join(work, 'epoch_1.pth'))
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason='the CPU fall-back')
+def test_dist_test_sh_exits_cleanly(tmp_path):
+    """Exit 0, no "terminate called without an active exception" (SIGABRT
+    at exit, issue 13; ``launch.shutdown_dist``: test_tool_helpers.py); the
+    2 ranks' results gathered, printed once by rank 0."""
+    cfg = cls_demo_config(tmp_path, test=1)
+    model = random_model(cfg)
+    # a constant head (zero weights, one-hot bias): every image gets the
+    # class of the first val image, so top-1 follows from the labels
+    with open(tmp_path / 'data' / 'imagenet' / 'meta' / 'val.txt') as f:
+        labels = [int(ln.split()[1]) for ln in f if ln.strip()]
+    sd = model.state_dict()
+    sd['head.fc.weight'] = torch.zeros_like(sd['head.fc.weight'])
+    sd['head.fc.bias'] = torch.nn.functional.one_hot(
+        torch.tensor(labels[0]), 5).float() * 10
+    ckpt = str(tmp_path / 'cls.pth')
+    torch.save({'state_dict': sd, 'meta': {}}, ckpt)
+    proc = run(['bash', osp.join(ROOT, 'tools', 'dist_test.sh'), cfg, ckpt,
+                '2', '--work-dir', tmp_path / 'work', '--out',
+                tmp_path / 'preds.pkl'], tmp_path, 300,
+               PORT=str(free_port()))  # yapf: disable
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 0 and 'terminate called' not in out, out[-4000:]
+    top1 = 100 * labels.count(labels[0]) / len(labels)
+    assert out.count(f'accuracy/top1: {top1:.4f}') == 1, out[-3000:]
+    # ... scored by the checkpoint's head: softmax(bias) for each of them
+    with open(tmp_path / 'preds.pkl', 'rb') as f:
+        preds = pickle.load(f)
+    assert [int(p['gt_label']) for p in preds] == labels
+    for p in preds:
+        torch.testing.assert_close(p['pred_score'],
+                                   sd['head.fc.bias'].softmax(0))
+
+
+# ------------------------- which Python the launch scripts use (python.sh)
+def _python_without_torch(tmp_path):
+    """A real interpreter that cannot import torch (the venv's base Python
+    or a system one), else a stand-in that fails as it would."""
+    for cand in (getattr(sys, '_base_executable', None),
+                 shutil.which('python3',
+                              path='/usr/bin:/bin'), '/usr/local/bin/python3'):
+        if cand and osp.isfile(cand) and subprocess.run(
+            [cand, '-c', 'import torch'], capture_output=True,
+                timeout=120).returncode != 0:
+            return cand
+    fake = tmp_path / 'fake_python'
+    _exe(
+        fake, 'echo "ModuleNotFoundError: No module named \'torch\'" >&2\n'
+        'exit 1\n')
+    return str(fake)
+
+
+def _exe(path, text):
+    path.write_text('#!/bin/sh\n' + text)
+    path.chmod(0o755)
+
+
+@pytest.fixture()
+def repo(tmp_path):
+    """<tmp>/clone: tools/*, mmsoft (linked), .venv/bin/python (a wrapper
+    that logs its calls; VENV_DRY: log only); <tmp>/bin/python: no torch
+    (a user who ran ``make demo`` and did not activate the venv);
+    <tmp>/empty.py: a config without data."""
+    clone = tmp_path / 'clone'
+    (clone / 'tools').mkdir(parents=True)
+    for name in ('dist_train.sh', 'dist_test.sh', 'slurm_train.sh',
+                 'slurm_test.sh', 'launch.sh', 'python.sh', 'train.py',
+                 'test.py', 'mmsoft_tools'):
+        os.symlink(osp.join(ROOT, 'tools', name), clone / 'tools' / name)
+    os.symlink(osp.join(ROOT, 'mmsoft'), clone / 'mmsoft')
+    (clone / '.venv' / 'bin').mkdir(parents=True)
+    log = tmp_path / 'venv_calls'
+    _exe(
+        clone / '.venv' / 'bin' / 'python',
+        f'echo "$@" >> {log}\n[ -n "$VENV_DRY" ] && exit 0\n'
+        f'exec {sys.executable} "$@"\n')
+    (tmp_path / 'bin').mkdir()
+    os.symlink(_python_without_torch(tmp_path), tmp_path / 'bin' / 'python')
+    (tmp_path / 'empty.py').write_text('x = 1\n')
+    return dict(
+        clone=clone,
+        log=log,
+        tmp=tmp_path,
+        cfg=str(tmp_path / 'empty.py'),
+        venv_py=str(clone / '.venv' / 'bin' / 'python'))
+
+
+def _script(repo, script, *args, **env):
+    """``tools/<script> args`` in a login shell's environment (no venv
+    active, no PYTHON) plus ``env``."""
+    base = {
+        k: v
+        for k, v in os.environ.items()
+        if k not in ('PYTHON', 'VIRTUAL_ENV', 'CONDA_DEFAULT_ENV',
+                     'CONDA_PREFIX', 'PYTHONPATH', 'MMSOFT_VENV', 'PYTHONHOME')
+    }
+    base.update(
+        PATH=f'{repo["tmp"]}/bin:/usr/bin:/bin',
+        OMP_NUM_THREADS='1',
+        PYTHONWARNINGS='ignore',
+        PORT=str(free_port()),
+        **env)
+    return subprocess.run(
+        ['bash', str(repo['clone'] / 'tools' / script), *args],
+        cwd=str(repo['tmp']),
+        env=base,
+        capture_output=True,
+        text=True,
+        timeout=300)
+
+
+def test_dist_scripts_use_the_project_venv(repo, tmp_path):
+    """No venv active: the project's .venv, for the data check and then
+    torchrun; an explicit PYTHON=... wins."""
+    for ckpt in ('ckpt.pth', 'c'):  # the scripts check that it exists
+        (tmp_path / ckpt).write_bytes(b'')
+    proc = _script(
+        repo, 'dist_train.sh', repo['cfg'], '1', '--help', VENV_DRY='1')
+    assert proc.returncode == 0, proc.stderr
+    assert f'dist_train.sh: python: {repo["venv_py"]}' in proc.stderr
+    proc = _script(repo, 'dist_test.sh', repo['cfg'], 'ckpt.pth', '1',
+                   '--help', VENV_DRY='1')  # yapf: disable
+    assert proc.returncode == 0, proc.stderr
+    assert f'dist_test.sh: python: {repo["venv_py"]}' in proc.stderr
+    calls = repo['log'].read_text().splitlines()
+    assert calls[0].startswith('- train ' + repo['cfg'])  # the data check
+    assert calls[1].startswith('-m torch.distributed.run')
+    assert calls[1].endswith(f'tools/train.py {repo["cfg"]} --launcher '
+                             'pytorch --help')
+    assert calls[2] == f'- test {repo["cfg"]} --help'
+    assert calls[3].endswith(f'tools/test.py {repo["cfg"]} ckpt.pth '
+                             '--launcher pytorch --help')
+    log, explicit = tmp_path / 'explicit_calls', tmp_path / 'my_python'
+    _exe(explicit, f'echo "$@" >> {log}\n')  # dry
+    proc = _script(
+        repo,
+        'dist_train.sh',
+        repo['cfg'],
+        '1',
+        '--help',
+        PYTHON=str(explicit))
+    assert proc.returncode == 0, proc.stderr
+    assert f'python: {explicit}' in proc.stderr
+    assert [c.split()[:2] for c in log.read_text().splitlines()
+            ] == [['-', 'train'], ['-m', 'torch.distributed.run']]
+    assert len(repo['log'].read_text().splitlines()) == 4  # venv not used
+    _exe(tmp_path / 'bin' / 'srun', f'echo "$@" > {tmp_path}/srun_args\n')
+    for script, arg in (('slurm_train.sh', 'wd'), ('slurm_test.sh', 'c')):
+        for python, env in ((repo['venv_py'], {}),
+                            ('/opt/py/bin/python3',
+                             dict(PYTHON='/opt/py/bin/python3'))):
+            argv = ('part', 'job', repo['cfg'], arg, '--cfg-options', 'a=1')
+            proc = _script(repo, script, *argv, GPUS='16', **env)
+            assert proc.returncode == 0, proc.stderr
+            tool = script[6:-3]
+            value = '--work-dir=wd' if tool == 'train' else 'c'
+            assert (tmp_path / 'srun_args').read_text() == (
+                '-p part --job-name=job --gres=gpu:8 --ntasks=16 '
+                '--ntasks-per-node=8 --cpus-per-task=5 --kill-on-bad-exit=1 '
+                f'{python} -u {repo["clone"]}/tools/{tool}.py {repo["cfg"]} '
+                f'{value} --launcher=slurm --cfg-options a=1\n')
+
+
+def test_active_venv_is_respected_and_bad_python_explained(repo):
+    """An active venv's python without torch; no project venv: one hint."""
+    proc = _script(
+        repo,
+        'dist_train.sh',
+        repo['cfg'],
+        '1',
+        VIRTUAL_ENV='/some/other/venv')
+    assert proc.returncode != 0
+    assert 'dist_train.sh: python: python' in proc.stderr
+    err = proc.stderr.strip().splitlines()
+    assert len(err) == 2, proc.stderr
+    assert "cannot run the tools (No module named 'torch')" in err[1]
+    assert 'make demo' in err[1] and 'PYTHON=' in err[1]
+    assert not repo['log'].exists()
+    shutil.rmtree(repo['clone'] / '.venv')
+    proc = _script(repo, 'dist_train.sh', repo['cfg'], '1')
+    assert proc.returncode != 0 and 'cannot run the tools' in proc.stderr
+
+
+# ------------------------------------------ tools/test.py --tta's views
+def _tta_views(name, tmp_path):
+    """The views ``tools/test.py --tta`` makes of one 40 x 56 image (the
+    config's TTA pipeline after ``enable_tta``, built and run)."""
+    import mmcv
+    from mmengine.dataset import Compose
+    test = tool('test')
+    path = osp.join(CONFIGS, name + '.py')
+    args = test['parse_args']([path, 'c.pth', '--tta', '--show-dir', 'v'])
+    cfg = test['build_cfg'](args)
+    from mmsoft_tools import launch
+    scope = launch.import_codebase(cfg)
+    test['enable_tta'](cfg, scope)
+    assert cfg.model.module.type == Config.fromfile(path).model.type
+    assert cfg.model.module.backbone.type == 'SOFT'
+    assert cfg.test_dataloader.dataset.pipeline[-1].type == 'TestTimeAug'
+    assert cfg.test_dataloader.dataset.pipeline == cfg.tta_pipeline
+    test['trigger_visualization_hook'](cfg, args, scope)
+    hook = cfg.default_hooks.visualization
+    assert hook.get('enable', hook.get('draw')) is True
+    g = np.random.default_rng(0)
+    mmcv.imwrite(
+        g.integers(0, 256, (40, 56, 3), dtype=np.uint8),
+        str(tmp_path / 'img.png'))
+    mmcv.imwrite(
+        g.integers(0, 150, (40, 56), dtype=np.uint8),
+        str(tmp_path / 'seg.png'))
+    transforms = importlib.import_module(f'{scope}.registry').TRANSFORMS
+    with DefaultScope.overwrite_default_scope(scope):
+        pipeline = Compose(
+            [transforms.build(copy.deepcopy(t)) for t in cfg.tta_pipeline])
+        return pipeline(
+            dict(
+                img_path=str(tmp_path / 'img.png'),
+                img_id=0,
+                seg_map_path=str(tmp_path / 'seg.png'),
+                reduce_zero_label=True,
+                seg_fields=[],
+                instances=[],
+                gt_label=0)), cfg
+
+
+@pytest.mark.parametrize('name', ['soft_tiny_in1k', 'mask_rcnn_soft_tiny_1x'])
+def test_tta_flip_views(name, tmp_path):
+    """No TTA of their own: the image flipped, then as it is."""
+    out, cfg = _tta_views(name, tmp_path)
+    inputs, samples = out['inputs'], out['data_samples']
+    assert len(inputs) == len(samples) == 2
+    a, b = (t.numpy() for t in inputs)
+    assert a.shape == b.shape
+    np.testing.assert_array_equal(a, b[:, :, ::-1])  # a horizontal flip
+    if name.startswith('mask_rcnn'):
+        assert [s.flip for s in samples] == [True, False]
+        assert samples[0].flip_direction == 'horizontal'
+        assert samples[0].scale_factor == samples[1].scale_factor
+        assert cfg.model.type == 'DetTTAModel'
+    else:
+        assert cfg.model.type == 'mmpretrain.AverageClsScoreTTA'
+        # the flip is the only difference from the plain test pipeline
+        assert a.shape[1:] == (224, 224)
+
+
+@pytest.mark.parametrize(
+    'name,model_type,flips,shorts',
+    [
+        # mmdet's own RetinaNet TTA (inherited): shorter sides 800, 400, 1200
+        ('retinanet_soft_tiny_1x', 'DetTTAModel', [True, False] * 3,
+         [800, 400, 1200]),
+        # the config's own TTA (mmseg's ADE20K): 6 scales (0.5 .. 1.75), rising
+        ('upernet_soft_small_512x512_160k_ade20k', 'SegTTAModel',
+         [False, True] * 6, None),
+    ])
+def test_tta_multiscale_views(name, model_type, flips, shorts, tmp_path):
+    """Multi-scale TTA: each scale flipped and not, merged by the TTA model."""
+    out, cfg = _tta_views(name, tmp_path)
+    inputs, samples = out['inputs'], out['data_samples']
+    assert len(inputs) == len(flips)
+    assert [bool(s.flip) for s in samples] == flips
+    sizes = [tuple(t.shape[1:]) for t in inputs]
+    assert sizes[0::2] == sizes[1::2]
+    got = [min(s) for s in sizes[0::2]]
+    assert got == (shorts or sorted(set(got))) and len(got) == len(flips) // 2
+    for a, b in zip(inputs[0::2], inputs[1::2]):
+        np.testing.assert_array_equal(a.numpy(), b.numpy()[:, :, ::-1])
+    assert cfg.model.type == model_type
+
+
+# ------------------------------------- the config names the docs show
+DEMO_CFGS = osp.join(CONFIGS, 'demo')
+_NAME = re.compile(r'\b((?:[a-z0-9]+_)*soft(?:_[a-z0-9]+)*_(?:in1k|1x|3x_ms|'
+                   r'ade20k|demo))\b(?!\.yml)')
+
+
+def _doc_names():
+    """{config name: the first file (README / docs page) that names it}."""
+    names = {}
+    readmes = [osp.join(d, 'README.md') for d in (ROOT, CONFIGS, DEMO_CFGS)]
+    for path in readmes + sorted(
+            glob.glob(f'{ROOT}/docs/en/**/*.md', recursive=True)):
+        if osp.isfile(path):
+            with open(path, encoding='utf-8') as f:
+                for name in _NAME.findall(f.read()):
+                    names.setdefault(name, osp.relpath(path, ROOT))
+    return names
+
+
+def test_every_config_name_in_the_docs_builds():
+    from mmsoft.configs import get_config_path, list_configs
+    base_files = load_module(
+        osp.join(ROOT, 'tools', 'misc', 'configs.py'), '_configs').base_files
+    names = _doc_names()
+    shipped = {osp.splitext(n)[0] for n in list_configs()}
+    assert len(names) >= 20, names  # the docs do name configs
+    for name, where in sorted(names.items()):
+        if name.endswith('_demo'):
+            path = osp.join(DEMO_CFGS, name + '.py')
+            assert osp.isfile(path), f'{where} names {name}: {path} missing'
+            cfg = Config.fromfile(path)
+            assert cfg.model.backbone.type in ('SOFT', 'mmsoft.SOFT'), name
+        else:
+            assert name in shipped, f'{where} names {name}: no such config'
+            assert all(
+                osp.isfile(f) for f in base_files(get_config_path(name))), name
