@@ -18,7 +18,7 @@ from mmsoft.registry import ATTENTIONS
 from . import amp
 from .amp import (SafeConv2d, autocast_off, check_choice, check_int,
                   check_kernel_size, compiling, compute_dtype, conv2d)
-from .nr import NRConfig
+from .nr import NR_FIELDS, NRConfig
 
 SAMPLING_MODES = ('conv', 'avgpool', 'random', 'biased')
 
@@ -394,10 +394,6 @@ class BottleneckSampler(nn.Module):
         return f'mode={self.mode}, ratio={self.ratio}{cap}'
 
 
-#: the ``nr_*`` keys of :class:`SOFTAttention`: the fields of ``NRConfig``
-NR_KEYS = ('iters', 'init', 'method', 'backward')
-
-
 def _fixed(attn: nn.Module, value) -> None:
     raise AttributeError(
         f'the Newton-Raphson settings of {type(attn).__name__} are fixed at '
@@ -436,7 +432,7 @@ class SOFTAttention(AttentionBase):
             raise ValueError(f'attn_norm must be True or False, got '
                              f'{attn_norm!r}')
         self.attn_norm = attn_norm
-        keys = zip(NR_KEYS, (nr_iters, nr_init, nr_method, nr_backward))
+        keys = zip(NR_FIELDS, (nr_iters, nr_init, nr_method, nr_backward))
         keys = {k: v for k, v in keys if v is not None}
         if keys and nr is not None:
             raise ValueError(
@@ -453,9 +449,9 @@ class SOFTAttention(AttentionBase):
         self._build_output_layers()
 
     nr = property(lambda self: self._nr, _fixed)
-    nr_iters, nr_init, nr_method, nr_backward = (
+    nr_iters, nr_init, nr_method, nr_backward = (  # NR_FIELDS, in order
         property(lambda self, k=k: getattr(self._nr, k), _fixed)
-        for k in NR_KEYS)
+        for k in NR_FIELDS)
 
     def _queries(self, x: torch.Tensor, hw: Tuple[int, int]):
         """q (B, h, n, d) scaled by d^(-1/4) (Eq. 5), and its landmarks."""
