@@ -64,6 +64,7 @@ def test_table_writer(tmp_path):
                 date='2026-01-01',
                 **{k: stack[k]
                    for k in stacks.DISTS})))
+    assert matrix.rows(str(res))[1]['passed'] == 'not run'  # no table yet
     out.mkdir()
     (out / 'matrix.csv').write_text(f'stack,passed,skipped,failed,date\n'
                                     f'{b},7,1,0,2025-12-31\n')
