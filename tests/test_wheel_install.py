@@ -4,7 +4,7 @@ packages through a ``.pth`` path line (the checkout's editable mmsoft cannot
 shadow it). Outside the checkout, with mmseg / mmpretrain unimportable:
 ``mim train mmsoft`` on a shipped config by name, then the installed
 ``demo/image_demo.py`` on its checkpoint (a user's config copied from a
-shipped one: test_packaging.py; the host tools: test_host_tools.py). A
+shipped one: test_packaging.py; the host tools: test_faults.py). A
 missing prerequisite fails; nothing skips."""
 import glob
 import importlib.util

@@ -59,7 +59,7 @@ MODEL_TESTS = _paths(f"""{T}test_models {T}test_projects
 GROUPS = {
     'numerics': Group(
         'attention, kernel, inverse',
-        _paths(f"""{L}nr_iteration.py {L}nr_autograd.py {L}nr_config.py
+        _paths(f"""{L}nr.py {L}nr_spectral.py
         {L}soft_attention.py {H}nr_residual_hook.py
         {M}engine/optimizers.py"""), MODEL_TESTS, 5400),
     'backbone': Group(
@@ -75,14 +75,14 @@ GROUPS = {
         {T}test_utils {T}test_compat.py
         {T}test_tools/test_model_converters.py
         {T}test_tools/test_strict_load_tools.py
-        {T}test_tools/test_missing_checkpoint.py {T}test_tools/test_doors.py
+        {T}test_tools/test_faults.py
         {T}test_configs/test_official_files.py::test_missing_pretrained_finds_nested_and_listed_entries
         {T}test_configs/test_official_files.py::test_demo_configs_opt_out
         {T}test_engine/test_hooks/test_checkpoint_hook.py
         {T}test_checkpoint_safety.py"""), 3600),  # noqa: E501
     'safety': Group(
         'checkpoints, resume, lock, non-finite stop',
-        _paths(f"""{H}checkpoint_hook.py {H}resume.py {H}nonfinite_hook.py
+        _paths(f"""{H}checkpoint_hook.py {H}nonfinite_hook.py
         {M}utils/atomic.py {M}utils/checkpoint_io.py
         src/mmsoft_tools/work_dir_lock.py"""),
         _paths(f"""{T}test_engine {T}test_checkpoint_safety.py
@@ -91,9 +91,8 @@ GROUPS = {
         "the tools' argument handling",
         _paths('src/mmsoft_tools/cli.py src/mmsoft_tools/launch.py'),
         _paths(f"""{T}test_tools/test_tool_helpers.py
-        {T}test_tools/test_tool_cli.py {T}test_tools/test_tool_contracts.py
-        {T}test_tools/test_launch.py {T}test_tools/test_missing_checkpoint.py
-        {T}test_tools/test_doors.py"""), 2400),
+        {T}test_tools/test_tool_cli.py {T}test_tools/test_train_test.py
+        {T}test_tools/test_deploy.py {T}test_tools/test_faults.py"""), 2400),
 }  # yapf: disable
 
 
