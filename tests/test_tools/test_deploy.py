@@ -244,6 +244,7 @@ def _expected_shapes(kind, wrapper, h, w):
 H, W = 64, 96  # not square; both multiples of 32 (mmdet's padding)
 
 
+@pytest.mark.usefixtures('one_thread')
 @pytest.mark.parametrize('name', [
     'demo/retinanet_soft_demo', 'mask_rcnn_soft_tiny_1x',
     'demo/upernet_soft_demo'
