@@ -899,5 +899,15 @@ def test_check_runner_checkpoints(tmp_path):
         f.write(b'damaged')
     (out / 'run' / OWNER_FILE).unlink()
     check('SafeCheckpointHook')  # not resuming: no search
-    with pytest.raises(cli.ToolError, match='^resume: no complete checkpoint'):
+    cli.check_runner_checkpoints(  # no resume key: not resuming either
+        Config(
+            dict(
+                work_dir=work,
+                default_hooks=dict(
+                    checkpoint=dict(type='SafeCheckpointHook')))))
+    with pytest.raises(cli.ToolError) as e:
         check('SafeCheckpointHook', resume=True)
+    from mmsoft.engine.hooks.checkpoint_hook import no_complete_checkpoint
+    assert str(e.value) == no_complete_checkpoint(
+        work, [osp.join(work, 'epoch_1.pth')])
+    assert str(e.value).startswith('resume: no complete checkpoint')
