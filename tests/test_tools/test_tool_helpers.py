@@ -903,8 +903,8 @@ def test_check_runner_checkpoints(tmp_path):
         Config(
             dict(
                 work_dir=work,
-                default_hooks=dict(
-                    checkpoint=dict(type='SafeCheckpointHook')))))
+                default_hooks=dict(checkpoint=dict(
+                    type='SafeCheckpointHook')))))
     with pytest.raises(cli.ToolError) as e:
         check('SafeCheckpointHook', resume=True)
     from mmsoft.engine.hooks.checkpoint_hook import no_complete_checkpoint
