@@ -41,12 +41,12 @@ gpu-check: env
 	$(PY) tools/analysis/gpu_check.py $(GPU_CHECK_ARGS)
 
 # the mutation check: generated mutants (mutmut, per module group of
-# tests/mutation/run_mutmut.py, each within its budget; GROUPS='loading'
+# tools/mutation/run_mutmut.py, each within its budget; GROUPS='loading'
 # runs some)
 mutations: env
 	@$(PY) -c 'import mutmut' 2>/dev/null || $(PY) -m pip install -q \
 	    -c requirements/constraints.txt -r requirements/mutation.txt
-	$(PY) tests/mutation/run_mutmut.py $(GROUPS)
+	$(PY) tools/mutation/run_mutmut.py $(GROUPS)
 
 # the documentation site (docs/en, Sphinx + MyST) -> docs/_build/html,
 # warnings are errors

@@ -1,6 +1,6 @@
-"""``make mutations`` (tests/mutation/run_mutmut.py) stays applicable and
+"""``make mutations`` (tools/mutation/run_mutmut.py) stays applicable and
 scores right: the groups' files; the runner's config, table, equivalents,
-re-test and the child-process bridge (tests/mutation/site)."""
+re-test and the child-process bridge (tools/mutation/site)."""
 import configparser
 import json
 import os
@@ -11,8 +11,8 @@ import sys
 import pytest
 from conftest import ROOT, load_module
 
-SITE = osp.join(ROOT, 'tests', 'mutation', 'site')
-R = load_module(osp.join(ROOT, 'tests', 'mutation', 'run_mutmut.py'), '_rm')
+SITE = osp.join(ROOT, 'tools', 'mutation', 'site')
+R = load_module(osp.join(ROOT, 'tools', 'mutation', 'run_mutmut.py'), '_rm')
 
 
 @pytest.fixture

@@ -5,8 +5,8 @@ as ``src/mmsoft_tools``), each within its budget (unfinished: ``not run``);
 and the table of ``docs/en/contributing.md``. Score = (killed + timeout) /
 (mutants - equivalent). ``site/`` credits a test with its children's hits.
 
-    python tests/mutation/run_mutmut.py [GROUP ...] [--retest] [--table]
-    python tests/mutation/run_mutmut.py --survivors loading   # as diffs
+    python tools/mutation/run_mutmut.py [GROUP ...] [--retest] [--table]
+    python tools/mutation/run_mutmut.py --survivors loading   # as diffs
 """
 import argparse
 import ast
@@ -29,7 +29,7 @@ ROOT = osp.dirname(osp.dirname(HERE))
 RESULTS = osp.join(HERE, 'results')
 EQUIVALENT = osp.join(HERE, 'equivalent.txt')
 DOC = osp.join(ROOT, 'docs', 'en', 'contributing.md')
-TABLE_START = '<!-- mutmut table: tests/mutation/run_mutmut.py --table -->'
+TABLE_START = '<!-- mutmut table: tools/mutation/run_mutmut.py --table -->'
 TABLE_END = '<!-- end of mutmut table -->'
 TOOLS_PKG = 'tools/mmsoft_tools/'
 SKIPPED = 34  # mutmut's exit code for a mutant it was told to skip
@@ -160,7 +160,7 @@ def run_group(name, group, work, children, retest=False):
     write_config(ws, group)
     path = [
         osp.join(ws, 'mutants', 'src'),
-        osp.join(ws, 'tests/mutation/site')
+        osp.join(ws, 'tools/mutation/site')
     ]
     env = dict(
         os.environ,
@@ -402,7 +402,7 @@ def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split('\n')[0])
     p.add_argument('groups', nargs='*', help=f'of {", ".join(GROUPS)}')
     for flag, text in (('--table',
-                        'only rewrite the table from tests/mutation/results'),
+                        'only rewrite the table from tools/mutation/results'),
                        ('--survivors', 'print survivors as diffs'),
                        ('--retest',
                         'run only the mutants that survived, had no test or '
