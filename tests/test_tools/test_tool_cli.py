@@ -58,8 +58,9 @@ INVOCATIONS = {
     'compat/matrix.py': 'test_compat_matrix.py::test_table_writer',
     'compat/check_env.py': _CE + 'test_the_verified_stack_is_one_line',
 }
-#: helpers of the scripts, not tools (files, or folders ending in /)
-HELPERS = ('compat/stacks.py', 'mmsoft_tools/', 'demo_synthetic.py',
+#: helpers of the scripts, not tools (files, or folders ending in /);
+#: mutation/: ``make mutations``' developer runner
+HELPERS = ('compat/stacks.py', 'mmsoft_tools/', 'mutation/', 'demo_synthetic.py',
            'demo_tasks.py', 'analysis/__init__.py', 'analysis/common.py',
            'deployment/__init__.py', 'deployment/deploy.py',
            'model_converters/__init__.py',
