@@ -1,7 +1,6 @@
 """Stop at the first non-finite loss, step or output
 (docs/en/advanced_guides/fault_tolerance.md)."""
 import math
-from typing import List
 
 import numpy as np
 import torch
@@ -9,6 +8,7 @@ from mmengine.dist import all_reduce, get_comm_device, get_world_size
 from mmengine.hooks import Hook
 from mmengine.model import is_model_wrapper
 from mmengine.registry import HOOKS
+from mmengine.structures import BaseDataElement
 
 _FIX = ('Lower the learning rate or enable gradient clipping '
         '(optim_wrapper.clip_grad)')
@@ -36,45 +36,48 @@ def _any_rank(flag: bool) -> bool:
     return bool(t.item() > 0)
 
 
-@torch.no_grad()
-def _nonfinite_params(model, params) -> str:
-    """'N parameter tensor(s) (names)' of ``params`` holding nan / inf."""
-    groups = {}
-    for p in params:
-        if p is not None and (p.is_floating_point() or p.is_complex()) \
-                and p.numel():
-            groups.setdefault((p.device, p.dtype), []).append(p)
-    bad = set()
-    for tensors in groups.values():
-        norms = torch._foreach_norm(tensors, ord=float('inf'))
-        finite = torch.isfinite(torch.stack([n.float() for n in norms]))
-        bad |= {id(t) for t, ok in zip(tensors, finite.tolist()) if not ok}
-    names = [n for n, p in model.named_parameters() if id(p) in bad]
-    shown = ', '.join(names[:3]) + (', ...' if len(names) > 3 else '')
-    return f'{len(bad)} parameter tensor(s) ({shown})' if bad else ''
-
-
-def _nonfinite_fields(value, name: str = '') -> List[str]:
-    """The fields of an output (no ``gt_*``) holding nan / inf."""
-    from mmengine.structures import BaseDataElement
+def _leaves(value, name: str = '') -> list:
+    """``(name, tensor / array)`` of an output's fields (no ``gt_*``,
+    ``ignored_*``); a list's items keep its name."""
     if isinstance(value, BaseDataElement):
         value = dict(value.items())
     if isinstance(value, dict):
         return [
-            f for k, v in value.items()
+            leaf for k, v in value.items()
             if not str(k).startswith(('gt_', 'ignored_'))
-            for f in _nonfinite_fields(v, f'{name}.{k}' if name else str(k))
+            for leaf in _leaves(v, f'{name}.{k}' if name else str(k))
         ]
     if isinstance(value, (list, tuple)):
-        return [f for v in value for f in _nonfinite_fields(v, name)]
-    if isinstance(value, torch.Tensor):
-        bad = (value.is_floating_point() or value.is_complex()) and bool(
-            (~torch.isfinite(value.detach())).any())
-    elif isinstance(value, np.ndarray):
-        bad = value.dtype.kind in 'fc' and not np.isfinite(value).all()
-    else:
-        return []
-    return [name or 'output'] if bad else []
+        return [leaf for v in value for leaf in _leaves(v, name)]
+    return [(name or 'output',
+             value)] if isinstance(value, (torch.Tensor, np.ndarray)) else []
+
+
+@torch.no_grad()
+def _nonfinite(leaves) -> list:
+    """The names of the floating ``(name, tensor / array)`` leaves holding
+    nan / inf, in order (one reduction per device and dtype)."""
+    groups, bad = {}, set()
+    for _, v in leaves:
+        if isinstance(v, np.ndarray):
+            if v.dtype.kind in 'fc' and not np.isfinite(v).all():
+                bad.add(id(v))
+        elif (v.is_floating_point() or v.is_complex()) and v.numel():
+            groups.setdefault((v.device, v.dtype), []).append(v)
+    for ts in groups.values():
+        norms = torch._foreach_norm([t.detach() for t in ts], float('inf'))
+        finite = torch.isfinite(torch.stack([n.float() for n in norms]))
+        bad |= {id(t) for t, ok in zip(ts, finite.tolist()) if not ok}
+    return [name for name, v in leaves if id(v) in bad]
+
+
+def _bad_params(model, params=None) -> str:
+    """'N parameter tensor(s) (names)' of ``params`` (all) with nan / inf."""
+    ids = params and {id(p) for p in params}
+    names = _nonfinite([(n, p) for n, p in model.named_parameters()
+                        if ids is None or id(p) in ids])
+    shown = ', '.join(names[:3]) + (', ...' if len(names) > 3 else '')
+    return f'{len(names)} parameter tensor(s) ({shown})' if names else ''
 
 
 def _unwrap(model):
@@ -96,7 +99,6 @@ class NonFiniteLossHook(Hook):
         self.max_skipped_steps = max_skipped_steps
         self.check_outputs = check_outputs
         self.skipped = 0  # consecutive skipped steps
-        self.total_skipped = 0
         self._step_skipped = False
         self._runner = None
 
@@ -111,26 +113,26 @@ class NonFiniteLossHook(Hook):
             return f'epoch {runner.epoch + 1}, {it}'
         return it
 
-    def _fail(self, runner, what: str, fix: str = _FIX):
-        work_dir = getattr(runner, 'work_dir', None)
+    def _fail(self, runner, what: str, fix: str = _FIX, kept=True):
+        work_dir = kept and getattr(runner, 'work_dir', None)
         kept = work_dir and f'; the checkpoints in {work_dir} are from ' \
             'before the fault'
         msg = f'NonFiniteLossHook: {what}{kept or ""}. {fix}.'
         runner.logger.error(msg)
         raise NonFiniteLossError(msg)
 
-    def _stop(self, runner, loss) -> None:
+    def _stop(self, runner, value) -> None:
         skipped = (f' after {self.skipped} skipped step(s)'
                    if self.max_skipped_steps else '')
         self._fail(
-            runner, f'non-finite training loss ({loss}) at '
+            runner, f'non-finite training loss ({value}) at '
             f'{self._where(runner)}{skipped}; training stopped before the '
             f'optimizer step', f"{_FIX}, or allow skipped steps with "
             f"custom_hooks=[dict(type='NonFiniteLossHook', "
             f'max_skipped_steps=N)]')
 
     def _check(self, loss) -> bool:
-        """Whether to skip this step; raises to stop."""
+        """Whether to skip this step (a non-finite loss); raises to stop."""
         value, runner = _value(loss), self._runner
         if not _any_rank(not math.isfinite(value)):
             self.skipped = 0
@@ -138,7 +140,6 @@ class NonFiniteLossHook(Hook):
         if self.skipped >= self.max_skipped_steps:
             self._stop(runner, value)
         self.skipped += 1
-        self.total_skipped += 1
         runner.logger.warning(
             f'NonFiniteLossHook: non-finite loss ({value}) at '
             f'{self._where(runner)}: step skipped ({self.skipped}/'
@@ -157,10 +158,11 @@ class NonFiniteLossHook(Hook):
                 return None
             result = original(loss, *args, **kwargs)
             runner = self._runner
-            groups = optim_wrapper.optimizer.param_groups
-            bad = _nonfinite_params(
-                _unwrap(runner.model),
-                [p for g in groups for p in g['params']])
+            bad = _bad_params(
+                _unwrap(runner.model), [
+                    p for g in optim_wrapper.optimizer.param_groups
+                    for p in g['params']
+                ])
             if _any_rank(bool(bad)):
                 self._fail(
                     runner, f'the optimizer step at {self._where(runner)} '
@@ -195,8 +197,7 @@ class NonFiniteLossHook(Hook):
             self._stop(runner, _value(loss))
 
     def before_save_checkpoint(self, runner, checkpoint: dict) -> None:
-        model = _unwrap(runner.model)
-        bad = _nonfinite_params(model, model.parameters())
+        bad = _bad_params(_unwrap(runner.model))
         if bad:
             self._fail(
                 runner, f'refusing to save a checkpoint at '
@@ -211,31 +212,27 @@ class NonFiniteLossHook(Hook):
                     mode=None) -> None:
         """Stop a validation / test at non-finite outputs, naming the
         cause: the weights, the inputs, a 0 in ``std``, else an overflow."""
-        if not self.check_outputs:
-            return
-        bad = _nonfinite_fields(outputs)
-        if not _any_rank(bool(bad)):
+        bad = self.check_outputs and _nonfinite(_leaves(outputs))
+        if not self.check_outputs or not _any_rank(bool(bad)):
             return
         what = 'validation' if mode == 'val' else 'test'
         if not bad:
             raise NonFiniteLossError(
                 f'NonFiniteLossHook: the {what} outputs of another rank '
                 f'hold nan / inf; {what} stopped')
-        fields = ', '.join(sorted(set(bad))[:3])
-        samples = outputs if isinstance(outputs, (list, tuple)) else []
-        path = next((p for p in (getattr(s, 'img_path', None)
-                                 for s in samples) if p is not None), None)
+        path = next((getattr(s, 'img_path', None) for s in outputs
+                     if getattr(s, 'img_path', None) is not None), None) \
+            if isinstance(outputs, (list, tuple)) else None
         where = f'; first image {path}' if path is not None else ''
         model = _unwrap(runner.model)
-        params = _nonfinite_params(model, model.parameters())
-        pre = getattr(model, 'data_preprocessor', None)
-        std = getattr(pre, 'std', None)
+        params = _bad_params(model)
+        std = getattr(getattr(model, 'data_preprocessor', None), 'std', None)
         inputs = data_batch.get('inputs') if isinstance(data_batch,
                                                         dict) else data_batch
         if params:
             cause = (f'the model\'s weights hold nan / inf: {params}',
                      'The checkpoint is broken: test an earlier one')
-        elif _nonfinite_fields(inputs):
+        elif _nonfinite(_leaves(inputs)):
             cause = ('the inputs from the data pipeline hold nan / inf',
                      'Check the data pipeline and the image files')
         elif isinstance(std, torch.Tensor) and bool((std == 0).any()):
@@ -247,9 +244,9 @@ class NonFiniteLossHook(Hook):
             cause = ('the inputs, the weights and the preprocessing are '
                      'finite: the computation overflowed',
                      'Evaluate in float32 (without --amp / fp16)')
-        msg = (f'NonFiniteLossHook: the {what} outputs of batch '
-               f'{batch_idx + 1} hold nan / inf ({fields}{where}): '
-               f'{cause[0]}; {what} stopped, its metrics would be '
-               f'meaningless. {cause[1]}.')
-        runner.logger.error(msg)
-        raise NonFiniteLossError(msg)
+        self._fail(
+            runner, f'the {what} outputs of batch {batch_idx + 1} hold nan / '
+            f'inf ({", ".join(sorted(set(bad))[:3])}{where}): {cause[0]}; '
+            f'{what} stopped, its metrics would be meaningless',
+            cause[1],
+            kept=False)

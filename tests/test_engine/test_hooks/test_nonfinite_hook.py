@@ -21,6 +21,8 @@ import mmsoft  # noqa: F401  (registers the hook)
 from mmsoft.engine import NonFiniteLossError, NonFiniteLossHook
 from mmsoft.engine.hooks import nonfinite_hook as nf
 
+NAN, ONE = float('nan'), torch.ones(2)
+
 
 class ToyModel(BaseModel):
     """NaN loss at batches ``nan_at``, NaN gradients at ``nan_grad_at``."""
@@ -34,46 +36,13 @@ class ToyModel(BaseModel):
     def forward(self, inputs, targets, mode='loss'):
         loss = ((self.fc(inputs).squeeze(-1) - targets)**2).mean()
         if int(inputs[0, 0].round()) in self.nan_at:
-            loss = loss * float('nan')
+            loss = loss * NAN
         self.train_iter += 1
         if self.train_iter in self.nan_grad_at:
             # value sqrt(0) = 0, gradient inf * 0 = nan for every weight
             loss = loss + (self.fc.weight.sum() * 0).sqrt() + \
                 (self.fc.bias.sum() * 0).sqrt()
         return dict(loss=loss)
-
-
-def make_runner(work_dir, gamma=1e8, max_epochs=3, skip=0, **kw):
-    """Epoch 1 at lr 0.01, then lr x ``gamma``; ``kw``: ToyModel's."""
-    x = torch.randn(8, 4, generator=torch.Generator().manual_seed(0))
-    x[:, 0] = torch.arange(8.)  # the batch id
-    y = x @ torch.tensor([0.01, 1., -1., 2.])
-    return Runner(
-        model=ToyModel(**kw),
-        experiment_name=f'nonfinite_{uuid.uuid4().hex[:8]}',
-        work_dir=str(work_dir),
-        train_dataloader=dict(
-            dataset=[dict(inputs=a, targets=b) for a, b in zip(x, y)],
-            batch_size=1,
-            num_workers=0,
-            sampler=dict(type='DefaultSampler', shuffle=False),
-            collate_fn=dict(type='default_collate')),
-        optim_wrapper=dict(optimizer=dict(type='SGD', lr=0.01)),
-        param_scheduler=dict(
-            type='MultiStepLR', by_epoch=True, milestones=[1], gamma=gamma),
-        train_cfg=dict(by_epoch=True, max_epochs=max_epochs),
-        default_hooks=dict(
-            checkpoint=dict(
-                type='CheckpointHook', interval=1, max_keep_ckpts=1)),
-        custom_hooks=[dict(type='NonFiniteLossHook', max_skipped_steps=skip)],
-        default_scope='mmengine',
-        randomness=dict(seed=0),
-        log_level='WARNING')
-
-
-def _finite_ckpt(path):
-    sd = torch.load(path, map_location='cpu', weights_only=False)
-    return all(torch.isfinite(v).all() for v in sd['state_dict'].values())
 
 
 @pytest.mark.parametrize(
@@ -85,29 +54,55 @@ def _finite_ckpt(path):
             dict(gamma=1., nan_grad_at=(16, )),  # a finite loss, NaN gradients
             r'the optimizer step at epoch 2, iteration 16/24 made .*fc\.weight'
             r'.* although the loss was finite'),
-    ])
+        (dict(gamma=1., nan_at=(3, ), skip=1), None),  # one skip per epoch
+    ],
+    ids=['loss', 'step', 'skipped'])
 def test_nonfinite_training_never_replaces_the_good_checkpoint(
         tmp_path, kw, stop):
-    runner = make_runner(tmp_path, **kw)
+    """Epoch 1 at lr 0.01, then lr x ``gamma`` (1e8)."""
+    x = torch.randn(8, 4, generator=torch.Generator().manual_seed(0))
+    x[:, 0] = torch.arange(8.)  # the batch id
+    y = x @ torch.tensor([0.01, 1., -1., 2.])
+    runner = Runner(
+        model=ToyModel(kw.get('nan_at', ()), kw.get('nan_grad_at', ())),
+        experiment_name=f'nonfinite_{uuid.uuid4().hex[:8]}',
+        work_dir=str(tmp_path),
+        train_dataloader=dict(
+            dataset=[dict(inputs=a, targets=b) for a, b in zip(x, y)],
+            batch_size=1,
+            sampler=dict(type='DefaultSampler', shuffle=False),
+            collate_fn=dict(type='default_collate')),
+        optim_wrapper=dict(optimizer=dict(type='SGD', lr=0.01)),
+        param_scheduler=dict(
+            type='MultiStepLR',
+            by_epoch=True,
+            milestones=[1],
+            gamma=kw.get('gamma', 1e8)),
+        train_cfg=dict(by_epoch=True, max_epochs=3),
+        default_hooks=dict(
+            checkpoint=dict(
+                type='CheckpointHook', interval=1, max_keep_ckpts=1)),
+        custom_hooks=[
+            dict(
+                type='NonFiniteLossHook', max_skipped_steps=kw.get('skip', 0))
+        ],
+        default_scope='mmengine',
+        randomness=dict(seed=0),
+        log_level='WARNING')
     names = [type(h).__name__ for h in runner.hooks]
     assert names.index('NonFiniteLossHook') < names.index('CheckpointHook')
-    with pytest.raises(NonFiniteLossError, match=stop):
-        runner.train()
+    if stop is None:
+        runner.train()  # a warning per skipped step: below
+    else:
+        with pytest.raises(NonFiniteLossError, match=stop):
+            runner.train()
     ckpts = glob.glob(str(tmp_path / 'epoch_*.pth'))
-    assert [osp.basename(c) for c in ckpts] == ['epoch_1.pth']
-    assert _finite_ckpt(ckpts[0])
-    if 'training loss' in stop:  # the NaN loss's step: not applied
+    assert [osp.basename(c) for c in ckpts] == \
+        ['epoch_3.pth' if stop is None else 'epoch_1.pth']
+    sd = torch.load(ckpts[0], weights_only=False)['state_dict']
+    assert all(torch.isfinite(v).all() for v in sd.values())
+    if stop is None or 'training loss' in stop:  # a NaN loss's step: none
         assert all(torch.isfinite(p).all() for p in runner.model.parameters())
-
-
-def test_skipped_steps(tmp_path):
-    """One bad sample per epoch, 1 skip allowed: training completes."""
-    runner = make_runner(
-        tmp_path, gamma=1., max_epochs=2, nan_at=(3, ), skip=1)
-    runner.train()
-    hook = [h for h in runner.hooks if isinstance(h, NonFiniteLossHook)][0]
-    assert hook.total_skipped == 2
-    assert _finite_ckpt(tmp_path / 'epoch_2.pth')
 
 
 # ------------------------------------------------ on stand-in runners
@@ -131,40 +126,55 @@ def _stub_runner(work_dir=None, max_iters=10, it=2, model=None, wrapper=None):
 
 
 def test_no_checkpoint_with_nonfinite_parameters():
-    """Named without ``module.`` (a wrapped model)."""
-    hook, runner = NonFiniteLossHook(), _stub_runner(None, 24, 4, ToyModel())
+    """Named without ``module.`` (a wrapped model); more than 3: '...'."""
+    model = nn.Sequential(*[nn.Linear(1, 1) for _ in range(2)])
+    hook, runner = NonFiniteLossHook(), _stub_runner(None, 24, 4, model)
     hook.before_save_checkpoint(runner, {})  # finite: nothing happens
     with torch.no_grad():
-        runner.model.fc.bias.fill_(float('nan'))
-    runner.model = nn.DataParallel(runner.model)
-    with pytest.raises(
-            NonFiniteLossError,
-            match=r'refusing to save a checkpoint at iteration 5/24: '
-            r'1 parameter tensor\(s\) \(fc.bias\) hold nan / inf'):
+        for p in model.parameters():
+            p.fill_(NAN)
+    runner.model = nn.DataParallel(model)
+    with pytest.raises(NonFiniteLossError) as e:
         hook.before_save_checkpoint(runner, {})
+    assert str(e.value) == (
+        'NonFiniteLossHook: refusing to save a checkpoint at iteration 5/24: '
+        '4 parameter tensor(s) (0.weight, 0.bias, 1.weight, ...) hold nan / '
+        'inf; training stopped. Lower the learning rate or enable gradient '
+        'clipping (optim_wrapper.clip_grad).')
 
 
-@pytest.mark.parametrize('max_skipped_steps', [0, 2])
-def test_stop_message_is_the_documented_line(tmp_path, max_skipped_steps):
-    """The stop is one line with every fix of docs/en/faq.md."""
-    hook = NonFiniteLossHook(max_skipped_steps=max_skipped_steps)
-    hook._runner = _stub_runner(str(tmp_path), max_iters=24, it=11)
-    nan = torch.tensor(float('nan'))
-    for _ in range(max_skipped_steps):
+@pytest.mark.parametrize('skips,work_dir,max_iters,logged',
+                         [(0, 'w', 24, False), (2, 'w', 24, False),
+                          (0, None, 24, True), (0, 'w', None, True)])
+def test_stop_message_is_the_documented_line(skips, work_dir, max_iters,
+                                             logged):
+    """The stop is one line with every fix of docs/en/faq.md; a loss only in
+    the outputs (``logged``) is checked after the iteration."""
+    hook = NonFiniteLossHook(max_skipped_steps=skips)
+    runner = hook._runner = _stub_runner(work_dir, max_iters, it=11)
+    nan = torch.tensor([1., NAN])
+    for outputs in (None, {}, dict(loss=torch.tensor(1.5)), ['not a dict']):
+        hook.after_train_iter(runner, 2, outputs=outputs)
+    for _ in range(skips):
         assert hook._check(nan)  # skipped
     with pytest.raises(NonFiniteLossError) as e:
-        hook._check(nan)
-    skipped = ' after 2 skipped step(s)' if max_skipped_steps else ''
+        if logged:
+            hook.after_train_iter(runner, 2, outputs=dict(loss=nan))
+        else:
+            hook._check(nan)
+    where = 'iteration 12' + ('/24' if max_iters else '')
+    skipped = ' after 2 skipped step(s)' if skips else ''
+    kept = (f'; the checkpoints in {work_dir} are from before the fault'
+            if work_dir else '')
     assert str(e.value) == (
-        f'NonFiniteLossHook: non-finite training loss (nan) at iteration '
-        f'12/24{skipped}; training stopped before the optimizer step; the '
-        f'checkpoints in {tmp_path} are from before the fault. Lower the '
-        f'learning rate or enable gradient clipping '
+        f'NonFiniteLossHook: non-finite training loss (nan) at {where}'
+        f'{skipped}; training stopped before the optimizer step{kept}. Lower '
+        f'the learning rate or enable gradient clipping '
         f'(optim_wrapper.clip_grad), or allow skipped steps with '
         f"custom_hooks=[dict(type='NonFiniteLossHook', "
         f'max_skipped_steps=N)].')
-    assert hook._runner.logger.errors == [str(e.value)]
-    assert len(hook._runner.logger.warnings) == max_skipped_steps
+    assert runner.logger.errors == [str(e.value)]
+    assert len(runner.logger.warnings) == skips
 
 
 def _guarded(hook, accumulate=1, it=0, wrappers=('', )):
@@ -190,26 +200,21 @@ def _guarded(hook, accumulate=1, it=0, wrappers=('', )):
     return runner, model, calls
 
 
-def test_guard_wraps_once_and_passes_every_argument_on():
-    """Wrapped once (``before_train`` twice); arguments passed on."""
+def test_guard_wraps_once_and_stops_a_step_that_breaks_parameters(monkeypatch):
+    """Wrapped once, arguments passed on; the finite loss's value named; on
+    another rank: said so."""
     hook = NonFiniteLossHook()
     runner, model, calls = _guarded(hook)
     guarded = runner.optim_wrapper.update_params
     hook.before_train(runner)
     assert runner.optim_wrapper.update_params is guarded
-    runner.optim_wrapper.update_params(
+    guarded(
         model(torch.ones(1, 2)).sum(), {}, zero_kwargs=dict(set_to_none=True))
     assert calls == [(({}, ), dict(zero_kwargs=dict(set_to_none=True)))]
-
-
-def test_step_that_breaks_parameters_stops(monkeypatch):
-    """Here: the finite loss's value named; on another rank: said so."""
-    runner, model, _ = _guarded(NonFiniteLossHook())
     runner.optim_wrapper.optimizer.param_groups[0]['lr'] = 3e38
     loss = model(torch.full((1, 2), 2.)).sum()  # weight gradients 2: inf
-    assert torch.isfinite(loss)
     with pytest.raises(NonFiniteLossError) as info:
-        runner.optim_wrapper.update_params(loss)
+        guarded(loss)
     assert str(info.value) == (
         'NonFiniteLossHook: the optimizer step at iteration 1/4 made 1 '
         'parameter tensor(s) (weight) nan / inf although the loss was finite '
@@ -228,56 +233,24 @@ def test_step_that_breaks_parameters_stops(monkeypatch):
     assert flags == [False, False]  # this rank's loss and parameters
 
 
-def test_skipped_step_warning_and_every_wrapper_guarded():
-    """Every wrapper guarded; a skipped step warns and changes nothing."""
+def test_skipped_steps_change_nothing_in_every_wrapper():
+    """Each wrapper guarded; a skipped step warns, drops the accumulated
+    gradients and leaves the weights."""
     hook = NonFiniteLossHook(max_skipped_steps=2)
-    runner, model, _ = _guarded(hook, it=4, wrappers=('a', 'b'))
+    runner, model, _ = _guarded(hook, accumulate=2, it=4, wrappers='ab')
     before = model.weight.detach().clone()
-    for name in ('a', 'b'):
+    runner.optim_wrapper['a'].update_params(model(torch.ones(1, 2)).sum())
+    assert model.weight.grad.abs().sum() > 0  # accumulated, no step yet
+    for name in 'ab':
         hook.before_train_iter(runner, 4)
-        loss = model(torch.ones(1, 2)).sum() * float('nan')
+        loss = model(torch.ones(1, 2)).sum() * NAN
         assert runner.optim_wrapper[name].update_params(loss) is None
+        assert model.weight.grad is None or not model.weight.grad.any()
     assert torch.equal(model.weight, before)
     assert runner.logger.warnings == [
         f'NonFiniteLossHook: non-finite loss (nan) at iteration 5/10: step '
         f'skipped ({n}/2 in a row)' for n in (1, 2)
     ]
-
-
-def test_skipped_step_drops_the_accumulated_gradients():
-    hook = NonFiniteLossHook(max_skipped_steps=1)
-    runner, model, _ = _guarded(hook, accumulate=2)
-    wrapper = runner.optim_wrapper
-    wrapper.update_params(model(torch.ones(1, 2)).sum())
-    assert model.weight.grad.abs().sum() > 0  # accumulated, no step yet
-    hook.before_train_iter(runner, 1)
-    assert wrapper.update_params(model(torch.ones(1, 2)).sum() *
-                                 float('nan')) is None
-    assert all(p.grad is None or not p.grad.any() for p in model.parameters())
-
-
-@pytest.mark.parametrize('work_dir, max_iters', [(None, None),
-                                                 ('work_dirs/x', 10)])
-def test_logged_loss_is_checked_after_the_iteration(work_dir, max_iters):
-    """A loss only in the outputs is checked after the iteration."""
-    hook = NonFiniteLossHook()
-    runner = _stub_runner(work_dir, max_iters)
-    for outputs in (None, {}, dict(loss=torch.tensor(1.5)), ['not a dict']):
-        hook.before_train_iter(runner, 2)
-        hook.after_train_iter(runner, 2, outputs=outputs)
-    assert runner.logger.errors == []
-    hook.before_train_iter(runner, 2)
-    with pytest.raises(NonFiniteLossError) as info:
-        hook.after_train_iter(
-            runner, 2, outputs=dict(loss=torch.tensor([1., float('inf')])))
-    where = 'iteration 3/10' if max_iters else 'iteration 3'
-    kept = (f'; the checkpoints in {work_dir} are from before the fault'
-            if work_dir else '')
-    assert str(info.value).startswith(
-        f'NonFiniteLossHook: non-finite training loss (inf) at {where}; '
-        f'training stopped before the optimizer step{kept}. Lower the '
-        'learning rate')
-    assert runner.logger.errors == [str(info.value)]
 
 
 @pytest.mark.parametrize('mine, other', [(False, False), (True, False),
@@ -300,17 +273,13 @@ def test_any_rank_is_true_if_any_rank_says_so(monkeypatch, mine, other):
     assert got is (mine or other) and calls == [torch.device('cpu')]
 
 
-def test_loss_value_of_any_kind():
-    """A tensor's mean (0 if empty), a number, or 0."""
-    value = nf._value
-    assert value(torch.tensor([1., 2.])) == 1.5
-    assert value(torch.tensor([])) == 0.
-    assert value(3) == 3. and value('nan') != value('nan')
-    assert value(None) == 0. and value('no number') == 0.
-
-
 @pytest.mark.parametrize('value', [-1, 1.5, True])
 def test_max_skipped_steps_must_be_an_int_of_at_least_zero(value):
+    """Also: a loss's value, of any kind (a tensor's mean, 0 if empty)."""
+    assert [
+        nf._value(v) for v in (torch.tensor([1., 2.]), torch.tensor([]), 3,
+                               None, 'no number')
+    ] == [1.5, 0, 3, 0, 0]
     with pytest.raises(
             ValueError,
             match=r'^NonFiniteLossHook: max_skipped_steps must be an int '
@@ -318,7 +287,6 @@ def test_max_skipped_steps_must_be_an_int_of_at_least_zero(value):
         NonFiniteLossHook(max_skipped_steps=value)
 
 
-NAN, ONE = float('nan'), torch.ones(2)
 #: an output and the names of its fields that hold nan / inf
 FIELDS = [
     (torch.tensor([1., NAN]), ['output']),  # a bare tensor
@@ -326,11 +294,13 @@ FIELDS = [
     (np.array([1., np.inf]), ['output']),
     (np.array([1., 2.]), []),
     (np.array([1j, complex(0, np.inf)]), ['output']),
+    (torch.tensor([1, 2]), []),  # integers
     ('nan', []),  # neither tensor nor array
     (dict(gt_label=NAN * ONE, ignored_mask=NAN * ONE, score=ONE), []),
     (dict(a=dict(b=NAN * ONE, c=ONE)), ['a.b']),
     (dict(a=[ONE, np.array([NAN])]), ['a']),  # a list keeps its name
-    ([ONE, NAN * ONE], ['output']),
+    ([ONE, NAN * ONE,
+      torch.tensor([NAN], dtype=torch.float64)], ['output', 'output']),
     (BaseDataElement(pred_score=NAN * ONE,
                      gt_score=NAN * ONE), ['pred_score']),
 ]
@@ -339,7 +309,7 @@ FIELDS = [
 @pytest.mark.parametrize('i', range(len(FIELDS)))
 def test_nonfinite_fields_names_the_outputs_holding_nan(i):
     output, fields = FIELDS[i]
-    assert nf._nonfinite_fields(output) == fields
+    assert nf._nonfinite(nf._leaves(output)) == fields
 
 
 #: cause -> the end of the stop line (``{}``: test / validation)
@@ -381,6 +351,7 @@ def test_nonfinite_outputs_stop_naming_the_cause(cause, std, mode):
     nan = torch.tensor([NAN])
     images = cause in ('weights', 'std')  # data samples with img_path
     outputs = [
+        dict(a=ONE),
         BaseDataElement(
             pred_score=nan, gt_score=nan, metainfo=dict(img_path='img_4.png'))
     ] if images else [dict(d=nan, c=nan, b=nan, a=nan),
