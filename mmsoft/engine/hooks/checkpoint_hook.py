@@ -16,7 +16,7 @@ from typing import Iterable, List, Optional, Tuple
 import numpy as np
 import torch
 from mmengine.dist import (all_gather_object, broadcast_object_list, get_rank,
-                           get_world_size, is_distributed, is_main_process)
+                           get_world_size, is_main_process)
 from mmengine.fileio import LocalBackend
 from mmengine.hooks import CheckpointHook
 from mmengine.logging import print_log
@@ -63,13 +63,12 @@ def checkpoint_candidates(dirs: Iterable[str],
         for e in (os.listdir(d) if osp.isdir(d) else ()) if _CKPT_RE.match(e)
     } | {osp.abspath(p)
          for p in extra if p and osp.isfile(p)}
-
-    def key(p):
-        m = _CKPT_RE.match(osp.basename(p))
-        return int(m.group(1)) if m else -1, \
-            osp.getmtime(p) if osp.exists(p) else 0.
-
-    return sorted(found, key=key, reverse=True)
+    m = _CKPT_RE.match
+    return sorted(
+        found,
+        key=lambda p: (int(m(osp.basename(p))[1])
+                       if m(osp.basename(p)) else -1, osp.getmtime(p)),
+        reverse=True)
 
 
 def check_complete(path: str) -> Optional[str]:
@@ -164,16 +163,14 @@ def checkpoint_dir_refusal(ckpt_dir: str, work_dir: str) -> Optional[str]:
 
 
 def claim_checkpoint_dir(ckpt_dir: str, work_dir: str) -> None:
-    """Make ``work_dir`` the owner of ``ckpt_dir`` or raise
-    :class:`CheckpointDirInUse`."""
-    me = osp.realpath(work_dir)
+    """Make ``work_dir`` the owner of ``ckpt_dir`` (the first run wins) or
+    raise :class:`CheckpointDirInUse`."""
+    me, marker = osp.realpath(work_dir), osp.join(ckpt_dir, OWNER_FILE)
     if osp.realpath(ckpt_dir) == me:
         return
-    marker = osp.join(ckpt_dir, OWNER_FILE)
     os.makedirs(ckpt_dir, exist_ok=True)
     with contextlib.suppress(FileExistsError), open(marker, 'x') as f:
-        f.write(me + '\n')  # exclusive: the first run wins
-        return
+        return f.write(me + '\n')  # exclusive: the first run wins
     refusal = checkpoint_dir_refusal(ckpt_dir, work_dir)
     if refusal:
         raise CheckpointDirInUse(refusal)
@@ -224,6 +221,11 @@ def _restore_after(loop, inner, n, callback):
     yield data
 
 
+def _val_record(checkpoint: str, epoch, iter) -> dict:
+    """:data:`VAL_MARKER`'s content for ``checkpoint``."""
+    return dict(checkpoint=osp.basename(checkpoint), epoch=epoch, iter=iter)
+
+
 @HOOKS.register_module()
 class SafeCheckpointHook(CheckpointHook):
     """``CheckpointHook`` with atomic writes, safe reads, every rank's RNG
@@ -232,7 +234,6 @@ class SafeCheckpointHook(CheckpointHook):
     def __init__(self, *args, save_rng: bool = True, **kwargs):
         super().__init__(*args, **kwargs)
         self.save_rng = save_rng
-        self._atomic_depth = 0
         self._pending_rng = None  # every rank's states for this save
         self._val_rng = None  # the training states during a validation
         self._loaded_meta = None
@@ -254,9 +255,8 @@ class SafeCheckpointHook(CheckpointHook):
                     return load(runner, *args, **kwargs)
 
             runner.load_checkpoint = load_checkpoint
-        trains = training(runner)
-        auto = getattr(runner, '_resume', False) and \
-            getattr(runner, '_load_from', None) is None
+        trains, resume = training(runner), getattr(runner, '_resume', False)
+        auto = resume and getattr(runner, '_load_from', None) is None
         ckpt_dir = self._checkpoint_dir(runner) if trains or auto else ''
         result = [None, None, None]  # path, skipped, refusal
         if is_main_process() and ckpt_dir:
@@ -269,15 +269,13 @@ class SafeCheckpointHook(CheckpointHook):
                     result = [path, [p for p, _ in skipped], None]
             except CheckpointDirInUse as e:
                 result = [None, None, str(e)]
-        if is_distributed():
-            broadcast_object_list(result)
+        broadcast_object_list(result)  # rank 0 decides
         path, skipped, refusal = result
         if refusal:
             raise CheckpointDirInUse(refusal)
         if not auto:  # read before mmengine's (unrestricted < torch 2.6)
             load_from = str(getattr(runner, '_load_from', None) or '')
-            if getattr(runner, '_resume', False) and '://' not in load_from \
-                    and not osp.isfile(load_from):
+            if resume and '://' not in load_from and not osp.isfile(load_from):
                 raise FileNotFoundError(missing_resume_file(load_from))
             if osp.isfile(load_from) and not getattr(runner, '_has_loaded',
                                                      False):
@@ -299,29 +297,14 @@ class SafeCheckpointHook(CheckpointHook):
     def after_run(self, runner) -> None:
         vars(runner).pop('load_checkpoint', None)
 
-    def _forget_other_dirs(self, runner) -> None:
-        """Forget another directory's restored checkpoint names."""
-        if not (getattr(runner, '_resume', False)
-                and getattr(runner, '_has_loaded', False)):
-            return
-        ckpt_dir = osp.realpath(self._checkpoint_dir(runner))
-        hub = runner.message_hub
-        loaded = getattr(runner, '_load_from', None)
-        if 'keep_ckpt_ids' in hub.runtime_info and loaded and \
-                osp.realpath(osp.dirname(str(loaded))) != ckpt_dir:
-            hub.update_info('keep_ckpt_ids', [])
-        for key, value in list(hub.runtime_info.items()):
-            if key.startswith('best_ckpt') and isinstance(value, str) and \
-                    osp.realpath(osp.dirname(value)) != ckpt_dir:
-                own = osp.join(ckpt_dir, osp.basename(value))
-                hub.update_info(key, own if osp.isfile(own) else None)
-
     def after_load_checkpoint(self, runner, checkpoint) -> None:
         meta = checkpoint.get('meta') if isinstance(checkpoint, dict) else {}
         self._loaded_meta = meta if isinstance(meta, dict) else {}
 
     def before_train(self, runner) -> None:
-        if '://' not in str(self._checkpoint_dir(runner)):
+        resumed = getattr(runner, '_resume', False) and getattr(
+            runner, '_has_loaded', False)
+        if resumed and '://' not in str(self._checkpoint_dir(runner)):
             self._forget_other_dirs(runner)
         super().before_train(runner)
         if not self._is_local():
@@ -338,6 +321,19 @@ class SafeCheckpointHook(CheckpointHook):
             self._schedule_rng_restore(runner, meta)
             self._validate_unfinished(runner, meta)
 
+    def _forget_other_dirs(self, runner) -> None:
+        """Forget another directory's restored checkpoint names."""
+        ckpt_dir = osp.realpath(self._checkpoint_dir(runner))
+        hub, loaded = runner.message_hub, getattr(runner, '_load_from', None)
+        if 'keep_ckpt_ids' in hub.runtime_info and loaded and \
+                osp.realpath(osp.dirname(str(loaded))) != ckpt_dir:
+            hub.update_info('keep_ckpt_ids', [])
+        for key, value in list(hub.runtime_info.items()):
+            if key.startswith('best_ckpt') and isinstance(value, str) and \
+                    osp.realpath(osp.dirname(value)) != ckpt_dir:
+                own = osp.join(ckpt_dir, osp.basename(value))
+                hub.update_info(key, own if osp.isfile(own) else None)
+
     def _validate_unfinished(self, runner, meta):
         """Validate the resumed checkpoint first if its validation did not
         finish (rank 0 decides)."""
@@ -349,13 +345,9 @@ class SafeCheckpointHook(CheckpointHook):
                     rec = json.load(f)
             except (OSError, ValueError):
                 rec = None
-            if rec == dict(
-                    checkpoint=osp.basename(loaded),
-                    epoch=meta.get('epoch'),
-                    iter=meta.get('iter')):
+            if rec == _val_record(loaded, meta.get('epoch'), meta.get('iter')):
                 box = [marker]
-        if is_distributed():
-            broadcast_object_list(box)
+        broadcast_object_list(box)
         if box[0] is None or getattr(runner, 'val_loop', None) is None:
             return
         from mmengine.runner import EpochBasedTrainLoop
@@ -392,11 +384,10 @@ class SafeCheckpointHook(CheckpointHook):
             return
         states, world = info.get('states', []), get_world_size()
         if info.get('world_size') != world or len(states) != world:
-            runner.logger.warning(
+            return runner.logger.warning(
                 f'mmsoft: the checkpoint holds RNG states of '
                 f'{info.get("world_size")} process(es), this run has '
                 f'{world}: RNG states not restored')
-            return
         state = states[get_rank()]
 
         def restore():
@@ -419,19 +410,16 @@ class SafeCheckpointHook(CheckpointHook):
         if saved and training(runner) and is_main_process() and \
                 self._is_local() and saved[1:] == (runner.epoch, runner.iter):
             # a resume before its end validates this checkpoint first
-            marker = osp.join(osp.dirname(saved[0]), VAL_MARKER)
-            rec = dict(checkpoint=osp.basename(saved[0]), epoch=saved[1])
-            atomic_write(marker, json.dumps(dict(rec, iter=saved[2])))
-            self._val_marker = marker
+            self._val_marker = osp.join(osp.dirname(saved[0]), VAL_MARKER)
+            atomic_write(self._val_marker, json.dumps(_val_record(*saved)))
 
     def after_val(self, runner) -> None:
         if self._val_rng is not None:
             set_rng_state(self._val_rng)
-        self._val_rng = None
         if self._val_marker is not None:
             with contextlib.suppress(OSError):
                 os.remove(self._val_marker)
-        self._val_marker = None
+        self._val_rng = self._val_marker = None
 
     def _is_local(self):
         return isinstance(getattr(self, 'file_backend', None), LocalBackend)
@@ -451,11 +439,9 @@ class SafeCheckpointHook(CheckpointHook):
         self._saving = (meta.get('epoch'), meta.get('iter'))
 
     def _save_checkpoint_with_step(self, runner, step, meta):
-        self._pending_rng = None
-        if self.save_rng:  # a collective call on all ranks
-            state = self._val_rng or get_rng_state()
-            self._pending_rng = all_gather_object(state) \
-                if is_distributed() else [state]
+        # every rank's states (a collective call on all ranks)
+        self._pending_rng = self.save_rng and all_gather_object(
+            self._val_rng or get_rng_state())
         self._saving = None
         try:
             with self._atomic(runner):
@@ -476,7 +462,7 @@ class SafeCheckpointHook(CheckpointHook):
     @contextlib.contextmanager
     def _atomic(self, runner):
         """Atomic ``runner.save_checkpoint``; removals deferred to the end."""
-        if self._atomic_depth or not self._is_local():
+        if not self._is_local():
             yield
             return
         backend, removals, written = self.file_backend, [], set()
@@ -496,14 +482,12 @@ class SafeCheckpointHook(CheckpointHook):
                 raise CheckpointWriteError(e.errno, msg) from e
             written.add(final)
 
-        self._atomic_depth += 1
         self.file_backend = copy.copy(backend)  # removals queued
         self.file_backend.remove = self.file_backend.rmtree = removals.append
         runner.save_checkpoint = save_checkpoint
         try:
             yield
         finally:
-            self._atomic_depth -= 1
             self.file_backend = backend
             runner.__dict__.pop('save_checkpoint', None)
         # the new files are complete: drop outdated ones (own dir only)

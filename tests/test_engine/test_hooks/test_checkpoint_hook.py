@@ -39,7 +39,6 @@ from mmsoft.models.layers import SOFTAttention
 from mmsoft.utils import atomic
 from mmsoft.utils import checkpoint_io as cio
 from mmsoft.utils.strict_load import CheckpointMismatchError
-from model_converters import checkpoint_files as cf  # save_atomic: the tools'
 
 N, SIZE = 20, 6  # 20 samples of 6 x 6: 10 iterations of 2 per epoch
 FC_RECORD = SIZE * SIZE * 2 * 4  # fc.weight's tensor record (bytes)
@@ -228,33 +227,6 @@ def test_resume_equals_uninterrupted_run(tmp_path, run_copy, by_epoch,
         rng['states'][0]) >= {'python', 'numpy', 'torch'}
 
 
-def test_resume_skips_damaged_newest_seeing_the_allow_list_inside(
-        tmp_path, run_copy):
-    """The Runner's loads alone see mmsoft's allow-list (issue 50)."""
-
-    def get():  # a set in torch: its order is no property
-        return set(getattr(torch.serialization, 'get_safe_globals', list)())
-
-    # torch's own entries, added when the Runner's environment report first
-    # imports torchvision (and it torch._dynamo): added before the snapshot
-    import torch._dynamo  # noqa: F401
-    before, seen = get(), []
-    work = run_copy(tmp_path / 'work', 6)
-    newest = work / 'iter_6.pth'
-    flip_tensor_bytes(newest, 4, FC_RECORD)
-    runner = _runner(work, 'resumed', resume=True)
-    runner.register_hook(
-        _On(after_load_checkpoint=lambda r, checkpoint: seen.append(
-            len(get())),
-            before_train=lambda r: seen.append(get())))
-    assert _trained_from(runner) == 4 and runner.iter == 10
-    assert f'skipping checkpoint {newest}' in _log(runner)
-    assert len(seen) == 2 and seen[1] == before and get() == before
-    assert seen[0] > len(before) or not hasattr(torch.serialization,
-                                                'safe_globals')
-    assert 'load_checkpoint' not in vars(runner)  # after_run: unwrapped
-
-
 def _files(d):
     return sorted(f for f in os.listdir(d) if f.endswith('.pth'))
 
@@ -264,32 +236,40 @@ def _mtimes(d, names=None):
     return {f: os.stat(d / f).st_mtime_ns for f in names}
 
 
-def test_copied_work_dir_resumes_its_own_run(tmp_path):
-    """Issue 36 (1): a ``cp -r`` copy resumes its own newest checkpoint."""
+def test_copied_work_dir_resumes_its_own_newest_complete_checkpoint(tmp_path):
+    """Issue 36 (1): a ``cp -r`` copy resumes its own newest complete
+    checkpoint; the Runner's loads alone see mmsoft's allow-list (issue
+    50)."""
+
+    def get():  # a set in torch: its order is no property
+        return set(getattr(torch.serialization, 'get_safe_globals', list)())
+
+    # torch's own entries, added when the Runner's environment report first
+    # imports torchvision (and it torch._dynamo): added before the snapshot
+    import torch._dynamo  # noqa: F401
+    before, seen = get(), []
     orig, copy = tmp_path / 'orig', tmp_path / 'copy'
     _interrupted(orig, 4, max_keep_ckpts=3)
     shutil.copytree(orig, copy)
     _interrupted(orig, 8, max_keep_ckpts=3, resume=True)
-    before = _mtimes(orig)
-    assert list(before) == ['iter_4.pth', 'iter_6.pth', 'iter_8.pth']
+    mtimes = _mtimes(orig)
+    assert list(mtimes) == ['iter_4.pth', 'iter_6.pth', 'iter_8.pth']
+    flip_tensor_bytes(copy / 'iter_4.pth', 4, FC_RECORD)
     runner = _runner(copy, 'copy', max_keep_ckpts=3, resume=True)
-    assert _trained_from(runner) == 4 and runner.iter == 10
-    assert _mtimes(orig) == before
+    runner.register_hook(
+        _On(after_load_checkpoint=lambda r, checkpoint: seen.append(
+            len(get())),
+            before_train=lambda r: seen.append(get())))
+    assert _trained_from(runner) == 2 and runner.iter == 10
+    assert _mtimes(orig) == mtimes
     assert _files(copy) == ['iter_10.pth', 'iter_6.pth', 'iter_8.pth']
     assert open(copy / 'last_checkpoint').read() == str(copy / 'iter_10.pth')
     assert f'names {orig / "iter_4.pth"}, outside' in _log(runner)
-
-
-def test_one_fixed_checkpoint_name_is_replaced_not_removed(tmp_path):
-    """``filename_tmpl`` without ``{}``: replaced, never removed."""
-    work, path = tmp_path / 'work', tmp_path / 'work' / 'latest.pth'
-    fixed = dict(max_keep_ckpts=1, filename_tmpl='latest.pth')
-    _interrupted(work, 4, **fixed)
-    assert _load(path)['meta']['iter'] == 4
-    assert (work / 'last_checkpoint').read_text() == str(path)
-    resumed = _runner(work, 'resumed', resume=True, **fixed)
-    resumed.train()
-    assert resumed.iter == 10 and _load(path)['meta']['iter'] == 10
+    assert f'skipping checkpoint {copy / "iter_4.pth"}' in _log(runner)
+    assert len(seen) == 2 and seen[1] == before and get() == before
+    assert seen[0] > len(before) or not hasattr(torch.serialization,
+                                                'safe_globals')
+    assert 'load_checkpoint' not in vars(runner)  # after_run: unwrapped
 
 
 def _in_child(fn):
@@ -335,28 +315,27 @@ def test_kill_during_checkpoint_write_keeps_previous(tmp_path):
     assert [n for n in os.listdir(work) if '.pth' in n] == ['iter_10.pth']
 
 
-def test_save_atomic_cleans_up(tmp_path):
-    """An error, Ctrl-C or SIGTERM in the writer: the old file, no temp."""
+@pytest.mark.parametrize('exc', [OSError, KeyboardInterrupt, None])
+def test_atomic_path_cleans_up(tmp_path, exc):
+    """An error, Ctrl-C or SIGTERM (None; SystemExit(143)) in the writer:
+    the old file, no temporary."""
     dst = tmp_path / 'ckpt.pth'
-    cf.save_atomic({'a': torch.ones(2)}, str(dst))
-    before = dst.read_bytes()
+    dst.write_bytes(b'old')
 
-    def writer(obj, f):
-        f.write(b'partial')
-        f.flush()
-        if exc is None:
-            os.kill(os.getpid(), signal.SIGTERM)
-        raise exc('boom')
+    def write():
+        with atomic.atomic_path(str(dst), durable=True) as tmp:
+            with open(tmp, 'wb') as f:
+                f.write(b'partial')
+            if exc is None:
+                os.kill(os.getpid(), signal.SIGTERM)
+            raise exc('boom')
 
-    for exc in (OSError, KeyboardInterrupt, None):
-        if exc is None:  # atomic.signals_raise: SystemExit(143)
-            assert _in_child(lambda: cf.save_atomic(
-                {'a': torch.zeros(2)}, str(dst), writer=writer)) == 143
-        else:
-            with pytest.raises(exc):
-                cf.save_atomic({'a': torch.zeros(2)}, str(dst), writer=writer)
-        assert dst.read_bytes() == before
-        assert os.listdir(tmp_path) == ['ckpt.pth']
+    if exc is None:
+        assert _in_child(write) == 143
+    else:
+        with pytest.raises(exc):
+            write()
+    assert dst.read_bytes() == b'old' and os.listdir(tmp_path) == ['ckpt.pth']
 
 
 def _draws():
@@ -392,8 +371,8 @@ def test_rng_states_round_trip_weights_only(tmp_path, monkeypatch):
     state = get_rng_state()
     assert state['cuda'] is gpus
     set_rng_state(state)
-    assert len(restored) == 1 and len(restored[0]) == 2
-    assert all(torch.equal(a, b) for a, b in zip(restored[0], gpus))
+    assert len(restored) == 1 and all(
+        torch.equal(a, b) for a, b in zip(restored[0], gpus))
     count[0] = 4  # resumed on another number of GPUs: CPU states only
     set_rng_state(state)
     set_rng_state({k: v for k, v in state.items() if k != 'cuda'})  # a CPU's
@@ -494,7 +473,8 @@ RESUMING = 'mmsoft: resuming from the newest complete checkpoint {}'
 
 def test_only_training_claims_a_local_checkpoint_dir(tmp_path, monkeypatch):
     """Training alone claims ``out_dir/<work dir name>``, if local; the
-    search names the file found, or scratch."""
+    search names the file found, or scratch; other ranks take rank 0's
+    broadcast: the same file or refusal."""
     monkeypatch.chdir(tmp_path)
     out, work = tmp_path / 'out', tmp_path / 'a' / 'run'
     work.mkdir(parents=True)
@@ -518,32 +498,24 @@ def test_only_training_claims_a_local_checkpoint_dir(tmp_path, monkeypatch):
     SafeCheckpointHook(
         out_dir='s3://bucket/ckpts').before_run(_Runner(work, loop=_Loop()))
     assert sorted(os.listdir(tmp_path)) == ['a', 'out']
-
-
-def test_other_ranks_follow_rank_0(tmp_path, monkeypatch):
-    """Other ranks take rank 0's broadcast: the same file or refusal."""
-    sent = []
+    sent, other = [], tmp_path / 'b' / 'run'  # rank 1 of another run
     monkeypatch.setattr(ch, 'is_main_process', lambda: False)
-    monkeypatch.setattr(ch, 'is_distributed', lambda: True)
     monkeypatch.setattr(ch, 'broadcast_object_list',
                         lambda objs: objs.__setitem__(slice(None), sent))
-    out, work = tmp_path / 'out', tmp_path / 'run'
-    path = str(out / 'run' / 'iter_4.pth')
-    sent[:] = [path, [], None]
-    runner = _Runner(work, loop=_Loop(), _resume=True)
-    SafeCheckpointHook(out_dir=str(out)).before_run(runner)
-    assert runner._load_from == path
-    assert runner.logger.ours() == [RESUMING.format(path)]
-    assert not out.exists()  # rank 0's work
+    sent[:] = [str(ckpt), [], None]
+    runner = _Runner(other, loop=_Loop(), _resume=True)
+    hook.before_run(runner)
+    assert runner._load_from == str(ckpt) and not other.exists()
+    assert runner.logger.ours() == [RESUMING.format(ckpt)]
     sent[:] = [None, None, f'checkpoint directory {out} belongs to X']
     with pytest.raises(ch.CheckpointDirInUse, match='belongs to X'):
-        SafeCheckpointHook(
-            out_dir=str(out)).before_run(_Runner(work, loop=_Loop()))
+        hook.before_run(_Runner(other, loop=_Loop()))
 
 
 def test_runner_without_private_attributes(tmp_path):
     """A runner without ``_resume`` / ``_load_from`` / ``_has_loaded``; the
-    file to load checked before mmengine reads it (a missing one: FAULTS)."""
+    file to load checked before mmengine reads it, a named one that is
+    missing refused in one line."""
     work = tmp_path / 'run'
     work.mkdir()
     runner = _Runner(
@@ -555,6 +527,13 @@ def test_runner_without_private_attributes(tmp_path):
     assert runner.logger.ours() == [SCRATCH.format(work)]
     runner = _Runner(work, _resume=True, _load_from='https://host/gone.pth')
     SafeCheckpointHook().before_run(runner)  # mmengine downloads it
+    gone = work / 'gone.pth'
+    with pytest.raises(FileNotFoundError) as e:
+        SafeCheckpointHook().before_run(
+            _Runner(work, _resume=True, _load_from=str(gone)))
+    assert str(e.value) == (f'--resume {gone}: no such file (omit the path '
+                            'to resume from the newest checkpoint of the '
+                            'work dir)')
     bad = work / 'bad.pth'
     bad.write_bytes(b'PK\x03\x04 truncated')
     runner = _Runner(
@@ -635,10 +614,10 @@ def test_partial_checkpoint_removed_with_a_line_or_remote_left_to_mmengine(
     assert runner.message_hub.get_info('keep_ckpt_ids') == [6, 8]
 
 
-def _resume_with(runner, meta, **kwargs):
-    """``after_load_checkpoint`` of ``{'meta': meta}``, ``before_train``."""
+def _resume_with(runner, checkpoint, **kwargs):
+    """``after_load_checkpoint`` of ``checkpoint``, ``before_train``."""
     hook = SafeCheckpointHook(**kwargs)
-    hook.after_load_checkpoint(runner, dict(meta=meta, state_dict={}))
+    hook.after_load_checkpoint(runner, checkpoint)
     hook.before_train(runner)
 
 
@@ -659,6 +638,9 @@ WORLD = ('mmsoft: the checkpoint holds RNG states of {} process(es), this '
         (dict(_resume=True), None, 2, 2, {}, [WORLD.format(2)]),
         (dict(_resume=True), None, 1, 0, {}, [WORLD.format(1)]),  # no states
         (dict(_resume=True), None, 1, 1, dict(save_rng=False), []),
+        # a checkpoint without a meta dict restores nothing
+        (dict(_resume=True), [torch.ones(1)], None, 0, {}, []),
+        (dict(_resume=True), dict(meta=['x']), None, 0, {}, []),
     ])
 def test_rng_states_and_seed_come_back_on_a_resume_of_as_many_ranks(
         tmp_path, attrs, seed, world, n, kw, lines):
@@ -666,30 +648,18 @@ def test_rng_states_and_seed_come_back_on_a_resume_of_as_many_ranks(
     want = _draws()
     rng = dict(world_size=world, **(dict(states=[state] * n) if n else {}))
     meta = dict(iter=4, **(dict(mmsoft_rng=rng) if world else {}))
-    if seed is not None:
+    if isinstance(seed, int):
         meta['mmsoft_sampler_seed'] = seed
     sampler = SimpleNamespace(seed=5)
     runner = _Runner(
         tmp_path, loop=_Loop(SimpleNamespace(sampler=sampler)), **attrs)
-    _resume_with(runner, meta, **kw)
+    _resume_with(
+        runner,
+        dict(meta=meta) if seed is None or isinstance(seed, int) else seed,
+        **kw)
     assert runner.logger.ours() == lines
     assert (_draws() == want) == (RESTORED in lines)
     assert sampler.seed == (7 if SEEDED in lines else 5)
-
-
-@pytest.mark.parametrize('checkpoint', [[torch.ones(1)], dict(meta=['x'])])
-def test_a_checkpoint_without_a_meta_dict_restores_nothing(
-        tmp_path, checkpoint):
-    sampler = SimpleNamespace(seed=5)
-    runner = _Runner(
-        tmp_path,
-        loop=_Loop(SimpleNamespace(sampler=sampler)),
-        _resume=True,
-        _has_loaded=True)
-    hook = SafeCheckpointHook()
-    hook.after_load_checkpoint(runner, checkpoint)
-    hook.before_train(runner)
-    assert sampler.seed == 5 and runner.logger.ours() == []
 
 
 class _Prefetching:
@@ -703,27 +673,11 @@ class _Prefetching:
         return self.batches.pop(0)
 
 
-def test_resume_restores_infinite_sampler_indices(tmp_path):
-    data = list(range(16))
-
-    def loader(seed):
-        return DataLoader(
-            data, batch_size=4, sampler=InfiniteSampler(data, seed=seed))
-
-    train = loader(5)
-    loop = _Loop(train, dataloader_iterator=_Prefetching(train))
-    runner = _Runner(tmp_path, loop=loop, _resume=True, _has_loaded=True)
-    _resume_with(runner, dict(mmsoft_sampler_seed=7))
-    want = iter(loader(7))
-    assert [next(loop.dataloader_iterator).tolist() for _ in range(3)] == \
-        [next(want).tolist() for _ in range(3)]
-    assert runner.logger.ours() == [SEEDED]
-
-
-def test_sampler_seed_and_attn_norm_saved_where_found(tmp_path):
-    """The seed of the loader's sampler or batch sampler (mmdet's); each
+def test_sampler_seed_saved_where_found_and_restored(tmp_path):
+    """The seed of the loader's sampler or batch sampler (mmdet's; an
+    InfiniteSampler's indices and a prefetching iterator rebuilt); each
     SOFT attention's ``attn_norm`` (``meta['mmsoft_attn_norm']``)."""
-    data = list(range(8))
+    data = list(range(16))
     seeded = DefaultSampler(data, seed=5)
     mmdet_like = DataLoader(data, batch_sampler=BatchSampler(seeded, 2, False))
     plain = SimpleNamespace(sampler=SimpleNamespace(seed=5))
@@ -739,11 +693,21 @@ def test_sampler_seed_and_attn_norm_saved_where_found(tmp_path):
         assert checkpoint == dict(meta={} if saved is None else dict(
             mmsoft_sampler_seed=saved))
         runner._resume = True
-        _resume_with(runner, dict(mmsoft_sampler_seed=7))
-        if sampler is not None:
-            assert sampler.seed == 7
-        else:
-            assert runner.logger.ours() == []
+        _resume_with(runner, dict(meta=dict(mmsoft_sampler_seed=7)))
+        assert runner.logger.ours() == ([SEEDED] if saved else [])
+        assert sampler is None or sampler.seed == 7
+
+    def loader(seed):
+        return DataLoader(
+            data, batch_size=4, sampler=InfiniteSampler(data, seed=seed))
+
+    train = loader(5)
+    loop = _Loop(train, dataloader_iterator=_Prefetching(train))
+    runner = _Runner(tmp_path, loop=loop, _resume=True, _has_loaded=True)
+    _resume_with(runner, dict(meta=dict(mmsoft_sampler_seed=7)))
+    want = iter(loader(7))
+    assert [next(loop.dataloader_iterator).tolist() for _ in range(3)] == \
+        [next(want).tolist() for _ in range(3)]
     model = nn.Sequential(
         SOFTAttention(8, 1, 1, attn_norm=True),
         SOFTAttention(8, 1, 1, attn_norm=False))
@@ -791,17 +755,23 @@ def test_best_checkpoint_is_atomic_and_holds_the_training_rng(tmp_path):
     ]
 
 
-def test_checkpoint_and_last_checkpoint_are_durable(tmp_path, monkeypatch):
-    """Both files and their directory are fsynced around the rename."""
-    synced, fsync = [], atomic._fsync
+def test_checkpoints_are_durable_with_every_ranks_rng(tmp_path, monkeypatch):
+    """Both files and their directory are fsynced around the rename; every
+    rank's RNG states saved; one fixed name (``filename_tmpl`` without
+    ``{}``) replaced, never removed."""
+    synced, fsync, sent = [], atomic._fsync, []
     monkeypatch.setattr(atomic, '_fsync',
                         lambda path: synced.append(path) or fsync(path))
+    _draws()
+    other = get_rng_state()  # another rank's
+    monkeypatch.setattr(ch, 'all_gather_object',
+                        lambda obj: sent.append(obj) or [obj, other])
     monkeypatch.chdir(tmp_path)
     work = tmp_path / 'run'
     work.mkdir()
     hook, runner = _saving(work, iter=3, interval=2, by_epoch=False)
+    _draws()
     hook.after_train_iter(runner, 0)
-    assert _load(work / 'iter_4.pth')['meta']['iter'] == 4
     assert (work / 'last_checkpoint').read_text() == str(work / 'iter_4.pth')
     assert sorted(os.listdir(work)) == ['iter_4.pth', 'last_checkpoint']
     assert os.listdir(tmp_path) == ['run']
@@ -809,34 +779,22 @@ def test_checkpoint_and_last_checkpoint_are_durable(tmp_path, monkeypatch):
     assert [n.split('.')[1] for n in names if n.startswith('.')] == \
         ['iter_4', 'last_checkpoint']
     assert synced.count(str(work)) == 2
-
-
-def test_every_ranks_rng_states_are_saved(tmp_path, monkeypatch):
-    _draws()
-    other, sent = get_rng_state(), []  # another rank's
-    monkeypatch.setattr(ch, 'is_distributed', lambda: True)
-    monkeypatch.setattr(ch, 'all_gather_object',
-                        lambda obj: sent.append(obj) or [obj, other])
-    hook, runner = _saving(tmp_path, by_epoch=False)
-    _draws()
-    hook.after_train_iter(runner, 0)
-    rng = _load(tmp_path / 'iter_1.pth')['meta']['mmsoft_rng']
-    assert len(sent) == 1 and rng['world_size'] == 2
+    meta = _load(work / 'iter_4.pth')['meta']
+    rng = meta['mmsoft_rng']
+    assert meta['iter'] == 4 and len(sent) == 1 and rng['world_size'] == 2
     assert [s['python'] for s in rng['states']] == \
-        [sent[0]['python'], other['python']]
-    assert sent[0]['python'] != other['python']
+        [sent[0]['python'], other['python']] != [other['python']] * 2
+    hook, runner = _saving(
+        work, by_epoch=False, max_keep_ckpts=1, filename_tmpl='latest.pth')
+    for runner.iter in (1, 2):
+        hook.after_train_iter(runner, 0)
+        assert _load(work / 'latest.pth')['meta']['iter'] == runner.iter + 1
 
 
-def test_other_ranks_write_no_last_checkpoint(tmp_path, monkeypatch):
-    for module in (mm, ch):
-        monkeypatch.setattr(module, 'is_main_process', lambda: False)
-    hook, runner = _saving(tmp_path, rank=1, by_epoch=False, save_rng=False)
-    hook.after_train_iter(runner, 0)
-    assert os.listdir(tmp_path) == []
-
-
-def test_validation_without_training(tmp_path):
-    """``runner.val()`` twice (no ``before_train``): nothing saved."""
+def test_other_ranks_and_a_validation_alone_write_nothing(
+        tmp_path, monkeypatch):
+    """``runner.val()`` twice (no ``before_train``): nothing saved; rank 1
+    writes no ``last_checkpoint``."""
     hook = SafeCheckpointHook(3, False, save_rng=False)  # CheckpointHook's
     assert (hook.interval, hook.by_epoch, hook.save_rng) == (3, False, False)
     assert SafeCheckpointHook().save_rng is True
@@ -846,6 +804,10 @@ def test_validation_without_training(tmp_path):
             hook.before_val(runner)
             hook.after_val_epoch(runner, dict(acc=1.0))
             hook.after_val(runner)
+    for module in (mm, ch):
+        monkeypatch.setattr(module, 'is_main_process', lambda: False)
+    hook, runner = _saving(tmp_path, rank=1, by_epoch=False, save_rng=False)
+    hook.after_train_iter(runner, 0)
     assert os.listdir(tmp_path) == []
 
 
@@ -889,9 +851,9 @@ def _full_disk(tmp_path, run_copy, monkeypatch):
         f'continue with tools/train.py ... --resume')
 
 
-def _resumed(by_epoch, limit, lr=0.1):
-    """A finished run (SGD lr 0.1, no decay) resumed with ``max_*`` =
-    ``limit`` and ``lr`` (issue 52, items 4, 6)."""
+def _resumed(by_epoch, limit):
+    """A finished run resumed with ``max_*`` = ``limit`` (issue 52, items
+    4, 6; a new lr: tests/test_utils/test_strict_load.py)."""
 
     def prepare(tmp_path, run_copy, monkeypatch):
         work = run_copy(tmp_path / 'work', None, by_epoch)
@@ -900,31 +862,14 @@ def _resumed(by_epoch, limit, lr=0.1):
         unit, key = ('epoch', 'max_epochs') if by_epoch else ('iter',
                                                               'max_iters')
         runner._train_loop[key] = limit
-        runner.optim_wrapper['optimizer']['lr'] = lr
         done = 3 if by_epoch else 10
-        source = f'--resume {work}/{unit}_{done}.pth: '
-        return runner, work, source + (
-            f'the checkpoint is at {unit} {done}, past the schedule\'s end '
-            f'(train_cfg.{key}={limit}): nothing would train. Raise it '
-            f'(--cfg-options train_cfg.{key}=...) or resume an earlier '
-            f'checkpoint' if lr == 0.1 else
-            f'the config\'s optim_wrapper.optimizer.lr is {lr:g}, the '
-            f'checkpoint was trained with 0.1: a resume restores the saved '
-            f'optimizer and schedule, so the run would continue at 0.1. To '
-            f'train these weights with lr {lr:g} in a new schedule, pass '
-            f'--cfg-options load_from={work}/{unit}_{done}.pth instead of '
-            f'--resume; to continue the run, drop the new lr')
+        return runner, work, (
+            f'--resume {work}/{unit}_{done}.pth: the checkpoint is at {unit} '
+            f'{done}, past the schedule\'s end (train_cfg.{key}={limit}): '
+            f'nothing would train. Raise it (--cfg-options train_cfg.{key}'
+            f'=...) or resume an earlier checkpoint')
 
     return prepare
-
-
-def _missing_file(tmp_path, run_copy, monkeypatch):
-    gone = tmp_path / 'gone.pth'  # a named file that is not there
-    return _runner(
-        tmp_path / 'work', 'gone', resume=True, load_from=str(gone)), \
-        tmp_path / 'work', (f'--resume {gone}: no such file (omit the path '
-                            'to resume from the newest checkpoint of the '
-                            'work dir)')
 
 
 #: a fault -> (what prepares it, the error)
@@ -934,8 +879,6 @@ FAULTS = {
     'full-disk': (_full_disk, cio.CheckpointWriteError),
     'past-the-end-iter': (_resumed(False, 4), CheckpointMismatchError),
     'past-the-end-epoch': (_resumed(True, 2), CheckpointMismatchError),
-    'new-lr': (_resumed(True, 4, lr=0.01), CheckpointMismatchError),
-    'missing-file': (_missing_file, FileNotFoundError),
 }
 
 
@@ -957,13 +900,11 @@ def test_fault_stops_in_one_line_keeping_the_checkpoints(
     assert not [f for f in os.listdir(ckpt_dir) if cio.TMP_SUFFIX in f]
 
 
-@pytest.mark.parametrize('by_epoch,limit', [(False, 10), (True, 4)])
-def test_resume_to_the_schedules_end_or_beyond_continues(
-        tmp_path, run_copy, by_epoch, limit):
-    """At the end (nothing to train) or past it, with the same lr."""
-    resumed, _, _ = _resumed(by_epoch, limit)(tmp_path, run_copy, None)
+def test_resume_at_the_schedules_end_trains_nothing(tmp_path, run_copy):
+    """Beyond it: test_a_strict_load_reads_no_pretrained_file[resume-*]."""
+    resumed = _resumed(False, 10)(tmp_path, run_copy, None)[0]
     resumed.train()
-    assert (resumed.iter, resumed.epoch)[by_epoch] == limit
+    assert resumed.iter == 10
 
 
 @pytest.mark.parametrize(
@@ -1114,24 +1055,6 @@ def test_check_complete_names_what_is_wrong(tmp_path, monkeypatch):
     assert ch.check_complete(path) == 'cannot be loaded (EOFError: )'
 
 
-def test_newest_complete_through_last_checkpoint(tmp_path, logged):
-    """Naming an older file: the newest wins; a renamed file: found; named
-    through a symlink: no warning."""
-    work, = _dirs(tmp_path, 'work')
-    good, newest = _ckpt(work / 'iter_2.pth'), _ckpt(work / 'iter_6.pth')
-    (work / 'last_checkpoint').write_text(good + '\n')
-    assert ch.find_newest_complete(str(work)) == (newest, [])
-    os.unlink(newest)
-    (work / 'iter_4.pth').write_bytes(b'')
-    os.rename(good, work / 'final.pth')
-    (tmp_path / 'link').symlink_to(work, target_is_directory=True)
-    named = str(tmp_path / 'link' / 'final.pth')
-    (work / 'last_checkpoint').write_text(named)
-    path, skipped = ch.find_newest_complete(str(work))
-    assert path == named and not [m for m in logged if 'outside' in m]
-    assert [p for p, _ in skipped] == [str(work / 'iter_4.pth')]
-
-
 def test_checkpoint_dir_belongs_to_the_first_work_dir(tmp_path):
     """The first run owns it; another is refused in one line."""
     ckpt_dir = str(tmp_path / 'out' / 'run')
@@ -1159,7 +1082,9 @@ def test_checkpoint_dir_belongs_to_the_first_work_dir(tmp_path):
 
 
 def test_resume_search_warnings(tmp_path, logged):
-    """One warning per foreign, damaged or missing file."""
+    """One warning per foreign, damaged or missing file; a last_checkpoint
+    naming an older file: the newest wins; a renamed file: found; named
+    through a symlink: no warning."""
     work, out, other = _dirs(tmp_path, 'work', 'out', 'other')
     last = osp.join(work, 'last_checkpoint')
     foreign = _ckpt(other / 'iter_8.pth')
@@ -1178,11 +1103,24 @@ def test_resume_search_warnings(tmp_path, logged):
         f'training checkpoint (no meta)',
     ]
     logged.clear()
+    (work / 'last_checkpoint').write_text(good + '\n')  # older than iter_4
+    os.unlink(work / 'iter_4.pth')
+    newest = _ckpt(work / 'iter_4.pth')
+    assert ch.find_newest_complete(str(work)) == (newest, [])
+    os.unlink(newest)
+    os.rename(good, work / 'final.pth')
+    (tmp_path / 'link').symlink_to(work, target_is_directory=True)
+    named = str(tmp_path / 'link' / 'final.pth')
+    (work / 'last_checkpoint').write_text(named)
+    assert ch.find_newest_complete(str(work), str(out)) == (named, [
+        (str(out / 'iter_6.pth'), ch.check_complete(str(out / 'iter_6.pth')))
+    ])
+    assert len(logged) == 1 and 'outside' not in logged[0]
+    logged.clear()
     gone = str(work / 'iter_10.pth')
     (work / 'last_checkpoint').write_text(gone)
-    for f in ('iter_4.pth', 'iter_2.pth'):
-        os.unlink(work / f)
-    os.unlink(out / 'iter_6.pth')
+    for f in (out / 'iter_6.pth', work / 'final.pth'):
+        os.unlink(f)
     assert ch.find_newest_complete(str(work), str(out)) == (None, [])
     ch.find_newest_complete(str(work), str(out), quiet=True)
     assert logged == [
