@@ -12,10 +12,6 @@ _TMP_RE = re.compile(r'^\.(?P<name>.+)\.(?P<pid>\d+)\.[0-9a-f]{8}' +
                      re.escape(TMP_SUFFIX) + '$')
 
 
-def _sigterm(signum, frame):
-    raise SystemExit(128 + signum)
-
-
 def temp_path_for(path: str, suffix: str = '') -> str:
     """``.<name>.<pid>.<random>.mmsoft-tmp<suffix>`` next to ``path``."""
     d, name = osp.split(osp.abspath(path))
@@ -31,15 +27,8 @@ def _fsync(path: str) -> None:
         os.close(fd)
 
 
-def os_error_in_chain(exc: BaseException) -> Optional[OSError]:
-    """The first ``OSError`` of ``exc`` and its causes / contexts."""
-    seen = set()
-    while exc is not None and id(exc) not in seen:
-        if isinstance(exc, OSError):
-            return exc
-        seen.add(id(exc))
-        exc = exc.__cause__ or exc.__context__
-    return None
+def _sigterm(signum, frame):
+    raise SystemExit(128 + signum)
 
 
 @contextlib.contextmanager
@@ -71,8 +60,12 @@ def atomic_path(path: str,
         with contextlib.suppress(OSError):
             os.unlink(tmp)
         # torch.save reports a full disk as a RuntimeError from OSError
-        err = os_error_in_chain(e) if isinstance(e, Exception) else None
-        if err is not None and err is not e:
+        err, seen = e, set()
+        while isinstance(e, Exception) and err is not None and \
+                id(err) not in seen and not isinstance(err, OSError):
+            seen.add(id(err))
+            err = err.__cause__ or err.__context__
+        if isinstance(err, OSError) and err is not e:
             raise OSError(err.errno, err.strerror, err.filename) from e
         raise
     finally:
@@ -93,28 +86,24 @@ def atomic_write(path: str,
             f.write(data.encode() if isinstance(data, str) else data)
 
 
-def pid_alive(pid: int) -> bool:
-    """Whether process ``pid`` runs (one we may not signal does)."""
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except OSError:  # PermissionError: someone else's
-        pass
-    return True
-
-
 def remove_stale_temps(directory: str,
                        name: Optional[str] = None) -> List[str]:
     """Delete (and return) the temporaries (of ``name``) in ``directory``
-    whose writer is gone."""
-    removed = []
-    with contextlib.suppress(OSError):
-        for entry in os.listdir(directory):
-            m = _TMP_RE.match(entry)
-            if m and name in (None, m.group('name')) and \
-                    not pid_alive(int(m.group('pid'))):
-                with contextlib.suppress(OSError):
-                    os.unlink(osp.join(directory, entry))
-                    removed.append(osp.join(directory, entry))
+    whose writer is gone (``kill(pid, 0)``: another user's runs)."""
+    try:
+        entries, removed = os.listdir(directory), []
+    except OSError:  # none yet, unreadable
+        return []
+    for entry in entries:
+        m = _TMP_RE.match(entry)
+        if not m or name not in (None, m.group('name')):
+            continue
+        try:
+            os.kill(int(m.group('pid')), 0)
+        except ProcessLookupError:  # gone (PermissionError: it runs)
+            with contextlib.suppress(OSError):
+                os.unlink(osp.join(directory, entry))
+                removed.append(osp.join(directory, entry))
+        except OSError:
+            pass
     return removed

@@ -8,7 +8,7 @@ from typing import List, Optional
 
 import torch
 
-from .atomic import TMP_SUFFIX, remove_stale_temps  # noqa: F401
+from .atomic import TMP_SUFFIX  # noqa: F401
 from .safe_load import (RestrictedUnpickler, code_globals, safe_torch_load,
                         unsafe_globals)
 
