@@ -101,9 +101,7 @@ def find_newest_complete(work_dir: str,
     ``last_checkpoint`` naming a file elsewhere is ignored."""
 
     def warn(msg):
-        if not quiet:
-            print_log(
-                f'mmsoft: {msg}', logger='current', level=logging.WARNING)
+        quiet or print_log(f'mmsoft: {msg}', 'current', logging.WARNING)
 
     dirs = list(dict.fromkeys([work_dir] + ([out_dir] if out_dir else [])))
     last = read_line(osp.join(work_dir, 'last_checkpoint'))
@@ -338,15 +336,12 @@ class SafeCheckpointHook(CheckpointHook):
         """Validate the resumed checkpoint first if its validation did not
         finish (rank 0 decides)."""
         box, loaded = [None], str(getattr(runner, '_load_from', None) or '')
+        marker = osp.join(osp.dirname(osp.abspath(loaded)), VAL_MARKER)
         if is_main_process() and self._is_local() and '://' not in loaded:
-            marker = osp.join(osp.dirname(osp.abspath(loaded)), VAL_MARKER)
-            try:
-                with open(marker) as f:
-                    rec = json.load(f)
-            except (OSError, ValueError):
-                rec = None
-            if rec == _val_record(loaded, meta.get('epoch'), meta.get('iter')):
-                box = [marker]
+            with contextlib.suppress(OSError, ValueError), open(marker) as f:
+                if json.load(f) == _val_record(loaded, meta.get('epoch'),
+                                               meta.get('iter')):
+                    box = [marker]
         broadcast_object_list(box)
         if box[0] is None or getattr(runner, 'val_loop', None) is None:
             return
@@ -516,14 +511,14 @@ def _write_failure(runner, path: str, error: OSError) -> str:
     kept = (f'the previous checkpoint {prev} was kept (last_checkpoint '
             f'still names it)' if prev else 'no earlier checkpoint of this '
             'run exists')
-    where = osp.dirname(path)
+    where, e = osp.dirname(path), errno
     fix = {
-        errno.EFBIG: 'Raise the file size limit (ulimit -f) or write to '
-        'another file system',
-        errno.EROFS: f'{where} is read-only: choose another work dir',
-        errno.EACCES: f'Check the permissions of {where} (ls -ld)',
-        errno.EPERM: f'Check the permissions of {where} (ls -ld)',
-    }.get(error.errno, f'Free space in {where}')
+        e.EFBIG: 'Raise the file size limit (ulimit -f) or write to another '
+        'file system',
+        e.EROFS: f'{where} is read-only: choose another work dir',
+        e.EACCES: f'Check the permissions of {where} (ls -ld)'
+    }.get(e.EACCES if error.errno == e.EPERM else error.errno,
+          f'Free space in {where}')
     then = ('continue with tools/train.py ... --resume' if prev else
             'start the training again (there is nothing to resume)')
     return (f'cannot write checkpoint {path}: {error.strerror or error}'

@@ -135,28 +135,25 @@ def skip_pretrained_init(runner, source: str) -> None:
     from mmengine.runner import BaseLoop
 
     from mmsoft.models.loading import PRETRAINED
-    if not isinstance(getattr(runner, '_train_loop', None), BaseLoop):
-        return  # no init_weights
-    if not any(
-            isinstance(h, StrictLoadHook) and not h.allow_partial
-            for h in getattr(runner, 'hooks', ())):
-        return
+    if not isinstance(getattr(runner, '_train_loop', None), BaseLoop) or \
+            not any(isinstance(h, StrictLoadHook) and not h.allow_partial
+                    for h in getattr(runner, 'hooks', ())):
+        return  # no init_weights, or partial loads allowed
+
+    def pretrained(c):
+        t = c.get('type') if isinstance(c, dict) else None
+        return str(t).split('.')[-1] in PRETRAINED or (isinstance(
+            t, type) and issubclass(t, PretrainedInit))
+
     model = runner.model
     while is_model_wrapper(model):
         model = model.module
     how = '--resume' if getattr(runner, '_resume', False) else 'load_from'
     for name, module in model.named_modules():
         init = getattr(module, 'init_cfg', None)
-        if getattr(module, 'is_init', False) or not init:
-            continue
-        cfgs = [init] if isinstance(init, dict) else list(init)
-        drop = [
-            c for c in cfgs if isinstance(c, dict) and (
-                str(c.get('type')).split('.')[-1] in PRETRAINED or
-                (isinstance(c.get('type'), type)
-                 and issubclass(c['type'], PretrainedInit)))
-        ]
-        if not drop:
+        cfgs = [init] if isinstance(init, dict) else list(init or ())
+        drop = [c for c in cfgs if pretrained(c)]
+        if getattr(module, 'is_init', False) or not drop:
             continue
         keep = [c for c in cfgs if c not in drop]
         module.init_cfg = (keep[0] if keep else None) if isinstance(

@@ -549,20 +549,15 @@ def test_runner_without_private_attributes(tmp_path):
         SafeCheckpointHook().before_run(runner)
 
 
-def _resumed_from(work, other):
-    return _Runner(
-        work,
-        loop=_Loop(),
-        _resume=True,
-        _has_loaded=True,
-        _load_from=str(other / 'iter_8.pth'))
-
-
-def test_resume_from_another_dir_forgets_its_checkpoint_names(tmp_path):
+def test_resume_from_another_dir_forgets_its_checkpoint_names(
+        tmp_path, monkeypatch):
+    """Kept unless resumed (both set) from elsewhere; a killed run's partial
+    checkpoint removed with a line, a remote out_dir left to mmengine."""
     other, work = tmp_path / 'other', tmp_path / 'run'
     work.mkdir()
     (work / 'best_acc_iter_4.pth').write_bytes(b'x')
-    runner = _resumed_from(work, other)
+    stale = work / f'.iter_4.pth.{dead_pid()}.0123abcd{cio.TMP_SUFFIX}'
+    stale.write_bytes(b'x')
     info = dict(
         keep_ckpt_ids=[6, 8],
         best_ckpt=str(other / 'best_acc_iter_4.pth'),
@@ -570,41 +565,29 @@ def test_resume_from_another_dir_forgets_its_checkpoint_names(tmp_path):
         best_ckpt_top=str(work / 'best_top_iter_6.pth'),
         best_score=0.5,
         note=str(other / 'x.txt'))
-    for key, value in info.items():
-        runner.message_hub.update_info(key, value)
-    SafeCheckpointHook().before_train(runner)
-    assert dict(runner.message_hub.runtime_info) == dict(
-        info,
-        keep_ckpt_ids=[],
-        best_ckpt=str(work / 'best_acc_iter_4.pth'),
-        best_ckpt_loss=None)
-    # kept unless resumed (both set) from elsewhere
-    for attrs in (dict(drop=('_resume', ), _has_loaded=True),
-                  dict(drop=('_has_loaded', ), _resume=True),
-                  dict(drop=('_load_from', ), _resume=True, _has_loaded=True)):
+    resumed = dict(_resume=True, _has_loaded=True)
+    forgot = dict(
+        best_ckpt=str(work / 'best_acc_iter_4.pth'), best_ckpt_loss=None)
+    for attrs, want in ((resumed, dict(forgot, keep_ckpt_ids=[])),
+                        (dict(drop=('_resume', ), _has_loaded=True),
+                         {}), (dict(drop=('_has_loaded', ), _resume=True), {}),
+                        (dict(resumed, drop=('_load_from', )), forgot)):
         runner = _Runner(
-            work, loop=_Loop(), _load_from=info['best_ckpt'], **attrs)
-        runner.message_hub.update_info('keep_ckpt_ids', [6, 8])
+            work, loop=_Loop(), _load_from=str(other / 'x.pth'), **attrs)
+        for key, value in info.items():
+            runner.message_hub.update_info(key, value)
         SafeCheckpointHook().before_train(runner)
-        assert dict(runner.message_hub.runtime_info) == dict(
-            keep_ckpt_ids=[6, 8])
-
-
-def test_partial_checkpoint_removed_with_a_line_or_remote_left_to_mmengine(
-        tmp_path, monkeypatch):
-    stale = tmp_path / f'.iter_4.pth.{dead_pid()}.0123abcd{cio.TMP_SUFFIX}'
-    stale.write_bytes(b'x')
-    runner = _Runner(tmp_path)
-    SafeCheckpointHook().before_train(runner)
-    assert runner.logger.ours('warning') == [
-        f'mmsoft: removed {stale}, a partial checkpoint left by a killed run'
-    ]
-    assert os.listdir(tmp_path) == []
+        assert dict(runner.message_hub.runtime_info) == dict(info, **want)
+        assert runner.logger.ours('warning') == ([
+            f'mmsoft: removed {stale}, a partial checkpoint left by a '
+            'killed run'
+        ] if attrs is resumed else [])
+    assert os.listdir(work) == ['best_acc_iter_4.pth']
     # a remote out_dir: one warning; mmengine's rules apply there
     remote = SimpleNamespace(join_path=posixpath.join)
     monkeypatch.setattr(mm.FileClient, 'infer_client', lambda *a: remote)
     monkeypatch.setattr(mm, 'get_file_backend', lambda *a, **k: remote)
-    runner = _resumed_from(tmp_path / 'run', tmp_path / 'other')
+    runner = _Runner(work, loop=_Loop(), _load_from=str(other), **resumed)
     runner.message_hub.update_info('keep_ckpt_ids', [6, 8])
     SafeCheckpointHook(out_dir='mem://bucket/ckpts').before_train(runner)
     assert runner.logger.ours('warning') == [
