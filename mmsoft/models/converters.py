@@ -17,10 +17,10 @@ class ConversionError(ValueError):
 
 
 _NAME = r'(?P<t>weight|bias|running_mean|running_var|num_batches_tracked)'
+#: the rename table of each direction: (regex, template)
 _RULES = [[(re.compile(
-    re.escape(a).replace(r'\{j\}', r'(?P<j>\d+)') +
-    (_NAME if a.endswith('.') else '')),
-            b + ('{t}' if a.endswith('.') else '')) for a, b in pairs]
+    re.escape(a).replace(r'\{j\}', r'(?P<j>\d+)') + _NAME * a.endswith('.')),
+            b + '{t}' * a.endswith('.')) for a, b in pairs]
           for pairs in (KEY_MAP, [(m, o) for o, m in KEY_MAP])]
 
 
@@ -50,9 +50,9 @@ def extract_state_dict(ckpt,
                 for k, v in sd.items()):
             return strip_module_prefix(sd), entry
     raise ConversionError(
-        f'no state dict found in the checkpoint: expected '
-        f'one of {order} holding tensors, or a bare state '
-        f'dict; top-level keys are {sorted(map(str, ckpt))[:20]}')
+        f'no state dict found in the checkpoint: expected one of {order} '
+        f'holding tensors, or a bare state dict; top-level keys are '
+        f'{sorted(map(str, ckpt))[:20]}')
 
 
 def strip_module_prefix(sd: Mapping) -> 'OrderedDict':
@@ -113,10 +113,10 @@ def infer_official_arch(sd: Mapping[str, torch.Tensor],
         common_shape(sd, f'block{s}.*.att.{n}.weight') for s in (1, 2, 3)
     ] for n in ('mha.attn.Qlandmark_op', 'mha.attn.conv', 'ff1'))
     ff.append(common_shape(sd, 'block4.*.mlp.fc1.weight'))
-    heads = [d[0] for d in dw] + [stage4_heads or max(C[3] // lm[2][0], 1)]
     return dict(
         embed_dims=C,
-        num_heads=heads,
+        num_heads=[d[0]
+                   for d in dw] + [stage4_heads or max(C[3] // lm[2][0], 1)],
         depths=[
             len({k.split('.')[1]
                  for k in sd if k.startswith(f'block{s}.')})
@@ -182,13 +182,12 @@ def missing_weights_message(checkpoint,
                             key: str = 'init_cfg.checkpoint') -> str:
     """The line for a backbone's missing ``init_cfg`` file."""
     name = osp.splitext(osp.basename(str(checkpoint)))[0]
-    known, key, page = OFFICIAL_FILES.get(name), f'{backbone}.{key}', \
-        OFFICIAL_PAGE
+    known, key = OFFICIAL_FILES.get(name), f'{backbone}.{key}'
     get = (f"download the authors' {name} ImageNet file ('{known['link']}' "
-           f'on {page}) to that path' if known and known['link'] else
-           f'the authors publish no {name} file ({page}): train configs/'
-           f"{known['configs'][0]}.py and give its checkpoint"
-           if known else f"download the authors' ImageNet file from {page}")
+           f'on {OFFICIAL_PAGE}) to that path' if known and known['link'] else
+           f'the authors publish no {name} file ({OFFICIAL_PAGE}): train '
+           f"configs/{known['configs'][0]}.py and give its checkpoint" if known
+           else f"download the authors' ImageNet file from {OFFICIAL_PAGE}")
     return (f'{checkpoint} ({key}) does not exist: {get}, or use another '
             f'file with --cfg-options {key}=PATH; to train from scratch on '
             f'purpose: --cfg-options {backbone}.init_cfg=None '

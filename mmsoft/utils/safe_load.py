@@ -69,13 +69,14 @@ _checkpoint_getattr = _limited(
 _checkpoint_bytes = _limited(bytes, lambda *args: not args,
                              lambda *args: f'bytes{args!r}', 'bytes()')
 
-
-def _checkpoint_codecs_encode(obj, encoding='utf-8', errors='strict'):
-    """``_codecs.encode`` limited to protocol 2's ``bytes`` (latin1)."""
-    if not isinstance(obj, str) or encoding not in ('latin1', 'latin-1'):
-        _refuse(f'_codecs.encode of a {type(obj).__name__} with {encoding!r}',
-                "encode(str, 'latin1')")
-    return codecs.encode(obj, encoding, errors)
+#: ``_codecs.encode`` limited to protocol 2's ``bytes`` (latin1)
+_checkpoint_codecs_encode = _limited(
+    codecs.encode,
+    lambda obj, enc='utf-8', *_: isinstance(obj, str) and enc in
+    ('latin1', 'latin-1'),
+    lambda obj, enc='utf-8', *_:
+    f'_codecs.encode of a {type(obj).__name__} with {enc!r}',
+    "encode(str, 'latin1')")
 
 
 def mmengine_safe_globals():
@@ -108,10 +109,6 @@ def torch_version(version=None):
 def native_allow_list():
     """Whether torch's weights-only unpickler takes the allow-list."""
     return torch_version() >= (2, 6)
-
-
-class RefusedGlobal(pickle.UnpicklingError):
-    """A checkpoint names a global outside the allow-list."""
 
 
 #: what torch 2.14's weights-only unpickler allows beyond torch 2.1's
@@ -176,7 +173,7 @@ class RestrictedUnpickler(pickle.Unpickler):
             self.names.append(full)
             return type('Stub', (_Stub, ), dict(global_name=name))
         if self.allowed.get(full) is None:
-            raise RefusedGlobal(
+            raise pickle.UnpicklingError(
                 f'mmsoft: refusing the pickled global {full}: only tensors, '
                 'plain containers and allow-listed objects are unpickled')
         return self.allowed[full]
