@@ -106,18 +106,16 @@ def test_nonfinite_training_never_replaces_the_good_checkpoint(
 
 
 # ------------------------------------------------ on stand-in runners
-class _Logger:
-
-    def __init__(self):
-        self.errors, self.warnings = [], []
-        self.error, self.warning = self.errors.append, self.warnings.append
-
-
 def _stub_runner(work_dir=None, max_iters=10, it=2, model=None, wrapper=None):
+    errors, warnings = [], []
     return SimpleNamespace(
         model=model or nn.Linear(1, 1),
         optim_wrapper=wrapper,
-        logger=_Logger(),
+        logger=SimpleNamespace(
+            errors=errors,
+            warnings=warnings,
+            error=errors.append,
+            warning=warnings.append),
         train_loop=SimpleNamespace(**(dict(
             max_iters=max_iters) if max_iters else {})),
         iter=it,
