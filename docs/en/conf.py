@@ -61,7 +61,7 @@ nitpick_ignore_regex = [
     # internals the public docstrings name but the API page leaves out
     (r'py:.*', r'(mmsoft\.)?(models\.layers\.)?(pinv\.)?'
      r'(INIT_MODES|INIT_ALIASES|STAGE_TYPES|default_init|'
-     r'nr_residual|iterative_pinv|stage_cfgs|landmark_grid)'),
+     r'iterative_pinv|stage_cfgs|landmark_grid)'),
     (r'py:mod', r'mmsoft\..*'),
     (r'py:data', r'mmsoft\.registry\.ATTENTIONS'),
     (r'py:func', r'mmsoft\.compat\.applied'),
@@ -72,7 +72,7 @@ nitpick_ignore_regex = [
      r'loading\.|layers\.attention_zoo\.|layers\.zoo\.common\.|'
      r'utils\.strict_load\.)?(pretrained_init_cfg|'
      r'ReducedGridAttention|check_state_dict|check_attn_norm|'
-     r'nr_stats|__post_init__)'),
+     r'__post_init__)'),
 ]
 
 html_theme = 'furo'

@@ -79,10 +79,10 @@ def record_inputs(model, x):
     sa = importlib.import_module('mmsoft.models.layers.soft_attention')
     seen, orig = [], sa.soft_attention
 
-    def spy(q, landmarks, v, attn_norm=True, nr=None, nr_stats=None):
+    def spy(q, landmarks, v, attn_norm=True, nr=None):
         seen.append(
             (attn_norm, nr, q.detach(), landmarks.detach(), v.detach()))
-        return orig(q, landmarks, v, attn_norm, nr, nr_stats)
+        return orig(q, landmarks, v, attn_norm, nr)
 
     sa.soft_attention = spy
     try:

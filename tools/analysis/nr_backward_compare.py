@@ -5,8 +5,9 @@ trained weights offline) on a natural-looking synthetic image (a rendered
 scene of :mod:`demo_synthetic`: textured background,
 clutter and shaded objects) at each ``--sizes`` entry, prints
 
-* the NR convergence per stage (:meth:`SOFT.nr_stats`: the paper's
-  ||A A_T A - A||_2 / ||A||_2 and the unconverged fraction of A's rank);
+* the NR convergence per stage (``projects.nr_diagnostics.NRRecorder``: the
+  paper's ||A A_T A - A||_2 / ||A||_2 and the unconverged fraction of A's
+  rank);
 * the relative error ||g_eq16 - g_exact|| / ||g_exact|| and the cosine of
   the whole-backbone parameter gradient, Eq. 16 (``nr_backward='eq16'``)
   vs the exact gradient of the 20 iterations (``'exact'``), for a fixed
@@ -28,7 +29,7 @@ clutter and shaded objects) at each ``--sizes`` entry, prints
   synthetic COCO-format data of ``make demo``) twice, same seed and
   iterations, with ``nr_backward='eq16'`` and ``'exact'``, and prints bbox
   mAP and training time of both (and the NR convergence the
-  :class:`~mmsoft.engine.NRResidualHook` logged).
+  ``projects.nr_diagnostics.NRResidualHook`` logged).
 
   ``--smoke``: 3 iterations on 16 + 8 images (a plumbing check, as
   ``tools/demo.py --smoke``).
@@ -187,7 +188,7 @@ def official_reference(iters):
 
     class OfficialReference(NRConfig):
 
-        def apply(self, A, W, stats=None):
+        def apply(self, A, W):
             import torch
             A, W = A.double(), W.double()
             out = []
@@ -229,21 +230,18 @@ def parity(args, x):
 def grad_compare(args, x):
     """Convergence, gradient error and backward cost at one size."""
     import torch
+
+    from projects.nr_diagnostics import NRRecorder
     models = {
         b:
-        build(
-            args.arch,
-            args.seed,
-            nr_backward=b,
-            nr_method=args.nr_method,
-            nr_diagnostics=True)
+        build(args.arch, args.seed, nr_backward=b, nr_method=args.nr_method)
         for b in ('eq16', 'exact')
     }
     g = torch.Generator().manual_seed(args.seed + 1)
-    with torch.no_grad():
+    with torch.no_grad(), NRRecorder(models['eq16']) as rec:
         shapes = [o.shape for o in models['eq16'](x)]
     upstream = [torch.randn(s, generator=g) for s in shapes]
-    for stage, v in models['eq16'].nr_stats().items():
+    for stage, v in rec.stats.items():
         print(
             f'{stage}: NR residual {v["residual"]:.2e}, unconverged '
             f'{v["unconverged"]:.1%} of the rank',
@@ -311,6 +309,7 @@ def train_demo(args):
     rows (nr_backward, bbox mAP, bbox mAP@0.5, train s)."""
     import demo_synthetic
     import demo_tasks
+    import projects.nr_diagnostics  # noqa: F401 (NRResidualHook)
     make_demo_data, T = demo_synthetic.make_demo_data, demo_tasks
     data = args.data + ('-smoke' if args.smoke else '')
     made = make_demo_data(

@@ -6,10 +6,8 @@ bottleneck sampler), and the convergence metric of the papers
 
     ||A A_k A - A||_2 / ||A||_2,     k = 0 .. T
 
-(the values of
-:func:`mmsoft.models.layers.nr.pinv_convergence`, with
-the model's own alpha initialisation; the symmetric residuals' 2-norms are
-taken from eigenvalues instead of SVDs, which is 10x faster) is recorded.
+(:func:`projects.nr_diagnostics.pinv_convergence`, with the model's own
+alpha initialisation) is recorded.
 The plot shows, per stage, the mean over
 images x layers x heads (line) and the min-max band, one panel per image
 set (Fig. 4 of the IJCV paper: ImageNet, COCO, ADE20K).
@@ -44,40 +42,13 @@ if osp.dirname(osp.dirname(osp.abspath(__file__))) not in sys.path:  # tools/
 from analysis.common import (add_hw_argument, add_model_arguments, build_model,
                              image_sets, load_rgb, make_parser, pyplot,
                              soft_attention_modules, to_tensor, write_results)
+from projects.nr_diagnostics import pinv_convergence
 
 
 def batches(items, size, batch_size):
     for i in range(0, len(items), batch_size):
         chunk = items[i:i + batch_size]
         yield i, torch.stack([to_tensor(load_rgb(it), size) for it in chunk])
-
-
-# ------------------------------------------------------------------ metric
-def _sym_norm2(M: torch.Tensor) -> torch.Tensor:
-    """||M||_2 of symmetric matrices: max |eigenvalue| (10x cheaper than
-    the SVD behind ``matrix_norm(ord=2)``)."""
-    return torch.linalg.eigvalsh(0.5 * (M + M.transpose(-1, -2))).abs() \
-        .amax(-1)
-
-
-@torch.no_grad()
-def convergence(A: torch.Tensor, iters: int, init: str):
-    """Same values as
-    :func:`mmsoft.models.layers.nr.pinv_convergence`
-    (float64, the model's alpha initialisation and iteration), with the
-    2-norms of the symmetric residuals A A_k A - A taken from eigenvalues.
-    Returns a tensor (..., iters + 1)."""
-    from mmsoft.models.layers.nr import nr_init_alpha, nr_iteration_matrix
-    A = A.double()
-    Aw = nr_iteration_matrix(A, init)
-    V = nr_init_alpha(A, init)[..., None, None] * Aw
-    normA = _sym_norm2(A)
-    out = []
-    for k in range(iters + 1):
-        out.append(_sym_norm2(A @ V @ A - A) / normA)
-        if k < iters:
-            V = 2 * V - V @ Aw @ V
-    return torch.stack(out, -1)
 
 
 @torch.no_grad()
@@ -95,7 +66,7 @@ def collect(model, images, size, iters, batch_size, label=''):
         def hook(mod, args, out, stage=stage, attn=attn):
             lm = out.double()
             A = gaussian_kernel(lm, lm)
-            res = convergence(A, iters, attn.nr_init)
+            res = pinv_convergence(A, iters, attn.nr_init)
             per_stage[stage].append(res.reshape(-1, iters + 1).float())
 
         handles.append(attn.sampler.register_forward_hook(hook))

@@ -603,24 +603,3 @@ class SOFT(BaseModule):
                 use_cls = cls is not None and self.out_type == 'cls_token'
                 outs.append(cls if use_cls else x)
         return tuple(outs)
-
-    def set_nr_diagnostics(self, enabled: bool = True) -> None:
-        """Switch the NR statistics of every SOFT attention."""
-        for m in self.modules():
-            if hasattr(m, 'last_nr_stats'):
-                m.nr_diagnostics = enabled
-                m.last_nr_stats = m.last_nr_stats if enabled else None
-
-    @torch.no_grad()
-    def nr_stats(self) -> Dict[str, Dict[str, float]]:
-        """Per stage, the largest ``residual`` (Fig. 4) and ``unconverged``
-        of the last forward: ``{'stage1': {'residual': ...}, ...}``."""
-        out: Dict[str, Dict[str, float]] = {}
-        for i, stage in enumerate(self.stages):
-            top: Dict[str, torch.Tensor] = {}
-            for m in stage.modules():
-                for k, v in (getattr(m, 'last_nr_stats', None) or {}).items():
-                    top[k] = torch.maximum(top.get(k, v.amax()), v.amax())
-            if top:
-                out[f'stage{i + 1}'] = {k: float(v) for k, v in top.items()}
-        return out

@@ -1,5 +1,5 @@
 from .amp import CheckedConvs, SafeConv2d
-from .nr import NRConfig, nr_init_alpha, pinv_convergence
+from .nr import NRConfig, nr_init_alpha
 from .soft_attention import (SAMPLING_MODES, AttentionBase, BottleneckSampler,
                              SOFTAttention, bottleneck_apply,
                              bottleneck_inverse, gaussian_kernel,
@@ -9,7 +9,6 @@ from .soft_attention import (SAMPLING_MODES, AttentionBase, BottleneckSampler,
 __all__ = [
     'AttentionBase', 'query_index', 'gaussian_kernel', 'NRConfig',
     'nr_init_alpha', 'bottleneck_apply', 'bottleneck_inverse',
-    'pinv_convergence', 'SAMPLING_MODES', 'BottleneckSampler', 'SOFTAttention',
-    'landmark_grid', 'reduce_map', 'soft_attention', 'SafeConv2d',
-    'CheckedConvs', 'with_nr'
+    'SAMPLING_MODES', 'BottleneckSampler', 'SOFTAttention', 'landmark_grid',
+    'reduce_map', 'soft_attention', 'SafeConv2d', 'CheckedConvs', 'with_nr'
 ]

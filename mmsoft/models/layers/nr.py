@@ -1,6 +1,6 @@
 """SOFT's Newton-Raphson pseudo-inverse (Alg. 2, Eq. 10): :class:`NRConfig`,
-the alpha rules, the Eq. 16 / exact backwards, the residual of Fig. 4 and
-the dispatch: the iterations, one ``eigh`` or (A_T W) block Lanczos."""
+the alpha rules, the Eq. 16 / exact backwards and the dispatch: the
+iterations, one ``eigh`` or (A_T W) block Lanczos."""
 import dataclasses
 from typing import Mapping, Optional
 
@@ -73,13 +73,13 @@ class NRConfig:
     def replace(self, **changes) -> 'NRConfig':
         return dataclasses.replace(self, **changes)
 
-    def inverse(self, A: torch.Tensor, stats=None) -> torch.Tensor:
+    def inverse(self, A: torch.Tensor) -> torch.Tensor:
         """A_T of (..., m, m) symmetric non-negative A (float32 or 64)."""
-        return solve(A, None, self, stats)
+        return solve(A, None, self)
 
-    def apply(self, A: torch.Tensor, W: torch.Tensor, stats=None):
+    def apply(self, A: torch.Tensor, W: torch.Tensor) -> torch.Tensor:
         """A_T W for W (..., m, d) (A_T not formed where avoidable)."""
-        return solve(A, W, self, stats)
+        return solve(A, W, self)
 
 
 def _shared_max(t: torch.Tensor, init: str, trailing: int = 0):
@@ -136,50 +136,6 @@ def newton_iterate(A, V, iters) -> torch.Tensor:
     return V.reshape(shape)
 
 
-def record_residual(stats, lam, v) -> None:
-    """``stats`` from l, v = v_T(l): ``'residual'`` ||A A_T A - A||_2 /
-    ||A||_2 (Fig. 4), ``'unconverged'`` the rank's share with |1-lv| > 0.5."""
-    if stats is None:
-        return
-    lam, v = lam.detach(), v.detach()
-    absl = lam.abs()
-    lmax = absl.amax(-1, keepdim=True)
-    stats['residual'] = (lam * (lam * v - 1)).abs().amax(-1) / \
-        lmax.squeeze(-1).clamp_min(torch.finfo(lam.dtype).tiny)
-    rank = absl > lmax * (lam.shape[-1] * torch.finfo(lam.dtype).eps)
-    far = ((1 - lam * v).abs() > 0.5) & rank
-    stats['unconverged'] = far.sum(-1).to(lam.dtype) / \
-        rank.sum(-1).clamp_min(1).to(lam.dtype)
-
-
-@torch.no_grad()
-def nr_residual(A, iters=20, init='soft_norm_per_sample', stats=None):
-    """:func:`record_residual`'s stats (one ``eigvalsh``) into ``stats``."""
-    stats = {} if stats is None else stats
-    lam = torch.linalg.eigvalsh(nr_iteration_matrix(A, init))
-    record_residual(stats, lam,
-                    scalar_iterate(lam, nr_init_alpha(A, init), iters))
-    return stats
-
-
-@torch.no_grad()
-def pinv_convergence(A, iters=20, init='soft_norm_per_sample'):
-    """||A A_k A - A||_2 / ||A||_2 for k = 0..iters (Fig. 4)."""
-    A = A.double()
-    Aw = nr_iteration_matrix(A, init)
-    V = nr_init_alpha(A, init)[..., None, None] * Aw
-
-    def norm2(M):  # symmetric: the spectral norm is the largest |eigenvalue|
-        return torch.linalg.eigvalsh(0.5 * (M + M.mT)).abs().amax(-1)
-
-    normA = norm2(A)
-    out = [norm2(A @ V @ A - A) / normA]
-    for _ in range(iters):
-        V = newton_iterate(Aw, V, 1)
-        out.append(norm2(A @ V @ A - A) / normA)
-    return tuple(out)
-
-
 def resolve_method(method: str, A: torch.Tensor, apply: bool = True) -> str:
     """``'auto'``: Lanczos (A_T W only), spectral (CPU) or iterative by m;
     the inverse is never Lanczos (``'lanczos'`` is ``'auto'`` there)."""
@@ -207,14 +163,13 @@ class NewtonInverse(torch.autograd.Function):
     grad_A = U (F o ((U^T grad_Z)(U^T W)^T)) U^T, F_ij = f[l_i, l_j]."""
 
     @staticmethod
-    def forward(ctx, A, W, alpha, nr, stats=None):
+    def forward(ctx, A, W, alpha, nr):
         ctx.exact, ctx.iters = nr.backward == 'exact', nr.iters
         ctx.inverse, ctx.spectral = W is None, nr.method == 'spectral'
         with torch.no_grad():
             if ctx.spectral:
                 lam, U = eigh(nr_iteration_matrix(A, nr.init))
                 v = scalar_iterate(lam, alpha, nr.iters)
-                record_residual(stats, lam, v)  # from the same eigenvalues
                 if W is None:
                     out = (U * v.unsqueeze(-2)) @ U.transpose(-1, -2)
                     saved = (U, v, lam, alpha) if ctx.exact else (out, out)
@@ -247,7 +202,7 @@ class NewtonInverse(torch.autograd.Function):
                     u = filter_and_slope(lam, alpha, ctx.iters)[1]
                     grad_alpha = (UtG * (u.unsqueeze(-1) * right.mT)).sum(
                         (-2, -1))
-                return grad_A, G, grad_alpha, None, None
+                return grad_A, G, grad_alpha, None
             if ctx.spectral and not ctx.inverse:  # Y = U diag(v) U^T
                 U, v, Z = ctx.saved_tensors
                 G = U @ (v.unsqueeze(-1) * (U.transpose(-1, -2) @ grad))
@@ -256,7 +211,7 @@ class NewtonInverse(torch.autograd.Function):
                 G = Y.transpose(-1, -2) @ grad
             if ctx.needs_input_grad[0]:
                 grad_A = -(G @ Z.transpose(-1, -2))
-            return grad_A, None if ctx.inverse else G, None, None, None
+            return grad_A, None if ctx.inverse else G, None, None
 
 
 def _lanczos(A, W, alpha, alpha_in, nr):
@@ -268,7 +223,7 @@ def _lanczos(A, W, alpha, alpha_in, nr):
     basis = krylov_basis(A3.detach(), W3.detach(), alpha.reshape(-1), nr.iters)
     fallback = 'spectral' if A.device.type == 'cpu' else 'iterative'
     if basis is None:  # no values (meta)
-        return _direct(fallback, A, W, alpha_in, nr, None)
+        return _direct(fallback, A, W, alpha_in, nr)
 
     def gradient_fallback(index, grad):  # spectral, of matrices ``index``
         A_, W_, a_ = (
@@ -286,24 +241,21 @@ def _lanczos(A, W, alpha, alpha_in, nr):
     if not bool(basis.converged.all()):
         bad = (~basis.converged).nonzero().squeeze(1)
         Z = Z.index_copy(
-            0, bad,
-            _direct(fallback, A0[bad], W3[bad], alpha_in3[bad], nr, None))
+            0, bad, _direct(fallback, A0[bad], W3[bad], alpha_in3[bad], nr))
     return Z.reshape(W.shape)
 
 
-def _direct(method, A, W, alpha_in, nr, stats):
+def _direct(method, A, W, alpha_in, nr):
     """A_T or A_T W by the iterations or the spectral method."""
     if method != nr.method:
         nr = nr.replace(method=method)
-    if method != 'spectral' and stats is not None:  # spectral: its own
-        nr_residual(A, nr.iters, nr.init, stats)
     if nr.backward == 'exact' and method == 'iterative':
         # the gradient of the T iterations: autograd through them
         return _iterative(A, W, alpha_in, nr)[1]
-    return NewtonInverse.apply(A, W, alpha_in, nr, stats)
+    return NewtonInverse.apply(A, W, alpha_in, nr)
 
 
-def solve(A, W, nr, stats) -> torch.Tensor:
+def solve(A, W, nr) -> torch.Tensor:
     """A_T (``W`` None) or A_T W with the settings ``nr`` (NRConfig)."""
     if A.dim() < 2 or A.shape[-1] != A.shape[-2]:
         raise ValueError(f'the Newton-Raphson inverse expects (..., m, m) '
@@ -335,7 +287,5 @@ def solve(A, W, nr, stats) -> torch.Tensor:
             norm1 = _shared_max(A.sum(-1).amax(-1), nr.init)  # c / ||A||_1^2
             alpha_in = alpha * (norm1.detach() / norm1).square()
         if method == 'lanczos':
-            if stats is not None:
-                nr_residual(A, nr.iters, nr.init, stats)
             return _lanczos(A, W, alpha, alpha_in, nr)
-        return _direct(method, A, W, alpha_in, nr, stats)
+        return _direct(method, A, W, alpha_in, nr)

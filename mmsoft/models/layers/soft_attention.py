@@ -237,18 +237,18 @@ def gaussian_kernel(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
             y.view_as(y) if self_kernel else x.to(dtype), y, self_kernel)
 
 
-def bottleneck_apply(A, W=None, attn_norm=True, nr=None, nr_stats=None):
+def bottleneck_apply(A, W=None, attn_norm=True, nr=None):
     """A^+_n W = D^-1/2 A^+ D^-1/2 W (Eq. 25; A^+ W without ``attn_norm``)
     without forming A^+_n, float32+; W None: A^+_n; ``nr``:
     :class:`NRConfig` or its fields."""
     nr = NRConfig.of(nr, attn_norm)
     if not attn_norm:
-        return nr.apply(A, W, nr_stats)
+        return nr.apply(A, W)
     with autocast_off(A.device.type):
         d = A.to(compute_dtype(A)).sum(-1, keepdim=True).rsqrt()  # A in (0, 1]
         if W is None:
-            return d * nr.apply(A, None, nr_stats) * d.transpose(-1, -2)
-        return d * nr.apply(A, d * W.to(d.dtype), nr_stats)
+            return d * nr.apply(A, None) * d.transpose(-1, -2)
+        return d * nr.apply(A, d * W.to(d.dtype))
 
 
 def bottleneck_inverse(A, attn_norm=True, nr=None):
@@ -296,13 +296,13 @@ class KernelAttention(torch.autograd.Function):
         return grad_x, grad_y, grad_v, None
 
 
-def soft_attention(q, landmarks, v, attn_norm=True, nr=None, nr_stats=None):
+def soft_attention(q, landmarks, v, attn_norm=True, nr=None):
     """out = P (A^+_n (P^T V)) (Alg. 1) for q, v (B, h, n, d), landmarks
     (B, h, m, d), q and landmarks scaled by d^(-1/4)."""
 
     def inner(y, PtV):  # A^+_n (P^T V), A = exp(Q~ (-) Q~)
         A = gaussian_kernel(y, y)  # (B, h, m, m)
-        return bottleneck_apply(A, PtV, attn_norm, nr, nr_stats)
+        return bottleneck_apply(A, PtV, attn_norm, nr)
 
     plain = not compiling() and not amp.is_exporting()  # may use Functions
     fused = plain and torch.is_grad_enabled() and any(
@@ -408,8 +408,8 @@ class SOFTAttention(AttentionBase):
     IJCV Eq. 25 (False: NeurIPS); ``sampling``: f_s (``SAMPLING_MODES``);
     ``nr`` (:class:`NRConfig` or dict) or ``nr_iters`` / ``nr_init`` /
     ``nr_method`` / ``nr_backward``: fixed at construction (:func:`with_nr`
-    copies with others); ``nr_diagnostics``: NR stats in ``last_nr_stats``;
-    ``max_landmarks``, ``landmark_hw``: :class:`BottleneckSampler`."""
+    copies with others); ``max_landmarks``, ``landmark_hw``:
+    :class:`BottleneckSampler`."""
 
     def __init__(self,
                  embed_dims: int,
@@ -424,7 +424,6 @@ class SOFTAttention(AttentionBase):
                  nr_init: Optional[str] = None,
                  nr_method: Optional[str] = None,
                  nr_backward: Optional[str] = None,
-                 nr_diagnostics: bool = False,
                  max_landmarks: Optional[int] = None,
                  landmark_hw: Optional[Tuple[int, int]] = None):
         super().__init__(embed_dims, num_heads, sampling_ratio, dw_kernel_size)
@@ -440,8 +439,6 @@ class SOFTAttention(AttentionBase):
                 f'{sorted("nr_" + k for k in keys)}; give the Newton-Raphson '
                 f'settings once (the nr_* keys, or nr=dict(...))')
         self._nr = NRConfig.of(keys if nr is None else nr, attn_norm)
-        self.nr_diagnostics = nr_diagnostics
-        self.last_nr_stats: Optional[dict] = None
         self.q, self.v = (
             nn.Linear(embed_dims, embed_dims, bias=qkv_bias) for _ in range(2))
         self.sampler = BottleneckSampler(self.head_dims, sampling_ratio,
@@ -461,10 +458,8 @@ class SOFTAttention(AttentionBase):
     def _mix(self, x: torch.Tensor, hw: Tuple[int, int]):
         q, landmarks = self._queries(x, hw)
         v_tokens = self.v(x)
-        stats = {} if self.nr_diagnostics else None
         out = soft_attention(q, landmarks, self._split(v_tokens),
-                             self.attn_norm, self._nr, stats)
-        self.last_nr_stats = stats
+                             self.attn_norm, self._nr)
         return out, v_tokens
 
     def _row(self, x, hw, i) -> torch.Tensor:

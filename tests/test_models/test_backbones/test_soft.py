@@ -1,5 +1,5 @@
 """The SOFT backbone: presets, shapes, blocks, dropouts, init, frozen stages,
-norm_eval, NR statistics, with_cp; its arguments: refusals naming the
+norm_eval, with_cp; its arguments: refusals naming the
 option, value and fix (issues 13, 27, 30), what accepted options build
 (arch, stage_cfgs, attn_cfg, norms), the codebases' registries."""
 import logging
@@ -359,39 +359,6 @@ def test_with_cp_reruns_each_block_in_the_backward():
     with torch.no_grad():
         stage(torch.randn(1, 3, 8, 8))
     assert len(calls) == 3
-
-
-# ------------------------------------------------------- NR diagnostics
-def test_nr_stats_and_set_nr_diagnostics():
-    """Per stage the max over matrices; on keeps them, off clears."""
-    torch.manual_seed(0)
-    model = SOFT(
-        tiny_arch((16, 32, 32, 64), (2, 2, 2, 2), (2, 2, 1, 1)),
-        attn_cfg=dict(type='SOFTAttention', nr_iters=3)).eval()
-    model.set_nr_diagnostics()  # on by default
-    attns = [m for m in model.modules() if hasattr(m, 'last_nr_stats')]
-    assert attns and all(m.nr_diagnostics for m in attns)
-    with torch.no_grad():
-        model(_x(64, 96, b=2))
-    stats = model.nr_stats()
-    assert sorted(stats) == ['stage1', 'stage2', 'stage3']
-    for i in range(3):
-        per = [
-            m.last_nr_stats for m in model.stages[i].modules()
-            if hasattr(m, 'last_nr_stats')
-        ]
-        for key in ('residual', 'unconverged'):
-            vals = torch.stack([p[key] for p in per])
-            assert vals.shape == (len(per), 2, 2)  # blocks, B, heads
-            assert stats[f'stage{i + 1}'][key] == float(vals.max())
-        res = torch.stack([p['residual'] for p in per])
-        assert len(set(res.flatten().tolist())) > 1  # matrices differ
-    model.set_nr_diagnostics(True)
-    assert model.nr_stats() == stats
-    model.set_nr_diagnostics(False)
-    assert not any(m.nr_diagnostics for m in attns)
-    assert all(m.last_nr_stats is None for m in attns)
-    assert model.nr_stats() == {}
 
 
 # ---------------------------------------------------------- arguments

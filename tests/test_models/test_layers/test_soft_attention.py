@@ -15,7 +15,6 @@ from mmsoft.models.layers import (AttentionBase, BottleneckSampler, NRConfig,
                                   SOFTAttention, amp, bottleneck_apply,
                                   gaussian_kernel, landmark_grid, reduce_map,
                                   soft_attention, with_nr)
-from mmsoft.models.layers.nr import nr_residual
 from mmsoft.models.layers.soft_attention import (SAMPLING_MODES,
                                                  GaussianKernel,
                                                  bottleneck_inverse,
@@ -306,8 +305,8 @@ def test_bottleneck_inverse_default_is_eq25(batch):
 
 
 @pytest.mark.parametrize('nr', [None, dict(iters=3)])
-def test_bottleneck_apply_defaults_are_ijcv_and_fill_nr_stats(nr):
-    """``nr`` without init: per sample; ``nr_stats`` as nr_residual."""
+def test_bottleneck_apply_defaults_are_ijcv(nr):
+    """``nr`` without init: per sample."""
     A, W = kernel_of(1, 2), randn(1, 2, 5, 3, seed=1)
     iters = 20 if nr is None else nr['iters']
     want = ijcv(A, W, NRConfig(iters, 'soft_norm_per_sample'))
@@ -316,12 +315,6 @@ def test_bottleneck_apply_defaults_are_ijcv_and_fill_nr_stats(nr):
         bottleneck_apply(A, W, False, nr), want, rtol=1e-3)
     assert not torch.allclose(
         ijcv(A, W, NRConfig(iters, 'soft')), want, rtol=1e-3)
-    for attn_norm, init in ((True, 'soft_norm_per_sample'), (False, 'soft')):
-        stats, cfg = {}, NRConfig(iters, init)
-        bottleneck_apply(A, W, attn_norm, cfg, stats)
-        assert set(stats) == {'residual', 'unconverged'}
-        for key, value in nr_residual(A, iters, init).items():
-            close(stats[key], value)
 
 
 def test_bottleneck_apply_half_inputs_compute_in_float32(half=torch.float16):
@@ -535,9 +528,8 @@ def test_refusal_names_the_argument(exc, message, make):
 # --------------------------------------------------------- SOFTAttention
 def test_attention_module_options_shapes_and_dw_conv():
     """Grid options reach the sampler, the repr; q / v biases follow
-    qkv_bias (default True, as the official model); no diagnostics by
-    default; the per-head dw filter on V, as the official (B*d, h, H, W)
-    grouped conv."""
+    qkv_bias (default True, as the official model); the per-head dw filter
+    on V, as the official (B*d, h, H, W) grouped conv."""
     s = SOFTAttention(32, 1, 4, landmark_hw=(7, 7)).sampler
     assert (s.landmark_hw, s.max_landmarks) == ((7, 7), None)
     s = SOFTAttention(32, 1, 4, max_landmarks=49).sampler
@@ -550,8 +542,6 @@ def test_attention_module_options_shapes_and_dw_conv():
         attn = SOFTAttention(8, 2, 2, **kw)
         assert (attn.q.bias is not None, attn.v.bias
                 is not None) == (bias, ) * 2
-    attn(randn(1, 16, 8, seed=3, dtype=F32), (4, 4))
-    assert attn.nr_diagnostics is False and attn.last_nr_stats is None
     attn = SOFTAttention(64, 4, 4, dw_kernel_size=5)
     assert tuple(attn.dw_conv.weight.shape) == (4, 1, 5, 5)
     B, (H, W) = 2, (6, 10)

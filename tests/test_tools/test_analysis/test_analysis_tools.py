@@ -178,19 +178,6 @@ def test_nr_convergence_on_an_image_folder(tmp_path):
         assert rs[-1]['mean'] < rs[0]['mean'] <= 1 + 1e-6
 
 
-@pytest.mark.parametrize('init', ['soft', 'soft_norm_per_sample'])
-def test_nr_convergence_metric_is_pinv_convergence(init):
-    from mmsoft.models.layers import gaussian_kernel
-    from mmsoft.models.layers.nr import pinv_convergence
-    nc = tool('nr_convergence')
-    g = torch.Generator().manual_seed(0)
-    lm = torch.randn(3, 2, 12, 4, generator=g, dtype=torch.float64) * 0.5
-    A = gaussian_kernel(lm, lm)
-    ref = torch.stack(pinv_convergence(A, 8, init), -1)
-    torch.testing.assert_close(
-        nc.convergence(A, 8, init), ref, rtol=1e-8, atol=1e-12)
-
-
 def test_spectral_norm_field_normalisation_lowers_the_norm(tmp_path):
     sn = tool('spectral_norm')
     rows = sn.main('--lengths 4 16 36 --samples 2 --out'.split() +
