@@ -177,9 +177,6 @@ def test_history_buffer_loads_and_changes_no_class(tmp_path, table, methods,
         (lambda: Reduce(getattr, np.ndarray, 'mean'),
          _refusal("getattr(<class 'numpy.ndarray'>, 'mean')",
                   'a public method of HistoryBuffer')),
-        (lambda: Reduce(getattr, np.arange(2), 'mean'),
-         _refusal("getattr(array([0, 1]), 'mean')",
-                  'a public method of HistoryBuffer')),
         (lambda: Reduce(getattr, HistoryBuffer, '_set_default_statistics'),
          _refusal(f"getattr({LOADED}, '_set_default_statistics')",
                   'a public method of HistoryBuffer')),
@@ -191,8 +188,8 @@ def test_history_buffer_loads_and_changes_no_class(tmp_path, table, methods,
         (lambda: np.array([1, 2], dtype=object), ''),
     ],
     ids=[
-        'other-owner', 'an-instance', 'private', 'not-a-function', 'bytes',
-        'global', 'object-array'
+        'other-owner', 'private', 'not-a-function', 'bytes', 'global',
+        'object-array'
     ])
 def test_crafted_pickles_are_refused(tmp_path, make, want, allow_list):
     """The fix is an allow-list, not ``weights_only=False``."""

@@ -184,9 +184,12 @@ def test_demo_configs_opt_out(path):
 
 
 def test_backbone_load_without_the_file_is_one_line(no_default_init):
+    """The docs' line (the other templates: test_loading.py)."""
     with pytest.raises(FileNotFoundError) as exc:
         build_backbone(load('retinanet_soft_small_1x')).init_weights()
     assert str(exc.value) == MISSING
+    assert f'\nerror: {MISSING}\n' in read(
+        'docs/en/user_guides/official_weights.md')
 
 
 def test_missing_pretrained_finds_nested_and_listed_entries(tmp_path):

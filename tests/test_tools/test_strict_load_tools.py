@@ -146,13 +146,7 @@ FAULTS = [
         'head.fc.weight (checkpoint [1000, 192] vs model [5, 192])',
         '2 tensors have another shape'
     ]),
-    # issue 36 (4): was exit 0 and a wrong top-1
-    ('attn-norm', 'test',
-     '{cfg} {trained} --cfg-options model.backbone.attn_cfg.attn_norm=True', [
-         'error: checkpoint {trained} ', 'trained with attn_norm=False',
-         'has attn_norm=True',
-         '--cfg-options model.backbone.attn_cfg.attn_norm=False'
-     ]),
+    # attn_norm (issue 36 (4)): test_faults.py's test-norm-weights
     # before the config is loaded or any worker starts; no model zoo
     # (issue 51): the authors' ImageNet files are on the official page
     ('missing-checkpoint', 'test', '{cfg} {tmp}/no_such_dir/epoch_12.pth',

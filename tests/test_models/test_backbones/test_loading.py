@@ -234,11 +234,7 @@ MODULES = dict(
 
 #: (id, file content, module, load_pretrained's keywords, the error: its
 #: start, or (with '$') the whole line; P: the file)
-LOAD_FAULTS = [
-    ('extra-key', dict(weight=torch.ones(3, 2), other=torch.ones(1)), 'Linear',
-     {}, 'checkpoint P does not match Linear: 1 of its 2 tensors would load. '
-     "1 of the model's 2 tensors are missing from the checkpoint: bias; 1 of "
-     "the checkpoint's 2 tensors are not in the model (unexpected): other.$"),
+LOAD_FAULTS = [  # check_state_dict's other lines: test_strict_load.py
     ('opt-in-named', dict(weight=torch.ones(3, 2)), 'Linear',
      dict(opt_in='set X'),
      'checkpoint P does not match Linear: 1 of its 1 tensors would load. 1 '
@@ -289,60 +285,59 @@ def test_load_pretrained_fault_is_one_line(tmp_path, content, module, kw,
         assert str(info.value).startswith(line), str(info.value)
 
 
-def test_the_given_prefix_wins_over_backbone_keys(tmp_path, reports):
-    """prefix (with or without its dot); the report to the logger."""
-    model = _tiny()
-    sd = {}
-    for prefix, value in (('backbone.', 0.), ('ema.', 1.)):
-        sd.update({
-            prefix + k:
-            torch.full_like(v, value) if v.is_floating_point() else v
-            for k, v in model.state_dict().items()
-        })
-    path = tmp_path / 'ema.pth'
-    torch.save(sd, str(path))
-    for prefix in ('ema', 'ema.'):
+def test_prefix_found_or_given(tmp_path, reports):
+    """A classifier file's ``backbone.`` keys found (or given); a given
+    prefix (with or without its dot) wins; the report to the logger."""
+    src = _tiny()
+    src.init_weights()
+    sd = {f'backbone.{k}': v for k, v in src.state_dict().items()}
+    sd.update({
+        f'ema.{k}':
+        torch.full_like(v, 1.) if v.is_floating_point() else v
+        for k, v in src.state_dict().items()
+    })
+    sd['head.fc.weight'] = torch.zeros(5, 192)
+    path = tmp_path / 'cls.pth'
+    torch.save({'state_dict': sd, 'meta': {}}, str(path))
+    n = len(src.state_dict())
+    for prefix, under in ((None, 'backbone.'), ('backbone.', 'backbone.'),
+                          ('ema', 'ema.'), ('ema.', 'ema.')):
         reports.clear()
+        dst = _tiny()
         with current_log() as records:
-            loading.load_pretrained(model, str(path), prefix=prefix)
-        assert all(
-            torch.all(v == 1.) for v in model.state_dict().values()
-            if v.is_floating_point())
+            loading.load_pretrained(dst, str(path), prefix=prefix)
+        want = src.state_dict() if under == 'backbone.' else {
+            k: sd['ema.' + k]
+            for k in src.state_dict()
+        }
+        assert _same(dst.state_dict(), want)
         assert [r.getMessage() for r in records] == reports == [
-            f"mmsoft: loaded {path}: mmsoft layout, keys under 'ema.', "
-            f'{len(sd) // 2} tensors, strict'
+            f"mmsoft: loaded {path}: mmsoft layout ('state_dict'), keys "
+            f"under '{under}', {n} tensors, strict"
         ]
 
 
 # ---------------------------------------------- missing_weights_message
-def test_missing_weights_message():
-    """The docs' line; unpublished size, unknown file, other key."""
-    doc = osp.join(
-        osp.dirname(__file__), *[os.pardir] * 3, 'docs', 'en', 'user_guides',
-        'official_weights.md')
-    with open(doc) as f:
-        line = next(ln for ln in f if ln.startswith('error: checkpoints/'))
-    msg = loading.missing_weights_message('checkpoints/soft_norm_small.pth')
-    assert line.rstrip('\n') == f'error: {msg}'
-    tail = ('or use another file with --cfg-options {key}=PATH; to train '
-            'from scratch on purpose: --cfg-options {b}.init_cfg=None '
-            '{b}.norm_eval=False')
-    key = 'model.backbone.init_cfg.checkpoint'
-    assert loading.missing_weights_message('w/soft_small.pth') == (
-        f'w/soft_small.pth ({key}) does not exist: the authors publish no '
-        f'soft_small file ({OFFICIAL_PAGE}): train configs/soft_small_in1k'
-        f'.py and give its checkpoint, ' +
-        tail.format(key=key, b='model.backbone'))
-    assert loading.missing_weights_message('mine.pth') == (
-        f"mine.pth ({key}) does not exist: download the authors' ImageNet "
-        f'file from {OFFICIAL_PAGE}, ' +
-        tail.format(key=key, b='model.backbone'))
-    key = 'model.img_backbone.init_cfg.ckpt'
-    assert loading.missing_weights_message(
-        'soft_tiny.pth', 'model.img_backbone', 'init_cfg.ckpt') == (
-            f"soft_tiny.pth ({key}) does not exist: download the authors' "
-            f"soft_tiny ImageNet file ('SOFT_Tiny' on {OFFICIAL_PAGE}) to "
-            'that path, ' + tail.format(key=key, b='model.img_backbone'))
+@pytest.mark.parametrize(
+    'args, get', [
+        (('w/soft_small.pth', ), f'the authors publish no soft_small file '
+         f'({OFFICIAL_PAGE}): train configs/soft_small_in1k.py and give its '
+         'checkpoint'),
+        (('mine.pth', ),
+         f"download the authors' ImageNet file from {OFFICIAL_PAGE}"),
+        (('soft_tiny.pth', 'model.img_backbone', 'init_cfg.ckpt'),
+         f"download the authors' soft_tiny ImageNet file ('SOFT_Tiny' on "
+         f'{OFFICIAL_PAGE}) to that path'),
+    ],
+    ids=['unpublished', 'unknown', 'other-key'])
+def test_missing_weights_message(args, get):
+    """(a published file, the docs' line: test_official_files.py)"""
+    b, key = (args[1:] or ['model.backbone'])[0], '.'.join(
+        (args[1:] or ['model.backbone', 'init_cfg.checkpoint']))
+    assert loading.missing_weights_message(*args) == (
+        f'{args[0]} ({key}) does not exist: {get}, or use another file with '
+        f'--cfg-options {key}=PATH; to train from scratch on purpose: '
+        f'--cfg-options {b}.init_cfg=None {b}.norm_eval=False')
 
 
 # ------------------------------------------------ pretrained_init_cfg
@@ -435,26 +430,6 @@ def test_bare_authors_state_dict_and_report_names_the_model(tmp_path, reports):
     assert str(exc.value).endswith(
         ': use --cfg-options model.backbone.arch=tiny and neck / head '
         'in_channels [64, 128, 320, 512]')
-
-
-def test_backbone_keys_of_a_whole_model_file(tmp_path, reports):
-    """A classifier file's backbone. keys, found or given."""
-    src = _tiny()
-    src.init_weights()
-    sd = {f'backbone.{k}': v for k, v in src.state_dict().items()}
-    sd['head.fc.weight'] = torch.zeros(5, 192)
-    path = tmp_path / 'cls.pth'
-    torch.save({'state_dict': sd, 'meta': {}}, str(path))
-    for prefix in (None, 'backbone.'):
-        dst = _tiny(
-            init_cfg=dict(
-                type='Pretrained', checkpoint=str(path), prefix=prefix))
-        dst.init_weights()
-        assert _same(dst.state_dict(), src.state_dict())
-    assert reports == 2 * [
-        f"mmsoft: loaded {path}: mmsoft layout ('state_dict'), keys under "
-        f"'backbone.', {len(src.state_dict())} tensors, strict"
-    ]
 
 
 def test_partial_authors_load_and_second_init_weights(tmp_path, reports):
