@@ -23,10 +23,6 @@ pytestmark = pytest.mark.usefixtures('one_thread')  # tiny ops
 F64 = torch.float64
 
 
-def close(a, b, rtol=None, atol=None):
-    torch.testing.assert_close(a, b, rtol=rtol, atol=atol)
-
-
 @pytest.mark.parametrize(
     'lam, v, residual, unconverged',
     [
@@ -57,7 +53,8 @@ def test_pinv_convergence_is_the_residual_curve():
     assert ((curve[:, 1:] - curve[:, :-1]) <= 1e-12).all()
     assert curve[:, 0].min() > 0.5
     stats, few = nd.nr_residual(A, 20), nd.nr_residual(A, 3)
-    close(stats['residual'], curve[:, -1], 1e-6, 1e-15)
+    torch.testing.assert_close(
+        stats['residual'], curve[:, -1], rtol=1e-6, atol=1e-15)
     assert (few['residual'] > stats['residual']).all()
     assert (few['unconverged'] > stats['unconverged']).all()
     x = torch.randn(2, 12, 32, generator=torch.Generator().manual_seed(0))
@@ -122,14 +119,14 @@ def test_recorder_takes_each_stages_largest_and_leaves_the_model_alone():
     } == {1}  # the test's: the recorder's removed
 
 
-def run(hook, model, iters, first=0):
-    """What ``hook`` logs over train iterations ``first..``: (level,
+def run(hook, model, iters):
+    """What ``hook`` logs over ``iters`` train iterations: (level,
     message), and the runner."""
-    hub = MessageHub.get_instance(f'nr_hook_{id(hook)}_{first}')
+    hub = MessageHub.get_instance(f'nr_hook_{id(hook)}')
     runner = types.SimpleNamespace(model=model, message_hub=hub, iter=0)
     with current_log() as records:
         hook.before_run(runner)
-        for it in range(first, first + iters):
+        for it in range(iters):
             runner.iter = it
             hook.before_train_iter(runner, it)
             with torch.no_grad():
@@ -154,8 +151,8 @@ def test_hook_logs_every_interval_and_warns_once_per_stage():
     assert frac['stage1'] > 0 and len(set(frac.values())) == 3
     at = sorted(frac, key=frac.get)[1]  # warned above, not at its fraction
     hook = nd.NRResidualHook(interval=3, warn_unconverged=frac[at])
-    assert nd.NRResidualHook().interval == 50
-    assert nd.NRResidualHook().warn_unconverged == 0.1
+    default = nd.NRResidualHook()
+    assert (default.interval, default.warn_unconverged) == (50, 0.1)
     logged, runner = run(hook, model, 6)
     table = [(logging.INFO, 'NR convergence (last forward): ' +
               ', '.join(f'{s} residual {v["residual"]:.2e} unconverged '
@@ -168,21 +165,10 @@ def test_hook_logs_every_interval_and_warns_once_per_stage():
                "attn_cfg.nr_backward='exact', more nr_iters or max_landmarks.")
               for s, v in want.items() if v['unconverged'] > frac[at]]
     assert len(warned) == 1 and logged == warned + table * 2  # it 2, 5
-    assert {
-        k: v.current()
-        for k, v in runner.message_hub.log_scalars.items()
-    } == {
-        f'train/nr_{k}_s{s[-1]}': v[k]
-        for s, v in want.items()
-        for k in v
-    }
-    assert {
-        k: len(v.data[0])
-        for k, v in runner.message_hub.log_scalars.items()
-    } == {
-        k: 2
-        for k in runner.message_hub.log_scalars
-    }
+    scalars = runner.message_hub.log_scalars.items()  # updated twice
+    assert {k: (v.current(), len(v.data[0])) for k, v in scalars} == {
+        f'train/nr_{k}_s{s[-1]}': (v[k], 2) for s, v in want.items() for k in v
+    }  # yapf: disable
     quiet = nd.NRResidualHook(interval=1, warn_unconverged=None)
     assert [lvl for lvl, _ in run(quiet, model, 2)[0]] == [logging.INFO] * 2
     assert run(quiet, torch.nn.Sequential(), 1)[0] == [

@@ -22,7 +22,6 @@ from mmsoft.models.layers.nr_spectral import (divided_differences, eigh,
 
 pytestmark = pytest.mark.usefixtures('one_thread')  # tiny ops
 F64, F32 = torch.float64, torch.float32
-sa = importlib.import_module('mmsoft.models.layers.soft_attention')
 NR = importlib.import_module('mmsoft.models.layers.nr')
 LZ = importlib.import_module('mmsoft.models.layers.nr_spectral')
 

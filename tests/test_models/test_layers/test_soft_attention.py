@@ -291,30 +291,26 @@ def test_bottleneck_apply_equals_inverse_product(attn_norm, method):
         torch.autograd.grad(ref.square().sum(), A)[0], 1e-9, 1e-12)
 
 
-@pytest.mark.parametrize('batch', [(), (2, 2)])
-def test_bottleneck_inverse_default_is_eq25(batch):
-    """D^-1/2 A^+ D^-1/2 (per sample); attn_norm=False: A^+ ('soft')."""
+@pytest.mark.parametrize('batch, nr, d', [((), None, 0),
+                                          ((2, 2), dict(iters=3), 3)])
+def test_bottleneck_defaults_are_eq25_per_sample(batch, nr, d):
+    """D^-1/2 A^+ D^-1/2 (W None: the matrix), the per-sample rule (``nr``
+    without init too); attn_norm=False: A^+ ('soft'), another function."""
     A = kernel_of(*batch, m=12, d=8, seed=5, scale=0.5)
-    d = A.sum(-1)
-    ref = NRConfig(20, 'soft_norm_per_sample').inverse(A) / (
-        d[..., :, None] * d[..., None, :]).sqrt()
-    got = bottleneck_inverse(A)
-    assert got.shape == A.shape
-    close(got, ref, 1e-12, 1e-14)
-    close(bottleneck_inverse(A, False), NRConfig(20, 'soft').inverse(A), 0, 0)
-
-
-@pytest.mark.parametrize('nr', [None, dict(iters=3)])
-def test_bottleneck_apply_defaults_are_ijcv(nr):
-    """``nr`` without init: per sample."""
-    A, W = kernel_of(1, 2), randn(1, 2, 5, 3, seed=1)
+    W = randn(*batch, 12, d, seed=1) if d else None
     iters = 20 if nr is None else nr['iters']
-    want = ijcv(A, W, NRConfig(iters, 'soft_norm_per_sample'))
-    close(bottleneck_apply(A, W, nr=nr), want)
-    assert not torch.allclose(
-        bottleneck_apply(A, W, False, nr), want, rtol=1e-3)
-    assert not torch.allclose(
-        ijcv(A, W, NRConfig(iters, 'soft')), want, rtol=1e-3)
+    want = ijcv(A,
+                torch.eye(12, dtype=F64) if W is None else W,
+                NRConfig(iters, 'soft_norm_per_sample'))
+    got = bottleneck_apply(A, W, nr=nr)
+    assert got.shape == want.shape
+    close(got, want, 1e-12, 1e-14)
+    if W is None:
+        assert torch.equal(bottleneck_inverse(A), got)
+    neurips = bottleneck_apply(A, W, False, nr)
+    soft = NRConfig(iters, 'soft')
+    close(neurips, soft.inverse(A) if W is None else soft.apply(A, W), 0, 0)
+    assert not torch.allclose(neurips, want, rtol=1e-3)
 
 
 def test_bottleneck_apply_half_inputs_compute_in_float32(half=torch.float16):
