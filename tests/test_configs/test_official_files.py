@@ -192,38 +192,19 @@ def test_backbone_load_without_the_file_is_one_line(no_default_init):
         'docs/en/user_guides/official_weights.md')
 
 
-def test_missing_pretrained_finds_nested_and_listed_entries(tmp_path):
-    """A SOFT anywhere (a teacher's), init_cfg lists; URLs, files: fine."""
-    here = tmp_path / 'w.pth'
-    here.write_bytes(b'')
-    teacher = dict(
-        backbone=dict(
-            type='mmsoft.SOFT',
-            init_cfg=[
-                dict(type='TruncNormal'),
-                dict(type='Pretrained', checkpoint='https://x/a.pth'),
-                dict(type='Pretrained', checkpoint='gone.pth')
-            ]))
-    cfg = dict(
-        model=dict(
-            type='X',
-            backbone=dict(
-                type='SOFT',
-                init_cfg=dict(type='Pretrained', checkpoint=str(here))),
-            teacher=teacher))
-    msg = cli.missing_pretrained(cfg)
-    assert msg.startswith('gone.pth (model.teacher.backbone.init_cfg[2]'
-                          '.checkpoint) does not exist: download')
-    assert msg.endswith('--cfg-options model.teacher.backbone.init_cfg=None '
-                        'model.teacher.backbone.norm_eval=False')
-    cfg['model']['teacher'] = None
-    assert cli.missing_pretrained(cfg) is None
-    # a class as the type, any node of lists
+def test_missing_pretrained_names_the_backbone():
+    """A SOFT anywhere (its type a class), init_cfg lists: the line names
+    that backbone's options (the walk, URLs, files: test_tool_helpers.py)."""
     gone = dict(type='Pretrained', checkpoint='gone.pth')
     soft = dict(type=SOFT, init_cfg=[dict(type='TruncNormal'), gone])
-    cfg = dict(model=dict(type='X', extra=[1, 'two'], parts=[3, soft]))
-    assert cli.missing_pretrained(cfg).startswith(
-        'gone.pth (model.parts[1].init_cfg[1].checkpoint) does not exist')
+    cfg = dict(model=dict(type='X', extra=[1, 'two'], teacher=[3, soft]))
+    msg = cli.missing_pretrained(cfg)
+    assert msg.startswith('gone.pth (model.teacher[1].init_cfg[1].checkpoint)'
+                          ' does not exist: download')
+    assert msg.endswith('--cfg-options model.teacher[1].init_cfg=None '
+                        'model.teacher[1].norm_eval=False')
+    cfg['model']['teacher'] = None
+    assert cli.missing_pretrained(cfg) is None
 
 
 def test_authors_file_of_the_other_small_is_one_line(no_default_init):

@@ -573,19 +573,17 @@ def test_converter_parser_arguments(capsys):
     assert "expected a positive integer, got '0'" in capsys.readouterr().err
     p = cf.converter_parser('DESC', 'SRC-HELP', 'DST-HELP', 'HEADS-HELP', int)
     text = ' '.join(p.format_help().split())
-    for part in ('DESC', 'SRC-HELP', 'DST-HELP', 'HEADS-HELP',
-                 'unpickle arbitrary objects in SRC (only for files you '
-                 'trust)'):
-        assert part in text, part
+    assert all(
+        part in text
+        for part in ('DESC', 'SRC-HELP', 'DST-HELP', 'HEADS-HELP',
+                     'unpickle arbitrary '
+                     'objects in SRC (only for files you trust)')), text
     assert vars(p.parse_args(['a', 'b'])) == dict(
         src='a', dst='b', stage4_heads=None, trust_checkpoint=False)
     assert vars(
-        p.parse_args(['a', 'b', '--stage4-heads', '8',
-                      '--trust-checkpoint'])) == dict(
-                          src='a',
-                          dst='b',
-                          stage4_heads=8,
-                          trust_checkpoint=True)
+        p.parse_args(
+            'a b --stage4-heads 8 --trust-checkpoint'.split())) == dict(
+                src='a', dst='b', stage4_heads=8, trust_checkpoint=True)
 
 
 def test_check_output_path_refusals(tmp_path, monkeypatch):

@@ -13,19 +13,23 @@ from mmsoft.engine.hooks.strict_load_hook import resume_refusal
 from mmsoft.models.backbones import SOFT
 from mmsoft.models.loading import check_attn_norm, check_checkpoint_for_model
 from mmsoft.utils.strict_load import (CheckpointMismatchError,
-                                      check_state_dict, compare_state_dicts)
+                                      check_state_dict, compare_state_dicts,
+                                      few_keys)
 
 ARCH = tiny_arch([8, 16, 16, 32], [1, 2, 2, 2])
 ARCH2 = tiny_arch([8, 16, 24, 32], [1, 2, 2, 2], [1, 1, 2, 1])
 
 
-def test_compare_counts():
+def test_compare_counts_and_few_keys():
     z = torch.zeros
     r = compare_state_dicts(
         dict(a=z(2), b=z(3), **{'bn.num_batches_tracked': torch.tensor(0)}),
         dict(a=z(2), b=z(4), c=z(1)))
     assert r.missing == () and r.unexpected == ('c', )
     assert r.mismatched == (('b', (4, ), (3, )), ) and r.matched == 1
+    keys = [f'k{i}' for i in range(8)]
+    assert few_keys(keys[:5]) == 'k0, k1, k2, k3, k4'
+    assert few_keys(keys, 2) == 'k0, k1, ... (+6 more)'
 
 
 WRONG = (' (its SOFT attention): the weights would load and give wrong '

@@ -28,7 +28,6 @@ from mmsoft.models.converters import (OFFICIAL_PAGE,
                                       official_soft_hint)
 from mmsoft.utils.checkpoint_io import CheckpointRefused
 from mmsoft.utils.strict_load import CheckpointMismatchError as Mismatch
-from mmsoft.utils.strict_load import few_keys
 
 #: the SOFT of the demo configs (configs/demo/*.py)
 DEMO = dict(embed_dims=[32, 64, 128, 192], num_heads=[1, 2, 4, 6])
@@ -494,9 +493,3 @@ def test_official_soft_hint():
     assert 'soft2mmsoft.py /data/ weights/soft.pth [' in \
         official_soft_hint(sd, '/data/')
     assert official_soft_hint({'state_dict': {'w': torch.zeros(1)}}) is None
-
-
-def test_few_keys():
-    keys = [f'k{i}' for i in range(8)]
-    assert few_keys(keys[:5]) == 'k0, k1, k2, k3, k4'
-    assert few_keys(keys, 2) == 'k0, k1, ... (+6 more)'
