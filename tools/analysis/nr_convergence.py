@@ -42,7 +42,6 @@ if osp.dirname(osp.dirname(osp.abspath(__file__))) not in sys.path:  # tools/
 from analysis.common import (add_hw_argument, add_model_arguments, build_model,
                              image_sets, load_rgb, make_parser, pyplot,
                              soft_attention_modules, to_tensor, write_results)
-from projects.nr_diagnostics import pinv_convergence
 
 
 def batches(items, size, batch_size):
@@ -55,6 +54,7 @@ def batches(items, size, batch_size):
 def collect(model, images, size, iters, batch_size, label=''):
     """{stage: tensor (num_matrices, iters + 1)} of convergence metrics."""
     from mmsoft.models.layers import gaussian_kernel
+    from projects.nr_diagnostics import pinv_convergence  # the checkout's
     mods = soft_attention_modules(model)
     if not mods:
         raise ValueError("the model has no SOFT attention (attn_cfg type "
