@@ -878,17 +878,19 @@ def test_fault_stops_in_one_line_keeping_the_checkpoints(
     assert not [f for f in os.listdir(ckpt_dir) if cio.TMP_SUFFIX in f]
 
 
-@pytest.mark.parametrize(
-    'how', ['resume-path', 'resume-auto', 'load_from', 'scratch', 'partial'])
+@pytest.mark.parametrize('how',
+                         ['resume-auto', 'load_from', 'scratch', 'partial'])
 def test_a_strict_load_reads_no_pretrained_file(tmp_path, run_copy, how):
-    """Issue 52, item 4: a strict load skips a missing ImageNet file."""
+    """Issue 52, item 4: a strict load skips a missing ImageNet file
+    (--resume PATH: tests/test_tools/test_faults.py's
+    host-resume-missing-imagenet-file)."""
     work = run_copy(tmp_path / 'work', None, True)
-    kwargs = {} if how in ('load_from', 'partial') else dict(resume=True)
-    if how in ('resume-path', 'load_from', 'partial'):
-        kwargs['load_from'] = str(work / 'epoch_3.pth')
-    runner = _runner(
-        work if how.startswith('resume') else tmp_path / 'again', 'again',
-        True, **kwargs)
+    kwargs = dict(
+        load_from=str(work / 'epoch_3.pth')) if how in ('load_from',
+                                                        'partial') else dict(
+                                                            resume=True)
+    runner = _runner(work if how == 'resume-auto' else tmp_path / 'again',
+                     'again', True, **kwargs)
 
     def no_file(runner):  # an init_cfg naming a missing pretrained file
         runner.model.init_cfg = [
