@@ -463,9 +463,9 @@ RESUMING = 'mmsoft: resuming from the newest complete checkpoint {}'
 
 
 def test_only_training_claims_a_local_checkpoint_dir(tmp_path, monkeypatch):
-    """Training alone claims ``out_dir/<work dir name>``, if local; the
-    search names the file found, or scratch; other ranks take rank 0's
-    broadcast: the same file or refusal."""
+    """Training alone claims ``out_dir/<work dir name>``, if local (the
+    first run; another refused in one line); the search names the file
+    found, or scratch; other ranks take rank 0's broadcast."""
     monkeypatch.chdir(tmp_path)
     out, work = tmp_path / 'out', tmp_path / 'a' / 'run'
     work.mkdir(parents=True)
@@ -489,7 +489,24 @@ def test_only_training_claims_a_local_checkpoint_dir(tmp_path, monkeypatch):
     SafeCheckpointHook(
         out_dir='s3://bucket/ckpts').before_run(_Runner(work, loop=_Loop()))
     assert sorted(os.listdir(tmp_path)) == ['a', 'out']
-    sent, other = [], tmp_path / 'b' / 'run'  # rank 1 of another run
+    SafeCheckpointHook().before_run(_Runner(work, loop=_Loop()))
+    assert not (work / ch.OWNER_FILE).exists()  # the work dir: no owner
+    ckpt_dir, other = str(out / 'run'), tmp_path / 'b' / 'run'
+    marker = osp.join(ckpt_dir, ch.OWNER_FILE)
+    with pytest.raises(ch.CheckpointDirInUse) as e:  # a second run's
+        hook.before_run(_Runner(other, loop=_Loop()))
+    assert str(e.value) == (
+        f'checkpoint directory {ckpt_dir} (default_hooks.checkpoint.out_dir '
+        f'/ the work dir\'s name) belongs to the run in work dir '
+        f'{osp.realpath(work)} ({marker}), not to this one '
+        f'({osp.realpath(other)}): its max_keep_ckpts would delete the other '
+        f'run\'s checkpoints and --resume would continue it. Give this run '
+        f'another out_dir or a work dir of another name (if you moved that '
+        f'work dir here, delete {marker})')
+    open(marker, 'w').close()  # an empty owner file: taken over
+    hook.before_run(_Runner(other, loop=_Loop()))
+    assert open(marker).read() == osp.realpath(other) + '\n'
+    sent, other = [], tmp_path / 'c' / 'run'  # rank 1 of another run
     monkeypatch.setattr(ch, 'is_main_process', lambda: False)
     monkeypatch.setattr(ch, 'broadcast_object_list',
                         lambda objs: objs.__setitem__(slice(None), sent))
@@ -1026,32 +1043,6 @@ def test_check_complete_names_what_is_wrong(tmp_path, monkeypatch):
 
     monkeypatch.setattr(ch, 'load_verified', load)
     assert ch.check_complete(path) == 'cannot be loaded (EOFError: )'
-
-
-def test_checkpoint_dir_belongs_to_the_first_work_dir(tmp_path):
-    """The first run owns it; another is refused in one line."""
-    ckpt_dir = str(tmp_path / 'out' / 'run')
-    a, b = str(tmp_path / 'a' / 'run'), str(tmp_path / 'b' / 'run')
-    marker = osp.join(ckpt_dir, ch.OWNER_FILE)
-    ch.claim_checkpoint_dir(ckpt_dir, a)
-    assert open(marker).read() == osp.realpath(a) + '\n'
-    ch.claim_checkpoint_dir(ckpt_dir, a)
-    with pytest.raises(ch.CheckpointDirInUse) as e:
-        ch.claim_checkpoint_dir(ckpt_dir, b)
-    assert str(e.value) == (
-        f'checkpoint directory {ckpt_dir} (default_hooks.checkpoint.out_dir '
-        f'/ the work dir\'s name) belongs to the run in work dir '
-        f'{osp.realpath(a)} ({marker}), not to this one ({osp.realpath(b)}):'
-        f' its max_keep_ckpts would delete the other run\'s checkpoints and '
-        f'--resume would continue it. Give this run another out_dir or a '
-        f'work dir of another name (if you moved that work dir here, delete '
-        f'{marker})')
-    open(marker, 'w').close()
-    ch.claim_checkpoint_dir(ckpt_dir, b)
-    assert open(marker).read() == osp.realpath(b) + '\n'
-    # the work dir itself needs no owner file
-    ch.claim_checkpoint_dir(a, a)
-    assert not osp.exists(osp.join(a, ch.OWNER_FILE))
 
 
 def test_resume_search_warnings(tmp_path, logged):
