@@ -9,12 +9,13 @@ The codebase is picked from the config's ``default_scope``::
         --cfg-options \
         model.backbone.init_cfg.checkpoint=/data/soft_norm_small.pth
 
-The guarantees come from the hooks the shipped configs name, as with the
-host codebases' own ``tools/train.py`` (docs/en/advanced_guides/
-fault_tolerance.md). This tool adds its pre-flight (the same checks before
-anything is written), one run per work dir, the data check, CPU
-distributed runs, ``--amp`` on CPU (:mod:`mmsoft_tools.launch`) and
-expected failures as one line (docs/en/faq.md).
+The guarantees come from the hooks the shipped configs name (the checkpoint
+files: ``SafeCheckpointHook``, ``StrictLoadHook``), as with the host
+codebases' own ``tools/train.py`` (docs/en/advanced_guides/
+fault_tolerance.md). This tool adds a pre-flight of its arguments, one run
+per work dir, the data check, CPU distributed runs, ``--amp`` on CPU
+(:mod:`mmsoft_tools.launch`) and expected failures as one line
+(docs/en/faq.md).
 """
 import os
 import warnings
@@ -90,7 +91,6 @@ def main(argv=None):
     if refusal:
         raise cli.ToolError(refusal)
     cli.check_work_dir(cfg.work_dir)  # a file, read-only?
-    cli.check_runner_checkpoints(cfg)  # load_from, --resume, out_dir
     data_check.exit_if_missing(cfg, 'train', args.launcher)  # data on disk?
     cli.check_init_checkpoints(cfg)  # init_cfg: a folder, damaged, offline?
     if os.environ.get('MMSOFT_PREFLIGHT', '0') not in ('', '0'):

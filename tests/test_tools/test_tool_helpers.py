@@ -62,11 +62,11 @@ def parser(prog=None):
      'error: a download failed (Name or service not known): check the URL '
      'and the network, or download the file and pass its path'),
     (HTTPError('http://x', 500, 'boom', {}, None), None),  # mmengine's
-    (OSError(errno.ENOSPC, NO_SPACE, temp_path_for('/w/epoch_3.pth')),
-     f'error: /w/epoch_3.pth (not replaced): {NO_SPACE} (errno 28 '
-     f'ENOSPC); {FREE}'),
-    (OSError(errno.EACCES, 'Permission denied', '/x/y.pth'),
-     'error: /x/y.pth: Permission denied (errno 13 EACCES); check the '
+    (OSError(errno.EROFS, 'Read-only', temp_path_for('/w/a.b.pth', '.zip')),
+     'error: /w/a.b.pth (not replaced): Read-only (errno 30 EROFS); choose '
+     'a writable location'),
+    (OSError(errno.EACCES, 'Permission denied', '/x/.y.pth'),
+     'error: /x/.y.pth: Permission denied (errno 13 EACCES); check the '
      'permissions (ls -l) or choose another path'),
     (OSError(errno.ENOSPC, None), f'error: a write failed: {NO_SPACE} '
      f'(errno 28 ENOSPC; the system named no file); {FREE}'),
@@ -76,13 +76,6 @@ def parser(prog=None):
 ])  # yapf: disable
 def test_one_line(exc, line):
     assert cli.one_line(exc) == line
-
-
-def test_target_of_temp():
-    assert cli._target_of_temp(temp_path_for('/w/a.b.pth', '.zip')) == \
-        '/w/a.b.pth (not replaced)'
-    assert cli._target_of_temp('/x/.hidden.pth') == '/x/.hidden.pth'
-    assert cli._target_of_temp(None) == ''
 
 
 def test_run_main_and_positive_int(capsys, monkeypatch):
@@ -150,74 +143,76 @@ def test_check_readable(tmp_path, monkeypatch):
                 '(ls -l) or copy it somewhere readable')
 
 
-def test_unwritable_reason_and_check_work_dir(tmp_path, monkeypatch):
-    f = tmp_path / 'file'
-    f.write_text('')
-    why = cli.unwritable_reason
-    assert why(str(tmp_path / 'a' / 'b' / 'out.pth')) is None  # made later
-    assert why(str(tmp_path)) == 'is a directory; give a file name'
-    assert why(str(tmp_path), directory=True) is None
-    assert why(str(f), directory=True) == 'exists and is not a directory'
-    assert why(str(f / 'sub' / 'out.pth')) == f'{f} is a file, not a directory'
-    cli.check_work_dir('')
-    cli.check_work_dir(str(tmp_path / 'new' / 'run'))
-    assert sorted(os.listdir(tmp_path)) == ['file']  # the probe is gone
-    assert raised(cli.check_work_dir, str(f)) == (
-        f'--work-dir {f}: exists and is not a directory; give a directory '
-        '(it is created if needed)')
-    assert raised(
-        cli.check_work_dir, str(f / 'run'), option='--out-dir') == (
-            f'--out-dir {f / "run"}: {f} is a file, not a directory; give '
-            'another path')
-    # (write permission missing; the directory exists and can be entered)
-    monkeypatch.setattr(os, 'access', lambda path, mode: not mode & os.W_OK)
-    assert why(str(tmp_path / 'new' / 'out.pth')) == \
-        f'directory {tmp_path} is not writable'
-
-    def read_only(**kwargs):
-        raise OSError(errno.EROFS, 'Read-only file system')
-
-    monkeypatch.setattr(tempfile, 'TemporaryDirectory', read_only)
-    assert raised(cli.check_work_dir, str(tmp_path / 'run')) == (
-        f'--work-dir {tmp_path / "run"}: cannot write there (Read-only file '
-        'system); choose a writable directory')
+def _read_only(**kwargs):
+    raise OSError(errno.EROFS, 'Read-only file system')
 
 
-def test_check_device(monkeypatch):
-    cli.check_device(None)
-    cli.check_device('cpu')
+NO_WRITE = [(os, 'access', lambda path, mode: not mode & os.W_OK)]
+RO = [(tempfile, 'TemporaryDirectory', _read_only)]
+
+
+def _cuda(n, available):
+    return [(torch.cuda, 'device_count', lambda: n),
+            (torch.cuda, 'is_available', lambda: available)]
+
+
+#: (call on ``t`` (tmp_path, holding the file ``f``), patches, its
+#: ToolError's line or result ({t}: tmp_path)); the tools' whole lines of
+#: --work-dir, init_cfg / test.py checkpoints, --device: test_faults.py
+CHECKS = [
+    (lambda t: cli.unwritable_reason(f'{t}/a/b/out.pth'), [], None),
+    (lambda t: cli.unwritable_reason(str(t)), [],
+     'is a directory; give a file name'),
+    (lambda t: cli.unwritable_reason(str(t), directory=True), [], None),
+    (lambda t: cli.unwritable_reason(f'{t}/f', directory=True), [],
+     'exists and is not a directory'),
+    (lambda t: cli.unwritable_reason(f'{t}/f/sub/o.pth'), [],
+     '{t}/f is a file, not a directory'),
+    (lambda t: cli.unwritable_reason(f'{t}/new/o.pth'), NO_WRITE,
+     'directory {t} is not writable'),
+    (lambda t: cli.check_work_dir(''), [], None),
+    (lambda t: cli.check_work_dir(f'{t}/new/run'), [], None),
+    (lambda t: cli.check_work_dir(f'{t}/f/run', option='--out-dir'), [],
+     '--out-dir {t}/f/run: {t}/f is a file, not a directory; give another '
+     'path'),
+    (lambda t: cli.check_work_dir(f'{t}/run'), RO,
+     '--work-dir {t}/run: cannot write there (Read-only file system); '
+     'choose a writable directory'),
+    (lambda t: cli.check_device(None), [], None),
+    (lambda t: cli.check_device('cpu'), [], None),
     # (a driver that lists devices it cannot use: still not available)
-    monkeypatch.setattr(torch.cuda, 'device_count', lambda: 2)
-    monkeypatch.setattr(torch.cuda, 'is_available', lambda: False)
-    assert raised(
-        cli.check_device,
-        'cuda:0') == ('--device cuda:0: CUDA is not available on this machine '
-                      '(torch.cuda.is_available() is False); use --device cpu')
-    monkeypatch.setattr(torch.cuda, 'is_available', lambda: True)
-    cli.check_device('cuda')
-    cli.check_device('cuda:1')
-    assert raised(cli.check_device, 'cuda:2') == (
-        '--device cuda:2: this machine has 2 CUDA device(s) (cuda:0 .. '
-        'cuda:1)')
-
-
-# ----------------------------------------------------------- checkpoints
-def test_checkpoint_problem_local(tmp_path, monkeypatch):
-    assert cli.checkpoint_problem(tmp_path) == (
-        f'checkpoint {tmp_path} is a directory, not a file; pass a .pth '
-        'checkpoint file (e.g. <work_dir>/epoch_N.pth)')
+    (lambda t: cli.check_device('cuda:0'), _cuda(2, False),
+     '--device cuda:0: CUDA is not available on this machine '
+     '(torch.cuda.is_available() is False); use --device cpu'),
+    (lambda t: [cli.check_device(d) for d in ('cuda', 'cuda:1')],
+     _cuda(2, True), [None, None]),
+    (lambda t: cli.check_device('cuda:2'), _cuda(2, True),
+     '--device cuda:2: this machine has 2 CUDA device(s) (cuda:0 .. '
+     'cuda:1)'),
     # another scheme is MMEngine's, even where the text names a local path
+    (lambda t: [cli.checkpoint_problem(p) for p in (
+        'open-mmlab://resnet50', f'{t}/good.pth', f'{t}/missing.pth')], [],
+     [None] * 3),
+]  # yapf: disable
+
+
+@pytest.mark.parametrize('call, patches, want', CHECKS)
+def test_checks(tmp_path, monkeypatch, call, patches, want):
     monkeypatch.chdir(tmp_path)
+    (tmp_path / 'f').write_text('')
     (tmp_path / 'open-mmlab:').mkdir()
     (tmp_path / 'open-mmlab:' / 'resnet50').write_bytes(b'not a zip')
-    good, bad = tmp_path / 'good.pth', tmp_path / 'bad.pth'
-    torch.save(dict(state_dict=dict(w=torch.ones(2))), good)
-    bad.write_bytes(good.read_bytes()[:-200])
-    problem = cli.checkpoint_problem(bad)
-    assert problem.startswith(f'checkpoint {bad} ') and problem.endswith(
-        'it was not loaded (use an earlier or a fresh copy)')
-    for fine in ('open-mmlab://resnet50', good, tmp_path / 'missing.pth'):
-        assert cli.checkpoint_problem(fine) is None, fine
+    torch.save(dict(state_dict=dict(w=torch.ones(2))), tmp_path / 'good.pth')
+    for patch in patches:
+        monkeypatch.setattr(*patch)
+    try:
+        got = call(tmp_path)
+    except cli.ToolError as e:
+        got = str(e)
+    assert got == (want.format(t=tmp_path) if isinstance(want, str) else want)
+    assert sorted(os.listdir(tmp_path)) == [  # no probe left
+        'f', 'good.pth', 'open-mmlab:'
+    ]
 
 
 def test_url_problem(tmp_path, monkeypatch):
@@ -271,9 +266,7 @@ def test_init_checkpoints_missing_pretrained_and_partial_load(tmp_path):
         ('model.neck.0.init_cfg.1.checkpoint', str(tmp_path)),
     ]
     assert list(cli.init_checkpoints(Config(dict()))) == []
-    msg = raised(cli.check_init_checkpoints, cfg)
-    assert msg.endswith('[model.neck.0.init_cfg.1.checkpoint]')
-    assert 'is a directory' in msg
+    # (check_init_checkpoints' line: test_faults.py's init-cfg-directory)
     # missing_pretrained: the first missing local file of a SOFT's init_cfg
     assert cli.missing_pretrained(cfg).startswith(
         'a.pth (model.backbone.init_cfg.checkpoint) does not exist: ')
@@ -471,7 +464,20 @@ RUNNER_ARGS = [
     # what the config's value can be, new keys, structures
     *[(['--cfg-options', item], {}, 't', None)
       for item in ('train_cfg.max_epochs=2.5', 'model.frozen=None',
-                   'model.new_key=abc', 'pipeline.0.scale=[1,2]')],
+                   'model.new_key=abc', 'pipeline.0.scale=[1,2]',
+                   'train_cfg.epochs=1', 'model._scope_=x')],
+    # a near-miss key: the closest one named, nothing merged
+    *[(['--cfg-options', 'train_cfg.max_epochs=3', f'{key}=1'], {}, 't',
+       f'--cfg-options {key}: the config has no key {name!r} under {where}; '
+       f'did you mean {mean}?') for key, name, where, mean in (
+           ('train_cfgs.max_epochs', 'train_cfgs', 'the top level',
+            'train_cfg'),
+           ('pipeline.0.scales', 'scales', 'pipeline.0', 'pipeline.0.scale'),
+           ('train_cfg.max_epoc', 'max_epoc', 'train_cfg',
+            'train_cfg.max_epochs'))],
+    # what mmengine cannot merge: one line that starts with the option
+    (['--cfg-options', 'model.loss.type=FPN'], {}, 't', "--cfg-options: "
+     "loss={'type': 'FPN'} in child config cannot inherit from base"),
 ]  # yapf: disable
 
 
@@ -485,7 +491,7 @@ def test_runner_args_refused(monkeypatch, argv, env, prog, line):
     monkeypatch.setattr(sys, 'argv', [prog, 'c.py'] + argv)
     cfg = Config(
         dict(
-            train_cfg=dict(max_epochs=12),
+            train_cfg=dict(max_epochs=12, max_epoch_s=2),
             optim=dict(lr=0.01),
             model=dict(frozen=False, name='m', loss=None, x=None),
             pipeline=[dict(type='A', scale=1)]))
@@ -494,6 +500,7 @@ def test_runner_args_refused(monkeypatch, argv, env, prog, line):
         cli.merge_cfg_options(cfg, args.cfg_options)
     except cli.ToolError as e:
         assert line is not None and str(e).startswith(line), str(e)
+        assert '\n' not in str(e) and cfg.train_cfg.max_epochs == 12
         if '--launcher' in argv:  # launcher_problem's line
             assert cli.launcher_problem(argv[1], prog) == str(e)
         if SPACES in line:
@@ -504,48 +511,19 @@ def test_runner_args_refused(monkeypatch, argv, env, prog, line):
         assert line is None, argv
         if argv[-1].startswith('randomness.seed='):
             assert args.cfg_options['randomness.seed'] == int(argv[-1][16:])
+        if argv[-1] == 'train_cfg.max_epochs=2.5':
+            assert cfg.train_cfg.max_epochs == 2.5
 
 
-def test_cfg_option_problem_and_merge():
+def test_cfg_option_problem_passes_what_it_cannot_judge():
     cfg = Config(
         dict(
             train_cfg=dict(max_epochs=12),
-            model=dict(backbone=dict(depth=50, num_stages=4)),
+            model=dict(backbone=dict(depth=50)),
             pipeline=[dict(type='A', scale=1)]))
-    problem = cli.cfg_option_problem
-    for key, name, where, mean in (
-        ('model.backbone.depths', 'depths', 'model.backbone',
-         'model.backbone.depth'),
-        ('train_cfgs.max_epochs', 'train_cfgs', 'the top level', 'train_cfg'),
-        ('pipeline.0.scales', 'scales', 'pipeline.0', 'pipeline.0.scale'),
-    ):
-        assert problem(cfg, key) == (
-            f'--cfg-options {key}: the config has no key {name!r} under '
-            f'{where}; did you mean {mean}?')
-    # one suggestion, the closest; a name only somewhat like a key is new
-    two = Config(dict(train_cfg=dict(max_epochs=1, max_epoch_s=2)))
-    assert problem(
-        two,
-        'train_cfg.max_epoc').endswith('did you mean train_cfg.max_epochs?')
-    assert problem(two, 'train_cfg.epochs') is None  # 0.75
-    # mmengine's own keys (_delete_, _scope_) are never a typo
-    assert problem(Config(dict(model=dict(scope='x'))), 'model._scope_') \
-        is None
-    for fine in ('train_cfg.max_epochs', 'pipeline.5.scales',
-                 'train_cfg.max_epochs.x', 'model.backbone.0'):
-        assert problem(cfg, fine) is None, fine
-    cfg = Config(dict(train_cfg=dict(max_epochs=12), neck=None))
-    cli.merge_cfg_options(cfg, {})
-    cli.merge_cfg_options(cfg, {'train_cfg.max_epochs': 3})
-    assert cfg.train_cfg.max_epochs == 3
-    assert 'did you mean' in raised(cli.merge_cfg_options, cfg,
-                                    {'train_cfg.max_epoch': 3})
-    assert cfg.train_cfg.max_epochs == 3  # nothing merged
-    # what mmengine cannot merge: one line that starts with the option
-    msg = raised(cli.merge_cfg_options, cfg, {'neck.type': 'FPN'})
-    assert msg.startswith(
-        "--cfg-options: neck={'type': 'FPN'} in child "
-        'config cannot inherit from base') and '\n' not in msg
+    for key in ('train_cfg.max_epochs', 'pipeline.5.scales',
+                'train_cfg.max_epochs.x', 'model.backbone.0'):
+        assert cli.cfg_option_problem(cfg, key) is None, key
 
 
 def test_expected_types_only_of_imported_modules(monkeypatch):
@@ -585,21 +563,6 @@ def test_dicts_codebase_and_compile_refusal():
                      ">= 2.4: with torch 2.3.1 mmengine's compiled "
                      'train_step crashes (a torch bug); remove compile from '
                      'the config (or its --cfg-options) or upgrade torch')
-
-
-def test_lock_work_dir(tmp_path, monkeypatch):
-    from mmsoft_tools.work_dir_lock import WorkDirLockedError
-    cfg = Config(dict(work_dir=str(tmp_path / 'run')))
-    lock = launch.lock_work_dir(cfg)
-    try:
-        with pytest.raises(WorkDirLockedError) as e:
-            launch.lock_work_dir(cfg)
-        assert cli.one_line(e.value).startswith(  # run_main's line
-            f'error: work dir {cfg.work_dir} is in use by another training ')
-        monkeypatch.setenv('RANK', '1')  # another rank takes no lock
-        assert launch.lock_work_dir(cfg, 'pytorch') is None
-    finally:
-        lock.release()
 
 
 def _amp_cfg(wrapper='OptimWrapper', roi=False):
@@ -694,88 +657,82 @@ def test_name_run(monkeypatch, tmp_path):
     assert launch.name_run(Config(dict())) == 'run'
 
 
-def _to_gloo(backend):
-    return INFO, ("CUDA is not available: distributed backend "
-                  f"'{backend}' -> 'gloo'")
+GLOO = (INFO, "CUDA is not available: distributed backend 'nccl' -> 'gloo'")
 
 
-def _sync_bn_replaced(n):
+def _sync_bn(n):
     return WARN, (
         f'CUDA is not available: {n} SyncBN setting(s) of the config '
         'replaced by BN (SyncBatchNorm has no CPU implementation)')
 
 
-def _dist(backend=None, **cfg):
-    """A config with ``model=dict()`` and, given, a dist_cfg backend."""
-    if backend:
-        cfg['env_cfg'] = dict(dist_cfg=dict(backend=backend))
-    return Config(dict(model=dict(), **cfg))
+DDP = 'MMDistributedDataParallel'
+#: (config, launcher, RANK / SLURM_PROCID, what the config has after it,
+#: log) of setup_cpu_distributed without CUDA in a process group
+DIST = [
+    (dict(env_cfg=dict(dist_cfg=dict(backend='nccl')), sync_bn='torch',
+          model=dict(norm_cfg=dict(type='SyncBN'))), 'pytorch', '0',
+     dict(env_cfg=dict(dist_cfg=dict(backend='gloo')), sync_bn=None,
+          model=dict(norm_cfg=dict(type='BN')),
+          model_wrapper_cfg=dict(type=DDP, device_ids=None,
+                                 broadcast_buffers=False,
+                                 find_unused_parameters=False)),
+     [GLOO, _sync_bn(2)]),
+    (dict(find_unused_parameters=True), 'pytorch', '0',
+     dict(model_wrapper_cfg=dict(type=DDP, device_ids=None,
+                                 broadcast_buffers=False,
+                                 find_unused_parameters=True)), [GLOO]),
+    # the config's own wrapper is kept, only device_ids changes; rank 1
+    # logs nothing
+    (dict(model_wrapper_cfg=dict(type=DDP, broadcast_buffers=True,
+                                 device_ids=[0])), 'slurm', '1',
+     dict(model_wrapper_cfg=dict(type=DDP, broadcast_buffers=True,
+                                 device_ids=None)), []),
+    # (no backend given: mmengine's default, nccl)
+    (dict(env_cfg=dict(cudnn_benchmark=False)), 'pytorch', '0',
+     dict(env_cfg=dict(cudnn_benchmark=False,
+                       dist_cfg=dict(backend='gloo'))), [GLOO]),
+    # the rest of dist_cfg is kept; gloo already: nothing to say
+    (dict(env_cfg=dict(dist_cfg=dict(backend='gloo', timeout=600))),
+     'pytorch', '0',
+     dict(env_cfg=dict(dist_cfg=dict(backend='gloo', timeout=600))), []),
+    # a wrapper without a type is mmengine's DDP: device_ids=None; one that
+    # is not a DistributedDataParallel takes no device_ids
+    (dict(model_wrapper_cfg=dict(broadcast_buffers=True)), 'pytorch', '0',
+     dict(model_wrapper_cfg=dict(broadcast_buffers=True, device_ids=None)),
+     [GLOO]),
+    (dict(model_wrapper_cfg=dict(type='MMFullyShardedDataParallel')),
+     'pytorch', '0',
+     dict(model_wrapper_cfg=dict(type='MMFullyShardedDataParallel')),
+     [GLOO]),
+    # one SyncBN, no sync_bn key: one replaced, the count in the warning
+    (dict(env_cfg=dict(dist_cfg=dict(backend='gloo')),
+          model=dict(neck=dict(norm_cfg=dict(type='MMSyncBN')))), 'pytorch',
+     '0', dict(model=dict(neck=dict(norm_cfg=dict(type='BN'))), sync_bn=None),
+     [_sync_bn(1)]),
+]  # yapf: disable
 
 
-def test_setup_cpu_distributed(monkeypatch, logged):
+@pytest.mark.parametrize('cfg, launcher, rank, want, log', DIST)
+def test_setup_cpu_distributed(monkeypatch, logged, cfg, launcher, rank, want,
+                               log):
+    cfg = Config(dict(dict(model=dict()), **cfg))
+    monkeypatch.setenv('RANK' if launcher == 'pytorch' else 'SLURM_PROCID',
+                       rank)
+    monkeypatch.setattr(torch.cuda, 'is_available', lambda: False)
+    monkeypatch.setattr(mmengine.dist, 'is_distributed', lambda: True)
+    assert launch.setup_cpu_distributed(cfg, launcher) is True
+    assert {k: cfg.get(k) for k in want} == want and logged == log
 
-    def setup(cfg, launcher='pytorch', log=None):
-        del logged[:]
-        assert launch.setup_cpu_distributed(cfg, launcher) is True
-        assert log is None or logged == log
-        return cfg
 
+def test_setup_cpu_distributed_starts_the_group(monkeypatch):
+    """No process group: init_dist (gloo), torch.cuda.set_device a no-op;
+    one process or CUDA: nothing done."""
     cfg = Config(dict(model=dict(norm_cfg=dict(type='SyncBN'))))
     assert launch.setup_cpu_distributed(cfg, 'none') is False
     monkeypatch.setattr(torch.cuda, 'is_available', lambda: True)
     assert launch.setup_cpu_distributed(cfg, 'pytorch') is False
     assert cfg.model.norm_cfg.type == 'SyncBN'  # untouched with CUDA
-    monkeypatch.setattr(torch.cuda, 'is_available', lambda: False)
-    # a process group that exists already is kept (no init_dist)
-    monkeypatch.setattr(mmengine.dist, 'is_distributed', lambda: True)
-    cfg = _dist('nccl', sync_bn='torch')
-    cfg.model.norm_cfg = dict(type='SyncBN')
-    setup(cfg, log=[_to_gloo('nccl'), _sync_bn_replaced(2)])
-    assert (cfg.env_cfg.dist_cfg.backend, cfg.model.norm_cfg.type,
-            cfg.sync_bn) == ('gloo', 'BN', None)
-    assert cfg.model_wrapper_cfg == dict(
-        type='MMDistributedDataParallel',
-        device_ids=None,
-        broadcast_buffers=False,
-        find_unused_parameters=False)
-    unused = setup(_dist(find_unused_parameters=True))
-    assert unused.model_wrapper_cfg.find_unused_parameters is True
-    wrapper = dict(type='MMDistributedDataParallel', broadcast_buffers=True)
-    monkeypatch.setenv('SLURM_PROCID', '1')  # rank 1 logs nothing
-    own = setup(
-        _dist(model_wrapper_cfg=dict(wrapper, device_ids=[0])),
-        'slurm',
-        log=[])
-    # the config's own wrapper is kept, only device_ids changes
-    assert own.model_wrapper_cfg == dict(wrapper, device_ids=None)
-    monkeypatch.delenv('SLURM_PROCID')
-    # (no backend given: mmengine's default, nccl)
-    partial = setup(
-        _dist(env_cfg=dict(cudnn_benchmark=False)), log=[_to_gloo('nccl')])
-    assert partial.env_cfg == dict(
-        cudnn_benchmark=False, dist_cfg=dict(backend='gloo'))
-    # the rest of dist_cfg is kept; gloo already: nothing to say
-    kept = setup(
-        _dist(env_cfg=dict(dist_cfg=dict(backend='gloo', timeout=600))),
-        log=[])
-    assert kept.env_cfg.dist_cfg == dict(backend='gloo', timeout=600)
-    # a wrapper without a type is mmengine's DDP: device_ids=None; one that
-    # is not a DistributedDataParallel takes no device_ids
-    for wrapper, want in ((dict(broadcast_buffers=True),
-                           dict(broadcast_buffers=True, device_ids=None)),
-                          (dict(type='MMFullyShardedDataParallel'),
-                           dict(type='MMFullyShardedDataParallel'))):
-        assert setup(Config(dict(
-            model_wrapper_cfg=wrapper))).model_wrapper_cfg == want
-    # one SyncBN, no sync_bn key: one replaced, the count in the warning
-    one = _dist('gloo')
-    one.model = dict(neck=dict(norm_cfg=dict(type='MMSyncBN')))
-    setup(one, log=[_sync_bn_replaced(1)])
-    assert one.model.neck.norm_cfg.type == 'BN' and 'sync_bn' not in one
-
-
-def test_setup_cpu_distributed_starts_the_group(monkeypatch):
-    """No process group: init_dist (gloo), torch.cuda.set_device a no-op."""
     monkeypatch.setattr(torch.cuda, 'is_available', lambda: False)
     monkeypatch.setattr(mmengine.dist, 'is_distributed', lambda: False)
     calls = []
@@ -789,12 +746,14 @@ def test_setup_cpu_distributed_starts_the_group(monkeypatch):
     monkeypatch.setattr(
         mmengine.utils.dl_utils, 'set_multi_processing',
         lambda **kwargs: calls.append(('set_multi_processing', kwargs)))
-    cfg = _dist(
-        env_cfg=dict(
-            mp_cfg=dict(mp_start_method='fork'),
-            dist_cfg=dict(backend='nccl', timeout=60)))
+    cfg = Config(
+        dict(
+            model=dict(),
+            env_cfg=dict(
+                mp_cfg=dict(mp_start_method='fork'),
+                dist_cfg=dict(backend='nccl', timeout=60))))
     assert launch.setup_cpu_distributed(cfg, 'slurm') is True
-    launch.setup_cpu_distributed(_dist(), 'pytorch')
+    launch.setup_cpu_distributed(Config(dict(model=dict())), 'pytorch')
     assert calls == [('set_multi_processing',
                       dict(mp_start_method='fork', distributed=True)),
                      ('init_dist', 'slurm', dict(backend='gloo', timeout=60)),
@@ -861,53 +820,3 @@ def test_shutdown_dist(monkeypatch, logged):
     except ValueError:
         launch.shutdown_dist()
     assert calls == ['destroy']
-
-
-def test_check_runner_checkpoints(tmp_path):
-    """tools/train.py's pre-flight of load_from / --resume / out_dir."""
-    from mmsoft.engine.hooks.checkpoint_hook import OWNER_FILE
-    work, out = str(tmp_path / 'run'), tmp_path / 'shared'
-    (out / 'run').mkdir(parents=True)  # out_dir's folder of another run
-    (out / 'run' / OWNER_FILE).write_text('/elsewhere/run\n')
-
-    def check(hook_type=None, resume=False, load_from=None):
-        hooks = {} if hook_type is None else dict(
-            checkpoint=dict(type=hook_type, out_dir=str(out)))
-        cli.check_runner_checkpoints(
-            Config(
-                dict(
-                    work_dir=work,
-                    resume=resume,
-                    load_from=load_from,
-                    default_hooks=hooks)))
-
-    check()  # no checkpoint hook: nothing to check
-    check('CheckpointHook')  # mmengine's hook: its out_dir is not ours
-    with pytest.raises(
-            cli.ToolError,
-            match='belongs to the run in work dir '
-            '/elsewhere/run'):
-        check('mmsoft.SafeCheckpointHook')  # a scoped type is ours too
-    missing = str(tmp_path / 'nope.pth')
-    with pytest.raises(cli.ToolError) as e:
-        check(resume=True, load_from=missing)
-    assert str(e.value) == (f'--resume {missing}: no such file (omit the '
-                            'path to resume from the newest checkpoint of '
-                            'the work dir)')
-    os.makedirs(work)
-    with open(osp.join(work, 'epoch_1.pth'), 'wb') as f:
-        f.write(b'damaged')
-    (out / 'run' / OWNER_FILE).unlink()
-    check('SafeCheckpointHook')  # not resuming: no search
-    cli.check_runner_checkpoints(  # no resume key: not resuming either
-        Config(
-            dict(
-                work_dir=work,
-                default_hooks=dict(checkpoint=dict(
-                    type='SafeCheckpointHook')))))
-    with pytest.raises(cli.ToolError) as e:
-        check('SafeCheckpointHook', resume=True)
-    from mmsoft.engine.hooks.checkpoint_hook import no_complete_checkpoint
-    assert str(e.value) == no_complete_checkpoint(
-        work, [osp.join(work, 'epoch_1.pth')])
-    assert str(e.value).startswith('resume: no complete checkpoint')

@@ -534,35 +534,3 @@ def check_init_checkpoints(cfg) -> None:
         problem = checkpoint_problem(path)
         if problem:
             raise ToolError(f'{problem} [{key}]')
-
-
-def check_runner_checkpoints(cfg) -> None:
-    """Bad ``load_from`` / resume files or a held ``out_dir``: a ToolError."""
-    from mmsoft.engine.hooks import checkpoint_hook as R
-    work_dir, load_from = cfg.work_dir, cfg.get('load_from', None)
-    resumes = bool(cfg.get('resume', False))
-    hook = (cfg.get('default_hooks', None) or {}).get('checkpoint', None)
-    hook = hook if hasattr(hook, 'get') else {}
-    safe = str(hook.get('type', '')).split('.')[-1] == 'SafeCheckpointHook'
-    ckpt_dir = R.checkpoint_dir_of(work_dir, hook.get('out_dir', None))
-    if safe and '://' not in str(ckpt_dir):
-        refusal = R.checkpoint_dir_refusal(ckpt_dir, work_dir)
-        if refusal:
-            raise ToolError(refusal)
-    if load_from:
-        path = str(load_from)
-        if '://' not in path and not osp.exists(path):
-            raise ToolError(
-                R.missing_resume_file(path) if resumes else
-                f'load_from {path}: no such file; pass an existing '
-                f'checkpoint (e.g. <work_dir>/epoch_N.pth), or leave '
-                f'load_from out')
-        problem = checkpoint_problem(path)
-        if problem:
-            raise ToolError(problem)
-    elif resumes and safe:  # the newest undamaged checkpoint, if any
-        path, damaged = R.find_newest_complete(
-            work_dir, ckpt_dir, check=R.check_undamaged, quiet=True)
-        if path is None and damaged:
-            raise ToolError(
-                R.no_complete_checkpoint(work_dir, [p for p, _ in damaged]))
