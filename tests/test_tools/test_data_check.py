@@ -13,8 +13,7 @@ import shutil
 import subprocess
 
 import pytest
-from conftest import (CONFIGS, ROOT, TOOLS, demo_support, tiny_demo_data,
-                      tool_namespace)
+from conftest import CONFIGS, ROOT, demo_support, tiny_demo_data
 from mmengine.config import Config, ConfigDict
 
 from mmsoft_tools import data_check as dc
@@ -272,8 +271,7 @@ def demo_data(tmp_path_factory):
     }
 
 
-def test_existing_data_passes(demo_data, tmp_path, monkeypatch, capsys,
-                              script_server):
+def test_existing_data_passes(demo_data, tmp_path, monkeypatch, capsys):
     import demo_tasks as T
     monkeypatch.chdir(tmp_path)
     assert dc.missing_data_message(T.load_demo_config('seg'), 'train') \
@@ -297,15 +295,8 @@ def test_existing_data_passes(demo_data, tmp_path, monkeypatch, capsys,
     assert dc.main(['test', 'no_such_config.py', '--help']) == 1
     assert capsys.readouterr().err == \
         'mmsoft: config file not found: no_such_config.py\n'
-    # run as a script, the tools' --cfg-options check (before: merged)
-    proc = script_server(
-        f'{TOOLS}/mmsoft_tools/data_check.py',
-        ['train', det, '--cfg-options', 'train_cfg.max_epoch=1'],
-        cwd=tmp_path)
-    assert proc.returncode == 1
-    assert proc.stderr.strip().splitlines()[-1] == (
-        "error: --cfg-options train_cfg.max_epoch: the config has no key "
-        "'max_epoch' under train_cfg; did you mean train_cfg.max_epochs?")
+    # (run as a script, its --cfg-options check: test_faults.py's
+    # dist_test-cfg-typo)
 
 
 # ------------------------------------------- the files the data lists
@@ -340,29 +331,21 @@ def test_truncated_annotation_json_is_named_with_position(demo_det, capsys):
         lines[1]), lines[1]
 
 
-def test_empty_training_image_is_named(demo_det, monkeypatch, capsys,
-                                       tmp_path):
-    """By train.py, before the Runner; then a missing and a truncated one."""
+def test_damaged_training_images_are_named(demo_det, capsys):
+    """Empty, truncated, missing (the data check in train.py: test_faults.py's
+    train-class-index-out-of-range)."""
     cfg, root = demo_det
-    img = sorted(glob.glob(osp.join(root, 'train', '*.jpg')))[1]
-    open(img, 'wb').close()
-    line = f'  {img} (for training, train_dataloader.dataset): the file is ' \
-        'empty (0 bytes)'
-    monkeypatch.delenv('MMSOFT_SKIP_DATA_CHECK', raising=False)
-    with pytest.raises(SystemExit) as e:
-        tool_namespace('train')['main'](
-            [cfg, '--work-dir', str(tmp_path / 'w')])
-    assert e.value.code == 1
-    assert line in capsys.readouterr().err.splitlines()
-    assert not osp.exists(tmp_path / 'w')
-    os.remove(img)
-    jpg = sorted(glob.glob(osp.join(root, 'train', '*.jpg')))[0]
+    jpg, empty, gone = sorted(glob.glob(osp.join(root, 'train', '*.jpg')))[:3]
     data = open(jpg, 'rb').read()
     open(jpg, 'wb').write(data[:len(data) // 2])
-    assert _check_message(cfg, capsys)[1:3] == [
+    open(empty, 'wb').close()
+    os.remove(gone)
+    assert _check_message(cfg, capsys)[1:4] == [
         f'  {jpg} (for training, train_dataloader.dataset): truncated JPEG '
         f'({len(data) // 2} bytes, no end-of-image marker)',
-        f'  {img} (for training, train_dataloader.dataset): cannot be read '
+        f'  {empty} (for training, train_dataloader.dataset): the file is '
+        'empty (0 bytes)',
+        f'  {gone} (for training, train_dataloader.dataset): cannot be read '
         '(No such file or directory)'
     ]
 
@@ -422,24 +405,21 @@ def _count_decodes(monkeypatch):
     return decoded
 
 
-def test_small_set_every_image_decoded(tmp_path, monkeypatch):
-    """Up to DECODE_ALL images each is decoded (the last of 40 named)."""
-    cfg, root = _list_dataset(tmp_path, 40, bad=39)
-    decoded = _count_decodes(monkeypatch)
-    msg = dc.damaged_data_message(cfg, 'train')
-    assert len(decoded) == 40
-    assert msg.splitlines()[-1] == (
-        f"  {root / 'train' / '00039.png'} (for training, train_dataloader."
-        'dataset): not a decodable image (84 bytes)')
-
-
-def test_large_set_seeded_sample_decoded(tmp_path, monkeypatch):
-    """Above DECODE_ALL a seeded sample is decoded, all checked to exist;
-    SAMPLE_STAT files along the whole list are checked."""
+def test_decoding_all_or_a_seeded_sample(tmp_path, monkeypatch):
+    """Up to DECODE_ALL images each is decoded (the last one named); above
+    it a seeded sample, all checked to exist; SAMPLE_STAT files along the
+    whole list are checked."""
     monkeypatch.setattr(dc, 'DECODE_ALL', 20)
     monkeypatch.setattr(dc, 'SAMPLE_FILES', 5)
-    cfg, root = _list_dataset(tmp_path, 25)
+    (tmp_path / 'small').mkdir()
+    cfg, root = _list_dataset(tmp_path / 'small', 20, bad=19)
     decoded = _count_decodes(monkeypatch)
+    assert dc.damaged_data_message(cfg, 'train').splitlines()[-1] == (
+        f"  {root / 'train' / '00019.png'} (for training, train_dataloader."
+        'dataset): not a decodable image (84 bytes)')
+    assert len(decoded) == 20
+    decoded.clear()
+    cfg, root = _list_dataset(tmp_path, 25)
     assert dc.damaged_data_message(cfg, 'train') is None
     assert len(decoded) == 5 and len(set(decoded)) == 5
     first = list(decoded)
