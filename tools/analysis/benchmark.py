@@ -123,7 +123,7 @@ def without_inverse(model):
 
     class NoInverse(NRConfig):
 
-        def apply(self, A, W, stats=None):
+        def apply(self, A, W):
             return W.to(A.dtype)
 
     for mod in model.modules():
