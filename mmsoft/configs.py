@@ -13,9 +13,8 @@ def configs_root() -> str:
     repo = osp.dirname(_PKG_DIR)
     candidates = [osp.join(repo, 'configs')] * osp.isfile(
         osp.join(repo, 'setup.py')) + [osp.join(_PKG_DIR, '.mim', 'configs')]
-    for found in candidates:
-        if osp.isdir(found):
-            return found
+    for found in filter(osp.isdir, candidates):
+        return found
     raise FileNotFoundError(
         f'mmsoft configs/ not found (looked in {" and ".join(candidates)})'
         '; reinstall mmsoft (pip install mmsoft / pip install -e '
@@ -33,19 +32,16 @@ def list_configs(include_base: bool = False) -> List[str]:
 
 
 def get_config_path(name: str) -> str:
-    """A shipped config's path (``.py``, ``configs/``, sub-folder
-    optional)."""
+    """A shipped config's path (``.py``, ``configs/``, folder optional)."""
     root, rel = configs_root(), name.replace('\\', '/')
     rel = rel[len('configs/'):] if rel.startswith('configs/') else rel
     rel += '' if rel.endswith('.py') else '.py'
-    known = [rel] if osp.isfile(osp.join(root, rel)) else [
-        k for k in list_configs(include_base=True)
-        if k.rsplit('/', 1)[-1] == rel
-    ]
+    every = list_configs(include_base=True)
+    known = [rel] if osp.isfile(osp.join(
+        root, rel)) else [k for k in every if k.rsplit('/', 1)[-1] == rel]
     if len(known) == 1:
         return osp.join(root, *known[0].split('/'))
-    close = difflib.get_close_matches(
-        rel, list_configs(include_base=True), n=3, cutoff=0.5)
+    close = difflib.get_close_matches(rel, every, n=3, cutoff=0.5)
     hint = (f'; did you mean {", ".join(close)}?'
             if close else '; list them with: mim run mmsoft configs list')
     raise FileNotFoundError(f'mmsoft has no config {name!r} in {root}{hint}')

@@ -1,7 +1,7 @@
-"""SOFT under autocast (float32 products, CPU half convolutions checked
-against float32: oneDNN's AMX bf16 conv is wrong for narrow convs), torch
-shims, the export switch and the argument checks of the model."""
+"""Autocast (CPU half convs checked against float32: oneDNN's AMX bf16 conv
+is wrong for narrow convs), torch shims, export, the argument checks."""
 import contextlib
+import math
 import numbers
 import warnings
 from typing import Any, Dict, Optional, Sequence
@@ -9,12 +9,12 @@ from typing import Any, Dict, Optional, Sequence
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
+from torch.nn.modules.utils import _pair
 from torch.overrides import TorchFunctionMode
 
 
 def autocast_dtype(device_type):
-    """The autocast dtype of ``device_type`` if autocast is on there, else
-    None (by the torch version: a caught TypeError breaks Dynamo on 2.1)."""
+    """The autocast dtype of ``device_type``, None where autocast is off."""
     if hasattr(torch, 'get_autocast_dtype'):  # torch >= 2.4
         on = torch.is_autocast_enabled(device_type)
         return torch.get_autocast_dtype(device_type) if on else None
@@ -27,9 +27,8 @@ def autocast_dtype(device_type):
 
 def autocast_off(device_type: str):
     """Autocast off on ``device_type`` (a no-op on 'meta', where it raises)."""
-    if device_type == 'meta':
-        return contextlib.nullcontext()
-    return torch.autocast(device_type=device_type, enabled=False)
+    return contextlib.nullcontext() if device_type == 'meta' else \
+        torch.autocast(device_type=device_type, enabled=False)
 
 
 def compute_dtype(*tensors: torch.Tensor) -> torch.dtype:
@@ -40,8 +39,7 @@ def compute_dtype(*tensors: torch.Tensor) -> torch.dtype:
 
 @contextlib.contextmanager
 def tf32_off(device_type: str):
-    """No TF32 matrix products on CUDA inside the block (they move the
-    pseudo-inverse by 4e-4 to divergence); the user's setting back after."""
+    """No TF32 matmuls on CUDA in the block (they move the inverse by 4e-4)."""
     flags = torch.backends.cuda.matmul
     if device_type != 'cuda' or not flags.allow_tf32:
         yield
@@ -53,8 +51,7 @@ def tf32_off(device_type: str):
         flags.allow_tf32 = True
 
 
-#: the largest relative error of a correct half kernel (~2e-3 bfloat16,
-#: ~2e-4 float16; the AMX bug: 1.1 .. 1.4)
+#: > a correct half kernel's relative error (2e-3 bf16, 2e-4 fp16; AMX: 1.1)
 PROBE_RTOL = {torch.bfloat16: 1e-2, torch.float16: 5e-3}
 _HALF = (torch.bfloat16, torch.float16)
 #: the verdict of each configuration probed: (dtype, shapes, conv args) -> ok
@@ -67,8 +64,7 @@ _raw_conv2d = F.conv2d
 
 
 def is_exporting() -> bool:
-    """True while ``torch.onnx.export`` (or ``torch.jit.trace``) runs: the
-    kernel and the NR inverse then run as plain ops (iterative only)."""
+    """True in ``torch.onnx.export`` / ``torch.jit.trace`` (plain ops)."""
     return torch.onnx.is_in_onnx_export() or torch.jit.is_tracing()
 
 
@@ -80,48 +76,38 @@ class HalfConvWarning(UserWarning):
     """This CPU's half-precision conv kernel is wrong; run in float32."""
 
 
-def _pair(v):
-    return tuple(v) if isinstance(v, (tuple, list)) else (v, v)
-
-
 def _probe(key: tuple) -> bool:
-    """Whether the half kernel of ``key`` matches float32 on seeded random
-    inputs (the same rounded values); remembered in ``_verdicts``."""
-    dtype, in_shape, w_shape, stride, padding, dilation, groups = key
+    """Whether ``key``'s half kernel matches float32 on seeded inputs."""
+    dtype, in_shape, w_shape, stride, _, _, groups = key
     g = torch.Generator().manual_seed(0)
-    x = torch.randn((1, ) + in_shape, generator=g).to(dtype)
-    fan_in = w_shape[1] * w_shape[2] * w_shape[3]
-    w = (torch.randn(w_shape, generator=g) * fan_in**-0.5).to(dtype)
+    x, w = (torch.randn(s, generator=g) for s in ((1, ) + in_shape, w_shape))
+    x, w = x.to(dtype), (w * math.prod(w_shape[1:])**-0.5).to(dtype)
     with torch.no_grad(), autocast_off('cpu'):
-        half = _raw_conv2d(x, w, None, stride, padding, dilation, groups)
-        ref = _raw_conv2d(x.float(), w.float(), None, stride, padding,
-                          dilation, groups)
+        half, ref = [_raw_conv2d(x.to(t), w.to(t), None, *key[3:])
+                     for t in (dtype, torch.float32)]  # yapf: disable
     err = ((half.float() - ref).norm() / ref.norm().clamp_min(1e-30)).item()
     ok = _verdicts[key] = bool(err <= PROBE_RTOL[dtype])
-    if not ok:
+    if not ok:  # about this CPU: no caller's line to show
         warnings.warn(
-            f'mmsoft: this CPU\'s {str(dtype)[6:]} convolution is wrong for '
-            f'weight {w_shape}, stride {stride}, groups {groups} on '
-            f'a {in_shape} input (relative error {err:.3g} against '
-            f'float32, a known oneDNN bug on CPUs with AMX); mmsoft runs '
-            f'this convolution in float32 (correct, slower)',
-            HalfConvWarning)  # about this CPU: no caller's line to show
+            f"mmsoft: this CPU's {str(dtype)[6:]} convolution is wrong for "
+            f'weight {w_shape}, stride {stride}, groups {groups} on a '
+            f'{in_shape} input (relative error {err:.3g} against float32, a '
+            'known oneDNN bug on CPUs with AMX); mmsoft runs this '
+            'convolution in float32 (correct, slower)', HalfConvWarning)
     return ok
 
 
 def conv2d(x, weight, bias=None, stride=1, padding=0, dilation=1, groups=1):
-    """``F.conv2d``, in float32 where this CPU's half kernel is wrong for
-    the configuration (probed once per configuration)."""
+    """``F.conv2d``; float32 where this CPU's half kernel is wrong (probed)."""
     dtype = x.dtype if x.device.type == 'cpu' else None  # half inputs or
     if dtype == torch.float32 and weight.dtype in (torch.float32, ) + _HALF:
         dtype = autocast_dtype('cpu')  # float32 ones under CPU autocast
-    if dtype in _HALF:
-        key = (dtype, tuple(x.shape[1:]), tuple(weight.shape), _pair(stride),
-               padding if isinstance(padding, str) else _pair(padding),
-               _pair(dilation), int(groups))
-        ok = _verdicts.get(key, False) if compiling() or key in _verdicts \
-            else _probe(key)
-    if dtype not in _HALF or ok:
+    key = dtype in _HALF and (
+        dtype, tuple(x.shape[1:]), tuple(weight.shape), _pair(stride),
+        padding if isinstance(padding, str) else _pair(padding),
+        _pair(dilation), int(groups))  # yapf: disable
+    if not key or (_verdicts.get(key, False) if compiling()
+                   or key in _verdicts else _probe(key)):  # yapf: disable
         return _raw_conv2d(x, weight, bias, stride, padding, dilation, groups)
     with autocast_off('cpu'):
         out = _raw_conv2d(x.float(), weight.float(),
@@ -141,13 +127,10 @@ class SafeConv2d(nn.Conv2d):
 
 
 class CheckedConvs(TorchFunctionMode):
-    """Every ``F.conv2d`` inside the block runs as :func:`conv2d` (the
-    modules that make the calls are not changed)."""
+    """Every ``F.conv2d`` in the block runs as :func:`conv2d`."""
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
-        if func is F.conv2d:
-            return conv2d(*args, **(kwargs or {}))
-        return func(*args, **(kwargs or {}))
+        return (conv2d if func is F.conv2d else func)(*args, **(kwargs or {}))
 
 
 def _is(value: Any, kind) -> bool:
