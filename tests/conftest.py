@@ -36,28 +36,21 @@ def pytest_terminal_summary(terminalreporter, config):
 
 def child_env(**extra):
     """``os.environ`` for a child running this checkout's mmsoft with this
-    interpreter, one OpenMP thread, no warnings; ``extra``: set (None:
-    removed)."""
-    path = os.pathsep.join(
-        p for p in (ROOT, os.environ.get('PYTHONPATH')) if p)
-    env = dict(
-        os.environ,
-        PYTHON=sys.executable,
-        OMP_NUM_THREADS='1',
-        PYTHONWARNINGS='ignore',
-        PYTHONPATH=path)
+    interpreter, one OpenMP thread, no warnings; ``extra`` (None: unset)."""
+    path = os.pathsep.join(p for p in (ROOT, os.environ.get('PYTHONPATH'))
+                           if p)  # yapf: disable
+    env = dict(os.environ, PYTHON=sys.executable, OMP_NUM_THREADS='1',
+               PYTHONWARNINGS='ignore', PYTHONPATH=path)  # yapf: disable
     env.update(extra)
     return {k: v for k, v in env.items() if v is not None}
 
 
 def run(cmd, cwd=ROOT, timeout=600, env=None, **extra_env):
     """``cmd``, text output captured, in ``child_env(**extra_env)``."""
-    return subprocess.run([str(c) for c in cmd],
-                          cwd=str(cwd),
-                          env=child_env(**extra_env) if env is None else env,
-                          capture_output=True,
-                          text=True,
-                          timeout=timeout)
+    env = child_env(**extra_env) if env is None else env
+    return subprocess.run([str(c) for c in cmd], cwd=str(cwd), env=env,
+                          capture_output=True, text=True,
+                          timeout=timeout)  # yapf: disable
 
 
 def run_python(code, **kwargs):
@@ -77,11 +70,9 @@ def work_dir_holder(work, seconds=120):
             'from mmsoft_tools.work_dir_lock import WorkDirLock; '
             f'lock = WorkDirLock({work!r}).acquire(); '
             f'print("held", flush=True); time.sleep({seconds})')
-    holder = subprocess.Popen([sys.executable, '-c', code],
-                              cwd=ROOT,
-                              env=child_env(),
-                              stdout=subprocess.PIPE,
-                              text=True)
+    holder = subprocess.Popen([sys.executable, '-c', code], cwd=ROOT,
+                              env=child_env(), stdout=subprocess.PIPE,
+                              text=True)  # yapf: disable
     try:
         assert holder.stdout.readline().strip() == 'held'
         yield holder
@@ -143,28 +134,20 @@ def script_server(tmp_path_factory):
     ``python script argv`` (a ``CompletedProcess``) forked from a process
     that imported the stacks; ``setup``: code run first."""
     pytest.importorskip('mmpretrain')
-    server = subprocess.Popen([sys.executable, '-c', SCRIPT_SERVER],
-                              cwd=ROOT,
-                              env=child_env(),
-                              stdin=subprocess.PIPE,
+    server = subprocess.Popen([sys.executable, '-c', SCRIPT_SERVER], cwd=ROOT,
+                              env=child_env(), stdin=subprocess.PIPE,
                               stdout=subprocess.PIPE,
-                              text=True)
+                              text=True)  # yapf: disable
     assert server.stdout.readline().strip() == 'ready'
-    tmp = tmp_path_factory.mktemp('script_server')
-    count = [0]
+    tmp, count = tmp_path_factory.mktemp('script_server'), [0]
 
     def run_script(script, argv, cwd=ROOT, env=None, setup='', timeout=300):
         count[0] += 1
         out, err = (tmp / f'{count[0]}.{s}' for s in ('out', 'err'))
-        req = dict(
-            script=str(script),
-            argv=[str(a) for a in argv],
-            cwd=str(cwd),
-            env=child_env() if env is None else env,
-            stdout=str(out),
-            stderr=str(err),
-            setup=setup,
-            timeout=timeout)
+        req = dict(script=str(script), argv=[str(a) for a in argv],
+                   cwd=str(cwd), env=child_env() if env is None else env,
+                   stdout=str(out), stderr=str(err), setup=setup,
+                   timeout=timeout)  # yapf: disable
         server.stdin.write(json.dumps(req) + '\n')
         server.stdin.flush()
         answer = server.stdout.readline().split()
@@ -183,11 +166,10 @@ def current_log(level=None):
     import logging
 
     from mmengine.logging import MMLogger
-    records = []
+    records, handler = [], logging.Handler()
     name = f'mmsoft_test_log_{id(records)}'
     logger = MMLogger.get_instance(
         name, logger_name=name, log_level=level or logging.INFO)
-    handler = logging.Handler()
     handler.emit = records.append
     logger.addHandler(handler)
     try:
@@ -233,9 +215,8 @@ def load_tool(relpath, name=None):
     """``tools/<relpath>`` by :func:`load_module`, its folder on
     ``sys.path`` as when run."""
     path = osp.join(TOOLS, relpath)
-    folder = osp.dirname(path)
-    if folder not in sys.path:
-        sys.path.insert(0, folder)
+    if osp.dirname(path) not in sys.path:
+        sys.path.insert(0, osp.dirname(path))
     return load_module(path, name or '_tool_' + relpath[:-3].replace('/', '_'))
 
 
@@ -265,12 +246,11 @@ def random_model(cfg):
     from mmengine.registry import DefaultScope
 
     from mmsoft_tools import launch
-    if not isinstance(cfg, Config):
-        cfg = Config.fromfile(str(cfg))
+    cfg = cfg if isinstance(cfg, Config) else Config.fromfile(str(cfg))
     scope = launch.import_codebase(cfg)
-    registry = importlib.import_module(f'{scope}.registry')
     with DefaultScope.overwrite_default_scope(scope):
-        model = registry.MODELS.build(cfg.model)
+        model = importlib.import_module(f'{scope}.registry').MODELS.build(
+            cfg.model)
         model.init_weights()
     return model
 
@@ -304,24 +284,17 @@ def cls_demo_config(tmp, **batch_size):
     ``tmp/data``; ``batch_size``: per dataloader (``val=4``)."""
     import demo_synthetic
     demo_synthetic.make_demo_data(
-        str(tmp / 'data'),
-        tasks=('cls', ),
-        workers=1,
-        overrides={'cls': dict(num_train=2, num_val=4)},
-        log=None)
+        str(tmp / 'data'), tasks=('cls', ), workers=1, log=None,
+        overrides={'cls': dict(num_train=2, num_val=4)})  # yapf: disable
     root = str(tmp / 'data' / 'imagenet') + '/'
-    lines = [
-        f"_base_ = {osp.join(CONFIGS, 'demo', 'soft_cls_demo.py')!r}",
-        f'data_root = {root!r}',
-        'train_dataloader = dict(dataset=dict(data_root=data_root))'
-    ] + [
+    lines = [f"_base_ = {osp.join(CONFIGS, 'demo', 'soft_cls_demo.py')!r}",
+             f'data_root = {root!r}',
+             'train_dataloader = dict(dataset=dict(data_root=data_root))'] + [
         f'{split}_dataloader = dict(batch_size={n}, '
         'dataset=dict(data_root=data_root))'
-        for split, n in batch_size.items()
-    ]
-    cfg = tmp / 'cls.py'
-    cfg.write_text('\n'.join(lines) + '\n')
-    return str(cfg)
+        for split, n in batch_size.items()]  # yapf: disable
+    (tmp / 'cls.py').write_text('\n'.join(lines) + '\n')
+    return str(tmp / 'cls.py')
 
 
 _AUTHORS_FILES = {}
@@ -344,12 +317,9 @@ def authors_file(path, arch):
                 num_classes=1000,
                 pretrain_img_size=224,
                 dtype=torch.float32)
-        zeros = {
-            k: torch.zeros((), dtype=v.dtype).expand(v.shape)
-            for k, v in sd.items()
-        }
         buf = io.BytesIO()
-        torch.save({'model': zeros}, buf)
+        torch.save({'model': {k: torch.zeros((), dtype=v.dtype).expand(
+            v.shape) for k, v in sd.items()}}, buf)  # yapf: disable
         _AUTHORS_FILES[arch] = (buf.getvalue(), len(sd))
     os.makedirs(osp.dirname(str(path)) or '.', exist_ok=True)
     with open(str(path), 'wb') as f:
@@ -372,10 +342,8 @@ def flip_tensor_bytes(path, n, size=None):
     the largest) in a ``torch.save`` zip."""
     with zipfile.ZipFile(path) as z:
         records = [i for i in z.infolist() if '/data/' in i.filename]
-    if size is None:
-        records = [max(records, key=lambda i: i.file_size)]
-    else:
-        records = [i for i in records if i.file_size == size]
+    records = [max(records, key=lambda i: i.file_size)] if size is None \
+        else [i for i in records if i.file_size == size]
     raw = bytearray(open(path, 'rb').read())
     for info in records:
         off = info.header_offset
@@ -415,10 +383,8 @@ class Crash(Hook):
 
 def model_weights(runner):
     """A detached copy of the runner's model state dict."""
-    return {
-        k: v.detach().clone()
-        for k, v in runner.model.state_dict().items()
-    }
+    sd = runner.model.state_dict()
+    return {k: v.detach().clone() for k, v in sd.items()}
 
 
 #: added to the collected float16 CPU tests (torch 2.1 has neither)
@@ -445,14 +411,12 @@ def pytest_collection_modifyitems(config, items):
                 v is torch.float16 or v in ('float16', 'fp16')
                 for v in params.values()):
             item.add_marker(needs_torch(*CPU_FLOAT16))
-        for mark in item.iter_markers('needs_torch'):
-            version, reason = mark.args
-            if have < _version(version):
-                item.add_marker(
-                    pytest.mark.skip(
-                        reason=f'needs torch >= {version}: {reason} (this is '
-                        f'torch {torch.__version__})'))
-                break
+        for version, reason in (m.args for m in item.iter_markers(
+                'needs_torch') if have < _version(m.args[0])):  # yapf: disable
+            item.add_marker(pytest.mark.skip(
+                reason=f'needs torch >= {version}: {reason} (this is torch '
+                f'{torch.__version__})'))  # yapf: disable
+            break
 
 
 def device_types():
@@ -475,13 +439,8 @@ def device(request):
     return request.param
 
 
-def smooth_kernel(*batch,
-                  m=60,
-                  d=8,
-                  seed=0,
-                  dtype=torch.float64,
-                  freq=4,
-                  stretch=6):
+def smooth_kernel(*batch, m=60, d=8, seed=0, dtype=torch.float64, freq=4,
+                  stretch=6):  # yapf: disable
     """A SOFT-like kernel of landmarks varying smoothly along a curve: many
     small eigenvalues on which 20 NR iterations do not converge."""
     from mmsoft.models.layers import gaussian_kernel

@@ -20,7 +20,19 @@ GEN = load_module(osp.join(ROOT, 'docs', 'gen_tables.py'), '_docs_gen_compat')
 
 
 def test_claims_are_the_matrix_and_the_verified_stack_in_it():
-    assert stacks.claimed_ranges() == GEN.requirement_ranges()
+    """The tested ranges are the installed package's requirements (pip
+    checks them; mmsoft keeps no copy) and the hull of the matrix."""
+    from importlib import metadata
+
+    from packaging.requirements import Requirement
+    ranges = GEN.requirement_ranges()
+    assert stacks.claimed_ranges() == ranges and set(ranges) == {
+        'torch', 'mmengine', 'mmcv', 'mmdet', 'mmsegmentation', 'mmpretrain'
+    }
+    installed = [Requirement(r) for r in metadata.requires('mmsoft')]
+    for dist, (lo, hi) in ranges.items():
+        specs = {str(r.specifier) for r in installed if r.name == dist}
+        assert specs == {f'<{hi},>={lo}'}, (dist, specs)
     verified = [s for s in stacks.STACKS.values() if s.get('setup_env')]
     assert len(verified) == 1
     pins = GEN.verified_versions()

@@ -33,13 +33,9 @@ def bash_with(env, call):
     funcs = [re.search(rf'^{n}\(\) {{.*?^}}', text, re.S | re.M)[0]
              for n in FUNCS]  # yapf: disable
     script = 'log() { echo "$*"; }\n' + '\n'.join(funcs) + '\n' + call
-    return subprocess.run(['bash', '-c', script],
-                          capture_output=True,
-                          text=True,
-                          env={
-                              'PATH': '/usr/bin:/bin',
-                              **env
-                          })
+    return subprocess.run(['bash', '-c', script], capture_output=True,
+                          text=True, env={'PATH': '/usr/bin:/bin', **env}
+                          )  # yapf: disable
 
 
 # (call, with a GPU driver, env) -> (exit code, asks Python, stdout); env:
@@ -130,16 +126,14 @@ def test_torch_index_or_one_line_before_anything(tmp_path):
     ('mmcv_has_cuda_ops', 'not available', '13.0', 1),
 ])  # yapf: disable
 def test_installed_builds(call, a, b, rc, tmp_path):
-    files = {
-        f'{n}-{v}.dist-info/METADATA':
-        f'Metadata-Version: 2.1\nName: {n}\nVersion: {v}\n'
-        for n, v in (('torch', a), ('torchvision', b))
-    } if call == 'torch_build_ok' else {
-        'mmcv/__init__.py': '',
-        'mmcv/ops/__init__.py':
+    files = {f'{n}-{v}.dist-info/METADATA':
+             f'Metadata-Version: 2.1\nName: {n}\nVersion: {v}\n'
+             for n, v in (('torch', a), ('torchvision', b))
+             } if call == 'torch_build_ok' else {
+        'mmcv/__init__.py': '', 'mmcv/ops/__init__.py':
         f'def get_compiling_cuda_version():\n    return {a!r}\n',
         'torch/__init__.py': f'class version:\n    cuda = {b!r}\n'
-    }
+    }  # yapf: disable
     for rel, text in files.items():
         (tmp_path / rel).parent.mkdir(parents=True, exist_ok=True)
         (tmp_path / rel).write_text(text)

@@ -43,33 +43,31 @@ print(json.dumps([pkg, c.configs_root(), os.path.islink(c.configs_root()),
 '''
 
 
-def _run(cmd, cwd, env, check=True):
+def _run(cmd, cwd, env):
     proc = run(cmd, cwd=cwd, env=env)
-    if check and proc.returncode != 0:
+    if proc.returncode != 0:
         pytest.fail(
             f'command failed ({proc.returncode}): {cmd}\n--- stdout\n'
             f'{proc.stdout[-4000:]}\n--- stderr\n{proc.stderr[-6000:]}',
             pytrace=False)
-    return proc
+    return proc.stdout + proc.stderr
 
 
 @pytest.fixture(scope='module')
 def env(tmp_path_factory):
-    for mod in ('setuptools', 'wheel', 'mmdet', 'mim'):
-        if importlib.util.find_spec(mod) is None:
-            pytest.fail(
-                f'{mod} is not installed; run bash tools/setup_env.sh',
-                pytrace=False)
+    missing = [m for m in ('setuptools', 'wheel', 'mmdet', 'mim')
+               if importlib.util.find_spec(m) is None]  # yapf: disable
+    assert not missing, f'{missing} not installed; run tools/setup_env.sh'
     tmp = tmp_path_factory.mktemp('wheel_install')
     ignore = shutil.ignore_patterns('__pycache__', '.mim', '*.pyc', '*.png',
                                     '*.jpg')
+    (tmp / 'src').mkdir()
     for name in SOURCES:
-        s = osp.join(ROOT, name)
-        if osp.isdir(s):
-            shutil.copytree(s, tmp / 'src' / name, ignore=ignore)
+        src, dst = osp.join(ROOT, name), tmp / 'src' / name
+        if osp.isdir(src):
+            shutil.copytree(src, dst, ignore=ignore)
         else:
-            os.makedirs(tmp / 'src', exist_ok=True)
-            shutil.copyfile(s, tmp / 'src' / name)
+            shutil.copyfile(src, dst)
     # one intra-op thread: tiny ops' spin-waits cost more than the work
     clean = dict(os.environ, OMP_NUM_THREADS='1')
     clean.pop('PYTHONPATH', None)
@@ -96,28 +94,25 @@ def env(tmp_path_factory):
     work.mkdir()
     e = dict(vpy=vpy, site=site, wheel=wheels[0], work=work, env=clean)
     # the installed data tool writes under the working directory
-    mim = osp.join(site, 'mmsoft', '.mim')
-    _vrun(e, osp.join(mim, 'tools', 'misc', 'make_demo_data.py'), '--tasks',
-          'det', '--num-train', 2, '--num-val', 2, '--workers', 1)
+    _vrun(e, osp.join(site, 'mmsoft', '.mim', 'tools', 'misc',
+                      'make_demo_data.py'), '--tasks', 'det', '--num-train',
+          2, '--num-val', 2, '--workers', 1)  # yapf: disable
     assert os.listdir(work / 'data' / 'demo') == ['coco']
     return e
 
 
 def _vrun(env, *args, environ=None):
     """The venv's python with ``args`` in the project folder: its output."""
-    proc = _run([env['vpy'], *args], env['work'], environ or env['env'])
-    return proc.stdout + proc.stderr
+    return _run([env['vpy'], *args], env['work'], environ or env['env'])
 
 
 def test_wheel_contents_and_the_installed_package(env):
     with zipfile.ZipFile(env['wheel']) as z:
         names = set(z.namelist())
         meta = next(n for n in names if n.endswith('.dist-info/METADATA'))
-        requires = [
-            ln.split(':', 1)[1].strip()
-            for ln in z.read(meta).decode().splitlines()
-            if ln.startswith('Requires-Dist:')
-        ]
+        requires = [ln.split(':', 1)[1].strip()
+                    for ln in z.read(meta).decode().splitlines()
+                    if ln.startswith('Requires-Dist:')]  # yapf: disable
     for f in ('configs/retinanet_soft_small_1x.py',
               'configs/_base_/soft_dense.py',
               'configs/demo/retinanet_soft_demo.py',
@@ -136,19 +131,14 @@ def test_wheel_contents_and_the_installed_package(env):
     core = sorted(
         r.split('<')[0].split('>')[0] for r in requires if 'extra ==' not in r)
     assert core == ['filelock', 'mmcv', 'mmengine', 'torch']
-    extras = {
-        r.split('extra == ')[1].strip('"\'')
-        for r in requires if 'extra ==' in r
-    }
+    extras = {r.split('extra == ')[1].strip('"\'')
+              for r in requires if 'extra ==' in r}  # yapf: disable
     assert {'det', 'seg', 'cls', 'all', 'tests', 'lint'} <= extras
     # installed: the wheel's copy, not a link into a checkout
     out = json.loads(_vrun(env, '-c', WHERE).splitlines()[-1])
     pkg = osp.join(env['site'], 'mmsoft')
     cfgs = osp.join(pkg, '.mim', 'configs')
-    assert out == [
-        pkg, cfgs, False,
-        osp.join(cfgs, 'retinanet_soft_small_1x.py')
-    ]
+    assert out == [pkg, cfgs, False, f'{cfgs}/retinanet_soft_small_1x.py']
 
 
 def test_mim_train_with_mmdet_only_and_the_installed_image_demo(env):
@@ -157,10 +147,7 @@ def test_mim_train_with_mmdet_only_and_the_installed_image_demo(env):
     block.mkdir(exist_ok=True)
     (block / 'sitecustomize.py').write_text(BLOCKER)
     only_det = dict(env['env'], PYTHONPATH=str(block))
-    proc = _run([env['vpy'], '-c', 'import mmseg'],
-                env['work'],
-                only_det,
-                check=False)
+    proc = run([env['vpy'], '-c', 'import mmseg'], env['work'], env=only_det)
     assert proc.returncode != 0 and 'blocked by the test' in proc.stderr
     wd = 'work_dirs/retinanet_soft_demo'
     log = _vrun(
@@ -178,9 +165,10 @@ def test_mim_train_with_mmdet_only_and_the_installed_image_demo(env):
             '--out-dir', 'outputs/det')  # the config the run dumped
     out = _vrun(env, demo, *args, environ=only_det)
     assert 'detection: ' in out, out
-    preds, vis = (glob.glob(
-        str(env['work'] / 'outputs' / 'det' / d / '**' / f'*.{e}'),
-        recursive=True) for d, e in (('preds', 'json'), ('vis', '*')))
+    preds, vis = (glob.glob(f"{env['work']}/outputs/det/{d}/**/*.{e}",
+                            recursive=True)
+                  for d, e in (('preds', 'json'), ('vis', '*'))
+                  )  # yapf: disable
     assert preds and len(preds) == len(vis)
     with open(preds[0]) as f:
         pred = json.load(f)
