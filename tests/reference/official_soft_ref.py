@@ -1,12 +1,8 @@
 """The official SOFT classifier's forward pass (fudan-zvg/SOFT master, timm
-``soft_*`` / ``soft_norm_*``), re-derived independently of mmsoft as plain
-torch functions over a state dict in the OFFICIAL key layout: the conv
-patch embeddings (stage 1: a 3-conv stem), bilinearly resized square-grid
-position embeddings, post-norm SOFT blocks (Gaussian kernel on conv-sampled
-landmarks, ``newton_inv`` of ``SOFT/kernel/inverse.py``, the depthwise conv
-on V; ``soft_norm_*``: D^-1/2 A^+ D^-1/2), stage 4 of pre-norm softmax ViT
-blocks, the cls token, final LayerNorm and head. Dropouts are identities
-(eval); all in the dtype of the state dict and input (tests: float64)."""
+``soft_*`` / ``soft_norm_*``), independent of mmsoft: plain torch functions
+over a state dict in the OFFICIAL key layout (``newton_inv`` of
+``SOFT/kernel/inverse.py``; ``soft_norm_*``: D^-1/2 A^+ D^-1/2). Eval (no
+dropout), in the dtype of the state dict and input (tests: float64)."""
 import math
 from collections import OrderedDict
 
@@ -56,10 +52,9 @@ def nr_pinv_soft(A, iters=NR_ITERS):
 
 
 def nr_pinv_norm(A, iters=NR_ITERS):
-    """``soft_norm_*``: one alpha for the whole stack (the official batch;
-    the tests pass one sample's heads) = 2 / (largest row sum)^2, halved
-    (at most 10 times) while the largest column abs sum of I - A (alpha A)
-    exceeds 1.01; then V <- 2V - V A V from V_0 = alpha A."""
+    """``soft_norm_*``: one alpha for the stack (the official batch) = 2 /
+    (largest row sum)^2, halved (<= 10 times) while the largest column abs
+    sum of I - A (alpha A) exceeds 1.01; V <- 2V - V A V, V_0 = alpha A."""
     eye = torch.eye(A.shape[-1], dtype=A.dtype, device=A.device)
     alpha = 2.0 / A.sum(-1).max()**2
     for _ in range(10):
@@ -73,8 +68,7 @@ def nr_pinv_norm(A, iters=NR_ITERS):
 
 
 def patch_embed(sd, stage, x):
-    """``patch_embed{stage}`` (1-based): conv, BN, ReLU; stage 1: convs at
-    0, 3, 6."""
+    """``patch_embed{stage}`` (1-based): conv, BN, ReLU (stage 1: three)."""
     for conv, stride in ((0, 2), (3, 1), (6, 2)) if stage == 1 else [(0, 2)]:
         c, bn = (f'patch_embed{stage}.proj.{i}.' for i in (conv, conv + 1))
         x = F.conv2d(x, sd[c + 'weight'], sd[c + 'bias'], stride, 1)
@@ -159,15 +153,14 @@ def depth(sd, stage):
 
 
 def forward(sd, img, stage4_heads, attn_norm, iters=NR_ITERS):
-    """Logits of the official model with state dict ``sd`` on ``img``. The
-    official ``soft_norm_*`` alpha spans its batch: pass one image at a time
-    for batch size 1. ``stage4_heads``: not visible in the weights."""
+    """Logits of the official model ``sd`` on ``img`` (``soft_norm_*``:
+    alpha spans the batch); ``stage4_heads``: not visible in the weights."""
     B, x = img.shape[0], img
     for s in (1, 2, 3):
         x = patch_embed(sd, s, x)
         H, W = x.shape[-2:]
-        x = x.flatten(2).transpose(1, 2) + resize_pos(sd[f'pos_embed{s}'], H,
-                                                      W)
+        pos = resize_pos(sd[f'pos_embed{s}'], H, W)
+        x = x.flatten(2).transpose(1, 2) + pos
         for j in range(depth(sd, s)):
             x = soft_block(sd, f'block{s}.{j}', x, H, W, attn_norm, iters)
         x = x.reshape(B, H, W, -1).permute(0, 3, 1, 2)
@@ -187,9 +180,7 @@ def random_official_state_dict(embed_dims, num_heads, depths, num_classes=10,
                                ratios=(8, 4, 2), convs=(9, 5, 3), seed=0,
                                dtype=torch.float64):  # yapf: disable
     """Random tensors under the official names and shapes (registration
-    order), scaled so that every part moves the logits: fan-in scaled
-    weights, norms and BN away from the identity, unit-scale position
-    embeddings and cls token."""
+    order), scaled so that every part moves the logits."""
     g = torch.Generator().manual_seed(seed)
     sd = OrderedDict()
 

@@ -18,14 +18,17 @@ one_graph = needs_torch(
     'split it into ~40 graphs)')
 
 
-@pytest.fixture
-def backbone(request):
-    torch.manual_seed(0)
-    model = SOFT(arch=tiny_arch(), **getattr(request, 'param', {})).eval()
+@pytest.fixture(autouse=True)
+def fresh_dynamo():
     dynamo.reset()
     dynamo.utils.counters.clear()
-    yield model
+    yield
     dynamo.reset()
+
+
+def tiny(**kwargs):
+    torch.manual_seed(0)
+    return SOFT(arch=tiny_arch(), **kwargs).eval()
 
 
 def counting_backend(calls, inner=None):
@@ -46,18 +49,11 @@ def rel_err(got, ref):
 # inductor's time goes into lowering each node: 2 NR steps (not 20) and no
 # position-embedding resize keep the same kinds of kernels
 @one_graph
-@pytest.mark.parametrize(
-    'backbone', [
-        dict(
-            pretrain_img_size=64,
-            attn_cfg=dict(type='SOFTAttention', nr_iters=2))
-    ],
-    ids=['nr2'],
-    indirect=True)
-def test_inductor_matches_eager_in_one_graph(backbone):
+def test_inductor_matches_eager_in_one_graph():
     import torch._inductor.config as inductor_config
     from torch._inductor.compile_fx import compile_fx
-    calls = []
+    calls, backbone = [], tiny(
+        pretrain_img_size=64, attn_cfg=dict(type='SOFTAttention', nr_iters=2))
     compiled = torch.compile(
         backbone, backend=counting_backend(calls, compile_fx))
     x = torch.randn(2, 3, 64, 64)
@@ -71,23 +67,18 @@ def test_inductor_matches_eager_in_one_graph(backbone):
 
 
 @one_graph
-@pytest.mark.parametrize(
-    'backbone', [dict(out_indices=(0, ))], ids=['stage1'], indirect=True)
-def test_training_forward_is_one_graph(backbone):
+def test_training_forward_is_one_graph():
     """With autograd on, the custom Functions are traced too (Dynamo breaks
     the graph at a Function given one tensor twice); gradients match.
     Stage 1 (the stem, one SOFT block: every Function) only; the whole
     backbone: test_inductor_matches_eager_in_one_graph."""
-    calls = []
-    backbone.train()
+    calls, backbone = [], tiny(out_indices=(0, )).train()
     compiled = torch.compile(backbone, backend=counting_backend(calls))
     x = torch.randn(2, 3, 64, 64)
     sum(o.mean() for o in compiled(x)).backward()
     assert len(calls) == 1, f'{len(calls)} graphs: a graph break'
-    got = {
-        n: p.grad.clone()
-        for n, p in backbone.named_parameters() if p.grad is not None
-    }
+    got = {n: p.grad.clone() for n, p in backbone.named_parameters()
+           if p.grad is not None}  # yapf: disable
     assert got and all(n.startswith('stages.0.') for n in got)
     backbone.zero_grad()
     sum(o.mean() for o in backbone(x)).backward()
@@ -97,29 +88,20 @@ def test_training_forward_is_one_graph(backbone):
     floor = 1e-6 * max(g.abs().max() for g in got.values())
     for n, p in backbone.named_parameters():
         assert (p.grad is None) == (n not in got), n
-        if p.grad is None:
-            continue
-        err = (got[n] -
-               p.grad).abs().max() / p.grad.abs().max().clamp_min(floor)
-        assert err < 1e-5, n
+        assert p.grad is None or (got[n] - p.grad).abs().max() / \
+            p.grad.abs().max().clamp_min(floor) < 1e-5, n
 
 
 @one_graph
-@pytest.mark.parametrize(
-    'backbone', [
-        dict(
-            attn_cfg=dict(type='SOFTAttention', nr_method='spectral'),
-            out_indices=(0, ))
-    ],
-    ids=['spectral'],
-    indirect=True)
-def test_spectral_recurrence_is_one_opaque_op(backbone):
+def test_spectral_recurrence_is_one_opaque_op():
     """The spectral path (eigh) in one graph, its T = 20 scalar NR steps one
     ``mmsoft::nr_scalar_iterate`` node (inlined: compile time ~3^T); with
     the batch dynamic, 2 and 3 share a graph, 1 gets one more (torch's 0/1
     specialisation), and running them again compiles nothing. Stage 1 only
     (out_indices: the later stages do not run; the same attention)."""
-    calls, sizes = [], []
+    calls, sizes, backbone = [], [], tiny(
+        attn_cfg=dict(type='SOFTAttention', nr_method='spectral'),
+        out_indices=(0, ))
     compiled = torch.compile(backbone, backend=counting_backend(calls))
     with torch.no_grad():
         for batch in (2, 3, 1, 1, 2, 3):
@@ -147,10 +129,9 @@ def test_train_tool_compile_switch(tmp_path, capsys):
     import demo_synthetic as synthetic
     data = tmp_path / 'imagenet'
     synthetic.make_demo_data(
-        str(tmp_path),
-        tasks=['cls'],
-        overrides=dict(cls=dict(num_train=4, num_val=2, size=32)),
-        log=None)
+        str(tmp_path), tasks=['cls'], log=None,
+        overrides=dict(cls=dict(num_train=4, num_val=2,
+                                size=32)))  # yapf: disable
     cfg = tmp_path / 'cfg.py'
     cfg.write_text(
         f"_base_ = [{osp.join(CONFIGS, 'demo', 'soft_cls_demo.py')!r}]\n"
@@ -170,19 +151,12 @@ def test_train_tool_compile_switch(tmp_path, capsys):
         'default_hooks = dict(logger=dict(interval=1), '
         'checkpoint=dict(interval=1))\n')
     work = tmp_path / 'work'
-    dynamo.reset()
-    try:
-        tool_namespace('train')['main']([
-            str(cfg), '--work-dir',
-            str(work), '--cfg-options', 'compile.backend=eager'
-        ])
-        graphs = dynamo.utils.counters['stats']['unique_graphs']
-    finally:
-        dynamo.reset()
-    assert graphs >= 1  # dynamo traced (part of) train_step
+    tool_namespace('train')['main']([
+        str(cfg), '--work-dir', str(work), '--cfg-options',
+        'compile.backend=eager'])  # yapf: disable
+    # dynamo traced (part of) train_step
+    assert dynamo.utils.counters['stats']['unique_graphs'] >= 1
     assert (work / 'epoch_1.pth').is_file()
-    logs = list(work.glob('*/*.log'))
-    assert logs, list(work.iterdir())
-    text = logs[0].read_text()
+    text, = (p.read_text() for p in work.glob('*/*.log'))
     assert 'Model has been "compiled"' in text
     assert 'Epoch(train) [1][2/2]' in text

@@ -22,17 +22,13 @@ from mmsoft.models.layers.amp import autocast_dtype
 
 pytestmark = pytest.mark.usefixtures('one_thread')
 
-HALF = (torch.bfloat16, torch.float16)
+HALF, IDS = (torch.bfloat16, torch.float16), ['bfloat16', 'float16']
 OUT_RTOL = {torch.bfloat16: 5e-2, torch.float16: 1e-2}
 GRAD_RTOL = {torch.bfloat16: 0.3, torch.float16: 0.2}
 SIZE, LOSS_SCALE = 64, 2.0**12
 KERNEL = importlib.import_module('mmsoft.models.layers.soft_attention')
 PINV = importlib.import_module('mmsoft.models.layers.nr')
 LZ = importlib.import_module('mmsoft.models.layers.nr_spectral')
-
-
-def dtype_id(dtype):
-    return str(dtype).replace('torch.', '')
 
 
 def backbone(**attn):
@@ -70,10 +66,8 @@ def backbone_loss(model, device):
     g = torch.Generator().manual_seed(1)
     x = torch.randn(2, 3, SIZE, SIZE, generator=g).to(device)
     # a fixed random readout: every output element gets a gradient
-    w = [
-        torch.randn(2, c, SIZE // s, SIZE // s, generator=g).to(device)
-        for c, s in zip(model.out_channels, (4, 8, 16, 32))
-    ]
+    w = [torch.randn(2, c, SIZE // s, SIZE // s, generator=g).to(device)
+         for c, s in zip(model.out_channels, (4, 8, 16, 32))]  # yapf: disable
 
     def loss_fn(m):
         outs = m(x)
@@ -98,13 +92,10 @@ def task_loss(model, device):
 
     def loss_fn(m):  # the loss and each loss term
         loss, log_vars = m.parse_losses(m(**data, mode='loss'))
-        terms = [
-            v for k, v in sorted(log_vars.items())
-            if 'loss' in k and k != 'loss'
-        ]
-        return [loss.detach().float().reshape(1)] + [
-            torch.as_tensor(float(t.detach())).reshape(1) for t in terms
-        ], loss
+        terms = [loss] + [v for k, v in sorted(log_vars.items())
+                          if 'loss' in k and k != 'loss']  # yapf: disable
+        return [torch.as_tensor(float(t.detach())).reshape(1)
+                for t in terms], loss  # yapf: disable
 
     return loss_fn
 
@@ -112,25 +103,22 @@ def task_loss(model, device):
 def assert_close_to_fp32(model, loss_fn, device, dtype):
     """Finite in train mode; close to float32 in eval mode."""
     model.train()
-    outs, grads = forward_backward(model, loss_fn, device, dtype)
-    assert all(torch.isfinite(o).all() for o in outs)
-    assert grads and all(torch.isfinite(g).all() for g in grads.values())
-    model.eval()
+    for train in (True, False):
+        model.train(train)
+        outs, grads = forward_backward(model, loss_fn, device, dtype)
+        assert outs and all(torch.isfinite(o).all() for o in outs)
+        bad = [n for n, g in grads.items() if not torch.isfinite(g).all()]
+        assert grads and not bad, f'non-finite gradients: {bad[:5]}'
     ref_outs, ref_grads = forward_backward(model, loss_fn, device)
-    outs, grads = forward_backward(model, loss_fn, device, dtype)
-    assert len(outs) == len(ref_outs) and outs
+    assert len(outs) == len(ref_outs) and grads.keys() == ref_grads.keys()
     for i, (o, r) in enumerate(zip(outs, ref_outs)):
-        assert torch.isfinite(o).all(), f'output {i} not finite'
         assert rel_err(o, r) <= OUT_RTOL[dtype], (i, rel_err(o, r))
-    assert grads.keys() == ref_grads.keys() and grads
-    bad = [n for n, g in grads.items() if not torch.isfinite(g).all()]
-    assert not bad, f'non-finite gradients: {bad[:5]}'
     flat = torch.cat([grads[n].flatten().double() for n in ref_grads])
     ref = torch.cat([g.flatten().double() for g in ref_grads.values()])
     assert rel_err(flat, ref) <= GRAD_RTOL[dtype], rel_err(flat, ref)
 
 
-@pytest.mark.parametrize('dtype', HALF, ids=dtype_id)
+@pytest.mark.parametrize('dtype', HALF, ids=IDS)
 @pytest.mark.parametrize('attn_norm', [True, False])
 def test_backbone_autocast_close_to_fp32(device, dtype, attn_norm):
     model = backbone(attn_norm=attn_norm).to(device)
@@ -187,11 +175,9 @@ def spy(monkeypatch):
     return calls
 
 
-@pytest.mark.parametrize('nr_method,nr_backward', [('iterative', 'exact'),
-                                                   ('iterative', 'eq16'),
-                                                   ('spectral', 'exact'),
-                                                   ('lanczos', 'exact'),
-                                                   ('lanczos', 'eq16')])
+@pytest.mark.parametrize('nr_method,nr_backward', [
+    ('iterative', 'exact'), ('iterative', 'eq16'), ('spectral', 'exact'),
+    ('lanczos', 'exact'), ('lanczos', 'eq16')])  # yapf: disable
 def test_kernel_and_pinv_run_in_fp32_under_autocast(device, spy, nr_method,
                                                     nr_backward):
     model = backbone(nr_method=nr_method, nr_backward=nr_backward).to(device)
@@ -210,7 +196,7 @@ def test_kernel_and_pinv_run_in_fp32_under_autocast(device, spy, nr_method,
         assert out == torch.float32, (what, out)
 
 
-@pytest.mark.parametrize('dtype', HALF, ids=dtype_id)
+@pytest.mark.parametrize('dtype', HALF, ids=IDS)
 @pytest.mark.parametrize('method', ['iterative', 'spectral'])
 def test_pinv_alone_runs_in_fp32_under_autocast(device, spy, dtype, method):
     """The pseudo-inverse leaves autocast by itself (not only in SOFT)."""
@@ -262,12 +248,9 @@ ATTN_VARIANTS = {
     'random': dict(sampling='random'),
     'avgpool_ml': dict(sampling='avgpool', max_landmarks=4),
     'exact_bw': dict(nr_method='spectral', nr_backward='exact'),
-    # the attention zoo in the same backbone
-    **{
-        z: dict(type=z)
-        for z in ('softmax', 'linformer', 'performer', 'nystromformer', 'sima')
-    },
-}
+    **{z: dict(type=z) for z in  # the attention zoo in the same backbone
+       ('softmax', 'linformer', 'performer', 'nystromformer', 'sima')},
+}  # yapf: disable
 
 
 def run_recorded(model, x, bad, train):
@@ -277,11 +260,9 @@ def run_recorded(model, x, bad, train):
     with OpRecorder(bad) as rec:
         outs = model(x)
         sum(o.sum() for o in outs).backward()
-    assert rec.ops > 100  # the recorder saw the model
-    assert x.grad is not None and not bad(x.grad)
-    assert all(not bad(p.grad) for p in model.parameters()
-               if p.grad is not None)
-    assert all(not bad(o) for o in outs)
+    assert rec.ops > 100 and x.grad is not None  # the recorder saw it
+    grads = [p.grad for p in model.parameters() if p.grad is not None]
+    assert not any(map(bad, [x.grad, *grads, *outs]))
     return rec.found
 
 
@@ -305,10 +286,9 @@ def test_created_tensors_follow_the_input(device, name):
                 (SIZE // 4, SIZE // 4), 5)
         assert not rec.found, rec.found[:10]
         assert row.device.type == 'meta' and row.shape == (2, 1, SIZE**2 // 16)
-    model = model.to(device, torch.float64)
     x = torch.randn(2, 3, SIZE, SIZE, device=device, dtype=torch.float64)
     found = run_recorded(
-        model, x, lambda t: not_float64(t) or
+        model.to(device, torch.float64), x, lambda t: not_float64(t) or
         (device != 'cpu' and t.device.type != device and t.dim() > 0), True)
     assert not found, found[:10]
 
@@ -326,11 +306,13 @@ def test_recorder_catches_a_foreign_tensor():
 
 def test_device_fixture_params(monkeypatch):
     import conftest
-    monkeypatch.delenv('MMSOFT_TEST_DEVICE', raising=False)
-    assert conftest.device_types() == ['cpu'] + (
-        ['cuda'] if torch.cuda.is_available() else [])
-    monkeypatch.setenv('MMSOFT_TEST_DEVICE', 'cuda')
-    assert conftest.device_types() == ['cuda']
+    for env, want in (('', ['cpu'] + ['cuda'] * torch.cuda.is_available()),
+                      ('cuda', ['cuda'])):  # yapf: disable
+        monkeypatch.setenv('MMSOFT_TEST_DEVICE', env)
+        assert conftest.device_types() == want
     monkeypatch.setenv('MMSOFT_TEST_DEVICE', 'tpu')
-    with pytest.raises(ValueError, match='use cpu or cuda'):
+    with pytest.raises(ValueError) as info:
         conftest.device_types()
+    assert str(info.value) == ("MMSOFT_TEST_DEVICE='tpu': use cpu or cuda (or "
+                               'leave it unset for cpu and, if available, '
+                               'cuda)')

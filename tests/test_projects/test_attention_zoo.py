@@ -1,21 +1,16 @@
 """projects/attention_zoo (NeurIPS Table 1): each mixer against its formula
 (tiny dimensions, float64 where exactness is asserted)."""
-import importlib
 import math
-import sys
 
 import pytest
 import torch
 import torch.nn.functional as F
-from conftest import ROOT
 
+import projects.attention_zoo as zoo  # conftest: the checkout on sys.path
 from mmsoft.models.backbones.soft import SOFTBlock
 from mmsoft.models.layers import reduce_map
 from mmsoft.registry import ATTENTIONS
 
-if ROOT not in sys.path:  # projects/ is importable from the checkout root
-    sys.path.insert(0, ROOT)
-zoo = importlib.import_module('projects.attention_zoo')
 mixers = zoo.mixers
 pytestmark = pytest.mark.usefixtures('one_thread')  # tiny ops
 HW, N, C, HEADS, D, F64 = (7, 5), 35, 16, 2, 8, torch.float64  # 7, 5: odd
@@ -33,9 +28,9 @@ def tokens(B=2, n=N, c=C, seed=0):
 def build(t, ratio=2, dw_kernel_size=3, **options):
     """``t`` as a SOFT block builds it (``attn_cfg=dict(type=t, ...)``)."""
     torch.manual_seed(0)
-    cfg = dict(type=t, **options)
-    return SOFTBlock(
-        C, HEADS, ratio, dw_kernel_size, attn_cfg=cfg).attn.double().eval()
+    block = SOFTBlock(C, HEADS, ratio, dw_kernel_size,
+                      attn_cfg=dict(type=t, **options))  # yapf: disable
+    return block.attn.double().eval()
 
 
 def split(attn, x, *names):
@@ -144,10 +139,8 @@ def test_registry_options_repr_and_refusals():
 def test_linformer_conv_reduction_and_ratio_1():
     """X_r = LN(Conv_{r x r, stride r}(X)); r = 1: softmax, no reduction."""
     attn, x = build('linformer'), tokens()
-    xr = x.transpose(1, 2).reshape(2, C, *HW)
-    xr = F.conv2d(xr, attn.sr.weight, attn.sr.bias, stride=2)
-    xr = xr.flatten(2).transpose(1, 2)
-    n = attn.norm
+    n, xr = attn.norm, x.transpose(1, 2).reshape(2, C, *HW)
+    xr = F.conv2d(xr, attn.sr.weight, attn.sr.bias, 2).flatten(2).mT
     xr = F.layer_norm(xr, (C, ), n.weight, n.bias, n.eps)
     with torch.no_grad():
         w = softmax_matrix(*split(attn, x, 'q'), attn._split(attn.k(xr)))
