@@ -26,11 +26,11 @@ EXPECTED = {
 def test_config_contents(task):
     cfg = T.load_demo_config(task)
     model, dataset, metric, size = EXPECTED[task]
-    parts = [cfg.model] + [
+    parts = [cfg.model, cfg.test_evaluator] + [
         cfg[f'{s}_dataloader'].dataset for s in ('train', 'val', 'test')
     ]
-    types = [x['type'].split('.')[-1] for x in parts + [cfg.test_evaluator]]
-    assert types == [model, dataset, dataset, dataset, metric]
+    types = [x['type'].split('.')[-1] for x in parts]  # yapf: disable
+    assert types == [model, metric] + [dataset] * 3
     assert cfg.model.backbone.type in ('SOFT', 'mmsoft.SOFT')
     assert 'mmsoft' in cfg.custom_imports['imports']
     check_hooks(cfg)
@@ -47,10 +47,10 @@ def test_config_contents(task):
     opt = build_optim_wrapper(model, cfg.optim_wrapper).optimizer
     decay = {id(p): g['weight_decay']
              for g in opt.param_groups for p in g['params']}  # yapf: disable
-    bb = model.backbone
-    assert [decay[id(s.pos_embed)] for s in bb.stages] == [0] * 4
-    assert decay[id(bb.stages[3].cls_token)] == 0
-    assert decay[id(bb.stages[0].blocks[0].attn.q.weight)] > 0
+    st = model.backbone.stages
+    assert [decay[id(p)] for p in [s.pos_embed for s in st] + [
+        st[3].cls_token]] == [0] * 5  # yapf: disable
+    assert decay[id(st[0].blocks[0].attn.q.weight)] > 0
 
 
 def _check_run(task, r, work_dir, iters):
@@ -67,32 +67,28 @@ def _check_run(task, r, work_dir, iters):
 
 def test_short_training_run_and_data_root(tmp_path):
     """seg (det: test_tool_cli.py, cls: test_demo_smoke); set_data_root."""
-    data = S.make_demo_data(
-        str(tmp_path / 'data'),
-        tasks=['seg'],
-        workers=1,
-        overrides=tiny_demo_data(num_train=4),
-        log=None)
+    data = S.make_demo_data(str(tmp_path / 'data'), tasks=['seg'], workers=1,
+                            overrides=tiny_demo_data(num_train=4),
+                            log=None)  # yapf: disable
     cfg = T.shrink_for_smoke(T.load_demo_config('seg'), iters=2, batch_size=2)
     r = T.run_task('seg', data['seg']['path'], str(tmp_path / 'seg'),
                    cfg=cfg, n_draw=2)  # yapf: disable
     _check_run('seg', r, tmp_path / 'seg', 2)
-    cfg = T.load_demo_config('det')
-    root = str(tmp_path / 'x') + '/'
+    cfg, root = T.load_demo_config('det'), str(tmp_path / 'x') + '/'
     T.set_data_root(cfg, root[:-1])
-    assert cfg.train_dataloader.dataset.data_root == root
-    assert cfg.test_dataloader.dataset.data_root == root
-    assert cfg.val_evaluator.ann_file == \
-        root + 'annotations/instances_val.json'
+    assert (cfg.train_dataloader.dataset.data_root,
+            cfg.test_dataloader.dataset.data_root,
+            cfg.val_evaluator.ann_file) == (root, root, root +
+                                            'annotations/instances_val.json')
 
 
 def test_format_table():
     """PASS / FAIL / no target / ERROR rows; a value equal to its target
     passes ('>='), one just below fails."""
-    rows = (('detection', 'bbox mAP@0.5', 0.61, 0.5,
-             200.0), ('detection', 'bbox mAP', 0.3, None), ('segmentation',
-                                                            'mIoU', None, 0.6),
-            ('t', 'm', 0.5, 0.5), ('t', 'm', 0.4999, 0.5))
+    rows = (('detection', 'bbox mAP@0.5', 0.61, 0.5, 200.0),
+            ('detection', 'bbox mAP', 0.3, None),
+            ('segmentation', 'mIoU', None, 0.6), ('t', 'm', 0.5, 0.5),
+            ('t', 'm', 0.4999, 0.5))  # yapf: disable
     keys = ('task', 'metric', 'value', 'target', 'seconds')
     lines = T.format_table([dict(zip(keys, r)) for r in rows]).splitlines()
     assert lines[0].startswith('| task') and len(lines) == 7

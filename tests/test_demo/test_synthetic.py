@@ -22,19 +22,15 @@ SMALL = dict(
 
 
 def _tree_hashes(root):
-    return {
-        osp.relpath(osp.join(d, f), root):
-        hashlib.sha1(open(osp.join(d, f), 'rb').read()).hexdigest()
-        for d, _, files in os.walk(root)
-        for f in files
-    }
+    return {osp.relpath(osp.join(d, f), root):
+            hashlib.sha1(open(osp.join(d, f), 'rb').read()).hexdigest()
+            for d, _, files in os.walk(root) for f in files}  # yapf: disable
 
 
 @pytest.fixture(scope='module')
 def demo_root(tmp_path_factory):
     root = str(tmp_path_factory.mktemp('demo_data'))
-    report = S.make_demo_data(root, seed=0, overrides=SMALL, workers=1,
-                              log=None)  # yapf: disable
+    report = S.make_demo_data(root, overrides=SMALL, workers=1, log=None)
     assert all(r['generated'] for r in report.values())
     return root
 
@@ -49,9 +45,8 @@ def test_deterministic_and_cached(demo_root, tmp_path):
     report = S.make_demo_data(other, seed=0, overrides=SMALL, log=msgs.append)
     assert not any(r['generated'] for r in report.values())
     assert all('up to date' in m for m in msgs)
-    report = S.make_demo_data(
-        other, seed=1, tasks=['det'], overrides=SMALL, log=None)
-    assert report['det']['generated']
+    assert S.make_demo_data(other, seed=1, tasks=['det'], overrides=SMALL,
+                            log=None)['det']['generated']  # yapf: disable
     img = 'coco/train/000000.jpg'
     assert _tree_hashes(other)[img] != ref[img]
     assert not [p for p in os.listdir(other) if p.startswith('.')]
@@ -87,16 +82,14 @@ def test_coco_annotations(demo_root):
     from pycocotools import mask as mask_utils
     from pycocotools.coco import COCO
     for split, n in (('train', 6), ('val', 3)):
-        path = osp.join(demo_root, 'coco', 'annotations',
-                        f'instances_{split}.json')
+        path = f'{demo_root}/coco/annotations/instances_{split}.json'
         with open(path) as f:
             coco = json.load(f)
         cats = [(c['id'], c['name']) for c in coco['categories']]
         assert cats == list(enumerate(S.DET_CLASSES, 1)) and len(cats) == 3
-        assert len(coco['images']) == n
-        for im in coco['images']:
-            assert osp.isfile(
-                osp.join(demo_root, 'coco', split, im['file_name']))
+        assert len(coco['images']) == n and all(
+            osp.isfile(f'{demo_root}/coco/{split}/{im["file_name"]}')
+            for im in coco['images'])
         ids = [a['id'] for a in coco['annotations']]
         assert len(set(ids)) == len(ids) >= 2 * n
         api = COCO(path)
@@ -104,8 +97,8 @@ def test_coco_annotations(demo_root):
             x, y, w, h = a['bbox']
             assert 0 <= x < x + w <= 160 and 0 <= y < y + h <= 160
             assert a['iscrowd'] == 0 and a['category_id'] in (1, 2, 3)
-            assert all(
-                len(p) >= 6 and len(p) % 2 == 0 for p in a['segmentation'])
+            assert all(len(p) >= 6 and len(p) % 2 == 0
+                       for p in a['segmentation'])  # yapf: disable
             m = api.annToMask(a)
             # polygons run through pixel centres: slightly smaller masks
             assert 0 < 0.6 * a['area'] <= m.sum() <= 1.05 * a['area']
@@ -138,9 +131,8 @@ def test_codebase_datasets(demo_root):
     register_all_modules()
     ds = ADE20KDataset(
         data_root=osp.join(demo_root, 'ade'),
-        data_prefix=dict(
-            img_path='images/validation',
-            seg_map_path='annotations/validation'),
+        data_prefix=dict(img_path='images/validation',
+                         seg_map_path='annotations/validation'),
         metainfo=dict(classes=S.SEG_CLASSES),
         pipeline=[dict(type='LoadImageFromFile'),
                   dict(type='LoadAnnotations')])  # yapf: disable
@@ -158,10 +150,10 @@ def test_codebase_datasets(demo_root):
         seen |= set(np.unique(seg).tolist())
     assert seen <= {0, 1, 2, 3, 255} and len(seen - {255}) >= 3
     root, meta = osp.join(demo_root, 'imagenet'), dict(classes=S.CLS_CLASSES)
-    for ds, n in ((ImageNet(root, split='train', metainfo=meta),
-                   10), (ImageNet(root, split='val', metainfo=meta), 5),
-                  (CustomDataset(root, data_prefix='val',
-                                 with_label=True), 5)):
+    for ds, n in ((ImageNet(root, split='train', metainfo=meta), 10),
+                  (ImageNet(root, split='val', metainfo=meta), 5),
+                  (CustomDataset(root, data_prefix='val', with_label=True),
+                   5)):  # yapf: disable
         assert len(ds) == n and sorted(ds.CLASSES) == sorted(S.CLS_CLASSES)
         infos = [ds.get_data_info(i) for i in range(n)]
         assert {i['gt_label'] for i in infos} == set(range(len(ds.CLASSES)))
@@ -187,11 +179,9 @@ def test_tool_cli(tmp_path, capsys):
                 for n in ast.walk(ast.parse(open(S.__file__).read()))
                 if isinstance(n, (ast.Import, ast.ImportFrom))
                 for a in n.names}  # yapf: disable
-    assert {m.split('.')[0]
-            for m in imported} <= {
-                'itertools', 'json', 'os', 'shutil', 'time', 'multiprocessing',
-                'cv2', 'numpy'
-            }, imported
+    assert {m.split('.')[0] for m in imported} <= {
+        'itertools', 'json', 'os', 'shutil', 'time', 'multiprocessing', 'cv2',
+        'numpy'}, imported  # yapf: disable
     out = tmp_path / 'cli'
     rc = _tool('--out', str(out), '--tasks', 'det', 'cls', '--num-train', '5',
                '--num-val', '2', '--workers', '1')
@@ -215,7 +205,7 @@ def test_a_users_data_is_never_replaced(tmp_path, force, kind, capsys):
     out, real = tmp_path / 'data', tmp_path / 'real_coco'
     real.mkdir()
     (real / 'instances_train2017.json').write_text('{"mine": 1}')
-    out.mkdir()
+    (out / 'imagenet').mkdir(parents=True)  # empty: may be filled
     if kind == 'data':
         (out / 'coco').mkdir()
         (out / 'coco' / 'mine.json').write_text('{"mine": 1}')
@@ -223,18 +213,20 @@ def test_a_users_data_is_never_replaced(tmp_path, force, kind, capsys):
         (out / 'coco').write_text('mine')
     else:
         (out / 'coco').symlink_to(real, target_is_directory=True)
-    (out / 'imagenet').mkdir()  # empty: may be filled
     before = _tree_hashes(tmp_path)
     rc = _tool('--out', str(out), '--tasks', 'cls', 'det', '--num-train', '2',
                '--num-val', '1', '--workers', '1', *['--force'] * force)
     std = capsys.readouterr()
     err = std.err.strip().splitlines()
-    assert rc == 1 and len(err) == 1, std.out + std.err
-    assert err[0].startswith(f'error: {out / "coco"} exists and is ')
-    assert 'choose another --out' in err[0]
-    assert _tree_hashes(tmp_path) == before
-    assert sorted(os.listdir(out)) == ['coco', 'imagenet']
-    assert os.listdir(out / 'imagenet') == []
+    assert rc == 1, std.out + std.err
+    what = {'file': 'a file', 'link': 'a link'}.get(
+        kind, f'data not written by this generator (no {S.MANIFEST})'
+    )  # yapf: disable
+    assert err == [f'error: {out / "coco"} exists and is {what}: the demo '
+                   'data never replaces it (--force included); choose '
+                   'another --out, e.g. data/demo']  # yapf: disable
+    assert _tree_hashes(tmp_path) == before and os.listdir(out / 'imagenet') \
+        == [] and sorted(os.listdir(out)) == ['coco', 'imagenet']
     if kind == 'data' and not force:  # its marked folder, an empty one
         few = dict(cls=dict(num_train=5, num_val=5))
         S.make_demo_data(str(out), tasks=['cls'], overrides=few, log=None)
