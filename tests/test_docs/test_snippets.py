@@ -364,33 +364,29 @@ def ratios_are_the_csvs(rel, text):
 
 
 def six_authors_files(rel, text):
-    n = sum(1 + len(e.get('more_links', [])) for e in OFFICIAL_FILES.values()
-            if e['link'])
-    assert n == 6
+    assert sum(1 + len(e.get('more_links', []))
+               for e in OFFICIAL_FILES.values() if e['link']) == 6
     assert re.findall(r'The authors publish (\w+)',
                       ' '.join(text.split())) == ['six']
 
 
 def why_rows_name_machines(rel, text):
     why = text[text.index('<!-- generated: why -->'):]
-    rows = [
-        r.split(' | ') for r in why[:why.index('<!-- end')].splitlines()
-        if r.startswith('| ')
-    ][1:]
-    assert rows and {r[1]
-                     for r in rows
-                     } <= {GEN.CPU1, GEN.CPU2, GEN.H200, GEN.H100}
+    rows = [r.split(' | ') for r in why[:why.index('<!-- end')].splitlines()
+            if r.startswith('| ')][1:]  # yapf: disable
+    machines = {GEN.CPU1, GEN.CPU2, GEN.H200, GEN.H100}
+    assert rows and {r[1] for r in rows} <= machines
     for machine in (GEN.CPU2, GEN.H200):  # side by side at 800 x 1216
         assert any(r[1] == machine and '800 × 1216' in r[0] for r in rows)
     assert any(r[1] == GEN.H100 for r in rows)
 
 
-def no_page_denies_gpu_figures(rel, text):
+def no_page_denies_gpu_figures(page, text):
     assert sum(len(GEN.read_csv(name)) for _, name in GEN.GPU_CSVS) > 0
     no_gpu = re.compile(r'no GPU (figures|numbers|measurements|results|rows)',
                         re.I)
-    said = [(osp.relpath(p, ROOT), no_gpu.search(' '.join(
-        text_of(p).split()))) for p in PAGES]  # yapf: disable
+    said = [(rel(p), no_gpu.search(' '.join(text_of(p).split())))
+            for p in PAGES]  # yapf: disable
     assert [(p, m.group(0)) for p, m in said if m] == []
 
 
@@ -403,7 +399,7 @@ FACTS = [
     ('docs/en/model_zoo.md', 'six files', six_authors_files),
     ('README.md', 'Why SOFT: each row its machine', why_rows_name_machines),
     ('README.md', 'no page: "no GPU figures"', no_page_denies_gpu_figures),
-]
+]  # yapf: disable
 
 
 @pytest.mark.parametrize(
