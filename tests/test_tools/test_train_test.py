@@ -342,29 +342,13 @@ def _tta_views(name, tmp_path):
                 gt_label=0)), cfg
 
 
-@pytest.mark.parametrize('name', ['soft_tiny_in1k', 'mask_rcnn_soft_tiny_1x'])
-def test_tta_flip_views(name, tmp_path):
-    """No TTA of their own: the image flipped, then as it is."""
-    out, cfg = _tta_views(name, tmp_path)
-    inputs, samples = out['inputs'], out['data_samples']
-    assert len(inputs) == len(samples) == 2
-    a, b = (t.numpy() for t in inputs)
-    assert a.shape == b.shape
-    np.testing.assert_array_equal(a, b[:, :, ::-1])  # a horizontal flip
-    if name.startswith('mask_rcnn'):
-        assert [s.flip for s in samples] == [True, False]
-        assert samples[0].flip_direction == 'horizontal'
-        assert samples[0].scale_factor == samples[1].scale_factor
-        assert cfg.model.type == 'DetTTAModel'
-    else:
-        assert cfg.model.type == 'mmpretrain.AverageClsScoreTTA'
-        # the flip is the only difference from the plain test pipeline
-        assert a.shape[1:] == (224, 224)
-
-
 @pytest.mark.parametrize(
-    'name,model_type,flips,shorts',
+    'name, model_type, flips, shorts',
     [
+        # no TTA of their own: the image flipped, then as it is (cls: the
+        # flip is the only difference from the plain test pipeline)
+        ('soft_tiny_in1k', 'mmpretrain.AverageClsScoreTTA', None, [224]),
+        ('mask_rcnn_soft_tiny_1x', 'DetTTAModel', [True, False], None),
         # mmdet's own RetinaNet TTA (inherited): shorter sides 800, 400, 1200
         ('retinanet_soft_tiny_1x', 'DetTTAModel', [True, False] * 3,
          [800, 400, 1200]),
@@ -372,16 +356,20 @@ def test_tta_flip_views(name, tmp_path):
         ('upernet_soft_small_512x512_160k_ade20k', 'SegTTAModel',
          [False, True] * 6, None),
     ])
-def test_tta_multiscale_views(name, model_type, flips, shorts, tmp_path):
-    """Multi-scale TTA: each scale flipped and not, merged by the TTA model."""
+def test_tta_views(name, model_type, flips, shorts, tmp_path):
+    """Each scale flipped and not, merged by the TTA model."""
     out, cfg = _tta_views(name, tmp_path)
     inputs, samples = out['inputs'], out['data_samples']
-    assert len(inputs) == len(flips)
-    assert [bool(s.flip) for s in samples] == flips
+    assert cfg.model.type == model_type and len(inputs) == len(samples)
+    assert flips is None or [bool(s.flip) for s in samples] == flips
+    assert all(s.flip_direction == 'horizontal' for s in samples
+               if flips and s.flip)
+    assert [s.get('scale_factor') for s in samples[0::2]] == \
+        [s.get('scale_factor') for s in samples[1::2]]
     sizes = [tuple(t.shape[1:]) for t in inputs]
     assert sizes[0::2] == sizes[1::2]
     got = [min(s) for s in sizes[0::2]]
-    assert got == (shorts or sorted(set(got))) and len(got) == len(flips) // 2
+    assert got == (shorts or sorted(set(got))) and len(got) == len(inputs) // 2
     for a, b in zip(inputs[0::2], inputs[1::2]):
         np.testing.assert_array_equal(a.numpy(), b.numpy()[:, :, ::-1])
     assert cfg.model.type == model_type
