@@ -253,12 +253,6 @@ def model_values(model):
                                  if not p.requires_grad))  # yapf: disable
 
 
-def _norm(v):
-    if isinstance(v, (list, tuple)):
-        return [_norm(x) for x in v]
-    return round(v, 9) if isinstance(v, float) else v
-
-
 def pipeline_values(pipeline, card_pipeline, scope):
     """[(type, {card key: value})] of the built transforms; a setting not
     on the transform is read from its ``resize_cfg``."""
@@ -269,13 +263,14 @@ def pipeline_values(pipeline, card_pipeline, scope):
         resize = getattr(t, 'resize_cfg', None) or {}
         for k in keys:
             assert hasattr(t, k) or k in resize, (type(t).__name__, k)
-        vals = {k: _norm(getattr(t, k, resize.get(k))) for k in keys}
+        vals = {k: getattr(t, k, resize.get(k)) for k in keys}
         # a keep-ratio resize to (a, b) is one to (b, a): long, short
-        keep = getattr(t, 'keep_ratio', None) or resize.get('keep_ratio')
-        if keep and isinstance(vals.get('scale'), list):
-            vals['scale'] = sorted(vals['scale'], reverse=True)
-        if keep and isinstance(vals.get('scales'), list):
-            vals['scales'] = [sorted(p, reverse=True) for p in vals['scales']]
+        if getattr(t, 'keep_ratio', None) or resize.get('keep_ratio'):
+            if isinstance(vals.get('scale'), (list, tuple)):
+                vals['scale'] = sorted(vals['scale'], reverse=True)
+            if 'scales' in vals:
+                vals['scales'] = [sorted(p, reverse=True)
+                                  for p in vals['scales']]  # yapf: disable
         out.append((type(t).__name__, vals))
     return out
 
