@@ -30,34 +30,33 @@ def tree(tmp_path):
     return tmp_path
 
 
-@pytest.mark.parametrize('name', ['my env', "it's a venv"])
+@pytest.mark.parametrize('name', ['my env', "it's a venv", 'keep', 'link'])
 def test_clean_env_removes_exactly_the_virtualenv(tree, name):
-    """``VENV="my env"`` once ran ``rm -rf my env``; then nothing to do."""
-    (tree / name).mkdir()
-    (tree / name / 'pyvenv.cfg').write_text('home = /usr/bin\n')
-    proc = _make(tree, 'clean-env', f'VENV={name}')
-    assert proc.returncode == 0, proc.stderr
-    assert sorted(os.listdir(tree)) == ['Makefile', 'env', 'keep', 'my']
-    assert all((tree / d / 'mine.txt').read_text() == d
-               for d in ('my', 'env', 'keep'))  # yapf: disable
-    assert _make(tree, 'clean-env', f'VENV={name}').stdout == (
-        f'clean-env: {name} does not exist: nothing to remove\n')
-
-
-@pytest.mark.parametrize('venv', ['keep', 'link'])
-def test_clean_env_refuses_what_is_not_a_virtualenv(tree, venv):
+    """``VENV="my env"`` once ran ``rm -rf my env``; then nothing to do; a
+    folder without pyvenv.cfg, or a link to a virtualenv, is refused."""
     (tree / 'venv').mkdir()
     (tree / 'venv' / 'pyvenv.cfg').write_text('')
-    (tree / 'link').symlink_to(tree / 'venv')  # removes the link's target
+    (tree / 'link').symlink_to(tree / 'venv')  # rm -rf: the link's target
+    venv = name not in ('keep', 'link')
+    if venv:
+        (tree / name).mkdir()
+        (tree / name / 'pyvenv.cfg').write_text('home = /usr/bin\n')
     before = sorted(os.listdir(tree))
-    proc = _make(tree, 'clean-env', f'VENV={venv}')
-    assert proc.returncode != 0
-    assert proc.stderr.splitlines()[0] == (
-        f'clean-env: {venv} is not a virtualenv (no pyvenv.cfg, or a link): '
-        "refusing to delete it; set VENV to the virtualenv's own path")
-    assert sorted(os.listdir(tree)) == before
-    assert (tree / 'keep' / 'mine.txt').read_text() == 'keep'
+    proc = _make(tree, 'clean-env', f'VENV={name}')
+    assert sorted(os.listdir(tree)) == [d for d in before if d != name or
+                                        not venv]  # yapf: disable
+    assert all((tree / d / 'mine.txt').read_text() == d
+               for d in ('my', 'env', 'keep'))  # yapf: disable
     assert (tree / 'venv' / 'pyvenv.cfg').exists()
+    if venv:
+        assert proc.returncode == 0, proc.stderr
+        assert _make(tree, 'clean-env', f'VENV={name}').stdout == (
+            f'clean-env: {name} does not exist: nothing to remove\n')
+    else:
+        assert proc.returncode != 0 and proc.stderr.splitlines()[0] == (
+            f'clean-env: {name} is not a virtualenv (no pyvenv.cfg, or a '
+            "link): refusing to delete it; set VENV to the virtualenv's own "
+            'path')
 
 
 @pytest.mark.parametrize('target', ['env', 'test', 'lint', 'demo', 'docs'])
