@@ -116,12 +116,11 @@ def test_registry_options_repr_and_refusals():
             build(t, **{key: 4})
     kws = [{}, dict(sr_mode='avgpool'), dict(num_features=5),
            dict(pinv_iters=3), dict(order='linear')]  # yapf: disable
-    assert [cls(16, 2, 2, **kw).extra_repr() for cls, kw in zip(ZOO, kws)] == [
-        'heads=2, ratio=2', 'heads=2, ratio=2, sr_mode=avgpool',
-        'heads=2, ratio=2, num_features=5',
-        'heads=2, ratio=2, pinv=iterative, pinv_iters=3',
-        'heads=2, ratio=2, order=linear'
-    ]
+    assert [cls(16, 2, 2, **kw).extra_repr() for cls, kw in zip(ZOO, kws)
+            ] == ['heads=2, ratio=2' + e for e in (
+                '', ', sr_mode=avgpool', ', num_features=5',
+                ', pinv=iterative, pinv_iters=3', ', order=linear')
+                  ]  # yapf: disable
     for cls, kw, msg in [
         (LIN, dict(sr_mode='pool'),
          "unknown sr_mode 'pool'; choose one of ('conv', 'avgpool')"),
@@ -236,8 +235,8 @@ def test_orthogonal_gaussian_seeded_orthogonal_float64_norms(monkeypatch):
     assert ((n - n.float().double()).abs() / n > 1e-13).all()
     calls, qr = [], torch.linalg.qr
     monkeypatch.setattr(torch.linalg, 'qr', lambda a: calls.append(1) or qr(a))
-    assert mixers.orthogonal_gaussian(9,
-                                      4).shape == (9, 4) and calls == [1] * 3
+    w = mixers.orthogonal_gaussian(9, 4)
+    assert w.shape == (9, 4) and calls == [1] * 3
 
 
 def test_iterative_pinv_start_step_convergence_and_exact_limit():
@@ -253,9 +252,9 @@ def test_iterative_pinv_start_step_convergence_and_exact_limit():
     Z0, eye = A.transpose(-1, -2) / norms[:, None, None], torch.eye(5)
     close(mixers.iterative_pinv(A, 0), Z0)
     AZ = A @ Z0
-    close(
-        mixers.iterative_pinv(A, 1),
-        Z0 @ (13 * eye - AZ @ (15 * eye - AZ @ (7 * eye - AZ))) / 4)
+    close(mixers.iterative_pinv(A, 1),
+          Z0 @ (13 * eye - AZ @ (15 * eye - AZ @ (7 * eye - AZ))) / 4
+          )  # yapf: disable
     for shape in [(10, 10), (6, 4), (4, 6)]:
         A = torch.rand(2, *shape, dtype=F64).softmax(-1)
         close(mixers.iterative_pinv(A, 30), torch.linalg.pinv(A))
@@ -278,12 +277,10 @@ def test_sima_multiplies_in_the_chosen_order(order):
     n > d."""
     want = ['quadratic', 'linear'] if order == 'auto' else [order] * 2
     assert [mixers.sima_order(n, 8, order) for n in (8, 9)] == want
-    attn = build('sima', 1, 0, order=order).float()
-    x = tokens().float()
+    attn, x = build('sima', 1, 0, order=order).float(), tokens().float()
     with torch.no_grad():
-        out, _ = attn._mix(x, HW)
-        q, k = attn._qk(x)
-        v, = split(attn, x, 'v')
+        (out, _), (q, k), (v, ) = attn._mix(x, HW), attn._qk(x), split(
+            attn, x, 'v')  # yapf: disable
         lin, quad = q @ (k.mT @ v), (q @ k.mT) @ v
     assert not torch.equal(lin, quad)
     assert torch.equal(out, quad if order == 'quadratic' else lin)
