@@ -64,18 +64,10 @@ def test_table_writer(tmp_path):
     (a, stack), (b, _) = list(stacks.STACKS.items())[:2]
     res, out = tmp_path / 'results', tmp_path / 'out'
     res.mkdir()
-    (res / f'{a}.json').write_text(
-        json.dumps(
-            dict(
-                stack=a,
-                python='3.11.2',
-                passed=10,
-                skipped=2,
-                failed=0,
-                seconds=90,
-                date='2026-01-01',
-                **{k: stack[k]
-                   for k in stacks.DISTS})))
+    (res / f'{a}.json').write_text(json.dumps(dict(
+        stack=a, python='3.11.2', passed=10, skipped=2, failed=0, seconds=90,
+        date='2026-01-01', **{k: stack[k] for k in stacks.DISTS}
+    )))  # yapf: disable
     assert matrix.rows(str(res))[1]['passed'] == 'not run'  # no table yet
     out.mkdir()
     (out / 'matrix.csv').write_text(f'stack,passed,skipped,failed,date\n'
