@@ -13,7 +13,7 @@ import shutil
 import subprocess
 
 import pytest
-from conftest import CONFIGS, ROOT, demo_support, tiny_demo_data
+from conftest import CONFIGS, ROOT, TOOLS, demo_support, tiny_demo_data
 from mmengine.config import Config, ConfigDict
 
 from mmsoft_tools import data_check as dc
@@ -271,7 +271,8 @@ def demo_data(tmp_path_factory):
     }
 
 
-def test_existing_data_passes(demo_data, tmp_path, monkeypatch, capsys):
+def test_existing_data_passes(demo_data, tmp_path, monkeypatch, capsys,
+                              script_server):
     import demo_tasks as T
     monkeypatch.chdir(tmp_path)
     assert dc.missing_data_message(T.load_demo_config('seg'), 'train') \
@@ -295,8 +296,15 @@ def test_existing_data_passes(demo_data, tmp_path, monkeypatch, capsys):
     assert dc.main(['test', 'no_such_config.py', '--help']) == 1
     assert capsys.readouterr().err == \
         'mmsoft: config file not found: no_such_config.py\n'
-    # (run as a script, its --cfg-options check: test_faults.py's
-    # dist_test-cfg-typo)
+    # run as a script (tools/ not on sys.path), the tools' --cfg-options check
+    proc = script_server(
+        f'{TOOLS}/mmsoft_tools/data_check.py',
+        ['train', det, '--cfg-options', 'train_cfg.max_epoch=1'],
+        cwd=tmp_path)
+    assert proc.returncode == 1
+    assert proc.stderr.strip().splitlines()[-1] == (
+        "error: --cfg-options train_cfg.max_epoch: the config has no key "
+        "'max_epoch' under train_cfg; did you mean train_cfg.max_epochs?")
 
 
 # ------------------------------------------- the files the data lists
