@@ -125,9 +125,10 @@ CASES = [
      OPT + 'train_dataloader.dataset.data_root=no_data',
      no_data('train', 'train'), 'nothing'),
     # the checkpoint files of a training run: the config's hooks refuse
-    # them (SafeCheckpointHook; load_from: mmengine's loader)
+    # them (SafeCheckpointHook)
     ('train-load-from-missing', 'train.py', OPT + 'load_from={work}/no.pth',
-     'error: <path> can not be found.', 'runner'),
+     'error: load_from <path>: no such file; pass an existing checkpoint '
+     '(e.g. <work_dir>/epoch_N.pth), or leave load_from out', 'runner'),
     # (its option: a str for a str passes the value check)
     ('train-resume-missing', 'train.py', W + '--resume {work}/no.pth '
      '--cfg-options optim_wrapper.optimizer.type=SGD',

@@ -135,6 +135,12 @@ def missing_resume_file(path: str) -> str:
             f'the newest checkpoint of the work dir)')
 
 
+def missing_load_from(path: str, trains: bool = True) -> str:
+    fix = ', or leave load_from out' if trains else ''
+    return (f'load_from {path}: no such file; pass an existing checkpoint '
+            f'(e.g. <work_dir>/epoch_N.pth){fix}')
+
+
 def checkpoint_dir_of(work_dir: str, out_dir: Optional[str] = None) -> str:
     """The work dir, or mmengine's ``<out_dir>/<work dir name>``."""
     if out_dir is None or out_dir == work_dir:
@@ -273,8 +279,11 @@ class SafeCheckpointHook(CheckpointHook):
             raise CheckpointDirInUse(refusal)
         if not auto:  # read before mmengine's (unrestricted < torch 2.6)
             load_from = str(getattr(runner, '_load_from', None) or '')
-            if resume and '://' not in load_from and not osp.isfile(load_from):
-                raise FileNotFoundError(missing_resume_file(load_from))
+            if load_from and '://' not in load_from and \
+                    not osp.isfile(load_from):
+                raise FileNotFoundError(
+                    missing_resume_file(load_from)
+                    if resume else missing_load_from(load_from, trains))
             if osp.isfile(load_from) and not getattr(runner, '_has_loaded',
                                                      False):
                 load_verified(load_from)  # the model: StrictLoadHook's check

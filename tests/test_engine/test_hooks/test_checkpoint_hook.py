@@ -542,6 +542,13 @@ def test_runner_without_private_attributes(tmp_path):
     assert str(e.value) == (f'--resume {gone}: no such file (omit the path '
                             'to resume from the newest checkpoint of the '
                             'work dir)')
+    for loop, fix in ((_Loop(), ', or leave load_from out'), (None, '')):
+        with pytest.raises(FileNotFoundError) as e:  # train / test tools
+            SafeCheckpointHook().before_run(
+                _Runner(work, loop=loop, _load_from=str(gone)))
+        assert str(e.value) == (f'load_from {gone}: no such file; pass an '
+                                'existing checkpoint (e.g. <work_dir>/'
+                                f'epoch_N.pth){fix}')
     bad = work / 'bad.pth'
     bad.write_bytes(b'PK\x03\x04 truncated')
     runner = _Runner(
