@@ -120,7 +120,7 @@ def _stub_runner(work_dir=None, max_iters=10, it=2, model=None, wrapper=None):
             max_iters=max_iters) if max_iters else {})),
         iter=it,
         epoch=0,
-        work_dir=work_dir)
+        **(dict(work_dir=work_dir) if work_dir else {}))
 
 
 def test_no_checkpoint_with_nonfinite_parameters():
@@ -139,6 +139,10 @@ def test_no_checkpoint_with_nonfinite_parameters():
         '4 parameter tensor(s) (0.weight, 0.bias, 1.weight, ...) hold nan / '
         'inf; training stopped. Lower the learning rate or enable gradient '
         'clipping (optim_wrapper.clip_grad).')
+    with torch.no_grad():
+        model[1].bias.fill_(1.)
+    assert nf._bad_params(model) == \
+        '3 parameter tensor(s) (0.weight, 0.bias, 1.weight)'
 
 
 @pytest.mark.parametrize('skips,work_dir,max_iters,logged',
@@ -147,9 +151,12 @@ def test_no_checkpoint_with_nonfinite_parameters():
 def test_stop_message_is_the_documented_line(skips, work_dir, max_iters,
                                              logged):
     """The stop is one line with every fix of docs/en/faq.md; a loss only in
-    the outputs (``logged``) is checked after the iteration."""
-    hook = NonFiniteLossHook(max_skipped_steps=skips)
+    the outputs (``logged``) is checked after the iteration (with and
+    without before_train_iter); by default no step is skipped."""
+    hook = NonFiniteLossHook(skips) if skips else NonFiniteLossHook()
     runner = hook._runner = _stub_runner(work_dir, max_iters, it=11)
+    if work_dir is None:
+        hook.before_train_iter(runner, 2)
     nan = torch.tensor([1., NAN])
     for outputs in (None, {}, dict(loss=torch.tensor(1.5)), ['not a dict']):
         hook.after_train_iter(runner, 2, outputs=outputs)
@@ -200,9 +207,10 @@ def _guarded(hook, accumulate=1, it=0, wrappers=('', )):
 
 def test_guard_wraps_once_and_stops_a_step_that_breaks_parameters(monkeypatch):
     """Wrapped once, arguments passed on; the finite loss's value named; on
-    another rank: said so."""
+    another rank: said so; a parameter outside the optimizer: not checked."""
     hook = NonFiniteLossHook()
     runner, model, calls = _guarded(hook)
+    model.frozen = nn.Parameter(torch.tensor([NAN]), requires_grad=False)
     guarded = runner.optim_wrapper.update_params
     hook.before_train(runner)
     assert runner.optim_wrapper.update_params is guarded
@@ -318,9 +326,9 @@ CAUSES = dict(
     inputs='the inputs from the data pipeline hold nan / inf; {} stopped, '
     'its metrics would be meaningless. Check the data pipeline and the image '
     'files.',
-    std='model.data_preprocessor.std [0.0] has a 0 (a division by zero); {} '
-    'stopped, its metrics would be meaningless. Give the std of the data the '
-    'model was trained with.',
+    std='model.data_preprocessor.std [0.0, 0.333333] has a 0 (a division by '
+    'zero); {} stopped, its metrics would be meaningless. Give the std of the '
+    'data the model was trained with.',
     overflow='the inputs, the weights and the preprocessing are finite: the '
     'computation overflowed; {} stopped, its metrics would be meaningless. '
     'Evaluate in float32 (without --amp / fp16).')
@@ -329,20 +337,24 @@ CAUSES = dict(
 @pytest.mark.parametrize(
     'cause,std,mode',
     [('weights', None, 'test'), ('inputs', [1.], 'test'),
-     ('std', torch.zeros(1), 'val'), ('overflow', torch.ones(1), 'test'),
+     ('std', torch.tensor([0., 1 / 3]), 'val'),
+     ('overflow', torch.ones(1), 'test'),
      ('overflow', [0.], 'test')],  # a std that is no tensor: not read
     ids=['weights', 'inputs', 'std', 'overflow', 'list-std'])
 def test_nonfinite_outputs_stop_naming_the_cause(cause, std, mode):
     """Issue 52, item 4: finite outputs pass; the first image, at most
-    three fields (sorted) and the cause are named, in the log too."""
+    three fields (sorted) and the cause are named, in the log too, not the
+    work dir's checkpoints; a batch's inputs: its 'inputs' or the batch."""
     model, logged = nn.Linear(2, 2), []
     if std is not None:
         model.data_preprocessor = SimpleNamespace(std=std)
     runner = SimpleNamespace(
-        model=model, logger=SimpleNamespace(error=logged.append))
+        model=model, logger=SimpleNamespace(error=logged.append), work_dir='w')
     inputs = torch.full((2, 2), NAN if cause == 'inputs' else 1.)
+    batch = [inputs] if cause == 'inputs' else dict(
+        inputs=inputs, data_samples=NAN * ONE)
     check = getattr(NonFiniteLossHook(), f'after_{mode}_iter')
-    assert check(runner, 4, dict(inputs=inputs), [dict(s=ONE)]) is None
+    assert check(runner, 4, batch, [dict(s=ONE)]) is None
     if cause == 'weights':
         with torch.no_grad():
             model.weight[0, 0] = NAN
@@ -355,7 +367,7 @@ def test_nonfinite_outputs_stop_naming_the_cause(cause, std, mode):
     ] if images else [dict(d=nan, c=nan, b=nan, a=nan),
                       dict(e=ONE)]
     with pytest.raises(NonFiniteLossError) as e:
-        check(runner, 4, dict(inputs=inputs), outputs)
+        check(runner, 4, batch, outputs)
     fields = 'pred_score; first image img_4.png' if images else 'a, b, c'
     what = 'validation' if mode == 'val' else 'test'
     assert logged == [str(e.value)] and str(e.value) == (
@@ -364,13 +376,21 @@ def test_nonfinite_outputs_stop_naming_the_cause(cause, std, mode):
 
 
 def test_outputs_of_another_rank_stop_this_one(monkeypatch):
-    """Also: ``check_outputs=False`` checks nothing."""
+    """Also: ``check_outputs=False`` checks nothing; outputs that are one
+    data element (no list)."""
     monkeypatch.setattr(nf, '_any_rank', lambda flag: True)
     runner = SimpleNamespace(model=nn.Linear(2, 2))
     with pytest.raises(NonFiniteLossError) as e:
         NonFiniteLossHook().after_val_iter(runner, 0, None, [dict(s=ONE)])
     assert str(e.value) == ('NonFiniteLossHook: the validation outputs of '
                             'another rank hold nan / inf; validation stopped')
+    runner.logger = SimpleNamespace(error=lambda msg: None)
+    with pytest.raises(NonFiniteLossError) as e:
+        NonFiniteLossHook().after_test_iter(runner, 0, None,
+                                            BaseDataElement(pred=NAN * ONE))
+    assert str(e.value) == ('NonFiniteLossHook: the test outputs of batch 1 '
+                            'hold nan / inf (pred): ' +
+                            CAUSES['overflow'].format('test'))
     assert NonFiniteLossHook(
         check_outputs=False).after_val_iter(runner, 0, None,
                                             [dict(s=NAN * ONE)]) is None
