@@ -381,6 +381,7 @@ def test_rng_states_round_trip_weights_only(tmp_path, monkeypatch):
          'write to another file system'),
         (errno.EROFS, True, '{work} is read-only: choose another work dir'),
         (errno.EACCES, False, 'Check the permissions of {work} (ls -ld)'),
+        (errno.EPERM, True, 'Check the permissions of {work} (ls -ld)'),
         (None, True, 'Free space in {work}'),  # a quota as text, no errno
     ])
 def test_write_failure_names_the_fix_and_resumes_only_a_checkpoint(
@@ -530,6 +531,7 @@ def test_runner_without_private_attributes(tmp_path):
         work, loop=_Loop(), drop=('_resume', '_load_from', '_has_loaded'))
     SafeCheckpointHook().before_run(runner)
     assert runner.logger == [] and not hasattr(runner, '_resume')
+    SafeCheckpointHook().after_run(runner)  # no load_checkpoint to drop
     runner = _Runner(work, loop=_Loop(), drop=('_load_from', ), _resume=True)
     SafeCheckpointHook().before_run(runner)  # resume=True: the search
     assert runner.logger.ours() == [SCRATCH.format(work)]
@@ -639,18 +641,25 @@ WORLD = ('mmsoft: the checkpoint holds RNG states of {} process(es), this '
         # a checkpoint without a meta dict restores nothing
         (dict(_resume=True), [torch.ones(1)], None, 0, {}, []),
         (dict(_resume=True), dict(meta=['x']), None, 0, {}, []),
+        # a built iterator: restored after the replay of `iter` batches
+        (dict(_resume=True, loop=dict(iter=1, dataloader_iterator=iter(
+            ()))), None, 1, 1, {}, []),
+        (dict(_resume=True, loop=dict(iter=0, dataloader_iterator=iter(
+            ()))), None, 1, 1, {}, [RESTORED]),
+        (dict(_resume=True, loop=dict(dataloader_iterator=iter(()))), None, 1,
+         1, {}, [RESTORED]),  # a loop without `iter`
     ])
 def test_rng_states_and_seed_come_back_on_a_resume_of_as_many_ranks(
         tmp_path, attrs, seed, world, n, kw, lines):
+    attrs, sampler = dict(attrs), SimpleNamespace(seed=5)
+    loop = _Loop(SimpleNamespace(sampler=sampler), **attrs.pop('loop', {}))
     state = get_rng_state()
     want = _draws()
     rng = dict(world_size=world, **(dict(states=[state] * n) if n else {}))
     meta = dict(iter=4, **(dict(mmsoft_rng=rng) if world else {}))
     if isinstance(seed, int):
         meta['mmsoft_sampler_seed'] = seed
-    sampler = SimpleNamespace(seed=5)
-    runner = _Runner(
-        tmp_path, loop=_Loop(SimpleNamespace(sampler=sampler)), **attrs)
+    runner = _Runner(tmp_path, loop=loop, **attrs)
     _resume_with(
         runner,
         dict(meta=meta) if seed is None or isinstance(seed, int) else seed,
@@ -978,6 +987,45 @@ def test_validation_stopped_after_a_checkpoint_runs_on_resume(
         r'run was stopped during it\): validating it now, before training '
         r'goes on', _log(resumed))
     assert stopped == ([] if crash else [str(stop_at)])
+
+
+def test_unfinished_validation_needs_its_marker_and_a_val_loop(
+        tmp_path, monkeypatch):
+    """Only a readable marker naming the resumed local checkpoint, on a
+    local backend, starts its validation, and only with a val loop; a
+    marker removed already: no error."""
+    monkeypatch.chdir(tmp_path)
+    ran, url = [], 'mem://b/iter_4.pth'  # its 'marker': ./mem:/b/...
+    record = '{"checkpoint": "iter_4.pth", "epoch": 0, "iter": 4}'
+    for where in (tmp_path, tmp_path / 'mem:' / 'b'):
+        where.mkdir(parents=True, exist_ok=True)
+        (where / ch.VAL_MARKER).write_text(record)
+
+    def validates(backend=LocalBackend(), **attrs):
+        runner = _Runner(
+            tmp_path,
+            loop=_Loop(),
+            **dict(
+                dict(
+                    _load_from=str(tmp_path / 'iter_4.pth'),
+                    val_loop=SimpleNamespace(run=lambda: ran.append(1))),
+                **attrs))
+        hook = SafeCheckpointHook()
+        hook.file_backend, hook.out_dir = backend, str(tmp_path)
+        hook._validate_unfinished(runner, dict(epoch=0, iter=4))
+        return [ran.pop() for _ in list(ran)] == [1]
+
+    assert validates()
+    assert not validates(drop=('val_loop', ))
+    assert not validates(backend=SimpleNamespace())  # not local
+    assert not validates(_load_from=url)
+    assert not validates(drop=('_load_from', ))
+    (tmp_path / ch.VAL_MARKER).write_text('{"checkpoint": "iter_4')
+    assert not validates()
+    hook = SafeCheckpointHook()
+    hook._val_marker = str(tmp_path / ch.VAL_MARKER) + '.gone'
+    hook.after_val(None)
+    assert hook._val_marker is None
 
 
 # ------------------------------- the checkpoint directory: search, owner
