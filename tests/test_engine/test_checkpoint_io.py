@@ -3,6 +3,7 @@ import errno
 import os
 import os.path as osp
 import pickle
+import re
 import signal
 
 import numpy as np
@@ -26,13 +27,14 @@ def test_describe_damage_names_each_kind(tmp_path):
     data = bytearray(good.read_bytes())
     (tmp_path / 'empty.pth').write_bytes(b'')
     (tmp_path / 'image.pth').write_bytes(b'GIF89a' + bytes(100))
+    (tmp_path / 'code.pth').write_bytes(b'\x80\x02cos\nsystem\n')  # cut
     (tmp_path / 'cut.pth').write_bytes(bytes(data[:len(data) // 2]))
     data[data.index(bytes(1024))] ^= 0xFF  # inside the tensor's record
     (tmp_path / 'flipped.pth').write_bytes(bytes(data))
     got = {
         f[:-4]: cio.describe_damage(str(tmp_path / f))
         for f in ('good.pth', 'legacy.pth', 'empty.pth', 'image.pth',
-                  'cut.pth', 'flipped.pth', 'gone.pth')
+                  'code.pth', 'cut.pth', 'flipped.pth', 'gone.pth')
     }
     assert got.pop('good') is None and got.pop('legacy') is None
     assert got.pop('cut').startswith(
@@ -43,6 +45,8 @@ def test_describe_damage_names_each_kind(tmp_path):
     assert got == dict(
         empty='is empty (0 bytes)',
         image="is not a torch checkpoint (starts with b'GIF8')",
+        code="is truncated or corrupt (13 bytes; torch's legacy (non-zip) "
+        'format, cut short in its pickles)',
         gone='cannot be read (No such file or directory)')
 
 
@@ -77,7 +81,12 @@ def test_refusal_line_without_names_or_with_a_fix(tmp_path):
         str(plain), ['x.Opaque', 'os.system', 'builtins.eval'], fix='FIX')
     assert 'pickled code (os.system, builtins.eval) that' in code
     assert 'FIX' not in code
-    assert 'legacy' not in cio.refusal_message(str(tmp_path / 'gone.pth'), [])
+    gone = tmp_path / 'gone.pth'
+    assert cio.refusal_message(str(gone), ['x.A', 'y.B']) == (
+        f'checkpoint {gone} was refused: it holds pickled objects other than '
+        'tensors and plain containers (x.A, y.B), which could run code when '
+        'unpickled; convert it with tools/model_converters/soft2mmsoft.py SRC '
+        'DST (add --trust-checkpoint there only if you trust the file)')
 
 
 @pytest.fixture(scope='module')
@@ -118,7 +127,8 @@ def test_describe_damage_of_a_cut_legacy_file(tmp_path, legacy, keep, where):
 
 
 def test_legacy_untyped_storage_is_checked_in_bytes(tmp_path):
-    """Its size header counts bytes (also resume's quick check)."""
+    """Its size header counts bytes (also resume's quick check); a header
+    of another size; storage keys that are no list: no verdict."""
     path = tmp_path / 'raw.pth'
     torch.save(
         dict(s=torch.UntypedStorage(64)),
@@ -132,6 +142,16 @@ def test_legacy_untyped_storage_is_checked_in_bytes(tmp_path):
               'legacy (non-zip) format, cut short in its tensor data)')
     assert cio.describe_damage(str(path)) == damage
     assert resume.check_undamaged(str(path)) == f'checkpoint {path} {damage}'
+    path.write_bytes(data[:-72] + (65).to_bytes(8, 'little') + data[-64:])
+    assert re.fullmatch(
+        rf"is corrupt \({len(data)} bytes; torch's legacy \(non-zip\) format: "
+        r'storage \d+ records another size than its tensor\)',
+        cio.describe_damage(str(path)))
+    keys = data.rindex(b'\x80\x02]q\x00')  # ] (a list), APPEND a: a tuple
+    end = data.index(b'a.', keys)
+    path.write_bytes(data[:keys + 2] + data[keys + 5:end] + b'\x85.' +
+                     data[end + 2:-10])
+    assert cio.describe_damage(str(path)) is None
     # an invalid opcode (not a cut) in the protocol pickle: torch.load's to
     # judge, no verdict
     protocol = data.index(b'\x80\x02M')
