@@ -10,8 +10,6 @@ import textwrap
 
 from conftest import ROOT, run_python
 
-from mmsoft import compat
-
 SCRIPT = textwrap.dedent('''
     import json, logging, os, pickle, sys, tempfile, warnings
     import numpy as np
@@ -80,7 +78,7 @@ SCRIPT = textwrap.dedent('''
 def test_import_changes_nothing_process_wide(tmp_path):
     """From another folder: this checkout's mmsoft, no codebase import, no
     warning of its own; the numpy array, which torch's weights-only
-    unpickler refuses (torch >= 2.6), is refused alike after the import."""
+    unpickler refuses, is refused alike after the import."""
     res = run_python(SCRIPT, cwd=tmp_path, PYTHONPATH=ROOT)
     assert res.returncode == 0, res.stderr[-3000:]
     out = json.loads(res.stdout.strip().splitlines()[-1])
@@ -94,4 +92,4 @@ def test_import_changes_nothing_process_wide(tmp_path):
     assert not [w for w in out['at_import'] if 'mmsoft' in w], out
     before, after = out['loads']
     assert after == before
-    assert before.startswith('refused: ') == compat.native_allow_list(), out
+    assert before.startswith('refused: '), out  # torch 2.1 to 2.14

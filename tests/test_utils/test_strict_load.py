@@ -196,10 +196,18 @@ def test_strict_load_hook_refuses_another_optimizer_for_resume():
         initial_lr=0.1, decay_mult=0.0)  # added by mmengine, not torch
     with pytest.raises(CheckpointMismatchError) as exc:
         _hook().after_load_checkpoint(_resuming(model, torch.optim.SGD), adamw)
+    # AdamW's settings that SGD lacks: by torch version (2.1 to 2.14)
+    sgd = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=0.1)
+    own = [
+        k for k in ('decoupled_weight_decay', 'fused')
+        if k not in sgd.param_groups[0]
+        and k in adamw['optimizer']['param_groups'][0]
+    ]
+    has = ', '.join(sorted(['amsgrad', 'betas', 'capturable', 'eps', *own]))
     assert str(exc.value) == (
         "--resume e.pth: the checkpoint was trained with another optimizer "
-        "than the config's optim_wrapper.optimizer (SGD): its state has "
-        'amsgrad, betas, capturable, decoupled_weight_decay, eps and no '
+        f"than the config's optim_wrapper.optimizer (SGD): its state has "
+        f'{has} and no '
         'dampening, momentum, nesterov, so it cannot continue in SGD. Resume '
         'with the optimizer it was trained with, or start a new run from '
         'these weights with --cfg-options load_from=e.pth (without --resume)')
@@ -207,7 +215,7 @@ def test_strict_load_hook_refuses_another_optimizer_for_resume():
                                   adamw)  # same
     # a torch that added a setting: one way only, not another optimizer
     older = _training_checkpoint(model, torch.optim.AdamW)
-    older['optimizer']['param_groups'][0].pop('decoupled_weight_decay')
+    older['optimizer']['param_groups'][0].pop('capturable')
     _hook().after_load_checkpoint(_resuming(model, torch.optim.AdamW), older)
     # load_from (no resume) is no resume: nothing to continue
     sgd = _resuming(model, torch.optim.SGD).optim_wrapper
