@@ -161,7 +161,8 @@ def test_legacy_untyped_storage_is_checked_in_bytes(tmp_path):
 
 def test_load_verified_names_a_damaged_legacy_file(tmp_path, monkeypatch,
                                                    legacy):
-    """torch.load's error in a legacy file is a CheckpointError."""
+    """torch.load's error in a legacy file is a CheckpointError (one
+    without a message: 'end of file')."""
     cut = tmp_path / 'cut.pth'
     cut.write_bytes(legacy[:-100])
     monkeypatch.setattr(cio, 'describe_damage', lambda path: None)
@@ -170,6 +171,17 @@ def test_load_verified_names_a_damaged_legacy_file(tmp_path, monkeypatch,
     assert str(e.value).startswith(
         f"checkpoint {cut} is truncated or corrupt (torch's legacy (non-zip) "
         'format: RuntimeError: unexpected EOF')
+
+    def load(*args, **kwargs):  # an error without a message
+        raise EOFError()
+
+    monkeypatch.setattr(cio, 'safe_torch_load', load)
+    with pytest.raises(cio.CheckpointError) as e:
+        cio.load_verified(str(cut))
+    assert str(e.value) == (
+        f"checkpoint {cut} is truncated or corrupt (torch's legacy (non-zip) "
+        'format: EOFError: end of file); it was not loaded (use an earlier or '
+        'a fresh copy)')
 
 
 # ------------------------------------------------------------ atomic
