@@ -185,10 +185,11 @@ def test_load_verified_names_a_damaged_legacy_file(tmp_path, monkeypatch,
 
 
 # ------------------------------------------------------------ atomic
-@pytest.mark.parametrize('how', ['cause', 'context', 'other', 'cycle'])
-def test_full_disk_behind_another_exception_is_an_os_error(tmp_path, how):
-    """ENOSPC as the cause / context: an OSError; others pass unchanged, a
-    chain that loops searched once."""
+@pytest.mark.parametrize(
+    'how', ['cause', 'context', 'other', 'cycle', 'ctrl-c', 'sigterm'])
+def test_atomic_path_keeps_the_old_file(tmp_path, how):
+    """ENOSPC as the cause / context: an OSError; others (Ctrl-C, SIGTERM as
+    SystemExit(143)) pass unchanged, a chain that loops searched once."""
     target = tmp_path / 'w.pth'
     target.write_bytes(b'previous')
     disk = OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), 'w.pth')
@@ -197,23 +198,32 @@ def test_full_disk_behind_another_exception_is_an_os_error(tmp_path, how):
         error, disk = ValueError('not a state dict'), KeyError('state_dict')
         if how == 'cycle':
             disk.__context__ = error
-    with pytest.raises(OSError if disk.__class__ is
-                       OSError else ValueError) as e, deadline(5):
-        with atomic_path(str(target)) as tmp:
-            with open(tmp, 'wb') as f:
-                f.write(b'half')
-            if how == 'context':
-                try:
-                    raise disk
-                except OSError:
-                    raise error
-            raise error from disk
-    if e.type is ValueError:
-        assert e.value is error
-    else:
+    elif how == 'ctrl-c':  # not an Exception: never converted
+        error = KeyboardInterrupt()
+    want = dict(cause=OSError, context=OSError, sigterm=SystemExit)
+    handler, caught = lambda *a: caught.append(a), []
+    old = signal.signal(signal.SIGTERM, handler)
+    try:
+        with pytest.raises(want.get(how, type(error))) as e, deadline(5):
+            with atomic_path(str(target)) as tmp:
+                with open(tmp, 'wb') as f:
+                    f.write(b'half')
+                if how == 'sigterm':
+                    os.kill(os.getpid(), signal.SIGTERM)
+                if how == 'context':
+                    try:
+                        raise disk
+                    except OSError:
+                        raise error
+                raise error from disk
+    finally:
+        assert signal.signal(signal.SIGTERM, old) is handler and not caught
+    if e.type is OSError:
         assert (e.value.errno, e.value.strerror) == (errno.ENOSPC,
                                                      os.strerror(errno.ENOSPC))
         assert e.value.__cause__ is error  # the writer's report is kept
+    else:
+        assert e.value.code == 143 if how == 'sigterm' else e.value is error
     assert target.read_bytes() == b'previous'
     assert os.listdir(tmp_path) == ['w.pth']  # no temporary
 

@@ -8,7 +8,7 @@ import sys
 import time
 
 import pytest
-from conftest import dead_pid, work_dir_holder
+from conftest import dead_pid
 
 from mmsoft_tools.work_dir_lock import (LOCK_NAME, WorkDirLock,
                                         WorkDirLockedError)
@@ -55,18 +55,6 @@ def test_record_and_flock_are_the_documented_files(tmp_path, monkeypatch):
         finally:
             os.close(fd)
     assert os.listdir(work) == []
-
-
-def test_live_holder_is_named(tmp_path):
-    work = str(tmp_path / 'w')
-    with work_dir_holder(work, seconds=60) as holder:
-        assert f'(pid {holder.pid} on host {HOST}, started ' in \
-            _refusal(work)
-    # SIGKILLed: the kernel released its flock; the file is taken over
-    logged = []
-    WorkDirLock(work, log=logged.append).acquire().release()
-    assert logged and logged[0].startswith(
-        f'{TAKE_OVER}pid {holder.pid} on host {HOST}')
 
 
 @pytest.mark.parametrize(

@@ -20,7 +20,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 from conftest import (Crash, Interrupted, dead_pid, flip_tensor_bytes,
-                      model_weights, tiny_arch)
+                      model_weights)
 from mmengine.dataset import DefaultSampler, InfiniteSampler
 from mmengine.fileio import LocalBackend
 from mmengine.hooks import Hook
@@ -66,41 +66,6 @@ class FlipDataset(Dataset):  # flipped with numpy and python random
         return dict(inputs=torch.from_numpy(img.copy()), data_samples=i % 2)
 
 
-class Images(Dataset):  # mmpretrain's RandomFlip (numpy RNG)
-
-    def __init__(self, n=N):
-        import mmpretrain.datasets  # noqa: F401  (the transforms)
-        from mmcv.transforms import Compose
-        self.pipeline = Compose([
-            dict(
-                type='mmpretrain.RandomFlip',
-                prob=[0.3, 0.3],
-                direction=['horizontal', 'vertical']),
-            dict(type='mmpretrain.PackInputs')
-        ])
-        self.n = n
-
-    def __len__(self):
-        return self.n
-
-    def __getitem__(self, i):
-        img = np.random.RandomState(i).randint(0, 256, (32, 32, 3), np.uint8)
-        return self.pipeline(dict(img=img, gt_label=i % 3))
-
-
-#: a tiny SOFT with drop path (torch RNG) in mmpretrain's ImageClassifier
-CLASSIFIER = dict(
-    type='ImageClassifier',
-    backbone=dict(
-        type='mmsoft.SOFT',
-        arch=tiny_arch(),
-        out_type='cls_token',
-        out_indices=(3, ),
-        drop_path_rate=0.3),
-    head=dict(type='LinearClsHead', num_classes=3, in_channels=64),
-    data_preprocessor=dict(mean=[127.5] * 3, std=[127.5] * 3))
-
-
 class DropoutNet(BaseModel):  # dropout: torch RNG
 
     def __init__(self):
@@ -133,9 +98,8 @@ def _log(runner):
     return open(osp.join(runner.log_dir, f'{runner.timestamp}.log')).read()
 
 
-def _runner(work_dir, name, by_epoch=False, stop_after=None, cls=False, **kw):
-    """``kw``: the hook's (CKPT_ARGS) and the Runner's arguments; ``cls``:
-    :data:`CLASSIFIER` on :class:`Images`."""
+def _runner(work_dir, name, by_epoch=False, stop_after=None, **kw):
+    """``kw``: the hook's (CKPT_ARGS) and the Runner's arguments."""
     torch.manual_seed(0)  # the model is built before the Runner seeds
     ckpt = dict(
         type='SafeCheckpointHook',
@@ -143,18 +107,15 @@ def _runner(work_dir, name, by_epoch=False, stop_after=None, cls=False, **kw):
         interval=1 if by_epoch else 2,
         by_epoch=by_epoch)
     ckpt.update((k, kw.pop(k)) for k in CKPT_ARGS if k in kw)
-    loader = dict(dataset=Images() if cls else FlipDataset(), batch_size=2)
-    val = dict(loader, dataset=Images(4)) if cls else loader  # 2 batches
-    kw.update(
-        dict(model=CLASSIFIER, default_scope='mmpretrain') if cls else dict(
-            model=DropoutNet()))
+    loader = dict(dataset=FlipDataset(), batch_size=2)
     return Runner(
+        model=DropoutNet(),
         work_dir=str(work_dir),
         experiment_name=f'{name}_{uuid.uuid4().hex[:8]}',
         randomness=dict(seed=0),
         train_dataloader=dict(loader, sampler=dict(type='DefaultSampler')),
         val_dataloader=dict(
-            val, sampler=dict(type='DefaultSampler', shuffle=False)),
+            loader, sampler=dict(type='DefaultSampler', shuffle=False)),
         val_evaluator=[ToyMetric()],
         val_cfg=dict(),
         optim_wrapper=dict(optimizer=dict(type='SGD', lr=0.1, momentum=0.9)),
@@ -174,20 +135,19 @@ def _interrupted(work, stop_after=6, **kw):
 
 @pytest.fixture(scope='module')
 def run_copy(tmp_path_factory):
-    """``copy(dst, stop_after=None, by_epoch=False, cls=False)``: the work
-    dir of a run stopped after ``stop_after`` iterations (None: finished),
-    copied."""
+    """``copy(dst, stop_after=None, by_epoch=False)``: the work dir of a run
+    stopped after ``stop_after`` iterations (None: finished), copied."""
     runs = {}
 
-    def copy(dst, stop_after=None, by_epoch=False, cls=False):
-        src = runs.get((stop_after, by_epoch, cls))
+    def copy(dst, stop_after=None, by_epoch=False):
+        src = runs.get((stop_after, by_epoch))
         if src is None:
             src = tmp_path_factory.mktemp('run') / 'work'
             if stop_after:
-                _interrupted(src, stop_after, by_epoch=by_epoch, cls=cls)
+                _interrupted(src, stop_after, by_epoch=by_epoch)
             else:
-                _runner(src, 'first', by_epoch, cls=cls).train()
-            runs[stop_after, by_epoch, cls] = src
+                _runner(src, 'first', by_epoch).train()
+            runs[stop_after, by_epoch] = src
         shutil.copytree(src, dst)
         last = dst / 'last_checkpoint'
         last.write_text(last.read_text().replace(str(src), str(dst)))
@@ -197,18 +157,14 @@ def run_copy(tmp_path_factory):
 
 
 @pytest.mark.parametrize(
-    'by_epoch,stop_after,cls', [(False, 6, False), (True, 20, False),
-                                (False, 6, True)],
-    ids=['iter', 'epoch', 'mmpretrain'])
+    'by_epoch,stop_after', [(False, 6), (True, 20)], ids=['iter', 'epoch'])
 def test_resume_equals_uninterrupted_run(tmp_path, run_copy, by_epoch,
-                                         stop_after, cls):
-    if cls:
-        pytest.importorskip('mmpretrain')
-    work = run_copy(tmp_path / 'work', stop_after, by_epoch, cls)
-    resumed = _runner(work, 'again', by_epoch, resume=True, cls=cls)
+                                         stop_after):
+    work = run_copy(tmp_path / 'work', stop_after, by_epoch)
+    resumed = _runner(work, 'again', by_epoch, resume=True)
     resumed.train()
     last = 'epoch_3.pth' if by_epoch else 'iter_10.pth'
-    ref = _load(run_copy(tmp_path / 'ref', None, by_epoch, cls) / last)
+    ref = _load(run_copy(tmp_path / 'ref', None, by_epoch) / last)
     weights = model_weights(resumed)
     assert weights.keys() == ref['state_dict'].keys() and all(
         torch.equal(weights[k], ref['state_dict'][k]) for k in weights)
@@ -304,29 +260,6 @@ def test_kill_during_checkpoint_write_keeps_previous(tmp_path):
     runner = _runner(work, 'resumed', max_keep_ckpts=1, resume=True)
     assert _trained_from(runner) == 2 and runner.iter == 10
     assert [n for n in os.listdir(work) if '.pth' in n] == ['iter_10.pth']
-
-
-@pytest.mark.parametrize('exc', [OSError, KeyboardInterrupt, None])
-def test_atomic_path_cleans_up(tmp_path, exc):
-    """An error, Ctrl-C or SIGTERM (None; SystemExit(143)) in the writer:
-    the old file, no temporary."""
-    dst = tmp_path / 'ckpt.pth'
-    dst.write_bytes(b'old')
-
-    def write():
-        with atomic.atomic_path(str(dst), durable=True) as tmp:
-            with open(tmp, 'wb') as f:
-                f.write(b'partial')
-            if exc is None:
-                os.kill(os.getpid(), signal.SIGTERM)
-            raise exc('boom')
-
-    if exc is None:
-        assert _in_child(write) == 143
-    else:
-        with pytest.raises(exc):
-            write()
-    assert dst.read_bytes() == b'old' and os.listdir(tmp_path) == ['ckpt.pth']
 
 
 def _draws():
@@ -829,15 +762,6 @@ def _damaged(tmp_path, run_copy, monkeypatch):
             f"['{work / 'iter_2.pth'}']. Remove them to train from scratch.")
 
 
-def _shared_out_dir(tmp_path, run_copy, monkeypatch):
-    """Issue 36 (2): a second run in one ``out_dir``."""
-    out, a, b = tmp_path / 'out', tmp_path / 'a' / 'run', tmp_path / 'b/run'
-    _runner(a, 'a', max_keep_ckpts=2, out_dir=str(out)).train()
-    runner = _runner(b, 'b', max_keep_ckpts=2, out_dir=str(out), resume=True)
-    return runner, out / 'run', ch.checkpoint_dir_refusal(  # its line: below
-        str(out / 'run'), str(b))
-
-
 def _full_disk(tmp_path, run_copy, monkeypatch):
     """Issue 27, item 8: ENOSPC names the file and the kept checkpoint."""
     real_save, calls, work = torch.save, [], str(tmp_path)
@@ -882,7 +806,6 @@ def _resumed(by_epoch, limit):
 #: a fault -> (what prepares it, the error)
 FAULTS = {
     'damaged': (_damaged, cio.CheckpointError),
-    'shared-out-dir': (_shared_out_dir, ch.CheckpointDirInUse),
     'full-disk': (_full_disk, cio.CheckpointWriteError),
     'past-the-end-iter': (_resumed(False, 4), CheckpointMismatchError),
     'past-the-end-epoch': (_resumed(True, 2), CheckpointMismatchError),
