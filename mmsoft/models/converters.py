@@ -1,5 +1,4 @@
-"""The authors' SOFT checkpoints renamed by :mod:`mmsoft.models.arch_zoo`'s
-tables (docs/en/user_guides/official_weights.md)."""
+"""The authors' SOFT checkpoints (docs/en/user_guides/official_weights.md)."""
 import os.path as osp
 import re
 from collections import Counter, OrderedDict
@@ -106,8 +105,7 @@ def common_shape(sd: Mapping, key: str) -> Tuple[int, ...]:
 
 def infer_official_arch(sd: Mapping[str, torch.Tensor],
                         stage4_heads: Optional[int] = None) -> Dict:
-    """The arch, ``in_channels``, ``num_classes`` (0: no head) and
-    ``pretrain_img_size`` of an authors' state dict, from its shapes."""
+    """The arch and input / head sizes of an authors' state dict."""
     C = [common_shape(sd, f'pos_embed{s}')[-1] for s in range(1, 5)]
     lm, dw, ff = ([
         common_shape(sd, f'block{s}.*.att.{n}.weight') for s in (1, 2, 3)

@@ -1,5 +1,4 @@
-"""Weights into mmsoft models: file, layout, conversion, strict load, one
-report line (docs/en/user_guides/official_weights.md)."""
+"""Weights into mmsoft models (docs/en/user_guides/official_weights.md)."""
 import contextlib
 import os
 import os.path as osp
@@ -46,7 +45,7 @@ def read_checkpoint(filename, map_location='cpu', mmap: bool = False):
             'is a directory, not a file' if osp.isdir(path) else 'does not '
             'exist') + '; pass a .pth checkpoint file')
     with contextlib.suppress(Exception):  # legacy format: read it whole
-        if mmap:  # weights only: nothing runs from the file
+        if mmap:
             return torch.load(path, 'cpu', weights_only=True, mmap=True)
     return load_verified(path, map_location=map_location)
 
@@ -57,17 +56,14 @@ def attn_norms(model: torch.nn.Module) -> set:
 
 
 def check_attn_norm(model, checkpoint, source: str, config=None) -> None:
-    """Refuse weights converted (``meta['attn_norm']``) or trained
-    (``meta['mmsoft_attn_norm']``) with another ``attn_norm``."""
+    """Refuse weights converted or trained with another ``attn_norm``."""
     meta = checkpoint.get('meta') if isinstance(checkpoint, Mapping) else 0
     meta = meta if isinstance(meta, Mapping) else {}
     conv, have, trained = meta.get('attn_norm'), attn_norms(model), \
         meta.get('mmsoft_attn_norm')
-    want = {conv} if isinstance(conv, bool) else {
-        v
-        for v in (trained if isinstance(trained, (list, tuple)) else ())
-        if isinstance(v, bool)
-    }
+    trained = trained if isinstance(trained, (list, tuple)) else ()
+    want = {conv} if isinstance(conv, bool) else \
+        {v for v in trained if isinstance(v, bool)}
     if not want or not have or want == have:
         return
     s = [' / '.join(f'attn_norm={v}' for v in sorted(x)) for x in (want, have)]
@@ -117,8 +113,7 @@ def load_pretrained(module: torch.nn.Module,
                     map_location='cpu',
                     strict: bool = True,
                     opt_in: str = '') -> LoadReport:
-    """Load ``checkpoint`` (an authors' file converted) into ``module``, log
-    one line; ``prefix`` (default: ``backbone.`` of a whole-model file)."""
+    """Load ``checkpoint`` (an authors' file converted) into ``module``."""
     source, ckpt = str(checkpoint), read_checkpoint(checkpoint, map_location)
     found, name = cv.find_official_state_dict(ckpt), cv.describe_arch
     soft = [m for m in module.modules() if hasattr(m, 'arch_settings')][:1]
@@ -206,8 +201,7 @@ class SOFTPretrainedInit(PretrainedInit):
 def pretrained_init_cfg(init_cfg: Union[Dict, List[Dict], None],
                         owner: str = 'SOFT'
                         ) -> Tuple[Union[Dict, List[Dict], None], bool]:
-    """``init_cfg``, its ``Pretrained`` entries last as ``SOFTPretrained``
-    (``checkpoint=None``: dropped); whether a strict load sets all."""
+    """``init_cfg`` with ``Pretrained`` last as ``SOFTPretrained``; strict?"""
     one = isinstance(init_cfg, Mapping)
     cfgs = [init_cfg] if one else list(init_cfg or [])
     loads = [

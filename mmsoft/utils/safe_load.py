@@ -1,6 +1,5 @@
-"""``torch.load`` that never runs code from a checkpoint: torch's
-weights-only unpickler with mmsoft's allow-list (torch >= 2.6), else
-:class:`RestrictedUnpickler` (docs/en/advanced_guides/compatibility.md)."""
+"""``torch.load`` that never runs code from a checkpoint
+(docs/en/advanced_guides/compatibility.md)."""
 import codecs
 import contextlib
 import importlib
@@ -13,12 +12,6 @@ import zipfile
 
 import torch
 from mmengine.logging.history_buffer import HistoryBuffer
-
-
-def _refuse(what, allowed):
-    raise pickle.UnpicklingError(
-        f'mmsoft: refusing {what} while loading a checkpoint with '
-        f'weights_only=True; only {allowed} is allowed.')
 
 
 class _LoadedHistoryBuffer(HistoryBuffer):
@@ -45,14 +38,15 @@ class _LoadedHistoryBuffer(HistoryBuffer):
 
 
 def _limited(real, ok, what, allowed):
-    """``real`` for the calls ``ok`` accepts (any if the user allow-listed
-    ``real`` in torch); else a one-line refusal."""
+    """``real`` for the calls ``ok`` accepts (or allow-listed in torch)."""
 
     def call(*args):
         if ok(*args) or real in getattr(torch.serialization,
                                         'get_safe_globals', list)():
             return real(*args)
-        _refuse(what(*args), allowed)
+        raise pickle.UnpicklingError(
+            f'mmsoft: refusing {what(*args)} while loading a checkpoint with '
+            f'weights_only=True; only {allowed} is allowed.')
 
     return call
 
@@ -80,8 +74,7 @@ _checkpoint_codecs_encode = _limited(
 
 
 def mmengine_safe_globals():
-    """The allow-list of mmengine's training checkpoints: HistoryBuffer,
-    getattr, bytes, numeric numpy arrays / scalars / dtypes (1.x, 2.x)."""
+    """The allow-list of mmengine's training checkpoints (numpy 1.x, 2.x)."""
     import numpy as np
     try:
         from numpy._core import multiarray as ma
@@ -112,13 +105,12 @@ def native_allow_list():
 
 
 #: what torch 2.14's weights-only unpickler allows beyond torch 2.1's
-_NEWER_TORCH_ALLOWED = ('builtins.set', 'builtins.complex',
-                        'collections.Counter', 'torch.device') + tuple(
-                            f'torch._utils._rebuild_{n}'
-                            for n in ('tensor_v3', 'parameter_with_state',
-                                      'qtensor', 'device_tensor_from_numpy',
-                                      'device_tensor_from_cpu_tensor',
-                                      'nested_tensor', 'wrapper_subclass'))
+_NEWER_TORCH_ALLOWED = [
+    n if '.' in n else 'torch._utils._rebuild_' + n for n in
+    ('builtins.set builtins.complex collections.Counter torch.device '
+     'tensor_v3 parameter_with_state qtensor device_tensor_from_numpy '
+     'device_tensor_from_cpu_tensor nested_tensor wrapper_subclass').split()
+]
 
 
 def _allow_list(extra=()):
@@ -152,9 +144,7 @@ class _Stub:
 
 
 class RestrictedUnpickler(pickle.Unpickler):
-    """Resolves only the globals of :attr:`allowed` (torch < 2.6); given a
-    list ``names``, walks a pickle (every global a :class:`_Stub`, nothing
-    runs) recording them and ``storages`` (``{key: (type, numel)}``)."""
+    """Only the globals of :attr:`allowed`; or walks (``names``) a pickle."""
 
     allowed = {}
 
@@ -186,8 +176,7 @@ class RestrictedUnpickler(pickle.Unpickler):
 
 
 def safe_torch_load(f, map_location=None, extra=()):
-    """``torch.load`` that never runs code from the file (``extra``: more
-    allowed globals); another global raises ``pickle.UnpicklingError``."""
+    """``torch.load`` that never runs code from the file."""
     if native_allow_list():
         with mmengine_checkpoints_allowed(extra):
             return torch.load(f, map_location=map_location, weights_only=True)
@@ -221,8 +210,7 @@ def unsafe_globals(path, extra=()):
 
 
 def _pickled_globals(path):
-    """The globals named by the (at most 5) pickles at the start of
-    ``path`` (a zip file's ``data.pkl``), each once."""
+    """The globals named by the first (at most 5) pickles of ``path``."""
     names = []
     with open(path, 'rb') as f:
         if zipfile.is_zipfile(path):
@@ -253,8 +241,7 @@ _DATA = frozenset([
 
 
 def code_globals(names):
-    """The ``names`` that would run code when unpickled (a callable other
-    than a class, anything of :data:`_CODE_MODULES`)."""
+    """The ``names`` that would run code when unpickled."""
     out = []
     for full in names:
         mod, _, name = str(full).rpartition('.')

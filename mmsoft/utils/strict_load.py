@@ -11,8 +11,7 @@ class CheckpointMismatchError(RuntimeError):
 
 
 class LoadReport(NamedTuple):
-    """Keys of the model only, of the checkpoint only, (key, ckpt shape,
-    model shape); tensors that load; tensors of the model, the checkpoint."""
+    """Missing, unexpected, (key, ckpt shape, model shape) and counts."""
     missing: Tuple[str, ...]
     unexpected: Tuple[str, ...]
     mismatched: Tuple[Tuple[str, tuple, tuple], ...]
@@ -50,8 +49,7 @@ def check_state_dict(model_sd: Mapping,
                      opt_in: str = '',
                      hint: Optional[Callable[[], Optional[str]]] = None
                      ) -> LoadReport:
-    """One :class:`CheckpointMismatchError` line unless ``ckpt_sd`` matches
-    (``allow_partial``: a warning unless nothing loads or ``hint()``)."""
+    """One :class:`CheckpointMismatchError` line unless ``ckpt_sd`` fits."""
     r = compare_state_dicts(model_sd, ckpt_sd)
     if r.ok:
         return r
