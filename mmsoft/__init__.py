@@ -1,5 +1,4 @@
-"""SOFT (softmax-free linear transformers) for OpenMMLab; the import
-registers models, hooks and optim wrappers and changes nothing else."""
+"""SOFT (softmax-free linear transformers) for OpenMMLab."""
 from .engine import SafeCheckpointHook  # noqa: F401 (registers the hooks)
 from .models import SOFT
 from .registry import MODELS

@@ -1,5 +1,4 @@
-"""``MODELS`` (``type='mmsoft.SOFT'`` from any codebase) and ``ATTENTIONS``
-(a SOFT stage's ``attn_cfg``)."""
+"""``MODELS`` and ``ATTENTIONS`` (a SOFT stage's ``attn_cfg``)."""
 from mmengine.registry import MODELS as MMENGINE_MODELS
 from mmengine.registry import Registry
 

@@ -12,8 +12,7 @@ __all__ = ['CPUAmpOptimWrapper']
 
 @OPTIM_WRAPPERS.register_module()
 class CPUAmpOptimWrapper(OptimWrapper):
-    """The forward under bfloat16 (the only ``dtype``) CPU autocast, no loss
-    scaling, with :class:`~mmsoft.models.layers.amp.CheckedConvs`."""
+    """The forward under bfloat16 CPU autocast with ``CheckedConvs``."""
 
     def __init__(self, dtype: str = 'bfloat16', **kwargs):
         super().__init__(**kwargs)

@@ -28,9 +28,7 @@ ARCH_DEFAULTS = dict(sampling_ratios=[8, 4, 2, 1], mlp_ratios=[4, 4, 4, 4],
 
 #: where the authors publish their ImageNet-1k files (README, Main results)
 OFFICIAL_PAGE = 'https://github.com/fudan-zvg/SOFT#main-results'
-#: The authors' ImageNet-1k models (a literal: docs/gen_tables.py reads it):
-#: README link text (None: no file) and size; the preset, its depths and
-#: params (M) the ``configs`` load it into; ``code_arch``: the code's.
+#: The authors' ImageNet-1k models (a literal: docs/gen_tables.py reads it)
 # yapf: disable
 OFFICIAL_FILES = {
     'soft_tiny': {'link': 'SOFT_Tiny', 'more_links': ['SOFT_Tiny_cuda'],
@@ -84,8 +82,7 @@ OFFICIAL_FILES = {
 OFFICIAL_PRESETS = dict(tiny='tiny', small='small-official', medium='medium',
                         large='large', huge='huge')  # yapf: disable
 
-#: The authors' key map (fudan-zvg/SOFT): official -> mmsoft key prefix in
-#: a block of stages 1-3 (the tensor name after it is kept)
+#: official -> mmsoft key prefix in a block of stages 1-3 (fudan-zvg/SOFT)
 OFFICIAL_SOFT_BLOCK = (
     ('att.mha.W_q.', 'attn.q.'), ('att.mha.W_v.', 'attn.v.'),
     ('att.mha.attn.Qlandmark_op.', 'attn.sampler.conv.'),

@@ -1,2 +1,1 @@
-"""mmsoft's utilities that know nothing of its models (import the
-submodules)."""
+"""mmsoft's utilities that know nothing of its models."""

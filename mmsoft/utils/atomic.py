@@ -37,9 +37,7 @@ def atomic_path(path: str,
                 makedirs: bool = False,
                 durable: bool = False,
                 missing_ok: bool = False) -> Iterator[str]:
-    """A temporary path renamed onto ``path`` after the block, removed on an
-    exception or SIGTERM; ``durable``: ``fsync`` it and its directory;
-    ``missing_ok``: a block that wrote nothing changes nothing."""
+    """A temporary path renamed onto ``path`` after the block."""
     path = osp.abspath(path)
     if makedirs:
         os.makedirs(osp.dirname(path), exist_ok=True)
@@ -88,8 +86,7 @@ def atomic_write(path: str,
 
 def remove_stale_temps(directory: str,
                        name: Optional[str] = None) -> List[str]:
-    """Delete (and return) the temporaries (of ``name``) in ``directory``
-    whose writer is gone (``kill(pid, 0)``: another user's runs)."""
+    """Delete (and return) the temporaries whose writer is gone."""
     try:
         entries, removed = os.listdir(directory), []
     except OSError:  # none yet, unreadable

@@ -1,5 +1,4 @@
-"""Checkpoint files that survive a kill and are never silently damaged
-(docs/en/advanced_guides/fault_tolerance.md)."""
+"""Checkpoint reads (docs/en/advanced_guides/fault_tolerance.md)."""
 import os
 import os.path as osp
 import pickle
@@ -52,8 +51,7 @@ _LEGACY_MAGIC = 0x1950a86a20f9469cfc6c
 
 
 def _legacy_damage(path: str, size: int) -> Optional[str]:
-    """Why the legacy (non-zip) torch file ``path`` is not complete (its
-    pickles walked, each storage's size header checked), or None."""
+    """Why the legacy (non-zip) torch file ``path`` is not complete."""
     cut = f"is truncated or corrupt ({size} bytes; torch's legacy (non-zip) " \
         'format, cut short in its '
     try:  # a newer / older torch may lack the dtype of a storage type
@@ -88,8 +86,7 @@ def _legacy_damage(path: str, size: int) -> Optional[str]:
 
 
 def refusal_message(path: str, refused: List[str], fix: str = '') -> str:
-    """One line for a refused checkpoint: the file, what it holds and the
-    safe ``fix`` (none for a file that names code)."""
+    """One line for a refused checkpoint."""
     legacy = osp.isfile(path) and not zipfile.is_zipfile(path)
     kind = "a plain / legacy pickle (not torch's zip format) with " \
         if legacy else ''
@@ -109,8 +106,7 @@ def refusal_message(path: str, refused: List[str], fix: str = '') -> str:
 
 
 def load_verified(path: str, map_location='cpu'):
-    """Load ``path`` without running code from it; a damaged file raises
-    :class:`CheckpointError`, one pickling code :class:`CheckpointRefused`."""
+    """Load ``path`` without running code from it."""
     damage = describe_damage(path)
     if damage:
         raise CheckpointError(f'checkpoint {path} {damage}; it was not '

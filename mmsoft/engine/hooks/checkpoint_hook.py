@@ -1,6 +1,5 @@
-"""Kill-safe, bit-exact ``CheckpointHook``; a run's checkpoint directory: the
-file to resume, the run owning it (docs/en/advanced_guides/fault_tolerance.md).
-"""
+"""Kill-safe, bit-exact ``CheckpointHook`` (docs/en/advanced_guides/
+fault_tolerance.md)."""
 import contextlib
 import copy
 import errno
@@ -55,8 +54,7 @@ def read_line(path: str) -> Optional[str]:
 
 def checkpoint_candidates(dirs: Iterable[str],
                           extra: Iterable[str] = ()) -> List[str]:
-    """``epoch_N.pth`` / ``iter_N.pth`` of ``dirs`` and ``extra``, newest
-    (by N, then mtime) first."""
+    """The ``epoch_N.pth`` / ``iter_N.pth`` files, newest first."""
     found = {
         osp.abspath(osp.join(d, e))
         for d in dirs
@@ -96,9 +94,7 @@ def find_newest_complete(work_dir: str,
                          check=check_complete,
                          quiet: bool = False
                          ) -> Tuple[Optional[str], List[Tuple[str, str]]]:
-    """The newest complete checkpoint of ``work_dir`` and ``out_dir`` (or
-    None), the ``(path, reason)`` of newer damaged ones; a
-    ``last_checkpoint`` naming a file elsewhere is ignored."""
+    """The newest complete checkpoint, the ``(path, reason)`` of newer ones."""
 
     def warn(msg):
         quiet or print_log(f'mmsoft: {msg}', 'current', logging.WARNING)
@@ -167,8 +163,7 @@ def checkpoint_dir_refusal(ckpt_dir: str, work_dir: str) -> Optional[str]:
 
 
 def claim_checkpoint_dir(ckpt_dir: str, work_dir: str) -> None:
-    """Make ``work_dir`` the owner of ``ckpt_dir`` (the first run wins) or
-    raise :class:`CheckpointDirInUse`."""
+    """Make ``work_dir`` the owner of ``ckpt_dir`` (the first run wins)."""
     me, marker = osp.realpath(work_dir), osp.join(ckpt_dir, OWNER_FILE)
     if osp.realpath(ckpt_dir) == me:
         return
@@ -232,8 +227,7 @@ def _val_record(checkpoint: str, epoch, iter) -> dict:
 
 @HOOKS.register_module()
 class SafeCheckpointHook(CheckpointHook):
-    """``CheckpointHook`` with atomic writes, safe reads, every rank's RNG
-    states (``save_rng``) and resume from the newest complete checkpoint."""
+    """``CheckpointHook``: atomic writes, safe reads, RNG states, resume."""
 
     def __init__(self, *args, save_rng: bool = True, **kwargs):
         super().__init__(*args, **kwargs)
@@ -249,8 +243,7 @@ class SafeCheckpointHook(CheckpointHook):
         return checkpoint_dir_of(runner.work_dir, self.out_dir)
 
     def before_run(self, runner) -> None:
-        """Claim the checkpoint dir; check the file to load or find the
-        newest complete one; the Runner's loads see mmsoft's allow-list."""
+        """Claim the checkpoint dir; check or find the file to load."""
         load = getattr(type(runner), 'load_checkpoint', None)
         if load is not None and 'load_checkpoint' not in vars(runner):
 
@@ -342,8 +335,7 @@ class SafeCheckpointHook(CheckpointHook):
                 hub.update_info(key, own if osp.isfile(own) else None)
 
     def _validate_unfinished(self, runner, meta):
-        """Validate the resumed checkpoint first if its validation did not
-        finish (rank 0 decides)."""
+        """Validate the resumed checkpoint if its validation did not end."""
         box, loaded = [None], str(getattr(runner, '_load_from', None) or '')
         marker = osp.join(osp.dirname(osp.abspath(loaded)), VAL_MARKER)
         if is_main_process() and self._is_local() and '://' not in loaded:

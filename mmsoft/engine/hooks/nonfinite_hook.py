@@ -37,8 +37,7 @@ def _any_rank(flag: bool) -> bool:
 
 
 def _leaves(value, name: str = '') -> list:
-    """``(name, tensor / array)`` of an output's fields (no ``gt_*``,
-    ``ignored_*``); a list's items keep its name."""
+    """``(name, tensor / array)`` of an output's fields (no ``gt_*``)."""
     if isinstance(value, BaseDataElement):
         value = dict(value.items())
     if isinstance(value, dict):
@@ -55,8 +54,7 @@ def _leaves(value, name: str = '') -> list:
 
 @torch.no_grad()
 def _nonfinite(leaves) -> list:
-    """The names of the floating ``(name, tensor / array)`` leaves holding
-    nan / inf, in order (one reduction per device and dtype)."""
+    """The names of the ``leaves`` holding nan / inf, in order."""
     groups, bad = {}, set()
     for _, v in leaves:
         if isinstance(v, np.ndarray):
@@ -86,9 +84,7 @@ def _unwrap(model):
 
 @HOOKS.register_module()
 class NonFiniteLossHook(Hook):
-    """Stop at (or skip ``max_skipped_steps`` consecutive) non-finite
-    losses before the step, and at non-finite parameters after it; with
-    ``check_outputs``, stop a validation / test at non-finite outputs."""
+    """Stop at (or skip) non-finite losses, steps and outputs."""
 
     priority = 'VERY_HIGH'  # after_train_iter before the CheckpointHook's
 
@@ -210,8 +206,7 @@ class NonFiniteLossHook(Hook):
                     data_batch=None,
                     outputs=None,
                     mode=None) -> None:
-        """Stop a validation / test at non-finite outputs, naming the
-        cause: the weights, the inputs, a 0 in ``std``, else an overflow."""
+        """Stop a validation / test at non-finite outputs, naming the cause."""
         bad = self.check_outputs and _nonfinite(_leaves(outputs))
         if not self.check_outputs or not _any_rank(bool(bad)):
             return

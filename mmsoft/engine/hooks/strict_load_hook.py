@@ -10,10 +10,7 @@ from mmsoft.utils.strict_load import CheckpointMismatchError
 
 @HOOKS.register_module()
 class StrictLoadHook(Hook):
-    """Raise ``CheckpointMismatchError`` for a checkpoint that does not
-    match the model (keys, shapes, ``attn_norm``) or cannot be resumed;
-    ``allow_partial``: log a mismatch (no tensor loaded still raises);
-    ``opt_in``: how to allow partial loads, in the error."""
+    """Raise ``CheckpointMismatchError`` for a checkpoint that does not fit."""
 
     priority = 'VERY_HIGH'  # before EMAHook copies the weights
 
@@ -66,9 +63,7 @@ def resume_refusal(checkpoint, source: str) -> str:
 
 
 def continue_refusal(runner, checkpoint: dict, source: str) -> str:
-    """Why the training ``checkpoint`` cannot continue the config's run:
-    another optimizer (its groups lack settings the optimizer has *and* have
-    others), past the schedule's end, another lr / weight_decay; else ''."""
+    """Why the training ``checkpoint`` cannot continue the config's run."""
     from mmengine.runner import EpochBasedTrainLoop, IterBasedTrainLoop
     opt = getattr(getattr(runner, 'optim_wrapper', None), 'optimizer', None)
     saved = checkpoint.get('optimizer')
@@ -129,8 +124,7 @@ def continue_refusal(runner, checkpoint: dict, source: str) -> str:
 
 
 def skip_pretrained_init(runner, source: str) -> None:
-    """Drop ``init_cfg``'s ``Pretrained`` entries (one log line each) when
-    ``source`` replaces every tensor (a strict :class:`StrictLoadHook`)."""
+    """Drop ``init_cfg``'s ``Pretrained`` entries that ``source`` replaces."""
     from mmengine.model import is_model_wrapper
     from mmengine.runner import BaseLoop
 

@@ -1,5 +1,4 @@
-"""The SOFT backbone (NeurIPS 2021 / IJCV 2024 Table 2): three
-:class:`SOFTStage` and a :class:`ClsTokenStage`."""
+"""The SOFT backbone (NeurIPS 2021 / IJCV 2024 Table 2)."""
 import copy
 import functools
 import math
@@ -88,8 +87,7 @@ def _drop(cfg: Optional[Dict]) -> nn.Module:
 
 
 class ConvPatchEmbed(nn.Module):
-    """3x3 conv-norm-act layers: the C33 stem (strides 2, 1, 2) or one of
-    stride 2, with PyTorch's default conv init (the official model's)."""
+    """3x3 conv-norm-act layers: the C33 stem (strides 2, 1, 2) or one."""
 
     def __init__(self,
                  in_channels: int,
@@ -120,8 +118,7 @@ class ConvPatchEmbed(nn.Module):
 
 
 class SOFTBlock(nn.Module):
-    """Post-norm: x = LN(x + drop(Attn(x))); x = LN(x + drop(FFN(x))), the
-    attention ``ATTENTIONS.build({**block settings, **attn_cfg})``."""
+    """Post-norm: x = LN(x + drop(Attn(x))); x = LN(x + drop(FFN(x)))."""
 
     def __init__(self,
                  embed_dims: int,
@@ -221,8 +218,7 @@ class SoftmaxBlock(nn.Module):
 
 
 class PyramidStage(nn.Module):
-    """Patch embedding, cls token, position embedding (resized to the
-    input), blocks, norm: -> (B, C, H', W') and the cls token or None."""
+    """Patch embedding, position embedding, blocks, norm."""
 
     def __init__(self,
                  in_channels: int,
@@ -296,8 +292,7 @@ class SOFTStage(PyramidStage):
 
 
 class ClsTokenStage(PyramidStage):
-    """Stage 4 ("sp. 1x1, w. cls token"): ``depth`` :class:`SoftmaxBlock`
-    and a final norm."""
+    """Stage 4 ("sp. 1x1, w. cls token"): softmax blocks and a norm."""
 
     def __init__(self,
                  embed_dims: int,

@@ -1,5 +1,4 @@
-"""Autocast (CPU half convs checked against float32: oneDNN's AMX bf16 conv
-is wrong for narrow convs), torch shims, export, the argument checks."""
+"""Autocast (AMX-checked CPU half convs), torch shims, argument checks."""
 import contextlib
 import math
 import numbers

@@ -1,6 +1,4 @@
-"""SOFT's Newton-Raphson pseudo-inverse (Alg. 2, Eq. 10): :class:`NRConfig`,
-the alpha rules, the Eq. 16 / exact backwards and the dispatch: the
-iterations, one ``eigh`` or (A_T W) block Lanczos."""
+"""SOFT's Newton-Raphson pseudo-inverse (Alg. 2, Eq. 10; backward Eq. 16)."""
 import dataclasses
 from typing import Mapping, Optional
 
@@ -17,9 +15,7 @@ NR_METHODS = ('auto', 'iterative', 'spectral', 'lanczos')
 NR_BACKWARDS = ('eq16', 'exact')
 #: the fields of :class:`NRConfig` (the ``attn_cfg`` keys ``nr_<field>``)
 NR_FIELDS = ('iters', 'init', 'method', 'backward')
-#: smallest m of ``'auto'``'s spectral method on the CPU (measured:
-#: tools/analysis/nr_method_crossover.py) and of its Lanczos A_T W per
-#: device (CPU measured, docs/en/benchmarks.md; CUDA by the multiply-adds)
+#: smallest m of ``'auto'``'s spectral / Lanczos (docs/en/benchmarks.md)
 SPECTRAL_MIN_M = 80
 LANCZOS_MIN_M = {'cpu': 600, 'cuda': 200}
 _NORM_BETA, _NORM_MAX_HALVINGS, _NORM_TOL = 0.5, 10, 1.01
@@ -53,9 +49,7 @@ class NRConfig:
 
     @classmethod
     def of(cls, nr, attn_norm) -> 'NRConfig':
-        """``nr``, or one from a dict of the fields / None (``init`` None:
-        the official rule, per sample with ``attn_norm`` (IJCV), else
-        ``'soft'`` (NeurIPS))."""
+        """``nr``, or one of a dict / None (``init`` None: the official)."""
         if isinstance(nr, NRConfig):
             return nr
         if nr is not None and not isinstance(nr, Mapping):
@@ -83,8 +77,7 @@ class NRConfig:
 
 
 def _shared_max(t: torch.Tensor, init: str, trailing: int = 0):
-    """Max of per-matrix values (then ``trailing`` dims) over the matrices
-    sharing one alpha: a sample or the batch."""
+    """Max of per-matrix values over the matrices sharing one alpha."""
     lead, tail = t.dim() - trailing, t.shape[t.dim() - trailing:]
     if lead == 0 or init in ('soft', 'soft_norm_per_matrix'):
         return t
@@ -104,8 +97,7 @@ def nr_init_alpha(A, init='soft_norm_per_sample') -> torch.Tensor:
         return _SOFT_SCALE * alpha0
     n = torch.arange(_NORM_MAX_HALVINGS + 1, device=A.device, dtype=A.dtype)
     alphas = alpha0[..., None] * _NORM_BETA**n  # (..., K)
-    # column j of I - alpha A A has abs sum |1 - alpha (AA)_jj| + alpha
-    # sum_{i!=j} (AA)_ij (A symmetric, >= 0): O(m^2); (A A)_jj = ||row j||^2
+    # |col j| of I - alpha A A: |1 - alpha (AA)_jj| + alpha sum_i!=j (AA)_ij
     colsum = torch.matmul(A, A.sum(-1, keepdim=True)).squeeze(-1)  # (..., m)
     diag = torch.linalg.vector_norm(A, dim=-1).square()
     off = (colsum - diag).clamp_min(0)
@@ -137,8 +129,7 @@ def newton_iterate(A, V, iters) -> torch.Tensor:
 
 
 def resolve_method(method: str, A: torch.Tensor, apply: bool = True) -> str:
-    """``'auto'``: Lanczos (A_T W only), spectral (CPU) or iterative by m;
-    the inverse is never Lanczos (``'lanczos'`` is ``'auto'`` there)."""
+    """``'auto'``: Lanczos (A_T W only), spectral (CPU) or iterative by m."""
     check_choice('pseudo-inverse method', method, NR_METHODS)
     if method not in ('auto', 'lanczos') or (method == 'lanczos' and apply):
         return method

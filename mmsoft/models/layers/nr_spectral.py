@@ -1,7 +1,5 @@
-"""The T-step NR function f_T as a filter on eigenvalues (Alg. 2, Eq. 10),
-its divided differences (Daleckii-Krein) and f_T(A) W by block Lanczos:
-f_T(A) W ~ Q U f_T(theta) U^T Q^T W (Q^T A Q = U diag(theta) U^T), the
-backward on the Krylov spaces of W and the gradient (Kressner 2019)."""
+"""f_T on eigenvalues (Alg. 2, Eq. 10), its divided differences and f_T(A) W
+~ Q U f_T(theta) U^T Q^T W by block Lanczos (Kressner 2019)."""
 from typing import NamedTuple
 
 import torch
@@ -9,14 +7,11 @@ from torch.nn.functional import pad
 
 from .amp import autocast_off, compiling
 
-#: the largest Krylov space of the forward before the guard falls back;
-#: converged when f_T(T) Q^T W moved by at most TOL (relative) over the
-#: last block, checked from _FIRST_CHECK blocks; new directions below _DROP
-#: ||A||_1 (||W||: the first) dropped (an invariant subspace)
+#: the largest Krylov space; converged when f_T(T) Q^T W moved by <= TOL;
+#: new directions below _DROP ||A||_1 dropped (an invariant subspace)
 MAX_DIM, TOL, TOL_FLOAT64, _FIRST_CHECK = 384, 3e-5, 1e-12, 5
 _DROP = {torch.float32: 1e-6, torch.float64: 1e-12}
-#: |a - b| <= _DD_RTOL max(|a|, |b|): f[a, b] by the Leibniz rule (the
-#: quotient loses ~T eps / _DD_RTOL)
+#: |a - b| <= _DD_RTOL max(|a|, |b|): f[a, b] by the Leibniz rule
 _DD_RTOL = 0.05
 
 
@@ -33,8 +28,7 @@ def filter_and_slope(lam, alpha, iters, slope=True):
 
 def nr_scalar_iterate(lam: torch.Tensor, alpha: torch.Tensor,
                       iters: int) -> torch.Tensor:
-    """v_T(l); the opaque op ``mmsoft::nr_scalar_iterate`` (torch >= 2.4):
-    inductor would inline the T steps, compile time ~3^T."""
+    """v_T(l), an opaque op (torch >= 2.4): inductor would inline T steps."""
     return filter_and_slope(lam, alpha, iters, slope=False)
 
 
@@ -69,8 +63,7 @@ def divided_differences(a, b, alpha, iters):
 
 
 def lapack(fn, *args, **kwargs):
-    """``fn(*args, **kwargs)`` on one CPU thread (the count restored): LAPACK
-    syncs per column, 5x slower on shared cores (docs/en/benchmarks.md)."""
+    """``fn(*args, **kwargs)`` on one CPU thread (docs/en/benchmarks.md)."""
     tensor = next(a for a in args if isinstance(a, torch.Tensor))
     threads = 1 if tensor.device.type != 'cpu' or compiling() else \
         torch.get_num_threads()  # compiling: no graph break
@@ -104,8 +97,7 @@ class KrylovBasis(NamedTuple):
 
 
 def _orthonormal(Z, scale):
-    """Orthonormal columns spanning Z: Cholesky QR twice (float64); with a
-    singular value <= ``scale``, Z^T Z's eigenvectors (those columns 0)."""
+    """Orthonormal columns spanning Z: Cholesky QR twice (float64)."""
     X = Z.double()
     for _ in range(2):
         G = X.mT @ X
@@ -130,8 +122,7 @@ def _orthonormal(Z, scale):
 
 @torch.no_grad()
 def krylov_basis(A, W, alpha, iters, max_dim=None):
-    """The block Lanczos basis of W (N, m, d) under A, each matrix stopped
-    at its own converged J or ``max_dim`` (not converged); None on meta."""
+    """The block Lanczos basis of W (N, m, d) under A; None on meta."""
     if A.device.type == 'meta':
         return None
     N, m, d = W.shape
@@ -141,8 +132,7 @@ def krylov_basis(A, W, alpha, iters, max_dim=None):
     norm1 = A.sum(-1).amax(-1, keepdim=True).double()  # ||A||_1, (N, 1)
     Q = W.new_zeros(N, m, J * d)
     Q[..., :d] = _orthonormal(W, drop * W.norm(dim=1).amax(-1, True).double())
-    # a dropped direction (zero row / column of T) gets a distinct value
-    # near 0 on the diagonal: LAPACK's eigh can fail on repeated ones
+    # dropped directions: distinct values near 0 (eigh fails on repeated)
     f64 = dict(dtype=torch.float64, device=W.device)
     ramp = torch.linspace(1e-3, 2e-3, J * d, **f64)
     E = (Q[..., :d].mT @ W).double()  # (N, d, d); Q^T W is zero below
@@ -157,8 +147,7 @@ def krylov_basis(A, W, alpha, iters, max_dim=None):
         K = (j + 1) * d
         Qp = Q[..., :K]
         Z = torch.bmm(A, Q[..., K - d:K])
-        # orthogonalised twice against every block so far; the
-        # coefficients are block column j of T = Q^T A Q
+        # orthogonalised twice; the coefficients: block column j of T
         C = torch.bmm(Qp.mT, Z)
         Z = torch.baddbmm(Z, Qp, C, alpha=-1)
         C2 = torch.bmm(Qp.mT, Z)
@@ -200,9 +189,7 @@ def krylov_basis(A, W, alpha, iters, max_dim=None):
 
 
 class LanczosApply(torch.autograd.Function):
-    """Z = f_T(A) W (``basis`` from :func:`krylov_basis`). Backward: the
-    exact gradient of f_T, or Eq. 16; matrices whose gradient's space does
-    not converge in 2 ``MAX_DIM`` take ``fallback(index, grad[index])``."""
+    """Z = f_T(A) W; backward: the exact gradient of f_T, or Eq. 16."""
 
     @staticmethod
     def forward(ctx, A, W, alpha, basis, iters, exact, fallback):

@@ -37,11 +37,8 @@ def query_index(index, hw: Tuple[int, int]) -> int:
 
 
 class AttentionBase(nn.Module):
-    """Multi-head token mixer with SOFT's per-head depthwise conv on V (odd
-    ``dw_kernel_size``, 0: none) and ``proj``. Subclasses call
-    ``_build_output_layers()`` and implement ``_mix(x, hw) -> (out (B, h,
-    n, d), v_tokens (B, n, C) | None)`` and ``_row(x, hw, i) -> (B, h, n)``
-    (:meth:`attention_row`)."""
+    """Multi-head token mixer with a per-head depthwise conv on V and ``proj``;
+    subclasses implement ``_mix(x, hw)`` -> (out, v_tokens), ``_row``."""
 
     def __init__(self,
                  embed_dims: int,
@@ -74,8 +71,7 @@ class AttentionBase(nn.Module):
         return x.view(B, N, self.num_heads, self.head_dims).transpose(1, 2)
 
     def dw_conv_tokens(self, v: torch.Tensor, hw: Tuple[int, int]):
-        """Per-head k x k conv of the (B, n, C) value tokens (the official
-        (B*d, h, H, W) grouped conv as one depthwise conv)."""
+        """Per-head k x k conv of the (B, n, C) value tokens."""
         B, N, C = v.shape
         x = v.transpose(1, 2).reshape(B, C, *hw)  # a channels-last view
         w = self.dw_conv.weight.repeat_interleave(self.head_dims, 0)
@@ -100,8 +96,7 @@ class AttentionBase(nn.Module):
 
     @torch.no_grad()
     def attention_row(self, x, hw, index) -> torch.Tensor:
-        """(B, h, n) weights over V of query ``index`` (flat or (row, col))
-        for the (B, n, C) input ``x`` (no dw conv, no projections)."""
+        """(B, h, n) weights over V of query ``index`` (flat or (row, col))."""
         self._check(x, hw)
         return self._row(x, hw, query_index(index, hw))
 
@@ -124,8 +119,7 @@ def landmark_grid(hw, ratio, max_landmarks=None, landmark_hw=None):
 
 
 def reduce_map(x, ratio, max_landmarks=None, landmark_hw=None, conv=None):
-    """(N, C, H, W) -> its :func:`landmark_grid`: r x r average pooling (or
-    ``conv``), then adaptive average pooling to the capped grid."""
+    """(N, C, H, W) -> its :func:`landmark_grid` by pooling (or ``conv``)."""
     H, W = x.shape[-2:]
     r = ratio
     if H < r or W < r:
@@ -140,11 +134,9 @@ def reduce_map(x, ratio, max_landmarks=None, landmark_hw=None, conv=None):
     return x
 
 
-# K_ij = exp(-||x_i - y_j||^2 / 2) of tokens scaled by d^(-1/4), both
-# translated by the mean landmark (the norms cancel relative to the spread)
+# K_ij = exp(-||x_i - y_j||^2 / 2), x, y translated by the mean landmark
 def kernel_forward(x, y, self_kernel=False) -> torch.Tensor:
-    """K (..., n, m) without autograd, in place; the self-kernel's
-    diagonal is exactly 1."""
+    """K (..., n, m) without autograd; the self-kernel's diagonal is 1."""
     c = y.mean(-2, keepdim=True)
     yc = y - c
     xc = yc if self_kernel else x - c
@@ -238,9 +230,8 @@ def gaussian_kernel(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
 
 
 def bottleneck_apply(A, W=None, attn_norm=True, nr=None):
-    """A^+_n W = D^-1/2 A^+ D^-1/2 W (Eq. 25; A^+ W without ``attn_norm``)
-    without forming A^+_n, float32+; W None: A^+_n; ``nr``:
-    :class:`NRConfig` or its fields."""
+    """A^+_n W = D^-1/2 A^+ D^-1/2 W (Eq. 25; A^+ W without ``attn_norm``),
+    float32+; W None: A^+_n."""
     nr = NRConfig.of(nr, attn_norm)
     if not attn_norm:
         return nr.apply(A, W)
@@ -329,11 +320,7 @@ def soft_attention(q, landmarks, v, attn_norm=True, nr=None):
 
 
 class BottleneckSampler(nn.Module):
-    """f_s: the m bottleneck tokens Q~ of the n tokens Q (Table 4b / 8):
-    ``mode`` ``'conv'`` (r x r, stride r, LayerNorm, GELU: official),
-    ``'avgpool'``, ``'random'`` (evenly spaced in eval) or ``'biased'``
-    (the first m); ``max_landmarks`` / ``landmark_hw``: a capped / fixed
-    :func:`landmark_grid`."""
+    """f_s: the m bottleneck tokens Q~ of the n tokens Q (Table 4b / 8)."""
 
     def __init__(self,
                  head_dims: int,
@@ -404,12 +391,8 @@ def _fixed(attn: nn.Module, value) -> None:
 
 @ATTENTIONS.register_module(name=['SOFTAttention', 'soft'])
 class SOFTAttention(AttentionBase):
-    """out = P A^+_n P^T V (:func:`soft_attention`), Q = K; ``attn_norm``:
-    IJCV Eq. 25 (False: NeurIPS); ``sampling``: f_s (``SAMPLING_MODES``);
-    ``nr`` (:class:`NRConfig` or dict) or ``nr_iters`` / ``nr_init`` /
-    ``nr_method`` / ``nr_backward``: fixed at construction (:func:`with_nr`
-    copies with others); ``max_landmarks``, ``landmark_hw``:
-    :class:`BottleneckSampler`."""
+    """out = P A^+_n P^T V, Q = K; ``attn_norm``: IJCV Eq. 25 (False:
+    NeurIPS); ``nr`` / ``nr_*``: fixed at construction (:func:`with_nr`)."""
 
     def __init__(self,
                  embed_dims: int,
@@ -477,8 +460,7 @@ class SOFTAttention(AttentionBase):
 
 
 def with_nr(model, nr=None, **changes) -> nn.Module:
-    """A deep copy of ``model`` whose :class:`SOFTAttention` s use ``nr``
-    (default: their own) with ``changes``, e.g. ``method='iterative'``."""
+    """A deep copy of ``model`` whose SOFTAttentions use ``nr`` + changes."""
     model = copy.deepcopy(model)
     for mod in model.modules():
         if isinstance(mod, SOFTAttention):
