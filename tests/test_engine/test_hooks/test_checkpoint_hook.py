@@ -490,6 +490,13 @@ def test_runner_without_private_attributes(tmp_path):
         work, drop=('_has_loaded', '_resume'), _load_from=str(bad))
     with pytest.raises(cio.CheckpointError, match=re.escape(str(bad))):
         SafeCheckpointHook().before_run(runner)
+    runner = _Runner(work, loop=_Loop(), _resume=True)  # all damaged
+    (work / 'iter_2.pth').write_bytes(b'PK\x03\x04 truncated')
+    with pytest.raises(cio.CheckpointError) as e:
+        SafeCheckpointHook().before_run(runner)
+    assert str(e.value) == (
+        f"resume: no complete checkpoint in {work}; damaged: "
+        f"['{work / 'iter_2.pth'}']. Remove them to train from scratch.")
     # a loaded file is not read again (damaged since it was loaded)
     bad.write_bytes(b'')
     runner = _Runner(work, _load_from=str(bad), _has_loaded=True)
@@ -697,9 +704,11 @@ def test_best_checkpoint_is_atomic_and_holds_the_training_rng(tmp_path):
 
 def test_checkpoints_are_durable_with_every_ranks_rng(tmp_path, monkeypatch):
     """Both files and their directory are fsynced around the rename; every
-    rank's RNG states saved; one fixed name (``filename_tmpl`` without
-    ``{}``) replaced, never removed."""
-    synced, fsync, sent = [], atomic._fsync, []
+    rank's RNG states saved; ENOSPC names the file and the kept checkpoint
+    (issue 27, item 8); one fixed name (``filename_tmpl`` without ``{}``)
+    replaced, never removed; ``runner.val()`` twice (no ``before_train``)
+    and rank 1 write nothing."""
+    synced, fsync, sent, save = [], atomic._fsync, [], torch.save
     monkeypatch.setattr(atomic, '_fsync',
                         lambda path: synced.append(path) or fsync(path))
     _draws()
@@ -724,22 +733,34 @@ def test_checkpoints_are_durable_with_every_ranks_rng(tmp_path, monkeypatch):
     assert meta['iter'] == 4 and len(sent) == 1 and rng['world_size'] == 2
     assert [s['python'] for s in rng['states']] == \
         [sent[0]['python'], other['python']] != [other['python']] * 2
+    mtimes = _mtimes(work)
+
+    def full(obj, f, *args, **kwargs):  # the disk is full
+        open(f, 'wb').write(b'x' * 100)
+        raise OSError(28, 'No space left on device')
+
+    monkeypatch.setattr(torch, 'save', full)
+    runner.iter = 5
+    with pytest.raises(cio.CheckpointWriteError) as e:
+        hook.after_train_iter(runner, 0)
+    assert e.value.errno == 28 and str(e.value) == (
+        f'cannot write checkpoint {work / "iter_6.pth"}: No space left on '
+        f'device (errno 28); nothing was written, the previous checkpoint '
+        f'{work / "iter_4.pth"} was kept (last_checkpoint still names it). '
+        f'Free space in {work} and continue with tools/train.py ... --resume')
+    assert _mtimes(work) == mtimes  # no temporary:
+    assert sorted(os.listdir(work)) == ['iter_4.pth', 'last_checkpoint']
+    monkeypatch.setattr(torch, 'save', save)
     hook, runner = _saving(
         work, by_epoch=False, max_keep_ckpts=1, filename_tmpl='latest.pth')
     for runner.iter in (1, 2):
         hook.after_train_iter(runner, 0)
         assert _load(work / 'latest.pth')['meta']['iter'] == runner.iter + 1
-
-
-def test_other_ranks_and_a_validation_alone_write_nothing(
-        tmp_path, monkeypatch):
-    """``runner.val()`` twice (no ``before_train``): nothing saved; rank 1
-    writes no ``last_checkpoint``."""
     hook = SafeCheckpointHook(3, False, save_rng=False)  # CheckpointHook's
     assert (hook.interval, hook.by_epoch, hook.save_rng) == (3, False, False)
     assert SafeCheckpointHook().save_rng is True
     for hook in (SafeCheckpointHook(), hook):
-        runner = _Runner(tmp_path)
+        runner = _Runner(tmp_path / 'val')
         for _ in range(2):
             hook.before_val(runner)
             hook.after_val_epoch(runner, dict(acc=1.0))
@@ -748,90 +769,33 @@ def test_other_ranks_and_a_validation_alone_write_nothing(
         monkeypatch.setattr(module, 'is_main_process', lambda: False)
     hook, runner = _saving(tmp_path, rank=1, by_epoch=False, save_rng=False)
     hook.after_train_iter(runner, 0)
-    assert os.listdir(tmp_path) == []
+    assert os.listdir(tmp_path) == ['run']
 
 
-def _damaged(tmp_path, run_copy, monkeypatch):
-    work = tmp_path / 'work'
-    work.mkdir()
-    (work / 'iter_2.pth').write_bytes(b'PK\x03\x04 truncated')
-    (work / 'last_checkpoint').write_text(str(work / 'iter_2.pth'))
-    return _runner(
-        work, 'resumed', resume=True), work, (
-            f"resume: no complete checkpoint in {work}; damaged: "
-            f"['{work / 'iter_2.pth'}']. Remove them to train from scratch.")
-
-
-def _full_disk(tmp_path, run_copy, monkeypatch):
-    """Issue 27, item 8: ENOSPC names the file and the kept checkpoint."""
-    real_save, calls, work = torch.save, [], str(tmp_path)
-
-    def save(obj, f, *args, **kwargs):
-        calls.append(1)
-        if len(calls) == 2:  # the second checkpoint: the disk is full
-            f.write(b'x' * 100)
-            raise OSError(28, 'No space left on device')
-        return real_save(obj, f, *args, **kwargs)
-
-    monkeypatch.setattr(torch, 'save', save)
-    return _runner(tmp_path, 'enospc'), tmp_path, (
-        f'cannot write checkpoint {osp.join(work, "iter_4.pth")}: No space '
-        f'left on device (errno 28); nothing was written, the previous '
-        f'checkpoint {osp.join(work, "iter_2.pth")} was kept '
-        f'(last_checkpoint still names it). Free space in {work} and '
-        f'continue with tools/train.py ... --resume')
-
-
-def _resumed(by_epoch, limit):
-    """A finished run resumed with ``max_*`` = ``limit`` (issue 52, items
-    4, 6; a new lr: tests/test_utils/test_strict_load.py)."""
-
-    def prepare(tmp_path, run_copy, monkeypatch):
-        work = run_copy(tmp_path / 'work', None, by_epoch)
-        runner = _runner(work, 'again', by_epoch, resume=True)
-        runner.register_hook(dict(type='StrictLoadHook'))
-        unit, key = ('epoch', 'max_epochs') if by_epoch else ('iter',
-                                                              'max_iters')
-        runner._train_loop[key] = limit
-        done = 3 if by_epoch else 10
-        return runner, work, (
-            f'--resume {work}/{unit}_{done}.pth: the checkpoint is at {unit} '
-            f'{done}, past the schedule\'s end (train_cfg.{key}={limit}): '
-            f'nothing would train. Raise it (--cfg-options train_cfg.{key}'
-            f'=...) or resume an earlier checkpoint')
-
-    return prepare
-
-
-#: a fault -> (what prepares it, the error)
-FAULTS = {
-    'damaged': (_damaged, cio.CheckpointError),
-    'full-disk': (_full_disk, cio.CheckpointWriteError),
-    'past-the-end-iter': (_resumed(False, 4), CheckpointMismatchError),
-    'past-the-end-epoch': (_resumed(True, 2), CheckpointMismatchError),
-    'at-the-end': (_resumed(False, 10), None),  # beyond it: strict-load test
-}
-
-
-@pytest.mark.parametrize('fault', list(FAULTS))
-def test_fault_stops_in_one_line_keeping_the_checkpoints(
-        tmp_path, run_copy, monkeypatch, fault):
-    """The Runner stops with the fault's line; the checkpoints there before
-    are unchanged and no temporary is left."""
-    prepare, error = FAULTS[fault]
-    runner, ckpt_dir, message = prepare(tmp_path, run_copy, monkeypatch)
-    before = _mtimes(ckpt_dir) if ckpt_dir.is_dir() else {}
-    if error is None:  # nothing to train
+@pytest.mark.parametrize('by_epoch,limit', [(False, 4), (True, 2),
+                                            (False, 10)])
+def test_resume_past_the_schedule_end_stops_in_one_line(
+        tmp_path, run_copy, by_epoch, limit):
+    """Issue 52, items 4, 6 (a new lr: tests/test_utils/test_strict_load.py);
+    the checkpoints unchanged; at the end: nothing to train."""
+    work = run_copy(tmp_path / 'work', None, by_epoch)
+    runner = _runner(work, 'again', by_epoch, resume=True)
+    runner.register_hook(dict(type='StrictLoadHook'))
+    unit, key = ('epoch', 'max_epochs') if by_epoch else ('iter', 'max_iters')
+    runner._train_loop[key] = limit
+    done, before = 3 if by_epoch else 10, _mtimes(work)
+    if limit == done:  # nothing to train
         runner.train()
         return
-    with pytest.raises(error) as e:
+    with pytest.raises(CheckpointMismatchError) as e:
         runner.train()
-    assert type(e.value) is error and str(e.value) == message
-    assert error is not cio.CheckpointWriteError or e.value.errno == 28
-    assert _mtimes(ckpt_dir, before) == before
-    assert _files(ckpt_dir) == (['iter_2.pth']
-                                if fault == 'full-disk' else sorted(before))
-    assert not [f for f in os.listdir(ckpt_dir) if cio.TMP_SUFFIX in f]
+    assert str(e.value) == (
+        f'--resume {work}/{unit}_{done}.pth: the checkpoint is at {unit} '
+        f'{done}, past the schedule\'s end (train_cfg.{key}={limit}): '
+        f'nothing would train. Raise it (--cfg-options train_cfg.{key}'
+        f'=...) or resume an earlier checkpoint')
+    assert _mtimes(work) == before and _files(work) == sorted(before)
+    assert not [f for f in os.listdir(work) if cio.TMP_SUFFIX in f]
 
 
 @pytest.mark.parametrize('how',
