@@ -42,12 +42,6 @@ def raised(fn, *args, exc=cli.ToolError, **kwargs):
     return str(e.value)
 
 
-def parser(prog=None):
-    p = cli.runner_parser('t', dict(config='config'), 'w', 'c')
-    p.prog = prog or p.prog
-    return p
-
-
 # ------------------------------------------------------------- one_line
 @pytest.mark.parametrize('exc, line', [
     (cli.ToolError('bad\n   value  here'), 'error: bad value here'),
@@ -111,7 +105,7 @@ def test_check_readable(tmp_path, monkeypatch):
     cf.check_readable(str(tmp_path))  # message
     good = tmp_path / 'good.pth'
     good.write_bytes(b'x' * 4096)
-    sizes, real_open = [], builtins.open
+    sizes, real_open, error = [], builtins.open, [None]
 
     class Probe(io.FileIO):  # a checkpoint of gigabytes is probed, not read
 
@@ -119,24 +113,19 @@ def test_check_readable(tmp_path, monkeypatch):
             sizes.append(size)
             return super().read(size)
 
-    for error, reason in (
-        (None, None),
-        (PermissionError(errno.EACCES,
-                         'Permission denied'), 'Permission denied (errno 13)'),
-        (OSError('the file system refused'), 'the file system refused'),
-    ):
+    def open_(path, *a, **k):
+        if str(path) == str(good) and error[0]:
+            raise error[0]
+        return (Probe if str(path) == str(good) else real_open)(path, *a, **k)
 
-        def open_(path, *a, error=error, **k):
-            if str(path) == str(good) and error:
-                raise error
-            return (Probe if str(path) == str(good) else real_open)(path, *a,
-                                                                    **k)
-
-        monkeypatch.setattr(builtins, 'open', open_)
-        if error is None:
-            cf.check_readable(str(good))
-            assert sizes and all(s is not None and 0 < s <= 64 for s in sizes)
-            continue
+    monkeypatch.setattr(builtins, 'open', open_)
+    cf.check_readable(str(good))
+    assert sizes and all(s is not None and 0 < s <= 64 for s in sizes)
+    for error[0], reason in ((PermissionError(errno.EACCES,
+                                              'Permission denied'),
+                              'Permission denied (errno 13)'),
+                             (OSError('the file system refused'),
+                              'the file system refused')):
         assert raised(
             cf.check_readable, str(good), exc=ConversionError) == (
                 f'cannot read {str(good)!r}: {reason}; check its permissions '
@@ -385,11 +374,10 @@ def test_load_config_names_a_syntax_error(tmp_path, files, where):
 
 
 def test_seed_range(capsys):
-    """numpy's 0 .. 2**32 - 1 in tools/demo.py's --seed (--cfg-options:
-    :data:`RUNNER_ARGS`)."""
+    """tools/demo.py's --seed: numpy's 0 .. 2**32 - 1 (:data:`RUNNER_ARGS`)"""
     for seed in ('0', '4294967295'):  # both ends accepted
-        assert DEMO.parse_args(['--seed', seed]).seed == int(seed)
-        assert cli.seed_int(seed) == int(seed)
+        assert DEMO.parse_args(['--seed', seed]).seed == cli.seed_int(seed) \
+            == int(seed)
     for seed in ('-1', '4294967296', 'abc'):
         raised(DEMO.parse_args, ['--seed', seed], exc=SystemExit)
         assert f'error: argument --seed: {SEED}' in capsys.readouterr().err
@@ -496,7 +484,9 @@ def test_runner_args_refused(monkeypatch, argv, env, prog, line):
             model=dict(frozen=False, name='m', loss=None, x=None),
             pipeline=[dict(type='A', scale=1)]))
     try:
-        args = cli.parse_runner_args(parser(prog), None)
+        p = cli.runner_parser('t', dict(config='config'), 'w', 'c')
+        p.prog = prog
+        args = cli.parse_runner_args(p, None)
         cli.merge_cfg_options(cfg, args.cfg_options)
     except cli.ToolError as e:
         assert line is not None and str(e).startswith(line), str(e)
@@ -515,23 +505,19 @@ def test_runner_args_refused(monkeypatch, argv, env, prog, line):
             assert cfg.train_cfg.max_epochs == 2.5
 
 
-def test_cfg_option_problem_passes_what_it_cannot_judge():
+def test_cfg_option_problem_passes_what_it_cannot_judge(monkeypatch):
     cfg = Config(
         dict(
             train_cfg=dict(max_epochs=12),
-            model=dict(backbone=dict(depth=50)),
-            pipeline=[dict(type='A', scale=1)]))
-    for key in ('train_cfg.max_epochs', 'pipeline.5.scales',
-                'train_cfg.max_epochs.x', 'model.backbone.0'):
-        assert cli.cfg_option_problem(cfg, key) is None, key
-
-
-def test_expected_types_only_of_imported_modules(monkeypatch):
-    monkeypatch.delitem(
-        sys.modules, 'mmsoft_tools.work_dir_lock', raising=False)
-    types = cli._expected_types()
-    assert cli.ToolError in types
-    assert 'WorkDirLockedError' not in {t.__name__ for t in types}
+            pipeline=[dict(a=1)],
+            model=dict(backbone=dict(depth=50))))
+    assert [cli.cfg_option_problem(cfg, key) for key in (
+        'train_cfg.max_epochs', 'pipeline.5.scales', 'train_cfg.max_epochs.x',
+        'model.backbone.0')] == [None] * 4  # yapf: disable
+    # the types of run_main's one line: only of the modules imported
+    monkeypatch.delitem(sys.modules, 'mmsoft_tools.work_dir_lock', False)
+    types = {t.__name__ for t in cli._expected_types()}
+    assert 'ToolError' in types and 'WorkDirLockedError' not in types
 
 
 # =================================================================== launch
@@ -624,24 +610,20 @@ def test_enable_amp(monkeypatch, logged):
     assert amp(_amp_cfg(roi=True), 'AmpOptimWrapper',
                []).loss_scale == 'dynamic'
     amp(_amp_cfg('AmpOptimWrapper'), 'AmpOptimWrapper', already)
-
-
-@pytest.mark.parametrize('wrapper, cuda, refused', [
-    ('mmengine.AmpOptimWrapper', False, True),
-    ('AmpOptimWrapper', True, False),
-    ('CPUAmpOptimWrapper', False, False),
-])
-def test_amp_refusal(monkeypatch, wrapper, cuda, refused):
+    # amp_refusal: a config's fp16 AMP without a GPU
     for name in ('is_npu_available', 'is_mlu_available', 'is_musa_available'):
         monkeypatch.setattr(device, name, lambda: False)
-    monkeypatch.setattr(device, 'is_cuda_available', lambda: cuda)
-    line = launch.amp_refusal(_amp_cfg(wrapper))
-    assert line == (None if not refused else (
-        f"optim_wrapper.type={wrapper} (mmengine's fp16 AMP) needs a GPU "
-        'and this machine has none (torch.cuda.is_available() is False): '
-        "pass --amp instead (without CUDA: mmsoft's CPUAmpOptimWrapper, "
-        'bfloat16 autocast), or train in fp32 '
-        '(optim_wrapper.type=OptimWrapper)'))
+    for wrapper, cuda, refused in (('mmengine.AmpOptimWrapper', False,
+                                    True), ('AmpOptimWrapper', True, False),
+                                   ('CPUAmpOptimWrapper', False, False)):
+        monkeypatch.setattr(device, 'is_cuda_available', lambda: cuda)
+        assert launch.amp_refusal(_amp_cfg(wrapper)) == (
+            refused and
+            (f"optim_wrapper.type={wrapper} (mmengine's fp16 AMP) needs a GPU "
+             'and this machine has none (torch.cuda.is_available() is False): '
+             "pass --amp instead (without CUDA: mmsoft's CPUAmpOptimWrapper, "
+             'bfloat16 autocast), or train in fp32 '
+             '(optim_wrapper.type=OptimWrapper)') or None)
 
 
 def test_name_run(monkeypatch, tmp_path):
@@ -762,18 +744,6 @@ def test_setup_cpu_distributed_starts_the_group(monkeypatch):
     assert torch.cuda.set_device is real_set_device  # restored
 
 
-def test_log_rank0(logged, monkeypatch):
-    launch._log_rank0('a')
-    monkeypatch.setenv('RANK', '1')
-    launch._log_rank0('b')
-    monkeypatch.setenv('RANK', '0')
-    monkeypatch.setenv('SLURM_PROCID', '3')  # RANK wins
-    launch._log_rank0('c', level=WARN)
-    monkeypatch.delenv('RANK')
-    launch._log_rank0('d')
-    assert logged == [(INFO, 'a'), (WARN, 'c')]
-
-
 def test_prepare_cfg_and_import_codebase(monkeypatch):
     """The tools only register; the default scope stays as it was."""
     monkeypatch.setattr(launch, '_RUNS', itertools.count(1))
@@ -820,3 +790,14 @@ def test_shutdown_dist(monkeypatch, logged):
     except ValueError:
         launch.shutdown_dist()
     assert calls == ['destroy']
+    # _log_rank0: RANK, else SLURM_PROCID
+    del logged[:]
+    launch._log_rank0('a')
+    monkeypatch.setenv('RANK', '1')
+    launch._log_rank0('b')
+    monkeypatch.setenv('RANK', '0')
+    monkeypatch.setenv('SLURM_PROCID', '3')  # RANK wins
+    launch._log_rank0('c', level=WARN)
+    monkeypatch.delenv('RANK')
+    launch._log_rank0('d')
+    assert logged == [(INFO, 'a'), (WARN, 'c')]
