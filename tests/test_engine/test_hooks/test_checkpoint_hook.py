@@ -2,6 +2,7 @@
 checkpoint directory's resume search and owner."""
 import errno
 import logging
+import multiprocessing
 import os
 import os.path as osp
 import posixpath
@@ -219,22 +220,6 @@ def test_copied_work_dir_resumes_its_own_newest_complete_checkpoint(tmp_path):
     assert 'load_checkpoint' not in vars(runner)  # after_run: unwrapped
 
 
-def _in_child(fn):
-    """``fn()`` in a forked child: its exit status (a signal: negative)."""
-    pid = os.fork()
-    if pid == 0:  # the child: never back into pytest
-        code = 1
-        signal.alarm(120)  # a hung child ends
-        try:
-            fn()
-            code = 0
-        except SystemExit as e:
-            code = e.code
-        finally:
-            os._exit(code)
-    return os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1])
-
-
 def test_kill_during_checkpoint_write_keeps_previous(tmp_path):
     """SIGKILL while iter_4.pth is written: iter_2.pth is resumed."""
     work, put = tmp_path / 'work', LocalBackend.put
@@ -250,7 +235,10 @@ def test_kill_during_checkpoint_write_keeps_previous(tmp_path):
         LocalBackend.put = dying_put  # in the child only
         _runner(work, 'killed', max_keep_ckpts=1).train()
 
-    assert _in_child(killed) == -signal.SIGKILL
+    child = multiprocessing.get_context('fork').Process(target=killed)
+    child.start()
+    child.join(120)
+    assert child.exitcode == -signal.SIGKILL
     names = sorted(os.listdir(work))
     temps = [n for n in names if n.endswith(cio.TMP_SUFFIX)]
     assert 'iter_2.pth' in names and 'iter_4.pth' not in names
@@ -308,36 +296,26 @@ def test_rng_states_round_trip_weights_only(tmp_path, monkeypatch):
 
 
 @pytest.mark.parametrize(
-    'code,earlier,fix',
+    'code,fix',
     [
-        (errno.EFBIG, False, 'Raise the file size limit (ulimit -f) or '
-         'write to another file system'),
-        (errno.EROFS, True, '{work} is read-only: choose another work dir'),
-        (errno.EACCES, False, 'Check the permissions of {work} (ls -ld)'),
-        (errno.EPERM, True, 'Check the permissions of {work} (ls -ld)'),
-        (None, True, 'Free space in {work}'),  # a quota as text, no errno
+        (errno.EFBIG, 'Raise the file size limit (ulimit -f) or write to '
+         'another file system'),
+        (errno.EROFS, '{work} is read-only: choose another work dir'),
+        (errno.EACCES, 'Check the permissions of {work} (ls -ld)'),
+        (errno.EPERM, 'Check the permissions of {work} (ls -ld)'),
+        (None, 'Free space in {work}'),  # a quota as text, no errno
     ])
-def test_write_failure_names_the_fix_and_resumes_only_a_checkpoint(
-        tmp_path, code, earlier, fix):
-    """Issue 52, item 5: the advice follows the error and what exists."""
-    work = str(tmp_path)
-    prev = osp.join(work, 'iter_2.pth')
-    if earlier:
-        (tmp_path / 'last_checkpoint').write_text(prev)
-    error = OSError(code, os.strerror(code)) if code else \
-        OSError('disk quota exceeded for user train')
-    reason = f'{os.strerror(code)} (errno {code})' if code else \
-        'disk quota exceeded for user train'
-    kept, then = (
-        f'the previous checkpoint {prev} was kept (last_checkpoint still '
-        'names it)', 'continue with tools/train.py ... --resume') \
-        if earlier else ('no earlier checkpoint of this run exists',
-                         'start the training again (there is nothing to '
-                         'resume)')
+def test_write_failure_names_the_fix(tmp_path, code, fix):
+    """Issue 52, item 5: the advice follows the error; no earlier checkpoint:
+    train again (one: test_checkpoints_are_durable_with_every_ranks_rng)."""
+    work, quota = str(tmp_path), 'disk quota exceeded for user train'
+    error = OSError(code, os.strerror(code)) if code else OSError(quota)
+    reason = f'{os.strerror(code)} (errno {code})' if code else quota
     path = osp.join(work, 'iter_4.pth')
     assert ch._write_failure(SimpleNamespace(work_dir=work), path, error) == (
-        f'cannot write checkpoint {path}: {reason}; nothing was written, '
-        f'{kept}. {fix.format(work=work)} and {then}')
+        f'cannot write checkpoint {path}: {reason}; nothing was written, no '
+        f'earlier checkpoint of this run exists. {fix.format(work=work)} and '
+        'start the training again (there is nothing to resume)')
 
 
 class _Log(list):
@@ -396,70 +374,12 @@ SCRATCH = 'mmsoft: no checkpoint to resume from in {}; training from scratch'
 RESUMING = 'mmsoft: resuming from the newest complete checkpoint {}'
 
 
-def test_only_training_claims_a_local_checkpoint_dir(tmp_path, monkeypatch):
-    """Training alone claims ``out_dir/<work dir name>``, if local (the
-    first run; another refused in one line); the search names the file
-    found, or scratch; other ranks take rank 0's broadcast."""
-    monkeypatch.chdir(tmp_path)
-    out, work = tmp_path / 'out', tmp_path / 'a' / 'run'
+def test_before_run_claims_the_dir_and_checks_the_file(tmp_path, monkeypatch):
+    """Without the private attributes too; a missing file refused in one
+    line; training alone claims a local ``out_dir/<work dir name>`` (the
+    first run); the search's result: rank 0's broadcast."""
+    work = tmp_path / 'p' / 'run'
     work.mkdir(parents=True)
-    hook = SafeCheckpointHook(out_dir=str(out), filename_tmpl='ckpt_{}.pth')
-    runner = _Runner(str(work) + os.sep, loop=_Loop(), _resume=True)
-    hook.before_run(runner)
-    assert (out / 'run' / ch.OWNER_FILE).read_text() == \
-        osp.realpath(work) + '\n'
-    assert runner.logger.ours() == [SCRATCH.format(str(work) + os.sep)]
-    assert runner._resume is False  # a stale last_checkpoint: not trusted
-    ckpt = out / 'run' / 'ckpt_4.pth'
-    torch.save(dict(meta=dict(iter=4), state_dict={}), ckpt)
-    (work / 'last_checkpoint').write_text(str(ckpt))
-    runner = _Runner(work, loop=_Loop(), _resume=True)
-    hook.before_run(runner)
-    assert runner._load_from == str(ckpt) and runner._resume
-    assert runner.logger.ours() == [RESUMING.format(ckpt)]
-    runner = _Runner(tmp_path / 'a' / 'eval', _resume=True)  # not training
-    hook.before_run(runner)
-    assert runner._resume is not True and os.listdir(out) == ['run']
-    SafeCheckpointHook(
-        out_dir='s3://bucket/ckpts').before_run(_Runner(work, loop=_Loop()))
-    assert sorted(os.listdir(tmp_path)) == ['a', 'out']
-    SafeCheckpointHook().before_run(_Runner(work, loop=_Loop()))
-    assert not (work / ch.OWNER_FILE).exists()  # the work dir: no owner
-    ckpt_dir, other = str(out / 'run'), tmp_path / 'b' / 'run'
-    marker = osp.join(ckpt_dir, ch.OWNER_FILE)
-    with pytest.raises(ch.CheckpointDirInUse) as e:  # a second run's
-        hook.before_run(_Runner(other, loop=_Loop()))
-    assert str(e.value) == (
-        f'checkpoint directory {ckpt_dir} (default_hooks.checkpoint.out_dir '
-        f'/ the work dir\'s name) belongs to the run in work dir '
-        f'{osp.realpath(work)} ({marker}), not to this one '
-        f'({osp.realpath(other)}): its max_keep_ckpts would delete the other '
-        f'run\'s checkpoints and --resume would continue it. Give this run '
-        f'another out_dir or a work dir of another name (if you moved that '
-        f'work dir here, delete {marker})')
-    open(marker, 'w').close()  # an empty owner file: taken over
-    hook.before_run(_Runner(other, loop=_Loop()))
-    assert open(marker).read() == osp.realpath(other) + '\n'
-    sent, other = [], tmp_path / 'c' / 'run'  # rank 1 of another run
-    monkeypatch.setattr(ch, 'is_main_process', lambda: False)
-    monkeypatch.setattr(ch, 'broadcast_object_list',
-                        lambda objs: objs.__setitem__(slice(None), sent))
-    sent[:] = [str(ckpt), [], None]
-    runner = _Runner(other, loop=_Loop(), _resume=True)
-    hook.before_run(runner)
-    assert runner._load_from == str(ckpt) and not other.exists()
-    assert runner.logger.ours() == [RESUMING.format(ckpt)]
-    sent[:] = [None, None, f'checkpoint directory {out} belongs to X']
-    with pytest.raises(ch.CheckpointDirInUse, match='belongs to X'):
-        hook.before_run(_Runner(other, loop=_Loop()))
-
-
-def test_runner_without_private_attributes(tmp_path):
-    """A runner without ``_resume`` / ``_load_from`` / ``_has_loaded``; the
-    file to load checked before mmengine reads it, a named one that is
-    missing refused in one line."""
-    work = tmp_path / 'run'
-    work.mkdir()
     runner = _Runner(
         work, loop=_Loop(), drop=('_resume', '_load_from', '_has_loaded'))
     SafeCheckpointHook().before_run(runner)
@@ -504,6 +424,58 @@ def test_runner_without_private_attributes(tmp_path):
     runner._has_loaded = False
     with pytest.raises(cio.CheckpointError, match='is empty'):
         SafeCheckpointHook().before_run(runner)
+    monkeypatch.chdir(tmp_path)
+    out, work = tmp_path / 'out', tmp_path / 'a' / 'run'
+    work.mkdir(parents=True)
+    hook = SafeCheckpointHook(out_dir=str(out), filename_tmpl='ckpt_{}.pth')
+    runner = _Runner(str(work) + os.sep, loop=_Loop(), _resume=True)
+    hook.before_run(runner)
+    assert (out / 'run' / ch.OWNER_FILE).read_text() == \
+        osp.realpath(work) + '\n'
+    assert runner.logger.ours() == [SCRATCH.format(str(work) + os.sep)]
+    assert runner._resume is False  # a stale last_checkpoint: not trusted
+    ckpt = out / 'run' / 'ckpt_4.pth'
+    torch.save(dict(meta=dict(iter=4), state_dict={}), ckpt)
+    (work / 'last_checkpoint').write_text(str(ckpt))
+    runner = _Runner(work, loop=_Loop(), _resume=True)
+    hook.before_run(runner)
+    assert runner._load_from == str(ckpt) and runner._resume
+    assert runner.logger.ours() == [RESUMING.format(ckpt)]
+    runner = _Runner(tmp_path / 'a' / 'eval', _resume=True)  # not training
+    hook.before_run(runner)
+    assert runner._resume is not True and os.listdir(out) == ['run']
+    SafeCheckpointHook(
+        out_dir='s3://bucket/ckpts').before_run(_Runner(work, loop=_Loop()))
+    assert sorted(os.listdir(tmp_path)) == ['a', 'out', 'p']
+    SafeCheckpointHook().before_run(_Runner(work, loop=_Loop()))
+    assert not (work / ch.OWNER_FILE).exists()  # the work dir: no owner
+    ckpt_dir, other = str(out / 'run'), tmp_path / 'b' / 'run'
+    marker = osp.join(ckpt_dir, ch.OWNER_FILE)
+    with pytest.raises(ch.CheckpointDirInUse) as e:  # a second run's
+        hook.before_run(_Runner(other, loop=_Loop()))
+    assert str(e.value) == (
+        f'checkpoint directory {ckpt_dir} (default_hooks.checkpoint.out_dir '
+        f'/ the work dir\'s name) belongs to the run in work dir '
+        f'{osp.realpath(work)} ({marker}), not to this one '
+        f'({osp.realpath(other)}): its max_keep_ckpts would delete the other '
+        f'run\'s checkpoints and --resume would continue it. Give this run '
+        f'another out_dir or a work dir of another name (if you moved that '
+        f'work dir here, delete {marker})')
+    open(marker, 'w').close()  # an empty owner file: taken over
+    hook.before_run(_Runner(other, loop=_Loop()))
+    assert open(marker).read() == osp.realpath(other) + '\n'
+    sent, other = [], tmp_path / 'c' / 'run'  # rank 1 of another run
+    monkeypatch.setattr(ch, 'is_main_process', lambda: False)
+    monkeypatch.setattr(ch, 'broadcast_object_list',
+                        lambda objs: objs.__setitem__(slice(None), sent))
+    sent[:] = [str(ckpt), [], None]
+    runner = _Runner(other, loop=_Loop(), _resume=True)
+    hook.before_run(runner)
+    assert runner._load_from == str(ckpt) and not other.exists()
+    assert runner.logger.ours() == [RESUMING.format(ckpt)]
+    sent[:] = [None, None, f'checkpoint directory {out} belongs to X']
+    with pytest.raises(ch.CheckpointDirInUse, match='belongs to X'):
+        hook.before_run(_Runner(other, loop=_Loop()))
 
 
 def test_resume_from_another_dir_forgets_its_checkpoint_names(
@@ -939,8 +911,9 @@ def logged():
     logger.removeHandler(handler)
 
 
-def test_candidates_are_this_runs_checkpoints_newest_first(tmp_path):
-    """By N, then mtime; ``extra`` last; other names left out."""
+def test_candidates_and_what_is_wrong_with_one(tmp_path, monkeypatch):
+    """By N, then mtime; ``extra`` last; other names left out; what
+    check_complete names (no meta, empty: test_resume_search_warnings)."""
     work, out = _dirs(tmp_path, 'work', 'out')
     for name in ('iter_9.pth', 'iter_10.pth', 'iter_2.pth.bak',
                  '.iter_12.pth.99.0123abcd.mmsoft-tmp', 'best.pth',
@@ -966,10 +939,6 @@ def test_candidates_are_this_runs_checkpoints_newest_first(tmp_path):
     os.utime(work / 'iter_10.pth', (3e9, 3e9))  # now the work dir's
     assert ch.checkpoint_candidates([str(work), str(out)])[:2] == \
         [str(work / 'iter_10.pth'), str(out / 'iter_10.pth')]
-
-
-def test_check_complete_names_what_is_wrong(tmp_path, monkeypatch):
-    """No meta, empty: test_resume_search_warnings."""
     # a zip but no checkpoint: the load error's type and first line
     path = str(tmp_path / 'notes.pth')
     with zipfile.ZipFile(path, 'w') as z:
@@ -979,11 +948,8 @@ def test_check_complete_names_what_is_wrong(tmp_path, monkeypatch):
     first = str(e.value).splitlines()[0]
     assert first and ch.check_complete(path) == \
         f'cannot be loaded ({type(e.value).__name__}: {first})'
-
-    def load(path):
-        raise EOFError()
-
-    monkeypatch.setattr(ch, 'load_verified', load)
+    monkeypatch.setattr(ch, 'load_verified', lambda p:
+                        (_ for _ in ()).throw(EOFError()))
     assert ch.check_complete(path) == 'cannot be loaded (EOFError: )'
 
 

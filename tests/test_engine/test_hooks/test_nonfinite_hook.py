@@ -207,7 +207,8 @@ def _guarded(hook, accumulate=1, it=0, wrappers=('', )):
 
 def test_guard_wraps_once_and_stops_a_step_that_breaks_parameters(monkeypatch):
     """Wrapped once, arguments passed on; the finite loss's value named; on
-    another rank: said so; a parameter outside the optimizer: not checked."""
+    another rank: said so; a parameter outside the optimizer: not checked;
+    skipped steps change nothing in every wrapper."""
     hook = NonFiniteLossHook()
     runner, model, calls = _guarded(hook)
     model.frozen = nn.Parameter(torch.tensor([NAN]), requires_grad=False)
@@ -227,21 +228,8 @@ def test_guard_wraps_once_and_stops_a_step_that_breaks_parameters(monkeypatch):
         f'({loss.item()}): the gradients or the update overflowed; training '
         'stopped. Lower the learning rate or enable gradient clipping '
         '(optim_wrapper.clip_grad).')
-    runner, model, _ = _guarded(NonFiniteLossHook())
-    flags = []  # 1: the loss was finite everywhere, 2: the parameters not
-    monkeypatch.setattr(nf, '_any_rank',
-                        lambda flag: flags.append(flag) or len(flags) == 2)
-    with pytest.raises(
-            NonFiniteLossError,
-            match='made parameters on another '
-            'rank nan / inf although the loss was finite'):
-        runner.optim_wrapper.update_params(model(torch.ones(1, 2)).sum())
-    assert flags == [False, False]  # this rank's loss and parameters
-
-
-def test_skipped_steps_change_nothing_in_every_wrapper():
-    """Each wrapper guarded; a skipped step warns, drops the accumulated
-    gradients and leaves the weights."""
+    # each wrapper guarded; a skipped step warns, drops the accumulated
+    # gradients and leaves the weights
     hook = NonFiniteLossHook(max_skipped_steps=2)
     runner, model, _ = _guarded(hook, accumulate=2, it=4, wrappers='ab')
     before = model.weight.detach().clone()
@@ -257,6 +245,16 @@ def test_skipped_steps_change_nothing_in_every_wrapper():
         f'NonFiniteLossHook: non-finite loss (nan) at iteration 5/10: step '
         f'skipped ({n}/2 in a row)' for n in (1, 2)
     ]
+    runner, model, _ = _guarded(NonFiniteLossHook())
+    flags = []  # 1: the loss was finite everywhere, 2: the parameters not
+    monkeypatch.setattr(nf, '_any_rank',
+                        lambda flag: flags.append(flag) or len(flags) == 2)
+    with pytest.raises(
+            NonFiniteLossError,
+            match='made parameters on another '
+            'rank nan / inf although the loss was finite'):
+        runner.optim_wrapper.update_params(model(torch.ones(1, 2)).sum())
+    assert flags == [False, False]  # this rank's loss and parameters
 
 
 @pytest.mark.parametrize('mine, other', [(False, False), (True, False),
