@@ -5,6 +5,8 @@ from conftest import load_tool
 
 TOOL = load_tool('compat/check_env.py', '_compat_check_env')
 WANT = TOOL.verified_stack()
+FMT = dict(WANT, **{f'{e}_{d}': v for d in ('torch', 'mmdet') for e, v in zip(
+    ('lo', 'hi'), TOOL.stacks.claimed_ranges()[d])})  # yapf: disable
 
 
 def line_of(changes, ops='13.0'):
@@ -57,14 +59,10 @@ def test_the_verified_stack_is_one_line(capsys):
         ]),
     ])
 def test_each_version_outside_is_named(changes, ops, rc, parts):
-    fmt = dict(WANT)
-    for dist in ('torch', 'mmdet'):
-        fmt[f'lo_{dist}'], fmt[f'hi_{dist}'] = \
-            TOOL.stacks.claimed_ranges()[dist]
     line, code = line_of(changes, ops)
     assert code == rc and '\n' not in line, line
     assert line.startswith('outside the verified stack: '), line
-    assert all(part.format(**fmt) in line for part in parts), line
+    assert all(part.format(**FMT) in line for part in parts), line
     assert {d for d in WANT if f' {d} ' in f' {line} '} >= set(changes), line
     # nothing at its verified version is named
     assert not [

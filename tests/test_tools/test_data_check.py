@@ -55,10 +55,11 @@ CONFIG_NAMES = sorted(f for f in os.listdir(CONFIGS) if f.endswith('.py'))
 
 def _docs_rows():
     """[(config patterns, training, testing overrides)] of the docs page."""
-    page = osp.join(ROOT, 'docs', 'en', 'user_guides', 'data_preparation.md')
-    with open(page) as f:
-        return [[re.findall(r'`([^`]+)`', c) for c in ln.split('|')[1:4]]
-                for ln in f.read().splitlines() if ln.startswith('| `')]
+    with open(osp.join(ROOT, 'docs/en/user_guides/data_preparation.md')) as f:
+        text = f.read()  # the page the message names
+    assert text.startswith('# Data preparation')
+    return [[re.findall(r'`([^`]+)`', c) for c in ln.split('|')[1:4]]
+            for ln in text.splitlines() if ln.startswith('| `')]
 
 
 def _in_row(name, row):
@@ -97,8 +98,6 @@ def test_shipped_configs_message_and_remedies(name, codebase, dataset, root,
     assert layout == (f'  expected {dataset} layout: {root.rstrip("/")}/'
                       f'{{{items[mode]}}}')
     assert lines[-1] == '  (see docs/en/user_guides/data_preparation.md)'
-    with open(osp.join(ROOT, 'docs/en/user_guides/data_preparation.md')) as f:
-        assert f.read().startswith('# Data preparation')
     # remedy 1: the --cfg-options of the message, on a generated layout
     over = next(ln for ln in lines if '--cfg-options' in ln)
     over = over.split('--cfg-options ', 1)[1]
@@ -319,28 +318,9 @@ def demo_det(demo_data, tmp_path):
     return str(tmp_path / 'det.py'), root
 
 
-def _check_message(cfg, capsys):
-    capsys.readouterr()
-    assert dc.main(['train', cfg]) == 1
-    return capsys.readouterr().err.rstrip().splitlines()
-
-
-def test_truncated_annotation_json_is_named_with_position(demo_det, capsys):
-    cfg, root = demo_det
-    ann = osp.join(root, 'annotations', 'instances_train.json')
-    data = open(ann, 'rb').read()
-    open(ann, 'wb').write(data[:len(data) // 2])
-    lines = _check_message(cfg, capsys)
-    assert lines[0] == ('mmsoft: damaged data (fix or remove these files, or '
-                        'set MMSOFT_SKIP_DATA_CHECK=1):')
-    assert re.fullmatch(
-        re.escape(f'  {ann} [train_dataloader.dataset]: cannot be loaded: '
-                  'JSONDecodeError: ') + r'.*line 1 column \d+ \(char \d+\)',
-        lines[1]), lines[1]
-
-
-def test_damaged_training_images_are_named(demo_det, capsys):
-    """Empty, truncated, missing (the data check in train.py: test_faults.py's
+def test_damaged_images_and_annotations_are_named(demo_det, capsys):
+    """Empty, truncated, missing images; a truncated annotation JSON with
+    the position (the data check in train.py: test_faults.py's
     train-class-index-out-of-range)."""
     cfg, root = demo_det
     jpg, empty, gone = sorted(glob.glob(osp.join(root, 'train', '*.jpg')))[:3]
@@ -348,7 +328,15 @@ def test_damaged_training_images_are_named(demo_det, capsys):
     open(jpg, 'wb').write(data[:len(data) // 2])
     open(empty, 'wb').close()
     os.remove(gone)
-    assert _check_message(cfg, capsys)[1:4] == [
+    ann = osp.join(root, 'annotations', 'instances_val.json')
+    text = open(ann, 'rb').read()
+    open(ann, 'wb').write(text[:len(text) // 2])
+    capsys.readouterr()
+    assert dc.main(['train', cfg]) == 1
+    lines = capsys.readouterr().err.rstrip().splitlines()
+    assert lines[:4] == [
+        'mmsoft: damaged data (fix or remove these files, or set '
+        'MMSOFT_SKIP_DATA_CHECK=1):',
         f'  {jpg} (for training, train_dataloader.dataset): truncated JPEG '
         f'({len(data) // 2} bytes, no end-of-image marker)',
         f'  {empty} (for training, train_dataloader.dataset): the file is '
@@ -356,6 +344,10 @@ def test_damaged_training_images_are_named(demo_det, capsys):
         f'  {gone} (for training, train_dataloader.dataset): cannot be read '
         '(No such file or directory)'
     ]
+    assert re.fullmatch(
+        re.escape(f'  {ann} [val_dataloader.dataset]: cannot be loaded: '
+                  'JSONDecodeError: ') + r'.*line 1 column \d+ \(char \d+\)',
+        lines[4]), lines[4:]
 
 
 def test_missing_imagenet_file_and_a_checkpoint_to_load(demo_det, capsys):
