@@ -257,38 +257,36 @@ def test_guard_wraps_once_and_stops_a_step_that_breaks_parameters(monkeypatch):
     assert flags == [False, False]  # this rank's loss and parameters
 
 
-@pytest.mark.parametrize('mine, other', [(False, False), (True, False),
-                                         (False, True)])
-def test_any_rank_is_true_if_any_rank_says_so(monkeypatch, mine, other):
-    """One all_reduce on the communication device; True if any rank's."""
-    assert nf._any_rank(mine) is mine  # one rank: the flag itself
-    calls, theirs = [], torch.tensor([float(other)])
-
-    def all_reduce(t, op='sum'):
-        calls.append(t.device)
-        assert _get_reduce_op(op) == torch_dist.ReduceOp.MAX
-        t.copy_(torch.maximum(t, theirs))
-
-    monkeypatch.setattr(nf, 'get_world_size', lambda: 2)
-    monkeypatch.setattr(nf, 'get_comm_device', lambda: torch.device('cpu'))
-    monkeypatch.setattr(nf, 'all_reduce', all_reduce)
-    with torch.device('meta'):  # only the communication device will do
-        got = nf._any_rank(mine)
-    assert got is (mine or other) and calls == [torch.device('cpu')]
-
-
-@pytest.mark.parametrize('value', [-1, 1.5, True])
-def test_max_skipped_steps_must_be_an_int_of_at_least_zero(value):
-    """Also: a loss's value, of any kind (a tensor's mean, 0 if empty)."""
+def test_any_rank_value_and_max_skipped_steps(monkeypatch):
+    """``_any_rank``: one all_reduce (MAX) on the communication device; a
+    loss's value, of any kind (a tensor's mean, 0 if empty);
+    ``max_skipped_steps``: an int >= 0."""
     assert [
         nf._value(v) for v in (torch.tensor([1., 2.]), torch.tensor([]), 3,
                                None, 'no number')
     ] == [1.5, 0, 3, 0, 0]
-    with pytest.raises(
-            ValueError,
-            match=r'^NonFiniteLossHook: max_skipped_steps must be an int '
-            rf'>= 0, got {re.escape(repr(value))}$'):
-        NonFiniteLossHook(max_skipped_steps=value)
+    for value in (-1, 1.5, True):
+        with pytest.raises(
+                ValueError,
+                match=r'^NonFiniteLossHook: max_skipped_steps must be an int '
+                rf'>= 0, got {re.escape(repr(value))}$'):
+            NonFiniteLossHook(max_skipped_steps=value)
+    assert nf._any_rank(False) is False and nf._any_rank(True) is True
+    calls, theirs = [], []  # one rank: the flag itself (above)
+
+    def all_reduce(t, op='sum'):
+        calls.append(t.device)
+        assert _get_reduce_op(op) == torch_dist.ReduceOp.MAX
+        t.copy_(torch.maximum(t, theirs[0]))
+
+    monkeypatch.setattr(nf, 'get_world_size', lambda: 2)
+    monkeypatch.setattr(nf, 'get_comm_device', lambda: torch.device('cpu'))
+    monkeypatch.setattr(nf, 'all_reduce', all_reduce)
+    for mine, other in ((False, False), (True, False), (False, True)):
+        theirs[:] = [torch.tensor([float(other)])]
+        with torch.device('meta'):  # only the communication device will do
+            assert nf._any_rank(mine) is (mine or other)
+    assert calls == [torch.device('cpu')] * 3
 
 
 #: an output and the names of its fields that hold nan / inf
