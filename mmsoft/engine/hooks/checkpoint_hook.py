@@ -121,16 +121,6 @@ def find_newest_complete(work_dir: str,
     return None, skipped
 
 
-def no_complete_checkpoint(work_dir: str, damaged: List[str]) -> str:
-    return (f'resume: no complete checkpoint in {work_dir}; damaged: '
-            f'{damaged}. Remove them to train from scratch.')
-
-
-def missing_resume_file(path: str) -> str:
-    return (f'--resume {path}: no such file (omit the path to resume from '
-            f'the newest checkpoint of the work dir)')
-
-
 def missing_load_from(path: str, trains: bool = True) -> str:
     fix = ', or leave load_from out' if trains else ''
     return (f'load_from {path}: no such file; pass an existing checkpoint '
@@ -232,12 +222,10 @@ class SafeCheckpointHook(CheckpointHook):
     def __init__(self, *args, save_rng: bool = True, **kwargs):
         super().__init__(*args, **kwargs)
         self.save_rng = save_rng
-        self._pending_rng = None  # every rank's states for this save
-        self._val_rng = None  # the training states during a validation
-        self._loaded_meta = None
-        self._saving = None  # (epoch, iter)
-        self._saved = None  # (path, epoch, iter) of the last checkpoint
-        self._val_marker = None
+        # every rank's states for this save; the training states during a
+        # validation; (epoch, iter); (path, epoch, iter) of the last save
+        self._pending_rng = self._val_rng = self._saving = self._saved = None
+        self._loaded_meta = self._val_marker = None
 
     def _checkpoint_dir(self, runner):
         return checkpoint_dir_of(runner.work_dir, self.out_dir)
@@ -275,7 +263,8 @@ class SafeCheckpointHook(CheckpointHook):
             if load_from and '://' not in load_from and \
                     not osp.isfile(load_from):
                 raise FileNotFoundError(
-                    missing_resume_file(load_from)
+                    f'--resume {load_from}: no such file (omit the path to '
+                    f'resume from the newest checkpoint of the work dir)'
                     if resume else missing_load_from(load_from, trains))
             if osp.isfile(load_from) and not getattr(runner, '_has_loaded',
                                                      False):
@@ -288,7 +277,8 @@ class SafeCheckpointHook(CheckpointHook):
             skip_pretrained_init(runner, path)
         elif skipped:
             raise CheckpointError(
-                no_complete_checkpoint(runner.work_dir, skipped))
+                f'resume: no complete checkpoint in {runner.work_dir}; '
+                f'damaged: {skipped}. Remove them to train from scratch.')
         else:
             runner.logger.info('mmsoft: no checkpoint to resume from in '
                                f'{runner.work_dir}; training from scratch')

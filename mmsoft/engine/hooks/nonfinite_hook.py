@@ -92,11 +92,9 @@ class NonFiniteLossHook(Hook):
         if type(max_skipped_steps) is not int or max_skipped_steps < 0:
             raise ValueError(f'NonFiniteLossHook: max_skipped_steps must be '
                              f'an int >= 0, got {max_skipped_steps!r}')
-        self.max_skipped_steps = max_skipped_steps
-        self.check_outputs = check_outputs
-        self.skipped = 0  # consecutive skipped steps
-        self._step_skipped = False
-        self._runner = None
+        self.max_skipped_steps, self.check_outputs = (max_skipped_steps,
+                                                      check_outputs)
+        self.skipped, self._step_skipped, self._runner = 0, False, None
 
     @staticmethod
     def _where(runner) -> str:

@@ -18,8 +18,7 @@ class StrictLoadHook(Hook):
                  allow_partial: bool = False,
                  opt_in: str = 'set allow_partial=True on the '
                  "config's StrictLoadHook (custom_hooks)"):
-        self.allow_partial = allow_partial
-        self.opt_in = opt_in
+        self.allow_partial, self.opt_in = allow_partial, opt_in
 
     def before_run(self, runner) -> None:
         from mmengine.runner import find_latest_checkpoint
