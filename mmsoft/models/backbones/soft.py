@@ -138,15 +138,11 @@ class SOFTBlock(nn.Module):
             if act_cfg is None else act_cfg
         residual = residual_drop_cfg(drop_path_rate, residual_drop)
         attn_cfg = dict(type='SOFTAttention') if attn_cfg is None else attn_cfg
-        self.attn = ATTENTIONS.build({
-            'embed_dims': embed_dims,
-            'num_heads': num_heads,
-            'sampling_ratio': sampling_ratio,
-            'dw_kernel_size': dw_kernel_size,
-            'qkv_bias': qkv_bias,
-            **attn_cfg,
-            '_scope_': 'mmsoft'  # no mmdet / mmseg child here
-        })
+        cfg = dict(embed_dims=embed_dims, num_heads=num_heads,
+                   sampling_ratio=sampling_ratio, qkv_bias=qkv_bias,
+                   dw_kernel_size=dw_kernel_size)  # yapf: disable
+        cfg.update(attn_cfg, _scope_='mmsoft')  # no mmdet / mmseg child here
+        self.attn = ATTENTIONS.build(cfg)
         self.norm1 = build_norm(norm_cfg, embed_dims)
         self.drop = _drop(residual)
         self.ffn = _ffn(embed_dims, mlp_ratio, act_cfg, 0., residual)
@@ -328,20 +324,13 @@ class SOFT(BaseModule):
     """SOFT: softmax-free vision transformer with a 4-stage pyramid.
 
     Args:
-        arch (str | dict): an ``arch_zoo`` preset or a dict of
-            ``embed_dims``, ``num_heads``, ``depths`` (+ ``arch_defaults``).
+        arch (str | dict): an ``arch_zoo`` preset or a dict (+ defaults).
         attn_cfg (dict): the mixer of stages 1-3 (``ATTENTIONS``).
         out_type (str): ``'featmap'`` or ``'cls_token'`` (stage 4).
-        drop_rate (float): after the position embeddings and in stage 4.
-        drop_path_rate (float): rising linearly over the blocks; stages 1-3
-            apply it as ``residual_drop`` (``'drop_path'`` / ``'dropout'``).
-        norm_cfg, act_cfg (dict): the blocks'; None: LN, tanh GELU (stage
-            4: LN eps 1e-6, GELU); ``patch_*``: the patch embeddings' (BN,
-            ReLU).
-        frozen_stages (int): -1 none; 0 the stem (``stages.0.patch_embed``
-            and ``stages.0.pos_embed``); k >= 1 stages 1..k.
-        stage_cfgs (dict | list[dict]): merged over each stage's computed
-            settings as Swin's: one dict per stage, or one for all.
+        drop_path_rate (float): rising linearly; stages 1-3: residual_drop.
+        norm_cfg, act_cfg (dict): the blocks'; ``patch_*``: the stems'.
+        frozen_stages (int): -1 none; 0 the stem; k >= 1 stages 1..k.
+        stage_cfgs (dict | list[dict]): merged over each stage's (Swin's).
     """
 
     arch_zoo = ARCH_ZOO
