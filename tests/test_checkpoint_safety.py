@@ -109,35 +109,25 @@ def _image_demo(path, request):
 
 
 ENTRY_POINTS = {
-    'Runner_load_from':  # resume=True: the same branch
-    lambda p: SafeCheckpointHook().before_run(
+    # Runner(load_from=...); resume=True: the same branch
+    'Runner_load_from': lambda p: SafeCheckpointHook().before_run(
         SimpleNamespace(_load_from=p, _resume=False, _has_loaded=False)),
-    'resume_search':
-    _resume_search,
-    'init_cfg_Pretrained':
-    lambda p: load_pretrained(nn.Linear(2, 1), p, prefix='backbone.'),
+    'resume_search': _resume_search,
+    'init_cfg_Pretrained': lambda p: load_pretrained(
+        nn.Linear(2, 1), p, prefix='backbone.'),
     # init_cfg Pretrained on the backbone: mmsoft.models.loading end to end
-    'SOFT.init_weights':
-    lambda p: SOFT(
+    'SOFT.init_weights': lambda p: SOFT(
         dict(embed_dims=[8] * 4, num_heads=[1] * 4, depths=[1] * 4),
         init_cfg=dict(type='Pretrained', checkpoint=p)).init_weights(),
-    'onnx_export_loader':
-    _onnx_export_loader,
-    'tools/test.py':
-    _test_tool,
-    'demo/image_demo.py':
-    _image_demo,
-    'soft2mmsoft':
-    _converter('soft2mmsoft'),
-    'mmsoft2soft':
-    _converter('mmsoft2soft'),
-    'soft2mmsoft_trusted':
-    _converter('soft2mmsoft', '--trust-checkpoint'),
-    'mmsoft2soft_trusted':
-    _converter('mmsoft2soft', '--trust-checkpoint'),
-    'safe_torch_load':
-    lambda p: mmsoft.compat.safe_torch_load(p),
-}
+    'onnx_export_loader': _onnx_export_loader,
+    'tools/test.py': _test_tool,
+    'demo/image_demo.py': _image_demo,
+    'soft2mmsoft': _converter('soft2mmsoft'),
+    'mmsoft2soft': _converter('mmsoft2soft'),
+    'soft2mmsoft_trusted': _converter('soft2mmsoft', '--trust-checkpoint'),
+    'mmsoft2soft_trusted': _converter('mmsoft2soft', '--trust-checkpoint'),
+    'safe_torch_load': lambda p: mmsoft.compat.safe_torch_load(p),
+}  # yapf: disable
 
 #: one kind for the doors whose loader another row reads every kind with
 #: (tools/test.py, image_demo, init_weights: load_verified; the converters:

@@ -537,30 +537,29 @@ RESTORED = 'mmsoft: RNG states restored'
 SEEDED = 'mmsoft: train sampler seed 5 -> 7 (from the checkpoint)'
 WORLD = ('mmsoft: the checkpoint holds RNG states of {} process(es), this '
          'run has 1: RNG states not restored')
+RESUMED = dict(_resume=True)
 
 
-@pytest.mark.parametrize(
-    'attrs,seed,world,n,kw,lines',
-    [
-        (dict(drop=('_resume', ), _has_loaded=True), 7, 1, 1, {}, []),
-        (dict(_resume=True, _has_loaded=True), 7, 1, 1, {}, [SEEDED, RESTORED
-                                                             ]),
-        (dict(_resume=True), 5, None, 0, {}, []),  # the seed unchanged
-        (dict(_resume=True), None, None, 0, {}, []),  # neither saved
-        (dict(_resume=True), None, 2, 2, {}, [WORLD.format(2)]),
-        (dict(_resume=True), None, 1, 0, {}, [WORLD.format(1)]),  # no states
-        (dict(_resume=True), None, 1, 1, dict(save_rng=False), []),
-        # a checkpoint without a meta dict restores nothing
-        (dict(_resume=True), [torch.ones(1)], None, 0, {}, []),
-        (dict(_resume=True), dict(meta=['x']), None, 0, {}, []),
-        # a built iterator: restored after the replay of `iter` batches
-        (dict(_resume=True, loop=dict(iter=1, dataloader_iterator=iter(
-            ()))), None, 1, 1, {}, []),
-        (dict(_resume=True, loop=dict(iter=0, dataloader_iterator=iter(
-            ()))), None, 1, 1, {}, [RESTORED]),
-        (dict(_resume=True, loop=dict(dataloader_iterator=iter(()))), None, 1,
-         1, {}, [RESTORED]),  # a loop without `iter`
-    ])
+def _iterating(**loop):  # a built iterator
+    return dict(_resume=True, loop=dict(dataloader_iterator=iter(()), **loop))
+
+
+@pytest.mark.parametrize('attrs,seed,world,n,kw,lines', [
+    (dict(drop=('_resume', ), _has_loaded=True), 7, 1, 1, {}, []),
+    (dict(_resume=True, _has_loaded=True), 7, 1, 1, {}, [SEEDED, RESTORED]),
+    (RESUMED, 5, None, 0, {}, []),  # the seed unchanged
+    (RESUMED, None, None, 0, {}, []),  # neither saved
+    (RESUMED, None, 2, 2, {}, [WORLD.format(2)]),
+    (RESUMED, None, 1, 0, {}, [WORLD.format(1)]),  # no states
+    (RESUMED, None, 1, 1, dict(save_rng=False), []),
+    # a checkpoint without a meta dict restores nothing
+    (RESUMED, [torch.ones(1)], None, 0, {}, []),
+    (RESUMED, dict(meta=['x']), None, 0, {}, []),
+    # restored after the replay of `iter` batches; a loop without `iter`
+    (_iterating(iter=1), None, 1, 1, {}, []),
+    (_iterating(iter=0), None, 1, 1, {}, [RESTORED]),
+    (_iterating(), None, 1, 1, {}, [RESTORED]),
+])  # yapf: disable
 def test_rng_states_and_seed_come_back_on_a_resume_of_as_many_ranks(
         tmp_path, attrs, seed, world, n, kw, lines):
     attrs, sampler = dict(attrs), SimpleNamespace(seed=5)
