@@ -24,12 +24,9 @@ _SOFT_SHIFT, _SOFT_SCALE = 0.01, 0.9
 
 @dataclasses.dataclass(frozen=True)
 class NRConfig:
-    """A^+ as A_T, the T-th Newton-Raphson iterate (Alg. 2, Eq. 10).
-
-    ``iters``: T; ``init``: the alpha rule of A_0 = alpha A (``INIT_MODES``);
-    ``method``: ``NR_METHODS`` (one function); ``backward``: ``'exact'`` (of
-    the T iterations) or ``'eq16'`` (Eq. 16), None: the official one (Eq. 16
-    for ``'soft'``, the NeurIPS CUDA kernel's; else exact, the Norm code's)."""
+    """A^+ as A_T, the T-th Newton-Raphson iterate (Alg. 2, Eq. 10): ``iters``
+    T, ``init`` the alpha of A_0 = alpha A, ``backward`` ``'exact'`` or
+    ``'eq16'`` (Eq. 16; None: the official one)."""
     iters: int = 20
     init: str = 'soft_norm_per_sample'
     method: str = 'auto'
