@@ -25,7 +25,7 @@ from conftest import (Crash, Interrupted, dead_pid, flip_tensor_bytes,
 from mmengine.dataset import DefaultSampler, InfiniteSampler
 from mmengine.fileio import LocalBackend
 from mmengine.hooks import Hook
-from mmengine.logging import MessageHub, MMLogger
+from mmengine.logging import MessageHub
 from mmengine.model import BaseModel
 from mmengine.runner import BaseLoop, Runner
 from mmengine.testing.runner_test_case import ToyMetric
@@ -899,17 +899,6 @@ def _dirs(tmp_path, *names):
     return (tmp_path / name for name in names)
 
 
-@pytest.fixture
-def logged():
-    """The warnings of the current MMLogger (the Runner's log)."""
-    records, handler = [], logging.Handler(logging.WARNING)
-    handler.emit = lambda r: records.append(r.getMessage())
-    logger = MMLogger.get_current_instance()
-    logger.addHandler(handler)
-    yield records
-    logger.removeHandler(handler)
-
-
 def test_candidates_and_what_is_wrong_with_one(tmp_path, monkeypatch):
     """By N, then mtime; ``extra`` last; other names left out; what
     check_complete names (no meta, empty: test_resume_search_warnings)."""
@@ -952,10 +941,14 @@ def test_candidates_and_what_is_wrong_with_one(tmp_path, monkeypatch):
     assert ch.check_complete(path) == 'cannot be loaded (EOFError: )'
 
 
-def test_resume_search_warnings(tmp_path, logged):
-    """One warning per foreign, damaged or missing file; a last_checkpoint
-    naming an older file: the newest wins; a renamed file: found; named
-    through a symlink: no warning."""
+def test_resume_search_warnings(tmp_path, monkeypatch):
+    """One warning (the Runner's log) per foreign, damaged or missing file;
+    a last_checkpoint naming an older file: the newest wins; a renamed file:
+    found; named through a symlink: no warning."""
+    logged, warning = [], ('current', logging.WARNING)
+    monkeypatch.setattr(
+        ch, 'print_log', lambda msg, *how: logged.append(msg)
+        if how == warning else None)
     work, out, other = _dirs(tmp_path, 'work', 'out', 'other')
     last = osp.join(work, 'last_checkpoint')
     foreign = _ckpt(other / 'iter_8.pth')
