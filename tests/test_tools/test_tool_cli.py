@@ -317,13 +317,8 @@ def test_nr_backward_compare_train_demo(tmp_path, capsys, monkeypatch):
         calls.append((task, data_root, work_dir, cfg.train_cfg.max_iters, seed,
                       cfg_options))
         if k == 0:
-            res = real_run_task(
-                task,
-                data_root,
-                work_dir,
-                cfg=cfg,
-                seed=seed,
-                cfg_options=cfg_options)
+            res = real_run_task(task, data_root, work_dir, cfg=cfg, seed=seed,
+                                cfg_options=cfg_options)  # yapf: disable
             m = res['metrics']
             assert 0 <= m['coco/bbox_mAP'] <= m['coco/bbox_mAP_50'] <= 1, m
             assert osp.isfile(res['png']) and res['train_s'] > 0
@@ -352,16 +347,11 @@ def test_benchmark_compile_smoke(tmp_path, capsys, monkeypatch):
     test_models/test_compile.py)."""
     import torch
     compiled = []
-
-    def compile(model, backend):
-        compiled.append(backend)
-        return model
-
-    monkeypatch.setattr(torch, 'compile', compile)
+    monkeypatch.setattr(torch, 'compile',
+                        lambda m, backend: compiled.append(backend) or m)
     tool = load_tool('analysis/benchmark_compile.py')
-    rows = tool.main(
-        ['--smoke', '--backend', 'aot_eager', '--out-dir',
-         str(tmp_path)])
+    rows = tool.main(['--smoke', '--backend', 'aot_eager', '--out-dir',
+                      str(tmp_path)])  # yapf: disable
     assert compiled == ['aot_eager'] * 2
     assert [(r['size'], r['batch'], r['mode'])
             for r in rows] == [('64x64', 2, 'forward'), ('64x64', 2, 'train')]
@@ -404,6 +394,13 @@ def test_gpu_check_smoke(tmp_path, capsys):
     assert len(ratio) == 1 and float(ratio[0]['value']) > 0
 
 
+#: one recipe of each family the GPU run times
+RECIPES = [
+    'retinanet_soft_tiny_1x', 'mask_rcnn_soft_tiny_1x',
+    'upernet_soft_small_512x512_160k_ade20k', 'soft_tiny_in1k'
+]
+
+
 def test_gpu_check_dry_run_fills_the_model_zoo(tmp_path, capsys, monkeypatch):
     """recipe_gpu.csv rows from the CPU (the model zoo's estimates from them:
     test_generated_tables.py::test_a_measured_recipe_becomes_an_estimate);
@@ -411,10 +408,7 @@ def test_gpu_check_dry_run_fills_the_model_zoo(tmp_path, capsys, monkeypatch):
     --sections: the others not run."""
     monkeypatch.chdir(tmp_path)  # no checkpoints/ here
     tool = load_tool('analysis/gpu_check.py')
-    names = [  # one recipe of each family the GPU run times
-        'retinanet_soft_tiny_1x', 'mask_rcnn_soft_tiny_1x',
-        'upernet_soft_small_512x512_160k_ade20k', 'soft_tiny_in1k'
-    ]
+    names = RECIPES
     assert tool.main(['--dry-run', '--sections', 'recipe', '--configs'] +
                      names + ['--out-dir', str(tmp_path)]) == 0
     out = capsys.readouterr().out
@@ -448,12 +442,9 @@ def test_gpu_check_recipe_rows(tmp_path, capsys, monkeypatch):
             zip(('config', 'gpu', 's_per_iter', 'peak_mib', 'date', 'note'),
                 (config, gpu, s, '100', '2026-12-07', '')))
 
-    tool.merge_recipe_rows(
-        str(path), [row('a', 'H100', '0.5'),
-                    row('b', 'H100', '0.6')])
-    tool.merge_recipe_rows(
-        str(path), [row('a', 'H100', '0.4'),
-                    row('a', 'H200', '0.3')])
+    for rows in ((('a', 'H100', '0.5'), ('b', 'H100', '0.6')),
+                 (('a', 'H100', '0.4'), ('a', 'H200', '0.3'))):
+        tool.merge_recipe_rows(str(path), [row(*r) for r in rows])
     assert [(r['config'], r['gpu'], r['s_per_iter'])
             for r in _csv(path)[0]] == [('b', 'H100', '0.6'),
                                         ('a', 'H100', '0.4'),
@@ -480,10 +471,7 @@ def test_gpu_check_recipe_rows(tmp_path, capsys, monkeypatch):
     assert got and all(
         n.startswith(('retinanet_', 'mask_rcnn_',
                       'upernet_')) or n.endswith('_in1k') for n in got)
-    assert {
-        'retinanet_soft_tiny_1x', 'mask_rcnn_soft_tiny_1x',
-        'upernet_soft_small_512x512_160k_ade20k', 'soft_tiny_in1k'
-    } <= got
+    assert set(RECIPES) <= got
     assert not any(
         n.startswith(('atss_', 'gfl_', 'cascade_', 'sparse_')) for n in got)
     # out of memory: a passing row, nothing in the CSV; else a failure

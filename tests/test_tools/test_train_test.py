@@ -1,8 +1,5 @@
-"""tools/train.py, tools/test.py and the launch scripts on the CPU: their
-arguments, ``--tta``'s views, the Python the scripts use (``tools/python.sh``);
-the 2-process dist_train.sh / dist_test.sh chain: test_chain.py (with
-:func:`make_ade` and :func:`seg_config` of this file); the faults:
-test_faults.py."""
+"""tools/train.py, test.py (``--tta``'s views) and the launch scripts on the
+CPU (the chain: test_chain.py, with :func:`make_ade`, :func:`seg_config`)."""
 import copy
 import glob
 import importlib
@@ -222,7 +219,7 @@ def _script(repo, script, *args, **env):
         PORT=str(free_port()),
         **env)
     return subprocess.run(
-        ['bash', str(repo['clone'] / 'tools' / script), *args],
+        ['bash', str(repo['clone'] / 'tools' / script)] + list(args),
         cwd=str(repo['tmp']),
         env=base,
         capture_output=True,
@@ -235,14 +232,11 @@ def test_dist_scripts_use_the_project_venv(repo, tmp_path):
     torchrun; an explicit PYTHON=... wins."""
     for ckpt in ('ckpt.pth', 'c'):  # the scripts check that it exists
         (tmp_path / ckpt).write_bytes(b'')
-    proc = _script(
-        repo, 'dist_train.sh', repo['cfg'], '1', '--help', VENV_DRY='1')
-    assert proc.returncode == 0, proc.stderr
-    assert f'dist_train.sh: python: {repo["venv_py"]}' in proc.stderr
-    proc = _script(repo, 'dist_test.sh', repo['cfg'], 'ckpt.pth', '1',
-                   '--help', VENV_DRY='1')  # yapf: disable
-    assert proc.returncode == 0, proc.stderr
-    assert f'dist_test.sh: python: {repo["venv_py"]}' in proc.stderr
+    for script, ckpt in (('dist_train', []), ('dist_test', ['ckpt.pth'])):
+        proc = _script(repo, f'{script}.sh', repo['cfg'], *ckpt, '1',
+                       '--help', VENV_DRY='1')  # yapf: disable
+        assert proc.returncode == 0, proc.stderr
+        assert f'{script}.sh: python: {repo["venv_py"]}' in proc.stderr
     calls = repo['log'].read_text().splitlines()
     assert calls[0].startswith('- train ' + repo['cfg'])  # the data check
     assert calls[1].startswith('-m torch.distributed.run')
@@ -253,13 +247,8 @@ def test_dist_scripts_use_the_project_venv(repo, tmp_path):
                              '--launcher pytorch --help')
     log, explicit = tmp_path / 'explicit_calls', tmp_path / 'my_python'
     _exe(explicit, f'echo "$@" >> {log}\n')  # dry
-    proc = _script(
-        repo,
-        'dist_train.sh',
-        repo['cfg'],
-        '1',
-        '--help',
-        PYTHON=str(explicit))
+    proc = _script(repo, 'dist_train.sh', repo['cfg'], '1', '--help',
+                   PYTHON=str(explicit))  # yapf: disable
     assert proc.returncode == 0, proc.stderr
     assert f'python: {explicit}' in proc.stderr
     assert [c.split()[:2] for c in log.read_text().splitlines()
@@ -282,12 +271,8 @@ def test_dist_scripts_use_the_project_venv(repo, tmp_path):
 
 def test_active_venv_is_respected_and_bad_python_explained(repo):
     """An active venv's python without torch; no project venv: one hint."""
-    proc = _script(
-        repo,
-        'dist_train.sh',
-        repo['cfg'],
-        '1',
-        VIRTUAL_ENV='/some/other/venv')
+    proc = _script(repo, 'dist_train.sh', repo['cfg'], '1',
+                   VIRTUAL_ENV='/some/other/venv')  # yapf: disable
     assert proc.returncode != 0
     assert 'dist_train.sh: python: python' in proc.stderr
     err = proc.stderr.strip().splitlines()
@@ -301,16 +286,31 @@ def test_active_venv_is_respected_and_bad_python_explained(repo):
 
 
 # ------------------------------------------ tools/test.py --tta's views
-def _tta_views(name, tmp_path):
+@pytest.mark.parametrize(
+    'name, model_type, flips, shorts',
+    [
+        # no TTA of their own: the image flipped, then as it is (cls: the
+        # flip is the only difference from the plain test pipeline)
+        ('soft_tiny_in1k', 'mmpretrain.AverageClsScoreTTA', None, [224]),
+        ('mask_rcnn_soft_tiny_1x', 'DetTTAModel', [True, False], None),
+        # mmdet's own RetinaNet TTA (inherited): shorter sides 800, 400, 1200
+        ('retinanet_soft_tiny_1x', 'DetTTAModel', [True, False] * 3,
+         [800, 400, 1200]),
+        # the config's own TTA (mmseg's ADE20K): 6 scales (0.5 .. 1.75), rising
+        ('upernet_soft_small_512x512_160k_ade20k', 'SegTTAModel',
+         [False, True] * 6, None),
+    ])
+def test_tta_views(name, model_type, flips, shorts, tmp_path):
     """The views ``tools/test.py --tta`` makes of one 40 x 56 image (the
-    config's TTA pipeline after ``enable_tta``, built and run)."""
+    config's TTA pipeline after ``enable_tta``, built and run): each scale
+    flipped and not, merged by the TTA model."""
     import mmcv
     from mmengine.dataset import Compose
-    test = tool('test')
-    path = osp.join(CONFIGS, name + '.py')
+
+    from mmsoft_tools import launch
+    test, path = tool('test'), osp.join(CONFIGS, name + '.py')
     args = test['parse_args']([path, 'c.pth', '--tta', '--show-dir', 'v'])
     cfg = test['build_cfg'](args)
-    from mmsoft_tools import launch
     scope = launch.import_codebase(cfg)
     test['enable_tta'](cfg, scope)
     assert cfg.model.module.type == Config.fromfile(path).model.type
@@ -329,36 +329,16 @@ def _tta_views(name, tmp_path):
         str(tmp_path / 'seg.png'))
     transforms = importlib.import_module(f'{scope}.registry').TRANSFORMS
     with DefaultScope.overwrite_default_scope(scope):
-        pipeline = Compose(
-            [transforms.build(copy.deepcopy(t)) for t in cfg.tta_pipeline])
-        return pipeline(
-            dict(
-                img_path=str(tmp_path / 'img.png'),
-                img_id=0,
-                seg_map_path=str(tmp_path / 'seg.png'),
-                reduce_zero_label=True,
-                seg_fields=[],
-                instances=[],
-                gt_label=0)), cfg
-
-
-@pytest.mark.parametrize(
-    'name, model_type, flips, shorts',
-    [
-        # no TTA of their own: the image flipped, then as it is (cls: the
-        # flip is the only difference from the plain test pipeline)
-        ('soft_tiny_in1k', 'mmpretrain.AverageClsScoreTTA', None, [224]),
-        ('mask_rcnn_soft_tiny_1x', 'DetTTAModel', [True, False], None),
-        # mmdet's own RetinaNet TTA (inherited): shorter sides 800, 400, 1200
-        ('retinanet_soft_tiny_1x', 'DetTTAModel', [True, False] * 3,
-         [800, 400, 1200]),
-        # the config's own TTA (mmseg's ADE20K): 6 scales (0.5 .. 1.75), rising
-        ('upernet_soft_small_512x512_160k_ade20k', 'SegTTAModel',
-         [False, True] * 6, None),
-    ])
-def test_tta_views(name, model_type, flips, shorts, tmp_path):
-    """Each scale flipped and not, merged by the TTA model."""
-    out, cfg = _tta_views(name, tmp_path)
+        out = Compose(
+            [transforms.build(copy.deepcopy(t)) for t in cfg.tta_pipeline])(
+                dict(
+                    img_path=str(tmp_path / 'img.png'),
+                    img_id=0,
+                    seg_map_path=str(tmp_path / 'seg.png'),
+                    gt_label=0,
+                    reduce_zero_label=True,
+                    seg_fields=[],
+                    instances=[]))
     inputs, samples = out['inputs'], out['data_samples']
     assert cfg.model.type == model_type and len(inputs) == len(samples)
     assert flips is None or [bool(s.flip) for s in samples] == flips
@@ -372,7 +352,6 @@ def test_tta_views(name, model_type, flips, shorts, tmp_path):
     assert got == (shorts or sorted(set(got))) and len(got) == len(inputs) // 2
     for a, b in zip(inputs[0::2], inputs[1::2]):
         np.testing.assert_array_equal(a.numpy(), b.numpy()[:, :, ::-1])
-    assert cfg.model.type == model_type
 
 
 # ------------------------------------- the config names the docs show
