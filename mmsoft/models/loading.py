@@ -146,9 +146,8 @@ def load_pretrained(module: torch.nn.Module,
                or f'SOFT {name(arch)}') if found else 'mmsoft') + ' layout' + (
                    '' if entry == '<bare>' else f' ({entry!r})')
     own, keys = module.state_dict(), list(map(str, sd))
-    if not (prefix or any(k in own for k in sd)) and any(
-            k.startswith('backbone.')
-            for k in keys) and not any(k.startswith('backbone.') for k in own):
+    whole = [any(k.startswith('backbone.') for k in ks) for ks in (keys, own)]
+    if not (prefix or any(k in own for k in sd)) and whole == [True, False]:
         prefix = 'backbone.'
     if prefix:
         prefix = prefix.rstrip('.') + '.'
@@ -164,9 +163,7 @@ def load_pretrained(module: torch.nn.Module,
                          type(module).__name__ + under, not strict, opt_in)
     check_attn_norm(module, ckpt, source)
     bad = {k for k, _, _ in r.mismatched}
-    module.load_state_dict(
-        OrderedDict((k, v) for k, v in sd.items() if k not in bad),
-        strict=False)
+    module.load_state_dict({k: sd[k] for k in sd if k not in bad}, False)
     parts = (layout, 'converted' * bool(found), prefix
              and f'keys under {prefix!r}', f'{r.matched} tensors, strict' +
              '=False' * (not strict) + ', partial' * (not r.ok))
