@@ -52,7 +52,7 @@ def test_describe_damage_names_each_kind(tmp_path):
 
 def test_training_checkpoint_loads_verified(tmp_path):
     """``map_location`` applied; torch's process-wide allow-list left as it
-    was (what it allows: tests/test_compat.py)."""
+    was (what it allows: tests/test_compat.py); the refusal lines."""
     get = getattr(torch.serialization, 'get_safe_globals', lambda: [])
     before = sorted(map(str, get()))  # a set: its order may change
     path = str(tmp_path / 'iter_2.pth')
@@ -64,11 +64,8 @@ def test_training_checkpoint_loads_verified(tmp_path):
     np.testing.assert_array_equal(got['a'][0], [0, 1, 2])
     assert cio.load_verified(path)['state_dict']['w'].device.type == 'cpu'
     assert sorted(map(str, get())) == before
-
-
-def test_refusal_line_without_names_or_with_a_fix(tmp_path):
-    """The templates beyond tests/test_checkpoint_safety.py's FAULTS: no
-    name found, a caller's fix (code: none offered), a missing file."""
+    # the refusal templates beyond tests/test_checkpoint_safety.py's FAULTS:
+    # no name found, a caller's fix (code: none offered), a missing file
     plain = tmp_path / 'plain.pkl'
     plain.write_bytes(pickle.dumps(dict(w=1)))
     assert cio.refusal_message(
@@ -218,7 +215,7 @@ def test_atomic_path_keeps_the_old_file(tmp_path, how):
 def test_stale_temporaries_of_killed_writers_only(tmp_path, monkeypatch):
     """A running writer's temporary is kept (no signal sent), one of another
     user's too; a killed writer's is removed; no directory, one that cannot
-    be removed, names not ours: no error."""
+    be removed, names not ours: no error; atomic_write."""
     received = []
     stops = (signal.SIGHUP, signal.SIGINT, signal.SIGTERM)
     old = {s: signal.signal(s, lambda s, f: received.append(s)) for s in stops}
@@ -246,10 +243,8 @@ def test_stale_temporaries_of_killed_writers_only(tmp_path, monkeypatch):
     assert remove_stale_temps(str(tmp_path), name='other.pth') == []
     assert remove_stale_temps(str(tmp_path), name='iter_4.pth') == [stale]
     assert os.listdir(tmp_path) == ['.iter_4.pth.tmp']
-
-
-def test_atomic_write_text_or_bytes_dirs_and_fsync(tmp_path, monkeypatch):
-    """Directories only on request; ``durable=True`` alone fsyncs."""
+    # atomic_write: directories only on request; durable=True alone fsyncs
+    os.unlink(tmp_path / '.iter_4.pth.tmp')
     synced, real = [], os.fsync
     monkeypatch.setattr(os, 'fsync', lambda fd: synced.append(fd) or real(fd))
     for name, data in (('a', 'iter_4.pth'), ('b', b'\x00\x01')):
