@@ -776,10 +776,8 @@ def test_a_strict_load_reads_no_pretrained_file(tmp_path, run_copy, how):
     (--resume PATH: tests/test_tools/test_faults.py's
     host-resume-missing-imagenet-file)."""
     work = run_copy(tmp_path / 'work', None, True)
-    kwargs = dict(
-        load_from=str(work / 'epoch_3.pth')) if how in ('load_from',
-                                                        'partial') else dict(
-                                                            resume=True)
+    kwargs = dict(resume=True) if how in ('resume-auto', 'scratch') else \
+        dict(load_from=str(work / 'epoch_3.pth'))
     runner = _runner(work if how == 'resume-auto' else tmp_path / 'again',
                      'again', True, **kwargs)
 
@@ -860,14 +858,11 @@ def test_unfinished_validation_needs_its_marker_and_a_val_loop(
         (where / ch.VAL_MARKER).write_text(record)
 
     def validates(backend=LocalBackend(), **attrs):
-        runner = _Runner(
-            tmp_path,
-            loop=_Loop(),
-            **dict(
-                dict(
-                    _load_from=str(tmp_path / 'iter_4.pth'),
-                    val_loop=SimpleNamespace(run=lambda: ran.append(1))),
-                **attrs))
+        attrs = dict(
+            dict(
+                val_loop=SimpleNamespace(run=lambda: ran.append(1)),
+                _load_from=str(tmp_path / 'iter_4.pth')), **attrs)
+        runner = _Runner(tmp_path, loop=_Loop(), **attrs)
         hook = SafeCheckpointHook()
         hook.file_backend, hook.out_dir = backend, str(tmp_path)
         hook._validate_unfinished(runner, dict(epoch=0, iter=4))
