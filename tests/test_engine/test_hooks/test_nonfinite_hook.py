@@ -107,20 +107,18 @@ def test_nonfinite_training_never_replaces_the_good_checkpoint(
 
 # ------------------------------------------------ on stand-in runners
 def _stub_runner(work_dir=None, max_iters=10, it=2, model=None, wrapper=None):
-    errors, warnings = [], []
+    log = SimpleNamespace(errors=[], warnings=[])
+    log.error, log.warning = log.errors.append, log.warnings.append
+    loop = dict(max_iters=max_iters) if max_iters else {}
+    where = dict(work_dir=work_dir) if work_dir else {}
     return SimpleNamespace(
         model=model or nn.Linear(1, 1),
         optim_wrapper=wrapper,
-        logger=SimpleNamespace(
-            errors=errors,
-            warnings=warnings,
-            error=errors.append,
-            warning=warnings.append),
-        train_loop=SimpleNamespace(**(dict(
-            max_iters=max_iters) if max_iters else {})),
+        logger=log,
+        train_loop=SimpleNamespace(**loop),
         iter=it,
         epoch=0,
-        **(dict(work_dir=work_dir) if work_dir else {}))
+        **where)
 
 
 def test_no_checkpoint_with_nonfinite_parameters():
