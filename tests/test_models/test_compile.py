@@ -1,10 +1,5 @@
-"""``torch.compile`` of the SOFT backbone on CPU (claimed on torch >= 2.14):
-one graph in inference and with autograd (the Gaussian-kernel and NR
-autograd Functions are traced), inductor's code matches eager within 1e-5;
-with the batch dim dynamic, batches 2 and 3 share a graph, batch 1 gets one
-more (PyTorch's 0/1 specialisation), and running them again compiles
-nothing. Torch 2.1 / 2.4 split the backbone into ~40 graphs (breaks at
-dataclasses.replace, `x is y` tests and mmcv's FFN)."""
+"""``torch.compile`` of the SOFT backbone on CPU (torch >= 2.14): one graph,
+with autograd too; inductor matches eager within 1e-5."""
 import pytest
 import torch
 from conftest import needs_torch, tiny_arch
@@ -68,10 +63,8 @@ def test_inductor_matches_eager_in_one_graph():
 
 @one_graph
 def test_training_forward_is_one_graph():
-    """With autograd on, the custom Functions are traced too (Dynamo breaks
-    the graph at a Function given one tensor twice); gradients match.
-    Stage 1 (the stem, one SOFT block: every Function) only; the whole
-    backbone: test_inductor_matches_eager_in_one_graph."""
+    """The custom autograd Functions traced (stage 1: every Function);
+    gradients match."""
     calls, backbone = [], tiny(out_indices=(0, )).train()
     compiled = torch.compile(backbone, backend=counting_backend(calls))
     x = torch.randn(2, 3, 64, 64)
@@ -82,9 +75,7 @@ def test_training_forward_is_one_graph():
     assert got and all(n.startswith('stages.0.') for n in got)
     backbone.zero_grad()
     sum(o.mean() for o in backbone(x)).backward()
-    # eager trains P through KernelAttention (another summation order):
-    # gradients that are rounding noise (biases before a BatchNorm, ~1e-15)
-    # are compared against the model's gradient scale
+    # rounding-noise gradients (biases before a BatchNorm): the model's scale
     floor = 1e-6 * max(g.abs().max() for g in got.values())
     for n, p in backbone.named_parameters():
         assert (p.grad is None) == (n not in got), n
@@ -94,14 +85,12 @@ def test_training_forward_is_one_graph():
 
 @one_graph
 def test_spectral_recurrence_is_one_opaque_op():
-    """The spectral path (eigh) in one graph, its T = 20 scalar NR steps one
-    ``mmsoft::nr_scalar_iterate`` node (inlined: compile time ~3^T); with
-    the batch dynamic, 2 and 3 share a graph, 1 gets one more (torch's 0/1
-    specialisation), and running them again compiles nothing. Stage 1 only
-    (out_indices: the later stages do not run; the same attention)."""
-    calls, sizes, backbone = [], [], tiny(
-        attn_cfg=dict(type='SOFTAttention', nr_method='spectral'),
-        out_indices=(0, ))
+    """eigh and one ``mmsoft::nr_scalar_iterate`` node per graph; with the
+    batch dynamic 2 and 3 share a graph, 1 gets one more (torch's 0/1
+    specialisation), running them again compiles nothing."""
+    attn_cfg = dict(type='SOFTAttention', nr_method='spectral')
+    calls, sizes = [], []
+    backbone = tiny(attn_cfg=attn_cfg, out_indices=(0, ))
     compiled = torch.compile(backbone, backend=counting_backend(calls))
     with torch.no_grad():
         for batch in (2, 3, 1, 1, 2, 3):
@@ -120,8 +109,7 @@ def test_spectral_recurrence_is_one_opaque_op():
 
 @needs_torch('2.4', "mmengine's compiled train_step (crashes on torch 2.1)")
 def test_train_tool_compile_switch(tmp_path, capsys):
-    """``--cfg-options compile.backend=eager``: the Runner compiles
-    ``train_step``; one epoch (2 iterations) of the tiny demo classifier."""
+    """``compile.backend=eager``: the Runner compiles ``train_step``."""
     import os.path as osp
 
     from conftest import CONFIGS, tool_namespace

@@ -1,8 +1,5 @@
-"""Device- and precision-agnostic SOFT (``device``: cpu, cuda where there):
-under bf16 / fp16 autocast finite and close to float32 (outputs drift ~10
-roundoffs, gradients more: bf16 <= 0.14, fp16 <= 0.10; a wrong one is off
-by ~1), the kernel and NR inverse in float32 with autocast off; created
-tensors follow the input's device (``meta``) and dtype (float64)."""
+"""Device- and precision-agnostic SOFT: under autocast close to float32, the
+kernel and NR inverse in float32; created tensors follow the input."""
 import contextlib
 import copy
 import importlib
@@ -41,7 +38,6 @@ def backbone(**attn):
     return model
 
 
-# ------------------------------------------------------- mixed precision
 def rel_err(a, b):
     a, b = a.detach().double(), b.detach().double()
     return float((a - b).norm() / b.norm().clamp_min(1e-30))
@@ -129,8 +125,7 @@ def test_backbone_autocast_close_to_fp32(device, dtype, attn_norm):
     'name, dtype', [('retinanet', torch.bfloat16), ('upernet', torch.float16)],
     ids=['retinanet-bfloat16', 'upernet-float16'])
 def test_detector_segmentor_autocast_close_to_fp32(device, dtype, name):
-    """The loss (and each loss term) and all gradients (a dtype each: both
-    on the backbone in test_backbone_autocast_close_to_fp32)."""
+    """The loss (and each loss term) and all gradients."""
     cfg = Config.fromfile(osp.join(CONFIGS, 'demo', name + '_soft_demo.py'))
     if 'size' in cfg.model.data_preprocessor:
         cfg.model.data_preprocessor.size = (SIZE, SIZE)
@@ -139,7 +134,6 @@ def test_detector_segmentor_autocast_close_to_fp32(device, dtype, name):
     assert_close_to_fp32(model, task_loss(model, device), device, dtype)
 
 
-# ------------------------------------- kernel and pseudo-inverse in fp32
 @pytest.fixture
 def spy(monkeypatch):
     """[(what, input dtypes, output dtype, autocast on)] of each call."""
@@ -213,7 +207,6 @@ def test_pinv_alone_runs_in_fp32_under_autocast(device, spy, dtype, method):
     torch.testing.assert_close(Z, Y @ W.float(), rtol=1e-4, atol=1e-4)
 
 
-# -------------------------------------- created tensors follow the input
 def off_meta(t):
     return t.device.type != 'meta'
 
@@ -268,11 +261,8 @@ def run_recorded(model, x, bad, train):
 
 @pytest.mark.parametrize('name', ATTN_VARIANTS)
 def test_created_tensors_follow_the_input(device, name):
-    """meta: training (and eval where it differs: the random sampler's
-    spaced tokens, BatchNorm's running statistics), ``attention_row`` (the
-    visualisation path); float64 (on a GPU every tensor on it). The exact
-    spectral backward sizes a tensor by the data (close eigenvalue pairs):
-    not on meta."""
+    """meta (training; eval where it differs; ``attention_row``), float64 (on
+    a GPU every tensor on it); the exact spectral backward: not on meta."""
     model = backbone(**ATTN_VARIANTS[name])
     if device == 'cpu' and name != 'exact_bw':
         meta = copy.deepcopy(model).to('meta')
@@ -293,8 +283,9 @@ def test_created_tensors_follow_the_input(device, name):
     assert not found, found[:10]
 
 
-def test_recorder_catches_a_foreign_tensor():
-    """A CPU ``zeros`` among meta tensors, a float32 ``arange``."""
+def test_recorder_catches_a_foreign_tensor(monkeypatch):
+    """A CPU ``zeros`` among meta tensors, a float32 ``arange``; the device
+    fixture's parameters."""
     x = torch.empty(3, device='meta')
     with OpRecorder(off_meta) as rec:
         x + torch.zeros(()) + x
@@ -302,9 +293,6 @@ def test_recorder_catches_a_foreign_tensor():
     with OpRecorder(not_float64) as rec:
         torch.ones(3, dtype=torch.float64) * 0.5**torch.arange(3)
     assert any('pow' in f for f in rec.found)
-
-
-def test_device_fixture_params(monkeypatch):
     import conftest
     for env, want in (('', ['cpu'] + ['cuda'] * torch.cuda.is_available()),
                       ('cuda', ['cuda'])):  # yapf: disable

@@ -1,6 +1,5 @@
-"""Weights into SOFT (:mod:`mmsoft.models.loading`): reading files safely,
-``load_pretrained``, ``init_cfg`` Pretrained, the authors' files (issue 29,
-from ``tests/reference``), the one-line report and errors."""
+"""Weights into SOFT (:mod:`mmsoft.models.loading`; the authors' files:
+issue 29), the one-line report and errors."""
 import functools
 import http.server
 import inspect
@@ -18,7 +17,7 @@ import torch.hub
 import torch.nn as nn
 from conftest import Reduce
 from conftest import authors_file as preset_file
-from conftest import current_log
+from conftest import current_log, tiny_arch
 from mmengine.runner import CheckpointLoader
 from reference import official_soft_ref as ref
 
@@ -65,13 +64,8 @@ def _locations():
 def authors_sd(img_size=64, depths=(1, 1, 2, 1), **drop):
     """An authors' state dict (5 classes), without the keys in ``drop``."""
     sd = ref.random_official_state_dict(
-        DEMO['embed_dims'],
-        DEMO['num_heads'],
-        list(depths),
-        num_classes=5,
-        ratios=(4, 2, 2),
-        pretrain_img_size=img_size,
-        dtype=torch.float32)
+        *DEMO.values(), list(depths), num_classes=5, ratios=(4, 2, 2),
+        pretrain_img_size=img_size, dtype=torch.float32)  # yapf: disable
     return {k: v for k, v in sd.items() if not k.startswith(tuple(drop))}
 
 
@@ -101,15 +95,22 @@ def reports(monkeypatch):
     return lines
 
 
-# ------------------------------------------------------ read_checkpoint
-def test_read_checkpoint_paths_and_schemes(tmp_path, monkeypatch):
-    """CPU default; a missing path: one line; mmengine's schemes."""
+def test_read_checkpoint_and_load_pretrained_defaults(tmp_path, monkeypatch):
+    """CPU default; a missing path: one line; mmengine's schemes;
+    load_pretrained: strict, map_location, state_dict over EMA."""
     path = tmp_path / 'w.pth'
-    _linear_file(path)
+    want = _linear_file(path)
     assert loading.read_checkpoint(path)['bias'].device.type == 'cpu'
-    seen, keep = _locations()
-    loading.read_checkpoint(path, map_location=keep)
+    m = nn.Linear(2, 3)
+    seen, to_cpu = _locations()
+    r = loading.load_pretrained(m, str(path), map_location=to_cpu)
+    assert r.ok and r.matched == 2 and _same(m.state_dict(), want)
     assert seen and set(seen) == {'cpu'}
+    raw = {'weight': torch.zeros(3, 2), 'bias': torch.zeros(3)}
+    ema = {'weight': torch.ones(3, 2), 'bias': torch.ones(3)}
+    _linear_file(path, state_dict_ema=ema, state_dict=raw)
+    loading.load_pretrained(m, str(path))
+    assert _same(m.state_dict(), raw)
     for path, what in ((tmp_path, 'is a directory, not a file'),
                        (tmp_path / 'nope.pth', 'does not exist')):
         with pytest.raises(FileNotFoundError) as info:
@@ -123,10 +124,8 @@ def test_read_checkpoint_paths_and_schemes(tmp_path, monkeypatch):
         return {'w': torch.ones(1)}
 
     loader.__name__ = 'load_from_mmsofttest'
-    monkeypatch.setattr(CheckpointLoader, '_schemes', {
-        'mmsofttest://': loader,
-        **CheckpointLoader._schemes
-    })
+    schemes = {'mmsofttest://': loader, **CheckpointLoader._schemes}
+    monkeypatch.setattr(CheckpointLoader, '_schemes', schemes)
     assert list(loading.read_checkpoint('mmsofttest://a/b.pth')) == ['w']
     loading.read_checkpoint('mmsofttest://c.pth', map_location='meta')
     assert calls == [('mmsofttest://a/b.pth', 'cpu'),
@@ -201,23 +200,6 @@ def test_read_checkpoint_http_cached_quiet_and_safe(tmp_path, monkeypatch,
         str(info.value))
 
 
-# ------------------------------------------------------ load_pretrained
-def test_load_pretrained_defaults(tmp_path):
-    """Strict, map_location; state_dict over EMA."""
-    path = tmp_path / 'w.pth'
-    want = _linear_file(path)
-    m = nn.Linear(2, 3)
-    seen, to_cpu = _locations()
-    r = loading.load_pretrained(m, str(path), map_location=to_cpu)
-    assert r.ok and r.matched == 2 and _same(m.state_dict(), want)
-    assert seen and set(seen) == {'cpu'}
-    raw = {'weight': torch.zeros(3, 2), 'bias': torch.zeros(3)}
-    ema = {'weight': torch.ones(3, 2), 'bias': torch.ones(3)}
-    _linear_file(path, state_dict_ema=ema, state_dict=raw)
-    loading.load_pretrained(m, str(path))
-    assert _same(m.state_dict(), raw)
-
-
 def _sd(prefix='', **meta):
     sd = {prefix + k: v for k, v in _tiny([1, 1, 3, 1]).state_dict().items()}
     return dict(state_dict=sd, meta=meta) if meta else sd
@@ -239,15 +221,12 @@ LOAD_FAULTS = [  # check_state_dict's other lines: test_strict_load.py
      'checkpoint P does not match Linear: 1 of its 1 tensors would load. 1 '
      "of the model's 2 tensors are missing from the checkpoint: bias. If a "
      'partial load is intended (e.g. another head), set X.$'),
-    ('authors-unconvertible', {
-        'model': authors_sd(pos_embed2=1)
-    }, 'Linear', {},
-     "checkpoint P has the authors' SOFT key layout (fudan-zvg/SOFT) but "
+    ('authors-unconvertible', dict(model=authors_sd(pos_embed2=1)), 'Linear',
+     {}, "checkpoint P has the authors' SOFT key layout (fudan-zvg/SOFT) but "
      "cannot be converted: cannot infer the architecture: key 'pos_embed2' "
      'is missing$'),
-    ('no-state-dict', {
-        'meta': {}
-    }, 'Linear', {}, 'checkpoint P: no state dict found in the checkpoint'),
+    ('no-state-dict', dict(meta={}), 'Linear', {},
+     'checkpoint P: no state dict found in the checkpoint'),
     # converted, then the usual mismatch (not a crash on the missing SOFT)
     ('authors-into-no-soft', authors_sd(), 'Linear', {},
      "checkpoint P does not match Linear (checkpoint keys under 'backbone.')"
@@ -290,11 +269,8 @@ def test_prefix_found_or_given(tmp_path, reports):
     src = _tiny()
     src.init_weights()
     sd = {f'backbone.{k}': v for k, v in src.state_dict().items()}
-    sd.update({
-        f'ema.{k}':
-        torch.full_like(v, 1.) if v.is_floating_point() else v
-        for k, v in src.state_dict().items()
-    })
+    sd.update({f'ema.{k}': torch.full_like(v, 1.) if v.is_floating_point()
+               else v for k, v in src.state_dict().items()})  # yapf: disable
     sd['head.fc.weight'] = torch.zeros(5, 192)
     path = tmp_path / 'cls.pth'
     torch.save({'state_dict': sd, 'meta': {}}, str(path))
@@ -305,10 +281,7 @@ def test_prefix_found_or_given(tmp_path, reports):
         dst = _tiny()
         with current_log() as records:
             loading.load_pretrained(dst, str(path), prefix=prefix)
-        want = src.state_dict() if under == 'backbone.' else {
-            k: sd['ema.' + k]
-            for k in src.state_dict()
-        }
+        want = {k: sd[under + k] for k in src.state_dict()}
         assert _same(dst.state_dict(), want)
         assert [r.getMessage() for r in records] == reports == [
             f"mmsoft: loaded {path}: mmsoft layout ('state_dict'), keys "
@@ -316,7 +289,6 @@ def test_prefix_found_or_given(tmp_path, reports):
         ]
 
 
-# ---------------------------------------------- missing_weights_message
 @pytest.mark.parametrize(
     'args, get', [
         (('w/soft_small.pth', ), f'the authors publish no soft_small file '
@@ -339,7 +311,6 @@ def test_missing_weights_message(args, get):
         f'--cfg-options {b}.init_cfg=None {b}.norm_eval=False')
 
 
-# ------------------------------------------------ pretrained_init_cfg
 _NORMAL = dict(type='TruncNormal', layer='Linear', std=.02)
 
 
@@ -378,13 +349,11 @@ def test_pretrained_init_cfg(init_cfg, want, loads_all):
 
 def test_init_cfg_loader_defaults_and_init_info(tmp_path, monkeypatch):
     """mmengine's init-info names the strict loader; defaults passed."""
-    arch = dict(embed_dims=[8] * 4, num_heads=[1] * 4, depths=[1] * 4)
+    arch = tiny_arch([8] * 4, [1] * 4)
     path = tmp_path / 'own.pth'
     torch.save(SOFT(arch, pretrain_img_size=32).state_dict(), str(path))
-    model = SOFT(
-        arch,
-        pretrain_img_size=32,
-        init_cfg=dict(type='Pretrained', checkpoint=str(path)))
+    init_cfg = dict(type='Pretrained', checkpoint=str(path))
+    model = SOFT(arch, pretrain_img_size=32, init_cfg=init_cfg)
     with current_log(logging.DEBUG) as records:
         model.init_weights()
     dump = '\n'.join(r.getMessage() for r in records)
@@ -402,28 +371,21 @@ def test_init_cfg_loader_defaults_and_init_info(tmp_path, monkeypatch):
     ]
 
 
-# ------------------------------------------- the authors' files, SOFT's
 def test_bare_authors_state_dict_and_report_names_the_model(tmp_path, reports):
     """Named by attn_norm; into another size: the preset as the fix."""
     path = tmp_path / 'soft_tiny.pth'
     n = preset_file(path, 'tiny')
     for norm, name in ((True, 'soft_norm_tiny'), (False, 'soft_tiny')):
         reports.clear()
-        SOFT(
-            'tiny',
-            attn_cfg=dict(type='SOFTAttention', attn_norm=norm),
-            init_cfg=dict(type='Pretrained',
-                          checkpoint=str(path))).init_weights()
+        SOFT('tiny', attn_cfg=dict(type='SOFTAttention', attn_norm=norm),
+             init_cfg=dict(type='Pretrained', checkpoint=str(path))
+             ).init_weights()  # yapf: disable
         assert reports == [
             f"mmsoft: loaded {path}: authors' {name} layout ('model'), "
             f"converted, keys under 'backbone.', {n - 2} tensors, strict"
         ]
     model = SOFT(
-        dict(
-            embed_dims=[32, 64, 128, 256],
-            num_heads=[1, 2, 4, 16],
-            depths=[1, 1, 1, 1]),
-        pretrain_img_size=32)
+        tiny_arch((32, 64, 128, 256), (1, 2, 4, 16)), pretrain_img_size=32)
     with pytest.raises(Mismatch) as exc:
         loading.load_pretrained(model, str(path))
     assert str(exc.value).endswith(
@@ -436,10 +398,10 @@ def test_partial_authors_load_and_second_init_weights(tmp_path, reports):
     assert '_is_init' not in inspect.getsource(SOFT)
     path = tmp_path / 'authors_64.pth'
     want = authors_file(path, 64)
-    model = SOFT(
-        dict(DEMO, depths=[1, 1, 2, 1], sampling_ratios=[4, 2, 2, 1]),
-        pretrain_img_size=96,
-        init_cfg=dict(type='Pretrained', checkpoint=str(path), strict=False))
+    model = SOFT(dict(DEMO, depths=[1, 1, 2, 1], sampling_ratios=[4, 2, 2, 1]),
+                 pretrain_img_size=96, init_cfg=dict(
+                     type='Pretrained', checkpoint=str(path), strict=False)
+                 )  # yapf: disable
     model.init_weights()
     got = model.state_dict()
     for k, v in want.items():
@@ -470,13 +432,11 @@ def test_partial_authors_load_and_second_init_weights(tmp_path, reports):
         '2, 2, 1]) in the config')
 
 
-# ------------------------------------------------- converters, few_keys
 def test_official_soft_hint():
     """The converter command for an authors' file; None for another."""
-    sd = ref.random_official_state_dict([8, 8, 8, 8], [1, 1, 1, 1],
-                                        [1, 1, 1, 1],
+    sd = ref.random_official_state_dict([8] * 4, [1] * 4, [1] * 4,
                                         pretrain_img_size=32,
-                                        dtype=torch.float32)
+                                        dtype=torch.float32)  # yapf: disable
     ckpt = {'model': dict(head_extra=torch.zeros(1), **sd)}
     assert official_soft_hint(ckpt, '/data/w/soft_tiny.pth') == (
         '/data/w/soft_tiny.pth is an official SOFT checkpoint '

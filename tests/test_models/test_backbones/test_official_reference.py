@@ -43,21 +43,15 @@ def classifier(arch, state_dict, attn_norm, dtype, **attn_options):
     pytest.importorskip('mmpretrain')
     from mmengine.registry import DefaultScope
     from mmpretrain.registry import MODELS
+    attn_cfg = dict(type='SOFTAttention', attn_norm=attn_norm, **attn_options)
     cfg = dict(
-        type='ImageClassifier',
-        backbone=dict(
-            type='mmsoft.SOFT',
-            arch=arch_for_mmsoft(arch),
-            attn_cfg=dict(
-                type='SOFTAttention', attn_norm=attn_norm, **attn_options),
-            out_indices=(3, ),
-            out_type='cls_token',
-            pretrain_img_size=arch['pretrain_img_size']),
-        neck=None,
-        head=dict(
-            type='LinearClsHead',
-            num_classes=arch['num_classes'],
-            in_channels=arch['embed_dims'][-1]))
+        type='ImageClassifier', neck=None,
+        backbone=dict(type='mmsoft.SOFT', arch=arch_for_mmsoft(arch),
+                      attn_cfg=attn_cfg, out_indices=(3, ),
+                      out_type='cls_token',
+                      pretrain_img_size=arch['pretrain_img_size']),
+        head=dict(type='LinearClsHead', num_classes=arch['num_classes'],
+                  in_channels=arch['embed_dims'][-1]))  # yapf: disable
     # in mmpretrain's scope, whatever ran before (mmdet's tools leave theirs)
     with DefaultScope.overwrite_default_scope('mmpretrain'):
         model = MODELS.build(cfg)
@@ -98,11 +92,7 @@ def test_logits_match_official_reference(official, attn_norm, size):
     if batch > 1:  # the official alpha per batch != per sample
         assert rel(batch_rule, expected) > 1e-6
     # mmsoft's opt-in rule for it is the official batch rule
-    per_batch = classifier(
-        arch,
-        converted,
-        attn_norm,
-        torch.float64,
-        nr_init='soft_norm_per_batch')
+    per_batch = classifier(arch, converted, attn_norm, torch.float64,
+                           nr_init='soft_norm_per_batch')  # yapf: disable
     with torch.no_grad():
         assert rel(per_batch(x, mode='tensor'), batch_rule) <= 1e-10

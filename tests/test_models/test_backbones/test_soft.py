@@ -1,7 +1,4 @@
-"""The SOFT backbone: presets, shapes, blocks, dropouts, init, frozen stages,
-norm_eval, with_cp; its arguments: refusals naming the
-option, value and fix (issues 13, 27, 30), what accepted options build
-(arch, stage_cfgs, attn_cfg, norms), the codebases' registries."""
+"""The SOFT backbone, its blocks and arguments (issues 13, 27, 30)."""
 import logging
 import re
 import warnings
@@ -42,10 +39,10 @@ def n_params(model):
     return sum(p.numel() for p in model.parameters())
 
 
-def quick(arch):
-    """SOFT(arch) without nn.Linear's init (10x faster to build)."""
+def quick(*arch):
+    """SOFT(*arch) without nn.Linear's init (10x faster to build)."""
     with mock.patch.object(nn.Linear, 'reset_parameters', lambda self: 0):
-        return SOFT(arch)
+        return SOFT(*arch)
 
 
 def _x(h=64, w=96, b=2, seed=0):
@@ -65,8 +62,10 @@ def ffn_parts(blk):  # mmcv FFN: fc1, act, fc2
 
 
 @pytest.mark.parametrize('arch', sorted(PAPER_PARAMS))
-def test_preset_param_counts(arch):
-    model, (want, rtol) = quick(arch), PAPER_PARAMS[arch]
+def test_preset_param_counts_and_default(arch):
+    """SOFT() is tiny; the presets' first letters alias them."""
+    model, (want, rtol) = quick(*[arch][:arch != 'tiny']), PAPER_PARAMS[arch]
+    assert SOFT.arch_zoo[arch[0]] is SOFT.arch_zoo[arch.split('-')[0]]
     total = n_params(model) + 512 * 1000 + 1000  # + a 1000-class head
     assert abs(total - want) / want < rtol
     if arch == 'small-official':
@@ -75,9 +74,31 @@ def test_preset_param_counts(arch):
             tiny_arch((64, 128, 320, 512), (2, 4, 10, 16), (1, 3, 20, 4)))
         assert n_params(custom) == n_params(model)
         assert model.stages[3].norm.eps == 1e-6
+    if arch == 'tiny':
+        tiny = SOFT.arch_zoo['tiny']
+        assert (model.embed_dims, model.depths,
+                model.pretrain_img_size) == (tiny['embed_dims'],
+                                             tiny['depths'], 224)
+        assert model.stages[0].pos_embed.shape[1] == 56 * 56
 
 
-def test_output_shapes_out_indices_and_cls_token():
+@pytest.mark.parametrize('out_type, out_indices, hw',
+                         [('featmap', (0, 1, 2, 3), (37, 53)),
+                          ('cls_token', (1, 3), (64, 64))])
+def test_outputs_out_indices_and_empty_batch(out_type, out_indices, hw):
+    model = SOFT(ARCH, out_type=out_type, out_indices=out_indices)
+    for mode in (False, True):
+        model.train(mode)
+        empty, one = model(torch.zeros(0, 3,
+                                       *hw)), model(torch.zeros(1, 3, *hw))
+        assert len(empty) == len(one) == len(out_indices)
+        for e, o in zip(empty, one):
+            assert e.shape == (0, ) + o.shape[1:] and e.dtype == o.dtype
+    if out_type == 'cls_token':
+        return
+    for out_indices, want in ((2, (2, )), (-4, (0, )), ((3, -1, 0), (0, 3))):
+        model = SOFT(ARCH, pretrain_img_size=32, out_indices=out_indices)
+        assert model.out_indices == want
     model = SOFT(dict(TINY, num_heads=[1, 1, 1, 1])).eval()
     with torch.no_grad():
         outs = model(torch.randn(1, 3, 75, 101))  # odd sizes: ceil(H / 2)
@@ -93,23 +114,6 @@ def test_output_shapes_out_indices_and_cls_token():
         x = torch.randn(2, 3, 64, 64)
         assert cls(x)[0].shape == (2, 64)
         assert model(x)[-1].shape == (2, 64, 2, 2)
-
-
-@pytest.mark.parametrize('out_type, out_indices, hw',
-                         [('featmap', (0, 1, 2, 3), (37, 53)),
-                          ('cls_token', (1, 3), (64, 64))])
-def test_empty_batch_returns_empty_outputs(out_type, out_indices, hw):
-    model = SOFT(
-        tiny_arch([8, 16, 16, 32], [1, 2, 2, 2]),
-        out_type=out_type,
-        out_indices=out_indices)
-    for mode in (False, True):
-        model.train(mode)
-        empty, one = model(torch.zeros(0, 3,
-                                       *hw)), model(torch.zeros(1, 3, *hw))
-        assert len(empty) == len(one)
-        for e, o in zip(empty, one):
-            assert e.shape == (0, ) + o.shape[1:] and e.dtype == o.dtype
 
 
 @pytest.mark.parametrize('stage_cfgs, hw, stage, k',
@@ -131,8 +135,9 @@ def test_batch_one_batchnorm_message(stage_cfgs, hw, stage, k):
     model.eval()(torch.randn(1, 3, hw, hw))  # eval: running statistics
 
 
-def test_soft_block_and_stage_defaults():
-    """SOFT attention, 4 x tanh-GELU MLP, LN 1e-5; rate -> DropPath."""
+def test_soft_block_stage_and_patch_embed_defaults():
+    """SOFT attention, 4 x tanh-GELU MLP, LN 1e-5; rate -> DropPath; the
+    patch embedding's SafeConv2d, no "Unnecessary conv bias" warning."""
     blk = SOFTBlock(8, 1, 2)
     assert type(blk.attn).__name__ == 'SOFTAttention'
     assert blk.attn.q.bias is not None and blk.attn.v.bias is not None
@@ -156,6 +161,12 @@ def test_soft_block_and_stage_defaults():
     assert stage.pos_embed.shape == (1, 16, 8)
     fmap, cls = stage(torch.randn(1, 3, 8, 8))
     assert fmap.shape == (1, 8, 4, 4) and cls is None
+    for stem, n in ((True, 3), (False, 1)):
+        with warnings.catch_warnings():
+            warnings.simplefilter('error')
+            embed = ConvPatchEmbed(3, 8, stem)
+        assert [type(layer.conv) for layer in embed.proj] == [SafeConv2d] * n
+        assert all(layer.conv.bias is not None for layer in embed.proj)
 
 
 def test_softmax_block():
@@ -186,36 +197,6 @@ def test_softmax_block():
     assert isinstance(SoftmaxAttention(8, 2).proj_drop, nn.Identity)
     drop = SoftmaxAttention(8, 2, proj_drop=0.5).proj_drop
     assert isinstance(drop, nn.Dropout) and drop.p == 0.5
-
-
-def test_patch_embed_convs_are_safe_and_build_quietly():
-    """``SafeConv2d`` convs; no "Unnecessary conv bias" warning."""
-    for stem, n in ((True, 3), (False, 1)):
-        with warnings.catch_warnings():
-            warnings.simplefilter('error')
-            embed = ConvPatchEmbed(3, 8, stem)
-        assert len(embed.proj) == n
-        for layer in embed.proj:
-            assert type(layer.conv) is SafeConv2d
-            assert layer.conv.bias is not None
-
-
-# ---------------------------------------------------------- dropouts
-def test_residual_drop_reaches_both_residuals_of_every_soft_block():
-    """linspace(0, rate) over the blocks; DropPath or nn.Dropout."""
-    for residual_drop, kind in (('drop_path', DropPath), ('dropout',
-                                                          nn.Dropout)):
-        model = SOFT(
-            dict(TINY, depths=[1, 1, 2, 1]),
-            drop_path_rate=0.5,
-            residual_drop=residual_drop)
-        drops = [(b.drop, b.ffn.dropout_layer) for s in model.stages[1:3]
-                 for b in s.blocks]
-        assert all(isinstance(d, kind) for pair in drops for d in pair)
-        assert dropouts(model.stages[1]) == [0.125, 0, 0, 0.125]
-        assert isinstance(model.stages[0].blocks[0].drop, nn.Identity)
-        assert [dropouts(d)[0] for d, _ in drops] == [.125, .25, .375]
-        assert model.stages[3].blocks[0].drop_path.drop_prob == 0.5
 
 
 @pytest.mark.parametrize(
@@ -252,7 +233,6 @@ def test_eval_is_bitwise_repeatable_with_dropouts(opts, out_type):
                 torch.testing.assert_close(a, b, rtol=0, atol=1e-6)
 
 
-# ------------------------------------------------------------- init
 @pytest.mark.parametrize(  # also for a Pretrained init with no checkpoint
     'init_cfg',
     [None, dict(type='Pretrained', checkpoint=None, prefix='backbone.')])
@@ -263,10 +243,8 @@ def test_default_init_is_truncated_normal(init_cfg):
     token = model.stages[3].cls_token
     assert token.numel() == 256 and not token.any()
     model.init_weights()
-    w = torch.cat([
-        m.weight.flatten() for m in model.modules()
-        if isinstance(m, nn.Linear)
-    ])
+    w = torch.cat([m.weight.flatten() for m in model.modules()
+                   if isinstance(m, nn.Linear)])  # yapf: disable
     assert 0.018 < w.std() < 0.022
     assert model.stages[0].blocks[0].attn.q.bias.abs().max() == 0
     assert 0.018 < model.stages[0].pos_embed.std() < 0.022
@@ -274,38 +252,40 @@ def test_default_init_is_truncated_normal(init_cfg):
     assert abs(token.detach().mean().item()) < 0.005
 
 
-# ------------------------------------------- frozen_stages, norm_eval
-@pytest.mark.parametrize('k', [-1, 0, 2, 4])
-def test_frozen_stages_freezes_the_documented_parameters(k):
-    model = SOFT(ARCH2, frozen_stages=k, drop_rate=0.1).train()
+@pytest.mark.parametrize('k, norm_eval', [(-1, True), (0, False), (2, False),
+                                          (4, False)])
+def test_frozen_stages_and_norm_eval(k, norm_eval):
+    """The frozen_stages docstring's parameters; frozen modules and (with
+    norm_eval) BatchNorms in eval mode, their statistics kept."""
+    model = SOFT(
+        ARCH2, frozen_stages=k, drop_rate=0.1, norm_eval=norm_eval).train()
     frozen = {n for n, p in model.named_parameters() if not p.requires_grad}
     stages = tuple(f'stages.{i}.' for i in range(max(k, 0)))
-    assert frozen == {  # the frozen_stages docstring's list
-        n
-        for n, _ in model.named_parameters()
-        if n.startswith(stages) or k == 0 and
-        (n.startswith('stages.0.patch_embed.') or n == 'stages.0.pos_embed')
-    }
+    first = ('stages.0.patch_embed.', 'stages.0.pos_embed') * (k == 0)
+    assert frozen == {n for n, _ in model.named_parameters()
+                      if n.startswith(stages + first)}  # yapf: disable
     if k == 4:  # stage 4 includes its cls token and final norm
         assert {'stages.3.cls_token', 'stages.3.norm.weight'} <= frozen
-    # frozen modules (all of a frozen stage) are in eval mode, others train
     assert [s.patch_embed.training for s in model.stages
             ] == [i >= k and not i == k == 0 for i in range(4)]
+    bns = {n: m for n, m in model.named_modules() if isinstance(m, _BatchNorm)}
+    assert len(bns) >= 6  # stem 3 + one per later patch embedding
     for name, m in model.named_modules():
         params = [f'{name}.{n}' for n, _ in m.named_parameters(recurse=False)]
         if params and not (name.count('.') == 1
                            and name.startswith('stages.')):
-            assert m.training != all(p in frozen for p in params), name
+            kept = all(p in frozen
+                       for p in params) or norm_eval and name in bns
+            assert m.training != kept, name
         if name.startswith(stages):
             assert not m.training, name
-    # the frozen BatchNorms keep their statistics through training steps
-    bns = {n: m for n, m in model.named_modules() if isinstance(m, _BatchNorm)}
+        assert m.training or k >= 0 or name in bns, name
     before = {n: m.running_mean.clone() for n, m in bns.items()}
     with torch.no_grad():
         model(_x())
     for n, m in bns.items():
         moved = not torch.equal(before[n], m.running_mean)
-        assert moved == (f'{n}.weight' not in frozen), n
+        assert moved == (f'{n}.weight' not in frozen and not norm_eval), n
     if k < 4:  # a frozen parameter gets no gradient, the others do
         sum(o.float().sum() for o in model(_x(b=1))).backward()
         for n, p in model.named_parameters():
@@ -316,24 +296,6 @@ def test_frozen_stages_freezes_the_documented_parameters(k):
         assert not model.stages[1].blocks[0].training
         assert not model.stages[1].patch_embed.proj[0].bn.training
         assert model.stages[2].blocks[0].training
-
-
-@pytest.mark.parametrize('norm_eval', [False, True])
-def test_norm_eval(norm_eval):
-    model = SOFT(ARCH2, norm_eval=norm_eval).train()
-    bns = [m for m in model.modules() if isinstance(m, _BatchNorm)]
-    assert len(bns) >= 6  # stem 3 + one per later patch embedding
-    assert all(m.training != norm_eval for m in bns)
-    # every other module trains (LayerNorms, dropouts, attention)
-    assert not [
-        n for n, m in model.named_modules()
-        if not isinstance(m, _BatchNorm) and not m.training
-    ]
-    stats = [m.running_var.clone() for m in bns]
-    with torch.no_grad():
-        model(_x())
-    assert all((not torch.equal(s, m.running_var)) != norm_eval
-               for s, m in zip(stats, bns))
     assert not any(m.training for m in model.eval().modules())
 
 
@@ -361,7 +323,6 @@ def test_with_cp_reruns_each_block_in_the_backward():
     assert len(calls) == 3
 
 
-# ---------------------------------------------------------- arguments
 V, T, K = ValueError, TypeError, KeyError
 RATE = 'must be a number in [0, 1), got '
 KERNEL = ('must be an odd positive int (or 0 to disable the conv), got {}: '
@@ -526,49 +487,15 @@ def test_valid_arguments_are_accepted(kwargs):
         assert [f.out_features for f in fc1] == [8, 4]
 
 
-def test_defaults_aliases_and_out_indices():
-    model, tiny = SOFT(), SOFT.arch_zoo['tiny']
-    assert (model.embed_dims, model.depths) == (tiny['embed_dims'],
-                                                tiny['depths'])
-    assert model.pretrain_img_size == 224
-    assert model.stages[0].pos_embed.shape[1] == 56 * 56
-    for full in ('tiny', 'small', 'medium', 'large', 'huge'):
-        assert SOFT.arch_zoo[full[0]] is SOFT.arch_zoo[full]
-    for out_indices, want in ((2, (2, )), (-4, (0, )), ((3, -1, 0), (0, 3))):
-        model = SOFT(ARCH, pretrain_img_size=32, out_indices=out_indices)
-        assert model.out_indices == want
-
-
-def test_arch_stage_cfgs_and_attn_cfg_are_copied_not_shared():
-    """Editing the user's dicts (or arch_settings) later changes nothing."""
-    arch_ = tiny_arch((8, 8, 8, 16), (1, 1, 1, 2))
-    model = SOFT(arch_)
-    arch_['embed_dims'][0] = 999
-    assert model.embed_dims == [8, 8, 8, 16]
-    zoo = [list(v) for v in SOFT.arch_zoo['tiny'].values()]
-    SOFT('tiny').arch_settings['depths'][0] = 99
-    assert [list(v) for v in SOFT.arch_zoo['tiny'].values()] == zoo
-    user = [{}, dict(attn_cfg=dict(type='SOFTAttention')), {}, {}]
-    attn = dict(type='SOFTAttention', nr=dict(iters=10))
-    model = SOFT(ARCH, pretrain_img_size=32, stage_cfgs=user, attn_cfg=attn)
-    user[1]['attn_cfg']['type'] = 'Bogus'
-    attn['nr']['iters'] = 3  # each stage: its own deep copy
-    assert model.stage_cfgs[1]['attn_cfg']['type'] == 'SOFTAttention'
-    assert [model.stage_cfgs[i]['attn_cfg']['nr']['iters']
-            for i in (0, 2)] == [10, 10]
-
-
-def test_options_reach_each_stage():
-    """pos grids, stem, linear drop-path rates and the shared options."""
-    model = SOFT(
-        ARCH,
-        pretrain_img_size=64,
-        in_channels=1,
-        qkv_bias=False,
-        drop_rate=0.1,
-        attn_drop_rate=0.2,
-        drop_path_rate=0.3,
-        residual_drop='dropout')
+@pytest.mark.parametrize('residual_drop, kind', [('drop_path', DropPath),
+                                                 ('dropout', nn.Dropout)])
+def test_options_reach_each_stage(residual_drop, kind):
+    """pos grids, stem, linear drop-path rates (on both residuals of every
+    SOFT block: DropPath or nn.Dropout), with_cp and the shared options."""
+    cp = residual_drop == 'dropout'
+    model = SOFT(ARCH, pretrain_img_size=64, in_channels=1, qkv_bias=False,
+                 drop_rate=0.1, attn_drop_rate=0.2, drop_path_rate=0.3,
+                 residual_drop=residual_drop, with_cp=cp)  # yapf: disable
     cfgs = model.stage_cfgs
     assert model.pretrain_img_size == 64
     assert [c['pos_grid'] for c in cfgs] == [16, 8, 4, 2]
@@ -578,36 +505,54 @@ def test_options_reach_each_stage():
             ] == pytest.approx([0., 0.1, 0.2, 0.3])  # one per block
     assert {c['qkv_bias'] for c in cfgs} == {False}
     assert {c['drop_rate'] for c in cfgs} == {0.1}
-    assert [c.get('residual_drop') for c in cfgs] == ['dropout'] * 3 + [None]
+    assert [c.get('residual_drop')
+            for c in cfgs] == [residual_drop] * 3 + [None]
     assert [c.get('attn_drop_rate') for c in cfgs] == [None] * 3 + [0.2]
     assert [c['type'] for c in cfgs] == ['SOFTStage'] * 3 + ['ClsTokenStage']
     assert [type(s).__name__ for s in model.stages] == list(SOFT.stage_types)
-    for with_cp in (False, True):
-        model = SOFT(ARCH, pretrain_img_size=32, with_cp=with_cp)
-        assert [s.with_cp for s in model.stages] == [with_cp] * 4
+    assert [s.with_cp for s in model.stages] == [cp] * 4
+    drops = [(b.drop, b.ffn.dropout_layer) for s in model.stages[1:3]
+             for b in s.blocks]
+    assert all(isinstance(d, kind) for pair in drops for d in pair)
+    assert dropouts(model.stages[1].blocks) == pytest.approx([.1, 0, 0, .1])
+    assert isinstance(model.stages[0].blocks[0].drop, nn.Identity)
+    assert [dropouts(d)[0] for d, _ in drops] == pytest.approx([.1, .2])
+    assert model.stages[3].blocks[0].drop_path.drop_prob == pytest.approx(.3)
 
 
-def test_stage_cfgs_and_attn_cfg_per_stage():
-    """stage_cfgs[i] merged over the computed config, or one dict."""
-    plain = SOFT(ARCH, drop_path_rate=0.1)
-    own = dict(type='SOFTAttention', nr_iters=3)
-    model = SOFT(
-        ARCH,
-        drop_path_rate=0.1,
-        attn_drop_rate=0.1,
-        attn_cfg=dict(type='soft', nr_iters=7),
-        stage_cfgs=[
-            dict(attn_cfg=dict(type='soft', attn_norm=False)),
-            dict(attn_cfg=own),
-            dict(dw_kernel_size=7, residual_drop='dropout'),
-            dict(attn_drop_rate=0.2)
-        ])
+def test_stage_cfgs_attn_cfg_and_norms_per_stage():
+    """stage_cfgs[i] merged over the computed config, or one dict; norm /
+    act_cfg reach the blocks, patch_* the patch embeddings; the user's dicts
+    (and arch_settings) copied: editing them later changes nothing."""
+    own, top = dict(
+        type='SOFTAttention', nr_iters=3), dict(
+            type='soft', nr=dict(iters=7))
+    user = [
+        dict(
+            attn_cfg=dict(type='soft', attn_norm=False),
+            act_cfg=dict(type='ReLU')),
+        dict(attn_cfg=own),
+        dict(dw_kernel_size=7, residual_drop='dropout'),
+        dict(
+            attn_drop_rate=0.2, act_cfg=dict(type='GELU', approximate='tanh'))
+    ]
+    arch_ = tiny_arch((8, 8, 8, 16), (1, 1, 1, 2))
+    model = SOFT(arch_, drop_path_rate=0.1, attn_drop_rate=0.1, attn_cfg=top,
+                 stage_cfgs=user, norm_cfg=dict(type='LN', eps=1e-3),
+                 patch_norm_cfg=dict(type='GN', num_groups=8),
+                 patch_act_cfg=dict(type='GELU'))  # yapf: disable
+    arch_['embed_dims'][0], user[1]['attn_cfg']['type'] = 999, 'Bogus'
+    top['nr']['iters'] = 3
+    assert model.embed_dims == [8, 8, 8, 16]
+    zoo = [list(v) for v in SOFT.arch_zoo['tiny'].values()]
+    quick('tiny').arch_settings['depths'][0] = 99
+    assert [list(v) for v in SOFT.arch_zoo['tiny'].values()] == zoo
     cfgs = model.stage_cfgs
     assert [c.get('dw_kernel_size') for c in cfgs] == [9, 5, 7, None]
     assert [c['sampling_ratio'] for c in cfgs[:3]] == [8, 4, 2]
-    assert cfgs[1]['attn_cfg'] == own
+    assert cfgs[1]['attn_cfg'] == dict(type='SOFTAttention', nr_iters=3)
+    assert cfgs[2]['attn_cfg'] == dict(type='soft', nr=dict(iters=7))
     assert 'attn_cfg' not in cfgs[3] and cfgs[3]['attn_drop_rate'] == 0.2
-    assert plain.stage_cfgs[3]['attn_drop_rate'] == 0
     assert [c['in_channels'] for c in cfgs] == [3] + ARCH['embed_dims'][:3]
     attns = [s.blocks[0].attn for s in model.stages[:3]]
     assert attns[0].attn_norm is False and attns[2].attn_norm is True
@@ -615,11 +560,26 @@ def test_stage_cfgs_and_attn_cfg_per_stage():
     assert attns[2].dw_conv.kernel_size == (7, 7)
     assert isinstance(model.stages[2].blocks[0].drop, nn.Dropout)
     assert not isinstance(model.stages[0].blocks[0].drop, nn.Dropout)
+    lns = [
+        m for n, m in model.named_modules()
+        if isinstance(m, nn.LayerNorm) and '.sampler.' not in n
+    ]
+    assert len(lns) == 2 * sum(ARCH['depths']) + 1  # + stage 4's final norm
+    assert {m.eps for m in lns} == {1e-3}
+    acts = [b.ffn.layers[0][1] for s in model.stages for b in s.blocks]
+    assert isinstance(acts[0], nn.ReLU)
+    assert all(a.approximate == 'tanh' for a in acts[1:])
+    pe = model.stages[0].patch_embed.proj
+    assert all(isinstance(layer.gn, nn.GroupNorm) for layer in pe)
+    assert all(isinstance(layer.activate, nn.GELU) for layer in pe)
+    assert all(
+        torch.isfinite(o).all() for o in model(torch.randn(1, 3, 64, 64)))
     every = SOFT(ARCH, stage_cfgs=dict(sampling_ratio=1, qkv_bias=False))
     assert [c.get('sampling_ratio') for c in every.stage_cfgs] == \
         [1, 1, 1, None]
     assert every.stages[3].blocks[0].attn.q.bias is None
-    assert SOFT(ARCH, stage_cfgs=[{}] * 4).stage_cfgs == SOFT(ARCH).stage_cfgs
+    plain = SOFT(ARCH, stage_cfgs=[{}] * 4).stage_cfgs
+    assert plain == SOFT(ARCH).stage_cfgs and plain[3]['attn_drop_rate'] == 0
 
 
 def test_attention_from_the_block_settings_and_attn_cfg():
@@ -635,36 +595,7 @@ def test_attention_from_the_block_settings_and_attn_cfg():
     with current_log(logging.DEBUG) as records, \
             DefaultScope.overwrite_default_scope('mmdet'):
         SOFTBlock(8, 1, 2, attn_cfg=dict(type='SOFTAttention'))
-    assert not [
-        r.getMessage() for r in records if r.levelno >= logging.WARNING
-    ]
-
-
-def test_norm_and_act_cfgs():
-    """norm / act_cfg reach the blocks, patch_* the patch embeddings."""
-    model = SOFT(
-        ARCH,
-        norm_cfg=dict(type='LN', eps=1e-3),
-        stage_cfgs=[
-            dict(act_cfg=dict(type='ReLU')), {}, {},
-            dict(act_cfg=dict(type='GELU', approximate='tanh'))
-        ],
-        patch_norm_cfg=dict(type='GN', num_groups=8),
-        patch_act_cfg=dict(type='GELU'))
-    lns = [
-        m for n, m in model.named_modules()
-        if isinstance(m, nn.LayerNorm) and '.sampler.' not in n
-    ]
-    assert len(lns) == 2 * sum(ARCH['depths']) + 1  # + stage 4's final norm
-    assert {m.eps for m in lns} == {1e-3}
-    acts = [b.ffn.layers[0][1] for s in model.stages for b in s.blocks]
-    assert isinstance(acts[0], nn.ReLU)
-    assert all(a.approximate == 'tanh' for a in acts[1:])
-    pe = model.stages[0].patch_embed.proj
-    assert all(isinstance(layer.gn, nn.GroupNorm) for layer in pe)
-    assert all(isinstance(layer.activate, nn.GELU) for layer in pe)
-    assert all(
-        torch.isfinite(o).all() for o in model(torch.randn(1, 3, 64, 64)))
+    assert not [r for r in records if r.levelno >= logging.WARNING]
 
 
 # a plain type: mmengine's root registry; 'mmsoft.SOFT': mmsoft's scope

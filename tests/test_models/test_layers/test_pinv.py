@@ -1,8 +1,6 @@
 """The Newton-Raphson pseudo-inverse (Alg. 2, Eq. 10 / 16): NRConfig, the
-alpha rules, the iterative / spectral / Lanczos methods, the exact and Eq.
-16 gradients, the export path, and the official rules written out
-independently, whole backbones too (the convergence statistics:
-tests/test_projects/test_nr_diagnostics.py)."""
+alpha rules, the methods, both gradients, export; against the official
+rules written out independently."""
 import importlib
 import re
 from functools import partial as P
@@ -71,7 +69,6 @@ def grads(fn, G, *xs):
     return (z.detach(), ) + torch.autograd.grad((z * G).sum(), xs)
 
 
-# ---------------------------------------------------------- the inverse
 def test_matches_pinv_the_shifted_inverse_and_converges():
     A = kernel_matrix(2, 3)
     Y = inverse(A, 20, 'soft_norm_per_matrix')
@@ -136,7 +133,6 @@ def test_defaults_per_variant():
     assert NRConfig(init='soft', backward='exact').backward == 'exact'
 
 
-# ---------------------------------------------------------- alpha rules
 def official_alpha(A):
     """2 0.5^n / ||A||_1^2, n the first (<= 10) with max_j sum_i |I - alpha
     A A|_ij <= 1.01, one alpha for all matrices of A."""
@@ -183,7 +179,6 @@ def test_nr_init_alpha_tolerance_is_inclusive(q, alpha):
     assert nr_init_alpha(A, 'soft_norm_per_matrix').item() == alpha
 
 
-# ------------------------------------------------------------ methods
 def test_auto_dispatch_by_size_and_device(monkeypatch):
     """'auto': Lanczos for A_T W from LANCZOS_MIN_M, else spectral / NR."""
     big = torch.eye(SPECTRAL_MIN_M)
@@ -217,9 +212,8 @@ def test_auto_dispatch_by_size_and_device(monkeypatch):
 def test_eq16_backward_uses_transposes(batch, inverse_only):
     """A non-symmetric A tells Y^T from Y (Eq. 16: -Y^T grad_Y Y^T)."""
     g = torch.Generator().manual_seed(0)
-    A = torch.eye(
-        4, dtype=F64) + 0.3 * torch.rand(
-            4, 4, generator=g, dtype=F64)
+    A = torch.eye(4, dtype=F64) + 0.3 * torch.rand(
+        4, 4, generator=g, dtype=F64)  # yapf: disable
     A = A.expand(*batch, 4, 4).clone()
     W = torch.randn(*batch, 4, 3, generator=g, dtype=F64)
     nr = NRConfig(30, method='iterative', backward='eq16')
@@ -240,7 +234,6 @@ def test_eq16_backward_uses_transposes(batch, inverse_only):
         close(a, b)
 
 
-# ------------------------------------------------- the exact NR gradient
 def through_iterations(a, w, iters, init, attn_norm=False, shift=0.01):
     """The explicit Eq. (10) (NeurIPS 'soft': on A + 0.01 I), alpha
     differentiated (the halvings fixed)."""
@@ -327,11 +320,9 @@ def test_exact_backward_stack_equals_each_matrix_and_float32(monkeypatch):
         NR,
         'nr_init_alpha',
         lambda A, init='': torch.full(A.shape[:-2], 0.2, dtype=A.dtype))
-    A = torch.stack([
-        matrix_with_spectrum(lam, seed=k) for k, lam in enumerate([[
-            2.0, 2.0, 0.5, 0.05, 0.05, 0.01
-        ], [3.0, 1.5, 0.7, 0.2, 0.2, 0.004], [1.0, 0.9, 0.9, 0.3, 0.03, 0.03]])
-    ])
+    A = torch.stack([matrix_with_spectrum(lam, seed=k) for k, lam in enumerate(
+        [[2.0, 2.0, 0.5, 0.05, 0.05, 0.01], [3.0, 1.5, 0.7, 0.2, 0.2, 0.004],
+         [1.0, 0.9, 0.9, 0.3, 0.03, 0.03]])])  # yapf: disable
     W, G = randn(3, 6, 2, seed=1), randn(3, 6, 2, seed=2)
     fn = P(apply, iters=10, init='soft', method='spectral', backward='exact')
     stacked = grads(fn, G, A, W)[1]
@@ -339,7 +330,6 @@ def test_exact_backward_stack_equals_each_matrix_and_float32(monkeypatch):
         close(stacked[b], grads(fn, G[b], A[b], W[b])[1], 1e-10, 1e-12)
 
 
-# ------------------------------------------------------------- exporting
 @pytest.mark.filterwarnings('ignore:`torch.jit.trace` is deprecated')
 def test_export_takes_auto_and_refuses_eigh_and_lanczos(monkeypatch):
     """Exporting: 'auto' (as 'iterative') the eager values, 'spectral' and
@@ -373,7 +363,6 @@ def test_export_takes_auto_and_refuses_eigh_and_lanczos(monkeypatch):
         close(a, b, 1e-4, 1e-5)
 
 
-# ------------------------------------------------------------- Lanczos
 def landmarks_kernel(*batch, **kw):
     """~15 eigenvalues above f_T's transition (as SOFT-Small-Norm's)."""
     kw = dict(dict(m=200, d=16, dtype=F32, freq=2, stretch=4), **kw)
@@ -405,10 +394,10 @@ def spectral(a, w):
 
 
 def test_lanczos_is_the_official_function_and_its_exact_gradient():
-    """m = 200 float32: values and exact gradient at the float32 floor."""
+    """m = 200 float32: values and exact gradient at the float32 floor;
+    rank-one W and G (zero rows of T made LAPACK's eigh fail) too."""
     A = landmarks_kernel(2, 3)
-    W, G = torch.randn(
-        2, 2, 3, 200, 8, generator=torch.Generator().manual_seed(1))
+    W, G = randn(2, 2, 3, 200, 8, seed=1, dtype=F32)
     ref, ref_A, ref_W = official_norm(A, W, G)
     converged, used = krylov_dims(A, W)
     assert all(converged) and 16 <= int(used.min()) and int(used.max()) < 100
@@ -425,6 +414,12 @@ def test_lanczos_is_the_official_function_and_its_exact_gradient():
     assert torch.isfinite(got).all()
     assert rel(got, NRConfig(init='soft', method='iterative').apply(A, W)) \
         < 1e-6
+    A, G = landmarks_kernel(1, 2), torch.ones(1, 2, 200, 4)
+    W = randn(1, 2, 200, 1, seed=2, dtype=F32).expand(-1, -1, -1, 4)
+    refs = official_norm(A, W, G)
+    for lz, sp, ref in zip(
+            grads(lanczos, G, A, W), grads(spectral, G, A, W), refs):
+        assert rel(lz, ref) < min(1e-4, rel(sp, ref))
 
 
 def test_guard_takes_the_spectral_method_where_the_steps_run_out(monkeypatch):
@@ -433,8 +428,7 @@ def test_guard_takes_the_spectral_method_where_the_steps_run_out(monkeypatch):
         landmarks_kernel(1, seed=0),  # 33 dimensions (d = 3)
         landmarks_kernel(1, seed=5, freq=3, stretch=8)  # 57
     ])
-    W, G = torch.randn(
-        2, 2, 200, 3, generator=torch.Generator().manual_seed(0))
+    W, G = randn(2, 2, 200, 3, dtype=F32)
     assert krylov_dims(A, W)[0] == [True, True]
     assert krylov_dims(A, G, max_dim=44)[0] == [True, False]
     lz, sp = grads(lanczos, G, A, W), grads(spectral, G, A, W)
@@ -466,8 +460,7 @@ def test_a_sample_does_not_depend_on_its_batch(method):
         landmarks_kernel(1, 2, seed=0),
         landmarks_kernel(1, 2, seed=5, freq=3, stretch=8)
     ])
-    W, G = torch.randn(
-        2, 2, 2, 200, 4, generator=torch.Generator().manual_seed(2))
+    W, G = randn(2, 2, 2, 200, 4, seed=2, dtype=F32)
     used = krylov_dims(A, W)[1].reshape(2, -1)
     assert used[0].max() != used[1].max()
     fn = NRConfig(method=method).apply
@@ -476,18 +469,6 @@ def test_a_sample_does_not_depend_on_its_batch(method):
         alone = grads(fn, G[i:i + 1], A[i:i + 1], W[i:i + 1])
         assert rel(alone[0][0], both[0][i]) < 1e-6  # float32 rounding
         assert rel(alone[1][0], both[1][i]) < 2e-5
-
-
-def test_rank_one_inputs_and_gradients():
-    """Rank-one W and G (zero rows of T made LAPACK's eigh fail) stay exact."""
-    A = landmarks_kernel(1, 2)
-    g = torch.Generator().manual_seed(2)
-    W = torch.randn(1, 2, 200, 1, generator=g).expand(-1, -1, -1, 4)
-    G = torch.ones(1, 2, 200, 4)
-    refs = official_norm(A, W, G)
-    for lz, sp, ref in zip(
-            grads(lanczos, G, A, W), grads(spectral, G, A, W), refs):
-        assert rel(lz, ref) < min(1e-4, rel(sp, ref))
 
 
 def test_lapack_calls_take_one_thread_and_give_the_count_back(monkeypatch):

@@ -44,8 +44,7 @@ def ref_kernel(x, y):
 
 
 def tokens(norm, *shape, offset=True, seed=0):
-    """Tokens of norm ~``norm``: a common offset + unit spread (offset) or
-    random directions (not offset)."""
+    """Norm ~``norm``: an offset + unit spread, or random directions."""
     g = torch.Generator().manual_seed(seed)
     if offset:
         c = torch.randn(shape[-1], generator=g, dtype=F64)
@@ -69,7 +68,6 @@ def path(request, monkeypatch):
     return request.param
 
 
-# ------------------------------------------------------ the Gaussian kernel
 @pytest.mark.parametrize('xs, ys, self_kernel, dx, dy, dtype, atol', [
     ((2, 4, 3), (2, 5, 3), False, F64, F64, F64, 1e-14),
     ((2, 5, 3), (2, 5, 3), True, F64, F64, F64, 1e-14),
@@ -88,7 +86,8 @@ def test_kernel_is_eq5_on_both_paths(path, xs, ys, self_kernel, dx, dy, dtype,
 
 
 def test_kernel_function_defaults_and_gradcheck():
-    """Gradcheck translated (values kept > 0), y broadcast, y = x."""
+    """Gradcheck translated (values kept > 0), y broadcast, y = x; a half
+    self-kernel's gradient summed in float32, rounded once."""
     x, y = randn(2, 4, 3, seed=10), randn(2, 6, 3, seed=11)
     for fn in (kernel_forward, GaussianKernel.apply):  # the cross kernel
         close(fn(x, y), ref_kernel(x, y), 1e-12, 1e-14)
@@ -99,45 +98,40 @@ def test_kernel_function_defaults_and_gradcheck():
     assert torch.autograd.gradcheck(f, (x, y))
     assert torch.autograd.gradcheck(f, (x, y1))
     assert torch.autograd.gradcheck(lambda a: gaussian_kernel(a, a), (y, ))
+    y = randn(2, 2, 16, 8, seed=18, dtype=torch.bfloat16).requires_grad_()
+    w = randn(2, 2, 16, 16, seed=19, dtype=F32)
+    (gaussian_kernel(y, y) * w).sum().backward()
+    y32 = y.detach().float().requires_grad_()
+    (gaussian_kernel(y32, y32) * w).sum().backward()
+    assert y.grad.dtype == torch.bfloat16
+    assert torch.equal(y.grad, y32.grad.to(torch.bfloat16))
 
 
 @pytest.mark.parametrize('norm, offset', [(3, None), (1e4, True),
                                           (1e4, False)])
 def test_self_kernel_diagonal_is_exactly_one_fp32(path, norm, offset):
-    """The diagonal set, the rest the float64 kernel of the same tokens."""
+    """The diagonal set, the rest the float64 kernel of the same tokens;
+    cross: self-similarity 1, the offset per sample and head."""
     y = (randn(2, 3, 16, 8, seed=5) * norm if offset is None else tokens(
         norm, 2, 3, 16, 8, offset=offset)).float()
     A = gaussian_kernel(y, y)
     assert A.dtype == F32 and torch.isfinite(A).all()
     assert torch.equal(A.diagonal(dim1=-2, dim2=-1), torch.ones(2, 3, 16))
     close(A.double(), ref_kernel(y, y), 0, 2e-5)
-
-
-def test_cross_kernel_large_offset_fp32(norm=1e4):
-    """Self-similarity 1; the offset per sample and head."""
-    q = tokens(norm, 3, 2, 64, 8).float()
+    if offset is None:
+        return
+    q = tokens(norm, 3, 2, 64, 8, offset=offset).float()
     lm = q[:, :, ::8]
     P = gaussian_kernel(q, lm)
+    assert torch.isfinite(P).all() and (P >= 0).all() and (P <= 1).all()
+    if not offset:  # random directions: bounded
+        return
     close(P[:, :, ::8].diagonal(dim1=-2, dim2=-1), torch.ones(3, 2, 8), 0,
           1e-5)
     close(P.double(), ref_kernel(q, lm), 0, 2e-5)
     for b in range(3):
         assert torch.equal(P[b:b + 1], gaussian_kernel(q[b:b + 1],
                                                        lm[b:b + 1]))
-    x = randn(1, 64, 16, dtype=F32) * norm  # random directions: bounded
-    K = gaussian_kernel(x, x[:, :8])
-    assert torch.isfinite(K).all() and (K >= 0).all() and (K <= 1).all()
-
-
-def test_half_self_kernel_gradient_is_rounded_once(dtype=torch.bfloat16):
-    """Both uses of y summed in float32, rounded to y's dtype once."""
-    y = randn(2, 2, 16, 8, seed=18, dtype=dtype).requires_grad_()
-    w = randn(2, 2, 16, 16, seed=19, dtype=F32)
-    (gaussian_kernel(y, y) * w).sum().backward()
-    y32 = y.detach().float().requires_grad_()
-    (gaussian_kernel(y32, y32) * w).sum().backward()
-    assert y.grad.dtype == dtype
-    assert torch.equal(y.grad, y32.grad.to(dtype))
 
 
 @pytest.mark.parametrize('needs', [(True, False), (False, True)])
@@ -204,11 +198,11 @@ def test_fused_products_equal_the_formed_kernel(monkeypatch, attn_norm=True):
     close(half.float(), formed, 2e-2, 2e-2)
 
 
-# --------------------------------------------------------- soft_attention
 @pytest.mark.parametrize('attn_norm', [True, False])
 def test_soft_attention_equals_dense_formula_default_ijcv(attn_norm):
     """P A_n^+ P^T V formed; by default attn_norm=True: P (D^-1/2 A^+
-    D^-1/2 (P^T V)) with the per-sample alpha."""
+    D^-1/2 (P^T V)) with the per-sample alpha; fp32 float64-accurate at a
+    large norm (under autocast: test_device_amp.py)."""
     q = randn(2, 2, 64, 8) / 8**.25
     lm, v = q[:, :, ::8], randn(2, 2, 64, 8, seed=1)
     P, A = ref_kernel(q, lm), ref_kernel(lm, lm)
@@ -228,6 +222,12 @@ def test_soft_attention_equals_dense_formula_default_ijcv(attn_norm):
     close(soft_attention(q, lm, v, nr=nr), want)
     assert not torch.allclose(
         soft_attention(q, lm, v, False, nr), want, rtol=1e-3)
+    q = tokens(1e4, 2, 2, 64, 8).float()
+    lm, v = q[:, :, ::8] + 0.1, randn(2, 2, 64, 8, seed=1, dtype=F32)
+    out = soft_attention(q, lm, v, attn_norm)
+    assert torch.isfinite(out).all()
+    ref = soft_attention(q.double(), lm.double(), v.double(), attn_norm)
+    close(out.double(), ref, 1e-3, 1e-3)
 
 
 @pytest.mark.parametrize('attn_norm, landmarks, heads',
@@ -258,19 +258,6 @@ def test_training_path_gradients_equal_autograds(attn_norm, landmarks, heads):
             lambda q, v: soft_attention(q, lm_of(q), v, attn_norm), (q, v))
 
 
-def test_soft_attention_large_norm_fp32(norm=1e4):
-    """fp32 float64-accurate (under autocast: test_device_amp's
-    test_kernel_and_pinv_run_in_fp32_under_autocast)."""
-    q = tokens(norm, 2, 2, 64, 8).float()
-    lm, v = q[:, :, ::8] + 0.1, randn(2, 2, 64, 8, seed=1, dtype=F32)
-    for attn_norm in (True, False):
-        out = soft_attention(q, lm, v, attn_norm)
-        assert torch.isfinite(out).all()
-        ref = soft_attention(q.double(), lm.double(), v.double(), attn_norm)
-        close(out.double(), ref, 1e-3, 1e-3)
-
-
-# ---------------------------------------------- bottleneck inverse / apply
 def kernel_of(*batch, m=5, seed=0, dtype=F64, scale=0.7, d=4):
     lm = randn(*batch, m, d, seed=seed, dtype=dtype) * scale
     return gaussian_kernel(lm, lm)
@@ -330,7 +317,6 @@ def test_bottleneck_apply_half_inputs_compute_in_float32(half=torch.float16):
     close(got, bottleneck_inverse(A.float()), 1e-6, 1e-7)
 
 
-# ------------------------------------------------------- grid and samplers
 # yapf: disable
 @pytest.mark.parametrize('hw, r, cap, want', [
     ((13, 40), 4, None, (3, 10)), ((3, 2), 4, None, (1, 1)),
@@ -412,8 +398,7 @@ def test_samplers_layout_tokens_and_repr():
 
 
 def zero_padded_cells(x, r):
-    """The r x r cells anchored at the top-left, the map zero-padded at the
-    bottom / right up to at least r x r, averaged."""
+    """Means of the r x r cells, the map zero-padded (bottom / right)."""
     N, C, H, W = x.shape
     xp = x.new_zeros(N, C, max(H, r), max(W, r))
     xp[..., :H, :W] = x
@@ -421,8 +406,12 @@ def zero_padded_cells(x, r):
     return xp[..., :gh * r, :gw * r].reshape(N, C, gh, r, gw, r).mean((3, 5))
 
 
-@pytest.mark.parametrize('hw', [(1, 4), (4, 1), (1, 3)])
-def test_reduce_map_small_side_is_zero_padded_bottom_right(hw):
+@pytest.mark.parametrize('hw, kw', [((1, 4), {}),
+                                    ((4, 1), dict(max_landmarks=12)),
+                                    ((1, 3), dict(landmark_hw=(9, 9)))])
+def test_reduce_map_cells_and_small_sides(hw, kw):
+    """A side < r zero-padded at the bottom / right; a map that is its own
+    grid comes back bit for bit (signed zeros); else r x r cell means."""
     x = torch.arange(1., 1 + hw[0] * hw[1]).reshape(1, 1, *hw)
     out = reduce_map(x, 2)
     assert tuple(out.shape[-2:]) == (max(1, hw[0] // 2), max(1, hw[1] // 2))
@@ -435,18 +424,11 @@ def test_reduce_map_small_side_is_zero_padded_bottom_right(hw):
             conv.weight.copy_(torch.tensor([[[[1., 2.], [3., 4.]]]]))
         padded = F.pad(x, (0, 2 - min(hw[1], 2), 0, 2 - min(hw[0], 2)))
         close(reduce_map(x, 2, conv=conv), conv(padded))
-
-
-@pytest.mark.parametrize(
-    'kw', [dict(), dict(max_landmarks=12),
-           dict(landmark_hw=(9, 9))])
-def test_reduce_map_means_cells_and_leaves_a_grid_map_unchanged(kw):
-    """A map that is its own grid comes back bit for bit (signed zeros)."""
     x = torch.tensor([[-0., 1.5, -2.], [3., -0., 0.25], [-1., 2., -0.]])
     x = x.expand(2, 1, 3, 3)
     out = reduce_map(x, 1, **kw)
     assert torch.equal(out, x) and torch.equal(out.signbit(), x.signbit())
-    x = randn(2, 3, 4, 6)  # the mean of each r x r cell
+    x = randn(2, 3, 4, 6)
     close(reduce_map(x, 2), x.reshape(2, 3, 2, 2, 3, 2).mean((3, 5)))
     x = randn(1, 2, 8, 8)  # 4 x 4 grid, capped to 2 x 2
     close(
@@ -454,7 +436,6 @@ def test_reduce_map_means_cells_and_leaves_a_grid_map_unchanged(kw):
         x.reshape(1, 2, 2, 4, 2, 4).mean((3, 5)))
 
 
-# ------------------------------------------------------ refusals
 FIXED = ('the Newton-Raphson settings of SOFTAttention are fixed at '
          'construction: build the attention with the settings (nr=NRConfig('
          '...), or the attn_cfg keys nr_*), or copy a model with other ones '
@@ -521,7 +502,6 @@ def test_refusal_names_the_argument(exc, message, make):
         make()
 
 
-# --------------------------------------------------------- SOFTAttention
 def test_attention_module_options_shapes_and_dw_conv():
     """Grid options reach the sampler, the repr; q / v biases follow
     qkv_bias (default True, as the official model); the per-head dw filter
@@ -616,13 +596,8 @@ def test_rows_and_matrix_are_p_ainv_pt_and_give_the_forward(attn_norm):
         for i in [(0, 0), (0, 3), (2, 0), (2, 3), [1, 2], 0, 11,
                   torch.tensor(5)]
     ] == [0, 3, 8, 11, 6, 0, 11, 5]
-    attn = SOFTAttention(
-        16,
-        2,
-        2,
-        3 if attn_norm else 0,
-        attn_norm=attn_norm,
-        sampling='avgpool').double().eval()
+    kw = dict(attn_norm=attn_norm, sampling='avgpool')
+    attn = SOFTAttention(16, 2, 2, 3 * attn_norm, **kw).double().eval()
     x, hw = randn(2, 35, 16), (7, 5)
     q = attn._split(attn.q(x)) * 8**-0.25
     lm = F.avg_pool2d(q.reshape(4, *hw, 8).permute(0, 3, 1, 2), 2)
