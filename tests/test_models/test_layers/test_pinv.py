@@ -83,8 +83,8 @@ def test_matches_pinv_the_shifted_inverse_and_converges():
         1e-6, 1e-6)
 
 
-def test_errors_name_the_problem():
-    """One row per message template, naming nr_<field>."""
+def test_defaults_and_errors_name_the_problem():
+    """The defaults per variant; one row per message template."""
     cfg = NRConfig(iters=np.int64(3))
     assert cfg.iters == 3 and type(cfg.iters) is int
     nr = NRConfig(iters=2, method='iterative', backward='exact')
@@ -120,12 +120,8 @@ def test_errors_name_the_problem():
     ]:
         with pytest.raises(exc, match=match):
             call()
-
-
-def test_defaults_per_variant():
-    """The Norm variants: per-sample alpha, the iterations' gradient;
-    NeurIPS: 'soft', Eq. 16; an explicit backward kept (SOFTAttention's:
-    test_soft_attention.py::test_nr_settings_built_once_and_frozen)."""
+    # Norm: per-sample alpha, the iterations' gradient; NeurIPS: 'soft',
+    # Eq. 16; an explicit backward kept
     assert NRConfig() == NRConfig.of(None, True) == NRConfig(
         20, 'soft_norm_per_sample', 'auto', 'exact')
     assert NRConfig.of({}, False) == NRConfig(init='soft') == NRConfig(
@@ -472,7 +468,8 @@ def test_a_sample_does_not_depend_on_its_batch(method):
 
 
 def test_lapack_calls_take_one_thread_and_give_the_count_back(monkeypatch):
-    """eigh / Cholesky QR on one thread (5x faster shared), count kept."""
+    """eigh / Cholesky QR on one thread (5x faster shared), count kept;
+    TF32 off inside the inverse only."""
     real_eigh, seen, threads = torch.linalg.eigh, [], [None]
     X, Z = sym(randn(3, 6, 6, dtype=F32)), randn(3, 40, 8, seed=2, dtype=F32)
     for name in ('eigh', 'cholesky_ex', 'solve_triangular'):
@@ -499,11 +496,8 @@ def test_lapack_calls_take_one_thread_and_give_the_count_back(monkeypatch):
         assert torch.equal(a, b)
     close(Q.mT @ Q, torch.eye(8).expand(3, 8, 8), 0, 1e-6)
     close(Q @ (Q.mT @ Z), Z, 1e-5, 1e-5)
-
-
-def test_tf32_off_inside_the_inverse_only():
-    """CUDA: full float32 products even where the user turned TF32 on, the
-    setting back after (an error too); other devices untouched."""
+    # CUDA: TF32 off inside the inverse, the user's setting back after (an
+    # error too); other devices untouched
     flags = torch.backends.cuda.matmul
     before = flags.allow_tf32
     try:

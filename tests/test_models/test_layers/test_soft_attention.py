@@ -532,7 +532,8 @@ def test_attention_module_options_shapes_and_dw_conv():
 
 
 def test_nr_settings_built_once_and_frozen(monkeypatch):
-    """Checked once whatever the spelling; the forward passes it down."""
+    """Checked once whatever the spelling; the forward passes it down;
+    with_nr builds a copy with other settings."""
     checks, post_init = [], NRConfig.__post_init__
     monkeypatch.setattr(NRConfig, '__post_init__',
                         lambda self: checks.append(1) or post_init(self))
@@ -548,18 +549,15 @@ def test_nr_settings_built_once_and_frozen(monkeypatch):
     with pytest.raises(dataclasses.FrozenInstanceError):
         attn.nr.iters = 3
     assert (attn.nr_iters, attn.nr_method) == (7, 'iterative')
-    # (a bad field: test_pinv.py::test_errors_name_the_problem)
+    # (a bad field: test_pinv.py::test_defaults_and_errors_name_the_problem)
     with pytest.raises(TypeError, match='unknown Newton-Raphson settings'):
         SOFTAttention(16, 2, 2, nr=dict(iter=3))
     assert SOFTAttention(16, 2, 2, nr_iters=3, nr_init='soft').nr == \
         NRConfig(3, 'soft')
     assert SOFTAttention(
         16, 2, 2, attn_norm=False, nr=dict(iters=5)).nr == NRConfig(5, 'soft')
-
-
-def test_with_nr_builds_a_copy_with_other_settings():
-    """Same weights, mode and requires_grad; model and RNG unchanged; no nr:
-    each one's own; a dict without init: the variant's rule."""
+    # with_nr: a copy, same weights, mode and requires_grad; model and RNG
+    # unchanged; no nr: each one's own; a dict without init: the variant's
     own = NRConfig(7, 'soft_norm_per_matrix', 'iterative', 'exact')
     model = torch.nn.Sequential(
         SOFTAttention(16, 2, 2, nr=own),
