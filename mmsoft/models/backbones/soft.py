@@ -254,10 +254,8 @@ class PyramidStage(nn.Module):
             x = torch.cat([self.cls_token.expand(B, -1, -1), x], dim=1)
         x = self.pos_drop(x + pos)
         for blk in self.blocks:
-            if self.with_cp and x.requires_grad:
-                x = cp.checkpoint(blk, x, hw, use_reentrant=False)
-            else:
-                x = blk(x, hw)
+            x = cp.checkpoint(blk, x, hw, use_reentrant=False) \
+                if self.with_cp and x.requires_grad else blk(x, hw)
         x = self.norm(x)
         fmap = x[:, e:].transpose(1, 2).reshape(B, -1, *hw)
         return fmap, (x[:, 0] if e else None)
