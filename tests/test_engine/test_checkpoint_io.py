@@ -136,9 +136,7 @@ def test_legacy_untyped_storage_is_checked_in_bytes(tmp_path):
 
 def test_load_verified_names_a_damaged_legacy_file(tmp_path, monkeypatch,
                                                    legacy):
-    """An mmengine file cut short: where it ends; torch.load's error in a
-    legacy file is a CheckpointError (one without a message: 'end of
-    file')."""
+    """An mmengine file cut short; torch.load's error: a CheckpointError."""
     cut = tmp_path / 'cut.pth'
     for n, where in ((40, 'pickles'), (300, 'pickles'), (len(legacy) - 100,
                                                          'tensor data')):
@@ -213,9 +211,7 @@ def test_atomic_path_keeps_the_old_file(tmp_path, how):
 
 
 def test_stale_temporaries_of_killed_writers_only(tmp_path, monkeypatch):
-    """A running writer's temporary is kept (no signal sent), one of another
-    user's too; a killed writer's is removed; no directory, one that cannot
-    be removed, names not ours: no error; atomic_write."""
+    """A running writer's or another user's kept (no signal sent)."""
     received = []
     stops = (signal.SIGHUP, signal.SIGINT, signal.SIGTERM)
     old = {s: signal.signal(s, lambda s, f: received.append(s)) for s in stops}

@@ -185,9 +185,7 @@ def _mtimes(d, names=None):
 
 
 def test_copied_work_dir_resumes_its_own_newest_complete_checkpoint(tmp_path):
-    """Issue 36 (1): a ``cp -r`` copy resumes its own newest complete
-    checkpoint; the Runner's loads alone see mmsoft's allow-list (issue
-    50)."""
+    """Issue 36 (1); the Runner's loads alone see mmsoft's allow-list."""
 
     def get():  # a set in torch: its order is no property
         return set(getattr(torch.serialization, 'get_safe_globals', list)())
@@ -375,9 +373,8 @@ RESUMING = 'mmsoft: resuming from the newest complete checkpoint {}'
 
 
 def test_before_run_claims_the_dir_and_checks_the_file(tmp_path, monkeypatch):
-    """Without the private attributes too; a missing file refused in one
-    line; training alone claims a local ``out_dir/<work dir name>`` (the
-    first run); the search's result: rank 0's broadcast."""
+    """Training alone claims a local ``out_dir/<work dir name>``; the
+    search's result: rank 0's broadcast."""
     work = tmp_path / 'p' / 'run'
     work.mkdir(parents=True)
     runner = _Runner(
@@ -480,8 +477,7 @@ def test_before_run_claims_the_dir_and_checks_the_file(tmp_path, monkeypatch):
 
 def test_resume_from_another_dir_forgets_its_checkpoint_names(
         tmp_path, monkeypatch):
-    """Kept unless resumed (both set) from elsewhere; a killed run's partial
-    checkpoint removed with a line, a remote out_dir left to mmengine."""
+    """Also a killed run's partial checkpoint; a remote out_dir."""
     other, work = tmp_path / 'other', tmp_path / 'run'
     work.mkdir()
     (work / 'best_acc_iter_4.pth').write_bytes(b'x')
@@ -592,9 +588,7 @@ class _Prefetching:
 
 
 def test_sampler_seed_saved_where_found_and_restored(tmp_path):
-    """The seed of the loader's sampler or batch sampler (mmdet's; an
-    InfiniteSampler's indices and a prefetching iterator rebuilt); each
-    SOFT attention's ``attn_norm`` (``meta['mmsoft_attn_norm']``)."""
+    """Also each SOFT attention's ``attn_norm`` (``mmsoft_attn_norm``)."""
     data = list(range(16))
     seeded = DefaultSampler(data, seed=5)
     mmdet_like = DataLoader(data, batch_sampler=BatchSampler(seeded, 2, False))
@@ -674,11 +668,8 @@ def test_best_checkpoint_is_atomic_and_holds_the_training_rng(tmp_path):
 
 
 def test_checkpoints_are_durable_with_every_ranks_rng(tmp_path, monkeypatch):
-    """Both files and their directory are fsynced around the rename; every
-    rank's RNG states saved; ENOSPC names the file and the kept checkpoint
-    (issue 27, item 8); one fixed name (``filename_tmpl`` without ``{}``)
-    replaced, never removed; ``runner.val()`` twice (no ``before_train``)
-    and rank 1 write nothing."""
+    """Files and directory fsynced; ENOSPC (issue 27, item 8); a fixed name
+    replaced; ``runner.val()`` alone and rank 1 write nothing."""
     synced, fsync, sent, save = [], atomic._fsync, [], torch.save
     monkeypatch.setattr(atomic, '_fsync',
                         lambda path: synced.append(path) or fsync(path))
@@ -747,8 +738,7 @@ def test_checkpoints_are_durable_with_every_ranks_rng(tmp_path, monkeypatch):
                                             (False, 10)])
 def test_resume_past_the_schedule_end_stops_in_one_line(
         tmp_path, run_copy, by_epoch, limit):
-    """Issue 52, items 4, 6 (a new lr: tests/test_utils/test_strict_load.py);
-    the checkpoints unchanged; at the end: nothing to train."""
+    """Issue 52, items 4, 6 (a new lr: tests/test_utils/test_strict_load)."""
     work = run_copy(tmp_path / 'work', None, by_epoch)
     runner = _runner(work, 'again', by_epoch, resume=True)
     runner.register_hook(dict(type='StrictLoadHook'))
@@ -772,9 +762,7 @@ def test_resume_past_the_schedule_end_stops_in_one_line(
 @pytest.mark.parametrize('how',
                          ['resume-auto', 'load_from', 'scratch', 'partial'])
 def test_a_strict_load_reads_no_pretrained_file(tmp_path, run_copy, how):
-    """Issue 52, item 4: a strict load skips a missing ImageNet file
-    (--resume PATH: tests/test_tools/test_faults.py's
-    host-resume-missing-imagenet-file)."""
+    """Issue 52, item 4 (--resume PATH: test_faults.py)."""
     work = run_copy(tmp_path / 'work', None, True)
     kwargs = dict(resume=True) if how in ('resume-auto', 'scratch') else \
         dict(load_from=str(work / 'epoch_3.pth'))
@@ -847,9 +835,7 @@ def test_validation_stopped_after_a_checkpoint_runs_on_resume(
 
 def test_unfinished_validation_needs_its_marker_and_a_val_loop(
         tmp_path, monkeypatch):
-    """Only a readable marker naming the resumed local checkpoint, on a
-    local backend, starts its validation, and only with a val loop; a
-    marker removed already: no error."""
+    """A readable marker of the resumed local checkpoint, a val loop."""
     monkeypatch.chdir(tmp_path)
     ran, url = [], 'mem://b/iter_4.pth'  # its 'marker': ./mem:/b/...
     record = '{"checkpoint": "iter_4.pth", "epoch": 0, "iter": 4}'
@@ -895,8 +881,7 @@ def _dirs(tmp_path, *names):
 
 
 def test_candidates_and_what_is_wrong_with_one(tmp_path, monkeypatch):
-    """By N, then mtime; ``extra`` last; other names left out; what
-    check_complete names (no meta, empty: test_resume_search_warnings)."""
+    """By N, then mtime; ``extra`` last; other names left out."""
     work, out = _dirs(tmp_path, 'work', 'out')
     for name in ('iter_9.pth', 'iter_10.pth', 'iter_2.pth.bak',
                  '.iter_12.pth.99.0123abcd.mmsoft-tmp', 'best.pth',
@@ -937,9 +922,7 @@ def test_candidates_and_what_is_wrong_with_one(tmp_path, monkeypatch):
 
 
 def test_resume_search_warnings(tmp_path, monkeypatch):
-    """One warning (the Runner's log) per foreign, damaged or missing file;
-    a last_checkpoint naming an older file: the newest wins; a renamed file:
-    found; named through a symlink: no warning."""
+    """One warning per foreign, damaged or missing file; the newest wins."""
     logged, warning = [], ('current', logging.WARNING)
     monkeypatch.setattr(
         ch, 'print_log', lambda msg, *how: logged.append(msg)

@@ -148,9 +148,7 @@ def test_no_checkpoint_with_nonfinite_parameters():
                           (0, None, 24, True), (0, 'w', None, True)])
 def test_stop_message_is_the_documented_line(skips, work_dir, max_iters,
                                              logged):
-    """The stop is one line with every fix of docs/en/faq.md; a loss only in
-    the outputs (``logged``) is checked after the iteration (with and
-    without before_train_iter); by default no step is skipped."""
+    """Every fix of docs/en/faq.md; a loss only in the outputs: after it."""
     hook = NonFiniteLossHook(skips) if skips else NonFiniteLossHook()
     runner = hook._runner = _stub_runner(work_dir, max_iters, it=11)
     if work_dir is None:
@@ -204,9 +202,7 @@ def _guarded(hook, accumulate=1, it=0, wrappers=('', )):
 
 
 def test_guard_wraps_once_and_stops_a_step_that_breaks_parameters(monkeypatch):
-    """Wrapped once, arguments passed on; the finite loss's value named; on
-    another rank: said so; a parameter outside the optimizer: not checked;
-    skipped steps change nothing in every wrapper."""
+    """Wrapped once; skipped steps change nothing in every wrapper."""
     hook = NonFiniteLossHook()
     runner, model, calls = _guarded(hook)
     model.frozen = nn.Parameter(torch.tensor([NAN]), requires_grad=False)
@@ -256,9 +252,7 @@ def test_guard_wraps_once_and_stops_a_step_that_breaks_parameters(monkeypatch):
 
 
 def test_any_rank_value_and_max_skipped_steps(monkeypatch):
-    """``_any_rank``: one all_reduce (MAX) on the communication device; a
-    loss's value, of any kind (a tensor's mean, 0 if empty);
-    ``max_skipped_steps``: an int >= 0."""
+    """``_any_rank``: one all_reduce (MAX) on the communication device."""
     assert [
         nf._value(v) for v in (torch.tensor([1., 2.]), torch.tensor([]), 3,
                                None, 'no number')
@@ -336,9 +330,7 @@ CAUSES = dict(
      ('overflow', [0.], 'test')],  # a std that is no tensor: not read
     ids=['weights', 'inputs', 'std', 'overflow', 'list-std'])
 def test_nonfinite_outputs_stop_naming_the_cause(cause, std, mode):
-    """Issue 52, item 4: finite outputs pass; the first image, at most
-    three fields (sorted) and the cause are named, in the log too, not the
-    work dir's checkpoints; a batch's inputs: its 'inputs' or the batch."""
+    """Issue 52, item 4: the first image, three fields, the cause."""
     model, logged = nn.Linear(2, 2), []
     if std is not None:
         model.data_preprocessor = SimpleNamespace(std=std)
