@@ -1,5 +1,4 @@
-"""What several test files share (fixtures by name, the rest ``from
-conftest import ...``)."""
+"""What several test files share (fixtures; ``from conftest import``)."""
 import contextlib
 import importlib
 import importlib.util
@@ -35,8 +34,8 @@ def pytest_terminal_summary(terminalreporter, config):
 
 
 def child_env(**extra):
-    """``os.environ`` for a child running this checkout's mmsoft with this
-    interpreter, one OpenMP thread, no warnings; ``extra`` (None: unset)."""
+    """``os.environ`` for a child running this checkout's mmsoft, one OpenMP
+    thread, no warnings; ``extra`` (None: unset)."""
     path = os.pathsep.join(p for p in (ROOT, os.environ.get('PYTHONPATH'))
                            if p)  # yapf: disable
     env = dict(os.environ, PYTHON=sys.executable, OMP_NUM_THREADS='1',
@@ -54,12 +53,10 @@ def run(cmd, cwd=ROOT, timeout=600, env=None, **extra_env):
 
 
 def run_python(code, **kwargs):
-    """``python -c code`` (see :func:`run`)."""
     return run([sys.executable, '-c', code], **kwargs)
 
 
-def dead_pid():
-    """The id of a process that has exited."""
+def dead_pid():  # the id of a process that has exited
     return run_python('import os; print(os.getpid())').stdout.strip()
 
 
@@ -130,9 +127,8 @@ for line in sys.stdin:
 
 @pytest.fixture(scope='session')
 def script_server(tmp_path_factory):
-    """``run(script, argv, cwd=ROOT, env=None, setup='', timeout=300)``:
-    ``python script argv`` (a ``CompletedProcess``) forked from a process
-    that imported the stacks; ``setup``: code run first."""
+    """``run(script, argv, cwd, env, setup, timeout)``: ``python script argv``
+    (a ``CompletedProcess``) forked from a process with the stacks."""
     pytest.importorskip('mmpretrain')
     server = subprocess.Popen([sys.executable, '-c', SCRIPT_SERVER], cwd=ROOT,
                               env=child_env(), stdin=subprocess.PIPE,
@@ -197,7 +193,6 @@ def deadline(seconds=2.0):
 
 
 def free_port():
-    """A free TCP port on 127.0.0.1."""
     with socket.socket() as s:
         s.bind(('127.0.0.1', 0))
         return s.getsockname()[1]
@@ -212,8 +207,7 @@ def load_module(path, name):
 
 
 def load_tool(relpath, name=None):
-    """``tools/<relpath>`` by :func:`load_module`, its folder on
-    ``sys.path`` as when run."""
+    """``tools/<relpath>``, its folder on ``sys.path`` as when run."""
     path = osp.join(TOOLS, relpath)
     if osp.dirname(path) not in sys.path:
         sys.path.insert(0, osp.dirname(path))
@@ -255,15 +249,13 @@ def random_model(cfg):
     return model
 
 
-def check_hooks(cfg):
-    """mmsoft's hooks in a shipped config: what the host tools get."""
+def check_hooks(cfg):  # mmsoft's hooks in a shipped config
     hooks = {h['type'] for h in cfg.custom_hooks}
     assert {'StrictLoadHook', 'NonFiniteLossHook'} <= hooks, hooks
     assert cfg.default_hooks.checkpoint.type == 'SafeCheckpointHook'
 
 
-def demo_support():
-    """``(demo_synthetic, demo_tasks)``; skips without the codebases."""
+def demo_support():  # (demo_synthetic, demo_tasks), or skipped
     for codebase in ('mmdet', 'mmseg', 'mmpretrain'):
         pytest.importorskip(codebase)
     import demo_synthetic
@@ -272,16 +264,15 @@ def demo_support():
 
 
 def tiny_demo_data(num_train):
-    """``make_demo_data`` overrides: det / seg ``num_train`` and 2, cls 5
-    and 5."""
+    """``make_demo_data`` overrides: det / seg ``num_train`` and 2, cls 5."""
     tiny = {t: dict(num_train=num_train, num_val=2) for t in ('det', 'seg')}
     tiny['cls'] = dict(num_train=5, num_val=5)
     return tiny
 
 
 def cls_demo_config(tmp, **batch_size):
-    """``tmp/cls.py``: the cls demo config on 2 + 4 generated images under
-    ``tmp/data``; ``batch_size``: per dataloader (``val=4``)."""
+    """``tmp/cls.py``: the cls demo on 2 + 4 images; ``batch_size``: per
+    dataloader (``val=4``)."""
     import demo_synthetic
     demo_synthetic.make_demo_data(
         str(tmp / 'data'), tasks=('cls', ), workers=1, log=None,
@@ -301,8 +292,8 @@ _AUTHORS_FILES = {}
 
 
 def authors_file(path, arch):
-    """An authors'-layout file of the preset ``arch`` (224, 1000 classes;
-    expanded zeros, a few bytes); its number of tensors."""
+    """An authors'-layout file of ``arch`` (224, 1000 classes; expanded
+    zeros, a few bytes); its number of tensors."""
     if arch not in _AUTHORS_FILES:
         from reference.official_soft_ref import random_official_state_dict
 
@@ -338,8 +329,8 @@ class Reduce:
 
 
 def flip_tensor_bytes(path, n, size=None):
-    """Flip ``n`` bytes mid-record of the tensors of ``size`` bytes (else
-    the largest) in a ``torch.save`` zip."""
+    """Flip ``n`` bytes mid-record of the ``size``-byte (else the largest)
+    tensors of a ``torch.save`` zip."""
     with zipfile.ZipFile(path) as z:
         records = [i for i in z.infolist() if '/data/' in i.filename]
     records = [max(records, key=lambda i: i.file_size)] if size is None \
@@ -382,13 +373,8 @@ class Crash(Hook):
 
 
 def model_weights(runner):
-    """A detached copy of the runner's model state dict."""
     sd = runner.model.state_dict()
     return {k: v.detach().clone() for k, v in sd.items()}
-
-
-#: added to the collected float16 CPU tests (torch 2.1 has neither)
-CPU_FLOAT16 = ('2.4', 'float16 autocast and float16 kernels on the CPU')
 
 
 def needs_torch(version, reason):
@@ -410,7 +396,9 @@ def pytest_collection_modifyitems(config, items):
         if params.get('device', 'cpu') == 'cpu' and any(
                 v is torch.float16 or v in ('float16', 'fp16')
                 for v in params.values()):
-            item.add_marker(needs_torch(*CPU_FLOAT16))
+            item.add_marker(
+                needs_torch(  # torch 2.1 has neither
+                    '2.4', 'float16 autocast and float16 kernels on the CPU'))
         for version, reason in (m.args for m in item.iter_markers(
                 'needs_torch') if have < _version(m.args[0])):  # yapf: disable
             item.add_marker(pytest.mark.skip(
@@ -441,8 +429,8 @@ def device(request):
 
 def smooth_kernel(*batch, m=60, d=8, seed=0, dtype=torch.float64, freq=4,
                   stretch=6):  # yapf: disable
-    """A SOFT-like kernel of landmarks varying smoothly along a curve: many
-    small eigenvalues on which 20 NR iterations do not converge."""
+    """A SOFT-like kernel of landmarks along a smooth curve: many small
+    eigenvalues on which 20 NR iterations do not converge."""
     from mmsoft.models.layers import gaussian_kernel
     g = torch.Generator().manual_seed(seed)
     t = torch.linspace(0, 1, m, dtype=torch.float64)[:, None]

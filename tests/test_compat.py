@@ -1,6 +1,5 @@
 """:mod:`mmsoft.compat` / :mod:`mmsoft.utils.safe_load`: mmengine's training
-checkpoints load weights-only, nothing else runs from a pickle (before and
-after ``import mmsoft`` in a fresh process: tests/test_process_state.py)."""
+checkpoints load weights-only, nothing else runs from a pickle."""
 import codecs
 import os
 import pickle
@@ -24,8 +23,8 @@ CWD = f'{os.getcwd.__module__}.getcwd'
 LOADED = repr(safe_load._LoadedHistoryBuffer)  # HistoryBuffer at load time
 
 
-class _Allowed:
-    """A class a caller allows through ``extra``."""
+class _Allowed:  # a class a caller allows through ``extra``
+    pass
 
 
 def _refusal(what, allowed):
@@ -40,8 +39,7 @@ def _save(path, obj, **kw):
 
 @pytest.fixture
 def table():
-    """HistoryBuffer's method table, put back afterwards (mmengine fills
-    it on the first HistoryBuffer: made here, so the test runs alone)."""
+    """HistoryBuffer's method table (filled by a first one), put back."""
     HistoryBuffer()
     table = dict(HistoryBuffer._statistics_methods)
     yield table
@@ -50,8 +48,7 @@ def table():
 
 
 @pytest.fixture(params=[True, False], ids=['native', 'restricted'])
-def allow_list(request, monkeypatch):
-    """torch's allow-list (torch >= 2.6) or the restricted unpickler."""
+def allow_list(request, monkeypatch):  # torch's (>= 2.6) or the restricted
     if request.param and not safe_load.native_allow_list():
         pytest.skip('torch < 2.6: no allow-list in the weights-only loader')
     monkeypatch.setattr(safe_load, 'native_allow_list', lambda: request.param)
@@ -62,7 +59,7 @@ def allow_list(request, monkeypatch):
 def test_allow_list_is_scoped():
     """The context adds and removes exactly mmengine's entries."""
 
-    def get():  # torch keeps a set: its order is no property
+    def get():
         return set(torch.serialization.get_safe_globals())
 
     before = get()
@@ -88,9 +85,8 @@ def test_allow_list_is_scoped():
 @needs_weights_only
 def test_mmengine_checkpoint_loads_weights_only_inside_the_context(
         tmp_path, table):
-    """Refused outside; inside, torch.load and mmengine's loader read it
-    without a warning, HistoryBuffer's method table empty (a fresh
-    process's) or not."""
+    """Refused outside; inside, read without a warning, the method table
+    empty (a fresh process's)."""
     from mmengine.runner.checkpoint import CheckpointLoader
     model = nn.Linear(4, 3)
     hub = MessageHub.get_instance(f'mmsoft_test_compat_{uuid.uuid4().hex}')
@@ -135,20 +131,15 @@ def test_mmengine_checkpoint_loads_weights_only_inside_the_context(
         assert hub.get_scalar('val/acc').current() == 0.5
 
 
-# ------------------------------------------------------ HistoryBuffer
 @pytest.mark.parametrize('methods', ['absent', 'same', 'other'])
 def test_history_buffer_loads_and_changes_no_class(tmp_path, table, methods,
                                                    allow_list):
     """A pickled method table unlike this process's: one warning, and not
-    applied (before: every HistoryBuffer's 'mean' became the max)."""
+    applied."""
     hb = HistoryBuffer([5.0, 7.0], [1, 1])
     if methods != 'absent':  # a pickled method table (crafted)
-        fields = dict(
-            vars(hb),
-            statistics_methods={
-                'mean':
-                HistoryBuffer.mean if methods == 'same' else HistoryBuffer.max
-            })
+        fn = HistoryBuffer.mean if methods == 'same' else HistoryBuffer.max
+        fields = dict(vars(hb), statistics_methods={'mean': fn})
         hb.__getstate__ = lambda: fields
     mean = Reduce(getattr, HistoryBuffer, 'mean')  # the allowed getattr
     empty = HistoryBuffer()  # its arrays: bytes() (before: refused)
@@ -170,27 +161,23 @@ def test_history_buffer_loads_and_changes_no_class(tmp_path, table, methods,
     assert 'statistics_methods' not in got.__dict__
 
 
-# ------------------------------------------ the stand-ins, the refusals
+def _getattr(owner, name, shown=LOADED):
+    return (lambda: Reduce(getattr, owner, name),
+            _refusal(f"getattr({shown}, '{name}')",
+                     'a public method of HistoryBuffer'))
+
+
 @pytest.mark.parametrize(
     'make,want',
     [
-        (lambda: Reduce(getattr, np.ndarray, 'mean'),
-         _refusal("getattr(<class 'numpy.ndarray'>, 'mean')",
-                  'a public method of HistoryBuffer')),
-        (lambda: Reduce(getattr, HistoryBuffer, '_set_default_statistics'),
-         _refusal(f"getattr({LOADED}, '_set_default_statistics')",
-                  'a public method of HistoryBuffer')),
-        (lambda: Reduce(getattr, HistoryBuffer, 'register_statistics'),
-         _refusal(f"getattr({LOADED}, 'register_statistics')",
-                  'a public method of HistoryBuffer')),  # a classmethod
+        _getattr(np.ndarray, 'mean', "<class 'numpy.ndarray'>"),
+        _getattr(HistoryBuffer, '_set_default_statistics'),
+        _getattr(HistoryBuffer, 'register_statistics'),  # a classmethod
         (lambda: Reduce(bytes, 10), _refusal('bytes(10,)', 'bytes()')),
         (lambda: os.getcwd, 'getcwd'),  # any other global
-        (lambda: np.array([1, 2], dtype=object), ''),
+        (lambda: np.array([1, 2], dtype=object), '')
     ],
-    ids=[
-        'other-owner', 'private', 'not-a-function', 'bytes', 'global',
-        'object-array'
-    ])
+    ids=['other-owner', 'private', 'classmethod', 'bytes', 'global', 'object'])
 def test_crafted_pickles_are_refused(tmp_path, make, want, allow_list):
     """The fix is an allow-list, not ``weights_only=False``."""
     path = _save(tmp_path / 'gadget.pth', {'x': make()})
@@ -218,7 +205,6 @@ def test_stand_ins_defer_to_the_users_allow_list():
     assert bytes_() == b''  # an empty array's data: always
 
 
-# --------------------------------------------------------- unsafe_globals
 @pytest.mark.parametrize('scan', ['torch', 'walk'])
 def test_unsafe_globals_names_every_refused_global(tmp_path, monkeypatch,
                                                    scan):
@@ -252,19 +238,15 @@ def test_legacy_files_load_and_are_scanned(tmp_path, allow_list):
     for v in (1.0, 0.5):
         buf.update(v)
     kw = dict(_use_new_zipfile_serialization=False)
-    ok = _save(
-        tmp_path / 'iter_2.pth',
-        dict(
-            state_dict={'w': torch.arange(4.)},
-            message_hub=dict(log_scalars={'loss': buf}),
-            arrays=[np.arange(3, dtype=np.int16),
-                    np.zeros(0)],
-            allowed=_Allowed), **kw)
+    ok = _save(tmp_path / 'iter_2.pth', dict(
+        state_dict={'w': torch.arange(4.)},
+        message_hub=dict(log_scalars={'loss': buf}),
+        arrays=[np.arange(3, dtype=np.int16), np.zeros(0)], allowed=_Allowed),
+        **kw)  # yapf: disable
     seen = []
     got = safe_load.safe_torch_load(
-        ok,
-        map_location=lambda s, loc: seen.append(loc) or s,
-        extra=[_Allowed])
+        ok, map_location=lambda s, loc: seen.append(loc) or s,
+        extra=[_Allowed])  # yapf: disable
     assert seen == ['cpu'] and got['state_dict']['w'].tolist() == [0, 1, 2, 3]
     assert got['arrays'][0].dtype == np.int16 and got['allowed'] is _Allowed
     assert got['message_hub']['log_scalars']['loss'].mean() == 0.75
@@ -320,22 +302,19 @@ def test_pickled_globals_reads_every_global_without_running(
 
 
 def test_code_globals_are_functions_and_system_modules():
-    data = [
-        'argparse.Namespace', 'collections.OrderedDict', 'builtins.set',
-        '__builtin__.set', 'builtins.object', 'copyreg._reconstructor',
-        f'{__name__}._Allowed', 'not_imported.SomeClass', 'numpy.ndarray'
-    ]
-    code = [
-        'posix.system', 'os.system', 'builtins.eval', 'builtins.getattr',
-        'subprocess.Popen', 'io.open', 'torch.load',
-        'torch.storage._load_from_bytes', 'numpy.testing.run_module_suite',
-        'not_imported.helper', 'nodots', f'{__name__}._Allowed.__reduce__'
-    ]
+    data = (
+        'argparse.Namespace collections.OrderedDict builtins.set '
+        '__builtin__.set builtins.object copyreg._reconstructor '
+        f'{__name__}._Allowed not_imported.SomeClass numpy.ndarray').split()
+    code = (
+        'posix.system os.system builtins.eval builtins.getattr '
+        'subprocess.Popen io.open torch.load torch.storage._load_from_bytes '
+        'numpy.testing.run_module_suite not_imported.helper nodots '
+        f'{__name__}._Allowed.__reduce__').split()
     assert safe_load.code_globals(data) == []
     assert safe_load.code_globals(code + data) == code
 
 
-# ------------------------------------------- versions, torch < 2.6 path
 @pytest.mark.parametrize('version, want, native', [
     ('2.5.1+cu124', (2, 5), False),
     ('2.6.0', (2, 6), True),
@@ -345,8 +324,7 @@ def test_code_globals_are_functions_and_system_modules():
 ])
 def test_torch_version_and_the_native_allow_list(monkeypatch, version, want,
                                                  native):
-    """(major, minor), local tags and pre-release suffixes dropped; torch's
-    own allow-list from 2.6 on."""
+    """(major, minor); torch's own allow-list from 2.6 on."""
     assert safe_load.torch_version(version) == want
     monkeypatch.setattr(torch, '__version__', version)
     assert safe_load.torch_version() == want
@@ -356,7 +334,7 @@ def test_torch_version_and_the_native_allow_list(monkeypatch, version, want,
 def test_restricted_codecs_encode_is_latin1_of_a_str_only(
         tmp_path, monkeypatch):
     """Before torch 2.6: only ``_codecs.encode(str, 'latin1')``; the
-    allow-list context is a no-op."""
+    context is a no-op."""
     get = getattr(torch.serialization, 'get_safe_globals', list)
     before = list(map(str, get()))
     monkeypatch.setattr(safe_load, 'native_allow_list', lambda: False)

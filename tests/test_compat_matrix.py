@@ -1,6 +1,5 @@
-"""The claimed version ranges (``requirements/*.txt``) are the hull of the
-stacks ``make compat`` runs (tools/compat/stacks.py), the verified stack one
-of them, and the committed table shows every stack passing."""
+"""The claimed ranges are the hull of ``make compat``'s stacks, the verified
+stack one of them, the committed table shows every stack passing."""
 import csv
 import json
 import os
@@ -15,20 +14,17 @@ import matrix  # noqa: E402
 import stacks  # noqa: E402
 
 TABLE = osp.join(ROOT, 'docs', 'en', 'compat', 'matrix.csv')
-#: docs/gen_tables.py reads the ranges and pins (the docs' table)
 GEN = load_module(osp.join(ROOT, 'docs', 'gen_tables.py'), '_docs_gen_compat')
 
 
 def test_claims_are_the_matrix_and_the_verified_stack_in_it():
-    """The tested ranges are the installed package's requirements (pip
-    checks them; mmsoft keeps no copy) and the hull of the matrix."""
+    """The installed package's requirements (mmsoft keeps no copy)."""
     from importlib import metadata
 
     from packaging.requirements import Requirement
     ranges = GEN.requirement_ranges()
-    assert stacks.claimed_ranges() == ranges and set(ranges) == {
-        'torch', 'mmengine', 'mmcv', 'mmdet', 'mmsegmentation', 'mmpretrain'
-    }
+    assert stacks.claimed_ranges() == ranges and set(ranges) == set(
+        'torch mmengine mmcv mmdet mmsegmentation mmpretrain'.split())
     installed = [Requirement(r) for r in metadata.requires('mmsoft')]
     for dist, (lo, hi) in ranges.items():
         specs = {str(r.specifier) for r in installed if r.name == dist}
@@ -59,8 +55,7 @@ def test_committed_table_shows_every_stack_passing():
 
 
 def test_table_writer(tmp_path):
-    """A stack without results keeps its row (an interrupted make compat
-    erased the committed table once) or is 'not run' (exit 1)."""
+    """A stack without results keeps its row or is 'not run' (exit 1)."""
     (a, stack), (b, _) = list(stacks.STACKS.items())[:2]
     res, out = tmp_path / 'results', tmp_path / 'out'
     res.mkdir()

@@ -1,8 +1,6 @@
-"""The import rules of mmsoft/ and tools/mmsoft_tools: setup.cfg's
-import-linter contracts (``acyclic`` siblings; ``layers``: engine > models >
-utils; ``plugin``: mmsoft imports no mmsoft_tools) and what they cannot
-state, a module importing an enclosing ``__init__`` that imports it back
-(:func:`init_cycles`). Each also runs on small packages that break it."""
+"""setup.cfg's import-linter contracts (``acyclic``; ``layers``: engine >
+models > utils; ``plugin``: no mmsoft_tools in mmsoft) and :func:`init_cycles`
+on mmsoft/ and tools/mmsoft_tools, and on small packages that break them."""
 import configparser
 import inspect
 import os
@@ -24,8 +22,7 @@ def run_in(root, code, *args):
 
 
 def lint_imports(root):
-    """(exit code, {contract: 'KEPT' / 'BROKEN'}, report) of import-linter
-    with this checkout's ``setup.cfg`` on ``root``'s packages."""
+    """(exit code, {contract: 'KEPT' / 'BROKEN'}, report) on ``root``."""
     code = ('import sys\nfrom importlinter.cli import lint_imports\n'
             'sys.exit(lint_imports(sys.argv[1], no_cache=True, '
             'no_logo=True))\n')
@@ -69,14 +66,12 @@ def run_init_cycles(root):
 def test_mmsoft_keeps_the_import_rules():
     rc, status, report = lint_imports(ROOT)
     assert rc == 0 and status == dict.fromkeys(CONTRACTS, 'KEPT'), report
-    # the report names the packages it read (mmsoft and mmsoft_tools)
     assert int(re.search(r'Analyzed (\d+) files', report)[1]) > 30, report
     cycles = run_init_cycles(ROOT)
     assert cycles == [], 'import cycles through an __init__'
 
 
-def files(text):
-    """``path: line | line`` per line -> {path: its text}."""
+def files(text):  # ``path: line | line`` per line -> {path: its text}
     lines = (ln.partition(':') for ln in text.splitlines())
     return {path: code.strip().replace(' | ', '\n') + '\n'
             for path, _, code in lines if path}  # yapf: disable
@@ -140,7 +135,7 @@ def test_contracts_break_on_their_violations(tmp_path, edit):
 
 def test_init_cycle_check_sees_an_import_of_the_own_package(tmp_path):
     """``nets.net`` imports ``mmsoft.models``, whose ``__init__`` imports
-    ``nets``: no contract breaks, the check reports it."""
+    ``nets``: no contract breaks; the check reports it."""
     write_tree(tmp_path, TREE)
     assert run_init_cycles(tmp_path) == []
     write_tree(tmp_path,

@@ -1,5 +1,4 @@
-"""``make mutations`` (tools/mutation/run_mutmut.py) stays applicable and
-scores right: the groups' files; the runner's config, table, equivalents,
+"""tools/mutation/run_mutmut.py: groups, config, table, equivalents,
 re-test and the child-process bridge (tools/mutation/site)."""
 import configparser
 import json
@@ -16,8 +15,7 @@ R = load_module(osp.join(ROOT, 'tools', 'mutation', 'run_mutmut.py'), '_rm')
 
 
 @pytest.fixture
-def rm(tmp_path, monkeypatch):
-    """The runner with its results, equivalents and guide in ``tmp_path``."""
+def rm(tmp_path, monkeypatch):  # results, equivalents, guide in tmp_path
     for name, rel in (('RESULTS', ''), ('EQUIVALENT', 'equivalent.txt'),
                       ('DOC', 'doc.md'), ('ROOT', '')):
         monkeypatch.setattr(R, name, str(tmp_path / rel))
@@ -26,7 +24,7 @@ def rm(tmp_path, monkeypatch):
 
 
 def test_group_files_exist_and_the_groups_are_disjoint():
-    """numerics and backbone share one test selection (one stats run)."""
+    """numerics and backbone share one test selection."""
     seen = {}
     for name, group in R.GROUPS.items():
         assert group.mutate and group.budget > 0
@@ -84,20 +82,16 @@ def test_table_scores_each_group(rm, tmp_path):
         return [c.strip() for c in row.strip('|').split('|')]
 
     # group budget ran mutants killed timeout survived no-tests not-run eq
-    assert cells()[2:] == [
-        '12', '11', '5', '1', '2', '1', '1', '1', '60.0%', '66.6%'
-    ]
+    assert cells()[2:] == '12 11 5 1 2 1 1 1 60.0% 66.6%'.split()
     # a mutant found equivalent after the run counts in the next table
     eq.write_text(eq.read_text() + 'mmsoft.a.x_f__mutmut_7 same value\n')
-    assert cells()[4:] == ['5', '1', '1', '1', '1', '2', '66.6%', '75.0%']
+    assert cells()[4:] == '5 1 1 1 1 2 66.6% 75.0%'.split()
     rows = rm.table().splitlines()
     assert kept in rows and '| tools | 2400 | not run |' + ' |' * 9 in rows
     rm.update_doc()  # the loading row replaces the table's
-    assert rm.doc_rows() == {
-        name: row + '\n'
-        for row in rows
-        for name in rm.GROUPS if row.startswith(f'| {name} |')
-    }
+    assert rm.doc_rows() == {name: row + '\n' for row in rows
+                             for name in rm.GROUPS
+                             if row.startswith(f'| {name} |')}  # yapf: disable
     (tmp_path / 'doc.md').write_text('no markers\n')
     with pytest.raises(SystemExit, match='markers'):
         rm.update_doc()

@@ -1,9 +1,5 @@
-"""``import mmsoft`` registers and is light; building, initialising and
-running a SOFT model changes nothing else in the process (issues 34, 50):
-one fresh interpreter snapshots what a plugin could change behind its
-user's back before ``import mmsoft``, after it, a build, a ``Pretrained``
-``init_weights`` and a forward, and loads a ``.pth`` holding a numpy array
-with ``weights_only=True`` before and after the import."""
+"""``import mmsoft`` and building, initialising, running a SOFT change nothing
+else in the process (issues 34, 50): one fresh interpreter's snapshots."""
 import json
 import os.path as osp
 import textwrap
@@ -14,8 +10,7 @@ SCRIPT = textwrap.dedent('''
     import json, logging, os, pickle, sys, tempfile, warnings
     import numpy as np
     import torch
-    # what mmsoft imports from its stack, imported (and mmengine's current
-    # logger made) before the first snapshot: their state is theirs
+    # mmsoft's stack imported before the first snapshot: its state is its own
     import mmengine.hooks, mmengine.model, mmengine.optim, mmengine.runner
     from mmengine.logging import MMLogger
     from mmengine.registry import MODELS
@@ -76,9 +71,8 @@ SCRIPT = textwrap.dedent('''
 
 
 def test_import_changes_nothing_process_wide(tmp_path):
-    """From another folder: this checkout's mmsoft, no codebase import, no
-    warning of its own; the numpy array, which torch's weights-only
-    unpickler refuses, is refused alike after the import."""
+    """This checkout's mmsoft, no codebase import, no warning; the numpy
+    array torch's weights-only unpickler refuses: refused alike after."""
     res = run_python(SCRIPT, cwd=tmp_path, PYTHONPATH=ROOT)
     assert res.returncode == 0, res.stderr[-3000:]
     out = json.loads(res.stdout.strip().splitlines()[-1])

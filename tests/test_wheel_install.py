@@ -1,11 +1,7 @@
-"""mmsoft as a user gets it: a wheel built from a copy of the sources,
-installed without dependencies into a venv that reuses this interpreter's
-packages through a ``.pth`` path line (the checkout's editable mmsoft cannot
-shadow it). Outside the checkout, with mmseg / mmpretrain unimportable:
-``mim train mmsoft`` on a shipped config by name, then the installed
-``demo/image_demo.py`` on its checkpoint (a user's config copied from a
-shipped one: test_packaging.py; the host tools: test_faults.py). A
-missing prerequisite fails; nothing skips."""
+"""mmsoft as a user gets it: a wheel from a copy of the sources in a venv
+reusing this interpreter's packages (a ``.pth`` path line: not the editable
+mmsoft); outside the checkout, mmseg / mmpretrain unimportable: ``mim train``
+and the installed ``demo/image_demo.py``. Nothing skips."""
 import glob
 import importlib.util
 import json
@@ -22,7 +18,7 @@ from conftest import ROOT, run
 SOURCES = ('setup.py', 'MANIFEST.in', 'README.md', 'model-index.yml',
            'requirements', 'mmsoft', 'configs', 'tools', 'demo')
 
-# simulate an environment with only mmdet: mmseg and mmpretrain are absent
+#: only mmdet: mmseg and mmpretrain absent
 BLOCKER = '''import sys
 class _Absent:
     def find_spec(self, name, path=None, target=None):
@@ -64,12 +60,9 @@ def env(tmp_path_factory):
     (tmp / 'src').mkdir()
     for name in SOURCES:
         src, dst = osp.join(ROOT, name), tmp / 'src' / name
-        if osp.isdir(src):
-            shutil.copytree(src, dst, ignore=ignore)
-        else:
-            shutil.copyfile(src, dst)
-    # one intra-op thread: tiny ops' spin-waits cost more than the work
-    clean = dict(os.environ, OMP_NUM_THREADS='1')
+        (shutil.copytree(src, dst, ignore=ignore) if osp.isdir(src) else
+         shutil.copyfile(src, dst))  # yapf: disable
+    clean = dict(os.environ, OMP_NUM_THREADS='1')  # tiny ops: one thread
     clean.pop('PYTHONPATH', None)
     _run([sys.executable, '-m', 'pip', 'wheel', '.', '--no-deps',
           '--no-build-isolation', '-q', '-w', tmp / 'dist'], tmp / 'src',
@@ -81,8 +74,7 @@ def env(tmp_path_factory):
           '--without-pip', venv], tmp, clean)  # yapf: disable
     site = sysconfig.get_paths('venv', dict(base=venv,
                                             platbase=venv))['purelib']
-    # reuse this interpreter's packages (torch, mm*, pip); a plain path
-    # line: the .pth files there (the editable mmsoft) are not run
+    # this interpreter's packages; a path line: their .pth files do not run
     paths = dict.fromkeys(sysconfig.get_paths()[k]
                           for k in ('purelib', 'platlib'))
     with open(osp.join(site, '_reuse_project_venv.pth'), 'w') as f:
@@ -93,10 +85,10 @@ def env(tmp_path_factory):
     work = tmp / 'project'
     work.mkdir()
     e = dict(vpy=vpy, site=site, wheel=wheels[0], work=work, env=clean)
-    # the installed data tool writes under the working directory
-    _vrun(e, osp.join(site, 'mmsoft', '.mim', 'tools', 'misc',
-                      'make_demo_data.py'), '--tasks', 'det', '--num-train',
-          2, '--num-val', 2, '--workers', 1)  # yapf: disable
+    tool = osp.join(site, 'mmsoft', '.mim', 'tools', 'misc',
+                    'make_demo_data.py')  # writes under the working dir
+    _vrun(e, tool,
+          *'--tasks det --num-train 2 --num-val 2 --workers 1'.split())
     assert os.listdir(work / 'data' / 'demo') == ['coco']
     return e
 
@@ -120,7 +112,7 @@ def test_wheel_contents_and_the_installed_package(env):
               'tools/train.py', 'tools/test.py', 'tools/dist_train.sh',
               'tools/misc/make_demo_data.py', 'demo/image_demo.py'):
         assert f'mmsoft/.mim/{f}' in names, f
-    # the tools' own package ships with the tools, not in mmsoft
+    # the tools' package ships with the tools, not in mmsoft
     for mod in ('mmsoft_tools/__init__', 'demo_synthetic',
                 'mmsoft_tools/work_dir_lock', 'model_converters/__init__'):
         assert f'mmsoft/.mim/tools/{mod}.py' in names, mod

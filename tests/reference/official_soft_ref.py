@@ -1,8 +1,6 @@
-"""The official SOFT classifier's forward pass (fudan-zvg/SOFT master, timm
-``soft_*`` / ``soft_norm_*``), independent of mmsoft: plain torch functions
-over a state dict in the OFFICIAL key layout (``newton_inv`` of
-``SOFT/kernel/inverse.py``; ``soft_norm_*``: D^-1/2 A^+ D^-1/2). Eval (no
-dropout), in the dtype of the state dict and input (tests: float64)."""
+"""The official SOFT classifier's eval forward (fudan-zvg/SOFT master,
+``soft_*`` / ``soft_norm_*``) over a state dict in the OFFICIAL key layout,
+independent of mmsoft; in the dtype of the state dict and input."""
 import math
 from collections import OrderedDict
 
@@ -22,19 +20,16 @@ def _layer_norm(sd, name, x, eps):
                         sd[name + '.bias'], eps)
 
 
-def gelu_tanh(x):
-    """The official ``Approx_GeLU`` (FFN of the SOFT blocks)."""
+def gelu_tanh(x):  # the official ``Approx_GeLU`` (FFN of the SOFT blocks)
     return 0.5 * x * (
         1.0 + torch.tanh(math.sqrt(2.0 / math.pi) * (x + 0.044715 * x**3)))
 
 
-def gelu_erf(x):
-    """``nn.GELU()`` (sampler, stage-4 MLP): x Phi(x)."""
+def gelu_erf(x):  # ``nn.GELU()`` (sampler, stage-4 MLP): x Phi(x)
     return 0.5 * x * (1.0 + torch.erf(x / math.sqrt(2.0)))
 
 
-def gaussian_kernel(a, b):
-    """exp(-||a_i - b_j||^2 / 2), the square expanded as the official."""
+def gaussian_kernel(a, b):  # exp(-||a_i - b_j||^2 / 2), expanded
     sq = (a * a).sum(-1, keepdim=True) + (b * b).sum(-1).unsqueeze(-2) \
         - 2.0 * a @ b.transpose(-1, -2)
     return torch.exp(-sq / 2.0)
@@ -67,8 +62,7 @@ def nr_pinv_norm(A, iters=NR_ITERS):
     return V
 
 
-def patch_embed(sd, stage, x):
-    """``patch_embed{stage}`` (1-based): conv, BN, ReLU (stage 1: three)."""
+def patch_embed(sd, stage, x):  # conv, BN, ReLU (stage 1: three)
     for conv, stride in ((0, 2), (3, 1), (6, 2)) if stage == 1 else [(0, 2)]:
         c, bn = (f'patch_embed{stage}.proj.{i}.' for i in (conv, conv + 1))
         x = F.conv2d(x, sd[c + 'weight'], sd[c + 'bias'], stride, 1)
@@ -78,8 +72,7 @@ def patch_embed(sd, stage, x):
     return x
 
 
-def resize_pos(grid_pos, H, W):
-    """(1, g*g, C) table on a square grid -> (1, H*W, C), bilinear."""
+def resize_pos(grid_pos, H, W):  # (1, g*g, C) -> (1, H*W, C), bilinear
     n, C = grid_pos.shape[1:]
     g = int(n**0.5)
     img = grid_pos.reshape(1, g, g, C).permute(0, 3, 1, 2)
@@ -88,7 +81,7 @@ def resize_pos(grid_pos, H, W):
 
 
 def soft_attention(sd, pre, x, H, W, attn_norm, iters):
-    """``{pre}.mha`` (SoftmaxFree[Norm]Attention) on (B, N, C) tokens."""
+    """``{pre}.mha`` (SoftmaxFree[Norm]Attention; norm: D^-1/2 A^+ D^-1/2)."""
     B, N, C = x.shape
     dw = sd[pre + '.attn.conv.weight']  # (heads, 1, k, k)
     heads, k = dw.shape[0], dw.shape[-1]
@@ -119,8 +112,7 @@ def soft_attention(sd, pre, x, H, W, attn_norm, iters):
     return _linear(sd, pre + '.ff', out.transpose(1, 2).reshape(B, N, C))
 
 
-def soft_block(sd, pre, x, H, W, attn_norm, iters):
-    """``block{s}.{j}``: the post-norm SoftmaxFreeTransformer (``.att``)."""
+def soft_block(sd, pre, x, H, W, attn_norm, iters):  # post-norm ``.att``
     p = pre + '.att'
     mha = soft_attention(sd, p + '.mha', x, H, W, attn_norm, iters)
     x = _layer_norm(sd, p + '.norm1', x + mha, 1e-5)
@@ -129,8 +121,7 @@ def soft_block(sd, pre, x, H, W, attn_norm, iters):
                        1e-5)
 
 
-def softmax_block(sd, pre, x, heads):
-    """``block4.{j}``: pre-norm ViT block, softmax attention."""
+def softmax_block(sd, pre, x, heads):  # ``block4.{j}``: a pre-norm ViT
     B, N, C = x.shape
     d = C // heads
     y = _layer_norm(sd, pre + '.norm1', x, 1e-6)
@@ -145,11 +136,10 @@ def softmax_block(sd, pre, x, heads):
                        gelu_erf(_linear(sd, pre + '.mlp.fc1', y)))
 
 
-def depth(sd, stage):
-    """Blocks of ``stage`` (1-based), from the ``block{stage}.{j}`` keys."""
+def depth(sd, stage):  # from the ``block{stage}.{j}`` keys
     head = f'block{stage}.'
-    return 1 + max(
-        int(k[len(head):].split('.')[0]) for k in sd if k.startswith(head))
+    return 1 + max(int(k[len(head):].split('.')[0]) for k in sd
+                   if k.startswith(head))  # yapf: disable
 
 
 def forward(sd, img, stage4_heads, attn_norm, iters=NR_ITERS):
@@ -179,8 +169,8 @@ def random_official_state_dict(embed_dims, num_heads, depths, num_classes=10,
                                pretrain_img_size=64, in_chans=3,
                                ratios=(8, 4, 2), convs=(9, 5, 3), seed=0,
                                dtype=torch.float64):  # yapf: disable
-    """Random tensors under the official names and shapes (registration
-    order), scaled so that every part moves the logits."""
+    """Random tensors of the official names and shapes (registration order),
+    scaled so that every part moves the logits."""
     g = torch.Generator().manual_seed(seed)
     sd = OrderedDict()
 

@@ -1,11 +1,6 @@
-"""The SOFT training / testing recipes of the papers and the official
-repository as data (issue 30), compared with every config's effective values
-by ``tests/test_configs/test_recipe_card.py``. Sources: NeurIPS 2021 / IJCV
-2024 Sec. 4.1-4.3 (``shared/papers``); fudan-zvg/SOFT master (``main.py``,
-timm 0.3.2, ``config/SOFT_*.yaml``); mmdet's PVT and mmseg's Swin-UperNet
-configs. Warm-up ``length`` in the source's ``unit``; EMA ``momentum`` is
-mmengine's (``1 - decay`` of timm's ``ModelEma``); ``decay_exempt``:
-``'norm'``, ``'bias'``, ``'pos_embed'``, ``'cls_token'``."""
+"""The SOFT recipes of the papers / official repository as data (issue 30;
+test_recipe_card.py). Warm-up ``length`` in its ``unit``; EMA ``momentum``:
+mmengine's (``1 - decay`` of timm's ``ModelEma``)."""
 from typing import Any, NamedTuple
 
 _SAME = object()
@@ -61,53 +56,41 @@ CLS_IN1K = dict(
         frozenset({'norm', 'bias', 'cls_token'}),
         TIMM_OPT,
         ours=frozenset({'norm', 'bias', 'cls_token', 'pos_embed'}),
-        why='the official model decays its 4 position embeddings; mmsoft '
-        'exempts them as PVT / DeiT and mmpretrain\'s Swin / ViT do (and '
-        'the dense configs sharing them)'),
+        why='position embeddings exempt as in PVT / DeiT / Swin / ViT'),
     clip_grad=V(1.0, f'{YAML} clip_grad: 1.0 (timm: clip_grad_norm_, L2)'),
     batch_size=V(1024, f'{NEURIPS}; {YAML} batch_size: 128 x 8 GPUs'),
     batch_per_gpu=V(128, f'{YAML} batch_size: 128'),
     max_epochs=V(
-        300, f'{NEURIPS}; {YAML} epochs: 300 (+ timm 0.3.2\'s 10 cool-down '
-        'epochs: 310)',
+        300,
+        f'{NEURIPS}; {YAML} epochs: 300 (+ 10 cool-down in timm)',
         ours=300,
-        why='timm\'s 10 cool-down epochs at the minimum lr are left out '
-        '(the papers report 300 epochs)'),
+        why='timm\'s 10 cool-down epochs left out (papers: 300)'),
     warmup=V(
         dict(unit='epoch', length=10, start_lr=1e-6),
         f'{NEURIPS} (10 epochs linear); {YAML} warmup_epochs: 10; '
         'main.py --warmup-lr 1e-6'),
     final_lr=V(5e-5, f'{YAML} min_lr: 5e-5 (cosine: {NEURIPS})'),
     mid_cosine_epoch=V(
-        150, 'timm 0.3.2 CosineLRScheduler(t_initial=300): the midpoint at '
-        'epoch 150',
+        150,
+        'timm 0.3.2 CosineLRScheduler(t_initial=300): midpoint 150',
         ours=155,
-        why='mmpretrain\'s CosineAnnealingLR after the warm-up (begin=10, '
-        'T_max=290): the midpoint at 155; < 3 % of the base lr apart'),
-    ema_momentum=V(
-        4e-5, f'{MAIN} --model-ema --model-ema-decay 0.99996 (per '
-        'iteration): 1 - 0.99996'),
+        why='mmpretrain\'s cosine after the warm-up: midpoint 155'),
+    ema_momentum=V(4e-5, f'{MAIN} --model-ema-decay 0.99996 (per iter)'),
     ema_horizon_iters=V(25000, 'from ema_momentum: 1 / 4e-5 iterations'),
-    norm_eval=V(
-        False, 'the papers give none; the official recipe trains the '
-        'patch-embedding BatchNorms'),
+    norm_eval=V(False, f'{MAIN} (patch-embedding BatchNorms train)'),
     frozen=V(frozenset(), f'{MAIN} (every parameter trains)'),
     drop_path_rate=V(0.1, f'{MAIN} --drop-path 0.1'),
-    residual_drop=V(
-        'dropout', 'fudan-zvg/SOFT models/softmax_free_transformer.py: '
-        'stages 1-3 drop their residual branches element-wise (Dropout)'),
+    residual_drop=V('dropout', 'fudan-zvg/SOFT softmax_free_transformer.py'),
     label_smoothing=V(0.1, f'{NEURIPS}; {MAIN} --smoothing 0.1'),
     mixup=V(0.8, f'{NEURIPS}; {MAIN} --mixup 0.8'),
     cutmix=V(1.0, f'{NEURIPS}; {MAIN} --cutmix 1.0'),
     train_pipeline=V(
         [('LoadImageFromFile', {}), *_IN1K_AUGMENT,
          ('PackInputs', {}), _IN1K_ERASE],
-        f'{NEURIPS}; {MAIN} --scale 0.08 1 --ratio 3/4 '
-        '4/3 --hflip 0.5 --aa rand-m9-mstd0.5-inc1 --reprob 0.25',
+        f'{NEURIPS}; {MAIN} (timm aug)',
         ours=[('LoadImageFromFile', {}), *_IN1K_AUGMENT, _IN1K_ERASE,
               ('PackInputs', {})],
-        why='mmpretrain\'s order: random erasing on the uint8 image before '
-        'packing (imagenet_bs64_swin_224.py)'),
+        why='mmpretrain\'s order: erasing the uint8 image, then packing'),
     test_pipeline=V([
         ('LoadImageFromFile', {}),
         ('ResizeEdge', dict(scale=256, edge='short', interpolation='bicubic')),
@@ -123,10 +106,9 @@ _DET_COMMON = dict(
     weight_decay=V(0.01, f'{IJCV_DET} (weight decay 0.01)'),
     decay_exempt=V(
         frozenset(),
-        f'{IJCV_DET} (no exemption named); {MMDET_PVT}',
+        f'{IJCV_DET} (none named); {MMDET_PVT}',
         ours=frozenset({'norm', 'pos_embed', 'cls_token'}),
-        why='never decayed in the ImageNet pretraining (timm\'s 1-D rule): '
-        'fine-tuning should not pull them to 0; biases decay as in mmdet'),
+        why='not decayed in the pretraining either; biases decay (mmdet)'),
     clip_grad=V(None, f'{MMDET_PVT} (no clip_grad)'),
     batch_size=V(16, f'{IJCV_DET} (16 on 8 V100 GPUs)'),
     batch_per_gpu=V(2, f'{IJCV_DET} (16 on 8 GPUs)'),
@@ -188,10 +170,9 @@ SEG_160K = dict(
     weight_decay=V(0.01, f'{MMSEG_SWIN} (the paper gives none)'),
     decay_exempt=V(
         frozenset({'norm', 'pos_embed'}),
-        f'{MMSEG_SWIN} (custom_keys absolute_pos_embed, norm: decay_mult 0)',
+        f'{MMSEG_SWIN} (decay_mult 0)',
         ours=frozenset({'norm', 'pos_embed', 'cls_token'}),
-        why='SOFT\'s stage-4 cls token (a backbone parameter UperNet does '
-        'not use) is exempt as in the ImageNet recipe'),
+        why='the unused stage-4 cls token exempt as in the ImageNet recipe'),
     clip_grad=V(None, f'{MMSEG_SWIN} (no clip_grad)'),
     batch_size=V(16, f'{MMSEG_SWIN} (8xb2)'),
     batch_per_gpu=V(2, MMSEG_SWIN),
@@ -204,23 +185,21 @@ SEG_160K = dict(
     ema_momentum=V(None, f'{IJCV_SEG} / {MMSEG_SWIN} (no EMA)'),
     norm_eval=V(
         False,
-        f'{MMSEG_R50} (norm_eval=False with SyncBN)',
+        f'{MMSEG_R50} (with SyncBN)',
         ours=True,
-        why='SOFT\'s only BatchNorms (patch embeddings) would see 2 images '
-        'per GPU without SyncBN: they keep the ImageNet statistics'),
+        why='2 images per GPU without SyncBN: keep ImageNet statistics'),
     frozen=V(frozenset(), f'{MMSEG_SWIN} (no frozen stages)'),
     drop_path_rate=V(
         0.3,
-        f'{MMSEG_SWIN} (Swin-T; the paper gives none)',
+        f'{MMSEG_SWIN} (Swin-T)',
         ours=0.1,
-        why='one setting for every dense config (soft_dense.py): the 0.1 '
-        'of the pretraining and of mmdet\'s PVT'),
+        why='every dense config (soft_dense.py): 0.1 as mmdet\'s PVT'),
     residual_drop=V('dropout', 'as the ImageNet pretraining'),
     train_pipeline=V(
         _seg_train(
             ('RandomResize',
-             dict(scale=(2048, 512), ratio_range=(0.5, 2.0),
-                  keep_ratio=True))),
+             dict(scale=(2048, 512), keep_ratio=True,
+                  ratio_range=(0.5, 2.0)))),
         MMSEG_DATA,
         ours=_seg_train(('Resize', dict(scale=(2048, 512), keep_ratio=True))),
         why=f'{IJCV_SEG}: no multi-scale training: a fixed short side 512'),
@@ -232,21 +211,14 @@ SEG_160K = dict(
     metric=V(('IoUMetric', dict(iou_metrics=['mIoU'])), f'{IJCV_SEG} Table 6'),
 )
 
-#: configuration family -> its card (mmdet's Sparse R-CNN clips gradients)
+#: configuration family -> its card
 FAMILIES = dict(
     cls_in1k=CLS_IN1K,
     det_1x=_det('1x', with_mask=False),
     det_mask_1x=_det('1x', with_mask=True),
     det_3x_ms=_det('3x', with_mask=False),
     det_mask_3x_ms=_det('3x', with_mask=True),
-    det_sparse_3x_ms=_det(
-        '3x',
-        with_mask=False,
-        extra=dict(
-            clip_grad=V(
-                1.0,
-                'mmdet configs/sparse_rcnn/sparse-rcnn_r50_fpn_1x_coco.py '
-                '(max_norm 1, L2)'))),
+    det_sparse_3x_ms=_det('3x', False, dict(clip_grad=V(1.0, MMDET_SPARSE))),
     seg_160k=SEG_160K,
 )
 

@@ -1,6 +1,5 @@
-"""The demo configs (``configs/demo``): contents, a short run
-(``demo_tasks.run_task``; det: test_tool_cli.py's nr_backward_compare), the
-results table and ``tools/demo.py --smoke``."""
+"""configs/demo: contents, a short run (det: test_tool_cli.py), the results
+table and ``tools/demo.py --smoke``."""
 import json
 import os.path as osp
 
@@ -54,8 +53,7 @@ def test_config_contents(task):
 
 
 def _check_run(task, r, work_dir, iters):
-    """A run_task result: the reported value is the evaluator's metric (as
-    a fraction), timings, a drawing of the predictions, the training log."""
+    """run_task's value (the metric), timings, drawing, training log."""
     spec = T.TASKS[task]
     assert r['value'] == r['metrics'][spec['metric']] * spec['scale']
     assert r['train_s'] > 0 and r['test_s'] > 0
@@ -66,7 +64,7 @@ def _check_run(task, r, work_dir, iters):
 
 
 def test_short_training_run_and_data_root(tmp_path):
-    """seg (det: test_tool_cli.py, cls: test_demo_smoke); set_data_root."""
+    """seg (det: test_tool_cli.py; cls: test_demo_smoke); set_data_root."""
     data = S.make_demo_data(str(tmp_path / 'data'), tasks=['seg'], workers=1,
                             overrides=tiny_demo_data(num_train=4),
                             log=None)  # yapf: disable
@@ -83,8 +81,7 @@ def test_short_training_run_and_data_root(tmp_path):
 
 
 def test_format_table():
-    """PASS / FAIL / no target / ERROR rows; a value equal to its target
-    passes ('>='), one just below fails."""
+    """PASS / FAIL / no target / ERROR rows; '>=' its target passes."""
     rows = (('detection', 'bbox mAP@0.5', 0.61, 0.5, 200.0),
             ('detection', 'bbox mAP', 0.3, None),
             ('segmentation', 'mIoU', None, 0.6), ('t', 'm', 0.5, 0.5),
@@ -105,10 +102,9 @@ def _demo(tmp_path, capsys, *args):
     return rc, capsys.readouterr().out
 
 
-def test_demo_smoke(tmp_path, capsys):
-    """tools/demo.py end to end (cls, tiny data; the classifier's run_task
-    checks); ``--amp``: the AMP optim wrapper of ``tools/train.py --amp``,
-    results in ``<wd>-amp``."""
+def test_demo_smoke(tmp_path, capsys, monkeypatch):
+    """tools/demo.py end to end (cls); ``--amp``: the AMP optim wrapper,
+    results in ``<wd>-amp``; without (run_task stubbed): the plain one."""
     rc, out = _demo(tmp_path, capsys, '--tasks', 'cls', '--amp')
     assert rc == 0, out
     assert '| classification | top-1' in out
@@ -125,10 +121,6 @@ def test_demo_smoke(tmp_path, capsys):
     _check_run('cls', cls, wd / 'cls', 3)
     assert (wd / 'results.md').read_text().startswith('| task')
     assert (tmp_path / 'data-smoke' / 'imagenet' / S.MANIFEST).is_file()
-
-
-def test_demo_without_amp(tmp_path, capsys, monkeypatch):
-    """run_task stubbed: the plain optim wrapper, results in ``<wd>``."""
     monkeypatch.setattr(
         T, 'run_task', lambda *a, **k: dict(
             metrics={'accuracy/top1': 95.0}, value=0.95, train_s=1, test_s=1))

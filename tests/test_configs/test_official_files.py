@@ -1,7 +1,5 @@
-"""Which authors' ImageNet file (``OFFICIAL_FILES``) fits which paper
-config: each loads an authors'-layout file (zeros of the real shapes)
-strictly; a missing file or one of another arch stops with one line (the
-tools' line: tests/test_tools/test_strict_load_tools.py)."""
+"""Which authors' ImageNet file (``OFFICIAL_FILES``) fits which paper config:
+each loads strictly; a missing file or another arch's: one line."""
 import copy
 import functools
 import glob
@@ -43,22 +41,19 @@ WRONG_ARCH = ("checkpoint C holds the authors' weights of "
 
 
 @pytest.fixture(scope='module', autouse=True)
-def metafiles_read_once():
-    """mmengine reads every codebase metafile per ``mmdet::`` base (most of
-    this module's time): each once here."""
+def metafiles_read_once():  # mmengine reads them per ``mmdet::`` base
     from mmengine.config import utils
     with pytest.MonkeyPatch.context() as m:
         m.setattr(utils, 'load', functools.lru_cache(None)(utils.load))
         yield
 
 
+_load = functools.lru_cache(None)(
+    lambda name: Config.fromfile(osp.join(CONFIGS, name + '.py')))
+
+
 def load(name):
     return copy.deepcopy(_load(name))
-
-
-@functools.lru_cache(maxsize=None)
-def _load(name):
-    return Config.fromfile(osp.join(CONFIGS, name + '.py'))
 
 
 def read(rel):
@@ -67,8 +62,7 @@ def read(rel):
 
 
 @pytest.fixture
-def no_default_init(monkeypatch, tmp_path):
-    """No default init of linear / conv layers; in ``tmp_path``."""
+def no_default_init(monkeypatch, tmp_path):  # no init of linear / conv
     monkeypatch.chdir(tmp_path)
     for cls in (torch.nn.Linear, torch.nn.modules.conv._ConvNd):
         monkeypatch.setattr(cls, 'reset_parameters', lambda self: None)
@@ -82,8 +76,7 @@ def build_backbone(cfg):
 
 
 def load_on_meta(cfg):
-    """``cfg``'s backbone, its tensors on the meta device (nothing copied),
-    initialised as ``init_weights`` does: the lines logged."""
+    """The lines ``init_weights`` logs, the backbone on the meta device."""
     backbone = build_backbone(cfg).to_empty(device='meta')
     init_cfg, loads_all = pretrained_init_cfg(backbone.init_cfg)
     assert loads_all
@@ -94,8 +87,7 @@ def load_on_meta(cfg):
 
 
 @functools.lru_cache()
-def n_params(arch):
-    """Parameters (millions, .1) of the authors' model (1000-class head)."""
+def n_params(arch):  # millions, of the authors' model (1000-class head)
     c = ARCH_ZOO[arch]['embed_dims'][3]
     n = sum(p.numel() for p in SOFT(arch).parameters()) + 1000 * (c + 1)
     return round(n / 1e6, 1)
@@ -105,18 +97,15 @@ def test_every_paper_config_expects_one_file():
     listed = [c for e in OFFICIAL_FILES.values() for c in e['configs']]
     assert sorted(listed) == PAPER  # each once, all of them
     # the files the authors' README links (fudan-zvg/SOFT, Main results)
-    assert {f
-            for f, e in OFFICIAL_FILES.items() if e['link']} == {
-                'soft_tiny', 'soft_norm_tiny', 'soft_norm_small',
-                'soft_norm_medium', 'soft_norm_large'
-            }
+    assert {f for f, e in OFFICIAL_FILES.items() if e['link']} == {
+        'soft_tiny', 'soft_norm_tiny', 'soft_norm_small', 'soft_norm_medium',
+        'soft_norm_large'}  # yapf: disable
     assert OFFICIAL_PAGE == 'https://github.com/fudan-zvg/SOFT#main-results'
 
 
 @pytest.mark.parametrize('name', list(OFFICIAL_FILES))
 def test_table_facts_match_the_code(name):
-    """Depths / parameters are the presets'; OFFICIAL_PRESETS is the arch
-    or ``code_arch``."""
+    """Depths / parameters; OFFICIAL_PRESETS is the arch or ``code_arch``."""
     e = OFFICIAL_FILES[name]
     size = name.split('_')[-1]
     assert name in (f'soft_{size}', f'soft_norm_{size}')
@@ -146,15 +135,13 @@ def test_paper_config_names_its_file(name):
         type='Pretrained',
         checkpoint=None if pretraining else f'checkpoints/{f}.pth',
         prefix='backbone.')
-    if not pretraining:
-        assert bb.norm_eval is True  # right only with ImageNet statistics
-        assert f'tools/dist_test.sh configs/{name}.py' in header
+    # norm_eval: test_recipe_card.py
+    assert pretraining or f'tools/dist_test.sh configs/{name}.py' in header
 
 
 def test_paper_configs_load_the_authors_file_strictly(no_default_init):
-    """Each paper config loads its entry's file at its path (classification:
-    as the override) strictly, all but the head; one build per arch and
-    output (attn_norm: the same tensors)."""
+    """Each paper config loads its file strictly, all but the head; one
+    build per arch and output (attn_norm: the same tensors)."""
     built = {}
     for name, e in OFFICIAL_FILES.items():
         path = f'checkpoints/{name}.pth'
@@ -183,15 +170,6 @@ def test_demo_configs_opt_out(path):
     assert cli.missing_pretrained(cfg) is None
 
 
-def test_backbone_load_without_the_file_is_one_line(no_default_init):
-    """The docs' line (the other templates: test_loading.py)."""
-    with pytest.raises(FileNotFoundError) as exc:
-        build_backbone(load('retinanet_soft_small_1x')).init_weights()
-    assert str(exc.value) == MISSING
-    assert f'\nerror: {MISSING}\n' in read(
-        'docs/en/user_guides/official_weights.md')
-
-
 def test_missing_pretrained_names_the_backbone():
     """A SOFT anywhere (its type a class), init_cfg lists: the line names
     that backbone's options (the walk, URLs, files: test_tool_helpers.py)."""
@@ -207,11 +185,16 @@ def test_missing_pretrained_names_the_backbone():
     assert cli.missing_pretrained(cfg) is None
 
 
-def test_authors_file_of_the_other_small_is_one_line(no_default_init):
-    """SOFT-Small's file (depths [1, 3, 20, 4]) in a Small config: one line
-    naming the arch and the option (as the docs say); with it, it loads."""
-    n = authors_file(SMALL, 'small-official')
+def test_missing_or_other_small_file_is_one_line(no_default_init):
+    """No file; SOFT-Small's (depths [1, 3, 20, 4]) in a Small config: the
+    docs' lines; with the option it names, it loads."""
     cfg = load('retinanet_soft_small_1x')
+    with pytest.raises(FileNotFoundError) as exc:
+        build_backbone(cfg).init_weights()
+    assert str(exc.value) == MISSING
+    assert f'\nerror: {MISSING}\n' in read(
+        'docs/en/user_guides/official_weights.md')
+    n = authors_file(SMALL, 'small-official')
     with pytest.raises(CheckpointMismatchError) as exc:
         build_backbone(cfg).init_weights()
     assert str(exc.value) == WRONG_ARCH.replace('C', SMALL, 1)

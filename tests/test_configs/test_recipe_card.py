@@ -1,9 +1,6 @@
-"""Every config of ``configs/`` built in its codebase with a tiny SOFT: its
-EFFECTIVE values (optimizer groups, the schedulers stepped as
-``ParamSchedulerHook`` does, the EMAHook, the ``TRANSFORMS``, the
-``METRICS``) against the recipe card (``tests/reference/recipe_card.py``),
-one training step and one prediction on CPU per distinct tiny model and
-optimizer."""
+"""Every config of ``configs/`` built with a tiny SOFT: its EFFECTIVE values
+against the recipe card (tests/reference); one step and one prediction per
+distinct tiny model and optimizer."""
 import copy
 import functools
 import glob
@@ -61,9 +58,7 @@ def _narrow(node):
 
 
 def tiny_model_cfg(cfg, scope):
-    """cfg.model with a tiny SOFT and matching neck / head channels; a
-    detector with tens of proposals / RoIs, score_thr 0 (random detectors
-    predict)."""
+    """cfg.model with a tiny SOFT, matching channels, few proposals."""
     m = copy.deepcopy(cfg.model)
     if 'data_preprocessor' not in m and cfg.get('data_preprocessor'):
         m.data_preprocessor = copy.deepcopy(cfg.data_preprocessor)
@@ -122,9 +117,7 @@ def check_settings(name, cfg, scope):
 
 
 def effective_decay(model, wrapper, base_wd):
-    """(categories without decay, those with another / mixed decay); a
-    backbone parameter's category as the card's: pos_embed, cls_token,
-    norm, bias, weight."""
+    """(categories without decay, those with another / mixed decay)."""
     decay = {id(p): g['weight_decay'] for g in wrapper.optimizer.param_groups
              for p in g['params']}  # yapf: disable
     per_cat, bb = {}, model.backbone
@@ -143,8 +136,7 @@ _LR_CACHE = {}
 
 
 def lr_curve(cfg, base_lr, epoch_len, total):
-    """The lr of every iteration, the Runner's schedulers stepped as
-    ``ParamSchedulerHook`` does."""
+    """The lr per iteration, schedulers stepped as ParamSchedulerHook."""
     key = (repr(cfg.param_scheduler), base_lr, epoch_len, total)
     if key in _LR_CACHE:
         return _LR_CACHE[key]
@@ -187,10 +179,8 @@ def schedule_values(cfg, card, family):
     assert max(lrs) <= base * (1 + 1e-6)  # never above the base lr
     out['final_lr'] = lrs[-1]
     if 'milestones' in card:
-        drops = [
-            i for i in range(reach + 1, total)
-            if lrs[i] < lrs[i - 1] * (1 - 1e-6)
-        ]
+        drops = [i for i in range(reach + 1, total)
+                 if lrs[i] < lrs[i - 1] * (1 - 1e-6)]  # yapf: disable
         assert all(i % E == 0 for i in drops), drops  # at epoch boundaries
         out['milestones'] = [i // E for i in drops]
         ratios = {round(lrs[i] / lrs[i - 1], 9) for i in drops}
@@ -226,9 +216,7 @@ def ema_values(cfg):
 
 
 def model_values(model):
-    """Drops (max residual rate, 'dropout' / 'drop_path' of stages 1-3),
-    norm_eval of the backbone's BNs after train() (other norms train) and
-    the frozen parameters."""
+    """Drop rate and kind, BN norm_eval after train(), frozen parameters."""
     rates, kinds = [], set()
     for i, stage in enumerate(model.backbone.stages):
         for m in (b.drop if i < 3 else b.drop_path for b in stage.blocks):
@@ -254,8 +242,7 @@ def model_values(model):
 
 
 def pipeline_values(pipeline, card_pipeline, scope):
-    """[(type, {card key: value})] of the built transforms; a setting not
-    on the transform is read from its ``resize_cfg``."""
+    """[(type, {card key: value})] of the built transforms."""
     out = []
     for i, p in enumerate(pipeline):
         t = registry(scope, 'TRANSFORMS').build(copy.deepcopy(p))
@@ -337,8 +324,7 @@ def _close(a, b):
 
 
 def compare_with_the_card(name, got):
-    """Every value (pipelines: each transform and setting; the cosine
-    midpoint to one simulated iteration)."""
+    """Every value (the cosine midpoint to one simulated iteration)."""
     card = FAMILIES[family_of(name)]
     assert not set(card) - set(got), f'{name}: no effective value'
     tol = 1 / EPOCH_LEN.get(family_of(name), 600)
@@ -355,8 +341,7 @@ def compare_with_the_card(name, got):
 
 
 def train_step_and_predict(name, scope, model, wrapper):
-    """Finite loss, a gradient for every backbone parameter (the first
-    conv's included), a step; one prediction of the task's shapes."""
+    """Finite loss and gradients, a step; a prediction of the task's shape."""
     torch.manual_seed(0)
     model.train()
     data = model.data_preprocessor(random_batch(scope, name, SIZE), True)
@@ -390,8 +375,7 @@ def train_step_and_predict(name, scope, model, wrapper):
 
 @functools.lru_cache(None)
 def stepped_configs():
-    """The first config (by name) of each distinct tiny model and optimizer:
-    another one's training step and prediction would repeat it."""
+    """The first config of each distinct tiny model and optimizer."""
     first = {}
     for name in CONFIGS:
         cfg = load_config(name)

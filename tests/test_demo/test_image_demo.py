@@ -1,6 +1,5 @@
-"""Inference: ``demo/image_demo.py`` and the docs' Python API, with tiny
-random checkpoints (saved as mmengine does, ``dataset_meta`` in ``meta``)
-of the demo configs of mmdet, mmseg and mmpretrain."""
+"""``demo/image_demo.py`` and the docs' Python API on tiny random checkpoints
+of the demo configs (``dataset_meta`` in ``meta``, as mmengine saves)."""
 import json
 import os
 import os.path as osp
@@ -43,8 +42,7 @@ def _main(argv):
 
 
 @pytest.fixture(scope='module')
-def models(tmp_path_factory):
-    """{task: (config path, checkpoint path, classes)}."""
+def models(tmp_path_factory):  # {task: (config, checkpoint, classes)}
     from mmengine.config import Config
     tmp, out = tmp_path_factory.mktemp('tiny_models'), {}
     for task, (base, body) in TINY.items():
@@ -72,8 +70,7 @@ def images(tmp_path_factory):
 _DET_REF = {}
 
 
-def _det_reference(cfg_ckpt, img):
-    """``pred_instances`` of ``mmdet.apis.inference_detector`` on img."""
+def _det_reference(cfg_ckpt, img):  # mmdet's inference_detector
     from mmdet.apis import inference_detector, init_detector
     from mmengine.registry import DefaultScope
     with DefaultScope.overwrite_default_scope('mmdet'):
@@ -115,8 +112,7 @@ def _check_outputs(task, out_dir, img, name, classes, cfg_ckpt=None):
 
 @pytest.mark.parametrize('task', ['det', 'seg', 'cls'])
 def test_image_demo_image_and_folder(task, models, images, tmp_path, capsys):
-    """A folder (recursive; other files skipped; a single image:
-    test_image_demo_command_line); no temporary files left."""
+    """A folder (recursive; other files skipped); no temporary files."""
     cfg, ckpt, classes = models[task]
     out = str(tmp_path / 'out')
     assert _main([images['folder'], cfg, ckpt, '--device', 'cpu', '--out-dir',
@@ -132,8 +128,8 @@ def test_image_demo_image_and_folder(task, models, images, tmp_path, capsys):
 
 
 def test_image_demo_command_line(models, images, tmp_path, script_server):
-    """The script as a user runs it, from another directory; each bad
-    input: exit 2, one line on stderr, nothing written."""
+    """As a user runs it, from another directory; each bad input: exit 2,
+    one line on stderr, nothing written."""
     cfg, ckpt, classes = models['cls']
     out = str(tmp_path / 'cli_out')
     proc = script_server(DEMO, [images['single'], cfg, ckpt, '--out-dir', out],
@@ -161,18 +157,15 @@ def test_image_demo_command_line(models, images, tmp_path, script_server):
 def test_readme_python_api_in_one_process(models, images, tmp_path,
                                           monkeypatch):
     """The inference page's three snippets in one interpreter (as a
-    notebook; mmpretrain's inferencer uses the *current* default scope,
-    which mmdet's / mmseg's APIs leave at theirs), names replaced."""
+    notebook: mmdet's / mmseg's APIs leave the default scope at theirs)."""
     from mmengine.registry import DefaultScope
     with open(osp.join(ROOT, 'docs/en/user_guides/inference.md')) as f:
         snippets = re.findall(r'```python\n(.*?)```', f.read(), flags=re.S)
     assert len(snippets) == 3
     monkeypatch.chdir(tmp_path)
     ns = {}
-    api = dict(
-        det='init_detector',
-        seg='init_model',
-        cls='ImageClassificationInferencer')
+    api = dict(det='init_detector', seg='init_model',
+               cls='ImageClassificationInferencer')  # yapf: disable
     with DefaultScope.overwrite_default_scope('mmdet'):  # restored after
         for task in ('det', 'seg', 'cls'):
             cfg, ckpt, classes = models[task]
@@ -199,10 +192,9 @@ def test_readme_python_api_in_one_process(models, images, tmp_path,
 
 def test_out_dir_inside_input_and_unreadable_images(models, tmp_path, capsys,
                                                     monkeypatch):
-    """A second run does not take its outputs as inputs (``--out-dir`` in
-    INPUT, or INPUT itself); x.jpg and x.png are two results; bytes after
-    an image's end marker are read; each bad image reported, the others
-    processed, exit 1 at the end; another model's checkpoint: exit 2."""
+    """A second run does not take its outputs as inputs; x.jpg and x.png: two
+    results; trailers read; each bad image reported, exit 1 at the end;
+    another model's checkpoint: exit 2."""
     cfg, ckpt, classes = models['cls']
     names = ('x.jpg', 'x.png', 'y.jpg', 'sub/c.jpg')
     for seed, name in enumerate(names):

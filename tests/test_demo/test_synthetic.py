@@ -1,6 +1,5 @@
-"""The synthetic demo data (``tools/demo_synthetic.py``,
-``tools/misc/make_demo_data.py``): deterministic, cached, non-trivial
-scenes; COCO / ADE20K / ImageNet layouts loaded by the codebases."""
+"""tools/demo_synthetic.py, tools/misc/make_demo_data.py: deterministic,
+cached, non-trivial scenes the codebases load."""
 import hashlib
 import json
 import os
@@ -15,10 +14,9 @@ from conftest import ROOT
 import demo_synthetic as S
 
 TOOL = osp.join(ROOT, 'tools', 'misc', 'make_demo_data.py')
-SMALL = dict(
-    det=dict(num_train=6, num_val=3),
-    seg=dict(num_train=6, num_val=3),
-    cls=dict(num_train=10, num_val=5))
+SMALL = dict(det=dict(num_train=6, num_val=3),
+             seg=dict(num_train=6, num_val=3),
+             cls=dict(num_train=10, num_val=5))  # yapf: disable
 
 
 def _tree_hashes(root):
@@ -36,8 +34,8 @@ def demo_root(tmp_path_factory):
 
 
 def test_deterministic_and_cached(demo_root, tmp_path):
-    """Byte-identical whatever the worker count; up to date: nothing
-    rewritten; another seed: other images; no temporary folders left."""
+    """Byte-identical on 1 or 2 workers; up to date: nothing rewritten;
+    another seed: other images; no temporary folders left."""
     other, msgs = str(tmp_path / 'again'), []
     S.make_demo_data(other, seed=0, overrides=SMALL, workers=2, log=None)
     ref = _tree_hashes(demo_root)
@@ -53,8 +51,8 @@ def test_deterministic_and_cached(demo_root, tmp_path):
 
 
 def test_scenes_are_not_trivial():
-    """Several textured objects of every class, >= 16 visible pixels each,
-    disjoint visible masks, clutter outside them; every shape renders."""
+    """Several textured objects of every class, disjoint visible masks,
+    clutter outside them; every shape renders."""
     n_obj, classes = [], set()
     for i in range(20):
         img, objs, clutter = S.render_scene(
@@ -77,8 +75,7 @@ def test_scenes_are_not_trivial():
 
 
 def test_coco_annotations(demo_root):
-    """Boxes / polygons / areas consistent with pycocotools' rasterisation
-    (mmdet's CocoDataset: test_demo_configs::test_short_training_run)."""
+    """Boxes / polygons / areas consistent with pycocotools'."""
     from pycocotools import mask as mask_utils
     from pycocotools.coco import COCO
     for split, n in (('train', 6), ('val', 3)):
@@ -88,8 +85,8 @@ def test_coco_annotations(demo_root):
         cats = [(c['id'], c['name']) for c in coco['categories']]
         assert cats == list(enumerate(S.DET_CLASSES, 1)) and len(cats) == 3
         assert len(coco['images']) == n and all(
-            osp.isfile(f'{demo_root}/coco/{split}/{im["file_name"]}')
-            for im in coco['images'])
+            osp.isfile(f'{demo_root}/coco/{split}/{i["file_name"]}')
+            for i in coco['images'])
         ids = [a['id'] for a in coco['annotations']]
         assert len(set(ids)) == len(ids) >= 2 * n
         api = COCO(path)
@@ -108,10 +105,8 @@ def test_coco_annotations(demo_root):
 
 
 def test_codebase_datasets(demo_root):
-    """ADE20K label values (wall mostly) through mmseg's ``ADE20KDataset``
-    (reduce_zero_label + label map to the 4 classes); mmpretrain's
-    ``ImageNet`` (annotation files) and ``CustomDataset`` (the class
-    folders alone)."""
+    """ADE20K labels through mmseg's ``ADE20KDataset``; mmpretrain's
+    ``ImageNet`` and ``CustomDataset`` (the class folders alone)."""
     allowed = {0} | set(S.SEG_ADE_INDEX.values())
     for folder, n in (('training', 6), ('validation', 3)):
         ann_dir = osp.join(demo_root, 'ade', 'annotations', folder)
@@ -163,8 +158,7 @@ def test_codebase_datasets(demo_root):
             assert cv2.imread(info['img_path']).shape == (64, 64, 3)
 
 
-def _tool(*argv):
-    """make_demo_data.py's main() through ``run_main``, in this process."""
+def _tool(*argv):  # make_demo_data.py's main() through ``run_main``
     from mmsoft_tools.cli import run_main
     with pytest.raises(SystemExit) as exit:
         run_main(runpy.run_path(TOOL, run_name='tool')['main'], list(argv))
@@ -172,8 +166,7 @@ def _tool(*argv):
 
 
 def test_tool_cli(tmp_path, capsys):
-    """tools/misc/make_demo_data.py writes the chosen data sets; the
-    generator needs only numpy and OpenCV (its imports)."""
+    """The chosen data sets; the generator imports only numpy and OpenCV."""
     import ast
     imported = {(n.module if isinstance(n, ast.ImportFrom) else a.name)
                 for n in ast.walk(ast.parse(open(S.__file__).read()))
@@ -199,9 +192,8 @@ def test_tool_cli(tmp_path, capsys):
 @pytest.mark.parametrize('kind,force', [('data', False), ('file', True),
                                         ('link', False)])
 def test_a_users_data_is_never_replaced(tmp_path, force, kind, capsys):
-    """``data/coco`` holding the user's data (a file, a link): one line,
-    nothing written, ``--force`` included; an empty folder or one marked
-    as demo data is (re)generated."""
+    """``data/coco`` the user's (data, a file, a link): one line, nothing
+    written, ``--force`` included; an empty or marked folder: generated."""
     out, real = tmp_path / 'data', tmp_path / 'real_coco'
     real.mkdir()
     (real / 'instances_train2017.json').write_text('{"mine": 1}')
@@ -219,9 +211,10 @@ def test_a_users_data_is_never_replaced(tmp_path, force, kind, capsys):
     std = capsys.readouterr()
     err = std.err.strip().splitlines()
     assert rc == 1, std.out + std.err
-    what = {'file': 'a file', 'link': 'a link'}.get(
-        kind, f'data not written by this generator (no {S.MANIFEST})'
-    )  # yapf: disable
+    what = {
+        'file': 'a file',
+        'link': 'a link'
+    }.get(kind, f'data not written by this generator (no {S.MANIFEST})')
     assert err == [f'error: {out / "coco"} exists and is {what}: the demo '
                    'data never replaces it (--force included); choose '
                    'another --out, e.g. data/demo']  # yapf: disable

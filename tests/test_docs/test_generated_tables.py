@@ -1,6 +1,5 @@
-"""``docs/gen_tables.py``: the documentation's generated tables equal their
-sources (the model index, the benchmark CSVs, ``requirements/*.txt``);
-``--docs-env`` lists only what is missing (``make docs``: test_makefile)."""
+"""``docs/gen_tables.py``: the generated tables equal their sources;
+``--docs-env`` lists only what is missing."""
 import importlib.metadata as metadata
 import math
 import os.path as osp
@@ -14,8 +13,7 @@ DOCS, API = 'requirements/docs.txt', 'requirements/docs_api.txt'
 
 
 @pytest.fixture
-def bench(tmp_path, monkeypatch):
-    """A copy of the benchmark CSVs the generator reads."""
+def bench(tmp_path, monkeypatch):  # a copy of the benchmark CSVs
     shutil.copytree(GEN.BENCH, tmp_path / 'benchmarks')
     monkeypatch.setattr(GEN, 'BENCH', str(tmp_path / 'benchmarks'))
     return tmp_path / 'benchmarks'
@@ -31,8 +29,7 @@ def test_every_source_is_on_a_page_and_pages_equal_their_sources():
 
 
 def test_a_changed_source_number_is_caught(bench, monkeypatch, capsys):
-    """Every cell is compared, not just the table's shape; ``--check``
-    names each stale page, exit 1."""
+    """Every cell is compared; ``--check`` names each stale page, exit 1."""
     for name, old, new, stale in (
         ('benchmark_backbones.csv', '419.8', '418.8', ['benchmarks.md']),
         ('benchmark_attention.csv', '147.1', '157.1',  # README's too
@@ -52,8 +49,7 @@ def test_a_changed_source_number_is_caught(bench, monkeypatch, capsys):
 
 
 def test_a_measured_recipe_becomes_an_estimate(bench):
-    """A recipe_gpu.csv row turns the model zoo's "not measured yet" into
-    iterations x s/iter, labelled estimated, naming the GPU."""
+    """A recipe_gpu.csv row: "not measured yet" becomes an estimate."""
     csv = bench / 'recipe_gpu.csv'
     csv.write_text(csv.read_text() + 'retinanet_soft_tiny_1x,NVIDIA H100,'
                    '0.500,7000,2026-12-07,first 100 iterations\n')
@@ -67,17 +63,12 @@ def test_a_measured_recipe_becomes_an_estimate(bench):
     assert 'not measured yet' in rows['| `retinanet_soft_medium_1x`']
 
 
-@pytest.mark.parametrize(
-    'installed,missing',
-    [
-        ({}, []),
-        (dict(torch='2.14.1+cu130'), []),  # a local version: ignored
-        (dict(torch='2.1.2'), [API]),
-        (dict(sphinx=None, mmengine=None), [DOCS, API]),
-    ])
+@pytest.mark.parametrize('installed,missing', [
+    ({}, []), (dict(torch='2.14.1+cu130'), []), (dict(torch='2.1.2'), [API]),
+    (dict(sphinx=None, mmengine=None), [DOCS, API])])  # yapf: disable
 def test_docs_env_lists_what_is_missing(installed, missing, monkeypatch,
                                         capsys):
-    """``--docs-env``: the missing files on one line, exit 1; or nothing."""
+    """The missing files on one line, exit 1 (a local version: ignored)."""
     versions = {}
     for name in (DOCS, API):
         with open(osp.join(ROOT, name)) as f:

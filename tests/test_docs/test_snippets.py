@@ -1,9 +1,5 @@
-"""Every snippet of ``docs/en/**/*.md`` and README.md: Python blocks run
-(``<!-- snippet: skip (reason) -->`` ones are counted); SOFT config blocks
-work where users paste them, usage snippets are the shipped recipes and fit
-their authors' file; shell blocks' tool invocations pass the tool's
-argparse, configs and make targets exist; links and anchors resolve; one
-table of (doc file, claim, how it is checked)."""
+"""The snippets of docs/en and README.md run / build / parse / resolve; the
+pages' claims (FACTS) hold."""
 import argparse
 import glob
 import importlib
@@ -22,13 +18,11 @@ PAGES = sorted(
     glob.glob(osp.join(ROOT, 'docs', 'en', '**', '*.md'),
               recursive=True)) + [osp.join(ROOT, 'README.md')]
 GEN = load_module(osp.join(ROOT, 'docs', 'gen_tables.py'), '_docs_gen_facts')
-#: skipped Python blocks (inference: test_image_demo.py; compatibility.md's
-#: load of a run's checkpoint: tests/test_compat.py)
-EXPECTED_SKIPS = 4
+EXPECTED_SKIPS = 4  # test_image_demo.py (3), test_compat.py (1)
 FENCE = re.compile(
     r'(?P<marker><!-- snippet: skip \((?P<reason>[^)]*)\) -->\n\n)?'
     r'^```(?P<lang>[\w-]*)\n(?P<body>.*?)^```', re.S | re.M)
-#: launch script -> (tool, number of positional arguments, how they map)
+#: launch script -> (tool, positional arguments, how they map)
 SCRIPTS = {
     'tools/dist_train.sh': ('train.py', 2, lambda p: [p[0]]),
     'tools/dist_test.sh': ('test.py', 3, lambda p: p[:2]),
@@ -66,9 +60,8 @@ def blocks(langs):
 
 
 PY_BLOCKS = blocks({'python'})
-#: SOFT blocks: a whole config in its codebase; a backbone dict pasted into
-#: mmdet's ResNet config (the three codebases' registries resolve ``SOFT``
-#: in the whole configs: one scope per fragment)
+#: SOFT blocks: a whole config in its codebase, or a backbone dict pasted
+#: into mmdet's ResNet config
 SOFT_CASES = [(where, code, (OWN_BASE.search(code) or [0, 'mmdet'])[1])
               for where, code, reason in PY_BLOCKS if reason is None
               and re.search(r"type='(mmsoft\.)?SOFT'", code)]  # yapf: disable
@@ -77,13 +70,10 @@ SOFT_CASES = [(where, code, (OWN_BASE.search(code) or [0, 'mmdet'])[1])
 @pytest.mark.parametrize('where,code',
                          [(w, c) for w, c, r in PY_BLOCKS if r is None])
 def test_python_block_runs(where, code, tmp_path, monkeypatch):
-    """The registries are restored after it (a snippet may register)."""
     from mmsoft import registry
     monkeypatch.chdir(tmp_path)
-    saved = {
-        r: dict(r._module_dict)
-        for r in (registry.MODELS, registry.ATTENTIONS)
-    }
+    saved = {r: dict(r._module_dict)
+             for r in (registry.MODELS, registry.ATTENTIONS)}  # yapf: disable
     try:
         exec(compile(code, where, 'exec'), {'__name__': '__snippet__'})
     finally:
@@ -110,9 +100,8 @@ def test_soft_snippet_in_a_resnet_config(where, code, scope, tmp_path,
     from mmsoft.models import SOFT
     monkeypatch.chdir(tmp_path)
     own = OWN_BASE.search(code)
-    (tmp_path / 'snippet.py'
-     ).write_text(('' if own else f'_base_ = {RESNET_BASES[scope]!r}\n') +
-                  code)
+    base = '' if own else f'_base_ = {RESNET_BASES[scope]!r}\n'
+    (tmp_path / 'snippet.py').write_text(base + code)
     cfg = Config.fromfile(str(tmp_path / 'snippet.py'))
     assert cfg.default_scope == scope
     registry = importlib.import_module(f'{scope}.registry').MODELS
@@ -131,8 +120,7 @@ def test_soft_snippet_in_a_resnet_config(where, code, scope, tmp_path,
                  cfg.model.backbone.arch)
     with DefaultScope.overwrite_default_scope(scope):
         model.init_weights()
-    assert not any(v.any()
-                   for v in model.backbone.state_dict().values()), where
+    assert not any(v.any() for v in model.backbone.state_dict().values())
 
 
 class _Parsed(Exception):
@@ -160,8 +148,7 @@ def parse_with_tool_argparse(module, argv):
 
 
 def invocations():
-    """(where, kind, target, argv) of every tool invocation of the shell
-    blocks (lines with ``$(`` skipped)."""
+    """(where, kind, target, argv) per invocation in shell blocks."""
     out = []
     for where, body, _ in blocks({'bash', 'shell', 'sh', 'console'}):
         for line in body.replace('\\\n', ' ').splitlines():
@@ -226,10 +213,8 @@ LINKS = [(rel(page), target) for page in PAGES
 
 
 def test_the_scan_finds_what_it_checks():
-    """Python blocks (the skipped ones counted, each with its reason; a
-    whole SOFT config per codebase), tool invocations of every kind, links;
-    MyST's anchors."""
-    assert len(PY_BLOCKS) >= 8
+    """Skipped blocks counted, each with a reason; MyST's anchors."""
+    assert len(PY_BLOCKS) >= 8 and len(SOFT_CASES) >= 6 and len(LINKS) >= 50
     skipped = [(w, reason) for w, _, reason in PY_BLOCKS if reason is not None]
     assert all(reason.strip() for _, reason in skipped), skipped
     assert len(skipped) == EXPECTED_SKIPS, skipped
@@ -237,11 +222,9 @@ def test_the_scan_finds_what_it_checks():
              for w, c, s in SOFT_CASES if OWN_BASE.search(c)}
     assert ('README.md', 'mmdet') in whole
     assert {s for _, s in whole} == set(RESNET_BASES)
-    assert len(SOFT_CASES) >= 6
-    assert {'tool', 'script', 'make', 'config'
-            } <= {k
-                  for _, k, _, _ in INVOCATIONS} and len(INVOCATIONS) >= 40
-    assert len(LINKS) >= 50
+    kinds = {k for _, k, _, _ in INVOCATIONS}
+    assert {'tool', 'script', 'make', 'config'} <= kinds
+    assert len(INVOCATIONS) >= 40
     assert slug('The alpha rule (`nr_init`) in plain words') == \
         'the-alpha-rule-nr_init-in-plain-words'
     assert slug('GPU check (`make gpu-check`)') == 'gpu-check-make-gpu-check'
@@ -282,9 +265,8 @@ BEFORE_LANCZOS = ('benchmark_backbones.csv', 'gpu_h200.csv', 'gpu_h100.csv')
 
 
 def csv_ratios():
-    """``{(H x W, peer): {ratio: superseded}}``: every SOFT-vs-PVTv2 time
-    ratio of the benchmark CSVs, rounded as the pages write them;
-    ``superseded``: only pre-Lanczos rows at 800 x 1216 give it."""
+    """``{(H x W, peer): {ratio: only pre-Lanczos 800 x 1216 rows give
+    it}}`` of the benchmark CSVs' SOFT-vs-PVTv2 time ratios."""
     out = {}
 
     def add(size, peer, ratio, name):
@@ -318,10 +300,8 @@ def csv_ratios():
 
 
 def stated_ratios(text):
-    """``(sizes, peer, ratio, quote, context)`` of every SOFT-vs-PVTv2 ratio
-    of ``text`` with the sizes its paragraph names: prose "N.NNx PVTv2-bK";
-    each "(N.NNx)" of a table row naming "PVTv2-bK" and a size (context:
-    the row and its footnotes)."""
+    """``(sizes, peer, ratio, quote, context)``: prose "N.NNx PVTv2-bK";
+    table rows' "(N.NNx)" (context: the row and its footnotes)."""
     out, paras = [], re.split(r'\n\s*\n', text)
     notes = {p.strip()[0]: p for p in paras if p.strip()[:1] in '¹²³⁴'}
 
@@ -346,9 +326,8 @@ def stated_ratios(text):
 
 
 def contradicted(rel, text, known):
-    """The stated ratios of ``text`` that no CSV row at a size of their
-    paragraph gives (or only a pre-Lanczos row, in a paragraph that does
-    not say "before")."""
+    """Stated ratios no CSV row gives (or only a pre-Lanczos one, in a
+    paragraph not saying "before")."""
     wrong = []
     for sizes, peer, ratio, quote, para in stated_ratios(text):
         flags = [known.get((s, peer), {}).get(ratio) for s in sizes]
@@ -409,8 +388,6 @@ def test_doc_fact(rel, claim, check):
 
 
 def test_a_contradicted_ratio_is_caught(monkeypatch):
-    """An invented ratio, a pre-Lanczos one not said to be, a CSV
-    re-measured under a page."""
     known = csv_ratios()
     now = GEN.detection_cpu_rows()[('soft_small_norm', '800x1216x1',
                                     'forward')]['ratio']  # the current run
@@ -437,18 +414,15 @@ def test_a_contradicted_ratio_is_caught(monkeypatch):
     assert contradicted('x.md', page(now, ''), csv_ratios())  # SOFT +10%
 
 
-@pytest.mark.parametrize('rel,base,name', [
-    ('README.md', 'mmdet::retinanet/retinanet_r50_fpn_1x_coco.py',
-     'retinanet_soft_small_1x'),
-    ('docs/en/user_guides/own_config.md',
-     'mmdet::retinanet/retinanet_r50_fpn_1x_coco.py',
-     'retinanet_soft_small_1x'),
-    ('docs/en/user_guides/own_config.md',
-     'mmseg::upernet/upernet_r50_4xb4-160k_ade20k-512x512.py',
-     'upernet_soft_small_512x512_160k_ade20k'),
+@pytest.mark.parametrize('rel,scope,name', [
+    ('README.md', 'mmdet', 'retinanet_soft_small_1x'),
+    ('docs/en/user_guides/own_config.md', 'mmdet', 'retinanet_soft_small_1x'),
+    ('docs/en/user_guides/own_config.md', 'mmseg',
+     'upernet_soft_small_512x512_160k_ade20k')
 ])
-def test_usage_snippet_is_the_shipped_recipe(rel, base, name, tmp_path):
-    pytest.importorskip(base.split('::')[0])
+def test_usage_snippet_is_the_shipped_recipe(rel, scope, name, tmp_path):
+    pytest.importorskip(scope)
+    base = RESNET_BASES[scope]
     found = [b for w, b, _ in PY_BLOCKS if w.startswith(rel + ':')
              and f"_base_ = '{base}'" in b]  # yapf: disable
     assert len(found) == 1, (rel, base, len(found))

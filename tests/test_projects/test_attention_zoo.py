@@ -1,5 +1,4 @@
-"""projects/attention_zoo (NeurIPS Table 1): each mixer against its formula
-(tiny dimensions, float64 where exactness is asserted)."""
+"""projects/attention_zoo (NeurIPS Table 1): each mixer against its formula."""
 import math
 
 import pytest
@@ -116,11 +115,10 @@ def test_registry_options_repr_and_refusals():
             build(t, **{key: 4})
     kws = [{}, dict(sr_mode='avgpool'), dict(num_features=5),
            dict(pinv_iters=3), dict(order='linear')]  # yapf: disable
+    reprs = ('', ', sr_mode=avgpool', ', num_features=5',
+             ', pinv=iterative, pinv_iters=3', ', order=linear')
     assert [cls(16, 2, 2, **kw).extra_repr() for cls, kw in zip(ZOO, kws)
-            ] == ['heads=2, ratio=2' + e for e in (
-                '', ', sr_mode=avgpool', ', num_features=5',
-                ', pinv=iterative, pinv_iters=3', ', order=linear')
-                  ]  # yapf: disable
+            ] == ['heads=2, ratio=2' + e for e in reprs]
     for cls, kw, msg in [
         (LIN, dict(sr_mode='pool'),
          "unknown sr_mode 'pool'; choose one of ('conv', 'avgpool')"),
@@ -240,8 +238,7 @@ def test_orthogonal_gaussian_seeded_orthogonal_float64_norms(monkeypatch):
 
 
 def test_iterative_pinv_start_step_convergence_and_exact_limit():
-    """Z_0 = A^T / (||A||_1 ||A||_inf) per matrix, one step, to A^+ (float32
-    for half A: test_nystromformer_in_bfloat16_inverts_in_float32); r = 1,
+    """Z_0 = A^T / (||A||_1 ||A||_inf) per matrix, one step, to A^+; r = 1,
     exact inverse: F A^+ B = S S^+ S = S; 6 iterations by default."""
     attn, x = build('nystromformer', ratio=1, pinv='exact'), tokens()
     S = softmax_matrix(*split(attn, x, 'q', 'k'))
@@ -252,9 +249,8 @@ def test_iterative_pinv_start_step_convergence_and_exact_limit():
     Z0, eye = A.transpose(-1, -2) / norms[:, None, None], torch.eye(5)
     close(mixers.iterative_pinv(A, 0), Z0)
     AZ = A @ Z0
-    close(mixers.iterative_pinv(A, 1),
-          Z0 @ (13 * eye - AZ @ (15 * eye - AZ @ (7 * eye - AZ))) / 4
-          )  # yapf: disable
+    step = Z0 @ (13 * eye - AZ @ (15 * eye - AZ @ (7 * eye - AZ))) / 4
+    close(mixers.iterative_pinv(A, 1), step)
     for shape in [(10, 10), (6, 4), (4, 6)]:
         A = torch.rand(2, *shape, dtype=F64).softmax(-1)
         close(mixers.iterative_pinv(A, 30), torch.linalg.pinv(A))
@@ -273,8 +269,7 @@ def test_nystromformer_in_bfloat16_inverts_in_float32(pinv):
 
 @pytest.mark.parametrize('order', ['linear', 'quadratic', 'auto'])
 def test_sima_multiplies_in_the_chosen_order(order):
-    """'linear': Q (K^T V); 'quadratic': (Q K^T) V; 'auto': linear iff
-    n > d."""
+    """'linear': Q(K^T V); 'quadratic': (Q K^T)V; 'auto': linear iff n > d."""
     want = ['quadratic', 'linear'] if order == 'auto' else [order] * 2
     assert [mixers.sima_order(n, 8, order) for n in (8, 9)] == want
     attn, x = build('sima', 1, 0, order=order).float(), tokens().float()

@@ -1,36 +1,28 @@
-"""projects/nr_diagnostics (Fig. 4): the statistics from known spectra and
-the curve, the recorder on a real SOFT (outputs bit-identical), the hook's
-scalars, table and warnings only every ``interval`` iterations."""
-import importlib
+"""projects/nr_diagnostics (Fig. 4): statistics, recorder, hook."""
 import logging
-import sys
 import types
 
 import pytest
 import torch
-from conftest import ROOT, current_log, smooth_kernel, tiny_arch
+from conftest import current_log, smooth_kernel, tiny_arch
 from mmengine.logging import MessageHub
 from mmengine.registry import HOOKS
 
+import projects.nr_diagnostics as nd  # conftest: the checkout on sys.path
+import projects.nr_diagnostics.diagnostics as D
 from mmsoft.models.backbones import SOFT
 from mmsoft.models.layers import gaussian_kernel
 
-if ROOT not in sys.path:  # projects/ is importable from the checkout root
-    sys.path.insert(0, ROOT)
-nd = importlib.import_module('projects.nr_diagnostics')
-D = importlib.import_module('projects.nr_diagnostics.diagnostics')
 pytestmark = pytest.mark.usefixtures('one_thread')  # tiny ops
 F64 = torch.float64
 
 
-@pytest.mark.parametrize(
-    'lam, v, residual, unconverged',
-    [
-        # 1 - l v: 0, 0.5 (not > 0.5), 0, 1 (4 eps: outside the rank)
-        ([4 * 2**-52, .25, .5, 1.], [0., 4., 1., 1.], .25, 0.),
-        ([4 * 2**-52, .25, .5, 1.], [0., 4., 0., 1.], .5, 1 / 3),
-        ([0., 0., 2.], [9., 9., 0.], 1., 1.),  # rank 1, unconverged
-    ])
+# 1 - l v: 0, 0.5 (not > 0.5), 0, 1 (4 eps: outside the rank); rank 1
+@pytest.mark.parametrize('lam, v, residual, unconverged', [
+    ([4 * 2**-52, .25, .5, 1.], [0., 4., 1., 1.], .25, 0.),
+    ([4 * 2**-52, .25, .5, 1.], [0., 4., 0., 1.], .5, 1 / 3),
+    ([0., 0., 2.], [9., 9., 0.], 1., 1.)
+])
 def test_nr_residual_on_known_spectra(monkeypatch, lam, v, residual,
                                       unconverged):
     """max |l (l v - 1)| / max |l|; the share of the rank, strict bounds."""
@@ -39,14 +31,12 @@ def test_nr_residual_on_known_spectra(monkeypatch, lam, v, residual,
     A = torch.diag(torch.tensor(lam, dtype=F64)).expand(2, -1, -1)
     got = nd.nr_residual(A, 20, 'soft_norm_per_matrix')
     assert sorted(got) == ['residual', 'unconverged']
-    assert torch.equal(got['residual'], torch.full((2, ), residual, dtype=F64))
-    assert torch.equal(got['unconverged'],
-                       torch.full((2, ), unconverged, dtype=F64))
+    for key, want in (('residual', residual), ('unconverged', unconverged)):
+        assert torch.equal(got[key], torch.full((2, ), want, dtype=F64))
 
 
 def test_pinv_convergence_is_the_residual_curve():
-    """Decreasing towards 0 (Prop. 2); its end is nr_residual's; fewer
-    iterations, more unconverged; a converged A none."""
+    """Decreasing (Prop. 2) to nr_residual's; a converged A: none."""
     A = smooth_kernel(2, m=60)
     curve = nd.pinv_convergence(A, 20)
     assert curve.shape == (2, 21) and curve.dtype == F64
@@ -70,14 +60,14 @@ def tiny_soft():
     return SOFT(tiny_arch((16, 32, 32, 64), (2, 2, 2, 2), (2, 2, 1, 1)))
 
 
-def image(seed=0):
+def image():
     return torch.randn(
-        2, 3, 64, 96, generator=torch.Generator().manual_seed(seed))
+        2, 3, 64, 96, generator=torch.Generator().manual_seed(0))
 
 
 def test_recorder_takes_each_stages_largest_and_leaves_the_model_alone():
-    """Per stage the max over blocks, samples and heads of nr_residual on
-    A of the sampler's landmarks; outputs, gradients and RNG unchanged."""
+    """Per stage the max of nr_residual over blocks, samples and heads;
+    outputs, gradients and RNG unchanged."""
     model, x = tiny_soft().train(), image()
     landmarks = {}
     for i, stage in enumerate(model.stages[:3]):
@@ -98,12 +88,8 @@ def test_recorder_takes_each_stages_largest_and_leaves_the_model_alone():
     torch.manual_seed(1)
     model(x)
     assert torch.equal(torch.get_rng_state(), rng)
-    for a, b in zip(seen, plain):
-        assert torch.equal(a, b)
-    for a, b in zip(
-            torch.autograd.grad(
-                sum(o.sum() for o in seen), model.parameters()), grads):
-        assert torch.equal(a, b)
+    again = torch.autograd.grad(sum(o.sum() for o in seen), model.parameters())
+    assert all(map(torch.equal, [*seen, *again], [*plain, *grads]))
     assert sorted(rec.stats) == ['stage1', 'stage2', 'stage3']
     for i, lms in landmarks.items():
         per = [nd.nr_residual(gaussian_kernel(lm, lm)) for lm in lms]
@@ -116,12 +102,11 @@ def test_recorder_takes_each_stages_largest_and_leaves_the_model_alone():
         len(blk.attn.sampler._forward_hooks)
         for s in model.stages[:3]
         for blk in s.blocks
-    } == {1}  # the test's: the recorder's removed
+    } == {1}  # the recorder's removed
 
 
 def run(hook, model, iters):
-    """What ``hook`` logs over ``iters`` train iterations: (level,
-    message), and the runner."""
+    """(level, message) ``hook`` logs over ``iters`` iterations; runner."""
     hub = MessageHub.get_instance(f'nr_hook_{id(hook)}')
     runner = types.SimpleNamespace(model=model, message_hub=hub, iter=0)
     with current_log() as records:
@@ -137,8 +122,8 @@ def run(hook, model, iters):
 
 
 def test_hook_logs_every_interval_and_warns_once_per_stage():
-    """Scalars train/nr_*_s<i> and the table at iterations 2 and 5 only; a
-    warning once per stage above warn_unconverged (not at it)."""
+    """Scalars and the table at iterations 2 and 5 only; a warning once per
+    stage above warn_unconverged (not at it)."""
     model = tiny_soft().eval()
     assert HOOKS.get('NRResidualHook') is nd.NRResidualHook
     with pytest.raises(ValueError) as info:
