@@ -319,9 +319,7 @@ def demo_det(demo_data, tmp_path):
 
 
 def test_damaged_images_and_annotations_are_named(demo_det, capsys):
-    """Empty, truncated, missing images; a truncated annotation JSON with
-    the position (the data check in train.py: test_faults.py's
-    train-class-index-out-of-range)."""
+    """Empty, truncated, missing images; a truncated JSON, its position."""
     cfg, root = demo_det
     jpg, empty, gone = sorted(glob.glob(osp.join(root, 'train', '*.jpg')))[:3]
     data = open(jpg, 'rb').read()
@@ -445,8 +443,7 @@ def test_decoding_all_or_a_seeded_sample(tmp_path, monkeypatch):
         ('png', 12, b'trailer' * 1000),
     ])
 def test_image_with_data_after_its_end_is_whole(tmp_path, ext, end, trailer):
-    """Bytes after a JPEG's end-of-image marker / a PNG's IEND (padding,
-    camera data) are no truncation; a file cut before it is."""
+    """Bytes after a JPEG's / PNG's end: no truncation; cut before it: one."""
     import cv2
     import numpy as np
     path = str(tmp_path / f'a.{ext}')

@@ -306,9 +306,7 @@ def test_benchmark_onnx_tiny_run(tmp_path, capsys, replaced):
 
 
 def test_nr_backward_compare_train_demo(tmp_path, capsys, monkeypatch):
-    """The two runs get the demo config (3 iterations) and their
-    nr_backward; the table is their metrics. The first one is real (the
-    demo's detection run_task: train, test, draw), the second stubbed."""
+    """Two runs (3 iterations) of the det demo, its real run_task first."""
     import demo_tasks as tasks
     calls, real_run_task = [], tasks.run_task
 
@@ -343,8 +341,7 @@ def test_nr_backward_compare_train_demo(tmp_path, capsys, monkeypatch):
 
 
 def test_benchmark_compile_smoke(tmp_path, capsys, monkeypatch):
-    """--smoke: 64x64 rows; torch.compile stubbed (SOFT compiled:
-    test_models/test_compile.py)."""
+    """torch.compile stubbed (compiled: test_models/test_compile.py)."""
     import torch
     compiled = []
     monkeypatch.setattr(torch, 'compile',
@@ -402,10 +399,7 @@ RECIPES = [
 
 
 def test_gpu_check_dry_run_fills_the_model_zoo(tmp_path, capsys, monkeypatch):
-    """recipe_gpu.csv rows from the CPU (the model zoo's estimates from them:
-    test_generated_tables.py::test_a_measured_recipe_becomes_an_estimate);
-    the paper configs run without their (absent) ImageNet file;
-    --sections: the others not run."""
+    """recipe_gpu.csv's CPU rows, no ImageNet file needed; --sections."""
     monkeypatch.chdir(tmp_path)  # no checkpoints/ here
     tool = load_tool('analysis/gpu_check.py')
     names = RECIPES

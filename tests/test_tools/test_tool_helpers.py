@@ -635,8 +635,6 @@ def test_name_run(monkeypatch, tmp_path):
         ['retina_cfg', 'retina_cfg_2']
     assert cfgs[1].experiment_name == 'retina_cfg_2'
     assert launch.name_run(Config(dict(experiment_name='exp'))) == 'exp_3'
-    monkeypatch.setattr(launch, '_RUNS', itertools.count(1))
-    assert launch.name_run(Config(dict())) == 'run'
 
 
 GLOO = (INFO, "CUDA is not available: distributed backend 'nccl' -> 'gloo'")

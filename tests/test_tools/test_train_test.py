@@ -97,8 +97,6 @@ def test_script_syntax_and_usage():
 
 
 def test_auto_scale_lr_argument():
-    """(--resume, --work-dir: test_faults.py's train-resume-* rows,
-    test_tool_helpers.py::test_runner_parser_and_args)"""
     t = tool('train')
     cfg = t['build_cfg'](t['parse_args'](
         [osp.join(ROOT, 'configs', 'retinanet_soft_tiny_1x.py'),
@@ -204,8 +202,7 @@ def repo(tmp_path):
 
 
 def _script(repo, script, *args, **env):
-    """``tools/<script> args`` in a login shell's environment (no venv
-    active, no PYTHON) plus ``env``."""
+    """``tools/<script> args``: no venv active, no PYTHON; ``env``."""
     base = {
         k: v
         for k, v in os.environ.items()
