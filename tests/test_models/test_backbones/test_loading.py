@@ -55,12 +55,6 @@ def _mapped_from(t, path):
     return False
 
 
-def _locations():
-    """A ``map_location`` recording the locations it is called with."""
-    seen = []
-    return seen, lambda storage, location: seen.append(location) or storage
-
-
 def authors_sd(img_size=64, depths=(1, 1, 2, 1), **drop):
     """An authors' state dict (5 classes), without the keys in ``drop``."""
     sd = ref.random_official_state_dict(
@@ -102,8 +96,9 @@ def test_read_checkpoint_and_load_pretrained_defaults(tmp_path, monkeypatch):
     want = _linear_file(path)
     assert loading.read_checkpoint(path)['bias'].device.type == 'cpu'
     m = nn.Linear(2, 3)
-    seen, to_cpu = _locations()
-    r = loading.load_pretrained(m, str(path), map_location=to_cpu)
+    seen = []  # a map_location recording the locations it is called with
+    r = loading.load_pretrained(
+        m, str(path), map_location=lambda s, loc: seen.append(loc) or s)
     assert r.ok and r.matched == 2 and _same(m.state_dict(), want)
     assert seen and set(seen) == {'cpu'}
     raw = {'weight': torch.zeros(3, 2), 'bias': torch.zeros(3)}
@@ -143,17 +138,15 @@ def test_read_checkpoint_mmap(tmp_path, monkeypatch):
         items = [(i, z.read(i.filename)) for i in z.infolist()]
     with zipfile.ZipFile(path, 'w', zipfile.ZIP_STORED) as z:
         for info, data in items:
-            z.writestr(
-                info,
-                data.replace(b'X\x03\x00\x00\x00cpu',
-                             b'X\x06\x00\x00\x00absent'))
+            data = data.replace(b'X\x03\x00\x00\x00cpu',
+                                b'X\x06\x00\x00\x00absent')
+            z.writestr(info, data)
     got = loading.read_checkpoint(path, mmap=True)
     assert all(_mapped_from(v, path) for v in got.values())
     assert _same(got, want) and {v.device.type
                                  for v in got.values()} == {'cpu'}
-    torch.save({'w': torch.arange(3.)},
-               path,
-               _use_new_zipfile_serialization=False)
+    legacy = dict(_use_new_zipfile_serialization=False)
+    torch.save({'w': torch.arange(3.)}, path, **legacy)
     got = loading.read_checkpoint(path, mmap=True)
     assert torch.equal(got['w'], torch.arange(3.))
     monkeypatch.setenv('TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD', '1')
