@@ -135,9 +135,10 @@ def test_batch_one_batchnorm_message(stage_cfgs, hw, stage, k):
     model.eval()(torch.randn(1, 3, hw, hw))  # eval: running statistics
 
 
-def test_soft_block_stage_and_patch_embed_defaults():
-    """SOFT attention, 4 x tanh-GELU MLP, LN 1e-5; rate -> DropPath; the
-    patch embedding's SafeConv2d, no "Unnecessary conv bias" warning."""
+def test_blocks_stages_and_patch_embed():
+    """SOFT block: SOFT attention, 4 x tanh-GELU MLP, LN 1e-5, rate ->
+    DropPath; the patch embedding's SafeConv2d, no "Unnecessary conv bias"
+    warning; the softmax block; the block's attn_cfg."""
     blk = SOFTBlock(8, 1, 2)
     assert type(blk.attn).__name__ == 'SOFTAttention'
     assert blk.attn.q.bias is not None and blk.attn.v.bias is not None
@@ -167,10 +168,7 @@ def test_soft_block_stage_and_patch_embed_defaults():
             embed = ConvPatchEmbed(3, 8, stem)
         assert [type(layer.conv) for layer in embed.proj] == [SafeConv2d] * n
         assert all(layer.conv.bias is not None for layer in embed.proj)
-
-
-def test_softmax_block():
-    """Pre-norm ViT block (LN 1e-6, exact GELU); where each rate goes."""
+    # the softmax block: pre-norm ViT (LN 1e-6, exact GELU); where rates go
     torch.manual_seed(0)
     blk = SoftmaxBlock(8, 2).eval()
     assert blk.norm1.eps == blk.norm2.eps == 1e-6
@@ -197,6 +195,19 @@ def test_softmax_block():
     assert isinstance(SoftmaxAttention(8, 2).proj_drop, nn.Identity)
     drop = SoftmaxAttention(8, 2, proj_drop=0.5).proj_drop
     assert isinstance(drop, nn.Dropout) and drop.p == 0.5
+    # attn_cfg: Swin's merge; type may be the class; no warning under mmdet
+    attn = SOFTBlock(8, 2, 2, attn_cfg=dict(type='soft', num_heads=1)).attn
+    assert (attn.embed_dims, attn.num_heads) == (8, 1)
+    assert attn.sampler.ratio == 2 and attn.dw_conv.kernel_size == (3, 3)
+    attn = SOFTBlock(
+        8, 1, 2, attn_cfg=dict(type=SOFTAttention, nr_iters=3,
+                               nr_init='soft')).attn
+    assert isinstance(attn, SOFTAttention)
+    assert attn.nr.iters == 3 and attn.nr.init == 'soft'
+    with current_log(logging.DEBUG) as records, \
+            DefaultScope.overwrite_default_scope('mmdet'):
+        SOFTBlock(8, 1, 2, attn_cfg=dict(type='SOFTAttention'))
+    assert not [r for r in records if r.levelno >= logging.WARNING]
 
 
 @pytest.mark.parametrize(
@@ -580,22 +591,6 @@ def test_stage_cfgs_attn_cfg_and_norms_per_stage():
     assert every.stages[3].blocks[0].attn.q.bias is None
     plain = SOFT(ARCH, stage_cfgs=[{}] * 4).stage_cfgs
     assert plain == SOFT(ARCH).stage_cfgs and plain[3]['attn_drop_rate'] == 0
-
-
-def test_attention_from_the_block_settings_and_attn_cfg():
-    """Swin's merge; type may be the class; no warning under mmdet."""
-    attn = SOFTBlock(8, 2, 2, attn_cfg=dict(type='soft', num_heads=1)).attn
-    assert (attn.embed_dims, attn.num_heads) == (8, 1)
-    assert attn.sampler.ratio == 2 and attn.dw_conv.kernel_size == (3, 3)
-    attn = SOFTBlock(
-        8, 1, 2, attn_cfg=dict(type=SOFTAttention, nr_iters=3,
-                               nr_init='soft')).attn
-    assert isinstance(attn, SOFTAttention)
-    assert attn.nr.iters == 3 and attn.nr.init == 'soft'
-    with current_log(logging.DEBUG) as records, \
-            DefaultScope.overwrite_default_scope('mmdet'):
-        SOFTBlock(8, 1, 2, attn_cfg=dict(type='SOFTAttention'))
-    assert not [r for r in records if r.levelno >= logging.WARNING]
 
 
 # a plain type: mmengine's root registry; 'mmsoft.SOFT': mmsoft's scope
