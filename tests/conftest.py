@@ -1,5 +1,6 @@
 """What several test files share (fixtures; ``from conftest import``)."""
 import contextlib
+import functools
 import importlib
 import importlib.util
 import io
@@ -344,6 +345,15 @@ def flip_tensor_bytes(path, n, size=None):
         for i in range(n):
             raw[start + i] ^= 0xFF
     open(path, 'wb').write(bytes(raw))
+
+
+@pytest.fixture(scope='module')
+def metafiles_read_once():
+    """mmengine reads every codebase metafile per ``mmdet::`` base: once."""
+    from mmengine.config import utils
+    with pytest.MonkeyPatch.context() as m:
+        m.setattr(utils, 'load', functools.lru_cache(None)(utils.load))
+        yield
 
 
 @pytest.fixture

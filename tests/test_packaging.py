@@ -117,6 +117,7 @@ def test_package_does_not_know_tools():
     assert tool.demo_synthetic is demo_synthetic
 
 
+@pytest.mark.usefixtures('metafiles_read_once')
 def test_model_index_lists_every_config_as_papers():
     """Once each, numbers marked as the papers', mim reads it; the schedule
     is the config's."""

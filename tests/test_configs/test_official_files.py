@@ -38,15 +38,7 @@ WRONG_ARCH = ("checkpoint C holds the authors' weights of "
               "arch='small-official' (depths [1, 3, 20, 4]), not of the "
               "configured arch='small': use --cfg-options "
               'model.backbone.arch=small-official')
-
-
-@pytest.fixture(scope='module', autouse=True)
-def metafiles_read_once():  # mmengine reads them per ``mmdet::`` base
-    from mmengine.config import utils
-    with pytest.MonkeyPatch.context() as m:
-        m.setattr(utils, 'load', functools.lru_cache(None)(utils.load))
-        yield
-
+pytestmark = pytest.mark.usefixtures('metafiles_read_once')
 
 _load = functools.lru_cache(None)(
     lambda name: Config.fromfile(osp.join(CONFIGS, name + '.py')))

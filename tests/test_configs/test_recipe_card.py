@@ -35,6 +35,7 @@ CHANNEL_KEYS = ('in_channels', 'out_channels', 'feat_channels',
                 'proposal_feature_channel')
 EPOCH_LEN = {'cls_in1k': 20}  # simulated epochs (> the 500-iter warm-up)
 NORMS = (_BatchNorm, torch.nn.LayerNorm, torch.nn.GroupNorm)
+pytestmark = pytest.mark.usefixtures('metafiles_read_once')
 
 
 def scope_of(name):

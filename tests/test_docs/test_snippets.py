@@ -38,6 +38,7 @@ RESNET_BASES = {
 }
 OWN_BASE = re.compile(r"^_base_ = '(\w+)::", re.M)
 LINK = re.compile(r'!?\[[^\]]*\]\(([^)\s]+)\)')
+pytestmark = pytest.mark.usefixtures('metafiles_read_once')
 
 
 def rel(path):
