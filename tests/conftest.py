@@ -35,8 +35,7 @@ def pytest_terminal_summary(terminalreporter, config):
 
 
 def child_env(**extra):
-    """``os.environ`` for a child running this checkout's mmsoft, one OpenMP
-    thread, no warnings; ``extra`` (None: unset)."""
+    """``os.environ`` for this checkout's mmsoft; ``extra`` (None: unset)."""
     path = os.pathsep.join(p for p in (ROOT, os.environ.get('PYTHONPATH'))
                            if p)  # yapf: disable
     env = dict(os.environ, PYTHON=sys.executable, OMP_NUM_THREADS='1',
@@ -128,8 +127,7 @@ for line in sys.stdin:
 
 @pytest.fixture(scope='session')
 def script_server(tmp_path_factory):
-    """``run(script, argv, cwd, env, setup, timeout)``: ``python script argv``
-    (a ``CompletedProcess``) forked from a process with the stacks."""
+    """``run(script, argv, ...)``: forked from a process with the stacks."""
     pytest.importorskip('mmpretrain')
     server = subprocess.Popen([sys.executable, '-c', SCRIPT_SERVER], cwd=ROOT,
                               env=child_env(), stdin=subprocess.PIPE,
@@ -272,8 +270,7 @@ def tiny_demo_data(num_train):
 
 
 def cls_demo_config(tmp, **batch_size):
-    """``tmp/cls.py``: the cls demo on 2 + 4 images; ``batch_size``: per
-    dataloader (``val=4``)."""
+    """``tmp/cls.py``: the cls demo on 2 + 4 images; per-split batch size."""
     import demo_synthetic
     demo_synthetic.make_demo_data(
         str(tmp / 'data'), tasks=('cls', ), workers=1, log=None,
@@ -293,8 +290,7 @@ _AUTHORS_FILES = {}
 
 
 def authors_file(path, arch):
-    """An authors'-layout file of ``arch`` (224, 1000 classes; expanded
-    zeros, a few bytes); its number of tensors."""
+    """An authors'-layout file of ``arch`` (zeros); its number of tensors."""
     if arch not in _AUTHORS_FILES:
         from reference.official_soft_ref import random_official_state_dict
 
@@ -330,8 +326,7 @@ class Reduce:
 
 
 def flip_tensor_bytes(path, n, size=None):
-    """Flip ``n`` bytes mid-record of the ``size``-byte (else the largest)
-    tensors of a ``torch.save`` zip."""
+    """Flip ``n`` bytes mid-record of ``size``-byte (else largest) tensors."""
     with zipfile.ZipFile(path) as z:
         records = [i for i in z.infolist() if '/data/' in i.filename]
     records = [max(records, key=lambda i: i.file_size)] if size is None \
@@ -439,8 +434,7 @@ def device(request):
 
 def smooth_kernel(*batch, m=60, d=8, seed=0, dtype=torch.float64, freq=4,
                   stretch=6):  # yapf: disable
-    """A SOFT-like kernel of landmarks along a smooth curve: many small
-    eigenvalues on which 20 NR iterations do not converge."""
+    """A SOFT-like kernel on which 20 NR iterations do not converge."""
     from mmsoft.models.layers import gaussian_kernel
     g = torch.Generator().manual_seed(seed)
     t = torch.linspace(0, 1, m, dtype=torch.float64)[:, None]

@@ -85,8 +85,7 @@ def test_allow_list_is_scoped():
 @needs_weights_only
 def test_mmengine_checkpoint_loads_weights_only_inside_the_context(
         tmp_path, table):
-    """Refused outside; inside, read without a warning, the method table
-    empty (a fresh process's)."""
+    """Refused outside; inside, no warning, the method table empty or not."""
     from mmengine.runner.checkpoint import CheckpointLoader
     model = nn.Linear(4, 3)
     hub = MessageHub.get_instance(f'mmsoft_test_compat_{uuid.uuid4().hex}')
@@ -134,8 +133,7 @@ def test_mmengine_checkpoint_loads_weights_only_inside_the_context(
 @pytest.mark.parametrize('methods', ['absent', 'same', 'other'])
 def test_history_buffer_loads_and_changes_no_class(tmp_path, table, methods,
                                                    allow_list):
-    """A pickled method table unlike this process's: one warning, and not
-    applied."""
+    """A pickled method table unlike ours: one warning, not applied."""
     hb = HistoryBuffer([5.0, 7.0], [1, 1])
     if methods != 'absent':  # a pickled method table (crafted)
         fn = HistoryBuffer.mean if methods == 'same' else HistoryBuffer.max
@@ -208,8 +206,7 @@ def test_stand_ins_defer_to_the_users_allow_list():
 @pytest.mark.parametrize('scan', ['torch', 'walk'])
 def test_unsafe_globals_names_every_refused_global(tmp_path, monkeypatch,
                                                    scan):
-    """A zip file: every global but mmengine's and ``extra`` (torch's scan,
-    or the walk of its data.pkl before torch 2.5)."""
+    """Every global but mmengine's and ``extra`` (torch's scan or ours)."""
     if scan == 'walk':
         monkeypatch.delattr(torch.serialization,
                             'get_unsafe_globals_in_checkpoint', False)
@@ -333,8 +330,7 @@ def test_torch_version_and_the_native_allow_list(monkeypatch, version, want,
 
 def test_restricted_codecs_encode_is_latin1_of_a_str_only(
         tmp_path, monkeypatch):
-    """Before torch 2.6: only ``_codecs.encode(str, 'latin1')``; the
-    context is a no-op."""
+    """Before torch 2.6 (the context: a no-op)."""
     get = getattr(torch.serialization, 'get_safe_globals', list)
     before = list(map(str, get()))
     monkeypatch.setattr(safe_load, 'native_allow_list', lambda: False)

@@ -59,8 +59,7 @@ def test_config_section_reads_as_mutmut_reads_it(tmp_path, monkeypatch):
 
 
 def test_table_scores_each_group(rm, tmp_path):
-    """killed + timeout over mutants - equivalent; a group without results
-    keeps the guide's row; an equivalent needs a reason."""
+    """killed + timeout over mutants - equivalent; rows kept; reasons."""
     kept = '| safety | 1 | 2 | 3 | 3 | 0 | 0 | 0 | 0 | 0 | 100.0% | 100.0% |'
     (tmp_path / 'doc.md').write_text(
         f'| tools | x |\n{rm.TABLE_START}\n| group |\n{kept}\n'
@@ -123,8 +122,7 @@ def test_an_edited_function_unpins_its_equivalents(rm, tmp_path, capsys):
 
 
 def test_listed_equivalents_are_skipped_and_groups_share_a_copy(rm, tmp_path):
-    """Listed, not run: skipped (34); listed, ran: stays; off the list:
-    back to mutmut; a group's status from its own files' ``.meta``."""
+    """Skipped (34) if not run; a group's status from its own ``.meta``."""
     pytest.importorskip('mutmut')
     (tmp_path / 'equivalent.txt'
      ).write_text('mmsoft.a.x_f__mutmut_1 same\nmmsoft.a.x_f__mutmut_2 same\n')
@@ -148,8 +146,7 @@ def test_listed_equivalents_are_skipped_and_groups_share_a_copy(rm, tmp_path):
 
 
 def test_retest_runs_only_last_survivors(rm, tmp_path, monkeypatch):
-    """Survived, no tests, not run, less equivalents listed since; a fresh
-    copy first makes the mutants only."""
+    """Survived / no tests / not run, less equivalents; fresh: mutants only."""
     monkeypatch.setattr(rm, 'sync_copy', lambda ws: None)
     monkeypatch.setattr(rm, 'write_config', lambda ws, g: None)
     states = ('killed', 'survived', 'no tests', 'timeout', 'survived',
@@ -179,8 +176,7 @@ def test_retest_runs_only_last_survivors(rm, tmp_path, monkeypatch):
 
 
 def test_child_process_hits_count_for_the_test(tmp_path, monkeypatch):
-    """In the stats run only (site/); a mutant's tests run fastest first,
-    the clean and stats runs in pytest's order."""
+    """In the stats run only; a mutant's tests run fastest first."""
     pytest.importorskip('mutmut')
     env = dict(os.environ, MUTANT_UNDER_TEST='stats', PYTHONPATH=SITE,
                MMSOFT_MUTMUT_HITS=str(tmp_path))  # yapf: disable

@@ -15,8 +15,7 @@ GEN = load_module(osp.join(ROOT, 'docs', 'gen_tables.py'), '_gen_pkg')
 
 
 def test_paths_in_checkout_and_the_configs_cli(tmp_path, capsys):
-    """Bare names found in sub-folders too; an unknown one names the
-    closest; ``configs list / path / copy``."""
+    """Bare names, sub-folders, the closest name; ``configs`` CLI."""
     assert osp.samefile(paths.configs_root(), osp.join(ROOT, 'configs'))
     for name in ('retinanet_soft_small_1x', 'retinanet_soft_small_1x.py',
                  'configs/retinanet_soft_small_1x.py',
@@ -52,8 +51,7 @@ def test_paths_in_checkout_and_the_configs_cli(tmp_path, capsys):
 
 
 def test_installed_layout_and_the_tools_package(tmp_path):
-    """Installed: <site>/mmsoft/.mim/configs, not a stray <site>/configs;
-    the tools' package finds the checkout (None when installed)."""
+    """Installed: <site>/mmsoft/.mim/configs, not a stray <site>/configs."""
     import demo_tasks
     import mmsoft_tools
     pkg = tmp_path / 'mmsoft'
@@ -86,8 +84,7 @@ def test_installed_layout_and_the_tools_package(tmp_path):
 
 
 def tool_references(source):
-    """A path constant ``tools`` or a loader of files by path (imports: the
-    ``plugin`` contract)."""
+    """A path constant ``tools`` or a loader of files by path."""
     import ast
     loaders = ('spec_from_file_location', 'run_path', 'SourceFileLoader')
     return [
@@ -119,8 +116,7 @@ def test_package_does_not_know_tools():
 
 @pytest.mark.usefixtures('metafiles_read_once')
 def test_model_index_lists_every_config_as_papers():
-    """Once each, numbers marked as the papers', mim reads it; the schedule
-    is the config's."""
+    """Once each, numbers the papers', read by mim; the config's schedule."""
     from mmengine.config import Config
     from modelindex.load_model_index import load
     models = GEN.load_models()

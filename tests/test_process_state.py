@@ -71,8 +71,7 @@ SCRIPT = textwrap.dedent('''
 
 
 def test_import_changes_nothing_process_wide(tmp_path):
-    """This checkout's mmsoft, no codebase import, no warning; the numpy
-    array torch's weights-only unpickler refuses: refused alike after."""
+    """This checkout's mmsoft, no codebase import, no warning of its own."""
     res = run_python(SCRIPT, cwd=tmp_path, PYTHONPATH=ROOT)
     assert res.returncode == 0, res.stderr[-3000:]
     out = json.loads(res.stdout.strip().splitlines()[-1])

@@ -162,8 +162,7 @@ def tree(tmp_path):
 
 @pytest.mark.parametrize('name', ['my env', "it's a venv", 'keep', 'link'])
 def test_clean_env_removes_exactly_the_virtualenv(tree, name):
-    """``VENV="my env"`` once ran ``rm -rf my env``; then nothing to do; a
-    folder without pyvenv.cfg, or a link to a virtualenv, is refused."""
+    """Not ``rm -rf my env``; no pyvenv.cfg or a link: refused."""
     (tree / 'venv').mkdir()
     (tree / 'venv' / 'pyvenv.cfg').write_text('')
     (tree / 'link').symlink_to(tree / 'venv')  # rm -rf: the link's target
@@ -191,8 +190,7 @@ def test_clean_env_removes_exactly_the_virtualenv(tree, name):
 
 @pytest.mark.parametrize('target', ['env', 'test', 'lint', 'demo', 'docs'])
 def test_every_recipe_quotes_the_venv(tree, target):
-    """A dry run: the venv's python and MMSOFT_VENV are one shell word;
-    ``make docs`` needs only the docs requirements (created when missing)."""
+    """Dry runs: the venv one shell word; ``make docs``: docs requirements."""
     proc = _make(tree, '-n', target, "VENV=a b's")
     text, quoted = proc.stdout, "'a b'\\''s"
     assert proc.returncode == 0, proc.stderr

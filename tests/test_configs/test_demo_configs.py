@@ -103,8 +103,7 @@ def _demo(tmp_path, capsys, *args):
 
 
 def test_demo_smoke(tmp_path, capsys, monkeypatch):
-    """tools/demo.py end to end (cls); ``--amp``: the AMP optim wrapper,
-    results in ``<wd>-amp``; without (run_task stubbed): the plain one."""
+    """tools/demo.py end to end; ``--amp``: the AMP wrapper, ``<wd>-amp``."""
     rc, out = _demo(tmp_path, capsys, '--tasks', 'cls', '--amp')
     assert rc == 0, out
     assert '| classification | top-1' in out

@@ -132,8 +132,7 @@ def test_paper_config_names_its_file(name):
 
 
 def test_paper_configs_load_the_authors_file_strictly(no_default_init):
-    """Each paper config loads its file strictly, all but the head; one
-    build per arch and output (attn_norm: the same tensors)."""
+    """Strictly, all but the head; one build per arch and output."""
     built = {}
     for name, e in OFFICIAL_FILES.items():
         path = f'checkpoints/{name}.pth'
@@ -178,8 +177,7 @@ def test_missing_pretrained_names_the_backbone():
 
 
 def test_missing_or_other_small_file_is_one_line(no_default_init):
-    """No file; SOFT-Small's (depths [1, 3, 20, 4]) in a Small config: the
-    docs' lines; with the option it names, it loads."""
+    """The docs' lines; with the option it names, the file loads."""
     cfg = load('retinanet_soft_small_1x')
     with pytest.raises(FileNotFoundError) as exc:
         build_backbone(cfg).init_weights()

@@ -128,8 +128,7 @@ def test_image_demo_image_and_folder(task, models, images, tmp_path, capsys):
 
 
 def test_image_demo_command_line(models, images, tmp_path, script_server):
-    """As a user runs it, from another directory; each bad input: exit 2,
-    one line on stderr, nothing written."""
+    """From another folder; bad inputs: exit 2, one line, nothing written."""
     cfg, ckpt, classes = models['cls']
     out = str(tmp_path / 'cli_out')
     proc = script_server(DEMO, [images['single'], cfg, ckpt, '--out-dir', out],
@@ -156,8 +155,7 @@ def test_image_demo_command_line(models, images, tmp_path, script_server):
 
 def test_readme_python_api_in_one_process(models, images, tmp_path,
                                           monkeypatch):
-    """The inference page's three snippets in one interpreter (as a
-    notebook: mmdet's / mmseg's APIs leave the default scope at theirs)."""
+    """The inference page's three snippets in one interpreter."""
     from mmengine.registry import DefaultScope
     with open(osp.join(ROOT, 'docs/en/user_guides/inference.md')) as f:
         snippets = re.findall(r'```python\n(.*?)```', f.read(), flags=re.S)
@@ -192,9 +190,7 @@ def test_readme_python_api_in_one_process(models, images, tmp_path,
 
 def test_out_dir_inside_input_and_unreadable_images(models, tmp_path, capsys,
                                                     monkeypatch):
-    """A second run does not take its outputs as inputs; x.jpg and x.png: two
-    results; trailers read; each bad image reported, exit 1 at the end;
-    another model's checkpoint: exit 2."""
+    """Outputs not inputs; bad images reported, exit 1; other model: exit 2."""
     cfg, ckpt, classes = models['cls']
     names = ('x.jpg', 'x.png', 'y.jpg', 'sub/c.jpg')
     for seed, name in enumerate(names):

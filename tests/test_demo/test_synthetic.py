@@ -34,8 +34,7 @@ def demo_root(tmp_path_factory):
 
 
 def test_deterministic_and_cached(demo_root, tmp_path):
-    """Byte-identical on 1 or 2 workers; up to date: nothing rewritten;
-    another seed: other images; no temporary folders left."""
+    """Same bytes on 1 or 2 workers; cached; seeded; no temporary folder."""
     other, msgs = str(tmp_path / 'again'), []
     S.make_demo_data(other, seed=0, overrides=SMALL, workers=2, log=None)
     ref = _tree_hashes(demo_root)
@@ -51,8 +50,7 @@ def test_deterministic_and_cached(demo_root, tmp_path):
 
 
 def test_scenes_are_not_trivial():
-    """Several textured objects of every class, disjoint visible masks,
-    clutter outside them; every shape renders."""
+    """Objects of every class, disjoint masks, clutter; every shape renders."""
     n_obj, classes = [], set()
     for i in range(20):
         img, objs, clutter = S.render_scene(
@@ -105,8 +103,7 @@ def test_coco_annotations(demo_root):
 
 
 def test_codebase_datasets(demo_root):
-    """ADE20K labels through mmseg's ``ADE20KDataset``; mmpretrain's
-    ``ImageNet`` and ``CustomDataset`` (the class folders alone)."""
+    """mmseg's ADE20KDataset; mmpretrain's ImageNet and CustomDataset."""
     allowed = {0} | set(S.SEG_ADE_INDEX.values())
     for folder, n in (('training', 6), ('validation', 3)):
         ann_dir = osp.join(demo_root, 'ade', 'annotations', folder)
@@ -192,8 +189,7 @@ def test_tool_cli(tmp_path, capsys):
 @pytest.mark.parametrize('kind,force', [('data', False), ('file', True),
                                         ('link', False)])
 def test_a_users_data_is_never_replaced(tmp_path, force, kind, capsys):
-    """``data/coco`` the user's (data, a file, a link): one line, nothing
-    written, ``--force`` included; an empty or marked folder: generated."""
+    """One line, nothing written (``--force`` too); empty / marked: made."""
     out, real = tmp_path / 'data', tmp_path / 'real_coco'
     real.mkdir()
     (real / 'instances_train2017.json').write_text('{"mine": 1}')

@@ -66,8 +66,7 @@ def image():
 
 
 def test_recorder_takes_each_stages_largest_and_leaves_the_model_alone():
-    """Per stage the max of nr_residual over blocks, samples and heads;
-    outputs, gradients and RNG unchanged."""
+    """Per stage the max; outputs, gradients and RNG unchanged."""
     model, x = tiny_soft().train(), image()
     landmarks = {}
     for i, stage in enumerate(model.stages[:3]):
@@ -122,8 +121,7 @@ def run(hook, model, iters):
 
 
 def test_hook_logs_every_interval_and_warns_once_per_stage():
-    """Scalars and the table at iterations 2 and 5 only; a warning once per
-    stage above warn_unconverged (not at it)."""
+    """At iterations 2 and 5 only; a warning above warn_unconverged."""
     model = tiny_soft().eval()
     assert HOOKS.get('NRResidualHook') is nd.NRResidualHook
     with pytest.raises(ValueError) as info:
