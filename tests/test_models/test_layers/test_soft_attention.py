@@ -337,34 +337,30 @@ def test_landmark_grid_documented_sizes(hw, r, cap, want):
         assert got[0] * got[1] <= cap
 
 
-@pytest.mark.parametrize('hw, r, fixed, want', [
-    ((28, 28), 4, (7, 5), (7, 5)), ((13, 40), 4, (7, 5), (3, 5)),
-    ((6, 6), 4, (7, 5), (1, 1)), ((16, 16), 1, (24, 24), (16, 16))
+@pytest.mark.parametrize('hw, r, fixed, want, cap', [
+    ((28, 28), 4, (7, 5), (7, 5), 49), ((13, 40), 4, (7, 5), (3, 5), 7),
+    ((6, 6), 4, (7, 5), (1, 1), 1), ((16, 16), 1, (24, 24), (16, 16), 10)
 ])  # yapf: disable
-def test_landmark_hw_fixes_the_grid_never_up_sampled(hw, r, fixed, want):
-    """landmark_hw fixes the grid, never up-sampled (issue 27: m > n)."""
+def test_landmark_hw_fixes_the_grid_and_max_landmarks_caps_it(
+        hw, r, fixed, want, cap):
+    """landmark_hw fixes the grid, never up-sampled (issue 27: m > n);
+    max_landmarks caps m (the grid's size if under the cap)."""
     assert landmark_grid(hw, r, landmark_hw=fixed) == want
     q = randn(1, 2, hw[0] * hw[1], 8, dtype=F32)
+    gh, gw = landmark_grid(hw, r)
     for mode in SAMPLING_MODES:
         s = BottleneckSampler(8, r, mode, landmark_hw=fixed).eval()
         assert s(q, hw).shape == (1, 2, want[0] * want[1], 8)
+        s = BottleneckSampler(8, r, mode, max_landmarks=cap).eval()
+        m = s(q, hw).shape[2]
+        assert m <= cap and m == math.prod(landmark_grid(hw, r, cap))
+        assert m == gh * gw if gh * gw <= cap else m >= cap // 4
     grid = BottleneckSampler(8, r, 'avgpool')(q, hw)
-    gh, gw = landmark_grid(hw, r)
     pooled = F.adaptive_avg_pool2d(
         grid.reshape(2, gh, gw, 8).permute(0, 3, 1, 2), want)
     close(
         BottleneckSampler(8, r, 'avgpool', landmark_hw=list(fixed))(q, hw),
         pooled.flatten(2).transpose(1, 2)[None])
-
-
-@pytest.mark.parametrize('hw, cap', [((200, 304), 49), ((40, 40), 7)])
-def test_max_landmarks_caps_m(hw, cap):
-    for mode in SAMPLING_MODES:
-        s = BottleneckSampler(8, 4, mode, max_landmarks=cap).eval()
-        m = s(torch.randn(1, 1, hw[0] * hw[1], 8), hw).shape[2]
-        assert m <= cap and m == math.prod(landmark_grid(hw, 4, cap))
-        gh, gw = landmark_grid(hw, 4)
-        assert m == gh * gw if gh * gw <= cap else m >= cap // 4
 
 
 def test_samplers_layout_tokens_and_repr():
