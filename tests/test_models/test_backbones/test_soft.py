@@ -137,8 +137,9 @@ def test_batch_one_batchnorm_message(stage_cfgs, hw, stage, k):
 
 def test_blocks_stages_and_patch_embed():
     """SOFT block: SOFT attention, 4 x tanh-GELU MLP, LN 1e-5, rate ->
-    DropPath; the patch embedding's SafeConv2d, no "Unnecessary conv bias"
-    warning; the softmax block; the block's attn_cfg."""
+    DropPath; with_cp reruns a block in the backward; the patch embedding's
+    SafeConv2d, no "Unnecessary conv bias" warning; the softmax block; the
+    block's attn_cfg."""
     blk = SOFTBlock(8, 1, 2)
     assert type(blk.attn).__name__ == 'SOFTAttention'
     assert blk.attn.q.bias is not None and blk.attn.v.bias is not None
@@ -162,6 +163,20 @@ def test_blocks_stages_and_patch_embed():
     assert stage.pos_embed.shape == (1, 16, 8)
     fmap, cls = stage(torch.randn(1, 3, 8, 8))
     assert fmap.shape == (1, 8, 4, 4) and cls is None
+    calls = []  # with_cp: a block reruns in the backward (x.sin saves x)
+    stage.blocks.append(
+        type('Count', (nn.Module, ),
+             dict(forward=lambda self, x, hw: calls.append(1) or x.sin()))())
+    for with_cp, runs in ((False, 1), (True, 2)):
+        stage.with_cp, calls[:] = with_cp, []
+        with warnings.catch_warnings():
+            warnings.simplefilter('error')
+            stage(torch.randn(1, 3, 8, 8,
+                              requires_grad=True))[0].sum().backward()
+        assert len(calls) == runs
+    with torch.no_grad():  # no gradient: no checkpoint
+        stage(torch.randn(1, 3, 8, 8))
+    assert len(calls) == 3
     for stem, n in ((True, 3), (False, 1)):
         with warnings.catch_warnings():
             warnings.simplefilter('error')
@@ -308,30 +323,6 @@ def test_frozen_stages_and_norm_eval(k, norm_eval):
         assert not model.stages[1].patch_embed.proj[0].bn.training
         assert model.stages[2].blocks[0].training
     assert not any(m.training for m in model.eval().modules())
-
-
-def test_with_cp_reruns_each_block_in_the_backward():
-    """Only with ``with_cp`` (and a gradient); no torch warning."""
-    calls = []
-
-    class Count(nn.Module):
-
-        def forward(self, x, hw):
-            calls.append(1)
-            return x.sin()  # saves x: a checkpoint recomputes it
-
-    stage = PyramidStage(3, 8, pos_grid=4)
-    stage.blocks.append(Count())
-    for with_cp, runs in ((False, 1), (True, 2)):
-        stage.with_cp, calls[:] = with_cp, []
-        with warnings.catch_warnings():
-            warnings.simplefilter('error')
-            stage(torch.randn(1, 3, 8, 8,
-                              requires_grad=True))[0].sum().backward()
-        assert len(calls) == runs
-    with torch.no_grad():
-        stage(torch.randn(1, 3, 8, 8))
-    assert len(calls) == 3
 
 
 V, T, K = ValueError, TypeError, KeyError
