@@ -143,11 +143,8 @@ def test_shipped_configs_message_and_remedies(name, codebase, dataset, root,
 
 
 def _coco_ds(root, ann='annotations/a.json', img='imgs/'):
-    return dict(
-        type='CocoDataset',
-        data_root=root,
-        ann_file=ann,
-        data_prefix=dict(img=img))
+    return dict(type='CocoDataset', data_root=root, ann_file=ann,
+                data_prefix=dict(img=img))  # yapf: disable
 
 
 def test_wrappers_evaluators_and_order(tmp_path):
@@ -209,25 +206,20 @@ def _coco_test(**dataset):
 
 def test_remote_and_imagenet_split(tmp_path):
     """Remote storage is not checked (nor built); ImageNet's ``split``."""
-    remote = _coco_test(
-        data_root='s3://bucket/coco/',
-        ann_file='annotations/x.json',
-        data_prefix=dict(img='val2017/'))
+    remote = _coco_test(data_root='s3://bucket/coco/',
+                        ann_file='annotations/x.json',
+                        data_prefix=dict(img='val2017/'))  # yapf: disable
     remote.test_evaluator = dict(
         type='CocoMetric', ann_file='s3://bucket/coco/annotations/x.json')
     assert dc.built_datasets(remote, 'test') == []
     assert dc.missing_data_message(remote, 'test') is None
-    petrel = _coco_test(
-        data_root='data/coco/',
-        ann_file='a.json',
-        backend_args=dict(backend='petrel'))
+    petrel = _coco_test(data_root='data/coco/', ann_file='a.json',
+                        backend_args=dict(backend='petrel'))  # yapf: disable
     assert dc.missing_data_message(petrel, 'test') is None
     pytest.importorskip('mmpretrain')
-    imagenet = ConfigDict(
-        default_scope='mmpretrain',
-        test_dataloader=dict(
-            dataset=dict(
-                type='ImageNet', data_root=str(tmp_path), split='val')))
+    imagenet = ConfigDict(default_scope='mmpretrain', test_dataloader=dict(
+        dataset=dict(type='ImageNet', data_root=str(tmp_path),
+                     split='val')))  # yapf: disable
     msg = dc.missing_data_message(imagenet, 'test').splitlines()
     assert msg[:2] == [
         f'mmsoft: data for testing not found: {tmp_path}/val '
@@ -382,14 +374,10 @@ def _list_dataset(tmp_path, n, bad=None):
             os.link(png, root / 'train' / f'{i:05d}.png')
     (root / 'train.txt').write_text(''.join(f'{i:05d}.png 0\n'
                                             for i in range(n)))
-    return dict(
-        default_scope='mmpretrain',
-        train_dataloader=dict(
-            dataset=dict(
-                type='CustomDataset',
-                data_root=str(root),
-                ann_file='train.txt',
-                data_prefix='train'))), root
+    ds = dict(type='CustomDataset', data_root=str(root), data_prefix='train',
+              ann_file='train.txt')  # yapf: disable
+    cfg = dict(default_scope='mmpretrain', train_dataloader=dict(dataset=ds))
+    return cfg, root
 
 
 def _count_decodes(monkeypatch):

@@ -244,12 +244,10 @@ def test_url_problem(tmp_path, monkeypatch):
 def test_init_checkpoints_missing_pretrained_and_partial_load(tmp_path):
     pre = dict(type='Pretrained', checkpoint='a.pth')
     neck = [dict(type='Normal', std=0.01), dict(pre, checkpoint=str(tmp_path))]
-    cfg = Config(
-        dict(
-            model=dict(
-                backbone=dict(type='SOFT', init_cfg=pre),
-                neck=[dict(init_cfg=neck + [dict(pre, checkpoint=None)])],
-                head=dict(init_cfg=dict(type='Kaiming')))))
+    cfg = Config(dict(model=dict(
+        backbone=dict(type='SOFT', init_cfg=pre),
+        neck=[dict(init_cfg=neck + [dict(pre, checkpoint=None)])],
+        head=dict(init_cfg=dict(type='Kaiming')))))  # yapf: disable
     assert list(cli.init_checkpoints(cfg)) == [
         ('model.backbone.init_cfg.checkpoint', 'a.pth'),
         ('model.neck.0.init_cfg.1.checkpoint', str(tmp_path)),
@@ -477,12 +475,10 @@ def test_runner_args_refused(monkeypatch, argv, env, prog, line):
     for name, value in dict(env, LOCAL_RANK='0').items():
         monkeypatch.setenv(name, value)
     monkeypatch.setattr(sys, 'argv', [prog, 'c.py'] + argv)
-    cfg = Config(
-        dict(
-            train_cfg=dict(max_epochs=12, max_epoch_s=2),
-            optim=dict(lr=0.01),
-            model=dict(frozen=False, name='m', loss=None, x=None),
-            pipeline=[dict(type='A', scale=1)]))
+    cfg = Config(dict(
+        train_cfg=dict(max_epochs=12, max_epoch_s=2), optim=dict(lr=0.01),
+        model=dict(frozen=False, name='m', loss=None, x=None),
+        pipeline=[dict(type='A', scale=1)]))  # yapf: disable
     try:
         p = cli.runner_parser('t', dict(config='config'), 'w', 'c')
         p.prog = prog
@@ -506,11 +502,8 @@ def test_runner_args_refused(monkeypatch, argv, env, prog, line):
 
 
 def test_cfg_option_problem_passes_what_it_cannot_judge(monkeypatch):
-    cfg = Config(
-        dict(
-            train_cfg=dict(max_epochs=12),
-            pipeline=[dict(a=1)],
-            model=dict(backbone=dict(depth=50))))
+    cfg = Config(dict(train_cfg=dict(max_epochs=12), pipeline=[dict(a=1)],
+                      model=dict(backbone=dict(depth=50))))  # yapf: disable
     assert [cli.cfg_option_problem(cfg, key) for key in (
         'train_cfg.max_epochs', 'pipeline.5.scales', 'train_cfg.max_epochs.x',
         'model.backbone.0')] == [None] * 4  # yapf: disable
@@ -554,10 +547,8 @@ def test_dicts_codebase_and_compile_refusal():
 def _amp_cfg(wrapper='OptimWrapper', roi=False):
     model = dict(type='M', roi_head=dict(type='RoIAlign')) if roi else \
         dict(type='M')
-    return Config(
-        dict(
-            model=model,
-            optim_wrapper=dict(type=wrapper, optimizer=dict(type='SGD'))))
+    return Config(dict(model=model, optim_wrapper=dict(
+        type=wrapper, optimizer=dict(type='SGD'))))  # yapf: disable
 
 
 @pytest.fixture
@@ -726,12 +717,9 @@ def test_setup_cpu_distributed_starts_the_group(monkeypatch):
     monkeypatch.setattr(
         mmengine.utils.dl_utils, 'set_multi_processing',
         lambda **kwargs: calls.append(('set_multi_processing', kwargs)))
-    cfg = Config(
-        dict(
-            model=dict(),
-            env_cfg=dict(
-                mp_cfg=dict(mp_start_method='fork'),
-                dist_cfg=dict(backend='nccl', timeout=60))))
+    cfg = Config(dict(model=dict(), env_cfg=dict(
+        mp_cfg=dict(mp_start_method='fork'),
+        dist_cfg=dict(backend='nccl', timeout=60))))  # yapf: disable
     assert launch.setup_cpu_distributed(cfg, 'slurm') is True
     launch.setup_cpu_distributed(Config(dict(model=dict())), 'pytorch')
     assert calls == [('set_multi_processing',

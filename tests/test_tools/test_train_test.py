@@ -134,13 +134,9 @@ def test_slurm_launcher_and_amp_on_cpu(tmp_path, script_server):
             cls_demo_config(tmp_path, val=4), '--launcher', 'slurm', '--amp',
             '--work-dir', work, '--cfg-options', 'train_cfg.max_epochs=1'
         ],
-        env=child_env(
-            SLURM_NODELIST='localhost',
-            MASTER_ADDR='127.0.0.1',
-            MASTER_PORT=str(free_port()),
-            SLURM_PROCID='0',
-            SLURM_NTASKS='1',
-            SLURM_LOCALID='0'))
+        env=child_env(SLURM_NODELIST='localhost', MASTER_ADDR='127.0.0.1',
+                      MASTER_PORT=str(free_port()), SLURM_PROCID='0',
+                      SLURM_NTASKS='1', SLURM_LOCALID='0'))  # yapf: disable
     out = proc.stdout + proc.stderr
     assert proc.returncode == 0, out[-6000:]
     assert "backend 'nccl' -> 'gloo'" in out and 'bfloat16' in out
@@ -318,24 +314,18 @@ def test_tta_views(name, model_type, flips, shorts, tmp_path):
     hook = cfg.default_hooks.visualization
     assert hook.get('enable', hook.get('draw')) is True
     g = np.random.default_rng(0)
-    mmcv.imwrite(
-        g.integers(0, 256, (40, 56, 3), dtype=np.uint8),
-        str(tmp_path / 'img.png'))
-    mmcv.imwrite(
-        g.integers(0, 150, (40, 56), dtype=np.uint8),
-        str(tmp_path / 'seg.png'))
+    for name, high, shape in (('img', 256, (40, 56, 3)),
+                              ('seg', 150, (40, 56))):  # yapf: disable
+        mmcv.imwrite(g.integers(0, high, shape, dtype=np.uint8),
+                     str(tmp_path / f'{name}.png'))  # yapf: disable
     transforms = importlib.import_module(f'{scope}.registry').TRANSFORMS
     with DefaultScope.overwrite_default_scope(scope):
-        out = Compose(
-            [transforms.build(copy.deepcopy(t)) for t in cfg.tta_pipeline])(
-                dict(
-                    img_path=str(tmp_path / 'img.png'),
-                    img_id=0,
-                    seg_map_path=str(tmp_path / 'seg.png'),
-                    gt_label=0,
-                    reduce_zero_label=True,
-                    seg_fields=[],
-                    instances=[]))
+        pipeline = Compose(
+            [transforms.build(copy.deepcopy(t)) for t in cfg.tta_pipeline])
+        out = pipeline(dict(img_path=str(tmp_path / 'img.png'), img_id=0,
+                            seg_map_path=str(tmp_path / 'seg.png'),
+                            gt_label=0, reduce_zero_label=True,
+                            seg_fields=[], instances=[]))  # yapf: disable
     inputs, samples = out['inputs'], out['data_samples']
     assert cfg.model.type == model_type and len(inputs) == len(samples)
     assert flips is None or [bool(s.flip) for s in samples] == flips
