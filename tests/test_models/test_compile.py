@@ -85,9 +85,7 @@ def test_training_forward_is_one_graph():
 
 @one_graph
 def test_spectral_recurrence_is_one_opaque_op():
-    """eigh and one ``mmsoft::nr_scalar_iterate`` node per graph; with the
-    batch dynamic 2 and 3 share a graph, 1 gets one more (torch's 0/1
-    specialisation), running them again compiles nothing."""
+    """eigh + one nr_scalar_iterate op; dynamic batch: 2 graphs only."""
     attn_cfg = dict(type='SOFTAttention', nr_method='spectral')
     calls, sizes = [], []
     backbone = tiny(attn_cfg=attn_cfg, out_indices=(0, ))

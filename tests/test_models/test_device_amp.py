@@ -261,8 +261,7 @@ def run_recorded(model, x, bad, train):
 
 @pytest.mark.parametrize('name', ATTN_VARIANTS)
 def test_created_tensors_follow_the_input(device, name):
-    """meta (training; eval where it differs; ``attention_row``), float64 (on
-    a GPU every tensor on it); the exact spectral backward: not on meta."""
+    """meta (train / eval / attention_row) and float64 tensors only."""
     model = backbone(**ATTN_VARIANTS[name])
     if device == 'cpu' and name != 'exact_bw':
         meta = copy.deepcopy(model).to('meta')
@@ -284,8 +283,7 @@ def test_created_tensors_follow_the_input(device, name):
 
 
 def test_recorder_catches_a_foreign_tensor(monkeypatch):
-    """A CPU ``zeros`` among meta tensors, a float32 ``arange``; the device
-    fixture's parameters."""
+    """The recorder catches foreign tensors; the device fixture's params."""
     x = torch.empty(3, device='meta')
     with OpRecorder(off_meta) as rec:
         x + torch.zeros(()) + x

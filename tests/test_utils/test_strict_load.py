@@ -94,8 +94,7 @@ def _runner(model, **attrs):
 
 
 def test_strict_load_hook_names_the_loaded_file():
-    """A mismatch names ``load_from`` (or ``checkpoint``), the opt-in and
-    the config."""
+    """A mismatch names load_from (or checkpoint), opt-in and config."""
     other = {'state_dict': _Whole(ARCH2).state_dict()}
     for attrs, source in ((dict(_load_from='w/e.pth'), 'w/e.pth'),
                           (dict(_load_from=None), 'checkpoint')):
@@ -128,8 +127,7 @@ def test_strict_load_hook_names_the_loaded_file():
     (dict(meta=dict(epoch=1, iter=9), message_hub={}), None),
 ])
 def test_resume_refusal(ckpt, problem):
-    """``--resume`` of a file lacking what ``Runner.resume`` reads: one line
-    naming it and ``load_from``."""
+    """--resume of a non-training file: one line naming load_from."""
     want = '' if problem is None else (
         f'--resume w.pth: not a training checkpoint ({problem}); --resume '
         'continues a run from an epoch_N.pth / iter_N.pth written by '
@@ -161,8 +159,7 @@ def _resuming(model, optimizer, **kw):
 
 
 def test_strict_load_hook_refuses_other_settings_for_resume():
-    """A resume keeps the saved optimizer: a new lr / weight_decay or
-    another optimizer (the differing settings named) is refused."""
+    """A resume refuses a new lr / weight_decay or another optimizer."""
     model = _Whole()
     ckpt = _training_checkpoint(model, torch.optim.SGD)
     ckpt['optimizer']['param_groups'][0]['initial_lr'] = 0.1
@@ -248,8 +245,7 @@ def test_check_checkpoint_for_model_inputs():
 
 @pytest.mark.parametrize('matched', [0, 1])
 def test_check_state_dict_error_is_the_documented_line(matched):
-    """The refusal; the opt-in only if some tensor would load;
-    ``allow_partial``: one WARNING (the parts indented), the report."""
+    """The refusal, the opt-in if any tensor loads; allow_partial warns."""
     model = {f'm{i}': torch.zeros(1) for i in range(matched)}
     ckpt = dict(model, only_ckpt=torch.zeros(1))
     model['only_model'] = torch.zeros(1)

@@ -90,8 +90,7 @@ def reports(monkeypatch):
 
 
 def test_read_checkpoint_and_load_pretrained_defaults(tmp_path, monkeypatch):
-    """CPU default; a missing path: one line; mmengine's schemes;
-    load_pretrained: strict, map_location, state_dict over EMA."""
+    """CPU, schemes, missing paths; strict, state_dict over EMA."""
     path = tmp_path / 'w.pth'
     want = _linear_file(path)
     assert loading.read_checkpoint(path)['bias'].device.type == 'cpu'
@@ -257,8 +256,7 @@ def test_load_pretrained_fault_is_one_line(tmp_path, content, module, kw,
 
 
 def test_prefix_found_or_given(tmp_path, reports):
-    """A classifier file's ``backbone.`` keys found (or given); a given
-    prefix (with or without its dot) wins; the report to the logger."""
+    """The backbone. prefix found; a given one wins; the report logged."""
     src = _tiny()
     src.init_weights()
     sd = {f'backbone.{k}': v for k, v in src.state_dict().items()}

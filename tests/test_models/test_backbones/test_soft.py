@@ -136,10 +136,7 @@ def test_batch_one_batchnorm_message(stage_cfgs, hw, stage, k):
 
 
 def test_blocks_stages_and_patch_embed():
-    """SOFT block: SOFT attention, 4 x tanh-GELU MLP, LN 1e-5, rate ->
-    DropPath; with_cp reruns a block in the backward; the patch embedding's
-    SafeConv2d, no "Unnecessary conv bias" warning; the softmax block; the
-    block's attn_cfg."""
+    """SOFT / softmax blocks, stages, with_cp, patch embedding, attn_cfg."""
     blk = SOFTBlock(8, 1, 2)
     assert type(blk.attn).__name__ == 'SOFTAttention'
     assert blk.attn.q.bias is not None and blk.attn.v.bias is not None
@@ -281,8 +278,7 @@ def test_default_init_is_truncated_normal(init_cfg):
 @pytest.mark.parametrize('k, norm_eval', [(-1, True), (0, False), (2, False),
                                           (4, False)])
 def test_frozen_stages_and_norm_eval(k, norm_eval):
-    """The frozen_stages docstring's parameters; frozen modules and (with
-    norm_eval) BatchNorms in eval mode, their statistics kept."""
+    """The documented frozen parameters; frozen modules / BNs in eval."""
     model = SOFT(
         ARCH2, frozen_stages=k, drop_rate=0.1, norm_eval=norm_eval).train()
     frozen = {n for n, p in model.named_parameters() if not p.requires_grad}
@@ -492,8 +488,7 @@ def test_valid_arguments_are_accepted(kwargs):
 @pytest.mark.parametrize('residual_drop, kind', [('drop_path', DropPath),
                                                  ('dropout', nn.Dropout)])
 def test_options_reach_each_stage(residual_drop, kind):
-    """pos grids, stem, linear drop-path rates (on both residuals of every
-    SOFT block: DropPath or nn.Dropout), with_cp and the shared options."""
+    """pos grids, stem, drop-path rates, with_cp, the shared options."""
     cp = residual_drop == 'dropout'
     model = SOFT(ARCH, pretrain_img_size=64, in_channels=1, qkv_bias=False,
                  drop_rate=0.1, attn_drop_rate=0.2, drop_path_rate=0.3,
@@ -523,9 +518,7 @@ def test_options_reach_each_stage(residual_drop, kind):
 
 
 def test_stage_cfgs_attn_cfg_and_norms_per_stage():
-    """stage_cfgs[i] merged over the computed config, or one dict; norm /
-    act_cfg reach the blocks, patch_* the patch embeddings; the user's dicts
-    (and arch_settings) copied: editing them later changes nothing."""
+    """stage_cfgs / attn_cfg / norms per stage; the user's dicts copied."""
     own, top = dict(
         type='SOFTAttention', nr_iters=3), dict(
             type='soft', nr=dict(iters=7))
@@ -588,8 +581,7 @@ def test_stage_cfgs_attn_cfg_and_norms_per_stage():
 @pytest.mark.parametrize('codebase, type_name', [('mmpretrain', 'SOFT'),
                                                  ('mmseg', 'mmsoft.SOFT')])
 def test_build_from_codebase_registry(codebase, type_name, monkeypatch):
-    """Attentions too (mmsoft's ATTENTIONS), without mmengine's "Failed to
-    search registry with scope ..." warning."""
+    """Attentions too, no "Failed to search registry" warning."""
     import mmengine.logging as mm_logging
     assert mmsoft.MODELS.get(
         'SOFT') is SOFT and mmsoft.MODELS.scope == 'mmsoft'

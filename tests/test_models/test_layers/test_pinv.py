@@ -140,9 +140,7 @@ def official_alpha(A):
 
 
 def test_alpha_rules_follow_the_official_halving():
-    """The O(m^2) residual test (A >= 0, symmetric) picks the official
-    alpha, shared by a matrix / the batch / a sample's heads; its tolerance
-    is inclusive."""
+    """Each alpha rule picks the official alpha (tolerance inclusive)."""
     A = torch.stack([
         kernel_matrix(3, m=m, scale=s, seed=k, dtype=F64)[:, :40, :40]
         for k, (m, s) in enumerate([(40, .1), (60, .5), (49, 1.), (80, 2.)])
@@ -324,8 +322,7 @@ def test_exact_backward_stack_equals_each_matrix_and_float32(monkeypatch):
 
 @pytest.mark.filterwarnings('ignore:`torch.jit.trace` is deprecated')
 def test_export_takes_auto_and_refuses_eigh_and_lanczos(monkeypatch):
-    """Exporting: 'auto' (as 'iterative') the eager values, 'spectral' and
-    'lanczos' refused (the message names the switch)."""
+    """Exporting: 'auto' the eager values; eigh / Lanczos refused."""
     seen = []
     torch.jit.trace(
         lambda x: seen.append(amp.is_exporting()) or x + 1,
@@ -464,8 +461,7 @@ def test_a_sample_does_not_depend_on_its_batch(method):
 
 
 def test_lapack_calls_take_one_thread_and_give_the_count_back(monkeypatch):
-    """eigh / Cholesky QR on one thread (5x faster shared), count kept;
-    TF32 off inside the inverse only."""
+    """LAPACK calls on one thread, count kept; TF32 off inside only."""
     real_eigh, seen, threads = torch.linalg.eigh, [], [None]
     X, Z = sym(randn(3, 6, 6, dtype=F32)), randn(3, 40, 8, seed=2, dtype=F32)
     for name in ('eigh', 'cholesky_ex', 'solve_triangular'):

@@ -67,9 +67,7 @@ def dw_conv(heads, channels, k):
     [(embed, (True, 3, 16, 32)), (embed, (False, 16, 24, 16)),
      (dw_conv, (2, 16, 3)), (dw_conv, (5, 40, 5))])
 def test_convs_under_autocast_are_fp32_within_rounding(make, args, dtype):
-    """The samplers AMX gets wrong, the stem / down-sampling and the
-    depthwise convs, through the module that owns them, on half-rounded
-    inputs and parameters."""
+    """Sampler / stem / dw convs under autocast: fp32 within rounding."""
     module, fn, x, *rest = make(*args)
     torch.manual_seed(0)
     round_params(module.eval(), dtype)
@@ -108,8 +106,7 @@ def rounding_half_kernel(x, w, b, *args):
 
 @pytest.mark.parametrize('dtype', HALF, ids=IDS)
 def test_broken_half_kernel_is_detected_and_bypassed(monkeypatch, dtype):
-    """Probed once, float32 fallback; the warning's whole line (relative
-    error 1: zeros of a 1 x 1 conv whose float32 output is below 1)."""
+    """Probed once, float32 fallback; the warning's whole line."""
     monkeypatch.setattr(SAFE, '_raw_conv2d', broken_half_kernel)
     torch.manual_seed(0)
     conv = SafeConv2d(8, 8, 8, 8, bias=False)
@@ -150,9 +147,7 @@ def test_broken_half_kernel_is_detected_and_bypassed(monkeypatch, dtype):
 ], ids=['stride', 'dilation-groups-same', 'list-padding', 'compiling',
         'circular'])  # yapf: disable
 def test_safe_conv2d_equals_nn_conv2d(monkeypatch, kwargs, compiling):
-    """The same state dict and float32 function as Conv2d; with a wrong
-    half kernel, the float32 fallback keeps the conv's arguments; under
-    torch.compile no probe runs (unprobed: float32)."""
+    """Conv2d's state dict and function; no probe under torch.compile."""
     torch.manual_seed(0)
     plain = torch.nn.Conv2d(4, 4, 3, **kwargs)
     torch.nn.init.normal_(plain.bias)
@@ -178,8 +173,7 @@ def test_safe_conv2d_equals_nn_conv2d(monkeypatch, kwargs, compiling):
 
 @pytest.mark.parametrize('dtype', HALF, ids=IDS)
 def test_half_model_input_is_guarded_or_kept_bit_for_bit(monkeypatch, dtype):
-    """A half model is guarded too; a correct half kernel kept bit for bit;
-    float32, float64 and other devices are not probed."""
+    """Half models guarded; right kernels bit for bit; fp32 not probed."""
     monkeypatch.setattr(SAFE, '_raw_conv2d', broken_half_kernel)
     torch.manual_seed(0)
     conv, x = SafeConv2d(16, 16, 4, 4, bias=True), torch.randn(2, 16, 16, 16)

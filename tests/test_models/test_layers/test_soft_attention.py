@@ -86,8 +86,7 @@ def test_kernel_is_eq5_on_both_paths(path, xs, ys, self_kernel, dx, dy, dtype,
 
 
 def test_kernel_function_defaults_and_gradcheck():
-    """Gradcheck translated (values kept > 0), y broadcast, y = x; a half
-    self-kernel's gradient summed in float32, rounded once."""
+    """Gradcheck (y broadcast, y = x); a half gradient rounded once."""
     x, y = randn(2, 4, 3, seed=10), randn(2, 6, 3, seed=11)
     for fn in (kernel_forward, GaussianKernel.apply):  # the cross kernel
         close(fn(x, y), ref_kernel(x, y), 1e-12, 1e-14)
@@ -110,8 +109,7 @@ def test_kernel_function_defaults_and_gradcheck():
 @pytest.mark.parametrize('norm, offset', [(3, None), (1e4, True),
                                           (1e4, False)])
 def test_self_kernel_diagonal_is_exactly_one_fp32(path, norm, offset):
-    """The diagonal set, the rest the float64 kernel of the same tokens;
-    cross: self-similarity 1, the offset per sample and head."""
+    """Diagonal exactly 1, the rest float64's; cross kernels per sample."""
     y = (randn(2, 3, 16, 8, seed=5) * norm if offset is None else tokens(
         norm, 2, 3, 16, 8, offset=offset)).float()
     A = gaussian_kernel(y, y)
@@ -156,8 +154,7 @@ def test_gradients_fp32_with_large_per_sample_offsets(needs):
 
 @pytest.mark.parametrize('norm, spread', [(0.0, 4.0), (1e3, 0.05)])
 def test_kernel_product_without_the_kernel(norm, spread, monkeypatch):
-    """Fused K w as accurate as the formed fp32 kernel, per sample; (B, n,
-    d) tokens and values wider than d + 1 (e = 7, d = 2)."""
+    """Fused K w as accurate as the formed fp32 kernel, per sample."""
     off = norm * torch.ones(8, dtype=F64) / 8**0.5
     x = off + spread * randn(2, 3, 300, 8, seed=5)
     y = x[:, :, ::10] + 0.01 * randn(2, 3, 30, 8, seed=6)
@@ -280,8 +277,7 @@ def test_bottleneck_apply_equals_inverse_product(attn_norm, method):
 @pytest.mark.parametrize('batch, nr, d', [((), None, 0),
                                           ((2, 2), dict(iters=3), 3)])
 def test_bottleneck_defaults_are_eq25_per_sample(batch, nr, d):
-    """D^-1/2 A^+ D^-1/2 (W None: the matrix), the per-sample rule (``nr``
-    without init too); attn_norm=False: A^+ ('soft'), another function."""
+    """D^-1/2 A^+ D^-1/2 W per sample (Eq. 25); attn_norm=False: A^+."""
     A = kernel_of(*batch, m=12, d=8, seed=5, scale=0.5)
     W = randn(*batch, 12, d, seed=1) if d else None
     iters = 20 if nr is None else nr['iters']
@@ -343,8 +339,7 @@ def test_landmark_grid_documented_sizes(hw, r, cap, want):
 ])  # yapf: disable
 def test_landmark_hw_fixes_the_grid_and_max_landmarks_caps_it(
         hw, r, fixed, want, cap):
-    """landmark_hw fixes the grid, never up-sampled (issue 27: m > n);
-    max_landmarks caps m (the grid's size if under the cap)."""
+    """A fixed grid is never up-sampled (issue 27); the cap caps m."""
     assert landmark_grid(hw, r, landmark_hw=fixed) == want
     q = randn(1, 2, hw[0] * hw[1], 8, dtype=F32)
     gh, gw = landmark_grid(hw, r)
@@ -364,8 +359,7 @@ def test_landmark_hw_fixes_the_grid_and_max_landmarks_caps_it(
 
 
 def test_samplers_layout_tokens_and_repr():
-    """conv: the official layout; avgpool: window means; biased: the first
-    m; random: varies in training, evenly spaced in eval."""
+    """conv layout, avgpool means, biased first m, random spacing."""
     s = BottleneckSampler(32, 8, 'conv')
     assert tuple(s.conv.weight.shape) == (32, 32, 8, 8)
     assert s.conv.bias is None and s.conv.stride == (8, 8)
@@ -404,8 +398,7 @@ def zero_padded_cells(x, r):
                                     ((4, 1), dict(max_landmarks=12)),
                                     ((1, 3), dict(landmark_hw=(9, 9)))])
 def test_reduce_map_cells_and_small_sides(hw, kw):
-    """A side < r zero-padded at the bottom / right; a map that is its own
-    grid comes back bit for bit (signed zeros); else r x r cell means."""
+    """Cell means; small sides zero-padded; a grid map bit for bit."""
     x = torch.arange(1., 1 + hw[0] * hw[1]).reshape(1, 1, *hw)
     out = reduce_map(x, 2)
     assert tuple(out.shape[-2:]) == (max(1, hw[0] // 2), max(1, hw[1] // 2))
@@ -526,8 +519,7 @@ def test_attention_module_options_shapes_and_dw_conv():
 
 
 def test_nr_settings_built_once_and_frozen(monkeypatch):
-    """Checked once whatever the spelling; the forward passes it down;
-    with_nr builds a copy with other settings."""
+    """Checked once, passed down, frozen; with_nr copies with others."""
     checks, post_init = [], NRConfig.__post_init__
     monkeypatch.setattr(NRConfig, '__post_init__',
                         lambda self: checks.append(1) or post_init(self))
@@ -581,8 +573,7 @@ def test_nr_settings_built_once_and_frozen(monkeypatch):
 
 @pytest.mark.parametrize('attn_norm', [True, False])
 def test_rows_and_matrix_are_p_ainv_pt_and_give_the_forward(attn_norm):
-    """S^ = P A^+_n P^T (symmetric); forward = proj(S^ V + dwconv V), no
-    dw conv in the NeurIPS case here; a row by (row, col) or flat index."""
+    """S^ = P A^+_n P^T (symmetric), its rows; forward = proj(S^ V + dw)."""
     assert [
         sa.query_index(i, (3, 4))
         for i in [(0, 0), (0, 3), (2, 0), (2, 3), [1, 2], 0, 11,
