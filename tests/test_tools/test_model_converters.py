@@ -22,30 +22,26 @@ TINY = dict(
     embed_dims=[64, 128, 320, 512],
     num_heads=[2, 4, 10, 16],
     depths=[1, 2, 3, 2])
-SMALL = tiny_arch()
 TOOLS = {
-    name:
-    load_module(
-        osp.join(ROOT, 'tools', 'model_converters', name + '.py'), name)
-    for name in ('soft2mmsoft', 'mmsoft2soft')
+    n: load_module(osp.join(ROOT, 'tools', 'model_converters', n + '.py'), n)
+    for n in ('soft2mmsoft', 'mmsoft2soft')
 }
-#: the reverse conversion (tools only)
 to_official = TOOLS['mmsoft2soft'].convert_mmpretrain_to_official
 
 
 def official_state_dict(embed_dims, num_heads, depths, num_classes=1000, **kw):
-    """Random official tensors in the official order (cls token after the
-    position embeddings)."""
-    arch = (embed_dims, num_heads, depths, num_classes, 224)
-    sd = ref.random_official_state_dict(*arch, dtype=torch.float32, **kw)
-    sd.move_to_end('cls_token', last=False)
-    for i in (4, 3, 2, 1):
-        sd.move_to_end(f'pos_embed{i}', last=False)
+    """Random official tensors in the official order (pos embeddings, cls
+    token first)."""
+    sd = ref.random_official_state_dict(
+        embed_dims, num_heads, depths, num_classes, 224, dtype=torch.float32,
+        **kw)  # yapf: disable
+    for k in ('cls_token', 'pos_embed4', 'pos_embed3', 'pos_embed2',
+              'pos_embed1'):
+        sd.move_to_end(k, last=False)
     return sd
 
 
 def tool(name, *argv):
-    """``tools/model_converters/<name>.py``'s main on ``argv``."""
     return TOOLS[name].main([str(a) for a in argv])
 
 
@@ -68,24 +64,16 @@ def tiny_sd():
 
 @pytest.fixture(scope='module')
 def files(tmp_path_factory):
-    """An authors' file of :data:`SMALL` ({'state_dict': ...}) and its
-    conversion by soft2mmsoft.py."""
+    """An authors' file of tiny_arch() and its soft2mmsoft.py conversion."""
     tmp = tmp_path_factory.mktemp('converters')
-    torch.save({'state_dict': official_state_dict(**SMALL)},
+    torch.save({'state_dict': official_state_dict(**tiny_arch())},
                tmp / 'official.pth')
     assert tool('soft2mmsoft', tmp / 'official.pth', tmp / 'mmsoft.pth') == 0
     return tmp / 'official.pth', tmp / 'mmsoft.pth'
 
 
-def prefixed(sd, prefix='module.'):
-    return {prefix + k: v for k, v in sd.items()}
-
-
 def backbone_part(sd):
-    return {
-        k[len('backbone.'):]: v
-        for k, v in sd.items() if k.startswith('backbone.')
-    }
+    return {k[9:]: v for k, v in sd.items() if k.startswith('backbone.')}
 
 
 def _with(sd, pattern, tensor):
@@ -97,28 +85,20 @@ class Opaque:
     pass
 
 
-# ------------------------------------------------------------ the mapping
-def test_key_mapping_is_a_bijection(tiny_sd):
-    assert len(tiny_sd) == 187  # the official soft_tiny's numbers
+def test_key_mapping_and_arch_inference(tiny_sd):
+    """A bijection on the official soft_tiny (its numbers), the arch and its
+    names inferred; another arch converts and loads."""
+    assert len(tiny_sd) == 187
     assert sum(v.numel() for k, v in tiny_sd.items()
                if not k.endswith(('running_mean', 'running_var',
                                   'num_batches_tracked'))) == 13_069_056
-    # the tools' check (mmsoft's SOFT of the inferred arch, its keys
-    # renamed) agrees with the official naming and shapes
+    # the keys one to one (back: test_cli_round_trip): mmsoft's SOFT's
     arch = ok.infer_official_arch(tiny_sd)
-    cf.check_converted(tiny_sd, arch, 'x', True)
-    backbone = backbone_part(ok.convert_official_to_mmpretrain(tiny_sd)[0])
-    cf.check_converted(backbone, dict(arch, num_classes=0), 'x')  # no head
-    mm = [ok.official_to_mmsoft_key(k) for k in tiny_sd]
-    assert None not in mm and len(set(mm)) == len(mm)
-    assert [ok.mmsoft_to_official_key(k) for k in mm] == list(tiny_sd)
-    # the backbone keys are exactly mmsoft's SOFT state dict keys
+    mm_sd = ok.convert_official_to_mmpretrain(tiny_sd)[0]
+    cf.check_converted(backbone_part(mm_sd), dict(arch, num_classes=0), 'x')
     want = set(SOFT(arch='tiny').state_dict())
-    assert {k for k in mm if not k.startswith('head.')} == want
-    assert set(ok.convert_official_to_mmpretrain(tiny_sd)[0]) == {
-        'backbone.' + k
-        for k in want
-    } | {'head.fc.weight', 'head.fc.bias'}
+    assert set(mm_sd) == {'backbone.' + k for k in want} | {
+        'head.fc.weight', 'head.fc.bias'}  # yapf: disable
     for bad in ('head.fc.weight.x', 'block1.0.att.mha.W_k.weight',
                 'patch_embed2.proj.3.weight', 'patch_embed1.proj.2.weight',
                 'block4.0.attn.sr.weight', 'pos_embed5', 'foo'):
@@ -127,19 +107,10 @@ def test_key_mapping_is_a_bijection(tiny_sd):
                 'stages.1.patch_embed.proj.1.conv.weight', 'neck.fc.weight',
                 'stages.2.cls_token'):
         assert ok.mmsoft_to_official_key(bad) is None, bad
-
-
-def test_infer_arch_preset_and_names(tiny_sd):
-    arch = ok.infer_official_arch(tiny_sd)
     assert arch == dict(
-        TINY,
-        sampling_ratios=[8, 4, 2, 1],
-        dw_kernel_sizes=[9, 5, 3, None],
-        mlp_ratios=[4, 4, 4, 4],
-        in_channels=3,
-        num_classes=1000,
-        pretrain_img_size=224,
-        stage4_heads_given=False)
+        TINY, sampling_ratios=[8, 4, 2, 1], dw_kernel_sizes=[9, 5, 3, None],
+        mlp_ratios=[4, 4, 4, 4], in_channels=3, num_classes=1000,
+        pretrain_img_size=224, stage4_heads_given=False)  # yapf: disable
     assert all(type(r) is int for r in arch['mlp_ratios'])
     assert ok.describe_arch(arch) == "arch='tiny'"
     assert ok.official_model_name(arch) == 'soft[_norm]_tiny'
@@ -159,38 +130,32 @@ def test_infer_arch_preset_and_names(tiny_sd):
     narrow = official_state_dict([64, 128, 320, 16], [2, 4, 10, 1],
                                  [1, 1, 1, 1])
     assert ok.infer_official_arch(narrow)['num_heads'][3] == 1
-
-
-def test_other_arch_converts_and_loads():
     sd = official_state_dict([64, 128, 288, 512], [2, 4, 9, 16], [1, 1, 1, 1],
-                             ratios=(4, 4, 2),
-                             convs=(7, 5, 3),
-                             num_classes=10)
+                             ratios=(4, 4, 2), convs=(7, 5, 3),
+                             num_classes=10)  # yapf: disable
     arch = ok.infer_official_arch(sd)
     assert ok.arch_for_mmsoft(arch) == dict(
-        embed_dims=[64, 128, 288, 512],
-        num_heads=[2, 4, 9, 16],
-        depths=[1, 1, 1, 1],
-        sampling_ratios=[4, 4, 2, 1],
-        dw_kernel_sizes=[7, 5, 3, None])
+        embed_dims=[64, 128, 288, 512], num_heads=[2, 4, 9, 16],
+        depths=[1, 1, 1, 1], sampling_ratios=[4, 4, 2, 1],
+        dw_kernel_sizes=[7, 5, 3, None])  # yapf: disable
     out, _ = ok.convert_official_to_mmpretrain(sd)
-    model = SOFT(arch=ok.arch_for_mmsoft(arch))
-    model.load_state_dict(backbone_part(out), strict=True)
+    SOFT(arch=ok.arch_for_mmsoft(arch)).load_state_dict(
+        backbone_part(out), strict=True)
     assert out['head.fc.weight'].shape == (10, 512)
     assert ok.infer_official_arch(sd, stage4_heads=8)['num_heads'][3] == 8
 
 
 def test_infer_arch_refusals(tiny_sd):
-    conv2 = r'block2\.%s\.att\.mha\.attn\.conv\.weight'
     no_pos3 = OrderedDict(tiny_sd)
     del no_pos3['pos_embed3']
-    stage2 = ('inconsistent stage 2: 3 heads (block2.*.att.mha.attn.conv.'
-              'weight (3, 1, 5, 5)) x head width 32 (Qlandmark_op (32, 32, '
-              '4, 4)) != embed dim 128')  # block 0 of 2: the first shape
     for sd, heads, msg in (
         (no_pos3, None, "cannot infer the architecture: key 'pos_embed3' is "
          'missing'),
-        (_with(tiny_sd, conv2 % '0', torch.zeros(3, 1, 5, 5)), None, stage2),
+        (_with(tiny_sd, r'block2\.0\.att\.mha\.attn\.conv\.weight',
+               torch.zeros(3, 1, 5, 5)), None,
+         'inconsistent stage 2: 3 heads (block2.*.att.mha.attn.conv.weight '
+         '(3, 1, 5, 5)) x head width 32 (Qlandmark_op (32, 32, 4, 4)) != '
+         'embed dim 128'),  # block 0 of 2: the first shape
         (_with(tiny_sd, r'block1\.\d+\.att\.mha\.attn\.Qlandmark_op\.weight',
                torch.zeros(32, 32)), None,
          'cannot infer the architecture: block1.*.att.mha.attn.'
@@ -210,21 +175,20 @@ def test_infer_arch_refusals(tiny_sd):
         [2, 4, 10, 1]
 
 
-# ------------------------------------------------------------ conversion
 def _old_keys(mm):
     """The keys of an mmsoft 0.1 checkpoint."""
-    rules = [(r'\.ffn\.layers\.0\.0\.', '.ffn.fc1.'),
-             (r'\.ffn\.layers\.1\.', '.ffn.fc2.'),
-             (r'^backbone\.stages\.(\d)\.patch_embed\.',
-              r'backbone.patch_embeds.\1.'),
-             (r'^backbone\.stages\.(\d)\.pos_embed$',
-              r'backbone.pos_embeds.\1'),
-             (r'^backbone\.stages\.(\d)\.blocks\.(\d+)\.',
-              r'backbone.stages.\1.\2.'),
-             (r'^backbone\.stages\.3\.(cls_token|norm\.)', r'backbone.\1')]
     old = OrderedDict()
     for k, v in mm.items():
-        for a, b in rules:
+        for a, b in ((r'\.ffn\.layers\.0\.0\.',
+                      '.ffn.fc1.'), (r'\.ffn\.layers\.1\.', '.ffn.fc2.'),
+                     (r'^backbone\.stages\.(\d)\.patch_embed\.',
+                      r'backbone.patch_embeds.\1.'),
+                     (r'^backbone\.stages\.(\d)\.pos_embed$',
+                      r'backbone.pos_embeds.\1'),
+                     (r'^backbone\.stages\.(\d)\.blocks\.(\d+)\.',
+                      r'backbone.stages.\1.\2.'),
+                     (r'^backbone\.stages\.3\.(cls_token|norm\.)',
+                      r'backbone.\1')):
             k = re.sub(a, b, k)
         old[k] = v
     return old
@@ -242,11 +206,10 @@ def test_unknown_missing_and_mismatched_keys_are_named(tmp_path, capsys,
         "1 keys have no counterpart in mmsoft's SOFT: block4.0.attn.sr.weight "
         '(512, 512, 1, 1)')
     mm, _ = ok.convert_official_to_mmpretrain(tiny_sd)
-    assert raised(to_official,
-                  dict(mm, **{'neck.proj.weight': torch.zeros(
-                      2, 2)})).startswith(
-                          'the mmsoft checkpoint has keys with no official '
-                          'counterpart (1: neck.proj.weight (2, 2)); only an ')
+    assert raised(to_official, dict(mm, **{
+        'neck.proj.weight': torch.zeros(2, 2)})).startswith(
+            'the mmsoft checkpoint has keys with no official counterpart (1: '
+            'neck.proj.weight (2, 2)); only an ')  # yapf: disable
     bad = OrderedDict(mm)
     bad['backbone.stages.2.blocks.0.ffn.layers.0.0.weight'] = torch.zeros(
         1279, 320)
@@ -275,8 +238,9 @@ def test_unknown_missing_and_mismatched_keys_are_named(tmp_path, capsys,
         assert sorted(os.listdir(tmp_path)) == ['src.pth']
 
 
-# ------------------------------------------------------------ state dicts
-def test_extract_state_dict_layouts_and_messages(tiny_sd):
+def test_state_dict_entries(tiny_sd):
+    """The entry read (EMA preferred, --ema / --no-ema), 'module.' prefixes,
+    the authors' keys found (half of them at least); the refusals."""
     ema = OrderedDict((k, v + 1) for k, v in tiny_sd.items())
     sd, src = ok.extract_state_dict(
         dict(state_dict=tiny_sd, state_dict_ema=ema, epoch=3))
@@ -285,29 +249,22 @@ def test_extract_state_dict_layouts_and_messages(tiny_sd):
         dict(state_dict=tiny_sd, state_dict_ema=ema), prefer_ema=False)
     assert src == 'state_dict' and sd['cls_token'].equal(tiny_sd['cls_token'])
     assert ok.extract_state_dict(tiny_sd)[1] == '<bare>'
-    # 'module.' prefixes (DataParallel inside DDP: every one goes); an
-    # empty EMA entry (a placeholder) is passed over
-    for ckpt in (dict(model=prefixed(tiny_sd, 'module.module.')), {
-            'state_dict_ema': {},
-            'model': tiny_sd
-    }):
+    # DataParallel inside DDP: every prefix goes; an empty EMA entry: skipped
+    for ckpt in (dict(model={'module.module.' + k: v
+                             for k, v in tiny_sd.items()}),
+                 {'state_dict_ema': {}, 'model': tiny_sd}):  # yapf: disable
         sd, src = ok.extract_state_dict(ckpt)
         assert src == 'model' and list(sd) == list(tiny_sd)
     assert raised(ok.extract_state_dict,
                   [1]) == 'checkpoint is a list, not a dict'
     assert raised(ok.extract_state_dict, {
-        f'k{i:02d}': 1
-        for i in range(25)
+        f'k{i:02d}': 1 for i in range(25)
     }) == ("no state dict found in the checkpoint: expected one of "
            "['state_dict_ema', 'model_ema', 'state_dict', 'model'] "
            'holding tensors, or a bare state dict; top-level keys '
-           f'are {[f"k{i:02d}" for i in range(20)]}')
+           f'are {[f"k{i:02d}" for i in range(20)]}')  # yapf: disable
     assert raised(ok.strip_module_prefix, {'module.a': 1, 'a': 2}) == \
         'keys occur twice after stripping "module." prefixes'
-
-
-def test_find_official_state_dict_needs_half_the_keys():
-    """At least half the keys are the authors' (not a head or norm alone)."""
     authors = ['pos_embed1', 'patch_embed1.proj.0.weight']
     for keys, found in [(authors + ['a', 'b', 'c'], True),
                         (authors + ['a', 'b', 'c', 'd'], False),
@@ -315,33 +272,32 @@ def test_find_official_state_dict_needs_half_the_keys():
                         (['cls_token', 'norm.weight', 'head.weight'], False)]:
         sd = dict.fromkeys(keys, torch.zeros(1))
         assert (ok.find_official_state_dict(sd) is not None) == found, keys
-
-
-@pytest.mark.parametrize('entry', ['state_dict_ema', 'model_ema'])
-def test_official_weights_ema_choice(entry):
     sd = OrderedDict(w=torch.zeros(1))
-    only_ema = {entry: sd}
-    assert cf.official_weights(only_ema, 'a.pth') == (sd, entry)
-    assert cf.official_weights(only_ema, 'a.pth', ema=True) == (sd, entry)
-    assert raised(
-        cf.official_weights, only_ema, 'a.pth', ema=False) == (
-            f"--no-ema given but 'a.pth' only holds EMA weights ({entry!r})")
-    both = {'model': OrderedDict(w=torch.ones(1)), entry: sd}
-    assert cf.official_weights(both, 'a.pth', ema=False)[1] == 'model'
-    assert cf.official_weights(both, 'a.pth')[1] == entry
     assert raised(
         cf.official_weights, {'model': sd}, 'b.pth', ema=True) == (
             "--ema given but 'b.pth' has no state_dict_ema / model_ema entry "
             "(found 'model')")
+    for entry in ('state_dict_ema', 'model_ema'):
+        only_ema = {entry: sd}
+        both = {'model': dict(w=torch.ones(1)), entry: sd}
+        assert cf.official_weights(only_ema, 'a.pth') == (sd, entry)
+        assert cf.official_weights(only_ema, 'a.pth', ema=True) == (sd, entry)
+        assert raised(
+            cf.official_weights, only_ema, 'a.pth', ema=False
+        ) == (f"--no-ema given but 'a.pth' only holds EMA weights ({entry!r})")
+        assert cf.official_weights(both, 'a.pth', ema=False)[1] == 'model'
+        assert cf.official_weights(both, 'a.pth')[1] == entry
 
 
-# ------------------------------------------------------------ the tools
 def test_cli_round_trip(tmp_path, tiny_sd, capsys):
     ema = OrderedDict((k, v * 2) for k, v in tiny_sd.items())
     src = tmp_path / 'official.pth.tar'
     torch.save(
         dict(
-            state_dict=prefixed(tiny_sd),
+            state_dict={
+                'module.' + k: v
+                for k, v in tiny_sd.items()
+            },
             state_dict_ema=ema,
             epoch=299,
             args=argparse.Namespace(model='soft_norm_tiny')), src)
@@ -358,7 +314,6 @@ def test_cli_round_trip(tmp_path, tiny_sd, capsys):
     model = SOFT(arch='tiny')
     model.load_state_dict(backbone_part(ckpt['state_dict']), strict=True)
     assert torch.equal(model.stages[3].cls_token, ema['cls_token'])
-    # --no-ema takes the raw weights
     assert tool('soft2mmsoft', src, tmp_path / 'raw.pth', '--no-ema') == 0
     assert '(official soft_tiny)' in capsys.readouterr().out
     raw = torch.load(tmp_path / 'raw.pth', weights_only=True)
@@ -461,8 +416,7 @@ def test_output_folders_made_or_removed(files, tmp_path, capsys, monkeypatch):
         assert tool(name, src, dst) == 0 and osp.isfile(tmp_path / dst)
         assert f'created the output directory {made}\n' in \
             capsys.readouterr().out
-        # an existing folder: nothing to create, nothing said
-        assert tool(name, src, dst) == 0
+        assert tool(name, src, dst) == 0  # it exists: nothing said
         assert 'created the output' not in capsys.readouterr().out
     (tmp_path / 'kept').mkdir()
 
@@ -487,7 +441,6 @@ def test_output_folders_made_or_removed(files, tmp_path, capsys, monkeypatch):
         'Permission denied; choose another output path')
 
 
-# ------------------------------------------ checkpoint_files contracts
 def test_save_checkpoint_atomic(tmp_path, monkeypatch):
     """Durable; a killed conversion's temporary goes at the next run (its
     own only); an OS error: one line, the old file kept (another error:
@@ -497,7 +450,6 @@ def test_save_checkpoint_atomic(tmp_path, monkeypatch):
     other = tmp_path / f'.other.pth.{pid}.0123abcd{cio.TMP_SUFFIX}'
     mine.write_bytes(b'half')
     other.write_bytes(b'half')
-
     monkeypatch.setattr(
         os, 'fsync', lambda fd: synced.append(
             os.readlink(f'/proc/self/fd/{fd}')) or real(fd))
@@ -508,14 +460,13 @@ def test_save_checkpoint_atomic(tmp_path, monkeypatch):
     assert not mine.exists() and other.exists()
     other.unlink()
     before = dst.read_bytes()
-
+    no, d = tmp_path / 'no', tmp_path / 'd.pth'
+    d.mkdir()
     assert raised(cf.save_checkpoint_atomic, {}, str(
-        tmp_path / 'no' / 'x.pth')) == (
-            f"output directory {str(tmp_path / 'no')!r} does not exist")
-    (tmp_path / 'd.pth').mkdir()
-    assert raised(cf.save_checkpoint_atomic, {}, str(tmp_path / 'd.pth')) == (
-        f"output {str(tmp_path / 'd.pth')!r} is a directory, not a regular "
-        'file: refusing to replace it')
+        no / 'x.pth')) == (f'output directory {str(no)!r} does not exist')
+    assert raised(cf.save_checkpoint_atomic, {}, str(d)) == (
+        f'output {str(d)!r} is a directory, not a regular file: refusing to '
+        'replace it')
     for err, tail in ((OSError(28, 'No space left on device'),
                        'No space left on device (errno 28)'),
                       (OSError('quota'), 'quota')):
@@ -538,7 +489,7 @@ class _FailingState:
         raise ValueError(state['text'])
 
 
-def test_load_checkpoint_file_contract(tmp_path):
+def test_load_checkpoint_file_and_output_path_contracts(tmp_path):
     load = cf.load_checkpoint_file
     assert raised(load, str(tmp_path / 'gone.pth')) == \
         f"checkpoint {str(tmp_path / 'gone.pth')!r} does not exist"
@@ -557,13 +508,27 @@ def test_load_checkpoint_file_contract(tmp_path):
         '--trust-checkpoint')
     trusted = load(str(objs), trust=True)
     assert type(trusted['o']) is Opaque and trusted['w'].device.type == 'cpu'
-    # pickled code, trusted or not: test_checkpoint_safety.py's table
+    # pickled code, trusted or not: test_checkpoint_safety.py's table;
     # trusted objects whose unpickling fails: one line, the first line
     for text, first in (('', ''), ('first\nsecond', 'first')):
         bad = tmp_path / 'bad_state.pth'
         torch.save({'x': _FailingState(text)}, str(bad))
         assert raised(load, str(bad), trust=True) == \
             f'cannot load {str(bad)!r} (ValueError: {first})'
+    src, fifo, link = (tmp_path / n for n in ('in.pth', 'fifo', 'hard.pth'))
+    src.write_bytes(b'x')
+    os.mkfifo(fifo)
+    os.link(src, link)
+    for dst, msg in (
+        (tmp_path, f'output {str(tmp_path)!r} is a directory; give a file '
+         f"name, e.g. {str(tmp_path / 'in.pth')!r}"),
+        (fifo, f'output {str(fifo)!r} is a FIFO, not a regular file: '
+         'refusing to replace it; give a file name'),
+        (link, f'output {str(link)!r} is the input file {str(src)!r}: '
+         'refusing to replace it; choose another output path'),
+    ):
+        assert raised(cf.check_output_path, str(src), str(dst)) == msg
+    cf.check_output_path(str(src), str(tmp_path / 'new.pth'))  # fine
 
 
 def test_converter_parser_arguments(capsys):
@@ -573,37 +538,12 @@ def test_converter_parser_arguments(capsys):
     assert "expected a positive integer, got '0'" in capsys.readouterr().err
     p = cf.converter_parser('DESC', 'SRC-HELP', 'DST-HELP', 'HEADS-HELP', int)
     text = ' '.join(p.format_help().split())
-    assert all(
-        part in text
-        for part in ('DESC', 'SRC-HELP', 'DST-HELP', 'HEADS-HELP',
-                     'unpickle arbitrary '
-                     'objects in SRC (only for files you trust)')), text
+    for part in ('DESC', 'SRC-HELP', 'DST-HELP', 'HEADS-HELP', 'unpickle '
+                 'arbitrary objects in SRC (only for files you trust)'):
+        assert part in text, text
     assert vars(p.parse_args(['a', 'b'])) == dict(
         src='a', dst='b', stage4_heads=None, trust_checkpoint=False)
     assert vars(
         p.parse_args(
             'a b --stage4-heads 8 --trust-checkpoint'.split())) == dict(
                 src='a', dst='b', stage4_heads=8, trust_checkpoint=True)
-
-
-def test_check_output_path_refusals(tmp_path, monkeypatch):
-    src = tmp_path / 'in.pth'
-    src.write_bytes(b'x')
-
-    def refused(dst):
-        return raised(cf.check_output_path, str(src), str(dst))
-
-    assert refused(tmp_path) == (
-        f'output {str(tmp_path)!r} is a directory; give a file name, e.g. '
-        f"{str(tmp_path / 'in.pth')!r}")
-    fifo = tmp_path / 'fifo'
-    os.mkfifo(fifo)
-    assert refused(fifo) == (
-        f'output {str(fifo)!r} is a FIFO, not a regular file: refusing to '
-        'replace it; give a file name')
-    link = tmp_path / 'hard_link.pth'
-    os.link(src, link)
-    assert refused(link) == (
-        f'output {str(link)!r} is the input file {str(src)!r}: refusing to '
-        'replace it; choose another output path')
-    cf.check_output_path(str(src), str(tmp_path / 'new.pth'))  # fine

@@ -1,8 +1,6 @@
 """Issue 13: ``tools/test.py`` refuses a checkpoint that does not match the
-config's model unless ``--partial-load``; the tools' fault table (one line,
-exit 1). The tested checkpoints carry a constant head (one class for every
-image): the expected top-1 follows from the labels alone and shows the
-checkpoint's weights were tested."""
+config's model unless ``--partial-load``; the tools' one-line faults. The
+checkpoints' constant head (one class for every image) fixes the top-1."""
 import errno
 import glob
 import os
@@ -23,29 +21,27 @@ CONFIG = 'configs/upernet_soft_small_512x512_160k_ade20k.py'
 
 @pytest.fixture(scope='module')
 def setup(tmp_path_factory):
-    """A tiny 5-class demo classifier config, its data and checkpoints."""
+    """A tiny 5-class demo classifier config, its data and checkpoints:
+    ``trained`` (as tools/train.py writes it: SafeCheckpointHook records the
+    demo config's attn_norm False), ``head1000`` (another head),
+    ``headless``."""
     tmp = tmp_path_factory.mktemp('strict_tools')
     cfg = cls_demo_config(tmp, val=4, test=4)
     sd = random_model(cfg).state_dict()
-    # a constant classifier: always the class of the first val image
     sd['head.fc.weight'] = torch.zeros_like(sd['head.fc.weight'])
-    sd['head.fc.bias'] = torch.nn.functional.one_hot(
+    sd['head.fc.bias'] = torch.nn.functional.one_hot(  # the first val label
         torch.tensor(val_labels(tmp)[0]), 5).float() * 10
-    head1000 = dict(sd)
-    head1000.update({
-        'head.fc.weight': torch.zeros(1000, 192),
-        'head.fc.bias': torch.zeros(1000)
-    })
-    ckpts = {
-        name: str(tmp / f'{name}.pth')
-        for name in ('trained', 'head1000')
-    }
-    # trained: a checkpoint of tools/train.py (SafeCheckpointHook records
-    # the model's attn_norm: the demo config's False; test_chain checks it)
-    torch.save(
-        dict(state_dict=sd, meta=dict(mmsoft_attn_norm=[False])),
-        ckpts['trained'])
-    torch.save(dict(state_dict=head1000, meta={}), ckpts['head1000'])
+    ckpts = {n: str(tmp / f'{n}.pth') for n in ('trained', 'head1000')}
+    ckpts['headless'] = str(tmp / 'headless.pth')
+    torch.save(dict(state_dict=sd, meta=dict(mmsoft_attn_norm=[False])),
+               ckpts['trained'])  # yapf: disable
+    big = dict(sd)
+    big.update({'head.fc.weight': torch.zeros(1000, 192),
+                'head.fc.bias': torch.zeros(1000)})  # yapf: disable
+    torch.save(dict(state_dict=big, meta={}), ckpts['head1000'])
+    torch.save({'state_dict': {k: v for k, v in sd.items()
+                               if not k.startswith('head.')}},
+               ckpts['headless'])  # yapf: disable
     missing = tmp / 'missing.py'  # an ImageNet file not downloaded
     missing.write_text(
         f'_base_ = {cfg!r}\n'
@@ -61,23 +57,17 @@ def val_labels(tmp):
         return [int(line.split()[1]) for line in f if line.strip()]
 
 
-def expected_top1(tmp):
-    """Top-1 (%) of the constant classifier of :func:`setup`."""
-    labels = val_labels(tmp)
-    return 100.0 * labels.count(labels[0]) / len(labels)
-
-
 def _test(setup, name, *extra, work='work'):
     cfg, ckpts, tmp, _ = setup
-    main = tool_namespace('test')['main']
-    return main([cfg, ckpts[name], '--work-dir', str(tmp / work), *extra])
+    return tool_namespace('test')['main'](
+        [cfg, ckpts[name], '--work-dir',
+         str(tmp / work), *extra])
 
 
-def _read_logs(tmp, work):
+def _log(tmp, work):
     logs = glob.glob(osp.join(tmp, work, '*', '*.log'))
     assert len(logs) == 1, (work, logs)
-    with open(logs[0]) as f:
-        return f.read()
+    return open(logs[0]).read()
 
 
 def test_partial_load_opt_in(setup, monkeypatch):
@@ -94,19 +84,22 @@ def test_partial_load_opt_in(setup, monkeypatch):
             **vars(time), 'time': lambda: now
         }))
     tmp = setup[2]
-    out = str(tmp / 'trained_preds.pkl')
+    out, labels = str(tmp / 'trained_preds.pkl'), val_labels(tmp)
     metrics = _test(setup, 'trained', '--out', out, work='second_a')
-    assert metrics == {'accuracy/top1': pytest.approx(expected_top1(tmp))}
+    assert metrics == {
+        'accuracy/top1':
+        pytest.approx(100.0 * labels.count(labels[0]) / len(labels))
+    }
     with open(out, 'rb') as f:
         preds = pickle.load(f)
-    assert [int(p['gt_label']) for p in preds] == val_labels(tmp)
+    assert [int(p['gt_label']) for p in preds] == labels
     bias = torch.load(setup[1]['trained'])['state_dict']['head.fc.bias']
     for p in preds:
         torch.testing.assert_close(p['pred_score'], bias.softmax(0))
     metrics = _test(setup, 'head1000', '--partial-load', work='second_b')
     assert set(metrics) == {'accuracy/top1'}, metrics
     assert metrics['accuracy/top1'] in [25.0 * k for k in range(5)]  # 4 images
-    log_a, log = _read_logs(tmp, 'second_a'), _read_logs(tmp, 'second_b')
+    log_a, log = _log(tmp, 'second_a'), _log(tmp, 'second_b')
     assert 'partial load (allowed)' in log
     assert 'head.fc.weight (checkpoint [1000, 192] vs model [5, 192])' in log
     assert 'partial load (allowed)' not in log_a and 'second_b' not in log_a
@@ -133,12 +126,14 @@ def test_out_is_written_atomically(setup, monkeypatch):
 
 
 NOT_FOUND = (
-    "error: checkpoint '{}' not found: give the path of a trained model "
-    '(work_dirs/<config>/epoch_N.pth or iter_N.pth); mmsoft releases no '
-    "trained weights (the authors' ImageNet classifiers, converted: "
-    'docs/en/user_guides/official_weights.md)')
+    "error: checkpoint '{tmp}/no_such_dir/epoch_12.pth' not found: give the "
+    'path of a trained model (work_dirs/<config>/epoch_N.pth or iter_N.pth); '
+    "mmsoft releases no trained weights (the authors' ImageNet classifiers, "
+    'converted: docs/en/user_guides/official_weights.md)')
+NO_CKPT = '{tmp}/no_such_dir/epoch_12.pth'
 #: (id, tool, arguments (split; placeholders: setup's names, {tmp}), parts
-#: of the one line: 'error: ...' the start, else contained)
+#: of the one line: 'error: ...' the start, else contained); the attn_norm
+#: record (issue 36 (4)): test_faults.py's test-norm-weights
 FAULTS = [
     ('head', 'test', '{cfg} {head1000}', [
         'error: checkpoint {head1000} does not match the model '
@@ -146,11 +141,19 @@ FAULTS = [
         'head.fc.weight (checkpoint [1000, 192] vs model [5, 192])',
         '2 tensors have another shape'
     ]),
-    # attn_norm (issue 36 (4)): test_faults.py's test-norm-weights
+    # tools/train.py (--partial-load training: test_chain.py)
+    ('load-from-headless', 'train', '{cfg} --cfg-options load_from='
+     '{headless}', [
+         'error: checkpoint {headless} does not match the model '
+         '(ImageClassifier)', 'pass --partial-load'
+     ]),
     # before the config is loaded or any worker starts; no model zoo
     # (issue 51): the authors' ImageNet files are on the official page
-    ('missing-checkpoint', 'test', '{cfg} {tmp}/no_such_dir/epoch_12.pth',
-     [NOT_FOUND.format('{tmp}/no_such_dir/epoch_12.pth')]),
+    ('missing-checkpoint', 'test', '{cfg} ' + NO_CKPT, [NOT_FOUND]),
+    ('missing-checkpoint-dist', 'dist_test.sh', f'{CONFIG} {NO_CKPT} 8',
+     [NOT_FOUND]),
+    ('missing-checkpoint-slurm', 'slurm_test.sh',
+     f'part job {CONFIG} {NO_CKPT}', [NOT_FOUND]),
     # issue 36 (3): --out that cannot be written: before the inference
     ('out-under-a-file', 'test', '{cfg} {trained} --out {tmp}/a_file/p.pkl',
      ['error: --out {tmp}/a_file/p.pkl: ', 'is a file, not a directory']),
@@ -167,7 +170,8 @@ FAULTS = [
 def test_fault_stops_with_one_line(setup, tmp_path, monkeypatch, capsys, name,
                                    script, args, parts):
     """Exit 1 and one line (the other templates: tests/test_utils/
-    test_strict_load.py); nothing tested, nothing in the work dir."""
+    test_strict_load.py); nothing tested, nothing in the work dir; the
+    launchers (.sh): their own line alone, before any worker starts."""
     from mmengine.runner import Runner
 
     from mmsoft_tools.cli import run_main
@@ -177,36 +181,26 @@ def test_fault_stops_with_one_line(setup, tmp_path, monkeypatch, capsys, name,
     if name.startswith('out-'):  # refused before the inference
         monkeypatch.setattr(Runner, 'test', lambda self: 1 / 0)
     names = dict(setup[1], cfg=setup[0], tmp=tmp_path, missing=setup[3])
-    argv = [a.format(**names) for a in args.split()]
     work = tmp_path / 'work'
-    with pytest.raises(SystemExit) as exc:
-        run_main(
-            tool_namespace(script)['main'],
-            argv + ['--work-dir', str(work)])
-    msg = exc.value.code  # sys.exit('error: ...') of the pre-flight
-    out, err = capsys.readouterr()
-    if not isinstance(msg, str):
-        assert msg == 1, err
-        msg = [ln for ln in err.splitlines() if ln.strip()][-1]
+    argv = [a.format(**names) for a in args.split()] + ['--work-dir', work]
+    if script.endswith('.sh'):
+        proc = run(['bash', osp.join(TOOLS, script), *map(str, argv)],
+                   timeout=300)
+        out, err, msg = proc.stdout, proc.stderr, proc.stderr.strip()
+        assert proc.returncode == 1, err
+    else:
+        with pytest.raises(SystemExit) as exc:
+            run_main(tool_namespace(script)['main'], [str(a) for a in argv])
+        msg = exc.value.code  # sys.exit('error: ...') of the pre-flight
+        out, err = capsys.readouterr()
+        if not isinstance(msg, str):
+            assert msg == 1, err
+            msg = [ln for ln in err.splitlines() if ln.strip()][-1]
     assert '\n' not in msg and 'Traceback' not in err, err
     for part in (p.format(**names) for p in parts):
         assert msg.startswith(part) if part.startswith('error: ') else \
             part in msg, msg
     assert not glob.glob(str(work / '**' / '*.pth'), recursive=True)
-    if name == 'missing-checkpoint':
+    if name.startswith('missing-checkpoint'):
+        assert msg == NOT_FOUND.format(**names)
         assert out == '' and not osp.exists(work)
-
-
-@pytest.mark.parametrize('tool', ['dist_test.sh', 'slurm_test.sh'])
-def test_shell_tools_stop_on_a_missing_checkpoint(tool, tmp_path):
-    """The launchers' own line, before any worker starts."""
-    ckpt, work = str(tmp_path / 'no_such_dir' / 'epoch_12.pth'), tmp_path / 'w'
-    part = ['part', 'job'] if tool == 'slurm_test.sh' else []
-    args = [CONFIG, ckpt, '8'] if tool == 'dist_test.sh' else [CONFIG, ckpt]
-    proc = run(
-        ['bash',
-         osp.join(TOOLS, tool), *part, *args, '--work-dir',
-         str(work)],
-        timeout=300)
-    assert proc.returncode == 1 and proc.stdout == '' and not osp.exists(work)
-    assert proc.stderr.strip() == NOT_FOUND.format(ckpt)

@@ -1,4 +1,4 @@
-"""tools/analysis tools run on tiny settings into tmp_path."""
+"""tools/analysis tools on tiny settings into tmp_path."""
 import csv
 import importlib
 import json
@@ -35,17 +35,14 @@ def outputs_written(out, stem):
     'expected > 2x)')
 def test_get_flops_counts_attention_products_and_nr(tmp_path):
     gf = tool('get_flops')
-    rows = gf.main(
-        '--models soft_tiny softmax_tiny --shape 64 '
-        '--backbone-only'.split() +
-        ['--arch', json.dumps(TINY), '--out',
-         str(tmp_path)])
+    rows = gf.main('--models soft_tiny softmax_tiny --shape 64 --backbone-only'
+                   ' --arch'.split() + [json.dumps(TINY), '--out',
+                                        str(tmp_path)])  # yapf: disable
     by = {r['model']: r for r in outputs_written(tmp_path, 'flops')}
     assert set(by) == {'soft_tiny', 'softmax_tiny'}
     for r in rows:
-        assert r['flops_g'] == pytest.approx(r['layers_g'] + r['attention_g'] +
-                                             r['nr_g'])
-        assert r['attention_g'] > 0
+        assert r['attention_g'] > 0 and r['flops_g'] == pytest.approx(
+            r['layers_g'] + r['attention_g'] + r['nr_g'])
     assert float(by['soft_tiny']['nr_g']) > 0
     assert float(by['softmax_tiny']['nr_g']) == 0
     # full attention: n^2 d products per head, SimA n d^2 (n > d here)
@@ -58,46 +55,37 @@ def test_get_flops_counts_attention_products_and_nr(tmp_path):
     }
     assert att['softmax'] > 2 * att['sima']
     if importlib.util.find_spec('mmpretrain'):  # any config's whole model
-        cfg = osp.join(ROOT, 'configs', 'soft_tiny_in1k.py')
-        row, = gf.main(
-            ['--config', cfg, '--out', str(tmp_path)] +
-            '--attn-type performer --shape 64'.split())
+        row, = gf.main(['--config', osp.join(ROOT, 'configs',
+                                             'soft_tiny_in1k.py'),
+                        '--out', str(tmp_path), '--attn-type', 'performer',
+                        '--shape', '64'])  # yapf: disable
         assert row['counted'] == 'model (tensor mode)'
         assert row['nr_g'] == 0 and row['params_m'] > 12
 
 
-def test_get_flops_nr_term_is_the_newton_iterations():
+def test_get_flops_math():
+    """The NR term: T iterations x 2 products of m x m per head and image
+    (grids at 64 x 96: 16x24 / 8x12 / 4x6, r = 8 / 4 / 2 -> m = 6); the
+    tiny preset: the paper's numbers (Table 8); the bottleneck settings: m
+    landmarks."""
+    from mmsoft.models.backbones import SOFT
+    from mmsoft.models.layers import with_nr
     gf = tool('get_flops')
     model = gf.build_named(
         'soft_tiny', head=False, arch=dict(TINY, depths=[1, 1, 1, 1]))
     x = torch.randn(2, 3, 64, 96)
-    res = gf.count(model, x)
-    from mmsoft.models.layers import with_nr
-    res1 = gf.count(with_nr(model, iters=1), x)  # the model with T = 1
+    res, res1 = gf.count(model, x), gf.count(with_nr(model, iters=1), x)
     assert res['nr'] == 20 * res1['nr'] > 0
     assert res['total'] - res1['total'] == res['nr'] - res1['nr']
-    # T iterations x 2 products of m x m per head and image: stage grids at
-    # 64 x 96 are 16x24 / 8x12 / 4x6 with r = 8 / 4 / 2 -> m = 6, 6, 6
-    heads = sum(TINY['num_heads'][:3])
-    assert res['nr'] == 2 * heads * 20 * 2 * 6**3
-
-
-def test_get_flops_tiny_preset_matches_the_paper():
-    gf = tool('get_flops')
+    assert res['nr'] == 2 * sum(TINY['num_heads'][:3]) * 20 * 2 * 6**3
     res = gf.count(gf.build_named('soft_tiny'), torch.randn(1, 3, 224, 224))
-    assert res['params'] / 1e6 == pytest.approx(13.07, abs=0.005)  # Table 8
+    assert res['params'] / 1e6 == pytest.approx(13.07, abs=0.005)
     assert (res['total'] - res['nr']) / 1e9 == pytest.approx(1.9, abs=0.05)
-
-
-def test_get_flops_bottleneck_settings_give_m_landmarks():
-    gf = tool('get_flops')
-    from mmsoft.models.backbones import SOFT
     for m in (36, 81):
         kw = gf.bottleneck_overrides(m)
-        arch = dict(kw['arch'], **TINY)  # small channels, same ratios
-        model = SOFT(
-            arch, attn_cfg=dict(type='soft', **kw['attn']),
-            out_indices=(2, )).eval()
+        model = SOFT(dict(kw['arch'], **TINY),  # small channels, same ratios
+                     attn_cfg=dict(type='soft', **kw['attn']),
+                     out_indices=(2, )).eval()  # yapf: disable
         seen = []
         for mod in model.modules():
             if hasattr(mod, 'sampler'):

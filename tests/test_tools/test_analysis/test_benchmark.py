@@ -1,11 +1,13 @@
-"""tools/analysis/benchmark.py: model names, and one tiny run end to end
-(a subprocess per measurement, CSV / markdown with the ratios)."""
+"""tools/analysis/benchmark.py (model names, a tiny run: a subprocess per
+measurement, CSV / markdown with the ratios), nr_method_crossover.py and
+nr_accuracy.py, which back docs/en/benchmarks.md's tables."""
 import csv
 import os
 import sys
 from types import SimpleNamespace
 
 import pytest
+import torch
 from conftest import ROOT, load_tool
 
 
@@ -25,10 +27,12 @@ def load():
     return load_tool('analysis/benchmark.py', '_benchmark')
 
 
-def test_model_names_and_the_training_step_backbone():
+def test_model_names_backbones_and_reuse_memory(monkeypatch):
     """Names -> backbones; a training step times SOFT as
     configs/_base_/soft_dense.py trains it (norm_eval, drop path, residual
-    dropout), inference as built."""
+    dropout); ``_floor``: A_T W replaced by W (same shapes, other values);
+    ``--reuse-memory`` reruns with glibc's settings that keep freed memory
+    (a process that has them goes on)."""
     import torch.nn as nn
     from mmengine.config import Config
 
@@ -56,29 +60,61 @@ def test_model_names_and_the_training_step_backbone():
     assert all(not m.training for m in train.modules()
                if isinstance(m, nn.BatchNorm2d))
     assert any(isinstance(m, nn.Dropout) and m.p > 0 for m in train.modules())
-    assert bench.build_backbone('soft_tiny_norm_floor').norm_eval is False
+    floor = bench.build_backbone('soft_tiny_norm_floor').eval()
+    assert floor.norm_eval is False
+    full = bench.build_backbone('soft_tiny_norm').eval()
+    full.load_state_dict(floor.state_dict())
+    x = torch.randn(1, 3, 64, 64)
+    with torch.no_grad():
+        a, b = floor(x), full(x)
+    assert [t.shape for t in a] == [t.shape for t in b]
+    assert not torch.allclose(a[0], b[0])
+    for k in bench.REUSE_MEMORY:
+        monkeypatch.delenv(k, raising=False)
+    calls = []
+    monkeypatch.setattr('subprocess.call', lambda cmd, env: calls.append(
+        (cmd, env)) or 7)
+    argv = ['--reuse-memory', '--sizes', '64x64x1', '--alternate']
+    assert bench.main(argv) == 7 and not bench.memory_reused()
+    (cmd, env), = calls
+    assert cmd[1].endswith('benchmark.py') and cmd[2:] == argv
+    assert all(env[k] == v for k, v in bench.REUSE_MEMORY.items())
+    assert not bench.device_label('cpu', 2).endswith('memory reused')
+    for k, v in bench.REUSE_MEMORY.items():
+        monkeypatch.setenv(k, v)
+    assert bench.memory_reused()
+    assert bench.device_label('cpu', 2).endswith('2 threads, memory reused')
 
 
 def test_tiny_run_writes_ratios(tmp_path, capsys, script_server, monkeypatch):
-    # the tool in this process, its 4 measurements as 4 scripts
+    """4 measurements as 4 scripts; ``--alternate``: every model in each
+    round in this process, ratios to the baseline."""
     isolated_runs_in(script_server, monkeypatch)
-    out = tmp_path / 'bench'
-    load().main('--models soft_tiny_norm_ml16 pvtv2_b1 --sizes 64x64x1 '
-                '--modes forward forward_backward --repeats 1 --threads 1 '
-                '--out'.split() + [str(out)])
+    bench, out = load(), tmp_path / 'bench'
+    bench.main('--models soft_tiny_norm_ml16 pvtv2_b1 --sizes 64x64x1 '
+               '--modes forward forward_backward --repeats 1 --threads 1 '
+               '--out'.split() + [str(out)])
     assert 'FAILED' not in capsys.readouterr().out
     rows = list(csv.DictReader(open(out / 'results.csv')))
-    assert {(r['model'], r['mode'])
-            for r in rows} == {(m, mode)
-                               for m in ('soft_tiny_norm_ml16', 'pvtv2_b1')
-                               for mode in ('forward', 'forward_backward')}
+    assert {(r['model'], r['mode']) for r in rows} == {
+        (m, mode) for m in ('soft_tiny_norm_ml16', 'pvtv2_b1')
+        for mode in ('forward', 'forward_backward')}  # yapf: disable
     assert all(float(r['time_ms']) > 0 for r in rows)
     # the machine, for the figure's panels: the CPU and --threads
-    assert {r['device']
-            for r in rows} == {f'CPU: {load().cpu_name()}, 1 thread'}
-    md = (out / 'results.md').read_text()
-    assert 'x pvtv2_b1' in md
+    assert {r['device'] for r in rows} == {
+        f'CPU: {bench.cpu_name()}, 1 thread'}  # yapf: disable
+    assert 'x pvtv2_b1' in (out / 'results.md').read_text()
     assert (out / 'benchmark.png').stat().st_size > 0
+    assert bench.main(
+        '--alternate --models soft_tiny_norm soft_tiny_norm_floor'
+        ' pvtv2_b1 --sizes 64x64x1 --modes forward --repeats 2 '
+        '--threads 1 --out'.split() + [str(tmp_path / 'alt')]) == 0
+    assert capsys.readouterr().out.count('round ') == 2
+    rows = list(csv.DictReader(open(tmp_path / 'alt' / 'alternate.csv')))
+    assert [r['model'] for r in rows
+            ] == ['soft_tiny_norm', 'soft_tiny_norm_floor', 'pvtv2_b1']
+    assert rows[0]['baseline'] == 'pvtv2_b1' and float(rows[0]['ratio']) > 0
+    assert rows[2]['ratio'] == ''
 
 
 def test_nr_method_crossover_tool(capsys):
@@ -108,8 +144,6 @@ def test_nr_accuracy_tool(tmp_path, capsys):
     within the bounds of docs/en/benchmarks.md; the table written;
     ``--config`` with a detector's ``--checkpoint`` too; a file that lacks
     a backbone tensor is refused."""
-    import torch
-
     from mmsoft.models.backbones import SOFT
     from mmsoft.utils.strict_load import CheckpointMismatchError
     from mmsoft_tools.cli import load_config
@@ -118,8 +152,8 @@ def test_nr_accuracy_tool(tmp_path, capsys):
                     '--threads 1 --out'.split() + [str(tmp_path)]) == 0
     rows = parsed_rows(capsys.readouterr().out)
     assert len(rows) == 2 * 4  # two layers, four methods
-    assert {r['method']
-            for r in rows} == {'auto', 'lanczos', 'spectral', 'iterative'}
+    assert {r['method'] for r in rows} == {
+        'auto', 'lanczos', 'spectral', 'iterative'}  # yapf: disable
     assert all(int(r['krylov']) > 1 for r in rows if r['method'] == 'lanczos')
     assert (tmp_path / 'nr_accuracy.csv').read_text().count('\n') == 9
     cfg = os.path.join(ROOT, 'configs', 'demo', 'retinanet_soft_demo.py')
@@ -145,55 +179,3 @@ def test_nr_accuracy_tool(tmp_path, capsys):
     torch.save(dict(state_dict=state, meta={}), ckpt)
     with pytest.raises(CheckpointMismatchError, match='pos_embed'):
         mod.main(args)
-
-
-def test_alternate_rounds_and_the_no_inverse_floor(tmp_path, capsys):
-    """``--alternate``: every model in each round, ratios to the baseline;
-    ``_floor``: A_T W replaced by W (same shapes, other values)."""
-    import torch
-    bench = load()
-    floor = bench.build_backbone('soft_tiny_norm_floor').eval()
-    full = bench.build_backbone('soft_tiny_norm').eval()
-    full.load_state_dict(floor.state_dict())
-    x = torch.randn(1, 3, 64, 64)
-    with torch.no_grad():
-        a, b = floor(x), full(x)
-    assert [t.shape for t in a] == [t.shape for t in b]
-    assert not torch.allclose(a[0], b[0])
-    out = tmp_path / 'alt'
-    assert bench.main(
-        '--alternate --models soft_tiny_norm soft_tiny_norm_floor'
-        ' pvtv2_b1 --sizes 64x64x1 --modes forward --repeats 2 '
-        '--threads 1 --out'.split() + [str(out)]) == 0
-    printed = capsys.readouterr().out
-    assert printed.count('round ') == 2
-    rows = list(csv.DictReader(open(out / 'alternate.csv')))
-    assert [r['model'] for r in rows
-            ] == ['soft_tiny_norm', 'soft_tiny_norm_floor', 'pvtv2_b1']
-    assert rows[0]['baseline'] == 'pvtv2_b1' and float(rows[0]['ratio']) > 0
-    assert rows[2]['ratio'] == ''
-
-
-def test_reuse_memory_reruns_with_the_allocator_settings(monkeypatch):
-    """``--reuse-memory`` reruns the command with glibc's settings that
-    keep freed memory; a process that has them goes on."""
-    bm = load()
-    for k in bm.REUSE_MEMORY:
-        monkeypatch.delenv(k, raising=False)
-    calls = []
-
-    def call(cmd, env):
-        calls.append((cmd, env))
-        return 7
-
-    monkeypatch.setattr('subprocess.call', call)
-    argv = ['--reuse-memory', '--sizes', '64x64x1', '--alternate']
-    assert bm.main(argv) == 7 and not bm.memory_reused()
-    (cmd, env), = calls
-    assert cmd[1].endswith('benchmark.py') and cmd[2:] == argv
-    assert all(env[k] == v for k, v in bm.REUSE_MEMORY.items())
-    assert not bm.device_label('cpu', 2).endswith('memory reused')
-    for k, v in bm.REUSE_MEMORY.items():
-        monkeypatch.setenv(k, v)
-    assert bm.memory_reused()
-    assert bm.device_label('cpu', 2).endswith('2 threads, memory reused')

@@ -1,6 +1,5 @@
-"""The docs' figures are redrawn by scripts, in seconds, at a size legible
-at the docs' page width: the architecture figure, and ``--plot CSV`` of
-the benchmark tools from the committed CSVs of docs/en/benchmarks/."""
+"""The docs' figures redrawn by scripts at a size legible at the page width:
+the architecture, ``--plot CSV`` of docs/en/benchmarks/' committed CSVs."""
 import os
 import os.path as osp
 
@@ -20,18 +19,14 @@ def test_architecture_figure(tmp_path):
     arch = tool('draw_architecture')
     out = tmp_path / 'sub' / 'architecture.png'
     assert arch.main(['--out', str(out), '--arch', 'medium']) == 0
-    with Image.open(out) as im:
-        # 8 in at 120 dpi: shown about 1:1 at the docs' content width
+    with Image.open(out) as im:  # 8 in at 120 dpi: the docs' width
         assert im.size[0] == 960
     assert list(tmp_path.glob('sub/*')) == [out]  # no temporary left
-    # the pyramid shows the preset's channels (medium: 288 at stage 3)
-    texts = []
-    fig = arch.figure('medium')
-    for ax in fig.axes:
-        texts += [t.get_text() for t in ax.texts]
-    assert any('C = 288' in t for t in texts)
-    assert any('stride 32' in t for t in texts)
-    assert any('1-3-29-5' in t for t in texts)  # medium's depths
+    texts = [t.get_text() for ax in arch.figure('medium').axes
+             for t in ax.texts]  # yapf: disable
+    # medium: 288 channels at stage 3, depths 1-3-29-5
+    for part in ('C = 288', 'stride 32', '1-3-29-5'):
+        assert any(part in t for t in texts), part
 
 
 @pytest.mark.parametrize('name,csv,n_bars', [
@@ -46,27 +41,18 @@ def test_plot_redraws_from_the_committed_csv(name, csv, n_bars, tmp_path):
     with Image.open(out) as im:
         assert im.size[0] == 880  # 8 in at 110 dpi, whatever the row count
     rows = mod.read_rows(osp.join(BENCH, csv))
-    fig = mod.plot(rows, sorted({r['size']
-                                 for r in rows})) if name == 'benchmark' \
-        else mod.plot(rows)
+    sizes = sorted({r['size'] for r in rows}) if name == 'benchmark' else 0
+    fig = mod.plot(rows, sizes) if sizes else mod.plot(rows)
     if n_bars is not None:  # one horizontal bar per row (x component)
-        bars = [p for ax in fig.axes for p in ax.patches]
-        assert len(bars) == n_bars
-    labels = [
-        t.get_fontsize() for ax in fig.axes for t in ax.get_yticklabels()
-    ]
+        assert len([p for ax in fig.axes for p in ax.patches]) == n_bars
+    labels = [t.get_fontsize() for ax in fig.axes
+              for t in ax.get_yticklabels()]  # yapf: disable
     assert labels and min(labels) >= 9  # legible, unlike the 7 pt ones
-    if name == 'benchmark':
-        panels_name_their_device(mod, rows, fig)
-
-
-def panels_name_their_device(mod, rows, fig):
-    """Each panel of benchmark.png names the machine its rows were measured
-    on, from the CSV's device column (the committed one: every row has it);
-    rows of two devices at one size name both; a CSV without the column
-    says so instead of naming none."""
+    if not sizes:
+        return
+    # each panel names the machine(s) of its rows (the CSV's device column);
+    # a CSV without the column says so
     assert all(r['device'] for r in rows)
-    sizes = sorted({r['size'] for r in rows})
     titles = [ax.get_title() for ax in fig.axes]
     assert len(titles) == len(sizes) >= 2
     for size, title in zip(sizes, titles):
@@ -81,8 +67,8 @@ def panels_name_their_device(mod, rows, fig):
 
 
 def test_committed_figures_are_page_width():
-    """What the docs show: no figure wider than about twice the page (the
-    21-bar FLOPs chart of 1952 px, shrunk to the page, was unreadable)."""
+    """No figure wider than about twice the page (the 21-bar FLOPs chart of
+    1952 px, shrunk to the page, was unreadable)."""
     names = sorted(os.listdir(FIGURES))
     assert 'architecture.png' in names and 'flops.png' in names
     for name in names:
