@@ -41,8 +41,7 @@ def rel_err(got, ref):
         ((g - r).abs().max() / r.abs().max()).item() for g, r in zip(got, ref))
 
 
-# inductor's time goes into lowering each node: 2 NR steps (not 20) and no
-# position-embedding resize keep the same kinds of kernels
+# 2 NR steps and no pos-embedding resize: the same kernels, less lowering
 @one_graph
 def test_inductor_matches_eager_in_one_graph():
     import torch._inductor.config as inductor_config

@@ -205,8 +205,7 @@ MODULES = dict(
     norm_false=lambda: _tiny([1, 1, 3, 1],
                              attn_cfg=dict(type='soft', attn_norm=False)))
 
-#: (id, file content, module, load_pretrained's keywords, the error: its
-#: start, or (with '$') the whole line; P: the file)
+#: (id, content, module, keywords, the error's start or ('$') line; P: file)
 LOAD_FAULTS = [  # check_state_dict's other lines: test_strict_load.py
     ('opt-in-named', dict(weight=torch.ones(3, 2)), 'Linear',
      dict(opt_in='set X'),
@@ -313,8 +312,7 @@ def _soft(checkpoint='a.pth', **kw):
     return _pre(checkpoint, 'SOFTPretrained', **kw)
 
 
-# a list stays a list; the load runs last (mmengine's order); no checkpoint:
-# the entry dropped, one line logged
+# the load last (mmengine's order); no checkpoint: dropped, one line logged
 @pytest.mark.parametrize('init_cfg, want, loads_all', [
     (None, None, False),
     (_NORMAL, _NORMAL, False),

@@ -14,8 +14,7 @@ pytestmark = pytest.mark.usefixtures('one_thread')
 # head width 8 in every stage; two blocks in stages 2 and 4
 EMBED_DIMS, NUM_HEADS, DEPTHS = [16, 32, 48, 64], [2, 4, 6, 8], [1, 2, 1, 2]
 NUM_CLASSES, PRETRAIN = 10, 64
-# (batch, (H, W)): (H / 32) (W / 32) = 12 / 90 landmarks, below / above
-# SPECTRAL_MIN_M (nr_method='auto' iterates / goes spectral)
+# (batch, (H, W)): 12 / 90 landmarks, below / above SPECTRAL_MIN_M
 SIZES = {'m12': (2, (96, 128)), 'm90': (1, (288, 320))}
 
 

@@ -27,8 +27,7 @@ pytestmark = pytest.mark.usefixtures('one_thread')
 TINY = tiny_arch(num_heads=[1, 1, 2, 2])
 ARCH = tiny_arch((8, 8, 8, 16), (1, 1, 1, 2))
 ARCH2 = tiny_arch(depths=(1, 2, 2, 1))
-# paper Table 3 (IJCV Table 8 for Tiny with conv sampling): classifier params
-# and tolerance; the authors' code's small: 38.9M
+# paper Table 3 (IJCV Table 8: Tiny), the authors' small: params, rtol
 PAPER_PARAMS = {
     'tiny': (13.07e6, .05), 'small': (24e6, .05), 'medium': (45e6, .05),
     'large': (64e6, .05), 'huge': (87e6, .05), 'small-official': (38.9e6, .01)
@@ -341,7 +340,6 @@ def arch(**kw):
 
 
 REFUSALS = [
-    # amp's check_int / check_rate / check_kernel_size / check_choice
     (dict(in_channels=0), V,
      X('SOFT: in_channels must be an int >= 1, got 0 (int)')),
     (dict(pretrain_img_size=224.0), V,
@@ -365,7 +363,6 @@ REFUSALS = [
        "'dropblock'")),
     (dict(out_type='bogus'), V,
      X("unknown out_type 'bogus'; choose one of ('featmap', 'cls_token')")),
-    # SOFT's own; its forward's input
     (dict(x=torch.zeros(3, 64, 64)), V,
      X('SOFT expects (B, C, H, W) images, got shape (3, 64, 64)')),
     (dict(x=[torch.zeros(3, 32, 32)]), T,
@@ -389,7 +386,6 @@ REFUSALS = [
     (dict(attn_cfg=dict(type='softmax', nr_iters=5)), T, 'nr_iters'),
     (dict(attn_cfg=dict(norm=True)), K, 'must contain the key "type"'),
     (dict(attn_cfg=dict(type='transformer')), K, 'transformer'),
-    # stage_cfgs: the key and the fix
     (dict(stage_cfgs='dropout'), V,
      X('SOFT: stage_cfgs must be a dict (for every stage) or a list of 4 '
        "dicts (one per stage), got 'dropout'")),
@@ -408,7 +404,6 @@ REFUSALS = [
     (dict(stage_cfgs=[{}, {}, {}, dict(pos_grid=0)]), V,
      X('SOFT: stage_cfgs[3]: pos_grid of stage 4 must be an int >= 1, '
        'got 0 (int)')),  # 0 crashed in forward, < 0 acted as abs
-    # arch
     (dict(arch='gigantic'), V,
      X("unknown SOFT arch 'gigantic'; valid presets: ['h', 'huge', 'l', "
        "'large', 'm', 'medium', 's', 'small', 'small-official', 't', 'tiny']"

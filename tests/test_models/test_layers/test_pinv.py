@@ -120,8 +120,7 @@ def test_defaults_and_errors_name_the_problem():
     ]:
         with pytest.raises(exc, match=match):
             call()
-    # Norm: per-sample alpha, the iterations' gradient; NeurIPS: 'soft',
-    # Eq. 16; an explicit backward kept
+    # Norm: per sample, exact; NeurIPS: 'soft', Eq. 16; a given one kept
     assert NRConfig() == NRConfig.of(None, True) == NRConfig(
         20, 'soft_norm_per_sample', 'auto', 'exact')
     assert NRConfig.of({}, False) == NRConfig(init='soft') == NRConfig(
@@ -160,8 +159,7 @@ def test_alpha_rules_follow_the_official_halving():
     assert len({nr_init_alpha(A, i).sum().item() for i in INIT_MODES}) == 4
     assert torch.equal(nr_init_alpha(A), nr_init_alpha(A, INIT_MODES[0]))
     close(nr_init_alpha(A, 'soft'), 0.9 * 2 / A.sum(-1).amax(-1)**2)
-    # A = [[1 - q, q], [q, t - q]] (||A||_1 = 1): this q's float64 residual
-    # at n = 0 is exactly 1.01 (all sums exact): alpha_0 = 2; larger: 1
+    # ||A||_1 = 1; this q's residual at n = 0 is exactly 1.01: alpha_0 = 2
     t = 1 / 32
     for q, alpha in ((0.005578077527412351, 2.0), (0.0056, 1.0)):
         A = torch.tensor([[1 - q, q], [q, t - q]], dtype=F64)
@@ -488,8 +486,7 @@ def test_lapack_calls_take_one_thread_and_give_the_count_back(monkeypatch):
         assert torch.equal(a, b)
     close(Q.mT @ Q, torch.eye(8).expand(3, 8, 8), 0, 1e-6)
     close(Q @ (Q.mT @ Z), Z, 1e-5, 1e-5)
-    # CUDA: TF32 off inside the inverse, the user's setting back after (an
-    # error too); other devices untouched
+    # CUDA: TF32 off inside, the user's setting back after (an error too)
     flags = torch.backends.cuda.matmul
     before = flags.allow_tf32
     try:

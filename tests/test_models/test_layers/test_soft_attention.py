@@ -542,8 +542,7 @@ def test_nr_settings_built_once_and_frozen(monkeypatch):
         NRConfig(3, 'soft')
     assert SOFTAttention(
         16, 2, 2, attn_norm=False, nr=dict(iters=5)).nr == NRConfig(5, 'soft')
-    # with_nr: a copy, same weights, mode and requires_grad; model and RNG
-    # unchanged; no nr: each one's own; a dict without init: the variant's
+    # with_nr: a copy (weights, mode, requires_grad; model and RNG kept)
     own = NRConfig(7, 'soft_norm_per_matrix', 'iterative', 'exact')
     model = torch.nn.Sequential(
         SOFTAttention(16, 2, 2, nr=own),
