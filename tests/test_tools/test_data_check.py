@@ -132,12 +132,9 @@ def test_shipped_configs_message_and_remedies(name, codebase, dataset, root,
     assert dc.missing_data_message(docs, mode) is None, opts
     # remedy 2: the symlink command of the message, unchanged config
     link = next(ln for ln in lines if 'ln -s' in ln)
-    subprocess.run(
-        link.split('link your copy there: ',
-                   1)[1].replace('/path/to', new_base),
-        shell=True,
-        check=True,
-        cwd=str(tmp_path))
+    command = link.split('link your copy there: ', 1)[1]
+    subprocess.run(command.replace('/path/to', new_base), shell=True,
+                   check=True, cwd=str(tmp_path))  # yapf: disable
     assert osp.islink(root.rstrip('/'))
     assert dc.missing_data_message(cfg, mode) is None
 
@@ -152,17 +149,13 @@ def test_wrappers_evaluators_and_order(tmp_path):
     root = str(tmp_path / 'coco') + '/'
     inner = [_coco_ds(root), _coco_ds(root, 'annotations/b.json', 'more/')]
     cfg = ConfigDict(
-        default_scope='mmdet',
-        train_dataloader=dict(
-            dataset=dict(
-                type='RepeatDataset',
-                times=2,
-                dataset=dict(type='ConcatDataset', datasets=inner))),
-        val_dataloader=dict(dataset=_coco_ds(root)),
-        val_cfg=dict(type='ValLoop'),
-        val_evaluator=[
+        default_scope='mmdet', val_cfg=dict(type='ValLoop'),
+        train_dataloader=dict(dataset=dict(
+            type='RepeatDataset', times=2,
+            dataset=dict(type='ConcatDataset', datasets=inner))),
+        val_dataloader=dict(dataset=_coco_ds(root)), val_evaluator=[
             dict(type='CocoMetric', ann_file=root + 'annotations/a.json')
-        ])
+        ])  # yapf: disable
     inner = 'train_dataloader.dataset.dataset.datasets'
     assert [k for k, _, _ in dc.built_datasets(cfg, 'train')
             ] == [f'{inner}.0', f'{inner}.1', 'val_dataloader.dataset']
@@ -251,15 +244,11 @@ def test_rank_and_skip(tmp_path, monkeypatch, capsys):
 def demo_data(tmp_path_factory):
     """Tiny demo data of the three tasks: ``{task: (config, root)}``."""
     S, T = demo_support()
-    report = S.make_demo_data(
-        str(tmp_path_factory.mktemp('demo')),
-        overrides=tiny_demo_data(num_train=3),
-        workers=1,
-        log=None)
-    return {
-        t: (T.set_data_root(T.load_demo_config(t), r['path']), r['path'])
-        for t, r in report.items()
-    }
+    report = S.make_demo_data(str(tmp_path_factory.mktemp('demo')), log=None,
+                              overrides=tiny_demo_data(num_train=3),
+                              workers=1)  # yapf: disable
+    return {t: (T.set_data_root(T.load_demo_config(t), r['path']), r['path'])
+            for t, r in report.items()}  # yapf: disable
 
 
 def test_existing_data_passes(demo_data, tmp_path, monkeypatch, capsys,
