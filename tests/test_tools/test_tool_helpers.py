@@ -278,9 +278,8 @@ def test_init_checkpoints_missing_pretrained_and_partial_load(tmp_path):
     ] and hooks[1] == dict(type='mmsoft.StrictLoadHook')
     strict = dict(type='StrictLoadHook')
     assert hooks_after(False, strict)[0]['allow_partial'] is False
-    assert hooks_after(False, dict(
-        strict,
-        allow_partial=True))[0]['allow_partial'] is True  # the config's choice
+    assert hooks_after(False, dict(strict, allow_partial=True))[0][
+        'allow_partial'] is True  # the config's choice  # yapf: disable
     cfg = Config(dict())
     cli.set_partial_load(cfg, partial_load=True)
     assert 'custom_hooks' not in cfg
@@ -515,11 +514,9 @@ def test_cfg_option_problem_passes_what_it_cannot_judge(monkeypatch):
 
 # =================================================================== launch
 def test_dicts_codebase_and_compile_refusal():
-    node = dict(
-        type='A',
-        norm=dict(type='SyncBN'),
-        layers=[dict(type='MMSyncBN'), (dict(type='BN'), 3)],
-        other='SyncBN')
+    node = dict(type='A', norm=dict(type='SyncBN'), other='SyncBN',
+                layers=[dict(type='MMSyncBN'),
+                        (dict(type='BN'), 3)])  # yapf: disable
     assert [d.get('type') for d in launch._dicts(node)] == \
         ['A', 'SyncBN', 'MMSyncBN', 'BN']
     assert launch._sync_bn_to_bn(node) == 2
@@ -533,8 +530,8 @@ def test_dicts_codebase_and_compile_refusal():
             "inherit it from e.g. 'mmdet::_base_/default_runtime.py')")
     refusal = launch.compile_refusal
     for cfg, version in ((dict(), '2.1.2'), (dict(compile=False), '2.1.2'),
-                         (dict(compile=True), '2.4.0'), (dict(compile=True),
-                                                         '2.14.1+cpu')):
+                         (dict(compile=True), '2.4.0'),
+                         (dict(compile=True), '2.14.1+cpu')):  # yapf: disable
         assert refusal(Config(cfg), version) is None, (cfg, version)
     assert refusal(
         Config(dict(compile=dict(backend='inductor'))),
@@ -579,9 +576,8 @@ def test_enable_amp(monkeypatch, logged):
     cpu = [(WARN, '--amp without CUDA: training under bfloat16 CPU autocast '
             '(CPUAmpOptimWrapper, no loss scaling); fp16 AMP needs a GPU.')]
     # a wrapper without a type is mmengine's OptimWrapper
-    amp(
-        Config(dict(model=dict(), optim_wrapper=dict(optimizer=dict()))),
-        'CPUAmpOptimWrapper', cpu)
+    amp(Config(dict(model=dict(), optim_wrapper=dict(optimizer=dict()))),
+        'CPUAmpOptimWrapper', cpu)  # yapf: disable
     amp(_amp_cfg('CPUAmpOptimWrapper'), 'CPUAmpOptimWrapper', already)
     # the config's fp16 AMP cannot run here: --amp makes it bfloat16's
     cfg = _amp_cfg('AmpOptimWrapper')
