@@ -6,6 +6,7 @@ import shutil
 
 import pytest
 from conftest import ROOT, load_module
+from mmengine.config import Config
 
 import mmsoft
 from mmsoft import configs as paths
@@ -117,7 +118,6 @@ def test_package_does_not_know_tools():
 @pytest.mark.usefixtures('metafiles_read_once')
 def test_model_index_lists_every_config_as_papers():
     """Once each, numbers the papers', read by mim; the config's schedule."""
-    from mmengine.config import Config
     from modelindex.load_model_index import load
     models = GEN.load_models()
     listed = [m['Config'] for m in models]
@@ -153,7 +153,6 @@ def test_model_index_lists_every_config_as_papers():
 
 def test_copy_config_and_inherit_from_another_directory(tmp_path):
     pytest.importorskip('mmpretrain')
-    from mmengine.config import Config
     proj = tmp_path / 'my_project'
     proj.mkdir()
     written = C.copy_config('soft_tiny_in1k', str(proj / 'mmsoft_configs'))

@@ -95,7 +95,6 @@ def test_soft_snippet_in_a_resnet_config(where, code, scope, tmp_path,
                                          monkeypatch):
     pytest.importorskip(scope)
     import torch
-    from mmengine.config import Config
     from mmengine.registry import DefaultScope
 
     from mmsoft.models import SOFT
