@@ -381,7 +381,23 @@ def test_before_run_claims_the_dir_and_checks_the_file(tmp_path, monkeypatch):
         work, loop=_Loop(), drop=('_resume', '_load_from', '_has_loaded'))
     SafeCheckpointHook().before_run(runner)
     assert runner.logger == [] and not hasattr(runner, '_resume')
+    assert 'load_checkpoint' not in vars(runner)  # none to wrap
     SafeCheckpointHook().after_run(runner)  # no load_checkpoint to drop
+
+    class Loading(_Runner):
+
+        def load_checkpoint(self, *args, **kwargs):
+            return args, kwargs
+
+    runner, hook = Loading(work, loop=_Loop()), SafeCheckpointHook()
+    hook.before_run(runner)  # wrapped: the arguments passed on
+    assert runner.load_checkpoint(
+        'f', strict=True) == (('f', ), dict(strict=True))
+    own = runner.load_checkpoint
+    hook.before_run(runner)  # an instance's own load_checkpoint is kept
+    assert runner.load_checkpoint is own
+    hook.after_run(runner)
+    assert 'load_checkpoint' not in vars(runner)
     runner = _Runner(work, loop=_Loop(), drop=('_load_from', ), _resume=True)
     SafeCheckpointHook().before_run(runner)  # resume=True: the search
     assert runner.logger.ours() == [SCRATCH.format(work)]

@@ -325,10 +325,10 @@ CAUSES = dict(
 @pytest.mark.parametrize(
     'cause,std,mode',
     [('weights', None, 'test'), ('inputs', [1.], 'test'),
-     ('std', torch.tensor([0., 1 / 3]), 'val'),
+     ('inputs-dict', None, 'val'), ('std', torch.tensor([0., 1 / 3]), 'val'),
      ('overflow', torch.ones(1), 'test'),
      ('overflow', [0.], 'test')],  # a std that is no tensor: not read
-    ids=['weights', 'inputs', 'std', 'overflow', 'list-std'])
+    ids=['weights', 'inputs', 'inputs-dict', 'std', 'overflow', 'list-std'])
 def test_nonfinite_outputs_stop_naming_the_cause(cause, std, mode):
     """Issue 52, item 4: the first image, three fields, the cause."""
     model, logged = nn.Linear(2, 2), []
@@ -336,9 +336,11 @@ def test_nonfinite_outputs_stop_naming_the_cause(cause, std, mode):
         model.data_preprocessor = SimpleNamespace(std=std)
     runner = SimpleNamespace(
         model=model, logger=SimpleNamespace(error=logged.append), work_dir='w')
-    inputs = torch.full((2, 2), NAN if cause == 'inputs' else 1.)
+    nan_in = cause.startswith('inputs')
+    inputs = torch.full((2, 2), NAN if nan_in else 1.)
     batch = [inputs] if cause == 'inputs' else dict(
-        inputs=inputs, data_samples=NAN * ONE)
+        inputs=inputs, data_samples=ONE if nan_in else NAN * ONE)
+    cause = cause.split('-')[0]  # inputs-dict: inputs
     check = getattr(NonFiniteLossHook(), f'after_{mode}_iter')
     assert check(runner, 4, batch, [dict(s=ONE)]) is None
     if cause == 'weights':
