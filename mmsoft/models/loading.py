@@ -45,7 +45,7 @@ def read_checkpoint(filename, map_location='cpu', mmap: bool = False):
             'is a directory, not a file' if osp.isdir(path) else 'does not '
             'exist') + '; pass a .pth checkpoint file')
     with contextlib.suppress(Exception):  # legacy format: read it whole
-        if mmap:
+        if mmap:  # weights only: nothing runs from the file
             return torch.load(path, 'cpu', weights_only=True, mmap=True)
     return load_verified(path, map_location=map_location)
 
@@ -146,8 +146,9 @@ def load_pretrained(module: torch.nn.Module,
                or f'SOFT {name(arch)}') if found else 'mmsoft') + ' layout' + (
                    '' if entry == '<bare>' else f' ({entry!r})')
     own, keys = module.state_dict(), list(map(str, sd))
-    whole = [any(k.startswith('backbone.') for k in ks) for ks in (keys, own)]
-    if not (prefix or any(k in own for k in sd)) and whole == [True, False]:
+    if not (prefix or any(k in own for k in sd)) and any(
+            k.startswith('backbone.')
+            for k in keys) and not any(k.startswith('backbone.') for k in own):
         prefix = 'backbone.'
     if prefix:
         prefix = prefix.rstrip('.') + '.'
@@ -163,7 +164,9 @@ def load_pretrained(module: torch.nn.Module,
                          type(module).__name__ + under, not strict, opt_in)
     check_attn_norm(module, ckpt, source)
     bad = {k for k, _, _ in r.mismatched}
-    module.load_state_dict({k: sd[k] for k in sd if k not in bad}, False)
+    module.load_state_dict({k: sd[k]
+                            for k in sd if k not in bad},
+                           strict=False)
     parts = (layout, 'converted' * bool(found), prefix
              and f'keys under {prefix!r}', f'{r.matched} tensors, strict' +
              '=False' * (not strict) + ', partial' * (not r.ok))

@@ -105,12 +105,13 @@ def native_allow_list():
 
 
 #: what torch 2.14's weights-only unpickler allows beyond torch 2.1's
-_NEWER_TORCH_ALLOWED = [
-    n if '.' in n else 'torch._utils._rebuild_' + n for n in
-    ('builtins.set builtins.complex collections.Counter torch.device '
-     'tensor_v3 parameter_with_state qtensor device_tensor_from_numpy '
-     'device_tensor_from_cpu_tensor nested_tensor wrapper_subclass').split()
-]
+_NEWER_TORCH_ALLOWED = ('builtins.set', 'builtins.complex',
+                        'collections.Counter', 'torch.device') + tuple(
+                            f'torch._utils._rebuild_{n}'
+                            for n in ('tensor_v3', 'parameter_with_state',
+                                      'qtensor', 'device_tensor_from_numpy',
+                                      'device_tensor_from_cpu_tensor',
+                                      'nested_tensor', 'wrapper_subclass'))
 
 
 def _allow_list(extra=()):
